@@ -1,0 +1,316 @@
+//! Configuration: every tunable, its default and why, parsed from the Worker's vars/secrets.
+//!
+//! Guarantees: parsing is pure (a lookup function in, a [`Config`] or the first
+//! [`ConfigError`] out) and never panics; an error always names the variable, so the edge
+//! can answer 503 with that name while an operator fixes it (Gemini keeps retrying meanwhile);
+//! secrets never appear in an error or a `Debug` dump. Durations are whole seconds (or ms where
+//! the name says so); 0 is accepted where it means something, so tests need not wait.
+
+use thiserror::Error;
+
+use crate::signature::{Secret, SecretError};
+
+/// Standard Webhooks and Gemini's guidance on timestamp skew.
+pub const DEFAULT_TOLERANCE_SECS: i64 = 300;
+/// Gemini wants an answer within a few seconds; a slower destination is retried.
+pub const DEFAULT_EFFECT_TIMEOUT_MS: i64 = 5_000;
+/// Far longer than any attempt can still be in flight (timeout + the runtime's 30 s grace).
+pub const DEFAULT_CLAIM_TTL_SECS: i64 = 600;
+/// Audit window, well past Gemini's 24 h of retries.
+pub const DEFAULT_RETENTION_DAYS: i64 = 14;
+/// 1 MiB: Gemini envelopes are a few hundred bytes; this bounds memory per request.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// First retry of a failed side effect; doubles per attempt.
+pub const DEFAULT_RETRY_BASE_SECS: i64 = 30;
+/// Backoff cap: a failing destination is still tried every hour.
+pub const DEFAULT_RETRY_MAX_SECS: i64 = 3_600;
+/// Absorbs nearly every webhook and its first retries before polling.
+pub const DEFAULT_RECONCILE_GRACE_SECS: i64 = 90;
+/// Longest healthy batch plus margin: alert, never auto-close.
+pub const DEFAULT_STUCK_AFTER_SECS: i64 = 21_600;
+/// A side effect still not done an hour after settling needs a person.
+pub const DEFAULT_EFFECT_ALERT_AFTER_SECS: i64 = 3_600;
+/// Inside KV's 1,000 operations per invocation on every plan (use 45 on the Free plan).
+pub const DEFAULT_RECONCILE_BUDGET: u32 = 900;
+/// Gemini's public API.
+pub const DEFAULT_GEMINI_API_BASE: &str = "https://generativelanguage.googleapis.com";
+
+/// The worker's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub webhook_secrets: Vec<Secret>,
+    pub effect_url: String,
+    pub effect_signing_secret: Secret,
+    pub admin_token: AdminToken,
+    pub tolerance_secs: i64,
+    pub effect_timeout_ms: i64,
+    pub claim_ttl_secs: i64,
+    pub retention_days: i64,
+    pub require_registration: bool,
+    pub max_body_bytes: usize,
+    pub retry_base_secs: i64,
+    pub retry_max_secs: i64,
+    pub reconcile_grace_secs: i64,
+    pub stuck_after_secs: i64,
+    pub effect_alert_after_secs: i64,
+    pub reconcile_budget: u32,
+    pub gemini_api_base: String,
+    pub gemini_api_key: Option<ApiKey>,
+    pub alert_url: Option<String>,
+}
+
+/// The admin bearer token; `Debug` hides it.
+#[derive(Clone)]
+pub struct AdminToken(pub String);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
+}
+
+/// The Gemini API key; `Debug` hides it.
+#[derive(Clone)]
+pub struct ApiKey(pub String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(..)")
+    }
+}
+
+/// A variable that is missing or malformed. Names the variable, never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{var}: {problem}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub problem: String,
+}
+
+fn err(var: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        var,
+        problem: problem.into(),
+    }
+}
+
+impl Config {
+    /// Retention in milliseconds.
+    pub fn retention_ms(&self) -> i64 {
+        self.retention_days * 86_400_000
+    }
+
+    /// Reads every variable through `lookup` (absent and empty are the same).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let required = |name: &'static str| get(name).ok_or_else(|| err(name, "is not set"));
+        let int = |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
+            match get(name) {
+                None => Ok(default),
+                Some(v) => match v.trim().parse::<i64>() {
+                    Ok(n) if (min..=max).contains(&n) => Ok(n),
+                    _ => Err(err(
+                        name,
+                        format!("must be a whole number from {min} to {max}"),
+                    )),
+                },
+            }
+        };
+        let url = |name: &'static str, value: String| -> Result<String, ConfigError> {
+            let v = value.trim();
+            if v.starts_with("https://") || v.starts_with("http://") {
+                Ok(v.trim_end_matches('/').to_string())
+            } else {
+                Err(err(name, "must be an http:// or https:// URL"))
+            }
+        };
+
+        let webhook_secrets = required("GEMINI_WEBHOOK_SECRETS")?
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .map(Secret::parse)
+            .collect::<Result<Vec<_>, SecretError>>()
+            .map_err(|e| err("GEMINI_WEBHOOK_SECRETS", e.to_string()))?;
+        let effect_url = url("EFFECT_URL", required("EFFECT_URL")?)?;
+        let effect_signing_secret = Secret::parse(&required("EFFECT_SIGNING_SECRET")?)
+            .map_err(|e| err("EFFECT_SIGNING_SECRET", e.to_string()))?;
+        let admin_token = AdminToken(required("ADMIN_TOKEN")?.trim().to_string());
+        let require_registration = match get("REQUIRE_REGISTRATION").as_deref().map(str::trim) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(_) => return Err(err("REQUIRE_REGISTRATION", "must be true or false")),
+        };
+        let retry_base_secs = int("EFFECT_RETRY_BASE_SECONDS", DEFAULT_RETRY_BASE_SECS, 1, 86_400)?;
+        let retry_max_secs = int("EFFECT_RETRY_MAX_SECONDS", DEFAULT_RETRY_MAX_SECS, 1, 86_400)?;
+        if retry_max_secs < retry_base_secs {
+            return Err(err(
+                "EFFECT_RETRY_MAX_SECONDS",
+                "must not be less than EFFECT_RETRY_BASE_SECONDS",
+            ));
+        }
+        Ok(Config {
+            webhook_secrets,
+            effect_url,
+            effect_signing_secret,
+            admin_token,
+            tolerance_secs: int("SIGNATURE_TOLERANCE_SECONDS", DEFAULT_TOLERANCE_SECS, 0, 86_400)?,
+            effect_timeout_ms: int("EFFECT_TIMEOUT_MS", DEFAULT_EFFECT_TIMEOUT_MS, 1, 600_000)?,
+            claim_ttl_secs: int("CLAIM_TTL_SECONDS", DEFAULT_CLAIM_TTL_SECS, 1, 86_400)?,
+            retention_days: int("LEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 1, 3_650)?,
+            require_registration,
+            max_body_bytes: int(
+                "MAX_BODY_BYTES",
+                DEFAULT_MAX_BODY_BYTES as i64,
+                1_024,
+                100 * 1024 * 1024,
+            )? as usize,
+            retry_base_secs,
+            retry_max_secs,
+            reconcile_grace_secs: int(
+                "RECONCILE_GRACE_SECONDS",
+                DEFAULT_RECONCILE_GRACE_SECS,
+                0,
+                86_400 * 30,
+            )?,
+            stuck_after_secs: int("STUCK_AFTER_SECONDS", DEFAULT_STUCK_AFTER_SECS, 0, 86_400 * 365)?,
+            effect_alert_after_secs: int(
+                "EFFECT_ALERT_AFTER_SECONDS",
+                DEFAULT_EFFECT_ALERT_AFTER_SECS,
+                0,
+                86_400 * 365,
+            )?,
+            reconcile_budget: int("RECONCILE_BUDGET", i64::from(DEFAULT_RECONCILE_BUDGET), 5, 10_000)?
+                as u32,
+            gemini_api_base: match get("GEMINI_API_BASE") {
+                None => DEFAULT_GEMINI_API_BASE.to_string(),
+                Some(v) => url("GEMINI_API_BASE", v)?,
+            },
+            gemini_api_key: get("GEMINI_API_KEY").map(|k| ApiKey(k.trim().to_string())),
+            alert_url: get("ALERT_URL").map(|v| url("ALERT_URL", v)).transpose()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    fn base() -> HashMap<&'static str, String> {
+        HashMap::from([
+            ("GEMINI_WEBHOOK_SECRETS", SECRET.to_string()),
+            ("EFFECT_URL", "http://127.0.0.1:9/effects".to_string()),
+            ("EFFECT_SIGNING_SECRET", SECRET.to_string()),
+            ("ADMIN_TOKEN", "t0ken".to_string()),
+        ])
+    }
+
+    fn parse(vars: &HashMap<&'static str, String>) -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_apply_when_only_required_vars_are_set() {
+        let c = parse(&base()).unwrap();
+        assert_eq!(c.tolerance_secs, 300);
+        assert_eq!(c.effect_timeout_ms, 5_000);
+        assert_eq!(c.claim_ttl_secs, 600);
+        assert_eq!(c.retention_days, 14);
+        assert!(!c.require_registration);
+        assert_eq!(c.max_body_bytes, 1 << 20);
+        assert_eq!(c.reconcile_grace_secs, 90);
+        assert_eq!(c.stuck_after_secs, 21_600);
+        assert_eq!(c.effect_alert_after_secs, 3_600);
+        assert_eq!(c.reconcile_budget, 900);
+        assert_eq!(c.gemini_api_base, DEFAULT_GEMINI_API_BASE);
+        assert!(c.gemini_api_key.is_none());
+        assert!(c.alert_url.is_none());
+    }
+
+    #[test]
+    fn each_missing_required_var_is_named() {
+        for var in [
+            "GEMINI_WEBHOOK_SECRETS",
+            "EFFECT_URL",
+            "EFFECT_SIGNING_SECRET",
+            "ADMIN_TOKEN",
+        ] {
+            let mut vars = base();
+            vars.remove(var);
+            assert_eq!(parse(&vars).unwrap_err().var, var);
+            vars.insert(var, "  ".to_string());
+            assert_eq!(parse(&vars).unwrap_err().var, var);
+        }
+    }
+
+    #[test]
+    fn several_secrets_by_space_or_comma() {
+        let mut vars = base();
+        vars.insert(
+            "GEMINI_WEBHOOK_SECRETS",
+            format!("{SECRET}, whsec_b3RoZXI= {SECRET}"),
+        );
+        assert_eq!(parse(&vars).unwrap().webhook_secrets.len(), 3);
+    }
+
+    #[test]
+    fn malformed_values_are_named_without_their_value() {
+        let cases = [
+            ("GEMINI_WEBHOOK_SECRETS", "whsec_ok= not-a-secret"),
+            ("EFFECT_URL", "ftp://x"),
+            ("EFFECT_SIGNING_SECRET", "plain"),
+            ("SIGNATURE_TOLERANCE_SECONDS", "-1"),
+            ("EFFECT_TIMEOUT_MS", "fast"),
+            ("CLAIM_TTL_SECONDS", "0"),
+            ("LEDGER_RETENTION_DAYS", "0"),
+            ("REQUIRE_REGISTRATION", "yes"),
+            ("MAX_BODY_BYTES", "10"),
+            ("RECONCILE_BUDGET", "1"),
+            ("GEMINI_API_BASE", "generativelanguage"),
+            ("ALERT_URL", "slack"),
+            ("EFFECT_RETRY_BASE_SECONDS", "0"),
+        ];
+        for (var, value) in cases {
+            let mut vars = base();
+            vars.insert(var, value.to_string());
+            let e = parse(&vars).unwrap_err();
+            assert_eq!(e.var, var, "{var}={value}");
+            // Short numbers appear in the stated range; longer values must never be echoed.
+            if value.len() > 2 {
+                assert!(!e.to_string().contains(value), "{e} leaks {value}");
+            }
+        }
+    }
+
+    #[test]
+    fn zero_is_allowed_where_it_means_something() {
+        let mut vars = base();
+        vars.insert("RECONCILE_GRACE_SECONDS", "0".into());
+        vars.insert("STUCK_AFTER_SECONDS", "0".into());
+        vars.insert("EFFECT_ALERT_AFTER_SECONDS", "0".into());
+        vars.insert("SIGNATURE_TOLERANCE_SECONDS", "0".into());
+        let c = parse(&vars).unwrap();
+        assert_eq!(c.reconcile_grace_secs, 0);
+        assert_eq!(c.stuck_after_secs, 0);
+    }
+
+    #[test]
+    fn retry_cap_below_base_is_refused() {
+        let mut vars = base();
+        vars.insert("EFFECT_RETRY_BASE_SECONDS", "60".into());
+        vars.insert("EFFECT_RETRY_MAX_SECONDS", "30".into());
+        assert_eq!(parse(&vars).unwrap_err().var, "EFFECT_RETRY_MAX_SECONDS");
+    }
+
+    #[test]
+    fn debug_hides_secrets() {
+        let mut vars = base();
+        vars.insert("GEMINI_API_KEY", "AIzaSECRET".into());
+        let dump = format!("{:?}", parse(&vars).unwrap());
+        assert!(!dump.contains("t0ken"));
+        assert!(!dump.contains("AIzaSECRET"));
+        assert!(!dump.contains("MfKQ9r8"));
+    }
+}

@@ -1,0 +1,109 @@
+//! The messages between the edge and the OperationGate Durable Object.
+//!
+//! Guarantees (ARCHITECTURE.md, invariant 1): every path that can change an operation
+//! (webhook, reconciliation, registration, operator) speaks to the gate in these commands
+//! only; none writes state itself. Both directions are plain JSON, so the protocol is tested
+//! on the host and logged as is.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::operation::OpEvent;
+
+/// A request to the gate of one operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum GateCommand {
+    /// Register a submitted operation as pending; changes nothing if it exists.
+    Register {
+        key: String,
+        name: String,
+        kind: Option<String>,
+    },
+    /// Offer an event (from a webhook or the status API) to the reducer, then run any side
+    /// effect it makes due.
+    Deliver {
+        key: String,
+        name: String,
+        event: OpEvent,
+        /// Drop events for operations never registered (REQUIRE_REGISTRATION).
+        require_registration: bool,
+    },
+    /// Run an owed side effect now, if no live claim holds it.
+    RetryEffect,
+    /// Send an alert of this kind once per operation.
+    Alert { alert: String, age_seconds: i64 },
+    /// Return the record and its history.
+    Inspect,
+}
+
+/// What happened to a side effect during one command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectReport {
+    /// Nothing owed (not terminal, or already done or parked).
+    NotOwed,
+    /// This command's attempt was accepted downstream.
+    Delivered,
+    /// This command's attempt failed; the next is durably scheduled.
+    RetryScheduled,
+    /// The destination refused for good.
+    Parked,
+    /// Another attempt holds a live claim.
+    InFlight,
+    /// Owed, but its backoff has not elapsed.
+    Waiting,
+}
+
+/// The gate's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum GateReply {
+    Created { operation: Value },
+    Exists { operation: Value },
+    Applied { status: String, effect: EffectReport },
+    Dropped { reason: String, status: String, effect: EffectReport },
+    IgnoredUnregistered,
+    Effect { effect: EffectReport },
+    AlertSent { sent: bool },
+    Found { operation: Value, history: Vec<Value> },
+    NotFound,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::{Source, Status};
+
+    #[test]
+    fn commands_round_trip_as_tagged_json() {
+        let cmd = GateCommand::Deliver {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            event: OpEvent {
+                status: Status::Succeeded,
+                update_time_ms: 0,
+                source: Source::Webhook,
+                details: Default::default(),
+                delivery_id: Some("msg_1".into()),
+            },
+            require_registration: false,
+        };
+        let text = serde_json::to_string(&cmd).unwrap();
+        assert!(text.contains(r#""command":"deliver""#));
+        assert_eq!(serde_json::from_str::<GateCommand>(&text).unwrap(), cmd);
+    }
+
+    #[test]
+    fn replies_round_trip_as_tagged_json() {
+        let reply = GateReply::Dropped {
+            reason: "duplicate".into(),
+            status: "succeeded".into(),
+            effect: EffectReport::InFlight,
+        };
+        let text = serde_json::to_string(&reply).unwrap();
+        assert!(text.contains(r#""outcome":"dropped""#));
+        assert!(text.contains(r#""effect":"in_flight""#));
+        assert_eq!(serde_json::from_str::<GateReply>(&text).unwrap(), reply);
+    }
+}

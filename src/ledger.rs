@@ -1,0 +1,180 @@
+//! The KV ledger: a listing of operations for the reconciliation pass, never a source of truth.
+//!
+//! Layout: `op:<key>` holds the operation's public JSON view; its metadata ([`LedgerMeta`])
+//! holds what the pass decides on, so it reads no value for entries needing no work.
+//! `dead:<webhook-id>` holds a signed delivery that could not be used, for inspection.
+//! Guarantees: metadata stays far under KV's 1024-byte limit (names are at most 400 bytes);
+//! an entry gets an expiration only once its operation is terminal and its side effect done
+//! or parked, so open records never expire. KV is eventually consistent and last-write-wins:
+//! the gate writes a projection tagged with its version, and a stale one only costs a
+//! redundant, harmless trip through the gate.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::operation::Operation;
+
+/// Prefix of operation entries.
+pub const OP_PREFIX: &str = "op:";
+/// Prefix of dead letters.
+pub const DEAD_PREFIX: &str = "dead:";
+/// KV's minimum `expirationTtl`.
+pub const MIN_TTL_SECS: u64 = 60;
+
+/// The metadata of an `op:` entry. Times are Unix seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerMeta {
+    /// Our status spelling (`pending` ... `expired`).
+    pub status: String,
+    /// The full name, for the status API.
+    pub name: String,
+    pub submitted_at: i64,
+    #[serde(default)]
+    pub settled_at: Option<i64>,
+    pub effect_done: bool,
+    #[serde(default)]
+    pub parked: bool,
+    /// When the live claim lapses, if one is held.
+    #[serde(default)]
+    pub claim_expires: Option<i64>,
+    /// Alert kinds already sent.
+    #[serde(default)]
+    pub alerts: Vec<String>,
+    /// The gate's record version this projection shows.
+    pub version: u64,
+}
+
+/// Everything one ledger write needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projection {
+    pub kv_key: String,
+    pub value: String,
+    pub metadata: LedgerMeta,
+    /// Set only for closed operations.
+    pub ttl_secs: Option<u64>,
+}
+
+/// The KV key of an operation's entry.
+pub fn op_key(key: &str) -> String {
+    format!("{OP_PREFIX}{key}")
+}
+
+/// The KV key of a dead letter. Long or odd delivery ids are hashed to stay a valid key.
+pub fn dead_key(webhook_id: &str) -> String {
+    let plain = webhook_id.len() <= 200
+        && webhook_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
+    if plain {
+        format!("{DEAD_PREFIX}{webhook_id}")
+    } else {
+        let digest = Sha256::digest(webhook_id.as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{DEAD_PREFIX}sha256-{hex}")
+    }
+}
+
+/// The ledger write that mirrors `op`.
+pub fn project(op: &Operation, retention_secs: i64) -> Projection {
+    let secs = |ms: i64| ms.div_euclid(1_000);
+    let metadata = LedgerMeta {
+        status: op.status.as_str().to_string(),
+        name: op.name.clone(),
+        submitted_at: secs(op.submitted_at_ms),
+        settled_at: op.settled_at_ms.map(secs),
+        effect_done: op.effect.done,
+        parked: op.effect.parked.is_some(),
+        claim_expires: op.effect.claim.map(|c| secs(c.expires_ms)),
+        alerts: op.alerts.clone(),
+        version: op.version,
+    };
+    Projection {
+        kv_key: op_key(&op.key),
+        value: op.view().to_string(),
+        metadata,
+        ttl_secs: op
+            .is_closed()
+            .then(|| (retention_secs.max(0) as u64).max(MIN_TTL_SECS)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::MAX_NAME_BYTES;
+    use crate::lifecycle::{Source, Status};
+    use crate::operation::{AttemptOutcome, OpEvent};
+
+    fn succeeded(op: &mut Operation) {
+        op.apply(
+            &OpEvent {
+                status: Status::Succeeded,
+                update_time_ms: 0,
+                source: Source::Webhook,
+                details: Default::default(),
+                delivery_id: None,
+            },
+            5_000,
+        );
+    }
+
+    #[test]
+    fn open_operation_never_expires() {
+        let op = Operation::register("batches/a", "batches/a", None, 1_000);
+        let p = project(&op, 1_209_600);
+        assert_eq!(p.kv_key, "op:batches/a");
+        assert_eq!(p.ttl_secs, None);
+        assert_eq!(p.metadata.status, "pending");
+        assert_eq!(p.metadata.submitted_at, 1);
+    }
+
+    #[test]
+    fn terminal_but_not_done_never_expires() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 1_000);
+        succeeded(&mut op);
+        let p = project(&op, 1_209_600);
+        assert_eq!(p.ttl_secs, None);
+        assert_eq!(p.metadata.settled_at, Some(5));
+        assert!(!p.metadata.effect_done);
+    }
+
+    #[test]
+    fn done_or_parked_operation_expires_after_retention() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 1_000);
+        succeeded(&mut op);
+        let c = op.claim(5_000, 600_000).unwrap();
+        assert_eq!(project(&op, 100).metadata.claim_expires, Some(605));
+        op.finish(c.token, &AttemptOutcome::Delivered, 6_000, 0);
+        assert_eq!(project(&op, 1_209_600).ttl_secs, Some(1_209_600));
+        assert_eq!(project(&op, 1).ttl_secs, Some(MIN_TTL_SECS));
+
+        let mut parked = Operation::register("batches/p", "batches/p", None, 1_000);
+        succeeded(&mut parked);
+        let c = parked.claim(5_000, 600_000).unwrap();
+        parked.finish(c.token, &AttemptOutcome::Park("400".into()), 6_000, 0);
+        let p = project(&parked, 1_209_600);
+        assert!(p.metadata.parked);
+        assert_eq!(p.ttl_secs, Some(1_209_600));
+    }
+
+    #[test]
+    fn metadata_of_the_longest_name_fits_in_kv() {
+        let name = format!("batches/{}", "x".repeat(MAX_NAME_BYTES - 8));
+        let mut op = Operation::register(&name, &name, Some("k".repeat(100)), 1_000);
+        for a in ["stuck", "unknown_to_gemini", "effect_failing"] {
+            op.mark_alert(a);
+        }
+        succeeded(&mut op);
+        op.claim(5_000, 600_000);
+        let meta = serde_json::to_string(&project(&op, 1).metadata).unwrap();
+        assert!(meta.len() < 1024, "{} bytes", meta.len());
+    }
+
+    #[test]
+    fn dead_keys_are_valid_kv_keys() {
+        assert_eq!(dead_key("msg_abc"), "dead:msg_abc");
+        let odd = dead_key(&"é/".repeat(400));
+        assert!(odd.starts_with("dead:sha256-"));
+        assert!(odd.len() < 512);
+    }
+}
