@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod alert;
 pub mod config;
 pub mod effect;
 pub mod envelope;

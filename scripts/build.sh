@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds the Worker into build/ with worker-build, using locally installed tools only:
+# the wasm-bindgen CLI from scripts/setup.sh and wasm-opt from the npm package binaryen
+# (worker-build's own downloads of both fail on machines that reach registries only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+export WASM_BINDGEN_BIN="$HOME/.cargo/bin/wasm-bindgen"
+export WASM_OPT_BIN="$PWD/node_modules/.bin/wasm-opt"
+worker-build --release

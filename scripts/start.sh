@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds the Worker and runs it locally with wrangler dev (local KV and Durable Object
+# state under .wrangler/state unless --persist-to says otherwise). Arguments go to
+# `wrangler dev`, e.g. `npm start -- --port 8790 --ip 127.0.0.1 --persist-to DIR`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -f .dev.vars ]; then
+  echo "start: no .dev.vars; copying .dev.vars.example (edit it to point EFFECT_URL at your destination)" >&2
+  cp .dev.vars.example .dev.vars
+fi
+bash scripts/build.sh
+export WRANGLER_SEND_METRICS=false
+# wrangler runs the [build] command itself too; it finds everything built and is quick.
+exec node_modules/.bin/wrangler dev --test-scheduled "$@"

@@ -1,0 +1,75 @@
+//! Alerts: the JSON an operator's alert sink receives, with a `text` fit for Slack or Discord.
+//!
+//! Guarantees: the body names the alert kind, the operation (key, name, kind) and its age;
+//! it never contains a secret. Each kind fires once per operation; the gate keeps that mark.
+
+use serde_json::{json, Value};
+
+use crate::operation::Operation;
+
+/// Not terminal past the stuck threshold. The receiver never closes it by itself.
+pub const STUCK: &str = "stuck";
+/// The status API answered 404 for a registered operation.
+pub const UNKNOWN_TO_GEMINI: &str = "unknown_to_gemini";
+/// Terminal, but the side effect is still not done past the threshold, or parked.
+pub const EFFECT_FAILING: &str = "effect_failing";
+
+/// Renders a duration as `2h 5m`, `3m 20s` or `45s`.
+pub fn human_age(seconds: i64) -> String {
+    let s = seconds.max(0);
+    match (s / 3_600, (s % 3_600) / 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, sec) => format!("{m}m {sec}s"),
+        (h, m, _) => format!("{h}h {m}m"),
+    }
+}
+
+/// The alert body: `{"alert", "key", "name", "kind", "age_seconds", "text"}`.
+pub fn alert_body(alert: &str, op: &Operation, age_seconds: i64) -> Value {
+    let kind = op.kind.as_deref().unwrap_or("unregistered kind");
+    let age = human_age(age_seconds);
+    let what = match alert {
+        STUCK => format!("still {} after {age}; left open for a person to judge", op.status.as_str()),
+        UNKNOWN_TO_GEMINI => format!("Gemini's status API does not know it (404) after {age}"),
+        EFFECT_FAILING => match (&op.effect.parked, &op.effect.last_error) {
+            (Some(p), _) => format!("{} but its side effect was refused and parked: {}", op.status.as_str(), p.answer),
+            (None, Some(e)) => format!("{} {age} ago but its side effect is still not done after {} attempts (last: {e})", op.status.as_str(), op.effect.attempts),
+            (None, None) => format!("{} {age} ago but its side effect is still not done", op.status.as_str()),
+        },
+        other => other.to_string(),
+    };
+    json!({
+        "alert": alert,
+        "key": op.key,
+        "name": op.name,
+        "kind": op.kind,
+        "age_seconds": age_seconds,
+        "text": format!("gemini-once {alert}: {} ({kind}) {what}", op.name),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_well() {
+        assert_eq!(human_age(45), "45s");
+        assert_eq!(human_age(200), "3m 20s");
+        assert_eq!(human_age(7_500), "2h 5m");
+        assert_eq!(human_age(-3), "0s");
+    }
+
+    #[test]
+    fn stuck_alert_names_the_operation() {
+        let op = Operation::register("batches/a", "projects/p/batches/a", Some("nightly".into()), 0);
+        let body = alert_body(STUCK, &op, 21_600);
+        assert_eq!(body["alert"], "stuck");
+        assert_eq!(body["key"], "batches/a");
+        assert_eq!(body["name"], "projects/p/batches/a");
+        assert_eq!(body["kind"], "nightly");
+        assert_eq!(body["age_seconds"], 21_600);
+        let text = body["text"].as_str().unwrap();
+        assert!(text.contains("projects/p/batches/a") && text.contains("6h 0m") && text.contains("pending"), "{text}");
+    }
+}

@@ -1,0 +1,394 @@
+//! The OperationGate Durable Object: one per operation key, the only place its state changes.
+//!
+//! Storage (SQLite): `operation(id = 1, body)` holds the record as JSON (see
+//! [`crate::operation::Operation`]); `history(seq, at_ms, entry)` keeps the newest
+//! [`HISTORY_LIMIT`] events applied and dropped, claims and attempts. One alarm: the earliest
+//! of a lapsed claim, a due retry, a deferred ledger projection and the end of retention.
+//!
+//! Guarantees: every read-decide-write runs without an await in between, so it is atomic in
+//! the single-threaded object; the side-effect call is the only await between claim and
+//! commit, and the record is re-read after it, so the fencing token decides who may commit;
+//! the claim is written (and the output gate makes it durable) before the call leaves; a
+//! reply is sent only after the new state is stored. The KV projection follows the record and
+//! is retried by the alarm when a write fails or would exceed KV's one write per second.
+
+use std::cell::Cell;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use worker::wasm_bindgen::JsValue;
+use worker::{durable_object, Date, DurableObject, Env, Method, Request, Response, Result, ScheduledTime, State};
+
+use crate::alert::alert_body;
+use crate::config::Config;
+use crate::effect::{build_request, classify};
+use crate::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::ledger::project;
+use crate::lifecycle::Verdict;
+use crate::operation::{backoff_ms, AttemptOutcome, Finished, OpEvent, Operation};
+
+use super::ledger_kv::{write_projection, KV_BINDING};
+use super::outbound::{send, Answer};
+use super::{load_config, log, random_unit};
+
+/// History rows kept per operation; older rows are deleted.
+const HISTORY_LIMIT: i64 = 200;
+/// Alert sinks get this long to answer.
+const ALERT_TIMEOUT_MS: i64 = 5_000;
+
+/// One operation's serialized owner.
+#[durable_object]
+pub struct OperationGate {
+    state: State,
+    env: Env,
+    /// True while a ledger write is in flight, so two writes never race in KV.
+    projecting: Cell<bool>,
+}
+
+#[derive(Deserialize)]
+struct BodyRow {
+    body: String,
+}
+
+fn now_ms() -> i64 {
+    Date::now().as_millis() as i64
+}
+
+impl DurableObject for OperationGate {
+    fn new(state: State, env: Env) -> Self {
+        let sql = state.storage().sql();
+        for ddl in [
+            "CREATE TABLE IF NOT EXISTS operation (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS history (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, entry TEXT NOT NULL)",
+        ] {
+            if let Err(e) = sql.exec(ddl, None) {
+                log(json!({"event": "gate_schema_error", "error": e.to_string()}));
+            }
+        }
+        Self {
+            state,
+            env,
+            projecting: Cell::new(false),
+        }
+    }
+
+    async fn fetch(&self, mut req: Request) -> Result<Response> {
+        let config = match load_config(&self.env) {
+            Ok(c) => c,
+            Err(e) => return Response::error(format!("configuration: {e}"), 503),
+        };
+        let command: GateCommand = match req.json().await {
+            Ok(c) => c,
+            Err(e) => return Response::error(format!("bad gate command: {e}"), 400),
+        };
+        let reply = self.handle(command, &config).await?;
+        Response::from_json(&reply)
+    }
+
+    async fn alarm(&self) -> Result<Response> {
+        let config = match load_config(&self.env) {
+            Ok(c) => c,
+            // Throwing makes the runtime retry the alarm once configuration is fixed.
+            Err(e) => return Err(worker::Error::RustError(format!("configuration: {e}"))),
+        };
+        let Some(op) = self.load()? else {
+            return Response::ok("empty");
+        };
+        let now = now_ms();
+        if op.forget_at_ms(config.retention_ms()).is_some_and(|t| t <= now) {
+            // Retention is over: the KV entry expires on its own TTL; drop our storage.
+            self.state.storage().delete_alarm().await?;
+            self.state.storage().delete_all().await?;
+            log(json!({"event": "forgotten", "key": op.key}));
+            return Response::ok("forgotten");
+        }
+        let (op, _) = self.drive_effect(op, &config).await?;
+        self.settle_storage(op, &config).await?;
+        Response::ok("ok")
+    }
+}
+
+impl OperationGate {
+    async fn handle(&self, command: GateCommand, config: &Config) -> Result<GateReply> {
+        let now = now_ms();
+        match command {
+            GateCommand::Register { key, name, kind } => {
+                if let Some(op) = self.load()? {
+                    return Ok(GateReply::Exists { operation: op.view() });
+                }
+                let op = Operation::register(&key, &name, kind, now);
+                self.save(&op)?;
+                self.record(now, json!({"what": "registered", "kind": op.kind}))?;
+                let view = op.view();
+                self.settle_storage(op, config).await?;
+                Ok(GateReply::Created { operation: view })
+            }
+            GateCommand::Deliver { key, name, event, require_registration } => {
+                let existing = self.load()?;
+                let mut op = match existing {
+                    Some(op) => op,
+                    None if require_registration => return Ok(GateReply::IgnoredUnregistered),
+                    None => Operation::unregistered(&key, &name, now),
+                };
+                let verdict = op.apply(&event, now);
+                self.save(&op)?;
+                self.record(now, history_of_event(&event, verdict))?;
+                let (op, effect) = self.drive_effect(op, config).await?;
+                let status = op.status.as_str().to_string();
+                self.settle_storage(op, config).await?;
+                Ok(match verdict {
+                    Verdict::Apply => GateReply::Applied { status, effect },
+                    Verdict::Drop(reason) => GateReply::Dropped {
+                        reason: reason.as_str().to_string(),
+                        status,
+                        effect,
+                    },
+                })
+            }
+            GateCommand::RetryEffect => {
+                let Some(mut op) = self.load()? else {
+                    return Ok(GateReply::NotFound);
+                };
+                if op.hurry(now) {
+                    self.save(&op)?;
+                }
+                let (op, effect) = self.drive_effect(op, config).await?;
+                self.settle_storage(op, config).await?;
+                Ok(GateReply::Effect { effect })
+            }
+            GateCommand::Alert { alert, age_seconds } => {
+                let Some(mut op) = self.load()? else {
+                    return Ok(GateReply::NotFound);
+                };
+                if !op.mark_alert(&alert) {
+                    return Ok(GateReply::AlertSent { sent: false });
+                }
+                // Marked before sending: a second request for the same alert now finds the
+                // mark, so one alert goes out even if two passes ask at once.
+                self.save(&op)?;
+                let sent = self.send_alert(&alert, &op, age_seconds, config).await;
+                let mut op = self.load()?.unwrap_or(op);
+                if sent {
+                    self.record(now, json!({"what": "alert", "alert": alert}))?;
+                } else {
+                    op.unmark_alert(&alert);
+                    self.save(&op)?;
+                }
+                self.settle_storage(op, config).await?;
+                Ok(GateReply::AlertSent { sent })
+            }
+            GateCommand::Inspect => match self.load()? {
+                Some(op) => Ok(GateReply::Found {
+                    operation: op.view(),
+                    history: self.history()?,
+                }),
+                None => Ok(GateReply::NotFound),
+            },
+        }
+    }
+
+    /// Claims, runs and commits the side effect if it is owed and due. Returns the record as
+    /// it stands afterwards (re-read: other requests may have run during the call).
+    async fn drive_effect(&self, mut op: Operation, config: &Config) -> Result<(Operation, EffectReport)> {
+        if !op.effect_owed() {
+            return Ok((op, EffectReport::NotOwed));
+        }
+        let now = now_ms();
+        let Some(claim) = op.claim(now, config.claim_ttl_secs * 1_000) else {
+            let report = if op.effect.claim.is_some_and(|c| c.expires_ms > now) {
+                EffectReport::InFlight
+            } else {
+                EffectReport::Waiting
+            };
+            return Ok((op, report));
+        };
+        self.save(&op)?;
+        self.record(now, json!({"what": "claimed", "token": claim.token, "attempt": op.effect.attempts}))?;
+        // The alarm at the claim's expiry retries the effect if this call never returns.
+        self.sync_alarm(&op, config).await?;
+
+        let request = build_request(&op, &config.effect_url, &config.effect_signing_secret, now / 1_000);
+        let started = now_ms();
+        let answer = send(Method::Post, &request.url, &request.headers, Some(&request.body), config.effect_timeout_ms).await;
+        let outcome = match &answer {
+            Answer::Http { status, excerpt } => classify(*status, excerpt),
+            Answer::Timeout => AttemptOutcome::Retry(format!("timeout after {} ms", config.effect_timeout_ms)),
+            Answer::Network(e) => AttemptOutcome::Retry(format!("network: {e}")),
+        };
+        let finished_at = now_ms();
+
+        let mut op = self.load()?.unwrap_or(op);
+        let backoff = backoff_ms(op.effect.failures_in_row, config.retry_base_secs, config.retry_max_secs, random_unit());
+        let finished = op.finish(claim.token, &outcome, finished_at, backoff);
+        let (label, report) = match &finished {
+            Finished::Done => ("effect_delivered", EffectReport::Delivered),
+            Finished::RetryAt(_) => ("effect_failed", EffectReport::RetryScheduled),
+            Finished::Parked => ("effect_parked", EffectReport::Parked),
+            Finished::Fenced => ("effect_fenced", EffectReport::InFlight),
+        };
+        if finished != Finished::Fenced {
+            self.save(&op)?;
+        }
+        let answer_text = match &outcome {
+            AttemptOutcome::Delivered => "2xx".to_string(),
+            AttemptOutcome::Retry(a) | AttemptOutcome::Park(a) => a.clone(),
+        };
+        self.record(finished_at, json!({"what": "attempt", "token": claim.token, "result": label, "answer": answer_text, "ms": finished_at - started}))?;
+        log(json!({
+            "event": label,
+            "key": op.key,
+            "status": op.status.as_str(),
+            "attempt": op.effect.attempts,
+            "generation": op.effect.generation,
+            "answer": answer_text,
+            "ms": finished_at - started,
+            "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect.next_attempt_ms),
+        }));
+        Ok((op, report))
+    }
+
+    async fn send_alert(&self, alert: &str, op: &Operation, age_seconds: i64, config: &Config) -> bool {
+        let body = alert_body(alert, op, age_seconds);
+        log(json!({"event": "alert", "alert": alert, "key": op.key, "age_seconds": age_seconds, "text": body["text"]}));
+        let Some(url) = &config.alert_url else {
+            return true;
+        };
+        let headers = [("content-type", "application/json".to_string())];
+        match send(Method::Post, url, &headers, Some(&body.to_string()), ALERT_TIMEOUT_MS).await {
+            Answer::Http { status, .. } if (200..300).contains(&status) => true,
+            Answer::Http { status, excerpt } => {
+                log(json!({"event": "alert_failed", "key": op.key, "answer": format!("{status}: {excerpt}")}));
+                false
+            }
+            Answer::Timeout => {
+                log(json!({"event": "alert_failed", "key": op.key, "answer": "timeout"}));
+                false
+            }
+            Answer::Network(e) => {
+                log(json!({"event": "alert_failed", "key": op.key, "answer": e}));
+                false
+            }
+        }
+    }
+
+    /// Projects the record to the ledger if it changed (at most once a second, one write at a
+    /// time), then sets the alarm for whatever is pending next.
+    async fn settle_storage(&self, op: Operation, config: &Config) -> Result<()> {
+        let now = now_ms();
+        let due = op.projected_version < op.version
+            && now >= op.projected_at_ms + crate::operation::PROJECTION_SPACING_MS
+            && !self.projecting.get();
+        let mut op = op;
+        if due {
+            self.projecting.set(true);
+            let projection = project(&op, config.retention_ms() / 1_000);
+            let written = match self.env.kv(KV_BINDING) {
+                Ok(kv) => write_projection(&kv, &projection).await,
+                Err(e) => Err(e.to_string()),
+            };
+            self.projecting.set(false);
+            op = self.load()?.unwrap_or(op);
+            match written {
+                Ok(()) => {
+                    op.projected_version = op.projected_version.max(projection.metadata.version);
+                    op.projected_at_ms = now;
+                    self.save(&op)?;
+                }
+                Err(e) => {
+                    // The gate stays the truth; the alarm writes the projection again.
+                    op.projected_at_ms = now;
+                    self.save(&op)?;
+                    log(json!({"event": "ledger_write_failed", "key": op.key, "error": e}));
+                }
+            }
+        }
+        self.sync_alarm(&op, config).await
+    }
+
+    async fn sync_alarm(&self, op: &Operation, config: &Config) -> Result<()> {
+        let storage = self.state.storage();
+        match op.wake_at_ms(config.retention_ms()) {
+            Some(at) => {
+                let date = worker::js_sys::Date::new(&JsValue::from_f64(at as f64));
+                storage.set_alarm(ScheduledTime::new(date)).await
+            }
+            None => storage.delete_alarm().await,
+        }
+    }
+
+    fn load(&self) -> Result<Option<Operation>> {
+        let rows: Vec<BodyRow> = self
+            .state
+            .storage()
+            .sql()
+            .exec("SELECT body FROM operation WHERE id = 1", None)?
+            .to_array()?;
+        match rows.first() {
+            None => Ok(None),
+            Some(row) => serde_json::from_str(&row.body)
+                .map(Some)
+                .map_err(|e| worker::Error::RustError(format!("stored record unreadable: {e}"))),
+        }
+    }
+
+    fn save(&self, op: &Operation) -> Result<()> {
+        let body = serde_json::to_string(op).map_err(|e| worker::Error::RustError(e.to_string()))?;
+        self.state.storage().sql().exec(
+            "INSERT INTO operation (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
+            vec![body.into()],
+        )?;
+        Ok(())
+    }
+
+    fn record(&self, at_ms: i64, entry: Value) -> Result<()> {
+        let sql = self.state.storage().sql();
+        sql.exec(
+            "INSERT INTO history (at_ms, entry) VALUES (?, ?)",
+            vec![at_ms.into(), entry.to_string().into()],
+        )?;
+        sql.exec(
+            "DELETE FROM history WHERE seq <= (SELECT MAX(seq) FROM history) - ?",
+            vec![HISTORY_LIMIT.into()],
+        )?;
+        Ok(())
+    }
+
+    fn history(&self) -> Result<Vec<Value>> {
+        #[derive(Deserialize)]
+        struct Row {
+            at_ms: f64,
+            entry: String,
+        }
+        let rows: Vec<Row> = self
+            .state
+            .storage()
+            .sql()
+            .exec("SELECT at_ms, entry FROM history ORDER BY seq", None)?
+            .to_array()?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let mut entry: Value = serde_json::from_str(&r.entry).unwrap_or(Value::Null);
+                if let Value::Object(map) = &mut entry {
+                    map.insert("at".into(), json!(crate::timestamp::format_rfc3339(r.at_ms as i64)));
+                }
+                entry
+            })
+            .collect())
+    }
+}
+
+fn history_of_event(event: &OpEvent, verdict: Verdict) -> Value {
+    let (what, reason) = match verdict {
+        Verdict::Apply => ("applied", None),
+        Verdict::Drop(r) => ("dropped", Some(r.as_str())),
+    };
+    json!({
+        "what": what,
+        "reason": reason,
+        "status": event.status.as_str(),
+        "source": event.source.as_str(),
+        "update_time_ms": event.update_time_ms,
+        "delivery_id": event.delivery_id,
+    })
+}
