@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs every test: the pure core on the host (cargo test), then the built worker in workerd
+# (Miniflare) against real local HTTP servers (node's test runner). Exits non-zero on any
+# failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+echo "== host unit tests (cargo test)"
+cargo test --quiet
+echo "== build"
+bash scripts/build.sh
+echo "== integration tests (built worker in workerd)"
+node --test --test-concurrency=1 tests/

@@ -1,0 +1,180 @@
+// Test harness: the built worker in workerd (through Miniflare) with real KV and SQLite
+// Durable Object storage, plus real local HTTP servers standing in for the destination,
+// Gemini's status API and an alert sink. Nothing of the worker's own code is mocked.
+import { createHmac } from "node:crypto";
+import { createServer } from "node:http";
+import { fileURLToPath } from "node:url";
+import path from "node:path";
+import { Miniflare } from "miniflare";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+
+export const GEMINI_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+export const EFFECT_SECRET = "whsec_c2lkZS1lZmZlY3Qtc2VjcmV0LWZvci10ZXN0cw==";
+export const ADMIN_TOKEN = "test-admin-token-0123456789";
+
+/** Starts the built worker with `vars` on top of a working test configuration. */
+export async function startWorker(vars = {}) {
+  const logs = [];
+  const collect = (stream) => {
+    let buffered = "";
+    stream.on("data", (chunk) => {
+      buffered += chunk.toString();
+      let nl;
+      while ((nl = buffered.indexOf("\n")) >= 0) {
+        const line = buffered.slice(0, nl);
+        buffered = buffered.slice(nl + 1);
+        logs.push(line);
+        if (process.env.SHOW_WORKER_LOGS) console.error(line);
+      }
+    });
+  };
+  const bindings = {
+    GEMINI_WEBHOOK_SECRETS: GEMINI_SECRET,
+    EFFECT_URL: "http://127.0.0.1:9/unset",
+    EFFECT_SIGNING_SECRET: EFFECT_SECRET,
+    ADMIN_TOKEN,
+    ...vars,
+  };
+  for (const [k, v] of Object.entries(bindings)) if (v === undefined) delete bindings[k];
+  const mf = new Miniflare({
+    modules: true,
+    scriptPath: path.join(root, "build/index.js"),
+    modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"] }],
+    compatibilityDate: "2026-04-01",
+    kvNamespaces: ["OPS_KV"],
+    durableObjects: { OPERATION_GATE: { className: "OperationGate", useSQLite: true } },
+    bindings,
+    handleRuntimeStdio(stdout, stderr) {
+      collect(stdout);
+      collect(stderr);
+    },
+  });
+  await mf.ready;
+  const worker = {
+    mf,
+    logs,
+    /** Structured (JSON) log lines the worker printed so far. */
+    events(name) {
+      const out = [];
+      for (const line of logs) {
+        const start = line.indexOf("{");
+        if (start < 0) continue;
+        try {
+          const parsed = JSON.parse(line.slice(start));
+          if (!name || parsed.event === name) out.push(parsed);
+        } catch {}
+      }
+      return out;
+    },
+    fetch: (p, init) => mf.dispatchFetch(`http://gemini-once.test${p}`, init),
+    async json(p, init) {
+      const res = await worker.fetch(p, init);
+      const text = await res.text();
+      let body;
+      try { body = JSON.parse(text); } catch { body = text; }
+      return { status: res.status, body };
+    },
+    admin(p, init = {}) {
+      return worker.json(p, {
+        ...init,
+        headers: { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json", ...(init.headers || {}) },
+      });
+    },
+    register(name, kind) {
+      return worker.admin("/v1/operations", { method: "POST", body: JSON.stringify({ name, kind }) });
+    },
+    inspect(name) {
+      return worker.admin(`/v1/operations/${encodeURIComponent(name)}`);
+    },
+    /** Sends a Gemini-signed delivery; returns {status, body}. */
+    deliver(type, id, data = {}, opts = {}) {
+      const body = opts.rawBody ?? JSON.stringify({ type, version: "v1", timestamp: opts.timestamp ?? new Date().toISOString(), data: { id, ...data } });
+      return worker.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body, opts), body });
+    },
+    async scheduled(cron = "*/5 * * * *") {
+      const w = await mf.getWorker();
+      return w.scheduled({ cron, scheduledTime: new Date() });
+    },
+    async kvList(prefix) {
+      const kv = await mf.getKVNamespace("OPS_KV");
+      const all = [];
+      let cursor;
+      do {
+        const page = await kv.list({ prefix, cursor });
+        all.push(...page.keys);
+        cursor = page.list_complete ? undefined : page.cursor;
+      } while (cursor);
+      return all;
+    },
+    async kv() {
+      return mf.getKVNamespace("OPS_KV");
+    },
+    dispose: () => mf.dispose(),
+  };
+  return worker;
+}
+
+let counter = 0;
+/** Standard Webhooks headers for `body`, as Gemini signs them. */
+export function signedHeaders(body, opts = {}) {
+  const id = opts.webhookId ?? `msg_test_${process.pid}_${++counter}`;
+  const ts = String(opts.ts ?? Math.floor(Date.now() / 1000));
+  const secret = opts.secret ?? GEMINI_SECRET;
+  const key = Buffer.from(secret.slice("whsec_".length), "base64");
+  const sig = createHmac("sha256", key).update(`${id}.${ts}.${body}`).digest("base64");
+  return {
+    "content-type": "application/json",
+    "webhook-id": id,
+    "webhook-timestamp": ts,
+    "webhook-signature": opts.signature ?? `v1,${sig}`,
+  };
+}
+
+/**
+ * A local HTTP server that records every request. `behave(req, body, n)` returns
+ * {status, delayMs, body} for the n-th request (1-based) to a path; default 200.
+ */
+export async function startServer(behave = () => ({ status: 200 })) {
+  const requests = [];
+  const perPath = new Map();
+  const server = createServer((req, res) => {
+    const chunks = [];
+    req.on("data", (c) => chunks.push(c));
+    req.on("end", async () => {
+      const body = Buffer.concat(chunks).toString();
+      const n = (perPath.get(req.url) ?? 0) + 1;
+      perPath.set(req.url, n);
+      const record = { method: req.method, url: req.url, headers: req.headers, body, at: Date.now() };
+      requests.push(record);
+      let answer;
+      try { answer = (await behave(record, n)) ?? { status: 200 }; } catch { answer = { status: 500 }; }
+      if (answer.delayMs) await new Promise((r) => setTimeout(r, answer.delayMs));
+      if (res.destroyed) return;
+      const payload = typeof answer.body === "string" ? answer.body : JSON.stringify(answer.body ?? { ok: true });
+      res.writeHead(answer.status ?? 200, { "content-type": "application/json", ...(answer.headers || {}) });
+      res.end(payload);
+    });
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const { port } = server.address();
+  return {
+    url: `http://127.0.0.1:${port}`,
+    requests,
+    close: () => new Promise((r) => { server.closeAllConnections?.(); server.close(r); }),
+  };
+}
+
+/** Polls `check` until it returns a truthy value or `timeoutMs` passes. */
+export async function eventually(check, { timeoutMs = 15000, everyMs = 100, what = "condition" } = {}) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  while (Date.now() < deadline) {
+    last = await check();
+    if (last) return last;
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+  throw new Error(`timed out waiting for ${what}; last value: ${JSON.stringify(last)}`);
+}
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
