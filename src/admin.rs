@@ -60,7 +60,10 @@ pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError
         return Err(RegistrationError::NameTooLong);
     }
     let key = normalize(&name, None).map_err(RegistrationError::BadName)?;
-    let kind = parsed.kind.map(|k| k.trim().to_string()).filter(|k| !k.is_empty());
+    let kind = parsed
+        .kind
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty());
     if kind.as_ref().is_some_and(|k| k.len() > MAX_KIND_BYTES) {
         return Err(RegistrationError::KindTooLong);
     }
@@ -102,7 +105,10 @@ mod tests {
             (b"{}".to_vec(), RegistrationError::MissingName),
             (br#"{"name":"  "}"#.to_vec(), RegistrationError::MissingName),
             (long.into_bytes(), RegistrationError::NameTooLong),
-            (br#"{"name":"abc"}"#.to_vec(), RegistrationError::BadName(KeyError::NoCollection)),
+            (
+                br#"{"name":"abc"}"#.to_vec(),
+                RegistrationError::BadName(KeyError::NoCollection),
+            ),
             (long_kind.into_bytes(), RegistrationError::KindTooLong),
         ];
         for (body, want) in cases {

@@ -29,12 +29,26 @@ pub fn alert_body(alert: &str, op: &Operation, age_seconds: i64) -> Value {
     let kind = op.kind.as_deref().unwrap_or("unregistered kind");
     let age = human_age(age_seconds);
     let what = match alert {
-        STUCK => format!("still {} after {age}; left open for a person to judge", op.status.as_str()),
+        STUCK => format!(
+            "still {} after {age}; left open for a person to judge",
+            op.status.as_str()
+        ),
         UNKNOWN_TO_GEMINI => format!("Gemini's status API does not know it (404) after {age}"),
         EFFECT_FAILING => match (&op.effect.parked, &op.effect.last_error) {
-            (Some(p), _) => format!("{} but its side effect was refused and parked: {}", op.status.as_str(), p.answer),
-            (None, Some(e)) => format!("{} {age} ago but its side effect is still not done after {} attempts (last: {e})", op.status.as_str(), op.effect.attempts),
-            (None, None) => format!("{} {age} ago but its side effect is still not done", op.status.as_str()),
+            (Some(p), _) => format!(
+                "{} but its side effect was refused and parked: {}",
+                op.status.as_str(),
+                p.answer
+            ),
+            (None, Some(e)) => format!(
+                "{} {age} ago but its side effect is still not done after {} attempts (last: {e})",
+                op.status.as_str(),
+                op.effect.attempts
+            ),
+            (None, None) => format!(
+                "{} {age} ago but its side effect is still not done",
+                op.status.as_str()
+            ),
         },
         other => other.to_string(),
     };
@@ -62,7 +76,12 @@ mod tests {
 
     #[test]
     fn stuck_alert_names_the_operation() {
-        let op = Operation::register("batches/a", "projects/p/batches/a", Some("nightly".into()), 0);
+        let op = Operation::register(
+            "batches/a",
+            "projects/p/batches/a",
+            Some("nightly".into()),
+            0,
+        );
         let body = alert_body(STUCK, &op, 21_600);
         assert_eq!(body["alert"], "stuck");
         assert_eq!(body["key"], "batches/a");
@@ -70,6 +89,11 @@ mod tests {
         assert_eq!(body["kind"], "nightly");
         assert_eq!(body["age_seconds"], 21_600);
         let text = body["text"].as_str().unwrap();
-        assert!(text.contains("projects/p/batches/a") && text.contains("6h 0m") && text.contains("pending"), "{text}");
+        assert!(
+            text.contains("projects/p/batches/a")
+                && text.contains("6h 0m")
+                && text.contains("pending"),
+            "{text}"
+        );
     }
 }

@@ -104,18 +104,19 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let required = |name: &'static str| get(name).ok_or_else(|| err(name, "is not set"));
-        let int = |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
-            match get(name) {
-                None => Ok(default),
-                Some(v) => match v.trim().parse::<i64>() {
-                    Ok(n) if (min..=max).contains(&n) => Ok(n),
-                    _ => Err(err(
-                        name,
-                        format!("must be a whole number from {min} to {max}"),
-                    )),
-                },
-            }
-        };
+        let int =
+            |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
+                match get(name) {
+                    None => Ok(default),
+                    Some(v) => match v.trim().parse::<i64>() {
+                        Ok(n) if (min..=max).contains(&n) => Ok(n),
+                        _ => Err(err(
+                            name,
+                            format!("must be a whole number from {min} to {max}"),
+                        )),
+                    },
+                }
+            };
         let url = |name: &'static str, value: String| -> Result<String, ConfigError> {
             let v = value.trim();
             if v.starts_with("https://") || v.starts_with("http://") {
@@ -140,8 +141,18 @@ impl Config {
             Some("true") => true,
             Some(_) => return Err(err("REQUIRE_REGISTRATION", "must be true or false")),
         };
-        let retry_base_secs = int("EFFECT_RETRY_BASE_SECONDS", DEFAULT_RETRY_BASE_SECS, 1, 86_400)?;
-        let retry_max_secs = int("EFFECT_RETRY_MAX_SECONDS", DEFAULT_RETRY_MAX_SECS, 1, 86_400)?;
+        let retry_base_secs = int(
+            "EFFECT_RETRY_BASE_SECONDS",
+            DEFAULT_RETRY_BASE_SECS,
+            1,
+            86_400,
+        )?;
+        let retry_max_secs = int(
+            "EFFECT_RETRY_MAX_SECONDS",
+            DEFAULT_RETRY_MAX_SECS,
+            1,
+            86_400,
+        )?;
         if retry_max_secs < retry_base_secs {
             return Err(err(
                 "EFFECT_RETRY_MAX_SECONDS",
@@ -153,7 +164,12 @@ impl Config {
             effect_url,
             effect_signing_secret,
             admin_token,
-            tolerance_secs: int("SIGNATURE_TOLERANCE_SECONDS", DEFAULT_TOLERANCE_SECS, 0, 86_400)?,
+            tolerance_secs: int(
+                "SIGNATURE_TOLERANCE_SECONDS",
+                DEFAULT_TOLERANCE_SECS,
+                0,
+                86_400,
+            )?,
             effect_timeout_ms: int("EFFECT_TIMEOUT_MS", DEFAULT_EFFECT_TIMEOUT_MS, 1, 600_000)?,
             claim_ttl_secs: int("CLAIM_TTL_SECONDS", DEFAULT_CLAIM_TTL_SECS, 1, 86_400)?,
             retention_days: int("LEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 1, 3_650)?,
@@ -172,15 +188,24 @@ impl Config {
                 0,
                 86_400 * 30,
             )?,
-            stuck_after_secs: int("STUCK_AFTER_SECONDS", DEFAULT_STUCK_AFTER_SECS, 0, 86_400 * 365)?,
+            stuck_after_secs: int(
+                "STUCK_AFTER_SECONDS",
+                DEFAULT_STUCK_AFTER_SECS,
+                0,
+                86_400 * 365,
+            )?,
             effect_alert_after_secs: int(
                 "EFFECT_ALERT_AFTER_SECONDS",
                 DEFAULT_EFFECT_ALERT_AFTER_SECS,
                 0,
                 86_400 * 365,
             )?,
-            reconcile_budget: int("RECONCILE_BUDGET", i64::from(DEFAULT_RECONCILE_BUDGET), 5, 10_000)?
-                as u32,
+            reconcile_budget: int(
+                "RECONCILE_BUDGET",
+                i64::from(DEFAULT_RECONCILE_BUDGET),
+                5,
+                10_000,
+            )? as u32,
             gemini_api_base: match get("GEMINI_API_BASE") {
                 None => DEFAULT_GEMINI_API_BASE.to_string(),
                 Some(v) => url("GEMINI_API_BASE", v)?,

@@ -76,7 +76,10 @@ pub fn build_request(op: &Operation, url: &str, secret: &Secret, now_secs: i64) 
 /// Classifies the destination's HTTP answer. `excerpt` is the start of its body, kept for
 /// the operator.
 pub fn classify(status: u16, excerpt: &str) -> AttemptOutcome {
-    let answer = format!("{status}: {}", excerpt.chars().take(200).collect::<String>());
+    let answer = format!(
+        "{status}: {}",
+        excerpt.chars().take(200).collect::<String>()
+    );
     match status {
         200..=299 => AttemptOutcome::Delivered,
         408 | 409 | 429 | 500..=599 => AttemptOutcome::Retry(answer),
@@ -92,7 +95,12 @@ mod tests {
     use crate::signature::{verify, SignedHeaders};
 
     fn failed_batch() -> Operation {
-        let mut op = Operation::register("batches/b", "projects/p/batches/b", Some("nightly".into()), 0);
+        let mut op = Operation::register(
+            "batches/b",
+            "projects/p/batches/b",
+            Some("nightly".into()),
+            0,
+        );
         let mut details = serde_json::Map::new();
         details.insert("error_code".into(), json!(13));
         details.insert("error_message".into(), json!("boom"));
@@ -129,25 +137,42 @@ mod tests {
         let op = failed_batch();
         let a = build_request(&op, "http://dest/x", &secret, 100);
         let b = build_request(&op, "http://dest/x", &secret, 200);
-        let h = |r: &EffectRequest, n: &str| r.headers.iter().find(|(k, _)| *k == n).unwrap().1.clone();
+        let h =
+            |r: &EffectRequest, n: &str| r.headers.iter().find(|(k, _)| *k == n).unwrap().1.clone();
         assert_eq!(a.body, b.body);
         assert_eq!(h(&a, "webhook-id"), h(&b, "webhook-id"));
         assert_eq!(h(&a, "idempotency-key"), "batches/b");
         assert_eq!(h(&a, "effect-generation"), "1");
-        let (id, ts, sig) = (h(&b, "webhook-id"), h(&b, "webhook-timestamp"), h(&b, "webhook-signature"));
+        let (id, ts, sig) = (
+            h(&b, "webhook-id"),
+            h(&b, "webhook-timestamp"),
+            h(&b, "webhook-signature"),
+        );
         let headers = SignedHeaders {
             id: Some(&id),
             timestamp: Some(&ts),
             signature: Some(&sig),
         };
-        assert_eq!(verify(headers, b.body.as_bytes(), &[secret], 200, 300), Ok(()));
+        assert_eq!(
+            verify(headers, b.body.as_bytes(), &[secret], 200, 300),
+            Ok(())
+        );
     }
 
     #[test]
     fn message_id_changes_with_generation_only() {
-        assert_eq!(effect_message_id("batches/b", 1), effect_message_id("batches/b", 1));
-        assert_ne!(effect_message_id("batches/b", 1), effect_message_id("batches/b", 2));
-        assert_ne!(effect_message_id("batches/b", 1), effect_message_id("batches/c", 1));
+        assert_eq!(
+            effect_message_id("batches/b", 1),
+            effect_message_id("batches/b", 1)
+        );
+        assert_ne!(
+            effect_message_id("batches/b", 1),
+            effect_message_id("batches/b", 2)
+        );
+        assert_ne!(
+            effect_message_id("batches/b", 1),
+            effect_message_id("batches/c", 1)
+        );
     }
 
     #[test]

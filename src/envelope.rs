@@ -148,7 +148,10 @@ mod tests {
             status_of("interaction.completed"),
             (Status::Succeeded, Interactions)
         );
-        assert_eq!(status_of("interaction.failed"), (Status::Failed, Interactions));
+        assert_eq!(
+            status_of("interaction.failed"),
+            (Status::Failed, Interactions)
+        );
         assert_eq!(
             status_of("interaction.cancelled"),
             (Status::Cancelled, Interactions)
@@ -157,7 +160,10 @@ mod tests {
             status_of("interaction.requires_action"),
             (Status::RequiresAction, Interactions)
         );
-        assert_eq!(status_of("video.generated"), (Status::Succeeded, Operations));
+        assert_eq!(
+            status_of("video.generated"),
+            (Status::Succeeded, Operations)
+        );
     }
 
     #[test]
@@ -174,8 +180,8 @@ mod tests {
         .unwrap();
         assert_eq!(e.details["error_code"], 13);
         assert_eq!(e.details["error_message"], "boom");
-        let e = parse(br#"{"type":"batch.failed","data":{"id":"b","error_code":"INTERNAL"}}"#)
-            .unwrap();
+        let e =
+            parse(br#"{"type":"batch.failed","data":{"id":"b","error_code":"INTERNAL"}}"#).unwrap();
         assert_eq!(e.details["error_code"], "INTERNAL");
     }
 
@@ -183,8 +189,7 @@ mod tests {
     fn missing_or_bad_timestamp_counts_as_epoch() {
         let e = parse(br#"{"type":"batch.failed","data":{"id":"b"}}"#).unwrap();
         assert_eq!(e.timestamp_ms, 0);
-        let e = parse(br#"{"type":"batch.failed","timestamp":"soon","data":{"id":"b"}}"#)
-            .unwrap();
+        let e = parse(br#"{"type":"batch.failed","timestamp":"soon","data":{"id":"b"}}"#).unwrap();
         assert_eq!(e.timestamp_ms, 0);
     }
 
@@ -195,10 +200,19 @@ mod tests {
             (b"\xff\xfe", EnvelopeError::NotJson),
             (b"[1,2]", EnvelopeError::NotObject),
             (br#"{"data":{"id":"b"}}"#, EnvelopeError::MissingType),
-            (br#"{"type":"","data":{"id":"b"}}"#, EnvelopeError::MissingType),
+            (
+                br#"{"type":"","data":{"id":"b"}}"#,
+                EnvelopeError::MissingType,
+            ),
             (br#"{"type":"batch.failed"}"#, EnvelopeError::MissingData),
-            (br#"{"type":"batch.failed","data":{}}"#, EnvelopeError::MissingId),
-            (br#"{"type":"batch.failed","data":{"id":7}}"#, EnvelopeError::MissingId),
+            (
+                br#"{"type":"batch.failed","data":{}}"#,
+                EnvelopeError::MissingId,
+            ),
+            (
+                br#"{"type":"batch.failed","data":{"id":7}}"#,
+                EnvelopeError::MissingId,
+            ),
         ];
         for (body, want) in cases {
             assert_eq!(parse(body).unwrap_err(), want, "{:?}", body);

@@ -59,14 +59,32 @@ pub enum EffectReport {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum GateReply {
-    Created { operation: Value },
-    Exists { operation: Value },
-    Applied { status: String, effect: EffectReport },
-    Dropped { reason: String, status: String, effect: EffectReport },
+    Created {
+        operation: Value,
+    },
+    Exists {
+        operation: Value,
+    },
+    Applied {
+        status: String,
+        effect: EffectReport,
+    },
+    Dropped {
+        reason: String,
+        status: String,
+        effect: EffectReport,
+    },
     IgnoredUnregistered,
-    Effect { effect: EffectReport },
-    AlertSent { sent: bool },
-    Found { operation: Value, history: Vec<Value> },
+    Effect {
+        effect: EffectReport,
+    },
+    AlertSent {
+        sent: bool,
+    },
+    Found {
+        operation: Value,
+        history: Vec<Value>,
+    },
     NotFound,
 }
 

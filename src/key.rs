@@ -64,7 +64,9 @@ pub enum KeyError {
     BadCharacter,
     #[error("name contains a '.' or '..' segment")]
     DotSegment,
-    #[error("name has no batches/, operations/ or interactions/ part and no event type to imply one")]
+    #[error(
+        "name has no batches/, operations/ or interactions/ part and no event type to imply one"
+    )]
     NoCollection,
 }
 

@@ -269,11 +269,17 @@ mod tests {
     #[test]
     fn unknown_state_is_never_applied() {
         assert_eq!(
-            reduce(&at(Status::Pending, 0), &at(Status::Unknown("X".into()), 99)),
+            reduce(
+                &at(Status::Pending, 0),
+                &at(Status::Unknown("X".into()), 99)
+            ),
             Verdict::Drop(DropReason::UnknownState)
         );
         assert_eq!(
-            reduce(&at(Status::Succeeded, 0), &at(Status::Unknown("X".into()), 99)),
+            reduce(
+                &at(Status::Succeeded, 0),
+                &at(Status::Unknown("X".into()), 99)
+            ),
             Verdict::Drop(DropReason::UnknownState)
         );
     }

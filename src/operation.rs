@@ -356,7 +356,10 @@ mod tests {
 
     fn settled() -> Operation {
         let mut op = Operation::register("batches/a", "batches/a", Some("k".into()), 1_000);
-        assert_eq!(op.apply(&event(Status::Succeeded, 0), 2_000), Verdict::Apply);
+        assert_eq!(
+            op.apply(&event(Status::Succeeded, 0), 2_000),
+            Verdict::Apply
+        );
         op
     }
 
@@ -480,7 +483,11 @@ mod tests {
         assert_eq!(op.wake_at_ms(retention), Some(602_000), "claim expiry");
         op.finish(c.token, &AttemptOutcome::Delivered, 2_500, 0);
         op.projected_version = op.version;
-        assert_eq!(op.wake_at_ms(retention), Some(1_002_500), "forget after retention");
+        assert_eq!(
+            op.wake_at_ms(retention),
+            Some(1_002_500),
+            "forget after retention"
+        );
         op.projected_version = op.version - 1;
         op.projected_at_ms = 2_400;
         assert_eq!(op.wake_at_ms(retention), Some(3_400), "deferred projection");

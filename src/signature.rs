@@ -230,7 +230,13 @@ mod tests {
     #[test]
     fn changed_body_fails() {
         assert_eq!(
-            verify(headers(SIG), br#"{"test": 2432232315}"#, &secrets(), NOW, 300),
+            verify(
+                headers(SIG),
+                br#"{"test": 2432232315}"#,
+                &secrets(),
+                NOW,
+                300
+            ),
             Err(SignatureError::Invalid)
         );
     }
@@ -259,12 +265,18 @@ mod tests {
 
     #[test]
     fn too_old_and_too_new_fail_at_the_boundary() {
-        assert_eq!(verify(headers(SIG), BODY, &secrets(), NOW + 300, 300), Ok(()));
+        assert_eq!(
+            verify(headers(SIG), BODY, &secrets(), NOW + 300, 300),
+            Ok(())
+        );
         assert_eq!(
             verify(headers(SIG), BODY, &secrets(), NOW + 301, 300),
             Err(SignatureError::TooOld)
         );
-        assert_eq!(verify(headers(SIG), BODY, &secrets(), NOW - 300, 300), Ok(()));
+        assert_eq!(
+            verify(headers(SIG), BODY, &secrets(), NOW - 300, 300),
+            Ok(())
+        );
         assert_eq!(
             verify(headers(SIG), BODY, &secrets(), NOW - 301, 300),
             Err(SignatureError::TooNew)
@@ -352,7 +364,10 @@ mod tests {
             Secret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap_err(),
             SecretError::MissingPrefix
         );
-        assert_eq!(Secret::parse("whsec_!!!").unwrap_err(), SecretError::BadBase64);
+        assert_eq!(
+            Secret::parse("whsec_!!!").unwrap_err(),
+            SecretError::BadBase64
+        );
         assert_eq!(Secret::parse("whsec_").unwrap_err(), SecretError::Empty);
     }
 

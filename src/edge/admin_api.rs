@@ -17,7 +17,12 @@ use super::{call_gate, json_response, log, ok_json, EdgeError};
 
 const PREFIX: &str = "/v1/operations";
 
-pub async fn handle(mut req: Request, method: Method, env: &Env, config: &Config) -> Result<Response, EdgeError> {
+pub async fn handle(
+    mut req: Request,
+    method: Method,
+    env: &Env,
+    config: &Config,
+) -> Result<Response, EdgeError> {
     let auth = req.headers().get("authorization").ok().flatten();
     if !authorized(auth.as_deref(), &config.admin_token.0) {
         log(json!({"event": "rejected", "reason": "admin_unauthorized"}));
@@ -27,37 +32,55 @@ pub async fn handle(mut req: Request, method: Method, env: &Env, config: &Config
     let rest = path[PREFIX.len()..].trim_start_matches('/');
     match (rest.is_empty(), method) {
         (true, Method::Post) => {
-            let body = req.bytes().await.map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+            let body = req
+                .bytes()
+                .await
+                .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
             if body.len() > 16 * 1024 {
                 return Err(EdgeError::TooLarge);
             }
-            let reg = parse_registration(&body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+            let reg =
+                parse_registration(&body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
             let command = GateCommand::Register {
                 key: reg.key.key.clone(),
                 name: reg.key.name.clone(),
                 kind: reg.kind,
             };
-            match call_gate(env, &reg.key.key, &command).await.map_err(EdgeError::Unavailable)? {
+            match call_gate(env, &reg.key.key, &command)
+                .await
+                .map_err(EdgeError::Unavailable)?
+            {
                 GateReply::Created { operation } => {
                     log(json!({"event": "registered", "key": reg.key.key}));
                     json_response(&operation, 201)
                 }
                 GateReply::Exists { operation } => ok_json(&operation),
-                other => Err(EdgeError::Unavailable(format!("unexpected gate reply {other:?}"))),
+                other => Err(EdgeError::Unavailable(format!(
+                    "unexpected gate reply {other:?}"
+                ))),
             }
         }
         (false, Method::Get) => {
             let name = percent_decode_str(rest)
                 .decode_utf8()
                 .map_err(|_| EdgeError::BadRequest("name is not UTF-8".into()))?;
-            let key = normalize(&name, None).map_err(|e| EdgeError::BadRequest(format!("name: {e}")))?;
-            match call_gate(env, &key.key, &GateCommand::Inspect).await.map_err(EdgeError::Unavailable)? {
-                GateReply::Found { mut operation, history } => {
+            let key =
+                normalize(&name, None).map_err(|e| EdgeError::BadRequest(format!("name: {e}")))?;
+            match call_gate(env, &key.key, &GateCommand::Inspect)
+                .await
+                .map_err(EdgeError::Unavailable)?
+            {
+                GateReply::Found {
+                    mut operation,
+                    history,
+                } => {
                     operation["history"] = json!(history);
                     ok_json(&operation)
                 }
                 GateReply::NotFound => Err(EdgeError::NotFound),
-                other => Err(EdgeError::Unavailable(format!("unexpected gate reply {other:?}"))),
+                other => Err(EdgeError::Unavailable(format!(
+                    "unexpected gate reply {other:?}"
+                ))),
             }
         }
         _ => Err(EdgeError::MethodNotAllowed),

@@ -17,7 +17,10 @@ use std::cell::Cell;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use worker::wasm_bindgen::JsValue;
-use worker::{durable_object, Date, DurableObject, Env, Method, Request, Response, Result, ScheduledTime, State};
+use worker::{
+    durable_object, Date, DurableObject, Env, Method, Request, Response, Result, ScheduledTime,
+    State,
+};
 
 use crate::alert::alert_body;
 use crate::config::Config;
@@ -95,7 +98,10 @@ impl DurableObject for OperationGate {
             return Response::ok("empty");
         };
         let now = now_ms();
-        if op.forget_at_ms(config.retention_ms()).is_some_and(|t| t <= now) {
+        if op
+            .forget_at_ms(config.retention_ms())
+            .is_some_and(|t| t <= now)
+        {
             // Retention is over: the KV entry expires on its own TTL; drop our storage.
             self.state.storage().delete_alarm().await?;
             self.state.storage().delete_all().await?;
@@ -114,7 +120,9 @@ impl OperationGate {
         match command {
             GateCommand::Register { key, name, kind } => {
                 if let Some(op) = self.load()? {
-                    return Ok(GateReply::Exists { operation: op.view() });
+                    return Ok(GateReply::Exists {
+                        operation: op.view(),
+                    });
                 }
                 let op = Operation::register(&key, &name, kind, now);
                 self.save(&op)?;
@@ -123,7 +131,12 @@ impl OperationGate {
                 self.settle_storage(op, config).await?;
                 Ok(GateReply::Created { operation: view })
             }
-            GateCommand::Deliver { key, name, event, require_registration } => {
+            GateCommand::Deliver {
+                key,
+                name,
+                event,
+                require_registration,
+            } => {
                 let existing = self.load()?;
                 let mut op = match existing {
                     Some(op) => op,
@@ -189,7 +202,11 @@ impl OperationGate {
 
     /// Claims, runs and commits the side effect if it is owed and due. Returns the record as
     /// it stands afterwards (re-read: other requests may have run during the call).
-    async fn drive_effect(&self, mut op: Operation, config: &Config) -> Result<(Operation, EffectReport)> {
+    async fn drive_effect(
+        &self,
+        mut op: Operation,
+        config: &Config,
+    ) -> Result<(Operation, EffectReport)> {
         if !op.effect_owed() {
             return Ok((op, EffectReport::NotOwed));
         }
@@ -203,22 +220,44 @@ impl OperationGate {
             return Ok((op, report));
         };
         self.save(&op)?;
-        self.record(now, json!({"what": "claimed", "token": claim.token, "attempt": op.effect.attempts}))?;
+        self.record(
+            now,
+            json!({"what": "claimed", "token": claim.token, "attempt": op.effect.attempts}),
+        )?;
         // The alarm at the claim's expiry retries the effect if this call never returns.
         self.sync_alarm(&op, config).await?;
 
-        let request = build_request(&op, &config.effect_url, &config.effect_signing_secret, now / 1_000);
+        let request = build_request(
+            &op,
+            &config.effect_url,
+            &config.effect_signing_secret,
+            now / 1_000,
+        );
         let started = now_ms();
-        let answer = send(Method::Post, &request.url, &request.headers, Some(&request.body), config.effect_timeout_ms).await;
+        let answer = send(
+            Method::Post,
+            &request.url,
+            &request.headers,
+            Some(&request.body),
+            config.effect_timeout_ms,
+        )
+        .await;
         let outcome = match &answer {
             Answer::Http { status, excerpt } => classify(*status, excerpt),
-            Answer::Timeout => AttemptOutcome::Retry(format!("timeout after {} ms", config.effect_timeout_ms)),
+            Answer::Timeout => {
+                AttemptOutcome::Retry(format!("timeout after {} ms", config.effect_timeout_ms))
+            }
             Answer::Network(e) => AttemptOutcome::Retry(format!("network: {e}")),
         };
         let finished_at = now_ms();
 
         let mut op = self.load()?.unwrap_or(op);
-        let backoff = backoff_ms(op.effect.failures_in_row, config.retry_base_secs, config.retry_max_secs, random_unit());
+        let backoff = backoff_ms(
+            op.effect.failures_in_row,
+            config.retry_base_secs,
+            config.retry_max_secs,
+            random_unit(),
+        );
         let finished = op.finish(claim.token, &outcome, finished_at, backoff);
         let (label, report) = match &finished {
             Finished::Done => ("effect_delivered", EffectReport::Delivered),
@@ -247,17 +286,35 @@ impl OperationGate {
         Ok((op, report))
     }
 
-    async fn send_alert(&self, alert: &str, op: &Operation, age_seconds: i64, config: &Config) -> bool {
+    async fn send_alert(
+        &self,
+        alert: &str,
+        op: &Operation,
+        age_seconds: i64,
+        config: &Config,
+    ) -> bool {
         let body = alert_body(alert, op, age_seconds);
-        log(json!({"event": "alert", "alert": alert, "key": op.key, "age_seconds": age_seconds, "text": body["text"]}));
+        log(
+            json!({"event": "alert", "alert": alert, "key": op.key, "age_seconds": age_seconds, "text": body["text"]}),
+        );
         let Some(url) = &config.alert_url else {
             return true;
         };
         let headers = [("content-type", "application/json".to_string())];
-        match send(Method::Post, url, &headers, Some(&body.to_string()), ALERT_TIMEOUT_MS).await {
+        match send(
+            Method::Post,
+            url,
+            &headers,
+            Some(&body.to_string()),
+            ALERT_TIMEOUT_MS,
+        )
+        .await
+        {
             Answer::Http { status, .. } if (200..300).contains(&status) => true,
             Answer::Http { status, excerpt } => {
-                log(json!({"event": "alert_failed", "key": op.key, "answer": format!("{status}: {excerpt}")}));
+                log(
+                    json!({"event": "alert_failed", "key": op.key, "answer": format!("{status}: {excerpt}")}),
+                );
                 false
             }
             Answer::Timeout => {
@@ -332,7 +389,8 @@ impl OperationGate {
     }
 
     fn save(&self, op: &Operation) -> Result<()> {
-        let body = serde_json::to_string(op).map_err(|e| worker::Error::RustError(e.to_string()))?;
+        let body =
+            serde_json::to_string(op).map_err(|e| worker::Error::RustError(e.to_string()))?;
         self.state.storage().sql().exec(
             "INSERT INTO operation (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
             vec![body.into()],
@@ -370,7 +428,10 @@ impl OperationGate {
             .map(|r| {
                 let mut entry: Value = serde_json::from_str(&r.entry).unwrap_or(Value::Null);
                 if let Value::Object(map) = &mut entry {
-                    map.insert("at".into(), json!(crate::timestamp::format_rfc3339(r.at_ms as i64)));
+                    map.insert(
+                        "at".into(),
+                        json!(crate::timestamp::format_rfc3339(r.at_ms as i64)),
+                    );
                 }
                 entry
             })

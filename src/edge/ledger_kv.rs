@@ -25,7 +25,12 @@ pub async fn write_projection(kv: &KvStore, p: &Projection) -> Result<(), String
 }
 
 /// Keeps a signed delivery that could not be used, for `ttl_secs`.
-pub async fn write_dead_letter(kv: &KvStore, key: &str, value: &Value, ttl_secs: u64) -> Result<(), String> {
+pub async fn write_dead_letter(
+    kv: &KvStore,
+    key: &str,
+    value: &Value,
+    ttl_secs: u64,
+) -> Result<(), String> {
     kv.put(key, value.to_string())
         .map_err(|e| format!("{e:?}"))?
         .expiration_ttl(ttl_secs)

@@ -83,8 +83,14 @@ pub fn load_config(env: &Env) -> std::result::Result<Config, ConfigError> {
 }
 
 /// Sends a command to the gate of `key` and returns its reply.
-pub async fn call_gate(env: &Env, key: &str, command: &GateCommand) -> std::result::Result<GateReply, String> {
-    let namespace = env.durable_object(GATE_BINDING).map_err(|e| format!("gate binding: {e}"))?;
+pub async fn call_gate(
+    env: &Env,
+    key: &str,
+    command: &GateCommand,
+) -> std::result::Result<GateReply, String> {
+    let namespace = env
+        .durable_object(GATE_BINDING)
+        .map_err(|e| format!("gate binding: {e}"))?;
     let stub = namespace
         .id_from_name(key)
         .and_then(|id| id.get_stub())
@@ -93,13 +99,20 @@ pub async fn call_gate(env: &Env, key: &str, command: &GateCommand) -> std::resu
     let mut init = worker::RequestInit::new();
     init.with_method(Method::Post)
         .with_body(Some(worker::wasm_bindgen::JsValue::from_str(&body)));
-    let request = Request::new_with_init("https://gate/command", &init).map_err(|e| e.to_string())?;
-    let mut response = stub.fetch_with_request(request).await.map_err(|e| format!("gate call: {e}"))?;
+    let request =
+        Request::new_with_init("https://gate/command", &init).map_err(|e| e.to_string())?;
+    let mut response = stub
+        .fetch_with_request(request)
+        .await
+        .map_err(|e| format!("gate call: {e}"))?;
     if response.status_code() != 200 {
         let text = response.text().await.unwrap_or_default();
         return Err(format!("gate answered {}: {text}", response.status_code()));
     }
-    response.json().await.map_err(|e| format!("gate reply: {e}"))
+    response
+        .json()
+        .await
+        .map_err(|e| format!("gate reply: {e}"))
 }
 
 #[event(start)]

@@ -14,8 +14,8 @@ use crate::envelope::{meaning, parse, Meaning};
 use crate::gate_protocol::{GateCommand, GateReply};
 use crate::key::normalize;
 use crate::ledger::dead_key;
-use crate::operation::OpEvent;
 use crate::lifecycle::Source;
+use crate::operation::OpEvent;
 use crate::signature::{verify, SignedHeaders};
 use crate::timestamp::format_rfc3339;
 
@@ -29,8 +29,15 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
         log(json!({"event": "rejected", "reason": "body_too_large", "bytes": declared}));
         return Err(EdgeError::TooLarge);
     }
-    let (id, timestamp, signature) = (header("webhook-id"), header("webhook-timestamp"), header("webhook-signature"));
-    let body = req.bytes().await.map_err(|e| EdgeError::BadRequest(format!("unreadable body: {e}")))?;
+    let (id, timestamp, signature) = (
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+    );
+    let body = req
+        .bytes()
+        .await
+        .map_err(|e| EdgeError::BadRequest(format!("unreadable body: {e}")))?;
     if body.len() > config.max_body_bytes {
         log(json!({"event": "rejected", "reason": "body_too_large", "bytes": body.len()}));
         return Err(EdgeError::TooLarge);
@@ -41,7 +48,13 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
         timestamp: timestamp.as_deref(),
         signature: signature.as_deref(),
     };
-    if let Err(e) = verify(headers, &body, &config.webhook_secrets, now.div_euclid(1_000), config.tolerance_secs) {
+    if let Err(e) = verify(
+        headers,
+        &body,
+        &config.webhook_secrets,
+        now.div_euclid(1_000),
+        config.tolerance_secs,
+    ) {
         log(json!({"event": "rejected", "reason": e.label()}));
         return Err(EdgeError::Unauthorized);
     }
@@ -50,21 +63,50 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
     let envelope = match parse(&body) {
         Ok(e) => e,
         Err(e) => {
-            keep_dead_letter(env, config, &delivery_id, timestamp.as_deref(), e.label(), &body, now).await?;
+            keep_dead_letter(
+                env,
+                config,
+                &delivery_id,
+                timestamp.as_deref(),
+                e.label(),
+                &body,
+                now,
+            )
+            .await?;
             return Err(EdgeError::BadRequest(format!("not a Gemini envelope: {e}")));
         }
     };
     let (status, collection) = match meaning(&envelope.event_type) {
         Meaning::Status { status, collection } => (status, collection),
         Meaning::Unknown => {
-            keep_dead_letter(env, config, &delivery_id, timestamp.as_deref(), "unknown_event_type", &body, now).await?;
-            return ok_json(&json!({"outcome": "ignored_unknown_type", "type": envelope.event_type}));
+            keep_dead_letter(
+                env,
+                config,
+                &delivery_id,
+                timestamp.as_deref(),
+                "unknown_event_type",
+                &body,
+                now,
+            )
+            .await?;
+            return ok_json(
+                &json!({"outcome": "ignored_unknown_type", "type": envelope.event_type}),
+            );
         }
     };
     let key = match normalize(&envelope.id, Some(collection)) {
         Ok(k) => k,
         Err(e) => {
-            keep_dead_letter(env, config, &delivery_id, timestamp.as_deref(), "bad_operation_id", &body, now).await?;
+            keep_dead_letter(
+                env,
+                config,
+                &delivery_id,
+                timestamp.as_deref(),
+                "bad_operation_id",
+                &body,
+                now,
+            )
+            .await?;
             return Err(EdgeError::BadRequest(format!("data.id: {e}")));
         }
     };
@@ -80,22 +122,36 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
         },
         require_registration: config.require_registration,
     };
-    let reply = call_gate(env, &key.key, &command).await.map_err(EdgeError::Unavailable)?;
+    let reply = call_gate(env, &key.key, &command)
+        .await
+        .map_err(EdgeError::Unavailable)?;
     let ms = now_ms() - now;
     let (event, body) = match &reply {
         GateReply::Applied { status, effect } => (
             "delivered",
             json!({"outcome": "applied", "key": key.key, "status": status, "effect": effect}),
         ),
-        GateReply::Dropped { reason, status, effect } => (
-            if reason == "duplicate" { "duplicate" } else { "dropped" },
+        GateReply::Dropped {
+            reason,
+            status,
+            effect,
+        } => (
+            if reason == "duplicate" {
+                "duplicate"
+            } else {
+                "dropped"
+            },
             json!({"outcome": "dropped", "reason": reason, "key": key.key, "status": status, "effect": effect}),
         ),
         GateReply::IgnoredUnregistered => (
             "ignored_unregistered",
             json!({"outcome": "ignored_unregistered", "key": key.key}),
         ),
-        other => return Err(EdgeError::Unavailable(format!("unexpected gate reply {other:?}"))),
+        other => {
+            return Err(EdgeError::Unavailable(format!(
+                "unexpected gate reply {other:?}"
+            )))
+        }
     };
     let mut line = body.clone();
     line["event"] = json!(event);
@@ -126,9 +182,15 @@ async fn keep_dead_letter(
         "body": String::from_utf8_lossy(body),
         "body_is_utf8": std::str::from_utf8(body).is_ok(),
     });
-    let kv = env.kv(KV_BINDING).map_err(|e| EdgeError::Unavailable(e.to_string()))?;
+    let kv = env
+        .kv(KV_BINDING)
+        .map_err(|e| EdgeError::Unavailable(e.to_string()))?;
     let ttl = (config.retention_ms() / 1_000) as u64;
-    write_dead_letter(&kv, &key, &value, ttl).await.map_err(EdgeError::Unavailable)?;
-    log(json!({"event": "dead_letter", "reason": reason, "webhook_id": delivery_id, "kv_key": key}));
+    write_dead_letter(&kv, &key, &value, ttl)
+        .await
+        .map_err(EdgeError::Unavailable)?;
+    log(
+        json!({"event": "dead_letter", "reason": reason, "webhook_id": delivery_id, "kv_key": key}),
+    );
     Ok(())
 }
