@@ -32,6 +32,9 @@ pub const DEFAULT_STUCK_AFTER_SECS: i64 = 21_600;
 pub const DEFAULT_EFFECT_ALERT_AFTER_SECS: i64 = 3_600;
 /// Inside KV's 1,000 operations per invocation on every plan (use 45 on the Free plan).
 pub const DEFAULT_RECONCILE_BUDGET: u32 = 900;
+/// A pass holding the lease longer than this is presumed dead and the lease lapses; far
+/// longer than a pass within its budget takes, short enough that a crash costs two cron runs.
+pub const DEFAULT_RECONCILE_LEASE_SECS: i64 = 600;
 /// Gemini's public API.
 pub const DEFAULT_GEMINI_API_BASE: &str = "https://generativelanguage.googleapis.com";
 
@@ -54,6 +57,7 @@ pub struct Config {
     pub stuck_after_secs: i64,
     pub effect_alert_after_secs: i64,
     pub reconcile_budget: u32,
+    pub reconcile_lease_secs: i64,
     pub gemini_api_base: String,
     pub gemini_api_key: Option<ApiKey>,
     pub alert_url: Option<String>,
@@ -206,6 +210,12 @@ impl Config {
                 5,
                 10_000,
             )? as u32,
+            reconcile_lease_secs: int(
+                "RECONCILE_LEASE_SECONDS",
+                DEFAULT_RECONCILE_LEASE_SECS,
+                1,
+                3_600,
+            )?,
             gemini_api_base: match get("GEMINI_API_BASE") {
                 None => DEFAULT_GEMINI_API_BASE.to_string(),
                 Some(v) => url("GEMINI_API_BASE", v)?,
@@ -249,6 +259,7 @@ mod tests {
         assert_eq!(c.stuck_after_secs, 21_600);
         assert_eq!(c.effect_alert_after_secs, 3_600);
         assert_eq!(c.reconcile_budget, 900);
+        assert_eq!(c.reconcile_lease_secs, 600);
         assert_eq!(c.gemini_api_base, DEFAULT_GEMINI_API_BASE);
         assert!(c.gemini_api_key.is_none());
         assert!(c.alert_url.is_none());

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::operation::OpEvent;
+use crate::reconcile::{Lease, Resume};
 
 /// A request to the gate of one operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,7 +30,7 @@ pub enum GateCommand {
         /// Drop events for operations never registered (REQUIRE_REGISTRATION).
         require_registration: bool,
     },
-    /// Run an owed side effect now, if no live claim holds it.
+    /// Run an owed side effect if it is due and no live claim holds it.
     RetryEffect,
     /// Send an alert of this kind once per operation.
     Alert { alert: String, age_seconds: i64 },
@@ -86,6 +87,42 @@ pub enum GateReply {
         history: Vec<Value>,
     },
     NotFound,
+}
+
+/// A request to the ReconcileLease object (one for the whole worker).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum LeaseCommand {
+    /// Take the lease if free or lapsed; answers with where to resume.
+    Acquire { holder: String, ttl_ms: i64 },
+    /// Give it back with where the next pass starts and the pass's summary.
+    Release {
+        holder: String,
+        resume: Resume,
+        complete: bool,
+        status_backoff_until_ms: i64,
+        summary: Value,
+    },
+    /// The lease, the cursor and the last pass's summary.
+    Status,
+}
+
+/// The ReconcileLease object's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum LeaseReply {
+    Granted {
+        resume: Resume,
+        status_backoff_until_ms: i64,
+    },
+    Busy,
+    Released {
+        accepted: bool,
+    },
+    State {
+        lease: Lease,
+        last_pass: Option<Value>,
+    },
 }
 
 #[cfg(test)]

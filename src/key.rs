@@ -32,6 +32,11 @@ impl Collection {
         }
     }
 
+    /// The collection of a normalized key (`batches/x` gives batches).
+    pub fn of_key(key: &str) -> Option<Self> {
+        key.split('/').next().and_then(Self::from_segment)
+    }
+
     fn from_segment(segment: &str) -> Option<Self> {
         match segment {
             "batches" => Some(Collection::Batches),
@@ -152,6 +157,20 @@ mod tests {
         assert_eq!(k.key, "operations/y");
         assert_eq!(k.name, "models/veo-3/operations/y");
         assert_eq!(k.collection, Collection::Operations);
+    }
+
+    #[test]
+    fn collection_of_a_key() {
+        assert_eq!(Collection::of_key("batches/x"), Some(Collection::Batches));
+        assert_eq!(
+            Collection::of_key("operations/x"),
+            Some(Collection::Operations)
+        );
+        assert_eq!(
+            Collection::of_key("interactions/x"),
+            Some(Collection::Interactions)
+        );
+        assert_eq!(Collection::of_key("models/x"), None);
     }
 
     #[test]

@@ -15,7 +15,9 @@ pub mod key;
 pub mod ledger;
 pub mod lifecycle;
 pub mod operation;
+pub mod reconcile;
 pub mod signature;
+pub mod status;
 pub mod timestamp;
 
 #[cfg(target_arch = "wasm32")]

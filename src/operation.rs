@@ -237,17 +237,6 @@ impl Operation {
         }
     }
 
-    /// Makes a waiting side effect due now (reconciliation found it owed). Returns whether
-    /// anything changed.
-    pub fn hurry(&mut self, now_ms: i64) -> bool {
-        if self.effect_owed() && self.effect.next_attempt_ms > now_ms {
-            self.effect.next_attempt_ms = now_ms;
-            self.version += 1;
-            return true;
-        }
-        false
-    }
-
     /// Records that an alert of `kind` is being sent; false if one was sent before.
     pub fn mark_alert(&mut self, kind: &str) -> bool {
         if self.alerts.iter().any(|a| a == kind) {
@@ -452,15 +441,6 @@ mod tests {
         op.finish(c.token, &AttemptOutcome::Delivered, 2_100, 0);
         assert!(op.claim(99_999_999, 600_000).is_none());
         assert_eq!(op.effect.attempts, 1);
-    }
-
-    #[test]
-    fn hurry_makes_a_waiting_retry_due() {
-        let mut op = settled();
-        let c = op.claim(2_000, 600_000).unwrap();
-        op.finish(c.token, &AttemptOutcome::Retry("x".into()), 2_000, 60_000);
-        assert!(op.hurry(3_000));
-        assert!(op.claim(3_000, 1).is_some());
     }
 
     #[test]

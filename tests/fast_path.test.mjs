@@ -220,7 +220,8 @@ describe("fast path", () => {
   });
 
   it("projects the operation into the KV ledger with metadata", async () => {
-    plans.set("batches/ledger1", (n) => (n === 1 ? { status: 500 } : { status: 200 }));
+    let destinationUp = false;
+    plans.set("batches/ledger1", () => (destinationUp ? { status: 200 } : { status: 500 }));
     await w.register("projects/p/locations/l/batches/ledger1", "k");
     let [entry] = await w.kvList("op:batches/ledger1");
     assert.equal(entry.metadata.status, "pending");
@@ -232,7 +233,9 @@ describe("fast path", () => {
       const [e] = await w.kvList("op:batches/ledger1");
       return e.metadata.status === "succeeded" && e;
     }, { what: "terminal projection" });
+    assert.equal(entry.metadata.effect_done, false);
     assert.equal(entry.expiration, undefined, "terminal without effect_done never expires");
+    destinationUp = true;
     entry = await eventually(async () => {
       const [e] = await w.kvList("op:batches/ledger1");
       return e.metadata.effect_done && e;

@@ -43,7 +43,10 @@ export async function startWorker(vars = {}) {
     modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"] }],
     compatibilityDate: "2026-04-01",
     kvNamespaces: ["OPS_KV"],
-    durableObjects: { OPERATION_GATE: { className: "OperationGate", useSQLite: true } },
+    durableObjects: {
+      OPERATION_GATE: { className: "OperationGate", useSQLite: true },
+      RECONCILE_LEASE: { className: "ReconcileLease", useSQLite: true },
+    },
     bindings,
     handleRuntimeStdio(stdout, stderr) {
       collect(stdout);

@@ -36,6 +36,8 @@ use super::{load_config, log, random_unit};
 
 /// History rows kept per operation; older rows are deleted.
 const HISTORY_LIMIT: i64 = 200;
+/// Longest part of a peer's answer kept in the record and logs.
+const EXCERPT_CHARS: usize = 300;
 /// Alert sinks get this long to answer.
 const ALERT_TIMEOUT_MS: i64 = 5_000;
 
@@ -159,12 +161,11 @@ impl OperationGate {
                 })
             }
             GateCommand::RetryEffect => {
-                let Some(mut op) = self.load()? else {
+                // Runs the effect only if due: the backoff stands, and a lost alarm is repaired
+                // because settle_storage sets it again.
+                let Some(op) = self.load()? else {
                     return Ok(GateReply::NotFound);
                 };
-                if op.hurry(now) {
-                    self.save(&op)?;
-                }
                 let (op, effect) = self.drive_effect(op, config).await?;
                 self.settle_storage(op, config).await?;
                 Ok(GateReply::Effect { effect })
@@ -240,10 +241,13 @@ impl OperationGate {
             &request.headers,
             Some(&request.body),
             config.effect_timeout_ms,
+            EXCERPT_CHARS,
         )
         .await;
         let outcome = match &answer {
-            Answer::Http { status, excerpt } => classify(*status, excerpt),
+            Answer::Http {
+                status, excerpt, ..
+            } => classify(*status, excerpt),
             Answer::Timeout => {
                 AttemptOutcome::Retry(format!("timeout after {} ms", config.effect_timeout_ms))
             }
@@ -307,11 +311,14 @@ impl OperationGate {
             &headers,
             Some(&body.to_string()),
             ALERT_TIMEOUT_MS,
+            EXCERPT_CHARS,
         )
         .await
         {
             Answer::Http { status, .. } if (200..300).contains(&status) => true,
-            Answer::Http { status, excerpt } => {
+            Answer::Http {
+                status, excerpt, ..
+            } => {
                 log(
                     json!({"event": "alert_failed", "key": op.key, "answer": format!("{status}: {excerpt}")}),
                 );

@@ -8,11 +8,14 @@
 
 mod admin_api;
 mod gate_object;
+mod lease_object;
 mod ledger_kv;
 mod outbound;
+mod reconcile_pass;
 mod webhook;
 
 pub use gate_object::OperationGate;
+pub use lease_object::ReconcileLease;
 
 use serde_json::{json, Value};
 use worker::{event, Context, Env, Method, Request, Response, Result};
@@ -95,24 +98,35 @@ pub async fn call_gate(
         .id_from_name(key)
         .and_then(|id| id.get_stub())
         .map_err(|e| format!("gate binding: {e}"))?;
+    post_json(&stub, command).await
+}
+
+/// POSTs `command` as JSON to a Durable Object and decodes its JSON reply.
+pub async fn post_json<C: serde::Serialize, R: serde::de::DeserializeOwned>(
+    stub: &worker::Stub,
+    command: &C,
+) -> std::result::Result<R, String> {
     let body = serde_json::to_string(command).map_err(|e| e.to_string())?;
     let mut init = worker::RequestInit::new();
     init.with_method(Method::Post)
         .with_body(Some(worker::wasm_bindgen::JsValue::from_str(&body)));
     let request =
-        Request::new_with_init("https://gate/command", &init).map_err(|e| e.to_string())?;
+        Request::new_with_init("https://object/command", &init).map_err(|e| e.to_string())?;
     let mut response = stub
         .fetch_with_request(request)
         .await
-        .map_err(|e| format!("gate call: {e}"))?;
+        .map_err(|e| format!("object call: {e}"))?;
     if response.status_code() != 200 {
         let text = response.text().await.unwrap_or_default();
-        return Err(format!("gate answered {}: {text}", response.status_code()));
+        return Err(format!(
+            "object answered {}: {text}",
+            response.status_code()
+        ));
     }
     response
         .json()
         .await
-        .map_err(|e| format!("gate reply: {e}"))
+        .map_err(|e| format!("object reply: {e}"))
 }
 
 #[event(start)]
@@ -125,6 +139,17 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
     match route(req, &env).await {
         Ok(response) => Ok(response),
         Err(e) => e.into_response(),
+    }
+}
+
+#[event(scheduled)]
+async fn scheduled(_event: worker::ScheduledEvent, env: Env, _ctx: worker::ScheduleContext) {
+    // The runtime discards this handler's result: every error is logged here or below.
+    match load_config(&env) {
+        Ok(config) => {
+            reconcile_pass::run(&env, &config).await;
+        }
+        Err(e) => log(json!({"event": "reconcile_error", "error": format!("configuration: {e}")})),
     }
 }
 

@@ -12,24 +12,27 @@ use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestIni
 
 /// How an outbound call ended.
 pub enum Answer {
-    /// The peer answered: status and the first bytes of its body.
-    Http { status: u16, excerpt: String },
+    /// The peer answered: status, the first `max_chars` of its body, its Retry-After.
+    Http {
+        status: u16,
+        excerpt: String,
+        retry_after: Option<String>,
+    },
     /// The deadline passed first; the request was aborted.
     Timeout,
     /// The request could not be made or the connection failed.
     Network(String),
 }
 
-/// Longest part of a peer's body kept for logs and the record.
-const EXCERPT_CHARS: usize = 300;
-
-/// Sends one request and waits at most `timeout_ms` for the status and body.
+/// Sends one request and waits at most `timeout_ms` for the status and body, keeping at
+/// most `max_chars` of the body.
 pub async fn send(
     method: Method,
     url: &str,
     headers: &[(&str, String)],
     body: Option<&str>,
     timeout_ms: i64,
+    max_chars: usize,
 ) -> Answer {
     let request = match build(method, url, headers, body) {
         Ok(r) => r,
@@ -40,14 +43,16 @@ pub async fn send(
     let call = async move {
         let mut response = Fetch::Request(request).send_with_signal(&signal).await?;
         let status = response.status_code();
+        let retry_after = response.headers().get("retry-after").ok().flatten();
         let text = response.text().await.unwrap_or_default();
-        Ok::<_, worker::Error>((status, text))
+        Ok::<_, worker::Error>((status, text, retry_after))
     };
     let deadline = Delay::from(Duration::from_millis(timeout_ms.max(1) as u64));
     match select(Box::pin(call), Box::pin(deadline)).await {
-        Either::Left((Ok((status, text)), _)) => Answer::Http {
+        Either::Left((Ok((status, text, retry_after)), _)) => Answer::Http {
             status,
-            excerpt: text.chars().take(EXCERPT_CHARS).collect(),
+            excerpt: text.chars().take(max_chars).collect(),
+            retry_after,
         },
         Either::Left((Err(e), _)) => Answer::Network(e.to_string()),
         Either::Right(_) => {

@@ -1,0 +1,114 @@
+//! The ReconcileLease Durable Object: one for the worker, admitting one reconciliation pass at
+//! a time and keeping the durable cursor between passes.
+//!
+//! Storage (SQLite): `lease(id = 1, body)` holds [`crate::reconcile::Lease`] as JSON;
+//! `last_pass(id = 1, body)` the summary of the newest pass. Guarantees: acquire and release
+//! are read-decide-write with no await in between, so two overlapping cron runs can never
+//! both hold the lease; a lapsed holder cannot move the cursor.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
+
+use crate::gate_protocol::{LeaseCommand, LeaseReply};
+use crate::reconcile::Lease;
+
+use super::log;
+
+/// The one lease object's name.
+pub const LEASE_NAME: &str = "reconcile";
+
+/// Serializes reconciliation passes.
+#[durable_object]
+pub struct ReconcileLease {
+    state: State,
+}
+
+#[derive(Deserialize)]
+struct BodyRow {
+    body: String,
+}
+
+impl DurableObject for ReconcileLease {
+    fn new(state: State, _env: Env) -> Self {
+        let sql = state.storage().sql();
+        for ddl in [
+            "CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS last_pass (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
+        ] {
+            if let Err(e) = sql.exec(ddl, None) {
+                log(json!({"event": "lease_schema_error", "error": e.to_string()}));
+            }
+        }
+        Self { state }
+    }
+
+    async fn fetch(&self, mut req: Request) -> Result<Response> {
+        let command: LeaseCommand = match req.json().await {
+            Ok(c) => c,
+            Err(e) => return Response::error(format!("bad lease command: {e}"), 400),
+        };
+        let now = Date::now().as_millis() as i64;
+        let mut lease: Lease = self.read("lease")?.unwrap_or_default();
+        let reply = match command {
+            LeaseCommand::Acquire { holder, ttl_ms } => {
+                if lease.acquire(&holder, now, ttl_ms) {
+                    self.write(
+                        "lease",
+                        &serde_json::to_value(&lease).unwrap_or(Value::Null),
+                    )?;
+                    LeaseReply::Granted {
+                        resume: lease.resume.clone(),
+                        status_backoff_until_ms: lease.status_backoff_until_ms,
+                    }
+                } else {
+                    LeaseReply::Busy
+                }
+            }
+            LeaseCommand::Release {
+                holder,
+                resume,
+                complete,
+                status_backoff_until_ms,
+                summary,
+            } => {
+                let accepted = lease.release(&holder, resume, complete, status_backoff_until_ms);
+                if accepted {
+                    self.write(
+                        "lease",
+                        &serde_json::to_value(&lease).unwrap_or(Value::Null),
+                    )?;
+                }
+                self.write("last_pass", &summary)?;
+                LeaseReply::Released { accepted }
+            }
+            LeaseCommand::Status => LeaseReply::State {
+                lease,
+                last_pass: self.read("last_pass")?,
+            },
+        };
+        Response::from_json(&reply)
+    }
+}
+
+impl ReconcileLease {
+    fn read<T: serde::de::DeserializeOwned>(&self, table: &str) -> Result<Option<T>> {
+        let rows: Vec<BodyRow> = self
+            .state
+            .storage()
+            .sql()
+            .exec(&format!("SELECT body FROM {table} WHERE id = 1"), None)?
+            .to_array()?;
+        Ok(rows
+            .first()
+            .and_then(|r| serde_json::from_str(&r.body).ok()))
+    }
+
+    fn write(&self, table: &str, value: &Value) -> Result<()> {
+        self.state.storage().sql().exec(
+            &format!("INSERT INTO {table} (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body"),
+            vec![value.to_string().into()],
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,384 @@
+//! One reconciliation pass (the cron's slow path): list the ledger, decide from metadata,
+//! and turn what Gemini's status API says into events for the gates.
+//!
+//! Guarantees: the pass writes no state itself, every change goes through a gate; it reads no
+//! ledger value; it holds the lease or does nothing; it never spends more than
+//! `RECONCILE_BUDGET` subrequests (KV list calls, gate calls, lease calls and status calls
+//! together) and resumes where it stopped on the next run; a 429 or 5xx from the status API
+//! stops polling until its Retry-After has passed and settles nothing; a 404 asks the gate for
+//! an `unknown_to_gemini` alert; a malformed answer is logged and skipped.
+
+use serde_json::{json, Value};
+use worker::{Env, KvStore, Method};
+
+use crate::alert::UNKNOWN_TO_GEMINI;
+use crate::config::Config;
+use crate::gate_protocol::{GateCommand, GateReply, LeaseCommand, LeaseReply};
+use crate::key::Collection;
+use crate::ledger::{LedgerMeta, OP_PREFIX};
+use crate::lifecycle::{Source, Status};
+use crate::operation::OpEvent;
+use crate::reconcile::{decide, Action, Resume, Thresholds};
+use crate::status::{interpret, status_url, StatusError};
+
+use super::lease_object::LEASE_NAME;
+use super::ledger_kv::KV_BINDING;
+use super::outbound::{send, Answer};
+use super::{call_gate, log, now_ms, random_unit};
+
+/// The lease object's binding.
+pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
+/// Largest KV list page.
+const PAGE_SIZE: u64 = 1_000;
+/// Status API calls get this long.
+const STATUS_TIMEOUT_MS: i64 = 10_000;
+/// Status answers are small; anything longer is cut before parsing fails it.
+const STATUS_MAX_CHARS: usize = 256 * 1024;
+
+/// What a pass did: the `reconcile_pass` log line.
+#[derive(Debug, Default)]
+pub struct PassReport {
+    pub listed: u64,
+    pub bodies_read: u64,
+    pub status_calls: u64,
+    pub settled: u64,
+    pub effects_retried: u64,
+    pub alerts: u64,
+    pub errors: u64,
+    pub subrequests: u32,
+    pub complete: bool,
+    pub skipped_busy: bool,
+    pub elapsed_ms: i64,
+}
+
+impl PassReport {
+    fn to_json(&self) -> Value {
+        json!({
+            "event": "reconcile_pass",
+            "listed": self.listed,
+            "bodies_read": self.bodies_read,
+            "status_calls": self.status_calls,
+            "settled": self.settled,
+            "effects_retried": self.effects_retried,
+            "alerts": self.alerts,
+            "errors": self.errors,
+            "subrequests": self.subrequests,
+            "complete": self.complete,
+            "lease_busy": self.skipped_busy,
+            "elapsed_ms": self.elapsed_ms,
+        })
+    }
+}
+
+struct Pass<'a> {
+    env: &'a Env,
+    config: &'a Config,
+    report: PassReport,
+    status_backoff_until_ms: i64,
+}
+
+/// Runs one pass and logs its line. Never panics; errors are counted and logged.
+pub async fn run(env: &Env, config: &Config) -> PassReport {
+    let started = now_ms();
+    let holder = format!(
+        "pass-{started}-{:08x}",
+        (random_unit() * f64::from(u32::MAX)) as u32
+    );
+    let mut pass = Pass {
+        env,
+        config,
+        report: PassReport::default(),
+        status_backoff_until_ms: 0,
+    };
+    pass.report.subrequests += 1;
+    let acquired = lease_call(
+        env,
+        &LeaseCommand::Acquire {
+            holder: holder.clone(),
+            ttl_ms: config.reconcile_lease_secs * 1_000,
+        },
+    )
+    .await;
+    let (resume, complete) = match acquired {
+        Ok(LeaseReply::Granted {
+            resume,
+            status_backoff_until_ms,
+        }) => {
+            pass.status_backoff_until_ms = status_backoff_until_ms;
+            pass.walk(resume).await
+        }
+        Ok(_) => {
+            pass.report.skipped_busy = true;
+            pass.report.elapsed_ms = now_ms() - started;
+            log(pass.report.to_json());
+            return pass.report;
+        }
+        Err(e) => {
+            pass.report.errors += 1;
+            log(json!({"event": "reconcile_error", "error": format!("lease: {e}")}));
+            pass.report.elapsed_ms = now_ms() - started;
+            log(pass.report.to_json());
+            return pass.report;
+        }
+    };
+    pass.report.complete = complete;
+    pass.report.elapsed_ms = now_ms() - started;
+    pass.report.subrequests += 1;
+    let release = LeaseCommand::Release {
+        holder,
+        resume,
+        complete,
+        status_backoff_until_ms: pass.status_backoff_until_ms,
+        summary: json!({"at": crate::timestamp::format_rfc3339(started), "report": pass.report.to_json()}),
+    };
+    match lease_call(env, &release).await {
+        Ok(LeaseReply::Released { accepted: true }) => {}
+        Ok(other) => log(
+            json!({"event": "reconcile_error", "error": format!("lease release refused: {other:?}")}),
+        ),
+        Err(e) => {
+            pass.report.errors += 1;
+            log(json!({"event": "reconcile_error", "error": format!("lease release: {e}")}));
+        }
+    }
+    log(pass.report.to_json());
+    pass.report
+}
+
+impl Pass<'_> {
+    /// Room for `cost` more subrequests, keeping one for the lease release.
+    fn affords(&self, cost: u32) -> bool {
+        self.report.subrequests + cost < self.config.reconcile_budget
+    }
+
+    /// Walks the ledger from `resume`; returns where the next pass starts and whether this
+    /// one reached the end.
+    async fn walk(&mut self, mut resume: Resume) -> (Resume, bool) {
+        let kv = match self.env.kv(KV_BINDING) {
+            Ok(kv) => kv,
+            Err(e) => {
+                self.report.errors += 1;
+                log(json!({"event": "reconcile_error", "error": format!("kv binding: {e}")}));
+                return (resume, false);
+            }
+        };
+        loop {
+            if !self.affords(1) {
+                return (resume, false);
+            }
+            self.report.subrequests += 1;
+            let page = match list_page(&kv, resume.cursor.clone()).await {
+                Ok(p) => p,
+                Err(e) => {
+                    self.report.errors += 1;
+                    log(json!({"event": "reconcile_error", "error": format!("kv list: {e}")}));
+                    return (resume, false);
+                }
+            };
+            for entry in &page.keys {
+                if resume
+                    .after_key
+                    .as_deref()
+                    .is_some_and(|after| entry.name.as_str() <= after)
+                {
+                    continue; // done by the pass that stopped inside this page
+                }
+                let Some(key) = entry.name.strip_prefix(OP_PREFIX) else {
+                    continue;
+                };
+                let meta: Option<LedgerMeta> = entry
+                    .metadata
+                    .clone()
+                    .and_then(|m| serde_json::from_value(m).ok());
+                let Some(meta) = meta else {
+                    self.report.listed += 1;
+                    self.report.errors += 1;
+                    log(
+                        json!({"event": "reconcile_error", "key": key, "error": "unreadable ledger metadata"}),
+                    );
+                    resume.after_key = Some(entry.name.clone());
+                    continue;
+                };
+                let now = now_ms();
+                let actions = decide(&meta, now.div_euclid(1_000), &self.thresholds());
+                let cost: u32 = actions.iter().map(Action::cost).sum();
+                if !self.affords(cost) {
+                    // Stop inside this page; the next pass re-lists it and skips what is done.
+                    return (resume, false);
+                }
+                self.report.listed += 1;
+                for action in actions {
+                    self.act(key, &meta, action).await;
+                }
+                resume.after_key = Some(entry.name.clone());
+            }
+            if page.list_complete || page.cursor.is_none() {
+                return (Resume::default(), true);
+            }
+            resume = Resume {
+                cursor: page.cursor.clone(),
+                after_key: None,
+            };
+        }
+    }
+
+    fn thresholds(&self) -> Thresholds {
+        Thresholds {
+            grace_secs: self.config.reconcile_grace_secs,
+            stuck_after_secs: self.config.stuck_after_secs,
+            effect_alert_after_secs: self.config.effect_alert_after_secs,
+        }
+    }
+
+    async fn act(&mut self, key: &str, meta: &LedgerMeta, action: Action) {
+        match action {
+            Action::Poll => self.poll(key, meta).await,
+            Action::RetryEffect => {
+                self.report.effects_retried += 1;
+                self.gate(key, &GateCommand::RetryEffect).await;
+            }
+            Action::Alert { kind, age_secs } => {
+                let command = GateCommand::Alert {
+                    alert: kind.to_string(),
+                    age_seconds: age_secs,
+                };
+                if let Some(GateReply::AlertSent { sent: true }) = self.gate(key, &command).await {
+                    self.report.alerts += 1;
+                }
+            }
+        }
+    }
+
+    async fn gate(&mut self, key: &str, command: &GateCommand) -> Option<GateReply> {
+        self.report.subrequests += 1;
+        match call_gate(self.env, key, command).await {
+            Ok(reply) => Some(reply),
+            Err(e) => {
+                self.report.errors += 1;
+                log(json!({"event": "reconcile_error", "key": key, "error": e}));
+                None
+            }
+        }
+    }
+
+    async fn poll(&mut self, key: &str, meta: &LedgerMeta) {
+        let now = now_ms();
+        if now < self.status_backoff_until_ms {
+            return; // Gemini asked us to wait; the next pass asks again.
+        }
+        let Some(collection) = Collection::of_key(key) else {
+            return;
+        };
+        let url = status_url(&self.config.gemini_api_base, collection, key, &meta.name);
+        let mut headers = vec![("accept", "application/json".to_string())];
+        if let Some(api_key) = &self.config.gemini_api_key {
+            headers.push(("x-goog-api-key", api_key.0.clone()));
+        }
+        self.report.subrequests += 1;
+        self.report.status_calls += 1;
+        let answer = send(
+            Method::Get,
+            &url,
+            &headers,
+            None,
+            STATUS_TIMEOUT_MS,
+            STATUS_MAX_CHARS,
+        )
+        .await;
+        let interpreted = match &answer {
+            Answer::Http {
+                status,
+                excerpt,
+                retry_after,
+            } => interpret(collection, *status, retry_after.as_deref(), excerpt),
+            Answer::Timeout => Err(StatusError::Transient {
+                retry_after_secs: 0,
+            }),
+            Answer::Network(_) => Err(StatusError::Transient {
+                retry_after_secs: 0,
+            }),
+        };
+        let observation = match interpreted {
+            Ok(o) => o,
+            Err(StatusError::NotFound) => {
+                log(json!({"event": "status_not_found", "key": key}));
+                if !meta.alerts.iter().any(|a| a == UNKNOWN_TO_GEMINI) {
+                    let age = now.div_euclid(1_000) - meta.submitted_at;
+                    let command = GateCommand::Alert {
+                        alert: UNKNOWN_TO_GEMINI.to_string(),
+                        age_seconds: age,
+                    };
+                    if let Some(GateReply::AlertSent { sent: true }) =
+                        self.gate(key, &command).await
+                    {
+                        self.report.alerts += 1;
+                    }
+                }
+                return;
+            }
+            Err(StatusError::Transient { retry_after_secs }) => {
+                self.report.errors += 1;
+                self.status_backoff_until_ms = self
+                    .status_backoff_until_ms
+                    .max(now + retry_after_secs * 1_000);
+                log(
+                    json!({"event": "status_transient", "key": key, "retry_after_secs": retry_after_secs,
+                    "answer": match &answer { Answer::Http { status, .. } => json!(status), Answer::Timeout => json!("timeout"), Answer::Network(e) => json!(e) }}),
+                );
+                return;
+            }
+            Err(e) => {
+                self.report.errors += 1;
+                log(json!({"event": "status_unusable", "key": key, "error": format!("{e:?}")}));
+                return;
+            }
+        };
+        if let Status::Unknown(raw) = &observation.status {
+            log(json!({"event": "status_unknown_state", "key": key, "state": raw}));
+            return;
+        }
+        if observation.status == Status::parse(&meta.status) {
+            return; // nothing new for the gate: save the round trip
+        }
+        let command = GateCommand::Deliver {
+            key: key.to_string(),
+            name: meta.name.clone(),
+            event: OpEvent {
+                status: observation.status.clone(),
+                update_time_ms: observation.update_time_ms,
+                source: Source::Reconcile,
+                details: observation.details,
+                delivery_id: None,
+            },
+            require_registration: false,
+        };
+        if let Some(GateReply::Applied { status, .. }) = self.gate(key, &command).await {
+            if Status::parse(&status).is_terminal() {
+                self.report.settled += 1;
+                log(json!({"event": "settled_by_reconcile", "key": key, "status": status}));
+            }
+        }
+    }
+}
+
+async fn list_page(
+    kv: &KvStore,
+    cursor: Option<String>,
+) -> Result<worker::kv::ListResponse, String> {
+    let mut list = kv.list().prefix(OP_PREFIX.to_string()).limit(PAGE_SIZE);
+    if let Some(c) = cursor {
+        list = list.cursor(c);
+    }
+    list.execute().await.map_err(|e| format!("{e:?}"))
+}
+
+async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, String> {
+    let namespace = env
+        .durable_object(LEASE_BINDING)
+        .map_err(|e| format!("lease binding: {e}"))?;
+    let stub = namespace
+        .id_from_name(LEASE_NAME)
+        .and_then(|id| id.get_stub())
+        .map_err(|e| format!("lease binding: {e}"))?;
+    super::post_json(&stub, command).await
+}

@@ -1,0 +1,377 @@
+//! Gemini's status API: where to ask about an operation, and what its answer means.
+//!
+//! Guarantees: each answer becomes an observation with the server's own update time (never
+//! the receive time), so a stale answer is dropped by the reducer like any other event;
+//! `UNSPECIFIED` and unknown states map to [`Status::Unknown`] and are never applied; a 404, a
+//! transient error (429, 5xx, with `Retry-After` honoured) and a malformed answer are values,
+//! never panics, and none of them settles anything.
+
+use serde_json::{Map, Value};
+
+use crate::key::Collection;
+use crate::lifecycle::Status;
+use crate::timestamp::parse_rfc3339_ms;
+
+/// The `GET` URL for an operation: batches and interactions by key, video operations by
+/// their full name (`models/{model}/operations/{id}`).
+pub fn status_url(base: &str, collection: Collection, key: &str, name: &str) -> String {
+    let path = match collection {
+        Collection::Operations => name,
+        Collection::Batches | Collection::Interactions => key,
+    };
+    format!("{}/v1beta/{}", base.trim_end_matches('/'), path)
+}
+
+/// What the status API said about one operation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub status: Status,
+    /// Server update time in Unix ms; 0 when the answer has none.
+    pub update_time_ms: i64,
+    /// Error code and message, the original Gemini state: carried to the side effect.
+    pub details: Map<String, Value>,
+}
+
+/// Why an answer could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusError {
+    /// 404: Gemini does not know the operation.
+    NotFound,
+    /// 429 or 5xx: back off for this many seconds (Retry-After, or the default).
+    Transient { retry_after_secs: i64 },
+    /// Any other HTTP status: logged, nothing settled.
+    Refused(u16),
+    /// A 2xx answer we cannot read.
+    Malformed(String),
+}
+
+/// Back-off after a 429 or 5xx without a usable `Retry-After`.
+pub const DEFAULT_RETRY_AFTER_SECS: i64 = 60;
+
+/// Interprets a status-API answer for an operation of `collection`.
+pub fn interpret(
+    collection: Collection,
+    http_status: u16,
+    retry_after: Option<&str>,
+    body: &str,
+) -> Result<Observation, StatusError> {
+    match http_status {
+        200..=299 => {}
+        404 => return Err(StatusError::NotFound),
+        429 | 500..=599 => {
+            let secs = retry_after
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .filter(|s| *s >= 0)
+                .unwrap_or(DEFAULT_RETRY_AFTER_SECS);
+            return Err(StatusError::Transient {
+                retry_after_secs: secs.min(86_400),
+            });
+        }
+        other => return Err(StatusError::Refused(other)),
+    }
+    let value: Value =
+        serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(StatusError::Malformed("not a JSON object".into()));
+    }
+    match collection {
+        Collection::Batches => batch(&value),
+        Collection::Operations => video(&value),
+        Collection::Interactions => interaction(&value),
+    }
+}
+
+fn time_at(value: &Value, pointer: &str) -> i64 {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .and_then(parse_rfc3339_ms)
+        .unwrap_or(0)
+}
+
+/// google.rpc.Status `{code, message}` into details; returns the code.
+fn error_details(value: &Value, details: &mut Map<String, Value>) -> Option<i64> {
+    let error = value.get("error")?;
+    if let Some(code) = error.get("code") {
+        details.insert("error_code".into(), code.clone());
+    }
+    if let Some(message) = error.get("message") {
+        details.insert("error_message".into(), message.clone());
+    }
+    Some(error.get("code").and_then(Value::as_i64).unwrap_or(2))
+}
+
+fn done(value: &Value) -> bool {
+    value.get("done").and_then(Value::as_bool).unwrap_or(false)
+}
+
+fn batch(value: &Value) -> Result<Observation, StatusError> {
+    let mut details = Map::new();
+    let raw = value.pointer("/metadata/state").and_then(Value::as_str);
+    let error_code = error_details(value, &mut details);
+    let state = raw.map(|s| {
+        s.strip_prefix("BATCH_STATE_")
+            .or_else(|| s.strip_prefix("JOB_STATE_"))
+            .unwrap_or(s)
+    });
+    let mut status = match state {
+        Some("PENDING") => Status::Pending,
+        Some("RUNNING") => Status::Running,
+        Some("SUCCEEDED") => Status::Succeeded,
+        Some("FAILED") => Status::Failed,
+        Some("CANCELLED") => Status::Cancelled,
+        Some("EXPIRED") => Status::Expired,
+        Some(other) => Status::Unknown(other.to_string()),
+        None if done(value) && error_code.is_some() => Status::Failed,
+        None if done(value) => Status::Succeeded,
+        None => return Err(StatusError::Malformed("no metadata.state".into())),
+    };
+    // google.rpc.Code 1 is CANCELLED, whatever the state field says.
+    if error_code == Some(1) {
+        status = Status::Cancelled;
+    }
+    if let Some(raw) = raw {
+        details.insert("gemini_state".into(), Value::String(raw.to_string()));
+    }
+    for (pointer, name) in [
+        ("/metadata/output/responsesFile", "output_file"),
+        ("/response/responsesFile", "output_file"),
+    ] {
+        if let Some(file) = value.pointer(pointer) {
+            details.insert(name.into(), file.clone());
+        }
+    }
+    Ok(Observation {
+        status,
+        update_time_ms: time_at(value, "/metadata/updateTime"),
+        details,
+    })
+}
+
+fn video(value: &Value) -> Result<Observation, StatusError> {
+    let mut details = Map::new();
+    let error_code = error_details(value, &mut details);
+    let status = match (done(value), error_code, value.get("response")) {
+        (false, _, _) => Status::Running,
+        (true, Some(1), _) => Status::Cancelled,
+        (true, Some(_), _) => Status::Failed,
+        (true, None, Some(_)) => Status::Succeeded,
+        (true, None, None) => {
+            return Err(StatusError::Malformed(
+                "done without error or response".into(),
+            ))
+        }
+    };
+    Ok(Observation {
+        status,
+        update_time_ms: time_at(value, "/metadata/updateTime"),
+        details,
+    })
+}
+
+fn interaction(value: &Value) -> Result<Observation, StatusError> {
+    let mut details = Map::new();
+    error_details(value, &mut details);
+    let raw = value
+        .get("status")
+        .and_then(Value::as_str)
+        .ok_or_else(|| StatusError::Malformed("no status".into()))?;
+    let status = match raw {
+        "queued" => Status::Pending,
+        "in_progress" => Status::Running,
+        "requires_action" => Status::RequiresAction,
+        "completed" => Status::Succeeded,
+        "failed" | "incomplete" | "budget_exceeded" => Status::Failed,
+        "cancelled" => Status::Cancelled,
+        other => Status::Unknown(other.to_string()),
+    };
+    details.insert("gemini_status".into(), Value::String(raw.to_string()));
+    Ok(Observation {
+        status,
+        update_time_ms: time_at(value, "/updated"),
+        details,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Collection::*;
+
+    fn ok(c: Collection, body: &str) -> Observation {
+        interpret(c, 200, None, body).unwrap()
+    }
+
+    #[test]
+    fn urls_per_collection() {
+        let base = "http://127.0.0.1:1/";
+        assert_eq!(
+            status_url(base, Batches, "batches/b", "projects/p/batches/b"),
+            "http://127.0.0.1:1/v1beta/batches/b"
+        );
+        assert_eq!(
+            status_url(
+                base,
+                Operations,
+                "operations/o",
+                "models/veo-3/operations/o"
+            ),
+            "http://127.0.0.1:1/v1beta/models/veo-3/operations/o"
+        );
+        assert_eq!(
+            status_url(base, Interactions, "interactions/i", "interactions/i"),
+            "http://127.0.0.1:1/v1beta/interactions/i"
+        );
+    }
+
+    #[test]
+    fn batch_states_with_either_prefix() {
+        for (raw, want) in [
+            ("BATCH_STATE_PENDING", Status::Pending),
+            ("BATCH_STATE_RUNNING", Status::Running),
+            ("BATCH_STATE_SUCCEEDED", Status::Succeeded),
+            ("JOB_STATE_FAILED", Status::Failed),
+            ("JOB_STATE_CANCELLED", Status::Cancelled),
+            ("BATCH_STATE_EXPIRED", Status::Expired),
+        ] {
+            let body = format!(
+                r#"{{"name":"batches/b","metadata":{{"state":"{raw}","updateTime":"2026-01-22T12:00:00Z"}}}}"#
+            );
+            let o = ok(Batches, &body);
+            assert_eq!(o.status, want, "{raw}");
+            assert_eq!(o.update_time_ms, 1_769_083_200_000);
+            assert_eq!(o.details["gemini_state"], raw);
+        }
+    }
+
+    #[test]
+    fn batch_unspecified_is_unknown_and_never_applied() {
+        let o = ok(
+            Batches,
+            r#"{"metadata":{"state":"BATCH_STATE_UNSPECIFIED"}}"#,
+        );
+        assert_eq!(o.status, Status::Unknown("UNSPECIFIED".into()));
+        assert_eq!(o.status.rank(), -1);
+    }
+
+    #[test]
+    fn batch_error_code_one_means_cancelled() {
+        let o = ok(
+            Batches,
+            r#"{"done":true,"metadata":{"state":"BATCH_STATE_FAILED"},"error":{"code":1,"message":"cancelled by user"}}"#,
+        );
+        assert_eq!(o.status, Status::Cancelled);
+        assert_eq!(o.details["error_message"], "cancelled by user");
+    }
+
+    #[test]
+    fn batch_failure_keeps_its_error() {
+        let o = ok(
+            Batches,
+            r#"{"done":true,"metadata":{"state":"BATCH_STATE_FAILED"},"error":{"code":13,"message":"internal"}}"#,
+        );
+        assert_eq!(o.status, Status::Failed);
+        assert_eq!(o.details["error_code"], 13);
+    }
+
+    #[test]
+    fn video_operation_states() {
+        assert_eq!(ok(Operations, r#"{"name":"x"}"#).status, Status::Running);
+        assert_eq!(ok(Operations, r#"{"done":false}"#).status, Status::Running);
+        assert_eq!(
+            ok(
+                Operations,
+                r#"{"done":true,"response":{"generateVideoResponse":{}}}"#
+            )
+            .status,
+            Status::Succeeded
+        );
+        assert_eq!(
+            ok(
+                Operations,
+                r#"{"done":true,"error":{"code":3,"message":"bad prompt"}}"#
+            )
+            .status,
+            Status::Failed
+        );
+        assert_eq!(
+            ok(Operations, r#"{"done":true,"error":{"code":1}}"#).status,
+            Status::Cancelled
+        );
+        assert!(matches!(
+            interpret(Operations, 200, None, r#"{"done":true}"#),
+            Err(StatusError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn interaction_states() {
+        for (raw, want) in [
+            ("queued", Status::Pending),
+            ("in_progress", Status::Running),
+            ("requires_action", Status::RequiresAction),
+            ("completed", Status::Succeeded),
+            ("failed", Status::Failed),
+            ("incomplete", Status::Failed),
+            ("budget_exceeded", Status::Failed),
+            ("cancelled", Status::Cancelled),
+        ] {
+            let body = format!(r#"{{"id":"i","status":"{raw}","updated":"2026-01-22T12:00:01Z"}}"#);
+            let o = ok(Interactions, &body);
+            assert_eq!(o.status, want, "{raw}");
+            assert_eq!(o.details["gemini_status"], raw);
+            assert_eq!(o.update_time_ms, 1_769_083_201_000);
+        }
+        assert_eq!(
+            ok(Interactions, r#"{"status":"teleported"}"#).status,
+            Status::Unknown("teleported".into())
+        );
+    }
+
+    #[test]
+    fn http_errors_settle_nothing() {
+        assert_eq!(
+            interpret(Batches, 404, None, ""),
+            Err(StatusError::NotFound)
+        );
+        assert_eq!(
+            interpret(Batches, 429, Some("120"), ""),
+            Err(StatusError::Transient {
+                retry_after_secs: 120
+            })
+        );
+        assert_eq!(
+            interpret(Batches, 503, None, ""),
+            Err(StatusError::Transient {
+                retry_after_secs: DEFAULT_RETRY_AFTER_SECS
+            })
+        );
+        assert_eq!(
+            interpret(Batches, 500, Some("Wed, 21 Oct 2026 07:28:00 GMT"), ""),
+            Err(StatusError::Transient {
+                retry_after_secs: DEFAULT_RETRY_AFTER_SECS
+            })
+        );
+        assert_eq!(
+            interpret(Batches, 403, None, ""),
+            Err(StatusError::Refused(403))
+        );
+    }
+
+    #[test]
+    fn malformed_answers_are_values() {
+        for body in ["", "not json", "[]", "{}", r#"{"metadata":{"state":7}}"#] {
+            assert!(
+                matches!(
+                    interpret(Batches, 200, None, body),
+                    Err(StatusError::Malformed(_))
+                ),
+                "{body}"
+            );
+        }
+        assert!(matches!(
+            interpret(Interactions, 200, None, r#"{"status":null}"#),
+            Err(StatusError::Malformed(_))
+        ));
+    }
+}

@@ -1,0 +1,267 @@
+// The cron slow path against the built worker in workerd, with local servers standing in for
+// Gemini's status API, the destination and the alert sink.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startWorker, startServer, eventually, sleep } from "./helpers.mjs";
+
+// Gemini's status API: answers per path, set by each test; unknown paths are 404.
+const gemini = new Map();
+const plans = new Map();
+let api, dest, sink;
+
+const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
+const acceptedFor = (key) => effectsFor(key).filter((r) => r.answered >= 200 && r.answered < 300);
+const statusCallsFor = (path) => api.requests.filter((r) => r.url === `/v1beta/${path}`);
+const alertsFor = (key) => sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.key === key);
+const lastPass = (w) => w.events("reconcile_pass").at(-1);
+
+function batch(state, updateTime = new Date().toISOString(), extra = {}) {
+  return { status: 200, body: { name: "batches/x", metadata: { state, updateTime }, ...extra } };
+}
+
+before(async () => {
+  api = await startServer((req, n) => {
+    const path = req.url.replace(/^\/v1beta\//, "");
+    const answer = gemini.get(path);
+    return typeof answer === "function" ? answer(n) : answer ?? { status: 404, body: { error: { code: 404, status: "NOT_FOUND" } } };
+  });
+  dest = await startServer((req) => {
+    const key = req.headers["idempotency-key"];
+    const plan = plans.get(key);
+    const answer = plan ? plan(effectsFor(key).length) : { status: 200 };
+    req.answered = answer.status ?? 200;
+    return answer;
+  });
+  sink = await startServer(() => ({ status: 200 }));
+});
+after(async () => {
+  await api?.close();
+  await dest?.close();
+  await sink?.close();
+});
+
+describe("reconciliation", () => {
+  let w;
+  before(async () => {
+    w = await startWorker({
+      EFFECT_URL: `${dest.url}/effects`,
+      GEMINI_API_BASE: api.url,
+      GEMINI_API_KEY: "test-gemini-key",
+      ALERT_URL: `${sink.url}/alerts`,
+      RECONCILE_GRACE_SECONDS: "0",
+      EFFECT_RETRY_BASE_SECONDS: "1",
+      EFFECT_RETRY_MAX_SECONDS: "1",
+    });
+  });
+  after(() => w?.dispose());
+
+  it("settles a batch, a video operation and an interaction whose webhooks never came", async () => {
+    await w.register("batches/nohook1", "nightly");
+    await w.register("models/veo-3/operations/nohook2", "video");
+    await w.register("interactions/nohook3", "chat");
+    gemini.set("batches/nohook1", batch("BATCH_STATE_SUCCEEDED", "2026-11-22T10:00:00Z", { done: true, response: { responsesFile: "files/out1" } }));
+    gemini.set("models/veo-3/operations/nohook2", { status: 200, body: { name: "models/veo-3/operations/nohook2", done: true, response: {} } });
+    gemini.set("interactions/nohook3", { status: 200, body: { id: "nohook3", status: "budget_exceeded", updated: "2026-11-22T10:00:00Z" } });
+    await w.scheduled();
+    for (const [key, status] of [["batches/nohook1", "succeeded"], ["operations/nohook2", "succeeded"], ["interactions/nohook3", "failed"]]) {
+      const op = await w.inspect(key);
+      assert.equal(op.body.status, status, key);
+      assert.equal(op.body.settled_by, "reconcile", key);
+      assert.equal(op.body.effect_done, true, key);
+      assert.equal(effectsFor(key).length, 1, key);
+      assert.equal(JSON.parse(effectsFor(key)[0].body).settled_by, "reconcile");
+    }
+    assert.equal(JSON.parse(effectsFor("interactions/nohook3")[0].body).gemini_status, "budget_exceeded");
+    assert.equal(statusCallsFor("batches/nohook1")[0].headers["x-goog-api-key"], "test-gemini-key");
+    assert.equal(statusCallsFor("models/veo-3/operations/nohook2").length, 1, "video polled by full name");
+    const pass = lastPass(w);
+    assert.ok(pass.settled >= 3);
+    assert.equal(pass.bodies_read, 0);
+    // Settled and done: later passes leave them alone.
+    await sleep(1100);
+    await w.scheduled();
+    assert.equal(statusCallsFor("batches/nohook1").length, 1);
+  });
+
+  it("gives one side effect per operation when a webhook and cron passes race", async () => {
+    const keys = Array.from({ length: 6 }, (_, i) => `batches/race${i}`);
+    for (const key of keys) {
+      await w.register(key, "race");
+      gemini.set(key, (n) => batch(n % 2 ? "BATCH_STATE_SUCCEEDED" : "BATCH_STATE_RUNNING"));
+      plans.set(key, () => ({ status: 200, delayMs: 150 }));
+    }
+    await Promise.all([
+      ...keys.map((key) => w.deliver("batch.succeeded", key)),
+      w.scheduled(),
+      w.scheduled(),
+      ...keys.map((key) => w.deliver("batch.succeeded", key)),
+      w.scheduled(),
+    ]);
+    await sleep(1200);
+    await w.scheduled();
+    for (const key of keys) {
+      assert.equal(effectsFor(key).length, 1, key);
+      assert.equal((await w.inspect(key)).body.effect_done, true);
+    }
+  });
+
+  it("drops a stale RUNNING from the status API after the webhook's SUCCEEDED", async () => {
+    const key = "batches/stale1";
+    await w.register(key, "k");
+    gemini.set(key, batch("BATCH_STATE_RUNNING", "2026-11-22T12:00:00Z"));
+    await w.deliver("batch.succeeded", key);
+    // KV is eventually consistent: make the ledger show the old state, as a lagging replica would.
+    const kv = await w.kv();
+    const stale = await kv.getWithMetadata(`op:${key}`);
+    await kv.put(`op:${key}`, stale.value, { metadata: { ...stale.metadata, status: "pending", settled_at: null, effect_done: false } });
+    await w.scheduled();
+    assert.equal(statusCallsFor(key).length, 1, "the stale entry cost one status call");
+    const op = await w.inspect(key);
+    assert.equal(op.body.status, "succeeded");
+    assert.equal(op.body.settled_by, "webhook");
+    const dropped = op.body.history.filter((h) => h.what === "dropped");
+    assert.deepEqual(dropped.map((h) => [h.source, h.reason, h.status]), [["reconcile", "regress_from_terminal", "running"]]);
+    assert.equal(effectsFor(key).length, 1);
+  });
+
+  it("delivers once to a destination that fails twice and then recovers", async () => {
+    const key = "batches/recover1";
+    await w.register(key, "k");
+    gemini.set(key, batch("BATCH_STATE_FAILED", "2026-11-22T12:00:00Z", { done: true, error: { code: 13, message: "internal" } }));
+    plans.set(key, (n) => (n <= 2 ? { status: 502 } : { status: 200 }));
+    await w.scheduled();
+    await eventually(async () => {
+      await w.scheduled();
+      return (await w.inspect(key)).body.effect_done;
+    }, { what: "effect done after recovery", everyMs: 400 });
+    assert.equal(acceptedFor(key).length, 1);
+    assert.equal(effectsFor(key).length, 3);
+    const body = JSON.parse(effectsFor(key)[2].body);
+    assert.equal(body.status, "failed");
+    assert.equal(body.error_code, 13);
+  });
+
+  it("settles nothing on 404, 429 and 500 from the status API", async () => {
+    const keys = { "batches/e404": null, "batches/e429": { status: 429, headers: { "retry-after": "1" }, body: { error: { code: 429 } } }, "batches/e500": { status: 500, body: "oops" } };
+    for (const [key, answer] of Object.entries(keys)) {
+      await w.register(key, "k");
+      if (answer) gemini.set(key, answer);
+    }
+    await w.scheduled();
+    for (const key of Object.keys(keys)) {
+      const op = await w.inspect(key);
+      assert.equal(op.body.status, "pending", key);
+      assert.equal(effectsFor(key).length, 0, key);
+    }
+    await eventually(() => alertsFor("batches/e404").length === 1, { what: "unknown_to_gemini alert" });
+    assert.equal(alertsFor("batches/e404")[0].alert, "unknown_to_gemini");
+    // Retry-After is honoured: the pass right after polls nothing, a later one polls again.
+    const before429 = statusCallsFor("batches/e429").length + statusCallsFor("batches/e500").length;
+    await w.scheduled();
+    assert.equal(statusCallsFor("batches/e429").length + statusCallsFor("batches/e500").length, before429);
+    await sleep(1100);
+    await w.scheduled();
+    assert.ok(statusCallsFor("batches/e429").length + statusCallsFor("batches/e500").length > before429);
+    await w.scheduled();
+    assert.equal(alertsFor("batches/e404").length, 1, "404 alerts once");
+    assert.equal((await w.inspect("batches/e404")).body.status, "pending");
+  });
+});
+
+describe("reconciliation alerts", () => {
+  let w;
+  before(async () => {
+    w = await startWorker({
+      EFFECT_URL: `${dest.url}/effects`,
+      GEMINI_API_BASE: api.url,
+      ALERT_URL: `${sink.url}/alerts`,
+      RECONCILE_GRACE_SECONDS: "0",
+      STUCK_AFTER_SECONDS: "1",
+      EFFECT_ALERT_AFTER_SECONDS: "1",
+    });
+  });
+  after(() => w?.dispose());
+
+  it("alerts once for an operation stuck past the threshold and keeps it open", async () => {
+    const key = "batches/stuck1";
+    await w.register(key, "nightly");
+    gemini.set(key, batch("BATCH_STATE_RUNNING", "2026-11-22T12:00:00Z"));
+    await sleep(1100);
+    for (let i = 0; i < 3; i++) {
+      await w.scheduled();
+      await sleep(1100);
+    }
+    const alerts = alertsFor(key);
+    assert.equal(alerts.length, 1);
+    assert.equal(alerts[0].alert, "stuck");
+    assert.equal(alerts[0].name, key);
+    assert.equal(alerts[0].kind, "nightly");
+    assert.ok(alerts[0].age_seconds >= 1);
+    assert.match(alerts[0].text, /batches\/stuck1/);
+    const op = await w.inspect(key);
+    assert.equal(op.body.status, "running");
+    assert.equal(op.body.settled_at, null);
+  });
+
+  it("alerts once for a parked side effect", async () => {
+    const key = "batches/parked1";
+    plans.set(key, () => ({ status: 410, body: "gone" }));
+    await w.deliver("batch.succeeded", key);
+    for (let i = 0; i < 3; i++) {
+      await w.scheduled();
+      await sleep(1100);
+    }
+    const alerts = alertsFor(key);
+    assert.equal(alerts.length, 1);
+    assert.equal(alerts[0].alert, "effect_failing");
+    assert.match(alerts[0].text, /parked/);
+    assert.equal(effectsFor(key).length, 1, "parked effects are not retried");
+  });
+});
+
+describe("reconciliation cost", () => {
+  it("spends nothing on entries that are terminal and done", async () => {
+    const w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, GEMINI_API_BASE: api.url, RECONCILE_GRACE_SECONDS: "0" });
+    try {
+      for (let i = 0; i < 20; i++) await w.deliver("batch.succeeded", `batches/done${i}`);
+      await sleep(1100); // let the last projections (one write a second per key) land
+      await w.scheduled();
+      const pass = lastPass(w);
+      assert.equal(pass.listed, 20);
+      assert.equal(pass.status_calls, 0);
+      assert.equal(pass.bodies_read, 0);
+      assert.equal(pass.effects_retried, 0);
+      assert.equal(pass.subrequests, 3, "lease, one list page, release");
+      assert.equal(pass.complete, true);
+    } finally {
+      await w.dispose();
+    }
+  });
+
+  it("covers a ledger larger than one pass's budget over successive passes", async () => {
+    const budget = 10;
+    const w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, GEMINI_API_BASE: api.url, RECONCILE_GRACE_SECONDS: "0", RECONCILE_BUDGET: String(budget) });
+    try {
+      const keys = Array.from({ length: 25 }, (_, i) => `batches/bulk${String(i).padStart(2, "0")}`);
+      for (const key of keys) {
+        await w.register(key, "bulk");
+        gemini.set(key, batch("BATCH_STATE_RUNNING", "2026-11-22T12:00:00Z"));
+      }
+      let passes = 0;
+      while (passes < 30) {
+        await w.scheduled();
+        passes++;
+        if (lastPass(w).complete) break;
+      }
+      const all = w.events("reconcile_pass");
+      assert.equal(all.length, passes);
+      assert.ok(passes > 1, "needed more than one pass");
+      assert.ok(lastPass(w).complete, "reached the end of the ledger");
+      for (const p of all) assert.ok(p.subrequests <= budget, `pass spent ${p.subrequests} > ${budget}`);
+      for (const key of keys) assert.ok(statusCallsFor(key).length >= 1, `${key} never polled`);
+      assert.equal(all.reduce((n, p) => n + p.listed, 0), keys.length, "each entry listed once across the passes");
+    } finally {
+      await w.dispose();
+    }
+  });
+});
