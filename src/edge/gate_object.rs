@@ -140,13 +140,16 @@ impl OperationGate {
                 require_registration,
             } => {
                 let existing = self.load()?;
+                let is_new = existing.is_none();
                 let mut op = match existing {
                     Some(op) => op,
                     None if require_registration => return Ok(GateReply::IgnoredUnregistered),
                     None => Operation::unregistered(&key, &name, now),
                 };
                 let verdict = op.apply(&event, now);
-                self.save(&op)?;
+                if is_new || verdict == Verdict::Apply {
+                    self.save(&op)?;
+                }
                 self.record(now, history_of_event(&event, verdict))?;
                 let (op, effect) = self.drive_effect(op, config).await?;
                 let status = op.status.as_str().to_string();
