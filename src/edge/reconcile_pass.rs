@@ -39,11 +39,13 @@ const STATUS_MAX_CHARS: usize = 256 * 1024;
 #[derive(Debug, Default)]
 pub struct PassReport {
     pub listed: u64,
+    pub kv_lists: u64,
     pub bodies_read: u64,
     pub status_calls: u64,
     pub settled: u64,
     pub effects_retried: u64,
     pub alerts: u64,
+    pub gate_calls: u64,
     pub errors: u64,
     pub subrequests: u32,
     pub complete: bool,
@@ -56,11 +58,13 @@ impl PassReport {
         json!({
             "event": "reconcile_pass",
             "listed": self.listed,
+            "kv_lists": self.kv_lists,
             "bodies_read": self.bodies_read,
             "status_calls": self.status_calls,
             "settled": self.settled,
             "effects_retried": self.effects_retried,
             "alerts": self.alerts,
+            "gate_calls": self.gate_calls,
             "errors": self.errors,
             "subrequests": self.subrequests,
             "complete": self.complete,
@@ -167,6 +171,7 @@ impl Pass<'_> {
                 return (resume, false);
             }
             self.report.subrequests += 1;
+            self.report.kv_lists += 1;
             let page = match list_page(&kv, resume.cursor.clone()).await {
                 Ok(p) => p,
                 Err(e) => {
@@ -251,6 +256,7 @@ impl Pass<'_> {
 
     async fn gate(&mut self, key: &str, command: &GateCommand) -> Option<GateReply> {
         self.report.subrequests += 1;
+        self.report.gate_calls += 1;
         match call_gate(self.env, key, command).await {
             Ok(reply) => Some(reply),
             Err(e) => {
