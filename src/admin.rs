@@ -1,13 +1,19 @@
-//! The admin API's pure parts: bearer-token check and request bodies.
+//! The admin API's pure parts: bearer-token check, request bodies, listing filters.
 //!
 //! Guarantees: the token is compared in constant time (its length is not secret, its bytes
-//! are); a registration body is refused with a reason, never half-accepted.
+//! are); a registration body or a listing query is refused with a reason, never
+//! half-accepted; a listing cursor is opaque to clients and a malformed one is refused.
 
-use serde::Deserialize;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::key::{normalize, KeyError, OperationKey, MAX_NAME_BYTES};
+use crate::ledger::LedgerMeta;
+use crate::lifecycle::Status;
+use crate::reconcile::Resume;
 
 /// Longest accepted `kind`.
 pub const MAX_KIND_BYTES: usize = 100;
@@ -70,6 +76,108 @@ pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError
     Ok(Registration { key, kind })
 }
 
+/// Default and largest page of `GET /v1/operations`.
+pub const DEFAULT_LIST_LIMIT: usize = 50;
+pub const MAX_LIST_LIMIT: usize = 500;
+
+/// `GET /v1/operations?status=&effect_done=&stuck=&limit=&cursor=`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    pub status: Option<Status>,
+    pub effect_done: Option<bool>,
+    pub stuck: Option<bool>,
+    pub limit: usize,
+    pub resume: Resume,
+}
+
+/// Why a listing query was refused (answered 400).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ListError {
+    #[error("unknown status {0:?}")]
+    Status(String),
+    #[error("{0} must be true or false")]
+    Bool(&'static str),
+    #[error("limit must be a whole number from 1 to {MAX_LIST_LIMIT}")]
+    Limit,
+    #[error("cursor is not one this API issued")]
+    Cursor,
+    #[error("unknown parameter {0:?}")]
+    Unknown(String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct CursorToken {
+    c: Option<String>,
+    a: Option<String>,
+}
+
+/// Encodes where the next page starts as an opaque cursor.
+pub fn encode_cursor(resume: &Resume) -> String {
+    let token = CursorToken {
+        c: resume.cursor.clone(),
+        a: resume.after_key.clone(),
+    };
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default())
+}
+
+fn decode_cursor(text: &str) -> Option<Resume> {
+    let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
+    let token: CursorToken = serde_json::from_slice(&bytes).ok()?;
+    Some(Resume {
+        cursor: token.c,
+        after_key: token.a,
+    })
+}
+
+impl ListQuery {
+    /// Parses already percent-decoded query pairs.
+    pub fn parse<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<ListQuery, ListError> {
+        let boolean = |name: &'static str, v: &str| match v {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err(ListError::Bool(name)),
+        };
+        let mut q = ListQuery {
+            limit: DEFAULT_LIST_LIMIT,
+            ..ListQuery::default()
+        };
+        for (name, value) in pairs {
+            match name {
+                "status" => match Status::parse(value) {
+                    Status::Unknown(s) => return Err(ListError::Status(s)),
+                    known => q.status = Some(known),
+                },
+                "effect_done" => q.effect_done = Some(boolean("effect_done", value)?),
+                "stuck" => q.stuck = Some(boolean("stuck", value)?),
+                "limit" => {
+                    q.limit = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
+                        .ok_or(ListError::Limit)?
+                }
+                "cursor" => q.resume = decode_cursor(value).ok_or(ListError::Cursor)?,
+                other => return Err(ListError::Unknown(other.to_string())),
+            }
+        }
+        Ok(q)
+    }
+
+    /// Whether a ledger entry passes the filters. Stuck means not terminal and older than
+    /// `stuck_after_secs` since registration, as reconciliation judges it.
+    pub fn matches(&self, meta: &LedgerMeta, now_secs: i64, stuck_after_secs: i64) -> bool {
+        let status = Status::parse(&meta.status);
+        let stuck = !status.is_terminal()
+            && !meta.forgotten
+            && now_secs - meta.submitted_at >= stuck_after_secs;
+        self.status.as_ref().is_none_or(|s| *s == status)
+            && self.effect_done.is_none_or(|d| d == meta.effect_done)
+            && self.stuck.is_none_or(|want| want == stuck)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +200,67 @@ mod tests {
         assert_eq!(r.kind.as_deref(), Some("nightly-review"));
         let r = parse_registration(br#"{"name":"batches/abc"}"#).unwrap();
         assert_eq!(r.kind, None);
+    }
+
+    fn meta(status: &str, submitted_at: i64, done: bool) -> LedgerMeta {
+        LedgerMeta {
+            status: status.into(),
+            name: "batches/a".into(),
+            submitted_at,
+            settled_at: None,
+            effect_done: done,
+            parked: false,
+            claim_expires: None,
+            alerts: vec![],
+            forgotten: false,
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn list_query_filters() {
+        let q = ListQuery::parse([("status", "running"), ("stuck", "true")]).unwrap();
+        assert!(q.matches(&meta("running", 0, false), 100, 100));
+        assert!(
+            !q.matches(&meta("running", 1, false), 100, 100),
+            "not stuck yet"
+        );
+        assert!(!q.matches(&meta("pending", 0, false), 100, 100));
+        let q = ListQuery::parse([("effect_done", "false")]).unwrap();
+        assert!(q.matches(&meta("succeeded", 0, false), 1, 1));
+        assert!(!q.matches(&meta("succeeded", 0, true), 1, 1));
+        let all = ListQuery::parse([]).unwrap();
+        assert_eq!(all.limit, DEFAULT_LIST_LIMIT);
+        assert!(all.matches(&meta("expired", 0, true), 1, 1));
+    }
+
+    #[test]
+    fn list_query_refusals() {
+        assert_eq!(
+            ListQuery::parse([("status", "done")]),
+            Err(ListError::Status("done".into()))
+        );
+        assert_eq!(
+            ListQuery::parse([("stuck", "yes")]),
+            Err(ListError::Bool("stuck"))
+        );
+        assert_eq!(ListQuery::parse([("limit", "0")]), Err(ListError::Limit));
+        assert_eq!(ListQuery::parse([("limit", "501")]), Err(ListError::Limit));
+        assert_eq!(ListQuery::parse([("cursor", "!!")]), Err(ListError::Cursor));
+        assert_eq!(
+            ListQuery::parse([("sort", "x")]),
+            Err(ListError::Unknown("sort".into()))
+        );
+    }
+
+    #[test]
+    fn cursor_round_trips() {
+        let resume = Resume {
+            cursor: Some("kv-cursor".into()),
+            after_key: Some("op:batches/a".into()),
+        };
+        let q = ListQuery::parse([("cursor", encode_cursor(&resume).as_str())]).unwrap();
+        assert_eq!(q.resume, resume);
     }
 
     #[test]

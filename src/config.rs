@@ -43,6 +43,8 @@ pub const DEFAULT_GEMINI_API_BASE: &str = "https://generativelanguage.googleapis
 pub struct Config {
     pub webhook_secrets: Vec<Secret>,
     pub effect_url: String,
+    /// `kind` → URL overrides of `effect_url` (EFFECT_ROUTES).
+    pub effect_routes: Vec<(String, String)>,
     pub effect_signing_secret: Secret,
     pub admin_token: AdminToken,
     pub tolerance_secs: i64,
@@ -104,6 +106,12 @@ impl Config {
         self.retention_days * 86_400_000
     }
 
+    /// Where the side effect of an operation of `kind` goes.
+    pub fn effect_url_for(&self, kind: Option<&str>) -> &str {
+        kind.and_then(|k| self.effect_routes.iter().find(|(route, _)| route == k))
+            .map_or(self.effect_url.as_str(), |(_, url)| url.as_str())
+    }
+
     /// Reads every variable through `lookup` (absent and empty are the same).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
@@ -137,6 +145,23 @@ impl Config {
             .collect::<Result<Vec<_>, SecretError>>()
             .map_err(|e| err("GEMINI_WEBHOOK_SECRETS", e.to_string()))?;
         let effect_url = url("EFFECT_URL", required("EFFECT_URL")?)?;
+        let effect_routes = match get("EFFECT_ROUTES") {
+            None => Vec::new(),
+            Some(text) => {
+                let parsed: serde_json::Map<String, serde_json::Value> =
+                    serde_json::from_str(&text).map_err(|_| {
+                        err("EFFECT_ROUTES", "must be a JSON object from kind to URL")
+                    })?;
+                let mut routes = Vec::new();
+                for (kind, target) in parsed {
+                    let serde_json::Value::String(target) = target else {
+                        return Err(err("EFFECT_ROUTES", "every value must be a URL string"));
+                    };
+                    routes.push((kind, url("EFFECT_ROUTES", target)?));
+                }
+                routes
+            }
+        };
         let effect_signing_secret = Secret::parse(&required("EFFECT_SIGNING_SECRET")?)
             .map_err(|e| err("EFFECT_SIGNING_SECRET", e.to_string()))?;
         let admin_token = AdminToken(required("ADMIN_TOKEN")?.trim().to_string());
@@ -166,6 +191,7 @@ impl Config {
         Ok(Config {
             webhook_secrets,
             effect_url,
+            effect_routes,
             effect_signing_secret,
             admin_token,
             tolerance_secs: int(
@@ -307,6 +333,9 @@ mod tests {
             ("GEMINI_API_BASE", "generativelanguage"),
             ("ALERT_URL", "slack"),
             ("EFFECT_RETRY_BASE_SECONDS", "0"),
+            ("EFFECT_ROUTES", "[1,2]"),
+            ("EFFECT_ROUTES", r#"{"nightly":"gopher://x"}"#),
+            ("EFFECT_ROUTES", r#"{"nightly":7}"#),
         ];
         for (var, value) in cases {
             let mut vars = base();
@@ -330,6 +359,26 @@ mod tests {
         let c = parse(&vars).unwrap();
         assert_eq!(c.reconcile_grace_secs, 0);
         assert_eq!(c.stuck_after_secs, 0);
+    }
+
+    #[test]
+    fn effect_routes_override_the_url_per_kind() {
+        let mut vars = base();
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"nightly":"https://billing.example/hook","video":"http://127.0.0.1:1/v"}"#.into(),
+        );
+        let c = parse(&vars).unwrap();
+        assert_eq!(
+            c.effect_url_for(Some("nightly")),
+            "https://billing.example/hook"
+        );
+        assert_eq!(c.effect_url_for(Some("video")), "http://127.0.0.1:1/v");
+        assert_eq!(
+            c.effect_url_for(Some("other")),
+            "http://127.0.0.1:9/effects"
+        );
+        assert_eq!(c.effect_url_for(None), "http://127.0.0.1:9/effects");
     }
 
     #[test]

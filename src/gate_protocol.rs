@@ -34,6 +34,10 @@ pub enum GateCommand {
     RetryEffect,
     /// Send an alert of this kind once per operation.
     Alert { alert: String, age_seconds: i64 },
+    /// Run the side effect again on purpose, as a new generation.
+    Redeliver { reason: String },
+    /// Stop tracking the operation (recorded, not erased).
+    Forget { reason: String },
     /// Return the record and its history.
     Inspect,
 }
@@ -81,6 +85,17 @@ pub enum GateReply {
     },
     AlertSent {
         sent: bool,
+    },
+    Redelivered {
+        generation: u32,
+        effect: EffectReport,
+    },
+    Forgotten {
+        changed: bool,
+    },
+    /// The command does not apply to the operation as it stands (answered 409).
+    Refused {
+        reason: String,
     },
     Found {
         operation: Value,

@@ -40,6 +40,9 @@ pub struct LedgerMeta {
     /// Alert kinds already sent.
     #[serde(default)]
     pub alerts: Vec<String>,
+    /// An operator stopped tracking it.
+    #[serde(default)]
+    pub forgotten: bool,
     /// The gate's record version this projection shows.
     pub version: u64,
 }
@@ -86,6 +89,7 @@ pub fn project(op: &Operation, retention_secs: i64) -> Projection {
         parked: op.effect.parked.is_some(),
         claim_expires: op.effect.claim.map(|c| secs(c.expires_ms)),
         alerts: op.alerts.clone(),
+        forgotten: op.forgotten.is_some(),
         version: op.version,
     };
     Projection {

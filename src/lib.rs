@@ -17,6 +17,7 @@ pub mod lifecycle;
 pub mod operation;
 pub mod reconcile;
 pub mod signature;
+pub mod stats;
 pub mod status;
 pub mod timestamp;
 

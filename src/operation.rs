@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::lifecycle::{reduce, Position, Source, Status, Verdict};
+use crate::stats::StatEvent;
 use crate::timestamp::format_rfc3339;
 
 /// One piece of news about an operation, from any path.
@@ -65,6 +66,22 @@ pub struct Effect {
     pub last_error: Option<String>,
 }
 
+/// When and why an operator acted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorNote {
+    pub at_ms: i64,
+    pub reason: String,
+}
+
+/// Why an operator's command was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorRefusal {
+    /// Redelivery needs a terminal state: there is no outcome to deliver yet.
+    NotTerminal,
+    /// The operation was forgotten.
+    Forgotten,
+}
+
 /// How one side-effect attempt ended, as the runner saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptOutcome {
@@ -106,6 +123,18 @@ pub struct Operation {
     /// Alert kinds already sent (`stuck`, `unknown_to_gemini`, `effect_failing`).
     #[serde(default)]
     pub alerts: Vec<String>,
+    /// Set when an operator stopped tracking the operation: no more polling, alerts or
+    /// side-effect attempts; the record stays for the retention period.
+    #[serde(default)]
+    pub forgotten: Option<OperatorNote>,
+    /// Deliberate redeliveries an operator asked for, newest last.
+    #[serde(default)]
+    pub redeliveries: Vec<OperatorNote>,
+    /// Counted events not yet flushed to a stats shard, and the last sequence issued.
+    #[serde(default)]
+    pub pending_stats: Vec<StatEvent>,
+    #[serde(default)]
+    pub stats_seq: u64,
     /// The version last written to the KV ledger, and when.
     #[serde(default)]
     pub projected_version: u64,
@@ -133,6 +162,10 @@ impl Operation {
                 ..Effect::default()
             },
             alerts: Vec::new(),
+            forgotten: None,
+            redeliveries: Vec::new(),
+            pending_stats: Vec::new(),
+            stats_seq: 0,
             projected_version: 0,
             projected_at_ms: 0,
         }
@@ -176,7 +209,10 @@ impl Operation {
 
     /// True when the side effect still has to run (terminal, not done, not parked).
     pub fn effect_owed(&self) -> bool {
-        self.status.is_terminal() && !self.effect.done && self.effect.parked.is_none()
+        self.status.is_terminal()
+            && !self.effect.done
+            && self.effect.parked.is_none()
+            && self.forgotten.is_none()
     }
 
     /// Claims the side effect if it is owed, due, and not held by a live claim.
@@ -237,6 +273,63 @@ impl Operation {
         }
     }
 
+    /// Starts a deliberate redelivery: a new generation (so `webhook-id` and
+    /// `effect-generation` change and a Standard Webhooks receiver does not drop it as a
+    /// duplicate; `idempotency-key` stays the key), due now, un-parked.
+    pub fn redeliver(&mut self, now_ms: i64, reason: &str) -> Result<u32, OperatorRefusal> {
+        if self.forgotten.is_some() {
+            return Err(OperatorRefusal::Forgotten);
+        }
+        if !self.status.is_terminal() {
+            return Err(OperatorRefusal::NotTerminal);
+        }
+        self.effect.generation += 1;
+        self.effect.done = false;
+        self.effect.done_at_ms = None;
+        self.effect.parked = None;
+        self.effect.failures_in_row = 0;
+        self.effect.next_attempt_ms = now_ms;
+        self.effect.last_error = None;
+        // A live claim belongs to the previous generation; its commit is fenced off.
+        self.effect.claim = None;
+        self.alerts.retain(|a| a != crate::alert::EFFECT_FAILING);
+        self.redeliveries.push(OperatorNote {
+            at_ms: now_ms,
+            reason: reason.to_string(),
+        });
+        self.version += 1;
+        Ok(self.effect.generation)
+    }
+
+    /// Stops tracking the operation (recorded, not erased). Idempotent.
+    pub fn forget(&mut self, now_ms: i64, reason: &str) -> bool {
+        if self.forgotten.is_some() {
+            return false;
+        }
+        self.forgotten = Some(OperatorNote {
+            at_ms: now_ms,
+            reason: reason.to_string(),
+        });
+        self.effect.claim = None;
+        self.version += 1;
+        true
+    }
+
+    /// Counts an event for `/v1/stats`; it is flushed to a stats shard later.
+    pub fn count(&mut self, name: &str, now_ms: i64) {
+        self.stats_seq += 1;
+        self.pending_stats.push(StatEvent {
+            seq: self.stats_seq,
+            name: name.to_string(),
+            at_ms: now_ms,
+        });
+    }
+
+    /// Forgets counted events up to `seq`, once a shard has them.
+    pub fn drop_flushed_stats(&mut self, seq: u64) {
+        self.pending_stats.retain(|e| e.seq > seq);
+    }
+
     /// Records that an alert of `kind` is being sent; false if one was sent before.
     pub fn mark_alert(&mut self, kind: &str) -> bool {
         if self.alerts.iter().any(|a| a == kind) {
@@ -258,17 +351,20 @@ impl Operation {
 
     /// True once nothing more will happen: terminal, and its side effect done or parked.
     pub fn is_closed(&self) -> bool {
-        self.status.is_terminal() && (self.effect.done || self.effect.parked.is_some())
+        self.forgotten.is_some()
+            || (self.status.is_terminal() && (self.effect.done || self.effect.parked.is_some()))
     }
 
     /// When the gate's storage may be dropped: retention after the operation closed.
-    pub fn forget_at_ms(&self, retention_ms: i64) -> Option<i64> {
+    pub fn expires_at_ms(&self, retention_ms: i64) -> Option<i64> {
         if !self.is_closed() {
             return None;
         }
         let closed = self
-            .effect
-            .done_at_ms
+            .forgotten
+            .as_ref()
+            .map(|f| f.at_ms)
+            .or(self.effect.done_at_ms)
             .or(self.effect.parked.as_ref().map(|p| p.at_ms))?;
         Some(closed + retention_ms)
     }
@@ -285,7 +381,10 @@ impl Operation {
         if self.projected_version < self.version {
             times.push(self.projected_at_ms + PROJECTION_SPACING_MS);
         }
-        times.extend(self.forget_at_ms(retention_ms));
+        if let Some(first) = self.pending_stats.first() {
+            times.push(first.at_ms);
+        }
+        times.extend(self.expires_at_ms(retention_ms));
         times.into_iter().min()
     }
 
@@ -311,6 +410,8 @@ impl Operation {
             "last_error": self.effect.last_error,
             "details": self.details,
             "alerts": self.alerts,
+            "forgotten": self.forgotten.as_ref().map(|f| json!({"at": format_rfc3339(f.at_ms), "reason": f.reason})),
+            "redeliveries": self.redeliveries.iter().map(|r| json!({"at": format_rfc3339(r.at_ms), "reason": r.reason})).collect::<Vec<_>>(),
             "version": self.version,
         })
     }
@@ -444,6 +545,53 @@ mod tests {
     }
 
     #[test]
+    fn redelivery_starts_a_new_generation_and_unparks() {
+        let mut op = settled();
+        let c = op.claim(2_000, 600_000).unwrap();
+        op.finish(c.token, &AttemptOutcome::Park("400".into()), 2_100, 0);
+        op.mark_alert(crate::alert::EFFECT_FAILING);
+        assert_eq!(op.redeliver(3_000, "destination fixed"), Ok(2));
+        assert!(op.effect_owed());
+        assert!(op.alerts.is_empty());
+        assert_eq!(op.redeliveries[0].reason, "destination fixed");
+        let c2 = op.claim(3_000, 600_000).unwrap();
+        assert!(c2.token > c.token);
+        assert_eq!(
+            op.finish(c2.token, &AttemptOutcome::Delivered, 3_100, 0),
+            Finished::Done
+        );
+    }
+
+    #[test]
+    fn redelivery_fences_off_the_previous_generations_claim() {
+        let mut op = settled();
+        let old = op.claim(2_000, 600_000).unwrap();
+        op.redeliver(2_500, "again").unwrap();
+        assert_eq!(
+            op.finish(old.token, &AttemptOutcome::Delivered, 2_600, 0),
+            Finished::Fenced
+        );
+        assert!(!op.effect.done);
+    }
+
+    #[test]
+    fn redelivery_needs_a_terminal_state() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        assert_eq!(op.redeliver(1, "x"), Err(OperatorRefusal::NotTerminal));
+    }
+
+    #[test]
+    fn forgotten_operation_owes_nothing_and_expires() {
+        let mut op = settled();
+        assert!(op.forget(5_000, "duplicate job"));
+        assert!(!op.forget(6_000, "again"));
+        assert!(!op.effect_owed());
+        assert!(op.is_closed());
+        assert_eq!(op.expires_at_ms(1_000), Some(6_000));
+        assert_eq!(op.redeliver(7_000, "x"), Err(OperatorRefusal::Forgotten));
+    }
+
+    #[test]
     fn alerts_are_marked_once() {
         let mut op = Operation::register("batches/a", "batches/a", None, 0);
         assert!(op.mark_alert("stuck"));
@@ -474,9 +622,24 @@ mod tests {
     }
 
     #[test]
+    fn counted_events_wake_the_gate_until_flushed() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        op.projected_version = op.version;
+        assert_eq!(op.wake_at_ms(1), None);
+        op.count("deliveries", 50);
+        op.count("duplicates_skipped", 60);
+        assert_eq!(op.wake_at_ms(1), Some(50));
+        op.drop_flushed_stats(1);
+        assert_eq!(op.pending_stats.len(), 1);
+        assert_eq!(op.wake_at_ms(1), Some(60));
+        op.drop_flushed_stats(2);
+        assert_eq!(op.wake_at_ms(1), None);
+    }
+
+    #[test]
     fn open_operation_is_never_forgotten() {
         let op = Operation::register("batches/a", "batches/a", None, 0);
-        assert_eq!(op.forget_at_ms(1), None);
+        assert_eq!(op.expires_at_ms(1), None);
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
     let status = Status::parse(&meta.status);
     let alerted = |kind: &str| meta.alerts.iter().any(|a| a == kind);
     let mut actions = Vec::new();
+    if meta.forgotten {
+        return actions;
+    }
     if status.is_terminal() {
         if meta.effect_done {
             return actions;
@@ -151,8 +154,16 @@ mod tests {
             parked: false,
             claim_expires: None,
             alerts: vec![],
+            forgotten: false,
             version: 1,
         }
+    }
+
+    #[test]
+    fn forgotten_entry_needs_nothing() {
+        let mut m = meta("running");
+        m.forgotten = true;
+        assert_eq!(decide(&m, 99_999_999, &T), vec![]);
     }
 
     #[test]

@@ -46,6 +46,7 @@ export async function startWorker(vars = {}) {
     durableObjects: {
       OPERATION_GATE: { className: "OperationGate", useSQLite: true },
       RECONCILE_LEASE: { className: "ReconcileLease", useSQLite: true },
+      STATS: { className: "StatsShard", useSQLite: true },
     },
     bindings,
     handleRuntimeStdio(stdout, stderr) {

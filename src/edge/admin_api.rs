@@ -1,21 +1,31 @@
-//! The admin API under `/v1/operations`, behind `Authorization: Bearer <ADMIN_TOKEN>`.
+//! The admin API under `/v1/`, behind `Authorization: Bearer <ADMIN_TOKEN>`.
 //!
 //! Guarantees: the token is checked (constant time) before anything else is read; every
-//! change goes through the operation's gate; a name in the path may be percent-encoded, may
-//! contain slashes and may be any accepted form of the name.
+//! change goes through the operation's gate (register, redeliver, forget); listing reads the
+//! ledger's metadata only; a name in the path may be percent-encoded, may contain slashes and
+//! may be any accepted form of the name.
 
 use percent_encoding::percent_decode_str;
-use serde_json::json;
+use serde::Deserialize;
+use serde_json::{json, Value};
 use worker::{Env, Method, Request, Response};
 
-use crate::admin::{authorized, parse_registration};
+use crate::admin::{authorized, encode_cursor, parse_registration, ListQuery};
 use crate::config::Config;
 use crate::gate_protocol::{GateCommand, GateReply};
 use crate::key::normalize;
+use crate::ledger::{LedgerMeta, OP_PREFIX};
+use crate::reconcile::Resume;
+use crate::timestamp::format_rfc3339;
 
-use super::{call_gate, json_response, log, ok_json, EdgeError};
+use super::ledger_kv::KV_BINDING;
+use super::{call_gate, json_response, log, now_ms, ok_json, stats, EdgeError};
 
-const PREFIX: &str = "/v1/operations";
+const OPERATIONS: &str = "/v1/operations";
+/// Largest admin request body.
+const MAX_ADMIN_BODY: usize = 16 * 1024;
+/// KV pages one listing request may scan looking for matches.
+const MAX_LIST_PAGES: usize = 5;
 
 pub async fn handle(
     mut req: Request,
@@ -26,63 +36,208 @@ pub async fn handle(
     let auth = req.headers().get("authorization").ok().flatten();
     if !authorized(auth.as_deref(), &config.admin_token.0) {
         log(json!({"event": "rejected", "reason": "admin_unauthorized"}));
+        stats::count_rejected("admin_unauthorized");
         return Err(EdgeError::Unauthorized);
     }
     let path = req.path();
-    let rest = path[PREFIX.len()..].trim_start_matches('/');
-    match (rest.is_empty(), method) {
-        (true, Method::Post) => {
-            let body = req
-                .bytes()
-                .await
-                .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
-            if body.len() > 16 * 1024 {
-                return Err(EdgeError::TooLarge);
-            }
-            let reg =
-                parse_registration(&body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
-            let command = GateCommand::Register {
-                key: reg.key.key.clone(),
-                name: reg.key.name.clone(),
-                kind: reg.kind,
-            };
-            match call_gate(env, &reg.key.key, &command)
-                .await
-                .map_err(EdgeError::Unavailable)?
-            {
-                GateReply::Created { operation } => {
-                    log(json!({"event": "registered", "key": reg.key.key}));
-                    json_response(&operation, 201)
-                }
-                GateReply::Exists { operation } => ok_json(&operation),
-                other => Err(EdgeError::Unavailable(format!(
-                    "unexpected gate reply {other:?}"
-                ))),
-            }
-        }
-        (false, Method::Get) => {
-            let name = percent_decode_str(rest)
-                .decode_utf8()
-                .map_err(|_| EdgeError::BadRequest("name is not UTF-8".into()))?;
-            let key =
-                normalize(&name, None).map_err(|e| EdgeError::BadRequest(format!("name: {e}")))?;
-            match call_gate(env, &key.key, &GateCommand::Inspect)
-                .await
-                .map_err(EdgeError::Unavailable)?
-            {
-                GateReply::Found {
-                    mut operation,
-                    history,
-                } => {
-                    operation["history"] = json!(history);
-                    ok_json(&operation)
-                }
-                GateReply::NotFound => Err(EdgeError::NotFound),
-                other => Err(EdgeError::Unavailable(format!(
-                    "unexpected gate reply {other:?}"
-                ))),
-            }
-        }
-        _ => Err(EdgeError::MethodNotAllowed),
+    if path == "/v1/stats" {
+        return match method {
+            Method::Get => ok_json(&stats::read(env).await.map_err(EdgeError::Unavailable)?),
+            _ => Err(EdgeError::MethodNotAllowed),
+        };
     }
+    let Some(rest) = path.strip_prefix(OPERATIONS) else {
+        return Err(EdgeError::NotFound);
+    };
+    if !rest.is_empty() && !rest.starts_with('/') {
+        return Err(EdgeError::NotFound);
+    }
+    let rest = rest.trim_start_matches('/');
+    if rest.is_empty() {
+        return match method {
+            Method::Post => register(&mut req, env).await,
+            Method::Get => list(&req, env, config).await,
+            _ => Err(EdgeError::MethodNotAllowed),
+        };
+    }
+    let (name, action) = match (method, rest.rsplit_once('/')) {
+        (Method::Post, Some((name, "redeliver"))) => (name, Some("redeliver")),
+        (Method::Post, Some((name, "forget"))) => (name, Some("forget")),
+        (Method::Get, _) => (rest, None),
+        _ => return Err(EdgeError::MethodNotAllowed),
+    };
+    let name = percent_decode_str(name)
+        .decode_utf8()
+        .map_err(|_| EdgeError::BadRequest("name is not UTF-8".into()))?;
+    let key = normalize(&name, None).map_err(|e| EdgeError::BadRequest(format!("name: {e}")))?;
+    let command = match action {
+        None => GateCommand::Inspect,
+        Some(action) => {
+            let reason = read_reason(&mut req).await?;
+            if action == "redeliver" {
+                GateCommand::Redeliver { reason }
+            } else {
+                GateCommand::Forget { reason }
+            }
+        }
+    };
+    match call_gate(env, &key.key, &command)
+        .await
+        .map_err(EdgeError::Unavailable)?
+    {
+        GateReply::Found {
+            mut operation,
+            history,
+        } => {
+            operation["history"] = json!(history);
+            ok_json(&operation)
+        }
+        GateReply::Redelivered { generation, effect } => {
+            ok_json(&json!({"key": key.key, "generation": generation, "effect": effect}))
+        }
+        GateReply::Forgotten { changed } => {
+            ok_json(&json!({"key": key.key, "forgotten": true, "changed": changed}))
+        }
+        GateReply::Refused { reason } => json_response(&json!({"error": reason}), 409),
+        GateReply::NotFound => Err(EdgeError::NotFound),
+        other => Err(EdgeError::Unavailable(format!(
+            "unexpected gate reply {other:?}"
+        ))),
+    }
+}
+
+async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
+    let body = read_body(req).await?;
+    let reg = parse_registration(&body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+    let command = GateCommand::Register {
+        key: reg.key.key.clone(),
+        name: reg.key.name.clone(),
+        kind: reg.kind,
+    };
+    match call_gate(env, &reg.key.key, &command)
+        .await
+        .map_err(EdgeError::Unavailable)?
+    {
+        GateReply::Created { operation } => {
+            log(json!({"event": "registered", "key": reg.key.key}));
+            json_response(&operation, 201)
+        }
+        GateReply::Exists { operation } => ok_json(&operation),
+        other => Err(EdgeError::Unavailable(format!(
+            "unexpected gate reply {other:?}"
+        ))),
+    }
+}
+
+async fn read_body(req: &mut Request) -> Result<Vec<u8>, EdgeError> {
+    let body = req
+        .bytes()
+        .await
+        .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+    if body.len() > MAX_ADMIN_BODY {
+        return Err(EdgeError::TooLarge);
+    }
+    Ok(body)
+}
+
+/// An optional `{"reason": "..."}` body; the reason is recorded with the operator's action.
+async fn read_reason(req: &mut Request) -> Result<String, EdgeError> {
+    #[derive(Deserialize)]
+    struct Body {
+        reason: Option<String>,
+    }
+    let body = read_body(req).await?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok("operator".to_string());
+    }
+    let parsed: Body = serde_json::from_slice(&body)
+        .map_err(|_| EdgeError::BadRequest("body must be {\"reason\": \"...\"}".into()))?;
+    Ok(parsed
+        .reason
+        .map(|r| r.chars().take(500).collect())
+        .unwrap_or_else(|| "operator".to_string()))
+}
+
+/// Lists ledger entries matching the query, from metadata only.
+async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response, EdgeError> {
+    let url = req
+        .url()
+        .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+    let pairs: Vec<(String, String)> = url
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let query = ListQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+    let kv = env
+        .kv(KV_BINDING)
+        .map_err(|e| EdgeError::Unavailable(e.to_string()))?;
+    let now_secs = now_ms().div_euclid(1_000);
+    let mut resume = query.resume.clone();
+    let mut found: Vec<Value> = Vec::new();
+    for _ in 0..MAX_LIST_PAGES {
+        let mut list = kv.list().prefix(OP_PREFIX.to_string()).limit(1_000);
+        if let Some(c) = resume.cursor.clone() {
+            list = list.cursor(c);
+        }
+        let page = list
+            .execute()
+            .await
+            .map_err(|e| EdgeError::Unavailable(format!("{e:?}")))?;
+        for entry in &page.keys {
+            if resume
+                .after_key
+                .as_deref()
+                .is_some_and(|after| entry.name.as_str() <= after)
+            {
+                continue;
+            }
+            if found.len() == query.limit {
+                return ok_json(
+                    &json!({"operations": found, "cursor": encode_cursor(&resume), "complete": false}),
+                );
+            }
+            resume.after_key = Some(entry.name.clone());
+            let Some(meta) = entry
+                .metadata
+                .clone()
+                .and_then(|m| serde_json::from_value::<LedgerMeta>(m).ok())
+            else {
+                continue;
+            };
+            if query.matches(&meta, now_secs, config.stuck_after_secs) {
+                found.push(entry_view(
+                    &entry.name[OP_PREFIX.len()..],
+                    &meta,
+                    now_secs,
+                    config,
+                ));
+            }
+        }
+        if page.list_complete || page.cursor.is_none() {
+            return ok_json(&json!({"operations": found, "cursor": null, "complete": true}));
+        }
+        resume = Resume {
+            cursor: page.cursor.clone(),
+            after_key: None,
+        };
+    }
+    ok_json(&json!({"operations": found, "cursor": encode_cursor(&resume), "complete": false}))
+}
+
+fn entry_view(key: &str, meta: &LedgerMeta, now_secs: i64, config: &Config) -> Value {
+    let terminal = crate::lifecycle::Status::parse(&meta.status).is_terminal();
+    json!({
+        "key": key,
+        "name": meta.name,
+        "status": meta.status,
+        "effect_done": meta.effect_done,
+        "effect_parked": meta.parked,
+        "forgotten": meta.forgotten,
+        "submitted_at": format_rfc3339(meta.submitted_at * 1_000),
+        "settled_at": meta.settled_at.map(|s| format_rfc3339(s * 1_000)),
+        "age_seconds": now_secs - meta.submitted_at,
+        "stuck": !terminal && !meta.forgotten && now_secs - meta.submitted_at >= config.stuck_after_secs,
+        "alerts": meta.alerts,
+    })
 }

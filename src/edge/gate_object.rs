@@ -27,8 +27,9 @@ use crate::config::Config;
 use crate::effect::{build_request, classify};
 use crate::gate_protocol::{EffectReport, GateCommand, GateReply};
 use crate::ledger::project;
-use crate::lifecycle::Verdict;
+use crate::lifecycle::{DropReason, Source, Verdict};
 use crate::operation::{backoff_ms, AttemptOutcome, Finished, OpEvent, Operation};
+use crate::stats;
 
 use super::ledger_kv::{write_projection, KV_BINDING};
 use super::outbound::{send, Answer};
@@ -101,7 +102,7 @@ impl DurableObject for OperationGate {
         };
         let now = now_ms();
         if op
-            .forget_at_ms(config.retention_ms())
+            .expires_at_ms(config.retention_ms())
             .is_some_and(|t| t <= now)
         {
             // Retention is over: the KV entry expires on its own TTL; drop our storage.
@@ -110,6 +111,7 @@ impl DurableObject for OperationGate {
             log(json!({"event": "forgotten", "key": op.key}));
             return Response::ok("forgotten");
         }
+        let op = self.flush_stats(op).await?;
         let (op, _) = self.drive_effect(op, &config).await?;
         self.settle_storage(op, &config).await?;
         Response::ok("ok")
@@ -140,16 +142,15 @@ impl OperationGate {
                 require_registration,
             } => {
                 let existing = self.load()?;
-                let is_new = existing.is_none();
                 let mut op = match existing {
                     Some(op) => op,
                     None if require_registration => return Ok(GateReply::IgnoredUnregistered),
                     None => Operation::unregistered(&key, &name, now),
                 };
                 let verdict = op.apply(&event, now);
-                if is_new || verdict == Verdict::Apply {
-                    self.save(&op)?;
-                }
+                count_delivery(&mut op, &event, verdict, now);
+                // Always saved: even a dropped event is counted, exactly, in the same write.
+                self.save(&op)?;
                 self.record(now, history_of_event(&event, verdict))?;
                 let (op, effect) = self.drive_effect(op, config).await?;
                 let status = op.status.as_str().to_string();
@@ -186,6 +187,8 @@ impl OperationGate {
                 let sent = self.send_alert(&alert, &op, age_seconds, config).await;
                 let mut op = self.load()?.unwrap_or(op);
                 if sent {
+                    op.count(stats::ALERTS, now);
+                    self.save(&op)?;
                     self.record(now, json!({"what": "alert", "alert": alert}))?;
                 } else {
                     op.unmark_alert(&alert);
@@ -193,6 +196,44 @@ impl OperationGate {
                 }
                 self.settle_storage(op, config).await?;
                 Ok(GateReply::AlertSent { sent })
+            }
+            GateCommand::Redeliver { reason } => {
+                let Some(mut op) = self.load()? else {
+                    return Ok(GateReply::NotFound);
+                };
+                let generation = match op.redeliver(now, &reason) {
+                    Ok(g) => g,
+                    Err(refusal) => {
+                        return Ok(GateReply::Refused {
+                            reason: format!("{refusal:?}"),
+                        })
+                    }
+                };
+                op.count(stats::REDELIVERIES, now);
+                self.save(&op)?;
+                self.record(
+                    now,
+                    json!({"what": "redeliver", "generation": generation, "reason": reason}),
+                )?;
+                log(
+                    json!({"event": "redeliver", "key": op.key, "generation": generation, "reason": reason}),
+                );
+                let (op, effect) = self.drive_effect(op, config).await?;
+                self.settle_storage(op, config).await?;
+                Ok(GateReply::Redelivered { generation, effect })
+            }
+            GateCommand::Forget { reason } => {
+                let Some(mut op) = self.load()? else {
+                    return Ok(GateReply::NotFound);
+                };
+                let changed = op.forget(now, &reason);
+                if changed {
+                    self.save(&op)?;
+                    self.record(now, json!({"what": "forgotten", "reason": reason}))?;
+                    log(json!({"event": "forgotten_by_operator", "key": op.key, "reason": reason}));
+                }
+                self.settle_storage(op, config).await?;
+                Ok(GateReply::Forgotten { changed })
             }
             GateCommand::Inspect => match self.load()? {
                 Some(op) => Ok(GateReply::Found {
@@ -233,7 +274,7 @@ impl OperationGate {
 
         let request = build_request(
             &op,
-            &config.effect_url,
+            config.effect_url_for(op.kind.as_deref()),
             &config.effect_signing_secret,
             now / 1_000,
         );
@@ -273,6 +314,7 @@ impl OperationGate {
             Finished::Fenced => ("effect_fenced", EffectReport::InFlight),
         };
         if finished != Finished::Fenced {
+            op.count(label_stat(&finished), finished_at);
             self.save(&op)?;
         }
         let answer_text = match &outcome {
@@ -334,6 +376,41 @@ impl OperationGate {
             Answer::Network(e) => {
                 log(json!({"event": "alert_failed", "key": op.key, "answer": e}));
                 false
+            }
+        }
+    }
+
+    /// Sends counted events to this operation's stats shard; on failure they stay pending and
+    /// the alarm tries again.
+    async fn flush_stats(&self, op: Operation) -> Result<Operation> {
+        let Some(last) = op.pending_stats.last().map(|e| e.seq) else {
+            return Ok(op);
+        };
+        let shard = stats::shard_of(&op.key);
+        match super::stats::add(
+            &self.env,
+            shard,
+            Some(op.key.clone()),
+            op.pending_stats.clone(),
+        )
+        .await
+        {
+            Ok(()) => {
+                let mut op = self.load()?.unwrap_or(op);
+                op.drop_flushed_stats(last);
+                self.save(&op)?;
+                Ok(op)
+            }
+            Err(e) => {
+                log(json!({"event": "stats_flush_failed", "key": op.key, "error": e}));
+                // Retried by the alarm: push the wake time a little into the future.
+                let mut op = self.load()?.unwrap_or(op);
+                let retry_at = now_ms() + 5_000;
+                for event in &mut op.pending_stats {
+                    event.at_ms = event.at_ms.max(retry_at);
+                }
+                self.save(&op)?;
+                Ok(op)
             }
         }
     }
@@ -446,6 +523,33 @@ impl OperationGate {
                 entry
             })
             .collect())
+    }
+}
+
+/// Counts a delivery's outcome in the record, exactly once (same write as the decision).
+fn count_delivery(op: &mut Operation, event: &OpEvent, verdict: Verdict, now: i64) {
+    if event.source == Source::Webhook {
+        op.count(stats::DELIVERIES, now);
+    }
+    match verdict {
+        Verdict::Drop(DropReason::Duplicate) => op.count(stats::DUPLICATES, now),
+        Verdict::Drop(reason) => op.count(&format!("dropped_{}", reason.as_str()), now),
+        Verdict::Apply if op.status.is_terminal() => op.count(
+            match event.source {
+                Source::Reconcile => stats::SETTLED_BY_RECONCILE,
+                _ => stats::SETTLED_BY_WEBHOOK,
+            },
+            now,
+        ),
+        Verdict::Apply => {}
+    }
+}
+
+fn label_stat(finished: &Finished) -> &'static str {
+    match finished {
+        Finished::Done => stats::EFFECT_SUCCESSES,
+        Finished::RetryAt(_) => stats::EFFECT_FAILURES,
+        Finished::Parked | Finished::Fenced => stats::EFFECT_PARKS,
     }
 }
 

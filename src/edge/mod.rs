@@ -12,10 +12,12 @@ mod lease_object;
 mod ledger_kv;
 mod outbound;
 mod reconcile_pass;
+mod stats;
 mod webhook;
 
 pub use gate_object::OperationGate;
 pub use lease_object::ReconcileLease;
+pub use stats::StatsShard;
 
 use serde_json::{json, Value};
 use worker::{event, Context, Env, Method, Request, Response, Result};
@@ -135,11 +137,13 @@ fn start() {
 }
 
 #[event(fetch)]
-async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
-    match route(req, &env).await {
+async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
+    let answer = match route(req, &env).await {
         Ok(response) => Ok(response),
         Err(e) => e.into_response(),
-    }
+    };
+    stats::flush_rejected_later(&env, &ctx, now_ms());
+    answer
 }
 
 #[event(scheduled)]
@@ -169,9 +173,7 @@ async fn route(req: Request, env: &Env) -> std::result::Result<Response, EdgeErr
     match (path.as_str(), method) {
         ("/webhooks/gemini", Method::Post) => webhook::receive(req, env, &config).await,
         ("/webhooks/gemini", _) => Err(EdgeError::MethodNotAllowed),
-        (p, m) if p == "/v1/operations" || p.starts_with("/v1/operations/") => {
-            admin_api::handle(req, m, env, &config).await
-        }
+        (p, m) if p.starts_with("/v1/") => admin_api::handle(req, m, env, &config).await,
         _ => Err(EdgeError::NotFound),
     }
 }

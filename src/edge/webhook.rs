@@ -20,6 +20,7 @@ use crate::signature::{verify, SignedHeaders};
 use crate::timestamp::format_rfc3339;
 
 use super::ledger_kv::{write_dead_letter, KV_BINDING};
+use super::stats::count_rejected;
 use super::{call_gate, log, now_ms, ok_json, EdgeError};
 
 pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Response, EdgeError> {
@@ -27,6 +28,7 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
     let declared: Option<usize> = header("content-length").and_then(|v| v.trim().parse().ok());
     if declared.is_some_and(|n| n > config.max_body_bytes) {
         log(json!({"event": "rejected", "reason": "body_too_large", "bytes": declared}));
+        count_rejected("body_too_large");
         return Err(EdgeError::TooLarge);
     }
     let (id, timestamp, signature) = (
@@ -40,6 +42,7 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
         .map_err(|e| EdgeError::BadRequest(format!("unreadable body: {e}")))?;
     if body.len() > config.max_body_bytes {
         log(json!({"event": "rejected", "reason": "body_too_large", "bytes": body.len()}));
+        count_rejected("body_too_large");
         return Err(EdgeError::TooLarge);
     }
     let now = now_ms();
@@ -56,6 +59,7 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
         config.tolerance_secs,
     ) {
         log(json!({"event": "rejected", "reason": e.label()}));
+        count_rejected(e.label());
         return Err(EdgeError::Unauthorized);
     }
     let delivery_id = id.unwrap_or_default();

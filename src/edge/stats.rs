@@ -1,0 +1,235 @@
+//! `/v1/stats`: the StatsShard Durable Objects, the per-isolate rejection counters, and the
+//! read that sums them.
+//!
+//! Storage of a shard (SQLite): `counts(hour, name, n)` with hour -1 holding totals since the
+//! shard's storage was created and other hours the last day's buckets (older ones pruned);
+//! `seen(gate, seq, at_ms)` the highest event sequence counted per operation, so a gate's
+//! retried flush is never counted twice. Guarantees: see [`crate::stats`].
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use worker::{durable_object, Context, Date, DurableObject, Env, Request, Response, Result, State};
+
+use crate::gate_protocol::{LeaseCommand, LeaseReply};
+use crate::stats::{hour_of, merge, unseen, StatEvent, Tally, SHARDS};
+
+use super::{log, post_json};
+
+/// The shard binding.
+pub const STATS_BINDING: &str = "STATS";
+/// Rejection counters are flushed at most this often per isolate.
+const REJECTED_FLUSH_MS: i64 = 10_000;
+/// Operations whose dedupe mark is older than this are pruned (past any gate's life).
+const SEEN_KEEP_MS: i64 = 400 * 86_400_000;
+
+/// A request to a stats shard.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum ShardCommand {
+    /// Count `events`; with `gate`, only those past the highest sequence seen from it.
+    Add {
+        gate: Option<String>,
+        events: Vec<StatEvent>,
+    },
+    Read,
+}
+
+/// A shard's counts.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ShardCounts {
+    pub total: Tally,
+    pub last_24h: Tally,
+}
+
+thread_local! {
+    static REJECTED: RefCell<(Tally, i64)> = RefCell::new((Tally::new(), 0));
+}
+
+/// Counts a rejected request in this isolate's memory (no storage round trip).
+pub fn count_rejected(reason: &str) {
+    REJECTED.with(|r| {
+        *r.borrow_mut()
+            .0
+            .entry(format!("rejected_{reason}"))
+            .or_default() += 1
+    });
+}
+
+/// Flushes this isolate's rejection counts in the background, at most every 10 seconds.
+pub fn flush_rejected_later(env: &Env, ctx: &Context, now_ms: i64) {
+    let batch = REJECTED.with(|r| {
+        let mut r = r.borrow_mut();
+        if r.0.is_empty() || now_ms - r.1 < REJECTED_FLUSH_MS {
+            return None;
+        }
+        r.1 = now_ms;
+        Some(std::mem::take(&mut r.0))
+    });
+    let Some(batch) = batch else { return };
+    let events: Vec<StatEvent> = batch
+        .into_iter()
+        .flat_map(|(name, n)| {
+            (0..n).map(move |_| StatEvent {
+                seq: 0,
+                name: name.clone(),
+                at_ms: now_ms,
+            })
+        })
+        .collect();
+    let shard = (now_ms.rem_euclid(i64::from(SHARDS))) as u32;
+    let env = env.clone();
+    ctx.wait_until(async move {
+        if let Err(e) = add(&env, shard, None, events).await {
+            log(json!({"event": "stats_flush_failed", "error": e}));
+        }
+    });
+}
+
+/// Sends counted events to shard `shard`.
+pub async fn add(
+    env: &Env,
+    shard: u32,
+    gate: Option<String>,
+    events: Vec<StatEvent>,
+) -> std::result::Result<(), String> {
+    let stub = shard_stub(env, shard)?;
+    let _: Value = post_json(&stub, &ShardCommand::Add { gate, events }).await?;
+    Ok(())
+}
+
+fn shard_stub(env: &Env, shard: u32) -> std::result::Result<worker::Stub, String> {
+    env.durable_object(STATS_BINDING)
+        .and_then(|ns| ns.id_from_name(&format!("stats-{shard}"))?.get_stub())
+        .map_err(|e| format!("stats binding: {e}"))
+}
+
+/// Sums every shard and adds the last reconciliation pass.
+pub async fn read(env: &Env) -> std::result::Result<Value, String> {
+    let mut total = Tally::new();
+    let mut day = Tally::new();
+    for shard in 0..SHARDS {
+        let counts: ShardCounts = post_json(&shard_stub(env, shard)?, &ShardCommand::Read).await?;
+        merge(&mut total, &counts.total);
+        merge(&mut day, &counts.last_24h);
+    }
+    let lease = env
+        .durable_object(super::reconcile_pass::LEASE_BINDING)
+        .and_then(|ns| ns.id_from_name(super::lease_object::LEASE_NAME)?.get_stub())
+        .map_err(|e| format!("lease binding: {e}"))?;
+    let last_pass = match post_json::<_, LeaseReply>(&lease, &LeaseCommand::Status).await? {
+        LeaseReply::State { last_pass, lease } => {
+            json!({"last": last_pass, "completed_passes": lease.completed_passes})
+        }
+        _ => Value::Null,
+    };
+    Ok(json!({"total": total, "last_24h": day, "reconcile": last_pass}))
+}
+
+/// One of [`SHARDS`] counter objects.
+#[durable_object]
+pub struct StatsShard {
+    state: State,
+}
+
+#[derive(Deserialize)]
+struct CountRow {
+    name: String,
+    n: f64,
+}
+
+#[derive(Deserialize)]
+struct SeqRow {
+    seq: f64,
+}
+
+impl DurableObject for StatsShard {
+    fn new(state: State, _env: Env) -> Self {
+        let sql = state.storage().sql();
+        for ddl in [
+            "CREATE TABLE IF NOT EXISTS counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name))",
+            "CREATE TABLE IF NOT EXISTS seen (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL)",
+        ] {
+            if let Err(e) = sql.exec(ddl, None) {
+                log(json!({"event": "stats_schema_error", "error": e.to_string()}));
+            }
+        }
+        Self { state }
+    }
+
+    async fn fetch(&self, mut req: Request) -> Result<Response> {
+        let command: ShardCommand = match req.json().await {
+            Ok(c) => c,
+            Err(e) => return Response::error(format!("bad stats command: {e}"), 400),
+        };
+        let now = Date::now().as_millis() as i64;
+        let sql = self.state.storage().sql();
+        match command {
+            ShardCommand::Add { gate, events } => {
+                let seen = match &gate {
+                    Some(g) => sql
+                        .exec(
+                            "SELECT seq FROM seen WHERE gate = ?",
+                            vec![g.clone().into()],
+                        )?
+                        .to_array::<SeqRow>()?
+                        .first()
+                        .map_or(0, |r| r.seq as u64),
+                    None => 0,
+                };
+                let mut counts: BTreeMap<(i64, String), i64> = BTreeMap::new();
+                let mut highest = seen;
+                for e in unseen(&events, seen) {
+                    *counts.entry((-1, e.name.clone())).or_default() += 1;
+                    *counts
+                        .entry((hour_of(e.at_ms), e.name.clone()))
+                        .or_default() += 1;
+                    highest = highest.max(e.seq);
+                }
+                for ((hour, name), n) in counts {
+                    sql.exec(
+                        "INSERT INTO counts (hour, name, n) VALUES (?, ?, ?) ON CONFLICT(hour, name) DO UPDATE SET n = n + excluded.n",
+                        vec![hour.into(), name.into(), n.into()],
+                    )?;
+                }
+                if let Some(g) = gate {
+                    sql.exec(
+                        "INSERT INTO seen (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms",
+                        vec![g.into(), (highest as i64).into(), now.into()],
+                    )?;
+                }
+                sql.exec(
+                    "DELETE FROM counts WHERE hour >= 0 AND hour < ?",
+                    vec![(hour_of(now) - 48).into()],
+                )?;
+                sql.exec(
+                    "DELETE FROM seen WHERE at_ms < ?",
+                    vec![(now - SEEN_KEEP_MS).into()],
+                )?;
+                Response::from_json(&json!({"ok": true}))
+            }
+            ShardCommand::Read => {
+                let total: Vec<CountRow> = sql
+                    .exec("SELECT name, n FROM counts WHERE hour = -1", None)?
+                    .to_array()?;
+                let day: Vec<CountRow> = sql
+                    .exec(
+                        "SELECT name, SUM(n) AS n FROM counts WHERE hour > ? GROUP BY name",
+                        vec![(hour_of(now) - 24).into()],
+                    )?
+                    .to_array()?;
+                let tally = |rows: Vec<CountRow>| {
+                    rows.into_iter()
+                        .map(|r| (r.name, r.n as u64))
+                        .collect::<Tally>()
+                };
+                Response::from_json(&ShardCounts {
+                    total: tally(total),
+                    last_24h: tally(day),
+                })
+            }
+        }
+    }
+}
