@@ -9,5 +9,6 @@ echo "== host unit tests (cargo test)"
 cargo test --quiet
 echo "== build"
 bash scripts/build.sh
+bash scripts/setup-browser.sh
 echo "== integration tests (built worker in workerd)"
 node --test --test-concurrency=1 tests/

@@ -13,8 +13,11 @@ export const GEMINI_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 export const EFFECT_SECRET = "whsec_c2lkZS1lZmZlY3Qtc2VjcmV0LWZvci10ZXN0cw==";
 export const ADMIN_TOKEN = "test-admin-token-0123456789";
 
-/** Starts the built worker with `vars` on top of a working test configuration. */
-export async function startWorker(vars = {}) {
+/**
+ * Starts the built worker with `vars` on top of a working test configuration. With
+ * `{ http: true }` it also listens on a loopback port (`worker.url`), for real HTTP clients.
+ */
+export async function startWorker(vars = {}, { http = false } = {}) {
   const logs = [];
   const collect = (stream) => {
     let buffered = "";
@@ -49,14 +52,16 @@ export async function startWorker(vars = {}) {
       STATS: { className: "StatsShard", useSQLite: true },
     },
     bindings,
+    ...(http ? { host: "127.0.0.1", port: 0 } : {}),
     handleRuntimeStdio(stdout, stderr) {
       collect(stdout);
       collect(stderr);
     },
   });
-  await mf.ready;
+  const ready = await mf.ready;
   const worker = {
     mf,
+    url: http ? String(ready).replace(/\/$/, "") : undefined,
     logs,
     /** Structured (JSON) log lines the worker printed so far. */
     events(name) {

@@ -25,6 +25,9 @@ use worker::{event, Context, Env, Method, Request, Response, Result};
 use crate::config::{Config, ConfigError};
 use crate::gate_protocol::{GateCommand, GateReply};
 
+/// The operator's dashboard: plain HTML, no build step, no data of its own.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
 /// The Durable Object binding.
 pub const GATE_BINDING: &str = "OPERATION_GATE";
 
@@ -165,6 +168,29 @@ async fn route(req: Request, env: &Env) -> std::result::Result<Response, EdgeErr
             Method::Get | Method::Head => {
                 load_config(env).map_err(EdgeError::Config)?;
                 ok_json(&json!({"ok": true}))
+            }
+            _ => Err(EdgeError::MethodNotAllowed),
+        };
+    }
+    if path == "/dashboard" {
+        // A static page holding no data; it calls the admin API with the operator's token.
+        return match method {
+            Method::Get => {
+                let headers = worker::Headers::new();
+                let set = |k: &str, v: &str| {
+                    headers
+                        .set(k, v)
+                        .map_err(|e| EdgeError::Unavailable(e.to_string()))
+                };
+                set("content-type", "text/html; charset=utf-8")?;
+                set(
+                    "content-security-policy",
+                    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'",
+                )?;
+                set("cache-control", "no-store")?;
+                Ok(Response::ok(DASHBOARD)
+                    .map_err(|e| EdgeError::Unavailable(e.to_string()))?
+                    .with_headers(headers))
             }
             _ => Err(EdgeError::MethodNotAllowed),
         };

@@ -4,7 +4,8 @@
 //! Storage of a shard (SQLite): `counts(hour, name, n)` with hour -1 holding totals since the
 //! shard's storage was created and other hours the last day's buckets (older ones pruned);
 //! `seen(gate, seq, at_ms)` the highest event sequence counted per operation, so a gate's
-//! retried flush is never counted twice. Guarantees: see [`crate::stats`].
+//! retried flush is never counted twice; `recent(at_ms, gate, name)` the newest
+//! [`RECENT_DROPS`] dropped events, for the dashboard. Guarantees: see [`crate::stats`].
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -22,6 +23,8 @@ use super::{log, post_json};
 pub const STATS_BINDING: &str = "STATS";
 /// Rejection counters are flushed at most this often per isolate.
 const REJECTED_FLUSH_MS: i64 = 10_000;
+/// Dropped events kept per shard for "recently dropped".
+const RECENT_DROPS: i64 = 50;
 /// Operations whose dedupe mark is older than this are pruned (past any gate's life).
 const SEEN_KEEP_MS: i64 = 400 * 86_400_000;
 
@@ -42,6 +45,16 @@ pub enum ShardCommand {
 pub struct ShardCounts {
     pub total: Tally,
     pub last_24h: Tally,
+    #[serde(default)]
+    pub recent_drops: Vec<RecentDrop>,
+}
+
+/// A dropped event, for the dashboard.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RecentDrop {
+    pub at_ms: i64,
+    pub key: String,
+    pub reason: String,
 }
 
 thread_local! {
@@ -110,11 +123,19 @@ fn shard_stub(env: &Env, shard: u32) -> std::result::Result<worker::Stub, String
 pub async fn read(env: &Env) -> std::result::Result<Value, String> {
     let mut total = Tally::new();
     let mut day = Tally::new();
+    let mut drops = Vec::new();
     for shard in 0..SHARDS {
         let counts: ShardCounts = post_json(&shard_stub(env, shard)?, &ShardCommand::Read).await?;
         merge(&mut total, &counts.total);
         merge(&mut day, &counts.last_24h);
+        drops.extend(counts.recent_drops);
     }
+    drops.sort_by(|a, b| b.at_ms.cmp(&a.at_ms));
+    drops.truncate(RECENT_DROPS as usize);
+    let drops: Vec<Value> = drops
+        .iter()
+        .map(|d| json!({"at": crate::timestamp::format_rfc3339(d.at_ms), "key": d.key, "reason": d.reason}))
+        .collect();
     let lease = env
         .durable_object(super::reconcile_pass::LEASE_BINDING)
         .and_then(|ns| ns.id_from_name(super::lease_object::LEASE_NAME)?.get_stub())
@@ -125,7 +146,7 @@ pub async fn read(env: &Env) -> std::result::Result<Value, String> {
         }
         _ => Value::Null,
     };
-    Ok(json!({"total": total, "last_24h": day, "reconcile": last_pass}))
+    Ok(json!({"total": total, "last_24h": day, "recent_drops": drops, "reconcile": last_pass}))
 }
 
 /// One of [`SHARDS`] counter objects.
@@ -151,6 +172,7 @@ impl DurableObject for StatsShard {
         for ddl in [
             "CREATE TABLE IF NOT EXISTS counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name))",
             "CREATE TABLE IF NOT EXISTS seen (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS recent (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, gate TEXT NOT NULL, name TEXT NOT NULL)",
         ] {
             if let Err(e) = sql.exec(ddl, None) {
                 log(json!({"event": "stats_schema_error", "error": e.to_string()}));
@@ -182,6 +204,12 @@ impl DurableObject for StatsShard {
                 let mut counts: BTreeMap<(i64, String), i64> = BTreeMap::new();
                 let mut highest = seen;
                 for e in unseen(&events, seen) {
+                    if let (Some(g), Some(reason)) = (&gate, e.name.strip_prefix("dropped_")) {
+                        sql.exec(
+                            "INSERT INTO recent (at_ms, gate, name) VALUES (?, ?, ?)",
+                            vec![e.at_ms.into(), g.clone().into(), reason.to_string().into()],
+                        )?;
+                    }
                     *counts.entry((-1, e.name.clone())).or_default() += 1;
                     *counts
                         .entry((hour_of(e.at_ms), e.name.clone()))
@@ -208,6 +236,10 @@ impl DurableObject for StatsShard {
                     "DELETE FROM seen WHERE at_ms < ?",
                     vec![(now - SEEN_KEEP_MS).into()],
                 )?;
+                sql.exec(
+                    "DELETE FROM recent WHERE seq <= (SELECT MAX(seq) FROM recent) - ?",
+                    vec![RECENT_DROPS.into()],
+                )?;
                 Response::from_json(&json!({"ok": true}))
             }
             ShardCommand::Read => {
@@ -225,9 +257,29 @@ impl DurableObject for StatsShard {
                         .map(|r| (r.name, r.n as u64))
                         .collect::<Tally>()
                 };
+                #[derive(Deserialize)]
+                struct DropRow {
+                    at_ms: f64,
+                    gate: String,
+                    name: String,
+                }
+                let recent: Vec<DropRow> = sql
+                    .exec(
+                        "SELECT at_ms, gate, name FROM recent ORDER BY seq DESC",
+                        None,
+                    )?
+                    .to_array()?;
                 Response::from_json(&ShardCounts {
                     total: tally(total),
                     last_24h: tally(day),
+                    recent_drops: recent
+                        .into_iter()
+                        .map(|r| RecentDrop {
+                            at_ms: r.at_ms as i64,
+                            key: r.gate,
+                            reason: r.name,
+                        })
+                        .collect(),
                 })
             }
         }
