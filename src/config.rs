@@ -63,6 +63,8 @@ pub struct Config {
     pub gemini_api_base: String,
     pub gemini_api_key: Option<ApiKey>,
     pub alert_url: Option<String>,
+    /// The Gemini webhook whose state each cron pass checks (id or name), if any.
+    pub gemini_webhook_name: Option<String>,
 }
 
 /// The admin bearer token; `Debug` hides it.
@@ -248,6 +250,7 @@ impl Config {
             },
             gemini_api_key: get("GEMINI_API_KEY").map(|k| ApiKey(k.trim().to_string())),
             alert_url: get("ALERT_URL").map(|v| url("ALERT_URL", v)).transpose()?,
+            gemini_webhook_name: get("GEMINI_WEBHOOK_NAME").map(|v| v.trim().to_string()),
         })
     }
 }

@@ -116,6 +116,11 @@ pub enum LeaseCommand {
         resume: Resume,
         complete: bool,
         status_backoff_until_ms: i64,
+        /// When the pass checked the Gemini webhook: the state now alerted on, if any.
+        #[serde(default)]
+        webhook_checked: bool,
+        #[serde(default)]
+        webhook_alerted_state: Option<String>,
         summary: Value,
     },
     /// The lease, the cursor and the last pass's summary.
@@ -129,6 +134,8 @@ pub enum LeaseReply {
     Granted {
         resume: Resume,
         status_backoff_until_ms: i64,
+        #[serde(default)]
+        webhook_alerted_state: Option<String>,
     },
     Busy,
     Released {

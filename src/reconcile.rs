@@ -98,6 +98,9 @@ pub struct Lease {
     pub status_backoff_until_ms: i64,
     /// Passes that reached the end of the ledger.
     pub completed_passes: u64,
+    /// The Gemini webhook state last alerted on (not `enabled`), so it alerts once.
+    #[serde(default)]
+    pub webhook_alerted_state: Option<String>,
 }
 
 impl Lease {

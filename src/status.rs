@@ -193,6 +193,55 @@ fn interaction(value: &Value) -> Result<Observation, StatusError> {
     })
 }
 
+/// One page of `GET v1beta/webhooks`: the state of the webhook named `wanted` (matched on
+/// its `name` or `id`, with or without a `webhooks/` prefix), and the next page token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookPage {
+    pub state: Option<String>,
+    pub next_page_token: Option<String>,
+}
+
+/// Reads a webhook listing. The envelope is undocumented: items are taken from `webhooks`,
+/// the token from `next_page_token` or `nextPageToken`.
+pub fn find_webhook(body: &str, wanted: &str) -> Result<WebhookPage, StatusError> {
+    let value: Value =
+        serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
+    let bare = |s: &str| s.trim().trim_start_matches("webhooks/").to_string();
+    let wanted = bare(wanted);
+    let state = value
+        .get("webhooks")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|w| {
+            ["name", "id"].iter().any(|field| {
+                w.get(*field)
+                    .and_then(Value::as_str)
+                    .is_some_and(|v| bare(v) == wanted)
+            })
+        })
+        .and_then(|w| w.get("state").and_then(Value::as_str))
+        .map(str::to_string);
+    let next_page_token = ["next_page_token", "nextPageToken"]
+        .iter()
+        .find_map(|k| value.get(*k).and_then(Value::as_str))
+        .filter(|t| !t.is_empty())
+        .map(str::to_string);
+    Ok(WebhookPage {
+        state,
+        next_page_token,
+    })
+}
+
+/// Whether a webhook state deserves an alert, given the state last alerted on: any state but
+/// `enabled` alerts once per change; back to `enabled` clears the mark.
+pub fn webhook_alert(last_alerted: Option<&str>, state: &str) -> (bool, Option<String>) {
+    if state == "enabled" {
+        return (false, None);
+    }
+    (last_alerted != Some(state), Some(state.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,6 +405,42 @@ mod tests {
             interpret(Batches, 403, None, ""),
             Err(StatusError::Refused(403))
         );
+    }
+
+    #[test]
+    fn webhook_listing_finds_the_state_by_name_or_id() {
+        let body = r#"{"webhooks":[{"id":"a1","name":"webhooks/other","state":"enabled"},
+            {"id":"w7","name":"webhooks/gemini-once","state":"disabled_due_to_failed_deliveries"}],
+            "nextPageToken":"p2"}"#;
+        let page = find_webhook(body, "gemini-once").unwrap();
+        assert_eq!(
+            page.state.as_deref(),
+            Some("disabled_due_to_failed_deliveries")
+        );
+        assert_eq!(page.next_page_token.as_deref(), Some("p2"));
+        assert_eq!(find_webhook(body, "webhooks/w7").unwrap().state, page.state);
+        let missing = find_webhook(r#"{"webhooks":[],"next_page_token":""}"#, "x").unwrap();
+        assert_eq!(
+            missing,
+            WebhookPage {
+                state: None,
+                next_page_token: None
+            }
+        );
+        assert!(find_webhook("nope", "x").is_err());
+    }
+
+    #[test]
+    fn webhook_alerts_once_per_state_change() {
+        assert_eq!(webhook_alert(None, "enabled"), (false, None));
+        let (alert, mark) = webhook_alert(None, "disabled_due_to_failed_deliveries");
+        assert!(alert);
+        assert_eq!(
+            webhook_alert(mark.as_deref(), "disabled_due_to_failed_deliveries").0,
+            false
+        );
+        assert!(webhook_alert(mark.as_deref(), "disabled").0);
+        assert_eq!(webhook_alert(mark.as_deref(), "enabled"), (false, None));
     }
 
     #[test]

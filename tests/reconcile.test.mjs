@@ -265,3 +265,30 @@ describe("reconciliation cost", () => {
     }
   });
 });
+
+describe("Gemini webhook state", () => {
+  it("alerts once when the Gemini webhook is disabled, and again after it recovers and fails", async () => {
+    const w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, GEMINI_API_BASE: api.url, ALERT_URL: `${sink.url}/alerts`, GEMINI_WEBHOOK_NAME: "webhooks/gemini-once" });
+    const listing = (state) => ({ status: 200, body: { webhooks: [{ id: "w1", name: "webhooks/other", state: "enabled" }, { id: "w2", name: "webhooks/gemini-once", state }] } });
+    const webhookAlerts = () => sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.alert === "webhook_disabled");
+    try {
+      const before = webhookAlerts().length;
+      gemini.set("webhooks?page_size=1000", listing("enabled"));
+      await w.scheduled();
+      assert.equal(webhookAlerts().length, before);
+      gemini.set("webhooks?page_size=1000", listing("disabled_due_to_failed_deliveries"));
+      await w.scheduled();
+      await w.scheduled();
+      assert.equal(webhookAlerts().length, before + 1, "once, not once per pass");
+      assert.match(webhookAlerts().at(-1).text, /disabled_due_to_failed_deliveries/);
+      gemini.set("webhooks?page_size=1000", listing("enabled"));
+      await w.scheduled();
+      gemini.set("webhooks?page_size=1000", listing("disabled"));
+      await w.scheduled();
+      assert.equal(webhookAlerts().length, before + 2);
+      assert.ok(w.events("webhook_state").length >= 5);
+    } finally {
+      await w.dispose();
+    }
+  });
+});

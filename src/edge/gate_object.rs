@@ -32,15 +32,13 @@ use crate::operation::{backoff_ms, AttemptOutcome, Finished, OpEvent, Operation}
 use crate::stats;
 
 use super::ledger_kv::{write_projection, KV_BINDING};
-use super::outbound::{send, Answer};
+use super::outbound::{post_alert, send, Answer};
 use super::{load_config, log, random_unit};
 
 /// History rows kept per operation; older rows are deleted.
 const HISTORY_LIMIT: i64 = 200;
 /// Longest part of a peer's answer kept in the record and logs.
 const EXCERPT_CHARS: usize = 300;
-/// Alert sinks get this long to answer.
-const ALERT_TIMEOUT_MS: i64 = 5_000;
 
 /// One operation's serialized owner.
 #[durable_object]
@@ -342,42 +340,7 @@ impl OperationGate {
         age_seconds: i64,
         config: &Config,
     ) -> bool {
-        let body = alert_body(alert, op, age_seconds);
-        log(
-            json!({"event": "alert", "alert": alert, "key": op.key, "age_seconds": age_seconds, "text": body["text"]}),
-        );
-        let Some(url) = &config.alert_url else {
-            return true;
-        };
-        let headers = [("content-type", "application/json".to_string())];
-        match send(
-            Method::Post,
-            url,
-            &headers,
-            Some(&body.to_string()),
-            ALERT_TIMEOUT_MS,
-            EXCERPT_CHARS,
-        )
-        .await
-        {
-            Answer::Http { status, .. } if (200..300).contains(&status) => true,
-            Answer::Http {
-                status, excerpt, ..
-            } => {
-                log(
-                    json!({"event": "alert_failed", "key": op.key, "answer": format!("{status}: {excerpt}")}),
-                );
-                false
-            }
-            Answer::Timeout => {
-                log(json!({"event": "alert_failed", "key": op.key, "answer": "timeout"}));
-                false
-            }
-            Answer::Network(e) => {
-                log(json!({"event": "alert_failed", "key": op.key, "answer": e}));
-                false
-            }
-        }
+        post_alert(config, &alert_body(alert, op, age_seconds)).await
     }
 
     /// Sends counted events to this operation's stats shard; on failure they stay pending and

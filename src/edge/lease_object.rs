@@ -60,6 +60,7 @@ impl DurableObject for ReconcileLease {
                     LeaseReply::Granted {
                         resume: lease.resume.clone(),
                         status_backoff_until_ms: lease.status_backoff_until_ms,
+                        webhook_alerted_state: lease.webhook_alerted_state.clone(),
                     }
                 } else {
                     LeaseReply::Busy
@@ -70,10 +71,15 @@ impl DurableObject for ReconcileLease {
                 resume,
                 complete,
                 status_backoff_until_ms,
+                webhook_checked,
+                webhook_alerted_state,
                 summary,
             } => {
                 let accepted = lease.release(&holder, resume, complete, status_backoff_until_ms);
                 if accepted {
+                    if webhook_checked {
+                        lease.webhook_alerted_state = webhook_alerted_state;
+                    }
                     self.write(
                         "lease",
                         &serde_json::to_value(&lease).unwrap_or(Value::Null),

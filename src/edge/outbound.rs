@@ -1,4 +1,4 @@
-//! Outbound HTTP with a deadline: the side effect, alerts, and (later) the status API.
+//! Outbound HTTP with a deadline: the side effect, alerts, the status API.
 //!
 //! Guarantees: every call is bounded by its timeout and aborted when it passes, so a slow
 //! peer can neither hold a Gemini delivery past its deadline nor pin a claim; a timeout or a
@@ -7,8 +7,16 @@
 use std::time::Duration;
 
 use futures_util::future::{select, Either};
+use serde_json::{json, Value};
 use worker::wasm_bindgen::JsValue;
 use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestInit};
+
+use crate::config::Config;
+
+use super::log;
+
+/// Alert sinks get this long to answer.
+const ALERT_TIMEOUT_MS: i64 = 5_000;
 
 /// How an outbound call ended.
 pub enum Answer {
@@ -78,4 +86,37 @@ fn build(
         init.with_body(Some(JsValue::from_str(body)));
     }
     Request::new_with_init(url, &init)
+}
+
+/// Logs an alert and POSTs it to `ALERT_URL` when one is configured. True once it is out
+/// (logged only, or accepted with a 2xx by the sink).
+pub async fn post_alert(config: &Config, body: &Value) -> bool {
+    log(
+        json!({"event": "alert", "alert": body["alert"], "key": body["key"], "age_seconds": body["age_seconds"], "text": body["text"]}),
+    );
+    let Some(url) = &config.alert_url else {
+        return true;
+    };
+    let headers = [("content-type", "application/json".to_string())];
+    let failure = match send(
+        Method::Post,
+        url,
+        &headers,
+        Some(&body.to_string()),
+        ALERT_TIMEOUT_MS,
+        300,
+    )
+    .await
+    {
+        Answer::Http { status, .. } if (200..300).contains(&status) => return true,
+        Answer::Http {
+            status, excerpt, ..
+        } => format!("{status}: {excerpt}"),
+        Answer::Timeout => "timeout".to_string(),
+        Answer::Network(e) => e,
+    };
+    log(
+        json!({"event": "alert_failed", "alert": body["alert"], "key": body["key"], "answer": failure}),
+    );
+    false
 }

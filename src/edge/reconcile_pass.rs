@@ -19,11 +19,11 @@ use crate::ledger::{LedgerMeta, OP_PREFIX};
 use crate::lifecycle::{Source, Status};
 use crate::operation::OpEvent;
 use crate::reconcile::{decide, Action, Resume, Thresholds};
-use crate::status::{interpret, status_url, StatusError};
+use crate::status::{find_webhook, interpret, status_url, webhook_alert, StatusError};
 
 use super::lease_object::LEASE_NAME;
 use super::ledger_kv::KV_BINDING;
-use super::outbound::{send, Answer};
+use super::outbound::{post_alert, send, Answer};
 use super::{call_gate, log, now_ms, random_unit};
 
 /// The lease object's binding.
@@ -103,12 +103,17 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         },
     )
     .await;
+    let mut webhook = None;
     let (resume, complete) = match acquired {
         Ok(LeaseReply::Granted {
             resume,
             status_backoff_until_ms,
+            webhook_alerted_state,
         }) => {
             pass.status_backoff_until_ms = status_backoff_until_ms;
+            if let Some(name) = &config.gemini_webhook_name {
+                webhook = pass.check_webhook(name, webhook_alerted_state).await;
+            }
             pass.walk(resume).await
         }
         Ok(_) => {
@@ -133,6 +138,8 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         resume,
         complete,
         status_backoff_until_ms: pass.status_backoff_until_ms,
+        webhook_checked: webhook.is_some(),
+        webhook_alerted_state: webhook.flatten(),
         summary: json!({"at": crate::timestamp::format_rfc3339(started), "report": pass.report.to_json()}),
     };
     match lease_call(env, &release).await {
@@ -225,6 +232,94 @@ impl Pass<'_> {
                 after_key: None,
             };
         }
+    }
+
+    /// Checks the Gemini webhook's own state (`GET v1beta/webhooks`) and alerts once per
+    /// state change when it is not `enabled`. Returns the state now alerted on, or `None` when
+    /// the check could not be made (the mark then stays as it was).
+    async fn check_webhook(
+        &mut self,
+        name: &str,
+        alerted: Option<String>,
+    ) -> Option<Option<String>> {
+        const MAX_PAGES: usize = 5;
+        let mut token: Option<String> = None;
+        let mut state = None;
+        for _ in 0..MAX_PAGES {
+            if !self.affords(2) {
+                return None;
+            }
+            let mut url = format!(
+                "{}/v1beta/webhooks?page_size=1000",
+                self.config.gemini_api_base
+            );
+            if let Some(t) = &token {
+                url.push_str(&format!(
+                    "&page_token={}",
+                    percent_encoding::utf8_percent_encode(t, percent_encoding::NON_ALPHANUMERIC)
+                ));
+            }
+            let mut headers = vec![("accept", "application/json".to_string())];
+            if let Some(api_key) = &self.config.gemini_api_key {
+                headers.push(("x-goog-api-key", api_key.0.clone()));
+            }
+            self.report.subrequests += 1;
+            let page = match send(
+                Method::Get,
+                &url,
+                &headers,
+                None,
+                STATUS_TIMEOUT_MS,
+                STATUS_MAX_CHARS,
+            )
+            .await
+            {
+                Answer::Http {
+                    status: 200..=299,
+                    excerpt,
+                    ..
+                } => find_webhook(&excerpt, name),
+                Answer::Http { status, .. } => Err(StatusError::Refused(status)),
+                Answer::Timeout | Answer::Network(_) => Err(StatusError::Transient {
+                    retry_after_secs: 0,
+                }),
+            };
+            match page {
+                Ok(page) => {
+                    state = page.state.or(state);
+                    token = page.next_page_token;
+                    if state.is_some() || token.is_none() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    self.report.errors += 1;
+                    log(
+                        json!({"event": "webhook_check_failed", "webhook": name, "error": format!("{e:?}")}),
+                    );
+                    return None;
+                }
+            }
+        }
+        let state = state.unwrap_or_else(|| "not_found".to_string());
+        let (alert, mark) = webhook_alert(alerted.as_deref(), &state);
+        log(json!({"event": "webhook_state", "webhook": name, "state": state}));
+        if alert {
+            let body = json!({
+                "alert": "webhook_disabled",
+                "key": null,
+                "name": name,
+                "kind": null,
+                "age_seconds": 0,
+                "text": format!("gemini-once webhook_disabled: Gemini webhook {name} is {state}; completions now arrive only through reconciliation. Re-enable it (PATCH v1beta/webhooks/...) once the receiver is healthy."),
+            });
+            if post_alert(self.config, &body).await {
+                self.report.alerts += 1;
+            } else {
+                return Some(alerted); // not sent: keep the old mark so the next pass tries again
+            }
+        }
+        Some(mark)
     }
 
     fn thresholds(&self) -> Thresholds {
