@@ -35,6 +35,9 @@ pub const DEFAULT_RECONCILE_BUDGET: u32 = 900;
 /// A pass holding the lease longer than this is presumed dead and the lease lapses; far
 /// longer than a pass within its budget takes, short enough that a crash costs two cron runs.
 pub const DEFAULT_RECONCILE_LEASE_SECS: i64 = 600;
+/// The official samples' key set for dynamic webhooks.
+pub const DEFAULT_GEMINI_JWKS_URL: &str =
+    "https://generativelanguage.googleapis.com/.well-known/jwks.json";
 /// Gemini's public API.
 pub const DEFAULT_GEMINI_API_BASE: &str = "https://generativelanguage.googleapis.com";
 
@@ -65,6 +68,10 @@ pub struct Config {
     pub alert_url: Option<String>,
     /// The Gemini webhook whose state each cron pass checks (id or name), if any.
     pub gemini_webhook_name: Option<String>,
+    /// Where dynamic webhooks' signing keys are published.
+    pub gemini_jwks_url: String,
+    /// Required `aud` of dynamic-webhook tokens, when set.
+    pub gemini_jwt_audience: Option<String>,
 }
 
 /// The admin bearer token; `Debug` hides it.
@@ -251,6 +258,11 @@ impl Config {
             gemini_api_key: get("GEMINI_API_KEY").map(|k| ApiKey(k.trim().to_string())),
             alert_url: get("ALERT_URL").map(|v| url("ALERT_URL", v)).transpose()?,
             gemini_webhook_name: get("GEMINI_WEBHOOK_NAME").map(|v| v.trim().to_string()),
+            gemini_jwks_url: match get("GEMINI_JWKS_URL") {
+                None => DEFAULT_GEMINI_JWKS_URL.to_string(),
+                Some(v) => url("GEMINI_JWKS_URL", v)?,
+            },
+            gemini_jwt_audience: get("GEMINI_JWT_AUDIENCE").map(|v| v.trim().to_string()),
         })
     }
 }
@@ -335,6 +347,7 @@ mod tests {
             ("RECONCILE_BUDGET", "1"),
             ("GEMINI_API_BASE", "generativelanguage"),
             ("ALERT_URL", "slack"),
+            ("GEMINI_JWKS_URL", "jwks.json"),
             ("EFFECT_RETRY_BASE_SECONDS", "0"),
             ("EFFECT_ROUTES", "[1,2]"),
             ("EFFECT_ROUTES", r#"{"nightly":"gopher://x"}"#),

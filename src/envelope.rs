@@ -83,6 +83,11 @@ pub fn parse(body: &[u8]) -> Result<Envelope, EnvelopeError> {
     let Some(Value::Object(mut data)) = top.remove("data") else {
         return Err(EnvelopeError::MissingData);
     };
+    // Dynamic webhooks echo `user_metadata`; where is undocumented, so take it from `data` or
+    // the top level, and carry it to the side effect either way.
+    if let Some(meta) = top.remove("user_metadata") {
+        data.entry("user_metadata").or_insert(meta);
+    }
     let id = match data.remove("id") {
         Some(Value::String(id)) if !id.trim().is_empty() => id,
         _ => return Err(EnvelopeError::MissingId),
@@ -183,6 +188,16 @@ mod tests {
         let e =
             parse(br#"{"type":"batch.failed","data":{"id":"b","error_code":"INTERNAL"}}"#).unwrap();
         assert_eq!(e.details["error_code"], "INTERNAL");
+    }
+
+    #[test]
+    fn user_metadata_is_carried_from_data_or_top_level() {
+        let e =
+            parse(br#"{"type":"batch.succeeded","user_metadata":{"job":"n1"},"data":{"id":"b"}}"#)
+                .unwrap();
+        assert_eq!(e.details["user_metadata"]["job"], "n1");
+        let e = parse(br#"{"type":"batch.succeeded","user_metadata":{"job":"top"},"data":{"id":"b","user_metadata":{"job":"data"}}}"#).unwrap();
+        assert_eq!(e.details["user_metadata"]["job"], "data");
     }
 
     #[test]

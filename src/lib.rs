@@ -11,6 +11,7 @@ pub mod config;
 pub mod effect;
 pub mod envelope;
 pub mod gate_protocol;
+pub mod jwt;
 pub mod key;
 pub mod ledger;
 pub mod lifecycle;

@@ -1,4 +1,5 @@
-//! `POST /webhooks/gemini`: verify, parse, hand to the gate, answer.
+//! `POST /webhooks/gemini`: verify (HMAC, or an RS256 JWT for dynamic webhooks), parse, hand
+//! to the gate, answer.
 //!
 //! Guarantees: the order is size limit (413), then the signature on the raw bytes (401,
 //! nothing written, nothing run), then parsing; a verified body that is not an envelope (400)
@@ -16,9 +17,10 @@ use crate::key::normalize;
 use crate::ledger::dead_key;
 use crate::lifecycle::Source;
 use crate::operation::OpEvent;
-use crate::signature::{verify, SignedHeaders};
+use crate::signature::{looks_like_jwt, verify, SignedHeaders};
 use crate::timestamp::format_rfc3339;
 
+use super::dynamic_webhook;
 use super::ledger_kv::{write_dead_letter, KV_BINDING};
 use super::stats::count_rejected;
 use super::{call_gate, log, now_ms, ok_json, EdgeError};
@@ -46,25 +48,54 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
         return Err(EdgeError::TooLarge);
     }
     let now = now_ms();
-    let headers = SignedHeaders {
-        id: id.as_deref(),
-        timestamp: timestamp.as_deref(),
-        signature: signature.as_deref(),
+    let now_secs = now.div_euclid(1_000);
+    // Dynamic (per-job) webhooks carry an RS256 JWT instead of HMAC entries.
+    let claims = match signature.as_deref().filter(|s| looks_like_jwt(s)) {
+        Some(token) => {
+            let skewed = timestamp.as_deref().map(|t| {
+                t.trim()
+                    .parse::<i64>()
+                    .map(|t| (t - now_secs).abs() > config.tolerance_secs)
+            });
+            let verified = match skewed {
+                Some(Err(_)) => Err("bad_timestamp"),
+                Some(Ok(true)) => Err("timestamp_out_of_tolerance"),
+                _ => dynamic_webhook::verify(env, config, token, now)
+                    .await
+                    .map_err(|e| e.label()),
+            };
+            match verified {
+                Ok(claims) => Some(claims),
+                Err(label) => {
+                    log(json!({"event": "rejected", "reason": label}));
+                    count_rejected(label);
+                    return Err(EdgeError::Unauthorized);
+                }
+            }
+        }
+        None => {
+            let headers = SignedHeaders {
+                id: id.as_deref(),
+                timestamp: timestamp.as_deref(),
+                signature: signature.as_deref(),
+            };
+            if let Err(e) = verify(
+                headers,
+                &body,
+                &config.webhook_secrets,
+                now_secs,
+                config.tolerance_secs,
+            ) {
+                log(json!({"event": "rejected", "reason": e.label()}));
+                count_rejected(e.label());
+                return Err(EdgeError::Unauthorized);
+            }
+            None
+        }
     };
-    if let Err(e) = verify(
-        headers,
-        &body,
-        &config.webhook_secrets,
-        now.div_euclid(1_000),
-        config.tolerance_secs,
-    ) {
-        log(json!({"event": "rejected", "reason": e.label()}));
-        count_rejected(e.label());
-        return Err(EdgeError::Unauthorized);
-    }
     let delivery_id = id.unwrap_or_default();
 
-    let envelope = match parse(&body) {
+    let mut envelope = match parse(&body) {
         Ok(e) => e,
         Err(e) => {
             keep_dead_letter(
@@ -80,6 +111,9 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
             return Err(EdgeError::BadRequest(format!("not a Gemini envelope: {e}")));
         }
     };
+    if let Some(meta) = claims.and_then(|mut c| c.remove("user_metadata")) {
+        envelope.details.entry("user_metadata").or_insert(meta);
+    }
     let (status, collection) = match meaning(&envelope.event_type) {
         Meaning::Status { status, collection } => (status, collection),
         Meaning::Unknown => {

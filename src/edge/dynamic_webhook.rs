@@ -1,0 +1,204 @@
+//! Verifying dynamic-webhook deliveries: RS256 JWTs checked with the runtime's WebCrypto
+//! against Gemini's published key set.
+//!
+//! The key set is cached in this isolate's memory and durably in KV (`jwks:cache`), so a cold
+//! isolate reads it once from KV instead of fetching it; an unknown `kid` triggers a refetch
+//! at most once a minute; when the key-set endpoint is down, the cached keys keep serving.
+//! Guarantees: the pure checks of [`crate::jwt`] run first (alg, kid, shape), so a hostile
+//! token never reaches WebCrypto; every failure is a [`JwtError`] (answered 401).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use js_sys::{Array, Function, Object, Promise, Reflect, Uint8Array};
+use serde_json::{json, Map, Value};
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+use worker::{Env, Method};
+
+use crate::config::Config;
+use crate::jwt::{check_claims, parse, parse_jwks, JwtError, RsaJwk};
+
+use super::ledger_kv::KV_BINDING;
+use super::log;
+use super::outbound::{send, Answer};
+
+/// KV key of the durable copy of the key set.
+const KV_CACHE_KEY: &str = "jwks:cache";
+/// An unknown `kid` refetches the key set at most this often.
+const REFETCH_MS: i64 = 60_000;
+/// The key-set endpoint gets this long.
+const FETCH_TIMEOUT_MS: i64 = 5_000;
+
+#[derive(Default)]
+struct KeyCache {
+    keys: Vec<RsaJwk>,
+    last_fetch_attempt_ms: i64,
+    kv_consulted: bool,
+    imported: HashMap<String, JsValue>,
+}
+
+thread_local! {
+    static CACHE: RefCell<KeyCache> = RefCell::new(KeyCache::default());
+}
+
+/// Verifies a compact JWT; returns its claims.
+pub async fn verify(
+    env: &Env,
+    config: &Config,
+    compact: &str,
+    now_ms: i64,
+) -> Result<Map<String, Value>, JwtError> {
+    let token = parse(compact)?;
+    let jwk = find_key(env, config, &token.kid, now_ms).await?;
+    let key = import(&jwk).await.map_err(|e| {
+        log(json!({"event": "jwks_import_failed", "kid": jwk.kid, "error": format!("{e:?}")}));
+        JwtError::KeysUnavailable
+    })?;
+    let valid = webcrypto_verify(&key, &token.signature, token.signing_input.as_bytes())
+        .await
+        .map_err(|_| JwtError::Signature)?;
+    if !valid {
+        return Err(JwtError::Signature);
+    }
+    check_claims(
+        &token.claims,
+        now_ms.div_euclid(1_000),
+        config.gemini_jwt_audience.as_deref(),
+    )?;
+    Ok(token.claims)
+}
+
+fn cached(kid: &str) -> Option<RsaJwk> {
+    CACHE.with(|c| c.borrow().keys.iter().find(|k| k.kid == kid).cloned())
+}
+
+async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<RsaJwk, JwtError> {
+    if let Some(k) = cached(kid) {
+        return Ok(k);
+    }
+    let kv = env.kv(KV_BINDING).ok();
+    if !CACHE.with(|c| c.borrow().kv_consulted) {
+        CACHE.with(|c| c.borrow_mut().kv_consulted = true);
+        if let Some(kv) = &kv {
+            if let Ok(Some(body)) = kv.get(KV_CACHE_KEY).text().await {
+                if let Ok(keys) = parse_jwks(&body) {
+                    CACHE.with(|c| c.borrow_mut().keys = keys);
+                }
+            }
+        }
+        if let Some(k) = cached(kid) {
+            return Ok(k);
+        }
+    }
+    let may_fetch = CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        let allowed =
+            c.last_fetch_attempt_ms == 0 || now_ms - c.last_fetch_attempt_ms >= REFETCH_MS;
+        if allowed {
+            c.last_fetch_attempt_ms = now_ms;
+        }
+        allowed
+    });
+    if may_fetch {
+        let headers = [("accept", "application/json".to_string())];
+        match send(
+            Method::Get,
+            &config.gemini_jwks_url,
+            &headers,
+            None,
+            FETCH_TIMEOUT_MS,
+            256 * 1024,
+        )
+        .await
+        {
+            Answer::Http {
+                status: 200..=299,
+                excerpt,
+                ..
+            } => match parse_jwks(&excerpt) {
+                Ok(keys) => {
+                    CACHE.with(|c| {
+                        let mut c = c.borrow_mut();
+                        c.keys = keys;
+                        c.imported.clear();
+                    });
+                    if let Some(kv) = &kv {
+                        let stored = match kv.put(KV_CACHE_KEY, excerpt) {
+                            Ok(put) => put.execute().await.map_err(|e| format!("{e:?}")),
+                            Err(e) => Err(format!("{e:?}")),
+                        };
+                        if let Err(e) = stored {
+                            log(json!({"event": "jwks_cache_write_failed", "error": e}));
+                        }
+                    }
+                    log(
+                        json!({"event": "jwks_fetched", "keys": CACHE.with(|c| c.borrow().keys.len())}),
+                    );
+                }
+                Err(_) => log(json!({"event": "jwks_fetch_failed", "error": "unreadable key set"})),
+            },
+            Answer::Http { status, .. } => {
+                log(json!({"event": "jwks_fetch_failed", "error": format!("HTTP {status}")}))
+            }
+            Answer::Timeout => log(json!({"event": "jwks_fetch_failed", "error": "timeout"})),
+            Answer::Network(e) => log(json!({"event": "jwks_fetch_failed", "error": e})),
+        }
+    }
+    cached(kid).ok_or_else(|| {
+        if CACHE.with(|c| c.borrow().keys.is_empty()) {
+            JwtError::KeysUnavailable
+        } else {
+            JwtError::UnknownKid
+        }
+    })
+}
+
+fn subtle() -> Result<JsValue, JsValue> {
+    let crypto = Reflect::get(&js_sys::global(), &"crypto".into())?;
+    Reflect::get(&crypto, &"subtle".into())
+}
+
+fn algorithm() -> Result<Object, JsValue> {
+    let algo = Object::new();
+    Reflect::set(&algo, &"name".into(), &"RSASSA-PKCS1-v1_5".into())?;
+    Reflect::set(&algo, &"hash".into(), &"SHA-256".into())?;
+    Ok(algo)
+}
+
+async fn call(method: &str, args: &Array) -> Result<JsValue, JsValue> {
+    let subtle = subtle()?;
+    let function: Function = Reflect::get(&subtle, &method.into())?.dyn_into()?;
+    let promise: Promise = function.apply(&subtle, args)?.dyn_into()?;
+    JsFuture::from(promise).await
+}
+
+async fn import(jwk: &RsaJwk) -> Result<JsValue, JsValue> {
+    if let Some(key) = CACHE.with(|c| c.borrow().imported.get(&jwk.kid).cloned()) {
+        return Ok(key);
+    }
+    let data = Object::new();
+    Reflect::set(&data, &"kty".into(), &"RSA".into())?;
+    Reflect::set(&data, &"n".into(), &jwk.n.as_str().into())?;
+    Reflect::set(&data, &"e".into(), &jwk.e.as_str().into())?;
+    Reflect::set(&data, &"alg".into(), &"RS256".into())?;
+    Reflect::set(&data, &"ext".into(), &JsValue::TRUE)?;
+    let args = Array::new();
+    args.push(&"jwk".into());
+    args.push(&data);
+    args.push(&algorithm()?.into());
+    args.push(&JsValue::FALSE);
+    args.push(&Array::of1(&"verify".into()));
+    let key = call("importKey", &args).await?;
+    CACHE.with(|c| c.borrow_mut().imported.insert(jwk.kid.clone(), key.clone()));
+    Ok(key)
+}
+
+async fn webcrypto_verify(key: &JsValue, signature: &[u8], data: &[u8]) -> Result<bool, JsValue> {
+    let args = Array::new();
+    args.push(&algorithm()?.into());
+    args.push(key);
+    args.push(&Uint8Array::from(signature));
+    args.push(&Uint8Array::from(data));
+    Ok(call("verify", &args).await?.as_bool().unwrap_or(false))
+}
