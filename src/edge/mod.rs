@@ -91,20 +91,20 @@ pub fn load_config(env: &Env) -> std::result::Result<Config, ConfigError> {
     Config::from_lookup(|name| env.var(name).ok().map(|v| v.to_string()))
 }
 
+/// The stub of the Durable Object named `name` in namespace `binding`.
+pub fn stub_for(env: &Env, binding: &str, name: &str) -> std::result::Result<worker::Stub, String> {
+    env.durable_object(binding)
+        .and_then(|ns| ns.id_from_name(name)?.get_stub())
+        .map_err(|e| format!("{binding} binding: {e}"))
+}
+
 /// Sends a command to the gate of `key` and returns its reply.
 pub async fn call_gate(
     env: &Env,
     key: &str,
     command: &GateCommand,
 ) -> std::result::Result<GateReply, String> {
-    let namespace = env
-        .durable_object(GATE_BINDING)
-        .map_err(|e| format!("gate binding: {e}"))?;
-    let stub = namespace
-        .id_from_name(key)
-        .and_then(|id| id.get_stub())
-        .map_err(|e| format!("gate binding: {e}"))?;
-    post_json(&stub, command).await
+    post_json(&stub_for(env, GATE_BINDING, key)?, command).await
 }
 
 /// POSTs `command` as JSON to a Durable Object and decodes its JSON reply.

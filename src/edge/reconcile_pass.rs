@@ -259,21 +259,7 @@ impl Pass<'_> {
                     percent_encoding::utf8_percent_encode(t, percent_encoding::NON_ALPHANUMERIC)
                 ));
             }
-            let mut headers = vec![("accept", "application/json".to_string())];
-            if let Some(api_key) = &self.config.gemini_api_key {
-                headers.push(("x-goog-api-key", api_key.0.clone()));
-            }
-            self.report.subrequests += 1;
-            let page = match send(
-                Method::Get,
-                &url,
-                &headers,
-                None,
-                STATUS_TIMEOUT_MS,
-                STATUS_MAX_CHARS,
-            )
-            .await
-            {
+            let page = match self.gemini_get(&url).await {
                 Answer::Http {
                     status: 200..=299,
                     excerpt,
@@ -320,6 +306,24 @@ impl Pass<'_> {
             }
         }
         Some(mark)
+    }
+
+    /// One GET to Gemini's API with the API key, counted against the budget.
+    async fn gemini_get(&mut self, url: &str) -> Answer {
+        let mut headers = vec![("accept", "application/json".to_string())];
+        if let Some(api_key) = &self.config.gemini_api_key {
+            headers.push(("x-goog-api-key", api_key.0.clone()));
+        }
+        self.report.subrequests += 1;
+        send(
+            Method::Get,
+            url,
+            &headers,
+            None,
+            STATUS_TIMEOUT_MS,
+            STATUS_MAX_CHARS,
+        )
+        .await
     }
 
     fn thresholds(&self) -> Thresholds {
@@ -371,21 +375,8 @@ impl Pass<'_> {
             return;
         };
         let url = status_url(&self.config.gemini_api_base, collection, key, &meta.name);
-        let mut headers = vec![("accept", "application/json".to_string())];
-        if let Some(api_key) = &self.config.gemini_api_key {
-            headers.push(("x-goog-api-key", api_key.0.clone()));
-        }
-        self.report.subrequests += 1;
         self.report.status_calls += 1;
-        let answer = send(
-            Method::Get,
-            &url,
-            &headers,
-            None,
-            STATUS_TIMEOUT_MS,
-            STATUS_MAX_CHARS,
-        )
-        .await;
+        let answer = self.gemini_get(&url).await;
         let interpreted = match &answer {
             Answer::Http {
                 status,
@@ -474,12 +465,5 @@ async fn list_page(
 }
 
 async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, String> {
-    let namespace = env
-        .durable_object(LEASE_BINDING)
-        .map_err(|e| format!("lease binding: {e}"))?;
-    let stub = namespace
-        .id_from_name(LEASE_NAME)
-        .and_then(|id| id.get_stub())
-        .map_err(|e| format!("lease binding: {e}"))?;
-    super::post_json(&stub, command).await
+    super::post_json(&super::stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
 }

@@ -114,9 +114,7 @@ pub async fn add(
 }
 
 fn shard_stub(env: &Env, shard: u32) -> std::result::Result<worker::Stub, String> {
-    env.durable_object(STATS_BINDING)
-        .and_then(|ns| ns.id_from_name(&format!("stats-{shard}"))?.get_stub())
-        .map_err(|e| format!("stats binding: {e}"))
+    super::stub_for(env, STATS_BINDING, &format!("stats-{shard}"))
 }
 
 /// Sums every shard and adds the last reconciliation pass.
@@ -136,10 +134,11 @@ pub async fn read(env: &Env) -> std::result::Result<Value, String> {
         .iter()
         .map(|d| json!({"at": crate::timestamp::format_rfc3339(d.at_ms), "key": d.key, "reason": d.reason}))
         .collect();
-    let lease = env
-        .durable_object(super::reconcile_pass::LEASE_BINDING)
-        .and_then(|ns| ns.id_from_name(super::lease_object::LEASE_NAME)?.get_stub())
-        .map_err(|e| format!("lease binding: {e}"))?;
+    let lease = super::stub_for(
+        env,
+        super::reconcile_pass::LEASE_BINDING,
+        super::lease_object::LEASE_NAME,
+    )?;
     let last_pass = match post_json::<_, LeaseReply>(&lease, &LeaseCommand::Status).await? {
         LeaseReply::State { last_pass, lease } => {
             json!({"last": last_pass, "completed_passes": lease.completed_passes})
