@@ -34,7 +34,8 @@ describe("dashboard", () => {
     await w.register("batches/ui-stuck", "nightly");
     await w.deliver("batch.succeeded", "batches/ui-parked");
     assert.equal((await w.inspect("batches/ui-parked")).body.effect_parked, true);
-    await new Promise((r) => setTimeout(r, 1100)); // ledger projections are spaced a second apart
+    await w.ledger("batches/ui-stuck");
+    await w.ledger("batches/ui-parked", (m) => m.parked);
 
     const page = await browser.newPage();
     const res = await page.goto(`${w.url}/dashboard`);

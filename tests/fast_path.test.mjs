@@ -223,6 +223,7 @@ describe("fast path", () => {
     let destinationUp = false;
     plans.set("batches/ledger1", () => (destinationUp ? { status: 200 } : { status: 500 }));
     await w.register("projects/p/locations/l/batches/ledger1", "k");
+    await w.ledger("batches/ledger1");
     let [entry] = await w.kvList("op:batches/ledger1");
     assert.equal(entry.metadata.status, "pending");
     assert.equal(entry.metadata.name, "projects/p/locations/l/batches/ledger1");

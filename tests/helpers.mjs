@@ -119,6 +119,21 @@ export async function startWorker(vars = {}, { http = false } = {}) {
     async kv() {
       return mf.getKVNamespace("OPS_KV");
     },
+    /**
+     * Waits until the ledger entry of each key exists and satisfies `check(metadata)`: the gate
+     * projects to KV from its alarm, just after it answers.
+     */
+    async ledger(keys, check = () => true) {
+      const kv = await mf.getKVNamespace("OPS_KV");
+      const metas = [];
+      for (const key of [].concat(keys)) {
+        metas.push(await eventually(async () => {
+          const { metadata } = await kv.getWithMetadata(`op:${key}`);
+          return metadata && check(metadata) && metadata;
+        }, { what: `ledger entry of ${key}` }));
+      }
+      return Array.isArray(keys) ? metas : metas[0];
+    },
     dispose: () => mf.dispose(),
   };
   return worker;

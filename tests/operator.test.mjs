@@ -83,7 +83,7 @@ describe("operator API", () => {
     assert.equal(again.body.changed, false);
     const op = await w.inspect(key);
     assert.equal(op.body.forgotten.reason, "job deleted");
-    await sleep(1100);
+    await w.ledger(key, (m) => m.forgotten);
     await w.scheduled();
     assert.equal(api.requests.filter((q) => q.url === `/v1beta/${key}`).length, 0);
   });
@@ -91,7 +91,8 @@ describe("operator API", () => {
   it("lists operations from the ledger with filters and a cursor", async () => {
     for (let i = 0; i < 5; i++) await w.register(`batches/list${i}`, "list");
     await w.deliver("batch.failed", "batches/list0");
-    await sleep(1100); // projections are spaced a second apart per key
+    await w.ledger("batches/list0", (m) => m.status === "failed");
+    await w.ledger(["batches/list1", "batches/list2", "batches/list3", "batches/list4"]);
     const all = [];
     let cursor;
     let pages = 0;

@@ -62,6 +62,7 @@ describe("reconciliation", () => {
     gemini.set("batches/nohook1", batch("BATCH_STATE_SUCCEEDED", "2026-11-22T10:00:00Z", { done: true, response: { responsesFile: "files/out1" } }));
     gemini.set("models/veo-3/operations/nohook2", { status: 200, body: { name: "models/veo-3/operations/nohook2", done: true, response: {} } });
     gemini.set("interactions/nohook3", { status: 200, body: { id: "nohook3", status: "budget_exceeded", updated: "2026-11-22T10:00:00Z" } });
+    await w.ledger(["batches/nohook1", "operations/nohook2", "interactions/nohook3"]);
     await w.scheduled();
     for (const [key, status] of [["batches/nohook1", "succeeded"], ["operations/nohook2", "succeeded"], ["interactions/nohook3", "failed"]]) {
       const op = await w.inspect(key);
@@ -110,6 +111,7 @@ describe("reconciliation", () => {
     await w.register(key, "k");
     gemini.set(key, batch("BATCH_STATE_RUNNING", "2026-11-22T12:00:00Z"));
     await w.deliver("batch.succeeded", key);
+    await w.ledger(key, (m) => m.effect_done);
     // KV is eventually consistent: make the ledger show the old state, as a lagging replica would.
     const kv = await w.kv();
     const stale = await kv.getWithMetadata(`op:${key}`);
@@ -129,6 +131,7 @@ describe("reconciliation", () => {
     await w.register(key, "k");
     gemini.set(key, batch("BATCH_STATE_FAILED", "2026-11-22T12:00:00Z", { done: true, error: { code: 13, message: "internal" } }));
     plans.set(key, (n) => (n <= 2 ? { status: 502 } : { status: 200 }));
+    await w.ledger(key);
     await w.scheduled();
     await eventually(async () => {
       await w.scheduled();
@@ -147,6 +150,7 @@ describe("reconciliation", () => {
       await w.register(key, "k");
       if (answer) gemini.set(key, answer);
     }
+    await w.ledger(Object.keys(keys));
     await w.scheduled();
     for (const key of Object.keys(keys)) {
       const op = await w.inspect(key);
@@ -247,6 +251,7 @@ describe("reconciliation cost", () => {
         await w.register(key, "bulk");
         gemini.set(key, batch("BATCH_STATE_RUNNING", "2026-11-22T12:00:00Z"));
       }
+      await w.ledger(keys);
       let passes = 0;
       while (passes < 30) {
         await w.scheduled();

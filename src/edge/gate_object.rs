@@ -9,10 +9,9 @@
 //! the single-threaded object; the side-effect call is the only await between claim and
 //! commit, and the record is re-read after it, so the fencing token decides who may commit;
 //! the claim is written (and the output gate makes it durable) before the call leaves; a
-//! reply is sent only after the new state is stored. The KV projection follows the record and
-//! is retried by the alarm when a write fails or would exceed KV's one write per second.
-
-use std::cell::Cell;
+//! reply is sent only after the new state is stored. The KV projection follows the record from
+//! the alarm, after the reply (so a delivery's answer never waits on KV), at most once a second
+//! (KV's per-key write rate), and is retried by the alarm when a write fails.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -45,8 +44,6 @@ const EXCERPT_CHARS: usize = 300;
 pub struct OperationGate {
     state: State,
     env: Env,
-    /// True while a ledger write is in flight, so two writes never race in KV.
-    projecting: Cell<bool>,
 }
 
 #[derive(Deserialize)]
@@ -69,11 +66,7 @@ impl DurableObject for OperationGate {
                 log(json!({"event": "gate_schema_error", "error": e.to_string()}));
             }
         }
-        Self {
-            state,
-            env,
-            projecting: Cell::new(false),
-        }
+        Self { state, env }
     }
 
     async fn fetch(&self, mut req: Request) -> Result<Response> {
@@ -130,7 +123,7 @@ impl OperationGate {
                 self.save(&op)?;
                 self.record(now, json!({"what": "registered", "kind": op.kind}))?;
                 let view = op.view();
-                self.settle_storage(op, config).await?;
+                self.sync_alarm(&op, config).await?;
                 Ok(GateReply::Created { operation: view })
             }
             GateCommand::Deliver {
@@ -152,7 +145,7 @@ impl OperationGate {
                 self.record(now, history_of_event(&event, verdict))?;
                 let (op, effect) = self.drive_effect(op, config).await?;
                 let status = op.status.as_str().to_string();
-                self.settle_storage(op, config).await?;
+                self.sync_alarm(&op, config).await?;
                 Ok(match verdict {
                     Verdict::Apply => GateReply::Applied { status, effect },
                     Verdict::Drop(reason) => GateReply::Dropped {
@@ -164,12 +157,12 @@ impl OperationGate {
             }
             GateCommand::RetryEffect => {
                 // Runs the effect only if due: the backoff stands, and a lost alarm is repaired
-                // because settle_storage sets it again.
+                // because sync_alarm sets it again.
                 let Some(op) = self.load()? else {
                     return Ok(GateReply::NotFound);
                 };
                 let (op, effect) = self.drive_effect(op, config).await?;
-                self.settle_storage(op, config).await?;
+                self.sync_alarm(&op, config).await?;
                 Ok(GateReply::Effect { effect })
             }
             GateCommand::Alert { alert, age_seconds } => {
@@ -192,7 +185,7 @@ impl OperationGate {
                     op.unmark_alert(&alert);
                     self.save(&op)?;
                 }
-                self.settle_storage(op, config).await?;
+                self.sync_alarm(&op, config).await?;
                 Ok(GateReply::AlertSent { sent })
             }
             GateCommand::Redeliver { reason } => {
@@ -217,7 +210,7 @@ impl OperationGate {
                     json!({"event": "redeliver", "key": op.key, "generation": generation, "reason": reason}),
                 );
                 let (op, effect) = self.drive_effect(op, config).await?;
-                self.settle_storage(op, config).await?;
+                self.sync_alarm(&op, config).await?;
                 Ok(GateReply::Redelivered { generation, effect })
             }
             GateCommand::Forget { reason } => {
@@ -230,7 +223,7 @@ impl OperationGate {
                     self.record(now, json!({"what": "forgotten", "reason": reason}))?;
                     log(json!({"event": "forgotten_by_operator", "key": op.key, "reason": reason}));
                 }
-                self.settle_storage(op, config).await?;
+                self.sync_alarm(&op, config).await?;
                 Ok(GateReply::Forgotten { changed })
             }
             GateCommand::Inspect => match self.load()? {
@@ -378,22 +371,20 @@ impl OperationGate {
         }
     }
 
-    /// Projects the record to the ledger if it changed (at most once a second, one write at a
-    /// time), then sets the alarm for whatever is pending next.
+    /// From the alarm: projects the record to the ledger if it changed (at most once a second),
+    /// then sets the alarm for whatever is pending next.
     async fn settle_storage(&self, op: Operation, config: &Config) -> Result<()> {
         let now = now_ms();
+        // Only the alarm projects, and one alarm runs at a time: two writes never race in KV.
         let due = op.projected_version < op.version
-            && now >= op.projected_at_ms + crate::operation::PROJECTION_SPACING_MS
-            && !self.projecting.get();
+            && now >= op.projected_at_ms + crate::operation::PROJECTION_SPACING_MS;
         let mut op = op;
         if due {
-            self.projecting.set(true);
             let projection = project(&op, config.retention_ms() / 1_000);
             let written = match self.env.kv(KV_BINDING) {
                 Ok(kv) => write_projection(&kv, &projection).await,
                 Err(e) => Err(e.to_string()),
             };
-            self.projecting.set(false);
             op = self.load()?.unwrap_or(op);
             match written {
                 Ok(()) => {
