@@ -99,8 +99,8 @@ impl DurableObject for OperationGate {
             // Retention is over: the KV entry expires on its own TTL; drop our storage.
             self.state.storage().delete_alarm().await?;
             self.state.storage().delete_all().await?;
-            log(json!({"event": "forgotten", "key": op.key}));
-            return Response::ok("forgotten");
+            log(json!({"event": "retention_expired", "key": op.key}));
+            return Response::ok("retention expired");
         }
         let op = self.flush_stats(op).await?;
         let (op, _) = self.drive_effect(op, &config).await?;
