@@ -1,0 +1,41 @@
+// A short chaos run (issue 4) in the test suite: the chaos driver with a fixed seed, about 100
+// operations and one hard kill, on the already built worker (npm test builds before the
+// integration tests). The full run is `npm run chaos`; see docs/RELIABILITY.md.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const SUMMARY = /^chaos: seed=(\d+) ops=(\d+) deliveries=(\d+) faults=(\d+) effects=(\d+) duplicate_effects=(\d+) explained=(\d+) lost=(\d+) regressions=(\d+) unsettled=(\d+)$/;
+
+test("chaos: seed 7, 100 operations, one kill: nothing lost, nothing regressed, every duplicate explained", { timeout: 200_000 }, async () => {
+  const args = ["scripts/chaos.mjs", "--no-build", "--seed", "7", "--ops", "100", "--kills", "1"];
+  const child = spawn(process.execPath, args, { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.on("data", (c) => { stdout += c; });
+  child.stderr.on("data", (c) => { stderr += c; });
+  // The driver bounds itself; this is the backstop (SIGTERM lets it kill its worker first).
+  const backstop = setTimeout(() => child.kill("SIGTERM"), 190_000);
+  const code = await new Promise((resolve) => child.on("exit", (c) => resolve(c)));
+  clearTimeout(backstop);
+  const lines = stdout.trim().split("\n");
+  const last = lines.at(-1);
+  const m = SUMMARY.exec(last ?? "");
+  assert.ok(m, `last line is the summary; got ${JSON.stringify(last)}\n${stdout}\n${stderr.slice(-3000)}`);
+  const [, seed, ops, deliveries, faults, effects, duplicates, explained, lost, regressions, unsettled] = m.slice(0).map(Number);
+  const report = `\n${stdout}`;
+  assert.equal(seed, 7);
+  assert.equal(ops, 100);
+  assert.ok(deliveries > ops, `deliveries ${deliveries}${report}`);
+  assert.ok(faults > 0, `faults injected${report}`);
+  assert.ok(effects >= ops, `at least one accepted side effect per operation${report}`);
+  assert.equal(lost, 0, `lost${report}`);
+  assert.equal(regressions, 0, `regressions${report}`);
+  assert.equal(unsettled, 0, `unsettled${report}`);
+  assert.equal(explained, duplicates, `every duplicate explained${report}`);
+  assert.match(stdout, /kills=1 /, "one hard kill happened");
+  assert.equal(code, 0, `driver exit code${report}\n${stderr.slice(-3000)}`);
+});
