@@ -1,0 +1,57 @@
+// A smoke run of the benchmark (scripts/bench.mjs --quick) against the built worker: every row
+// of the report is there and the reconciliation pass spends nothing on settled, done entries.
+// It asserts no timing: the figures of a shared CI machine mean nothing.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+
+test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "bench-smoke-"));
+  const json = path.join(dir, "bench.json");
+  try {
+    const run = spawnSync(
+      process.execPath,
+      ["scripts/bench.mjs", "--quick", "--no-build", "--no-wrangler", "--only", "build,fast,reconcile", "--no-variants", "--sizes", "300", "--seconds", "0.2", "--json", json],
+      { cwd: root, encoding: "utf8", timeout: 280_000 },
+    );
+    assert.equal(run.status, 0, `bench failed:\n${run.stdout}\n${run.stderr}`);
+    const r = JSON.parse(fs.readFileSync(json, "utf8"));
+
+    for (const c of [1, 10, 50]) {
+      for (const s of ["floor", "first", "duplicate", "rejected"]) {
+        const row = r.fast.table.find((x) => x.scenario === s && x.concurrency === c);
+        assert.ok(row, `row ${s} at concurrency ${c}`);
+        assert.ok(row.n > 0, `${s} at ${c} measured nothing`);
+        assert.equal(row.wrong_answers, 0, `${s} at ${c}: wrong answers`);
+        assert.ok(row.p50_ratio > 0 && row.rps_ratio > 0, `${s} at ${c}: ratios`);
+      }
+    }
+    assert.equal(r.fast.effects.repeated_idempotency_keys, 0, "a side effect went out twice");
+    assert.equal(r.fast.effects.effects_at_destination, r.fast.effects.first_deliveries_measured_and_warmup);
+
+    const [ledger] = r.reconcile;
+    assert.equal(ledger.size, 300);
+    assert.deepEqual(ledger.coverages.map((c) => c.phase), ["first", "steady", "all_done"]);
+    for (const c of ledger.coverages) {
+      assert.ok(c.complete, `${c.phase}: covered the ledger`);
+      assert.equal(c.status_calls_for_done_entries, 0, `${c.phase}: polled a done entry`);
+      assert.equal(c.bodies_read, 0, `${c.phase}: read a ledger value`);
+      assert.equal(c.status_calls, c.needing_status, `${c.phase}: status calls`);
+      assert.ok(c.max_subrequests <= ledger.budget, `${c.phase}: over budget`);
+    }
+    assert.equal(ledger.coverages[2].status_calls, 0);
+    assert.equal(ledger.coverages[2].gate_calls, 0);
+
+    assert.ok(r.build.wasm_raw_bytes > 0 && r.build.wasm_gzip_bytes > 0);
+    assert.ok(r.build.startup.miniflare_process_ms[0] > 0);
+    assert.ok(r.targets.length > 0);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
