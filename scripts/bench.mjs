@@ -179,7 +179,8 @@ let cleaning = null;
 /** Kills every child process group and disposes every Miniflare; idempotent. */
 function cleanup() {
   cleaning ??= (async () => {
-    for (const w of workers) await w.mf.dispose().catch(() => {});
+    // Bounded: a Miniflare that hangs while disposing must not keep the bench alive.
+    for (const w of workers) await Promise.race([w.mf.dispose().catch(() => {}), sleep(10_000)]);
     workers.clear();
     for (const c of children) killGroup(c);
     children.clear();
@@ -209,6 +210,7 @@ function installSignalHandlers() {
   }
   process.on("exit", () => {
     for (const c of children) killGroup(c);
+    for (const d of tempDirs) fs.rmSync(d, { recursive: true, force: true });
   });
 }
 
