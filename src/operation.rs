@@ -322,6 +322,7 @@ impl Operation {
             seq: self.stats_seq,
             name: name.to_string(),
             at_ms: now_ms,
+            count: 1,
         });
     }
 

@@ -33,6 +33,13 @@ pub struct StatEvent {
     pub seq: u64,
     pub name: String,
     pub at_ms: i64,
+    /// How many occurrences this event stands for (a batch of rejections is one event).
+    #[serde(default = "one")]
+    pub count: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// Counter totals by name.
@@ -70,6 +77,7 @@ mod tests {
             seq,
             name: name.into(),
             at_ms: 0,
+            count: 1,
         }
     }
 

@@ -84,12 +84,11 @@ pub fn flush_rejected_later(env: &Env, ctx: &Context, now_ms: i64) {
     let Some(batch) = batch else { return };
     let events: Vec<StatEvent> = batch
         .into_iter()
-        .flat_map(|(name, n)| {
-            (0..n).map(move |_| StatEvent {
-                seq: 0,
-                name: name.clone(),
-                at_ms: now_ms,
-            })
+        .map(|(name, count)| StatEvent {
+            seq: 0,
+            name,
+            at_ms: now_ms,
+            count,
         })
         .collect();
     let shard = (now_ms.rem_euclid(i64::from(SHARDS))) as u32;
@@ -209,10 +208,11 @@ impl DurableObject for StatsShard {
                             vec![e.at_ms.into(), g.clone().into(), reason.to_string().into()],
                         )?;
                     }
-                    *counts.entry((-1, e.name.clone())).or_default() += 1;
+                    let n = e.count as i64;
+                    *counts.entry((-1, e.name.clone())).or_default() += n;
                     *counts
                         .entry((hour_of(e.at_ms), e.name.clone()))
-                        .or_default() += 1;
+                        .or_default() += n;
                     highest = highest.max(e.seq);
                 }
                 for ((hour, name), n) in counts {

@@ -94,20 +94,23 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
         }
     };
     let delivery_id = id.unwrap_or_default();
+    // A verified delivery that cannot be used is kept, never dropped unseen.
+    let dead_letter = |reason: &'static str| {
+        keep_dead_letter(
+            env,
+            config,
+            &delivery_id,
+            timestamp.as_deref(),
+            reason,
+            &body,
+            now,
+        )
+    };
 
     let mut envelope = match parse(&body) {
         Ok(e) => e,
         Err(e) => {
-            keep_dead_letter(
-                env,
-                config,
-                &delivery_id,
-                timestamp.as_deref(),
-                e.label(),
-                &body,
-                now,
-            )
-            .await?;
+            dead_letter(e.label()).await?;
             return Err(EdgeError::BadRequest(format!("not a Gemini envelope: {e}")));
         }
     };
@@ -117,16 +120,7 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
     let (status, collection) = match meaning(&envelope.event_type) {
         Meaning::Status { status, collection } => (status, collection),
         Meaning::Unknown => {
-            keep_dead_letter(
-                env,
-                config,
-                &delivery_id,
-                timestamp.as_deref(),
-                "unknown_event_type",
-                &body,
-                now,
-            )
-            .await?;
+            dead_letter("unknown_event_type").await?;
             return ok_json(
                 &json!({"outcome": "ignored_unknown_type", "type": envelope.event_type}),
             );
@@ -135,16 +129,7 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
     let key = match normalize(&envelope.id, Some(collection)) {
         Ok(k) => k,
         Err(e) => {
-            keep_dead_letter(
-                env,
-                config,
-                &delivery_id,
-                timestamp.as_deref(),
-                "bad_operation_id",
-                &body,
-                now,
-            )
-            .await?;
+            dead_letter("bad_operation_id").await?;
             return Err(EdgeError::BadRequest(format!("data.id: {e}")));
         }
     };
