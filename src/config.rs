@@ -35,6 +35,9 @@ pub const DEFAULT_RECONCILE_BUDGET: u32 = 900;
 /// A pass holding the lease longer than this is presumed dead and the lease lapses; far
 /// longer than a pass within its budget takes, short enough that a crash costs two cron runs.
 pub const DEFAULT_RECONCILE_LEASE_SECS: i64 = 600;
+/// Counters wait this long in the gate before going to a stats shard, so a burst of
+/// deliveries for one operation costs one shard write; `/v1/stats` lags by as much.
+pub const DEFAULT_STATS_FLUSH_SECS: i64 = 10;
 /// The official samples' key set for dynamic webhooks.
 pub const DEFAULT_GEMINI_JWKS_URL: &str =
     "https://generativelanguage.googleapis.com/.well-known/jwks.json";
@@ -63,6 +66,7 @@ pub struct Config {
     pub effect_alert_after_secs: i64,
     pub reconcile_budget: u32,
     pub reconcile_lease_secs: i64,
+    pub stats_flush_secs: i64,
     pub gemini_api_base: String,
     pub gemini_api_key: Option<ApiKey>,
     pub alert_url: Option<String>,
@@ -251,6 +255,7 @@ impl Config {
                 1,
                 3_600,
             )?,
+            stats_flush_secs: int("STATS_FLUSH_SECONDS", DEFAULT_STATS_FLUSH_SECS, 0, 3_600)?,
             gemini_api_base: match get("GEMINI_API_BASE") {
                 None => DEFAULT_GEMINI_API_BASE.to_string(),
                 Some(v) => url("GEMINI_API_BASE", v)?,
@@ -301,6 +306,7 @@ mod tests {
         assert_eq!(c.effect_alert_after_secs, 3_600);
         assert_eq!(c.reconcile_budget, 900);
         assert_eq!(c.reconcile_lease_secs, 600);
+        assert_eq!(c.stats_flush_secs, 10);
         assert_eq!(c.gemini_api_base, DEFAULT_GEMINI_API_BASE);
         assert!(c.gemini_api_key.is_none());
         assert!(c.alert_url.is_none());
@@ -345,6 +351,7 @@ mod tests {
             ("REQUIRE_REGISTRATION", "yes"),
             ("MAX_BODY_BYTES", "10"),
             ("RECONCILE_BUDGET", "1"),
+            ("STATS_FLUSH_SECONDS", "3601"),
             ("GEMINI_API_BASE", "generativelanguage"),
             ("ALERT_URL", "slack"),
             ("GEMINI_JWKS_URL", "jwks.json"),

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::lifecycle::{reduce, Position, Source, Status, Verdict};
-use crate::stats::StatEvent;
+use crate::stats::{hour_of, StatEvent};
 use crate::timestamp::format_rfc3339;
 
 /// One piece of news about an operation, from any path.
@@ -135,6 +135,10 @@ pub struct Operation {
     pub pending_stats: Vec<StatEvent>,
     #[serde(default)]
     pub stats_seq: u64,
+    /// Events up to this sequence may be on their way to a shard: they are never changed
+    /// again, so a count is merged only into a newer event (see [`Operation::count`]).
+    #[serde(default)]
+    pub stats_sealed_seq: u64,
     /// The version last written to the KV ledger, and when.
     #[serde(default)]
     pub projected_version: u64,
@@ -166,6 +170,7 @@ impl Operation {
             redeliveries: Vec::new(),
             pending_stats: Vec::new(),
             stats_seq: 0,
+            stats_sealed_seq: 0,
             projected_version: 0,
             projected_at_ms: 0,
         }
@@ -315,8 +320,21 @@ impl Operation {
         true
     }
 
-    /// Counts an event for `/v1/stats`; it is flushed to a stats shard later.
+    /// Counts an event for `/v1/stats`; it is flushed to a stats shard later. A count joins
+    /// an unsealed pending event of the same name and hour, so the record stays small however
+    /// many duplicates arrive between flushes (a replayed delivery can arrive hundreds of times
+    /// a second); sealed events are left alone, which keeps the shard's per-sequence dedupe
+    /// exact.
     pub fn count(&mut self, name: &str, now_ms: i64) {
+        let sealed = self.stats_sealed_seq;
+        if let Some(event) = self
+            .pending_stats
+            .iter_mut()
+            .find(|e| e.seq > sealed && e.name == name && hour_of(e.at_ms) == hour_of(now_ms))
+        {
+            event.count += 1;
+            return;
+        }
         self.stats_seq += 1;
         self.pending_stats.push(StatEvent {
             seq: self.stats_seq,
@@ -324,6 +342,13 @@ impl Operation {
             at_ms: now_ms,
             count: 1,
         });
+    }
+
+    /// Seals the pending events before they are sent; returns the last sequence sent, if any.
+    pub fn seal_stats(&mut self) -> Option<u64> {
+        let last = self.pending_stats.last()?.seq;
+        self.stats_sealed_seq = last;
+        Some(last)
     }
 
     /// Forgets counted events up to `seq`, once a shard has them.
@@ -370,9 +395,10 @@ impl Operation {
         Some(closed + retention_ms)
     }
 
-    /// When the gate must wake next: a lapsed claim, a due retry, a deferred projection or
-    /// the end of retention. `None` when nothing is pending.
-    pub fn wake_at_ms(&self, retention_ms: i64) -> Option<i64> {
+    /// When the gate must wake next: a lapsed claim, a due retry, a deferred projection,
+    /// counted events to flush (`stats_delay_ms` after the oldest, so a burst of duplicates
+    /// is flushed as one) or the end of retention. `None` when nothing is pending.
+    pub fn wake_at_ms(&self, retention_ms: i64, stats_delay_ms: i64) -> Option<i64> {
         let mut times = Vec::new();
         if let Some(c) = self.effect.claim {
             times.push(c.expires_ms);
@@ -383,7 +409,7 @@ impl Operation {
             times.push(self.projected_at_ms + PROJECTION_SPACING_MS);
         }
         if let Some(first) = self.pending_stats.first() {
-            times.push(first.at_ms);
+            times.push(first.at_ms + stats_delay_ms);
         }
         times.extend(self.expires_at_ms(retention_ms));
         times.into_iter().min()
@@ -606,35 +632,71 @@ mod tests {
         let retention = 1_000_000;
         let mut op = settled();
         op.projected_version = op.version;
-        assert_eq!(op.wake_at_ms(retention), Some(2_000), "effect due");
+        assert_eq!(op.wake_at_ms(retention, 0), Some(2_000), "effect due");
         let c = op.claim(2_000, 600_000).unwrap();
         op.projected_version = op.version;
-        assert_eq!(op.wake_at_ms(retention), Some(602_000), "claim expiry");
+        assert_eq!(op.wake_at_ms(retention, 0), Some(602_000), "claim expiry");
         op.finish(c.token, &AttemptOutcome::Delivered, 2_500, 0);
         op.projected_version = op.version;
         assert_eq!(
-            op.wake_at_ms(retention),
+            op.wake_at_ms(retention, 0),
             Some(1_002_500),
             "forget after retention"
         );
         op.projected_version = op.version - 1;
         op.projected_at_ms = 2_400;
-        assert_eq!(op.wake_at_ms(retention), Some(3_400), "deferred projection");
+        assert_eq!(
+            op.wake_at_ms(retention, 0),
+            Some(3_400),
+            "deferred projection"
+        );
     }
 
     #[test]
     fn counted_events_wake_the_gate_until_flushed() {
         let mut op = Operation::register("batches/a", "batches/a", None, 0);
         op.projected_version = op.version;
-        assert_eq!(op.wake_at_ms(1), None);
+        assert_eq!(op.wake_at_ms(1, 10_000), None);
         op.count("deliveries", 50);
         op.count("duplicates_skipped", 60);
-        assert_eq!(op.wake_at_ms(1), Some(50));
+        assert_eq!(
+            op.wake_at_ms(1, 10_000),
+            Some(10_050),
+            "the oldest event plus the delay"
+        );
+        assert_eq!(op.wake_at_ms(1, 0), Some(50));
         op.drop_flushed_stats(1);
         assert_eq!(op.pending_stats.len(), 1);
-        assert_eq!(op.wake_at_ms(1), Some(60));
+        assert_eq!(op.wake_at_ms(1, 0), Some(60));
         op.drop_flushed_stats(2);
-        assert_eq!(op.wake_at_ms(1), None);
+        assert_eq!(op.wake_at_ms(1, 0), None);
+    }
+
+    #[test]
+    fn counts_merge_until_sealed_and_never_into_a_sealed_event() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        for i in 0..1_000 {
+            op.count("duplicates_skipped", 100 + i);
+        }
+        op.count("deliveries", 2_000);
+        assert_eq!(op.pending_stats.len(), 2, "a burst stays two events");
+        assert_eq!(op.pending_stats[0].count, 1_000);
+        let sent = op.seal_stats().unwrap();
+        assert_eq!(sent, 2);
+        // Counted while the flush is in flight: a new event, not a change to a sent one.
+        op.count("duplicates_skipped", 3_000);
+        assert_eq!(op.pending_stats.len(), 3);
+        assert_eq!(
+            op.pending_stats[0].count, 1_000,
+            "sealed events are never changed"
+        );
+        assert_eq!(op.pending_stats[2].seq, 3);
+        op.drop_flushed_stats(sent);
+        assert_eq!(op.pending_stats.len(), 1);
+        assert_eq!(op.pending_stats[0].count, 1);
+        // A new hour starts a new event, so the shard's hourly buckets stay right.
+        op.count("duplicates_skipped", 3_600_000);
+        assert_eq!(op.pending_stats.len(), 2);
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
             return actions;
         }
         let settled_age = now_secs - meta.settled_at.unwrap_or(meta.submitted_at);
-        if !meta.parked && !meta.claim_expires.is_some_and(|t| t > now_secs) {
+        if !meta.parked && meta.claim_expires.is_none_or(|t| t <= now_secs) {
             actions.push(Action::RetryEffect);
         }
         if (meta.parked || settled_age >= t.effect_alert_after_secs) && !alerted(EFFECT_FAILING) {

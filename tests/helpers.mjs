@@ -37,6 +37,9 @@ export async function startWorker(vars = {}, { http = false } = {}) {
     EFFECT_URL: "http://127.0.0.1:9/unset",
     EFFECT_SIGNING_SECRET: EFFECT_SECRET,
     ADMIN_TOKEN,
+    // Counters are batched in each gate before going to a stats shard; 1 s instead of the
+    // default 10 keeps the batching path under test without slowing the suite.
+    STATS_FLUSH_SECONDS: "1",
     ...vars,
   };
   for (const [k, v] of Object.entries(bindings)) if (v === undefined) delete bindings[k];

@@ -2,8 +2,9 @@
 //!
 //! Storage (SQLite): `operation(id = 1, body)` holds the record as JSON (see
 //! [`crate::operation::Operation`]); `history(seq, at_ms, entry)` keeps the newest
-//! [`HISTORY_LIMIT`] events applied and dropped, claims and attempts. One alarm: the earliest
-//! of a lapsed claim, a due retry, a deferred ledger projection and the end of retention.
+//! [`HISTORY_LIMIT`] events applied and dropped, claims and attempts (trimmed in steps of
+//! [`TRIM_EVERY`]). One alarm: the earliest of a lapsed claim, a due retry, a deferred ledger
+//! projection, counters to flush and the end of retention.
 //!
 //! Guarantees: every read-decide-write runs without an await in between, so it is atomic in
 //! the single-threaded object; the side-effect call is the only await between claim and
@@ -12,6 +13,8 @@
 //! reply is sent only after the new state is stored. The KV projection follows the record from
 //! the alarm, after the reply (so a delivery's answer never waits on KV), at most once a second
 //! (KV's per-key write rate), and is retried by the alarm when a write fails.
+
+use std::cell::Cell;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -36,6 +39,10 @@ use super::{load_config, log, random_unit};
 
 /// History rows kept per operation; older rows are deleted.
 const HISTORY_LIMIT: i64 = 200;
+/// History is trimmed on the first insert of each object instance and every this many
+/// inserts after, not on every insert (a DELETE per duplicate delivery measurably cost), so
+/// at most `HISTORY_LIMIT + TRIM_EVERY - 1` rows exist.
+const TRIM_EVERY: u32 = 50;
 /// Longest part of a peer's answer kept in the record and logs.
 const EXCERPT_CHARS: usize = 300;
 
@@ -44,6 +51,11 @@ const EXCERPT_CHARS: usize = 300;
 pub struct OperationGate {
     state: State,
     env: Env,
+    /// The alarm time this instance last set, so an unchanged wake time costs no storage
+    /// call; `None` when unknown (a new instance, or inside the alarm, which consumes it).
+    alarm_at: Cell<Option<i64>>,
+    /// History rows inserted by this instance, for trimming every [`TRIM_EVERY`].
+    inserts: Cell<u32>,
 }
 
 #[derive(Deserialize)]
@@ -66,7 +78,12 @@ impl DurableObject for OperationGate {
                 log(json!({"event": "gate_schema_error", "error": e.to_string()}));
             }
         }
-        Self { state, env }
+        Self {
+            state,
+            env,
+            alarm_at: Cell::new(None),
+            inserts: Cell::new(0),
+        }
     }
 
     async fn fetch(&self, mut req: Request) -> Result<Response> {
@@ -83,6 +100,8 @@ impl DurableObject for OperationGate {
     }
 
     async fn alarm(&self) -> Result<Response> {
+        // The alarm that woke us is spent: whatever this run needs next must be set again.
+        self.alarm_at.set(None);
         let config = match load_config(&self.env) {
             Ok(c) => c,
             // Throwing makes the runtime retry the alarm once configuration is fixed.
@@ -99,6 +118,7 @@ impl DurableObject for OperationGate {
             // Retention is over: the KV entry expires on its own TTL; drop our storage.
             self.state.storage().delete_alarm().await?;
             self.state.storage().delete_all().await?;
+            self.inserts.set(0);
             log(json!({"event": "retention_expired", "key": op.key}));
             return Response::ok("retention expired");
         }
@@ -338,10 +358,13 @@ impl OperationGate {
 
     /// Sends counted events to this operation's stats shard; on failure they stay pending and
     /// the alarm tries again.
-    async fn flush_stats(&self, op: Operation) -> Result<Operation> {
-        let Some(last) = op.pending_stats.last().map(|e| e.seq) else {
+    async fn flush_stats(&self, mut op: Operation) -> Result<Operation> {
+        // Sealed and stored before the call: counts made while it is in flight go to new
+        // events, so what the shard receives is never changed afterwards.
+        let Some(last) = op.seal_stats() else {
             return Ok(op);
         };
+        self.save(&op)?;
         let shard = stats::shard_of(&op.key);
         match super::stats::add(
             &self.env,
@@ -405,13 +428,21 @@ impl OperationGate {
 
     async fn sync_alarm(&self, op: &Operation, config: &Config) -> Result<()> {
         let storage = self.state.storage();
-        match op.wake_at_ms(config.retention_ms()) {
+        let wake = op.wake_at_ms(config.retention_ms(), config.stats_flush_secs * 1_000);
+        if wake.is_some() && wake == self.alarm_at.get() {
+            return Ok(());
+        }
+        // Forgotten first: if the call fails, the next one sets the alarm again.
+        self.alarm_at.set(None);
+        match wake {
             Some(at) => {
                 let date = worker::js_sys::Date::new(&JsValue::from_f64(at as f64));
-                storage.set_alarm(ScheduledTime::new(date)).await
+                storage.set_alarm(ScheduledTime::new(date)).await?;
             }
-            None => storage.delete_alarm().await,
+            None => storage.delete_alarm().await?,
         }
+        self.alarm_at.set(wake);
+        Ok(())
     }
 
     fn load(&self) -> Result<Option<Operation>> {
@@ -445,10 +476,14 @@ impl OperationGate {
             "INSERT INTO history (at_ms, entry) VALUES (?, ?)",
             vec![at_ms.into(), entry.to_string().into()],
         )?;
-        sql.exec(
-            "DELETE FROM history WHERE seq <= (SELECT MAX(seq) FROM history) - ?",
-            vec![HISTORY_LIMIT.into()],
-        )?;
+        let inserts = self.inserts.get();
+        self.inserts.set(inserts.wrapping_add(1));
+        if inserts.is_multiple_of(TRIM_EVERY) {
+            sql.exec(
+                "DELETE FROM history WHERE seq <= (SELECT MAX(seq) FROM history) - ?",
+                vec![HISTORY_LIMIT.into()],
+            )?;
+        }
         Ok(())
     }
 

@@ -5,7 +5,8 @@
 //! ledger value; it holds the lease or does nothing; it never spends more than
 //! `RECONCILE_BUDGET` subrequests (KV list calls, gate calls, lease calls and status calls
 //! together) and resumes where it stopped on the next run; a 429 or 5xx from the status API
-//! stops polling until its Retry-After has passed and settles nothing; a 404 asks the gate for
+//! stops polling until its Retry-After has passed and settles nothing, and the next pass
+//! resumes at the first entry that was skipped for it; a 404 asks the gate for
 //! an `unknown_to_gemini` alert; a malformed answer is logged and skipped.
 
 use serde_json::{json, Value};
@@ -79,6 +80,11 @@ struct Pass<'a> {
     config: &'a Config,
     report: PassReport,
     status_backoff_until_ms: i64,
+    /// Where the walk was before the first entry it owed a poll and skipped because Gemini
+    /// asked us to wait (429/5xx, Retry-After): the next pass starts there, so a rate limit
+    /// does not leave the rest of the ledger unpolled for a whole coverage. The entry whose
+    /// call failed is not held (it was tried; holding it could stall every pass on it).
+    first_unpolled: Option<Resume>,
 }
 
 /// Runs one pass and logs its line. Never panics; errors are counted and logged.
@@ -93,6 +99,7 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         config,
         report: PassReport::default(),
         status_backoff_until_ms: 0,
+        first_unpolled: None,
     };
     pass.report.subrequests += 1;
     let acquired = lease_call(
@@ -163,8 +170,18 @@ impl Pass<'_> {
     }
 
     /// Walks the ledger from `resume`; returns where the next pass starts and whether this
-    /// one reached the end.
-    async fn walk(&mut self, mut resume: Resume) -> (Resume, bool) {
+    /// one covered everything. Entries it could not poll hold the resume point back: the
+    /// walk goes on (retries and alerts further on still happen) but the next pass starts
+    /// again at the first of them.
+    async fn walk(&mut self, resume: Resume) -> (Resume, bool) {
+        let (resume, complete) = self.walk_from(resume).await;
+        match self.first_unpolled.take() {
+            Some(held) => (held, false),
+            None => (resume, complete),
+        }
+    }
+
+    async fn walk_from(&mut self, mut resume: Resume) -> (Resume, bool) {
         let kv = match self.env.kv(KV_BINDING) {
             Ok(kv) => kv,
             Err(e) => {
@@ -219,8 +236,12 @@ impl Pass<'_> {
                     return (resume, false);
                 }
                 self.report.listed += 1;
+                let mut polled = true;
                 for action in actions {
-                    self.act(key, &meta, action).await;
+                    polled &= self.act(key, &meta, action).await;
+                }
+                if !polled && self.first_unpolled.is_none() {
+                    self.first_unpolled = Some(resume.clone());
                 }
                 resume.after_key = Some(entry.name.clone());
             }
@@ -334,9 +355,10 @@ impl Pass<'_> {
         }
     }
 
-    async fn act(&mut self, key: &str, meta: &LedgerMeta, action: Action) {
+    /// Runs one action; false when it was a poll skipped because Gemini asked us to wait.
+    async fn act(&mut self, key: &str, meta: &LedgerMeta, action: Action) -> bool {
         match action {
-            Action::Poll => self.poll(key, meta).await,
+            Action::Poll => return self.poll(key, meta).await,
             Action::RetryEffect => {
                 self.report.effects_retried += 1;
                 self.gate(key, &GateCommand::RetryEffect).await;
@@ -351,6 +373,7 @@ impl Pass<'_> {
                 }
             }
         }
+        true
     }
 
     async fn gate(&mut self, key: &str, command: &GateCommand) -> Option<GateReply> {
@@ -366,13 +389,15 @@ impl Pass<'_> {
         }
     }
 
-    async fn poll(&mut self, key: &str, meta: &LedgerMeta) {
+    /// Polls Gemini for one operation and hands a change to its gate. False when it did not
+    /// ask because Gemini asked us to wait.
+    async fn poll(&mut self, key: &str, meta: &LedgerMeta) -> bool {
         let now = now_ms();
         if now < self.status_backoff_until_ms {
-            return; // Gemini asked us to wait; the next pass asks again.
+            return false; // Gemini asked us to wait; the next pass asks again.
         }
         let Some(collection) = Collection::of_key(key) else {
-            return;
+            return true;
         };
         let url = status_url(&self.config.gemini_api_base, collection, key, &meta.name);
         self.report.status_calls += 1;
@@ -406,7 +431,7 @@ impl Pass<'_> {
                         self.report.alerts += 1;
                     }
                 }
-                return;
+                return true;
             }
             Err(StatusError::Transient { retry_after_secs }) => {
                 self.report.errors += 1;
@@ -417,20 +442,20 @@ impl Pass<'_> {
                     json!({"event": "status_transient", "key": key, "retry_after_secs": retry_after_secs,
                     "answer": match &answer { Answer::Http { status, .. } => json!(status), Answer::Timeout => json!("timeout"), Answer::Network(e) => json!(e) }}),
                 );
-                return;
+                return true;
             }
             Err(e) => {
                 self.report.errors += 1;
                 log(json!({"event": "status_unusable", "key": key, "error": format!("{e:?}")}));
-                return;
+                return true;
             }
         };
         if let Status::Unknown(raw) = &observation.status {
             log(json!({"event": "status_unknown_state", "key": key, "state": raw}));
-            return;
+            return true;
         }
         if observation.status == Status::parse(&meta.status) {
-            return; // nothing new for the gate: save the round trip
+            return true; // nothing new for the gate: save the round trip
         }
         let command = GateCommand::Deliver {
             key: key.to_string(),
@@ -450,6 +475,7 @@ impl Pass<'_> {
                 log(json!({"event": "settled_by_reconcile", "key": key, "status": status}));
             }
         }
+        true
     }
 }
 

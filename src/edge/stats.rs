@@ -58,7 +58,7 @@ pub struct RecentDrop {
 }
 
 thread_local! {
-    static REJECTED: RefCell<(Tally, i64)> = RefCell::new((Tally::new(), 0));
+    static REJECTED: RefCell<(Tally, i64)> = const { RefCell::new((Tally::new(), 0)) };
 }
 
 /// Counts a rejected request in this isolate's memory (no storage round trip).
@@ -112,7 +112,7 @@ pub async fn add(
     Ok(())
 }
 
-fn shard_stub(env: &Env, shard: u32) -> std::result::Result<worker::Stub, String> {
+fn shard_stub(env: &Env, shard: u32) -> std::result::Result<super::ObjectStub, String> {
     super::stub_for(env, STATS_BINDING, &format!("stats-{shard}"))
 }
 
@@ -127,7 +127,7 @@ pub async fn read(env: &Env) -> std::result::Result<Value, String> {
         merge(&mut day, &counts.last_24h);
         drops.extend(counts.recent_drops);
     }
-    drops.sort_by(|a, b| b.at_ms.cmp(&a.at_ms));
+    drops.sort_by_key(|d| std::cmp::Reverse(d.at_ms));
     drops.truncate(RECENT_DROPS as usize);
     let drops: Vec<Value> = drops
         .iter()

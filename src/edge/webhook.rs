@@ -8,7 +8,8 @@
 //! read, and is answered 2xx only after the gate stored what it means.
 
 use serde_json::json;
-use worker::{Env, Request, Response};
+use worker::wasm_bindgen_futures::JsFuture;
+use worker::{js_sys, web_sys, Env, Response};
 
 use crate::config::Config;
 use crate::envelope::{meaning, parse, Meaning};
@@ -25,8 +26,13 @@ use super::ledger_kv::{write_dead_letter, KV_BINDING};
 use super::stats::count_rejected;
 use super::{call_gate, log, now_ms, ok_json, EdgeError};
 
-pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Response, EdgeError> {
-    let header = |name: &str| req.headers().get(name).ok().flatten();
+pub async fn receive(
+    req: web_sys::Request,
+    env: &Env,
+    config: &Config,
+) -> Result<Response, EdgeError> {
+    let headers = req.headers();
+    let header = |name: &str| headers.get(name).ok().flatten();
     let declared: Option<usize> = header("content-length").and_then(|v| v.trim().parse().ok());
     if declared.is_some_and(|n| n > config.max_body_bytes) {
         log(json!({"event": "rejected", "reason": "body_too_large", "bytes": declared}));
@@ -38,10 +44,9 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
         header("webhook-timestamp"),
         header("webhook-signature"),
     );
-    let body = req
-        .bytes()
+    let body = read_body(&req)
         .await
-        .map_err(|e| EdgeError::BadRequest(format!("unreadable body: {e}")))?;
+        .map_err(|e| EdgeError::BadRequest(format!("unreadable body: {e:?}")))?;
     if body.len() > config.max_body_bytes {
         log(json!({"event": "rejected", "reason": "body_too_large", "bytes": body.len()}));
         count_rejected("body_too_large");
@@ -183,6 +188,12 @@ pub async fn receive(mut req: Request, env: &Env, config: &Config) -> Result<Res
     line["ms"] = json!(ms);
     log(line);
     ok_json(&body)
+}
+
+/// The whole body, read by the runtime in one call.
+async fn read_body(req: &web_sys::Request) -> Result<Vec<u8>, worker::wasm_bindgen::JsValue> {
+    let buffer = JsFuture::from(req.array_buffer()?).await?;
+    Ok(js_sys::Uint8Array::new(&buffer).to_vec())
 }
 
 /// Keeps a verified but unusable delivery as `dead:<webhook-id>`. Failing to keep it is a 503:
