@@ -220,6 +220,13 @@ impl Operation {
             && self.forgotten.is_none()
     }
 
+    /// True when nothing can change the operation any more: terminal (which absorbs every
+    /// later event) and its side effect done, parked or given up by an operator. Only a
+    /// redelivery asked by an operator moves it again.
+    pub fn is_settled(&self) -> bool {
+        self.status.is_terminal() && !self.effect_owed()
+    }
+
     /// Claims the side effect if it is owed, due, and not held by a live claim.
     pub fn claim(&mut self, now_ms: i64, ttl_ms: i64) -> Option<Claim> {
         if !self.effect_owed() || now_ms < self.effect.next_attempt_ms {
@@ -478,6 +485,30 @@ mod tests {
             Verdict::Apply
         );
         op
+    }
+
+    #[test]
+    fn settled_means_terminal_with_nothing_owed() {
+        let pending = Operation::register("batches/a", "batches/a", None, 0);
+        assert!(!pending.is_settled(), "not terminal");
+        let mut op = settled();
+        assert!(!op.is_settled(), "terminal, effect owed");
+        let c = op.claim(2_000, 600_000).unwrap();
+        assert!(!op.is_settled(), "terminal, effect in flight");
+        op.finish(c.token, &AttemptOutcome::Delivered, 2_500, 0);
+        assert!(op.is_settled(), "terminal, effect done");
+        op.redeliver(3_000, "again").unwrap();
+        assert!(
+            !op.is_settled(),
+            "an operator's redelivery owes the effect again"
+        );
+        let mut parked = settled();
+        let c = parked.claim(2_000, 600_000).unwrap();
+        parked.finish(c.token, &AttemptOutcome::Park("410".into()), 2_500, 0);
+        assert!(parked.is_settled(), "terminal, effect parked");
+        let mut forgotten = settled();
+        forgotten.forget(3_000, "by hand");
+        assert!(forgotten.is_settled(), "terminal, given up by an operator");
     }
 
     #[test]

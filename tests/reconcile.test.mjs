@@ -271,6 +271,35 @@ describe("reconciliation cost", () => {
   });
 });
 
+describe("reconciliation under a rate limit", () => {
+  it("starts the next pass at the first entry skipped for a 429, not past it", async () => {
+    const w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, GEMINI_API_BASE: api.url, RECONCILE_GRACE_SECONDS: "0" });
+    try {
+      const keys = Array.from({ length: 8 }, (_, i) => `batches/rl${i}`);
+      let limited = 0;
+      for (const key of keys) {
+        await w.register(key, "rl");
+        gemini.set(key, batch("BATCH_STATE_RUNNING", "2026-11-22T12:00:00Z"));
+      }
+      // The third entry's first poll is refused; Gemini asks for a second's pause.
+      gemini.set("batches/rl2", () => (limited++ === 0
+        ? { status: 429, headers: { "retry-after": "1" }, body: { error: { code: 429 } } }
+        : batch("BATCH_STATE_RUNNING", "2026-11-22T12:00:00Z")));
+      await w.ledger(keys);
+      await w.scheduled();
+      assert.equal(lastPass(w).complete, false, "a pass that skipped polls has not covered the ledger");
+      for (const key of keys.slice(3)) assert.equal(statusCallsFor(key).length, 0, `${key} skipped during the pause`);
+      await sleep(1100);
+      await w.scheduled();
+      assert.equal(lastPass(w).complete, true);
+      for (const key of keys.slice(3)) assert.equal(statusCallsFor(key).length, 1, `${key} polled by the next pass`);
+      for (const key of keys.slice(0, 3)) assert.equal(statusCallsFor(key).length, 1, `${key} polled once, not again`);
+    } finally {
+      await w.dispose();
+    }
+  });
+});
+
 describe("Gemini webhook state", () => {
   it("alerts once when the Gemini webhook is disabled, and again after it recovers and fails", async () => {
     const w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, GEMINI_API_BASE: api.url, ALERT_URL: `${sink.url}/alerts`, GEMINI_WEBHOOK_NAME: "webhooks/gemini-once" });

@@ -10,11 +10,14 @@
 //! the single-threaded object; the side-effect call is the only await between claim and
 //! commit, and the record is re-read after it, so the fencing token decides who may commit;
 //! the claim is written (and the output gate makes it durable) before the call leaves; a
-//! reply is sent only after the new state is stored. The KV projection follows the record from
+//! reply is sent only after the new state is stored (a duplicate of a settled operation has
+//! no new state: it is answered from memory, its count stored with the next write or flush,
+//! at most `STATS_FLUSH_SECONDS` later; a restart in that window loses counts, never state).
+//! The record is kept in memory after the first read; every write updates it. The KV projection follows the record from
 //! the alarm, after the reply (so a delivery's answer never waits on KV), at most once a second
 //! (KV's per-key write rate), and is retried by the alarm when a write fails.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -56,6 +59,10 @@ pub struct OperationGate {
     alarm_at: Cell<Option<i64>>,
     /// History rows inserted by this instance, for trimming every [`TRIM_EVERY`].
     inserts: Cell<u32>,
+    /// The record, kept after the first read (`Some(None)`: there is none). Every write goes
+    /// through [`OperationGate::save`], so it equals storage, except for counts of settled
+    /// duplicates not stored yet (see `Deliver`).
+    cached: RefCell<Option<Option<Operation>>>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +90,7 @@ impl DurableObject for OperationGate {
             env,
             alarm_at: Cell::new(None),
             inserts: Cell::new(0),
+            cached: RefCell::new(None),
         }
     }
 
@@ -119,6 +127,7 @@ impl DurableObject for OperationGate {
             self.state.storage().delete_alarm().await?;
             self.state.storage().delete_all().await?;
             self.inserts.set(0);
+            self.cached.replace(Some(None));
             log(json!({"event": "retention_expired", "key": op.key}));
             return Response::ok("retention expired");
         }
@@ -160,7 +169,23 @@ impl OperationGate {
                 };
                 let verdict = op.apply(&event, now);
                 count_delivery(&mut op, &event, verdict, now);
-                // Always saved: even a dropped event is counted, exactly, in the same write.
+                if verdict == Verdict::Drop(DropReason::Duplicate) && op.is_settled() {
+                    // Nothing can change a settled operation, so nothing needs storing: the
+                    // answer is the stored state. The count stays in memory until the next
+                    // write or the flush alarm (set here if none is due sooner); a restart
+                    // in between loses counts, never state. No history row: the worker logs
+                    // the duplicate with its webhook-id. This is what lets a duplicate cost
+                    // a round trip and no durable write (docs/PERFORMANCE.md).
+                    let status = op.status.as_str().to_string();
+                    self.cached.replace(Some(Some(op.clone())));
+                    self.sync_alarm(&op, config).await?;
+                    return Ok(GateReply::Dropped {
+                        reason: DropReason::Duplicate.as_str().to_string(),
+                        status,
+                        effect: EffectReport::NotOwed,
+                    });
+                }
+                // Saved: a dropped event is counted, exactly, in the same write.
                 self.save(&op)?;
                 self.record(now, history_of_event(&event, verdict))?;
                 let (op, effect) = self.drive_effect(op, config).await?;
@@ -446,18 +471,24 @@ impl OperationGate {
     }
 
     fn load(&self) -> Result<Option<Operation>> {
+        if let Some(cached) = self.cached.borrow().as_ref() {
+            return Ok(cached.clone());
+        }
         let rows: Vec<BodyRow> = self
             .state
             .storage()
             .sql()
             .exec("SELECT body FROM operation WHERE id = 1", None)?
             .to_array()?;
-        match rows.first() {
-            None => Ok(None),
-            Some(row) => serde_json::from_str(&row.body)
-                .map(Some)
-                .map_err(|e| worker::Error::RustError(format!("stored record unreadable: {e}"))),
-        }
+        let op: Option<Operation> =
+            match rows.first() {
+                None => None,
+                Some(row) => Some(serde_json::from_str(&row.body).map_err(|e| {
+                    worker::Error::RustError(format!("stored record unreadable: {e}"))
+                })?),
+            };
+        self.cached.replace(Some(op.clone()));
+        Ok(op)
     }
 
     fn save(&self, op: &Operation) -> Result<()> {
@@ -467,6 +498,7 @@ impl OperationGate {
             "INSERT INTO operation (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
             vec![body.into()],
         )?;
+        self.cached.replace(Some(Some(op.clone())));
         Ok(())
     }
 
