@@ -127,6 +127,19 @@ describe("fast path", () => {
     assert.equal((await w.kvList("dead:")).filter((k) => k.name.includes("forged")).length, 0);
   });
 
+  it("logs a flood of forged requests once per reason, not once per request", async () => {
+    const body = JSON.stringify({ type: "batch.succeeded", data: { id: "batches/flood" } });
+    const before = w.events("rejected").filter((e) => e.reason === "signature_invalid").length;
+    for (let i = 0; i < 30; i++) {
+      const r = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body, { secret: "whsec_d3JvbmctZ2VtaW5pLXNlY3JldA==" }), body });
+      assert.equal(r.status, 401);
+    }
+    await sleep(200);
+    const lines = w.events("rejected").filter((e) => e.reason === "signature_invalid").length - before;
+    // One per reason per flush window; a flush (every 10 s at most) may open a second window.
+    assert.ok(lines <= 2, `${lines} rejected lines for 30 forged requests`);
+  });
+
   it("retries a failing destination to done without marking done early", async () => {
     plans.set("batches/flaky", (n) => (n <= 2 ? { status: 503 } : { status: 200 }));
     await w.register("batches/flaky", "k");

@@ -35,8 +35,9 @@ pub async fn handle(
 ) -> Result<Response, EdgeError> {
     let auth = req.headers().get("authorization").ok().flatten();
     if !authorized(auth.as_deref(), &config.admin_token.0) {
-        log(json!({"event": "rejected", "reason": "admin_unauthorized"}));
-        stats::count_rejected("admin_unauthorized");
+        if stats::count_rejected("admin_unauthorized") {
+            log(json!({"event": "rejected", "reason": "admin_unauthorized"}));
+        }
         return Err(EdgeError::Unauthorized);
     }
     let path = req.path();

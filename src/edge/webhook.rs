@@ -35,8 +35,9 @@ pub async fn receive(
     let header = |name: &str| headers.get(name).ok().flatten();
     let declared: Option<usize> = header("content-length").and_then(|v| v.trim().parse().ok());
     if declared.is_some_and(|n| n > config.max_body_bytes) {
-        log(json!({"event": "rejected", "reason": "body_too_large", "bytes": declared}));
-        count_rejected("body_too_large");
+        if count_rejected("body_too_large") {
+            log(json!({"event": "rejected", "reason": "body_too_large", "bytes": declared}));
+        }
         return Err(EdgeError::TooLarge);
     }
     let (id, timestamp, signature) = (
@@ -48,8 +49,9 @@ pub async fn receive(
         .await
         .map_err(|e| EdgeError::BadRequest(format!("unreadable body: {e:?}")))?;
     if body.len() > config.max_body_bytes {
-        log(json!({"event": "rejected", "reason": "body_too_large", "bytes": body.len()}));
-        count_rejected("body_too_large");
+        if count_rejected("body_too_large") {
+            log(json!({"event": "rejected", "reason": "body_too_large", "bytes": body.len()}));
+        }
         return Err(EdgeError::TooLarge);
     }
     let now = now_ms();
@@ -72,8 +74,9 @@ pub async fn receive(
             match verified {
                 Ok(claims) => Some(claims),
                 Err(label) => {
-                    log(json!({"event": "rejected", "reason": label}));
-                    count_rejected(label);
+                    if count_rejected(label) {
+                        log(json!({"event": "rejected", "reason": label}));
+                    }
                     return Err(EdgeError::Unauthorized);
                 }
             }
@@ -91,8 +94,9 @@ pub async fn receive(
                 now_secs,
                 config.tolerance_secs,
             ) {
-                log(json!({"event": "rejected", "reason": e.label()}));
-                count_rejected(e.label());
+                if count_rejected(e.label()) {
+                    log(json!({"event": "rejected", "reason": e.label()}));
+                }
                 return Err(EdgeError::Unauthorized);
             }
             None
