@@ -405,18 +405,25 @@ impl Operation {
     /// When the gate must wake next: a lapsed claim, a due retry, a deferred projection,
     /// counted events to flush (`stats_delay_ms` after the oldest, so a burst of duplicates
     /// is flushed as one) or the end of retention. `None` when nothing is pending.
+    ///
+    /// While a claim is held, the projection and the flush wait: the attempt commits within
+    /// the effect timeout and changes the record again, and the commit sets the alarm, so a
+    /// first delivery costs one alarm, one ledger write and one shard call, not two of each.
+    /// If the attempt never commits, the claim's expiry wakes the gate and they follow.
     pub fn wake_at_ms(&self, retention_ms: i64, stats_delay_ms: i64) -> Option<i64> {
         let mut times = Vec::new();
         if let Some(c) = self.effect.claim {
             times.push(c.expires_ms);
-        } else if self.effect_owed() {
-            times.push(self.effect.next_attempt_ms);
-        }
-        if self.projected_version < self.version {
-            times.push(self.projected_at_ms + PROJECTION_SPACING_MS);
-        }
-        if let Some(first) = self.pending_stats.first() {
-            times.push(first.at_ms + stats_delay_ms);
+        } else {
+            if self.effect_owed() {
+                times.push(self.effect.next_attempt_ms);
+            }
+            if self.projected_version < self.version {
+                times.push(self.projected_at_ms + PROJECTION_SPACING_MS);
+            }
+            if let Some(first) = self.pending_stats.first() {
+                times.push(first.at_ms + stats_delay_ms);
+            }
         }
         times.extend(self.expires_at_ms(retention_ms));
         times.into_iter().min()
@@ -665,9 +672,19 @@ mod tests {
         op.projected_version = op.version;
         assert_eq!(op.wake_at_ms(retention, 0), Some(2_000), "effect due");
         let c = op.claim(2_000, 600_000).unwrap();
-        op.projected_version = op.version;
-        assert_eq!(op.wake_at_ms(retention, 0), Some(602_000), "claim expiry");
+        op.count("deliveries", 2_000);
+        assert_eq!(
+            op.wake_at_ms(retention, 0),
+            Some(602_000),
+            "claim expiry: projection and flush wait for the commit"
+        );
         op.finish(c.token, &AttemptOutcome::Delivered, 2_500, 0);
+        assert_eq!(
+            op.wake_at_ms(retention, 0),
+            Some(1_000),
+            "committed: projection due"
+        );
+        op.drop_flushed_stats(op.stats_seq);
         op.projected_version = op.version;
         assert_eq!(
             op.wake_at_ms(retention, 0),

@@ -131,8 +131,8 @@ impl DurableObject for OperationGate {
             log(json!({"event": "retention_expired", "key": op.key}));
             return Response::ok("retention expired");
         }
-        let op = self.flush_stats(op).await?;
-        let (op, _) = self.drive_effect(op, &config).await?;
+        // The effect first, so the flush and the ledger write that follow carry its outcome.
+        let (op, _) = self.drive_effect(op, &config, false).await?;
         self.settle_storage(op, &config).await?;
         Response::ok("ok")
     }
@@ -185,10 +185,11 @@ impl OperationGate {
                         effect: EffectReport::NotOwed,
                     });
                 }
-                // Saved: a dropped event is counted, exactly, in the same write.
-                self.save(&op)?;
+                // Stored before anything is awaited, by drive_effect (with the claim, if the
+                // effect is due: one write, not two): a dropped event is counted, exactly, in
+                // the same write as the decision.
                 self.record(now, history_of_event(&event, verdict))?;
-                let (op, effect) = self.drive_effect(op, config).await?;
+                let (op, effect) = self.drive_effect(op, config, true).await?;
                 let status = op.status.as_str().to_string();
                 self.sync_alarm(&op, config).await?;
                 Ok(match verdict {
@@ -206,7 +207,7 @@ impl OperationGate {
                 let Some(op) = self.load()? else {
                     return Ok(GateReply::NotFound);
                 };
-                let (op, effect) = self.drive_effect(op, config).await?;
+                let (op, effect) = self.drive_effect(op, config, false).await?;
                 self.sync_alarm(&op, config).await?;
                 Ok(GateReply::Effect { effect })
             }
@@ -254,7 +255,7 @@ impl OperationGate {
                 log(
                     json!({"event": "redeliver", "key": op.key, "generation": generation, "reason": reason}),
                 );
-                let (op, effect) = self.drive_effect(op, config).await?;
+                let (op, effect) = self.drive_effect(op, config, false).await?;
                 self.sync_alarm(&op, config).await?;
                 Ok(GateReply::Redelivered { generation, effect })
             }
@@ -282,17 +283,25 @@ impl OperationGate {
     }
 
     /// Claims, runs and commits the side effect if it is owed and due. Returns the record as
-    /// it stands afterwards (re-read: other requests may have run during the call).
+    /// it stands afterwards (re-read: other requests may have run during the call). With
+    /// `unsaved`, `op` has changes not stored yet: they are stored before the first await.
     async fn drive_effect(
         &self,
         mut op: Operation,
         config: &Config,
+        unsaved: bool,
     ) -> Result<(Operation, EffectReport)> {
         if !op.effect_owed() {
+            if unsaved {
+                self.save(&op)?;
+            }
             return Ok((op, EffectReport::NotOwed));
         }
         let now = now_ms();
         let Some(claim) = op.claim(now, config.claim_ttl_secs * 1_000) else {
+            if unsaved {
+                self.save(&op)?;
+            }
             let report = if op.effect.claim.is_some_and(|c| c.expires_ms > now) {
                 EffectReport::InFlight
             } else {
@@ -381,73 +390,77 @@ impl OperationGate {
         post_alert(config, &alert_body(alert, op, age_seconds)).await
     }
 
-    /// Sends counted events to this operation's stats shard; on failure they stay pending and
-    /// the alarm tries again.
-    async fn flush_stats(&self, mut op: Operation) -> Result<Operation> {
+    /// From the alarm: sends counted events to this operation's stats shard and projects the
+    /// record to the ledger if it changed (at most once a second), both at once, then stores
+    /// the outcome in one write and sets the alarm for whatever is pending next. A failed
+    /// flush keeps its events (sealed) and a failed ledger write keeps the gate the truth;
+    /// the alarm tries both again.
+    async fn settle_storage(&self, mut op: Operation, config: &Config) -> Result<()> {
+        let now = now_ms();
         // Sealed and stored before the call: counts made while it is in flight go to new
         // events, so what the shard receives is never changed afterwards.
-        let Some(last) = op.seal_stats() else {
-            return Ok(op);
-        };
-        self.save(&op)?;
-        let shard = stats::shard_of(&op.key);
-        match super::stats::add(
-            &self.env,
-            shard,
-            Some(op.key.clone()),
-            op.pending_stats.clone(),
-        )
-        .await
-        {
-            Ok(()) => {
-                let mut op = self.load()?.unwrap_or(op);
-                op.drop_flushed_stats(last);
-                self.save(&op)?;
-                Ok(op)
+        let sealed = op.seal_stats();
+        if sealed.is_some() {
+            self.save(&op)?;
+        }
+        // Only the alarm projects, and one alarm runs at a time: two writes never race in KV.
+        let projection = (op.projected_version < op.version
+            && now >= op.projected_at_ms + crate::operation::PROJECTION_SPACING_MS)
+            .then(|| project(&op, config.retention_ms() / 1_000));
+        if sealed.is_none() && projection.is_none() {
+            return self.sync_alarm(&op, config).await;
+        }
+        let flush = async {
+            match sealed {
+                None => None,
+                Some(_) => Some(
+                    super::stats::add(
+                        &self.env,
+                        stats::shard_of(&op.key),
+                        Some(op.key.clone()),
+                        op.pending_stats.clone(),
+                    )
+                    .await,
+                ),
             }
-            Err(e) => {
+        };
+        let write = async {
+            match &projection {
+                None => None,
+                Some(p) => Some(match self.env.kv(KV_BINDING) {
+                    Ok(kv) => write_projection(&kv, p).await,
+                    Err(e) => Err(e.to_string()),
+                }),
+            }
+        };
+        let (flushed, written) = futures_util::join!(flush, write);
+
+        let mut op = self.load()?.unwrap_or(op);
+        match (sealed, flushed) {
+            (Some(last), Some(Ok(()))) => op.drop_flushed_stats(last),
+            (_, Some(Err(e))) => {
                 log(json!({"event": "stats_flush_failed", "key": op.key, "error": e}));
                 // Retried by the alarm: push the wake time a little into the future.
-                let mut op = self.load()?.unwrap_or(op);
                 let retry_at = now_ms() + 5_000;
                 for event in &mut op.pending_stats {
                     event.at_ms = event.at_ms.max(retry_at);
                 }
-                self.save(&op)?;
-                Ok(op)
             }
+            _ => {}
         }
-    }
-
-    /// From the alarm: projects the record to the ledger if it changed (at most once a second),
-    /// then sets the alarm for whatever is pending next.
-    async fn settle_storage(&self, op: Operation, config: &Config) -> Result<()> {
-        let now = now_ms();
-        // Only the alarm projects, and one alarm runs at a time: two writes never race in KV.
-        let due = op.projected_version < op.version
-            && now >= op.projected_at_ms + crate::operation::PROJECTION_SPACING_MS;
-        let mut op = op;
-        if due {
-            let projection = project(&op, config.retention_ms() / 1_000);
-            let written = match self.env.kv(KV_BINDING) {
-                Ok(kv) => write_projection(&kv, &projection).await,
-                Err(e) => Err(e.to_string()),
-            };
-            op = self.load()?.unwrap_or(op);
-            match written {
-                Ok(()) => {
-                    op.projected_version = op.projected_version.max(projection.metadata.version);
-                    op.projected_at_ms = now;
-                    self.save(&op)?;
-                }
-                Err(e) => {
-                    // The gate stays the truth; the alarm writes the projection again.
-                    op.projected_at_ms = now;
-                    self.save(&op)?;
-                    log(json!({"event": "ledger_write_failed", "key": op.key, "error": e}));
-                }
+        match (&projection, written) {
+            (Some(p), Some(Ok(()))) => {
+                op.projected_version = op.projected_version.max(p.metadata.version);
+                op.projected_at_ms = now;
             }
+            (_, Some(Err(e))) => {
+                // The gate stays the truth; the alarm writes the projection again.
+                op.projected_at_ms = now;
+                log(json!({"event": "ledger_write_failed", "key": op.key, "error": e}));
+            }
+            _ => {}
         }
+        self.save(&op)?;
         self.sync_alarm(&op, config).await
     }
 
