@@ -1007,18 +1007,22 @@ async function prepareScenarios(w) {
   return { scenarios, counters };
 }
 
-// Gates hold their counters this long before flushing them to a stats shard. The default is
-// 10 s; 2 s here, so that the flushes a cell's deliveries defer fire inside that cell's own
-// wait for idleness and are charged to it, not to whatever cell runs 10 s later. With the
-// default a burst batches 5x more per flush, so these figures are, if anything, pessimistic.
-const BENCH_STATS_FLUSH_SECONDS = 2;
-const GATE_SCENARIOS = new Set(["first", "duplicate", "first_no_effect", "duplicate_one_key"]);
+// Work a cell's deliveries defer is charged to that cell: after it, the bench waits for idleness
+// and at least this long. Gates flush counters STATS_FLUSH_SECONDS (default 10) after the
+// oldest one, so duplicate cells wait for that; a first delivery's alarm follows its commit
+// and the ledger write may wait for the 1 s spacing.
+const STATS_FLUSH_SECONDS = 10;
+const DEFERRED_MS = {
+  duplicate: STATS_FLUSH_SECONDS * 1000 + 500,
+  duplicate_one_key: STATS_FLUSH_SECONDS * 1000 + 500,
+  first: 1_500,
+  first_no_effect: 1_500,
+};
 
 async function benchFast(dir, stubs, plan) {
   const w = await startWorker(dir, {
     EFFECT_URL: `${stubs.url}/effects`,
     GEMINI_API_BASE: stubs.url,
-    STATS_FLUSH_SECONDS: String(BENCH_STATS_FLUSH_SECONDS),
   }, {}, { probe: true, probeDest: `${stubs.url}/probe-effects` });
   try {
     const base = w.url;
@@ -1041,13 +1045,12 @@ async function benchFast(dir, stubs, plan) {
           // Warm-up: open the connections, touch the code paths.
           await load({ base, agent, concurrency: c, durationMs: 10_000, maxRequests: Math.max(20, c * 4), make: sc.make, check: () => true });
           const marks = Object.fromEntries((logOf[name] ?? []).map((e) => [e, w.count(e)]));
-          // Deferred counter flushes of a cell that reaches gates belong to that cell.
-          const settleMs = GATE_SCENARIOS.has(name) ? BENCH_STATS_FLUSH_SECONDS * 1000 + 500 : 0;
-          await quiesce(w.pid, plan.quick ? 500 : 3_000, settleMs);
+          // The warm-up's deferred work lands in the cell with the cell's own, as it would.
+          await quiesce(w.pid, plan.quick ? 500 : 3_000);
           const meter = cpuMeter(w.pid, stubs.pid);
           const m = await load({ base, agent, concurrency: c, durationMs: plan.seconds * 1000, maxRequests: 100_000, make: sc.make, check: sc.check });
           // The background work these requests caused (alarms, flushes) is part of their cost.
-          const tail_ms = await quiesce(w.pid, plan.quick ? 500 : 3_000, settleMs);
+          const tail_ms = await quiesce(w.pid, plan.quick ? 500 : 3_000, plan.quick ? 0 : DEFERRED_MS[name] ?? 0);
           const cpu = { ...meter(m.lat.length), tail_ms: round(tail_ms, 0) };
           const logged = {};
           for (const [e, from] of Object.entries(marks)) {
@@ -1255,7 +1258,7 @@ function analyzeProfile(p) {
 async function benchProfile(dir, stubs, plan) {
   const WebSocket = await webSocketClass();
   if (!WebSocket) return { skipped: "no WebSocket client (ws or undici) in node_modules" };
-  const w = await startWorker(dir, { EFFECT_URL: `${stubs.url}/effects`, GEMINI_API_BASE: stubs.url, STATS_FLUSH_SECONDS: String(BENCH_STATS_FLUSH_SECONDS) }, { inspectorPort: 0 });
+  const w = await startWorker(dir, { EFFECT_URL: `${stubs.url}/effects`, GEMINI_API_BASE: stubs.url }, { inspectorPort: 0 });
   const conns = {};
   try {
     const inspector = await w.mf.getInspectorURL();
@@ -1274,7 +1277,7 @@ async function benchProfile(dir, stubs, plan) {
       const sc = scenarios[name];
       const agent = new http.Agent({ keepAlive: true, maxSockets: c });
       await load({ base: w.url, agent, concurrency: c, durationMs: 10_000, maxRequests: 50, make: sc.make, check: () => true });
-      const settleMs = GATE_SCENARIOS.has(name) ? BENCH_STATS_FLUSH_SECONDS * 1000 + 500 : 0;
+      const settleMs = plan.quick ? 0 : DEFERRED_MS[name] ?? 0;
       await quiesce(w.pid, plan.quick ? 1_000 : 3_000, settleMs); // the warm-up's alarms and flushes
       for (const cn of Object.values(conns)) await cn.call("Profiler.start");
       const meter = cpuMeter(w.pid, stubs.pid);

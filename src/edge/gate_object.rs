@@ -13,9 +13,11 @@
 //! reply is sent only after the new state is stored (a duplicate of a settled operation has
 //! no new state: it is answered from memory, its count stored with the next write or flush,
 //! at most `STATS_FLUSH_SECONDS` later; a restart in that window loses counts, never state).
-//! The record is kept in memory after the first read; every write updates it. The KV projection follows the record from
-//! the alarm, after the reply (so a delivery's answer never waits on KV), at most once a second
-//! (KV's per-key write rate), and is retried by the alarm when a write fails.
+//! The record is kept in memory after the first read; every write updates it. The KV
+//! projection and the counter flush follow the record from the alarm, after the reply (so a
+//! delivery's answer never waits on KV), not while a claim is held (the commit follows within
+//! the effect timeout), at most once a second for KV (its per-key write rate), and are retried
+//! by the alarm when they fail.
 
 use std::cell::{Cell, RefCell};
 

@@ -7,7 +7,7 @@
 //! retried flush is never counted twice; `recent(at_ms, gate, name)` the newest
 //! [`RECENT_DROPS`] dropped events, for the dashboard. Guarantees: see [`crate::stats`].
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -155,7 +155,14 @@ pub async fn read(env: &Env) -> std::result::Result<Value, String> {
 #[durable_object]
 pub struct StatsShard {
     state: State,
+    /// When this instance last pruned old buckets and dedupe marks: at most hourly, because
+    /// `seen` holds a row per operation ever counted and pruning it on every flush made each
+    /// flush's cost grow with the shard's history.
+    pruned_at_ms: Cell<i64>,
 }
+
+/// How often a shard instance prunes.
+const PRUNE_EVERY_MS: i64 = 3_600_000;
 
 #[derive(Deserialize)]
 struct CountRow {
@@ -175,12 +182,16 @@ impl DurableObject for StatsShard {
             "CREATE TABLE IF NOT EXISTS counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name))",
             "CREATE TABLE IF NOT EXISTS seen (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL)",
             "CREATE TABLE IF NOT EXISTS recent (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, gate TEXT NOT NULL, name TEXT NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS seen_by_age ON seen (at_ms)",
         ] {
             if let Err(e) = sql.exec(ddl, None) {
                 log(json!({"event": "stats_schema_error", "error": e.to_string()}));
             }
         }
-        Self { state }
+        Self {
+            state,
+            pruned_at_ms: Cell::new(i64::MIN),
+        }
     }
 
     async fn fetch(&self, mut req: Request) -> Result<Response> {
@@ -231,18 +242,24 @@ impl DurableObject for StatsShard {
                         vec![g.into(), (highest as i64).into(), now.into()],
                     )?;
                 }
-                sql.exec(
-                    "DELETE FROM counts WHERE hour >= 0 AND hour < ?",
-                    vec![(hour_of(now) - 48).into()],
-                )?;
-                sql.exec(
-                    "DELETE FROM seen WHERE at_ms < ?",
-                    vec![(now - SEEN_KEEP_MS).into()],
-                )?;
-                sql.exec(
-                    "DELETE FROM recent WHERE seq <= (SELECT MAX(seq) FROM recent) - ?",
-                    vec![RECENT_DROPS.into()],
-                )?;
+                if now - self.pruned_at_ms.get() >= PRUNE_EVERY_MS {
+                    self.pruned_at_ms.set(now);
+                    sql.exec(
+                        "DELETE FROM counts WHERE hour >= 0 AND hour < ?",
+                        vec![(hour_of(now) - 48).into()],
+                    )?;
+                    sql.exec(
+                        "DELETE FROM seen WHERE at_ms < ?",
+                        vec![(now - SEEN_KEEP_MS).into()],
+                    )?;
+                }
+                // Cheap (the newest rows by primary key), and it keeps "recent" recent.
+                if events.iter().any(|e| e.name.starts_with("dropped_")) {
+                    sql.exec(
+                        "DELETE FROM recent WHERE seq <= (SELECT MAX(seq) FROM recent) - ?",
+                        vec![RECENT_DROPS.into()],
+                    )?;
+                }
                 Response::from_json(&json!({"ok": true}))
             }
             ShardCommand::Read => {
