@@ -331,14 +331,13 @@ impl Operation {
     /// an unsealed pending event of the same name and hour, so the record stays small however
     /// many duplicates arrive between flushes (a replayed delivery can arrive hundreds of times
     /// a second); sealed events are left alone, which keeps the shard's per-sequence dedupe
-    /// exact.
+    /// exact. `dropped_*` events stay one per drop: the shard lists each as a recent drop.
     pub fn count(&mut self, name: &str, now_ms: i64) {
         let sealed = self.stats_sealed_seq;
-        if let Some(event) = self
-            .pending_stats
-            .iter_mut()
-            .find(|e| e.seq > sealed && e.name == name && hour_of(e.at_ms) == hour_of(now_ms))
-        {
+        let mergeable = !name.starts_with("dropped_");
+        if let Some(event) = self.pending_stats.iter_mut().find(|e| {
+            mergeable && e.seq > sealed && e.name == name && hour_of(e.at_ms) == hour_of(now_ms)
+        }) {
             event.count += 1;
             return;
         }
@@ -745,6 +744,10 @@ mod tests {
         // A new hour starts a new event, so the shard's hourly buckets stay right.
         op.count("duplicates_skipped", 3_600_000);
         assert_eq!(op.pending_stats.len(), 2);
+        // Drops stay one event each: the shard lists every one as a recent drop.
+        op.count("dropped_regress_from_terminal", 3_600_001);
+        op.count("dropped_regress_from_terminal", 3_600_002);
+        assert_eq!(op.pending_stats.len(), 4);
     }
 
     #[test]

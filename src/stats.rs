@@ -45,6 +45,15 @@ fn one() -> u64 {
 /// Counter totals by name.
 pub type Tally = BTreeMap<String, u64>;
 
+/// How often a shard prunes old hourly buckets and dedupe marks.
+pub const PRUNE_EVERY_MS: i64 = 3_600_000;
+
+/// True when a shard that last pruned at `last_ms` should prune again (it starts at 0: the
+/// first flush of an instance prunes).
+pub fn prune_due(now_ms: i64, last_ms: i64) -> bool {
+    now_ms.saturating_sub(last_ms) >= PRUNE_EVERY_MS
+}
+
 /// The hour bucket of a time.
 pub fn hour_of(ms: i64) -> i64 {
     ms.div_euclid(3_600_000)
@@ -71,6 +80,16 @@ pub fn unseen(events: &[StatEvent], seen_seq: u64) -> impl Iterator<Item = &Stat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_prunes_on_its_first_flush_then_hourly() {
+        let now = 1_795_000_000_000;
+        assert!(prune_due(now, 0), "a new instance prunes");
+        assert!(!prune_due(now, now));
+        assert!(!prune_due(now + PRUNE_EVERY_MS - 1, now));
+        assert!(prune_due(now + PRUNE_EVERY_MS, now));
+        assert!(prune_due(now, i64::MIN), "no overflow whatever the mark");
+    }
 
     fn ev(seq: u64, name: &str) -> StatEvent {
         StatEvent {

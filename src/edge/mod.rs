@@ -126,7 +126,7 @@ pub fn stub_for(env: &Env, binding: &str, name: &str) -> std::result::Result<Obj
 }
 
 /// A JS exception as text.
-fn js_error(e: &JsValue) -> String {
+pub fn js_error(e: &JsValue) -> String {
     e.as_string()
         .or_else(|| {
             e.dyn_ref::<js_sys::Error>()

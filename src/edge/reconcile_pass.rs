@@ -6,8 +6,9 @@
 //! `RECONCILE_BUDGET` subrequests (KV list calls, gate calls, lease calls and status calls
 //! together) and resumes where it stopped on the next run; a 429 or 5xx from the status API
 //! stops polling until its Retry-After has passed and settles nothing, and the next pass
-//! resumes at the first entry that was skipped for it; a 404 asks the gate for
-//! an `unknown_to_gemini` alert; a malformed answer is logged and skipped.
+//! resumes at the first entry that was skipped for it (if the wait is shorter than a cron
+//! interval); a 404 asks the gate for an `unknown_to_gemini` alert; a malformed answer is
+//! logged and skipped.
 
 use serde_json::{json, Value};
 use worker::{Env, KvStore, Method};
@@ -33,6 +34,10 @@ pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
 const PAGE_SIZE: u64 = 1_000;
 /// Status API calls get this long.
 const STATUS_TIMEOUT_MS: i64 = 10_000;
+/// A backoff ending within this long (one cron interval) holds the next pass's start at the
+/// first entry it skipped; a longer one does not, or every pass until it ends would spend its
+/// budget on the same stretch of the ledger and never reach retries and alerts beyond it.
+const HOLD_BACKOFF_UP_TO_MS: i64 = 300_000;
 /// Status answers are small; anything longer is cut before parsing fails it.
 const STATUS_MAX_CHARS: usize = 256 * 1024;
 
@@ -81,8 +86,9 @@ struct Pass<'a> {
     report: PassReport,
     status_backoff_until_ms: i64,
     /// Where the walk was before the first entry it owed a poll and skipped because Gemini
-    /// asked us to wait (429/5xx, Retry-After): the next pass starts there, so a rate limit
-    /// does not leave the rest of the ledger unpolled for a whole coverage. The entry whose
+    /// asked us to wait (429/5xx, Retry-After, ending within [`HOLD_BACKOFF_UP_TO_MS`]): the
+    /// next pass starts there, so a rate limit does not leave the rest of the ledger unpolled
+    /// for a whole coverage. The entry whose
     /// call failed is not held (it was tried; holding it could stall every pass on it).
     first_unpolled: Option<Resume>,
 }
@@ -390,11 +396,12 @@ impl Pass<'_> {
     }
 
     /// Polls Gemini for one operation and hands a change to its gate. False when it did not
-    /// ask because Gemini asked us to wait.
+    /// ask because Gemini asked us to wait, and the wait ends before the next cron run.
     async fn poll(&mut self, key: &str, meta: &LedgerMeta) -> bool {
         let now = now_ms();
         if now < self.status_backoff_until_ms {
-            return false; // Gemini asked us to wait; the next pass asks again.
+            // Gemini asked us to wait; the next pass asks again, starting here if it is soon.
+            return self.status_backoff_until_ms - now > HOLD_BACKOFF_UP_TO_MS;
         }
         let Some(collection) = Collection::of_key(key) else {
             return true;

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use worker::{durable_object, Context, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::gate_protocol::{LeaseCommand, LeaseReply};
-use crate::stats::{hour_of, merge, unseen, StatEvent, Tally, SHARDS};
+use crate::stats::{hour_of, merge, prune_due, unseen, StatEvent, Tally, SHARDS};
 
 use super::{log, post_json};
 
@@ -161,9 +161,6 @@ pub struct StatsShard {
     pruned_at_ms: Cell<i64>,
 }
 
-/// How often a shard instance prunes.
-const PRUNE_EVERY_MS: i64 = 3_600_000;
-
 #[derive(Deserialize)]
 struct CountRow {
     name: String,
@@ -190,7 +187,7 @@ impl DurableObject for StatsShard {
         }
         Self {
             state,
-            pruned_at_ms: Cell::new(i64::MIN),
+            pruned_at_ms: Cell::new(0),
         }
     }
 
@@ -242,7 +239,7 @@ impl DurableObject for StatsShard {
                         vec![g.into(), (highest as i64).into(), now.into()],
                     )?;
                 }
-                if now - self.pruned_at_ms.get() >= PRUNE_EVERY_MS {
+                if prune_due(now, self.pruned_at_ms.get()) {
                     self.pruned_at_ms.set(now);
                     sql.exec(
                         "DELETE FROM counts WHERE hour >= 0 AND hour < ?",

@@ -47,7 +47,7 @@ pub async fn receive(
     );
     let body = read_body(&req)
         .await
-        .map_err(|e| EdgeError::BadRequest(format!("unreadable body: {e:?}")))?;
+        .map_err(|e| EdgeError::BadRequest(format!("unreadable body: {}", super::js_error(&e))))?;
     if body.len() > config.max_body_bytes {
         if count_rejected("body_too_large") {
             log(json!({"event": "rejected", "reason": "body_too_large", "bytes": body.len()}));
