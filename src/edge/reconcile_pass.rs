@@ -88,8 +88,8 @@ struct Pass<'a> {
     /// Where the walk was before the first entry it owed a poll and skipped because Gemini
     /// asked us to wait (429/5xx, Retry-After, ending within [`HOLD_BACKOFF_UP_TO_MS`]): the
     /// next pass starts there, so a rate limit does not leave the rest of the ledger unpolled
-    /// for a whole coverage. The entry whose
-    /// call failed is not held (it was tried; holding it could stall every pass on it).
+    /// for a whole coverage. The entry whose call failed is not held (it was tried; holding
+    /// it could stall every pass on it).
     first_unpolled: Option<Resume>,
 }
 
@@ -176,9 +176,9 @@ impl Pass<'_> {
     }
 
     /// Walks the ledger from `resume`; returns where the next pass starts and whether this
-    /// one covered everything. Entries it could not poll hold the resume point back: the
-    /// walk goes on (retries and alerts further on still happen) but the next pass starts
-    /// again at the first of them.
+    /// one covered everything. Entries skipped for a short backoff hold the resume point back
+    /// (see `first_unpolled`): the walk goes on (retries and alerts further on still happen)
+    /// but the next pass starts again at the first of them.
     async fn walk(&mut self, resume: Resume) -> (Resume, bool) {
         let (resume, complete) = self.walk_from(resume).await;
         match self.first_unpolled.take() {
