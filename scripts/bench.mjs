@@ -31,14 +31,16 @@
 // Every server listens on 127.0.0.1; every loop is bounded; every child process is killed.
 // build/ is copied to a temp directory first, so a rebuild during the run changes nothing.
 import { spawn, spawnSync, execFileSync } from "node:child_process";
-import { createHmac, createHash } from "node:crypto";
+import { createHash } from "node:crypto";
 import fs from "node:fs";
 import http from "node:http";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import zlib from "node:zlib";
+
+import { sign } from "./send.mjs";
+import { eachLine, freePort, logObject, workerLayout } from "./local_worker.mjs";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const SELF = fileURLToPath(import.meta.url);
@@ -47,7 +49,6 @@ const GEMINI_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const OTHER_SECRET = "whsec_b3RoZXItc2VjcmV0LW5vdC1nZW1pbmlzLWtleQ==";
 const EFFECT_SECRET = "whsec_c2lkZS1lZmZlY3Qtc2VjcmV0LWZvci10ZXN0cw==";
 const ADMIN_TOKEN = "bench-admin-token-0123456789";
-const COMPAT_DATE = "2026-04-01";
 const CRON = "*/5 * * * *";
 const DEFAULT_BUDGET = 900;
 const RETENTION_SECS = 14 * 86_400;
@@ -235,17 +236,6 @@ function median(xs) {
   return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 }
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.on("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
-
 /** CPU time (ns) of a process: its main thread and all its threads, from /proc schedstat. */
 function cpuOf(pid) {
   try {
@@ -333,25 +323,7 @@ function baseVars(vars) {
   return b;
 }
 
-/**
- * The bindings wrangler.toml declares (Durable Object classes, KV namespaces, [vars]), so the
- * bench runs the worker as `wrangler dev` would, whatever objects the build has grown.
- */
-function wranglerConfig() {
-  const toml = fs.readFileSync(path.join(root, "wrangler.toml"), "utf8");
-  const durableObjects = {};
-  const doBlock = /\[durable_objects\][\s\S]*?bindings\s*=\s*\[([\s\S]*?)\]/.exec(toml)?.[1] ?? "";
-  for (const m of doBlock.matchAll(/\{\s*name\s*=\s*"([^"]+)"\s*,\s*class_name\s*=\s*"([^"]+)"[^}]*\}/g)) {
-    durableObjects[m[1]] = { className: m[2], useSQLite: true };
-  }
-  const kvNamespaces = [...toml.matchAll(/\[\[kv_namespaces\]\][^\[]*?binding\s*=\s*"([^"]+)"/g)].map((m) => m[1]);
-  const vars = {};
-  const varBlock = /^\[vars\]\s*\n([\s\S]*?)(?=^\[|$(?![\s\S]))/m.exec(toml)?.[1] ?? "";
-  for (const m of varBlock.matchAll(/^([A-Z0-9_]+)\s*=\s*"([^"]*)"/gm)) vars[m[1]] = m[2];
-  const compat = /^compatibility_date\s*=\s*"([^"]+)"/m.exec(toml)?.[1];
-  if (!durableObjects.OPERATION_GATE) throw new Error("wrangler.toml: no OPERATION_GATE Durable Object binding found");
-  return { durableObjects, kvNamespaces: kvNamespaces.length ? kvNamespaces : ["OPS_KV"], vars, compatibilityDate: compat ?? COMPAT_DATE };
-}
+/** wrangler.toml's bindings and [vars] (scripts/local_worker.mjs), read once by main(). */
 let WRANGLER;
 
 /**
@@ -418,7 +390,6 @@ function workerOptions(dir, bindings, extra = {}, { probe = false, probeDest = "
 }
 
 function mainWorkerOptions(dir, bindings) {
-  WRANGLER ??= wranglerConfig();
   // Only the classes this build exports (wrangler.toml may be ahead of build/ while someone works).
   const js = fs.readFileSync(path.join(dir, "index.js"), "utf8");
   const exported = new Set([...js.matchAll(/export\s*\{([^}]*)\}/g)].flatMap((m) => m[1].split(",").map((x) => x.trim().split(/\s+as\s+/).at(-1))));
@@ -440,27 +411,14 @@ async function startWorker(dir, vars, extraOptions = {}, { probe = false, probeD
   const { Miniflare } = await import("miniflare");
   const byEvent = new Map();
   const other = [];
-  const collect = (stream) => {
-    let buffered = "";
-    stream.on("data", (chunk) => {
-      buffered += chunk.toString();
-      let nl;
-      while ((nl = buffered.indexOf("\n")) >= 0) {
-        const line = buffered.slice(0, nl);
-        buffered = buffered.slice(nl + 1);
-        const start = line.indexOf("{");
-        let parsed = null;
-        if (start >= 0) {
-          try { parsed = JSON.parse(line.slice(start)); } catch {}
-        }
-        if (parsed && typeof parsed.event === "string") {
-          if (!byEvent.has(parsed.event)) byEvent.set(parsed.event, []);
-          byEvent.get(parsed.event).push(parsed);
-        } else if (line.trim() && other.length < 200) other.push(line);
-        if (process.env.SHOW_WORKER_LOGS) console.error(line);
-      }
-    });
-  };
+  const collect = (stream) => eachLine(stream, (line) => {
+    const parsed = logObject(line);
+    if (parsed && typeof parsed.event === "string") {
+      if (!byEvent.has(parsed.event)) byEvent.set(parsed.event, []);
+      byEvent.get(parsed.event).push(parsed);
+    } else if (line.trim() && other.length < 200) other.push(line);
+    if (process.env.SHOW_WORKER_LOGS) console.error(line);
+  });
   const t0 = now();
   const mf = new Miniflare(workerOptions(dir, baseVars(vars), {
     ...extraOptions,
@@ -547,13 +505,10 @@ async function load({ base, agent, concurrency, durationMs, maxRequests, make, c
 // ---------------------------------------------------------------------------------------
 // Gemini deliveries, signed the Standard Webhooks way.
 
-const geminiKey = Buffer.from(GEMINI_SECRET.slice("whsec_".length), "base64");
-const otherKey = Buffer.from(OTHER_SECRET.slice("whsec_".length), "base64");
 
-function signed(body, id, key = geminiKey) {
-  const ts = String(Math.floor(Date.now() / 1000));
-  const sig = createHmac("sha256", key).update(`${id}.${ts}.${body}`).digest("base64");
-  return { "content-type": "application/json", "webhook-id": id, "webhook-timestamp": ts, "webhook-signature": `v1,${sig}` };
+/** A delivery's headers, signed as Gemini signs (with `secret`, by default Gemini's). */
+function signed(body, id, secret = GEMINI_SECRET) {
+  return sign(secret, id, Math.floor(Date.now() / 1000), body);
 }
 
 function envelope(type, id, data = {}, timestamp = new Date().toISOString()) {
@@ -607,6 +562,7 @@ async function startStubs() {
 async function main() {
   installSignalHandlers();
   const args = parseArgs(process.argv.slice(2));
+  WRANGLER = await workerLayout();
   const quick = args.quick;
   const sections = args.only ?? new Set(["build", "fast", "profile", "reconcile"]);
   const plan = {
@@ -729,7 +685,7 @@ async function benchBuild(dir, work, plan) {
 
   out.startup = { miniflare_process_ms: [], wrangler_dev_ms: [] };
   for (let i = 0; i < plan.startup_samples; i++) {
-    out.startup.miniflare_process_ms.push(round(await timeToFirstAnswer([process.execPath, SELF, "--_serve", dir], root), 0));
+    out.startup.miniflare_process_ms.push(round(await timeToFirstAnswer([process.execPath, SELF, "--_serve", dir, JSON.stringify(WRANGLER)], root), 0));
   }
   if (plan.wrangler) {
     const wdir = path.join(work, "wrangler");
@@ -968,7 +924,7 @@ async function prepareScenarios(w) {
     rejected: {
       make: () => {
         const n = seq++;
-        return post(envelope("batch.succeeded", `batches/br-${run}-${n}`, OUTPUT), `msg_br_${run}_${n}`, otherKey);
+        return post(envelope("batch.succeeded", `batches/br-${run}-${n}`, OUTPUT), `msg_br_${run}_${n}`, OTHER_SECRET);
       },
       check: (r) => r.status === 401,
     },
@@ -1578,7 +1534,8 @@ function report(r) {
 if (process.argv[2] === "--_stubs") {
   runStubs();
 } else if (process.argv[2] === "--_serve") {
-  serveOnce(process.argv[3], Number(process.argv[4]));
+  WRANGLER = JSON.parse(process.argv[4]); // read by the parent: not part of the start-up timed
+  serveOnce(process.argv[3], Number(process.argv[5]));
 } else {
   main().catch(async (e) => {
     console.error(e?.stack ?? String(e));

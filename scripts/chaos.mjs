@@ -53,14 +53,15 @@
 // harness delivery refused with 400/401/413.
 
 import { spawn, spawnSync } from "node:child_process";
-import { createHmac } from "node:crypto";
 import { createServer } from "node:http";
-import net from "node:net";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { fileURLToPath, pathToFileURL } from "node:url";
+
+import { sign } from "./send.mjs";
+import { eachLine, freePort, logObject, workerLayout } from "./local_worker.mjs";
 
 const SELF = fileURLToPath(import.meta.url);
 const ROOT = path.resolve(path.dirname(SELF), "..");
@@ -271,15 +272,10 @@ export function buildSchedule(seed, n, kills) {
 // ---------------------------------------------------------------------------------------------
 // Standard Webhooks signing, as Gemini signs.
 
-function sign(secret, id, ts, body) {
-  const key = Buffer.from(secret.slice("whsec_".length), "base64");
-  return "v1," + createHmac("sha256", key).update(`${id}.${ts}.${body}`).digest("base64");
-}
-
 function verifyEffect(headers, body) {
   const id = headers["webhook-id"], ts = headers["webhook-timestamp"], sig = headers["webhook-signature"];
   if (!id || !ts || !sig) return false;
-  const expected = sign(EFFECT_SECRET, id, ts, body);
+  const expected = sign(EFFECT_SECRET, id, ts, body)["webhook-signature"];
   return sig.split(" ").some((s) => s === expected);
 }
 
@@ -439,39 +435,6 @@ async function startDestination(run) {
   return { ...server, stats, requests };
 }
 
-/**
- * The worker's KV namespaces and Durable Objects, as wrangler.toml declares them (read with
- * wrangler's own config reader, so that the run follows the file as it changes).
- */
-async function workerLayout() {
-  const { unstable_readConfig } = await import("wrangler");
-  const config = unstable_readConfig({ config: path.join(ROOT, "wrangler.toml") });
-  const sqlite = new Set((config.migrations ?? []).flatMap((m) => m.new_sqlite_classes ?? []));
-  const durableObjects = {};
-  for (const b of config.durable_objects?.bindings ?? []) durableObjects[b.name] = { className: b.class_name, useSQLite: sqlite.has(b.class_name) };
-  const layout = {
-    compatibilityDate: config.compatibility_date ?? "2026-04-01",
-    kvNamespaces: (config.kv_namespaces ?? []).map((k) => k.binding),
-    durableObjects,
-  };
-  if (!layout.kvNamespaces.includes("OPS_KV") || !durableObjects.OPERATION_GATE) throw new Error(`unexpected wrangler.toml layout: ${JSON.stringify(layout)}`);
-  return layout;
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.on("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-// ---------------------------------------------------------------------------------------------
-// The worker under test, in a child process (Miniflare + workerd) that can be SIGKILLed.
-
 const liveGroups = new Set();
 function killGroupSync(pid) {
   try { process.kill(-pid, "SIGKILL"); } catch {}
@@ -526,25 +489,15 @@ class WorkerSupervisor {
     const exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
     child.exitedPromise = exited;
     const ready = new Promise((resolve, reject) => {
-      let buffered = "";
-      const onData = (chunk) => {
-        buffered += chunk.toString();
-        let nl;
-        while ((nl = buffered.indexOf("\n")) >= 0) {
-          const line = buffered.slice(0, nl);
-          buffered = buffered.slice(nl + 1);
-          if (line.startsWith("CHAOS_WORKER_READY ")) {
-            resolve(JSON.parse(line.slice("CHAOS_WORKER_READY ".length)));
-            continue;
-          }
-          this.logStream.write(line + "\n");
-          const start = line.indexOf("{");
-          if (start >= 0) {
-            try { this.onEvent(JSON.parse(line.slice(start))); } catch {}
-          }
+      eachLine(child.stdout, (line) => {
+        if (line.startsWith("CHAOS_WORKER_READY ")) {
+          resolve(JSON.parse(line.slice("CHAOS_WORKER_READY ".length)));
+          return;
         }
-      };
-      child.stdout.on("data", onData);
+        this.logStream.write(line + "\n");
+        const event = logObject(line);
+        if (event) this.onEvent(event);
+      });
       child.stderr.on("data", (chunk) => this.logStream.write(chunk));
       exited.then(({ code, signal }) => reject(new Error(`worker child exited before ready (code ${code}, signal ${signal})`)));
     });
@@ -788,8 +741,7 @@ export async function runChaos(options = {}) {
       for (let attempt = 0; attempt < 200 && !stopAll; attempt++) {
         if (attempt > 0) deliveryStats.retried_attempts++;
         deliveryStats.http_attempts++;
-        const ts = String(Math.floor(Date.now() / 1000));
-        const headers = { "content-type": "application/json", "webhook-id": webhookId, "webhook-timestamp": ts, "webhook-signature": sign(secret, webhookId, ts, body) };
+        const headers = sign(secret, webhookId, Math.floor(Date.now() / 1000), body);
         try {
           const r = await httpJson(`${worker.base}/webhooks/gemini`, { method: "POST", headers, body }, 15_000);
           if (r.status >= 200 && r.status < 300) {

@@ -1,11 +1,13 @@
 // Test harness: the built worker in workerd (through Miniflare) with real KV and SQLite
 // Durable Object storage, plus real local HTTP servers standing in for the destination,
 // Gemini's status API and an alert sink. Nothing of the worker's own code is mocked.
-import { createHmac } from "node:crypto";
 import { createServer } from "node:http";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { Miniflare } from "miniflare";
+
+import { sign } from "../scripts/send.mjs";
+import { eachLine, logObject } from "../scripts/local_worker.mjs";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -19,19 +21,10 @@ export const ADMIN_TOKEN = "test-admin-token-0123456789";
  */
 export async function startWorker(vars = {}, { http = false } = {}) {
   const logs = [];
-  const collect = (stream) => {
-    let buffered = "";
-    stream.on("data", (chunk) => {
-      buffered += chunk.toString();
-      let nl;
-      while ((nl = buffered.indexOf("\n")) >= 0) {
-        const line = buffered.slice(0, nl);
-        buffered = buffered.slice(nl + 1);
-        logs.push(line);
-        if (process.env.SHOW_WORKER_LOGS) console.error(line);
-      }
-    });
-  };
+  const collect = (stream) => eachLine(stream, (line) => {
+    logs.push(line);
+    if (process.env.SHOW_WORKER_LOGS) console.error(line);
+  });
   const bindings = {
     GEMINI_WEBHOOK_SECRETS: GEMINI_SECRET,
     EFFECT_URL: "http://127.0.0.1:9/unset",
@@ -68,16 +61,7 @@ export async function startWorker(vars = {}, { http = false } = {}) {
     logs,
     /** Structured (JSON) log lines the worker printed so far. */
     events(name) {
-      const out = [];
-      for (const line of logs) {
-        const start = line.indexOf("{");
-        if (start < 0) continue;
-        try {
-          const parsed = JSON.parse(line.slice(start));
-          if (!name || parsed.event === name) out.push(parsed);
-        } catch {}
-      }
-      return out;
+      return logs.map(logObject).filter((e) => e && (!name || e.event === name));
     },
     fetch: (p, init) => mf.dispatchFetch(`http://gemini-once.test${p}`, init),
     async json(p, init) {
@@ -146,16 +130,9 @@ let counter = 0;
 /** Standard Webhooks headers for `body`, as Gemini signs them. */
 export function signedHeaders(body, opts = {}) {
   const id = opts.webhookId ?? `msg_test_${process.pid}_${++counter}`;
-  const ts = String(opts.ts ?? Math.floor(Date.now() / 1000));
-  const secret = opts.secret ?? GEMINI_SECRET;
-  const key = Buffer.from(secret.slice("whsec_".length), "base64");
-  const sig = createHmac("sha256", key).update(`${id}.${ts}.${body}`).digest("base64");
-  return {
-    "content-type": "application/json",
-    "webhook-id": id,
-    "webhook-timestamp": ts,
-    "webhook-signature": opts.signature ?? `v1,${sig}`,
-  };
+  const headers = sign(opts.secret ?? GEMINI_SECRET, id, opts.ts ?? Math.floor(Date.now() / 1000), body);
+  if (opts.signature != null) headers["webhook-signature"] = opts.signature;
+  return headers;
 }
 
 /**
