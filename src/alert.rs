@@ -1,9 +1,12 @@
 //! Alerts: the JSON an operator's alert sink receives, with a `text` fit for Slack or Discord.
 //!
 //! Guarantees: the body names the alert kind, the operation (key, name, kind) and its age;
-//! it never contains a secret. Each kind fires once per operation; the gate keeps that mark.
+//! it never contains a secret. Each kind is raised once per operation (the gate keeps that
+//! mark) and sent at least once: it stays queued in the record until the sink accepts it,
+//! under an `alert_id` that is the same on every retry.
 
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
 use crate::operation::Operation;
 
@@ -13,6 +16,14 @@ pub const STUCK: &str = "stuck";
 pub const UNKNOWN_TO_GEMINI: &str = "unknown_to_gemini";
 /// Terminal, but the side effect is still not done past the threshold, or parked.
 pub const EFFECT_FAILING: &str = "effect_failing";
+
+/// The `alert-id` of an alert: the same on every retry of one alert, so a sink can drop
+/// repeats (alerts are sent at least once).
+pub fn alert_id(key: &str, kind: &str, generation: u32) -> String {
+    let digest = Sha256::digest(format!("{key}#{kind}#{generation}").as_bytes());
+    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    format!("alert_{hex}")
+}
 
 /// Renders a duration as `2h 5m`, `3m 20s` or `45s`.
 pub fn human_age(seconds: i64) -> String {
@@ -24,8 +35,8 @@ pub fn human_age(seconds: i64) -> String {
     }
 }
 
-/// The alert body: `{"alert", "key", "name", "kind", "age_seconds", "text"}`.
-pub fn alert_body(alert: &str, op: &Operation, age_seconds: i64) -> Value {
+/// The alert body: `{"alert", "alert_id", "key", "name", "kind", "age_seconds", "text"}`.
+pub fn alert_body(alert: &str, alert_id: &str, op: &Operation, age_seconds: i64) -> Value {
     let kind = op.kind.as_deref().unwrap_or("unregistered kind");
     let age = human_age(age_seconds);
     let what = match alert {
@@ -54,6 +65,7 @@ pub fn alert_body(alert: &str, op: &Operation, age_seconds: i64) -> Value {
     };
     json!({
         "alert": alert,
+        "alert_id": alert_id,
         "key": op.key,
         "name": op.name,
         "kind": op.kind,
@@ -75,6 +87,14 @@ mod tests {
     }
 
     #[test]
+    fn alert_ids_are_stable_per_operation_kind_and_generation() {
+        assert_eq!(alert_id("batches/a", STUCK, 1), alert_id("batches/a", STUCK, 1));
+        assert_ne!(alert_id("batches/a", STUCK, 1), alert_id("batches/b", STUCK, 1));
+        assert_ne!(alert_id("batches/a", STUCK, 1), alert_id("batches/a", EFFECT_FAILING, 1));
+        assert_ne!(alert_id("batches/a", STUCK, 1), alert_id("batches/a", STUCK, 2));
+    }
+
+    #[test]
     fn stuck_alert_names_the_operation() {
         let op = Operation::register(
             "batches/a",
@@ -82,7 +102,8 @@ mod tests {
             Some("nightly".into()),
             0,
         );
-        let body = alert_body(STUCK, &op, 21_600);
+        let body = alert_body(STUCK, "alert_x", &op, 21_600);
+        assert_eq!(body["alert_id"], "alert_x");
         assert_eq!(body["alert"], "stuck");
         assert_eq!(body["key"], "batches/a");
         assert_eq!(body["name"], "projects/p/batches/a");

@@ -60,6 +60,11 @@ pub struct Config {
     pub effect_timeout_ms: i64,
     pub claim_ttl_secs: i64,
     pub retention_days: i64,
+    /// `LEDGER_RETENTION_SECONDS`, when set: overrides the days (for trying retention and
+    /// tombstones without waiting days).
+    pub retention_secs_override: Option<i64>,
+    /// `DYNAMIC_WEBHOOKS`: false refuses every JWT-signed delivery (static webhook only).
+    pub dynamic_webhooks: bool,
     pub require_registration: bool,
     pub max_body_bytes: usize,
     pub retry_base_secs: i64,
@@ -119,7 +124,10 @@ fn err(var: &'static str, problem: impl Into<String>) -> ConfigError {
 impl Config {
     /// Retention in milliseconds.
     pub fn retention_ms(&self) -> i64 {
-        self.retention_days * 86_400_000
+        match self.retention_secs_override {
+            Some(secs) => secs * 1_000,
+            None => self.retention_days * 86_400_000,
+        }
     }
 
     /// Where the side effect of an operation of `kind` goes.
@@ -181,10 +189,19 @@ impl Config {
         let effect_signing_secret = Secret::parse(&required("EFFECT_SIGNING_SECRET")?)
             .map_err(|e| err("EFFECT_SIGNING_SECRET", e.to_string()))?;
         let admin_token = AdminToken(required("ADMIN_TOKEN")?.trim().to_string());
-        let require_registration = match get("REQUIRE_REGISTRATION").as_deref().map(str::trim) {
-            None | Some("false") => false,
-            Some("true") => true,
-            Some(_) => return Err(err("REQUIRE_REGISTRATION", "must be true or false")),
+        let flag = |name: &'static str, default: bool| -> Result<bool, ConfigError> {
+            match get(name).as_deref().map(str::trim) {
+                None => Ok(default),
+                Some("true") => Ok(true),
+                Some("false") => Ok(false),
+                Some(_) => Err(err(name, "must be true or false")),
+            }
+        };
+        let require_registration = flag("REQUIRE_REGISTRATION", false)?;
+        let dynamic_webhooks = flag("DYNAMIC_WEBHOOKS", true)?;
+        let retention_secs_override = match get("LEDGER_RETENTION_SECONDS") {
+            None => None,
+            Some(_) => Some(int("LEDGER_RETENTION_SECONDS", 0, 1, 3_650 * 86_400)?),
         };
         let retry_base_secs = int(
             "EFFECT_RETRY_BASE_SECONDS",
@@ -219,6 +236,8 @@ impl Config {
             effect_timeout_ms: int("EFFECT_TIMEOUT_MS", DEFAULT_EFFECT_TIMEOUT_MS, 1, 600_000)?,
             claim_ttl_secs: int("CLAIM_TTL_SECONDS", DEFAULT_CLAIM_TTL_SECS, 1, 86_400)?,
             retention_days: int("LEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 1, 3_650)?,
+            retention_secs_override,
+            dynamic_webhooks,
             require_registration,
             max_body_bytes: int(
                 "MAX_BODY_BYTES",
@@ -418,6 +437,26 @@ mod tests {
         vars.insert("EFFECT_RETRY_BASE_SECONDS", "60".into());
         vars.insert("EFFECT_RETRY_MAX_SECONDS", "30".into());
         assert_eq!(parse(&vars).unwrap_err().var, "EFFECT_RETRY_MAX_SECONDS");
+    }
+
+    #[test]
+    fn dynamic_webhooks_default_on_and_can_be_turned_off() {
+        assert!(parse(&base()).unwrap().dynamic_webhooks);
+        let mut vars = base();
+        vars.insert("DYNAMIC_WEBHOOKS", "false".into());
+        assert!(!parse(&vars).unwrap().dynamic_webhooks);
+        vars.insert("DYNAMIC_WEBHOOKS", "no".into());
+        assert_eq!(parse(&vars).unwrap_err().var, "DYNAMIC_WEBHOOKS");
+    }
+
+    #[test]
+    fn retention_seconds_override_the_days() {
+        assert_eq!(parse(&base()).unwrap().retention_ms(), 14 * 86_400_000);
+        let mut vars = base();
+        vars.insert("LEDGER_RETENTION_SECONDS", "5".into());
+        assert_eq!(parse(&vars).unwrap().retention_ms(), 5_000);
+        vars.insert("LEDGER_RETENTION_SECONDS", "0".into());
+        assert_eq!(parse(&vars).unwrap_err().var, "LEDGER_RETENTION_SECONDS");
     }
 
     #[test]

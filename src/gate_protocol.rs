@@ -30,6 +30,19 @@ pub enum GateCommand {
         /// Drop events for operations never registered (REQUIRE_REGISTRATION).
         require_registration: bool,
     },
+    /// A dynamic-webhook delivery named this operation: its body is unproven, so the gate
+    /// asks Gemini's status API (from its alarm) and applies what that says.
+    Nudge {
+        key: String,
+        name: String,
+        /// The state the body claims: kept in the history, never applied.
+        claimed: String,
+        /// `user_metadata` (verified) and `unverified_user_metadata` for the side effect.
+        metadata: serde_json::Map<String, Value>,
+        /// A hash of the token: something signed, unlike the `webhook-id` header.
+        delivery_id: String,
+        require_registration: bool,
+    },
     /// Run an owed side effect if it is due and no live claim holds it.
     RetryEffect,
     /// Send an alert of this kind once per operation.
@@ -80,6 +93,10 @@ pub enum GateReply {
         effect: EffectReport,
     },
     IgnoredUnregistered,
+    /// A nudge was recorded; the status API is asked from the gate's alarm.
+    Confirming {
+        status: String,
+    },
     Effect {
         effect: EffectReport,
     },

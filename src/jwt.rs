@@ -3,8 +3,8 @@
 //! Guarantees: everything but the RSA arithmetic is decided here, purely: the token must be
 //! three strict base64url parts; its header must say `alg: RS256` exactly (so `none`, HS256
 //! with the public key as secret, and every other algorithm are refused before any key is
-//! touched) and carry a `kid`; `exp` (when present) must be in the future and `nbf` (when
-//! present) in the past, within [`LEEWAY_SECS`]; `aud` must contain the configured audience
+//! touched) and carry a `kid`; `exp` is required and must be in the future, `nbf` and `iat`
+//! (when present) in the past, within [`LEEWAY_SECS`]; `aud` must contain the configured audience
 //! when one is configured. The edge verifies the signature over [`Token::signing_input`] with
 //! the key this module selected, through the runtime's WebCrypto.
 
@@ -111,22 +111,26 @@ pub fn parse(compact: &str) -> Result<Token, JwtError> {
     })
 }
 
-/// Checks `exp`, `nbf` and (when configured) `aud` at `now_secs`.
+/// Checks `exp` (required: a token without an end would vouch forever), `nbf` and `iat`
+/// (neither may lie in the future) and, when configured, `aud`, at `now_secs`.
 pub fn check_claims(
     claims: &Map<String, Value>,
     now_secs: i64,
     audience: Option<&str>,
 ) -> Result<(), JwtError> {
-    if let Some(exp) = claims.get("exp") {
-        let exp = exp.as_f64().ok_or(JwtError::Expired)?;
-        if exp <= (now_secs - LEEWAY_SECS) as f64 {
-            return Err(JwtError::Expired);
-        }
+    let exp = claims
+        .get("exp")
+        .and_then(Value::as_f64)
+        .ok_or(JwtError::Expired)?;
+    if exp <= now_secs.saturating_sub(LEEWAY_SECS) as f64 {
+        return Err(JwtError::Expired);
     }
-    if let Some(nbf) = claims.get("nbf") {
-        let nbf = nbf.as_f64().ok_or(JwtError::NotYetValid)?;
-        if nbf > (now_secs + LEEWAY_SECS) as f64 {
-            return Err(JwtError::NotYetValid);
+    for name in ["nbf", "iat"] {
+        if let Some(at) = claims.get(name) {
+            let at = at.as_f64().ok_or(JwtError::NotYetValid)?;
+            if at > now_secs.saturating_add(LEEWAY_SECS) as f64 {
+                return Err(JwtError::NotYetValid);
+            }
         }
     }
     if let Some(wanted) = audience {
@@ -267,14 +271,48 @@ mod tests {
             Err(JwtError::Expired)
         );
         assert_eq!(
-            check_claims(&claims(r#"{"nbf":1000}"#), 969, None),
+            check_claims(&claims(r#"{"exp":5000,"nbf":1000}"#), 969, None),
             Err(JwtError::NotYetValid)
         );
-        assert_eq!(check_claims(&claims(r#"{"nbf":1000}"#), 1000, None), Ok(()));
+        assert_eq!(
+            check_claims(&claims(r#"{"exp":5000,"nbf":1000}"#), 1000, None),
+            Ok(())
+        );
         assert_eq!(
             check_claims(&claims("{}"), 0, None),
+            Err(JwtError::Expired),
+            "exp is required: a token without an end would vouch forever"
+        );
+    }
+
+    #[test]
+    fn issued_in_the_future_is_not_yet_valid() {
+        let claims = |json: &str| object(json.as_bytes()).unwrap();
+        assert_eq!(
+            check_claims(&claims(r#"{"exp":5000,"iat":1100}"#), 1000, None),
+            Err(JwtError::NotYetValid)
+        );
+        assert_eq!(
+            check_claims(&claims(r#"{"exp":5000,"iat":1020}"#), 1000, None),
             Ok(()),
-            "exp is optional"
+            "within the leeway"
+        );
+        assert_eq!(
+            check_claims(&claims(r#"{"exp":5000,"iat":"x"}"#), 1000, None),
+            Err(JwtError::NotYetValid)
+        );
+    }
+
+    #[test]
+    fn extreme_times_do_not_overflow() {
+        let claims = |json: &str| object(json.as_bytes()).unwrap();
+        assert_eq!(
+            check_claims(&claims(r#"{"exp":1e300}"#), i64::MIN, None),
+            Ok(())
+        );
+        assert_eq!(
+            check_claims(&claims(r#"{"exp":1e300,"iat":1}"#), i64::MAX, None),
+            Ok(())
         );
     }
 
@@ -282,22 +320,22 @@ mod tests {
     fn audience_when_configured() {
         let claims = |json: &str| object(json.as_bytes()).unwrap();
         assert_eq!(
-            check_claims(&claims(r#"{"aud":"me"}"#), 0, Some("me")),
+            check_claims(&claims(r#"{"exp":9,"aud":"me"}"#), 0, Some("me")),
             Ok(())
         );
         assert_eq!(
-            check_claims(&claims(r#"{"aud":["x","me"]}"#), 0, Some("me")),
+            check_claims(&claims(r#"{"exp":9,"aud":["x","me"]}"#), 0, Some("me")),
             Ok(())
         );
         assert_eq!(
-            check_claims(&claims(r#"{"aud":"you"}"#), 0, Some("me")),
+            check_claims(&claims(r#"{"exp":9,"aud":"you"}"#), 0, Some("me")),
             Err(JwtError::Audience)
         );
         assert_eq!(
-            check_claims(&claims("{}"), 0, Some("me")),
+            check_claims(&claims(r#"{"exp":9}"#), 0, Some("me")),
             Err(JwtError::Audience)
         );
-        assert_eq!(check_claims(&claims(r#"{"aud":"you"}"#), 0, None), Ok(()));
+        assert_eq!(check_claims(&claims(r#"{"exp":9,"aud":"you"}"#), 0, None), Ok(()));
     }
 
     #[test]

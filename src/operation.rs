@@ -73,6 +73,40 @@ pub struct OperatorNote {
     pub reason: String,
 }
 
+/// A dynamic-webhook delivery waiting for Gemini's status API to confirm it. Its body is
+/// unproven (the token vouches only that Google sent something), so it decides nothing: the
+/// gate asks the status API and applies what that says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Confirmation {
+    pub requested_at_ms: i64,
+    /// Not before this time (Unix ms) is the status API asked (again).
+    pub due_ms: i64,
+    /// Status-API questions asked so far for this confirmation.
+    pub attempts: u32,
+    /// `user_metadata` (from the verified token) and `unverified_user_metadata` (from the
+    /// body only), carried to the side effect with what the status API says.
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    /// The delivery's id (a hash of its token), for the history.
+    #[serde(default)]
+    pub delivery_id: Option<String>,
+}
+
+/// A status-API answer that says "not finished" is asked again this many times, then left to
+/// the cron (which polls every operation that is not terminal).
+pub const MAX_CONFIRM_ATTEMPTS: u32 = 5;
+
+/// An alert raised and not yet accepted by the sink: kept in the record, so an object that
+/// dies while sending it sends it later (at least once; `id` lets the sink drop repeats).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingAlert {
+    pub kind: String,
+    pub id: String,
+    pub age_seconds: i64,
+    pub attempts: u32,
+    pub due_ms: i64,
+}
+
 /// Why an operator's command was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OperatorRefusal {
@@ -80,6 +114,19 @@ pub enum OperatorRefusal {
     NotTerminal,
     /// The operation was forgotten.
     Forgotten,
+    /// Retention ended: only a tombstone remains.
+    Retired,
+}
+
+impl OperatorRefusal {
+    /// What the operator is told.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperatorRefusal::NotTerminal => "the operation has no outcome yet",
+            OperatorRefusal::Forgotten => "the operation was forgotten",
+            OperatorRefusal::Retired => "retention ended; only a tombstone remains",
+        }
+    }
 }
 
 /// How one side-effect attempt ended, as the runner saw it.
@@ -121,17 +168,17 @@ pub struct Operation {
     pub details: Map<String, Value>,
     pub effect: Effect,
     /// Alert kinds already sent (`stuck`, `unknown_to_gemini`, `effect_failing`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alerts: Vec<String>,
     /// Set when an operator stopped tracking the operation: no more polling, alerts or
     /// side-effect attempts; the record stays for the retention period.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forgotten: Option<OperatorNote>,
     /// Deliberate redeliveries an operator asked for, newest last.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redeliveries: Vec<OperatorNote>,
     /// Counted events not yet flushed to a stats shard, and the last sequence issued.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_stats: Vec<StatEvent>,
     #[serde(default)]
     pub stats_seq: u64,
@@ -144,6 +191,22 @@ pub struct Operation {
     pub projected_version: u64,
     #[serde(default)]
     pub projected_at_ms: i64,
+    /// Ledger writes failed in a row, and when the next may be tried (capped backoff, so a
+    /// KV outage does not become a storm of alarms).
+    #[serde(default)]
+    pub projection_failures: u32,
+    #[serde(default)]
+    pub projection_retry_at_ms: i64,
+    /// A dynamic-webhook delivery awaiting the status API's word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<Confirmation>,
+    /// Alerts raised and not yet accepted by the sink.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_alerts: Vec<PendingAlert>,
+    /// Set when retention ended: the record is a tombstone (what the outcome was and whether
+    /// its effect ran), kept so that nothing runs twice however late a delivery comes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_at_ms: Option<i64>,
 }
 
 impl Operation {
@@ -173,6 +236,11 @@ impl Operation {
             stats_sealed_seq: 0,
             projected_version: 0,
             projected_at_ms: 0,
+            projection_failures: 0,
+            projection_retry_at_ms: 0,
+            confirmation: None,
+            pending_alerts: Vec::new(),
+            retired_at_ms: None,
         }
     }
 
@@ -289,6 +357,9 @@ impl Operation {
     /// `effect-generation` change and a Standard Webhooks receiver does not drop it as a
     /// duplicate; `idempotency-key` stays the key), due now, un-parked.
     pub fn redeliver(&mut self, now_ms: i64, reason: &str) -> Result<u32, OperatorRefusal> {
+        if self.retired_at_ms.is_some() {
+            return Err(OperatorRefusal::Retired);
+        }
         if self.forgotten.is_some() {
             return Err(OperatorRefusal::Forgotten);
         }
@@ -389,7 +460,7 @@ impl Operation {
 
     /// When the gate's storage may be dropped: retention after the operation closed.
     pub fn expires_at_ms(&self, retention_ms: i64) -> Option<i64> {
-        if !self.is_closed() {
+        if !self.is_closed() || self.retired_at_ms.is_some() {
             return None;
         }
         let closed = self
@@ -418,14 +489,180 @@ impl Operation {
                 times.push(self.effect.next_attempt_ms);
             }
             if self.projected_version < self.version {
-                times.push(self.projected_at_ms + PROJECTION_SPACING_MS);
+                times.push(self.projection_due_ms());
             }
             if let Some(first) = self.pending_stats.first() {
                 times.push(first.at_ms + stats_delay_ms);
             }
         }
+        times.extend(self.confirmation.as_ref().map(|c| c.due_ms));
+        times.extend(self.pending_alerts.iter().map(|a| a.due_ms));
         times.extend(self.expires_at_ms(retention_ms));
         times.into_iter().min()
+    }
+
+    /// When the next ledger write may be tried: one second after the last (KV's per-key write
+    /// rate), or later after failures.
+    pub fn projection_due_ms(&self) -> i64 {
+        (self.projected_at_ms + PROJECTION_SPACING_MS).max(self.projection_retry_at_ms)
+    }
+
+    /// A ledger write of `version` succeeded at `now_ms`.
+    pub fn projection_written(&mut self, version: u64, now_ms: i64) {
+        self.projected_version = self.projected_version.max(version);
+        self.projected_at_ms = now_ms;
+        self.projection_failures = 0;
+        self.projection_retry_at_ms = 0;
+    }
+
+    /// A ledger write failed at `now_ms`: the next waits 1 s, 2 s, 4 s, ... up to
+    /// [`PROJECTION_RETRY_MAX_MS`].
+    pub fn projection_failed(&mut self, now_ms: i64) {
+        self.projection_failures = self.projection_failures.saturating_add(1);
+        let exponent = (self.projection_failures - 1).min(20);
+        let wait = (PROJECTION_SPACING_MS << exponent).min(PROJECTION_RETRY_MAX_MS);
+        self.projected_at_ms = now_ms;
+        self.projection_retry_at_ms = now_ms + wait;
+    }
+
+    /// Records a dynamic-webhook delivery that names this operation: the status API is to be
+    /// asked now. Returns false when there is nothing to confirm (already terminal: terminal
+    /// absorbs, so no answer could change it). A confirmation already waiting keeps its
+    /// schedule (a flood of replays costs no extra status calls) and gains missing metadata.
+    pub fn request_confirmation(
+        &mut self,
+        now_ms: i64,
+        metadata: Map<String, Value>,
+        delivery_id: Option<String>,
+    ) -> bool {
+        if self.status.is_terminal() || self.retired_at_ms.is_some() {
+            return false;
+        }
+        match &mut self.confirmation {
+            Some(waiting) => {
+                for (k, v) in metadata {
+                    waiting.metadata.entry(k).or_insert(v);
+                }
+            }
+            None => {
+                self.confirmation = Some(Confirmation {
+                    requested_at_ms: now_ms,
+                    due_ms: now_ms,
+                    attempts: 0,
+                    metadata,
+                    delivery_id,
+                });
+            }
+        }
+        self.version += 1;
+        true
+    }
+
+    /// True when a confirmation is waiting and due.
+    pub fn confirmation_due(&self, now_ms: i64) -> bool {
+        self.confirmation.as_ref().is_some_and(|c| c.due_ms <= now_ms)
+    }
+
+    /// Applies what the status API said in answer to a confirmation, as an event from the
+    /// webhook path carrying the nudge's metadata. The confirmation ends once the operation
+    /// is terminal or after [`MAX_CONFIRM_ATTEMPTS`]; otherwise it is asked again in
+    /// `retry_in_ms` (Gemini may answer a moment behind its own webhook).
+    pub fn confirm_with(&mut self, mut event: OpEvent, now_ms: i64, retry_in_ms: i64) -> Verdict {
+        let Some(mut confirmation) = self.confirmation.take() else {
+            return self.apply(&event, now_ms);
+        };
+        for (k, v) in &confirmation.metadata {
+            event.details.entry(k.clone()).or_insert(v.clone());
+        }
+        event.delivery_id = event.delivery_id.or(confirmation.delivery_id.clone());
+        let verdict = self.apply(&event, now_ms);
+        confirmation.attempts += 1;
+        if !self.status.is_terminal() && confirmation.attempts < MAX_CONFIRM_ATTEMPTS {
+            confirmation.due_ms = now_ms + retry_in_ms;
+            self.confirmation = Some(confirmation);
+        }
+        self.version += 1;
+        verdict
+    }
+
+    /// The status API could not answer (no key, 429, 5xx, timeout): ask again later.
+    pub fn confirmation_failed(&mut self, now_ms: i64, retry_in_ms: i64) {
+        if let Some(c) = &mut self.confirmation {
+            c.attempts += 1;
+            c.due_ms = now_ms + retry_in_ms;
+            self.version += 1;
+        }
+    }
+
+    /// The status API does not know the operation (404): nothing to apply, nothing to ask.
+    pub fn confirmation_gone(&mut self) {
+        if self.confirmation.take().is_some() {
+            self.version += 1;
+        }
+    }
+
+    /// Raises an alert of `kind` once per operation: marked, and queued until the sink
+    /// accepts it. False when one was raised before.
+    pub fn raise_alert(&mut self, kind: &str, age_seconds: i64, now_ms: i64) -> bool {
+        if !self.mark_alert(kind) {
+            return false;
+        }
+        self.pending_alerts.push(PendingAlert {
+            kind: kind.to_string(),
+            id: crate::alert::alert_id(&self.key, kind, self.effect.generation),
+            age_seconds,
+            attempts: 0,
+            due_ms: now_ms,
+        });
+        true
+    }
+
+    /// The sink accepted the alert of `kind`.
+    pub fn alert_delivered(&mut self, kind: &str) {
+        self.pending_alerts.retain(|a| a.kind != kind);
+        self.version += 1;
+    }
+
+    /// Sending the alert of `kind` failed: try again in `retry_in_ms`.
+    pub fn alert_failed(&mut self, kind: &str, now_ms: i64, retry_in_ms: i64) {
+        for alert in self.pending_alerts.iter_mut().filter(|a| a.kind == kind) {
+            alert.attempts += 1;
+            alert.due_ms = now_ms + retry_in_ms;
+        }
+        self.version += 1;
+    }
+
+    /// Alerts whose time to be sent has come.
+    pub fn due_alerts(&self, now_ms: i64) -> Vec<PendingAlert> {
+        self.pending_alerts
+            .iter()
+            .filter(|a| a.due_ms <= now_ms)
+            .cloned()
+            .collect()
+    }
+
+    /// Ends retention: keeps a tombstone (key, name, kind, final status, whether the effect
+    /// was done or parked, settled time, generation) and drops the rest, so a delivery that
+    /// comes later is a duplicate and runs nothing. The ledger entry expires on its own TTL;
+    /// the tombstone is never projected again.
+    pub fn retire(&mut self, now_ms: i64) {
+        self.details = Map::new();
+        self.alerts.clear();
+        self.pending_alerts.clear();
+        self.redeliveries.clear();
+        self.pending_stats.clear();
+        self.confirmation = None;
+        self.effect.claim = None;
+        self.effect.last_error = None;
+        if let Some(parked) = &mut self.effect.parked {
+            parked.answer.clear();
+        }
+        if let Some(note) = &mut self.forgotten {
+            note.reason.clear();
+        }
+        self.retired_at_ms = Some(now_ms);
+        self.version += 1;
+        self.projected_version = self.version;
     }
 
     /// The public JSON view (admin API, ledger value).
@@ -452,6 +689,9 @@ impl Operation {
             "alerts": self.alerts,
             "forgotten": self.forgotten.as_ref().map(|f| json!({"at": format_rfc3339(f.at_ms), "reason": f.reason})),
             "redeliveries": self.redeliveries.iter().map(|r| json!({"at": format_rfc3339(r.at_ms), "reason": r.reason})).collect::<Vec<_>>(),
+            "confirming": self.confirmation.is_some(),
+            "alerts_pending": self.pending_alerts.iter().map(|a| a.kind.clone()).collect::<Vec<_>>(),
+            "retired_at": self.retired_at_ms.map(format_rfc3339),
             "version": self.version,
         })
     }
@@ -459,6 +699,9 @@ impl Operation {
 
 /// KV accepts one write per second to a key: projections of one operation are spaced by this.
 pub const PROJECTION_SPACING_MS: i64 = 1_000;
+/// Longest wait between ledger writes that keep failing (a KV outage, or the Free plan's
+/// daily write quota spent): the gate stays the truth meanwhile.
+pub const PROJECTION_RETRY_MAX_MS: i64 = 300_000;
 
 /// Wait before attempt `failures + 1`: `base * 2^(failures - 1)`, capped, scaled by a jitter
 /// factor in [0.75, 1.0] so that many operations failing together do not retry in lockstep.
@@ -764,6 +1007,167 @@ mod tests {
         assert_eq!(backoff_ms(20, 30, 3_600, 1.0), 3_600_000);
         assert_eq!(backoff_ms(200, 30, 3_600, 1.0), 3_600_000);
         assert_eq!(backoff_ms(1, 30, 3_600, 0.0), 22_500);
+    }
+
+    fn status_event(status: Status, t: i64, output: &str) -> OpEvent {
+        let mut details = Map::new();
+        details.insert("output_file_uri".into(), json!(output));
+        OpEvent {
+            details,
+            ..event(status, t)
+        }
+    }
+
+    #[test]
+    fn nudge_on_open_operation_waits_for_confirmation() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        let mut meta = Map::new();
+        meta.insert("user_metadata".into(), json!({"job": 1}));
+        assert!(op.request_confirmation(100, meta, Some("jwt_x".into())));
+        assert!(op.confirmation_due(100));
+        assert_eq!(op.status, Status::Pending, "the nudge itself applies nothing");
+        assert_eq!(op.wake_at_ms(1, 0), Some(100));
+    }
+
+    #[test]
+    fn nudge_on_terminal_operation_has_nothing_to_confirm() {
+        let mut op = settled();
+        assert!(!op.request_confirmation(3_000, Map::new(), None));
+        assert!(op.confirmation.is_none());
+    }
+
+    #[test]
+    fn replayed_nudges_keep_the_schedule_and_add_metadata() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        op.request_confirmation(100, Map::new(), None);
+        op.confirmation_failed(150, 10_000);
+        let mut meta = Map::new();
+        meta.insert("unverified_user_metadata".into(), json!("x"));
+        assert!(op.request_confirmation(200, meta, None));
+        let c = op.confirmation.as_ref().unwrap();
+        assert_eq!(c.due_ms, 10_150, "a replay does not buy an earlier status call");
+        assert_eq!(c.metadata["unverified_user_metadata"], "x");
+    }
+
+    #[test]
+    fn confirmation_applies_what_the_status_api_says_with_the_nudge_metadata() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        let mut meta = Map::new();
+        meta.insert("user_metadata".into(), json!({"job": 7}));
+        op.request_confirmation(100, meta, Some("jwt_x".into()));
+        let v = op.confirm_with(status_event(Status::Succeeded, 50, "gs://b/o"), 200, 1_000);
+        assert_eq!(v, Verdict::Apply);
+        assert_eq!(op.status, Status::Succeeded);
+        assert_eq!(op.settled_by, Some(Source::Webhook));
+        assert_eq!(op.details["user_metadata"], json!({"job": 7}));
+        assert_eq!(op.details["output_file_uri"], "gs://b/o");
+        assert!(op.confirmation.is_none(), "terminal: nothing left to confirm");
+        assert!(op.effect_owed());
+    }
+
+    #[test]
+    fn a_status_api_that_contradicts_the_nudge_wins() {
+        // The body said failed; Gemini says running: running is applied, failed never is.
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        op.request_confirmation(100, Map::new(), None);
+        op.confirm_with(event(Status::Running, 50), 200, 1_000);
+        assert_eq!(op.status, Status::Running);
+        assert!(!op.effect_owed());
+        assert_eq!(
+            op.confirmation.as_ref().map(|c| c.due_ms),
+            Some(1_200),
+            "asked again: Gemini may answer a moment behind its webhook"
+        );
+        for i in 1..MAX_CONFIRM_ATTEMPTS {
+            op.confirm_with(event(Status::Running, 50), 1_200 + i64::from(i), 1_000);
+        }
+        assert!(op.confirmation.is_none(), "then left to the cron");
+    }
+
+    #[test]
+    fn unknown_to_gemini_ends_the_confirmation() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        op.request_confirmation(100, Map::new(), None);
+        op.confirmation_gone();
+        assert!(op.confirmation.is_none());
+        assert_eq!(op.status, Status::Pending);
+    }
+
+    #[test]
+    fn alerts_stay_queued_until_the_sink_accepts_them() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        assert!(op.raise_alert("stuck", 60, 1_000));
+        op.projected_version = u64::MAX;
+        assert!(!op.raise_alert("stuck", 61, 1_001), "raised once per kind");
+        let due = op.due_alerts(1_000);
+        assert_eq!(due.len(), 1);
+        let id = due[0].id.clone();
+        op.alert_failed("stuck", 1_000, 5_000);
+        assert!(op.due_alerts(2_000).is_empty());
+        assert_eq!(op.wake_at_ms(1, 0), Some(6_000), "the alarm retries it");
+        let retry = op.due_alerts(6_000);
+        assert_eq!(retry[0].id, id, "the same alert id on every retry");
+        assert_eq!(retry[0].attempts, 1);
+        op.alert_delivered("stuck");
+        assert!(op.pending_alerts.is_empty());
+        assert_eq!(op.alerts, vec!["stuck".to_string()]);
+    }
+
+    #[test]
+    fn retirement_keeps_a_tombstone_that_absorbs_late_deliveries() {
+        let mut op = settled();
+        let c = op.claim(2_000, 600_000).unwrap();
+        op.finish(c.token, &AttemptOutcome::Delivered, 2_500, 0);
+        op.projected_version = op.version;
+        assert_eq!(op.expires_at_ms(10_000), Some(12_500));
+        op.retire(12_500);
+        assert_eq!(op.expires_at_ms(10_000), None, "a tombstone never expires");
+        assert_eq!(op.wake_at_ms(10_000, 0), None, "and never wakes, nor projects");
+        // A late replay of the same completion, or a different one: nothing is owed.
+        assert_eq!(
+            op.apply(&event(Status::Succeeded, 0), 99_000),
+            Verdict::Drop(crate::lifecycle::DropReason::Duplicate)
+        );
+        assert_ne!(op.apply(&event(Status::Failed, 9), 99_000), Verdict::Apply);
+        assert!(op.claim(99_000, 600_000).is_none());
+        assert!(!op.request_confirmation(99_000, Map::new(), None));
+        assert_eq!(op.redeliver(99_000, "x"), Err(OperatorRefusal::Retired));
+        assert!(op.effect.done && op.status == Status::Succeeded);
+    }
+
+    #[test]
+    fn tombstone_is_small() {
+        let mut op = Operation::register(
+            "batches/abcdefghijklmnopqrstuvwxyz0123456789",
+            "projects/my-project/locations/us-central1/batches/abcdefghijklmnopqrstuvwxyz0123456789",
+            Some("nightly-review".into()),
+            1_700_000_000_000,
+        );
+        op.apply(&status_event(Status::Succeeded, 1_700_000_100_000, &"x".repeat(2_000)), 1_700_000_100_500);
+        let c = op.claim(1_700_000_100_500, 600_000).unwrap();
+        op.finish(c.token, &AttemptOutcome::Delivered, 1_700_000_101_000, 0);
+        let before = serde_json::to_string(&op).unwrap().len();
+        op.retire(1_701_209_701_000);
+        let after = serde_json::to_string(&op).unwrap().len();
+        assert!(after < before / 3, "{after} bytes vs {before}");
+        // Documented in docs/RELIABILITY.md ("Tombstones"): keep the two in step.
+        assert!(after <= 700, "tombstone is {after} bytes");
+        println!("tombstone: {after} bytes of JSON (the record before: {before})");
+    }
+
+    #[test]
+    fn failed_ledger_writes_back_off_up_to_a_cap() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        op.projection_failed(10_000);
+        assert_eq!(op.projection_due_ms(), 11_000);
+        op.projection_failed(11_000);
+        assert_eq!(op.projection_due_ms(), 13_000);
+        for i in 0..40 {
+            op.projection_failed(20_000 + i);
+        }
+        assert_eq!(op.projection_due_ms(), 20_039 + PROJECTION_RETRY_MAX_MS);
+        op.projection_written(op.version, 400_000);
+        assert_eq!(op.projection_due_ms(), 401_000, "a success resets the backoff");
     }
 
     #[test]

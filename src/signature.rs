@@ -123,15 +123,15 @@ pub fn looks_like_jwt(value: &str) -> bool {
     !value.starts_with("v1") && value.split('.').count() == 3 && !value.contains(' ')
 }
 
-/// Verifies one delivery against every secret. `now_secs` is the receiver's clock.
-pub fn verify(
+/// Checks what can be checked before the body is read: the three headers are present, the
+/// timestamp is within `now ± tolerance`, and the signature header holds at least one `v1,`
+/// entry. A delivery that fails here is refused without reading its body.
+pub fn check_headers(
     headers: SignedHeaders<'_>,
-    body: &[u8],
-    secrets: &[Secret],
     now_secs: i64,
     tolerance_secs: i64,
 ) -> Result<(), SignatureError> {
-    let id = headers
+    headers
         .id
         .ok_or(SignatureError::MissingHeader("webhook-id"))?;
     let timestamp = headers
@@ -153,6 +153,29 @@ pub fn verify(
     if looks_like_jwt(signature) {
         return Err(SignatureError::JwtUnsupported);
     }
+    if !signature
+        .split_whitespace()
+        .any(|entry| entry.starts_with("v1,"))
+    {
+        return Err(SignatureError::NoV1Entry);
+    }
+    Ok(())
+}
+
+/// Verifies one delivery against every secret. `now_secs` is the receiver's clock.
+pub fn verify(
+    headers: SignedHeaders<'_>,
+    body: &[u8],
+    secrets: &[Secret],
+    now_secs: i64,
+    tolerance_secs: i64,
+) -> Result<(), SignatureError> {
+    check_headers(headers, now_secs, tolerance_secs)?;
+    let (Some(id), Some(timestamp), Some(signature)) =
+        (headers.id, headers.timestamp, headers.signature)
+    else {
+        return Err(SignatureError::MissingHeader("webhook-signature"));
+    };
     let expected: Vec<[u8; 32]> = secrets.iter().map(|s| s.mac(id, timestamp, body)).collect();
     let mut saw_v1 = false;
     for entry in signature.split_whitespace() {
@@ -206,6 +229,47 @@ mod tests {
 
     fn secrets() -> Vec<Secret> {
         vec![Secret::parse(SECRET).unwrap()]
+    }
+
+    #[test]
+    fn headers_are_checked_without_the_body() {
+        let ok = SignedHeaders {
+            id: Some("msg_1"),
+            timestamp: Some("1000"),
+            signature: Some("v1,AAAA"),
+        };
+        assert_eq!(check_headers(ok, 1_000, 300), Ok(()));
+        let no_v1 = SignedHeaders {
+            signature: Some("v2,AAAA"),
+            ..ok
+        };
+        assert_eq!(check_headers(no_v1, 1_000, 300), Err(SignatureError::NoV1Entry));
+        let stale = SignedHeaders {
+            timestamp: Some("100"),
+            ..ok
+        };
+        assert_eq!(check_headers(stale, 1_000, 300), Err(SignatureError::TooOld));
+        let missing = SignedHeaders { id: None, ..ok };
+        assert_eq!(
+            check_headers(missing, 1_000, 300),
+            Err(SignatureError::MissingHeader("webhook-id"))
+        );
+    }
+
+    #[test]
+    fn extreme_timestamps_do_not_overflow() {
+        let far = SignedHeaders {
+            id: Some("msg_1"),
+            timestamp: Some("-9223372036854775808"),
+            signature: Some("v1,AAAA"),
+        };
+        assert_eq!(check_headers(far, i64::MAX, i64::MAX), Err(SignatureError::TooOld));
+        assert_eq!(check_headers(far, 0, 300), Err(SignatureError::TooOld));
+        let future = SignedHeaders {
+            timestamp: Some("9223372036854775807"),
+            ..far
+        };
+        assert_eq!(check_headers(future, i64::MIN, 300), Err(SignatureError::TooNew));
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! Verifying dynamic-webhook deliveries: RS256 JWTs checked with the runtime's WebCrypto
 //! against Gemini's published key set.
 //!
-//! The key set is cached in this isolate's memory and durably in KV (`jwks:cache`), so a cold
-//! isolate reads it once from KV instead of fetching it; an unknown `kid` triggers a refetch
-//! at most once a minute; when the key-set endpoint is down, the cached keys keep serving.
+//! The key set is cached in this isolate's memory and durably in KV (`jwks:cache`, written
+//! only when the set changed), so a cold isolate reads it once from KV instead of fetching
+//! it; an unknown `kid` triggers a refetch at most once a minute; when the key-set endpoint
+//! is down, the cached keys keep serving.
 //! Guarantees: the pure checks of [`crate::jwt`] run first (alg, kid, shape), so a hostile
-//! token never reaches WebCrypto; every failure is a [`JwtError`] (answered 401).
+//! token never reaches WebCrypto; an invalid token is a [`Refusal::Invalid`] (401), including
+//! a `kid` absent from a freshly fetched set; a `kid` the cache lacks while the set cannot be
+//! refreshed (the last fetch just failed) is [`Refusal::RetryAfter`] (503), so Gemini retries.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -25,15 +28,21 @@ use super::outbound::{send, Answer};
 
 /// KV key of the durable copy of the key set.
 const KV_CACHE_KEY: &str = "jwks:cache";
-/// An unknown `kid` refetches the key set at most this often.
+/// After a successful fetch, an unknown `kid` refetches the key set at most this often (a
+/// `kid` absent from a set this fresh is refused with 401).
 const REFETCH_MS: i64 = 60_000;
+/// After a failed fetch, the next may be tried this much later; meanwhile an unknown `kid`
+/// is answered 503 with `Retry-After`, so Gemini retries.
+const RETRY_FAILED_FETCH_MS: i64 = 5_000;
 /// The key-set endpoint gets this long.
 const FETCH_TIMEOUT_MS: i64 = 5_000;
 
 #[derive(Default)]
 struct KeyCache {
     keys: Vec<RsaJwk>,
-    last_fetch_attempt_ms: i64,
+    /// When the key set was last fetched successfully, and when a fetch last failed.
+    fetched_ms: Option<i64>,
+    failed_ms: Option<i64>,
     kv_consulted: bool,
     imported: HashMap<String, JsValue>,
 }
@@ -42,13 +51,28 @@ thread_local! {
     static CACHE: RefCell<KeyCache> = RefCell::new(KeyCache::default());
 }
 
+/// Why a token was not accepted.
+pub enum Refusal {
+    /// The token is not valid (401).
+    Invalid(JwtError),
+    /// Its key is not known and the key set cannot be refreshed right now: retry after this
+    /// many seconds (503).
+    RetryAfter(u32),
+}
+
+impl From<JwtError> for Refusal {
+    fn from(e: JwtError) -> Self {
+        Refusal::Invalid(e)
+    }
+}
+
 /// Verifies a compact JWT; returns its claims.
 pub async fn verify(
     env: &Env,
     config: &Config,
     compact: &str,
     now_ms: i64,
-) -> Result<Map<String, Value>, JwtError> {
+) -> Result<Map<String, Value>, Refusal> {
     let token = parse(compact)?;
     let jwk = find_key(env, config, &token.kid, now_ms).await?;
     let key = import(&jwk).await.map_err(|e| {
@@ -59,7 +83,7 @@ pub async fn verify(
         .await
         .map_err(|_| JwtError::Signature)?;
     if !valid {
-        return Err(JwtError::Signature);
+        return Err(JwtError::Signature.into());
     }
     check_claims(
         &token.claims,
@@ -73,7 +97,30 @@ fn cached(kid: &str) -> Option<RsaJwk> {
     CACHE.with(|c| c.borrow().keys.iter().find(|k| k.kid == kid).cloned())
 }
 
-async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<RsaJwk, JwtError> {
+/// What to do about a `kid` the cached set lacks, at `now_ms`.
+enum Refresh {
+    Fetch,
+    /// The set is fresh: the kid is not Google's.
+    Unknown,
+    /// A fetch failed a moment ago: ask the sender to come back.
+    Wait(u32),
+}
+
+fn refresh_decision(now_ms: i64) -> Refresh {
+    CACHE.with(|c| {
+        let c = c.borrow();
+        if let Some(failed) = c.failed_ms.filter(|t| now_ms - t < RETRY_FAILED_FETCH_MS) {
+            let secs = (failed + RETRY_FAILED_FETCH_MS - now_ms + 999) / 1_000;
+            return Refresh::Wait(secs.clamp(1, 60) as u32);
+        }
+        match c.fetched_ms {
+            Some(t) if now_ms - t < REFETCH_MS => Refresh::Unknown,
+            _ => Refresh::Fetch,
+        }
+    })
+}
+
+async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<RsaJwk, Refusal> {
     if let Some(k) = cached(kid) {
         return Ok(k);
     }
@@ -91,67 +138,62 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
             return Ok(k);
         }
     }
-    let may_fetch = CACHE.with(|c| {
-        let mut c = c.borrow_mut();
-        let allowed =
-            c.last_fetch_attempt_ms == 0 || now_ms - c.last_fetch_attempt_ms >= REFETCH_MS;
-        if allowed {
-            c.last_fetch_attempt_ms = now_ms;
-        }
-        allowed
-    });
-    if may_fetch {
-        let headers = [("accept", "application/json".to_string())];
-        match send(
-            Method::Get,
-            &config.gemini_jwks_url,
-            &headers,
-            None,
-            FETCH_TIMEOUT_MS,
-            256 * 1024,
-        )
-        .await
-        {
-            Answer::Http {
-                status: 200..=299,
-                excerpt,
-                ..
-            } => match parse_jwks(&excerpt) {
-                Ok(keys) => {
-                    CACHE.with(|c| {
-                        let mut c = c.borrow_mut();
+    match refresh_decision(now_ms) {
+        Refresh::Unknown => return Err(JwtError::UnknownKid.into()),
+        Refresh::Wait(secs) => return Err(Refusal::RetryAfter(secs)),
+        Refresh::Fetch => {}
+    }
+    let headers = [("accept", "application/json".to_string())];
+    let failure = match send(
+        Method::Get,
+        &config.gemini_jwks_url,
+        &headers,
+        None,
+        FETCH_TIMEOUT_MS,
+        256 * 1024,
+    )
+    .await
+    {
+        Answer::Http {
+            status: 200..=299,
+            excerpt,
+            ..
+        } => match parse_jwks(&excerpt) {
+            Ok(keys) => {
+                let changed = CACHE.with(|c| {
+                    let mut c = c.borrow_mut();
+                    c.fetched_ms = Some(now_ms);
+                    c.failed_ms = None;
+                    let changed = c.keys != keys;
+                    if changed {
                         c.keys = keys;
                         c.imported.clear();
-                    });
-                    if let Some(kv) = &kv {
-                        let stored = match kv.put(KV_CACHE_KEY, excerpt) {
-                            Ok(put) => put.execute().await.map_err(|e| format!("{e:?}")),
-                            Err(e) => Err(format!("{e:?}")),
-                        };
-                        if let Err(e) = stored {
-                            log(json!({"event": "jwks_cache_write_failed", "error": e}));
-                        }
                     }
-                    log(
-                        json!({"event": "jwks_fetched", "keys": CACHE.with(|c| c.borrow().keys.len())}),
-                    );
+                    changed
+                });
+                // KV allows one write a second per key and bills each: only a new set is kept.
+                if let (true, Some(kv)) = (changed, &kv) {
+                    let stored = match kv.put(KV_CACHE_KEY, excerpt) {
+                        Ok(put) => put.execute().await.map_err(|e| format!("{e:?}")),
+                        Err(e) => Err(format!("{e:?}")),
+                    };
+                    if let Err(e) = stored {
+                        log(json!({"event": "jwks_cache_write_failed", "error": e}));
+                    }
                 }
-                Err(_) => log(json!({"event": "jwks_fetch_failed", "error": "unreadable key set"})),
-            },
-            Answer::Http { status, .. } => {
-                log(json!({"event": "jwks_fetch_failed", "error": format!("HTTP {status}")}))
+                log(json!({"event": "jwks_fetched", "changed": changed,
+                    "keys": CACHE.with(|c| c.borrow().keys.len())}));
+                return cached(kid).ok_or(Refusal::Invalid(JwtError::UnknownKid));
             }
-            Answer::Timeout => log(json!({"event": "jwks_fetch_failed", "error": "timeout"})),
-            Answer::Network(e) => log(json!({"event": "jwks_fetch_failed", "error": e})),
-        }
-    }
-    cached(kid).ok_or_else(|| {
-        if CACHE.with(|c| c.borrow().keys.is_empty()) {
-            JwtError::KeysUnavailable
-        } else {
-            JwtError::UnknownKid
-        }
-    })
+            Err(_) => "unreadable key set".to_string(),
+        },
+        Answer::Http { status, .. } => format!("HTTP {status}"),
+        Answer::Timeout => "timeout".to_string(),
+        Answer::Network(e) => e,
+    };
+    log(json!({"event": "jwks_fetch_failed", "error": failure}));
+    CACHE.with(|c| c.borrow_mut().failed_ms = Some(now_ms));
+    Err(Refusal::RetryAfter((RETRY_FAILED_FETCH_MS / 1_000) as u32))
 }
 
 fn subtle() -> Result<JsValue, JsValue> {

@@ -29,18 +29,20 @@ use worker::{
     State,
 };
 
-use crate::alert::alert_body;
+use crate::alert::{alert_body, UNKNOWN_TO_GEMINI};
 use crate::config::Config;
 use crate::effect::{build_request, classify};
 use crate::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::key::Collection;
 use crate::ledger::project;
-use crate::lifecycle::{DropReason, Source, Verdict};
+use crate::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
 use crate::operation::{backoff_ms, AttemptOutcome, Finished, OpEvent, Operation};
 use crate::stats;
+use crate::status::StatusError;
 
 use super::ledger_kv::{write_projection, KV_BINDING};
 use super::outbound::{post_alert, send, Answer};
-use super::{load_config, log, random_unit};
+use super::{load_config, log, random_unit, status_api};
 
 /// History rows kept per operation; older rows are deleted.
 const HISTORY_LIMIT: i64 = 200;
@@ -125,14 +127,22 @@ impl DurableObject for OperationGate {
             .expires_at_ms(config.retention_ms())
             .is_some_and(|t| t <= now)
         {
-            // Retention is over: the KV entry expires on its own TTL; drop our storage.
-            self.state.storage().delete_alarm().await?;
-            self.state.storage().delete_all().await?;
-            self.inserts.set(0);
-            self.cached.replace(Some(None));
+            // Retention is over: the KV entry expires on its own TTL; a tombstone stays, so a
+            // delivery that comes later is a duplicate and runs nothing.
+            let mut op = op;
+            self.state
+                .storage()
+                .sql()
+                .exec("DELETE FROM history", None)?;
+            op.retire(now);
+            self.save(&op)?;
+            self.record(now, json!({"what": "retired"}))?;
+            self.sync_alarm(&op, &config).await?;
             log(json!({"event": "retention_expired", "key": op.key}));
             return Response::ok("retention expired");
         }
+        let op = self.confirm_if_due(op, &config).await?;
+        let op = self.send_due_alerts(op, &config).await?;
         // The effect first, so the flush and the ledger write that follow carry its outcome.
         let (op, _) = self.drive_effect(op, &config, false).await?;
         self.settle_storage(op, &config).await?;
@@ -170,7 +180,7 @@ impl OperationGate {
                     None => Operation::unregistered(&key, &name, now),
                 };
                 let verdict = op.apply(&event, now);
-                count_delivery(&mut op, &event, verdict, now);
+                count_delivery(&mut op, &event, verdict, now, true);
                 if verdict == Verdict::Drop(DropReason::Duplicate) && op.is_settled() {
                     // Nothing can change a settled operation, so nothing needs storing: the
                     // answer is the stored state. The count stays in memory until the next
@@ -203,6 +213,42 @@ impl OperationGate {
                     },
                 })
             }
+            GateCommand::Nudge {
+                key,
+                name,
+                claimed,
+                metadata,
+                delivery_id,
+                require_registration,
+            } => {
+                let mut op = match self.load()? {
+                    Some(op) => op,
+                    None if require_registration => return Ok(GateReply::IgnoredUnregistered),
+                    None => Operation::unregistered(&key, &name, now),
+                };
+                op.count(stats::DELIVERIES, now);
+                if !op.request_confirmation(now, metadata, Some(delivery_id.clone())) {
+                    // Terminal already: it absorbs, so no answer from Gemini could change it.
+                    let claimed = Position {
+                        status: Status::parse(&claimed),
+                        update_time_ms: 0,
+                    };
+                    let reason = match reduce(&op_position(&op), &claimed) {
+                        Verdict::Drop(reason) => reason,
+                        Verdict::Apply => DropReason::Duplicate,
+                    };
+                    return self.answer_dropped(op, reason, config).await;
+                }
+                self.save(&op)?;
+                self.record(
+                    now,
+                    json!({"what": "nudged", "claimed": claimed, "delivery_id": delivery_id}),
+                )?;
+                self.sync_alarm(&op, config).await?;
+                Ok(GateReply::Confirming {
+                    status: op.status.as_str().to_string(),
+                })
+            }
             GateCommand::RetryEffect => {
                 // Runs the effect only if due: the backoff stands, and a lost alarm is repaired
                 // because sync_alarm sets it again.
@@ -217,23 +263,15 @@ impl OperationGate {
                 let Some(mut op) = self.load()? else {
                     return Ok(GateReply::NotFound);
                 };
-                if !op.mark_alert(&alert) {
+                if !op.raise_alert(&alert, age_seconds, now) {
                     return Ok(GateReply::AlertSent { sent: false });
                 }
-                // Marked before sending: a second request for the same alert now finds the
-                // mark, so one alert goes out even if two passes ask at once.
+                // Queued in the record before sending: if this object dies during the send,
+                // the alarm sends it later (at least once, under the same alert id).
                 self.save(&op)?;
-                let sent = self.send_alert(&alert, &op, age_seconds, config).await;
-                let mut op = self.load()?.unwrap_or(op);
-                if sent {
-                    op.count(stats::ALERTS, now);
-                    self.save(&op)?;
-                    self.record(now, json!({"what": "alert", "alert": alert}))?;
-                } else {
-                    op.unmark_alert(&alert);
-                    self.save(&op)?;
-                }
+                let op = self.send_due_alerts(op, config).await?;
                 self.sync_alarm(&op, config).await?;
+                let sent = !op.pending_alerts.iter().any(|a| a.kind == alert);
                 Ok(GateReply::AlertSent { sent })
             }
             GateCommand::Redeliver { reason } => {
@@ -244,7 +282,7 @@ impl OperationGate {
                     Ok(g) => g,
                     Err(refusal) => {
                         return Ok(GateReply::Refused {
-                            reason: format!("{refusal:?}"),
+                            reason: refusal.as_str().to_string(),
                         })
                     }
                 };
@@ -382,14 +420,132 @@ impl OperationGate {
         Ok((op, report))
     }
 
-    async fn send_alert(
+    /// Sends every queued alert that is due, one at a time; the sink's acceptance is what
+    /// takes an alert off the queue (a failure waits with backoff, and the alarm retries).
+    async fn send_due_alerts(&self, mut op: Operation, config: &Config) -> Result<Operation> {
+        for alert in op.due_alerts(now_ms()) {
+            let body = alert_body(&alert.kind, &alert.id, &op, alert.age_seconds);
+            let sent = post_alert(config, &body).await;
+            let now = now_ms();
+            op = self.load()?.unwrap_or(op);
+            if sent {
+                op.alert_delivered(&alert.kind);
+                op.count(stats::ALERTS, now);
+                self.record(
+                    now,
+                    json!({"what": "alert", "alert": alert.kind, "alert_id": alert.id}),
+                )?;
+            } else {
+                let wait = backoff_ms(
+                    alert.attempts + 1,
+                    config.retry_base_secs,
+                    config.retry_max_secs,
+                    random_unit(),
+                );
+                op.alert_failed(&alert.kind, now, wait);
+            }
+            self.save(&op)?;
+        }
+        Ok(op)
+    }
+
+    /// From the alarm: asks Gemini's status API about a dynamic-webhook delivery waiting for
+    /// confirmation and applies what it says, through the reducer, as settled by `webhook`.
+    /// The record is re-read after the call (other requests may have run meanwhile).
+    async fn confirm_if_due(&self, op: Operation, config: &Config) -> Result<Operation> {
+        let now = now_ms();
+        if !op.confirmation_due(now) {
+            return Ok(op);
+        }
+        let attempts = op.confirmation.as_ref().map_or(0, |c| c.attempts);
+        let wait = backoff_ms(
+            attempts + 1,
+            config.retry_base_secs,
+            config.retry_max_secs,
+            random_unit(),
+        );
+        let answer = match (Collection::of_key(&op.key), &config.gemini_api_key) {
+            (None, _) => Err(StatusError::Malformed("key has no collection".into())),
+            // Without a key Gemini would refuse; wait for an operator to set one.
+            (Some(_), None) => Err(StatusError::Transient {
+                retry_after_secs: 0,
+            }),
+            (Some(collection), Some(_)) => {
+                status_api::ask(config, collection, &op.key, &op.name).await
+            }
+        };
+        let now = now_ms();
+        let mut op = self.load()?.unwrap_or(op);
+        match answer {
+            Ok(observation) if !matches!(observation.status, Status::Unknown(_)) => {
+                let event = OpEvent {
+                    status: observation.status,
+                    update_time_ms: observation.update_time_ms,
+                    source: Source::Webhook,
+                    details: observation.details,
+                    delivery_id: None,
+                };
+                let verdict = op.confirm_with(event.clone(), now, wait);
+                count_delivery(&mut op, &event, verdict, now, false);
+                self.record(now, history_of_event(&event, verdict))?;
+                log(json!({"event": "confirmed", "key": op.key, "status": event.status.as_str(),
+                    "verdict": verdict_label(verdict), "still_confirming": op.confirmation.is_some()}));
+            }
+            Ok(observation) => {
+                log(json!({"event": "status_unknown_state", "key": op.key, "state": observation.status.as_str()}));
+                op.confirmation_failed(now, wait);
+            }
+            Err(StatusError::NotFound) => {
+                op.confirmation_gone();
+                let age = (now - op.submitted_at_ms).div_euclid(1_000);
+                op.raise_alert(UNKNOWN_TO_GEMINI, age, now);
+                self.record(now, json!({"what": "confirm_not_found"}))?;
+                log(json!({"event": "status_not_found", "key": op.key, "path": "confirmation"}));
+            }
+            Err(e) => {
+                let wait = match e {
+                    StatusError::Transient { retry_after_secs } => {
+                        wait.max(retry_after_secs.saturating_mul(1_000))
+                    }
+                    _ => wait,
+                };
+                op.confirmation_failed(now, wait);
+                let error = match (&e, &config.gemini_api_key) {
+                    (_, None) => "GEMINI_API_KEY is not set".to_string(),
+                    (e, _) => format!("{e:?}"),
+                };
+                log(json!({"event": "confirm_waiting", "key": op.key, "error": error, "retry_in_ms": wait}));
+            }
+        }
+        self.save(&op)?;
+        Ok(op)
+    }
+
+    /// Answers a delivery that changes nothing (a duplicate or another dropped event on a
+    /// terminal operation). A settled operation stores nothing: its count waits in memory.
+    async fn answer_dropped(
         &self,
-        alert: &str,
-        op: &Operation,
-        age_seconds: i64,
+        op: Operation,
+        reason: DropReason,
         config: &Config,
-    ) -> bool {
-        post_alert(config, &alert_body(alert, op, age_seconds)).await
+    ) -> Result<GateReply> {
+        let now = now_ms();
+        let mut op = op;
+        match reason {
+            DropReason::Duplicate => op.count(stats::DUPLICATES, now),
+            other => op.count(&format!("dropped_{}", other.as_str()), now),
+        }
+        if reason == DropReason::Duplicate && op.is_settled() {
+            self.cached.replace(Some(Some(op.clone())));
+        } else {
+            self.save(&op)?;
+        }
+        self.sync_alarm(&op, config).await?;
+        Ok(GateReply::Dropped {
+            reason: reason.as_str().to_string(),
+            status: op.status.as_str().to_string(),
+            effect: effect_report(&op, now),
+        })
     }
 
     /// From the alarm: sends counted events to this operation's stats shard and projects the
@@ -406,8 +562,7 @@ impl OperationGate {
             self.save(&op)?;
         }
         // Only the alarm projects, and one alarm runs at a time: two writes never race in KV.
-        let projection = (op.projected_version < op.version
-            && now >= op.projected_at_ms + crate::operation::PROJECTION_SPACING_MS)
+        let projection = (op.projected_version < op.version && now >= op.projection_due_ms())
             .then(|| project(&op, config.retention_ms() / 1_000));
         if sealed.is_none() && projection.is_none() {
             return self.sync_alarm(&op, config).await;
@@ -451,14 +606,13 @@ impl OperationGate {
             _ => {}
         }
         match (&projection, written) {
-            (Some(p), Some(Ok(()))) => {
-                op.projected_version = op.projected_version.max(p.metadata.version);
-                op.projected_at_ms = now;
-            }
+            (Some(p), Some(Ok(()))) => op.projection_written(p.metadata.version, now),
             (_, Some(Err(e))) => {
-                // The gate stays the truth; the alarm writes the projection again.
-                op.projected_at_ms = now;
-                log(json!({"event": "ledger_write_failed", "key": op.key, "error": e}));
+                // The gate stays the truth; the alarm writes the projection again, with
+                // backoff, so a KV outage does not become a storm of alarms.
+                op.projection_failed(now);
+                log(json!({"event": "ledger_write_failed", "key": op.key, "error": e,
+                    "failures": op.projection_failures}));
             }
             _ => {}
         }
@@ -563,8 +717,9 @@ impl OperationGate {
 }
 
 /// Counts a delivery's outcome in the record, exactly once (same write as the decision).
-fn count_delivery(op: &mut Operation, event: &OpEvent, verdict: Verdict, now: i64) {
-    if event.source == Source::Webhook {
+/// `arrived` is false for a confirmation, whose delivery was counted when it arrived.
+fn count_delivery(op: &mut Operation, event: &OpEvent, verdict: Verdict, now: i64, arrived: bool) {
+    if arrived && event.source == Source::Webhook {
         op.count(stats::DELIVERIES, now);
     }
     match verdict {
@@ -602,4 +757,29 @@ fn history_of_event(event: &OpEvent, verdict: Verdict) -> Value {
         "update_time_ms": event.update_time_ms,
         "delivery_id": event.delivery_id,
     })
+}
+
+fn op_position(op: &Operation) -> Position {
+    Position {
+        status: op.status.clone(),
+        update_time_ms: op.update_time_ms,
+    }
+}
+
+fn verdict_label(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Apply => "applied",
+        Verdict::Drop(reason) => reason.as_str(),
+    }
+}
+
+/// Where the side effect stands, without running it.
+fn effect_report(op: &Operation, now: i64) -> EffectReport {
+    if !op.effect_owed() {
+        EffectReport::NotOwed
+    } else if op.effect.claim.is_some_and(|c| c.expires_ms > now) {
+        EffectReport::InFlight
+    } else {
+        EffectReport::Waiting
+    }
 }

@@ -14,6 +14,7 @@ mod ledger_kv;
 mod outbound;
 mod reconcile_pass;
 mod stats;
+mod status_api;
 mod webhook;
 
 pub use gate_object::OperationGate;
@@ -47,6 +48,9 @@ pub enum EdgeError {
     MethodNotAllowed,
     /// The delivery could not be made durable; the sender should retry.
     Unavailable(String),
+    /// The delivery cannot be checked right now (a key set that cannot be refreshed): the
+    /// sender should retry after this many seconds.
+    RetryLater(u32),
 }
 
 impl EdgeError {
@@ -65,6 +69,15 @@ impl EdgeError {
             EdgeError::Unavailable(why) => {
                 log(json!({"event": "unavailable", "error": why}));
                 (503, json!({"error": "temporarily unavailable, retry"}))
+            }
+            EdgeError::RetryLater(secs) => {
+                let headers = worker::Headers::new();
+                headers.set("retry-after", &secs.to_string())?;
+                return Ok(Response::from_json(
+                    &json!({"error": "temporarily unavailable, retry", "retry_after": secs}),
+                )?
+                .with_status(503)
+                .with_headers(headers));
             }
         };
         Ok(Response::from_json(&body)?.with_status(status))

@@ -88,8 +88,9 @@ fn build(
     Request::new_with_init(url, &init)
 }
 
-/// Logs an alert and POSTs it to `ALERT_URL` when one is configured. True once it is out
-/// (logged only, or accepted with a 2xx by the sink).
+/// Logs an alert and POSTs it to `ALERT_URL` when one is configured, with its `alert-id`
+/// header (the same on every retry). True once it is out (logged only, or accepted with a
+/// 2xx by the sink).
 pub async fn post_alert(config: &Config, body: &Value) -> bool {
     log(
         json!({"event": "alert", "alert": body["alert"], "key": body["key"], "age_seconds": body["age_seconds"], "text": body["text"]}),
@@ -97,7 +98,10 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     let Some(url) = &config.alert_url else {
         return true;
     };
-    let headers = [("content-type", "application/json".to_string())];
+    let mut headers = vec![("content-type", "application/json".to_string())];
+    if let Some(id) = body["alert_id"].as_str() {
+        headers.push(("alert-id", id.to_string()));
+    }
     let failure = match send(
         Method::Post,
         url,

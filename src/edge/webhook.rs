@@ -1,30 +1,66 @@
-//! `POST /webhooks/gemini`: verify (HMAC, or an RS256 JWT for dynamic webhooks), parse, hand
-//! to the gate, answer.
+//! `POST /webhooks/gemini`: check the headers, read the body under its cap, verify, parse,
+//! hand to the gate, answer.
 //!
-//! Guarantees: the order is size limit (413), then the signature on the raw bytes (401,
-//! nothing written, nothing run), then parsing; a verified body that is not an envelope (400)
-//! or has an unknown type (2xx) is kept in KV as a dead letter, and if it cannot be kept the
-//! answer is 503 so Gemini retries; a usable delivery costs one gate round trip and no KV
-//! read, and is answered 2xx only after the gate stored what it means.
+//! Guarantees: the order is a declared oversized `content-length` (413), then the
+//! signature headers' presence and shape (401, before a byte of the body is read: for HMAC the
+//! id, the timestamp and its window; for a JWT the token itself, checked against the key set),
+//! then the body, read as a stream and refused with 413 as soon as it passes
+//! `MAX_BODY_BYTES` (at most the cap plus one chunk is held), then the HMAC over the raw bytes
+//! (401, nothing written, nothing run), then parsing.
+//!
+//! What is trusted from where: an HMAC-signed body is proven byte for byte and becomes an
+//! event; a JWT-signed (dynamic-webhook) body is not (the token proves only that Google sent
+//! something, to anyone who runs a job), so it is a **nudge**: it names an operation, and the
+//! gate asks Gemini's status API and applies what that says. Only claims inside the verified
+//! token (`user_metadata`) are forwarded as verified; metadata found only in the body is
+//! forwarded as `unverified_user_metadata`.
+//!
+//! A verified HMAC body that is not an envelope (400) or has an unknown type (2xx) is kept in
+//! KV as a dead letter, and if it cannot be kept the answer is 503 so Gemini retries; an
+//! unusable JWT body is only counted and logged (it is unproven). A usable delivery costs one
+//! gate round trip and no KV read, and is answered 2xx only after the gate stored what it
+//! means.
 
-use serde_json::json;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use worker::wasm_bindgen::{JsCast, JsValue};
 use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, web_sys, Env, Response};
 
 use crate::config::Config;
-use crate::envelope::{meaning, parse, Meaning};
+use crate::envelope::{meaning, parse, Envelope, Meaning};
 use crate::gate_protocol::{GateCommand, GateReply};
-use crate::key::normalize;
+use crate::jwt::JwtError;
+use crate::key::{normalize, KeyError, OperationKey};
 use crate::ledger::dead_key;
-use crate::lifecycle::Source;
+use crate::lifecycle::{Source, Status};
 use crate::operation::OpEvent;
-use crate::signature::{looks_like_jwt, verify, SignedHeaders};
+use crate::signature::{check_headers, looks_like_jwt, verify, SignedHeaders};
 use crate::timestamp::format_rfc3339;
 
 use super::dynamic_webhook;
 use super::ledger_kv::{write_dead_letter, KV_BINDING};
 use super::stats::count_rejected;
 use super::{call_gate, log, now_ms, ok_json, EdgeError};
+
+/// Who vouched for a delivery.
+enum Proof {
+    /// The body's bytes are signed with one of our secrets.
+    Hmac,
+    /// A Google-signed token: it proves the sender, not the body.
+    Jwt { claims: Map<String, Value>, token_hash: String },
+}
+
+/// Logs (once per reason per flush window) and counts a refusal.
+fn rejected(reason: &'static str, extra: Value) {
+    if count_rejected(reason) {
+        let mut line = json!({"event": "rejected", "reason": reason});
+        if let (Value::Object(line), Value::Object(extra)) = (&mut line, extra) {
+            line.extend(extra);
+        }
+        log(line);
+    }
+}
 
 pub async fn receive(
     req: web_sys::Request,
@@ -35,9 +71,7 @@ pub async fn receive(
     let header = |name: &str| headers.get(name).ok().flatten();
     let declared: Option<usize> = header("content-length").and_then(|v| v.trim().parse().ok());
     if declared.is_some_and(|n| n > config.max_body_bytes) {
-        if count_rejected("body_too_large") {
-            log(json!({"event": "rejected", "reason": "body_too_large", "bytes": declared}));
-        }
+        rejected("body_too_large", json!({"bytes": declared}));
         return Err(EdgeError::TooLarge);
     }
     let (id, timestamp, signature) = (
@@ -45,97 +79,143 @@ pub async fn receive(
         header("webhook-timestamp"),
         header("webhook-signature"),
     );
-    let body = read_body(&req)
-        .await
-        .map_err(|e| EdgeError::BadRequest(format!("unreadable body: {}", super::js_error(&e))))?;
-    if body.len() > config.max_body_bytes {
-        if count_rejected("body_too_large") {
-            log(json!({"event": "rejected", "reason": "body_too_large", "bytes": body.len()}));
-        }
-        return Err(EdgeError::TooLarge);
-    }
     let now = now_ms();
     let now_secs = now.div_euclid(1_000);
-    // Dynamic (per-job) webhooks carry an RS256 JWT instead of HMAC entries.
-    let claims = match signature.as_deref().filter(|s| looks_like_jwt(s)) {
+    let signed = SignedHeaders {
+        id: id.as_deref(),
+        timestamp: timestamp.as_deref(),
+        signature: signature.as_deref(),
+    };
+    // Everything the headers alone can refuse is refused before the body is read.
+    let proof = match signature.as_deref().filter(|s| looks_like_jwt(s)) {
         Some(token) => {
-            let skewed = timestamp.as_deref().map(|t| {
-                t.trim()
-                    .parse::<i64>()
-                    .map(|t| (t - now_secs).abs() > config.tolerance_secs)
-            });
-            let verified = match skewed {
-                Some(Err(_)) => Err("bad_timestamp"),
-                Some(Ok(true)) => Err("timestamp_out_of_tolerance"),
-                _ => dynamic_webhook::verify(env, config, token, now)
-                    .await
-                    .map_err(|e| e.label()),
-            };
-            match verified {
-                Ok(claims) => Some(claims),
-                Err(label) => {
-                    if count_rejected(label) {
-                        log(json!({"event": "rejected", "reason": label}));
-                    }
-                    return Err(EdgeError::Unauthorized);
-                }
+            let claims = verify_token(env, config, token, timestamp.as_deref(), now).await?;
+            Proof::Jwt {
+                claims,
+                token_hash: token_hash(token),
             }
         }
         None => {
-            let headers = SignedHeaders {
-                id: id.as_deref(),
-                timestamp: timestamp.as_deref(),
-                signature: signature.as_deref(),
-            };
-            if let Err(e) = verify(
-                headers,
-                &body,
-                &config.webhook_secrets,
-                now_secs,
-                config.tolerance_secs,
-            ) {
-                if count_rejected(e.label()) {
-                    log(json!({"event": "rejected", "reason": e.label()}));
-                }
+            if let Err(e) = check_headers(signed, now_secs, config.tolerance_secs) {
+                rejected(e.label(), json!({}));
                 return Err(EdgeError::Unauthorized);
             }
-            None
+            Proof::Hmac
         }
     };
-    let delivery_id = id.unwrap_or_default();
-    // A verified delivery that cannot be used is kept, never dropped unseen.
-    let dead_letter = |reason: &'static str| {
-        keep_dead_letter(
-            env,
-            config,
-            &delivery_id,
-            timestamp.as_deref(),
-            reason,
-            &body,
-            now,
-        )
+    let body = match read_capped(&req, config.max_body_bytes).await {
+        Ok(Some(body)) => body,
+        Ok(None) => {
+            rejected("body_too_large", json!({"bytes": format!("> {}", config.max_body_bytes)}));
+            return Err(EdgeError::TooLarge);
+        }
+        Err(e) => {
+            return Err(EdgeError::BadRequest(format!(
+                "unreadable body: {}",
+                super::js_error(&e)
+            )))
+        }
     };
+    if matches!(proof, Proof::Hmac) {
+        if let Err(e) = verify(
+            signed,
+            &body,
+            &config.webhook_secrets,
+            now_secs,
+            config.tolerance_secs,
+        ) {
+            rejected(e.label(), json!({}));
+            return Err(EdgeError::Unauthorized);
+        }
+    }
+    match proof {
+        Proof::Hmac => {
+            let delivery_id = id.unwrap_or_default();
+            deliver_signed(env, config, &body, &delivery_id, timestamp.as_deref(), now).await
+        }
+        Proof::Jwt { claims, token_hash } => {
+            deliver_nudge(env, config, &body, claims, &token_hash, now).await
+        }
+    }
+}
 
-    let mut envelope = match parse(&body) {
+/// Checks a dynamic webhook's token: allowed at all, its `webhook-timestamp` (when sent)
+/// within the tolerance, its signature and claims. A key set that cannot be refreshed now is
+/// a 503 with `Retry-After`, so Gemini retries; everything else is a 401.
+async fn verify_token(
+    env: &Env,
+    config: &Config,
+    token: &str,
+    timestamp: Option<&str>,
+    now: i64,
+) -> Result<Map<String, Value>, EdgeError> {
+    if !config.dynamic_webhooks {
+        rejected("dynamic_webhooks_disabled", json!({}));
+        return Err(EdgeError::Unauthorized);
+    }
+    let now_secs = now.div_euclid(1_000);
+    if let Some(t) = timestamp {
+        let skew = t
+            .trim()
+            .parse::<i64>()
+            .map(|t| t.saturating_sub(now_secs).saturating_abs());
+        match skew {
+            Err(_) => {
+                rejected("bad_timestamp", json!({}));
+                return Err(EdgeError::Unauthorized);
+            }
+            Ok(skew) if skew > config.tolerance_secs => {
+                rejected("timestamp_out_of_tolerance", json!({}));
+                return Err(EdgeError::Unauthorized);
+            }
+            Ok(_) => {}
+        }
+    }
+    match dynamic_webhook::verify(env, config, token, now).await {
+        Ok(claims) => Ok(claims),
+        Err(dynamic_webhook::Refusal::RetryAfter(secs)) => {
+            rejected(JwtError::KeysUnavailable.label(), json!({"retry_after": secs}));
+            Err(EdgeError::RetryLater(secs))
+        }
+        Err(dynamic_webhook::Refusal::Invalid(e)) => {
+            rejected(e.label(), json!({}));
+            Err(EdgeError::Unauthorized)
+        }
+    }
+}
+
+/// A JWT delivery's id: a hash of the token, which is signed (the `webhook-id` header is not,
+/// and may be empty).
+fn token_hash(token: &str) -> String {
+    let digest = Sha256::digest(token.trim().as_bytes());
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("jwt_{hex}")
+}
+
+/// An HMAC-signed delivery: the body is proven, so it becomes an event for the gate.
+async fn deliver_signed(
+    env: &Env,
+    config: &Config,
+    body: &[u8],
+    delivery_id: &str,
+    timestamp: Option<&str>,
+    now: i64,
+) -> Result<Response, EdgeError> {
+    // A verified delivery that cannot be used is kept, never dropped unseen.
+    let dead_letter =
+        |reason: &'static str| keep_dead_letter(env, config, delivery_id, timestamp, reason, body, now);
+    let envelope = match parse(body) {
         Ok(e) => e,
         Err(e) => {
             dead_letter(e.label()).await?;
             return Err(EdgeError::BadRequest(format!("not a Gemini envelope: {e}")));
         }
     };
-    if let Some(meta) = claims.and_then(|mut c| c.remove("user_metadata")) {
-        envelope.details.entry("user_metadata").or_insert(meta);
-    }
-    let (status, collection) = match meaning(&envelope.event_type) {
-        Meaning::Status { status, collection } => (status, collection),
-        Meaning::Unknown => {
-            dead_letter("unknown_event_type").await?;
-            return ok_json(
-                &json!({"outcome": "ignored_unknown_type", "type": envelope.event_type}),
-            );
-        }
+    let Some((status, key)) = usable(&envelope) else {
+        dead_letter("unknown_event_type").await?;
+        return ok_json(&json!({"outcome": "ignored_unknown_type", "type": envelope.event_type}));
     };
-    let key = match normalize(&envelope.id, Some(collection)) {
+    let key = match key {
         Ok(k) => k,
         Err(e) => {
             dead_letter("bad_operation_id").await?;
@@ -150,18 +230,87 @@ pub async fn receive(
             update_time_ms: envelope.timestamp_ms,
             source: Source::Webhook,
             details: envelope.details,
-            delivery_id: Some(delivery_id.clone()),
+            delivery_id: Some(delivery_id.to_string()),
         },
         require_registration: config.require_registration,
     };
-    let reply = call_gate(env, &key.key, &command)
+    answer(env, &key.key, &command, &envelope.event_type, delivery_id, now).await
+}
+
+/// A dynamic-webhook delivery: the body only names the operation. Nothing in it decides
+/// state; the gate confirms with the status API.
+async fn deliver_nudge(
+    env: &Env,
+    config: &Config,
+    body: &[u8],
+    mut claims: Map<String, Value>,
+    token_hash: &str,
+    now: i64,
+) -> Result<Response, EdgeError> {
+    // Unproven bodies are never stored: a refusal is counted and logged only.
+    let envelope = match parse(body) {
+        Ok(e) => e,
+        Err(e) => {
+            rejected("jwt_body_not_envelope", json!({"problem": e.label(), "delivery_id": token_hash}));
+            return Err(EdgeError::BadRequest(format!("not a Gemini envelope: {e}")));
+        }
+    };
+    let Some((status, key)) = usable(&envelope) else {
+        rejected("jwt_unknown_event_type", json!({"type": envelope.event_type, "delivery_id": token_hash}));
+        return ok_json(&json!({"outcome": "ignored_unknown_type", "type": envelope.event_type}));
+    };
+    let key = key.map_err(|e| {
+        rejected("jwt_bad_operation_id", json!({"delivery_id": token_hash}));
+        EdgeError::BadRequest(format!("data.id: {e}"))
+    })?;
+    let mut metadata = Map::new();
+    match claims.remove("user_metadata") {
+        Some(verified) => {
+            metadata.insert("user_metadata".into(), verified);
+        }
+        None => {
+            if let Some(unverified) = envelope.details.get("user_metadata") {
+                metadata.insert("unverified_user_metadata".into(), unverified.clone());
+            }
+        }
+    }
+    let command = GateCommand::Nudge {
+        key: key.key.clone(),
+        name: key.name.clone(),
+        claimed: status.as_str().to_string(),
+        metadata,
+        delivery_id: token_hash.to_string(),
+        require_registration: config.require_registration,
+    };
+    answer(env, &key.key, &command, &envelope.event_type, token_hash, now).await
+}
+
+/// What an envelope's type means, and its operation's key: `None` for an unknown type.
+fn usable(envelope: &Envelope) -> Option<(Status, Result<OperationKey, KeyError>)> {
+    match meaning(&envelope.event_type) {
+        Meaning::Status { status, collection } => {
+            Some((status, normalize(&envelope.id, Some(collection))))
+        }
+        Meaning::Unknown => None,
+    }
+}
+
+/// Hands `command` to the gate of `key`, logs what it did, and answers the sender.
+async fn answer(
+    env: &Env,
+    key: &str,
+    command: &GateCommand,
+    event_type: &str,
+    delivery_id: &str,
+    started: i64,
+) -> Result<Response, EdgeError> {
+    let reply = call_gate(env, key, command)
         .await
         .map_err(EdgeError::Unavailable)?;
-    let ms = now_ms() - now;
     let (event, body) = match &reply {
         GateReply::Applied { status, effect } => (
             "delivered",
-            json!({"outcome": "applied", "key": key.key, "status": status, "effect": effect}),
+            json!({"outcome": "applied", "key": key, "status": status, "effect": effect}),
         ),
         GateReply::Dropped {
             reason,
@@ -173,11 +322,15 @@ pub async fn receive(
             } else {
                 "dropped"
             },
-            json!({"outcome": "dropped", "reason": reason, "key": key.key, "status": status, "effect": effect}),
+            json!({"outcome": "dropped", "reason": reason, "key": key, "status": status, "effect": effect}),
+        ),
+        GateReply::Confirming { status } => (
+            "nudged",
+            json!({"outcome": "confirming", "key": key, "status": status}),
         ),
         GateReply::IgnoredUnregistered => (
             "ignored_unregistered",
-            json!({"outcome": "ignored_unregistered", "key": key.key}),
+            json!({"outcome": "ignored_unregistered", "key": key}),
         ),
         other => {
             return Err(EdgeError::Unavailable(format!(
@@ -187,17 +340,44 @@ pub async fn receive(
     };
     let mut line = body.clone();
     line["event"] = json!(event);
-    line["type"] = json!(envelope.event_type);
+    line["type"] = json!(event_type);
     line["webhook_id"] = json!(delivery_id);
-    line["ms"] = json!(ms);
+    line["ms"] = json!(now_ms() - started);
     log(line);
     ok_json(&body)
 }
 
-/// The whole body, read by the runtime in one call.
-async fn read_body(req: &web_sys::Request) -> Result<Vec<u8>, worker::wasm_bindgen::JsValue> {
-    let buffer = JsFuture::from(req.array_buffer()?).await?;
-    Ok(js_sys::Uint8Array::new(&buffer).to_vec())
+/// The body, read chunk by chunk as it streams in; `None` as soon as it passes `cap` (the
+/// rest is cancelled, never buffered), so memory per request is bounded by the cap plus one
+/// chunk whatever `content-length` says or omits.
+async fn read_capped(req: &web_sys::Request, cap: usize) -> Result<Option<Vec<u8>>, JsValue> {
+    let Some(stream) = req.body() else {
+        return Ok(Some(Vec::new()));
+    };
+    let reader: web_sys::ReadableStreamDefaultReader = stream.get_reader().unchecked_into();
+    let mut body = Vec::new();
+    loop {
+        let step = JsFuture::from(reader.read()).await?;
+        if js_sys::Reflect::get(&step, &JsValue::from_str("done"))?
+            .as_bool()
+            .unwrap_or(true)
+        {
+            return Ok(Some(body));
+        }
+        let chunk = js_sys::Uint8Array::new(&js_sys::Reflect::get(
+            &step,
+            &JsValue::from_str("value"),
+        )?);
+        let len = chunk.length() as usize;
+        if body.len() + len > cap {
+            // Not awaited: the answer goes out now; the runtime drops the rest of the upload.
+            let _ = reader.cancel();
+            return Ok(None);
+        }
+        let start = body.len();
+        body.resize(start + len, 0);
+        chunk.copy_to(&mut body[start..]);
+    }
 }
 
 /// Keeps a verified but unusable delivery as `dead:<webhook-id>`. Failing to keep it is a 503:
