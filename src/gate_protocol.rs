@@ -55,22 +55,24 @@ pub enum GateCommand {
     Inspect,
 }
 
-/// What happened to a side effect during one command.
+/// Where a side effect stands when the gate answers. The gate never runs an attempt while a
+/// command waits: every attempt runs from its alarm (one runner), so an answer never waits on
+/// the destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EffectReport {
-    /// Nothing owed (not terminal, or already done or parked).
+    /// Nothing owed (not terminal, or forgotten).
     NotOwed,
-    /// This command's attempt was accepted downstream.
+    /// Owed and due: the alarm that runs it is durably set.
+    Scheduled,
+    /// Accepted downstream (by an earlier attempt).
     Delivered,
-    /// This command's attempt failed; the next is durably scheduled.
+    /// An attempt failed; the next is durably scheduled after its backoff.
     RetryScheduled,
     /// The destination refused for good.
     Parked,
-    /// Another attempt holds a live claim.
+    /// An attempt holds a live claim.
     InFlight,
-    /// Owed, but its backoff has not elapsed.
-    Waiting,
 }
 
 /// The gate's answer.

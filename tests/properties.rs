@@ -1125,7 +1125,7 @@ proptest! {
 // Configuration
 // ---------------------------------------------------------------------------------------------
 
-const VARS: [&str; 20] = [
+const VARS: [&str; 22] = [
     "GEMINI_WEBHOOK_SECRETS",
     "EFFECT_URL",
     "EFFECT_SIGNING_SECRET",
@@ -1146,6 +1146,8 @@ const VARS: [&str; 20] = [
     "GEMINI_API_BASE",
     "GEMINI_API_KEY",
     "ALERT_URL",
+    "DYNAMIC_WEBHOOKS",
+    "LEDGER_RETENTION_SECONDS",
 ];
 const SECRET_VARS: [&str; 4] = [
     "GEMINI_WEBHOOK_SECRETS",
@@ -1173,7 +1175,7 @@ fn var_value(name: &'static str) -> BoxedStrategy<Option<String>> {
         "EFFECT_URL" | "GEMINI_API_BASE" | "ALERT_URL" => {
             "(https?://|ftp://|)[a-z0-9.:/-]{0,40}".boxed()
         }
-        "REQUIRE_REGISTRATION" => {
+        "REQUIRE_REGISTRATION" | "DYNAMIC_WEBHOOKS" => {
             prop::sample::select(vec!["true", "false", " true ", "TRUE", "yes", "1", ""])
                 .prop_map(String::from)
                 .boxed()
@@ -1196,7 +1198,7 @@ fn var_value(name: &'static str) -> BoxedStrategy<Option<String>> {
 }
 
 /// The documented range of every whole-number variable (README, Configuration).
-const RANGES: [(&str, i64, i64); 12] = [
+const RANGES: [(&str, i64, i64); 13] = [
     ("SIGNATURE_TOLERANCE_SECONDS", 0, 86_400),
     ("EFFECT_TIMEOUT_MS", 1, 600_000),
     ("CLAIM_TTL_SECONDS", 1, 86_400),
@@ -1209,6 +1211,7 @@ const RANGES: [(&str, i64, i64); 12] = [
     ("EFFECT_ALERT_AFTER_SECONDS", 0, 31_536_000),
     ("RECONCILE_BUDGET", 5, 10_000),
     ("RECONCILE_LEASE_SECONDS", 1, 3_600),
+    ("LEDGER_RETENTION_SECONDS", 1, 315_360_000),
 ];
 
 fn range_of(name: &str) -> Option<(i64, i64)> {
@@ -1235,7 +1238,7 @@ fn documented_ok(name: &str, value: Option<&str>) -> bool {
             .all(|s| Secret::parse(s).is_ok()),
         ("EFFECT_SIGNING_SECRET", Some(v)) => Secret::parse(v).is_ok(),
         ("EFFECT_URL" | "GEMINI_API_BASE" | "ALERT_URL", Some(v)) => is_url(v),
-        ("REQUIRE_REGISTRATION", Some(v)) => v == "true" || v == "false",
+        ("REQUIRE_REGISTRATION" | "DYNAMIC_WEBHOOKS", Some(v)) => v == "true" || v == "false",
         ("ADMIN_TOKEN" | "GEMINI_API_KEY", Some(_)) => true,
         (n, Some(v)) => {
             let (lo, hi) = range_of(n).expect("every variable is in the table");
@@ -1263,7 +1266,7 @@ fn valid_value(name: &'static str) -> BoxedStrategy<Option<String>> {
         }
         "ADMIN_TOKEN" => "[A-Za-z0-9-]{12,60}".prop_map(Some).boxed(),
         "GEMINI_API_KEY" => prop::option::of("[A-Za-z0-9-]{12,60}").boxed(),
-        "REQUIRE_REGISTRATION" => {
+        "REQUIRE_REGISTRATION" | "DYNAMIC_WEBHOOKS" => {
             prop::option::of(prop::sample::select(vec!["true", "false"]).prop_map(String::from))
                 .boxed()
         }

@@ -144,7 +144,7 @@ impl DurableObject for OperationGate {
         let op = self.confirm_if_due(op, &config).await?;
         let op = self.send_due_alerts(op, &config).await?;
         // The effect first, so the flush and the ledger write that follow carry its outcome.
-        let (op, _) = self.drive_effect(op, &config, false).await?;
+        let op = self.drive_effect(op, &config).await?;
         self.settle_storage(op, &config).await?;
         Response::ok("ok")
     }
@@ -197,13 +197,14 @@ impl OperationGate {
                         effect: EffectReport::NotOwed,
                     });
                 }
-                // Stored before anything is awaited, by drive_effect (with the claim, if the
-                // effect is due: one write, not two): a dropped event is counted, exactly, in
-                // the same write as the decision.
+                // The decision and its count in one write; the side effect (if now owed) is
+                // scheduled on the alarm, which is set before the answer: the answer never
+                // waits on the destination.
+                self.save(&op)?;
                 self.record(now, history_of_event(&event, verdict))?;
-                let (op, effect) = self.drive_effect(op, config, true).await?;
-                let status = op.status.as_str().to_string();
                 self.sync_alarm(&op, config).await?;
+                let status = op.status.as_str().to_string();
+                let effect = effect_report(&op, now);
                 Ok(match verdict {
                     Verdict::Apply => GateReply::Applied { status, effect },
                     Verdict::Drop(reason) => GateReply::Dropped {
@@ -250,14 +251,16 @@ impl OperationGate {
                 })
             }
             GateCommand::RetryEffect => {
-                // Runs the effect only if due: the backoff stands, and a lost alarm is repaired
-                // because sync_alarm sets it again.
+                // The alarm runs the effect if due: the backoff stands, and a lost alarm is
+                // repaired because sync_alarm sets it again.
                 let Some(op) = self.load()? else {
                     return Ok(GateReply::NotFound);
                 };
-                let (op, effect) = self.drive_effect(op, config, false).await?;
+                self.alarm_at.set(None);
                 self.sync_alarm(&op, config).await?;
-                Ok(GateReply::Effect { effect })
+                Ok(GateReply::Effect {
+                    effect: effect_report(&op, now),
+                })
             }
             GateCommand::Alert { alert, age_seconds } => {
                 let Some(mut op) = self.load()? else {
@@ -295,9 +298,11 @@ impl OperationGate {
                 log(
                     json!({"event": "redeliver", "key": op.key, "generation": generation, "reason": reason}),
                 );
-                let (op, effect) = self.drive_effect(op, config, false).await?;
                 self.sync_alarm(&op, config).await?;
-                Ok(GateReply::Redelivered { generation, effect })
+                Ok(GateReply::Redelivered {
+                    generation,
+                    effect: effect_report(&op, now),
+                })
             }
             GateCommand::Forget { reason } => {
                 let Some(mut op) = self.load()? else {
@@ -322,32 +327,13 @@ impl OperationGate {
         }
     }
 
-    /// Claims, runs and commits the side effect if it is owed and due. Returns the record as
-    /// it stands afterwards (re-read: other requests may have run during the call). With
-    /// `unsaved`, `op` has changes not stored yet: they are stored before the first await.
-    async fn drive_effect(
-        &self,
-        mut op: Operation,
-        config: &Config,
-        unsaved: bool,
-    ) -> Result<(Operation, EffectReport)> {
-        if !op.effect_owed() {
-            if unsaved {
-                self.save(&op)?;
-            }
-            return Ok((op, EffectReport::NotOwed));
-        }
+    /// Claims, runs and commits the side effect if it is owed and due: called only from the
+    /// alarm, the one runner of side effects. Returns the record as it stands afterwards
+    /// (re-read: other requests may have run during the call).
+    async fn drive_effect(&self, mut op: Operation, config: &Config) -> Result<Operation> {
         let now = now_ms();
         let Some(claim) = op.claim(now, config.claim_ttl_secs * 1_000) else {
-            if unsaved {
-                self.save(&op)?;
-            }
-            let report = if op.effect.claim.is_some_and(|c| c.expires_ms > now) {
-                EffectReport::InFlight
-            } else {
-                EffectReport::Waiting
-            };
-            return Ok((op, report));
+            return Ok(op);
         };
         self.save(&op)?;
         self.record(
@@ -392,11 +378,11 @@ impl OperationGate {
             random_unit(),
         );
         let finished = op.finish(claim.token, &outcome, finished_at, backoff);
-        let (label, report) = match &finished {
-            Finished::Done => ("effect_delivered", EffectReport::Delivered),
-            Finished::RetryAt(_) => ("effect_failed", EffectReport::RetryScheduled),
-            Finished::Parked => ("effect_parked", EffectReport::Parked),
-            Finished::Fenced => ("effect_fenced", EffectReport::InFlight),
+        let label = match &finished {
+            Finished::Done => "effect_delivered",
+            Finished::RetryAt(_) => "effect_failed",
+            Finished::Parked => "effect_parked",
+            Finished::Fenced => "effect_fenced",
         };
         if finished != Finished::Fenced {
             op.count(label_stat(&finished), finished_at);
@@ -417,7 +403,7 @@ impl OperationGate {
             "ms": finished_at - started,
             "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect.next_attempt_ms),
         }));
-        Ok((op, report))
+        Ok(op)
     }
 
     /// Sends every queued alert that is due, one at a time; the sink's acceptance is what
@@ -773,13 +759,21 @@ fn verdict_label(verdict: Verdict) -> &'static str {
     }
 }
 
-/// Where the side effect stands, without running it.
+/// Where the side effect stands, without running it (the alarm runs it).
 fn effect_report(op: &Operation, now: i64) -> EffectReport {
     if !op.effect_owed() {
-        EffectReport::NotOwed
+        if op.effect.done {
+            EffectReport::Delivered
+        } else if op.effect.parked.is_some() {
+            EffectReport::Parked
+        } else {
+            EffectReport::NotOwed
+        }
     } else if op.effect.claim.is_some_and(|c| c.expires_ms > now) {
         EffectReport::InFlight
+    } else if op.effect.next_attempt_ms <= now {
+        EffectReport::Scheduled
     } else {
-        EffectReport::Waiting
+        EffectReport::RetryScheduled
     }
 }

@@ -1,0 +1,140 @@
+// What an attacker can and cannot do at the edge, against the built worker in workerd: bodies
+// capped while they stream (an upload held open is refused before it ends), headers refused
+// before a body is read, nothing run twice after retention (a tombstone remains), alerts
+// delivered at least once with a stable id.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import http from "node:http";
+import { startWorker, startServer, eventually, signedHeaders, sleep } from "./helpers.mjs";
+
+const CAP = 4096;
+let w, dest, sink;
+let sinkFailures = 1;
+
+before(async () => {
+  dest = await startServer(() => ({ status: 200 }));
+  sink = await startServer(() => (sinkFailures-- > 0 ? { status: 500, body: "sink down" } : { status: 200 }));
+  w = await startWorker({
+    EFFECT_URL: `${dest.url}/effects`,
+    MAX_BODY_BYTES: String(CAP),
+    LEDGER_RETENTION_SECONDS: "2",
+    ALERT_URL: `${sink.url}/alerts`,
+    EFFECT_RETRY_BASE_SECONDS: "1",
+    EFFECT_RETRY_MAX_SECONDS: "1",
+    STUCK_AFTER_SECONDS: "0",
+    RECONCILE_GRACE_SECONDS: "86400",
+  }, { http: true });
+});
+after(async () => {
+  await w?.dispose();
+  await dest?.close();
+  await sink?.close();
+});
+
+const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
+
+/**
+ * Starts a chunked upload to the webhook with `headers`, writes `bytes` in 1 KiB chunks and
+ * never ends it. Resolves with the status of the answer, which can only come before the end.
+ */
+function heldOpenUpload(headers, bytes) {
+  return new Promise((resolve, reject) => {
+    const url = new URL(`${w.url}/webhooks/gemini`);
+    const req = http.request({ host: url.hostname, port: url.port, path: url.pathname, method: "POST", headers: { ...headers, "transfer-encoding": "chunked" } });
+    req.on("response", (res) => {
+      res.resume();
+      resolve({ status: res.statusCode, upload: req });
+    });
+    req.on("error", (e) => (e.code === "ECONNRESET" || e.code === "EPIPE" ? undefined : reject(e)));
+    const chunk = Buffer.alloc(1024, "x");
+    let sent = 0;
+    const pump = () => {
+      while (sent < bytes) {
+        sent += chunk.length;
+        if (!req.write(chunk)) return req.once("drain", pump);
+      }
+    };
+    pump();
+  });
+}
+
+describe("bodies are capped while they stream", () => {
+  it("refuses an oversized chunked upload held open with 413 before it ends, and valid deliveries go on meanwhile", async () => {
+    const headers = signedHeaders("irrelevant", {});
+    const pending = heldOpenUpload({ ...headers, "content-type": "application/json" }, CAP * 4);
+    // While that upload is open, a valid delivery is served as usual.
+    const ok = await w.deliver("batch.succeeded", "batches/beside-upload");
+    assert.equal(ok.status, 200);
+    const { status, upload } = await pending;
+    assert.equal(status, 413);
+    upload.destroy();
+    assert.ok(w.events("rejected").some((e) => e.reason === "body_too_large"));
+  });
+
+  it("refuses bad signature headers with 401 before reading the body, however large", async () => {
+    const { status, upload } = await heldOpenUpload({ "content-type": "application/json", "webhook-id": "m", "webhook-timestamp": "1", "webhook-signature": "v1,AAAA" }, CAP * 4);
+    upload.destroy();
+    assert.equal(status, 401, "a stale timestamp is refused before the body");
+  });
+
+  it("a declared oversized content-length stays 413 first, whatever the headers", async () => {
+    const r = await w.fetch("/webhooks/gemini", { method: "POST", headers: { "content-type": "application/json" }, body: "x".repeat(CAP + 1) });
+    assert.equal(r.status, 413);
+    await r.text();
+  });
+
+  it("a signed body exactly at the cap is accepted", async () => {
+    const pad = "p".repeat(CAP);
+    const base = JSON.stringify({ type: "batch.succeeded", version: "v1", data: { id: "batches/at-cap", pad: "" } });
+    const body = base.replace('"pad":""', `"pad":"${pad.slice(0, CAP - base.length)}"`);
+    assert.equal(Buffer.byteLength(body), CAP);
+    const r = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body), body });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+  });
+});
+
+describe("nothing runs twice after retention", () => {
+  it("keeps a tombstone: a completion replayed after (shortened) retention runs nothing", async () => {
+    const body = JSON.stringify({ type: "batch.succeeded", version: "v1", timestamp: new Date().toISOString(), data: { id: "batches/late", output_file_uri: "gs://b/o" } });
+    const headers = signedHeaders(body, { webhookId: "msg_late_1" });
+    assert.equal((await w.json("/webhooks/gemini", { method: "POST", headers, body })).status, 200);
+    await eventually(() => effectsFor("batches/late").length === 1, { what: "the effect" });
+    const retired = await eventually(async () => {
+      const { body: op } = await w.inspect("batches/late");
+      return op.retired_at && op;
+    }, { what: "retention to end" });
+    assert.equal(retired.status, "succeeded");
+    assert.equal(retired.effect_done, true);
+    assert.deepEqual(retired.details, {}, "the tombstone keeps no payload");
+    // A captured delivery replayed (re-signed: a leaked secret), and a different outcome.
+    const replay = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body, { webhookId: "msg_late_2" }), body });
+    assert.equal(replay.status, 200);
+    assert.equal(replay.body.reason, "duplicate");
+    const other = await w.deliver("batch.failed", "batches/late");
+    assert.equal(other.status, 200);
+    assert.equal(other.body.outcome, "dropped");
+    await sleep(1500);
+    assert.equal(effectsFor("batches/late").length, 1, "nothing ran again");
+    const redeliver = await w.admin(`/v1/operations/${encodeURIComponent("batches/late")}/redeliver`, { method: "POST", body: "{}" });
+    assert.equal(redeliver.status, 409, "an operator cannot redeliver a tombstone");
+  });
+});
+
+describe("alerts are delivered at least once", () => {
+  it("sends an alert whose first send failed later, under the same alert-id", async () => {
+    await w.register("batches/stuck1", "nightly");
+    await w.ledger("batches/stuck1");
+    await w.scheduled();
+    const sent = await eventually(() => {
+      const mine = sink.requests.filter((r) => JSON.parse(r.body).key === "batches/stuck1");
+      return mine.length >= 2 && mine;
+    }, { what: "the alert's retry" });
+    assert.equal(JSON.parse(sent[0].body).alert, "stuck");
+    assert.ok(sent[0].headers["alert-id"], "an alert-id header");
+    assert.equal(sent[1].headers["alert-id"], sent[0].headers["alert-id"], "stable across retries");
+    await eventually(async () => (await w.inspect("batches/stuck1")).body.alerts_pending.length === 0, { what: "the queue to empty" });
+    await w.scheduled();
+    await sleep(500);
+    assert.equal(sink.requests.filter((r) => JSON.parse(r.body).key === "batches/stuck1").length, 2, "raised once");
+  });
+});
