@@ -340,9 +340,19 @@ mod tests {
 
     /// The same outcome settled both ways: same fields, same types; the values asserted too.
     fn same_shape(webhook: &Value, cron: &Value) {
-        assert_eq!(shape(webhook), shape(cron), "\nwebhook {webhook}\ncron {cron}");
+        assert_eq!(
+            shape(webhook),
+            shape(cron),
+            "\nwebhook {webhook}\ncron {cron}"
+        );
         for body in [webhook, cron] {
-            for loose in ["output_file", "gemini_state", "gemini_status", "file_name", "errors"] {
+            for loose in [
+                "output_file",
+                "gemini_state",
+                "gemini_status",
+                "file_name",
+                "errors",
+            ] {
                 assert!(body.get(loose).is_none(), "{loose} loose in {body}");
             }
         }

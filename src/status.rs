@@ -108,7 +108,10 @@ fn done(value: &Value) -> bool {
 }
 
 fn count(value: &Value, pointer: &str) -> Option<usize> {
-    value.pointer(pointer).and_then(Value::as_array).map(Vec::len)
+    value
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .map(Vec::len)
 }
 
 /// A batch's state, as the wire (`BATCH_STATE_*`) or the SDKs (`JOB_STATE_*`, google-genai's
@@ -434,7 +437,10 @@ mod tests {
         );
         assert_eq!(o.status, Status::Succeeded);
         assert_eq!(o.details["output_file_uri"], "files/v1");
-        assert_eq!(o.details["output_file_uris"], json!(["files/v1", "files/v2"]));
+        assert_eq!(
+            o.details["output_file_uris"],
+            json!(["files/v1", "files/v2"])
+        );
         assert_eq!(o.details["provider"]["generated_samples"], 2);
         assert_eq!(o.details["provider"]["rai_media_filtered_count"], 0);
     }
