@@ -551,6 +551,31 @@ mod tests {
     }
 
     #[test]
+    fn schema_lists_exactly_the_fields_the_body_has() {
+        let schema: Value =
+            serde_json::from_str(include_str!("../docs/effect.schema.json")).unwrap();
+        let mut required: Vec<String> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        required.sort();
+        let body = settled(Status::Succeeded, Source::Webhook, Map::new());
+        let fields: Vec<String> = body.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(required, fields, "every body field is required, and only those");
+        let mut optional: Vec<&String> = schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| !required.contains(k))
+            .collect();
+        optional.sort();
+        assert_eq!(optional, [USER_METADATA, UNVERIFIED_USER_METADATA]);
+        assert_eq!(schema["additionalProperties"], false);
+    }
+
+    #[test]
     fn body_carries_fixed_fields_and_details() {
         let body = effect_body(&failed_batch());
         assert_eq!(body["version"], 1);
