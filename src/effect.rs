@@ -563,7 +563,10 @@ mod tests {
         required.sort();
         let body = settled(Status::Succeeded, Source::Webhook, Map::new());
         let fields: Vec<String> = body.as_object().unwrap().keys().cloned().collect();
-        assert_eq!(required, fields, "every body field is required, and only those");
+        assert_eq!(
+            required, fields,
+            "every body field is required, and only those"
+        );
         let mut optional: Vec<&String> = schema["properties"]
             .as_object()
             .unwrap()
@@ -571,7 +574,7 @@ mod tests {
             .filter(|k| !required.contains(k))
             .collect();
         optional.sort();
-        assert_eq!(optional, [USER_METADATA, UNVERIFIED_USER_METADATA]);
+        assert_eq!(optional, [UNVERIFIED_USER_METADATA, USER_METADATA]);
         assert_eq!(schema["additionalProperties"], false);
     }
 
