@@ -3,7 +3,7 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { createHmac, generateKeyPairSync, sign as rsaSign } from "node:crypto";
-import { startWorker, startServer } from "./helpers.mjs";
+import { startWorker, startServer, startDestination, assertEffectValid } from "./helpers.mjs";
 
 const AUDIENCE = "gemini-once-test";
 const { privateKey, publicKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
@@ -35,13 +35,14 @@ const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-k
 
 before(async () => {
   jwks = await startServer(() => (jwksUp ? { status: 200, body: { keys: [jwk] } } : { status: 503, body: "down" }));
-  dest = await startServer(() => ({ status: 200 }));
+  dest = await startDestination(() => ({ status: 200 }));
   w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, GEMINI_JWKS_URL: `${jwks.url}/.well-known/jwks.json`, GEMINI_JWT_AUDIENCE: AUDIENCE });
 });
 after(async () => {
   await w?.dispose();
   await jwks?.close();
   await dest?.close();
+  dest?.assertAllValid();
 });
 
 describe("dynamic webhooks", () => {
@@ -50,7 +51,7 @@ describe("dynamic webhooks", () => {
     assert.equal(r.status, 200, JSON.stringify(r.body));
     assert.equal(r.body.outcome, "applied");
     const [effect] = effectsFor("batches/dyn1");
-    assert.deepEqual(JSON.parse(effect.body).user_metadata, { job: "nightly-42" });
+    assert.deepEqual(assertEffectValid(effect.body).user_metadata, { job: "nightly-42" });
   });
 
   it("refuses malformed, forged and expired tokens with 401", async () => {
