@@ -115,8 +115,9 @@ fn count(value: &Value, pointer: &str) -> Option<usize> {
 }
 
 /// A batch's state, as the wire (`BATCH_STATE_*`) or the SDKs (`JOB_STATE_*`, google-genai's
-/// `JobState`) spell it. Not-yet-ended SDK states are non-terminal; `UNSPECIFIED` and anything
-/// else is unknown and never applied.
+/// `JobState`) spell it. Terminal are exactly the SDK's ended states (`JOB_STATES_ENDED`:
+/// SUCCEEDED, FAILED, CANCELLED, EXPIRED); its other known states are not terminal;
+/// `UNSPECIFIED` and anything else is unknown and never applied.
 fn batch_state(raw: &str) -> Status {
     let state = raw
         .strip_prefix("BATCH_STATE_")
@@ -127,11 +128,12 @@ fn batch_state(raw: &str) -> Status {
         // CANCELLING may still end SUCCEEDED, FAILED or CANCELLED; PAUSED can be resumed;
         // UPDATING goes back to RUNNING (JobState's own descriptions).
         "RUNNING" | "CANCELLING" | "PAUSED" | "UPDATING" => Status::Running,
-        // Ended with results, some missing; the raw state goes to `provider.state`.
-        "SUCCEEDED" | "PARTIALLY_SUCCEEDED" => Status::Succeeded,
+        "SUCCEEDED" => Status::Succeeded,
         "FAILED" => Status::Failed,
         "CANCELLED" => Status::Cancelled,
         "EXPIRED" => Status::Expired,
+        // PARTIALLY_SUCCEEDED (Vertex) is not among the SDK's ended states and the Gemini
+        // wire never sends it: unknown, so it is logged and an operator decides.
         other => Status::Unknown(other.to_string()),
     }
 }
@@ -361,7 +363,10 @@ mod tests {
             ("JOB_STATE_CANCELLING", Status::Running),
             ("JOB_STATE_PAUSED", Status::Running),
             ("JOB_STATE_UPDATING", Status::Running),
-            ("JOB_STATE_PARTIALLY_SUCCEEDED", Status::Succeeded),
+            (
+                "JOB_STATE_PARTIALLY_SUCCEEDED",
+                Status::Unknown("PARTIALLY_SUCCEEDED".into()),
+            ),
         ] {
             let body = format!(
                 r#"{{"name":"batches/b","metadata":{{"state":"{raw}","updateTime":"2026-01-22T12:00:00Z"}}}}"#
