@@ -6,8 +6,15 @@
 //! signed the Standard Webhooks way with the effect secret, so any Standard Webhooks library
 //! verifies it; a 2xx marks done, a timeout, network error, 5xx, 408, 409 or 429 is retried,
 //! and any other answer parks the effect.
+//!
+//! One body whatever settled the outcome (invariant 6; `docs/effect.schema.json`): every path
+//! (a webhook's `data`, a status-API answer, a record stored by an older version) goes through
+//! [`normalize_details`], so the body always has `output_file_uri`, `output_file_uris`,
+//! `error_code`, `error_message` and `provider` (null or empty when the path had nothing), and
+//! `user_metadata` / `unverified_user_metadata` only when given, passed through untouched.
+//! Anything else the provider said goes under `provider`, never loose at the top level.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::operation::{AttemptOutcome, Operation};
@@ -30,13 +37,182 @@ pub fn effect_message_id(key: &str, generation: u32) -> String {
     format!("msg_{hex}_{generation}")
 }
 
-/// The JSON body: `{"version": 1, "key", "name", "kind", "status", "settled_by",
-/// "settled_at", ...details}`. Details never override the fixed fields.
-pub fn effect_body(op: &Operation) -> Value {
-    let mut body = serde_json::Map::new();
-    for (k, v) in &op.details {
-        body.insert(k.clone(), v.clone());
+/// First output location (a `gs://` URI or a `files/...` name), or null.
+pub const OUTPUT_FILE_URI: &str = "output_file_uri";
+/// Every output location, first one first (a video with several samples has several).
+pub const OUTPUT_FILE_URIS: &str = "output_file_uris";
+/// The provider's error code as given: a number (google.rpc.Code) or a string.
+pub const ERROR_CODE: &str = "error_code";
+/// The provider's error message, or null.
+pub const ERROR_MESSAGE: &str = "error_message";
+/// Everything else the provider said, informational; what it holds depends on the path.
+pub const PROVIDER: &str = "provider";
+/// A dynamic webhook's user metadata, verified (passed through untouched).
+pub const USER_METADATA: &str = "user_metadata";
+/// Metadata that came only in an unverified body: a destination must not authorize on it.
+pub const UNVERIFIED_USER_METADATA: &str = "unverified_user_metadata";
+
+/// What one path learned about an outcome, before it becomes details.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    /// Output locations, first one first; duplicates are dropped.
+    pub output_file_uris: Vec<String>,
+    /// String or number, as the provider gave it.
+    pub error_code: Option<Value>,
+    pub error_message: Option<String>,
+    pub provider: Map<String, Value>,
+}
+
+impl Outcome {
+    /// Adds an output location unless it is empty or already known.
+    pub fn add_output(&mut self, uri: &str) {
+        let uri = uri.trim();
+        if !uri.is_empty() && !self.output_file_uris.iter().any(|u| u == uri) {
+            self.output_file_uris.push(uri.to_string());
+        }
     }
+
+    /// Takes `code` and `message` of an error object (google.rpc.Status, or an interaction's
+    /// `errors[]` entry) unless an error is already known; other members go to `provider`.
+    pub fn take_error(&mut self, error: &Value) {
+        let Value::Object(error) = error else { return };
+        for (k, v) in error {
+            match k.as_str() {
+                "code" => self.set_error_code(v),
+                "message" => self.set_error_message(v),
+                "details" => {
+                    self.provider.entry("error_details").or_insert(v.clone());
+                }
+                other => {
+                    self.provider
+                        .entry(format!("error_{other}"))
+                        .or_insert(v.clone());
+                }
+            }
+        }
+    }
+
+    /// A string or number code is kept as given; anything else is provider detail.
+    fn set_error_code(&mut self, code: &Value) {
+        if self.error_code.is_some() {
+            return;
+        }
+        match code {
+            Value::String(_) | Value::Number(_) => self.error_code = Some(code.clone()),
+            Value::Null => {}
+            other => {
+                self.provider.insert(ERROR_CODE.into(), other.clone());
+            }
+        }
+    }
+
+    fn set_error_message(&mut self, message: &Value) {
+        if self.error_message.is_some() {
+            return;
+        }
+        match message {
+            Value::String(m) => self.error_message = Some(m.clone()),
+            Value::Null => {}
+            other => {
+                self.provider.insert(ERROR_MESSAGE.into(), other.clone());
+            }
+        }
+    }
+
+    /// The normalized details: the five outcome fields, always present.
+    pub fn into_details(self) -> Map<String, Value> {
+        let mut details = Map::new();
+        details.insert(
+            OUTPUT_FILE_URI.into(),
+            self.output_file_uris
+                .first()
+                .map_or(Value::Null, |u| Value::String(u.clone())),
+        );
+        details.insert(
+            OUTPUT_FILE_URIS.into(),
+            Value::Array(
+                self.output_file_uris
+                    .into_iter()
+                    .map(Value::String)
+                    .collect(),
+            ),
+        );
+        details.insert(ERROR_CODE.into(), self.error_code.unwrap_or(Value::Null));
+        details.insert(
+            ERROR_MESSAGE.into(),
+            self.error_message.map_or(Value::Null, Value::String),
+        );
+        details.insert(PROVIDER.into(), Value::Object(self.provider));
+        details
+    }
+}
+
+/// Turns any details into the one documented shape: a webhook's `data` (without its `id`),
+/// a status-API observation's details (already normalized: unchanged), or a record stored by
+/// an older version (`output_file`, `gemini_state`, `gemini_status` at the top level).
+/// Idempotent. `user_metadata` and `unverified_user_metadata` pass through untouched.
+pub fn normalize_details(raw: &Map<String, Value>) -> Map<String, Value> {
+    let mut outcome = Outcome::default();
+    let mut passthrough = Map::new();
+    // Locations first, in a fixed order, so the first location does not depend on key order.
+    for field in [OUTPUT_FILE_URI, "output_file"] {
+        if let Some(Value::String(uri)) = raw.get(field) {
+            outcome.add_output(uri);
+        }
+    }
+    if let Some(Value::Array(uris)) = raw.get(OUTPUT_FILE_URIS) {
+        for uri in uris.iter().filter_map(Value::as_str) {
+            outcome.add_output(uri);
+        }
+    }
+    if let Some(code) = raw.get(ERROR_CODE) {
+        outcome.set_error_code(code);
+    }
+    if let Some(message) = raw.get(ERROR_MESSAGE) {
+        outcome.set_error_message(message);
+    }
+    for (k, v) in raw {
+        match k.as_str() {
+            OUTPUT_FILE_URIS | ERROR_CODE | ERROR_MESSAGE => {}
+            OUTPUT_FILE_URI | "output_file" if v.is_string() || v.is_null() => {}
+            USER_METADATA | UNVERIFIED_USER_METADATA => {
+                passthrough.insert(k.clone(), v.clone());
+            }
+            PROVIDER if v.is_object() => {
+                if let Value::Object(p) = v {
+                    for (pk, pv) in p {
+                        outcome.provider.insert(pk.clone(), pv.clone());
+                    }
+                }
+            }
+            "error" => outcome.take_error(v),
+            "errors" => {
+                if let Some(first) = v.as_array().and_then(|a| a.first()) {
+                    outcome.take_error(first);
+                }
+                if v.as_array().is_none_or(|a| a.len() > 1) {
+                    outcome.provider.insert("errors".into(), v.clone());
+                }
+            }
+            "gemini_state" | "gemini_status" => {
+                outcome.provider.entry("state").or_insert(v.clone());
+            }
+            other => {
+                outcome.provider.insert(other.to_string(), v.clone());
+            }
+        }
+    }
+    let mut details = outcome.into_details();
+    details.extend(passthrough);
+    details
+}
+
+/// The JSON body: `{"version": 1, "key", "name", "kind", "status", "settled_by",
+/// "settled_at", "output_file_uri", "output_file_uris", "error_code", "error_message",
+/// "provider"}`, plus `user_metadata` / `unverified_user_metadata` when the record has them
+/// (`docs/effect.schema.json`). Details never override the fixed fields.
+pub fn effect_body(op: &Operation) -> Value {
+    let mut body = normalize_details(&op.details);
     let fixed = json!({
         "version": 1,
         "key": op.key,
@@ -116,6 +292,290 @@ mod tests {
             1_000,
         );
         op
+    }
+
+    use crate::key::Collection;
+
+    /// The top-level fields of a body and the JSON type of each: what a destination relies on.
+    fn shape(body: &Value) -> Vec<(String, &'static str)> {
+        let kind = |v: &Value| match v {
+            Value::Null => "null",
+            Value::Bool(_) => "bool",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        };
+        body.as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), kind(v)))
+            .collect()
+    }
+
+    fn settled(status: Status, source: Source, details: Map<String, Value>) -> Value {
+        let mut op = Operation::register("k/1", "k/1", Some("any".into()), 0);
+        let event = OpEvent {
+            status,
+            update_time_ms: 0,
+            source,
+            details,
+            delivery_id: None,
+        };
+        op.apply(&event, 1_000);
+        effect_body(&op)
+    }
+
+    fn by_webhook(event_type: &str, data: &str, status: Status) -> Value {
+        let body = format!(r#"{{"type":"{event_type}","data":{{"id":"k/1",{data}}}}}"#);
+        let envelope = crate::envelope::parse(body.as_bytes()).unwrap();
+        settled(status, Source::Webhook, envelope.details)
+    }
+
+    fn by_status_api(collection: Collection, answer: &str) -> Value {
+        let o = crate::status::interpret(collection, 200, None, answer).unwrap();
+        assert!(o.status.is_terminal(), "{answer}");
+        settled(o.status, Source::Reconcile, o.details)
+    }
+
+    /// The same outcome settled both ways: same fields, same types; the values asserted too.
+    fn same_shape(webhook: &Value, cron: &Value) {
+        assert_eq!(
+            shape(webhook),
+            shape(cron),
+            "\nwebhook {webhook}\ncron {cron}"
+        );
+        for body in [webhook, cron] {
+            for loose in [
+                "output_file",
+                "gemini_state",
+                "gemini_status",
+                "file_name",
+                "errors",
+            ] {
+                assert!(body.get(loose).is_none(), "{loose} loose in {body}");
+            }
+        }
+    }
+
+    #[test]
+    fn batch_succeeded_has_one_shape_by_webhook_and_by_status_api() {
+        let w = by_webhook(
+            "batch.succeeded",
+            r#""output_file_uri":"gs://b/out.jsonl""#,
+            Status::Succeeded,
+        );
+        let c = by_status_api(
+            Collection::Batches,
+            r#"{"done":true,"metadata":{"state":"BATCH_STATE_SUCCEEDED","output":{"responsesFile":"files/out"}}}"#,
+        );
+        same_shape(&w, &c);
+        assert_eq!(w["output_file_uri"], "gs://b/out.jsonl");
+        assert_eq!(c["output_file_uri"], "files/out");
+        assert_eq!(c["output_file_uris"], json!(["files/out"]));
+        assert_eq!(c["provider"]["state"], "BATCH_STATE_SUCCEEDED");
+        assert_eq!(c["error_code"], Value::Null);
+    }
+
+    #[test]
+    fn batch_failed_has_one_shape_by_webhook_and_by_status_api() {
+        let w = by_webhook(
+            "batch.failed",
+            r#""error_code":13,"error_message":"boom""#,
+            Status::Failed,
+        );
+        let c = by_status_api(
+            Collection::Batches,
+            r#"{"done":true,"metadata":{"state":"BATCH_STATE_FAILED"},"error":{"code":13,"message":"boom"}}"#,
+        );
+        same_shape(&w, &c);
+        for body in [&w, &c] {
+            assert_eq!(body["error_code"], 13);
+            assert_eq!(body["error_message"], "boom");
+            assert_eq!(body["output_file_uri"], Value::Null);
+        }
+    }
+
+    #[test]
+    fn video_succeeded_has_one_shape_by_webhook_and_by_status_api() {
+        let w = by_webhook(
+            "video.generated",
+            r#""output_file_uri":"gs://v/1.mp4","file_name":"files/1""#,
+            Status::Succeeded,
+        );
+        let c = by_status_api(
+            Collection::Operations,
+            r#"{"done":true,"response":{"generateVideoResponse":{"generatedSamples":[{"video":{"uri":"files/v1"}}]}}}"#,
+        );
+        same_shape(&w, &c);
+        assert_eq!(w["output_file_uri"], "gs://v/1.mp4");
+        assert_eq!(w["provider"]["file_name"], "files/1");
+        assert_eq!(c["output_file_uri"], "files/v1");
+    }
+
+    #[test]
+    fn video_failed_has_one_shape_by_webhook_data_and_by_status_api() {
+        // No webhook type reports a failed video (google-genai 3.3 subscribes only to
+        // `video.generated`); the webhook side is what such `data` would normalize to.
+        let data = json!({"error_code": 3, "error_message": "bad prompt"});
+        let w = settled(
+            Status::Failed,
+            Source::Webhook,
+            normalize_details(data.as_object().unwrap()),
+        );
+        let c = by_status_api(
+            Collection::Operations,
+            r#"{"done":true,"error":{"code":3,"message":"bad prompt"}}"#,
+        );
+        same_shape(&w, &c);
+        assert_eq!(c["error_code"], 3);
+        assert_eq!(c["error_message"], "bad prompt");
+    }
+
+    #[test]
+    fn interaction_succeeded_has_one_shape_by_webhook_and_by_status_api() {
+        let w = by_webhook("interaction.completed", r#""x":1"#, Status::Succeeded);
+        let c = by_status_api(
+            Collection::Interactions,
+            r#"{"id":"i","status":"completed","outputs":[{"type":"text","text":"hi"}]}"#,
+        );
+        same_shape(&w, &c);
+        assert_eq!(w["provider"]["x"], 1);
+        assert_eq!(c["provider"]["state"], "completed");
+    }
+
+    #[test]
+    fn interaction_failed_has_one_shape_by_webhook_and_by_status_api() {
+        let w = by_webhook(
+            "interaction.failed",
+            r#""error_code":"RESOURCE_EXHAUSTED","error_message":"quota""#,
+            Status::Failed,
+        );
+        let c = by_status_api(
+            Collection::Interactions,
+            r#"{"id":"i","status":"failed","errors":[{"code":"RESOURCE_EXHAUSTED","message":"quota"}]}"#,
+        );
+        same_shape(&w, &c);
+        for body in [&w, &c] {
+            assert_eq!(body["error_code"], "RESOURCE_EXHAUSTED");
+            assert_eq!(body["error_message"], "quota");
+        }
+    }
+
+    #[test]
+    fn interaction_errors_in_webhook_data_are_read_too() {
+        let w = by_webhook(
+            "interaction.failed",
+            r#""errors":[{"code":"INTERNAL","message":"m"}]"#,
+            Status::Failed,
+        );
+        assert_eq!(w["error_code"], "INTERNAL");
+        assert_eq!(w["error_message"], "m");
+    }
+
+    #[test]
+    fn normalizing_is_idempotent() {
+        for data in [
+            json!({"output_file_uri": "gs://a", "file_name": "f", "user_metadata": {"j": 1}}),
+            json!({"error_code": "X", "error_message": "m", "errors": [{"code": "X"}, {"code": "Y"}]}),
+            json!({"output_file_uris": ["files/a", "files/b"], "provider": {"state": "S"}}),
+            json!({"error": {"code": 5, "message": "gone", "details": [{"@type": "t"}]}}),
+            json!({"error_code": {"weird": true}, "output_file_uri": 7}),
+        ] {
+            let once = normalize_details(data.as_object().unwrap());
+            assert_eq!(normalize_details(&once), once, "{data}");
+        }
+    }
+
+    #[test]
+    fn records_stored_by_older_versions_give_the_new_body() {
+        let legacy = json!({"output_file": "files/old", "gemini_state": "BATCH_STATE_SUCCEEDED"});
+        let mut op = Operation::register("batches/o", "batches/o", None, 0);
+        op.status = Status::Succeeded;
+        op.details = legacy.as_object().unwrap().clone();
+        let body = effect_body(&op);
+        assert_eq!(body["output_file_uri"], "files/old");
+        assert_eq!(body["provider"]["state"], "BATCH_STATE_SUCCEEDED");
+        assert!(body.get("output_file").is_none() && body.get("gemini_state").is_none());
+    }
+
+    #[test]
+    fn user_metadata_of_either_trust_passes_through_untouched() {
+        let data = json!({"user_metadata": {"job": "n1", "n": [1, 2]},
+            "unverified_user_metadata": "claimed", "output_file_uri": "gs://x"});
+        let body = settled(
+            Status::Succeeded,
+            Source::Webhook,
+            data.as_object().unwrap().clone(),
+        );
+        assert_eq!(body["user_metadata"], json!({"job": "n1", "n": [1, 2]}));
+        assert_eq!(body["unverified_user_metadata"], "claimed");
+        let none = settled(Status::Succeeded, Source::Webhook, Map::new());
+        assert!(none.get("user_metadata").is_none());
+        assert!(none.get("unverified_user_metadata").is_none());
+    }
+
+    #[test]
+    fn unknown_fields_never_reach_the_top_level() {
+        let data = json!({"surprise": 1, "kind": "forged", "status": "x", "output_file_uri": 5});
+        let body = settled(
+            Status::Succeeded,
+            Source::Webhook,
+            data.as_object().unwrap().clone(),
+        );
+        assert_eq!(body["kind"], "any");
+        assert_eq!(body["status"], "succeeded");
+        assert_eq!(body["provider"]["surprise"], 1);
+        assert_eq!(body["provider"]["kind"], "forged");
+        assert_eq!(body["provider"]["output_file_uri"], 5);
+        assert_eq!(body["output_file_uri"], Value::Null);
+        let mut fields: Vec<_> = body.as_object().unwrap().keys().cloned().collect();
+        fields.sort();
+        assert_eq!(
+            fields,
+            [
+                "error_code",
+                "error_message",
+                "key",
+                "kind",
+                "name",
+                "output_file_uri",
+                "output_file_uris",
+                "provider",
+                "settled_at",
+                "settled_by",
+                "status",
+                "version"
+            ]
+        );
+    }
+
+    #[test]
+    fn schema_lists_exactly_the_fields_the_body_has() {
+        let schema: Value =
+            serde_json::from_str(include_str!("../docs/effect.schema.json")).unwrap();
+        let mut required: Vec<String> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        required.sort();
+        let body = settled(Status::Succeeded, Source::Webhook, Map::new());
+        let fields: Vec<String> = body.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(
+            required, fields,
+            "every body field is required, and only those"
+        );
+        let mut optional: Vec<&String> = schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| !required.contains(k))
+            .collect();
+        optional.sort();
+        assert_eq!(optional, [UNVERIFIED_USER_METADATA, USER_METADATA]);
+        assert_eq!(schema["additionalProperties"], false);
     }
 
     #[test]

@@ -4,11 +4,13 @@
 //! that is not an envelope (not JSON, no `type`, no `data.id`) is an [`EnvelopeError`], never a
 //! panic; an unknown `type` is a value ([`Meaning::Unknown`]) so that it can be acknowledged and
 //! kept; `batch.completed` (early docs) means `batch.succeeded`; everything in `data` except
-//! the id is carried to the side effect as details.
+//! the id is carried to the side effect as details, normalized by
+//! [`crate::effect::normalize_details`] into the shape a status-API answer also gives.
 
 use serde_json::{Map, Value};
 use thiserror::Error;
 
+use crate::effect::normalize_details;
 use crate::key::Collection;
 use crate::lifecycle::Status;
 use crate::timestamp::parse_rfc3339_ms;
@@ -22,7 +24,8 @@ pub struct Envelope {
     pub id: String,
     /// The envelope's `timestamp` in Unix ms, or 0 when absent or unreadable.
     pub timestamp_ms: i64,
-    /// `data` without `id`: output file, error code and message, user metadata, ...
+    /// `data` without `id`, normalized: `output_file_uri(s)`, `error_code`, `error_message`,
+    /// `provider` (everything else, e.g. a video's `file_name`), `user_metadata` as sent.
     pub details: Map<String, Value>,
 }
 
@@ -96,7 +99,7 @@ pub fn parse(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         event_type,
         id,
         timestamp_ms,
-        details: data,
+        details: normalize_details(&data),
     })
 }
 

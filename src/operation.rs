@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+use crate::effect::normalize_details;
 use crate::lifecycle::{reduce, Position, Source, Status, Verdict};
 use crate::stats::{hour_of, StatEvent};
 use crate::timestamp::format_rfc3339;
@@ -272,7 +273,8 @@ impl Operation {
             if self.status.is_terminal() {
                 self.settled_at_ms = Some(now_ms);
                 self.settled_by = Some(event.source);
-                self.details = event.details.clone();
+                // Whatever path (or version) built the event, the record keeps one shape.
+                self.details = normalize_details(&event.details);
                 self.effect.next_attempt_ms = now_ms;
             }
             self.version += 1;

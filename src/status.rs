@@ -1,13 +1,18 @@
 //! Gemini's status API: where to ask about an operation, and what its answer means.
 //!
 //! Guarantees: each answer becomes an observation with the server's own update time (never
-//! the receive time), so a stale answer is dropped by the reducer like any other event;
-//! `UNSPECIFIED` and unknown states map to [`Status::Unknown`] and are never applied; a 404, a
+//! the receive time) and the same normalized details a webhook gives
+//! ([`crate::effect::Outcome`]: output location, error, the rest under `provider`), so a
+//! stale answer is dropped by the reducer like any other event and an outcome recovered here
+//! gives the same side-effect body as one delivered by webhook; states follow google-genai's
+//! enums (`JobState`, `InteractionStatus`), and `UNSPECIFIED` and unknown states map to
+//! [`Status::Unknown`] and are never applied (the cron logs them); a 404, a
 //! transient error (429, 5xx, with `Retry-After` honoured) and a malformed answer are values,
 //! never panics, and none of them settles anything.
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
+use crate::effect::Outcome;
 use crate::key::Collection;
 use crate::lifecycle::Status;
 use crate::timestamp::parse_rfc3339_ms;
@@ -28,7 +33,8 @@ pub struct Observation {
     pub status: Status,
     /// Server update time in Unix ms; 0 when the answer has none.
     pub update_time_ms: i64,
-    /// Error code and message, the original Gemini state: carried to the side effect.
+    /// The normalized outcome details ([`crate::effect::normalize_details`]'s shape): output
+    /// location, error code and message, and the raw Gemini state under `provider.state`.
     pub details: Map<String, Value>,
 }
 
@@ -89,15 +95,11 @@ fn time_at(value: &Value, pointer: &str) -> i64 {
         .unwrap_or(0)
 }
 
-/// google.rpc.Status `{code, message}` into details; returns the code.
-fn error_details(value: &Value, details: &mut Map<String, Value>) -> Option<i64> {
-    let error = value.get("error")?;
-    if let Some(code) = error.get("code") {
-        details.insert("error_code".into(), code.clone());
-    }
-    if let Some(message) = error.get("message") {
-        details.insert("error_message".into(), message.clone());
-    }
+/// google.rpc.Status `{code, message, details}` into the outcome; returns its code (2,
+/// UNKNOWN, when the code is missing or not a number).
+fn rpc_error(value: &Value, outcome: &mut Outcome) -> Option<i64> {
+    let error = value.get("error").filter(|e| !e.is_null())?;
+    outcome.take_error(error);
     Some(error.get("code").and_then(Value::as_i64).unwrap_or(2))
 }
 
@@ -105,23 +107,43 @@ fn done(value: &Value) -> bool {
     value.get("done").and_then(Value::as_bool).unwrap_or(false)
 }
 
+fn count(value: &Value, pointer: &str) -> Option<usize> {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .map(Vec::len)
+}
+
+/// A batch's state, as the wire (`BATCH_STATE_*`) or the SDKs (`JOB_STATE_*`, google-genai's
+/// `JobState`) spell it. Terminal are exactly the SDK's ended states (`JOB_STATES_ENDED`:
+/// SUCCEEDED, FAILED, CANCELLED, EXPIRED); its other known states are not terminal;
+/// `UNSPECIFIED` and anything else is unknown and never applied.
+fn batch_state(raw: &str) -> Status {
+    let state = raw
+        .strip_prefix("BATCH_STATE_")
+        .or_else(|| raw.strip_prefix("JOB_STATE_"))
+        .unwrap_or(raw);
+    match state {
+        "PENDING" | "QUEUED" => Status::Pending,
+        // CANCELLING may still end SUCCEEDED, FAILED or CANCELLED; PAUSED can be resumed;
+        // UPDATING goes back to RUNNING (JobState's own descriptions).
+        "RUNNING" | "CANCELLING" | "PAUSED" | "UPDATING" => Status::Running,
+        "SUCCEEDED" => Status::Succeeded,
+        "FAILED" => Status::Failed,
+        "CANCELLED" => Status::Cancelled,
+        "EXPIRED" => Status::Expired,
+        // PARTIALLY_SUCCEEDED (Vertex) is not among the SDK's ended states and the Gemini
+        // wire never sends it: unknown, so it is logged and an operator decides.
+        other => Status::Unknown(other.to_string()),
+    }
+}
+
 fn batch(value: &Value) -> Result<Observation, StatusError> {
-    let mut details = Map::new();
+    let mut outcome = Outcome::default();
     let raw = value.pointer("/metadata/state").and_then(Value::as_str);
-    let error_code = error_details(value, &mut details);
-    let state = raw.map(|s| {
-        s.strip_prefix("BATCH_STATE_")
-            .or_else(|| s.strip_prefix("JOB_STATE_"))
-            .unwrap_or(s)
-    });
-    let mut status = match state {
-        Some("PENDING") => Status::Pending,
-        Some("RUNNING") => Status::Running,
-        Some("SUCCEEDED") => Status::Succeeded,
-        Some("FAILED") => Status::Failed,
-        Some("CANCELLED") => Status::Cancelled,
-        Some("EXPIRED") => Status::Expired,
-        Some(other) => Status::Unknown(other.to_string()),
+    let error_code = rpc_error(value, &mut outcome);
+    let mut status = match raw {
+        Some(raw) => batch_state(raw),
         None if done(value) && error_code.is_some() => Status::Failed,
         None if done(value) => Status::Succeeded,
         None => return Err(StatusError::Malformed("no metadata.state".into())),
@@ -131,26 +153,39 @@ fn batch(value: &Value) -> Result<Observation, StatusError> {
         status = Status::Cancelled;
     }
     if let Some(raw) = raw {
-        details.insert("gemini_state".into(), Value::String(raw.to_string()));
+        outcome.provider.insert("state".into(), json!(raw));
     }
-    for (pointer, name) in [
-        ("/metadata/output/responsesFile", "output_file"),
-        ("/response/responsesFile", "output_file"),
-    ] {
-        if let Some(file) = value.pointer(pointer) {
-            details.insert(name.into(), file.clone());
+    for output in ["/metadata/output", "/response"] {
+        if let Some(file) = value
+            .pointer(&format!("{output}/responsesFile"))
+            .and_then(Value::as_str)
+        {
+            outcome.add_output(file);
         }
+        // Small batches carry results inline, with no file: say how many, never carry them
+        // (they can be large; the destination fetches the batch).
+        for inline in ["inlinedResponses", "inlinedEmbedContentResponses"] {
+            if let Some(n) = count(value, &format!("{output}/{inline}/inlinedResponses")) {
+                outcome
+                    .provider
+                    .entry("inlined_responses")
+                    .or_insert(json!(n));
+            }
+        }
+    }
+    if let Some(stats) = value.pointer("/metadata/batchStats") {
+        outcome.provider.insert("batch_stats".into(), stats.clone());
     }
     Ok(Observation {
         status,
         update_time_ms: time_at(value, "/metadata/updateTime"),
-        details,
+        details: outcome.into_details(),
     })
 }
 
 fn video(value: &Value) -> Result<Observation, StatusError> {
-    let mut details = Map::new();
-    let error_code = error_details(value, &mut details);
+    let mut outcome = Outcome::default();
+    let error_code = rpc_error(value, &mut outcome);
     let status = match (done(value), error_code, value.get("response")) {
         (false, _, _) => Status::Running,
         (true, Some(1), _) => Status::Cancelled,
@@ -162,34 +197,75 @@ fn video(value: &Value) -> Result<Observation, StatusError> {
             ))
         }
     };
+    let response = value.pointer("/response/generateVideoResponse");
+    if let Some(samples) = response
+        .and_then(|r| r.get("generatedSamples"))
+        .and_then(Value::as_array)
+    {
+        for uri in samples
+            .iter()
+            .filter_map(|s| s.pointer("/video/uri").and_then(Value::as_str))
+        {
+            outcome.add_output(uri);
+        }
+        outcome
+            .provider
+            .insert("generated_samples".into(), json!(samples.len()));
+    }
+    for (wire, name) in [
+        ("raiMediaFilteredCount", "rai_media_filtered_count"),
+        ("raiMediaFilteredReasons", "rai_media_filtered_reasons"),
+    ] {
+        if let Some(v) = response.and_then(|r| r.get(wire)) {
+            outcome.provider.insert(name.into(), v.clone());
+        }
+    }
     Ok(Observation {
         status,
         update_time_ms: time_at(value, "/metadata/updateTime"),
-        details,
+        details: outcome.into_details(),
     })
 }
 
-fn interaction(value: &Value) -> Result<Observation, StatusError> {
-    let mut details = Map::new();
-    error_details(value, &mut details);
-    let raw = value
-        .get("status")
-        .and_then(Value::as_str)
-        .ok_or_else(|| StatusError::Malformed("no status".into()))?;
-    let status = match raw {
+/// An interaction's `status` (google-genai's `InteractionStatus`). `requires_continuation`
+/// waits on the client like `requires_action`; anything unlisted is unknown, never applied.
+fn interaction_state(raw: &str) -> Status {
+    match raw {
         "queued" => Status::Pending,
         "in_progress" => Status::Running,
-        "requires_action" => Status::RequiresAction,
+        "requires_action" | "requires_continuation" => Status::RequiresAction,
         "completed" => Status::Succeeded,
         "failed" | "incomplete" | "budget_exceeded" => Status::Failed,
         "cancelled" => Status::Cancelled,
         other => Status::Unknown(other.to_string()),
-    };
-    details.insert("gemini_status".into(), Value::String(raw.to_string()));
+    }
+}
+
+fn interaction(value: &Value) -> Result<Observation, StatusError> {
+    let mut outcome = Outcome::default();
+    let raw = value
+        .get("status")
+        .and_then(Value::as_str)
+        .ok_or_else(|| StatusError::Malformed("no status".into()))?;
+    // Interactions report `errors: [{code, message}]` (code a string); take the first and
+    // keep the whole list when there are more.
+    if let Some(errors) = value.get("errors").and_then(Value::as_array) {
+        if let Some(first) = errors.first() {
+            outcome.take_error(first);
+        }
+        if errors.len() > 1 {
+            outcome
+                .provider
+                .insert("errors".into(), Value::Array(errors.clone()));
+        }
+    }
+    // A google.rpc.Status `error` is not documented here, but costs nothing to read.
+    rpc_error(value, &mut outcome);
+    outcome.provider.insert("state".into(), json!(raw));
     Ok(Observation {
-        status,
+        status: interaction_state(raw),
         update_time_ms: time_at(value, "/updated"),
-        details,
+        details: outcome.into_details(),
     })
 }
 
@@ -282,6 +358,15 @@ mod tests {
             ("JOB_STATE_FAILED", Status::Failed),
             ("JOB_STATE_CANCELLED", Status::Cancelled),
             ("BATCH_STATE_EXPIRED", Status::Expired),
+            // google-genai 3.3 `JobState` values beyond the Gemini wire's seven.
+            ("JOB_STATE_QUEUED", Status::Pending),
+            ("JOB_STATE_CANCELLING", Status::Running),
+            ("JOB_STATE_PAUSED", Status::Running),
+            ("JOB_STATE_UPDATING", Status::Running),
+            (
+                "JOB_STATE_PARTIALLY_SUCCEEDED",
+                Status::Unknown("PARTIALLY_SUCCEEDED".into()),
+            ),
         ] {
             let body = format!(
                 r#"{{"name":"batches/b","metadata":{{"state":"{raw}","updateTime":"2026-01-22T12:00:00Z"}}}}"#
@@ -289,7 +374,7 @@ mod tests {
             let o = ok(Batches, &body);
             assert_eq!(o.status, want, "{raw}");
             assert_eq!(o.update_time_ms, 1_769_083_200_000);
-            assert_eq!(o.details["gemini_state"], raw);
+            assert_eq!(o.details["provider"]["state"], raw);
         }
     }
 
@@ -301,6 +386,86 @@ mod tests {
         );
         assert_eq!(o.status, Status::Unknown("UNSPECIFIED".into()));
         assert_eq!(o.status.rank(), -1);
+    }
+
+    #[test]
+    fn cancelling_is_not_terminal_and_unspecified_job_state_is_unknown() {
+        let o = ok(
+            Batches,
+            r#"{"metadata":{"state":"JOB_STATE_CANCELLING"},"done":false}"#,
+        );
+        assert!(!o.status.is_terminal());
+        let o = ok(Batches, r#"{"metadata":{"state":"JOB_STATE_UNSPECIFIED"}}"#);
+        assert_eq!(o.status.rank(), -1);
+        let o = ok(Batches, r#"{"metadata":{"state":"BATCH_STATE_EXPLODED"}}"#);
+        assert_eq!(o.status, Status::Unknown("EXPLODED".into()));
+    }
+
+    #[test]
+    fn batch_output_file_from_metadata_or_response() {
+        let o = ok(
+            Batches,
+            r#"{"done":true,"metadata":{"state":"BATCH_STATE_SUCCEEDED","output":{"responsesFile":"files/out-1"},
+                "batchStats":{"requestCount":"2","successfulRequestCount":"2"}}}"#,
+        );
+        assert_eq!(o.details["output_file_uri"], "files/out-1");
+        assert_eq!(o.details["output_file_uris"], json!(["files/out-1"]));
+        assert_eq!(o.details["error_code"], Value::Null);
+        assert_eq!(o.details["provider"]["batch_stats"]["requestCount"], "2");
+        assert!(!o.details.contains_key("output_file"), "old name is gone");
+        let o = ok(
+            Batches,
+            r#"{"done":true,"metadata":{"state":"BATCH_STATE_SUCCEEDED"},"response":{"responsesFile":"files/out-2"}}"#,
+        );
+        assert_eq!(o.details["output_file_uri"], "files/out-2");
+    }
+
+    #[test]
+    fn inline_batch_results_are_counted_not_carried() {
+        let o = ok(
+            Batches,
+            r#"{"done":true,"metadata":{"state":"BATCH_STATE_SUCCEEDED","output":{"inlinedResponses":
+                {"inlinedResponses":[{"response":{"text":"big"}},{"response":{"text":"bigger"}}]}}}}"#,
+        );
+        assert_eq!(o.details["output_file_uri"], Value::Null);
+        assert_eq!(o.details["output_file_uris"], json!([]));
+        assert_eq!(o.details["provider"]["inlined_responses"], 2);
+        assert!(!Value::Object(o.details).to_string().contains("bigger"));
+    }
+
+    #[test]
+    fn video_output_is_the_first_sample_and_all_are_listed() {
+        let o = ok(
+            Operations,
+            r#"{"done":true,"response":{"@type":"x","generateVideoResponse":{"generatedSamples":[
+                {"video":{"uri":"files/v1"}},{"video":{"uri":"files/v2"}}],"raiMediaFilteredCount":0}}}"#,
+        );
+        assert_eq!(o.status, Status::Succeeded);
+        assert_eq!(o.details["output_file_uri"], "files/v1");
+        assert_eq!(
+            o.details["output_file_uris"],
+            json!(["files/v1", "files/v2"])
+        );
+        assert_eq!(o.details["provider"]["generated_samples"], 2);
+        assert_eq!(o.details["provider"]["rai_media_filtered_count"], 0);
+    }
+
+    #[test]
+    fn interaction_error_is_the_first_of_errors() {
+        let o = ok(
+            Interactions,
+            r#"{"id":"i","status":"failed","errors":[{"code":"RESOURCE_EXHAUSTED","message":"quota"},
+                {"code":"INTERNAL","message":"later"}]}"#,
+        );
+        assert_eq!(o.status, Status::Failed);
+        assert_eq!(o.details["error_code"], "RESOURCE_EXHAUSTED");
+        assert_eq!(o.details["error_message"], "quota");
+        assert_eq!(o.details["provider"]["errors"][1]["code"], "INTERNAL");
+        let single = ok(
+            Interactions,
+            r#"{"status":"failed","errors":[{"code":"X","message":"m"}]}"#,
+        );
+        assert!(single.details["provider"].get("errors").is_none());
     }
 
     #[test]
@@ -321,6 +486,7 @@ mod tests {
         );
         assert_eq!(o.status, Status::Failed);
         assert_eq!(o.details["error_code"], 13);
+        assert_eq!(o.details["error_message"], "internal");
     }
 
     #[test]
@@ -359,6 +525,7 @@ mod tests {
             ("queued", Status::Pending),
             ("in_progress", Status::Running),
             ("requires_action", Status::RequiresAction),
+            ("requires_continuation", Status::RequiresAction),
             ("completed", Status::Succeeded),
             ("failed", Status::Failed),
             ("incomplete", Status::Failed),
@@ -368,7 +535,7 @@ mod tests {
             let body = format!(r#"{{"id":"i","status":"{raw}","updated":"2026-01-22T12:00:01Z"}}"#);
             let o = ok(Interactions, &body);
             assert_eq!(o.status, want, "{raw}");
-            assert_eq!(o.details["gemini_status"], raw);
+            assert_eq!(o.details["provider"]["state"], raw);
             assert_eq!(o.update_time_ms, 1_769_083_201_000);
         }
         assert_eq!(

@@ -6,7 +6,7 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { createHmac, generateKeyPairSync, sign as rsaSign } from "node:crypto";
-import { startWorker, startServer, eventually } from "./helpers.mjs";
+import { startWorker, startServer, startDestination, eventually } from "./helpers.mjs";
 
 const AUDIENCE = "gemini-once-test";
 const { privateKey, publicKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
@@ -53,7 +53,7 @@ const statusCallsFor = (key) => gemini.requests.filter((r) => r.url === `/v1beta
 
 before(async () => {
   jwks = await startServer(() => (jwksUp ? { status: 200, body: { keys: [jwk] } } : { status: 503, body: "down" }));
-  dest = await startServer(() => ({ status: 200 }));
+  dest = await startDestination(() => ({ status: 200 }));
   alerts = await startServer(() => ({ status: 200 }));
   gemini = await startServer((req) => {
     const state = states.get(req.url);
@@ -75,6 +75,7 @@ before(async () => {
 after(async () => {
   await w?.dispose();
   for (const s of [jwks, dest, gemini, alerts]) await s?.close();
+  dest?.assertAllValid();
 });
 
 describe("dynamic webhooks: a token is a nudge, the status API decides", () => {

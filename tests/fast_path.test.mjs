@@ -3,7 +3,7 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { Webhook } from "standardwebhooks";
-import { startWorker, startServer, eventually, sleep, EFFECT_SECRET, signedHeaders } from "./helpers.mjs";
+import { startWorker, startDestination, assertEffectValid, eventually, sleep, EFFECT_SECRET, signedHeaders } from "./helpers.mjs";
 
 // The destination's behaviour per operation key, set by each test.
 const plans = new Map();
@@ -14,7 +14,7 @@ const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-k
 const acceptedFor = (key) => effectsFor(key).filter((r) => r.answered === 200);
 
 before(async () => {
-  dest = await startServer((req, n) => {
+  dest = await startDestination((req, n) => {
     const key = req.headers["idempotency-key"];
     const plan = plans.get(key);
     const answer = plan ? plan(effectsFor(key).length) : { status: 200 };
@@ -26,6 +26,7 @@ before(async () => {
 after(async () => {
   await w?.dispose();
   await dest?.close();
+  dest?.assertAllValid();
 });
 
 describe("fast path", () => {
@@ -77,7 +78,7 @@ describe("fast path", () => {
     }
     const sent = effectsFor("batches/failed1");
     assert.equal(sent.length, 1);
-    const body = JSON.parse(sent[0].body);
+    const body = assertEffectValid(sent[0].body);
     assert.equal(body.version, 1);
     assert.equal(body.key, "batches/failed1");
     assert.equal(body.status, "failed");
@@ -98,6 +99,10 @@ describe("fast path", () => {
     assert.equal(verified.key, "operations/vid1");
     assert.equal(verified.name, "models/veo-3/operations/vid1");
     assert.equal(verified.output_file_uri, "gs://v/1.mp4");
+    assertEffectValid(verified);
+    assert.deepEqual(verified.output_file_uris, ["gs://v/1.mp4"]);
+    assert.equal(verified.provider.file_name, "files/1", "other webhook data goes under provider");
+    assert.equal(verified.file_name, undefined);
     assert.equal(req.headers["effect-generation"], "1");
     assert.match(req.headers["webhook-id"], /^msg_[0-9a-f]{24}_1$/);
     assert.throws(() => new Webhook(EFFECT_SECRET).verify(req.body + " ", {

@@ -2,9 +2,12 @@
 // Durable Object storage, plus real local HTTP servers standing in for the destination,
 // Gemini's status API and an alert sink. Nothing of the worker's own code is mocked.
 import { createServer } from "node:http";
+import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
+import assert from "node:assert/strict";
 import { Miniflare } from "miniflare";
+import Ajv2020 from "ajv/dist/2020.js";
 
 import { sign } from "../scripts/send.mjs";
 import { eachLine, logObject } from "../scripts/local_worker.mjs";
@@ -133,6 +136,49 @@ export function signedHeaders(body, opts = {}) {
   const headers = sign(opts.secret ?? GEMINI_SECRET, id, opts.ts ?? Math.floor(Date.now() / 1000), body);
   if (opts.signature != null) headers["webhook-signature"] = opts.signature;
   return headers;
+}
+
+/** The side effect's documented body (docs/effect.schema.json), compiled once. */
+export const EFFECT_SCHEMA = JSON.parse(readFileSync(path.join(root, "docs/effect.schema.json"), "utf8"));
+// `format` is documentation here (the schema's `pattern` checks the timestamp); strict mode
+// still refuses a schema with unknown keywords or types.
+const validateEffect = new Ajv2020({ strict: true, allowUnionTypes: true, allErrors: true, validateFormats: false }).compile(EFFECT_SCHEMA);
+
+/**
+ * Asserts that a side effect's body (the raw string, or parsed) is valid against
+ * docs/effect.schema.json; returns it parsed.
+ */
+export function assertEffectValid(body) {
+  const value = typeof body === "string" ? JSON.parse(body) : body;
+  if (!validateEffect(value)) {
+    assert.fail(`effect body does not match docs/effect.schema.json: ${JSON.stringify(validateEffect.errors)}\nbody: ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+/**
+ * A destination: a local server (see `startServer`) that also checks every body it receives
+ * against docs/effect.schema.json. `invalid` lists the bodies that did not match;
+ * `assertAllValid()` fails the test if there are any and returns how many effects came.
+ */
+export async function startDestination(behave) {
+  const invalid = [];
+  const server = await startServer((req, n) => {
+    try {
+      assertEffectValid(req.body);
+    } catch (e) {
+      invalid.push({ url: req.url, key: req.headers["idempotency-key"], error: e.message });
+    }
+    return behave ? behave(req, n) : { status: 200 };
+  });
+  return {
+    ...server,
+    invalid,
+    assertAllValid() {
+      assert.deepEqual(invalid, [], "every side effect matches docs/effect.schema.json");
+      return server.requests.length;
+    },
+  };
 }
 
 /**

@@ -2,18 +2,18 @@
 // counters and per-kind routing.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startWorker, startServer, eventually, sleep, signedHeaders } from "./helpers.mjs";
+import { startWorker, startServer, startDestination, assertEffectValid, eventually, sleep, signedHeaders } from "./helpers.mjs";
 
 let dest, billing, api, w;
 const plans = new Map();
 const effectsFor = (server, key) => server.requests.filter((r) => r.headers["idempotency-key"] === key);
 
 before(async () => {
-  dest = await startServer((req) => {
+  dest = await startDestination((req) => {
     const plan = plans.get(req.headers["idempotency-key"]);
     return plan ? plan() : { status: 200 };
   });
-  billing = await startServer(() => ({ status: 200 }));
+  billing = await startDestination(() => ({ status: 200 }));
   api = await startServer((req) => ({ status: 200, body: { name: "x", metadata: { state: "BATCH_STATE_RUNNING" } } }));
   w = await startWorker({
     EFFECT_URL: `${dest.url}/effects`,
@@ -26,6 +26,8 @@ before(async () => {
 after(async () => {
   await w?.dispose();
   await Promise.all([dest?.close(), billing?.close(), api?.close()]);
+  dest?.assertAllValid();
+  billing?.assertAllValid();
 });
 
 describe("operator API", () => {
@@ -55,6 +57,7 @@ describe("operator API", () => {
     assert.equal(second.headers["effect-generation"], "2");
     assert.notEqual(first.headers["webhook-id"], second.headers["webhook-id"]);
     assert.equal(second.headers["idempotency-key"], key);
+    assert.deepEqual(assertEffectValid(second.body), assertEffectValid(first.body), "a redelivery carries the same body");
     const op = await w.inspect(key);
     assert.equal(op.body.effect_done, true);
     assert.equal(op.body.effect_parked, false);

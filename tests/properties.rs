@@ -17,6 +17,7 @@ use proptest::test_runner::Config as PtConfig;
 use serde_json::{json, Map, Value};
 
 use gemini_once::config::Config;
+use gemini_once::effect::normalize_details;
 use gemini_once::envelope::{self, EnvelopeError};
 use gemini_once::key::{normalize, Collection, KeyError, MAX_NAME_BYTES};
 use gemini_once::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
@@ -256,7 +257,8 @@ proptest! {
                 prop_assert_eq!(op.update_time_ms, won.update_time_ms);
                 prop_assert_eq!(op.settled_at_ms, Some(at));
                 prop_assert_eq!(op.settled_by, Some(won.source));
-                prop_assert_eq!(&op.details, &won.details);
+                // The record keeps the first terminal's details in the one normalized shape.
+                prop_assert_eq!(&op.details, &normalize_details(&won.details));
                 prop_assert!(op.effect_owed());
                 prop_assert!(!op.effect.done);
             }
@@ -925,13 +927,17 @@ proptest! {
     fn envelope_parse_never_panics_on_envelope_shaped_json(v in envelope_value()) {
         let text = v.to_string();
         check_envelope(text.as_bytes())?;
-        // Whatever parses keeps data (minus id) as the details, exactly.
+        // Whatever parses keeps data (minus id) as the details, normalized into the one shape.
         if let Ok(e) = envelope::parse(text.as_bytes()) {
             // Compared with the text read back (serde_json's float parsing is not exact).
             let reread: Value = serde_json::from_str(&text).unwrap();
             let mut data = reread["data"].as_object().cloned().unwrap();
             prop_assert_eq!(data.remove("id"), Some(Value::String(e.id.clone())));
-            prop_assert_eq!(&e.details, &data);
+            prop_assert_eq!(&e.details, &normalize_details(&data));
+            prop_assert_eq!(&normalize_details(&e.details), &e.details);
+            for field in ["output_file_uri", "output_file_uris", "error_code", "error_message", "provider"] {
+                prop_assert!(e.details.contains_key(field), "{} missing", field);
+            }
         }
     }
 
@@ -1092,7 +1098,9 @@ proptest! {
                     if let Status::Unknown(s) = &o.status {
                         prop_assert!(s.len() <= body.len());
                     }
-                    prop_assert!(o.details.len() <= 5);
+                    // Exactly the normalized outcome fields, whatever the answer held.
+                    prop_assert_eq!(o.details.len(), 5);
+                    prop_assert_eq!(&normalize_details(&o.details), &o.details);
                 }
                 Err(StatusError::Malformed(why)) => prop_assert!(why.len() < 200, "{}", why),
                 Err(other) => return Err(TestCaseError::fail(format!("2xx gave {other:?}"))),

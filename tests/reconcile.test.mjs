@@ -2,7 +2,7 @@
 // Gemini's status API, the destination and the alert sink.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startWorker, startServer, eventually, sleep } from "./helpers.mjs";
+import { startWorker, startServer, startDestination, assertEffectValid, eventually, sleep } from "./helpers.mjs";
 
 // Gemini's status API: answers per path, set by each test; unknown paths are 404.
 const gemini = new Map();
@@ -25,7 +25,7 @@ before(async () => {
     const answer = gemini.get(path);
     return typeof answer === "function" ? answer(n) : answer ?? { status: 404, body: { error: { code: 404, status: "NOT_FOUND" } } };
   });
-  dest = await startServer((req) => {
+  dest = await startDestination((req) => {
     const key = req.headers["idempotency-key"];
     const plan = plans.get(key);
     const answer = plan ? plan(effectsFor(key).length) : { status: 200 };
@@ -38,6 +38,7 @@ after(async () => {
   await api?.close();
   await dest?.close();
   await sink?.close();
+  dest?.assertAllValid();
 });
 
 describe("reconciliation", () => {
@@ -70,9 +71,11 @@ describe("reconciliation", () => {
       assert.equal(op.body.settled_by, "reconcile", key);
       assert.equal(op.body.effect_done, true, key);
       assert.equal(effectsFor(key).length, 1, key);
-      assert.equal(JSON.parse(effectsFor(key)[0].body).settled_by, "reconcile");
+      assert.equal(assertEffectValid(effectsFor(key)[0].body).settled_by, "reconcile");
     }
-    assert.equal(JSON.parse(effectsFor("interactions/nohook3")[0].body).gemini_status, "budget_exceeded");
+    // Gemini's own spelling of the state goes under `provider` (it was a loose `gemini_status`).
+    assert.equal(assertEffectValid(effectsFor("interactions/nohook3")[0].body).provider.state, "budget_exceeded");
+    assert.equal(assertEffectValid(effectsFor("batches/nohook1")[0].body).output_file_uri, "files/out1");
     assert.equal(statusCallsFor("batches/nohook1")[0].headers["x-goog-api-key"], "test-gemini-key");
     assert.equal(statusCallsFor("models/veo-3/operations/nohook2").length, 1, "video polled by full name");
     const pass = lastPass(w);
@@ -139,9 +142,78 @@ describe("reconciliation", () => {
     }, { what: "effect done after recovery", everyMs: 400 });
     assert.equal(acceptedFor(key).length, 1);
     assert.equal(effectsFor(key).length, 3);
-    const body = JSON.parse(effectsFor(key)[2].body);
+    const body = assertEffectValid(effectsFor(key)[2].body);
     assert.equal(body.status, "failed");
     assert.equal(body.error_code, 13);
+    assert.equal(body.error_message, "internal");
+  });
+
+  it("sends the same body fields, of the same types, whether the webhook or the cron settled the outcome", async () => {
+    // Each row: one operation settled by its webhook, another of the same kind and outcome
+    // whose webhook was lost and which the cron settles from the status API.
+    const rows = [
+      {
+        what: "batch succeeded", webhook: ["batch.succeeded", "batches/same-ws", { output_file_uri: "gs://b/out.jsonl" }],
+        cron: ["batches/same-cs", "batches/same-cs", batch("BATCH_STATE_SUCCEEDED", "2026-11-22T10:00:00Z", { done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", updateTime: "2026-11-22T10:00:00Z", output: { responsesFile: "files/same-cs" } } })],
+        check: (wb, cb) => { assert.equal(wb.output_file_uri, "gs://b/out.jsonl"); assert.equal(cb.output_file_uri, "files/same-cs"); },
+      },
+      {
+        what: "batch failed", webhook: ["batch.failed", "batches/same-wf", { error_code: 13, error_message: "internal" }],
+        cron: ["batches/same-cf", "batches/same-cf", batch("BATCH_STATE_FAILED", "2026-11-22T10:00:00Z", { done: true, error: { code: 13, message: "internal" } })],
+        check: (wb, cb) => { for (const b of [wb, cb]) { assert.equal(b.error_code, 13); assert.equal(b.error_message, "internal"); } },
+      },
+      {
+        what: "video succeeded", webhook: ["video.generated", "models/veo-3/operations/same-ws", { output_file_uri: "gs://v/same.mp4", file_name: "files/same" }],
+        cron: ["operations/same-cs", "models/veo-3/operations/same-cs", { status: 200, body: { name: "models/veo-3/operations/same-cs", done: true, response: { generateVideoResponse: { generatedSamples: [{ video: { uri: "files/v-same-1" } }, { video: { uri: "files/v-same-2" } }] } } } }],
+        check: (wb, cb) => {
+          assert.equal(wb.output_file_uri, "gs://v/same.mp4");
+          assert.equal(cb.output_file_uri, "files/v-same-1", "the first sample");
+          assert.deepEqual(cb.output_file_uris, ["files/v-same-1", "files/v-same-2"]);
+        },
+      },
+      {
+        // Gemini has no webhook for a failed video (only `video.generated`): the cron's video
+        // failure is compared with a webhook's batch failure, both google.rpc codes.
+        what: "video failed", webhook: ["batch.failed", "batches/same-wvf", { error_code: 3, error_message: "bad prompt" }],
+        cron: ["operations/same-cf", "models/veo-3/operations/same-cf", { status: 200, body: { name: "models/veo-3/operations/same-cf", done: true, error: { code: 3, message: "bad prompt" } } }],
+        check: (wb, cb) => { assert.equal(cb.status, "failed"); assert.equal(cb.error_code, 3); assert.equal(cb.error_message, "bad prompt"); },
+      },
+      {
+        what: "interaction succeeded", webhook: ["interaction.completed", "interactions/same-ws", {}],
+        cron: ["interactions/same-cs", "interactions/same-cs", { status: 200, body: { id: "same-cs", status: "completed", updated: "2026-11-22T10:00:00Z" } }],
+        check: (wb, cb) => { assert.equal(cb.provider.state, "completed"); },
+      },
+      {
+        what: "interaction failed", webhook: ["interaction.failed", "interactions/same-wf", { error_code: "RESOURCE_EXHAUSTED", error_message: "quota" }],
+        cron: ["interactions/same-cf", "interactions/same-cf", { status: 200, body: { id: "same-cf", status: "failed", updated: "2026-11-22T10:00:00Z", errors: [{ code: "RESOURCE_EXHAUSTED", message: "quota" }] } }],
+        check: (wb, cb) => { for (const b of [wb, cb]) { assert.equal(b.error_code, "RESOURCE_EXHAUSTED"); assert.equal(b.error_message, "quota"); } },
+      },
+    ];
+    for (const { webhook: [, id], cron: [key, name, answer] } of rows) {
+      await w.register(id, "same");
+      await w.register(name, "same");
+      gemini.set(name, answer);
+      gemini.set(id, { status: 200, body: { name: id, done: false, metadata: { state: "BATCH_STATE_RUNNING" }, status: "in_progress" } });
+    }
+    for (const { webhook: [type, id, data] } of rows) {
+      const r = await w.deliver(type, id, data);
+      assert.equal(r.body.outcome, "applied", JSON.stringify(r.body));
+    }
+    await w.ledger(rows.map((r) => r.cron[0]));
+    await w.scheduled();
+    const shape = (b) => Object.entries(b).map(([k, v]) => [k, v === null ? "null" : Array.isArray(v) ? "array" : typeof v]).sort();
+    for (const { what, webhook: [type, id], cron: [key], check } of rows) {
+      const webhookKey = id.replace(/^models\/[^/]+\//, "");
+      const [sentByWebhook] = await eventually(() => effectsFor(webhookKey).length && effectsFor(webhookKey), { what: `${what}: webhook's effect` });
+      const [sentByCron] = await eventually(() => effectsFor(key).length && effectsFor(key), { what: `${what}: cron's effect` });
+      const wb = assertEffectValid(sentByWebhook.body);
+      const cb = assertEffectValid(sentByCron.body);
+      assert.equal(wb.settled_by, "webhook", what);
+      assert.equal(cb.settled_by, "reconcile", what);
+      assert.equal(wb.status, cb.status, what);
+      assert.deepEqual(shape(wb), shape(cb), `${what} (${type}): same fields, same types`);
+      check(wb, cb);
+    }
   });
 
   it("settles nothing on 404, 429 and 500 from the status API", async () => {
