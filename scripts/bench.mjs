@@ -912,7 +912,7 @@ async function prepareScenarios(w) {
         counters.first++;
         return post(envelope("batch.succeeded", `batches/bf-${run}-${n}`, OUTPUT), `msg_bf_${run}_${n}`);
       },
-      check: (r) => r.status === 200 && r.body.includes('"outcome":"applied"') && r.body.includes('"effect":"delivered"'),
+      check: (r) => r.status === 200 && r.body.includes('"outcome":"applied"') && r.body.includes('"effect":"scheduled"'),
     },
     duplicate: {
       make: (i) => {
@@ -1289,7 +1289,7 @@ async function benchReconcile(dir, stubs, size) {
     const tmplKey = `batches/template-${size}`;
     const tbody = envelope("batch.succeeded", tmplKey, OUTPUT);
     const tr = await send(agent, base, { method: "POST", path: "/webhooks/gemini", headers: signed(tbody, `msg_tmpl_${size}`), body: tbody });
-    if (!tr.body.includes('"delivered"')) throw new Error(`template delivery: ${tr.status} ${tr.body}`);
+    if (!tr.body.includes('"outcome":"applied"')) throw new Error(`template delivery: ${tr.status} ${tr.body}`);
     let tmpl = null;
     for (let i = 0; i < 300 && !tmpl?.metadata?.effect_done; i++) {
       tmpl = await kv.getWithMetadata(`op:${tmplKey}`);

@@ -36,6 +36,7 @@ describe("operator API", () => {
     await w.register("batches/plain1", "nightly");
     await w.deliver("batch.succeeded", "batches/bill1");
     await w.deliver("batch.succeeded", "batches/plain1");
+    await w.ledger(["batches/bill1", "batches/plain1"], (m) => m.effect_done);
     assert.equal(effectsFor(billing, "batches/bill1").length, 1);
     assert.equal(effectsFor(dest, "batches/bill1").length, 0);
     assert.equal(effectsFor(dest, "batches/plain1").length, 1);
@@ -46,12 +47,13 @@ describe("operator API", () => {
     let refuse = true;
     plans.set(key, () => (refuse ? { status: 422 } : { status: 200 }));
     await w.deliver("batch.succeeded", key);
-    assert.equal((await w.inspect(key)).body.effect_parked, true);
+    await eventually(async () => (await w.inspect(key)).body.effect_parked, { what: "the park" });
     refuse = false;
     const r = await w.admin(`/v1/operations/${key}/redeliver`, { method: "POST", body: JSON.stringify({ reason: "destination fixed" }) });
     assert.equal(r.status, 200, JSON.stringify(r.body));
     assert.equal(r.body.generation, 2);
-    assert.equal(r.body.effect, "delivered");
+    assert.equal(r.body.effect, "scheduled");
+    await eventually(async () => (await w.inspect(key)).body.effect_done, { what: "the redelivery" });
     const [first, second] = effectsFor(dest, key);
     assert.equal(first.headers["effect-generation"], "1");
     assert.equal(second.headers["effect-generation"], "2");
