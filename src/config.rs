@@ -32,9 +32,23 @@ pub const DEFAULT_STUCK_AFTER_SECS: i64 = 21_600;
 pub const DEFAULT_EFFECT_ALERT_AFTER_SECS: i64 = 3_600;
 /// Inside KV's 1,000 operations per invocation on every plan (use 45 on the Free plan).
 pub const DEFAULT_RECONCILE_BUDGET: u32 = 900;
-/// A pass holding the lease longer than this is presumed dead and the lease lapses; far
-/// longer than a pass within its budget takes, short enough that a crash costs two cron runs.
-pub const DEFAULT_RECONCILE_LEASE_SECS: i64 = 600;
+/// The reconciliation lease's TTL. A live pass renews it every quarter of this (a heartbeat),
+/// so it may be short: a pass that dies (a deploy, a crash) blocks the next for at most this
+/// long, about one minute, instead of a whole pass's length.
+pub const DEFAULT_RECONCILE_LEASE_SECS: i64 = 60;
+/// Shortest lease: below it the heartbeat (every quarter of the TTL) would spend subrequests
+/// on renewals every second.
+pub const MIN_RECONCILE_LEASE_SECS: i64 = 5;
+/// Longest lease: the old fixed lease; a longer one only makes a dead pass block longer.
+pub const MAX_RECONCILE_LEASE_SECS: i64 = 600;
+/// A pass starts no new entry after this long and saves its cursor. A scheduled handler may
+/// run for 15 minutes on Cloudflare, but a pass should be short: well inside that limit, far
+/// from the next cron run (5 minutes), and long enough for a full budget of healthy status
+/// calls (900 subrequests of ~50 ms each). The entry in hand finishes past it (at most one
+/// status call and one gate call).
+pub const DEFAULT_RECONCILE_DEADLINE_SECS: i64 = 60;
+/// Longest deadline: ten minutes, still well inside the runtime's 15 minutes.
+pub const MAX_RECONCILE_DEADLINE_SECS: i64 = 600;
 /// Counters wait this long in the gate before going to a stats shard, so a burst of
 /// deliveries for one operation costs one shard write; `/v1/stats` lags by as much.
 pub const DEFAULT_STATS_FLUSH_SECS: i64 = 10;
@@ -74,6 +88,7 @@ pub struct Config {
     pub effect_alert_after_secs: i64,
     pub reconcile_budget: u32,
     pub reconcile_lease_secs: i64,
+    pub reconcile_deadline_secs: i64,
     pub stats_flush_secs: i64,
     pub gemini_api_base: String,
     pub gemini_api_key: Option<ApiKey>,
@@ -274,8 +289,14 @@ impl Config {
             reconcile_lease_secs: int(
                 "RECONCILE_LEASE_SECONDS",
                 DEFAULT_RECONCILE_LEASE_SECS,
+                MIN_RECONCILE_LEASE_SECS,
+                MAX_RECONCILE_LEASE_SECS,
+            )?,
+            reconcile_deadline_secs: int(
+                "RECONCILE_DEADLINE_SECONDS",
+                DEFAULT_RECONCILE_DEADLINE_SECS,
                 1,
-                3_600,
+                MAX_RECONCILE_DEADLINE_SECS,
             )?,
             stats_flush_secs: int(
                 "STATS_FLUSH_SECONDS",
@@ -332,7 +353,8 @@ mod tests {
         assert_eq!(c.stuck_after_secs, 21_600);
         assert_eq!(c.effect_alert_after_secs, 3_600);
         assert_eq!(c.reconcile_budget, 900);
-        assert_eq!(c.reconcile_lease_secs, 600);
+        assert_eq!(c.reconcile_lease_secs, 60);
+        assert_eq!(c.reconcile_deadline_secs, 60);
         assert_eq!(c.stats_flush_secs, 10);
         assert_eq!(c.gemini_api_base, DEFAULT_GEMINI_API_BASE);
         assert!(c.gemini_api_key.is_none());
@@ -378,6 +400,10 @@ mod tests {
             ("REQUIRE_REGISTRATION", "yes"),
             ("MAX_BODY_BYTES", "10"),
             ("RECONCILE_BUDGET", "1"),
+            ("RECONCILE_LEASE_SECONDS", "4"),
+            ("RECONCILE_LEASE_SECONDS", "601"),
+            ("RECONCILE_DEADLINE_SECONDS", "0"),
+            ("RECONCILE_DEADLINE_SECONDS", "601"),
             ("STATS_FLUSH_SECONDS", "61"),
             ("GEMINI_API_BASE", "generativelanguage"),
             ("ALERT_URL", "slack"),

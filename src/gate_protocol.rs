@@ -129,6 +129,15 @@ pub enum GateReply {
 pub enum LeaseCommand {
     /// Take the lease if free or lapsed; answers with where to resume.
     Acquire { holder: String, ttl_ms: i64 },
+    /// The holder's heartbeat: extend the lease by `ttl_ms` from now and save where the pass
+    /// has got to, so a pass killed before it releases loses at most one heartbeat of work.
+    /// Refused unless `holder` still holds the lease; the pass then stops and saves nothing.
+    Renew {
+        holder: String,
+        ttl_ms: i64,
+        resume: Resume,
+        status_backoff_until_ms: i64,
+    },
     /// Give it back with where the next pass starts and the pass's summary.
     Release {
         holder: String,
@@ -157,6 +166,10 @@ pub enum LeaseReply {
         webhook_alerted_state: Option<String>,
     },
     Busy,
+    /// The answer to [`LeaseCommand::Renew`]; `accepted: false` means the lease is lost.
+    Renewed {
+        accepted: bool,
+    },
     Released {
         accepted: bool,
     },
@@ -188,6 +201,26 @@ mod tests {
         let text = serde_json::to_string(&cmd).unwrap();
         assert!(text.contains(r#""command":"deliver""#));
         assert_eq!(serde_json::from_str::<GateCommand>(&text).unwrap(), cmd);
+    }
+
+    #[test]
+    fn lease_renewal_round_trips_as_tagged_json() {
+        let cmd = LeaseCommand::Renew {
+            holder: "pass-1".into(),
+            ttl_ms: 60_000,
+            resume: Resume {
+                cursor: Some("c".into()),
+                after_key: Some("op:batches/a".into()),
+            },
+            status_backoff_until_ms: 5,
+        };
+        let text = serde_json::to_string(&cmd).unwrap();
+        assert!(text.contains(r#""command":"renew""#));
+        assert_eq!(serde_json::from_str::<LeaseCommand>(&text).unwrap(), cmd);
+        let reply = LeaseReply::Renewed { accepted: false };
+        let text = serde_json::to_string(&reply).unwrap();
+        assert_eq!(text, r#"{"outcome":"renewed","accepted":false}"#);
+        assert_eq!(serde_json::from_str::<LeaseReply>(&text).unwrap(), reply);
     }
 
     #[test]

@@ -8,6 +8,15 @@
 //! only while the ledger shows it unsent (the gate sends it at most once). The lease admits one
 //! pass at a time, lapses by itself if its holder dies, and only its holder may move the
 //! durable cursor.
+//!
+//! A pass is bounded in time as well as in subrequests: it starts no entry past its deadline
+//! ([`past_deadline`]), renews its short lease on a heartbeat ([`heartbeat_interval_ms`],
+//! saving its position with each renewal) and stops at once when a renewal is refused (another
+//! pass holds the lease now, and only that pass may move the cursor). A dead pass therefore
+//! blocks the next one for one lease TTL, not for the length of a pass. A status call that got
+//! no answer (timeout, network error) costs only its own entry, which the cursor moves past
+//! and the next coverage of the ledger revisits; [`StatusHealth`] turns a run of them into a
+//! back-off of every status call, as a 429 does.
 
 use serde::{Deserialize, Serialize};
 
@@ -114,6 +123,30 @@ impl Lease {
         true
     }
 
+    /// Extends the lease of `holder` to `now_ms + ttl_ms` and saves its position so far (where
+    /// to resume and the status back-off), so a pass killed before it releases loses at most
+    /// one heartbeat of progress. Refused (false, nothing changed) unless `holder` still holds
+    /// it. A lapsed lease that no other pass has taken is still the holder's: nobody can have
+    /// started from its cursor, so renewing it is safe.
+    pub fn renew(
+        &mut self,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+        checkpoint: Option<(Resume, i64)>,
+    ) -> bool {
+        if self.holder.as_deref() != Some(holder) {
+            return false;
+        }
+        self.expires_ms = self.expires_ms.max(now_ms + ttl_ms);
+        if let Some((resume, status_backoff_until_ms)) = checkpoint {
+            self.resume = resume;
+            self.status_backoff_until_ms =
+                self.status_backoff_until_ms.max(status_backoff_until_ms);
+        }
+        true
+    }
+
     /// Gives the lease back, saving where to resume. Refused (false) unless `holder` still
     /// holds it: a pass whose lease lapsed must not move the cursor of the pass after it.
     pub fn release(
@@ -134,6 +167,102 @@ impl Lease {
             self.completed_passes += 1;
         }
         true
+    }
+}
+
+/// A pass renews its lease after a quarter of the TTL, so three renewals in a row can be slow
+/// or fail before it lapses under a live pass.
+pub fn heartbeat_interval_ms(lease_ttl_ms: i64) -> i64 {
+    (lease_ttl_ms / 4).max(1)
+}
+
+/// True when renewals have failed (without a refusal) for a whole TTL since the last one that
+/// succeeded: the lease may have lapsed and been taken, so the pass stops starting work.
+pub fn lease_presumed_lapsed(now_ms: i64, last_renewed_ms: i64, lease_ttl_ms: i64) -> bool {
+    now_ms >= last_renewed_ms + lease_ttl_ms
+}
+
+/// True when a pass must start no further entry: its wall-clock deadline has come. The entry
+/// in hand finishes (at most one status call and one gate call past the deadline).
+pub fn past_deadline(now_ms: i64, deadline_ms: i64) -> bool {
+    now_ms >= deadline_ms
+}
+
+/// Why a pass ended; logged as `stopped` in its `reconcile_pass` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// It reached the end of the ledger.
+    Complete,
+    /// It reached the end, but skipped polls for a short status back-off; the next pass
+    /// starts at the first entry it skipped.
+    HeldForBackoff,
+    /// The subrequest budget ran out; the next pass resumes at the saved cursor.
+    Budget,
+    /// The wall-clock deadline came; the next pass resumes at the saved cursor.
+    Deadline,
+    /// A renewal was refused: another pass holds the lease. Nothing is saved.
+    LeaseLost,
+    /// Renewals failed for a whole TTL; the release is still tried (it is fenced).
+    LeaseLapsed,
+    /// KV could not be listed.
+    Error,
+}
+
+impl Stop {
+    /// The log label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Stop::Complete => "complete",
+            Stop::HeldForBackoff => "held_for_backoff",
+            Stop::Budget => "budget",
+            Stop::Deadline => "deadline",
+            Stop::LeaseLost => "lease_lost",
+            Stop::LeaseLapsed => "lease_lapsed",
+            Stop::Error => "error",
+        }
+    }
+
+    /// Whether the pass may release the lease and save its cursor: not once another pass
+    /// holds it (the release would be refused anyway; not sending it saves a subrequest).
+    pub fn releases(self) -> bool {
+        self != Stop::LeaseLost
+    }
+}
+
+/// Status calls in a row that got no answer before every status call backs off: one or two
+/// are one operation's trouble (that entry is skipped and revisited on the next coverage),
+/// three in a row look like the API's.
+pub const UNANSWERED_BEFORE_BACKOFF: u32 = 3;
+/// The back-off after [`UNANSWERED_BEFORE_BACKOFF`] unanswered calls: as long as after a 429
+/// without Retry-After, and shorter than a cron interval, so the next pass starts at the first
+/// entry it skipped.
+pub const UNANSWERED_BACKOFF_MS: i64 = crate::status::DEFAULT_RETRY_AFTER_SECS * 1_000;
+// Bounded, and shorter than the */5 cron interval (checked when compiling).
+const _: () = assert!(UNANSWERED_BACKOFF_MS > 0 && UNANSWERED_BACKOFF_MS < 300_000);
+
+/// A pass's account of status calls that got no answer (timeout or network error).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatusHealth {
+    /// Unanswered calls since the last answer of any kind.
+    pub consecutive_unanswered: u32,
+}
+
+impl StatusHealth {
+    /// Any HTTP answer, even an error: the API is there.
+    pub fn answered(&mut self) {
+        self.consecutive_unanswered = 0;
+    }
+
+    /// A call that timed out or failed to connect. Returns the time every status call must
+    /// wait for, when this makes a run long enough to mean the API itself is in trouble.
+    pub fn unanswered(&mut self, now_ms: i64) -> Option<i64> {
+        self.consecutive_unanswered += 1;
+        if self.consecutive_unanswered >= UNANSWERED_BEFORE_BACKOFF {
+            self.consecutive_unanswered = 0;
+            Some(now_ms + UNANSWERED_BACKOFF_MS)
+        } else {
+            None
+        }
     }
 }
 
@@ -293,5 +422,184 @@ mod tests {
         assert!(lease.release("c", Resume::default(), true, 0));
         assert_eq!(lease.completed_passes, 1);
         assert_eq!(lease.status_backoff_until_ms, 500, "backoff never shrinks");
+    }
+
+    fn held(holder: &str, expires_ms: i64) -> Lease {
+        Lease {
+            holder: Some(holder.into()),
+            expires_ms,
+            ..Lease::default()
+        }
+    }
+
+    fn at(after: &str) -> Resume {
+        Resume {
+            cursor: Some("c".into()),
+            after_key: Some(after.into()),
+        }
+    }
+
+    #[test]
+    fn free_lease_is_granted() {
+        let mut lease = Lease::default();
+        assert!(lease.acquire("a", 1_000, 60_000));
+        assert_eq!(lease.holder.as_deref(), Some("a"));
+        assert_eq!(lease.expires_ms, 61_000);
+    }
+
+    #[test]
+    fn live_lease_is_not_granted_to_another() {
+        let mut lease = held("a", 61_000);
+        assert!(!lease.acquire("b", 60_999, 60_000));
+        assert_eq!(lease.holder.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn lapsed_lease_is_granted_to_another() {
+        let mut lease = held("a", 61_000);
+        assert!(lease.acquire("b", 61_000, 60_000));
+        assert_eq!(lease.holder.as_deref(), Some("b"));
+        assert_eq!(lease.expires_ms, 121_000);
+    }
+
+    #[test]
+    fn renewal_by_the_holder_extends_and_saves_the_position() {
+        let mut lease = held("a", 61_000);
+        assert!(lease.renew("a", 20_000, 60_000, Some((at("op:k"), 5_000))));
+        assert_eq!(lease.expires_ms, 80_000);
+        assert_eq!(lease.resume, at("op:k"));
+        assert_eq!(lease.status_backoff_until_ms, 5_000);
+        assert!(!lease.acquire("b", 79_999, 60_000), "renewed lease holds");
+    }
+
+    #[test]
+    fn renewal_without_a_checkpoint_keeps_the_position() {
+        let mut lease = held("a", 61_000);
+        lease.resume = at("op:old");
+        assert!(lease.renew("a", 20_000, 60_000, None));
+        assert_eq!(lease.resume, at("op:old"));
+    }
+
+    #[test]
+    fn renewal_never_shortens_the_lease() {
+        let mut lease = held("a", 61_000);
+        assert!(lease.renew("a", 0, 1_000, None));
+        assert_eq!(lease.expires_ms, 61_000);
+    }
+
+    #[test]
+    fn renewal_never_shrinks_the_status_backoff() {
+        let mut lease = held("a", 61_000);
+        lease.status_backoff_until_ms = 9_000;
+        assert!(lease.renew("a", 1_000, 60_000, Some((at("op:k"), 2_000))));
+        assert_eq!(lease.status_backoff_until_ms, 9_000);
+    }
+
+    #[test]
+    fn renewal_of_a_lapsed_lease_nobody_took_succeeds() {
+        let mut lease = held("a", 61_000);
+        assert!(lease.renew("a", 70_000, 60_000, Some((at("op:k"), 0))));
+        assert_eq!(lease.expires_ms, 130_000);
+        assert_eq!(lease.resume, at("op:k"));
+    }
+
+    #[test]
+    fn renewal_by_a_holder_that_lost_the_lease_fails_and_changes_nothing() {
+        let mut lease = held("a", 61_000);
+        lease.resume = at("op:a-saved");
+        assert!(lease.acquire("b", 61_000, 60_000), "a lapsed, b took it");
+        let before = lease.clone();
+        assert!(!lease.renew("a", 62_000, 60_000, Some((at("op:zzz"), 99_000))));
+        assert_eq!(lease, before, "b's cursor, expiry and backoff untouched");
+    }
+
+    #[test]
+    fn renewal_of_a_released_lease_fails() {
+        let mut lease = held("a", 61_000);
+        assert!(lease.release("a", at("op:k"), false, 0));
+        assert!(!lease.renew("a", 1_000, 60_000, None));
+        assert_eq!(lease.holder, None);
+    }
+
+    #[test]
+    fn release_by_the_holder_saves_the_cursor_and_frees_the_lease() {
+        let mut lease = held("a", 61_000);
+        assert!(lease.release("a", at("op:k"), false, 0));
+        assert_eq!(lease.resume, at("op:k"));
+        assert!(
+            lease.acquire("b", 1_000, 60_000),
+            "free at once, not after the TTL"
+        );
+    }
+
+    #[test]
+    fn release_by_a_holder_that_lost_the_lease_fails() {
+        let mut lease = held("b", 121_000);
+        lease.resume = at("op:b");
+        assert!(!lease.release("a", at("op:a"), true, 0));
+        assert_eq!(lease.resume, at("op:b"));
+        assert_eq!(lease.completed_passes, 0);
+        assert_eq!(lease.holder.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn heartbeat_renews_four_times_per_ttl() {
+        assert_eq!(heartbeat_interval_ms(60_000), 15_000);
+        assert_eq!(heartbeat_interval_ms(5_000), 1_250);
+        assert_eq!(heartbeat_interval_ms(0), 1, "never a busy loop");
+    }
+
+    #[test]
+    fn lease_is_presumed_lapsed_after_a_ttl_without_a_renewal() {
+        assert!(!lease_presumed_lapsed(59_999, 0, 60_000));
+        assert!(lease_presumed_lapsed(60_000, 0, 60_000));
+    }
+
+    #[test]
+    fn deadline_stops_new_work_when_it_comes() {
+        assert!(!past_deadline(59_999, 60_000));
+        assert!(past_deadline(60_000, 60_000));
+        assert!(past_deadline(75_000, 60_000));
+    }
+
+    #[test]
+    fn only_a_lost_lease_keeps_a_pass_from_releasing() {
+        for stop in [
+            Stop::Complete,
+            Stop::HeldForBackoff,
+            Stop::Budget,
+            Stop::Deadline,
+            Stop::LeaseLapsed,
+            Stop::Error,
+        ] {
+            assert!(stop.releases(), "{}", stop.label());
+        }
+        assert!(!Stop::LeaseLost.releases());
+    }
+
+    #[test]
+    fn one_or_two_unanswered_status_calls_cost_only_their_entries() {
+        let mut h = StatusHealth::default();
+        assert_eq!(h.unanswered(1_000), None);
+        assert_eq!(h.unanswered(2_000), None);
+    }
+
+    #[test]
+    fn three_unanswered_status_calls_in_a_row_back_off_every_call() {
+        let mut h = StatusHealth::default();
+        h.unanswered(1_000);
+        h.unanswered(2_000);
+        assert_eq!(h.unanswered(3_000), Some(3_000 + UNANSWERED_BACKOFF_MS));
+        assert_eq!(h.unanswered(4_000), None, "the count starts again");
+    }
+
+    #[test]
+    fn an_answer_between_unanswered_calls_resets_the_run() {
+        let mut h = StatusHealth::default();
+        h.unanswered(1_000);
+        h.unanswered(2_000);
+        h.answered();
+        assert_eq!(h.unanswered(3_000), None);
+        assert_eq!(h.unanswered(4_000), None);
     }
 }

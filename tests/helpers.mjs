@@ -21,8 +21,10 @@ export const ADMIN_TOKEN = "test-admin-token-0123456789";
 /**
  * Starts the built worker with `vars` on top of a working test configuration. With
  * `{ http: true }` it also listens on a loopback port (`worker.url`), for real HTTP clients.
+ * With `{ persist: dir }` its KV and Durable Object state live in `dir` (a worker started
+ * again on the same `dir` finds them); otherwise in memory.
  */
-export async function startWorker(vars = {}, { http = false } = {}) {
+export async function startWorker(vars = {}, { http = false, persist } = {}) {
   const logs = [];
   const collect = (stream) => eachLine(stream, (line) => {
     logs.push(line);
@@ -52,6 +54,7 @@ export async function startWorker(vars = {}, { http = false } = {}) {
     },
     bindings,
     ...(http ? { host: "127.0.0.1", port: 0 } : {}),
+    ...(persist ? { defaultPersistRoot: persist } : {}),
     handleRuntimeStdio(stdout, stderr) {
       collect(stdout);
       collect(stderr);

@@ -1133,7 +1133,7 @@ proptest! {
 // Configuration
 // ---------------------------------------------------------------------------------------------
 
-const VARS: [&str; 22] = [
+const VARS: [&str; 23] = [
     "GEMINI_WEBHOOK_SECRETS",
     "EFFECT_URL",
     "EFFECT_SIGNING_SECRET",
@@ -1151,6 +1151,7 @@ const VARS: [&str; 22] = [
     "EFFECT_ALERT_AFTER_SECONDS",
     "RECONCILE_BUDGET",
     "RECONCILE_LEASE_SECONDS",
+    "RECONCILE_DEADLINE_SECONDS",
     "GEMINI_API_BASE",
     "GEMINI_API_KEY",
     "ALERT_URL",
@@ -1206,7 +1207,7 @@ fn var_value(name: &'static str) -> BoxedStrategy<Option<String>> {
 }
 
 /// The documented range of every whole-number variable (README, Configuration).
-const RANGES: [(&str, i64, i64); 13] = [
+const RANGES: [(&str, i64, i64); 14] = [
     ("SIGNATURE_TOLERANCE_SECONDS", 0, 86_400),
     ("EFFECT_TIMEOUT_MS", 1, 600_000),
     ("CLAIM_TTL_SECONDS", 1, 86_400),
@@ -1218,7 +1219,8 @@ const RANGES: [(&str, i64, i64); 13] = [
     ("STUCK_AFTER_SECONDS", 0, 31_536_000),
     ("EFFECT_ALERT_AFTER_SECONDS", 0, 31_536_000),
     ("RECONCILE_BUDGET", 5, 10_000),
-    ("RECONCILE_LEASE_SECONDS", 1, 3_600),
+    ("RECONCILE_LEASE_SECONDS", 5, 600),
+    ("RECONCILE_DEADLINE_SECONDS", 1, 600),
     ("LEDGER_RETENTION_SECONDS", 1, 315_360_000),
 ];
 
@@ -1463,7 +1465,8 @@ proptest! {
                 prop_assert!((1_024..=100 * 1024 * 1024).contains(&c.max_body_bytes));
                 prop_assert!(1 <= c.retry_base_secs && c.retry_base_secs <= c.retry_max_secs && c.retry_max_secs <= 86_400);
                 prop_assert!((5..=10_000).contains(&c.reconcile_budget));
-                prop_assert!((1..=3_600).contains(&c.reconcile_lease_secs));
+                prop_assert!((5..=600).contains(&c.reconcile_lease_secs));
+                prop_assert!((1..=600).contains(&c.reconcile_deadline_secs));
                 prop_assert!((0..=2_592_000).contains(&c.reconcile_grace_secs));
                 prop_assert!((0..=31_536_000).contains(&c.stuck_after_secs));
                 prop_assert!((0..=31_536_000).contains(&c.effect_alert_after_secs));

@@ -2,9 +2,11 @@
 //! a time and keeping the durable cursor between passes.
 //!
 //! Storage (SQLite): `lease(id = 1, body)` holds [`crate::reconcile::Lease`] as JSON;
-//! `last_pass(id = 1, body)` the summary of the newest pass. Guarantees: acquire and release
-//! are read-decide-write with no await in between, so two overlapping cron runs can never
-//! both hold the lease; a lapsed holder cannot move the cursor.
+//! `last_pass(id = 1, body)` the summary of the newest pass. Guarantees: acquire, renew and
+//! release are read-decide-write with no await in between, so two overlapping cron runs can
+//! never both hold the lease; a holder that lost the lease can neither renew it nor move the
+//! cursor. The lease is short and renewed by its pass's heartbeat (each renewal also saves the
+//! pass's position), so a pass that dies blocks the next for one TTL.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -65,6 +67,26 @@ impl DurableObject for ReconcileLease {
                 } else {
                     LeaseReply::Busy
                 }
+            }
+            LeaseCommand::Renew {
+                holder,
+                ttl_ms,
+                resume,
+                status_backoff_until_ms,
+            } => {
+                let accepted = lease.renew(
+                    &holder,
+                    now,
+                    ttl_ms,
+                    Some((resume, status_backoff_until_ms)),
+                );
+                if accepted {
+                    self.write(
+                        "lease",
+                        &serde_json::to_value(&lease).unwrap_or(Value::Null),
+                    )?;
+                }
+                LeaseReply::Renewed { accepted }
             }
             LeaseCommand::Release {
                 holder,

@@ -4,14 +4,24 @@
 //! Guarantees: the pass writes no state itself, every change goes through a gate; it reads no
 //! ledger value; it holds the lease or does nothing; it never spends more than
 //! `RECONCILE_BUDGET` subrequests (KV list calls, gate calls, lease calls and status calls
-//! together) and resumes where it stopped on the next run; a 429 or 5xx from the status API
+//! together) and resumes where it stopped on the next run; it starts no entry after
+//! `RECONCILE_DEADLINE_SECONDS` and saves its cursor; a heartbeat renews its short lease
+//! (`RECONCILE_LEASE_SECONDS`) every quarter of the TTL while it works, saving its position
+//! each time, and a refused renewal (another pass holds the lease) stops the pass without a
+//! release, so it never saves a cursor over the new holder's. A 429 or 5xx from the status API
 //! stops polling until its Retry-After has passed and settles nothing, and the next pass
 //! resumes at the first entry that was skipped for it (if the wait is shorter than a cron
-//! interval); a 404 asks the gate for an `unknown_to_gemini` alert; a malformed answer is
-//! logged and skipped.
+//! interval); a status call that gets no answer within [`STATUS_TIMEOUT_MS`] (or a network
+//! error) skips only its entry, which the next coverage of the ledger revisits, and three in a
+//! row back off every status call like a 429; a 404 asks the gate for an `unknown_to_gemini`
+//! alert; a malformed answer is logged and skipped.
 
+use std::cell::{Cell, RefCell};
+use std::time::Duration;
+
+use futures_util::future::{select, Either};
 use serde_json::{json, Value};
-use worker::{Env, KvStore, Method};
+use worker::{Delay, Env, KvStore, Method};
 
 use crate::alert::UNKNOWN_TO_GEMINI;
 use crate::config::Config;
@@ -20,7 +30,10 @@ use crate::key::Collection;
 use crate::ledger::{LedgerMeta, OP_PREFIX};
 use crate::lifecycle::{Source, Status};
 use crate::operation::OpEvent;
-use crate::reconcile::{decide, Action, Resume, Thresholds};
+use crate::reconcile::{
+    decide, heartbeat_interval_ms, lease_presumed_lapsed, past_deadline, Action, Resume,
+    StatusHealth, Stop, Thresholds,
+};
 use crate::status::{find_webhook, interpret, status_url, webhook_alert, StatusError};
 
 use super::lease_object::LEASE_NAME;
@@ -32,8 +45,10 @@ use super::{call_gate, log, now_ms, random_unit};
 pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
 /// Largest KV list page.
 const PAGE_SIZE: u64 = 1_000;
-/// Status API calls get this long.
-const STATUS_TIMEOUT_MS: i64 = 10_000;
+/// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
+/// room for a slow moment while a hanging call costs a twelfth of a pass's default deadline,
+/// and the pass moves on to the next entry.
+pub const STATUS_TIMEOUT_MS: i64 = 5_000;
 /// A backoff ending within this long (one cron interval) holds the next pass's start at the
 /// first entry it skipped; a longer one does not, or every pass until it ends would spend its
 /// budget on the same stretch of the ledger and never reach retries and alerts beyond it.
@@ -48,14 +63,18 @@ pub struct PassReport {
     pub kv_lists: u64,
     pub bodies_read: u64,
     pub status_calls: u64,
+    /// Status calls that timed out or failed to connect; their entries were skipped.
+    pub status_unanswered: u64,
     pub settled: u64,
     pub effects_retried: u64,
     pub alerts: u64,
     pub gate_calls: u64,
     pub errors: u64,
     pub subrequests: u32,
+    pub lease_renewals: u64,
     pub complete: bool,
     pub skipped_busy: bool,
+    pub stopped: Option<Stop>,
     pub elapsed_ms: i64,
 }
 
@@ -67,24 +86,46 @@ impl PassReport {
             "kv_lists": self.kv_lists,
             "bodies_read": self.bodies_read,
             "status_calls": self.status_calls,
+            "status_unanswered": self.status_unanswered,
             "settled": self.settled,
             "effects_retried": self.effects_retried,
             "alerts": self.alerts,
             "gate_calls": self.gate_calls,
             "errors": self.errors,
             "subrequests": self.subrequests,
+            "lease_renewals": self.lease_renewals,
             "complete": self.complete,
             "lease_busy": self.skipped_busy,
+            "stopped": self.stopped.map(Stop::label),
             "elapsed_ms": self.elapsed_ms,
         })
     }
 }
 
+/// What the walk and the heartbeat share. Both run on the one task of this invocation,
+/// interleaved at their awaits, so plain cells suffice.
+#[derive(Default)]
+struct Shared {
+    /// Subrequests spent by the walk and the heartbeat together.
+    spent: Cell<u32>,
+    renewals: Cell<u64>,
+    heartbeat_errors: Cell<u64>,
+    /// Set by the heartbeat when the walk must stop: the lease was lost or may have lapsed,
+    /// or no budget is left for another renewal.
+    stop: Cell<Option<Stop>>,
+    /// Where the next pass would start if this one died now, and the status back-off: sent
+    /// with each renewal.
+    checkpoint: RefCell<(Resume, i64)>,
+}
+
 struct Pass<'a> {
     env: &'a Env,
     config: &'a Config,
+    shared: &'a Shared,
+    deadline_ms: i64,
     report: PassReport,
     status_backoff_until_ms: i64,
+    health: StatusHealth,
     /// Where the walk was before the first entry it owed a poll and skipped because Gemini
     /// asked us to wait (429/5xx, Retry-After, ending within [`HOLD_BACKOFF_UP_TO_MS`]): the
     /// next pass starts there, so a rate limit does not leave the rest of the ledger unpolled
@@ -100,56 +141,80 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         "pass-{started}-{:08x}",
         (random_unit() * f64::from(u32::MAX)) as u32
     );
+    let ttl_ms = config.reconcile_lease_secs * 1_000;
+    let shared = Shared::default();
     let mut pass = Pass {
         env,
         config,
+        shared: &shared,
+        deadline_ms: started + config.reconcile_deadline_secs * 1_000,
         report: PassReport::default(),
         status_backoff_until_ms: 0,
+        health: StatusHealth::default(),
         first_unpolled: None,
     };
-    pass.report.subrequests += 1;
+    pass.spend(1);
     let acquired = lease_call(
         env,
         &LeaseCommand::Acquire {
             holder: holder.clone(),
-            ttl_ms: config.reconcile_lease_secs * 1_000,
+            ttl_ms,
         },
     )
     .await;
-    let mut webhook = None;
-    let (resume, complete) = match acquired {
+    let (resume, stop, webhook) = match acquired {
         Ok(LeaseReply::Granted {
             resume,
             status_backoff_until_ms,
             webhook_alerted_state,
         }) => {
             pass.status_backoff_until_ms = status_backoff_until_ms;
-            if let Some(name) = &config.gemini_webhook_name {
-                webhook = pass.check_webhook(name, webhook_alerted_state).await;
+            *shared.checkpoint.borrow_mut() = (resume.clone(), status_backoff_until_ms);
+            let work = async {
+                let webhook = match &config.gemini_webhook_name {
+                    Some(name) => pass.check_webhook(name, webhook_alerted_state).await,
+                    None => None,
+                };
+                let (resume, stop) = pass.walk(resume).await;
+                (resume, stop, webhook)
+            };
+            let beat = heartbeat(env, &holder, ttl_ms, config.reconcile_budget, &shared);
+            // The heartbeat runs beside the walk; it ends only to stop the walk (which then
+            // finishes its entry in hand), and is dropped when the walk ends first.
+            match select(Box::pin(work), Box::pin(beat)).await {
+                Either::Left((done, _)) => done,
+                Either::Right(((), work)) => work.await,
             }
-            pass.walk(resume).await
         }
         Ok(_) => {
             pass.report.skipped_busy = true;
-            pass.report.elapsed_ms = now_ms() - started;
-            log(pass.report.to_json());
-            return pass.report;
+            return pass.finish(started);
         }
         Err(e) => {
             pass.report.errors += 1;
             log(json!({"event": "reconcile_error", "error": format!("lease: {e}")}));
-            pass.report.elapsed_ms = now_ms() - started;
-            log(pass.report.to_json());
-            return pass.report;
+            return pass.finish(started);
         }
     };
-    pass.report.complete = complete;
+    // A lost lease wins over whatever stopped the walk: it must not release.
+    let stop = shared
+        .stop
+        .get()
+        .filter(|s| *s == Stop::LeaseLost)
+        .unwrap_or(stop);
+    pass.report.stopped = Some(stop);
+    pass.report.complete = stop == Stop::Complete;
+    if !stop.releases() {
+        log(json!({"event": "reconcile_lease_lost", "holder": holder}));
+        return pass.finish(started);
+    }
+    pass.spend(1);
     pass.report.elapsed_ms = now_ms() - started;
-    pass.report.subrequests += 1;
+    pass.sync_report();
     let release = LeaseCommand::Release {
         holder,
         resume,
-        complete,
+        complete: pass.report.complete,
         status_backoff_until_ms: pass.status_backoff_until_ms,
         webhook_checked: webhook.is_some(),
         webhook_alerted_state: webhook.flatten(),
@@ -165,49 +230,134 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
             log(json!({"event": "reconcile_error", "error": format!("lease release: {e}")}));
         }
     }
-    log(pass.report.to_json());
-    pass.report
+    pass.finish(started)
+}
+
+/// Renews the lease every quarter of its TTL while the walk runs, sending the walk's
+/// checkpoint with each renewal. Returns only when the walk must stop: a renewal was refused
+/// (the lease is lost), renewals failed for a whole TTL (it may have lapsed), or the budget
+/// has no room left for a renewal and the release.
+async fn heartbeat(env: &Env, holder: &str, ttl_ms: i64, budget: u32, shared: &Shared) {
+    let interval = heartbeat_interval_ms(ttl_ms);
+    let mut last_renewed = now_ms();
+    loop {
+        Delay::from(Duration::from_millis(interval as u64)).await;
+        if shared.spent.get() + 2 > budget {
+            shared.stop.set(Some(Stop::Budget));
+            return;
+        }
+        shared.spent.set(shared.spent.get() + 1);
+        shared.renewals.set(shared.renewals.get() + 1);
+        let (resume, status_backoff_until_ms) = shared.checkpoint.borrow().clone();
+        let renew = LeaseCommand::Renew {
+            holder: holder.to_string(),
+            ttl_ms,
+            resume,
+            status_backoff_until_ms,
+        };
+        match lease_call(env, &renew).await {
+            Ok(LeaseReply::Renewed { accepted: true }) => last_renewed = now_ms(),
+            Ok(other) => {
+                log(
+                    json!({"event": "reconcile_error", "error": format!("lease renewal refused: {other:?}")}),
+                );
+                shared.stop.set(Some(Stop::LeaseLost));
+                return;
+            }
+            Err(e) => {
+                shared
+                    .heartbeat_errors
+                    .set(shared.heartbeat_errors.get() + 1);
+                log(json!({"event": "reconcile_error", "error": format!("lease renewal: {e}")}));
+                if lease_presumed_lapsed(now_ms(), last_renewed, ttl_ms) {
+                    shared.stop.set(Some(Stop::LeaseLapsed));
+                    return;
+                }
+            }
+        }
+    }
 }
 
 impl Pass<'_> {
-    /// Room for `cost` more subrequests, keeping one for the lease release.
-    fn affords(&self, cost: u32) -> bool {
-        self.report.subrequests + cost < self.config.reconcile_budget
+    /// Counts `n` subrequests against the budget the heartbeat shares.
+    fn spend(&self, n: u32) {
+        self.shared.spent.set(self.shared.spent.get() + n);
     }
 
-    /// Walks the ledger from `resume`; returns where the next pass starts and whether this
-    /// one covered everything. Entries skipped for a short backoff hold the resume point back
-    /// (see `first_unpolled`): the walk goes on (retries and alerts further on still happen)
-    /// but the next pass starts again at the first of them.
-    async fn walk(&mut self, resume: Resume) -> (Resume, bool) {
-        let (resume, complete) = self.walk_from(resume).await;
+    /// Room for `cost` more subrequests, keeping one for the lease release.
+    fn affords(&self, cost: u32) -> bool {
+        self.shared.spent.get() + cost < self.config.reconcile_budget
+    }
+
+    /// Why the walk must start nothing more, if it must: the heartbeat said so, or the
+    /// deadline has come.
+    fn must_stop(&self) -> Option<Stop> {
+        self.shared
+            .stop
+            .get()
+            .or_else(|| past_deadline(now_ms(), self.deadline_ms).then_some(Stop::Deadline))
+    }
+
+    /// Records where the next pass would start if this one ended now, for the heartbeat.
+    fn checkpoint(&self, resume: &Resume) {
+        let at = self
+            .first_unpolled
+            .clone()
+            .unwrap_or_else(|| resume.clone());
+        *self.shared.checkpoint.borrow_mut() = (at, self.status_backoff_until_ms);
+    }
+
+    fn sync_report(&mut self) {
+        self.report.subrequests = self.shared.spent.get();
+        self.report.lease_renewals = self.shared.renewals.get();
+    }
+
+    /// Logs the pass's line and returns its report.
+    fn finish(mut self, started: i64) -> PassReport {
+        self.sync_report();
+        self.report.errors += self.shared.heartbeat_errors.get();
+        self.report.elapsed_ms = now_ms() - started;
+        log(self.report.to_json());
+        self.report
+    }
+
+    /// Walks the ledger from `resume`; returns where the next pass starts and why this one
+    /// stopped. Entries skipped for a short backoff hold the resume point back (see
+    /// `first_unpolled`): the walk goes on (retries and alerts further on still happen) but
+    /// the next pass starts again at the first of them.
+    async fn walk(&mut self, resume: Resume) -> (Resume, Stop) {
+        let (resume, stop) = self.walk_from(resume).await;
         match self.first_unpolled.take() {
-            Some(held) => (held, false),
-            None => (resume, complete),
+            Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
+            Some(held) => (held, stop),
+            None => (resume, stop),
         }
     }
 
-    async fn walk_from(&mut self, mut resume: Resume) -> (Resume, bool) {
+    async fn walk_from(&mut self, mut resume: Resume) -> (Resume, Stop) {
         let kv = match self.env.kv(KV_BINDING) {
             Ok(kv) => kv,
             Err(e) => {
                 self.report.errors += 1;
                 log(json!({"event": "reconcile_error", "error": format!("kv binding: {e}")}));
-                return (resume, false);
+                return (resume, Stop::Error);
             }
         };
         loop {
-            if !self.affords(1) {
-                return (resume, false);
+            if let Some(stop) = self.must_stop() {
+                return (resume, stop);
             }
-            self.report.subrequests += 1;
+            if !self.affords(1) {
+                return (resume, Stop::Budget);
+            }
+            self.spend(1);
             self.report.kv_lists += 1;
             let page = match list_page(&kv, resume.cursor.clone()).await {
                 Ok(p) => p,
                 Err(e) => {
                     self.report.errors += 1;
                     log(json!({"event": "reconcile_error", "error": format!("kv list: {e}")}));
-                    return (resume, false);
+                    return (resume, Stop::Error);
                 }
             };
             for entry in &page.keys {
@@ -221,6 +371,10 @@ impl Pass<'_> {
                 let Some(key) = entry.name.strip_prefix(OP_PREFIX) else {
                     continue;
                 };
+                if let Some(stop) = self.must_stop() {
+                    // Stop inside this page; the next pass re-lists it and skips what is done.
+                    return (resume, stop);
+                }
                 let meta: Option<LedgerMeta> = entry
                     .metadata
                     .clone()
@@ -238,8 +392,7 @@ impl Pass<'_> {
                 let actions = decide(&meta, now.div_euclid(1_000), &self.thresholds());
                 let cost: u32 = actions.iter().map(Action::cost).sum();
                 if !self.affords(cost) {
-                    // Stop inside this page; the next pass re-lists it and skips what is done.
-                    return (resume, false);
+                    return (resume, Stop::Budget);
                 }
                 self.report.listed += 1;
                 let mut polled = true;
@@ -250,14 +403,16 @@ impl Pass<'_> {
                     self.first_unpolled = Some(resume.clone());
                 }
                 resume.after_key = Some(entry.name.clone());
+                self.checkpoint(&resume);
             }
             if page.list_complete || page.cursor.is_none() {
-                return (Resume::default(), true);
+                return (Resume::default(), Stop::Complete);
             }
             resume = Resume {
                 cursor: page.cursor.clone(),
                 after_key: None,
             };
+            self.checkpoint(&resume);
         }
     }
 
@@ -341,7 +496,7 @@ impl Pass<'_> {
         if let Some(api_key) = &self.config.gemini_api_key {
             headers.push(("x-goog-api-key", api_key.0.clone()));
         }
-        self.report.subrequests += 1;
+        self.spend(1);
         send(
             Method::Get,
             url,
@@ -383,7 +538,7 @@ impl Pass<'_> {
     }
 
     async fn gate(&mut self, key: &str, command: &GateCommand) -> Option<GateReply> {
-        self.report.subrequests += 1;
+        self.spend(1);
         self.report.gate_calls += 1;
         match call_gate(self.env, key, command).await {
             Ok(reply) => Some(reply),
@@ -414,13 +569,27 @@ impl Pass<'_> {
                 status,
                 excerpt,
                 retry_after,
-            } => interpret(collection, *status, retry_after.as_deref(), excerpt),
-            Answer::Timeout => Err(StatusError::Transient {
-                retry_after_secs: 0,
-            }),
-            Answer::Network(_) => Err(StatusError::Transient {
-                retry_after_secs: 0,
-            }),
+            } => {
+                self.health.answered();
+                interpret(collection, *status, retry_after.as_deref(), excerpt)
+            }
+            Answer::Timeout | Answer::Network(_) => {
+                // Only this entry's trouble, unless a run of them says the API's: the cursor
+                // moves past it and the next coverage of the ledger asks again.
+                self.report.errors += 1;
+                self.report.status_unanswered += 1;
+                let backoff = self.health.unanswered(now_ms());
+                if let Some(until) = backoff {
+                    self.status_backoff_until_ms = self.status_backoff_until_ms.max(until);
+                }
+                log(json!({
+                    "event": "status_unanswered",
+                    "key": key,
+                    "answer": match &answer { Answer::Network(e) => json!(e), _ => json!("timeout") },
+                    "backoff_secs": backoff.map(|until| (until - now_ms()).div_euclid(1_000)),
+                }));
+                return true;
+            }
         };
         let observation = match interpreted {
             Ok(o) => o,
@@ -447,7 +616,7 @@ impl Pass<'_> {
                     .max(now + retry_after_secs * 1_000);
                 log(
                     json!({"event": "status_transient", "key": key, "retry_after_secs": retry_after_secs,
-                    "answer": match &answer { Answer::Http { status, .. } => json!(status), Answer::Timeout => json!("timeout"), Answer::Network(e) => json!(e) }}),
+                    "answer": match &answer { Answer::Http { status, .. } => json!(status), _ => Value::Null }}),
                 );
                 return true;
             }
