@@ -990,6 +990,10 @@ async function benchFast(dir, stubs, plan) {
     const logOf = { first: ["delivered", "effect_delivered"], duplicate: ["duplicate"], duplicate_one_key: ["duplicate"], first_no_effect: ["delivered"], rejected: ["rejected"], unknown_type: ["dead_letter"] };
 
     const cells = []; // one per (round, concurrency, scenario)
+    // The pool's effects run from the gates' alarms after their answers: count from once they
+    // have all arrived, so that only the measured first deliveries' effects are compared.
+    const seededBy = Date.now() + 30_000;
+    while ((await stubs.stats()).effects < poolSize && Date.now() < seededBy) await sleep(50);
     const effectsBefore = (await stubs.stats()).effects;
     let firstDeliveries = 0;
     for (let r = 0; r < plan.rounds; r++) {

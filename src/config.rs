@@ -16,6 +16,9 @@ pub const DEFAULT_TOLERANCE_SECS: i64 = 300;
 pub const DEFAULT_EFFECT_TIMEOUT_MS: i64 = 5_000;
 /// Far longer than any attempt can still be in flight (timeout + the runtime's 30 s grace).
 pub const DEFAULT_CLAIM_TTL_SECS: i64 = 600;
+/// How long the runtime may let work run on after its deadline: a claim should outlast the
+/// effect timeout by at least this.
+pub const RUNTIME_GRACE_MS: i64 = 30_000;
 /// Audit window, well past Gemini's 24 h of retries.
 pub const DEFAULT_RETENTION_DAYS: i64 = 14;
 /// 1 MiB: Gemini envelopes are a few hundred bytes; this bounds memory per request.
@@ -145,6 +148,20 @@ impl Config {
         }
     }
 
+    /// Settings that work but are unsafe in production, each naming its variables: logged and
+    /// shown by `/healthz`.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.claim_ttl_secs * 1_000 < self.effect_timeout_ms + RUNTIME_GRACE_MS {
+            warnings.push(format!(
+                "CLAIM_TTL_SECONDS ({}) is shorter than EFFECT_TIMEOUT_MS plus the runtime's 30 s grace ({} ms): an attempt the runtime lets run past its deadline could overlap the next",
+                self.claim_ttl_secs,
+                self.effect_timeout_ms + RUNTIME_GRACE_MS
+            ));
+        }
+        warnings
+    }
+
     /// Where the side effect of an operation of `kind` goes.
     pub fn effect_url_for(&self, kind: Option<&str>) -> &str {
         kind.and_then(|k| self.effect_routes.iter().find(|(route, _)| route == k))
@@ -218,6 +235,15 @@ impl Config {
             None => None,
             Some(_) => Some(int("LEDGER_RETENTION_SECONDS", 0, 1, 3_650 * 86_400)?),
         };
+        let effect_timeout_ms = int("EFFECT_TIMEOUT_MS", DEFAULT_EFFECT_TIMEOUT_MS, 1, 600_000)?;
+        let claim_ttl_secs = int("CLAIM_TTL_SECONDS", DEFAULT_CLAIM_TTL_SECS, 1, 86_400)?;
+        // A claim that lapses mid-attempt lets a second attempt start beside the first.
+        if claim_ttl_secs * 1_000 <= effect_timeout_ms {
+            return Err(err(
+                "CLAIM_TTL_SECONDS",
+                "must outlast EFFECT_TIMEOUT_MS (a claim that lapses mid-attempt lets a second attempt start beside it)",
+            ));
+        }
         let retry_base_secs = int(
             "EFFECT_RETRY_BASE_SECONDS",
             DEFAULT_RETRY_BASE_SECS,
@@ -248,8 +274,8 @@ impl Config {
                 0,
                 86_400,
             )?,
-            effect_timeout_ms: int("EFFECT_TIMEOUT_MS", DEFAULT_EFFECT_TIMEOUT_MS, 1, 600_000)?,
-            claim_ttl_secs: int("CLAIM_TTL_SECONDS", DEFAULT_CLAIM_TTL_SECS, 1, 86_400)?,
+            effect_timeout_ms,
+            claim_ttl_secs,
             retention_days: int("LEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 1, 3_650)?,
             retention_secs_override,
             dynamic_webhooks,
@@ -483,6 +509,23 @@ mod tests {
         assert_eq!(parse(&vars).unwrap().retention_ms(), 5_000);
         vars.insert("LEDGER_RETENTION_SECONDS", "0".into());
         assert_eq!(parse(&vars).unwrap_err().var, "LEDGER_RETENTION_SECONDS");
+    }
+
+    #[test]
+    fn a_claim_that_cannot_outlast_an_attempt_is_refused() {
+        let mut vars = base();
+        vars.insert("EFFECT_TIMEOUT_MS", "5000".into());
+        vars.insert("CLAIM_TTL_SECONDS", "5".into());
+        let e = parse(&vars).unwrap_err();
+        assert_eq!(e.var, "CLAIM_TTL_SECONDS");
+        assert!(e.to_string().contains("EFFECT_TIMEOUT_MS"), "{e}");
+        vars.insert("CLAIM_TTL_SECONDS", "6".into());
+        let c = parse(&vars).unwrap();
+        assert_eq!(c.warnings().len(), 1, "allowed, but warned: no room for the runtime's grace");
+        assert!(c.warnings()[0].contains("CLAIM_TTL_SECONDS"));
+        vars.insert("CLAIM_TTL_SECONDS", "35".into());
+        assert!(parse(&vars).unwrap().warnings().is_empty());
+        assert!(parse(&base()).unwrap().warnings().is_empty(), "the defaults are safe");
     }
 
     #[test]

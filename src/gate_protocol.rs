@@ -47,8 +47,11 @@ pub enum GateCommand {
     RetryEffect,
     /// Send an alert of this kind once per operation.
     Alert { alert: String, age_seconds: i64 },
-    /// Run the side effect again on purpose, as a new generation.
+    /// The operator's action on the side effect: retry now under the same generation when it
+    /// is not done (refused while an attempt is in flight); a new generation when it is done.
     Redeliver { reason: String },
+    /// Retry an effect that is not done now, under the same generation (never a new one).
+    RetryNow { reason: String },
     /// Stop tracking the operation (recorded, not erased).
     Forget { reason: String },
     /// Return the record and its history.
@@ -84,6 +87,8 @@ pub enum GateReply {
     },
     Exists {
         operation: Value,
+        /// What the registration did to the kind: `filled`, `unchanged` or `conflict`.
+        kind: String,
     },
     Applied {
         status: String,
@@ -107,6 +112,8 @@ pub enum GateReply {
     },
     Redelivered {
         generation: u32,
+        /// `retry_now` (same generation) or `redeliver` (a new one).
+        action: String,
         effect: EffectReport,
     },
     Forgotten {

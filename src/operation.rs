@@ -117,6 +117,12 @@ pub enum OperatorRefusal {
     Forgotten,
     /// Retention ended: only a tombstone remains.
     Retired,
+    /// Retry-now needs an effect that is not done (a done one is redelivered instead).
+    AlreadyDone,
+    /// An attempt holds a live claim: retrying now could run it twice at once.
+    InFlight,
+    /// A new generation needs a done effect: one not done is retried under its own id.
+    NotDone,
 }
 
 impl OperatorRefusal {
@@ -126,6 +132,15 @@ impl OperatorRefusal {
             OperatorRefusal::NotTerminal => "the operation has no outcome yet",
             OperatorRefusal::Forgotten => "the operation was forgotten",
             OperatorRefusal::Retired => "retention ended; only a tombstone remains",
+            OperatorRefusal::AlreadyDone => {
+                "the side effect is done; redeliver it to send it again as a new generation"
+            }
+            OperatorRefusal::InFlight => {
+                "an attempt is in flight; retry once it has finished or its claim lapsed"
+            }
+            OperatorRefusal::NotDone => {
+                "the side effect is not done; retry it now under the same webhook-id instead"
+            }
         }
     }
 }
@@ -139,6 +154,29 @@ pub enum AttemptOutcome {
     Retry(String),
     /// The destination will refuse again: any other answer.
     Park(String),
+}
+
+/// What a registration did to an operation that already existed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KindFill {
+    /// The record had no kind (its completion came first): the registration's kind is now
+    /// its kind, so later attempts route by it and carry it.
+    Filled,
+    /// Same kind, or the registration named none.
+    Unchanged,
+    /// The record already has a different kind; nothing changed.
+    Conflict,
+}
+
+impl KindFill {
+    /// The spelling in the registration's answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KindFill::Filled => "filled",
+            KindFill::Unchanged => "unchanged",
+            KindFill::Conflict => "conflict",
+        }
+    }
 }
 
 /// What [`Operation::finish`] did with an attempt's outcome.
@@ -355,9 +393,10 @@ impl Operation {
         }
     }
 
-    /// Starts a deliberate redelivery: a new generation (so `webhook-id` and
+    /// Starts a deliberate redelivery of a done effect: a new generation (so `webhook-id` and
     /// `effect-generation` change and a Standard Webhooks receiver does not drop it as a
-    /// duplicate; `idempotency-key` stays the key), due now, un-parked.
+    /// duplicate; `idempotency-key` stays the key), due now. An effect not yet done is never
+    /// given a new generation (its last attempt may have arrived): see [`Operation::retry_now`].
     pub fn redeliver(&mut self, now_ms: i64, reason: &str) -> Result<u32, OperatorRefusal> {
         if self.retired_at_ms.is_some() {
             return Err(OperatorRefusal::Retired);
@@ -367,6 +406,9 @@ impl Operation {
         }
         if !self.status.is_terminal() {
             return Err(OperatorRefusal::NotTerminal);
+        }
+        if !self.effect.done {
+            return Err(OperatorRefusal::NotDone);
         }
         self.effect.generation += 1;
         self.effect.done = false;
@@ -384,6 +426,50 @@ impl Operation {
         });
         self.version += 1;
         Ok(self.effect.generation)
+    }
+
+    /// The operator's "retry now" on an effect not yet done: the same generation (so the same
+    /// `webhook-id`: an attempt that timed out on our side may have reached the destination,
+    /// which then drops the repeat), due now, un-parked. Refused while an attempt holds a
+    /// live claim, and for a done effect (that is a deliberate redelivery).
+    pub fn retry_now(&mut self, now_ms: i64) -> Result<(), OperatorRefusal> {
+        if self.retired_at_ms.is_some() {
+            return Err(OperatorRefusal::Retired);
+        }
+        if self.forgotten.is_some() {
+            return Err(OperatorRefusal::Forgotten);
+        }
+        if !self.status.is_terminal() {
+            return Err(OperatorRefusal::NotTerminal);
+        }
+        if self.effect.done {
+            return Err(OperatorRefusal::AlreadyDone);
+        }
+        if self.effect.claim.is_some_and(|c| c.expires_ms > now_ms) {
+            return Err(OperatorRefusal::InFlight);
+        }
+        self.effect.parked = None;
+        self.effect.failures_in_row = 0;
+        self.effect.next_attempt_ms = now_ms;
+        self.alerts.retain(|a| a != crate::alert::EFFECT_FAILING);
+        self.version += 1;
+        Ok(())
+    }
+
+    /// A registration for an operation that exists: fills in a kind the record lacks (its
+    /// completion arrived first), never replaces one.
+    pub fn fill_kind(&mut self, kind: Option<&str>) -> KindFill {
+        match (kind, self.kind.as_deref()) {
+            (None, _) => KindFill::Unchanged,
+            (Some(k), Some(have)) if k == have => KindFill::Unchanged,
+            (Some(_), Some(_)) => KindFill::Conflict,
+            (Some(k), None) => {
+                self.kind = Some(k.to_string());
+                self.registered = true;
+                self.version += 1;
+                KindFill::Filled
+            }
+        }
     }
 
     /// Stops tracking the operation (recorded, not erased). Idempotent.
@@ -854,33 +940,70 @@ mod tests {
     }
 
     #[test]
-    fn redelivery_starts_a_new_generation_and_unparks() {
+    fn redelivery_of_a_done_effect_starts_a_new_generation() {
         let mut op = settled();
         let c = op.claim(2_000, 600_000).unwrap();
-        op.finish(c.token, &AttemptOutcome::Park("400".into()), 2_100, 0);
-        op.mark_alert(crate::alert::EFFECT_FAILING);
-        assert_eq!(op.redeliver(3_000, "destination fixed"), Ok(2));
+        op.finish(c.token, &AttemptOutcome::Delivered, 2_100, 0);
+        assert_eq!(op.redeliver(3_000, "downstream lost it"), Ok(2));
         assert!(op.effect_owed());
-        assert!(op.alerts.is_empty());
-        assert_eq!(op.redeliveries[0].reason, "destination fixed");
+        assert_eq!(op.redeliveries[0].reason, "downstream lost it");
         let c2 = op.claim(3_000, 600_000).unwrap();
         assert!(c2.token > c.token);
         assert_eq!(
             op.finish(c2.token, &AttemptOutcome::Delivered, 3_100, 0),
             Finished::Done
         );
+        assert_eq!(op.effect.generation, 2);
     }
 
     #[test]
-    fn redelivery_fences_off_the_previous_generations_claim() {
+    fn an_effect_not_done_never_gets_a_new_generation() {
         let mut op = settled();
-        let old = op.claim(2_000, 600_000).unwrap();
-        op.redeliver(2_500, "again").unwrap();
-        assert_eq!(
-            op.finish(old.token, &AttemptOutcome::Delivered, 2_600, 0),
-            Finished::Fenced
-        );
-        assert!(!op.effect.done);
+        let c = op.claim(2_000, 600_000).unwrap();
+        op.finish(c.token, &AttemptOutcome::Retry("timeout".into()), 7_000, 30_000);
+        assert_eq!(op.redeliver(8_000, "x"), Err(OperatorRefusal::NotDone));
+        assert_eq!(op.effect.generation, 1);
+    }
+
+    #[test]
+    fn retry_now_keeps_the_generation_unparks_and_is_due_at_once() {
+        let mut op = settled();
+        let c = op.claim(2_000, 600_000).unwrap();
+        op.finish(c.token, &AttemptOutcome::Park("400".into()), 2_100, 0);
+        op.mark_alert(crate::alert::EFFECT_FAILING);
+        assert_eq!(op.retry_now(3_000), Ok(()));
+        assert!(op.effect_owed());
+        assert!(op.alerts.is_empty(), "it may alert again if it keeps failing");
+        assert_eq!(op.effect.generation, 1, "the same webhook-id");
+        assert!(op.claim(3_000, 600_000).is_some(), "due now, not after a backoff");
+    }
+
+    #[test]
+    fn retry_now_is_refused_while_an_attempt_is_in_flight_or_once_done() {
+        let mut op = settled();
+        let c = op.claim(2_000, 10_000).unwrap();
+        assert_eq!(op.retry_now(5_000), Err(OperatorRefusal::InFlight));
+        assert_eq!(op.retry_now(12_000), Ok(()), "a lapsed claim is not in flight");
+        let mut done = settled();
+        let c2 = done.claim(2_000, 10_000).unwrap();
+        done.finish(c2.token, &AttemptOutcome::Delivered, 2_100, 0);
+        assert_eq!(done.retry_now(3_000), Err(OperatorRefusal::AlreadyDone));
+        // The retried claim's late answer is fenced off by the token, as ever.
+        let again = op.claim(12_000, 10_000).unwrap();
+        assert_eq!(op.finish(c.token, &AttemptOutcome::Delivered, 12_500, 0), Finished::Fenced);
+        assert_eq!(op.finish(again.token, &AttemptOutcome::Delivered, 12_600, 0), Finished::Done);
+    }
+
+    #[test]
+    fn a_late_registration_fills_in_the_kind_but_never_replaces_it() {
+        let mut op = Operation::unregistered("batches/a", "batches/a", 0);
+        assert_eq!(op.fill_kind(None), KindFill::Unchanged);
+        assert_eq!(op.fill_kind(Some("billing")), KindFill::Filled);
+        assert_eq!(op.kind.as_deref(), Some("billing"));
+        assert!(op.registered);
+        assert_eq!(op.fill_kind(Some("billing")), KindFill::Unchanged);
+        assert_eq!(op.fill_kind(Some("publish")), KindFill::Conflict);
+        assert_eq!(op.kind.as_deref(), Some("billing"));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 // The operator's dashboard in a real headless browser (Debian's Chromium driven by
 // playwright-core; no browser download): it renders, lists a stuck operation, and its
-// redeliver button works.
+// retry-now button works.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
@@ -30,10 +30,10 @@ after(async () => {
 });
 
 describe("dashboard", () => {
-  it("renders, lists a stuck operation, and redelivers a parked side effect", async () => {
+  it("renders, lists a stuck operation, and retries a parked side effect now", async () => {
     await w.register("batches/ui-stuck", "nightly");
     await w.deliver("batch.succeeded", "batches/ui-parked");
-    assert.equal((await w.inspect("batches/ui-parked")).body.effect_parked, true);
+    await eventually(async () => (await w.inspect("batches/ui-parked")).body.effect_parked, { what: "the park" });
     await w.ledger("batches/ui-stuck");
     await w.ledger("batches/ui-parked", (m) => m.parked);
 
@@ -62,15 +62,16 @@ describe("dashboard", () => {
     assert.equal(await button.count(), 1);
     destinationUp = true;
     await button.click();
-    await page.waitForFunction(() => document.getElementById("status").textContent.startsWith("Redelivered batches/ui-parked"));
-    const sent = dest.requests.filter((r) => r.headers["idempotency-key"] === "batches/ui-parked");
-    assert.equal(sent.length, 2);
-    assert.equal(sent[1].headers["effect-generation"], "2");
+    await page.waitForFunction(() => document.getElementById("status").textContent.startsWith("Retried batches/ui-parked"));
     const op = await eventually(async () => {
       const o = await w.inspect("batches/ui-parked");
       return o.body.effect_done && o;
-    }, { what: "redelivered effect done" });
-    assert.equal(op.body.generation, 2);
+    }, { what: "retried effect done" });
+    const sent = dest.requests.filter((r) => r.headers["idempotency-key"] === "batches/ui-parked");
+    assert.equal(sent.length, 2);
+    assert.equal(sent[1].headers["effect-generation"], "1", "retry-now keeps the generation");
+    assert.equal(sent[1].headers["webhook-id"], sent[0].headers["webhook-id"]);
+    assert.equal(op.body.generation, 1);
     if (process.env.DASHBOARD_SCREENSHOT) await page.screenshot({ path: process.env.DASHBOARD_SCREENSHOT, fullPage: true });
   });
 

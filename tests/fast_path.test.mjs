@@ -234,12 +234,16 @@ describe("fast path", () => {
     const r = await w.deliver("batch.succeeded", "batch_early1");
     assert.equal(r.status, 200);
     assert.equal(r.body.key, "batches/batch_early1");
-    const op = await w.inspect("batches/batch_early1");
+    const op = await eventually(async () => {
+      const o = await w.inspect("batches/batch_early1");
+      return o.body.effect_done && o;
+    }, { what: "the effect" });
     assert.equal(op.body.registered, false);
     assert.equal(op.body.effect_done, true);
     const reg = await w.register("batches/batch_early1", "late-kind");
-    assert.equal(reg.status, 200, "registration after completion changes nothing");
+    assert.equal(reg.status, 200, "registration after completion changes its state in nothing");
     assert.equal(reg.body.status, "succeeded");
+    assert.equal(reg.body.kind_change, "filled", "but fills in the kind the record lacked");
   });
 
   it("keeps signed but unusable deliveries as dead letters", async () => {

@@ -42,29 +42,38 @@ describe("operator API", () => {
     assert.equal(effectsFor(dest, "batches/plain1").length, 1);
   });
 
-  it("redelivers on purpose as a new generation, and un-parks", async () => {
+  it("un-parks with retry-now under the same generation, then redelivers a done effect on purpose as a new one", async () => {
     const key = "batches/redo1";
     let refuse = true;
     plans.set(key, () => (refuse ? { status: 422 } : { status: 200 }));
     await w.deliver("batch.succeeded", key);
     await eventually(async () => (await w.inspect(key)).body.effect_parked, { what: "the park" });
     refuse = false;
-    const r = await w.admin(`/v1/operations/${key}/redeliver`, { method: "POST", body: JSON.stringify({ reason: "destination fixed" }) });
+    const retried = await w.admin(`/v1/operations/${key}/redeliver`, { method: "POST", body: JSON.stringify({ reason: "destination fixed" }) });
+    assert.equal(retried.status, 200, JSON.stringify(retried.body));
+    assert.equal(retried.body.action, "retry_now", "an effect not done keeps its generation");
+    assert.equal(retried.body.generation, 1);
+    await eventually(async () => (await w.inspect(key)).body.effect_done, { what: "the retry" });
+    const r = await w.admin(`/v1/operations/${key}/redeliver`, { method: "POST", body: JSON.stringify({ reason: "downstream lost it" }) });
     assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.equal(r.body.action, "redeliver");
     assert.equal(r.body.generation, 2);
     assert.equal(r.body.effect, "scheduled");
-    await eventually(async () => (await w.inspect(key)).body.effect_done, { what: "the redelivery" });
-    const [first, second] = effectsFor(dest, key);
+    await eventually(() => effectsFor(dest, key).length === 3, { what: "the redelivery" });
+    const [first, retry, second] = effectsFor(dest, key);
     assert.equal(first.headers["effect-generation"], "1");
+    assert.equal(retry.headers["webhook-id"], first.headers["webhook-id"]);
     assert.equal(second.headers["effect-generation"], "2");
     assert.notEqual(first.headers["webhook-id"], second.headers["webhook-id"]);
     assert.equal(second.headers["idempotency-key"], key);
     assert.deepEqual(assertEffectValid(second.body), assertEffectValid(first.body), "a redelivery carries the same body");
-    const op = await w.inspect(key);
-    assert.equal(op.body.effect_done, true);
+    const op = await eventually(async () => {
+      const o = await w.inspect(key);
+      return o.body.effect_done && o;
+    }, { what: "the redelivery to be done" });
     assert.equal(op.body.effect_parked, false);
     assert.equal(op.body.generation, 2);
-    assert.equal(op.body.redeliveries[0].reason, "destination fixed");
+    assert.equal(op.body.redeliveries[0].reason, "downstream lost it");
     assert.ok(op.body.history.some((h) => h.what === "redeliver" && h.generation === 2));
   });
 

@@ -1416,11 +1416,17 @@ proptest! {
             number("EFFECT_RETRY_BASE_SECONDS", 30),
             number("EFFECT_RETRY_MAX_SECONDS", 3_600),
         );
+        let (timeout_ms, claim_secs) = (
+            number("EFFECT_TIMEOUT_MS", 5_000),
+            number("CLAIM_TTL_SECONDS", 600),
+        );
         match &result {
             Err(e) if VARS.contains(&e.var) => {
                 let cap_below_base = e.var == "EFFECT_RETRY_MAX_SECONDS" && max_secs < base_secs;
+                let claim_too_short =
+                    e.var == "CLAIM_TTL_SECONDS" && claim_secs.saturating_mul(1_000) <= timeout_ms;
                 prop_assert!(
-                    !documented_ok(e.var, value_of(e.var).as_deref()) || cap_below_base,
+                    !documented_ok(e.var, value_of(e.var).as_deref()) || cap_below_base || claim_too_short,
                     "{} refused though the README accepts {:?}: {}",
                     e.var,
                     value_of(e.var),
@@ -1438,6 +1444,7 @@ proptest! {
                     );
                 }
                 prop_assert!(max_secs >= base_secs);
+                prop_assert!(claim_secs * 1_000 > timeout_ms, "a claim must outlast an attempt");
             }
         }
         match &result {

@@ -63,6 +63,7 @@ pub async fn handle(
     }
     let (name, action) = match (method, rest.rsplit_once('/')) {
         (Method::Post, Some((name, "redeliver"))) => (name, Some("redeliver")),
+        (Method::Post, Some((name, "retry"))) => (name, Some("retry")),
         (Method::Post, Some((name, "forget"))) => (name, Some("forget")),
         (Method::Get, _) => (rest, None),
         _ => return Err(EdgeError::MethodNotAllowed),
@@ -75,10 +76,10 @@ pub async fn handle(
         None => GateCommand::Inspect,
         Some(action) => {
             let reason = read_reason(&mut req).await?;
-            if action == "redeliver" {
-                GateCommand::Redeliver { reason }
-            } else {
-                GateCommand::Forget { reason }
+            match action {
+                "redeliver" => GateCommand::Redeliver { reason },
+                "retry" => GateCommand::RetryNow { reason },
+                _ => GateCommand::Forget { reason },
             }
         }
     };
@@ -93,9 +94,13 @@ pub async fn handle(
             operation["history"] = json!(history);
             ok_json(&operation)
         }
-        GateReply::Redelivered { generation, effect } => {
-            ok_json(&json!({"key": key.key, "generation": generation, "effect": effect}))
-        }
+        GateReply::Redelivered {
+            generation,
+            action,
+            effect,
+        } => ok_json(
+            &json!({"key": key.key, "action": action, "generation": generation, "effect": effect}),
+        ),
         GateReply::Forgotten { changed } => {
             ok_json(&json!({"key": key.key, "forgotten": true, "changed": changed}))
         }
@@ -123,7 +128,17 @@ async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
             log(json!({"event": "registered", "key": reg.key.key}));
             json_response(&operation, 201)
         }
-        GateReply::Exists { operation } => ok_json(&operation),
+        GateReply::Exists {
+            mut operation,
+            kind,
+        } => {
+            // A registration after the completion fills in the kind; it never replaces one.
+            operation["kind_change"] = json!(kind);
+            if kind == "conflict" {
+                operation["note"] = json!("the operation already has another kind; unchanged");
+            }
+            ok_json(&operation)
+        }
         other => Err(EdgeError::Unavailable(format!(
             "unexpected gate reply {other:?}"
         ))),

@@ -36,7 +36,7 @@ use crate::gate_protocol::{EffectReport, GateCommand, GateReply};
 use crate::key::Collection;
 use crate::ledger::project;
 use crate::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
-use crate::operation::{backoff_ms, AttemptOutcome, Finished, OpEvent, Operation};
+use crate::operation::{backoff_ms, AttemptOutcome, Finished, KindFill, OpEvent, Operation};
 use crate::stats;
 use crate::status::StatusError;
 
@@ -155,9 +155,18 @@ impl OperationGate {
         let now = now_ms();
         match command {
             GateCommand::Register { key, name, kind } => {
-                if let Some(op) = self.load()? {
+                if let Some(mut op) = self.load()? {
+                    // The completion may have come first (short interactions often do): the
+                    // registration fills in the kind, so later attempts route by it.
+                    let fill = op.fill_kind(kind.as_deref());
+                    if fill == KindFill::Filled {
+                        self.save(&op)?;
+                        self.record(now, json!({"what": "kind_filled", "kind": op.kind}))?;
+                        self.sync_alarm(&op, config).await?;
+                    }
                     return Ok(GateReply::Exists {
                         operation: op.view(),
+                        kind: fill.as_str().to_string(),
                     });
                 }
                 let op = Operation::register(&key, &name, kind, now);
@@ -281,7 +290,15 @@ impl OperationGate {
                 let Some(mut op) = self.load()? else {
                     return Ok(GateReply::NotFound);
                 };
-                let generation = match op.redeliver(now, &reason) {
+                // An effect not done may have reached the destination already: it is retried
+                // under its own webhook-id, never given a new one.
+                let retried = !op.effect.done;
+                let outcome = if retried {
+                    op.retry_now(now).map(|()| op.effect.generation)
+                } else {
+                    op.redeliver(now, &reason)
+                };
+                let generation = match outcome {
                     Ok(g) => g,
                     Err(refusal) => {
                         return Ok(GateReply::Refused {
@@ -289,18 +306,47 @@ impl OperationGate {
                         })
                     }
                 };
-                op.count(stats::REDELIVERIES, now);
+                let action = if retried { "retry_now" } else { "redeliver" };
+                if !retried {
+                    op.count(stats::REDELIVERIES, now);
+                }
                 self.save(&op)?;
                 self.record(
                     now,
-                    json!({"what": "redeliver", "generation": generation, "reason": reason}),
+                    json!({"what": action, "generation": generation, "reason": reason}),
                 )?;
                 log(
-                    json!({"event": "redeliver", "key": op.key, "generation": generation, "reason": reason}),
+                    json!({"event": action, "key": op.key, "generation": generation, "reason": reason}),
                 );
+                self.alarm_at.set(None);
                 self.sync_alarm(&op, config).await?;
                 Ok(GateReply::Redelivered {
                     generation,
+                    action: action.to_string(),
+                    effect: effect_report(&op, now),
+                })
+            }
+            GateCommand::RetryNow { reason } => {
+                let Some(mut op) = self.load()? else {
+                    return Ok(GateReply::NotFound);
+                };
+                if let Err(refusal) = op.retry_now(now) {
+                    return Ok(GateReply::Refused {
+                        reason: refusal.as_str().to_string(),
+                    });
+                }
+                let generation = op.effect.generation;
+                self.save(&op)?;
+                self.record(
+                    now,
+                    json!({"what": "retry_now", "generation": generation, "reason": reason}),
+                )?;
+                log(json!({"event": "retry_now", "key": op.key, "generation": generation, "reason": reason}));
+                self.alarm_at.set(None);
+                self.sync_alarm(&op, config).await?;
+                Ok(GateReply::Redelivered {
+                    generation,
+                    action: "retry_now".to_string(),
                     effect: effect_report(&op, now),
                 })
             }

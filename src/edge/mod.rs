@@ -118,6 +118,9 @@ pub fn load_config(env: &Env) -> std::result::Result<Rc<Config>, ConfigError> {
             return Ok(config.clone());
         }
         let config = Config::from_lookup(|name| env.var(name).ok().map(|v| v.to_string()))?;
+        for warning in config.warnings() {
+            log(json!({"event": "config_warning", "warning": warning}));
+        }
         Ok(cell.get_or_init(|| Rc::new(config)).clone())
     })
 }
@@ -219,8 +222,13 @@ async fn route(req: web_sys::Request, env: &Env) -> std::result::Result<Response
     if path == "/healthz" {
         return match method {
             Method::Get | Method::Head => {
-                load_config(env).map_err(EdgeError::Config)?;
-                ok_json(&json!({"ok": true}))
+                let config = load_config(env).map_err(EdgeError::Config)?;
+                let warnings = config.warnings();
+                if warnings.is_empty() {
+                    ok_json(&json!({"ok": true}))
+                } else {
+                    ok_json(&json!({"ok": true, "warnings": warnings}))
+                }
             }
             _ => Err(EdgeError::MethodNotAllowed),
         };

@@ -1,0 +1,145 @@
+// What the destination sees, against the built worker in workerd: an id that never changes
+// under an effect that may have arrived (retry-now vs redeliver), a registration that comes
+// after its completion still routes by its kind, and configuration that cannot double an
+// attempt.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startWorker, startDestination, eventually } from "./helpers.mjs";
+
+let dest, billing, w;
+const plans = new Map();
+const effectsFor = (server, key) => server.requests.filter((r) => r.headers["idempotency-key"] === key);
+
+before(async () => {
+  dest = await startDestination((req, n) => {
+    const plan = plans.get(req.headers["idempotency-key"]);
+    return plan ? plan(effectsFor(dest, req.headers["idempotency-key"]).length) : { status: 200 };
+  });
+  billing = await startDestination(() => ({ status: 200 }));
+  w = await startWorker({
+    EFFECT_URL: `${dest.url}/effects`,
+    EFFECT_ROUTES: JSON.stringify({ billing: `${billing.url}/bill` }),
+    EFFECT_TIMEOUT_MS: "3000",
+    // Failed attempts wait an hour: every retry in these tests is an operator's.
+    EFFECT_RETRY_BASE_SECONDS: "3600",
+    EFFECT_RETRY_MAX_SECONDS: "3600",
+  });
+});
+after(async () => {
+  await w?.dispose();
+  await Promise.all([dest?.close(), billing?.close()]);
+  dest?.assertAllValid();
+  billing?.assertAllValid();
+});
+
+const action = (key, what, body = {}) =>
+  w.admin(`/v1/operations/${encodeURIComponent(key)}/${what}`, { method: "POST", body: JSON.stringify(body) });
+
+describe("retry now and redeliver", () => {
+  it("retry-now keeps the webhook-id of an attempt that timed out on our side, and is refused while one is in flight", async () => {
+    const key = "batches/timed-out";
+    let release;
+    const held = new Promise((resolve) => { release = resolve; });
+    // The first attempt reaches the destination, which answers only after our timeout.
+    plans.set(key, (n) => (n === 1 ? held.then(() => ({ status: 200 })) : { status: 200 }));
+    await w.deliver("batch.succeeded", key);
+    await eventually(() => effectsFor(dest, key).length === 1, { what: "the first attempt" });
+    for (const what of ["retry", "redeliver"]) {
+      const busy = await action(key, what, { reason: "impatient" });
+      assert.equal(busy.status, 409, `${what} while the attempt is in flight: ${JSON.stringify(busy.body)}`);
+      assert.match(busy.body.error, /in flight/);
+    }
+    const failed = await eventually(async () => {
+      const { body } = await w.inspect(key);
+      return body.last_error && body;
+    }, { what: "the attempt to time out on our side" });
+    assert.match(failed.last_error, /timeout/);
+    assert.equal(failed.effect_done, false);
+    const r = await action(key, "retry", { reason: "destination looks fine" });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.equal(r.body.action, "retry_now");
+    assert.equal(r.body.generation, 1);
+    release();
+    const done = await eventually(async () => {
+      const { body } = await w.inspect(key);
+      return body.effect_done && body;
+    }, { what: "the retried attempt" });
+    assert.equal(done.generation, 1);
+    const sent = effectsFor(dest, key);
+    assert.equal(sent.length, 2);
+    assert.equal(sent[1].headers["webhook-id"], sent[0].headers["webhook-id"], "a Standard Webhooks receiver drops the repeat");
+    assert.equal(sent[1].headers["effect-generation"], "1");
+    assert.ok(done.history.some((h) => h.what === "retry_now" && h.reason === "destination looks fine"));
+  });
+
+  it("on an effect not done, redeliver is retry-now (and un-parks); on a done effect it is a new generation", async () => {
+    const key = "batches/redo2";
+    let refuse = true;
+    plans.set(key, () => (refuse ? { status: 422 } : { status: 200 }));
+    await w.deliver("batch.succeeded", key);
+    await eventually(async () => (await w.inspect(key)).body.effect_parked, { what: "the park" });
+    refuse = false;
+    const retried = await action(key, "redeliver", { reason: "fixed the schema" });
+    assert.equal(retried.status, 200);
+    assert.equal(retried.body.action, "retry_now");
+    assert.equal(retried.body.generation, 1);
+    await eventually(async () => (await w.inspect(key)).body.effect_done, { what: "the retried effect" });
+    assert.equal(new Set(effectsFor(dest, key).map((r) => r.headers["webhook-id"])).size, 1);
+    const again = await action(key, "redeliver", { reason: "downstream lost it" });
+    assert.equal(again.body.action, "redeliver");
+    assert.equal(again.body.generation, 2);
+    await eventually(() => effectsFor(dest, key).length === 3, { what: "the redelivery" });
+    const [, second, third] = effectsFor(dest, key);
+    assert.notEqual(third.headers["webhook-id"], second.headers["webhook-id"]);
+    assert.equal(third.headers["effect-generation"], "2");
+    assert.equal(third.headers["idempotency-key"], key);
+    const retryDone = await action(key, "retry");
+    assert.equal(retryDone.status, 409, "retry-now on a done effect");
+  });
+});
+
+describe("a registration that comes after the completion", () => {
+  it("fills in the kind: later attempts route by it and carry it; another kind changes nothing", async () => {
+    const key = "interactions/late-reg";
+    plans.set(key, () => ({ status: 503 }));
+    await w.deliver("interaction.completed", key);
+    await eventually(() => effectsFor(dest, key).length === 1, { what: "the first attempt, with no kind" });
+    assert.equal(JSON.parse(effectsFor(dest, key)[0].body).kind, null);
+    const reg = await w.register(key, "billing");
+    assert.equal(reg.status, 200);
+    assert.equal(reg.body.kind, "billing");
+    assert.equal(reg.body.kind_change, "filled");
+    assert.equal((await action(key, "retry")).status, 200);
+    const [effect] = await eventually(() => effectsFor(billing, key).length && effectsFor(billing, key), { what: "the routed attempt" });
+    assert.equal(JSON.parse(effect.body).kind, "billing");
+    const other = await w.register(key, "publish");
+    assert.equal(other.body.kind_change, "conflict");
+    assert.equal(other.body.kind, "billing");
+    assert.match(other.body.note, /another kind/);
+    assert.equal((await w.inspect(key)).body.kind, "billing");
+  });
+});
+
+describe("configuration that cannot double an attempt", () => {
+  it("refuses a claim TTL that does not outlast the effect timeout, and warns below the runtime's grace", async () => {
+    const refused = await startWorker({ EFFECT_TIMEOUT_MS: "5000", CLAIM_TTL_SECONDS: "5" });
+    try {
+      const r = await refused.json("/healthz");
+      assert.equal(r.status, 503);
+      assert.equal(r.body.variable, "CLAIM_TTL_SECONDS");
+      assert.match(r.body.problem, /EFFECT_TIMEOUT_MS/);
+      assert.equal((await refused.deliver("batch.succeeded", "batches/cfg1")).status, 503, "Gemini keeps retrying meanwhile");
+    } finally {
+      await refused.dispose();
+    }
+    const warned = await startWorker({ EFFECT_TIMEOUT_MS: "5000", CLAIM_TTL_SECONDS: "10" });
+    try {
+      const r = await warned.json("/healthz");
+      assert.equal(r.status, 200);
+      assert.match(r.body.warnings[0], /CLAIM_TTL_SECONDS/);
+      assert.ok(warned.events("config_warning").length >= 1);
+    } finally {
+      await warned.dispose();
+    }
+  });
+});
