@@ -52,6 +52,13 @@ pub const MAX_RECONCILE_LEASE_SECS: i64 = 600;
 pub const DEFAULT_RECONCILE_DEADLINE_SECS: i64 = 60;
 /// Longest deadline: ten minutes, still well inside the runtime's 15 minutes.
 pub const MAX_RECONCILE_DEADLINE_SECS: i64 = 600;
+/// The audit over the whole `op:` ledger starts this long after the last one finished: the
+/// `open:` index is a hint (KV is eventually consistent), and a day bounds how long an
+/// operation whose index entry was lost goes unpolled, at one ledger walk a day (O(ledger)
+/// KV lists daily instead of every five minutes).
+pub const DEFAULT_RECONCILE_AUDIT_SECS: i64 = 86_400;
+/// Longest audit interval: a week.
+pub const MAX_RECONCILE_AUDIT_SECS: i64 = 7 * 86_400;
 /// Counters wait this long in the gate before going to a stats shard, so a burst of
 /// deliveries for one operation costs one shard write; `/v1/stats` lags by as much.
 pub const DEFAULT_STATS_FLUSH_SECS: i64 = 10;
@@ -92,6 +99,9 @@ pub struct Config {
     pub reconcile_budget: u32,
     pub reconcile_lease_secs: i64,
     pub reconcile_deadline_secs: i64,
+    /// `RECONCILE_AUDIT_SECONDS`: how often a pass also walks the whole `op:` ledger (0: every
+    /// pass, as before the index).
+    pub reconcile_audit_secs: i64,
     pub stats_flush_secs: i64,
     pub gemini_api_base: String,
     pub gemini_api_key: Option<ApiKey>,
@@ -324,6 +334,12 @@ impl Config {
                 1,
                 MAX_RECONCILE_DEADLINE_SECS,
             )?,
+            reconcile_audit_secs: int(
+                "RECONCILE_AUDIT_SECONDS",
+                DEFAULT_RECONCILE_AUDIT_SECS,
+                0,
+                MAX_RECONCILE_AUDIT_SECS,
+            )?,
             stats_flush_secs: int(
                 "STATS_FLUSH_SECONDS",
                 DEFAULT_STATS_FLUSH_SECS,
@@ -381,6 +397,7 @@ mod tests {
         assert_eq!(c.reconcile_budget, 900);
         assert_eq!(c.reconcile_lease_secs, 60);
         assert_eq!(c.reconcile_deadline_secs, 60);
+        assert_eq!(c.reconcile_audit_secs, 86_400);
         assert_eq!(c.stats_flush_secs, 10);
         assert_eq!(c.gemini_api_base, DEFAULT_GEMINI_API_BASE);
         assert!(c.gemini_api_key.is_none());
@@ -430,6 +447,8 @@ mod tests {
             ("RECONCILE_LEASE_SECONDS", "601"),
             ("RECONCILE_DEADLINE_SECONDS", "0"),
             ("RECONCILE_DEADLINE_SECONDS", "601"),
+            ("RECONCILE_AUDIT_SECONDS", "-1"),
+            ("RECONCILE_AUDIT_SECONDS", "604801"),
             ("STATS_FLUSH_SECONDS", "61"),
             ("GEMINI_API_BASE", "generativelanguage"),
             ("ALERT_URL", "slack"),

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::operation::OpEvent;
-use crate::reconcile::{Lease, Resume};
+use crate::reconcile::{Audit, AuditProgress, Lease, Resume};
 
 /// A request to the gate of one operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,6 +54,9 @@ pub enum GateCommand {
     RetryNow { reason: String },
     /// Stop tracking the operation (recorded, not erased).
     Forget { reason: String },
+    /// The reconciliation audit found the `open:` index out of step with the ledger: project
+    /// the record again, putting or deleting the index entry. Changes no state.
+    Reindex,
     /// Return the record and its history.
     Inspect,
 }
@@ -119,6 +122,10 @@ pub enum GateReply {
     Forgotten {
         changed: bool,
     },
+    /// The answer to [`GateCommand::Reindex`]: false for a tombstone (never projected again).
+    Reindexed {
+        changed: bool,
+    },
     /// The command does not apply to the operation as it stands (answered 409).
     Refused {
         reason: String,
@@ -144,6 +151,9 @@ pub enum LeaseCommand {
         ttl_ms: i64,
         resume: Resume,
         status_backoff_until_ms: i64,
+        /// Where the audit in progress has got to, if this pass is auditing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        audit: Option<AuditProgress>,
     },
     /// Give it back with where the next pass starts and the pass's summary.
     Release {
@@ -156,6 +166,9 @@ pub enum LeaseCommand {
         webhook_checked: bool,
         #[serde(default)]
         webhook_alerted_state: Option<String>,
+        /// How far this pass's audit got, if it audited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        audit: Option<AuditProgress>,
         summary: Value,
     },
     /// The lease, the cursor and the last pass's summary.
@@ -171,6 +184,9 @@ pub enum LeaseReply {
         status_backoff_until_ms: i64,
         #[serde(default)]
         webhook_alerted_state: Option<String>,
+        /// The audit's state: the pass decides with its configured interval whether it is due.
+        #[serde(default)]
+        audit: Audit,
     },
     Busy,
     /// The answer to [`LeaseCommand::Renew`]; `accepted: false` means the lease is lost.
@@ -220,6 +236,7 @@ mod tests {
                 after_key: Some("op:batches/a".into()),
             },
             status_backoff_until_ms: 5,
+            audit: None,
         };
         let text = serde_json::to_string(&cmd).unwrap();
         assert!(text.contains(r#""command":"renew""#));

@@ -2,6 +2,11 @@
 //!
 //! Layout: `op:<key>` holds the operation's public JSON view; its metadata ([`LedgerMeta`])
 //! holds what the pass decides on, so it reads no value for entries needing no work.
+//! `open:<key>` is the index of what may need work ([`crate::reconcile::may_need_work`]): an
+//! empty value with the same metadata, written with every projection while the operation may
+//! need work and deleted with the projection that closes it, so the routine pass lists open
+//! operations only. It is a hint like the rest: a lost put is found by the daily audit over
+//! `op:`, a lost delete costs a harmless trip through the gate (and is repaired by the audit).
 //! `dead:<webhook-id>` holds a signed delivery that could not be used, for inspection.
 //! Guarantees: metadata stays far under KV's 1024-byte limit (names are at most 400 bytes);
 //! an entry gets an expiration only once its operation is terminal and its side effect done
@@ -16,6 +21,8 @@ use crate::operation::Operation;
 
 /// Prefix of operation entries.
 pub const OP_PREFIX: &str = "op:";
+/// Prefix of the index of operations that may need reconciling.
+pub const OPEN_PREFIX: &str = "open:";
 /// Prefix of dead letters.
 pub const DEAD_PREFIX: &str = "dead:";
 /// KV's minimum `expirationTtl`.
@@ -55,11 +62,49 @@ pub struct Projection {
     pub metadata: LedgerMeta,
     /// Set only for closed operations.
     pub ttl_secs: Option<u64>,
+    /// Whether `open:<key>` should exist (the metadata says the pass may have work for it).
+    pub open: bool,
+}
+
+/// What the projection does to the `open:` index entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexWrite {
+    /// Put `open:<key>` with the projection's metadata (one KV write).
+    Put,
+    /// Delete `open:<key>` (one KV write).
+    Delete,
+    /// Nothing: closed, and no entry was ever written (or its delete already succeeded).
+    None,
+}
+
+impl Projection {
+    /// The index write that goes with this projection, given whether an `open:` entry may
+    /// exist (`indexed`, the gate's own belief). An open operation's entry is rewritten with
+    /// every projection, so its metadata is as fresh as `op:`'s; a closed one's is deleted
+    /// only if it may exist, so an operation that closes in its first projection (a completion
+    /// whose effect succeeded at once) costs one KV write, as before the index.
+    pub fn index_write(&self, indexed: bool) -> IndexWrite {
+        match (self.open, indexed) {
+            (true, _) => IndexWrite::Put,
+            (false, true) => IndexWrite::Delete,
+            (false, false) => IndexWrite::None,
+        }
+    }
+
+    /// The KV key of the index entry.
+    pub fn open_key(&self) -> String {
+        format!("{OPEN_PREFIX}{}", &self.kv_key[OP_PREFIX.len()..])
+    }
 }
 
 /// The KV key of an operation's entry.
 pub fn op_key(key: &str) -> String {
     format!("{OP_PREFIX}{key}")
+}
+
+/// The KV key of an operation's index entry.
+pub fn open_key(key: &str) -> String {
+    format!("{OPEN_PREFIX}{key}")
 }
 
 /// The KV key of a dead letter. Long or odd delivery ids are hashed to stay a valid key.
@@ -95,6 +140,7 @@ pub fn project(op: &Operation, retention_secs: i64) -> Projection {
     Projection {
         kv_key: op_key(&op.key),
         value: op.view().to_string(),
+        open: crate::reconcile::may_need_work(&metadata),
         metadata,
         ttl_secs: op
             .is_closed()
@@ -172,6 +218,35 @@ mod tests {
         op.claim(5_000, 600_000);
         let meta = serde_json::to_string(&project(&op, 1).metadata).unwrap();
         assert!(meta.len() < 1024, "{} bytes", meta.len());
+    }
+
+    #[test]
+    fn open_operation_is_indexed_and_closing_deletes_its_entry() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 1_000);
+        let p = project(&op, 100);
+        assert!(p.open);
+        assert_eq!(p.open_key(), "open:batches/a");
+        assert_eq!(p.index_write(false), IndexWrite::Put);
+        assert_eq!(p.index_write(true), IndexWrite::Put, "metadata kept fresh");
+        succeeded(&mut op);
+        let c = op.claim(5_000, 600_000).unwrap();
+        assert!(project(&op, 100).open, "terminal, effect in flight");
+        op.finish(c.token, &AttemptOutcome::Delivered, 6_000, 0);
+        let p = project(&op, 100);
+        assert!(!p.open);
+        assert_eq!(p.index_write(true), IndexWrite::Delete);
+        assert_eq!(
+            p.index_write(false),
+            IndexWrite::None,
+            "closed in its first projection: one KV write, no delete"
+        );
+    }
+
+    #[test]
+    fn forgotten_operation_leaves_the_index() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 1_000);
+        op.forget(2_000, "by hand");
+        assert!(!project(&op, 100).open);
     }
 
     #[test]

@@ -236,6 +236,11 @@ pub struct Operation {
     pub projection_failures: u32,
     #[serde(default)]
     pub projection_retry_at_ms: i64,
+    /// An `open:` index entry may exist in KV (a put of it was tried and no delete has
+    /// succeeded since): the projection that closes the operation deletes it, and retention
+    /// waits for that, so a tombstone (never projected again) leaves no index entry behind.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub indexed: bool,
     /// A dynamic-webhook delivery awaiting the status API's word.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirmation: Option<Confirmation>,
@@ -277,6 +282,7 @@ impl Operation {
             projected_at_ms: 0,
             projection_failures: 0,
             projection_retry_at_ms: 0,
+            indexed: false,
             confirmation: None,
             pending_alerts: Vec::new(),
             retired_at_ms: None,
@@ -548,7 +554,9 @@ impl Operation {
 
     /// When the gate's storage may be dropped: retention after the operation closed.
     pub fn expires_at_ms(&self, retention_ms: i64) -> Option<i64> {
-        if !self.is_closed() || self.retired_at_ms.is_some() {
+        if !self.is_closed() || self.retired_at_ms.is_some() || self.indexed {
+            // An index entry may still exist: the pending projection deletes it first (a
+            // closed, indexed record always has one pending, see `index_written`).
             return None;
         }
         let closed = self
@@ -601,6 +609,32 @@ impl Operation {
         self.projected_at_ms = now_ms;
         self.projection_failures = 0;
         self.projection_retry_at_ms = 0;
+    }
+
+    /// The index write that went with a projection was `write`, and it succeeded (`ok`) or
+    /// not. A put, even a failed one, may have landed; only a delete that succeeded clears
+    /// the mark; no write leaves it as it stands (a [`Operation::reindex`] may have set it
+    /// while the write was in flight).
+    pub fn index_written(&mut self, write: crate::ledger::IndexWrite, ok: bool) {
+        use crate::ledger::IndexWrite;
+        match (write, ok) {
+            (IndexWrite::Put, _) => self.indexed = true,
+            (IndexWrite::Delete, true) => self.indexed = false,
+            _ => {}
+        }
+    }
+
+    /// The reconciliation audit found the KV index out of step with this record (missing, or
+    /// left behind): project it again, and treat the index entry as possibly present, so a
+    /// closed record deletes it and an open one puts it back. A tombstone is never projected
+    /// again (false).
+    pub fn reindex(&mut self) -> bool {
+        if self.retired_at_ms.is_some() {
+            return false;
+        }
+        self.indexed = true;
+        self.version += 1;
+        true
     }
 
     /// A ledger write failed at `now_ms`: the next waits 1 s, 2 s, 4 s, ... up to
@@ -1116,6 +1150,34 @@ mod tests {
         op.count("dropped_regress_from_terminal", 3_600_001);
         op.count("dropped_regress_from_terminal", 3_600_002);
         assert_eq!(op.pending_stats.len(), 4);
+    }
+
+    #[test]
+    fn retention_waits_for_the_index_entry_to_be_deleted() {
+        use crate::ledger::IndexWrite;
+        let mut op = settled();
+        let c = op.claim(2_000, 600_000).unwrap();
+        op.finish(c.token, &AttemptOutcome::Delivered, 3_000, 0);
+        op.index_written(IndexWrite::Put, true);
+        assert!(op.is_closed());
+        assert_eq!(op.expires_at_ms(1_000), None, "index entry may exist");
+        op.index_written(IndexWrite::Delete, false);
+        assert_eq!(op.expires_at_ms(1_000), None, "failed delete keeps it");
+        op.index_written(IndexWrite::None, true);
+        assert!(op.indexed, "no write changes nothing");
+        op.index_written(IndexWrite::Delete, true);
+        assert!(op.expires_at_ms(1_000).is_some());
+    }
+
+    #[test]
+    fn reindex_forces_a_projection_that_may_delete() {
+        let mut op = settled();
+        op.projected_version = op.version;
+        assert!(op.reindex());
+        assert!(op.indexed);
+        assert!(op.projected_version < op.version, "a projection is pending");
+        op.retire(99_000);
+        assert!(!op.reindex(), "a tombstone never projects");
     }
 
     #[test]

@@ -9,6 +9,15 @@
 //! pass at a time, lapses by itself if its holder dies, and only its holder may move the
 //! durable cursor.
 //!
+//! What a pass walks: the routine pass lists the `open:` index (operations that
+//! [`may_need_work`]), all of it up to [`MAX_INDEX_PAGES`] pages, before it acts, then visits
+//! the listed entries in rotation from where the last pass stopped ([`rotation`]), so its
+//! cost is O(open) KV lists whatever the ledger's size, and every open operation is visited
+//! once per ceil(work / budget) passes. The index is a hint: a rare audit ([`Audit`], every
+//! `RECONCILE_AUDIT_SECONDS`, with its own cursor, on what budget the routine work left) walks
+//! the whole `op:` ledger and acts on, and has the gate re-index, what the index missed
+//! ([`audit_verdict`]).
+//!
 //! A pass is bounded in time as well as in subrequests: it starts no entry past its deadline
 //! ([`past_deadline`]), renews its short lease on a heartbeat ([`heartbeat_interval_ms`],
 //! saving its position with each renewal) and stops at once when a renewal is refused (another
@@ -90,6 +99,117 @@ pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
     actions
 }
 
+/// True when [`decide`] may return an action for this metadata now or later: the operation
+/// belongs in the `open:` index. Not forgotten, and either not terminal (polled once past the
+/// grace; an unknown status is never acted on) or terminal with the side effect neither done
+/// nor parked (retried), or parked with its `effect_failing` alert not yet raised. Alerts the
+/// gate has queued are its own alarm's business, not the pass's.
+pub fn may_need_work(meta: &LedgerMeta) -> bool {
+    if meta.forgotten {
+        return false;
+    }
+    let status = Status::parse(&meta.status);
+    if status.is_terminal() {
+        !meta.effect_done && (!meta.parked || !meta.alerts.iter().any(|a| a == EFFECT_FAILING))
+    } else {
+        status.rank() >= 0
+    }
+}
+
+/// Most index pages (of 1,000) a routine pass lists before it acts, which bounds the memory
+/// it holds (~250 B per entry: about 12 MB) far inside an isolate's 128 MB. A larger index
+/// is walked in windows of this size, each resumed by the page cursor.
+pub const MAX_INDEX_PAGES: u32 = 50;
+
+/// The order a routine pass visits the `count` entries it listed (sorted by KV key, as KV
+/// lists them): first those after `after` (where the last pass stopped), then from the start
+/// up to and including it, so each pass picks up where the last left off and no entry waits
+/// for more than one full rotation.
+pub fn rotation(keys: &[&str], after: Option<&str>) -> Vec<usize> {
+    let split = after.map_or(0, |a| keys.partition_point(|k| *k <= a));
+    (split..keys.len()).chain(0..split).collect()
+}
+
+/// What the audit does with an `op:` entry, given its metadata and, when the index was
+/// listed whole in this pass, the version of its `open:` entry (`None`: not in the index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditVerdict {
+    /// Nothing: closed and not indexed, or indexed (the routine walk saw it).
+    Fine,
+    /// It may need work but the index lacks it (a lost put): act on it, and ask the gate to
+    /// project it again (which puts the index entry back).
+    Missed,
+    /// The index holds it though the ledger shows it closed with a newer version (a lost
+    /// delete): ask the gate to project it again (which deletes the entry).
+    Stale,
+}
+
+/// Decides what the audit does with one `op:` entry; see [`AuditVerdict`]. With an index not
+/// listed whole (`index_whole` false) it cannot tell missed from indexed: it acts on every
+/// entry that may need work (a harmless second visit) and re-indexes nothing.
+pub fn audit_verdict(
+    meta: &LedgerMeta,
+    index_whole: bool,
+    indexed_version: Option<u64>,
+) -> AuditVerdict {
+    let open = may_need_work(meta);
+    match (open, index_whole, indexed_version) {
+        (true, false, _) => AuditVerdict::Missed,
+        (true, true, None) => AuditVerdict::Missed,
+        (false, true, Some(v)) if v < meta.version => AuditVerdict::Stale,
+        _ => AuditVerdict::Fine,
+    }
+}
+
+/// The audit's state, kept in the lease: where the audit in progress resumes over `op:`, and
+/// when the last one finished.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Audit {
+    /// Set while an audit is in progress (a pass ran out of budget or time inside it).
+    #[serde(default)]
+    pub resume: Option<Resume>,
+    /// When the last audit reached the end of `op:`.
+    #[serde(default)]
+    pub last_completed_ms: i64,
+    /// Audits that reached the end (0: never, so the first pass audits, which also indexes
+    /// operations opened before the index existed).
+    #[serde(default)]
+    pub completed: u64,
+}
+
+impl Audit {
+    /// Where the audit starts in a pass at `now_ms`, if one is in progress or due.
+    pub fn due(&self, now_ms: i64, interval_ms: i64) -> Option<Resume> {
+        match &self.resume {
+            Some(r) => Some(r.clone()),
+            None if self.completed == 0
+                || now_ms >= self.last_completed_ms.saturating_add(interval_ms) =>
+            {
+                Some(Resume::default())
+            }
+            None => None,
+        }
+    }
+
+    /// Records how far the audit got: `complete` when it reached the end of `op:`.
+    pub fn progress(&mut self, resume: Resume, complete: bool, now_ms: i64) {
+        if complete {
+            self.resume = None;
+            self.last_completed_ms = now_ms;
+            self.completed += 1;
+        } else {
+            self.resume = Some(resume);
+        }
+    }
+}
+
+/// How far a pass's audit got: sent with renewals (not complete) and the release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditProgress {
+    pub resume: Resume,
+    pub complete: bool,
+}
+
 /// Where the next pass starts: the page cursor, and the last entry done on that page.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resume {
@@ -110,6 +230,9 @@ pub struct Lease {
     /// The Gemini webhook state last alerted on (not `enabled`), so it alerts once.
     #[serde(default)]
     pub webhook_alerted_state: Option<String>,
+    /// The audit over `op:`, with its own cursor.
+    #[serde(default)]
+    pub audit: Audit,
 }
 
 impl Lease {
@@ -144,6 +267,17 @@ impl Lease {
             self.status_backoff_until_ms =
                 self.status_backoff_until_ms.max(status_backoff_until_ms);
         }
+        true
+    }
+
+    /// Saves how far `holder`'s audit got. Refused (false, nothing changed) unless `holder`
+    /// holds the lease, like the routine cursor.
+    pub fn record_audit(&mut self, holder: &str, progress: AuditProgress, now_ms: i64) -> bool {
+        if self.holder.as_deref() != Some(holder) {
+            return false;
+        }
+        self.audit
+            .progress(progress.resume, progress.complete, now_ms);
         true
     }
 
@@ -398,6 +532,126 @@ mod tests {
     #[test]
     fn unknown_ledger_status_is_left_alone() {
         assert_eq!(decide(&meta("weird"), 99_999, &T), vec![]);
+    }
+
+    /// Every metadata shape the decision table knows, at several ages.
+    fn shapes() -> Vec<LedgerMeta> {
+        let mut out = Vec::new();
+        for status in ["pending", "running", "requires_action", "succeeded", "failed", "weird"] {
+            for done in [false, true] {
+                for parked in [false, true] {
+                    for claim in [None, Some(1_050), Some(99_999_999)] {
+                        for alerts in [vec![], vec![STUCK.to_string()], vec![EFFECT_FAILING.to_string()]] {
+                            for forgotten in [false, true] {
+                                let mut m = meta(status);
+                                m.effect_done = done;
+                                m.parked = parked;
+                                m.claim_expires = claim;
+                                m.alerts = alerts.clone();
+                                m.forgotten = forgotten;
+                                m.settled_at = Some(1_000);
+                                out.push(m);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn whatever_decide_acts_on_is_in_the_index() {
+        for m in shapes() {
+            for now in [1_000, 1_089, 1_090, 5_000, 30_000, 99_999_999] {
+                if !decide(&m, now, &T).is_empty() {
+                    assert!(may_need_work(&m), "{m:?} at {now}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn what_leaves_the_index_never_needs_work_again() {
+        for m in shapes().into_iter().filter(|m| !may_need_work(m)) {
+            for now in [0, 1_000, 1_090, 30_000, i64::MAX / 4] {
+                assert_eq!(decide(&m, now, &T), vec![], "{m:?} at {now}");
+            }
+        }
+    }
+
+    #[test]
+    fn open_and_closed_entries_by_the_table() {
+        assert!(may_need_work(&meta("pending")));
+        assert!(may_need_work(&meta("running")));
+        let mut m = meta("succeeded");
+        assert!(may_need_work(&m), "effect owed");
+        m.effect_done = true;
+        assert!(!may_need_work(&m), "done");
+        let mut m = meta("failed");
+        m.parked = true;
+        assert!(may_need_work(&m), "parked, alert owed");
+        m.alerts = vec![EFFECT_FAILING.into()];
+        assert!(!may_need_work(&m), "parked and alerted");
+        let mut m = meta("running");
+        m.forgotten = true;
+        assert!(!may_need_work(&m), "forgotten");
+        assert!(!may_need_work(&meta("weird")), "unknown status is never acted on");
+    }
+
+    #[test]
+    fn rotation_resumes_after_the_last_entry_and_wraps() {
+        let keys = ["open:a", "open:b", "open:c", "open:d"];
+        assert_eq!(rotation(&keys, None), vec![0, 1, 2, 3]);
+        assert_eq!(rotation(&keys, Some("open:b")), vec![2, 3, 0, 1]);
+        assert_eq!(rotation(&keys, Some("open:bb")), vec![2, 3, 0, 1], "gone since");
+        assert_eq!(rotation(&keys, Some("open:d")), vec![0, 1, 2, 3]);
+        assert_eq!(rotation(&keys, Some("open:0")), vec![0, 1, 2, 3]);
+        assert_eq!(rotation(&[], Some("open:a")), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn audit_acts_on_what_the_index_missed_and_repairs_stale_entries() {
+        let open = meta("running");
+        let mut closed = meta("succeeded");
+        closed.effect_done = true;
+        closed.version = 5;
+        assert_eq!(audit_verdict(&open, true, Some(1)), AuditVerdict::Fine);
+        assert_eq!(audit_verdict(&open, true, None), AuditVerdict::Missed);
+        assert_eq!(audit_verdict(&open, false, None), AuditVerdict::Missed);
+        assert_eq!(audit_verdict(&closed, true, None), AuditVerdict::Fine);
+        assert_eq!(audit_verdict(&closed, true, Some(4)), AuditVerdict::Stale);
+        assert_eq!(
+            audit_verdict(&closed, true, Some(5)),
+            AuditVerdict::Fine,
+            "an index entry newer than the ledger's: KV lag, not a lost delete"
+        );
+        assert_eq!(audit_verdict(&closed, false, Some(4)), AuditVerdict::Fine);
+    }
+
+    #[test]
+    fn audit_is_due_first_then_once_per_interval_and_resumes_its_cursor() {
+        let mut audit = Audit::default();
+        assert_eq!(audit.due(1_000, 86_400_000), Some(Resume::default()), "never ran");
+        audit.progress(at("op:k"), false, 2_000);
+        assert_eq!(audit.due(2_001, 86_400_000), Some(at("op:k")), "in progress");
+        audit.progress(Resume::default(), true, 3_000);
+        assert_eq!(audit.completed, 1);
+        assert_eq!(audit.due(3_001, 86_400_000), None);
+        assert_eq!(audit.due(86_403_000, 86_400_000), Some(Resume::default()));
+    }
+
+    #[test]
+    fn only_the_holder_records_audit_progress() {
+        let mut lease = held("a", 61_000);
+        let p = AuditProgress {
+            resume: at("op:k"),
+            complete: false,
+        };
+        assert!(!lease.record_audit("b", p.clone(), 1_000));
+        assert_eq!(lease.audit, Audit::default());
+        assert!(lease.record_audit("a", p, 1_000));
+        assert_eq!(lease.audit.resume, Some(at("op:k")));
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::config::Config;
 use crate::effect::{build_request, classify};
 use crate::gate_protocol::{EffectReport, GateCommand, GateReply};
 use crate::key::Collection;
-use crate::ledger::project;
+use crate::ledger::{project, IndexWrite};
 use crate::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
 use crate::operation::{backoff_ms, AttemptOutcome, Finished, KindFill, OpEvent, Operation};
 use crate::stats;
@@ -363,6 +363,18 @@ impl OperationGate {
                 self.sync_alarm(&op, config).await?;
                 Ok(GateReply::Forgotten { changed })
             }
+            GateCommand::Reindex => {
+                let Some(mut op) = self.load()? else {
+                    return Ok(GateReply::NotFound);
+                };
+                let changed = op.reindex();
+                if changed {
+                    self.save(&op)?;
+                    log(json!({"event": "reindex", "key": op.key, "status": op.status.as_str()}));
+                }
+                self.sync_alarm(&op, config).await?;
+                Ok(GateReply::Reindexed { changed })
+            }
             GateCommand::Inspect => match self.load()? {
                 Some(op) => Ok(GateReply::Found {
                     operation: op.view(),
@@ -596,6 +608,10 @@ impl OperationGate {
         // Only the alarm projects, and one alarm runs at a time: two writes never race in KV.
         let projection = (op.projected_version < op.version && now >= op.projection_due_ms())
             .then(|| project(&op, config.retention_ms() / 1_000));
+        // The `open:` index entry goes with it: put while it may need work, deleted on close.
+        let index = projection
+            .as_ref()
+            .map_or(IndexWrite::None, |p| p.index_write(op.indexed));
         if sealed.is_none() && projection.is_none() {
             return self.sync_alarm(&op, config).await;
         }
@@ -617,7 +633,7 @@ impl OperationGate {
             match &projection {
                 None => None,
                 Some(p) => Some(match self.env.kv(KV_BINDING) {
-                    Ok(kv) => write_projection(&kv, p).await,
+                    Ok(kv) => write_projection(&kv, p, index).await,
                     Err(e) => Err(e.to_string()),
                 }),
             }
@@ -636,6 +652,9 @@ impl OperationGate {
                 }
             }
             _ => {}
+        }
+        if let Some(result) = &written {
+            op.index_written(index, result.is_ok());
         }
         match (&projection, written) {
             (Some(p), Some(Ok(()))) => op.projection_written(p.metadata.version, now),

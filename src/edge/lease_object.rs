@@ -6,7 +6,9 @@
 //! release are read-decide-write with no await in between, so two overlapping cron runs can
 //! never both hold the lease; a holder that lost the lease can neither renew it nor move the
 //! cursor. The lease is short and renewed by its pass's heartbeat (each renewal also saves the
-//! pass's position), so a pass that dies blocks the next for one TTL.
+//! pass's position), so a pass that dies blocks the next for one TTL. The audit over `op:`
+//! keeps its own cursor in the same record ([`crate::reconcile::Audit`]), moved only by the
+//! holder, like the routine cursor.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -63,6 +65,7 @@ impl DurableObject for ReconcileLease {
                         resume: lease.resume.clone(),
                         status_backoff_until_ms: lease.status_backoff_until_ms,
                         webhook_alerted_state: lease.webhook_alerted_state.clone(),
+                        audit: lease.audit.clone(),
                     }
                 } else {
                     LeaseReply::Busy
@@ -73,6 +76,7 @@ impl DurableObject for ReconcileLease {
                 ttl_ms,
                 resume,
                 status_backoff_until_ms,
+                audit,
             } => {
                 let accepted = lease.renew(
                     &holder,
@@ -81,6 +85,9 @@ impl DurableObject for ReconcileLease {
                     Some((resume, status_backoff_until_ms)),
                 );
                 if accepted {
+                    if let Some(progress) = audit {
+                        lease.record_audit(&holder, progress, now);
+                    }
                     self.write(
                         "lease",
                         &serde_json::to_value(&lease).unwrap_or(Value::Null),
@@ -95,8 +102,13 @@ impl DurableObject for ReconcileLease {
                 status_backoff_until_ms,
                 webhook_checked,
                 webhook_alerted_state,
+                audit,
                 summary,
             } => {
+                if let Some(progress) = audit {
+                    // Fenced like the release: only the holder moves the audit's cursor.
+                    lease.record_audit(&holder, progress, now);
+                }
                 let accepted = lease.release(&holder, resume, complete, status_backoff_until_ms);
                 if accepted {
                     if webhook_checked {

@@ -1,18 +1,51 @@
-//! Writes to the KV ledger: operation projections and dead letters.
+//! Writes to the KV ledger: operation projections (with their `open:` index entry) and dead
+//! letters.
 //!
 //! Guarantees: a failed write is reported, never hidden, so the caller can keep the truth
-//! (the gate) dirty and try again; the ledger is never read on the webhook path.
+//! (the gate) dirty and try again; the ledger is never read on the webhook path. A projection
+//! is one KV write, or two when the index changes with it (a put while the operation may need
+//! work, one delete when it closes); the two go out together.
 
 use serde_json::Value;
 use worker::KvStore;
 
-use crate::ledger::Projection;
+use crate::ledger::{IndexWrite, Projection};
 
 /// The KV namespace binding.
 pub const KV_BINDING: &str = "OPS_KV";
 
-/// Writes one projection (value, metadata and, for closed operations, its TTL).
-pub async fn write_projection(kv: &KvStore, p: &Projection) -> Result<(), String> {
+/// Writes one projection (value, metadata and, for closed operations, its TTL) and the index
+/// write that goes with it; an error if either failed (both are safe to repeat).
+pub async fn write_projection(
+    kv: &KvStore,
+    p: &Projection,
+    index: IndexWrite,
+) -> Result<(), String> {
+    let (entry, index) = futures_util::join!(write_entry(kv, p), write_index(kv, p, index));
+    entry.and(index)
+}
+
+/// The `open:` entry: an empty value with the projection's metadata (the pass reads no value),
+/// and no TTL (an open operation never expires; the close deletes it).
+async fn write_index(kv: &KvStore, p: &Projection, index: IndexWrite) -> Result<(), String> {
+    match index {
+        IndexWrite::None => Ok(()),
+        IndexWrite::Put => kv
+            .put(&p.open_key(), "")
+            .map_err(|e| format!("{e:?}"))?
+            .metadata(&p.metadata)
+            .map_err(|e| format!("{e:?}"))?
+            .execute()
+            .await
+            .map_err(|e| format!("index put: {e:?}")),
+        IndexWrite::Delete => kv
+            .delete(&p.open_key())
+            .await
+            .map_err(|e| format!("index delete: {e:?}")),
+    }
+}
+
+async fn write_entry(kv: &KvStore, p: &Projection) -> Result<(), String> {
     let mut put = kv
         .put(&p.kv_key, p.value.clone())
         .map_err(|e| format!("{e:?}"))?
