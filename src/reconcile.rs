@@ -12,8 +12,9 @@
 //! What a pass walks: the routine pass lists the `open:` index (operations that
 //! [`may_need_work`]), all of it up to [`MAX_INDEX_PAGES`] pages, before it acts, then visits
 //! the listed entries in rotation from where the last pass stopped ([`rotation`]), so its
-//! cost is O(open) KV lists whatever the ledger's size, and every open operation is visited
-//! once per ceil(work / budget) passes. The index is a hint: a rare audit ([`Audit`], every
+//! cost is O(open) KV lists whatever the ledger's size; it visits them from where the last
+//! pass stopped ([`resume_index`]), so every open operation is visited once per
+//! ceil(work / budget) passes. The index is a hint: a rare audit ([`Audit`], every
 //! `RECONCILE_AUDIT_SECONDS`, with its own cursor, on what budget the routine work left) walks
 //! the whole `op:` ledger and acts on, and has the gate re-index, what the index missed
 //! ([`audit_verdict`]).
@@ -121,13 +122,16 @@ pub fn may_need_work(meta: &LedgerMeta) -> bool {
 /// is walked in windows of this size, each resumed by the page cursor.
 pub const MAX_INDEX_PAGES: u32 = 50;
 
-/// The order a routine pass visits the `count` entries it listed (sorted by KV key, as KV
-/// lists them): first those after `after` (where the last pass stopped), then from the start
-/// up to and including it, so each pass picks up where the last left off and no entry waits
-/// for more than one full rotation.
-pub fn rotation(keys: &[&str], after: Option<&str>) -> Vec<usize> {
-    let split = after.map_or(0, |a| keys.partition_point(|k| *k <= a));
-    (split..keys.len()).chain(0..split).collect()
+/// Where a routine pass starts among the `keys` it listed (sorted, as KV lists them): at the
+/// first after `after`, the last entry the previous pass finished (which may be gone since).
+pub fn resume_index(keys: &[&str], after: Option<&str>) -> usize {
+    after.map_or(0, |a| keys.partition_point(|k| *k <= a))
+}
+
+/// When an audit is due, the routine walk keeps this share of the budget and of the deadline
+/// (a third) for it, so a backlog of open operations cannot starve the audit.
+pub fn audit_reserve(total: i64) -> i64 {
+    total / 3
 }
 
 /// What the audit does with an `op:` entry, given its metadata and, when the index was
@@ -327,6 +331,9 @@ pub fn past_deadline(now_ms: i64, deadline_ms: i64) -> bool {
 pub enum Stop {
     /// It reached the end of the ledger.
     Complete,
+    /// It reached the end of a window of an index larger than [`MAX_INDEX_PAGES`] pages; the
+    /// next pass lists the next window.
+    Window,
     /// It reached the end, but skipped polls for a short status back-off; the next pass
     /// starts at the first entry it skipped.
     HeldForBackoff,
@@ -347,6 +354,7 @@ impl Stop {
     pub fn label(self) -> &'static str {
         match self {
             Stop::Complete => "complete",
+            Stop::Window => "window",
             Stop::HeldForBackoff => "held_for_backoff",
             Stop::Budget => "budget",
             Stop::Deadline => "deadline",
@@ -354,6 +362,13 @@ impl Stop {
             Stop::LeaseLapsed => "lease_lapsed",
             Stop::Error => "error",
         }
+    }
+
+    /// Whether the audit, when due, runs after the routine walk stopped this way: not after a
+    /// lost or lapsed lease, or a KV error. After the routine walk's budget or deadline (its
+    /// two thirds) it runs on the third kept for it.
+    pub fn audits_after(self) -> bool {
+        !matches!(self, Stop::LeaseLost | Stop::LeaseLapsed | Stop::Error)
     }
 
     /// Whether the pass may release the lease and save its cursor: not once another pass
@@ -600,14 +615,21 @@ mod tests {
     }
 
     #[test]
-    fn rotation_resumes_after_the_last_entry_and_wraps() {
+    fn routine_pass_resumes_after_the_last_entry_done() {
         let keys = ["open:a", "open:b", "open:c", "open:d"];
-        assert_eq!(rotation(&keys, None), vec![0, 1, 2, 3]);
-        assert_eq!(rotation(&keys, Some("open:b")), vec![2, 3, 0, 1]);
-        assert_eq!(rotation(&keys, Some("open:bb")), vec![2, 3, 0, 1], "gone since");
-        assert_eq!(rotation(&keys, Some("open:d")), vec![0, 1, 2, 3]);
-        assert_eq!(rotation(&keys, Some("open:0")), vec![0, 1, 2, 3]);
-        assert_eq!(rotation(&[], Some("open:a")), Vec::<usize>::new());
+        assert_eq!(resume_index(&keys, None), 0);
+        assert_eq!(resume_index(&keys, Some("open:b")), 2);
+        assert_eq!(resume_index(&keys, Some("open:bb")), 2, "gone since");
+        assert_eq!(resume_index(&keys, Some("open:d")), 4, "at the end");
+        assert_eq!(resume_index(&keys, Some("open:0")), 0);
+        assert_eq!(resume_index(&[], Some("open:a")), 0);
+    }
+
+    #[test]
+    fn audit_keeps_a_third() {
+        assert_eq!(audit_reserve(900), 300);
+        assert_eq!(audit_reserve(60_000), 20_000);
+        assert_eq!(audit_reserve(2), 0);
     }
 
     #[test]
@@ -820,6 +842,7 @@ mod tests {
     fn only_a_lost_lease_keeps_a_pass_from_releasing() {
         for stop in [
             Stop::Complete,
+            Stop::Window,
             Stop::HeldForBackoff,
             Stop::Budget,
             Stop::Deadline,

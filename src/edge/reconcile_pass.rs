@@ -1,5 +1,13 @@
-//! One reconciliation pass (the cron's slow path): list the ledger, decide from metadata,
-//! and turn what Gemini's status API says into events for the gates.
+//! One reconciliation pass (the cron's slow path): list the `open:` index of operations that
+//! may need work, decide from metadata, and turn what Gemini's status API says into events for
+//! the gates; when the audit is due (`RECONCILE_AUDIT_SECONDS`), also walk the whole `op:`
+//! ledger with the audit's own cursor, on a reserved third of the budget and deadline, acting
+//! on what the index missed and asking those gates to re-index.
+//!
+//! Cost: a routine pass lists the whole index first (one KV list per 1,000 open operations,
+//! up to [`MAX_INDEX_PAGES`] pages, then in windows), so a quiet ledger costs O(open) KV lists
+//! however much it retains; it then visits the listed entries in key order from where the last
+//! pass stopped, as far as budget and deadline allow.
 //!
 //! Guarantees: the pass writes no state itself, every change goes through a gate; it reads no
 //! ledger value; it holds the lease or does nothing; it never spends more than
@@ -17,6 +25,7 @@
 //! alert; a malformed answer is logged and skipped.
 
 use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures_util::future::{select, Either};
@@ -27,12 +36,13 @@ use crate::alert::UNKNOWN_TO_GEMINI;
 use crate::config::Config;
 use crate::gate_protocol::{GateCommand, GateReply, LeaseCommand, LeaseReply};
 use crate::key::Collection;
-use crate::ledger::{LedgerMeta, OP_PREFIX};
+use crate::ledger::{LedgerMeta, OPEN_PREFIX, OP_PREFIX};
 use crate::lifecycle::{Source, Status};
 use crate::operation::OpEvent;
 use crate::reconcile::{
-    decide, heartbeat_interval_ms, lease_presumed_lapsed, past_deadline, Action, Resume,
-    StatusHealth, Stop, Thresholds,
+    audit_reserve, audit_verdict, decide, heartbeat_interval_ms, lease_presumed_lapsed,
+    past_deadline, resume_index, Action, AuditProgress, AuditVerdict, Resume, StatusHealth, Stop,
+    Thresholds, MAX_INDEX_PAGES,
 };
 use crate::status::{find_webhook, interpret, status_url, webhook_alert, StatusError};
 
@@ -59,8 +69,24 @@ const STATUS_MAX_CHARS: usize = 256 * 1024;
 /// What a pass did: the `reconcile_pass` log line.
 #[derive(Debug, Default)]
 pub struct PassReport {
+    /// Entries returned by KV lists, index and audit together.
     pub listed: u64,
+    /// KV list calls, index and audit together.
     pub kv_lists: u64,
+    /// Of those, the routine walk's over `open:`.
+    pub index_listed: u64,
+    pub index_kv_lists: u64,
+    /// Index entries decided on (the rest of the listed index waits for the next pass).
+    pub visited: u64,
+    /// Whether the audit over `op:` ran in this pass, and what it did.
+    pub audit: bool,
+    pub audit_listed: u64,
+    pub audit_kv_lists: u64,
+    /// `op:` entries that may need work and were not in the index: acted on.
+    pub audit_found: u64,
+    /// Gates asked to project again (an index entry missing, or left behind).
+    pub audit_reindexed: u64,
+    pub audit_complete: bool,
     pub bodies_read: u64,
     pub status_calls: u64,
     /// Status calls that timed out or failed to connect; their entries were skipped.
@@ -84,6 +110,15 @@ impl PassReport {
             "event": "reconcile_pass",
             "listed": self.listed,
             "kv_lists": self.kv_lists,
+            "index_listed": self.index_listed,
+            "index_kv_lists": self.index_kv_lists,
+            "visited": self.visited,
+            "audit": self.audit,
+            "audit_listed": self.audit_listed,
+            "audit_kv_lists": self.audit_kv_lists,
+            "audit_found": self.audit_found,
+            "audit_reindexed": self.audit_reindexed,
+            "audit_complete": self.audit_complete,
             "bodies_read": self.bodies_read,
             "status_calls": self.status_calls,
             "status_unanswered": self.status_unanswered,
@@ -116,6 +151,8 @@ struct Shared {
     /// Where the next pass would start if this one died now, and the status back-off: sent
     /// with each renewal.
     checkpoint: RefCell<(Resume, i64)>,
+    /// How far the audit has got, when this pass audits: sent with each renewal.
+    audit: RefCell<Option<AuditProgress>>,
 }
 
 struct Pass<'a> {
@@ -123,6 +160,10 @@ struct Pass<'a> {
     config: &'a Config,
     shared: &'a Shared,
     deadline_ms: i64,
+    /// The budget and deadline the current walk may use: the whole, or two thirds for the
+    /// routine walk when an audit is due.
+    budget_limit: u32,
+    walk_deadline_ms: i64,
     report: PassReport,
     status_backoff_until_ms: i64,
     health: StatusHealth,
@@ -132,6 +173,13 @@ struct Pass<'a> {
     /// for a whole coverage. The entry whose call failed is not held (it was tried; holding
     /// it could stall every pass on it).
     first_unpolled: Option<Resume>,
+    /// The index as listed by this pass: key → the version its entry shows.
+    indexed: HashMap<String, u64>,
+    /// Whether that listing was the whole index (from the start to the end).
+    index_whole: bool,
+    /// Keys the routine walk acted on: their ledger entries may have changed since the index
+    /// was listed, so the audit does not judge them.
+    touched: HashSet<String>,
 }
 
 /// Runs one pass and logs its line. Never panics; errors are counted and logged.
@@ -148,10 +196,15 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         config,
         shared: &shared,
         deadline_ms: started + config.reconcile_deadline_secs * 1_000,
+        budget_limit: config.reconcile_budget,
+        walk_deadline_ms: started + config.reconcile_deadline_secs * 1_000,
         report: PassReport::default(),
         status_backoff_until_ms: 0,
         health: StatusHealth::default(),
         first_unpolled: None,
+        indexed: HashMap::new(),
+        index_whole: false,
+        touched: HashSet::new(),
     };
     pass.spend(1);
     let acquired = lease_call(
@@ -162,21 +215,46 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         },
     )
     .await;
-    let (resume, stop, webhook) = match acquired {
+    let (resume, stop, webhook, audit) = match acquired {
         Ok(LeaseReply::Granted {
             resume,
             status_backoff_until_ms,
             webhook_alerted_state,
+            audit,
         }) => {
             pass.status_backoff_until_ms = status_backoff_until_ms;
+            // A cursor saved before the index existed points into `op:`: start the index over.
+            let resume = if resume
+                .after_key
+                .as_deref()
+                .is_some_and(|k| !k.starts_with(OPEN_PREFIX))
+            {
+                Resume::default()
+            } else {
+                resume
+            };
             *shared.checkpoint.borrow_mut() = (resume.clone(), status_backoff_until_ms);
+            let audit_from = audit.due(started, config.reconcile_audit_secs * 1_000);
+            if audit_from.is_some() {
+                // Keep a third of the budget and of the deadline for the audit.
+                let budget = i64::from(config.reconcile_budget);
+                pass.budget_limit = (budget - audit_reserve(budget)) as u32;
+                pass.walk_deadline_ms =
+                    pass.deadline_ms - audit_reserve(config.reconcile_deadline_secs * 1_000);
+            }
             let work = async {
                 let webhook = match &config.gemini_webhook_name {
                     Some(name) => pass.check_webhook(name, webhook_alerted_state).await,
                     None => None,
                 };
                 let (resume, stop) = pass.walk(resume).await;
-                (resume, stop, webhook)
+                pass.budget_limit = config.reconcile_budget;
+                pass.walk_deadline_ms = pass.deadline_ms;
+                let audit = match audit_from {
+                    Some(from) if stop.audits_after() => Some(pass.audit(from).await),
+                    _ => None,
+                };
+                (resume, stop, webhook, audit)
             };
             let beat = heartbeat(env, &holder, ttl_ms, config.reconcile_budget, &shared);
             // The heartbeat runs beside the walk; it ends only to stop the walk (which then
@@ -218,6 +296,7 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         status_backoff_until_ms: pass.status_backoff_until_ms,
         webhook_checked: webhook.is_some(),
         webhook_alerted_state: webhook.flatten(),
+        audit,
         summary: json!({"at": crate::timestamp::format_rfc3339(started), "report": pass.report.to_json()}),
     };
     match lease_call(env, &release).await {
@@ -254,6 +333,7 @@ async fn heartbeat(env: &Env, holder: &str, ttl_ms: i64, budget: u32, shared: &S
             ttl_ms,
             resume,
             status_backoff_until_ms,
+            audit: shared.audit.borrow().clone(),
         };
         match lease_call(env, &renew).await {
             Ok(LeaseReply::Renewed { accepted: true }) => last_renewed = now_ms(),
@@ -284,9 +364,10 @@ impl Pass<'_> {
         self.shared.spent.set(self.shared.spent.get() + n);
     }
 
-    /// Room for `cost` more subrequests, keeping one for the lease release.
+    /// Room for `cost` more subrequests in the current walk's share, keeping one for the
+    /// lease release.
     fn affords(&self, cost: u32) -> bool {
-        self.shared.spent.get() + cost < self.config.reconcile_budget
+        self.shared.spent.get() + cost < self.budget_limit
     }
 
     /// Why the walk must start nothing more, if it must: the heartbeat said so, or the
@@ -295,7 +376,7 @@ impl Pass<'_> {
         self.shared
             .stop
             .get()
-            .or_else(|| past_deadline(now_ms(), self.deadline_ms).then_some(Stop::Deadline))
+            .or_else(|| past_deadline(now_ms(), self.walk_deadline_ms).then_some(Stop::Deadline))
     }
 
     /// Records where the next pass would start if this one ended now, for the heartbeat.
@@ -334,7 +415,10 @@ impl Pass<'_> {
         }
     }
 
-    async fn walk_from(&mut self, mut resume: Resume) -> (Resume, Stop) {
+    /// The routine walk: lists the index window that starts at `resume.cursor` (the whole
+    /// index unless it has more than [`MAX_INDEX_PAGES`] pages), then decides on and acts for
+    /// its entries after `resume.after_key`, in key order, as budget and deadline allow.
+    async fn walk_from(&mut self, resume: Resume) -> (Resume, Stop) {
         let kv = match self.env.kv(KV_BINDING) {
             Ok(kv) => kv,
             Err(e) => {
@@ -343,21 +427,156 @@ impl Pass<'_> {
                 return (resume, Stop::Error);
             }
         };
-        loop {
+        let mut window = resume.cursor.clone();
+        let mut cursor = window.clone();
+        let mut entries: Vec<(String, Option<LedgerMeta>)> = Vec::new();
+        let mut pages = 0;
+        // Where the next window starts, when this one is not the index's end.
+        let next_window = loop {
             if let Some(stop) = self.must_stop() {
                 return (resume, stop);
             }
             if !self.affords(1) {
                 return (resume, Stop::Budget);
             }
-            self.spend(1);
-            self.report.kv_lists += 1;
-            let page = match list_page(&kv, resume.cursor.clone()).await {
+            let page = match self.list(&kv, OPEN_PREFIX, cursor.clone(), false).await {
                 Ok(p) => p,
+                Err(e) if cursor.is_some() && pages == 0 => {
+                    // A saved cursor KV no longer accepts (expired, or from before the
+                    // index): list the index from its start.
+                    log(json!({"event": "reconcile_cursor_reset", "error": e}));
+                    window = None;
+                    cursor = None;
+                    continue;
+                }
                 Err(e) => {
                     self.report.errors += 1;
                     log(json!({"event": "reconcile_error", "error": format!("kv list: {e}")}));
                     return (resume, Stop::Error);
+                }
+            };
+            pages += 1;
+            for entry in page.keys {
+                let meta: Option<LedgerMeta> =
+                    entry.metadata.and_then(|m| serde_json::from_value(m).ok());
+                entries.push((entry.name, meta));
+            }
+            if page.list_complete || page.cursor.is_none() {
+                break None;
+            }
+            cursor = page.cursor;
+            if pages >= MAX_INDEX_PAGES {
+                break cursor;
+            }
+        };
+        self.index_whole = window.is_none() && next_window.is_none();
+        for (name, meta) in &entries {
+            if let (Some(key), Some(meta)) = (name.strip_prefix(OPEN_PREFIX), meta) {
+                self.indexed.insert(key.to_string(), meta.version);
+            }
+        }
+        let mut position = Resume {
+            cursor: window,
+            after_key: resume.after_key.clone(),
+        };
+        let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+        let start = resume_index(&names, resume.after_key.as_deref());
+        for (name, meta) in &entries[start..] {
+            let Some(key) = name.strip_prefix(OPEN_PREFIX) else {
+                continue;
+            };
+            if let Some(stop) = self.must_stop() {
+                return (position, stop);
+            }
+            let Some(meta) = meta else {
+                self.report.errors += 1;
+                log(
+                    json!({"event": "reconcile_error", "key": key, "error": "unreadable index metadata"}),
+                );
+                position.after_key = Some(name.clone());
+                continue;
+            };
+            let now = now_ms();
+            let actions = decide(meta, now.div_euclid(1_000), &self.thresholds());
+            let cost: u32 = actions.iter().map(Action::cost).sum();
+            if !self.affords(cost) {
+                return (position, Stop::Budget);
+            }
+            self.report.visited += 1;
+            if !actions.is_empty() {
+                self.touched.insert(key.to_string());
+            }
+            let mut polled = true;
+            for action in actions {
+                polled &= self.act(key, meta, action).await;
+            }
+            if !polled && self.first_unpolled.is_none() {
+                self.first_unpolled = Some(position.clone());
+            }
+            position.after_key = Some(name.clone());
+            self.checkpoint(&position);
+        }
+        match next_window {
+            None => (Resume::default(), Stop::Complete),
+            Some(c) => (
+                Resume {
+                    cursor: Some(c),
+                    after_key: None,
+                },
+                Stop::Window,
+            ),
+        }
+    }
+
+    /// One KV list page under `prefix`, counted against the budget and in the report.
+    async fn list(
+        &mut self,
+        kv: &KvStore,
+        prefix: &str,
+        cursor: Option<String>,
+        audit: bool,
+    ) -> Result<worker::kv::ListResponse, String> {
+        self.spend(1);
+        self.report.kv_lists += 1;
+        let page = list_page(kv, prefix, cursor).await?;
+        let n = page.keys.len() as u64;
+        self.report.listed += n;
+        if audit {
+            self.report.audit_kv_lists += 1;
+            self.report.audit_listed += n;
+        } else {
+            self.report.index_kv_lists += 1;
+            self.report.index_listed += n;
+        }
+        Ok(page)
+    }
+
+    /// The audit: walks `op:` from `resume` (its own cursor) on what budget and time are left,
+    /// and acts on what the index missed. With the index listed whole in this pass, an entry
+    /// that may need work and is not in it is acted on and its gate asked to re-index, and an
+    /// index entry left behind by a closed operation is removed the same way; otherwise every
+    /// entry that may need work is acted on (a harmless second visit) and nothing re-indexed.
+    async fn audit(&mut self, mut resume: Resume) -> AuditProgress {
+        self.report.audit = true;
+        let stopped = |resume: Resume| AuditProgress {
+            resume,
+            complete: false,
+        };
+        let kv = match self.env.kv(KV_BINDING) {
+            Ok(kv) => kv,
+            Err(_) => return stopped(resume),
+        };
+        loop {
+            if self.must_stop().is_some() || !self.affords(1) {
+                return stopped(resume);
+            }
+            let page = match self.list(&kv, OP_PREFIX, resume.cursor.clone(), true).await {
+                Ok(p) => p,
+                Err(e) => {
+                    self.report.errors += 1;
+                    log(json!({"event": "reconcile_error", "error": format!("audit kv list: {e}")}));
+                    // A cursor KV no longer accepts would stall every audit: start over.
+                    return stopped(Resume::default());
                 }
             };
             for entry in &page.keys {
@@ -366,53 +585,67 @@ impl Pass<'_> {
                     .as_deref()
                     .is_some_and(|after| entry.name.as_str() <= after)
                 {
-                    continue; // done by the pass that stopped inside this page
+                    continue;
                 }
                 let Some(key) = entry.name.strip_prefix(OP_PREFIX) else {
                     continue;
                 };
-                if let Some(stop) = self.must_stop() {
-                    // Stop inside this page; the next pass re-lists it and skips what is done.
-                    return (resume, stop);
+                if self.must_stop().is_some() {
+                    return stopped(resume);
                 }
                 let meta: Option<LedgerMeta> = entry
                     .metadata
                     .clone()
                     .and_then(|m| serde_json::from_value(m).ok());
-                let Some(meta) = meta else {
-                    self.report.listed += 1;
-                    self.report.errors += 1;
-                    log(
-                        json!({"event": "reconcile_error", "key": key, "error": "unreadable ledger metadata"}),
-                    );
-                    resume.after_key = Some(entry.name.clone());
-                    continue;
+                let verdict = match &meta {
+                    Some(_) if self.touched.contains(key) => AuditVerdict::Fine,
+                    Some(m) => audit_verdict(m, self.index_whole, self.indexed.get(key).copied()),
+                    None => AuditVerdict::Fine,
                 };
-                let now = now_ms();
-                let actions = decide(&meta, now.div_euclid(1_000), &self.thresholds());
-                let cost: u32 = actions.iter().map(Action::cost).sum();
+                let reindex = self.index_whole && verdict != AuditVerdict::Fine;
+                let actions = match (&meta, verdict) {
+                    (Some(m), AuditVerdict::Missed) => {
+                        decide(m, now_ms().div_euclid(1_000), &self.thresholds())
+                    }
+                    _ => Vec::new(),
+                };
+                let cost: u32 = actions.iter().map(Action::cost).sum::<u32>() + u32::from(reindex);
                 if !self.affords(cost) {
-                    return (resume, Stop::Budget);
+                    return stopped(resume);
                 }
-                self.report.listed += 1;
-                let mut polled = true;
-                for action in actions {
-                    polled &= self.act(key, &meta, action).await;
+                if verdict == AuditVerdict::Missed {
+                    self.report.audit_found += 1;
+                    if self.index_whole {
+                        log(json!({"event": "index_missed", "key": key}));
+                    }
                 }
-                if !polled && self.first_unpolled.is_none() {
-                    self.first_unpolled = Some(resume.clone());
+                if let Some(m) = &meta {
+                    for action in actions {
+                        self.act(key, m, action).await;
+                    }
+                }
+                if reindex {
+                    if verdict == AuditVerdict::Stale {
+                        log(json!({"event": "index_stale", "key": key}));
+                    }
+                    self.report.audit_reindexed += 1;
+                    self.gate(key, &GateCommand::Reindex).await;
                 }
                 resume.after_key = Some(entry.name.clone());
-                self.checkpoint(&resume);
+                *self.shared.audit.borrow_mut() = Some(stopped(resume.clone()));
             }
             if page.list_complete || page.cursor.is_none() {
-                return (Resume::default(), Stop::Complete);
+                self.report.audit_complete = true;
+                return AuditProgress {
+                    resume: Resume::default(),
+                    complete: true,
+                };
             }
             resume = Resume {
                 cursor: page.cursor.clone(),
                 after_key: None,
             };
-            self.checkpoint(&resume);
+            *self.shared.audit.borrow_mut() = Some(stopped(resume.clone()));
         }
     }
 
@@ -657,9 +890,10 @@ impl Pass<'_> {
 
 async fn list_page(
     kv: &KvStore,
+    prefix: &str,
     cursor: Option<String>,
 ) -> Result<worker::kv::ListResponse, String> {
-    let mut list = kv.list().prefix(OP_PREFIX.to_string()).limit(PAGE_SIZE);
+    let mut list = kv.list().prefix(prefix.to_string()).limit(PAGE_SIZE);
     if let Some(c) = cursor {
         list = list.cursor(c);
     }
