@@ -278,13 +278,12 @@ impl OperationGate {
                 if !op.raise_alert(&alert, age_seconds, now) {
                     return Ok(GateReply::AlertSent { sent: false });
                 }
-                // Queued in the record before sending: if this object dies during the send,
-                // the alarm sends it later (at least once, under the same alert id).
+                // Queued in the record and sent by the alarm, the one runner of alerts (two
+                // runners would send it twice): if the object dies during the send, the next
+                // alarm sends it again, under the same alert id.
                 self.save(&op)?;
-                let op = self.send_due_alerts(op, config).await?;
                 self.sync_alarm(&op, config).await?;
-                let sent = !op.pending_alerts.iter().any(|a| a.kind == alert);
-                Ok(GateReply::AlertSent { sent })
+                Ok(GateReply::AlertSent { sent: true })
             }
             GateCommand::Redeliver { reason } => {
                 let Some(mut op) = self.load()? else {
