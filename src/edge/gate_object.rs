@@ -446,6 +446,9 @@ impl OperationGate {
             "generation": op.effect.generation,
             "answer": answer_text,
             "ms": finished_at - started,
+            // From the outcome's settlement (just before the delivery was answered) to this
+            // attempt's start: the answer never waits for it; the benchmark reports it.
+            "after_settled_ms": op.settled_at_ms.map(|t| started - t),
             "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect.next_attempt_ms),
         }));
         Ok(op)
