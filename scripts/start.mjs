@@ -2,8 +2,8 @@
 // and, in this same process, the local stand-ins .dev.vars points at: the demo destination
 // (scripts/receive.mjs) when EFFECT_URL is http://127.0.0.1:8788/effects, the Gemini stub
 // (scripts/gemini_stub.mjs) when GEMINI_API_BASE is http://127.0.0.1:8789. They live and die
-// with this process, and this process with wrangler: Ctrl-C or SIGTERM stops wrangler, then
-// exits, so nothing is left listening.
+// with this process, and this process with wrangler: Ctrl-C, SIGTERM (to npm or to this
+// process) or the end of its parent stops wrangler, then exits, so nothing is left listening.
 import { spawn } from "node:child_process";
 import path from "node:path";
 import { devVars, ROOT, DEMO_EFFECT_URL, GEMINI_STUB_URL } from "./dev_vars.mjs";
@@ -34,9 +34,18 @@ if (same(vars.GEMINI_API_BASE, GEMINI_STUB_URL)) {
 }
 
 const wrangler = spawn(path.join(ROOT, "node_modules/.bin/wrangler"), ["dev", "--test-scheduled", ...process.argv.slice(2)], { cwd: ROOT, stdio: "inherit" });
-for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"]) {
-  process.on(signal, () => wrangler.kill("SIGTERM"));
+let stopping = false;
+function stop() {
+  if (stopping) return;
+  stopping = true;
+  wrangler.kill("SIGTERM");
+  setTimeout(() => wrangler.kill("SIGKILL"), 10000).unref();
 }
+for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"]) process.on(signal, stop);
+// `npm start` runs this under a shell that dies on SIGTERM without passing it on, which would
+// leave this process and wrangler running: follow the parent, and stop when it is gone.
+const parent = process.ppid;
+setInterval(() => process.ppid !== parent && stop(), 500).unref();
 wrangler.on("error", (e) => {
   console.error(`start: cannot run wrangler (${e.message}); run npm install first`);
   process.exit(1);
