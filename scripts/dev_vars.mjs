@@ -1,6 +1,5 @@
 // The local configuration the scripts share: `.dev.vars` (what `wrangler dev` reads), and the
-// local addresses `npm start` serves by default. `node scripts/dev_vars.mjs NAME` prints one
-// value (empty when unset).
+// local addresses `npm start` serves by default.
 import { readFileSync, existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
@@ -37,8 +36,4 @@ export function isLoopback(url) {
   } catch {
     return false;
   }
-}
-
-if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  console.log(devVars()[process.argv[2]] ?? "");
 }

@@ -5,6 +5,7 @@
 // with this process, and this process with wrangler: Ctrl-C, SIGTERM (to npm or to this
 // process) or the end of its parent stops wrangler, then exits, so nothing is left listening.
 import { spawn } from "node:child_process";
+import { constants } from "node:os";
 import path from "node:path";
 import { devVars, ROOT, DEMO_EFFECT_URL, GEMINI_STUB_URL } from "./dev_vars.mjs";
 import { effectReceiver, listen } from "./receive.mjs";
@@ -50,4 +51,4 @@ wrangler.on("error", (e) => {
   console.error(`start: cannot run wrangler (${e.message}); run npm install first`);
   process.exit(1);
 });
-wrangler.on("exit", (code, signal) => process.exit(code ?? (signal ? 128 + 15 : 1)));
+wrangler.on("exit", (code, signal) => process.exit(code ?? 128 + (constants.signals[signal] ?? 0)));
