@@ -2,10 +2,16 @@
 # Builds the Worker into build/ with worker-build, using locally installed tools only:
 # the wasm-bindgen CLI from scripts/setup.sh and wasm-opt from the npm package binaryen
 # (worker-build's own downloads of both fail on machines that reach registries only).
+# Skips the build when build/ is already the build of the current sources and tools
+# (scripts/build_stamp.mjs); `--force` builds anyway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
+if [ "${1:-}" != "--force" ] && node scripts/build_stamp.mjs check; then
+  exit 0
+fi
+node scripts/build_stamp.mjs clear
 export WASM_BINDGEN_BIN="$HOME/.cargo/bin/wasm-bindgen"
 export WASM_OPT_BIN="$PWD/node_modules/.bin/wasm-opt"
 worker-build --release
@@ -14,3 +20,4 @@ worker-build --release
 "$WASM_OPT_BIN" build/index_bg.wasm -o build/index_bg.wasm --strip-debug --strip-producers \
   --enable-mutable-globals --enable-sign-ext --enable-nontrapping-float-to-int \
   --enable-bulk-memory --enable-multivalue --enable-reference-types --enable-exception-handling
+node scripts/build_stamp.mjs write

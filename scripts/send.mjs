@@ -4,17 +4,22 @@
 //
 //   npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...]
 //                   [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids]
+//                   [--admin-token TOKEN]
 //
 // --repeat sends the same delivery (same webhook-id, as Gemini's retries do) N times;
 // --fresh-ids gives each send its own webhook-id (the same completion delivered anew);
 // --concurrency sends up to N at once. The secret defaults to the first one in .dev.vars.
+//
+// Then it tells whether the side effect reached the destination: from the answers, and, with
+// an admin token (--admin-token, or ADMIN_TOKEN in .dev.vars for a worker on this machine),
+// from the operation's record a moment later (GET /v1/operations/{name}), with a hint when
+// the attempt failed (e.g. nothing listens at EFFECT_URL).
 import { createHmac, randomBytes } from "node:crypto";
-import { readFileSync, existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
+import { devVars, isLoopback, DEMO_EFFECT_URL } from "./dev_vars.mjs";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const USAGE = "usage: npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...] [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids]";
+const USAGE = "usage: npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...] [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids] [--admin-token TOKEN]";
 
 function fail(message) {
   console.error(`send: ${message}\n${USAGE}`);
@@ -32,6 +37,7 @@ function parseArgs(argv) {
     else if (arg === "--repeat") opts.repeat = Number(value());
     else if (arg === "--concurrency") opts.concurrency = Number(value());
     else if (arg === "--fresh-ids") opts.freshIds = true;
+    else if (arg === "--admin-token") opts.adminToken = value();
     else if (arg === "--data") {
       try { opts.data = JSON.parse(value()); } catch { fail("--data must be a JSON object"); }
     } else if (arg === "-h" || arg === "--help") { console.log(USAGE); process.exit(0); }
@@ -42,16 +48,45 @@ function parseArgs(argv) {
   [opts.type, opts.name] = positional;
   for (const k of ["repeat", "concurrency"]) if (!Number.isInteger(opts[k]) || opts[k] < 1 || opts[k] > 10000) fail(`--${k} must be a whole number from 1 to 10000`);
   if (!opts.url.endsWith("/webhooks/gemini")) opts.url = opts.url.replace(/\/$/, "") + "/webhooks/gemini";
-  opts.secret ??= secretFromDevVars();
+  const vars = devVars();
+  opts.secret ??= vars.GEMINI_WEBHOOK_SECRETS?.split(/[\s,]+/).find((s) => s.startsWith("whsec_"));
+  // The local admin token goes only to a worker on this machine.
+  if (isLoopback(opts.url)) opts.adminToken ??= vars.ADMIN_TOKEN;
   if (!opts.secret?.startsWith("whsec_")) fail("give --secret whsec_... (or set GEMINI_WEBHOOK_SECRETS in .dev.vars)");
   return opts;
 }
 
-function secretFromDevVars() {
-  const file = path.join(root, ".dev.vars");
-  if (!existsSync(file)) return undefined;
-  const line = readFileSync(file, "utf8").split("\n").find((l) => l.trim().startsWith("GEMINI_WEBHOOK_SECRETS"));
-  return line?.split("=").slice(1).join("=").replace(/["']/g, "").split(/[\s,]+/).find((s) => s.startsWith("whsec_"));
+const NO_DESTINATION_HINT = `hint: is anything listening at EFFECT_URL? npm start runs a demo destination at ${DEMO_EFFECT_URL} when .dev.vars has that EFFECT_URL; npm run receive runs it alone`;
+
+/**
+ * What became of the side effect, as lines for the user: `effects` are the answers' `effect`
+ * fields. With an admin token, the record is read until its first attempt has an outcome
+ * (the worker may answer before the attempt, then `effect` is "scheduled").
+ */
+export async function effectReport(opts, effects) {
+  if (effects.includes("delivered")) return ["effect: delivered to the destination"];
+  const failed = effects.includes("retry_scheduled") || effects.includes("parked");
+  let op;
+  if (opts.adminToken) {
+    const url = opts.url.replace(/\/webhooks\/gemini$/, `/v1/operations/${encodeURIComponent(opts.name)}`);
+    const deadline = Date.now() + 7000;
+    while (Date.now() < deadline) {
+      try {
+        const res = await fetch(url, { headers: { authorization: `Bearer ${opts.adminToken}` } });
+        if (!res.ok) break;
+        op = await res.json();
+      } catch {
+        break;
+      }
+      if (op.effect_done || op.effect_parked || op.last_error) break;
+      await new Promise((r) => setTimeout(r, 300));
+    }
+  }
+  if (op?.effect_done) return [`effect: delivered to the destination (attempts: ${op.attempts})`];
+  if (op?.effect_parked) return [`effect: parked: the destination refused it for good (${op.parked_answer}); fix the destination, then POST /v1/operations/{name}/redeliver`];
+  if (op?.last_error) return [`effect: not delivered yet (last_error: ${op.last_error}); the worker retries it at ${op.next_attempt_at}`, NO_DESTINATION_HINT];
+  if (failed) return [`effect: ${effects.includes("parked") ? "parked" : "not delivered yet; the worker retries it"} (GET /v1/operations/{name} shows last_error)`, NO_DESTINATION_HINT];
+  return [];
 }
 
 /** The Standard Webhooks headers for one delivery. */
@@ -67,6 +102,7 @@ async function main() {
   const sharedId = `msg_${randomBytes(12).toString("hex")}`;
   let next = 0;
   const tally = new Map();
+  const effects = [];
   async function sendOne(n) {
     const id = opts.freshIds ? `msg_${randomBytes(12).toString("hex")}` : sharedId;
     const started = Date.now();
@@ -75,6 +111,7 @@ async function main() {
       const text = await res.text();
       tally.set(res.status, (tally.get(res.status) ?? 0) + 1);
       console.log(`#${n} ${res.status} ${Date.now() - started}ms ${id} ${text}`);
+      try { effects.push(JSON.parse(text).effect); } catch { /* not JSON: no effect to report */ }
     } catch (e) {
       tally.set("error", (tally.get("error") ?? 0) + 1);
       console.log(`#${n} error ${e.cause?.code ?? e.message}`);
@@ -84,6 +121,7 @@ async function main() {
     while (next < opts.repeat) await sendOne(++next);
   }));
   const summary = [...tally].map(([k, v]) => `${k}=${v}`).join(" ");
+  if (tally.has(200)) for (const line of await effectReport(opts, effects)) console.error(line);
   console.log(`sent ${opts.repeat} ${opts.type} for ${opts.name} to ${opts.url}: ${summary}`);
   process.exit(tally.has("error") || [...tally.keys()].some((k) => k >= 400) ? 1 : 0);
 }

@@ -13,6 +13,11 @@ if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
   rustup target add wasm32-unknown-unknown
 fi
 
+if ! cargo clippy --version >/dev/null 2>&1; then
+  echo "setup: adding clippy" >&2
+  rustup component add clippy
+fi
+
 if ! worker-build --version 2>/dev/null | grep -q "$WORKER_BUILD_VERSION"; then
   echo "setup: installing worker-build $WORKER_BUILD_VERSION (5 to 12 minutes on 2 cores, once)" >&2
   cargo install worker-build --version "$WORKER_BUILD_VERSION"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the Worker and runs it locally with wrangler dev (local KV and Durable Object
-# state under .wrangler/state unless --persist-to says otherwise). Arguments go to
+# Builds the Worker (skipped when build/ is the build of the current sources) and runs it
+# locally with wrangler dev (local KV and Durable Object state under .wrangler/state unless
+# --persist-to says otherwise), beside the demo destination when EFFECT_URL is its default
+# address and the Gemini stub when GEMINI_API_BASE is its (scripts/start.mjs). Arguments go to
 # `wrangler dev`, e.g. `npm start -- --port 8790 --ip 127.0.0.1 --persist-to DIR`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,5 +12,5 @@ if [ ! -f .dev.vars ]; then
 fi
 bash scripts/build.sh
 export WRANGLER_SEND_METRICS=false
-# wrangler runs the [build] command itself too; it finds everything built and is quick.
-exec node_modules/.bin/wrangler dev --test-scheduled "$@"
+# wrangler runs the [build] command itself too; it finds build/ fresh and skips.
+exec node scripts/start.mjs "$@"

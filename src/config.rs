@@ -76,8 +76,8 @@ pub const DEFAULT_GEMINI_API_BASE: &str = "https://generativelanguage.googleapis
 pub struct Config {
     pub webhook_secrets: Vec<Secret>,
     pub effect_url: String,
-    /// `kind` → URL overrides of `effect_url` (EFFECT_ROUTES).
-    pub effect_routes: Vec<(String, String)>,
+    /// `kind` → destination overrides of `effect_url` (EFFECT_ROUTES).
+    pub effect_routes: Vec<(String, Destination)>,
     pub effect_signing_secret: Secret,
     pub admin_token: AdminToken,
     pub tolerance_secs: i64,
@@ -142,6 +142,26 @@ pub struct ConfigError {
     pub problem: String,
 }
 
+/// Where a side effect goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// POSTed over HTTPS (or HTTP locally), signed the Standard Webhooks way.
+    Url(String),
+    /// Sent to a Cloudflare Queue through this producer binding: a successful send is done
+    /// (the queue is durable; its consumer dedupes by the idempotency key the message carries).
+    Queue(String),
+    /// POSTed to another Worker through this service binding, signed like an HTTPS one.
+    Service(String),
+}
+
+fn is_binding_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 fn err(var: &'static str, problem: impl Into<String>) -> ConfigError {
     ConfigError {
         var,
@@ -173,9 +193,9 @@ impl Config {
     }
 
     /// Where the side effect of an operation of `kind` goes.
-    pub fn effect_url_for(&self, kind: Option<&str>) -> &str {
+    pub fn destination_for(&self, kind: Option<&str>) -> Destination {
         kind.and_then(|k| self.effect_routes.iter().find(|(route, _)| route == k))
-            .map_or(self.effect_url.as_str(), |(_, url)| url.as_str())
+            .map_or(Destination::Url(self.effect_url.clone()), |(_, d)| d.clone())
     }
 
     /// Reads every variable through `lookup` (absent and empty are the same).
@@ -221,9 +241,25 @@ impl Config {
                 let mut routes = Vec::new();
                 for (kind, target) in parsed {
                     let serde_json::Value::String(target) = target else {
-                        return Err(err("EFFECT_ROUTES", "every value must be a URL string"));
+                        return Err(err(
+                            "EFFECT_ROUTES",
+                            "every value must be a URL, queue:BINDING or service:BINDING",
+                        ));
                     };
-                    routes.push((kind, url("EFFECT_ROUTES", target)?));
+                    let destination = match target.trim().split_once(':') {
+                        Some(("queue", b)) if is_binding_name(b) => Destination::Queue(b.into()),
+                        Some(("service", b)) if is_binding_name(b) => {
+                            Destination::Service(b.into())
+                        }
+                        Some(("queue" | "service", _)) => {
+                            return Err(err(
+                                "EFFECT_ROUTES",
+                                "a queue: or service: route must name a binding (letters, digits, _)",
+                            ))
+                        }
+                        _ => Destination::Url(url("EFFECT_ROUTES", target)?),
+                    };
+                    routes.push((kind, destination));
                 }
                 routes
             }
@@ -490,16 +526,39 @@ mod tests {
             r#"{"nightly":"https://billing.example/hook","video":"http://127.0.0.1:1/v"}"#.into(),
         );
         let c = parse(&vars).unwrap();
+        let url = |u: &str| Destination::Url(u.to_string());
         assert_eq!(
-            c.effect_url_for(Some("nightly")),
-            "https://billing.example/hook"
+            c.destination_for(Some("nightly")),
+            url("https://billing.example/hook")
         );
-        assert_eq!(c.effect_url_for(Some("video")), "http://127.0.0.1:1/v");
+        assert_eq!(c.destination_for(Some("video")), url("http://127.0.0.1:1/v"));
         assert_eq!(
-            c.effect_url_for(Some("other")),
-            "http://127.0.0.1:9/effects"
+            c.destination_for(Some("other")),
+            url("http://127.0.0.1:9/effects")
         );
-        assert_eq!(c.effect_url_for(None), "http://127.0.0.1:9/effects");
+        assert_eq!(c.destination_for(None), url("http://127.0.0.1:9/effects"));
+    }
+
+    #[test]
+    fn routes_can_name_a_queue_or_a_service_binding() {
+        let mut vars = base();
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"billing":"queue:BILLING_EFFECTS","publish":"service:PUBLISHER"}"#.into(),
+        );
+        let c = parse(&vars).unwrap();
+        assert_eq!(
+            c.destination_for(Some("billing")),
+            Destination::Queue("BILLING_EFFECTS".into())
+        );
+        assert_eq!(
+            c.destination_for(Some("publish")),
+            Destination::Service("PUBLISHER".into())
+        );
+        for bad in [r#"{"b":"queue:"}"#, r#"{"b":"service:has-dash"}"#, r#"{"b":"ftp://x"}"#] {
+            vars.insert("EFFECT_ROUTES", bad.into());
+            assert_eq!(parse(&vars).unwrap_err().var, "EFFECT_ROUTES", "{bad}");
+        }
     }
 
     #[test]

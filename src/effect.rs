@@ -24,7 +24,6 @@ use crate::timestamp::format_rfc3339;
 /// One side-effect request, ready for the edge to send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EffectRequest {
-    pub url: String,
     pub headers: Vec<(&'static str, String)>,
     pub body: String,
 }
@@ -230,12 +229,11 @@ pub fn effect_body(op: &Operation) -> Value {
 
 /// Builds the signed request for the current generation. `now_secs` becomes
 /// `webhook-timestamp`, so each attempt is fresh for the receiver's tolerance check.
-pub fn build_request(op: &Operation, url: &str, secret: &Secret, now_secs: i64) -> EffectRequest {
+pub fn build_request(op: &Operation, secret: &Secret, now_secs: i64) -> EffectRequest {
     let body = effect_body(op).to_string();
     let id = effect_message_id(&op.key, op.effect.generation);
     let signature = sign(secret, &id, now_secs, body.as_bytes());
     EffectRequest {
-        url: url.to_string(),
         headers: vec![
             ("content-type", "application/json".to_string()),
             ("user-agent", "gemini-once/0.1".to_string()),
@@ -595,8 +593,8 @@ mod tests {
     fn request_verifies_as_standard_webhook_and_is_stable_across_retries() {
         let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         let op = failed_batch();
-        let a = build_request(&op, "http://dest/x", &secret, 100);
-        let b = build_request(&op, "http://dest/x", &secret, 200);
+        let a = build_request(&op, &secret, 100);
+        let b = build_request(&op, &secret, 200);
         let h =
             |r: &EffectRequest, n: &str| r.headers.iter().find(|(k, _)| *k == n).unwrap().1.clone();
         assert_eq!(a.body, b.body);

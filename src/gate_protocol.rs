@@ -45,7 +45,8 @@ pub enum GateCommand {
     },
     /// Run an owed side effect if it is due and no live claim holds it.
     RetryEffect,
-    /// Send an alert of this kind once per operation.
+    /// Raise an alert of this kind once per operation: queued, and sent (at least once) by
+    /// the gate's alarm.
     Alert { alert: String, age_seconds: i64 },
     /// The operator's action on the side effect: retry now under the same generation when it
     /// is not done (refused while an attempt is in flight); a new generation when it is done.
@@ -110,6 +111,7 @@ pub enum GateReply {
     Effect {
         effect: EffectReport,
     },
+    /// `sent`: the alert was raised now (queued durably); false if raised before.
     AlertSent {
         sent: bool,
     },

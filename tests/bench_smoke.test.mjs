@@ -33,6 +33,9 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
       }
     }
     assert.equal(r.fast.effects.repeated_idempotency_keys, 0, "a side effect went out twice");
+    for (const row of r.fast.table.filter((x) => x.scenario === "first")) {
+      assert.ok(Number.isFinite(row.effect_start_after_answer_ms.p50), `first at ${row.concurrency}: effect delay after the answer measured`);
+    }
     assert.equal(r.fast.effects.effects_at_destination, r.fast.effects.first_deliveries_measured_and_warmup);
 
     const [ledger] = r.reconcile;

@@ -24,7 +24,7 @@ export const ADMIN_TOKEN = "test-admin-token-0123456789";
  * With `{ persist: dir }` its KV and Durable Object state live in `dir` (a worker started
  * again on the same `dir` finds them); otherwise in memory.
  */
-export async function startWorker(vars = {}, { http = false, persist } = {}) {
+export async function startWorker(vars = {}, { http = false, persist, main = {}, workers = [] } = {}) {
   const logs = [];
   const collect = (stream) => eachLine(stream, (line) => {
     logs.push(line);
@@ -41,7 +41,8 @@ export async function startWorker(vars = {}, { http = false, persist } = {}) {
     ...vars,
   };
   for (const [k, v] of Object.entries(bindings)) if (v === undefined) delete bindings[k];
-  const mf = new Miniflare({
+  const gemini = {
+    name: "gemini-once",
     modules: true,
     scriptPath: path.join(root, "build/index.js"),
     modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"] }],
@@ -53,6 +54,12 @@ export async function startWorker(vars = {}, { http = false, persist } = {}) {
       STATS: { className: "StatsShard", useSQLite: true },
     },
     bindings,
+    // The user's own bindings (a queue producer, a service binding), when a test declares them.
+    ...main,
+  };
+  // Other local workers beside it (a queue consumer, a service), when a test has them.
+  const mf = new Miniflare({
+    ...(workers.length ? { workers: [gemini, ...workers] } : gemini),
     ...(http ? { host: "127.0.0.1", port: 0 } : {}),
     ...(persist ? { defaultPersistRoot: persist } : {}),
     handleRuntimeStdio(stdout, stderr) {

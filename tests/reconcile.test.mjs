@@ -66,7 +66,11 @@ describe("reconciliation", () => {
     await w.ledger(["batches/nohook1", "operations/nohook2", "interactions/nohook3"]);
     await w.scheduled();
     for (const [key, status] of [["batches/nohook1", "succeeded"], ["operations/nohook2", "succeeded"], ["interactions/nohook3", "failed"]]) {
-      const op = await w.inspect(key);
+      // The pass settles it; the effect follows from the gate's alarm.
+      const op = await eventually(async () => {
+        const o = await w.inspect(key);
+        return o.body.effect_done && o;
+      }, { what: `the effect of ${key}` });
       assert.equal(op.body.status, status, key);
       assert.equal(op.body.settled_by, "reconcile", key);
       assert.equal(op.body.effect_done, true, key);

@@ -4,7 +4,8 @@ import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import { startWorker, startServer, GEMINI_SECRET } from "./helpers.mjs";
+import { startWorker, startServer, GEMINI_SECRET, ADMIN_TOKEN } from "./helpers.mjs";
+import { freePort } from "../scripts/local_worker.mjs";
 
 const run = promisify(execFile);
 let w, dest;
@@ -41,5 +42,28 @@ describe("npm run send", () => {
 
   it("explains its usage on bad arguments", async () => {
     await assert.rejects(run("node", ["scripts/send.mjs", "batch.succeeded"]), (e) => e.code === 2 && /usage: npm run send/.test(e.stderr));
+  });
+});
+
+describe("npm run send: what became of the side effect", () => {
+  it("says the effect was delivered, from the record, with an admin token", async () => {
+    const { stderr } = await run("node", ["scripts/send.mjs", "batch.succeeded", "batches/sent3", "--url", w.url, "--secret", GEMINI_SECRET, "--admin-token", ADMIN_TOKEN]);
+    assert.match(stderr, /^effect: delivered to the destination/m);
+    assert.doesNotMatch(stderr, /hint:/);
+  });
+
+  it("hints at the destination when nothing listens at EFFECT_URL", async () => {
+    const nowhere = await startWorker({ EFFECT_URL: `http://127.0.0.1:${await freePort()}/effects` }, { http: true });
+    try {
+      const { stdout, stderr } = await run("node", ["scripts/send.mjs", "batch.succeeded", "batches/sent4", "--url", nowhere.url, "--secret", GEMINI_SECRET, "--admin-token", ADMIN_TOKEN]);
+      assert.match(stdout, /200=1$/m, "the delivery itself was accepted");
+      assert.match(stderr, /^effect: not delivered yet \(last_error: .+\); the worker retries it at /m);
+      assert.match(stderr, /^hint: is anything listening at EFFECT_URL\? .*npm run receive/m);
+      const op = await nowhere.inspect("batches/sent4");
+      assert.equal(op.body.effect_done, false);
+      assert.ok(op.body.last_error);
+    } finally {
+      await nowhere.dispose();
+    }
   });
 });

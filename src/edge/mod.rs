@@ -7,6 +7,7 @@
 //! retrying while an operator fixes it; every log line is one JSON object and holds no secret.
 
 mod admin_api;
+mod destination;
 mod dynamic_webhook;
 mod gate_object;
 mod lease_object;

@@ -1,0 +1,39 @@
+// The local configuration the scripts share: `.dev.vars` (what `wrangler dev` reads), and the
+// local addresses `npm start` serves by default.
+import { readFileSync, existsSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+import path from "node:path";
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+
+/** Where `npm start` runs the demo destination: the default EFFECT_URL of .dev.vars.example. */
+export const DEMO_EFFECT_URL = "http://127.0.0.1:8788/effects";
+/** Where `npm run gemini-stub` listens by default. */
+export const GEMINI_STUB_URL = "http://127.0.0.1:8789";
+/** Where `wrangler dev` listens unless told otherwise. */
+export const LOCAL_WORKER_URL = "http://127.0.0.1:8787";
+
+/** NAME=value lines of `file` (quotes stripped, comments and blank lines skipped); {} if absent. */
+export function devVars(file = path.join(ROOT, ".dev.vars")) {
+  const vars = {};
+  if (!existsSync(file)) return vars;
+  for (const line of readFileSync(file, "utf8").split("\n")) {
+    const m = line.match(/^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$/);
+    if (!m) continue;
+    let value = m[2];
+    const quoted = value.match(/^(["'])(.*)\1$/);
+    if (quoted) value = quoted[2];
+    else value = value.replace(/\s+#.*$/, "");
+    vars[m[1]] = value;
+  }
+  return vars;
+}
+
+/** Whether `url` is on this machine (so a local admin token may be sent there). */
+export function isLoopback(url) {
+  try {
+    return ["127.0.0.1", "localhost", "[::1]"].includes(new URL(url).hostname);
+  } catch {
+    return false;
+  }
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env node
+// The demo destination, and a starting point for your own: receives the worker's side
+// effects (EFFECT_URL), verifies each one's Standard Webhooks signature with
+// EFFECT_SIGNING_SECRET, drops a repeated `webhook-id`, and prints one line per request.
+//
+//   npm run receive -- [--port 8788] [--secret whsec_...]
+//
+// The secret defaults to EFFECT_SIGNING_SECRET in .dev.vars. `npm start` runs it at the
+// default EFFECT_URL (http://127.0.0.1:8788/effects) by itself.
+//
+// What a real receiver must do the same way:
+// - verify the raw body before parsing it (any Standard Webhooks library; here `standardwebhooks`);
+// - answer 2xx only once the effect is done: the worker retries anything else (5xx, 408, 409,
+//   429, timeouts) and parks the effect on any other 4xx;
+// - drop a `webhook-id` it has already handled (answer 2xx again): a retry of an effect you
+//   already applied. Keep the ids durably (a unique key in your database), not in memory as
+//   this demo does. A deliberate redelivery (`POST /v1/operations/{name}/redeliver`) comes
+//   with a new `webhook-id` and is meant to run again; `idempotency-key` is the operation's key.
+import { createServer } from "node:http";
+import { fileURLToPath } from "node:url";
+import path from "node:path";
+import { Webhook } from "standardwebhooks";
+
+/**
+ * An HTTP request handler for signed side effects. `log` gets one line per request, starting
+ * with `verified new`, `verified repeat` or `NOT verified`.
+ */
+export function effectReceiver(secret, { log = console.log } = {}) {
+  const webhook = new Webhook(secret);
+  const handled = new Set();
+  return (req, res) => {
+    const chunks = [];
+    req.on("data", (c) => chunks.push(c));
+    req.on("end", () => {
+      const answer = (status, body) => {
+        res.writeHead(status, { "content-type": "application/json" });
+        res.end(JSON.stringify(body));
+      };
+      if (req.method !== "POST") return answer(200, { demo_destination: "POST signed side effects here" });
+      const id = req.headers["webhook-id"];
+      let effect;
+      try {
+        effect = webhook.verify(Buffer.concat(chunks).toString("utf8"), req.headers);
+      } catch (e) {
+        log(`NOT verified (${e.message}) webhook-id=${id} ${req.url}: answered 401`);
+        return answer(401, { error: "signature not verified" });
+      }
+      const fields = ["key", "status", "settled_by", "output_file_uri", "output_file", "error_code", "error_message"]
+        .filter((k) => effect[k] != null)
+        .map((k) => `${k}=${typeof effect[k] === "string" ? effect[k] : JSON.stringify(effect[k])}`)
+        .join(" ");
+      if (handled.has(id)) {
+        log(`verified repeat ${fields} webhook-id=${id}: already handled, dropped`);
+        return answer(200, { ok: true, duplicate: true });
+      }
+      handled.add(id);
+      // Your side effect goes here (publish, bill, notify), before the 2xx.
+      log(`verified new ${fields} webhook-id=${id}`);
+      answer(200, { ok: true });
+    });
+  };
+}
+
+/** Listens on 127.0.0.1:`port` (0: any free port); resolves to the server. */
+export function listen(handler, port) {
+  return new Promise((resolve, reject) => {
+    const server = createServer(handler);
+    server.once("error", reject);
+    server.listen(port, "127.0.0.1", () => resolve(server));
+  });
+}
+
+async function main() {
+  const { devVars } = await import("./dev_vars.mjs");
+  const args = process.argv.slice(2);
+  const option = (name) => {
+    const i = args.indexOf(name);
+    return i >= 0 ? args[i + 1] : undefined;
+  };
+  const port = Number(option("--port") ?? 8788);
+  const secret = option("--secret") ?? devVars().EFFECT_SIGNING_SECRET;
+  if (!secret?.startsWith("whsec_") || !Number.isInteger(port)) {
+    console.error("usage: npm run receive -- [--port 8788] [--secret whsec_...]  (the secret defaults to EFFECT_SIGNING_SECRET in .dev.vars)");
+    process.exit(2);
+  }
+  const server = await listen(effectReceiver(secret, { log: (line) => console.log(`receive: ${line}`) }), port).catch((e) => {
+    console.error(`receive: cannot listen on 127.0.0.1:${port}: ${e.code ?? e.message}`);
+    process.exit(1);
+  });
+  console.log(`receive: demo destination at http://127.0.0.1:${server.address().port}/effects (verifying each signature)`);
+}
+
+if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) main();

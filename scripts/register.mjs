@@ -1,0 +1,61 @@
+#!/usr/bin/env node
+// Registers an operation with the worker (POST /v1/operations), as your code would when it
+// submits a job to Gemini, so reconciliation finds it if its completion never arrives.
+//
+//   npm run register -- NAME --kind KIND [--url URL] [--token ADMIN_TOKEN]
+//
+// The URL defaults to the local worker (http://127.0.0.1:8787), the token to ADMIN_TOKEN in
+// .dev.vars. Prints the answer; exits 0 when the worker created (201) or already knew (200) it.
+import { fileURLToPath } from "node:url";
+import path from "node:path";
+import { devVars, LOCAL_WORKER_URL } from "./dev_vars.mjs";
+
+const USAGE = "usage: npm run register -- NAME --kind KIND [--url URL] [--token ADMIN_TOKEN]";
+
+function fail(message) {
+  console.error(`register: ${message}\n${USAGE}`);
+  process.exit(2);
+}
+
+function parseArgs(argv) {
+  const opts = { url: LOCAL_WORKER_URL };
+  const positional = [];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    const value = () => (i + 1 < argv.length ? argv[++i] : fail(`${arg} needs a value`));
+    if (arg === "--kind") opts.kind = value();
+    else if (arg === "--url") opts.url = value();
+    else if (arg === "--token") opts.token = value();
+    else if (arg === "-h" || arg === "--help") { console.log(USAGE); process.exit(0); }
+    else if (arg.startsWith("--")) fail(`unknown option ${arg}`);
+    else positional.push(arg);
+  }
+  if (positional.length !== 1) fail("give one operation name (e.g. batches/abc)");
+  if (!opts.kind) fail("give --kind (what the side effect does, e.g. nightly-review)");
+  opts.name = positional[0];
+  opts.token ??= devVars().ADMIN_TOKEN;
+  if (!opts.token) fail("give --token (or set ADMIN_TOKEN in .dev.vars)");
+  return opts;
+}
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  const url = `${opts.url.replace(/\/+$/, "")}/v1/operations`;
+  let res;
+  try {
+    res = await fetch(url, {
+      method: "POST",
+      headers: { authorization: `Bearer ${opts.token}`, "content-type": "application/json" },
+      body: JSON.stringify({ name: opts.name, kind: opts.kind }),
+    });
+  } catch (e) {
+    console.error(`register: no answer from ${url} (${e.cause?.code ?? e.message}); is the worker running (npm start)?`);
+    process.exit(1);
+  }
+  const text = await res.text();
+  const what = { 201: "registered", 200: "already registered" }[res.status] ?? "refused";
+  console.log(`register: ${res.status} ${what} ${opts.name}: ${text}`);
+  process.exit(res.status === 200 || res.status === 201 ? 0 : 1);
+}
+
+if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) main();

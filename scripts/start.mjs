@@ -1,0 +1,54 @@
+// `npm start` after the build: runs `wrangler dev --test-scheduled` with the given arguments
+// and, in this same process, the local stand-ins .dev.vars points at: the demo destination
+// (scripts/receive.mjs) when EFFECT_URL is http://127.0.0.1:8788/effects, the Gemini stub
+// (scripts/gemini_stub.mjs) when GEMINI_API_BASE is http://127.0.0.1:8789. They live and die
+// with this process, and this process with wrangler: Ctrl-C, SIGTERM (to npm or to this
+// process) or the end of its parent stops wrangler, then exits, so nothing is left listening.
+import { spawn } from "node:child_process";
+import { constants } from "node:os";
+import path from "node:path";
+import { devVars, ROOT, DEMO_EFFECT_URL, GEMINI_STUB_URL } from "./dev_vars.mjs";
+import { effectReceiver, listen } from "./receive.mjs";
+import { geminiStub } from "./gemini_stub.mjs";
+
+const vars = devVars();
+const same = (a, b) => (a ?? "").replace(/\/+$/, "") === b;
+
+async function beside(what, url, makeHandler, hint) {
+  try {
+    await listen(makeHandler(), Number(new URL(url).port));
+    console.log(`start: ${what} at ${url}${hint}`);
+  } catch (e) {
+    console.log(`start: not starting the ${what} at ${url}: ${e.code === "EADDRINUSE" ? "something already listens there" : e.message}`);
+  }
+}
+
+if (same(vars.EFFECT_URL, DEMO_EFFECT_URL)) {
+  await beside("demo destination", DEMO_EFFECT_URL, () => effectReceiver(vars.EFFECT_SIGNING_SECRET, { log: (line) => console.log(`receive: ${line}`) }),
+    " (prints each side effect; EFFECT_URL in .dev.vars)");
+} else {
+  console.log(`start: EFFECT_URL is ${vars.EFFECT_URL}; side effects go there (no demo destination)`);
+}
+if (same(vars.GEMINI_API_BASE, GEMINI_STUB_URL)) {
+  await beside("Gemini stub", GEMINI_STUB_URL, () => geminiStub({ log: (line) => console.log(`gemini-stub: ${line}`) }).handler,
+    " (GEMINI_API_BASE; mark an operation done with npm run gemini-stub -- done NAME)");
+}
+
+const wrangler = spawn(path.join(ROOT, "node_modules/.bin/wrangler"), ["dev", "--test-scheduled", ...process.argv.slice(2)], { cwd: ROOT, stdio: "inherit" });
+let stopping = false;
+function stop() {
+  if (stopping) return;
+  stopping = true;
+  wrangler.kill("SIGTERM");
+  setTimeout(() => wrangler.kill("SIGKILL"), 10000).unref();
+}
+for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"]) process.on(signal, stop);
+// `npm start` runs this under a shell that dies on SIGTERM without passing it on, which would
+// leave this process and wrangler running: follow the parent, and stop when it is gone.
+const parent = process.ppid;
+setInterval(() => process.ppid !== parent && stop(), 500).unref();
+wrangler.on("error", (e) => {
+  console.error(`start: cannot run wrangler (${e.message}); run npm install first`);
+  process.exit(1);
+});
+wrangler.on("exit", (code, signal) => process.exit(code ?? 128 + (constants.signals[signal] ?? 0)));

@@ -1,0 +1,51 @@
+// `npm run register` against the built worker over real HTTP: registers an operation from a
+// shell the way the admin API documents it.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { startWorker, ADMIN_TOKEN } from "./helpers.mjs";
+
+const run = promisify(execFile);
+let w;
+
+before(async () => {
+  w = await startWorker({}, { http: true });
+});
+after(() => w?.dispose());
+
+const register = (...args) => run("node", ["scripts/register.mjs", ...args, "--url", w.url]);
+
+describe("npm run register", () => {
+  it("registers an operation as pending, and a second time changes nothing", async () => {
+    const first = await register("batches/reg1", "--kind", "nightly-review", "--token", ADMIN_TOKEN);
+    assert.match(first.stdout, /^register: 201 registered batches\/reg1: /);
+    const op = await w.inspect("batches/reg1");
+    assert.equal(op.status, 200);
+    assert.equal(op.body.kind, "nightly-review");
+    assert.equal(op.body.status, "pending");
+    const again = await register("batches/reg1", "--kind", "nightly-review", "--token", ADMIN_TOKEN);
+    assert.match(again.stdout, /^register: 200 already registered batches\/reg1: /);
+  });
+
+  it("registers a video operation under its key, keeping the full name", async () => {
+    await register("models/veo-3/operations/reg2", "--kind", "video", "--token", ADMIN_TOKEN);
+    const op = await w.inspect("operations/reg2");
+    assert.equal(op.body.name, "models/veo-3/operations/reg2");
+    assert.equal(op.body.kind, "video");
+  });
+
+  it("exits 1 on a wrong token, and the worker keeps nothing", async () => {
+    await assert.rejects(register("batches/reg3", "--kind", "k", "--token", "wrong"), (e) => e.code === 1 && /register: 401 refused/.test(e.stdout));
+    assert.equal((await w.inspect("batches/reg3")).status, 404);
+  });
+
+  it("explains its usage on bad arguments", async () => {
+    await assert.rejects(register("batches/reg4", "--token", ADMIN_TOKEN), (e) => e.code === 2 && /give --kind/.test(e.stderr) && /usage: npm run register/.test(e.stderr));
+  });
+
+  it("says when no worker answers", async () => {
+    await assert.rejects(run("node", ["scripts/register.mjs", "batches/reg5", "--kind", "k", "--token", "t", "--url", "http://127.0.0.1:9"]),
+      (e) => e.code === 1 && /no answer from http:\/\/127\.0\.0\.1:9\/v1\/operations/.test(e.stderr));
+  });
+});

@@ -1,0 +1,60 @@
+// `npm start` as a user runs it (wrangler dev, with this tree's .dev.vars, created from the
+// example when absent): it serves the worker and the local stand-ins .dev.vars points at,
+// and a SIGTERM to npm stops all of them, leaving no process and no listening port behind.
+import { describe, it, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { eachLine, freePort } from "../scripts/local_worker.mjs";
+import { eventually } from "./helpers.mjs";
+
+const state = mkdtempSync(path.join(os.tmpdir(), "gemini-once-start-"));
+after(() => rmSync(state, { recursive: true, force: true }));
+
+/** Processes whose command line names one of `needles` (this run's state directory or port). */
+function processesNaming(...needles) {
+  const found = [];
+  for (const pid of readdirSync("/proc").filter((p) => /^\d+$/.test(p))) {
+    try {
+      const cmd = readFileSync(`/proc/${pid}/cmdline`, "utf8").replaceAll("\0", " ");
+      if (needles.some((n) => cmd.includes(n))) found.push(`${pid} ${cmd}`);
+    } catch { /* gone meanwhile */ }
+  }
+  return found;
+}
+
+const answers = (url) => fetch(url).then(() => true, () => false);
+
+describe("npm start", () => {
+  it("serves the worker and stops with everything it started on SIGTERM", { timeout: 240000 }, async () => {
+    const port = await freePort();
+    const npm = spawn("npm", ["start", "--", "--port", String(port), "--ip", "127.0.0.1", "--persist-to", state], { stdio: ["ignore", "pipe", "pipe"] });
+    const lines = [];
+    eachLine(npm.stdout, (l) => lines.push(l));
+    eachLine(npm.stderr, (l) => lines.push(l));
+    const exited = new Promise((resolve) => npm.on("exit", resolve));
+    try {
+      await eventually(() => lines.some((l) => l.includes(`Ready on http://127.0.0.1:${port}`)), { timeoutMs: 200000, everyMs: 500, what: "wrangler dev to be ready" });
+      const health = await fetch(`http://127.0.0.1:${port}/healthz`);
+      assert.equal(health.status, 200, await health.text());
+      const demo = lines.find((l) => l.startsWith("start: demo destination at "));
+      if (demo) assert.equal((await fetch("http://127.0.0.1:8788/effects")).status, 200, "the demo destination answers");
+      assert.ok(processesNaming(state).length > 0);
+    } finally {
+      npm.kill("SIGTERM");
+    }
+    await exited;
+    try {
+      await eventually(async () => processesNaming(state, `entry=127.0.0.1:${port} `).length === 0 && !(await answers(`http://127.0.0.1:${port}/healthz`)),
+        { timeoutMs: 20000, what: "no process of this npm start left, the worker's port closed" });
+    } finally {
+      // Orphans hold our pipes open and would keep the test running: end them, then fail.
+      for (const p of processesNaming(state)) process.kill(Number(p.split(" ")[0]), "SIGTERM");
+      npm.stdout.destroy();
+      npm.stderr.destroy();
+    }
+    if (lines.some((l) => l.startsWith("start: demo destination at "))) assert.equal(await answers("http://127.0.0.1:8788/effects"), false, "the demo destination stopped");
+  });
+});
