@@ -119,10 +119,14 @@ describe("reconciliation", () => {
     gemini.set(key, batch("BATCH_STATE_RUNNING", "2026-11-22T12:00:00Z"));
     await w.deliver("batch.succeeded", key);
     await w.ledger(key, (m) => m.effect_done);
-    // KV is eventually consistent: make the ledger show the old state, as a lagging replica would.
+    // KV is eventually consistent: make the ledger and its open: index show the old state, as
+    // a lagging replica (or a lost delete of the index entry) would.
     const kv = await w.kv();
+    await eventually(async () => (await kv.get(`open:${key}`)) === null, { what: "index entry deleted on close" });
     const stale = await kv.getWithMetadata(`op:${key}`);
-    await kv.put(`op:${key}`, stale.value, { metadata: { ...stale.metadata, status: "pending", settled_at: null, effect_done: false } });
+    const old = { ...stale.metadata, status: "pending", settled_at: null, effect_done: false, version: 1 };
+    await kv.put(`op:${key}`, stale.value, { metadata: old });
+    await kv.put(`open:${key}`, "", { metadata: old });
     await w.scheduled();
     assert.equal(statusCallsFor(key).length, 1, "the stale entry cost one status call");
     const op = await w.inspect(key);
@@ -131,6 +135,13 @@ describe("reconciliation", () => {
     const dropped = op.body.history.filter((h) => h.what === "dropped");
     assert.deepEqual(dropped.map((h) => [h.source, h.reason, h.status]), [["reconcile", "regress_from_terminal", "running"]]);
     assert.equal(effectsFor(key).length, 1);
+    // The gate said the effect is done: the pass asked it to project again, which deletes the
+    // stale index entry and rewrites the ledger, so the lost delete cost one trip, not one a pass.
+    assert.ok(lastPass(w).reindexed >= 1, JSON.stringify(lastPass(w)));
+    await eventually(async () => (await kv.get(`open:${key}`)) === null, { what: "stale index entry deleted" });
+    await w.ledger(key, (m) => m.effect_done && m.status === "succeeded");
+    await w.scheduled();
+    assert.equal(statusCallsFor(key).length, 1, "not polled again");
   });
 
   it("delivers once to a destination that fails twice and then recovers", async () => {
@@ -305,13 +316,22 @@ describe("reconciliation cost", () => {
     try {
       for (let i = 0; i < 20; i++) await w.deliver("batch.succeeded", `batches/done${i}`);
       await sleep(1100); // let the last projections (one write a second per key) land
+      // The first pass also audits the whole ledger (the first audit is due at once).
+      await w.scheduled();
+      const audit = lastPass(w);
+      assert.equal(audit.audit, true);
+      assert.equal(audit.audit_listed, 20);
+      assert.equal(audit.index_listed, 0, "nothing open");
+      assert.equal(audit.audit_found, 0);
+      // A routine pass lists the open: index only: one empty page.
       await w.scheduled();
       const pass = lastPass(w);
-      assert.equal(pass.listed, 20);
+      assert.equal(pass.audit, false);
+      assert.equal(pass.listed, 0);
       assert.equal(pass.status_calls, 0);
       assert.equal(pass.bodies_read, 0);
       assert.equal(pass.effects_retried, 0);
-      assert.equal(pass.subrequests, 3, "lease, one list page, release");
+      assert.equal(pass.subrequests, 3, "lease, one index list page, release");
       assert.equal(pass.complete, true);
     } finally {
       await w.dispose();
@@ -340,7 +360,8 @@ describe("reconciliation cost", () => {
       assert.ok(lastPass(w).complete, "reached the end of the ledger");
       for (const p of all) assert.ok(p.subrequests <= budget, `pass spent ${p.subrequests} > ${budget}`);
       for (const key of keys) assert.ok(statusCallsFor(key).length >= 1, `${key} never polled`);
-      assert.equal(all.reduce((n, p) => n + p.listed, 0), keys.length, "each entry listed once across the passes");
+      for (const p of all) assert.equal(p.index_listed, keys.length, "each pass lists the whole index");
+      assert.equal(all.reduce((n, p) => n + p.visited, 0), keys.length, "each entry visited once across the passes");
     } finally {
       await w.dispose();
     }

@@ -34,7 +34,7 @@ use worker::{Delay, Env, KvStore, Method};
 
 use crate::alert::UNKNOWN_TO_GEMINI;
 use crate::config::Config;
-use crate::gate_protocol::{GateCommand, GateReply, LeaseCommand, LeaseReply};
+use crate::gate_protocol::{EffectReport, GateCommand, GateReply, LeaseCommand, LeaseReply};
 use crate::key::Collection;
 use crate::ledger::{LedgerMeta, OPEN_PREFIX, OP_PREFIX};
 use crate::lifecycle::{Source, Status};
@@ -84,8 +84,10 @@ pub struct PassReport {
     pub audit_kv_lists: u64,
     /// `op:` entries that may need work and were not in the index: acted on.
     pub audit_found: u64,
-    /// Gates asked to project again (an index entry missing, or left behind).
-    pub audit_reindexed: u64,
+    /// Gates asked to project again: by the audit (an index entry missing, or left behind),
+    /// or by the routine walk when a gate answered that the operation it was listed for is
+    /// closed, its side effect done (a lost delete, or a lagging list).
+    pub reindexed: u64,
     pub audit_complete: bool,
     pub bodies_read: u64,
     pub status_calls: u64,
@@ -117,7 +119,7 @@ impl PassReport {
             "audit_listed": self.audit_listed,
             "audit_kv_lists": self.audit_kv_lists,
             "audit_found": self.audit_found,
-            "audit_reindexed": self.audit_reindexed,
+            "reindexed": self.reindexed,
             "audit_complete": self.audit_complete,
             "bodies_read": self.bodies_read,
             "status_calls": self.status_calls,
@@ -628,7 +630,7 @@ impl Pass<'_> {
                     if verdict == AuditVerdict::Stale {
                         log(json!({"event": "index_stale", "key": key}));
                     }
-                    self.report.audit_reindexed += 1;
+                    self.report.reindexed += 1;
                     self.gate(key, &GateCommand::Reindex).await;
                 }
                 resume.after_key = Some(entry.name.clone());
@@ -755,7 +757,8 @@ impl Pass<'_> {
             Action::Poll => return self.poll(key, meta).await,
             Action::RetryEffect => {
                 self.report.effects_retried += 1;
-                self.gate(key, &GateCommand::RetryEffect).await;
+                let reply = self.gate(key, &GateCommand::RetryEffect).await;
+                self.reindex_if_done(key, reply.as_ref()).await;
             }
             Action::Alert { kind, age_secs } => {
                 let command = GateCommand::Alert {
@@ -878,13 +881,39 @@ impl Pass<'_> {
             },
             require_registration: false,
         };
-        if let Some(GateReply::Applied { status, .. }) = self.gate(key, &command).await {
-            if Status::parse(&status).is_terminal() {
+        let reply = self.gate(key, &command).await;
+        if let Some(GateReply::Applied { status, .. }) = &reply {
+            if Status::parse(status).is_terminal() {
                 self.report.settled += 1;
                 log(json!({"event": "settled_by_reconcile", "key": key, "status": status}));
             }
         }
+        self.reindex_if_done(key, reply.as_ref()).await;
         true
+    }
+
+    /// The entry was listed as needing work, but its gate says the side effect is done: the
+    /// listing is stale (an index entry whose delete was lost, or a list lagging behind a
+    /// close). Ask the gate to project again, which deletes the index entry, so a lost delete
+    /// costs one trip, not one per pass. A pass-level race (closed since it was listed) costs
+    /// at most one redundant projection.
+    async fn reindex_if_done(&mut self, key: &str, reply: Option<&GateReply>) {
+        let done = matches!(
+            reply,
+            Some(
+                GateReply::Effect {
+                    effect: EffectReport::Delivered
+                } | GateReply::Dropped {
+                    effect: EffectReport::Delivered,
+                    ..
+                }
+            )
+        );
+        if done && self.affords(1) {
+            self.report.reindexed += 1;
+            log(json!({"event": "index_stale", "key": key}));
+            self.gate(key, &GateCommand::Reindex).await;
+        }
     }
 }
 
