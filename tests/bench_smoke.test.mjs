@@ -40,9 +40,18 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
 
     const [ledger] = r.reconcile;
     assert.equal(ledger.size, 300);
+    // The audit over the whole ledger: every seeded entry listed, nothing missing from the index.
+    assert.ok(ledger.audit.complete, "the audit reached the end of op:");
+    assert.equal(ledger.audit.audit_listed, ledger.seeded_done);
+    assert.equal(ledger.audit.found, 0);
+    assert.equal(ledger.audit.bodies_read, 0);
+    assert.equal(ledger.index_entries, ledger.needing_work, "only open operations are indexed");
     assert.deepEqual(ledger.coverages.map((c) => c.phase), ["first", "steady", "all_done"]);
     for (const c of ledger.coverages) {
       assert.ok(c.complete, `${c.phase}: covered the ledger`);
+      assert.equal(c.audits, 0, `${c.phase}: routine passes only`);
+      assert.ok(c.every_pass_lists_every_open_entry, `${c.phase}: each pass lists the open entries, only those`);
+      assert.equal(c.listed, c.passes * c.needing_status, `${c.phase}: nothing but the index listed`);
       assert.equal(c.status_calls_for_done_entries, 0, `${c.phase}: polled a done entry`);
       assert.equal(c.bodies_read, 0, `${c.phase}: read a ledger value`);
       assert.equal(c.status_calls, c.needing_status, `${c.phase}: status calls`);
@@ -50,6 +59,7 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
     }
     assert.equal(ledger.coverages[2].status_calls, 0);
     assert.equal(ledger.coverages[2].gate_calls, 0);
+    assert.equal(ledger.coverages[2].kv_lists, 1, "a quiet ledger: one empty index page");
 
     assert.ok(r.build.wasm_raw_bytes > 0 && r.build.wasm_gzip_bytes > 0);
     assert.ok(r.build.startup.miniflare_process_ms[0] > 0);
