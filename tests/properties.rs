@@ -1133,7 +1133,7 @@ proptest! {
 // Configuration
 // ---------------------------------------------------------------------------------------------
 
-const VARS: [&str; 23] = [
+const VARS: [&str; 24] = [
     "GEMINI_WEBHOOK_SECRETS",
     "EFFECT_URL",
     "EFFECT_SIGNING_SECRET",
@@ -1152,6 +1152,7 @@ const VARS: [&str; 23] = [
     "RECONCILE_BUDGET",
     "RECONCILE_LEASE_SECONDS",
     "RECONCILE_DEADLINE_SECONDS",
+    "RECONCILE_AUDIT_SECONDS",
     "GEMINI_API_BASE",
     "GEMINI_API_KEY",
     "ALERT_URL",
@@ -1207,7 +1208,7 @@ fn var_value(name: &'static str) -> BoxedStrategy<Option<String>> {
 }
 
 /// The documented range of every whole-number variable (README, Configuration).
-const RANGES: [(&str, i64, i64); 14] = [
+const RANGES: [(&str, i64, i64); 15] = [
     ("SIGNATURE_TOLERANCE_SECONDS", 0, 86_400),
     ("EFFECT_TIMEOUT_MS", 1, 600_000),
     ("CLAIM_TTL_SECONDS", 1, 86_400),
@@ -1221,6 +1222,7 @@ const RANGES: [(&str, i64, i64); 14] = [
     ("RECONCILE_BUDGET", 5, 10_000),
     ("RECONCILE_LEASE_SECONDS", 5, 600),
     ("RECONCILE_DEADLINE_SECONDS", 1, 600),
+    ("RECONCILE_AUDIT_SECONDS", 0, 604_800),
     ("LEDGER_RETENTION_SECONDS", 1, 315_360_000),
 ];
 
