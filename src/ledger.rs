@@ -45,6 +45,13 @@ pub struct LedgerMeta {
     pub forgotten: bool,
     /// The gate's record version this projection shows.
     pub version: u64,
+    /// The registered kind, for the operator's listing filter (absent in entries written
+    /// before it was kept, and when there is none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Which path settled it (`webhook`, `reconcile`, `operator`), for the same listing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_by: Option<String>,
 }
 
 /// Everything one ledger write needs.
@@ -91,6 +98,8 @@ pub fn project(op: &Operation, retention_secs: i64) -> Projection {
         alerts: op.alerts.clone(),
         forgotten: op.forgotten.is_some(),
         version: op.version,
+        kind: op.kind.clone(),
+        settled_by: op.settled_by.map(|s| s.as_str().to_string()),
     };
     Projection {
         kv_key: op_key(&op.key),
@@ -171,6 +180,7 @@ mod tests {
         succeeded(&mut op);
         op.claim(5_000, 600_000);
         let meta = serde_json::to_string(&project(&op, 1).metadata).unwrap();
+        assert!(meta.contains(r#""settled_by":"webhook""#), "{meta}");
         assert!(meta.len() < 1024, "{} bytes", meta.len());
     }
 
