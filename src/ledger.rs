@@ -98,7 +98,9 @@ pub fn project(op: &Operation, retention_secs: i64) -> Projection {
         alerts: op.alerts.clone(),
         forgotten: op.forgotten.is_some(),
         version: op.version,
-        kind: op.kind.clone(),
+        // A kind is at most 100 bytes, but a control character would be escaped to six in
+        // the metadata's JSON: such a kind is left out rather than risk KV's 1024 bytes.
+        kind: op.kind.clone().filter(|k| !k.chars().any(char::is_control)),
         settled_by: op.settled_by.map(|s| s.as_str().to_string()),
     };
     Projection {
@@ -182,6 +184,14 @@ mod tests {
         let meta = serde_json::to_string(&project(&op, 1).metadata).unwrap();
         assert!(meta.contains(r#""settled_by":"webhook""#), "{meta}");
         assert!(meta.len() < 1024, "{} bytes", meta.len());
+    }
+
+    #[test]
+    fn metadata_keeps_the_kind_unless_it_would_escape_long() {
+        let op = Operation::register("batches/a", "batches/a", Some("nightly".into()), 1_000);
+        assert_eq!(project(&op, 1).metadata.kind.as_deref(), Some("nightly"));
+        let op = Operation::register("batches/a", "batches/a", Some("\u{1}".repeat(100)), 1_000);
+        assert_eq!(project(&op, 1).metadata.kind, None);
     }
 
     #[test]

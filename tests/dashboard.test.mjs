@@ -222,6 +222,24 @@ describe("dashboard", () => {
     assert.match(await page.locator("#op-title").textContent(), new RegExp(DONE));
   });
 
+  it("pages a filtered search with the listing's cursor, and lists from a key prefix", async () => {
+    const seen = [];
+    let cursor = null;
+    for (let pages = 0; pages < 20; pages++) {
+      const r = await w.admin(`/v1/operations?q=nightly-review&limit=1${cursor ? `&cursor=${cursor}` : ""}`);
+      assert.equal(r.status, 200);
+      seen.push(...r.body.operations.map((o) => o.key));
+      if (r.body.complete) break;
+      cursor = r.body.cursor;
+    }
+    assert.deepEqual(seen, ["batches/nightly-review-0409", RECONCILED, DONE], "each once, in key order");
+    const byPrefix = await w.admin("/v1/operations?prefix=batches/billing-&parked=false");
+    assert.deepEqual(byPrefix.body.operations.map((o) => [o.key, o.kind, o.settled_by]), [[FLAKY, "billing", "webhook"]]);
+    const refused = await w.admin("/v1/operations?settled_by=registration");
+    assert.equal(refused.status, 400);
+    assert.match(refused.body.error, /settled_by/);
+  });
+
   it("shows one operation's record and its history as a timeline, and redelivers it with a reason", async () => {
     await go("op/" + encodeURIComponent(DONE));
     assert.equal(await page.locator('#op-record dd[data-field="kind"]').textContent(), "nightly-review");
