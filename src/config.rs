@@ -382,6 +382,74 @@ impl Config {
     }
 }
 
+/// A URL as the operator's page may show it: its origin only, because a destination or an
+/// alert sink often carries a credential in its path or query (a Slack webhook URL is one).
+fn origin_only(url: &str) -> String {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let end = url[after_scheme..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| after_scheme + i);
+    // userinfo (user:password@) is a credential too.
+    let authority = &url[after_scheme..end];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let rest = if end < url.len() { "/\u{2026}" } else { "" };
+    format!("{}{host}{rest}", &url[..after_scheme])
+}
+
+impl Config {
+    /// The configuration in force as the operator's page shows it (`GET /v1/config`): every
+    /// variable by name with its value, except that secrets are only `set` or `not set` and
+    /// URLs that may carry a credential show their origin only. Never a secret's bytes.
+    pub fn public_view(&self) -> serde_json::Value {
+        use serde_json::json;
+        let set = |b: bool| if b { "set" } else { "not set" };
+        let routes: serde_json::Map<String, serde_json::Value> = self
+            .effect_routes
+            .iter()
+            .map(|(kind, url)| (kind.clone(), json!(origin_only(url))))
+            .collect();
+        // One row per variable, in the README's order: kept as a table.
+        #[rustfmt::skip]
+        let settings = [
+            ("GEMINI_WEBHOOK_SECRETS", json!(format!("set ({})", self.webhook_secrets.len())), true),
+            ("EFFECT_URL", json!(origin_only(&self.effect_url)), false),
+            ("EFFECT_ROUTES", json!(routes), false),
+            ("EFFECT_SIGNING_SECRET", json!("set"), true),
+            ("ADMIN_TOKEN", json!("set"), true),
+            ("GEMINI_API_KEY", json!(set(self.gemini_api_key.is_some())), true),
+            ("SIGNATURE_TOLERANCE_SECONDS", json!(self.tolerance_secs), false),
+            ("EFFECT_TIMEOUT_MS", json!(self.effect_timeout_ms), false),
+            ("CLAIM_TTL_SECONDS", json!(self.claim_ttl_secs), false),
+            ("LEDGER_RETENTION_DAYS", json!(self.retention_days), false),
+            ("LEDGER_RETENTION_SECONDS", json!(self.retention_secs_override), false),
+            ("REQUIRE_REGISTRATION", json!(self.require_registration), false),
+            ("MAX_BODY_BYTES", json!(self.max_body_bytes), false),
+            ("EFFECT_RETRY_BASE_SECONDS", json!(self.retry_base_secs), false),
+            ("EFFECT_RETRY_MAX_SECONDS", json!(self.retry_max_secs), false),
+            ("RECONCILE_GRACE_SECONDS", json!(self.reconcile_grace_secs), false),
+            ("STUCK_AFTER_SECONDS", json!(self.stuck_after_secs), false),
+            ("EFFECT_ALERT_AFTER_SECONDS", json!(self.effect_alert_after_secs), false),
+            ("RECONCILE_BUDGET", json!(self.reconcile_budget), false),
+            ("RECONCILE_LEASE_SECONDS", json!(self.reconcile_lease_secs), false),
+            ("RECONCILE_DEADLINE_SECONDS", json!(self.reconcile_deadline_secs), false),
+            ("STATS_FLUSH_SECONDS", json!(self.stats_flush_secs), false),
+            ("GEMINI_API_BASE", json!(self.gemini_api_base), false),
+            ("ALERT_URL", json!(self.alert_url.as_deref().map(origin_only)), false),
+            ("GEMINI_WEBHOOK_NAME", json!(self.gemini_webhook_name), false),
+            ("DYNAMIC_WEBHOOKS", json!(self.dynamic_webhooks), false),
+            ("GEMINI_JWKS_URL", json!(self.gemini_jwks_url), false),
+            ("GEMINI_JWT_AUDIENCE", json!(self.gemini_jwt_audience), false),
+        ];
+        json!({
+            "settings": settings
+                .iter()
+                .map(|(name, value, secret)| json!({"name": name, "value": value, "secret": secret}))
+                .collect::<Vec<_>>(),
+            "warnings": self.warnings(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -595,5 +663,67 @@ mod tests {
         assert!(!dump.contains("t0ken"));
         assert!(!dump.contains("AIzaSECRET"));
         assert!(!dump.contains("MfKQ9r8"));
+    }
+
+    #[test]
+    fn public_view_names_every_setting_and_shows_no_secret() {
+        let mut vars = base();
+        vars.insert("GEMINI_API_KEY", "AIza-very-secret-key".to_string());
+        vars.insert(
+            "ALERT_URL",
+            "https://hooks.slack.com/services/T0/B0/s3cr3tpath".to_string(),
+        );
+        vars.insert(
+            "EFFECT_URL",
+            "https://user:pw@dest.example:8443/hooks?token=abc".to_string(),
+        );
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"billing":"https://bill.example/in/tok"}"#.to_string(),
+        );
+        vars.insert("CLAIM_TTL_SECONDS", "10".to_string());
+        let view = parse(&vars).unwrap().public_view();
+        let text = view.to_string();
+        for secret in [
+            SECRET,
+            "t0ken",
+            "AIza-very-secret-key",
+            "s3cr3tpath",
+            "pw@",
+            "token=abc",
+            "/in/tok",
+        ] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+        let value = |name: &str| {
+            view["settings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == name)
+                .unwrap_or_else(|| panic!("{name} missing"))["value"]
+                .clone()
+        };
+        assert_eq!(value("GEMINI_API_KEY"), "set");
+        assert_eq!(value("GEMINI_WEBHOOK_SECRETS"), "set (1)");
+        assert_eq!(value("EFFECT_URL"), "https://dest.example:8443/\u{2026}");
+        assert_eq!(value("ALERT_URL"), "https://hooks.slack.com/\u{2026}");
+        assert_eq!(
+            value("EFFECT_ROUTES")["billing"],
+            "https://bill.example/\u{2026}"
+        );
+        assert_eq!(value("CLAIM_TTL_SECONDS"), 10);
+        assert_eq!(value("GEMINI_JWT_AUDIENCE"), serde_json::Value::Null);
+        assert_eq!(
+            view["warnings"].as_array().unwrap().len(),
+            1,
+            "the short claim TTL"
+        );
+        vars.remove("GEMINI_API_KEY");
+        let view = parse(&vars).unwrap().public_view();
+        assert!(view
+            .to_string()
+            .contains(r#""name":"GEMINI_API_KEY","secret":true,"value":"not set""#));
+        assert_eq!(origin_only("http://127.0.0.1:9"), "http://127.0.0.1:9");
     }
 }

@@ -288,6 +288,8 @@ mod tests {
             alerts: vec![],
             forgotten: false,
             version: 1,
+            kind: None,
+            settled_by: None,
         }
     }
 
