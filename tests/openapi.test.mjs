@@ -361,7 +361,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     assert.deepEqual([...queried].sort(), documentedQueryParams());
   });
 
-  it("documents every route the worker's router names", () => {
+  it("documents every route the router names and every list parameter ListQuery::parse accepts", () => {
     // The routes are string literals in the router; a new one must be described.
     const router = read("src/edge/mod.rs") + read("src/edge/admin_api.rs");
     const paths = Object.keys(doc.paths);
@@ -371,5 +371,12 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     for (const [, action] of router.matchAll(/Some\(\(name, "([a-z_]+)"\)\)/g)) {
       assert.ok(paths.includes(`/v1/operations/{name}/${action}`), `action ${action} is in docs/openapi.yaml`);
     }
+    // The listing's parameters are the match arms of ListQuery::parse (`"true" => Ok(true)`
+    // is a value, not a parameter).
+    const admin = read("src/admin.rs");
+    const parse = admin.slice(admin.indexOf("pub fn parse<'a>("), admin.indexOf("Ok(q)"));
+    const accepted = [...parse.matchAll(/"([a-z_]+)" => (?!Ok\()/g)].map(([, name]) => `GET /v1/operations ?${name}`).sort();
+    assert.ok(accepted.length > 0, "found ListQuery::parse");
+    assert.deepEqual(accepted, documentedQueryParams().filter((p) => p.startsWith("GET /v1/operations ?")));
   });
 });
