@@ -406,7 +406,14 @@ impl Config {
         let routes: serde_json::Map<String, serde_json::Value> = self
             .effect_routes
             .iter()
-            .map(|(kind, url)| (kind.clone(), json!(origin_only(url))))
+            .map(|(kind, destination)| {
+                let shown = match destination {
+                    Destination::Url(url) => origin_only(url),
+                    Destination::Queue(binding) => format!("queue:{binding}"),
+                    Destination::Service(binding) => format!("service:{binding}"),
+                };
+                (kind.clone(), json!(shown))
+            })
             .collect();
         // One row per variable, in the README's order: kept as a table.
         #[rustfmt::skip]
