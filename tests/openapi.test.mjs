@@ -12,7 +12,7 @@ import { readFileSync } from "node:fs";
 import { generateKeyPairSync, sign as rsaSign } from "node:crypto";
 import Ajv2020 from "ajv/dist/2020.js";
 import YAML from "yaml";
-import { startWorker, startServer, startDestination, eventually, signedHeaders, ADMIN_TOKEN } from "./helpers.mjs";
+import { startWorker, startServer, startDestination, eventually, signedHeaders, ADMIN_TOKEN, GEMINI_SECRET, EFFECT_SECRET } from "./helpers.mjs";
 
 const read = (p) => readFileSync(new URL(`../${p}`, import.meta.url), "utf8");
 const doc = YAML.parse(read("docs/openapi.yaml"));
@@ -155,6 +155,8 @@ const deliver = (worker, type, id, opts = {}) => {
   return call(worker, "POST", "/webhooks/gemini", "/webhooks/gemini", { token: false, body, headers: signedHeaders(body, opts), expect: opts.expect });
 };
 
+const WEBHOOK_NAME = "webhooks/oa-receiver";
+const ROUTE_TOKEN = "oa-route-credential";
 let w, broken, dest, jwks, gemini;
 /** Per key, what the destination answers. */
 const plans = new Map();
@@ -162,8 +164,11 @@ const plans = new Map();
 before(async () => {
   dest = await startDestination((req) => plans.get(req.headers["idempotency-key"])?.() ?? { status: 200 });
   jwks = await startServer(() => ({ status: 200, body: { keys: [jwk] } }));
-  // Gemini's status API, asked to confirm a dynamic webhook: still running.
-  gemini = await startServer((req) => ({ status: 200, body: { name: req.url.replace("/v1beta/", ""), metadata: { state: "BATCH_STATE_RUNNING" }, done: false } }));
+  // Gemini's API: the webhook the passes check (GEMINI_WEBHOOK_NAME) is disabled; every
+  // operation, asked about by a pass or to confirm a dynamic webhook, is still running.
+  gemini = await startServer((req) => req.url.startsWith("/v1beta/webhooks")
+    ? { status: 200, body: { webhooks: [{ id: "w1", name: WEBHOOK_NAME, state: "disabled" }] } }
+    : { status: 200, body: { name: req.url.replace("/v1beta/", ""), metadata: { state: "BATCH_STATE_RUNNING" }, done: false } });
   [w, broken] = await Promise.all([
     startWorker({
       EFFECT_URL: `${dest.url}/effects`,
@@ -171,6 +176,9 @@ before(async () => {
       GEMINI_JWKS_URL: `${jwks.url}/.well-known/jwks.json`,
       GEMINI_API_BASE: gemini.url,
       GEMINI_API_KEY: "test-api-key",
+      GEMINI_WEBHOOK_NAME: WEBHOOK_NAME,
+      // Routes for kinds no test registers: only /v1/config shows them.
+      EFFECT_ROUTES: JSON.stringify({ "oa-queue": "queue:OA_QUEUE", "oa-service": "service:OA_SERVICE", "oa-url": `${dest.url}/routed?token=${ROUTE_TOKEN}` }),
     }),
     startWorker({ ADMIN_TOKEN: undefined }),
   ]);
@@ -200,7 +208,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
   it("unknown paths and methods", async () => {
     await call(w, "GET", "any route: NotFound", "/nowhere", { expect: 404 });
     await call(w, "GET", "any route: NotFound", "/v1/nowhere", { expect: 404 });
-    for (const [method, url] of [["POST", "/healthz"], ["POST", "/dashboard"], ["GET", "/webhooks/gemini"], ["PUT", "/v1/operations"], ["DELETE", "/v1/operations/batches/x"], ["POST", "/v1/operations/batches/x/undo"], ["POST", "/v1/stats"]]) {
+    for (const [method, url] of [["POST", "/healthz"], ["POST", "/dashboard"], ["GET", "/webhooks/gemini"], ["PUT", "/v1/operations"], ["DELETE", "/v1/operations/batches/x"], ["POST", "/v1/operations/batches/x/undo"], ["POST", "/v1/stats"], ["POST", "/v1/config"]]) {
       await call(w, method, "any route: MethodNotAllowed", url, { expect: 405 });
     }
   });
@@ -322,15 +330,76 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     await call(w, "POST", route, url, { body: oversized(ADMIN_CAP), expect: 413 });
   });
 
+  it("GET /v1/operations with the dashboard's filters: kind, parked, settled_by, forgotten, prefix, q", async () => {
+    const list = async (query) => (await call(w, "GET", "/v1/operations", `/v1/operations?${query}&limit=500`, { expect: 200 })).body;
+    const keys = (page) => page.operations.map((o) => o.key).sort();
+    // a: settled by its webhook, then parked by the destination; b: pending, registered by its
+    // full name; c: forgotten. All three of one kind no other test uses.
+    const [a, b, c] = ["batches/oa-filter-a", "batches/oa-filter-b", "batches/oa-filter-c"];
+    plans.set(a, () => ({ status: 422 }));
+    await register(a, "oa-filter", 201);
+    await register("projects/p/locations/europe-west4/batches/oa-filter-b", "oa-filter", 201);
+    await register(c, "oa-filter", 201);
+    await deliver(w, "batch.succeeded", a, { expect: 200 });
+    await call(w, "POST", "/v1/operations/{name}/forget", `/v1/operations/${c}/forget`, { expect: 200 });
+    await w.ledger(a, (m) => m.parked && m.settled_by === "webhook");
+    await w.ledger(c, (m) => m.forgotten);
+    await w.ledger(b);
+
+    const all = await list("kind=oa-filter");
+    assert.deepEqual(keys(all), [a, b, c]);
+    assert.ok(all.complete);
+    const entry = Object.fromEntries(all.operations.map((o) => [o.key, o]));
+    assert.deepEqual([entry[a].kind, entry[a].settled_by, entry[a].status, entry[a].effect_parked], ["oa-filter", "webhook", "succeeded", true]);
+    assert.deepEqual([entry[b].settled_by, entry[b].name], [null, "projects/p/locations/europe-west4/batches/oa-filter-b"]);
+    assert.deepEqual(keys(await list("kind=oa-filter&parked=true")), [a]);
+    assert.deepEqual(keys(await list("kind=oa-filter&parked=false")), [b, c]);
+    assert.deepEqual(keys(await list("kind=oa-filter&settled_by=webhook")), [a]);
+    assert.deepEqual(keys(await list("kind=oa-filter&settled_by=reconcile")), []);
+    assert.deepEqual(keys(await list("kind=oa-filter&forgotten=true")), [c]);
+    assert.deepEqual(keys(await list("kind=oa-filter&forgotten=false")), [a, b]);
+    // The prefix alone (no kind): the listing starts from it.
+    assert.deepEqual(keys(await list(`prefix=${enc("batches/oa-filter-")}`)), [a, b, c]);
+    // Text in the key, any case; text only in the full name.
+    assert.deepEqual(keys(await list("q=OA-FILTER-B")), [b]);
+    assert.deepEqual(keys(await list(`q=${enc("locations/europe-west4/batches/oa-filter")}`)), [b]);
+    assert.deepEqual(keys(await list("kind=no-such-kind")), []);
+    for (const bad of ["settled_by=registration", "kind=", "parked=yes", "forgotten=1", "prefix=%20", `q=${"x".repeat(401)}`, `kind=${"k".repeat(101)}`]) {
+      await call(w, "GET", "/v1/operations", `/v1/operations?${bad}`, { expect: 400 });
+    }
+  });
+
+  it("GET /v1/config", async () => {
+    const res = await call(w, "GET", "/v1/config", "/v1/config", { expect: 200 });
+    // Every variable the document names is shown, each once.
+    const documented = doc.components.schemas.PublicConfig.properties.settings.items.oneOf
+      .flatMap((o) => o.properties.name.enum ?? [o.properties.name.const]).sort();
+    const names = res.body.settings.map((s) => s.name);
+    assert.deepEqual([...names].sort(), documented);
+    const value = Object.fromEntries(res.body.settings.map((s) => [s.name, s.value]));
+    assert.deepEqual(value.EFFECT_ROUTES, { "oa-queue": "queue:OA_QUEUE", "oa-service": "service:OA_SERVICE", "oa-url": `${dest.url}/\u2026` });
+    assert.equal(value.EFFECT_URL, `${dest.url}/\u2026`);
+    assert.deepEqual([value.GEMINI_WEBHOOK_SECRETS, value.GEMINI_API_KEY, value.ADMIN_TOKEN, value.GEMINI_WEBHOOK_NAME, value.MAX_BODY_BYTES], ["set (1)", "set", "set", WEBHOOK_NAME, MAX_BODY_BYTES]);
+    const text = JSON.stringify(res.body);
+    for (const secret of [ADMIN_TOKEN, GEMINI_SECRET, EFFECT_SECRET, "test-api-key", ROUTE_TOKEN]) assert.ok(!text.includes(secret), `${secret} is not shown`);
+    await call(w, "GET", "/v1/config", "/v1/config", { token: false, expect: 401 });
+  });
+
   it("GET /v1/stats", async () => {
     await w.scheduled();
     // Counts reach the shards within STATS_FLUSH_SECONDS (1 s in tests).
     const stats = await eventually(async () => {
       const s = await call(w, "GET", "/v1/stats", "/v1/stats", { expect: 200 });
-      return s.body.recent_drops.length > 0 && s.body.reconcile?.last && s;
-    }, { what: "a dropped event and a reconcile pass in /v1/stats" });
+      return s.body.recent_drops.length > 0 && s.body.reconcile?.last && s.body.hourly.some((h) => h.deliveries > 0) && s;
+    }, { what: "a dropped event, a reconcile pass and hourly deliveries in /v1/stats" });
     assert.ok(stats.body.total.deliveries >= 1);
     assert.ok(stats.body.recent_drops.some((d) => d.key === "batches/oa-hook" && d.reason === "conflicting_terminal"));
+    // 24 consecutive hours, oldest first.
+    const hours = stats.body.hourly.map((h) => Date.parse(h.hour));
+    for (let i = 1; i < hours.length; i++) assert.equal(hours[i] - hours[i - 1], 3_600_000);
+    assert.ok(stats.body.hourly.some((h) => h.dropped > 0), "the dropped events are in the trend");
+    // The pass found the configured Gemini webhook disabled.
+    assert.deepEqual(stats.body.gemini_webhook, { name: WEBHOOK_NAME, alerted_state: "disabled" });
     await call(w, "GET", "/v1/stats", "/v1/stats", { token: false, expect: 401 });
   });
 
@@ -347,6 +416,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       ["POST", "/v1/operations/{name}/redeliver", "/v1/operations/batches/x/redeliver", {}],
       ["POST", "/v1/operations/{name}/forget", "/v1/operations/batches/x/forget", {}],
       ["GET", "/v1/stats", "/v1/stats", {}],
+      ["GET", "/v1/config", "/v1/config", {}],
     ];
     for (const [method, route, url, opts] of requests) {
       const res = await call(broken, method, route, url, { ...opts, expect: 503 });
@@ -371,11 +441,13 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     for (const [, action] of router.matchAll(/Some\(\(name, "([a-z_]+)"\)\)/g)) {
       assert.ok(paths.includes(`/v1/operations/{name}/${action}`), `action ${action} is in docs/openapi.yaml`);
     }
-    // The listing's parameters are the match arms of ListQuery::parse (`"true" => Ok(true)`
-    // is a value, not a parameter).
+    // The listing's parameters are the match arms of ListQuery::parse, one name or several
+    // (`"prefix" | "q" =>`); `"true" => Ok(true)` is a value, not a parameter.
     const admin = read("src/admin.rs");
     const parse = admin.slice(admin.indexOf("pub fn parse<'a>("), admin.indexOf("Ok(q)"));
-    const accepted = [...parse.matchAll(/"([a-z_]+)" => (?!Ok\()/g)].map(([, name]) => `GET /v1/operations ?${name}`).sort();
+    const accepted = [...parse.matchAll(/((?:"[a-z_]+" \| )*"[a-z_]+") => (?!Ok\()/g)]
+      .flatMap(([, arm]) => [...arm.matchAll(/"([a-z_]+)"/g)].map(([, name]) => `GET /v1/operations ?${name}`))
+      .sort();
     assert.ok(accepted.length > 0, "found ListQuery::parse");
     assert.deepEqual(accepted, documentedQueryParams().filter((p) => p.startsWith("GET /v1/operations ?")));
   });
