@@ -185,7 +185,9 @@ impl Config {
     /// Where the side effect of an operation of `kind` goes.
     pub fn destination_for(&self, kind: Option<&str>) -> Destination {
         kind.and_then(|k| self.effect_routes.iter().find(|(route, _)| route == k))
-            .map_or(Destination::Url(self.effect_url.clone()), |(_, d)| d.clone())
+            .map_or(Destination::Url(self.effect_url.clone()), |(_, d)| {
+                d.clone()
+            })
     }
 
     /// Reads every variable through `lookup` (absent and empty are the same).
@@ -241,12 +243,10 @@ impl Config {
                         Some(("service", b)) if is_binding_name(b) => {
                             Destination::Service(b.into())
                         }
-                        Some(("queue" | "service", _)) => {
-                            return Err(err(
-                                "EFFECT_ROUTES",
-                                "a queue: or service: route must name a binding (letters, digits, _)",
-                            ))
-                        }
+                        Some(("queue" | "service", _)) => return Err(err(
+                            "EFFECT_ROUTES",
+                            "a queue: or service: route must name a binding (letters, digits, _)",
+                        )),
                         _ => Destination::Url(url("EFFECT_ROUTES", target)?),
                     };
                     routes.push((kind, destination));
@@ -587,7 +587,10 @@ mod tests {
             c.destination_for(Some("nightly")),
             url("https://billing.example/hook")
         );
-        assert_eq!(c.destination_for(Some("video")), url("http://127.0.0.1:1/v"));
+        assert_eq!(
+            c.destination_for(Some("video")),
+            url("http://127.0.0.1:1/v")
+        );
         assert_eq!(
             c.destination_for(Some("other")),
             url("http://127.0.0.1:9/effects")
@@ -611,7 +614,11 @@ mod tests {
             c.destination_for(Some("publish")),
             Destination::Service("PUBLISHER".into())
         );
-        for bad in [r#"{"b":"queue:"}"#, r#"{"b":"service:has-dash"}"#, r#"{"b":"ftp://x"}"#] {
+        for bad in [
+            r#"{"b":"queue:"}"#,
+            r#"{"b":"service:has-dash"}"#,
+            r#"{"b":"ftp://x"}"#,
+        ] {
             vars.insert("EFFECT_ROUTES", bad.into());
             assert_eq!(parse(&vars).unwrap_err().var, "EFFECT_ROUTES", "{bad}");
         }
@@ -655,11 +662,18 @@ mod tests {
         assert!(e.to_string().contains("EFFECT_TIMEOUT_MS"), "{e}");
         vars.insert("CLAIM_TTL_SECONDS", "6".into());
         let c = parse(&vars).unwrap();
-        assert_eq!(c.warnings().len(), 1, "allowed, but warned: no room for the runtime's grace");
+        assert_eq!(
+            c.warnings().len(),
+            1,
+            "allowed, but warned: no room for the runtime's grace"
+        );
         assert!(c.warnings()[0].contains("CLAIM_TTL_SECONDS"));
         vars.insert("CLAIM_TTL_SECONDS", "35".into());
         assert!(parse(&vars).unwrap().warnings().is_empty());
-        assert!(parse(&base()).unwrap().warnings().is_empty(), "the defaults are safe");
+        assert!(
+            parse(&base()).unwrap().warnings().is_empty(),
+            "the defaults are safe"
+        );
     }
 
     #[test]

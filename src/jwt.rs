@@ -335,7 +335,10 @@ mod tests {
             check_claims(&claims(r#"{"exp":9}"#), 0, Some("me")),
             Err(JwtError::Audience)
         );
-        assert_eq!(check_claims(&claims(r#"{"exp":9,"aud":"you"}"#), 0, None), Ok(()));
+        assert_eq!(
+            check_claims(&claims(r#"{"exp":9,"aud":"you"}"#), 0, None),
+            Ok(())
+        );
     }
 
     #[test]

@@ -243,12 +243,18 @@ mod tests {
             signature: Some("v2,AAAA"),
             ..ok
         };
-        assert_eq!(check_headers(no_v1, 1_000, 300), Err(SignatureError::NoV1Entry));
+        assert_eq!(
+            check_headers(no_v1, 1_000, 300),
+            Err(SignatureError::NoV1Entry)
+        );
         let stale = SignedHeaders {
             timestamp: Some("100"),
             ..ok
         };
-        assert_eq!(check_headers(stale, 1_000, 300), Err(SignatureError::TooOld));
+        assert_eq!(
+            check_headers(stale, 1_000, 300),
+            Err(SignatureError::TooOld)
+        );
         let missing = SignedHeaders { id: None, ..ok };
         assert_eq!(
             check_headers(missing, 1_000, 300),
@@ -263,13 +269,19 @@ mod tests {
             timestamp: Some("-9223372036854775808"),
             signature: Some("v1,AAAA"),
         };
-        assert_eq!(check_headers(far, i64::MAX, i64::MAX), Err(SignatureError::TooOld));
+        assert_eq!(
+            check_headers(far, i64::MAX, i64::MAX),
+            Err(SignatureError::TooOld)
+        );
         assert_eq!(check_headers(far, 0, 300), Err(SignatureError::TooOld));
         let future = SignedHeaders {
             timestamp: Some("9223372036854775807"),
             ..far
         };
-        assert_eq!(check_headers(future, i64::MIN, 300), Err(SignatureError::TooNew));
+        assert_eq!(
+            check_headers(future, i64::MIN, 300),
+            Err(SignatureError::TooNew)
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::gate_protocol::{GateCommand, GateReply};
 use crate::key::normalize;
 use crate::ledger::{LedgerMeta, OP_PREFIX};
+use crate::operation::KindFill;
 use crate::reconcile::Resume;
 use crate::timestamp::format_rfc3339;
 
@@ -145,7 +146,7 @@ async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
         } => {
             // A registration after the completion fills in the kind; it never replaces one.
             operation["kind_change"] = json!(kind);
-            if kind == "conflict" {
+            if kind == KindFill::Conflict {
                 operation["note"] = json!("the operation already has another kind; unchanged");
             }
             ok_json(&operation)

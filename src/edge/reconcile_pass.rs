@@ -646,7 +646,7 @@ impl Pass<'_> {
             require_registration: false,
         };
         if let Some(GateReply::Applied { status, .. }) = self.gate(key, &command).await {
-            if Status::parse(&status).is_terminal() {
+            if status.is_terminal() {
                 self.report.settled += 1;
                 log(json!({"event": "settled_by_reconcile", "key": key, "status": status}));
             }
