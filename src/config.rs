@@ -678,6 +678,9 @@ mod tests {
                 v.name
             );
             assert!(seen.insert(v.name), "{} twice", v.name);
+            if matches!(v.kind, Kind::SigningSecret | Kind::SigningSecrets) {
+                assert!(v.secret, "{} holds key material: mark it secret", v.name);
+            }
             assert!(
                 !v.meaning.is_empty() && !v.meaning.contains('\n'),
                 "{}",
