@@ -1,6 +1,6 @@
 //! The messages between the edge and the OperationGate Durable Object.
 //!
-//! Guarantees (ARCHITECTURE.md, invariant 1): every path that can change an operation
+//! Guarantees (docs/DESIGN.md, invariant 1): every path that can change an operation
 //! (webhook, reconciliation, registration, operator) speaks to the gate in these commands
 //! only; none writes state itself. Both directions are plain JSON, so the protocol is tested
 //! on the host and logged as is.

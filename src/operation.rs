@@ -1,6 +1,6 @@
 //! The operation record the gate keeps, and every transition it may make.
 //!
-//! Guarantees (ARCHITECTURE.md, invariants 2 and 3): state changes only through
+//! Guarantees (docs/DESIGN.md, invariants 2 and 3): state changes only through
 //! [`Operation::apply`], which asks the pure reducer; a terminal outcome's side effect is
 //! claimed with a TTL and a fencing token that only grows, and only the holder of the current
 //! token may finish it; a failed attempt never marks done, it schedules the next attempt with

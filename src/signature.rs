@@ -1,10 +1,11 @@
 //! Standard Webhooks HMAC-SHA256 signatures: verifying Gemini's, signing our side effects.
 //!
-//! Guarantees: the signed bytes are `{webhook-id}.{webhook-timestamp}.{raw body}` exactly as
-//! received (verify before parsing, never re-serialize); every `v1,` entry is tried against
-//! every configured secret (rotation keeps several valid at once); a decoded signature that is
-//! not 32 bytes never matches (an empty `v1,` once bypassed a public verifier); comparison is
-//! constant time; a timestamp outside `now ± tolerance` is refused. The clock is a parameter.
+//! Guarantees (docs/DESIGN.md, invariant 4): the signed bytes are
+//! `{webhook-id}.{webhook-timestamp}.{raw body}` exactly as received (verify before parsing,
+//! never re-serialize); every `v1,` entry is tried against every configured secret (rotation
+//! keeps several valid at once); a decoded signature that is not 32 bytes never matches (an
+//! empty `v1,` once bypassed a public verifier); comparison is constant time; a timestamp
+//! outside `now ± tolerance` is refused. The clock is a parameter.
 
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;

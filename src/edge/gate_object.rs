@@ -1,29 +1,27 @@
 //! The OperationGate Durable Object: one per operation key, the only place its state changes.
 //!
-//! Storage (SQLite): `operation(id = 1, body)` holds the record as JSON (see
-//! [`crate::operation::Operation`]; after retention, a tombstone); `history(seq, at_ms,
-//! entry)` keeps the newest [`HISTORY_LIMIT`] events applied and dropped, nudges and their
-//! confirmations, claims, attempts, alerts and operator actions (trimmed in steps of
-//! [`TRIM_EVERY`]). One alarm: the earliest of a due side effect or retry, a lapsed claim, a
-//! confirmation to ask, an alert to send, a deferred ledger projection, counters to flush and
-//! the end of retention.
+//! Storage: the record and its history in SQLite, cached in memory, and one alarm (see
+//! [`super::gate_storage`]): the earliest of a due side effect or retry, a lapsed claim, a
+//! confirmation to ask, an alert to send, a ledger projection, counters to flush and the end
+//! of retention.
 //!
-//! Guarantees: every decision is a pure step of [`crate::gate`]; this object only loads the
-//! record, calls a step, performs the I/O the alarm needs and stores what the step says.
-//! Commands (deliveries, nudges, registrations, operator actions) only decide and store: every read-decide-write runs without an await in between, so it is atomic in the
-//! single-threaded object, and a reply is sent only after the new state and the alarm that
-//! acts on it are stored, so no answer waits on a destination, the status API or an alert
-//! sink. The alarm is the one runner of everything outbound (side effects, status-API
-//! confirmations, alerts), so nothing is sent by two runners at once; the runtime runs one
-//! alarm at a time per object. The side-effect call is the only await between claim and
-//! commit, and the record is re-read after it, so the fencing token decides who may commit;
-//! the claim is written (and the output gate makes it durable) before the call leaves. A
-//! duplicate of a settled operation has no new state: it is answered from memory, its count
-//! stored with the next write or flush, at most `STATS_FLUSH_SECONDS` later (a restart in
-//! that window loses counts, never state). The record is kept in memory after the first read;
-//! every write updates it. The KV projection and the counter flush follow the record from the
-//! alarm, not while a claim is held (the commit follows within the effect timeout), at most
-//! once a second for KV (its per-key write rate), with backoff when KV fails.
+//! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every decision is a pure step of
+//! [`crate::gate`]; this object only loads the record, calls a step, performs the I/O the
+//! alarm needs and stores what the step says. Commands (deliveries, nudges, registrations,
+//! operator actions) only decide and store: every read-decide-write runs without an await in
+//! between, so it is atomic in the single-threaded object, and a reply is sent only after the
+//! new state and the alarm that acts on it are stored, so no answer waits on a destination,
+//! the status API or an alert sink. The alarm is the one runner of everything outbound (side
+//! effects, status-API confirmations, alerts), so nothing is sent by two runners at once; the
+//! runtime runs one alarm at a time per object. The side-effect call is the only await between
+//! claim and commit, and the record is re-read after it, so the fencing token decides who may
+//! commit; the claim is written (and the output gate makes it durable) before the call leaves.
+//! A duplicate of a settled operation has no new state: it is answered from memory, its count
+//! stored with the next write or flush, at most `STATS_FLUSH_SECONDS` later (a restart in that
+//! window loses counts, never state). The record is kept in memory after the first read; every
+//! write updates it. The KV projection and the counter flush follow the record from the alarm,
+//! not while a claim is held (the commit follows within the effect timeout), at most once a
+//! second for KV (its per-key write rate), with backoff when KV fails.
 
 use serde_json::json;
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};

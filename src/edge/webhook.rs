@@ -1,12 +1,12 @@
 //! `POST /webhooks/gemini`: check the headers, read the body under its cap, verify, parse,
 //! hand to the gate, answer.
 //!
-//! Guarantees: the order is a declared oversized `content-length` (413), then the
-//! signature headers' presence and shape (401, before a byte of the body is read: for HMAC the
-//! id, the timestamp and its window; for a JWT the token itself, checked against the key set),
-//! then the body, read as a stream and refused with 413 as soon as it passes
-//! `MAX_BODY_BYTES` (at most the cap plus one chunk is held), then the HMAC over the raw bytes
-//! (401, nothing written, nothing run), then parsing.
+//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): the order is a declared oversized
+//! `content-length` (413), then the signature headers' presence and shape (401, before a byte
+//! of the body is read: for HMAC the id, the timestamp and its window; for a JWT the token
+//! itself, checked against the key set), then the body, read as a stream and refused with 413
+//! as soon as it passes `MAX_BODY_BYTES` (at most the cap plus one chunk is held), then the
+//! HMAC over the raw bytes (401, nothing written, nothing run), then parsing.
 //!
 //! What is trusted from where: an HMAC-signed body is proven byte for byte and becomes an
 //! event; a JWT-signed (dynamic-webhook) body is not (the token proves only that Google sent
