@@ -45,7 +45,7 @@ export function effectReceiver(secret, { log = console.log } = {}) {
         log(`NOT verified (${e.message}) webhook-id=${id} ${req.url}: answered 401`);
         return answer(401, { error: "signature not verified" });
       }
-      const fields = ["key", "status", "settled_by", "output_file_uri", "output_file", "error_code", "error_message"]
+      const fields = ["key", "status", "settled_by", "output_file_uri", "error_code", "error_message"]
         .filter((k) => effect[k] != null)
         .map((k) => `${k}=${typeof effect[k] === "string" ? effect[k] : JSON.stringify(effect[k])}`)
         .join(" ");

@@ -80,12 +80,29 @@ pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError
 pub const DEFAULT_LIST_LIMIT: usize = 50;
 pub const MAX_LIST_LIMIT: usize = 500;
 
-/// `GET /v1/operations?status=&effect_done=&stuck=&limit=&cursor=`.
+/// Longest accepted `prefix` or `q` of a listing.
+pub const MAX_SEARCH_BYTES: usize = MAX_NAME_BYTES;
+
+/// Who settled an operation, as a listing filter.
+pub const SETTLED_BY: [&str; 3] = ["webhook", "reconcile", "operator"];
+
+/// `GET /v1/operations?status=&effect_done=&stuck=&kind=&parked=&settled_by=&forgotten=&prefix=&q=&limit=&cursor=`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListQuery {
     pub status: Option<Status>,
     pub effect_done: Option<bool>,
     pub stuck: Option<bool>,
+    /// The registered kind, exactly.
+    pub kind: Option<String>,
+    pub parked: Option<bool>,
+    /// `webhook`, `reconcile` or `operator`.
+    pub settled_by: Option<String>,
+    pub forgotten: Option<bool>,
+    /// A key prefix (`batches/nightly-`): the ledger is listed from it, so it costs no scan.
+    pub prefix: Option<String>,
+    /// Text anywhere in the key or the full name, ignoring case (lowercased here): a scan of
+    /// the ledger's metadata, paged like any other filter.
+    pub q: Option<String>,
     pub limit: usize,
     pub resume: Resume,
 }
@@ -101,6 +118,10 @@ pub enum ListError {
     Limit,
     #[error("cursor is not one this API issued")]
     Cursor,
+    #[error("settled_by must be one of webhook, reconcile, operator")]
+    SettledBy,
+    #[error("{0} is empty or too long")]
+    Search(&'static str),
     #[error("unknown parameter {0:?}")]
     Unknown(String),
 }
@@ -151,6 +172,31 @@ impl ListQuery {
                 },
                 "effect_done" => q.effect_done = Some(boolean("effect_done", value)?),
                 "stuck" => q.stuck = Some(boolean("stuck", value)?),
+                "parked" => q.parked = Some(boolean("parked", value)?),
+                "forgotten" => q.forgotten = Some(boolean("forgotten", value)?),
+                "kind" => {
+                    if value.is_empty() || value.len() > MAX_KIND_BYTES {
+                        return Err(ListError::Search("kind"));
+                    }
+                    q.kind = Some(value.to_string());
+                }
+                "settled_by" => {
+                    if !SETTLED_BY.contains(&value) {
+                        return Err(ListError::SettledBy);
+                    }
+                    q.settled_by = Some(value.to_string());
+                }
+                "prefix" | "q" => {
+                    let text = value.trim();
+                    if text.is_empty() || text.len() > MAX_SEARCH_BYTES {
+                        return Err(ListError::Search(if name == "q" { "q" } else { "prefix" }));
+                    }
+                    if name == "q" {
+                        q.q = Some(text.to_lowercase());
+                    } else {
+                        q.prefix = Some(text.to_string());
+                    }
+                }
                 "limit" => {
                     q.limit = value
                         .parse()
@@ -175,6 +221,29 @@ impl ListQuery {
         self.status.as_ref().is_none_or(|s| *s == status)
             && self.effect_done.is_none_or(|d| d == meta.effect_done)
             && self.stuck.is_none_or(|want| want == stuck)
+            && self.parked.is_none_or(|p| p == meta.parked)
+            && self.forgotten.is_none_or(|f| f == meta.forgotten)
+            && self
+                .kind
+                .as_ref()
+                .is_none_or(|k| meta.kind.as_ref() == Some(k))
+            && self
+                .settled_by
+                .as_ref()
+                .is_none_or(|s| meta.settled_by.as_ref() == Some(s))
+    }
+
+    /// Whether an entry's key (without `op:`) and metadata pass the key filters: `prefix`
+    /// (already applied by the listing, checked again so the rule lives in one place) and
+    /// `q`, text anywhere in the key or the full name, ignoring case.
+    pub fn matches_key(&self, key: &str, meta: &LedgerMeta) -> bool {
+        self.prefix
+            .as_ref()
+            .is_none_or(|p| key.starts_with(p.as_str()))
+            && self.q.as_ref().is_none_or(|q| {
+                key.to_lowercase().contains(q.as_str())
+                    || meta.name.to_lowercase().contains(q.as_str())
+            })
     }
 }
 
@@ -214,6 +283,8 @@ mod tests {
             alerts: vec![],
             forgotten: false,
             version: 1,
+            kind: None,
+            settled_by: None,
         }
     }
 
@@ -235,6 +306,52 @@ mod tests {
     }
 
     #[test]
+    fn list_query_filters_kind_parked_settled_by_and_forgotten() {
+        let mut m = meta("succeeded", 0, false);
+        m.kind = Some("nightly".into());
+        m.parked = true;
+        m.settled_by = Some("reconcile".into());
+        let q = ListQuery::parse([("kind", "nightly"), ("parked", "true")]).unwrap();
+        assert!(q.matches(&m, 1, 1));
+        let q = ListQuery::parse([("kind", "billing")]).unwrap();
+        assert!(!q.matches(&m, 1, 1), "another kind");
+        assert!(!q.matches(&meta("succeeded", 0, false), 1, 1), "no kind");
+        let q = ListQuery::parse([("settled_by", "reconcile")]).unwrap();
+        assert!(q.matches(&m, 1, 1));
+        let q = ListQuery::parse([("settled_by", "webhook")]).unwrap();
+        assert!(!q.matches(&m, 1, 1));
+        assert!(!q.matches(&meta("running", 0, false), 1, 1), "not settled");
+        let q = ListQuery::parse([("parked", "false")]).unwrap();
+        assert!(!q.matches(&m, 1, 1));
+        let q = ListQuery::parse([("forgotten", "true")]).unwrap();
+        assert!(!q.matches(&m, 1, 1));
+        m.forgotten = true;
+        assert!(q.matches(&m, 1, 1));
+    }
+
+    #[test]
+    fn list_query_searches_key_and_name() {
+        let mut m = meta("running", 0, false);
+        m.name = "projects/p/locations/us/batches/Nightly-42".into();
+        let q = ListQuery::parse([("q", " NIGHTLY ")]).unwrap();
+        assert_eq!(q.q.as_deref(), Some("nightly"), "trimmed, lowercased");
+        assert!(q.matches_key("batches/Nightly-42", &m));
+        let q = ListQuery::parse([("q", "locations/us")]).unwrap();
+        assert!(
+            q.matches_key("batches/Nightly-42", &m),
+            "found in the full name"
+        );
+        let q = ListQuery::parse([("q", "weekly")]).unwrap();
+        assert!(!q.matches_key("batches/Nightly-42", &m));
+        let q = ListQuery::parse([("prefix", "batches/Night")]).unwrap();
+        assert!(q.matches_key("batches/Nightly-42", &m));
+        assert!(
+            !q.matches_key("batches/night-1", &m),
+            "a prefix keeps case, like keys"
+        );
+    }
+
+    #[test]
     fn list_query_refusals() {
         assert_eq!(
             ListQuery::parse([("status", "done")]),
@@ -247,6 +364,24 @@ mod tests {
         assert_eq!(ListQuery::parse([("limit", "0")]), Err(ListError::Limit));
         assert_eq!(ListQuery::parse([("limit", "501")]), Err(ListError::Limit));
         assert_eq!(ListQuery::parse([("cursor", "!!")]), Err(ListError::Cursor));
+        assert_eq!(
+            ListQuery::parse([("settled_by", "registration")]),
+            Err(ListError::SettledBy)
+        );
+        assert_eq!(
+            ListQuery::parse([("parked", "1")]),
+            Err(ListError::Bool("parked"))
+        );
+        assert_eq!(ListQuery::parse([("q", "  ")]), Err(ListError::Search("q")));
+        let long = "b".repeat(MAX_SEARCH_BYTES + 1);
+        assert_eq!(
+            ListQuery::parse([("prefix", long.as_str())]),
+            Err(ListError::Search("prefix"))
+        );
+        assert_eq!(
+            ListQuery::parse([("kind", "")]),
+            Err(ListError::Search("kind"))
+        );
         assert_eq!(
             ListQuery::parse([("sort", "x")]),
             Err(ListError::Unknown("sort".into()))

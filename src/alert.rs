@@ -88,10 +88,22 @@ mod tests {
 
     #[test]
     fn alert_ids_are_stable_per_operation_kind_and_generation() {
-        assert_eq!(alert_id("batches/a", STUCK, 1), alert_id("batches/a", STUCK, 1));
-        assert_ne!(alert_id("batches/a", STUCK, 1), alert_id("batches/b", STUCK, 1));
-        assert_ne!(alert_id("batches/a", STUCK, 1), alert_id("batches/a", EFFECT_FAILING, 1));
-        assert_ne!(alert_id("batches/a", STUCK, 1), alert_id("batches/a", STUCK, 2));
+        assert_eq!(
+            alert_id("batches/a", STUCK, 1),
+            alert_id("batches/a", STUCK, 1)
+        );
+        assert_ne!(
+            alert_id("batches/a", STUCK, 1),
+            alert_id("batches/b", STUCK, 1)
+        );
+        assert_ne!(
+            alert_id("batches/a", STUCK, 1),
+            alert_id("batches/a", EFFECT_FAILING, 1)
+        );
+        assert_ne!(
+            alert_id("batches/a", STUCK, 1),
+            alert_id("batches/a", STUCK, 2)
+        );
     }
 
     #[test]

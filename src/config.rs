@@ -1,11 +1,18 @@
-//! Configuration: every tunable, its default and why, parsed from the Worker's vars/secrets.
+//! Configuration: every variable the worker reads, in one table ([`VARIABLES`]), parsed from
+//! the Worker's vars/secrets.
 //!
-//! Guarantees: parsing is pure (a lookup function in, a [`Config`] or the first
-//! [`ConfigError`] out) and never panics; an error always names the variable, so the edge
-//! can answer 503 with that name while an operator fixes it (Gemini keeps retrying meanwhile);
-//! secrets never appear in an error or a `Debug` dump. Durations are whole seconds (or ms where
-//! the name says so); 0 is accepted where it means something, so tests need not wait.
+//! Guarantees: the table is the one description of a variable (name, kind and range, default,
+//! whether it is a secret, meaning); parsing, `/v1/config`, the fuzzing in
+//! `tests/properties.rs` and the check of the README and `.dev.vars.example`
+//! (`tests/config_docs.rs`) all read it, so a variable cannot be known to one and missed by
+//! another. Parsing is pure (a lookup function in, a [`Config`] or the first [`ConfigError`]
+//! out, each variable checked in table order, then the rules that tie two together) and never
+//! panics; an error always names the variable, so the edge can answer 503 with that name
+//! while an operator fixes it (Gemini keeps retrying meanwhile); secrets never appear in an
+//! error, a `Debug` dump or `/v1/config`. Durations are whole seconds (or ms where the name
+//! says so); 0 is accepted where it means something, so tests need not wait.
 
+use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::signature::{Secret, SecretError};
@@ -71,6 +78,155 @@ pub const DEFAULT_GEMINI_JWKS_URL: &str =
 /// Gemini's public API.
 pub const DEFAULT_GEMINI_API_BASE: &str = "https://generativelanguage.googleapis.com";
 
+const DAY_SECS: i64 = 86_400;
+
+/// One variable the worker reads: one row of [`VARIABLES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variable {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// What an absent or blank value means.
+    pub default: Fallback,
+    /// Shown by `/v1/config` only as `set` or `not set`, never echoed.
+    pub secret: bool,
+    /// One line: what it does (the README's Configuration table says more).
+    pub meaning: &'static str,
+}
+
+/// The values a variable accepts, and so how it is parsed, shown and fuzzed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A whole number from `min` to `max`, both included.
+    Whole { min: i64, max: i64 },
+    /// `true` or `false`.
+    Flag,
+    /// An `http://` or `https://` URL (a trailing `/` is dropped). `/v1/config` shows its
+    /// origin only: a destination or an alert sink often carries a credential in its path.
+    Url,
+    /// An `http://` or `https://` URL of a public endpoint, shown in full.
+    PublicUrl,
+    /// One `whsec_` secret.
+    SigningSecret,
+    /// One or more `whsec_` secrets, separated by spaces or commas.
+    SigningSecrets,
+    /// A JSON object from an operation's `kind` to a destination: a URL, `queue:BINDING` or
+    /// `service:BINDING`.
+    Routes,
+    /// Free text, trimmed.
+    FreeText,
+}
+
+/// What an absent (or blank) variable means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// No default: the worker answers 503 naming the variable until it is set.
+    Required,
+    /// Unset: the feature it configures is off (documented as `none`).
+    Nothing,
+    /// This number, read as if it had been written.
+    Number(i64),
+    /// This flag.
+    Bool(bool),
+    /// This text (a URL), read as if it had been written.
+    Text(&'static str),
+}
+
+impl Fallback {
+    /// The default as the README and `.dev.vars.example` write it: `required`, `none`, or the
+    /// value itself.
+    pub fn documented(&self) -> String {
+        match self {
+            Fallback::Required => "required".into(),
+            Fallback::Nothing => "none".into(),
+            Fallback::Number(n) => n.to_string(),
+            Fallback::Bool(b) => b.to_string(),
+            Fallback::Text(t) => (*t).into(),
+        }
+    }
+}
+
+impl Variable {
+    const fn plain(
+        name: &'static str,
+        kind: Kind,
+        default: Fallback,
+        meaning: &'static str,
+    ) -> Self {
+        Variable {
+            name,
+            kind,
+            default,
+            secret: false,
+            meaning,
+        }
+    }
+    const fn secret(
+        name: &'static str,
+        kind: Kind,
+        default: Fallback,
+        meaning: &'static str,
+    ) -> Self {
+        Variable {
+            name,
+            kind,
+            default,
+            secret: true,
+            meaning,
+        }
+    }
+}
+
+/// The variable called `name`, if the worker reads one.
+pub fn variable(name: &str) -> Option<&'static Variable> {
+    VARIABLES.iter().find(|v| v.name == name)
+}
+
+/// Every variable the worker reads, in the order of the README's Configuration table,
+/// `.dev.vars.example` and `/v1/config`. A new variable is one row here (and, when it has a
+/// reasoned default, a constant above); parsing, the fuzzing and the documentation check
+/// follow from the row.
+#[rustfmt::skip]
+pub const VARIABLES: &[Variable] = {
+    use Fallback::*;
+    use Kind::*;
+    use Variable as V;
+    &[
+        // Required.
+        V::secret("GEMINI_WEBHOOK_SECRETS", SigningSecrets, Required, "Gemini's webhook signing secrets; all are accepted (rotation)"),
+        V::plain("EFFECT_URL", Url, Required, "where side effects are POSTed"),
+        V::secret("EFFECT_SIGNING_SECRET", SigningSecret, Required, "signs side effects the Standard Webhooks way"),
+        V::secret("ADMIN_TOKEN", FreeText, Required, "bearer token for the admin API and the dashboard"),
+        // The fast path.
+        V::plain("EFFECT_ROUTES", Routes, Nothing, "per-kind destinations overriding EFFECT_URL"),
+        V::plain("SIGNATURE_TOLERANCE_SECONDS", Whole { min: 0, max: DAY_SECS }, Number(DEFAULT_TOLERANCE_SECS), "accepted skew of webhook-timestamp, either way"),
+        V::plain("EFFECT_TIMEOUT_MS", Whole { min: 1, max: 600_000 }, Number(DEFAULT_EFFECT_TIMEOUT_MS), "a side-effect attempt slower than this is retried"),
+        V::plain("CLAIM_TTL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CLAIM_TTL_SECS), "a claim not committed by then may be taken over"),
+        V::plain("EFFECT_RETRY_BASE_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_BASE_SECS), "first retry of a failed side effect; doubles per attempt"),
+        V::plain("EFFECT_RETRY_MAX_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_MAX_SECS), "backoff cap"),
+        V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long"),
+        V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention and tombstones)"),
+        V::plain("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
+        V::plain("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),
+        V::plain("STATS_FLUSH_SECONDS", Whole { min: 0, max: MAX_STATS_FLUSH_SECS }, Number(DEFAULT_STATS_FLUSH_SECS), "a gate holds its counters this long before sending them to a stats shard"),
+        // Reconciliation.
+        V::plain("RECONCILE_GRACE_SECONDS", Whole { min: 0, max: 30 * DAY_SECS }, Number(DEFAULT_RECONCILE_GRACE_SECS), "poll Gemini only for operations registered longer ago"),
+        V::plain("STUCK_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_STUCK_AFTER_SECS), "alert (once) when not terminal after this long"),
+        V::plain("EFFECT_ALERT_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_EFFECT_ALERT_AFTER_SECS), "alert (once) when a side effect is still not done"),
+        V::plain("RECONCILE_BUDGET", Whole { min: 5, max: 10_000 }, Number(DEFAULT_RECONCILE_BUDGET as i64), "subrequests per cron pass"),
+        V::plain("RECONCILE_LEASE_SECONDS", Whole { min: MIN_RECONCILE_LEASE_SECS, max: MAX_RECONCILE_LEASE_SECS }, Number(DEFAULT_RECONCILE_LEASE_SECS), "TTL of the reconciliation lease, renewed every quarter of it"),
+        V::plain("RECONCILE_DEADLINE_SECONDS", Whole { min: 1, max: MAX_RECONCILE_DEADLINE_SECS }, Number(DEFAULT_RECONCILE_DEADLINE_SECS), "a pass starts no entry after this long and saves its cursor"),
+        V::plain("RECONCILE_AUDIT_SECONDS", Whole { min: 0, max: MAX_RECONCILE_AUDIT_SECS }, Number(DEFAULT_RECONCILE_AUDIT_SECS), "a pass also walks the whole op: ledger this long after the last audit (0: every pass)"),
+        V::plain("GEMINI_API_BASE", PublicUrl, Text(DEFAULT_GEMINI_API_BASE), "Gemini's status API"),
+        V::secret("GEMINI_API_KEY", FreeText, Nothing, "sent as x-goog-api-key to the status API"),
+        V::plain("ALERT_URL", Url, Nothing, "alerts are POSTed here as JSON; without it, log lines only"),
+        V::plain("GEMINI_WEBHOOK_NAME", FreeText, Nothing, "the Gemini webhook whose own state each cron pass checks"),
+        // Dynamic (per-job) webhooks.
+        V::plain("DYNAMIC_WEBHOOKS", Flag, Bool(true), "false: every JWT-signed delivery is answered 401"),
+        V::plain("GEMINI_JWKS_URL", PublicUrl, Text(DEFAULT_GEMINI_JWKS_URL), "key set for dynamic webhooks' RS256 tokens"),
+        V::plain("GEMINI_JWT_AUDIENCE", FreeText, Nothing, "when set, a dynamic webhook's token must carry it in aud"),
+    ]
+};
+
 /// The worker's configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -112,6 +268,9 @@ pub struct Config {
     pub gemini_jwks_url: String,
     /// Required `aud` of dynamic-webhook tokens, when set.
     pub gemini_jwt_audience: Option<String>,
+    /// Each variable of [`VARIABLES`] as `/v1/config` shows it, in table order: taken when it
+    /// was read, so the view is of exactly what was parsed and never holds a secret.
+    shown: Vec<Value>,
 }
 
 /// The admin bearer token; `Debug` hides it.
@@ -169,6 +328,207 @@ fn err(var: &'static str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
+/// One variable's value as read.
+enum Setting {
+    Unset,
+    Whole(i64),
+    Flag(bool),
+    Url(String),
+    Secret(Secret),
+    Secrets(Vec<Secret>),
+    Routes(Vec<(String, Destination)>),
+    Text(String),
+}
+
+impl Variable {
+    /// Reads this variable through `lookup`; absent and blank are the same, and mean the
+    /// default, read as if it had been written (so a default is held to its own range).
+    fn read(&self, lookup: &impl Fn(&str) -> Option<String>) -> Result<Setting, ConfigError> {
+        match lookup(self.name).filter(|v| !v.trim().is_empty()) {
+            Some(text) => self.parse(&text),
+            None => match self.default {
+                Fallback::Required => Err(err(self.name, "is not set")),
+                Fallback::Nothing => Ok(Setting::Unset),
+                written => self.parse(&written.documented()),
+            },
+        }
+    }
+
+    fn parse(&self, text: &str) -> Result<Setting, ConfigError> {
+        let name = self.name;
+        Ok(match self.kind {
+            Kind::Whole { min, max } => match text.trim().parse::<i64>() {
+                Ok(n) if (min..=max).contains(&n) => Setting::Whole(n),
+                _ => {
+                    return Err(err(
+                        name,
+                        format!("must be a whole number from {min} to {max}"),
+                    ))
+                }
+            },
+            Kind::Flag => match text.trim() {
+                "true" => Setting::Flag(true),
+                "false" => Setting::Flag(false),
+                _ => return Err(err(name, "must be true or false")),
+            },
+            Kind::Url | Kind::PublicUrl => Setting::Url(parse_url(name, text)?),
+            Kind::SigningSecret => {
+                Setting::Secret(Secret::parse(text).map_err(|e| err(name, e.to_string()))?)
+            }
+            Kind::SigningSecrets => Setting::Secrets(
+                text.split(|c: char| c == ',' || c.is_whitespace())
+                    .filter(|s| !s.is_empty())
+                    .map(Secret::parse)
+                    .collect::<Result<Vec<_>, SecretError>>()
+                    .map_err(|e| err(name, e.to_string()))?,
+            ),
+            Kind::Routes => Setting::Routes(parse_routes(name, text)?),
+            Kind::FreeText => Setting::Text(text.trim().to_string()),
+        })
+    }
+
+    /// The value `/v1/config` shows for `setting`: a secret only as `set` or `not set` (a list
+    /// with its count), a URL that may carry a credential by its origin only.
+    fn shown(&self, setting: &Setting) -> Value {
+        if self.secret {
+            return json!(match setting {
+                Setting::Unset => "not set".to_string(),
+                Setting::Secrets(secrets) => format!("set ({})", secrets.len()),
+                _ => "set".to_string(),
+            });
+        }
+        match setting {
+            Setting::Unset if self.kind == Kind::Routes => json!({}),
+            Setting::Unset => Value::Null,
+            Setting::Whole(n) => json!(n),
+            Setting::Flag(b) => json!(b),
+            Setting::Url(url) if self.kind == Kind::Url => json!(origin_only(url)),
+            Setting::Url(url) | Setting::Text(url) => json!(url),
+            Setting::Routes(routes) => routes
+                .iter()
+                .map(|(kind, destination)| {
+                    let shown = match destination {
+                        Destination::Url(url) => origin_only(url),
+                        Destination::Queue(binding) => format!("queue:{binding}"),
+                        Destination::Service(binding) => format!("service:{binding}"),
+                    };
+                    (kind.clone(), json!(shown))
+                })
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+            // A secret of a variable not marked secret: still never shown.
+            Setting::Secret(_) | Setting::Secrets(_) => json!("set"),
+        }
+    }
+}
+
+fn parse_url(name: &'static str, text: &str) -> Result<String, ConfigError> {
+    let v = text.trim();
+    if v.starts_with("https://") || v.starts_with("http://") {
+        Ok(v.trim_end_matches('/').to_string())
+    } else {
+        Err(err(name, "must be an http:// or https:// URL"))
+    }
+}
+
+fn parse_routes(name: &'static str, text: &str) -> Result<Vec<(String, Destination)>, ConfigError> {
+    let parsed: serde_json::Map<String, Value> = serde_json::from_str(text)
+        .map_err(|_| err(name, "must be a JSON object from kind to URL"))?;
+    let mut routes = Vec::new();
+    for (kind, target) in parsed {
+        let Value::String(target) = target else {
+            return Err(err(
+                name,
+                "every value must be a URL, queue:BINDING or service:BINDING",
+            ));
+        };
+        let destination = match target.trim().split_once(':') {
+            Some(("queue", b)) if is_binding_name(b) => Destination::Queue(b.into()),
+            Some(("service", b)) if is_binding_name(b) => Destination::Service(b.into()),
+            Some(("queue" | "service", _)) => {
+                return Err(err(
+                    name,
+                    "a queue: or service: route must name a binding (letters, digits, _)",
+                ))
+            }
+            _ => Destination::Url(parse_url(name, &target)?),
+        };
+        routes.push((kind, destination));
+    }
+    Ok(routes)
+}
+
+/// Every variable as read, in table order.
+struct Settings(Vec<(&'static Variable, Setting)>);
+
+impl Settings {
+    /// `name`'s value as `pick` takes it, `None` when unset. A name not in the table, or a
+    /// value of another kind than `pick` takes, is an error naming it (a slip in this file,
+    /// which `cargo test` finds at once), never a panic.
+    fn optional<T>(
+        &self,
+        name: &'static str,
+        pick: fn(&Setting) -> Option<T>,
+    ) -> Result<Option<T>, ConfigError> {
+        match self.0.iter().find(|(v, _)| v.name == name) {
+            Some((_, Setting::Unset)) => Ok(None),
+            Some((_, setting)) => pick(setting)
+                .map(Some)
+                .ok_or_else(|| err(name, "is read as another kind than its row in VARIABLES")),
+            None => Err(err(name, "is not in VARIABLES")),
+        }
+    }
+
+    /// `name`'s value, which its default (or its being required) guarantees.
+    fn value<T>(
+        &self,
+        name: &'static str,
+        pick: fn(&Setting) -> Option<T>,
+    ) -> Result<T, ConfigError> {
+        self.optional(name, pick)?
+            .ok_or_else(|| err(name, "is not set"))
+    }
+}
+
+impl Setting {
+    fn whole(&self) -> Option<i64> {
+        match self {
+            Setting::Whole(n) => Some(*n),
+            _ => None,
+        }
+    }
+    fn flag(&self) -> Option<bool> {
+        match self {
+            Setting::Flag(b) => Some(*b),
+            _ => None,
+        }
+    }
+    fn text(&self) -> Option<String> {
+        match self {
+            Setting::Url(s) | Setting::Text(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+    fn secret(&self) -> Option<Secret> {
+        match self {
+            Setting::Secret(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+    fn secrets(&self) -> Option<Vec<Secret>> {
+        match self {
+            Setting::Secrets(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+    fn routes(&self) -> Option<Vec<(String, Destination)>> {
+        match self {
+            Setting::Routes(r) => Some(r.clone()),
+            _ => None,
+        }
+    }
+}
+
 impl Config {
     /// Retention in milliseconds.
     pub fn retention_ms(&self) -> i64 {
@@ -195,94 +555,22 @@ impl Config {
     /// Where the side effect of an operation of `kind` goes.
     pub fn destination_for(&self, kind: Option<&str>) -> Destination {
         kind.and_then(|k| self.effect_routes.iter().find(|(route, _)| route == k))
-            .map_or(Destination::Url(self.effect_url.clone()), |(_, d)| d.clone())
+            .map_or(Destination::Url(self.effect_url.clone()), |(_, d)| {
+                d.clone()
+            })
     }
 
-    /// Reads every variable through `lookup` (absent and empty are the same).
+    /// Reads every variable of [`VARIABLES`] through `lookup` (absent and empty are the
+    /// same), in table order, then checks the rules that tie two variables together.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let required = |name: &'static str| get(name).ok_or_else(|| err(name, "is not set"));
-        let int =
-            |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
-                match get(name) {
-                    None => Ok(default),
-                    Some(v) => match v.trim().parse::<i64>() {
-                        Ok(n) if (min..=max).contains(&n) => Ok(n),
-                        _ => Err(err(
-                            name,
-                            format!("must be a whole number from {min} to {max}"),
-                        )),
-                    },
-                }
-            };
-        let url = |name: &'static str, value: String| -> Result<String, ConfigError> {
-            let v = value.trim();
-            if v.starts_with("https://") || v.starts_with("http://") {
-                Ok(v.trim_end_matches('/').to_string())
-            } else {
-                Err(err(name, "must be an http:// or https:// URL"))
-            }
-        };
+        let mut settings = Vec::with_capacity(VARIABLES.len());
+        for variable in VARIABLES {
+            settings.push((variable, variable.read(&lookup)?));
+        }
+        let s = Settings(settings);
 
-        let webhook_secrets = required("GEMINI_WEBHOOK_SECRETS")?
-            .split(|c: char| c == ',' || c.is_whitespace())
-            .filter(|s| !s.is_empty())
-            .map(Secret::parse)
-            .collect::<Result<Vec<_>, SecretError>>()
-            .map_err(|e| err("GEMINI_WEBHOOK_SECRETS", e.to_string()))?;
-        let effect_url = url("EFFECT_URL", required("EFFECT_URL")?)?;
-        let effect_routes = match get("EFFECT_ROUTES") {
-            None => Vec::new(),
-            Some(text) => {
-                let parsed: serde_json::Map<String, serde_json::Value> =
-                    serde_json::from_str(&text).map_err(|_| {
-                        err("EFFECT_ROUTES", "must be a JSON object from kind to URL")
-                    })?;
-                let mut routes = Vec::new();
-                for (kind, target) in parsed {
-                    let serde_json::Value::String(target) = target else {
-                        return Err(err(
-                            "EFFECT_ROUTES",
-                            "every value must be a URL, queue:BINDING or service:BINDING",
-                        ));
-                    };
-                    let destination = match target.trim().split_once(':') {
-                        Some(("queue", b)) if is_binding_name(b) => Destination::Queue(b.into()),
-                        Some(("service", b)) if is_binding_name(b) => {
-                            Destination::Service(b.into())
-                        }
-                        Some(("queue" | "service", _)) => {
-                            return Err(err(
-                                "EFFECT_ROUTES",
-                                "a queue: or service: route must name a binding (letters, digits, _)",
-                            ))
-                        }
-                        _ => Destination::Url(url("EFFECT_ROUTES", target)?),
-                    };
-                    routes.push((kind, destination));
-                }
-                routes
-            }
-        };
-        let effect_signing_secret = Secret::parse(&required("EFFECT_SIGNING_SECRET")?)
-            .map_err(|e| err("EFFECT_SIGNING_SECRET", e.to_string()))?;
-        let admin_token = AdminToken(required("ADMIN_TOKEN")?.trim().to_string());
-        let flag = |name: &'static str, default: bool| -> Result<bool, ConfigError> {
-            match get(name).as_deref().map(str::trim) {
-                None => Ok(default),
-                Some("true") => Ok(true),
-                Some("false") => Ok(false),
-                Some(_) => Err(err(name, "must be true or false")),
-            }
-        };
-        let require_registration = flag("REQUIRE_REGISTRATION", false)?;
-        let dynamic_webhooks = flag("DYNAMIC_WEBHOOKS", true)?;
-        let retention_secs_override = match get("LEDGER_RETENTION_SECONDS") {
-            None => None,
-            Some(_) => Some(int("LEDGER_RETENTION_SECONDS", 0, 1, 3_650 * 86_400)?),
-        };
-        let effect_timeout_ms = int("EFFECT_TIMEOUT_MS", DEFAULT_EFFECT_TIMEOUT_MS, 1, 600_000)?;
-        let claim_ttl_secs = int("CLAIM_TTL_SECONDS", DEFAULT_CLAIM_TTL_SECS, 1, 86_400)?;
+        let effect_timeout_ms = s.value("EFFECT_TIMEOUT_MS", Setting::whole)?;
+        let claim_ttl_secs = s.value("CLAIM_TTL_SECONDS", Setting::whole)?;
         // A claim that lapses mid-attempt lets a second attempt start beside the first.
         if claim_ttl_secs * 1_000 <= effect_timeout_ms {
             return Err(err(
@@ -290,110 +578,81 @@ impl Config {
                 "must outlast EFFECT_TIMEOUT_MS (a claim that lapses mid-attempt lets a second attempt start beside it)",
             ));
         }
-        let retry_base_secs = int(
-            "EFFECT_RETRY_BASE_SECONDS",
-            DEFAULT_RETRY_BASE_SECS,
-            1,
-            86_400,
-        )?;
-        let retry_max_secs = int(
-            "EFFECT_RETRY_MAX_SECONDS",
-            DEFAULT_RETRY_MAX_SECS,
-            1,
-            86_400,
-        )?;
+        let retry_base_secs = s.value("EFFECT_RETRY_BASE_SECONDS", Setting::whole)?;
+        let retry_max_secs = s.value("EFFECT_RETRY_MAX_SECONDS", Setting::whole)?;
         if retry_max_secs < retry_base_secs {
             return Err(err(
                 "EFFECT_RETRY_MAX_SECONDS",
                 "must not be less than EFFECT_RETRY_BASE_SECONDS",
             ));
         }
+        // The table's ranges keep these inside their types.
+        let max_body_bytes = s.value("MAX_BODY_BYTES", Setting::whole)? as usize;
+        let reconcile_budget = s.value("RECONCILE_BUDGET", Setting::whole)? as u32;
         Ok(Config {
-            webhook_secrets,
-            effect_url,
-            effect_routes,
-            effect_signing_secret,
-            admin_token,
-            tolerance_secs: int(
-                "SIGNATURE_TOLERANCE_SECONDS",
-                DEFAULT_TOLERANCE_SECS,
-                0,
-                86_400,
-            )?,
+            webhook_secrets: s.value("GEMINI_WEBHOOK_SECRETS", Setting::secrets)?,
+            effect_url: s.value("EFFECT_URL", Setting::text)?,
+            effect_routes: s
+                .optional("EFFECT_ROUTES", Setting::routes)?
+                .unwrap_or_default(),
+            effect_signing_secret: s.value("EFFECT_SIGNING_SECRET", Setting::secret)?,
+            admin_token: AdminToken(s.value("ADMIN_TOKEN", Setting::text)?),
+            tolerance_secs: s.value("SIGNATURE_TOLERANCE_SECONDS", Setting::whole)?,
             effect_timeout_ms,
             claim_ttl_secs,
-            retention_days: int("LEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 1, 3_650)?,
-            retention_secs_override,
-            dynamic_webhooks,
-            require_registration,
-            max_body_bytes: int(
-                "MAX_BODY_BYTES",
-                DEFAULT_MAX_BODY_BYTES as i64,
-                1_024,
-                100 * 1024 * 1024,
-            )? as usize,
+            retention_days: s.value("LEDGER_RETENTION_DAYS", Setting::whole)?,
+            retention_secs_override: s.optional("LEDGER_RETENTION_SECONDS", Setting::whole)?,
+            dynamic_webhooks: s.value("DYNAMIC_WEBHOOKS", Setting::flag)?,
+            require_registration: s.value("REQUIRE_REGISTRATION", Setting::flag)?,
+            max_body_bytes,
             retry_base_secs,
             retry_max_secs,
-            reconcile_grace_secs: int(
-                "RECONCILE_GRACE_SECONDS",
-                DEFAULT_RECONCILE_GRACE_SECS,
-                0,
-                86_400 * 30,
-            )?,
-            stuck_after_secs: int(
-                "STUCK_AFTER_SECONDS",
-                DEFAULT_STUCK_AFTER_SECS,
-                0,
-                86_400 * 365,
-            )?,
-            effect_alert_after_secs: int(
-                "EFFECT_ALERT_AFTER_SECONDS",
-                DEFAULT_EFFECT_ALERT_AFTER_SECS,
-                0,
-                86_400 * 365,
-            )?,
-            reconcile_budget: int(
-                "RECONCILE_BUDGET",
-                i64::from(DEFAULT_RECONCILE_BUDGET),
-                5,
-                10_000,
-            )? as u32,
-            reconcile_lease_secs: int(
-                "RECONCILE_LEASE_SECONDS",
-                DEFAULT_RECONCILE_LEASE_SECS,
-                MIN_RECONCILE_LEASE_SECS,
-                MAX_RECONCILE_LEASE_SECS,
-            )?,
-            reconcile_deadline_secs: int(
-                "RECONCILE_DEADLINE_SECONDS",
-                DEFAULT_RECONCILE_DEADLINE_SECS,
-                1,
-                MAX_RECONCILE_DEADLINE_SECS,
-            )?,
-            reconcile_audit_secs: int(
-                "RECONCILE_AUDIT_SECONDS",
-                DEFAULT_RECONCILE_AUDIT_SECS,
-                0,
-                MAX_RECONCILE_AUDIT_SECS,
-            )?,
-            stats_flush_secs: int(
-                "STATS_FLUSH_SECONDS",
-                DEFAULT_STATS_FLUSH_SECS,
-                0,
-                MAX_STATS_FLUSH_SECS,
-            )?,
-            gemini_api_base: match get("GEMINI_API_BASE") {
-                None => DEFAULT_GEMINI_API_BASE.to_string(),
-                Some(v) => url("GEMINI_API_BASE", v)?,
-            },
-            gemini_api_key: get("GEMINI_API_KEY").map(|k| ApiKey(k.trim().to_string())),
-            alert_url: get("ALERT_URL").map(|v| url("ALERT_URL", v)).transpose()?,
-            gemini_webhook_name: get("GEMINI_WEBHOOK_NAME").map(|v| v.trim().to_string()),
-            gemini_jwks_url: match get("GEMINI_JWKS_URL") {
-                None => DEFAULT_GEMINI_JWKS_URL.to_string(),
-                Some(v) => url("GEMINI_JWKS_URL", v)?,
-            },
-            gemini_jwt_audience: get("GEMINI_JWT_AUDIENCE").map(|v| v.trim().to_string()),
+            reconcile_grace_secs: s.value("RECONCILE_GRACE_SECONDS", Setting::whole)?,
+            stuck_after_secs: s.value("STUCK_AFTER_SECONDS", Setting::whole)?,
+            effect_alert_after_secs: s.value("EFFECT_ALERT_AFTER_SECONDS", Setting::whole)?,
+            reconcile_budget,
+            reconcile_lease_secs: s.value("RECONCILE_LEASE_SECONDS", Setting::whole)?,
+            reconcile_deadline_secs: s.value("RECONCILE_DEADLINE_SECONDS", Setting::whole)?,
+            reconcile_audit_secs: s.value("RECONCILE_AUDIT_SECONDS", Setting::whole)?,
+            stats_flush_secs: s.value("STATS_FLUSH_SECONDS", Setting::whole)?,
+            gemini_api_base: s.value("GEMINI_API_BASE", Setting::text)?,
+            gemini_api_key: s.optional("GEMINI_API_KEY", Setting::text)?.map(ApiKey),
+            alert_url: s.optional("ALERT_URL", Setting::text)?,
+            gemini_webhook_name: s.optional("GEMINI_WEBHOOK_NAME", Setting::text)?,
+            gemini_jwks_url: s.value("GEMINI_JWKS_URL", Setting::text)?,
+            gemini_jwt_audience: s.optional("GEMINI_JWT_AUDIENCE", Setting::text)?,
+            shown: s.0.iter().map(|(v, setting)| v.shown(setting)).collect(),
+        })
+    }
+}
+
+/// A URL as the operator's page may show it: its origin only, because a destination or an
+/// alert sink often carries a credential in its path or query (a Slack webhook URL is one).
+fn origin_only(url: &str) -> String {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let end = url[after_scheme..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| after_scheme + i);
+    // userinfo (user:password@) is a credential too.
+    let authority = &url[after_scheme..end];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let rest = if end < url.len() { "/\u{2026}" } else { "" };
+    format!("{}{host}{rest}", &url[..after_scheme])
+}
+
+impl Config {
+    /// The configuration in force as the operator's page shows it (`GET /v1/config`): every
+    /// variable of [`VARIABLES`], in table order, with its value, except that secrets are only
+    /// `set` or `not set` and URLs that may carry a credential show their origin only. Never a
+    /// secret's bytes.
+    pub fn public_view(&self) -> Value {
+        json!({
+            "settings": VARIABLES
+                .iter()
+                .zip(&self.shown)
+                .map(|(v, value)| json!({"name": v.name, "value": value, "secret": v.secret}))
+                .collect::<Vec<_>>(),
+            "warnings": self.warnings(),
         })
     }
 }
@@ -416,6 +675,111 @@ mod tests {
 
     fn parse(vars: &HashMap<&'static str, String>) -> Result<Config, ConfigError> {
         Config::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn every_name_is_an_env_name_and_appears_once() {
+        let mut seen = std::collections::BTreeSet::new();
+        for v in VARIABLES {
+            assert!(
+                v.name.starts_with(|c: char| c.is_ascii_uppercase())
+                    && v.name
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'),
+                "{}",
+                v.name
+            );
+            assert!(seen.insert(v.name), "{} twice", v.name);
+            if matches!(v.kind, Kind::SigningSecret | Kind::SigningSecrets) {
+                assert!(v.secret, "{} holds key material: mark it secret", v.name);
+            }
+            assert!(
+                !v.meaning.is_empty() && !v.meaning.contains('\n'),
+                "{}",
+                v.name
+            );
+            assert_eq!(variable(v.name), Some(v));
+        }
+    }
+
+    #[test]
+    fn every_default_is_one_its_own_kind_accepts() {
+        for v in VARIABLES {
+            let fits = match (v.kind, v.default) {
+                (_, Fallback::Required | Fallback::Nothing) => true,
+                (Kind::Whole { min, max }, Fallback::Number(n)) => (min..=max).contains(&n),
+                (Kind::Flag, Fallback::Bool(_)) => true,
+                (Kind::Url | Kind::PublicUrl, Fallback::Text(t)) => {
+                    parse_url(v.name, t).is_ok_and(|u| u == t)
+                }
+                _ => false,
+            };
+            assert!(fits, "{}: {:?} is no {:?}", v.name, v.default, v.kind);
+            if let Fallback::Required = v.default {
+                assert!(v.read(&|_: &str| None).is_err(), "{}", v.name);
+            } else {
+                assert!(v.read(&|_: &str| None).is_ok(), "{}", v.name);
+            }
+        }
+    }
+
+    #[test]
+    fn parsing_reads_exactly_the_table_in_its_order() {
+        let asked = std::cell::RefCell::new(Vec::new());
+        let vars = base();
+        Config::from_lookup(|name| {
+            asked.borrow_mut().push(name.to_string());
+            vars.get(name).cloned()
+        })
+        .unwrap();
+        let names: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
+        assert_eq!(asked.into_inner(), names);
+    }
+
+    #[test]
+    fn public_view_lists_the_table_in_its_order() {
+        let view = parse(&base()).unwrap().public_view();
+        let settings = view["settings"].as_array().unwrap();
+        assert_eq!(settings.len(), VARIABLES.len());
+        for (shown, v) in settings.iter().zip(VARIABLES) {
+            assert_eq!(shown["name"], v.name);
+            assert_eq!(shown["secret"], v.secret);
+            if let (Kind::Whole { .. }, Fallback::Number(n)) = (v.kind, v.default) {
+                assert_eq!(shown["value"], n, "{} shows its default", v.name);
+            }
+        }
+    }
+
+    /// Every whole number, from its row: each end accepted, one past each end refused naming
+    /// it. The partners in a cross-variable rule are set wide so that only the range decides.
+    #[test]
+    fn every_range_is_the_one_in_the_table() {
+        let mut wide = base();
+        wide.insert("EFFECT_TIMEOUT_MS", "1".into());
+        wide.insert("CLAIM_TTL_SECONDS", "86400".into());
+        wide.insert("EFFECT_RETRY_BASE_SECONDS", "1".into());
+        wide.insert("EFFECT_RETRY_MAX_SECONDS", "86400".into());
+        parse(&wide).unwrap();
+        for v in VARIABLES {
+            let Kind::Whole { min, max } = v.kind else {
+                continue;
+            };
+            for (n, ok) in [(min - 1, false), (min, true), (max, true), (max + 1, false)] {
+                let mut vars = wide.clone();
+                vars.insert(v.name, n.to_string());
+                match parse(&vars) {
+                    Ok(_) => assert!(ok, "{}={n} accepted", v.name),
+                    Err(e) => {
+                        assert!(!ok, "{}={n} refused: {e}", v.name);
+                        assert_eq!(e.var, v.name);
+                        assert!(
+                            e.to_string().contains(&format!("from {min} to {max}")),
+                            "{e}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -531,7 +895,10 @@ mod tests {
             c.destination_for(Some("nightly")),
             url("https://billing.example/hook")
         );
-        assert_eq!(c.destination_for(Some("video")), url("http://127.0.0.1:1/v"));
+        assert_eq!(
+            c.destination_for(Some("video")),
+            url("http://127.0.0.1:1/v")
+        );
         assert_eq!(
             c.destination_for(Some("other")),
             url("http://127.0.0.1:9/effects")
@@ -555,7 +922,11 @@ mod tests {
             c.destination_for(Some("publish")),
             Destination::Service("PUBLISHER".into())
         );
-        for bad in [r#"{"b":"queue:"}"#, r#"{"b":"service:has-dash"}"#, r#"{"b":"ftp://x"}"#] {
+        for bad in [
+            r#"{"b":"queue:"}"#,
+            r#"{"b":"service:has-dash"}"#,
+            r#"{"b":"ftp://x"}"#,
+        ] {
             vars.insert("EFFECT_ROUTES", bad.into());
             assert_eq!(parse(&vars).unwrap_err().var, "EFFECT_ROUTES", "{bad}");
         }
@@ -599,11 +970,18 @@ mod tests {
         assert!(e.to_string().contains("EFFECT_TIMEOUT_MS"), "{e}");
         vars.insert("CLAIM_TTL_SECONDS", "6".into());
         let c = parse(&vars).unwrap();
-        assert_eq!(c.warnings().len(), 1, "allowed, but warned: no room for the runtime's grace");
+        assert_eq!(
+            c.warnings().len(),
+            1,
+            "allowed, but warned: no room for the runtime's grace"
+        );
         assert!(c.warnings()[0].contains("CLAIM_TTL_SECONDS"));
         vars.insert("CLAIM_TTL_SECONDS", "35".into());
         assert!(parse(&vars).unwrap().warnings().is_empty());
-        assert!(parse(&base()).unwrap().warnings().is_empty(), "the defaults are safe");
+        assert!(
+            parse(&base()).unwrap().warnings().is_empty(),
+            "the defaults are safe"
+        );
     }
 
     #[test]
@@ -614,5 +992,67 @@ mod tests {
         assert!(!dump.contains("t0ken"));
         assert!(!dump.contains("AIzaSECRET"));
         assert!(!dump.contains("MfKQ9r8"));
+    }
+
+    #[test]
+    fn public_view_names_every_setting_and_shows_no_secret() {
+        let mut vars = base();
+        vars.insert("GEMINI_API_KEY", "AIza-very-secret-key".to_string());
+        vars.insert(
+            "ALERT_URL",
+            "https://hooks.slack.com/services/T0/B0/s3cr3tpath".to_string(),
+        );
+        vars.insert(
+            "EFFECT_URL",
+            "https://user:pw@dest.example:8443/hooks?token=abc".to_string(),
+        );
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"billing":"https://bill.example/in/tok"}"#.to_string(),
+        );
+        vars.insert("CLAIM_TTL_SECONDS", "10".to_string());
+        let view = parse(&vars).unwrap().public_view();
+        let text = view.to_string();
+        for secret in [
+            SECRET,
+            "t0ken",
+            "AIza-very-secret-key",
+            "s3cr3tpath",
+            "pw@",
+            "token=abc",
+            "/in/tok",
+        ] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+        let value = |name: &str| {
+            view["settings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == name)
+                .unwrap_or_else(|| panic!("{name} missing"))["value"]
+                .clone()
+        };
+        assert_eq!(value("GEMINI_API_KEY"), "set");
+        assert_eq!(value("GEMINI_WEBHOOK_SECRETS"), "set (1)");
+        assert_eq!(value("EFFECT_URL"), "https://dest.example:8443/\u{2026}");
+        assert_eq!(value("ALERT_URL"), "https://hooks.slack.com/\u{2026}");
+        assert_eq!(
+            value("EFFECT_ROUTES")["billing"],
+            "https://bill.example/\u{2026}"
+        );
+        assert_eq!(value("CLAIM_TTL_SECONDS"), 10);
+        assert_eq!(value("GEMINI_JWT_AUDIENCE"), serde_json::Value::Null);
+        assert_eq!(
+            view["warnings"].as_array().unwrap().len(),
+            1,
+            "the short claim TTL"
+        );
+        vars.remove("GEMINI_API_KEY");
+        let view = parse(&vars).unwrap().public_view();
+        assert!(view
+            .to_string()
+            .contains(r#""name":"GEMINI_API_KEY","secret":true,"value":"not set""#));
+        assert_eq!(origin_only("http://127.0.0.1:9"), "http://127.0.0.1:9");
     }
 }

@@ -1,6 +1,6 @@
 //! The side effect: what is sent downstream for a terminal outcome, and what its answer means.
 //!
-//! Guarantees (ARCHITECTURE.md, invariant 3): the body and the `webhook-id` are the same on
+//! Guarantees (docs/DESIGN.md, invariant 3): the body and the `webhook-id` are the same on
 //! every retry of one generation, and `idempotency-key` is the operation key on every
 //! generation, so a destination can drop a repeat that outlived its claim; the request is
 //! signed the Standard Webhooks way with the effect secret, so any Standard Webhooks library

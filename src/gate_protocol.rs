@@ -1,6 +1,6 @@
 //! The messages between the edge and the OperationGate Durable Object.
 //!
-//! Guarantees (ARCHITECTURE.md, invariant 1): every path that can change an operation
+//! Guarantees (docs/DESIGN.md, invariant 1): every path that can change an operation
 //! (webhook, reconciliation, registration, operator) speaks to the gate in these commands
 //! only; none writes state itself. Both directions are plain JSON, so the protocol is tested
 //! on the host and logged as is.
@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::operation::OpEvent;
+use crate::lifecycle::{DropReason, Status};
+use crate::operation::{KindFill, OpEvent};
 use crate::reconcile::{Audit, AuditProgress, Lease, Resume};
 
 /// A request to the gate of one operation.
@@ -91,22 +92,22 @@ pub enum GateReply {
     },
     Exists {
         operation: Value,
-        /// What the registration did to the kind: `filled`, `unchanged` or `conflict`.
-        kind: String,
+        /// What the registration did to the kind.
+        kind: KindFill,
     },
     Applied {
-        status: String,
+        status: Status,
         effect: EffectReport,
     },
     Dropped {
-        reason: String,
-        status: String,
+        reason: DropReason,
+        status: Status,
         effect: EffectReport,
     },
     IgnoredUnregistered,
     /// A nudge was recorded; the status API is asked from the gate's alarm.
     Confirming {
-        status: String,
+        status: Status,
     },
     Effect {
         effect: EffectReport,
@@ -117,8 +118,7 @@ pub enum GateReply {
     },
     Redelivered {
         generation: u32,
-        /// `retry_now` (same generation) or `redeliver` (a new one).
-        action: String,
+        action: OperatorAction,
         effect: EffectReport,
     },
     Forgotten {
@@ -137,6 +137,16 @@ pub enum GateReply {
         history: Vec<Value>,
     },
     NotFound,
+}
+
+/// What an operator's action on a side effect did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperatorAction {
+    /// An effect not done, run again now under the same generation and `webhook-id`.
+    RetryNow,
+    /// A done effect, sent again on purpose as a new generation.
+    Redeliver,
 }
 
 /// A request to the ReconcileLease object (one for the whole worker).
@@ -252,12 +262,14 @@ mod tests {
     #[test]
     fn replies_round_trip_as_tagged_json() {
         let reply = GateReply::Dropped {
-            reason: "duplicate".into(),
-            status: "succeeded".into(),
+            reason: DropReason::ConflictingTerminal,
+            status: Status::Succeeded,
             effect: EffectReport::InFlight,
         };
         let text = serde_json::to_string(&reply).unwrap();
         assert!(text.contains(r#""outcome":"dropped""#));
+        assert!(text.contains(r#""reason":"conflicting_terminal""#));
+        assert!(text.contains(r#""status":"succeeded""#));
         assert!(text.contains(r#""effect":"in_flight""#));
         assert_eq!(serde_json::from_str::<GateReply>(&text).unwrap(), reply);
     }

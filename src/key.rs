@@ -1,6 +1,6 @@
 //! Operation keys: one stable key per operation, whatever path named it.
 //!
-//! Guarantees (ARCHITECTURE.md, invariant 5): the key is the last `<collection>/<id>` pair in
+//! Guarantees (docs/DESIGN.md, invariant 6): the key is the last `<collection>/<id>` pair in
 //! the name, with collection `batches`, `operations` or `interactions`; surrounding white
 //! space and empty segments (leading, doubled or trailing slashes) are ignored; case is kept.
 //! A bare id takes its collection from the event type. The full name is kept beside the key,

@@ -52,6 +52,13 @@ pub struct LedgerMeta {
     pub forgotten: bool,
     /// The gate's record version this projection shows.
     pub version: u64,
+    /// The registered kind, for the operator's listing filter (absent in entries written
+    /// before it was kept, and when there is none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Which path settled it (`webhook`, `reconcile`, `operator`), for the same listing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_by: Option<String>,
 }
 
 /// Everything one ledger write needs.
@@ -136,6 +143,10 @@ pub fn project(op: &Operation, retention_secs: i64) -> Projection {
         alerts: op.alerts.clone(),
         forgotten: op.forgotten.is_some(),
         version: op.version,
+        // A kind is at most 100 bytes, but a control character would be escaped to six in
+        // the metadata's JSON: such a kind is left out rather than risk KV's 1024 bytes.
+        kind: op.kind.clone().filter(|k| !k.chars().any(char::is_control)),
+        settled_by: op.settled_by.map(|s| s.as_str().to_string()),
     };
     Projection {
         kv_key: op_key(&op.key),
@@ -217,6 +228,7 @@ mod tests {
         succeeded(&mut op);
         op.claim(5_000, 600_000);
         let meta = serde_json::to_string(&project(&op, 1).metadata).unwrap();
+        assert!(meta.contains(r#""settled_by":"webhook""#), "{meta}");
         assert!(meta.len() < 1024, "{} bytes", meta.len());
     }
 
@@ -247,6 +259,14 @@ mod tests {
         let mut op = Operation::register("batches/a", "batches/a", None, 1_000);
         op.forget(2_000, "by hand");
         assert!(!project(&op, 100).open);
+    }
+
+    #[test]
+    fn metadata_keeps_the_kind_unless_it_would_escape_long() {
+        let op = Operation::register("batches/a", "batches/a", Some("nightly".into()), 1_000);
+        assert_eq!(project(&op, 1).metadata.kind.as_deref(), Some("nightly"));
+        let op = Operation::register("batches/a", "batches/a", Some("\u{1}".repeat(100)), 1_000);
+        assert_eq!(project(&op, 1).metadata.kind, None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The operation lifecycle and its reducer: state only moves forward.
 //!
-//! Guarantees (ARCHITECTURE.md, invariant 2): states sit on the lattice PENDING(0) <
+//! Guarantees (docs/DESIGN.md, invariant 2): states sit on the lattice PENDING(0) <
 //! RUNNING, REQUIRES_ACTION(1) < SUCCEEDED, FAILED, CANCELLED, EXPIRED(2); unknown states rank
 //! -1 and are never applied. Terminal states absorb: the first terminal to reach the reducer
 //! wins and a later, different terminal is dropped with its own reason. Between non-terminal

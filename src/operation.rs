@@ -1,6 +1,6 @@
 //! The operation record the gate keeps, and every transition it may make.
 //!
-//! Guarantees (ARCHITECTURE.md, invariants 2 and 3): state changes only through
+//! Guarantees (docs/DESIGN.md, invariants 2 and 3): state changes only through
 //! [`Operation::apply`], which asks the pure reducer; a terminal outcome's side effect is
 //! claimed with a TTL and a fencing token that only grows, and only the holder of the current
 //! token may finish it; a failed attempt never marks done, it schedules the next attempt with
@@ -157,7 +157,8 @@ pub enum AttemptOutcome {
 }
 
 /// What a registration did to an operation that already existed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum KindFill {
     /// The record had no kind (its completion came first): the registration's kind is now
     /// its kind, so later attempts route by it and carry it.
@@ -682,7 +683,9 @@ impl Operation {
 
     /// True when a confirmation is waiting and due.
     pub fn confirmation_due(&self, now_ms: i64) -> bool {
-        self.confirmation.as_ref().is_some_and(|c| c.due_ms <= now_ms)
+        self.confirmation
+            .as_ref()
+            .is_some_and(|c| c.due_ms <= now_ms)
     }
 
     /// Applies what the status API said in answer to a confirmation, as an event from the
@@ -994,7 +997,12 @@ mod tests {
     fn an_effect_not_done_never_gets_a_new_generation() {
         let mut op = settled();
         let c = op.claim(2_000, 600_000).unwrap();
-        op.finish(c.token, &AttemptOutcome::Retry("timeout".into()), 7_000, 30_000);
+        op.finish(
+            c.token,
+            &AttemptOutcome::Retry("timeout".into()),
+            7_000,
+            30_000,
+        );
         assert_eq!(op.redeliver(8_000, "x"), Err(OperatorRefusal::NotDone));
         assert_eq!(op.effect.generation, 1);
     }
@@ -1007,9 +1015,15 @@ mod tests {
         op.mark_alert(crate::alert::EFFECT_FAILING);
         assert_eq!(op.retry_now(3_000), Ok(()));
         assert!(op.effect_owed());
-        assert!(op.alerts.is_empty(), "it may alert again if it keeps failing");
+        assert!(
+            op.alerts.is_empty(),
+            "it may alert again if it keeps failing"
+        );
         assert_eq!(op.effect.generation, 1, "the same webhook-id");
-        assert!(op.claim(3_000, 600_000).is_some(), "due now, not after a backoff");
+        assert!(
+            op.claim(3_000, 600_000).is_some(),
+            "due now, not after a backoff"
+        );
     }
 
     #[test]
@@ -1017,15 +1031,25 @@ mod tests {
         let mut op = settled();
         let c = op.claim(2_000, 10_000).unwrap();
         assert_eq!(op.retry_now(5_000), Err(OperatorRefusal::InFlight));
-        assert_eq!(op.retry_now(12_000), Ok(()), "a lapsed claim is not in flight");
+        assert_eq!(
+            op.retry_now(12_000),
+            Ok(()),
+            "a lapsed claim is not in flight"
+        );
         let mut done = settled();
         let c2 = done.claim(2_000, 10_000).unwrap();
         done.finish(c2.token, &AttemptOutcome::Delivered, 2_100, 0);
         assert_eq!(done.retry_now(3_000), Err(OperatorRefusal::AlreadyDone));
         // The retried claim's late answer is fenced off by the token, as ever.
         let again = op.claim(12_000, 10_000).unwrap();
-        assert_eq!(op.finish(c.token, &AttemptOutcome::Delivered, 12_500, 0), Finished::Fenced);
-        assert_eq!(op.finish(again.token, &AttemptOutcome::Delivered, 12_600, 0), Finished::Done);
+        assert_eq!(
+            op.finish(c.token, &AttemptOutcome::Delivered, 12_500, 0),
+            Finished::Fenced
+        );
+        assert_eq!(
+            op.finish(again.token, &AttemptOutcome::Delivered, 12_600, 0),
+            Finished::Done
+        );
     }
 
     #[test]
@@ -1212,7 +1236,11 @@ mod tests {
         meta.insert("user_metadata".into(), json!({"job": 1}));
         assert!(op.request_confirmation(100, meta, Some("jwt_x".into())));
         assert!(op.confirmation_due(100));
-        assert_eq!(op.status, Status::Pending, "the nudge itself applies nothing");
+        assert_eq!(
+            op.status,
+            Status::Pending,
+            "the nudge itself applies nothing"
+        );
         assert_eq!(op.wake_at_ms(1, 0), Some(100));
     }
 
@@ -1232,7 +1260,10 @@ mod tests {
         meta.insert("unverified_user_metadata".into(), json!("x"));
         assert!(op.request_confirmation(200, meta, None));
         let c = op.confirmation.as_ref().unwrap();
-        assert_eq!(c.due_ms, 10_150, "a replay does not buy an earlier status call");
+        assert_eq!(
+            c.due_ms, 10_150,
+            "a replay does not buy an earlier status call"
+        );
         assert_eq!(c.metadata["unverified_user_metadata"], "x");
     }
 
@@ -1248,7 +1279,10 @@ mod tests {
         assert_eq!(op.settled_by, Some(Source::Webhook));
         assert_eq!(op.details["user_metadata"], json!({"job": 7}));
         assert_eq!(op.details["output_file_uri"], "gs://b/o");
-        assert!(op.confirmation.is_none(), "terminal: nothing left to confirm");
+        assert!(
+            op.confirmation.is_none(),
+            "terminal: nothing left to confirm"
+        );
         assert!(op.effect_owed());
     }
 
@@ -1309,7 +1343,11 @@ mod tests {
         assert_eq!(op.expires_at_ms(10_000), Some(12_500));
         op.retire(12_500);
         assert_eq!(op.expires_at_ms(10_000), None, "a tombstone never expires");
-        assert_eq!(op.wake_at_ms(10_000, 0), None, "and never wakes, nor projects");
+        assert_eq!(
+            op.wake_at_ms(10_000, 0),
+            None,
+            "and never wakes, nor projects"
+        );
         // A late replay of the same completion, or a different one: nothing is owed.
         assert_eq!(
             op.apply(&event(Status::Succeeded, 0), 99_000),
@@ -1330,7 +1368,10 @@ mod tests {
             Some("nightly-review".into()),
             1_700_000_000_000,
         );
-        op.apply(&status_event(Status::Succeeded, 1_700_000_100_000, &"x".repeat(2_000)), 1_700_000_100_500);
+        op.apply(
+            &status_event(Status::Succeeded, 1_700_000_100_000, &"x".repeat(2_000)),
+            1_700_000_100_500,
+        );
         let c = op.claim(1_700_000_100_500, 600_000).unwrap();
         op.finish(c.token, &AttemptOutcome::Delivered, 1_700_000_101_000, 0);
         let before = serde_json::to_string(&op).unwrap().len();
@@ -1354,7 +1395,11 @@ mod tests {
         }
         assert_eq!(op.projection_due_ms(), 20_039 + PROJECTION_RETRY_MAX_MS);
         op.projection_written(op.version, 400_000);
-        assert_eq!(op.projection_due_ms(), 401_000, "a success resets the backoff");
+        assert_eq!(
+            op.projection_due_ms(),
+            401_000,
+            "a success resets the backoff"
+        );
     }
 
     #[test]

@@ -437,6 +437,8 @@ mod tests {
             alerts: vec![],
             forgotten: false,
             version: 1,
+            kind: None,
+            settled_by: None,
         }
     }
 

@@ -1,10 +1,11 @@
 //! Standard Webhooks HMAC-SHA256 signatures: verifying Gemini's, signing our side effects.
 //!
-//! Guarantees: the signed bytes are `{webhook-id}.{webhook-timestamp}.{raw body}` exactly as
-//! received (verify before parsing, never re-serialize); every `v1,` entry is tried against
-//! every configured secret (rotation keeps several valid at once); a decoded signature that is
-//! not 32 bytes never matches (an empty `v1,` once bypassed a public verifier); comparison is
-//! constant time; a timestamp outside `now ± tolerance` is refused. The clock is a parameter.
+//! Guarantees (docs/DESIGN.md, invariant 4): the signed bytes are
+//! `{webhook-id}.{webhook-timestamp}.{raw body}` exactly as received (verify before parsing,
+//! never re-serialize); every `v1,` entry is tried against every configured secret (rotation
+//! keeps several valid at once); a decoded signature that is not 32 bytes never matches (an
+//! empty `v1,` once bypassed a public verifier); comparison is constant time; a timestamp
+//! outside `now ± tolerance` is refused. The clock is a parameter.
 
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;
@@ -243,12 +244,18 @@ mod tests {
             signature: Some("v2,AAAA"),
             ..ok
         };
-        assert_eq!(check_headers(no_v1, 1_000, 300), Err(SignatureError::NoV1Entry));
+        assert_eq!(
+            check_headers(no_v1, 1_000, 300),
+            Err(SignatureError::NoV1Entry)
+        );
         let stale = SignedHeaders {
             timestamp: Some("100"),
             ..ok
         };
-        assert_eq!(check_headers(stale, 1_000, 300), Err(SignatureError::TooOld));
+        assert_eq!(
+            check_headers(stale, 1_000, 300),
+            Err(SignatureError::TooOld)
+        );
         let missing = SignedHeaders { id: None, ..ok };
         assert_eq!(
             check_headers(missing, 1_000, 300),
@@ -263,13 +270,19 @@ mod tests {
             timestamp: Some("-9223372036854775808"),
             signature: Some("v1,AAAA"),
         };
-        assert_eq!(check_headers(far, i64::MAX, i64::MAX), Err(SignatureError::TooOld));
+        assert_eq!(
+            check_headers(far, i64::MAX, i64::MAX),
+            Err(SignatureError::TooOld)
+        );
         assert_eq!(check_headers(far, 0, 300), Err(SignatureError::TooOld));
         let future = SignedHeaders {
             timestamp: Some("9223372036854775807"),
             ..far
         };
-        assert_eq!(check_headers(future, i64::MIN, 300), Err(SignatureError::TooNew));
+        assert_eq!(
+            check_headers(future, i64::MIN, 300),
+            Err(SignatureError::TooNew)
+        );
     }
 
     #[test]

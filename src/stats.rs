@@ -45,6 +45,58 @@ fn one() -> u64 {
 /// Counter totals by name.
 pub type Tally = BTreeMap<String, u64>;
 
+/// Counts by hour bucket ([`hour_of`]).
+pub type Hourly = BTreeMap<i64, Tally>;
+
+/// Hours in the trend of `/v1/stats` (the current hour last).
+pub const TREND_HOURS: i64 = 24;
+
+/// One hour of the trend: what an operator charts. `dropped` sums every `dropped_<reason>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HourPoint {
+    /// The hour's start, RFC 3339.
+    pub hour: String,
+    pub deliveries: u64,
+    pub settled_by_webhook: u64,
+    pub settled_by_reconcile: u64,
+    pub effect_successes: u64,
+    pub effect_failures: u64,
+    pub dropped: u64,
+}
+
+/// The last [`TREND_HOURS`] hours up to the one holding `now_ms`, oldest first, each present
+/// (an hour with nothing counted is zeros, so a chart's axis is time, not data).
+pub fn hourly_series(buckets: &Hourly, now_ms: i64) -> Vec<HourPoint> {
+    let now_hour = hour_of(now_ms);
+    (now_hour - TREND_HOURS + 1..=now_hour)
+        .map(|hour| {
+            let empty = Tally::new();
+            let tally = buckets.get(&hour).unwrap_or(&empty);
+            let get = |name: &str| tally.get(name).copied().unwrap_or(0);
+            HourPoint {
+                hour: crate::timestamp::format_rfc3339(hour * 3_600_000),
+                deliveries: get(DELIVERIES),
+                settled_by_webhook: get(SETTLED_BY_WEBHOOK),
+                settled_by_reconcile: get(SETTLED_BY_RECONCILE),
+                effect_successes: get(EFFECT_SUCCESSES),
+                effect_failures: get(EFFECT_FAILURES),
+                dropped: tally
+                    .iter()
+                    .filter(|(name, _)| name.starts_with("dropped_"))
+                    .map(|(_, n)| n)
+                    .sum(),
+            }
+        })
+        .collect()
+}
+
+/// Adds `other`'s hourly buckets into `into`.
+pub fn merge_hourly(into: &mut Hourly, other: &Hourly) {
+    for (hour, tally) in other {
+        merge(into.entry(*hour).or_default(), tally);
+    }
+}
+
 /// How often a shard prunes old hourly buckets and dedupe marks.
 pub const PRUNE_EVERY_MS: i64 = 3_600_000;
 
@@ -132,6 +184,54 @@ mod tests {
             &Tally::from([("x".to_string(), 2), ("y".to_string(), 5)]),
         );
         assert_eq!(a, Tally::from([("x".to_string(), 3), ("y".to_string(), 5)]));
+    }
+
+    #[test]
+    fn trend_has_every_hour_of_the_last_day_oldest_first() {
+        let now = 1_795_000_000_000; // 2026-11-18T11:06:40Z
+        let h = hour_of(now);
+        let mut a = Hourly::new();
+        a.insert(
+            h,
+            Tally::from([
+                (DELIVERIES.to_string(), 3),
+                ("dropped_stale_update_time".to_string(), 1),
+                ("dropped_regress_from_terminal".to_string(), 2),
+                (DUPLICATES.to_string(), 9),
+            ]),
+        );
+        a.insert(h - 23, Tally::from([(SETTLED_BY_RECONCILE.to_string(), 4)]));
+        a.insert(h - 24, Tally::from([(DELIVERIES.to_string(), 100)]));
+        let mut b = Hourly::new();
+        b.insert(
+            h,
+            Tally::from([
+                (DELIVERIES.to_string(), 2),
+                (EFFECT_FAILURES.to_string(), 5),
+            ]),
+        );
+        merge_hourly(&mut a, &b);
+        let series = hourly_series(&a, now);
+        assert_eq!(series.len(), 24);
+        assert_eq!(series[23].hour, "2026-11-18T11:00:00Z");
+        assert_eq!(series[23].deliveries, 5, "summed across shards");
+        assert_eq!(
+            series[23].dropped, 3,
+            "every dropped reason, not duplicates"
+        );
+        assert_eq!(series[23].effect_failures, 5);
+        assert_eq!(series[0].settled_by_reconcile, 4, "the oldest hour kept");
+        assert!(
+            series.iter().all(|p| p.deliveries != 100),
+            "an hour older than the day is left out"
+        );
+        assert_eq!(
+            series[5],
+            HourPoint {
+                hour: series[5].hour.clone(),
+                ..HourPoint::default()
+            }
+        );
     }
 
     #[test]

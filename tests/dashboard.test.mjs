@@ -1,85 +1,348 @@
 // The operator's dashboard in a real headless browser (Debian's Chromium driven by
-// playwright-core; no browser download): it renders, lists a stuck operation, and its
-// retry-now button works.
+// playwright-core; no browser download), against the built worker in workerd with a real
+// destination and a real stand-in for Gemini's API: it signs in, lists operations with
+// filters, searches, opens one and reads its timeline, runs retry now (and reads a 409),
+// redelivers with a reason, forgets, draws the trend from the shards' hourly buckets, and
+// shows health and configuration. Every view is screenshotted and the PNG decoded; with
+// DASHBOARD_SCREENSHOTS=<dir> the three views are also written there (docs/ holds them).
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
+import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { inflateSync } from "node:zlib";
 import { chromium } from "playwright-core";
 import { startWorker, startServer, ADMIN_TOKEN, eventually } from "./helpers.mjs";
 
 const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
+const SHOTS = process.env.DASHBOARD_SCREENSHOTS;
 
-let w, dest, browser;
-let destinationUp = false;
+// The cast, named like a real deployment's operations (they appear in docs/ screenshots).
+const STUCK = "batches/eval-run-17";
+const PARKED = "batches/billing-0412";
+const DONE = "batches/nightly-review-0411";
+const FLAKY = "batches/billing-0413";
+const SLOW = "batches/embeddings-2211";
+const RECONCILED = "batches/nightly-review-0410";
+const FORGET = "batches/abandoned-test-3";
+const FILLER = ["batches/nightly-review-0409", "batches/translate-fr-551", "batches/translate-de-552"];
+
+let w, dest, gemini, browser, page;
+let billingUp = false;
+let releaseSlow;
+const slowHeld = new Promise((r) => { releaseSlow = r; });
+const shotDir = mkdtempSync(path.join(tmpdir(), "dashboard-shots-"));
+
+const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
 
 before(async () => {
   assert.ok(existsSync(CHROMIUM), `Chromium not found at ${CHROMIUM}: scripts/setup-browser.sh installs Debian's package`);
-  dest = await startServer(() => (destinationUp ? { status: 200 } : { status: 400, body: { error: "unknown account" } }));
-  w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, STUCK_AFTER_SECONDS: "0" }, { http: true });
+  dest = await startServer(async (req) => {
+    const key = req.headers["idempotency-key"];
+    if (key === PARKED) return billingUp ? { status: 200 } : { status: 400, body: { error: "unknown account" } };
+    if (key === FLAKY) return effectsFor(FLAKY).length === 1 ? { status: 503 } : { status: 200 };
+    if (key === SLOW && effectsFor(SLOW).length === 1) { await slowHeld; return { status: 200 }; }
+    return { status: 200 };
+  });
+  gemini = await startServer((req) => {
+    const p = req.url.replace(/^\/v1beta\//, "");
+    if (p.startsWith("webhooks")) {
+      return { status: 200, body: { webhooks: [{ name: "webhooks/gemini-once", state: "disabled_due_to_failed_deliveries" }] } };
+    }
+    const state = p.startsWith(RECONCILED) ? "BATCH_STATE_SUCCEEDED" : "BATCH_STATE_RUNNING";
+    return { status: 200, body: { name: p, metadata: { state, updateTime: new Date().toISOString(), output: { responsesFile: "files/out-0410" } }, done: state.endsWith("SUCCEEDED") } };
+  });
+  w = await startWorker({
+    EFFECT_URL: `${dest.url}/effects`,
+    GEMINI_API_BASE: gemini.url,
+    GEMINI_API_KEY: "test-gemini-key-not-shown",
+    GEMINI_WEBHOOK_NAME: "gemini-once",
+    STUCK_AFTER_SECONDS: "0",
+    RECONCILE_GRACE_SECONDS: "0",
+    EFFECT_RETRY_BASE_SECONDS: "1",
+    EFFECT_RETRY_MAX_SECONDS: "1",
+    STATS_FLUSH_SECONDS: "0",
+    // A claim shorter than the timeout plus the runtime's grace: works, and is warned about.
+    EFFECT_TIMEOUT_MS: "20000",
+    CLAIM_TTL_SECONDS: "40",
+  }, { http: true });
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     headless: true,
     args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
       "--disable-component-update", "--disable-sync"],
   });
+
+  // The operations the views show.
+  await w.register(STUCK, "nightly-eval");
+  await w.register(FORGET, "experiment");
+  await w.register(RECONCILED, "nightly-review");
+  await w.register(DONE, "nightly-review");
+  await w.register(PARKED, "billing");
+  await w.register(FLAKY, "billing");
+  for (const key of FILLER) await w.register(key, key.includes("translate") ? "translation" : "nightly-review");
+  for (const key of [DONE, PARKED, FLAKY, ...FILLER]) {
+    assert.equal((await w.deliver("batch.succeeded", key, { output_file_uri: `gs://results/${key.split("/")[1]}.jsonl` })).status, 200);
+  }
+  // A later, different terminal is recorded and dropped: the timeline and the trend show it.
+  const late = await w.deliver("batch.failed", DONE, { error_code: "13", error_message: "late" });
+  assert.equal(late.body.reason, "conflicting_terminal");
+  await eventually(async () => (await w.inspect(PARKED)).body.effect_parked, { what: "the park" });
+  await eventually(async () => (await w.inspect(FLAKY)).body.effect_done, { what: "the flaky effect retried" });
+  await w.ledger([STUCK, FORGET, RECONCILED, DONE, FLAKY, ...FILLER]);
+  await w.ledger(PARKED, (m) => m.parked);
+  // A cron pass settles one whose webhook never came and checks the Gemini webhook's state.
+  await w.scheduled();
+  await eventually(async () => (await w.inspect(RECONCILED)).body.settled_by === "reconcile", { what: "settled by reconcile" });
+  await w.ledger(RECONCILED, (m) => m.settled_by === "reconcile" && m.effect_done);
+  await w.ledger(STUCK, (m) => m.alerts.includes("stuck"));
+
+  page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
 });
 after(async () => {
+  releaseSlow?.();
   await browser?.close();
   await w?.dispose();
   await dest?.close();
+  await gemini?.close();
 });
 
-describe("dashboard", () => {
-  it("renders, lists a stuck operation, and retries a parked side effect now", async () => {
-    await w.register("batches/ui-stuck", "nightly");
-    await w.deliver("batch.succeeded", "batches/ui-parked");
-    await eventually(async () => (await w.inspect("batches/ui-parked")).body.effect_parked, { what: "the park" });
-    await w.ledger("batches/ui-stuck");
-    await w.ledger("batches/ui-parked", (m) => m.parked);
+/** Decodes a PNG fully (chunks, zlib stream, every scanline) and returns its size in pixels. */
+function decodePng(buf) {
+  assert.deepEqual([...buf.subarray(0, 8)], [137, 80, 78, 71, 13, 10, 26, 10], "PNG signature");
+  let offset = 8, width, height, depth, colorType;
+  const idat = [];
+  while (offset < buf.length) {
+    const length = buf.readUInt32BE(offset);
+    const type = buf.toString("ascii", offset + 4, offset + 8);
+    const data = buf.subarray(offset + 8, offset + 8 + length);
+    if (type === "IHDR") [width, height, depth, colorType] = [data.readUInt32BE(0), data.readUInt32BE(4), data[8], data[9]];
+    if (type === "IDAT") idat.push(data);
+    offset += 12 + length;
+    if (type === "IEND") break;
+  }
+  const channels = { 0: 1, 2: 3, 4: 2, 6: 4 }[colorType];
+  assert.ok(channels && depth === 8, `plain 8-bit PNG (color type ${colorType}, depth ${depth})`);
+  const pixels = inflateSync(Buffer.concat(idat));
+  assert.equal(pixels.length, height * (1 + width * channels), "every scanline present");
+  return { width, height };
+}
 
-    const page = await browser.newPage();
+/** Screenshots the page, checks it is a real picture, and copies it to DASHBOARD_SCREENSHOTS. */
+async function shoot(name) {
+  const buf = await page.screenshot({ fullPage: true });
+  writeFileSync(path.join(shotDir, name), buf);
+  assert.ok(buf.length > 20_000, `${name} is ${buf.length} bytes: a blank page is smaller`);
+  const { width, height } = decodePng(buf);
+  assert.ok(width >= 1000 && height >= 500, `${name} is ${width}x${height}`);
+  if (SHOTS) writeFileSync(path.join(SHOTS, name), buf);
+}
+
+const loads = () => page.evaluate(() => Number(document.getElementById("status").dataset.loads || 0));
+/** Runs `action` and waits for the view it leads to to finish loading, without error. */
+async function andLoad(action) {
+  const before = await loads();
+  await action();
+  await page.waitForFunction((n) => Number(document.getElementById("status").dataset.loads || 0) > n, before);
+  const error = await page.evaluate(() => document.getElementById("status").dataset.error);
+  assert.equal(error, undefined, `the view loaded without error`);
+}
+const listedKeys = () => page.locator("#operations tbody a[data-key]").evaluateAll((as) => as.map((a) => a.dataset.key));
+/** Opens a view by its hash (loading it again when it is already open). */
+function go(hash) {
+  return andLoad(() => page.evaluate((h) => {
+    if (location.hash === "#" + h) window.route(); else location.hash = h;
+  }, hash));
+}
+const click = (selector) => andLoad(() => page.click(selector));
+
+describe("dashboard", () => {
+  it("asks for the token, refuses a wrong one, and holds no data without it", async () => {
     const res = await page.goto(`${w.url}/dashboard`);
     assert.equal(res.status(), 200);
     assert.match(res.headers()["content-security-policy"], /default-src 'none'/);
+    const html = await (await fetch(`${w.url}/dashboard`)).text();
+    assert.ok(!html.includes(DONE) && !html.includes(ADMIN_TOKEN), "the page itself holds no data");
     assert.equal(await page.locator("#login").isVisible(), true, "asks for the token first");
-    assert.equal(await page.locator("#app").isVisible(), false);
-
+    assert.equal(await page.locator("#view-operations").isVisible(), false);
     await page.fill("#token", "wrong-token");
     await page.click("#signin");
     await page.waitForFunction(() => document.getElementById("login-error").textContent.includes("refused"));
-
     await page.fill("#token", ADMIN_TOKEN);
-    await page.click("#signin");
-    await page.waitForSelector("#status[data-loaded=true]");
+    await click("#signin");
     assert.equal(await page.evaluate(() => sessionStorage.getItem("gemini-once-admin-token")), ADMIN_TOKEN);
-
-    const stuckRows = await page.locator("#stuck tbody tr").allTextContents();
-    assert.ok(stuckRows.some((t) => t.includes("batches/ui-stuck")), stuckRows.join("|"));
-    const counters = await page.locator("#counters tbody tr").allTextContents();
-    assert.ok(counters.some((t) => t.startsWith("effect_parks")), counters.join("|"));
-
-    const button = page.locator('#failing button[data-key="batches/ui-parked"]');
-    assert.equal(await button.count(), 1);
-    destinationUp = true;
-    await button.click();
-    await page.waitForFunction(() => document.getElementById("status").textContent.startsWith("Retried batches/ui-parked"));
-    const op = await eventually(async () => {
-      const o = await w.inspect("batches/ui-parked");
-      return o.body.effect_done && o;
-    }, { what: "retried effect done" });
-    const sent = dest.requests.filter((r) => r.headers["idempotency-key"] === "batches/ui-parked");
-    assert.equal(sent.length, 2);
-    assert.equal(sent[1].headers["effect-generation"], "1", "retry-now keeps the generation");
-    assert.equal(sent[1].headers["webhook-id"], sent[0].headers["webhook-id"]);
-    assert.equal(op.body.generation, 1);
-    if (process.env.DASHBOARD_SCREENSHOT) await page.screenshot({ path: process.env.DASHBOARD_SCREENSHOT, fullPage: true });
   });
 
-  it("serves a page that holds no data without a token", async () => {
-    const res = await fetch(`${w.url}/dashboard`);
-    const html = await res.text();
-    assert.equal(res.status, 200);
-    assert.ok(!html.includes("batches/ui-stuck"));
-    assert.ok(!html.includes(ADMIN_TOKEN));
+  it("lists operations and filters them by status, kind, stuck, effect, parked and settled by", async () => {
+    const all = await listedKeys();
+    for (const key of [STUCK, PARKED, DONE, FLAKY, RECONCILED, FORGET, ...FILLER]) assert.ok(all.includes(key), `${key} in ${all}`);
+    assert.match(await page.locator("#ops-count").textContent(), /whole ledger/);
+    await shoot("dashboard-operations.png");
+
+    await page.selectOption("#f-status", "running");
+    await page.fill("#f-kind", "nightly-eval");
+    await click("#f-apply");
+    assert.match(await page.evaluate(() => location.hash), /kind=nightly-eval/);
+    assert.deepEqual(await listedKeys(), [STUCK]);
+
+    await click("#f-clear");
+    await click('[data-preset="stuck=true"]');
+    assert.deepEqual((await listedKeys()).sort(), [FORGET, STUCK].sort(), "not terminal past the threshold");
+    assert.match(await page.locator("#operations tbody").textContent(), /stuck/, "the alert sent is shown");
+
+    await click('[data-preset="parked=true"]');
+    assert.deepEqual(await listedKeys(), [PARKED]);
+    assert.equal(await page.locator("#f-parked").inputValue(), "true", "the form shows the filter in force");
+
+    await click('[data-preset="effect_done=false"]');
+    const notDone = await listedKeys();
+    assert.ok(notDone.includes(PARKED) && notDone.includes(STUCK), notDone.join());
+    assert.ok(!notDone.includes(DONE), notDone.join());
+
+    await click('[data-preset="settled_by=reconcile"]');
+    assert.deepEqual(await listedKeys(), [RECONCILED]);
+    await click("#f-clear");
+    await page.selectOption("#f-settled_by", "webhook");
+    await page.selectOption("#f-effect_done", "true");
+    await click("#f-apply");
+    const byWebhook = await listedKeys();
+    assert.ok(byWebhook.includes(DONE) && byWebhook.includes(FLAKY), byWebhook.join());
+    assert.ok(!byWebhook.includes(RECONCILED) && !byWebhook.includes(PARKED), byWebhook.join());
+  });
+
+  it("searches by part of a name, and opens an operation named exactly", async () => {
+    await go("operations");
+    await page.fill("#f-q", "BILLING");
+    await click("#f-apply");
+    assert.deepEqual((await listedKeys()).sort(), [FLAKY, PARKED].sort(), "any part of the name, ignoring case");
+
+    await page.fill("#f-q", "projects/p/locations/us/" + DONE);
+    await click("#f-apply");
+    assert.equal(await page.evaluate(() => location.hash), "#op/" + encodeURIComponent(DONE));
+    assert.match(await page.locator("#op-title").textContent(), new RegExp(DONE));
+  });
+
+  it("pages a filtered search with the listing's cursor, and lists from a key prefix", async () => {
+    const seen = [];
+    let cursor = null;
+    for (let pages = 0; pages < 20; pages++) {
+      const r = await w.admin(`/v1/operations?q=nightly-review&limit=1${cursor ? `&cursor=${cursor}` : ""}`);
+      assert.equal(r.status, 200);
+      seen.push(...r.body.operations.map((o) => o.key));
+      if (r.body.complete) break;
+      cursor = r.body.cursor;
+    }
+    assert.deepEqual(seen, ["batches/nightly-review-0409", RECONCILED, DONE], "each once, in key order");
+    const byPrefix = await w.admin("/v1/operations?prefix=batches/billing-&parked=false");
+    assert.deepEqual(byPrefix.body.operations.map((o) => [o.key, o.kind, o.settled_by]), [[FLAKY, "billing", "webhook"]]);
+    const refused = await w.admin("/v1/operations?settled_by=registration");
+    assert.equal(refused.status, 400);
+    assert.match(refused.body.error, /settled_by/);
+  });
+
+  it("shows one operation's record and its history as a timeline, and redelivers it with a reason", async () => {
+    await go("op/" + encodeURIComponent(DONE));
+    assert.equal(await page.locator('#op-record dd[data-field="kind"]').textContent(), "nightly-review");
+    const whats = await page.locator("#op-timeline li").evaluateAll((lis) => lis.map((li) => li.dataset.what));
+    for (const what of ["registered", "applied", "claimed", "attempt", "dropped"]) assert.ok(whats.includes(what), `${what} in ${whats}`);
+    const timeline = await page.locator("#op-timeline").textContent();
+    assert.match(timeline, /Dropped: failed from webhook/);
+    assert.match(timeline, /reason conflicting_terminal/);
+    assert.match(timeline, /Attempt delivered/);
+    assert.match(timeline, /answer 2xx/);
+    assert.equal(await page.locator("#act-retry").count(), 0, "retry now does not fit a done effect");
+    assert.match(await page.locator("#op-actions").textContent(), /new webhook-id/);
+
+    await page.click("#act-redeliver");
+    assert.match(await page.locator("#action-message").textContent(), /Give a reason/);
+    assert.equal(effectsFor(DONE).length, 1, "nothing sent without a reason");
+    await page.fill("#redeliver-reason", "destination lost its copy (INC-2231)");
+    await page.click("#act-redeliver");
+    await page.waitForFunction(() => /Redelivering/.test(document.getElementById("action-message")?.textContent));
+    const sent = await eventually(() => effectsFor(DONE).length === 2 && effectsFor(DONE), { what: "the redelivery" });
+    assert.equal(sent[1].headers["effect-generation"], "2");
+    assert.notEqual(sent[1].headers["webhook-id"], sent[0].headers["webhook-id"]);
+    await eventually(async () => {
+      await go("op/" + encodeURIComponent(DONE));
+      return (await page.locator("#op-timeline li[data-what=attempt]").count()) === 2;
+    }, { what: "the redelivery's attempt in the timeline" });
+    assert.match(await page.locator("#op-timeline").textContent(), /Operator: redeliver.*INC-2231/);
+    assert.equal(await page.locator('#op-record dd[data-field="generation"]').textContent(), "2");
+    await shoot("dashboard-operation.png");
+  });
+
+  it("shows the refusal's text when retry now meets an attempt in flight", async () => {
+    await w.deliver("batch.succeeded", SLOW);
+    await eventually(() => effectsFor(SLOW).length === 1, { what: "the slow attempt in flight" });
+    await go("op/" + encodeURIComponent(SLOW));
+    await page.click("#act-retry");
+    await page.waitForSelector("#action-message");
+    const text = await page.locator("#action-message").textContent();
+    assert.match(text, /Retry now refused \(409\): an attempt is in flight/);
+    assert.equal(effectsFor(SLOW).length, 1, "no second attempt beside the first");
+    releaseSlow();
+    await eventually(async () => (await w.inspect(SLOW)).body.effect_done, { what: "the slow attempt done" });
+  });
+
+  it("retries a parked side effect now under the same webhook-id", async () => {
+    await go("op/" + encodeURIComponent(PARKED));
+    assert.match(await page.locator('#op-record dd[data-field="parked_answer"]').textContent(), /400/);
+    assert.match(await page.locator("#op-timeline").textContent(), /Attempt parked/);
+    billingUp = true;
+    await page.fill("#retry-reason", "account restored");
+    await page.click("#act-retry");
+    await page.waitForFunction(() => /Retrying .* same webhook-id/.test(document.getElementById("action-message")?.textContent));
+    await eventually(async () => (await w.inspect(PARKED)).body.effect_done, { what: "retried effect done" });
+    const sent = effectsFor(PARKED);
+    assert.equal(sent.length, 2);
+    assert.equal(sent[1].headers["effect-generation"], "1", "retry now keeps the generation");
+    assert.equal(sent[1].headers["webhook-id"], sent[0].headers["webhook-id"]);
+    await go("op/" + encodeURIComponent(PARKED));
+    assert.match(await page.locator("#op-timeline").textContent(), /Operator: retry now.*account restored/);
+  });
+
+  it("forgets an operation after a confirmation", async () => {
+    await go("op/" + encodeURIComponent(FORGET));
+    await page.fill("#forget-reason", "test job, abandoned");
+    await page.click("#act-forget");
+    assert.equal((await w.inspect(FORGET)).body.forgotten, null, "one click does not forget");
+    await page.click("#act-forget-confirm");
+    await page.waitForFunction(() => /Forgot/.test(document.getElementById("action-message")?.textContent));
+    assert.equal((await w.inspect(FORGET)).body.forgotten.reason, "test job, abandoned");
+    assert.match(await page.locator("#op-actions").textContent(), /No action applies/);
+    assert.match(await page.locator("#op-timeline").textContent(), /Operator: forgotten/);
+  });
+
+  it("draws the last day's trend from the hourly buckets, with health and configuration", async () => {
+    const hourly = await eventually(async () => {
+      const s = (await w.admin("/v1/stats")).body;
+      const now = s.hourly?.at(-1);
+      return now && now.deliveries > 0 && now.settled_by_reconcile > 0 && now.effect_failures > 0 && now.dropped > 0 && s.hourly;
+    }, { what: "the hourly buckets" });
+    assert.equal(hourly.length, 24);
+    await go("overview");
+    const bars = await page.locator("#trend rect").evaluateAll((rs) => rs.map((r) => [r.dataset.series, Number(r.getAttribute("height"))]));
+    const drawn = new Set(bars.filter(([, h]) => h > 0).map(([series]) => series));
+    assert.deepEqual([...drawn].sort(), ["deliveries", "dropped", "effect_failures", "settled_by_reconcile", "settled_by_webhook"], "a bar for each counter that counted");
+    const legend = await page.locator("#legend").textContent();
+    assert.match(legend, /Deliveries: [1-9]/);
+    assert.match(legend, /Settled by reconcile: 1/);
+    assert.match(legend, /Dropped events: [1-9]/);
+    assert.match(legend, /Effect failures: [1-9]/);
+
+    const health = await page.locator("#health").textContent();
+    assert.match(health, /last reconcile pass/);
+    assert.match(health, /settled 1/);
+    assert.match(health, /gemini-once is disabled_due_to_failed_deliveries/);
+    assert.match(await page.locator("#warnings").textContent(), /CLAIM_TTL_SECONDS \(40\)/);
+    const config = Object.fromEntries((await page.locator("#config tbody tr").evaluateAll((trs) => trs.map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent]))));
+    assert.equal(config.ADMIN_TOKEN, "set");
+    assert.equal(config.GEMINI_API_KEY, "set");
+    assert.equal(config.STUCK_AFTER_SECONDS, "0");
+    assert.equal(config.ALERT_URL, "not set");
+    const text = await page.locator("body").textContent();
+    assert.ok(!text.includes(ADMIN_TOKEN) && !text.includes("test-gemini-key-not-shown"), "no secret on the page");
+    assert.match(await page.locator("#drops").textContent(), /conflicting_terminal/);
+    await shoot("dashboard-trend-health.png");
   });
 });

@@ -37,7 +37,7 @@ after(async () => {
 
 const OPS = [
   // [registered name, key, marked, expected status, a field the effect must carry]
-  ["batches/stub1", "batches/stub1", "succeeded", "succeeded", /output_file="?files\/stub1-results/],
+  ["batches/stub1", "batches/stub1", "succeeded", "succeeded", /output_file_uri=files\/stub1-results/],
   ["models/veo-3/operations/stub2", "operations/stub2", "succeeded", "succeeded", /status=succeeded/],
   ["interactions/stub3", "interactions/stub3", "succeeded", "succeeded", /status=succeeded/],
   ["batches/stub4", "batches/stub4", "failed", "failed", /error_code=13 error_message=stub: marked failed/],

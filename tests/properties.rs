@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config as PtConfig;
 use serde_json::{json, Map, Value};
 
-use gemini_once::config::Config;
+use gemini_once::config::{variable, Config, Fallback, Kind, Variable, VARIABLES};
 use gemini_once::effect::normalize_details;
 use gemini_once::envelope::{self, EnvelopeError};
 use gemini_once::key::{normalize, Collection, KeyError, MAX_NAME_BYTES};
@@ -1133,43 +1133,19 @@ proptest! {
 // Configuration
 // ---------------------------------------------------------------------------------------------
 
-const VARS: [&str; 24] = [
-    "GEMINI_WEBHOOK_SECRETS",
-    "EFFECT_URL",
-    "EFFECT_SIGNING_SECRET",
-    "ADMIN_TOKEN",
-    "SIGNATURE_TOLERANCE_SECONDS",
-    "EFFECT_TIMEOUT_MS",
-    "CLAIM_TTL_SECONDS",
-    "EFFECT_RETRY_BASE_SECONDS",
-    "EFFECT_RETRY_MAX_SECONDS",
-    "LEDGER_RETENTION_DAYS",
-    "REQUIRE_REGISTRATION",
-    "MAX_BODY_BYTES",
-    "RECONCILE_GRACE_SECONDS",
-    "STUCK_AFTER_SECONDS",
-    "EFFECT_ALERT_AFTER_SECONDS",
-    "RECONCILE_BUDGET",
-    "RECONCILE_LEASE_SECONDS",
-    "RECONCILE_DEADLINE_SECONDS",
-    "RECONCILE_AUDIT_SECONDS",
-    "GEMINI_API_BASE",
-    "GEMINI_API_KEY",
-    "ALERT_URL",
-    "DYNAMIC_WEBHOOKS",
-    "LEDGER_RETENTION_SECONDS",
-];
-const SECRET_VARS: [&str; 4] = [
-    "GEMINI_WEBHOOK_SECRETS",
-    "EFFECT_SIGNING_SECRET",
-    "ADMIN_TOKEN",
-    "GEMINI_API_KEY",
-];
+fn is_secret(name: &str) -> bool {
+    variable(name).is_some_and(|v| v.secret)
+}
 
-/// A value for one variable: absent, blank, plausible, numeric, or anything at all.
-fn var_value(name: &'static str) -> BoxedStrategy<Option<String>> {
-    let plausible: BoxedStrategy<String> = match name {
-        "GEMINI_WEBHOOK_SECRETS" => prop::collection::vec(
+fn is_required(v: &Variable) -> bool {
+    v.default == Fallback::Required
+}
+
+/// A value for one variable, from its row: absent, blank, plausible for its kind, numeric, or
+/// anything at all.
+fn var_value(v: &'static Variable) -> BoxedStrategy<Option<String>> {
+    let plausible: BoxedStrategy<String> = match v.kind {
+        Kind::SigningSecrets => prop::collection::vec(
             prop_oneof![
                 3 => "whsec_[A-Za-z0-9+/]{8,40}={0,2}",
                 1 => "whsec_[ -~]{0,20}",
@@ -1181,17 +1157,23 @@ fn var_value(name: &'static str) -> BoxedStrategy<Option<String>> {
             prop::sample::select(vec![" ", ",", ", ", "\n", ",,"]).prop_map(move |sep| v.join(sep))
         })
         .boxed(),
-        "EFFECT_SIGNING_SECRET" => "whsec_[A-Za-z0-9+/]{0,40}={0,2}".boxed(),
-        "EFFECT_URL" | "GEMINI_API_BASE" | "ALERT_URL" => {
-            "(https?://|ftp://|)[a-z0-9.:/-]{0,40}".boxed()
-        }
-        "REQUIRE_REGISTRATION" | "DYNAMIC_WEBHOOKS" => {
-            prop::sample::select(vec!["true", "false", " true ", "TRUE", "yes", "1", ""])
-                .prop_map(String::from)
-                .boxed()
-        }
-        "ADMIN_TOKEN" | "GEMINI_API_KEY" => "[A-Za-z0-9-]{1,60}".boxed(),
-        _ => prop_oneof![0i64..100_000, -10i64..10, any::<i64>(),]
+        Kind::SigningSecret => "whsec_[A-Za-z0-9+/]{0,40}={0,2}".boxed(),
+        Kind::Url | Kind::PublicUrl => "(https?://|ftp://|)[a-z0-9.:/-]{0,40}".boxed(),
+        Kind::Flag => prop::sample::select(vec!["true", "false", " true ", "TRUE", "yes", "1", ""])
+            .prop_map(String::from)
+            .boxed(),
+        Kind::FreeText => "[A-Za-z0-9-]{1,60}".boxed(),
+        Kind::Routes => prop_oneof![
+            3 => prop::collection::btree_map(
+                "[a-z-]{0,8}",
+                "(https?://|gopher://|queue:|service:|)[A-Za-z0-9_.:/-]{0,20}",
+                0..4,
+            )
+            .prop_map(|m| json!(m).to_string()),
+            1 => json_value().prop_map(|v| v.to_string()),
+        ]
+        .boxed(),
+        Kind::Whole { .. } => prop_oneof![0i64..100_000, -10i64..10, any::<i64>(),]
             .prop_map(|n| n.to_string())
             .boxed(),
     };
@@ -1207,93 +1189,98 @@ fn var_value(name: &'static str) -> BoxedStrategy<Option<String>> {
     .boxed()
 }
 
-/// The documented range of every whole-number variable (README, Configuration).
-const RANGES: [(&str, i64, i64); 15] = [
-    ("SIGNATURE_TOLERANCE_SECONDS", 0, 86_400),
-    ("EFFECT_TIMEOUT_MS", 1, 600_000),
-    ("CLAIM_TTL_SECONDS", 1, 86_400),
-    ("EFFECT_RETRY_BASE_SECONDS", 1, 86_400),
-    ("EFFECT_RETRY_MAX_SECONDS", 1, 86_400),
-    ("LEDGER_RETENTION_DAYS", 1, 3_650),
-    ("MAX_BODY_BYTES", 1_024, 104_857_600),
-    ("RECONCILE_GRACE_SECONDS", 0, 2_592_000),
-    ("STUCK_AFTER_SECONDS", 0, 31_536_000),
-    ("EFFECT_ALERT_AFTER_SECONDS", 0, 31_536_000),
-    ("RECONCILE_BUDGET", 5, 10_000),
-    ("RECONCILE_LEASE_SECONDS", 5, 600),
-    ("RECONCILE_DEADLINE_SECONDS", 1, 600),
-    ("RECONCILE_AUDIT_SECONDS", 0, 604_800),
-    ("LEDGER_RETENTION_SECONDS", 1, 315_360_000),
-];
-
-fn range_of(name: &str) -> Option<(i64, i64)> {
-    RANGES
-        .iter()
-        .find(|(n, _, _)| *n == name)
-        .map(|(_, lo, hi)| (*lo, *hi))
-}
-
-/// Whether `value` is acceptable for the documented variable `name`, judged from the README
-/// alone (absent and blank mean the default; required variables must be present).
-fn documented_ok(name: &str, value: Option<&str>) -> bool {
-    let value = value.map(str::trim).filter(|v| !v.is_empty());
-    let is_url = |v: &str| v.starts_with("http://") || v.starts_with("https://");
-    match (name, value) {
-        (
-            "GEMINI_WEBHOOK_SECRETS" | "EFFECT_URL" | "EFFECT_SIGNING_SECRET" | "ADMIN_TOKEN",
-            None,
-        ) => false,
-        (_, None) => true,
-        ("GEMINI_WEBHOOK_SECRETS", Some(v)) => v
-            .split(|c: char| c == ',' || c.is_whitespace())
-            .filter(|s| !s.is_empty())
-            .all(|s| Secret::parse(s).is_ok()),
-        ("EFFECT_SIGNING_SECRET", Some(v)) => Secret::parse(v).is_ok(),
-        ("EFFECT_URL" | "GEMINI_API_BASE" | "ALERT_URL", Some(v)) => is_url(v),
-        ("REQUIRE_REGISTRATION" | "DYNAMIC_WEBHOOKS", Some(v)) => v == "true" || v == "false",
-        ("ADMIN_TOKEN" | "GEMINI_API_KEY", Some(_)) => true,
-        (n, Some(v)) => {
-            let (lo, hi) = range_of(n).expect("every variable is in the table");
-            v.parse::<i64>().is_ok_and(|x| (lo..=hi).contains(&x))
-        }
+/// The default of a whole-number variable, from its row.
+fn default_number(name: &str) -> i64 {
+    match variable(name).map(|v| v.default) {
+        Some(Fallback::Number(n)) => n,
+        other => panic!("{name} has no numeric default: {other:?}"),
     }
 }
 
-/// A value the parser should accept for `name` (or its absence, where a default applies).
-fn valid_value(name: &'static str) -> BoxedStrategy<Option<String>> {
+/// Whether `value` is acceptable for the variable `v`, judged from its row alone (absent and
+/// blank mean the default; required variables must be present).
+fn documented_ok(v: &Variable, value: Option<&str>) -> bool {
+    let value = value.map(str::trim).filter(|v| !v.is_empty());
+    let is_url = |v: &str| v.starts_with("http://") || v.starts_with("https://");
+    let Some(value) = value else {
+        return !is_required(v);
+    };
+    match v.kind {
+        Kind::SigningSecrets => value
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .all(|s| Secret::parse(s).is_ok()),
+        Kind::SigningSecret => Secret::parse(value).is_ok(),
+        Kind::Url | Kind::PublicUrl => is_url(value),
+        Kind::Flag => value == "true" || value == "false",
+        Kind::FreeText => true,
+        Kind::Whole { min, max } => value.parse::<i64>().is_ok_and(|x| (min..=max).contains(&x)),
+        // A JSON object whose every value is a URL, queue:BINDING or service:BINDING.
+        Kind::Routes => serde_json::from_str::<Map<String, Value>>(value).is_ok_and(|m| {
+            m.values().all(|target| {
+                target.as_str().map(str::trim).is_some_and(|t| {
+                    match t
+                        .strip_prefix("queue:")
+                        .or_else(|| t.strip_prefix("service:"))
+                    {
+                        Some(binding) => {
+                            binding.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                                && binding
+                                    .chars()
+                                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
+                        }
+                        None => is_url(t),
+                    }
+                })
+            })
+        }),
+    }
+}
+
+/// A value the parser should accept for `v` (or its absence, where a default applies), with
+/// near misses: for whole numbers, the values just past each end of its range; for routes, a
+/// few targets that are neither a URL nor a binding.
+fn valid_value(v: &'static Variable) -> BoxedStrategy<Option<String>> {
     let secret = || {
         prop::collection::vec(any::<u8>(), 1..40)
             .prop_map(|b| format!("whsec_{}", STANDARD.encode(b)))
     };
-    match name {
-        "GEMINI_WEBHOOK_SECRETS" => prop::collection::vec(secret(), 1..4)
-            .prop_map(|v| Some(v.join(", ")))
+    let url = "https?://[a-z0-9.-]{1,20}(:[0-9]{1,5})?(/[a-z0-9]{0,10}){0,3}";
+    let value: BoxedStrategy<String> = match v.kind {
+        Kind::SigningSecrets => prop::collection::vec(secret(), 1..4)
+            .prop_map(|v| v.join(", "))
             .boxed(),
-        "EFFECT_SIGNING_SECRET" => secret().prop_map(Some).boxed(),
-        "EFFECT_URL" => "https?://[a-z0-9.-]{1,20}(:[0-9]{1,5})?(/[a-z0-9]{0,10}){0,3}"
-            .prop_map(Some)
+        Kind::SigningSecret => secret().boxed(),
+        Kind::Url | Kind::PublicUrl => url.boxed(),
+        Kind::FreeText => "[A-Za-z0-9-]{12,60}".boxed(),
+        Kind::Flag => prop::sample::select(vec!["true", "false"])
+            .prop_map(String::from)
             .boxed(),
-        "GEMINI_API_BASE" | "ALERT_URL" => {
-            prop::option::of("https?://[a-z0-9.-]{1,20}(/[a-z0-9]{0,10}){0,3}").boxed()
-        }
-        "ADMIN_TOKEN" => "[A-Za-z0-9-]{12,60}".prop_map(Some).boxed(),
-        "GEMINI_API_KEY" => prop::option::of("[A-Za-z0-9-]{12,60}").boxed(),
-        "REQUIRE_REGISTRATION" | "DYNAMIC_WEBHOOKS" => {
-            prop::option::of(prop::sample::select(vec!["true", "false"]).prop_map(String::from))
-                .boxed()
-        }
-        name => {
+        Kind::Routes => prop::collection::btree_map(
+            "[a-z]{1,8}",
+            prop_oneof![
+                4 => url.boxed(),
+                4 => "(queue|service):[A-Z_][A-Z0-9_]{0,10}".boxed(),
+                // Near misses: a binding that is no name, a scheme that is no URL's.
+                1 => "(queue|service|Queue): ?[A-Za-z0-9_.:-]{0,12}".boxed(),
+                1 => "(gopher://|ftp://|)[a-z.]{1,10}".boxed(),
+            ],
+            0..4,
+        )
+        .prop_map(|m| json!(m).to_string())
+        .boxed(),
+        Kind::Whole { min, max } => prop_oneof![
             // Inside the range, and exactly on and just past each end.
-            let (lo, hi) = range_of(name).expect("every variable is in the table");
-            prop::option::of(
-                prop_oneof![
-                    4 => lo..=hi.min(lo + 3_600),
-                    1 => prop::sample::select(vec![lo - 1, lo, hi, hi + 1]),
-                ]
-                .prop_map(|n| n.to_string()),
-            )
-            .boxed()
-        }
+            4 => min..=max.min(min + 3_600),
+            1 => prop::sample::select(vec![min - 1, min, max, max + 1]),
+        ]
+        .prop_map(|n| n.to_string())
+        .boxed(),
+    };
+    if is_required(v) {
+        value.prop_map(Some).boxed()
+    } else {
+        prop::option::of(value).boxed()
     }
 }
 
@@ -1311,34 +1298,26 @@ fn hostile_value() -> impl Strategy<Value = Option<String>> {
     ]
 }
 
-/// Values for every documented variable, plus one (under `*`) handed to any other variable the
-/// parser asks for, so variables added later are fuzzed too. Half the environments are
-/// arbitrary throughout; the other half are valid but for a few hostile values, so that the
-/// parser gets past the required variables and every later check is reached.
+/// Values for every variable of the table. Half the environments are arbitrary throughout;
+/// the other half are valid but for a few hostile values, so that the parser gets past the
+/// required variables and every later check is reached. A variable added to the table is
+/// fuzzed from its row; one the parser reads without a row fails the property below.
 fn env_strategy() -> impl Strategy<Value = HashMap<&'static str, Option<String>>> {
-    let other = prop_oneof![
-        2 => Just(None),
-        1 => any::<String>().prop_map(Some),
-        1 => json_value().prop_map(|v| Some(v.to_string())),
-        1 => prop::collection::btree_map("[a-z-]{0,8}", "(https?://|gopher://|)[a-z0-9.:/-]{0,20}", 0..4)
-            .prop_map(|m| Some(json!(m).to_string())),
-    ]
-    .prop_map(|v| ("*", v))
-    .boxed();
-    let mut arbitrary: Vec<BoxedStrategy<(&'static str, Option<String>)>> = VARS
+    let arbitrary: Vec<BoxedStrategy<(&'static str, Option<String>)>> = VARIABLES
         .iter()
-        .map(|name| var_value(name).prop_map(move |v| (*name, v)).boxed())
+        .map(|v| var_value(v).prop_map(move |value| (v.name, value)).boxed())
         .collect();
-    arbitrary.push(other.clone());
-    let mut valid: Vec<BoxedStrategy<(&'static str, Option<String>)>> = VARS
+    let valid: Vec<BoxedStrategy<(&'static str, Option<String>)>> = VARIABLES
         .iter()
-        .map(|name| valid_value(name).prop_map(move |v| (*name, v)).boxed())
+        .map(|v| {
+            valid_value(v)
+                .prop_map(move |value| (v.name, value))
+                .boxed()
+        })
         .collect();
-    // Variables this file does not know get no value in most valid environments.
-    valid.push(prop_oneof![9 => Just(("*", None)), 1 => other].boxed());
     let perturbed = (
         valid,
-        prop::collection::vec((0..VARS.len(), hostile_value()), 0..3),
+        prop::collection::vec((0..VARIABLES.len(), hostile_value()), 0..3),
         prop::option::of(-2i64..=2),
     )
         .prop_map(|(pairs, changes, cap_minus_base)| {
@@ -1348,11 +1327,11 @@ fn env_strategy() -> impl Strategy<Value = HashMap<&'static str, Option<String>>
                 let base = env["EFFECT_RETRY_BASE_SECONDS"]
                     .as_deref()
                     .and_then(|v| v.parse::<i64>().ok())
-                    .unwrap_or(30);
+                    .unwrap_or(default_number("EFFECT_RETRY_BASE_SECONDS"));
                 env.insert("EFFECT_RETRY_MAX_SECONDS", Some((base + d).to_string()));
             }
             for (i, v) in changes {
-                env.insert(VARS[i], v);
+                env.insert(VARIABLES[i].name, v);
             }
             env
         });
@@ -1365,16 +1344,14 @@ fn env_strategy() -> impl Strategy<Value = HashMap<&'static str, Option<String>>
 proptest! {
     #![proptest_config(cfg(500))]
 
-    /// Arbitrary values for every variable: never a panic; an error names a variable that was
-    /// read and never echoes a value (secret or not); an accepted configuration respects every
-    /// documented range and its Debug dump shows no secret; parsing is deterministic.
+    /// Arbitrary values for every variable: never a panic; the parser reads exactly the
+    /// table's variables; an error names a variable that was read and never echoes a value
+    /// (secret or not); an accepted configuration respects every row and neither its Debug dump
+    /// nor `/v1/config` shows a secret; parsing is deterministic.
     #[test]
     fn config_never_panics_and_never_leaks(env in env_strategy()) {
         let asked: RefCell<BTreeSet<String>> = RefCell::new(BTreeSet::new());
-        let value_of = |name: &str| match env.get(name) {
-            Some(v) => v.clone(),
-            None => env["*"].clone(),
-        };
+        let value_of = |name: &str| env.get(name).cloned().flatten();
         let lookup = |name: &str| {
             asked.borrow_mut().insert(name.to_string());
             value_of(name)
@@ -1382,16 +1359,19 @@ proptest! {
         let result = Config::from_lookup(lookup);
         let asked = asked.into_inner();
         for name in &asked {
-            prop_assert!(!name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'), "odd variable name {:?}", name);
+            prop_assert!(variable(name).is_some(), "{} is read but has no row in VARIABLES", name);
         }
-        for name in SECRET_VARS {
-            prop_assert!(asked.contains(name) || result.is_err(), "{} never read", name);
+        if result.is_ok() {
+            for v in VARIABLES {
+                prop_assert!(asked.contains(v.name), "{} has a row but is never read", v.name);
+            }
         }
         // Secret values that are long enough to be recognisable and not also some other
         // variable's (non-secret) value.
-        let secret_values: Vec<String> = SECRET_VARS
+        let secret_values: Vec<String> = VARIABLES
             .iter()
-            .filter_map(|n| env[n].clone())
+            .filter(|v| v.secret)
+            .filter_map(|v| env[v.name].clone())
             .flat_map(|v| {
                 let mut parts: Vec<String> = v.split(|c: char| c == ',' || c.is_whitespace()).map(str::to_string).collect();
                 parts.push(v.trim().to_string());
@@ -1402,47 +1382,48 @@ proptest! {
             .filter(|v| {
                 !env
                     .iter()
-                    .filter(|(n, _)| !SECRET_VARS.contains(n))
+                    .filter(|(n, _)| !is_secret(n))
                     .any(|(_, o)| o.as_deref().is_some_and(|o| o.contains(v.as_str())))
             })
             .collect();
-        // Against the README: a documented variable named in an error holds a value the README
-        // refuses (or is the retry cap below its base); an accepted configuration had only
-        // values the README accepts.
-        let number = |name: &str, default: i64| {
+        // Against the table: a variable named in an error holds a value its row refuses (or is
+        // the retry cap below its base, or a claim that cannot outlast an attempt); an accepted
+        // configuration had only values the rows accept.
+        let number = |name: &str| {
             value_of(name)
                 .and_then(|v| v.trim().parse::<i64>().ok())
-                .unwrap_or(default)
+                .unwrap_or_else(|| default_number(name))
         };
         let (base_secs, max_secs) = (
-            number("EFFECT_RETRY_BASE_SECONDS", 30),
-            number("EFFECT_RETRY_MAX_SECONDS", 3_600),
+            number("EFFECT_RETRY_BASE_SECONDS"),
+            number("EFFECT_RETRY_MAX_SECONDS"),
         );
         let (timeout_ms, claim_secs) = (
-            number("EFFECT_TIMEOUT_MS", 5_000),
-            number("CLAIM_TTL_SECONDS", 600),
+            number("EFFECT_TIMEOUT_MS"),
+            number("CLAIM_TTL_SECONDS"),
         );
         match &result {
-            Err(e) if VARS.contains(&e.var) => {
+            Err(e) => {
+                let row = variable(e.var);
+                prop_assert!(row.is_some(), "{} named but has no row", e.var);
                 let cap_below_base = e.var == "EFFECT_RETRY_MAX_SECONDS" && max_secs < base_secs;
                 let claim_too_short =
                     e.var == "CLAIM_TTL_SECONDS" && claim_secs.saturating_mul(1_000) <= timeout_ms;
                 prop_assert!(
-                    !documented_ok(e.var, value_of(e.var).as_deref()) || cap_below_base || claim_too_short,
-                    "{} refused though the README accepts {:?}: {}",
+                    row.is_some_and(|v| !documented_ok(v, value_of(e.var).as_deref())) || cap_below_base || claim_too_short,
+                    "{} refused though its row accepts {:?}: {}",
                     e.var,
                     value_of(e.var),
                     e
                 );
             }
-            Err(_) => {}
             Ok(_) => {
-                for n in VARS {
+                for v in VARIABLES {
                     prop_assert!(
-                        documented_ok(n, value_of(n).as_deref()),
-                        "{} accepted though the README refuses {:?}",
-                        n,
-                        value_of(n)
+                        documented_ok(v, value_of(v.name).as_deref()),
+                        "{} accepted though its row refuses {:?}",
+                        v.name,
+                        value_of(v.name)
                     );
                 }
                 prop_assert!(max_secs >= base_secs);
@@ -1487,6 +1468,25 @@ proptest! {
                 let dump = format!("{c:?}");
                 for v in &secret_values {
                     prop_assert!(!dump.contains(v.as_str()), "Debug leaks a secret");
+                }
+                // /v1/config: every row once, in order; a secret only as set or not set; a
+                // whole number inside its row's range; no secret's value anywhere.
+                let view = c.public_view();
+                let shown = view["settings"].as_array().unwrap();
+                prop_assert_eq!(shown.len(), VARIABLES.len());
+                for (s, v) in shown.iter().zip(VARIABLES) {
+                    prop_assert_eq!(&s["name"], v.name);
+                    if v.secret {
+                        let text = s["value"].as_str().unwrap_or_default();
+                        prop_assert!(text == "not set" || text == "set" || text.starts_with("set ("), "{}: {}", v.name, text);
+                    }
+                    if let (Kind::Whole { min, max }, Some(n)) = (v.kind, s["value"].as_i64()) {
+                        prop_assert!((min..=max).contains(&n), "{} shows {}", v.name, n);
+                    }
+                }
+                let text = view.to_string();
+                for v in &secret_values {
+                    prop_assert!(!text.contains(v.as_str()), "/v1/config leaks a secret");
                 }
             }
         }

@@ -1,8 +1,8 @@
 //! The admin API under `/v1/`, behind `Authorization: Bearer <ADMIN_TOKEN>`.
 //!
 //! Guarantees: the token is checked (constant time) before anything else is read; every
-//! change goes through the operation's gate (register, redeliver, forget); listing reads the
-//! ledger's metadata only; a name in the path may be percent-encoded, may contain slashes and
+//! change goes through the operation's gate (register, retry, redeliver, forget); listing and
+//! search read the ledger's metadata only; `/v1/config` shows no secret; a name in the path may be percent-encoded, may contain slashes and
 //! may be any accepted form of the name.
 
 use percent_encoding::percent_decode_str;
@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::gate_protocol::{GateCommand, GateReply};
 use crate::key::normalize;
 use crate::ledger::{LedgerMeta, OP_PREFIX};
+use crate::operation::KindFill;
 use crate::reconcile::Resume;
 use crate::timestamp::format_rfc3339;
 
@@ -43,7 +44,18 @@ pub async fn handle(
     let path = req.path();
     if path == "/v1/stats" {
         return match method {
-            Method::Get => ok_json(&stats::read(env).await.map_err(EdgeError::Unavailable)?),
+            Method::Get => ok_json(
+                &stats::read(env, config.gemini_webhook_name.as_deref())
+                    .await
+                    .map_err(EdgeError::Unavailable)?,
+            ),
+            _ => Err(EdgeError::MethodNotAllowed),
+        };
+    }
+    if path == "/v1/config" {
+        // Names and non-secret values only (secrets are "set" / "not set"), and the warnings.
+        return match method {
+            Method::Get => ok_json(&config.public_view()),
             _ => Err(EdgeError::MethodNotAllowed),
         };
     }
@@ -134,7 +146,7 @@ async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
         } => {
             // A registration after the completion fills in the kind; it never replaces one.
             operation["kind_change"] = json!(kind);
-            if kind == "conflict" {
+            if kind == KindFill::Conflict {
                 operation["note"] = json!("the operation already has another kind; unchanged");
             }
             ok_json(&operation)
@@ -192,7 +204,9 @@ async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response, Edg
     let mut resume = query.resume.clone();
     let mut found: Vec<Value> = Vec::new();
     for _ in 0..MAX_LIST_PAGES {
-        let mut list = kv.list().prefix(OP_PREFIX.to_string()).limit(1_000);
+        // A key prefix narrows the listing itself; every other filter reads metadata.
+        let prefix = format!("{OP_PREFIX}{}", query.prefix.as_deref().unwrap_or(""));
+        let mut list = kv.list().prefix(prefix).limit(1_000);
         if let Some(c) = resume.cursor.clone() {
             list = list.cursor(c);
         }
@@ -221,13 +235,11 @@ async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response, Edg
             else {
                 continue;
             };
-            if query.matches(&meta, now_secs, config.stuck_after_secs) {
-                found.push(entry_view(
-                    &entry.name[OP_PREFIX.len()..],
-                    &meta,
-                    now_secs,
-                    config,
-                ));
+            let key = &entry.name[OP_PREFIX.len()..];
+            if query.matches(&meta, now_secs, config.stuck_after_secs)
+                && query.matches_key(key, &meta)
+            {
+                found.push(entry_view(key, &meta, now_secs, config));
             }
         }
         if page.list_complete || page.cursor.is_none() {
@@ -246,7 +258,9 @@ fn entry_view(key: &str, meta: &LedgerMeta, now_secs: i64, config: &Config) -> V
     json!({
         "key": key,
         "name": meta.name,
+        "kind": meta.kind,
         "status": meta.status,
+        "settled_by": meta.settled_by,
         "effect_done": meta.effect_done,
         "effect_parked": meta.parked,
         "forgotten": meta.forgotten,

@@ -16,7 +16,8 @@ use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, Delay, Env, Headers, Method, Request, RequestInit};
 
 use crate::config::Destination;
-use crate::effect::EffectRequest;
+use crate::effect::{classify, EffectRequest};
+use crate::operation::AttemptOutcome;
 
 use super::js_error;
 use super::outbound::{send, Answer};
@@ -129,4 +130,15 @@ fn queue_message(request: &EffectRequest) -> Value {
     message.insert("body".into(), body);
     message.insert("raw_body".into(), Value::String(request.body.clone()));
     Value::Object(message)
+}
+
+/// What an attempt's answer means for the side effect.
+pub fn outcome(answer: &Answer, timeout_ms: i64) -> AttemptOutcome {
+    match answer {
+        Answer::Http {
+            status, excerpt, ..
+        } => classify(*status, excerpt),
+        Answer::Timeout => AttemptOutcome::Retry(format!("timeout after {timeout_ms} ms")),
+        Answer::Network(e) => AttemptOutcome::Retry(format!("network: {e}")),
+    }
 }

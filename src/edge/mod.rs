@@ -10,6 +10,7 @@ mod admin_api;
 mod destination;
 mod dynamic_webhook;
 mod gate_object;
+mod gate_storage;
 mod lease_object;
 mod ledger_kv;
 mod outbound;

@@ -883,7 +883,7 @@ impl Pass<'_> {
         };
         let reply = self.gate(key, &command).await;
         if let Some(GateReply::Applied { status, .. }) = &reply {
-            if Status::parse(status).is_terminal() {
+            if status.is_terminal() {
                 self.report.settled += 1;
                 log(json!({"event": "settled_by_reconcile", "key": key, "status": status}));
             }

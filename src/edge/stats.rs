@@ -5,7 +5,8 @@
 //! shard's storage was created and other hours the last day's buckets (older ones pruned);
 //! `seen(gate, seq, at_ms)` the highest event sequence counted per operation, so a gate's
 //! retried flush is never counted twice; `recent(at_ms, gate, name)` the newest
-//! [`RECENT_DROPS`] dropped events, for the dashboard. Guarantees: see [`crate::stats`].
+//! [`RECENT_DROPS`] dropped events, for the dashboard. A read returns the totals, the last
+//! day's sums and its hourly buckets (the dashboard's trend). Guarantees: see [`crate::stats`].
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -15,7 +16,10 @@ use serde_json::{json, Value};
 use worker::{durable_object, Context, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::gate_protocol::{LeaseCommand, LeaseReply};
-use crate::stats::{hour_of, merge, prune_due, unseen, StatEvent, Tally, SHARDS};
+use crate::stats::{
+    hour_of, hourly_series, merge, merge_hourly, prune_due, unseen, Hourly, StatEvent, Tally,
+    SHARDS, TREND_HOURS,
+};
 
 use super::{log, post_json};
 
@@ -47,6 +51,9 @@ pub struct ShardCounts {
     pub last_24h: Tally,
     #[serde(default)]
     pub recent_drops: Vec<RecentDrop>,
+    /// The last day's buckets by hour, for the trend.
+    #[serde(default)]
+    pub hourly: Hourly,
 }
 
 /// A dropped event, for the dashboard.
@@ -120,15 +127,18 @@ fn shard_stub(env: &Env, shard: u32) -> std::result::Result<super::ObjectStub, S
     super::stub_for(env, STATS_BINDING, &format!("stats-{shard}"))
 }
 
-/// Sums every shard and adds the last reconciliation pass.
-pub async fn read(env: &Env) -> std::result::Result<Value, String> {
+/// Sums every shard and adds the hourly trend, the last reconciliation pass and, when
+/// `webhook_name` is configured, what the passes know of the Gemini webhook's state.
+pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<Value, String> {
     let mut total = Tally::new();
     let mut day = Tally::new();
+    let mut hourly = Hourly::new();
     let mut drops = Vec::new();
     for shard in 0..SHARDS {
         let counts: ShardCounts = post_json(&shard_stub(env, shard)?, &ShardCommand::Read).await?;
         merge(&mut total, &counts.total);
         merge(&mut day, &counts.last_24h);
+        merge_hourly(&mut hourly, &counts.hourly);
         drops.extend(counts.recent_drops);
     }
     drops.sort_by_key(|d| std::cmp::Reverse(d.at_ms));
@@ -142,13 +152,23 @@ pub async fn read(env: &Env) -> std::result::Result<Value, String> {
         super::reconcile_pass::LEASE_BINDING,
         super::lease_object::LEASE_NAME,
     )?;
-    let last_pass = match post_json::<_, LeaseReply>(&lease, &LeaseCommand::Status).await? {
-        LeaseReply::State { last_pass, lease } => {
-            json!({"last": last_pass, "completed_passes": lease.completed_passes})
-        }
-        _ => Value::Null,
+    let (last_pass, webhook) = match post_json::<_, LeaseReply>(&lease, &LeaseCommand::Status)
+        .await?
+    {
+        LeaseReply::State { last_pass, lease } => (
+            json!({"last": last_pass, "completed_passes": lease.completed_passes}),
+            // The lease keeps only the state last alerted on (none while it is enabled or
+            // not yet checked): the passes do not record when they last saw it enabled.
+            webhook_name
+                .map(|name| json!({"name": name, "alerted_state": lease.webhook_alerted_state})),
+        ),
+        _ => (Value::Null, None),
     };
-    Ok(json!({"total": total, "last_24h": day, "recent_drops": drops, "reconcile": last_pass}))
+    let hourly = hourly_series(&hourly, super::now_ms());
+    Ok(
+        json!({"total": total, "last_24h": day, "hourly": hourly, "recent_drops": drops,
+        "reconcile": last_pass, "gemini_webhook": webhook}),
+    )
 }
 
 /// One of [`SHARDS`] counter objects.
@@ -275,6 +295,26 @@ impl DurableObject for StatsShard {
                         .collect::<Tally>()
                 };
                 #[derive(Deserialize)]
+                struct HourRow {
+                    hour: f64,
+                    name: String,
+                    n: f64,
+                }
+                let rows: Vec<HourRow> = sql
+                    .exec(
+                        "SELECT hour, name, n FROM counts WHERE hour > ?",
+                        vec![(hour_of(now) - TREND_HOURS).into()],
+                    )?
+                    .to_array()?;
+                let mut hourly = Hourly::new();
+                for r in rows {
+                    *hourly
+                        .entry(r.hour as i64)
+                        .or_default()
+                        .entry(r.name)
+                        .or_default() += r.n as u64;
+                }
+                #[derive(Deserialize)]
                 struct DropRow {
                     at_ms: f64,
                     gate: String,
@@ -297,6 +337,7 @@ impl DurableObject for StatsShard {
                             reason: r.name,
                         })
                         .collect(),
+                    hourly,
                 })
             }
         }

@@ -1,12 +1,12 @@
 //! `POST /webhooks/gemini`: check the headers, read the body under its cap, verify, parse,
 //! hand to the gate, answer.
 //!
-//! Guarantees: the order is a declared oversized `content-length` (413), then the
-//! signature headers' presence and shape (401, before a byte of the body is read: for HMAC the
-//! id, the timestamp and its window; for a JWT the token itself, checked against the key set),
-//! then the body, read as a stream and refused with 413 as soon as it passes
-//! `MAX_BODY_BYTES` (at most the cap plus one chunk is held), then the HMAC over the raw bytes
-//! (401, nothing written, nothing run), then parsing.
+//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): the order is a declared oversized
+//! `content-length` (413), then the signature headers' presence and shape (401, before a byte
+//! of the body is read: for HMAC the id, the timestamp and its window; for a JWT the token
+//! itself, checked against the key set), then the body, read as a stream and refused with 413
+//! as soon as it passes `MAX_BODY_BYTES` (at most the cap plus one chunk is held), then the
+//! HMAC over the raw bytes (401, nothing written, nothing run), then parsing.
 //!
 //! What is trusted from where: an HMAC-signed body is proven byte for byte and becomes an
 //! event; a JWT-signed (dynamic-webhook) body is not (the token proves only that Google sent
@@ -33,7 +33,7 @@ use crate::gate_protocol::{GateCommand, GateReply};
 use crate::jwt::JwtError;
 use crate::key::{normalize, KeyError, OperationKey};
 use crate::ledger::dead_key;
-use crate::lifecycle::{Source, Status};
+use crate::lifecycle::{DropReason, Source, Status};
 use crate::operation::OpEvent;
 use crate::signature::{check_headers, looks_like_jwt, verify, SignedHeaders};
 use crate::timestamp::format_rfc3339;
@@ -48,7 +48,10 @@ enum Proof {
     /// The body's bytes are signed with one of our secrets.
     Hmac,
     /// A Google-signed token: it proves the sender, not the body.
-    Jwt { claims: Map<String, Value>, token_hash: String },
+    Jwt {
+        claims: Map<String, Value>,
+        token_hash: String,
+    },
 }
 
 /// Logs (once per reason per flush window) and counts a refusal.
@@ -106,7 +109,10 @@ pub async fn receive(
     let body = match read_capped(&req, config.max_body_bytes).await {
         Ok(Some(body)) => body,
         Ok(None) => {
-            rejected("body_too_large", json!({"bytes": format!("> {}", config.max_body_bytes)}));
+            rejected(
+                "body_too_large",
+                json!({"bytes": format!("> {}", config.max_body_bytes)}),
+            );
             return Err(EdgeError::TooLarge);
         }
         Err(e) => {
@@ -174,7 +180,10 @@ async fn verify_token(
     match dynamic_webhook::verify(env, config, token, now).await {
         Ok(claims) => Ok(claims),
         Err(dynamic_webhook::Refusal::RetryAfter(secs)) => {
-            rejected(JwtError::KeysUnavailable.label(), json!({"retry_after": secs}));
+            rejected(
+                JwtError::KeysUnavailable.label(),
+                json!({"retry_after": secs}),
+            );
             Err(EdgeError::RetryLater(secs))
         }
         Err(dynamic_webhook::Refusal::Invalid(e)) => {
@@ -202,8 +211,9 @@ async fn deliver_signed(
     now: i64,
 ) -> Result<Response, EdgeError> {
     // A verified delivery that cannot be used is kept, never dropped unseen.
-    let dead_letter =
-        |reason: &'static str| keep_dead_letter(env, config, delivery_id, timestamp, reason, body, now);
+    let dead_letter = |reason: &'static str| {
+        keep_dead_letter(env, config, delivery_id, timestamp, reason, body, now)
+    };
     let envelope = match parse(body) {
         Ok(e) => e,
         Err(e) => {
@@ -234,7 +244,15 @@ async fn deliver_signed(
         },
         require_registration: config.require_registration,
     };
-    answer(env, &key.key, &command, &envelope.event_type, delivery_id, now).await
+    answer(
+        env,
+        &key.key,
+        &command,
+        &envelope.event_type,
+        delivery_id,
+        now,
+    )
+    .await
 }
 
 /// A dynamic-webhook delivery: the body only names the operation. Nothing in it decides
@@ -251,12 +269,18 @@ async fn deliver_nudge(
     let envelope = match parse(body) {
         Ok(e) => e,
         Err(e) => {
-            rejected("jwt_body_not_envelope", json!({"problem": e.label(), "delivery_id": token_hash}));
+            rejected(
+                "jwt_body_not_envelope",
+                json!({"problem": e.label(), "delivery_id": token_hash}),
+            );
             return Err(EdgeError::BadRequest(format!("not a Gemini envelope: {e}")));
         }
     };
     let Some((status, key)) = usable(&envelope) else {
-        rejected("jwt_unknown_event_type", json!({"type": envelope.event_type, "delivery_id": token_hash}));
+        rejected(
+            "jwt_unknown_event_type",
+            json!({"type": envelope.event_type, "delivery_id": token_hash}),
+        );
         return ok_json(&json!({"outcome": "ignored_unknown_type", "type": envelope.event_type}));
     };
     let key = key.map_err(|e| {
@@ -282,7 +306,15 @@ async fn deliver_nudge(
         delivery_id: token_hash.to_string(),
         require_registration: config.require_registration,
     };
-    answer(env, &key.key, &command, &envelope.event_type, token_hash, now).await
+    answer(
+        env,
+        &key.key,
+        &command,
+        &envelope.event_type,
+        token_hash,
+        now,
+    )
+    .await
 }
 
 /// What an envelope's type means, and its operation's key: `None` for an unknown type.
@@ -317,7 +349,7 @@ async fn answer(
             status,
             effect,
         } => (
-            if reason == "duplicate" {
+            if *reason == DropReason::Duplicate {
                 "duplicate"
             } else {
                 "dropped"
@@ -364,10 +396,8 @@ async fn read_capped(req: &web_sys::Request, cap: usize) -> Result<Option<Vec<u8
         {
             return Ok(Some(body));
         }
-        let chunk = js_sys::Uint8Array::new(&js_sys::Reflect::get(
-            &step,
-            &JsValue::from_str("value"),
-        )?);
+        let chunk =
+            js_sys::Uint8Array::new(&js_sys::Reflect::get(&step, &JsValue::from_str("value"))?);
         let len = chunk.length() as usize;
         if body.len() + len > cap {
             // Not awaited: the answer goes out now; the runtime drops the rest of the upload.

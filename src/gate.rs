@@ -1,0 +1,1274 @@
+//! The gate's decisions as pure steps: a command, or the outcome of one piece of the alarm's
+//! I/O, applied to the operation's record at a given time, giving what to store, what to
+//! record in the history, what to log and what to answer.
+//!
+//! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every change to an operation is decided
+//! here, through [`Operation`]'s transitions, and nowhere else; a command never runs anything
+//! outbound: it decides and schedules, and the Durable Object stores the record and sets the
+//! alarm ([`Step::wake_at`]) before it answers, so no answer waits on a destination, the
+//! status API or an alert sink; a duplicate of a settled operation changes nothing durable
+//! ([`Save::MemoryOnly`]). The Durable Object (`src/edge/gate_object.rs`) only loads, calls a
+//! step, performs the I/O the alarm needs and saves. Time and jitter are parameters.
+
+use serde_json::{json, Value};
+
+use crate::alert::UNKNOWN_TO_GEMINI;
+use crate::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
+use crate::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
+use crate::log_event::LogEvent;
+use crate::operation::{
+    backoff_ms, AttemptOutcome, Claim, Finished, KindFill, OpEvent, Operation, PendingAlert,
+};
+use crate::stats;
+use crate::status::{Observation, StatusError};
+
+/// The settings a step needs, from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub retention_ms: i64,
+    pub stats_delay_ms: i64,
+    pub claim_ttl_ms: i64,
+    pub retry_base_secs: i64,
+    pub retry_max_secs: i64,
+}
+
+/// How the record is kept after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Save {
+    /// Nothing changed.
+    Unchanged,
+    /// Only counts changed, of an operation nothing can change: kept in memory and stored
+    /// with the next write or flush (a restart loses counts, never state).
+    MemoryOnly,
+    /// Stored before the answer (and before anything outbound is awaited).
+    Durable,
+}
+
+/// What one step decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The record after the step (`None`: there is none).
+    pub record: Option<Operation>,
+    pub save: Save,
+    /// History rows to insert.
+    pub history: Vec<Value>,
+    /// Log lines to print.
+    pub logs: Vec<Value>,
+    pub reply: GateReply,
+    /// The answer carries the stored history (`Inspect`): the object reads and attaches it.
+    pub attach_history: bool,
+    /// Set the alarm again even if this instance believes it is set (repairs a lost one).
+    pub reset_alarm: bool,
+    /// Delete the history table first (retention ended; only a tombstone stays).
+    pub clear_history: bool,
+}
+
+impl Step {
+    fn new(record: Option<Operation>, reply: GateReply) -> Step {
+        Step {
+            record,
+            save: Save::Unchanged,
+            history: Vec::new(),
+            logs: Vec::new(),
+            reply,
+            attach_history: false,
+            reset_alarm: false,
+            clear_history: false,
+        }
+    }
+
+    fn durable(mut self) -> Step {
+        self.save = Save::Durable;
+        self
+    }
+
+    fn row(mut self, entry: Value) -> Step {
+        self.history.push(entry);
+        self
+    }
+
+    fn log(mut self, event: LogEvent, fields: Value) -> Step {
+        self.logs.push(event.line(fields));
+        self
+    }
+
+    /// When the alarm must next fire for the record as it stands after the step.
+    pub fn wake_at(&self, limits: &Limits) -> Option<i64> {
+        self.record
+            .as_ref()
+            .and_then(|op| op.wake_at_ms(limits.retention_ms, limits.stats_delay_ms))
+    }
+}
+
+/// Applies a command to the record (`None`: none yet) at `now`.
+pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
+    match command {
+        GateCommand::Register { key, name, kind } => match record {
+            Some(mut op) => {
+                // The completion may have come first (short interactions often do): the
+                // registration fills in the kind, so later attempts route by it.
+                let fill = op.fill_kind(kind.as_deref());
+                let reply = GateReply::Exists {
+                    operation: op.view(),
+                    kind: fill,
+                };
+                let kind = op.kind.clone();
+                let step = Step::new(Some(op), reply);
+                match fill {
+                    KindFill::Filled => step
+                        .durable()
+                        .row(json!({"what": "kind_filled", "kind": kind})),
+                    _ => step,
+                }
+            }
+            None => {
+                let op = Operation::register(&key, &name, kind, now);
+                let reply = GateReply::Created {
+                    operation: op.view(),
+                };
+                let kind = op.kind.clone();
+                Step::new(Some(op), reply)
+                    .durable()
+                    .row(json!({"what": "registered", "kind": kind}))
+            }
+        },
+        GateCommand::Deliver {
+            key,
+            name,
+            event,
+            require_registration,
+        } => {
+            let mut op = match record {
+                Some(op) => op,
+                None if require_registration => {
+                    return Step::new(None, GateReply::IgnoredUnregistered)
+                }
+                None => Operation::unregistered(&key, &name, now),
+            };
+            let verdict = op.apply(&event, now);
+            count_delivery(&mut op, &event, verdict, now, true);
+            let status = op.status.clone();
+            let effect = effect_report(&op, now);
+            if verdict == Verdict::Drop(DropReason::Duplicate) && op.is_settled() {
+                // Nothing can change a settled operation: the answer is the stored state,
+                // and the count waits in memory. No history row: the worker logs the
+                // duplicate with its webhook-id. This is what lets a duplicate cost a round
+                // trip and no durable write (docs/PERFORMANCE.md).
+                let mut step = Step::new(
+                    Some(op),
+                    GateReply::Dropped {
+                        reason: DropReason::Duplicate,
+                        status,
+                        effect,
+                    },
+                );
+                step.save = Save::MemoryOnly;
+                return step;
+            }
+            // The decision and its count in one write; a side effect now owed is scheduled
+            // on the alarm, set before the answer.
+            let reply = match verdict {
+                Verdict::Apply => GateReply::Applied { status, effect },
+                Verdict::Drop(reason) => GateReply::Dropped {
+                    reason,
+                    status,
+                    effect,
+                },
+            };
+            Step::new(Some(op), reply)
+                .durable()
+                .row(history_of_event(&event, verdict))
+        }
+        GateCommand::Nudge {
+            key,
+            name,
+            claimed,
+            metadata,
+            delivery_id,
+            require_registration,
+        } => {
+            let mut op = match record {
+                Some(op) => op,
+                None if require_registration => {
+                    return Step::new(None, GateReply::IgnoredUnregistered)
+                }
+                None => Operation::unregistered(&key, &name, now),
+            };
+            op.count(stats::DELIVERIES, now);
+            if !op.request_confirmation(now, metadata, Some(delivery_id.clone())) {
+                // Terminal already: it absorbs, so no answer from Gemini could change it.
+                let claimed = Position {
+                    status: Status::parse(&claimed),
+                    update_time_ms: 0,
+                };
+                let reason = match reduce(&position(&op), &claimed) {
+                    Verdict::Drop(reason) => reason,
+                    Verdict::Apply => DropReason::Duplicate,
+                };
+                return dropped(op, reason, now);
+            }
+            let status = op.status.clone();
+            Step::new(Some(op), GateReply::Confirming { status })
+                .durable()
+                .row(json!({"what": "nudged", "claimed": claimed, "delivery_id": delivery_id}))
+        }
+        GateCommand::RetryEffect => match record {
+            // The alarm runs the effect if due: the backoff stands; setting the alarm again
+            // repairs a lost one.
+            Some(op) => {
+                let effect = effect_report(&op, now);
+                let mut step = Step::new(Some(op), GateReply::Effect { effect });
+                step.reset_alarm = true;
+                step
+            }
+            None => Step::new(None, GateReply::NotFound),
+        },
+        GateCommand::Alert { alert, age_seconds } => match record {
+            Some(mut op) => {
+                if !op.raise_alert(&alert, age_seconds, now) {
+                    return Step::new(Some(op), GateReply::AlertSent { sent: false });
+                }
+                // Queued in the record and sent by the alarm, the one runner of alerts: if the
+                // object dies during the send, the next alarm sends it again, under one id.
+                Step::new(Some(op), GateReply::AlertSent { sent: true }).durable()
+            }
+            None => Step::new(None, GateReply::NotFound),
+        },
+        GateCommand::Redeliver { reason } => match record {
+            // An effect not done may have reached the destination already: it is retried
+            // under its own webhook-id, never given a new one.
+            Some(op) if !op.effect.done => operator_retry(op, &reason, now),
+            Some(mut op) => match op.redeliver(now, &reason) {
+                Ok(generation) => {
+                    op.count(stats::REDELIVERIES, now);
+                    operator_acted(op, OperatorAction::Redeliver, generation, &reason, now)
+                }
+                Err(refusal) => refused(op, refusal.as_str()),
+            },
+            None => Step::new(None, GateReply::NotFound),
+        },
+        GateCommand::RetryNow { reason } => match record {
+            Some(op) => operator_retry(op, &reason, now),
+            None => Step::new(None, GateReply::NotFound),
+        },
+        GateCommand::Forget { reason } => match record {
+            Some(mut op) => {
+                let changed = op.forget(now, &reason);
+                let key = op.key.clone();
+                let step = Step::new(Some(op), GateReply::Forgotten { changed });
+                if !changed {
+                    return step;
+                }
+                step.durable()
+                    .row(json!({"what": "forgotten", "reason": reason}))
+                    .log(
+                        LogEvent::ForgottenByOperator,
+                        json!({"key": key, "reason": reason}),
+                    )
+            }
+            None => Step::new(None, GateReply::NotFound),
+        },
+        GateCommand::Reindex => match record {
+            // The reconciliation audit (or a pass told the effect is done) found the `open:`
+            // index out of step: project again, treating the index entry as possibly there.
+            Some(mut op) => {
+                let changed = op.reindex();
+                let (key, status) = (op.key.clone(), op.status.as_str().to_string());
+                let step = Step::new(Some(op), GateReply::Reindexed { changed });
+                if !changed {
+                    return step;
+                }
+                step.durable()
+                    .log(LogEvent::Reindexed, json!({"key": key, "status": status}))
+            }
+            None => Step::new(None, GateReply::NotFound),
+        },
+        GateCommand::Inspect => match record {
+            Some(op) => {
+                let reply = GateReply::Found {
+                    operation: op.view(),
+                    history: Vec::new(),
+                };
+                let mut step = Step::new(Some(op), reply);
+                step.attach_history = true;
+                step
+            }
+            None => Step::new(None, GateReply::NotFound),
+        },
+    }
+}
+
+fn operator_retry(mut op: Operation, reason: &str, now: i64) -> Step {
+    match op.retry_now(now) {
+        Ok(()) => {
+            let generation = op.effect.generation;
+            operator_acted(op, OperatorAction::RetryNow, generation, reason, now)
+        }
+        Err(refusal) => refused(op, refusal.as_str()),
+    }
+}
+
+fn operator_acted(
+    op: Operation,
+    action: OperatorAction,
+    generation: u32,
+    reason: &str,
+    now: i64,
+) -> Step {
+    let event = match action {
+        OperatorAction::RetryNow => LogEvent::RetryNow,
+        OperatorAction::Redeliver => LogEvent::Redeliver,
+    };
+    let key = op.key.clone();
+    let effect = effect_report(&op, now);
+    let mut step = Step::new(
+        Some(op),
+        GateReply::Redelivered {
+            generation,
+            action,
+            effect,
+        },
+    )
+    .durable()
+    .row(json!({"what": event.as_str(), "generation": generation, "reason": reason}))
+    .log(
+        event,
+        json!({"key": key, "generation": generation, "reason": reason}),
+    );
+    step.reset_alarm = true;
+    step
+}
+
+fn refused(op: Operation, reason: &str) -> Step {
+    Step::new(
+        Some(op),
+        GateReply::Refused {
+            reason: reason.to_string(),
+        },
+    )
+}
+
+/// A delivery that changes nothing on a terminal operation, counted. A settled operation
+/// stores nothing for it: its count waits in memory.
+fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
+    match reason {
+        DropReason::Duplicate => op.count(stats::DUPLICATES, now),
+        other => op.count(&format!("dropped_{}", other.as_str()), now),
+    }
+    let settled_duplicate = reason == DropReason::Duplicate && op.is_settled();
+    let reply = GateReply::Dropped {
+        reason,
+        status: op.status.clone(),
+        effect: effect_report(&op, now),
+    };
+    let mut step = Step::new(Some(op), reply);
+    step.save = if settled_duplicate {
+        Save::MemoryOnly
+    } else {
+        Save::Durable
+    };
+    step
+}
+
+/// Where the side effect stands, without running it (the alarm runs it).
+pub fn effect_report(op: &Operation, now: i64) -> EffectReport {
+    if !op.effect_owed() {
+        if op.effect.done {
+            EffectReport::Delivered
+        } else if op.effect.parked.is_some() {
+            EffectReport::Parked
+        } else {
+            EffectReport::NotOwed
+        }
+    } else if op.effect.claim.is_some_and(|c| c.expires_ms > now) {
+        EffectReport::InFlight
+    } else if op.effect.next_attempt_ms <= now {
+        EffectReport::Scheduled
+    } else {
+        EffectReport::RetryScheduled
+    }
+}
+
+fn position(op: &Operation) -> Position {
+    Position {
+        status: op.status.clone(),
+        update_time_ms: op.update_time_ms,
+    }
+}
+
+/// Counts a delivery's outcome in the record, exactly once (same write as the decision).
+/// `arrived` is false for a confirmation, whose delivery was counted when it arrived.
+fn count_delivery(op: &mut Operation, event: &OpEvent, verdict: Verdict, now: i64, arrived: bool) {
+    if arrived && event.source == Source::Webhook {
+        op.count(stats::DELIVERIES, now);
+    }
+    match verdict {
+        Verdict::Drop(DropReason::Duplicate) => op.count(stats::DUPLICATES, now),
+        Verdict::Drop(reason) => op.count(&format!("dropped_{}", reason.as_str()), now),
+        Verdict::Apply if op.status.is_terminal() => op.count(
+            match event.source {
+                Source::Reconcile => stats::SETTLED_BY_RECONCILE,
+                _ => stats::SETTLED_BY_WEBHOOK,
+            },
+            now,
+        ),
+        Verdict::Apply => {}
+    }
+}
+
+fn history_of_event(event: &OpEvent, verdict: Verdict) -> Value {
+    let (what, reason) = match verdict {
+        Verdict::Apply => ("applied", None),
+        Verdict::Drop(r) => ("dropped", Some(r.as_str())),
+    };
+    json!({
+        "what": what,
+        "reason": reason,
+        "status": event.status.as_str(),
+        "source": event.source.as_str(),
+        "update_time_ms": event.update_time_ms,
+        "delivery_id": event.delivery_id,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The alarm: each piece of its I/O, as a step before and a step after.
+// ---------------------------------------------------------------------------------------------
+
+/// Ends retention if it is over: the record becomes a tombstone and the history goes.
+pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step> {
+    if op
+        .expires_at_ms(limits.retention_ms)
+        .is_none_or(|t| t > now)
+    {
+        return None;
+    }
+    let mut op = op.clone();
+    op.retire(now);
+    let key = op.key.clone();
+    let mut step = Step::new(Some(op), GateReply::NotFound)
+        .durable()
+        .row(json!({"what": "retired"}))
+        .log(LogEvent::RetentionExpired, json!({"key": key}));
+    step.clear_history = true;
+    Some(step)
+}
+
+/// What the status API said when asked to confirm a nudge.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Confirmation {
+    /// `GEMINI_API_KEY` is not set: Gemini would refuse; wait for an operator to set it.
+    NoApiKey,
+    Answer(Result<Observation, StatusError>),
+}
+
+/// Applies a confirmation's answer: what the status API says goes through the reducer as an
+/// event from the webhook path; a 404 ends it and alerts; anything else waits and asks again.
+pub fn confirmed(
+    mut op: Operation,
+    answer: Confirmation,
+    now: i64,
+    limits: &Limits,
+    jitter: f64,
+) -> Step {
+    let attempts = op.confirmation.as_ref().map_or(0, |c| c.attempts);
+    let wait = backoff_ms(
+        attempts + 1,
+        limits.retry_base_secs,
+        limits.retry_max_secs,
+        jitter,
+    );
+    let key = op.key.clone();
+    match answer {
+        Confirmation::Answer(Ok(observation))
+            if !matches!(observation.status, Status::Unknown(_)) =>
+        {
+            let event = OpEvent {
+                status: observation.status,
+                update_time_ms: observation.update_time_ms,
+                source: Source::Webhook,
+                details: observation.details,
+                delivery_id: None,
+            };
+            let verdict = op.confirm_with(event.clone(), now, wait);
+            count_delivery(&mut op, &event, verdict, now, false);
+            let still = op.confirmation.is_some();
+            Step::new(Some(op), GateReply::NotFound)
+                .durable()
+                .row(history_of_event(&event, verdict))
+                .log(
+                    LogEvent::Confirmed,
+                    json!({"key": key, "status": event.status.as_str(),
+                        "verdict": verdict_label(verdict), "still_confirming": still}),
+                )
+        }
+        Confirmation::Answer(Ok(observation)) => {
+            op.confirmation_failed(now, wait);
+            Step::new(Some(op), GateReply::NotFound).durable().log(
+                LogEvent::StatusUnknownState,
+                json!({"key": key, "state": observation.status.as_str()}),
+            )
+        }
+        Confirmation::Answer(Err(StatusError::NotFound)) => {
+            op.confirmation_gone();
+            let age = (now - op.submitted_at_ms).div_euclid(1_000);
+            op.raise_alert(UNKNOWN_TO_GEMINI, age, now);
+            Step::new(Some(op), GateReply::NotFound)
+                .durable()
+                .row(json!({"what": "confirm_not_found"}))
+                .log(
+                    LogEvent::StatusNotFound,
+                    json!({"key": key, "path": "confirmation"}),
+                )
+        }
+        Confirmation::Answer(Err(e)) => {
+            let wait = match e {
+                StatusError::Transient { retry_after_secs } => {
+                    wait.max(retry_after_secs.saturating_mul(1_000))
+                }
+                _ => wait,
+            };
+            op.confirmation_failed(now, wait);
+            Step::new(Some(op), GateReply::NotFound).durable().log(
+                LogEvent::ConfirmWaiting,
+                json!({"key": key, "error": format!("{e:?}"), "retry_in_ms": wait}),
+            )
+        }
+        Confirmation::NoApiKey => {
+            op.confirmation_failed(now, wait);
+            Step::new(Some(op), GateReply::NotFound).durable().log(
+                LogEvent::ConfirmWaiting,
+                json!({"key": key, "error": "GEMINI_API_KEY is not set", "retry_in_ms": wait}),
+            )
+        }
+    }
+}
+
+fn verdict_label(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Apply => "applied",
+        Verdict::Drop(reason) => reason.as_str(),
+    }
+}
+
+/// Records how sending a queued alert ended: the sink's acceptance takes it off the queue; a
+/// failure waits with backoff for the alarm to send it again.
+pub fn alert_sent(
+    mut op: Operation,
+    alert: &PendingAlert,
+    sent: bool,
+    now: i64,
+    limits: &Limits,
+    jitter: f64,
+) -> Step {
+    if sent {
+        op.alert_delivered(&alert.kind);
+        op.count(stats::ALERTS, now);
+        Step::new(Some(op), GateReply::NotFound)
+            .durable()
+            .row(json!({"what": "alert", "alert": alert.kind, "alert_id": alert.id}))
+    } else {
+        let wait = backoff_ms(
+            alert.attempts + 1,
+            limits.retry_base_secs,
+            limits.retry_max_secs,
+            jitter,
+        );
+        op.alert_failed(&alert.kind, now, wait);
+        Step::new(Some(op), GateReply::NotFound).durable()
+    }
+}
+
+/// Claims the side effect if it is owed, due and not held: the claim is stored before the
+/// call leaves, and its expiry wakes the gate if the call never returns.
+pub fn begin_attempt(mut op: Operation, now: i64, limits: &Limits) -> Option<(Claim, Step)> {
+    let claim = op.claim(now, limits.claim_ttl_ms)?;
+    let attempt = op.effect.attempts;
+    let step = Step::new(Some(op), GateReply::NotFound)
+        .durable()
+        .row(json!({"what": "claimed", "token": claim.token, "attempt": attempt}));
+    Some((claim, step))
+}
+
+/// How one attempt ended, as the runner saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    pub claim: Claim,
+    pub outcome: AttemptOutcome,
+    pub started_ms: i64,
+    pub finished_ms: i64,
+}
+
+/// Commits an attempt under its claim's fencing token: done, a retry after backoff, or parked;
+/// an answer under a token no longer current changes nothing (another attempt took over).
+pub fn attempt_finished(
+    mut op: Operation,
+    attempt: &Attempt,
+    limits: &Limits,
+    jitter: f64,
+) -> Step {
+    let backoff = backoff_ms(
+        op.effect.failures_in_row,
+        limits.retry_base_secs,
+        limits.retry_max_secs,
+        jitter,
+    );
+    let finished = op.finish(
+        attempt.claim.token,
+        &attempt.outcome,
+        attempt.finished_ms,
+        backoff,
+    );
+    let (event, stat) = match &finished {
+        Finished::Done => (LogEvent::EffectDelivered, Some(stats::EFFECT_SUCCESSES)),
+        Finished::RetryAt(_) => (LogEvent::EffectFailed, Some(stats::EFFECT_FAILURES)),
+        Finished::Parked => (LogEvent::EffectParked, Some(stats::EFFECT_PARKS)),
+        Finished::Fenced => (LogEvent::EffectFenced, None),
+    };
+    if let Some(stat) = stat {
+        op.count(stat, attempt.finished_ms);
+    }
+    let answer = match &attempt.outcome {
+        AttemptOutcome::Delivered => "2xx".to_string(),
+        AttemptOutcome::Retry(a) | AttemptOutcome::Park(a) => a.clone(),
+    };
+    let ms = attempt.finished_ms - attempt.started_ms;
+    let line = json!({
+        "key": op.key,
+        "status": op.status.as_str(),
+        "attempt": op.effect.attempts,
+        "generation": op.effect.generation,
+        "answer": answer,
+        "ms": ms,
+        // From the outcome's settlement (just before the delivery was answered) to this
+        // attempt's start: the answer never waits for it; the benchmark reports it.
+        "after_settled_ms": op.settled_at_ms.map(|t| attempt.started_ms - t),
+        "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect.next_attempt_ms),
+    });
+    let mut step = Step::new(Some(op), GateReply::NotFound)
+        .row(json!({"what": "attempt", "token": attempt.claim.token, "result": event.as_str(), "answer": answer, "ms": ms}))
+        .log(event, line);
+    if finished != Finished::Fenced {
+        step.save = Save::Durable;
+    }
+    step
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::{AttemptOutcome, MAX_CONFIRM_ATTEMPTS};
+    use serde_json::Map;
+
+    const LIMITS: Limits = Limits {
+        retention_ms: 100_000,
+        stats_delay_ms: 0,
+        claim_ttl_ms: 10_000,
+        retry_base_secs: 1,
+        retry_max_secs: 8,
+    };
+
+    fn event(status: Status, source: Source) -> OpEvent {
+        OpEvent {
+            status,
+            update_time_ms: 0,
+            source,
+            details: Map::new(),
+            delivery_id: Some("msg_1".into()),
+        }
+    }
+
+    fn deliver(status: Status) -> GateCommand {
+        GateCommand::Deliver {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            event: event(status, Source::Webhook),
+            require_registration: false,
+        }
+    }
+
+    fn nudge(claimed: &str, require_registration: bool) -> GateCommand {
+        GateCommand::Nudge {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            claimed: claimed.into(),
+            metadata: Map::new(),
+            delivery_id: "jwt_1".into(),
+            require_registration,
+        }
+    }
+
+    fn registered() -> Operation {
+        Operation::register("batches/a", "batches/a", Some("billing".into()), 0)
+    }
+
+    /// A terminal operation whose effect is done.
+    fn settled() -> Operation {
+        let s = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let (claim, s) = begin_attempt(s.record.unwrap(), 10, &LIMITS).unwrap();
+        let attempt = Attempt {
+            claim,
+            outcome: AttemptOutcome::Delivered,
+            started_ms: 10,
+            finished_ms: 20,
+        };
+        attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
+            .record
+            .unwrap()
+    }
+
+    fn whats(step: &Step) -> Vec<String> {
+        step.history
+            .iter()
+            .map(|h| h["what"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    fn events(step: &Step) -> Vec<String> {
+        step.logs
+            .iter()
+            .map(|l| l["event"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    #[test]
+    fn register_creates_a_pending_record() {
+        let s = step(
+            None,
+            GateCommand::Register {
+                key: "batches/a".into(),
+                name: "batches/a".into(),
+                kind: Some("k".into()),
+            },
+            5,
+        );
+        assert!(matches!(s.reply, GateReply::Created { .. }));
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(whats(&s), ["registered"]);
+        assert_eq!(s.record.unwrap().status, Status::Pending);
+    }
+
+    #[test]
+    fn register_of_a_known_operation_fills_a_missing_kind_only() {
+        let unregistered = Operation::unregistered("batches/a", "batches/a", 0);
+        let reg = |kind: &str| GateCommand::Register {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            kind: Some(kind.into()),
+        };
+        let s = step(Some(unregistered), reg("billing"), 5);
+        assert!(matches!(
+            s.reply,
+            GateReply::Exists {
+                kind: KindFill::Filled,
+                ..
+            }
+        ));
+        assert_eq!(
+            (s.save, whats(&s)),
+            (Save::Durable, vec!["kind_filled".to_string()])
+        );
+        let s = step(s.record, reg("other"), 6);
+        assert!(matches!(
+            s.reply,
+            GateReply::Exists {
+                kind: KindFill::Conflict,
+                ..
+            }
+        ));
+        assert_eq!(s.save, Save::Unchanged);
+        assert_eq!(s.record.unwrap().kind.as_deref(), Some("billing"));
+    }
+
+    #[test]
+    fn first_terminal_delivery_is_applied_and_its_effect_scheduled_not_run() {
+        let s = step(Some(registered()), deliver(Status::Succeeded), 10);
+        assert_eq!(
+            s.reply,
+            GateReply::Applied {
+                status: Status::Succeeded,
+                effect: EffectReport::Scheduled
+            }
+        );
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(whats(&s), ["applied"]);
+        assert_eq!(
+            s.wake_at(&LIMITS),
+            Some(10),
+            "the alarm runs the effect at once"
+        );
+    }
+
+    #[test]
+    fn delivery_for_an_unknown_operation_creates_it_unless_registration_is_required() {
+        let s = step(None, deliver(Status::Succeeded), 10);
+        assert!(matches!(s.reply, GateReply::Applied { .. }));
+        assert!(!s.record.unwrap().registered);
+        let required = GateCommand::Deliver {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            event: event(Status::Succeeded, Source::Webhook),
+            require_registration: true,
+        };
+        let s = step(None, required, 10);
+        assert_eq!(s.reply, GateReply::IgnoredUnregistered);
+        assert!(s.record.is_none());
+        assert_eq!(s.save, Save::Unchanged);
+    }
+
+    #[test]
+    fn duplicate_of_a_settled_operation_is_answered_from_memory() {
+        let s = step(Some(settled()), deliver(Status::Succeeded), 30);
+        assert_eq!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::Duplicate,
+                status: Status::Succeeded,
+                effect: EffectReport::Delivered
+            }
+        );
+        assert_eq!(s.save, Save::MemoryOnly);
+        assert!(s.history.is_empty());
+    }
+
+    #[test]
+    fn duplicate_while_the_effect_is_owed_is_stored_with_its_reason() {
+        let first = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let s = step(first.record, deliver(Status::Succeeded), 11);
+        assert_eq!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::Duplicate,
+                status: Status::Succeeded,
+                effect: EffectReport::Scheduled
+            }
+        );
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(whats(&s), ["dropped"]);
+    }
+
+    #[test]
+    fn conflicting_terminal_is_dropped_and_recorded() {
+        let s = step(Some(settled()), deliver(Status::Failed), 30);
+        assert!(matches!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::ConflictingTerminal,
+                ..
+            }
+        ));
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(whats(&s), ["dropped"]);
+    }
+
+    #[test]
+    fn nudge_on_an_open_operation_waits_for_the_status_api() {
+        let s = step(Some(registered()), nudge("failed", false), 10);
+        assert_eq!(
+            s.reply,
+            GateReply::Confirming {
+                status: Status::Pending
+            }
+        );
+        assert_eq!(whats(&s), ["nudged"]);
+        assert_eq!(s.wake_at(&LIMITS), Some(10));
+        assert_eq!(
+            s.record.unwrap().status,
+            Status::Pending,
+            "the body decided nothing"
+        );
+    }
+
+    #[test]
+    fn nudge_on_a_terminal_operation_is_a_drop_by_the_reducer() {
+        let s = step(Some(settled()), nudge("succeeded", false), 30);
+        assert!(matches!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::Duplicate,
+                ..
+            }
+        ));
+        assert_eq!(s.save, Save::MemoryOnly);
+        let s = step(Some(settled()), nudge("failed", false), 30);
+        assert!(matches!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::ConflictingTerminal,
+                ..
+            }
+        ));
+        assert_eq!(s.save, Save::Durable);
+    }
+
+    #[test]
+    fn nudge_for_an_unregistered_operation_is_ignored_when_registration_is_required() {
+        let s = step(None, nudge("succeeded", true), 10);
+        assert_eq!(s.reply, GateReply::IgnoredUnregistered);
+        assert!(s.record.is_none());
+    }
+
+    #[test]
+    fn retry_effect_repairs_the_alarm_and_runs_nothing() {
+        let first = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let s = step(first.record, GateCommand::RetryEffect, 11);
+        assert_eq!(
+            s.reply,
+            GateReply::Effect {
+                effect: EffectReport::Scheduled
+            }
+        );
+        assert!(s.reset_alarm);
+        assert_eq!(s.save, Save::Unchanged);
+        assert_eq!(
+            step(None, GateCommand::RetryEffect, 1).reply,
+            GateReply::NotFound
+        );
+    }
+
+    #[test]
+    fn alert_is_raised_once_and_queued_for_the_alarm() {
+        let raise = || GateCommand::Alert {
+            alert: "stuck".into(),
+            age_seconds: 60,
+        };
+        let s = step(Some(registered()), raise(), 10);
+        assert_eq!(s.reply, GateReply::AlertSent { sent: true });
+        assert_eq!(s.wake_at(&LIMITS), Some(10));
+        let again = step(s.record, raise(), 11);
+        assert_eq!(again.reply, GateReply::AlertSent { sent: false });
+        assert_eq!(again.save, Save::Unchanged);
+    }
+
+    #[test]
+    fn redeliver_on_an_effect_not_done_is_retry_now_under_the_same_generation() {
+        let first = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let (claim, s) = begin_attempt(first.record.unwrap(), 10, &LIMITS).unwrap();
+        let failed = attempt_finished(
+            s.record.unwrap(),
+            &Attempt {
+                claim,
+                outcome: AttemptOutcome::Park("400".into()),
+                started_ms: 10,
+                finished_ms: 20,
+            },
+            &LIMITS,
+            0.5,
+        );
+        let s = step(
+            failed.record,
+            GateCommand::Redeliver {
+                reason: "fixed".into(),
+            },
+            30,
+        );
+        assert_eq!(
+            s.reply,
+            GateReply::Redelivered {
+                generation: 1,
+                action: OperatorAction::RetryNow,
+                effect: EffectReport::Scheduled
+            }
+        );
+        assert_eq!(events(&s), ["retry_now"]);
+        assert!(s.reset_alarm);
+    }
+
+    #[test]
+    fn redeliver_on_a_done_effect_is_a_new_generation() {
+        let s = step(
+            Some(settled()),
+            GateCommand::Redeliver {
+                reason: "lost downstream".into(),
+            },
+            30,
+        );
+        assert_eq!(
+            s.reply,
+            GateReply::Redelivered {
+                generation: 2,
+                action: OperatorAction::Redeliver,
+                effect: EffectReport::Scheduled
+            }
+        );
+        assert_eq!(whats(&s), ["redeliver"]);
+    }
+
+    #[test]
+    fn retry_now_is_refused_while_an_attempt_is_in_flight() {
+        let first = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let (_, s) = begin_attempt(first.record.unwrap(), 10, &LIMITS).unwrap();
+        let s = step(
+            s.record,
+            GateCommand::RetryNow {
+                reason: String::new(),
+            },
+            11,
+        );
+        assert!(matches!(&s.reply, GateReply::Refused { reason } if reason.contains("in flight")));
+        assert_eq!(s.save, Save::Unchanged);
+        let none = step(
+            None,
+            GateCommand::RetryNow {
+                reason: String::new(),
+            },
+            11,
+        );
+        assert_eq!(none.reply, GateReply::NotFound);
+    }
+
+    #[test]
+    fn operator_actions_on_an_operation_without_an_outcome_are_refused() {
+        let s = step(
+            Some(registered()),
+            GateCommand::Redeliver {
+                reason: String::new(),
+            },
+            5,
+        );
+        assert!(matches!(s.reply, GateReply::Refused { .. }));
+    }
+
+    #[test]
+    fn reindex_forces_a_projection_and_marks_the_index_entry_possibly_present() {
+        let mut op = registered();
+        op.projected_version = op.version;
+        let s = step(Some(op), GateCommand::Reindex, 5);
+        assert_eq!(s.reply, GateReply::Reindexed { changed: true });
+        let record = s.record.unwrap();
+        assert!(record.indexed);
+        assert!(record.projected_version < record.version, "a projection is pending");
+        assert_eq!(step(None, GateCommand::Reindex, 5).reply, GateReply::NotFound);
+    }
+
+    #[test]
+    fn forget_is_recorded_once() {
+        let s = step(
+            Some(registered()),
+            GateCommand::Forget {
+                reason: "job deleted".into(),
+            },
+            5,
+        );
+        assert_eq!(s.reply, GateReply::Forgotten { changed: true });
+        assert_eq!(events(&s), ["forgotten_by_operator"]);
+        let again = step(
+            s.record,
+            GateCommand::Forget {
+                reason: "again".into(),
+            },
+            6,
+        );
+        assert_eq!(again.reply, GateReply::Forgotten { changed: false });
+        assert_eq!(again.save, Save::Unchanged);
+    }
+
+    #[test]
+    fn inspect_asks_for_the_history_and_changes_nothing() {
+        let s = step(Some(registered()), GateCommand::Inspect, 5);
+        assert!(matches!(s.reply, GateReply::Found { .. }));
+        assert!(s.attach_history);
+        assert_eq!(s.save, Save::Unchanged);
+        assert_eq!(
+            step(None, GateCommand::Inspect, 5).reply,
+            GateReply::NotFound
+        );
+    }
+
+    #[test]
+    fn retirement_comes_only_when_retention_is_over() {
+        let op = settled();
+        assert!(retire_if_over(&op, 20 + LIMITS.retention_ms - 1, &LIMITS).is_none());
+        let s = retire_if_over(&op, 20 + LIMITS.retention_ms, &LIMITS).unwrap();
+        assert!(s.clear_history);
+        assert_eq!(events(&s), ["retention_expired"]);
+        assert!(s.record.unwrap().retired_at_ms.is_some());
+    }
+
+    fn nudged() -> Operation {
+        step(Some(registered()), nudge("succeeded", false), 10)
+            .record
+            .unwrap()
+    }
+
+    fn observed(status: Status) -> Confirmation {
+        Confirmation::Answer(Ok(Observation {
+            status,
+            update_time_ms: 5,
+            details: Map::new(),
+        }))
+    }
+
+    #[test]
+    fn a_confirmed_terminal_state_is_applied_as_settled_by_webhook() {
+        let s = confirmed(nudged(), observed(Status::Succeeded), 20, &LIMITS, 0.5);
+        let op = s.record.unwrap();
+        assert_eq!(op.status, Status::Succeeded);
+        assert_eq!(op.settled_by, Some(Source::Webhook));
+        assert!(op.confirmation.is_none());
+        assert!(op.effect_owed());
+    }
+
+    #[test]
+    fn a_status_api_that_says_not_yet_is_asked_again() {
+        let s = confirmed(nudged(), observed(Status::Running), 20, &LIMITS, 1.0);
+        let op = s.record.unwrap();
+        assert_eq!(op.status, Status::Running);
+        assert_eq!(op.confirmation.as_ref().map(|c| c.due_ms), Some(20 + 1_000));
+        let mut op = op;
+        for i in 1..MAX_CONFIRM_ATTEMPTS {
+            op = confirmed(
+                op,
+                observed(Status::Running),
+                2_000 * i64::from(i),
+                &LIMITS,
+                1.0,
+            )
+            .record
+            .unwrap();
+        }
+        assert!(op.confirmation.is_none(), "then left to the cron");
+    }
+
+    #[test]
+    fn an_unknown_state_applies_nothing_and_waits() {
+        let s = confirmed(
+            nudged(),
+            observed(Status::Unknown("PARTIAL".into())),
+            20,
+            &LIMITS,
+            1.0,
+        );
+        assert_eq!(events(&s), ["status_unknown_state"]);
+        let op = s.record.unwrap();
+        assert_eq!(op.status, Status::Pending);
+        assert!(op.confirmation.is_some());
+    }
+
+    #[test]
+    fn a_404_ends_the_confirmation_and_raises_unknown_to_gemini() {
+        let s = confirmed(
+            nudged(),
+            Confirmation::Answer(Err(StatusError::NotFound)),
+            20,
+            &LIMITS,
+            1.0,
+        );
+        let op = s.record.unwrap();
+        assert!(op.confirmation.is_none());
+        assert_eq!(op.pending_alerts[0].kind, UNKNOWN_TO_GEMINI);
+    }
+
+    #[test]
+    fn a_transient_answer_waits_at_least_its_retry_after() {
+        let s = confirmed(
+            nudged(),
+            Confirmation::Answer(Err(StatusError::Transient {
+                retry_after_secs: 30,
+            })),
+            20,
+            &LIMITS,
+            1.0,
+        );
+        assert_eq!(s.record.unwrap().confirmation.unwrap().due_ms, 20 + 30_000);
+        assert_eq!(
+            events(&confirmed(
+                nudged(),
+                Confirmation::NoApiKey,
+                20,
+                &LIMITS,
+                1.0
+            )),
+            ["confirm_waiting"]
+        );
+    }
+
+    #[test]
+    fn an_alert_leaves_the_queue_only_when_the_sink_accepted_it() {
+        let raised = step(
+            Some(registered()),
+            GateCommand::Alert {
+                alert: "stuck".into(),
+                age_seconds: 1,
+            },
+            10,
+        )
+        .record
+        .unwrap();
+        let alert = raised.due_alerts(10)[0].clone();
+        let failed = alert_sent(raised, &alert, false, 11, &LIMITS, 1.0)
+            .record
+            .unwrap();
+        assert_eq!(failed.pending_alerts.len(), 1);
+        assert!(failed.due_alerts(11).is_empty(), "after a backoff");
+        let again = failed.due_alerts(2_000)[0].clone();
+        assert_eq!(again.id, alert.id, "the same alert id");
+        let sent = alert_sent(failed, &again, true, 2_000, &LIMITS, 1.0);
+        assert_eq!(whats(&sent), ["alert"]);
+        assert!(sent.record.unwrap().pending_alerts.is_empty());
+    }
+
+    #[test]
+    fn an_attempt_is_claimed_only_when_owed_and_due() {
+        assert!(
+            begin_attempt(registered(), 10, &LIMITS).is_none(),
+            "nothing owed"
+        );
+        let first = step(Some(registered()), deliver(Status::Succeeded), 10)
+            .record
+            .unwrap();
+        let (claim, s) = begin_attempt(first, 10, &LIMITS).unwrap();
+        assert_eq!(whats(&s), ["claimed"]);
+        assert_eq!(
+            s.wake_at(&LIMITS),
+            Some(claim.expires_ms),
+            "the claim's expiry wakes the gate"
+        );
+        assert!(
+            begin_attempt(s.record.unwrap(), 11, &LIMITS).is_none(),
+            "held by a live claim"
+        );
+    }
+
+    #[test]
+    fn attempt_outcomes_commit_done_retry_or_park_and_a_stale_token_changes_nothing() {
+        let first = step(Some(registered()), deliver(Status::Succeeded), 10)
+            .record
+            .unwrap();
+        let (claim, s) = begin_attempt(first, 10, &LIMITS).unwrap();
+        let op = s.record.unwrap();
+        let finish = |op: Operation, claim: Claim, outcome: AttemptOutcome| {
+            attempt_finished(
+                op,
+                &Attempt {
+                    claim,
+                    outcome,
+                    started_ms: 10,
+                    finished_ms: 30,
+                },
+                &LIMITS,
+                1.0,
+            )
+        };
+        let retry = finish(op.clone(), claim, AttemptOutcome::Retry("503".into()));
+        assert_eq!(events(&retry), ["effect_failed"]);
+        assert_eq!(retry.logs[0]["after_settled_ms"], 0);
+        assert_eq!(
+            retry.record.as_ref().unwrap().effect.next_attempt_ms,
+            30 + 1_000
+        );
+        let parked = finish(op.clone(), claim, AttemptOutcome::Park("400".into()));
+        assert_eq!(events(&parked), ["effect_parked"]);
+        let done = finish(op.clone(), claim, AttemptOutcome::Delivered);
+        assert_eq!(events(&done), ["effect_delivered"]);
+        assert!(done.record.as_ref().unwrap().effect.done);
+        let stale = Claim {
+            token: claim.token + 7,
+            ..claim
+        };
+        let fenced = finish(op.clone(), stale, AttemptOutcome::Delivered);
+        assert_eq!(events(&fenced), ["effect_fenced"]);
+        assert_eq!(fenced.save, Save::Unchanged);
+        assert_eq!(fenced.record.unwrap(), op);
+    }
+}

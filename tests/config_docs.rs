@@ -1,0 +1,152 @@
+//! The documentation of configuration agrees with the table the worker reads
+//! (`gemini_once::config::VARIABLES`): the README's Configuration table and
+//! `.dev.vars.example` each name every variable, in the table's order, with the table's
+//! default, and name nothing else. A variable added to the table without its documentation,
+//! a default changed in one place only, or a documented name the worker does not read fails
+//! here.
+//!
+//! Run: `cargo test --test config_docs`.
+
+use std::path::Path;
+
+use gemini_once::config::{variable, Fallback, VARIABLES};
+
+fn read(file: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn table_names() -> Vec<&'static str> {
+    VARIABLES.iter().map(|v| v.name).collect()
+}
+
+/// The rows of the README's Configuration table: (name, default) with backticks removed.
+fn readme_rows() -> Vec<(String, String)> {
+    let readme = read("README.md");
+    let section = readme
+        .split("\n## Configuration\n")
+        .nth(1)
+        .expect("README has a Configuration section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split(" | ").collect();
+            assert!(
+                cells.len() >= 3,
+                "a row without name, default and meaning: {l}"
+            );
+            let bare = |c: &str| {
+                c.trim_matches(|c: char| c == '|' || c == '`' || c == ' ')
+                    .to_string()
+            };
+            (bare(cells[0]), bare(cells[1]))
+        })
+        .collect()
+}
+
+/// The lines of `.dev.vars.example` that give a variable a value, set (`NAME=value`) or shown
+/// commented (`# NAME=value  # why`): (name, value without its comment or quotes, commented).
+fn example_lines() -> Vec<(String, String, bool)> {
+    read(".dev.vars.example")
+        .lines()
+        .filter_map(|line| {
+            let commented = line.starts_with('#');
+            let rest = line.trim_start_matches('#').trim_start();
+            let (name, value) = rest.split_once('=')?;
+            let is_name = name.starts_with(|c: char| c.is_ascii_uppercase())
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            if !is_name {
+                return None;
+            }
+            let value = value
+                .split(" #")
+                .next()
+                .unwrap_or("")
+                .trim()
+                .trim_matches('"');
+            Some((name.to_string(), value.to_string(), commented))
+        })
+        .collect()
+}
+
+#[test]
+fn readme_documents_every_variable_in_table_order_with_its_default() {
+    let rows = readme_rows();
+    for (name, default) in &rows {
+        let v = variable(name)
+            .unwrap_or_else(|| panic!("README documents {name}, which the worker does not read"));
+        assert_eq!(
+            default,
+            &v.default.documented(),
+            "README's default of {name} differs from the table's"
+        );
+    }
+    let names: Vec<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
+    for v in VARIABLES {
+        assert!(
+            names.contains(&v.name),
+            "README does not document {}",
+            v.name
+        );
+    }
+    assert_eq!(
+        names,
+        table_names(),
+        "README's rows, once each, in the table's order"
+    );
+}
+
+#[test]
+fn dev_vars_example_sets_the_required_and_shows_every_other_default() {
+    let lines = example_lines();
+    for (name, _, _) in &lines {
+        assert!(
+            variable(name).is_some(),
+            ".dev.vars.example names {name}, which the worker does not read"
+        );
+    }
+    // Each variable's first line is its entry; later ones are examples of other values.
+    let mut first: Vec<&(String, String, bool)> = Vec::new();
+    for line in &lines {
+        if !first.iter().any(|f| f.0 == line.0) {
+            first.push(line);
+        }
+    }
+    for v in VARIABLES {
+        let (_, value, commented) = first
+            .iter()
+            .find(|f| f.0 == v.name)
+            .unwrap_or_else(|| panic!(".dev.vars.example does not list {}", v.name));
+        match v.default {
+            Fallback::Required => {
+                assert!(
+                    !commented && !value.is_empty(),
+                    "{} is required: set it",
+                    v.name
+                )
+            }
+            Fallback::Nothing => assert!(
+                *commented && value.is_empty(),
+                "{} has no default: `# {}=` (got {value:?})",
+                v.name,
+                v.name
+            ),
+            default => assert!(
+                *commented && *value == default.documented(),
+                "{} shows {value:?}, not its default {}",
+                v.name,
+                default.documented()
+            ),
+        }
+    }
+    let names: Vec<&str> = first.iter().map(|f| f.0.as_str()).collect();
+    assert_eq!(
+        names,
+        table_names(),
+        ".dev.vars.example in the table's order"
+    );
+}

@@ -1,0 +1,454 @@
+// docs/openapi.yaml against the built worker in workerd: every answer the test provokes is
+// validated against the schema the document gives for its path, method and status, and the
+// set of (route, method, status) the test provoked must equal the set the document lists, so
+// a route or status added on one side only fails here. A second worker with a missing
+// variable gives every route's 503.
+//
+// Adding a route: describe it in docs/openapi.yaml, then provoke each of its statuses with
+// `call(worker, METHOD, "/the/{template}", url, ...)` in an `it` of its own below.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { generateKeyPairSync, sign as rsaSign } from "node:crypto";
+import Ajv2020 from "ajv/dist/2020.js";
+import YAML from "yaml";
+import { startWorker, startServer, startDestination, eventually, signedHeaders, ADMIN_TOKEN, GEMINI_SECRET, EFFECT_SECRET } from "./helpers.mjs";
+
+const read = (p) => readFileSync(new URL(`../${p}`, import.meta.url), "utf8");
+const doc = YAML.parse(read("docs/openapi.yaml"));
+
+// OpenAPI 3.1 schemas are JSON Schema 2020-12. They refer to each other as
+// `#/components/schemas/X`; here they become `$defs` of one schema that ajv knows by URI.
+const DEFS = "https://gemini-once.test/openapi/defs.json";
+const toDefs = (value) => JSON.parse(JSON.stringify(value).replaceAll('"#/components/schemas/', `"${DEFS}#/$defs/`));
+// `format` is documentation (`pattern` checks timestamps); strict mode still refuses unknown
+// keywords and misplaced ones, so a typo in the document fails here.
+const ajv = new Ajv2020({ strict: true, allowUnionTypes: true, allErrors: true, validateFormats: false });
+ajv.addSchema({ $id: DEFS, $defs: toDefs(doc.components.schemas) });
+const compiled = new Map();
+function validator(schema) {
+  const text = JSON.stringify(schema);
+  if (!compiled.has(text)) compiled.set(text, ajv.compile(toDefs(schema)));
+  return compiled.get(text);
+}
+
+/** Follows `$ref`s inside the document (responses, parameters, request bodies). */
+function resolve(node) {
+  while (node?.$ref) {
+    node = node.$ref.slice(2).split("/").map((s) => s.replaceAll("~1", "/").replaceAll("~0", "~")).reduce((o, k) => o?.[k], doc);
+    assert.ok(node, "every $ref resolves");
+  }
+  return node;
+}
+
+const METHODS = ["get", "head", "post", "put", "patch", "delete", "options"];
+/** Answers any route may give, documented once under components.responses. */
+const ANY_ROUTE = ["NotFound", "MethodNotAllowed"];
+
+function documentedAnswers() {
+  const all = [];
+  for (const [route, item] of Object.entries(doc.paths)) {
+    for (const method of METHODS.filter((m) => item[m])) {
+      for (const status of Object.keys(item[method].responses)) all.push(`${method.toUpperCase()} ${route} ${status}`);
+    }
+  }
+  return all.concat(ANY_ROUTE.map((r) => `any route: ${r}`)).sort();
+}
+
+function documentedQueryParams() {
+  const all = [];
+  for (const [route, item] of Object.entries(doc.paths)) {
+    for (const method of METHODS.filter((m) => item[m])) {
+      for (const p of [...(item.parameters ?? []), ...(item[method].parameters ?? [])].map(resolve)) {
+        if (p.in === "query") all.push(`${method.toUpperCase()} ${route} ?${p.name}`);
+      }
+    }
+  }
+  return all.sort();
+}
+
+const exercised = new Set();
+const queried = new Set();
+
+/**
+ * Sends a request and checks its answer against the document: `route` is the path template
+ * as documented ("/v1/operations/{name}"), or `any route: NotFound` / `any route:
+ * MethodNotAllowed`. Fails on a status the document does not list for it, a content type
+ * other than the documented one, or a body its schema refuses. Returns {status, body, headers}.
+ */
+async function call(worker, method, route, url, { body, headers = {}, token = true, expect } = {}) {
+  const init = { method, headers: { ...headers } };
+  if (token) init.headers.authorization = `Bearer ${ADMIN_TOKEN}`;
+  if (body !== undefined) {
+    init.body = typeof body === "string" ? body : JSON.stringify(body);
+    init.headers["content-type"] ??= "application/json";
+  }
+  const res = await worker.fetch(url, init);
+  const text = await res.text();
+  const where = `${method} ${url} answered ${res.status} ${text.slice(0, 300)}`;
+  if (expect !== undefined) assert.equal(res.status, expect, where);
+
+  let operation;
+  let answer;
+  if (route.startsWith("any route: ")) {
+    answer = doc.components.responses[route.slice("any route: ".length)];
+    assert.ok(answer, `${route} is documented`);
+    exercised.add(route);
+  } else {
+    operation = doc.paths[route]?.[method.toLowerCase()];
+    assert.ok(operation, `${method} ${route} is documented in docs/openapi.yaml`);
+    answer = operation.responses[String(res.status)];
+    assert.ok(answer, `${where}: status ${res.status} is not documented for ${method} ${route}`);
+    exercised.add(`${method} ${route} ${res.status}`);
+    const params = [...(doc.paths[route].parameters ?? []), ...(operation.parameters ?? [])].map(resolve);
+    for (const [name] of new URL(url, "http://x").searchParams) {
+      assert.ok(params.some((p) => p.in === "query" && p.name === name), `query parameter ${name} of ${method} ${route} is documented`);
+      queried.add(`${method} ${route} ?${name}`);
+    }
+  }
+  answer = resolve(answer);
+
+  const content = answer.content ?? {};
+  const types = Object.keys(content);
+  let parsed = text;
+  if (types.length === 0) {
+    assert.equal(text, "", `${where}: documented without a body`);
+  } else {
+    const type = (res.headers.get("content-type") ?? "").split(";")[0].trim();
+    assert.ok(types.includes(type), `${where}: content type ${type} is not one of ${types}`);
+    if (type === "application/json") {
+      parsed = JSON.parse(text);
+      const validate = validator(content[type].schema);
+      assert.ok(validate(parsed), `${where}: does not match docs/openapi.yaml: ${JSON.stringify(validate.errors, null, 1)}`);
+    } else {
+      assert.ok(text.length > 0, `${where}: empty ${type}`);
+    }
+  }
+
+  // What a successful request sent is what the document says may be sent.
+  const requestBody = resolve(operation?.requestBody);
+  if (res.ok && init.body && requestBody) {
+    const validate = validator(requestBody.content["application/json"].schema);
+    assert.ok(validate(JSON.parse(init.body)), `${method} ${route}: the request body ${init.body} does not match the document: ${JSON.stringify(validate.errors)}`);
+  }
+  return { status: res.status, body: parsed, headers: res.headers };
+}
+
+const ADMIN_CAP = 16 * 1024;
+const MAX_BODY_BYTES = 4096;
+const oversized = (n) => JSON.stringify({ reason: "x".repeat(n) });
+const enc = encodeURIComponent;
+
+// A dynamic webhook's token: a local RSA key, served as the key set by a local stand-in.
+const { privateKey, publicKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
+const jwk = { ...publicKey.export({ format: "jwk" }), kid: "k1", alg: "RS256", use: "sig" };
+const b64u = (v) => Buffer.from(JSON.stringify(v)).toString("base64url");
+function token() {
+  const input = `${b64u({ alg: "RS256", kid: "k1", typ: "JWT" })}.${b64u({ exp: Math.floor(Date.now() / 1000) + 300 })}`;
+  return `${input}.${rsaSign("sha256", Buffer.from(input), privateKey).toString("base64url")}`;
+}
+
+const envelope = (type, id, data = {}) => JSON.stringify({ type, version: "v1", timestamp: new Date().toISOString(), data: { id, ...data } });
+/** A Gemini-signed delivery, checked against the document. */
+const deliver = (worker, type, id, opts = {}) => {
+  const body = opts.rawBody ?? envelope(type, id, opts.data);
+  return call(worker, "POST", "/webhooks/gemini", "/webhooks/gemini", { token: false, body, headers: signedHeaders(body, opts), expect: opts.expect });
+};
+
+const WEBHOOK_NAME = "webhooks/oa-receiver";
+const ROUTE_TOKEN = "oa-route-credential";
+let w, broken, dest, jwks, gemini;
+/** Per key, what the destination answers. */
+const plans = new Map();
+
+before(async () => {
+  dest = await startDestination((req) => plans.get(req.headers["idempotency-key"])?.() ?? { status: 200 });
+  jwks = await startServer(() => ({ status: 200, body: { keys: [jwk] } }));
+  // Gemini's API: the webhook the passes check (GEMINI_WEBHOOK_NAME) is disabled; every
+  // operation, asked about by a pass or to confirm a dynamic webhook, is still running.
+  gemini = await startServer((req) => req.url.startsWith("/v1beta/webhooks")
+    ? { status: 200, body: { webhooks: [{ id: "w1", name: WEBHOOK_NAME, state: "disabled" }] } }
+    : { status: 200, body: { name: req.url.replace("/v1beta/", ""), metadata: { state: "BATCH_STATE_RUNNING" }, done: false } });
+  [w, broken] = await Promise.all([
+    startWorker({
+      EFFECT_URL: `${dest.url}/effects`,
+      MAX_BODY_BYTES: String(MAX_BODY_BYTES),
+      GEMINI_JWKS_URL: `${jwks.url}/.well-known/jwks.json`,
+      GEMINI_API_BASE: gemini.url,
+      GEMINI_API_KEY: "test-api-key",
+      GEMINI_WEBHOOK_NAME: WEBHOOK_NAME,
+      // Routes for kinds no test registers: only /v1/config shows them.
+      EFFECT_ROUTES: JSON.stringify({ "oa-queue": "queue:OA_QUEUE", "oa-service": "service:OA_SERVICE", "oa-url": `${dest.url}/routed?token=${ROUTE_TOKEN}` }),
+    }),
+    startWorker({ ADMIN_TOKEN: undefined }),
+  ]);
+});
+after(async () => {
+  await Promise.all([w?.dispose(), broken?.dispose()]);
+  await Promise.all([dest?.close(), jwks?.close(), gemini?.close()]);
+  dest?.assertAllValid();
+});
+
+/** Registers `name` (checked) and returns the answer. */
+const register = (name, kind, expect) => call(w, "POST", "/v1/operations", "/v1/operations", { body: { name, kind }, expect });
+/** Delivers a success and waits for its side effect to be done. */
+async function settled(key) {
+  await deliver(w, "batch.succeeded", key, { expect: 200 });
+  await eventually(async () => (await w.inspect(key)).body.effect_done, { what: `the side effect of ${key}` });
+}
+
+describe("docs/openapi.yaml against the worker's answers", () => {
+  it("GET and HEAD /healthz, GET /dashboard", async () => {
+    assert.deepEqual((await call(w, "GET", "/healthz", "/healthz", { token: false, expect: 200 })).body, { ok: true });
+    await call(w, "HEAD", "/healthz", "/healthz", { token: false, expect: 200 });
+    const page = await call(w, "GET", "/dashboard", "/dashboard", { token: false, expect: 200 });
+    assert.match(page.body, /<html/i);
+  });
+
+  it("unknown paths and methods", async () => {
+    await call(w, "GET", "any route: NotFound", "/nowhere", { expect: 404 });
+    await call(w, "GET", "any route: NotFound", "/v1/nowhere", { expect: 404 });
+    for (const [method, url] of [["POST", "/healthz"], ["POST", "/dashboard"], ["GET", "/webhooks/gemini"], ["PUT", "/v1/operations"], ["DELETE", "/v1/operations/batches/x"], ["POST", "/v1/operations/batches/x/undo"], ["POST", "/v1/stats"], ["POST", "/v1/config"]]) {
+      await call(w, method, "any route: MethodNotAllowed", url, { expect: 405 });
+    }
+  });
+
+  it("POST /webhooks/gemini", async () => {
+    const applied = await deliver(w, "batch.succeeded", "batches/oa-hook", { expect: 200 });
+    assert.equal(applied.body.outcome, "applied");
+    const again = await deliver(w, "batch.succeeded", "batches/oa-hook", { expect: 200 });
+    assert.deepEqual([again.body.outcome, again.body.reason], ["dropped", "duplicate"]);
+    const conflicting = await deliver(w, "batch.failed", "batches/oa-hook", { expect: 200 });
+    assert.deepEqual([conflicting.body.outcome, conflicting.body.reason], ["dropped", "conflicting_terminal"]);
+    assert.equal((await deliver(w, "batch.paused_forever", "batches/oa-hook", { expect: 200 })).body.outcome, "ignored_unknown_type");
+    const nudge = envelope("batch.succeeded", "batches/oa-jwt");
+    const confirming = await call(w, "POST", "/webhooks/gemini", "/webhooks/gemini", {
+      token: false,
+      body: nudge,
+      headers: { "webhook-id": "msg_jwt_1", "webhook-timestamp": String(Math.floor(Date.now() / 1000)), "webhook-signature": token() },
+      expect: 200,
+    });
+    assert.equal(confirming.body.outcome, "confirming");
+    await deliver(w, "batch.succeeded", null, { rawBody: "not an envelope", expect: 400 });
+    await deliver(w, "batch.succeeded", "batches/oa-hook", { signature: "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", expect: 401 });
+    await deliver(w, "batch.succeeded", "batches/oa-big", { data: { pad: "x".repeat(MAX_BODY_BYTES) }, expect: 413 });
+  });
+
+  it("POST /v1/operations", async () => {
+    const created = await register("batches/oa-reg", "nightly-review", 201);
+    assert.deepEqual([created.body.key, created.body.status, created.body.kind], ["batches/oa-reg", "pending", "nightly-review"]);
+    assert.equal((await register("projects/p/locations/l/batches/oa-reg", "nightly-review", 200)).body.kind_change, "unchanged");
+    const conflict = await register("batches/oa-reg", "billing", 200);
+    assert.equal(conflict.body.kind_change, "conflict");
+    assert.equal(conflict.body.kind, "nightly-review");
+    await deliver(w, "batch.succeeded", "batches/oa-first", { expect: 200 });
+    assert.equal((await register("batches/oa-first", "nightly-review", 200)).body.kind_change, "filled");
+    await call(w, "POST", "/v1/operations", "/v1/operations", { body: "not json", expect: 400 });
+    await call(w, "POST", "/v1/operations", "/v1/operations", { body: { name: "no-collection" }, expect: 400 });
+    await call(w, "POST", "/v1/operations", "/v1/operations", { body: { name: "batches/x" }, token: false, expect: 401 });
+    await call(w, "POST", "/v1/operations", "/v1/operations", { body: JSON.stringify({ name: "batches/x", pad: "x".repeat(ADMIN_CAP) }), expect: 413 });
+  });
+
+  it("GET /v1/operations with its filters and cursor", async () => {
+    const keys = ["batches/oa-list-1", "batches/oa-list-2", "batches/oa-list-3"];
+    for (const k of keys) await register(k, "nightly-review", 201);
+    await w.ledger(keys);
+    const seen = [];
+    let cursor;
+    let pages = 0;
+    for (;;) {
+      const url = `/v1/operations?limit=1${cursor ? `&cursor=${enc(cursor)}` : ""}`;
+      const page = await call(w, "GET", "/v1/operations", url, { expect: 200 });
+      seen.push(...page.body.operations.map((o) => o.key));
+      pages++;
+      if (page.body.complete) break;
+      cursor = page.body.cursor;
+    }
+    assert.ok(pages > keys.length, "one entry a page, then the last page");
+    for (const k of keys) assert.equal(seen.filter((s) => s === k).length, 1, `${k} listed once across the pages`);
+    const pending = await call(w, "GET", "/v1/operations", "/v1/operations?status=pending&effect_done=false&stuck=false&limit=500", { expect: 200 });
+    assert.ok(pending.body.complete);
+    for (const k of keys) assert.ok(pending.body.operations.some((o) => o.key === k), `${k} is pending`);
+    assert.ok(pending.body.operations.every((o) => o.status === "pending" && !o.effect_done && !o.stuck));
+    await call(w, "GET", "/v1/operations", "/v1/operations?status=done", { expect: 400 });
+    await call(w, "GET", "/v1/operations", "/v1/operations", { token: false, expect: 401 });
+  });
+
+  it("GET /v1/operations/{name}", async () => {
+    await register("batches/oa-inspect", "nightly-review", 201);
+    const raw = await call(w, "GET", "/v1/operations/{name}", "/v1/operations/batches/oa-inspect", { expect: 200 });
+    const encoded = await call(w, "GET", "/v1/operations/{name}", `/v1/operations/${enc("batches/oa-inspect")}`, { expect: 200 });
+    assert.deepEqual(encoded.body, raw.body);
+    assert.equal(raw.body.history[0].what, "registered");
+    await call(w, "GET", "/v1/operations/{name}", "/v1/operations/batches/oa-never", { expect: 404 });
+    await call(w, "GET", "/v1/operations/{name}", "/v1/operations/no-collection", { expect: 400 });
+    await call(w, "GET", "/v1/operations/{name}", "/v1/operations/batches/oa-inspect", { token: false, expect: 401 });
+  });
+
+  it("POST /v1/operations/{name}/retry", async () => {
+    const route = "/v1/operations/{name}/retry";
+    const key = "batches/oa-park";
+    let refuse = true;
+    plans.set(key, () => ({ status: refuse ? 422 : 200 }));
+    await deliver(w, "batch.succeeded", key, { expect: 200 });
+    await eventually(async () => (await w.inspect(key)).body.effect_parked, { what: "the park" });
+    refuse = false;
+    const retried = await call(w, "POST", route, `/v1/operations/${key}/retry`, { body: { reason: "destination fixed" }, expect: 200 });
+    assert.deepEqual([retried.body.action, retried.body.generation], ["retry_now", 1]);
+    await settled("batches/oa-retry-done");
+    const refused = await call(w, "POST", route, "/v1/operations/batches/oa-retry-done/retry", { expect: 409 });
+    assert.match(refused.body.error, /done/);
+    await call(w, "POST", route, "/v1/operations/batches/oa-never/retry", { expect: 404 });
+    await call(w, "POST", route, `/v1/operations/${key}/retry`, { body: "not json", expect: 400 });
+    await call(w, "POST", route, `/v1/operations/${key}/retry`, { token: false, expect: 401 });
+    await call(w, "POST", route, `/v1/operations/${key}/retry`, { body: oversized(ADMIN_CAP), expect: 413 });
+  });
+
+  it("POST /v1/operations/{name}/redeliver", async () => {
+    const route = "/v1/operations/{name}/redeliver";
+    await settled("batches/oa-redeliver");
+    const again = await call(w, "POST", route, "/v1/operations/batches/oa-redeliver/redeliver", { body: { reason: "downstream lost it" }, expect: 200 });
+    assert.deepEqual([again.body.action, again.body.generation], ["redeliver", 2]);
+    await register("batches/oa-redeliver-pending", "nightly-review", 201);
+    const refused = await call(w, "POST", route, "/v1/operations/batches/oa-redeliver-pending/redeliver", { expect: 409 });
+    assert.match(refused.body.error, /no outcome yet/);
+    await call(w, "POST", route, "/v1/operations/batches/oa-never/redeliver", { expect: 404 });
+    await call(w, "POST", route, "/v1/operations/no-collection/redeliver", { expect: 400 });
+    await call(w, "POST", route, "/v1/operations/batches/oa-redeliver/redeliver", { token: false, expect: 401 });
+    await call(w, "POST", route, "/v1/operations/batches/oa-redeliver/redeliver", { body: oversized(ADMIN_CAP), expect: 413 });
+  });
+
+  it("POST /v1/operations/{name}/forget", async () => {
+    const route = "/v1/operations/{name}/forget";
+    await register("batches/oa-forget", "nightly-review", 201);
+    const url = "/v1/operations/batches/oa-forget/forget";
+    assert.equal((await call(w, "POST", route, url, { body: { reason: "cancelled upstream" }, expect: 200 })).body.changed, true);
+    assert.equal((await call(w, "POST", route, url, { expect: 200 })).body.changed, false);
+    await call(w, "POST", route, "/v1/operations/batches/oa-never/forget", { expect: 404 });
+    await call(w, "POST", route, "/v1/operations/no-collection/forget", { expect: 400 });
+    await call(w, "POST", route, url, { token: false, expect: 401 });
+    await call(w, "POST", route, url, { body: oversized(ADMIN_CAP), expect: 413 });
+  });
+
+  it("GET /v1/operations with the dashboard's filters: kind, parked, settled_by, forgotten, prefix, q", async () => {
+    const list = async (query) => (await call(w, "GET", "/v1/operations", `/v1/operations?${query}&limit=500`, { expect: 200 })).body;
+    const keys = (page) => page.operations.map((o) => o.key).sort();
+    // a: settled by its webhook, then parked by the destination; b: pending, registered by its
+    // full name; c: forgotten. All three of one kind no other test uses.
+    const [a, b, c] = ["batches/oa-filter-a", "batches/oa-filter-b", "batches/oa-filter-c"];
+    plans.set(a, () => ({ status: 422 }));
+    await register(a, "oa-filter", 201);
+    await register("projects/p/locations/europe-west4/batches/oa-filter-b", "oa-filter", 201);
+    await register(c, "oa-filter", 201);
+    await deliver(w, "batch.succeeded", a, { expect: 200 });
+    await call(w, "POST", "/v1/operations/{name}/forget", `/v1/operations/${c}/forget`, { expect: 200 });
+    await w.ledger(a, (m) => m.parked && m.settled_by === "webhook");
+    await w.ledger(c, (m) => m.forgotten);
+    await w.ledger(b);
+
+    const all = await list("kind=oa-filter");
+    assert.deepEqual(keys(all), [a, b, c]);
+    assert.ok(all.complete);
+    const entry = Object.fromEntries(all.operations.map((o) => [o.key, o]));
+    assert.deepEqual([entry[a].kind, entry[a].settled_by, entry[a].status, entry[a].effect_parked], ["oa-filter", "webhook", "succeeded", true]);
+    assert.deepEqual([entry[b].settled_by, entry[b].name], [null, "projects/p/locations/europe-west4/batches/oa-filter-b"]);
+    assert.deepEqual(keys(await list("kind=oa-filter&parked=true")), [a]);
+    assert.deepEqual(keys(await list("kind=oa-filter&parked=false")), [b, c]);
+    assert.deepEqual(keys(await list("kind=oa-filter&settled_by=webhook")), [a]);
+    assert.deepEqual(keys(await list("kind=oa-filter&settled_by=reconcile")), []);
+    assert.deepEqual(keys(await list("kind=oa-filter&forgotten=true")), [c]);
+    assert.deepEqual(keys(await list("kind=oa-filter&forgotten=false")), [a, b]);
+    // The prefix alone (no kind): the listing starts from it.
+    assert.deepEqual(keys(await list(`prefix=${enc("batches/oa-filter-")}`)), [a, b, c]);
+    // Text in the key, any case; text only in the full name.
+    assert.deepEqual(keys(await list("q=OA-FILTER-B")), [b]);
+    assert.deepEqual(keys(await list(`q=${enc("locations/europe-west4/batches/oa-filter")}`)), [b]);
+    assert.deepEqual(keys(await list("kind=no-such-kind")), []);
+    for (const bad of ["settled_by=registration", "kind=", "parked=yes", "forgotten=1", "prefix=%20", `q=${"x".repeat(401)}`, `kind=${"k".repeat(101)}`]) {
+      await call(w, "GET", "/v1/operations", `/v1/operations?${bad}`, { expect: 400 });
+    }
+  });
+
+  it("GET /v1/config", async () => {
+    const res = await call(w, "GET", "/v1/config", "/v1/config", { expect: 200 });
+    // Every variable the document names is shown, each once.
+    const documented = doc.components.schemas.PublicConfig.properties.settings.items.oneOf
+      .flatMap((o) => o.properties.name.enum ?? [o.properties.name.const]).sort();
+    const names = res.body.settings.map((s) => s.name);
+    assert.deepEqual([...names].sort(), documented);
+    const value = Object.fromEntries(res.body.settings.map((s) => [s.name, s.value]));
+    assert.deepEqual(value.EFFECT_ROUTES, { "oa-queue": "queue:OA_QUEUE", "oa-service": "service:OA_SERVICE", "oa-url": `${dest.url}/\u2026` });
+    assert.equal(value.EFFECT_URL, `${dest.url}/\u2026`);
+    assert.deepEqual([value.GEMINI_WEBHOOK_SECRETS, value.GEMINI_API_KEY, value.ADMIN_TOKEN, value.GEMINI_WEBHOOK_NAME, value.MAX_BODY_BYTES], ["set (1)", "set", "set", WEBHOOK_NAME, MAX_BODY_BYTES]);
+    const text = JSON.stringify(res.body);
+    for (const secret of [ADMIN_TOKEN, GEMINI_SECRET, EFFECT_SECRET, "test-api-key", ROUTE_TOKEN]) assert.ok(!text.includes(secret), `${secret} is not shown`);
+    await call(w, "GET", "/v1/config", "/v1/config", { token: false, expect: 401 });
+  });
+
+  it("GET /v1/stats", async () => {
+    await w.scheduled();
+    // Counts reach the shards within STATS_FLUSH_SECONDS (1 s in tests).
+    const stats = await eventually(async () => {
+      const s = await call(w, "GET", "/v1/stats", "/v1/stats", { expect: 200 });
+      return s.body.recent_drops.length > 0 && s.body.reconcile?.last && s.body.hourly.some((h) => h.deliveries > 0) && s;
+    }, { what: "a dropped event, a reconcile pass and hourly deliveries in /v1/stats" });
+    assert.ok(stats.body.total.deliveries >= 1);
+    assert.ok(stats.body.recent_drops.some((d) => d.key === "batches/oa-hook" && d.reason === "conflicting_terminal"));
+    // 24 consecutive hours, oldest first.
+    const hours = stats.body.hourly.map((h) => Date.parse(h.hour));
+    for (let i = 1; i < hours.length; i++) assert.equal(hours[i] - hours[i - 1], 3_600_000);
+    assert.ok(stats.body.hourly.some((h) => h.dropped > 0), "the dropped events are in the trend");
+    // The pass found the configured Gemini webhook disabled.
+    assert.deepEqual(stats.body.gemini_webhook, { name: WEBHOOK_NAME, alerted_state: "disabled" });
+    await call(w, "GET", "/v1/stats", "/v1/stats", { token: false, expect: 401 });
+  });
+
+  it("every route answers 503 naming the variable while the configuration is incomplete", async () => {
+    const some = { body: { name: "batches/x" } };
+    const requests = [
+      ["GET", "/healthz", "/healthz", {}],
+      ["HEAD", "/healthz", "/healthz", {}],
+      ["POST", "/webhooks/gemini", "/webhooks/gemini", { body: envelope("batch.succeeded", "batches/x") }],
+      ["POST", "/v1/operations", "/v1/operations", some],
+      ["GET", "/v1/operations", "/v1/operations", {}],
+      ["GET", "/v1/operations/{name}", "/v1/operations/batches/x", {}],
+      ["POST", "/v1/operations/{name}/retry", "/v1/operations/batches/x/retry", {}],
+      ["POST", "/v1/operations/{name}/redeliver", "/v1/operations/batches/x/redeliver", {}],
+      ["POST", "/v1/operations/{name}/forget", "/v1/operations/batches/x/forget", {}],
+      ["GET", "/v1/stats", "/v1/stats", {}],
+      ["GET", "/v1/config", "/v1/config", {}],
+    ];
+    for (const [method, route, url, opts] of requests) {
+      const res = await call(broken, method, route, url, { ...opts, expect: 503 });
+      if (method !== "HEAD") assert.equal(res.body.variable, "ADMIN_TOKEN");
+    }
+    // The page holds no data and needs no configuration.
+    await call(broken, "GET", "/dashboard", "/dashboard", { token: false, expect: 200 });
+  });
+
+  it("provoked every documented answer and query parameter, and nothing undocumented", () => {
+    assert.deepEqual([...exercised].sort(), documentedAnswers());
+    assert.deepEqual([...queried].sort(), documentedQueryParams());
+  });
+
+  it("documents every route the router names and every list parameter ListQuery::parse accepts", () => {
+    // The routes are string literals in the router; a new one must be described.
+    const router = read("src/edge/mod.rs") + read("src/edge/admin_api.rs");
+    const paths = Object.keys(doc.paths);
+    for (const [, literal] of router.matchAll(/"(\/[a-z0-9_/]*)"/g)) {
+      assert.ok(paths.some((p) => p === literal || p.startsWith(literal)), `route ${literal} is in docs/openapi.yaml`);
+    }
+    for (const [, action] of router.matchAll(/Some\(\(name, "([a-z_]+)"\)\)/g)) {
+      assert.ok(paths.includes(`/v1/operations/{name}/${action}`), `action ${action} is in docs/openapi.yaml`);
+    }
+    // The listing's parameters are the match arms of ListQuery::parse, one name or several
+    // (`"prefix" | "q" =>`); `"true" => Ok(true)` is a value, not a parameter.
+    const admin = read("src/admin.rs");
+    const parse = admin.slice(admin.indexOf("pub fn parse<'a>("), admin.indexOf("Ok(q)"));
+    const accepted = [...parse.matchAll(/((?:"[a-z_]+" \| )*"[a-z_]+") => (?!Ok\()/g)]
+      .flatMap(([, arm]) => [...arm.matchAll(/"([a-z_]+)"/g)].map(([, name]) => `GET /v1/operations ?${name}`))
+      .sort();
+    assert.ok(accepted.length > 0, "found ListQuery::parse");
+    assert.deepEqual(accepted, documentedQueryParams().filter((p) => p.startsWith("GET /v1/operations ?")));
+  });
+});
