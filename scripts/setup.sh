@@ -13,9 +13,9 @@ if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
   rustup target add wasm32-unknown-unknown
 fi
 
-if ! cargo clippy --version >/dev/null 2>&1; then
-  echo "setup: adding clippy" >&2
-  rustup component add clippy
+if ! cargo clippy --version >/dev/null 2>&1 || ! cargo fmt --version >/dev/null 2>&1; then
+  echo "setup: adding clippy and rustfmt" >&2
+  rustup component add clippy rustfmt
 fi
 
 if ! worker-build --version 2>/dev/null | grep -q "$WORKER_BUILD_VERSION"; then

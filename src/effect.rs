@@ -18,6 +18,7 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::operation::{AttemptOutcome, Operation};
+use crate::retry::{class_of_status, Class};
 use crate::signature::{sign, Secret};
 use crate::timestamp::format_rfc3339;
 
@@ -254,10 +255,10 @@ pub fn classify(status: u16, excerpt: &str) -> AttemptOutcome {
         "{status}: {}",
         excerpt.chars().take(200).collect::<String>()
     );
-    match status {
-        200..=299 => AttemptOutcome::Delivered,
-        408 | 409 | 429 | 500..=599 => AttemptOutcome::Retry(answer),
-        _ => AttemptOutcome::Park(answer),
+    match class_of_status(status) {
+        Class::Success => AttemptOutcome::Delivered,
+        Class::Retry => AttemptOutcome::Retry(answer),
+        Class::Refused => AttemptOutcome::Park(answer),
     }
 }
 

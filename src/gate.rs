@@ -1037,8 +1037,14 @@ mod tests {
         assert_eq!(s.reply, GateReply::Reindexed { changed: true });
         let record = s.record.unwrap();
         assert!(record.indexed);
-        assert!(record.projected_version < record.version, "a projection is pending");
-        assert_eq!(step(None, GateCommand::Reindex, 5).reply, GateReply::NotFound);
+        assert!(
+            record.projected_version < record.version,
+            "a projection is pending"
+        );
+        assert_eq!(
+            step(None, GateCommand::Reindex, 5).reply,
+            GateReply::NotFound
+        );
     }
 
     #[test]

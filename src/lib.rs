@@ -19,6 +19,7 @@ pub mod lifecycle;
 pub mod log_event;
 pub mod operation;
 pub mod reconcile;
+pub mod retry;
 pub mod signature;
 pub mod stats;
 pub mod status;

@@ -7,115 +7,88 @@
 
 use serde_json::{Map, Value};
 
-/// What a log line reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogEvent {
-    // Webhook deliveries.
-    Delivered,
-    Duplicate,
-    Dropped,
-    Nudged,
-    IgnoredUnregistered,
-    Rejected,
-    RejectedSummary,
-    DeadLetter,
-    Unavailable,
-    // A nudge's confirmation with the status API.
-    Confirmed,
-    ConfirmWaiting,
-    StatusNotFound,
-    StatusUnknownState,
-    // Side effects.
-    EffectDelivered,
-    EffectFailed,
-    EffectParked,
-    EffectFenced,
-    // Operators.
-    Registered,
-    RetryNow,
-    Redeliver,
-    ForgottenByOperator,
-    // Alerts.
-    Alert,
-    AlertFailed,
-    // The gate's own upkeep.
-    RetentionExpired,
-    Reindexed,
-    LedgerWriteFailed,
-    StatsFlushFailed,
-    GateSchemaError,
-    ConfigWarning,
+/// Declares the events once: the enum, [`LogEvent::ALL`] and the names.
+macro_rules! log_events {
+    ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
+        /// What a log line reports.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum LogEvent {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl LogEvent {
+            /// Every event, for the contract checks.
+            pub const ALL: &'static [LogEvent] = &[$(LogEvent::$variant,)*];
+
+            /// The `event` field's value.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(LogEvent::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+log_events! {
+    /// Webhook deliveries.
+    Delivered => "delivered",
+    Duplicate => "duplicate",
+    Dropped => "dropped",
+    Nudged => "nudged",
+    IgnoredUnregistered => "ignored_unregistered",
+    Rejected => "rejected",
+    RejectedSummary => "rejected_summary",
+    DeadLetter => "dead_letter",
+    Unavailable => "unavailable",
+    /// Dynamic-webhook keys.
+    JwksFetched => "jwks_fetched",
+    JwksFetchFailed => "jwks_fetch_failed",
+    JwksCacheWriteFailed => "jwks_cache_write_failed",
+    JwksImportFailed => "jwks_import_failed",
+    /// A nudge's confirmation, and the cron's status calls.
+    Confirmed => "confirmed",
+    ConfirmWaiting => "confirm_waiting",
+    StatusNotFound => "status_not_found",
+    StatusUnknownState => "status_unknown_state",
+    StatusTransient => "status_transient",
+    StatusUnanswered => "status_unanswered",
+    StatusUnusable => "status_unusable",
+    SettledByReconcile => "settled_by_reconcile",
+    /// Side effects.
+    EffectDelivered => "effect_delivered",
+    EffectFailed => "effect_failed",
+    EffectParked => "effect_parked",
+    EffectFenced => "effect_fenced",
+    /// Operators.
+    Registered => "registered",
+    RetryNow => "retry_now",
+    Redeliver => "redeliver",
+    ForgottenByOperator => "forgotten_by_operator",
+    /// Alerts.
+    Alert => "alert",
+    AlertFailed => "alert_failed",
+    /// Reconciliation passes.
+    ReconcilePass => "reconcile_pass",
+    ReconcileError => "reconcile_error",
+    ReconcileLeaseLost => "reconcile_lease_lost",
+    ReconcileCursorReset => "reconcile_cursor_reset",
+    IndexMissed => "index_missed",
+    IndexStale => "index_stale",
+    Reindexed => "reindexed",
+    WebhookState => "webhook_state",
+    WebhookCheckFailed => "webhook_check_failed",
+    /// Upkeep.
+    RetentionExpired => "retention_expired",
+    LedgerWriteFailed => "ledger_write_failed",
+    StatsFlushFailed => "stats_flush_failed",
+    GateSchemaError => "gate_schema_error",
+    LeaseSchemaError => "lease_schema_error",
+    StatsSchemaError => "stats_schema_error",
+    ConfigWarning => "config_warning",
 }
 
 impl LogEvent {
-    /// Every event, for documentation checks.
-    pub const ALL: [LogEvent; 29] = [
-        LogEvent::Delivered,
-        LogEvent::Duplicate,
-        LogEvent::Dropped,
-        LogEvent::Nudged,
-        LogEvent::IgnoredUnregistered,
-        LogEvent::Rejected,
-        LogEvent::RejectedSummary,
-        LogEvent::DeadLetter,
-        LogEvent::Unavailable,
-        LogEvent::Confirmed,
-        LogEvent::ConfirmWaiting,
-        LogEvent::StatusNotFound,
-        LogEvent::StatusUnknownState,
-        LogEvent::EffectDelivered,
-        LogEvent::EffectFailed,
-        LogEvent::EffectParked,
-        LogEvent::EffectFenced,
-        LogEvent::Registered,
-        LogEvent::RetryNow,
-        LogEvent::Redeliver,
-        LogEvent::ForgottenByOperator,
-        LogEvent::Alert,
-        LogEvent::AlertFailed,
-        LogEvent::RetentionExpired,
-        LogEvent::Reindexed,
-        LogEvent::LedgerWriteFailed,
-        LogEvent::StatsFlushFailed,
-        LogEvent::GateSchemaError,
-        LogEvent::ConfigWarning,
-    ];
-
-    /// The `event` field's value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogEvent::Delivered => "delivered",
-            LogEvent::Duplicate => "duplicate",
-            LogEvent::Dropped => "dropped",
-            LogEvent::Nudged => "nudged",
-            LogEvent::IgnoredUnregistered => "ignored_unregistered",
-            LogEvent::Rejected => "rejected",
-            LogEvent::RejectedSummary => "rejected_summary",
-            LogEvent::DeadLetter => "dead_letter",
-            LogEvent::Unavailable => "unavailable",
-            LogEvent::Confirmed => "confirmed",
-            LogEvent::ConfirmWaiting => "confirm_waiting",
-            LogEvent::StatusNotFound => "status_not_found",
-            LogEvent::StatusUnknownState => "status_unknown_state",
-            LogEvent::EffectDelivered => "effect_delivered",
-            LogEvent::EffectFailed => "effect_failed",
-            LogEvent::EffectParked => "effect_parked",
-            LogEvent::EffectFenced => "effect_fenced",
-            LogEvent::Registered => "registered",
-            LogEvent::RetryNow => "retry_now",
-            LogEvent::Redeliver => "redeliver",
-            LogEvent::ForgottenByOperator => "forgotten_by_operator",
-            LogEvent::Alert => "alert",
-            LogEvent::AlertFailed => "alert_failed",
-            LogEvent::RetentionExpired => "retention_expired",
-            LogEvent::Reindexed => "reindexed",
-            LogEvent::LedgerWriteFailed => "ledger_write_failed",
-            LogEvent::StatsFlushFailed => "stats_flush_failed",
-            LogEvent::GateSchemaError => "gate_schema_error",
-            LogEvent::ConfigWarning => "config_warning",
-        }
-    }
-
     /// A line: `{"event": <name>, ...fields}` (fields must be a JSON object; the name wins).
     pub fn line(self, fields: Value) -> Value {
         let mut line = match fields {

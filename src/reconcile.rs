@@ -554,11 +554,22 @@ mod tests {
     /// Every metadata shape the decision table knows, at several ages.
     fn shapes() -> Vec<LedgerMeta> {
         let mut out = Vec::new();
-        for status in ["pending", "running", "requires_action", "succeeded", "failed", "weird"] {
+        for status in [
+            "pending",
+            "running",
+            "requires_action",
+            "succeeded",
+            "failed",
+            "weird",
+        ] {
             for done in [false, true] {
                 for parked in [false, true] {
                     for claim in [None, Some(1_050), Some(99_999_999)] {
-                        for alerts in [vec![], vec![STUCK.to_string()], vec![EFFECT_FAILING.to_string()]] {
+                        for alerts in [
+                            vec![],
+                            vec![STUCK.to_string()],
+                            vec![EFFECT_FAILING.to_string()],
+                        ] {
                             for forgotten in [false, true] {
                                 let mut m = meta(status);
                                 m.effect_done = done;
@@ -613,7 +624,10 @@ mod tests {
         let mut m = meta("running");
         m.forgotten = true;
         assert!(!may_need_work(&m), "forgotten");
-        assert!(!may_need_work(&meta("weird")), "unknown status is never acted on");
+        assert!(
+            !may_need_work(&meta("weird")),
+            "unknown status is never acted on"
+        );
     }
 
     #[test]
@@ -656,9 +670,17 @@ mod tests {
     #[test]
     fn audit_is_due_first_then_once_per_interval_and_resumes_its_cursor() {
         let mut audit = Audit::default();
-        assert_eq!(audit.due(1_000, 86_400_000), Some(Resume::default()), "never ran");
+        assert_eq!(
+            audit.due(1_000, 86_400_000),
+            Some(Resume::default()),
+            "never ran"
+        );
         audit.progress(at("op:k"), false, 2_000);
-        assert_eq!(audit.due(2_001, 86_400_000), Some(at("op:k")), "in progress");
+        assert_eq!(
+            audit.due(2_001, 86_400_000),
+            Some(at("op:k")),
+            "in progress"
+        );
         audit.progress(Resume::default(), true, 3_000);
         assert_eq!(audit.completed, 1);
         assert_eq!(audit.due(3_001, 86_400_000), None);

@@ -129,9 +129,39 @@ pub fn unseen(events: &[StatEvent], seen_seq: u64) -> impl Iterator<Item = &Stat
     events.iter().filter(move |e| e.seq > seen_seq)
 }
 
+/// The events a shard counts: a gate's past the highest sequence it has seen from that gate
+/// (`Some`), or all of an isolate's edge counts, which carry no sequence (`None`: rejections
+/// and duplicates answered at the edge, counted approximately by design).
+pub fn to_count(events: &[StatEvent], gate_seen: Option<u64>) -> Vec<&StatEvent> {
+    match gate_seen {
+        Some(seen) => unseen(events, seen).collect(),
+        None => events.iter().collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn edge_counts_without_a_sequence_are_all_counted() {
+        let events = [
+            ev(0, "rejected_signature_invalid"),
+            ev(0, "duplicates_skipped"),
+        ];
+        assert_eq!(
+            to_count(&events, None).len(),
+            2,
+            "an isolate's counts have no sequence"
+        );
+        assert_eq!(to_count(&events, Some(0)).len(), 0, "a gate's start at 1");
+        let gate = [ev(1, "deliveries"), ev(2, "duplicates_skipped")];
+        assert_eq!(
+            to_count(&gate, Some(1)).len(),
+            1,
+            "a retried flush counts once"
+        );
+    }
 
     #[test]
     fn a_shard_prunes_on_its_first_flush_then_hourly() {

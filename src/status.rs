@@ -7,7 +7,7 @@
 //! gives the same side-effect body as one delivered by webhook; states follow google-genai's
 //! enums (`JobState`, `InteractionStatus`), and `UNSPECIFIED` and unknown states map to
 //! [`Status::Unknown`] and are never applied (the cron logs them); a 404, a
-//! transient error (429, 5xx, with `Retry-After` honoured) and a malformed answer are values,
+//! transient error (a timeout, 408, 409, 429, 5xx: [`crate::retry`]; `Retry-After` honoured) and a malformed answer are values,
 //! never panics, and none of them settles anything.
 
 use serde_json::{json, Map, Value};
@@ -15,6 +15,7 @@ use serde_json::{json, Map, Value};
 use crate::effect::Outcome;
 use crate::key::Collection;
 use crate::lifecycle::Status;
+use crate::retry::{class_of_status, Class};
 use crate::timestamp::parse_rfc3339_ms;
 
 /// The `GET` URL for an operation: batches and interactions by key, video operations by
@@ -61,10 +62,10 @@ pub fn interpret(
     retry_after: Option<&str>,
     body: &str,
 ) -> Result<Observation, StatusError> {
-    match http_status {
-        200..=299 => {}
-        404 => return Err(StatusError::NotFound),
-        429 | 500..=599 => {
+    match (http_status, class_of_status(http_status)) {
+        (_, Class::Success) => {}
+        (404, _) => return Err(StatusError::NotFound),
+        (_, Class::Retry) => {
             let secs = retry_after
                 .and_then(|v| v.trim().parse::<i64>().ok())
                 .filter(|s| *s >= 0)
@@ -73,7 +74,7 @@ pub fn interpret(
                 retry_after_secs: secs.min(86_400),
             });
         }
-        other => return Err(StatusError::Refused(other)),
+        (other, Class::Refused) => return Err(StatusError::Refused(other)),
     }
     let value: Value =
         serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;

@@ -44,11 +44,7 @@ pub async fn handle(
     let path = req.path();
     if path == "/v1/stats" {
         return match method {
-            Method::Get => ok_json(
-                &stats::read(env, config.gemini_webhook_name.as_deref())
-                    .await
-                    .map_err(EdgeError::Unavailable)?,
-            ),
+            Method::Get => ok_json(&stats::read(env, config.gemini_webhook_name.as_deref()).await?),
             _ => Err(EdgeError::MethodNotAllowed),
         };
     }
@@ -95,10 +91,7 @@ pub async fn handle(
             }
         }
     };
-    match call_gate(env, &key.key, &command)
-        .await
-        .map_err(EdgeError::Unavailable)?
-    {
+    match call_gate(env, &key.key, &command).await? {
         GateReply::Found {
             mut operation,
             history,
@@ -116,7 +109,7 @@ pub async fn handle(
         GateReply::Forgotten { changed } => {
             ok_json(&json!({"key": key.key, "forgotten": true, "changed": changed}))
         }
-        GateReply::Refused { reason } => json_response(&json!({"error": reason}), 409),
+        GateReply::Refused { reason } => Err(EdgeError::Conflict(reason)),
         GateReply::NotFound => Err(EdgeError::NotFound),
         other => Err(EdgeError::Unavailable(format!(
             "unexpected gate reply {other:?}"
@@ -132,10 +125,7 @@ async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
         name: reg.key.name.clone(),
         kind: reg.kind,
     };
-    match call_gate(env, &reg.key.key, &command)
-        .await
-        .map_err(EdgeError::Unavailable)?
-    {
+    match call_gate(env, &reg.key.key, &command).await? {
         GateReply::Created { operation } => {
             log(json!({"event": "registered", "key": reg.key.key}));
             json_response(&operation, 201)

@@ -21,6 +21,7 @@ use worker::{Env, Method};
 
 use crate::config::Config;
 use crate::jwt::{check_claims, parse, parse_jwks, JwtError, RsaJwk};
+use crate::retry::Class;
 
 use super::ledger_kv::KV_BINDING;
 use super::log;
@@ -144,7 +145,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
         Refresh::Fetch => {}
     }
     let headers = [("accept", "application/json".to_string())];
-    let failure = match send(
+    let answer = send(
         Method::Get,
         &config.gemini_jwks_url,
         &headers,
@@ -152,13 +153,9 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
         FETCH_TIMEOUT_MS,
         256 * 1024,
     )
-    .await
-    {
-        Answer::Http {
-            status: 200..=299,
-            excerpt,
-            ..
-        } => match parse_jwks(&excerpt) {
+    .await;
+    let failure = match (&answer, answer.class()) {
+        (Answer::Http { excerpt, .. }, Class::Success) => match parse_jwks(excerpt) {
             Ok(keys) => {
                 let changed = CACHE.with(|c| {
                     let mut c = c.borrow_mut();
@@ -173,7 +170,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
                 });
                 // KV allows one write a second per key and bills each: only a new set is kept.
                 if let (true, Some(kv)) = (changed, &kv) {
-                    let stored = match kv.put(KV_CACHE_KEY, excerpt) {
+                    let stored = match kv.put(KV_CACHE_KEY, excerpt.as_str()) {
                         Ok(put) => put.execute().await.map_err(|e| format!("{e:?}")),
                         Err(e) => Err(format!("{e:?}")),
                     };
@@ -187,9 +184,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
             }
             Err(_) => "unreadable key set".to_string(),
         },
-        Answer::Http { status, .. } => format!("HTTP {status}"),
-        Answer::Timeout => "timeout".to_string(),
-        Answer::Network(e) => e,
+        _ => answer.summary(),
     };
     log(json!({"event": "jwks_fetch_failed", "error": failure}));
     CACHE.with(|c| c.borrow_mut().failed_ms = Some(now_ms));

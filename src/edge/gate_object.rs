@@ -41,6 +41,7 @@ use crate::status::StatusError;
 use super::gate_storage::GateStorage;
 use super::ledger_kv::{write_projection, KV_BINDING};
 use super::outbound::post_alert;
+use super::EdgeError;
 use super::{destination, load_config, log, random_unit, status_api};
 
 /// One operation's serialized owner.
@@ -76,11 +77,13 @@ impl DurableObject for OperationGate {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let config = match load_config(&self.env) {
             Ok(c) => c,
-            Err(e) => return Response::error(format!("configuration: {e}"), 503),
+            Err(e) => return EdgeError::Config(e).into_response(),
         };
         let command: GateCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => return Response::error(format!("bad gate command: {e}"), 400),
+            Err(e) => {
+                return EdgeError::BadRequest(format!("bad gate command: {e}")).into_response()
+            }
         };
         let step = gate::step(self.storage.load()?, command, now_ms());
         let (_, reply) = self.commit(step, &config).await?;
@@ -265,7 +268,7 @@ impl OperationGate {
                 None => None,
                 Some(p) => Some(match self.env.kv(KV_BINDING) {
                     Ok(kv) => write_projection(&kv, p, index).await,
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(EdgeError::from(e)),
                 }),
             }
         };

@@ -18,6 +18,7 @@ use crate::gate_protocol::{LeaseCommand, LeaseReply};
 use crate::reconcile::Lease;
 
 use super::log;
+use super::EdgeError;
 
 /// The one lease object's name.
 pub const LEASE_NAME: &str = "reconcile";
@@ -50,7 +51,9 @@ impl DurableObject for ReconcileLease {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let command: LeaseCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => return Response::error(format!("bad lease command: {e}"), 400),
+            Err(e) => {
+                return EdgeError::BadRequest(format!("bad lease command: {e}")).into_response()
+            }
         };
         let now = Date::now().as_millis() as i64;
         let mut lease: Lease = self.read("lease")?.unwrap_or_default();

@@ -9,6 +9,7 @@
 use serde_json::Value;
 use worker::KvStore;
 
+use super::EdgeError;
 use crate::ledger::{IndexWrite, Projection};
 
 /// The KV namespace binding.
@@ -20,41 +21,41 @@ pub async fn write_projection(
     kv: &KvStore,
     p: &Projection,
     index: IndexWrite,
-) -> Result<(), String> {
+) -> Result<(), EdgeError> {
     let (entry, index) = futures_util::join!(write_entry(kv, p), write_index(kv, p, index));
     entry.and(index)
 }
 
 /// The `open:` entry: an empty value with the projection's metadata (the pass reads no value),
 /// and no TTL (an open operation never expires; the close deletes it).
-async fn write_index(kv: &KvStore, p: &Projection, index: IndexWrite) -> Result<(), String> {
+async fn write_index(kv: &KvStore, p: &Projection, index: IndexWrite) -> Result<(), EdgeError> {
     match index {
         IndexWrite::None => Ok(()),
         IndexWrite::Put => kv
             .put(&p.open_key(), "")
-            .map_err(|e| format!("{e:?}"))?
+            .map_err(EdgeError::from)?
             .metadata(&p.metadata)
-            .map_err(|e| format!("{e:?}"))?
+            .map_err(EdgeError::from)?
             .execute()
             .await
-            .map_err(|e| format!("index put: {e:?}")),
+            .map_err(|e| EdgeError::Unavailable(format!("index put: {e:?}"))),
         IndexWrite::Delete => kv
             .delete(&p.open_key())
             .await
-            .map_err(|e| format!("index delete: {e:?}")),
+            .map_err(|e| EdgeError::Unavailable(format!("index delete: {e:?}"))),
     }
 }
 
-async fn write_entry(kv: &KvStore, p: &Projection) -> Result<(), String> {
+async fn write_entry(kv: &KvStore, p: &Projection) -> Result<(), EdgeError> {
     let mut put = kv
         .put(&p.kv_key, p.value.clone())
-        .map_err(|e| format!("{e:?}"))?
+        .map_err(EdgeError::from)?
         .metadata(&p.metadata)
-        .map_err(|e| format!("{e:?}"))?;
+        .map_err(EdgeError::from)?;
     if let Some(ttl) = p.ttl_secs {
         put = put.expiration_ttl(ttl);
     }
-    put.execute().await.map_err(|e| format!("{e:?}"))
+    put.execute().await.map_err(EdgeError::from)
 }
 
 /// Keeps a signed delivery that could not be used, for `ttl_secs`.
@@ -63,11 +64,11 @@ pub async fn write_dead_letter(
     key: &str,
     value: &Value,
     ttl_secs: u64,
-) -> Result<(), String> {
+) -> Result<(), EdgeError> {
     kv.put(key, value.to_string())
-        .map_err(|e| format!("{e:?}"))?
+        .map_err(EdgeError::from)?
         .expiration_ttl(ttl_secs)
         .execute()
         .await
-        .map_err(|e| format!("{e:?}"))
+        .map_err(EdgeError::from)
 }

@@ -9,6 +9,7 @@
 mod admin_api;
 mod destination;
 mod dynamic_webhook;
+mod error;
 mod gate_object;
 mod gate_storage;
 mod lease_object;
@@ -19,6 +20,7 @@ mod stats;
 mod status_api;
 mod webhook;
 
+pub use error::EdgeError;
 pub use gate_object::OperationGate;
 pub use lease_object::ReconcileLease;
 pub use stats::StatsShard;
@@ -38,53 +40,6 @@ const DASHBOARD: &str = include_str!("dashboard.html");
 
 /// The Durable Object binding.
 pub const GATE_BINDING: &str = "OPERATION_GATE";
-
-/// Everything that can end a request early, with what the client may see.
-#[derive(Debug)]
-pub enum EdgeError {
-    Config(ConfigError),
-    Unauthorized,
-    TooLarge,
-    BadRequest(String),
-    NotFound,
-    MethodNotAllowed,
-    /// The delivery could not be made durable; the sender should retry.
-    Unavailable(String),
-    /// The delivery cannot be checked right now (a key set that cannot be refreshed): the
-    /// sender should retry after this many seconds.
-    RetryLater(u32),
-}
-
-impl EdgeError {
-    /// The one mapping from failure to HTTP answer.
-    pub fn into_response(self) -> Result<Response> {
-        let (status, body) = match self {
-            EdgeError::Config(e) => (
-                503,
-                json!({"error": "not configured", "variable": e.var, "problem": e.to_string()}),
-            ),
-            EdgeError::Unauthorized => (401, json!({"error": "unauthorized"})),
-            EdgeError::TooLarge => (413, json!({"error": "body too large"})),
-            EdgeError::BadRequest(why) => (400, json!({"error": why})),
-            EdgeError::NotFound => (404, json!({"error": "not found"})),
-            EdgeError::MethodNotAllowed => (405, json!({"error": "method not allowed"})),
-            EdgeError::Unavailable(why) => {
-                log(json!({"event": "unavailable", "error": why}));
-                (503, json!({"error": "temporarily unavailable, retry"}))
-            }
-            EdgeError::RetryLater(secs) => {
-                let headers = worker::Headers::new();
-                headers.set("retry-after", &secs.to_string())?;
-                return Ok(Response::from_json(
-                    &json!({"error": "temporarily unavailable, retry", "retry_after": secs}),
-                )?
-                .with_status(503)
-                .with_headers(headers));
-            }
-        };
-        Ok(Response::from_json(&body)?.with_status(status))
-    }
-}
 
 /// Writes one structured log line.
 pub fn log(line: Value) {
@@ -132,15 +87,19 @@ pub type ObjectStub = worker::worker_sys::DurableObject;
 
 /// The stub of the Durable Object named `name` in namespace `binding`. Uses the runtime's
 /// `getByName` directly: one call where worker-rs makes two.
-pub fn stub_for(env: &Env, binding: &str, name: &str) -> std::result::Result<ObjectStub, String> {
+pub fn stub_for(
+    env: &Env,
+    binding: &str,
+    name: &str,
+) -> std::result::Result<ObjectStub, EdgeError> {
     let namespace = js_sys::Reflect::get(env, &JsValue::from_str(binding))
         .ok()
         .filter(|ns| !ns.is_undefined())
-        .ok_or_else(|| format!("{binding} binding: not bound"))?
+        .ok_or_else(|| EdgeError::Unavailable(format!("{binding} binding: not bound")))?
         .unchecked_into::<worker::worker_sys::DurableObjectNamespace>();
     namespace
         .get_by_name(name)
-        .map_err(|e| format!("{binding} binding: {}", js_error(&e)))
+        .map_err(|e| EdgeError::Unavailable(format!("{binding} binding: {}", js_error(&e))))
 }
 
 /// A JS exception as text.
@@ -158,7 +117,7 @@ pub async fn call_gate(
     env: &Env,
     key: &str,
     command: &GateCommand,
-) -> std::result::Result<GateReply, String> {
+) -> std::result::Result<GateReply, EdgeError> {
     post_json(&stub_for(env, GATE_BINDING, key)?, command).await
 }
 
@@ -168,13 +127,13 @@ pub async fn call_gate(
 pub async fn post_json<C: serde::Serialize, R: serde::de::DeserializeOwned>(
     stub: &ObjectStub,
     command: &C,
-) -> std::result::Result<R, String> {
-    let body = serde_json::to_string(command).map_err(|e| e.to_string())?;
+) -> std::result::Result<R, EdgeError> {
+    let body = serde_json::to_string(command).map_err(|e| EdgeError::Unavailable(e.to_string()))?;
     let init = web_sys::RequestInit::new();
     init.set_method("POST");
     init.set_body(&JsValue::from_str(&body));
     let request = web_sys::Request::new_with_str_and_init("https://object/command", &init)
-        .map_err(|e| format!("object call: {}", js_error(&e)))?;
+        .map_err(|e| EdgeError::Unavailable(format!("object call: {}", js_error(&e))))?;
     let call = async {
         let promise = stub.fetch_with_request(&request)?;
         let response: web_sys::Response = JsFuture::from(promise).await?.unchecked_into();
@@ -183,11 +142,13 @@ pub async fn post_json<C: serde::Serialize, R: serde::de::DeserializeOwned>(
     };
     let (status, text) = call
         .await
-        .map_err(|e| format!("object call: {}", js_error(&e)))?;
+        .map_err(|e| EdgeError::Unavailable(format!("object call: {}", js_error(&e))))?;
     if status != 200 {
-        return Err(format!("object answered {status}: {text}"));
+        return Err(EdgeError::Unavailable(format!(
+            "object answered {status}: {text}"
+        )));
     }
-    serde_json::from_str(&text).map_err(|e| format!("object reply: {e}"))
+    serde_json::from_str(&text).map_err(|e| EdgeError::Unavailable(format!("object reply: {e}")))
 }
 
 #[event(start)]
@@ -203,7 +164,8 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<Response
         Ok(response) => Ok(response),
         Err(e) => e.into_response(),
     };
-    stats::flush_rejected_later(&env, &ctx, now_ms());
+    let flush_ms = load_config(&env).map_or(10_000, |c| c.stats_flush_secs * 1_000);
+    stats::flush_edge_counts_later(&env, &ctx, now_ms(), flush_ms);
     answer
 }
 

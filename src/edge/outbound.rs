@@ -12,6 +12,8 @@ use worker::wasm_bindgen::JsValue;
 use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestInit};
 
 use crate::config::Config;
+use crate::log_event::LogEvent;
+use crate::retry::{class_of_status, Class};
 
 use super::log;
 
@@ -30,6 +32,31 @@ pub enum Answer {
     Timeout,
     /// The request could not be made or the connection failed.
     Network(String),
+}
+
+impl Answer {
+    /// Whether a retry can help: the one rule for every outbound call ([`crate::retry`]). A
+    /// timeout or a network error is worth retrying; an answer is classified by its status.
+    pub fn class(&self) -> Class {
+        match self {
+            Answer::Http { status, .. } => class_of_status(*status),
+            Answer::Timeout | Answer::Network(_) => Class::Retry,
+        }
+    }
+
+    /// The answer in a few words, for logs and records.
+    pub fn summary(&self) -> String {
+        match self {
+            Answer::Http {
+                status, excerpt, ..
+            } => format!(
+                "{status}: {}",
+                excerpt.chars().take(200).collect::<String>()
+            ),
+            Answer::Timeout => "timeout".to_string(),
+            Answer::Network(e) => format!("network: {e}"),
+        }
+    }
 }
 
 /// Sends one request and waits at most `timeout_ms` for the status and body, keeping at
@@ -102,7 +129,7 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     if let Some(id) = body["alert_id"].as_str() {
         headers.push(("alert-id", id.to_string()));
     }
-    let failure = match send(
+    let answer = send(
         Method::Post,
         url,
         &headers,
@@ -110,17 +137,11 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
         ALERT_TIMEOUT_MS,
         300,
     )
-    .await
-    {
-        Answer::Http { status, .. } if (200..300).contains(&status) => return true,
-        Answer::Http {
-            status, excerpt, ..
-        } => format!("{status}: {excerpt}"),
-        Answer::Timeout => "timeout".to_string(),
-        Answer::Network(e) => e,
-    };
-    log(
-        json!({"event": "alert_failed", "alert": body["alert"], "key": body["key"], "answer": failure}),
-    );
+    .await;
+    if answer.class() == Class::Success {
+        return true;
+    }
+    log(LogEvent::AlertFailed
+        .line(json!({"alert": body["alert"], "key": body["key"], "answer": answer.summary()})));
     false
 }

@@ -44,11 +44,13 @@ use crate::reconcile::{
     past_deadline, resume_index, Action, AuditProgress, AuditVerdict, Resume, StatusHealth, Stop,
     Thresholds, MAX_INDEX_PAGES,
 };
+use crate::retry::Class;
 use crate::status::{find_webhook, interpret, status_url, webhook_alert, StatusError};
 
 use super::lease_object::LEASE_NAME;
 use super::ledger_kv::KV_BINDING;
 use super::outbound::{post_alert, send, Answer};
+use super::EdgeError;
 use super::{call_gate, log, now_ms, random_unit};
 
 /// The lease object's binding.
@@ -537,7 +539,7 @@ impl Pass<'_> {
         prefix: &str,
         cursor: Option<String>,
         audit: bool,
-    ) -> Result<worker::kv::ListResponse, String> {
+    ) -> Result<worker::kv::ListResponse, EdgeError> {
         self.spend(1);
         self.report.kv_lists += 1;
         let page = list_page(kv, prefix, cursor).await?;
@@ -576,7 +578,9 @@ impl Pass<'_> {
                 Ok(p) => p,
                 Err(e) => {
                     self.report.errors += 1;
-                    log(json!({"event": "reconcile_error", "error": format!("audit kv list: {e}")}));
+                    log(
+                        json!({"event": "reconcile_error", "error": format!("audit kv list: {e}")}),
+                    );
                     // A cursor KV no longer accepts would stall every audit: start over.
                     return stopped(Resume::default());
                 }
@@ -676,14 +680,11 @@ impl Pass<'_> {
                     percent_encoding::utf8_percent_encode(t, percent_encoding::NON_ALPHANUMERIC)
                 ));
             }
-            let page = match self.gemini_get(&url).await {
-                Answer::Http {
-                    status: 200..=299,
-                    excerpt,
-                    ..
-                } => find_webhook(&excerpt, name),
-                Answer::Http { status, .. } => Err(StatusError::Refused(status)),
-                Answer::Timeout | Answer::Network(_) => Err(StatusError::Transient {
+            let answer = self.gemini_get(&url).await;
+            let page = match (&answer, answer.class()) {
+                (Answer::Http { excerpt, .. }, Class::Success) => find_webhook(excerpt, name),
+                (Answer::Http { status, .. }, Class::Refused) => Err(StatusError::Refused(*status)),
+                _ => Err(StatusError::Transient {
                     retry_after_secs: 0,
                 }),
             };
@@ -921,14 +922,14 @@ async fn list_page(
     kv: &KvStore,
     prefix: &str,
     cursor: Option<String>,
-) -> Result<worker::kv::ListResponse, String> {
+) -> Result<worker::kv::ListResponse, EdgeError> {
     let mut list = kv.list().prefix(prefix.to_string()).limit(PAGE_SIZE);
     if let Some(c) = cursor {
         list = list.cursor(c);
     }
-    list.execute().await.map_err(|e| format!("{e:?}"))
+    list.execute().await.map_err(EdgeError::from)
 }
 
-async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, String> {
+async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, EdgeError> {
     super::post_json(&super::stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
 }

@@ -17,16 +17,20 @@ use worker::{durable_object, Context, Date, DurableObject, Env, Request, Respons
 
 use crate::gate_protocol::{LeaseCommand, LeaseReply};
 use crate::stats::{
-    hour_of, hourly_series, merge, merge_hourly, prune_due, unseen, Hourly, StatEvent, Tally,
+    hour_of, hourly_series, merge, merge_hourly, prune_due, to_count, Hourly, StatEvent, Tally,
     SHARDS, TREND_HOURS,
 };
 
+use crate::log_event::LogEvent;
+
+use super::EdgeError;
 use super::{log, post_json};
 
 /// The shard binding.
 pub const STATS_BINDING: &str = "STATS";
-/// Rejection counters are flushed at most this often per isolate.
-const REJECTED_FLUSH_MS: i64 = 10_000;
+/// Counts kept at the edge (rejections, duplicates answered from memory) are flushed at most
+/// this often per isolate, and at least as often as `STATS_FLUSH_SECONDS` asks (1 s at least).
+const EDGE_FLUSH_MAX_MS: i64 = 10_000;
 /// Dropped events kept per shard for "recently dropped".
 const RECENT_DROPS: i64 = 50;
 /// Operations whose dedupe mark is older than this are pruned (past any gate's life).
@@ -65,7 +69,15 @@ pub struct RecentDrop {
 }
 
 thread_local! {
-    static REJECTED: RefCell<(Tally, i64)> = const { RefCell::new((Tally::new(), 0)) };
+    /// This isolate's counts not yet flushed, and when it last flushed.
+    static EDGE_COUNTS: RefCell<(Tally, i64)> = const { RefCell::new((Tally::new(), 0)) };
+}
+
+/// Counts an event answered at the edge without a gate (a duplicate of a terminal outcome)
+/// in this isolate's memory, flushed with the rejections. An isolate evicted before its
+/// flush loses these counts, never state (as a gate's settled-duplicate counts).
+pub fn count_at_edge(name: &str) {
+    EDGE_COUNTS.with(|r| *r.borrow_mut().0.entry(name.to_string()).or_default() += 1);
 }
 
 /// Counts a rejected request in this isolate's memory (no storage round trip). True for the
@@ -73,7 +85,7 @@ thread_local! {
 /// logs the counts as one `rejected_summary` line, so a flood of forged requests costs a
 /// counter each, not a log line each (the log line was most of a rejection's CPU).
 pub fn count_rejected(reason: &str) -> bool {
-    REJECTED.with(|r| {
+    EDGE_COUNTS.with(|r| {
         let mut r = r.borrow_mut();
         let n = r.0.entry(format!("rejected_{reason}")).or_default();
         *n += 1;
@@ -81,18 +93,27 @@ pub fn count_rejected(reason: &str) -> bool {
     })
 }
 
-/// Flushes this isolate's rejection counts in the background, at most every 10 seconds.
-pub fn flush_rejected_later(env: &Env, ctx: &Context, now_ms: i64) {
-    let batch = REJECTED.with(|r| {
+/// Flushes this isolate's edge counts in the background, at most every `flush_ms` (capped at
+/// [`EDGE_FLUSH_MAX_MS`], at least a second); rejections are logged as one summary line.
+pub fn flush_edge_counts_later(env: &Env, ctx: &Context, now_ms: i64, flush_ms: i64) {
+    let every = flush_ms.clamp(1_000, EDGE_FLUSH_MAX_MS);
+    let batch = EDGE_COUNTS.with(|r| {
         let mut r = r.borrow_mut();
-        if r.0.is_empty() || now_ms - r.1 < REJECTED_FLUSH_MS {
+        if r.0.is_empty() || now_ms - r.1 < every {
             return None;
         }
         r.1 = now_ms;
         Some(std::mem::take(&mut r.0))
     });
     let Some(batch) = batch else { return };
-    log(json!({"event": "rejected_summary", "counts": batch}));
+    let rejected: Tally = batch
+        .iter()
+        .filter(|(name, _)| name.starts_with("rejected_"))
+        .map(|(name, n)| (name.clone(), *n))
+        .collect();
+    if !rejected.is_empty() {
+        log(LogEvent::RejectedSummary.line(json!({"counts": rejected})));
+    }
     let events: Vec<StatEvent> = batch
         .into_iter()
         .map(|(name, count)| StatEvent {
@@ -117,19 +138,19 @@ pub async fn add(
     shard: u32,
     gate: Option<String>,
     events: Vec<StatEvent>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), EdgeError> {
     let stub = shard_stub(env, shard)?;
     let _: Value = post_json(&stub, &ShardCommand::Add { gate, events }).await?;
     Ok(())
 }
 
-fn shard_stub(env: &Env, shard: u32) -> std::result::Result<super::ObjectStub, String> {
+fn shard_stub(env: &Env, shard: u32) -> std::result::Result<super::ObjectStub, EdgeError> {
     super::stub_for(env, STATS_BINDING, &format!("stats-{shard}"))
 }
 
 /// Sums every shard and adds the hourly trend, the last reconciliation pass and, when
 /// `webhook_name` is configured, what the passes know of the Gemini webhook's state.
-pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<Value, String> {
+pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<Value, EdgeError> {
     let mut total = Tally::new();
     let mut day = Tally::new();
     let mut hourly = Hourly::new();
@@ -214,26 +235,29 @@ impl DurableObject for StatsShard {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let command: ShardCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => return Response::error(format!("bad stats command: {e}"), 400),
+            Err(e) => {
+                return EdgeError::BadRequest(format!("bad stats command: {e}")).into_response()
+            }
         };
         let now = Date::now().as_millis() as i64;
         let sql = self.state.storage().sql();
         match command {
             ShardCommand::Add { gate, events } => {
                 let seen = match &gate {
-                    Some(g) => sql
-                        .exec(
+                    Some(g) => Some(
+                        sql.exec(
                             "SELECT seq FROM seen WHERE gate = ?",
                             vec![g.clone().into()],
                         )?
                         .to_array::<SeqRow>()?
                         .first()
                         .map_or(0, |r| r.seq as u64),
-                    None => 0,
+                    ),
+                    None => None,
                 };
                 let mut counts: BTreeMap<(i64, String), i64> = BTreeMap::new();
-                let mut highest = seen;
-                for e in unseen(&events, seen) {
+                let mut highest = seen.unwrap_or(0);
+                for e in to_count(&events, seen) {
                     if let (Some(g), Some(reason)) = (&gate, e.name.strip_prefix("dropped_")) {
                         sql.exec(
                             "INSERT INTO recent (at_ms, gate, name) VALUES (?, ?, ?)",

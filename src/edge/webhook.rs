@@ -19,7 +19,12 @@
 //! KV as a dead letter, and if it cannot be kept the answer is 503 so Gemini retries; an
 //! unusable JWT body is only counted and logged (it is unproven). A usable delivery costs one
 //! gate round trip and no KV read, and is answered 2xx only after the gate stored what it
-//! means.
+//! means; an HMAC-signed duplicate of a terminal outcome this isolate has seen a gate answer
+//! with costs no round trip (terminal absorbs, so it cannot be a change: it is answered from
+//! this isolate's copy of that fact, logged, and counted in memory).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -34,13 +39,15 @@ use crate::jwt::JwtError;
 use crate::key::{normalize, KeyError, OperationKey};
 use crate::ledger::dead_key;
 use crate::lifecycle::{DropReason, Source, Status};
+use crate::log_event::LogEvent;
 use crate::operation::OpEvent;
 use crate::signature::{check_headers, looks_like_jwt, verify, SignedHeaders};
+use crate::stats;
 use crate::timestamp::format_rfc3339;
 
 use super::dynamic_webhook;
 use super::ledger_kv::{write_dead_letter, KV_BINDING};
-use super::stats::count_rejected;
+use super::stats::{count_at_edge, count_rejected};
 use super::{call_gate, log, now_ms, ok_json, EdgeError};
 
 /// Who vouched for a delivery.
@@ -232,6 +239,19 @@ async fn deliver_signed(
             return Err(EdgeError::BadRequest(format!("data.id: {e}")));
         }
     };
+    if let Some(answer) = duplicate_of_known_terminal(&key.key, &status) {
+        // Terminal absorbs: the same terminal outcome again cannot change anything, so this
+        // isolate answers it from its copy of that fact, without a gate round trip. Changes
+        // always go through the gate; this answers only what cannot be one.
+        count_at_edge(stats::DELIVERIES);
+        count_at_edge(stats::DUPLICATES);
+        let mut line = answer.clone();
+        line["type"] = json!(envelope.event_type);
+        line["webhook_id"] = json!(delivery_id);
+        line["answered_by"] = json!("edge");
+        log(LogEvent::Duplicate.line(line));
+        return ok_json(&answer);
+    }
     let command = GateCommand::Deliver {
         key: key.key.clone(),
         name: key.name.clone(),
@@ -336,9 +356,14 @@ async fn answer(
     delivery_id: &str,
     started: i64,
 ) -> Result<Response, EdgeError> {
-    let reply = call_gate(env, key, command)
-        .await
-        .map_err(EdgeError::Unavailable)?;
+    let reply = call_gate(env, key, command).await?;
+    if let (
+        GateCommand::Deliver { .. },
+        GateReply::Applied { status, .. } | GateReply::Dropped { status, .. },
+    ) = (command, &reply)
+    {
+        remember_terminal(key, status);
+    }
     let (event, body) = match &reply {
         GateReply::Applied { status, effect } => (
             "delivered",
@@ -377,6 +402,36 @@ async fn answer(
     line["ms"] = json!(now_ms() - started);
     log(line);
     ok_json(&body)
+}
+
+thread_local! {
+    /// Terminal states this isolate has seen a gate answer with, by key: a copy of a fact that
+    /// never changes (terminal absorbs), used only to answer a duplicate of it.
+    static TERMINAL: RefCell<HashMap<String, Status>> = RefCell::new(HashMap::new());
+}
+
+/// Keys remembered per isolate; past this the memory starts over (a miss costs one round trip).
+const TERMINAL_KEYS_MAX: usize = 100_000;
+
+fn remember_terminal(key: &str, status: &Status) {
+    if !status.is_terminal() {
+        return;
+    }
+    TERMINAL.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.len() >= TERMINAL_KEYS_MAX {
+            t.clear();
+        }
+        t.insert(key.to_string(), status.clone());
+    });
+}
+
+/// The answer to a delivery that repeats a terminal outcome this isolate knows, if it does.
+fn duplicate_of_known_terminal(key: &str, status: &Status) -> Option<Value> {
+    let known = TERMINAL.with(|t| t.borrow().get(key).cloned())?;
+    (known == *status).then(|| {
+        json!({"outcome": "dropped", "reason": "duplicate", "key": key, "status": status, "effect": "not_asked"})
+    })
 }
 
 /// The body, read chunk by chunk as it streams in; `None` as soon as it passes `cap` (the
@@ -434,9 +489,7 @@ async fn keep_dead_letter(
         .kv(KV_BINDING)
         .map_err(|e| EdgeError::Unavailable(e.to_string()))?;
     let ttl = (config.retention_ms() / 1_000) as u64;
-    write_dead_letter(&kv, &key, &value, ttl)
-        .await
-        .map_err(EdgeError::Unavailable)?;
+    write_dead_letter(&kv, &key, &value, ttl).await?;
     log(
         json!({"event": "dead_letter", "reason": reason, "webhook_id": delivery_id, "kv_key": key}),
     );
