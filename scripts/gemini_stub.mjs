@@ -5,7 +5,7 @@
 //   npm run gemini-stub [-- --port 8789]                    serve
 //   npm run gemini-stub -- done NAME [--state S] [--port 8789]   mark NAME done in a running stub
 //
-// It serves, in the shapes the worker's status reader (src/status.rs) takes from Gemini:
+// It serves, in the shapes the worker's status reader (src/reconciliation/status.rs) takes from Gemini:
 //   GET /v1beta/batches/{id}                      an Operation with metadata.state BATCH_STATE_*
 //   GET /v1beta/models/{model}/operations/{id}    a long-running Operation (done, response/error)
 //   GET /v1beta/interactions/{id}                 an Interaction with status and updated

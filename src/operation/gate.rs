@@ -7,13 +7,14 @@
 //! outbound: it decides and schedules, and the Durable Object stores the record and sets the
 //! alarm ([`Step::wake_at`]) before it answers, so no answer waits on a destination, the
 //! status API or an alert sink; a duplicate of a settled operation changes nothing durable
-//! ([`Save::MemoryOnly`]). The Durable Object (`src/edge/gate_object.rs`) only loads, calls a
+//! ([`Save::MemoryOnly`]). The Durable Object (`src/edge/objects/gate_object.rs`) only loads, calls a
 //! step, performs the I/O the alarm needs and saves. Time and jitter are parameters.
 
 use serde_json::{json, Value};
 
 use crate::alert::UNKNOWN_TO_GEMINI;
 use crate::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
+use crate::ledger::{project, IndexWrite, Projection};
 use crate::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
 use crate::log_event::LogEvent;
 use crate::operation::{
@@ -654,6 +655,77 @@ pub fn attempt_finished(
     step
 }
 
+/// The upkeep the alarm does last: counted events to flush to a stats shard and the record
+/// to project into the KV ledger (with its `open:` index entry), when each is due.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upkeep {
+    /// The last sequence sealed for the flush: events up to it are never changed again.
+    pub sealed: Option<u64>,
+    pub projection: Option<(Projection, IndexWrite)>,
+}
+
+impl Upkeep {
+    /// Nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.sealed.is_none() && self.projection.is_none()
+    }
+}
+
+/// Plans the upkeep, sealing the events to flush (store the record before sending them, so
+/// counts made meanwhile go to new events). Only the alarm projects, one at a time, so two
+/// ledger writes never race; a projection waits a second after the last (KV's per-key rate).
+pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &Limits) -> Upkeep {
+    let sealed = op.seal_stats();
+    let projection =
+        (op.projected_version < op.version && now >= op.projection_due_ms()).then(|| {
+            let p = project(op, limits.retention_ms / 1_000);
+            let index = p.index_write(op.indexed);
+            (p, index)
+        });
+    Upkeep { sealed, projection }
+}
+
+/// Records how the upkeep went: flushed events are dropped; a failed flush keeps them for the
+/// alarm to send again a little later; a failed ledger write backs off (the gate stays the
+/// truth).
+pub fn upkeep_done(
+    mut op: Operation,
+    upkeep: &Upkeep,
+    flushed: Option<Result<(), String>>,
+    written: Option<Result<(), String>>,
+    now: i64,
+) -> Step {
+    let key = op.key.clone();
+    let mut logs = Vec::new();
+    match (upkeep.sealed, flushed) {
+        (Some(last), Some(Ok(()))) => op.drop_flushed_stats(last),
+        (_, Some(Err(e))) => {
+            op.stats_flush_failed(now + STATS_RETRY_MS);
+            logs.push(LogEvent::StatsFlushFailed.line(json!({"key": key, "error": e})));
+        }
+        _ => {}
+    }
+    if let (Some((projection, index)), Some(result)) = (&upkeep.projection, written) {
+        op.index_written(*index, result.is_ok());
+        match result {
+            Ok(()) => op.projection_written(projection.metadata.version, now),
+            Err(e) => {
+                op.projection_failed(now);
+                logs.push(
+                    LogEvent::LedgerWriteFailed
+                        .line(json!({"key": key, "error": e, "failures": op.projection_failures})),
+                );
+            }
+        }
+    }
+    let mut step = Step::new(Some(op), GateReply::NotFound).durable();
+    step.logs = logs;
+    step
+}
+
+/// A failed counter flush is sent again this much later.
+const STATS_RETRY_MS: i64 = 5_000;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1276,5 +1348,46 @@ mod tests {
         assert_eq!(events(&fenced), ["effect_fenced"]);
         assert_eq!(fenced.save, Save::Unchanged);
         assert_eq!(fenced.record.unwrap(), op);
+    }
+
+    #[test]
+    fn upkeep_projects_an_open_operation_with_its_index_entry_and_flushes_its_counts() {
+        let mut op = step(Some(registered()), deliver(Status::Running), 10)
+            .record
+            .unwrap();
+        let upkeep = plan_upkeep(&mut op, 2_000, &LIMITS);
+        assert!(upkeep.sealed.is_some());
+        let (projection, index) = upkeep.projection.clone().unwrap();
+        assert_eq!(index, IndexWrite::Put, "open: indexed for the cron");
+        let done = upkeep_done(op, &upkeep, Some(Ok(())), Some(Ok(())), 2_000);
+        let op = done.record.unwrap();
+        assert!(op.pending_stats.is_empty());
+        assert_eq!(op.projected_version, projection.metadata.version);
+        assert!(op.indexed);
+        assert!(plan_upkeep(&mut op.clone(), 2_500, &LIMITS).is_empty());
+    }
+
+    #[test]
+    fn failed_upkeep_keeps_counts_and_backs_off_the_ledger() {
+        let mut op = step(Some(registered()), deliver(Status::Running), 10)
+            .record
+            .unwrap();
+        let upkeep = plan_upkeep(&mut op, 2_000, &LIMITS);
+        let s = upkeep_done(
+            op,
+            &upkeep,
+            Some(Err("shard down".into())),
+            Some(Err("KV down".into())),
+            2_000,
+        );
+        assert_eq!(events(&s), ["stats_flush_failed", "ledger_write_failed"]);
+        let op = s.record.unwrap();
+        assert!(!op.pending_stats.is_empty(), "kept for the next flush");
+        assert!(op
+            .pending_stats
+            .iter()
+            .all(|e| e.at_ms >= 2_000 + STATS_RETRY_MS));
+        assert_eq!(op.projection_failures, 1);
+        assert!(op.projection_due_ms() > 2_000);
     }
 }

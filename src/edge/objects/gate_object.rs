@@ -23,7 +23,6 @@
 //! not while a claim is held (the commit follows within the effect timeout), at most once a
 //! second for KV (its per-key write rate), with backoff when KV fails.
 
-use serde_json::json;
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::alert::alert_body;
@@ -32,8 +31,6 @@ use crate::effect::build_request;
 use crate::gate::{self, Attempt, Confirmation, Limits, Save, Step};
 use crate::gate_protocol::{GateCommand, GateReply};
 use crate::key::Collection;
-use crate::ledger::{project, IndexWrite};
-use crate::log_event::LogEvent;
 use crate::operation::Operation;
 use crate::stats;
 use crate::status::StatusError;
@@ -226,82 +223,45 @@ impl OperationGate {
         self.apply(step, current, config).await
     }
 
-    /// From the alarm: sends counted events to this operation's stats shard and projects the
-    /// record to the ledger if it changed (at most once a second), both at once, then stores
-    /// the outcome in one write and sets the alarm for whatever is pending next. A failed
-    /// flush keeps its events (sealed) and a failed ledger write keeps the gate the truth;
-    /// the alarm tries both again.
+    /// From the alarm, last: flushes counted events to this operation's stats shard and
+    /// projects the record to the ledger, both at once, as [`gate::plan_upkeep`] says.
     async fn settle_storage(&self, mut op: Operation, config: &Config) -> Result<()> {
-        let now = now_ms();
-        // Sealed and stored before the call: counts made while it is in flight go to new
-        // events, so what the shard receives is never changed afterwards.
-        let sealed = op.seal_stats();
-        if sealed.is_some() {
+        let limits = limits(config);
+        let upkeep = gate::plan_upkeep(&mut op, now_ms(), &limits);
+        if upkeep.is_empty() {
+            return self.storage.sync_alarm(&op, &limits).await;
+        }
+        if upkeep.sealed.is_some() {
             self.storage.save(&op)?;
         }
-        // Only the alarm projects, and one alarm runs at a time: two writes never race in KV.
-        let projection = (op.projected_version < op.version && now >= op.projection_due_ms())
-            .then(|| project(&op, config.retention_ms() / 1_000));
-        // The `open:` index entry goes with it: put while it may need work, deleted on close.
-        let index = projection
-            .as_ref()
-            .map_or(IndexWrite::None, |p| p.index_write(op.indexed));
-        if sealed.is_none() && projection.is_none() {
-            return self.storage.sync_alarm(&op, &limits(config)).await;
-        }
+        let shard = stats::shard_of(&op.key);
         let flush = async {
-            match sealed {
+            let events = op.pending_stats.clone();
+            match upkeep.sealed {
                 None => None,
-                Some(_) => Some(
-                    super::stats::add(
-                        &self.env,
-                        stats::shard_of(&op.key),
-                        Some(op.key.clone()),
-                        op.pending_stats.clone(),
-                    )
-                    .await,
-                ),
+                Some(_) => {
+                    Some(super::stats::add(&self.env, shard, Some(op.key.clone()), events).await)
+                }
             }
         };
         let write = async {
-            match &projection {
-                None => None,
-                Some(p) => Some(match self.env.kv(KV_BINDING) {
-                    Ok(kv) => write_projection(&kv, p, index).await,
-                    Err(e) => Err(EdgeError::from(e)),
-                }),
-            }
+            let (p, index) = upkeep.projection.as_ref()?;
+            Some(match self.env.kv(KV_BINDING) {
+                Ok(kv) => write_projection(&kv, p, *index).await,
+                Err(e) => Err(EdgeError::from(e)),
+            })
         };
         let (flushed, written) = futures_util::join!(flush, write);
-
-        let mut op = self.storage.load()?.unwrap_or(op);
-        match (sealed, flushed) {
-            (Some(last), Some(Ok(()))) => op.drop_flushed_stats(last),
-            (_, Some(Err(e))) => {
-                log(LogEvent::StatsFlushFailed.line(json!({"key": op.key, "error": e})));
-                // Retried by the alarm: push the wake time a little into the future.
-                let retry_at = now_ms() + 5_000;
-                for event in &mut op.pending_stats {
-                    event.at_ms = event.at_ms.max(retry_at);
-                }
-            }
-            _ => {}
-        }
-        if let Some(result) = &written {
-            op.index_written(index, result.is_ok());
-        }
-        match (&projection, written) {
-            (Some(p), Some(Ok(()))) => op.projection_written(p.metadata.version, now),
-            (_, Some(Err(e))) => {
-                // The gate stays the truth; the alarm writes the projection again, with
-                // backoff, so a KV outage does not become a storm of alarms.
-                op.projection_failed(now);
-                log(LogEvent::LedgerWriteFailed
-                    .line(json!({"key": op.key, "error": e, "failures": op.projection_failures})));
-            }
-            _ => {}
-        }
-        self.storage.save(&op)?;
-        self.storage.sync_alarm(&op, &limits(config)).await
+        let text =
+            |r: Option<std::result::Result<(), EdgeError>>| r.map(|r| r.map_err(|e| e.to_string()));
+        let current = self.storage.load()?.unwrap_or(op);
+        let step = gate::upkeep_done(
+            current.clone(),
+            &upkeep,
+            text(flushed),
+            text(written),
+            now_ms(),
+        );
+        self.apply(step, current, config).await.map(|_| ())
     }
 }

@@ -523,6 +523,13 @@ impl Operation {
         Some(last)
     }
 
+    /// A flush failed: its events wait until `retry_at_ms` (the wake time follows the oldest).
+    pub fn stats_flush_failed(&mut self, retry_at_ms: i64) {
+        for event in &mut self.pending_stats {
+            event.at_ms = event.at_ms.max(retry_at_ms);
+        }
+    }
+
     /// Forgets counted events up to `seq`, once a shard has them.
     pub fn drop_flushed_stats(&mut self, seq: u64) {
         self.pending_stats.retain(|e| e.seq > seq);

@@ -552,7 +552,7 @@ mod tests {
     #[test]
     fn schema_lists_exactly_the_fields_the_body_has() {
         let schema: Value =
-            serde_json::from_str(include_str!("../docs/effect.schema.json")).unwrap();
+            serde_json::from_str(include_str!("../../docs/effect.schema.json")).unwrap();
         let mut required: Vec<String> = schema["required"]
             .as_array()
             .unwrap()
