@@ -12,6 +12,13 @@
 //   npm run bench -- --rounds 3 --seconds 3        rounds and seconds per measured cell
 //   npm run bench -- --no-wrangler       skip the `wrangler dev` start-up measurement
 //   npm run bench -- --no-variants       fast path: the four scenarios only (no profile variants)
+//   npm run bench -- --peer DIR          also the side-by-side section ("side"): the simple
+//                                        design in DIR (DIR/src/index.ts, DIR/wrangler.toml)
+//                                        against gemini-once; `--only side` runs only it
+//   npm run bench -- --peer DIR --side-ops 1000 --side-conc 1,10,50 --idle 15
+//                                        its registered operations per round and concurrency,
+//                                        concurrencies, and idle seconds after every cell
+//                                        (rounds and seconds: --rounds, --seconds)
 //
 // What it reports:
 //  - fast path, each as p50/p99 latency and throughput at concurrency 1, 10 and 50, and its
@@ -27,6 +34,11 @@
 //    metadata the gate writes (done entries have no index entry): first the audit over the
 //    whole ledger, then routine coverages; every count from the worker's own `reconcile_pass`
 //    log lines, and how many cron runs cover the ledger at the default budget;
+//  - with --peer, side by side with the simple design (issue 13 §1), both in the same run:
+//    registration, first (a new completion for a registered operation), duplicate (the same
+//    delivery again, after an idle period), rejected, floor; req/s and p50 (median over
+//    rounds), the ratio gemini-once/peer, the effect's delay after the answer, and per
+//    request what is seen from outside (effects, log lines by event, KV keys created);
 //  - the build: wasm size raw and gzip, what takes the space, and the time from process start
 //    to the first answered request (Miniflare in a fresh node process, and `wrangler dev`).
 //
@@ -47,9 +59,10 @@ import { benchFast } from "./fast.mjs";
 import { benchProfile } from "./profile.mjs";
 import { benchReconcile } from "./reconcile.mjs";
 import { evaluateTargets, report } from "./report.mjs";
+import { benchSide } from "./side.mjs";
 
 function parseArgs(argv) {
-  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true };
+  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i];
     if (v === "--quick") a.quick = true;
@@ -61,6 +74,10 @@ function parseArgs(argv) {
     else if (v === "--seconds") a.seconds = Number(argv[++i]);
     else if (v === "--no-wrangler") a.wrangler = false;
     else if (v === "--no-variants") a.variants = false;
+    else if (v === "--peer") a.peer = path.resolve(argv[++i]);
+    else if (v === "--side-ops") a.sideOps = Number(argv[++i]);
+    else if (v === "--side-conc") a.sideConc = argv[++i].split(",").map(Number);
+    else if (v === "--idle") a.idle = Number(argv[++i]);
     else if (v === "--help" || v === "-h") {
       const lines = fs.readFileSync(SELF, "utf8").split("\n").slice(1);
       console.log(lines.slice(0, lines.findIndex((l) => !l.startsWith("//"))).map((l) => l.replace(/^\/\/ ?/, "")).join("\n"));
@@ -75,7 +92,8 @@ async function main() {
   const args = parseArgs(process.argv.slice(2));
   setWrangler(await workerLayout());
   const quick = args.quick;
-  const sections = args.only ?? new Set(["build", "fast", "profile", "reconcile"]);
+  const sections = args.only ?? new Set(["build", "fast", "profile", "reconcile", ...(args.peer ? ["side"] : [])]);
+  if (sections.has("side") && !args.peer) throw new Error("--only side needs --peer DIR");
   const plan = {
     mode: quick ? "quick" : "full",
     quick,
@@ -87,11 +105,22 @@ async function main() {
     wrangler: args.wrangler && !quick,
     variants: args.variants,
   };
+  if (sections.has("side")) {
+    plan.side = {
+      rounds: args.rounds ?? (quick ? 1 : 3),
+      seconds: args.seconds ?? (quick ? 1 : 3),
+      ops: args.sideOps ?? (quick ? 200 : 1_000),
+      concurrency: args.sideConc ?? (quick ? [10] : [1, 10, 50]),
+      idleMs: (args.idle ?? (quick ? 2 : 15)) * 1000,
+    };
+  }
+  // The side-by-side section idles between cells: a longer bound when it runs.
+  const watchdogMin = plan.side ? 150 : 60;
   const watchdog = setTimeout(async () => {
-    console.error("bench: watchdog (60 min) fired; stopping");
+    console.error(`bench: watchdog (${watchdogMin} min) fired; stopping`);
     await cleanup();
     process.exit(2);
-  }, 60 * 60_000);
+  }, watchdogMin * 60_000);
   watchdog.unref();
 
   if (args.build) {
@@ -127,6 +156,10 @@ async function main() {
       console.error("== reconciliation");
       results.reconcile = [];
       for (const size of plan.sizes) results.reconcile.push(await benchReconcile(dir, stubs, size));
+    }
+    if (sections.has("side")) {
+      console.error(`== side by side with the simple design in ${args.peer}`);
+      results.side = await benchSide(dir, stubs, plan, args.peer);
     }
   } finally {
     stubs.stop();

@@ -30,6 +30,22 @@ export function evaluateTargets(r) {
     t.push({ target: `ledger ${l.size}: a quiet ledger's routine pass costs O(open) KV lists (1 empty index page)`, value: `${quiet?.kv_lists} lists, ${quiet?.listed} listed`, holds: quiet?.kv_lists === 1 && quiet?.listed === 0 });
     t.push({ target: `ledger ${l.size}: the audit covers the ledger within budget and finds nothing missing`, value: `${l.audit.passes} passes, ${l.audit.audit_kv_lists} lists, found ${l.audit.found}`, holds: l.audit.complete && l.audit.found === 0 && l.audit.max_subrequests <= l.budget });
   }
+  if (r.side) {
+    // Issue 13 §1, at concurrency 10 (the first concurrency measured if 10 was not).
+    const at = (s) => r.side.table.find((x) => x.scenario === s && x.concurrency === 10) ?? r.side.table.find((x) => x.scenario === s);
+    const vs = (row, f, unit) => `${row["gemini-once"][f]} vs peer ${row.peer[f]} ${unit} (c=${row.concurrency})`;
+    for (const [s, what] of [["duplicate", "duplicate"], ["first", "first delivery"]]) {
+      const row = at(s);
+      if (!row) continue;
+      t.push({ target: `side by side: ${what} req/s >= the simple design's`, value: vs(row, "rps", "req/s"), holds: row["gemini-once"].rps >= row.peer.rps });
+      t.push({ target: `side by side: ${what} answer p50 <= the simple design's`, value: vs(row, "p50_ms", "ms"), holds: row["gemini-once"].p50_ms <= row.peer.p50_ms });
+    }
+    // "Unchanged" is against gemini-once's own earlier figures (issue 5's ratios above), not the peer's.
+    for (const s of ["rejected", "floor"]) {
+      const row = at(s);
+      if (row) t.push({ target: `side by side: ${s} (informational; target: unchanged)`, value: `${vs(row, "rps", "req/s")}; p50 ${row["gemini-once"].p50_ms} vs ${row.peer.p50_ms} ms`, holds: null });
+    }
+  }
   if (r.build) t.push({ target: "wasm <= 1 MB raw", value: r.build.wasm_raw_bytes, holds: r.build.wasm_raw_bytes <= 1_000_000 });
   return t;
 }
@@ -84,6 +100,19 @@ export function report(r) {
       r.reconcile.flatMap((l) => l.coverages.map((c) => [l.size, c.phase, c.passes, c.index_listed_first_pass, c.listed, c.kv_lists, c.bodies_read, c.status_calls, c.do_calls, c.subrequests, c.max_subrequests, c.status_calls_for_done_entries, c.per_pass.length > 8 ? `${c.per_pass.slice(0, 3).map((p) => p.elapsed_ms).join(" ")} … ${c.per_pass.at(-1).elapsed_ms}` : c.per_pass.map((p) => p.elapsed_ms).join(" "), c.errors])),
     ));
   }
+  if (r.side) {
+    const sp = r.side.plan;
+    out.push("", `Side by side with the simple design (${r.side.peer.dir}, ${r.side.peer.bundle_bytes} bytes bundled; ${sp.rounds} round(s), up to ${sp.seconds} s per cell, ${sp.ops} operations registered per design, round and concurrency, ${sp.idleMs / 1000} s idle after every cell; medians over rounds)`);
+    out.push(fmtTable(
+      ["scenario", "conc", "gemini-once req/s", "peer req/s", "ratio", "gemini-once p50 ms", "peer p50 ms", "ratio", "gemini-once p99 ms", "peer p99 ms", "n (ours/peer)", "failed"],
+      r.side.table.map((x) => [x.scenario, x.concurrency, x["gemini-once"].rps, x.peer.rps, x.rps_ratio, x["gemini-once"].p50_ms, x.peer.p50_ms, x.p50_ratio, x["gemini-once"].p99_ms, x.peer.p99_ms, `${x["gemini-once"].n}/${x.peer.n}`, x["gemini-once"].failed + x.peer.failed]),
+    ));
+    out.push("", "gemini-once's first delivery: the side effect's start after the answer (`after_settled_ms` of effect_delivered; p50 of the rounds' p50, max p99):");
+    out.push(fmtTable(["conc", "p50 ms", "p99 ms"], r.side.table.filter((x) => x.scenario === "first").map((x) => [x.concurrency, x.effect_after_answer_ms?.p50, x.effect_after_answer_ms?.p99])));
+    out.push("", "per request, seen from outside (last round): effects at the destination, KV keys created by prefix, the worker's log lines by event (the peer logs none); Miniflare exposes no count of KV reads or writes:");
+    const pr = (p) => [`effects ${p.effects}`, ...Object.entries(p.kv_keys_created).map(([k, v]) => `kv ${k} ${v > 0 ? "+" : ""}${v}`), ...(p.gate_calls !== undefined ? [`gate calls ${p.gate_calls}`, `effect alarm runs ${p.effect_alarm_runs}`] : []), ...Object.entries(p.log_lines).map(([k, v]) => `${k} ${v}`)].join(", ");
+    out.push(fmtTable(["scenario", "conc", "gemini-once", "peer"], r.side.table.map((x) => [x.scenario, x.concurrency, pr(x["gemini-once"].per_request), pr(x.peer.per_request)])));
+  }
   if (r.build) {
     const b = r.build;
     out.push("", "Build");
@@ -95,7 +124,7 @@ export function report(r) {
     out.push("largest functions: " + bd.largest_functions.slice(0, 6).map((f) => `${f.name.replace(/::h[0-9a-f]{16}$/, "").slice(0, 90)} ${f.bytes}`).join("; "));
     out.push(`start to first answered request: Miniflare in a new node process ${b.startup.miniflare_process_ms.join(", ")} ms` + (b.startup.wrangler_dev_ms.length ? `; wrangler dev ${b.startup.wrangler_dev_ms.join(", ")} ms` : ""));
   }
-  out.push("", "Targets (issue 5)");
-  out.push(fmtTable(["target", "value", "holds"], r.targets.map((t) => [t.target, typeof t.value === "number" ? t.value : String(t.value), t.holds ? "yes" : "NO"])));
+  out.push("", r.side ? "Targets (issue 5; side by side: issue 13 §1)" : "Targets (issue 5)");
+  out.push(fmtTable(["target", "value", "holds"], r.targets.map((t) => [t.target, typeof t.value === "number" ? t.value : String(t.value), t.holds === null ? "n/a" : t.holds ? "yes" : "NO"])));
   return out.join("\n");
 }

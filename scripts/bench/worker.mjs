@@ -147,6 +147,8 @@ export async function startWorker(dir, vars, extraOptions = {}, { probe = false,
     other,
     events: (name) => byEvent.get(name) ?? [],
     count: (name) => (byEvent.get(name) ?? []).length,
+    /** How many lines of each event so far. */
+    eventCounts: () => Object.fromEntries([...byEvent].map(([e, lines]) => [e, lines.length])),
     /** Waits until `name` has at least `n` lines (or `timeoutMs` passes). */
     async waitFor(name, n, timeoutMs = 10_000) {
       const deadline = now() + timeoutMs;
