@@ -1,3 +1,6 @@
+// The checks against the schedule's ground truth: what was sent against what arrived at the
+// destination and what the worker reports.
+//
 // Definitions (issue 4):
 // - effects: side-effect requests the destination accepted (it decided 2xx on arrival; a
 //   destination commits before it answers, so an accepted request counts even when the worker
@@ -21,9 +24,6 @@
 // whose status differs from the truth, a final status different from the truth, effect_done
 // false at the end, side effects for unknown keys, side effects failing signature checks, a
 // harness delivery refused with 400/401/413.
-//
-// The checks against the schedule's ground truth: what was sent against what arrived at the
-// destination and what the worker reports.
 import { EFFECT_TIMEOUT_MS, TERMINAL, rank } from "./config.mjs";
 import { iso } from "./standins.mjs";
 
