@@ -1,4 +1,4 @@
-// A smoke run of the benchmark (scripts/bench.mjs --quick) against the built worker: every row
+// A smoke run of the benchmark (scripts/bench/main.mjs --quick) against the built worker: every row
 // of the report is there and the reconciliation pass spends nothing on settled, done entries.
 // It asserts no timing: the figures of a shared CI machine mean nothing.
 import { test } from "node:test";
@@ -17,7 +17,7 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
   try {
     const run = spawnSync(
       process.execPath,
-      ["scripts/bench.mjs", "--quick", "--no-build", "--no-wrangler", "--only", "build,fast,reconcile", "--no-variants", "--sizes", "300", "--seconds", "0.2", "--json", json],
+      ["scripts/bench/main.mjs", "--quick", "--no-build", "--no-wrangler", "--only", "build,fast,reconcile", "--no-variants", "--sizes", "300", "--seconds", "0.2", "--json", json],
       { cwd: root, encoding: "utf8", timeout: 280_000 },
     );
     assert.equal(run.status, 0, `bench failed:\n${run.stdout}\n${run.stderr}`);

@@ -11,7 +11,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const SUMMARY = /^chaos: seed=(\d+) ops=(\d+) deliveries=(\d+) faults=(\d+) effects=(\d+) duplicate_effects=(\d+) explained=(\d+) lost=(\d+) regressions=(\d+) unsettled=(\d+)$/;
 
 test("chaos: seed 7, 100 operations, one kill: nothing lost, nothing regressed, every duplicate explained", { timeout: 200_000 }, async () => {
-  const args = ["scripts/chaos.mjs", "--no-build", "--seed", "7", "--ops", "100", "--kills", "1"];
+  const args = ["scripts/chaos/main.mjs", "--no-build", "--seed", "7", "--ops", "100", "--kills", "1"];
   const child = spawn(process.execPath, args, { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
   let stdout = "";
   let stderr = "";

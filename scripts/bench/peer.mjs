@@ -1,0 +1,68 @@
+// The simple design as a benchmark peer (issue 13 §1): its TypeScript Worker (DIR/src/index.ts)
+// bundled to one ES module with the esbuild wrangler already depends on (no download), run in
+// workerd through a Miniflare instance of its own with its own KV, the compatibility date and
+// flags of its wrangler.toml, and the same secrets as ours.
+import fs from "node:fs";
+import path from "node:path";
+
+import { ADMIN_TOKEN, GEMINI_SECRET, now, workers } from "./common.mjs";
+import { childPids } from "./measure.mjs";
+
+/** DIR/src/index.ts as one ES module, and what DIR/wrangler.toml says about the runtime. */
+export async function bundlePeer(dir) {
+  const entry = path.join(dir, "src/index.ts");
+  if (!fs.existsSync(entry)) throw new Error(`--peer ${dir}: no src/index.ts`);
+  const esbuild = await import("esbuild");
+  const out = await esbuild.build({ entryPoints: [entry], bundle: true, format: "esm", platform: "neutral", target: "es2022", write: false, logLevel: "silent" });
+  const code = out.outputFiles[0].text;
+  const { unstable_readConfig } = await import("wrangler");
+  const config = unstable_readConfig({ config: path.join(dir, "wrangler.toml") });
+  return {
+    code,
+    bytes: Buffer.byteLength(code),
+    name: config.name ?? "peer",
+    compatibilityDate: config.compatibility_date ?? "2025-11-01",
+    compatibilityFlags: config.compatibility_flags ?? [],
+    kvNamespaces: (config.kv_namespaces ?? []).map((k) => k.binding),
+  };
+}
+
+/** Starts the bundled peer on a free 127.0.0.1 port, its effects going to `effectUrl`. */
+export async function startPeer(bundle, effectUrl) {
+  const { Miniflare } = await import("miniflare");
+  const other = [];
+  const t0 = now();
+  const mf = new Miniflare({
+    host: "127.0.0.1",
+    port: 0,
+    logRequests: false,
+    modules: [{ type: "ESModule", path: "peer.mjs", contents: bundle.code }],
+    compatibilityDate: bundle.compatibilityDate,
+    compatibilityFlags: bundle.compatibilityFlags,
+    kvNamespaces: bundle.kvNamespaces,
+    bindings: { GEMINI_WEBHOOK_SECRETS: GEMINI_SECRET, EFFECT_URL: effectUrl, ADMIN_TOKEN },
+    handleRuntimeStdio(stdout, stderr) {
+      for (const s of [stdout, stderr]) s.on("data", (c) => { if (other.length < 50) other.push(String(c).slice(0, 300)); });
+    },
+  });
+  const known = new Set([...workers].map((x) => x.pid));
+  const url = await mf.ready;
+  const w = {
+    mf,
+    url,
+    ready_ms: now() - t0,
+    pid: childPids("workerd").find((p) => !known.has(p)) ?? null,
+    other,
+    // The peer logs nothing: no events to count.
+    events: () => [],
+    eventCounts: () => ({}),
+    count: () => 0,
+    async waitFor() { return true; },
+    async dispose() {
+      workers.delete(w);
+      await mf.dispose();
+    },
+  };
+  workers.add(w);
+  return w;
+}

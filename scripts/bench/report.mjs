@@ -1,0 +1,130 @@
+// The targets of issue 5 evaluated on a run's figures, and the printed report.
+import { DEFAULT_BUDGET, round } from "./common.mjs";
+
+export function evaluateTargets(r) {
+  const t = [];
+  const row = (s, c) => r.fast?.table.find((x) => x.scenario === s && x.concurrency === c);
+  if (r.fast) {
+    const dup = row("duplicate", 10), rej = row("rejected", 10), first = row("first", 10);
+    // Median over rounds of the ratio measured within each round.
+    t.push({ target: "duplicate p50 <= 1.5x floor at c=10", value: dup.p50_ratio_median, holds: dup.p50_ratio_median <= 1.5 });
+    t.push({ target: "rejected p50 <= 1.2x floor at c=10", value: rej.p50_ratio_median, holds: rej.p50_ratio_median <= 1.2 });
+    t.push({ target: "first p50 (minus destination) <= 2.5x floor at c=10", value: first.p50_ratio_minus_destination_median, raw: first.p50_ratio_median, holds: first.p50_ratio_minus_destination_median <= 2.5 });
+    const f50 = row("first", 50), d50 = row("duplicate", 50);
+    t.push({ target: "first rps >= 40% of floor at c=50", value: f50.rps_ratio_median, holds: f50.rps_ratio_median >= 0.4 });
+    t.push({ target: "duplicate rps >= 60% of floor at c=50", value: d50.rps_ratio_median, holds: d50.rps_ratio_median >= 0.6 });
+    const e = r.fast.effects;
+    t.push({ target: "one side effect per first delivery (no repeats)", value: `${e.effects_at_destination}/${e.first_deliveries_measured_and_warmup}, repeats ${e.repeated_idempotency_keys}`, holds: e.effects_at_destination === e.first_deliveries_measured_and_warmup && e.repeated_idempotency_keys === 0 });
+  }
+  for (const l of r.reconcile ?? []) {
+    for (const c of l.coverages) {
+      t.push({
+        target: `ledger ${l.size} (${c.phase}): status calls = entries needing them, none for done entries, no body reads`,
+        value: `${c.status_calls}/${c.needing_status}, done polled ${c.status_calls_for_done_entries}, bodies ${c.bodies_read}`,
+        holds: c.status_calls === c.needing_status && c.stub_status_calls === c.status_calls && c.status_calls_for_done_entries === 0 && c.bodies_read === 0,
+      });
+      t.push({ target: `ledger ${l.size} (${c.phase}): no pass over budget ${l.budget}`, value: c.max_subrequests, holds: c.max_subrequests <= l.budget });
+    }
+    const quiet = l.coverages.find((c) => c.phase === "all_done");
+    t.push({ target: `ledger ${l.size}: a routine pass lists every open entry (${l.needing_work}) in one pass`, value: l.coverages.filter((c) => c.phase !== "all_done").map((c) => `${c.phase} ${c.index_listed_first_pass} in ${c.index_kv_lists_first_pass} lists`).join(", "), holds: l.coverages.every((c) => c.every_pass_lists_every_open_entry) });
+    t.push({ target: `ledger ${l.size}: a quiet ledger's routine pass costs O(open) KV lists (1 empty index page)`, value: `${quiet?.kv_lists} lists, ${quiet?.listed} listed`, holds: quiet?.kv_lists === 1 && quiet?.listed === 0 });
+    t.push({ target: `ledger ${l.size}: the audit covers the ledger within budget and finds nothing missing`, value: `${l.audit.passes} passes, ${l.audit.audit_kv_lists} lists, found ${l.audit.found}`, holds: l.audit.complete && l.audit.found === 0 && l.audit.max_subrequests <= l.budget });
+  }
+  if (r.side) {
+    // Issue 13 §1, at concurrency 10 (the first concurrency measured if 10 was not).
+    const at = (s) => r.side.table.find((x) => x.scenario === s && x.concurrency === 10) ?? r.side.table.find((x) => x.scenario === s);
+    const vs = (row, f, unit) => `${row["gemini-once"][f]} vs peer ${row.peer[f]} ${unit} (c=${row.concurrency})`;
+    for (const [s, what] of [["duplicate", "duplicate"], ["first", "first delivery"]]) {
+      const row = at(s);
+      if (!row) continue;
+      t.push({ target: `side by side: ${what} req/s >= the simple design's`, value: vs(row, "rps", "req/s"), holds: row["gemini-once"].rps >= row.peer.rps });
+      t.push({ target: `side by side: ${what} answer p50 <= the simple design's`, value: vs(row, "p50_ms", "ms"), holds: row["gemini-once"].p50_ms <= row.peer.p50_ms });
+    }
+    // "Unchanged" is against gemini-once's own earlier figures (issue 5's ratios above), not the peer's.
+    for (const s of ["rejected", "floor"]) {
+      const row = at(s);
+      if (row) t.push({ target: `side by side: ${s} (informational; target: unchanged)`, value: `${vs(row, "rps", "req/s")}; p50 ${row["gemini-once"].p50_ms} vs ${row.peer.p50_ms} ms`, holds: null });
+    }
+  }
+  if (r.build) t.push({ target: "wasm <= 1 MB raw", value: r.build.wasm_raw_bytes, holds: r.build.wasm_raw_bytes <= 1_000_000 });
+  return t;
+}
+
+function fmtTable(headers, rows) {
+  const w = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => String(r[i] ?? "").length)));
+  const line = (cells) => cells.map((c, i) => (i === 0 ? String(c ?? "").padEnd(w[i]) : String(c ?? "").padStart(w[i]))).join("  ");
+  return [line(headers), w.map((n) => "-".repeat(n)).join("  "), ...rows.map(line)].join("\n");
+}
+
+export function report(r) {
+  const out = [];
+  const m = r.machine;
+  out.push(`gemini-once bench (${r.plan.mode}), ${r.started_at}, ${r.total_seconds} s`);
+  out.push(`machine: ${m.cores} cores, ${m.cpu_model}, ${m.memory_gib} GiB, ${m.os}; node ${m.node}, workerd ${m.workerd}, miniflare ${m.miniflare}`);
+  out.push(`build: commit ${m.git_commit}, wasm sha256 ${m.wasm_sha256}; load average ${m.loadavg_start.join(" ")} -> ${m.loadavg_end.join(" ")}`);
+  if (r.fast) {
+    out.push("", `Fast path (${r.plan.rounds} round(s) x ${r.plan.seconds} s per cell; n, p50, p99, req/s pool the rounds; ratios to the floor of the same round, pooled and their median over rounds)`);
+    out.push(fmtTable(
+      ["scenario", "conc", "n", "p50 ms", "p99 ms", "req/s", "p50/floor", "p99/floor", "rps/floor", "p50/floor by round", "median", "rps/floor median", "failed"],
+      r.fast.table.map((x) => [x.scenario, x.concurrency, x.n, x.p50_ms.toFixed(2), x.p99_ms.toFixed(2), x.rps, x.p50_ratio, x.p99_ratio, x.rps_ratio, x.p50_ratio_rounds.join(" "), x.p50_ratio_median, x.rps_ratio_median, x.failed]),
+    ));
+    const firsts = r.fast.table.filter((x) => x.scenario === "first");
+    out.push("", "first delivery: the answer does not wait for the side effect, which runs from the gate's alarm; when its attempt starts after the outcome settled (`after_settled_ms` of effect_delivered: p50 of the rounds' p50, max p99), and the effect call as the worker logs it (`ms`, p50), against the destination's own time (measured by the stub):");
+    out.push(fmtTable(["conc", "effect starts after answer p50 ms", "p99 ms", "effect call seen by worker ms", "destination own ms"], firsts.map((x) => [x.concurrency, x.effect_start_after_answer_ms?.p50, x.effect_start_after_answer_ms?.p99, x.effect_seen_by_worker_ms_p50, x.destination_own_ms_mean])));
+    out.push("", "CPU per request (ms; median over rounds; workerd runs every isolate of the worker, its objects and Miniflare's KV on one thread; the tail of background work after each cell included):");
+    out.push(fmtTable(["scenario", "conc", "workerd main thread", "workerd all threads", "client", "stubs"], r.fast.table.map((x) => [x.scenario, x.concurrency, x.cpu_ms_per_req.workerd_main, x.cpu_ms_per_req.workerd_all, x.cpu_ms_per_req.client, x.cpu_ms_per_req.stubs])));
+    out.push("", "the worker's own `ms` log fields (p50 per round; integer ms, the clock advances only on I/O):");
+    out.push(fmtTable(["scenario", "conc", "log line", "p50 ms by round", "p99 ms by round"], r.fast.table.flatMap((x) => Object.entries(x.worker_log ?? {}).filter(([, v]) => v.p50_ms_rounds.length).map(([e, v]) => [x.scenario, x.concurrency, e, v.p50_ms_rounds.join(" "), v.p99_ms_rounds.join(" ")]))));
+    const e = r.fast.effects;
+    out.push("", `side effects: ${e.effects_at_destination} at the destination for ${e.first_deliveries_measured_and_warmup} first deliveries (incl. warm-up); repeated idempotency keys: ${e.repeated_idempotency_keys}`);
+  }
+  if (r.profile?.scenarios) {
+    const pr = r.profile;
+    out.push("", `Profile (V8 sampling profiler on our isolate, concurrency ${pr.concurrency}, ${pr.seconds} s per scenario; the profiler slows everything, so read shares; the rest of workerd's thread is Miniflare's entry worker, its KV simulator and outbound shim, and workerd itself)`);
+    out.push(fmtTable(["scenario", "n", "workerd main-thread CPU ms/req (profiling on)", "our isolate sampled ms/req", "ours / workerd"], Object.entries(pr.scenarios).map(([name, x]) => [name, x.requests, x.cpu.workerd_main_ms_per_req, x.isolates["core:user:"]?.ms_per_req ?? "", x.ours_share_of_workerd_main ?? ""])));
+    for (const [name, x] of Object.entries(pr.scenarios)) {
+      const u = x.isolates["core:user:"];
+      if (!u) continue;
+      out.push(`  ${name}: ours by kind: ${u.kinds.map((k) => `${k.name} ${Math.round(k.share * 100)}%`).join(", ")}`);
+      out.push(`  ${name}: ours, top self: ${u.top_self.slice(0, 8).map((f) => `${f.name.replace(/::h[0-9a-f]{16}/, "").slice(0, 70)} ${Math.round(f.share * 100)}%`).join("; ")}`);
+    }
+  }
+  if (r.reconcile?.length) {
+    out.push("", `Reconciliation (default budget ${DEFAULT_BUDGET}; 1% of entries registered and non-terminal, status stub answers RUNNING; counts from reconcile_pass lines)`);
+    out.push(fmtTable(
+      ["entries", "seeded/s", "audit passes", "audit lists", "audit listed", "found", "audit ms (each)"],
+      r.reconcile.map((l) => [l.size, l.seed_per_second, l.audit.passes, l.audit.audit_kv_lists, l.audit.audit_listed, l.audit.found, l.audit.per_pass_ms.join(" ")]),
+    ));
+    out.push(fmtTable(
+      ["entries", "coverage", "passes", "index listed/pass", "listed", "kv lists", "body reads", "status calls", "DO calls", "subrequests", "max/pass", "done polled", "pass ms (each)", "errors"],
+      r.reconcile.flatMap((l) => l.coverages.map((c) => [l.size, c.phase, c.passes, c.index_listed_first_pass, c.listed, c.kv_lists, c.bodies_read, c.status_calls, c.do_calls, c.subrequests, c.max_subrequests, c.status_calls_for_done_entries, c.per_pass.length > 8 ? `${c.per_pass.slice(0, 3).map((p) => p.elapsed_ms).join(" ")} … ${c.per_pass.at(-1).elapsed_ms}` : c.per_pass.map((p) => p.elapsed_ms).join(" "), c.errors])),
+    ));
+  }
+  if (r.side) {
+    const sp = r.side.plan;
+    out.push("", `Side by side with the simple design (${r.side.peer.dir}, ${r.side.peer.bundle_bytes} bytes bundled; ${sp.rounds} round(s), up to ${sp.seconds} s per cell, ${sp.ops} operations registered per design, round and concurrency, ${sp.idleMs / 1000} s idle after every cell; medians over rounds)`);
+    out.push(fmtTable(
+      ["scenario", "conc", "gemini-once req/s", "peer req/s", "ratio", "gemini-once p50 ms", "peer p50 ms", "ratio", "gemini-once p99 ms", "peer p99 ms", "n (ours/peer)", "failed"],
+      r.side.table.map((x) => [x.scenario, x.concurrency, x["gemini-once"].rps, x.peer.rps, x.rps_ratio, x["gemini-once"].p50_ms, x.peer.p50_ms, x.p50_ratio, x["gemini-once"].p99_ms, x.peer.p99_ms, `${x["gemini-once"].n}/${x.peer.n}`, x["gemini-once"].failed + x.peer.failed]),
+    ));
+    out.push("", "gemini-once's first delivery: the side effect's start after the answer (`after_settled_ms` of effect_delivered; p50 of the rounds' p50, max p99):");
+    out.push(fmtTable(["conc", "p50 ms", "p99 ms"], r.side.table.filter((x) => x.scenario === "first").map((x) => [x.concurrency, x.effect_after_answer_ms?.p50, x.effect_after_answer_ms?.p99])));
+    out.push("", "per request, seen from outside (last round): effects at the destination, KV keys created by prefix, the worker's log lines by event (the peer logs none); Miniflare exposes no count of KV reads or writes:");
+    const pr = (p) => [`effects ${p.effects}`, ...Object.entries(p.kv_keys_created).map(([k, v]) => `kv ${k} ${v > 0 ? "+" : ""}${v}`), ...(p.gate_calls !== undefined ? [`gate calls ${p.gate_calls}`, `effect alarm runs ${p.effect_alarm_runs}`] : []), ...Object.entries(p.log_lines).map(([k, v]) => `${k} ${v}`)].join(", ");
+    out.push(fmtTable(["scenario", "conc", "gemini-once", "peer"], r.side.table.map((x) => [x.scenario, x.concurrency, pr(x["gemini-once"].per_request), pr(x.peer.per_request)])));
+  }
+  if (r.build) {
+    const b = r.build;
+    out.push("", "Build");
+    out.push(`wasm: ${b.wasm_raw_bytes} bytes raw, ${b.wasm_gzip_bytes} gzip (${b.wasm_gzip9_bytes} gzip -9, ${b.wasm_brotli_bytes} brotli); without its name section ${b.wasm_without_name_section_bytes} raw, ${b.wasm_without_name_section_gzip_bytes} gzip; JS glue ${b.js_glue_bytes} (${b.js_glue_gzip_bytes} gzip)`);
+    out.push("sections: " + b.wasm_breakdown.sections.map((s) => `${s.section} ${s.bytes}`).join(", "));
+    const bd = b.named_wasm_breakdown ?? b.wasm_breakdown;
+    if (b.named_wasm_breakdown) out.push(`(build/ has no name section: code attributed from ${bd.path}, ${bd.bytes} bytes before wasm-bindgen and wasm-opt, ${bd.code_bytes} bytes of code)`);
+    out.push("code by crate (by function name; LTO inlines handlers into wasm-bindgen's future closures): " + bd.by_crate.slice(0, 10).map((c) => `${c.crate} ${c.bytes} (${Math.round(c.share * 100)}%)`).join(", "));
+    out.push("largest functions: " + bd.largest_functions.slice(0, 6).map((f) => `${f.name.replace(/::h[0-9a-f]{16}$/, "").slice(0, 90)} ${f.bytes}`).join("; "));
+    out.push(`start to first answered request: Miniflare in a new node process ${b.startup.miniflare_process_ms.join(", ")} ms` + (b.startup.wrangler_dev_ms.length ? `; wrangler dev ${b.startup.wrangler_dev_ms.join(", ")} ms` : ""));
+  }
+  out.push("", r.side ? "Targets (issue 5; side by side: issue 13 §1)" : "Targets (issue 5)");
+  out.push(fmtTable(["target", "value", "holds"], r.targets.map((t) => [t.target, typeof t.value === "number" ? t.value : String(t.value), t.holds === null ? "n/a" : t.holds ? "yes" : "NO"])));
+  return out.join("\n");
+}
