@@ -214,7 +214,7 @@ impl ListQuery {
     /// Whether a ledger entry passes the filters. Stuck means not terminal and older than
     /// `stuck_after_secs` since registration, as reconciliation judges it.
     pub fn matches(&self, meta: &LedgerMeta, now_secs: i64, stuck_after_secs: i64) -> bool {
-        let status = Status::parse(&meta.status);
+        let status = meta.status.clone();
         let stuck = !status.is_terminal()
             && !meta.forgotten
             && now_secs - meta.submitted_at >= stuck_after_secs;
@@ -273,18 +273,9 @@ mod tests {
 
     fn meta(status: &str, submitted_at: i64, done: bool) -> LedgerMeta {
         LedgerMeta {
-            status: status.into(),
-            name: "batches/a".into(),
             submitted_at,
-            settled_at: None,
             effect_done: done,
-            parked: false,
-            claim_expires: None,
-            alerts: vec![],
-            forgotten: false,
-            version: 1,
-            kind: None,
-            settled_by: None,
+            ..LedgerMeta::sample(status)
         }
     }
 

@@ -139,6 +139,41 @@ pub fn to_count(events: &[StatEvent], gate_seen: Option<u64>) -> Vec<&StatEvent>
     }
 }
 
+// The shard protocol: what a gate or an isolate sends to a stats shard, and what a read
+// returns.
+
+/// A request to a stats shard.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum ShardCommand {
+    /// Count `events`; with `gate`, only those past the highest sequence seen from it.
+    Add {
+        gate: Option<String>,
+        events: Vec<StatEvent>,
+    },
+    Read,
+}
+
+/// A shard's counts.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ShardCounts {
+    pub total: Tally,
+    pub last_24h: Tally,
+    #[serde(default)]
+    pub recent_drops: Vec<RecentDrop>,
+    /// The last day's buckets by hour, for the trend.
+    #[serde(default)]
+    pub hourly: Hourly,
+}
+
+/// A dropped event, for the dashboard.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RecentDrop {
+    pub at_ms: i64,
+    pub key: String,
+    pub reason: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

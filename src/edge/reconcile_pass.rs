@@ -32,7 +32,7 @@ use futures_util::future::{select, Either};
 use serde_json::{json, Value};
 use worker::{Delay, Env, KvStore, Method};
 
-use crate::alert::UNKNOWN_TO_GEMINI;
+use crate::alert::AlertKind;
 use crate::config::Config;
 use crate::gate_protocol::{EffectReport, GateCommand, GateReply, LeaseCommand, LeaseReply};
 use crate::key::Collection;
@@ -586,11 +586,7 @@ impl Pass<'_> {
                 }
             };
             for entry in &page.keys {
-                if resume
-                    .after_key
-                    .as_deref()
-                    .is_some_and(|after| entry.name.as_str() <= after)
-                {
+                if resume.already_done(&entry.name) {
                     continue;
                 }
                 let Some(key) = entry.name.strip_prefix(OP_PREFIX) else {
@@ -709,14 +705,7 @@ impl Pass<'_> {
         let (alert, mark) = webhook_alert(alerted.as_deref(), &state);
         log(json!({"event": "webhook_state", "webhook": name, "state": state}));
         if alert {
-            let body = json!({
-                "alert": "webhook_disabled",
-                "key": null,
-                "name": name,
-                "kind": null,
-                "age_seconds": 0,
-                "text": format!("gemini-once webhook_disabled: Gemini webhook {name} is {state}; completions now arrive only through reconciliation. Re-enable it (PATCH v1beta/webhooks/...) once the receiver is healthy."),
-            });
+            let body = crate::alert::webhook_disabled(name, &state);
             if post_alert(self.config, &body).await {
                 self.report.alerts += 1;
             } else {
@@ -763,7 +752,7 @@ impl Pass<'_> {
             }
             Action::Alert { kind, age_secs } => {
                 let command = GateCommand::Alert {
-                    alert: kind.to_string(),
+                    alert: kind,
                     age_seconds: age_secs,
                 };
                 if let Some(GateReply::AlertSent { sent: true }) = self.gate(key, &command).await {
@@ -832,10 +821,10 @@ impl Pass<'_> {
             Ok(o) => o,
             Err(StatusError::NotFound) => {
                 log(json!({"event": "status_not_found", "key": key}));
-                if !meta.alerts.iter().any(|a| a == UNKNOWN_TO_GEMINI) {
+                if !meta.alerts.contains(&AlertKind::UnknownToGemini) {
                     let age = now.div_euclid(1_000) - meta.submitted_at;
                     let command = GateCommand::Alert {
-                        alert: UNKNOWN_TO_GEMINI.to_string(),
+                        alert: AlertKind::UnknownToGemini,
                         age_seconds: age,
                     };
                     if let Some(GateReply::AlertSent { sent: true }) =
@@ -867,7 +856,7 @@ impl Pass<'_> {
             log(json!({"event": "status_unknown_state", "key": key, "state": raw}));
             return true;
         }
-        if observation.status == Status::parse(&meta.status) {
+        if observation.status == meta.status {
             return true; // nothing new for the gate: save the round trip
         }
         let command = GateCommand::Deliver {

@@ -1,26 +1,44 @@
 //! Alerts: the JSON an operator's alert sink receives, with a `text` fit for Slack or Discord.
 //!
-//! Guarantees: the body names the alert kind, the operation (key, name, kind) and its age;
-//! it never contains a secret. Each kind is raised once per operation (the gate keeps that
+//! Guarantees: the body names the alert kind ([`AlertKind`]), the operation (key, name, kind)
+//! and its age; it never contains a secret. Each kind is raised once per operation (the gate keeps that
 //! mark) and sent at least once: it stays queued in the record until the sink accepts it,
 //! under an `alert_id` that is the same on every retry.
 
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::operation::Operation;
+/// What an alert is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertKind {
+    /// Not terminal past the stuck threshold. The receiver never closes it by itself.
+    Stuck,
+    /// The status API answered 404 for the operation.
+    UnknownToGemini,
+    /// Terminal, but the side effect is still not done past the threshold, or parked.
+    EffectFailing,
+    /// Gemini disabled (or lost) the webhook: completions arrive only by reconciliation.
+    WebhookDisabled,
+}
 
-/// Not terminal past the stuck threshold. The receiver never closes it by itself.
-pub const STUCK: &str = "stuck";
-/// The status API answered 404 for a registered operation.
-pub const UNKNOWN_TO_GEMINI: &str = "unknown_to_gemini";
-/// Terminal, but the side effect is still not done past the threshold, or parked.
-pub const EFFECT_FAILING: &str = "effect_failing";
+impl AlertKind {
+    /// The spelling in alert bodies, records and ledger metadata.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertKind::Stuck => "stuck",
+            AlertKind::UnknownToGemini => "unknown_to_gemini",
+            AlertKind::EffectFailing => "effect_failing",
+            AlertKind::WebhookDisabled => "webhook_disabled",
+        }
+    }
+}
 
 /// The `alert-id` of an alert: the same on every retry of one alert, so a sink can drop
 /// repeats (alerts are sent at least once).
-pub fn alert_id(key: &str, kind: &str, generation: u32) -> String {
-    let digest = Sha256::digest(format!("{key}#{kind}#{generation}").as_bytes());
+pub fn alert_id(key: &str, kind: AlertKind, generation: u32) -> String {
+    let digest = Sha256::digest(format!("{key}#{}#{generation}", kind.as_str()).as_bytes());
     let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
     format!("alert_{hex}")
 }
@@ -35,43 +53,36 @@ pub fn human_age(seconds: i64) -> String {
     }
 }
 
-/// The alert body: `{"alert", "alert_id", "key", "name", "kind", "age_seconds", "text"}`.
-pub fn alert_body(alert: &str, alert_id: &str, op: &Operation, age_seconds: i64) -> Value {
-    let kind = op.kind.as_deref().unwrap_or("unregistered kind");
-    let age = human_age(age_seconds);
-    let what = match alert {
-        STUCK => format!(
-            "still {} after {age}; left open for a person to judge",
-            op.status.as_str()
-        ),
-        UNKNOWN_TO_GEMINI => format!("Gemini's status API does not know it (404) after {age}"),
-        EFFECT_FAILING => match (&op.effect.parked, &op.effect.last_error) {
-            (Some(p), _) => format!(
-                "{} but its side effect was refused and parked: {}",
-                op.status.as_str(),
-                p.answer
-            ),
-            (None, Some(e)) => format!(
-                "{} {age} ago but its side effect is still not done after {} attempts (last: {e})",
-                op.status.as_str(),
-                op.effect.attempts
-            ),
-            (None, None) => format!(
-                "{} {age} ago but its side effect is still not done",
-                op.status.as_str()
-            ),
-        },
-        other => other.to_string(),
-    };
+/// An alert body: `{"alert", "alert_id", "key", "name", "kind", "age_seconds", "text"}`, with
+/// `text` ready for Slack or Discord (`gemini-once <alert>: <name> (<kind>) <what>`).
+pub fn body(
+    alert: AlertKind,
+    alert_id: Option<&str>,
+    subject: (Option<&str>, &str, Option<&str>),
+    age_seconds: i64,
+    what: &str,
+) -> Value {
+    let (key, name, kind) = subject;
     json!({
-        "alert": alert,
+        "alert": alert.as_str(),
         "alert_id": alert_id,
-        "key": op.key,
-        "name": op.name,
-        "kind": op.kind,
+        "key": key,
+        "name": name,
+        "kind": kind,
         "age_seconds": age_seconds,
-        "text": format!("gemini-once {alert}: {} ({kind}) {what}", op.name),
+        "text": format!("gemini-once {}: {name} ({}) {what}", alert.as_str(), kind.unwrap_or("unregistered kind")),
     })
+}
+
+/// The alert that Gemini's webhook `name` is in `state` (not `enabled`).
+pub fn webhook_disabled(name: &str, state: &str) -> Value {
+    body(
+        AlertKind::WebhookDisabled,
+        None,
+        (None, name, None),
+        0,
+        &format!("is {state}; completions now arrive only through reconciliation. Re-enable it (PATCH v1beta/webhooks/...) once the receiver is healthy."),
+    )
 }
 
 #[cfg(test)]
@@ -89,44 +100,46 @@ mod tests {
     #[test]
     fn alert_ids_are_stable_per_operation_kind_and_generation() {
         assert_eq!(
-            alert_id("batches/a", STUCK, 1),
-            alert_id("batches/a", STUCK, 1)
+            alert_id("batches/a", AlertKind::Stuck, 1),
+            alert_id("batches/a", AlertKind::Stuck, 1)
         );
         assert_ne!(
-            alert_id("batches/a", STUCK, 1),
-            alert_id("batches/b", STUCK, 1)
+            alert_id("batches/a", AlertKind::Stuck, 1),
+            alert_id("batches/b", AlertKind::Stuck, 1)
         );
         assert_ne!(
-            alert_id("batches/a", STUCK, 1),
-            alert_id("batches/a", EFFECT_FAILING, 1)
+            alert_id("batches/a", AlertKind::Stuck, 1),
+            alert_id("batches/a", AlertKind::EffectFailing, 1)
         );
         assert_ne!(
-            alert_id("batches/a", STUCK, 1),
-            alert_id("batches/a", STUCK, 2)
+            alert_id("batches/a", AlertKind::Stuck, 1),
+            alert_id("batches/a", AlertKind::Stuck, 2)
         );
     }
 
     #[test]
-    fn stuck_alert_names_the_operation() {
-        let op = Operation::register(
-            "batches/a",
-            "projects/p/batches/a",
-            Some("nightly".into()),
-            0,
-        );
-        let body = alert_body(STUCK, "alert_x", &op, 21_600);
-        assert_eq!(body["alert_id"], "alert_x");
-        assert_eq!(body["alert"], "stuck");
-        assert_eq!(body["key"], "batches/a");
-        assert_eq!(body["name"], "projects/p/batches/a");
-        assert_eq!(body["kind"], "nightly");
-        assert_eq!(body["age_seconds"], 21_600);
+    fn kinds_are_spelled_as_stored() {
+        for kind in [
+            AlertKind::Stuck,
+            AlertKind::UnknownToGemini,
+            AlertKind::EffectFailing,
+            AlertKind::WebhookDisabled,
+        ] {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+    }
+
+    #[test]
+    fn webhook_disabled_names_the_webhook_and_its_state() {
+        let body = webhook_disabled("webhooks/gemini-once", "disabled_due_to_failed_deliveries");
+        assert_eq!(body["alert"], "webhook_disabled");
+        assert_eq!(body["key"], Value::Null);
+        assert_eq!(body["name"], "webhooks/gemini-once");
         let text = body["text"].as_str().unwrap();
         assert!(
-            text.contains("projects/p/batches/a")
-                && text.contains("6h 0m")
-                && text.contains("pending"),
+            text.starts_with("gemini-once webhook_disabled: webhooks/gemini-once"),
             "{text}"
         );
+        assert!(text.contains("disabled_due_to_failed_deliveries"), "{text}");
     }
 }

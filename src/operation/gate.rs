@@ -12,7 +12,7 @@
 
 use serde_json::{json, Value};
 
-use crate::alert::UNKNOWN_TO_GEMINI;
+use crate::alert::AlertKind;
 use crate::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
 use crate::ledger::{project, IndexWrite, Projection};
 use crate::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
@@ -226,7 +226,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         },
         GateCommand::Alert { alert, age_seconds } => match record {
             Some(mut op) => {
-                if !op.raise_alert(&alert, age_seconds, now) {
+                if !op.raise_alert(alert, age_seconds, now) {
                     return Step::new(Some(op), GateReply::AlertSent { sent: false });
                 }
                 // Queued in the record and sent by the alarm, the one runner of alerts: if the
@@ -513,7 +513,7 @@ pub fn confirmed(
         Confirmation::Answer(Err(StatusError::NotFound)) => {
             op.confirmation_gone();
             let age = (now - op.submitted_at_ms).div_euclid(1_000);
-            op.raise_alert(UNKNOWN_TO_GEMINI, age, now);
+            op.raise_alert(AlertKind::UnknownToGemini, age, now);
             Step::new(Some(op), GateReply::NotFound)
                 .durable()
                 .row(json!({"what": "confirm_not_found"}))
@@ -563,7 +563,7 @@ pub fn alert_sent(
     jitter: f64,
 ) -> Step {
     if sent {
-        op.alert_delivered(&alert.kind);
+        op.alert_delivered(alert.kind);
         op.count(stats::ALERTS, now);
         Step::new(Some(op), GateReply::NotFound)
             .durable()
@@ -575,7 +575,7 @@ pub fn alert_sent(
             limits.retry_max_secs,
             jitter,
         );
-        op.alert_failed(&alert.kind, now, wait);
+        op.alert_failed(alert.kind, now, wait);
         Step::new(Some(op), GateReply::NotFound).durable()
     }
 }
@@ -1001,7 +1001,7 @@ mod tests {
     #[test]
     fn alert_is_raised_once_and_queued_for_the_alarm() {
         let raise = || GateCommand::Alert {
-            alert: "stuck".into(),
+            alert: AlertKind::Stuck,
             age_seconds: 60,
         };
         let s = step(Some(registered()), raise(), 10);
@@ -1234,7 +1234,7 @@ mod tests {
         );
         let op = s.record.unwrap();
         assert!(op.confirmation.is_none());
-        assert_eq!(op.pending_alerts[0].kind, UNKNOWN_TO_GEMINI);
+        assert_eq!(op.pending_alerts[0].kind, AlertKind::UnknownToGemini);
     }
 
     #[test]
@@ -1266,7 +1266,7 @@ mod tests {
         let raised = step(
             Some(registered()),
             GateCommand::Alert {
-                alert: "stuck".into(),
+                alert: AlertKind::Stuck,
                 age_seconds: 1,
             },
             10,

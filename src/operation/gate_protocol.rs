@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::alert::AlertKind;
 use crate::lifecycle::{DropReason, Status};
 use crate::operation::{KindFill, OpEvent};
 use crate::reconcile::{Audit, AuditProgress, Lease, Resume};
@@ -48,7 +49,7 @@ pub enum GateCommand {
     RetryEffect,
     /// Raise an alert of this kind once per operation: queued, and sent (at least once) by
     /// the gate's alarm.
-    Alert { alert: String, age_seconds: i64 },
+    Alert { alert: AlertKind, age_seconds: i64 },
     /// The operator's action on the side effect: retry now under the same generation when it
     /// is not done (refused while an attempt is in flight); a new generation when it is done.
     Redeliver { reason: String },

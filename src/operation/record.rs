@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+use crate::alert::{human_age, AlertKind};
 use crate::effect::normalize_details;
 use crate::lifecycle::{reduce, Position, Source, Status, Verdict};
 use crate::stats::{hour_of, StatEvent};
@@ -101,7 +102,7 @@ pub const MAX_CONFIRM_ATTEMPTS: u32 = 5;
 /// dies while sending it sends it later (at least once; `id` lets the sink drop repeats).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingAlert {
-    pub kind: String,
+    pub kind: AlertKind,
     pub id: String,
     pub age_seconds: i64,
     pub attempts: u32,
@@ -207,9 +208,9 @@ pub struct Operation {
     pub settled_by: Option<Source>,
     pub details: Map<String, Value>,
     pub effect: Effect,
-    /// Alert kinds already sent (`stuck`, `unknown_to_gemini`, `effect_failing`).
+    /// Alert kinds already raised (each once per operation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub alerts: Vec<String>,
+    pub alerts: Vec<AlertKind>,
     /// Set when an operator stopped tracking the operation: no more polling, alerts or
     /// side-effect attempts; the record stays for the retention period.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -426,7 +427,7 @@ impl Operation {
         self.effect.last_error = None;
         // A live claim belongs to the previous generation; its commit is fenced off.
         self.effect.claim = None;
-        self.alerts.retain(|a| a != crate::alert::EFFECT_FAILING);
+        self.alerts.retain(|a| *a != AlertKind::EffectFailing);
         self.redeliveries.push(OperatorNote {
             at_ms: now_ms,
             reason: reason.to_string(),
@@ -458,7 +459,7 @@ impl Operation {
         self.effect.parked = None;
         self.effect.failures_in_row = 0;
         self.effect.next_attempt_ms = now_ms;
-        self.alerts.retain(|a| a != crate::alert::EFFECT_FAILING);
+        self.alerts.retain(|a| *a != AlertKind::EffectFailing);
         self.version += 1;
         Ok(())
     }
@@ -535,23 +536,49 @@ impl Operation {
         self.pending_stats.retain(|e| e.seq > seq);
     }
 
-    /// Records that an alert of `kind` is being sent; false if one was sent before.
-    pub fn mark_alert(&mut self, kind: &str) -> bool {
-        if self.alerts.iter().any(|a| a == kind) {
+    /// Marks an alert of `kind` as raised; false if one was raised before.
+    fn mark_alert(&mut self, kind: AlertKind) -> bool {
+        if self.alerts.contains(&kind) {
             return false;
         }
-        self.alerts.push(kind.to_string());
+        self.alerts.push(kind);
         self.version += 1;
         true
     }
 
-    /// Withdraws the mark of an alert whose sending failed, so the next pass tries again.
-    pub fn unmark_alert(&mut self, kind: &str) {
-        let before = self.alerts.len();
-        self.alerts.retain(|a| a != kind);
-        if self.alerts.len() != before {
-            self.version += 1;
-        }
+    /// The body of an alert of `kind` about this operation, `age_seconds` old.
+    pub fn alert_body(&self, kind: AlertKind, alert_id: &str, age_seconds: i64) -> Value {
+        let age = human_age(age_seconds);
+        let status = self.status.as_str();
+        let what = match kind {
+            AlertKind::Stuck => {
+                format!("still {status} after {age}; left open for a person to judge")
+            }
+            AlertKind::UnknownToGemini => {
+                format!("Gemini's status API does not know it (404) after {age}")
+            }
+            AlertKind::EffectFailing => match (&self.effect.parked, &self.effect.last_error) {
+                (Some(p), _) => format!(
+                    "{status} but its side effect was refused and parked: {}",
+                    p.answer
+                ),
+                (None, Some(e)) => format!(
+                    "{status} {age} ago but its side effect is still not done after {} attempts (last: {e})",
+                    self.effect.attempts
+                ),
+                (None, None) => {
+                    format!("{status} {age} ago but its side effect is still not done")
+                }
+            },
+            AlertKind::WebhookDisabled => format!("{status} (the webhook, not this operation)"),
+        };
+        crate::alert::body(
+            kind,
+            Some(alert_id),
+            (Some(&self.key), &self.name, self.kind.as_deref()),
+            age_seconds,
+            &what,
+        )
     }
 
     /// True once nothing more will happen: terminal, and its side effect done or parked.
@@ -735,12 +762,12 @@ impl Operation {
 
     /// Raises an alert of `kind` once per operation: marked, and queued until the sink
     /// accepts it. False when one was raised before.
-    pub fn raise_alert(&mut self, kind: &str, age_seconds: i64, now_ms: i64) -> bool {
+    pub fn raise_alert(&mut self, kind: AlertKind, age_seconds: i64, now_ms: i64) -> bool {
         if !self.mark_alert(kind) {
             return false;
         }
         self.pending_alerts.push(PendingAlert {
-            kind: kind.to_string(),
+            kind,
             id: crate::alert::alert_id(&self.key, kind, self.effect.generation),
             age_seconds,
             attempts: 0,
@@ -750,13 +777,13 @@ impl Operation {
     }
 
     /// The sink accepted the alert of `kind`.
-    pub fn alert_delivered(&mut self, kind: &str) {
+    pub fn alert_delivered(&mut self, kind: AlertKind) {
         self.pending_alerts.retain(|a| a.kind != kind);
         self.version += 1;
     }
 
     /// Sending the alert of `kind` failed: try again in `retry_in_ms`.
-    pub fn alert_failed(&mut self, kind: &str, now_ms: i64, retry_in_ms: i64) {
+    pub fn alert_failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) {
         for alert in self.pending_alerts.iter_mut().filter(|a| a.kind == kind) {
             alert.attempts += 1;
             alert.due_ms = now_ms + retry_in_ms;
@@ -822,7 +849,7 @@ impl Operation {
             "forgotten": self.forgotten.as_ref().map(|f| json!({"at": format_rfc3339(f.at_ms), "reason": f.reason})),
             "redeliveries": self.redeliveries.iter().map(|r| json!({"at": format_rfc3339(r.at_ms), "reason": r.reason})).collect::<Vec<_>>(),
             "confirming": self.confirmation.is_some(),
-            "alerts_pending": self.pending_alerts.iter().map(|a| a.kind.clone()).collect::<Vec<_>>(),
+            "alerts_pending": self.pending_alerts.iter().map(|a| a.kind).collect::<Vec<_>>(),
             "retired_at": self.retired_at_ms.map(format_rfc3339),
             "version": self.version,
         })
@@ -1019,7 +1046,7 @@ mod tests {
         let mut op = settled();
         let c = op.claim(2_000, 600_000).unwrap();
         op.finish(c.token, &AttemptOutcome::Park("400".into()), 2_100, 0);
-        op.mark_alert(crate::alert::EFFECT_FAILING);
+        op.mark_alert(AlertKind::EffectFailing);
         assert_eq!(op.retry_now(3_000), Ok(()));
         assert!(op.effect_owed());
         assert!(
@@ -1089,12 +1116,35 @@ mod tests {
     }
 
     #[test]
+    fn stuck_alert_names_the_operation() {
+        let op = Operation::register(
+            "batches/a",
+            "projects/p/batches/a",
+            Some("nightly".into()),
+            0,
+        );
+        let body = op.alert_body(AlertKind::Stuck, "alert_x", 21_600);
+        assert_eq!(body["alert_id"], "alert_x");
+        assert_eq!(body["alert"], "stuck");
+        assert_eq!(body["key"], "batches/a");
+        assert_eq!(body["name"], "projects/p/batches/a");
+        assert_eq!(body["kind"], "nightly");
+        assert_eq!(body["age_seconds"], 21_600);
+        let text = body["text"].as_str().unwrap();
+        assert!(
+            text.contains("projects/p/batches/a")
+                && text.contains("6h 0m")
+                && text.contains("pending"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn alerts_are_marked_once() {
         let mut op = Operation::register("batches/a", "batches/a", None, 0);
-        assert!(op.mark_alert("stuck"));
-        assert!(!op.mark_alert("stuck"));
-        op.unmark_alert("stuck");
-        assert!(op.mark_alert("stuck"));
+        assert!(op.mark_alert(AlertKind::Stuck));
+        assert!(!op.mark_alert(AlertKind::Stuck));
+        assert!(op.mark_alert(AlertKind::EffectFailing), "another kind");
     }
 
     #[test]
@@ -1324,21 +1374,24 @@ mod tests {
     #[test]
     fn alerts_stay_queued_until_the_sink_accepts_them() {
         let mut op = Operation::register("batches/a", "batches/a", None, 0);
-        assert!(op.raise_alert("stuck", 60, 1_000));
+        assert!(op.raise_alert(AlertKind::Stuck, 60, 1_000));
         op.projected_version = u64::MAX;
-        assert!(!op.raise_alert("stuck", 61, 1_001), "raised once per kind");
+        assert!(
+            !op.raise_alert(AlertKind::Stuck, 61, 1_001),
+            "raised once per kind"
+        );
         let due = op.due_alerts(1_000);
         assert_eq!(due.len(), 1);
         let id = due[0].id.clone();
-        op.alert_failed("stuck", 1_000, 5_000);
+        op.alert_failed(AlertKind::Stuck, 1_000, 5_000);
         assert!(op.due_alerts(2_000).is_empty());
         assert_eq!(op.wake_at_ms(1, 0), Some(6_000), "the alarm retries it");
         let retry = op.due_alerts(6_000);
         assert_eq!(retry[0].id, id, "the same alert id on every retry");
         assert_eq!(retry[0].attempts, 1);
-        op.alert_delivered("stuck");
+        op.alert_delivered(AlertKind::Stuck);
         assert!(op.pending_alerts.is_empty());
-        assert_eq!(op.alerts, vec!["stuck".to_string()]);
+        assert_eq!(op.alerts, vec![AlertKind::Stuck]);
     }
 
     #[test]

@@ -17,6 +17,8 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::alert::AlertKind;
+use crate::lifecycle::Status;
 use crate::operation::Operation;
 
 /// Prefix of operation entries.
@@ -32,7 +34,7 @@ pub const MIN_TTL_SECS: u64 = 60;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerMeta {
     /// Our status spelling (`pending` ... `expired`).
-    pub status: String,
+    pub status: Status,
     /// The full name, for the status API.
     pub name: String,
     pub submitted_at: i64,
@@ -44,9 +46,9 @@ pub struct LedgerMeta {
     /// When the live claim lapses, if one is held.
     #[serde(default)]
     pub claim_expires: Option<i64>,
-    /// Alert kinds already sent.
+    /// Alert kinds already raised.
     #[serde(default)]
-    pub alerts: Vec<String>,
+    pub alerts: Vec<AlertKind>,
     /// An operator stopped tracking it.
     #[serde(default)]
     pub forgotten: bool,
@@ -59,6 +61,27 @@ pub struct LedgerMeta {
     /// Which path settled it (`webhook`, `reconcile`, `operator`), for the same listing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_by: Option<String>,
+}
+
+impl LedgerMeta {
+    /// An entry as a test builds it: submitted at 1,000 s, nothing settled, raised or held.
+    #[cfg(test)]
+    pub(crate) fn sample(status: &str) -> LedgerMeta {
+        LedgerMeta {
+            status: Status::parse(status),
+            name: "batches/a".into(),
+            submitted_at: 1_000,
+            settled_at: None,
+            effect_done: false,
+            parked: false,
+            claim_expires: None,
+            alerts: vec![],
+            forgotten: false,
+            version: 1,
+            kind: None,
+            settled_by: None,
+        }
+    }
 }
 
 /// Everything one ledger write needs.
@@ -133,7 +156,7 @@ pub fn dead_key(webhook_id: &str) -> String {
 pub fn project(op: &Operation, retention_secs: i64) -> Projection {
     let secs = |ms: i64| ms.div_euclid(1_000);
     let metadata = LedgerMeta {
-        status: op.status.as_str().to_string(),
+        status: op.status.clone(),
         name: op.name.clone(),
         submitted_at: secs(op.submitted_at_ms),
         settled_at: op.settled_at_ms.map(secs),
@@ -185,7 +208,7 @@ mod tests {
         let p = project(&op, 1_209_600);
         assert_eq!(p.kv_key, "op:batches/a");
         assert_eq!(p.ttl_secs, None);
-        assert_eq!(p.metadata.status, "pending");
+        assert_eq!(p.metadata.status, Status::Pending);
         assert_eq!(p.metadata.submitted_at, 1);
     }
 
@@ -222,8 +245,15 @@ mod tests {
     fn metadata_of_the_longest_name_fits_in_kv() {
         let name = format!("batches/{}", "x".repeat(MAX_NAME_BYTES - 8));
         let mut op = Operation::register(&name, &name, Some("k".repeat(100)), 1_000);
-        for a in ["stuck", "unknown_to_gemini", "effect_failing"] {
-            op.mark_alert(a);
+        for (i, a) in [
+            AlertKind::Stuck,
+            AlertKind::UnknownToGemini,
+            AlertKind::EffectFailing,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            op.raise_alert(a, 1, i as i64);
         }
         succeeded(&mut op);
         op.claim(5_000, 600_000);

@@ -30,9 +30,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::alert::{EFFECT_FAILING, STUCK};
+use crate::alert::AlertKind;
 use crate::ledger::LedgerMeta;
-use crate::lifecycle::Status;
 
 /// The thresholds a pass decides with (seconds).
 #[derive(Debug, Clone, Copy)]
@@ -50,7 +49,7 @@ pub enum Action {
     /// Ask the gate to run the owed side effect (it respects its own backoff).
     RetryEffect,
     /// Ask the gate to send this alert (once per operation and kind).
-    Alert { kind: &'static str, age_secs: i64 },
+    Alert { kind: AlertKind, age_secs: i64 },
 }
 
 impl Action {
@@ -65,8 +64,8 @@ impl Action {
 
 /// Decides what an entry needs at `now_secs`.
 pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
-    let status = Status::parse(&meta.status);
-    let alerted = |kind: &str| meta.alerts.iter().any(|a| a == kind);
+    let status = meta.status.clone();
+    let alerted = |kind: AlertKind| meta.alerts.contains(&kind);
     let mut actions = Vec::new();
     if meta.forgotten {
         return actions;
@@ -79,9 +78,11 @@ pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
         if !meta.parked && meta.claim_expires.is_none_or(|t| t <= now_secs) {
             actions.push(Action::RetryEffect);
         }
-        if (meta.parked || settled_age >= t.effect_alert_after_secs) && !alerted(EFFECT_FAILING) {
+        if (meta.parked || settled_age >= t.effect_alert_after_secs)
+            && !alerted(AlertKind::EffectFailing)
+        {
             actions.push(Action::Alert {
-                kind: EFFECT_FAILING,
+                kind: AlertKind::EffectFailing,
                 age_secs: settled_age,
             });
         }
@@ -90,9 +91,9 @@ pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
         if age >= t.grace_secs {
             actions.push(Action::Poll);
         }
-        if age >= t.stuck_after_secs && !alerted(STUCK) {
+        if age >= t.stuck_after_secs && !alerted(AlertKind::Stuck) {
             actions.push(Action::Alert {
-                kind: STUCK,
+                kind: AlertKind::Stuck,
                 age_secs: age,
             });
         }
@@ -109,9 +110,9 @@ pub fn may_need_work(meta: &LedgerMeta) -> bool {
     if meta.forgotten {
         return false;
     }
-    let status = Status::parse(&meta.status);
+    let status = meta.status.clone();
     if status.is_terminal() {
-        !meta.effect_done && (!meta.parked || !meta.alerts.iter().any(|a| a == EFFECT_FAILING))
+        !meta.effect_done && (!meta.parked || !meta.alerts.contains(&AlertKind::EffectFailing))
     } else {
         status.rank() >= 0
     }
@@ -219,6 +220,15 @@ pub struct AuditProgress {
 pub struct Resume {
     pub cursor: Option<String>,
     pub after_key: Option<String>,
+}
+
+impl Resume {
+    /// True for an entry of the resumed page that was already done (at or before `after_key`).
+    pub fn already_done(&self, entry: &str) -> bool {
+        self.after_key
+            .as_deref()
+            .is_some_and(|after| entry <= after)
+    }
 }
 
 /// The reconciliation lease and what it keeps between passes.
@@ -426,20 +436,7 @@ mod tests {
     };
 
     fn meta(status: &str) -> LedgerMeta {
-        LedgerMeta {
-            status: status.into(),
-            name: "batches/a".into(),
-            submitted_at: 1_000,
-            settled_at: None,
-            effect_done: false,
-            parked: false,
-            claim_expires: None,
-            alerts: vec![],
-            forgotten: false,
-            version: 1,
-            kind: None,
-            settled_by: None,
-        }
+        LedgerMeta::sample(status)
     }
 
     #[test]
@@ -488,13 +485,13 @@ mod tests {
             vec![
                 Action::Poll,
                 Action::Alert {
-                    kind: STUCK,
+                    kind: AlertKind::Stuck,
                     age_secs: 21_600
                 }
             ]
         );
         let mut m = meta("running");
-        m.alerts = vec![STUCK.into()];
+        m.alerts = vec![AlertKind::Stuck];
         assert_eq!(decide(&m, now, &T), vec![Action::Poll]);
     }
 
@@ -521,12 +518,12 @@ mod tests {
             vec![
                 Action::RetryEffect,
                 Action::Alert {
-                    kind: EFFECT_FAILING,
+                    kind: AlertKind::EffectFailing,
                     age_secs: 3_600
                 }
             ]
         );
-        m.alerts = vec![EFFECT_FAILING.into()];
+        m.alerts = vec![AlertKind::EffectFailing];
         assert_eq!(decide(&m, 4_600, &T), vec![Action::RetryEffect]);
     }
 
@@ -538,11 +535,11 @@ mod tests {
         assert_eq!(
             decide(&m, 1_001, &T),
             vec![Action::Alert {
-                kind: EFFECT_FAILING,
+                kind: AlertKind::EffectFailing,
                 age_secs: 1
             }]
         );
-        m.alerts = vec![EFFECT_FAILING.into()];
+        m.alerts = vec![AlertKind::EffectFailing];
         assert_eq!(decide(&m, 1_001, &T), vec![]);
     }
 
@@ -567,8 +564,8 @@ mod tests {
                     for claim in [None, Some(1_050), Some(99_999_999)] {
                         for alerts in [
                             vec![],
-                            vec![STUCK.to_string()],
-                            vec![EFFECT_FAILING.to_string()],
+                            vec![AlertKind::Stuck],
+                            vec![AlertKind::EffectFailing],
                         ] {
                             for forgotten in [false, true] {
                                 let mut m = meta(status);
@@ -619,7 +616,7 @@ mod tests {
         let mut m = meta("failed");
         m.parked = true;
         assert!(may_need_work(&m), "parked, alert owed");
-        m.alerts = vec![EFFECT_FAILING.into()];
+        m.alerts = vec![AlertKind::EffectFailing];
         assert!(!may_need_work(&m), "parked and alerted");
         let mut m = meta("running");
         m.forgotten = true;
@@ -902,5 +899,17 @@ mod tests {
         h.answered();
         assert_eq!(h.unanswered(3_000), None);
         assert_eq!(h.unanswered(4_000), None);
+    }
+
+    #[test]
+    fn a_resumed_page_skips_what_was_done() {
+        let r = Resume {
+            cursor: Some("c".into()),
+            after_key: Some("op:batches/m".into()),
+        };
+        assert!(r.already_done("op:batches/a"));
+        assert!(r.already_done("op:batches/m"));
+        assert!(!r.already_done("op:batches/n"));
+        assert!(!Resume::default().already_done("op:batches/a"));
     }
 }

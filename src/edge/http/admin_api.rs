@@ -205,11 +205,7 @@ async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response, Edg
             .await
             .map_err(|e| EdgeError::Unavailable(format!("{e:?}")))?;
         for entry in &page.keys {
-            if resume
-                .after_key
-                .as_deref()
-                .is_some_and(|after| entry.name.as_str() <= after)
-            {
+            if resume.already_done(&entry.name) {
                 continue;
             }
             if found.len() == query.limit {
@@ -244,7 +240,7 @@ async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response, Edg
 }
 
 fn entry_view(key: &str, meta: &LedgerMeta, now_secs: i64, config: &Config) -> Value {
-    let terminal = crate::lifecycle::Status::parse(&meta.status).is_terminal();
+    let terminal = meta.status.is_terminal();
     json!({
         "key": key,
         "name": meta.name,

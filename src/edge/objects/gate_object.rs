@@ -25,7 +25,6 @@
 
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
-use crate::alert::alert_body;
 use crate::config::Config;
 use crate::effect::build_request;
 use crate::gate::{self, Attempt, Confirmation, Limits, Save, Step};
@@ -181,7 +180,7 @@ impl OperationGate {
         for alert in op.due_alerts(now_ms()) {
             let sent = post_alert(
                 config,
-                &alert_body(&alert.kind, &alert.id, &op, alert.age_seconds),
+                &op.alert_body(alert.kind, &alert.id, alert.age_seconds),
             )
             .await;
             let current = self.storage.load()?.unwrap_or(op);

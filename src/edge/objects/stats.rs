@@ -11,14 +11,14 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use worker::{durable_object, Context, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::gate_protocol::{LeaseCommand, LeaseReply};
 use crate::stats::{
-    hour_of, hourly_series, merge, merge_hourly, prune_due, to_count, Hourly, StatEvent, Tally,
-    SHARDS, TREND_HOURS,
+    hour_of, hourly_series, merge, merge_hourly, prune_due, to_count, Hourly, RecentDrop,
+    ShardCommand, ShardCounts, StatEvent, Tally, SHARDS, TREND_HOURS,
 };
 
 use crate::log_event::LogEvent;
@@ -35,38 +35,6 @@ const EDGE_FLUSH_MAX_MS: i64 = 10_000;
 const RECENT_DROPS: i64 = 50;
 /// Operations whose dedupe mark is older than this are pruned (past any gate's life).
 const SEEN_KEEP_MS: i64 = 400 * 86_400_000;
-
-/// A request to a stats shard.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "command", rename_all = "snake_case")]
-pub enum ShardCommand {
-    /// Count `events`; with `gate`, only those past the highest sequence seen from it.
-    Add {
-        gate: Option<String>,
-        events: Vec<StatEvent>,
-    },
-    Read,
-}
-
-/// A shard's counts.
-#[derive(Debug, Default, Serialize, Deserialize)]
-pub struct ShardCounts {
-    pub total: Tally,
-    pub last_24h: Tally,
-    #[serde(default)]
-    pub recent_drops: Vec<RecentDrop>,
-    /// The last day's buckets by hour, for the trend.
-    #[serde(default)]
-    pub hourly: Hourly,
-}
-
-/// A dropped event, for the dashboard.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct RecentDrop {
-    pub at_ms: i64,
-    pub key: String,
-    pub reason: String,
-}
 
 thread_local! {
     /// This isolate's counts not yet flushed, and when it last flushed.
