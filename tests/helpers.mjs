@@ -225,6 +225,20 @@ export async function startServer(behave = () => ({ status: 200 })) {
   };
 }
 
+/**
+ * A local stand-in for Gemini's status API. `answers` maps an operation's path under
+ * `v1beta/` (`batches/x`, `models/m/operations/y`) to an answer for `startServer`, or to a
+ * function of the call's number giving one; any other path answers 404. `callsFor(path)`
+ * lists the calls for one operation.
+ */
+export async function startStatusApi(answers) {
+  const server = await startServer((req, n) => {
+    const answer = answers.get(req.url.replace(/^\/v1beta\//, ""));
+    return typeof answer === "function" ? answer(n) : answer ?? { status: 404, body: { error: { code: 404, status: "NOT_FOUND" } } };
+  });
+  return { ...server, callsFor: (path) => server.requests.filter((r) => r.url === `/v1beta/${path}`) };
+}
+
 /** Polls `check` until it returns a truthy value or `timeoutMs` passes. */
 export async function eventually(check, { timeoutMs = 15000, everyMs = 100, what = "condition" } = {}) {
   const deadline = Date.now() + timeoutMs;

@@ -2,7 +2,7 @@
 // Gemini's status API, the destination and the alert sink.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startWorker, startServer, startDestination, assertEffectValid, eventually, sleep } from "./helpers.mjs";
+import { startWorker, startServer, startStatusApi, startDestination, assertEffectValid, eventually, sleep } from "./helpers.mjs";
 
 // Gemini's status API: answers per path, set by each test; unknown paths are 404.
 const gemini = new Map();
@@ -11,7 +11,7 @@ let api, dest, sink;
 
 const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
 const acceptedFor = (key) => effectsFor(key).filter((r) => r.answered >= 200 && r.answered < 300);
-const statusCallsFor = (path) => api.requests.filter((r) => r.url === `/v1beta/${path}`);
+const statusCallsFor = (path) => api.callsFor(path);
 const alertsFor = (key) => sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.key === key);
 const lastPass = (w) => w.events("reconcile_pass").at(-1);
 
@@ -20,11 +20,7 @@ function batch(state, updateTime = new Date().toISOString(), extra = {}) {
 }
 
 before(async () => {
-  api = await startServer((req, n) => {
-    const path = req.url.replace(/^\/v1beta\//, "");
-    const answer = gemini.get(path);
-    return typeof answer === "function" ? answer(n) : answer ?? { status: 404, body: { error: { code: 404, status: "NOT_FOUND" } } };
-  });
+  api = await startStatusApi(gemini);
   dest = await startDestination((req) => {
     const key = req.headers["idempotency-key"];
     const plan = plans.get(key);

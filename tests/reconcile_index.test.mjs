@@ -4,22 +4,19 @@
 // Local servers stand in for Gemini's status API and the destination; KV is Miniflare's.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startWorker, startServer, startDestination, eventually, sleep } from "./helpers.mjs";
+import { startWorker, startStatusApi, startDestination, eventually, sleep } from "./helpers.mjs";
 
 const gemini = new Map();
 let api, dest;
 
-const statusCallsFor = (key) => api.requests.filter((r) => r.url === `/v1beta/${key}`);
+const statusCallsFor = (key) => api.callsFor(key);
 const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
 const passes = (w) => w.events("reconcile_pass");
 const running = () => ({ status: 200, body: { name: "x", metadata: { state: "BATCH_STATE_RUNNING", updateTime: "2026-11-22T12:00:00Z" } } });
 const succeeded = () => ({ status: 200, body: { name: "x", done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", updateTime: "2026-11-22T12:30:00Z" } } });
 
 before(async () => {
-  api = await startServer((req, n) => {
-    const answer = gemini.get(req.url.replace(/^\/v1beta\//, ""));
-    return typeof answer === "function" ? answer(n) : answer ?? { status: 404, body: { error: { code: 404 } } };
-  });
+  api = await startStatusApi(gemini);
   dest = await startDestination(() => ({ status: 200 }));
 });
 after(async () => {

@@ -9,24 +9,21 @@ import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { startWorker, startServer, eventually, sleep } from "./helpers.mjs";
+import { startWorker, startServer, startStatusApi, eventually, sleep } from "./helpers.mjs";
 
 // Gemini's status API: answers per path, set by each test; `HANG` never answers.
 const HANG = () => new Promise(() => {});
 const gemini = new Map();
 let api, dest;
 
-const statusCallsFor = (key) => api.requests.filter((r) => r.url === `/v1beta/${key}`);
+const statusCallsFor = (key) => api.callsFor(key);
 const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
 const passes = (w) => w.events("reconcile_pass");
 const running = () => ({ status: 200, body: { name: "x", metadata: { state: "BATCH_STATE_RUNNING", updateTime: "2026-11-22T12:00:00Z" } } });
 const succeeded = () => ({ status: 200, body: { name: "x", done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", updateTime: "2026-11-22T12:00:00Z" } } });
 
 before(async () => {
-  api = await startServer((req, n) => {
-    const answer = gemini.get(req.url.replace(/^\/v1beta\//, ""));
-    return typeof answer === "function" ? answer(n) : answer ?? { status: 404, body: { error: { code: 404 } } };
-  });
+  api = await startStatusApi(gemini);
   dest = await startServer(() => ({ status: 200 }));
 });
 after(async () => {

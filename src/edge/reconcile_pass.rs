@@ -19,8 +19,8 @@
 //! release, so it never saves a cursor over the new holder's. A 429 or 5xx from the status API
 //! stops polling until its Retry-After has passed and settles nothing, and the next pass
 //! resumes at the first entry that was skipped for it (if the wait is shorter than a cron
-//! interval); a status call that gets no answer within [`STATUS_TIMEOUT_MS`] (or a network
-//! error) skips only its entry, which the next coverage of the ledger revisits, and three in a
+//! interval); a status call that gets no answer within [`status_api::STATUS_TIMEOUT_MS`] (or
+//! a network error) skips only its entry, which the next coverage of the ledger revisits, and three in a
 //! row back off every status call like a 429; a 404 asks the gate for an `unknown_to_gemini`
 //! alert; a malformed answer is logged and skipped.
 
@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use futures_util::future::{select, Either};
 use serde_json::{json, Value};
-use worker::{Delay, Env, KvStore, Method};
+use worker::{Delay, Env, KvStore};
 
 use crate::alert::AlertKind;
 use crate::config::Config;
@@ -49,24 +49,18 @@ use crate::status::{find_webhook, interpret, status_url, webhook_alert, StatusEr
 
 use super::lease_object::LEASE_NAME;
 use super::ledger_kv::KV_BINDING;
-use super::outbound::{post_alert, send, Answer};
+use super::outbound::{post_alert, Answer};
 use super::EdgeError;
-use super::{call_gate, log, now_ms, random_unit};
+use super::{call_gate, log, now_ms, random_unit, status_api};
 
 /// The lease object's binding.
 pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
 /// Largest KV list page.
 const PAGE_SIZE: u64 = 1_000;
-/// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
-/// room for a slow moment while a hanging call costs a twelfth of a pass's default deadline,
-/// and the pass moves on to the next entry.
-pub const STATUS_TIMEOUT_MS: i64 = 5_000;
 /// A backoff ending within this long (one cron interval) holds the next pass's start at the
 /// first entry it skipped; a longer one does not, or every pass until it ends would spend its
 /// budget on the same stretch of the ledger and never reach retries and alerts beyond it.
 const HOLD_BACKOFF_UP_TO_MS: i64 = 300_000;
-/// Status answers are small; anything longer is cut before parsing fails it.
-const STATUS_MAX_CHARS: usize = 256 * 1024;
 
 /// What a pass did: the `reconcile_pass` log line.
 #[derive(Debug, Default)]
@@ -717,20 +711,8 @@ impl Pass<'_> {
 
     /// One GET to Gemini's API with the API key, counted against the budget.
     async fn gemini_get(&mut self, url: &str) -> Answer {
-        let mut headers = vec![("accept", "application/json".to_string())];
-        if let Some(api_key) = &self.config.gemini_api_key {
-            headers.push(("x-goog-api-key", api_key.0.clone()));
-        }
         self.spend(1);
-        send(
-            Method::Get,
-            url,
-            &headers,
-            None,
-            STATUS_TIMEOUT_MS,
-            STATUS_MAX_CHARS,
-        )
-        .await
+        status_api::get(self.config, url).await
     }
 
     fn thresholds(&self) -> Thresholds {

@@ -5,10 +5,11 @@
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every change to an operation is decided
 //! here, through [`Operation`]'s transitions, and nowhere else; a command never runs anything
 //! outbound: it decides and schedules, and the Durable Object stores the record and sets the
-//! alarm ([`Step::wake_at`]) before it answers, so no answer waits on a destination, the
-//! status API or an alert sink; a duplicate of a settled operation changes nothing durable
-//! ([`Save::MemoryOnly`]). The Durable Object (`src/edge/objects/gate_object.rs`) only loads, calls a
-//! step, performs the I/O the alarm needs and saves. Time and jitter are parameters.
+//! alarm (at [`Operation::wake_at_ms`]) before it answers, so no answer waits on a
+//! destination, the status API or an alert sink; a duplicate of a settled operation changes
+//! nothing durable ([`Save::MemoryOnly`]). The Durable Object
+//! (`src/edge/objects/gate_object.rs`) only loads, calls a step, performs the I/O the alarm
+//! needs and saves. Time and jitter are parameters.
 
 use serde_json::{json, Value};
 
@@ -94,6 +95,7 @@ impl Step {
     }
 
     /// When the alarm must next fire for the record as it stands after the step.
+    #[cfg(test)]
     pub fn wake_at(&self, limits: &Limits) -> Option<i64> {
         self.record
             .as_ref()
@@ -457,7 +459,7 @@ pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step>
 
 /// What the status API said when asked to confirm a nudge.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Confirmation {
+pub enum ConfirmAnswer {
     /// `GEMINI_API_KEY` is not set: Gemini would refuse; wait for an operator to set it.
     NoApiKey,
     Answer(Result<Observation, StatusError>),
@@ -467,7 +469,7 @@ pub enum Confirmation {
 /// event from the webhook path; a 404 ends it and alerts; anything else waits and asks again.
 pub fn confirmed(
     mut op: Operation,
-    answer: Confirmation,
+    answer: ConfirmAnswer,
     now: i64,
     limits: &Limits,
     jitter: f64,
@@ -481,7 +483,7 @@ pub fn confirmed(
     );
     let key = op.key.clone();
     match answer {
-        Confirmation::Answer(Ok(observation))
+        ConfirmAnswer::Answer(Ok(observation))
             if !matches!(observation.status, Status::Unknown(_)) =>
         {
             let event = OpEvent {
@@ -503,14 +505,14 @@ pub fn confirmed(
                         "verdict": verdict_label(verdict), "still_confirming": still}),
                 )
         }
-        Confirmation::Answer(Ok(observation)) => {
+        ConfirmAnswer::Answer(Ok(observation)) => {
             op.confirmation_failed(now, wait);
             Step::new(Some(op), GateReply::NotFound).durable().log(
                 LogEvent::StatusUnknownState,
                 json!({"key": key, "state": observation.status.as_str()}),
             )
         }
-        Confirmation::Answer(Err(StatusError::NotFound)) => {
+        ConfirmAnswer::Answer(Err(StatusError::NotFound)) => {
             op.confirmation_gone();
             let age = (now - op.submitted_at_ms).div_euclid(1_000);
             op.raise_alert(AlertKind::UnknownToGemini, age, now);
@@ -522,7 +524,7 @@ pub fn confirmed(
                     json!({"key": key, "path": "confirmation"}),
                 )
         }
-        Confirmation::Answer(Err(e)) => {
+        ConfirmAnswer::Answer(Err(e)) => {
             let wait = match e {
                 StatusError::Transient { retry_after_secs } => {
                     wait.max(retry_after_secs.saturating_mul(1_000))
@@ -535,7 +537,7 @@ pub fn confirmed(
                 json!({"key": key, "error": format!("{e:?}"), "retry_in_ms": wait}),
             )
         }
-        Confirmation::NoApiKey => {
+        ConfirmAnswer::NoApiKey => {
             op.confirmation_failed(now, wait);
             Step::new(Some(op), GateReply::NotFound).durable().log(
                 LogEvent::ConfirmWaiting,
@@ -1169,8 +1171,8 @@ mod tests {
             .unwrap()
     }
 
-    fn observed(status: Status) -> Confirmation {
-        Confirmation::Answer(Ok(Observation {
+    fn observed(status: Status) -> ConfirmAnswer {
+        ConfirmAnswer::Answer(Ok(Observation {
             status,
             update_time_ms: 5,
             details: Map::new(),
@@ -1227,7 +1229,7 @@ mod tests {
     fn a_404_ends_the_confirmation_and_raises_unknown_to_gemini() {
         let s = confirmed(
             nudged(),
-            Confirmation::Answer(Err(StatusError::NotFound)),
+            ConfirmAnswer::Answer(Err(StatusError::NotFound)),
             20,
             &LIMITS,
             1.0,
@@ -1241,7 +1243,7 @@ mod tests {
     fn a_transient_answer_waits_at_least_its_retry_after() {
         let s = confirmed(
             nudged(),
-            Confirmation::Answer(Err(StatusError::Transient {
+            ConfirmAnswer::Answer(Err(StatusError::Transient {
                 retry_after_secs: 30,
             })),
             20,
@@ -1252,7 +1254,7 @@ mod tests {
         assert_eq!(
             events(&confirmed(
                 nudged(),
-                Confirmation::NoApiKey,
+                ConfirmAnswer::NoApiKey,
                 20,
                 &LIMITS,
                 1.0

@@ -41,7 +41,7 @@ use crate::ledger::dead_key;
 use crate::lifecycle::{DropReason, Source, Status};
 use crate::log_event::LogEvent;
 use crate::operation::OpEvent;
-use crate::signature::{check_headers, looks_like_jwt, verify, SignedHeaders};
+use crate::signature::{check_headers, looks_like_jwt, CheckedHeaders, SignedHeaders};
 use crate::stats;
 use crate::timestamp::format_rfc3339;
 
@@ -51,9 +51,9 @@ use super::stats::{count_at_edge, count_rejected};
 use super::{call_gate, log, now_ms, ok_json, EdgeError};
 
 /// Who vouched for a delivery.
-enum Proof {
-    /// The body's bytes are signed with one of our secrets.
-    Hmac,
+enum Proof<'a> {
+    /// Headers fit for an HMAC over the body's bytes with one of our secrets (checked next).
+    Hmac(CheckedHeaders<'a>),
     /// A Google-signed token: it proves the sender, not the body.
     Jwt {
         claims: Map<String, Value>,
@@ -105,13 +105,13 @@ pub async fn receive(
                 token_hash: token_hash(token),
             }
         }
-        None => {
-            if let Err(e) = check_headers(signed, now_secs, config.tolerance_secs) {
+        None => match check_headers(signed, now_secs, config.tolerance_secs) {
+            Ok(checked) => Proof::Hmac(checked),
+            Err(e) => {
                 rejected(e.label(), json!({}));
                 return Err(EdgeError::Unauthorized);
             }
-            Proof::Hmac
-        }
+        },
     };
     let body = match read_capped(&req, config.max_body_bytes).await {
         Ok(Some(body)) => body,
@@ -129,20 +129,12 @@ pub async fn receive(
             )))
         }
     };
-    if matches!(proof, Proof::Hmac) {
-        if let Err(e) = verify(
-            signed,
-            &body,
-            &config.webhook_secrets,
-            now_secs,
-            config.tolerance_secs,
-        ) {
-            rejected(e.label(), json!({}));
-            return Err(EdgeError::Unauthorized);
-        }
-    }
     match proof {
-        Proof::Hmac => {
+        Proof::Hmac(checked) => {
+            if let Err(e) = checked.verify(&body, &config.webhook_secrets) {
+                rejected(e.label(), json!({}));
+                return Err(EdgeError::Unauthorized);
+            }
             let delivery_id = id.unwrap_or_default();
             deliver_signed(env, config, &body, &delivery_id, timestamp.as_deref(), now).await
         }

@@ -27,7 +27,7 @@ use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result
 
 use crate::config::Config;
 use crate::effect::build_request;
-use crate::gate::{self, Attempt, Confirmation, Limits, Save, Step};
+use crate::gate::{self, Attempt, ConfirmAnswer, Limits, Save, Step};
 use crate::gate_protocol::{GateCommand, GateReply};
 use crate::key::Collection;
 use crate::operation::Operation;
@@ -135,7 +135,11 @@ impl OperationGate {
         if step.reset_alarm {
             self.storage.forget_alarm();
         }
-        if let Some(op) = &step.record {
+        // A step that changed nothing needs no alarm call, unless asked to repair one.
+        if let (Some(op), true) = (
+            &step.record,
+            step.save != Save::Unchanged || step.reset_alarm,
+        ) {
             self.storage.sync_alarm(op, &limits(config)).await?;
         }
         let mut reply = step.reply;
@@ -156,12 +160,12 @@ impl OperationGate {
             return Ok(op);
         }
         let answer = match (Collection::of_key(&op.key), &config.gemini_api_key) {
-            (_, None) => Confirmation::NoApiKey,
+            (_, None) => ConfirmAnswer::NoApiKey,
             (None, _) => {
-                Confirmation::Answer(Err(StatusError::Malformed("key has no collection".into())))
+                ConfirmAnswer::Answer(Err(StatusError::Malformed("key has no collection".into())))
             }
             (Some(collection), Some(_)) => {
-                Confirmation::Answer(status_api::ask(config, collection, &op.key, &op.name).await)
+                ConfirmAnswer::Answer(status_api::ask(config, collection, &op.key, &op.name).await)
             }
         };
         let current = self.storage.load()?.unwrap_or(op);

@@ -12,10 +12,29 @@ use crate::status::{interpret, status_url, Observation, StatusError};
 
 use super::outbound::{send, Answer};
 
-/// The status API gets this long to answer.
-pub const STATUS_TIMEOUT_MS: i64 = 10_000;
+/// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
+/// room for a slow moment, while a hanging call costs a cron pass a twelfth of its default
+/// deadline (the pass moves on to the next entry) and a gate's alarm no more than that.
+pub const STATUS_TIMEOUT_MS: i64 = 5_000;
 /// Longest status answer read (a batch's metadata is a few KB; inlined results are not read).
-pub const STATUS_MAX_CHARS: usize = 256 * 1024;
+const STATUS_MAX_CHARS: usize = 256 * 1024;
+
+/// One GET to Gemini's API (`url`), with the API key when one is configured.
+pub async fn get(config: &Config, url: &str) -> Answer {
+    let mut headers = vec![("accept", "application/json".to_string())];
+    if let Some(api_key) = &config.gemini_api_key {
+        headers.push(("x-goog-api-key", api_key.0.clone()));
+    }
+    send(
+        Method::Get,
+        url,
+        &headers,
+        None,
+        STATUS_TIMEOUT_MS,
+        STATUS_MAX_CHARS,
+    )
+    .await
+}
 
 /// Asks about the operation `key` (full name `name`) of `collection`.
 pub async fn ask(
@@ -25,20 +44,7 @@ pub async fn ask(
     name: &str,
 ) -> Result<Observation, StatusError> {
     let url = status_url(&config.gemini_api_base, collection, key, name);
-    let mut headers = vec![("accept", "application/json".to_string())];
-    if let Some(api_key) = &config.gemini_api_key {
-        headers.push(("x-goog-api-key", api_key.0.clone()));
-    }
-    match send(
-        Method::Get,
-        &url,
-        &headers,
-        None,
-        STATUS_TIMEOUT_MS,
-        STATUS_MAX_CHARS,
-    )
-    .await
-    {
+    match get(config, &url).await {
         Answer::Http {
             status,
             excerpt,
