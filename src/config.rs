@@ -207,6 +207,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention and tombstones)"),
         V::plain("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
         V::plain("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),
+        V::plain("USAGE_LOG", Flag, Bool(false), "true: each Durable Object invocation logs a usage line (SQLite rows, alarm and KV writes, calls, wall time)"),
         V::plain("STATS_FLUSH_SECONDS", Whole { min: 0, max: MAX_STATS_FLUSH_SECS }, Number(DEFAULT_STATS_FLUSH_SECS), "a gate holds its counters this long before sending them to a stats shard"),
         // Reconciliation.
         V::plain("RECONCILE_GRACE_SECONDS", Whole { min: 0, max: 30 * DAY_SECS }, Number(DEFAULT_RECONCILE_GRACE_SECS), "poll Gemini only for operations registered longer ago"),
@@ -245,6 +246,8 @@ pub struct Config {
     pub retention_secs_override: Option<i64>,
     /// `DYNAMIC_WEBHOOKS`: false refuses every JWT-signed delivery (static webhook only).
     pub dynamic_webhooks: bool,
+    /// `USAGE_LOG`: each Durable Object invocation logs what it used (see [`crate::usage`]).
+    pub usage_log: bool,
     pub require_registration: bool,
     pub max_body_bytes: usize,
     pub retry_base_secs: i64,
@@ -603,6 +606,7 @@ impl Config {
             retention_days: s.value("LEDGER_RETENTION_DAYS", Setting::whole)?,
             retention_secs_override: s.optional("LEDGER_RETENTION_SECONDS", Setting::whole)?,
             dynamic_webhooks: s.value("DYNAMIC_WEBHOOKS", Setting::flag)?,
+            usage_log: s.value("USAGE_LOG", Setting::flag)?,
             require_registration: s.value("REQUIRE_REGISTRATION", Setting::flag)?,
             max_body_bytes,
             retry_base_secs,

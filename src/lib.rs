@@ -43,6 +43,7 @@ pub mod log_event;
 pub mod retry;
 pub mod stats;
 pub mod timestamp;
+pub mod usage;
 
 // The short paths every module uses (`crate::signature`, `crate::gate`, ...).
 pub use inbound::{envelope, jwt, key, signature};

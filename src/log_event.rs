@@ -86,6 +86,8 @@ log_events! {
     LeaseSchemaError => "lease_schema_error",
     StatsSchemaError => "stats_schema_error",
     ConfigWarning => "config_warning",
+    /// What an object invocation used (only with `USAGE_LOG=true`).
+    Usage => "usage",
 }
 
 impl LogEvent {

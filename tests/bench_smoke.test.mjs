@@ -1,5 +1,6 @@
 // A smoke run of the benchmark (scripts/bench/main.mjs --quick) against the built worker: every row
-// of the report is there and the reconciliation pass spends nothing on settled, done entries.
+// of the report is there, the reconciliation pass spends nothing on settled, done entries, and
+// the cost section's counts add up (one effect, the expected KV writes, every tombstone).
 // It asserts no timing: the figures of a shared CI machine mean nothing.
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -17,7 +18,7 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
   try {
     const run = spawnSync(
       process.execPath,
-      ["scripts/bench/main.mjs", "--quick", "--no-build", "--no-wrangler", "--only", "build,fast,reconcile", "--no-variants", "--sizes", "300", "--seconds", "0.2", "--json", json],
+      ["scripts/bench/main.mjs", "--quick", "--no-build", "--no-wrangler", "--only", "build,fast,reconcile,cost", "--cost-ops", "5", "--no-variants", "--sizes", "300", "--seconds", "0.2", "--json", json],
       { cwd: root, encoding: "utf8", timeout: 280_000 },
     );
     assert.equal(run.status, 0, `bench failed:\n${run.stdout}\n${run.stderr}`);
@@ -60,6 +61,21 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
     assert.equal(ledger.coverages[2].status_calls, 0);
     assert.equal(ledger.coverages[2].gate_calls, 0);
     assert.equal(ledger.coverages[2].kv_lists, 1, "a quiet ledger: one empty index page");
+
+    // The cost section: what the objects count themselves (USAGE_LOG), per completion.
+    const f = r.cost.flows;
+    for (const flow of ["webhook", "registered_webhook", "cron"]) {
+      assert.equal(f[flow].effects_per_op, 1, `${flow}: one side effect per completion`);
+      assert.equal(f[flow].total.outbound_fetches, 1, `${flow}: the effect is the gate's one outbound call`);
+      assert.ok(f[flow].total.rows_written > 0 && f[flow].total.do_requests >= 2, `${flow}: a gate call and its alarm, with writes`);
+    }
+    assert.equal(f.webhook.total.kv_writes, 1, "an unregistered completion writes its op: entry only");
+    assert.equal(f.registration.total.kv_writes + f.registered_webhook.total.kv_writes, 4, "registered: op: and open: put, then op: put and open: delete");
+    assert.equal(f.cron.settled, 5, "the cron recovered every completion the webhook never brought");
+    assert.equal(f.duplicate.effects_per_op, 0);
+    assert.equal(f.retirement.retired, 5, "every operation retired to a tombstone");
+    assert.ok(f.retirement.gate_db_bytes_median > 0);
+    for (const p of Object.values(r.cost.bill.profiles)) assert.equal(p.months.length, 3);
 
     assert.ok(r.build.wasm_raw_bytes > 0 && r.build.wasm_gzip_bytes > 0);
     assert.ok(r.build.startup.miniflare_process_ms[0] > 0);

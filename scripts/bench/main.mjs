@@ -12,6 +12,7 @@
 //   npm run bench -- --rounds 3 --seconds 3        rounds and seconds per measured cell
 //   npm run bench -- --no-wrangler       skip the `wrangler dev` start-up measurement
 //   npm run bench -- --no-variants       fast path: the four scenarios only (no profile variants)
+//   npm run bench -- --cost-ops 200      operations per flow in the cost section ("cost")
 //   npm run bench -- --peer DIR          also the side-by-side section ("side"): the simple
 //                                        design in DIR (DIR/src/index.ts, DIR/wrangler.toml)
 //                                        against gemini-once; `--only side` runs only it
@@ -39,6 +40,10 @@
 //    delivery again, after an idle period), rejected, floor; req/s and p50 (median over
 //    rounds), the ratio gemini-once/peer, the effect's delay after the answer, and per
 //    request what is seen from outside (effects, log lines by event, KV keys created);
+//  - the cost section (issue 13 §3): per completion, by flow (webhook, registration, registered
+//    then webhook, recovered by cron, duplicate, retirement), what the Durable Objects used as
+//    they count it themselves (USAGE_LOG lines: SQLite rows, alarm and KV writes, calls, wall
+//    time, database size), KV's footprint, and the monthly bill at Cloudflare's rates;
 //  - the build: wasm size raw and gzip, what takes the space, and the time from process start
 //    to the first answered request (Miniflare in a fresh node process, and `wrangler dev`).
 //
@@ -58,11 +63,12 @@ import { benchBuild } from "./wasm.mjs";
 import { benchFast } from "./fast.mjs";
 import { benchProfile } from "./profile.mjs";
 import { benchReconcile } from "./reconcile.mjs";
+import { benchCost } from "./cost.mjs";
 import { evaluateTargets, report } from "./report.mjs";
 import { benchSide } from "./side.mjs";
 
 function parseArgs(argv) {
-  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null };
+  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null, costOps: null };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i];
     if (v === "--quick") a.quick = true;
@@ -76,6 +82,7 @@ function parseArgs(argv) {
     else if (v === "--no-variants") a.variants = false;
     else if (v === "--peer") a.peer = path.resolve(argv[++i]);
     else if (v === "--side-ops") a.sideOps = Number(argv[++i]);
+    else if (v === "--cost-ops") a.costOps = Number(argv[++i]);
     else if (v === "--side-conc") a.sideConc = argv[++i].split(",").map(Number);
     else if (v === "--idle") a.idle = Number(argv[++i]);
     else if (v === "--help" || v === "-h") {
@@ -92,7 +99,7 @@ async function main() {
   const args = parseArgs(process.argv.slice(2));
   setWrangler(await workerLayout());
   const quick = args.quick;
-  const sections = args.only ?? new Set(["build", "fast", "profile", "reconcile", ...(args.peer ? ["side"] : [])]);
+  const sections = args.only ?? new Set(["build", "fast", "profile", "reconcile", "cost", ...(args.peer ? ["side"] : [])]);
   if (sections.has("side") && !args.peer) throw new Error("--only side needs --peer DIR");
   const plan = {
     mode: quick ? "quick" : "full",
@@ -104,6 +111,7 @@ async function main() {
     startup_samples: quick ? 1 : 3,
     wrangler: args.wrangler && !quick,
     variants: args.variants,
+    cost: { ops: args.costOps ?? (quick ? 20 : 200) },
   };
   if (sections.has("side")) {
     plan.side = {
@@ -156,6 +164,10 @@ async function main() {
       console.error("== reconciliation");
       results.reconcile = [];
       for (const size of plan.sizes) results.reconcile.push(await benchReconcile(dir, stubs, size));
+    }
+    if (sections.has("cost")) {
+      console.error("== cost: what one completion uses (USAGE_LOG lines)");
+      results.cost = await benchCost(dir, stubs, plan);
     }
     if (sections.has("side")) {
       console.error(`== side by side with the simple design in ${args.peer}`);

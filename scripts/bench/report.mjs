@@ -113,6 +113,23 @@ export function report(r) {
     const pr = (p) => [`effects ${p.effects}`, ...Object.entries(p.kv_keys_created).map(([k, v]) => `kv ${k} ${v > 0 ? "+" : ""}${v}`), ...(p.gate_calls !== undefined ? [`gate calls ${p.gate_calls}`, `effect alarm runs ${p.effect_alarm_runs}`] : []), ...Object.entries(p.log_lines).map(([k, v]) => `${k} ${v}`)].join(", ");
     out.push(fmtTable(["scenario", "conc", "gemini-once", "peer"], r.side.table.map((x) => [x.scenario, x.concurrency, pr(x["gemini-once"].per_request), pr(x.peer.per_request)])));
   }
+  if (r.cost) {
+    out.push("", `Cost: per completion, by flow (${r.cost.plan.ops} operations each; the objects' own USAGE_LOG counts; rows written exclude setAlarm, counted as alarm writes)`);
+    const flows = Object.entries(r.cost.flows).filter(([k]) => k !== "kv");
+    out.push(fmtTable(
+      ["flow", "DO requests", "SQL statements", "rows read", "rows written", "alarm writes", "KV writes", "object calls", "outbound", "wall ms", "workerd CPU ms", "gate db bytes"],
+      flows.map(([k, f]) => [k, f.total.do_requests, f.total.sql_statements, f.total.rows_read, f.total.rows_written, f.total.alarm_writes, f.total.kv_writes, f.total.object_calls, f.total.outbound_fetches, f.total.wall_ms, f.workerd_cpu_ms_per_op, f.gate_db_bytes_median]),
+    ));
+    out.push("by object: " + flows.map(([k, f]) => `${k}: ` + Object.entries(f.objects).map(([o, x]) => `${o} ${x.invocations}x ${x.sql_statements} stmts ${x.rows_written} rows written`).join(", ")).join("; "));
+    if (r.cost.flows.cron?.per_op_from_passes) out.push(`cron-recovered, per operation from the passes: ${JSON.stringify(r.cost.flows.cron.per_op_from_passes)} in ${r.cost.flows.cron.passes} pass(es)`);
+    out.push(`KV held: ${JSON.stringify(r.cost.flows.kv)}`);
+    const b = r.cost.bill;
+    out.push("", "Monthly bill at Cloudflare's Workers Paid rates (USD; see scripts/bench/pricing.mjs for the pages and dates):");
+    out.push(fmtTable(
+      ["profile", "completions/month", "total $", "largest items"],
+      Object.entries(b.profiles).flatMap(([k, p]) => p.months.map((m) => [k, m.completions, m.total.toFixed(2), Object.entries(m.dollars).filter(([, d]) => d > 0.005).sort((a, c) => c[1] - a[1]).slice(0, 4).map(([n, d]) => `${n} ${d.toFixed(2)}`).join(", ")])),
+    ));
+  }
   if (r.build) {
     const b = r.build;
     out.push("", "Build");

@@ -1,6 +1,6 @@
 // The local stand-ins the bench runs against, in a child process of their own so that answering
 // them does not compete with the load generator's event loop: the destination (200 at once) and
-// Gemini's status API (RUNNING), counting what they see; and the parent's handle on them.
+// Gemini's status API (RUNNING; `batches/done-*` SUCCEEDED), counting what they see; and the parent's handle on them.
 import { spawn } from "node:child_process";
 import http from "node:http";
 
@@ -40,10 +40,13 @@ export function runStubs() {
         stats.polls++;
         stats.pollPaths.set(p, (stats.pollPaths.get(p) ?? 0) + 1);
         res.writeHead(200, { "content-type": "application/json" });
-        return res.end(JSON.stringify({
-          name: p,
-          metadata: { "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch", state: "BATCH_STATE_RUNNING", updateTime: "2026-11-22T10:00:00Z" },
-        }));
+        // Operations named `batches/done-*` have finished (the cost section's cron-recovered
+        // completions); every other one is still running.
+        const done = p.startsWith("batches/done-");
+        const state = done ? "BATCH_STATE_SUCCEEDED" : "BATCH_STATE_RUNNING";
+        const metadata = { "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch", state, updateTime: "2026-11-22T10:00:00Z" };
+        if (done) metadata.output = { responsesFile: `files/${p.slice("batches/".length)}` };
+        return res.end(JSON.stringify({ name: p, ...(done ? { done: true } : {}), metadata }));
       }
       if (url === "/__reset") {
         stats = freshStats();

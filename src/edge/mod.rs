@@ -32,6 +32,8 @@ mod reconcile_pass;
 mod stats;
 #[path = "outbound/status_api.rs"]
 mod status_api;
+#[path = "objects/usage_meter.rs"]
+mod usage_meter;
 #[path = "http/webhook.rs"]
 mod webhook;
 

@@ -517,6 +517,15 @@ impl Operation {
         });
     }
 
+    /// The record as a new object instance reads it from storage: any pending event may
+    /// already be at a shard (the last instance may have stopped during a flush), so every one
+    /// is sealed and nothing merges into it. This is why a flush need not store its seal
+    /// first: within an instance the seal in memory is enough, and a new instance seals again.
+    pub fn as_loaded(mut self) -> Operation {
+        self.seal_stats();
+        self
+    }
+
     /// Seals the pending events before they are sent; returns the last sequence sent, if any.
     pub fn seal_stats(&mut self) -> Option<u64> {
         let last = self.pending_stats.last()?.seq;
@@ -1200,6 +1209,20 @@ mod tests {
         assert_eq!(op.wake_at_ms(1, 0), Some(60));
         op.drop_flushed_stats(2);
         assert_eq!(op.wake_at_ms(1, 0), None);
+    }
+
+    #[test]
+    fn a_record_read_by_a_new_instance_merges_nothing_into_what_may_have_been_sent() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 0);
+        op.count("deliveries", 100);
+        // The last instance sealed event 1 in memory and stopped during the flush: storage
+        // still shows it unsealed.
+        let stored: Operation = serde_json::from_str(&serde_json::to_string(&op).unwrap()).unwrap();
+        assert_eq!(stored.stats_sealed_seq, 0);
+        let mut loaded = stored.as_loaded();
+        loaded.count("deliveries", 200);
+        assert_eq!(loaded.pending_stats.len(), 2, "a new event, not a merge");
+        assert_eq!(loaded.pending_stats[0].count, 1);
     }
 
     #[test]

@@ -30,9 +30,11 @@ use crate::effect::build_request;
 use crate::gate::{self, Attempt, ConfirmAnswer, Limits, Save, Step};
 use crate::gate_protocol::{GateCommand, GateReply};
 use crate::key::Collection;
+use crate::ledger::IndexWrite;
 use crate::operation::Operation;
 use crate::stats;
 use crate::status::StatusError;
+use crate::usage::Invocation;
 
 use super::gate_storage::GateStorage;
 use super::ledger_kv::{write_projection, KV_BINDING};
@@ -64,9 +66,10 @@ fn limits(config: &Config) -> Limits {
 
 impl DurableObject for OperationGate {
     fn new(state: State, env: Env) -> Self {
+        let counting = load_config(&env).is_ok_and(|c| c.usage_log);
         Self {
             env,
-            storage: GateStorage::open(state),
+            storage: GateStorage::open(state, counting),
         }
     }
 
@@ -75,6 +78,7 @@ impl DurableObject for OperationGate {
             Ok(c) => c,
             Err(e) => return EdgeError::Config(e).into_response(),
         };
+        let started = self.storage.meter().begin(config.usage_log);
         let command: GateCommand = match req.json().await {
             Ok(c) => c,
             Err(e) => {
@@ -82,7 +86,8 @@ impl DurableObject for OperationGate {
             }
         };
         let step = gate::step(self.storage.load()?, command, now_ms());
-        let (_, reply) = self.commit(step, &config).await?;
+        let (_, reply) = self.commit(step, &config, Alarm::Sync).await?;
+        self.end(Invocation::Fetch, started);
         Response::from_json(&reply)
     }
 
@@ -98,25 +103,56 @@ impl DurableObject for OperationGate {
             // Throwing makes the runtime retry the alarm once configuration is fixed.
             Err(e) => return Err(worker::Error::RustError(format!("configuration: {e}"))),
         };
-        let Some(op) = self.storage.load()? else {
-            return Response::ok("empty");
-        };
-        if let Some(step) = gate::retire_if_over(&op, now_ms(), &limits(&config)) {
-            self.commit(step, &config).await?;
-            return Response::ok("retention expired");
-        }
-        let op = self.confirm(op, &config).await?;
-        let op = self.send_alerts(op, &config).await?;
-        let op = self.run_effect(op, &config).await?;
-        self.settle_storage(op, &config).await?;
-        Response::ok("ok")
+        let started = self.storage.meter().begin(config.usage_log);
+        let answer = self.run_alarm(&config).await;
+        self.end(Invocation::Alarm, started);
+        answer
     }
 }
 
+/// Whether a committed step sets the alarm for the record it leaves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Alarm {
+    Sync,
+    /// Inside the alarm, between its I/O steps: [`OperationGate::settle_storage`] sets the
+    /// alarm last, for the record as it then stands, so the steps before it need not. If the
+    /// run dies in between, the alarm already set (a claim's expiry, or this one, retried by
+    /// the runtime when the handler throws) wakes the object again.
+    Deferred,
+}
+
 impl OperationGate {
+    /// The alarm's work: a retirement, or confirmation, alerts, side effect, then upkeep.
+    async fn run_alarm(&self, config: &Config) -> Result<Response> {
+        let Some(op) = self.storage.load()? else {
+            return Response::ok("empty");
+        };
+        if let Some(step) = gate::retire_if_over(&op, now_ms(), &limits(config)) {
+            self.commit(step, config, Alarm::Sync).await?;
+            return Response::ok("retention expired");
+        }
+        let op = self.confirm(op, config).await?;
+        let op = self.send_alerts(op, config).await?;
+        let op = self.run_effect(op, config).await?;
+        self.settle_storage(op, config).await?;
+        Response::ok("ok")
+    }
+
+    /// Logs what this invocation used, when `USAGE_LOG` is on.
+    fn end(&self, invocation: Invocation, started: i64) {
+        self.storage
+            .meter()
+            .end("gate", invocation, started, &self.storage.sql());
+    }
+
     /// Stores what a step decided (its record, history rows, logs), sets the alarm for the
     /// record as it now stands, and returns the record and the answer.
-    async fn commit(&self, step: Step, config: &Config) -> Result<(Option<Operation>, GateReply)> {
+    async fn commit(
+        &self,
+        step: Step,
+        config: &Config,
+        alarm: Alarm,
+    ) -> Result<(Option<Operation>, GateReply)> {
         let now = now_ms();
         if step.clear_history {
             self.storage.clear_history()?;
@@ -126,9 +162,7 @@ impl OperationGate {
             (Some(op), Save::MemoryOnly) => self.storage.keep_in_memory(op),
             _ => {}
         }
-        for entry in step.history {
-            self.storage.record(now, entry)?;
-        }
+        self.storage.record(now, step.history)?;
         for line in step.logs {
             log(line);
         }
@@ -138,7 +172,7 @@ impl OperationGate {
         // A step that changed nothing needs no alarm call, unless asked to repair one.
         if let (Some(op), true) = (
             &step.record,
-            step.save != Save::Unchanged || step.reset_alarm,
+            (step.save != Save::Unchanged || step.reset_alarm) && alarm == Alarm::Sync,
         ) {
             self.storage.sync_alarm(op, &limits(config)).await?;
         }
@@ -150,8 +184,18 @@ impl OperationGate {
     }
 
     /// Commits an alarm step and returns the record (or `fallback` if the step left none).
-    async fn apply(&self, step: Step, fallback: Operation, config: &Config) -> Result<Operation> {
-        Ok(self.commit(step, config).await?.0.unwrap_or(fallback))
+    async fn apply(
+        &self,
+        step: Step,
+        fallback: Operation,
+        config: &Config,
+        alarm: Alarm,
+    ) -> Result<Operation> {
+        Ok(self
+            .commit(step, config, alarm)
+            .await?
+            .0
+            .unwrap_or(fallback))
     }
 
     /// Asks Gemini's status API about a nudge waiting for confirmation, if one is due.
@@ -165,6 +209,7 @@ impl OperationGate {
                 ConfirmAnswer::Answer(Err(StatusError::Malformed("key has no collection".into())))
             }
             (Some(collection), Some(_)) => {
+                self.storage.meter().add(|u| u.outbound_fetches += 1);
                 ConfirmAnswer::Answer(status_api::ask(config, collection, &op.key, &op.name).await)
             }
         };
@@ -176,12 +221,13 @@ impl OperationGate {
             &limits(config),
             random_unit(),
         );
-        self.apply(step, current, config).await
+        self.apply(step, current, config, Alarm::Deferred).await
     }
 
     /// Sends every queued alert that is due, one at a time.
     async fn send_alerts(&self, mut op: Operation, config: &Config) -> Result<Operation> {
         for alert in op.due_alerts(now_ms()) {
+            self.storage.meter().add(|u| u.outbound_fetches += 1);
             let sent = post_alert(
                 config,
                 &op.alert_body(alert.kind, &alert.id, alert.age_seconds),
@@ -196,7 +242,7 @@ impl OperationGate {
                 &limits(config),
                 random_unit(),
             );
-            op = self.apply(step, current, config).await?;
+            op = self.apply(step, current, config, Alarm::Deferred).await?;
         }
         Ok(op)
     }
@@ -209,10 +255,11 @@ impl OperationGate {
         let Some((claim, step)) = gate::begin_attempt(op.clone(), now_ms(), &limits) else {
             return Ok(op);
         };
-        let op = self.apply(step, op, config).await?;
+        let op = self.apply(step, op, config, Alarm::Sync).await?;
         let destination = config.destination_for(op.kind.as_deref());
         let request = build_request(&op, &config.effect_signing_secret, now_ms() / 1_000);
         let started_ms = now_ms();
+        self.storage.meter().add(|u| u.outbound_fetches += 1);
         let answer =
             destination::deliver(&self.env, &destination, &request, config.effect_timeout_ms).await;
         let attempt = Attempt {
@@ -223,7 +270,7 @@ impl OperationGate {
         };
         let current = self.storage.load()?.unwrap_or(op);
         let step = gate::attempt_finished(current.clone(), &attempt, &limits, random_unit());
-        self.apply(step, current, config).await
+        self.apply(step, current, config, Alarm::Deferred).await
     }
 
     /// From the alarm, last: flushes counted events to this operation's stats shard and
@@ -235,7 +282,9 @@ impl OperationGate {
             return self.storage.sync_alarm(&op, &limits).await;
         }
         if upkeep.sealed.is_some() {
-            self.storage.save(&op)?;
+            // In memory only: commands during the flush must see the seal; a new instance
+            // seals whatever it loads (`Operation::as_loaded`), so nothing is stored for it.
+            self.storage.keep_in_memory(&op);
         }
         let shard = stats::shard_of(&op.key);
         let flush = async {
@@ -243,12 +292,15 @@ impl OperationGate {
             match upkeep.sealed {
                 None => None,
                 Some(_) => {
+                    self.storage.meter().add(|u| u.object_calls += 1);
                     Some(super::stats::add(&self.env, shard, Some(op.key.clone()), events).await)
                 }
             }
         };
         let write = async {
             let (p, index) = upkeep.projection.as_ref()?;
+            let writes = if *index == IndexWrite::None { 1 } else { 2 };
+            self.storage.meter().add(|u| u.kv_writes += writes);
             Some(match self.env.kv(KV_BINDING) {
                 Ok(kv) => write_projection(&kv, p, *index).await,
                 Err(e) => Err(EdgeError::from(e)),
@@ -265,6 +317,8 @@ impl OperationGate {
             text(written),
             now_ms(),
         );
-        self.apply(step, current, config).await.map(|_| ())
+        self.apply(step, current, config, Alarm::Sync)
+            .await
+            .map(|_| ())
     }
 }

@@ -21,13 +21,21 @@ use crate::log_event::LogEvent;
 use crate::operation::Operation;
 
 use super::log;
+use super::usage_meter::Meter;
 
 /// History rows kept per operation; older rows are deleted.
 const HISTORY_LIMIT: i64 = 200;
-/// History is trimmed on the first insert of each object instance and every this many
-/// inserts after, not on every insert (a DELETE per duplicate delivery measurably cost), so
-/// at most `HISTORY_LIMIT + TRIM_EVERY - 1` rows exist.
-const TRIM_EVERY: u32 = 50;
+/// History is trimmed when a row's sequence number is a multiple of this, not on every
+/// insert (a DELETE per duplicate delivery measurably cost), so at most
+/// `HISTORY_LIMIT + TRIM_EVERY` rows exist.
+const TRIM_EVERY: i64 = 50;
+
+/// Both tables, created in one statement. `history.seq` is a plain rowid, not AUTOINCREMENT:
+/// that would write a `sqlite_sequence` row with every insert (a billed row written), and
+/// only the oldest rows are ever deleted, so the newest seq is never reused (objects created
+/// before this kept their AUTOINCREMENT table, which behaves the same).
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS operation (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); \
+CREATE TABLE IF NOT EXISTS history (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, entry TEXT NOT NULL)";
 
 /// The record as this instance knows it: every write goes through [`OperationGate::save`],
 /// so it equals storage, except for counts of settled duplicates not stored yet.
@@ -54,29 +62,36 @@ pub struct GateStorage {
     /// The alarm time this instance last set; `None` when unknown (a new instance, or inside
     /// the alarm, which consumes it).
     alarm_at: Cell<Option<i64>>,
-    /// History rows inserted by this instance, for trimming every [`TRIM_EVERY`].
-    inserts: Cell<u32>,
+    meter: Meter,
     cached: RefCell<Cached>,
 }
 
 impl GateStorage {
-    /// Opens the tables, creating them if needed.
-    pub fn open(state: State) -> GateStorage {
-        let sql = state.storage().sql();
-        for ddl in [
-            "CREATE TABLE IF NOT EXISTS operation (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
-            "CREATE TABLE IF NOT EXISTS history (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, entry TEXT NOT NULL)",
-        ] {
-            if let Err(e) = sql.exec(ddl, None) {
-                log(LogEvent::GateSchemaError.line(json!({"error": e.to_string()})));
-            }
+    /// Opens the tables, creating them if needed (one statement: a woken object runs it
+    /// every time, so it is one call, not one per table). `meter` counts it when `USAGE_LOG`
+    /// is on.
+    pub fn open(state: State, counting: bool) -> GateStorage {
+        let meter = Meter::default();
+        meter.begin(counting);
+        if let Err(e) = meter.exec(&state.storage().sql(), SCHEMA, None) {
+            log(LogEvent::GateSchemaError.line(json!({"error": e.to_string()})));
         }
         GateStorage {
             state,
+            meter,
             alarm_at: Cell::new(None),
-            inserts: Cell::new(0),
             cached: RefCell::new(Cached::Unread),
         }
+    }
+
+    /// What this object used (see [`Meter`]).
+    pub fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
+    /// The object's database, for the meter's size figure.
+    pub fn sql(&self) -> worker::SqlStorage {
+        self.state.storage().sql()
     }
 
     /// The alarm that woke this instance is spent; the next wake time must be set again.
@@ -91,11 +106,7 @@ impl GateStorage {
 
     /// Deletes the history (retention ended).
     pub fn clear_history(&self) -> Result<()> {
-        self.state
-            .storage()
-            .sql()
-            .exec("DELETE FROM history", None)?;
-        self.inserts.set(0);
+        self.meter.exec(&self.sql(), "DELETE FROM history", None)?;
         Ok(())
     }
 
@@ -115,6 +126,7 @@ impl GateStorage {
             }
             None => storage.delete_alarm().await?,
         }
+        self.meter.add(|u| u.alarm_writes += 1);
         self.alarm_at.set(wake);
         Ok(())
     }
@@ -126,19 +138,19 @@ impl GateStorage {
             Cached::Present(op) => return Ok(Some((**op).clone())),
             Cached::Unread => {}
         }
-        let rows: Vec<BodyRow> = self
-            .state
-            .storage()
-            .sql()
-            .exec("SELECT body FROM operation WHERE id = 1", None)?
-            .to_array()?;
-        let op: Option<Operation> =
-            match rows.first() {
-                None => None,
-                Some(row) => Some(serde_json::from_str(&row.body).map_err(|e| {
-                    worker::Error::RustError(format!("stored record unreadable: {e}"))
-                })?),
-            };
+        let rows: Vec<BodyRow> =
+            self.meter
+                .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)?;
+        let op: Option<Operation> = match rows.first() {
+            None => None,
+            Some(row) => Some(
+                serde_json::from_str::<Operation>(&row.body)
+                    .map_err(|e| {
+                        worker::Error::RustError(format!("stored record unreadable: {e}"))
+                    })?
+                    .as_loaded(),
+            ),
+        };
         self.cached.replace(Cached::of(op.clone()));
         Ok(op)
     }
@@ -147,7 +159,8 @@ impl GateStorage {
     pub fn save(&self, op: &Operation) -> Result<()> {
         let body =
             serde_json::to_string(op).map_err(|e| worker::Error::RustError(e.to_string()))?;
-        self.state.storage().sql().exec(
+        self.meter.exec(
+            &self.sql(),
             "INSERT INTO operation (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
             vec![body.into()],
         )?;
@@ -155,17 +168,30 @@ impl GateStorage {
         Ok(())
     }
 
-    /// Appends a history entry.
-    pub fn record(&self, at_ms: i64, entry: Value) -> Result<()> {
-        let sql = self.state.storage().sql();
-        sql.exec(
-            "INSERT INTO history (at_ms, entry) VALUES (?, ?)",
-            vec![at_ms.into(), entry.to_string().into()],
-        )?;
-        let inserts = self.inserts.get();
-        self.inserts.set(inserts.wrapping_add(1));
-        if inserts.is_multiple_of(TRIM_EVERY) {
-            sql.exec(
+    /// Appends history entries, all in one statement; trims when a row's sequence number
+    /// reaches a multiple of [`TRIM_EVERY`] (counted in storage, so it holds across
+    /// instances; a woken object's first insert no longer trims).
+    pub fn record(&self, at_ms: i64, entries: Vec<Value>) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        #[derive(Deserialize)]
+        struct SeqRow {
+            seq: f64,
+        }
+        let sql = self.sql();
+        let mut query = String::from("INSERT INTO history (at_ms, entry) VALUES ");
+        let mut bindings = Vec::with_capacity(entries.len() * 2);
+        for (i, entry) in entries.into_iter().enumerate() {
+            query.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
+            bindings.push(at_ms.into());
+            bindings.push(entry.to_string().into());
+        }
+        query.push_str(" RETURNING seq");
+        let seqs: Vec<SeqRow> = self.meter.rows(&sql, &query, bindings)?;
+        if seqs.iter().any(|r| (r.seq as i64) % TRIM_EVERY == 0) {
+            self.meter.exec(
+                &sql,
                 "DELETE FROM history WHERE seq <= (SELECT MAX(seq) FROM history) - ?",
                 vec![HISTORY_LIMIT.into()],
             )?;
@@ -180,12 +206,11 @@ impl GateStorage {
             at_ms: f64,
             entry: String,
         }
-        let rows: Vec<Row> = self
-            .state
-            .storage()
-            .sql()
-            .exec("SELECT at_ms, entry FROM history ORDER BY seq", None)?
-            .to_array()?;
+        let rows: Vec<Row> = self.meter.rows(
+            &self.sql(),
+            "SELECT at_ms, entry FROM history ORDER BY seq",
+            None,
+        )?;
         Ok(rows
             .into_iter()
             .map(|r| {

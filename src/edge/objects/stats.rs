@@ -23,8 +23,10 @@ use crate::stats::{
 
 use crate::log_event::LogEvent;
 
+use super::usage_meter::Meter;
 use super::EdgeError;
-use super::{log, post_json};
+use super::{load_config, log, post_json};
+use crate::usage::Invocation;
 
 /// The shard binding.
 pub const STATS_BINDING: &str = "STATS";
@@ -168,6 +170,7 @@ pub struct StatsShard {
     /// `seen` holds a row per operation ever counted and pruning it on every flush made each
     /// flush's cost grow with the shard's history.
     pruned_at_ms: Cell<i64>,
+    meter: Meter,
 }
 
 #[derive(Deserialize)]
@@ -182,25 +185,42 @@ struct SeqRow {
 }
 
 impl DurableObject for StatsShard {
-    fn new(state: State, _env: Env) -> Self {
+    fn new(state: State, env: Env) -> Self {
         let sql = state.storage().sql();
+        let meter = Meter::default();
+        meter.begin(load_config(&env).is_ok_and(|c| c.usage_log));
         for ddl in [
             "CREATE TABLE IF NOT EXISTS counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name))",
             "CREATE TABLE IF NOT EXISTS seen (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL)",
             "CREATE TABLE IF NOT EXISTS recent (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, gate TEXT NOT NULL, name TEXT NOT NULL)",
             "CREATE INDEX IF NOT EXISTS seen_by_age ON seen (at_ms)",
         ] {
-            if let Err(e) = sql.exec(ddl, None) {
+            if let Err(e) = meter.exec(&sql, ddl, None) {
                 log(json!({"event": "stats_schema_error", "error": e.to_string()}));
             }
         }
         Self {
             state,
             pruned_at_ms: Cell::new(0),
+            meter,
         }
     }
 
-    async fn fetch(&self, mut req: Request) -> Result<Response> {
+    async fn fetch(&self, req: Request) -> Result<Response> {
+        let started = self.meter.start();
+        let answer = self.handle(req).await;
+        self.meter.end(
+            "stats_shard",
+            Invocation::Fetch,
+            started,
+            &self.state.storage().sql(),
+        );
+        answer
+    }
+}
+
+impl StatsShard {
+    async fn handle(&self, mut req: Request) -> Result<Response> {
         let command: ShardCommand = match req.json().await {
             Ok(c) => c,
             Err(e) => {
@@ -213,13 +233,14 @@ impl DurableObject for StatsShard {
             ShardCommand::Add { gate, events } => {
                 let seen = match &gate {
                     Some(g) => Some(
-                        sql.exec(
-                            "SELECT seq FROM seen WHERE gate = ?",
-                            vec![g.clone().into()],
-                        )?
-                        .to_array::<SeqRow>()?
-                        .first()
-                        .map_or(0, |r| r.seq as u64),
+                        self.meter
+                            .rows::<SeqRow>(
+                                &sql,
+                                "SELECT seq FROM seen WHERE gate = ?",
+                                vec![g.clone().into()],
+                            )?
+                            .first()
+                            .map_or(0, |r| r.seq as u64),
                     ),
                     None => None,
                 };
@@ -227,7 +248,8 @@ impl DurableObject for StatsShard {
                 let mut highest = seen.unwrap_or(0);
                 for e in to_count(&events, seen) {
                     if let (Some(g), Some(reason)) = (&gate, e.name.strip_prefix("dropped_")) {
-                        sql.exec(
+                        self.meter.exec(
+                            &sql,
                             "INSERT INTO recent (at_ms, gate, name) VALUES (?, ?, ?)",
                             vec![e.at_ms.into(), g.clone().into(), reason.to_string().into()],
                         )?;
@@ -240,31 +262,36 @@ impl DurableObject for StatsShard {
                     highest = highest.max(e.seq);
                 }
                 for ((hour, name), n) in counts {
-                    sql.exec(
+                    self.meter.exec(
+                        &sql,
                         "INSERT INTO counts (hour, name, n) VALUES (?, ?, ?) ON CONFLICT(hour, name) DO UPDATE SET n = n + excluded.n",
                         vec![hour.into(), name.into(), n.into()],
                     )?;
                 }
                 if let Some(g) = gate {
-                    sql.exec(
+                    self.meter.exec(
+                        &sql,
                         "INSERT INTO seen (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms",
                         vec![g.into(), (highest as i64).into(), now.into()],
                     )?;
                 }
                 if prune_due(now, self.pruned_at_ms.get()) {
                     self.pruned_at_ms.set(now);
-                    sql.exec(
+                    self.meter.exec(
+                        &sql,
                         "DELETE FROM counts WHERE hour >= 0 AND hour < ?",
                         vec![(hour_of(now) - 48).into()],
                     )?;
-                    sql.exec(
+                    self.meter.exec(
+                        &sql,
                         "DELETE FROM seen WHERE at_ms < ?",
                         vec![(now - SEEN_KEEP_MS).into()],
                     )?;
                 }
                 // Cheap (the newest rows by primary key), and it keeps "recent" recent.
                 if events.iter().any(|e| e.name.starts_with("dropped_")) {
-                    sql.exec(
+                    self.meter.exec(
+                        &sql,
                         "DELETE FROM recent WHERE seq <= (SELECT MAX(seq) FROM recent) - ?",
                         vec![RECENT_DROPS.into()],
                     )?;
@@ -272,15 +299,14 @@ impl DurableObject for StatsShard {
                 Response::from_json(&json!({"ok": true}))
             }
             ShardCommand::Read => {
-                let total: Vec<CountRow> = sql
-                    .exec("SELECT name, n FROM counts WHERE hour = -1", None)?
-                    .to_array()?;
-                let day: Vec<CountRow> = sql
-                    .exec(
-                        "SELECT name, SUM(n) AS n FROM counts WHERE hour > ? GROUP BY name",
-                        vec![(hour_of(now) - 24).into()],
-                    )?
-                    .to_array()?;
+                let total: Vec<CountRow> =
+                    self.meter
+                        .rows(&sql, "SELECT name, n FROM counts WHERE hour = -1", None)?;
+                let day: Vec<CountRow> = self.meter.rows(
+                    &sql,
+                    "SELECT name, SUM(n) AS n FROM counts WHERE hour > ? GROUP BY name",
+                    vec![(hour_of(now) - 24).into()],
+                )?;
                 let tally = |rows: Vec<CountRow>| {
                     rows.into_iter()
                         .map(|r| (r.name, r.n as u64))
@@ -292,12 +318,11 @@ impl DurableObject for StatsShard {
                     name: String,
                     n: f64,
                 }
-                let rows: Vec<HourRow> = sql
-                    .exec(
-                        "SELECT hour, name, n FROM counts WHERE hour > ?",
-                        vec![(hour_of(now) - TREND_HOURS).into()],
-                    )?
-                    .to_array()?;
+                let rows: Vec<HourRow> = self.meter.rows(
+                    &sql,
+                    "SELECT hour, name, n FROM counts WHERE hour > ?",
+                    vec![(hour_of(now) - TREND_HOURS).into()],
+                )?;
                 let mut hourly = Hourly::new();
                 for r in rows {
                     *hourly
@@ -312,12 +337,11 @@ impl DurableObject for StatsShard {
                     gate: String,
                     name: String,
                 }
-                let recent: Vec<DropRow> = sql
-                    .exec(
-                        "SELECT at_ms, gate, name FROM recent ORDER BY seq DESC",
-                        None,
-                    )?
-                    .to_array()?;
+                let recent: Vec<DropRow> = self.meter.rows(
+                    &sql,
+                    "SELECT at_ms, gate, name FROM recent ORDER BY seq DESC",
+                    None,
+                )?;
                 Response::from_json(&ShardCounts {
                     total: tally(total),
                     last_24h: tally(day),

@@ -1,0 +1,248 @@
+// The cost section (issue 13 §3): what one completion uses, counted by the worker itself. The
+// built worker runs with USAGE_LOG=true, so every Durable Object invocation logs a `usage` line
+// (SQLite statements, rows read and written, alarm writes, KV writes, calls to other objects,
+// outbound fetches, wall time, database size; src/usage.rs); each flow's lines are summed and
+// divided by its operations. Flows, one after the other, each followed by quiet and the
+// counter flush: `webhook` (a completion of an unregistered operation, by webhook),
+// `registration` (POST /v1/operations), `registered_webhook` (the webhook for an operation
+// registered in the flow before), `cron` (registered operations whose webhook never came:
+// recovered by cron passes from the status API stand-in), `duplicate` (the `webhook` flow's
+// deliveries again, later), and, in a second worker with a short retention, `retirement` (the
+// tombstone at the end of retention). KV's footprint is read from the namespace itself.
+import http from "node:http";
+
+import { ADMIN_TOKEN, CRON, round, sleep } from "./common.mjs";
+import { startWorker } from "./worker.mjs";
+import { cpuMeter, quiesce } from "./measure.mjs";
+import { OUTPUT, envelope, send, signed } from "./load.mjs";
+import { CRON_PASSES_PER_MONTH, RATES, monthlyBill } from "./pricing.mjs";
+
+const COUNTS = ["sql_statements", "rows_read", "rows_written", "alarm_writes", "kv_writes", "object_calls", "outbound_fetches", "wall_ms"];
+
+/** Sends `reqs` with `conc` keep-alive clients; throws on an unexpected answer. */
+async function sendAll(base, reqs, ok, conc = 4) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: conc });
+  let next = 0;
+  await Promise.all(Array.from({ length: conc }, async () => {
+    while (next < reqs.length) {
+      const req = reqs[next++];
+      const r = await send(agent, base, req);
+      if (!ok(r)) throw new Error(`cost: ${req.method} ${req.path}: ${r.status} ${r.body.slice(0, 200)}`);
+    }
+  }));
+  agent.destroy();
+}
+
+/** Waits for the alarms and the counter flush a flow caused (STATS_FLUSH_SECONDS is 1 here). */
+async function settle(w) {
+  await sleep(1_500);
+  await quiesce(w.pid, 20_000, 500);
+}
+
+/** Sums the `usage` lines from index `from` on, per object class and entry point. */
+function usageSince(w, from) {
+  const lines = w.events("usage").slice(from);
+  const out = {};
+  for (const l of lines) {
+    const k = `${l.object}.${l.invocation}`;
+    const t = (out[k] ??= { invocations: 0, ...Object.fromEntries(COUNTS.map((c) => [c, 0])), db_bytes: [] });
+    t.invocations++;
+    for (const c of COUNTS) t[c] += l[c] ?? 0;
+    t.db_bytes.push(l.db_bytes);
+  }
+  return out;
+}
+
+/** Per operation: each object's invocations and counts, and the totals across objects. */
+function perOp(usage, n, extra = {}) {
+  const objects = {};
+  const total = { do_requests: 0, ...Object.fromEntries(COUNTS.map((c) => [c, 0])) };
+  for (const [k, t] of Object.entries(usage)) {
+    objects[k] = { invocations: round(t.invocations / n, 3), ...Object.fromEntries(COUNTS.map((c) => [c, round(t[c] / n, 3)])) };
+    total.do_requests += t.invocations / n;
+    for (const c of COUNTS) total[c] += t[c] / n;
+  }
+  for (const c of Object.keys(total)) total[c] = round(total[c], 3);
+  return { ...extra, total, objects };
+}
+
+/** What OPS_KV holds, by key prefix: keys and bytes (key + value + metadata JSON). */
+async function kvFootprint(w) {
+  const kv = await w.mf.getKVNamespace("OPS_KV");
+  const out = {};
+  let cursor;
+  do {
+    const page = await kv.list({ cursor });
+    for (const k of page.keys) {
+      const p = k.name.includes(":") ? k.name.slice(0, k.name.indexOf(":") + 1) : "(none)";
+      const value = (await kv.get(k.name)) ?? "";
+      const t = (out[p] ??= { keys: 0, bytes: 0 });
+      t.keys++;
+      t.bytes += Buffer.byteLength(k.name) + Buffer.byteLength(value) + (k.metadata ? Buffer.byteLength(JSON.stringify(k.metadata)) : 0);
+    }
+    cursor = page.list_complete ? undefined : page.cursor;
+  } while (cursor);
+  for (const t of Object.values(out)) t.bytes_per_key = round(t.bytes / t.keys, 0);
+  return out;
+}
+
+/** The median of the gates' database sizes in a flow's lines (bytes). */
+function gateDbBytes(usage) {
+  const sizes = Object.entries(usage).filter(([k]) => k.startsWith("gate.")).flatMap(([, t]) => t.db_bytes).sort((a, b) => a - b);
+  return sizes.length ? sizes[Math.floor(sizes.length / 2)] : null;
+}
+
+export async function benchCost(dir, stubs, plan) {
+  const n = plan.cost.ops;
+  const run = Date.now().toString(36);
+  const admin = { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" };
+  const vars = {
+    EFFECT_URL: `${stubs.url}/effects`,
+    GEMINI_API_BASE: stubs.url,
+    GEMINI_API_KEY: "bench-gemini-key",
+    RECONCILE_GRACE_SECONDS: "0",
+    STATS_FLUSH_SECONDS: "1",
+    USAGE_LOG: "true",
+  };
+  const delivery = (name, i, tag) => {
+    const body = envelope("batch.succeeded", name, OUTPUT);
+    return { method: "POST", path: "/webhooks/gemini", headers: signed(body, `msg_cost_${run}_${tag}_${i}`), body };
+  };
+  const register = (name) => ({ method: "POST", path: "/v1/operations", headers: admin, body: JSON.stringify({ name, kind: "bench" }) });
+  const applied = (r) => r.status === 200 && r.body.includes('"outcome":"applied"');
+  const flows = {};
+  const w = await startWorker(dir, vars);
+  try {
+    const flow = async (name, fn, count = n) => {
+      const from = w.count("usage");
+      const effects0 = (await stubs.stats()).effects;
+      const meter = cpuMeter(w.pid);
+      const extra = (await fn()) ?? {};
+      await settle(w);
+      // workerd's CPU for the flow and its deferred work (the quiet wait adds a little).
+      extra.workerd_cpu_ms_per_op = meter(count).workerd_main_ms_per_req;
+      const usage = usageSince(w, from);
+      const effects = (await stubs.stats()).effects - effects0;
+      flows[name] = perOp(usage, count, { operations: count, effects_per_op: round(effects / count, 3), gate_db_bytes_median: gateDbBytes(usage), ...extra });
+      process.stderr.write(`  cost ${name.padEnd(18)} per op: ${JSON.stringify(flows[name].total)}\n`);
+    };
+    const hooked = Array.from({ length: n }, (_, i) => `batches/cost-${run}-hook-${i}`);
+    const firsts = hooked.map((name, i) => delivery(name, i, "hook"));
+    await flow("webhook", async () => {
+      await sendAll(w.url, firsts, applied);
+      return { worker_requests_per_op: 1 };
+    });
+    const registered = Array.from({ length: n }, (_, i) => `batches/cost-${run}-reg-${i}`);
+    await flow("registration", async () => {
+      await sendAll(w.url, registered.map(register), (r) => r.status === 201);
+      return { worker_requests_per_op: 1 };
+    });
+    await flow("registered_webhook", async () => {
+      await sendAll(w.url, registered.map((name, i) => delivery(name, i, "reg")), applied);
+      return { worker_requests_per_op: 1 };
+    });
+    // Registered, never delivered by webhook: the status API stand-in says SUCCEEDED.
+    const silent = Array.from({ length: n }, (_, i) => `batches/done-${run}-${i}`);
+    await sendAll(w.url, silent.map(register), (r) => r.status === 201);
+    await settle(w);
+    await flow("cron", async () => {
+      const passes = [];
+      const worker = await w.mf.getWorker();
+      for (let p = 0; p < 50; p++) {
+        const before = w.count("reconcile_pass");
+        await worker.scheduled({ cron: CRON, scheduledTime: new Date() });
+        if (!(await w.waitFor("reconcile_pass", before + 1, 30_000))) throw new Error("cost: no reconcile_pass line");
+        const line = w.events("reconcile_pass").at(-1);
+        passes.push(line);
+        await settle(w);
+        if (!line.settled && !line.status_calls) break;
+      }
+      const sum = (f) => passes.reduce((a, x) => a + (x[f] ?? 0), 0);
+      return {
+        passes: passes.length,
+        per_op_from_passes: {
+          status_calls: round(sum("status_calls") / n, 3),
+          kv_lists: round(sum("kv_lists") / n, 3),
+          kv_reads: round(sum("bodies_read") / n, 3),
+          gate_calls: round(sum("gate_calls") / n, 3),
+          lease_calls: round((2 * passes.length + sum("lease_renewals")) / n, 3),
+          subrequests: round(sum("subrequests") / n, 3),
+        },
+        settled: sum("settled"),
+        // Each pass is one cron invocation (a Worker request).
+        worker_requests_per_op: round(passes.length / n, 3),
+      };
+    });
+    await flow("duplicate", async () => {
+      const before = w.count("duplicate");
+      await sendAll(w.url, firsts, (r) => r.status === 200 && r.body.includes('"reason":"duplicate"'));
+      const lines = w.events("duplicate").slice(before);
+      return { worker_requests_per_op: 1, answered_by_edge: round(lines.filter((l) => l.answered_by === "edge").length / n, 3) };
+    });
+    flows.kv = await kvFootprint(w);
+  } finally {
+    await w.dispose();
+  }
+  // Retention's end, in a worker of its own: completions, then the alarm that leaves a tombstone.
+  const retentionSecs = 20;
+  const r = await startWorker(dir, { ...vars, LEDGER_RETENTION_SECONDS: String(retentionSecs) });
+  try {
+    const names = Array.from({ length: n }, (_, i) => `batches/cost-${run}-ret-${i}`);
+    await sendAll(r.url, names.map((name, i) => delivery(name, i, "ret")), applied);
+    await settle(r);
+    const before = r.count("retention_expired");
+    const from = r.count("usage");
+    const meter = cpuMeter(r.pid);
+    await r.waitFor("retention_expired", before + n, (retentionSecs + 60) * 1000);
+    await settle(r);
+    const usage = usageSince(r, from);
+    flows.retirement = perOp(usage, n, { operations: n, retired: r.count("retention_expired") - before, gate_db_bytes_median: gateDbBytes(usage), workerd_cpu_ms_per_op: meter(n).workerd_main_ms_per_req });
+    process.stderr.write(`  cost retirement        per op: ${JSON.stringify(flows.retirement.total)}\n`);
+  } finally {
+    await r.dispose();
+  }
+  return { plan: plan.cost, flows, bill: bill(flows) };
+}
+
+/** Volumes a month the bill is computed for. */
+export const VOLUMES = [10_000, 1_000_000, 100_000_000];
+
+/**
+ * The monthly bill at each volume for two ways of using the worker: `webhook` (completions of
+ * operations nobody registered) and `registered` (each registered through the admin API, then
+ * completed by webhook), each with the cron every five minutes over a quiet index. Billed
+ * rows written include one per `setAlarm`; the Worker's CPU is workerd's whole CPU here (the
+ * objects' included: an upper bound); duration is the objects' measured wall time.
+ */
+function bill(flows) {
+  const units = (fs) => {
+    const sum = (f) => fs.reduce((a, x) => a + (f(x) ?? 0), 0);
+    return {
+      worker_requests: sum((x) => x.worker_requests_per_op),
+      worker_cpu_ms: sum((x) => x.workerd_cpu_ms_per_op),
+      do_requests: sum((x) => x.total.do_requests),
+      do_wall_ms: sum((x) => x.total.wall_ms),
+      rows_read: sum((x) => x.total.rows_read),
+      rows_written: sum((x) => x.total.rows_written + x.total.alarm_writes),
+      kv_writes: sum((x) => x.total.kv_writes),
+    };
+  };
+  // A quiet routine pass: one cron invocation, one KV list of the index, a lease acquire and
+  // release (docs/PERFORMANCE.md, "Reconciliation").
+  const fixed = { worker_requests: CRON_PASSES_PER_MONTH, do_requests: 2 * CRON_PASSES_PER_MONTH, kv_lists: CRON_PASSES_PER_MONTH };
+  const stored = {
+    do_bytes: flows.retirement?.gate_db_bytes_median ?? flows.webhook.gate_db_bytes_median,
+    // KV keeps an entry for the 14-day retention: about 14/30 of a month's completions.
+    kv_bytes: ((flows.kv?.["op:"]?.bytes_per_key ?? 0) * 14) / 30,
+  };
+  const profiles = {
+    webhook: units([flows.webhook]),
+    registered: units([flows.registration, flows.registered_webhook]),
+  };
+  return {
+    rates: RATES,
+    stored_per_completion: stored,
+    fixed_per_month: fixed,
+    profiles: Object.fromEntries(Object.entries(profiles).map(([k, u]) => [k, { per_completion: u, months: VOLUMES.map((v) => monthlyBill(v, u, fixed, stored)) }])),
+  };
+}

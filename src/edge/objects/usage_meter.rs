@@ -1,0 +1,86 @@
+//! Counts what one Durable Object uses (see [`crate::usage`]): its SQL statements and the rows
+//! their cursors report, its alarm writes, KV writes, object calls and outbound fetches.
+//!
+//! Guarantees: with `USAGE_LOG` off nothing is counted (the one cost is a flag check per
+//! statement); on, each invocation logs one `usage` line with the counts since the previous
+//! line of this object, so a run's lines sum to exactly what it used.
+
+use std::cell::{Cell, RefCell};
+
+use serde::de::DeserializeOwned;
+use worker::{Date, Result, SqlCursor, SqlStorage, SqlStorageValue};
+
+use crate::usage::{Invocation, Usage};
+
+use super::log;
+
+/// One object's counter.
+#[derive(Default)]
+pub struct Meter {
+    on: Cell<bool>,
+    usage: RefCell<Usage>,
+}
+
+impl Meter {
+    /// Starts an invocation: counting is on when configured; returns its start time.
+    pub fn begin(&self, on: bool) -> i64 {
+        self.on.set(on);
+        self.start()
+    }
+
+    /// Starts an invocation counting as the last one did (objects that read no configuration
+    /// per call); returns its start time.
+    pub fn start(&self) -> i64 {
+        Date::now().as_millis() as i64
+    }
+
+    /// Runs a statement that returns no rows the caller reads, counting it.
+    pub fn exec(
+        &self,
+        sql: &SqlStorage,
+        query: &str,
+        bindings: impl Into<Option<Vec<SqlStorageValue>>>,
+    ) -> Result<SqlCursor> {
+        let cursor = sql.exec(query, bindings)?;
+        self.count(&cursor);
+        Ok(cursor)
+    }
+
+    /// Runs a query and reads every row, counting it once read.
+    pub fn rows<T: DeserializeOwned>(
+        &self,
+        sql: &SqlStorage,
+        query: &str,
+        bindings: impl Into<Option<Vec<SqlStorageValue>>>,
+    ) -> Result<Vec<T>> {
+        let cursor = sql.exec(query, bindings)?;
+        let rows = cursor.to_array()?;
+        self.count(&cursor);
+        Ok(rows)
+    }
+
+    fn count(&self, cursor: &SqlCursor) {
+        if self.on.get() {
+            self.usage
+                .borrow_mut()
+                .statement(cursor.rows_read() as u64, cursor.rows_written() as u64);
+        }
+    }
+
+    /// Counts something other than a statement.
+    pub fn add(&self, f: impl FnOnce(&mut Usage)) {
+        if self.on.get() {
+            f(&mut self.usage.borrow_mut());
+        }
+    }
+
+    /// Ends an invocation that began at `started_ms`: logs its line if counting is on.
+    pub fn end(&self, object: &str, invocation: Invocation, started_ms: i64, sql: &SqlStorage) {
+        if !self.on.get() {
+            return;
+        }
+        let usage = self.usage.take();
+        let wall_ms = Date::now().as_millis() as i64 - started_ms;
+        log(usage.line(object, invocation, wall_ms, sql.database_size() as u64));
+    }
+}
