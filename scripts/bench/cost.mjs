@@ -12,7 +12,7 @@
 import http from "node:http";
 
 import { ADMIN_TOKEN, CRON, round, sleep } from "./common.mjs";
-import { startWorker } from "./worker.mjs";
+import { kvByPrefix, startWorker } from "./worker.mjs";
 import { cpuMeter, quiesce } from "./measure.mjs";
 import { OUTPUT, envelope, send, signed } from "./load.mjs";
 import { CRON_PASSES_PER_MONTH, RATES, monthlyBill } from "./pricing.mjs";
@@ -64,26 +64,6 @@ function perOp(usage, n, extra = {}) {
   }
   for (const c of Object.keys(total)) total[c] = round(total[c], 3);
   return { ...extra, total, objects };
-}
-
-/** What OPS_KV holds, by key prefix: keys and bytes (key + value + metadata JSON). */
-async function kvFootprint(w) {
-  const kv = await w.mf.getKVNamespace("OPS_KV");
-  const out = {};
-  let cursor;
-  do {
-    const page = await kv.list({ cursor });
-    for (const k of page.keys) {
-      const p = k.name.includes(":") ? k.name.slice(0, k.name.indexOf(":") + 1) : "(none)";
-      const value = (await kv.get(k.name)) ?? "";
-      const t = (out[p] ??= { keys: 0, bytes: 0 });
-      t.keys++;
-      t.bytes += Buffer.byteLength(k.name) + Buffer.byteLength(value) + (k.metadata ? Buffer.byteLength(JSON.stringify(k.metadata)) : 0);
-    }
-    cursor = page.list_complete ? undefined : page.cursor;
-  } while (cursor);
-  for (const t of Object.values(out)) t.bytes_per_key = round(t.bytes / t.keys, 0);
-  return out;
 }
 
 /** The median of the gates' database sizes in a flow's lines (bytes). */
@@ -179,7 +159,7 @@ export async function benchCost(dir, stubs, plan) {
       const lines = w.events("duplicate").slice(before);
       return { worker_requests_per_op: 1, answered_by_edge: round(lines.filter((l) => l.answered_by === "edge").length / n, 3) };
     });
-    flows.kv = await kvFootprint(w);
+    flows.kv = await kvByPrefix(w, { bytes: true });
   } finally {
     await w.dispose();
   }

@@ -11,7 +11,7 @@
 import http from "node:http";
 
 import { ADMIN_TOKEN, OTHER_SECRET, round, sleep } from "./common.mjs";
-import { startWorker } from "./worker.mjs";
+import { kvByPrefix, startWorker } from "./worker.mjs";
 import { cpuMeter, median, quiesce, summarize } from "./measure.mjs";
 import { OUTPUT, envelope, load, send, signed } from "./load.mjs";
 import { bundlePeer, startPeer } from "./peer.mjs";
@@ -20,18 +20,7 @@ export const SIDE_SCENARIOS = ["registration", "first", "duplicate", "rejected",
 
 /** Every key of the worker's OPS_KV, counted by prefix (up to the first ':'). */
 async function kvKeysByPrefix(w) {
-  const kv = await w.mf.getKVNamespace("OPS_KV");
-  const out = {};
-  let cursor;
-  do {
-    const page = await kv.list({ cursor });
-    for (const k of page.keys) {
-      const p = k.name.includes(":") ? k.name.slice(0, k.name.indexOf(":") + 1) : "(none)";
-      out[p] = (out[p] ?? 0) + 1;
-    }
-    cursor = page.list_complete ? undefined : page.cursor;
-  } while (cursor);
-  return out;
+  return Object.fromEntries(Object.entries(await kvByPrefix(w)).map(([p, t]) => [p, t.keys]));
 }
 
 /** Request makers and answer checks of one design; `tag` keeps the designs' names apart. */

@@ -163,3 +163,25 @@ export async function startWorker(dir, vars, extraOptions = {}, { probe = false,
   workers.add(w);
   return w;
 }
+
+/**
+ * What the worker's OPS_KV holds, by key prefix (up to the first ':'): keys, and with `bytes`
+ * their size (key + value + metadata JSON; reads every value).
+ */
+export async function kvByPrefix(w, { bytes = false } = {}) {
+  const kv = await w.mf.getKVNamespace("OPS_KV");
+  const out = {};
+  let cursor;
+  do {
+    const page = await kv.list({ cursor });
+    for (const k of page.keys) {
+      const p = k.name.includes(":") ? k.name.slice(0, k.name.indexOf(":") + 1) : "(none)";
+      const t = (out[p] ??= bytes ? { keys: 0, bytes: 0 } : { keys: 0 });
+      t.keys++;
+      if (bytes) t.bytes += Buffer.byteLength(k.name) + Buffer.byteLength((await kv.get(k.name)) ?? "") + (k.metadata ? Buffer.byteLength(JSON.stringify(k.metadata)) : 0);
+    }
+    cursor = page.list_complete ? undefined : page.cursor;
+  } while (cursor);
+  if (bytes) for (const t of Object.values(out)) t.bytes_per_key = Math.round(t.bytes / t.keys);
+  return out;
+}
