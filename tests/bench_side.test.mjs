@@ -60,3 +60,64 @@ test("the side-by-side targets follow the figures, at concurrency 10", () => {
   assert.equal(holds["side by side: rejected (informational; target: unchanged)"], null);
   assert.ok(!t.some((x) => x.target.includes("floor")), "no floor row without floor figures");
 });
+
+test("the minimum designs keep the shape's promises: one effect per completion, a ledger entry each", { timeout: 120_000 }, async () => {
+  const { startMinimum, MINIMUM_DESIGNS } = await import("../scripts/bench/minimum.mjs");
+  const { send, signed, envelope } = await import("../scripts/bench/load.mjs");
+  const { ADMIN_TOKEN, OTHER_SECRET } = await import("../scripts/bench/common.mjs");
+  const http = await import("node:http");
+  const effects = [];
+  const destination = http.createServer((req, res) => {
+    let body = "";
+    req.on("data", (c) => (body += c));
+    req.on("end", () => {
+      effects.push({ key: req.headers["idempotency-key"], body: JSON.parse(body) });
+      res.end("ok");
+    });
+  });
+  await new Promise((r) => destination.listen(0, "127.0.0.1", r));
+  const effectUrl = `http://127.0.0.1:${destination.address().port}/effects`;
+  try {
+    for (const design of Object.keys(MINIMUM_DESIGNS)) {
+      effects.length = 0;
+      const w = await startMinimum(design, effectUrl);
+      try {
+        const admin = { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" };
+        const register = (name, headers = admin) => send(false, w.url, { method: "POST", path: "/v1/operations", headers, body: JSON.stringify({ name }) });
+        const deliver = (id, secret) => {
+          const body = envelope("batch.succeeded", id, { output_file_uri: `gs://b/${id}` });
+          return send(false, w.url, { method: "POST", path: "/webhooks/gemini", headers: signed(body, `msg_${id}`, secret), body });
+        };
+        assert.equal((await register("batches/a")).status, 201, design);
+        assert.equal((await register("batches/a")).status, 200, `${design}: registering again`);
+        assert.equal((await register("batches/a", {})).status, 401, `${design}: registration needs the token`);
+        assert.equal((await deliver("batches/x", OTHER_SECRET)).status, 401, `${design}: a forged delivery`);
+        for (const id of ["batches/a", "projects/p/locations/l/batches/b"]) {
+          const first = await deliver(id);
+          assert.equal(first.status, 200);
+          assert.match(first.body, /"outcome":"applied"/, `${design}: first delivery of ${id}`);
+          assert.match((await deliver(id)).body, /"reason":"duplicate"/, `${design}: the same again`);
+        }
+        // The effects run from the alarm, after the answers.
+        const kv = await w.mf.getKVNamespace("LEDGER");
+        const deadline = Date.now() + 10_000;
+        let listed = [];
+        while (Date.now() < deadline) {
+          listed = (await kv.list({ prefix: "op:" })).keys;
+          if (effects.length >= 2 && listed.filter((k) => k.metadata?.effect_done).length === 2) break;
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        assert.deepEqual(effects.map((e) => e.key).sort(), ["batches/a", "batches/b"], `${design}: one effect per completion, keyed by the operation`);
+        assert.equal(effects.find((e) => e.key === "batches/b").body.detail.output_file_uri, "gs://b/projects/p/locations/l/batches/b");
+        assert.deepEqual(listed.map((k) => [k.name, k.metadata]), [
+          ["op:batches/a", { status: "succeeded", effect_done: true }],
+          ["op:batches/b", { status: "succeeded", effect_done: true }],
+        ], `${design}: the ledger`);
+      } finally {
+        await w.dispose();
+      }
+    }
+  } finally {
+    destination.close();
+  }
+});

@@ -20,6 +20,7 @@
 //                                        its registered operations per round and concurrency,
 //                                        concurrencies, and idle seconds after every cell
 //                                        (rounds and seconds: --rounds, --seconds)
+//   npm run bench -- --peer DIR --no-minimum   without the minimum designs (below)
 //
 // What it reports:
 //  - fast path, each as p50/p99 latency and throughput at concurrency 1, 10 and 50, and its
@@ -39,7 +40,10 @@
 //    registration, first (a new completion for a registered operation), duplicate (the same
 //    delivery again, after an idle period), rejected, floor; req/s and p50 (median over
 //    rounds), the ratio gemini-once/peer, the effect's delay after the answer, and per
-//    request what is seen from outside (effects, log lines by event, KV keys created);
+//    request what is seen from outside (effects, log lines by event, KV keys created); and,
+//    in the same cells, the minimum of the shape (scripts/bench/minimum.mjs: the least a design
+//    with a durable owner per operation does, in plain JS, one object per operation or 16
+//    shared objects): registration, first and duplicate, so a missed target shows its limit;
 //  - the cost section (issue 13 §3): per completion, by flow (webhook, registration, registered
 //    then webhook, recovered by cron, duplicate, retirement), what the Durable Objects used as
 //    they count it themselves (USAGE_LOG lines: SQLite rows, alarm and KV writes, calls, wall
@@ -68,7 +72,7 @@ import { evaluateTargets, report } from "./report.mjs";
 import { benchSide } from "./side.mjs";
 
 function parseArgs(argv) {
-  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null, costOps: null };
+  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null, costOps: null, minimum: true };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i];
     if (v === "--quick") a.quick = true;
@@ -82,6 +86,7 @@ function parseArgs(argv) {
     else if (v === "--no-variants") a.variants = false;
     else if (v === "--peer") a.peer = path.resolve(argv[++i]);
     else if (v === "--side-ops") a.sideOps = Number(argv[++i]);
+    else if (v === "--no-minimum") a.minimum = false;
     else if (v === "--cost-ops") a.costOps = Number(argv[++i]);
     else if (v === "--side-conc") a.sideConc = argv[++i].split(",").map(Number);
     else if (v === "--idle") a.idle = Number(argv[++i]);
@@ -120,6 +125,7 @@ async function main() {
       ops: args.sideOps ?? (quick ? 200 : 1_000),
       concurrency: args.sideConc ?? (quick ? [10] : [1, 10, 50]),
       idleMs: (args.idle ?? (quick ? 2 : 15)) * 1000,
+      minimum: args.minimum,
     };
   }
   // The side-by-side section idles between cells: a longer bound when it runs.

@@ -28,7 +28,21 @@ export async function bundlePeer(dir) {
 }
 
 /** Starts the bundled peer on a free 127.0.0.1 port, its effects going to `effectUrl`. */
-export async function startPeer(bundle, effectUrl) {
+export function startPeer(bundle, effectUrl) {
+  return startPlain({
+    code: bundle.code,
+    compatibilityDate: bundle.compatibilityDate,
+    compatibilityFlags: bundle.compatibilityFlags,
+    kvNamespaces: bundle.kvNamespaces,
+    bindings: { GEMINI_WEBHOOK_SECRETS: GEMINI_SECRET, EFFECT_URL: effectUrl, ADMIN_TOKEN },
+  });
+}
+
+/**
+ * A plain-JS worker (one ES module, `code`) in a workerd of its own, on a free 127.0.0.1 port,
+ * with the KV namespaces, Durable Objects and bindings given; shaped like `startWorker`'s handle.
+ */
+export async function startPlain({ code, compatibilityDate, compatibilityFlags = [], kvNamespaces = [], durableObjects = {}, bindings }) {
   const { Miniflare } = await import("miniflare");
   const other = [];
   const t0 = now();
@@ -36,11 +50,12 @@ export async function startPeer(bundle, effectUrl) {
     host: "127.0.0.1",
     port: 0,
     logRequests: false,
-    modules: [{ type: "ESModule", path: "peer.mjs", contents: bundle.code }],
-    compatibilityDate: bundle.compatibilityDate,
-    compatibilityFlags: bundle.compatibilityFlags,
-    kvNamespaces: bundle.kvNamespaces,
-    bindings: { GEMINI_WEBHOOK_SECRETS: GEMINI_SECRET, EFFECT_URL: effectUrl, ADMIN_TOKEN },
+    modules: [{ type: "ESModule", path: "plain.mjs", contents: code }],
+    compatibilityDate,
+    compatibilityFlags,
+    kvNamespaces,
+    durableObjects,
+    bindings,
     handleRuntimeStdio(stdout, stderr) {
       for (const s of [stdout, stderr]) s.on("data", (c) => { if (other.length < 50) other.push(String(c).slice(0, 300)); });
     },
@@ -53,7 +68,7 @@ export async function startPeer(bundle, effectUrl) {
     ready_ms: now() - t0,
     pid: childPids("workerd").find((p) => !known.has(p)) ?? null,
     other,
-    // The peer logs nothing: no events to count.
+    // These workers log nothing: no events to count.
     events: () => [],
     eventCounts: () => ({}),
     count: () => 0,

@@ -40,6 +40,13 @@ export function evaluateTargets(r) {
       t.push({ target: `side by side: ${what} req/s >= the simple design's`, value: vs(row, "rps", "req/s"), holds: row["gemini-once"].rps >= row.peer.rps });
       t.push({ target: `side by side: ${what} answer p50 <= the simple design's`, value: vs(row, "p50_ms", "ms"), holds: row["gemini-once"].p50_ms <= row.peer.p50_ms });
     }
+    // The limit a missed target meets: what the minimum of the shape does in the same cells.
+    for (const [s, what] of [["first", "first delivery"], ["registration", "registration"]]) {
+      const row = at(s);
+      for (const [d, m] of Object.entries(row?.minimum ?? {})) {
+        t.push({ target: `side by side: ${what} of the ${d} minimum (informational: the shape's limit)`, value: `${m.rps} vs peer ${row.peer.rps} req/s (${m.rps_ratio}x), p50 ${m.p50_ms} vs ${row.peer.p50_ms} ms; gemini-once ${row["gemini-once"].rps} req/s, p50 ${row["gemini-once"].p50_ms} ms`, holds: null });
+      }
+    }
     // "Unchanged" is against gemini-once's own earlier figures (issue 5's ratios above), not the peer's.
     for (const s of ["rejected", "floor"]) {
       const row = at(s);
@@ -107,6 +114,15 @@ export function report(r) {
       ["scenario", "conc", "gemini-once req/s", "peer req/s", "ratio", "gemini-once p50 ms", "peer p50 ms", "ratio", "gemini-once p99 ms", "peer p99 ms", "n (ours/peer)", "failed"],
       r.side.table.map((x) => [x.scenario, x.concurrency, x["gemini-once"].rps, x.peer.rps, x.rps_ratio, x["gemini-once"].p50_ms, x.peer.p50_ms, x.p50_ratio, x["gemini-once"].p99_ms, x.peer.p99_ms, `${x["gemini-once"].n}/${x.peer.n}`, x["gemini-once"].failed + x.peer.failed]),
     ));
+    const withMin = r.side.table.filter((x) => x.minimum);
+    if (withMin.length) {
+      out.push("", "The measured limit of the shape (scripts/bench/minimum.mjs): the least a design with a durable owner per operation does, in plain JS, same cells; ratios are to the peer:");
+      const names = [...new Set(withMin.flatMap((x) => Object.keys(x.minimum)))];
+      out.push(fmtTable(
+        ["scenario", "conc", "gemini-once req/s", ...names.flatMap((d) => [`${d} req/s`, "ratio"]), "peer req/s", "gemini-once p50 ms", ...names.flatMap((d) => [`${d} p50 ms`, "ratio"]), "peer p50 ms"],
+        withMin.map((x) => [x.scenario, x.concurrency, x["gemini-once"].rps, ...names.flatMap((d) => [x.minimum[d]?.rps, x.minimum[d]?.rps_ratio]), x.peer.rps, x["gemini-once"].p50_ms, ...names.flatMap((d) => [x.minimum[d]?.p50_ms, x.minimum[d]?.p50_ratio]), x.peer.p50_ms]),
+      ));
+    }
     out.push("", "gemini-once's first delivery: the side effect's start after the answer (`after_settled_ms` of effect_delivered; p50 of the rounds' p50, max p99):");
     out.push(fmtTable(["conc", "p50 ms", "p99 ms"], r.side.table.filter((x) => x.scenario === "first").map((x) => [x.concurrency, x.effect_after_answer_ms?.p50, x.effect_after_answer_ms?.p99])));
     out.push("", "per request, seen from outside (last round): effects at the destination, KV keys created by prefix, the worker's log lines by event (the peer logs none); Miniflare exposes no count of KV reads or writes:");

@@ -5,9 +5,12 @@
 // to the next cell: registration (POST /v1/operations, creates the gate), first (a new
 // completion for a registered operation), duplicate (the same delivery again, after the idle
 // period, to an operation that has gone idle), rejected (wrong secret), floor (GET /healthz).
-// The order of the two designs alternates by round. Per cell it also counts what can be seen
+// The order of the designs rotates by round. Per cell it also counts what can be seen
 // from outside: effects at the destination, the worker's log lines by event (gate calls,
 // alarm runs), and KV keys created, by prefix; Miniflare exposes no count of KV reads/writes.
+// Unless `plan.side.minimum` is off, the minimum designs (minimum.mjs: the least a design with
+// a durable owner per operation does, in plain JS) run registration, first and duplicate in
+// the same rounds: the measured limit of the shape, beside what gemini-once and the peer do.
 import http from "node:http";
 
 import { ADMIN_TOKEN, OTHER_SECRET, round, sleep } from "./common.mjs";
@@ -15,18 +18,23 @@ import { kvByPrefix, startWorker } from "./worker.mjs";
 import { cpuMeter, median, quiesce, summarize } from "./measure.mjs";
 import { OUTPUT, envelope, load, send, signed } from "./load.mjs";
 import { bundlePeer, startPeer } from "./peer.mjs";
+import { MINIMUM_DESIGNS, startMinimum } from "./minimum.mjs";
 
 export const SIDE_SCENARIOS = ["registration", "first", "duplicate", "rejected", "floor"];
+/** The scenarios the minimum designs run: what the shape costs (rejected and floor are not its). */
+const MINIMUM_SCENARIOS = new Set(["registration", "first", "duplicate"]);
+const isMinimum = (d) => d in MINIMUM_DESIGNS;
 
 /** Every key of the worker's OPS_KV, counted by prefix (up to the first ':'). */
-async function kvKeysByPrefix(w) {
-  return Object.fromEntries(Object.entries(await kvByPrefix(w)).map(([p, t]) => [p, t.keys]));
+async function kvKeysByPrefix(w, namespace) {
+  return Object.fromEntries(Object.entries(await kvByPrefix(w, { namespace })).map(([p, t]) => [p, t.keys]));
 }
 
 /** Request makers and answer checks of one design; `tag` keeps the designs' names apart. */
 function makers(design, tag, run) {
   const admin = { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" };
-  const ours = design === "gemini-once";
+  // gemini-once and the minimum designs answer with the gate's JSON; the peer with plain text.
+  const ours = design !== "peer";
   let seq = 0;
   // A delivery of `id`; `again` (an earlier delivery) resends its body and webhook-id, signed now.
   const delivery = (id, n, secret, again) => {
@@ -52,16 +60,23 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
     "gemini-once": await startWorker(buildDir, { EFFECT_URL: `${stubs.url}/effects`, GEMINI_API_BASE: stubs.url }),
     peer: await startPeer(bundle, `${stubs.url}/effects`),
   };
+  if (plan.side.minimum !== false) {
+    for (const d of Object.keys(MINIMUM_DESIGNS)) designs[d] = await startMinimum(d, `${stubs.url}/effects`);
+  }
+  // The KV namespace each design keeps its ledger in (for the keys-created count).
+  const ledgerOf = (d) => (isMinimum(d) ? "LEDGER" : d === "peer" ? bundle.kvNamespaces[0] : "OPS_KV");
   const run = Date.now().toString(36);
   const s = plan.side;
   const cells = [];
   try {
     for (let r = 0; r < s.rounds; r++) {
-      // Alternate which design goes first, so neither always runs right after the other's idle.
-      const order = r % 2 ? ["peer", "gemini-once"] : ["gemini-once", "peer"];
+      // Rotate which design goes first, so none always runs right after another's idle.
+      const names = Object.keys(designs);
+      const order = names.map((_, i) => names[(i + r) % names.length]);
       for (const c of s.concurrency) {
         const agents = Object.fromEntries(order.map((d) => [d, new http.Agent({ keepAlive: true, maxSockets: c, maxFreeSockets: c })]));
-        const mk = Object.fromEntries(order.map((d) => [d, makers(d, d === "peer" ? `sp${r}c${c}` : `so${r}c${c}`, run)]));
+        const tags = { "gemini-once": "so", peer: "sp", "object-per-op": "sm", sharded: "ss" };
+        const mk = Object.fromEntries(order.map((d) => [d, makers(d, `${tags[d]}${r}c${c}`, run)]));
         // Untimed: each design's operations for this round's first deliveries, then idle.
         const pools = {};
         for (const d of order) {
@@ -80,7 +95,7 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
         }
         await idle(designs, s.idleMs);
         for (const name of SIDE_SCENARIOS) {
-          for (const d of order) {
+          for (const d of order.filter((x) => !isMinimum(x) || MINIMUM_SCENARIOS.has(name))) {
             const w = designs[d];
             const m = mk[d];
             const pool = pools[d];
@@ -102,7 +117,7 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
             else make = () => ({ method: "GET", path: "/healthz" });
             const check = name === "registration" ? m.registered : m[name];
             const events0 = w.eventCounts ? w.eventCounts() : {};
-            const kv0 = await kvKeysByPrefix(w);
+            const kv0 = await kvKeysByPrefix(w, ledgerOf(d));
             const effects0 = (await stubs.stats()).effects;
             const meter = cpuMeter(w.pid, stubs.pid);
             const res = await load({ base: w.url, agent: agents[d], concurrency: c, durationMs: s.seconds * 1000, maxRequests: max, make, check });
@@ -111,7 +126,7 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
             await idle(designs, s.idleMs);
             const n = res.lat.length;
             const effects = (await stubs.stats()).effects - effects0;
-            const kv1 = await kvKeysByPrefix(w);
+            const kv1 = await kvKeysByPrefix(w, ledgerOf(d));
             const events1 = w.eventCounts ? w.eventCounts() : {};
             const per = (x) => (n ? round(x / n, 3) : null);
             const kvCreated = Object.fromEntries(Object.keys({ ...kv0, ...kv1 }).map((p) => [p, per((kv1[p] ?? 0) - (kv0[p] ?? 0))]).filter(([, v]) => v));
@@ -182,6 +197,15 @@ function sideTable(cells, s) {
       const o = fig(ours);
       const p = fig(peer);
       const row = { concurrency: c, scenario: name, "gemini-once": o, peer: p, rps_ratio: round(o.rps / p.rps, 2), p50_ratio: round(o.p50_ms / p.p50_ms, 2) };
+      // The minimum designs, each with its own ratios to the peer.
+      const minimum = {};
+      for (const d of Object.keys(MINIMUM_DESIGNS)) {
+        const cs = of(d);
+        if (!cs.length) continue;
+        const m = fig(cs);
+        minimum[d] = { ...m, rps_ratio: round(m.rps / p.rps, 2), p50_ratio: round(m.p50_ms / p.p50_ms, 2) };
+      }
+      if (Object.keys(minimum).length) row.minimum = minimum;
       if (name === "first") {
         const after = ours.flatMap((x) => (x.effect_after_answer_ms ? [x.effect_after_answer_ms] : []));
         row.effect_after_answer_ms = { p50: median(after.map((a) => a.p50)), p99: Math.max(...after.map((a) => a.p99), 0) };

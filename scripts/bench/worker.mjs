@@ -165,11 +165,11 @@ export async function startWorker(dir, vars, extraOptions = {}, { probe = false,
 }
 
 /**
- * What the worker's OPS_KV holds, by key prefix (up to the first ':'): keys, and with `bytes`
+ * What the worker's OPS_KV (or `namespace`) holds, by key prefix (up to the first ':'): keys, and with `bytes`
  * their size (key + value + metadata JSON; reads every value).
  */
-export async function kvByPrefix(w, { bytes = false } = {}) {
-  const kv = await w.mf.getKVNamespace("OPS_KV");
+export async function kvByPrefix(w, { bytes = false, namespace = "OPS_KV" } = {}) {
+  const kv = await w.mf.getKVNamespace(namespace);
   const out = {};
   let cursor;
   do {
