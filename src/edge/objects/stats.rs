@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
+use worker::SqlStorageValue;
 use worker::{durable_object, Context, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::gate_protocol::{LeaseCommand, LeaseReply};
@@ -219,7 +220,31 @@ impl DurableObject for StatsShard {
     }
 }
 
+/// Bound parameters a Durable Object's SQLite accepts in one statement.
+const MAX_BINDINGS: usize = 100;
+
 impl StatsShard {
+    /// Inserts `rows` of three values each with `head` (`INSERT ... VALUES `) and `tail` (an
+    /// upsert clause), as many rows per statement as [`MAX_BINDINGS`] allows.
+    fn insert_rows(
+        &self,
+        sql: &worker::SqlStorage,
+        head: &str,
+        tail: &str,
+        rows: Vec<[SqlStorageValue; 3]>,
+    ) -> Result<()> {
+        for chunk in rows.chunks(MAX_BINDINGS / 3) {
+            let mut query = String::from(head);
+            for i in 0..chunk.len() {
+                query.push_str(if i == 0 { "(?, ?, ?)" } else { ", (?, ?, ?)" });
+            }
+            query.push_str(tail);
+            let bindings: Vec<SqlStorageValue> = chunk.iter().flatten().cloned().collect();
+            self.meter.exec(sql, &query, bindings)?;
+        }
+        Ok(())
+    }
+
     async fn handle(&self, mut req: Request) -> Result<Response> {
         let command: ShardCommand = match req.json().await {
             Ok(c) => c,
@@ -245,14 +270,11 @@ impl StatsShard {
                     None => None,
                 };
                 let mut counts: BTreeMap<(i64, String), i64> = BTreeMap::new();
+                let mut drops: Vec<[SqlStorageValue; 3]> = Vec::new();
                 let mut highest = seen.unwrap_or(0);
                 for e in to_count(&events, seen) {
                     if let (Some(g), Some(reason)) = (&gate, e.name.strip_prefix("dropped_")) {
-                        self.meter.exec(
-                            &sql,
-                            "INSERT INTO recent (at_ms, gate, name) VALUES (?, ?, ?)",
-                            vec![e.at_ms.into(), g.clone().into(), reason.to_string().into()],
-                        )?;
+                        drops.push([e.at_ms.into(), g.clone().into(), reason.to_string().into()]);
                     }
                     let n = e.count as i64;
                     *counts.entry((-1, e.name.clone())).or_default() += n;
@@ -261,13 +283,23 @@ impl StatsShard {
                         .or_default() += n;
                     highest = highest.max(e.seq);
                 }
-                for ((hour, name), n) in counts {
-                    self.meter.exec(
-                        &sql,
-                        "INSERT INTO counts (hour, name, n) VALUES (?, ?, ?) ON CONFLICT(hour, name) DO UPDATE SET n = n + excluded.n",
-                        vec![hour.into(), name.into(), n.into()],
-                    )?;
-                }
+                // Every row in as few statements as the binding limit allows (a flush of a
+                // completion's ~3 counters is one statement, not six).
+                self.insert_rows(
+                    &sql,
+                    "INSERT INTO recent (at_ms, gate, name) VALUES ",
+                    "",
+                    drops,
+                )?;
+                self.insert_rows(
+                    &sql,
+                    "INSERT INTO counts (hour, name, n) VALUES ",
+                    " ON CONFLICT(hour, name) DO UPDATE SET n = n + excluded.n",
+                    counts
+                        .into_iter()
+                        .map(|((hour, name), n)| [hour.into(), name.into(), n.into()])
+                        .collect(),
+                )?;
                 if let Some(g) = gate {
                     self.meter.exec(
                         &sql,
