@@ -59,6 +59,18 @@ test("the side-by-side targets follow the figures, at concurrency 10", () => {
   assert.equal(holds["side by side: first delivery answer p50 <= the simple design's"], false);
   assert.equal(holds["side by side: rejected (informational; target: unchanged)"], null);
   assert.ok(!t.some((x) => x.target.includes("floor")), "no floor row without floor figures");
+  assert.ok(!t.some((x) => x.target.includes("minimum")), "no limit rows without the minimum designs");
+});
+
+test("a missed first-delivery target is shown beside the minimum of the shape, as information", () => {
+  const first = { scenario: "first", concurrency: 10, "gemini-once": { rps: 120, p50_ms: 45 }, peer: { rps: 400, p50_ms: 24 } };
+  first.minimum = { "object-per-op": { rps: 220, p50_ms: 44, rps_ratio: 0.55, p50_ratio: 1.83 } };
+  const t = evaluateTargets({ side: { table: [first] } });
+  const limit = t.find((x) => x.target === "side by side: first delivery of the object-per-op minimum (informational: the shape's limit)");
+  assert.ok(limit, "the limit row");
+  assert.equal(limit.holds, null);
+  assert.match(limit.value, /^220 vs peer 400 req\/s \(0\.55x\), p50 44 vs 24 ms; gemini-once 120 req\/s, p50 45 ms$/);
+  assert.equal(t.find((x) => x.target === "side by side: first delivery req/s >= the simple design's").holds, false);
 });
 
 test("the minimum designs keep the shape's promises: one effect per completion, a ledger entry each", { timeout: 120_000 }, async () => {

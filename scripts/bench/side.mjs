@@ -25,7 +25,7 @@ export const SIDE_SCENARIOS = ["registration", "first", "duplicate", "rejected",
 const MINIMUM_SCENARIOS = new Set(["registration", "first", "duplicate"]);
 const isMinimum = (d) => d in MINIMUM_DESIGNS;
 
-/** Every key of the worker's OPS_KV, counted by prefix (up to the first ':'). */
+/** Every key of a design's ledger namespace, counted by prefix (up to the first ':'). */
 async function kvKeysByPrefix(w, namespace) {
   return Object.fromEntries(Object.entries(await kvByPrefix(w, { namespace })).map(([p, t]) => [p, t.keys]));
 }
