@@ -42,6 +42,7 @@ pub mod config;
 pub mod log_event;
 pub mod retry;
 pub mod stats;
+pub mod stats_store;
 pub mod timestamp;
 pub mod usage;
 

@@ -1,26 +1,26 @@
 //! `/v1/stats`: the StatsShard Durable Objects, the per-isolate rejection counters, and the
 //! read that sums them.
 //!
-//! Storage of a shard (SQLite): `counts(hour, name, n)` with hour -1 holding totals since the
-//! shard's storage was created and other hours the last day's buckets (older ones pruned);
-//! `seen(gate, seq, at_ms)` the highest event sequence counted per operation, so a gate's
-//! retried flush is never counted twice; `recent(at_ms, gate, name)` the newest
-//! [`RECENT_DROPS`] dropped events, for the dashboard. A read returns the totals, the last
-//! day's sums and its hourly buckets (the dashboard's trend). Guarantees: see [`crate::stats`].
+//! Storage of a shard (SQLite): its tables and statements are [`crate::stats_store`]'s (hour
+//! buckets and the sum of the pruned ones, dedupe marks per operation, recent drops); this
+//! object runs them on its database, counted by its meter, and prunes at most hourly. A read
+//! returns the totals, the last day's sums and its hourly buckets (the dashboard's trend).
+//! Guarantees: see [`crate::stats`] and [`crate::stats_store`].
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 
-use serde::Deserialize;
 use serde_json::{json, Value};
-use worker::SqlStorageValue;
-use worker::{durable_object, Context, Date, DurableObject, Env, Request, Response, Result, State};
+use worker::{
+    durable_object, Context, Date, DurableObject, Env, Request, Response, Result, SqlStorage,
+    SqlStorageValue, State,
+};
 
 use crate::gate_protocol::{LeaseCommand, LeaseReply};
 use crate::stats::{
-    hour_of, hourly_series, merge, merge_hourly, prune_due, to_count, Hourly, RecentDrop,
-    ShardCommand, ShardCounts, StatEvent, Tally, SHARDS, TREND_HOURS,
+    hourly_series, merge, merge_hourly, prune_due, Hourly, ShardCommand, ShardCounts, StatEvent,
+    Tally, SHARDS, TREND_HOURS,
 };
+use crate::stats_store::{self, Param, Row, Sql, RECENT_DROPS};
 
 use crate::log_event::LogEvent;
 
@@ -34,10 +34,6 @@ pub const STATS_BINDING: &str = "STATS";
 /// Counts kept at the edge (rejections, duplicates answered from memory) are flushed at most
 /// this often per isolate, and at least as often as `STATS_FLUSH_SECONDS` asks (1 s at least).
 const EDGE_FLUSH_MAX_MS: i64 = 10_000;
-/// Dropped events kept per shard for "recently dropped".
-const RECENT_DROPS: i64 = 50;
-/// Operations whose dedupe mark is older than this are pruned (past any gate's life).
-const SEEN_KEEP_MS: i64 = 400 * 86_400_000;
 
 thread_local! {
     /// This isolate's counts not yet flushed, and when it last flushed.
@@ -174,37 +170,40 @@ pub struct StatsShard {
     meter: Meter,
 }
 
-#[derive(Deserialize)]
-struct CountRow {
-    name: String,
-    n: f64,
+/// The shard's database as [`stats_store`] sees it, each statement counted by the meter.
+struct ShardSql<'a> {
+    meter: &'a Meter,
+    sql: SqlStorage,
 }
 
-#[derive(Deserialize)]
-struct SeqRow {
-    seq: f64,
+impl Sql for ShardSql<'_> {
+    fn run(&self, query: &str, params: Vec<Param>) -> std::result::Result<Vec<Row>, String> {
+        let bindings: Vec<SqlStorageValue> = params
+            .into_iter()
+            .map(|p| match p {
+                Param::Int(n) => n.into(),
+                Param::Text(s) => s.into(),
+            })
+            .collect();
+        self.meter
+            .rows(&self.sql, query, bindings)
+            .map_err(|e| e.to_string())
+    }
 }
 
 impl DurableObject for StatsShard {
     fn new(state: State, env: Env) -> Self {
-        let sql = state.storage().sql();
         let meter = Meter::default();
         meter.begin(load_config(&env).is_ok_and(|c| c.usage_log));
-        for ddl in [
-            "CREATE TABLE IF NOT EXISTS counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name))",
-            "CREATE TABLE IF NOT EXISTS seen (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL)",
-            "CREATE TABLE IF NOT EXISTS recent (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, gate TEXT NOT NULL, name TEXT NOT NULL)",
-            "CREATE INDEX IF NOT EXISTS seen_by_age ON seen (at_ms)",
-        ] {
-            if let Err(e) = meter.exec(&sql, ddl, None) {
-                log(json!({"event": "stats_schema_error", "error": e.to_string()}));
-            }
-        }
-        Self {
+        let shard = Self {
             state,
             pruned_at_ms: Cell::new(0),
             meter,
+        };
+        if let Err(e) = stats_store::open(&shard.db()) {
+            log(json!({"event": "stats_schema_error", "error": e}));
         }
+        shard
     }
 
     async fn fetch(&self, req: Request) -> Result<Response> {
@@ -220,29 +219,12 @@ impl DurableObject for StatsShard {
     }
 }
 
-/// Bound parameters a Durable Object's SQLite accepts in one statement.
-const MAX_BINDINGS: usize = 100;
-
 impl StatsShard {
-    /// Inserts `rows` of three values each with `head` (`INSERT ... VALUES `) and `tail` (an
-    /// upsert clause), as many rows per statement as [`MAX_BINDINGS`] allows.
-    fn insert_rows(
-        &self,
-        sql: &worker::SqlStorage,
-        head: &str,
-        tail: &str,
-        rows: Vec<[SqlStorageValue; 3]>,
-    ) -> Result<()> {
-        for chunk in rows.chunks(MAX_BINDINGS / 3) {
-            let mut query = String::from(head);
-            for i in 0..chunk.len() {
-                query.push_str(if i == 0 { "(?, ?, ?)" } else { ", (?, ?, ?)" });
-            }
-            query.push_str(tail);
-            let bindings: Vec<SqlStorageValue> = chunk.iter().flatten().cloned().collect();
-            self.meter.exec(sql, &query, bindings)?;
+    fn db(&self) -> ShardSql<'_> {
+        ShardSql {
+            meter: &self.meter,
+            sql: self.state.storage().sql(),
         }
-        Ok(())
     }
 
     async fn handle(&self, mut req: Request) -> Result<Response> {
@@ -253,141 +235,22 @@ impl StatsShard {
             }
         };
         let now = Date::now().as_millis() as i64;
-        let sql = self.state.storage().sql();
-        match command {
+        let db = self.db();
+        let answer = match command {
             ShardCommand::Add { gate, events } => {
-                let seen = match &gate {
-                    Some(g) => Some(
-                        self.meter
-                            .rows::<SeqRow>(
-                                &sql,
-                                "SELECT seq FROM seen WHERE gate = ?",
-                                vec![g.clone().into()],
-                            )?
-                            .first()
-                            .map_or(0, |r| r.seq as u64),
-                    ),
-                    None => None,
-                };
-                let mut counts: BTreeMap<(i64, String), i64> = BTreeMap::new();
-                let mut drops: Vec<[SqlStorageValue; 3]> = Vec::new();
-                let mut highest = seen.unwrap_or(0);
-                for e in to_count(&events, seen) {
-                    if let (Some(g), Some(reason)) = (&gate, e.name.strip_prefix("dropped_")) {
-                        drops.push([e.at_ms.into(), g.clone().into(), reason.to_string().into()]);
-                    }
-                    let n = e.count as i64;
-                    *counts.entry((-1, e.name.clone())).or_default() += n;
-                    *counts
-                        .entry((hour_of(e.at_ms), e.name.clone()))
-                        .or_default() += n;
-                    highest = highest.max(e.seq);
-                }
-                // Every row in as few statements as the binding limit allows (a flush of a
-                // completion's ~3 counters is one statement, not six).
-                self.insert_rows(
-                    &sql,
-                    "INSERT INTO recent (at_ms, gate, name) VALUES ",
-                    "",
-                    drops,
-                )?;
-                self.insert_rows(
-                    &sql,
-                    "INSERT INTO counts (hour, name, n) VALUES ",
-                    " ON CONFLICT(hour, name) DO UPDATE SET n = n + excluded.n",
-                    counts
-                        .into_iter()
-                        .map(|((hour, name), n)| [hour.into(), name.into(), n.into()])
-                        .collect(),
-                )?;
-                if let Some(g) = gate {
-                    self.meter.exec(
-                        &sql,
-                        "INSERT INTO seen (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms",
-                        vec![g.into(), (highest as i64).into(), now.into()],
-                    )?;
-                }
-                if prune_due(now, self.pruned_at_ms.get()) {
+                let prune = prune_due(now, self.pruned_at_ms.get());
+                if prune {
                     self.pruned_at_ms.set(now);
-                    self.meter.exec(
-                        &sql,
-                        "DELETE FROM counts WHERE hour >= 0 AND hour < ?",
-                        vec![(hour_of(now) - 48).into()],
-                    )?;
-                    self.meter.exec(
-                        &sql,
-                        "DELETE FROM seen WHERE at_ms < ?",
-                        vec![(now - SEEN_KEEP_MS).into()],
-                    )?;
                 }
-                // Cheap (the newest rows by primary key), and it keeps "recent" recent.
-                if events.iter().any(|e| e.name.starts_with("dropped_")) {
-                    self.meter.exec(
-                        &sql,
-                        "DELETE FROM recent WHERE seq <= (SELECT MAX(seq) FROM recent) - ?",
-                        vec![RECENT_DROPS.into()],
-                    )?;
-                }
-                Response::from_json(&json!({"ok": true}))
+                stats_store::add(&db, gate.as_deref(), &events, now, prune)
+                    .map(|()| json!({"ok": true}))
             }
-            ShardCommand::Read => {
-                let total: Vec<CountRow> =
-                    self.meter
-                        .rows(&sql, "SELECT name, n FROM counts WHERE hour = -1", None)?;
-                let day: Vec<CountRow> = self.meter.rows(
-                    &sql,
-                    "SELECT name, SUM(n) AS n FROM counts WHERE hour > ? GROUP BY name",
-                    vec![(hour_of(now) - 24).into()],
-                )?;
-                let tally = |rows: Vec<CountRow>| {
-                    rows.into_iter()
-                        .map(|r| (r.name, r.n as u64))
-                        .collect::<Tally>()
-                };
-                #[derive(Deserialize)]
-                struct HourRow {
-                    hour: f64,
-                    name: String,
-                    n: f64,
-                }
-                let rows: Vec<HourRow> = self.meter.rows(
-                    &sql,
-                    "SELECT hour, name, n FROM counts WHERE hour > ?",
-                    vec![(hour_of(now) - TREND_HOURS).into()],
-                )?;
-                let mut hourly = Hourly::new();
-                for r in rows {
-                    *hourly
-                        .entry(r.hour as i64)
-                        .or_default()
-                        .entry(r.name)
-                        .or_default() += r.n as u64;
-                }
-                #[derive(Deserialize)]
-                struct DropRow {
-                    at_ms: f64,
-                    gate: String,
-                    name: String,
-                }
-                let recent: Vec<DropRow> = self.meter.rows(
-                    &sql,
-                    "SELECT at_ms, gate, name FROM recent ORDER BY seq DESC",
-                    None,
-                )?;
-                Response::from_json(&ShardCounts {
-                    total: tally(total),
-                    last_24h: tally(day),
-                    recent_drops: recent
-                        .into_iter()
-                        .map(|r| RecentDrop {
-                            at_ms: r.at_ms as i64,
-                            key: r.gate,
-                            reason: r.name,
-                        })
-                        .collect(),
-                    hourly,
-                })
-            }
+            ShardCommand::Read => stats_store::read(&db, now, TREND_HOURS)
+                .and_then(|counts| serde_json::to_value(counts).map_err(|e| e.to_string())),
+        };
+        match answer {
+            Ok(body) => Response::from_json(&body),
+            Err(e) => Err(worker::Error::RustError(format!("stats shard: {e}"))),
         }
     }
 }
