@@ -67,6 +67,8 @@ export async function startPlain({ code, compatibilityDate, compatibilityFlags =
     url,
     ready_ms: now() - t0,
     pid: childPids("workerd").find((p) => !known.has(p)) ?? null,
+    // The KV namespace that holds its ledger (the first it binds).
+    ledger: kvNamespaces[0],
     other,
     // These workers log nothing: no events to count.
     events: () => [],

@@ -24,10 +24,12 @@ export const SIDE_SCENARIOS = ["registration", "first", "duplicate", "rejected",
 /** The scenarios the minimum designs run: what the shape costs (rejected and floor are not its). */
 const MINIMUM_SCENARIOS = new Set(["registration", "first", "duplicate"]);
 const isMinimum = (d) => d in MINIMUM_DESIGNS;
+/** Each design's prefix for the operation names and webhook-ids it is sent. */
+const TAGS = { "gemini-once": "so", peer: "sp", "object-per-op": "sm", sharded: "ss" };
 
 /** Every key of a design's ledger namespace, counted by prefix (up to the first ':'). */
-async function kvKeysByPrefix(w, namespace) {
-  return Object.fromEntries(Object.entries(await kvByPrefix(w, { namespace })).map(([p, t]) => [p, t.keys]));
+async function kvKeysByPrefix(w) {
+  return Object.fromEntries(Object.entries(await kvByPrefix(w)).map(([p, t]) => [p, t.keys]));
 }
 
 /** Request makers and answer checks of one design; `tag` keeps the designs' names apart. */
@@ -63,8 +65,6 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
   if (plan.side.minimum !== false) {
     for (const d of Object.keys(MINIMUM_DESIGNS)) designs[d] = await startMinimum(d, `${stubs.url}/effects`);
   }
-  // The KV namespace each design keeps its ledger in (for the keys-created count).
-  const ledgerOf = (d) => (isMinimum(d) ? "LEDGER" : d === "peer" ? bundle.kvNamespaces[0] : "OPS_KV");
   const run = Date.now().toString(36);
   const s = plan.side;
   const cells = [];
@@ -75,8 +75,7 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
       const order = names.map((_, i) => names[(i + r) % names.length]);
       for (const c of s.concurrency) {
         const agents = Object.fromEntries(order.map((d) => [d, new http.Agent({ keepAlive: true, maxSockets: c, maxFreeSockets: c })]));
-        const tags = { "gemini-once": "so", peer: "sp", "object-per-op": "sm", sharded: "ss" };
-        const mk = Object.fromEntries(order.map((d) => [d, makers(d, `${tags[d]}${r}c${c}`, run)]));
+        const mk = Object.fromEntries(order.map((d) => [d, makers(d, `${TAGS[d]}${r}c${c}`, run)]));
         // Untimed: each design's operations for this round's first deliveries, then idle.
         const pools = {};
         for (const d of order) {
@@ -117,7 +116,7 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
             else make = () => ({ method: "GET", path: "/healthz" });
             const check = name === "registration" ? m.registered : m[name];
             const events0 = w.eventCounts ? w.eventCounts() : {};
-            const kv0 = await kvKeysByPrefix(w, ledgerOf(d));
+            const kv0 = await kvKeysByPrefix(w);
             const effects0 = (await stubs.stats()).effects;
             const meter = cpuMeter(w.pid, stubs.pid);
             const res = await load({ base: w.url, agent: agents[d], concurrency: c, durationMs: s.seconds * 1000, maxRequests: max, make, check });
@@ -126,7 +125,7 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
             await idle(designs, s.idleMs);
             const n = res.lat.length;
             const effects = (await stubs.stats()).effects - effects0;
-            const kv1 = await kvKeysByPrefix(w, ledgerOf(d));
+            const kv1 = await kvKeysByPrefix(w);
             const events1 = w.eventCounts ? w.eventCounts() : {};
             const per = (x) => (n ? round(x / n, 3) : null);
             const kvCreated = Object.fromEntries(Object.keys({ ...kv0, ...kv1 }).map((p) => [p, per((kv1[p] ?? 0) - (kv0[p] ?? 0))]).filter(([, v]) => v));
@@ -196,14 +195,15 @@ function sideTable(cells, s) {
       });
       const o = fig(ours);
       const p = fig(peer);
-      const row = { concurrency: c, scenario: name, "gemini-once": o, peer: p, rps_ratio: round(o.rps / p.rps, 2), p50_ratio: round(o.p50_ms / p.p50_ms, 2) };
+      const vsPeer = (x) => ({ rps_ratio: round(x.rps / p.rps, 2), p50_ratio: round(x.p50_ms / p.p50_ms, 2) });
+      const row = { concurrency: c, scenario: name, "gemini-once": o, peer: p, ...vsPeer(o) };
       // The minimum designs, each with its own ratios to the peer.
       const minimum = {};
       for (const d of Object.keys(MINIMUM_DESIGNS)) {
         const cs = of(d);
         if (!cs.length) continue;
         const m = fig(cs);
-        minimum[d] = { ...m, rps_ratio: round(m.rps / p.rps, 2), p50_ratio: round(m.p50_ms / p.p50_ms, 2) };
+        minimum[d] = { ...m, ...vsPeer(m) };
       }
       if (Object.keys(minimum).length) row.minimum = minimum;
       if (name === "first") {

@@ -144,6 +144,8 @@ export async function startWorker(dir, vars, extraOptions = {}, { probe = false,
     url,
     ready_ms,
     pid: childPids("workerd").find((p) => !known.has(p)) ?? null,
+    // The KV namespace that holds its ledger.
+    ledger: "OPS_KV",
     other,
     events: (name) => byEvent.get(name) ?? [],
     count: (name) => (byEvent.get(name) ?? []).length,
@@ -165,11 +167,11 @@ export async function startWorker(dir, vars, extraOptions = {}, { probe = false,
 }
 
 /**
- * What the worker's OPS_KV (or `namespace`) holds, by key prefix (up to the first ':'): keys, and with `bytes`
+ * What a worker's ledger namespace holds, by key prefix (up to the first ':'): keys, and with `bytes`
  * their size (key + value + metadata JSON; reads every value).
  */
-export async function kvByPrefix(w, { bytes = false, namespace = "OPS_KV" } = {}) {
-  const kv = await w.mf.getKVNamespace(namespace);
+export async function kvByPrefix(w, { bytes = false } = {}) {
+  const kv = await w.mf.getKVNamespace(w.ledger);
   const out = {};
   let cursor;
   do {
