@@ -10,6 +10,9 @@ import path from "node:path";
 
 import { bundlePeer } from "../scripts/bench/peer.mjs";
 import { evaluateTargets } from "../scripts/bench/report.mjs";
+import { SIDE_SCENARIOS, sideSteps } from "../scripts/bench/side.mjs";
+import { startStubs } from "../scripts/bench/stubs.mjs";
+import { send } from "../scripts/bench/load.mjs";
 
 test("a TypeScript peer is bundled to one ES module, with its wrangler.toml's runtime", async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "bench-peer-"));
@@ -60,6 +63,54 @@ test("the side-by-side targets follow the figures, at concurrency 10", () => {
   assert.equal(holds["side by side: rejected (informational; target: unchanged)"], null);
   assert.ok(!t.some((x) => x.target.includes("floor")), "no floor row without floor figures");
   assert.ok(!t.some((x) => x.target.includes("minimum")), "no limit rows without the minimum designs");
+});
+
+test("first deliveries to a destination that takes time are targets of their own, beside those to one that answers at once", () => {
+  const first = (dest_ms, ours, peer) => ({ scenario: "first", concurrency: 10, dest_ms, "gemini-once": ours, peer });
+  const t = evaluateTargets({
+    side: {
+      table: [
+        first(0, { rps: 130, p50_ms: 40 }, { rps: 500, p50_ms: 16 }),
+        first(100, { rps: 128, p50_ms: 41 }, { rps: 90, p50_ms: 108 }),
+        first(250, { rps: 120, p50_ms: 45 }, { rps: 39, p50_ms: 255 }),
+      ],
+    },
+  });
+  const holds = Object.fromEntries(t.map((x) => [x.target, x.holds]));
+  assert.equal(holds["side by side: first delivery req/s >= the simple design's"], false, "read from the row at once, not a slow one");
+  assert.equal(holds["side by side: first delivery answer p50 <= the simple design's"], false);
+  assert.equal(holds["side by side: first delivery, destination taking 100 ms, req/s >= the simple design's"], true);
+  assert.equal(holds["side by side: first delivery, destination taking 100 ms, answer p50 <= the simple design's"], true);
+  assert.equal(holds["side by side: first delivery, destination taking 250 ms, answer p50 <= the simple design's"], true);
+  assert.match(t.find((x) => x.target.startsWith("side by side: first delivery, destination taking 100 ms, req/s")).value, /^128 vs peer 90 req\/s \(c=10\)$/);
+  // A slow destination that slows gemini-once's answer below the peer's is a miss, not a pass.
+  const slowMiss = evaluateTargets({ side: { table: [first(100, { rps: 60, p50_ms: 150 }, { rps: 90, p50_ms: 108 })] } });
+  assert.ok(slowMiss.filter((x) => x.target.includes("100 ms")).every((x) => x.holds === false));
+});
+
+test("the side-by-side cells: every scenario at once, then one first-delivery cell per positive destination delay", () => {
+  assert.deepEqual(sideSteps([100, 0, 100, 250]).map((x) => `${x.name}@${x.destMs}`), [
+    "registration@0", "first@0", "duplicate@0", "rejected@0", "floor@0", "first@100", "first@250",
+  ]);
+  assert.deepEqual(sideSteps([]).map((x) => x.name), SIDE_SCENARIOS);
+});
+
+test("the destination stand-in answers after the delay it is given, and refuses a bad one", { timeout: 30_000 }, async () => {
+  const stubs = await startStubs();
+  try {
+    const post = () => send(false, new URL(stubs.url), { method: "POST", path: "/effects", headers: { "idempotency-key": "k" }, body: "{}" });
+    await stubs.setDestinationDelay(300);
+    const t0 = Date.now();
+    assert.equal((await post()).status, 200);
+    // A lower bound only: a timer never fires early, however loaded the machine.
+    assert.ok(Date.now() - t0 >= 290, `answered after ${Date.now() - t0} ms`);
+    await assert.rejects(stubs.setDestinationDelay(-1), /refused: 400/);
+    await stubs.setDestinationDelay(0);
+    assert.equal((await post()).status, 200);
+    assert.equal((await stubs.stats()).effects, 2);
+  } finally {
+    stubs.stop();
+  }
 });
 
 test("a missed first-delivery target is shown beside the minimum of the shape, as information", () => {

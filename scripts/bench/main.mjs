@@ -21,6 +21,9 @@
 //                                        concurrencies, and idle seconds after every cell
 //                                        (rounds and seconds: --rounds, --seconds)
 //   npm run bench -- --peer DIR --no-minimum   without the minimum designs (below)
+//   npm run bench -- --peer DIR --dest-ms 100,250   side by side: first deliveries again with the
+//                                        destination answering after each delay (default 100;
+//                                        0 alone leaves them out)
 //
 // What it reports:
 //  - fast path, each as p50/p99 latency and throughput at concurrency 1, 10 and 50, and its
@@ -38,9 +41,10 @@
 //    log lines, and how many cron runs cover the ledger at the default budget;
 //  - with --peer, side by side with the simple design (issue 13 §1), both in the same run:
 //    registration, first (a new completion for a registered operation), duplicate (the same
-//    delivery again, after an idle period), rejected, floor; req/s and p50 (median over
-//    rounds), the ratio gemini-once/peer, the effect's delay after the answer, and per
-//    request what is seen from outside (effects, log lines by event, KV keys created); and,
+//    delivery again, after an idle period), rejected, floor, and first again with a destination
+//    that takes time (--dest-ms); req/s and p50 (median over rounds), the ratio
+//    gemini-once/peer, the effect's delay after the answer, and per request what is seen
+//    from outside (effects, log lines by event, KV keys created); and,
 //    in the same cells, the minimum of the shape (scripts/bench/minimum.mjs: the least a design
 //    with a durable owner per operation does, in plain JS, one object per operation or 16
 //    shared objects): registration, first and duplicate, so a missed target shows its limit;
@@ -72,7 +76,7 @@ import { evaluateTargets, report } from "./report.mjs";
 import { benchSide } from "./side.mjs";
 
 function parseArgs(argv) {
-  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null, costOps: null, minimum: true };
+  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null, costOps: null, minimum: true, destMs: null };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i];
     if (v === "--quick") a.quick = true;
@@ -90,6 +94,10 @@ function parseArgs(argv) {
     else if (v === "--cost-ops") a.costOps = Number(argv[++i]);
     else if (v === "--side-conc") a.sideConc = argv[++i].split(",").map(Number);
     else if (v === "--idle") a.idle = Number(argv[++i]);
+    else if (v === "--dest-ms") {
+      a.destMs = argv[++i].split(",").map(Number);
+      if (a.destMs.some((ms) => !Number.isInteger(ms) || ms < 0 || ms > 10_000)) throw new Error("--dest-ms takes whole milliseconds from 0 to 10000, comma-separated");
+    }
     else if (v === "--help" || v === "-h") {
       const lines = fs.readFileSync(SELF, "utf8").split("\n").slice(1);
       console.log(lines.slice(0, lines.findIndex((l) => !l.startsWith("//"))).map((l) => l.replace(/^\/\/ ?/, "")).join("\n"));
@@ -126,6 +134,8 @@ async function main() {
       concurrency: args.sideConc ?? (quick ? [10] : [1, 10, 50]),
       idleMs: (args.idle ?? (quick ? 2 : 15)) * 1000,
       minimum: args.minimum,
+      // A real destination takes time: 100 ms is a short round trip to a service on the internet.
+      destMs: args.destMs ?? [100],
     };
   }
   // The side-by-side section idles between cells: a longer bound when it runs.

@@ -4,8 +4,10 @@
 // scenarios, each followed by an idle period so deferred work (alarms, flushes) is not charged
 // to the next cell: registration (POST /v1/operations, creates the gate), first (a new
 // completion for a registered operation), duplicate (the same delivery again, after the idle
-// period, to an operation that has gone idle), rejected (wrong secret), floor (GET /healthz).
-// The order of the designs rotates by round. Per cell it also counts what can be seen
+// period, to an operation that has gone idle), rejected (wrong secret), floor (GET /healthz),
+// then, for each destination delay in `plan.side.destMs`, first again with the destination
+// answering after that delay (a real destination takes time; the simple design's answer waits
+// for it, gemini-once's does not). The order of the designs rotates by round. Per cell it also counts what can be seen
 // from outside: effects at the destination, the worker's log lines by event (gate calls,
 // alarm runs), and KV keys created, by prefix; Miniflare exposes no count of KV reads/writes.
 // Unless `plan.side.minimum` is off, the minimum designs (minimum.mjs: the least a design with
@@ -21,6 +23,17 @@ import { bundlePeer, startPeer } from "./peer.mjs";
 import { MINIMUM_DESIGNS, startMinimum } from "./minimum.mjs";
 
 export const SIDE_SCENARIOS = ["registration", "first", "duplicate", "rejected", "floor"];
+
+/**
+ * The cells of one round and concurrency, in order: each scenario with the destination answering
+ * at once, then a first delivery per positive delay in `destMs` (ms the destination takes).
+ */
+export function sideSteps(destMs = []) {
+  return [
+    ...SIDE_SCENARIOS.map((name) => ({ name, destMs: 0 })),
+    ...[...new Set(destMs)].filter((ms) => ms > 0).map((ms) => ({ name: "first", destMs: ms })),
+  ];
+}
 /** The scenarios the minimum designs run: what the shape costs (rejected and floor are not its). */
 const MINIMUM_SCENARIOS = new Set(["registration", "first", "duplicate"]);
 const isMinimum = (d) => d in MINIMUM_DESIGNS;
@@ -67,6 +80,9 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
   }
   const run = Date.now().toString(36);
   const s = plan.side;
+  const steps = sideSteps(s.destMs);
+  // Each first-delivery cell (one per destination delay) gets its own registered operations.
+  const firstDelays = steps.filter((x) => x.name === "first").map((x) => x.destMs);
   const cells = [];
   try {
     for (let r = 0; r < s.rounds; r++) {
@@ -79,7 +95,7 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
         // Untimed: each design's operations for this round's first deliveries, then idle.
         const pools = {};
         for (const d of order) {
-          const names = Array.from({ length: s.ops }, () => mk[d].fresh());
+          const names = Array.from({ length: s.ops * firstDelays.length }, () => mk[d].fresh());
           const setup = new http.Agent({ keepAlive: true, maxSockets: 8 });
           let next = 0;
           await Promise.all(Array.from({ length: 8 }, async () => {
@@ -90,10 +106,13 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
             }
           }));
           setup.destroy();
-          pools[d] = { names, delivered: [] };
+          const first = Object.fromEntries(firstDelays.map((ms, i) => [ms, names.slice(i * s.ops, (i + 1) * s.ops)]));
+          pools[d] = { first, delivered: [] };
         }
         await idle(designs, s.idleMs);
-        for (const name of SIDE_SCENARIOS) {
+        for (const { name, destMs } of steps) {
+          // The destination keeps its delay through the idle periods: gemini-once's effects run after the answers.
+          if (destMs) await stubs.setDestinationDelay(destMs);
           for (const d of order.filter((x) => !isMinimum(x) || MINIMUM_SCENARIOS.has(name))) {
             const w = designs[d];
             const m = mk[d];
@@ -102,10 +121,12 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
             let max = 100_000;
             if (name === "registration") make = () => m.register(m.fresh());
             else if (name === "first") {
-              max = pool.names.length;
+              const names = pool.first[destMs];
+              max = names.length;
               make = (i) => {
-                const req = m.delivery(pool.names[i], i);
-                pool.delivered.push(req);
+                const req = m.delivery(names[i], destMs ? `d${destMs}_${i}` : i);
+                // Duplicates replay the deliveries of the first cell (destination at once).
+                if (!destMs) pool.delivered.push(req);
                 return req;
               };
             } else if (name === "duplicate") {
@@ -133,14 +154,15 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
             const after = name === "first" ? w.events("effect_delivered").slice(events0.effect_delivered ?? 0).map((x) => x.after_settled_ms).filter((x) => typeof x === "number") : [];
             const sm = summarize(res.lat);
             cells.push({
-              design: d, round: r + 1, concurrency: c, scenario: name, n, p50: sm.p50, p99: sm.p99,
+              design: d, round: r + 1, concurrency: c, scenario: name, dest_ms: destMs, n, p50: sm.p50, p99: sm.p99,
               rps: n / (res.elapsed_ms / 1000), failed: res.failed, wrong_answers: res.wrong_answers, transport_errors: res.transport_errors, failures: res.failures,
               per_request: { effects: per(effects), kv_keys_created: kvCreated, log_lines: lines, ...objectCalls(d, events0, events1, per) },
               effect_after_answer_ms: after.length ? summarize(after) : null,
               cpu,
             });
-            process.stderr.write(`  side round ${r + 1} c=${String(c).padStart(2)} ${d.padEnd(11)} ${name.padEnd(12)} n=${String(n).padStart(5)} p50=${sm.p50?.toFixed(2)}ms ${(n / (res.elapsed_ms / 1000)).toFixed(0)} req/s effects/req ${per(effects)}${res.failed ? ` FAILED ${res.failed}: ${JSON.stringify(res.failures).slice(0, 200)}` : ""}\n`);
+            process.stderr.write(`  side round ${r + 1} c=${String(c).padStart(2)} ${d.padEnd(13)} ${(destMs ? `${name}@${destMs}ms` : name).padEnd(12)} n=${String(n).padStart(5)} p50=${sm.p50?.toFixed(2)}ms ${(n / (res.elapsed_ms / 1000)).toFixed(0)} req/s effects/req ${per(effects)}${res.failed ? ` FAILED ${res.failed}: ${JSON.stringify(res.failures).slice(0, 200)}` : ""}\n`);
           }
+          if (destMs) await stubs.setDestinationDelay(0);
         }
         for (const a of Object.values(agents)) a.destroy();
       }
@@ -177,8 +199,8 @@ async function idle(designs, ms) {
 function sideTable(cells, s) {
   const rows = [];
   for (const c of s.concurrency) {
-    for (const name of SIDE_SCENARIOS) {
-      const of = (d) => cells.filter((x) => x.design === d && x.concurrency === c && x.scenario === name);
+    for (const { name, destMs } of sideSteps(s.destMs)) {
+      const of = (d) => cells.filter((x) => x.design === d && x.concurrency === c && x.scenario === name && (x.dest_ms ?? 0) === destMs);
       const ours = of("gemini-once");
       const peer = of("peer");
       if (!ours.length || !peer.length) continue;
@@ -196,7 +218,7 @@ function sideTable(cells, s) {
       const o = fig(ours);
       const p = fig(peer);
       const vsPeer = (x) => ({ rps_ratio: round(x.rps / p.rps, 2), p50_ratio: round(x.p50_ms / p.p50_ms, 2) });
-      const row = { concurrency: c, scenario: name, "gemini-once": o, peer: p, ...vsPeer(o) };
+      const row = { concurrency: c, scenario: name, dest_ms: destMs, "gemini-once": o, peer: p, ...vsPeer(o) };
       // The minimum designs, each with its own ratios to the peer.
       const minimum = {};
       for (const d of Object.keys(MINIMUM_DESIGNS)) {

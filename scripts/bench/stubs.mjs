@@ -1,15 +1,17 @@
 // The local stand-ins the bench runs against, in a child process of their own so that answering
-// them does not compete with the load generator's event loop: the destination (200 at once) and
-// Gemini's status API (RUNNING; `batches/done-*` SUCCEEDED), counting what they see; and the parent's handle on them.
+// them does not compete with the load generator's event loop: the destination (200 at once, or
+// after the delay the parent set: a real destination takes time) and Gemini's status API
+// (RUNNING; `batches/done-*` SUCCEEDED), counting what they see; and the parent's handle on them.
 import { spawn } from "node:child_process";
 import http from "node:http";
 
 import { SELF, children, killGroup } from "./common.mjs";
 import { send } from "./load.mjs";
 
-/** The destination (200 at once) and Gemini's status API (RUNNING), counting what they see. */
+/** The destination (200 at once, or after `delayMs`) and Gemini's status API (RUNNING), counting what they see. */
 export function runStubs() {
   let stats = freshStats();
+  let delayMs = 0;
   function freshStats() {
     return { effects: 0, effectKeys: new Set(), effectRepeats: 0, effectOwnMs: 0, effectOwnMax: 0, polls: 0, pollPaths: new Map(), other: 0 };
   }
@@ -24,11 +26,15 @@ export function runStubs() {
         stats.effects++;
         if (stats.effectKeys.has(key)) stats.effectRepeats++;
         else stats.effectKeys.add(key);
-        res.writeHead(200, { "content-type": "application/json" });
-        res.end('{"ok":true}');
-        const own = Number(process.hrtime.bigint() - t0) / 1e6;
-        stats.effectOwnMs += own;
-        stats.effectOwnMax = Math.max(stats.effectOwnMax, own);
+        const answer = () => {
+          res.writeHead(200, { "content-type": "application/json" });
+          res.end('{"ok":true}');
+          const own = Number(process.hrtime.bigint() - t0) / 1e6;
+          stats.effectOwnMs += own;
+          stats.effectOwnMax = Math.max(stats.effectOwnMax, own);
+        };
+        if (delayMs > 0) setTimeout(answer, delayMs);
+        else answer();
         return;
       }
       if (req.method === "POST" && url.startsWith("/probe-effects")) {
@@ -47,6 +53,17 @@ export function runStubs() {
         const metadata = { "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch", state, updateTime: "2026-11-22T10:00:00Z" };
         if (done) metadata.output = { responsesFile: `files/${p.slice("batches/".length)}` };
         return res.end(JSON.stringify({ name: p, ...(done ? { done: true } : {}), metadata }));
+      }
+      if (url === "/__delay") {
+        // How long the destination takes to answer from now on (ms); the stats are kept.
+        const ms = Number(Buffer.concat(chunks).toString());
+        if (!Number.isFinite(ms) || ms < 0 || ms > 30_000) {
+          res.writeHead(400);
+          return res.end("{}");
+        }
+        delayMs = ms;
+        res.writeHead(200);
+        return res.end("{}");
       }
       if (url === "/__reset") {
         stats = freshStats();
@@ -110,6 +127,11 @@ export async function startStubs() {
     },
     async reset() {
       await send(agent, base, { method: "POST", path: "/__reset", body: "" });
+    },
+    /** From now on the destination answers after `ms` (0: at once). */
+    async setDestinationDelay(ms) {
+      const r = await send(agent, base, { method: "POST", path: "/__delay", body: String(ms) });
+      if (r.status !== 200) throw new Error(`destination delay ${ms} ms refused: ${r.status}`);
     },
     stop() {
       agent.destroy();
