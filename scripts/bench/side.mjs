@@ -7,9 +7,10 @@
 // period, to an operation that has gone idle), rejected (wrong secret), floor (GET /healthz),
 // then, for each destination delay in `plan.side.destMs`, first again with the destination
 // answering after that delay (a real destination takes time; the simple design's answer waits
-// for it, gemini-once's does not). The order of the designs rotates by round. Per cell it also counts what can be seen
-// from outside: effects at the destination, the worker's log lines by event (gate calls,
-// alarm runs), and KV keys created, by prefix; Miniflare exposes no count of KV reads/writes.
+// for it, gemini-once's does not). The order of the designs rotates by round. Per cell it
+// also counts what can be seen from outside: effects at the destination, the worker's log
+// lines by event (gate calls, alarm runs), and KV keys created, by prefix; Miniflare exposes
+// no count of KV reads/writes.
 // Unless `plan.side.minimum` is off, the minimum designs (minimum.mjs: the least a design with
 // a durable owner per operation does, in plain JS) run registration, first and duplicate in
 // the same rounds: the measured limit of the shape, beside what gemini-once and the peer do.
