@@ -17,6 +17,8 @@ export const ADMIN_TOKEN = "bench-admin-token-0123456789";
 export const CRON = "*/5 * * * *";
 export const DEFAULT_BUDGET = 900;
 export const RETENTION_SECS = 14 * 86_400;
+/** The longest the destination stand-in may be told to take (--dest-ms, /__delay). */
+export const MAX_DEST_MS = 10_000;
 
 export const children = new Set();
 export const workers = new Set();

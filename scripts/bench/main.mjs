@@ -64,7 +64,7 @@ import os from "node:os";
 import path from "node:path";
 import { workerLayout } from "../local_worker.mjs";
 
-import { SELF, cleanup, setWrangler, installSignalHandlers, now, root, round, tempDirs } from "./common.mjs";
+import { MAX_DEST_MS, SELF, cleanup, setWrangler, installSignalHandlers, now, root, round, tempDirs } from "./common.mjs";
 import { runStubs, startStubs } from "./stubs.mjs";
 import { serveOnce } from "./worker.mjs";
 import { benchBuild } from "./wasm.mjs";
@@ -96,7 +96,7 @@ function parseArgs(argv) {
     else if (v === "--idle") a.idle = Number(argv[++i]);
     else if (v === "--dest-ms") {
       a.destMs = argv[++i].split(",").map(Number);
-      if (a.destMs.some((ms) => !Number.isInteger(ms) || ms < 0 || ms > 10_000)) throw new Error("--dest-ms takes whole milliseconds from 0 to 10000, comma-separated");
+      if (a.destMs.some((ms) => !Number.isInteger(ms) || ms < 0 || ms > MAX_DEST_MS)) throw new Error(`--dest-ms takes whole milliseconds from 0 to ${MAX_DEST_MS}, comma-separated`);
     }
     else if (v === "--help" || v === "-h") {
       const lines = fs.readFileSync(SELF, "utf8").split("\n").slice(1);

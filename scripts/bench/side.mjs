@@ -171,7 +171,7 @@ export async function benchSide(buildDir, stubs, plan, peerDir) {
   } finally {
     for (const w of Object.values(designs)) await w.dispose();
   }
-  return { plan: s, peer: { dir: peerDir, name: bundle.name, bundle_bytes: bundle.bytes, compatibility_date: bundle.compatibilityDate, compatibility_flags: bundle.compatibilityFlags }, table: sideTable(cells, s), cells };
+  return { plan: s, peer: { dir: peerDir, name: bundle.name, bundle_bytes: bundle.bytes, compatibility_date: bundle.compatibilityDate, compatibility_flags: bundle.compatibilityFlags }, table: sideTable(cells, s.concurrency, steps), cells };
 }
 
 /**
@@ -196,11 +196,11 @@ async function idle(designs, ms) {
   if (left > 0) await sleep(left);
 }
 
-/** Medians over rounds per (concurrency, scenario), both designs side by side. */
-function sideTable(cells, s) {
+/** Medians over rounds per (concurrency, scenario, destination delay), the designs side by side. */
+function sideTable(cells, concurrency, steps) {
   const rows = [];
-  for (const c of s.concurrency) {
-    for (const { name, destMs } of sideSteps(s.destMs)) {
+  for (const c of concurrency) {
+    for (const { name, destMs } of steps) {
       const of = (d) => cells.filter((x) => x.design === d && x.concurrency === c && x.scenario === name && (x.dest_ms ?? 0) === destMs);
       const ours = of("gemini-once");
       const peer = of("peer");

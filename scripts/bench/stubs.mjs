@@ -5,7 +5,7 @@
 import { spawn } from "node:child_process";
 import http from "node:http";
 
-import { SELF, children, killGroup } from "./common.mjs";
+import { MAX_DEST_MS, SELF, children, killGroup } from "./common.mjs";
 import { send } from "./load.mjs";
 
 /** The destination (200 at once, or after `delayMs`) and Gemini's status API (RUNNING), counting what they see. */
@@ -57,7 +57,7 @@ export function runStubs() {
       if (url === "/__delay") {
         // How long the destination takes to answer from now on (ms); the stats are kept.
         const ms = Number(Buffer.concat(chunks).toString());
-        if (!Number.isFinite(ms) || ms < 0 || ms > 30_000) {
+        if (!Number.isFinite(ms) || ms < 0 || ms > MAX_DEST_MS) {
           res.writeHead(400);
           return res.end("{}");
         }
