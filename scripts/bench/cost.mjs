@@ -1,4 +1,4 @@
-// The cost section (issue 13 §3): what one completion uses, counted by the worker itself. The
+// The cost section: what one completion uses, counted by the worker itself. The
 // built worker runs with USAGE_LOG=true, so every Durable Object invocation logs a `usage` line
 // (SQLite statements, rows read and written, alarm writes, KV writes, calls to other objects,
 // outbound fetches, wall time, database size; src/usage.rs); each flow's lines are summed and
