@@ -208,7 +208,7 @@ function bill(flows) {
     };
   };
   // A quiet routine pass: one cron invocation, one KV list of the index, a lease acquire and
-  // release (docs/PERFORMANCE.md, "Reconciliation").
+  // release (docs/PERFORMANCE.md, "Reconciliation at scale").
   const fixed = { worker_requests: CRON_PASSES_PER_MONTH, do_requests: 2 * CRON_PASSES_PER_MONTH, kv_lists: CRON_PASSES_PER_MONTH };
   const stored = {
     do_bytes: flows.retirement?.gate_db_bytes_median ?? flows.webhook.gate_db_bytes_median,
