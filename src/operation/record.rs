@@ -469,16 +469,18 @@ impl Operation {
     }
 
     /// A registration for an operation that exists: fills in a kind the record lacks (its
-    /// completion arrived first), never replaces one, and never once an attempt went out
-    /// without it (the kind routes the effect and is in its body, and one `webhook-id` means
-    /// one body). A side effect held for the registration ([`Operation::hold_for_registration`])
+    /// completion arrived first), never replaces one, and never while an attempt that went
+    /// out without it may be retried (the kind routes the effect and is in its body, and one
+    /// `webhook-id` means one body). A side effect held for the registration ([`Operation::hold_for_registration`])
     /// becomes due at `now_ms`.
     pub fn fill_kind(&mut self, kind: Option<&str>, now_ms: i64) -> KindFill {
         match (kind, self.kind.as_deref()) {
             (None, _) => KindFill::Unchanged,
             (Some(k), Some(have)) if k == have => KindFill::Unchanged,
             (Some(_), Some(_)) => KindFill::Conflict,
-            (Some(_), None) if self.effect.attempts > 0 => KindFill::TooLate,
+            // An attempt went out and may be retried under its `webhook-id` (once done, only
+            // a redelivery sends again, under a new one).
+            (Some(_), None) if self.effect.attempts > 0 && !self.effect.done => KindFill::TooLate,
             (Some(k), None) => {
                 self.kind = Some(k.to_string());
                 self.registered = true;
