@@ -11,7 +11,10 @@
 //! What is trusted from where: an HMAC-signed body is proven byte for byte and becomes an
 //! event; a JWT-signed (dynamic-webhook) body is not (the token proves only that Google sent
 //! something, to anyone who runs a job), so it is a **nudge**: it names an operation, and the
-//! gate asks Gemini's status API and applies what that says. Only claims inside the verified
+//! gate asks Gemini's status API and applies what that says. A nudge naming an operation its
+//! gate has no record of is not stored on the token's word (anyone can obtain tokens): the
+//! edge asks the status API first, within the strangers' guard's limit, and stores only what
+//! Gemini vouches for ([`crate::stranger`]). Only claims inside the verified
 //! token (`user_metadata`) are forwarded as verified; metadata found only in the body is
 //! forwarded as `unverified_user_metadata`.
 //!
