@@ -835,17 +835,24 @@ impl Operation {
 
     /// The sink accepted the alert of `kind`.
     pub fn alert_delivered(&mut self, kind: AlertKind) {
+        let before = self.pending_alerts.len();
         self.pending_alerts.retain(|a| a.kind != kind);
-        self.version += 1;
+        if self.pending_alerts.len() != before {
+            self.version += 1;
+        }
     }
 
     /// Sending the alert of `kind` failed: try again in `retry_in_ms`.
     pub fn alert_failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) {
+        let mut changed = false;
         for alert in self.pending_alerts.iter_mut().filter(|a| a.kind == kind) {
             alert.attempts += 1;
             alert.due_ms = now_ms + retry_in_ms;
+            changed = true;
         }
-        self.version += 1;
+        if changed {
+            self.version += 1;
+        }
     }
 
     /// Alerts whose time to be sent has come.
@@ -950,6 +957,34 @@ mod tests {
             Verdict::Apply
         );
         op
+    }
+
+    #[test]
+    fn transitions_that_change_nothing_keep_the_version() {
+        let mut op = settled();
+        let version = op.version;
+        op.alert_delivered(AlertKind::Stuck);
+        op.alert_failed(AlertKind::Stuck, 5, 5);
+        op.confirmation_failed(5, 5);
+        op.confirmation_gone();
+        assert!(!op.request_confirmation(5, Map::new(), None), "terminal");
+        assert_eq!(op.fill_kind(None, 5), KindFill::Unchanged);
+        assert_eq!(op.fill_kind(Some("k"), 5), KindFill::Unchanged);
+        assert_eq!(op.version, version);
+        let mut waiting = Operation::register("batches/w", "batches/w", None, 0);
+        assert!(waiting.request_confirmation(1, Map::new(), None));
+        let version = waiting.version;
+        assert!(waiting.request_confirmation(2, Map::new(), None));
+        assert_eq!(waiting.version, version, "the same nudge again");
+        assert!(waiting.forget(3, "gone"));
+        let version = waiting.version;
+        assert!(!waiting.forget(4, "again"));
+        assert!(
+            !waiting.request_confirmation(5, Map::new(), None),
+            "forgotten"
+        );
+        assert!(!waiting.raise_alert(AlertKind::Stuck, 1, 5), "forgotten");
+        assert_eq!(waiting.version, version);
     }
 
     #[test]
