@@ -78,6 +78,20 @@ pub const DEFAULT_GEMINI_JWKS_URL: &str =
 /// Gemini's public API.
 pub const DEFAULT_GEMINI_API_BASE: &str = "https://generativelanguage.googleapis.com";
 
+/// How long the first side-effect attempt of an unregistered operation waits when
+/// `EFFECT_ROUTES` is set: a registration racing its completion (a short interaction often
+/// finishes before the code that started it registers it) still picks the route, and the
+/// first attempt's body, under its `webhook-id`, is the only one ever sent.
+pub const DEFAULT_UNREGISTERED_HOLD_SECS: i64 = 15;
+/// Unregistered names Gemini answered 404 for (strangers' nudges) a minute, worker-wide, past
+/// which further unregistered nudges are answered 503 without a status call until the minute
+/// ends: the user's status-API quota a flood can spend.
+pub const DEFAULT_STRANGER_NUDGES_PER_MINUTE: i64 = 60;
+/// Strangers' nudges within [`DEFAULT_STRANGER_ALERT_WINDOW_SECS`] that raise the one
+/// aggregated alert of that window.
+pub const DEFAULT_STRANGER_ALERT_THRESHOLD: i64 = 20;
+/// The window of the aggregated alert: at most one alert about strangers' nudges per window.
+pub const DEFAULT_STRANGER_ALERT_WINDOW_SECS: i64 = 3_600;
 const DAY_SECS: i64 = 86_400;
 
 /// One variable the worker reads: one row of [`VARIABLES`].
@@ -225,6 +239,10 @@ pub const VARIABLES: &[Variable] = {
         V::plain("DYNAMIC_WEBHOOKS", Flag, Bool(true), "false: every JWT-signed delivery is answered 401"),
         V::plain("GEMINI_JWKS_URL", PublicUrl, Text(DEFAULT_GEMINI_JWKS_URL), "key set for dynamic webhooks' RS256 tokens"),
         V::plain("GEMINI_JWT_AUDIENCE", FreeText, Nothing, "when set, a dynamic webhook's token must carry it in aud"),
+        V::plain("STRANGER_NUDGES_PER_MINUTE", Whole { min: 0, max: 100_000 }, Number(DEFAULT_STRANGER_NUDGES_PER_MINUTE), "unregistered nudges Gemini does not know, per minute worker-wide, before the rest of the minute's are answered 503 unasked"),
+        V::plain("STRANGER_ALERT_THRESHOLD", Whole { min: 1, max: 1_000_000 }, Number(DEFAULT_STRANGER_ALERT_THRESHOLD), "unregistered nudges Gemini does not know, within the window, that raise one aggregated alert"),
+        V::plain("STRANGER_ALERT_WINDOW_SECONDS", Whole { min: 60, max: 7 * DAY_SECS }, Number(DEFAULT_STRANGER_ALERT_WINDOW_SECS), "at most one alert about such nudges per window"),
+        V::plain("UNREGISTERED_HOLD_SECONDS", Whole { min: 0, max: 3_600 }, Number(DEFAULT_UNREGISTERED_HOLD_SECS), "with EFFECT_ROUTES set, an unregistered operation's first side-effect attempt waits this long for a late registration's kind"),
     ]
 };
 
@@ -271,6 +289,10 @@ pub struct Config {
     pub gemini_jwks_url: String,
     /// Required `aud` of dynamic-webhook tokens, when set.
     pub gemini_jwt_audience: Option<String>,
+    pub stranger_nudges_per_minute: u32,
+    pub stranger_alert_threshold: u32,
+    pub stranger_alert_window_secs: i64,
+    pub unregistered_hold_secs: i64,
     /// Each variable of [`VARIABLES`] as `/v1/config` shows it, in table order: taken when it
     /// was read, so the view is of exactly what was parsed and never holds a secret.
     shown: Vec<Value>,
@@ -552,7 +574,20 @@ impl Config {
                 self.effect_timeout_ms + RUNTIME_GRACE_MS
             ));
         }
+        if self.require_registration && self.gemini_api_key.is_none() {
+            warnings.push("REQUIRE_REGISTRATION is true but GEMINI_API_KEY is not set: a completion that arrives before its registration is ignored, and nothing can ask Gemini about it afterwards (set GEMINI_API_KEY so the cron finds it once registered)".to_string());
+        }
         warnings
+    }
+
+    /// How long an unregistered operation's first side-effect attempt waits for a late
+    /// registration: only when routes could change its destination.
+    pub fn unregistered_hold_ms(&self) -> i64 {
+        if self.effect_routes.is_empty() {
+            0
+        } else {
+            self.unregistered_hold_secs * 1_000
+        }
     }
 
     /// Where the side effect of an operation of `kind` goes.
@@ -625,6 +660,11 @@ impl Config {
             gemini_webhook_name: s.optional("GEMINI_WEBHOOK_NAME", Setting::text)?,
             gemini_jwks_url: s.value("GEMINI_JWKS_URL", Setting::text)?,
             gemini_jwt_audience: s.optional("GEMINI_JWT_AUDIENCE", Setting::text)?,
+            stranger_nudges_per_minute: s.value("STRANGER_NUDGES_PER_MINUTE", Setting::whole)?
+                as u32,
+            stranger_alert_threshold: s.value("STRANGER_ALERT_THRESHOLD", Setting::whole)? as u32,
+            stranger_alert_window_secs: s.value("STRANGER_ALERT_WINDOW_SECONDS", Setting::whole)?,
+            unregistered_hold_secs: s.value("UNREGISTERED_HOLD_SECONDS", Setting::whole)?,
             shown: s.0.iter().map(|(v, setting)| v.shown(setting)).collect(),
         })
     }

@@ -14,6 +14,7 @@ pub mod inbound {
     pub mod jwt;
     pub mod key;
     pub mod signature;
+    pub mod stranger;
 }
 
 /// One operation: its lifecycle, its record and transitions, the gate's steps and protocol,
@@ -47,7 +48,7 @@ pub mod timestamp;
 pub mod usage;
 
 // The short paths every module uses (`crate::signature`, `crate::gate`, ...).
-pub use inbound::{envelope, jwt, key, signature};
+pub use inbound::{envelope, jwt, key, signature, stranger};
 pub use operation::{alert, effect, gate, gate_protocol, lifecycle};
 pub use reconciliation::{ledger, reconcile, status};
 

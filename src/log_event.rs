@@ -37,6 +37,11 @@ log_events! {
     Dropped => "dropped",
     Nudged => "nudged",
     IgnoredUnregistered => "ignored_unregistered",
+    IgnoredForgotten => "ignored_forgotten",
+    /// A nudge named an unregistered operation Gemini does not know: nothing stored.
+    StrangerNudge => "stranger_nudge",
+    /// A nudge named an unregistered operation and Gemini could not be asked: 503.
+    StrangerUnconfirmed => "stranger_unconfirmed",
     Rejected => "rejected",
     RejectedSummary => "rejected_summary",
     DeadLetter => "dead_letter",

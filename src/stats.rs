@@ -26,6 +26,8 @@ pub const EFFECT_FAILURES: &str = "effect_failures";
 pub const EFFECT_PARKS: &str = "effect_parks";
 pub const ALERTS: &str = "alerts";
 pub const REDELIVERIES: &str = "redeliveries";
+/// Nudges for unregistered names Gemini's status API answered 404 for (nothing was stored).
+pub const STRANGER_NUDGES: &str = "stranger_nudges";
 
 /// One counted event awaiting its flush to a shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

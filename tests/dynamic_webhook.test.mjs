@@ -81,6 +81,7 @@ after(async () => {
 describe("dynamic webhooks: a token is a nudge, the status API decides", () => {
   it("confirms a valid delivery with the status API and carries the token's user_metadata", async () => {
     states.set("/v1beta/batches/dyn1", "SUCCEEDED");
+    await w.register("batches/dyn1");
     const r = await deliver("batch.succeeded", "batches/dyn1", jwt(goodClaims({ user_metadata: { job: "nightly-42" } })));
     assert.equal(r.status, 200, JSON.stringify(r.body));
     assert.equal(r.body.outcome, "confirming", "answered before the status API is asked");
@@ -121,8 +122,24 @@ describe("dynamic webhooks: a token is a nudge, the status API decides", () => {
     assert.ok(!JSON.stringify(effects[0]).includes("forged"), "nothing of the forged body reaches the destination");
   });
 
+  it("for a name nobody registered, applies what the status API says at once, keyed by the token", async () => {
+    states.set("/v1beta/batches/dyn-unregistered", "SUCCEEDED");
+    const r = await deliver("batch.succeeded", "batches/dyn-unregistered", jwt(goodClaims({ user_metadata: { job: "n-7" } })));
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.equal(r.body.outcome, "applied", "the status API was asked before the answer");
+    const [effect] = await eventually(() => effectsFor("batches/dyn-unregistered").length && effectsFor("batches/dyn-unregistered"), { what: "the effect" });
+    assert.equal(effect.settled_by, "webhook");
+    assert.deepEqual(effect.user_metadata, { job: "n-7" });
+    const { body } = await w.inspect("batches/dyn-unregistered");
+    const applied = body.history.find((h) => h.what === "applied");
+    assert.match(applied.delivery_id, /^jwt_[0-9a-f]{32}$/);
+  });
+
   it("answers 2xx while the status API is down and applies the outcome once it answers", async () => {
     states.set("/v1beta/batches/api-down", 503);
+    const unregistered = await deliver("batch.succeeded", "batches/api-down", jwt(goodClaims()));
+    assert.equal(unregistered.status, 503, "a name nobody registered is not stored unproven: Gemini retries");
+    await w.register("batches/api-down");
     const r = await deliver("batch.succeeded", "batches/api-down", jwt(goodClaims()));
     assert.equal(r.status, 200);
     assert.equal(r.body.outcome, "confirming");
@@ -143,6 +160,7 @@ describe("dynamic webhooks: a token is a nudge, the status API decides", () => {
   });
 
   it("a 404 from the status API applies nothing and alerts unknown_to_gemini once", async () => {
+    await w.register("batches/never-existed");
     const token = jwt(goodClaims());
     assert.equal((await deliver("batch.succeeded", "batches/never-existed", token)).status, 200);
     assert.equal((await deliver("batch.succeeded", "batches/never-existed", token)).status, 200);
@@ -251,7 +269,7 @@ describe("dynamic webhooks: key set refresh and switch", () => {
         const r = await deliverTo(worker, "batch.succeeded", "batches/refresh1", token);
         return r.status === 200 && r;
       }, { what: "acceptance once the key set refreshes", everyMs: 1000 });
-      assert.equal(accepted.body.outcome, "confirming");
+      assert.equal(accepted.body.outcome, "applied", "unregistered: the status API was asked first");
       const absent = await deliverTo(worker, "batch.succeeded", "batches/refresh2", jwt(goodClaims(), { header: { alg: "RS256", kid: "k-absent" } }));
       assert.equal(absent.status, 401, "a kid absent from a freshly fetched set");
       const kv = await worker.kv();

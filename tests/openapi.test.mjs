@@ -177,6 +177,8 @@ before(async () => {
       GEMINI_API_BASE: gemini.url,
       GEMINI_API_KEY: "test-api-key",
       GEMINI_WEBHOOK_NAME: WEBHOOK_NAME,
+      // Side effects go out at once (no wait for a late registration's kind).
+      UNREGISTERED_HOLD_SECONDS: "0",
       // Routes for kinds no test registers: only /v1/config shows them.
       EFFECT_ROUTES: JSON.stringify({ "oa-queue": "queue:OA_QUEUE", "oa-service": "service:OA_SERVICE", "oa-url": `${dest.url}/routed?token=${ROUTE_TOKEN}` }),
     }),
@@ -221,6 +223,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     const conflicting = await deliver(w, "batch.failed", "batches/oa-hook", { expect: 200 });
     assert.deepEqual([conflicting.body.outcome, conflicting.body.reason], ["dropped", "conflicting_terminal"]);
     assert.equal((await deliver(w, "batch.paused_forever", "batches/oa-hook", { expect: 200 })).body.outcome, "ignored_unknown_type");
+    await register("batches/oa-jwt", "nightly-review", 201);
     const nudge = envelope("batch.succeeded", "batches/oa-jwt");
     const confirming = await call(w, "POST", "/webhooks/gemini", "/webhooks/gemini", {
       token: false,
@@ -242,6 +245,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     assert.equal(conflict.body.kind_change, "conflict");
     assert.equal(conflict.body.kind, "nightly-review");
     await deliver(w, "batch.succeeded", "batches/oa-first", { expect: 200 });
+    await eventually(async () => (await w.inspect("batches/oa-first")).body.effect_done, { what: "the first effect" });
     assert.equal((await register("batches/oa-first", "nightly-review", 200)).body.kind_change, "filled");
     await call(w, "POST", "/v1/operations", "/v1/operations", { body: "not json", expect: 400 });
     await call(w, "POST", "/v1/operations", "/v1/operations", { body: { name: "no-collection" }, expect: 400 });

@@ -18,6 +18,8 @@ before(async () => {
   w = await startWorker({
     EFFECT_URL: `${dest.url}/effects`,
     EFFECT_ROUTES: JSON.stringify({ billing: `${billing.url}/bill` }),
+    // Unregistered operations here need no wait for a late registration's kind.
+    UNREGISTERED_HOLD_SECONDS: "0",
     GEMINI_API_BASE: api.url,
     RECONCILE_GRACE_SECONDS: "0",
     STUCK_AFTER_SECONDS: "1",

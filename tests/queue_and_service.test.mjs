@@ -36,6 +36,8 @@ before(async () => {
     {
       EFFECT_URL: `${dest.url}/effects`,
       EFFECT_ROUTES: JSON.stringify({ billing: "queue:BILLING_EFFECTS", publish: "service:PUBLISHER" }),
+      // Unregistered operations here need no wait for a late registration's kind.
+      UNREGISTERED_HOLD_SECONDS: "0",
       EFFECT_RETRY_BASE_SECONDS: "1",
       EFFECT_RETRY_MAX_SECONDS: "1",
     },

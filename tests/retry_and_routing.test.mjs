@@ -1,7 +1,7 @@
 // What the destination sees, against the built worker in workerd: an id that never changes
 // under an effect that may have arrived (retry-now vs redeliver), a registration that comes
-// after its completion still routes by its kind, and configuration that cannot double an
-// attempt.
+// after its completion's first attempt changes neither its route nor its body, and
+// configuration that cannot double an attempt.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startWorker, startDestination, eventually } from "./helpers.mjs";
@@ -23,6 +23,9 @@ before(async () => {
     // Failed attempts wait an hour: every retry in these tests is an operator's.
     EFFECT_RETRY_BASE_SECONDS: "3600",
     EFFECT_RETRY_MAX_SECONDS: "3600",
+    // No wait for a late registration: attempts go out at once (tests/strangers.test.mjs
+    // covers the wait).
+    UNREGISTERED_HOLD_SECONDS: "0",
   });
 });
 after(async () => {
@@ -99,24 +102,30 @@ describe("retry now and redeliver", () => {
 });
 
 describe("a registration that comes after the completion", () => {
-  it("fills in the kind: later attempts route by it and carry it; another kind changes nothing", async () => {
+  it("after the first attempt went out, leaves the kind unset: the retry is the same body to the same place", async () => {
     const key = "interactions/late-reg";
-    plans.set(key, () => ({ status: 503 }));
+    plans.set(key, (n) => (n === 1 ? { status: 503 } : { status: 200 }));
     await w.deliver("interaction.completed", key);
     await eventually(() => effectsFor(dest, key).length === 1, { what: "the first attempt, with no kind" });
     assert.equal(JSON.parse(effectsFor(dest, key)[0].body).kind, null);
     const reg = await w.register(key, "billing");
     assert.equal(reg.status, 200);
-    assert.equal(reg.body.kind, "billing");
-    assert.equal(reg.body.kind_change, "filled");
+    assert.equal(reg.body.kind, null);
+    assert.equal(reg.body.kind_change, "too_late");
+    assert.match(reg.body.note, /webhook-id/);
     assert.equal((await action(key, "retry")).status, 200);
-    const [effect] = await eventually(() => effectsFor(billing, key).length && effectsFor(billing, key), { what: "the routed attempt" });
-    assert.equal(JSON.parse(effect.body).kind, "billing");
+    await eventually(() => effectsFor(dest, key).length === 2, { what: "the retry" });
+    const [first, second] = effectsFor(dest, key);
+    assert.equal(second.headers["webhook-id"], first.headers["webhook-id"]);
+    assert.equal(second.body, first.body, "one webhook-id, one body");
+    assert.equal(effectsFor(billing, key).length, 0);
+    const done = await eventually(async () => (await w.inspect(key)).body.effect_done && (await w.inspect(key)).body, { what: "done" });
+    assert.equal(done.kind, null);
+    const after = await w.register(key, "billing");
+    assert.equal(after.body.kind_change, "filled", "once done, the kind may be filled: only a redelivery (a new webhook-id) sends again");
     const other = await w.register(key, "publish");
     assert.equal(other.body.kind_change, "conflict");
-    assert.equal(other.body.kind, "billing");
     assert.match(other.body.note, /another kind/);
-    assert.equal((await w.inspect(key)).body.kind, "billing");
   });
 });
 

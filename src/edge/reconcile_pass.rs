@@ -852,6 +852,7 @@ impl Pass<'_> {
                 delivery_id: None,
             },
             require_registration: false,
+            hold_ms: self.config.unregistered_hold_ms(),
         };
         let reply = self.gate(key, &command).await;
         if let Some(GateReply::Applied { status, .. }) = &reply {

@@ -32,6 +32,8 @@ pub struct Limits {
     pub claim_ttl_ms: i64,
     pub retry_base_secs: i64,
     pub retry_max_secs: i64,
+    /// See [`Operation::hold_for_registration`].
+    pub unregistered_hold_ms: i64,
 }
 
 /// How the record is kept after a step.
@@ -110,7 +112,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             Some(mut op) => {
                 // The completion may have come first (short interactions often do): the
                 // registration fills in the kind, so later attempts route by it.
-                let fill = op.fill_kind(kind.as_deref());
+                let fill = op.fill_kind(kind.as_deref(), now);
                 let reply = GateReply::Exists {
                     operation: op.view(),
                     kind: fill,
@@ -140,6 +142,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             name,
             event,
             require_registration,
+            hold_ms,
         } => {
             let mut op = match record {
                 Some(op) => op,
@@ -149,6 +152,9 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 None => Operation::unregistered(&key, &name, now),
             };
             let verdict = op.apply(&event, now);
+            if verdict == Verdict::Apply {
+                op.hold_for_registration(hold_ms, now);
+            }
             count_delivery(&mut op, &event, verdict, now, true);
             let status = op.status.clone();
             let effect = effect_report(&op, now);
@@ -189,15 +195,27 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             metadata,
             delivery_id,
             require_registration,
+            vouched,
         } => {
             let mut op = match record {
                 Some(op) => op,
                 None if require_registration => {
                     return Step::new(None, GateReply::IgnoredUnregistered)
                 }
+                // Anyone can obtain a valid token (by running a job of their own), so a name
+                // this gate has never seen is not stored on a token's word: the edge asks the
+                // status API first, and Gemini's answer decides.
+                None if !vouched => return Step::new(None, GateReply::Unregistered),
                 None => Operation::unregistered(&key, &name, now),
             };
             op.count(stats::DELIVERIES, now);
+            let version = op.version;
+            if op.forgotten.is_some() {
+                // An operator stopped tracking it: nothing is asked or alerted for it again.
+                let mut step = Step::new(Some(op), GateReply::Forgotten { changed: false });
+                step.save = Save::MemoryOnly;
+                return step;
+            }
             if !op.request_confirmation(now, metadata, Some(delivery_id.clone())) {
                 // Terminal already: it absorbs, so no answer from Gemini could change it.
                 let claimed = Position {
@@ -211,6 +229,14 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 return dropped(op, reason, now);
             }
             let status = op.status.clone();
+            if op.version == version {
+                // The same nudge again while its confirmation waits: nothing changed, so
+                // nothing is written (no version, no history row, no ledger projection); the
+                // count waits in memory.
+                let mut step = Step::new(Some(op), GateReply::Confirming { status });
+                step.save = Save::MemoryOnly;
+                return step;
+            }
             Step::new(Some(op), GateReply::Confirming { status })
                 .durable()
                 .row(json!({"what": "nudged", "claimed": claimed, "delivery_id": delivery_id}))
@@ -494,6 +520,9 @@ pub fn confirmed(
                 delivery_id: None,
             };
             let verdict = op.confirm_with(event.clone(), now, wait);
+            if verdict == Verdict::Apply {
+                op.hold_for_registration(limits.unregistered_hold_ms, now);
+            }
             count_delivery(&mut op, &event, verdict, now, false);
             let still = op.confirmation.is_some();
             Step::new(Some(op), GateReply::NotFound)
@@ -740,6 +769,7 @@ mod tests {
         claim_ttl_ms: 10_000,
         retry_base_secs: 1,
         retry_max_secs: 8,
+        unregistered_hold_ms: 0,
     };
 
     fn event(status: Status, source: Source) -> OpEvent {
@@ -758,6 +788,7 @@ mod tests {
             name: "batches/a".into(),
             event: event(status, Source::Webhook),
             require_registration: false,
+            hold_ms: 0,
         }
     }
 
@@ -769,6 +800,7 @@ mod tests {
             metadata: Map::new(),
             delivery_id: "jwt_1".into(),
             require_registration,
+            vouched: true,
         }
     }
 
@@ -883,6 +915,7 @@ mod tests {
             name: "batches/a".into(),
             event: event(Status::Succeeded, Source::Webhook),
             require_registration: true,
+            hold_ms: 0,
         };
         let s = step(None, required, 10);
         assert_eq!(s.reply, GateReply::IgnoredUnregistered);
@@ -980,6 +1013,190 @@ mod tests {
         let s = step(None, nudge("succeeded", true), 10);
         assert_eq!(s.reply, GateReply::IgnoredUnregistered);
         assert!(s.record.is_none());
+    }
+
+    #[test]
+    fn a_nudge_for_a_name_never_seen_stores_nothing_until_gemini_vouches_for_it() {
+        let unvouched = GateCommand::Nudge {
+            key: "batches/x".into(),
+            name: "batches/x".into(),
+            claimed: "succeeded".into(),
+            metadata: Map::new(),
+            delivery_id: "jwt_1".into(),
+            require_registration: false,
+            vouched: false,
+        };
+        let s = step(None, unvouched, 10);
+        assert_eq!(s.reply, GateReply::Unregistered);
+        assert!(s.record.is_none());
+        assert_eq!(s.save, Save::Unchanged);
+        assert!(s.history.is_empty());
+        let s = step(None, nudge("succeeded", false), 10);
+        assert!(matches!(s.reply, GateReply::Confirming { .. }), "vouched");
+        assert_eq!(s.save, Save::Durable);
+    }
+
+    #[test]
+    fn the_same_nudge_again_while_its_confirmation_waits_writes_nothing() {
+        let first = step(Some(registered()), nudge("succeeded", false), 10);
+        let op = first.record.unwrap();
+        let version = op.version;
+        let again = step(Some(op), nudge("succeeded", false), 11);
+        assert!(matches!(again.reply, GateReply::Confirming { .. }));
+        assert_eq!(again.save, Save::MemoryOnly, "only the count, in memory");
+        assert!(again.history.is_empty());
+        let op = again.record.unwrap();
+        assert_eq!(op.version, version, "no version: no ledger projection");
+        let mut meta = Map::new();
+        meta.insert("user_metadata".into(), json!({"a": 1}));
+        let mut with_meta = nudge("succeeded", false);
+        if let GateCommand::Nudge { metadata, .. } = &mut with_meta {
+            *metadata = meta;
+        }
+        let gained = step(Some(op), with_meta, 12);
+        assert_eq!(gained.save, Save::Durable, "new metadata is a change");
+        assert!(gained.record.unwrap().version > version);
+    }
+
+    #[test]
+    fn a_forgotten_operation_is_never_asked_about_or_alerted_again() {
+        let nudged = step(Some(registered()), nudge("succeeded", false), 10);
+        let forgot = step(
+            nudged.record,
+            GateCommand::Forget {
+                reason: "gone".into(),
+            },
+            11,
+        );
+        let op = forgot.record.unwrap();
+        assert!(
+            op.confirmation.is_none(),
+            "the waiting confirmation is dropped"
+        );
+        let version = op.version;
+        let s = step(Some(op), nudge("succeeded", false), 12);
+        assert_eq!(s.reply, GateReply::Forgotten { changed: false });
+        assert_ne!(s.save, Save::Durable);
+        let op = s.record.unwrap();
+        assert!(op.confirmation.is_none());
+        assert_eq!(op.version, version);
+        let alert = step(
+            Some(op),
+            GateCommand::Alert {
+                alert: AlertKind::Stuck,
+                age_seconds: 1,
+            },
+            13,
+        );
+        assert_eq!(alert.reply, GateReply::AlertSent { sent: false });
+        let op = alert.record.unwrap();
+        assert!(op.pending_alerts.is_empty() && op.confirmation.is_none());
+    }
+
+    #[test]
+    fn an_operation_gemini_does_not_know_alerts_once_not_stuck_on_top() {
+        let s = confirmed(
+            nudged(),
+            ConfirmAnswer::Answer(Err(StatusError::NotFound)),
+            20,
+            &LIMITS,
+            1.0,
+        );
+        let stuck = step(
+            s.record,
+            GateCommand::Alert {
+                alert: AlertKind::Stuck,
+                age_seconds: 99_999,
+            },
+            30,
+        );
+        assert_eq!(stuck.reply, GateReply::AlertSent { sent: false });
+        assert_eq!(
+            stuck.record.unwrap().alerts,
+            vec![AlertKind::UnknownToGemini]
+        );
+    }
+
+    fn deliver_unregistered(hold_ms: i64) -> GateCommand {
+        GateCommand::Deliver {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            event: event(Status::Succeeded, Source::Webhook),
+            require_registration: false,
+            hold_ms,
+        }
+    }
+
+    #[test]
+    fn an_unregistered_completion_waits_for_a_late_registration_then_runs_at_once() {
+        let s = step(None, deliver_unregistered(15_000), 10);
+        let held = s.record.as_ref().unwrap().effect.next_attempt_ms;
+        assert_eq!(held, 10 + 15_000, "held");
+        assert!(begin_attempt(s.record.clone().unwrap(), 11, &LIMITS).is_none());
+        let late = step(
+            s.record,
+            GateCommand::Register {
+                key: "batches/a".into(),
+                name: "batches/a".into(),
+                kind: Some("billing".into()),
+            },
+            2_000,
+        );
+        assert!(matches!(
+            late.reply,
+            GateReply::Exists {
+                kind: KindFill::Filled,
+                ..
+            }
+        ));
+        let due = late.record.as_ref().unwrap().effect.next_attempt_ms;
+        assert_eq!(due, 2_000, "due now");
+        let op = late.record.unwrap();
+        assert_eq!(op.kind.as_deref(), Some("billing"));
+        assert!(begin_attempt(op, 2_000, &LIMITS).is_some());
+        let registered_first = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let due = registered_first.record.unwrap().effect.next_attempt_ms;
+        assert_eq!(due, 10, "no hold");
+    }
+
+    #[test]
+    fn a_registration_after_the_first_attempt_leaves_the_kind_and_the_body_alone() {
+        let s = step(None, deliver_unregistered(0), 10);
+        let (claim, s) = begin_attempt(s.record.unwrap(), 10, &LIMITS).unwrap();
+        let failed = attempt_finished(
+            s.record.unwrap(),
+            &Attempt {
+                claim,
+                outcome: AttemptOutcome::Retry("503".into()),
+                started_ms: 10,
+                finished_ms: 20,
+            },
+            &LIMITS,
+            1.0,
+        );
+        let op = failed.record.unwrap();
+        let late = step(
+            Some(op.clone()),
+            GateCommand::Register {
+                key: "batches/a".into(),
+                name: "batches/a".into(),
+                kind: Some("billing".into()),
+            },
+            30,
+        );
+        assert!(matches!(
+            late.reply,
+            GateReply::Exists {
+                kind: KindFill::TooLate,
+                ..
+            }
+        ));
+        assert_eq!(late.save, Save::Unchanged);
+        assert_eq!(
+            late.record.unwrap(),
+            op,
+            "kind, version and schedule unchanged"
+        );
     }
 
     #[test]

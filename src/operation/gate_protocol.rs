@@ -12,6 +12,7 @@ use crate::alert::AlertKind;
 use crate::lifecycle::{DropReason, Status};
 use crate::operation::{KindFill, OpEvent};
 use crate::reconcile::{Audit, AuditProgress, Lease, Resume};
+use crate::stranger::GuardLimits;
 
 /// A request to the gate of one operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,6 +32,11 @@ pub enum GateCommand {
         event: OpEvent,
         /// Drop events for operations never registered (REQUIRE_REGISTRATION).
         require_registration: bool,
+        /// How long the first side-effect attempt of an unregistered operation that this
+        /// event settles waits for a late registration (`UNREGISTERED_HOLD_SECONDS` when
+        /// routes are configured, else 0).
+        #[serde(default)]
+        hold_ms: i64,
     },
     /// A dynamic-webhook delivery named this operation: its body is unproven, so the gate
     /// asks Gemini's status API (from its alarm) and applies what that says.
@@ -44,6 +50,11 @@ pub enum GateCommand {
         /// A hash of the token: something signed, unlike the `webhook-id` header.
         delivery_id: String,
         require_registration: bool,
+        /// Gemini's status API already answered for this name (it is no stranger's): a gate
+        /// without a record creates one to confirm. Without it, such a gate stores nothing
+        /// and answers [`GateReply::Unregistered`], and the edge asks the status API first.
+        #[serde(default)]
+        vouched: bool,
     },
     /// Run an owed side effect if it is due and no live claim holds it.
     RetryEffect,
@@ -106,6 +117,8 @@ pub enum GateReply {
         effect: EffectReport,
     },
     IgnoredUnregistered,
+    /// A nudge named an operation this gate has no record of: nothing was stored.
+    Unregistered,
     /// A nudge was recorded; the status API is asked from the gate's alarm.
     Confirming {
         status: Status,
@@ -184,6 +197,11 @@ pub enum LeaseCommand {
         audit: Option<AuditProgress>,
         summary: Value,
     },
+    /// To the strangers' guard (another instance of the lease's class): may the status API
+    /// be asked about one more unregistered name?
+    StrangerPermit { limits: GuardLimits },
+    /// To the strangers' guard: Gemini did not know one more unregistered name.
+    StrangerUnknown { limits: GuardLimits },
     /// The lease, the cursor and the last pass's summary.
     Status,
 }
@@ -213,6 +231,14 @@ pub enum LeaseReply {
         lease: Lease,
         last_pass: Option<Value>,
     },
+    /// `retry_after`: refused for this many seconds (the minute's limit is spent).
+    StrangerPermit {
+        retry_after: Option<i64>,
+    },
+    /// `alert`: this crossed the window's threshold; the guard sends the one alert.
+    StrangerCounted {
+        alert: bool,
+    },
 }
 
 #[cfg(test)]
@@ -233,6 +259,7 @@ mod tests {
                 delivery_id: Some("msg_1".into()),
             },
             require_registration: false,
+            hold_ms: 0,
         };
         let text = serde_json::to_string(&cmd).unwrap();
         assert!(text.contains(r#""command":"deliver""#));

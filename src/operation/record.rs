@@ -168,6 +168,9 @@ pub enum KindFill {
     Unchanged,
     /// The record already has a different kind; nothing changed.
     Conflict,
+    /// The record has no kind, but a side-effect attempt already went out without one: its
+    /// `webhook-id` must keep meaning that body, so the kind stays unset.
+    TooLate,
 }
 
 impl KindFill {
@@ -177,6 +180,7 @@ impl KindFill {
             KindFill::Filled => "filled",
             KindFill::Unchanged => "unchanged",
             KindFill::Conflict => "conflict",
+            KindFill::TooLate => "too_late",
         }
     }
 }
@@ -465,22 +469,49 @@ impl Operation {
     }
 
     /// A registration for an operation that exists: fills in a kind the record lacks (its
-    /// completion arrived first), never replaces one.
-    pub fn fill_kind(&mut self, kind: Option<&str>) -> KindFill {
+    /// completion arrived first), never replaces one, and never while an attempt that went
+    /// out without it may be retried (the kind routes the effect and is in its body, and one
+    /// `webhook-id` means one body). A side effect held for the registration ([`Operation::hold_for_registration`])
+    /// becomes due at `now_ms`.
+    pub fn fill_kind(&mut self, kind: Option<&str>, now_ms: i64) -> KindFill {
         match (kind, self.kind.as_deref()) {
             (None, _) => KindFill::Unchanged,
             (Some(k), Some(have)) if k == have => KindFill::Unchanged,
             (Some(_), Some(_)) => KindFill::Conflict,
+            // An attempt went out and may be retried under its `webhook-id` (once done, only
+            // a redelivery sends again, under a new one).
+            (Some(_), None) if self.effect.attempts > 0 && !self.effect.done => KindFill::TooLate,
             (Some(k), None) => {
                 self.kind = Some(k.to_string());
                 self.registered = true;
+                if self.effect_owed() {
+                    self.effect.next_attempt_ms = self.effect.next_attempt_ms.min(now_ms);
+                }
                 self.version += 1;
                 KindFill::Filled
             }
         }
     }
 
+    /// An operation nobody registered has just settled: its first side-effect attempt waits
+    /// `hold_ms` (only while routes could give it another destination, see
+    /// `UNREGISTERED_HOLD_SECONDS`), so a registration racing the completion can still fill
+    /// in the kind before anything is sent.
+    pub fn hold_for_registration(&mut self, hold_ms: i64, now_ms: i64) {
+        if hold_ms > 0
+            && !self.registered
+            && self.kind.is_none()
+            && self.effect_owed()
+            && self.effect.attempts == 0
+            && self.settled_at_ms == Some(now_ms)
+        {
+            self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(now_ms + hold_ms);
+        }
+    }
+
     /// Stops tracking the operation (recorded, not erased). Idempotent.
+    /// Nothing runs for it afterwards: a waiting confirmation and queued alerts are dropped,
+    /// and no nudge asks the status API again or raises an alert.
     pub fn forget(&mut self, now_ms: i64, reason: &str) -> bool {
         if self.forgotten.is_some() {
             return false;
@@ -490,6 +521,8 @@ impl Operation {
             reason: reason.to_string(),
         });
         self.effect.claim = None;
+        self.confirmation = None;
+        self.pending_alerts.clear();
         self.version += 1;
         true
     }
@@ -693,21 +726,29 @@ impl Operation {
 
     /// Records a dynamic-webhook delivery that names this operation: the status API is to be
     /// asked now. Returns false when there is nothing to confirm (already terminal: terminal
-    /// absorbs, so no answer could change it). A confirmation already waiting keeps its
-    /// schedule (a flood of replays costs no extra status calls) and gains missing metadata.
+    /// absorbs, so no answer could change it; or forgotten). A confirmation already waiting
+    /// keeps its schedule (a flood of replays costs no extra status calls) and gains missing
+    /// metadata; when it gains none, nothing changed and the version stays.
     pub fn request_confirmation(
         &mut self,
         now_ms: i64,
         metadata: Map<String, Value>,
         delivery_id: Option<String>,
     ) -> bool {
-        if self.status.is_terminal() || self.retired_at_ms.is_some() {
+        if self.status.is_terminal() || self.retired_at_ms.is_some() || self.forgotten.is_some() {
             return false;
         }
         match &mut self.confirmation {
             Some(waiting) => {
+                let mut gained = false;
                 for (k, v) in metadata {
-                    waiting.metadata.entry(k).or_insert(v);
+                    if let serde_json::map::Entry::Vacant(e) = waiting.metadata.entry(k) {
+                        e.insert(v);
+                        gained = true;
+                    }
+                }
+                if !gained {
+                    return true;
                 }
             }
             None => {
@@ -771,7 +812,14 @@ impl Operation {
 
     /// Raises an alert of `kind` once per operation: marked, and queued until the sink
     /// accepts it. False when one was raised before.
+    /// Nothing is raised for a forgotten operation, and `stuck` is not raised on top of
+    /// `unknown_to_gemini` (Gemini not knowing it is why it is stuck: one alert says it).
     pub fn raise_alert(&mut self, kind: AlertKind, age_seconds: i64, now_ms: i64) -> bool {
+        if self.forgotten.is_some()
+            || (kind == AlertKind::Stuck && self.alerts.contains(&AlertKind::UnknownToGemini))
+        {
+            return false;
+        }
         if !self.mark_alert(kind) {
             return false;
         }
@@ -787,17 +835,24 @@ impl Operation {
 
     /// The sink accepted the alert of `kind`.
     pub fn alert_delivered(&mut self, kind: AlertKind) {
+        let before = self.pending_alerts.len();
         self.pending_alerts.retain(|a| a.kind != kind);
-        self.version += 1;
+        if self.pending_alerts.len() != before {
+            self.version += 1;
+        }
     }
 
     /// Sending the alert of `kind` failed: try again in `retry_in_ms`.
     pub fn alert_failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) {
+        let mut changed = false;
         for alert in self.pending_alerts.iter_mut().filter(|a| a.kind == kind) {
             alert.attempts += 1;
             alert.due_ms = now_ms + retry_in_ms;
+            changed = true;
         }
-        self.version += 1;
+        if changed {
+            self.version += 1;
+        }
     }
 
     /// Alerts whose time to be sent has come.
@@ -902,6 +957,34 @@ mod tests {
             Verdict::Apply
         );
         op
+    }
+
+    #[test]
+    fn transitions_that_change_nothing_keep_the_version() {
+        let mut op = settled();
+        let version = op.version;
+        op.alert_delivered(AlertKind::Stuck);
+        op.alert_failed(AlertKind::Stuck, 5, 5);
+        op.confirmation_failed(5, 5);
+        op.confirmation_gone();
+        assert!(!op.request_confirmation(5, Map::new(), None), "terminal");
+        assert_eq!(op.fill_kind(None, 5), KindFill::Unchanged);
+        assert_eq!(op.fill_kind(Some("k"), 5), KindFill::Unchanged);
+        assert_eq!(op.version, version);
+        let mut waiting = Operation::register("batches/w", "batches/w", None, 0);
+        assert!(waiting.request_confirmation(1, Map::new(), None));
+        let version = waiting.version;
+        assert!(waiting.request_confirmation(2, Map::new(), None));
+        assert_eq!(waiting.version, version, "the same nudge again");
+        assert!(waiting.forget(3, "gone"));
+        let version = waiting.version;
+        assert!(!waiting.forget(4, "again"));
+        assert!(
+            !waiting.request_confirmation(5, Map::new(), None),
+            "forgotten"
+        );
+        assert!(!waiting.raise_alert(AlertKind::Stuck, 1, 5), "forgotten");
+        assert_eq!(waiting.version, version);
     }
 
     #[test]
@@ -1098,12 +1181,12 @@ mod tests {
     #[test]
     fn a_late_registration_fills_in_the_kind_but_never_replaces_it() {
         let mut op = Operation::unregistered("batches/a", "batches/a", 0);
-        assert_eq!(op.fill_kind(None), KindFill::Unchanged);
-        assert_eq!(op.fill_kind(Some("billing")), KindFill::Filled);
+        assert_eq!(op.fill_kind(None, 0), KindFill::Unchanged);
+        assert_eq!(op.fill_kind(Some("billing"), 0), KindFill::Filled);
         assert_eq!(op.kind.as_deref(), Some("billing"));
         assert!(op.registered);
-        assert_eq!(op.fill_kind(Some("billing")), KindFill::Unchanged);
-        assert_eq!(op.fill_kind(Some("publish")), KindFill::Conflict);
+        assert_eq!(op.fill_kind(Some("billing"), 0), KindFill::Unchanged);
+        assert_eq!(op.fill_kind(Some("publish"), 0), KindFill::Conflict);
         assert_eq!(op.kind.as_deref(), Some("billing"));
     }
 

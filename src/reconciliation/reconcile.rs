@@ -90,7 +90,11 @@ pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
         if age >= t.grace_secs {
             actions.push(Action::Poll);
         }
-        if age >= t.stuck_after_secs && !alerted(AlertKind::Stuck) {
+        // Gemini not knowing it is why it is stuck: its `unknown_to_gemini` alert says so.
+        if age >= t.stuck_after_secs
+            && !alerted(AlertKind::Stuck)
+            && !alerted(AlertKind::UnknownToGemini)
+        {
             actions.push(Action::Alert {
                 kind: AlertKind::Stuck,
                 age_secs: age,
@@ -436,6 +440,13 @@ mod tests {
 
     fn meta(status: &str) -> LedgerMeta {
         LedgerMeta::sample(status)
+    }
+
+    #[test]
+    fn an_operation_gemini_does_not_know_is_not_also_alerted_stuck() {
+        let mut m = meta("running");
+        m.alerts = vec![AlertKind::UnknownToGemini];
+        assert_eq!(decide(&m, 1_000_000, &T), vec![Action::Poll]);
     }
 
     #[test]

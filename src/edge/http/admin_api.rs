@@ -139,6 +139,9 @@ async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
             if kind == KindFill::Conflict {
                 operation["note"] = json!("the operation already has another kind; unchanged");
             }
+            if kind == KindFill::TooLate {
+                operation["note"] = json!("a side-effect attempt already went out without a kind; its webhook-id keeps that body, so the kind stays unset");
+            }
             ok_json(&operation)
         }
         other => Err(EdgeError::Unavailable(format!(

@@ -11,7 +11,10 @@
 //! What is trusted from where: an HMAC-signed body is proven byte for byte and becomes an
 //! event; a JWT-signed (dynamic-webhook) body is not (the token proves only that Google sent
 //! something, to anyone who runs a job), so it is a **nudge**: it names an operation, and the
-//! gate asks Gemini's status API and applies what that says. Only claims inside the verified
+//! gate asks Gemini's status API and applies what that says. A nudge naming an operation its
+//! gate has no record of is not stored on the token's word (anyone can obtain tokens): the
+//! edge asks the status API first, within the strangers' guard's limit, and stores only what
+//! Gemini vouches for ([`crate::stranger`]). Only claims inside the verified
 //! token (`user_metadata`) are forwarded as verified; metadata found only in the body is
 //! forwarded as `unverified_user_metadata`.
 //!
@@ -34,20 +37,25 @@ use worker::{js_sys, web_sys, Env, Response};
 
 use crate::config::Config;
 use crate::envelope::{meaning, parse, Envelope, Meaning};
-use crate::gate_protocol::{GateCommand, GateReply};
+use crate::gate_protocol::{GateCommand, GateReply, LeaseCommand, LeaseReply};
 use crate::jwt::JwtError;
-use crate::key::{normalize, KeyError, OperationKey};
+use crate::key::{normalize, Collection, KeyError, OperationKey};
 use crate::ledger::dead_key;
 use crate::lifecycle::{DropReason, Source, Status};
 use crate::log_event::LogEvent;
 use crate::operation::OpEvent;
 use crate::signature::{check_headers, looks_like_jwt, CheckedHeaders, SignedHeaders};
 use crate::stats;
+use crate::status::StatusError;
+use crate::stranger::{self, GuardLimits, Next};
 use crate::timestamp::format_rfc3339;
 
 use super::dynamic_webhook;
+use super::lease_object::GUARD_NAME;
 use super::ledger_kv::{write_dead_letter, KV_BINDING};
+use super::reconcile_pass::LEASE_BINDING;
 use super::stats::{count_at_edge, count_rejected};
+use super::status_api;
 use super::{call_gate, log, now_ms, ok_json, EdgeError};
 
 /// Who vouched for a delivery.
@@ -255,6 +263,7 @@ async fn deliver_signed(
             delivery_id: Some(delivery_id.to_string()),
         },
         require_registration: config.require_registration,
+        hold_ms: config.unregistered_hold_ms(),
     };
     answer(
         env,
@@ -310,23 +319,99 @@ async fn deliver_nudge(
             }
         }
     }
-    let command = GateCommand::Nudge {
+    let nudge = |metadata, vouched| GateCommand::Nudge {
         key: key.key.clone(),
         name: key.name.clone(),
         claimed: status.as_str().to_string(),
         metadata,
         delivery_id: token_hash.to_string(),
         require_registration: config.require_registration,
+        vouched,
     };
-    answer(
-        env,
-        &key.key,
-        &command,
-        &envelope.event_type,
-        token_hash,
-        now,
-    )
-    .await
+    let command = nudge(metadata.clone(), false);
+    let reply = call_gate(env, &key.key, &command).await?;
+    if reply != GateReply::Unregistered {
+        return respond(
+            &key.key,
+            &command,
+            reply,
+            &envelope.event_type,
+            token_hash,
+            now,
+        );
+    }
+    // A name the gate has never seen: Gemini's status API decides, before anything is stored.
+    let limits = guard_limits(config);
+    let permit = guard_call(env, &LeaseCommand::StrangerPermit { limits }).await?;
+    if let LeaseReply::StrangerPermit {
+        retry_after: Some(secs),
+    } = permit
+    {
+        rejected(
+            "stranger_limit",
+            json!({"key": key.key, "retry_after": secs}),
+        );
+        return Err(EdgeError::RetryLater(secs.clamp(1, 60) as u32));
+    }
+    let asked = match (&config.gemini_api_key, Collection::of_key(&key.key)) {
+        (None, _) => None,
+        (Some(_), None) => Some(Err(StatusError::Malformed("key has no collection".into()))),
+        (Some(_), Some(collection)) => {
+            Some(status_api::ask(config, collection, &key.key, &key.name).await)
+        }
+    };
+    let event_type = &envelope.event_type;
+    match stranger::next_step(asked, &metadata, token_hash) {
+        Next::Deliver(event) => {
+            let command = GateCommand::Deliver {
+                key: key.key.clone(),
+                name: key.name.clone(),
+                event,
+                require_registration: config.require_registration,
+                hold_ms: config.unregistered_hold_ms(),
+            };
+            answer(env, &key.key, &command, event_type, token_hash, now).await
+        }
+        Next::Confirm => {
+            let command = nudge(metadata, true);
+            answer(env, &key.key, &command, event_type, token_hash, now).await
+        }
+        Next::Unknown => {
+            count_at_edge(stats::STRANGER_NUDGES);
+            let counted = guard_call(env, &LeaseCommand::StrangerUnknown { limits }).await;
+            let body = json!({"outcome": "unknown_to_gemini", "key": key.key});
+            let mut line = body.clone();
+            line["event"] = json!(LogEvent::StrangerNudge.as_str());
+            line["type"] = json!(event_type);
+            line["webhook_id"] = json!(token_hash);
+            line["alert"] = json!(matches!(
+                counted,
+                Ok(LeaseReply::StrangerCounted { alert: true })
+            ));
+            log(line);
+            ok_json(&body)
+        }
+        Next::RetryLater(secs) => {
+            log(LogEvent::StrangerUnconfirmed.line(json!({
+                "key": key.key, "webhook_id": token_hash, "retry_after": secs,
+                "reason": if config.gemini_api_key.is_none() { "GEMINI_API_KEY is not set" } else { "the status API did not answer" },
+            })));
+            Err(EdgeError::RetryLater(secs.clamp(1, 3_600) as u32))
+        }
+    }
+}
+
+/// The strangers' guard's limits, from the configuration.
+fn guard_limits(config: &Config) -> GuardLimits {
+    GuardLimits {
+        per_minute: config.stranger_nudges_per_minute,
+        threshold: config.stranger_alert_threshold,
+        window_ms: config.stranger_alert_window_secs * 1_000,
+    }
+}
+
+async fn guard_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, EdgeError> {
+    super::post_json(&super::stub_for(env, LEASE_BINDING, GUARD_NAME)?, command).await
 }
 
 /// What an envelope's type means, and its operation's key: `None` for an unknown type.
@@ -349,6 +434,18 @@ async fn answer(
     started: i64,
 ) -> Result<Response, EdgeError> {
     let reply = call_gate(env, key, command).await?;
+    respond(key, command, reply, event_type, delivery_id, started)
+}
+
+/// Logs what the gate did with `command` and answers the sender.
+fn respond(
+    key: &str,
+    command: &GateCommand,
+    reply: GateReply,
+    event_type: &str,
+    delivery_id: &str,
+    started: i64,
+) -> Result<Response, EdgeError> {
     if let (
         GateCommand::Deliver { .. },
         GateReply::Applied { status, .. } | GateReply::Dropped { status, .. },
@@ -380,6 +477,10 @@ async fn answer(
         GateReply::IgnoredUnregistered => (
             "ignored_unregistered",
             json!({"outcome": "ignored_unregistered", "key": key}),
+        ),
+        GateReply::Forgotten { .. } => (
+            "ignored_forgotten",
+            json!({"outcome": "ignored_forgotten", "key": key}),
         ),
         other => {
             return Err(EdgeError::Unavailable(format!(

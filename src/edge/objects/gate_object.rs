@@ -61,15 +61,15 @@ fn limits(config: &Config) -> Limits {
         claim_ttl_ms: config.claim_ttl_secs * 1_000,
         retry_base_secs: config.retry_base_secs,
         retry_max_secs: config.retry_max_secs,
+        unregistered_hold_ms: config.unregistered_hold_ms(),
     }
 }
 
 impl DurableObject for OperationGate {
     fn new(state: State, env: Env) -> Self {
-        let counting = load_config(&env).is_ok_and(|c| c.usage_log);
         Self {
             env,
-            storage: GateStorage::open(state, counting),
+            storage: GateStorage::open(state),
         }
     }
 

@@ -7,7 +7,10 @@
 //! Guarantees: every write of the record goes through [`GateStorage::save`], so the cache
 //! equals storage (except counts of settled duplicates, kept in memory by
 //! [`GateStorage::keep_in_memory`] until the next write); the alarm is set only when its time
-//! changes (an unchanged wake time costs no storage call).
+//! changes (an unchanged wake time costs no storage call). The tables are created by the first
+//! write, never by a read: an object that only answered (a nudge or delivery for an
+//! unregistered name with `REQUIRE_REGISTRATION=true`, a command for an operation it does not
+//! know) stores nothing at all.
 
 use std::cell::{Cell, RefCell};
 
@@ -64,24 +67,40 @@ pub struct GateStorage {
     alarm_at: Cell<Option<i64>>,
     meter: Meter,
     cached: RefCell<Cached>,
+    /// The tables are known to exist (created or found by this instance).
+    schema_ready: Cell<bool>,
+}
+
+/// True for SQLite's answer to a query on a table not created yet.
+fn no_table(e: &worker::Error) -> bool {
+    e.to_string().contains("no such table")
 }
 
 impl GateStorage {
-    /// Opens the tables, creating them if needed (one statement: a woken object runs it
-    /// every time, so it is one call, not one per table). `meter` counts it when `USAGE_LOG`
-    /// is on.
-    pub fn open(state: State, counting: bool) -> GateStorage {
-        let meter = Meter::default();
-        meter.begin(counting);
-        if let Err(e) = meter.exec(&state.storage().sql(), SCHEMA, None) {
-            log(LogEvent::GateSchemaError.line(json!({"error": e.to_string()})));
-        }
+    /// Opens the storage without touching it: the tables are created by the first write
+    /// ([`GateStorage::ensure_schema`]).
+    pub fn open(state: State) -> GateStorage {
         GateStorage {
             state,
-            meter,
+            meter: Meter::default(),
             alarm_at: Cell::new(None),
             cached: RefCell::new(Cached::Unread),
+            schema_ready: Cell::new(false),
         }
+    }
+
+    /// Creates the tables if needed, once per instance, before its first write (one
+    /// statement, so one call, not one per table).
+    fn ensure_schema(&self) -> Result<()> {
+        if self.schema_ready.get() {
+            return Ok(());
+        }
+        if let Err(e) = self.meter.exec(&self.sql(), SCHEMA, None) {
+            log(LogEvent::GateSchemaError.line(json!({"error": e.to_string()})));
+            return Err(e);
+        }
+        self.schema_ready.set(true);
+        Ok(())
     }
 
     /// What this object used (see [`Meter`]).
@@ -106,6 +125,7 @@ impl GateStorage {
 
     /// Deletes the history (retention ended).
     pub fn clear_history(&self) -> Result<()> {
+        self.ensure_schema()?;
         self.meter.exec(&self.sql(), "DELETE FROM history", None)?;
         Ok(())
     }
@@ -139,8 +159,18 @@ impl GateStorage {
             Cached::Unread => {}
         }
         let rows: Vec<BodyRow> =
-            self.meter
-                .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)?;
+            match self
+                .meter
+                .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)
+            {
+                Ok(rows) => {
+                    self.schema_ready.set(true);
+                    rows
+                }
+                // Never written: nothing stored, and nothing is created by reading.
+                Err(e) if no_table(&e) => Vec::new(),
+                Err(e) => return Err(e),
+            };
         let op: Option<Operation> = match rows.first() {
             None => None,
             Some(row) => Some(
@@ -159,6 +189,7 @@ impl GateStorage {
     pub fn save(&self, op: &Operation) -> Result<()> {
         let body =
             serde_json::to_string(op).map_err(|e| worker::Error::RustError(e.to_string()))?;
+        self.ensure_schema()?;
         self.meter.exec(
             &self.sql(),
             "INSERT INTO operation (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
@@ -175,6 +206,7 @@ impl GateStorage {
         if entries.is_empty() {
             return Ok(());
         }
+        self.ensure_schema()?;
         #[derive(Deserialize)]
         struct SeqRow {
             seq: f64,
@@ -206,11 +238,15 @@ impl GateStorage {
             at_ms: f64,
             entry: String,
         }
-        let rows: Vec<Row> = self.meter.rows(
+        let rows: Vec<Row> = match self.meter.rows(
             &self.sql(),
             "SELECT at_ms, entry FROM history ORDER BY seq",
             None,
-        )?;
+        ) {
+            Ok(rows) => rows,
+            Err(e) if no_table(&e) => Vec::new(),
+            Err(e) => return Err(e),
+        };
         Ok(rows
             .into_iter()
             .map(|r| {

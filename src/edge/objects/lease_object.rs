@@ -9,6 +9,15 @@
 //! pass's position), so a pass that dies blocks the next for one TTL. The audit over `op:`
 //! keeps its own cursor in the same record ([`crate::reconcile::Audit`]), moved only by the
 //! holder, like the routine cursor.
+//!
+//! Another instance of this class, named [`GUARD_NAME`], is the strangers' guard
+//! ([`crate::stranger::Guard`]): it counts unregistered nudges Gemini does not know, in
+//! memory (a restart forgets at most a minute's count), and stores only the one aggregated
+//! alert of a window (`guard(id = 1, body)`), which its alarm sends, retried by the runtime
+//! until the sink accepts it. So a flood of strangers' nudges writes at most one row per alert
+//! window.
+
+use std::cell::RefCell;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -16,17 +25,24 @@ use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result
 
 use crate::gate_protocol::{LeaseCommand, LeaseReply};
 use crate::reconcile::Lease;
+use crate::stranger::{alert_body, Guard};
 
-use super::log;
+use super::outbound::post_alert;
 use super::EdgeError;
+use super::{load_config, log};
 
 /// The one lease object's name.
 pub const LEASE_NAME: &str = "reconcile";
+/// The strangers' guard's name (an instance of the same class, so no new class to migrate).
+pub const GUARD_NAME: &str = "strangers";
 
-/// Serializes reconciliation passes.
+/// Serializes reconciliation passes (and, as [`GUARD_NAME`], guards against strangers).
 #[durable_object]
 pub struct ReconcileLease {
     state: State,
+    env: Env,
+    /// The guard's counts, when this instance is the guard (read from storage once).
+    guard: RefCell<Option<Guard>>,
 }
 
 #[derive(Deserialize)]
@@ -35,7 +51,7 @@ struct BodyRow {
 }
 
 impl DurableObject for ReconcileLease {
-    fn new(state: State, _env: Env) -> Self {
+    fn new(state: State, env: Env) -> Self {
         let sql = state.storage().sql();
         for ddl in [
             "CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
@@ -45,7 +61,11 @@ impl DurableObject for ReconcileLease {
                 log(json!({"event": "lease_schema_error", "error": e.to_string()}));
             }
         }
-        Self { state }
+        Self {
+            state,
+            env,
+            guard: RefCell::new(None),
+        }
     }
 
     async fn fetch(&self, mut req: Request) -> Result<Response> {
@@ -56,6 +76,31 @@ impl DurableObject for ReconcileLease {
             }
         };
         let now = Date::now().as_millis() as i64;
+        match command {
+            LeaseCommand::StrangerPermit { limits } => {
+                let retry_after = self.with_guard(|g| g.permit(now, &limits).err());
+                return Response::from_json(&LeaseReply::StrangerPermit { retry_after });
+            }
+            LeaseCommand::StrangerUnknown { limits } => {
+                let (alert, guard) = self.with_guard(|g| (g.unknown(now, &limits), g.clone()));
+                if alert {
+                    // The window's one alert: stored with the window's state (so a restart
+                    // neither loses it nor raises it twice), and sent by the alarm.
+                    self.ensure_guard_table()?;
+                    let body = json!({"guard": guard, "alert": alert_body(&guard, &limits)});
+                    self.write("guard", &body)?;
+                    let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(
+                        now as f64,
+                    ));
+                    self.state
+                        .storage()
+                        .set_alarm(worker::ScheduledTime::new(date))
+                        .await?;
+                }
+                return Response::from_json(&LeaseReply::StrangerCounted { alert });
+            }
+            _ => {}
+        }
         let mut lease: Lease = self.read("lease")?.unwrap_or_default();
         let reply = match command {
             LeaseCommand::Acquire { holder, ttl_ms } => {
@@ -125,6 +170,10 @@ impl DurableObject for ReconcileLease {
                 self.write("last_pass", &summary)?;
                 LeaseReply::Released { accepted }
             }
+            // Answered above, before the lease is read.
+            LeaseCommand::StrangerPermit { .. } | LeaseCommand::StrangerUnknown { .. } => {
+                return EdgeError::BadRequest("a guard command".into()).into_response()
+            }
             LeaseCommand::Status => LeaseReply::State {
                 lease,
                 last_pass: self.read("last_pass")?,
@@ -132,9 +181,57 @@ impl DurableObject for ReconcileLease {
         };
         Response::from_json(&reply)
     }
+
+    /// Only the strangers' guard sets an alarm: to send its aggregated alert.
+    async fn alarm(&self) -> Result<Response> {
+        self.send_guard_alert().await?;
+        Response::ok("ok")
+    }
 }
 
 impl ReconcileLease {
+    /// Runs `f` on the guard's counts, read from storage by this instance's first call.
+    fn with_guard<T>(&self, f: impl FnOnce(&mut Guard) -> T) -> T {
+        let mut slot = self.guard.borrow_mut();
+        let guard = slot.get_or_insert_with(|| {
+            self.read::<Value>("guard")
+                .ok()
+                .flatten()
+                .and_then(|v| serde_json::from_value(v["guard"].clone()).ok())
+                .unwrap_or_default()
+        });
+        f(guard)
+    }
+
+    fn ensure_guard_table(&self) -> Result<()> {
+        self.state.storage().sql().exec(
+            "CREATE TABLE IF NOT EXISTS guard (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
+            None,
+        )?;
+        Ok(())
+    }
+
+    /// The guard's alarm: sends the stored aggregated alert until the sink accepts it (a
+    /// failure throws, and the runtime retries the alarm with backoff).
+    async fn send_guard_alert(&self) -> Result<()> {
+        let Some(stored) = self.read::<Value>("guard").ok().flatten() else {
+            return Ok(());
+        };
+        let alert = &stored["alert"];
+        if alert.is_null() {
+            return Ok(());
+        }
+        let config = load_config(&self.env)
+            .map_err(|e| worker::Error::RustError(format!("configuration: {e}")))?;
+        if !post_alert(&config, alert).await {
+            return Err(worker::Error::RustError(
+                "stranger_nudges alert not accepted".into(),
+            ));
+        }
+        self.write("guard", &json!({"guard": stored["guard"], "alert": null}))
+    }
+
+    /// The row of `table` (an error when the table does not exist).
     fn read<T: serde::de::DeserializeOwned>(&self, table: &str) -> Result<Option<T>> {
         let rows: Vec<BodyRow> = self
             .state
