@@ -7,7 +7,10 @@
 //! Guarantees: every write of the record goes through [`GateStorage::save`], so the cache
 //! equals storage (except counts of settled duplicates, kept in memory by
 //! [`GateStorage::keep_in_memory`] until the next write); the alarm is set only when its time
-//! changes (an unchanged wake time costs no storage call).
+//! changes (an unchanged wake time costs no storage call). A record that does not load is
+//! kept as it was in `quarantine(seq, at_ms, error, body)` and recovered
+//! ([`crate::operation::recovery`]), so it never bricks its operation; the alarm's failure
+//! streak is kept under `alarm_failures` in the object's key-value storage.
 
 use std::cell::{Cell, RefCell};
 
@@ -18,7 +21,8 @@ use worker::{Result, ScheduledTime, State};
 
 use crate::gate::Limits;
 use crate::log_event::LogEvent;
-use crate::operation::Operation;
+use crate::operation::alarm_failure::AlarmFailures;
+use crate::operation::{recovery, Operation};
 
 use super::log;
 use super::usage_meter::Meter;
@@ -36,6 +40,14 @@ const TRIM_EVERY: i64 = 50;
 /// before this kept their AUTOINCREMENT table, which behaves the same).
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS operation (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); \
 CREATE TABLE IF NOT EXISTS history (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, entry TEXT NOT NULL)";
+
+/// Raw records that did not load, kept for inspection until retention ends (created only
+/// when one is needed).
+const QUARANTINE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS quarantine (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, error TEXT NOT NULL, body TEXT NOT NULL)";
+
+/// The key, in the object's key-value storage, of the alarm's failure streak (see
+/// [`crate::operation::alarm_failure`]).
+const ALARM_FAILURES: &str = "alarm_failures";
 
 /// The record as this instance knows it: every write goes through [`OperationGate::save`],
 /// so it equals storage, except for counts of settled duplicates not stored yet.
@@ -64,6 +76,8 @@ pub struct GateStorage {
     alarm_at: Cell<Option<i64>>,
     meter: Meter,
     cached: RefCell<Cached>,
+    /// A record was recovered by this instance and its alarm not yet set for it.
+    recovered: Cell<bool>,
 }
 
 impl GateStorage {
@@ -81,6 +95,7 @@ impl GateStorage {
             meter,
             alarm_at: Cell::new(None),
             cached: RefCell::new(Cached::Unread),
+            recovered: Cell::new(false),
         }
     }
 
@@ -107,6 +122,8 @@ impl GateStorage {
     /// Deletes the history (retention ended).
     pub fn clear_history(&self) -> Result<()> {
         self.meter.exec(&self.sql(), "DELETE FROM history", None)?;
+        self.meter
+            .exec(&self.sql(), "DROP TABLE IF EXISTS quarantine", None)?;
         Ok(())
     }
 
@@ -143,16 +160,87 @@ impl GateStorage {
                 .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)?;
         let op: Option<Operation> = match rows.first() {
             None => None,
-            Some(row) => Some(
-                serde_json::from_str::<Operation>(&row.body)
-                    .map_err(|e| {
-                        worker::Error::RustError(format!("stored record unreadable: {e}"))
-                    })?
-                    .as_loaded(),
-            ),
+            Some(row) => Some(match serde_json::from_str::<Operation>(&row.body) {
+                Ok(op) => op.as_loaded(),
+                Err(e) => self.recover(&row.body, &e.to_string())?.as_loaded(),
+            }),
         };
         self.cached.replace(Cached::of(op.clone()));
         Ok(op)
+    }
+
+    /// A stored record that did not load: kept as it was in the `quarantine` table, then
+    /// read as [`recovery::recover`] can and stored again, with its `record_unreadable` alert
+    /// queued and a history row. The alarm must be set again for the alert
+    /// ([`GateStorage::take_recovered`]). A record that cannot be recovered stays where it is
+    /// and every call on it fails, as before.
+    fn recover(&self, raw: &str, error: &str) -> Result<Operation> {
+        let Some((mut op, how)) = recovery::recover(raw) else {
+            log(LogEvent::RecordUnreadable.line(recovery::unrecoverable(error, raw)));
+            return Err(worker::Error::RustError(format!(
+                "stored record unreadable: {error}"
+            )));
+        };
+        let now = worker::Date::now().as_millis() as i64;
+        let sql = self.sql();
+        self.meter.exec(&sql, QUARANTINE_SCHEMA, None)?;
+        self.meter.exec(
+            &sql,
+            "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)",
+            vec![now.into(), error.into(), raw.into()],
+        )?;
+        let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now);
+        self.save(&op)?;
+        self.record(now, vec![row])?;
+        log(LogEvent::RecordRecovered.line(line));
+        self.recovered.set(true);
+        Ok(op)
+    }
+
+    /// The key of the record in memory, if one is.
+    pub fn cached_key(&self) -> Option<String> {
+        match &*self.cached.borrow() {
+            Cached::Present(op) => Some(op.key.clone()),
+            _ => None,
+        }
+    }
+
+    /// The alarm time this instance last set, if it knows it.
+    pub fn alarm_set_at(&self) -> Option<i64> {
+        self.alarm_at.get()
+    }
+
+    /// True once after a record was recovered: its alert needs the alarm set.
+    pub fn take_recovered(&self) -> bool {
+        self.recovered.replace(false)
+    }
+
+    /// The alarm's failures so far, if a streak is stored.
+    pub async fn alarm_failures(&self) -> Result<Option<AlarmFailures>> {
+        self.state.storage().get(ALARM_FAILURES).await
+    }
+
+    /// Stores a streak of alarm failures and sets the alarm at `retry_at` (whatever this
+    /// instance believed was set).
+    pub async fn alarm_failed(&self, streak: &AlarmFailures, retry_at: i64) -> Result<()> {
+        let stored = self.state.storage().put(ALARM_FAILURES, streak).await;
+        self.alarm_at.set(None);
+        let date = worker::js_sys::Date::new(&JsValue::from_f64(retry_at as f64));
+        self.state
+            .storage()
+            .set_alarm(ScheduledTime::new(date))
+            .await?;
+        self.alarm_at.set(Some(retry_at));
+        stored
+    }
+
+    /// A run succeeded after failures: the streak is over.
+    pub async fn alarm_recovered(&self) -> Result<()> {
+        self.state
+            .storage()
+            .delete(ALARM_FAILURES)
+            .await
+            .map(|_| ())
     }
 
     /// Stores the record.
