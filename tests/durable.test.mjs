@@ -140,7 +140,7 @@ describe("metadata nested at and past every limit", () => {
     }
   });
 
-  it("a stored record that no longer loads is recovered, kept, alerted on once, and settles once", { timeout: 120_000 }, async (t) => {
+  it("a stored record that no longer loads is recovered (or repaired by an operator), kept, alerted on once, and settles once", { timeout: 120_000 }, async (t) => {
     try {
       execFileSync("sqlite3", ["-version"]);
     } catch {
@@ -152,26 +152,33 @@ describe("metadata nested at and past every limit", () => {
     try {
       destUp = true;
       w = await startWorker(config(), { persist: dir });
-      const key = "batches/unreadable";
-      assert.equal((await w.register(key, "nightly")).status, 201);
-      await w.ledger(key);
+      const deep = "batches/unreadable";
+      const garbled = "batches/garbled";
+      for (const key of [deep, garbled]) assert.equal((await w.register(key, "nightly")).status, 201);
+      await w.ledger([deep, garbled]);
       const ns = await w.mf.getDurableObjectNamespace("OPERATION_GATE");
-      const id = ns.idFromName(key).toString();
+      const ids = { [deep]: ns.idFromName(deep).toString(), [garbled]: ns.idFromName(garbled).toString() };
       await w.dispose();
       w = null;
+      const dbOf = (key) => {
+        const files = fs.readdirSync(dir, { recursive: true }).filter((f) => String(f).endsWith(`${ids[key]}.sqlite`));
+        assert.equal(files.length, 1, `the gate's database in ${dir}`);
+        return path.join(dir, String(files[0]));
+      };
+      const store = (key, raw) => execFileSync("sqlite3", [dbOf(key), `UPDATE operation SET body = '${raw.replaceAll("'", "''")}' WHERE id = 1`]);
       // What an older version stored for a nudge whose body nested its metadata deep: a
       // record serde_json's reader refuses (past 128 levels).
-      const files = fs.readdirSync(dir, { recursive: true }).filter((f) => String(f).endsWith(`${id}.sqlite`));
-      assert.equal(files.length, 1, `the gate's database in ${dir}`);
-      const db = path.join(dir, String(files[0]));
-      const body = JSON.parse(execFileSync("sqlite3", [db, "SELECT body FROM operation WHERE id = 1"], { encoding: "utf8" }));
+      const body = JSON.parse(execFileSync("sqlite3", [dbOf(deep), "SELECT body FROM operation WHERE id = 1"], { encoding: "utf8" }));
       body.confirmation = { requested_at_ms: Date.now(), due_ms: Date.now() + 3_600_000, attempts: 0, metadata: { unverified_user_metadata: "DEEP" }, delivery_id: "jwt_old" };
       const raw = JSON.stringify(body).replace('"DEEP"', nested(140));
-      execFileSync("sqlite3", [db, `UPDATE operation SET body = '${raw.replaceAll("'", "''")}' WHERE id = 1`]);
+      store(deep, raw);
+      // And one of which nothing can be read (neither key nor state).
+      store(garbled, `{"garbled":${nested(3)}}`);
 
       const before = sink.requests.length;
+      const unreadableAlerts = (key) => sink.requests.filter((r) => JSON.parse(r.body).alert === "record_unreadable" && JSON.parse(r.body).key === key);
       w = await startWorker(config(), { persist: dir });
-      const seen = await w.inspect(key);
+      const seen = await w.inspect(deep);
       assert.equal(seen.status, 200, JSON.stringify(seen.body).slice(0, 300));
       assert.equal(seen.body.kind, "nightly");
       const row = seen.body.history.find((h) => h.what === "record_recovered");
@@ -179,19 +186,42 @@ describe("metadata nested at and past every limit", () => {
       assert.equal(row.how, "pruned");
       assert.equal(row.raw_bytes, raw.length);
       assert.equal(w.events("record_recovered").length, 1);
-      const alerted = await eventually(() => some(sink.requests.slice(before).filter((r) => JSON.parse(r.body).alert === "record_unreadable")), { what: "the record_unreadable alert" });
-      assert.equal(JSON.parse(alerted[0].body).key, key);
-      const done = await w.deliver("batch.succeeded", key, { output_file_uri: "gs://o/u.jsonl" });
+      const alerted = await eventually(() => some(unreadableAlerts(deep)), { what: "the record_unreadable alert" });
+      assert.ok(sink.requests.indexOf(alerted[0]) >= before);
+      const done = await w.deliver("batch.succeeded", deep, { output_file_uri: "gs://o/u.jsonl" });
       assert.equal(done.body.outcome, "applied", JSON.stringify(done.body));
-      await eventually(() => effectsFor(dest, key).length === 1, { what: "its effect" });
-      // Loaded again from storage: the recovered record reads, nothing is recovered twice.
+      await eventually(() => effectsFor(dest, deep).length === 1, { what: "its effect" });
+
+      // The garbled one cannot be recovered on its own: every call fails until a repair.
+      assert.equal((await w.inspect(garbled)).status, 503);
+      assert.equal((await w.deliver("batch.succeeded", garbled, { output_file_uri: "gs://o/g.jsonl" })).status, 503);
+      assert.ok(w.events("record_unreadable").length > 0);
+      const repaired = await w.admin(`/v1/operations/${garbled}/repair`, { method: "POST", body: JSON.stringify({ reason: "garbled row" }) });
+      assert.equal(repaired.status, 200, JSON.stringify(repaired.body));
+      assert.equal(repaired.body.repaired, true);
+      assert.equal(repaired.body.operation.status, "pending");
+      assert.equal(repaired.body.operation.effect_parked, true, "may already have run: parked");
+      assert.equal(repaired.body.operation.history.at(-1).how, "rebuilt");
+      await eventually(() => some(unreadableAlerts(garbled)), { what: "the repaired record's alert" });
+      // Its completion settles it; the effect waits for an operator, who retries it.
+      assert.equal((await w.deliver("batch.succeeded", garbled, { output_file_uri: "gs://o/g.jsonl" })).body.outcome, "applied");
+      await sleep(1_000);
+      assert.equal(effectsFor(dest, garbled).length, 0, "not run unasked");
+      assert.equal((await w.admin(`/v1/operations/${garbled}/retry`, { method: "POST" })).status, 200);
+      await eventually(() => effectsFor(dest, garbled).length === 1, { what: "the retried effect" });
+      const again = await w.admin(`/v1/operations/${garbled}/repair`, { method: "POST" });
+      assert.equal(again.body.repaired, false, "nothing left to repair");
+
+      // Loaded again from storage: the recovered records read, nothing is recovered twice.
       await w.dispose();
       w = await startWorker(config(), { persist: dir });
-      assert.equal((await w.inspect(key)).body.effect_done, true);
+      for (const key of [deep, garbled]) assert.equal((await w.inspect(key)).body.effect_done, true, key);
       assert.equal(w.events("record_recovered").length, 0);
       await sleep(1_000);
-      assert.equal(sink.requests.filter((r) => JSON.parse(r.body).alert === "record_unreadable").length, 1, "alerted once");
-      assert.equal(effectsFor(dest, key).length, 1, "one effect");
+      for (const key of [deep, garbled]) {
+        assert.equal(unreadableAlerts(key).length, 1, `${key}: alerted once`);
+        assert.equal(effectsFor(dest, key).length, 1, `${key}: one effect`);
+      }
     } finally {
       await w?.dispose();
       fs.rmSync(dir, { recursive: true, force: true });

@@ -286,7 +286,8 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             }
             None => Step::new(None, GateReply::NotFound),
         },
-        GateCommand::Inspect => match record {
+        // A repair has been done (or was not needed) by the object before this step.
+        GateCommand::Inspect | GateCommand::Repair { .. } => match record {
             Some(op) => {
                 let reply = GateReply::Found {
                     operation: op.view(),

@@ -30,6 +30,8 @@ pub enum Recovery {
     Pruned,
     /// Rebuilt from the fields that could be read; an owed effect is parked.
     Salvaged,
+    /// Nothing could be read: rebuilt by an operator from the name alone ([`rebuild`]).
+    Rebuilt,
 }
 
 impl Recovery {
@@ -37,6 +39,7 @@ impl Recovery {
         match self {
             Recovery::Pruned => "pruned",
             Recovery::Salvaged => "salvaged",
+            Recovery::Rebuilt => "rebuilt",
         }
     }
 }
@@ -185,6 +188,25 @@ fn salvage(v: &Value) -> Option<Operation> {
     Some(op)
 }
 
+/// The record an operator's repair writes when not even the key and state of the stored one
+/// can be read: the operation as registered and pending (so the cron asks Gemini about it
+/// again), its side effect parked before it is owed (whether it already ran is unknown: once
+/// the outcome is known, an operator retries or forgets it; the park alerts), and a fencing
+/// token above any issued before (tokens count attempts; this is the time in ms).
+pub fn rebuild(key: &str, name: &str, reason: &str, now_ms: i64) -> Operation {
+    let mut op = Operation::register(key, name, None, now_ms);
+    op.effect.fence = now_ms.max(0) as u64;
+    op.effect.parked = Some(Parked {
+        at_ms: now_ms,
+        answer: format!(
+            "rebuilt by an operator ({reason}) from a stored record that could not be read: \
+             whether the side effect already ran is unknown: retry or forget it"
+        ),
+    });
+    op.indexed = true;
+    op
+}
+
 /// Marks a recovered record: raises the `record_unreadable` alert (once per operation) and
 /// bumps the version so the ledger follows. Returns the history row and the log line's fields.
 pub fn mark_recovered(
@@ -318,6 +340,27 @@ mod tests {
         let (back, _) = recover(&v.to_string()).unwrap();
         assert!(back.effect.done && back.effect.parked.is_none());
         assert_eq!(back.effect.generation, 3);
+    }
+
+    #[test]
+    fn a_rebuilt_record_is_polled_and_never_runs_its_effect_unasked() {
+        let mut op = rebuild("batches/r", "projects/p/batches/r", "unreadable", 50_000);
+        assert_eq!(op.status, Status::Pending);
+        assert!(op.registered, "the cron polls it");
+        assert_eq!(op.effect.fence, 50_000);
+        let event = OpEvent {
+            status: Status::Succeeded,
+            update_time_ms: 1,
+            source: Source::Reconcile,
+            details: Map::new(),
+            delivery_id: None,
+        };
+        op.apply(&event, 60_000);
+        assert!(!op.effect_owed(), "parked: an operator decides");
+        assert!(op.claim(60_000, 1_000).is_none());
+        op.retry_now(61_000).unwrap();
+        let c = op.claim(61_000, 1_000).unwrap();
+        assert!(c.token > 50_000);
     }
 
     #[test]

@@ -91,6 +91,13 @@ impl DurableObject for OperationGate {
                 return EdgeError::BadRequest(format!("bad gate command: {e}")).into_response()
             }
         };
+        // An operator's repair runs before the record is loaded: loading is what it repairs.
+        let repaired = match &command {
+            GateCommand::Repair { key, name, reason } => {
+                Some(self.storage.repair(key, name, reason)?.unwrap_or(false))
+            }
+            _ => None,
+        };
         let step = gate::step(self.storage.load()?, command, now_ms());
         let (_, reply) = self.commit(step, &config, Alarm::Sync).await?;
         if self.storage.take_recovered() {
@@ -100,6 +107,13 @@ impl DurableObject for OperationGate {
             }
         }
         self.end(Invocation::Fetch, started);
+        if let (Some(repaired), GateReply::Found { operation, history }) = (repaired, &reply) {
+            return Response::from_json(&GateReply::Repaired {
+                repaired,
+                operation: operation.clone(),
+                history: history.clone(),
+            });
+        }
         Response::from_json(&reply)
     }
 

@@ -173,7 +173,7 @@ impl GateStorage {
     /// read as [`recovery::recover`] can and stored again, with its `record_unreadable` alert
     /// queued and a history row. The alarm must be set again for the alert
     /// ([`GateStorage::take_recovered`]). A record that cannot be recovered stays where it is
-    /// and every call on it fails, as before.
+    /// and every call on it fails until an operator repairs it ([`GateStorage::repair`]).
     fn recover(&self, raw: &str, error: &str) -> Result<Operation> {
         let Some((mut op, how)) = recovery::recover(raw) else {
             log(LogEvent::RecordUnreadable.line(recovery::unrecoverable(error, raw)));
@@ -182,13 +182,7 @@ impl GateStorage {
             )));
         };
         let now = worker::Date::now().as_millis() as i64;
-        let sql = self.sql();
-        self.meter.exec(&sql, QUARANTINE_SCHEMA, None)?;
-        self.meter.exec(
-            &sql,
-            "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)",
-            vec![now.into(), error.into(), raw.into()],
-        )?;
+        self.quarantine(raw, error, now)?;
         let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now);
         self.save(&op)?;
         self.record(now, vec![row])?;
@@ -208,6 +202,50 @@ impl GateStorage {
     /// The alarm time this instance last set, if it knows it.
     pub fn alarm_set_at(&self) -> Option<i64> {
         self.alarm_at.get()
+    }
+
+    /// An operator's repair: `None` when there is no record; `Some(false)` when it loads as
+    /// it is (nothing done); `Some(true)` when it did not: recovered as [`GateStorage::load`]
+    /// would, or, when not even its key and state can be read, kept in `quarantine` and
+    /// replaced by [`recovery::rebuild`] of `key` and `name`, with its alert queued.
+    pub fn repair(&self, key: &str, name: &str, reason: &str) -> Result<Option<bool>> {
+        let rows: Vec<BodyRow> =
+            self.meter
+                .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let Err(error) = serde_json::from_str::<Operation>(&row.body) else {
+            return Ok(Some(false));
+        };
+        self.cached.replace(Cached::Unread);
+        if recovery::recover(&row.body).is_some() {
+            self.load()?;
+            return Ok(Some(true));
+        }
+        let now = worker::Date::now().as_millis() as i64;
+        let error = error.to_string();
+        self.quarantine(&row.body, &error, now)?;
+        let mut op = recovery::rebuild(key, name, reason, now);
+        let (entry, line) =
+            recovery::mark_recovered(&mut op, recovery::Recovery::Rebuilt, &error, &row.body, now);
+        self.save(&op)?;
+        self.record(now, vec![entry])?;
+        log(LogEvent::RecordRecovered.line(line));
+        self.recovered.set(true);
+        Ok(Some(true))
+    }
+
+    /// Keeps a raw record that did not load, for inspection until retention ends.
+    fn quarantine(&self, raw: &str, error: &str, now: i64) -> Result<()> {
+        let sql = self.sql();
+        self.meter.exec(&sql, QUARANTINE_SCHEMA, None)?;
+        self.meter.exec(
+            &sql,
+            "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)",
+            vec![now.into(), error.into(), raw.into()],
+        )?;
+        Ok(())
     }
 
     /// True once after a record was recovered: its alert needs the alarm set.
