@@ -218,7 +218,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("EFFECT_RETRY_BASE_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_BASE_SECS), "first retry of a failed side effect; doubles per attempt"),
         V::plain("EFFECT_RETRY_MAX_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_MAX_SECS), "backoff cap"),
         V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long"),
-        V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention and tombstones)"),
+        V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention and tombstones); KV keeps entries at least 60 s, its minimum TTL"),
         V::plain("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
         V::plain("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),
         V::plain("USAGE_LOG", Flag, Bool(false), "true: each Durable Object invocation logs a usage line (SQLite rows, alarm and KV writes, calls, wall time)"),
@@ -561,6 +561,13 @@ impl Config {
             Some(secs) => secs * 1_000,
             None => self.retention_days * 86_400_000,
         }
+    }
+
+    /// How long KV keeps what the worker writes with a TTL (closed ledger entries, dead
+    /// letters): the retention, but never below KV's minimum TTL of 60 s, which KV refuses
+    /// (a shorter `LEDGER_RETENTION_SECONDS` still retires gates on time).
+    pub fn kv_ttl_secs(&self) -> u64 {
+        ((self.retention_ms() / 1_000).max(0) as u64).max(crate::ledger::MIN_TTL_SECS)
     }
 
     /// Settings that work but are unsafe in production, each naming its variables: logged and
@@ -1002,6 +1009,28 @@ mod tests {
         assert_eq!(parse(&vars).unwrap().retention_ms(), 5_000);
         vars.insert("LEDGER_RETENTION_SECONDS", "0".into());
         assert_eq!(parse(&vars).unwrap_err().var, "LEDGER_RETENTION_SECONDS");
+    }
+
+    #[test]
+    fn kv_ttls_are_clamped_to_kv_s_minimum() {
+        let mut vars = base();
+        assert_eq!(parse(&vars).unwrap().kv_ttl_secs(), 14 * 86_400);
+        for (secs, ttl) in [
+            ("1", 60),
+            ("59", 60),
+            ("60", 60),
+            ("61", 61),
+            ("3600", 3_600),
+        ] {
+            vars.insert("LEDGER_RETENTION_SECONDS", secs.into());
+            let c = parse(&vars).unwrap();
+            assert_eq!(c.kv_ttl_secs(), ttl, "{secs}");
+            assert_eq!(
+                c.retention_ms(),
+                secs.parse::<i64>().unwrap() * 1_000,
+                "gates keep theirs"
+            );
+        }
     }
 
     #[test]

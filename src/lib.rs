@@ -20,12 +20,14 @@ pub mod inbound {
 /// One operation: its lifecycle, its record and transitions, the gate's steps and protocol,
 /// its side effect and its alerts.
 pub mod operation {
+    pub mod alarm_failure;
     pub mod alert;
     pub mod effect;
     pub mod gate;
     pub mod gate_protocol;
     pub mod lifecycle;
     mod record;
+    pub mod recovery;
 
     pub use record::*;
 }
@@ -39,6 +41,7 @@ pub mod reconciliation {
 }
 
 pub mod admin;
+pub mod bounds;
 pub mod config;
 pub mod log_event;
 pub mod retry;

@@ -88,6 +88,12 @@ log_events! {
     LedgerWriteFailed => "ledger_write_failed",
     StatsFlushFailed => "stats_flush_failed",
     GateSchemaError => "gate_schema_error",
+    /// A gate's stored record did not load as it was: recovered (the original kept), or not.
+    RecordRecovered => "record_recovered",
+    RecordUnreadable => "record_unreadable",
+    /// A gate's alarm failed and set itself again; a later run succeeded.
+    AlarmFailed => "alarm_failed",
+    AlarmRecovered => "alarm_recovered",
     LeaseSchemaError => "lease_schema_error",
     StatsSchemaError => "stats_schema_error",
     ConfigWarning => "config_warning",

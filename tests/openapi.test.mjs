@@ -322,6 +322,19 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     await call(w, "POST", route, "/v1/operations/batches/oa-redeliver/redeliver", { body: oversized(ADMIN_CAP), expect: 413 });
   });
 
+  it("POST /v1/operations/{name}/repair", async () => {
+    // A record that loads needs no repair (tests/durable.test.mjs repairs one that does not).
+    const route = "/v1/operations/{name}/repair";
+    await register("batches/oa-repair", "nightly-review", 201);
+    const url = "/v1/operations/batches/oa-repair/repair";
+    const answer = await call(w, "POST", route, url, { body: { reason: "checking" }, expect: 200 });
+    assert.deepEqual([answer.body.repaired, answer.body.operation.kind], [false, "nightly-review"]);
+    await call(w, "POST", route, "/v1/operations/batches/oa-never/repair", { expect: 404 });
+    await call(w, "POST", route, "/v1/operations/no-collection/repair", { expect: 400 });
+    await call(w, "POST", route, url, { token: false, expect: 401 });
+    await call(w, "POST", route, url, { body: oversized(ADMIN_CAP), expect: 413 });
+  });
+
   it("POST /v1/operations/{name}/forget", async () => {
     const route = "/v1/operations/{name}/forget";
     await register("batches/oa-forget", "nightly-review", 201);
@@ -419,6 +432,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       ["POST", "/v1/operations/{name}/retry", "/v1/operations/batches/x/retry", {}],
       ["POST", "/v1/operations/{name}/redeliver", "/v1/operations/batches/x/redeliver", {}],
       ["POST", "/v1/operations/{name}/forget", "/v1/operations/batches/x/forget", {}],
+      ["POST", "/v1/operations/{name}/repair", "/v1/operations/batches/x/repair", {}],
       ["GET", "/v1/stats", "/v1/stats", {}],
       ["GET", "/v1/config", "/v1/config", {}],
     ];

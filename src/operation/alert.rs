@@ -21,6 +21,9 @@ pub enum AlertKind {
     EffectFailing,
     /// Gemini disabled (or lost) the webhook: completions arrive only by reconciliation.
     WebhookDisabled,
+    /// The operation's stored record could not be read as it was: it was recovered, and the
+    /// original kept for inspection.
+    RecordUnreadable,
 }
 
 impl AlertKind {
@@ -31,6 +34,7 @@ impl AlertKind {
             AlertKind::UnknownToGemini => "unknown_to_gemini",
             AlertKind::EffectFailing => "effect_failing",
             AlertKind::WebhookDisabled => "webhook_disabled",
+            AlertKind::RecordUnreadable => "record_unreadable",
         }
     }
 }

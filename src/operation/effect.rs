@@ -11,12 +11,14 @@
 //! (a webhook's `data`, a status-API answer, a record stored by an older version) goes through
 //! [`normalize_details`], so the body always has `output_file_uri`, `output_file_uris`,
 //! `error_code`, `error_message` and `provider` (null or empty when the path had nothing), and
-//! `user_metadata` / `unverified_user_metadata` only when given, passed through untouched.
+//! `user_metadata` / `unverified_user_metadata` only when given, passed through untouched
+//! within the bounds of [`crate::bounds`] (past them, a marker that says so).
 //! Anything else the provider said goes under `provider`, never loose at the top level.
 
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::bounds;
 use crate::operation::{AttemptOutcome, Operation};
 use crate::retry::{class_of_status, Class};
 use crate::signature::{sign, Secret};
@@ -45,6 +47,9 @@ pub const OUTPUT_FILE_URIS: &str = "output_file_uris";
 pub const ERROR_CODE: &str = "error_code";
 /// The provider's error message, or null.
 pub const ERROR_MESSAGE: &str = "error_message";
+/// A `video.generated` webhook's location as Google's Cloud Run sample reads it: an output
+/// location like `output_file_uri`.
+pub const VIDEO_URI: &str = "video_uri";
 /// Everything else the provider said, informational; what it holds depends on the path.
 pub const PROVIDER: &str = "provider";
 /// A dynamic webhook's user metadata, verified (passed through untouched).
@@ -119,30 +124,42 @@ impl Outcome {
         }
     }
 
-    /// The normalized details: the five outcome fields, always present.
+    /// The normalized details: the five outcome fields, always present, each within the
+    /// bounds of [`crate::bounds`] (this is where everything Gemini said enters a record).
     pub fn into_details(self) -> Map<String, Value> {
+        let mut provider = self.provider;
+        let (uris, omitted) = bounds::bound_uris(self.output_file_uris);
+        if omitted > 0 {
+            let earlier = provider.get(bounds::URIS_OMITTED).and_then(Value::as_u64);
+            provider.insert(
+                bounds::URIS_OMITTED.into(),
+                json!(earlier.unwrap_or(0) + omitted),
+            );
+        }
         let mut details = Map::new();
         details.insert(
             OUTPUT_FILE_URI.into(),
-            self.output_file_uris
-                .first()
+            uris.first()
                 .map_or(Value::Null, |u| Value::String(u.clone())),
         );
         details.insert(
             OUTPUT_FILE_URIS.into(),
-            Value::Array(
-                self.output_file_uris
-                    .into_iter()
-                    .map(Value::String)
-                    .collect(),
-            ),
+            Value::Array(uris.into_iter().map(Value::String).collect()),
         );
-        details.insert(ERROR_CODE.into(), self.error_code.unwrap_or(Value::Null));
+        let code = match self.error_code {
+            Some(Value::String(s)) => Value::String(bounds::bound_string(s)),
+            other => other.unwrap_or(Value::Null),
+        };
+        details.insert(ERROR_CODE.into(), code);
         details.insert(
             ERROR_MESSAGE.into(),
-            self.error_message.map_or(Value::Null, Value::String),
+            self.error_message
+                .map_or(Value::Null, |m| Value::String(bounds::bound_string(m))),
         );
-        details.insert(PROVIDER.into(), Value::Object(self.provider));
+        details.insert(
+            PROVIDER.into(),
+            Value::Object(bounds::bound_provider(provider)),
+        );
         details
     }
 }
@@ -150,12 +167,13 @@ impl Outcome {
 /// Turns any details into the one documented shape: a webhook's `data` (without its `id`),
 /// a status-API observation's details (already normalized: unchanged), or a record stored by
 /// an older version (`output_file`, `gemini_state`, `gemini_status` at the top level).
-/// Idempotent. `user_metadata` and `unverified_user_metadata` pass through untouched.
+/// Idempotent. `user_metadata` and `unverified_user_metadata` pass through untouched, unless
+/// over the bounds of [`crate::bounds`] (then a marker says so); so does everything else.
 pub fn normalize_details(raw: &Map<String, Value>) -> Map<String, Value> {
     let mut outcome = Outcome::default();
     let mut passthrough = Map::new();
     // Locations first, in a fixed order, so the first location does not depend on key order.
-    for field in [OUTPUT_FILE_URI, "output_file"] {
+    for field in [OUTPUT_FILE_URI, VIDEO_URI, "output_file"] {
         if let Some(Value::String(uri)) = raw.get(field) {
             outcome.add_output(uri);
         }
@@ -174,9 +192,9 @@ pub fn normalize_details(raw: &Map<String, Value>) -> Map<String, Value> {
     for (k, v) in raw {
         match k.as_str() {
             OUTPUT_FILE_URIS | ERROR_CODE | ERROR_MESSAGE => {}
-            OUTPUT_FILE_URI | "output_file" if v.is_string() || v.is_null() => {}
+            OUTPUT_FILE_URI | VIDEO_URI | "output_file" if v.is_string() || v.is_null() => {}
             USER_METADATA | UNVERIFIED_USER_METADATA => {
-                passthrough.insert(k.clone(), v.clone());
+                passthrough.insert(k.clone(), bounds::bound(v.clone()));
             }
             PROVIDER if v.is_object() => {
                 if let Value::Object(p) = v {
@@ -410,6 +428,60 @@ mod tests {
         assert_eq!(w["output_file_uri"], "gs://v/1.mp4");
         assert_eq!(w["provider"]["file_name"], "files/1");
         assert_eq!(c["output_file_uri"], "files/v1");
+    }
+
+    #[test]
+    fn a_video_s_video_uri_is_its_output_location() {
+        let w = by_webhook(
+            "video.generated",
+            r#""video_uri":"gs://v/2.mp4","file_name":"files/2""#,
+            Status::Succeeded,
+        );
+        assert_eq!(w["output_file_uri"], "gs://v/2.mp4");
+        assert_eq!(w["output_file_uris"], json!(["gs://v/2.mp4"]));
+        assert!(w["provider"].get("video_uri").is_none());
+        let both = by_webhook(
+            "video.generated",
+            r#""video_uri":"gs://v/b.mp4","output_file_uri":"gs://v/a.mp4""#,
+            Status::Succeeded,
+        );
+        assert_eq!(
+            both["output_file_uri"], "gs://v/a.mp4",
+            "output_file_uri first"
+        );
+        assert_eq!(
+            both["output_file_uris"],
+            json!(["gs://v/a.mp4", "gs://v/b.mp4"])
+        );
+        let odd = by_webhook("video.generated", r#""video_uri":7"#, Status::Succeeded);
+        assert_eq!(odd["output_file_uri"], Value::Null);
+        assert_eq!(
+            odd["provider"]["video_uri"], 7,
+            "not a location: kept as detail"
+        );
+    }
+
+    #[test]
+    fn outside_values_are_bounded_on_the_way_in() {
+        let deep = format!("{}1{}", "{\"a\":".repeat(100), "}".repeat(100));
+        let w = by_webhook(
+            "batch.succeeded",
+            &format!(
+                r#""user_metadata":{deep},"extra":{deep},"error_message":"{}""#,
+                "m".repeat(40_000)
+            ),
+            Status::Succeeded,
+        );
+        assert_eq!(w["user_metadata"]["truncated"], true);
+        assert_eq!(w["user_metadata"]["reason"], "too_deep");
+        assert_eq!(w["provider"]["extra"]["reason"], "too_deep");
+        assert!(w["error_message"].as_str().unwrap().len() <= bounds::MAX_BYTES);
+        // The body reads back, and normalizing again changes nothing.
+        let text = w.to_string();
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, w);
+        let details = normalize_details(w.as_object().unwrap());
+        assert_eq!(normalize_details(&details), details);
     }
 
     #[test]

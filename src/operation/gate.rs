@@ -312,7 +312,8 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             }
             None => Step::new(None, GateReply::NotFound),
         },
-        GateCommand::Inspect => match record {
+        // A repair has been done (or was not needed) by the object before this step.
+        GateCommand::Inspect | GateCommand::Repair { .. } => match record {
             Some(op) => {
                 let reply = GateReply::Found {
                     operation: op.view(),
@@ -659,6 +660,12 @@ pub fn attempt_finished(
     };
     if let Some(stat) = stat {
         op.count(stat, attempt.finished_ms);
+    }
+    if finished == Finished::Parked {
+        // A refusal the destination will repeat needs a person now: the alert is queued here
+        // and sent by this alarm, not left for the next cron pass.
+        let age = (attempt.finished_ms - op.settled_at_ms.unwrap_or(op.submitted_at_ms)) / 1_000;
+        op.raise_alert(AlertKind::EffectFailing, age, attempt.finished_ms);
     }
     let answer = match &attempt.outcome {
         AttemptOutcome::Delivered => "2xx".to_string(),
@@ -1556,6 +1563,21 @@ mod tests {
         );
         let parked = finish(op.clone(), claim, AttemptOutcome::Park("400".into()));
         assert_eq!(events(&parked), ["effect_parked"]);
+        let parked_op = parked.record.as_ref().unwrap();
+        assert_eq!(
+            parked_op
+                .due_alerts(30)
+                .iter()
+                .map(|a| a.kind)
+                .collect::<Vec<_>>(),
+            [AlertKind::EffectFailing],
+            "a parked effect alerts at once, from the gate"
+        );
+        assert!(
+            parked.wake_at(&LIMITS).unwrap() <= 30,
+            "sent by the alarm now"
+        );
+        assert!(retry.record.as_ref().unwrap().pending_alerts.is_empty());
         let done = finish(op.clone(), claim, AttemptOutcome::Delivered);
         assert_eq!(events(&done), ["effect_delivered"]);
         assert!(done.record.as_ref().unwrap().effect.done);

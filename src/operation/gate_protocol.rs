@@ -73,6 +73,14 @@ pub enum GateCommand {
     Reindex,
     /// Return the record and its history.
     Inspect,
+    /// An operator's repair of a stored record that does not load (the object handles it
+    /// before loading): recovered as a load would, or rebuilt from this key and name
+    /// ([`crate::operation::recovery::rebuild`]); then answered as [`GateCommand::Inspect`].
+    Repair {
+        key: String,
+        name: String,
+        reason: String,
+    },
 }
 
 /// Where a side effect stands when the gate answers. The gate never runs an attempt while a
@@ -147,6 +155,13 @@ pub enum GateReply {
         reason: String,
     },
     Found {
+        operation: Value,
+        history: Vec<Value>,
+    },
+    /// The answer to [`GateCommand::Repair`]: `repaired` is false when the record loaded as
+    /// it was (nothing done).
+    Repaired {
+        repaired: bool,
         operation: Value,
         history: Vec<Value>,
     },

@@ -613,6 +613,9 @@ impl Operation {
                 }
             },
             AlertKind::WebhookDisabled => format!("{status} (the webhook, not this operation)"),
+            AlertKind::RecordUnreadable => format!(
+                "{status}: its stored record could not be read; it was recovered and the original kept for inspection"
+            ),
         };
         crate::alert::body(
             kind,
@@ -738,6 +741,8 @@ impl Operation {
         if self.status.is_terminal() || self.retired_at_ms.is_some() || self.forgotten.is_some() {
             return false;
         }
+        // Metadata enters the record here: bounded, so the record always loads again.
+        let metadata = crate::bounds::bound_members(metadata);
         match &mut self.confirmation {
             Some(waiting) => {
                 let mut gained = false;

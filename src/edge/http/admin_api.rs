@@ -1,7 +1,7 @@
 //! The admin API under `/v1/`, behind `Authorization: Bearer <ADMIN_TOKEN>`.
 //!
 //! Guarantees: the token is checked (constant time) before anything else is read; every
-//! change goes through the operation's gate (register, retry, redeliver, forget); listing and
+//! change goes through the operation's gate (register, retry, redeliver, forget, repair); listing and
 //! search read the ledger's metadata only; `/v1/config` shows no secret; a name in the path may be percent-encoded, may contain slashes and
 //! may be any accepted form of the name.
 
@@ -73,6 +73,7 @@ pub async fn handle(
         (Method::Post, Some((name, "redeliver"))) => (name, Some("redeliver")),
         (Method::Post, Some((name, "retry"))) => (name, Some("retry")),
         (Method::Post, Some((name, "forget"))) => (name, Some("forget")),
+        (Method::Post, Some((name, "repair"))) => (name, Some("repair")),
         (Method::Get, _) => (rest, None),
         _ => return Err(EdgeError::MethodNotAllowed),
     };
@@ -87,6 +88,11 @@ pub async fn handle(
             match action {
                 "redeliver" => GateCommand::Redeliver { reason },
                 "retry" => GateCommand::RetryNow { reason },
+                "repair" => GateCommand::Repair {
+                    key: key.key.clone(),
+                    name: key.name.clone(),
+                    reason,
+                },
                 _ => GateCommand::Forget { reason },
             }
         }
@@ -98,6 +104,14 @@ pub async fn handle(
         } => {
             operation["history"] = json!(history);
             ok_json(&operation)
+        }
+        GateReply::Repaired {
+            repaired,
+            mut operation,
+            history,
+        } => {
+            operation["history"] = json!(history);
+            ok_json(&json!({"key": key.key, "repaired": repaired, "operation": operation}))
         }
         GateReply::Redelivered {
             generation,

@@ -311,7 +311,9 @@ async fn deliver_nudge(
     let mut metadata = Map::new();
     match claims.remove("user_metadata") {
         Some(verified) => {
-            metadata.insert("user_metadata".into(), verified);
+            // Bounded before it travels to the gate (the command nests it deeper than the
+            // token did); the body's was bounded when the envelope was parsed.
+            metadata.insert("user_metadata".into(), crate::bounds::bound(verified));
         }
         None => {
             if let Some(unverified) = envelope.details.get("user_metadata") {
@@ -581,8 +583,7 @@ async fn keep_dead_letter(
     let kv = env
         .kv(KV_BINDING)
         .map_err(|e| EdgeError::Unavailable(e.to_string()))?;
-    let ttl = (config.retention_ms() / 1_000) as u64;
-    write_dead_letter(&kv, &key, &value, ttl).await?;
+    write_dead_letter(&kv, &key, &value, config.kv_ttl_secs()).await?;
     log(
         json!({"event": "dead_letter", "reason": reason, "webhook_id": delivery_id, "kv_key": key}),
     );

@@ -23,6 +23,8 @@
 //! not while a claim is held (the commit follows within the effect timeout), at most once a
 //! second for KV (its per-key write rate), with backoff when KV fails.
 
+use std::cell::Cell;
+
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::config::Config;
@@ -31,7 +33,8 @@ use crate::gate::{self, Attempt, ConfirmAnswer, Limits, Save, Step};
 use crate::gate_protocol::{GateCommand, GateReply};
 use crate::key::Collection;
 use crate::ledger::IndexWrite;
-use crate::operation::Operation;
+use crate::log_event::LogEvent;
+use crate::operation::{alarm_failure, Operation};
 use crate::stats;
 use crate::status::StatusError;
 use crate::usage::Invocation;
@@ -47,6 +50,8 @@ use super::{destination, load_config, log, random_unit, status_api};
 pub struct OperationGate {
     env: Env,
     storage: GateStorage,
+    /// A run of this instance's alarm failed and none has succeeded since.
+    alarm_failing: Cell<bool>,
 }
 
 fn now_ms() -> i64 {
@@ -70,6 +75,7 @@ impl DurableObject for OperationGate {
         Self {
             env,
             storage: GateStorage::open(state),
+            alarm_failing: Cell::new(false),
         }
     }
 
@@ -85,9 +91,29 @@ impl DurableObject for OperationGate {
                 return EdgeError::BadRequest(format!("bad gate command: {e}")).into_response()
             }
         };
+        // An operator's repair runs before the record is loaded: loading is what it repairs.
+        let repaired = match &command {
+            GateCommand::Repair { key, name, reason } => {
+                Some(self.storage.repair(key, name, reason)?.unwrap_or(false))
+            }
+            _ => None,
+        };
         let step = gate::step(self.storage.load()?, command, now_ms());
         let (_, reply) = self.commit(step, &config, Alarm::Sync).await?;
+        if self.storage.take_recovered() {
+            // The record was recovered on load: its alert waits for the alarm.
+            if let Some(op) = self.storage.load()? {
+                self.storage.sync_alarm(&op, &limits(&config)).await?;
+            }
+        }
         self.end(Invocation::Fetch, started);
+        if let (Some(repaired), GateReply::Found { operation, history }) = (repaired, &reply) {
+            return Response::from_json(&GateReply::Repaired {
+                repaired,
+                operation: operation.clone(),
+                history: history.clone(),
+            });
+        }
         Response::from_json(&reply)
     }
 
@@ -95,18 +121,34 @@ impl DurableObject for OperationGate {
     /// alerts and a due side effect, each decided by a step before and after its I/O (the
     /// record is re-read after each await: commands may have run meanwhile), then the ledger
     /// projection and the counters.
+    ///
+    /// A run that fails (a configuration that does not parse, a storage error) never throws:
+    /// the runtime would retry it only six times and then drop the alarm. It logs, stores its
+    /// failure streak and sets the alarm again with capped backoff
+    /// ([`crate::operation::alarm_failure`]), so the work resumes once the fault clears,
+    /// however long it lasted.
     async fn alarm(&self) -> Result<Response> {
         // The alarm that woke us is spent: whatever this run needs next must be set again.
         self.storage.forget_alarm();
-        let config = match load_config(&self.env) {
-            Ok(c) => c,
-            // Throwing makes the runtime retry the alarm once configuration is fixed.
-            Err(e) => return Err(worker::Error::RustError(format!("configuration: {e}"))),
+        let run = match load_config(&self.env) {
+            Ok(config) => {
+                let started = self.storage.meter().begin(config.usage_log);
+                let answer = self.run_alarm(&config).await;
+                self.end(Invocation::Alarm, started);
+                answer.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(format!("configuration: {e}")),
         };
-        let started = self.storage.meter().begin(config.usage_log);
-        let answer = self.run_alarm(&config).await;
-        self.end(Invocation::Alarm, started);
-        answer
+        match run {
+            Ok(answer) => {
+                if self.alarm_failing.replace(false) {
+                    let _ = self.storage.alarm_recovered().await;
+                    log(LogEvent::AlarmRecovered.line(serde_json::json!({"key": self.key()})));
+                }
+                Ok(answer)
+            }
+            Err(error) => self.alarm_failed(&error).await,
+        }
     }
 }
 
@@ -122,6 +164,38 @@ enum Alarm {
 }
 
 impl OperationGate {
+    /// The key of this gate's operation, when its record can be read (for log lines).
+    fn key(&self) -> Option<String> {
+        self.storage
+            .cached_key()
+            .or_else(|| self.storage.load().ok().flatten().map(|op| op.key))
+    }
+
+    /// Records a failed alarm run and sets the alarm again after the streak's backoff. Only
+    /// when even that cannot be stored does the handler throw (the runtime's retries are then
+    /// all that is left).
+    async fn alarm_failed(&self, error: &str) -> Result<Response> {
+        let now = now_ms();
+        let previous = self.storage.alarm_failures().await.unwrap_or(None);
+        let (streak, retry_at) = alarm_failure::failed(previous, error, now, random_unit());
+        self.alarm_failing.set(true);
+        log(LogEvent::AlarmFailed.line(serde_json::json!({
+            "key": self.key(),
+            "error": error,
+            "failures": streak.failures,
+            "failing_since": crate::timestamp::format_rfc3339(streak.first_at_ms),
+            "retry_in_ms": retry_at - now,
+        })));
+        if let Err(e) = self.storage.alarm_failed(&streak, retry_at).await {
+            if self.storage.alarm_set_at() != Some(retry_at) {
+                return Err(worker::Error::RustError(format!(
+                    "alarm failed ({error}) and could not be set again: {e}"
+                )));
+            }
+        }
+        Response::ok("alarm failed; set again")
+    }
+
     /// The alarm's work: a retirement, or confirmation, alerts, side effect, then upkeep.
     async fn run_alarm(&self, config: &Config) -> Result<Response> {
         let Some(op) = self.storage.load()? else {
@@ -134,6 +208,8 @@ impl OperationGate {
         let op = self.confirm(op, config).await?;
         let op = self.send_alerts(op, config).await?;
         let op = self.run_effect(op, config).await?;
+        // An attempt that parked the effect queued its alert: sent now, not on the next run.
+        let op = self.send_alerts(op, config).await?;
         self.settle_storage(op, config).await?;
         Response::ok("ok")
     }

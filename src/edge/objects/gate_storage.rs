@@ -10,7 +10,10 @@
 //! changes (an unchanged wake time costs no storage call). The tables are created by the first
 //! write, never by a read: an object that only answered (a nudge or delivery for an
 //! unregistered name with `REQUIRE_REGISTRATION=true`, a command for an operation it does not
-//! know) stores nothing at all.
+//! know) stores nothing at all. A record that does not load is kept as it was in
+//! `quarantine(seq, at_ms, error, body)` and recovered ([`crate::operation::recovery`]), so
+//! it never bricks its operation; the alarm's failure streak is kept under `alarm_failures`
+//! in the object's key-value storage.
 
 use std::cell::{Cell, RefCell};
 
@@ -21,7 +24,8 @@ use worker::{Result, ScheduledTime, State};
 
 use crate::gate::Limits;
 use crate::log_event::LogEvent;
-use crate::operation::Operation;
+use crate::operation::alarm_failure::AlarmFailures;
+use crate::operation::{recovery, Operation};
 
 use super::log;
 use super::usage_meter::Meter;
@@ -39,6 +43,14 @@ const TRIM_EVERY: i64 = 50;
 /// table was created with AUTOINCREMENT behaves the same).
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS operation (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); \
 CREATE TABLE IF NOT EXISTS history (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, entry TEXT NOT NULL)";
+
+/// Raw records that did not load, kept for inspection until retention ends (created only
+/// when one is needed).
+const QUARANTINE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS quarantine (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, error TEXT NOT NULL, body TEXT NOT NULL)";
+
+/// The key, in the object's key-value storage, of the alarm's failure streak (see
+/// [`crate::operation::alarm_failure`]).
+const ALARM_FAILURES: &str = "alarm_failures";
 
 /// The record as this instance knows it: every write goes through [`GateStorage::save`],
 /// so it equals storage, except for counts of settled duplicates not stored yet.
@@ -69,6 +81,8 @@ pub struct GateStorage {
     cached: RefCell<Cached>,
     /// The tables are known to exist (created or found by this instance).
     schema_ready: Cell<bool>,
+    /// A record was recovered by this instance and its alarm not yet set for it.
+    recovered: Cell<bool>,
 }
 
 /// True for SQLite's answer to a query on a table not created yet.
@@ -86,6 +100,7 @@ impl GateStorage {
             alarm_at: Cell::new(None),
             cached: RefCell::new(Cached::Unread),
             schema_ready: Cell::new(false),
+            recovered: Cell::new(false),
         }
     }
 
@@ -127,6 +142,8 @@ impl GateStorage {
     pub fn clear_history(&self) -> Result<()> {
         self.ensure_schema()?;
         self.meter.exec(&self.sql(), "DELETE FROM history", None)?;
+        self.meter
+            .exec(&self.sql(), "DROP TABLE IF EXISTS quarantine", None)?;
         Ok(())
     }
 
@@ -173,16 +190,125 @@ impl GateStorage {
             };
         let op: Option<Operation> = match rows.first() {
             None => None,
-            Some(row) => Some(
-                serde_json::from_str::<Operation>(&row.body)
-                    .map_err(|e| {
-                        worker::Error::RustError(format!("stored record unreadable: {e}"))
-                    })?
-                    .as_loaded(),
-            ),
+            Some(row) => Some(match serde_json::from_str::<Operation>(&row.body) {
+                Ok(op) => op.as_loaded(),
+                Err(e) => self.recover(&row.body, &e.to_string())?.as_loaded(),
+            }),
         };
         self.cached.replace(Cached::of(op.clone()));
         Ok(op)
+    }
+
+    /// A stored record that did not load: kept as it was in the `quarantine` table, then
+    /// read as [`recovery::recover`] can and stored again, with its `record_unreadable` alert
+    /// queued and a history row. The alarm must be set again for the alert
+    /// ([`GateStorage::take_recovered`]). A record that cannot be recovered stays where it is
+    /// and every call on it fails until an operator repairs it ([`GateStorage::repair`]).
+    fn recover(&self, raw: &str, error: &str) -> Result<Operation> {
+        let Some((mut op, how)) = recovery::recover(raw) else {
+            log(LogEvent::RecordUnreadable.line(recovery::unrecoverable(error, raw)));
+            return Err(worker::Error::RustError(format!(
+                "stored record unreadable: {error}"
+            )));
+        };
+        let now = worker::Date::now().as_millis() as i64;
+        self.quarantine(raw, error, now)?;
+        let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now);
+        self.save(&op)?;
+        self.record(now, vec![row])?;
+        log(LogEvent::RecordRecovered.line(line));
+        self.recovered.set(true);
+        Ok(op)
+    }
+
+    /// The key of the record in memory, if one is.
+    pub fn cached_key(&self) -> Option<String> {
+        match &*self.cached.borrow() {
+            Cached::Present(op) => Some(op.key.clone()),
+            _ => None,
+        }
+    }
+
+    /// The alarm time this instance last set, if it knows it.
+    pub fn alarm_set_at(&self) -> Option<i64> {
+        self.alarm_at.get()
+    }
+
+    /// An operator's repair: `None` when there is no record; `Some(false)` when it loads as
+    /// it is (nothing done); `Some(true)` when it did not: recovered as [`GateStorage::load`]
+    /// would, or, when not even its key and state can be read, kept in `quarantine` and
+    /// replaced by [`recovery::rebuild`] of `key` and `name`, with its alert queued.
+    pub fn repair(&self, key: &str, name: &str, reason: &str) -> Result<Option<bool>> {
+        let rows: Vec<BodyRow> =
+            self.meter
+                .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let Err(error) = serde_json::from_str::<Operation>(&row.body) else {
+            return Ok(Some(false));
+        };
+        self.cached.replace(Cached::Unread);
+        if recovery::recover(&row.body).is_some() {
+            self.load()?;
+            return Ok(Some(true));
+        }
+        let now = worker::Date::now().as_millis() as i64;
+        let error = error.to_string();
+        self.quarantine(&row.body, &error, now)?;
+        let mut op = recovery::rebuild(key, name, reason, now);
+        let (entry, line) =
+            recovery::mark_recovered(&mut op, recovery::Recovery::Rebuilt, &error, &row.body, now);
+        self.save(&op)?;
+        self.record(now, vec![entry])?;
+        log(LogEvent::RecordRecovered.line(line));
+        self.recovered.set(true);
+        Ok(Some(true))
+    }
+
+    /// Keeps a raw record that did not load, for inspection until retention ends.
+    fn quarantine(&self, raw: &str, error: &str, now: i64) -> Result<()> {
+        let sql = self.sql();
+        self.meter.exec(&sql, QUARANTINE_SCHEMA, None)?;
+        self.meter.exec(
+            &sql,
+            "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)",
+            vec![now.into(), error.into(), raw.into()],
+        )?;
+        Ok(())
+    }
+
+    /// True once after a record was recovered: its alert needs the alarm set.
+    pub fn take_recovered(&self) -> bool {
+        self.recovered.replace(false)
+    }
+
+    /// The alarm's failures so far, if a streak is stored.
+    pub async fn alarm_failures(&self) -> Result<Option<AlarmFailures>> {
+        self.state.storage().get(ALARM_FAILURES).await
+    }
+
+    /// Stores a streak of alarm failures and sets the alarm at `retry_at` (whatever this
+    /// instance believed was set).
+    pub async fn alarm_failed(&self, streak: &AlarmFailures, retry_at: i64) -> Result<()> {
+        let stored = self.state.storage().put(ALARM_FAILURES, streak).await;
+        self.alarm_at.set(None);
+        let date = worker::js_sys::Date::new(&JsValue::from_f64(retry_at as f64));
+        self.state
+            .storage()
+            .set_alarm(ScheduledTime::new(date))
+            .await?;
+        self.alarm_at.set(Some(retry_at));
+        stored
+    }
+
+    /// A run succeeded after failures: the streak is over.
+    pub async fn alarm_recovered(&self) -> Result<()> {
+        self.state
+            .storage()
+            .delete(ALARM_FAILURES)
+            .await
+            .map(|_| ())
     }
 
     /// Stores the record.

@@ -1,0 +1,127 @@
+//! When a gate's alarm fails: when it runs again.
+//!
+//! Guarantees: the gate's alarm never leaves its retries to the runtime (Cloudflare retries a
+//! throwing alarm handler at most six times, from 2 s, then drops the alarm); a failed run is
+//! recorded as a streak and re-armed after [`ALARM_RETRY_FIRST_MS`], doubling up to
+//! [`ALARM_RETRY_MAX_MS`], for as long as the fault lasts, so an operation's work resumes at
+//! most [`ALARM_RETRY_MAX_MS`] after the fault clears. These are constants, not configuration:
+//! they must hold when the configuration itself is what fails. Time and jitter are parameters.
+
+use serde::{Deserialize, Serialize};
+
+/// Wait after the first failure of a streak.
+pub const ALARM_RETRY_FIRST_MS: i64 = 2_000;
+/// Longest wait between two runs of a failing alarm: how long after a fault clears its work
+/// may wait. One failing run costs an invocation and one small storage write.
+pub const ALARM_RETRY_MAX_MS: i64 = 60_000;
+
+/// A run of failed alarms, kept in the gate's storage between runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlarmFailures {
+    pub failures: u32,
+    pub first_at_ms: i64,
+    pub last_at_ms: i64,
+    pub error: String,
+}
+
+/// Records a failed run at `now` after `previous` (the stored streak, if any) and returns the
+/// streak and when to run again. A streak whose last failure is older than twice the longest
+/// wait ended with a run that succeeded: this failure starts a new one. `jitter` in [0, 1)
+/// shortens the wait by up to a quarter, so gates failing together do not retry in lockstep.
+pub fn failed(
+    previous: Option<AlarmFailures>,
+    error: &str,
+    now: i64,
+    jitter: f64,
+) -> (AlarmFailures, i64) {
+    let streak = previous.filter(|p| now - p.last_at_ms <= 2 * ALARM_RETRY_MAX_MS);
+    let (failures, first_at_ms) = match streak {
+        Some(p) => (p.failures.saturating_add(1), p.first_at_ms),
+        None => (1, now),
+    };
+    let exponent = (failures - 1).min(20);
+    let wait = (ALARM_RETRY_FIRST_MS << exponent).min(ALARM_RETRY_MAX_MS);
+    let wait = (wait as f64 * (0.75 + 0.25 * jitter.clamp(0.0, 1.0))) as i64;
+    let record = AlarmFailures {
+        failures,
+        first_at_ms,
+        last_at_ms: now,
+        error: error.chars().take(500).collect(),
+    };
+    (record, now + wait.max(1_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cloudflare's runtime: a throwing alarm is retried 6 times, from 2 s, doubling.
+    const RUNTIME_RETRIES: u32 = 6;
+
+    #[test]
+    fn waits_double_from_two_seconds_to_the_cap() {
+        let mut streak = None;
+        let mut now = 0;
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            let (s, at) = failed(streak, "configuration: EFFECT_TIMEOUT_MS", now, 0.999_999);
+            waits.push((at - now + 500) / 1_000);
+            now = at;
+            streak = Some(s);
+        }
+        assert_eq!(waits, [2, 4, 8, 16, 32, 60, 60, 60, 60, 60]);
+        let s = streak.unwrap();
+        assert_eq!(s.failures, 10);
+        assert_eq!(s.first_at_ms, 0);
+    }
+
+    #[test]
+    fn a_fault_longer_than_the_runtime_s_retries_keeps_an_alarm_set() {
+        // Ten minutes of a broken configuration: every run fails, and every run sets the next.
+        let mut streak = None;
+        let mut now = 0;
+        let mut runs = 0;
+        while now < 600_000 {
+            let (s, at) = failed(streak, "configuration", now, 0.5);
+            assert!(at > now && at - now <= ALARM_RETRY_MAX_MS);
+            streak = Some(s);
+            now = at;
+            runs += 1;
+        }
+        assert!(runs > RUNTIME_RETRIES + 1, "{runs} runs");
+    }
+
+    #[test]
+    fn jitter_shortens_by_at_most_a_quarter() {
+        let (_, at) = failed(None, "e", 0, 0.0);
+        assert_eq!(at, 1_500);
+        let (_, at) = failed(None, "e", 0, 0.999);
+        assert!(at <= 2_000 && at > 1_990);
+    }
+
+    #[test]
+    fn an_old_streak_ended_and_a_new_one_starts() {
+        let old = AlarmFailures {
+            failures: 9,
+            first_at_ms: 0,
+            last_at_ms: 1_000,
+            error: "x".into(),
+        };
+        let (s, at) = failed(
+            Some(old.clone()),
+            "y",
+            1_000 + 3 * ALARM_RETRY_MAX_MS,
+            0.999,
+        );
+        assert_eq!(s.failures, 1);
+        assert!(at - s.last_at_ms <= ALARM_RETRY_FIRST_MS);
+        let (s, _) = failed(Some(old), "y", 30_000, 0.5);
+        assert_eq!((s.failures, s.first_at_ms, s.error.as_str()), (10, 0, "y"));
+    }
+
+    #[test]
+    fn a_long_error_is_cut() {
+        let (s, _) = failed(None, &"e".repeat(10_000), 0, 0.5);
+        assert_eq!(s.error.len(), 500);
+    }
+}

@@ -1,0 +1,386 @@
+//! Reading a stored record that does not load: what the gate does instead of failing every
+//! delivery, command and alarm of its operation.
+//!
+//! Guarantees: [`recover`] never recurses on the stored text (a record nested past serde_json's
+//! limit is read by an iterative scan that replaces what lies too deep with a marker), and
+//! never forgets that the side effect may already have run: a record read whole (with deep
+//! outside values replaced by markers) keeps every fact it had; one rebuilt from its readable
+//! fields ([`Recovery::Salvaged`]) keeps its key, name, kind, state, effect generation, fencing
+//! token and attempts, and an effect that was owed is parked, not run, until an operator retries
+//! or forgets it. A record whose key or state cannot be read is not recovered (`None`). Either
+//! way the gate keeps the raw text for inspection (`src/edge/objects/gate_storage.rs`), and
+//! [`mark_recovered`] raises the `record_unreadable` alert once.
+
+use serde_json::{json, Map, Value};
+
+use crate::alert::AlertKind;
+use crate::bounds;
+use crate::effect::normalize_details;
+use crate::lifecycle::{Source, Status};
+use crate::operation::{Operation, OperatorNote, Parked};
+
+/// Depth, from the record's top, past which the scan replaces a value with a marker: the
+/// record's own fields nest a few levels, its outside values up to [`bounds::MAX_DEPTH`] more.
+pub const SCAN_DEPTH: usize = bounds::MAX_DEPTH + 8;
+
+/// How a record that did not load was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Read whole once values nested too deep were replaced by markers.
+    Pruned,
+    /// Rebuilt from the fields that could be read; an owed effect is parked.
+    Salvaged,
+    /// Nothing could be read: rebuilt by an operator from the name alone ([`rebuild`]).
+    Rebuilt,
+}
+
+impl Recovery {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Recovery::Pruned => "pruned",
+            Recovery::Salvaged => "salvaged",
+            Recovery::Rebuilt => "rebuilt",
+        }
+    }
+}
+
+/// `text` (JSON) with every container nested deeper than `max_depth` replaced by a marker
+/// object, without recursion. Valid JSON stays valid; anything else is copied as it is.
+pub fn prune_depth(text: &str, max_depth: usize) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut depth = 0usize;
+    let mut copied = 0usize;
+    let mut i = 0usize;
+    let mut in_string = false;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' if depth >= max_depth => {
+                let end = skip_container(bytes, i);
+                out.push_str(&text[copied..i]);
+                let skipped = &text[i..end];
+                let marker = json!({
+                    "truncated": true,
+                    "reason": "too_deep",
+                    "bytes": skipped.len(),
+                    "max_depth": bounds::MAX_DEPTH,
+                    "max_bytes": bounds::MAX_BYTES,
+                    "preview": skipped.chars().take(200).collect::<String>(),
+                });
+                out.push_str(&marker.to_string());
+                copied = end;
+                i = end;
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
+/// The index just past the container opening at `start` (or the end of the text).
+fn skip_container(bytes: &[u8], start: usize) -> usize {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut i = start;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return i + 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    bytes.len()
+}
+
+/// Reads a stored record that `serde_json` refused: whole after pruning what is too deep, or
+/// rebuilt from its readable fields. `None` when not even its key and state can be read.
+pub fn recover(raw: &str) -> Option<(Operation, Recovery)> {
+    let pruned = prune_depth(raw, SCAN_DEPTH);
+    if let Ok(mut op) = serde_json::from_str::<Operation>(&pruned) {
+        op.details = normalize_details(&op.details);
+        if let Some(c) = &mut op.confirmation {
+            c.metadata = bounds::bound_members(std::mem::take(&mut c.metadata));
+        }
+        return Some((op, Recovery::Pruned));
+    }
+    let value: Value = serde_json::from_str(&pruned).ok()?;
+    salvage(&value).map(|op| (op, Recovery::Salvaged))
+}
+
+/// A record rebuilt from the fields of `v` that read as their types.
+fn salvage(v: &Value) -> Option<Operation> {
+    let key = v.get("key")?.as_str()?;
+    let status = Status::parse(v.get("status")?.as_str()?);
+    if status.rank() < 0 {
+        return None;
+    }
+    let int = |v: &Value| v.as_i64();
+    let name = v["name"].as_str().unwrap_or(key);
+    let kind = v["kind"].as_str().map(str::to_string);
+    let submitted = int(&v["submitted_at_ms"]).unwrap_or(0);
+    let mut op = Operation::register(key, name, kind, submitted);
+    op.registered = v["registered"].as_bool().unwrap_or(true);
+    op.status = status;
+    op.update_time_ms = int(&v["update_time_ms"]).unwrap_or(0);
+    op.version = v["version"].as_u64().unwrap_or(1) + 1;
+    op.settled_at_ms = int(&v["settled_at_ms"]);
+    op.settled_by = serde_json::from_value::<Source>(v["settled_by"].clone()).ok();
+    if let Value::Object(details) = &v["details"] {
+        op.details = normalize_details(details);
+    }
+    let e = &v["effect"];
+    op.effect.done = e["done"].as_bool().unwrap_or(false);
+    op.effect.done_at_ms = int(&e["done_at_ms"]);
+    op.effect.generation = e["generation"].as_u64().unwrap_or(1).max(1) as u32;
+    op.effect.fence = e["fence"].as_u64().unwrap_or(0);
+    op.effect.attempts = e["attempts"].as_u64().unwrap_or(0) as u32;
+    op.effect.last_error = e["last_error"].as_str().map(str::to_string);
+    op.effect.parked = serde_json::from_value::<Parked>(e["parked"].clone()).ok();
+    op.alerts = serde_json::from_value(v["alerts"].clone()).unwrap_or_default();
+    op.forgotten = serde_json::from_value::<OperatorNote>(v["forgotten"].clone()).ok();
+    op.retired_at_ms = int(&v["retired_at_ms"]);
+    // The ledger may hold an `open:` entry: the next projection puts or deletes it.
+    op.indexed = true;
+    if op.effect_owed() {
+        // Whether an attempt reached the destination is not known: run nothing until an
+        // operator decides (retry keeps the webhook-id, so a receiver drops a repeat).
+        op.effect.parked = Some(Parked {
+            at_ms: op.settled_at_ms.unwrap_or(submitted),
+            answer: format!(
+                "the stored record could not be read and was rebuilt from what could; the side \
+                 effect may already have run ({} attempts): retry or forget it",
+                op.effect.attempts
+            ),
+        });
+    }
+    Some(op)
+}
+
+/// The record an operator's repair writes when not even the key and state of the stored one
+/// can be read: the operation as registered and pending (so the cron asks Gemini about it
+/// again), its side effect parked before it is owed (whether it already ran is unknown: once
+/// the outcome is known, an operator retries or forgets it; the park alerts), and a fencing
+/// token above any issued before (tokens count attempts; this is the time in ms).
+pub fn rebuild(key: &str, name: &str, reason: &str, now_ms: i64) -> Operation {
+    let mut op = Operation::register(key, name, None, now_ms);
+    op.effect.fence = now_ms.max(0) as u64;
+    op.effect.parked = Some(Parked {
+        at_ms: now_ms,
+        answer: format!(
+            "rebuilt by an operator ({reason}) from a stored record that could not be read: \
+             whether the side effect already ran is unknown: retry or forget it"
+        ),
+    });
+    op.indexed = true;
+    op
+}
+
+/// Marks a recovered record: raises the `record_unreadable` alert (once per operation) and
+/// bumps the version so the ledger follows. Returns the history row and the log line's fields.
+pub fn mark_recovered(
+    op: &mut Operation,
+    how: Recovery,
+    error: &str,
+    raw: &str,
+    now_ms: i64,
+) -> (Value, Value) {
+    let age = (now_ms - op.submitted_at_ms).div_euclid(1_000);
+    op.raise_alert(AlertKind::RecordUnreadable, age, now_ms);
+    op.version += 1;
+    let excerpt = bounds::bound_string(raw.chars().take(4_096).collect());
+    let row = json!({"what": "record_recovered", "how": how.as_str(), "error": error,
+        "raw_bytes": raw.len(), "raw_excerpt": excerpt});
+    let line = json!({"key": op.key, "how": how.as_str(), "error": error, "raw_bytes": raw.len()});
+    (row, line)
+}
+
+/// The fields of an unrecoverable record's log line.
+pub fn unrecoverable(error: &str, raw: &str) -> Value {
+    let mut line = Map::new();
+    line.insert("error".into(), json!(error));
+    line.insert("raw_bytes".into(), json!(raw.len()));
+    Value::Object(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::Source;
+    use crate::operation::{AttemptOutcome, OpEvent};
+
+    /// A record as an older version could store it: the nudge's metadata nested `levels`
+    /// objects deep, written as text (as serde_json's writer would, which has no limit).
+    fn deep_record(levels: usize) -> String {
+        let mut op = Operation::register("batches/d", "batches/d", Some("k".into()), 1_000);
+        op.request_confirmation(1_000, Map::new(), Some("jwt_1".into()));
+        let text = serde_json::to_string(&op).unwrap();
+        let deep = format!("{}1{}", "{\"a\":".repeat(levels), "}".repeat(levels));
+        text.replace(
+            "\"metadata\":{}",
+            &format!("\"metadata\":{{\"unverified_user_metadata\":{deep}}}"),
+        )
+    }
+
+    #[test]
+    fn pruning_keeps_shallow_json_as_it_is() {
+        for text in [
+            r#"{"a":[1,{"b":"}{]["}],"c":"\"{"}"#,
+            r#"[]"#,
+            r#""x""#,
+            r#"{"é":"ü"}"#,
+        ] {
+            assert_eq!(prune_depth(text, 5), text);
+        }
+    }
+
+    #[test]
+    fn pruning_replaces_what_is_too_deep_with_a_marker() {
+        let text = r#"{"a":{"b":{"c":[1,"]}"]},"d":2},"e":3}"#;
+        let pruned: Value = serde_json::from_str(&prune_depth(text, 2)).unwrap();
+        assert_eq!(pruned["a"]["b"]["truncated"], true);
+        assert_eq!(pruned["a"]["b"]["reason"], "too_deep");
+        assert_eq!(pruned["a"]["b"]["preview"], r#"{"c":[1,"]}"]}"#);
+        assert_eq!(pruned["a"]["d"], 2);
+        assert_eq!(pruned["e"], 3);
+    }
+
+    #[test]
+    fn a_record_past_serde_json_s_limit_is_read_whole_with_a_marker() {
+        let raw = deep_record(140);
+        assert!(serde_json::from_str::<Operation>(&raw).is_err());
+        let (op, how) = recover(&raw).unwrap();
+        assert_eq!(how, Recovery::Pruned);
+        assert_eq!(op.key, "batches/d");
+        assert_eq!(op.kind.as_deref(), Some("k"));
+        let meta = &op.confirmation.as_ref().unwrap().metadata["unverified_user_metadata"];
+        assert!(bounds::is_marker(meta), "{meta}");
+        // Stored again, it loads.
+        let again: Operation = serde_json::from_str(&serde_json::to_string(&op).unwrap()).unwrap();
+        assert_eq!(again, op);
+    }
+
+    #[test]
+    fn a_record_of_another_shape_is_salvaged_and_its_owed_effect_parked() {
+        let mut op = Operation::register("batches/s", "projects/p/batches/s", None, 1_000);
+        let event = OpEvent {
+            status: Status::Succeeded,
+            update_time_ms: 5,
+            source: Source::Webhook,
+            details: json!({"output_file_uri": "gs://o"})
+                .as_object()
+                .unwrap()
+                .clone(),
+            delivery_id: None,
+        };
+        op.apply(&event, 2_000);
+        let c = op.claim(2_000, 600_000).unwrap();
+        op.finish(c.token, &AttemptOutcome::Retry("503".into()), 3_000, 1_000);
+        let mut v = serde_json::to_value(&op).unwrap();
+        v["effect"]["attempts"] = json!("three"); // a field that no longer reads as its type
+        v["pending_stats"] = json!({"not": "a list"});
+        let raw = v.to_string();
+        assert!(serde_json::from_str::<Operation>(&raw).is_err());
+        let (back, how) = recover(&raw).unwrap();
+        assert_eq!(how, Recovery::Salvaged);
+        assert_eq!(back.name, "projects/p/batches/s");
+        assert_eq!(back.status, Status::Succeeded);
+        assert_eq!(back.effect.fence, 1, "the fencing token never goes back");
+        assert_eq!(back.details["output_file_uri"], "gs://o");
+        assert!(!back.effect_owed(), "may have run: parked, not retried");
+        assert!(back
+            .effect
+            .parked
+            .as_ref()
+            .unwrap()
+            .answer
+            .contains("may already have run"));
+        assert!(back.version > op.version);
+    }
+
+    #[test]
+    fn a_salvaged_done_effect_stays_done() {
+        let mut op = Operation::register("batches/t", "batches/t", None, 1_000);
+        op.status = Status::Failed;
+        op.effect.done = true;
+        op.effect.generation = 3;
+        let mut v = serde_json::to_value(&op).unwrap();
+        v["effect"]["claim"] = json!("garbled");
+        let (back, _) = recover(&v.to_string()).unwrap();
+        assert!(back.effect.done && back.effect.parked.is_none());
+        assert_eq!(back.effect.generation, 3);
+    }
+
+    #[test]
+    fn a_rebuilt_record_is_polled_and_never_runs_its_effect_unasked() {
+        let mut op = rebuild("batches/r", "projects/p/batches/r", "unreadable", 50_000);
+        assert_eq!(op.status, Status::Pending);
+        assert!(op.registered, "the cron polls it");
+        assert_eq!(op.effect.fence, 50_000);
+        let event = OpEvent {
+            status: Status::Succeeded,
+            update_time_ms: 1,
+            source: Source::Reconcile,
+            details: Map::new(),
+            delivery_id: None,
+        };
+        op.apply(&event, 60_000);
+        assert!(!op.effect_owed(), "parked: an operator decides");
+        assert!(op.claim(60_000, 1_000).is_none());
+        op.retry_now(61_000).unwrap();
+        let c = op.claim(61_000, 1_000).unwrap();
+        assert!(c.token > 50_000);
+    }
+
+    #[test]
+    fn no_key_or_state_means_not_recovered() {
+        assert!(recover("not json").is_none());
+        assert!(recover(r#"{"key":"batches/x","status":"exploded"}"#).is_none());
+        assert!(recover(r#"{"status":"pending"}"#).is_none());
+    }
+
+    #[test]
+    fn marking_alerts_once_and_keeps_an_excerpt() {
+        let raw = deep_record(140);
+        let (mut op, how) = recover(&raw).unwrap();
+        let (row, line) = mark_recovered(&mut op, how, "recursion limit exceeded", &raw, 9_000);
+        assert_eq!(op.alerts, [AlertKind::RecordUnreadable]);
+        assert_eq!(op.pending_alerts.len(), 1);
+        assert_eq!(row["what"], "record_recovered");
+        assert_eq!(row["raw_bytes"], raw.len());
+        assert_eq!(line["how"], "pruned");
+        mark_recovered(&mut op, how, "again", &raw, 9_500);
+        assert_eq!(op.pending_alerts.len(), 1, "once per operation");
+    }
+}
