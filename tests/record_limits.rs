@@ -20,6 +20,7 @@ const LIMITS: Limits = Limits {
     claim_ttl_ms: 10_000,
     retry_base_secs: 1,
     retry_max_secs: 8,
+    unregistered_hold_ms: 0,
 };
 
 /// `levels` nested objects as JSON text, built as text.
@@ -78,6 +79,7 @@ fn a_signed_delivery_at_the_limits_gives_a_record_that_reads_back() {
             delivery_id: Some("msg_1".into()),
         },
         require_registration: false,
+        hold_ms: 0,
     };
     reads_back("the command to the gate", &command);
     let step = gate::step(None, command, 1_000);
@@ -125,6 +127,7 @@ fn a_nudge_at_the_limits_gives_a_record_that_reads_back_before_and_after_confirm
             metadata,
             delivery_id: "jwt_1".into(),
             require_registration: false,
+            vouched: true,
         };
         reads_back("the nudge", &command);
         let op = gate::step(None, command, 1_000).record.unwrap();
