@@ -91,11 +91,14 @@ describe("metadata nested at and past every limit", () => {
       assert.equal(tooDeep.status, 400);
       // JWT: the body's top-level `user_metadata` (becomes `unverified_user_metadata`, stored
       // three levels deeper in the record's confirmation) and the token's own.
+      // Registered first, so each nudge waits in its record for the status API (a name no gate
+      // knows would be asked about at the edge and applied at once).
       const jwtKey = "batches/deep-jwt";
+      const tokenKey = "batches/deep-token";
+      for (const key of [jwtKey, tokenKey]) assert.equal((await w.register(key, "nightly")).status, 201);
       const nudged = await nudgeRaw(w, `{"type":"batch.succeeded","user_metadata":${nested(126)},"data":{"id":"${jwtKey}"}}`);
       assert.equal(nudged.status, 200, JSON.stringify(nudged.body));
       assert.equal(nudged.body.outcome, "confirming");
-      const tokenKey = "batches/deep-token";
       const claimsNudge = await nudgeRaw(w, `{"type":"batch.succeeded","data":{"id":"${tokenKey}"}}`, { user_metadata: JSON.parse(nested(100)) });
       assert.equal(claimsNudge.status, 200, JSON.stringify(claimsNudge.body));
       const pastJwt = await nudgeRaw(w, `{"type":"batch.succeeded","user_metadata":${nested(127)},"data":{"id":"batches/x"}}`);

@@ -168,6 +168,22 @@ impl GateStorage {
         Ok(())
     }
 
+    /// The stored record's row, as text; none when the gate never wrote one.
+    fn stored_body(&self) -> Result<Vec<BodyRow>> {
+        match self
+            .meter
+            .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)
+        {
+            Ok(rows) => {
+                self.schema_ready.set(true);
+                Ok(rows)
+            }
+            // Never written: nothing stored, and nothing is created by reading.
+            Err(e) if no_table(&e) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The record (read once, then from memory).
     pub fn load(&self) -> Result<Option<Operation>> {
         match &*self.cached.borrow() {
@@ -175,19 +191,7 @@ impl GateStorage {
             Cached::Present(op) => return Ok(Some((**op).clone())),
             Cached::Unread => {}
         }
-        let rows: Vec<BodyRow> =
-            match self
-                .meter
-                .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)
-            {
-                Ok(rows) => {
-                    self.schema_ready.set(true);
-                    rows
-                }
-                // Never written: nothing stored, and nothing is created by reading.
-                Err(e) if no_table(&e) => Vec::new(),
-                Err(e) => return Err(e),
-            };
+        let rows = self.stored_body()?;
         let op: Option<Operation> = match rows.first() {
             None => None,
             Some(row) => Some(match serde_json::from_str::<Operation>(&row.body) {
@@ -239,9 +243,7 @@ impl GateStorage {
     /// would, or, when not even its key and state can be read, kept in `quarantine` and
     /// replaced by [`recovery::rebuild`] of `key` and `name`, with its alert queued.
     pub fn repair(&self, key: &str, name: &str, reason: &str) -> Result<Option<bool>> {
-        let rows: Vec<BodyRow> =
-            self.meter
-                .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)?;
+        let rows = self.stored_body()?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
