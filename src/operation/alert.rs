@@ -21,6 +21,9 @@ pub enum AlertKind {
     EffectFailing,
     /// Gemini disabled (or lost) the webhook: completions arrive only by reconciliation.
     WebhookDisabled,
+    /// Gemini's status answer for the operation cannot be used (too large, not JSON): it
+    /// cannot settle by itself; an operator settles it by hand.
+    StatusUnusable,
 }
 
 impl AlertKind {
@@ -31,6 +34,7 @@ impl AlertKind {
             AlertKind::UnknownToGemini => "unknown_to_gemini",
             AlertKind::EffectFailing => "effect_failing",
             AlertKind::WebhookDisabled => "webhook_disabled",
+            AlertKind::StatusUnusable => "status_unusable",
         }
     }
 }

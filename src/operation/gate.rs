@@ -286,6 +286,48 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             }
             None => Step::new(None, GateReply::NotFound),
         },
+        GateCommand::Settle { status, reason } => match record {
+            Some(mut op) => match op.settle_by_operator(Status::parse(&status), &reason, now) {
+                Ok(event) => {
+                    let key = op.key.clone();
+                    let (status, effect) = (op.status.clone(), effect_report(&op, now));
+                    let mut row = history_of_event(&event, Verdict::Apply);
+                    row["settled_by"] = json!(Source::Operator.as_str());
+                    row["reason"] = json!(reason);
+                    Step::new(
+                        Some(op),
+                        GateReply::Applied {
+                            status: status.clone(),
+                            effect,
+                        },
+                    )
+                    .durable()
+                    .row(row)
+                    .log(
+                        LogEvent::SettledByOperator,
+                        json!({"key": key, "status": status.as_str(), "reason": reason}),
+                    )
+                }
+                Err(refusal) => refused(op, refusal.as_str()),
+            },
+            None => Step::new(None, GateReply::NotFound),
+        },
+        GateCommand::StatusUnusable {
+            reason,
+            age_seconds,
+        } => match record {
+            Some(mut op) => {
+                let raised = !op.alerts.contains(&AlertKind::StatusUnusable);
+                if !op.status_unusable(&reason, age_seconds, now) {
+                    return Step::new(Some(op), GateReply::AlertSent { sent: false });
+                }
+                let raised = raised && op.alerts.contains(&AlertKind::StatusUnusable);
+                Step::new(Some(op), GateReply::AlertSent { sent: raised })
+                    .durable()
+                    .row(json!({"what": "status_unusable", "reason": reason}))
+            }
+            None => Step::new(None, GateReply::NotFound),
+        },
         GateCommand::Inspect => match record {
             Some(op) => {
                 let reply = GateReply::Found {
@@ -522,6 +564,20 @@ pub fn confirmed(
                 .log(
                     LogEvent::StatusNotFound,
                     json!({"key": key, "path": "confirmation"}),
+                )
+        }
+        ConfirmAnswer::Answer(Err(StatusError::Malformed(reason))) => {
+            // Asking again is bounded; the cron keeps polling and the alert asks a person.
+            op.confirmation_failed(now, wait);
+            let age = (now - op.submitted_at_ms).div_euclid(1_000);
+            op.status_unusable(&reason, age, now);
+            let still = op.confirmation.is_some();
+            Step::new(Some(op), GateReply::NotFound)
+                .durable()
+                .row(json!({"what": "status_unusable", "reason": reason}))
+                .log(
+                    LogEvent::StatusUnusable,
+                    json!({"key": key, "path": "confirmation", "error": reason, "still_confirming": still}),
                 )
         }
         ConfirmAnswer::Answer(Err(e)) => {

@@ -16,6 +16,7 @@ use crate::effect::Outcome;
 use crate::key::Collection;
 use crate::lifecycle::Status;
 use crate::retry::{class_of_status, Class};
+use crate::skim::{SkimError, Skimmed};
 use crate::timestamp::parse_rfc3339_ms;
 
 /// The `GET` URL for an operation: batches and interactions by key, video operations by
@@ -88,6 +89,25 @@ pub fn interpret(
     }
 }
 
+/// Interprets an answer whose body was streamed through the skimmer ([`crate::skim`]):
+/// `body` is `None` when it was not read (not a 2xx). A body the skimmer refused (too large,
+/// not JSON) is unusable, with the skimmer's reason.
+pub fn interpret_skimmed(
+    collection: Collection,
+    http_status: u16,
+    retry_after: Option<&str>,
+    body: Option<&Result<Skimmed, SkimError>>,
+) -> Result<Observation, StatusError> {
+    if class_of_status(http_status) != Class::Success {
+        return interpret(collection, http_status, retry_after, "");
+    }
+    match body {
+        Some(Ok(skimmed)) => interpret(collection, http_status, retry_after, &skimmed.json),
+        Some(Err(e)) => Err(StatusError::Malformed(e.to_string())),
+        None => Err(StatusError::Malformed("body not read".into())),
+    }
+}
+
 fn time_at(value: &Value, pointer: &str) -> i64 {
     value
         .pointer(pointer)
@@ -108,11 +128,13 @@ fn done(value: &Value) -> bool {
     value.get("done").and_then(Value::as_bool).unwrap_or(false)
 }
 
+/// The length of the array at `pointer`, or the count the skimmer left in its place.
 fn count(value: &Value, pointer: &str) -> Option<usize> {
-    value
-        .pointer(pointer)
-        .and_then(Value::as_array)
+    let found = value.pointer(pointer)?;
+    found
+        .as_array()
         .map(Vec::len)
+        .or_else(|| found.as_u64().map(|n| n as usize))
 }
 
 /// A batch's state, as the wire (`BATCH_STATE_*`) or the SDKs (`JOB_STATE_*`, google-genai's
@@ -432,6 +454,46 @@ mod tests {
         assert_eq!(o.details["output_file_uris"], json!([]));
         assert_eq!(o.details["provider"]["inlined_responses"], 2);
         assert!(!Value::Object(o.details).to_string().contains("bigger"));
+    }
+
+    #[test]
+    fn a_skimmed_answer_of_twenty_megabytes_reads_like_a_small_one() {
+        let item = json!({"response": {"candidates": [{"content": {"parts": [{"text": "y".repeat(10_000)}]}}]}})
+            .to_string();
+        let body = |n: usize| {
+            let items = vec![item.as_str(); n].join(",");
+            format!(
+                r#"{{"name":"batches/b","done":true,"metadata":{{"state":"BATCH_STATE_SUCCEEDED","updateTime":"2026-01-22T12:00:00Z",
+                "batchStats":{{"requestCount":"{n}","successfulRequestCount":"{n}"}},"output":{{"inlinedResponses":{{"inlinedResponses":[{items}]}}}}}},
+                "response":{{"inlinedResponses":{{"inlinedResponses":[{items}]}}}}}}"#
+            )
+        };
+        let big = body(1_100);
+        assert!(big.len() > 20_000_000);
+        let skimmed = crate::skim::skim(big.as_bytes());
+        let from_skim = interpret_skimmed(Batches, 200, None, Some(&skimmed)).unwrap();
+        assert_eq!(from_skim.status, Status::Succeeded);
+        assert_eq!(from_skim.details["provider"]["inlined_responses"], 1_100);
+        // The same details as the whole document parsed in memory.
+        assert_eq!(from_skim, ok(Batches, &big));
+        assert!(skimmed.unwrap().bytes_kept < 1_000);
+    }
+
+    #[test]
+    fn a_refused_body_is_unusable_with_its_reason_and_errors_need_no_body() {
+        let refused = Err(crate::skim::SkimError::KeptTooLarge);
+        match interpret_skimmed(Batches, 200, None, Some(&refused)) {
+            Err(StatusError::Malformed(reason)) => assert!(reason.contains("larger than")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            interpret_skimmed(Batches, 404, None, None),
+            Err(StatusError::NotFound)
+        );
+        assert!(matches!(
+            interpret_skimmed(Batches, 200, None, None),
+            Err(StatusError::Malformed(_))
+        ));
     }
 
     #[test]
