@@ -1448,4 +1448,113 @@ mod tests {
         assert_eq!(op.projection_failures, 1);
         assert!(op.projection_due_ms() > 2_000);
     }
+
+    fn settle(status: &str) -> GateCommand {
+        GateCommand::Settle {
+            status: status.into(),
+            reason: "checked in AI Studio".into(),
+        }
+    }
+
+    #[test]
+    fn an_operator_settles_an_open_operation_once_and_its_effect_is_owed() {
+        let s = step(Some(registered()), settle("succeeded"), 30);
+        assert_eq!(
+            s.reply,
+            GateReply::Applied {
+                status: Status::Succeeded,
+                effect: EffectReport::Scheduled
+            }
+        );
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(events(&s), ["settled_by_operator"]);
+        assert_eq!(s.history[0]["settled_by"], "operator");
+        assert_eq!(s.history[0]["reason"], "checked in AI Studio");
+        let op = s.record.unwrap();
+        assert_eq!(op.settled_by, Some(Source::Operator));
+        assert!(op.effect_owed());
+        assert_eq!(
+            crate::effect::effect_body(&op)["provider"]["operator_reason"],
+            "checked in AI Studio"
+        );
+        // Terminal absorbs: a second settle, or one on a settled operation, is refused.
+        let again = step(Some(op), settle("failed"), 31);
+        assert!(
+            matches!(&again.reply, GateReply::Refused { reason } if reason.contains("already has an outcome"))
+        );
+        assert_eq!(again.save, Save::Unchanged);
+        assert!(matches!(
+            step(None, settle("failed"), 1).reply,
+            GateReply::NotFound
+        ));
+    }
+
+    #[test]
+    fn settle_ends_a_waiting_confirmation() {
+        let s = step(Some(nudged()), settle("failed"), 30);
+        let op = s.record.unwrap();
+        assert_eq!(op.status, Status::Failed);
+        assert!(op.confirmation.is_none());
+    }
+
+    #[test]
+    fn an_unusable_status_answer_alerts_once_with_its_reason() {
+        let unusable = GateCommand::StatusUnusable {
+            reason: "answer is larger than 268435456 bytes".into(),
+            age_seconds: 600,
+        };
+        let s = step(Some(registered()), unusable.clone(), 30);
+        assert_eq!(s.reply, GateReply::AlertSent { sent: true });
+        assert_eq!(whats(&s), ["status_unusable"]);
+        let op = s.record.unwrap();
+        assert_eq!(op.pending_alerts[0].kind, AlertKind::StatusUnusable);
+        let body = op.alert_body(AlertKind::StatusUnusable, "alert_x", 600);
+        assert!(body["text"].as_str().unwrap().contains("larger than"));
+        assert!(body["text"].as_str().unwrap().contains("/settle"));
+        let again = step(Some(op), unusable, 40);
+        assert_eq!(again.reply, GateReply::AlertSent { sent: false });
+        assert_eq!(again.save, Save::Unchanged);
+    }
+
+    #[test]
+    fn a_malformed_confirmation_answer_alerts_and_asks_a_bounded_number_of_times() {
+        let malformed = || ConfirmAnswer::Answer(Err(StatusError::Malformed("not JSON".into())));
+        let s = confirmed(nudged(), malformed(), 20, &LIMITS, 1.0);
+        assert_eq!(events(&s), ["status_unusable"]);
+        let mut op = s.record.unwrap();
+        assert_eq!(op.pending_alerts.len(), 1);
+        assert_eq!(op.pending_alerts[0].kind, AlertKind::StatusUnusable);
+        for i in 1..MAX_CONFIRM_ATTEMPTS {
+            assert!(op.confirmation.is_some(), "try {i}");
+            op = confirmed(op, malformed(), 20 + i64::from(i), &LIMITS, 1.0)
+                .record
+                .unwrap();
+        }
+        assert!(
+            op.confirmation.is_none(),
+            "then left to the cron and the alert"
+        );
+        assert_eq!(op.pending_alerts.len(), 1, "alerted once");
+    }
+
+    #[test]
+    fn transient_confirmation_failures_stop_after_the_bound_too() {
+        let mut op = nudged();
+        for i in 0..MAX_CONFIRM_ATTEMPTS {
+            assert!(op.confirmation.is_some(), "try {i}");
+            op = confirmed(
+                op,
+                ConfirmAnswer::Answer(Err(StatusError::Transient {
+                    retry_after_secs: 0,
+                })),
+                20 + i64::from(i),
+                &LIMITS,
+                1.0,
+            )
+            .record
+            .unwrap();
+        }
+        assert!(op.confirmation.is_none());
+        assert_eq!(op.status, Status::Pending, "nothing applied");
+    }
 }

@@ -926,6 +926,7 @@ impl Operation {
             "last_error": self.effect.last_error,
             "details": self.details,
             "alerts": self.alerts,
+            "unusable_status": self.unusable_status,
             "forgotten": self.forgotten.as_ref().map(|f| json!({"at": format_rfc3339(f.at_ms), "reason": f.reason})),
             "redeliveries": self.redeliveries.iter().map(|r| json!({"at": format_rfc3339(r.at_ms), "reason": r.reason})).collect::<Vec<_>>(),
             "confirming": self.confirmation.is_some(),
