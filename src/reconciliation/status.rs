@@ -8,7 +8,10 @@
 //! enums (`JobState`, `InteractionStatus`), and `UNSPECIFIED` and unknown states map to
 //! [`Status::Unknown`] and are never applied (the cron logs them); a 404, a
 //! transient error (a timeout, 408, 409, 429, 5xx: [`crate::retry`]; `Retry-After` honoured) and a malformed answer are values,
-//! never panics, and none of them settles anything.
+//! never panics, and none of them settles anything. An answer read through the skimmer
+//! ([`crate::skim`], [`interpret_skimmed`]) reads like the whole document: a counted array
+//! gives the same count as the array, and a body the skimmer refused is malformed, with its
+//! reason.
 
 use serde_json::{json, Map, Value};
 
