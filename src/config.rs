@@ -49,7 +49,7 @@ pub const DEFAULT_RECONCILE_LEASE_SECS: i64 = 60;
 /// Shortest lease: below it the heartbeat (every quarter of the TTL) would spend subrequests
 /// on renewals every second.
 pub const MIN_RECONCILE_LEASE_SECS: i64 = 5;
-/// Longest lease: the old fixed lease; a longer one only makes a dead pass block longer.
+/// Longest lease: ten minutes; a longer one only makes a dead pass block longer.
 pub const MAX_RECONCILE_LEASE_SECS: i64 = 600;
 /// A pass starts no new entry after this long and saves its cursor. A scheduled handler may
 /// run for 15 minutes on Cloudflare, but a pass should be short: well inside that limit, far

@@ -1,11 +1,11 @@
 //! gemini-once: receives Gemini long-running-operation completions on Cloudflare's edge and
 //! runs each completion's side effect effectively once.
 //!
-//! Everything but [`edge`] is the pure core: no I/O, no clock, no randomness of their own,
+//! Everything but `edge` is the pure core: no I/O, no clock, no randomness of their own,
 //! tested on the host by `cargo test`, grouped by capability: [`inbound`] (what arrives),
 //! [`operation`] (one operation's life and its side effect), [`reconciliation`] (finding what
-//! the webhooks missed), and the configuration, counters and listing beside them. [`edge`]
-//! (wasm32 only) is the thin Worker around them. docs/DESIGN.md states the invariants.
+//! the webhooks missed), and the configuration, counters and listing beside them. `edge`
+//! (wasm32 only, so not linked from host docs) is the thin Worker around them. docs/DESIGN.md states the invariants.
 #![forbid(unsafe_code)]
 
 /// What arrives: signatures and tokens verified, envelopes parsed, operation keys normalized.

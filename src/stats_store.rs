@@ -3,15 +3,15 @@
 //!
 //! Tables: `counts(hour, name, n)`: an hour ≥ 0 is that hour's bucket ([`hour_of`]), kept
 //! [`KEEP_HOURS`] hours; hour -1 holds the sum of every bucket pruned so far, so a name's total
-//! is the sum of its rows and a flush writes one row per name (it wrote two when hour -1 held
-//! the all-time total). `seen(gate, seq, at_ms)`: the highest event sequence counted per
+//! is the sum of its rows and a flush writes one row per name (not two, as it would if hour -1
+//! held the all-time total). `seen(gate, seq, at_ms)`: the highest event sequence counted per
 //! operation, kept [`SEEN_KEEP_MS`]. `recent(seq, at_ms, gate, name)`: the newest
 //! [`RECENT_DROPS`] dropped events. `meta(k, v)`: the layout's version.
 //!
 //! Guarantees: a gate's events are counted once (see [`crate::stats`]); pruning moves old
 //! buckets into hour -1 in the statements that delete them, so no total changes by pruning; a
-//! shard written by the earlier layout (hour -1 the all-time total) is migrated once, when
-//! opened: its all-time row minus the buckets it still holds is exactly what it had pruned.
+//! shard of layout 1 (hour -1 the all-time total; no `layout` row in `meta`) is migrated once,
+//! when opened: its all-time row minus the buckets it still holds is exactly what it had pruned.
 //! Every statement binds at most [`MAX_BINDINGS`] values (Durable Object SQLite's limit).
 
 use std::collections::BTreeMap;
@@ -58,7 +58,7 @@ fn text(row: &Row, column: &str) -> String {
         .to_string()
 }
 
-/// Creates the tables if needed and migrates a shard of the earlier layout (once).
+/// Creates the tables if needed and migrates a shard of layout 1 (once).
 pub fn open(sql: &impl Sql) -> Result<(), String> {
     for ddl in [
         "CREATE TABLE IF NOT EXISTS counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name))",

@@ -1,4 +1,4 @@
-// A short chaos run (issue 4) in the test suite: the chaos driver with a fixed seed, about 100
+// A short chaos run in the test suite: the chaos driver with a fixed seed, about 100
 // operations and one hard kill, on the already built worker (npm test builds before the
 // integration tests). The full run is `npm run chaos`; see docs/RELIABILITY.md.
 import { test } from "node:test";

@@ -1,4 +1,4 @@
-// Hostile and random requests against the built worker in workerd (issue 4, reliability
+// Hostile and random requests against the built worker in workerd (reliability
 // evidence): wrong methods, absent, duplicated and giant headers, bodies that are not UTF-8,
 // deeply nested JSON, huge numbers, signatures of every wrong length, timestamps on the
 // tolerance boundary, replays inside and outside the tolerance, and an admin API probed with

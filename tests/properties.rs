@@ -1,4 +1,4 @@
-//! Property tests of the pure core (issue 4, reliability evidence), through the crate's public
+//! Property tests of the pure core (reliability evidence), through the crate's public
 //! API only: the reducer and the operation record, key normalization, and "no panic, bounded
 //! output" over arbitrary input for signature verification, envelope parsing, status-API
 //! interpretation and configuration parsing.

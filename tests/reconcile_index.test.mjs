@@ -1,4 +1,4 @@
-// Reconciliation proportional to what is open (issue 13 §2), against the built worker in
+// Reconciliation proportional to what is open, against the built worker in
 // workerd: the gate keeps an `open:<key>` index beside the `op:<key>` ledger, a routine pass
 // lists only that index, and a rare audit over the whole ledger finds what the index lost.
 // Local servers stand in for Gemini's status API and the destination; KV is Miniflare's.

@@ -1,4 +1,4 @@
-// A cron pass never outlives its lease (issue 11 §6), against the built worker in workerd:
+// A cron pass never outlives its lease, against the built worker in workerd:
 // status calls that hang cost only their own entries, the pass stops at its deadline and
 // saves its cursor, a heartbeat keeps a long pass's short lease, and a pass killed with the
 // worker blocks the next only until its short lease lapses. Local servers stand in for

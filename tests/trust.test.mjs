@@ -1,7 +1,7 @@
 // What an attacker can and cannot do at the edge, against the built worker in workerd: bodies
 // capped while they stream (an upload held open is refused before it ends), headers refused
 // before a body is read, nothing run twice after retention (a tombstone remains), alerts
-// delivered at least once with a stable id.
+// delivered at least once with a stable id. docs/SECURITY.md lists each case with its test.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import http from "node:http";

@@ -1,4 +1,4 @@
-// The cost section (issue 13 §3): what one completion uses, counted by the worker itself. The
+// The cost section: what one completion uses, counted by the worker itself. The
 // built worker runs with USAGE_LOG=true, so every Durable Object invocation logs a `usage` line
 // (SQLite statements, rows read and written, alarm writes, KV writes, calls to other objects,
 // outbound fetches, wall time, database size; src/usage.rs); each flow's lines are summed and
@@ -208,7 +208,7 @@ function bill(flows) {
     };
   };
   // A quiet routine pass: one cron invocation, one KV list of the index, a lease acquire and
-  // release (docs/PERFORMANCE.md, "Reconciliation").
+  // release (docs/PERFORMANCE.md, "Reconciliation at scale").
   const fixed = { worker_requests: CRON_PASSES_PER_MONTH, do_requests: 2 * CRON_PASSES_PER_MONTH, kv_lists: CRON_PASSES_PER_MONTH };
   const stored = {
     do_bytes: flows.retirement?.gate_db_bytes_median ?? flows.webhook.gate_db_bytes_median,

@@ -1,4 +1,4 @@
-// The fast-path bench of issue 5: the scenarios (floor, first delivery, duplicate, rejected, the
+// The fast-path bench: the scenarios (floor, first delivery, duplicate, rejected, the
 // profile variants and the platform probe's), each measured per round and concurrency, pooled
 // and compared with the floor of the same round.
 import http from "node:http";

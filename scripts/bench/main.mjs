@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The benchmark of issue 5: the built worker in workerd (Miniflare, listening on 127.0.0.1)
+// The benchmark: the built worker in workerd (Miniflare, listening on 127.0.0.1)
 // against local stand-ins for the destination and Gemini's status API, measured over real
 // HTTP with a keep-alive node client. A command, not a test: it asserts nothing about time.
 //
@@ -39,7 +39,7 @@
 //    metadata the gate writes (done entries have no index entry): first the audit over the
 //    whole ledger, then routine coverages; every count from the worker's own `reconcile_pass`
 //    log lines, and how many cron runs cover the ledger at the default budget;
-//  - with --peer, side by side with the simple design (issue 13 §1), both in the same run:
+//  - with --peer, side by side with the simple design, both in the same run:
 //    registration, first (a new completion for a registered operation), duplicate (the same
 //    delivery again, after an idle period), rejected, floor, and first again with a destination
 //    that takes time (--dest-ms); req/s and p50 (median over rounds), the ratio
@@ -48,7 +48,7 @@
 //    in the same cells, the minimum of the shape (scripts/bench/minimum.mjs: the least a design
 //    with a durable owner per operation does, in plain JS, one object per operation or 16
 //    shared objects): registration, first and duplicate, so a missed target shows its limit;
-//  - the cost section (issue 13 §3): per completion, by flow (webhook, registration, registered
+//  - the cost section: per completion, by flow (webhook, registration, registered
 //    then webhook, recovered by cron, duplicate, retirement), what the Durable Objects used as
 //    they count it themselves (USAGE_LOG lines: SQLite rows, alarm and KV writes, calls, wall
 //    time, database size), KV's footprint, and the monthly bill at Cloudflare's rates;

@@ -1,6 +1,6 @@
-// The least a design with a durable owner per operation does here (issue 13 §1: "the measured
-// limit that stops it"): a plain-JS Worker with gemini-once's routes and no framework, run in
-// workerd beside the two real designs, in the same run and cells. Per delivery it verifies the
+// The least a design with a durable owner per operation does here (the measured limit a missed
+// side-by-side target meets): a plain-JS Worker with gemini-once's routes and no framework, run
+// in workerd beside the two real designs, in the same run and cells. Per delivery it verifies the
 // HMAC like the simple design (keys imported once per isolate), then asks the operation's
 // Durable Object, which stores the outcome with its due side effect (one SQLite statement) and
 // sets its alarm before answering; the alarm claims (one statement, and the alarm re-armed at

@@ -1,4 +1,4 @@
-// The simple design as a benchmark peer (issue 13 §1): its TypeScript Worker (DIR/src/index.ts)
+// The simple design as a benchmark peer: its TypeScript Worker (DIR/src/index.ts)
 // bundled to one ES module with the esbuild wrangler already depends on (no download), run in
 // workerd through a Miniflare instance of its own with its own KV, the compatibility date and
 // flags of its wrangler.toml, and the same secrets as ours.

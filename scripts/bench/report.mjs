@@ -1,4 +1,4 @@
-// The targets of issue 5 evaluated on a run's figures, and the printed report.
+// The targets evaluated on a run's figures, and the printed report.
 import { DEFAULT_BUDGET, round } from "./common.mjs";
 
 export function evaluateTargets(r) {
@@ -31,7 +31,7 @@ export function evaluateTargets(r) {
     t.push({ target: `ledger ${l.size}: the audit covers the ledger within budget and finds nothing missing`, value: `${l.audit.passes} passes, ${l.audit.audit_kv_lists} lists, found ${l.audit.found}`, holds: l.audit.complete && l.audit.found === 0 && l.audit.max_subrequests <= l.budget });
   }
   if (r.side) {
-    // Issue 13 §1, at concurrency 10 (the first concurrency measured if 10 was not); each
+    // Side by side, at concurrency 10 (the first concurrency measured if 10 was not); each
     // scenario with the destination answering at once, and first deliveries again for each
     // destination delay measured (the realistic case: a destination takes time).
     const rows = (s, destMs = 0) => r.side.table.filter((x) => x.scenario === s && (x.dest_ms ?? 0) === destMs);
@@ -52,7 +52,7 @@ export function evaluateTargets(r) {
         t.push({ target: `side by side: ${what} of the ${d} minimum (informational: the shape's limit)`, value: `${m.rps} vs peer ${row.peer.rps} req/s (${m.rps_ratio}x), p50 ${m.p50_ms} vs ${row.peer.p50_ms} ms; gemini-once ${row["gemini-once"].rps} req/s, p50 ${row["gemini-once"].p50_ms} ms`, holds: null });
       }
     }
-    // "Unchanged" is against gemini-once's own earlier figures (issue 5's ratios above), not the peer's.
+    // "Unchanged" is against gemini-once's own earlier figures (the ratios to the floor above), not the peer's.
     for (const s of ["rejected", "floor"]) {
       const row = at(s);
       if (row) t.push({ target: `side by side: ${s} (informational; target: unchanged)`, value: `${vs(row, "rps", "req/s")}; p50 ${row["gemini-once"].p50_ms} vs ${row.peer.p50_ms} ms`, holds: null });
@@ -165,7 +165,7 @@ export function report(r) {
     out.push("largest functions: " + bd.largest_functions.slice(0, 6).map((f) => `${f.name.replace(/::h[0-9a-f]{16}$/, "").slice(0, 90)} ${f.bytes}`).join("; "));
     out.push(`start to first answered request: Miniflare in a new node process ${b.startup.miniflare_process_ms.join(", ")} ms` + (b.startup.wrangler_dev_ms.length ? `; wrangler dev ${b.startup.wrangler_dev_ms.join(", ")} ms` : ""));
   }
-  out.push("", r.side ? "Targets (issue 5; side by side: issue 13 §1)" : "Targets (issue 5)");
+  out.push("", r.side ? "Targets (with the side by side against the simple design)" : "Targets");
   out.push(fmtTable(["target", "value", "holds"], r.targets.map((t) => [t.target, typeof t.value === "number" ? t.value : String(t.value), t.holds === null ? "n/a" : t.holds ? "yes" : "NO"])));
   return out.join("\n");
 }

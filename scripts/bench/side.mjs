@@ -1,4 +1,4 @@
-// Side by side with the simple design (issue 13 §1): gemini-once and the peer (peer.mjs) in
+// Side by side with the simple design: gemini-once and the peer (peer.mjs) in
 // the same run, against the same destination stub, with the same secrets. Per round and
 // concurrency, each design gets its own freshly registered operations (untimed), then the
 // scenarios, each followed by an idle period so deferred work (alarms, flushes) is not charged

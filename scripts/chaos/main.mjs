@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The chaos run of issue 4: `npm run chaos -- [--seed N] [--ops N] [--kills N] [--no-build]
+// The chaos run: `npm run chaos -- [--seed N] [--ops N] [--kills N] [--no-build]
 // [--keep] [--json FILE]`; `node scripts/chaos.mjs --recheck DIR/evidence.json` re-checks a kept run.
 //
 // Builds the worker (unless --no-build), copies build/ into a fresh temporary directory and runs

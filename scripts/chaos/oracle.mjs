@@ -1,7 +1,7 @@
 // The checks against the schedule's ground truth: what was sent against what arrived at the
 // destination and what the worker reports.
 //
-// Definitions (issue 4):
+// Definitions (docs/RELIABILITY.md, "What the oracle checks"):
 // - effects: side-effect requests the destination accepted (it decided 2xx on arrival; a
 //   destination commits before it answers, so an accepted request counts even when the worker
 //   gave up waiting for the answer).

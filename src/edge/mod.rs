@@ -84,8 +84,9 @@ thread_local! {
     static CONFIG: std::cell::OnceCell<Rc<Config>> = const { std::cell::OnceCell::new() };
 }
 
-/// The configuration from vars and secrets, parsed once per isolate (see [`CONFIG`]): parsing
-/// it was 38% of the floor's CPU when done on every request (docs/PERFORMANCE.md).
+/// The configuration from vars and secrets, parsed once per isolate (see `CONFIG`): parsing
+/// it on every request would be a large share of the cheapest request's CPU
+/// (docs/PERFORMANCE.md, "Why the hot path is built as it is").
 pub fn load_config(env: &Env) -> std::result::Result<Rc<Config>, ConfigError> {
     CONFIG.with(|cell| {
         if let Some(config) = cell.get() {
@@ -140,7 +141,7 @@ pub async fn call_gate(
 
 /// POSTs `command` as JSON to a Durable Object and decodes its JSON reply. The reply is read
 /// with the runtime's own `text()`: worker-rs reads a fetched body chunk by chunk through a
-/// stream reader, which was 14% of a duplicate delivery's time (docs/PERFORMANCE.md).
+/// stream reader, a measurable share of a duplicate delivery's time (docs/PERFORMANCE.md).
 pub async fn post_json<C: serde::Serialize, R: serde::de::DeserializeOwned>(
     stub: &ObjectStub,
     command: &C,
@@ -174,7 +175,8 @@ fn start() {
 }
 
 /// Takes the runtime's request as it is: worker-rs's own `Request` reads `request.cf` on
-/// creation, 13% of the floor's time; only the admin API, which needs its helpers, pays it.
+/// creation, a measurable share of the cheapest request (docs/PERFORMANCE.md); only the admin
+/// API, which needs its helpers, pays it.
 #[event(fetch)]
 async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<Response> {
     let answer = match route(req, &env).await {

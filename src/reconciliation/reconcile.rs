@@ -10,10 +10,9 @@
 //! durable cursor.
 //!
 //! What a pass walks: the routine pass lists the `open:` index (operations that
-//! [`may_need_work`]), all of it up to [`MAX_INDEX_PAGES`] pages, before it acts, then visits
-//! the listed entries in rotation from where the last pass stopped ([`rotation`]), so its
-//! cost is O(open) KV lists whatever the ledger's size; it visits them from where the last
-//! pass stopped ([`resume_index`]), so every open operation is visited once per
+//! [`may_need_work`]), all of it up to [`MAX_INDEX_PAGES`] pages, before it acts, so its
+//! cost is O(open) KV lists whatever the ledger's size; then it visits the listed entries from
+//! where the last pass stopped ([`resume_index`]), so every open operation is visited once per
 //! ceil(work / budget) passes. The index is a hint: a rare audit ([`Audit`], every
 //! `RECONCILE_AUDIT_SECONDS`, with its own cursor, on what budget the routine work left) walks
 //! the whole `op:` ledger and acts on, and has the gate re-index, what the index missed

@@ -32,12 +32,12 @@ const TRIM_EVERY: i64 = 50;
 
 /// Both tables, created in one statement. `history.seq` is a plain rowid, not AUTOINCREMENT:
 /// that would write a `sqlite_sequence` row with every insert (a billed row written), and
-/// only the oldest rows are ever deleted, so the newest seq is never reused (objects created
-/// before this kept their AUTOINCREMENT table, which behaves the same).
+/// only the oldest rows are ever deleted, so the newest seq is never reused (an object whose
+/// table was created with AUTOINCREMENT behaves the same).
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS operation (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); \
 CREATE TABLE IF NOT EXISTS history (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, entry TEXT NOT NULL)";
 
-/// The record as this instance knows it: every write goes through [`OperationGate::save`],
+/// The record as this instance knows it: every write goes through [`GateStorage::save`],
 /// so it equals storage, except for counts of settled duplicates not stored yet.
 enum Cached {
     Unread,
@@ -170,7 +170,7 @@ impl GateStorage {
 
     /// Appends history entries, all in one statement; trims when a row's sequence number
     /// reaches a multiple of [`TRIM_EVERY`] (counted in storage, so it holds across
-    /// instances; a woken object's first insert no longer trims).
+    /// instances, so waking an object costs no trim).
     pub fn record(&self, at_ms: i64, entries: Vec<Value>) -> Result<()> {
         if entries.is_empty() {
             return Ok(());

@@ -50,7 +50,7 @@ pub fn count_at_edge(name: &str) {
 /// Counts a rejected request in this isolate's memory (no storage round trip). True for the
 /// first of its reason since the last flush: only that one is logged in full, and the flush
 /// logs the counts as one `rejected_summary` line, so a flood of forged requests costs a
-/// counter each, not a log line each (the log line was most of a rejection's CPU).
+/// counter each, not a log line each (a log line costs more than the rest of a rejection).
 pub fn count_rejected(reason: &str) -> bool {
     EDGE_COUNTS.with(|r| {
         let mut r = r.borrow_mut();
