@@ -22,7 +22,10 @@ function jwt() {
 // What the worker keeps of one answer at most (src/reconciliation/skim.rs, MAX_KEPT_BYTES).
 const MAX_KEPT_BYTES = 256 * 1024;
 
-/** A succeeded batch with `n` inline results of about 10 KB each, in metadata and response. */
+/**
+ * A succeeded batch with `n` inline results of about 10 KB each, in metadata and response,
+ * and the `n` inline requests it was submitted with echoed in its input configuration.
+ */
 function inlineBatch(name, n) {
   const item = JSON.stringify({
     response: { candidates: [{ content: { role: "model", parts: [{ text: "lorem ipsum ".repeat(850) }] }, finishReason: "STOP" }] },
@@ -30,13 +33,16 @@ function inlineBatch(name, n) {
   });
   const items = Array(n).fill(item).join(",");
   const inlined = `{"inlinedResponses":[${items}]}`;
+  const request = JSON.stringify({ request: { contents: [{ role: "user", parts: [{ text: "dolor sit amet ".repeat(680) }] }] }, metadata: { key: "request" } });
+  const requests = Array(n).fill(request).join(",");
   return `{"name":"${name}","done":true,"metadata":{"@type":"type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatch",` +
     `"model":"models/gemini-2.5-flash","state":"BATCH_STATE_SUCCEEDED","updateTime":"2026-11-22T10:00:00Z",` +
+    `"inputConfig":{"requests":{"requests":[${requests}]}},` +
     `"batchStats":{"requestCount":"${n}","successfulRequestCount":"${n}"},"output":{"inlinedResponses":${inlined}}},` +
     `"response":{"@type":"type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatchOutput","inlinedResponses":${inlined}}}`;
 }
 
-const INLINE = 1_050;
+const INLINE = 750;
 const gemini = new Map();
 let api, dest, sink, jwks, w;
 const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
@@ -83,6 +89,7 @@ function checkSettled(key, settledBy, bodyBytes) {
     assert.ok(read.bytes_kept < 4_096, `kept ${read.bytes_kept} bytes`);
     assert.ok(read.bytes_kept + read.max_chunk < MAX_KEPT_BYTES + 4 * 1024 * 1024, "one chunk and the kept part");
     assert.equal(read.arrays_counted, 2);
+    assert.ok(read.values_dropped >= 1, "the echoed requests are dropped");
   }
   return effect;
 }
@@ -128,7 +135,7 @@ describe("status answers of any size", () => {
   it("alerts once, with the reason, on an answer that is not JSON or keeps too much, and leaves it open", async () => {
     const cases = [
       ["batches/garbled", '{"name":"batches/garbled","metadata":{"state":"BATCH_STATE_SUCC', /not JSON/],
-      ["batches/too-much", JSON.stringify({ name: "batches/too-much", metadata: { state: "BATCH_STATE_SUCCEEDED", labels: Array(40_000).fill("abcdefgh") } }), /larger than 262144/],
+      ["batches/too-much", JSON.stringify({ name: "batches/too-much", done: true, metadata: { state: "BATCH_STATE_FAILED" }, error: { code: 13, message: "m", details: Array(40_000).fill("abcdefgh") } }), /larger than 262144/],
     ];
     for (const [key, body] of cases) {
       gemini.set(key, { status: 200, body });

@@ -1,17 +1,20 @@
 //! Reading a status-API answer of any size with bounded memory: a streaming JSON skimmer.
 //!
 //! Guarantees: fed the body's bytes in chunks of any size (the result does not depend on
-//! where the chunks split), it rebuilds a reduced JSON document that keeps everything
-//! [`crate::status`] reads, and never holds more than [`MAX_KEPT_BYTES`] of it plus O(1)
-//! state per kept nesting level. What it drops is marked, never silently wrong:
-//! - an array under a member named in [`COUNTED`] (a batch's inline results, an
-//!   interaction's outputs) becomes its element count (a JSON number);
-//! - a string longer than [`MAX_STRING_BYTES`] keeps its first bytes (cut on a character
+//! where the chunks split), it rebuilds a reduced JSON document that keeps the paths it is
+//! given ([`Rule`]s: [`crate::status::READ`] lists what the status reader uses), and never
+//! holds more than [`MAX_KEPT_BYTES`] of it plus O(1) state per kept nesting level. What it
+//! drops is marked, never silently wrong:
+//! - a member on no kept path (an echo of the inline requests, an interaction's input and
+//!   outputs, usage) becomes `null`;
+//! - an array at a [`Rule::Count`] path (a batch's inline results) becomes its element count
+//!   (a JSON number);
+//! - a kept string longer than [`MAX_STRING_BYTES`] keeps its first bytes (cut on a character
 //!   boundary, never inside an escape) followed by [`TRUNCATED_MARK`];
-//! - an object or array nested deeper than [`MAX_KEPT_DEPTH`] becomes `null`.
+//! - a kept object or array nested deeper than [`MAX_KEPT_DEPTH`] becomes `null`.
 //!
 //! Dropped values are skipped with O(1) state (a bracket depth and a string flag), so their
-//! size costs time, not memory. A body past [`MAX_BODY_BYTES`], a kept document past
+//! size costs time, not memory; they are checked only as far as finding where they end. A body past [`MAX_BODY_BYTES`], a kept document past
 //! [`MAX_KEPT_BYTES`], or a body that is not one JSON value is refused with a reason
 //! ([`SkimError`]); the caller treats that answer as unusable.
 
@@ -32,14 +35,8 @@ pub const MAX_STRING_BYTES: usize = 16 * 1024;
 pub const MAX_KEPT_DEPTH: usize = 32;
 /// Longest number or literal accepted.
 const MAX_ATOM_BYTES: usize = 256;
-/// Members whose array value is replaced by its element count: a batch's inline results
-/// (`output.inlinedResponses.inlinedResponses`, also for embedding batches) and an
-/// interaction's outputs. A member of that name holding an object is kept and read through.
-pub const COUNTED: [&str; 3] = [
-    "inlinedResponses",
-    "inlinedEmbedContentResponses",
-    "outputs",
-];
+/// Longest member name compared with a rule (longer names match no rule).
+const KEY_CAP: usize = 40;
 /// Appended to a string that was cut.
 pub const TRUNCATED_MARK: &str = "…[truncated]";
 
@@ -54,6 +51,39 @@ pub enum SkimError {
     Malformed(&'static str, u64),
 }
 
+/// What to keep at a path: member names joined by `.`, `*` for any element of an array
+/// (`response.generateVideoResponse.generatedSamples.*.video.uri`). The objects on the way to
+/// a kept path are kept with only the members that lead somewhere kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// The value and everything in it.
+    Keep(&'static str),
+    /// An array's element count in its place (any other value is kept).
+    Count(&'static str),
+}
+
+impl Rule {
+    fn path(self) -> &'static str {
+        match self {
+            Rule::Keep(p) | Rule::Count(p) => p,
+        }
+    }
+}
+
+/// Keeps the whole document (only the size limits apply).
+pub const EVERYTHING: &[Rule] = &[Rule::Keep("")];
+
+/// What to do with a value, from its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// On the way to a kept path: keep the container, filter its members.
+    Filter,
+    /// Keep everything in it.
+    Keep,
+    Count,
+    Drop,
+}
+
 /// A skimmed answer: the reduced document and what reading it cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skimmed {
@@ -65,6 +95,8 @@ pub struct Skimmed {
     pub bytes_kept: usize,
     /// Arrays replaced by their count.
     pub counted: u64,
+    /// Values dropped (replaced by `null`).
+    pub dropped: u64,
     /// Strings cut.
     pub truncated: u64,
     /// The largest chunk fed at once (the other part of the memory bound).
@@ -75,6 +107,14 @@ pub struct Skimmed {
 enum Container {
     Object,
     Array,
+}
+
+/// A kept container: its kind, and whether its members are filtered by the rules (then its
+/// path's last segment is on the skimmer's `path`) or all kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Frame {
+    container: Container,
+    filter: bool,
 }
 
 /// What the grammar allows next, between tokens.
@@ -116,8 +156,8 @@ enum Lex {
     },
     /// Inside a number or literal.
     Atom { len: usize },
-    /// Inside a dropped container: its depth, a string flag, and for a counted array the
-    /// separators and whether it has any element.
+    /// Inside a dropped value: the container depth (0 for a dropped string), a string flag,
+    /// and for a counted array the separators and whether it has any element.
     Skip {
         depth: u64,
         in_str: bool,
@@ -131,27 +171,22 @@ enum Lex {
 /// The skimmer: [`Skim::feed`] chunks, then [`Skim::finish`].
 #[derive(Debug, Clone)]
 pub struct Skim {
+    rules: &'static [Rule],
     out: Vec<u8>,
-    stack: Vec<Container>,
+    stack: Vec<Frame>,
+    /// The path of the innermost filtered container below the document, a segment each.
+    path: Vec<Vec<u8>>,
     expect: Expect,
     lex: Lex,
-    /// The last key read, up to the longest name in [`COUNTED`] (longer keys never match).
+    /// The last key read, up to [`KEY_CAP`] + 1 bytes (longer keys never match a rule).
     key: Vec<u8>,
-    key_counted: bool,
     read: u64,
     counted: u64,
+    dropped: u64,
     truncated: u64,
     max_chunk: usize,
     failed: Option<SkimError>,
 }
-
-impl Default for Skim {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-const KEY_CAP: usize = 32;
 
 fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
@@ -162,16 +197,19 @@ fn hex(b: u8) -> Option<u16> {
 }
 
 impl Skim {
-    pub fn new() -> Self {
+    /// A skimmer keeping what `rules` name.
+    pub fn new(rules: &'static [Rule]) -> Self {
         Skim {
+            rules,
             out: Vec::new(),
             stack: Vec::new(),
+            path: Vec::new(),
             expect: Expect::Value,
             lex: Lex::Between,
             key: Vec::new(),
-            key_counted: false,
             read: 0,
             counted: 0,
+            dropped: 0,
             truncated: 0,
             max_chunk: 0,
             failed: None,
@@ -232,6 +270,7 @@ impl Skim {
             bytes_read: self.read,
             bytes_kept,
             counted: self.counted,
+            dropped: self.dropped,
             truncated: self.truncated,
             max_chunk: self.max_chunk,
         })
@@ -295,7 +334,10 @@ impl Skim {
             (Expect::CommaOrEnd, b',') => {
                 self.out.push(b);
                 self.expect = match self.stack.last() {
-                    Some(Container::Object) => Expect::Key,
+                    Some(Frame {
+                        container: Container::Object,
+                        ..
+                    }) => Expect::Key,
                     _ => Expect::Value,
                 };
                 Ok(())
@@ -307,28 +349,86 @@ impl Skim {
         }
     }
 
+    /// What the rules say about the value starting now: its path is the innermost filtered
+    /// container's path plus its member name (or `*` in an array).
+    fn fate(&self) -> Fate {
+        let Some(parent) = self.stack.last() else {
+            // The document itself: everything with [`EVERYTHING`], else filtered.
+            return if self.rules.iter().any(|r| r.path().is_empty()) {
+                Fate::Keep
+            } else {
+                Fate::Filter
+            };
+        };
+        if !parent.filter {
+            return Fate::Keep;
+        }
+        let last: &[u8] = match parent.container {
+            Container::Object => &self.key,
+            Container::Array => b"*",
+        };
+        let mut fate = Fate::Drop;
+        for rule in self.rules {
+            let mut segments = rule.path().split('.');
+            let on_path = self
+                .path
+                .iter()
+                .map(Vec::as_slice)
+                .chain(std::iter::once(last))
+                .all(|have| segments.next().is_some_and(|want| want.as_bytes() == have));
+            if !on_path {
+                continue;
+            }
+            match (segments.next().is_none(), rule) {
+                (true, Rule::Keep(_)) => return Fate::Keep,
+                (true, Rule::Count(_)) => return Fate::Count,
+                (false, _) => fate = Fate::Filter,
+            }
+        }
+        fate
+    }
+
     /// A value starts with `b`.
     fn value(&mut self, b: u8) -> Result<(), SkimError> {
-        let counted = std::mem::take(&mut self.key_counted);
-        match b {
-            b'[' if counted => {
+        let fate = self.fate();
+        let container = matches!(b, b'{' | b'[');
+        match (fate, b) {
+            (Fate::Count, b'[') => {
                 self.counted += 1;
-                self.start_skip(true);
-                Ok(())
+                self.start_skip(true, false);
+                return Ok(());
             }
-            b'{' | b'[' if self.stack.len() >= MAX_KEPT_DEPTH => {
-                self.start_skip(false);
-                Ok(())
+            (Fate::Drop, b'{' | b'[' | b'"') => {
+                self.dropped += 1;
+                self.start_skip(false, b == b'"');
+                return Ok(());
             }
+            _ if container && self.stack.len() >= MAX_KEPT_DEPTH => {
+                self.dropped += 1;
+                self.start_skip(false, false);
+                return Ok(());
+            }
+            _ => {}
+        }
+        match b {
             b'{' | b'[' => {
-                self.out.push(b);
-                if b == b'{' {
-                    self.stack.push(Container::Object);
-                    self.expect = Expect::KeyOrEnd;
-                } else {
-                    self.stack.push(Container::Array);
-                    self.expect = Expect::ValueOrEnd;
+                let filter = fate == Fate::Filter;
+                if filter && !self.stack.is_empty() {
+                    let segment = match self.stack.last().map(|f| f.container) {
+                        Some(Container::Array) => b"*".to_vec(),
+                        _ => self.key.clone(),
+                    };
+                    self.path.push(segment);
                 }
+                self.out.push(b);
+                let container = if b == b'{' {
+                    self.expect = Expect::KeyOrEnd;
+                    Container::Object
+                } else {
+                    self.expect = Expect::ValueOrEnd;
+                    Container::Array
+                };
+                self.stack.push(Frame { container, filter });
                 Ok(())
             }
             b'"' => {
@@ -345,8 +445,11 @@ impl Skim {
     }
 
     fn close(&mut self, container: Container, b: u8) -> Result<(), SkimError> {
-        if self.stack.pop() != Some(container) {
+        let Some(frame) = self.stack.pop().filter(|f| f.container == container) else {
             return Err(self.malformed("mismatched bracket"));
+        };
+        if frame.filter && !self.stack.is_empty() {
+            self.path.pop();
         }
         self.out.push(b);
         self.after_value();
@@ -395,7 +498,6 @@ impl Skim {
                     self.out.push(b'"');
                     self.lex = Lex::Between;
                     if key {
-                        self.key_counted = COUNTED.iter().any(|n| n.as_bytes() == self.key);
                         self.expect = Expect::Colon;
                     } else {
                         self.after_value();
@@ -442,10 +544,11 @@ impl Skim {
         Ok(())
     }
 
-    fn start_skip(&mut self, count: bool) {
+    /// Skips the value that starts here: a container, or a string (`string`).
+    fn start_skip(&mut self, count: bool, string: bool) {
         self.lex = Lex::Skip {
-            depth: 1,
-            in_str: false,
+            depth: u64::from(!string),
+            in_str: string,
             escaped: false,
             count,
             commas: 0,
@@ -473,6 +576,12 @@ impl Skim {
                 escaped = true;
             } else if b == b'"' {
                 in_str = false;
+                if depth == 0 {
+                    self.out.extend_from_slice(b"null");
+                    self.lex = Lex::Between;
+                    self.after_value();
+                    return;
+                }
             }
         } else if !is_ws(b) {
             match b {
@@ -514,9 +623,9 @@ impl Skim {
     }
 }
 
-/// Skims a whole body at once (the host tests' and small callers' shortcut).
-pub fn skim(body: &[u8]) -> Result<Skimmed, SkimError> {
-    let mut s = Skim::new();
+/// Skims a whole body at once (the host tests' shortcut).
+pub fn skim(rules: &'static [Rule], body: &[u8]) -> Result<Skimmed, SkimError> {
+    let mut s = Skim::new(rules);
     s.feed(body)?;
     s.finish()
 }
@@ -527,12 +636,22 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
-    fn kept(body: &str) -> Value {
-        serde_json::from_str(&skim(body.as_bytes()).unwrap().json).unwrap()
+    /// A batch reader's rules, as the tests' example.
+    const INLINE: &[Rule] = &[
+        Rule::Keep("done"),
+        Rule::Keep("metadata.state"),
+        Rule::Keep("metadata.batchStats"),
+        Rule::Count("metadata.output.inlinedResponses.inlinedResponses"),
+        Rule::Count("response.inlinedResponses.inlinedResponses"),
+        Rule::Keep("items.*.uri"),
+    ];
+
+    fn kept(rules: &'static [Rule], body: &str) -> Value {
+        serde_json::from_str(&skim(rules, body.as_bytes()).unwrap().json).unwrap()
     }
 
-    fn by_bytes(body: &[u8]) -> Result<Skimmed, SkimError> {
-        let mut s = Skim::new();
+    fn by_bytes(rules: &'static [Rule], body: &[u8]) -> Result<Skimmed, SkimError> {
+        let mut s = Skim::new(rules);
         for b in body {
             s.feed(std::slice::from_ref(b))?;
         }
@@ -543,13 +662,17 @@ mod tests {
         let item = json!({"response": {"candidates": [{"content": {"parts": [{"text": "x".repeat(text_len)}]}}]},
             "metadata": {"key": "k]\"}{"}});
         let items = vec![item.to_string(); n].join(",");
+        let request =
+            json!({"request": {"contents": [{"parts": [{"text": "y".repeat(text_len)}]}]}})
+                .to_string();
+        let requests = vec![request; n].join(",");
         format!(
-            r#"{{"name":"batches/b","done":true,"metadata":{{"@type":"type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatch","state":"BATCH_STATE_SUCCEEDED","updateTime":"2026-01-22T12:00:00Z","batchStats":{{"requestCount":"{n}"}},"output":{{"inlinedResponses":{{"inlinedResponses":[{items}]}}}}}},"response":{{"@type":"x","inlinedResponses":{{"inlinedResponses":[{items}]}}}}}}"#
+            r#"{{"name":"batches/b","done":true,"metadata":{{"@type":"type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatch","state":"BATCH_STATE_SUCCEEDED","updateTime":"2026-01-22T12:00:00Z","inputConfig":{{"requests":{{"requests":[{requests}]}}}},"batchStats":{{"requestCount":"{n}"}},"output":{{"inlinedResponses":{{"inlinedResponses":[{items}]}}}}}},"response":{{"@type":"x","inlinedResponses":{{"inlinedResponses":[{items}]}}}}}}"#
         )
     }
 
     #[test]
-    fn small_documents_are_kept_as_they_are() {
+    fn everything_keeps_small_documents_as_they_are() {
         for body in [
             r#"{"a":1,"b":[true,false,null],"c":{"d":"e\"\\\u00e9\ud83d\ude00"},"n":-1.5e3}"#,
             r#"{}"#,
@@ -559,14 +682,14 @@ mod tests {
             "12",
         ] {
             let want: Value = serde_json::from_str(body).unwrap();
-            assert_eq!(kept(body), want, "{body}");
+            assert_eq!(kept(EVERYTHING, body), want, "{body}");
         }
     }
 
     #[test]
-    fn inline_results_become_their_count() {
+    fn inline_results_become_their_count_and_echoed_requests_are_dropped() {
         let body = inline_batch(3, 10);
-        let v = kept(&body);
+        let v = kept(INLINE, &body);
         assert_eq!(
             v["metadata"]["output"]["inlinedResponses"]["inlinedResponses"],
             3
@@ -574,33 +697,44 @@ mod tests {
         assert_eq!(v["response"]["inlinedResponses"]["inlinedResponses"], 3);
         assert_eq!(v["metadata"]["state"], "BATCH_STATE_SUCCEEDED");
         assert_eq!(v["metadata"]["batchStats"]["requestCount"], "3");
-        let empty = kept(r#"{"outputs":[],"x":{"inlinedEmbedContentResponses":[ 1 ]}}"#);
-        assert_eq!(
-            empty,
-            json!({"outputs": 0, "x": {"inlinedEmbedContentResponses": 1}})
+        assert_eq!(v["done"], true);
+        assert_eq!(v["metadata"]["inputConfig"], Value::Null);
+        assert_eq!(v["name"], Value::Null);
+        assert_eq!(v["response"]["@type"], Value::Null);
+        let empty = kept(
+            INLINE,
+            r#"{"response":{"inlinedResponses":{"inlinedResponses":[ ]}}}"#,
         );
+        assert_eq!(empty["response"]["inlinedResponses"]["inlinedResponses"], 0);
     }
 
     #[test]
-    fn a_counted_name_inside_an_array_or_as_a_value_is_kept() {
-        let v = kept(r#"{"a":["outputs",[1,2]],"b":"inlinedResponses","outputs":{"x":[1]}}"#);
+    fn only_what_leads_to_a_kept_path_is_kept() {
+        let v = kept(
+            INLINE,
+            r#"{"items":[{"uri":"files/a","bytes":"AAAA","n":[1]},{"uri":"files/b"},"loose"],
+                "metadata":{"output":{"inlinedResponses":{"inlinedResponses":{"not":"an array"}}}},
+                "y":"drop","z":{"deep":[1,2]},"n":5}"#,
+        );
         assert_eq!(
             v,
-            json!({"a": ["outputs", [1, 2]], "b": "inlinedResponses", "outputs": {"x": [1]}})
+            json!({"items": [{"uri": "files/a", "bytes": null, "n": null}, {"uri": "files/b"}, "loose"],
+                "metadata": {"output": {"inlinedResponses": {"inlinedResponses": {"not": "an array"}}}},
+                "y": null, "z": null, "n": 5})
         );
     }
 
     #[test]
     fn twenty_megabytes_of_inline_results_keep_a_few_hundred_bytes() {
-        let body = inline_batch(2_000, 5_000);
+        let body = inline_batch(1_400, 5_000);
         assert!(body.len() > 20_000_000);
-        let mut s = Skim::new();
+        let mut s = Skim::new(INLINE);
         for chunk in body.as_bytes().chunks(64 * 1024) {
             s.feed(chunk).unwrap();
         }
         let out = s.finish().unwrap();
         assert_eq!(out.bytes_read, body.len() as u64);
-        assert!(out.bytes_kept < 1_000, "{}", out.bytes_kept);
+        assert!(out.bytes_kept < 500, "{}", out.bytes_kept);
         assert_eq!(out.counted, 2);
         assert_eq!(out.max_chunk, 64 * 1024);
     }
@@ -608,7 +742,7 @@ mod tests {
     #[test]
     fn long_strings_are_cut_with_a_mark() {
         let long = "é".repeat(MAX_STRING_BYTES); // two bytes each
-        let v = kept(&json!({"s": long, "t": "short"}).to_string());
+        let v = kept(EVERYTHING, &json!({"s": long, "t": "short"}).to_string());
         let s = v["s"].as_str().unwrap();
         assert!(s.ends_with(TRUNCATED_MARK));
         assert_eq!(s.len(), MAX_STRING_BYTES + TRUNCATED_MARK.len());
@@ -620,7 +754,7 @@ mod tests {
                 "a".repeat(MAX_STRING_BYTES - pad),
                 r"\ud83d\ude00\n\u00e9".repeat(4)
             );
-            let out = skim(body.as_bytes()).unwrap();
+            let out = skim(EVERYTHING, body.as_bytes()).unwrap();
             let v: Value = serde_json::from_str(&out.json).unwrap();
             assert!(v["s"].as_str().unwrap().ends_with(TRUNCATED_MARK), "{pad}");
             assert_eq!(out.truncated, 1);
@@ -631,7 +765,7 @@ mod tests {
     fn deep_nesting_is_dropped_past_the_kept_depth() {
         let depth = 10_000;
         let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-        let v = kept(&format!(r#"{{"state":"S","deep":{body}}}"#));
+        let v = kept(EVERYTHING, &format!(r#"{{"state":"S","deep":{body}}}"#));
         assert_eq!(v["state"], "S");
         let mut inner = &v["deep"];
         for _ in 0..MAX_KEPT_DEPTH - 2 {
@@ -642,7 +776,8 @@ mod tests {
 
     #[test]
     fn malformed_bodies_are_refused() {
-        for body in [
+        // Kept values are checked to the byte; dropped ones only as far as finding their end.
+        let structural = [
             "",
             "not json",
             "{",
@@ -652,31 +787,38 @@ mod tests {
             "[1,]",
             "[1}",
             "{]",
-            r#"{"a":"\x"}"#,
-            r#"{"a":"\u12g4"}"#,
             "{} {}",
             r#"{"a":"b"#,
             "\"\u{1}\"",
+            r#"{"y":[1}"#,
+            r#"{"y":"open"#,
+        ];
+        let in_kept_strings = [r#"{"a":"\x"}"#, r#"{"a":"\u12g4"}"#, "{\"a\":\"\u{1}\"}"];
+        for (rules, bodies) in [
+            (EVERYTHING, [&structural[..], &in_kept_strings[..]].concat()),
+            (INLINE, structural.to_vec()),
         ] {
-            assert!(
-                matches!(skim(body.as_bytes()), Err(SkimError::Malformed(..))),
-                "{body:?}"
-            );
+            for body in bodies {
+                assert!(
+                    matches!(skim(rules, body.as_bytes()), Err(SkimError::Malformed(..))),
+                    "{body:?}"
+                );
+            }
         }
         assert!(matches!(
-            skim(b"{\"a\":\"\xff\"}"),
+            skim(EVERYTHING, b"{\"a\":\"\xff\"}"),
             Err(SkimError::Malformed("invalid UTF-8", _))
         ));
         let long_number = format!("[{}]", "1".repeat(MAX_ATOM_BYTES + 1));
         assert!(matches!(
-            skim(long_number.as_bytes()),
+            skim(EVERYTHING, long_number.as_bytes()),
             Err(SkimError::Malformed(..))
         ));
     }
 
     #[test]
     fn each_cap_refuses_with_its_reason() {
-        let mut s = Skim::new();
+        let mut s = Skim::new(EVERYTHING);
         s.feed(b"[").unwrap();
         let filler = vec![b' '; 1024 * 1024];
         let mut result = Ok(());
@@ -691,22 +833,34 @@ mod tests {
         assert_eq!(s.finish(), Err(SkimError::BodyTooLarge));
 
         let many = format!("[{}]", vec!["\"abcdefgh\""; MAX_KEPT_BYTES / 8].join(","));
-        assert_eq!(skim(many.as_bytes()), Err(SkimError::KeptTooLarge));
+        assert_eq!(
+            skim(EVERYTHING, many.as_bytes()),
+            Err(SkimError::KeptTooLarge)
+        );
+        // The same under a dropped member costs nothing kept.
+        let dropped = format!(r#"{{"labels":{many},"done":true}}"#);
+        assert_eq!(
+            kept(INLINE, &dropped),
+            json!({"labels": null, "done": true})
+        );
     }
 
     #[test]
     fn byte_by_byte_gives_the_same_document() {
-        let body = inline_batch(5, 100);
-        assert_eq!(
-            by_bytes(body.as_bytes()).map(|s| s.json),
-            skim(body.as_bytes()).map(|s| s.json)
-        );
-        let unicode =
-            json!({"s": "é😀\u{1}\"\\", "t": "x".repeat(MAX_STRING_BYTES + 3)}).to_string();
-        assert_eq!(
-            by_bytes(unicode.as_bytes()).map(|s| s.json),
-            skim(unicode.as_bytes()).map(|s| s.json)
-        );
+        for rules in [EVERYTHING, INLINE] {
+            let body = inline_batch(5, 100);
+            assert_eq!(
+                by_bytes(rules, body.as_bytes()).map(|s| s.json),
+                skim(rules, body.as_bytes()).map(|s| s.json)
+            );
+            let unicode =
+                json!({"s": "é😀\u{1}\"\\", "t": "x".repeat(MAX_STRING_BYTES + 3), "done": "é😀"})
+                    .to_string();
+            assert_eq!(
+                by_bytes(rules, unicode.as_bytes()).map(|s| s.json),
+                skim(rules, unicode.as_bytes()).map(|s| s.json)
+            );
+        }
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {
@@ -721,7 +875,12 @@ mod tests {
                 prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
                 prop::collection::vec(
                     (
-                        prop_oneof![Just("outputs".to_string()), "[a-z]{1,6}"],
+                        prop_oneof![
+                            Just("metadata".to_string()),
+                            Just("items".to_string()),
+                            Just("uri".to_string()),
+                            "[a-z]{1,6}"
+                        ],
                         inner
                     ),
                     0..6
@@ -735,27 +894,31 @@ mod tests {
         #[test]
         fn any_split_gives_the_same_result(value in arb_json(), cuts in prop::collection::vec(any::<usize>(), 0..8)) {
             let body = value.to_string();
-            let whole = skim(body.as_bytes());
-            let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
-            points.sort_unstable();
-            let mut s = Skim::new();
-            let mut at = 0;
-            for p in points.into_iter().chain([body.len()]) {
-                s.feed(&body.as_bytes()[at..p]).unwrap();
-                at = p;
-            }
-            prop_assert_eq!(s.finish().map(|s| s.json), whole.clone().map(|s| s.json));
-            // Without counted members, the kept document is the input.
-            if !body.contains("\"outputs\"") {
+            for rules in [EVERYTHING, INLINE] {
+                let whole = skim(rules, body.as_bytes());
+                let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+                points.sort_unstable();
+                let mut s = Skim::new(rules);
+                let mut at = 0;
+                for p in points.iter().copied().chain([body.len()]) {
+                    s.feed(&body.as_bytes()[at..p]).unwrap();
+                    at = p;
+                }
+                prop_assert_eq!(s.finish().map(|s| s.json), whole.clone().map(|s| s.json));
+                // Every document skims to valid JSON, and with everything kept, to itself.
                 let kept: Value = serde_json::from_str(&whole.unwrap().json).unwrap();
-                prop_assert_eq!(kept, value);
+                if rules == EVERYTHING {
+                    prop_assert_eq!(kept, value.clone());
+                }
             }
         }
 
         #[test]
         fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
-            let _ = skim(&bytes);
-            let _ = by_bytes(&bytes);
+            for rules in [EVERYTHING, INLINE] {
+                let _ = skim(rules, &bytes);
+                let _ = by_bytes(rules, &bytes);
+            }
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::effect::Outcome;
 use crate::key::Collection;
 use crate::lifecycle::Status;
 use crate::retry::{class_of_status, Class};
-use crate::skim::{SkimError, Skimmed};
+use crate::skim::{Rule, SkimError, Skimmed};
 use crate::timestamp::parse_rfc3339_ms;
 
 /// The `GET` URL for an operation: batches and interactions by key, video operations by
@@ -92,7 +92,32 @@ pub fn interpret(
     }
 }
 
-/// Interprets an answer whose body was streamed through the skimmer ([`crate::skim`]):
+/// Every path of an answer this module reads, for the skimmer ([`crate::skim`]), whatever
+/// the collection: a body skimmed with these reads exactly like the whole body (a test
+/// holds every reader to it). Inline results are counted, never kept; everything else
+/// (an echo of the inline requests, an interaction's input and outputs) is dropped.
+pub const READ: &[Rule] = &[
+    Rule::Keep("done"),
+    Rule::Keep("error"),
+    Rule::Keep("metadata.state"),
+    Rule::Keep("metadata.updateTime"),
+    Rule::Keep("metadata.batchStats"),
+    Rule::Keep("metadata.output.responsesFile"),
+    Rule::Count("metadata.output.inlinedResponses.inlinedResponses"),
+    Rule::Count("metadata.output.inlinedEmbedContentResponses.inlinedResponses"),
+    Rule::Keep("response.responsesFile"),
+    Rule::Count("response.inlinedResponses.inlinedResponses"),
+    Rule::Count("response.inlinedEmbedContentResponses.inlinedResponses"),
+    Rule::Keep("response.generateVideoResponse.generatedSamples.*.video.uri"),
+    Rule::Keep("response.generateVideoResponse.raiMediaFilteredCount"),
+    Rule::Keep("response.generateVideoResponse.raiMediaFilteredReasons"),
+    Rule::Keep("status"),
+    Rule::Keep("errors"),
+    Rule::Keep("updated"),
+];
+
+/// Interprets an answer whose body was streamed through the skimmer ([`crate::skim`]) with
+/// [`READ`]:
 /// `body` is `None` when it was not read (not a 2xx). A body the skimmer refused (too large,
 /// not JSON) is unusable, with the skimmer's reason.
 pub fn interpret_skimmed(
@@ -473,13 +498,76 @@ mod tests {
         };
         let big = body(1_100);
         assert!(big.len() > 20_000_000);
-        let skimmed = crate::skim::skim(big.as_bytes());
+        let skimmed = crate::skim::skim(READ, big.as_bytes());
         let from_skim = interpret_skimmed(Batches, 200, None, Some(&skimmed)).unwrap();
         assert_eq!(from_skim.status, Status::Succeeded);
         assert_eq!(from_skim.details["provider"]["inlined_responses"], 1_100);
         // The same details as the whole document parsed in memory.
         assert_eq!(from_skim, ok(Batches, &big));
         assert!(skimmed.unwrap().bytes_kept < 1_000);
+    }
+
+    #[test]
+    fn every_reader_reads_a_skimmed_answer_like_the_whole_one() {
+        let cases = [
+            (
+                Batches,
+                r#"{"name":"batches/b","done":true,"metadata":{"@type":"x","model":"m","state":"BATCH_STATE_SUCCEEDED",
+                "updateTime":"2026-01-22T12:00:00Z","createTime":"2026-01-22T11:00:00Z","displayName":"d",
+                "inputConfig":{"requests":{"requests":[{"request":{"contents":[{"parts":[{"text":"hi"}]}]},"metadata":{"key":"a"}}]}},
+                "batchStats":{"requestCount":"2","successfulRequestCount":"1","failedRequestCount":"1"},
+                "output":{"responsesFile":"files/out","inlinedResponses":{"inlinedResponses":[{"response":{}},{"error":{"code":3}}]}}},
+                "response":{"@type":"y","responsesFile":"files/out","inlinedResponses":{"inlinedResponses":[{},{}]}}}"#,
+            ),
+            (
+                Batches,
+                r#"{"done":true,"metadata":{"state":"BATCH_STATE_SUCCEEDED","output":{"inlinedEmbedContentResponses":
+                {"inlinedResponses":[{"response":{"embedding":{"values":[0.1,0.2]}}}]}}}}"#,
+            ),
+            (
+                Batches,
+                r#"{"done":true,"metadata":{"state":"BATCH_STATE_FAILED"},"error":{"code":13,"message":"internal",
+                "details":[{"@type":"t","reason":"R","metadata":{"k":"v"}}],"status":"INTERNAL"}}"#,
+            ),
+            (Batches, r#"{"done":true,"error":{"code":1}}"#),
+            (Batches, r#"{"done":true}"#),
+            (
+                Batches,
+                r#"{"metadata":{"state":"JOB_STATE_RUNNING"},"done":false}"#,
+            ),
+            (
+                Operations,
+                r#"{"name":"models/veo/operations/o","done":true,"metadata":{"updateTime":"2026-01-22T12:00:00Z"},
+                "response":{"@type":"x","generateVideoResponse":{"generatedSamples":[{"video":{"uri":"files/v1","videoBytes":"AAAA","mimeType":"video/mp4"}},
+                {"video":{"uri":"files/v2"}},{"other":1}],"raiMediaFilteredCount":1,"raiMediaFilteredReasons":["r"]}}}"#,
+            ),
+            (Operations, r#"{"done":true,"response":{}}"#),
+            (
+                Operations,
+                r#"{"done":true,"error":{"code":3,"message":"bad prompt"}}"#,
+            ),
+            (Operations, r#"{"done":false,"metadata":{}}"#),
+            (
+                Interactions,
+                r#"{"id":"i","status":"completed","updated":"2026-01-22T12:00:01Z","created":"2026-01-22T12:00:00Z",
+                "model":"m","input":[{"type":"image","data":"AAAA"}],"outputs":[{"type":"text","text":"hello"},{"type":"image","data":"BBBB"}],
+                "usage":{"total_tokens":5}}"#,
+            ),
+            (
+                Interactions,
+                r#"{"status":"failed","errors":[{"code":"X","message":"m"},{"code":"Y","message":"n"}]}"#,
+            ),
+            (Interactions, r#"{"status":"requires_action","outputs":[]}"#),
+        ];
+        for (collection, body) in cases {
+            let whole = interpret(collection, 200, None, body);
+            let skimmed = crate::skim::skim(READ, body.as_bytes());
+            assert_eq!(
+                interpret_skimmed(collection, 200, None, Some(&skimmed)),
+                whole,
+                "{body}"
+            );
+        }
     }
 
     #[test]

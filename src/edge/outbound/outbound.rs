@@ -154,7 +154,7 @@ pub async fn get_skimmed(
     }
     let started = worker::Date::now().as_millis() as i64;
     let read = async {
-        let mut skim = Skim::new();
+        let mut skim = Skim::new(crate::status::READ);
         // No body at all reads as an empty one (and is refused as such).
         if let Ok(mut stream) = response.stream() {
             while let Some(chunk) = stream.next().await {

@@ -73,7 +73,7 @@ pub async fn read(config: &Config, key: &str, url: &str) -> SkimAnswer {
         match body {
             Ok(s) if s.bytes_read >= LOG_READ_FROM_BYTES => log(LogEvent::StatusRead.line(json!({
                 "key": key, "bytes_read": s.bytes_read, "bytes_kept": s.bytes_kept,
-                "max_chunk": s.max_chunk, "arrays_counted": s.counted,
+                "max_chunk": s.max_chunk, "arrays_counted": s.counted, "values_dropped": s.dropped,
                 "strings_cut": s.truncated, "read_ms": read_ms,
             }))),
             Err(e) => log(LogEvent::StatusRead.line(json!({
