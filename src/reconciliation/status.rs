@@ -777,4 +777,174 @@ mod tests {
             Err(StatusError::Malformed(_))
         ));
     }
+
+    mod skimmed_like_whole {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Names the readers look for, and some they do not.
+        const NAMES: &[&str] = &[
+            "done",
+            "error",
+            "metadata",
+            "state",
+            "updateTime",
+            "batchStats",
+            "output",
+            "responsesFile",
+            "inlinedResponses",
+            "inlinedEmbedContentResponses",
+            "response",
+            "generateVideoResponse",
+            "generatedSamples",
+            "video",
+            "uri",
+            "raiMediaFilteredCount",
+            "raiMediaFilteredReasons",
+            "status",
+            "errors",
+            "updated",
+            "code",
+            "message",
+            "details",
+            "inputConfig",
+            "outputs",
+            "x",
+        ];
+        const STRINGS: &[&str] = &[
+            "BATCH_STATE_SUCCEEDED",
+            "JOB_STATE_RUNNING",
+            "completed",
+            "failed",
+            "files/a",
+            "gs://b/o",
+            "2026-01-22T12:00:00Z",
+            "",
+            "é😀\"",
+        ];
+
+        fn arb_tree() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                (-3i64..20).prop_map(|n| json!(n)),
+                prop::sample::select(STRINGS).prop_map(|s| json!(s)),
+            ];
+            leaf.prop_recursive(6, 64, 5, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    object(inner, 5),
+                ]
+            })
+        }
+
+        fn object(
+            values: impl Strategy<Value = Value>,
+            most: usize,
+        ) -> impl Strategy<Value = Value> {
+            prop::collection::vec((prop::sample::select(NAMES), values), 0..most).prop_map(|m| {
+                Value::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+            })
+        }
+
+        /// An answer shaped like the API's, members optional, with random trees inside.
+        fn arb_answer() -> impl Strategy<Value = Value> {
+            let string = || prop::sample::select(STRINGS).prop_map(|s| json!(s));
+            let output = (
+                prop::option::of(string()),
+                prop::option::of(arb_tree()),
+                prop::option::of(arb_tree()),
+            )
+                .prop_map(|(file, inline, embed)| {
+                    let mut o = Map::new();
+                    o.extend(file.map(|f| ("responsesFile".to_string(), f)));
+                    o.extend(inline.map(|i| {
+                        (
+                            "inlinedResponses".to_string(),
+                            json!({"inlinedResponses": i}),
+                        )
+                    }));
+                    o.extend(embed.map(|e| {
+                        (
+                            "inlinedEmbedContentResponses".to_string(),
+                            json!({"inlinedResponses": e}),
+                        )
+                    }));
+                    Value::Object(o)
+                })
+                .boxed();
+            let metadata = (
+                prop::option::of(string()),
+                prop::option::of(string()),
+                prop::option::of(arb_tree()),
+                prop::option::of(output.clone()),
+            )
+                .prop_map(|(state, time, stats, output)| {
+                    let mut m = Map::new();
+                    m.extend(state.map(|v| ("state".to_string(), v)));
+                    m.extend(time.map(|v| ("updateTime".to_string(), v)));
+                    m.extend(stats.map(|v| ("batchStats".to_string(), v)));
+                    m.extend(output.map(|v| ("output".to_string(), v)));
+                    Value::Object(m)
+                });
+            let samples = prop::collection::vec(
+                prop_oneof![
+                    string().prop_map(|u| json!({"video": {"uri": u, "videoBytes": "AAAA"}})),
+                    arb_tree()
+                ],
+                0..4,
+            );
+            let response = prop_oneof![
+                output,
+                (samples, prop::option::of(arb_tree())).prop_map(|(s, n)| json!({"generateVideoResponse": {"generatedSamples": s, "raiMediaFilteredCount": n}})),
+                arb_tree(),
+            ];
+            let error = prop_oneof![
+                (0i64..16, string(), arb_tree())
+                    .prop_map(|(c, m, d)| json!({"code": c, "message": m, "details": d})),
+                arb_tree(),
+            ];
+            (
+                prop::option::of(any::<bool>()),
+                prop::option::of(error),
+                prop::option::of(metadata),
+                prop::option::of(response),
+                prop::option::of(string()),
+                prop::option::of(prop::collection::vec(arb_tree(), 0..3)),
+                prop::option::of(string()),
+                object(arb_tree(), 3),
+            )
+                .prop_map(
+                    |(done, error, metadata, response, status, errors, updated, extra)| {
+                        let mut a = match extra {
+                            Value::Object(m) => m,
+                            _ => Map::new(),
+                        };
+                        a.extend(done.map(|v| ("done".to_string(), json!(v))));
+                        a.extend(error.map(|v| ("error".to_string(), v)));
+                        a.extend(metadata.map(|v| ("metadata".to_string(), v)));
+                        a.extend(response.map(|v| ("response".to_string(), v)));
+                        a.extend(status.map(|v| ("status".to_string(), v)));
+                        a.extend(errors.map(|v| ("errors".to_string(), Value::Array(v))));
+                        a.extend(updated.map(|v| ("updated".to_string(), v)));
+                        Value::Object(a)
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            #[test]
+            fn every_reader_reads_any_skimmed_answer_like_the_whole_one(answer in arb_answer()) {
+                let body = answer.to_string();
+                let skimmed = crate::skim::skim(READ, body.as_bytes());
+                for collection in [Batches, Operations, Interactions] {
+                    prop_assert_eq!(
+                        interpret_skimmed(collection, 200, None, Some(&skimmed)),
+                        interpret(collection, 200, None, &body)
+                    );
+                }
+            }
+        }
+    }
 }
