@@ -594,7 +594,16 @@ pub fn confirmed(
             )
         }
         ConfirmAnswer::NoApiKey => {
-            op.confirmation_failed(now, wait);
+            // Not a try (nothing was asked), so no try count grows its backoff: the wait is
+            // the time waited so far, which doubles the total at each wake, within the limits.
+            let waited = op
+                .confirmation
+                .as_ref()
+                .map_or(0, |c| now - c.requested_at_ms);
+            let wait = waited
+                .min(limits.retry_max_secs.saturating_mul(1_000))
+                .max(limits.retry_base_secs.saturating_mul(1_000));
+            op.confirmation_waits(now, wait);
             Step::new(Some(op), GateReply::NotFound).durable().log(
                 LogEvent::ConfirmWaiting,
                 json!({"key": key, "error": "GEMINI_API_KEY is not set", "retry_in_ms": wait}),
@@ -1556,5 +1565,28 @@ mod tests {
         }
         assert!(op.confirmation.is_none());
         assert_eq!(op.status, Status::Pending, "nothing applied");
+    }
+
+    #[test]
+    fn without_an_api_key_a_confirmation_waits_however_long() {
+        let mut op = nudged();
+        for i in 0..3 * MAX_CONFIRM_ATTEMPTS {
+            op = confirmed(op, ConfirmAnswer::NoApiKey, 20 + i64::from(i), &LIMITS, 1.0)
+                .record
+                .unwrap();
+        }
+        assert!(op.confirmation.is_some(), "kept until the key is set");
+        let due_after = |now: i64| {
+            let op = confirmed(op.clone(), ConfirmAnswer::NoApiKey, now, &LIMITS, 1.0).record;
+            let c = op.unwrap().confirmation.unwrap();
+            (c.due_ms - now, now - c.requested_at_ms)
+        };
+        let (wait, waited) = due_after(5_000);
+        assert_eq!(wait, waited, "waits as long again");
+        assert_eq!(due_after(500_000).0, 8_000, "within the backoff cap");
+        let op = confirmed(op, observed(Status::Succeeded), 100, &LIMITS, 1.0)
+            .record
+            .unwrap();
+        assert_eq!(op.status, Status::Succeeded);
     }
 }

@@ -782,6 +782,15 @@ impl Operation {
         }
     }
 
+    /// No status API to ask (`GEMINI_API_KEY` is not set): the confirmation waits, backing
+    /// off, until it is; no question was asked, so this is not one of its tries.
+    pub fn confirmation_waits(&mut self, now_ms: i64, retry_in_ms: i64) {
+        if let Some(c) = &mut self.confirmation {
+            c.due_ms = now_ms + retry_in_ms;
+            self.version += 1;
+        }
+    }
+
     /// A status-API answer could not be used (`reason`: too large, not JSON): kept for the
     /// operator and alerted once (the alert says why). False when nothing changed.
     pub fn status_unusable(&mut self, reason: &str, age_seconds: i64, now_ms: i64) -> bool {
