@@ -94,8 +94,9 @@ pub struct Confirmation {
     pub delivery_id: Option<String>,
 }
 
-/// A status-API answer that says "not finished" is asked again this many times, then left to
-/// the cron (which polls every operation that is not terminal).
+/// Status-API questions a confirmation asks at most, whether the answers say "not finished"
+/// or cannot be used; then it is left to the cron (which polls every operation that is not
+/// terminal) and its alerts.
 pub const MAX_CONFIRM_ATTEMPTS: u32 = 5;
 
 /// An alert raised and not yet accepted by the sink: kept in the record, so an object that
