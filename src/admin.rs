@@ -76,6 +76,55 @@ pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError
     Ok(Registration { key, kind })
 }
 
+/// Longest kept `reason` of an operator's action.
+pub const MAX_REASON_CHARS: usize = 500;
+
+/// A valid `POST /v1/operations/{name}/settle`: a terminal status and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settle {
+    pub status: Status,
+    pub reason: String,
+}
+
+/// Why a settle body was refused (answered 400 with this text).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SettleError {
+    #[error(
+        "body must be {{\"status\": \"succeeded|failed|cancelled|expired\", \"reason\": \"...\"}}"
+    )]
+    BadBody,
+    #[error("status must be one of succeeded, failed, cancelled, expired")]
+    NotTerminal,
+    #[error("reason is missing or empty")]
+    MissingReason,
+}
+
+/// Parses `{"status": "succeeded", "reason": "checked in AI Studio"}`: a terminal status
+/// and a non-empty reason (kept to its first 500 characters).
+pub fn parse_settle(body: &[u8]) -> Result<Settle, SettleError> {
+    #[derive(Deserialize)]
+    struct Body {
+        status: Option<String>,
+        reason: Option<String>,
+    }
+    let parsed: Body = serde_json::from_slice(body).map_err(|_| SettleError::BadBody)?;
+    let status = Status::parse(parsed.status.as_deref().unwrap_or("").trim());
+    if !status.is_terminal() {
+        return Err(SettleError::NotTerminal);
+    }
+    let reason: String = parsed
+        .reason
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .take(MAX_REASON_CHARS)
+        .collect();
+    if reason.is_empty() {
+        return Err(SettleError::MissingReason);
+    }
+    Ok(Settle { status, reason })
+}
+
 /// Default and largest page of `GET /v1/operations`.
 pub const DEFAULT_LIST_LIMIT: usize = 50;
 pub const MAX_LIST_LIMIT: usize = 500;
@@ -250,6 +299,35 @@ impl ListQuery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settle_needs_a_terminal_status_and_a_reason() {
+        let ok = parse_settle(br#"{"status":"succeeded","reason":" checked by hand "}"#).unwrap();
+        assert_eq!(ok.status, Status::Succeeded);
+        assert_eq!(ok.reason, "checked by hand");
+        for s in ["failed", "cancelled", "expired"] {
+            let body = format!(r#"{{"status":"{s}","reason":"r"}}"#);
+            assert!(parse_settle(body.as_bytes()).is_ok(), "{s}");
+        }
+        for s in ["running", "pending", "requires_action", "done", ""] {
+            let body = format!(r#"{{"status":"{s}","reason":"r"}}"#);
+            assert_eq!(
+                parse_settle(body.as_bytes()),
+                Err(SettleError::NotTerminal),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            parse_settle(br#"{"status":"failed"}"#),
+            Err(SettleError::MissingReason)
+        );
+        assert_eq!(parse_settle(b"nope"), Err(SettleError::BadBody));
+        let long = format!(r#"{{"status":"failed","reason":"{}"}}"#, "x".repeat(900));
+        assert_eq!(
+            parse_settle(long.as_bytes()).unwrap().reason.len(),
+            MAX_REASON_CHARS
+        );
+    }
 
     #[test]
     fn bearer_token_must_match_exactly() {

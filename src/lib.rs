@@ -37,6 +37,7 @@ pub mod operation {
 pub mod reconciliation {
     pub mod ledger;
     pub mod reconcile;
+    pub mod skim;
     pub mod status;
 }
 
@@ -53,7 +54,7 @@ pub mod usage;
 // The short paths every module uses (`crate::signature`, `crate::gate`, ...).
 pub use inbound::{envelope, jwt, key, signature, stranger};
 pub use operation::{alert, effect, gate, gate_protocol, lifecycle};
-pub use reconciliation::{ledger, reconcile, status};
+pub use reconciliation::{ledger, reconcile, skim, status};
 
 #[cfg(target_arch = "wasm32")]
 pub mod edge;

@@ -59,6 +59,8 @@ log_events! {
     StatusTransient => "status_transient",
     StatusUnanswered => "status_unanswered",
     StatusUnusable => "status_unusable",
+    /// A large status answer read (bytes read and kept), or one the skimmer refused.
+    StatusRead => "status_read",
     SettledByReconcile => "settled_by_reconcile",
     /// Side effects.
     EffectDelivered => "effect_delivered",
@@ -70,6 +72,7 @@ log_events! {
     RetryNow => "retry_now",
     Redeliver => "redeliver",
     ForgottenByOperator => "forgotten_by_operator",
+    SettledByOperator => "settled_by_operator",
     /// Alerts.
     Alert => "alert",
     AlertFailed => "alert_failed",

@@ -2,7 +2,7 @@
 // playwright-core; no browser download), against the built worker in workerd with a real
 // destination and a real stand-in for Gemini's API: it signs in, lists operations with
 // filters, searches, opens one and reads its timeline, runs retry now (and reads a 409),
-// redelivers with a reason, forgets, draws the trend from the shards' hourly buckets, and
+// redelivers with a reason, forgets, settles by hand, draws the trend from the shards' hourly buckets, and
 // shows health and configuration. Every view is screenshotted and the PNG decoded; with
 // DASHBOARD_SCREENSHOTS=<dir> the three views are also written there (docs/ holds them).
 import { describe, it, before, after } from "node:test";
@@ -346,5 +346,26 @@ describe("dashboard", () => {
     assert.ok(!text.includes(ADMIN_TOKEN) && !text.includes("test-gemini-key-not-shown"), "no secret on the page");
     assert.match(await page.locator("#drops").textContent(), /conflicting_terminal/);
     await shoot("dashboard-trend-health.png");
+  });
+
+  it("settles by hand an operation with no outcome, after a reason and a confirmation", async () => {
+    const key = "batches/inline-results-88";
+    await w.register(key, "inline");
+    await go("op/" + encodeURIComponent(key));
+    await page.selectOption("#settle-status", "failed");
+    await page.click("#act-settle");
+    await page.waitForFunction(() => /Give a reason/.test(document.getElementById("action-message")?.textContent));
+    await page.fill("#settle-reason", "checked in AI Studio");
+    await page.click("#act-settle");
+    assert.equal((await w.inspect(key)).body.status, "pending", "one click does not settle");
+    await page.click("#act-settle-confirm");
+    await page.waitForFunction(() => /Settled/.test(document.getElementById("action-message")?.textContent));
+    const op = (await w.inspect(key)).body;
+    assert.deepEqual([op.status, op.settled_by], ["failed", "operator"]);
+    await eventually(() => effectsFor(key).length === 1, { what: "the effect" });
+    assert.equal(JSON.parse(effectsFor(key)[0].body).provider.operator_reason, "checked in AI Studio");
+    await go("op/" + encodeURIComponent(key));
+    assert.match(await page.locator("#op-timeline").textContent(), /Applied: failed from operator.*checked in AI Studio/);
+    assert.equal(await page.locator("#act-settle").count(), 0, "settle does not fit an operation with an outcome");
   });
 });

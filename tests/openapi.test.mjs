@@ -347,6 +347,21 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     await call(w, "POST", route, url, { body: oversized(ADMIN_CAP), expect: 413 });
   });
 
+  it("POST /v1/operations/{name}/settle", async () => {
+    const route = "/v1/operations/{name}/settle";
+    await register("batches/oa-settle", "nightly-review", 201);
+    const url = "/v1/operations/batches/oa-settle/settle";
+    const body = { status: "failed", reason: "the status answer is unusable; checked by hand" };
+    const done = await call(w, "POST", route, url, { body, expect: 200 });
+    assert.deepEqual([done.body.settled_by, done.body.status], ["operator", "failed"]);
+    const refused = await call(w, "POST", route, url, { body, expect: 409 });
+    assert.match(refused.body.error, /already has an outcome/);
+    await call(w, "POST", route, "/v1/operations/batches/oa-never/settle", { body, expect: 404 });
+    await call(w, "POST", route, url, { body: { status: "running", reason: "r" }, expect: 400 });
+    await call(w, "POST", route, url, { token: false, body, expect: 401 });
+    await call(w, "POST", route, url, { body: oversized(ADMIN_CAP), expect: 413 });
+  });
+
   it("GET /v1/operations with the dashboard's filters: kind, parked, settled_by, forgotten, prefix, q", async () => {
     const list = async (query) => (await call(w, "GET", "/v1/operations", `/v1/operations?${query}&limit=500`, { expect: 200 })).body;
     const keys = (page) => page.operations.map((o) => o.key).sort();
@@ -433,6 +448,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       ["POST", "/v1/operations/{name}/redeliver", "/v1/operations/batches/x/redeliver", {}],
       ["POST", "/v1/operations/{name}/forget", "/v1/operations/batches/x/forget", {}],
       ["POST", "/v1/operations/{name}/repair", "/v1/operations/batches/x/repair", {}],
+      ["POST", "/v1/operations/{name}/settle", "/v1/operations/batches/x/settle", {}],
       ["GET", "/v1/stats", "/v1/stats", {}],
       ["GET", "/v1/config", "/v1/config", {}],
     ];

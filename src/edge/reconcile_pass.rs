@@ -45,11 +45,11 @@ use crate::reconcile::{
     Thresholds, MAX_INDEX_PAGES,
 };
 use crate::retry::Class;
-use crate::status::{find_webhook, interpret, status_url, webhook_alert, StatusError};
+use crate::status::{find_webhook, status_url, webhook_alert, StatusError};
 
 use super::lease_object::LEASE_NAME;
 use super::ledger_kv::KV_BINDING;
-use super::outbound::{post_alert, Answer};
+use super::outbound::{post_alert, Answer, SkimAnswer};
 use super::EdgeError;
 use super::{call_gate, log, now_ms, random_unit, status_api};
 
@@ -674,6 +674,13 @@ impl Pass<'_> {
             let page = match (&answer, answer.class()) {
                 (Answer::Http { excerpt, .. }, Class::Success) => find_webhook(excerpt, name),
                 (Answer::Http { status, .. }, Class::Refused) => Err(StatusError::Refused(*status)),
+                // Said in the log line, so an operator sees how long Gemini asked to wait.
+                (Answer::Http { retry_after, .. }, _) => Err(StatusError::Transient {
+                    retry_after_secs: retry_after
+                        .as_deref()
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0),
+                }),
                 _ => Err(StatusError::Transient {
                     retry_after_secs: 0,
                 }),
@@ -771,17 +778,14 @@ impl Pass<'_> {
         };
         let url = status_url(&self.config.gemini_api_base, collection, key, &meta.name);
         self.report.status_calls += 1;
-        let answer = self.gemini_get(&url).await;
+        self.spend(1);
+        let answer = status_api::read(self.config, key, &url).await;
         let interpreted = match &answer {
-            Answer::Http {
-                status,
-                excerpt,
-                retry_after,
-            } => {
+            SkimAnswer::Http { .. } => {
                 self.health.answered();
-                interpret(collection, *status, retry_after.as_deref(), excerpt)
+                status_api::interpret_answer(collection, &answer)
             }
-            Answer::Timeout | Answer::Network(_) => {
+            SkimAnswer::Timeout | SkimAnswer::Network(_) => {
                 // Only this entry's trouble, unless a run of them says the API's: the cursor
                 // moves past it and the next coverage of the ledger asks again.
                 self.report.errors += 1;
@@ -793,7 +797,7 @@ impl Pass<'_> {
                 log(json!({
                     "event": "status_unanswered",
                     "key": key,
-                    "answer": match &answer { Answer::Network(e) => json!(e), _ => json!("timeout") },
+                    "answer": match &answer { SkimAnswer::Network(e) => json!(e), _ => json!("timeout") },
                     "backoff_secs": backoff.map(|until| (until - now_ms()).div_euclid(1_000)),
                 }));
                 return true;
@@ -824,8 +828,26 @@ impl Pass<'_> {
                     .max(now + retry_after_secs * 1_000);
                 log(
                     json!({"event": "status_transient", "key": key, "retry_after_secs": retry_after_secs,
-                    "answer": match &answer { Answer::Http { status, .. } => json!(status), _ => Value::Null }}),
+                    "answer": match &answer { SkimAnswer::Http { status, .. } => json!(status), _ => Value::Null }}),
                 );
+                return true;
+            }
+            Err(StatusError::Malformed(reason)) => {
+                // The answer will not get better by asking again: alert once, with the reason,
+                // so a person can settle it (the gate keeps the mark; the ledger carries it).
+                self.report.errors += 1;
+                log(json!({"event": "status_unusable", "key": key, "error": reason}));
+                if !meta.alerts.contains(&AlertKind::StatusUnusable) {
+                    let command = GateCommand::StatusUnusable {
+                        reason,
+                        age_seconds: now.div_euclid(1_000) - meta.submitted_at,
+                    };
+                    if let Some(GateReply::AlertSent { sent: true }) =
+                        self.gate(key, &command).await
+                    {
+                        self.report.alerts += 1;
+                    }
+                }
                 return true;
             }
             Err(e) => {

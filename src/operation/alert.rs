@@ -24,6 +24,9 @@ pub enum AlertKind {
     /// The operation's stored record could not be read as it was: it was recovered, and the
     /// original kept for inspection.
     RecordUnreadable,
+    /// Gemini's status answer for the operation cannot be used (too large, not JSON): it
+    /// cannot settle by itself; an operator settles it by hand.
+    StatusUnusable,
 }
 
 impl AlertKind {
@@ -35,6 +38,7 @@ impl AlertKind {
             AlertKind::EffectFailing => "effect_failing",
             AlertKind::WebhookDisabled => "webhook_disabled",
             AlertKind::RecordUnreadable => "record_unreadable",
+            AlertKind::StatusUnusable => "status_unusable",
         }
     }
 }

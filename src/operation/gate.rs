@@ -312,6 +312,48 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             }
             None => Step::new(None, GateReply::NotFound),
         },
+        GateCommand::Settle { status, reason } => match record {
+            Some(mut op) => match op.settle_by_operator(Status::parse(&status), &reason, now) {
+                Ok(event) => {
+                    let key = op.key.clone();
+                    let (status, effect) = (op.status.clone(), effect_report(&op, now));
+                    let mut row = history_of_event(&event, Verdict::Apply);
+                    row["settled_by"] = json!(Source::Operator.as_str());
+                    row["reason"] = json!(reason);
+                    Step::new(
+                        Some(op),
+                        GateReply::Applied {
+                            status: status.clone(),
+                            effect,
+                        },
+                    )
+                    .durable()
+                    .row(row)
+                    .log(
+                        LogEvent::SettledByOperator,
+                        json!({"key": key, "status": status.as_str(), "reason": reason}),
+                    )
+                }
+                Err(refusal) => refused(op, refusal.as_str()),
+            },
+            None => Step::new(None, GateReply::NotFound),
+        },
+        GateCommand::StatusUnusable {
+            reason,
+            age_seconds,
+        } => match record {
+            Some(mut op) => {
+                let raised = !op.alerts.contains(&AlertKind::StatusUnusable);
+                if !op.status_unusable(&reason, age_seconds, now) {
+                    return Step::new(Some(op), GateReply::AlertSent { sent: false });
+                }
+                let raised = raised && op.alerts.contains(&AlertKind::StatusUnusable);
+                Step::new(Some(op), GateReply::AlertSent { sent: raised })
+                    .durable()
+                    .row(json!({"what": "status_unusable", "reason": reason}))
+            }
+            None => Step::new(None, GateReply::NotFound),
+        },
         // A repair has been done (or was not needed) by the object before this step.
         GateCommand::Inspect | GateCommand::Repair { .. } => match record {
             Some(op) => {
@@ -554,6 +596,20 @@ pub fn confirmed(
                     json!({"key": key, "path": "confirmation"}),
                 )
         }
+        ConfirmAnswer::Answer(Err(StatusError::Malformed(reason))) => {
+            // Asking again is bounded; the cron keeps polling and the alert asks a person.
+            op.confirmation_failed(now, wait);
+            let age = (now - op.submitted_at_ms).div_euclid(1_000);
+            op.status_unusable(&reason, age, now);
+            let still = op.confirmation.is_some();
+            Step::new(Some(op), GateReply::NotFound)
+                .durable()
+                .row(json!({"what": "status_unusable", "reason": reason}))
+                .log(
+                    LogEvent::StatusUnusable,
+                    json!({"key": key, "path": "confirmation", "error": reason, "still_confirming": still}),
+                )
+        }
         ConfirmAnswer::Answer(Err(e)) => {
             let wait = match e {
                 StatusError::Transient { retry_after_secs } => {
@@ -568,7 +624,16 @@ pub fn confirmed(
             )
         }
         ConfirmAnswer::NoApiKey => {
-            op.confirmation_failed(now, wait);
+            // Not a try (nothing was asked), so no try count grows its backoff: the wait is
+            // the time waited so far, which doubles the total at each wake, within the limits.
+            let waited = op
+                .confirmation
+                .as_ref()
+                .map_or(0, |c| now - c.requested_at_ms);
+            let wait = waited
+                .min(limits.retry_max_secs.saturating_mul(1_000))
+                .max(limits.retry_base_secs.saturating_mul(1_000));
+            op.confirmation_waits(now, wait);
             Step::new(Some(op), GateReply::NotFound).durable().log(
                 LogEvent::ConfirmWaiting,
                 json!({"key": key, "error": "GEMINI_API_KEY is not set", "retry_in_ms": wait}),
@@ -1630,5 +1695,137 @@ mod tests {
             .all(|e| e.at_ms >= 2_000 + STATS_RETRY_MS));
         assert_eq!(op.projection_failures, 1);
         assert!(op.projection_due_ms() > 2_000);
+    }
+
+    fn settle(status: &str) -> GateCommand {
+        GateCommand::Settle {
+            status: status.into(),
+            reason: "checked in AI Studio".into(),
+        }
+    }
+
+    #[test]
+    fn an_operator_settles_an_open_operation_once_and_its_effect_is_owed() {
+        let s = step(Some(registered()), settle("succeeded"), 30);
+        assert_eq!(
+            s.reply,
+            GateReply::Applied {
+                status: Status::Succeeded,
+                effect: EffectReport::Scheduled
+            }
+        );
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(events(&s), ["settled_by_operator"]);
+        assert_eq!(s.history[0]["settled_by"], "operator");
+        assert_eq!(s.history[0]["reason"], "checked in AI Studio");
+        let op = s.record.unwrap();
+        assert_eq!(op.settled_by, Some(Source::Operator));
+        assert!(op.effect_owed());
+        assert_eq!(
+            crate::effect::effect_body(&op)["provider"]["operator_reason"],
+            "checked in AI Studio"
+        );
+        // Terminal absorbs: a second settle, or one on a settled operation, is refused.
+        let again = step(Some(op), settle("failed"), 31);
+        assert!(
+            matches!(&again.reply, GateReply::Refused { reason } if reason.contains("already has an outcome"))
+        );
+        assert_eq!(again.save, Save::Unchanged);
+        assert!(matches!(
+            step(None, settle("failed"), 1).reply,
+            GateReply::NotFound
+        ));
+    }
+
+    #[test]
+    fn settle_ends_a_waiting_confirmation() {
+        let s = step(Some(nudged()), settle("failed"), 30);
+        let op = s.record.unwrap();
+        assert_eq!(op.status, Status::Failed);
+        assert!(op.confirmation.is_none());
+    }
+
+    #[test]
+    fn an_unusable_status_answer_alerts_once_with_its_reason() {
+        let unusable = GateCommand::StatusUnusable {
+            reason: "answer is larger than 268435456 bytes".into(),
+            age_seconds: 600,
+        };
+        let s = step(Some(registered()), unusable.clone(), 30);
+        assert_eq!(s.reply, GateReply::AlertSent { sent: true });
+        assert_eq!(whats(&s), ["status_unusable"]);
+        let op = s.record.unwrap();
+        assert_eq!(op.pending_alerts[0].kind, AlertKind::StatusUnusable);
+        let body = op.alert_body(AlertKind::StatusUnusable, "alert_x", 600);
+        assert!(body["text"].as_str().unwrap().contains("larger than"));
+        assert!(body["text"].as_str().unwrap().contains("/settle"));
+        let again = step(Some(op), unusable, 40);
+        assert_eq!(again.reply, GateReply::AlertSent { sent: false });
+        assert_eq!(again.save, Save::Unchanged);
+    }
+
+    #[test]
+    fn a_malformed_confirmation_answer_alerts_and_asks_a_bounded_number_of_times() {
+        let malformed = || ConfirmAnswer::Answer(Err(StatusError::Malformed("not JSON".into())));
+        let s = confirmed(nudged(), malformed(), 20, &LIMITS, 1.0);
+        assert_eq!(events(&s), ["status_unusable"]);
+        let mut op = s.record.unwrap();
+        assert_eq!(op.pending_alerts.len(), 1);
+        assert_eq!(op.pending_alerts[0].kind, AlertKind::StatusUnusable);
+        for i in 1..MAX_CONFIRM_ATTEMPTS {
+            assert!(op.confirmation.is_some(), "try {i}");
+            op = confirmed(op, malformed(), 20 + i64::from(i), &LIMITS, 1.0)
+                .record
+                .unwrap();
+        }
+        assert!(
+            op.confirmation.is_none(),
+            "then left to the cron and the alert"
+        );
+        assert_eq!(op.pending_alerts.len(), 1, "alerted once");
+    }
+
+    #[test]
+    fn transient_confirmation_failures_stop_after_the_bound_too() {
+        let mut op = nudged();
+        for i in 0..MAX_CONFIRM_ATTEMPTS {
+            assert!(op.confirmation.is_some(), "try {i}");
+            op = confirmed(
+                op,
+                ConfirmAnswer::Answer(Err(StatusError::Transient {
+                    retry_after_secs: 0,
+                })),
+                20 + i64::from(i),
+                &LIMITS,
+                1.0,
+            )
+            .record
+            .unwrap();
+        }
+        assert!(op.confirmation.is_none());
+        assert_eq!(op.status, Status::Pending, "nothing applied");
+    }
+
+    #[test]
+    fn without_an_api_key_a_confirmation_waits_however_long() {
+        let mut op = nudged();
+        for i in 0..3 * MAX_CONFIRM_ATTEMPTS {
+            op = confirmed(op, ConfirmAnswer::NoApiKey, 20 + i64::from(i), &LIMITS, 1.0)
+                .record
+                .unwrap();
+        }
+        assert!(op.confirmation.is_some(), "kept until the key is set");
+        let due_after = |now: i64| {
+            let op = confirmed(op.clone(), ConfirmAnswer::NoApiKey, now, &LIMITS, 1.0).record;
+            let c = op.unwrap().confirmation.unwrap();
+            (c.due_ms - now, now - c.requested_at_ms)
+        };
+        let (wait, waited) = due_after(5_000);
+        assert_eq!(wait, waited, "waits as long again");
+        assert_eq!(due_after(500_000).0, 8_000, "within the backoff cap");
+        let op = confirmed(op, observed(Status::Succeeded), 100, &LIMITS, 1.0)
+            .record
+            .unwrap();
+        assert_eq!(op.status, Status::Succeeded);
     }
 }

@@ -68,6 +68,14 @@ pub enum GateCommand {
     RetryNow { reason: String },
     /// Stop tracking the operation (recorded, not erased).
     Forget { reason: String },
+    /// The operator gives the outcome of an operation whose status answer cannot be used:
+    /// a terminal `status` (`succeeded`, `failed`, `cancelled`, `expired`), applied as an
+    /// event settled by `operator`; its side effect runs like any other. Refused once the
+    /// operation has an outcome.
+    Settle { status: String, reason: String },
+    /// The status API's answer could not be used (`reason`): kept in the record and alerted
+    /// once per operation.
+    StatusUnusable { reason: String, age_seconds: i64 },
     /// The reconciliation audit found the `open:` index out of step with the ledger: project
     /// the record again, putting or deleting the index entry. Changes no state.
     Reindex,

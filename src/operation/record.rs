@@ -94,8 +94,9 @@ pub struct Confirmation {
     pub delivery_id: Option<String>,
 }
 
-/// A status-API answer that says "not finished" is asked again this many times, then left to
-/// the cron (which polls every operation that is not terminal).
+/// Status-API questions a confirmation asks at most, whether the answers say "not finished"
+/// or cannot be used; then it is left to the cron (which polls every operation that is not
+/// terminal) and its alerts.
 pub const MAX_CONFIRM_ATTEMPTS: u32 = 5;
 
 /// An alert raised and not yet accepted by the sink: kept in the record, so an object that
@@ -124,6 +125,8 @@ pub enum OperatorRefusal {
     InFlight,
     /// A new generation needs a done effect: one not done is retried under its own id.
     NotDone,
+    /// Settling by hand needs an operation with no outcome yet (terminal absorbs).
+    AlreadySettled,
 }
 
 impl OperatorRefusal {
@@ -141,6 +144,9 @@ impl OperatorRefusal {
             }
             OperatorRefusal::NotDone => {
                 "the side effect is not done; retry it now under the same webhook-id instead"
+            }
+            OperatorRefusal::AlreadySettled => {
+                "the operation already has an outcome; redeliver or retry its side effect instead"
             }
         }
     }
@@ -215,6 +221,10 @@ pub struct Operation {
     /// Alert kinds already raised (each once per operation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alerts: Vec<AlertKind>,
+    /// Why the last unusable status-API answer could not be used (too large, not JSON),
+    /// kept for the operator who settles the operation by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unusable_status: Option<String>,
     /// Set when an operator stopped tracking the operation: no more polling, alerts or
     /// side-effect attempts; the record stays for the retention period.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -279,6 +289,7 @@ impl Operation {
                 ..Effect::default()
             },
             alerts: Vec::new(),
+            unusable_status: None,
             forgotten: None,
             redeliveries: Vec::new(),
             pending_stats: Vec::new(),
@@ -616,6 +627,11 @@ impl Operation {
             AlertKind::RecordUnreadable => format!(
                 "{status}: its stored record could not be read; it was recovered and the original kept for inspection"
             ),
+            AlertKind::StatusUnusable => format!(
+                "still {status}: Gemini's status answer cannot be used ({}); settle it by hand (POST /v1/operations/{}/settle) once its outcome is known",
+                self.unusable_status.as_deref().unwrap_or("unknown reason"),
+                self.key
+            ),
         };
         crate::alert::body(
             kind,
@@ -799,13 +815,78 @@ impl Operation {
         verdict
     }
 
-    /// The status API could not answer (no key, 429, 5xx, timeout): ask again later.
+    /// The status API could not answer, or not usably (no key, 429, 5xx, timeout, an
+    /// unusable body): ask again later, at most [`MAX_CONFIRM_ATTEMPTS`] questions in all,
+    /// then leave the operation to the cron (which polls it) and its alerts.
     pub fn confirmation_failed(&mut self, now_ms: i64, retry_in_ms: i64) {
         if let Some(c) = &mut self.confirmation {
             c.attempts += 1;
             c.due_ms = now_ms + retry_in_ms;
+            if c.attempts >= MAX_CONFIRM_ATTEMPTS {
+                self.confirmation = None;
+            }
             self.version += 1;
         }
+    }
+
+    /// No status API to ask (`GEMINI_API_KEY` is not set): the confirmation waits, backing
+    /// off, until it is; no question was asked, so this is not one of its tries.
+    pub fn confirmation_waits(&mut self, now_ms: i64, retry_in_ms: i64) {
+        if let Some(c) = &mut self.confirmation {
+            c.due_ms = now_ms + retry_in_ms;
+            self.version += 1;
+        }
+    }
+
+    /// A status-API answer could not be used (`reason`: too large, not JSON): kept for the
+    /// operator and alerted once (the alert says why). False when nothing changed.
+    pub fn status_unusable(&mut self, reason: &str, age_seconds: i64, now_ms: i64) -> bool {
+        if self.status.is_terminal() || self.forgotten.is_some() || self.retired_at_ms.is_some() {
+            return false;
+        }
+        let reason: String = reason.chars().take(300).collect();
+        let changed = self.unusable_status.as_deref() != Some(reason.as_str());
+        self.unusable_status = Some(reason);
+        let raised = self.raise_alert(AlertKind::StatusUnusable, age_seconds, now_ms);
+        if changed && !raised {
+            self.version += 1;
+        }
+        changed || raised
+    }
+
+    /// An operator gives the outcome Gemini's status API could not: a terminal `status`, with
+    /// `reason` under `provider.operator_reason`, applied like any event (settled by
+    /// `operator`), so its side effect runs once like any other. Refused when the operation
+    /// has an outcome already (terminal absorbs), was forgotten, or is a tombstone.
+    pub fn settle_by_operator(
+        &mut self,
+        status: Status,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<OpEvent, OperatorRefusal> {
+        if self.retired_at_ms.is_some() {
+            return Err(OperatorRefusal::Retired);
+        }
+        if self.forgotten.is_some() {
+            return Err(OperatorRefusal::Forgotten);
+        }
+        if self.status.is_terminal() || !status.is_terminal() {
+            return Err(OperatorRefusal::AlreadySettled);
+        }
+        let mut provider = Map::new();
+        provider.insert("operator_reason".into(), Value::String(reason.to_string()));
+        let mut details = Map::new();
+        details.insert(crate::effect::PROVIDER.into(), Value::Object(provider));
+        let event = OpEvent {
+            status,
+            update_time_ms: self.update_time_ms,
+            source: Source::Operator,
+            details,
+            delivery_id: None,
+        };
+        self.apply(&event, now_ms);
+        self.confirmation = None;
+        Ok(event)
     }
 
     /// The status API does not know the operation (404): nothing to apply, nothing to ask.
@@ -915,6 +996,7 @@ impl Operation {
             "last_error": self.effect.last_error,
             "details": self.details,
             "alerts": self.alerts,
+            "unusable_status": self.unusable_status,
             "forgotten": self.forgotten.as_ref().map(|f| json!({"at": format_rfc3339(f.at_ms), "reason": f.reason})),
             "redeliveries": self.redeliveries.iter().map(|r| json!({"at": format_rfc3339(r.at_ms), "reason": r.reason})).collect::<Vec<_>>(),
             "confirming": self.confirmation.is_some(),

@@ -249,6 +249,7 @@ mod tests {
             AlertKind::Stuck,
             AlertKind::UnknownToGemini,
             AlertKind::EffectFailing,
+            AlertKind::StatusUnusable,
         ]
         .into_iter()
         .enumerate()

@@ -8,7 +8,10 @@
 //! enums (`JobState`, `InteractionStatus`), and `UNSPECIFIED` and unknown states map to
 //! [`Status::Unknown`] and are never applied (the cron logs them); a 404, a
 //! transient error (a timeout, 408, 409, 429, 5xx: [`crate::retry`]; `Retry-After` honoured) and a malformed answer are values,
-//! never panics, and none of them settles anything.
+//! never panics, and none of them settles anything. An answer read through the skimmer
+//! ([`crate::skim`], [`interpret_skimmed`]) reads like the whole document: a counted array
+//! gives the same count as the array, and a body the skimmer refused is malformed, with its
+//! reason.
 
 use serde_json::{json, Map, Value};
 
@@ -16,6 +19,7 @@ use crate::effect::Outcome;
 use crate::key::Collection;
 use crate::lifecycle::Status;
 use crate::retry::{class_of_status, Class};
+use crate::skim::{Rule, SkimError, Skimmed};
 use crate::timestamp::parse_rfc3339_ms;
 
 /// The `GET` URL for an operation: batches and interactions by key, video operations by
@@ -88,6 +92,50 @@ pub fn interpret(
     }
 }
 
+/// Every path of an answer this module reads, for the skimmer ([`crate::skim`]), whatever
+/// the collection: a body skimmed with these reads exactly like the whole body (a test
+/// holds every reader to it). Inline results are counted, never kept; everything else
+/// (an echo of the inline requests, an interaction's input and outputs) is dropped.
+pub const READ: &[Rule] = &[
+    Rule::Keep("done"),
+    Rule::Keep("error"),
+    Rule::Keep("metadata.state"),
+    Rule::Keep("metadata.updateTime"),
+    Rule::Keep("metadata.batchStats"),
+    Rule::Keep("metadata.output.responsesFile"),
+    Rule::Count("metadata.output.inlinedResponses.inlinedResponses"),
+    Rule::Count("metadata.output.inlinedEmbedContentResponses.inlinedResponses"),
+    Rule::Keep("response.responsesFile"),
+    Rule::Count("response.inlinedResponses.inlinedResponses"),
+    Rule::Count("response.inlinedEmbedContentResponses.inlinedResponses"),
+    Rule::Keep("response.generateVideoResponse.generatedSamples.*.video.uri"),
+    Rule::Keep("response.generateVideoResponse.raiMediaFilteredCount"),
+    Rule::Keep("response.generateVideoResponse.raiMediaFilteredReasons"),
+    Rule::Keep("status"),
+    Rule::Keep("errors"),
+    Rule::Keep("updated"),
+];
+
+/// Interprets an answer whose body was streamed through the skimmer ([`crate::skim`]) with
+/// [`READ`]:
+/// `body` is `None` when it was not read (not a 2xx). A body the skimmer refused (too large,
+/// not JSON) is unusable, with the skimmer's reason.
+pub fn interpret_skimmed(
+    collection: Collection,
+    http_status: u16,
+    retry_after: Option<&str>,
+    body: Option<&Result<Skimmed, SkimError>>,
+) -> Result<Observation, StatusError> {
+    if class_of_status(http_status) != Class::Success {
+        return interpret(collection, http_status, retry_after, "");
+    }
+    match body {
+        Some(Ok(skimmed)) => interpret(collection, http_status, retry_after, &skimmed.json),
+        Some(Err(e)) => Err(StatusError::Malformed(e.to_string())),
+        None => Err(StatusError::Malformed("body not read".into())),
+    }
+}
+
 fn time_at(value: &Value, pointer: &str) -> i64 {
     value
         .pointer(pointer)
@@ -108,11 +156,13 @@ fn done(value: &Value) -> bool {
     value.get("done").and_then(Value::as_bool).unwrap_or(false)
 }
 
+/// The length of the array at `pointer`, or the count the skimmer left in its place.
 fn count(value: &Value, pointer: &str) -> Option<usize> {
-    value
-        .pointer(pointer)
-        .and_then(Value::as_array)
+    let found = value.pointer(pointer)?;
+    found
+        .as_array()
         .map(Vec::len)
+        .or_else(|| found.as_u64().map(|n| n as usize))
 }
 
 /// A batch's state, as the wire (`BATCH_STATE_*`) or the SDKs (`JOB_STATE_*`, google-genai's
@@ -435,6 +485,109 @@ mod tests {
     }
 
     #[test]
+    fn a_skimmed_answer_of_twenty_megabytes_reads_like_a_small_one() {
+        let item = json!({"response": {"candidates": [{"content": {"parts": [{"text": "y".repeat(10_000)}]}}]}})
+            .to_string();
+        let body = |n: usize| {
+            let items = vec![item.as_str(); n].join(",");
+            format!(
+                r#"{{"name":"batches/b","done":true,"metadata":{{"state":"BATCH_STATE_SUCCEEDED","updateTime":"2026-01-22T12:00:00Z",
+                "batchStats":{{"requestCount":"{n}","successfulRequestCount":"{n}"}},"output":{{"inlinedResponses":{{"inlinedResponses":[{items}]}}}}}},
+                "response":{{"inlinedResponses":{{"inlinedResponses":[{items}]}}}}}}"#
+            )
+        };
+        let big = body(1_100);
+        assert!(big.len() > 20_000_000);
+        let skimmed = crate::skim::skim(READ, big.as_bytes());
+        let from_skim = interpret_skimmed(Batches, 200, None, Some(&skimmed)).unwrap();
+        assert_eq!(from_skim.status, Status::Succeeded);
+        assert_eq!(from_skim.details["provider"]["inlined_responses"], 1_100);
+        // The same details as the whole document parsed in memory.
+        assert_eq!(from_skim, ok(Batches, &big));
+        assert!(skimmed.unwrap().bytes_kept < 1_000);
+    }
+
+    #[test]
+    fn every_reader_reads_a_skimmed_answer_like_the_whole_one() {
+        let cases = [
+            (
+                Batches,
+                r#"{"name":"batches/b","done":true,"metadata":{"@type":"x","model":"m","state":"BATCH_STATE_SUCCEEDED",
+                "updateTime":"2026-01-22T12:00:00Z","createTime":"2026-01-22T11:00:00Z","displayName":"d",
+                "inputConfig":{"requests":{"requests":[{"request":{"contents":[{"parts":[{"text":"hi"}]}]},"metadata":{"key":"a"}}]}},
+                "batchStats":{"requestCount":"2","successfulRequestCount":"1","failedRequestCount":"1"},
+                "output":{"responsesFile":"files/out","inlinedResponses":{"inlinedResponses":[{"response":{}},{"error":{"code":3}}]}}},
+                "response":{"@type":"y","responsesFile":"files/out","inlinedResponses":{"inlinedResponses":[{},{}]}}}"#,
+            ),
+            (
+                Batches,
+                r#"{"done":true,"metadata":{"state":"BATCH_STATE_SUCCEEDED","output":{"inlinedEmbedContentResponses":
+                {"inlinedResponses":[{"response":{"embedding":{"values":[0.1,0.2]}}}]}}}}"#,
+            ),
+            (
+                Batches,
+                r#"{"done":true,"metadata":{"state":"BATCH_STATE_FAILED"},"error":{"code":13,"message":"internal",
+                "details":[{"@type":"t","reason":"R","metadata":{"k":"v"}}],"status":"INTERNAL"}}"#,
+            ),
+            (Batches, r#"{"done":true,"error":{"code":1}}"#),
+            (Batches, r#"{"done":true}"#),
+            (
+                Batches,
+                r#"{"metadata":{"state":"JOB_STATE_RUNNING"},"done":false}"#,
+            ),
+            (
+                Operations,
+                r#"{"name":"models/veo/operations/o","done":true,"metadata":{"updateTime":"2026-01-22T12:00:00Z"},
+                "response":{"@type":"x","generateVideoResponse":{"generatedSamples":[{"video":{"uri":"files/v1","videoBytes":"AAAA","mimeType":"video/mp4"}},
+                {"video":{"uri":"files/v2"}},{"other":1}],"raiMediaFilteredCount":1,"raiMediaFilteredReasons":["r"]}}}"#,
+            ),
+            (Operations, r#"{"done":true,"response":{}}"#),
+            (
+                Operations,
+                r#"{"done":true,"error":{"code":3,"message":"bad prompt"}}"#,
+            ),
+            (Operations, r#"{"done":false,"metadata":{}}"#),
+            (
+                Interactions,
+                r#"{"id":"i","status":"completed","updated":"2026-01-22T12:00:01Z","created":"2026-01-22T12:00:00Z",
+                "model":"m","input":[{"type":"image","data":"AAAA"}],"outputs":[{"type":"text","text":"hello"},{"type":"image","data":"BBBB"}],
+                "usage":{"total_tokens":5}}"#,
+            ),
+            (
+                Interactions,
+                r#"{"status":"failed","errors":[{"code":"X","message":"m"},{"code":"Y","message":"n"}]}"#,
+            ),
+            (Interactions, r#"{"status":"requires_action","outputs":[]}"#),
+        ];
+        for (collection, body) in cases {
+            let whole = interpret(collection, 200, None, body);
+            let skimmed = crate::skim::skim(READ, body.as_bytes());
+            assert_eq!(
+                interpret_skimmed(collection, 200, None, Some(&skimmed)),
+                whole,
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_body_is_unusable_with_its_reason_and_errors_need_no_body() {
+        let refused = Err(crate::skim::SkimError::KeptTooLarge);
+        match interpret_skimmed(Batches, 200, None, Some(&refused)) {
+            Err(StatusError::Malformed(reason)) => assert!(reason.contains("larger than")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            interpret_skimmed(Batches, 404, None, None),
+            Err(StatusError::NotFound)
+        );
+        assert!(matches!(
+            interpret_skimmed(Batches, 200, None, None),
+            Err(StatusError::Malformed(_))
+        ));
+    }
+
+    #[test]
     fn video_output_is_the_first_sample_and_all_are_listed() {
         let o = ok(
             Operations,
@@ -623,5 +776,175 @@ mod tests {
             interpret(Interactions, 200, None, r#"{"status":null}"#),
             Err(StatusError::Malformed(_))
         ));
+    }
+
+    mod skimmed_like_whole {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Names the readers look for, and some they do not.
+        const NAMES: &[&str] = &[
+            "done",
+            "error",
+            "metadata",
+            "state",
+            "updateTime",
+            "batchStats",
+            "output",
+            "responsesFile",
+            "inlinedResponses",
+            "inlinedEmbedContentResponses",
+            "response",
+            "generateVideoResponse",
+            "generatedSamples",
+            "video",
+            "uri",
+            "raiMediaFilteredCount",
+            "raiMediaFilteredReasons",
+            "status",
+            "errors",
+            "updated",
+            "code",
+            "message",
+            "details",
+            "inputConfig",
+            "outputs",
+            "x",
+        ];
+        const STRINGS: &[&str] = &[
+            "BATCH_STATE_SUCCEEDED",
+            "JOB_STATE_RUNNING",
+            "completed",
+            "failed",
+            "files/a",
+            "gs://b/o",
+            "2026-01-22T12:00:00Z",
+            "",
+            "é😀\"",
+        ];
+
+        fn arb_tree() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                (-3i64..20).prop_map(|n| json!(n)),
+                prop::sample::select(STRINGS).prop_map(|s| json!(s)),
+            ];
+            leaf.prop_recursive(6, 64, 5, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    object(inner, 5),
+                ]
+            })
+        }
+
+        fn object(
+            values: impl Strategy<Value = Value>,
+            most: usize,
+        ) -> impl Strategy<Value = Value> {
+            prop::collection::vec((prop::sample::select(NAMES), values), 0..most).prop_map(|m| {
+                Value::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+            })
+        }
+
+        /// An answer shaped like the API's, members optional, with random trees inside.
+        fn arb_answer() -> impl Strategy<Value = Value> {
+            let string = || prop::sample::select(STRINGS).prop_map(|s| json!(s));
+            let output = (
+                prop::option::of(string()),
+                prop::option::of(arb_tree()),
+                prop::option::of(arb_tree()),
+            )
+                .prop_map(|(file, inline, embed)| {
+                    let mut o = Map::new();
+                    o.extend(file.map(|f| ("responsesFile".to_string(), f)));
+                    o.extend(inline.map(|i| {
+                        (
+                            "inlinedResponses".to_string(),
+                            json!({"inlinedResponses": i}),
+                        )
+                    }));
+                    o.extend(embed.map(|e| {
+                        (
+                            "inlinedEmbedContentResponses".to_string(),
+                            json!({"inlinedResponses": e}),
+                        )
+                    }));
+                    Value::Object(o)
+                })
+                .boxed();
+            let metadata = (
+                prop::option::of(string()),
+                prop::option::of(string()),
+                prop::option::of(arb_tree()),
+                prop::option::of(output.clone()),
+            )
+                .prop_map(|(state, time, stats, output)| {
+                    let mut m = Map::new();
+                    m.extend(state.map(|v| ("state".to_string(), v)));
+                    m.extend(time.map(|v| ("updateTime".to_string(), v)));
+                    m.extend(stats.map(|v| ("batchStats".to_string(), v)));
+                    m.extend(output.map(|v| ("output".to_string(), v)));
+                    Value::Object(m)
+                });
+            let samples = prop::collection::vec(
+                prop_oneof![
+                    string().prop_map(|u| json!({"video": {"uri": u, "videoBytes": "AAAA"}})),
+                    arb_tree()
+                ],
+                0..4,
+            );
+            let response = prop_oneof![
+                output,
+                (samples, prop::option::of(arb_tree())).prop_map(|(s, n)| json!({"generateVideoResponse": {"generatedSamples": s, "raiMediaFilteredCount": n}})),
+                arb_tree(),
+            ];
+            let error = prop_oneof![
+                (0i64..16, string(), arb_tree())
+                    .prop_map(|(c, m, d)| json!({"code": c, "message": m, "details": d})),
+                arb_tree(),
+            ];
+            (
+                prop::option::of(any::<bool>()),
+                prop::option::of(error),
+                prop::option::of(metadata),
+                prop::option::of(response),
+                prop::option::of(string()),
+                prop::option::of(prop::collection::vec(arb_tree(), 0..3)),
+                prop::option::of(string()),
+                object(arb_tree(), 3),
+            )
+                .prop_map(
+                    |(done, error, metadata, response, status, errors, updated, extra)| {
+                        let mut a = match extra {
+                            Value::Object(m) => m,
+                            _ => Map::new(),
+                        };
+                        a.extend(done.map(|v| ("done".to_string(), json!(v))));
+                        a.extend(error.map(|v| ("error".to_string(), v)));
+                        a.extend(metadata.map(|v| ("metadata".to_string(), v)));
+                        a.extend(response.map(|v| ("response".to_string(), v)));
+                        a.extend(status.map(|v| ("status".to_string(), v)));
+                        a.extend(errors.map(|v| ("errors".to_string(), Value::Array(v))));
+                        a.extend(updated.map(|v| ("updated".to_string(), v)));
+                        Value::Object(a)
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            #[test]
+            fn every_reader_reads_any_skimmed_answer_like_the_whole_one(answer in arb_answer()) {
+                let body = answer.to_string();
+                let skimmed = crate::skim::skim(READ, body.as_bytes());
+                for collection in [Batches, Operations, Interactions] {
+                    prop_assert_eq!(
+                        interpret_skimmed(collection, 200, None, Some(&skimmed)),
+                        interpret(collection, 200, None, &body)
+                    );
+                }
+            }
+        }
     }
 }

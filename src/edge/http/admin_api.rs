@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use worker::{Env, Method, Request, Response};
 
-use crate::admin::{authorized, encode_cursor, parse_registration, ListQuery};
+use crate::admin::{authorized, encode_cursor, parse_registration, parse_settle, ListQuery};
 use crate::config::Config;
 use crate::gate_protocol::{GateCommand, GateReply};
 use crate::key::normalize;
@@ -74,6 +74,7 @@ pub async fn handle(
         (Method::Post, Some((name, "retry"))) => (name, Some("retry")),
         (Method::Post, Some((name, "forget"))) => (name, Some("forget")),
         (Method::Post, Some((name, "repair"))) => (name, Some("repair")),
+        (Method::Post, Some((name, "settle"))) => (name, Some("settle")),
         (Method::Get, _) => (rest, None),
         _ => return Err(EdgeError::MethodNotAllowed),
     };
@@ -83,6 +84,14 @@ pub async fn handle(
     let key = normalize(&name, None).map_err(|e| EdgeError::BadRequest(format!("name: {e}")))?;
     let command = match action {
         None => GateCommand::Inspect,
+        Some("settle") => {
+            let body = read_body(&mut req).await?;
+            let settle = parse_settle(&body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+            GateCommand::Settle {
+                status: settle.status.as_str().to_string(),
+                reason: settle.reason,
+            }
+        }
         Some(action) => {
             let reason = read_reason(&mut req).await?;
             match action {
@@ -123,6 +132,9 @@ pub async fn handle(
         GateReply::Forgotten { changed } => {
             ok_json(&json!({"key": key.key, "forgotten": true, "changed": changed}))
         }
+        GateReply::Applied { status, effect } => ok_json(
+            &json!({"key": key.key, "settled": true, "settled_by": "operator", "status": status, "effect": effect}),
+        ),
         GateReply::Refused { reason } => Err(EdgeError::Conflict(reason)),
         GateReply::NotFound => Err(EdgeError::NotFound),
         other => Err(EdgeError::Unavailable(format!(

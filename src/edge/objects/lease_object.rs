@@ -36,7 +36,7 @@ pub const LEASE_NAME: &str = "reconcile";
 /// The strangers' guard's name (an instance of the same class, so no new class to migrate).
 pub const GUARD_NAME: &str = "strangers";
 
-/// Serializes reconciliation passes (and, as [`GUARD_NAME`], guards against strangers).
+/// Serializes reconciliation passes (and, as `GUARD_NAME` ("strangers"), guards against strangers).
 #[durable_object]
 pub struct ReconcileLease {
     state: State,

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use futures_util::future::{select, Either};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use worker::wasm_bindgen::JsValue;
 use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestInit};
@@ -14,6 +15,7 @@ use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestIni
 use crate::config::Config;
 use crate::log_event::LogEvent;
 use crate::retry::{class_of_status, Class};
+use crate::skim::{Skim, SkimError, Skimmed};
 
 use super::log;
 
@@ -94,6 +96,88 @@ pub async fn send(
             controller.abort();
             Answer::Timeout
         }
+    }
+}
+
+/// How a GET whose body streams through the skimmer ended.
+pub enum SkimAnswer {
+    /// The peer answered. `body` is the skimmed body of a 2xx (`None` for any other status:
+    /// it is not read); `read_ms` is how long reading it took.
+    Http {
+        status: u16,
+        retry_after: Option<String>,
+        body: Option<Result<Skimmed, SkimError>>,
+        read_ms: i64,
+    },
+    /// A deadline passed first (the headers' or the body's); the request was aborted.
+    Timeout,
+    Network(String),
+}
+
+/// One GET whose headers must come within `head_timeout_ms` and whose 2xx body is then
+/// streamed, chunk by chunk, through a [`Skim`] within `body_timeout_ms` more. Memory: one
+/// chunk as the runtime hands it over, plus what the skimmer keeps (bounded by
+/// [`crate::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
+pub async fn get_skimmed(
+    url: &str,
+    headers: &[(&str, String)],
+    head_timeout_ms: i64,
+    body_timeout_ms: i64,
+) -> SkimAnswer {
+    let request = match build(Method::Get, url, headers, None) {
+        Ok(r) => r,
+        Err(e) => return SkimAnswer::Network(e.to_string()),
+    };
+    let controller = AbortController::default();
+    let signal = controller.signal();
+    let fetch = Fetch::Request(request);
+    let head = fetch.send_with_signal(&signal);
+    let deadline = Delay::from(Duration::from_millis(head_timeout_ms.max(1) as u64));
+    let mut response = match select(Box::pin(head), Box::pin(deadline)).await {
+        Either::Left((Ok(r), _)) => r,
+        Either::Left((Err(e), _)) => return SkimAnswer::Network(e.to_string()),
+        Either::Right(_) => {
+            controller.abort();
+            return SkimAnswer::Timeout;
+        }
+    };
+    let status = response.status_code();
+    let retry_after = response.headers().get("retry-after").ok().flatten();
+    if class_of_status(status) != Class::Success {
+        controller.abort();
+        return SkimAnswer::Http {
+            status,
+            retry_after,
+            body: None,
+            read_ms: 0,
+        };
+    }
+    let started = worker::Date::now().as_millis() as i64;
+    let read = async {
+        let mut skim = Skim::new(crate::status::READ);
+        // No body at all reads as an empty one (and is refused as such).
+        if let Ok(mut stream) = response.stream() {
+            while let Some(chunk) = stream.next().await {
+                if skim.feed(&chunk?).is_err() {
+                    break;
+                }
+            }
+        }
+        Ok::<_, worker::Error>(skim.finish())
+    };
+    let deadline = Delay::from(Duration::from_millis(body_timeout_ms.max(1) as u64));
+    let outcome = select(Box::pin(read), Box::pin(deadline)).await;
+    // Stops a refused body's download, or one the deadline cut; harmless after the end.
+    controller.abort();
+    match outcome {
+        Either::Left((Ok(body), _)) => SkimAnswer::Http {
+            status,
+            retry_after,
+            body: Some(body),
+            read_ms: worker::Date::now().as_millis() as i64 - started,
+        },
+        Either::Left((Err(e), _)) => SkimAnswer::Network(e.to_string()),
+        Either::Right(_) => SkimAnswer::Timeout,
     }
 }
 

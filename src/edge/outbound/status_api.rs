@@ -1,39 +1,106 @@
 //! Asking Gemini's status API about one operation, with the API key and a deadline.
 //!
-//! Guarantees: one bounded GET; every way it can end (an answer, a timeout, a network error)
-//! becomes the pure core's [`Observation`] or [`StatusError`], so the gate and the cron read
-//! an answer the same way; a timeout or network error is transient, like a 429.
+//! Guarantees: one bounded GET (headers within [`STATUS_TIMEOUT_MS`], a 2xx body within
+//! [`STATUS_BODY_TIMEOUT_MS`] more); the body is streamed through the skimmer
+//! ([`crate::skim`]), so an answer of any size Gemini sends is read with bounded memory (one
+//! chunk plus at most [`crate::skim::MAX_KEPT_BYTES`] kept) and a large one is logged with
+//! what it cost; every way it can end (an answer, a timeout, a network error) becomes the
+//! pure core's [`Observation`] or [`StatusError`], so the gate and the cron read an answer
+//! the same way; a timeout or network error is transient, like a 429.
 
+use serde_json::json;
 use worker::Method;
 
 use crate::config::Config;
 use crate::key::Collection;
-use crate::status::{interpret, status_url, Observation, StatusError};
+use crate::log_event::LogEvent;
+use crate::status::{interpret_skimmed, status_url, Observation, StatusError};
 
-use super::outbound::{send, Answer};
+use super::log;
+use super::outbound::{get_skimmed, send, Answer, SkimAnswer};
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
 /// room for a slow moment, while a hanging call costs a cron pass a twelfth of its default
 /// deadline (the pass moves on to the next entry) and a gate's alarm no more than that.
 pub const STATUS_TIMEOUT_MS: i64 = 5_000;
-/// Longest status answer read (a batch's metadata is a few KB; inlined results are not read).
+/// A 2xx status answer's body gets this long once its headers came. A batch with inline
+/// results answers with all of them (tens of MB): at the tens of MB a second a Worker reads
+/// and skims, 20 s covers a few hundred MB; the skimmer's byte cap comes first.
+pub const STATUS_BODY_TIMEOUT_MS: i64 = 20_000;
+/// Longest answer read by [`get`] (webhook listings: a few KB).
 const STATUS_MAX_CHARS: usize = 256 * 1024;
+/// An answer at least this large is logged (`status_read`) with the bytes read and kept.
+const LOG_READ_FROM_BYTES: u64 = 256 * 1024;
 
-/// One GET to Gemini's API (`url`), with the API key when one is configured.
-pub async fn get(config: &Config, url: &str) -> Answer {
+fn headers(config: &Config) -> Vec<(&'static str, String)> {
     let mut headers = vec![("accept", "application/json".to_string())];
     if let Some(api_key) = &config.gemini_api_key {
         headers.push(("x-goog-api-key", api_key.0.clone()));
     }
+    headers
+}
+
+/// One GET to Gemini's API (`url`), with the API key when one is configured, keeping the
+/// first 256 KiB of the body (for small answers such as the webhook listing).
+pub async fn get(config: &Config, url: &str) -> Answer {
     send(
         Method::Get,
         url,
-        &headers,
+        &headers(config),
         None,
         STATUS_TIMEOUT_MS,
         STATUS_MAX_CHARS,
     )
     .await
+}
+
+/// One status GET for the operation `key` at `url`, its body skimmed. A large body is
+/// logged with the bytes read and kept, the largest chunk and how long it took.
+pub async fn read(config: &Config, key: &str, url: &str) -> SkimAnswer {
+    let answer = get_skimmed(
+        url,
+        &headers(config),
+        STATUS_TIMEOUT_MS,
+        STATUS_BODY_TIMEOUT_MS,
+    )
+    .await;
+    if let SkimAnswer::Http {
+        body: Some(body),
+        read_ms,
+        ..
+    } = &answer
+    {
+        match body {
+            Ok(s) if s.bytes_read >= LOG_READ_FROM_BYTES => log(LogEvent::StatusRead.line(json!({
+                "key": key, "bytes_read": s.bytes_read, "bytes_kept": s.bytes_kept,
+                "max_chunk": s.max_chunk, "arrays_counted": s.counted, "values_dropped": s.dropped,
+                "strings_cut": s.truncated, "read_ms": read_ms,
+            }))),
+            Err(e) => log(LogEvent::StatusRead.line(json!({
+                "key": key, "refused": e.to_string(), "read_ms": read_ms,
+            }))),
+            Ok(_) => {}
+        }
+    }
+    answer
+}
+
+/// What a [`read`] means for an operation of `collection`.
+pub fn interpret_answer(
+    collection: Collection,
+    answer: &SkimAnswer,
+) -> Result<Observation, StatusError> {
+    match answer {
+        SkimAnswer::Http {
+            status,
+            retry_after,
+            body,
+            ..
+        } => interpret_skimmed(collection, *status, retry_after.as_deref(), body.as_ref()),
+        SkimAnswer::Timeout | SkimAnswer::Network(_) => Err(StatusError::Transient {
+            retry_after_secs: 0,
+        }),
+    }
 }
 
 /// Asks about the operation `key` (full name `name`) of `collection`.
@@ -44,14 +111,5 @@ pub async fn ask(
     name: &str,
 ) -> Result<Observation, StatusError> {
     let url = status_url(&config.gemini_api_base, collection, key, name);
-    match get(config, &url).await {
-        Answer::Http {
-            status,
-            excerpt,
-            retry_after,
-        } => interpret(collection, status, retry_after.as_deref(), &excerpt),
-        Answer::Timeout | Answer::Network(_) => Err(StatusError::Transient {
-            retry_after_secs: 0,
-        }),
-    }
+    interpret_answer(collection, &read(config, key, &url).await)
 }
