@@ -113,6 +113,19 @@ describe("nudges for names Gemini does not know", () => {
     assert.equal(op.settled_by, "webhook");
   });
 
+  it("a name Gemini knows but has not finished waits in its record, whose alarm asks again", async () => {
+    const key = "batches/genuine-running";
+    states.set(`/v1beta/${key}`, "RUNNING");
+    const r = await nudge(w, key);
+    assert.equal(r.status, 200);
+    assert.equal(r.body.outcome, "confirming");
+    const op = (await w.inspect(key)).body;
+    assert.equal(op.status, "pending");
+    assert.equal(op.confirming, true);
+    // The edge asked once; the gate's alarm asks again (and keeps asking with backoff).
+    await eventually(() => statusCalls(key).length >= 2, { what: "the gate's own confirmation" });
+  });
+
   it("a name Gemini cannot be asked about now is answered 503, so Gemini retries; nothing is stored", async () => {
     states.set("/v1beta/batches/api-down", 503);
     const r = await nudge(w, "batches/api-down");

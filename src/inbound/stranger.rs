@@ -9,7 +9,8 @@
 //! a worker-wide [`Guard`]: past `per_minute` such names in a minute, further unregistered
 //! nudges are refused (503, `Retry-After`) without a status call until the minute ends, and
 //! crossing `threshold` within an alert window raises one aggregated alert for that window.
-//! A name Gemini knows is delivered as an event carrying what the status API said; an answer
+//! A name Gemini knows with an outcome is delivered as an event carrying what the status API
+//! said; one not finished yet is recorded as a nudge its gate confirms later; an answer
 //! that proves nothing yet is a 503, so Gemini retries a genuine completion. Time is a
 //! parameter.
 
@@ -29,8 +30,10 @@ pub enum Next {
     /// Gemini knows it: hand the gate this event (the state the status API gave, with the
     /// nudge's metadata), as a delivery from the webhook path.
     Deliver(OpEvent),
-    /// Gemini knows it, in a state this worker cannot read: the gate records the nudge and
-    /// its alarm asks again.
+    /// Gemini knows it, not finished yet (or in a state this worker cannot read): the gate
+    /// records the nudge, with its metadata, and its alarm asks again. Only an outcome is
+    /// delivered at once: a record keeps details only from a terminal state, so delivering a
+    /// `running` answer would drop the nudge's metadata and leave nothing to ask again.
     Confirm,
     /// Gemini does not know it (404): answer 2xx, store nothing, count it for the guard.
     Unknown,
@@ -48,7 +51,7 @@ pub fn next_step(
 ) -> Next {
     match answer {
         None => Next::RetryLater(DEFAULT_RETRY_AFTER_SECS),
-        Some(Ok(observation)) if matches!(observation.status, Status::Unknown(_)) => Next::Confirm,
+        Some(Ok(observation)) if !observation.status.is_terminal() => Next::Confirm,
         Some(Ok(observation)) => {
             let mut details = observation.details;
             for (k, v) in metadata {
@@ -229,6 +232,10 @@ mod tests {
             next_step(observed(Status::Unknown("X".into())), &meta, "j"),
             Next::Confirm
         );
+        // Not finished: the nudge (and its metadata) waits in the record for the outcome.
+        for status in [Status::Pending, Status::Running, Status::RequiresAction] {
+            assert_eq!(next_step(observed(status), &meta, "j"), Next::Confirm);
+        }
         assert_eq!(
             next_step(Some(Err(StatusError::NotFound)), &meta, "j"),
             Next::Unknown

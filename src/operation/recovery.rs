@@ -163,12 +163,30 @@ fn salvage(v: &Value) -> Option<Operation> {
     let e = &v["effect"];
     op.effect.done = e["done"].as_bool().unwrap_or(false);
     op.effect.done_at_ms = int(&e["done_at_ms"]);
-    op.effect.generation = e["generation"].as_u64().unwrap_or(1).max(1) as u32;
+    // Saturating, not wrapping: a wrapped generation could reuse a `webhook-id`.
+    let small =
+        |v: &Value, default: u64| u32::try_from(v.as_u64().unwrap_or(default)).unwrap_or(u32::MAX);
+    op.effect.generation = small(&e["generation"], 1).max(1);
     op.effect.fence = e["fence"].as_u64().unwrap_or(0);
-    op.effect.attempts = e["attempts"].as_u64().unwrap_or(0) as u32;
+    op.effect.attempts = small(&e["attempts"], 0);
     op.effect.last_error = e["last_error"].as_str().map(str::to_string);
     op.effect.parked = serde_json::from_value::<Parked>(e["parked"].clone()).ok();
-    op.alerts = serde_json::from_value(v["alerts"].clone()).unwrap_or_default();
+    // Alerts are sent at least once: one queued but not yet accepted by the sink must still go.
+    // When the queue cannot be read, forget which kinds were raised, so each can be raised
+    // again (a repeat alert, never a lost one).
+    let pending = match &v["pending_alerts"] {
+        Value::Null => Ok(Vec::new()), // not stored when empty
+        queued => serde_json::from_value(queued.clone()),
+    };
+    match pending {
+        Ok(pending) => {
+            op.pending_alerts = pending;
+            op.alerts = serde_json::from_value(v["alerts"].clone()).unwrap_or_default();
+        }
+        Err(_) => op.alerts.clear(),
+    }
+    // A nudge waiting for its confirmation keeps its metadata and is asked about again.
+    op.confirmation = serde_json::from_value(v["confirmation"].clone()).ok();
     op.forgotten = serde_json::from_value::<OperatorNote>(v["forgotten"].clone()).ok();
     op.retired_at_ms = int(&v["retired_at_ms"]);
     // The ledger may hold an `open:` entry: the next projection puts or deletes it.
@@ -237,6 +255,7 @@ pub fn unrecoverable(error: &str, raw: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alert::AlertKind;
     use crate::lifecycle::Source;
     use crate::operation::{AttemptOutcome, OpEvent};
 
@@ -327,6 +346,33 @@ mod tests {
             .answer
             .contains("may already have run"));
         assert!(back.version > op.version);
+    }
+
+    #[test]
+    fn a_salvaged_record_still_sends_its_queued_alerts() {
+        let mut op = Operation::register("batches/q", "batches/q", None, 1_000);
+        assert!(op.raise_alert(AlertKind::Stuck, 60, 2_000));
+        assert_eq!(op.pending_alerts.len(), 1);
+        let mut v = serde_json::to_value(&op).unwrap();
+        v["effect"]["attempts"] = json!("three");
+        let (back, how) = recover(&v.to_string()).unwrap();
+        assert_eq!(how, Recovery::Salvaged);
+        assert_eq!(
+            back.pending_alerts, op.pending_alerts,
+            "still owed to the sink"
+        );
+        assert_eq!(back.alerts, op.alerts);
+        // A queue that does not read: the kinds are forgotten, so each can be raised again.
+        v["pending_alerts"] = json!("garbled");
+        let (back, _) = recover(&v.to_string()).unwrap();
+        assert!(back.alerts.is_empty() && back.pending_alerts.is_empty());
+        // Nothing queued (not stored when empty): the raised kinds stay raised.
+        let mut sent = op.clone();
+        sent.pending_alerts.clear();
+        let mut v = serde_json::to_value(&sent).unwrap();
+        v["effect"]["attempts"] = json!("three");
+        let (back, _) = recover(&v.to_string()).unwrap();
+        assert_eq!(back.alerts, vec![AlertKind::Stuck]);
     }
 
     #[test]
