@@ -239,7 +239,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("DYNAMIC_WEBHOOKS", Flag, Bool(true), "false: every JWT-signed delivery is answered 401"),
         V::plain("GEMINI_JWKS_URL", PublicUrl, Text(DEFAULT_GEMINI_JWKS_URL), "key set for dynamic webhooks' RS256 tokens"),
         V::plain("GEMINI_JWT_AUDIENCE", FreeText, Nothing, "when set, a dynamic webhook's token must carry it in aud"),
-        V::plain("STRANGER_NUDGES_PER_MINUTE", Whole { min: 0, max: 100_000 }, Number(DEFAULT_STRANGER_NUDGES_PER_MINUTE), "unregistered nudges Gemini does not know, per minute worker-wide, before the rest of the minute's are answered 503 unasked"),
+        V::plain("STRANGER_NUDGES_PER_MINUTE", Whole { min: 1, max: 100_000 }, Number(DEFAULT_STRANGER_NUDGES_PER_MINUTE), "unregistered nudges Gemini does not know, per minute worker-wide, before the rest of the minute's are answered 503 unasked"),
         V::plain("STRANGER_ALERT_THRESHOLD", Whole { min: 1, max: 1_000_000 }, Number(DEFAULT_STRANGER_ALERT_THRESHOLD), "unregistered nudges Gemini does not know, within the window, that raise one aggregated alert"),
         V::plain("STRANGER_ALERT_WINDOW_SECONDS", Whole { min: 60, max: 7 * DAY_SECS }, Number(DEFAULT_STRANGER_ALERT_WINDOW_SECS), "at most one alert about such nudges per window"),
         V::plain("UNREGISTERED_HOLD_SECONDS", Whole { min: 0, max: 3_600 }, Number(DEFAULT_UNREGISTERED_HOLD_SECS), "with EFFECT_ROUTES set, an unregistered operation's first side-effect attempt waits this long for a late registration's kind"),
@@ -583,6 +583,9 @@ impl Config {
         }
         if self.require_registration && self.gemini_api_key.is_none() {
             warnings.push("REQUIRE_REGISTRATION is true but GEMINI_API_KEY is not set: a completion that arrives before its registration is ignored, and nothing can ask Gemini about it afterwards (set GEMINI_API_KEY so the cron finds it once registered)".to_string());
+        }
+        if self.dynamic_webhooks && self.gemini_api_key.is_none() {
+            warnings.push("DYNAMIC_WEBHOOKS is true but GEMINI_API_KEY is not set: a dynamic-webhook delivery is only a nudge the status API must confirm, so nudges for registered operations wait and those for unregistered ones are answered 503 (Gemini retries them for 24 hours) until the key is set".to_string());
         }
         warnings
     }
@@ -1036,6 +1039,7 @@ mod tests {
     #[test]
     fn a_claim_that_cannot_outlast_an_attempt_is_refused() {
         let mut vars = base();
+        vars.insert("GEMINI_API_KEY", "AIzaKEY".into());
         vars.insert("EFFECT_TIMEOUT_MS", "5000".into());
         vars.insert("CLAIM_TTL_SECONDS", "5".into());
         let e = parse(&vars).unwrap_err();
@@ -1051,10 +1055,28 @@ mod tests {
         assert!(c.warnings()[0].contains("CLAIM_TTL_SECONDS"));
         vars.insert("CLAIM_TTL_SECONDS", "35".into());
         assert!(parse(&vars).unwrap().warnings().is_empty());
+        let mut keyed = base();
+        keyed.insert("GEMINI_API_KEY", "AIzaKEY".into());
         assert!(
-            parse(&base()).unwrap().warnings().is_empty(),
+            parse(&keyed).unwrap().warnings().is_empty(),
             "the defaults are safe"
         );
+    }
+
+    #[test]
+    fn dynamic_webhooks_without_an_api_key_are_warned_about() {
+        let warned = |c: &Config| {
+            c.warnings()
+                .iter()
+                .any(|w| w.starts_with("DYNAMIC_WEBHOOKS"))
+        };
+        let mut vars = base();
+        assert!(warned(&parse(&vars).unwrap()), "nudges cannot be confirmed");
+        vars.insert("DYNAMIC_WEBHOOKS", "false".into());
+        assert!(!warned(&parse(&vars).unwrap()));
+        vars.insert("DYNAMIC_WEBHOOKS", "true".into());
+        vars.insert("GEMINI_API_KEY", "AIzaKEY".into());
+        assert!(!warned(&parse(&vars).unwrap()));
     }
 
     #[test]

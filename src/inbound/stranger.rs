@@ -17,7 +17,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::lifecycle::{Source, Status};
+use crate::lifecycle::Source;
 use crate::operation::OpEvent;
 use crate::status::{Observation, StatusError, DEFAULT_RETRY_AFTER_SECS};
 
@@ -160,6 +160,7 @@ pub fn alert_body(guard: &Guard, limits: &GuardLimits) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lifecycle::Status;
 
     const LIMITS: GuardLimits = GuardLimits {
         per_minute: 3,

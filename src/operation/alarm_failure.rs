@@ -15,6 +15,48 @@ pub const ALARM_RETRY_FIRST_MS: i64 = 2_000;
 /// may wait. One failing run costs an invocation and one small storage write.
 pub const ALARM_RETRY_MAX_MS: i64 = 60_000;
 
+/// A streak this long (about six minutes of failing) alerts `alarm_failing`, and again each
+/// time it doubles (about 16 and 36 minutes, then every doubling), so a fault that nothing else
+/// can report (a record that cannot be read, a broken deploy) reaches a person, without an
+/// alert a minute.
+pub const ALERT_AFTER_FAILURES: u32 = 10;
+
+/// The `alarm_failing` alert for a streak, sent by the gate itself: `key` when its record can
+/// still be read (otherwise the object's id names it), with the error and how long it lasted.
+pub fn alert(
+    streak: &AlarmFailures,
+    key: Option<&str>,
+    object_id: &str,
+    now: i64,
+) -> serde_json::Value {
+    let subject = key.unwrap_or(object_id);
+    let age_seconds = (now.saturating_sub(streak.first_at_ms) / 1_000).max(0);
+    let id = crate::alert::alert_id(
+        subject,
+        crate::alert::AlertKind::AlarmFailing,
+        streak.failures,
+    );
+    crate::alert::body(
+        crate::alert::AlertKind::AlarmFailing,
+        Some(&id),
+        (key, subject, None),
+        age_seconds,
+        &format!(
+            "its gate's alarm has failed {} times in a row for {} (work resumes once this clears; a record that cannot be read needs POST /v1/operations/{{name}}/repair): {}",
+            streak.failures,
+            crate::alert::human_age(age_seconds),
+            streak.error
+        ),
+    )
+}
+
+/// Whether the streak's `failures`-th failure alerts.
+pub fn alerts_at(failures: u32) -> bool {
+    failures >= ALERT_AFTER_FAILURES
+        && failures.is_multiple_of(ALERT_AFTER_FAILURES)
+        && (failures / ALERT_AFTER_FAILURES).is_power_of_two()
+}
+
 /// A run of failed alarms, kept in the gate's storage between runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AlarmFailures {
@@ -54,6 +96,27 @@ pub fn failed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_streak_alerts_at_growing_intervals() {
+        let at: Vec<u32> = (1..=200).filter(|f| alerts_at(*f)).collect();
+        assert_eq!(at, [10, 20, 40, 80, 160]);
+    }
+
+    #[test]
+    fn the_alert_names_the_gate_and_says_why() {
+        let (streak, _) = failed(None, "configuration: EFFECT_URL is not a URL", 1_000, 0.0);
+        let body = alert(&streak, None, "0f3a", 361_000);
+        assert_eq!(body["alert"], "alarm_failing");
+        assert_eq!(body["name"], "0f3a");
+        assert_eq!(body["age_seconds"], 360);
+        assert!(body["text"]
+            .as_str()
+            .unwrap()
+            .contains("EFFECT_URL is not a URL"));
+        let named = alert(&streak, Some("batches/x"), "0f3a", 361_000);
+        assert_eq!(named["key"], "batches/x");
+    }
 
     /// Cloudflare's runtime: a throwing alarm is retried 6 times, from 2 s, doubling.
     const RUNTIME_RETRIES: u32 = 6;

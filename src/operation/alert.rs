@@ -27,6 +27,10 @@ pub enum AlertKind {
     /// Gemini's status answer for the operation cannot be used (too large, not JSON): it
     /// cannot settle by itself; an operator settles it by hand.
     StatusUnusable,
+    /// The gate's alarm has failed for minutes on end (a record it cannot read, a configuration
+    /// that does not parse): sent from the failing alarm itself, since its record may be what
+    /// cannot be read.
+    AlarmFailing,
 }
 
 impl AlertKind {
@@ -39,6 +43,7 @@ impl AlertKind {
             AlertKind::WebhookDisabled => "webhook_disabled",
             AlertKind::RecordUnreadable => "record_unreadable",
             AlertKind::StatusUnusable => "status_unusable",
+            AlertKind::AlarmFailing => "alarm_failing",
         }
     }
 }

@@ -627,11 +627,17 @@ impl Operation {
             AlertKind::RecordUnreadable => format!(
                 "{status}: its stored record could not be read; it was recovered and the original kept for inspection"
             ),
+            // Sent after an operator settled it (queued before): say so, not "still".
+            AlertKind::StatusUnusable if self.status.is_terminal() => format!(
+                "{status}: Gemini's status answer could not be used ({}); it has an outcome now",
+                self.unusable_status.as_deref().unwrap_or("unknown reason"),
+            ),
             AlertKind::StatusUnusable => format!(
                 "still {status}: Gemini's status answer cannot be used ({}); settle it by hand (POST /v1/operations/{}/settle) once its outcome is known",
                 self.unusable_status.as_deref().unwrap_or("unknown reason"),
                 self.key
             ),
+            AlertKind::AlarmFailing => format!("{status}: its gate's alarm keeps failing"),
         };
         crate::alert::body(
             kind,

@@ -179,13 +179,26 @@ impl OperationGate {
         let previous = self.storage.alarm_failures().await.unwrap_or(None);
         let (streak, retry_at) = alarm_failure::failed(previous, error, now, random_unit());
         self.alarm_failing.set(true);
+        let key = self.key();
         log(LogEvent::AlarmFailed.line(serde_json::json!({
-            "key": self.key(),
+            "key": key,
             "error": error,
             "failures": streak.failures,
             "failing_since": crate::timestamp::format_rfc3339(streak.first_at_ms),
             "retry_in_ms": retry_at - now,
         })));
+        if alarm_failure::alerts_at(streak.failures) {
+            // Best effort, and only when the configuration (the sink's address) can be read;
+            // a later doubling of the streak alerts again.
+            if let Ok(config) = load_config(&self.env) {
+                let id = self.storage.object_id();
+                post_alert(
+                    &config,
+                    &alarm_failure::alert(&streak, key.as_deref(), &id, now),
+                )
+                .await;
+            }
+        }
         if let Err(e) = self.storage.alarm_failed(&streak, retry_at).await {
             if self.storage.alarm_set_at() != Some(retry_at) {
                 return Err(worker::Error::RustError(format!(

@@ -11,11 +11,12 @@
 //! holder, like the routine cursor.
 //!
 //! Another instance of this class, named [`GUARD_NAME`], is the strangers' guard
-//! ([`crate::stranger::Guard`]): it counts unregistered nudges Gemini does not know, in
-//! memory (a restart forgets at most a minute's count), and stores only the one aggregated
-//! alert of a window (`guard(id = 1, body)`), which its alarm sends, retried by the runtime
-//! until the sink accepts it. So a flood of strangers' nudges writes at most one row per alert
-//! window.
+//! ([`crate::stranger::Guard`]): it counts unregistered nudges Gemini does not know in memory
+//! (an evicted or restarted guard starts its minute and its alert window again, from the
+//! state stored with the last alert), and stores only the aggregated alerts of the windows
+//! (`guard(id = 1, body)`, at most [`MAX_OWED_ALERTS`] owed at once), which its alarm sends
+//! until the sink accepts them, re-arming itself rather than relying on the runtime's few
+//! retries. So a flood of strangers' nudges writes at most one row per alert window.
 
 use std::cell::RefCell;
 
@@ -24,10 +25,17 @@ use serde_json::{json, Value};
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::gate_protocol::{LeaseCommand, LeaseReply};
+use crate::log_event::LogEvent;
 use crate::reconcile::Lease;
 use crate::stranger::{alert_body, Guard};
 
 use super::outbound::post_alert;
+
+/// Aggregated alerts kept while the sink refuses them (one per alert window, so a day's worth
+/// at the default hour); older ones are dropped first, counted in the newest.
+const MAX_OWED_ALERTS: usize = 24;
+/// How soon the guard's alarm tries an alert sink again after a failure.
+const ALERT_RETRY_MS: i64 = 30_000;
 use super::EdgeError;
 use super::{load_config, log};
 
@@ -87,8 +95,16 @@ impl DurableObject for ReconcileLease {
                     // The window's one alert: stored with the window's state (so a restart
                     // neither loses it nor raises it twice), and sent by the alarm.
                     self.ensure_guard_table()?;
-                    let body = json!({"guard": guard, "alert": alert_body(&guard, &limits)});
-                    self.write("guard", &body)?;
+                    let mut owed = self.owed_alerts();
+                    owed.push(alert_body(&guard, &limits));
+                    let dropped = owed.len().saturating_sub(MAX_OWED_ALERTS);
+                    owed.drain(..dropped);
+                    if dropped > 0 {
+                        if let Some(newest) = owed.last_mut() {
+                            newest["older_alerts_dropped"] = json!(dropped);
+                        }
+                    }
+                    self.write("guard", &json!({"guard": guard, "alerts": owed}))?;
                     let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(
                         now as f64,
                     ));
@@ -211,24 +227,66 @@ impl ReconcileLease {
         Ok(())
     }
 
-    /// The guard's alarm: sends the stored aggregated alert until the sink accepts it (a
-    /// failure throws, and the runtime retries the alarm with backoff).
-    async fn send_guard_alert(&self) -> Result<()> {
+    /// Aggregated alerts stored and not yet accepted by the sink, oldest first.
+    fn owed_alerts(&self) -> Vec<Value> {
         let Some(stored) = self.read::<Value>("guard").ok().flatten() else {
-            return Ok(());
+            return Vec::new();
         };
-        let alert = &stored["alert"];
-        if alert.is_null() {
+        match (&stored["alerts"], &stored["alert"]) {
+            (Value::Array(owed), _) => owed.clone(),
+            // The single-alert form this object may have stored before.
+            (_, Value::Null) => Vec::new(),
+            (_, one) => vec![one.clone()],
+        }
+    }
+
+    /// The guard's alarm: sends the stored aggregated alerts, oldest first, until the sink
+    /// accepts them. A failure (the sink, or a configuration that does not parse) sets the
+    /// alarm again in [`ALERT_RETRY_MS`], however long it lasts.
+    async fn send_guard_alert(&self) -> Result<()> {
+        let mut owed = self.owed_alerts();
+        if owed.is_empty() {
             return Ok(());
         }
-        let config = load_config(&self.env)
-            .map_err(|e| worker::Error::RustError(format!("configuration: {e}")))?;
-        if !post_alert(&config, alert).await {
-            return Err(worker::Error::RustError(
-                "stranger_nudges alert not accepted".into(),
-            ));
+        let sent = match load_config(&self.env) {
+            Ok(config) => {
+                let mut sent = 0;
+                for alert in &owed {
+                    if !post_alert(&config, alert).await {
+                        break;
+                    }
+                    sent += 1;
+                }
+                sent
+            }
+            Err(e) => {
+                log(LogEvent::AlertFailed.line(
+                    json!({"alert": "stranger_nudges", "answer": format!("configuration: {e}")}),
+                ));
+                0
+            }
+        };
+        if sent > 0 {
+            // Alerts raised while this run was sending were stored behind the ones sent.
+            let mut now_owed = self.owed_alerts();
+            now_owed.drain(..sent.min(now_owed.len()));
+            owed = now_owed;
+            let guard = self
+                .read::<Value>("guard")
+                .ok()
+                .flatten()
+                .map(|v| v["guard"].clone());
+            self.write("guard", &json!({"guard": guard, "alerts": owed}))?;
         }
-        self.write("guard", &json!({"guard": stored["guard"], "alert": null}))
+        if !owed.is_empty() {
+            let at = Date::now().as_millis() as f64 + ALERT_RETRY_MS as f64;
+            let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(at));
+            self.state
+                .storage()
+                .set_alarm(worker::ScheduledTime::new(date))
+                .await?;
+        }
+        Ok(())
     }
 
     /// The row of `table` (an error when the table does not exist).
