@@ -535,7 +535,9 @@ pub enum ConfirmAnswer {
 }
 
 /// Applies a confirmation's answer: what the status API says goes through the reducer as an
-/// event from the webhook path; a 404 ends it and alerts; anything else waits and asks again.
+/// event from the webhook path; a 404 ends it and alerts; an unusable answer alerts; anything
+/// else waits and asks again, at most `MAX_CONFIRM_ATTEMPTS` questions in all, then leaves the
+/// operation to the cron.
 pub fn confirmed(
     mut op: Operation,
     answer: ConfirmAnswer,

@@ -1,9 +1,10 @@
 //! The admin API under `/v1/`, behind `Authorization: Bearer <ADMIN_TOKEN>`.
 //!
 //! Guarantees: the token is checked (constant time) before anything else is read; every
-//! change goes through the operation's gate (register, retry, redeliver, forget, repair); listing and
-//! search read the ledger's metadata only; `/v1/config` shows no secret; a name in the path may be percent-encoded, may contain slashes and
-//! may be any accepted form of the name.
+//! change goes through the operation's gate (register, retry, redeliver, forget, repair,
+//! settle); listing and search read the ledger's metadata only; `/v1/config` shows no secret;
+//! a name in the path may be percent-encoded, may contain slashes and may be any accepted form
+//! of the name.
 
 use percent_encoding::percent_decode_str;
 use serde::Deserialize;
