@@ -30,14 +30,14 @@ use crate::reconcile::Lease;
 use crate::stranger::{alert_body, Guard};
 
 use super::outbound::post_alert;
+use super::EdgeError;
+use super::{load_config, log};
 
 /// Aggregated alerts kept while the sink refuses them (one per alert window, so a day's worth
 /// at the default hour); older ones are dropped first, counted in the newest.
 const MAX_OWED_ALERTS: usize = 24;
 /// How soon the guard's alarm tries an alert sink again after a failure.
 const ALERT_RETRY_MS: i64 = 30_000;
-use super::EdgeError;
-use super::{load_config, log};
 
 /// The one lease object's name.
 pub const LEASE_NAME: &str = "reconcile";
