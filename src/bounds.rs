@@ -56,18 +56,21 @@ pub fn is_marker(value: &Value) -> bool {
         && value.get("reason").is_some_and(Value::is_string)
 }
 
-/// The marker that replaces a value over a bound: why, how deep and large it was, the bounds,
-/// and the start of its JSON.
-fn marker(reason: &str, found_depth: usize, bytes: usize, text: &str) -> Value {
-    json!({
+/// The marker that replaces a value over a bound: why, how deep (when measured) and large it
+/// was, the bounds, and the start of its JSON.
+pub fn marker(reason: &str, found_depth: Option<usize>, bytes: usize, text: &str) -> Value {
+    let mut marker = json!({
         "truncated": true,
         "reason": reason,
-        "depth": found_depth,
         "bytes": bytes,
         "max_depth": MAX_DEPTH,
         "max_bytes": MAX_BYTES,
         "preview": text.chars().take(PREVIEW_CHARS).collect::<String>(),
-    })
+    });
+    if let Some(found) = found_depth {
+        marker["depth"] = json!(found);
+    }
+    marker
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
@@ -99,11 +102,11 @@ pub fn bound(value: Value) -> Value {
             let found = depth(&value);
             if found > MAX_DEPTH {
                 let text = value.to_string();
-                return marker("too_deep", found, text.len(), &text);
+                return marker("too_deep", Some(found), text.len(), &text);
             }
             let text = value.to_string();
             if text.len() > MAX_BYTES {
-                return marker("too_large", found, text.len(), &text);
+                return marker("too_large", Some(found), text.len(), &text);
             }
             value
         }

@@ -52,33 +52,17 @@ pub fn prune_depth(text: &str, max_depth: usize) -> String {
     let mut depth = 0usize;
     let mut copied = 0usize;
     let mut i = 0usize;
-    let mut in_string = false;
     while i < bytes.len() {
-        let b = bytes[i];
-        if in_string {
-            match b {
-                b'\\' => i += 1,
-                b'"' => in_string = false,
-                _ => {}
+        match bytes[i] {
+            b'"' => {
+                i = past_string(bytes, i);
+                continue;
             }
-            i += 1;
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
             b'{' | b'[' if depth >= max_depth => {
                 let end = skip_container(bytes, i);
                 out.push_str(&text[copied..i]);
                 let skipped = &text[i..end];
-                let marker = json!({
-                    "truncated": true,
-                    "reason": "too_deep",
-                    "bytes": skipped.len(),
-                    "max_depth": bounds::MAX_DEPTH,
-                    "max_bytes": bounds::MAX_BYTES,
-                    "preview": skipped.chars().take(200).collect::<String>(),
-                });
-                out.push_str(&marker.to_string());
+                out.push_str(&bounds::marker("too_deep", None, skipped.len(), skipped).to_string());
                 copied = end;
                 i = end;
                 continue;
@@ -93,31 +77,37 @@ pub fn prune_depth(text: &str, max_depth: usize) -> String {
     out
 }
 
+/// The index just past the string whose opening quote is at `start` (or the end of the text).
+fn past_string(bytes: &[u8], start: usize) -> usize {
+    let mut i = start + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    bytes.len()
+}
+
 /// The index just past the container opening at `start` (or the end of the text).
 fn skip_container(bytes: &[u8], start: usize) -> usize {
     let mut depth = 0usize;
-    let mut in_string = false;
     let mut i = start;
     while i < bytes.len() {
-        let b = bytes[i];
-        if in_string {
-            match b {
-                b'\\' => i += 1,
-                b'"' => in_string = false,
-                _ => {}
+        match bytes[i] {
+            b'"' => {
+                i = past_string(bytes, i);
+                continue;
             }
-        } else {
-            match b {
-                b'"' => in_string = true,
-                b'{' | b'[' => depth += 1,
-                b'}' | b']' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        return i + 1;
-                    }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
                 }
-                _ => {}
             }
+            _ => {}
         }
         i += 1;
     }
