@@ -675,12 +675,9 @@ impl Pass<'_> {
                 (Answer::Http { excerpt, .. }, Class::Success) => find_webhook(excerpt, name),
                 (Answer::Http { status, .. }, Class::Refused) => Err(StatusError::Refused(*status)),
                 // Said in the log line, so an operator sees how long Gemini asked to wait.
-                (Answer::Http { retry_after, .. }, _) => Err(StatusError::Transient {
-                    retry_after_secs: retry_after
-                        .as_deref()
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0),
-                }),
+                (Answer::Http { retry_after, .. }, _) => {
+                    Err(crate::status::transient(retry_after.as_deref()))
+                }
                 _ => Err(StatusError::Transient {
                     retry_after_secs: 0,
                 }),

@@ -59,6 +59,18 @@ pub enum StatusError {
 /// Back-off after a 429 or 5xx without a usable `Retry-After`.
 pub const DEFAULT_RETRY_AFTER_SECS: i64 = 60;
 
+/// A 429 or 5xx from Gemini's API: back off for its `Retry-After` seconds (capped at a day),
+/// or [`DEFAULT_RETRY_AFTER_SECS`] without a usable one.
+pub fn transient(retry_after: Option<&str>) -> StatusError {
+    let secs = retry_after
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .filter(|s| *s >= 0)
+        .unwrap_or(DEFAULT_RETRY_AFTER_SECS);
+    StatusError::Transient {
+        retry_after_secs: secs.min(86_400),
+    }
+}
+
 /// Interprets a status-API answer for an operation of `collection`.
 pub fn interpret(
     collection: Collection,
@@ -69,15 +81,7 @@ pub fn interpret(
     match (http_status, class_of_status(http_status)) {
         (_, Class::Success) => {}
         (404, _) => return Err(StatusError::NotFound),
-        (_, Class::Retry) => {
-            let secs = retry_after
-                .and_then(|v| v.trim().parse::<i64>().ok())
-                .filter(|s| *s >= 0)
-                .unwrap_or(DEFAULT_RETRY_AFTER_SECS);
-            return Err(StatusError::Transient {
-                retry_after_secs: secs.min(86_400),
-            });
-        }
+        (_, Class::Retry) => return Err(transient(retry_after)),
         (other, Class::Refused) => return Err(StatusError::Refused(other)),
     }
     let value: Value =
