@@ -343,11 +343,11 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             age_seconds,
         } => match record {
             Some(mut op) => {
-                let raised = !op.alerts.contains(&AlertKind::StatusUnusable);
+                let raised_before = op.alerts.len();
                 if !op.status_unusable(&reason, age_seconds, now) {
                     return Step::new(Some(op), GateReply::AlertSent { sent: false });
                 }
-                let raised = raised && op.alerts.contains(&AlertKind::StatusUnusable);
+                let raised = op.alerts.len() > raised_before;
                 Step::new(Some(op), GateReply::AlertSent { sent: raised })
                     .durable()
                     .row(json!({"what": "status_unusable", "reason": reason}))
