@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use thiserror::Error;
 
-use crate::key::{normalize, KeyError, OperationKey, MAX_NAME_BYTES};
-use crate::ledger::LedgerMeta;
-use crate::lifecycle::Status;
-use crate::reconcile::Resume;
+use crate::operation::key::{normalize, KeyError, OperationKey, MAX_NAME_BYTES};
+use crate::operation::ledger::LedgerMeta;
+use crate::operation::lifecycle::Status;
+use crate::reconciliation::reconcile::Resume;
 
 /// Longest accepted `kind`.
 pub const MAX_KIND_BYTES: usize = 100;

@@ -264,7 +264,7 @@ pub struct Config {
     pub retention_secs_override: Option<i64>,
     /// `DYNAMIC_WEBHOOKS`: false refuses every JWT-signed delivery (static webhook only).
     pub dynamic_webhooks: bool,
-    /// `USAGE_LOG`: each Durable Object invocation logs what it used (see [`crate::usage`]).
+    /// `USAGE_LOG`: each Durable Object invocation logs what it used (see [`crate::telemetry::usage`]).
     pub usage_log: bool,
     pub require_registration: bool,
     pub max_body_bytes: usize,
@@ -567,7 +567,7 @@ impl Config {
     /// letters): the retention, but never below KV's minimum TTL of 60 s, which KV refuses
     /// (a shorter `LEDGER_RETENTION_SECONDS` still retires gates on time).
     pub fn kv_ttl_secs(&self) -> u64 {
-        ((self.retention_ms() / 1_000).max(0) as u64).max(crate::ledger::MIN_TTL_SECS)
+        ((self.retention_ms() / 1_000).max(0) as u64).max(crate::operation::ledger::MIN_TTL_SECS)
     }
 
     /// Settings that work but are unsafe in production, each naming its variables: logged and

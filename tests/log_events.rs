@@ -1,5 +1,5 @@
 //! The log event names are a contract: every `event` the worker writes is a value of
-//! `gemini_once::log_event::LogEvent`, and every name the chaos and bench scripts and the
+//! `gemini_once::telemetry::log_event::LogEvent`, and every name the chaos and bench scripts and the
 //! integration tests look for is one too. Reads the files as text, so a renamed event fails
 //! here rather than silently in a dashboard query or a chaos oracle.
 
@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use gemini_once::log_event::LogEvent;
+use gemini_once::telemetry::log_event::LogEvent;
 
 fn files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
     let Ok(entries) = fs::read_dir(dir) else {

@@ -17,13 +17,14 @@ use proptest::test_runner::Config as PtConfig;
 use serde_json::{json, Map, Value};
 
 use gemini_once::config::{variable, Config, Fallback, Kind, Variable, VARIABLES};
-use gemini_once::effect::normalize_details;
-use gemini_once::envelope::{self, EnvelopeError};
-use gemini_once::key::{normalize, Collection, KeyError, MAX_NAME_BYTES};
-use gemini_once::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
+use gemini_once::inbound::envelope::{self, EnvelopeError};
+use gemini_once::operation::effect::normalize_details;
+use gemini_once::operation::key::{normalize, Collection, KeyError, MAX_NAME_BYTES};
+use gemini_once::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
+use gemini_once::operation::observation::{StatusError, DEFAULT_RETRY_AFTER_SECS};
 use gemini_once::operation::{AttemptOutcome, Finished, OpEvent, Operation};
+use gemini_once::reconciliation::status;
 use gemini_once::signature::{self, Secret, SignatureError, SignedHeaders};
-use gemini_once::status::{self, StatusError};
 
 /// `PROPERTIES_SCALE=10 cargo test --test properties` runs ten times as many cases.
 fn cfg(cases: u32) -> PtConfig {
@@ -1112,7 +1113,7 @@ proptest! {
                 };
                 prop_assert!((0..=86_400).contains(&retry_after_secs));
                 let asked = retry_after.as_deref().and_then(|v| v.trim().parse::<i64>().ok()).filter(|n| *n >= 0);
-                let want = asked.map(|n| n.min(86_400)).unwrap_or(status::DEFAULT_RETRY_AFTER_SECS);
+                let want = asked.map(|n| n.min(86_400)).unwrap_or(DEFAULT_RETRY_AFTER_SECS);
                 prop_assert_eq!(retry_after_secs, want);
             }
             other => prop_assert_eq!(result, Err(StatusError::Refused(other))),

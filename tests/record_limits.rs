@@ -6,13 +6,13 @@
 use serde_json::{json, Map, Value};
 
 use gemini_once::bounds::{self, MAX_BYTES, MAX_DEPTH};
-use gemini_once::envelope;
-use gemini_once::gate::{self, ConfirmAnswer, Limits};
-use gemini_once::gate_protocol::{GateCommand, GateReply};
-use gemini_once::key::Collection;
-use gemini_once::lifecycle::Status;
+use gemini_once::inbound::envelope;
+use gemini_once::operation::gate::{self, ConfirmAnswer, Limits};
+use gemini_once::operation::gate_protocol::{GateCommand, GateReply};
+use gemini_once::operation::key::Collection;
+use gemini_once::operation::lifecycle::Status;
 use gemini_once::operation::Operation;
-use gemini_once::status;
+use gemini_once::reconciliation::status;
 
 const LIMITS: Limits = Limits {
     retention_ms: 1_000_000,
@@ -74,7 +74,7 @@ fn a_signed_delivery_at_the_limits_gives_a_record_that_reads_back() {
         event: gemini_once::operation::OpEvent {
             status: Status::Succeeded,
             update_time_ms: 0,
-            source: gemini_once::lifecycle::Source::Webhook,
+            source: gemini_once::operation::lifecycle::Source::Webhook,
             details: e.details,
             delivery_id: Some("msg_1".into()),
         },
@@ -91,7 +91,7 @@ fn a_signed_delivery_at_the_limits_gives_a_record_that_reads_back() {
     reads_back("the answer", &step.reply);
     let found = gate::step(Some(op.clone()), GateCommand::Inspect, 2_000).reply;
     reads_back("the inspection", &found);
-    let body = gemini_once::effect::effect_body(&op);
+    let body = gemini_once::operation::effect::effect_body(&op);
     assert_eq!(body["output_file_uri"], "gs://o");
     reads_back("the side effect's body", &body);
 }
@@ -161,7 +161,7 @@ fn a_status_answer_at_the_limits_gives_details_that_read_back() {
         &gemini_once::operation::OpEvent {
             status: o.status,
             update_time_ms: o.update_time_ms,
-            source: gemini_once::lifecycle::Source::Reconcile,
+            source: gemini_once::operation::lifecycle::Source::Reconcile,
             details: o.details,
             delivery_id: None,
         },

@@ -1,7 +1,7 @@
 // The cost section: what one completion uses, counted by the worker itself. The
 // built worker runs with USAGE_LOG=true, so every Durable Object invocation logs a `usage` line
 // (SQLite statements, rows read and written, alarm writes, KV writes, calls to other objects,
-// outbound fetches, wall time, database size; src/usage.rs); each flow's lines are summed and
+// outbound fetches, wall time, database size; src/telemetry/usage.rs); each flow's lines are summed and
 // divided by its operations. Flows, one after the other, each followed by quiet and the
 // counter flush: `webhook` (a completion of an unregistered operation, by webhook),
 // `registration` (POST /v1/operations), `registered_webhook` (the webhook for an operation

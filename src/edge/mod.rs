@@ -6,41 +6,17 @@
 //! malformed configuration answers 503 naming the variable, on every route, so Gemini keeps
 //! retrying while an operator fixes it; every log line is one JSON object and holds no secret.
 
-// HTTP routes (`http/`), the Durable Objects (`objects/`), the cron pass, and outbound I/O
-// (`outbound/`): grouped on disk by role, one module tree so that `super::` reaches the
-// edge's shared helpers from every file.
-#[path = "http/admin_api.rs"]
-mod admin_api;
-#[path = "outbound/destination.rs"]
-mod destination;
-#[path = "http/dynamic_webhook.rs"]
-mod dynamic_webhook;
-#[path = "http/error.rs"]
-mod error;
-#[path = "objects/gate_object.rs"]
-mod gate_object;
-#[path = "objects/gate_storage.rs"]
-mod gate_storage;
-#[path = "objects/lease_object.rs"]
-mod lease_object;
-#[path = "outbound/ledger_kv.rs"]
-mod ledger_kv;
-#[path = "outbound/outbound.rs"]
+// Grouped on disk by role: HTTP routes (`http/`), the Durable Objects (`objects/`), calls
+// that leave the worker (`outbound/`), and the cron pass.
+mod http;
+mod objects;
 mod outbound;
 mod reconcile_pass;
-#[path = "objects/stats.rs"]
-mod stats;
-#[path = "outbound/status_api.rs"]
-mod status_api;
-#[path = "objects/usage_meter.rs"]
-mod usage_meter;
-#[path = "http/webhook.rs"]
-mod webhook;
 
-pub use error::EdgeError;
-pub use gate_object::OperationGate;
-pub use lease_object::ReconcileLease;
-pub use stats::StatsShard;
+pub use http::error::EdgeError;
+pub use objects::gate_object::OperationGate;
+pub use objects::lease_object::ReconcileLease;
+pub use objects::stats_shard::StatsShard;
 
 use std::rc::Rc;
 
@@ -50,7 +26,7 @@ use worker::wasm_bindgen_futures::JsFuture;
 use worker::{event, js_sys, web_sys, Context, Env, Method, Request, Response, Result};
 
 use crate::config::{Config, ConfigError};
-use crate::gate_protocol::{GateCommand, GateReply};
+use crate::operation::gate_protocol::{GateCommand, GateReply};
 
 /// The operator's dashboard: plain HTML, no build step, no data of its own.
 const DASHBOARD: &str = include_str!("http/dashboard.html");
@@ -184,7 +160,7 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<Response
         Err(e) => e.into_response(),
     };
     let flush_ms = load_config(&env).map_or(10_000, |c| c.stats_flush_secs * 1_000);
-    stats::flush_edge_counts_later(&env, &ctx, now_ms(), flush_ms);
+    objects::stats_shard::flush_edge_counts_later(&env, &ctx, now_ms(), flush_ms);
     answer
 }
 
@@ -241,10 +217,10 @@ async fn route(req: web_sys::Request, env: &Env) -> std::result::Result<Response
     }
     let config = load_config(env).map_err(EdgeError::Config)?;
     match (path.as_str(), method) {
-        ("/webhooks/gemini", Method::Post) => webhook::receive(req, env, &config).await,
+        ("/webhooks/gemini", Method::Post) => http::webhook::receive(req, env, &config).await,
         ("/webhooks/gemini", _) => Err(EdgeError::MethodNotAllowed),
         (p, m) if p.starts_with("/v1/") => {
-            admin_api::handle(Request::from(req), m, env, &config).await
+            http::admin_api::handle(Request::from(req), m, env, &config).await
         }
         _ => Err(EdgeError::NotFound),
     }

@@ -32,26 +32,29 @@ use futures_util::future::{select, Either};
 use serde_json::{json, Value};
 use worker::{Delay, Env, KvStore};
 
-use crate::alert::AlertKind;
 use crate::config::Config;
-use crate::gate_protocol::{EffectReport, GateCommand, GateReply, LeaseCommand, LeaseReply};
-use crate::key::Collection;
-use crate::ledger::{LedgerMeta, OPEN_PREFIX, OP_PREFIX};
-use crate::lifecycle::{Source, Status};
+use crate::operation::alert::AlertKind;
+use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::key::Collection;
+use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX, OP_PREFIX};
+use crate::operation::lifecycle::{Source, Status};
+use crate::operation::observation::StatusError;
 use crate::operation::OpEvent;
-use crate::reconcile::{
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::reconciliation::reconcile::{
     audit_reserve, audit_verdict, decide, heartbeat_interval_ms, lease_presumed_lapsed,
     past_deadline, resume_index, Action, AuditProgress, AuditVerdict, Resume, StatusHealth, Stop,
     Thresholds, MAX_INDEX_PAGES,
 };
+use crate::reconciliation::status::{find_webhook, status_url, webhook_alert};
 use crate::retry::Class;
-use crate::status::{find_webhook, status_url, webhook_alert, StatusError};
 
-use super::lease_object::LEASE_NAME;
-use super::ledger_kv::KV_BINDING;
-use super::outbound::{post_alert, Answer, SkimAnswer};
+use super::outbound::status_api;
 use super::EdgeError;
-use super::{call_gate, log, now_ms, random_unit, status_api};
+use super::{call_gate, log, now_ms, random_unit};
+use crate::edge::objects::lease_object::LEASE_NAME;
+use crate::edge::outbound::fetch::{post_alert, Answer, SkimAnswer};
+use crate::edge::outbound::ledger_kv::KV_BINDING;
 
 /// The lease object's binding.
 pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
@@ -675,9 +678,9 @@ impl Pass<'_> {
                 (Answer::Http { excerpt, .. }, Class::Success) => find_webhook(excerpt, name),
                 (Answer::Http { status, .. }, Class::Refused) => Err(StatusError::Refused(*status)),
                 // Said in the log line, so an operator sees how long Gemini asked to wait.
-                (Answer::Http { retry_after, .. }, _) => {
-                    Err(crate::status::transient(retry_after.as_deref()))
-                }
+                (Answer::Http { retry_after, .. }, _) => Err(
+                    crate::operation::observation::transient(retry_after.as_deref()),
+                ),
                 _ => Err(StatusError::Transient {
                     retry_after_secs: 0,
                 }),
@@ -703,7 +706,7 @@ impl Pass<'_> {
         let (alert, mark) = webhook_alert(alerted.as_deref(), &state);
         log(json!({"event": "webhook_state", "webhook": name, "state": state}));
         if alert {
-            let body = crate::alert::webhook_disabled(name, &state);
+            let body = crate::operation::alert::webhook_disabled(name, &state);
             if post_alert(self.config, &body).await {
                 self.report.alerts += 1;
             } else {

@@ -5,14 +5,14 @@
 //! panic; an unknown `type` is a value ([`Meaning::Unknown`]) so that it can be acknowledged and
 //! kept; `batch.completed` (early docs) means `batch.succeeded`; everything in `data` except
 //! the id is carried to the side effect as details, normalized by
-//! [`crate::effect::normalize_details`] into the shape a status-API answer also gives.
+//! [`crate::operation::effect::normalize_details`] into the shape a status-API answer also gives.
 
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::effect::normalize_details;
-use crate::key::Collection;
-use crate::lifecycle::Status;
+use crate::operation::effect::normalize_details;
+use crate::operation::key::Collection;
+use crate::operation::lifecycle::Status;
 use crate::timestamp::parse_rfc3339_ms;
 
 /// A parsed delivery.

@@ -17,9 +17,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::lifecycle::Source;
+use crate::operation::lifecycle::Source;
+use crate::operation::observation::{Observation, StatusError, DEFAULT_RETRY_AFTER_SECS};
 use crate::operation::OpEvent;
-use crate::status::{Observation, StatusError, DEFAULT_RETRY_AFTER_SECS};
 
 /// The guard's window for the status-call limit.
 pub const MINUTE_MS: i64 = 60_000;
@@ -160,7 +160,7 @@ pub fn alert_body(guard: &Guard, limits: &GuardLimits) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lifecycle::Status;
+    use crate::operation::lifecycle::Status;
 
     const LIMITS: GuardLimits = GuardLimits {
         per_minute: 3,

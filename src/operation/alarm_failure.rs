@@ -31,20 +31,20 @@ pub fn alert(
 ) -> serde_json::Value {
     let subject = key.unwrap_or(object_id);
     let age_seconds = (now.saturating_sub(streak.first_at_ms) / 1_000).max(0);
-    let id = crate::alert::alert_id(
+    let id = crate::operation::alert::alert_id(
         subject,
-        crate::alert::AlertKind::AlarmFailing,
+        crate::operation::alert::AlertKind::AlarmFailing,
         streak.failures,
     );
-    crate::alert::body(
-        crate::alert::AlertKind::AlarmFailing,
+    crate::operation::alert::body(
+        crate::operation::alert::AlertKind::AlarmFailing,
         Some(&id),
         (key, subject, None),
         age_seconds,
         &format!(
             "its gate's alarm has failed {} times in a row for {} (work resumes once this clears; a record that cannot be read needs POST /v1/operations/{{name}}/repair): {}",
             streak.failures,
-            crate::alert::human_age(age_seconds),
+            crate::operation::alert::human_age(age_seconds),
             streak.error
         ),
     )

@@ -283,7 +283,7 @@ pub fn classify(status: u16, excerpt: &str) -> AttemptOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lifecycle::{Source, Status};
+    use crate::operation::lifecycle::{Source, Status};
     use crate::operation::OpEvent;
     use crate::signature::{verify, SignedHeaders};
 
@@ -311,7 +311,7 @@ mod tests {
         op
     }
 
-    use crate::key::Collection;
+    use crate::operation::key::Collection;
 
     /// The top-level fields of a body and the JSON type of each: what a destination relies on.
     fn shape(body: &Value) -> Vec<(String, &'static str)> {
@@ -345,12 +345,12 @@ mod tests {
 
     fn by_webhook(event_type: &str, data: &str, status: Status) -> Value {
         let body = format!(r#"{{"type":"{event_type}","data":{{"id":"k/1",{data}}}}}"#);
-        let envelope = crate::envelope::parse(body.as_bytes()).unwrap();
+        let envelope = crate::inbound::envelope::parse(body.as_bytes()).unwrap();
         settled(status, Source::Webhook, envelope.details)
     }
 
     fn by_status_api(collection: Collection, answer: &str) -> Value {
-        let o = crate::status::interpret(collection, 200, None, answer).unwrap();
+        let o = crate::reconciliation::status::interpret(collection, 200, None, answer).unwrap();
         assert!(o.status.is_terminal(), "{answer}");
         settled(o.status, Source::Reconcile, o.details)
     }

@@ -13,16 +13,16 @@
 
 use serde_json::{json, Value};
 
-use crate::alert::AlertKind;
-use crate::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
-use crate::ledger::{project, IndexWrite, Projection};
-use crate::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
-use crate::log_event::LogEvent;
+use crate::operation::alert::AlertKind;
+use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
+use crate::operation::ledger::{project, IndexWrite, Projection};
+use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
+use crate::operation::observation::{Observation, StatusError};
 use crate::operation::{
     backoff_ms, AttemptOutcome, Claim, Finished, KindFill, OpEvent, Operation, PendingAlert,
 };
-use crate::stats;
-use crate::status::{Observation, StatusError};
+use crate::telemetry::counters;
+use crate::telemetry::log_event::LogEvent;
 
 /// The settings a step needs, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -208,7 +208,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 None if !vouched => return Step::new(None, GateReply::Unregistered),
                 None => Operation::unregistered(&key, &name, now),
             };
-            op.count(stats::DELIVERIES, now);
+            op.count(counters::DELIVERIES, now);
             let version = op.version;
             if op.forgotten.is_some() {
                 // An operator stopped tracking it: nothing is asked or alerted for it again.
@@ -269,7 +269,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             Some(op) if !op.effect.done => operator_retry(op, &reason, now),
             Some(mut op) => match op.redeliver(now, &reason) {
                 Ok(generation) => {
-                    op.count(stats::REDELIVERIES, now);
+                    op.count(counters::REDELIVERIES, now);
                     operator_acted(op, OperatorAction::Redeliver, generation, &reason, now)
                 }
                 Err(refusal) => refused(op, refusal.as_str()),
@@ -424,7 +424,7 @@ fn refused(op: Operation, reason: &str) -> Step {
 /// stores nothing for it: its count waits in memory.
 fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
     match reason {
-        DropReason::Duplicate => op.count(stats::DUPLICATES, now),
+        DropReason::Duplicate => op.count(counters::DUPLICATES, now),
         other => op.count(&format!("dropped_{}", other.as_str()), now),
     }
     let settled_duplicate = reason == DropReason::Duplicate && op.is_settled();
@@ -472,15 +472,15 @@ fn position(op: &Operation) -> Position {
 /// `arrived` is false for a confirmation, whose delivery was counted when it arrived.
 fn count_delivery(op: &mut Operation, event: &OpEvent, verdict: Verdict, now: i64, arrived: bool) {
     if arrived && event.source == Source::Webhook {
-        op.count(stats::DELIVERIES, now);
+        op.count(counters::DELIVERIES, now);
     }
     match verdict {
-        Verdict::Drop(DropReason::Duplicate) => op.count(stats::DUPLICATES, now),
+        Verdict::Drop(DropReason::Duplicate) => op.count(counters::DUPLICATES, now),
         Verdict::Drop(reason) => op.count(&format!("dropped_{}", reason.as_str()), now),
         Verdict::Apply if op.status.is_terminal() => op.count(
             match event.source {
-                Source::Reconcile => stats::SETTLED_BY_RECONCILE,
-                _ => stats::SETTLED_BY_WEBHOOK,
+                Source::Reconcile => counters::SETTLED_BY_RECONCILE,
+                _ => counters::SETTLED_BY_WEBHOOK,
             },
             now,
         ),
@@ -663,7 +663,7 @@ pub fn alert_sent(
 ) -> Step {
     if sent {
         op.alert_delivered(alert.kind);
-        op.count(stats::ALERTS, now);
+        op.count(counters::ALERTS, now);
         Step::new(Some(op), GateReply::NotFound)
             .durable()
             .row(json!({"what": "alert", "alert": alert.kind, "alert_id": alert.id}))
@@ -720,9 +720,9 @@ pub fn attempt_finished(
         backoff,
     );
     let (event, stat) = match &finished {
-        Finished::Done => (LogEvent::EffectDelivered, Some(stats::EFFECT_SUCCESSES)),
-        Finished::RetryAt(_) => (LogEvent::EffectFailed, Some(stats::EFFECT_FAILURES)),
-        Finished::Parked => (LogEvent::EffectParked, Some(stats::EFFECT_PARKS)),
+        Finished::Done => (LogEvent::EffectDelivered, Some(counters::EFFECT_SUCCESSES)),
+        Finished::RetryAt(_) => (LogEvent::EffectFailed, Some(counters::EFFECT_FAILURES)),
+        Finished::Parked => (LogEvent::EffectParked, Some(counters::EFFECT_PARKS)),
         Finished::Fenced => (LogEvent::EffectFenced, None),
     };
     if let Some(stat) = stat {
@@ -1724,7 +1724,7 @@ mod tests {
         assert_eq!(op.settled_by, Some(Source::Operator));
         assert!(op.effect_owed());
         assert_eq!(
-            crate::effect::effect_body(&op)["provider"]["operator_reason"],
+            crate::operation::effect::effect_body(&op)["provider"]["operator_reason"],
             "checked in AI Studio"
         );
         // Terminal absorbs: a second settle, or one on a settled operation, is refused.

@@ -11,10 +11,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::alert::{human_age, AlertKind};
-use crate::effect::normalize_details;
-use crate::lifecycle::{reduce, Position, Source, Status, Verdict};
-use crate::stats::{hour_of, StatEvent};
+use crate::operation::alert::{human_age, AlertKind};
+use crate::operation::effect::normalize_details;
+use crate::operation::lifecycle::{reduce, Position, Source, Status, Verdict};
+use crate::telemetry::counters::{hour_of, StatEvent};
 use crate::timestamp::format_rfc3339;
 
 /// One piece of news about an operation, from any path.
@@ -639,7 +639,7 @@ impl Operation {
             ),
             AlertKind::AlarmFailing => format!("{status}: its gate's alarm keeps failing"),
         };
-        crate::alert::body(
+        crate::operation::alert::body(
             kind,
             Some(alert_id),
             (Some(&self.key), &self.name, self.kind.as_deref()),
@@ -717,8 +717,8 @@ impl Operation {
     /// not. A put, even a failed one, may have landed; only a delete that succeeded clears
     /// the mark; no write leaves it as it stands (a [`Operation::reindex`] may have set it
     /// while the write was in flight).
-    pub fn index_written(&mut self, write: crate::ledger::IndexWrite, ok: bool) {
-        use crate::ledger::IndexWrite;
+    pub fn index_written(&mut self, write: crate::operation::ledger::IndexWrite, ok: bool) {
+        use crate::operation::ledger::IndexWrite;
         match (write, ok) {
             (IndexWrite::Put, _) => self.indexed = true,
             (IndexWrite::Delete, true) => self.indexed = false,
@@ -882,7 +882,10 @@ impl Operation {
         let mut provider = Map::new();
         provider.insert("operator_reason".into(), Value::String(reason.to_string()));
         let mut details = Map::new();
-        details.insert(crate::effect::PROVIDER.into(), Value::Object(provider));
+        details.insert(
+            crate::operation::effect::PROVIDER.into(),
+            Value::Object(provider),
+        );
         let event = OpEvent {
             status,
             update_time_ms: self.update_time_ms,
@@ -917,7 +920,7 @@ impl Operation {
         }
         self.pending_alerts.push(PendingAlert {
             kind,
-            id: crate::alert::alert_id(&self.key, kind, self.effect.generation),
+            id: crate::operation::alert::alert_id(&self.key, kind, self.effect.generation),
             age_seconds,
             attempts: 0,
             due_ms: now_ms,
@@ -1434,7 +1437,7 @@ mod tests {
 
     #[test]
     fn retention_waits_for_the_index_entry_to_be_deleted() {
-        use crate::ledger::IndexWrite;
+        use crate::operation::ledger::IndexWrite;
         let mut op = settled();
         let c = op.claim(2_000, 600_000).unwrap();
         op.finish(c.token, &AttemptOutcome::Delivered, 3_000, 0);
@@ -1610,7 +1613,7 @@ mod tests {
         // A late replay of the same completion, or a different one: nothing is owed.
         assert_eq!(
             op.apply(&event(Status::Succeeded, 0), 99_000),
-            Verdict::Drop(crate::lifecycle::DropReason::Duplicate)
+            Verdict::Drop(crate::operation::lifecycle::DropReason::Duplicate)
         );
         assert_ne!(op.apply(&event(Status::Failed, 9), 99_000), Verdict::Apply);
         assert!(op.claim(99_000, 600_000).is_none());

@@ -13,10 +13,10 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::alert::AlertKind;
 use crate::bounds;
-use crate::effect::normalize_details;
-use crate::lifecycle::{Source, Status};
+use crate::operation::alert::AlertKind;
+use crate::operation::effect::normalize_details;
+use crate::operation::lifecycle::{Source, Status};
 use crate::operation::{Operation, OperatorNote, Parked};
 
 /// Depth, from the record's top, past which the scan replaces a value with a marker: the
@@ -245,8 +245,8 @@ pub fn unrecoverable(error: &str, raw: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alert::AlertKind;
-    use crate::lifecycle::Source;
+    use crate::operation::alert::AlertKind;
+    use crate::operation::lifecycle::Source;
     use crate::operation::{AttemptOutcome, OpEvent};
 
     /// A record as an older version could store it: the nudge's metadata nested `levels`

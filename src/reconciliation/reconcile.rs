@@ -29,8 +29,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::alert::AlertKind;
-use crate::ledger::LedgerMeta;
+use crate::operation::alert::AlertKind;
+use crate::operation::ledger::{may_need_work, LedgerMeta};
 
 /// The thresholds a pass decides with (seconds).
 #[derive(Debug, Clone, Copy)]
@@ -102,23 +102,6 @@ pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
         }
     }
     actions
-}
-
-/// True when [`decide`] may return an action for this metadata now or later: the operation
-/// belongs in the `open:` index. Not forgotten, and either not terminal (polled once past the
-/// grace; an unknown status is never acted on) or terminal with the side effect neither done
-/// nor parked (retried), or parked with its `effect_failing` alert not yet raised. Alerts the
-/// gate has queued are its own alarm's business, not the pass's.
-pub fn may_need_work(meta: &LedgerMeta) -> bool {
-    if meta.forgotten {
-        return false;
-    }
-    let status = meta.status.clone();
-    if status.is_terminal() {
-        !meta.effect_done && (!meta.parked || !meta.alerts.contains(&AlertKind::EffectFailing))
-    } else {
-        status.rank() >= 0
-    }
 }
 
 /// Most index pages (of 1,000) a routine pass lists before it acts, which bounds the memory
@@ -398,7 +381,8 @@ pub const UNANSWERED_BEFORE_BACKOFF: u32 = 3;
 /// The back-off after [`UNANSWERED_BEFORE_BACKOFF`] unanswered calls: as long as after a 429
 /// without Retry-After, and shorter than a cron interval, so the next pass starts at the first
 /// entry it skipped.
-pub const UNANSWERED_BACKOFF_MS: i64 = crate::status::DEFAULT_RETRY_AFTER_SECS * 1_000;
+pub const UNANSWERED_BACKOFF_MS: i64 =
+    crate::operation::observation::DEFAULT_RETRY_AFTER_SECS * 1_000;
 // Bounded, and shorter than the */5 cron interval (checked when compiling).
 const _: () = assert!(UNANSWERED_BACKOFF_MS > 0 && UNANSWERED_BACKOFF_MS < 300_000);
 

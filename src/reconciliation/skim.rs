@@ -2,7 +2,7 @@
 //!
 //! Guarantees: fed the body's bytes in chunks of any size (the result does not depend on
 //! where the chunks split), it rebuilds a reduced JSON document that keeps the paths it is
-//! given ([`Rule`]s: [`crate::status::READ`] lists what the status reader uses), and never
+//! given ([`Rule`]s: [`crate::reconciliation::status::READ`] lists what the status reader uses), and never
 //! holds more than [`MAX_KEPT_BYTES`] of it plus O(1) state per kept nesting level. What it
 //! drops is marked, never silently wrong:
 //! - a member on no kept path (an echo of the inline requests, an interaction's input and

@@ -2,24 +2,25 @@
 //!
 //! Guarantees: each answer becomes an observation with the server's own update time (never
 //! the receive time) and the same normalized details a webhook gives
-//! ([`crate::effect::Outcome`]: output location, error, the rest under `provider`), so a
+//! ([`crate::operation::effect::Outcome`]: output location, error, the rest under `provider`), so a
 //! stale answer is dropped by the reducer like any other event and an outcome recovered here
 //! gives the same side-effect body as one delivered by webhook; states follow google-genai's
 //! enums (`JobState`, `InteractionStatus`), and `UNSPECIFIED` and unknown states map to
 //! [`Status::Unknown`] and are never applied (the cron logs them); a 404, a
 //! transient error (a timeout, 408, 409, 429, 5xx: [`crate::retry`]; `Retry-After` honoured) and a malformed answer are values,
 //! never panics, and none of them settles anything. An answer read through the skimmer
-//! ([`crate::skim`], [`interpret_skimmed`]) reads like the whole document: a counted array
+//! ([`crate::reconciliation::skim`], [`interpret_skimmed`]) reads like the whole document: a counted array
 //! gives the same count as the array, and a body the skimmer refused is malformed, with its
 //! reason.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::effect::Outcome;
-use crate::key::Collection;
-use crate::lifecycle::Status;
+use crate::operation::effect::Outcome;
+use crate::operation::key::Collection;
+use crate::operation::lifecycle::Status;
+use crate::operation::observation::{transient, Observation, StatusError};
+use crate::reconciliation::skim::{Rule, SkimError, Skimmed};
 use crate::retry::{class_of_status, Class};
-use crate::skim::{Rule, SkimError, Skimmed};
 use crate::timestamp::parse_rfc3339_ms;
 
 /// The `GET` URL for an operation: batches and interactions by key, video operations by
@@ -30,45 +31,6 @@ pub fn status_url(base: &str, collection: Collection, key: &str, name: &str) -> 
         Collection::Batches | Collection::Interactions => key,
     };
     format!("{}/v1beta/{}", base.trim_end_matches('/'), path)
-}
-
-/// What the status API said about one operation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Observation {
-    pub status: Status,
-    /// Server update time in Unix ms; 0 when the answer has none.
-    pub update_time_ms: i64,
-    /// The normalized outcome details ([`crate::effect::normalize_details`]'s shape): output
-    /// location, error code and message, and the raw Gemini state under `provider.state`.
-    pub details: Map<String, Value>,
-}
-
-/// Why an answer could not be used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StatusError {
-    /// 404: Gemini does not know the operation.
-    NotFound,
-    /// 429 or 5xx: back off for this many seconds (Retry-After, or the default).
-    Transient { retry_after_secs: i64 },
-    /// Any other HTTP status: logged, nothing settled.
-    Refused(u16),
-    /// A 2xx answer we cannot read.
-    Malformed(String),
-}
-
-/// Back-off after a 429 or 5xx without a usable `Retry-After`.
-pub const DEFAULT_RETRY_AFTER_SECS: i64 = 60;
-
-/// A 429 or 5xx from Gemini's API: back off for its `Retry-After` seconds (capped at a day),
-/// or [`DEFAULT_RETRY_AFTER_SECS`] without a usable one.
-pub fn transient(retry_after: Option<&str>) -> StatusError {
-    let secs = retry_after
-        .and_then(|v| v.trim().parse::<i64>().ok())
-        .filter(|s| *s >= 0)
-        .unwrap_or(DEFAULT_RETRY_AFTER_SECS);
-    StatusError::Transient {
-        retry_after_secs: secs.min(86_400),
-    }
 }
 
 /// Interprets a status-API answer for an operation of `collection`.
@@ -96,7 +58,7 @@ pub fn interpret(
     }
 }
 
-/// Every path of an answer this module reads, for the skimmer ([`crate::skim`]), whatever
+/// Every path of an answer this module reads, for the skimmer ([`crate::reconciliation::skim`]), whatever
 /// the collection: a body skimmed with these reads exactly like the whole body (a test
 /// holds every reader to it). Inline results are counted, never kept; everything else
 /// (an echo of the inline requests, an interaction's input and outputs) is dropped.
@@ -120,7 +82,7 @@ pub const READ: &[Rule] = &[
     Rule::Keep("updated"),
 ];
 
-/// Interprets an answer whose body was streamed through the skimmer ([`crate::skim`]) with
+/// Interprets an answer whose body was streamed through the skimmer ([`crate::reconciliation::skim`]) with
 /// [`READ`]:
 /// `body` is `None` when it was not read (not a 2xx). A body the skimmer refused (too large,
 /// not JSON) is unusable, with the skimmer's reason.
@@ -376,6 +338,8 @@ pub fn webhook_alert(last_alerted: Option<&str>, state: &str) -> (bool, Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operation::observation::DEFAULT_RETRY_AFTER_SECS;
+    use serde_json::Map;
     use Collection::*;
 
     fn ok(c: Collection, body: &str) -> Observation {
@@ -502,7 +466,7 @@ mod tests {
         };
         let big = body(1_100);
         assert!(big.len() > 20_000_000);
-        let skimmed = crate::skim::skim(READ, big.as_bytes());
+        let skimmed = crate::reconciliation::skim::skim(READ, big.as_bytes());
         let from_skim = interpret_skimmed(Batches, 200, None, Some(&skimmed)).unwrap();
         assert_eq!(from_skim.status, Status::Succeeded);
         assert_eq!(from_skim.details["provider"]["inlined_responses"], 1_100);
@@ -565,7 +529,7 @@ mod tests {
         ];
         for (collection, body) in cases {
             let whole = interpret(collection, 200, None, body);
-            let skimmed = crate::skim::skim(READ, body.as_bytes());
+            let skimmed = crate::reconciliation::skim::skim(READ, body.as_bytes());
             assert_eq!(
                 interpret_skimmed(collection, 200, None, Some(&skimmed)),
                 whole,
@@ -576,7 +540,7 @@ mod tests {
 
     #[test]
     fn a_refused_body_is_unusable_with_its_reason_and_errors_need_no_body() {
-        let refused = Err(crate::skim::SkimError::KeptTooLarge);
+        let refused = Err(crate::reconciliation::skim::SkimError::KeptTooLarge);
         match interpret_skimmed(Batches, 200, None, Some(&refused)) {
             Err(StatusError::Malformed(reason)) => assert!(reason.contains("larger than")),
             other => panic!("{other:?}"),
@@ -941,7 +905,7 @@ mod tests {
             #[test]
             fn every_reader_reads_any_skimmed_answer_like_the_whole_one(answer in arb_answer()) {
                 let body = answer.to_string();
-                let skimmed = crate::skim::skim(READ, body.as_bytes());
+                let skimmed = crate::reconciliation::skim::skim(READ, body.as_bytes());
                 for collection in [Batches, Operations, Interactions] {
                     prop_assert_eq!(
                         interpret_skimmed(collection, 200, None, Some(&skimmed)),

@@ -13,15 +13,16 @@ use worker::{Env, Method, Request, Response};
 
 use crate::admin::{authorized, encode_cursor, parse_registration, parse_settle, ListQuery};
 use crate::config::Config;
-use crate::gate_protocol::{GateCommand, GateReply};
-use crate::key::normalize;
-use crate::ledger::{LedgerMeta, OP_PREFIX};
+use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::key::normalize;
+use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::operation::KindFill;
-use crate::reconcile::Resume;
+use crate::reconciliation::reconcile::Resume;
 use crate::timestamp::format_rfc3339;
 
-use super::ledger_kv::KV_BINDING;
-use super::{call_gate, json_response, log, now_ms, ok_json, stats, EdgeError};
+use crate::edge::objects::stats_shard;
+use crate::edge::outbound::ledger_kv::KV_BINDING;
+use crate::edge::{call_gate, json_response, log, now_ms, ok_json, EdgeError};
 
 const OPERATIONS: &str = "/v1/operations";
 /// Largest admin request body.
@@ -37,7 +38,7 @@ pub async fn handle(
 ) -> Result<Response, EdgeError> {
     let auth = req.headers().get("authorization").ok().flatten();
     if !authorized(auth.as_deref(), &config.admin_token.0) {
-        if stats::count_rejected("admin_unauthorized") {
+        if stats_shard::count_rejected("admin_unauthorized") {
             log(json!({"event": "rejected", "reason": "admin_unauthorized"}));
         }
         return Err(EdgeError::Unauthorized);
@@ -45,7 +46,9 @@ pub async fn handle(
     let path = req.path();
     if path == "/v1/stats" {
         return match method {
-            Method::Get => ok_json(&stats::read(env, config.gemini_webhook_name.as_deref()).await?),
+            Method::Get => {
+                ok_json(&stats_shard::read(env, config.gemini_webhook_name.as_deref()).await?)
+            }
             _ => Err(EdgeError::MethodNotAllowed),
         };
     }

@@ -5,7 +5,7 @@
 //! only when the set changed), so a cold isolate reads it once from KV instead of fetching
 //! it; an unknown `kid` triggers a refetch at most once a minute; when the key-set endpoint
 //! is down, the cached keys keep serving.
-//! Guarantees: the pure checks of [`crate::jwt`] run first (alg, kid, shape), so a hostile
+//! Guarantees: the pure checks of [`crate::inbound::jwt`] run first (alg, kid, shape), so a hostile
 //! token never reaches WebCrypto; an invalid token is a [`Refusal::Invalid`] (401), including
 //! a `kid` absent from a freshly fetched set; a `kid` the cache lacks while the set cannot be
 //! refreshed (the last fetch just failed) is [`Refusal::RetryAfter`] (503), so Gemini retries.
@@ -20,12 +20,12 @@ use wasm_bindgen_futures::JsFuture;
 use worker::{Env, Method};
 
 use crate::config::Config;
-use crate::jwt::{check_claims, parse, parse_jwks, JwtError, RsaJwk};
+use crate::inbound::jwt::{check_claims, parse, parse_jwks, JwtError, RsaJwk};
 use crate::retry::Class;
 
-use super::ledger_kv::KV_BINDING;
-use super::log;
-use super::outbound::{send, Answer};
+use crate::edge::log;
+use crate::edge::outbound::fetch::{send, Answer};
+use crate::edge::outbound::ledger_kv::KV_BINDING;
 
 /// KV key of the durable copy of the key set.
 const KV_CACHE_KEY: &str = "jwks:cache";

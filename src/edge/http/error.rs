@@ -13,9 +13,9 @@ use serde_json::json;
 use worker::{Headers, Response};
 
 use crate::config::ConfigError;
-use crate::log_event::LogEvent;
+use crate::telemetry::log_event::LogEvent;
 
-use super::log;
+use crate::edge::log;
 
 /// Where a failure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 //! gate asks Gemini's status API and applies what that says. A nudge naming an operation its
 //! gate has no record of is not stored on the token's word (anyone can obtain tokens): the
 //! edge asks the status API first, within the strangers' guard's limit, and stores only what
-//! Gemini vouches for ([`crate::stranger`]). Only claims inside the verified
+//! Gemini vouches for ([`crate::inbound::stranger`]). Only claims inside the verified
 //! token (`user_metadata`) are forwarded as verified; metadata found only in the body is
 //! forwarded as `unverified_user_metadata`.
 //!
@@ -36,27 +36,28 @@ use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, web_sys, Env, Response};
 
 use crate::config::Config;
-use crate::envelope::{meaning, parse, Envelope, Meaning};
-use crate::gate_protocol::{GateCommand, GateReply, LeaseCommand, LeaseReply};
-use crate::jwt::JwtError;
-use crate::key::{normalize, Collection, KeyError, OperationKey};
-use crate::ledger::dead_key;
-use crate::lifecycle::{DropReason, Source, Status};
-use crate::log_event::LogEvent;
+use crate::inbound::envelope::{meaning, parse, Envelope, Meaning};
+use crate::inbound::jwt::JwtError;
+use crate::inbound::stranger::{self, GuardLimits, Next};
+use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::key::{normalize, Collection, KeyError, OperationKey};
+use crate::operation::ledger::dead_key;
+use crate::operation::lifecycle::{DropReason, Source, Status};
+use crate::operation::observation::StatusError;
 use crate::operation::OpEvent;
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::signature::{check_headers, looks_like_jwt, CheckedHeaders, SignedHeaders};
-use crate::stats;
-use crate::status::StatusError;
-use crate::stranger::{self, GuardLimits, Next};
+use crate::telemetry::counters;
+use crate::telemetry::log_event::LogEvent;
 use crate::timestamp::format_rfc3339;
 
-use super::dynamic_webhook;
-use super::lease_object::GUARD_NAME;
-use super::ledger_kv::{write_dead_letter, KV_BINDING};
-use super::reconcile_pass::LEASE_BINDING;
-use super::stats::{count_at_edge, count_rejected};
-use super::status_api;
-use super::{call_gate, log, now_ms, ok_json, EdgeError};
+use crate::edge::http::dynamic_webhook;
+use crate::edge::objects::lease_object::GUARD_NAME;
+use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
+use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
+use crate::edge::outbound::status_api;
+use crate::edge::reconcile_pass::LEASE_BINDING;
+use crate::edge::{call_gate, log, now_ms, ok_json, EdgeError};
 
 /// Who vouched for a delivery.
 enum Proof<'a> {
@@ -133,7 +134,7 @@ pub async fn receive(
         Err(e) => {
             return Err(EdgeError::BadRequest(format!(
                 "unreadable body: {}",
-                super::js_error(&e)
+                crate::edge::js_error(&e)
             )))
         }
     };
@@ -243,8 +244,8 @@ async fn deliver_signed(
         // Terminal absorbs: the same terminal outcome again cannot change anything, so this
         // isolate answers it from its copy of that fact, without a gate round trip. Changes
         // always go through the gate; this answers only what cannot be one.
-        count_at_edge(stats::DELIVERIES);
-        count_at_edge(stats::DUPLICATES);
+        count_at_edge(counters::DELIVERIES);
+        count_at_edge(counters::DUPLICATES);
         let mut line = answer.clone();
         line["type"] = json!(envelope.event_type);
         line["webhook_id"] = json!(delivery_id);
@@ -379,7 +380,7 @@ async fn deliver_nudge(
             answer(env, &key.key, &command, event_type, token_hash, now).await
         }
         Next::Unknown => {
-            count_at_edge(stats::STRANGER_NUDGES);
+            count_at_edge(counters::STRANGER_NUDGES);
             let counted = guard_call(env, &LeaseCommand::StrangerUnknown { limits }).await;
             let body = json!({"outcome": "unknown_to_gemini", "key": key.key});
             let mut line = body.clone();
@@ -413,7 +414,11 @@ fn guard_limits(config: &Config) -> GuardLimits {
 }
 
 async fn guard_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, EdgeError> {
-    super::post_json(&super::stub_for(env, LEASE_BINDING, GUARD_NAME)?, command).await
+    crate::edge::post_json(
+        &crate::edge::stub_for(env, LEASE_BINDING, GUARD_NAME)?,
+        command,
+    )
+    .await
 }
 
 /// What an envelope's type means, and its operation's key: `None` for an unknown type.

@@ -1,12 +1,12 @@
 //! The OperationGate Durable Object: one per operation key, the only place its state changes.
 //!
 //! Storage: the record and its history in SQLite, cached in memory, and one alarm (see
-//! [`super::gate_storage`]): the earliest of a due side effect or retry, a lapsed claim, a
+//! [`crate::edge::objects::gate_storage`]): the earliest of a due side effect or retry, a lapsed claim, a
 //! confirmation to ask, an alert to send, a ledger projection, counters to flush and the end
 //! of retention.
 //!
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every decision is a pure step of
-//! [`crate::gate`]; this object only loads the record, calls a step, performs the I/O the
+//! [`crate::operation::gate`]; this object only loads the record, calls a step, performs the I/O the
 //! alarm needs and stores what the step says. Commands (deliveries, nudges, registrations,
 //! operator actions) only decide and store: every read-decide-write runs without an await in
 //! between, so it is atomic in the single-threaded object, and a reply is sent only after the
@@ -28,22 +28,23 @@ use std::cell::Cell;
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::config::Config;
-use crate::effect::build_request;
-use crate::gate::{self, Attempt, ConfirmAnswer, Limits, Save, Step};
-use crate::gate_protocol::{GateCommand, GateReply};
-use crate::key::Collection;
-use crate::ledger::IndexWrite;
-use crate::log_event::LogEvent;
+use crate::operation::effect::build_request;
+use crate::operation::gate::{self, Attempt, ConfirmAnswer, Limits, Save, Step};
+use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::key::Collection;
+use crate::operation::ledger::IndexWrite;
+use crate::operation::observation::StatusError;
 use crate::operation::{alarm_failure, Operation};
-use crate::stats;
-use crate::status::StatusError;
-use crate::usage::Invocation;
+use crate::telemetry::counters;
+use crate::telemetry::log_event::LogEvent;
+use crate::telemetry::usage::Invocation;
 
-use super::gate_storage::GateStorage;
-use super::ledger_kv::{write_projection, KV_BINDING};
-use super::outbound::post_alert;
-use super::EdgeError;
-use super::{destination, load_config, log, random_unit, status_api};
+use crate::edge::objects::gate_storage::GateStorage;
+use crate::edge::outbound::fetch::post_alert;
+use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
+use crate::edge::outbound::{destination, status_api};
+use crate::edge::EdgeError;
+use crate::edge::{load_config, log, random_unit};
 
 /// One operation's serialized owner.
 #[durable_object]
@@ -375,14 +376,22 @@ impl OperationGate {
             // seals whatever it loads (`Operation::as_loaded`), so nothing is stored for it.
             self.storage.keep_in_memory(&op);
         }
-        let shard = stats::shard_of(&op.key);
+        let shard = counters::shard_of(&op.key);
         let flush = async {
             let events = op.pending_stats.clone();
             match upkeep.sealed {
                 None => None,
                 Some(_) => {
                     self.storage.meter().add(|u| u.object_calls += 1);
-                    Some(super::stats::add(&self.env, shard, Some(op.key.clone()), events).await)
+                    Some(
+                        crate::edge::objects::stats_shard::add(
+                            &self.env,
+                            shard,
+                            Some(op.key.clone()),
+                            events,
+                        )
+                        .await,
+                    )
                 }
             }
         };

@@ -22,13 +22,13 @@ use serde_json::{json, Value};
 use worker::wasm_bindgen::JsValue;
 use worker::{Result, ScheduledTime, State};
 
-use crate::gate::Limits;
-use crate::log_event::LogEvent;
 use crate::operation::alarm_failure::AlarmFailures;
+use crate::operation::gate::Limits;
 use crate::operation::{recovery, Operation};
+use crate::telemetry::log_event::LogEvent;
 
-use super::log;
-use super::usage_meter::Meter;
+use crate::edge::log;
+use crate::edge::objects::usage_meter::Meter;
 
 /// History rows kept per operation; older rows are deleted.
 const HISTORY_LIMIT: i64 = 200;

@@ -1,17 +1,17 @@
 //! The ReconcileLease Durable Object: one for the worker, admitting one reconciliation pass at
 //! a time and keeping the durable cursor between passes.
 //!
-//! Storage (SQLite): `lease(id = 1, body)` holds [`crate::reconcile::Lease`] as JSON;
+//! Storage (SQLite): `lease(id = 1, body)` holds [`crate::reconciliation::reconcile::Lease`] as JSON;
 //! `last_pass(id = 1, body)` the summary of the newest pass. Guarantees: acquire, renew and
 //! release are read-decide-write with no await in between, so two overlapping cron runs can
 //! never both hold the lease; a holder that lost the lease can neither renew it nor move the
 //! cursor. The lease is short and renewed by its pass's heartbeat (each renewal also saves the
 //! pass's position), so a pass that dies blocks the next for one TTL. The audit over `op:`
-//! keeps its own cursor in the same record ([`crate::reconcile::Audit`]), moved only by the
+//! keeps its own cursor in the same record ([`crate::reconciliation::reconcile::Audit`]), moved only by the
 //! holder, like the routine cursor.
 //!
 //! Another instance of this class, named [`GUARD_NAME`], is the strangers' guard
-//! ([`crate::stranger::Guard`]): it counts unregistered nudges Gemini does not know in memory
+//! ([`crate::inbound::stranger::Guard`]): it counts unregistered nudges Gemini does not know in memory
 //! (an evicted or restarted guard starts its minute and its alert window again, from the
 //! state stored with the last alert), and stores only the aggregated alerts of the windows
 //! (`guard(id = 1, body)`, at most [`MAX_OWED_ALERTS`] owed at once), which its alarm sends
@@ -24,14 +24,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
-use crate::gate_protocol::{LeaseCommand, LeaseReply};
-use crate::log_event::LogEvent;
-use crate::reconcile::Lease;
-use crate::stranger::{alert_body, Guard};
+use crate::inbound::stranger::{alert_body, Guard};
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::reconciliation::reconcile::Lease;
+use crate::telemetry::log_event::LogEvent;
 
-use super::outbound::post_alert;
-use super::EdgeError;
-use super::{load_config, log};
+use crate::edge::outbound::fetch::post_alert;
+use crate::edge::EdgeError;
+use crate::edge::{load_config, log};
 
 /// Aggregated alerts kept while the sink refuses them (one per alert window, so a day's worth
 /// at the default hour); older ones are dropped first, counted in the newest.

@@ -1,4 +1,4 @@
-//! Counts what one Durable Object uses (see [`crate::usage`]): its SQL statements and the rows
+//! Counts what one Durable Object uses (see [`crate::telemetry::usage`]): its SQL statements and the rows
 //! their cursors report, its alarm writes, KV writes, object calls and outbound fetches.
 //!
 //! Guarantees: with `USAGE_LOG` off nothing is counted (the one cost is a flag check per
@@ -10,9 +10,9 @@ use std::cell::{Cell, RefCell};
 use serde::de::DeserializeOwned;
 use worker::{Date, Result, SqlCursor, SqlStorage, SqlStorageValue};
 
-use crate::usage::{Invocation, Usage};
+use crate::telemetry::usage::{Invocation, Usage};
 
-use super::log;
+use crate::edge::log;
 
 /// One object's counter.
 #[derive(Default)]

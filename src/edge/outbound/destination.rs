@@ -16,11 +16,11 @@ use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, Delay, Env, Headers, Method, Request, RequestInit};
 
 use crate::config::Destination;
-use crate::effect::{classify, EffectRequest};
+use crate::operation::effect::{classify, EffectRequest};
 use crate::operation::AttemptOutcome;
 
-use super::js_error;
-use super::outbound::{send, Answer};
+use crate::edge::js_error;
+use crate::edge::outbound::fetch::{send, Answer};
 
 /// Longest part of a destination's answer kept in the record and logs.
 const EXCERPT_CHARS: usize = 300;

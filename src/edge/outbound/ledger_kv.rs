@@ -9,8 +9,8 @@
 use serde_json::Value;
 use worker::KvStore;
 
-use super::EdgeError;
-use crate::ledger::{IndexWrite, Projection};
+use crate::edge::EdgeError;
+use crate::operation::ledger::{IndexWrite, Projection};
 
 /// The KV namespace binding.
 pub const KV_BINDING: &str = "OPS_KV";

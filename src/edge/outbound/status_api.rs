@@ -2,8 +2,8 @@
 //!
 //! Guarantees: one bounded GET (headers within [`STATUS_TIMEOUT_MS`], a 2xx body within
 //! [`STATUS_BODY_TIMEOUT_MS`] more); the body is streamed through the skimmer
-//! ([`crate::skim`]), so an answer of any size Gemini sends is read with bounded memory (one
-//! chunk plus at most [`crate::skim::MAX_KEPT_BYTES`] kept) and a large one is logged with
+//! ([`crate::reconciliation::skim`]), so an answer of any size Gemini sends is read with bounded memory (one
+//! chunk plus at most [`crate::reconciliation::skim::MAX_KEPT_BYTES`] kept) and a large one is logged with
 //! what it cost; every way it can end (an answer, a timeout, a network error) becomes the
 //! pure core's [`Observation`] or [`StatusError`], so the gate and the cron read an answer
 //! the same way; a timeout or network error is transient, like a 429.
@@ -12,12 +12,13 @@ use serde_json::json;
 use worker::Method;
 
 use crate::config::Config;
-use crate::key::Collection;
-use crate::log_event::LogEvent;
-use crate::status::{interpret_skimmed, status_url, Observation, StatusError};
+use crate::operation::key::Collection;
+use crate::operation::observation::{Observation, StatusError};
+use crate::reconciliation::status::{interpret_skimmed, status_url};
+use crate::telemetry::log_event::LogEvent;
 
-use super::log;
-use super::outbound::{get_skimmed, send, Answer, SkimAnswer};
+use crate::edge::log;
+use crate::edge::outbound::fetch::{get_skimmed, send, Answer, SkimAnswer};
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
 /// room for a slow moment, while a hanging call costs a cron pass a twelfth of its default

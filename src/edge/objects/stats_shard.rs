@@ -1,11 +1,11 @@
 //! `/v1/stats`: the StatsShard Durable Objects, the per-isolate rejection counters, and the
 //! read that sums them.
 //!
-//! Storage of a shard (SQLite): its tables and statements are [`crate::stats_store`]'s (hour
+//! Storage of a shard (SQLite): its tables and statements are [`crate::telemetry::shard_store`]'s (hour
 //! buckets and the sum of the pruned ones, dedupe marks per operation, recent drops); this
 //! object runs them on its database, counted by its meter, and prunes at most hourly. A read
 //! returns the totals, the last day's sums and its hourly buckets (the dashboard's trend).
-//! Guarantees: see [`crate::stats`] and [`crate::stats_store`].
+//! Guarantees: see [`crate::telemetry::counters`] and [`crate::telemetry::shard_store`].
 
 use std::cell::{Cell, RefCell};
 
@@ -15,19 +15,19 @@ use worker::{
     SqlStorageValue, State,
 };
 
-use crate::gate_protocol::{LeaseCommand, LeaseReply};
-use crate::stats::{
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::telemetry::counters::{
     hourly_series, merge, merge_hourly, prune_due, Hourly, ShardCommand, ShardCounts, StatEvent,
     Tally, SHARDS, TREND_HOURS,
 };
-use crate::stats_store::{self, Param, Row, Sql, RECENT_DROPS};
+use crate::telemetry::shard_store::{self, Param, Row, Sql, RECENT_DROPS};
 
-use crate::log_event::LogEvent;
+use crate::telemetry::log_event::LogEvent;
 
-use super::usage_meter::Meter;
-use super::EdgeError;
-use super::{load_config, log, post_json};
-use crate::usage::Invocation;
+use crate::edge::objects::usage_meter::Meter;
+use crate::edge::EdgeError;
+use crate::edge::{load_config, log, post_json};
+use crate::telemetry::usage::Invocation;
 
 /// The shard binding.
 pub const STATS_BINDING: &str = "STATS";
@@ -111,8 +111,8 @@ pub async fn add(
     Ok(())
 }
 
-fn shard_stub(env: &Env, shard: u32) -> std::result::Result<super::ObjectStub, EdgeError> {
-    super::stub_for(env, STATS_BINDING, &format!("stats-{shard}"))
+fn shard_stub(env: &Env, shard: u32) -> std::result::Result<crate::edge::ObjectStub, EdgeError> {
+    crate::edge::stub_for(env, STATS_BINDING, &format!("stats-{shard}"))
 }
 
 /// Sums every shard and adds the hourly trend, the last reconciliation pass and, when
@@ -135,10 +135,10 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
         .iter()
         .map(|d| json!({"at": crate::timestamp::format_rfc3339(d.at_ms), "key": d.key, "reason": d.reason}))
         .collect();
-    let lease = super::stub_for(
+    let lease = crate::edge::stub_for(
         env,
-        super::reconcile_pass::LEASE_BINDING,
-        super::lease_object::LEASE_NAME,
+        crate::edge::reconcile_pass::LEASE_BINDING,
+        crate::edge::objects::lease_object::LEASE_NAME,
     )?;
     let (last_pass, webhook) = match post_json::<_, LeaseReply>(&lease, &LeaseCommand::Status)
         .await?
@@ -152,7 +152,7 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
         ),
         _ => (Value::Null, None),
     };
-    let hourly = hourly_series(&hourly, super::now_ms());
+    let hourly = hourly_series(&hourly, crate::edge::now_ms());
     Ok(
         json!({"total": total, "last_24h": day, "hourly": hourly, "recent_drops": drops,
         "reconcile": last_pass, "gemini_webhook": webhook}),
@@ -170,7 +170,7 @@ pub struct StatsShard {
     meter: Meter,
 }
 
-/// The shard's database as [`stats_store`] sees it, each statement counted by the meter.
+/// The shard's database as [`shard_store`](crate::telemetry::shard_store) sees it, each statement counted by the meter.
 struct ShardSql<'a> {
     meter: &'a Meter,
     sql: SqlStorage,
@@ -200,7 +200,7 @@ impl DurableObject for StatsShard {
             pruned_at_ms: Cell::new(0),
             meter,
         };
-        if let Err(e) = stats_store::open(&shard.db()) {
+        if let Err(e) = shard_store::open(&shard.db()) {
             log(json!({"event": "stats_schema_error", "error": e}));
         }
         shard
@@ -242,10 +242,10 @@ impl StatsShard {
                 if prune {
                     self.pruned_at_ms.set(now);
                 }
-                stats_store::add(&db, gate.as_deref(), &events, now, prune)
+                shard_store::add(&db, gate.as_deref(), &events, now, prune)
                     .map(|()| json!({"ok": true}))
             }
-            ShardCommand::Read => stats_store::read(&db, now, TREND_HOURS)
+            ShardCommand::Read => shard_store::read(&db, now, TREND_HOURS)
                 .and_then(|counts| serde_json::to_value(counts).map_err(|e| e.to_string())),
         };
         match answer {

@@ -1,5 +1,5 @@
 //! A stats shard's tables and every statement on them, over any SQLite ([`Sql`]): the Durable
-//! Object's at the edge (`src/edge/objects/stats.rs`), an in-memory one in the tests here.
+//! Object's at the edge (`src/edge/objects/stats_shard.rs`), an in-memory one in the tests here.
 //!
 //! Tables: `counts(hour, name, n)`: an hour ≥ 0 is that hour's bucket ([`hour_of`]), kept
 //! [`KEEP_HOURS`] hours; hour -1 holds the sum of every bucket pruned so far, so a name's total
@@ -8,7 +8,7 @@
 //! operation, kept [`SEEN_KEEP_MS`]. `recent(seq, at_ms, gate, name)`: the newest
 //! [`RECENT_DROPS`] dropped events. `meta(k, v)`: the layout's version.
 //!
-//! Guarantees: a gate's events are counted once (see [`crate::stats`]); pruning moves old
+//! Guarantees: a gate's events are counted once (see [`crate::telemetry::counters`]); pruning moves old
 //! buckets into hour -1 in the statements that delete them, so no total changes by pruning; a
 //! shard of layout 1 (hour -1 the all-time total; no `layout` row in `meta`) is migrated once,
 //! when opened: its all-time row minus the buckets it still holds is exactly what it had pruned.
@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use crate::stats::{hour_of, to_count, Hourly, RecentDrop, ShardCounts, StatEvent, Tally};
+use crate::telemetry::counters::{
+    hour_of, to_count, Hourly, RecentDrop, ShardCounts, StatEvent, Tally,
+};
 
 /// Dropped events kept per shard for "recently dropped".
 pub const RECENT_DROPS: i64 = 50;

@@ -11,7 +11,7 @@
 use serde::Serialize;
 use serde_json::json;
 
-use crate::log_event::LogEvent;
+use crate::telemetry::log_event::LogEvent;
 
 /// Counts since the last `usage` line of one object.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]

@@ -2,7 +2,7 @@
 //!
 //! Layout: `op:<key>` holds the operation's public JSON view; its metadata ([`LedgerMeta`])
 //! holds what the pass decides on, so it reads no value for entries needing no work.
-//! `open:<key>` is the index of what may need work ([`crate::reconcile::may_need_work`]): an
+//! `open:<key>` is the index of what may need work ([`may_need_work`]): an
 //! empty value with the same metadata, written with every projection while the operation may
 //! need work and deleted with the projection that closes it, so the routine pass lists open
 //! operations only. It is a hint like the rest: a lost put is found by the daily audit over
@@ -17,8 +17,8 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::alert::AlertKind;
-use crate::lifecycle::Status;
+use crate::operation::alert::AlertKind;
+use crate::operation::lifecycle::Status;
 use crate::operation::Operation;
 
 /// Prefix of operation entries.
@@ -152,6 +152,23 @@ pub fn dead_key(webhook_id: &str) -> String {
     }
 }
 
+/// True when the cron pass ([`crate::reconciliation::reconcile::decide`]) may return an action for this metadata now or later: the operation
+/// belongs in the `open:` index. Not forgotten, and either not terminal (polled once past the
+/// grace; an unknown status is never acted on) or terminal with the side effect neither done
+/// nor parked (retried), or parked with its `effect_failing` alert not yet raised. Alerts the
+/// gate has queued are its own alarm's business, not the pass's.
+pub fn may_need_work(meta: &LedgerMeta) -> bool {
+    if meta.forgotten {
+        return false;
+    }
+    let status = meta.status.clone();
+    if status.is_terminal() {
+        !meta.effect_done && (!meta.parked || !meta.alerts.contains(&AlertKind::EffectFailing))
+    } else {
+        status.rank() >= 0
+    }
+}
+
 /// The ledger write that mirrors `op`.
 pub fn project(op: &Operation, retention_secs: i64) -> Projection {
     let secs = |ms: i64| ms.div_euclid(1_000);
@@ -174,7 +191,7 @@ pub fn project(op: &Operation, retention_secs: i64) -> Projection {
     Projection {
         kv_key: op_key(&op.key),
         value: op.view().to_string(),
-        open: crate::reconcile::may_need_work(&metadata),
+        open: may_need_work(&metadata),
         metadata,
         ttl_secs: op
             .is_closed()
@@ -185,8 +202,8 @@ pub fn project(op: &Operation, retention_secs: i64) -> Projection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::MAX_NAME_BYTES;
-    use crate::lifecycle::{Source, Status};
+    use crate::operation::key::MAX_NAME_BYTES;
+    use crate::operation::lifecycle::{Source, Status};
     use crate::operation::{AttemptOutcome, OpEvent};
 
     fn succeeded(op: &mut Operation) {

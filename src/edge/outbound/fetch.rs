@@ -13,11 +13,11 @@ use worker::wasm_bindgen::JsValue;
 use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestInit};
 
 use crate::config::Config;
-use crate::log_event::LogEvent;
+use crate::reconciliation::skim::{Skim, SkimError, Skimmed};
 use crate::retry::{class_of_status, Class};
-use crate::skim::{Skim, SkimError, Skimmed};
+use crate::telemetry::log_event::LogEvent;
 
-use super::log;
+use crate::edge::log;
 
 /// Alert sinks get this long to answer.
 const ALERT_TIMEOUT_MS: i64 = 5_000;
@@ -117,7 +117,7 @@ pub enum SkimAnswer {
 /// One GET whose headers must come within `head_timeout_ms` and whose 2xx body is then
 /// streamed, chunk by chunk, through a [`Skim`] within `body_timeout_ms` more. Memory: one
 /// chunk as the runtime hands it over, plus what the skimmer keeps (bounded by
-/// [`crate::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
+/// [`crate::reconciliation::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
 pub async fn get_skimmed(
     url: &str,
     headers: &[(&str, String)],
@@ -154,7 +154,7 @@ pub async fn get_skimmed(
     }
     let started = worker::Date::now().as_millis() as i64;
     let read = async {
-        let mut skim = Skim::new(crate::status::READ);
+        let mut skim = Skim::new(crate::reconciliation::status::READ);
         // No body at all reads as an empty one (and is refused as such).
         if let Ok(mut stream) = response.stream() {
             while let Some(chunk) = stream.next().await {

@@ -1,0 +1,7 @@
+//! The worker's HTTP routes: Gemini's webhooks (static and dynamic), the admin API, and the
+//! one place an error becomes an HTTP answer.
+
+pub mod admin_api;
+pub mod dynamic_webhook;
+pub mod error;
+pub mod webhook;

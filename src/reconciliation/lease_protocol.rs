@@ -1,0 +1,117 @@
+//! The messages between the edge and the ReconcileLease object's two instances: the lease
+//! that keeps one cron pass at a time (with where the next one resumes), and the strangers'
+//! guard that bounds what unregistered names may cost.
+//!
+//! Guarantees: both directions are plain tagged JSON, tested on the host and logged as is; a
+//! renewal or release from a holder that lost the lease is refused, so a pass that lost it
+//! saves nothing.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::inbound::stranger::GuardLimits;
+use crate::reconciliation::reconcile::{Audit, AuditProgress, Lease, Resume};
+
+/// A request to the ReconcileLease object (one for the whole worker).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum LeaseCommand {
+    /// Take the lease if free or lapsed; answers with where to resume.
+    Acquire { holder: String, ttl_ms: i64 },
+    /// The holder's heartbeat: extend the lease by `ttl_ms` from now and save where the pass
+    /// has got to, so a pass killed before it releases loses at most one heartbeat of work.
+    /// Refused unless `holder` still holds the lease; the pass then stops and saves nothing.
+    Renew {
+        holder: String,
+        ttl_ms: i64,
+        resume: Resume,
+        status_backoff_until_ms: i64,
+        /// Where the audit in progress has got to, if this pass is auditing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        audit: Option<AuditProgress>,
+    },
+    /// Give it back with where the next pass starts and the pass's summary.
+    Release {
+        holder: String,
+        resume: Resume,
+        complete: bool,
+        status_backoff_until_ms: i64,
+        /// When the pass checked the Gemini webhook: the state now alerted on, if any.
+        #[serde(default)]
+        webhook_checked: bool,
+        #[serde(default)]
+        webhook_alerted_state: Option<String>,
+        /// How far this pass's audit got, if it audited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        audit: Option<AuditProgress>,
+        summary: Value,
+    },
+    /// To the strangers' guard (another instance of the lease's class): may the status API
+    /// be asked about one more unregistered name?
+    StrangerPermit { limits: GuardLimits },
+    /// To the strangers' guard: Gemini did not know one more unregistered name.
+    StrangerUnknown { limits: GuardLimits },
+    /// The lease, the cursor and the last pass's summary.
+    Status,
+}
+
+/// The ReconcileLease object's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum LeaseReply {
+    Granted {
+        resume: Resume,
+        status_backoff_until_ms: i64,
+        #[serde(default)]
+        webhook_alerted_state: Option<String>,
+        /// The audit's state: the pass decides with its configured interval whether it is due.
+        #[serde(default)]
+        audit: Audit,
+    },
+    Busy,
+    /// The answer to [`LeaseCommand::Renew`]; `accepted: false` means the lease is lost.
+    Renewed {
+        accepted: bool,
+    },
+    Released {
+        accepted: bool,
+    },
+    State {
+        lease: Lease,
+        last_pass: Option<Value>,
+    },
+    /// `retry_after`: refused for this many seconds (the minute's limit is spent).
+    StrangerPermit {
+        retry_after: Option<i64>,
+    },
+    /// `alert`: this crossed the window's threshold; the guard sends the one alert.
+    StrangerCounted {
+        alert: bool,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_renewal_round_trips_as_tagged_json() {
+        let cmd = LeaseCommand::Renew {
+            holder: "pass-1".into(),
+            ttl_ms: 60_000,
+            resume: Resume {
+                cursor: Some("c".into()),
+                after_key: Some("op:batches/a".into()),
+            },
+            status_backoff_until_ms: 5,
+            audit: None,
+        };
+        let text = serde_json::to_string(&cmd).unwrap();
+        assert!(text.contains(r#""command":"renew""#));
+        assert_eq!(serde_json::from_str::<LeaseCommand>(&text).unwrap(), cmd);
+        let reply = LeaseReply::Renewed { accepted: false };
+        let text = serde_json::to_string(&reply).unwrap();
+        assert_eq!(text, r#"{"outcome":"renewed","accepted":false}"#);
+        assert_eq!(serde_json::from_str::<LeaseReply>(&text).unwrap(), reply);
+    }
+}

@@ -1,0 +1,7 @@
+//! What the worker counts and says: per-hour counters, the stats shards' store, usage
+//! metering, and the typed log lines.
+
+pub mod counters;
+pub mod log_event;
+pub mod shard_store;
+pub mod usage;
