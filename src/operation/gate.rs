@@ -13,15 +13,10 @@
 
 use serde_json::{json, Value};
 
-use crate::operation::alert::AlertKind;
 use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
-use crate::operation::ledger::{project, IndexWrite, Projection};
 use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
-use crate::operation::observation::{Observation, StatusError};
-use crate::operation::{
-    backoff_ms, AttemptOutcome, Claim, Finished, KindFill, OpEvent, Operation, PendingAlert,
-};
-use crate::telemetry::counters;
+use crate::operation::{KindFill, OpEvent, Operation};
+use crate::telemetry::counters::Counter;
 use crate::telemetry::log_event::LogEvent;
 
 /// The settings a step needs, from the configuration.
@@ -48,9 +43,10 @@ pub enum Save {
     Durable,
 }
 
-/// What one step decided.
+/// What one step decided. `R` is its answer: a [`GateReply`] for a command, an
+/// [`AlarmDone`] for a piece of the alarm's work.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Step {
+pub struct Step<R = GateReply> {
     /// The record after the step (`None`: there is none).
     pub record: Option<Operation>,
     pub save: Save,
@@ -58,7 +54,7 @@ pub struct Step {
     pub history: Vec<Value>,
     /// Log lines to print.
     pub logs: Vec<Value>,
-    pub reply: GateReply,
+    pub reply: R,
     /// The answer carries the stored history (`Inspect`): the object reads and attaches it.
     pub attach_history: bool,
     /// Set the alarm again even if this instance believes it is set (repairs a lost one).
@@ -67,8 +63,8 @@ pub struct Step {
     pub clear_history: bool,
 }
 
-impl Step {
-    fn new(record: Option<Operation>, reply: GateReply) -> Step {
+impl<R> Step<R> {
+    pub(crate) fn new(record: Option<Operation>, reply: R) -> Step<R> {
         Step {
             record,
             save: Save::Unchanged,
@@ -81,17 +77,17 @@ impl Step {
         }
     }
 
-    fn durable(mut self) -> Step {
+    pub(crate) fn durable(mut self) -> Step<R> {
         self.save = Save::Durable;
         self
     }
 
-    fn row(mut self, entry: Value) -> Step {
+    pub(crate) fn row(mut self, entry: Value) -> Step<R> {
         self.history.push(entry);
         self
     }
 
-    fn log(mut self, event: LogEvent, fields: Value) -> Step {
+    pub(crate) fn log(mut self, event: LogEvent, fields: Value) -> Step<R> {
         self.logs.push(event.line(fields));
         self
     }
@@ -208,7 +204,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 None if !vouched => return Step::new(None, GateReply::Unregistered),
                 None => Operation::unregistered(&key, &name, now),
             };
-            op.count(counters::DELIVERIES, now);
+            op.count(Counter::Deliveries, now);
             let version = op.version;
             if op.forgotten.is_some() {
                 // An operator stopped tracking it: nothing is asked or alerted for it again.
@@ -269,7 +265,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             Some(op) if !op.effect.done => operator_retry(op, &reason, now),
             Some(mut op) => match op.redeliver(now, &reason) {
                 Ok(generation) => {
-                    op.count(counters::REDELIVERIES, now);
+                    op.count(Counter::Redeliveries, now);
                     operator_acted(op, OperatorAction::Redeliver, generation, &reason, now)
                 }
                 Err(refusal) => refused(op, refusal.as_str()),
@@ -424,8 +420,8 @@ fn refused(op: Operation, reason: &str) -> Step {
 /// stores nothing for it: its count waits in memory.
 fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
     match reason {
-        DropReason::Duplicate => op.count(counters::DUPLICATES, now),
-        other => op.count(&format!("dropped_{}", other.as_str()), now),
+        DropReason::Duplicate => op.count(Counter::Duplicates, now),
+        other => op.count(Counter::Dropped(other.as_str()), now),
     }
     let settled_duplicate = reason == DropReason::Duplicate && op.is_settled();
     let reply = GateReply::Dropped {
@@ -470,17 +466,23 @@ fn position(op: &Operation) -> Position {
 
 /// Counts a delivery's outcome in the record, exactly once (same write as the decision).
 /// `arrived` is false for a confirmation, whose delivery was counted when it arrived.
-fn count_delivery(op: &mut Operation, event: &OpEvent, verdict: Verdict, now: i64, arrived: bool) {
+pub(crate) fn count_delivery(
+    op: &mut Operation,
+    event: &OpEvent,
+    verdict: Verdict,
+    now: i64,
+    arrived: bool,
+) {
     if arrived && event.source == Source::Webhook {
-        op.count(counters::DELIVERIES, now);
+        op.count(Counter::Deliveries, now);
     }
     match verdict {
-        Verdict::Drop(DropReason::Duplicate) => op.count(counters::DUPLICATES, now),
-        Verdict::Drop(reason) => op.count(&format!("dropped_{}", reason.as_str()), now),
+        Verdict::Drop(DropReason::Duplicate) => op.count(Counter::Duplicates, now),
+        Verdict::Drop(reason) => op.count(Counter::Dropped(reason.as_str()), now),
         Verdict::Apply if op.status.is_terminal() => op.count(
             match event.source {
-                Source::Reconcile => counters::SETTLED_BY_RECONCILE,
-                _ => counters::SETTLED_BY_WEBHOOK,
+                Source::Reconcile => Counter::SettledByReconcile,
+                _ => Counter::SettledByWebhook,
             },
             now,
         ),
@@ -488,7 +490,7 @@ fn count_delivery(op: &mut Operation, event: &OpEvent, verdict: Verdict, now: i6
     }
 }
 
-fn history_of_event(event: &OpEvent, verdict: Verdict) -> Value {
+pub(crate) fn history_of_event(event: &OpEvent, verdict: Verdict) -> Value {
     let (what, reason) = match verdict {
         Verdict::Apply => ("applied", None),
         Verdict::Drop(r) => ("dropped", Some(r.as_str())),
@@ -503,338 +505,14 @@ fn history_of_event(event: &OpEvent, verdict: Verdict) -> Value {
     })
 }
 
-// ---------------------------------------------------------------------------------------------
-// The alarm: each piece of its I/O, as a step before and a step after.
-// ---------------------------------------------------------------------------------------------
-
-/// Ends retention if it is over: the record becomes a tombstone and the history goes.
-pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step> {
-    if op
-        .expires_at_ms(limits.retention_ms)
-        .is_none_or(|t| t > now)
-    {
-        return None;
-    }
-    let mut op = op.clone();
-    op.retire(now);
-    let key = op.key.clone();
-    let mut step = Step::new(Some(op), GateReply::NotFound)
-        .durable()
-        .row(json!({"what": "retired"}))
-        .log(LogEvent::RetentionExpired, json!({"key": key}));
-    step.clear_history = true;
-    Some(step)
-}
-
-/// What the status API said when asked to confirm a nudge.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ConfirmAnswer {
-    /// `GEMINI_API_KEY` is not set: Gemini would refuse; wait for an operator to set it.
-    NoApiKey,
-    Answer(Result<Observation, StatusError>),
-}
-
-/// Applies a confirmation's answer: what the status API says goes through the reducer as an
-/// event from the webhook path; a 404 ends it and alerts; an unusable answer alerts; anything
-/// else waits and asks again, at most `MAX_CONFIRM_ATTEMPTS` questions in all, then leaves the
-/// operation to the cron.
-pub fn confirmed(
-    mut op: Operation,
-    answer: ConfirmAnswer,
-    now: i64,
-    limits: &Limits,
-    jitter: f64,
-) -> Step {
-    let attempts = op.confirmation.as_ref().map_or(0, |c| c.attempts);
-    let wait = backoff_ms(
-        attempts + 1,
-        limits.retry_base_secs,
-        limits.retry_max_secs,
-        jitter,
-    );
-    let key = op.key.clone();
-    match answer {
-        ConfirmAnswer::Answer(Ok(observation))
-            if !matches!(observation.status, Status::Unknown(_)) =>
-        {
-            let event = OpEvent {
-                status: observation.status,
-                update_time_ms: observation.update_time_ms,
-                source: Source::Webhook,
-                details: observation.details,
-                delivery_id: None,
-            };
-            let verdict = op.confirm_with(event.clone(), now, wait);
-            if verdict == Verdict::Apply {
-                op.hold_for_registration(limits.unregistered_hold_ms, now);
-            }
-            count_delivery(&mut op, &event, verdict, now, false);
-            let still = op.confirmation.is_some();
-            Step::new(Some(op), GateReply::NotFound)
-                .durable()
-                .row(history_of_event(&event, verdict))
-                .log(
-                    LogEvent::Confirmed,
-                    json!({"key": key, "status": event.status.as_str(),
-                        "verdict": verdict_label(verdict), "still_confirming": still}),
-                )
-        }
-        ConfirmAnswer::Answer(Ok(observation)) => {
-            op.confirmation_failed(now, wait);
-            Step::new(Some(op), GateReply::NotFound).durable().log(
-                LogEvent::StatusUnknownState,
-                json!({"key": key, "state": observation.status.as_str()}),
-            )
-        }
-        ConfirmAnswer::Answer(Err(StatusError::NotFound)) => {
-            op.confirmation_gone();
-            let age = (now - op.submitted_at_ms).div_euclid(1_000);
-            op.raise_alert(AlertKind::UnknownToGemini, age, now);
-            Step::new(Some(op), GateReply::NotFound)
-                .durable()
-                .row(json!({"what": "confirm_not_found"}))
-                .log(
-                    LogEvent::StatusNotFound,
-                    json!({"key": key, "path": "confirmation"}),
-                )
-        }
-        ConfirmAnswer::Answer(Err(StatusError::Malformed(reason))) => {
-            // Asking again is bounded; the cron keeps polling and the alert asks a person.
-            op.confirmation_failed(now, wait);
-            let age = (now - op.submitted_at_ms).div_euclid(1_000);
-            op.status_unusable(&reason, age, now);
-            let still = op.confirmation.is_some();
-            Step::new(Some(op), GateReply::NotFound)
-                .durable()
-                .row(json!({"what": "status_unusable", "reason": reason}))
-                .log(
-                    LogEvent::StatusUnusable,
-                    json!({"key": key, "path": "confirmation", "error": reason, "still_confirming": still}),
-                )
-        }
-        ConfirmAnswer::Answer(Err(e)) => {
-            let wait = match e {
-                StatusError::Transient { retry_after_secs } => {
-                    wait.max(retry_after_secs.saturating_mul(1_000))
-                }
-                _ => wait,
-            };
-            op.confirmation_failed(now, wait);
-            Step::new(Some(op), GateReply::NotFound).durable().log(
-                LogEvent::ConfirmWaiting,
-                json!({"key": key, "error": format!("{e:?}"), "retry_in_ms": wait}),
-            )
-        }
-        ConfirmAnswer::NoApiKey => {
-            // Not a try (nothing was asked), so no try count grows its backoff: the wait is
-            // the time waited so far, which doubles the total at each wake, within the limits.
-            let waited = op
-                .confirmation
-                .as_ref()
-                .map_or(0, |c| now - c.requested_at_ms);
-            let wait = waited
-                .min(limits.retry_max_secs.saturating_mul(1_000))
-                .max(limits.retry_base_secs.saturating_mul(1_000));
-            op.confirmation_waits(now, wait);
-            Step::new(Some(op), GateReply::NotFound).durable().log(
-                LogEvent::ConfirmWaiting,
-                json!({"key": key, "error": "GEMINI_API_KEY is not set", "retry_in_ms": wait}),
-            )
-        }
-    }
-}
-
-fn verdict_label(verdict: Verdict) -> &'static str {
-    match verdict {
-        Verdict::Apply => "applied",
-        Verdict::Drop(reason) => reason.as_str(),
-    }
-}
-
-/// Records how sending a queued alert ended: the sink's acceptance takes it off the queue; a
-/// failure waits with backoff for the alarm to send it again.
-pub fn alert_sent(
-    mut op: Operation,
-    alert: &PendingAlert,
-    sent: bool,
-    now: i64,
-    limits: &Limits,
-    jitter: f64,
-) -> Step {
-    if sent {
-        op.alert_delivered(alert.kind);
-        op.count(counters::ALERTS, now);
-        Step::new(Some(op), GateReply::NotFound)
-            .durable()
-            .row(json!({"what": "alert", "alert": alert.kind, "alert_id": alert.id}))
-    } else {
-        let wait = backoff_ms(
-            alert.attempts + 1,
-            limits.retry_base_secs,
-            limits.retry_max_secs,
-            jitter,
-        );
-        op.alert_failed(alert.kind, now, wait);
-        Step::new(Some(op), GateReply::NotFound).durable()
-    }
-}
-
-/// Claims the side effect if it is owed, due and not held: the claim is stored before the
-/// call leaves, and its expiry wakes the gate if the call never returns.
-pub fn begin_attempt(mut op: Operation, now: i64, limits: &Limits) -> Option<(Claim, Step)> {
-    let claim = op.claim(now, limits.claim_ttl_ms)?;
-    let attempt = op.effect.attempts;
-    let step = Step::new(Some(op), GateReply::NotFound)
-        .durable()
-        .row(json!({"what": "claimed", "token": claim.token, "attempt": attempt}));
-    Some((claim, step))
-}
-
-/// How one attempt ended, as the runner saw it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Attempt {
-    pub claim: Claim,
-    pub outcome: AttemptOutcome,
-    pub started_ms: i64,
-    pub finished_ms: i64,
-}
-
-/// Commits an attempt under its claim's fencing token: done, a retry after backoff, or parked;
-/// an answer under a token no longer current changes nothing (another attempt took over).
-pub fn attempt_finished(
-    mut op: Operation,
-    attempt: &Attempt,
-    limits: &Limits,
-    jitter: f64,
-) -> Step {
-    let backoff = backoff_ms(
-        op.effect.failures_in_row,
-        limits.retry_base_secs,
-        limits.retry_max_secs,
-        jitter,
-    );
-    let finished = op.finish(
-        attempt.claim.token,
-        &attempt.outcome,
-        attempt.finished_ms,
-        backoff,
-    );
-    let (event, stat) = match &finished {
-        Finished::Done => (LogEvent::EffectDelivered, Some(counters::EFFECT_SUCCESSES)),
-        Finished::RetryAt(_) => (LogEvent::EffectFailed, Some(counters::EFFECT_FAILURES)),
-        Finished::Parked => (LogEvent::EffectParked, Some(counters::EFFECT_PARKS)),
-        Finished::Fenced => (LogEvent::EffectFenced, None),
-    };
-    if let Some(stat) = stat {
-        op.count(stat, attempt.finished_ms);
-    }
-    if finished == Finished::Parked {
-        // A refusal the destination will repeat needs a person now: the alert is queued here
-        // and sent by this alarm, not left for the next cron pass.
-        let age = (attempt.finished_ms - op.settled_at_ms.unwrap_or(op.submitted_at_ms)) / 1_000;
-        op.raise_alert(AlertKind::EffectFailing, age, attempt.finished_ms);
-    }
-    let answer = match &attempt.outcome {
-        AttemptOutcome::Delivered => "2xx".to_string(),
-        AttemptOutcome::Retry(a) | AttemptOutcome::Park(a) => a.clone(),
-    };
-    let ms = attempt.finished_ms - attempt.started_ms;
-    let line = json!({
-        "key": op.key,
-        "status": op.status.as_str(),
-        "attempt": op.effect.attempts,
-        "generation": op.effect.generation,
-        "answer": answer,
-        "ms": ms,
-        // From the outcome's settlement (just before the delivery was answered) to this
-        // attempt's start: the answer never waits for it; the benchmark reports it.
-        "after_settled_ms": op.settled_at_ms.map(|t| attempt.started_ms - t),
-        "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect.next_attempt_ms),
-    });
-    let mut step = Step::new(Some(op), GateReply::NotFound)
-        .row(json!({"what": "attempt", "token": attempt.claim.token, "result": event.as_str(), "answer": answer, "ms": ms}))
-        .log(event, line);
-    if finished != Finished::Fenced {
-        step.save = Save::Durable;
-    }
-    step
-}
-
-/// The upkeep the alarm does last: counted events to flush to a stats shard and the record
-/// to project into the KV ledger (with its `open:` index entry), when each is due.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Upkeep {
-    /// The last sequence sealed for the flush: events up to it are never changed again.
-    pub sealed: Option<u64>,
-    pub projection: Option<(Projection, IndexWrite)>,
-}
-
-impl Upkeep {
-    /// Nothing to do.
-    pub fn is_empty(&self) -> bool {
-        self.sealed.is_none() && self.projection.is_none()
-    }
-}
-
-/// Plans the upkeep, sealing the events to flush (store the record before sending them, so
-/// counts made meanwhile go to new events). Only the alarm projects, one at a time, so two
-/// ledger writes never race; a projection waits a second after the last (KV's per-key rate).
-pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &Limits) -> Upkeep {
-    let sealed = op.seal_stats();
-    let projection =
-        (op.projected_version < op.version && now >= op.projection_due_ms()).then(|| {
-            let p = project(op, limits.retention_ms / 1_000);
-            let index = p.index_write(op.indexed);
-            (p, index)
-        });
-    Upkeep { sealed, projection }
-}
-
-/// Records how the upkeep went: flushed events are dropped; a failed flush keeps them for the
-/// alarm to send again a little later; a failed ledger write backs off (the gate stays the
-/// truth).
-pub fn upkeep_done(
-    mut op: Operation,
-    upkeep: &Upkeep,
-    flushed: Option<Result<(), String>>,
-    written: Option<Result<(), String>>,
-    now: i64,
-) -> Step {
-    let key = op.key.clone();
-    let mut logs = Vec::new();
-    match (upkeep.sealed, flushed) {
-        (Some(last), Some(Ok(()))) => op.drop_flushed_stats(last),
-        (_, Some(Err(e))) => {
-            op.stats_flush_failed(now + STATS_RETRY_MS);
-            logs.push(LogEvent::StatsFlushFailed.line(json!({"key": key, "error": e})));
-        }
-        _ => {}
-    }
-    if let (Some((projection, index)), Some(result)) = (&upkeep.projection, written) {
-        op.index_written(*index, result.is_ok());
-        match result {
-            Ok(()) => op.projection_written(projection.metadata.version, now),
-            Err(e) => {
-                op.projection_failed(now);
-                logs.push(
-                    LogEvent::LedgerWriteFailed
-                        .line(json!({"key": key, "error": e, "failures": op.projection_failures})),
-                );
-            }
-        }
-    }
-    let mut step = Step::new(Some(op), GateReply::NotFound).durable();
-    step.logs = logs;
-    step
-}
-
-/// A failed counter flush is sent again this much later.
-const STATS_RETRY_MS: i64 = 5_000;
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::{AttemptOutcome, MAX_CONFIRM_ATTEMPTS};
+    use crate::operation::alarm::*;
+    use crate::operation::alert::AlertKind;
+    use crate::operation::ledger::IndexWrite;
+    use crate::operation::observation::{Observation, StatusError};
+    use crate::operation::{AttemptOutcome, Claim, MAX_CONFIRM_ATTEMPTS};
     use serde_json::Map;
 
     const LIMITS: Limits = Limits {
@@ -897,14 +575,14 @@ mod tests {
             .unwrap()
     }
 
-    fn whats(step: &Step) -> Vec<String> {
+    fn whats<R>(step: &Step<R>) -> Vec<String> {
         step.history
             .iter()
             .map(|h| h["what"].as_str().unwrap_or("").to_string())
             .collect()
     }
 
-    fn events(step: &Step) -> Vec<String> {
+    fn events<R>(step: &Step<R>) -> Vec<String> {
         step.logs
             .iter()
             .map(|l| l["event"].as_str().unwrap_or("").to_string())

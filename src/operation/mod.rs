@@ -1,6 +1,7 @@
 //! One operation: its name, its lifecycle and record, the gate's pure steps and the protocol
 //! the edge speaks to it, its side effect, its alerts, and its projection into the KV ledger.
 
+pub mod alarm;
 pub mod alarm_failure;
 pub mod alert;
 pub mod effect;

@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 use crate::operation::alert::{human_age, AlertKind};
 use crate::operation::effect::normalize_details;
 use crate::operation::lifecycle::{reduce, Position, Source, Status, Verdict};
-use crate::telemetry::counters::{hour_of, StatEvent};
+use crate::telemetry::counters::{hour_of, Counter, StatEvent};
 use crate::timestamp::format_rfc3339;
 
 /// One piece of news about an operation, from any path.
@@ -314,6 +314,26 @@ impl Operation {
         }
     }
 
+    /// The operation's key (`batches/x`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Gemini's full name for it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The kind it was registered with, if any (routes its side effect).
+    pub fn kind(&self) -> Option<&str> {
+        self.kind.as_deref()
+    }
+
+    /// Counted events not yet flushed to a stats shard, oldest first.
+    pub fn pending_stats(&self) -> &[StatEvent] {
+        &self.pending_stats
+    }
+
     fn position(&self) -> Position {
         Position {
             status: self.status.clone(),
@@ -543,11 +563,12 @@ impl Operation {
     /// many duplicates arrive between flushes (a replayed delivery can arrive hundreds of times
     /// a second); sealed events are left alone, which keeps the shard's per-sequence dedupe
     /// exact. `dropped_*` events stay one per drop: the shard lists each as a recent drop.
-    pub fn count(&mut self, name: &str, now_ms: i64) {
+    pub fn count(&mut self, counter: Counter, now_ms: i64) {
         let sealed = self.stats_sealed_seq;
-        let mergeable = !name.starts_with("dropped_");
+        let mergeable = counter.merges();
+        let name = counter.name();
         if let Some(event) = self.pending_stats.iter_mut().find(|e| {
-            mergeable && e.seq > sealed && e.name == name && hour_of(e.at_ms) == hour_of(now_ms)
+            mergeable && e.seq > sealed && e.name == *name && hour_of(e.at_ms) == hour_of(now_ms)
         }) {
             event.count += 1;
             return;
@@ -555,7 +576,7 @@ impl Operation {
         self.stats_seq += 1;
         self.pending_stats.push(StatEvent {
             seq: self.stats_seq,
-            name: name.to_string(),
+            name: name.into_owned(),
             at_ms: now_ms,
             count: 1,
         });
@@ -1342,7 +1363,7 @@ mod tests {
         op.projected_version = op.version;
         assert_eq!(op.wake_at_ms(retention, 0), Some(2_000), "effect due");
         let c = op.claim(2_000, 600_000).unwrap();
-        op.count("deliveries", 2_000);
+        op.count(Counter::Deliveries, 2_000);
         assert_eq!(
             op.wake_at_ms(retention, 0),
             Some(602_000),
@@ -1375,8 +1396,8 @@ mod tests {
         let mut op = Operation::register("batches/a", "batches/a", None, 0);
         op.projected_version = op.version;
         assert_eq!(op.wake_at_ms(1, 10_000), None);
-        op.count("deliveries", 50);
-        op.count("duplicates_skipped", 60);
+        op.count(Counter::Deliveries, 50);
+        op.count(Counter::Duplicates, 60);
         assert_eq!(
             op.wake_at_ms(1, 10_000),
             Some(10_050),
@@ -1393,13 +1414,13 @@ mod tests {
     #[test]
     fn a_record_read_by_a_new_instance_merges_nothing_into_what_may_have_been_sent() {
         let mut op = Operation::register("batches/a", "batches/a", None, 0);
-        op.count("deliveries", 100);
+        op.count(Counter::Deliveries, 100);
         // The last instance sealed event 1 in memory and stopped during the flush: storage
         // still shows it unsealed.
         let stored: Operation = serde_json::from_str(&serde_json::to_string(&op).unwrap()).unwrap();
         assert_eq!(stored.stats_sealed_seq, 0);
         let mut loaded = stored.as_loaded();
-        loaded.count("deliveries", 200);
+        loaded.count(Counter::Deliveries, 200);
         assert_eq!(loaded.pending_stats.len(), 2, "a new event, not a merge");
         assert_eq!(loaded.pending_stats[0].count, 1);
     }
@@ -1408,15 +1429,15 @@ mod tests {
     fn counts_merge_until_sealed_and_never_into_a_sealed_event() {
         let mut op = Operation::register("batches/a", "batches/a", None, 0);
         for i in 0..1_000 {
-            op.count("duplicates_skipped", 100 + i);
+            op.count(Counter::Duplicates, 100 + i);
         }
-        op.count("deliveries", 2_000);
+        op.count(Counter::Deliveries, 2_000);
         assert_eq!(op.pending_stats.len(), 2, "a burst stays two events");
         assert_eq!(op.pending_stats[0].count, 1_000);
         let sent = op.seal_stats().unwrap();
         assert_eq!(sent, 2);
         // Counted while the flush is in flight: a new event, not a change to a sent one.
-        op.count("duplicates_skipped", 3_000);
+        op.count(Counter::Duplicates, 3_000);
         assert_eq!(op.pending_stats.len(), 3);
         assert_eq!(
             op.pending_stats[0].count, 1_000,
@@ -1427,11 +1448,11 @@ mod tests {
         assert_eq!(op.pending_stats.len(), 1);
         assert_eq!(op.pending_stats[0].count, 1);
         // A new hour starts a new event, so the shard's hourly buckets stay right.
-        op.count("duplicates_skipped", 3_600_000);
+        op.count(Counter::Duplicates, 3_600_000);
         assert_eq!(op.pending_stats.len(), 2);
         // Drops stay one event each: the shard lists every one as a recent drop.
-        op.count("dropped_regress_from_terminal", 3_600_001);
-        op.count("dropped_regress_from_terminal", 3_600_002);
+        op.count(Counter::Dropped("regress_from_terminal"), 3_600_001);
+        op.count(Counter::Dropped("regress_from_terminal"), 3_600_002);
         assert_eq!(op.pending_stats.len(), 4);
     }
 

@@ -29,6 +29,52 @@ pub const REDELIVERIES: &str = "redeliveries";
 /// Nudges for unregistered names Gemini's status API answered 404 for (nothing was stored).
 pub const STRANGER_NUDGES: &str = "stranger_nudges";
 
+/// A counter a gate counts in its record, by name ([`Counter::name`] gives the spelling the
+/// shards, `/v1/stats` and the dashboard read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    Deliveries,
+    Duplicates,
+    SettledByWebhook,
+    SettledByReconcile,
+    EffectSuccesses,
+    EffectFailures,
+    EffectParks,
+    Alerts,
+    Redeliveries,
+    /// A delivery the reducer dropped, by the reason's name: `dropped_<reason>`.
+    Dropped(&'static str),
+}
+
+/// The prefix of a dropped delivery's counter.
+pub const DROPPED_PREFIX: &str = "dropped_";
+
+impl Counter {
+    /// The counter's name.
+    pub fn name(self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed(match self {
+            Counter::Deliveries => DELIVERIES,
+            Counter::Duplicates => DUPLICATES,
+            Counter::SettledByWebhook => SETTLED_BY_WEBHOOK,
+            Counter::SettledByReconcile => SETTLED_BY_RECONCILE,
+            Counter::EffectSuccesses => EFFECT_SUCCESSES,
+            Counter::EffectFailures => EFFECT_FAILURES,
+            Counter::EffectParks => EFFECT_PARKS,
+            Counter::Alerts => ALERTS,
+            Counter::Redeliveries => REDELIVERIES,
+            Counter::Dropped(reason) => {
+                return std::borrow::Cow::Owned(format!("{DROPPED_PREFIX}{reason}"))
+            }
+        })
+    }
+
+    /// Whether counts of it may merge into one pending event: drops stay one event each,
+    /// since the shard lists every one as a recent drop.
+    pub fn merges(self) -> bool {
+        !matches!(self, Counter::Dropped(_))
+    }
+}
+
 /// One counted event awaiting its flush to a shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatEvent {
@@ -84,7 +130,7 @@ pub fn hourly_series(buckets: &Hourly, now_ms: i64) -> Vec<HourPoint> {
                 effect_failures: get(EFFECT_FAILURES),
                 dropped: tally
                     .iter()
-                    .filter(|(name, _)| name.starts_with("dropped_"))
+                    .filter(|(name, _)| name.starts_with(DROPPED_PREFIX))
                     .map(|(_, n)| n)
                     .sum(),
             }
@@ -231,6 +277,42 @@ mod tests {
         ];
         let fresh: Vec<_> = unseen(&longer, 2).collect();
         assert_eq!(fresh, vec![&ev(3, DUPLICATES)]);
+    }
+
+    #[test]
+    fn counter_names_are_the_documented_spellings() {
+        let names: Vec<_> = [
+            Counter::Deliveries,
+            Counter::Duplicates,
+            Counter::SettledByWebhook,
+            Counter::SettledByReconcile,
+            Counter::EffectSuccesses,
+            Counter::EffectFailures,
+            Counter::EffectParks,
+            Counter::Alerts,
+            Counter::Redeliveries,
+            Counter::Dropped("regress_from_terminal"),
+        ]
+        .iter()
+        .map(|c| c.name().into_owned())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "deliveries",
+                "duplicates_skipped",
+                "settled_by_webhook",
+                "settled_by_reconcile",
+                "effect_successes",
+                "effect_failures",
+                "effect_parks",
+                "alerts",
+                "redeliveries",
+                "dropped_regress_from_terminal",
+            ]
+        );
+        assert!(Counter::Deliveries.merges());
+        assert!(!Counter::Dropped("stale").merges());
     }
 
     #[test]

@@ -28,39 +28,32 @@ use std::cell::Cell;
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::config::Config;
-use crate::operation::effect::build_request;
-use crate::operation::gate::{self, Attempt, ConfirmAnswer, Limits, Save, Step};
+use crate::operation::gate::{self, Limits, Save, Step};
 use crate::operation::gate_protocol::{GateCommand, GateReply};
-use crate::operation::key::Collection;
-use crate::operation::ledger::IndexWrite;
-use crate::operation::observation::StatusError;
 use crate::operation::{alarm_failure, Operation};
-use crate::telemetry::counters;
 use crate::telemetry::log_event::LogEvent;
 use crate::telemetry::usage::Invocation;
 
 use crate::edge::objects::gate_storage::GateStorage;
 use crate::edge::outbound::fetch::post_alert;
-use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
-use crate::edge::outbound::{destination, status_api};
 use crate::edge::EdgeError;
 use crate::edge::{load_config, log, random_unit};
 
 /// One operation's serialized owner.
 #[durable_object]
 pub struct OperationGate {
-    env: Env,
-    storage: GateStorage,
+    pub(super) env: Env,
+    pub(super) storage: GateStorage,
     /// A run of this instance's alarm failed and none has succeeded since.
     alarm_failing: Cell<bool>,
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     Date::now().as_millis() as i64
 }
 
 /// What the gate's steps need of the configuration.
-fn limits(config: &Config) -> Limits {
+pub(super) fn limits(config: &Config) -> Limits {
     Limits {
         retention_ms: config.retention_ms(),
         stats_delay_ms: config.stats_flush_secs * 1_000,
@@ -100,7 +93,11 @@ impl DurableObject for OperationGate {
             _ => None,
         };
         let step = gate::step(self.storage.load()?, command, now_ms());
-        let (_, reply) = self.commit(step, &config, Alarm::Sync).await?;
+        let attach_history = step.attach_history;
+        let (_, mut reply) = self.commit(step, &config, Alarm::Sync).await?;
+        if let (true, GateReply::Found { history, .. }) = (attach_history, &mut reply) {
+            *history = self.storage.history()?;
+        }
         if self.storage.take_recovered() {
             // The record was recovered on load: its alert waits for the alarm.
             if let Some(op) = self.storage.load()? {
@@ -118,10 +115,11 @@ impl DurableObject for OperationGate {
         Response::from_json(&reply)
     }
 
-    /// The one runner of everything outbound: a retirement, then a due confirmation, due
-    /// alerts and a due side effect, each decided by a step before and after its I/O (the
-    /// record is re-read after each await: commands may have run meanwhile), then the ledger
-    /// projection and the counters.
+    /// The one runner of everything outbound: performs the run
+    /// [`crate::operation::alarm::plan`] decides (a retirement, or a due confirmation, due
+    /// alerts, a due side effect, then the ledger projection and the counters), each piece
+    /// stored by its step before and after its I/O (the record is re-read after each await:
+    /// commands may have run meanwhile); see [`crate::edge::objects::gate_alarm`].
     ///
     /// A run that fails (a configuration that does not parse, a storage error) never throws:
     /// the runtime would retry it only six times and then drop the alarm. It logs, stores its
@@ -155,10 +153,10 @@ impl DurableObject for OperationGate {
 
 /// Whether a committed step sets the alarm for the record it leaves.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Alarm {
+pub(super) enum Alarm {
     Sync,
-    /// Inside the alarm, between its I/O steps: [`OperationGate::settle_storage`] sets the
-    /// alarm last, for the record as it then stands, so the steps before it need not. If the
+    /// Inside the alarm, between its I/O steps: its last step (the upkeep) sets the alarm
+    /// last, for the record as it then stands, so the steps before it need not. If the
     /// run dies in between, the alarm already set (a claim's expiry, or this one, retried by
     /// the runtime when the handler throws) wakes the object again.
     Deferred,
@@ -167,9 +165,13 @@ enum Alarm {
 impl OperationGate {
     /// The key of this gate's operation, when its record can be read (for log lines).
     fn key(&self) -> Option<String> {
-        self.storage
-            .cached_key()
-            .or_else(|| self.storage.load().ok().flatten().map(|op| op.key))
+        self.storage.cached_key().or_else(|| {
+            self.storage
+                .load()
+                .ok()
+                .flatten()
+                .map(|op| op.key().to_string())
+        })
     }
 
     /// Records a failed alarm run and sets the alarm again after the streak's backoff. Only
@@ -210,24 +212,6 @@ impl OperationGate {
         Response::ok("alarm failed; set again")
     }
 
-    /// The alarm's work: a retirement, or confirmation, alerts, side effect, then upkeep.
-    async fn run_alarm(&self, config: &Config) -> Result<Response> {
-        let Some(op) = self.storage.load()? else {
-            return Response::ok("empty");
-        };
-        if let Some(step) = gate::retire_if_over(&op, now_ms(), &limits(config)) {
-            self.commit(step, config, Alarm::Sync).await?;
-            return Response::ok("retention expired");
-        }
-        let op = self.confirm(op, config).await?;
-        let op = self.send_alerts(op, config).await?;
-        let op = self.run_effect(op, config).await?;
-        // An attempt that parked the effect queued its alert: sent now, not on the next run.
-        let op = self.send_alerts(op, config).await?;
-        self.settle_storage(op, config).await?;
-        Response::ok("ok")
-    }
-
     /// Logs what this invocation used, when `USAGE_LOG` is on.
     fn end(&self, invocation: Invocation, started: i64) {
         self.storage
@@ -237,12 +221,12 @@ impl OperationGate {
 
     /// Stores what a step decided (its record, history rows, logs), sets the alarm for the
     /// record as it now stands, and returns the record and the answer.
-    async fn commit(
+    pub(super) async fn commit<R>(
         &self,
-        step: Step,
+        step: Step<R>,
         config: &Config,
         alarm: Alarm,
-    ) -> Result<(Option<Operation>, GateReply)> {
+    ) -> Result<(Option<Operation>, R)> {
         let now = now_ms();
         if step.clear_history {
             self.storage.clear_history()?;
@@ -266,157 +250,6 @@ impl OperationGate {
         ) {
             self.storage.sync_alarm(op, &limits(config)).await?;
         }
-        let mut reply = step.reply;
-        if let (true, GateReply::Found { history, .. }) = (step.attach_history, &mut reply) {
-            *history = self.storage.history()?;
-        }
-        Ok((step.record, reply))
-    }
-
-    /// Commits an alarm step and returns the record (or `fallback` if the step left none).
-    async fn apply(
-        &self,
-        step: Step,
-        fallback: Operation,
-        config: &Config,
-        alarm: Alarm,
-    ) -> Result<Operation> {
-        Ok(self
-            .commit(step, config, alarm)
-            .await?
-            .0
-            .unwrap_or(fallback))
-    }
-
-    /// Asks Gemini's status API about a nudge waiting for confirmation, if one is due.
-    async fn confirm(&self, op: Operation, config: &Config) -> Result<Operation> {
-        if !op.confirmation_due(now_ms()) {
-            return Ok(op);
-        }
-        let answer = match (Collection::of_key(&op.key), &config.gemini_api_key) {
-            (_, None) => ConfirmAnswer::NoApiKey,
-            (None, _) => {
-                ConfirmAnswer::Answer(Err(StatusError::Malformed("key has no collection".into())))
-            }
-            (Some(collection), Some(_)) => {
-                self.storage.meter().add(|u| u.outbound_fetches += 1);
-                ConfirmAnswer::Answer(status_api::ask(config, collection, &op.key, &op.name).await)
-            }
-        };
-        let current = self.storage.load()?.unwrap_or(op);
-        let step = gate::confirmed(
-            current.clone(),
-            answer,
-            now_ms(),
-            &limits(config),
-            random_unit(),
-        );
-        self.apply(step, current, config, Alarm::Deferred).await
-    }
-
-    /// Sends every queued alert that is due, one at a time.
-    async fn send_alerts(&self, mut op: Operation, config: &Config) -> Result<Operation> {
-        for alert in op.due_alerts(now_ms()) {
-            self.storage.meter().add(|u| u.outbound_fetches += 1);
-            let sent = post_alert(
-                config,
-                &op.alert_body(alert.kind, &alert.id, alert.age_seconds),
-            )
-            .await;
-            let current = self.storage.load()?.unwrap_or(op);
-            let step = gate::alert_sent(
-                current.clone(),
-                &alert,
-                sent,
-                now_ms(),
-                &limits(config),
-                random_unit(),
-            );
-            op = self.apply(step, current, config, Alarm::Deferred).await?;
-        }
-        Ok(op)
-    }
-
-    /// Claims, runs and commits the side effect if it is owed and due. The claim is stored
-    /// (and the alarm set at its expiry) before the call leaves; the fencing token decides
-    /// whether its answer may commit.
-    async fn run_effect(&self, op: Operation, config: &Config) -> Result<Operation> {
-        let limits = limits(config);
-        let Some((claim, step)) = gate::begin_attempt(op.clone(), now_ms(), &limits) else {
-            return Ok(op);
-        };
-        let op = self.apply(step, op, config, Alarm::Sync).await?;
-        let destination = config.destination_for(op.kind.as_deref());
-        let request = build_request(&op, &config.effect_signing_secret, now_ms() / 1_000);
-        let started_ms = now_ms();
-        self.storage.meter().add(|u| u.outbound_fetches += 1);
-        let answer =
-            destination::deliver(&self.env, &destination, &request, config.effect_timeout_ms).await;
-        let attempt = Attempt {
-            claim,
-            outcome: destination::outcome(&answer, config.effect_timeout_ms),
-            started_ms,
-            finished_ms: now_ms(),
-        };
-        let current = self.storage.load()?.unwrap_or(op);
-        let step = gate::attempt_finished(current.clone(), &attempt, &limits, random_unit());
-        self.apply(step, current, config, Alarm::Deferred).await
-    }
-
-    /// From the alarm, last: flushes counted events to this operation's stats shard and
-    /// projects the record to the ledger, both at once, as [`gate::plan_upkeep`] says.
-    async fn settle_storage(&self, mut op: Operation, config: &Config) -> Result<()> {
-        let limits = limits(config);
-        let upkeep = gate::plan_upkeep(&mut op, now_ms(), &limits);
-        if upkeep.is_empty() {
-            return self.storage.sync_alarm(&op, &limits).await;
-        }
-        if upkeep.sealed.is_some() {
-            // In memory only: commands during the flush must see the seal; a new instance
-            // seals whatever it loads (`Operation::as_loaded`), so nothing is stored for it.
-            self.storage.keep_in_memory(&op);
-        }
-        let shard = counters::shard_of(&op.key);
-        let flush = async {
-            let events = op.pending_stats.clone();
-            match upkeep.sealed {
-                None => None,
-                Some(_) => {
-                    self.storage.meter().add(|u| u.object_calls += 1);
-                    Some(
-                        crate::edge::objects::stats_shard::add(
-                            &self.env,
-                            shard,
-                            Some(op.key.clone()),
-                            events,
-                        )
-                        .await,
-                    )
-                }
-            }
-        };
-        let write = async {
-            let (p, index) = upkeep.projection.as_ref()?;
-            let writes = if *index == IndexWrite::None { 1 } else { 2 };
-            self.storage.meter().add(|u| u.kv_writes += writes);
-            Some(match self.env.kv(KV_BINDING) {
-                Ok(kv) => write_projection(&kv, p, *index).await,
-                Err(e) => Err(EdgeError::from(e)),
-            })
-        };
-        let (flushed, written) = futures_util::join!(flush, write);
-        let text =
-            |r: Option<std::result::Result<(), EdgeError>>| r.map(|r| r.map_err(|e| e.to_string()));
-        let current = self.storage.load()?.unwrap_or(op);
-        let step = gate::upkeep_done(
-            current.clone(),
-            &upkeep,
-            text(flushed),
-            text(written),
-            now_ms(),
-        );
-        self.apply(step, current, config, Alarm::Sync)
-            .await
-            .map(|_| ())
+        Ok((step.record, step.reply))
     }
 }

@@ -1,6 +1,7 @@
-//! The Durable Objects: the gate of each operation (and its storage), the reconciliation
+//! The Durable Objects: the gate of each operation (its alarm run and its storage), the reconciliation
 //! lease (and the strangers' guard), and the stats shards with their usage meter.
 
+pub mod gate_alarm;
 pub mod gate_object;
 pub mod gate_storage;
 pub mod lease_object;

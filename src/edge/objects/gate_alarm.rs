@@ -1,0 +1,196 @@
+//! The OperationGate's alarm run: performs, piece by piece, the work
+//! [`crate::operation::alarm::AlarmPlan`] asks for, and stores each piece's step.
+//!
+//! Guarantees: nothing here decides what runs or in what order (the plan does); each await
+//! is followed by a fresh read of the record, so commands that ran meanwhile are kept; the
+//! claim is stored (and the alarm set at its expiry) before the side-effect call leaves, and
+//! the fencing token decides whether its answer commits; the alarm is set last, by the
+//! upkeep, for the record as it then stands.
+
+use worker::{Response, Result};
+
+use crate::config::Config;
+use crate::operation::alarm::{
+    self, AlarmDone, AlarmWork, Attempt, ConfirmAnswer, ConfirmAsk, Upkeep,
+};
+use crate::operation::effect::build_request;
+use crate::operation::gate::Step;
+use crate::operation::ledger::IndexWrite;
+use crate::operation::{Claim, Operation, PendingAlert};
+use crate::telemetry::counters;
+
+use crate::edge::objects::gate_object::{limits, now_ms, Alarm, OperationGate};
+use crate::edge::outbound::fetch::post_alert;
+use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
+use crate::edge::outbound::{destination, status_api};
+use crate::edge::random_unit;
+use crate::edge::EdgeError;
+
+impl OperationGate {
+    /// The alarm's work, as the plan says, for the record as each piece leaves it.
+    pub(super) async fn run_alarm(&self, config: &Config) -> Result<Response> {
+        let Some(mut op) = self.storage.load()? else {
+            return Response::ok("empty");
+        };
+        let limits = limits(config);
+        let status_api = config.gemini_api_key.is_some();
+        let mut plan = alarm::plan(&op, now_ms(), &limits);
+        while let Some(work) = plan.next(&op, now_ms(), &limits, status_api) {
+            op = match work {
+                AlarmWork::Retire(step) => {
+                    self.commit(*step, config, Alarm::Sync).await?;
+                    return Response::ok("retention expired");
+                }
+                AlarmWork::Confirm(ask) => self.confirm(op, ask, config).await?,
+                AlarmWork::SendAlert { alert, body } => {
+                    self.send_alert(op, &alert, &body, config).await?
+                }
+                AlarmWork::Effect { claim, step } => {
+                    self.run_effect(op, claim, *step, config).await?
+                }
+                AlarmWork::Upkeep { record, upkeep } => {
+                    self.settle_storage(*record, *upkeep, config).await?
+                }
+                AlarmWork::SetAlarm => {
+                    self.storage.sync_alarm(&op, &limits).await?;
+                    op
+                }
+            };
+        }
+        Response::ok("ok")
+    }
+
+    /// Commits an alarm step and returns the record (or `fallback` if the step left none).
+    async fn apply(
+        &self,
+        step: Step<AlarmDone>,
+        fallback: Operation,
+        config: &Config,
+        alarm: Alarm,
+    ) -> Result<Operation> {
+        Ok(self
+            .commit(step, config, alarm)
+            .await?
+            .0
+            .unwrap_or(fallback))
+    }
+
+    /// Asks Gemini's status API about a nudge waiting for confirmation (unless the plan
+    /// already knows the answer) and stores what the answer decides.
+    async fn confirm(&self, op: Operation, ask: ConfirmAsk, config: &Config) -> Result<Operation> {
+        let answer = match ask {
+            ConfirmAsk::Answered(answer) => answer,
+            ConfirmAsk::Ask {
+                collection,
+                key,
+                name,
+            } => {
+                self.storage.meter().add(|u| u.outbound_fetches += 1);
+                ConfirmAnswer::Answer(status_api::ask(config, collection, &key, &name).await)
+            }
+        };
+        let current = self.storage.load()?.unwrap_or(op);
+        let step = alarm::confirmed(
+            current.clone(),
+            answer,
+            now_ms(),
+            &limits(config),
+            random_unit(),
+        );
+        self.apply(step, current, config, Alarm::Deferred).await
+    }
+
+    /// Sends one queued alert and stores whether the sink accepted it.
+    async fn send_alert(
+        &self,
+        op: Operation,
+        alert: &PendingAlert,
+        body: &serde_json::Value,
+        config: &Config,
+    ) -> Result<Operation> {
+        self.storage.meter().add(|u| u.outbound_fetches += 1);
+        let sent = post_alert(config, body).await;
+        let current = self.storage.load()?.unwrap_or(op);
+        let step = alarm::alert_sent(
+            current.clone(),
+            alert,
+            sent,
+            now_ms(),
+            &limits(config),
+            random_unit(),
+        );
+        self.apply(step, current, config, Alarm::Deferred).await
+    }
+
+    /// Stores the claim (and the alarm at its expiry), runs the side effect, and commits its
+    /// answer under the claim's fencing token.
+    async fn run_effect(
+        &self,
+        op: Operation,
+        claim: Claim,
+        step: Step<AlarmDone>,
+        config: &Config,
+    ) -> Result<Operation> {
+        let limits = limits(config);
+        let op = self.apply(step, op, config, Alarm::Sync).await?;
+        let destination = config.destination_for(op.kind());
+        let request = build_request(&op, &config.effect_signing_secret, now_ms() / 1_000);
+        let started_ms = now_ms();
+        self.storage.meter().add(|u| u.outbound_fetches += 1);
+        let answer =
+            destination::deliver(&self.env, &destination, &request, config.effect_timeout_ms).await;
+        let attempt = Attempt {
+            claim,
+            outcome: destination::outcome(&answer, config.effect_timeout_ms),
+            started_ms,
+            finished_ms: now_ms(),
+        };
+        let current = self.storage.load()?.unwrap_or(op);
+        let step = alarm::attempt_finished(current.clone(), &attempt, &limits, random_unit());
+        self.apply(step, current, config, Alarm::Deferred).await
+    }
+
+    /// Last: flushes the sealed events to this operation's stats shard and projects the
+    /// record to the ledger, both at once, then stores how that went (and sets the alarm).
+    async fn settle_storage(
+        &self,
+        op: Operation,
+        upkeep: Upkeep,
+        config: &Config,
+    ) -> Result<Operation> {
+        if upkeep.sealed.is_some() {
+            // In memory only: commands during the flush must see the seal; a new instance
+            // seals whatever it loads (`Operation::as_loaded`), so nothing is stored for it.
+            self.storage.keep_in_memory(&op);
+        }
+        let flush = async {
+            upkeep.sealed?;
+            self.storage.meter().add(|u| u.object_calls += 1);
+            let shard = counters::shard_of(op.key());
+            let events = upkeep.events.clone();
+            let key = Some(op.key().to_string());
+            Some(crate::edge::objects::stats_shard::add(&self.env, shard, key, events).await)
+        };
+        let write = async {
+            let (p, index) = upkeep.projection.as_ref()?;
+            let writes = if *index == IndexWrite::None { 1 } else { 2 };
+            self.storage.meter().add(|u| u.kv_writes += writes);
+            Some(match self.env.kv(KV_BINDING) {
+                Ok(kv) => write_projection(&kv, p, *index).await,
+                Err(e) => Err(EdgeError::from(e)),
+            })
+        };
+        let (flushed, written) = futures_util::join!(flush, write);
+        let text =
+            |r: Option<std::result::Result<(), EdgeError>>| r.map(|r| r.map_err(|e| e.to_string()));
+        let current = self.storage.load()?.unwrap_or(op);
+        let step = alarm::upkeep_done(
+            current.clone(),
+            &upkeep,
+            text(flushed),
+            text(written),
+            now_ms(),
+        );
+        self.apply(step, current, config, Alarm::Sync).await
+    }
+}

@@ -1,0 +1,828 @@
+//! The alarm as a plan: what one run of a gate's alarm does, in what order, and what each
+//! piece of its I/O changes, as pure functions of the record and the time.
+//!
+//! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): a run either retires the record
+//! (retention over: nothing else runs) or works through, in this order, a due confirmation,
+//! the alerts due, a due side effect, the alerts that effect queued, and last the upkeep
+//! (counter flush and ledger projection); each piece is asked for with the record as it
+//! stands after the previous one ([`AlarmPlan::next`]), since commands may run during every
+//! await; each piece's answer is fed to its step ([`confirmed`], [`alert_sent`],
+//! [`attempt_finished`], [`upkeep_done`]), whose answer is an [`AlarmDone`], never a
+//! command's reply. The Durable Object only performs the work and stores the steps.
+
+use std::collections::VecDeque;
+
+use serde_json::{json, Value};
+
+use crate::operation::alert::AlertKind;
+use crate::operation::gate::{count_delivery, history_of_event, Limits, Save, Step};
+use crate::operation::key::Collection;
+use crate::operation::ledger::{project, IndexWrite, Projection};
+use crate::operation::lifecycle::{Source, Status, Verdict};
+use crate::operation::observation::{Observation, StatusError};
+use crate::operation::{
+    backoff_ms, AttemptOutcome, Claim, Finished, OpEvent, Operation, PendingAlert,
+};
+use crate::telemetry::counters::{Counter, StatEvent};
+use crate::telemetry::log_event::LogEvent;
+
+/// What an alarm step did. Nobody waits on it: the object stores the step and goes on (a
+/// retirement ends the run).
+#[derive(Debug, Clone, PartialEq)]
+pub enum AlarmDone {
+    /// Retention ended: the record is a tombstone and the history is gone.
+    Retired,
+    /// A confirmation's answer was applied (or it waits to ask again).
+    Confirmed,
+    /// A queued alert was accepted by the sink (`true`) or waits to be sent again.
+    AlertSent(bool),
+    /// The side effect was claimed; its call may leave.
+    Claimed,
+    /// An attempt's answer was committed under its token (or fenced off).
+    AttemptFinished(Finished),
+    /// The counter flush and the ledger projection were recorded.
+    UpkeepDone,
+}
+
+/// One piece of a run, in the order the run does them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Retire,
+    Confirm,
+    /// Take the alerts due now into the queue.
+    Alerts,
+    /// Send the queued alerts, one at a time.
+    QueuedAlerts,
+    Effect,
+    Upkeep,
+}
+
+/// The order of one run: a retirement alone, or confirm, alerts, effect, alerts (an attempt
+/// that parked the effect queued its alert: sent now, not on the next run), then upkeep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlarmPlan {
+    stages: VecDeque<Stage>,
+    queued: VecDeque<PendingAlert>,
+}
+
+/// What the status API is to be asked for a confirmation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConfirmAsk {
+    /// Ask Gemini about this operation.
+    Ask {
+        collection: Collection,
+        key: String,
+        name: String,
+    },
+    /// Nothing can be asked: this is the answer to feed to [`confirmed`].
+    Answered(ConfirmAnswer),
+}
+
+/// The next piece of work of a run, for the object to perform.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AlarmWork {
+    /// Store this step; the run ends.
+    Retire(Box<Step<AlarmDone>>),
+    /// Ask the status API (or not), then feed the answer to [`confirmed`].
+    Confirm(ConfirmAsk),
+    /// Post `body` to the alert sink, then feed the result to [`alert_sent`].
+    SendAlert { alert: PendingAlert, body: Value },
+    /// Store `step` (the claim, with the alarm set at its expiry), call the destination, then
+    /// feed the answer to [`attempt_finished`].
+    Effect {
+        claim: Claim,
+        step: Box<Step<AlarmDone>>,
+    },
+    /// Keep `record` (it carries the seal) in memory, flush `upkeep.events` and write
+    /// `upkeep.projection`, both at once, then feed the results to [`upkeep_done`].
+    Upkeep {
+        record: Box<Operation>,
+        upkeep: Box<Upkeep>,
+    },
+    /// Nothing to flush or project: set the alarm for the record as it stands.
+    SetAlarm,
+}
+
+/// Plans a run for the record as the alarm found it at `now`.
+pub fn plan(op: &Operation, now: i64, limits: &Limits) -> AlarmPlan {
+    let stages: &[Stage] = if retention_over(op, now, limits) {
+        &[Stage::Retire]
+    } else {
+        &[
+            Stage::Confirm,
+            Stage::Alerts,
+            Stage::Effect,
+            Stage::Alerts,
+            Stage::Upkeep,
+        ]
+    };
+    AlarmPlan {
+        stages: stages.iter().copied().collect(),
+        queued: VecDeque::new(),
+    }
+}
+
+impl AlarmPlan {
+    /// The stages still to run, in order.
+    pub fn stages(&self) -> Vec<Stage> {
+        self.stages.iter().copied().collect()
+    }
+
+    /// The next piece of work for `op` (the record as it now stands) at `now`, skipping the
+    /// stages with nothing due; `None` when the run is over. `status_api` says whether the
+    /// status API can be asked (`GEMINI_API_KEY` is set).
+    pub fn next(
+        &mut self,
+        op: &Operation,
+        now: i64,
+        limits: &Limits,
+        status_api: bool,
+    ) -> Option<AlarmWork> {
+        while let Some(stage) = self.stages.pop_front() {
+            match stage {
+                Stage::Retire => {
+                    self.stages.clear();
+                    return retire_if_over(op, now, limits).map(|s| AlarmWork::Retire(Box::new(s)));
+                }
+                Stage::Confirm if op.confirmation_due(now) => {
+                    return Some(AlarmWork::Confirm(confirm_ask(op, status_api)));
+                }
+                Stage::Confirm => {}
+                Stage::Alerts => {
+                    self.queued = op.due_alerts(now).into();
+                    self.stages.push_front(Stage::QueuedAlerts);
+                }
+                Stage::QueuedAlerts => {
+                    if let Some(alert) = self.queued.pop_front() {
+                        self.stages.push_front(Stage::QueuedAlerts);
+                        let body = op.alert_body(alert.kind, &alert.id, alert.age_seconds);
+                        return Some(AlarmWork::SendAlert { alert, body });
+                    }
+                }
+                Stage::Effect => {
+                    if let Some((claim, step)) = begin_attempt(op.clone(), now, limits) {
+                        return Some(AlarmWork::Effect {
+                            claim,
+                            step: Box::new(step),
+                        });
+                    }
+                }
+                Stage::Upkeep => {
+                    let mut record = op.clone();
+                    let upkeep = plan_upkeep(&mut record, now, limits);
+                    if upkeep.is_empty() {
+                        return Some(AlarmWork::SetAlarm);
+                    }
+                    return Some(AlarmWork::Upkeep {
+                        record: Box::new(record),
+                        upkeep: Box::new(upkeep),
+                    });
+                }
+            }
+        }
+        None
+    }
+}
+
+/// What to ask for a due confirmation: nothing when there is no key to ask with, or no
+/// collection to ask about (the answer is then known).
+fn confirm_ask(op: &Operation, status_api: bool) -> ConfirmAsk {
+    match (Collection::of_key(op.key()), status_api) {
+        (_, false) => ConfirmAsk::Answered(ConfirmAnswer::NoApiKey),
+        (None, true) => ConfirmAsk::Answered(ConfirmAnswer::Answer(Err(StatusError::Malformed(
+            "key has no collection".into(),
+        )))),
+        (Some(collection), true) => ConfirmAsk::Ask {
+            collection,
+            key: op.key().to_string(),
+            name: op.name().to_string(),
+        },
+    }
+}
+
+fn retention_over(op: &Operation, now: i64, limits: &Limits) -> bool {
+    op.expires_at_ms(limits.retention_ms)
+        .is_some_and(|t| t <= now)
+}
+
+/// Ends retention if it is over: the record becomes a tombstone and the history goes.
+pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<AlarmDone>> {
+    if !retention_over(op, now, limits) {
+        return None;
+    }
+    let mut op = op.clone();
+    op.retire(now);
+    let key = op.key.clone();
+    let mut step = Step::new(Some(op), AlarmDone::Retired)
+        .durable()
+        .row(json!({"what": "retired"}))
+        .log(LogEvent::RetentionExpired, json!({"key": key}));
+    step.clear_history = true;
+    Some(step)
+}
+
+/// What the status API said when asked to confirm a nudge.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConfirmAnswer {
+    /// `GEMINI_API_KEY` is not set: Gemini would refuse; wait for an operator to set it.
+    NoApiKey,
+    Answer(Result<Observation, StatusError>),
+}
+
+/// Applies a confirmation's answer: what the status API says goes through the reducer as an
+/// event from the webhook path; a 404 ends it and alerts; an unusable answer alerts; anything
+/// else waits and asks again, at most `MAX_CONFIRM_ATTEMPTS` questions in all, then leaves the
+/// operation to the cron.
+pub fn confirmed(
+    mut op: Operation,
+    answer: ConfirmAnswer,
+    now: i64,
+    limits: &Limits,
+    jitter: f64,
+) -> Step<AlarmDone> {
+    let attempts = op.confirmation.as_ref().map_or(0, |c| c.attempts);
+    let wait = backoff_ms(
+        attempts + 1,
+        limits.retry_base_secs,
+        limits.retry_max_secs,
+        jitter,
+    );
+    let key = op.key.clone();
+    match answer {
+        ConfirmAnswer::Answer(Ok(observation))
+            if !matches!(observation.status, Status::Unknown(_)) =>
+        {
+            let event = OpEvent {
+                status: observation.status,
+                update_time_ms: observation.update_time_ms,
+                source: Source::Webhook,
+                details: observation.details,
+                delivery_id: None,
+            };
+            let verdict = op.confirm_with(event.clone(), now, wait);
+            if verdict == Verdict::Apply {
+                op.hold_for_registration(limits.unregistered_hold_ms, now);
+            }
+            count_delivery(&mut op, &event, verdict, now, false);
+            let still = op.confirmation.is_some();
+            Step::new(Some(op), AlarmDone::Confirmed)
+                .durable()
+                .row(history_of_event(&event, verdict))
+                .log(
+                    LogEvent::Confirmed,
+                    json!({"key": key, "status": event.status.as_str(),
+                        "verdict": verdict_label(verdict), "still_confirming": still}),
+                )
+        }
+        ConfirmAnswer::Answer(Ok(observation)) => {
+            op.confirmation_failed(now, wait);
+            Step::new(Some(op), AlarmDone::Confirmed).durable().log(
+                LogEvent::StatusUnknownState,
+                json!({"key": key, "state": observation.status.as_str()}),
+            )
+        }
+        ConfirmAnswer::Answer(Err(StatusError::NotFound)) => {
+            op.confirmation_gone();
+            let age = (now - op.submitted_at_ms).div_euclid(1_000);
+            op.raise_alert(AlertKind::UnknownToGemini, age, now);
+            Step::new(Some(op), AlarmDone::Confirmed)
+                .durable()
+                .row(json!({"what": "confirm_not_found"}))
+                .log(
+                    LogEvent::StatusNotFound,
+                    json!({"key": key, "path": "confirmation"}),
+                )
+        }
+        ConfirmAnswer::Answer(Err(StatusError::Malformed(reason))) => {
+            // Asking again is bounded; the cron keeps polling and the alert asks a person.
+            op.confirmation_failed(now, wait);
+            let age = (now - op.submitted_at_ms).div_euclid(1_000);
+            op.status_unusable(&reason, age, now);
+            let still = op.confirmation.is_some();
+            Step::new(Some(op), AlarmDone::Confirmed)
+                .durable()
+                .row(json!({"what": "status_unusable", "reason": reason}))
+                .log(
+                    LogEvent::StatusUnusable,
+                    json!({"key": key, "path": "confirmation", "error": reason, "still_confirming": still}),
+                )
+        }
+        ConfirmAnswer::Answer(Err(e)) => {
+            let wait = match e {
+                StatusError::Transient { retry_after_secs } => {
+                    wait.max(retry_after_secs.saturating_mul(1_000))
+                }
+                _ => wait,
+            };
+            op.confirmation_failed(now, wait);
+            Step::new(Some(op), AlarmDone::Confirmed).durable().log(
+                LogEvent::ConfirmWaiting,
+                json!({"key": key, "error": format!("{e:?}"), "retry_in_ms": wait}),
+            )
+        }
+        ConfirmAnswer::NoApiKey => {
+            // Not a try (nothing was asked), so no try count grows its backoff: the wait is
+            // the time waited so far, which doubles the total at each wake, within the limits.
+            let waited = op
+                .confirmation
+                .as_ref()
+                .map_or(0, |c| now - c.requested_at_ms);
+            let wait = waited
+                .min(limits.retry_max_secs.saturating_mul(1_000))
+                .max(limits.retry_base_secs.saturating_mul(1_000));
+            op.confirmation_waits(now, wait);
+            Step::new(Some(op), AlarmDone::Confirmed).durable().log(
+                LogEvent::ConfirmWaiting,
+                json!({"key": key, "error": "GEMINI_API_KEY is not set", "retry_in_ms": wait}),
+            )
+        }
+    }
+}
+
+fn verdict_label(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Apply => "applied",
+        Verdict::Drop(reason) => reason.as_str(),
+    }
+}
+
+/// Records how sending a queued alert ended: the sink's acceptance takes it off the queue; a
+/// failure waits with backoff for the alarm to send it again.
+pub fn alert_sent(
+    mut op: Operation,
+    alert: &PendingAlert,
+    sent: bool,
+    now: i64,
+    limits: &Limits,
+    jitter: f64,
+) -> Step<AlarmDone> {
+    if sent {
+        op.alert_delivered(alert.kind);
+        op.count(Counter::Alerts, now);
+        Step::new(Some(op), AlarmDone::AlertSent(true))
+            .durable()
+            .row(json!({"what": "alert", "alert": alert.kind, "alert_id": alert.id}))
+    } else {
+        let wait = backoff_ms(
+            alert.attempts + 1,
+            limits.retry_base_secs,
+            limits.retry_max_secs,
+            jitter,
+        );
+        op.alert_failed(alert.kind, now, wait);
+        Step::new(Some(op), AlarmDone::AlertSent(false)).durable()
+    }
+}
+
+/// Claims the side effect if it is owed, due and not held: the claim is stored before the
+/// call leaves, and its expiry wakes the gate if the call never returns.
+pub fn begin_attempt(
+    mut op: Operation,
+    now: i64,
+    limits: &Limits,
+) -> Option<(Claim, Step<AlarmDone>)> {
+    let claim = op.claim(now, limits.claim_ttl_ms)?;
+    let attempt = op.effect.attempts;
+    let step = Step::new(Some(op), AlarmDone::Claimed)
+        .durable()
+        .row(json!({"what": "claimed", "token": claim.token, "attempt": attempt}));
+    Some((claim, step))
+}
+
+/// How one attempt ended, as the runner saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    pub claim: Claim,
+    pub outcome: AttemptOutcome,
+    pub started_ms: i64,
+    pub finished_ms: i64,
+}
+
+/// Commits an attempt under its claim's fencing token: done, a retry after backoff, or parked;
+/// an answer under a token no longer current changes nothing (another attempt took over).
+pub fn attempt_finished(
+    mut op: Operation,
+    attempt: &Attempt,
+    limits: &Limits,
+    jitter: f64,
+) -> Step<AlarmDone> {
+    let backoff = backoff_ms(
+        op.effect.failures_in_row,
+        limits.retry_base_secs,
+        limits.retry_max_secs,
+        jitter,
+    );
+    let finished = op.finish(
+        attempt.claim.token,
+        &attempt.outcome,
+        attempt.finished_ms,
+        backoff,
+    );
+    let (event, stat) = match &finished {
+        Finished::Done => (LogEvent::EffectDelivered, Some(Counter::EffectSuccesses)),
+        Finished::RetryAt(_) => (LogEvent::EffectFailed, Some(Counter::EffectFailures)),
+        Finished::Parked => (LogEvent::EffectParked, Some(Counter::EffectParks)),
+        Finished::Fenced => (LogEvent::EffectFenced, None),
+    };
+    if let Some(stat) = stat {
+        op.count(stat, attempt.finished_ms);
+    }
+    if finished == Finished::Parked {
+        // A refusal the destination will repeat needs a person now: the alert is queued here
+        // and sent by this alarm, not left for the next cron pass.
+        let age = (attempt.finished_ms - op.settled_at_ms.unwrap_or(op.submitted_at_ms)) / 1_000;
+        op.raise_alert(AlertKind::EffectFailing, age, attempt.finished_ms);
+    }
+    let answer = match &attempt.outcome {
+        AttemptOutcome::Delivered => "2xx".to_string(),
+        AttemptOutcome::Retry(a) | AttemptOutcome::Park(a) => a.clone(),
+    };
+    let ms = attempt.finished_ms - attempt.started_ms;
+    let line = json!({
+        "key": op.key,
+        "status": op.status.as_str(),
+        "attempt": op.effect.attempts,
+        "generation": op.effect.generation,
+        "answer": answer,
+        "ms": ms,
+        // From the outcome's settlement (just before the delivery was answered) to this
+        // attempt's start: the answer never waits for it; the benchmark reports it.
+        "after_settled_ms": op.settled_at_ms.map(|t| attempt.started_ms - t),
+        "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect.next_attempt_ms),
+    });
+    let mut step = Step::new(Some(op), AlarmDone::AttemptFinished(finished.clone()))
+        .row(json!({"what": "attempt", "token": attempt.claim.token, "result": event.as_str(), "answer": answer, "ms": ms}))
+        .log(event, line);
+    if finished != Finished::Fenced {
+        step.save = Save::Durable;
+    }
+    step
+}
+
+/// The upkeep the alarm does last: counted events to flush to a stats shard and the record
+/// to project into the KV ledger (with its `open:` index entry), when each is due.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upkeep {
+    /// The last sequence sealed for the flush: events up to it are never changed again.
+    pub sealed: Option<u64>,
+    /// The events to flush (those up to `sealed`).
+    pub events: Vec<StatEvent>,
+    pub projection: Option<(Projection, IndexWrite)>,
+}
+
+impl Upkeep {
+    /// Nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.sealed.is_none() && self.projection.is_none()
+    }
+}
+
+/// Plans the upkeep, sealing the events to flush (store the record before sending them, so
+/// counts made meanwhile go to new events). Only the alarm projects, one at a time, so two
+/// ledger writes never race; a projection waits a second after the last (KV's per-key rate).
+pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &Limits) -> Upkeep {
+    let sealed = op.seal_stats();
+    let projection =
+        (op.projected_version < op.version && now >= op.projection_due_ms()).then(|| {
+            let p = project(op, limits.retention_ms / 1_000);
+            let index = p.index_write(op.indexed);
+            (p, index)
+        });
+    let events = match sealed {
+        Some(_) => op.pending_stats().to_vec(),
+        None => Vec::new(),
+    };
+    Upkeep {
+        sealed,
+        events,
+        projection,
+    }
+}
+
+/// Records how the upkeep went: flushed events are dropped; a failed flush keeps them for the
+/// alarm to send again a little later; a failed ledger write backs off (the gate stays the
+/// truth).
+pub fn upkeep_done(
+    mut op: Operation,
+    upkeep: &Upkeep,
+    flushed: Option<Result<(), String>>,
+    written: Option<Result<(), String>>,
+    now: i64,
+) -> Step<AlarmDone> {
+    let key = op.key.clone();
+    let mut logs = Vec::new();
+    match (upkeep.sealed, flushed) {
+        (Some(last), Some(Ok(()))) => op.drop_flushed_stats(last),
+        (_, Some(Err(e))) => {
+            op.stats_flush_failed(now + STATS_RETRY_MS);
+            logs.push(LogEvent::StatsFlushFailed.line(json!({"key": key, "error": e})));
+        }
+        _ => {}
+    }
+    if let (Some((projection, index)), Some(result)) = (&upkeep.projection, written) {
+        op.index_written(*index, result.is_ok());
+        match result {
+            Ok(()) => op.projection_written(projection.metadata.version, now),
+            Err(e) => {
+                op.projection_failed(now);
+                logs.push(
+                    LogEvent::LedgerWriteFailed
+                        .line(json!({"key": key, "error": e, "failures": op.projection_failures})),
+                );
+            }
+        }
+    }
+    let mut step = Step::new(Some(op), AlarmDone::UpkeepDone).durable();
+    step.logs = logs;
+    step
+}
+
+/// A failed counter flush is sent again this much later.
+pub(crate) const STATS_RETRY_MS: i64 = 5_000;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::gate::step;
+    use crate::operation::gate_protocol::GateCommand;
+    use serde_json::Map;
+
+    const LIMITS: Limits = Limits {
+        retention_ms: 100_000,
+        stats_delay_ms: 0,
+        claim_ttl_ms: 10_000,
+        retry_base_secs: 1,
+        retry_max_secs: 8,
+        unregistered_hold_ms: 0,
+    };
+
+    const FULL_RUN: [Stage; 5] = [
+        Stage::Confirm,
+        Stage::Alerts,
+        Stage::Effect,
+        Stage::Alerts,
+        Stage::Upkeep,
+    ];
+
+    fn registered(key: &str) -> Operation {
+        Operation::register(key, key, Some("billing".into()), 0)
+    }
+
+    fn deliver(op: Operation, status: Status, now: i64) -> Operation {
+        let command = GateCommand::Deliver {
+            key: op.key().into(),
+            name: op.name().into(),
+            event: OpEvent {
+                status,
+                update_time_ms: 0,
+                source: Source::Webhook,
+                details: Map::new(),
+                delivery_id: None,
+            },
+            require_registration: false,
+            hold_ms: 0,
+        };
+        step(Some(op), command, now).record.unwrap()
+    }
+
+    /// A registered operation with a nudge waiting for the status API, asked at 10.
+    fn nudged() -> Operation {
+        let mut op = registered("batches/a");
+        assert!(op.request_confirmation(10, Map::new(), Some("jwt_1".into())));
+        op
+    }
+
+    /// The record after every piece of upkeep was done at `now` (nothing left to flush or
+    /// project).
+    fn kept(op: Operation, now: i64) -> Operation {
+        let mut sealed = op.clone();
+        let upkeep = plan_upkeep(&mut sealed, now, &LIMITS);
+        let ok = || Some(Ok(()));
+        upkeep_done(sealed, &upkeep, ok(), ok(), now)
+            .record
+            .unwrap()
+    }
+
+    fn kinds(work: &Option<AlarmWork>) -> &'static str {
+        match work {
+            None => "none",
+            Some(AlarmWork::Retire(_)) => "retire",
+            Some(AlarmWork::Confirm(_)) => "confirm",
+            Some(AlarmWork::SendAlert { .. }) => "alert",
+            Some(AlarmWork::Effect { .. }) => "effect",
+            Some(AlarmWork::Upkeep { .. }) => "upkeep",
+            Some(AlarmWork::SetAlarm) => "set_alarm",
+        }
+    }
+
+    #[test]
+    fn a_record_past_retention_is_retired_and_nothing_else_runs() {
+        let op = deliver(registered("batches/a"), Status::Succeeded, 10);
+        let (claim, s) = begin_attempt(op, 10, &LIMITS).unwrap();
+        let attempt = Attempt {
+            claim,
+            outcome: AttemptOutcome::Delivered,
+            started_ms: 10,
+            finished_ms: 20,
+        };
+        let done = attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5);
+        let op = kept(done.record.unwrap(), 30);
+        let over = 20 + LIMITS.retention_ms;
+        assert_eq!(plan(&op, over - 1, &LIMITS).stages(), FULL_RUN);
+        let mut run = plan(&op, over, &LIMITS);
+        assert_eq!(run.stages(), [Stage::Retire]);
+        match run.next(&op, over, &LIMITS, true) {
+            Some(AlarmWork::Retire(s)) => {
+                assert_eq!(s.reply, AlarmDone::Retired);
+                assert!(s.clear_history);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(kinds(&run.next(&op, over, &LIMITS, true)), "none");
+    }
+
+    #[test]
+    fn an_open_record_runs_confirm_alerts_effect_alerts_upkeep_in_that_order() {
+        // A nudge waits, an alert is queued and counts are pending: each piece in turn, the
+        // effect becoming owed by the confirmation's answer.
+        let mut op = nudged();
+        op.count(Counter::Deliveries, 10);
+        assert!(op.raise_alert(AlertKind::Stuck, 60, 10));
+        let mut run = plan(&op, 20, &LIMITS);
+        assert_eq!(run.stages(), FULL_RUN);
+        let mut seen = Vec::new();
+        while let Some(work) = run.next(&op, 20, &LIMITS, true) {
+            seen.push(kinds(&Some(work.clone())));
+            op = match work {
+                AlarmWork::Confirm(_) => {
+                    let answer = ConfirmAnswer::Answer(Ok(Observation {
+                        status: Status::Succeeded,
+                        update_time_ms: 5,
+                        details: Map::new(),
+                    }));
+                    confirmed(op, answer, 20, &LIMITS, 0.5).record.unwrap()
+                }
+                AlarmWork::SendAlert { alert, .. } => {
+                    alert_sent(op, &alert, true, 20, &LIMITS, 0.5)
+                        .record
+                        .unwrap()
+                }
+                AlarmWork::Effect { claim, step } => {
+                    let attempt = Attempt {
+                        claim,
+                        outcome: AttemptOutcome::Delivered,
+                        started_ms: 20,
+                        finished_ms: 20,
+                    };
+                    attempt_finished(step.record.unwrap(), &attempt, &LIMITS, 0.5)
+                        .record
+                        .unwrap()
+                }
+                AlarmWork::Upkeep { record, .. } => *record,
+                other => panic!("{other:?}"),
+            };
+        }
+        assert_eq!(seen, ["confirm", "alert", "effect", "upkeep"]);
+    }
+
+    #[test]
+    fn a_confirmation_is_asked_only_when_due() {
+        let op = nudged();
+        let mut run = plan(&op, 10, &LIMITS);
+        assert_eq!(
+            run.next(&op, 10, &LIMITS, true),
+            Some(AlarmWork::Confirm(ConfirmAsk::Ask {
+                collection: Collection::Batches,
+                key: "batches/a".into(),
+                name: "batches/a".into(),
+            }))
+        );
+        let mut later = op.clone();
+        later.confirmation_failed(10, 5_000);
+        let mut run = plan(&later, 20, &LIMITS);
+        assert_eq!(
+            kinds(&run.next(&later, 20, &LIMITS, true)),
+            "set_alarm",
+            "not due: nothing asked"
+        );
+    }
+
+    #[test]
+    fn without_an_api_key_the_confirmation_is_answered_without_asking() {
+        let op = nudged();
+        assert_eq!(
+            plan(&op, 10, &LIMITS).next(&op, 10, &LIMITS, false),
+            Some(AlarmWork::Confirm(ConfirmAsk::Answered(
+                ConfirmAnswer::NoApiKey
+            )))
+        );
+    }
+
+    #[test]
+    fn a_key_of_no_known_collection_is_answered_as_malformed() {
+        let mut op = registered("files/a");
+        op.request_confirmation(10, Map::new(), None);
+        match plan(&op, 10, &LIMITS).next(&op, 10, &LIMITS, true) {
+            Some(AlarmWork::Confirm(ConfirmAsk::Answered(ConfirmAnswer::Answer(Err(
+                StatusError::Malformed(why),
+            ))))) => assert_eq!(why, "key has no collection"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn due_alerts_are_sent_one_at_a_time_in_queue_order_and_later_ones_wait() {
+        let mut op = kept(registered("batches/a"), 0);
+        op.raise_alert(AlertKind::Stuck, 60, 10);
+        op.raise_alert(AlertKind::StatusUnusable, 60, 10);
+        op.raise_alert(AlertKind::WebhookDisabled, 60, 500);
+        let mut run = plan(&op, 20, &LIMITS);
+        let mut sent = Vec::new();
+        while let Some(AlarmWork::SendAlert { alert, body }) = run.next(&op, 20, &LIMITS, true) {
+            assert_eq!(body["alert_id"], alert.id.as_str());
+            sent.push(alert.kind);
+            op = alert_sent(op, &alert, true, 20, &LIMITS, 0.5)
+                .record
+                .unwrap();
+        }
+        assert_eq!(
+            sent,
+            [AlertKind::Stuck, AlertKind::StatusUnusable],
+            "the alert due at 500 waits"
+        );
+    }
+
+    #[test]
+    fn the_effect_is_claimed_only_when_owed_and_due() {
+        let open = kept(registered("batches/a"), 0);
+        assert_eq!(
+            kinds(&plan(&open, 20, &LIMITS).next(&open, 20, &LIMITS, true)),
+            "set_alarm",
+            "no outcome, no effect"
+        );
+        let owed = deliver(open, Status::Succeeded, 10);
+        match plan(&owed, 20, &LIMITS).next(&owed, 20, &LIMITS, true) {
+            Some(AlarmWork::Effect { claim, step }) => {
+                assert_eq!(claim.token, 1);
+                assert_eq!(step.reply, AlarmDone::Claimed);
+                assert_eq!(step.save, Save::Durable);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_alert_the_attempt_queued_is_sent_in_the_same_run() {
+        let op = kept(deliver(registered("batches/a"), Status::Succeeded, 10), 10);
+        let mut run = plan(&op, 20, &LIMITS);
+        let Some(AlarmWork::Effect { claim, step }) = run.next(&op, 20, &LIMITS, true) else {
+            panic!("the effect is due");
+        };
+        let attempt = Attempt {
+            claim,
+            outcome: AttemptOutcome::Park("400: no".into()),
+            started_ms: 20,
+            finished_ms: 30,
+        };
+        let parked = attempt_finished(step.record.unwrap(), &attempt, &LIMITS, 0.5);
+        assert_eq!(parked.reply, AlarmDone::AttemptFinished(Finished::Parked));
+        let op = parked.record.unwrap();
+        match run.next(&op, 30, &LIMITS, true) {
+            Some(AlarmWork::SendAlert { alert, .. }) => {
+                assert_eq!(alert.kind, AlertKind::EffectFailing)
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(kinds(&run.next(&op, 30, &LIMITS, true)), "upkeep");
+        assert_eq!(kinds(&run.next(&op, 30, &LIMITS, true)), "none");
+    }
+
+    #[test]
+    fn upkeep_comes_last_with_the_sealed_events_and_the_projection() {
+        let mut op = registered("batches/a");
+        op.count(Counter::Deliveries, 10);
+        let mut run = plan(&op, 2_000, &LIMITS);
+        match run.next(&op, 2_000, &LIMITS, true) {
+            Some(AlarmWork::Upkeep { record, upkeep }) => {
+                assert_eq!(upkeep.sealed, Some(1));
+                assert_eq!(upkeep.events, op.pending_stats());
+                assert!(upkeep.projection.is_some());
+                let mut again = record.clone();
+                assert!(
+                    plan_upkeep(&mut again, 2_000, &LIMITS).sealed.is_some(),
+                    "sealed events stay until flushed"
+                );
+                assert_eq!(record.pending_stats().len(), 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(kinds(&run.next(&op, 2_000, &LIMITS, true)), "none");
+    }
+
+    #[test]
+    fn with_nothing_to_flush_or_project_the_run_only_sets_the_alarm() {
+        let op = kept(registered("batches/a"), 0);
+        let mut run = plan(&op, 20, &LIMITS);
+        assert_eq!(kinds(&run.next(&op, 20, &LIMITS, true)), "set_alarm");
+        assert_eq!(kinds(&run.next(&op, 20, &LIMITS, true)), "none");
+    }
+}
