@@ -15,7 +15,8 @@ use std::collections::VecDeque;
 use serde_json::{json, Value};
 
 use crate::operation::alert::AlertKind;
-use crate::operation::gate::{count_delivery, history_of_event, Limits, Save, Step};
+use crate::operation::gate::{count_delivery, Limits, Save, Step};
+use crate::operation::history::HistoryEntry;
 use crate::operation::key::Collection;
 use crate::operation::ledger::{project, IndexWrite, Projection};
 use crate::operation::lifecycle::{Source, Status, Verdict};
@@ -215,7 +216,7 @@ pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<
     let key = op.key.clone();
     let mut step = Step::new(Some(op), AlarmDone::Retired)
         .durable()
-        .row(json!({"what": "retired"}))
+        .row(HistoryEntry::Retired)
         .log(LogEvent::RetentionExpired, json!({"key": key}));
     step.clear_history = true;
     Some(step)
@@ -267,7 +268,7 @@ pub fn confirmed(
             let still = op.confirmation.is_some();
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
-                .row(history_of_event(&event, verdict))
+                .row(HistoryEntry::of_event(&event, verdict))
                 .log(
                     LogEvent::Confirmed,
                     json!({"key": key, "status": event.status.as_str(),
@@ -287,7 +288,7 @@ pub fn confirmed(
             op.raise_alert(AlertKind::UnknownToGemini, age, now);
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
-                .row(json!({"what": "confirm_not_found"}))
+                .row(HistoryEntry::ConfirmNotFound)
                 .log(
                     LogEvent::StatusNotFound,
                     json!({"key": key, "path": "confirmation"}),
@@ -301,7 +302,9 @@ pub fn confirmed(
             let still = op.confirmation.is_some();
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
-                .row(json!({"what": "status_unusable", "reason": reason}))
+                .row(HistoryEntry::StatusUnusable {
+                    reason: reason.clone(),
+                })
                 .log(
                     LogEvent::StatusUnusable,
                     json!({"key": key, "path": "confirmation", "error": reason, "still_confirming": still}),
@@ -361,7 +364,10 @@ pub fn alert_sent(
         op.count(Counter::Alerts, now);
         Step::new(Some(op), AlarmDone::AlertSent(true))
             .durable()
-            .row(json!({"what": "alert", "alert": alert.kind, "alert_id": alert.id}))
+            .row(HistoryEntry::Alert {
+                alert: alert.kind,
+                alert_id: alert.id.clone(),
+            })
     } else {
         let wait = backoff_ms(
             alert.attempts + 1,
@@ -385,7 +391,10 @@ pub fn begin_attempt(
     let attempt = op.effect.attempts;
     let step = Step::new(Some(op), AlarmDone::Claimed)
         .durable()
-        .row(json!({"what": "claimed", "token": claim.token, "attempt": attempt}));
+        .row(HistoryEntry::Claimed {
+            token: claim.token,
+            attempt,
+        });
     Some((claim, step))
 }
 
@@ -451,7 +460,12 @@ pub fn attempt_finished(
         "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect.next_attempt_ms),
     });
     let mut step = Step::new(Some(op), AlarmDone::AttemptFinished(finished.clone()))
-        .row(json!({"what": "attempt", "token": attempt.claim.token, "result": event.as_str(), "answer": answer, "ms": ms}))
+        .row(HistoryEntry::Attempt {
+            token: attempt.claim.token,
+            result: event.as_str(),
+            answer: answer.clone(),
+            ms,
+        })
         .log(event, line);
     if finished != Finished::Fenced {
         step.save = Save::Durable;

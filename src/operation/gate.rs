@@ -14,6 +14,7 @@
 use serde_json::{json, Value};
 
 use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
+use crate::operation::history::HistoryEntry;
 use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
 use crate::operation::{KindFill, OpEvent, Operation};
 use crate::telemetry::counters::Counter;
@@ -51,7 +52,7 @@ pub struct Step<R = GateReply> {
     pub record: Option<Operation>,
     pub save: Save,
     /// History rows to insert.
-    pub history: Vec<Value>,
+    pub history: Vec<HistoryEntry>,
     /// Log lines to print.
     pub logs: Vec<Value>,
     pub reply: R,
@@ -82,7 +83,7 @@ impl<R> Step<R> {
         self
     }
 
-    pub(crate) fn row(mut self, entry: Value) -> Step<R> {
+    pub(crate) fn row(mut self, entry: HistoryEntry) -> Step<R> {
         self.history.push(entry);
         self
     }
@@ -116,9 +117,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 let kind = op.kind.clone();
                 let step = Step::new(Some(op), reply);
                 match fill {
-                    KindFill::Filled => step
-                        .durable()
-                        .row(json!({"what": "kind_filled", "kind": kind})),
+                    KindFill::Filled => step.durable().row(HistoryEntry::KindFilled { kind }),
                     _ => step,
                 }
             }
@@ -130,7 +129,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 let kind = op.kind.clone();
                 Step::new(Some(op), reply)
                     .durable()
-                    .row(json!({"what": "registered", "kind": kind}))
+                    .row(HistoryEntry::Registered { kind })
             }
         },
         GateCommand::Deliver {
@@ -182,7 +181,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             };
             Step::new(Some(op), reply)
                 .durable()
-                .row(history_of_event(&event, verdict))
+                .row(HistoryEntry::of_event(&event, verdict))
         }
         GateCommand::Nudge {
             key,
@@ -235,7 +234,10 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             }
             Step::new(Some(op), GateReply::Confirming { status })
                 .durable()
-                .row(json!({"what": "nudged", "claimed": claimed, "delivery_id": delivery_id}))
+                .row(HistoryEntry::Nudged {
+                    claimed,
+                    delivery_id,
+                })
         }
         GateCommand::RetryEffect => match record {
             // The alarm runs the effect if due: the backoff stands; setting the alarm again
@@ -285,7 +287,9 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                     return step;
                 }
                 step.durable()
-                    .row(json!({"what": "forgotten", "reason": reason}))
+                    .row(HistoryEntry::Forgotten {
+                        reason: reason.clone(),
+                    })
                     .log(
                         LogEvent::ForgottenByOperator,
                         json!({"key": key, "reason": reason}),
@@ -313,9 +317,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 Ok(event) => {
                     let key = op.key.clone();
                     let (status, effect) = (op.status.clone(), effect_report(&op, now));
-                    let mut row = history_of_event(&event, Verdict::Apply);
-                    row["settled_by"] = json!(Source::Operator.as_str());
-                    row["reason"] = json!(reason);
+                    let row = HistoryEntry::settled_by_operator(&event, &reason);
                     Step::new(
                         Some(op),
                         GateReply::Applied {
@@ -346,7 +348,9 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 let raised = op.alerts.len() > raised_before;
                 Step::new(Some(op), GateReply::AlertSent { sent: raised })
                     .durable()
-                    .row(json!({"what": "status_unusable", "reason": reason}))
+                    .row(HistoryEntry::StatusUnusable {
+                        reason: reason.clone(),
+                    })
             }
             None => Step::new(None, GateReply::NotFound),
         },
@@ -398,7 +402,16 @@ fn operator_acted(
         },
     )
     .durable()
-    .row(json!({"what": event.as_str(), "generation": generation, "reason": reason}))
+    .row(match action {
+        OperatorAction::RetryNow => HistoryEntry::RetryNow {
+            generation,
+            reason: reason.to_string(),
+        },
+        OperatorAction::Redeliver => HistoryEntry::Redeliver {
+            generation,
+            reason: reason.to_string(),
+        },
+    })
     .log(
         event,
         json!({"key": key, "generation": generation, "reason": reason}),
@@ -490,21 +503,6 @@ pub(crate) fn count_delivery(
     }
 }
 
-pub(crate) fn history_of_event(event: &OpEvent, verdict: Verdict) -> Value {
-    let (what, reason) = match verdict {
-        Verdict::Apply => ("applied", None),
-        Verdict::Drop(r) => ("dropped", Some(r.as_str())),
-    };
-    json!({
-        "what": what,
-        "reason": reason,
-        "status": event.status.as_str(),
-        "source": event.source.as_str(),
-        "update_time_ms": event.update_time_ms,
-        "delivery_id": event.delivery_id,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -578,7 +576,7 @@ mod tests {
     fn whats<R>(step: &Step<R>) -> Vec<String> {
         step.history
             .iter()
-            .map(|h| h["what"].as_str().unwrap_or("").to_string())
+            .map(|h| h.to_value()["what"].as_str().unwrap_or("").to_string())
             .collect()
     }
 
@@ -1396,8 +1394,8 @@ mod tests {
         );
         assert_eq!(s.save, Save::Durable);
         assert_eq!(events(&s), ["settled_by_operator"]);
-        assert_eq!(s.history[0]["settled_by"], "operator");
-        assert_eq!(s.history[0]["reason"], "checked in AI Studio");
+        assert_eq!(s.history[0].to_value()["settled_by"], "operator");
+        assert_eq!(s.history[0].to_value()["reason"], "checked in AI Studio");
         let op = s.record.unwrap();
         assert_eq!(op.settled_by, Some(Source::Operator));
         assert!(op.effect_owed());

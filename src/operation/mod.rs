@@ -7,6 +7,7 @@ pub mod alert;
 pub mod effect;
 pub mod gate;
 pub mod gate_protocol;
+pub mod history;
 pub mod key;
 pub mod ledger;
 pub mod lifecycle;

@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::bounds;
 use crate::operation::alert::AlertKind;
 use crate::operation::effect::normalize_details;
+use crate::operation::history::HistoryEntry;
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::{Operation, OperatorNote, Parked};
 
@@ -223,13 +224,17 @@ pub fn mark_recovered(
     error: &str,
     raw: &str,
     now_ms: i64,
-) -> (Value, Value) {
+) -> (HistoryEntry, Value) {
     let age = (now_ms - op.submitted_at_ms).div_euclid(1_000);
     op.raise_alert(AlertKind::RecordUnreadable, age, now_ms);
     op.version += 1;
     let excerpt = bounds::bound_string(raw.chars().take(4_096).collect());
-    let row = json!({"what": "record_recovered", "how": how.as_str(), "error": error,
-        "raw_bytes": raw.len(), "raw_excerpt": excerpt});
+    let row = HistoryEntry::RecordRecovered {
+        how: how.as_str(),
+        error: error.to_string(),
+        raw_bytes: raw.len(),
+        raw_excerpt: excerpt,
+    };
     let line = json!({"key": op.key, "how": how.as_str(), "error": error, "raw_bytes": raw.len()});
     (row, line)
 }
@@ -413,6 +418,7 @@ mod tests {
         let (row, line) = mark_recovered(&mut op, how, "recursion limit exceeded", &raw, 9_000);
         assert_eq!(op.alerts, [AlertKind::RecordUnreadable]);
         assert_eq!(op.pending_alerts.len(), 1);
+        let row = row.to_value();
         assert_eq!(row["what"], "record_recovered");
         assert_eq!(row["raw_bytes"], raw.len());
         assert_eq!(line["how"], "pruned");

@@ -24,6 +24,7 @@ use worker::{Result, ScheduledTime, State};
 
 use crate::operation::alarm_failure::AlarmFailures;
 use crate::operation::gate::Limits;
+use crate::operation::history::HistoryEntry;
 use crate::operation::{recovery, Operation};
 use crate::telemetry::log_event::LogEvent;
 
@@ -335,7 +336,7 @@ impl GateStorage {
     /// Appends history entries, all in one statement; trims when a row's sequence number
     /// reaches a multiple of [`TRIM_EVERY`] (counted in storage, so it holds across
     /// instances, so waking an object costs no trim).
-    pub fn record(&self, at_ms: i64, entries: Vec<Value>) -> Result<()> {
+    pub fn record(&self, at_ms: i64, entries: Vec<HistoryEntry>) -> Result<()> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -350,7 +351,7 @@ impl GateStorage {
         for (i, entry) in entries.into_iter().enumerate() {
             query.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
             bindings.push(at_ms.into());
-            bindings.push(entry.to_string().into());
+            bindings.push(entry.to_value().to_string().into());
         }
         query.push_str(" RETURNING seq");
         let seqs: Vec<SeqRow> = self.meter.rows(&sql, &query, bindings)?;

@@ -1,0 +1,252 @@
+//! An operation's history rows: what the gate did, one typed entry per row, stored as JSON
+//! with its kind under `what` (the admin API's `history`, the chaos oracle and the dashboard
+//! read them).
+//!
+//! Guarantees: every row the gate stores is one of [`HistoryEntry`]'s variants, so its
+//! spelling is fixed here; the stored time (`at`) is added by the storage, not the entry.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::operation::alert::AlertKind;
+use crate::operation::lifecycle::{Source, Verdict};
+use crate::operation::OpEvent;
+
+/// One history row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "what", rename_all = "snake_case")]
+pub enum HistoryEntry {
+    /// Registered through the admin API.
+    Registered {
+        kind: Option<String>,
+    },
+    /// A registration filled in the kind of an operation its completion created.
+    KindFilled {
+        kind: Option<String>,
+    },
+    /// An event the reducer applied.
+    Applied(EventRow),
+    /// An event the reducer dropped.
+    Dropped(EventRow),
+    /// A dynamic-webhook delivery now waiting for the status API.
+    Nudged {
+        claimed: String,
+        delivery_id: String,
+    },
+    Forgotten {
+        reason: String,
+    },
+    /// A status-API answer that could not be used.
+    StatusUnusable {
+        reason: String,
+    },
+    /// An operator's deliberate redelivery (a new generation).
+    Redeliver {
+        generation: u32,
+        reason: String,
+    },
+    /// An operator's retry of an effect not done (the same generation).
+    RetryNow {
+        generation: u32,
+        reason: String,
+    },
+    /// Retention ended: only a tombstone remains.
+    Retired,
+    /// The status API does not know the operation a nudge named.
+    ConfirmNotFound,
+    /// The alert sink accepted an alert.
+    Alert {
+        alert: AlertKind,
+        alert_id: String,
+    },
+    /// The side effect was claimed under `token`.
+    Claimed {
+        token: u64,
+        attempt: u32,
+    },
+    /// How an attempt ended: `result` is its log event's name.
+    Attempt {
+        token: u64,
+        result: &'static str,
+        answer: String,
+        ms: i64,
+    },
+    /// A stored record that did not load was recovered.
+    RecordRecovered {
+        how: &'static str,
+        error: String,
+        raw_bytes: usize,
+        raw_excerpt: String,
+    },
+}
+
+/// An event offered to the reducer, as its row shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventRow {
+    /// Why it was dropped (an operator's reason when one settled it; none when applied).
+    pub reason: Option<String>,
+    pub status: String,
+    pub source: &'static str,
+    pub update_time_ms: i64,
+    pub delivery_id: Option<String>,
+    /// Who settled it, when an operator did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settled_by: Option<&'static str>,
+}
+
+impl HistoryEntry {
+    /// The row for `event`, applied or dropped as `verdict` says.
+    pub fn of_event(event: &OpEvent, verdict: Verdict) -> HistoryEntry {
+        let row = |reason: Option<&str>| EventRow {
+            reason: reason.map(str::to_string),
+            status: event.status.as_str().to_string(),
+            source: event.source.as_str(),
+            update_time_ms: event.update_time_ms,
+            delivery_id: event.delivery_id.clone(),
+            settled_by: None,
+        };
+        match verdict {
+            Verdict::Apply => HistoryEntry::Applied(row(None)),
+            Verdict::Drop(r) => HistoryEntry::Dropped(row(Some(r.as_str()))),
+        }
+    }
+
+    /// The row for an outcome an operator gave, with their reason.
+    pub fn settled_by_operator(event: &OpEvent, reason: &str) -> HistoryEntry {
+        match HistoryEntry::of_event(event, Verdict::Apply) {
+            HistoryEntry::Applied(row) => HistoryEntry::Applied(EventRow {
+                reason: Some(reason.to_string()),
+                settled_by: Some(Source::Operator.as_str()),
+                ..row
+            }),
+            other => other,
+        }
+    }
+
+    /// The row as stored.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::lifecycle::{DropReason, Status};
+    use serde_json::{json, Map};
+
+    fn event() -> OpEvent {
+        OpEvent {
+            status: Status::Succeeded,
+            update_time_ms: 7,
+            source: Source::Webhook,
+            details: Map::new(),
+            delivery_id: Some("msg_1".into()),
+        }
+    }
+
+    /// Each entry serializes to exactly the row the gate wrote as ad-hoc JSON before it had
+    /// a type (the readers of the history depend on these spellings).
+    #[test]
+    fn every_entry_keeps_its_stored_shape() {
+        let cases = [
+            (
+                HistoryEntry::Registered { kind: None },
+                json!({"what": "registered", "kind": null}),
+            ),
+            (
+                HistoryEntry::KindFilled {
+                    kind: Some("k".into()),
+                },
+                json!({"what": "kind_filled", "kind": "k"}),
+            ),
+            (
+                HistoryEntry::of_event(&event(), Verdict::Apply),
+                json!({"what": "applied", "reason": null, "status": "succeeded",
+                    "source": "webhook", "update_time_ms": 7, "delivery_id": "msg_1"}),
+            ),
+            (
+                HistoryEntry::of_event(&event(), Verdict::Drop(DropReason::Duplicate)),
+                json!({"what": "dropped", "reason": "duplicate", "status": "succeeded",
+                    "source": "webhook", "update_time_ms": 7, "delivery_id": "msg_1"}),
+            ),
+            (
+                HistoryEntry::settled_by_operator(&event(), "checked"),
+                json!({"what": "applied", "reason": "checked", "status": "succeeded",
+                    "source": "webhook", "update_time_ms": 7, "delivery_id": "msg_1",
+                    "settled_by": "operator"}),
+            ),
+            (
+                HistoryEntry::Nudged {
+                    claimed: "succeeded".into(),
+                    delivery_id: "jwt_1".into(),
+                },
+                json!({"what": "nudged", "claimed": "succeeded", "delivery_id": "jwt_1"}),
+            ),
+            (
+                HistoryEntry::Forgotten { reason: "r".into() },
+                json!({"what": "forgotten", "reason": "r"}),
+            ),
+            (
+                HistoryEntry::StatusUnusable { reason: "r".into() },
+                json!({"what": "status_unusable", "reason": "r"}),
+            ),
+            (
+                HistoryEntry::Redeliver {
+                    generation: 2,
+                    reason: "r".into(),
+                },
+                json!({"what": "redeliver", "generation": 2, "reason": "r"}),
+            ),
+            (
+                HistoryEntry::RetryNow {
+                    generation: 1,
+                    reason: "r".into(),
+                },
+                json!({"what": "retry_now", "generation": 1, "reason": "r"}),
+            ),
+            (HistoryEntry::Retired, json!({"what": "retired"})),
+            (
+                HistoryEntry::ConfirmNotFound,
+                json!({"what": "confirm_not_found"}),
+            ),
+            (
+                HistoryEntry::Alert {
+                    alert: AlertKind::Stuck,
+                    alert_id: "alert_x".into(),
+                },
+                json!({"what": "alert", "alert": "stuck", "alert_id": "alert_x"}),
+            ),
+            (
+                HistoryEntry::Claimed {
+                    token: 3,
+                    attempt: 2,
+                },
+                json!({"what": "claimed", "token": 3, "attempt": 2}),
+            ),
+            (
+                HistoryEntry::Attempt {
+                    token: 3,
+                    result: "effect_delivered",
+                    answer: "2xx".into(),
+                    ms: 12,
+                },
+                json!({"what": "attempt", "token": 3, "result": "effect_delivered",
+                    "answer": "2xx", "ms": 12}),
+            ),
+            (
+                HistoryEntry::RecordRecovered {
+                    how: "salvaged",
+                    error: "e".into(),
+                    raw_bytes: 5,
+                    raw_excerpt: "{oops".into(),
+                },
+                json!({"what": "record_recovered", "how": "salvaged", "error": "e",
+                    "raw_bytes": 5, "raw_excerpt": "{oops"}),
+            ),
+        ];
+        for (entry, want) in cases {
+            assert_eq!(entry.to_value(), want);
+        }
+    }
+}
