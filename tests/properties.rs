@@ -231,12 +231,12 @@ proptest! {
             let now = 2_000 + i as i64;
             let before = op.clone();
             let verdict = op.apply(event, now);
-            prop_assert!(op.status.rank() >= before.status.rank());
+            prop_assert!(op.status().rank() >= before.status().rank());
             match verdict {
                 Verdict::Apply => {
-                    prop_assert_eq!(op.version, before.version + 1);
-                    prop_assert_eq!(&op.status, &event.status);
-                    prop_assert_eq!(op.update_time_ms, event.update_time_ms);
+                    prop_assert_eq!(op.version(), before.version() + 1);
+                    prop_assert_eq!(op.status(), &event.status);
+                    prop_assert_eq!(op.update_time_ms(), event.update_time_ms);
                 }
                 Verdict::Drop(_) => prop_assert_eq!(&op, &before, "a dropped event changed the record"),
             }
@@ -247,25 +247,25 @@ proptest! {
             if first_terminal.is_none() {
                 seen_before_terminal.push((event.status.clone(), event.update_time_ms));
                 let want = expected_without_terminal(&seen_before_terminal);
-                prop_assert_eq!((op.status.clone(), op.update_time_ms), want);
-                prop_assert_eq!(op.settled_at_ms, None);
+                prop_assert_eq!((op.status().clone(), op.update_time_ms()), want);
+                prop_assert_eq!(op.settled_at_ms(), None);
                 prop_assert!(!op.effect_owed());
             }
         }
         match first_terminal {
             Some((won, at)) => {
-                prop_assert_eq!(&op.status, &won.status);
-                prop_assert_eq!(op.update_time_ms, won.update_time_ms);
-                prop_assert_eq!(op.settled_at_ms, Some(at));
-                prop_assert_eq!(op.settled_by, Some(won.source));
+                prop_assert_eq!(op.status(), &won.status);
+                prop_assert_eq!(op.update_time_ms(), won.update_time_ms);
+                prop_assert_eq!(op.settled_at_ms(), Some(at));
+                prop_assert_eq!(op.settled_by(), Some(won.source));
                 // The record keeps the first terminal's details in the one normalized shape.
-                prop_assert_eq!(&op.details, &normalize_details(&won.details));
+                prop_assert_eq!(op.details(), &normalize_details(&won.details));
                 prop_assert!(op.effect_owed());
-                prop_assert!(!op.effect.done);
+                prop_assert!(!op.effect().done());
             }
-            None => prop_assert!(!op.status.is_terminal()),
+            None => prop_assert!(!op.status().is_terminal()),
         }
-        prop_assert_eq!(op.registered, registered);
+        prop_assert_eq!(op.registered(), registered);
     }
 }
 
@@ -342,13 +342,13 @@ proptest! {
             match step {
                 Step::Event(e) => {
                     op.apply(e, 0);
-                    prop_assert_eq!(op.effect.done, before.effect.done, "an event changed effect.done");
-                    prop_assert_eq!(op.effect.fence, before.effect.fence);
+                    prop_assert_eq!(op.effect().done(), before.effect().done(), "an event changed effect.done");
+                    prop_assert_eq!(op.effect().fence(), before.effect().fence());
                 }
                 Step::Claim { now, ttl } => {
                     let got = op.claim(*now, *ttl);
-                    let live = matches!(before.effect.claim, Some(c) if c.expires_ms > *now);
-                    let may = before.effect_owed() && *now >= before.effect.next_attempt_ms && !live;
+                    let live = matches!(before.effect().claim(), Some(c) if c.expires_ms > *now);
+                    let may = before.effect_owed() && *now >= before.effect().next_attempt_ms() && !live;
                     prop_assert_eq!(got.is_some(), may, "claim granted={:?} but allowed={}", got, may);
                     match got {
                         Some(c) => {
@@ -357,59 +357,59 @@ proptest! {
                                 prop_assert!(c.token > *last, "token {} not above {}", c.token, last);
                             }
                             prop_assert_eq!(c.expires_ms, now + ttl);
-                            prop_assert_eq!(op.effect.claim, Some(c));
+                            prop_assert_eq!(op.effect().claim(), Some(c));
                             issued.push(c.token);
                         }
                         None => prop_assert_eq!(&op, &before, "a refused claim changed the record"),
                     }
-                    prop_assert!(!op.effect.done || before.effect.done, "a claim set done");
+                    prop_assert!(!op.effect().done() || before.effect().done(), "a claim set done");
                 }
                 Step::Finish { pick, outcome, now, backoff } => {
                     let token = match pick {
-                        TokenPick::Current => before.effect.claim.map(|c| c.token).unwrap_or(before.effect.fence + 1),
+                        TokenPick::Current => before.effect().claim().map(|c| c.token).unwrap_or(before.effect().fence() + 1),
                         TokenPick::Issued(i) if !issued.is_empty() => issued[i % issued.len()],
                         TokenPick::Issued(_) => 1,
-                        TokenPick::Future(d) => before.effect.fence + d,
+                        TokenPick::Future(d) => before.effect().fence() + d,
                         TokenPick::Arbitrary(t) => *t,
                     };
-                    let current = matches!(before.effect.claim, Some(c) if c.token == token);
+                    let current = matches!(before.effect().claim(), Some(c) if c.token == token);
                     let result = op.finish(token, outcome, *now, *backoff);
                     if !current {
                         prop_assert_eq!(result, Finished::Fenced);
                         prop_assert_eq!(&op, &before, "a fenced finish changed the record");
                     } else {
-                        prop_assert_eq!(op.effect.claim, None, "finish must release the claim");
+                        prop_assert_eq!(op.effect().claim(), None, "finish must release the claim");
                         match outcome {
                             AttemptOutcome::Delivered => {
                                 prop_assert_eq!(result, Finished::Done);
-                                prop_assert!(op.effect.done);
-                                prop_assert_eq!(op.effect.done_at_ms, Some(*now));
+                                prop_assert!(op.effect().done());
+                                prop_assert_eq!(op.effect().done_at_ms(), Some(*now));
                             }
                             AttemptOutcome::Retry(_) => {
                                 prop_assert_eq!(result, Finished::RetryAt(now + backoff));
-                                prop_assert_eq!(op.effect.done, before.effect.done);
-                                prop_assert_eq!(op.effect.next_attempt_ms, now + backoff);
+                                prop_assert_eq!(op.effect().done(), before.effect().done());
+                                prop_assert_eq!(op.effect().next_attempt_ms(), now + backoff);
                             }
                             AttemptOutcome::Park(_) => {
                                 prop_assert_eq!(result, Finished::Parked);
-                                prop_assert_eq!(op.effect.done, before.effect.done);
-                                prop_assert!(op.effect.parked.is_some());
+                                prop_assert_eq!(op.effect().done(), before.effect().done());
+                                prop_assert!(op.effect().parked().is_some());
                             }
                         }
                     }
                     // The one way done may become true.
-                    if op.effect.done && !before.effect.done {
+                    if op.effect().done() && !before.effect().done() {
                         prop_assert!(current && *outcome == AttemptOutcome::Delivered);
                     }
                 }
             }
             // Never unset; only ever for a terminal operation; the fence covers every token.
-            prop_assert!(!before.effect.done || op.effect.done, "effect.done was unset");
-            prop_assert!(!op.effect.done || op.status.is_terminal());
-            prop_assert!(op.effect.fence >= issued.last().copied().unwrap_or(0));
-            prop_assert!(op.effect.fence >= before.effect.fence);
+            prop_assert!(!before.effect().done() || op.effect().done(), "effect.done was unset");
+            prop_assert!(!op.effect().done() || op.status().is_terminal());
+            prop_assert!(op.effect().fence() >= issued.last().copied().unwrap_or(0));
+            prop_assert!(op.effect().fence() >= before.effect().fence());
         }
-        prop_assert_eq!(op.effect.attempts, granted);
+        prop_assert_eq!(op.effect().attempts(), granted);
     }
 }
 

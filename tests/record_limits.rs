@@ -86,7 +86,7 @@ fn a_signed_delivery_at_the_limits_gives_a_record_that_reads_back() {
     let step = gate::step(None, command, 1_000);
     let op = step.record.clone().unwrap();
     reads_back("the record", &op);
-    for (k, v) in &op.details {
+    for (k, v) in op.details() {
         assert_bounded(v, k);
     }
     reads_back("the answer", &step.reply);
@@ -142,8 +142,8 @@ fn a_nudge_at_the_limits_gives_a_record_that_reads_back_before_and_after_confirm
         let op = alarm::confirmed(op, ConfirmAnswer::Answer(answer), 2_000, &LIMITS, 0.5)
             .record
             .unwrap();
-        assert_eq!(op.status, Status::Succeeded);
-        assert_eq!(op.details[label]["reason"], "too_deep", "{label}");
+        assert_eq!(op.status(), &Status::Succeeded);
+        assert_eq!(op.details()[label]["reason"], "too_deep", "{label}");
         reads_back("the confirmed record", &op);
     }
 }
@@ -169,7 +169,7 @@ fn a_status_answer_at_the_limits_gives_details_that_read_back() {
         1_000,
     );
     reads_back("the record", &op);
-    let provider = op.details["provider"].as_object().unwrap();
+    let provider = op.details()["provider"].as_object().unwrap();
     assert!(Value::Object(provider.clone()).to_string().len() <= bounds::PROVIDER_MAX_BYTES);
     for (k, v) in provider {
         assert_bounded(v, k);

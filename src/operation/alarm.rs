@@ -213,7 +213,7 @@ pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<
     }
     let mut op = op.clone();
     op.retire(now);
-    let key = op.key.clone();
+    let key = op.key().to_string();
     let mut step = Step::new(Some(op), AlarmDone::Retired)
         .durable()
         .row(HistoryEntry::Retired)
@@ -241,14 +241,14 @@ pub fn confirmed(
     limits: &Limits,
     jitter: f64,
 ) -> Step<AlarmDone> {
-    let attempts = op.confirmation.as_ref().map_or(0, |c| c.attempts);
+    let attempts = op.confirmation().map_or(0, |c| c.attempts);
     let wait = backoff_ms(
         attempts + 1,
         limits.retry_base_secs,
         limits.retry_max_secs,
         jitter,
     );
-    let key = op.key.clone();
+    let key = op.key().to_string();
     match answer {
         ConfirmAnswer::Answer(Ok(observation))
             if !matches!(observation.status, Status::Unknown(_)) =>
@@ -265,7 +265,7 @@ pub fn confirmed(
                 op.hold_for_registration(limits.unregistered_hold_ms, now);
             }
             count_delivery(&mut op, &event, verdict, now, false);
-            let still = op.confirmation.is_some();
+            let still = op.confirmation().is_some();
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
                 .row(HistoryEntry::of_event(&event, verdict))
@@ -284,7 +284,7 @@ pub fn confirmed(
         }
         ConfirmAnswer::Answer(Err(StatusError::NotFound)) => {
             op.confirmation_gone();
-            let age = (now - op.submitted_at_ms).div_euclid(1_000);
+            let age = (now - op.submitted_at_ms()).div_euclid(1_000);
             op.raise_alert(AlertKind::UnknownToGemini, age, now);
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
@@ -297,9 +297,9 @@ pub fn confirmed(
         ConfirmAnswer::Answer(Err(StatusError::Malformed(reason))) => {
             // Asking again is bounded; the cron keeps polling and the alert asks a person.
             op.confirmation_failed(now, wait);
-            let age = (now - op.submitted_at_ms).div_euclid(1_000);
+            let age = (now - op.submitted_at_ms()).div_euclid(1_000);
             op.status_unusable(&reason, age, now);
-            let still = op.confirmation.is_some();
+            let still = op.confirmation().is_some();
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
                 .row(HistoryEntry::StatusUnusable {
@@ -326,10 +326,7 @@ pub fn confirmed(
         ConfirmAnswer::NoApiKey => {
             // Not a try (nothing was asked), so no try count grows its backoff: the wait is
             // the time waited so far, which doubles the total at each wake, within the limits.
-            let waited = op
-                .confirmation
-                .as_ref()
-                .map_or(0, |c| now - c.requested_at_ms);
+            let waited = op.confirmation().map_or(0, |c| now - c.requested_at_ms);
             let wait = waited
                 .min(limits.retry_max_secs.saturating_mul(1_000))
                 .max(limits.retry_base_secs.saturating_mul(1_000));
@@ -388,7 +385,7 @@ pub fn begin_attempt(
     limits: &Limits,
 ) -> Option<(Claim, Step<AlarmDone>)> {
     let claim = op.claim(now, limits.claim_ttl_ms)?;
-    let attempt = op.effect.attempts;
+    let attempt = op.effect().attempts();
     let step = Step::new(Some(op), AlarmDone::Claimed)
         .durable()
         .row(HistoryEntry::Claimed {
@@ -416,7 +413,7 @@ pub fn attempt_finished(
     jitter: f64,
 ) -> Step<AlarmDone> {
     let backoff = backoff_ms(
-        op.effect.failures_in_row,
+        op.effect().failures_in_row(),
         limits.retry_base_secs,
         limits.retry_max_secs,
         jitter,
@@ -439,7 +436,8 @@ pub fn attempt_finished(
     if finished == Finished::Parked {
         // A refusal the destination will repeat needs a person now: the alert is queued here
         // and sent by this alarm, not left for the next cron pass.
-        let age = (attempt.finished_ms - op.settled_at_ms.unwrap_or(op.submitted_at_ms)) / 1_000;
+        let age =
+            (attempt.finished_ms - op.settled_at_ms().unwrap_or(op.submitted_at_ms())) / 1_000;
         op.raise_alert(AlertKind::EffectFailing, age, attempt.finished_ms);
     }
     let answer = match &attempt.outcome {
@@ -448,16 +446,16 @@ pub fn attempt_finished(
     };
     let ms = attempt.finished_ms - attempt.started_ms;
     let line = json!({
-        "key": op.key,
-        "status": op.status.as_str(),
-        "attempt": op.effect.attempts,
-        "generation": op.effect.generation,
+        "key": op.key(),
+        "status": op.status().as_str(),
+        "attempt": op.effect().attempts(),
+        "generation": op.effect().generation(),
         "answer": answer,
         "ms": ms,
         // From the outcome's settlement (just before the delivery was answered) to this
         // attempt's start: the answer never waits for it; the benchmark reports it.
-        "after_settled_ms": op.settled_at_ms.map(|t| attempt.started_ms - t),
-        "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect.next_attempt_ms),
+        "after_settled_ms": op.settled_at_ms().map(|t| attempt.started_ms - t),
+        "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect().next_attempt_ms()),
     });
     let mut step = Step::new(Some(op), AlarmDone::AttemptFinished(finished.clone()))
         .row(HistoryEntry::Attempt {
@@ -497,9 +495,9 @@ impl Upkeep {
 pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &Limits) -> Upkeep {
     let sealed = op.seal_stats();
     let projection =
-        (op.projected_version < op.version && now >= op.projection_due_ms()).then(|| {
+        (op.projected_version() < op.version() && now >= op.projection_due_ms()).then(|| {
             let p = project(op, limits.retention_ms / 1_000);
-            let index = p.index_write(op.indexed);
+            let index = p.index_write(op.indexed());
             (p, index)
         });
     let events = match sealed {
@@ -523,7 +521,7 @@ pub fn upkeep_done(
     written: Option<Result<(), String>>,
     now: i64,
 ) -> Step<AlarmDone> {
-    let key = op.key.clone();
+    let key = op.key().to_string();
     let mut logs = Vec::new();
     match (upkeep.sealed, flushed) {
         (Some(last), Some(Ok(()))) => op.drop_flushed_stats(last),
@@ -540,8 +538,9 @@ pub fn upkeep_done(
             Err(e) => {
                 op.projection_failed(now);
                 logs.push(
-                    LogEvent::LedgerWriteFailed
-                        .line(json!({"key": key, "error": e, "failures": op.projection_failures})),
+                    LogEvent::LedgerWriteFailed.line(
+                        json!({"key": key, "error": e, "failures": op.projection_failures()}),
+                    ),
                 );
             }
         }

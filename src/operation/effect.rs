@@ -230,15 +230,15 @@ pub fn normalize_details(raw: &Map<String, Value>) -> Map<String, Value> {
 /// "provider"}`, plus `user_metadata` / `unverified_user_metadata` when the record has them
 /// (`docs/effect.schema.json`). Details never override the fixed fields.
 pub fn effect_body(op: &Operation) -> Value {
-    let mut body = normalize_details(&op.details);
+    let mut body = normalize_details(op.details());
     let fixed = json!({
         "version": 1,
-        "key": op.key,
-        "name": op.name,
-        "kind": op.kind,
-        "status": op.status.as_str(),
-        "settled_by": op.settled_by.map(|s| s.as_str()),
-        "settled_at": op.settled_at_ms.map(format_rfc3339),
+        "key": op.key(),
+        "name": op.name(),
+        "kind": op.kind(),
+        "status": op.status().as_str(),
+        "settled_by": op.settled_by().map(|s| s.as_str()),
+        "settled_at": op.settled_at_ms().map(format_rfc3339),
     });
     if let Value::Object(fixed) = fixed {
         body.extend(fixed);
@@ -250,14 +250,14 @@ pub fn effect_body(op: &Operation) -> Value {
 /// `webhook-timestamp`, so each attempt is fresh for the receiver's tolerance check.
 pub fn build_request(op: &Operation, secret: &Secret, now_secs: i64) -> EffectRequest {
     let body = effect_body(op).to_string();
-    let id = effect_message_id(&op.key, op.effect.generation);
+    let id = effect_message_id(op.key(), op.effect().generation());
     let signature = sign(secret, &id, now_secs, body.as_bytes());
     EffectRequest {
         headers: vec![
             ("content-type", "application/json".to_string()),
             ("user-agent", "gemini-once/0.1".to_string()),
-            ("idempotency-key", op.key.clone()),
-            ("effect-generation", op.effect.generation.to_string()),
+            ("idempotency-key", op.key().to_string()),
+            ("effect-generation", op.effect().generation().to_string()),
             ("webhook-id", id),
             ("webhook-timestamp", now_secs.to_string()),
             ("webhook-signature", signature),
@@ -341,9 +341,11 @@ mod tests {
     #[test]
     fn records_stored_by_older_versions_give_the_new_body() {
         let legacy = json!({"output_file": "files/old", "gemini_state": "BATCH_STATE_SUCCEEDED"});
-        let mut op = Operation::register("batches/o", "batches/o", None, 0);
-        op.status = Status::Succeeded;
-        op.details = legacy.as_object().unwrap().clone();
+        let mut stored =
+            serde_json::to_value(Operation::register("batches/o", "batches/o", None, 0)).unwrap();
+        stored["status"] = json!(Status::Succeeded.as_str());
+        stored["details"] = legacy;
+        let op: Operation = serde_json::from_value(stored).unwrap();
         let body = effect_body(&op);
         assert_eq!(body["output_file_uri"], "files/old");
         assert_eq!(body["provider"]["state"], "BATCH_STATE_SUCCEEDED");

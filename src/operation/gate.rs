@@ -45,7 +45,7 @@ pub enum Save {
 }
 
 /// What one step decided. `R` is its answer: a [`GateReply`] for a command, an
-/// [`AlarmDone`] for a piece of the alarm's work.
+/// [`crate::operation::alarm::AlarmDone`] for a piece of the alarm's work.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step<R = GateReply> {
     /// The record after the step (`None`: there is none).
@@ -114,7 +114,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                     operation: op.view(),
                     kind: fill,
                 };
-                let kind = op.kind.clone();
+                let kind = op.kind().map(str::to_string);
                 let step = Step::new(Some(op), reply);
                 match fill {
                     KindFill::Filled => step.durable().row(HistoryEntry::KindFilled { kind }),
@@ -126,7 +126,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 let reply = GateReply::Created {
                     operation: op.view(),
                 };
-                let kind = op.kind.clone();
+                let kind = op.kind().map(str::to_string);
                 Step::new(Some(op), reply)
                     .durable()
                     .row(HistoryEntry::Registered { kind })
@@ -151,7 +151,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 op.hold_for_registration(hold_ms, now);
             }
             count_delivery(&mut op, &event, verdict, now, true);
-            let status = op.status.clone();
+            let status = op.status().clone();
             let effect = effect_report(&op, now);
             if verdict == Verdict::Drop(DropReason::Duplicate) && op.is_settled() {
                 // Nothing can change a settled operation: the answer is the stored state,
@@ -204,8 +204,8 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 None => Operation::unregistered(&key, &name, now),
             };
             op.count(Counter::Deliveries, now);
-            let version = op.version;
-            if op.forgotten.is_some() {
+            let version = op.version();
+            if op.forgotten().is_some() {
                 // An operator stopped tracking it: nothing is asked or alerted for it again.
                 let mut step = Step::new(Some(op), GateReply::Forgotten { changed: false });
                 step.save = Save::MemoryOnly;
@@ -223,8 +223,8 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 };
                 return dropped(op, reason, now);
             }
-            let status = op.status.clone();
-            if op.version == version {
+            let status = op.status().clone();
+            if op.version() == version {
                 // The same nudge again while its confirmation waits: nothing changed, so
                 // nothing is written (no version, no history row, no ledger projection); the
                 // count waits in memory.
@@ -264,7 +264,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         GateCommand::Redeliver { reason } => match record {
             // An effect not done may have reached the destination already: it is retried
             // under its own webhook-id, never given a new one.
-            Some(op) if !op.effect.done => operator_retry(op, &reason, now),
+            Some(op) if !op.effect().done() => operator_retry(op, &reason, now),
             Some(mut op) => match op.redeliver(now, &reason) {
                 Ok(generation) => {
                     op.count(Counter::Redeliveries, now);
@@ -281,7 +281,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         GateCommand::Forget { reason } => match record {
             Some(mut op) => {
                 let changed = op.forget(now, &reason);
-                let key = op.key.clone();
+                let key = op.key().to_string();
                 let step = Step::new(Some(op), GateReply::Forgotten { changed });
                 if !changed {
                     return step;
@@ -302,7 +302,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             // index out of step: project again, treating the index entry as possibly there.
             Some(mut op) => {
                 let changed = op.reindex();
-                let (key, status) = (op.key.clone(), op.status.as_str().to_string());
+                let (key, status) = (op.key().to_string(), op.status().as_str().to_string());
                 let step = Step::new(Some(op), GateReply::Reindexed { changed });
                 if !changed {
                     return step;
@@ -315,8 +315,8 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         GateCommand::Settle { status, reason } => match record {
             Some(mut op) => match op.settle_by_operator(Status::parse(&status), &reason, now) {
                 Ok(event) => {
-                    let key = op.key.clone();
-                    let (status, effect) = (op.status.clone(), effect_report(&op, now));
+                    let key = op.key().to_string();
+                    let (status, effect) = (op.status().clone(), effect_report(&op, now));
                     let row = HistoryEntry::settled_by_operator(&event, &reason);
                     Step::new(
                         Some(op),
@@ -341,11 +341,11 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             age_seconds,
         } => match record {
             Some(mut op) => {
-                let raised_before = op.alerts.len();
+                let raised_before = op.alerts_raised().len();
                 if !op.status_unusable(&reason, age_seconds, now) {
                     return Step::new(Some(op), GateReply::AlertSent { sent: false });
                 }
-                let raised = op.alerts.len() > raised_before;
+                let raised = op.alerts_raised().len() > raised_before;
                 Step::new(Some(op), GateReply::AlertSent { sent: raised })
                     .durable()
                     .row(HistoryEntry::StatusUnusable {
@@ -373,7 +373,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
 fn operator_retry(mut op: Operation, reason: &str, now: i64) -> Step {
     match op.retry_now(now) {
         Ok(()) => {
-            let generation = op.effect.generation;
+            let generation = op.effect().generation();
             operator_acted(op, OperatorAction::RetryNow, generation, reason, now)
         }
         Err(refusal) => refused(op, refusal.as_str()),
@@ -391,7 +391,7 @@ fn operator_acted(
         OperatorAction::RetryNow => LogEvent::RetryNow,
         OperatorAction::Redeliver => LogEvent::Redeliver,
     };
-    let key = op.key.clone();
+    let key = op.key().to_string();
     let effect = effect_report(&op, now);
     let mut step = Step::new(
         Some(op),
@@ -439,7 +439,7 @@ fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
     let settled_duplicate = reason == DropReason::Duplicate && op.is_settled();
     let reply = GateReply::Dropped {
         reason,
-        status: op.status.clone(),
+        status: op.status().clone(),
         effect: effect_report(&op, now),
     };
     let mut step = Step::new(Some(op), reply);
@@ -454,16 +454,16 @@ fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
 /// Where the side effect stands, without running it (the alarm runs it).
 pub fn effect_report(op: &Operation, now: i64) -> EffectReport {
     if !op.effect_owed() {
-        if op.effect.done {
+        if op.effect().done() {
             EffectReport::Delivered
-        } else if op.effect.parked.is_some() {
+        } else if op.effect().parked().is_some() {
             EffectReport::Parked
         } else {
             EffectReport::NotOwed
         }
-    } else if op.effect.claim.is_some_and(|c| c.expires_ms > now) {
+    } else if op.effect().claim().is_some_and(|c| c.expires_ms > now) {
         EffectReport::InFlight
-    } else if op.effect.next_attempt_ms <= now {
+    } else if op.effect().next_attempt_ms() <= now {
         EffectReport::Scheduled
     } else {
         EffectReport::RetryScheduled
@@ -472,8 +472,8 @@ pub fn effect_report(op: &Operation, now: i64) -> EffectReport {
 
 fn position(op: &Operation) -> Position {
     Position {
-        status: op.status.clone(),
-        update_time_ms: op.update_time_ms,
+        status: op.status().clone(),
+        update_time_ms: op.update_time_ms(),
     }
 }
 
@@ -492,7 +492,7 @@ pub(crate) fn count_delivery(
     match verdict {
         Verdict::Drop(DropReason::Duplicate) => op.count(Counter::Duplicates, now),
         Verdict::Drop(reason) => op.count(Counter::Dropped(reason.as_str()), now),
-        Verdict::Apply if op.status.is_terminal() => op.count(
+        Verdict::Apply if op.status().is_terminal() => op.count(
             match event.source {
                 Source::Reconcile => Counter::SettledByReconcile,
                 _ => Counter::SettledByWebhook,
@@ -601,7 +601,7 @@ mod tests {
         assert!(matches!(s.reply, GateReply::Created { .. }));
         assert_eq!(s.save, Save::Durable);
         assert_eq!(whats(&s), ["registered"]);
-        assert_eq!(s.record.unwrap().status, Status::Pending);
+        assert_eq!(s.record.unwrap().status(), &Status::Pending);
     }
 
     #[test]
@@ -633,7 +633,7 @@ mod tests {
             }
         ));
         assert_eq!(s.save, Save::Unchanged);
-        assert_eq!(s.record.unwrap().kind.as_deref(), Some("billing"));
+        assert_eq!(s.record.unwrap().kind(), Some("billing"));
     }
 
     #[test]
@@ -659,7 +659,7 @@ mod tests {
     fn delivery_for_an_unknown_operation_creates_it_unless_registration_is_required() {
         let s = step(None, deliver(Status::Succeeded), 10);
         assert!(matches!(s.reply, GateReply::Applied { .. }));
-        assert!(!s.record.unwrap().registered);
+        assert!(!s.record.unwrap().registered());
         let required = GateCommand::Deliver {
             key: "batches/a".into(),
             name: "batches/a".into(),
@@ -730,8 +730,8 @@ mod tests {
         assert_eq!(whats(&s), ["nudged"]);
         assert_eq!(s.wake_at(&LIMITS), Some(10));
         assert_eq!(
-            s.record.unwrap().status,
-            Status::Pending,
+            s.record.unwrap().status(),
+            &Status::Pending,
             "the body decided nothing"
         );
     }
@@ -790,13 +790,13 @@ mod tests {
     fn the_same_nudge_again_while_its_confirmation_waits_writes_nothing() {
         let first = step(Some(registered()), nudge("succeeded", false), 10);
         let op = first.record.unwrap();
-        let version = op.version;
+        let version = op.version();
         let again = step(Some(op), nudge("succeeded", false), 11);
         assert!(matches!(again.reply, GateReply::Confirming { .. }));
         assert_eq!(again.save, Save::MemoryOnly, "only the count, in memory");
         assert!(again.history.is_empty());
         let op = again.record.unwrap();
-        assert_eq!(op.version, version, "no version: no ledger projection");
+        assert_eq!(op.version(), version, "no version: no ledger projection");
         let mut meta = Map::new();
         meta.insert("user_metadata".into(), json!({"a": 1}));
         let mut with_meta = nudge("succeeded", false);
@@ -805,7 +805,7 @@ mod tests {
         }
         let gained = step(Some(op), with_meta, 12);
         assert_eq!(gained.save, Save::Durable, "new metadata is a change");
-        assert!(gained.record.unwrap().version > version);
+        assert!(gained.record.unwrap().version() > version);
     }
 
     #[test]
@@ -820,16 +820,16 @@ mod tests {
         );
         let op = forgot.record.unwrap();
         assert!(
-            op.confirmation.is_none(),
+            op.confirmation().is_none(),
             "the waiting confirmation is dropped"
         );
-        let version = op.version;
+        let version = op.version();
         let s = step(Some(op), nudge("succeeded", false), 12);
         assert_eq!(s.reply, GateReply::Forgotten { changed: false });
         assert_ne!(s.save, Save::Durable);
         let op = s.record.unwrap();
-        assert!(op.confirmation.is_none());
-        assert_eq!(op.version, version);
+        assert!(op.confirmation().is_none());
+        assert_eq!(op.version(), version);
         let alert = step(
             Some(op),
             GateCommand::Alert {
@@ -840,7 +840,7 @@ mod tests {
         );
         assert_eq!(alert.reply, GateReply::AlertSent { sent: false });
         let op = alert.record.unwrap();
-        assert!(op.pending_alerts.is_empty() && op.confirmation.is_none());
+        assert!(op.pending_alerts().is_empty() && op.confirmation().is_none());
     }
 
     #[test]
@@ -862,7 +862,7 @@ mod tests {
         );
         assert_eq!(stuck.reply, GateReply::AlertSent { sent: false });
         assert_eq!(
-            stuck.record.unwrap().alerts,
+            stuck.record.unwrap().alerts_raised(),
             vec![AlertKind::UnknownToGemini]
         );
     }
@@ -880,7 +880,7 @@ mod tests {
     #[test]
     fn an_unregistered_completion_waits_for_a_late_registration_then_runs_at_once() {
         let s = step(None, deliver_unregistered(15_000), 10);
-        let held = s.record.as_ref().unwrap().effect.next_attempt_ms;
+        let held = s.record.as_ref().unwrap().effect().next_attempt_ms();
         assert_eq!(held, 10 + 15_000, "held");
         assert!(begin_attempt(s.record.clone().unwrap(), 11, &LIMITS).is_none());
         let late = step(
@@ -899,13 +899,13 @@ mod tests {
                 ..
             }
         ));
-        let due = late.record.as_ref().unwrap().effect.next_attempt_ms;
+        let due = late.record.as_ref().unwrap().effect().next_attempt_ms();
         assert_eq!(due, 2_000, "due now");
         let op = late.record.unwrap();
-        assert_eq!(op.kind.as_deref(), Some("billing"));
+        assert_eq!(op.kind(), Some("billing"));
         assert!(begin_attempt(op, 2_000, &LIMITS).is_some());
         let registered_first = step(Some(registered()), deliver(Status::Succeeded), 10);
-        let due = registered_first.record.unwrap().effect.next_attempt_ms;
+        let due = registered_first.record.unwrap().effect().next_attempt_ms();
         assert_eq!(due, 10, "no hold");
     }
 
@@ -1073,13 +1073,13 @@ mod tests {
     #[test]
     fn reindex_forces_a_projection_and_marks_the_index_entry_possibly_present() {
         let mut op = registered();
-        op.projected_version = op.version;
+        op.projection_written(op.version(), 0);
         let s = step(Some(op), GateCommand::Reindex, 5);
         assert_eq!(s.reply, GateReply::Reindexed { changed: true });
         let record = s.record.unwrap();
-        assert!(record.indexed);
+        assert!(record.indexed());
         assert!(
-            record.projected_version < record.version,
+            record.projected_version() < record.version(),
             "a projection is pending"
         );
         assert_eq!(
@@ -1129,7 +1129,7 @@ mod tests {
         let s = retire_if_over(&op, 20 + LIMITS.retention_ms, &LIMITS).unwrap();
         assert!(s.clear_history);
         assert_eq!(events(&s), ["retention_expired"]);
-        assert!(s.record.unwrap().retired_at_ms.is_some());
+        assert!(s.record.unwrap().retired_at_ms().is_some());
     }
 
     fn nudged() -> Operation {
@@ -1150,9 +1150,9 @@ mod tests {
     fn a_confirmed_terminal_state_is_applied_as_settled_by_webhook() {
         let s = confirmed(nudged(), observed(Status::Succeeded), 20, &LIMITS, 0.5);
         let op = s.record.unwrap();
-        assert_eq!(op.status, Status::Succeeded);
-        assert_eq!(op.settled_by, Some(Source::Webhook));
-        assert!(op.confirmation.is_none());
+        assert_eq!(op.status(), &Status::Succeeded);
+        assert_eq!(op.settled_by(), Some(Source::Webhook));
+        assert!(op.confirmation().is_none());
         assert!(op.effect_owed());
     }
 
@@ -1160,8 +1160,8 @@ mod tests {
     fn a_status_api_that_says_not_yet_is_asked_again() {
         let s = confirmed(nudged(), observed(Status::Running), 20, &LIMITS, 1.0);
         let op = s.record.unwrap();
-        assert_eq!(op.status, Status::Running);
-        assert_eq!(op.confirmation.as_ref().map(|c| c.due_ms), Some(20 + 1_000));
+        assert_eq!(op.status(), &Status::Running);
+        assert_eq!(op.confirmation().map(|c| c.due_ms), Some(20 + 1_000));
         let mut op = op;
         for i in 1..MAX_CONFIRM_ATTEMPTS {
             op = confirmed(
@@ -1174,7 +1174,7 @@ mod tests {
             .record
             .unwrap();
         }
-        assert!(op.confirmation.is_none(), "then left to the cron");
+        assert!(op.confirmation().is_none(), "then left to the cron");
     }
 
     #[test]
@@ -1188,8 +1188,8 @@ mod tests {
         );
         assert_eq!(events(&s), ["status_unknown_state"]);
         let op = s.record.unwrap();
-        assert_eq!(op.status, Status::Pending);
-        assert!(op.confirmation.is_some());
+        assert_eq!(op.status(), &Status::Pending);
+        assert!(op.confirmation().is_some());
     }
 
     #[test]
@@ -1202,8 +1202,8 @@ mod tests {
             1.0,
         );
         let op = s.record.unwrap();
-        assert!(op.confirmation.is_none());
-        assert_eq!(op.pending_alerts[0].kind, AlertKind::UnknownToGemini);
+        assert!(op.confirmation().is_none());
+        assert_eq!(op.pending_alerts()[0].kind, AlertKind::UnknownToGemini);
     }
 
     #[test]
@@ -1217,7 +1217,10 @@ mod tests {
             &LIMITS,
             1.0,
         );
-        assert_eq!(s.record.unwrap().confirmation.unwrap().due_ms, 20 + 30_000);
+        assert_eq!(
+            s.record.unwrap().confirmation().unwrap().due_ms,
+            20 + 30_000
+        );
         assert_eq!(
             events(&confirmed(
                 nudged(),
@@ -1246,13 +1249,13 @@ mod tests {
         let failed = alert_sent(raised, &alert, false, 11, &LIMITS, 1.0)
             .record
             .unwrap();
-        assert_eq!(failed.pending_alerts.len(), 1);
+        assert_eq!(failed.pending_alerts().len(), 1);
         assert!(failed.due_alerts(11).is_empty(), "after a backoff");
         let again = failed.due_alerts(2_000)[0].clone();
         assert_eq!(again.id, alert.id, "the same alert id");
         let sent = alert_sent(failed, &again, true, 2_000, &LIMITS, 1.0);
         assert_eq!(whats(&sent), ["alert"]);
-        assert!(sent.record.unwrap().pending_alerts.is_empty());
+        assert!(sent.record.unwrap().pending_alerts().is_empty());
     }
 
     #[test]
@@ -1301,7 +1304,7 @@ mod tests {
         assert_eq!(events(&retry), ["effect_failed"]);
         assert_eq!(retry.logs[0]["after_settled_ms"], 0);
         assert_eq!(
-            retry.record.as_ref().unwrap().effect.next_attempt_ms,
+            retry.record.as_ref().unwrap().effect().next_attempt_ms(),
             30 + 1_000
         );
         let parked = finish(op.clone(), claim, AttemptOutcome::Park("400".into()));
@@ -1320,10 +1323,10 @@ mod tests {
             parked.wake_at(&LIMITS).unwrap() <= 30,
             "sent by the alarm now"
         );
-        assert!(retry.record.as_ref().unwrap().pending_alerts.is_empty());
+        assert!(retry.record.as_ref().unwrap().pending_alerts().is_empty());
         let done = finish(op.clone(), claim, AttemptOutcome::Delivered);
         assert_eq!(events(&done), ["effect_delivered"]);
-        assert!(done.record.as_ref().unwrap().effect.done);
+        assert!(done.record.as_ref().unwrap().effect().done());
         let stale = Claim {
             token: claim.token + 7,
             ..claim
@@ -1345,9 +1348,9 @@ mod tests {
         assert_eq!(index, IndexWrite::Put, "open: indexed for the cron");
         let done = upkeep_done(op, &upkeep, Some(Ok(())), Some(Ok(())), 2_000);
         let op = done.record.unwrap();
-        assert!(op.pending_stats.is_empty());
-        assert_eq!(op.projected_version, projection.metadata.version);
-        assert!(op.indexed);
+        assert!(op.pending_stats().is_empty());
+        assert_eq!(op.projected_version(), projection.metadata.version);
+        assert!(op.indexed());
         assert!(plan_upkeep(&mut op.clone(), 2_500, &LIMITS).is_empty());
     }
 
@@ -1366,12 +1369,12 @@ mod tests {
         );
         assert_eq!(events(&s), ["stats_flush_failed", "ledger_write_failed"]);
         let op = s.record.unwrap();
-        assert!(!op.pending_stats.is_empty(), "kept for the next flush");
+        assert!(!op.pending_stats().is_empty(), "kept for the next flush");
         assert!(op
-            .pending_stats
+            .pending_stats()
             .iter()
             .all(|e| e.at_ms >= 2_000 + STATS_RETRY_MS));
-        assert_eq!(op.projection_failures, 1);
+        assert_eq!(op.projection_failures(), 1);
         assert!(op.projection_due_ms() > 2_000);
     }
 
@@ -1397,7 +1400,7 @@ mod tests {
         assert_eq!(s.history[0].to_value()["settled_by"], "operator");
         assert_eq!(s.history[0].to_value()["reason"], "checked in AI Studio");
         let op = s.record.unwrap();
-        assert_eq!(op.settled_by, Some(Source::Operator));
+        assert_eq!(op.settled_by(), Some(Source::Operator));
         assert!(op.effect_owed());
         assert_eq!(
             crate::operation::effect::effect_body(&op)["provider"]["operator_reason"],
@@ -1419,8 +1422,8 @@ mod tests {
     fn settle_ends_a_waiting_confirmation() {
         let s = step(Some(nudged()), settle("failed"), 30);
         let op = s.record.unwrap();
-        assert_eq!(op.status, Status::Failed);
-        assert!(op.confirmation.is_none());
+        assert_eq!(op.status(), &Status::Failed);
+        assert!(op.confirmation().is_none());
     }
 
     #[test]
@@ -1433,7 +1436,7 @@ mod tests {
         assert_eq!(s.reply, GateReply::AlertSent { sent: true });
         assert_eq!(whats(&s), ["status_unusable"]);
         let op = s.record.unwrap();
-        assert_eq!(op.pending_alerts[0].kind, AlertKind::StatusUnusable);
+        assert_eq!(op.pending_alerts()[0].kind, AlertKind::StatusUnusable);
         let body = op.alert_body(AlertKind::StatusUnusable, "alert_x", 600);
         assert!(body["text"].as_str().unwrap().contains("larger than"));
         assert!(body["text"].as_str().unwrap().contains("/settle"));
@@ -1448,26 +1451,26 @@ mod tests {
         let s = confirmed(nudged(), malformed(), 20, &LIMITS, 1.0);
         assert_eq!(events(&s), ["status_unusable"]);
         let mut op = s.record.unwrap();
-        assert_eq!(op.pending_alerts.len(), 1);
-        assert_eq!(op.pending_alerts[0].kind, AlertKind::StatusUnusable);
+        assert_eq!(op.pending_alerts().len(), 1);
+        assert_eq!(op.pending_alerts()[0].kind, AlertKind::StatusUnusable);
         for i in 1..MAX_CONFIRM_ATTEMPTS {
-            assert!(op.confirmation.is_some(), "try {i}");
+            assert!(op.confirmation().is_some(), "try {i}");
             op = confirmed(op, malformed(), 20 + i64::from(i), &LIMITS, 1.0)
                 .record
                 .unwrap();
         }
         assert!(
-            op.confirmation.is_none(),
+            op.confirmation().is_none(),
             "then left to the cron and the alert"
         );
-        assert_eq!(op.pending_alerts.len(), 1, "alerted once");
+        assert_eq!(op.pending_alerts().len(), 1, "alerted once");
     }
 
     #[test]
     fn transient_confirmation_failures_stop_after_the_bound_too() {
         let mut op = nudged();
         for i in 0..MAX_CONFIRM_ATTEMPTS {
-            assert!(op.confirmation.is_some(), "try {i}");
+            assert!(op.confirmation().is_some(), "try {i}");
             op = confirmed(
                 op,
                 ConfirmAnswer::Answer(Err(StatusError::Transient {
@@ -1480,8 +1483,8 @@ mod tests {
             .record
             .unwrap();
         }
-        assert!(op.confirmation.is_none());
-        assert_eq!(op.status, Status::Pending, "nothing applied");
+        assert!(op.confirmation().is_none());
+        assert_eq!(op.status(), &Status::Pending, "nothing applied");
     }
 
     #[test]
@@ -1492,10 +1495,11 @@ mod tests {
                 .record
                 .unwrap();
         }
-        assert!(op.confirmation.is_some(), "kept until the key is set");
+        assert!(op.confirmation().is_some(), "kept until the key is set");
         let due_after = |now: i64| {
             let op = confirmed(op.clone(), ConfirmAnswer::NoApiKey, now, &LIMITS, 1.0).record;
-            let c = op.unwrap().confirmation.unwrap();
+            let op = op.unwrap();
+            let c = op.confirmation().unwrap();
             (c.due_ms - now, now - c.requested_at_ms)
         };
         let (wait, waited) = due_after(5_000);
@@ -1504,6 +1508,6 @@ mod tests {
         let op = confirmed(op, observed(Status::Succeeded), 100, &LIMITS, 1.0)
             .record
             .unwrap();
-        assert_eq!(op.status, Status::Succeeded);
+        assert_eq!(op.status(), &Status::Succeeded);
     }
 }

@@ -173,23 +173,26 @@ pub fn may_need_work(meta: &LedgerMeta) -> bool {
 pub fn project(op: &Operation, retention_secs: i64) -> Projection {
     let secs = |ms: i64| ms.div_euclid(1_000);
     let metadata = LedgerMeta {
-        status: op.status.clone(),
-        name: op.name.clone(),
-        submitted_at: secs(op.submitted_at_ms),
-        settled_at: op.settled_at_ms.map(secs),
-        effect_done: op.effect.done,
-        parked: op.effect.parked.is_some(),
-        claim_expires: op.effect.claim.map(|c| secs(c.expires_ms)),
-        alerts: op.alerts.clone(),
-        forgotten: op.forgotten.is_some(),
-        version: op.version,
+        status: op.status().clone(),
+        name: op.name().to_string(),
+        submitted_at: secs(op.submitted_at_ms()),
+        settled_at: op.settled_at_ms().map(secs),
+        effect_done: op.effect().done(),
+        parked: op.effect().parked().is_some(),
+        claim_expires: op.effect().claim().map(|c| secs(c.expires_ms)),
+        alerts: op.alerts_raised().to_vec(),
+        forgotten: op.forgotten().is_some(),
+        version: op.version(),
         // A kind is at most 100 bytes, but a control character would be escaped to six in
         // the metadata's JSON: such a kind is left out rather than risk KV's 1024 bytes.
-        kind: op.kind.clone().filter(|k| !k.chars().any(char::is_control)),
-        settled_by: op.settled_by.map(|s| s.as_str().to_string()),
+        kind: op
+            .kind()
+            .map(str::to_string)
+            .filter(|k| !k.chars().any(char::is_control)),
+        settled_by: op.settled_by().map(|s| s.as_str().to_string()),
     };
     Projection {
-        kv_key: op_key(&op.key),
+        kv_key: op_key(op.key()),
         value: op.view().to_string(),
         open: may_need_work(&metadata),
         metadata,

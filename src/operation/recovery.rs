@@ -14,11 +14,8 @@
 use serde_json::{json, Map, Value};
 
 use crate::bounds;
-use crate::operation::alert::AlertKind;
-use crate::operation::effect::normalize_details;
 use crate::operation::history::HistoryEntry;
-use crate::operation::lifecycle::{Source, Status};
-use crate::operation::{Operation, OperatorNote, Parked};
+use crate::operation::Operation;
 
 /// Depth, from the record's top, past which the scan replaces a value with a marker: the
 /// record's own fields nest a few levels, its outside values up to [`bounds::MAX_DEPTH`] more.
@@ -119,82 +116,11 @@ fn skip_container(bytes: &[u8], start: usize) -> usize {
 /// rebuilt from its readable fields. `None` when not even its key and state can be read.
 pub fn recover(raw: &str) -> Option<(Operation, Recovery)> {
     let pruned = prune_depth(raw, SCAN_DEPTH);
-    if let Ok(mut op) = serde_json::from_str::<Operation>(&pruned) {
-        op.details = normalize_details(&op.details);
-        if let Some(c) = &mut op.confirmation {
-            c.metadata = bounds::bound_members(std::mem::take(&mut c.metadata));
-        }
-        return Some((op, Recovery::Pruned));
+    if let Ok(op) = serde_json::from_str::<Operation>(&pruned) {
+        return Some((op.normalized(), Recovery::Pruned));
     }
     let value: Value = serde_json::from_str(&pruned).ok()?;
-    salvage(&value).map(|op| (op, Recovery::Salvaged))
-}
-
-/// A record rebuilt from the fields of `v` that read as their types.
-fn salvage(v: &Value) -> Option<Operation> {
-    let key = v.get("key")?.as_str()?;
-    let status = Status::parse(v.get("status")?.as_str()?);
-    if status.rank() < 0 {
-        return None;
-    }
-    let int = |v: &Value| v.as_i64();
-    let name = v["name"].as_str().unwrap_or(key);
-    let kind = v["kind"].as_str().map(str::to_string);
-    let submitted = int(&v["submitted_at_ms"]).unwrap_or(0);
-    let mut op = Operation::register(key, name, kind, submitted);
-    op.registered = v["registered"].as_bool().unwrap_or(true);
-    op.status = status;
-    op.update_time_ms = int(&v["update_time_ms"]).unwrap_or(0);
-    op.version = v["version"].as_u64().unwrap_or(1) + 1;
-    op.settled_at_ms = int(&v["settled_at_ms"]);
-    op.settled_by = serde_json::from_value::<Source>(v["settled_by"].clone()).ok();
-    if let Value::Object(details) = &v["details"] {
-        op.details = normalize_details(details);
-    }
-    let e = &v["effect"];
-    op.effect.done = e["done"].as_bool().unwrap_or(false);
-    op.effect.done_at_ms = int(&e["done_at_ms"]);
-    // Saturating, not wrapping: a wrapped generation could reuse a `webhook-id`.
-    let small =
-        |v: &Value, default: u64| u32::try_from(v.as_u64().unwrap_or(default)).unwrap_or(u32::MAX);
-    op.effect.generation = small(&e["generation"], 1).max(1);
-    op.effect.fence = e["fence"].as_u64().unwrap_or(0);
-    op.effect.attempts = small(&e["attempts"], 0);
-    op.effect.last_error = e["last_error"].as_str().map(str::to_string);
-    op.effect.parked = serde_json::from_value::<Parked>(e["parked"].clone()).ok();
-    // Alerts are sent at least once: one queued but not yet accepted by the sink must still go.
-    // When the queue cannot be read, forget which kinds were raised, so each can be raised
-    // again (a repeat alert, never a lost one).
-    let pending = match &v["pending_alerts"] {
-        Value::Null => Ok(Vec::new()), // not stored when empty
-        queued => serde_json::from_value(queued.clone()),
-    };
-    match pending {
-        Ok(pending) => {
-            op.pending_alerts = pending;
-            op.alerts = serde_json::from_value(v["alerts"].clone()).unwrap_or_default();
-        }
-        Err(_) => op.alerts.clear(),
-    }
-    // A nudge waiting for its confirmation keeps its metadata and is asked about again.
-    op.confirmation = serde_json::from_value(v["confirmation"].clone()).ok();
-    op.forgotten = serde_json::from_value::<OperatorNote>(v["forgotten"].clone()).ok();
-    op.retired_at_ms = int(&v["retired_at_ms"]);
-    // The ledger may hold an `open:` entry: the next projection puts or deletes it.
-    op.indexed = true;
-    if op.effect_owed() {
-        // Whether an attempt reached the destination is not known: run nothing until an
-        // operator decides (retry keeps the webhook-id, so a receiver drops a repeat).
-        op.effect.parked = Some(Parked {
-            at_ms: op.settled_at_ms.unwrap_or(submitted),
-            answer: format!(
-                "the stored record could not be read and was rebuilt from what could; the side \
-                 effect may already have run ({} attempts): retry or forget it",
-                op.effect.attempts
-            ),
-        });
-    }
-    Some(op)
+    Operation::salvage(&value).map(|op| (op, Recovery::Salvaged))
 }
 
 /// The record an operator's repair writes when not even the key and state of the stored one
@@ -203,17 +129,7 @@ fn salvage(v: &Value) -> Option<Operation> {
 /// the outcome is known, an operator retries or forgets it; the park alerts), and a fencing
 /// token above any issued before (tokens count attempts; this is the time in ms).
 pub fn rebuild(key: &str, name: &str, reason: &str, now_ms: i64) -> Operation {
-    let mut op = Operation::register(key, name, None, now_ms);
-    op.effect.fence = now_ms.max(0) as u64;
-    op.effect.parked = Some(Parked {
-        at_ms: now_ms,
-        answer: format!(
-            "rebuilt by an operator ({reason}) from a stored record that could not be read: \
-             whether the side effect already ran is unknown: retry or forget it"
-        ),
-    });
-    op.indexed = true;
-    op
+    Operation::rebuild(key, name, reason, now_ms)
 }
 
 /// Marks a recovered record: raises the `record_unreadable` alert (once per operation) and
@@ -225,9 +141,7 @@ pub fn mark_recovered(
     raw: &str,
     now_ms: i64,
 ) -> (HistoryEntry, Value) {
-    let age = (now_ms - op.submitted_at_ms).div_euclid(1_000);
-    op.raise_alert(AlertKind::RecordUnreadable, age, now_ms);
-    op.version += 1;
+    op.mark_recovered(now_ms);
     let excerpt = bounds::bound_string(raw.chars().take(4_096).collect());
     let row = HistoryEntry::RecordRecovered {
         how: how.as_str(),
@@ -235,7 +149,8 @@ pub fn mark_recovered(
         raw_bytes: raw.len(),
         raw_excerpt: excerpt,
     };
-    let line = json!({"key": op.key, "how": how.as_str(), "error": error, "raw_bytes": raw.len()});
+    let line =
+        json!({"key": op.key(), "how": how.as_str(), "error": error, "raw_bytes": raw.len()});
     (row, line)
 }
 
@@ -251,7 +166,7 @@ pub fn unrecoverable(error: &str, raw: &str) -> Value {
 mod tests {
     use super::*;
     use crate::operation::alert::AlertKind;
-    use crate::operation::lifecycle::Source;
+    use crate::operation::lifecycle::{Source, Status};
     use crate::operation::{AttemptOutcome, OpEvent};
 
     /// A record as an older version could store it: the nudge's metadata nested `levels`
@@ -296,9 +211,9 @@ mod tests {
         assert!(serde_json::from_str::<Operation>(&raw).is_err());
         let (op, how) = recover(&raw).unwrap();
         assert_eq!(how, Recovery::Pruned);
-        assert_eq!(op.key, "batches/d");
-        assert_eq!(op.kind.as_deref(), Some("k"));
-        let meta = &op.confirmation.as_ref().unwrap().metadata["unverified_user_metadata"];
+        assert_eq!(op.key(), "batches/d");
+        assert_eq!(op.kind(), Some("k"));
+        let meta = &op.confirmation().unwrap().metadata["unverified_user_metadata"];
         assert!(bounds::is_marker(meta), "{meta}");
         // Stored again, it loads.
         let again: Operation = serde_json::from_str(&serde_json::to_string(&op).unwrap()).unwrap();
@@ -328,67 +243,70 @@ mod tests {
         assert!(serde_json::from_str::<Operation>(&raw).is_err());
         let (back, how) = recover(&raw).unwrap();
         assert_eq!(how, Recovery::Salvaged);
-        assert_eq!(back.name, "projects/p/batches/s");
-        assert_eq!(back.status, Status::Succeeded);
-        assert_eq!(back.effect.fence, 1, "the fencing token never goes back");
-        assert_eq!(back.details["output_file_uri"], "gs://o");
+        assert_eq!(back.name(), "projects/p/batches/s");
+        assert_eq!(back.status(), &Status::Succeeded);
+        assert_eq!(
+            back.effect().fence(),
+            1,
+            "the fencing token never goes back"
+        );
+        assert_eq!(back.details()["output_file_uri"], "gs://o");
         assert!(!back.effect_owed(), "may have run: parked, not retried");
         assert!(back
-            .effect
-            .parked
-            .as_ref()
+            .effect()
+            .parked()
             .unwrap()
             .answer
             .contains("may already have run"));
-        assert!(back.version > op.version);
+        assert!(back.version() > op.version());
     }
 
     #[test]
     fn a_salvaged_record_still_sends_its_queued_alerts() {
         let mut op = Operation::register("batches/q", "batches/q", None, 1_000);
         assert!(op.raise_alert(AlertKind::Stuck, 60, 2_000));
-        assert_eq!(op.pending_alerts.len(), 1);
+        assert_eq!(op.pending_alerts().len(), 1);
         let mut v = serde_json::to_value(&op).unwrap();
         v["effect"]["attempts"] = json!("three");
         let (back, how) = recover(&v.to_string()).unwrap();
         assert_eq!(how, Recovery::Salvaged);
         assert_eq!(
-            back.pending_alerts, op.pending_alerts,
+            back.pending_alerts(),
+            op.pending_alerts(),
             "still owed to the sink"
         );
-        assert_eq!(back.alerts, op.alerts);
+        assert_eq!(back.alerts_raised(), op.alerts_raised());
         // A queue that does not read: the kinds are forgotten, so each can be raised again.
         v["pending_alerts"] = json!("garbled");
         let (back, _) = recover(&v.to_string()).unwrap();
-        assert!(back.alerts.is_empty() && back.pending_alerts.is_empty());
+        assert!(back.alerts_raised().is_empty() && back.pending_alerts().is_empty());
         // Nothing queued (not stored when empty): the raised kinds stay raised.
-        let mut sent = op.clone();
-        sent.pending_alerts.clear();
-        let mut v = serde_json::to_value(&sent).unwrap();
+        let mut v = serde_json::to_value(&op).unwrap();
+        v.as_object_mut().unwrap().remove("pending_alerts");
         v["effect"]["attempts"] = json!("three");
         let (back, _) = recover(&v.to_string()).unwrap();
-        assert_eq!(back.alerts, vec![AlertKind::Stuck]);
+        assert_eq!(back.alerts_raised(), vec![AlertKind::Stuck]);
     }
 
     #[test]
     fn a_salvaged_done_effect_stays_done() {
-        let mut op = Operation::register("batches/t", "batches/t", None, 1_000);
-        op.status = Status::Failed;
-        op.effect.done = true;
-        op.effect.generation = 3;
+        let op = Operation::register("batches/t", "batches/t", None, 1_000);
         let mut v = serde_json::to_value(&op).unwrap();
+        v["status"] = json!("failed");
+        v["effect"]["done"] = json!(true);
+        v["effect"]["generation"] = json!(3);
         v["effect"]["claim"] = json!("garbled");
         let (back, _) = recover(&v.to_string()).unwrap();
-        assert!(back.effect.done && back.effect.parked.is_none());
-        assert_eq!(back.effect.generation, 3);
+        assert!(back.effect().done() && back.effect().parked().is_none());
+        assert_eq!(back.effect().generation(), 3);
     }
 
     #[test]
     fn a_rebuilt_record_is_polled_and_never_runs_its_effect_unasked() {
         let mut op = rebuild("batches/r", "projects/p/batches/r", "unreadable", 50_000);
-        assert_eq!(op.status, Status::Pending);
-        assert!(op.registered, "the cron polls it");
-        assert_eq!(op.effect.fence, 50_000);
+        assert_eq!(op.status(), &Status::Pending);
+        assert!(op.registered(), "the cron polls it");
+        assert_eq!(op.effect().fence(), 50_000);
         let event = OpEvent {
             status: Status::Succeeded,
             update_time_ms: 1,
@@ -416,13 +334,13 @@ mod tests {
         let raw = deep_record(140);
         let (mut op, how) = recover(&raw).unwrap();
         let (row, line) = mark_recovered(&mut op, how, "recursion limit exceeded", &raw, 9_000);
-        assert_eq!(op.alerts, [AlertKind::RecordUnreadable]);
-        assert_eq!(op.pending_alerts.len(), 1);
+        assert_eq!(op.alerts_raised(), [AlertKind::RecordUnreadable]);
+        assert_eq!(op.pending_alerts().len(), 1);
         let row = row.to_value();
         assert_eq!(row["what"], "record_recovered");
         assert_eq!(row["raw_bytes"], raw.len());
         assert_eq!(line["how"], "pruned");
         mark_recovered(&mut op, how, "again", &raw, 9_500);
-        assert_eq!(op.pending_alerts.len(), 1, "once per operation");
+        assert_eq!(op.pending_alerts().len(), 1, "once per operation");
     }
 }

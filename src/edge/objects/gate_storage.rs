@@ -234,7 +234,7 @@ impl GateStorage {
     /// The key of the record in memory, if one is.
     pub fn cached_key(&self) -> Option<String> {
         match &*self.cached.borrow() {
-            Cached::Present(op) => Some(op.key.clone()),
+            Cached::Present(op) => Some(op.key().to_string()),
             _ => None,
         }
     }

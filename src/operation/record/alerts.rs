@@ -1,0 +1,148 @@
+//! The record's alerts: which kinds were raised (each once per operation) and the queue of
+//! those the sink has not accepted yet.
+//!
+//! Guarantees: an alert stays queued in the record until the sink accepts it, so an object
+//! that dies while sending it sends it later, under the same id (at least once).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::operation::alert::{human_age, AlertKind};
+use crate::operation::record::Operation;
+
+/// An alert raised and not yet accepted by the sink: kept in the record, so an object that
+/// dies while sending it sends it later (at least once; `id` lets the sink drop repeats).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingAlert {
+    pub kind: AlertKind,
+    pub id: String,
+    pub age_seconds: i64,
+    pub attempts: u32,
+    pub due_ms: i64,
+}
+
+/// Alerts raised, and those still to send.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Alerts {
+    /// Kinds already raised.
+    pub(super) raised: Vec<AlertKind>,
+    /// Raised and not yet accepted by the sink.
+    pub(super) pending: Vec<PendingAlert>,
+}
+
+impl Operation {
+    /// Marks an alert of `kind` as raised; false if one was raised before.
+    pub(super) fn mark_alert(&mut self, kind: AlertKind) -> bool {
+        if self.alerts.raised.contains(&kind) {
+            return false;
+        }
+        self.alerts.raised.push(kind);
+        self.changed();
+        true
+    }
+
+    /// The body of an alert of `kind` about this operation, `age_seconds` old.
+    pub fn alert_body(&self, kind: AlertKind, alert_id: &str, age_seconds: i64) -> Value {
+        let age = human_age(age_seconds);
+        let status = self.status.as_str();
+        let what = match kind {
+            AlertKind::Stuck => {
+                format!("still {status} after {age}; left open for a person to judge")
+            }
+            AlertKind::UnknownToGemini => {
+                format!("Gemini's status API does not know it (404) after {age}")
+            }
+            AlertKind::EffectFailing => match (&self.effect.parked, &self.effect.last_error) {
+                (Some(p), _) => format!(
+                    "{status} but its side effect was refused and parked: {}",
+                    p.answer
+                ),
+                (None, Some(e)) => format!(
+                    "{status} {age} ago but its side effect is still not done after {} attempts (last: {e})",
+                    self.effect.attempts
+                ),
+                (None, None) => {
+                    format!("{status} {age} ago but its side effect is still not done")
+                }
+            },
+            AlertKind::WebhookDisabled => format!("{status} (the webhook, not this operation)"),
+            AlertKind::RecordUnreadable => format!(
+                "{status}: its stored record could not be read; it was recovered and the original kept for inspection"
+            ),
+            // Sent after an operator settled it (queued before): say so, not "still".
+            AlertKind::StatusUnusable if self.status.is_terminal() => format!(
+                "{status}: Gemini's status answer could not be used ({}); it has an outcome now",
+                self.notes.unusable_status.as_deref().unwrap_or("unknown reason"),
+            ),
+            AlertKind::StatusUnusable => format!(
+                "still {status}: Gemini's status answer cannot be used ({}); settle it by hand (POST /v1/operations/{}/settle) once its outcome is known",
+                self.notes.unusable_status.as_deref().unwrap_or("unknown reason"),
+                self.key
+            ),
+            AlertKind::AlarmFailing => format!("{status}: its gate's alarm keeps failing"),
+        };
+        crate::operation::alert::body(
+            kind,
+            Some(alert_id),
+            (Some(&self.key), &self.name, self.kind.as_deref()),
+            age_seconds,
+            &what,
+        )
+    }
+
+    /// Raises an alert of `kind` once per operation: marked, and queued until the sink
+    /// accepts it. False when one was raised before.
+    /// Nothing is raised for a forgotten operation, and `stuck` is not raised on top of
+    /// `unknown_to_gemini` (Gemini not knowing it is why it is stuck: one alert says it).
+    pub fn raise_alert(&mut self, kind: AlertKind, age_seconds: i64, now_ms: i64) -> bool {
+        if self.notes.forgotten.is_some()
+            || (kind == AlertKind::Stuck
+                && self.alerts.raised.contains(&AlertKind::UnknownToGemini))
+        {
+            return false;
+        }
+        if !self.mark_alert(kind) {
+            return false;
+        }
+        self.alerts.pending.push(PendingAlert {
+            kind,
+            id: crate::operation::alert::alert_id(&self.key, kind, self.effect.generation),
+            age_seconds,
+            attempts: 0,
+            due_ms: now_ms,
+        });
+        true
+    }
+
+    /// The sink accepted the alert of `kind`.
+    pub fn alert_delivered(&mut self, kind: AlertKind) {
+        let before = self.alerts.pending.len();
+        self.alerts.pending.retain(|a| a.kind != kind);
+        if self.alerts.pending.len() != before {
+            self.changed();
+        }
+    }
+
+    /// Sending the alert of `kind` failed: try again in `retry_in_ms`.
+    pub fn alert_failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) {
+        let mut changed = false;
+        for alert in self.alerts.pending.iter_mut().filter(|a| a.kind == kind) {
+            alert.attempts += 1;
+            alert.due_ms = now_ms + retry_in_ms;
+            changed = true;
+        }
+        if changed {
+            self.changed();
+        }
+    }
+
+    /// Alerts whose time to be sent has come.
+    pub fn due_alerts(&self, now_ms: i64) -> Vec<PendingAlert> {
+        self.alerts
+            .pending
+            .iter()
+            .filter(|a| a.due_ms <= now_ms)
+            .cloned()
+            .collect()
+    }
+}

@@ -1,0 +1,142 @@
+//! A dynamic-webhook delivery waiting for Gemini's status API to confirm it.
+//!
+//! Guarantees: an unproven body decides nothing: only what the status API says is applied;
+//! replays of a waiting nudge keep its schedule (no extra status calls); at most
+//! [`MAX_CONFIRM_ATTEMPTS`] questions are asked, then the cron's polling takes over.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::operation::lifecycle::Verdict;
+use crate::operation::record::{OpEvent, Operation};
+
+/// A dynamic-webhook delivery waiting for Gemini's status API to confirm it. Its body is
+/// unproven (the token vouches only that Google sent something), so it decides nothing: the
+/// gate asks the status API and applies what that says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Confirmation {
+    pub requested_at_ms: i64,
+    /// Not before this time (Unix ms) is the status API asked (again).
+    pub due_ms: i64,
+    /// Status-API questions asked so far for this confirmation.
+    pub attempts: u32,
+    /// `user_metadata` (from the verified token) and `unverified_user_metadata` (from the
+    /// body only), carried to the side effect with what the status API says.
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    /// The delivery's id (a hash of its token), for the history.
+    #[serde(default)]
+    pub delivery_id: Option<String>,
+}
+
+/// Status-API questions a confirmation asks at most, whether the answers say "not finished"
+/// or cannot be used; then it is left to the cron (which polls every operation that is not
+/// terminal) and its alerts.
+pub const MAX_CONFIRM_ATTEMPTS: u32 = 5;
+
+impl Operation {
+    /// Records a dynamic-webhook delivery that names this operation: the status API is to be
+    /// asked now. Returns false when there is nothing to confirm (already terminal: terminal
+    /// absorbs, so no answer could change it; or forgotten). A confirmation already waiting
+    /// keeps its schedule (a flood of replays costs no extra status calls) and gains missing
+    /// metadata; when it gains none, nothing changed and the version stays.
+    pub fn request_confirmation(
+        &mut self,
+        now_ms: i64,
+        metadata: Map<String, Value>,
+        delivery_id: Option<String>,
+    ) -> bool {
+        if self.status.is_terminal()
+            || self.retired_at_ms.is_some()
+            || self.notes.forgotten.is_some()
+        {
+            return false;
+        }
+        // Metadata enters the record here: bounded, so the record always loads again.
+        let metadata = crate::bounds::bound_members(metadata);
+        match &mut self.confirmation {
+            Some(waiting) => {
+                let mut gained = false;
+                for (k, v) in metadata {
+                    if let serde_json::map::Entry::Vacant(e) = waiting.metadata.entry(k) {
+                        e.insert(v);
+                        gained = true;
+                    }
+                }
+                if !gained {
+                    return true;
+                }
+            }
+            None => {
+                self.confirmation = Some(Confirmation {
+                    requested_at_ms: now_ms,
+                    due_ms: now_ms,
+                    attempts: 0,
+                    metadata,
+                    delivery_id,
+                });
+            }
+        }
+        self.changed();
+        true
+    }
+
+    /// True when a confirmation is waiting and due.
+    pub fn confirmation_due(&self, now_ms: i64) -> bool {
+        self.confirmation
+            .as_ref()
+            .is_some_and(|c| c.due_ms <= now_ms)
+    }
+
+    /// Applies what the status API said in answer to a confirmation, as an event from the
+    /// webhook path carrying the nudge's metadata. The confirmation ends once the operation
+    /// is terminal or after [`MAX_CONFIRM_ATTEMPTS`]; otherwise it is asked again in
+    /// `retry_in_ms` (Gemini may answer a moment behind its own webhook).
+    pub fn confirm_with(&mut self, mut event: OpEvent, now_ms: i64, retry_in_ms: i64) -> Verdict {
+        let Some(mut confirmation) = self.confirmation.take() else {
+            return self.apply(&event, now_ms);
+        };
+        for (k, v) in &confirmation.metadata {
+            event.details.entry(k.clone()).or_insert(v.clone());
+        }
+        event.delivery_id = event.delivery_id.or(confirmation.delivery_id.clone());
+        let verdict = self.apply(&event, now_ms);
+        confirmation.attempts += 1;
+        if !self.status.is_terminal() && confirmation.attempts < MAX_CONFIRM_ATTEMPTS {
+            confirmation.due_ms = now_ms + retry_in_ms;
+            self.confirmation = Some(confirmation);
+        }
+        self.changed();
+        verdict
+    }
+
+    /// The status API could not answer, or not usably (no key, 429, 5xx, timeout, an
+    /// unusable body): ask again later, at most [`MAX_CONFIRM_ATTEMPTS`] questions in all,
+    /// then leave the operation to the cron (which polls it) and its alerts.
+    pub fn confirmation_failed(&mut self, now_ms: i64, retry_in_ms: i64) {
+        if let Some(c) = &mut self.confirmation {
+            c.attempts += 1;
+            c.due_ms = now_ms + retry_in_ms;
+            if c.attempts >= MAX_CONFIRM_ATTEMPTS {
+                self.confirmation = None;
+            }
+            self.changed();
+        }
+    }
+
+    /// No status API to ask (`GEMINI_API_KEY` is not set): the confirmation waits, backing
+    /// off, until it is; no question was asked, so this is not one of its tries.
+    pub fn confirmation_waits(&mut self, now_ms: i64, retry_in_ms: i64) {
+        if let Some(c) = &mut self.confirmation {
+            c.due_ms = now_ms + retry_in_ms;
+            self.changed();
+        }
+    }
+
+    /// The status API does not know the operation (404): nothing to apply, nothing to ask.
+    pub fn confirmation_gone(&mut self) {
+        if self.confirmation.take().is_some() {
+            self.changed();
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The side effect's state in the record: claims with a fencing token, attempts, retries,
+//! parking, and the operator's retry and redelivery.
+//!
+//! Guarantees (docs/DESIGN.md, invariant 2): a claim carries a token that only grows, and only
+//! the holder of the current token may finish it; a failed attempt never marks done; a done
+//! effect is sent again only as a new generation an operator asked for.
+
+use serde::{Deserialize, Serialize};
+
+use crate::operation::alert::AlertKind;
+use crate::operation::record::{Operation, OperatorNote, OperatorRefusal};
+
+/// A held claim on the side effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// Fencing token: strictly greater than every token issued before for this operation.
+    pub token: u64,
+    pub expires_ms: i64,
+}
+
+/// A side effect the destination refused for good.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parked {
+    pub at_ms: i64,
+    /// The destination's answer, e.g. `400: bad request`.
+    pub answer: String,
+}
+
+/// Where the side effect stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Effect {
+    pub(super) done: bool,
+    pub(super) done_at_ms: Option<i64>,
+    pub(super) parked: Option<Parked>,
+    /// Attempts started so far, across all generations.
+    pub(super) attempts: u32,
+    /// Attempts started in the current generation; drives the backoff.
+    pub(super) failures_in_row: u32,
+    /// 1 unless an operator asked for a deliberate redelivery.
+    pub(super) generation: u32,
+    /// The last fencing token issued.
+    pub(super) fence: u64,
+    pub(super) claim: Option<Claim>,
+    /// Not before this time (Unix ms) may the next attempt start.
+    pub(super) next_attempt_ms: i64,
+    pub(super) last_error: Option<String>,
+}
+
+impl Effect {
+    /// The side effect reached its destination (this generation).
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    pub fn done_at_ms(&self) -> Option<i64> {
+        self.done_at_ms
+    }
+
+    /// Refused for good, and why.
+    pub fn parked(&self) -> Option<&Parked> {
+        self.parked.as_ref()
+    }
+
+    /// Attempts started so far, across all generations.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Attempts started in the current generation.
+    pub fn failures_in_row(&self) -> u32 {
+        self.failures_in_row
+    }
+
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The last fencing token issued.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    pub fn claim(&self) -> Option<Claim> {
+        self.claim
+    }
+
+    /// Not before this time may the next attempt start.
+    pub fn next_attempt_ms(&self) -> i64 {
+        self.next_attempt_ms
+    }
+
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+}
+
+/// How one side-effect attempt ended, as the runner saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// A 2xx answer.
+    Delivered,
+    /// Worth retrying: timeout, network error, 5xx, 408, 409, 429.
+    Retry(String),
+    /// The destination will refuse again: any other answer.
+    Park(String),
+}
+
+/// What [`Operation::finish`] did with an attempt's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finished {
+    Done,
+    RetryAt(i64),
+    Parked,
+    /// The token is no longer current: another attempt took over; nothing was changed.
+    Fenced,
+}
+
+impl Operation {
+    /// Claims the side effect if it is owed, due, and not held by a live claim.
+    pub fn claim(&mut self, now_ms: i64, ttl_ms: i64) -> Option<Claim> {
+        if !self.effect_owed() || now_ms < self.effect.next_attempt_ms {
+            return None;
+        }
+        if matches!(self.effect.claim, Some(c) if c.expires_ms > now_ms) {
+            return None;
+        }
+        self.effect.fence += 1;
+        let claim = Claim {
+            token: self.effect.fence,
+            expires_ms: now_ms + ttl_ms,
+        };
+        self.effect.claim = Some(claim);
+        self.effect.attempts += 1;
+        self.effect.failures_in_row += 1;
+        self.changed();
+        Some(claim)
+    }
+
+    /// Records how the attempt under `token` ended. `backoff_ms` is the wait before the next
+    /// attempt should this one have failed (see [`crate::operation::backoff_ms`]).
+    pub fn finish(
+        &mut self,
+        token: u64,
+        outcome: &AttemptOutcome,
+        now_ms: i64,
+        backoff_ms: i64,
+    ) -> Finished {
+        match self.effect.claim {
+            Some(c) if c.token == token => {}
+            _ => return Finished::Fenced,
+        }
+        self.effect.claim = None;
+        self.changed();
+        match outcome {
+            AttemptOutcome::Delivered => {
+                self.effect.done = true;
+                self.effect.done_at_ms = Some(now_ms);
+                self.effect.last_error = None;
+                Finished::Done
+            }
+            AttemptOutcome::Retry(why) => {
+                self.effect.last_error = Some(why.clone());
+                self.effect.next_attempt_ms = now_ms + backoff_ms;
+                Finished::RetryAt(self.effect.next_attempt_ms)
+            }
+            AttemptOutcome::Park(answer) => {
+                self.effect.last_error = Some(answer.clone());
+                self.effect.parked = Some(Parked {
+                    at_ms: now_ms,
+                    answer: answer.clone(),
+                });
+                Finished::Parked
+            }
+        }
+    }
+
+    /// Starts a deliberate redelivery of a done effect: a new generation (so `webhook-id` and
+    /// `effect-generation` change and a Standard Webhooks receiver does not drop it as a
+    /// duplicate; `idempotency-key` stays the key), due now. An effect not yet done is never
+    /// given a new generation (its last attempt may have arrived): see [`Operation::retry_now`].
+    pub fn redeliver(&mut self, now_ms: i64, reason: &str) -> Result<u32, OperatorRefusal> {
+        if self.retired_at_ms.is_some() {
+            return Err(OperatorRefusal::Retired);
+        }
+        if self.notes.forgotten.is_some() {
+            return Err(OperatorRefusal::Forgotten);
+        }
+        if !self.status.is_terminal() {
+            return Err(OperatorRefusal::NotTerminal);
+        }
+        if !self.effect.done {
+            return Err(OperatorRefusal::NotDone);
+        }
+        self.effect.generation += 1;
+        self.effect.done = false;
+        self.effect.done_at_ms = None;
+        self.effect.parked = None;
+        self.effect.failures_in_row = 0;
+        self.effect.next_attempt_ms = now_ms;
+        self.effect.last_error = None;
+        // A live claim belongs to the previous generation; its commit is fenced off.
+        self.effect.claim = None;
+        self.alerts
+            .raised
+            .retain(|a| *a != AlertKind::EffectFailing);
+        self.notes.redeliveries.push(OperatorNote {
+            at_ms: now_ms,
+            reason: reason.to_string(),
+        });
+        self.changed();
+        Ok(self.effect.generation)
+    }
+
+    /// The operator's "retry now" on an effect not yet done: the same generation (so the same
+    /// `webhook-id`: an attempt that timed out on our side may have reached the destination,
+    /// which then drops the repeat), due now, un-parked. Refused while an attempt holds a
+    /// live claim, and for a done effect (that is a deliberate redelivery).
+    pub fn retry_now(&mut self, now_ms: i64) -> Result<(), OperatorRefusal> {
+        if self.retired_at_ms.is_some() {
+            return Err(OperatorRefusal::Retired);
+        }
+        if self.notes.forgotten.is_some() {
+            return Err(OperatorRefusal::Forgotten);
+        }
+        if !self.status.is_terminal() {
+            return Err(OperatorRefusal::NotTerminal);
+        }
+        if self.effect.done {
+            return Err(OperatorRefusal::AlreadyDone);
+        }
+        if self.effect.claim.is_some_and(|c| c.expires_ms > now_ms) {
+            return Err(OperatorRefusal::InFlight);
+        }
+        self.effect.parked = None;
+        self.effect.failures_in_row = 0;
+        self.effect.next_attempt_ms = now_ms;
+        self.alerts
+            .raised
+            .retain(|a| *a != AlertKind::EffectFailing);
+        self.changed();
+        Ok(())
+    }
+}

@@ -1,0 +1,479 @@
+//! The operation record the gate keeps, and every transition it may make.
+//!
+//! Guarantees (docs/DESIGN.md, invariants 2 and 3): state changes only through
+//! [`Operation::apply`], which asks the pure reducer; a terminal outcome's side effect is
+//! claimed with a TTL and a fencing token that only grows, and only the holder of the current
+//! token may finish it; a failed attempt never marks done, it schedules the next attempt with
+//! capped exponential backoff; a refusal the destination will repeat parks the effect instead
+//! of retrying forever. Reaching a terminal state (`status`) and finishing its side effect
+//! (`effect.done`) are separate facts. Time and jitter are parameters; nothing here does I/O.
+//!
+//! The record is split by concern, each part in its own module with the transitions that
+//! touch it: the side effect ([`effect_state`]), alerts ([`alerts`]), a nudge's confirmation
+//! ([`confirmation`]), operators' notes ([`operator`]), the stats outbox ([`outbox`]), the
+//! ledger projection's bookkeeping ([`ledger_mark`]), and how it is stored ([`stored`]: one
+//! flat JSON object whose field names never change, so every stored record still loads).
+//! Its fields are private: readers outside use accessors, and the version is bumped in one
+//! place (`Operation::changed`).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::operation::alert::AlertKind;
+use crate::operation::effect::normalize_details;
+use crate::operation::lifecycle::{reduce, Position, Source, Status, Verdict};
+use crate::telemetry::counters::StatEvent;
+use crate::timestamp::format_rfc3339;
+
+pub mod alerts;
+pub mod confirmation;
+pub mod effect_state;
+pub mod ledger_mark;
+pub mod operator;
+pub mod outbox;
+mod salvage;
+pub mod stored;
+#[cfg(test)]
+mod tests;
+
+pub use alerts::PendingAlert;
+pub use confirmation::{Confirmation, MAX_CONFIRM_ATTEMPTS};
+pub use effect_state::{AttemptOutcome, Claim, Effect, Finished, Parked};
+pub use ledger_mark::{PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS};
+pub use operator::{OperatorNote, OperatorRefusal};
+
+use alerts::Alerts;
+use ledger_mark::LedgerMark;
+use operator::OperatorNotes;
+use outbox::Outbox;
+
+/// One piece of news about an operation, from any path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpEvent {
+    pub status: Status,
+    /// Server update time in Unix ms; 0 when the server gave none (it then loses ties).
+    pub update_time_ms: i64,
+    pub source: Source,
+    /// Output file, error code and message, user metadata: carried to the side effect.
+    #[serde(default)]
+    pub details: Map<String, Value>,
+    /// The `webhook-id` of the delivery that carried it, for the history.
+    #[serde(default)]
+    pub delivery_id: Option<String>,
+}
+
+/// What a registration did to an operation that already existed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KindFill {
+    /// The record had no kind (its completion came first): the registration's kind is now
+    /// its kind, so later attempts route by it and carry it.
+    Filled,
+    /// Same kind, or the registration named none.
+    Unchanged,
+    /// The record already has a different kind; nothing changed.
+    Conflict,
+    /// The record has no kind, but a side-effect attempt already went out without one: its
+    /// `webhook-id` must keep meaning that body, so the kind stays unset.
+    TooLate,
+}
+
+impl KindFill {
+    /// The spelling in the registration's answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KindFill::Filled => "filled",
+            KindFill::Unchanged => "unchanged",
+            KindFill::Conflict => "conflict",
+            KindFill::TooLate => "too_late",
+        }
+    }
+}
+
+/// The record the gate keeps for one operation (stored as [`stored::Stored`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Operation {
+    key: String,
+    name: String,
+    kind: Option<String>,
+    status: Status,
+    update_time_ms: i64,
+    /// Bumped on every change ([`Operation::changed`]); the ledger projection follows it.
+    version: u64,
+    registered: bool,
+    submitted_at_ms: i64,
+    settled_at_ms: Option<i64>,
+    settled_by: Option<Source>,
+    details: Map<String, Value>,
+    effect: Effect,
+    alerts: Alerts,
+    notes: OperatorNotes,
+    outbox: Outbox,
+    ledger: LedgerMark,
+    confirmation: Option<Confirmation>,
+    /// Set when retention ended: the record is a tombstone (what the outcome was and whether
+    /// its effect ran), kept so that nothing runs twice however late a delivery comes.
+    retired_at_ms: Option<i64>,
+}
+
+impl Operation {
+    /// A newly registered, pending operation.
+    pub fn register(key: &str, name: &str, kind: Option<String>, now_ms: i64) -> Operation {
+        Operation {
+            key: key.to_string(),
+            name: name.to_string(),
+            kind,
+            status: Status::Pending,
+            update_time_ms: 0,
+            version: 1,
+            registered: true,
+            submitted_at_ms: now_ms,
+            settled_at_ms: None,
+            settled_by: None,
+            details: Map::new(),
+            effect: Effect {
+                generation: 1,
+                ..Effect::default()
+            },
+            alerts: Alerts::default(),
+            notes: OperatorNotes::default(),
+            outbox: Outbox::default(),
+            ledger: LedgerMark::default(),
+            confirmation: None,
+            retired_at_ms: None,
+        }
+    }
+
+    /// An operation first heard of through its completion (it was never registered).
+    pub fn unregistered(key: &str, name: &str, now_ms: i64) -> Operation {
+        Operation {
+            registered: false,
+            ..Operation::register(key, name, None, now_ms)
+        }
+    }
+
+    /// Records a change: the version the ledger projection follows grows by one. Every
+    /// transition that changes the record calls this, and nothing else bumps the version.
+    fn changed(&mut self) {
+        self.version += 1;
+    }
+
+    /// The operation's key (`batches/x`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Gemini's full name for it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The kind it was registered with, if any (routes its side effect).
+    pub fn kind(&self) -> Option<&str> {
+        self.kind.as_deref()
+    }
+
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    /// The server's update time of the state applied (0 when it gave none).
+    pub fn update_time_ms(&self) -> i64 {
+        self.update_time_ms
+    }
+
+    /// Bumped on every change; the ledger projection follows it.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// True when registered through the admin API, false when a completion created it.
+    pub fn registered(&self) -> bool {
+        self.registered
+    }
+
+    pub fn submitted_at_ms(&self) -> i64 {
+        self.submitted_at_ms
+    }
+
+    pub fn settled_at_ms(&self) -> Option<i64> {
+        self.settled_at_ms
+    }
+
+    pub fn settled_by(&self) -> Option<Source> {
+        self.settled_by
+    }
+
+    /// The outcome's details, in the one shape the record keeps (output, error, metadata).
+    pub fn details(&self) -> &Map<String, Value> {
+        &self.details
+    }
+
+    /// Where the side effect stands.
+    pub fn effect(&self) -> &Effect {
+        &self.effect
+    }
+
+    /// Alert kinds already raised (each once per operation).
+    pub fn alerts_raised(&self) -> &[AlertKind] {
+        &self.alerts.raised
+    }
+
+    /// Alerts raised and not yet accepted by the sink.
+    pub fn pending_alerts(&self) -> &[PendingAlert] {
+        &self.alerts.pending
+    }
+
+    /// Why the last unusable status-API answer could not be used.
+    pub fn unusable_status(&self) -> Option<&str> {
+        self.notes.unusable_status.as_deref()
+    }
+
+    /// When and why an operator stopped tracking it.
+    pub fn forgotten(&self) -> Option<&OperatorNote> {
+        self.notes.forgotten.as_ref()
+    }
+
+    /// Deliberate redeliveries an operator asked for, newest last.
+    pub fn redeliveries(&self) -> &[OperatorNote] {
+        &self.notes.redeliveries
+    }
+
+    /// Counted events not yet flushed to a stats shard, oldest first.
+    pub fn pending_stats(&self) -> &[StatEvent] {
+        &self.outbox.pending
+    }
+
+    /// Events up to this sequence are sealed (may be on their way to a shard).
+    pub fn stats_sealed_seq(&self) -> u64 {
+        self.outbox.sealed_seq
+    }
+
+    /// The version last written to the KV ledger.
+    pub fn projected_version(&self) -> u64 {
+        self.ledger.version
+    }
+
+    /// Ledger writes failed in a row.
+    pub fn projection_failures(&self) -> u32 {
+        self.ledger.failures
+    }
+
+    /// An `open:` index entry may exist in KV.
+    pub fn indexed(&self) -> bool {
+        self.ledger.indexed
+    }
+
+    /// A dynamic-webhook delivery awaiting the status API's word.
+    pub fn confirmation(&self) -> Option<&Confirmation> {
+        self.confirmation.as_ref()
+    }
+
+    /// When retention ended (the record is a tombstone).
+    pub fn retired_at_ms(&self) -> Option<i64> {
+        self.retired_at_ms
+    }
+
+    fn position(&self) -> Position {
+        Position {
+            status: self.status.clone(),
+            update_time_ms: self.update_time_ms,
+        }
+    }
+
+    /// Offers `event` to the reducer and applies it if the reducer allows.
+    pub fn apply(&mut self, event: &OpEvent, now_ms: i64) -> Verdict {
+        let incoming = Position {
+            status: event.status.clone(),
+            update_time_ms: event.update_time_ms,
+        };
+        let verdict = reduce(&self.position(), &incoming);
+        if verdict == Verdict::Apply {
+            self.status = event.status.clone();
+            self.update_time_ms = event.update_time_ms;
+            if self.status.is_terminal() {
+                self.settled_at_ms = Some(now_ms);
+                self.settled_by = Some(event.source);
+                // Whatever path (or version) built the event, the record keeps one shape.
+                self.details = normalize_details(&event.details);
+                self.effect.next_attempt_ms = now_ms;
+            }
+            self.changed();
+        }
+        verdict
+    }
+
+    /// True when the side effect still has to run (terminal, not done, not parked).
+    pub fn effect_owed(&self) -> bool {
+        self.status.is_terminal()
+            && !self.effect.done
+            && self.effect.parked.is_none()
+            && self.notes.forgotten.is_none()
+    }
+
+    /// True when nothing can change the operation any more: terminal (which absorbs every
+    /// later event) and its side effect done, parked or given up by an operator. Only a
+    /// redelivery asked by an operator moves it again.
+    pub fn is_settled(&self) -> bool {
+        self.status.is_terminal() && !self.effect_owed()
+    }
+
+    /// A registration for an operation that exists: fills in a kind the record lacks (its
+    /// completion arrived first), never replaces one, and never while an attempt that went
+    /// out without it may be retried (the kind routes the effect and is in its body, and one
+    /// `webhook-id` means one body). A side effect held for the registration ([`Operation::hold_for_registration`])
+    /// becomes due at `now_ms`.
+    pub fn fill_kind(&mut self, kind: Option<&str>, now_ms: i64) -> KindFill {
+        match (kind, self.kind.as_deref()) {
+            (None, _) => KindFill::Unchanged,
+            (Some(k), Some(have)) if k == have => KindFill::Unchanged,
+            (Some(_), Some(_)) => KindFill::Conflict,
+            // An attempt went out and may be retried under its `webhook-id` (once done, only
+            // a redelivery sends again, under a new one).
+            (Some(_), None) if self.effect.attempts > 0 && !self.effect.done => KindFill::TooLate,
+            (Some(k), None) => {
+                self.kind = Some(k.to_string());
+                self.registered = true;
+                if self.effect_owed() {
+                    self.effect.next_attempt_ms = self.effect.next_attempt_ms.min(now_ms);
+                }
+                self.changed();
+                KindFill::Filled
+            }
+        }
+    }
+
+    /// An operation nobody registered has just settled: its first side-effect attempt waits
+    /// `hold_ms` (only while routes could give it another destination, see
+    /// `UNREGISTERED_HOLD_SECONDS`), so a registration racing the completion can still fill
+    /// in the kind before anything is sent.
+    pub fn hold_for_registration(&mut self, hold_ms: i64, now_ms: i64) {
+        if hold_ms > 0
+            && !self.registered
+            && self.kind.is_none()
+            && self.effect_owed()
+            && self.effect.attempts == 0
+            && self.settled_at_ms == Some(now_ms)
+        {
+            self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(now_ms + hold_ms);
+        }
+    }
+
+    /// True once nothing more will happen: terminal, and its side effect done or parked.
+    pub fn is_closed(&self) -> bool {
+        self.notes.forgotten.is_some()
+            || (self.status.is_terminal() && (self.effect.done || self.effect.parked.is_some()))
+    }
+
+    /// When the gate's storage may be dropped: retention after the operation closed.
+    pub fn expires_at_ms(&self, retention_ms: i64) -> Option<i64> {
+        if !self.is_closed() || self.retired_at_ms.is_some() || self.ledger.indexed {
+            // An index entry may still exist: the pending projection deletes it first (a
+            // closed, indexed record always has one pending, see `index_written`).
+            return None;
+        }
+        let closed = self
+            .notes
+            .forgotten
+            .as_ref()
+            .map(|f| f.at_ms)
+            .or(self.effect.done_at_ms)
+            .or(self.effect.parked.as_ref().map(|p| p.at_ms))?;
+        Some(closed + retention_ms)
+    }
+
+    /// When the gate must wake next: a lapsed claim, a due retry, a deferred projection,
+    /// counted events to flush (`stats_delay_ms` after the oldest, so a burst of duplicates
+    /// is flushed as one) or the end of retention. `None` when nothing is pending.
+    ///
+    /// While a claim is held, the projection and the flush wait: the attempt commits within
+    /// the effect timeout and changes the record again, and the commit sets the alarm, so a
+    /// first delivery costs one alarm, one ledger write and one shard call, not two of each.
+    /// If the attempt never commits, the claim's expiry wakes the gate and they follow.
+    pub fn wake_at_ms(&self, retention_ms: i64, stats_delay_ms: i64) -> Option<i64> {
+        let mut times = Vec::new();
+        if let Some(c) = self.effect.claim {
+            times.push(c.expires_ms);
+        } else {
+            if self.effect_owed() {
+                times.push(self.effect.next_attempt_ms);
+            }
+            if self.ledger.version < self.version {
+                times.push(self.projection_due_ms());
+            }
+            if let Some(first) = self.outbox.pending.first() {
+                times.push(first.at_ms + stats_delay_ms);
+            }
+        }
+        times.extend(self.confirmation.as_ref().map(|c| c.due_ms));
+        times.extend(self.alerts.pending.iter().map(|a| a.due_ms));
+        times.extend(self.expires_at_ms(retention_ms));
+        times.into_iter().min()
+    }
+
+    /// Ends retention: keeps a tombstone (key, name, kind, final status, whether the effect
+    /// was done or parked, settled time, generation) and drops the rest, so a delivery that
+    /// comes later is a duplicate and runs nothing. The ledger entry expires on its own TTL;
+    /// the tombstone is never projected again.
+    pub fn retire(&mut self, now_ms: i64) {
+        self.details = Map::new();
+        self.alerts.raised.clear();
+        self.alerts.pending.clear();
+        self.notes.redeliveries.clear();
+        self.outbox.pending.clear();
+        self.confirmation = None;
+        self.effect.claim = None;
+        self.effect.last_error = None;
+        if let Some(parked) = &mut self.effect.parked {
+            parked.answer.clear();
+        }
+        if let Some(note) = &mut self.notes.forgotten {
+            note.reason.clear();
+        }
+        self.retired_at_ms = Some(now_ms);
+        self.changed();
+        self.ledger.version = self.version;
+    }
+
+    /// The public JSON view (admin API, ledger value).
+    pub fn view(&self) -> Value {
+        json!({
+            "key": self.key,
+            "name": self.name,
+            "kind": self.kind,
+            "status": self.status.as_str(),
+            "registered": self.registered,
+            "update_time": (self.update_time_ms > 0).then(|| format_rfc3339(self.update_time_ms)),
+            "submitted_at": format_rfc3339(self.submitted_at_ms),
+            "settled_at": self.settled_at_ms.map(format_rfc3339),
+            "settled_by": self.settled_by.map(Source::as_str),
+            "effect_done": self.effect.done,
+            "effect_done_at": self.effect.done_at_ms.map(format_rfc3339),
+            "effect_parked": self.effect.parked.is_some(),
+            "parked_answer": self.effect.parked.as_ref().map(|p| p.answer.clone()),
+            "attempts": self.effect.attempts,
+            "generation": self.effect.generation,
+            "next_attempt_at": (self.effect_owed()).then(|| format_rfc3339(self.effect.next_attempt_ms)),
+            "last_error": self.effect.last_error,
+            "details": self.details,
+            "alerts": self.alerts.raised,
+            "unusable_status": self.notes.unusable_status,
+            "forgotten": self.notes.forgotten.as_ref().map(|f| json!({"at": format_rfc3339(f.at_ms), "reason": f.reason})),
+            "redeliveries": self.notes.redeliveries.iter().map(|r| json!({"at": format_rfc3339(r.at_ms), "reason": r.reason})).collect::<Vec<_>>(),
+            "confirming": self.confirmation.is_some(),
+            "alerts_pending": self.alerts.pending.iter().map(|a| a.kind).collect::<Vec<_>>(),
+            "retired_at": self.retired_at_ms.map(format_rfc3339),
+            "version": self.version,
+        })
+    }
+}
+
+/// Wait before attempt `failures + 1`: `base * 2^(failures - 1)`, capped, scaled by a jitter
+/// factor in [0.75, 1.0] so that many operations failing together do not retry in lockstep.
+/// `jitter` is a random number in [0, 1) supplied by the caller.
+pub fn backoff_ms(failures: u32, base_secs: i64, max_secs: i64, jitter: f64) -> i64 {
+    let exponent = failures.saturating_sub(1).min(30);
+    let raw = base_secs.saturating_mul(1_i64 << exponent).min(max_secs) * 1_000;
+    let factor = 0.75 + 0.25 * jitter.clamp(0.0, 1.0);
+    (raw as f64 * factor) as i64
+}

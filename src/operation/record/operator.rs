@@ -1,0 +1,151 @@
+//! What operators did to an operation, and why: forgetting it, settling it by hand, and the
+//! unusable status answer kept for them.
+//!
+//! Guarantees: each note is kept for the retention period (a tombstone keeps only when);
+//! a refused command changes nothing and says why ([`OperatorRefusal`]).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::operation::alert::AlertKind;
+use crate::operation::lifecycle::{Source, Status};
+use crate::operation::record::{OpEvent, Operation};
+
+/// When and why an operator acted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorNote {
+    pub at_ms: i64,
+    pub reason: String,
+}
+
+/// The operator-facing notes of a record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct OperatorNotes {
+    /// Why the last unusable status-API answer could not be used (too large, not JSON),
+    /// kept for the operator who settles the operation by hand.
+    pub(super) unusable_status: Option<String>,
+    /// Set when an operator stopped tracking the operation: no more polling, alerts or
+    /// side-effect attempts; the record stays for the retention period.
+    pub(super) forgotten: Option<OperatorNote>,
+    /// Deliberate redeliveries an operator asked for, newest last.
+    pub(super) redeliveries: Vec<OperatorNote>,
+}
+
+/// Why an operator's command was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorRefusal {
+    /// Redelivery needs a terminal state: there is no outcome to deliver yet.
+    NotTerminal,
+    /// The operation was forgotten.
+    Forgotten,
+    /// Retention ended: only a tombstone remains.
+    Retired,
+    /// Retry-now needs an effect that is not done (a done one is redelivered instead).
+    AlreadyDone,
+    /// An attempt holds a live claim: retrying now could run it twice at once.
+    InFlight,
+    /// A new generation needs a done effect: one not done is retried under its own id.
+    NotDone,
+    /// Settling by hand needs an operation with no outcome yet (terminal absorbs).
+    AlreadySettled,
+}
+
+impl OperatorRefusal {
+    /// What the operator is told.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperatorRefusal::NotTerminal => "the operation has no outcome yet",
+            OperatorRefusal::Forgotten => "the operation was forgotten",
+            OperatorRefusal::Retired => "retention ended; only a tombstone remains",
+            OperatorRefusal::AlreadyDone => {
+                "the side effect is done; redeliver it to send it again as a new generation"
+            }
+            OperatorRefusal::InFlight => {
+                "an attempt is in flight; retry once it has finished or its claim lapsed"
+            }
+            OperatorRefusal::NotDone => {
+                "the side effect is not done; retry it now under the same webhook-id instead"
+            }
+            OperatorRefusal::AlreadySettled => {
+                "the operation already has an outcome; redeliver or retry its side effect instead"
+            }
+        }
+    }
+}
+
+impl Operation {
+    /// Stops tracking the operation (recorded, not erased). Idempotent.
+    /// Nothing runs for it afterwards: a waiting confirmation and queued alerts are dropped,
+    /// and no nudge asks the status API again or raises an alert.
+    pub fn forget(&mut self, now_ms: i64, reason: &str) -> bool {
+        if self.notes.forgotten.is_some() {
+            return false;
+        }
+        self.notes.forgotten = Some(OperatorNote {
+            at_ms: now_ms,
+            reason: reason.to_string(),
+        });
+        self.effect.claim = None;
+        self.confirmation = None;
+        self.alerts.pending.clear();
+        self.changed();
+        true
+    }
+
+    /// A status-API answer could not be used (`reason`: too large, not JSON): kept for the
+    /// operator and alerted once (the alert says why). False when nothing changed.
+    pub fn status_unusable(&mut self, reason: &str, age_seconds: i64, now_ms: i64) -> bool {
+        if self.status.is_terminal()
+            || self.notes.forgotten.is_some()
+            || self.retired_at_ms.is_some()
+        {
+            return false;
+        }
+        let reason: String = reason.chars().take(300).collect();
+        let changed = self.notes.unusable_status.as_deref() != Some(reason.as_str());
+        self.notes.unusable_status = Some(reason);
+        let raised = self.raise_alert(AlertKind::StatusUnusable, age_seconds, now_ms);
+        if changed && !raised {
+            self.changed();
+        }
+        changed || raised
+    }
+
+    /// An operator gives the outcome Gemini's status API could not: a terminal `status`, with
+    /// `reason` under `provider.operator_reason`, applied like any event (settled by
+    /// `operator`), so its side effect runs once like any other. Refused when the operation
+    /// has an outcome already (terminal absorbs), was forgotten, or is a tombstone.
+    pub fn settle_by_operator(
+        &mut self,
+        status: Status,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<OpEvent, OperatorRefusal> {
+        if self.retired_at_ms.is_some() {
+            return Err(OperatorRefusal::Retired);
+        }
+        if self.notes.forgotten.is_some() {
+            return Err(OperatorRefusal::Forgotten);
+        }
+        if self.status.is_terminal() || !status.is_terminal() {
+            return Err(OperatorRefusal::AlreadySettled);
+        }
+        let mut provider = Map::new();
+        provider.insert("operator_reason".into(), Value::String(reason.to_string()));
+        let mut details = Map::new();
+        details.insert(
+            crate::operation::effect::PROVIDER.into(),
+            Value::Object(provider),
+        );
+        let event = OpEvent {
+            status,
+            update_time_ms: self.update_time_ms,
+            source: Source::Operator,
+            details,
+            delivery_id: None,
+        };
+        self.apply(&event, now_ms);
+        self.confirmation = None;
+        Ok(event)
+    }
+}

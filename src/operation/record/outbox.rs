@@ -1,0 +1,73 @@
+//! The stats outbox: events counted in the record, in the same write as the decision they
+//! count, until a stats shard has them.
+//!
+//! Guarantees: every event has a sequence number that only grows; events up to the sealed
+//! sequence may be on their way to a shard and are never changed again, so the shard's
+//! per-sequence dedupe keeps counts exact.
+
+use crate::operation::record::Operation;
+use crate::telemetry::counters::{hour_of, Counter, StatEvent};
+
+/// Counted events not yet flushed, and the last sequence issued and sealed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Outbox {
+    pub(super) pending: Vec<StatEvent>,
+    pub(super) seq: u64,
+    /// Events up to this sequence may be on their way to a shard: they are never changed
+    /// again, so a count is merged only into a newer event (see [`Operation::count`]).
+    pub(super) sealed_seq: u64,
+}
+
+impl Operation {
+    /// Counts an event for `/v1/stats`; it is flushed to a stats shard later. A count joins
+    /// an unsealed pending event of the same name and hour, so the record stays small however
+    /// many duplicates arrive between flushes (a replayed delivery can arrive hundreds of times
+    /// a second); sealed events are left alone, which keeps the shard's per-sequence dedupe
+    /// exact. `dropped_*` events stay one per drop: the shard lists each as a recent drop.
+    pub fn count(&mut self, counter: Counter, now_ms: i64) {
+        let sealed = self.outbox.sealed_seq;
+        let mergeable = counter.merges();
+        let name = counter.name();
+        if let Some(event) = self.outbox.pending.iter_mut().find(|e| {
+            mergeable && e.seq > sealed && e.name == *name && hour_of(e.at_ms) == hour_of(now_ms)
+        }) {
+            event.count += 1;
+            return;
+        }
+        self.outbox.seq += 1;
+        self.outbox.pending.push(StatEvent {
+            seq: self.outbox.seq,
+            name: name.into_owned(),
+            at_ms: now_ms,
+            count: 1,
+        });
+    }
+
+    /// The record as a new object instance reads it from storage: any pending event may
+    /// already be at a shard (the last instance may have stopped during a flush), so every one
+    /// is sealed and nothing merges into it. This is why a flush need not store its seal
+    /// first: within an instance the seal in memory is enough, and a new instance seals again.
+    pub fn as_loaded(mut self) -> Operation {
+        self.seal_stats();
+        self
+    }
+
+    /// Seals the pending events before they are sent; returns the last sequence sent, if any.
+    pub fn seal_stats(&mut self) -> Option<u64> {
+        let last = self.outbox.pending.last()?.seq;
+        self.outbox.sealed_seq = last;
+        Some(last)
+    }
+
+    /// A flush failed: its events wait until `retry_at_ms` (the wake time follows the oldest).
+    pub fn stats_flush_failed(&mut self, retry_at_ms: i64) {
+        for event in &mut self.outbox.pending {
+            event.at_ms = event.at_ms.max(retry_at_ms);
+        }
+    }
+
+    /// Forgets counted events up to `seq`, once a shard has them.
+    pub fn drop_flushed_stats(&mut self, seq: u64) {
+        self.outbox.pending.retain(|e| e.seq > seq);
+    }
+}
