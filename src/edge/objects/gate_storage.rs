@@ -10,9 +10,8 @@
 //! changes (an unchanged wake time costs no storage call). The tables are created by the first
 //! write, never by a read: an object that only answered (a nudge or delivery for an
 //! unregistered name with `REQUIRE_REGISTRATION=true`, a command for an operation it does not
-//! know) stores nothing at all. A record that does not load is kept as it was in
-//! `quarantine(seq, at_ms, error, body)` and recovered ([`crate::operation::recovery`]), so
-//! it never bricks its operation; the alarm's failure streak is kept under `alarm_failures`
+//! know) stores nothing at all. A record that does not load is kept and recovered
+//! ([`crate::edge::objects::gate_repair`]), so it never bricks its operation; the alarm's failure streak is kept under `alarm_failures`
 //! in the object's key-value storage.
 
 use std::cell::{Cell, RefCell};
@@ -25,7 +24,7 @@ use worker::{Result, ScheduledTime, State};
 use crate::operation::alarm_failure::AlarmFailures;
 use crate::operation::gate::Limits;
 use crate::operation::history::HistoryEntry;
-use crate::operation::{recovery, Operation};
+use crate::operation::Operation;
 use crate::telemetry::log_event::LogEvent;
 
 use crate::edge::log;
@@ -45,17 +44,13 @@ const TRIM_EVERY: i64 = 50;
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS operation (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); \
 CREATE TABLE IF NOT EXISTS history (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, entry TEXT NOT NULL)";
 
-/// Raw records that did not load, kept for inspection until retention ends (created only
-/// when one is needed).
-const QUARANTINE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS quarantine (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, error TEXT NOT NULL, body TEXT NOT NULL)";
-
 /// The key, in the object's key-value storage, of the alarm's failure streak (see
 /// [`crate::operation::alarm_failure`]).
 const ALARM_FAILURES: &str = "alarm_failures";
 
 /// The record as this instance knows it: every write goes through [`GateStorage::save`],
 /// so it equals storage, except for counts of settled duplicates not stored yet.
-enum Cached {
+pub(super) enum Cached {
     Unread,
     Absent,
     Present(Box<Operation>),
@@ -68,8 +63,8 @@ impl Cached {
 }
 
 #[derive(Deserialize)]
-struct BodyRow {
-    body: String,
+pub(super) struct BodyRow {
+    pub(super) body: String,
 }
 
 /// One gate's tables, cache and alarm.
@@ -79,11 +74,11 @@ pub struct GateStorage {
     /// the alarm, which consumes it).
     alarm_at: Cell<Option<i64>>,
     meter: Meter,
-    cached: RefCell<Cached>,
+    pub(super) cached: RefCell<Cached>,
     /// The tables are known to exist (created or found by this instance).
     schema_ready: Cell<bool>,
     /// A record was recovered by this instance and its alarm not yet set for it.
-    recovered: Cell<bool>,
+    pub(super) recovered: Cell<bool>,
 }
 
 /// True for SQLite's answer to a query on a table not created yet.
@@ -170,7 +165,7 @@ impl GateStorage {
     }
 
     /// The stored record's row, as text; none when the gate never wrote one.
-    fn stored_body(&self) -> Result<Vec<BodyRow>> {
+    pub(super) fn stored_body(&self) -> Result<Vec<BodyRow>> {
         match self
             .meter
             .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)
@@ -204,28 +199,6 @@ impl GateStorage {
         Ok(op)
     }
 
-    /// A stored record that did not load: kept as it was in the `quarantine` table, then
-    /// read as [`recovery::recover`] can and stored again, with its `record_unreadable` alert
-    /// queued and a history row. The alarm must be set again for the alert
-    /// ([`GateStorage::take_recovered`]). A record that cannot be recovered stays where it is
-    /// and every call on it fails until an operator repairs it ([`GateStorage::repair`]).
-    fn recover(&self, raw: &str, error: &str) -> Result<Operation> {
-        let Some((mut op, how)) = recovery::recover(raw) else {
-            log(LogEvent::RecordUnreadable.line(recovery::unrecoverable(error, raw)));
-            return Err(worker::Error::RustError(format!(
-                "stored record unreadable: {error}"
-            )));
-        };
-        let now = worker::Date::now().as_millis() as i64;
-        self.quarantine(raw, error, now)?;
-        let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now);
-        self.save(&op)?;
-        self.record(now, vec![row])?;
-        log(LogEvent::RecordRecovered.line(line));
-        self.recovered.set(true);
-        Ok(op)
-    }
-
     /// This object's id, to name it when its record cannot be read.
     pub fn object_id(&self) -> String {
         self.state.id().to_string()
@@ -242,53 +215,6 @@ impl GateStorage {
     /// The alarm time this instance last set, if it knows it.
     pub fn alarm_set_at(&self) -> Option<i64> {
         self.alarm_at.get()
-    }
-
-    /// An operator's repair: `None` when there is no record; `Some(false)` when it loads as
-    /// it is (nothing done); `Some(true)` when it did not: recovered as [`GateStorage::load`]
-    /// would, or, when not even its key and state can be read, kept in `quarantine` and
-    /// replaced by [`recovery::rebuild`] of `key` and `name`, with its alert queued.
-    pub fn repair(&self, key: &str, name: &str, reason: &str) -> Result<Option<bool>> {
-        let rows = self.stored_body()?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        let Err(error) = serde_json::from_str::<Operation>(&row.body) else {
-            return Ok(Some(false));
-        };
-        self.cached.replace(Cached::Unread);
-        if recovery::recover(&row.body).is_some() {
-            self.load()?;
-            return Ok(Some(true));
-        }
-        let now = worker::Date::now().as_millis() as i64;
-        let error = error.to_string();
-        self.quarantine(&row.body, &error, now)?;
-        let mut op = recovery::rebuild(key, name, reason, now);
-        let (entry, line) =
-            recovery::mark_recovered(&mut op, recovery::Recovery::Rebuilt, &error, &row.body, now);
-        self.save(&op)?;
-        self.record(now, vec![entry])?;
-        log(LogEvent::RecordRecovered.line(line));
-        self.recovered.set(true);
-        Ok(Some(true))
-    }
-
-    /// Keeps a raw record that did not load, for inspection until retention ends.
-    fn quarantine(&self, raw: &str, error: &str, now: i64) -> Result<()> {
-        let sql = self.sql();
-        self.meter.exec(&sql, QUARANTINE_SCHEMA, None)?;
-        self.meter.exec(
-            &sql,
-            "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)",
-            vec![now.into(), error.into(), raw.into()],
-        )?;
-        Ok(())
-    }
-
-    /// True once after a record was recovered: its alert needs the alarm set.
-    pub fn take_recovered(&self) -> bool {
-        self.recovered.replace(false)
     }
 
     /// The alarm's failures so far, if a streak is stored.

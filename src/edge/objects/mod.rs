@@ -3,6 +3,7 @@
 
 pub mod gate_alarm;
 pub mod gate_object;
+pub mod gate_repair;
 pub mod gate_storage;
 pub mod lease_object;
 pub mod stats_shard;
