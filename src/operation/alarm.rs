@@ -12,10 +12,11 @@
 
 use std::collections::VecDeque;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::{count_delivery, Limits, Save, Step};
+use crate::operation::gate_log::{AttemptLine, GateLog};
 use crate::operation::history::HistoryEntry;
 use crate::operation::key::Collection;
 use crate::operation::ledger::{project, IndexWrite, Projection};
@@ -217,7 +218,7 @@ pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<
     let mut step = Step::new(Some(op), AlarmDone::Retired)
         .durable()
         .row(HistoryEntry::Retired)
-        .log(LogEvent::RetentionExpired, json!({"key": key}));
+        .log(GateLog::RetentionExpired { key });
     step.clear_history = true;
     Some(step)
 }
@@ -269,18 +270,21 @@ pub fn confirmed(
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
                 .row(HistoryEntry::of_event(&event, verdict))
-                .log(
-                    LogEvent::Confirmed,
-                    json!({"key": key, "status": event.status.as_str(),
-                        "verdict": verdict_label(verdict), "still_confirming": still}),
-                )
+                .log(GateLog::Confirmed {
+                    key,
+                    status: event.status.as_str().to_string(),
+                    verdict: verdict_label(verdict),
+                    still_confirming: still,
+                })
         }
         ConfirmAnswer::Answer(Ok(observation)) => {
             op.confirmation_failed(now, wait);
-            Step::new(Some(op), AlarmDone::Confirmed).durable().log(
-                LogEvent::StatusUnknownState,
-                json!({"key": key, "state": observation.status.as_str()}),
-            )
+            Step::new(Some(op), AlarmDone::Confirmed)
+                .durable()
+                .log(GateLog::StatusUnknownState {
+                    key,
+                    state: observation.status.as_str().to_string(),
+                })
         }
         ConfirmAnswer::Answer(Err(StatusError::NotFound)) => {
             op.confirmation_gone();
@@ -289,10 +293,10 @@ pub fn confirmed(
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
                 .row(HistoryEntry::ConfirmNotFound)
-                .log(
-                    LogEvent::StatusNotFound,
-                    json!({"key": key, "path": "confirmation"}),
-                )
+                .log(GateLog::StatusNotFound {
+                    key,
+                    path: "confirmation",
+                })
         }
         ConfirmAnswer::Answer(Err(StatusError::Malformed(reason))) => {
             // Asking again is bounded; the cron keeps polling and the alert asks a person.
@@ -305,10 +309,12 @@ pub fn confirmed(
                 .row(HistoryEntry::StatusUnusable {
                     reason: reason.clone(),
                 })
-                .log(
-                    LogEvent::StatusUnusable,
-                    json!({"key": key, "path": "confirmation", "error": reason, "still_confirming": still}),
-                )
+                .log(GateLog::StatusUnusable {
+                    key,
+                    path: "confirmation",
+                    error: reason,
+                    still_confirming: still,
+                })
         }
         ConfirmAnswer::Answer(Err(e)) => {
             let wait = match e {
@@ -318,10 +324,13 @@ pub fn confirmed(
                 _ => wait,
             };
             op.confirmation_failed(now, wait);
-            Step::new(Some(op), AlarmDone::Confirmed).durable().log(
-                LogEvent::ConfirmWaiting,
-                json!({"key": key, "error": format!("{e:?}"), "retry_in_ms": wait}),
-            )
+            Step::new(Some(op), AlarmDone::Confirmed)
+                .durable()
+                .log(GateLog::ConfirmWaiting {
+                    key,
+                    error: format!("{e:?}"),
+                    retry_in_ms: wait,
+                })
         }
         ConfirmAnswer::NoApiKey => {
             // Not a try (nothing was asked), so no try count grows its backoff: the wait is
@@ -331,10 +340,13 @@ pub fn confirmed(
                 .min(limits.retry_max_secs.saturating_mul(1_000))
                 .max(limits.retry_base_secs.saturating_mul(1_000));
             op.confirmation_waits(now, wait);
-            Step::new(Some(op), AlarmDone::Confirmed).durable().log(
-                LogEvent::ConfirmWaiting,
-                json!({"key": key, "error": "GEMINI_API_KEY is not set", "retry_in_ms": wait}),
-            )
+            Step::new(Some(op), AlarmDone::Confirmed)
+                .durable()
+                .log(GateLog::ConfirmWaiting {
+                    key,
+                    error: "GEMINI_API_KEY is not set".into(),
+                    retry_in_ms: wait,
+                })
         }
     }
 }
@@ -445,26 +457,31 @@ pub fn attempt_finished(
         AttemptOutcome::Retry(a) | AttemptOutcome::Park(a) => a.clone(),
     };
     let ms = attempt.finished_ms - attempt.started_ms;
-    let line = json!({
-        "key": op.key(),
-        "status": op.status().as_str(),
-        "attempt": op.effect().attempts(),
-        "generation": op.effect().generation(),
-        "answer": answer,
-        "ms": ms,
-        // From the outcome's settlement (just before the delivery was answered) to this
-        // attempt's start: the answer never waits for it; the benchmark reports it.
-        "after_settled_ms": op.settled_at_ms().map(|t| attempt.started_ms - t),
-        "next_attempt_ms": matches!(finished, Finished::RetryAt(_)).then_some(op.effect().next_attempt_ms()),
-    });
+    let line = AttemptLine {
+        key: op.key().to_string(),
+        status: op.status().as_str().to_string(),
+        attempt: op.effect().attempts(),
+        generation: op.effect().generation(),
+        answer: answer.clone(),
+        ms,
+        after_settled_ms: op.settled_at_ms().map(|t| attempt.started_ms - t),
+        next_attempt_ms: matches!(finished, Finished::RetryAt(_))
+            .then_some(op.effect().next_attempt_ms()),
+    };
+    let line = match &finished {
+        Finished::Done => GateLog::EffectDelivered(line),
+        Finished::RetryAt(_) => GateLog::EffectFailed(line),
+        Finished::Parked => GateLog::EffectParked(line),
+        Finished::Fenced => GateLog::EffectFenced(line),
+    };
     let mut step = Step::new(Some(op), AlarmDone::AttemptFinished(finished.clone()))
         .row(HistoryEntry::Attempt {
             token: attempt.claim.token,
             result: event.as_str(),
-            answer: answer.clone(),
+            answer,
             ms,
         })
-        .log(event, line);
+        .log(line);
     if finished != Finished::Fenced {
         step.save = Save::Durable;
     }
@@ -527,7 +544,10 @@ pub fn upkeep_done(
         (Some(last), Some(Ok(()))) => op.drop_flushed_stats(last),
         (_, Some(Err(e))) => {
             op.stats_flush_failed(now + STATS_RETRY_MS);
-            logs.push(LogEvent::StatsFlushFailed.line(json!({"key": key, "error": e})));
+            logs.push(GateLog::StatsFlushFailed {
+                key: key.clone(),
+                error: e,
+            });
         }
         _ => {}
     }
@@ -537,11 +557,11 @@ pub fn upkeep_done(
             Ok(()) => op.projection_written(projection.metadata.version, now),
             Err(e) => {
                 op.projection_failed(now);
-                logs.push(
-                    LogEvent::LedgerWriteFailed.line(
-                        json!({"key": key, "error": e, "failures": op.projection_failures()}),
-                    ),
-                );
+                logs.push(GateLog::LedgerWriteFailed {
+                    key,
+                    error: e,
+                    failures: op.projection_failures(),
+                });
             }
         }
     }

@@ -11,14 +11,12 @@
 //! (`src/edge/objects/gate_object.rs`) only loads, calls a step, performs the I/O the alarm
 //! needs and saves. Time and jitter are parameters.
 
-use serde_json::{json, Value};
-
+use crate::operation::gate_log::GateLog;
 use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
 use crate::operation::history::HistoryEntry;
 use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
 use crate::operation::{KindFill, OpEvent, Operation};
 use crate::telemetry::counters::Counter;
-use crate::telemetry::log_event::LogEvent;
 
 /// The settings a step needs, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,7 +52,7 @@ pub struct Step<R = GateReply> {
     /// History rows to insert.
     pub history: Vec<HistoryEntry>,
     /// Log lines to print.
-    pub logs: Vec<Value>,
+    pub logs: Vec<GateLog>,
     pub reply: R,
     /// The answer carries the stored history (`Inspect`): the object reads and attaches it.
     pub attach_history: bool,
@@ -88,8 +86,8 @@ impl<R> Step<R> {
         self
     }
 
-    pub(crate) fn log(mut self, event: LogEvent, fields: Value) -> Step<R> {
-        self.logs.push(event.line(fields));
+    pub(crate) fn log(mut self, line: GateLog) -> Step<R> {
+        self.logs.push(line);
         self
     }
 
@@ -290,10 +288,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                     .row(HistoryEntry::Forgotten {
                         reason: reason.clone(),
                     })
-                    .log(
-                        LogEvent::ForgottenByOperator,
-                        json!({"key": key, "reason": reason}),
-                    )
+                    .log(GateLog::ForgottenByOperator { key, reason })
             }
             None => Step::new(None, GateReply::NotFound),
         },
@@ -307,8 +302,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 if !changed {
                     return step;
                 }
-                step.durable()
-                    .log(LogEvent::Reindexed, json!({"key": key, "status": status}))
+                step.durable().log(GateLog::Reindexed { key, status })
             }
             None => Step::new(None, GateReply::NotFound),
         },
@@ -327,10 +321,11 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                     )
                     .durable()
                     .row(row)
-                    .log(
-                        LogEvent::SettledByOperator,
-                        json!({"key": key, "status": status.as_str(), "reason": reason}),
-                    )
+                    .log(GateLog::SettledByOperator {
+                        key,
+                        status: status.as_str().to_string(),
+                        reason,
+                    })
                 }
                 Err(refusal) => refused(op, refusal.as_str()),
             },
@@ -387,11 +382,20 @@ fn operator_acted(
     reason: &str,
     now: i64,
 ) -> Step {
-    let event = match action {
-        OperatorAction::RetryNow => LogEvent::RetryNow,
-        OperatorAction::Redeliver => LogEvent::Redeliver,
-    };
     let key = op.key().to_string();
+    let reason = reason.to_string();
+    let line = match action {
+        OperatorAction::RetryNow => GateLog::RetryNow {
+            key,
+            generation,
+            reason: reason.clone(),
+        },
+        OperatorAction::Redeliver => GateLog::Redeliver {
+            key,
+            generation,
+            reason: reason.clone(),
+        },
+    };
     let effect = effect_report(&op, now);
     let mut step = Step::new(
         Some(op),
@@ -403,19 +407,10 @@ fn operator_acted(
     )
     .durable()
     .row(match action {
-        OperatorAction::RetryNow => HistoryEntry::RetryNow {
-            generation,
-            reason: reason.to_string(),
-        },
-        OperatorAction::Redeliver => HistoryEntry::Redeliver {
-            generation,
-            reason: reason.to_string(),
-        },
+        OperatorAction::RetryNow => HistoryEntry::RetryNow { generation, reason },
+        OperatorAction::Redeliver => HistoryEntry::Redeliver { generation, reason },
     })
-    .log(
-        event,
-        json!({"key": key, "generation": generation, "reason": reason}),
-    );
+    .log(line);
     step.reset_alarm = true;
     step
 }
@@ -511,6 +506,7 @@ mod tests {
     use crate::operation::ledger::IndexWrite;
     use crate::operation::observation::{Observation, StatusError};
     use crate::operation::{AttemptOutcome, Claim, MAX_CONFIRM_ATTEMPTS};
+    use serde_json::json;
     use serde_json::Map;
 
     const LIMITS: Limits = Limits {
@@ -583,7 +579,7 @@ mod tests {
     fn events<R>(step: &Step<R>) -> Vec<String> {
         step.logs
             .iter()
-            .map(|l| l["event"].as_str().unwrap_or("").to_string())
+            .map(|l| l.event().as_str().to_string())
             .collect()
     }
 
@@ -1302,7 +1298,7 @@ mod tests {
         };
         let retry = finish(op.clone(), claim, AttemptOutcome::Retry("503".into()));
         assert_eq!(events(&retry), ["effect_failed"]);
-        assert_eq!(retry.logs[0]["after_settled_ms"], 0);
+        assert_eq!(retry.logs[0].to_value()["after_settled_ms"], 0);
         assert_eq!(
             retry.record.as_ref().unwrap().effect().next_attempt_ms(),
             30 + 1_000

@@ -6,6 +6,7 @@ pub mod alarm_failure;
 pub mod alert;
 pub mod effect;
 pub mod gate;
+pub mod gate_log;
 pub mod gate_protocol;
 pub mod history;
 pub mod key;

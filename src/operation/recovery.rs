@@ -11,9 +11,10 @@
 //! way the gate keeps the raw text for inspection (`src/edge/objects/gate_storage.rs`), and
 //! [`mark_recovered`] raises the `record_unreadable` alert once.
 
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
 use crate::bounds;
+use crate::operation::gate_log::GateLog;
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
 
@@ -140,7 +141,7 @@ pub fn mark_recovered(
     error: &str,
     raw: &str,
     now_ms: i64,
-) -> (HistoryEntry, Value) {
+) -> (HistoryEntry, GateLog) {
     op.mark_recovered(now_ms);
     let excerpt = bounds::bound_string(raw.chars().take(4_096).collect());
     let row = HistoryEntry::RecordRecovered {
@@ -149,17 +150,21 @@ pub fn mark_recovered(
         raw_bytes: raw.len(),
         raw_excerpt: excerpt,
     };
-    let line =
-        json!({"key": op.key(), "how": how.as_str(), "error": error, "raw_bytes": raw.len()});
+    let line = GateLog::RecordRecovered {
+        key: op.key().to_string(),
+        how: how.as_str(),
+        error: error.to_string(),
+        raw_bytes: raw.len(),
+    };
     (row, line)
 }
 
-/// The fields of an unrecoverable record's log line.
-pub fn unrecoverable(error: &str, raw: &str) -> Value {
-    let mut line = Map::new();
-    line.insert("error".into(), json!(error));
-    line.insert("raw_bytes".into(), json!(raw.len()));
-    Value::Object(line)
+/// The line logged for a record that cannot be recovered.
+pub fn unrecoverable(error: &str, raw: &str) -> GateLog {
+    GateLog::RecordUnreadable {
+        error: error.to_string(),
+        raw_bytes: raw.len(),
+    }
 }
 
 #[cfg(test)]
@@ -168,6 +173,7 @@ mod tests {
     use crate::operation::alert::AlertKind;
     use crate::operation::lifecycle::{Source, Status};
     use crate::operation::{AttemptOutcome, OpEvent};
+    use serde_json::{json, Map};
 
     /// A record as an older version could store it: the nudge's metadata nested `levels`
     /// objects deep, written as text (as serde_json's writer would, which has no limit).
@@ -339,7 +345,7 @@ mod tests {
         let row = row.to_value();
         assert_eq!(row["what"], "record_recovered");
         assert_eq!(row["raw_bytes"], raw.len());
-        assert_eq!(line["how"], "pruned");
+        assert_eq!(line.to_value()["how"], "pruned");
         mark_recovered(&mut op, how, "again", &raw, 9_500);
         assert_eq!(op.pending_alerts().len(), 1, "once per operation");
     }

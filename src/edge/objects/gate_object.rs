@@ -29,9 +29,9 @@ use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result
 
 use crate::config::Config;
 use crate::operation::gate::{self, Limits, Save, Step};
+use crate::operation::gate_log::GateLog;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::operation::{alarm_failure, Operation};
-use crate::telemetry::log_event::LogEvent;
 use crate::telemetry::usage::Invocation;
 
 use crate::edge::objects::gate_storage::GateStorage;
@@ -142,7 +142,7 @@ impl DurableObject for OperationGate {
             Ok(answer) => {
                 if self.alarm_failing.replace(false) {
                     let _ = self.storage.alarm_recovered().await;
-                    log(LogEvent::AlarmRecovered.line(serde_json::json!({"key": self.key()})));
+                    log(GateLog::AlarmRecovered { key: self.key() }.to_value());
                 }
                 Ok(answer)
             }
@@ -183,13 +183,14 @@ impl OperationGate {
         let (streak, retry_at) = alarm_failure::failed(previous, error, now, random_unit());
         self.alarm_failing.set(true);
         let key = self.key();
-        log(LogEvent::AlarmFailed.line(serde_json::json!({
-            "key": key,
-            "error": error,
-            "failures": streak.failures,
-            "failing_since": crate::timestamp::format_rfc3339(streak.first_at_ms),
-            "retry_in_ms": retry_at - now,
-        })));
+        log(GateLog::AlarmFailed {
+            key: key.clone(),
+            error: error.to_string(),
+            failures: streak.failures,
+            failing_since: crate::timestamp::format_rfc3339(streak.first_at_ms),
+            retry_in_ms: retry_at - now,
+        }
+        .to_value());
         if alarm_failure::alerts_at(streak.failures) {
             // Best effort, and only when the configuration (the sink's address) can be read;
             // a later doubling of the streak alerts again.
@@ -238,7 +239,7 @@ impl OperationGate {
         }
         self.storage.record(now, step.history)?;
         for line in step.logs {
-            log(line);
+            log(line.to_value());
         }
         if step.reset_alarm {
             self.storage.forget_alarm();

@@ -10,7 +10,6 @@
 use worker::Result;
 
 use crate::operation::{recovery, Operation};
-use crate::telemetry::log_event::LogEvent;
 
 use crate::edge::log;
 use crate::edge::objects::gate_storage::{Cached, GateStorage};
@@ -27,7 +26,7 @@ impl GateStorage {
     /// and every call on it fails until an operator repairs it ([`GateStorage::repair`]).
     pub(super) fn recover(&self, raw: &str, error: &str) -> Result<Operation> {
         let Some((mut op, how)) = recovery::recover(raw) else {
-            log(LogEvent::RecordUnreadable.line(recovery::unrecoverable(error, raw)));
+            log(recovery::unrecoverable(error, raw).to_value());
             return Err(worker::Error::RustError(format!(
                 "stored record unreadable: {error}"
             )));
@@ -37,7 +36,7 @@ impl GateStorage {
         let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now);
         self.save(&op)?;
         self.record(now, vec![row])?;
-        log(LogEvent::RecordRecovered.line(line));
+        log(line.to_value());
         self.recovered.set(true);
         Ok(op)
     }
@@ -67,7 +66,7 @@ impl GateStorage {
             recovery::mark_recovered(&mut op, recovery::Recovery::Rebuilt, &error, &row.body, now);
         self.save(&op)?;
         self.record(now, vec![entry])?;
-        log(LogEvent::RecordRecovered.line(line));
+        log(line.to_value());
         self.recovered.set(true);
         Ok(Some(true))
     }

@@ -23,9 +23,9 @@ use worker::{Result, ScheduledTime, State};
 
 use crate::operation::alarm_failure::AlarmFailures;
 use crate::operation::gate::Limits;
+use crate::operation::gate_log::GateLog;
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
-use crate::telemetry::log_event::LogEvent;
 
 use crate::edge::log;
 use crate::edge::objects::usage_meter::Meter;
@@ -107,7 +107,10 @@ impl GateStorage {
             return Ok(());
         }
         if let Err(e) = self.meter.exec(&self.sql(), SCHEMA, None) {
-            log(LogEvent::GateSchemaError.line(json!({"error": e.to_string()})));
+            log(GateLog::GateSchemaError {
+                error: e.to_string(),
+            }
+            .to_value());
             return Err(e);
         }
         self.schema_ready.set(true);
