@@ -793,14 +793,42 @@ mod tests {
             "no outcome, no effect"
         );
         let owed = deliver(open, Status::Succeeded, 10);
-        match plan(&owed, 20, &LIMITS).next(&owed, 20, &LIMITS, true) {
-            Some(AlarmWork::Effect { claim, step }) => {
-                assert_eq!(claim.token, 1);
-                assert_eq!(step.reply, AlarmDone::Claimed);
-                assert_eq!(step.save, Save::Durable);
-            }
+        let (claim, step) = match plan(&owed, 20, &LIMITS).next(&owed, 20, &LIMITS, true) {
+            Some(AlarmWork::Effect { claim, step }) => (claim, step),
             other => panic!("{other:?}"),
-        }
+        };
+        assert_eq!(claim.token, 1);
+        assert_eq!(step.reply, AlarmDone::Claimed);
+        assert_eq!(step.save, Save::Durable);
+        let held = step.record.clone().unwrap();
+        assert!(
+            !matches!(
+                plan(&held, 21, &LIMITS).next(&held, 21, &LIMITS, true),
+                Some(AlarmWork::Effect { .. })
+            ),
+            "a live claim: not claimed again"
+        );
+        let attempt = Attempt {
+            claim,
+            outcome: AttemptOutcome::Retry("503".into()),
+            started_ms: 20,
+            finished_ms: 30,
+        };
+        let failed = attempt_finished(held, &attempt, &LIMITS, 0.5)
+            .record
+            .unwrap();
+        let due = failed.effect().next_attempt_ms();
+        assert!(
+            !matches!(
+                plan(&failed, due - 1, &LIMITS).next(&failed, due - 1, &LIMITS, true),
+                Some(AlarmWork::Effect { .. })
+            ),
+            "owed but not due yet"
+        );
+        assert!(matches!(
+            plan(&failed, due, &LIMITS).next(&failed, due, &LIMITS, true),
+            Some(AlarmWork::Effect { .. })
+        ));
     }
 
     #[test]
