@@ -30,13 +30,50 @@ pub(super) struct Alerts {
     pub(super) pending: Vec<PendingAlert>,
 }
 
+impl Alerts {
+    /// Marks `kind` raised; false if it was.
+    fn mark(&mut self, kind: AlertKind) -> bool {
+        if self.raised.contains(&kind) {
+            return false;
+        }
+        self.raised.push(kind);
+        true
+    }
+
+    /// Takes the alert of `kind` off the queue; false if none was queued.
+    fn delivered(&mut self, kind: AlertKind) -> bool {
+        let before = self.pending.len();
+        self.pending.retain(|a| a.kind != kind);
+        self.pending.len() != before
+    }
+
+    /// The queued alert of `kind` waits `retry_in_ms` more; false if none was queued.
+    fn failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) -> bool {
+        let mut changed = false;
+        for alert in self.pending.iter_mut().filter(|a| a.kind == kind) {
+            alert.attempts += 1;
+            alert.due_ms = now_ms + retry_in_ms;
+            changed = true;
+        }
+        changed
+    }
+
+    /// The queued alerts due at `now_ms`, oldest first.
+    fn due(&self, now_ms: i64) -> Vec<PendingAlert> {
+        self.pending
+            .iter()
+            .filter(|a| a.due_ms <= now_ms)
+            .cloned()
+            .collect()
+    }
+}
+
 impl Operation {
     /// Marks an alert of `kind` as raised; false if one was raised before.
     pub(super) fn mark_alert(&mut self, kind: AlertKind) -> bool {
-        if self.alerts.raised.contains(&kind) {
+        if !self.alerts.mark(kind) {
             return false;
         }
-        self.alerts.raised.push(kind);
         self.changed();
         true
     }
@@ -116,33 +153,20 @@ impl Operation {
 
     /// The sink accepted the alert of `kind`.
     pub fn alert_delivered(&mut self, kind: AlertKind) {
-        let before = self.alerts.pending.len();
-        self.alerts.pending.retain(|a| a.kind != kind);
-        if self.alerts.pending.len() != before {
+        if self.alerts.delivered(kind) {
             self.changed();
         }
     }
 
     /// Sending the alert of `kind` failed: try again in `retry_in_ms`.
     pub fn alert_failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) {
-        let mut changed = false;
-        for alert in self.alerts.pending.iter_mut().filter(|a| a.kind == kind) {
-            alert.attempts += 1;
-            alert.due_ms = now_ms + retry_in_ms;
-            changed = true;
-        }
-        if changed {
+        if self.alerts.failed(kind, now_ms, retry_in_ms) {
             self.changed();
         }
     }
 
     /// Alerts whose time to be sent has come.
     pub fn due_alerts(&self, now_ms: i64) -> Vec<PendingAlert> {
-        self.alerts
-            .pending
-            .iter()
-            .filter(|a| a.due_ms <= now_ms)
-            .cloned()
-            .collect()
+        self.alerts.due(now_ms)
     }
 }

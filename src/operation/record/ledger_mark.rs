@@ -30,19 +30,49 @@ pub const PROJECTION_SPACING_MS: i64 = 1_000;
 /// daily write quota spent): the gate stays the truth meanwhile.
 pub const PROJECTION_RETRY_MAX_MS: i64 = 300_000;
 
+impl LedgerMark {
+    /// When the next write may be tried.
+    fn due_ms(&self) -> i64 {
+        (self.at_ms + PROJECTION_SPACING_MS).max(self.retry_at_ms)
+    }
+
+    /// A write of `version` succeeded at `now_ms`: the backoff resets.
+    fn written(&mut self, version: u64, now_ms: i64) {
+        self.version = self.version.max(version);
+        self.at_ms = now_ms;
+        self.failures = 0;
+        self.retry_at_ms = 0;
+    }
+
+    /// A write failed at `now_ms`: the next waits twice as long as the last, capped.
+    fn failed(&mut self, now_ms: i64) {
+        self.failures = self.failures.saturating_add(1);
+        let exponent = (self.failures - 1).min(20);
+        let wait = (PROJECTION_SPACING_MS << exponent).min(PROJECTION_RETRY_MAX_MS);
+        self.at_ms = now_ms;
+        self.retry_at_ms = now_ms + wait;
+    }
+
+    /// Whether an index entry may exist after `write` ended `ok` or not.
+    fn index_written(&mut self, write: IndexWrite, ok: bool) {
+        match (write, ok) {
+            (IndexWrite::Put, _) => self.indexed = true,
+            (IndexWrite::Delete, true) => self.indexed = false,
+            _ => {}
+        }
+    }
+}
+
 impl Operation {
     /// When the next ledger write may be tried: one second after the last (KV's per-key write
     /// rate), or later after failures.
     pub fn projection_due_ms(&self) -> i64 {
-        (self.ledger.at_ms + PROJECTION_SPACING_MS).max(self.ledger.retry_at_ms)
+        self.ledger.due_ms()
     }
 
     /// A ledger write of `version` succeeded at `now_ms`.
     pub fn projection_written(&mut self, version: u64, now_ms: i64) {
-        self.ledger.version = self.ledger.version.max(version);
-        self.ledger.at_ms = now_ms;
-        self.ledger.failures = 0;
-        self.ledger.retry_at_ms = 0;
+        self.ledger.written(version, now_ms);
     }
 
     /// The index write that went with a projection was `write`, and it succeeded (`ok`) or
@@ -50,11 +80,7 @@ impl Operation {
     /// the mark; no write leaves it as it stands (a [`Operation::reindex`] may have set it
     /// while the write was in flight).
     pub fn index_written(&mut self, write: IndexWrite, ok: bool) {
-        match (write, ok) {
-            (IndexWrite::Put, _) => self.ledger.indexed = true,
-            (IndexWrite::Delete, true) => self.ledger.indexed = false,
-            _ => {}
-        }
+        self.ledger.index_written(write, ok);
     }
 
     /// The reconciliation audit found the KV index out of step with this record (missing, or
@@ -73,10 +99,6 @@ impl Operation {
     /// A ledger write failed at `now_ms`: the next waits 1 s, 2 s, 4 s, ... up to
     /// [`PROJECTION_RETRY_MAX_MS`].
     pub fn projection_failed(&mut self, now_ms: i64) {
-        self.ledger.failures = self.ledger.failures.saturating_add(1);
-        let exponent = (self.ledger.failures - 1).min(20);
-        let wait = (PROJECTION_SPACING_MS << exponent).min(PROJECTION_RETRY_MAX_MS);
-        self.ledger.at_ms = now_ms;
-        self.ledger.retry_at_ms = now_ms + wait;
+        self.ledger.failed(now_ms);
     }
 }

@@ -18,6 +18,48 @@ pub(super) struct Outbox {
     pub(super) sealed_seq: u64,
 }
 
+impl Outbox {
+    /// Counts one occurrence: merged into an unsealed pending event of the same name and
+    /// hour when the counter merges, else a new event with the next sequence.
+    fn count(&mut self, counter: Counter, now_ms: i64) {
+        let sealed = self.sealed_seq;
+        let mergeable = counter.merges();
+        let name = counter.name();
+        if let Some(event) = self.pending.iter_mut().find(|e| {
+            mergeable && e.seq > sealed && e.name == *name && hour_of(e.at_ms) == hour_of(now_ms)
+        }) {
+            event.count += 1;
+            return;
+        }
+        self.seq += 1;
+        self.pending.push(StatEvent {
+            seq: self.seq,
+            name: name.into_owned(),
+            at_ms: now_ms,
+            count: 1,
+        });
+    }
+
+    /// Seals every pending event; the last sequence sealed, if any.
+    fn seal(&mut self) -> Option<u64> {
+        let last = self.pending.last()?.seq;
+        self.sealed_seq = last;
+        Some(last)
+    }
+
+    /// Pending events wait until `retry_at_ms`.
+    fn delay(&mut self, retry_at_ms: i64) {
+        for event in &mut self.pending {
+            event.at_ms = event.at_ms.max(retry_at_ms);
+        }
+    }
+
+    /// Drops events up to `seq`.
+    fn drop_through(&mut self, seq: u64) {
+        self.pending.retain(|e| e.seq > seq);
+    }
+}
+
 impl Operation {
     /// Counts an event for `/v1/stats`; it is flushed to a stats shard later. A count joins
     /// an unsealed pending event of the same name and hour, so the record stays small however
@@ -25,22 +67,7 @@ impl Operation {
     /// a second); sealed events are left alone, which keeps the shard's per-sequence dedupe
     /// exact. `dropped_*` events stay one per drop: the shard lists each as a recent drop.
     pub fn count(&mut self, counter: Counter, now_ms: i64) {
-        let sealed = self.outbox.sealed_seq;
-        let mergeable = counter.merges();
-        let name = counter.name();
-        if let Some(event) = self.outbox.pending.iter_mut().find(|e| {
-            mergeable && e.seq > sealed && e.name == *name && hour_of(e.at_ms) == hour_of(now_ms)
-        }) {
-            event.count += 1;
-            return;
-        }
-        self.outbox.seq += 1;
-        self.outbox.pending.push(StatEvent {
-            seq: self.outbox.seq,
-            name: name.into_owned(),
-            at_ms: now_ms,
-            count: 1,
-        });
+        self.outbox.count(counter, now_ms);
     }
 
     /// The record as a new object instance reads it from storage: any pending event may
@@ -54,20 +81,16 @@ impl Operation {
 
     /// Seals the pending events before they are sent; returns the last sequence sent, if any.
     pub fn seal_stats(&mut self) -> Option<u64> {
-        let last = self.outbox.pending.last()?.seq;
-        self.outbox.sealed_seq = last;
-        Some(last)
+        self.outbox.seal()
     }
 
     /// A flush failed: its events wait until `retry_at_ms` (the wake time follows the oldest).
     pub fn stats_flush_failed(&mut self, retry_at_ms: i64) {
-        for event in &mut self.outbox.pending {
-            event.at_ms = event.at_ms.max(retry_at_ms);
-        }
+        self.outbox.delay(retry_at_ms);
     }
 
     /// Forgets counted events up to `seq`, once a shard has them.
     pub fn drop_flushed_stats(&mut self, seq: u64) {
-        self.outbox.pending.retain(|e| e.seq > seq);
+        self.outbox.drop_through(seq);
     }
 }
