@@ -6,8 +6,9 @@
 //! of retention.
 //!
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every decision is a pure step of
-//! [`crate::operation::gate`]; this object only loads the record, calls a step, performs the I/O the
-//! alarm needs and stores what the step says. Commands (deliveries, nudges, registrations,
+//! [`crate::operation::gate`] (commands) or [`crate::operation::alarm`] (the alarm's plan and
+//! its pieces); this object only loads the record, calls a step, performs the I/O the alarm
+//! needs ([`crate::edge::objects::gate_alarm`]) and stores what the step says. Commands (deliveries, nudges, registrations,
 //! operator actions) only decide and store: every read-decide-write runs without an await in
 //! between, so it is atomic in the single-threaded object, and a reply is sent only after the
 //! new state and the alarm that acts on it are stored, so no answer waits on a destination,
