@@ -498,18 +498,16 @@ pub(crate) fn count_delivery(
     }
 }
 
+/// Records and commands the gate's and the alarm's tests share.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
-    use crate::operation::alarm::*;
-    use crate::operation::alert::AlertKind;
-    use crate::operation::ledger::IndexWrite;
-    use crate::operation::observation::{Observation, StatusError};
-    use crate::operation::{AttemptOutcome, Claim, MAX_CONFIRM_ATTEMPTS};
-    use serde_json::json;
+    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt, ConfirmAnswer};
+    use crate::operation::observation::Observation;
+    use crate::operation::AttemptOutcome;
     use serde_json::Map;
 
-    const LIMITS: Limits = Limits {
+    pub(crate) const LIMITS: Limits = Limits {
         retention_ms: 100_000,
         stats_delay_ms: 0,
         claim_ttl_ms: 10_000,
@@ -518,7 +516,7 @@ mod tests {
         unregistered_hold_ms: 0,
     };
 
-    fn event(status: Status, source: Source) -> OpEvent {
+    pub(crate) fn event(status: Status, source: Source) -> OpEvent {
         OpEvent {
             status,
             update_time_ms: 0,
@@ -528,7 +526,7 @@ mod tests {
         }
     }
 
-    fn deliver(status: Status) -> GateCommand {
+    pub(crate) fn deliver(status: Status) -> GateCommand {
         GateCommand::Deliver {
             key: "batches/a".into(),
             name: "batches/a".into(),
@@ -538,7 +536,7 @@ mod tests {
         }
     }
 
-    fn nudge(claimed: &str, require_registration: bool) -> GateCommand {
+    pub(crate) fn nudge(claimed: &str, require_registration: bool) -> GateCommand {
         GateCommand::Nudge {
             key: "batches/a".into(),
             name: "batches/a".into(),
@@ -550,12 +548,12 @@ mod tests {
         }
     }
 
-    fn registered() -> Operation {
+    pub(crate) fn registered() -> Operation {
         Operation::register("batches/a", "batches/a", Some("billing".into()), 0)
     }
 
     /// A terminal operation whose effect is done.
-    fn settled() -> Operation {
+    pub(crate) fn settled() -> Operation {
         let s = step(Some(registered()), deliver(Status::Succeeded), 10);
         let (claim, s) = begin_attempt(s.record.unwrap(), 10, &LIMITS).unwrap();
         let attempt = Attempt {
@@ -569,19 +567,45 @@ mod tests {
             .unwrap()
     }
 
-    fn whats<R>(step: &Step<R>) -> Vec<String> {
+    pub(crate) fn whats<R>(step: &Step<R>) -> Vec<String> {
         step.history
             .iter()
             .map(|h| h.to_value()["what"].as_str().unwrap_or("").to_string())
             .collect()
     }
 
-    fn events<R>(step: &Step<R>) -> Vec<String> {
+    pub(crate) fn events<R>(step: &Step<R>) -> Vec<String> {
         step.logs
             .iter()
             .map(|l| l.event().as_str().to_string())
             .collect()
     }
+
+    pub(crate) fn nudged() -> Operation {
+        step(Some(registered()), nudge("succeeded", false), 10)
+            .record
+            .unwrap()
+    }
+
+    pub(crate) fn observed(status: Status) -> ConfirmAnswer {
+        ConfirmAnswer::Answer(Ok(Observation {
+            status,
+            update_time_ms: 5,
+            details: Map::new(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
+    use crate::operation::alarm::*;
+    use crate::operation::alert::AlertKind;
+    use crate::operation::observation::StatusError;
+    use crate::operation::AttemptOutcome;
+    use serde_json::json;
+    use serde_json::Map;
 
     #[test]
     fn register_creates_a_pending_record() {
@@ -1118,262 +1142,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn retirement_comes_only_when_retention_is_over() {
-        let op = settled();
-        assert!(retire_if_over(&op, 20 + LIMITS.retention_ms - 1, &LIMITS).is_none());
-        let s = retire_if_over(&op, 20 + LIMITS.retention_ms, &LIMITS).unwrap();
-        assert!(s.clear_history);
-        assert_eq!(events(&s), ["retention_expired"]);
-        assert!(s.record.unwrap().retired_at_ms().is_some());
-    }
-
-    fn nudged() -> Operation {
-        step(Some(registered()), nudge("succeeded", false), 10)
-            .record
-            .unwrap()
-    }
-
-    fn observed(status: Status) -> ConfirmAnswer {
-        ConfirmAnswer::Answer(Ok(Observation {
-            status,
-            update_time_ms: 5,
-            details: Map::new(),
-        }))
-    }
-
-    #[test]
-    fn a_confirmed_terminal_state_is_applied_as_settled_by_webhook() {
-        let s = confirmed(nudged(), observed(Status::Succeeded), 20, &LIMITS, 0.5);
-        let op = s.record.unwrap();
-        assert_eq!(op.status(), &Status::Succeeded);
-        assert_eq!(op.settled_by(), Some(Source::Webhook));
-        assert!(op.confirmation().is_none());
-        assert!(op.effect_owed());
-    }
-
-    #[test]
-    fn a_status_api_that_says_not_yet_is_asked_again() {
-        let s = confirmed(nudged(), observed(Status::Running), 20, &LIMITS, 1.0);
-        let op = s.record.unwrap();
-        assert_eq!(op.status(), &Status::Running);
-        assert_eq!(op.confirmation().map(|c| c.due_ms), Some(20 + 1_000));
-        let mut op = op;
-        for i in 1..MAX_CONFIRM_ATTEMPTS {
-            op = confirmed(
-                op,
-                observed(Status::Running),
-                2_000 * i64::from(i),
-                &LIMITS,
-                1.0,
-            )
-            .record
-            .unwrap();
-        }
-        assert!(op.confirmation().is_none(), "then left to the cron");
-    }
-
-    #[test]
-    fn an_unknown_state_applies_nothing_and_waits() {
-        let s = confirmed(
-            nudged(),
-            observed(Status::Unknown("PARTIAL".into())),
-            20,
-            &LIMITS,
-            1.0,
-        );
-        assert_eq!(events(&s), ["status_unknown_state"]);
-        let op = s.record.unwrap();
-        assert_eq!(op.status(), &Status::Pending);
-        assert!(op.confirmation().is_some());
-    }
-
-    #[test]
-    fn a_404_ends_the_confirmation_and_raises_unknown_to_gemini() {
-        let s = confirmed(
-            nudged(),
-            ConfirmAnswer::Answer(Err(StatusError::NotFound)),
-            20,
-            &LIMITS,
-            1.0,
-        );
-        let op = s.record.unwrap();
-        assert!(op.confirmation().is_none());
-        assert_eq!(op.pending_alerts()[0].kind, AlertKind::UnknownToGemini);
-    }
-
-    #[test]
-    fn a_transient_answer_waits_at_least_its_retry_after() {
-        let s = confirmed(
-            nudged(),
-            ConfirmAnswer::Answer(Err(StatusError::Transient {
-                retry_after_secs: 30,
-            })),
-            20,
-            &LIMITS,
-            1.0,
-        );
-        assert_eq!(
-            s.record.unwrap().confirmation().unwrap().due_ms,
-            20 + 30_000
-        );
-        assert_eq!(
-            events(&confirmed(
-                nudged(),
-                ConfirmAnswer::NoApiKey,
-                20,
-                &LIMITS,
-                1.0
-            )),
-            ["confirm_waiting"]
-        );
-    }
-
-    #[test]
-    fn an_alert_leaves_the_queue_only_when_the_sink_accepted_it() {
-        let raised = step(
-            Some(registered()),
-            GateCommand::Alert {
-                alert: AlertKind::Stuck,
-                age_seconds: 1,
-            },
-            10,
-        )
-        .record
-        .unwrap();
-        let alert = raised.due_alerts(10)[0].clone();
-        let failed = alert_sent(raised, &alert, false, 11, &LIMITS, 1.0)
-            .record
-            .unwrap();
-        assert_eq!(failed.pending_alerts().len(), 1);
-        assert!(failed.due_alerts(11).is_empty(), "after a backoff");
-        let again = failed.due_alerts(2_000)[0].clone();
-        assert_eq!(again.id, alert.id, "the same alert id");
-        let sent = alert_sent(failed, &again, true, 2_000, &LIMITS, 1.0);
-        assert_eq!(whats(&sent), ["alert"]);
-        assert!(sent.record.unwrap().pending_alerts().is_empty());
-    }
-
-    #[test]
-    fn an_attempt_is_claimed_only_when_owed_and_due() {
-        assert!(
-            begin_attempt(registered(), 10, &LIMITS).is_none(),
-            "nothing owed"
-        );
-        let first = step(Some(registered()), deliver(Status::Succeeded), 10)
-            .record
-            .unwrap();
-        let (claim, s) = begin_attempt(first, 10, &LIMITS).unwrap();
-        assert_eq!(whats(&s), ["claimed"]);
-        assert_eq!(
-            s.wake_at(&LIMITS),
-            Some(claim.expires_ms),
-            "the claim's expiry wakes the gate"
-        );
-        assert!(
-            begin_attempt(s.record.unwrap(), 11, &LIMITS).is_none(),
-            "held by a live claim"
-        );
-    }
-
-    #[test]
-    fn attempt_outcomes_commit_done_retry_or_park_and_a_stale_token_changes_nothing() {
-        let first = step(Some(registered()), deliver(Status::Succeeded), 10)
-            .record
-            .unwrap();
-        let (claim, s) = begin_attempt(first, 10, &LIMITS).unwrap();
-        let op = s.record.unwrap();
-        let finish = |op: Operation, claim: Claim, outcome: AttemptOutcome| {
-            attempt_finished(
-                op,
-                &Attempt {
-                    claim,
-                    outcome,
-                    started_ms: 10,
-                    finished_ms: 30,
-                },
-                &LIMITS,
-                1.0,
-            )
-        };
-        let retry = finish(op.clone(), claim, AttemptOutcome::Retry("503".into()));
-        assert_eq!(events(&retry), ["effect_failed"]);
-        assert_eq!(retry.logs[0].to_value()["after_settled_ms"], 0);
-        assert_eq!(
-            retry.record.as_ref().unwrap().effect().next_attempt_ms(),
-            30 + 1_000
-        );
-        let parked = finish(op.clone(), claim, AttemptOutcome::Park("400".into()));
-        assert_eq!(events(&parked), ["effect_parked"]);
-        let parked_op = parked.record.as_ref().unwrap();
-        assert_eq!(
-            parked_op
-                .due_alerts(30)
-                .iter()
-                .map(|a| a.kind)
-                .collect::<Vec<_>>(),
-            [AlertKind::EffectFailing],
-            "a parked effect alerts at once, from the gate"
-        );
-        assert!(
-            parked.wake_at(&LIMITS).unwrap() <= 30,
-            "sent by the alarm now"
-        );
-        assert!(retry.record.as_ref().unwrap().pending_alerts().is_empty());
-        let done = finish(op.clone(), claim, AttemptOutcome::Delivered);
-        assert_eq!(events(&done), ["effect_delivered"]);
-        assert!(done.record.as_ref().unwrap().effect().done());
-        let stale = Claim {
-            token: claim.token + 7,
-            ..claim
-        };
-        let fenced = finish(op.clone(), stale, AttemptOutcome::Delivered);
-        assert_eq!(events(&fenced), ["effect_fenced"]);
-        assert_eq!(fenced.save, Save::Unchanged);
-        assert_eq!(fenced.record.unwrap(), op);
-    }
-
-    #[test]
-    fn upkeep_projects_an_open_operation_with_its_index_entry_and_flushes_its_counts() {
-        let mut op = step(Some(registered()), deliver(Status::Running), 10)
-            .record
-            .unwrap();
-        let upkeep = plan_upkeep(&mut op, 2_000, &LIMITS);
-        assert!(upkeep.sealed.is_some());
-        let (projection, index) = upkeep.projection.clone().unwrap();
-        assert_eq!(index, IndexWrite::Put, "open: indexed for the cron");
-        let done = upkeep_done(op, &upkeep, Some(Ok(())), Some(Ok(())), 2_000);
-        let op = done.record.unwrap();
-        assert!(op.pending_stats().is_empty());
-        assert_eq!(op.projected_version(), projection.metadata.version);
-        assert!(op.indexed());
-        assert!(plan_upkeep(&mut op.clone(), 2_500, &LIMITS).is_empty());
-    }
-
-    #[test]
-    fn failed_upkeep_keeps_counts_and_backs_off_the_ledger() {
-        let mut op = step(Some(registered()), deliver(Status::Running), 10)
-            .record
-            .unwrap();
-        let upkeep = plan_upkeep(&mut op, 2_000, &LIMITS);
-        let s = upkeep_done(
-            op,
-            &upkeep,
-            Some(Err("shard down".into())),
-            Some(Err("KV down".into())),
-            2_000,
-        );
-        assert_eq!(events(&s), ["stats_flush_failed", "ledger_write_failed"]);
-        let op = s.record.unwrap();
-        assert!(!op.pending_stats().is_empty(), "kept for the next flush");
-        assert!(op
-            .pending_stats()
-            .iter()
-            .all(|e| e.at_ms >= 2_000 + STATS_RETRY_MS));
-        assert_eq!(op.projection_failures(), 1);
-        assert!(op.projection_due_ms() > 2_000);
-    }
-
     fn settle(status: &str) -> GateCommand {
         GateCommand::Settle {
             status: status.into(),
@@ -1439,71 +1207,5 @@ mod tests {
         let again = step(Some(op), unusable, 40);
         assert_eq!(again.reply, GateReply::AlertSent { sent: false });
         assert_eq!(again.save, Save::Unchanged);
-    }
-
-    #[test]
-    fn a_malformed_confirmation_answer_alerts_and_asks_a_bounded_number_of_times() {
-        let malformed = || ConfirmAnswer::Answer(Err(StatusError::Malformed("not JSON".into())));
-        let s = confirmed(nudged(), malformed(), 20, &LIMITS, 1.0);
-        assert_eq!(events(&s), ["status_unusable"]);
-        let mut op = s.record.unwrap();
-        assert_eq!(op.pending_alerts().len(), 1);
-        assert_eq!(op.pending_alerts()[0].kind, AlertKind::StatusUnusable);
-        for i in 1..MAX_CONFIRM_ATTEMPTS {
-            assert!(op.confirmation().is_some(), "try {i}");
-            op = confirmed(op, malformed(), 20 + i64::from(i), &LIMITS, 1.0)
-                .record
-                .unwrap();
-        }
-        assert!(
-            op.confirmation().is_none(),
-            "then left to the cron and the alert"
-        );
-        assert_eq!(op.pending_alerts().len(), 1, "alerted once");
-    }
-
-    #[test]
-    fn transient_confirmation_failures_stop_after_the_bound_too() {
-        let mut op = nudged();
-        for i in 0..MAX_CONFIRM_ATTEMPTS {
-            assert!(op.confirmation().is_some(), "try {i}");
-            op = confirmed(
-                op,
-                ConfirmAnswer::Answer(Err(StatusError::Transient {
-                    retry_after_secs: 0,
-                })),
-                20 + i64::from(i),
-                &LIMITS,
-                1.0,
-            )
-            .record
-            .unwrap();
-        }
-        assert!(op.confirmation().is_none());
-        assert_eq!(op.status(), &Status::Pending, "nothing applied");
-    }
-
-    #[test]
-    fn without_an_api_key_a_confirmation_waits_however_long() {
-        let mut op = nudged();
-        for i in 0..3 * MAX_CONFIRM_ATTEMPTS {
-            op = confirmed(op, ConfirmAnswer::NoApiKey, 20 + i64::from(i), &LIMITS, 1.0)
-                .record
-                .unwrap();
-        }
-        assert!(op.confirmation().is_some(), "kept until the key is set");
-        let due_after = |now: i64| {
-            let op = confirmed(op.clone(), ConfirmAnswer::NoApiKey, now, &LIMITS, 1.0).record;
-            let op = op.unwrap();
-            let c = op.confirmation().unwrap();
-            (c.due_ms - now, now - c.requested_at_ms)
-        };
-        let (wait, waited) = due_after(5_000);
-        assert_eq!(wait, waited, "waits as long again");
-        assert_eq!(due_after(500_000).0, 8_000, "within the backoff cap");
-        let op = confirmed(op, observed(Status::Succeeded), 100, &LIMITS, 1.0)
-            .record
-            .unwrap();
-        assert_eq!(op.status(), &Status::Succeeded);
     }
 }
