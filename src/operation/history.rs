@@ -145,8 +145,8 @@ mod tests {
         }
     }
 
-    /// Each entry serializes to exactly the row the gate wrote as ad-hoc JSON before it had
-    /// a type (the readers of the history depend on these spellings).
+    /// Each entry serializes to exactly this row (the admin API, the chaos oracle and the
+    /// dashboard read these spellings).
     #[test]
     fn every_entry_keeps_its_stored_shape() {
         let cases = [

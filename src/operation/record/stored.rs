@@ -191,7 +191,8 @@ impl From<Stored> for Operation {
 
 #[cfg(test)]
 mod tests {
-    //! Records exactly as the gate stored them before the record was split by concern.
+    //! Records as the gate stores them, one for each part of the record, kept as text: a
+    //! change to the stored shape fails here.
     use super::*;
     use crate::operation::lifecycle::Status;
 
@@ -203,7 +204,7 @@ mod tests {
 
     const CLAIMED: &str = r#"{"key":"interactions/d","name":"interactions/d","kind":null,"status":"failed","update_time_ms":0,"version":3,"registered":true,"submitted_at_ms":5,"settled_at_ms":6,"settled_by":"webhook","details":{"error_code":null,"error_message":null,"output_file_uri":null,"output_file_uris":[],"provider":{}},"effect":{"done":false,"done_at_ms":null,"parked":null,"attempts":1,"failures_in_row":1,"generation":1,"fence":1,"claim":{"token":1,"expires_ms":1006},"next_attempt_ms":6,"last_error":null},"stats_seq":0,"stats_sealed_seq":0,"projected_version":0,"projected_at_ms":0,"projection_failures":0,"projection_retry_at_ms":0}"#;
 
-    /// A record from before the stats, projection and index fields existed.
+    /// A record without the stats, projection and index fields, as older versions stored it.
     const OLDEST: &str = r#"{"key":"batches/o","name":"batches/o","kind":null,"status":"succeeded","update_time_ms":5,"version":3,"registered":true,"submitted_at_ms":1,"settled_at_ms":2,"settled_by":"webhook","details":{},"effect":{"done":true,"done_at_ms":3,"parked":null,"attempts":1,"failures_in_row":1,"generation":1,"fence":1,"claim":null,"next_attempt_ms":2,"last_error":null}}"#;
 
     #[test]
