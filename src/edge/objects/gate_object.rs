@@ -360,7 +360,14 @@ impl OperationGate {
         };
         let current = self.storage.load()?.unwrap_or(op);
         let step = gate::attempt_finished(current.clone(), &attempt, &limits, random_unit());
-        self.apply(step, current, config, Alarm::Deferred).await
+        // A success leaves the alarm to the end of the run. A failure leaves work owed (its
+        // retry, a parked effect's alert): the alarm moves from the claim's expiry to it now,
+        // so a run cut short before its end does not wait out the claim.
+        let alarm = match &step.record {
+            Some(op) if !op.effect.done => Alarm::Sync,
+            _ => Alarm::Deferred,
+        };
+        self.apply(step, current, config, alarm).await
     }
 
     /// From the alarm, last: flushes counted events to this operation's stats shard and
