@@ -7,8 +7,11 @@ import { chmodSync, existsSync, readFileSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { ROOT } from "./dev_vars.mjs";
 
-/** Where deploy and connect keep the deployed worker's generated secrets (mode 0600). */
-export const DEPLOY_VARS = path.join(ROOT, ".deploy.vars");
+/**
+ * Where deploy and connect keep the deployed worker's secrets they generated or received
+ * (mode 0600, never committed): the only place the user reads them back.
+ */
+export const DEPLOY_VARS = process.env.GEMINI_ONCE_DEPLOY_VARS || path.join(ROOT, ".deploy.vars");
 
 /**
  * Every event Gemini's WebhookService accepts a subscription to: `WebhookSubscribedEvent` in
