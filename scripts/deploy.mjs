@@ -112,7 +112,7 @@ const generate = {};
 for (const [name, make] of Object.entries(GENERATED)) {
   if (source(name)) continue;
   if (args.dryRun) {
-    notes.push(`${name}: generated on deploy unless the worker has one (kept in ${path.relative(ROOT, DEPLOY_VARS) || DEPLOY_VARS})`);
+    notes.push(`${name}: generated on deploy unless the worker has one (kept in ${DEPLOY_VARS.startsWith(`${ROOT}${path.sep}`) ? path.relative(ROOT, DEPLOY_VARS) : DEPLOY_VARS})`);
   } else {
     generate[name] = kept[name] || make();
   }
