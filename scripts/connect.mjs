@@ -195,7 +195,7 @@ async function ping(id) {
     if (Date.now() > deadline) break;
     await sleep(1000);
   }
-  say(`ping: the worker did not count a ping within ${args.wait} s. Check that Gemini can reach ${workerUrl}/webhooks/gemini, that the worker has this webhook's secret (a "rejected" line with bad_signature in npx wrangler tail says it does not: npm run connect -- --url ${workerUrl} --rotate --now gets a new one), and /healthz`);
+  say(`ping: the worker did not count a ping within ${args.wait} s. Check that Gemini can reach ${workerUrl}/webhooks/gemini, that the worker has this webhook's secret (a "rejected" line with bad_signature in npx wrangler tail says it does not: npm run connect -- --url ${workerUrl} --rotate --now gets a new one), and /healthz. A ping whose type the worker does not recognise is kept as a dead letter (dead:<webhook-id> in KV): its body shows the type`);
   return false;
 }
 
