@@ -243,12 +243,12 @@ if (args.rotate) {
   const id = idOf(hook);
   say(`webhook ${id} already delivers to ${target}`);
   if (!sameEvents(hook.subscribed_events)) {
-    hook = await gemini("PATCH", `webhooks/${id}`, { subscribed_events: [...SDK_EVENTS] }, { update_mask: "subscribed_events" });
+    hook = { ...hook, ...(await gemini("PATCH", `webhooks/${id}`, { subscribed_events: [...SDK_EVENTS] }, { update_mask: "subscribed_events" })) };
     say(`subscribed it to exactly ${SDK_EVENTS.join(", ")}`);
   }
   if (hook.state && hook.state !== "enabled") {
     say(`it was ${hook.state}: enabling it`);
-    hook = await gemini("PATCH", `webhooks/${id}`, { state: "enabled" }, { update_mask: "state" });
+    hook = { ...hook, ...(await gemini("PATCH", `webhooks/${id}`, { state: "enabled" }, { update_mask: "state" })) };
   }
   await store({ GEMINI_WEBHOOK_NAME: id });
   if (!secretList(stored.GEMINI_WEBHOOK_SECRETS).length) say("its signing secret is not known here (Gemini shows it only at creation): if the ping is not received, npm run connect -- --url URL --rotate --now gets a new one");
