@@ -157,13 +157,14 @@ const deliver = (worker, type, id, opts = {}) => {
 
 const WEBHOOK_NAME = "webhooks/oa-receiver";
 const ROUTE_TOKEN = "oa-route-credential";
-let w, broken, dest, jwks, gemini;
+let w, broken, dest, jwks, gemini, alerts;
 /** Per key, what the destination answers. */
 const plans = new Map();
 
 before(async () => {
   dest = await startDestination((req) => plans.get(req.headers["idempotency-key"])?.() ?? { status: 200 });
   jwks = await startServer(() => ({ status: 200, body: { keys: [jwk] } }));
+  alerts = await startServer(() => ({ status: 200 }));
   // Gemini's API: the webhook the passes check (GEMINI_WEBHOOK_NAME) is disabled; every
   // operation, asked about by a pass or to confirm a dynamic webhook, is still running.
   gemini = await startServer((req) => req.url.startsWith("/v1beta/webhooks")
@@ -177,6 +178,7 @@ before(async () => {
       GEMINI_API_BASE: gemini.url,
       GEMINI_API_KEY: "test-api-key",
       GEMINI_WEBHOOK_NAME: WEBHOOK_NAME,
+      ALERT_URL: `${alerts.url}/alerts`,
       // Side effects go out at once (no wait for a late registration's kind).
       UNREGISTERED_HOLD_SECONDS: "0",
       // Routes for kinds no test registers: only /v1/config shows them.
@@ -187,7 +189,7 @@ before(async () => {
 });
 after(async () => {
   await Promise.all([w?.dispose(), broken?.dispose()]);
-  await Promise.all([dest?.close(), jwks?.close(), gemini?.close()]);
+  await Promise.all([dest?.close(), jwks?.close(), gemini?.close(), alerts?.close()]);
   dest?.assertAllValid();
 });
 
@@ -223,6 +225,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     const conflicting = await deliver(w, "batch.failed", "batches/oa-hook", { expect: 200 });
     assert.deepEqual([conflicting.body.outcome, conflicting.body.reason], ["dropped", "conflicting_terminal"]);
     assert.equal((await deliver(w, "batch.paused_forever", "batches/oa-hook", { expect: 200 })).body.outcome, "ignored_unknown_type");
+    assert.equal((await deliver(w, "webhook.ping", "batches/oa-hook", { expect: 200 })).body.outcome, "pong");
     await register("batches/oa-jwt", "nightly-review", 201);
     const nudge = envelope("batch.succeeded", "batches/oa-jwt");
     const confirming = await call(w, "POST", "/webhooks/gemini", "/webhooks/gemini", {

@@ -229,6 +229,11 @@ async fn deliver_signed(
             return Err(EdgeError::BadRequest(format!("not a Gemini envelope: {e}")));
         }
     };
+    if meaning(&envelope.event_type) == Meaning::Ping {
+        count_at_edge(counters::PINGS);
+        log(LogEvent::Ping.line(json!({"type": envelope.event_type, "webhook_id": delivery_id})));
+        return ok_json(&json!({"outcome": "pong", "type": envelope.event_type}));
+    }
     let Some((status, key)) = usable(&envelope) else {
         dead_letter("unknown_event_type").await?;
         return ok_json(&json!({"outcome": "ignored_unknown_type", "type": envelope.event_type}));
@@ -427,7 +432,7 @@ fn usable(envelope: &Envelope) -> Option<(Status, Result<OperationKey, KeyError>
         Meaning::Status { status, collection } => {
             Some((status, normalize(&envelope.id, Some(collection))))
         }
-        Meaning::Unknown => None,
+        Meaning::Ping | Meaning::Unknown => None,
     }
 }
 
