@@ -461,9 +461,15 @@ mod tests {
         let q = |pairs: &[(&str, String)]| {
             ListQuery::parse(pairs.iter().map(|(k, v)| (*k, v.as_str()))).unwrap()
         };
-        assert!(q(&[("submitted_after", at(1_000))]).matches(&m, 1, 1), "inclusive");
+        assert!(
+            q(&[("submitted_after", at(1_000))]).matches(&m, 1, 1),
+            "inclusive"
+        );
         assert!(!q(&[("submitted_after", at(1_001))]).matches(&m, 1, 1));
-        assert!(!q(&[("submitted_before", at(1_000))]).matches(&m, 1, 1), "exclusive");
+        assert!(
+            !q(&[("submitted_before", at(1_000))]).matches(&m, 1, 1),
+            "exclusive"
+        );
         assert!(q(&[("submitted_before", at(1_001))]).matches(&m, 1, 1));
         let settled = q(&[("settled_after", at(1_500)), ("settled_before", at(2_500))]);
         assert!(settled.matches(&m, 1, 1));

@@ -683,7 +683,8 @@ mod tests {
         assert_eq!(answer["complete"], false);
         let cursor = answer["cursor"].as_str().unwrap();
 
-        let next = format!(r#"{{"filter": {{"kind": "billing"}}, "limit": 2, "cursor": "{cursor}"}}"#);
+        let next =
+            format!(r#"{{"filter": {{"kind": "billing"}}, "limit": 2, "cursor": "{cursor}"}}"#);
         let req = parse(BulkAction::Retry, &next).unwrap();
         assert_eq!(req.resume, resume);
         let second = run_over(req, &entries[2..]);
@@ -698,7 +699,9 @@ mod tests {
         // The cursor resumes only the same action, dry-run flag and filter.
         for other in [
             format!(r#"{{"filter": {{"kind": "nightly"}}, "cursor": "{cursor}"}}"#),
-            format!(r#"{{"filter": {{"kind": "billing"}}, "dry_run": true, "cursor": "{cursor}"}}"#),
+            format!(
+                r#"{{"filter": {{"kind": "billing"}}, "dry_run": true, "cursor": "{cursor}"}}"#
+            ),
         ] {
             assert_eq!(
                 parse(BulkAction::Retry, &other),
@@ -706,9 +709,8 @@ mod tests {
                 "{other}"
             );
         }
-        let redeliver = format!(
-            r#"{{"filter": {{"kind": "billing"}}, "reason": "r", "cursor": "{cursor}"}}"#
-        );
+        let redeliver =
+            format!(r#"{{"filter": {{"kind": "billing"}}, "reason": "r", "cursor": "{cursor}"}}"#);
         assert_eq!(
             parse(BulkAction::Redeliver, &redeliver),
             Err(BulkError::Cursor)
