@@ -401,7 +401,7 @@ impl BulkRun {
     }
 
     /// True once this request has taken as many matching operations as it may: the walk
-    /// stops before the next entry and answers a cursor.
+    /// stops before the next matching entry and answers a cursor.
     pub fn full(&self) -> bool {
         !self.request.dry_run && self.counts.matched >= self.request.page_limit() as u64
     }

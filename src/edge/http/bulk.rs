@@ -73,24 +73,26 @@ pub async fn handle(
             if resume.already_done(&entry.name) {
                 continue;
             }
-            if run.full() {
+            let meta = entry
+                .metadata
+                .clone()
+                .and_then(|m| serde_json::from_value::<LedgerMeta>(m).ok());
+            let key = &entry.name[OP_PREFIX.len()..];
+            let now_secs = now_ms().div_euclid(1_000);
+            let matches = meta.as_ref().is_some_and(|m| {
+                run.request
+                    .matches(key, m, now_secs, config.stuck_after_secs)
+            });
+            // A full request stops before its next match, so the last part of a run that
+            // has no more matches ends complete.
+            if matches && run.full() {
                 return ok_json(&run.answer(Some(&resume)));
             }
             resume.after_key = Some(entry.name.clone());
-            let Some(meta) = entry
-                .metadata
-                .clone()
-                .and_then(|m| serde_json::from_value::<LedgerMeta>(m).ok())
-            else {
+            let Some(meta) = meta.filter(|_| matches) else {
                 continue;
             };
-            let key = &entry.name[OP_PREFIX.len()..];
-            let now_secs = now_ms().div_euclid(1_000);
-            if !run
-                .request
-                .matches(key, &meta, now_secs, config.stuck_after_secs)
-                || !run.take(&meta, now_secs)
-            {
+            if !run.take(&meta, now_secs) {
                 continue;
             }
             // Spaced so a destination that just recovered gets a trickle, not the backlog.
