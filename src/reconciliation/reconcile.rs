@@ -33,7 +33,7 @@ use crate::operation::alert::AlertKind;
 use crate::operation::ledger::{may_need_work, LedgerMeta};
 
 /// The thresholds a pass decides with (seconds).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Thresholds {
     pub grace_secs: i64,
     pub stuck_after_secs: i64,
