@@ -1406,3 +1406,59 @@ fn no_webhook_check_without_budget_for_it() {
         .any(|i| matches!(i, Intent::ListWebhooks { .. })));
     assert_eq!(webhook_release(&out), (false, None));
 }
+
+#[test]
+fn a_5xx_without_retry_after_backs_off_the_default_wait() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(3),
+            status: Box::new(|_| http(500, None)),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls(), vec!["batches/k0"]);
+    let Some(LeaseCommand::Release {
+        status_backoff_until_ms,
+        ..
+    }) = out.release()
+    else {
+        panic!()
+    };
+    let wait = crate::operation::observation::DEFAULT_RETRY_AFTER_SECS * 1_000;
+    assert_eq!(*status_backoff_until_ms, NOW + wait);
+    assert_eq!(
+        out.report.stopped,
+        Some(Stop::HeldForBackoff),
+        "shorter than a cron interval"
+    );
+    assert!(out.gate_calls().is_empty(), "settles nothing");
+}
+
+#[test]
+fn a_refused_release_is_logged_and_a_failed_one_counted() {
+    let out = run(
+        limits(),
+        World {
+            release: Ok(LeaseReply::Released { accepted: false }),
+            ..World::default()
+        },
+    );
+    assert_eq!(
+        out.events("reconcile_error")[0]["error"],
+        "lease release refused: Released { accepted: false }"
+    );
+    assert_eq!(out.report.errors, 0);
+    let out = run(
+        limits(),
+        World {
+            release: Err("object answered 500".into()),
+            ..World::default()
+        },
+    );
+    assert_eq!(
+        out.events("reconcile_error")[0]["error"],
+        "lease release: object answered 500"
+    );
+    assert_eq!(out.report.errors, 1);
+}
