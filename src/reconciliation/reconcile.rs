@@ -26,6 +26,8 @@
 //! no answer (timeout, network error) costs only its own entry, which the cursor moves past
 //! and the next coverage of the ledger revisits; [`StatusHealth`] turns a run of them into a
 //! back-off of every status call, as a 429 does.
+//!
+//! The pass that puts these decisions in order is [`crate::reconciliation::pass`].
 
 use serde::{Deserialize, Serialize};
 

@@ -289,11 +289,12 @@ impl Pass {
     }
 
     /// What to do next at `now_ms`; [`Intent::Done`] once the pass is over. Each intent but
-    /// `Done` owes an answer through its `on_*` feeder before the next call.
+    /// `Done` owes an answer through its `on_*` feeder before the next call; a call while one
+    /// is owed is the executor's bug, and ends the pass's driving (the lease then lapses by
+    /// itself) rather than doing anything twice.
     pub fn next(&mut self, now_ms: i64) -> Intent {
         loop {
             if self.awaiting.is_some() {
-                // The edge must answer first; asking again changes nothing.
                 debug_assert!(false, "next() while {:?} is owed", self.awaiting);
                 return Intent::Done;
             }

@@ -396,7 +396,6 @@ fn renewals_that_fail_for_a_whole_ttl_stop_the_walk_and_still_release() {
 
 #[test]
 fn renewals_carry_where_the_walk_has_got() {
-    let mut renewals = Vec::new();
     let saved = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
     let sink = saved.clone();
     run(
@@ -412,7 +411,7 @@ fn renewals_carry_where_the_walk_has_got() {
             ..World::default()
         },
     );
-    renewals.extend(saved.borrow().iter().cloned());
+    let renewals = saved.borrow();
     assert_eq!(renewals.first(), Some(&Resume::default()));
     assert!(renewals.contains(&at("open:batches/k0")));
     assert!(renewals.contains(&at("open:batches/k2")));
