@@ -311,6 +311,9 @@ describe("a configuration broken for longer than the runtime's alarm retries", (
       ALERT_URL: `${sink.url}/alerts`,
       EFFECT_RETRY_BASE_SECONDS: "1",
       EFFECT_RETRY_MAX_SECONDS: "1",
+      // The effect is retried every second, so a restart may cut an attempt short after it
+      // left: its claim then holds the effect until it expires (10 minutes by default).
+      CLAIM_TTL_SECONDS: "8",
     };
     let w;
     try {

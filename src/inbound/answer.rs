@@ -49,6 +49,11 @@ pub enum Answer {
         #[serde(rename = "type")]
         event_type: String,
     },
+    /// A signed test delivery.
+    Pong {
+        #[serde(rename = "type")]
+        event_type: String,
+    },
 }
 
 fn effect_or_not_asked<S: Serializer>(

@@ -89,6 +89,8 @@ pub enum Outcome {
         metadata: Map<String, Value>,
         delivery_id: String,
     },
+    /// An HMAC-proven test delivery: answered `pong`, nothing stored.
+    Ping { event_type: String },
     /// A proven body that cannot be used: kept as a dead letter under `reason` (if it cannot
     /// be kept the answer is 503), then answered `reply`.
     DeadLetter { reason: &'static str, reply: Reply },
@@ -362,6 +364,11 @@ fn signed(body: &[u8], delivery_id: &str) -> Outcome {
             }
         }
     };
+    if meaning(&envelope.event_type) == Meaning::Ping {
+        return Outcome::Ping {
+            event_type: envelope.event_type,
+        };
+    }
     let Some((status, key)) = usable(&envelope) else {
         return Outcome::DeadLetter {
             reason: "unknown_event_type",
@@ -447,7 +454,9 @@ fn usable(envelope: &Envelope) -> Option<(Status, Result<OperationKey, KeyError>
         Meaning::Status { status, collection } => {
             Some((status, normalize(&envelope.id, Some(collection))))
         }
-        Meaning::Unknown => None,
+        // A token-signed test delivery proves nothing and needs no answer but 2xx: it is an
+        // unknown type on that path.
+        Meaning::Ping | Meaning::Unknown => None,
     }
 }
 
@@ -682,6 +691,23 @@ mod tests {
             panic!("not refused")
         };
         assert_eq!((e.reason(), e.reply().status()), ("signature_invalid", 401));
+    }
+
+    #[test]
+    fn a_proven_test_delivery_is_a_ping() {
+        let ping = br#"{"type":"webhook.ping","data":{}}"#;
+        let Outcome::Ping { event_type } = hmac_outcome(ping) else {
+            panic!("not a ping: {:?}", hmac_outcome(ping))
+        };
+        assert_eq!(event_type, "webhook.ping");
+        // Signed only by a token, it proves nothing: an unknown type, refused and not kept.
+        let Outcome::Refused(e) = nudge_outcome(good_claims(), ping) else {
+            panic!()
+        };
+        assert_eq!(
+            (e.reason(), e.reply().status()),
+            ("jwt_unknown_event_type", 200)
+        );
     }
 
     #[test]

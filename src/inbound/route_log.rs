@@ -48,6 +48,12 @@ pub enum RouteLog {
     IgnoredUnregistered(Handled),
     IgnoredForgotten(Handled),
     StrangerNudge(Handled),
+    /// A signed test delivery.
+    Ping {
+        #[serde(rename = "type")]
+        event_type: String,
+        webhook_id: String,
+    },
     StrangerUnconfirmed {
         key: String,
         webhook_id: String,
@@ -118,7 +124,7 @@ impl RouteLog {
             Answer::IgnoredUnregistered { .. } => RouteLog::IgnoredUnregistered(handled),
             Answer::IgnoredForgotten { .. } => RouteLog::IgnoredForgotten(handled),
             Answer::UnknownToGemini { .. } => RouteLog::StrangerNudge(handled),
-            Answer::IgnoredUnknownType { .. } => return None,
+            Answer::IgnoredUnknownType { .. } | Answer::Pong { .. } => return None,
         })
     }
 
@@ -132,6 +138,7 @@ impl RouteLog {
             RouteLog::IgnoredUnregistered(_) => LogEvent::IgnoredUnregistered,
             RouteLog::IgnoredForgotten(_) => LogEvent::IgnoredForgotten,
             RouteLog::StrangerNudge(_) => LogEvent::StrangerNudge,
+            RouteLog::Ping { .. } => LogEvent::Ping,
             RouteLog::StrangerUnconfirmed { .. } => LogEvent::StrangerUnconfirmed,
             RouteLog::Rejected { .. } => LogEvent::Rejected,
             RouteLog::DeadLetter { .. } => LogEvent::DeadLetter,
@@ -202,6 +209,10 @@ mod tests {
             handled_line(handled(Answer::IgnoredUnregistered { key: key() })),
             handled_line(handled(Answer::IgnoredForgotten { key: key() })),
             handled_line(handled(Answer::UnknownToGemini { key: key() })),
+            RouteLog::Ping {
+                event_type: "webhook.ping".into(),
+                webhook_id: "msg_1".into(),
+            },
             RouteLog::StrangerUnconfirmed {
                 key: key(),
                 webhook_id: "jwt_1".into(),
@@ -283,6 +294,25 @@ mod tests {
             json!({"event": "stranger_nudge", "outcome": "unknown_to_gemini",
                    "key": "batches/a", "type": "batch.succeeded", "webhook_id": "jwt_1",
                    "alert": false})
+        );
+    }
+
+    #[test]
+    fn a_ping_line_and_its_answer_read_as_before() {
+        let line = RouteLog::Ping {
+            event_type: "webhook.ping".into(),
+            webhook_id: "msg_1".into(),
+        };
+        assert_eq!(
+            line.to_value(),
+            json!({"event": "ping", "type": "webhook.ping", "webhook_id": "msg_1"})
+        );
+        let pong = Answer::Pong {
+            event_type: "webhook.ping".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(pong).unwrap(),
+            json!({"outcome": "pong", "type": "webhook.ping"})
         );
     }
 

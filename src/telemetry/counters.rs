@@ -28,6 +28,8 @@ pub const ALERTS: &str = "alerts";
 pub const REDELIVERIES: &str = "redeliveries";
 /// Nudges for unregistered names Gemini's status API answered 404 for (nothing was stored).
 pub const STRANGER_NUDGES: &str = "stranger_nudges";
+/// Signed test deliveries (Gemini's `:ping`), answered 2xx and kept nowhere else.
+pub const PINGS: &str = "pings";
 
 /// One counted event awaiting its flush to a shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

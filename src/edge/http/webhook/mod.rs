@@ -135,6 +135,14 @@ pub async fn receive(
     let delivery_id = id.as_deref().unwrap_or_default().to_string();
     match classify(proof, &body, &delivery_id, &policy) {
         Outcome::Refused(refusal) => refuse(refusal),
+        Outcome::Ping { event_type } => {
+            count_at_edge(counters::PINGS);
+            log_line(RouteLog::Ping {
+                event_type: event_type.clone(),
+                webhook_id: delivery_id,
+            });
+            answered(&Answer::Pong { event_type })
+        }
         Outcome::DeadLetter { reason, reply: r } => {
             // A verified delivery that cannot be used is kept, never dropped unseen.
             let received = body::Received {
