@@ -564,6 +564,144 @@ mod tests {
         classify(proof, body, "", &policy(&s))
     }
 
+    #[test]
+    fn every_refusal_keeps_its_reason_and_status() {
+        let id = || "jwt_1".to_string();
+        let table = [
+            (
+                Refusal::BodyTooLarge(Oversize::Declared(2)),
+                "body_too_large",
+                413,
+            ),
+            (
+                Refusal::Signature(SignatureError::MissingHeader("webhook-id")),
+                "missing_webhook_id",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::MissingHeader("webhook-timestamp")),
+                "missing_webhook_timestamp",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::MissingHeader("webhook-signature")),
+                "missing_webhook_signature",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::BadTimestamp),
+                "bad_timestamp",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::TooOld),
+                "timestamp_too_old",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::TooNew),
+                "timestamp_too_new",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::NoV1Entry),
+                "no_v1_signature",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::Invalid),
+                "signature_invalid",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::JwtUnsupported),
+                "jwt_unsupported",
+                401,
+            ),
+            (
+                Refusal::DynamicWebhooksDisabled,
+                "dynamic_webhooks_disabled",
+                401,
+            ),
+            (
+                Refusal::TokenTimestampOutOfTolerance,
+                "timestamp_out_of_tolerance",
+                401,
+            ),
+            (Refusal::Token(JwtError::Shape), "jwt_shape", 401),
+            (Refusal::Token(JwtError::Base64), "jwt_base64", 401),
+            (Refusal::Token(JwtError::Json), "jwt_json", 401),
+            (Refusal::Token(JwtError::Alg), "jwt_alg", 401),
+            (Refusal::Token(JwtError::Kid), "jwt_missing_kid", 401),
+            (Refusal::Token(JwtError::UnknownKid), "jwt_unknown_kid", 401),
+            (Refusal::Token(JwtError::Expired), "jwt_expired", 401),
+            (
+                Refusal::Token(JwtError::NotYetValid),
+                "jwt_not_yet_valid",
+                401,
+            ),
+            (Refusal::Token(JwtError::Audience), "jwt_audience", 401),
+            (
+                Refusal::Token(JwtError::Signature),
+                "jwt_signature_invalid",
+                401,
+            ),
+            (
+                Refusal::Token(JwtError::KeysUnavailable),
+                "jwt_keys_unavailable",
+                401,
+            ),
+            (
+                Refusal::KeysUnavailable { retry_after: 5 },
+                "jwt_keys_unavailable",
+                503,
+            ),
+            (
+                Refusal::NudgeNotEnvelope {
+                    problem: EnvelopeError::NotJson,
+                    delivery_id: id(),
+                },
+                "jwt_body_not_envelope",
+                400,
+            ),
+            (
+                Refusal::NudgeUnknownType {
+                    event_type: "x".into(),
+                    delivery_id: id(),
+                },
+                "jwt_unknown_event_type",
+                200,
+            ),
+            (
+                Refusal::NudgeBadOperationId {
+                    problem: KeyError::Empty,
+                    delivery_id: id(),
+                },
+                "jwt_bad_operation_id",
+                400,
+            ),
+            (
+                Refusal::StrangerLimit {
+                    key: "k/1".into(),
+                    retry_after: 1,
+                },
+                "stranger_limit",
+                503,
+            ),
+        ];
+        for (refusal, reason, status) in table {
+            assert_eq!(
+                (refusal.reason(), refusal.reply().status()),
+                (reason, status)
+            );
+            let line = refusal.log_line().to_value();
+            assert_eq!(
+                (line["event"].as_str(), line["reason"].as_str()),
+                (Some("rejected"), Some(reason))
+            );
+        }
+    }
+
     // Headers alone.
 
     #[test]
