@@ -4,7 +4,12 @@
 // (scripts/gemini_stub.mjs) when GEMINI_API_BASE is http://127.0.0.1:8789. They live and die
 // with this process, and this process with wrangler: Ctrl-C, SIGTERM (to npm or to this
 // process) or the end of its parent stops wrangler, then exits, so nothing is left listening.
+// `--fresh` first removes the local state (the `--persist-to` directory, else .wrangler/state):
+// operations, ledger, counters, so the quick start's demo runs as the first time. The demo
+// destination's lines are set apart from the worker's JSON log lines (a blank line before,
+// bold on a terminal), so they can be found among them.
 import { spawn } from "node:child_process";
+import { rmSync, existsSync } from "node:fs";
 import { constants } from "node:os";
 import path from "node:path";
 import { devVars, ROOT, DEMO_EFFECT_URL, GEMINI_STUB_URL } from "./dev_vars.mjs";
@@ -12,6 +17,16 @@ import { effectReceiver, listen } from "./receive.mjs";
 import { geminiStub } from "./gemini_stub.mjs";
 
 const vars = devVars();
+const argv = process.argv.slice(2);
+if (argv.includes("--fresh")) {
+  argv.splice(argv.indexOf("--fresh"), 1);
+  const at = argv.indexOf("--persist-to");
+  const state = path.resolve(ROOT, at >= 0 && argv[at + 1] ? argv[at + 1] : ".wrangler/state");
+  const had = existsSync(state);
+  rmSync(state, { recursive: true, force: true });
+  console.log(`start: --fresh: ${had ? `removed ${path.relative(ROOT, state) || state}` : "no local state yet"}; the worker starts with no operations, ledger or counters`);
+}
+const standOut = process.stdout.isTTY ? (line) => `\n\x1b[1m${line}\x1b[0m` : (line) => `\n${line}`;
 const same = (a, b) => (a ?? "").replace(/\/+$/, "") === b;
 
 async function beside(what, url, makeHandler, hint) {
@@ -24,7 +39,7 @@ async function beside(what, url, makeHandler, hint) {
 }
 
 if (same(vars.EFFECT_URL, DEMO_EFFECT_URL)) {
-  await beside("demo destination", DEMO_EFFECT_URL, () => effectReceiver(vars.EFFECT_SIGNING_SECRET, { log: (line) => console.log(`receive: ${line}`) }),
+  await beside("demo destination", DEMO_EFFECT_URL, () => effectReceiver(vars.EFFECT_SIGNING_SECRET, { log: (line) => console.log(standOut(`receive: ${line}`)) }),
     " (prints each side effect; EFFECT_URL in .dev.vars)");
 } else {
   console.log(`start: EFFECT_URL is ${vars.EFFECT_URL}; side effects go there (no demo destination)`);
@@ -34,7 +49,11 @@ if (same(vars.GEMINI_API_BASE, GEMINI_STUB_URL)) {
     " (GEMINI_API_BASE; mark an operation done with npm run gemini-stub -- done NAME)");
 }
 
-const wrangler = spawn(path.join(ROOT, "node_modules/.bin/wrangler"), ["dev", "--test-scheduled", ...process.argv.slice(2)], { cwd: ROOT, stdio: "inherit" });
+// wrangler dev runs the [build] command once more as soon as its watcher on src/ is ready,
+// saying "The file src changed, restarting build..." though nothing changed: build.sh finds
+// build/ fresh and returns at once.
+console.log("start: wrangler's \"The file src changed, restarting build...\" at start is its own re-run of the build once it watches src/; nothing changed (the build is skipped)");
+const wrangler = spawn(path.join(ROOT, "node_modules/.bin/wrangler"), ["dev", "--test-scheduled", ...argv], { cwd: ROOT, stdio: "inherit" });
 let stopping = false;
 function stop() {
   if (stopping) return;

@@ -3,7 +3,8 @@
 # locally with wrangler dev (local KV and Durable Object state under .wrangler/state unless
 # --persist-to says otherwise), beside the demo destination when EFFECT_URL is its default
 # address and the Gemini stub when GEMINI_API_BASE is its (scripts/start.mjs). Arguments go to
-# `wrangler dev`, e.g. `npm start -- --port 8790 --ip 127.0.0.1 --persist-to DIR`.
+# `wrangler dev`, e.g. `npm start -- --port 8790 --ip 127.0.0.1 --persist-to DIR`, except
+# `--fresh`, which first removes the local state (scripts/start.mjs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -f .dev.vars ]; then

@@ -1,4 +1,5 @@
-//! The admin API's pure parts: bearer-token check, request bodies, listing filters.
+//! The admin API's pure parts: bearer-token check, request bodies, listing filters (which
+//! the bulk actions of [`crate::bulk`] apply too).
 //!
 //! Guarantees: the token is compared in constant time (its length is not secret, its bytes
 //! are); a registration body or a listing query is refused with a reason, never
@@ -14,6 +15,7 @@ use crate::operation::key::{normalize, KeyError, OperationKey, MAX_NAME_BYTES};
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::Status;
 use crate::reconciliation::reconcile::Resume;
+use crate::timestamp::parse_rfc3339_ms;
 
 /// Longest accepted `kind`.
 pub const MAX_KIND_BYTES: usize = 100;
@@ -135,7 +137,7 @@ pub const MAX_SEARCH_BYTES: usize = MAX_NAME_BYTES;
 /// Who settled an operation, as a listing filter.
 pub const SETTLED_BY: [&str; 3] = ["webhook", "reconcile", "operator"];
 
-/// `GET /v1/operations?status=&effect_done=&stuck=&kind=&parked=&settled_by=&forgotten=&prefix=&q=&limit=&cursor=`.
+/// `GET /v1/operations?status=&effect_done=&stuck=&kind=&parked=&settled_by=&forgotten=&prefix=&q=&submitted_after=&submitted_before=&settled_after=&settled_before=&limit=&cursor=`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListQuery {
     pub status: Option<Status>,
@@ -152,6 +154,12 @@ pub struct ListQuery {
     /// Text anywhere in the key or the full name, ignoring case (lowercased here): a scan of
     /// the ledger's metadata, paged like any other filter.
     pub q: Option<String>,
+    /// Registered at or after / before this time (Unix ms; RFC 3339 in the query).
+    pub submitted_after: Option<i64>,
+    pub submitted_before: Option<i64>,
+    /// Settled at or after / before this time: an entry not settled never matches these.
+    pub settled_after: Option<i64>,
+    pub settled_before: Option<i64>,
     pub limit: usize,
     pub resume: Resume,
 }
@@ -171,6 +179,8 @@ pub enum ListError {
     SettledBy,
     #[error("{0} is empty or too long")]
     Search(&'static str),
+    #[error("{0} must be an RFC 3339 time, like 2026-11-22T10:00:00Z")]
+    Time(&'static str),
     #[error("unknown parameter {0:?}")]
     Unknown(String),
 }
@@ -209,6 +219,7 @@ impl ListQuery {
             "false" => Ok(false),
             _ => Err(ListError::Bool(name)),
         };
+        let time = |name: &'static str, v: &str| parse_rfc3339_ms(v).ok_or(ListError::Time(name));
         let mut q = ListQuery {
             limit: DEFAULT_LIST_LIMIT,
             ..ListQuery::default()
@@ -246,6 +257,10 @@ impl ListQuery {
                         q.prefix = Some(text.to_string());
                     }
                 }
+                "submitted_after" => q.submitted_after = Some(time("submitted_after", value)?),
+                "submitted_before" => q.submitted_before = Some(time("submitted_before", value)?),
+                "settled_after" => q.settled_after = Some(time("settled_after", value)?),
+                "settled_before" => q.settled_before = Some(time("settled_before", value)?),
                 "limit" => {
                     q.limit = value
                         .parse()
@@ -280,6 +295,12 @@ impl ListQuery {
                 .settled_by
                 .as_ref()
                 .is_none_or(|s| meta.settled_by.as_ref() == Some(s))
+            && within(
+                Some(meta.submitted_at),
+                self.submitted_after,
+                self.submitted_before,
+            )
+            && within(meta.settled_at, self.settled_after, self.settled_before)
     }
 
     /// Whether an entry's key (without `op:`) and metadata pass the key filters: `prefix`
@@ -294,6 +315,18 @@ impl ListQuery {
                     || meta.name.to_lowercase().contains(q.as_str())
             })
     }
+}
+
+/// Whether a time in Unix seconds lies in `[after, before)` (bounds in Unix ms); with a bound
+/// given, an absent time never does.
+fn within(secs: Option<i64>, after_ms: Option<i64>, before_ms: Option<i64>) -> bool {
+    if after_ms.is_none() && before_ms.is_none() {
+        return true;
+    }
+    let Some(ms) = secs.map(|s| s.saturating_mul(1_000)) else {
+        return false;
+    };
+    after_ms.is_none_or(|a| ms >= a) && before_ms.is_none_or(|b| ms < b)
 }
 
 #[cfg(test)]
@@ -417,6 +450,43 @@ mod tests {
         assert!(
             !q.matches_key("batches/night-1", &m),
             "a prefix keeps case, like keys"
+        );
+    }
+
+    #[test]
+    fn list_query_filters_time_ranges() {
+        let mut m = meta("succeeded", 1_000, true);
+        m.settled_at = Some(2_000);
+        let at = |secs: i64| crate::timestamp::format_rfc3339(secs * 1_000);
+        let q = |pairs: &[(&str, String)]| {
+            ListQuery::parse(pairs.iter().map(|(k, v)| (*k, v.as_str()))).unwrap()
+        };
+        assert!(
+            q(&[("submitted_after", at(1_000))]).matches(&m, 1, 1),
+            "inclusive"
+        );
+        assert!(!q(&[("submitted_after", at(1_001))]).matches(&m, 1, 1));
+        assert!(
+            !q(&[("submitted_before", at(1_000))]).matches(&m, 1, 1),
+            "exclusive"
+        );
+        assert!(q(&[("submitted_before", at(1_001))]).matches(&m, 1, 1));
+        let settled = q(&[("settled_after", at(1_500)), ("settled_before", at(2_500))]);
+        assert!(settled.matches(&m, 1, 1));
+        assert!(!q(&[("settled_after", at(2_001))]).matches(&m, 1, 1));
+        assert!(
+            !settled.matches(&meta("running", 1_000, false), 1, 1),
+            "not settled: outside any settled range"
+        );
+        assert!(
+            q(&[("submitted_after", "2026-11-22T10:00:00+01:00".to_string())])
+                .submitted_after
+                .is_some(),
+            "offsets accepted"
+        );
+        assert_eq!(
+            ListQuery::parse([("settled_before", "yesterday")]),
+            Err(ListError::Time("settled_before"))
         );
     }
 

@@ -587,6 +587,9 @@ impl Config {
         if self.dynamic_webhooks && self.gemini_api_key.is_none() {
             warnings.push("DYNAMIC_WEBHOOKS is true but GEMINI_API_KEY is not set: a dynamic-webhook delivery is only a nudge the status API must confirm, so nudges for registered operations wait and those for unregistered ones are answered 503 (Gemini retries them for 24 hours) until the key is set".to_string());
         }
+        if self.alert_url.is_none() {
+            warnings.push("ALERT_URL is not set: alerts (a stuck operation, a side effect failing or parked, a Gemini webhook disabled) go only to the logs, where nobody is paged (set ALERT_URL to a Slack or Discord incoming webhook, or any endpoint that takes a JSON POST)".to_string());
+        }
         warnings
     }
 
@@ -1040,6 +1043,7 @@ mod tests {
     fn a_claim_that_cannot_outlast_an_attempt_is_refused() {
         let mut vars = base();
         vars.insert("GEMINI_API_KEY", "AIzaKEY".into());
+        vars.insert("ALERT_URL", "https://hooks.example/alerts".into());
         vars.insert("EFFECT_TIMEOUT_MS", "5000".into());
         vars.insert("CLAIM_TTL_SECONDS", "5".into());
         let e = parse(&vars).unwrap_err();
@@ -1057,6 +1061,7 @@ mod tests {
         assert!(parse(&vars).unwrap().warnings().is_empty());
         let mut keyed = base();
         keyed.insert("GEMINI_API_KEY", "AIzaKEY".into());
+        keyed.insert("ALERT_URL", "https://hooks.example/alerts".into());
         assert!(
             parse(&keyed).unwrap().warnings().is_empty(),
             "the defaults are safe"
@@ -1076,6 +1081,15 @@ mod tests {
         assert!(!warned(&parse(&vars).unwrap()));
         vars.insert("DYNAMIC_WEBHOOKS", "true".into());
         vars.insert("GEMINI_API_KEY", "AIzaKEY".into());
+        assert!(!warned(&parse(&vars).unwrap()));
+    }
+
+    #[test]
+    fn alerts_that_go_nowhere_are_warned_about() {
+        let warned = |c: &Config| c.warnings().iter().any(|w| w.starts_with("ALERT_URL"));
+        let mut vars = base();
+        assert!(warned(&parse(&vars).unwrap()), "alerts only in the logs");
+        vars.insert("ALERT_URL", "https://hooks.example/alerts".into());
         assert!(!warned(&parse(&vars).unwrap()));
     }
 

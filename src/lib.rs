@@ -17,6 +17,7 @@ pub mod telemetry;
 
 pub mod admin;
 pub mod bounds;
+pub mod bulk;
 pub mod config;
 pub mod retry;
 pub mod signature;

@@ -133,6 +133,26 @@ pub struct CheckedHeaders<'a> {
     signature: &'a str,
 }
 
+/// The one time window for a `webhook-timestamp` (whatever signs the delivery): an integer
+/// number of seconds within `now ± tolerance`, saturating at the extremes.
+pub fn check_timestamp(
+    timestamp: &str,
+    now_secs: i64,
+    tolerance_secs: i64,
+) -> Result<(), SignatureError> {
+    let sent: i64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| SignatureError::BadTimestamp)?;
+    if sent < now_secs.saturating_sub(tolerance_secs) {
+        return Err(SignatureError::TooOld);
+    }
+    if sent > now_secs.saturating_add(tolerance_secs) {
+        return Err(SignatureError::TooNew);
+    }
+    Ok(())
+}
+
 /// Checks what can be checked before the body is read: the three headers are present, the
 /// timestamp is within `now ± tolerance`, and the signature header holds at least one `v1,`
 /// entry. A delivery that fails here is refused without reading its body.
@@ -150,16 +170,7 @@ pub fn check_headers(
     let signature = headers
         .signature
         .ok_or(SignatureError::MissingHeader("webhook-signature"))?;
-    let sent: i64 = timestamp
-        .trim()
-        .parse()
-        .map_err(|_| SignatureError::BadTimestamp)?;
-    if sent < now_secs.saturating_sub(tolerance_secs) {
-        return Err(SignatureError::TooOld);
-    }
-    if sent > now_secs.saturating_add(tolerance_secs) {
-        return Err(SignatureError::TooNew);
-    }
+    check_timestamp(timestamp, now_secs, tolerance_secs)?;
     if looks_like_jwt(signature) {
         return Err(SignatureError::JwtUnsupported);
     }

@@ -2,7 +2,8 @@
 // playwright-core; no browser download), against the built worker in workerd with a real
 // destination and a real stand-in for Gemini's API: it signs in, lists operations with
 // filters, searches, opens one and reads its timeline, runs retry now (and reads a 409),
-// redelivers with a reason, forgets, settles by hand, draws the trend from the shards' hourly buckets, and
+// redelivers with a reason, forgets, settles by hand, retries and redelivers in bulk from the
+// listing's filter after a dry-run count and a confirmation, draws the trend from the shards' hourly buckets, and
 // shows health and configuration. Every view is screenshotted and the PNG decoded; with
 // DASHBOARD_SCREENSHOTS=<dir> the three views are also written there (docs/ holds them).
 import { describe, it, before, after } from "node:test";
@@ -26,9 +27,11 @@ const SLOW = "batches/embeddings-2211";
 const RECONCILED = "batches/nightly-review-0410";
 const FORGET = "batches/abandoned-test-3";
 const FILLER = ["batches/nightly-review-0409", "batches/translate-fr-551", "batches/translate-de-552"];
+const REFUNDS = ["batches/refunds-0901", "batches/refunds-0902", "batches/refunds-0903"];
 
 let w, dest, gemini, browser, page;
 let billingUp = false;
+let refundsUp = false;
 let releaseSlow;
 const slowHeld = new Promise((r) => { releaseSlow = r; });
 const shotDir = mkdtempSync(path.join(tmpdir(), "dashboard-shots-"));
@@ -40,6 +43,7 @@ before(async () => {
   dest = await startServer(async (req) => {
     const key = req.headers["idempotency-key"];
     if (key === PARKED) return billingUp ? { status: 200 } : { status: 400, body: { error: "unknown account" } };
+    if (REFUNDS.includes(key)) return refundsUp ? { status: 200 } : { status: 400, body: { error: "refunds API misconfigured" } };
     if (key === FLAKY) return effectsFor(FLAKY).length === 1 ? { status: 503 } : { status: 200 };
     if (key === SLOW && effectsFor(SLOW).length === 1) { await slowHeld; return { status: 200 }; }
     return { status: 200 };
@@ -367,5 +371,60 @@ describe("dashboard", () => {
     await go("op/" + encodeURIComponent(key));
     assert.match(await page.locator("#op-timeline").textContent(), /Applied: failed from operator.*checked in AI Studio/);
     assert.equal(await page.locator("#act-settle").count(), 0, "settle does not fit an operation with an outcome");
+  });
+
+  it("retries and redelivers in bulk from the listing's filter, counting first and acting only once confirmed", async () => {
+    for (const key of REFUNDS) {
+      await w.register(key, "refunds");
+      await w.deliver("batch.succeeded", key);
+    }
+    await w.ledger(REFUNDS, (m) => m.parked);
+    await go("operations?kind=refunds&parked=true");
+    assert.deepEqual((await listedKeys()).sort(), REFUNDS);
+    const panel = () => page.locator("#bulk-message");
+    const state = (s) => page.waitForFunction((want) => document.getElementById("bulk-message")?.dataset.state === want, s);
+
+    await page.click("#bulk-retry");
+    await state("confirm");
+    assert.match(await panel().textContent(), /3 operations match this filter: 3 with a side effect not done will be retried now/);
+    await shoot("dashboard-bulk.png");
+    await page.click("#bulk-cancel");
+    assert.equal(await panel().count(), 0, "cancelled");
+    for (const key of REFUNDS) assert.equal(effectsFor(key).length, 1, "the count sent nothing");
+
+    refundsUp = true;
+    await page.fill("#bulk-reason", "refunds API fixed (INC-2240)");
+    await page.click("#bulk-retry");
+    await state("confirm");
+    await page.click("#bulk-confirm");
+    await state("done");
+    assert.match(await panel().textContent(), /Retry now done: 3 matched, 3 retried, 0 skipped/);
+    await w.ledger(REFUNDS, (m) => m.effect_done);
+    for (const key of REFUNDS) {
+      const sent = effectsFor(key);
+      assert.equal(sent.length, 2, `${key}: one more attempt`);
+      assert.equal(sent[1].headers["webhook-id"], sent[0].headers["webhook-id"], `${key}: its refused attempt's webhook-id`);
+    }
+    const op = (await w.inspect(REFUNDS[0])).body;
+    assert.ok(op.history.some((h) => h.what === "retry_now" && h.reason === "bulk retry: refunds API fixed (INC-2240)"));
+
+    await go("operations?kind=refunds");
+    await page.fill("#bulk-reason", "");
+    await page.click("#bulk-redeliver");
+    await state("refused");
+    assert.match(await panel().textContent(), /Give a reason/);
+    await page.fill("#bulk-reason", "ledger rebuilt downstream");
+    await page.click("#bulk-redeliver");
+    await state("confirm");
+    assert.match(await panel().textContent(), /3 with a done side effect will be redelivered as a new generation/);
+    await page.click("#bulk-confirm");
+    await state("done");
+    assert.match(await panel().textContent(), /Redeliver done: 3 matched, 3 redelivered/);
+    await eventually(() => REFUNDS.every((k) => effectsFor(k).length === 3), { what: "the redeliveries" });
+    for (const key of REFUNDS) {
+      const [first, , again] = effectsFor(key);
+      assert.equal(again.headers["effect-generation"], "2");
+      assert.notEqual(again.headers["webhook-id"], first.headers["webhook-id"]);
+    }
   });
 });

@@ -1,26 +1,141 @@
-// `npm run deploy -- --dry-run`: wrangler builds and bundles the worker and checks its
-// bindings without contacting Cloudflare (these machines cannot reach it).
-import { describe, it } from "node:test";
+// `npm run deploy`. The dry run is the real one (wrangler bundles and checks the bindings of
+// this checkout's wrangler.toml without contacting Cloudflare, which these machines cannot
+// reach). The deploy itself runs with a stand-in for the wrangler CLI that records what it is
+// asked and remembers the secrets it was given, as a Cloudflare account would; the script's
+// checks, generation and /healthz check are the real ones, against the built worker.
+import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { mkdtempSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, chmodSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
+import { devVars } from "../scripts/dev_vars.mjs";
+import { startWorker } from "./helpers.mjs";
 
 const run = promisify(execFile);
+const dir = mkdtempSync(path.join(tmpdir(), "gemini-once-deploy-test-"));
+const fake = path.join(dir, "wrangler");
+const log = path.join(dir, "wrangler.log");
+const state = path.join(dir, "account.json");
+const deployVars = path.join(dir, ".deploy.vars");
 
-describe("deploy", () => {
-  it("bundles with every binding in a dry run", async () => {
-    const outdir = mkdtempSync(path.join(tmpdir(), "gemini-once-dry-run-"));
-    const { stdout } = await run("bash", ["scripts/deploy.sh", "--dry-run", "--outdir", outdir], {
-      env: { ...process.env, CI: "true" },
+// The Cloudflare CLI's stand-in: `secret list` (JSON, or "does not exist" before the first
+// deploy), `deploy` (takes --secrets-file, prints the workers.dev address), `secret put`.
+writeFileSync(fake, `#!/usr/bin/env node
+const fs = require("fs");
+const state = fs.existsSync(process.env.FAKE_STATE) ? JSON.parse(fs.readFileSync(process.env.FAKE_STATE, "utf8")) : { worker: false, secrets: {} };
+const args = process.argv.slice(2);
+const entry = { args };
+let code = 0;
+if (args[0] === "secret" && args[1] === "list") {
+  if (!state.worker) { console.error("X [ERROR] This Worker does not exist on your account. [code: 10007]"); code = 1; }
+  else console.log(JSON.stringify(Object.keys(state.secrets).map((name) => ({ name, type: "secret_text" }))));
+} else if (args[0] === "deploy") {
+  const i = args.indexOf("--secrets-file");
+  if (i >= 0) { entry.secretsFile = args[i + 1]; entry.secrets = JSON.parse(fs.readFileSync(args[i + 1], "utf8")); Object.assign(state.secrets, entry.secrets); }
+  state.worker = true;
+  console.log("Deployed gemini-once triggers\\n  https://gemini-once.example.workers.dev\\n  schedule: */5 * * * *");
+}
+fs.appendFileSync(process.env.FAKE_LOG, JSON.stringify(entry) + "\\n");
+fs.writeFileSync(process.env.FAKE_STATE, JSON.stringify(state));
+process.exit(code);
+`);
+chmodSync(fake, 0o755);
+
+const calls = () => (existsSync(log) ? readFileSync(log, "utf8").trim().split("\n").filter(Boolean).map((l) => JSON.parse(l)) : []);
+const reset = () => rmSync(log, { force: true }) || rmSync(state, { force: true }) || rmSync(deployVars, { force: true });
+
+/** Runs `npm run deploy -- args` with the stand-in; resolves to {code, out}. */
+async function deploy(args, env = {}) {
+  try {
+    const { stdout, stderr } = await run(process.execPath, ["scripts/deploy.mjs", ...args], {
+      env: { ...process.env, GEMINI_API_KEY: "", CI: "true", GEMINI_ONCE_WRANGLER: fake, GEMINI_ONCE_DEPLOY_VARS: deployVars, FAKE_LOG: log, FAKE_STATE: state, ...env },
       maxBuffer: 16 * 1024 * 1024,
       timeout: 600_000,
     });
+    return { code: 0, out: stdout + stderr };
+  } catch (e) {
+    return { code: e.code, out: `${e.stdout}${e.stderr}` };
+  }
+}
+
+let w;
+before(async () => {
+  // Deployed, not yet connected to Gemini: no GEMINI_WEBHOOK_SECRETS.
+  w = await startWorker({ GEMINI_WEBHOOK_SECRETS: undefined }, { http: true });
+});
+after(async () => {
+  await w?.dispose();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+describe("npm run deploy -- --dry-run", () => {
+  it("passes on this checkout's wrangler.toml as it is, and says what is missing", async () => {
+    const outdir = path.join(dir, "bundle");
+    const { code, out } = await deploy(["--dry-run", "--outdir", outdir], { GEMINI_ONCE_WRANGLER: "" });
+    assert.equal(code, 0, out);
     for (const binding of ["env.OPERATION_GATE (OperationGate)", "env.RECONCILE_LEASE (ReconcileLease)", "env.STATS (StatsShard)", "env.OPS_KV"]) {
-      assert.ok(stdout.includes(binding), `${binding} missing from:\n${stdout}`);
+      assert.ok(out.includes(binding), `${binding} missing from:\n${out}`);
     }
-    assert.match(stdout, /--dry-run: exiting now/);
+    assert.match(out, /--dry-run: exiting now/);
+    assert.match(out, /OPS_KV: no id in wrangler.toml, so wrangler creates the namespace/);
+    assert.match(out, /missing: EFFECT_URL is not set/);
+    assert.match(out, /npm run connect/);
+    assert.match(out, /advised: ALERT_URL/);
+    assert.ok(!existsSync(deployVars), "a dry run generates nothing");
+  });
+
+  it("refuses a placeholder KV id before running wrangler", async () => {
+    reset();
+    const config = path.join(dir, "placeholder.toml");
+    writeFileSync(config, readFileSync("wrangler.toml", "utf8").replace('binding = "OPS_KV"', 'binding = "OPS_KV"\nid = "00000000000000000000000000000000"'));
+    const { code, out } = await deploy(["--dry-run", "--config", config]);
+    assert.equal(code, 1, out);
+    assert.match(out, /OPS_KV's id "0{32}" is a placeholder/);
+    assert.deepEqual(calls(), []);
+  });
+});
+
+describe("npm run deploy on a fresh account, then again", () => {
+  it("refuses to deploy without EFFECT_URL, having asked only which secrets exist", async () => {
+    reset();
+    const { code, out } = await deploy(["--url", w.url]);
+    assert.equal(code, 1, out);
+    assert.match(out, /EFFECT_URL is not set/);
+    assert.deepEqual(calls().map((c) => c.args.slice(0, 2)), [["secret", "list"]]);
+    assert.ok(!existsSync(deployVars));
+  });
+
+  it("generates the missing secrets, keeps them for the user, deploys them with the given ones, checks /healthz", async () => {
+    reset();
+    const { code, out } = await deploy(["--set", "EFFECT_URL=https://dest.example/hooks/gemini", "--url", w.url], { GEMINI_API_KEY: "AIza-test" });
+    assert.equal(code, 0, out);
+    const deployCall = calls().find((c) => c.args[0] === "deploy");
+    assert.ok(deployCall, out);
+    assert.deepEqual(Object.keys(deployCall.secrets).sort(), ["ADMIN_TOKEN", "EFFECT_SIGNING_SECRET", "EFFECT_URL", "GEMINI_API_KEY"]);
+    assert.equal(deployCall.secrets.EFFECT_URL, "https://dest.example/hooks/gemini");
+    assert.match(deployCall.secrets.EFFECT_SIGNING_SECRET, /^whsec_[A-Za-z0-9+/]{43}=$/);
+    assert.ok(deployCall.secrets.ADMIN_TOKEN.length >= 40);
+    assert.ok(!existsSync(deployCall.secretsFile), "the secrets file is removed after the deploy");
+    const kept = devVars(deployVars);
+    assert.equal(kept.ADMIN_TOKEN, deployCall.secrets.ADMIN_TOKEN, "the user reads the admin token back here");
+    assert.equal(kept.EFFECT_SIGNING_SECRET, deployCall.secrets.EFFECT_SIGNING_SECRET);
+    assert.equal(statSync(deployVars).mode & 0o777, 0o600);
+    assert.ok(out.includes(deployVars), out);
+    // The worker answers 503 naming GEMINI_WEBHOOK_SECRETS until connected: the next step.
+    assert.match(out, /not connected to Gemini yet. Next: npm run connect -- --url /);
+  });
+
+  it("changes nothing on a second run: nothing generated, nothing uploaded", async () => {
+    const before = readFileSync(deployVars, "utf8");
+    const seen = calls().length;
+    await w.restart({ GEMINI_WEBHOOK_SECRETS: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", ALERT_URL: "https://alerts.example/x" });
+    const { code, out } = await deploy(["--url", w.url]);
+    assert.equal(code, 0, out);
+    const deployCall = calls().slice(seen).find((c) => c.args[0] === "deploy");
+    assert.ok(deployCall && !deployCall.args.includes("--secrets-file"), JSON.stringify(deployCall));
+    assert.equal(readFileSync(deployVars, "utf8"), before);
+    assert.match(out, /healthz: ok/);
   });
 });

@@ -4,7 +4,8 @@
 // record that no longer loads is recovered, kept, and alerted on once; an alarm that fails
 // under a configuration broken for longer than the runtime's retries sets itself again, and the
 // work resumes once the configuration is fixed; a parked effect alerts at once; a video's
-// `video_uri` is its output location; a retention under KV's minimum TTL still keeps dead letters.
+// `video_uri` is its output location; a retention under KV's minimum TTL still keeps dead letters;
+// a parked effect's alert whose send was cut short is sent again without waiting for the claim.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
@@ -310,6 +311,9 @@ describe("a configuration broken for longer than the runtime's alarm retries", (
       ALERT_URL: `${sink.url}/alerts`,
       EFFECT_RETRY_BASE_SECONDS: "1",
       EFFECT_RETRY_MAX_SECONDS: "1",
+      // The effect is retried every second, so a restart may cut an attempt short after it
+      // left: its claim then holds the effect until it expires (10 minutes by default).
+      CLAIM_TTL_SECONDS: "8",
     };
     let w;
     try {
@@ -355,6 +359,42 @@ describe("a configuration broken for longer than the runtime's alarm retries", (
       assert.equal(new Set(dest.requests.filter((r) => r.headers["idempotency-key"] === retrying).map((r) => r.headers["webhook-id"])).size, 1);
     } finally {
       await w?.dispose();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("an alarm run cut short after a failed attempt", () => {
+  // The run that attempts the effect sets the claim's expiry (CLAIM_TTL_SECONDS, 10 minutes by
+  // default) before the call leaves. What the failed attempt leaves owed (its alert, its retry)
+  // must not wait for that expiry if the run is cut short (an eviction, a deploy) before it ends.
+  it("a parked effect's alert whose send was cut short is sent again soon after a restart", { timeout: 120_000 }, async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cut-short-"));
+    let hold = true;
+    const dest = await startDestination(() => ({ status: 400 }));
+    const sink = await startServer(async () => {
+      if (hold) await sleep(20_000);
+      return { status: 200 };
+    });
+    const vars = { EFFECT_URL: `${dest.url}/effects`, ALERT_URL: `${sink.url}/alerts` };
+    let w = await startWorker(vars, { persist: dir });
+    try {
+      const key = "batches/cut-short-parked";
+      assert.equal((await w.deliver("batch.succeeded", key, { output_file_uri: "gs://o/c" })).body.outcome, "applied");
+      await eventually(() => sink.requests.length === 1, { what: "the alert out" });
+      await w.dispose(); // the gate's alarm is still waiting for the sink's answer
+      hold = false;
+      w = await startWorker(vars, { persist: dir });
+      const [again] = await eventually(() => sink.requests.length > 1 && sink.requests.slice(1), {
+        what: "the alert sent again", timeoutMs: 60_000, everyMs: 500,
+      });
+      assert.equal(JSON.parse(again.body).key, key);
+      assert.equal(JSON.parse(again.body).alert_id, JSON.parse(sink.requests[0].body).alert_id, "the same alert");
+      await eventually(async () => (await w.inspect(key)).body.alerts_pending?.length === 0, { what: "the alert accepted" });
+      assert.equal(dest.requests.length, 1, "the parked effect is not run again");
+    } finally {
+      await w.dispose();
+      await Promise.all([dest.close(), sink.close()]);
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });

@@ -30,43 +30,47 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
     logs.push(line);
     if (process.env.SHOW_WORKER_LOGS) console.error(line);
   });
-  const bindings = {
-    GEMINI_WEBHOOK_SECRETS: GEMINI_SECRET,
-    EFFECT_URL: "http://127.0.0.1:9/unset",
-    EFFECT_SIGNING_SECRET: EFFECT_SECRET,
-    ADMIN_TOKEN,
-    // Counters are batched in each gate before going to a stats shard; 1 s instead of the
-    // default 10 keeps the batching path under test without slowing the suite.
-    STATS_FLUSH_SECONDS: "1",
-    ...vars,
+  const options = (more = {}) => {
+    const bindings = {
+      GEMINI_WEBHOOK_SECRETS: GEMINI_SECRET,
+      EFFECT_URL: "http://127.0.0.1:9/unset",
+      EFFECT_SIGNING_SECRET: EFFECT_SECRET,
+      ADMIN_TOKEN,
+      // Counters are batched in each gate before going to a stats shard; 1 s instead of the
+      // default 10 keeps the batching path under test without slowing the suite.
+      STATS_FLUSH_SECONDS: "1",
+      ...vars,
+      ...more,
+    };
+    for (const [k, v] of Object.entries(bindings)) if (v === undefined) delete bindings[k];
+    const gemini = {
+      name: "gemini-once",
+      modules: true,
+      scriptPath: path.join(root, "build/index.js"),
+      modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"] }],
+      compatibilityDate: "2026-04-01",
+      kvNamespaces: ["OPS_KV"],
+      durableObjects: {
+        OPERATION_GATE: { className: "OperationGate", useSQLite: true },
+        RECONCILE_LEASE: { className: "ReconcileLease", useSQLite: true },
+        STATS: { className: "StatsShard", useSQLite: true },
+      },
+      bindings,
+      // The user's own bindings (a queue producer, a service binding), when a test declares them.
+      ...main,
+    };
+    // Other local workers beside it (a queue consumer, a service), when a test has them.
+    return {
+      ...(workers.length ? { workers: [gemini, ...workers] } : gemini),
+      ...(http ? { host: "127.0.0.1", port: 0 } : {}),
+      ...(persist ? { defaultPersistRoot: persist } : {}),
+      handleRuntimeStdio(stdout, stderr) {
+        collect(stdout);
+        collect(stderr);
+      },
+    };
   };
-  for (const [k, v] of Object.entries(bindings)) if (v === undefined) delete bindings[k];
-  const gemini = {
-    name: "gemini-once",
-    modules: true,
-    scriptPath: path.join(root, "build/index.js"),
-    modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"] }],
-    compatibilityDate: "2026-04-01",
-    kvNamespaces: ["OPS_KV"],
-    durableObjects: {
-      OPERATION_GATE: { className: "OperationGate", useSQLite: true },
-      RECONCILE_LEASE: { className: "ReconcileLease", useSQLite: true },
-      STATS: { className: "StatsShard", useSQLite: true },
-    },
-    bindings,
-    // The user's own bindings (a queue producer, a service binding), when a test declares them.
-    ...main,
-  };
-  // Other local workers beside it (a queue consumer, a service), when a test has them.
-  const mf = new Miniflare({
-    ...(workers.length ? { workers: [gemini, ...workers] } : gemini),
-    ...(http ? { host: "127.0.0.1", port: 0 } : {}),
-    ...(persist ? { defaultPersistRoot: persist } : {}),
-    handleRuntimeStdio(stdout, stderr) {
-      collect(stdout);
-      collect(stderr);
-    },
-  });
+  const mf = new Miniflare(options());
   const ready = await mf.ready;
   const worker = {
     mf,
@@ -134,6 +138,11 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
       }
       return Array.isArray(keys) ? metas : metas[0];
     },
+    /**
+     * Restarts the worker with `more` vars on top of its configuration, on the same port and
+     * (with `persist`) the same state: what restarting `npm start` after editing .dev.vars does.
+     */
+    restart: (more) => mf.setOptions(options(more)),
     dispose: () => mf.dispose(),
   };
   return worker;

@@ -157,13 +157,14 @@ const deliver = (worker, type, id, opts = {}) => {
 
 const WEBHOOK_NAME = "webhooks/oa-receiver";
 const ROUTE_TOKEN = "oa-route-credential";
-let w, broken, dest, jwks, gemini;
+let w, broken, dest, jwks, gemini, alerts;
 /** Per key, what the destination answers. */
 const plans = new Map();
 
 before(async () => {
   dest = await startDestination((req) => plans.get(req.headers["idempotency-key"])?.() ?? { status: 200 });
   jwks = await startServer(() => ({ status: 200, body: { keys: [jwk] } }));
+  alerts = await startServer(() => ({ status: 200 }));
   // Gemini's API: the webhook the passes check (GEMINI_WEBHOOK_NAME) is disabled; every
   // operation, asked about by a pass or to confirm a dynamic webhook, is still running.
   gemini = await startServer((req) => req.url.startsWith("/v1beta/webhooks")
@@ -177,6 +178,7 @@ before(async () => {
       GEMINI_API_BASE: gemini.url,
       GEMINI_API_KEY: "test-api-key",
       GEMINI_WEBHOOK_NAME: WEBHOOK_NAME,
+      ALERT_URL: `${alerts.url}/alerts`,
       // Side effects go out at once (no wait for a late registration's kind).
       UNREGISTERED_HOLD_SECONDS: "0",
       // Routes for kinds no test registers: only /v1/config shows them.
@@ -187,7 +189,7 @@ before(async () => {
 });
 after(async () => {
   await Promise.all([w?.dispose(), broken?.dispose()]);
-  await Promise.all([dest?.close(), jwks?.close(), gemini?.close()]);
+  await Promise.all([dest?.close(), jwks?.close(), gemini?.close(), alerts?.close()]);
   dest?.assertAllValid();
 });
 
@@ -223,6 +225,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     const conflicting = await deliver(w, "batch.failed", "batches/oa-hook", { expect: 200 });
     assert.deepEqual([conflicting.body.outcome, conflicting.body.reason], ["dropped", "conflicting_terminal"]);
     assert.equal((await deliver(w, "batch.paused_forever", "batches/oa-hook", { expect: 200 })).body.outcome, "ignored_unknown_type");
+    assert.equal((await deliver(w, "webhook.ping", "batches/oa-hook", { expect: 200 })).body.outcome, "pong");
     await register("batches/oa-jwt", "nightly-review", 201);
     const nudge = envelope("batch.succeeded", "batches/oa-jwt");
     const confirming = await call(w, "POST", "/webhooks/gemini", "/webhooks/gemini", {
@@ -401,6 +404,45 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     }
   });
 
+  it("POST /v1/bulk/retry and /v1/bulk/redeliver; the listing's time ranges", async () => {
+    const [parked, done] = ["batches/oa-bulk-parked", "batches/oa-bulk-done"];
+    let refuse = true;
+    plans.set(parked, () => ({ status: refuse ? 422 : 200 }));
+    await register(parked, "oa-bulk", 201);
+    await register(done, "oa-bulk", 201);
+    await settled(done);
+    await deliver(w, "batch.succeeded", parked, { expect: 200 });
+    await w.ledger(parked, (m) => m.parked);
+    await w.ledger(done, (m) => m.effect_done);
+    refuse = false;
+    const filter = { kind: "oa-bulk" };
+    const dry = await call(w, "POST", "/v1/bulk/retry", "/v1/bulk/retry", { body: { filter, dry_run: true }, expect: 200 });
+    assert.deepEqual([dry.body.matched, dry.body.eligible, dry.body.complete], [2, 1, true]);
+    const first = await call(w, "POST", "/v1/bulk/retry", "/v1/bulk/retry", { body: { filter, reason: "fixed", limit: 1 }, expect: 200 });
+    assert.equal(first.body.complete, false);
+    const rest = await call(w, "POST", "/v1/bulk/retry", "/v1/bulk/retry", { body: { filter, reason: "fixed", limit: 1, cursor: first.body.cursor }, expect: 200 });
+    assert.equal(rest.body.complete, true);
+    assert.deepEqual([rest.body.total.matched, rest.body.total.retried, rest.body.total.skipped_by], [2, 1, { done: 1 }]);
+    await call(w, "POST", "/v1/bulk/retry", "/v1/bulk/retry", { body: { filter: { status: "done" } }, expect: 400 });
+    await call(w, "POST", "/v1/bulk/retry", "/v1/bulk/retry", { body: { filter }, token: false, expect: 401 });
+    await call(w, "POST", "/v1/bulk/retry", "/v1/bulk/retry", { body: oversized(ADMIN_CAP), expect: 413 });
+    await w.ledger(parked, (m) => m.effect_done);
+    const again = await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: { filter, reason: "receiver lost them" }, expect: 200 });
+    assert.deepEqual([again.body.matched, again.body.redelivered, again.body.complete], [2, 2, true]);
+    await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: { filter }, expect: 400 });
+    await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: { filter, reason: "r" }, token: false, expect: 401 });
+    await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: oversized(ADMIN_CAP), expect: 413 });
+    // The same time range filters in the listing: both were registered and settled in the last hour.
+    const hourAgo = new Date(Date.now() - 3_600_000).toISOString();
+    const later = new Date(Date.now() + 3_600_000).toISOString();
+    const range = `submitted_after=${enc(hourAgo)}&submitted_before=${enc(later)}&settled_after=${enc(hourAgo)}&settled_before=${enc(later)}`;
+    const listed = await call(w, "GET", "/v1/operations", `/v1/operations?kind=oa-bulk&${range}`, { expect: 200 });
+    assert.deepEqual(listed.body.operations.map((o) => o.key).sort(), [done, parked]);
+    const none = await call(w, "GET", "/v1/operations", `/v1/operations?kind=oa-bulk&settled_before=${enc(hourAgo)}`, { expect: 200 });
+    assert.deepEqual(none.body.operations, []);
+    await call(w, "GET", "/v1/operations", "/v1/operations?settled_after=yesterday", { expect: 400 });
+  });
+
   it("GET /v1/config", async () => {
     const res = await call(w, "GET", "/v1/config", "/v1/config", { expect: 200 });
     // Every variable the document names is shown, each once.
@@ -451,6 +493,8 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       ["POST", "/v1/operations/{name}/settle", "/v1/operations/batches/x/settle", {}],
       ["GET", "/v1/stats", "/v1/stats", {}],
       ["GET", "/v1/config", "/v1/config", {}],
+      ["POST", "/v1/bulk/retry", "/v1/bulk/retry", {}],
+      ["POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", {}],
     ];
     for (const [method, route, url, opts] of requests) {
       const res = await call(broken, method, route, url, { ...opts, expect: 503 });
@@ -467,7 +511,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
 
   it("documents every route the router names and every list parameter ListQuery::parse accepts", () => {
     // The routes are string literals in the router; a new one must be described.
-    const router = read("src/edge/mod.rs") + read("src/edge/http/admin_api.rs");
+    const router = read("src/edge/mod.rs") + read("src/edge/http/admin_api.rs") + read("src/edge/http/bulk.rs");
     const paths = Object.keys(doc.paths);
     for (const [, literal] of router.matchAll(/"(\/[a-z0-9_/]*)"/g)) {
       assert.ok(paths.some((p) => p === literal || p.startsWith(literal)), `route ${literal} is in docs/openapi.yaml`);

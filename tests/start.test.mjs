@@ -1,10 +1,11 @@
 // `npm start` as a user runs it (wrangler dev, with this tree's .dev.vars, created from the
-// example when absent): it serves the worker and the local stand-ins .dev.vars points at,
-// and a SIGTERM to npm stops all of them, leaving no process and no listening port behind.
+// example when absent): `--fresh` starts from no local state; it serves the worker and the
+// local stand-ins .dev.vars points at, and a SIGTERM to npm stops all of them, leaving no
+// process and no listening port behind.
 import { describe, it, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { eachLine, freePort } from "../scripts/local_worker.mjs";
@@ -30,13 +31,17 @@ const answers = (url) => fetch(url).then(() => true, () => false);
 describe("npm start", () => {
   it("serves the worker and stops with everything it started on SIGTERM", { timeout: 240000 }, async () => {
     const port = await freePort();
-    const npm = spawn("npm", ["start", "--", "--port", String(port), "--ip", "127.0.0.1", "--persist-to", state], { stdio: ["ignore", "pipe", "pipe"] });
+    // State left by an earlier run: --fresh removes it before the worker starts.
+    writeFileSync(path.join(state, "left-from-before"), "x");
+    const npm = spawn("npm", ["start", "--", "--fresh", "--port", String(port), "--ip", "127.0.0.1", "--persist-to", state], { stdio: ["ignore", "pipe", "pipe"] });
     const lines = [];
     eachLine(npm.stdout, (l) => lines.push(l));
     eachLine(npm.stderr, (l) => lines.push(l));
     const exited = new Promise((resolve) => npm.on("exit", resolve));
     try {
       await eventually(() => lines.some((l) => l.includes(`Ready on http://127.0.0.1:${port}`)), { timeoutMs: 200000, everyMs: 500, what: "wrangler dev to be ready" });
+      assert.ok(lines.some((l) => l.startsWith("start: --fresh: removed")), lines.join("\n"));
+      assert.equal(existsSync(path.join(state, "left-from-before")), false, "the old state is gone");
       const health = await fetch(`http://127.0.0.1:${port}/healthz`);
       assert.equal(health.status, 200, await health.text());
       const demo = lines.find((l) => l.startsWith("start: demo destination at "));

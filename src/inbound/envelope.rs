@@ -3,7 +3,9 @@
 //! Guarantees: parsing happens only after the signature was verified on the raw bytes; a body
 //! that is not an envelope (not JSON, no `type`, no `data.id`) is an [`EnvelopeError`], never a
 //! panic; an unknown `type` is a value ([`Meaning::Unknown`]) so that it can be acknowledged and
-//! kept; `batch.completed` (early docs) means `batch.succeeded`; everything in `data` except
+//! kept; a test delivery ([`Meaning::Ping`]) is recognized by its type alone, so it needs no
+//! `data.id` and is never mistaken for an unusable body; `batch.completed` (early docs) means
+//! `batch.succeeded`; everything in `data` except
 //! the id is carried to the side effect as details, normalized by
 //! [`crate::operation::effect::normalize_details`] into the shape a status-API answer also gives.
 
@@ -37,8 +39,19 @@ pub enum Meaning {
         status: Status,
         collection: Collection,
     },
+    /// A test delivery (`POST v1beta/webhooks/{id}:ping`): acknowledge it, apply nothing,
+    /// keep nothing. Its type is not documented (the SDKs say only "sends a ping event" and
+    /// type neither the request nor the answer), so [`is_ping_type`] takes `ping` and any
+    /// `<resource>.ping` (e.g. `webhook.ping`); any other type stays [`Meaning::Unknown`].
+    Ping,
     /// A type this receiver does not know: acknowledge it, keep it, apply nothing.
     Unknown,
+}
+
+/// Whether `event_type` names a ping: `ping` itself or a `.ping` suffix, any case.
+pub fn is_ping_type(event_type: &str) -> bool {
+    let t = event_type.trim().to_ascii_lowercase();
+    t == "ping" || t.ends_with(".ping")
 }
 
 /// Why a verified body is not a usable envelope.
@@ -83,6 +96,16 @@ pub fn parse(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         Some(Value::String(t)) => parse_rfc3339_ms(t).unwrap_or(0),
         _ => 0,
     };
+    // A ping names no operation: whatever its `data` holds (if anything), it is only
+    // acknowledged.
+    if is_ping_type(&event_type) {
+        return Ok(Envelope {
+            event_type,
+            id: String::new(),
+            timestamp_ms,
+            details: Map::new(),
+        });
+    }
     let Some(Value::Object(mut data)) = top.remove("data") else {
         return Err(EnvelopeError::MissingData);
     };
@@ -116,6 +139,7 @@ pub fn meaning(event_type: &str) -> Meaning {
         "interaction.cancelled" => (Status::Cancelled, Interactions),
         "interaction.requires_action" => (Status::RequiresAction, Interactions),
         "video.generated" => (Status::Succeeded, Operations),
+        t if is_ping_type(t) => return Meaning::Ping,
         _ => return Meaning::Unknown,
     };
     Meaning::Status { status, collection }
@@ -128,7 +152,7 @@ mod tests {
     fn status_of(t: &str) -> (Status, Collection) {
         match meaning(t) {
             Meaning::Status { status, collection } => (status, collection),
-            Meaning::Unknown => panic!("{t} should be known"),
+            other => panic!("{t} should be a status, is {other:?}"),
         }
     }
 
@@ -178,6 +202,28 @@ mod tests {
     fn unknown_type_is_a_value_not_an_error() {
         let e = parse(br#"{"type":"batch.exploded","data":{"id":"b"}}"#).unwrap();
         assert_eq!(meaning(&e.event_type), Meaning::Unknown);
+    }
+
+    #[test]
+    fn a_ping_needs_no_operation_and_is_not_unknown() {
+        for body in [
+            &br#"{"type":"webhook.ping","version":"v1","timestamp":"2026-01-22T12:00:00Z"}"#[..],
+            br#"{"type":"ping","data":{}}"#,
+            br#"{"type":"webhook.ping","data":{"id":"wh_1","webhook_id":"wh_1"}}"#,
+            br#"{"type":" Webhook.PING ","data":"not an object"}"#,
+        ] {
+            let e = parse(body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+            assert_eq!(meaning(&e.event_type), Meaning::Ping, "{body:?}");
+            assert!(e.id.is_empty() && e.details.is_empty());
+        }
+        // Only the type decides: lookalikes stay unknown, and a ping still needs a type.
+        for t in ["pinged", "batch.ping_test", "webhook.pong", "webhookping"] {
+            assert_eq!(meaning(t), Meaning::Unknown, "{t}");
+        }
+        assert_eq!(
+            parse(br#"{"data":{"ping":true}}"#).unwrap_err(),
+            EnvelopeError::MissingType
+        );
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! What arrives: Gemini's deliveries, their envelopes and tokens, and nudges naming operations
 //! nobody registered.
 
+pub mod answer;
+pub mod classify;
 pub mod envelope;
 pub mod jwt;
+pub mod route_log;
 pub mod stranger;

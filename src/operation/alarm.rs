@@ -488,6 +488,15 @@ pub fn attempt_finished(
     step
 }
 
+/// Whether the alarm is set as soon as `step` is stored rather than at the end of the run:
+/// an attempt that left work owed (its retry, a parked effect's alert) moves the alarm from
+/// the claim's expiry to that work at once, so a run cut short before its end does not wait
+/// out the claim. A success leaves the alarm to the end of the run.
+pub fn sets_alarm_at_once(step: &Step<AlarmDone>) -> bool {
+    matches!(step.reply, AlarmDone::AttemptFinished(_))
+        && step.record.as_ref().is_some_and(|op| !op.effect().done())
+}
+
 /// The upkeep the alarm does last: counted events to flush to a stats shard and the record
 /// to project into the KV ledger (with its `open:` index entry), when each is due.
 #[derive(Debug, Clone, PartialEq)]
@@ -855,6 +864,33 @@ mod tests {
         }
         assert_eq!(kinds(&run.next(&op, 30, &LIMITS, true)), "upkeep");
         assert_eq!(kinds(&run.next(&op, 30, &LIMITS, true)), "none");
+    }
+
+    #[test]
+    fn an_attempt_that_leaves_work_owed_sets_the_alarm_at_once_a_success_at_the_end() {
+        let op = deliver(registered("batches/a"), Status::Succeeded, 10);
+        let (claim, s) = begin_attempt(op, 10, &LIMITS).unwrap();
+        assert!(
+            !sets_alarm_at_once(&s),
+            "a claim: its expiry is set with it"
+        );
+        let held = s.record.unwrap();
+        let finish = |outcome| {
+            let attempt = Attempt {
+                claim,
+                outcome,
+                started_ms: 10,
+                finished_ms: 20,
+            };
+            attempt_finished(held.clone(), &attempt, &LIMITS, 0.5)
+        };
+        assert!(sets_alarm_at_once(&finish(AttemptOutcome::Retry(
+            "503".into()
+        ))));
+        assert!(sets_alarm_at_once(&finish(AttemptOutcome::Park(
+            "400".into()
+        ))));
+        assert!(!sets_alarm_at_once(&finish(AttemptOutcome::Delivered)));
     }
 
     #[test]

@@ -26,6 +26,8 @@
 //! no answer (timeout, network error) costs only its own entry, which the cursor moves past
 //! and the next coverage of the ledger revisits; [`StatusHealth`] turns a run of them into a
 //! back-off of every status call, as a 429 does.
+//!
+//! The pass that puts these decisions in order is [`crate::reconciliation::pass`].
 
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +35,7 @@ use crate::operation::alert::AlertKind;
 use crate::operation::ledger::{may_need_work, LedgerMeta};
 
 /// The thresholds a pass decides with (seconds).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Thresholds {
     pub grace_secs: i64,
     pub stuck_after_secs: i64,

@@ -28,6 +28,8 @@ pub const ALERTS: &str = "alerts";
 pub const REDELIVERIES: &str = "redeliveries";
 /// Nudges for unregistered names Gemini's status API answered 404 for (nothing was stored).
 pub const STRANGER_NUDGES: &str = "stranger_nudges";
+/// Signed test deliveries (Gemini's `:ping`), answered 2xx and kept nowhere else.
+pub const PINGS: &str = "pings";
 
 /// A counter a gate counts in its record, by name ([`Counter::name`] gives the spelling the
 /// shards, `/v1/stats` and the dashboard read).

@@ -45,6 +45,8 @@ log_events! {
     Rejected => "rejected",
     RejectedSummary => "rejected_summary",
     DeadLetter => "dead_letter",
+    /// A signed test delivery (Gemini's `:ping`): acknowledged, nothing kept.
+    Ping => "ping",
     Unavailable => "unavailable",
     /// Dynamic-webhook keys.
     JwksFetched => "jwks_fetched",

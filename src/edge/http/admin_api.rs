@@ -2,7 +2,7 @@
 //!
 //! Guarantees: the token is checked (constant time) before anything else is read; every
 //! change goes through the operation's gate (register, retry, redeliver, forget, repair,
-//! settle); listing and search read the ledger's metadata only; `/v1/config` shows no secret;
+//! settle; one at a time or in bulk, `bulk.rs`); listing and search read the ledger's metadata only; `/v1/config` shows no secret;
 //! a name in the path may be percent-encoded, may contain slashes and may be any accepted form
 //! of the name.
 
@@ -44,6 +44,9 @@ pub async fn handle(
         return Err(EdgeError::Unauthorized);
     }
     let path = req.path();
+    if let Some(action) = path.strip_prefix("/v1/bulk/") {
+        return super::bulk::handle(&mut req, method, action, env, config).await;
+    }
     if path == "/v1/stats" {
         return match method {
             Method::Get => {

@@ -5,22 +5,25 @@
 //! only when the set changed), so a cold isolate reads it once from KV instead of fetching
 //! it; an unknown `kid` triggers a refetch at most once a minute; when the key-set endpoint
 //! is down, the cached keys keep serving.
-//! Guarantees: the pure checks of [`crate::inbound::jwt`] run first (alg, kid, shape), so a hostile
-//! token never reaches WebCrypto; an invalid token is a [`Refusal::Invalid`] (401), including
-//! a `kid` absent from a freshly fetched set; a `kid` the cache lacks while the set cannot be
-//! refreshed (the last fetch just failed) is [`Refusal::RetryAfter`] (503), so Gemini retries.
+//! Guarantees: it is given a token [`crate::inbound::classify::screen`] already parsed (alg,
+//! kid, shape), so a hostile token never reaches WebCrypto; its claims are checked after the
+//! signature, by [`crate::inbound::classify::vouch`]. An invalid signature is
+//! [`Refusal::Token`] (401), including a `kid` absent from a freshly fetched set; a `kid` the
+//! cache lacks while the set cannot be refreshed (the last fetch just failed) is
+//! [`Refusal::KeysUnavailable`] (503), so Gemini retries.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 
 use js_sys::{Array, Function, Object, Promise, Reflect, Uint8Array};
-use serde_json::{json, Map, Value};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use worker::{Env, Method};
 
 use crate::config::Config;
-use crate::inbound::jwt::{check_claims, parse, parse_jwks, JwtError, RsaJwk};
+use crate::inbound::classify::Refusal;
+use crate::inbound::jwt::{parse_jwks, JwtError, RsaJwk, Token};
+use crate::inbound::route_log::RouteLog;
 use crate::retry::Class;
 
 use crate::edge::log;
@@ -52,46 +55,27 @@ thread_local! {
     static CACHE: RefCell<KeyCache> = RefCell::new(KeyCache::default());
 }
 
-/// Why a token was not accepted.
-pub enum Refusal {
-    /// The token is not valid (401).
-    Invalid(JwtError),
-    /// Its key is not known and the key set cannot be refreshed right now: retry after this
-    /// many seconds (503).
-    RetryAfter(u32),
-}
-
-impl From<JwtError> for Refusal {
-    fn from(e: JwtError) -> Self {
-        Refusal::Invalid(e)
-    }
-}
-
-/// Verifies a compact JWT; returns its claims.
-pub async fn verify(
-    env: &Env,
-    config: &Config,
-    compact: &str,
-    now_ms: i64,
-) -> Result<Map<String, Value>, Refusal> {
-    let token = parse(compact)?;
+/// Verifies a parsed token's RS256 signature with the key its `kid` names.
+pub async fn verify(env: &Env, config: &Config, token: &Token, now_ms: i64) -> Result<(), Refusal> {
     let jwk = find_key(env, config, &token.kid, now_ms).await?;
     let key = import(&jwk).await.map_err(|e| {
-        log(json!({"event": "jwks_import_failed", "kid": jwk.kid, "error": format!("{e:?}")}));
-        JwtError::KeysUnavailable
+        log_line(RouteLog::JwksImportFailed {
+            kid: jwk.kid.clone(),
+            error: format!("{e:?}"),
+        });
+        Refusal::Token(JwtError::KeysUnavailable)
     })?;
     let valid = webcrypto_verify(&key, &token.signature, token.signing_input.as_bytes())
         .await
-        .map_err(|_| JwtError::Signature)?;
+        .map_err(|_| Refusal::Token(JwtError::Signature))?;
     if !valid {
-        return Err(JwtError::Signature.into());
+        return Err(Refusal::Token(JwtError::Signature));
     }
-    check_claims(
-        &token.claims,
-        now_ms.div_euclid(1_000),
-        config.gemini_jwt_audience.as_deref(),
-    )?;
-    Ok(token.claims)
+    Ok(())
+}
+
+fn log_line(line: RouteLog) {
+    log(line.to_value());
 }
 
 fn cached(kid: &str) -> Option<RsaJwk> {
@@ -140,8 +124,8 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
         }
     }
     match refresh_decision(now_ms) {
-        Refresh::Unknown => return Err(JwtError::UnknownKid.into()),
-        Refresh::Wait(secs) => return Err(Refusal::RetryAfter(secs)),
+        Refresh::Unknown => return Err(Refusal::Token(JwtError::UnknownKid)),
+        Refresh::Wait(secs) => return Err(Refusal::KeysUnavailable { retry_after: secs }),
         Refresh::Fetch => {}
     }
     let headers = [("accept", "application/json".to_string())];
@@ -175,20 +159,24 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
                         Err(e) => Err(format!("{e:?}")),
                     };
                     if let Err(e) = stored {
-                        log(json!({"event": "jwks_cache_write_failed", "error": e}));
+                        log_line(RouteLog::JwksCacheWriteFailed { error: e });
                     }
                 }
-                log(json!({"event": "jwks_fetched", "changed": changed,
-                    "keys": CACHE.with(|c| c.borrow().keys.len())}));
-                return cached(kid).ok_or(Refusal::Invalid(JwtError::UnknownKid));
+                log_line(RouteLog::JwksFetched {
+                    changed,
+                    keys: CACHE.with(|c| c.borrow().keys.len()),
+                });
+                return cached(kid).ok_or(Refusal::Token(JwtError::UnknownKid));
             }
             Err(_) => "unreadable key set".to_string(),
         },
         _ => answer.summary(),
     };
-    log(json!({"event": "jwks_fetch_failed", "error": failure}));
+    log_line(RouteLog::JwksFetchFailed { error: failure });
     CACHE.with(|c| c.borrow_mut().failed_ms = Some(now_ms));
-    Err(Refusal::RetryAfter((RETRY_FAILED_FETCH_MS / 1_000) as u32))
+    Err(Refusal::KeysUnavailable {
+        retry_after: (RETRY_FAILED_FETCH_MS / 1_000) as u32,
+    })
 }
 
 fn subtle() -> Result<JsValue, JsValue> {

@@ -2,6 +2,7 @@
 //! one place an error becomes an HTTP answer.
 
 pub mod admin_api;
+pub mod bulk;
 pub mod dynamic_webhook;
 pub mod error;
 pub mod webhook;

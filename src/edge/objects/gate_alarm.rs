@@ -147,7 +147,11 @@ impl OperationGate {
         };
         let current = self.storage.load()?.unwrap_or(op);
         let step = alarm::attempt_finished(current.clone(), &attempt, &limits, random_unit());
-        self.apply(step, current, config, Alarm::Deferred).await
+        let alarm = match alarm::sets_alarm_at_once(&step) {
+            true => Alarm::Sync,
+            false => Alarm::Deferred,
+        };
+        self.apply(step, current, config, alarm).await
     }
 
     /// Last: flushes the sealed events to this operation's stats shard and projects the

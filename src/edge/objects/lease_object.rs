@@ -105,13 +105,7 @@ impl DurableObject for ReconcileLease {
                         }
                     }
                     self.write("guard", &json!({"guard": guard, "alerts": owed}))?;
-                    let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(
-                        now as f64,
-                    ));
-                    self.state
-                        .storage()
-                        .set_alarm(worker::ScheduledTime::new(date))
-                        .await?;
+                    self.set_alarm_in(0).await?;
                 }
                 return Response::from_json(&LeaseReply::StrangerCounted { alert });
             }
@@ -248,6 +242,9 @@ impl ReconcileLease {
         if owed.is_empty() {
             return Ok(());
         }
+        // The alarm that woke us is spent: set the retry before anything leaves, so a run cut
+        // short mid-send (an eviction, a deploy) still wakes the guard to send again.
+        self.set_alarm_in(ALERT_RETRY_MS).await?;
         let sent = match load_config(&self.env) {
             Ok(config) => {
                 let mut sent = 0;
@@ -278,15 +275,20 @@ impl ReconcileLease {
                 .map(|v| v["guard"].clone());
             self.write("guard", &json!({"guard": guard, "alerts": owed}))?;
         }
-        if !owed.is_empty() {
-            let at = Date::now().as_millis() as f64 + ALERT_RETRY_MS as f64;
-            let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(at));
-            self.state
-                .storage()
-                .set_alarm(worker::ScheduledTime::new(date))
-                .await?;
+        if owed.is_empty() {
+            self.state.storage().delete_alarm().await?;
         }
         Ok(())
+    }
+
+    /// Sets this object's alarm `ms` from now.
+    async fn set_alarm_in(&self, ms: i64) -> Result<()> {
+        let at = Date::now().as_millis() as f64 + ms as f64;
+        let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(at));
+        self.state
+            .storage()
+            .set_alarm(worker::ScheduledTime::new(date))
+            .await
     }
 
     /// The row of `table` (an error when the table does not exist).

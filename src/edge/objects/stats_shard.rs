@@ -170,7 +170,7 @@ pub struct StatsShard {
     meter: Meter,
 }
 
-/// The shard's database as [`shard_store`](crate::telemetry::shard_store) sees it, each statement counted by the meter.
+/// The shard's database as [`crate::telemetry::shard_store`] sees it, each statement counted by the meter.
 struct ShardSql<'a> {
     meter: &'a Meter,
     sql: SqlStorage,

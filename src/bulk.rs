@@ -1,0 +1,740 @@
+//! Bulk actions over the operations listing: `POST /v1/bulk/retry` and `/v1/bulk/redeliver`.
+//!
+//! Guarantees: a bulk action selects operations with the listing's own filters
+//! ([`ListQuery`], parsed by the same code) and acts on each one only through the operator's
+//! single action, sent to its gate: retry-now (same generation, same `webhook-id`) for an
+//! effect not done, a deliberate redelivery (a new generation) for a done one. An entry whose
+//! metadata shows the action does not apply (done, in flight, forgotten, no outcome yet) is
+//! skipped without a call; the gate still refuses what its record says does not apply. A dry
+//! run calls no gate and changes nothing. One request acts on at most `limit` operations, one
+//! every `1 / per_second` seconds (so a destination that just recovered sees a steady trickle,
+//! never the whole backlog at once), and a run resumes from an opaque cursor bound to its
+//! action, dry-run flag and filter, which carries the run's totals so far.
+//!
+//! Pacing holds within a run, whose requests follow one another; runs started side by side
+//! add up. A request costs at most 5 KV lists and `limit` gate calls: 25 subrequests by
+//! default (inside the Free plan's 50), 105 at most.
+
+use std::collections::BTreeMap;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use crate::admin::{ListError, ListQuery, MAX_REASON_CHARS};
+use crate::operation::gate_protocol::{GateCommand, GateReply, OperatorAction};
+use crate::operation::ledger::LedgerMeta;
+use crate::operation::OperatorRefusal;
+use crate::reconciliation::reconcile::Resume;
+
+/// Operations one request acts on by default: with the listing's KV pages this stays inside
+/// the Free plan's 50 subrequests.
+pub const DEFAULT_BULK_LIMIT: usize = 20;
+/// The most one request acts on (gate calls, each one subrequest).
+pub const MAX_BULK_LIMIT: usize = 100;
+/// Actions a second by default: a recovered destination gets a trickle, not a burst.
+pub const DEFAULT_PER_SECOND: u32 = 5;
+pub const MAX_PER_SECOND: u32 = 50;
+/// The longest one request spends pacing; `limit` is cut to fit (`per_second` × this).
+pub const MAX_PACED_SECONDS: usize = 30;
+
+/// Which operator action a bulk request applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BulkAction {
+    /// Retry-now of effects not done (same generation and `webhook-id`).
+    Retry,
+    /// Deliberate redelivery of done effects (a new generation and `webhook-id`).
+    Redeliver,
+}
+
+impl BulkAction {
+    /// The action named by the route's last segment.
+    pub fn from_path(segment: &str) -> Option<BulkAction> {
+        match segment {
+            "retry" => Some(BulkAction::Retry),
+            "redeliver" => Some(BulkAction::Redeliver),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BulkAction::Retry => "retry",
+            BulkAction::Redeliver => "redeliver",
+        }
+    }
+}
+
+/// Why an operation matched but was not acted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// Retry: the effect is done (redeliver it instead).
+    Done,
+    /// Redeliver: the effect is not done (retry it instead).
+    NotDone,
+    /// An attempt holds a live claim.
+    InFlight,
+    Forgotten,
+    /// Not terminal: no side effect is owed yet.
+    NoOutcome,
+    /// Its gate has no record, or only a tombstone (retention ended).
+    Gone,
+    /// The gate refused for another reason.
+    Refused,
+}
+
+/// What to do with one matching entry, from its metadata alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    Act,
+    Skip(SkipReason),
+}
+
+/// Decides from the ledger's metadata whether the action applies to an entry. The metadata
+/// may lag the gate; the gate decides again on its own record.
+pub fn plan(action: BulkAction, meta: &LedgerMeta, now_secs: i64) -> Plan {
+    if meta.forgotten {
+        return Plan::Skip(SkipReason::Forgotten);
+    }
+    if !meta.status.is_terminal() {
+        return Plan::Skip(SkipReason::NoOutcome);
+    }
+    match action {
+        BulkAction::Retry if meta.effect_done => Plan::Skip(SkipReason::Done),
+        BulkAction::Retry if meta.claim_expires.is_some_and(|e| e > now_secs) => {
+            Plan::Skip(SkipReason::InFlight)
+        }
+        BulkAction::Redeliver if !meta.effect_done => Plan::Skip(SkipReason::NotDone),
+        _ => Plan::Act,
+    }
+}
+
+/// What the gate did with one command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Retried,
+    Redelivered,
+    Skipped(SkipReason),
+    /// The call failed or the reply was unexpected; the text is for the log only.
+    Failed(String),
+}
+
+/// Reads the gate's reply to [`BulkRequest::command`].
+pub fn outcome(reply: &GateReply) -> Outcome {
+    match reply {
+        GateReply::Redelivered {
+            action: OperatorAction::RetryNow,
+            ..
+        } => Outcome::Retried,
+        GateReply::Redelivered {
+            action: OperatorAction::Redeliver,
+            ..
+        } => Outcome::Redelivered,
+        GateReply::Refused { reason } => {
+            let of = |r: OperatorRefusal| r.as_str() == reason.as_str();
+            Outcome::Skipped(if of(OperatorRefusal::AlreadyDone) {
+                SkipReason::Done
+            } else if of(OperatorRefusal::NotDone) {
+                SkipReason::NotDone
+            } else if of(OperatorRefusal::InFlight) {
+                SkipReason::InFlight
+            } else if of(OperatorRefusal::Forgotten) {
+                SkipReason::Forgotten
+            } else if of(OperatorRefusal::NotTerminal) {
+                SkipReason::NoOutcome
+            } else if of(OperatorRefusal::Retired) {
+                SkipReason::Gone
+            } else {
+                SkipReason::Refused
+            })
+        }
+        GateReply::NotFound => Outcome::Skipped(SkipReason::Gone),
+        other => Outcome::Failed(format!("unexpected gate reply {other:?}")),
+    }
+}
+
+/// A run's counts: of this request, or of the whole run so far (carried in the cursor).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    #[serde(default)]
+    pub matched: u64,
+    /// Dry run: matched entries the action applies to, by their metadata.
+    #[serde(default)]
+    pub eligible: u64,
+    #[serde(default)]
+    pub retried: u64,
+    #[serde(default)]
+    pub redelivered: u64,
+    #[serde(default)]
+    pub skipped: BTreeMap<SkipReason, u64>,
+    #[serde(default)]
+    pub failed: u64,
+}
+
+impl Counts {
+    fn add(&mut self, other: &Counts) {
+        self.matched += other.matched;
+        self.eligible += other.eligible;
+        self.retried += other.retried;
+        self.redelivered += other.redelivered;
+        self.failed += other.failed;
+        for (reason, n) in &other.skipped {
+            *self.skipped.entry(*reason).or_default() += n;
+        }
+    }
+
+    /// The counts as answered: a dry run says what would happen, a run what did.
+    pub fn view(&self, dry_run: bool) -> Value {
+        let skipped: u64 = self.skipped.values().sum();
+        let by = json!(self.skipped);
+        if dry_run {
+            return json!({"matched": self.matched, "eligible": self.eligible, "skipped": skipped, "skipped_by": by});
+        }
+        json!({"matched": self.matched, "retried": self.retried, "redelivered": self.redelivered,
+               "skipped": skipped, "skipped_by": by, "failed": self.failed})
+    }
+}
+
+/// Why a bulk request was refused (answered 400 with this text).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BulkError {
+    #[error("body must be {{\"filter\": {{...the listing's filters...}}, \"reason\": \"...\", \"dry_run\": true|false, \"limit\": 1-{MAX_BULK_LIMIT}, \"per_second\": 1-{MAX_PER_SECOND}, \"cursor\": \"...\"}}: {0}")]
+    BadBody(String),
+    #[error("filter.{0} must be a string or a boolean")]
+    FilterValue(String),
+    #[error("filter.{0} is not a filter; give it beside the filter")]
+    FilterParam(String),
+    #[error("filter: {0}")]
+    Filter(ListError),
+    #[error("reason is required for a redelivery")]
+    MissingReason,
+    #[error("limit must be a whole number from 1 to {MAX_BULK_LIMIT}")]
+    Limit,
+    #[error("per_second must be a whole number from 1 to {MAX_PER_SECOND}")]
+    PerSecond,
+    #[error("cursor is not one this route issued for this action, dry_run and filter")]
+    Cursor,
+}
+
+/// A valid bulk request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BulkRequest {
+    pub action: BulkAction,
+    pub filter: ListQuery,
+    /// What the operator gave (trimmed, at most 500 characters); empty when none.
+    pub reason: String,
+    pub dry_run: bool,
+    pub limit: usize,
+    pub per_second: u32,
+    /// Where this request starts, and the run's totals before it.
+    pub resume: Resume,
+    pub before: Counts,
+    fingerprint: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    #[serde(default)]
+    filter: Map<String, Value>,
+    reason: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+    limit: Option<usize>,
+    per_second: Option<u32>,
+    cursor: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct BulkCursor {
+    #[serde(default)]
+    c: Option<String>,
+    #[serde(default)]
+    a: Option<String>,
+    f: String,
+    #[serde(default)]
+    t: Counts,
+}
+
+/// Parses a bulk request's body for `action`.
+pub fn parse_bulk(action: BulkAction, body: &[u8]) -> Result<BulkRequest, BulkError> {
+    let text = if body.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        body
+    };
+    let parsed: Body =
+        serde_json::from_slice(text).map_err(|e| BulkError::BadBody(e.to_string()))?;
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for (name, value) in &parsed.filter {
+        if name == "limit" || name == "cursor" {
+            return Err(BulkError::FilterParam(name.clone()));
+        }
+        let text = match value {
+            Value::String(s) => s.clone(),
+            Value::Bool(b) => b.to_string(),
+            _ => return Err(BulkError::FilterValue(name.clone())),
+        };
+        pairs.push((name.clone(), text));
+    }
+    let filter = ListQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(BulkError::Filter)?;
+    let reason: String = parsed
+        .reason
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .take(MAX_REASON_CHARS)
+        .collect();
+    if action == BulkAction::Redeliver && reason.is_empty() {
+        return Err(BulkError::MissingReason);
+    }
+    let limit = parsed.limit.unwrap_or(DEFAULT_BULK_LIMIT);
+    if !(1..=MAX_BULK_LIMIT).contains(&limit) {
+        return Err(BulkError::Limit);
+    }
+    let per_second = parsed.per_second.unwrap_or(DEFAULT_PER_SECOND);
+    if !(1..=MAX_PER_SECOND).contains(&per_second) {
+        return Err(BulkError::PerSecond);
+    }
+    pairs.sort();
+    let fingerprint = fingerprint(action, parsed.dry_run, &pairs);
+    let (resume, before) = match parsed.cursor.as_deref() {
+        None => (Resume::default(), Counts::default()),
+        Some(text) => {
+            let cursor = decode(text).ok_or(BulkError::Cursor)?;
+            if cursor.f != fingerprint {
+                return Err(BulkError::Cursor);
+            }
+            (
+                Resume {
+                    cursor: cursor.c,
+                    after_key: cursor.a,
+                },
+                cursor.t,
+            )
+        }
+    };
+    Ok(BulkRequest {
+        action,
+        filter,
+        reason,
+        dry_run: parsed.dry_run,
+        limit,
+        per_second,
+        resume,
+        before,
+        fingerprint,
+    })
+}
+
+/// Binds a cursor to what it resumes: the action, the dry-run flag and the filter.
+fn fingerprint(action: BulkAction, dry_run: bool, sorted_pairs: &[(String, String)]) -> String {
+    let mut hash = Sha256::new();
+    hash.update(action.as_str());
+    hash.update([u8::from(dry_run)]);
+    for (k, v) in sorted_pairs {
+        hash.update((k.len() as u64).to_le_bytes());
+        hash.update(k);
+        hash.update((v.len() as u64).to_le_bytes());
+        hash.update(v);
+    }
+    URL_SAFE_NO_PAD.encode(&hash.finalize()[..12])
+}
+
+fn decode(text: &str) -> Option<BulkCursor> {
+    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(text).ok()?).ok()
+}
+
+impl BulkRequest {
+    /// The most operations this request acts on: `limit`, cut so that pacing fits in
+    /// [`MAX_PACED_SECONDS`]. A dry run calls no gate and is bounded by the pages it lists.
+    pub fn page_limit(&self) -> usize {
+        self.limit
+            .min(self.per_second as usize * MAX_PACED_SECONDS)
+            .max(1)
+    }
+
+    /// The wait between two gate calls.
+    pub fn pause_ms(&self) -> u64 {
+        1_000 / u64::from(self.per_second)
+    }
+
+    /// The command sent to the gate of each operation acted on; the reason recorded in its
+    /// history says it came from a bulk action.
+    pub fn command(&self) -> GateCommand {
+        let reason = if self.reason.is_empty() {
+            format!("bulk {}", self.action.as_str())
+        } else {
+            format!("bulk {}: {}", self.action.as_str(), self.reason)
+        };
+        match self.action {
+            BulkAction::Retry => GateCommand::RetryNow { reason },
+            BulkAction::Redeliver => GateCommand::Redeliver { reason },
+        }
+    }
+
+    /// Whether an entry (key without `op:`) passes the filter: the listing's own rules.
+    pub fn matches(&self, key: &str, meta: &LedgerMeta, now_secs: i64, stuck_after: i64) -> bool {
+        self.filter.matches(meta, now_secs, stuck_after) && self.filter.matches_key(key, meta)
+    }
+}
+
+/// One request's walk: what it counted, and whether it may act on another operation.
+#[derive(Debug, Clone)]
+pub struct BulkRun {
+    pub request: BulkRequest,
+    pub counts: Counts,
+}
+
+impl BulkRun {
+    pub fn new(request: BulkRequest) -> BulkRun {
+        BulkRun {
+            request,
+            counts: Counts::default(),
+        }
+    }
+
+    /// True once this request has taken as many matching operations as it may: the walk
+    /// stops before the next matching entry and answers a cursor.
+    pub fn full(&self) -> bool {
+        !self.request.dry_run && self.counts.matched >= self.request.page_limit() as u64
+    }
+
+    /// Counts a matching entry; true when its gate is to be called now (never in a dry run).
+    pub fn take(&mut self, meta: &LedgerMeta, now_secs: i64) -> bool {
+        self.counts.matched += 1;
+        match plan(self.request.action, meta, now_secs) {
+            Plan::Skip(reason) => {
+                *self.counts.skipped.entry(reason).or_default() += 1;
+                false
+            }
+            Plan::Act if self.request.dry_run => {
+                self.counts.eligible += 1;
+                false
+            }
+            Plan::Act => true,
+        }
+    }
+
+    /// Records what the gate did with an operation this run acted on.
+    pub fn record(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Retried => self.counts.retried += 1,
+            Outcome::Redelivered => self.counts.redelivered += 1,
+            Outcome::Skipped(reason) => *self.counts.skipped.entry(*reason).or_default() += 1,
+            Outcome::Failed(_) => self.counts.failed += 1,
+        }
+    }
+
+    /// The answer: this request's counts at the top, the run's so far under `total`, and the
+    /// cursor to pass back (with the same body) while `complete` is false.
+    pub fn answer(&self, resume: Option<&Resume>) -> Value {
+        let mut total = self.request.before.clone();
+        total.add(&self.counts);
+        let dry_run = self.request.dry_run;
+        let mut answer = self.counts.view(dry_run);
+        let cursor = resume.map(|r| {
+            let token = BulkCursor {
+                c: r.cursor.clone(),
+                a: r.after_key.clone(),
+                f: self.request.fingerprint.clone(),
+                t: total.clone(),
+            };
+            URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default())
+        });
+        answer["action"] = json!(self.request.action.as_str());
+        answer["dry_run"] = json!(dry_run);
+        answer["complete"] = json!(cursor.is_none());
+        answer["cursor"] = json!(cursor);
+        answer["total"] = total.view(dry_run);
+        if !dry_run {
+            answer["pace"] =
+                json!({"per_second": self.request.per_second, "limit": self.request.page_limit()});
+        }
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::gate_protocol::EffectReport;
+
+    fn meta(status: &str, done: bool) -> LedgerMeta {
+        LedgerMeta {
+            effect_done: done,
+            ..LedgerMeta::sample(status)
+        }
+    }
+
+    fn parse(action: BulkAction, body: &str) -> Result<BulkRequest, BulkError> {
+        parse_bulk(action, body.as_bytes())
+    }
+
+    #[test]
+    fn retry_acts_on_terminal_effects_not_done() {
+        let r = BulkAction::Retry;
+        assert_eq!(plan(r, &meta("succeeded", false), 10), Plan::Act);
+        assert_eq!(plan(r, &meta("failed", false), 10), Plan::Act);
+        assert_eq!(
+            plan(r, &meta("succeeded", true), 10),
+            Plan::Skip(SkipReason::Done)
+        );
+        assert_eq!(
+            plan(r, &meta("running", false), 10),
+            Plan::Skip(SkipReason::NoOutcome)
+        );
+        let mut claimed = meta("succeeded", false);
+        claimed.claim_expires = Some(11);
+        assert_eq!(plan(r, &claimed, 10), Plan::Skip(SkipReason::InFlight));
+        assert_eq!(plan(r, &claimed, 11), Plan::Act, "a lapsed claim");
+        let mut forgotten = meta("succeeded", false);
+        forgotten.forgotten = true;
+        assert_eq!(plan(r, &forgotten, 10), Plan::Skip(SkipReason::Forgotten));
+        let mut parked = meta("expired", false);
+        parked.parked = true;
+        assert_eq!(plan(r, &parked, 10), Plan::Act, "parked is retried");
+    }
+
+    #[test]
+    fn redeliver_acts_on_done_effects_only() {
+        let r = BulkAction::Redeliver;
+        assert_eq!(plan(r, &meta("succeeded", true), 10), Plan::Act);
+        assert_eq!(
+            plan(r, &meta("succeeded", false), 10),
+            Plan::Skip(SkipReason::NotDone)
+        );
+        assert_eq!(
+            plan(r, &meta("pending", false), 10),
+            Plan::Skip(SkipReason::NoOutcome)
+        );
+    }
+
+    #[test]
+    fn gate_replies_are_counted_by_what_they_mean() {
+        let redelivered = |action| GateReply::Redelivered {
+            generation: 1,
+            action,
+            effect: EffectReport::Scheduled,
+        };
+        assert_eq!(
+            outcome(&redelivered(OperatorAction::RetryNow)),
+            Outcome::Retried
+        );
+        assert_eq!(
+            outcome(&redelivered(OperatorAction::Redeliver)),
+            Outcome::Redelivered
+        );
+        let refused = |r: OperatorRefusal| GateReply::Refused {
+            reason: r.as_str().to_string(),
+        };
+        for (refusal, reason) in [
+            (OperatorRefusal::AlreadyDone, SkipReason::Done),
+            (OperatorRefusal::NotDone, SkipReason::NotDone),
+            (OperatorRefusal::InFlight, SkipReason::InFlight),
+            (OperatorRefusal::Forgotten, SkipReason::Forgotten),
+            (OperatorRefusal::NotTerminal, SkipReason::NoOutcome),
+            (OperatorRefusal::Retired, SkipReason::Gone),
+            (OperatorRefusal::AlreadySettled, SkipReason::Refused),
+        ] {
+            assert_eq!(outcome(&refused(refusal)), Outcome::Skipped(reason));
+        }
+        assert_eq!(
+            outcome(&GateReply::NotFound),
+            Outcome::Skipped(SkipReason::Gone)
+        );
+        assert!(matches!(
+            outcome(&GateReply::IgnoredUnregistered),
+            Outcome::Failed(_)
+        ));
+    }
+
+    #[test]
+    fn a_body_takes_the_listing_filters() {
+        let req = parse(
+            BulkAction::Retry,
+            r#"{"filter": {"kind": "billing", "parked": true, "settled_after": "2026-11-22T10:00:00Z"}, "dry_run": true}"#,
+        )
+        .unwrap();
+        assert_eq!(req.filter.kind.as_deref(), Some("billing"));
+        assert_eq!(req.filter.parked, Some(true));
+        assert!(req.filter.settled_after.is_some());
+        assert!(req.dry_run);
+        assert_eq!(
+            (req.limit, req.per_second),
+            (DEFAULT_BULK_LIMIT, DEFAULT_PER_SECOND)
+        );
+        let mut m = meta("succeeded", false);
+        m.kind = Some("billing".into());
+        m.parked = true;
+        m.settled_at = Some(1_900_000_000);
+        assert!(req.matches("batches/a", &m, 0, 1));
+        m.kind = Some("nightly".into());
+        assert!(!req.matches("batches/a", &m, 0, 1));
+        let empty = parse(BulkAction::Retry, "").unwrap();
+        assert_eq!(empty.filter.limit, crate::admin::DEFAULT_LIST_LIMIT);
+        assert!(!empty.dry_run);
+    }
+
+    #[test]
+    fn a_body_is_refused_with_a_reason() {
+        let retry = BulkAction::Retry;
+        assert!(matches!(parse(retry, "nope"), Err(BulkError::BadBody(_))));
+        assert!(matches!(
+            parse(retry, r#"{"filters": {}}"#),
+            Err(BulkError::BadBody(_))
+        ));
+        assert_eq!(
+            parse(retry, r#"{"filter": {"parked": 1}}"#),
+            Err(BulkError::FilterValue("parked".into()))
+        );
+        assert_eq!(
+            parse(retry, r#"{"filter": {"limit": "5"}}"#),
+            Err(BulkError::FilterParam("limit".into()))
+        );
+        assert_eq!(
+            parse(retry, r#"{"filter": {"status": "done"}}"#),
+            Err(BulkError::Filter(ListError::Status("done".into())))
+        );
+        assert_eq!(
+            parse(retry, r#"{"filter": {"colour": "red"}}"#),
+            Err(BulkError::Filter(ListError::Unknown("colour".into())))
+        );
+        assert_eq!(parse(retry, r#"{"limit": 0}"#), Err(BulkError::Limit));
+        assert_eq!(parse(retry, r#"{"limit": 101}"#), Err(BulkError::Limit));
+        assert_eq!(
+            parse(retry, r#"{"per_second": 51}"#),
+            Err(BulkError::PerSecond)
+        );
+        assert_eq!(parse(retry, r#"{"cursor": "!!"}"#), Err(BulkError::Cursor));
+    }
+
+    #[test]
+    fn redelivery_needs_a_reason_retry_does_not() {
+        let redeliver = BulkAction::Redeliver;
+        assert_eq!(parse(redeliver, "{}"), Err(BulkError::MissingReason));
+        assert_eq!(
+            parse(redeliver, r#"{"reason": "  "}"#),
+            Err(BulkError::MissingReason)
+        );
+        let r = parse(redeliver, r#"{"reason": " receiver lost a day "}"#).unwrap();
+        assert_eq!(
+            r.command(),
+            GateCommand::Redeliver {
+                reason: "bulk redeliver: receiver lost a day".into()
+            }
+        );
+        let r = parse(BulkAction::Retry, "{}").unwrap();
+        assert_eq!(
+            r.command(),
+            GateCommand::RetryNow {
+                reason: "bulk retry".into()
+            }
+        );
+    }
+
+    #[test]
+    fn pacing_bounds_each_request() {
+        let r = parse(BulkAction::Retry, r#"{"limit": 100, "per_second": 2}"#).unwrap();
+        assert_eq!(r.page_limit(), 60, "30 s of pacing at most");
+        assert_eq!(r.pause_ms(), 500);
+        let r = parse(BulkAction::Retry, r#"{"limit": 3}"#).unwrap();
+        assert_eq!((r.page_limit(), r.pause_ms()), (3, 200));
+    }
+
+    fn run_over(req: BulkRequest, entries: &[LedgerMeta]) -> BulkRun {
+        let mut run = BulkRun::new(req);
+        for m in entries {
+            if run.full() {
+                break;
+            }
+            if run.take(m, 0) {
+                run.record(&Outcome::Retried);
+            }
+        }
+        run
+    }
+
+    #[test]
+    fn a_run_stops_at_its_limit_and_resumes_with_its_totals() {
+        let entries = [
+            meta("succeeded", false),
+            meta("succeeded", true),
+            meta("failed", false),
+        ];
+        let body = r#"{"filter": {"kind": "billing"}, "limit": 2}"#;
+        let first = run_over(parse(BulkAction::Retry, body).unwrap(), &entries);
+        assert!(first.full());
+        let resume = Resume {
+            cursor: Some("kv".into()),
+            after_key: Some("op:batches/b".into()),
+        };
+        let answer = first.answer(Some(&resume));
+        assert_eq!(answer["matched"], 2);
+        assert_eq!(answer["retried"], 1);
+        assert_eq!(answer["skipped"], 1);
+        assert_eq!(answer["skipped_by"]["done"], 1);
+        assert_eq!(answer["complete"], false);
+        let cursor = answer["cursor"].as_str().unwrap();
+
+        let next =
+            format!(r#"{{"filter": {{"kind": "billing"}}, "limit": 2, "cursor": "{cursor}"}}"#);
+        let req = parse(BulkAction::Retry, &next).unwrap();
+        assert_eq!(req.resume, resume);
+        let second = run_over(req, &entries[2..]);
+        let answer = second.answer(None);
+        assert_eq!(answer["complete"], true);
+        assert_eq!(answer["cursor"], Value::Null);
+        assert_eq!(answer["matched"], 1);
+        assert_eq!(answer["total"]["matched"], 3);
+        assert_eq!(answer["total"]["retried"], 2);
+        assert_eq!(answer["total"]["skipped"], 1);
+
+        // The cursor resumes only the same action, dry-run flag and filter.
+        for other in [
+            format!(r#"{{"filter": {{"kind": "nightly"}}, "cursor": "{cursor}"}}"#),
+            format!(
+                r#"{{"filter": {{"kind": "billing"}}, "dry_run": true, "cursor": "{cursor}"}}"#
+            ),
+        ] {
+            assert_eq!(
+                parse(BulkAction::Retry, &other),
+                Err(BulkError::Cursor),
+                "{other}"
+            );
+        }
+        let redeliver =
+            format!(r#"{{"filter": {{"kind": "billing"}}, "reason": "r", "cursor": "{cursor}"}}"#);
+        assert_eq!(
+            parse(BulkAction::Redeliver, &redeliver),
+            Err(BulkError::Cursor)
+        );
+    }
+
+    #[test]
+    fn a_dry_run_counts_and_never_acts() {
+        let req = parse(BulkAction::Retry, r#"{"dry_run": true, "limit": 1}"#).unwrap();
+        let mut run = BulkRun::new(req);
+        let entries = [
+            meta("succeeded", false),
+            meta("succeeded", true),
+            meta("running", false),
+        ];
+        for m in &entries {
+            assert!(!run.full(), "a dry run is bounded by pages, not by limit");
+            assert!(!run.take(m, 0));
+        }
+        let answer = run.answer(None);
+        assert_eq!(answer["matched"], 3);
+        assert_eq!(answer["eligible"], 1);
+        assert_eq!(answer["skipped_by"]["done"], 1);
+        assert_eq!(answer["skipped_by"]["no_outcome"], 1);
+        assert!(answer.get("retried").is_none());
+        assert!(answer.get("pace").is_none());
+    }
+}

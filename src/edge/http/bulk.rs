@@ -1,0 +1,123 @@
+//! `POST /v1/bulk/retry` and `POST /v1/bulk/redeliver`, behind the admin token (checked by
+//! the admin API before it routes here).
+//!
+//! Guarantees: the request is parsed and judged by the pure core ([`crate::bulk`]); this file
+//! only lists the `op:` ledger (metadata, at most `MAX_PAGES` KV lists a request), calls the
+//! gate of each operation the core says to act on, one at a time and spaced by the request's
+//! pace, and answers the core's counts with a cursor to resume from. Every change goes through
+//! the operation's gate as the operator's single action; a dry run calls no gate.
+
+use std::time::Duration;
+
+use serde_json::json;
+use worker::{Delay, Env, Method, Request, Response};
+
+use crate::bulk::{outcome, parse_bulk, BulkAction, BulkRun, Outcome};
+use crate::config::Config;
+use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
+use crate::reconciliation::reconcile::Resume;
+use crate::telemetry::log_event::LogEvent;
+
+use crate::edge::outbound::ledger_kv::KV_BINDING;
+use crate::edge::{call_gate, log, now_ms, ok_json, EdgeError};
+
+/// KV lists (1,000 entries each) one request may make looking for matches.
+const MAX_PAGES: usize = 5;
+/// Largest bulk request body.
+const MAX_BODY: usize = 16 * 1024;
+
+pub async fn handle(
+    req: &mut Request,
+    method: Method,
+    action: &str,
+    env: &Env,
+    config: &Config,
+) -> Result<Response, EdgeError> {
+    let Some(action) = BulkAction::from_path(action) else {
+        return Err(EdgeError::NotFound);
+    };
+    if method != Method::Post {
+        return Err(EdgeError::MethodNotAllowed);
+    }
+    let body = req
+        .bytes()
+        .await
+        .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+    if body.len() > MAX_BODY {
+        return Err(EdgeError::TooLarge);
+    }
+    let request = parse_bulk(action, &body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+    let kv = env
+        .kv(KV_BINDING)
+        .map_err(|e| EdgeError::Unavailable(e.to_string()))?;
+    let command = request.command();
+    let pause = Duration::from_millis(request.pause_ms());
+    let prefix = format!(
+        "{OP_PREFIX}{}",
+        request.filter.prefix.as_deref().unwrap_or("")
+    );
+    let mut resume = request.resume.clone();
+    let mut run = BulkRun::new(request);
+    let mut acted = false;
+    for _ in 0..MAX_PAGES {
+        // A key prefix narrows the listing itself; every other filter reads metadata.
+        let mut list = kv.list().prefix(prefix.clone()).limit(1_000);
+        if let Some(c) = resume.cursor.clone() {
+            list = list.cursor(c);
+        }
+        let page = list
+            .execute()
+            .await
+            .map_err(|e| EdgeError::Unavailable(format!("{e:?}")))?;
+        for entry in &page.keys {
+            if resume.already_done(&entry.name) {
+                continue;
+            }
+            let meta = entry
+                .metadata
+                .clone()
+                .and_then(|m| serde_json::from_value::<LedgerMeta>(m).ok());
+            let key = &entry.name[OP_PREFIX.len()..];
+            let now_secs = now_ms().div_euclid(1_000);
+            let matches = meta.as_ref().is_some_and(|m| {
+                run.request
+                    .matches(key, m, now_secs, config.stuck_after_secs)
+            });
+            // A full request stops before its next match, so the last part of a run that
+            // has no more matches ends complete.
+            if matches && run.full() {
+                return ok_json(&run.answer(Some(&resume)));
+            }
+            resume.after_key = Some(entry.name.clone());
+            let Some(meta) = meta.filter(|_| matches) else {
+                continue;
+            };
+            if !run.take(&meta, now_secs) {
+                continue;
+            }
+            // Spaced so a destination that just recovered gets a trickle, not the backlog.
+            if acted {
+                Delay::from(pause).await;
+            }
+            acted = true;
+            let done = match call_gate(env, key, &command).await {
+                Ok(reply) => outcome(&reply),
+                Err(e) => Outcome::Failed(e.to_string()),
+            };
+            if let Outcome::Failed(error) = &done {
+                log(LogEvent::Unavailable.line(
+                    json!({"error": error, "key": key, "bulk": run.request.action.as_str()}),
+                ));
+            }
+            run.record(&done);
+        }
+        if page.list_complete || page.cursor.is_none() {
+            return ok_json(&run.answer(None));
+        }
+        resume = Resume {
+            cursor: page.cursor.clone(),
+            after_key: None,
+        };
+    }
+    ok_json(&run.answer(Some(&resume)))
+}

@@ -1,0 +1,319 @@
+//! What the webhook route answers a delivery the gate (or this isolate) handled, and when an
+//! isolate may answer a duplicate without asking the gate.
+//!
+//! Guarantees: every 2xx body the route sends is an [`Answer`], serialized with its `outcome`
+//! tag. A duplicate is answered without a gate round trip only when it repeats the very
+//! terminal status a gate answered this isolate with for a `Deliver` of the same key
+//! ([`TerminalMemory`]): terminal absorbs, so such a delivery cannot change anything. Every
+//! other delivery goes through the gate.
+
+use std::collections::HashMap;
+
+use serde::{Serialize, Serializer};
+
+use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::lifecycle::{DropReason, Status};
+
+/// A 2xx body of `POST /webhooks/gemini`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Answer {
+    Applied {
+        key: String,
+        status: Status,
+        effect: EffectReport,
+    },
+    Dropped {
+        reason: DropReason,
+        key: String,
+        status: Status,
+        /// `None`: answered by this isolate, the effect's state was not asked (`not_asked`).
+        #[serde(serialize_with = "effect_or_not_asked")]
+        effect: Option<EffectReport>,
+    },
+    Confirming {
+        key: String,
+        status: Status,
+    },
+    IgnoredUnregistered {
+        key: String,
+    },
+    IgnoredForgotten {
+        key: String,
+    },
+    /// A nudge named an operation nobody registered and Gemini does not know.
+    UnknownToGemini {
+        key: String,
+    },
+    IgnoredUnknownType {
+        #[serde(rename = "type")]
+        event_type: String,
+    },
+    /// A signed test delivery.
+    Pong {
+        #[serde(rename = "type")]
+        event_type: String,
+    },
+}
+
+fn effect_or_not_asked<S: Serializer>(
+    effect: &Option<EffectReport>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match effect {
+        Some(e) => e.serialize(s),
+        None => s.serialize_str("not_asked"),
+    }
+}
+
+impl Answer {
+    /// The answer for what the gate of `key` replied to a delivery or a nudge; `None` for a
+    /// reply no delivery can get (answered 503).
+    pub fn from_gate(key: &str, reply: &GateReply) -> Option<Answer> {
+        let key = key.to_string();
+        Some(match reply.clone() {
+            GateReply::Applied { status, effect } => Answer::Applied {
+                key,
+                status,
+                effect,
+            },
+            GateReply::Dropped {
+                reason,
+                status,
+                effect,
+            } => Answer::Dropped {
+                reason,
+                key,
+                status,
+                effect: Some(effect),
+            },
+            GateReply::Confirming { status } => Answer::Confirming { key, status },
+            GateReply::IgnoredUnregistered => Answer::IgnoredUnregistered { key },
+            GateReply::Forgotten { .. } => Answer::IgnoredForgotten { key },
+            _ => return None,
+        })
+    }
+}
+
+/// Keys remembered per isolate by default; past this the memory starts over (a miss costs
+/// one round trip).
+pub const TERMINAL_KEYS_MAX: usize = 100_000;
+
+/// Terminal states an isolate has seen a gate answer with, by key: a copy of a fact that
+/// never changes (terminal absorbs), used only to answer a duplicate of it.
+#[derive(Debug)]
+pub struct TerminalMemory {
+    known: HashMap<String, Status>,
+    cap: usize,
+}
+
+impl Default for TerminalMemory {
+    fn default() -> Self {
+        TerminalMemory::with_capacity(TERMINAL_KEYS_MAX)
+    }
+}
+
+impl TerminalMemory {
+    pub fn with_capacity(cap: usize) -> TerminalMemory {
+        TerminalMemory {
+            known: HashMap::new(),
+            cap,
+        }
+    }
+
+    /// Learns from a gate's reply: only a `Deliver` answered with a terminal status (applied
+    /// or dropped) is a fact about the record; a nudge's reply is not remembered.
+    pub fn learn(&mut self, key: &str, command: &GateCommand, reply: &GateReply) {
+        let (
+            GateCommand::Deliver { .. },
+            GateReply::Applied { status, .. } | GateReply::Dropped { status, .. },
+        ) = (command, reply)
+        else {
+            return;
+        };
+        if !status.is_terminal() {
+            return;
+        }
+        if self.known.len() >= self.cap {
+            self.known.clear();
+        }
+        self.known.insert(key.to_string(), status.clone());
+    }
+
+    /// The answer to a delivery of `status` for `key` when it repeats the terminal status
+    /// known for that key; `None` sends it to the gate.
+    pub fn duplicate(&self, key: &str, status: &Status) -> Option<Answer> {
+        let known = self.known.get(key)?;
+        (known == status).then(|| Answer::Dropped {
+            reason: DropReason::Duplicate,
+            key: key.to_string(),
+            status: status.clone(),
+            effect: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::lifecycle::Source;
+    use crate::operation::OpEvent;
+    use serde_json::{json, Map};
+
+    fn deliver(status: Status) -> GateCommand {
+        GateCommand::Deliver {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            event: OpEvent {
+                status,
+                update_time_ms: 0,
+                source: Source::Webhook,
+                details: Map::new(),
+                delivery_id: Some("msg_1".into()),
+            },
+            require_registration: false,
+            hold_ms: 0,
+        }
+    }
+
+    fn applied(status: Status) -> GateReply {
+        GateReply::Applied {
+            status,
+            effect: EffectReport::Scheduled,
+        }
+    }
+
+    #[test]
+    fn answers_serialize_as_the_route_always_sent_them() {
+        let a = Answer::from_gate("batches/a", &applied(Status::Succeeded)).unwrap();
+        assert_eq!(
+            serde_json::to_value(&a).unwrap(),
+            json!({"outcome": "applied", "key": "batches/a", "status": "succeeded", "effect": "scheduled"})
+        );
+        let dropped = GateReply::Dropped {
+            reason: DropReason::Duplicate,
+            status: Status::Failed,
+            effect: EffectReport::Delivered,
+        };
+        assert_eq!(
+            serde_json::to_value(Answer::from_gate("batches/a", &dropped).unwrap()).unwrap(),
+            json!({"outcome": "dropped", "reason": "duplicate", "key": "batches/a", "status": "failed", "effect": "delivered"})
+        );
+        let confirming = GateReply::Confirming {
+            status: Status::Running,
+        };
+        assert_eq!(
+            serde_json::to_value(Answer::from_gate("k/1", &confirming).unwrap()).unwrap(),
+            json!({"outcome": "confirming", "key": "k/1", "status": "running"})
+        );
+        assert_eq!(
+            serde_json::to_value(
+                Answer::from_gate("k/1", &GateReply::IgnoredUnregistered).unwrap()
+            )
+            .unwrap(),
+            json!({"outcome": "ignored_unregistered", "key": "k/1"})
+        );
+        assert_eq!(
+            serde_json::to_value(
+                Answer::from_gate("k/1", &GateReply::Forgotten { changed: false }).unwrap()
+            )
+            .unwrap(),
+            json!({"outcome": "ignored_forgotten", "key": "k/1"})
+        );
+        assert_eq!(
+            serde_json::to_value(Answer::IgnoredUnknownType {
+                event_type: "x.y".into()
+            })
+            .unwrap(),
+            json!({"outcome": "ignored_unknown_type", "type": "x.y"})
+        );
+        assert_eq!(
+            serde_json::to_value(Answer::UnknownToGemini { key: "k/1".into() }).unwrap(),
+            json!({"outcome": "unknown_to_gemini", "key": "k/1"})
+        );
+    }
+
+    #[test]
+    fn a_reply_no_delivery_gets_has_no_answer() {
+        assert_eq!(Answer::from_gate("k/1", &GateReply::NotFound), None);
+        assert_eq!(Answer::from_gate("k/1", &GateReply::Unregistered), None);
+    }
+
+    #[test]
+    fn a_repeated_known_terminal_is_answered_without_the_gate() {
+        let mut memory = TerminalMemory::default();
+        assert_eq!(memory.duplicate("batches/a", &Status::Succeeded), None);
+        memory.learn(
+            "batches/a",
+            &deliver(Status::Succeeded),
+            &applied(Status::Succeeded),
+        );
+        let answer = memory.duplicate("batches/a", &Status::Succeeded).unwrap();
+        assert_eq!(
+            serde_json::to_value(answer).unwrap(),
+            json!({"outcome": "dropped", "reason": "duplicate", "key": "batches/a",
+                   "status": "succeeded", "effect": "not_asked"})
+        );
+    }
+
+    #[test]
+    fn a_different_status_or_key_still_goes_to_the_gate() {
+        let mut memory = TerminalMemory::default();
+        memory.learn(
+            "batches/a",
+            &deliver(Status::Succeeded),
+            &applied(Status::Succeeded),
+        );
+        // A conflicting terminal is recorded by the gate, never answered here.
+        assert_eq!(memory.duplicate("batches/a", &Status::Failed), None);
+        assert_eq!(memory.duplicate("batches/b", &Status::Succeeded), None);
+    }
+
+    #[test]
+    fn only_a_terminal_reply_to_a_delivery_is_learned() {
+        let mut memory = TerminalMemory::default();
+        memory.learn(
+            "batches/a",
+            &deliver(Status::Running),
+            &applied(Status::Running),
+        );
+        assert_eq!(memory.duplicate("batches/a", &Status::Running), None);
+        let nudge = GateCommand::Nudge {
+            key: "batches/b".into(),
+            name: "batches/b".into(),
+            claimed: "succeeded".into(),
+            metadata: Map::new(),
+            delivery_id: "jwt_1".into(),
+            require_registration: false,
+            vouched: false,
+        };
+        memory.learn("batches/b", &nudge, &applied(Status::Succeeded));
+        assert_eq!(memory.duplicate("batches/b", &Status::Succeeded), None);
+        let confirming = GateReply::Confirming {
+            status: Status::Succeeded,
+        };
+        memory.learn("batches/c", &deliver(Status::Succeeded), &confirming);
+        assert_eq!(memory.duplicate("batches/c", &Status::Succeeded), None);
+        let dropped = GateReply::Dropped {
+            reason: DropReason::ConflictingTerminal,
+            status: Status::Failed,
+            effect: EffectReport::Delivered,
+        };
+        memory.learn("batches/d", &deliver(Status::Succeeded), &dropped);
+        assert!(memory.duplicate("batches/d", &Status::Failed).is_some());
+    }
+
+    #[test]
+    fn memory_starts_over_past_its_capacity() {
+        let mut memory = TerminalMemory::with_capacity(2);
+        for key in ["batches/a", "batches/b", "batches/c"] {
+            memory.learn(
+                key,
+                &deliver(Status::Succeeded),
+                &applied(Status::Succeeded),
+            );
+        }
+        assert_eq!(memory.duplicate("batches/a", &Status::Succeeded), None);
+        assert!(memory.duplicate("batches/c", &Status::Succeeded).is_some());
+    }
+}

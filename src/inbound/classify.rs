@@ -1,0 +1,1091 @@
+//! One inbound classification: what a delivery to `POST /webhooks/gemini` is, decided from
+//! its headers, its body, the time and the configuration.
+//!
+//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): every trust decision about a delivery
+//! is made here, and every refusal is a [`Refusal`] with its logged reason and its HTTP answer.
+//! The decision runs in the order the route can afford it: [`screen`] refuses from the headers
+//! alone (a declared oversized body, then the signature headers: for HMAC the id and the
+//! timestamp window of [`crate::signature`]; for a JWT whether dynamic webhooks are on, the
+//! same timestamp window, and the token's shape), before a byte of the body is read; the edge
+//! then checks a token's RS256 signature with WebCrypto and [`vouch`] checks its claims
+//! (their time window is [`crate::inbound::jwt`]'s); [`classify`] checks the HMAC over the raw
+//! body and says what the body is. An HMAC-proven body becomes an [`Outcome::Event`]; a
+//! JWT-signed body proves only its sender, so it becomes an [`Outcome::Nudge`] whose metadata
+//! is forwarded as verified only when it came from inside the token. Time is a parameter.
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::inbound::answer::Answer;
+use crate::inbound::envelope::{meaning, parse, Envelope, EnvelopeError, Meaning};
+use crate::inbound::jwt::{self, JwtError, Token};
+use crate::inbound::route_log::{Bytes, RouteLog};
+use crate::operation::effect::{UNVERIFIED_USER_METADATA, USER_METADATA};
+use crate::operation::key::{normalize, KeyError, OperationKey};
+use crate::operation::lifecycle::{Source, Status};
+use crate::operation::OpEvent;
+use crate::signature::{
+    check_headers, check_timestamp, looks_like_jwt, CheckedHeaders, Secret, SignatureError,
+    SignedHeaders,
+};
+
+/// The configuration the classification reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy<'a> {
+    pub max_body_bytes: usize,
+    pub tolerance_secs: i64,
+    pub dynamic_webhooks: bool,
+    pub secrets: &'a [Secret],
+    pub audience: Option<&'a str>,
+}
+
+/// The headers a delivery is classified by, as received.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Headers<'a> {
+    pub content_length: Option<&'a str>,
+    pub id: Option<&'a str>,
+    pub timestamp: Option<&'a str>,
+    pub signature: Option<&'a str>,
+}
+
+/// Headers that passed [`screen`]: what is left to prove.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Screened<'a> {
+    /// Fit for an HMAC over the body with one of our secrets ([`classify`] checks it).
+    Hmac(CheckedHeaders<'a>),
+    /// A parsed token: the edge checks its RS256 signature, then [`vouch`] its claims.
+    /// `token_hash` is the delivery's id.
+    Jwt { token: Token, token_hash: String },
+}
+
+/// Who vouched for a delivery, before its body is read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Proof<'a> {
+    /// Headers fit for an HMAC over the body's bytes (checked by [`classify`]).
+    Hmac(CheckedHeaders<'a>),
+    /// A Google-signed token with valid claims: it proves the sender, not the body.
+    Jwt {
+        claims: Map<String, Value>,
+        token_hash: String,
+    },
+}
+
+/// What a delivery is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// An HMAC-proven event for the gate of `key`.
+    Event {
+        key: OperationKey,
+        event_type: String,
+        event: OpEvent,
+    },
+    /// A JWT-signed delivery naming an operation: the gate confirms with the status API.
+    Nudge {
+        key: OperationKey,
+        event_type: String,
+        claimed: Status,
+        /// `user_metadata` when the token carried it, else the body's as
+        /// `unverified_user_metadata`.
+        metadata: Map<String, Value>,
+        delivery_id: String,
+    },
+    /// An HMAC-proven test delivery: answered `pong`, nothing stored.
+    Ping { event_type: String },
+    /// A proven body that cannot be used: kept as a dead letter under `reason` (if it cannot
+    /// be kept the answer is 503), then answered `reply`.
+    DeadLetter { reason: &'static str, reply: Reply },
+    /// Refused: counted and logged as `rejected`, answered as [`Refusal::reply`] says.
+    Refused(Refusal),
+}
+
+/// How the route answers (the edge maps each to its HTTP response).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// 401, no detail.
+    Unauthorized,
+    /// 413.
+    TooLarge,
+    /// 400 with this text.
+    BadRequest(String),
+    /// 503 with `Retry-After`.
+    RetryAfter(u32),
+    /// 200 with this body.
+    Answered(Answer),
+}
+
+impl Reply {
+    /// The HTTP status of this answer.
+    pub fn status(&self) -> u16 {
+        match self {
+            Reply::Unauthorized => 401,
+            Reply::TooLarge => 413,
+            Reply::BadRequest(_) => 400,
+            Reply::RetryAfter(_) => 503,
+            Reply::Answered(_) => 200,
+        }
+    }
+}
+
+/// How large a refused body was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Oversize {
+    /// `content-length` said so.
+    Declared(usize),
+    /// The stream passed the cap while being read.
+    Streamed { cap: usize },
+}
+
+/// Why a delivery was refused. [`Refusal::reason`] is the `rejected` line's reason and the
+/// `rejected_<reason>` counter's suffix; a contract read by tests and operators.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// 413 `body_too_large`.
+    BodyTooLarge(Oversize),
+    /// 401: the Standard Webhooks headers or HMAC (`missing_webhook_id`, `timestamp_too_old`,
+    /// `signature_invalid`...), or a token's unparseable `webhook-timestamp` (`bad_timestamp`).
+    Signature(SignatureError),
+    /// 401 `dynamic_webhooks_disabled`: a token arrived and `DYNAMIC_WEBHOOKS` is off.
+    DynamicWebhooksDisabled,
+    /// 401 `timestamp_out_of_tolerance`: a token's `webhook-timestamp` is outside the window.
+    TokenTimestampOutOfTolerance,
+    /// 401: the token itself (`jwt_shape`, `jwt_expired`, `jwt_signature_invalid`...).
+    Token(JwtError),
+    /// 503 `jwt_keys_unavailable`: the token's key is unknown and the key set cannot be
+    /// refreshed now.
+    KeysUnavailable { retry_after: u32 },
+    /// 400 `jwt_body_not_envelope` (unproven, so only counted and logged).
+    NudgeNotEnvelope {
+        problem: EnvelopeError,
+        delivery_id: String,
+    },
+    /// 200 `jwt_unknown_event_type`.
+    NudgeUnknownType {
+        event_type: String,
+        delivery_id: String,
+    },
+    /// 400 `jwt_bad_operation_id`.
+    NudgeBadOperationId {
+        problem: KeyError,
+        delivery_id: String,
+    },
+    /// 503 `stranger_limit`: past the strangers' guard's limit for this minute.
+    StrangerLimit { key: String, retry_after: i64 },
+}
+
+impl Refusal {
+    /// The logged and counted reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::BodyTooLarge(_) => "body_too_large",
+            Refusal::Signature(e) => e.label(),
+            Refusal::DynamicWebhooksDisabled => "dynamic_webhooks_disabled",
+            Refusal::TokenTimestampOutOfTolerance => "timestamp_out_of_tolerance",
+            Refusal::Token(e) => e.label(),
+            Refusal::KeysUnavailable { .. } => JwtError::KeysUnavailable.label(),
+            Refusal::NudgeNotEnvelope { .. } => "jwt_body_not_envelope",
+            Refusal::NudgeUnknownType { .. } => "jwt_unknown_event_type",
+            Refusal::NudgeBadOperationId { .. } => "jwt_bad_operation_id",
+            Refusal::StrangerLimit { .. } => "stranger_limit",
+        }
+    }
+
+    /// How the sender is answered.
+    pub fn reply(&self) -> Reply {
+        match self {
+            Refusal::BodyTooLarge(_) => Reply::TooLarge,
+            Refusal::Signature(_)
+            | Refusal::DynamicWebhooksDisabled
+            | Refusal::TokenTimestampOutOfTolerance
+            | Refusal::Token(_) => Reply::Unauthorized,
+            Refusal::KeysUnavailable { retry_after } => Reply::RetryAfter(*retry_after),
+            Refusal::NudgeNotEnvelope { problem, .. } => not_envelope(problem),
+            Refusal::NudgeUnknownType { event_type, .. } => unknown_type(event_type),
+            Refusal::NudgeBadOperationId { problem, .. } => bad_operation_id(problem),
+            Refusal::StrangerLimit { retry_after, .. } => {
+                Reply::RetryAfter((*retry_after).clamp(1, 60) as u32)
+            }
+        }
+    }
+
+    /// The `rejected` log line.
+    pub fn log_line(&self) -> RouteLog {
+        let mut line = RouteLog::rejected(self.reason());
+        if let RouteLog::Rejected {
+            bytes,
+            retry_after,
+            problem,
+            delivery_id,
+            event_type,
+            key,
+            ..
+        } = &mut line
+        {
+            match self {
+                Refusal::BodyTooLarge(Oversize::Declared(n)) => *bytes = Some(Bytes::Count(*n)),
+                Refusal::BodyTooLarge(Oversize::Streamed { cap }) => {
+                    *bytes = Some(Bytes::Over(format!("> {cap}")))
+                }
+                Refusal::KeysUnavailable { retry_after: secs } => {
+                    *retry_after = Some(i64::from(*secs))
+                }
+                Refusal::NudgeNotEnvelope {
+                    problem: p,
+                    delivery_id: d,
+                } => {
+                    *problem = Some(p.label());
+                    *delivery_id = Some(d.clone());
+                }
+                Refusal::NudgeUnknownType {
+                    event_type: t,
+                    delivery_id: d,
+                } => {
+                    *event_type = Some(t.clone());
+                    *delivery_id = Some(d.clone());
+                }
+                Refusal::NudgeBadOperationId { delivery_id: d, .. } => {
+                    *delivery_id = Some(d.clone())
+                }
+                Refusal::StrangerLimit {
+                    key: k,
+                    retry_after: secs,
+                } => {
+                    *key = Some(k.clone());
+                    *retry_after = Some(*secs);
+                }
+                _ => {}
+            }
+        }
+        line
+    }
+}
+
+fn not_envelope(e: &EnvelopeError) -> Reply {
+    Reply::BadRequest(format!("not a Gemini envelope: {e}"))
+}
+
+fn unknown_type(event_type: &str) -> Reply {
+    Reply::Answered(Answer::IgnoredUnknownType {
+        event_type: event_type.to_string(),
+    })
+}
+
+fn bad_operation_id(e: &KeyError) -> Reply {
+    Reply::BadRequest(format!("data.id: {e}"))
+}
+
+/// What the headers alone decide, at `now_ms`: a declared body over the cap (413), then the
+/// signature headers. A `webhook-signature` shaped like a JWT is a dynamic webhook's token;
+/// anything else is a Standard Webhooks HMAC header.
+pub fn screen<'a>(
+    headers: &Headers<'a>,
+    now_ms: i64,
+    policy: &Policy<'_>,
+) -> Result<Screened<'a>, Refusal> {
+    let declared: Option<usize> = headers.content_length.and_then(|v| v.trim().parse().ok());
+    if let Some(n) = declared.filter(|n| *n > policy.max_body_bytes) {
+        return Err(Refusal::BodyTooLarge(Oversize::Declared(n)));
+    }
+    let now_secs = now_ms.div_euclid(1_000);
+    if let Some(token) = headers.signature.filter(|s| looks_like_jwt(s)) {
+        if !policy.dynamic_webhooks {
+            return Err(Refusal::DynamicWebhooksDisabled);
+        }
+        // The timestamp is optional for a token (its claims carry time); when sent, the
+        // same window as for an HMAC applies.
+        if let Some(t) = headers.timestamp {
+            check_timestamp(t, now_secs, policy.tolerance_secs).map_err(|e| match e {
+                SignatureError::BadTimestamp => Refusal::Signature(e),
+                _ => Refusal::TokenTimestampOutOfTolerance,
+            })?;
+        }
+        return match jwt::parse(token) {
+            Ok(parsed) => Ok(Screened::Jwt {
+                token: parsed,
+                token_hash: token_hash(token),
+            }),
+            Err(e) => Err(Refusal::Token(e)),
+        };
+    }
+    let signed = SignedHeaders {
+        id: headers.id,
+        timestamp: headers.timestamp,
+        signature: headers.signature,
+    };
+    check_headers(signed, now_secs, policy.tolerance_secs)
+        .map(Screened::Hmac)
+        .map_err(Refusal::Signature)
+}
+
+/// A token whose RS256 signature the edge found valid: its claims decide, at `now_ms`.
+pub fn vouch(
+    token: Token,
+    token_hash: String,
+    now_ms: i64,
+    policy: &Policy<'_>,
+) -> Result<Proof<'static>, Refusal> {
+    jwt::check_claims(&token.claims, now_ms.div_euclid(1_000), policy.audience)
+        .map_err(Refusal::Token)?;
+    Ok(Proof::Jwt {
+        claims: token.claims,
+        token_hash,
+    })
+}
+
+/// A JWT delivery's id: a hash of the token, which is signed (the `webhook-id` header is not,
+/// and may be empty).
+fn token_hash(token: &str) -> String {
+    let hex: String = Sha256::digest(token.trim().as_bytes())
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("jwt_{hex}")
+}
+
+/// What a proven delivery's body is. `delivery_id` is the `webhook-id` of an HMAC delivery.
+pub fn classify(proof: Proof<'_>, body: &[u8], delivery_id: &str, policy: &Policy<'_>) -> Outcome {
+    match proof {
+        Proof::Hmac(checked) => match checked.verify(body, policy.secrets) {
+            Err(e) => Outcome::Refused(Refusal::Signature(e)),
+            Ok(()) => signed(body, delivery_id),
+        },
+        Proof::Jwt { claims, token_hash } => nudge(body, claims, token_hash),
+    }
+}
+
+/// A body the HMAC proved: an event, or a dead letter.
+fn signed(body: &[u8], delivery_id: &str) -> Outcome {
+    let envelope = match parse(body) {
+        Ok(e) => e,
+        Err(e) => {
+            return Outcome::DeadLetter {
+                reason: e.label(),
+                reply: not_envelope(&e),
+            }
+        }
+    };
+    if meaning(&envelope.event_type) == Meaning::Ping {
+        return Outcome::Ping {
+            event_type: envelope.event_type,
+        };
+    }
+    let Some((status, key)) = usable(&envelope) else {
+        return Outcome::DeadLetter {
+            reason: "unknown_event_type",
+            reply: unknown_type(&envelope.event_type),
+        };
+    };
+    match key {
+        Err(e) => Outcome::DeadLetter {
+            reason: "bad_operation_id",
+            reply: bad_operation_id(&e),
+        },
+        Ok(key) => Outcome::Event {
+            key,
+            event: OpEvent {
+                status,
+                update_time_ms: envelope.timestamp_ms,
+                source: Source::Webhook,
+                details: envelope.details,
+                delivery_id: Some(delivery_id.to_string()),
+            },
+            event_type: envelope.event_type,
+        },
+    }
+}
+
+/// A body only a token vouches for: a nudge, or a refusal (never stored: it is unproven).
+fn nudge(body: &[u8], claims: Map<String, Value>, delivery_id: String) -> Outcome {
+    let envelope = match parse(body) {
+        Ok(e) => e,
+        Err(problem) => {
+            return Outcome::Refused(Refusal::NudgeNotEnvelope {
+                problem,
+                delivery_id,
+            })
+        }
+    };
+    let Some((claimed, key)) = usable(&envelope) else {
+        return Outcome::Refused(Refusal::NudgeUnknownType {
+            event_type: envelope.event_type,
+            delivery_id,
+        });
+    };
+    match key {
+        Err(problem) => Outcome::Refused(Refusal::NudgeBadOperationId {
+            problem,
+            delivery_id,
+        }),
+        Ok(key) => Outcome::Nudge {
+            key,
+            claimed,
+            metadata: nudge_metadata(claims, &envelope.details),
+            event_type: envelope.event_type,
+            delivery_id,
+        },
+    }
+}
+
+/// Only claims inside the verified token are forwarded as verified `user_metadata`;
+/// metadata found only in the body travels as `unverified_user_metadata`.
+fn nudge_metadata(
+    mut claims: Map<String, Value>,
+    details: &Map<String, Value>,
+) -> Map<String, Value> {
+    let mut metadata = Map::new();
+    match claims.remove(USER_METADATA) {
+        Some(verified) => {
+            // Bounded before it travels to the gate (the command nests it deeper than the
+            // token did); the body's was bounded when the envelope was parsed.
+            metadata.insert(USER_METADATA.into(), crate::bounds::bound(verified));
+        }
+        None => {
+            if let Some(unverified) = details.get(USER_METADATA) {
+                metadata.insert(UNVERIFIED_USER_METADATA.into(), unverified.clone());
+            }
+        }
+    }
+    metadata
+}
+
+/// What an envelope's type means, and its operation's key: `None` for an unknown type.
+fn usable(envelope: &Envelope) -> Option<(Status, Result<OperationKey, KeyError>)> {
+    match meaning(&envelope.event_type) {
+        Meaning::Status { status, collection } => {
+            Some((status, normalize(&envelope.id, Some(collection))))
+        }
+        // A token-signed test delivery proves nothing and needs no answer but 2xx: it is an
+        // unknown type on that path.
+        Meaning::Ping | Meaning::Unknown => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    use serde_json::json;
+
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const NOW_MS: i64 = 1_700_000_000_000;
+    const NOW: i64 = NOW_MS / 1_000;
+    const BODY: &[u8] = br#"{"type":"batch.succeeded","data":{"id":"batches/b1"}}"#;
+
+    fn secrets() -> Vec<Secret> {
+        vec![Secret::parse(SECRET).unwrap()]
+    }
+
+    fn policy(secrets: &[Secret]) -> Policy<'_> {
+        Policy {
+            max_body_bytes: 1_000,
+            tolerance_secs: 300,
+            dynamic_webhooks: true,
+            secrets,
+            audience: Some("https://hooks.example"),
+        }
+    }
+
+    fn sign(body: &[u8], ts: i64) -> String {
+        crate::signature::sign(&Secret::parse(SECRET).unwrap(), "msg_1", ts, body)
+    }
+
+    fn token(claims: Value) -> String {
+        let b64 = |v: &str| URL_SAFE_NO_PAD.encode(v);
+        format!(
+            "{}.{}.{}",
+            b64(r#"{"alg":"RS256","kid":"k1"}"#),
+            b64(&claims.to_string()),
+            b64("sig")
+        )
+    }
+
+    fn good_claims() -> Value {
+        json!({"exp": NOW + 600, "iat": NOW - 5, "aud": "https://hooks.example"})
+    }
+
+    fn refusal<T: std::fmt::Debug>(r: Result<T, Refusal>) -> (&'static str, u16) {
+        let e = r.unwrap_err();
+        (e.reason(), e.reply().status())
+    }
+
+    /// Screens HMAC headers (with `msg_1` as id) sent at `ts` with `signature`.
+    fn screen_hmac(ts: &str, signature: &str) -> Result<Screened<'static>, Refusal> {
+        let (ts, signature): (&'static str, &'static str) = (
+            Box::leak(ts.to_string().into_boxed_str()),
+            Box::leak(signature.to_string().into_boxed_str()),
+        );
+        let headers = Headers {
+            content_length: None,
+            id: Some("msg_1"),
+            timestamp: Some(ts),
+            signature: Some(signature),
+        };
+        screen(&headers, NOW_MS, &policy(&[]))
+    }
+
+    /// Screens a token (with an optional `webhook-timestamp`) and vouches for its claims as
+    /// if its RS256 signature had been found valid.
+    fn screen_token(
+        token: &str,
+        ts: Option<&str>,
+        p: &Policy<'_>,
+    ) -> Result<Proof<'static>, Refusal> {
+        let headers = Headers {
+            timestamp: ts,
+            signature: Some(token),
+            ..Headers::default()
+        };
+        match screen(&headers, NOW_MS, p)? {
+            Screened::Jwt { token, token_hash } => vouch(token, token_hash, NOW_MS, p),
+            other => panic!("not a token: {other:?}"),
+        }
+    }
+
+    fn hmac_outcome(body: &[u8]) -> Outcome {
+        let s = secrets();
+        let sig = sign(body, NOW);
+        let ts = NOW.to_string();
+        let headers = Headers {
+            content_length: Some("52"),
+            id: Some("msg_1"),
+            timestamp: Some(&ts),
+            signature: Some(&sig),
+        };
+        let Screened::Hmac(checked) = screen(&headers, NOW_MS, &policy(&s)).unwrap() else {
+            panic!("not HMAC")
+        };
+        classify(Proof::Hmac(checked), body, "msg_1", &policy(&s))
+    }
+
+    fn nudge_outcome(claims: Value, body: &[u8]) -> Outcome {
+        let s = secrets();
+        let proof = screen_token(&token(claims), None, &policy(&s)).unwrap();
+        classify(proof, body, "", &policy(&s))
+    }
+
+    #[test]
+    fn every_refusal_keeps_its_reason_and_status() {
+        let id = || "jwt_1".to_string();
+        let table = [
+            (
+                Refusal::BodyTooLarge(Oversize::Declared(2)),
+                "body_too_large",
+                413,
+            ),
+            (
+                Refusal::Signature(SignatureError::MissingHeader("webhook-id")),
+                "missing_webhook_id",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::MissingHeader("webhook-timestamp")),
+                "missing_webhook_timestamp",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::MissingHeader("webhook-signature")),
+                "missing_webhook_signature",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::BadTimestamp),
+                "bad_timestamp",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::TooOld),
+                "timestamp_too_old",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::TooNew),
+                "timestamp_too_new",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::NoV1Entry),
+                "no_v1_signature",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::Invalid),
+                "signature_invalid",
+                401,
+            ),
+            (
+                Refusal::Signature(SignatureError::JwtUnsupported),
+                "jwt_unsupported",
+                401,
+            ),
+            (
+                Refusal::DynamicWebhooksDisabled,
+                "dynamic_webhooks_disabled",
+                401,
+            ),
+            (
+                Refusal::TokenTimestampOutOfTolerance,
+                "timestamp_out_of_tolerance",
+                401,
+            ),
+            (Refusal::Token(JwtError::Shape), "jwt_shape", 401),
+            (Refusal::Token(JwtError::Base64), "jwt_base64", 401),
+            (Refusal::Token(JwtError::Json), "jwt_json", 401),
+            (Refusal::Token(JwtError::Alg), "jwt_alg", 401),
+            (Refusal::Token(JwtError::Kid), "jwt_missing_kid", 401),
+            (Refusal::Token(JwtError::UnknownKid), "jwt_unknown_kid", 401),
+            (Refusal::Token(JwtError::Expired), "jwt_expired", 401),
+            (
+                Refusal::Token(JwtError::NotYetValid),
+                "jwt_not_yet_valid",
+                401,
+            ),
+            (Refusal::Token(JwtError::Audience), "jwt_audience", 401),
+            (
+                Refusal::Token(JwtError::Signature),
+                "jwt_signature_invalid",
+                401,
+            ),
+            (
+                Refusal::Token(JwtError::KeysUnavailable),
+                "jwt_keys_unavailable",
+                401,
+            ),
+            (
+                Refusal::KeysUnavailable { retry_after: 5 },
+                "jwt_keys_unavailable",
+                503,
+            ),
+            (
+                Refusal::NudgeNotEnvelope {
+                    problem: EnvelopeError::NotJson,
+                    delivery_id: id(),
+                },
+                "jwt_body_not_envelope",
+                400,
+            ),
+            (
+                Refusal::NudgeUnknownType {
+                    event_type: "x".into(),
+                    delivery_id: id(),
+                },
+                "jwt_unknown_event_type",
+                200,
+            ),
+            (
+                Refusal::NudgeBadOperationId {
+                    problem: KeyError::Empty,
+                    delivery_id: id(),
+                },
+                "jwt_bad_operation_id",
+                400,
+            ),
+            (
+                Refusal::StrangerLimit {
+                    key: "k/1".into(),
+                    retry_after: 1,
+                },
+                "stranger_limit",
+                503,
+            ),
+        ];
+        for (refusal, reason, status) in table {
+            assert_eq!(
+                (refusal.reason(), refusal.reply().status()),
+                (reason, status)
+            );
+            let line = refusal.log_line().to_value();
+            assert_eq!(
+                (line["event"].as_str(), line["reason"].as_str()),
+                (Some("rejected"), Some(reason))
+            );
+        }
+    }
+
+    // Headers alone.
+
+    #[test]
+    fn a_declared_oversized_body_is_refused_first() {
+        let headers = Headers {
+            content_length: Some(" 1001 "),
+            ..Headers::default()
+        };
+        let e = screen(&headers, NOW_MS, &policy(&[])).unwrap_err();
+        assert_eq!((e.reason(), e.reply().status()), ("body_too_large", 413));
+        assert_eq!(
+            e.log_line().to_value(),
+            json!({"event": "rejected", "reason": "body_too_large", "bytes": 1001})
+        );
+        // At the cap, or unreadable, the headers decide next.
+        let at_cap = Headers {
+            content_length: Some("1000"),
+            ..Headers::default()
+        };
+        assert_eq!(
+            refusal(screen(&at_cap, NOW_MS, &policy(&[]))),
+            ("missing_webhook_id", 401)
+        );
+    }
+
+    #[test]
+    fn a_body_that_streams_past_the_cap_is_413() {
+        let e = Refusal::BodyTooLarge(Oversize::Streamed { cap: 1_000 });
+        assert_eq!((e.reason(), e.reply().status()), ("body_too_large", 413));
+        assert_eq!(
+            e.log_line().to_value(),
+            json!({"event": "rejected", "reason": "body_too_large", "bytes": "> 1000"})
+        );
+    }
+
+    #[test]
+    fn missing_hmac_headers_are_401_each_by_name() {
+        let full = Headers {
+            content_length: None,
+            id: Some("msg_1"),
+            timestamp: Some("1700000000"),
+            signature: Some("v1,AAAA"),
+        };
+        let p = policy(&[]);
+        for (headers, reason) in [
+            (Headers { id: None, ..full }, "missing_webhook_id"),
+            (
+                Headers {
+                    timestamp: None,
+                    ..full
+                },
+                "missing_webhook_timestamp",
+            ),
+            (
+                Headers {
+                    signature: None,
+                    ..full
+                },
+                "missing_webhook_signature",
+            ),
+        ] {
+            assert_eq!(refusal(screen(&headers, NOW_MS, &p)), (reason, 401));
+        }
+        assert!(matches!(screen(&full, NOW_MS, &p), Ok(Screened::Hmac(_))));
+    }
+
+    #[test]
+    fn hmac_timestamps_outside_the_window_are_401() {
+        let sig = "v1,AAAA";
+        assert_eq!(
+            refusal(screen_hmac(&(NOW - 301).to_string(), sig)),
+            ("timestamp_too_old", 401)
+        );
+        assert_eq!(
+            refusal(screen_hmac(&(NOW + 301).to_string(), sig)),
+            ("timestamp_too_new", 401)
+        );
+        assert_eq!(refusal(screen_hmac("soon", sig)), ("bad_timestamp", 401));
+        assert!(screen_hmac(&(NOW - 300).to_string(), sig).is_ok());
+        assert!(screen_hmac(&(NOW + 300).to_string(), sig).is_ok());
+    }
+
+    #[test]
+    fn a_signature_header_without_v1_is_401() {
+        assert_eq!(
+            refusal(screen_hmac(&NOW.to_string(), "v2,AAAA")),
+            ("no_v1_signature", 401)
+        );
+    }
+
+    // HMAC over the body.
+
+    #[test]
+    fn a_valid_hmac_delivery_is_an_event() {
+        let Outcome::Event {
+            key,
+            event_type,
+            event,
+        } = hmac_outcome(BODY)
+        else {
+            panic!("not an event")
+        };
+        assert_eq!(key.key, "batches/b1");
+        assert_eq!(event_type, "batch.succeeded");
+        assert_eq!(event.status, Status::Succeeded);
+        assert_eq!(event.source, Source::Webhook);
+        assert_eq!(event.delivery_id.as_deref(), Some("msg_1"));
+    }
+
+    #[test]
+    fn a_bad_hmac_is_401_and_nothing_is_kept() {
+        let s = secrets();
+        let ts = NOW.to_string();
+        let sig = sign(b"another body", NOW);
+        let headers = Headers {
+            id: Some("msg_1"),
+            timestamp: Some(&ts),
+            signature: Some(&sig),
+            ..Headers::default()
+        };
+        let Ok(Screened::Hmac(checked)) = screen(&headers, NOW_MS, &policy(&s)) else {
+            panic!()
+        };
+        let Outcome::Refused(e) = classify(Proof::Hmac(checked), BODY, "msg_1", &policy(&s)) else {
+            panic!("not refused")
+        };
+        assert_eq!((e.reason(), e.reply().status()), ("signature_invalid", 401));
+    }
+
+    #[test]
+    fn a_proven_test_delivery_is_a_ping() {
+        let ping = br#"{"type":"webhook.ping","data":{}}"#;
+        let Outcome::Ping { event_type } = hmac_outcome(ping) else {
+            panic!("not a ping: {:?}", hmac_outcome(ping))
+        };
+        assert_eq!(event_type, "webhook.ping");
+        // Signed only by a token, it proves nothing: an unknown type, refused and not kept.
+        let Outcome::Refused(e) = nudge_outcome(good_claims(), ping) else {
+            panic!()
+        };
+        assert_eq!(
+            (e.reason(), e.reply().status()),
+            ("jwt_unknown_event_type", 200)
+        );
+    }
+
+    #[test]
+    fn proven_unusable_bodies_are_dead_letters() {
+        assert_eq!(
+            hmac_outcome(b"not json"),
+            Outcome::DeadLetter {
+                reason: "not_json",
+                reply: Reply::BadRequest("not a Gemini envelope: body is not JSON".into())
+            }
+        );
+        assert_eq!(
+            hmac_outcome(br#"{"type":"batch.paused","data":{"id":"batches/b1"}}"#),
+            Outcome::DeadLetter {
+                reason: "unknown_event_type",
+                reply: Reply::Answered(Answer::IgnoredUnknownType {
+                    event_type: "batch.paused".into()
+                })
+            }
+        );
+        let Outcome::DeadLetter { reason, reply } =
+            hmac_outcome(br#"{"type":"batch.succeeded","data":{"id":"batches/../x"}}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(reason, "bad_operation_id");
+        assert_eq!(reply.status(), 400);
+        assert!(matches!(reply, Reply::BadRequest(t) if t.starts_with("data.id: ")));
+    }
+
+    // Tokens.
+
+    #[test]
+    fn a_valid_token_vouches_with_its_hash_as_the_id() {
+        let s = secrets();
+        let t = token(good_claims());
+        let Proof::Jwt { claims, token_hash } =
+            screen_token(&format!(" {t} "), Some(&NOW.to_string()), &policy(&s)).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(claims["aud"], "https://hooks.example");
+        let digest = Sha256::digest(t.as_bytes());
+        let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        assert_eq!(token_hash, format!("jwt_{hex}"));
+    }
+
+    #[test]
+    fn tokens_are_refused_when_dynamic_webhooks_are_off() {
+        let s = secrets();
+        let off = Policy {
+            dynamic_webhooks: false,
+            ..policy(&s)
+        };
+        assert_eq!(
+            refusal(screen_token(&token(good_claims()), None, &off)),
+            ("dynamic_webhooks_disabled", 401)
+        );
+    }
+
+    #[test]
+    fn a_token_webhook_timestamp_shares_the_window() {
+        let s = secrets();
+        let t = token(good_claims());
+        for ts in [NOW - 301, NOW + 301] {
+            assert_eq!(
+                refusal(screen_token(&t, Some(&ts.to_string()), &policy(&s))),
+                ("timestamp_out_of_tolerance", 401)
+            );
+        }
+        assert_eq!(
+            refusal(screen_token(&t, Some("x"), &policy(&s))),
+            ("bad_timestamp", 401)
+        );
+        assert!(screen_token(&t, Some(&(NOW + 300).to_string()), &policy(&s)).is_ok());
+    }
+
+    #[test]
+    fn a_malformed_token_is_refused_before_any_key() {
+        let s = secrets();
+        let b64 = |v: &str| URL_SAFE_NO_PAD.encode(v);
+        let hs256 = format!(
+            "{}.{}.{}",
+            b64(r#"{"alg":"HS256","kid":"k1"}"#),
+            b64("{}"),
+            b64("s")
+        );
+        assert_eq!(
+            refusal(screen_token(&hs256, None, &policy(&s))),
+            ("jwt_alg", 401)
+        );
+        assert_eq!(
+            refusal(screen_token("a.b!.c", None, &policy(&s))),
+            ("jwt_base64", 401)
+        );
+    }
+
+    #[test]
+    fn expired_or_not_yet_valid_tokens_are_401() {
+        let s = secrets();
+        let p = policy(&s);
+        let expired = json!({"exp": NOW - 31, "aud": "https://hooks.example"});
+        assert_eq!(
+            refusal(screen_token(&token(expired), None, &p)),
+            ("jwt_expired", 401)
+        );
+        let no_exp = json!({"aud": "https://hooks.example"});
+        assert_eq!(
+            refusal(screen_token(&token(no_exp), None, &p)),
+            ("jwt_expired", 401)
+        );
+        let early = json!({"exp": NOW + 600, "nbf": NOW + 31, "aud": "https://hooks.example"});
+        assert_eq!(
+            refusal(screen_token(&token(early), None, &p)),
+            ("jwt_not_yet_valid", 401)
+        );
+        let issued_later =
+            json!({"exp": NOW + 600, "iat": NOW + 31, "aud": "https://hooks.example"});
+        assert_eq!(
+            refusal(screen_token(&token(issued_later), None, &p)),
+            ("jwt_not_yet_valid", 401)
+        );
+    }
+
+    #[test]
+    fn a_token_for_another_audience_is_401() {
+        let s = secrets();
+        let other = json!({"exp": NOW + 600, "aud": "https://elsewhere.example"});
+        assert_eq!(
+            refusal(screen_token(&token(other.clone()), None, &policy(&s))),
+            ("jwt_audience", 401)
+        );
+        // With no audience configured, any audience is accepted.
+        let any = Policy {
+            audience: None,
+            ..policy(&s)
+        };
+        assert!(screen_token(&token(other), None, &any).is_ok());
+    }
+
+    #[test]
+    fn keys_that_cannot_be_refreshed_are_503_with_retry_after() {
+        let e = Refusal::KeysUnavailable { retry_after: 5 };
+        assert_eq!(e.reason(), "jwt_keys_unavailable");
+        assert_eq!(e.reply(), Reply::RetryAfter(5));
+        assert_eq!(
+            e.log_line().to_value(),
+            json!({"event": "rejected", "reason": "jwt_keys_unavailable", "retry_after": 5})
+        );
+        assert_eq!(
+            Refusal::Token(JwtError::Signature).reason(),
+            "jwt_signature_invalid"
+        );
+        assert_eq!(
+            Refusal::Token(JwtError::UnknownKid).reply(),
+            Reply::Unauthorized
+        );
+    }
+
+    // What a token-signed body is.
+
+    #[test]
+    fn a_nudge_forwards_only_token_metadata_as_verified() {
+        let body = br#"{"type":"batch.failed","user_metadata":{"job":"body"},"data":{"id":"b9"}}"#;
+        let mut claims = good_claims();
+        claims["user_metadata"] = json!({"job": "token"});
+        let Outcome::Nudge {
+            key,
+            claimed,
+            metadata,
+            event_type,
+            delivery_id,
+        } = nudge_outcome(claims, body)
+        else {
+            panic!("not a nudge")
+        };
+        assert_eq!((key.key.as_str(), claimed), ("batches/b9", Status::Failed));
+        assert_eq!(event_type, "batch.failed");
+        assert!(delivery_id.starts_with("jwt_"));
+        assert_eq!(metadata[USER_METADATA], json!({"job": "token"}));
+        assert!(metadata.get(UNVERIFIED_USER_METADATA).is_none());
+
+        let Outcome::Nudge { metadata, .. } = nudge_outcome(good_claims(), body) else {
+            panic!("not a nudge")
+        };
+        assert!(metadata.get(USER_METADATA).is_none());
+        assert_eq!(metadata[UNVERIFIED_USER_METADATA], json!({"job": "body"}));
+
+        let Outcome::Nudge { metadata, .. } = nudge_outcome(good_claims(), BODY) else {
+            panic!("not a nudge")
+        };
+        assert!(metadata.is_empty());
+    }
+
+    #[test]
+    fn unusable_nudge_bodies_are_refused_never_kept() {
+        let Outcome::Refused(e) = nudge_outcome(good_claims(), b"[1]") else {
+            panic!()
+        };
+        assert_eq!(
+            (e.reason(), e.reply().status()),
+            ("jwt_body_not_envelope", 400)
+        );
+        let line = e.log_line().to_value();
+        assert_eq!(line["problem"], "not_object");
+        assert!(line["delivery_id"].as_str().unwrap().starts_with("jwt_"));
+
+        let unknown = br#"{"type":"batch.paused","data":{"id":"b1"}}"#;
+        let Outcome::Refused(e) = nudge_outcome(good_claims(), unknown) else {
+            panic!()
+        };
+        assert_eq!(
+            (e.reason(), e.reply().status()),
+            ("jwt_unknown_event_type", 200)
+        );
+        assert_eq!(e.log_line().to_value()["type"], "batch.paused");
+
+        let bad_id = br#"{"type":"batch.succeeded","data":{"id":"batches/a b"}}"#;
+        let Outcome::Refused(e) = nudge_outcome(good_claims(), bad_id) else {
+            panic!()
+        };
+        assert_eq!(
+            (e.reason(), e.reply().status()),
+            ("jwt_bad_operation_id", 400)
+        );
+    }
+
+    #[test]
+    fn the_strangers_guard_limit_is_503_within_a_minute() {
+        let e = Refusal::StrangerLimit {
+            key: "batches/x".into(),
+            retry_after: 90,
+        };
+        assert_eq!(
+            (e.reason(), e.reply()),
+            ("stranger_limit", Reply::RetryAfter(60))
+        );
+        assert_eq!(
+            e.log_line().to_value(),
+            json!({"event": "rejected", "reason": "stranger_limit", "key": "batches/x", "retry_after": 90})
+        );
+    }
+}

@@ -1,0 +1,342 @@
+//! What the pass does for one entry: the actions [`decide`] chose, what a status answer
+//! leads to, and what a gate's reply leads to.
+//!
+//! Guarantees: an answer whose status the ledger already shows costs no gate call; a 404
+//! asks for `unknown_to_gemini` and a malformed answer for `status_unusable` only while the
+//! ledger shows them unraised; a 429 or 5xx, or a run of unanswered calls, backs off every
+//! status call and settles nothing; a gate that answers that the side effect is done is asked
+//! to re-index (the listing was stale), if the budget allows.
+
+use std::collections::VecDeque;
+
+use crate::operation::alert::AlertKind;
+use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::key::Collection;
+use crate::operation::ledger::LedgerMeta;
+use crate::operation::lifecycle::{Source, Status};
+use crate::operation::observation::StatusError;
+use crate::operation::OpEvent;
+use crate::reconciliation::reconcile::Action;
+use crate::reconciliation::status::{interpret_skimmed, status_url};
+
+use super::{Awaiting, Intent, Pass, PassLog, StatusAnswer, HOLD_BACKOFF_UP_TO_MS};
+
+#[cfg(doc)]
+use crate::reconciliation::reconcile::decide;
+
+/// The entry in hand.
+#[derive(Debug)]
+pub(super) struct Entry {
+    /// The KV key it was listed under (`open:…` or `op:…`).
+    pub(super) name: String,
+    /// The operation's key.
+    pub(super) key: String,
+    pub(super) meta: LedgerMeta,
+    pub(super) steps: VecDeque<Step>,
+    /// False once a poll was skipped for a back-off that ends within a cron interval.
+    pub(super) polled: bool,
+}
+
+impl Entry {
+    pub(super) fn new(name: &str, key: &str, meta: LedgerMeta, steps: Vec<Step>) -> Entry {
+        Entry {
+            name: name.to_string(),
+            key: key.to_string(),
+            meta,
+            steps: steps.into(),
+            polled: true,
+        }
+    }
+}
+
+/// One thing left to do for the entry.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Step {
+    Act(Action),
+    Gate(GateCommand, AfterGate),
+    /// Ask the gate to project again; `stale`: log that the index entry was stale.
+    Reindex {
+        stale: bool,
+    },
+}
+
+/// What a gate's reply leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AfterGate {
+    Nothing,
+    /// Count an alert the gate raised now.
+    CountAlert,
+    /// Re-index when the gate says the side effect is done.
+    ReindexIfDone,
+    /// Count a terminal status applied, then as [`AfterGate::ReindexIfDone`].
+    Settled,
+}
+
+impl Pass {
+    /// The next intent for the entry in hand; `None` when nothing is left to do for it.
+    pub(super) fn entry_step(&mut self, now_ms: i64) -> Option<Intent> {
+        loop {
+            let step = self.entry.as_mut()?.steps.pop_front()?;
+            let intent = match step {
+                Step::Act(Action::Poll) => self.poll(now_ms),
+                Step::Act(Action::RetryEffect) => {
+                    self.report.effects_retried += 1;
+                    Some(self.gate(GateCommand::RetryEffect, AfterGate::ReindexIfDone))
+                }
+                Step::Act(Action::Alert { kind, age_secs }) => Some(self.gate(
+                    GateCommand::Alert {
+                        alert: kind,
+                        age_seconds: age_secs,
+                    },
+                    AfterGate::CountAlert,
+                )),
+                Step::Gate(command, after) => Some(self.gate(command, after)),
+                Step::Reindex { stale } => {
+                    if stale {
+                        let key = self.entry.as_ref()?.key.clone();
+                        self.log(PassLog::IndexStale { key });
+                    }
+                    self.report.reindexed += 1;
+                    Some(self.gate(GateCommand::Reindex, AfterGate::Nothing))
+                }
+            };
+            if intent.is_some() {
+                return intent;
+            }
+        }
+    }
+
+    fn gate(&mut self, command: GateCommand, after: AfterGate) -> Intent {
+        self.spend(1);
+        self.report.gate_calls += 1;
+        self.awaiting = Some(Awaiting::Gate(after));
+        let key = self
+            .entry
+            .as_ref()
+            .map(|e| e.key.clone())
+            .unwrap_or_default();
+        Intent::CallGate { key, command }
+    }
+
+    /// Asks Gemini about the entry, unless Gemini asked us to wait: then the next pass asks
+    /// again, starting here if the wait ends within a cron interval.
+    fn poll(&mut self, now_ms: i64) -> Option<Intent> {
+        let backoff_until = self.status_backoff_until_ms;
+        let entry = self.entry.as_mut()?;
+        if now_ms < backoff_until {
+            entry.polled &= backoff_until - now_ms > HOLD_BACKOFF_UP_TO_MS;
+            return None;
+        }
+        let collection = Collection::of_key(&entry.key)?;
+        let url = status_url(
+            &self.limits.api_base,
+            collection,
+            &entry.key,
+            &entry.meta.name,
+        );
+        let key = entry.key.clone();
+        self.report.status_calls += 1;
+        self.spend(1);
+        self.awaiting = Some(Awaiting::Status {
+            started_ms: now_ms,
+            collection,
+        });
+        Some(Intent::Poll { key, url })
+    }
+
+    /// The status API's answer to [`Intent::Poll`], at `now_ms` (when it ended).
+    pub fn on_status(&mut self, answer: StatusAnswer, now_ms: i64) {
+        let Some(Awaiting::Status {
+            started_ms,
+            collection,
+        }) = self.answered(|a| matches!(a, Awaiting::Status { .. }))
+        else {
+            return;
+        };
+        let Some(entry) = self.entry.as_ref() else {
+            return;
+        };
+        let key = entry.key.clone();
+        let (status, interpreted) = match answer {
+            StatusAnswer::Http {
+                status,
+                retry_after,
+                body,
+            } => {
+                self.health.answered();
+                let read =
+                    interpret_skimmed(collection, status, retry_after.as_deref(), body.as_ref());
+                (status, read)
+            }
+            StatusAnswer::Timeout | StatusAnswer::Network(_) => {
+                // Only this entry's trouble, unless a run of them says the API's: the cursor
+                // moves past it and the next coverage of the ledger asks again.
+                self.report.errors += 1;
+                self.report.status_unanswered += 1;
+                let backoff = self.health.unanswered(now_ms);
+                if let Some(until) = backoff {
+                    self.status_backoff_until_ms = self.status_backoff_until_ms.max(until);
+                }
+                let answer = match answer {
+                    StatusAnswer::Network(e) => e,
+                    _ => "timeout".to_string(),
+                };
+                self.log(PassLog::StatusUnanswered {
+                    key,
+                    answer,
+                    backoff_secs: backoff.map(|until| (until - now_ms).div_euclid(1_000)),
+                });
+                return;
+            }
+        };
+        let age_seconds = started_ms.div_euclid(1_000) - entry.meta.submitted_at;
+        let raised = |kind: AlertKind| entry.meta.alerts.contains(&kind);
+        let observation = match interpreted {
+            Ok(o) => o,
+            Err(StatusError::NotFound) => {
+                let ask = !raised(AlertKind::UnknownToGemini);
+                self.log(PassLog::StatusNotFound { key });
+                if ask {
+                    let command = GateCommand::Alert {
+                        alert: AlertKind::UnknownToGemini,
+                        age_seconds,
+                    };
+                    self.push_front(Step::Gate(command, AfterGate::CountAlert));
+                }
+                return;
+            }
+            Err(StatusError::Transient { retry_after_secs }) => {
+                self.report.errors += 1;
+                self.status_backoff_until_ms = self
+                    .status_backoff_until_ms
+                    .max(started_ms + retry_after_secs * 1_000);
+                self.log(PassLog::StatusTransient {
+                    key,
+                    retry_after_secs,
+                    answer: status,
+                });
+                return;
+            }
+            Err(StatusError::Malformed(reason)) => {
+                // The answer will not get better by asking again: alert once, with the reason,
+                // so a person can settle it (the gate keeps the mark; the ledger carries it).
+                let ask = !raised(AlertKind::StatusUnusable);
+                self.report.errors += 1;
+                self.log(PassLog::StatusUnusable {
+                    key,
+                    error: reason.clone(),
+                });
+                if ask {
+                    let command = GateCommand::StatusUnusable {
+                        reason,
+                        age_seconds,
+                    };
+                    self.push_front(Step::Gate(command, AfterGate::CountAlert));
+                }
+                return;
+            }
+            Err(e) => {
+                self.report.errors += 1;
+                self.log(PassLog::StatusUnusable {
+                    key,
+                    error: format!("{e:?}"),
+                });
+                return;
+            }
+        };
+        if let Status::Unknown(raw) = &observation.status {
+            self.log(PassLog::StatusUnknownState {
+                key,
+                state: raw.clone(),
+            });
+            return;
+        }
+        if observation.status == entry.meta.status {
+            return; // nothing new for the gate: save the round trip
+        }
+        let command = GateCommand::Deliver {
+            key,
+            name: entry.meta.name.clone(),
+            event: OpEvent {
+                status: observation.status,
+                update_time_ms: observation.update_time_ms,
+                source: Source::Reconcile,
+                details: observation.details,
+                delivery_id: None,
+            },
+            require_registration: false,
+            hold_ms: self.limits.unregistered_hold_ms,
+        };
+        self.push_front(Step::Gate(command, AfterGate::Settled));
+    }
+
+    /// The gate's reply to [`Intent::CallGate`] (`Err`: the call failed).
+    pub fn on_gate(&mut self, reply: Result<GateReply, String>) {
+        let Some(Awaiting::Gate(after)) = self.answered(|a| matches!(a, Awaiting::Gate(_))) else {
+            return;
+        };
+        let key = self
+            .entry
+            .as_ref()
+            .map(|e| e.key.clone())
+            .unwrap_or_default();
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
+                self.report.errors += 1;
+                self.log(PassLog::ReconcileError {
+                    key: Some(key),
+                    error,
+                });
+                return;
+            }
+        };
+        match after {
+            AfterGate::Nothing => {}
+            AfterGate::CountAlert => {
+                if reply == (GateReply::AlertSent { sent: true }) {
+                    self.report.alerts += 1;
+                }
+            }
+            AfterGate::ReindexIfDone => self.reindex_if_done(&reply),
+            AfterGate::Settled => {
+                if let GateReply::Applied { status, .. } = &reply {
+                    if status.is_terminal() {
+                        self.report.settled += 1;
+                        self.log(PassLog::SettledByReconcile {
+                            key,
+                            status: status.clone(),
+                        });
+                    }
+                }
+                self.reindex_if_done(&reply);
+            }
+        }
+    }
+
+    /// The entry was listed as needing work, but its gate says the side effect is done: the
+    /// listing is stale (an index entry whose delete was lost, or a list lagging behind a
+    /// close). Ask the gate to project again, which deletes the index entry, so a lost delete
+    /// costs one trip, not one per pass. A pass-level race (closed since it was listed) costs
+    /// at most one redundant projection.
+    fn reindex_if_done(&mut self, reply: &GateReply) {
+        let done = matches!(
+            reply,
+            GateReply::Effect {
+                effect: EffectReport::Delivered
+            } | GateReply::Dropped {
+                effect: EffectReport::Delivered,
+                ..
+            }
+        );
+        if done && self.affords(1) {
+            self.push_front(Step::Reindex { stale: true });
+        }
+    }
+
+    fn push_front(&mut self, step: Step) {
+        if let Some(entry) = self.entry.as_mut() {
+            entry.steps.push_front(step);
+        }
+    }
+}

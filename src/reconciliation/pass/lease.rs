@@ -1,0 +1,195 @@
+//! The pass and its lease: taking it (and what the grant says about where to start and
+//! whether an audit is due), the heartbeat's renewals, and the release with the pass's
+//! summary, or none once the lease is lost.
+
+use crate::operation::ledger::OPEN_PREFIX;
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::reconciliation::reconcile::{audit_reserve, lease_presumed_lapsed, Resume, Stop};
+
+use super::{webhook, Awaiting, Flow, Intent, Pass, PassLog, Phase};
+
+impl Pass {
+    pub(super) fn acquire(&mut self) -> Flow {
+        self.spend(1);
+        self.awaiting = Some(Awaiting::Acquire);
+        Flow::Io(Intent::Lease(LeaseCommand::Acquire {
+            holder: self.holder.clone(),
+            ttl_ms: self.limits.lease_ttl_ms,
+        }))
+    }
+
+    /// The lease object's answer (`Err`: the call failed) to [`Intent::Lease`], at `now_ms`.
+    pub fn on_lease(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
+        match self.answered(|a| matches!(a, Awaiting::Acquire | Awaiting::Release)) {
+            Some(Awaiting::Acquire) => self.on_acquired(reply, now_ms),
+            Some(_) => self.on_released(reply),
+            None => {}
+        }
+    }
+
+    fn on_acquired(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
+        match reply {
+            Ok(LeaseReply::Granted {
+                resume,
+                status_backoff_until_ms,
+                webhook_alerted_state,
+                audit,
+            }) => {
+                self.status_backoff_until_ms = status_backoff_until_ms;
+                let resume = start_of_index(resume);
+                self.checkpoint = (resume.clone(), status_backoff_until_ms);
+                self.audit_from = audit.due(self.started_ms, self.limits.audit_interval_ms);
+                if self.audit_from.is_some() {
+                    // Keep a third of the budget and of the deadline for the audit.
+                    let budget = i64::from(self.limits.budget);
+                    self.budget_limit = (budget - audit_reserve(budget)) as u32;
+                    self.walk_deadline_ms =
+                        self.deadline_ms - audit_reserve(self.limits.deadline_ms);
+                }
+                self.webhook_alerted_state = webhook_alerted_state;
+                self.last_renewed_ms = now_ms;
+                match self.limits.webhook_name.clone() {
+                    Some(name) => self.phase = Phase::Webhook(webhook::Check::new(name, resume)),
+                    None => self.start_walk(resume),
+                }
+            }
+            Ok(_) => {
+                self.report.skipped_busy = true;
+                self.phase = Phase::Finish;
+            }
+            Err(e) => {
+                self.report.errors += 1;
+                self.log(PassLog::error(format!("lease: {e}")));
+                self.phase = Phase::Finish;
+            }
+        }
+    }
+
+    /// A heartbeat tick: the renewal to send (answer with [`Pass::on_renewed`]), or `None`
+    /// when the budget has no room for it and the release, which stops the walk.
+    pub fn on_heartbeat(&mut self) -> Option<LeaseCommand> {
+        if self.spent + 2 > self.limits.budget {
+            self.heartbeat_stop = Some(Stop::Budget);
+            return None;
+        }
+        self.spend(1);
+        self.renewals += 1;
+        let (resume, status_backoff_until_ms) = self.checkpoint.clone();
+        Some(LeaseCommand::Renew {
+            holder: self.holder.clone(),
+            ttl_ms: self.limits.lease_ttl_ms,
+            resume,
+            status_backoff_until_ms,
+            audit: self.audit_progress.clone(),
+        })
+    }
+
+    /// The answer to a renewal, at `now_ms`. False when the heartbeat ends, which stops the
+    /// walk: the renewal was refused (the lease is lost), or renewals have failed for a whole
+    /// TTL (it may have lapsed).
+    pub fn on_renewed(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) -> bool {
+        match reply {
+            Ok(LeaseReply::Renewed { accepted: true }) => {
+                self.last_renewed_ms = now_ms;
+                true
+            }
+            Ok(other) => {
+                self.log(PassLog::error(format!("lease renewal refused: {other:?}")));
+                self.heartbeat_stop = Some(Stop::LeaseLost);
+                false
+            }
+            Err(e) => {
+                self.heartbeat_errors += 1;
+                self.log(PassLog::error(format!("lease renewal: {e}")));
+                if lease_presumed_lapsed(now_ms, self.last_renewed_ms, self.limits.lease_ttl_ms) {
+                    self.heartbeat_stop = Some(Stop::LeaseLapsed);
+                    return false;
+                }
+                true
+            }
+        }
+    }
+
+    /// The work is over: release the lease with where the next pass starts, unless it was
+    /// lost (the new holder's cursor is not ours to move).
+    pub(super) fn release(&mut self, now_ms: i64) -> Flow {
+        let (resume, stop) = self
+            .walked
+            .take()
+            .unwrap_or((Resume::default(), Stop::Error));
+        // A lost lease wins over whatever stopped the walk.
+        let stop = match self.heartbeat_stop {
+            Some(Stop::LeaseLost) => Stop::LeaseLost,
+            _ => stop,
+        };
+        self.report.stopped = Some(stop);
+        self.report.complete = stop == Stop::Complete;
+        if !stop.releases() {
+            self.log(PassLog::ReconcileLeaseLost {
+                holder: self.holder.clone(),
+            });
+            self.phase = Phase::Finish;
+            return Flow::Continue;
+        }
+        self.spend(1);
+        self.report.elapsed_ms = now_ms - self.started_ms;
+        self.sync_report();
+        let webhook = self.webhook.take();
+        let release = LeaseCommand::Release {
+            holder: self.holder.clone(),
+            resume,
+            complete: self.report.complete,
+            status_backoff_until_ms: self.status_backoff_until_ms,
+            webhook_checked: webhook.is_some(),
+            webhook_alerted_state: webhook.flatten(),
+            audit: self.audited.take(),
+            summary: serde_json::json!({
+                "at": crate::timestamp::format_rfc3339(self.started_ms),
+                "report": self.report.to_json(),
+            }),
+        };
+        self.phase = Phase::Release;
+        self.awaiting = Some(Awaiting::Release);
+        Flow::Io(Intent::Lease(release))
+    }
+
+    fn on_released(&mut self, reply: Result<LeaseReply, String>) {
+        match reply {
+            Ok(LeaseReply::Released { accepted: true }) => {}
+            Ok(other) => self.log(PassLog::error(format!("lease release refused: {other:?}"))),
+            Err(e) => {
+                self.report.errors += 1;
+                self.log(PassLog::error(format!("lease release: {e}")));
+            }
+        }
+        self.phase = Phase::Finish;
+    }
+
+    /// The pass's line, and the end.
+    pub(super) fn finish(&mut self, now_ms: i64) -> Flow {
+        self.sync_report();
+        self.report.errors += self.heartbeat_errors;
+        self.report.elapsed_ms = now_ms - self.started_ms;
+        self.log(PassLog::ReconcilePass(self.report.clone()));
+        self.phase = Phase::Done;
+        Flow::Continue
+    }
+
+    fn sync_report(&mut self) {
+        self.report.subrequests = self.spent;
+        self.report.lease_renewals = self.renewals;
+    }
+}
+
+/// A cursor saved before the index existed points into `op:`: the index starts over.
+fn start_of_index(resume: Resume) -> Resume {
+    if resume
+        .after_key
+        .as_deref()
+        .is_some_and(|k| !k.starts_with(OPEN_PREFIX))
+    {
+        Resume::default()
+    } else {
+        resume
+    }
+}

@@ -1,0 +1,336 @@
+//! What a pass says: its `reconcile_pass` summary and every other log line it writes, as
+//! types.
+//!
+//! Guarantees: each line serializes (through [`PassLog::to_json`]) to one JSON object whose
+//! `event` is the name of [`PassLog::event`], a [`LogEvent`]; the fields are the ones the
+//! chaos and bench scripts, the dashboard and the tests read, with `null` for an absent
+//! value except where a field is left out (`key` on a pass-level `reconcile_error`).
+
+use serde::{Serialize, Serializer};
+use serde_json::Value;
+
+use crate::operation::lifecycle::Status;
+use crate::reconciliation::reconcile::Stop;
+use crate::telemetry::log_event::LogEvent;
+
+/// What a pass did: the `reconcile_pass` log line, and the summary the lease keeps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PassReport {
+    /// Entries returned by KV lists, index and audit together.
+    pub listed: u64,
+    /// KV list calls, index and audit together.
+    pub kv_lists: u64,
+    /// Of those, the routine walk's over `open:`.
+    pub index_listed: u64,
+    pub index_kv_lists: u64,
+    /// Index entries decided on (the rest of the listed index waits for the next pass).
+    pub visited: u64,
+    /// Whether the audit over `op:` ran in this pass, and what it did.
+    pub audit: bool,
+    pub audit_listed: u64,
+    pub audit_kv_lists: u64,
+    /// `op:` entries that may need work and were not in the index: acted on.
+    pub audit_found: u64,
+    /// Gates asked to project again: by the audit (an index entry missing, or left behind),
+    /// or by the routine walk when a gate answered that the operation it was listed for is
+    /// closed, its side effect done (a lost delete, or a lagging list).
+    pub reindexed: u64,
+    pub audit_complete: bool,
+    pub bodies_read: u64,
+    pub status_calls: u64,
+    /// Status calls that timed out or failed to connect; their entries were skipped.
+    pub status_unanswered: u64,
+    pub settled: u64,
+    pub effects_retried: u64,
+    pub alerts: u64,
+    pub gate_calls: u64,
+    pub errors: u64,
+    pub subrequests: u32,
+    pub lease_renewals: u64,
+    pub complete: bool,
+    /// Another pass held the lease: this one did nothing.
+    #[serde(rename = "lease_busy")]
+    pub skipped_busy: bool,
+    #[serde(serialize_with = "stop_label")]
+    pub stopped: Option<Stop>,
+    pub elapsed_ms: i64,
+}
+
+fn stop_label<S: Serializer>(stop: &Option<Stop>, s: S) -> Result<S::Ok, S::Error> {
+    stop.map(Stop::label).serialize(s)
+}
+
+/// One log line of a pass.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum PassLog {
+    /// The pass's summary, its last line.
+    ReconcilePass(PassReport),
+    /// Something failed: the lease, KV, a gate call. `key` names the operation, if one.
+    ReconcileError {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+        error: String,
+    },
+    /// A renewal was refused: another pass holds the lease, so this one saves nothing.
+    ReconcileLeaseLost {
+        holder: String,
+    },
+    /// The saved index cursor was refused by KV: the index is listed from its start.
+    ReconcileCursorReset {
+        error: String,
+    },
+    /// The audit found an operation that may need work missing from the index.
+    IndexMissed {
+        key: String,
+    },
+    /// An index entry shows an operation that is closed: its gate is asked to project again.
+    IndexStale {
+        key: String,
+    },
+    /// The Gemini webhook's state, as its listing shows it (`not_found` when absent).
+    WebhookState {
+        webhook: String,
+        state: String,
+    },
+    WebhookCheckFailed {
+        webhook: String,
+        error: String,
+    },
+    /// A status call got no answer (`timeout`, or the network error); `backoff_secs` when
+    /// this made every status call wait.
+    StatusUnanswered {
+        key: String,
+        answer: String,
+        backoff_secs: Option<i64>,
+    },
+    StatusNotFound {
+        key: String,
+    },
+    /// A 429 or 5xx (`answer`): no status call until `retry_after_secs` have passed.
+    StatusTransient {
+        key: String,
+        retry_after_secs: i64,
+        answer: u16,
+    },
+    StatusUnusable {
+        key: String,
+        error: String,
+    },
+    StatusUnknownState {
+        key: String,
+        state: String,
+    },
+    SettledByReconcile {
+        key: String,
+        status: Status,
+    },
+}
+
+impl PassLog {
+    /// The line's event name, as the log contract declares it.
+    pub fn event(&self) -> LogEvent {
+        match self {
+            PassLog::ReconcilePass(_) => LogEvent::ReconcilePass,
+            PassLog::ReconcileError { .. } => LogEvent::ReconcileError,
+            PassLog::ReconcileLeaseLost { .. } => LogEvent::ReconcileLeaseLost,
+            PassLog::ReconcileCursorReset { .. } => LogEvent::ReconcileCursorReset,
+            PassLog::IndexMissed { .. } => LogEvent::IndexMissed,
+            PassLog::IndexStale { .. } => LogEvent::IndexStale,
+            PassLog::WebhookState { .. } => LogEvent::WebhookState,
+            PassLog::WebhookCheckFailed { .. } => LogEvent::WebhookCheckFailed,
+            PassLog::StatusUnanswered { .. } => LogEvent::StatusUnanswered,
+            PassLog::StatusNotFound { .. } => LogEvent::StatusNotFound,
+            PassLog::StatusTransient { .. } => LogEvent::StatusTransient,
+            PassLog::StatusUnusable { .. } => LogEvent::StatusUnusable,
+            PassLog::StatusUnknownState { .. } => LogEvent::StatusUnknownState,
+            PassLog::SettledByReconcile { .. } => LogEvent::SettledByReconcile,
+        }
+    }
+
+    /// The line as it is logged.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_else(|e| {
+            serde_json::json!({"event": LogEvent::ReconcileError.as_str(), "error": e.to_string()})
+        })
+    }
+
+    /// A pass-level failure (no operation named).
+    pub(crate) fn error(error: impl Into<String>) -> PassLog {
+        PassLog::ReconcileError {
+            key: None,
+            error: error.into(),
+        }
+    }
+}
+
+impl PassReport {
+    /// The report as its log line and the lease's summary show it.
+    pub fn to_json(&self) -> Value {
+        PassLog::ReconcilePass(self.clone()).to_json()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// One line of each kind (the match in [`PassLog::event`] keeps this list whole: a new
+    /// variant fails to compile there until it names its event, and is added here).
+    fn one_of_each() -> Vec<PassLog> {
+        let key = || "batches/a".to_string();
+        vec![
+            PassLog::ReconcilePass(PassReport::default()),
+            PassLog::ReconcileError {
+                key: Some(key()),
+                error: "object answered 500".into(),
+            },
+            PassLog::ReconcileLeaseLost {
+                holder: "pass-1".into(),
+            },
+            PassLog::ReconcileCursorReset {
+                error: "bad cursor".into(),
+            },
+            PassLog::IndexMissed { key: key() },
+            PassLog::IndexStale { key: key() },
+            PassLog::WebhookState {
+                webhook: "webhooks/w".into(),
+                state: "enabled".into(),
+            },
+            PassLog::WebhookCheckFailed {
+                webhook: "webhooks/w".into(),
+                error: "Refused(403)".into(),
+            },
+            PassLog::StatusUnanswered {
+                key: key(),
+                answer: "timeout".into(),
+                backoff_secs: None,
+            },
+            PassLog::StatusNotFound { key: key() },
+            PassLog::StatusTransient {
+                key: key(),
+                retry_after_secs: 1,
+                answer: 429,
+            },
+            PassLog::StatusUnusable {
+                key: key(),
+                error: "not JSON".into(),
+            },
+            PassLog::StatusUnknownState {
+                key: key(),
+                state: "weird".into(),
+            },
+            PassLog::SettledByReconcile {
+                key: key(),
+                status: Status::Succeeded,
+            },
+        ]
+    }
+
+    #[test]
+    fn every_line_names_a_declared_event() {
+        let lines = one_of_each();
+        let mut seen = std::collections::HashSet::new();
+        for line in &lines {
+            let json = line.to_json();
+            let name = json["event"].as_str().unwrap_or_default().to_string();
+            assert_eq!(name, line.event().as_str(), "{json}");
+            assert!(LogEvent::ALL.contains(&line.event()), "{name}");
+            seen.insert(name);
+        }
+        assert_eq!(seen.len(), lines.len(), "one sample of each kind");
+    }
+
+    #[test]
+    fn lines_keep_their_fields() {
+        assert_eq!(
+            PassLog::error("lease: down").to_json(),
+            json!({"event": "reconcile_error", "error": "lease: down"}),
+            "no key on a pass-level error"
+        );
+        assert_eq!(
+            PassLog::StatusUnanswered {
+                key: "batches/a".into(),
+                answer: "timeout".into(),
+                backoff_secs: None
+            }
+            .to_json(),
+            json!({"event": "status_unanswered", "key": "batches/a", "answer": "timeout", "backoff_secs": null})
+        );
+        assert_eq!(
+            PassLog::SettledByReconcile {
+                key: "batches/a".into(),
+                status: Status::Failed
+            }
+            .to_json(),
+            json!({"event": "settled_by_reconcile", "key": "batches/a", "status": "failed"})
+        );
+        assert_eq!(
+            PassLog::StatusTransient {
+                key: "batches/a".into(),
+                retry_after_secs: 60,
+                answer: 503
+            }
+            .to_json(),
+            json!({"event": "status_transient", "key": "batches/a", "retry_after_secs": 60, "answer": 503})
+        );
+    }
+
+    #[test]
+    fn the_summary_line_has_every_counter_the_readers_use() {
+        let report = PassReport {
+            skipped_busy: true,
+            stopped: Some(Stop::HeldForBackoff),
+            subrequests: 3,
+            ..PassReport::default()
+        };
+        let json = report.to_json();
+        let fields: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "alerts",
+                "audit",
+                "audit_complete",
+                "audit_found",
+                "audit_kv_lists",
+                "audit_listed",
+                "bodies_read",
+                "complete",
+                "effects_retried",
+                "elapsed_ms",
+                "errors",
+                "event",
+                "gate_calls",
+                "index_kv_lists",
+                "index_listed",
+                "kv_lists",
+                "lease_busy",
+                "lease_renewals",
+                "listed",
+                "reindexed",
+                "settled",
+                "status_calls",
+                "status_unanswered",
+                "stopped",
+                "subrequests",
+                "visited",
+            ]
+        );
+        assert_eq!(json["event"], "reconcile_pass");
+        assert_eq!(json["lease_busy"], true);
+        assert_eq!(json["stopped"], "held_for_backoff");
+        assert_eq!(json["subrequests"], 3);
+        assert_eq!(
+            PassReport::default().to_json()["stopped"],
+            Value::Null,
+            "a pass that never walked"
+        );
+    }
+}

@@ -1,0 +1,377 @@
+//! One reconciliation pass (the cron's slow path) as a state machine: [`Pass::next`] says what
+//! to do next ([`Intent`]), the edge does it and hands the answer back through the matching
+//! `on_*` feeder, and a heartbeat beside the walk asks [`Pass::on_heartbeat`] for renewals.
+//! Every decision of the pass lives here, host-tested; the edge only performs I/O.
+//!
+//! What a pass does: take the lease; check the Gemini webhook's state when one is named; list
+//! the `open:` index of operations that may need work (the whole of it, up to
+//! [`MAX_INDEX_PAGES`] pages, then in windows), and visit the listed entries in key order from
+//! where the last pass stopped, deciding from metadata ([`decide`]) and turning what Gemini's
+//! status API says into events for the gates; when the audit is due
+//! (`RECONCILE_AUDIT_SECONDS`), walk the whole `op:` ledger with the audit's own cursor, on a
+//! reserved third of the budget and deadline, acting on what the index missed and asking those
+//! gates to re-index; release the lease with where the next pass starts.
+//!
+//! Guarantees: the pass writes no state itself, every change goes through a gate; it reads no
+//! ledger value; it holds the lease or does nothing; it never spends more than
+//! `RECONCILE_BUDGET` subrequests (KV list calls, gate calls, lease calls and status calls
+//! together, keeping one for the release) and resumes where it stopped on the next run; it
+//! starts no entry after `RECONCILE_DEADLINE_SECONDS`; a heartbeat renews its short lease
+//! every quarter of the TTL, saving its position each time, and a refused renewal stops the
+//! pass without a release, so it never saves a cursor over the new holder's. A 429 or 5xx from
+//! the status API stops polling until its Retry-After has passed and settles nothing, and the
+//! next pass resumes at the first entry skipped for it (if the wait ends within a cron
+//! interval); a status call that gets no answer skips only its entry, and three in a row back
+//! off every status call like a 429; a 404 asks the gate for an `unknown_to_gemini` alert
+//! unless the ledger shows it raised; a malformed answer asks for a `status_unusable` alert
+//! once; an answer whose status the ledger already shows costs no gate call.
+
+mod entry;
+mod lease;
+mod lines;
+mod walk;
+mod webhook;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::Value;
+
+use crate::operation::gate_protocol::GateCommand;
+use crate::operation::key::Collection;
+use crate::reconciliation::lease_protocol::LeaseCommand;
+use crate::reconciliation::reconcile::{
+    past_deadline, AuditProgress, Resume, StatusHealth, Stop, Thresholds,
+};
+use crate::reconciliation::skim::{SkimError, Skimmed};
+
+pub use lines::{PassLog, PassReport};
+
+#[cfg(doc)]
+use crate::reconciliation::reconcile::{decide, MAX_INDEX_PAGES};
+
+/// Largest KV list page.
+pub const PAGE_SIZE: u64 = 1_000;
+/// A backoff ending within this long (one cron interval) holds the next pass's start at the
+/// first entry it skipped; a longer one does not, or every pass until it ends would spend its
+/// budget on the same stretch of the ledger and never reach retries and alerts beyond it.
+pub const HOLD_BACKOFF_UP_TO_MS: i64 = 300_000;
+/// Most pages of the webhook listing read when looking for our webhook.
+pub const MAX_WEBHOOK_PAGES: usize = 5;
+
+/// What a pass may spend and how it decides, from the configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// `RECONCILE_BUDGET`: subrequests, lease calls included.
+    pub budget: u32,
+    /// `RECONCILE_DEADLINE_SECONDS`, in ms.
+    pub deadline_ms: i64,
+    /// `RECONCILE_LEASE_SECONDS`, in ms.
+    pub lease_ttl_ms: i64,
+    /// `RECONCILE_AUDIT_SECONDS`, in ms.
+    pub audit_interval_ms: i64,
+    pub thresholds: Thresholds,
+    /// `GEMINI_WEBHOOK_NAME`: the webhook whose state each pass checks.
+    pub webhook_name: Option<String>,
+    /// `GEMINI_API_BASE`.
+    pub api_base: String,
+    /// How long the first side effect of an unregistered operation the pass settles waits.
+    pub unregistered_hold_ms: i64,
+}
+
+/// What the edge does next for the pass.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Intent {
+    /// Send this to the lease object; answer with [`Pass::on_lease`].
+    Lease(LeaseCommand),
+    /// GET this page of Gemini's webhook listing; answer with [`Pass::on_webhook_page`].
+    ListWebhooks { url: String },
+    /// Post this alert to the alert sink; answer with [`Pass::on_alert_posted`].
+    PostAlert(Value),
+    /// List one KV page of keys under `prefix` from `cursor`; answer with [`Pass::on_listed`].
+    List {
+        prefix: &'static str,
+        cursor: Option<String>,
+    },
+    /// Ask Gemini's status API about `key` at `url`; answer with [`Pass::on_status`].
+    Poll { key: String, url: String },
+    /// Send `command` to the gate of `key`; answer with [`Pass::on_gate`].
+    CallGate { key: String, command: GateCommand },
+    /// The pass is over; its line is among the logs.
+    Done,
+}
+
+impl Intent {
+    /// Whether this is work done under the lease, while the heartbeat renews it (not the
+    /// lease calls themselves, nor the end).
+    pub fn under_lease(&self) -> bool {
+        !matches!(self, Intent::Lease(_) | Intent::Done)
+    }
+}
+
+/// One KV list page.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListedPage {
+    pub keys: Vec<ListedKey>,
+    pub cursor: Option<String>,
+    pub list_complete: bool,
+}
+
+/// One listed key and its metadata as KV holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListedKey {
+    pub name: String,
+    pub metadata: Option<Value>,
+}
+
+/// How a status call ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StatusAnswer {
+    /// An answer: its status, Retry-After and skimmed body (2xx only).
+    Http {
+        status: u16,
+        retry_after: Option<String>,
+        body: Option<Result<Skimmed, SkimError>>,
+    },
+    /// No answer within the deadline.
+    Timeout,
+    /// The call could not be made or the connection failed.
+    Network(String),
+}
+
+/// How a GET of the webhook listing ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WebhookAnswer {
+    Http {
+        status: u16,
+        body: String,
+        retry_after: Option<String>,
+    },
+    /// A timeout or a network error.
+    Unanswered,
+}
+
+/// One pass; see the module documentation.
+#[derive(Debug)]
+pub struct Pass {
+    limits: Limits,
+    holder: String,
+    started_ms: i64,
+    /// The whole pass's deadline, and the one the current walk may use: two thirds of it
+    /// for the routine walk when an audit is due; likewise the budget.
+    deadline_ms: i64,
+    walk_deadline_ms: i64,
+    budget_limit: u32,
+    phase: Phase,
+    /// The answer the edge owes, and what it is for.
+    awaiting: Option<Awaiting>,
+    /// The entry in hand and what is left to do for it.
+    entry: Option<entry::Entry>,
+    report: PassReport,
+    logs: Vec<PassLog>,
+    /// Subrequests spent by the walk and the heartbeat together.
+    spent: u32,
+    renewals: u64,
+    heartbeat_errors: u64,
+    /// Set by the heartbeat when the walk must stop: the lease was lost or may have lapsed,
+    /// or no budget is left for another renewal.
+    heartbeat_stop: Option<Stop>,
+    last_renewed_ms: i64,
+    /// Where the next pass would start if this one died now, and the status back-off: sent
+    /// with each renewal.
+    checkpoint: (Resume, i64),
+    /// How far the audit has got, when this pass audits: sent with each renewal.
+    audit_progress: Option<AuditProgress>,
+    status_backoff_until_ms: i64,
+    health: StatusHealth,
+    /// Where the walk was before the first entry it owed a poll and skipped because Gemini
+    /// asked us to wait (ending within [`HOLD_BACKOFF_UP_TO_MS`]): the next pass starts there,
+    /// so a rate limit does not leave the rest of the ledger unpolled for a whole coverage.
+    first_unpolled: Option<Resume>,
+    /// The index as listed by this pass: key → the version its entry shows.
+    indexed: HashMap<String, u64>,
+    /// Whether that listing was the whole index (from the start to the end).
+    index_whole: bool,
+    /// Keys the routine walk acted on: their ledger entries may have changed since the index
+    /// was listed, so the audit does not judge them.
+    touched: HashSet<String>,
+    /// KV is not bound: nothing can be listed.
+    kv_unbound: Option<String>,
+    /// The webhook state last alerted on, as the lease kept it.
+    webhook_alerted_state: Option<String>,
+    /// The webhook check's result: `None` when it was not made, else the state now alerted on.
+    webhook: Option<Option<String>>,
+    /// Where the audit starts, when it is due.
+    audit_from: Option<Resume>,
+    /// Where the routine walk says the next pass starts, and why it stopped.
+    walked: Option<(Resume, Stop)>,
+    /// How far the audit got, if it ran.
+    audited: Option<AuditProgress>,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Acquire,
+    Webhook(webhook::Check),
+    Index(walk::IndexWalk),
+    Audit(walk::AuditWalk),
+    Release,
+    Finish,
+    Done,
+}
+
+/// The answer owed by the edge.
+#[derive(Debug, Clone, PartialEq)]
+enum Awaiting {
+    Acquire,
+    WebhookPage,
+    WebhookAlert,
+    Listed,
+    Status {
+        started_ms: i64,
+        collection: Collection,
+    },
+    Gate(entry::AfterGate),
+    Release,
+}
+
+/// How a step of a walk went.
+enum Flow {
+    /// The edge must do this.
+    Io(Intent),
+    /// State moved on; step again.
+    Continue,
+}
+
+impl Pass {
+    /// A pass for `holder` (unique per run), starting at `now_ms`.
+    pub fn new(limits: Limits, holder: String, now_ms: i64) -> Pass {
+        let deadline_ms = now_ms + limits.deadline_ms;
+        Pass {
+            budget_limit: limits.budget,
+            limits,
+            holder,
+            started_ms: now_ms,
+            deadline_ms,
+            walk_deadline_ms: deadline_ms,
+            phase: Phase::Acquire,
+            awaiting: None,
+            entry: None,
+            report: PassReport::default(),
+            logs: Vec::new(),
+            spent: 0,
+            renewals: 0,
+            heartbeat_errors: 0,
+            heartbeat_stop: None,
+            last_renewed_ms: now_ms,
+            checkpoint: (Resume::default(), 0),
+            audit_progress: None,
+            status_backoff_until_ms: 0,
+            health: StatusHealth::default(),
+            first_unpolled: None,
+            indexed: HashMap::new(),
+            index_whole: false,
+            touched: HashSet::new(),
+            kv_unbound: None,
+            webhook_alerted_state: None,
+            webhook: None,
+            audit_from: None,
+            walked: None,
+            audited: None,
+        }
+    }
+
+    /// KV is not bound (`error`): the pass lists nothing and stops its walk with an error.
+    pub fn on_kv_unbound(&mut self, error: String) {
+        self.kv_unbound = Some(error);
+    }
+
+    /// What to do next at `now_ms`; [`Intent::Done`] once the pass is over. Each intent but
+    /// `Done` owes an answer through its `on_*` feeder before the next call; a call while one
+    /// is owed is the executor's bug, and ends the pass's driving (the lease then lapses by
+    /// itself) rather than doing anything twice.
+    pub fn next(&mut self, now_ms: i64) -> Intent {
+        loop {
+            if self.awaiting.is_some() {
+                debug_assert!(false, "next() while {:?} is owed", self.awaiting);
+                return Intent::Done;
+            }
+            let phase = std::mem::replace(&mut self.phase, Phase::Done);
+            let flow = match phase {
+                Phase::Acquire => {
+                    self.phase = Phase::Acquire;
+                    self.acquire()
+                }
+                Phase::Webhook(check) => self.webhook_step(check),
+                Phase::Index(walk) => self.index_step(walk, now_ms),
+                Phase::Audit(walk) => self.audit_step(walk, now_ms),
+                Phase::Release => self.release(now_ms),
+                Phase::Finish => self.finish(now_ms),
+                Phase::Done => return Intent::Done,
+            };
+            if let Flow::Io(intent) = flow {
+                return intent;
+            }
+        }
+    }
+
+    /// The lines logged since the last call, in order.
+    pub fn drain_logs(&mut self) -> Vec<PassLog> {
+        std::mem::take(&mut self.logs)
+    }
+
+    /// What the pass has done so far (all of it once [`Intent::Done`]).
+    pub fn report(&self) -> &PassReport {
+        &self.report
+    }
+
+    /// How often the heartbeat renews the lease.
+    pub fn heartbeat_interval_ms(&self) -> i64 {
+        crate::reconciliation::reconcile::heartbeat_interval_ms(self.limits.lease_ttl_ms)
+    }
+
+    fn log(&mut self, line: PassLog) {
+        self.logs.push(line);
+    }
+
+    /// Counts `n` subrequests against the budget the heartbeat shares.
+    fn spend(&mut self, n: u32) {
+        self.spent += n;
+    }
+
+    /// Room for `cost` more subrequests in the current walk's share, keeping one for the
+    /// lease release.
+    fn affords(&self, cost: u32) -> bool {
+        self.spent + cost < self.budget_limit
+    }
+
+    /// Why the walk must start nothing more, if it must: the heartbeat said so, or the
+    /// deadline has come.
+    fn must_stop(&self, now_ms: i64) -> Option<Stop> {
+        self.heartbeat_stop
+            .or_else(|| past_deadline(now_ms, self.walk_deadline_ms).then_some(Stop::Deadline))
+    }
+
+    /// Records where the next pass would start if this one ended now, for the heartbeat.
+    fn save_checkpoint(&mut self, position: &Resume) {
+        let at = self
+            .first_unpolled
+            .clone()
+            .unwrap_or_else(|| position.clone());
+        self.checkpoint = (at, self.status_backoff_until_ms);
+    }
+
+    /// Takes the owed answer's purpose if it is `want`'s kind; `None` (the answer is ignored)
+    /// when the edge answered something not asked.
+    fn answered(&mut self, want: fn(&Awaiting) -> bool) -> Option<Awaiting> {
+        match &self.awaiting {
+            Some(a) if want(a) => self.awaiting.take(),
+            _ => {
+                debug_assert!(false, "an answer nobody asked for: {:?}", self.awaiting);
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,1463 @@
+//! The pass decision by decision: a scripted world answers its intents (the lease, KV, the
+//! status API, the gates), and each test checks one row of what the pass decides.
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::operation::alert::AlertKind;
+use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::ledger::LedgerMeta;
+use crate::operation::lifecycle::{DropReason, Source, Status};
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::reconciliation::reconcile::{Audit, Stop, MAX_INDEX_PAGES, UNANSWERED_BACKOFF_MS};
+use crate::reconciliation::skim::skim;
+use crate::reconciliation::status::READ;
+
+/// The clock at the start of each pass (ms); entries were submitted at 1,000 s.
+const NOW: i64 = 10_000_000;
+
+fn limits() -> Limits {
+    Limits {
+        budget: 100,
+        deadline_ms: 60_000,
+        lease_ttl_ms: 60_000,
+        audit_interval_ms: 86_400_000,
+        thresholds: Thresholds {
+            grace_secs: 0,
+            stuck_after_secs: 1_000_000,
+            effect_alert_after_secs: 1_000_000,
+        },
+        webhook_name: None,
+        api_base: "http://gemini".into(),
+        unregistered_hold_ms: 0,
+    }
+}
+
+/// The audit's state when it is not due: one completed at the start of the pass.
+fn audit_not_due() -> Audit {
+    Audit {
+        resume: None,
+        last_completed_ms: NOW,
+        completed: 1,
+    }
+}
+
+fn granted(resume: Resume) -> LeaseReply {
+    LeaseReply::Granted {
+        resume,
+        status_backoff_until_ms: 0,
+        webhook_alerted_state: None,
+        audit: audit_not_due(),
+    }
+}
+
+fn meta_for(key: &str, status: &str) -> LedgerMeta {
+    let mut m = LedgerMeta::sample(status);
+    m.name = key.to_string();
+    m
+}
+
+fn entry(prefix: &str, key: &str, m: &LedgerMeta) -> ListedKey {
+    ListedKey {
+        name: format!("{prefix}{key}"),
+        metadata: Some(serde_json::to_value(m).unwrap()),
+    }
+}
+
+/// An `open:` entry of a pending operation (polled: the grace is zero).
+fn open(key: &str) -> ListedKey {
+    entry("open:", key, &meta_for(key, "pending"))
+}
+
+fn at(after: &str) -> Resume {
+    Resume {
+        cursor: None,
+        after_key: Some(after.into()),
+    }
+}
+
+/// A 200 from the status API saying the batch is in `state`.
+fn batch(state: &str) -> StatusAnswer {
+    let body = json!({"name": "batches/x", "metadata": {"state": state, "updateTime": "2026-11-22T10:00:00Z"}});
+    StatusAnswer::Http {
+        status: 200,
+        retry_after: None,
+        body: Some(skim(READ, body.to_string().as_bytes())),
+    }
+}
+
+fn http(status: u16, retry_after: Option<&str>) -> StatusAnswer {
+    StatusAnswer::Http {
+        status,
+        retry_after: retry_after.map(str::to_string),
+        body: None,
+    }
+}
+
+fn webhooks(state: &str) -> WebhookAnswer {
+    WebhookAnswer::Http {
+        status: 200,
+        body: json!({"webhooks": [{"name": "webhooks/w", "state": state}]}).to_string(),
+        retry_after: None,
+    }
+}
+
+type Gate = Box<dyn FnMut(&str, &GateCommand) -> Result<GateReply, String>>;
+/// The heartbeat's turn: the pass, how many intents came before, the clock.
+type Beat = Box<dyn FnMut(&mut Pass, usize, i64)>;
+
+/// The gates as they usually answer.
+fn usual_gate(_: &str, command: &GateCommand) -> Result<GateReply, String> {
+    Ok(match command {
+        GateCommand::Deliver { event, .. } => GateReply::Applied {
+            status: event.status.clone(),
+            effect: EffectReport::Scheduled,
+        },
+        GateCommand::Alert { .. } | GateCommand::StatusUnusable { .. } => {
+            GateReply::AlertSent { sent: true }
+        }
+        GateCommand::RetryEffect => GateReply::Effect {
+            effect: EffectReport::Scheduled,
+        },
+        GateCommand::Reindex => GateReply::Reindexed { changed: true },
+        _ => GateReply::NotFound,
+    })
+}
+
+/// What answers the pass's intents.
+struct World {
+    now: i64,
+    /// How far the clock moves for each intent answered.
+    tick_ms: i64,
+    grant: Result<LeaseReply, String>,
+    index: Vec<ListedKey>,
+    ledger: Vec<ListedKey>,
+    page_size: usize,
+    /// KV refuses an index list that starts from a saved cursor.
+    refuse_cursor: bool,
+    status: Box<dyn FnMut(&str) -> StatusAnswer>,
+    gate: Gate,
+    webhooks: Vec<WebhookAnswer>,
+    alert_sent: bool,
+    release: Result<LeaseReply, String>,
+    /// Runs before each intent is answered, with how many came before: the heartbeat's turn.
+    beat: Beat,
+}
+
+impl Default for World {
+    fn default() -> World {
+        World {
+            now: NOW,
+            tick_ms: 0,
+            grant: Ok(granted(Resume::default())),
+            index: Vec::new(),
+            ledger: Vec::new(),
+            page_size: 1_000,
+            refuse_cursor: false,
+            status: Box::new(|_| batch("BATCH_STATE_PENDING")),
+            gate: Box::new(usual_gate),
+            webhooks: Vec::new(),
+            alert_sent: true,
+            release: Ok(LeaseReply::Released { accepted: true }),
+            beat: Box::new(|_, _, _| {}),
+        }
+    }
+}
+
+impl World {
+    fn list(&self, prefix: &str, cursor: Option<String>) -> Result<ListedPage, String> {
+        let keys = if prefix == "open:" {
+            &self.index
+        } else {
+            &self.ledger
+        };
+        if self.refuse_cursor && prefix == "open:" && cursor.is_some() {
+            return Err("bad cursor".into());
+        }
+        let start: usize = cursor.map_or(0, |c| c.parse().unwrap());
+        let end = (start + self.page_size).min(keys.len());
+        Ok(ListedPage {
+            keys: keys[start..end].to_vec(),
+            cursor: (end < keys.len()).then(|| end.to_string()),
+            list_complete: end >= keys.len(),
+        })
+    }
+}
+
+#[derive(Default)]
+struct Outcome {
+    intents: Vec<Intent>,
+    logs: Vec<Value>,
+    report: PassReport,
+}
+
+impl Outcome {
+    fn polls(&self) -> Vec<&str> {
+        self.intents
+            .iter()
+            .filter_map(|i| match i {
+                Intent::Poll { key, .. } => Some(key.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn gate_calls(&self) -> Vec<(&str, &GateCommand)> {
+        self.intents
+            .iter()
+            .filter_map(|i| match i {
+                Intent::CallGate { key, command } => Some((key.as_str(), command)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn lists(&self) -> Vec<(&str, Option<&str>)> {
+        self.intents
+            .iter()
+            .filter_map(|i| match i {
+                Intent::List { prefix, cursor } => Some((*prefix, cursor.as_deref())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn release(&self) -> Option<&LeaseCommand> {
+        self.intents.iter().find_map(|i| match i {
+            Intent::Lease(r @ LeaseCommand::Release { .. }) => Some(r),
+            _ => None,
+        })
+    }
+
+    /// Where the release says the next pass starts.
+    fn resume(&self) -> Resume {
+        match self.release() {
+            Some(LeaseCommand::Release { resume, .. }) => resume.clone(),
+            other => panic!("no release: {other:?}"),
+        }
+    }
+
+    fn events(&self, name: &str) -> Vec<&Value> {
+        self.logs.iter().filter(|l| l["event"] == name).collect()
+    }
+}
+
+fn run(limits: Limits, mut w: World) -> Outcome {
+    let mut pass = Pass::new(limits, "pass-1".into(), w.now);
+    let mut out = Outcome::default();
+    for n in 0..100_000 {
+        let intent = pass.next(w.now);
+        out.logs
+            .extend(pass.drain_logs().iter().map(PassLog::to_json));
+        out.intents.push(intent.clone());
+        (w.beat)(&mut pass, n, w.now);
+        w.now += w.tick_ms;
+        match intent {
+            Intent::Done => break,
+            Intent::Lease(LeaseCommand::Acquire { .. }) => pass.on_lease(w.grant.clone(), w.now),
+            Intent::Lease(_) => pass.on_lease(w.release.clone(), w.now),
+            Intent::ListWebhooks { .. } => pass.on_webhook_page(w.webhooks.remove(0)),
+            Intent::PostAlert(_) => pass.on_alert_posted(w.alert_sent),
+            Intent::List { prefix, cursor } => pass.on_listed(w.list(prefix, cursor)),
+            Intent::Poll { key, .. } => pass.on_status((w.status)(&key), w.now),
+            Intent::CallGate { key, command } => pass.on_gate((w.gate)(&key, &command)),
+        }
+        out.logs
+            .extend(pass.drain_logs().iter().map(PassLog::to_json));
+    }
+    out.report = pass.report().clone();
+    let line = out.logs.last().expect("the pass's line");
+    assert_eq!(line["event"], "reconcile_pass", "the line comes last");
+    assert_eq!(*line, out.report.to_json());
+    out
+}
+
+fn keys(n: usize) -> Vec<ListedKey> {
+    (0..n).map(|i| open(&format!("batches/k{i}"))).collect()
+}
+
+// --- The lease ---
+
+#[test]
+fn a_pass_takes_the_lease_first_and_an_empty_index_costs_three_subrequests() {
+    let out = run(limits(), World::default());
+    assert!(matches!(
+        &out.intents[0],
+        Intent::Lease(LeaseCommand::Acquire { holder, ttl_ms: 60_000 }) if holder == "pass-1"
+    ));
+    assert_eq!(out.lists(), vec![("open:", None)]);
+    assert_eq!(
+        out.report.subrequests, 3,
+        "lease, one index list page, release"
+    );
+    assert_eq!(out.report.stopped, Some(Stop::Complete));
+    assert!(out.report.complete);
+    let Some(LeaseCommand::Release {
+        complete, summary, ..
+    }) = out.release()
+    else {
+        panic!("released")
+    };
+    assert!(complete);
+    assert_eq!(summary["report"]["event"], "reconcile_pass");
+    assert_eq!(summary["report"]["subrequests"], 3);
+    assert_eq!(summary["at"], crate::timestamp::format_rfc3339(NOW));
+}
+
+#[test]
+fn a_busy_lease_does_nothing_and_says_so() {
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(LeaseReply::Busy),
+            index: keys(3),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.intents.len(), 2, "{:?}", out.intents);
+    assert!(out.report.skipped_busy);
+    assert_eq!(out.report.stopped, None);
+    assert_eq!(out.report.subrequests, 1);
+}
+
+#[test]
+fn a_lease_call_that_fails_is_an_error_and_the_end() {
+    let out = run(
+        limits(),
+        World {
+            grant: Err("object answered 500".into()),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.errors, 1);
+    assert_eq!(
+        out.events("reconcile_error")[0]["error"],
+        "lease: object answered 500"
+    );
+    assert!(out.release().is_none());
+}
+
+#[test]
+fn a_refused_renewal_stops_the_pass_and_saves_nothing() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(5),
+            beat: Box::new(|pass, n, now| {
+                // While the second entry's poll is out: a renewal, refused.
+                if n == 3 {
+                    assert!(pass.on_heartbeat().is_some());
+                    assert!(!pass.on_renewed(Ok(LeaseReply::Renewed { accepted: false }), now));
+                }
+            }),
+            ..World::default()
+        },
+    );
+    assert_eq!(
+        out.polls().len(),
+        2,
+        "the entry in hand finished, no other started"
+    );
+    assert!(
+        out.release().is_none(),
+        "no release: the cursor is the new holder's"
+    );
+    assert_eq!(out.report.stopped, Some(Stop::LeaseLost));
+    assert_eq!(out.events("reconcile_lease_lost")[0]["holder"], "pass-1");
+    assert_eq!(out.report.lease_renewals, 1);
+}
+
+#[test]
+fn renewals_that_fail_for_a_whole_ttl_stop_the_walk_and_still_release() {
+    let out = run(
+        Limits {
+            lease_ttl_ms: 1_000,
+            ..limits()
+        },
+        World {
+            index: keys(5),
+            tick_ms: 300,
+            beat: Box::new(|pass, n, now| {
+                if n >= 2 && pass.on_heartbeat().is_some() {
+                    pass.on_renewed(Err("timeout".into()), now);
+                }
+            }),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.stopped, Some(Stop::LeaseLapsed));
+    assert!(
+        out.release().is_some(),
+        "the release is fenced: it is still tried"
+    );
+    assert!(out.report.errors >= 3, "every failed renewal counts");
+    assert!(out.polls().len() < 5);
+}
+
+#[test]
+fn renewals_carry_where_the_walk_has_got() {
+    let saved = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let sink = saved.clone();
+    run(
+        limits(),
+        World {
+            index: keys(3),
+            beat: Box::new(move |pass, _, now| {
+                if let Some(LeaseCommand::Renew { resume, .. }) = pass.on_heartbeat() {
+                    sink.borrow_mut().push(resume);
+                    pass.on_renewed(Ok(LeaseReply::Renewed { accepted: true }), now);
+                }
+            }),
+            ..World::default()
+        },
+    );
+    let renewals = saved.borrow();
+    assert_eq!(renewals.first(), Some(&Resume::default()));
+    assert!(renewals.contains(&at("open:batches/k0")));
+    assert!(renewals.contains(&at("open:batches/k2")));
+}
+
+#[test]
+fn the_heartbeat_stops_the_walk_when_no_budget_is_left_for_a_renewal_and_the_release() {
+    let out = run(
+        Limits {
+            budget: 6,
+            ..limits()
+        },
+        World {
+            index: keys(5),
+            beat: Box::new(|pass, _, now| {
+                if pass.on_heartbeat().is_some() {
+                    pass.on_renewed(Ok(LeaseReply::Renewed { accepted: true }), now);
+                }
+            }),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.stopped, Some(Stop::Budget));
+    assert!(out.report.subrequests <= 6, "{:?}", out.report);
+    assert!(out.release().is_some());
+}
+
+// --- Where the walk starts and stops ---
+
+#[test]
+fn a_cursor_saved_before_the_index_existed_lists_the_index_from_its_start() {
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(granted(Resume {
+                cursor: Some("1".into()),
+                after_key: Some("op:batches/k1".into()),
+            })),
+            index: keys(3),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.lists(), vec![("open:", None)]);
+    assert_eq!(out.polls().len(), 3, "every entry, none skipped as done");
+}
+
+#[test]
+fn a_cursor_kv_refuses_lists_the_index_again_from_its_start() {
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(granted(Resume {
+                cursor: Some("1".into()),
+                after_key: Some("open:batches/k0".into()),
+            })),
+            index: keys(3),
+            refuse_cursor: true,
+            ..World::default()
+        },
+    );
+    assert_eq!(out.lists(), vec![("open:", Some("1")), ("open:", None)]);
+    assert_eq!(
+        out.events("reconcile_cursor_reset")[0]["error"],
+        "bad cursor"
+    );
+    assert_eq!(out.report.errors, 0);
+    assert_eq!(
+        out.polls(),
+        vec!["batches/k1", "batches/k2"],
+        "still after the last done"
+    );
+}
+
+#[test]
+fn the_walk_resumes_after_the_last_entry_done() {
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(granted(at("open:batches/k1"))),
+            index: keys(4),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls(), vec!["batches/k2", "batches/k3"]);
+    assert_eq!(out.report.index_listed, 4, "the whole index is listed");
+    assert_eq!(out.report.visited, 2);
+    assert_eq!(
+        out.resume(),
+        Resume::default(),
+        "complete: the next starts over"
+    );
+}
+
+#[test]
+fn the_walk_starts_no_entry_it_cannot_pay_for_and_keeps_one_for_the_release() {
+    let out = run(
+        Limits {
+            budget: 7,
+            ..limits()
+        },
+        World {
+            index: keys(5),
+            ..World::default()
+        },
+    );
+    // Lease and list spend 2; each poll is paid for as 2 (the gate may follow) but spends 1
+    // here: after three, 5 + 2 would leave nothing for the release.
+    assert_eq!(out.polls(), vec!["batches/k0", "batches/k1", "batches/k2"]);
+    assert_eq!(out.report.stopped, Some(Stop::Budget));
+    assert_eq!(out.resume(), at("open:batches/k2"));
+    assert_eq!(out.report.subrequests, 6);
+}
+
+#[test]
+fn the_walk_starts_no_entry_past_its_deadline() {
+    let out = run(
+        Limits {
+            deadline_ms: 2_000,
+            ..limits()
+        },
+        World {
+            index: keys(5),
+            tick_ms: 500,
+            ..World::default()
+        },
+    );
+    // Acquire and list take 1 s; each poll half a second more.
+    assert_eq!(out.polls(), vec!["batches/k0", "batches/k1"]);
+    assert_eq!(out.report.stopped, Some(Stop::Deadline));
+    assert!(!out.report.complete);
+    assert_eq!(out.resume(), at("open:batches/k1"));
+}
+
+#[test]
+fn an_index_larger_than_a_window_is_walked_one_window_per_pass() {
+    let out = run(
+        Limits {
+            budget: 1_000,
+            ..limits()
+        },
+        World {
+            index: keys(MAX_INDEX_PAGES as usize + 2),
+            page_size: 1,
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.index_kv_lists, u64::from(MAX_INDEX_PAGES));
+    assert_eq!(out.report.stopped, Some(Stop::Window));
+    assert_eq!(
+        out.resume(),
+        Resume {
+            cursor: Some(MAX_INDEX_PAGES.to_string()),
+            after_key: None
+        }
+    );
+}
+
+#[test]
+fn unreadable_index_metadata_is_an_error_and_skipped() {
+    let mut index = keys(2);
+    index.insert(
+        0,
+        ListedKey {
+            name: "open:batches/bad".into(),
+            metadata: Some(json!({"nonsense": true})),
+        },
+    );
+    let out = run(
+        limits(),
+        World {
+            index,
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.errors, 1);
+    assert_eq!(out.events("reconcile_error")[0]["key"], "batches/bad");
+    assert_eq!(out.polls(), vec!["batches/k0", "batches/k1"]);
+}
+
+// --- What a status answer leads to ---
+
+#[test]
+fn an_answer_the_ledger_already_shows_costs_no_gate_call() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(1),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls().len(), 1);
+    assert!(out.gate_calls().is_empty());
+    assert_eq!(out.report.subrequests, 4, "lease, list, status, release");
+}
+
+#[test]
+fn a_changed_status_goes_to_the_gate_and_a_terminal_one_counts_as_settled() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(2),
+            status: Box::new(|key| {
+                batch(if key == "batches/k0" {
+                    "BATCH_STATE_RUNNING"
+                } else {
+                    "BATCH_STATE_SUCCEEDED"
+                })
+            }),
+            ..World::default()
+        },
+    );
+    let calls = out.gate_calls();
+    assert_eq!(calls.len(), 2);
+    let GateCommand::Deliver {
+        key,
+        name,
+        event,
+        require_registration,
+        ..
+    } = calls[1].1
+    else {
+        panic!("{calls:?}")
+    };
+    assert_eq!((key.as_str(), name.as_str()), ("batches/k1", "batches/k1"));
+    assert_eq!(event.status, Status::Succeeded);
+    assert_eq!(event.source, Source::Reconcile);
+    assert!(!require_registration);
+    assert_eq!(out.report.settled, 1, "running is not settled");
+    assert_eq!(out.events("settled_by_reconcile")[0]["status"], "succeeded");
+}
+
+#[test]
+fn a_404_asks_for_unknown_to_gemini_unless_the_ledger_shows_it_raised() {
+    let mut raised = meta_for("batches/r", "pending");
+    raised.alerts = vec![AlertKind::UnknownToGemini];
+    let out = run(
+        limits(),
+        World {
+            index: vec![open("batches/n"), entry("open:", "batches/r", &raised)],
+            status: Box::new(|_| http(404, None)),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls().len(), 2);
+    assert_eq!(
+        out.gate_calls(),
+        vec![(
+            "batches/n",
+            &GateCommand::Alert {
+                alert: AlertKind::UnknownToGemini,
+                age_seconds: NOW / 1_000 - 1_000
+            }
+        )]
+    );
+    assert_eq!(out.report.alerts, 1);
+    assert_eq!(out.events("status_not_found").len(), 2);
+}
+
+#[test]
+fn a_malformed_answer_asks_for_status_unusable_once() {
+    let mut raised = meta_for("batches/r", "pending");
+    raised.alerts = vec![AlertKind::StatusUnusable];
+    let out = run(
+        limits(),
+        World {
+            index: vec![open("batches/n"), entry("open:", "batches/r", &raised)],
+            status: Box::new(|_| StatusAnswer::Http {
+                status: 200,
+                retry_after: None,
+                body: Some(skim(READ, b"{\"name\": \"x\"}")),
+            }),
+            ..World::default()
+        },
+    );
+    let calls = out.gate_calls();
+    assert_eq!(calls.len(), 1);
+    assert!(matches!(
+        calls[0],
+        ("batches/n", GateCommand::StatusUnusable { .. })
+    ));
+    assert_eq!(out.report.errors, 2);
+    assert_eq!(out.events("status_unusable").len(), 2);
+}
+
+#[test]
+fn a_refusal_is_logged_and_settles_nothing() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(1),
+            status: Box::new(|_| http(403, None)),
+            ..World::default()
+        },
+    );
+    assert!(out.gate_calls().is_empty());
+    assert_eq!(out.events("status_unusable")[0]["error"], "Refused(403)");
+}
+
+#[test]
+fn an_unknown_state_is_logged_and_not_offered_to_the_gate() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(1),
+            status: Box::new(|_| batch("BATCH_STATE_SOMETHING_NEW")),
+            ..World::default()
+        },
+    );
+    assert!(out.gate_calls().is_empty());
+    assert_eq!(out.events("status_unknown_state").len(), 1);
+}
+
+// --- Backing off the status API ---
+
+#[test]
+fn a_429_stops_polling_until_its_retry_after_and_holds_the_next_pass_at_the_first_skipped() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(5),
+            status: Box::new(|key| {
+                if key == "batches/k1" {
+                    http(429, Some("1"))
+                } else {
+                    batch("BATCH_STATE_PENDING")
+                }
+            }),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls(), vec!["batches/k0", "batches/k1"]);
+    assert_eq!(
+        out.report.visited, 5,
+        "the walk went on: retries and alerts still happen"
+    );
+    assert_eq!(out.report.stopped, Some(Stop::HeldForBackoff));
+    assert!(!out.report.complete);
+    assert_eq!(
+        out.resume(),
+        at("open:batches/k1"),
+        "the next pass starts at k2"
+    );
+    let Some(LeaseCommand::Release {
+        status_backoff_until_ms,
+        ..
+    }) = out.release()
+    else {
+        panic!()
+    };
+    assert_eq!(*status_backoff_until_ms, NOW + 1_000);
+    let line = out.events("status_transient")[0];
+    assert_eq!(
+        (line["retry_after_secs"].clone(), line["answer"].clone()),
+        (json!(1), json!(429))
+    );
+}
+
+#[test]
+fn a_backoff_longer_than_a_cron_interval_does_not_hold_the_next_pass() {
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(LeaseReply::Granted {
+                resume: Resume::default(),
+                status_backoff_until_ms: NOW + HOLD_BACKOFF_UP_TO_MS + 1,
+                webhook_alerted_state: None,
+                audit: audit_not_due(),
+            }),
+            index: keys(3),
+            ..World::default()
+        },
+    );
+    assert!(out.polls().is_empty());
+    assert_eq!(out.report.stopped, Some(Stop::Complete));
+    assert_eq!(out.resume(), Resume::default());
+}
+
+#[test]
+fn an_unanswered_status_call_costs_only_its_entry() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(3),
+            status: Box::new(|key| {
+                if key == "batches/k1" {
+                    StatusAnswer::Timeout
+                } else {
+                    batch("BATCH_STATE_PENDING")
+                }
+            }),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls().len(), 3);
+    assert_eq!(out.report.status_unanswered, 1);
+    assert_eq!(
+        out.report.stopped,
+        Some(Stop::Complete),
+        "the cursor moved past it"
+    );
+    let line = out.events("status_unanswered")[0];
+    assert_eq!(line["answer"], "timeout");
+    assert_eq!(line["backoff_secs"], Value::Null);
+}
+
+#[test]
+fn three_unanswered_status_calls_in_a_row_back_off_every_status_call() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(5),
+            status: Box::new(|key| {
+                if key < "batches/k3" {
+                    StatusAnswer::Network("connection refused".into())
+                } else {
+                    batch("BATCH_STATE_PENDING")
+                }
+            }),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls(), vec!["batches/k0", "batches/k1", "batches/k2"]);
+    assert_eq!(out.report.status_unanswered, 3);
+    assert_eq!(out.report.stopped, Some(Stop::HeldForBackoff));
+    assert_eq!(out.resume(), at("open:batches/k2"));
+    let line = out.events("status_unanswered")[2];
+    assert_eq!(line["answer"], "connection refused");
+    assert_eq!(line["backoff_secs"], json!(UNANSWERED_BACKOFF_MS / 1_000));
+}
+
+// --- Effects, alerts and re-indexing ---
+
+#[test]
+fn an_owed_effect_is_retried_and_a_gate_that_says_done_is_asked_to_reindex() {
+    let mut owed = meta_for("batches/e", "succeeded");
+    owed.settled_at = Some(1_000);
+    let out = run(
+        limits(),
+        World {
+            index: vec![entry("open:", "batches/e", &owed)],
+            gate: Box::new(|_, command| {
+                Ok(match command {
+                    GateCommand::RetryEffect => GateReply::Effect {
+                        effect: EffectReport::Delivered,
+                    },
+                    _ => GateReply::Reindexed { changed: true },
+                })
+            }),
+            ..World::default()
+        },
+    );
+    let commands: Vec<&GateCommand> = out.gate_calls().into_iter().map(|(_, c)| c).collect();
+    assert_eq!(
+        commands,
+        vec![&GateCommand::RetryEffect, &GateCommand::Reindex]
+    );
+    assert_eq!(out.report.effects_retried, 1);
+    assert_eq!(out.report.reindexed, 1);
+    assert_eq!(out.events("index_stale")[0]["key"], "batches/e");
+}
+
+#[test]
+fn a_dropped_event_whose_effect_is_done_also_reindexes_but_only_with_budget_left() {
+    let answer = |_: &str, command: &GateCommand| {
+        Ok(match command {
+            GateCommand::Deliver { .. } => GateReply::Dropped {
+                reason: DropReason::RegressFromTerminal,
+                status: Status::Succeeded,
+                effect: EffectReport::Delivered,
+            },
+            _ => GateReply::Reindexed { changed: true },
+        })
+    };
+    let world = || World {
+        index: keys(1),
+        status: Box::new(|_| batch("BATCH_STATE_RUNNING")),
+        gate: Box::new(answer),
+        ..World::default()
+    };
+    let out = run(limits(), world());
+    assert_eq!(out.gate_calls().len(), 2);
+    assert_eq!(out.report.reindexed, 1);
+    assert_eq!(out.report.settled, 0, "dropped, not applied");
+    // Lease, list, status, deliver: with a budget of 5 only the release is left.
+    let out = run(
+        Limits {
+            budget: 5,
+            ..limits()
+        },
+        world(),
+    );
+    assert_eq!(out.gate_calls().len(), 1);
+    assert_eq!(out.report.reindexed, 0);
+}
+
+#[test]
+fn an_alert_counts_only_when_the_gate_raised_it_now() {
+    let mut stuck = meta_for("batches/s", "running");
+    stuck.submitted_at = 0;
+    let limits = Limits {
+        thresholds: Thresholds {
+            stuck_after_secs: 1,
+            ..limits().thresholds
+        },
+        ..limits()
+    };
+    for (sent, counted) in [(true, 1), (false, 0)] {
+        let out = run(
+            limits.clone(),
+            World {
+                index: vec![entry("open:", "batches/s", &stuck)],
+                status: Box::new(|_| batch("BATCH_STATE_RUNNING")),
+                gate: Box::new(move |_, _| Ok(GateReply::AlertSent { sent })),
+                ..World::default()
+            },
+        );
+        assert!(matches!(
+            out.gate_calls()[0].1,
+            GateCommand::Alert {
+                alert: AlertKind::Stuck,
+                ..
+            }
+        ));
+        assert_eq!(out.report.alerts, counted);
+    }
+}
+
+#[test]
+fn a_gate_call_that_fails_is_an_error_and_the_walk_goes_on() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(2),
+            status: Box::new(|_| batch("BATCH_STATE_RUNNING")),
+            gate: Box::new(|_, _| Err("object answered 503".into())),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.errors, 2);
+    assert_eq!(out.report.gate_calls, 2);
+    let line = out.events("reconcile_error")[0];
+    assert_eq!(
+        (line["key"].clone(), line["error"].clone()),
+        (json!("batches/k0"), json!("object answered 503"))
+    );
+    assert_eq!(out.report.stopped, Some(Stop::Complete));
+}
+
+// --- The audit ---
+
+fn audit_due(resume: Resume) -> LeaseReply {
+    LeaseReply::Granted {
+        resume,
+        status_backoff_until_ms: 0,
+        webhook_alerted_state: None,
+        audit: Audit::default(),
+    }
+}
+
+#[test]
+fn an_audit_due_keeps_a_third_of_the_budget_for_itself() {
+    let world = |grant| World {
+        grant: Ok(grant),
+        index: keys(5),
+        ..World::default()
+    };
+    let budget = Limits {
+        budget: 12,
+        ..limits()
+    };
+    let routine = run(budget.clone(), world(granted(Resume::default())));
+    assert_eq!(routine.polls().len(), 5, "12 pays for the whole index");
+    let out = run(budget, world(audit_due(Resume::default())));
+    // The routine walk has 8: lease, list and four polls spend 6, and a fifth would reach 8.
+    assert_eq!(out.polls().len(), 4, "{:?}", out.polls());
+    assert_eq!(out.report.visited, 4);
+    assert!(out.report.audit, "the audit ran on what was kept for it");
+    assert_eq!(out.lists().last(), Some(&("op:", None)));
+    assert_eq!(out.report.stopped, Some(Stop::Budget));
+}
+
+#[test]
+fn an_audit_due_keeps_a_third_of_the_deadline_for_itself() {
+    let out = run(
+        Limits {
+            deadline_ms: 6_000,
+            ..limits()
+        },
+        World {
+            grant: Ok(audit_due(Resume::default())),
+            index: keys(10),
+            tick_ms: 1_000,
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.stopped, Some(Stop::Deadline));
+    assert!(out.polls().len() < 4, "the routine walk stops at 4 s");
+    assert!(out.report.audit);
+    assert_eq!(out.report.audit_kv_lists, 1, "the audit lists before 6 s");
+}
+
+#[test]
+fn no_audit_after_a_lost_lease_or_a_kv_error() {
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(audit_due(Resume::default())),
+            index: keys(3),
+            beat: Box::new(|pass, n, now| {
+                if n == 2 && pass.on_heartbeat().is_some() {
+                    pass.on_renewed(Ok(LeaseReply::Renewed { accepted: false }), now);
+                }
+            }),
+            ..World::default()
+        },
+    );
+    assert!(!out.report.audit);
+    let mut pass = Pass::new(limits(), "pass-1".into(), NOW);
+    pass.on_kv_unbound("not bound".into());
+    assert!(matches!(pass.next(NOW), Intent::Lease(_)));
+    pass.on_lease(Ok(audit_due(Resume::default())), NOW);
+    assert!(matches!(
+        pass.next(NOW),
+        Intent::Lease(LeaseCommand::Release { audit: None, .. })
+    ));
+    assert_eq!(pass.report().stopped, Some(Stop::Error));
+}
+
+#[test]
+fn the_audit_acts_on_what_the_index_missed_and_reindexes_it() {
+    let missed = meta_for("batches/m", "pending");
+    let fine = meta_for("batches/f", "pending");
+    let mut closed = meta_for("batches/c", "succeeded");
+    closed.effect_done = true;
+    closed.version = 5;
+    // As an older projection wrote it: a live claim, so the routine walk leaves it alone.
+    let mut stale = meta_for("batches/c", "succeeded");
+    stale.version = 4;
+    stale.claim_expires = Some(NOW / 1_000 + 3_600);
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(audit_due(Resume::default())),
+            index: vec![entry("open:", "batches/c", &stale), open("batches/f")],
+            ledger: vec![
+                entry("op:", "batches/c", &closed),
+                entry("op:", "batches/f", &fine),
+                entry("op:", "batches/m", &missed),
+            ],
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.audit_found, 1);
+    assert_eq!(out.report.reindexed, 2, "the missed one and the stale one");
+    assert!(out.report.audit_complete);
+    assert_eq!(out.events("index_missed")[0]["key"], "batches/m");
+    assert_eq!(out.events("index_stale")[0]["key"], "batches/c");
+    assert_eq!(
+        out.polls(),
+        vec!["batches/f", "batches/m"],
+        "the routine walk polled f; the audit polled only m"
+    );
+    let Some(LeaseCommand::Release { audit, .. }) = out.release() else {
+        panic!()
+    };
+    assert_eq!(
+        audit,
+        &Some(AuditProgress {
+            resume: Resume::default(),
+            complete: true
+        })
+    );
+}
+
+#[test]
+fn without_the_whole_index_the_audit_acts_on_every_open_entry_and_reindexes_nothing() {
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(audit_due(Resume {
+                cursor: Some("1".into()),
+                after_key: None,
+            })),
+            index: keys(2),
+            ledger: vec![entry(
+                "op:",
+                "batches/k0",
+                &meta_for("batches/k0", "pending"),
+            )],
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls(), vec!["batches/k1", "batches/k0"]);
+    assert_eq!(out.report.audit_found, 1);
+    assert_eq!(out.report.reindexed, 0);
+    assert!(out.events("index_missed").is_empty());
+}
+
+#[test]
+fn the_audit_does_not_judge_an_entry_the_routine_walk_acted_on() {
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(audit_due(Resume::default())),
+            index: keys(1),
+            ledger: vec![entry(
+                "op:",
+                "batches/k0",
+                &meta_for("batches/k0", "running"),
+            )],
+            ..World::default()
+        },
+    );
+    assert_eq!(
+        out.polls(),
+        vec!["batches/k0"],
+        "polled once, by the routine walk"
+    );
+    assert_eq!(out.report.audit_found, 0);
+}
+
+#[test]
+fn the_audit_resumes_its_own_cursor_and_saves_how_far_it_got() {
+    let ledger: Vec<ListedKey> = (0..4)
+        .map(|i| {
+            let key = format!("batches/a{i}");
+            entry("op:", &key, &meta_for(&key, "pending"))
+        })
+        .collect();
+    let out = run(
+        Limits {
+            budget: 9,
+            ..limits()
+        },
+        World {
+            grant: Ok(audit_due(Resume {
+                cursor: None,
+                after_key: Some("open:x".into()),
+            })),
+            ledger,
+            page_size: 2,
+            ..World::default()
+        },
+    );
+    // Lease, index list, audit list, one missed entry (2), the next page's list: 6 of 9.
+    let Some(LeaseCommand::Release { audit, .. }) = out.release() else {
+        panic!()
+    };
+    let progress = audit.clone().expect("audited");
+    assert!(!progress.complete);
+    assert!(progress.resume.after_key.is_some() || progress.resume.cursor.is_some());
+    assert!(!out.report.audit_complete);
+    let out = run(
+        limits(),
+        World {
+            grant: Ok(LeaseReply::Granted {
+                resume: Resume::default(),
+                status_backoff_until_ms: 0,
+                webhook_alerted_state: None,
+                audit: Audit {
+                    resume: Some(progress.resume.clone()),
+                    ..audit_not_due()
+                },
+            }),
+            ledger: (0..4)
+                .map(|i| {
+                    let key = format!("batches/a{i}");
+                    entry("op:", &key, &meta_for(&key, "pending"))
+                })
+                .collect(),
+            page_size: 2,
+            ..World::default()
+        },
+    );
+    assert_eq!(out.lists()[1], ("op:", progress.resume.cursor.as_deref()));
+    assert!(out.report.audit_complete);
+}
+
+#[test]
+fn an_audit_list_kv_refuses_starts_the_audit_over() {
+    let mut pass = Pass::new(limits(), "pass-1".into(), NOW);
+    pass.next(NOW);
+    pass.on_lease(Ok(audit_due(Resume::default())), NOW);
+    assert!(matches!(
+        pass.next(NOW),
+        Intent::List {
+            prefix: "open:",
+            ..
+        }
+    ));
+    pass.on_listed(Ok(ListedPage::default()));
+    assert!(matches!(pass.next(NOW), Intent::List { prefix: "op:", .. }));
+    pass.on_listed(Err("cursor expired".into()));
+    let Intent::Lease(LeaseCommand::Release { audit, .. }) = pass.next(NOW) else {
+        panic!()
+    };
+    assert_eq!(
+        audit,
+        Some(AuditProgress {
+            resume: Resume::default(),
+            complete: false
+        })
+    );
+    assert_eq!(pass.report().errors, 1);
+}
+
+// --- The Gemini webhook's state ---
+
+fn webhook_limits() -> Limits {
+    Limits {
+        webhook_name: Some("webhooks/w".into()),
+        ..limits()
+    }
+}
+
+fn webhook_release(out: &Outcome) -> (bool, Option<String>) {
+    match out.release() {
+        Some(LeaseCommand::Release {
+            webhook_checked,
+            webhook_alerted_state,
+            ..
+        }) => (*webhook_checked, webhook_alerted_state.clone()),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn granted_alerted(state: Option<&str>) -> LeaseReply {
+    LeaseReply::Granted {
+        resume: Resume::default(),
+        status_backoff_until_ms: 0,
+        webhook_alerted_state: state.map(str::to_string),
+        audit: audit_not_due(),
+    }
+}
+
+#[test]
+fn a_disabled_webhook_alerts_once_per_state() {
+    for (alerted, state, alerts, mark) in [
+        (None, "enabled", 0, None),
+        (None, "disabled", 1, Some("disabled")),
+        (Some("disabled"), "disabled", 0, Some("disabled")),
+        (
+            Some("disabled"),
+            "disabled_due_to_failed_deliveries",
+            1,
+            Some("disabled_due_to_failed_deliveries"),
+        ),
+        (Some("disabled"), "enabled", 0, None),
+    ] {
+        let out = run(
+            webhook_limits(),
+            World {
+                grant: Ok(granted_alerted(alerted)),
+                webhooks: vec![webhooks(state)],
+                ..World::default()
+            },
+        );
+        let posted = out
+            .intents
+            .iter()
+            .filter(|i| matches!(i, Intent::PostAlert(_)))
+            .count();
+        assert_eq!(posted, alerts, "{alerted:?} -> {state}");
+        assert_eq!(out.report.alerts, alerts as u64);
+        assert_eq!(webhook_release(&out), (true, mark.map(str::to_string)));
+        assert_eq!(out.events("webhook_state")[0]["state"], state);
+    }
+}
+
+#[test]
+fn an_alert_not_sent_keeps_the_old_mark_so_the_next_pass_tries_again() {
+    let out = run(
+        webhook_limits(),
+        World {
+            webhooks: vec![webhooks("disabled")],
+            alert_sent: false,
+            ..World::default()
+        },
+    );
+    assert_eq!(webhook_release(&out), (true, None));
+    assert_eq!(out.report.alerts, 0);
+}
+
+#[test]
+fn a_webhook_missing_from_the_listing_is_not_found() {
+    let out = run(
+        webhook_limits(),
+        World {
+            webhooks: vec![WebhookAnswer::Http {
+                status: 200,
+                body: json!({"webhooks": []}).to_string(),
+                retry_after: None,
+            }],
+            ..World::default()
+        },
+    );
+    assert_eq!(out.events("webhook_state")[0]["state"], "not_found");
+    assert_eq!(webhook_release(&out), (true, Some("not_found".into())));
+}
+
+#[test]
+fn a_webhook_check_that_fails_leaves_the_mark_as_it_was() {
+    for (answer, error) in [
+        (
+            WebhookAnswer::Http {
+                status: 503,
+                body: String::new(),
+                retry_after: Some("7".into()),
+            },
+            "Transient { retry_after_secs: 7 }",
+        ),
+        (
+            WebhookAnswer::Http {
+                status: 403,
+                body: String::new(),
+                retry_after: None,
+            },
+            "Refused(403)",
+        ),
+        (
+            WebhookAnswer::Unanswered,
+            "Transient { retry_after_secs: 0 }",
+        ),
+    ] {
+        let out = run(
+            webhook_limits(),
+            World {
+                grant: Ok(granted_alerted(Some("disabled"))),
+                webhooks: vec![answer],
+                index: keys(1),
+                ..World::default()
+            },
+        );
+        assert_eq!(
+            webhook_release(&out),
+            (false, None),
+            "unchecked: the lease keeps its mark"
+        );
+        assert_eq!(out.events("webhook_check_failed")[0]["error"], error);
+        assert_eq!(out.polls().len(), 1, "the walk still runs");
+    }
+}
+
+#[test]
+fn the_webhook_listing_is_followed_page_by_page() {
+    let page = |token: &str| {
+        WebhookAnswer::Http {
+        status: 200,
+        body: json!({"webhooks": [{"name": "webhooks/other", "state": "enabled"}], "nextPageToken": token}).to_string(),
+        retry_after: None,
+    }
+    };
+    let out = run(
+        webhook_limits(),
+        World {
+            webhooks: vec![page("a b"), page("c"), webhooks("disabled")],
+            ..World::default()
+        },
+    );
+    let urls: Vec<&str> = out
+        .intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::ListWebhooks { url } => Some(url.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        urls,
+        vec![
+            "http://gemini/v1beta/webhooks?page_size=1000",
+            "http://gemini/v1beta/webhooks?page_size=1000&page_token=a%20b",
+            "http://gemini/v1beta/webhooks?page_size=1000&page_token=c",
+        ]
+    );
+    assert_eq!(webhook_release(&out), (true, Some("disabled".into())));
+}
+
+#[test]
+fn no_webhook_check_without_budget_for_it() {
+    let out = run(
+        Limits {
+            budget: 2,
+            ..webhook_limits()
+        },
+        World::default(),
+    );
+    assert!(!out
+        .intents
+        .iter()
+        .any(|i| matches!(i, Intent::ListWebhooks { .. })));
+    assert_eq!(webhook_release(&out), (false, None));
+}
+
+#[test]
+fn a_5xx_without_retry_after_backs_off_the_default_wait() {
+    let out = run(
+        limits(),
+        World {
+            index: keys(3),
+            status: Box::new(|_| http(500, None)),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls(), vec!["batches/k0"]);
+    let Some(LeaseCommand::Release {
+        status_backoff_until_ms,
+        ..
+    }) = out.release()
+    else {
+        panic!()
+    };
+    let wait = crate::operation::observation::DEFAULT_RETRY_AFTER_SECS * 1_000;
+    assert_eq!(*status_backoff_until_ms, NOW + wait);
+    assert_eq!(
+        out.report.stopped,
+        Some(Stop::HeldForBackoff),
+        "shorter than a cron interval"
+    );
+    assert!(out.gate_calls().is_empty(), "settles nothing");
+}
+
+#[test]
+fn a_refused_release_is_logged_and_a_failed_one_counted() {
+    let out = run(
+        limits(),
+        World {
+            release: Ok(LeaseReply::Released { accepted: false }),
+            ..World::default()
+        },
+    );
+    assert_eq!(
+        out.events("reconcile_error")[0]["error"],
+        "lease release refused: Released { accepted: false }"
+    );
+    assert_eq!(out.report.errors, 0);
+    let out = run(
+        limits(),
+        World {
+            release: Err("object answered 500".into()),
+            ..World::default()
+        },
+    );
+    assert_eq!(
+        out.events("reconcile_error")[0]["error"],
+        "lease release: object answered 500"
+    );
+    assert_eq!(out.report.errors, 1);
+}

@@ -1,0 +1,375 @@
+//! The pass's two walks: the routine walk over the `open:` index, and the audit over the whole
+//! `op:` ledger.
+//!
+//! Guarantees: the routine walk lists its window of the index (all of it up to
+//! [`MAX_INDEX_PAGES`] pages) before it acts, then starts no entry past its deadline, without
+//! the budget for the entry's actions, or once the heartbeat says stop, and saves its
+//! position after each entry; a saved cursor KV refuses lists the index from its start.
+//! Entries skipped for a short status back-off hold the next pass's start at the first of
+//! them. The audit acts only on what the index missed when the index was listed whole in this
+//! pass (otherwise on every entry that may need work, and re-indexes nothing), never judges an
+//! entry the routine walk acted on, and saves its own cursor after each entry.
+
+use std::mem;
+
+use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX, OP_PREFIX};
+use crate::reconciliation::reconcile::{
+    audit_verdict, decide, resume_index, Action, AuditProgress, AuditVerdict, Resume, Stop,
+    MAX_INDEX_PAGES,
+};
+
+use super::entry::{Entry, Step};
+use super::{Awaiting, Flow, Intent, ListedKey, ListedPage, Pass, PassLog, Phase};
+
+/// The routine walk over one window of the index.
+#[derive(Debug)]
+pub(super) struct IndexWalk {
+    /// Where the walk was asked to start (kept when it stops before the listing is done).
+    resume: Resume,
+    /// The page cursor this window starts at (`None`: the index's start).
+    window: Option<String>,
+    cursor: Option<String>,
+    pages: u32,
+    entries: Vec<(String, Option<LedgerMeta>)>,
+    /// Whether the window is listed, and where the next one starts if this is not the end.
+    listed: bool,
+    next_window: Option<String>,
+    /// The last entry done, for the next pass.
+    position: Resume,
+    /// The next entry to visit.
+    at: usize,
+}
+
+/// The audit over `op:`, one page at a time.
+#[derive(Debug)]
+pub(super) struct AuditWalk {
+    resume: Resume,
+    page: Option<(ListedPage, usize)>,
+}
+
+fn stopped(resume: Resume) -> AuditProgress {
+    AuditProgress {
+        resume,
+        complete: false,
+    }
+}
+
+fn meta_of(key: &ListedKey) -> Option<LedgerMeta> {
+    key.metadata
+        .clone()
+        .and_then(|m| serde_json::from_value(m).ok())
+}
+
+impl Pass {
+    /// Starts the routine walk at `resume`.
+    pub(super) fn start_walk(&mut self, resume: Resume) {
+        if let Some(e) = self.kv_unbound.clone() {
+            self.report.errors += 1;
+            self.log(PassLog::error(format!("kv binding: {e}")));
+            return self.walk_ended(resume, Stop::Error);
+        }
+        self.phase = Phase::Index(IndexWalk {
+            window: resume.cursor.clone(),
+            cursor: resume.cursor.clone(),
+            position: resume.clone(),
+            resume,
+            pages: 0,
+            entries: Vec::new(),
+            listed: false,
+            next_window: None,
+            at: 0,
+        });
+    }
+
+    pub(super) fn index_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Flow {
+        if !walk.listed {
+            if let Some(stop) = self.must_stop(now_ms) {
+                return self.end_walk(walk.resume, stop);
+            }
+            if !self.affords(1) {
+                return self.end_walk(walk.resume, Stop::Budget);
+            }
+            let cursor = walk.cursor.clone();
+            self.phase = Phase::Index(walk);
+            return self.list(OPEN_PREFIX, cursor);
+        }
+        if self.entry.is_some() {
+            if let Some(intent) = self.entry_step(now_ms) {
+                self.phase = Phase::Index(walk);
+                return Flow::Io(intent);
+            }
+            let entry = self.entry.take().expect("an entry in hand");
+            if !entry.polled && self.first_unpolled.is_none() {
+                self.first_unpolled = Some(walk.position.clone());
+            }
+            walk.position.after_key = Some(entry.name);
+            self.save_checkpoint(&walk.position);
+        }
+        while let Some((name, meta)) = walk.entries.get_mut(walk.at) {
+            walk.at += 1;
+            let Some(key) = name.strip_prefix(OPEN_PREFIX) else {
+                continue;
+            };
+            if let Some(stop) = self.must_stop(now_ms) {
+                return self.end_walk(walk.position, stop);
+            }
+            let Some(meta) = meta.take() else {
+                self.report.errors += 1;
+                self.log(PassLog::ReconcileError {
+                    key: Some(key.to_string()),
+                    error: "unreadable index metadata".into(),
+                });
+                walk.position.after_key = Some(name.clone());
+                continue;
+            };
+            let actions = decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds);
+            let cost: u32 = actions.iter().map(Action::cost).sum();
+            if !self.affords(cost) {
+                return self.end_walk(walk.position, Stop::Budget);
+            }
+            self.report.visited += 1;
+            if !actions.is_empty() {
+                self.touched.insert(key.to_string());
+            }
+            let steps = actions.into_iter().map(Step::Act).collect();
+            self.entry = Some(Entry::new(name, key, meta, steps));
+            self.phase = Phase::Index(walk);
+            return Flow::Continue;
+        }
+        match walk.next_window {
+            None => self.end_walk(Resume::default(), Stop::Complete),
+            Some(c) => self.end_walk(
+                Resume {
+                    cursor: Some(c),
+                    after_key: None,
+                },
+                Stop::Window,
+            ),
+        }
+    }
+
+    /// One KV list page under `prefix`, counted against the budget and in the report.
+    fn list(&mut self, prefix: &'static str, cursor: Option<String>) -> Flow {
+        self.spend(1);
+        self.report.kv_lists += 1;
+        self.awaiting = Some(Awaiting::Listed);
+        Flow::Io(Intent::List { prefix, cursor })
+    }
+
+    /// A KV list page asked by [`Intent::List`] (`Err`: the list failed).
+    pub fn on_listed(&mut self, page: Result<ListedPage, String>) {
+        if self.answered(|a| *a == Awaiting::Listed).is_none() {
+            return;
+        }
+        if let Ok(page) = &page {
+            self.report.listed += page.keys.len() as u64;
+        }
+        match mem::replace(&mut self.phase, Phase::Done) {
+            Phase::Index(walk) => self.on_index_page(walk, page),
+            Phase::Audit(walk) => self.on_audit_page(walk, page),
+            other => self.phase = other,
+        }
+    }
+
+    fn on_index_page(&mut self, mut walk: IndexWalk, page: Result<ListedPage, String>) {
+        let page = match page {
+            Ok(page) => page,
+            Err(error) if walk.cursor.is_some() && walk.pages == 0 => {
+                // A saved cursor KV no longer accepts (expired, or from before the index):
+                // list the index from its start.
+                self.log(PassLog::ReconcileCursorReset { error });
+                walk.window = None;
+                walk.cursor = None;
+                self.phase = Phase::Index(walk);
+                return;
+            }
+            Err(e) => {
+                self.report.errors += 1;
+                self.log(PassLog::error(format!("kv list: {e}")));
+                self.end_walk(walk.resume, Stop::Error);
+                return;
+            }
+        };
+        self.report.index_kv_lists += 1;
+        self.report.index_listed += page.keys.len() as u64;
+        walk.pages += 1;
+        for key in &page.keys {
+            walk.entries.push((key.name.clone(), meta_of(key)));
+        }
+        if page.list_complete || page.cursor.is_none() {
+            walk.listed = true;
+        } else {
+            walk.cursor = page.cursor;
+            if walk.pages >= MAX_INDEX_PAGES {
+                walk.next_window = walk.cursor.clone();
+                walk.listed = true;
+            }
+        }
+        if walk.listed {
+            self.index_listed(&mut walk);
+        }
+        self.phase = Phase::Index(walk);
+    }
+
+    /// The window is listed: note what the index holds, and start after the last entry done.
+    fn index_listed(&mut self, walk: &mut IndexWalk) {
+        self.index_whole = walk.window.is_none() && walk.next_window.is_none();
+        for (name, meta) in &walk.entries {
+            if let (Some(key), Some(meta)) = (name.strip_prefix(OPEN_PREFIX), meta) {
+                self.indexed.insert(key.to_string(), meta.version);
+            }
+        }
+        walk.position = Resume {
+            cursor: walk.window.clone(),
+            after_key: walk.resume.after_key.clone(),
+        };
+        let names: Vec<&str> = walk.entries.iter().map(|(n, _)| n.as_str()).collect();
+        walk.at = resume_index(&names, walk.resume.after_key.as_deref());
+    }
+
+    fn end_walk(&mut self, resume: Resume, stop: Stop) -> Flow {
+        self.walk_ended(resume, stop);
+        Flow::Continue
+    }
+
+    /// The routine walk stopped: entries skipped for a short back-off hold the resume point
+    /// back; then the audit runs if it is due and the walk did not lose the lease or fail.
+    fn walk_ended(&mut self, resume: Resume, stop: Stop) {
+        let walked = match self.first_unpolled.take() {
+            Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
+            Some(held) => (held, stop),
+            None => (resume, stop),
+        };
+        self.walked = Some(walked);
+        self.budget_limit = self.limits.budget;
+        self.walk_deadline_ms = self.deadline_ms;
+        match self.audit_from.take() {
+            Some(from) if stop.audits_after() => {
+                self.report.audit = true;
+                if self.kv_unbound.is_some() {
+                    return self.audit_ended(stopped(from));
+                }
+                self.phase = Phase::Audit(AuditWalk {
+                    resume: from,
+                    page: None,
+                });
+            }
+            _ => self.phase = Phase::Release,
+        }
+    }
+
+    fn audit_ended(&mut self, progress: AuditProgress) {
+        self.audited = Some(progress);
+        self.phase = Phase::Release;
+    }
+
+    pub(super) fn audit_step(&mut self, mut walk: AuditWalk, now_ms: i64) -> Flow {
+        if self.entry.is_some() {
+            if let Some(intent) = self.entry_step(now_ms) {
+                self.phase = Phase::Audit(walk);
+                return Flow::Io(intent);
+            }
+            let entry = self.entry.take().expect("an entry in hand");
+            walk.resume.after_key = Some(entry.name);
+            self.audit_progress = Some(stopped(walk.resume.clone()));
+        }
+        let Some((page, mut at)) = walk.page.take() else {
+            if self.must_stop(now_ms).is_some() || !self.affords(1) {
+                self.audit_ended(stopped(walk.resume));
+                return Flow::Continue;
+            }
+            let cursor = walk.resume.cursor.clone();
+            self.phase = Phase::Audit(walk);
+            return self.list(OP_PREFIX, cursor);
+        };
+        while let Some(listed) = page.keys.get(at) {
+            at += 1;
+            if walk.resume.already_done(&listed.name) {
+                continue;
+            }
+            let Some(key) = listed.name.strip_prefix(OP_PREFIX) else {
+                continue;
+            };
+            if self.must_stop(now_ms).is_some() {
+                self.audit_ended(stopped(walk.resume));
+                return Flow::Continue;
+            }
+            let meta = meta_of(listed);
+            let verdict = match &meta {
+                Some(_) if self.touched.contains(key) => AuditVerdict::Fine,
+                Some(m) => audit_verdict(m, self.index_whole, self.indexed.get(key).copied()),
+                None => AuditVerdict::Fine,
+            };
+            let reindex = self.index_whole && verdict != AuditVerdict::Fine;
+            let actions = match (&meta, verdict) {
+                (Some(m), AuditVerdict::Missed) => {
+                    decide(m, now_ms.div_euclid(1_000), &self.limits.thresholds)
+                }
+                _ => Vec::new(),
+            };
+            let cost: u32 = actions.iter().map(Action::cost).sum::<u32>() + u32::from(reindex);
+            if !self.affords(cost) {
+                self.audit_ended(stopped(walk.resume));
+                return Flow::Continue;
+            }
+            if verdict == AuditVerdict::Missed {
+                self.report.audit_found += 1;
+                if self.index_whole {
+                    self.log(PassLog::IndexMissed {
+                        key: key.to_string(),
+                    });
+                }
+            }
+            let mut steps: Vec<Step> = actions.into_iter().map(Step::Act).collect();
+            if reindex {
+                steps.push(Step::Reindex {
+                    stale: verdict == AuditVerdict::Stale,
+                });
+            }
+            match meta {
+                Some(meta) if !steps.is_empty() => {
+                    self.entry = Some(Entry::new(&listed.name, key, meta, steps));
+                    walk.page = Some((page, at));
+                    self.phase = Phase::Audit(walk);
+                    return Flow::Continue;
+                }
+                _ => {
+                    walk.resume.after_key = Some(listed.name.clone());
+                    self.audit_progress = Some(stopped(walk.resume.clone()));
+                }
+            }
+        }
+        if page.list_complete || page.cursor.is_none() {
+            self.report.audit_complete = true;
+            self.audit_ended(AuditProgress {
+                resume: Resume::default(),
+                complete: true,
+            });
+            return Flow::Continue;
+        }
+        walk.resume = Resume {
+            cursor: page.cursor,
+            after_key: None,
+        };
+        self.audit_progress = Some(stopped(walk.resume.clone()));
+        self.phase = Phase::Audit(walk);
+        Flow::Continue
+    }
+
+    fn on_audit_page(&mut self, mut walk: AuditWalk, page: Result<ListedPage, String>) {
+        match page {
+            Ok(page) => {
+                self.report.audit_kv_lists += 1;
+                self.report.audit_listed += page.keys.len() as u64;
+                walk.page = Some((page, 0));
+                self.phase = Phase::Audit(walk);
+            }
+            Err(e) => {
+                self.report.errors += 1;
+                self.log(PassLog::error(format!("audit kv list: {e}")));
+                // A cursor KV no longer accepts would stall every audit: start over.
+                self.audit_ended(stopped(Resume::default()));
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+// `npm run connect -- --url WORKER_URL --local` against a local stand-in of Gemini's
+// WebhookService (tests/webhook_service.mjs, in the SDKs' shapes, refusing what they say the API
+// refuses) and the real built worker, run as `npm start` runs it: from a .dev.vars, restarted
+// when that file changes (wrangler dev reads it only when it starts).
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync, appendFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { devVars } from "../scripts/dev_vars.mjs";
+import { SDK_EVENTS, secretList } from "../scripts/deploy_vars.mjs";
+import { startWorker, signedHeaders } from "./helpers.mjs";
+import { startWebhookService } from "./webhook_service.mjs";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const dir = mkdtempSync(path.join(os.tmpdir(), "gemini-once-connect-"));
+const devFile = path.join(dir, ".dev.vars");
+let svc, w;
+
+/** The worker's settings as `npm start` gives them: .dev.vars, minus what points nowhere here. */
+const fromDevVars = () => ({ ...devVars(devFile), EFFECT_URL: "http://127.0.0.1:9/unset", STATS_FLUSH_SECONDS: "1" });
+
+/**
+ * Runs connect; whenever it rewrites `file`, restarts the worker with the new contents, as a
+ * user restarts `npm start`. Resolves to {code, out}.
+ */
+function connect(args, file = devFile, worker = w) {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [path.join(root, "scripts/connect.mjs"), "--dev-vars", file, "--wait", "30", ...args], {
+      env: { ...process.env, GEMINI_API_KEY: "", GEMINI_API_BASE: "", ADMIN_TOKEN: "" },
+    });
+    let out = "";
+    child.stdout.on("data", (d) => (out += d));
+    child.stderr.on("data", (d) => (out += d));
+    let seen = readFileSync(file, "utf8");
+    let restarting = Promise.resolve();
+    const watch = setInterval(() => {
+      const now = readFileSync(file, "utf8");
+      if (now !== seen && worker) {
+        seen = now;
+        restarting = restarting.then(() => worker.restart(fromDevVars()));
+      }
+    }, 100);
+    child.on("close", async (code) => {
+      clearInterval(watch);
+      await restarting;
+      resolve({ code, out });
+    });
+  });
+}
+
+/** The worker's admin API, with the ADMIN_TOKEN of .dev.vars. */
+const admin = (p) => fetch(`${w.url}${p}`, { headers: { authorization: `Bearer ${devVars(devFile).ADMIN_TOKEN}` } }).then((r) => r.json());
+
+/** POSTs a completion signed with `secret` alone. */
+async function deliverWith(secret, name) {
+  const body = JSON.stringify({ type: "batch.succeeded", version: "v1", timestamp: new Date().toISOString(), data: { id: name } });
+  const res = await fetch(`${w.url}/webhooks/gemini`, { method: "POST", headers: signedHeaders(body, { secret }), body });
+  return { status: res.status, body: await res.json().catch(() => null) };
+}
+
+before(async () => {
+  svc = await startWebhookService();
+  copyFileSync(path.join(root, ".dev.vars.example"), devFile);
+  appendFileSync(devFile, `\nGEMINI_API_KEY="${svc.apiKey}"\nGEMINI_API_BASE="${svc.url}"\n`);
+  w = await startWorker(fromDevVars(), { http: true, persist: path.join(dir, "state") });
+});
+after(async () => {
+  await w?.dispose();
+  await svc?.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+describe("the WebhookService stand-in refuses what the SDK says the API refuses", () => {
+  it("events outside WebhookSubscribedEvent, unknown fields, a missing key, a page over 1000", async () => {
+    const post = (body, key = svc.apiKey) => fetch(`${svc.url}/v1beta/webhooks`, { method: "POST", headers: { "x-goog-api-key": key, "content-type": "application/json" }, body: JSON.stringify(body) });
+    // The README's old curl: the cancelled types are not subscribable.
+    for (const extra of ["batch.cancelled", "interaction.cancelled"]) {
+      const r = await post({ name: "x", uri: "https://example.test/webhooks/gemini", subscribed_events: [...SDK_EVENTS, extra] });
+      assert.equal(r.status, 400, extra);
+      assert.match((await r.json()).error.message, new RegExp(extra.replace(".", "\\.")));
+    }
+    assert.equal((await post({ uri: "https://example.test/x", subscribed_events: SDK_EVENTS, secret: "mine" })).status, 400);
+    assert.equal((await post({ uri: "https://example.test/x", subscribed_events: [] })).status, 400);
+    assert.equal((await post({ uri: "https://example.test/x", subscribed_events: SDK_EVENTS }, "wrong")).status, 403);
+    assert.equal((await fetch(`${svc.url}/v1beta/webhooks?page_size=1001`, { headers: { "x-goog-api-key": svc.apiKey } })).status, 400);
+    assert.equal(svc.hooks.size, 0, "nothing created by refused calls");
+  });
+});
+
+describe("npm run connect -- --url WORKER_URL --local", () => {
+  let id;
+
+  it("creates one webhook with the SDK's events, keeps its secret in .dev.vars, and the worker receives the ping", async () => {
+    const { code, out } = await connect(["--url", w.url, "--local"]);
+    assert.equal(code, 0, out);
+    assert.equal(svc.hooks.size, 1, out);
+    const [hook] = svc.hooks.values();
+    id = hook.id;
+    assert.equal(hook.uri, `${w.url}/webhooks/gemini`);
+    assert.deepEqual([...hook.events].sort(), [...SDK_EVENTS].sort());
+    assert.equal(hook.events.length, 7);
+    const vars = devVars(devFile);
+    assert.deepEqual(secretList(vars.GEMINI_WEBHOOK_SECRETS), svc.secretsOf(id), "the one-time secret, alone");
+    assert.equal(vars.GEMINI_WEBHOOK_NAME, id);
+    assert.match(out, /ping: the worker received it/);
+    // The ping reached the worker signed with the new secret, was answered 2xx, kept nowhere.
+    assert.equal(svc.pings.length, 1);
+    assert.equal(svc.pings[0].status, 200, svc.pings[0].answer);
+    assert.equal(JSON.parse(svc.pings[0].answer).outcome, "pong");
+    assert.equal((await w.kvList("dead:")).length, 0, "a ping is not a dead letter");
+    assert.ok(w.events("ping").some((e) => e.type === "webhook.ping"));
+    assert.ok((await admin("/v1/stats")).total.pings >= 1);
+    // The worker watches the webhook's own state.
+    assert.equal((await admin("/v1/config")).settings.find((s) => s.name === "GEMINI_WEBHOOK_NAME").value, id);
+  });
+
+  it("changes nothing when run again", async () => {
+    const before = readFileSync(devFile, "utf8");
+    const calls = svc.calls.length;
+    const { code, out } = await connect(["--url", w.url, "--local"]);
+    assert.equal(code, 0, out);
+    assert.match(out, /already delivers/);
+    assert.equal(svc.hooks.size, 1);
+    assert.equal(readFileSync(devFile, "utf8"), before);
+    const writes = svc.calls.slice(calls).filter((c) => c.method !== "GET" && !c.path.endsWith(":ping"));
+    assert.deepEqual(writes, [], "no create, patch or rotation");
+    assert.equal(svc.pings.length, 2, "pinged again, and received");
+    assert.equal(svc.pings[1].status, 200);
+  });
+
+  it("--rotate keeps the old and the new secret accepted together; --finish drops the old one once Gemini does", async () => {
+    const old = secretList(devVars(devFile).GEMINI_WEBHOOK_SECRETS)[0];
+    const { code, out } = await connect(["--url", w.url, "--local", "--rotate"]);
+    assert.equal(code, 0, out);
+    const held = secretList(devVars(devFile).GEMINI_WEBHOOK_SECRETS);
+    assert.equal(held.length, 2, out);
+    assert.equal(held[0], old);
+    assert.deepEqual(held, svc.secretsOf(id), "the worker holds exactly Gemini's live secrets");
+    assert.equal((await deliverWith(held[0], "batches/rotate-old")).status, 200, "signed with the old one");
+    assert.equal((await deliverWith(held[1], "batches/rotate-new")).status, 200, "signed with the new one");
+    assert.match(out, /ping: the worker received it/);
+
+    // Gemini still signs with the old one for 24 hours: finishing now is refused unless --now.
+    const early = await connect(["--url", w.url, "--local", "--rotate", "--finish"]);
+    assert.equal(early.code, 1, early.out);
+    assert.match(early.out, /still signs with 2 secrets/);
+    assert.equal(secretList(devVars(devFile).GEMINI_WEBHOOK_SECRETS).length, 2);
+
+    const done = await connect(["--url", w.url, "--local", "--rotate", "--finish", "--now", "--no-ping"]);
+    assert.equal(done.code, 0, done.out);
+    assert.deepEqual(secretList(devVars(devFile).GEMINI_WEBHOOK_SECRETS), [held[1]]);
+    assert.equal((await deliverWith(held[0], "batches/rotate-old-2")).status, 401, "the old one is refused");
+    assert.equal((await deliverWith(held[1], "batches/rotate-new-2")).status, 200);
+    assert.equal(svc.hooks.size, 1, "never a second webhook");
+  });
+
+  it("fixes a hand-made webhook in place: the SDK's events (no cancelled types), enabled again", async () => {
+    const other = path.join(dir, "other.dev.vars");
+    writeFileSync(other, `GEMINI_API_KEY="${svc.apiKey}"\nGEMINI_API_BASE="${svc.url}"\n`);
+    const url = "http://127.0.0.1:9";
+    const seeded = svc.seed({ name: "by-hand", uri: `${url}/webhooks/gemini`, events: ["batch.succeeded", "batch.cancelled"], state: "disabled_due_to_failed_deliveries" });
+    const { code, out } = await connect(["--url", url, "--local", "--no-ping"], other, null);
+    assert.equal(code, 0, out);
+    const hook = svc.hooks.get(seeded.id);
+    assert.deepEqual([...hook.events].sort(), [...SDK_EVENTS].sort());
+    assert.equal(hook.state, "enabled");
+    assert.equal(devVars(other).GEMINI_WEBHOOK_NAME, seeded.id);
+    assert.match(out, /secret is not known here/);
+    assert.equal(svc.hooks.size, 2, "found by its URL, not created again");
+  });
+});
