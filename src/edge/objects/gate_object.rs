@@ -120,7 +120,7 @@ impl DurableObject for OperationGate {
     /// [`crate::operation::alarm::plan`] decides (a retirement, or a due confirmation, due
     /// alerts, a due side effect, then the ledger projection and the counters), each piece
     /// stored by its step before and after its I/O (the record is re-read after each await:
-    /// commands may have run meanwhile); see [`crate::edge::objects::gate_alarm`].
+    /// commands may have run meanwhile); see `gate_alarm.rs`.
     ///
     /// A run that fails (a configuration that does not parse, a storage error) never throws:
     /// the runtime would retry it only six times and then drop the alarm. It logs, stores its
