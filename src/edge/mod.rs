@@ -27,6 +27,7 @@ use worker::{event, js_sys, web_sys, Context, Env, Method, Request, Response, Re
 
 use crate::config::{Config, ConfigError};
 use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::telemetry::worker_log::WorkerLog;
 
 /// The operator's dashboard: plain HTML, no build step, no data of its own.
 const DASHBOARD: &str = include_str!("http/dashboard.html");
@@ -70,7 +71,10 @@ pub fn load_config(env: &Env) -> std::result::Result<Rc<Config>, ConfigError> {
         }
         let config = Config::from_lookup(|name| env.var(name).ok().map(|v| v.to_string()))?;
         for warning in config.warnings() {
-            log(json!({"event": "config_warning", "warning": warning}));
+            log(WorkerLog::ConfigWarning {
+                warning: warning.to_string(),
+            }
+            .to_value());
         }
         Ok(cell.get_or_init(|| Rc::new(config)).clone())
     })
@@ -171,7 +175,10 @@ async fn scheduled(_event: worker::ScheduledEvent, env: Env, _ctx: worker::Sched
         Ok(config) => {
             reconcile_pass::run(&env, &config).await;
         }
-        Err(e) => log(json!({"event": "reconcile_error", "error": format!("configuration: {e}")})),
+        Err(e) => log(WorkerLog::ReconcileError {
+            error: format!("configuration: {e}"),
+        }
+        .to_value()),
     }
 }
 

@@ -195,7 +195,7 @@ impl Io<'_> {
 /// Logs the pass's lines written since the last flush.
 fn flush(pass: &mut Pass) {
     for line in pass.drain_logs() {
-        log(line.to_json());
+        log(line.to_value());
     }
 }
 

@@ -5,3 +5,4 @@ pub mod counters;
 pub mod log_event;
 pub mod shard_store;
 pub mod usage;
+pub mod worker_log;

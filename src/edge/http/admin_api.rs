@@ -18,6 +18,7 @@ use crate::operation::key::normalize;
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::operation::KindFill;
 use crate::reconciliation::reconcile::Resume;
+use crate::telemetry::worker_log::WorkerLog;
 use crate::timestamp::format_rfc3339;
 
 use crate::edge::objects::stats_shard;
@@ -39,7 +40,10 @@ pub async fn handle(
     let auth = req.headers().get("authorization").ok().flatten();
     if !authorized(auth.as_deref(), &config.admin_token.0) {
         if stats_shard::count_rejected("admin_unauthorized") {
-            log(json!({"event": "rejected", "reason": "admin_unauthorized"}));
+            log(WorkerLog::Rejected {
+                reason: "admin_unauthorized",
+            }
+            .to_value());
         }
         return Err(EdgeError::Unauthorized);
     }
@@ -160,7 +164,10 @@ async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
     };
     match call_gate(env, &reg.key.key, &command).await? {
         GateReply::Created { operation } => {
-            log(json!({"event": "registered", "key": reg.key.key}));
+            log(WorkerLog::Registered {
+                key: reg.key.key.clone(),
+            }
+            .to_value());
             json_response(&operation, 201)
         }
         GateReply::Exists {

@@ -9,14 +9,13 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use worker::{Delay, Env, Method, Request, Response};
 
 use crate::bulk::{outcome, parse_bulk, BulkAction, BulkRun, Outcome};
 use crate::config::Config;
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::reconciliation::reconcile::Resume;
-use crate::telemetry::log_event::LogEvent;
+use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::outbound::ledger_kv::KV_BINDING;
 use crate::edge::{call_gate, log, now_ms, ok_json, EdgeError};
@@ -105,9 +104,12 @@ pub async fn handle(
                 Err(e) => Outcome::Failed(e.to_string()),
             };
             if let Outcome::Failed(error) = &done {
-                log(LogEvent::Unavailable.line(
-                    json!({"error": error, "key": key, "bulk": run.request.action.as_str()}),
-                ));
+                log(WorkerLog::Unavailable {
+                    error: error.clone(),
+                    key: Some(key.to_string()),
+                    bulk: Some(run.request.action.as_str()),
+                }
+                .to_value());
             }
             run.record(&done);
         }

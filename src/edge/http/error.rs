@@ -13,7 +13,7 @@ use serde_json::json;
 use worker::{Headers, Response};
 
 use crate::config::ConfigError;
-use crate::telemetry::log_event::LogEvent;
+use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::log;
 
@@ -69,7 +69,12 @@ impl EdgeError {
     /// upstream or internal failure is logged here.
     pub fn into_response(self) -> worker::Result<Response> {
         if let EdgeError::Unavailable(detail) = &self {
-            log(LogEvent::Unavailable.line(json!({"error": detail})));
+            log(WorkerLog::Unavailable {
+                error: detail.clone(),
+                key: None,
+                bulk: None,
+            }
+            .to_value());
         }
         let (status, body) = match &self {
             EdgeError::Config(e) => (

@@ -27,7 +27,7 @@ use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result
 use crate::inbound::stranger::{alert_body, Guard};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::reconcile::Lease;
-use crate::telemetry::log_event::LogEvent;
+use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::EdgeError;
@@ -66,7 +66,7 @@ impl DurableObject for ReconcileLease {
             "CREATE TABLE IF NOT EXISTS last_pass (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
         ] {
             if let Err(e) = sql.exec(ddl, None) {
-                log(json!({"event": "lease_schema_error", "error": e.to_string()}));
+                log(WorkerLog::LeaseSchemaError { error: e.to_string() }.to_value());
             }
         }
         Self {
@@ -257,9 +257,12 @@ impl ReconcileLease {
                 sent
             }
             Err(e) => {
-                log(LogEvent::AlertFailed.line(
-                    json!({"alert": "stranger_nudges", "answer": format!("configuration: {e}")}),
-                ));
+                log(WorkerLog::AlertFailed {
+                    alert: json!("stranger_nudges"),
+                    key: None,
+                    answer: format!("configuration: {e}"),
+                }
+                .to_value());
                 0
             }
         };

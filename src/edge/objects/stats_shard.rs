@@ -21,8 +21,7 @@ use crate::telemetry::counters::{
     Tally, SHARDS, TREND_HOURS,
 };
 use crate::telemetry::shard_store::{self, Param, Row, Sql, RECENT_DROPS};
-
-use crate::telemetry::log_event::LogEvent;
+use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::EdgeError;
@@ -79,7 +78,7 @@ pub fn flush_edge_counts_later(env: &Env, ctx: &Context, now_ms: i64, flush_ms: 
         .map(|(name, n)| (name.clone(), *n))
         .collect();
     if !rejected.is_empty() {
-        log(LogEvent::RejectedSummary.line(json!({"counts": rejected})));
+        log(WorkerLog::RejectedSummary { counts: rejected }.to_value());
     }
     let events: Vec<StatEvent> = batch
         .into_iter()
@@ -94,7 +93,10 @@ pub fn flush_edge_counts_later(env: &Env, ctx: &Context, now_ms: i64, flush_ms: 
     let env = env.clone();
     ctx.wait_until(async move {
         if let Err(e) = add(&env, shard, None, events).await {
-            log(json!({"event": "stats_flush_failed", "error": e}));
+            log(WorkerLog::StatsFlushFailed {
+                error: e.to_string(),
+            }
+            .to_value());
         }
     });
 }
@@ -201,7 +203,10 @@ impl DurableObject for StatsShard {
             meter,
         };
         if let Err(e) = shard_store::open(&shard.db()) {
-            log(json!({"event": "stats_schema_error", "error": e}));
+            log(WorkerLog::StatsSchemaError {
+                error: e.to_string(),
+            }
+            .to_value());
         }
         shard
     }

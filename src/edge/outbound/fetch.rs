@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use futures_util::future::{select, Either};
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::Value;
 use worker::wasm_bindgen::JsValue;
 use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestInit};
 
 use crate::config::Config;
 use crate::reconciliation::skim::{Skim, SkimError, Skimmed};
 use crate::retry::{class_of_status, Class};
-use crate::telemetry::log_event::LogEvent;
+use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::log;
 
@@ -203,9 +203,13 @@ fn build(
 /// header (the same on every retry). True once it is out (logged only, or accepted with a
 /// 2xx by the sink).
 pub async fn post_alert(config: &Config, body: &Value) -> bool {
-    log(
-        json!({"event": "alert", "alert": body["alert"], "key": body["key"], "age_seconds": body["age_seconds"], "text": body["text"]}),
-    );
+    log(WorkerLog::Alert {
+        alert: body["alert"].clone(),
+        key: body["key"].clone(),
+        age_seconds: body["age_seconds"].clone(),
+        text: body["text"].clone(),
+    }
+    .to_value());
     let Some(url) = &config.alert_url else {
         return true;
     };
@@ -225,7 +229,11 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     if answer.class() == Class::Success {
         return true;
     }
-    log(LogEvent::AlertFailed
-        .line(json!({"alert": body["alert"], "key": body["key"], "answer": answer.summary()})));
+    log(WorkerLog::AlertFailed {
+        alert: body["alert"].clone(),
+        key: Some(body["key"].clone()),
+        answer: answer.summary(),
+    }
+    .to_value());
     false
 }

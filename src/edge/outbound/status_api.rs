@@ -8,14 +8,13 @@
 //! pure core's [`Observation`] or [`StatusError`], so the gate and the cron read an answer
 //! the same way; a timeout or network error is transient, like a 429.
 
-use serde_json::json;
 use worker::Method;
 
 use crate::config::Config;
 use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
 use crate::reconciliation::status::{interpret_skimmed, status_url};
-use crate::telemetry::log_event::LogEvent;
+use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::log;
 use crate::edge::outbound::fetch::{get_skimmed, send, Answer, SkimAnswer};
@@ -72,14 +71,23 @@ pub async fn read(config: &Config, key: &str, url: &str) -> SkimAnswer {
     } = &answer
     {
         match body {
-            Ok(s) if s.bytes_read >= LOG_READ_FROM_BYTES => log(LogEvent::StatusRead.line(json!({
-                "key": key, "bytes_read": s.bytes_read, "bytes_kept": s.bytes_kept,
-                "max_chunk": s.max_chunk, "arrays_counted": s.counted, "values_dropped": s.dropped,
-                "strings_cut": s.truncated, "read_ms": read_ms,
-            }))),
-            Err(e) => log(LogEvent::StatusRead.line(json!({
-                "key": key, "refused": e.to_string(), "read_ms": read_ms,
-            }))),
+            Ok(s) if s.bytes_read >= LOG_READ_FROM_BYTES => log(WorkerLog::StatusRead {
+                key: key.to_string(),
+                bytes_read: s.bytes_read,
+                bytes_kept: s.bytes_kept,
+                max_chunk: s.max_chunk,
+                arrays_counted: s.counted,
+                values_dropped: s.dropped,
+                strings_cut: s.truncated,
+                read_ms: *read_ms,
+            }
+            .to_value()),
+            Err(e) => log(WorkerLog::StatusReadRefused {
+                key: key.to_string(),
+                refused: e.to_string(),
+                read_ms: *read_ms,
+            }
+            .to_value()),
             Ok(_) => {}
         }
     }

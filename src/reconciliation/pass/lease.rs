@@ -145,7 +145,7 @@ impl Pass {
             audit: self.audited.take(),
             summary: serde_json::json!({
                 "at": crate::timestamp::format_rfc3339(self.started_ms),
-                "report": self.report.to_json(),
+                "report": self.report.to_value(),
             }),
         };
         self.phase = Phase::Release;

@@ -1,7 +1,7 @@
 //! What a pass says: its `reconcile_pass` summary and every other log line it writes, as
 //! types.
 //!
-//! Guarantees: each line serializes (through [`PassLog::to_json`]) to one JSON object whose
+//! Guarantees: each line serializes (through [`PassLog::to_value`]) to one JSON object whose
 //! `event` is the name of [`PassLog::event`], a [`LogEvent`]; the fields are the ones the
 //! chaos and bench scripts, the dashboard and the tests read, with `null` for an absent
 //! value except where a field is left out (`key` on a pass-level `reconcile_error`).
@@ -149,7 +149,7 @@ impl PassLog {
     }
 
     /// The line as it is logged.
-    pub fn to_json(&self) -> Value {
+    pub fn to_value(&self) -> Value {
         serde_json::to_value(self).unwrap_or_else(|e| {
             serde_json::json!({"event": LogEvent::ReconcileError.as_str(), "error": e.to_string()})
         })
@@ -166,8 +166,8 @@ impl PassLog {
 
 impl PassReport {
     /// The report as its log line and the lease's summary show it.
-    pub fn to_json(&self) -> Value {
-        PassLog::ReconcilePass(self.clone()).to_json()
+    pub fn to_value(&self) -> Value {
+        PassLog::ReconcilePass(self.clone()).to_value()
     }
 }
 
@@ -233,7 +233,7 @@ mod tests {
         let lines = one_of_each();
         let mut seen = std::collections::HashSet::new();
         for line in &lines {
-            let json = line.to_json();
+            let json = line.to_value();
             let name = json["event"].as_str().unwrap_or_default().to_string();
             assert_eq!(name, line.event().as_str(), "{json}");
             assert!(LogEvent::ALL.contains(&line.event()), "{name}");
@@ -245,7 +245,7 @@ mod tests {
     #[test]
     fn lines_keep_their_fields() {
         assert_eq!(
-            PassLog::error("lease: down").to_json(),
+            PassLog::error("lease: down").to_value(),
             json!({"event": "reconcile_error", "error": "lease: down"}),
             "no key on a pass-level error"
         );
@@ -255,7 +255,7 @@ mod tests {
                 answer: "timeout".into(),
                 backoff_secs: None
             }
-            .to_json(),
+            .to_value(),
             json!({"event": "status_unanswered", "key": "batches/a", "answer": "timeout", "backoff_secs": null})
         );
         assert_eq!(
@@ -263,7 +263,7 @@ mod tests {
                 key: "batches/a".into(),
                 status: Status::Failed
             }
-            .to_json(),
+            .to_value(),
             json!({"event": "settled_by_reconcile", "key": "batches/a", "status": "failed"})
         );
         assert_eq!(
@@ -272,7 +272,7 @@ mod tests {
                 retry_after_secs: 60,
                 answer: 503
             }
-            .to_json(),
+            .to_value(),
             json!({"event": "status_transient", "key": "batches/a", "retry_after_secs": 60, "answer": 503})
         );
     }
@@ -285,7 +285,7 @@ mod tests {
             subrequests: 3,
             ..PassReport::default()
         };
-        let json = report.to_json();
+        let json = report.to_value();
         let fields: Vec<&str> = json
             .as_object()
             .unwrap()
@@ -328,7 +328,7 @@ mod tests {
         assert_eq!(json["stopped"], "held_for_backoff");
         assert_eq!(json["subrequests"], 3);
         assert_eq!(
-            PassReport::default().to_json()["stopped"],
+            PassReport::default().to_value()["stopped"],
             Value::Null,
             "a pass that never walked"
         );
