@@ -611,6 +611,22 @@ impl Config {
             })
     }
 
+    /// Where the side effect of an operation of `kind` goes, as the operator's history shows
+    /// it: the route's name (or `EFFECT_URL`) and the URL's origin or the binding, never a
+    /// credential a URL may carry.
+    pub fn destination_label(&self, kind: Option<&str>) -> String {
+        let route = kind.filter(|k| self.effect_routes.iter().any(|(r, _)| r == k));
+        let shown = match self.destination_for(kind) {
+            Destination::Url(url) => origin_only(&url),
+            Destination::Queue(binding) => format!("queue:{binding}"),
+            Destination::Service(binding) => format!("service:{binding}"),
+        };
+        match route {
+            Some(k) => format!("route {k}: {shown}"),
+            None => format!("EFFECT_URL: {shown}"),
+        }
+    }
+
     /// Reads every variable of [`VARIABLES`] through `lookup` (absent and empty are the
     /// same), in table order, then checks the rules that tie two variables together.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
@@ -961,6 +977,23 @@ mod tests {
             url("http://127.0.0.1:9/effects")
         );
         assert_eq!(c.destination_for(None), url("http://127.0.0.1:9/effects"));
+    }
+
+    #[test]
+    fn a_destination_label_names_the_route_and_never_a_credential() {
+        let mut vars = base();
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"billing":"https://user:pw@billing.example/hook?key=s"}"#.into(),
+        );
+        let c = parse(&vars).unwrap();
+        assert_eq!(
+            c.destination_label(Some("billing")),
+            "route billing: https://billing.example/\u{2026}"
+        );
+        let other = c.destination_label(Some("other"));
+        assert_eq!(other, "EFFECT_URL: http://127.0.0.1:9/\u{2026}");
+        assert_eq!(c.destination_label(None), other);
     }
 
     #[test]

@@ -414,6 +414,19 @@ pub struct Attempt {
     pub outcome: AttemptOutcome,
     pub started_ms: i64,
     pub finished_ms: i64,
+    /// Where it went and under which id, for the operator's history row.
+    pub target: AttemptTarget,
+}
+
+/// What the operator's history row says about where an attempt went: never a credential.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AttemptTarget {
+    /// The route's name and the destination's origin (`route billing: https://host/…`).
+    pub destination: String,
+    /// The `webhook-id` the request carried.
+    pub webhook_id: String,
+    /// The destination's HTTP status, when it answered one.
+    pub http_status: Option<u16>,
 }
 
 /// Commits an attempt under its claim's fencing token: done, a retry after backoff, or parked;
@@ -480,6 +493,9 @@ pub fn attempt_finished(
             result: event.as_str(),
             answer,
             ms,
+            destination: Some(attempt.target.destination.clone()).filter(|d| !d.is_empty()),
+            webhook_id: Some(attempt.target.webhook_id.clone()).filter(|d| !d.is_empty()),
+            http_status: attempt.target.http_status,
         })
         .log(line);
     if finished != Finished::Fenced {
@@ -665,6 +681,7 @@ mod tests {
             outcome: AttemptOutcome::Delivered,
             started_ms: 10,
             finished_ms: 20,
+            target: Default::default(),
         };
         let done = attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5);
         let op = kept(done.record.unwrap(), 30);
@@ -714,6 +731,7 @@ mod tests {
                         outcome: AttemptOutcome::Delivered,
                         started_ms: 20,
                         finished_ms: 20,
+                        target: Default::default(),
                     };
                     attempt_finished(step.record.unwrap(), &attempt, &LIMITS, 0.5)
                         .record
@@ -822,6 +840,7 @@ mod tests {
             outcome: AttemptOutcome::Retry("503".into()),
             started_ms: 20,
             finished_ms: 30,
+            target: Default::default(),
         };
         let failed = attempt_finished(held, &attempt, &LIMITS, 0.5)
             .record
@@ -841,6 +860,40 @@ mod tests {
     }
 
     #[test]
+    fn an_attempt_row_names_its_destination_id_and_status() {
+        let op = kept(deliver(registered("batches/a"), Status::Succeeded, 10), 10);
+        let mut run = plan(&op, 20, &LIMITS);
+        let Some(AlarmWork::Effect { claim, step }) = run.next(&op, 20, &LIMITS, true) else {
+            panic!("the effect is due");
+        };
+        let attempt = Attempt {
+            claim,
+            outcome: AttemptOutcome::Park("400: invalid payload".into()),
+            started_ms: 20,
+            finished_ms: 30,
+            target: AttemptTarget {
+                destination: "route billing: https://billing.example/\u{2026}".into(),
+                webhook_id: "msg_x_1".into(),
+                http_status: Some(400),
+            },
+        };
+        let done = attempt_finished(step.record.unwrap(), &attempt, &LIMITS, 0.5);
+        let row = done
+            .history
+            .iter()
+            .map(HistoryEntry::to_value)
+            .find(|r| r["what"] == "attempt")
+            .expect("an attempt row");
+        assert_eq!(
+            row["destination"],
+            "route billing: https://billing.example/\u{2026}"
+        );
+        assert_eq!(row["webhook_id"], "msg_x_1");
+        assert_eq!(row["http_status"], 400);
+        assert_eq!(row["answer"], "400: invalid payload");
+    }
+
+    #[test]
     fn an_alert_the_attempt_queued_is_sent_in_the_same_run() {
         let op = kept(deliver(registered("batches/a"), Status::Succeeded, 10), 10);
         let mut run = plan(&op, 20, &LIMITS);
@@ -852,6 +905,7 @@ mod tests {
             outcome: AttemptOutcome::Park("400: no".into()),
             started_ms: 20,
             finished_ms: 30,
+            target: Default::default(),
         };
         let parked = attempt_finished(step.record.unwrap(), &attempt, &LIMITS, 0.5);
         assert_eq!(parked.reply, AlarmDone::AttemptFinished(Finished::Parked));
@@ -881,6 +935,7 @@ mod tests {
                 outcome,
                 started_ms: 10,
                 finished_ms: 20,
+                target: Default::default(),
             };
             attempt_finished(held.clone(), &attempt, &LIMITS, 0.5)
         };
@@ -1092,6 +1147,7 @@ mod feeder_tests {
                     outcome,
                     started_ms: 10,
                     finished_ms: 30,
+                    target: Default::default(),
                 },
                 &LIMITS,
                 1.0,

@@ -561,6 +561,7 @@ pub(crate) mod fixtures {
             outcome: AttemptOutcome::Delivered,
             started_ms: 10,
             finished_ms: 20,
+            target: Default::default(),
         };
         attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
             .record
@@ -940,6 +941,7 @@ mod tests {
                 outcome: AttemptOutcome::Retry("503".into()),
                 started_ms: 10,
                 finished_ms: 20,
+                target: Default::default(),
             },
             &LIMITS,
             1.0,
@@ -1012,6 +1014,7 @@ mod tests {
                 outcome: AttemptOutcome::Park("400".into()),
                 started_ms: 10,
                 finished_ms: 20,
+                target: Default::default(),
             },
             &LIMITS,
             0.5,

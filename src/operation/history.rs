@@ -65,11 +65,19 @@ pub enum HistoryEntry {
         attempt: u32,
     },
     /// How an attempt ended: `result` is its log event's name.
+    /// Rows stored before `destination`, `webhook_id` and `http_status` were kept lack them.
     Attempt {
         token: u64,
         result: &'static str,
         answer: String,
         ms: i64,
+        /// The route's name and the destination's origin, never a credential.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        destination: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        webhook_id: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        http_status: Option<u16>,
     },
     /// A stored record that did not load was recovered.
     RecordRecovered {
@@ -230,9 +238,27 @@ mod tests {
                     result: "effect_delivered",
                     answer: "2xx".into(),
                     ms: 12,
+                    destination: None,
+                    webhook_id: None,
+                    http_status: None,
                 },
                 json!({"what": "attempt", "token": 3, "result": "effect_delivered",
                     "answer": "2xx", "ms": 12}),
+            ),
+            (
+                HistoryEntry::Attempt {
+                    token: 4,
+                    result: "effect_parked",
+                    answer: "400: invalid payload".into(),
+                    ms: 9,
+                    destination: Some("route billing: https://billing.example/\u{2026}".into()),
+                    webhook_id: Some("msg_1_1".into()),
+                    http_status: Some(400),
+                },
+                json!({"what": "attempt", "token": 4, "result": "effect_parked",
+                    "answer": "400: invalid payload", "ms": 9,
+                    "destination": "route billing: https://billing.example/\u{2026}",
+                    "webhook_id": "msg_1_1", "http_status": 400}),
             ),
             (
                 HistoryEntry::RecordRecovered {

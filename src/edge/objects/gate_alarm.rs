@@ -11,7 +11,7 @@ use worker::{Response, Result};
 
 use crate::config::Config;
 use crate::operation::alarm::{
-    self, AlarmDone, AlarmWork, Attempt, ConfirmAnswer, ConfirmAsk, Upkeep,
+    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAnswer, ConfirmAsk, Upkeep,
 };
 use crate::operation::effect::build_request;
 use crate::operation::gate::Step;
@@ -20,7 +20,7 @@ use crate::operation::{Claim, Operation, PendingAlert};
 use crate::telemetry::counters;
 
 use crate::edge::objects::gate_object::{limits, now_ms, Alarm, OperationGate};
-use crate::edge::outbound::fetch::post_alert;
+use crate::edge::outbound::fetch::{post_alert, Answer};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
 use crate::edge::outbound::{destination, status_api};
 use crate::edge::random_unit;
@@ -139,11 +139,25 @@ impl OperationGate {
         self.storage.meter().add(|u| u.outbound_fetches += 1);
         let answer =
             destination::deliver(&self.env, &destination, &request, config.effect_timeout_ms).await;
+        let target = AttemptTarget {
+            destination: config.destination_label(op.kind()),
+            webhook_id: request
+                .headers
+                .iter()
+                .find(|(name, _)| *name == "webhook-id")
+                .map(|(_, id)| id.clone())
+                .unwrap_or_default(),
+            http_status: match &answer {
+                Answer::Http { status, .. } => Some(*status),
+                _ => None,
+            },
+        };
         let attempt = Attempt {
             claim,
             outcome: destination::outcome(&answer, config.effect_timeout_ms),
             started_ms,
             finished_ms: now_ms(),
+            target,
         };
         let current = self.storage.load()?.unwrap_or(op);
         let step = alarm::attempt_finished(current.clone(), &attempt, &limits, random_unit());

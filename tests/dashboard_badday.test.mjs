@@ -1,0 +1,120 @@
+// The dashboard's bad-day views in a real headless browser (Debian's Chromium driven by
+// playwright-core), against the built worker in workerd with a real destination: one
+// operation's attempts (destination without its credential, webhook-id, HTTP status, the
+// answer's first bytes), its deliveries and duplicates, and the page refreshing itself while
+// open.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import { chromium } from "playwright-core";
+import { startWorker, startServer, ADMIN_TOKEN, eventually } from "./helpers.mjs";
+
+const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
+const ROUTE_SECRET = "route-secret-not-shown";
+
+const FLAPPING = "batches/billing-0501";
+const GEMINI_ID = "msg_gemini_badday_1";
+
+let w, dest, browser, page;
+let billingUp = false;
+
+const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
+
+before(async () => {
+  assert.ok(existsSync(CHROMIUM), `Chromium not found at ${CHROMIUM}: scripts/setup-browser.sh installs Debian's package`);
+  dest = await startServer(async (req) => {
+    const key = req.headers["idempotency-key"];
+    if (key === FLAPPING) return billingUp ? { status: 200, body: { ok: true } } : { status: 503, body: { error: "billing is down for maintenance" } };
+    return { status: 200 };
+  });
+  w = await startWorker({
+    EFFECT_URL: `${dest.url}/effects`,
+    EFFECT_ROUTES: JSON.stringify({ billing: `${dest.url}/billing?token=${ROUTE_SECRET}` }),
+    EFFECT_RETRY_BASE_SECONDS: "1",
+    EFFECT_RETRY_MAX_SECONDS: "1",
+    STATS_FLUSH_SECONDS: "0",
+  }, { http: true });
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync"],
+  });
+  page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+
+  await w.register(FLAPPING, "billing");
+  // The quick start's five sends: one delivery and four duplicates of it.
+  for (let i = 0; i < 5; i++) {
+    assert.equal((await w.deliver("batch.succeeded", FLAPPING, {}, { webhookId: GEMINI_ID })).status, 200);
+  }
+  await eventually(async () => effectsFor(FLAPPING).length >= 2, { what: "two refused attempts" });
+});
+after(async () => {
+  await browser?.close();
+  await w?.dispose();
+  await dest?.close();
+});
+
+const loads = () => page.evaluate(() => Number(document.getElementById("status").dataset.loads || 0));
+async function andLoad(action) {
+  const before = await loads();
+  await action();
+  await page.waitForFunction((n) => Number(document.getElementById("status").dataset.loads || 0) > n, before);
+  assert.equal(await page.evaluate(() => document.getElementById("status").dataset.error), undefined, "the view loaded without error");
+}
+const attemptRows = () => page.locator("#op-attempts tbody tr:not(.empty)").evaluateAll((trs) =>
+  trs.map((tr) => ({ result: tr.dataset.result, cells: [...tr.children].map((td) => td.textContent) })));
+
+describe("dashboard on a bad day: one operation", () => {
+  it("records each attempt's destination (never its credential), webhook-id and HTTP status", async () => {
+    const { body } = await w.inspect(FLAPPING);
+    const attempts = body.history.filter((h) => h.what === "attempt");
+    assert.ok(attempts.length >= 2, JSON.stringify(body.history));
+    const sent = effectsFor(FLAPPING)[0].headers["webhook-id"];
+    for (const a of attempts) {
+      assert.equal(a.result, "effect_failed");
+      assert.equal(a.http_status, 503);
+      assert.equal(a.webhook_id, sent, "the id the destination received");
+      assert.equal(a.destination, `route billing: ${dest.url}/\u2026`);
+      assert.match(a.answer, /^503: .*billing is down/);
+    }
+    assert.ok(!JSON.stringify(body).includes(ROUTE_SECRET), "the route's token is never shown");
+  });
+
+  it("shows the attempts, the deliveries and the duplicates, and refreshes itself while open", async () => {
+    await page.goto(`${w.url}/dashboard`);
+    await page.fill("#token", ADMIN_TOKEN);
+    await andLoad(() => page.click("#signin"));
+    await andLoad(() => page.evaluate((k) => { location.hash = "op/" + encodeURIComponent(k); }, FLAPPING));
+
+    const rows = await attemptRows();
+    assert.ok(rows.length >= 2, JSON.stringify(rows));
+    const sent = effectsFor(FLAPPING)[0].headers["webhook-id"];
+    for (const { result, cells } of rows) {
+      assert.equal(result, "effect_failed");
+      const [, word, destination, id, status, answer] = cells;
+      assert.equal(word, "failed, will retry");
+      assert.equal(destination, `route billing: ${dest.url}/\u2026`);
+      assert.equal(id, sent);
+      assert.equal(status, "503");
+      assert.match(answer, /billing is down/);
+    }
+    assert.ok(!(await page.content()).includes(ROUTE_SECRET), "the route's token is not on the page");
+
+    const deliveries = await page.locator('#op-deliveries [data-field="deliveries"]').textContent();
+    assert.equal(deliveries, "1 (1 distinct webhook-id)", "one delivery recorded; its four repeats wrote nothing");
+    const duplicates = await page.locator('#op-deliveries [data-field="duplicates"]').textContent();
+    assert.match(duplicates, /^\d+ in the last 24 h across the worker\. .*not counted per operation/);
+
+    // The destination recovers; the open page shows the delivered attempt with no navigation.
+    const loadsBefore = await loads();
+    billingUp = true;
+    await page.waitForFunction(() => [...document.querySelectorAll("#op-attempts tbody tr")].some((tr) => tr.dataset.result === "effect_delivered"), null, { timeout: 30_000 });
+    assert.equal(await loads(), loadsBefore, "no navigation or reload: the page refreshed itself");
+    assert.ok(Number(await page.locator("#op-refreshing").getAttribute("data-refreshes")) >= 1);
+    const delivered = (await attemptRows()).find((r) => r.result === "effect_delivered");
+    assert.equal(delivered.cells[4], "200");
+    assert.equal(delivered.cells[3], effectsFor(FLAPPING).at(-1).headers["webhook-id"]);
+    assert.equal(await page.locator(".badge.e-done").count(), 1, "the title's effect badge follows");
+  });
+});
