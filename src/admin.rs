@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::operation::key::{normalize, KeyError, OperationKey, MAX_NAME_BYTES};
-use crate::operation::ledger::LedgerMeta;
+use crate::operation::ledger::{LedgerMeta, MAX_META_ERROR_BYTES};
 use crate::operation::lifecycle::Status;
 use crate::reconciliation::reconcile::Resume;
 use crate::timestamp::parse_rfc3339_ms;
@@ -137,7 +137,7 @@ pub const MAX_SEARCH_BYTES: usize = MAX_NAME_BYTES;
 /// Who settled an operation, as a listing filter.
 pub const SETTLED_BY: [&str; 3] = ["webhook", "reconcile", "operator"];
 
-/// `GET /v1/operations?status=&effect_done=&stuck=&kind=&parked=&settled_by=&forgotten=&prefix=&q=&submitted_after=&submitted_before=&settled_after=&settled_before=&limit=&cursor=`.
+/// `GET /v1/operations?status=&effect_done=&stuck=&kind=&parked=&settled_by=&error=&forgotten=&prefix=&q=&submitted_after=&submitted_before=&settled_after=&settled_before=&limit=&cursor=`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListQuery {
     pub status: Option<Status>,
@@ -148,6 +148,8 @@ pub struct ListQuery {
     pub parked: Option<bool>,
     /// `webhook`, `reconcile` or `operator`.
     pub settled_by: Option<String>,
+    /// The side effect's kept error, exactly (the listing's `error`): an issues group.
+    pub error: Option<String>,
     pub forgotten: Option<bool>,
     /// A key prefix (`batches/nightly-`): the ledger is listed from it, so it costs no scan.
     pub prefix: Option<String>,
@@ -240,6 +242,12 @@ impl ListQuery {
                     }
                     q.kind = Some(value.to_string());
                 }
+                "error" => {
+                    if value.is_empty() || value.len() > MAX_META_ERROR_BYTES {
+                        return Err(ListError::Search("error"));
+                    }
+                    q.error = Some(value.to_string());
+                }
                 "settled_by" => {
                     if !SETTLED_BY.contains(&value) {
                         return Err(ListError::SettledBy);
@@ -295,6 +303,10 @@ impl ListQuery {
                 .settled_by
                 .as_ref()
                 .is_none_or(|s| meta.settled_by.as_ref() == Some(s))
+            && self
+                .error
+                .as_ref()
+                .is_none_or(|e| meta.error.as_ref() == Some(e))
             && within(
                 Some(meta.submitted_at),
                 self.submitted_after,
@@ -388,6 +400,20 @@ mod tests {
             effect_done: done,
             ..LedgerMeta::sample(status)
         }
+    }
+
+    #[test]
+    fn the_error_filter_selects_one_issues_group_exactly() {
+        let q = ListQuery::parse([("error", "400: invalid payload")]).unwrap();
+        let with = |e: Option<&str>| LedgerMeta {
+            error: e.map(str::to_string),
+            ..meta("succeeded", 0, false)
+        };
+        assert!(q.matches(&with(Some("400: invalid payload")), 1, 100));
+        assert!(!q.matches(&with(Some("400: invalid payload, again")), 1, 100));
+        assert!(!q.matches(&with(None), 1, 100), "an old entry has none");
+        assert!(ListQuery::parse([("error", "")]).is_err());
+        assert!(ListQuery::parse([("error", "x".repeat(81).as_str())]).is_err());
     }
 
     #[test]

@@ -2,7 +2,8 @@
 // playwright-core), against the built worker in workerd with a real destination: one
 // operation's attempts (destination without its credential, webhook-id, HTTP status, the
 // answer's first bytes), its deliveries and duplicates, and the page refreshing itself while
-// open.
+// open; then the issues view: parked effects grouped by destination and error, and a group
+// retried in bulk (a dry run counts first) once its destination is fixed.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
@@ -14,9 +15,13 @@ const ROUTE_SECRET = "route-secret-not-shown";
 
 const FLAPPING = "batches/billing-0501";
 const GEMINI_ID = "msg_gemini_badday_1";
+const INVALID = ["batches/billing-0601", "batches/billing-0602", "batches/billing-0603"];
+const REPORT = "batches/report-0701";
+const INVALID_ERROR = '400: {"error":"invalid payload"}';
 
 let w, dest, browser, page;
 let billingUp = false;
+let payloadFixed = false;
 
 const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
 
@@ -24,6 +29,8 @@ before(async () => {
   assert.ok(existsSync(CHROMIUM), `Chromium not found at ${CHROMIUM}: scripts/setup-browser.sh installs Debian's package`);
   dest = await startServer(async (req) => {
     const key = req.headers["idempotency-key"];
+    if (INVALID.includes(key)) return payloadFixed ? { status: 200 } : { status: 400, body: { error: "invalid payload" } };
+    if (key === REPORT) return { status: 400, body: { error: "unknown account" } };
     if (key === FLAPPING) return billingUp ? { status: 200, body: { ok: true } } : { status: 503, body: { error: "billing is down for maintenance" } };
     return { status: 200 };
   });
@@ -48,6 +55,11 @@ before(async () => {
     assert.equal((await w.deliver("batch.succeeded", FLAPPING, {}, { webhookId: GEMINI_ID })).status, 200);
   }
   await eventually(async () => effectsFor(FLAPPING).length >= 2, { what: "two refused attempts" });
+
+  for (const key of INVALID) await w.register(key, "billing");
+  await w.register(REPORT, "reports");
+  for (const key of [...INVALID, REPORT]) assert.equal((await w.deliver("batch.succeeded", key)).status, 200);
+  await w.ledger([...INVALID, REPORT], (m) => m.parked && m.error);
 });
 after(async () => {
   await browser?.close();
@@ -116,5 +128,59 @@ describe("dashboard on a bad day: one operation", () => {
     assert.equal(delivered.cells[4], "200");
     assert.equal(delivered.cells[3], effectsFor(FLAPPING).at(-1).headers["webhook-id"]);
     assert.equal(await page.locator(".badge.e-done").count(), 1, "the title's effect badge follows");
+  });
+});
+
+describe("dashboard on a bad day: issues", () => {
+  it("keeps each parked effect's destination and error in the listing, and filters by the error", async () => {
+    const { body } = await w.admin("/v1/operations?effect_done=false&limit=500");
+    const byKey = Object.fromEntries(body.operations.map((o) => [o.key, o]));
+    for (const key of INVALID) {
+      assert.equal(byKey[key].error, INVALID_ERROR);
+      assert.equal(byKey[key].destination, `route billing: ${dest.url}/\u2026`);
+    }
+    assert.equal(byKey[REPORT].error, '400: {"error":"unknown account"}');
+    assert.equal(byKey[REPORT].destination, `EFFECT_URL: ${dest.url}/\u2026`);
+    assert.ok(!JSON.stringify(body).includes(ROUTE_SECRET));
+    const group = await w.admin(`/v1/operations?error=${encodeURIComponent(INVALID_ERROR)}`);
+    assert.deepEqual(group.body.operations.map((o) => o.key).sort(), [...INVALID].sort());
+  });
+
+  it("groups parked effects by destination and error and retries one group after a dry run", async () => {
+    await w.ledger(FLAPPING, (m) => m.effect_done);
+    await andLoad(() => page.evaluate(() => { location.hash = "issues"; }));
+    const groups = await page.locator("#issues tbody tr:not(.empty)").evaluateAll((trs) => trs.map((tr) => ({ ...tr.dataset })));
+    assert.deepEqual(groups, [
+      { destination: `route billing: ${dest.url}/\u2026`, state: "parked", count: "3", error: INVALID_ERROR },
+      { destination: `EFFECT_URL: ${dest.url}/\u2026`, state: "parked", count: "1", error: '400: {"error":"unknown account"}' },
+    ]);
+    const refusedIds = Object.fromEntries(INVALID.map((k) => [k, effectsFor(k)[0].headers["webhook-id"]]));
+    const before = Object.fromEntries(INVALID.map((k) => [k, effectsFor(k).length]));
+
+    await page.click('#issues tbody tr[data-count="3"] button');
+    await page.waitForFunction(() => document.getElementById("issues-message")?.dataset.state === "confirm");
+    const panel = page.locator("#issues-message");
+    assert.equal(await panel.getAttribute("data-matched"), "3");
+    assert.equal(await panel.getAttribute("data-eligible"), "3");
+    assert.match(await panel.textContent(), /3 would be retried now/);
+    for (const k of INVALID) assert.equal(effectsFor(k).length, before[k], "a dry run sends nothing");
+
+    payloadFixed = true;
+    await page.click("#issues-confirm");
+    await page.waitForFunction(() => document.getElementById("issues-message")?.dataset.state === "done", null, { timeout: 30_000 });
+    assert.equal(await page.locator("#issues-message").getAttribute("data-done"), "3");
+    for (const key of INVALID) {
+      await eventually(async () => (await w.inspect(key)).body.effect_done, { what: `${key} done` });
+      const sent = effectsFor(key);
+      assert.equal(sent.length, before[key] + 1, "one effect each");
+      assert.equal(sent.at(-1).headers["webhook-id"], refusedIds[key], "under the webhook-id of its refused attempt");
+    }
+    assert.equal(effectsFor(REPORT).length, 1, "the other group is left alone");
+    assert.equal((await w.inspect(REPORT)).body.effect_parked, true);
+
+    await w.ledger(INVALID, (m) => m.effect_done);
+    await andLoad(() => page.evaluate(() => window.route()));
+    const left = await page.locator("#issues tbody tr:not(.empty)").evaluateAll((trs) => trs.map((tr) => tr.dataset.count));
+    assert.deepEqual(left, ["1"], "only the unfixed group remains");
   });
 });

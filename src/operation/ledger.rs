@@ -61,6 +61,29 @@ pub struct LedgerMeta {
     /// Which path settled it (`webhook`, `reconcile`, `operator`), for the same listing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_by: Option<String>,
+    /// The side effect's last refusal or failure while it is not done (the start of the
+    /// answer, at most [`MAX_META_ERROR_BYTES`]), for grouping the operator's issues. Absent in
+    /// entries written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Longest error kept in the metadata: with JSON's two-byte escapes of `"` and `\\` it stays
+/// far under KV's 1024 bytes beside a 400-byte name.
+pub const MAX_META_ERROR_BYTES: usize = 80;
+
+/// The start of `answer`, at most [`MAX_META_ERROR_BYTES`] bytes on a character boundary,
+/// with control characters (six bytes once escaped) replaced by spaces.
+pub fn meta_error(answer: &str) -> String {
+    let mut out = String::new();
+    for c in answer.chars() {
+        let c = if c.is_control() { ' ' } else { c };
+        if out.len() + c.len_utf8() > MAX_META_ERROR_BYTES {
+            break;
+        }
+        out.push(c);
+    }
+    out.trim_end().to_string()
 }
 
 impl LedgerMeta {
@@ -80,6 +103,7 @@ impl LedgerMeta {
             version: 1,
             kind: None,
             settled_by: None,
+            error: None,
         }
     }
 }
@@ -190,6 +214,15 @@ pub fn project(op: &Operation, retention_secs: i64) -> Projection {
             .map(str::to_string)
             .filter(|k| !k.chars().any(char::is_control)),
         settled_by: op.settled_by().map(|s| s.as_str().to_string()),
+        error: (!op.effect().done())
+            .then(|| {
+                op.effect()
+                    .parked()
+                    .map(|p| p.answer.as_str())
+                    .or(op.effect().last_error())
+            })
+            .flatten()
+            .map(meta_error),
     };
     Projection {
         kv_key: op_key(op.key()),
@@ -277,6 +310,8 @@ mod tests {
             op.raise_alert(a, 1, i as i64);
         }
         succeeded(&mut op);
+        let c = op.claim(5_000, 600_000).unwrap();
+        op.finish(c.token, &AttemptOutcome::Retry("\"".repeat(300)), 5_000, 0);
         op.claim(5_000, 600_000);
         let meta = serde_json::to_string(&project(&op, 1).metadata).unwrap();
         assert!(meta.contains(r#""settled_by":"webhook""#), "{meta}");
@@ -318,6 +353,45 @@ mod tests {
         assert_eq!(project(&op, 1).metadata.kind.as_deref(), Some("nightly"));
         let op = Operation::register("batches/a", "batches/a", Some("\u{1}".repeat(100)), 1_000);
         assert_eq!(project(&op, 1).metadata.kind, None);
+    }
+
+    #[test]
+    fn metadata_keeps_a_bounded_error_while_the_effect_is_not_done() {
+        let mut op = Operation::register("batches/p", "batches/p", None, 1_000);
+        succeeded(&mut op);
+        let c = op.claim(5_000, 600_000).unwrap();
+        op.finish(
+            c.token,
+            &AttemptOutcome::Retry("503: down".into()),
+            6_000,
+            0,
+        );
+        assert_eq!(project(&op, 1).metadata.error.as_deref(), Some("503: down"));
+        let c = op.claim(7_000, 600_000).unwrap();
+        let long = format!("400: {}", "\"\n\u{e9}".repeat(100));
+        op.finish(c.token, &AttemptOutcome::Park(long), 8_000, 0);
+        let error = project(&op, 1).metadata.error.unwrap();
+        assert!(error.starts_with("400: \" \u{e9}"), "{error}");
+        assert!(error.len() <= MAX_META_ERROR_BYTES);
+        assert!(!error.chars().any(char::is_control));
+
+        let mut done = Operation::register("batches/d", "batches/d", None, 1_000);
+        succeeded(&mut done);
+        let c = done.claim(5_000, 600_000).unwrap();
+        done.finish(c.token, &AttemptOutcome::Delivered, 6_000, 0);
+        assert_eq!(
+            project(&done, 1).metadata.error,
+            None,
+            "done: nothing to group"
+        );
+    }
+
+    #[test]
+    fn an_entry_written_before_the_error_was_kept_still_reads() {
+        let old = r#"{"status":"succeeded","name":"batches/a","submitted_at":1,"effect_done":false,"parked":true,"version":3}"#;
+        let meta: LedgerMeta = serde_json::from_str(old).unwrap();
+        assert_eq!(meta.error, None);
+        assert!(meta.parked);
     }
 
     #[test]

@@ -298,5 +298,7 @@ fn entry_view(key: &str, meta: &LedgerMeta, now_secs: i64, config: &Config) -> V
         "age_seconds": now_secs - meta.submitted_at,
         "stuck": !terminal && !meta.forgotten && now_secs - meta.submitted_at >= config.stuck_after_secs,
         "alerts": meta.alerts,
+        "destination": config.destination_label(meta.kind.as_deref()),
+        "error": meta.error,
     })
 }
