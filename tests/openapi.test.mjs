@@ -393,13 +393,17 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     assert.deepEqual(keys(await list("kind=oa-filter&settled_by=reconcile")), []);
     assert.deepEqual(keys(await list("kind=oa-filter&forgotten=true")), [c]);
     assert.deepEqual(keys(await list("kind=oa-filter&forgotten=false")), [a, b]);
+    // The parked effect's error, kept in the metadata, selects exactly it.
+    assert.match(entry[a].error, /^422/);
+    assert.deepEqual(keys(await list(`kind=oa-filter&error=${enc(entry[a].error)}`)), [a]);
+    assert.deepEqual(keys(await list(`kind=oa-filter&error=${enc("422: not this")}`)), []);
     // The prefix alone (no kind): the listing starts from it.
     assert.deepEqual(keys(await list(`prefix=${enc("batches/oa-filter-")}`)), [a, b, c]);
     // Text in the key, any case; text only in the full name.
     assert.deepEqual(keys(await list("q=OA-FILTER-B")), [b]);
     assert.deepEqual(keys(await list(`q=${enc("locations/europe-west4/batches/oa-filter")}`)), [b]);
     assert.deepEqual(keys(await list("kind=no-such-kind")), []);
-    for (const bad of ["settled_by=registration", "kind=", "parked=yes", "forgotten=1", "prefix=%20", `q=${"x".repeat(401)}`, `kind=${"k".repeat(101)}`]) {
+    for (const bad of ["settled_by=registration", "kind=", "error=", "parked=yes", "forgotten=1", "prefix=%20", `q=${"x".repeat(401)}`, `kind=${"k".repeat(101)}`]) {
       await call(w, "GET", "/v1/operations", `/v1/operations?${bad}`, { expect: 400 });
     }
   });
