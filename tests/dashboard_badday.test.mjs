@@ -3,7 +3,8 @@
 // operation's attempts (destination without its credential, webhook-id, HTTP status, the
 // answer's first bytes), its deliveries and duplicates, and the page refreshing itself while
 // open; then the issues view: parked effects grouped by destination and error, and a group
-// retried in bulk (a dry run counts first) once its destination is fixed.
+// retried in bulk (a dry run counts first) once its destination is fixed; then the latency
+// view: per hour, p50 and p95 from the delivery's answer to the effect's acceptance.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
@@ -182,5 +183,32 @@ describe("dashboard on a bad day: issues", () => {
     await andLoad(() => page.evaluate(() => window.route()));
     const left = await page.locator("#issues tbody tr:not(.empty)").evaluateAll((trs) => trs.map((tr) => tr.dataset.count));
     assert.deepEqual(left, ["1"], "only the unfixed group remains");
+  });
+});
+
+describe("dashboard on a bad day: latency", () => {
+  it("shows per hour the p50 and p95 from the delivery's answer to the effect's acceptance", async () => {
+    await w.ledger([FLAPPING, ...INVALID], (m) => m.effect_done && m.effect_ms != null);
+    const since = new Date(Date.now() - 24 * 3600 * 1000).toISOString().replace(/\.\d+Z$/, "Z");
+    const { body } = await w.admin(`/v1/operations?effect_done=true&settled_after=${since}&limit=500`);
+    const byKey = Object.fromEntries(body.operations.map((o) => [o.key, o]));
+    const flapping = (await w.inspect(FLAPPING)).body;
+    assert.equal(byKey[FLAPPING].effect_latency_ms, Date.parse(flapping.effect_done_at) - Date.parse(flapping.settled_at),
+      "settlement to acceptance, as the record has them");
+    assert.ok(byKey[FLAPPING].effect_latency_ms >= 1000, "it waited out at least one retry");
+
+    const want = new Map();
+    for (const o of body.operations) {
+      const hour = o.settled_at.slice(0, 13) + ":00:00Z";
+      want.set(hour, [...(want.get(hour) || []), o.effect_latency_ms].sort((a, b) => a - b));
+    }
+    const rank = (ms, p) => ms[Math.max(0, Math.ceil((p / 100) * ms.length) - 1)];
+    await andLoad(() => page.evaluate(() => { location.hash = "latency"; }));
+    const rows = await page.locator("#latency tbody tr:not(.empty)").evaluateAll((trs) => trs.map((tr) => ({ ...tr.dataset })));
+    assert.deepEqual(rows, [...want.keys()].sort().reverse().map((hour) => {
+      const ms = want.get(hour);
+      return { hour, count: String(ms.length), p50: String(rank(ms, 50)), p95: String(rank(ms, 95)), max: String(ms.at(-1)) };
+    }));
+    assert.ok(rows.reduce((n, r) => n + Number(r.count), 0) >= 4, "the retried effects are counted");
   });
 });

@@ -66,6 +66,11 @@ pub struct LedgerMeta {
     /// entries written before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Milliseconds from the outcome's settlement (the delivery's answer) to the side effect's
+    /// acceptance, once done: the operator's latency view reads it from the listing, so it
+    /// costs no write of its own. Absent in entries written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect_ms: Option<i64>,
 }
 
 /// Longest error kept in the metadata: with JSON's two-byte escapes of `"` and `\\` it stays
@@ -104,6 +109,7 @@ impl LedgerMeta {
             kind: None,
             settled_by: None,
             error: None,
+            effect_ms: None,
         }
     }
 }
@@ -223,6 +229,11 @@ pub fn project(op: &Operation, retention_secs: i64) -> Projection {
             })
             .flatten()
             .map(meta_error),
+        effect_ms: op
+            .effect()
+            .done_at_ms()
+            .zip(op.settled_at_ms())
+            .map(|(done, settled)| (done - settled).max(0)),
     };
     Projection {
         kv_key: op_key(op.key()),
@@ -391,6 +402,7 @@ mod tests {
         let old = r#"{"status":"succeeded","name":"batches/a","submitted_at":1,"effect_done":false,"parked":true,"version":3}"#;
         let meta: LedgerMeta = serde_json::from_str(old).unwrap();
         assert_eq!(meta.error, None);
+        assert_eq!(meta.effect_ms, None);
         assert!(meta.parked);
     }
 

@@ -300,5 +300,6 @@ fn entry_view(key: &str, meta: &LedgerMeta, now_secs: i64, config: &Config) -> V
         "alerts": meta.alerts,
         "destination": config.destination_label(meta.kind.as_deref()),
         "error": meta.error,
+        "effect_latency_ms": meta.effect_ms,
     })
 }
