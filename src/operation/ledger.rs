@@ -73,7 +73,7 @@ pub struct LedgerMeta {
     pub effect_ms: Option<i64>,
 }
 
-/// Longest error kept in the metadata: with JSON's two-byte escapes of `"` and `\\` it stays
+/// Longest error kept in the metadata: with JSON's two-byte escapes of `"` and `\` it stays
 /// far under KV's 1024 bytes beside a 400-byte name.
 pub const MAX_META_ERROR_BYTES: usize = 80;
 
