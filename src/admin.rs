@@ -81,6 +81,17 @@ pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError
 /// Longest kept `reason` of an operator's action.
 pub const MAX_REASON_CHARS: usize = 500;
 
+/// An operator's `reason` as it is kept: trimmed, cut to [`MAX_REASON_CHARS`]; empty when
+/// there is none.
+pub fn kept_reason(reason: Option<String>) -> String {
+    reason
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .take(MAX_REASON_CHARS)
+        .collect()
+}
+
 /// A valid `POST /v1/operations/{name}/settle`: a terminal status and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settle {
@@ -114,13 +125,7 @@ pub fn parse_settle(body: &[u8]) -> Result<Settle, SettleError> {
     if !status.is_terminal() {
         return Err(SettleError::NotTerminal);
     }
-    let reason: String = parsed
-        .reason
-        .unwrap_or_default()
-        .trim()
-        .chars()
-        .take(MAX_REASON_CHARS)
-        .collect();
+    let reason = kept_reason(parsed.reason);
     if reason.is_empty() {
         return Err(SettleError::MissingReason);
     }

@@ -24,7 +24,7 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use crate::admin::{ListError, ListQuery, MAX_REASON_CHARS};
+use crate::admin::{kept_reason, ListError, ListQuery};
 use crate::operation::gate_protocol::{GateCommand, GateReply, OperatorAction};
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::OperatorRefusal;
@@ -283,13 +283,7 @@ pub fn parse_bulk(action: BulkAction, body: &[u8]) -> Result<BulkRequest, BulkEr
     }
     let filter = ListQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .map_err(BulkError::Filter)?;
-    let reason: String = parsed
-        .reason
-        .unwrap_or_default()
-        .trim()
-        .chars()
-        .take(MAX_REASON_CHARS)
-        .collect();
+    let reason = kept_reason(parsed.reason);
     if action == BulkAction::Redeliver && reason.is_empty() {
         return Err(BulkError::MissingReason);
     }

@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::pass::{
-    Intent, Limits, ListedKey, ListedPage, Pass, PassReport, StatusAnswer, WebhookAnswer, PAGE_SIZE,
+    Intent, Limits, ListedKey, ListedPage, Pass, PassReport, StatusAnswer, WebhookAnswer,
 };
 use crate::reconciliation::reconcile::Thresholds;
 
@@ -212,11 +212,7 @@ async fn list_page(
     cursor: Option<String>,
 ) -> Result<ListedPage, EdgeError> {
     let kv = kv.ok_or_else(|| EdgeError::Unavailable(format!("{KV_BINDING}: not bound")))?;
-    let mut list = kv.list().prefix(prefix.to_string()).limit(PAGE_SIZE);
-    if let Some(c) = cursor {
-        list = list.cursor(c);
-    }
-    let page = list.execute().await.map_err(EdgeError::from)?;
+    let page = crate::edge::outbound::ledger_kv::list_page(kv, prefix, cursor).await?;
     Ok(ListedPage {
         keys: page
             .keys

@@ -11,7 +11,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use worker::{Env, Method, Request, Response};
 
-use crate::admin::{authorized, encode_cursor, parse_registration, parse_settle, ListQuery};
+use crate::admin::{
+    authorized, encode_cursor, parse_registration, parse_settle, ListQuery, MAX_REASON_CHARS,
+};
 use crate::config::Config;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::operation::key::normalize;
@@ -22,7 +24,7 @@ use crate::telemetry::worker_log::WorkerLog;
 use crate::timestamp::format_rfc3339;
 
 use crate::edge::objects::stats_shard;
-use crate::edge::outbound::ledger_kv::KV_BINDING;
+use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
 use crate::edge::{call_gate, json_response, log, now_ms, ok_json, EdgeError};
 
 const OPERATIONS: &str = "/v1/operations";
@@ -215,7 +217,7 @@ async fn read_reason(req: &mut Request) -> Result<String, EdgeError> {
         .map_err(|_| EdgeError::BadRequest("body must be {\"reason\": \"...\"}".into()))?;
     Ok(parsed
         .reason
-        .map(|r| r.chars().take(500).collect())
+        .map(|r| r.chars().take(MAX_REASON_CHARS).collect())
         .unwrap_or_else(|| "operator".to_string()))
 }
 
@@ -239,14 +241,7 @@ async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response, Edg
     for _ in 0..MAX_LIST_PAGES {
         // A key prefix narrows the listing itself; every other filter reads metadata.
         let prefix = format!("{OP_PREFIX}{}", query.prefix.as_deref().unwrap_or(""));
-        let mut list = kv.list().prefix(prefix).limit(1_000);
-        if let Some(c) = resume.cursor.clone() {
-            list = list.cursor(c);
-        }
-        let page = list
-            .execute()
-            .await
-            .map_err(|e| EdgeError::Unavailable(format!("{e:?}")))?;
+        let page = list_page(&kv, &prefix, resume.cursor.clone()).await?;
         for entry in &page.keys {
             if resume.already_done(&entry.name) {
                 continue;

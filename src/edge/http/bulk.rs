@@ -17,7 +17,7 @@ use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::reconciliation::reconcile::Resume;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::outbound::ledger_kv::KV_BINDING;
+use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
 use crate::edge::{call_gate, log, now_ms, ok_json, EdgeError};
 
 /// KV lists (1,000 entries each) one request may make looking for matches.
@@ -60,14 +60,7 @@ pub async fn handle(
     let mut acted = false;
     for _ in 0..MAX_PAGES {
         // A key prefix narrows the listing itself; every other filter reads metadata.
-        let mut list = kv.list().prefix(prefix.clone()).limit(1_000);
-        if let Some(c) = resume.cursor.clone() {
-            list = list.cursor(c);
-        }
-        let page = list
-            .execute()
-            .await
-            .map_err(|e| EdgeError::Unavailable(format!("{e:?}")))?;
+        let page = list_page(&kv, &prefix, resume.cursor.clone()).await?;
         for entry in &page.keys {
             if resume.already_done(&entry.name) {
                 continue;

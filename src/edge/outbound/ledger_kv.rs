@@ -11,9 +11,24 @@ use worker::KvStore;
 
 use crate::edge::EdgeError;
 use crate::operation::ledger::{IndexWrite, Projection};
+use crate::reconciliation::pass::PAGE_SIZE;
 
 /// The KV namespace binding.
 pub const KV_BINDING: &str = "OPS_KV";
+
+/// One page of the ledger's keys under `prefix`, after `cursor`: the pass's page size (KV's
+/// most, 1,000 keys), with each key's metadata.
+pub async fn list_page(
+    kv: &KvStore,
+    prefix: &str,
+    cursor: Option<String>,
+) -> Result<worker::kv::ListResponse, EdgeError> {
+    let mut list = kv.list().prefix(prefix.to_string()).limit(PAGE_SIZE);
+    if let Some(c) = cursor {
+        list = list.cursor(c);
+    }
+    Ok(list.execute().await?)
+}
 
 /// Writes one projection (value, metadata and, for closed operations, its TTL) and the index
 /// write that goes with it; an error if either failed (both are safe to repeat).
