@@ -7,11 +7,16 @@
 // view: per hour, p50 and p95 from the delivery's answer to the effect's acceptance.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
+import path from "node:path";
 import { chromium } from "playwright-core";
 import { startWorker, startServer, ADMIN_TOKEN, eventually } from "./helpers.mjs";
 
 const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
+// DASHBOARD_SCREENSHOTS=<dir> (`npm run screenshots`): the issues and latency views are also
+// written there (docs/ holds them).
+const SHOTS = process.env.DASHBOARD_SCREENSHOTS;
+const shoot = async (name) => { if (SHOTS) writeFileSync(path.join(SHOTS, name), await page.screenshot({ fullPage: true })); };
 const ROUTE_SECRET = "route-secret-not-shown";
 
 const FLAPPING = "batches/billing-0501";
@@ -155,6 +160,7 @@ describe("dashboard on a bad day: issues", () => {
       { destination: `route billing: ${dest.url}/\u2026`, state: "parked", count: "3", error: INVALID_ERROR },
       { destination: `EFFECT_URL: ${dest.url}/\u2026`, state: "parked", count: "1", error: '400: {"error":"unknown account"}' },
     ]);
+    await shoot("dashboard-issues.png");
     const refusedIds = Object.fromEntries(INVALID.map((k) => [k, effectsFor(k)[0].headers["webhook-id"]]));
     const before = Object.fromEntries(INVALID.map((k) => [k, effectsFor(k).length]));
 
@@ -210,5 +216,6 @@ describe("dashboard on a bad day: latency", () => {
       return { hour, count: String(ms.length), p50: String(rank(ms, 50)), p95: String(rank(ms, 95)), max: String(ms.at(-1)) };
     }));
     assert.ok(rows.reduce((n, r) => n + Number(r.count), 0) >= 4, "the retried effects are counted");
+    await shoot("dashboard-latency.png");
   });
 });
