@@ -15,7 +15,7 @@ import { ADMIN_TOKEN, CRON, round, sleep } from "./common.mjs";
 import { kvByPrefix, startWorker } from "./worker.mjs";
 import { cpuMeter, quiesce } from "./measure.mjs";
 import { OUTPUT, envelope, send, signed } from "./load.mjs";
-import { CRON_PASSES_PER_MONTH, RATES, monthlyBill } from "./pricing.mjs";
+import { CRON_PASSES_PER_MONTH, HOSTED, RATES, monthlyBill } from "./pricing.mjs";
 
 const COUNTS = ["sql_statements", "rows_read", "rows_written", "alarm_writes", "kv_writes", "object_calls", "outbound_fetches", "wall_ms"];
 
@@ -187,16 +187,27 @@ export async function benchCost(dir, stubs, plan) {
 /** Volumes a month the bill is computed for. */
 export const VOLUMES = [10_000, 1_000_000, 100_000_000];
 
+/** Months after the first the bill is computed for: what is kept per retired operation adds up. */
+export const STEADY_MONTH = 12;
+
+/** Days a closed operation's ledger entry and gate are kept (`LEDGER_RETENTION_DAYS`' default). */
+export const RETENTION_DAYS = 14;
+
+/** The simple design's units per completion: one request, one KV read, one KV write. */
+const SIMPLE = { worker_requests: 1, kv_reads: 1, kv_writes: 1 };
+
 /**
  * The monthly bill at each volume for two ways of using the worker: `webhook` (completions of
  * operations nobody registered) and `registered` (each registered through the admin API, then
- * completed by webhook), each with the cron every five minutes over a quiet index. Billed
- * rows written include one per `setAlarm`; the Worker's CPU is workerd's whole CPU here (the
- * objects' included: an upper bound); duration is the objects' measured wall time.
+ * completed by webhook), each with its retirement at the end of retention and the cron every
+ * five minutes over a quiet index; in month 1 and in month [`STEADY_MONTH`] (whatever a
+ * retired operation keeps accumulates). Billed rows written include one per `setAlarm`; the
+ * Worker's CPU is workerd's whole CPU here (the objects' included: an upper bound); duration
+ * is the objects' measured wall time. Beside them, the simple design's bill.
  */
-function bill(flows) {
+export function bill(flows) {
   const units = (fs) => {
-    const sum = (f) => fs.reduce((a, x) => a + (f(x) ?? 0), 0);
+    const sum = (f) => fs.reduce((a, x) => a + (x ? f(x) ?? 0 : 0), 0);
     return {
       worker_requests: sum((x) => x.worker_requests_per_op),
       worker_cpu_ms: sum((x) => x.workerd_cpu_ms_per_op),
@@ -210,19 +221,35 @@ function bill(flows) {
   // A quiet routine pass: one cron invocation, one KV list of the index, a lease acquire and
   // release (docs/PERFORMANCE.md, "Reconciliation at scale").
   const fixed = { worker_requests: CRON_PASSES_PER_MONTH, do_requests: 2 * CRON_PASSES_PER_MONTH, kv_lists: CRON_PASSES_PER_MONTH };
+  const held = RETENTION_DAYS / 30;
   const stored = {
-    do_bytes: flows.retirement?.gate_db_bytes_median ?? flows.webhook.gate_db_bytes_median,
-    // KV keeps an entry for the 14-day retention: about 14/30 of a month's completions.
-    kv_bytes: ((flows.kv?.["op:"]?.bytes_per_key ?? 0) * 14) / 30,
+    // A gate's database while the operation is kept, then whatever its retirement leaves.
+    do_bytes_kept: flows.webhook.gate_db_bytes_median ?? 0,
+    do_bytes_retired: flows.retirement?.gate_db_bytes_median ?? flows.webhook.gate_db_bytes_median ?? 0,
+    kv_bytes: flows.kv?.["op:"]?.bytes_per_key ?? 0,
   };
+  // Bytes held per completion of a month, in month `m` of steady volume: the last
+  // RETENTION_DAYS of completions kept, and every earlier one as its retirement left it.
+  const heldIn = (m) => ({
+    do_bytes: held * stored.do_bytes_kept + Math.max(0, m - held) * stored.do_bytes_retired,
+    kv_bytes: held * stored.kv_bytes,
+  });
   const profiles = {
-    webhook: units([flows.webhook]),
-    registered: units([flows.registration, flows.registered_webhook]),
+    webhook: units([flows.webhook, flows.retirement]),
+    registered: units([flows.registration, flows.registered_webhook, flows.retirement]),
   };
+  const months = (u, f) => VOLUMES.map((v) => {
+    const first = monthlyBill(v, u, f, heldIn(1));
+    const steady = monthlyBill(v, u, f, heldIn(STEADY_MONTH));
+    return { ...first, [`total_month_${STEADY_MONTH}`]: steady.total, steady: Math.abs(steady.total - first.total) < 0.005 };
+  });
   return {
     rates: RATES,
+    retention_days: RETENTION_DAYS,
     stored_per_completion: stored,
     fixed_per_month: fixed,
-    profiles: Object.fromEntries(Object.entries(profiles).map(([k, u]) => [k, { per_completion: u, months: VOLUMES.map((v) => monthlyBill(v, u, fixed, stored)) }])),
+    profiles: Object.fromEntries(Object.entries(profiles).map(([k, u]) => [k, { per_completion: u, months: months(u, fixed) }])),
+    simple_design: { per_completion: SIMPLE, months: VOLUMES.map((v) => monthlyBill(v, SIMPLE, { worker_requests: CRON_PASSES_PER_MONTH }, { do_bytes: 0, kv_bytes: held * stored.kv_bytes })) },
+    hosted_list_prices_per_million: HOSTED,
   };
 }

@@ -30,14 +30,26 @@ const over = (used, { included, per_million }) => Math.max(0, used - included) /
 const overGb = (gb, { included, per_gb }) => Math.max(0, gb - included) * per_gb;
 
 /**
+ * What the hosted webhook gateways a user would compare with list per million events (USD),
+ * as published on their pricing pages; re-read them before quoting.
+ */
+export const HOSTED = {
+  source: {
+    hookdeck: "https://hookdeck.com/pricing",
+    svix: "https://www.svix.com/pricing/",
+  },
+  hookdeck: 10,
+  hookdeck_at_volume: 3.3,
+  svix: 100,
+};
+
+/**
  * The monthly bill of `completions` completions, each using `perOp` (units per completion:
  * worker_requests, worker_cpu_ms, do_requests, do_wall_ms, rows_read, rows_written, kv_reads,
  * kv_writes, kv_lists), plus `fixed` units a month (the cron's passes), and the storage held
- * at steady state (`stored` bytes per completion in DO storage and KV, times the completions
- * held: a month's for KV's 14-day retention rounded up, every one ever for tombstones, here
- * `storedMonths` months of them).
+ * (`stored`: bytes in DO storage and in KV per completion of a month, for the month billed).
  */
-export function monthlyBill(completions, perOp, fixed, stored, storedMonths = 1) {
+export function monthlyBill(completions, perOp, fixed, stored) {
   const use = (k) => completions * (perOp[k] ?? 0) + (fixed[k] ?? 0);
   const gbS = (use("do_wall_ms") / 1000) * 0.128;
   const units = {
@@ -50,7 +62,7 @@ export function monthlyBill(completions, perOp, fixed, stored, storedMonths = 1)
     kv_reads: use("kv_reads"),
     kv_writes: use("kv_writes"),
     kv_lists: use("kv_lists"),
-    do_storage_gb: (completions * storedMonths * stored.do_bytes) / 1e9,
+    do_storage_gb: (completions * stored.do_bytes) / 1e9,
     kv_storage_gb: (completions * stored.kv_bytes) / 1e9,
   };
   const dollars = {

@@ -1,8 +1,20 @@
 // The targets evaluated on a run's figures, and the printed report.
 import { DEFAULT_BUDGET, round } from "./common.mjs";
+import { STEADY_MONTH } from "./cost.mjs";
+
+/** The bill targets at 100 M completions a month (USD): twice the simple design's, unregistered. */
+const BILL_TARGETS = { webhook: 1_200, registered: 2_000 };
 
 export function evaluateTargets(r) {
-  const t = [];
+  const t0 = [];
+  const hundred = (p) => r.cost?.bill?.profiles?.[p]?.months?.find((m) => m.completions === 100_000_000);
+  for (const [p, max] of [["webhook", BILL_TARGETS.webhook], ["registered", BILL_TARGETS.registered]]) {
+    const m = hundred(p);
+    if (!m) continue;
+    t0.push({ target: `bill, ${p}: at 100 M completions a month, month 1 at most $${max}`, value: `$${m.total.toFixed(0)}`, holds: m.total <= max });
+    t0.push({ target: `bill, ${p}: month ${STEADY_MONTH} equals month 1 (nothing kept per retired operation)`, value: `$${m[`total_month_${STEADY_MONTH}`].toFixed(0)}`, holds: m.steady });
+  }
+  const t = [...t0];
   const row = (s, c) => r.fast?.table.find((x) => x.scenario === s && x.concurrency === c);
   if (r.fast) {
     const dup = row("duplicate", 10), rej = row("rejected", 10), first = row("first", 10);
@@ -149,10 +161,18 @@ export function report(r) {
     out.push(`KV held: ${JSON.stringify(r.cost.flows.kv)}`);
     const b = r.cost.bill;
     out.push("", "Monthly bill at Cloudflare's Workers Paid rates (USD; see scripts/bench/pricing.mjs for the pages and dates):");
+    const items = (m) => Object.entries(m.dollars).filter(([, d]) => d > 0.005).sort((a, c) => c[1] - a[1]).slice(0, 5).map(([n, d]) => `${n} ${d.toFixed(2)}`).join(", ");
     out.push(fmtTable(
-      ["profile", "completions/month", "total $", "largest items"],
-      Object.entries(b.profiles).flatMap(([k, p]) => p.months.map((m) => [k, m.completions, m.total.toFixed(2), Object.entries(m.dollars).filter(([, d]) => d > 0.005).sort((a, c) => c[1] - a[1]).slice(0, 4).map(([n, d]) => `${n} ${d.toFixed(2)}`).join(", ")])),
+      ["profile", "completions/month", "month 1 $", `month ${STEADY_MONTH} $`, "largest items (month 1)"],
+      [
+        ...Object.entries(b.profiles).flatMap(([k, p]) => p.months.map((m) => [k, m.completions, m.total.toFixed(2), m[`total_month_${STEADY_MONTH}`].toFixed(2), items(m)])),
+        ...(b.simple_design ? b.simple_design.months.map((m) => ["simple design", m.completions, m.total.toFixed(2), m.total.toFixed(2), items(m)]) : []),
+      ],
     ));
+    if (b.hosted_list_prices_per_million) {
+      const h = b.hosted_list_prices_per_million;
+      out.push(`hosted gateways' list prices per million events: Hookdeck $${h.hookdeck} ($${h.hookdeck_at_volume} at volume), Svix $${h.svix}`);
+    }
   }
   if (r.build) {
     const b = r.build;
