@@ -64,6 +64,16 @@ export function evaluateTargets(r) {
         t.push({ target: `side by side: ${what} of the ${d} minimum (informational: the shape's limit)`, value: `${m.rps} vs peer ${row.peer.rps} req/s (${m.rps_ratio}x), p50 ${m.p50_ms} vs ${row.peer.p50_ms} ms; gemini-once ${row["gemini-once"].rps} req/s, p50 ${row["gemini-once"].p50_ms} ms`, holds: null });
       }
     }
+    // CPU per completion against the object-per-op minimum's, in the same cells (deferred work,
+    // the alarm's included): at most 1.5x, with the destination at once and at each delay.
+    for (const destMs of [0, ...delays]) {
+      const row = at("first", destMs);
+      const min = row?.minimum?.["object-per-op"];
+      if (!min) continue;
+      const ours = row["gemini-once"].workerd_all_cpu_ms_per_req;
+      const ratio = round(ours / min.workerd_all_cpu_ms_per_req, 2);
+      t.push({ target: `side by side: first delivery${destMs ? `, destination ${destMs} ms,` : ""} CPU per completion <= 1.5x the object-per-op minimum's`, value: `${round(ours, 2)} vs ${round(min.workerd_all_cpu_ms_per_req, 2)} ms (${ratio}x, c=${row.concurrency})`, holds: ratio <= 1.5 });
+    }
     // "Unchanged" is against gemini-once's own earlier figures (the ratios to the floor above), not the peer's.
     for (const s of ["rejected", "floor"]) {
       const row = at(s);
