@@ -217,8 +217,8 @@ pub const VARIABLES: &[Variable] = {
         V::plain("CLAIM_TTL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CLAIM_TTL_SECS), "a claim not committed by then may be taken over"),
         V::plain("EFFECT_RETRY_BASE_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_BASE_SECS), "first retry of a failed side effect; doubles per attempt"),
         V::plain("EFFECT_RETRY_MAX_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_MAX_SECS), "backoff cap"),
-        V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long"),
-        V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention and tombstones); KV keeps entries at least 60 s, its minimum TTL"),
+        V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long, then the gate's storage is deleted (never less than 24 h of Gemini's retries + 2 x the signature tolerance + 10 min)"),
+        V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention: a first delivery older than it is refused); KV keeps entries at least 60 s, its minimum TTL"),
         V::plain("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
         V::plain("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),
         V::plain("USAGE_LOG", Flag, Bool(false), "true: each Durable Object invocation logs a usage line (SQLite rows, alarm and KV writes, calls, wall time)"),
@@ -555,11 +555,15 @@ impl Setting {
 }
 
 impl Config {
-    /// Retention in milliseconds.
+    /// Retention in milliseconds: `LEDGER_RETENTION_DAYS`, never shorter than the window in
+    /// which a genuine delivery can still arrive ([`crate::signature::replay_floor_ms`]), since
+    /// an operation's storage ends with it; `LEDGER_RETENTION_SECONDS` (for trying retention)
+    /// as given.
     pub fn retention_ms(&self) -> i64 {
         match self.retention_secs_override {
             Some(secs) => secs * 1_000,
-            None => self.retention_days * 86_400_000,
+            None => (self.retention_days * 86_400_000)
+                .max(crate::signature::replay_floor_ms(self.tolerance_secs)),
         }
     }
 
@@ -1038,6 +1042,24 @@ mod tests {
         assert!(!parse(&vars).unwrap().dynamic_webhooks);
         vars.insert("DYNAMIC_WEBHOOKS", "no".into());
         assert_eq!(parse(&vars).unwrap_err().var, "DYNAMIC_WEBHOOKS");
+    }
+
+    #[test]
+    fn retention_in_days_never_ends_before_a_genuine_delivery_can_still_arrive() {
+        let mut vars = base();
+        vars.insert("LEDGER_RETENTION_DAYS", "1".into());
+        let c = parse(&vars).unwrap();
+        assert_eq!(c.retention_ms(), crate::signature::replay_floor_ms(300));
+        assert!(c.retention_ms() > 86_400_000);
+        vars.insert("LEDGER_RETENTION_DAYS", "2".into());
+        assert_eq!(parse(&vars).unwrap().retention_ms(), 2 * 86_400_000);
+        vars.insert("LEDGER_RETENTION_DAYS", "1".into());
+        vars.insert("SIGNATURE_TOLERANCE_SECONDS", "43200".into());
+        assert_eq!(
+            parse(&vars).unwrap().retention_ms(),
+            2 * 86_400_000 + 10 * 60_000,
+            "a day of retries, twice half a day of tolerance, the alarm's slack"
+        );
     }
 
     #[test]

@@ -133,6 +133,22 @@ pub struct CheckedHeaders<'a> {
     signature: &'a str,
 }
 
+/// How long Gemini retries a delivery after its first attempt (GEMINI_WEBHOOKS.md §1).
+pub const SENDER_RETRY_WINDOW_MS: i64 = 24 * 3_600_000;
+
+/// Slack for a gate's alarm firing late.
+const ALARM_SLACK_MS: i64 = 10 * 60_000;
+
+/// The shortest retention after which an operation's storage may be deleted without a
+/// genuine delivery of it arriving later: Gemini retries for at most
+/// [`SENDER_RETRY_WINDOW_MS`] after its first attempt, which precedes the operation's close,
+/// and a delivery signed at the end of that window is accepted for `tolerance` more (twice,
+/// for a clock ahead by as much), plus slack for a late alarm. A captured delivery replayed
+/// later fails its `webhook-timestamp` window whatever the retention.
+pub fn replay_floor_ms(tolerance_secs: i64) -> i64 {
+    SENDER_RETRY_WINDOW_MS + 2 * tolerance_secs * 1_000 + ALARM_SLACK_MS
+}
+
 /// The one time window for a `webhook-timestamp` (whatever signs the delivery): an integer
 /// number of seconds within `now ± tolerance`, saturating at the extremes.
 pub fn check_timestamp(
@@ -241,6 +257,16 @@ mod tests {
     const BODY: &[u8] = br#"{"test": 2432232314}"#;
     const SIG: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
     const NOW: i64 = 1614265330;
+
+    #[test]
+    fn the_replay_floor_outlasts_the_sender_s_retries_and_the_window() {
+        assert_eq!(
+            replay_floor_ms(300),
+            86_400_000 + 600_000 + 600_000,
+            "24 h, twice the tolerance, the alarm's slack"
+        );
+        assert!(replay_floor_ms(0) > SENDER_RETRY_WINDOW_MS);
+    }
 
     fn headers<'a>(sig: &'a str) -> SignedHeaders<'a> {
         SignedHeaders {

@@ -1,6 +1,7 @@
 // A smoke run of the benchmark (scripts/bench/main.mjs --quick) against the built worker: every row
 // of the report is there, the reconciliation pass spends nothing on settled, done entries, and
-// the cost section's counts add up (one effect, the expected KV writes, every tombstone).
+// the cost section's counts add up (one effect, the expected KV writes, every gate purged at
+// retention's end).
 // It asserts no timing: the figures of a shared CI machine mean nothing.
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -73,8 +74,10 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
     assert.equal(f.registration.total.kv_writes + f.registered_webhook.total.kv_writes, 4, "registered: op: and open: put, then op: put and open: delete");
     assert.equal(f.cron.settled, 5, "the cron recovered every completion the webhook never brought");
     assert.equal(f.duplicate.effects_per_op, 0);
-    assert.equal(f.retirement.retired, 5, "every operation retired to a tombstone");
-    assert.ok(f.retirement.gate_db_bytes_median > 0);
+    assert.equal(f.retirement.retired, 5, "every operation retired");
+    assert.equal(f.retirement.purged, 5, "every retired gate keeps nothing");
+    assert.equal(r.cost.bill.stored_per_completion.do_bytes_retired, 0);
+    for (const p of Object.values(r.cost.bill.profiles)) assert.ok(p.months.every((m) => m.steady), "month 12 bills what month 1 does");
     for (const p of Object.values(r.cost.bill.profiles)) assert.equal(p.months.length, 3);
 
     assert.ok(r.build.wasm_raw_bytes > 0 && r.build.wasm_gzip_bytes > 0);

@@ -81,6 +81,7 @@ fn a_signed_delivery_at_the_limits_gives_a_record_that_reads_back() {
         },
         require_registration: false,
         hold_ms: 0,
+        new_not_before_ms: 0,
     };
     reads_back("the command to the gate", &command);
     let step = gate::step(None, command, 1_000);

@@ -8,7 +8,8 @@
 // registered in the flow before), `cron` (registered operations whose webhook never came:
 // recovered by cron passes from the status API stand-in), `duplicate` (the `webhook` flow's
 // deliveries again, later), and, in a second worker with a short retention, `retirement` (the
-// tombstone at the end of retention). KV's footprint is read from the namespace itself.
+// gate's storage deleted at the end of retention; `purged` counts those the admin API no
+// longer finds). KV's footprint is read from the namespace itself.
 import http from "node:http";
 
 import { ADMIN_TOKEN, CRON, round, sleep } from "./common.mjs";
@@ -176,7 +177,13 @@ export async function benchCost(dir, stubs, plan) {
     await r.waitFor("retention_expired", before + n, (retentionSecs + 60) * 1000);
     await settle(r);
     const usage = usageSince(r, from);
-    flows.retirement = perOp(usage, n, { operations: n, retired: r.count("retention_expired") - before, gate_db_bytes_median: gateDbBytes(usage), workerd_cpu_ms_per_op: meter(n).workerd_main_ms_per_req });
+    // What the gates keep after: an operation the admin API no longer finds was purged.
+    let purged = 0;
+    await sendAll(r.url, names.map((name) => ({ method: "GET", path: `/v1/operations/${encodeURIComponent(name)}`, headers: admin })), (res) => {
+      if (res.status === 404) purged++;
+      return res.status === 404 || res.status === 200;
+    });
+    flows.retirement = perOp(usage, n, { operations: n, retired: r.count("retention_expired") - before, purged, gate_db_bytes_median: gateDbBytes(usage), workerd_cpu_ms_per_op: meter(n).workerd_main_ms_per_req });
     process.stderr.write(`  cost retirement        per op: ${JSON.stringify(flows.retirement.total)}\n`);
   } finally {
     await r.dispose();
@@ -225,7 +232,9 @@ export function bill(flows) {
   const stored = {
     // A gate's database while the operation is kept, then whatever its retirement leaves.
     do_bytes_kept: flows.webhook.gate_db_bytes_median ?? 0,
-    do_bytes_retired: flows.retirement?.gate_db_bytes_median ?? flows.webhook.gate_db_bytes_median ?? 0,
+    // A purged gate (`deleteAll`) keeps nothing Cloudflare bills, though workerd still reports
+    // its empty database's one page; a tombstone keeps its whole database.
+    do_bytes_retired: flows.retirement?.purged === flows.retirement?.operations ? 0 : flows.retirement?.gate_db_bytes_median ?? flows.webhook.gate_db_bytes_median ?? 0,
     kv_bytes: flows.kv?.["op:"]?.bytes_per_key ?? 0,
   };
   // Bytes held per completion of a month, in month `m` of steady volume: the last

@@ -41,6 +41,11 @@ pub enum Answer {
     IgnoredForgotten {
         key: String,
     },
+    /// A completion older than retention for an operation with no record: its gate's
+    /// storage ended with retention, so it is a replay; nothing ran.
+    IgnoredTooOld {
+        key: String,
+    },
     /// A nudge named an operation nobody registered and Gemini does not know.
     UnknownToGemini {
         key: String,
@@ -89,6 +94,7 @@ impl Answer {
             },
             GateReply::Confirming { status } => Answer::Confirming { key, status },
             GateReply::IgnoredUnregistered => Answer::IgnoredUnregistered { key },
+            GateReply::IgnoredTooOld => Answer::IgnoredTooOld { key },
             GateReply::Forgotten { .. } => Answer::IgnoredForgotten { key },
             _ => return None,
         })
@@ -173,6 +179,7 @@ mod tests {
             },
             require_registration: false,
             hold_ms: 0,
+            new_not_before_ms: 0,
         }
     }
 

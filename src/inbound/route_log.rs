@@ -47,6 +47,7 @@ pub enum RouteLog {
     Nudged(Handled),
     IgnoredUnregistered(Handled),
     IgnoredForgotten(Handled),
+    IgnoredTooOld(Handled),
     StrangerNudge(Handled),
     /// A signed test delivery.
     Ping {
@@ -123,6 +124,7 @@ impl RouteLog {
             Answer::Confirming { .. } => RouteLog::Nudged(handled),
             Answer::IgnoredUnregistered { .. } => RouteLog::IgnoredUnregistered(handled),
             Answer::IgnoredForgotten { .. } => RouteLog::IgnoredForgotten(handled),
+            Answer::IgnoredTooOld { .. } => RouteLog::IgnoredTooOld(handled),
             Answer::UnknownToGemini { .. } => RouteLog::StrangerNudge(handled),
             Answer::IgnoredUnknownType { .. } | Answer::Pong { .. } => return None,
         })
@@ -137,6 +139,7 @@ impl RouteLog {
             RouteLog::Nudged(_) => LogEvent::Nudged,
             RouteLog::IgnoredUnregistered(_) => LogEvent::IgnoredUnregistered,
             RouteLog::IgnoredForgotten(_) => LogEvent::IgnoredForgotten,
+            RouteLog::IgnoredTooOld(_) => LogEvent::IgnoredTooOld,
             RouteLog::StrangerNudge(_) => LogEvent::StrangerNudge,
             RouteLog::Ping { .. } => LogEvent::Ping,
             RouteLog::StrangerUnconfirmed { .. } => LogEvent::StrangerUnconfirmed,
@@ -208,6 +211,7 @@ mod tests {
             })),
             handled_line(handled(Answer::IgnoredUnregistered { key: key() })),
             handled_line(handled(Answer::IgnoredForgotten { key: key() })),
+            handled_line(handled(Answer::IgnoredTooOld { key: key() })),
             handled_line(handled(Answer::UnknownToGemini { key: key() })),
             RouteLog::Ping {
                 event_type: "webhook.ping".into(),

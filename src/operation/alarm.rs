@@ -32,7 +32,7 @@ use crate::telemetry::log_event::LogEvent;
 /// retirement ends the run).
 #[derive(Debug, Clone, PartialEq)]
 pub enum AlarmDone {
-    /// Retention ended: the record is a tombstone and the history is gone.
+    /// Retention ended: the gate's storage is deleted.
     Retired,
     /// A confirmation's answer was applied (or it waits to ask again).
     Confirmed,
@@ -207,19 +207,16 @@ fn retention_over(op: &Operation, now: i64, limits: &Limits) -> bool {
         .is_some_and(|t| t <= now)
 }
 
-/// Ends retention if it is over: the record becomes a tombstone and the history goes.
+/// Ends retention if it is over: the gate's whole storage is deleted (record, history, alarm),
+/// so nothing of the operation stays in it. A replay after that is refused by its age (see
+/// [`crate::operation::gate::step`], `Deliver`), not by a stored tombstone.
 pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<AlarmDone>> {
     if !retention_over(op, now, limits) {
         return None;
     }
-    let mut op = op.clone();
-    op.retire(now);
     let key = op.key().to_string();
-    let mut step = Step::new(Some(op), AlarmDone::Retired)
-        .durable()
-        .row(HistoryEntry::Retired)
-        .log(GateLog::RetentionExpired { key });
-    step.clear_history = true;
+    let mut step = Step::new(None, AlarmDone::Retired).log(GateLog::RetentionExpired { key });
+    step.purge = true;
     Some(step)
 }
 
@@ -638,6 +635,7 @@ mod tests {
             },
             require_registration: false,
             hold_ms: 0,
+            new_not_before_ms: 0,
         };
         step(Some(op), command, now).record.unwrap()
     }
@@ -692,7 +690,11 @@ mod tests {
         match run.next(&op, over, &LIMITS, true) {
             Some(AlarmWork::Retire(s)) => {
                 assert_eq!(s.reply, AlarmDone::Retired);
-                assert!(s.clear_history);
+                assert!(s.purge);
+                assert!(
+                    s.record.is_none(),
+                    "nothing is saved: everything is deleted"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -993,9 +995,13 @@ mod feeder_tests {
         let op = settled();
         assert!(retire_if_over(&op, 20 + LIMITS.retention_ms - 1, &LIMITS).is_none());
         let s = retire_if_over(&op, 20 + LIMITS.retention_ms, &LIMITS).unwrap();
-        assert!(s.clear_history);
+        assert!(s.purge);
         assert_eq!(events(&s), ["retention_expired"]);
-        assert!(s.record.unwrap().retired_at_ms().is_some());
+        assert!(s.record.is_none());
+        assert!(
+            s.history.is_empty(),
+            "no row: the history goes with the rest"
+        );
     }
 
     #[test]

@@ -58,8 +58,9 @@ pub struct Step<R = GateReply> {
     pub attach_history: bool,
     /// Set the alarm again even if this instance believes it is set (repairs a lost one).
     pub reset_alarm: bool,
-    /// Delete the history table first (retention ended; only a tombstone stays).
-    pub clear_history: bool,
+    /// Delete all of the object's storage, its alarm included, instead of saving (retention
+    /// ended: nothing of the operation stays in its gate).
+    pub purge: bool,
 }
 
 impl<R> Step<R> {
@@ -72,7 +73,7 @@ impl<R> Step<R> {
             reply,
             attach_history: false,
             reset_alarm: false,
-            clear_history: false,
+            purge: false,
         }
     }
 
@@ -136,11 +137,17 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             event,
             require_registration,
             hold_ms,
+            new_not_before_ms,
         } => {
             let mut op = match record {
                 Some(op) => op,
                 None if require_registration => {
                     return Step::new(None, GateReply::IgnoredUnregistered)
+                }
+                // A replay after the operation's storage ended with retention (an event with
+                // no time is judged by the signature's window alone).
+                None if event.update_time_ms > 0 && event.update_time_ms < new_not_before_ms => {
+                    return Step::new(None, GateReply::IgnoredTooOld)
                 }
                 None => Operation::unregistered(&key, &name, now),
             };
@@ -533,6 +540,7 @@ pub(crate) mod fixtures {
             event: event(status, Source::Webhook),
             require_registration: false,
             hold_ms: 0,
+            new_not_before_ms: 0,
         }
     }
 
@@ -687,6 +695,7 @@ mod tests {
             event: event(Status::Succeeded, Source::Webhook),
             require_registration: true,
             hold_ms: 0,
+            new_not_before_ms: 0,
         };
         let s = step(None, required, 10);
         assert_eq!(s.reply, GateReply::IgnoredUnregistered);
@@ -895,7 +904,54 @@ mod tests {
             event: event(Status::Succeeded, Source::Webhook),
             require_registration: false,
             hold_ms,
+            new_not_before_ms: 0,
         }
+    }
+
+    /// An unregistered completion whose event happened at `event_ms`, to a gate that
+    /// refuses new records for events before `not_before`.
+    fn deliver_at(event_ms: i64, not_before: i64) -> GateCommand {
+        let mut command = deliver_unregistered(0);
+        if let GateCommand::Deliver { event, .. } = &mut command {
+            event.update_time_ms = event_ms;
+        }
+        command.limit_new_records(not_before);
+        command
+    }
+
+    #[test]
+    fn an_event_older_than_retention_creates_no_record() {
+        // Retention ended for an operation closed before `not_before`: its gate is empty and
+        // an event of it, however signed, is a replay.
+        let s = step(None, deliver_at(999, 1_000), 5_000);
+        assert_eq!(s.reply, GateReply::IgnoredTooOld);
+        assert!(s.record.is_none());
+        assert_eq!(s.save, Save::Unchanged);
+        assert!(s.history.is_empty());
+        // Newer than the limit, or with no time of its own (the signature's window decides):
+        // a record is created and the effect runs.
+        for event_ms in [1_000, 4_000, 0] {
+            let s = step(None, deliver_at(event_ms, 1_000), 5_000);
+            assert!(matches!(s.reply, GateReply::Applied { .. }), "{event_ms}");
+            assert_eq!(s.save, Save::Durable);
+        }
+        // A gate that has the record applies it as always (terminal absorbs).
+        let kept = step(None, deliver_at(4_000, 1_000), 5_000).record;
+        let s = step(kept, deliver_at(999, 1_000), 6_000);
+        assert!(matches!(s.reply, GateReply::Dropped { .. }));
+    }
+
+    #[test]
+    fn the_limit_on_new_records_is_never_on_the_wire() {
+        let command = deliver_at(999, 1_000);
+        let wire = serde_json::to_string(&command).unwrap();
+        assert!(!wire.contains("not_before"), "{wire}");
+        let back: GateCommand = serde_json::from_str(&wire).unwrap();
+        let s = step(None, back, 5_000);
+        assert!(
+            matches!(s.reply, GateReply::Applied { .. }),
+            "only the gate sets it"
+        );
     }
 
     #[test]

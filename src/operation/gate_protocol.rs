@@ -35,6 +35,11 @@ pub enum GateCommand {
         /// routes are configured, else 0).
         #[serde(default)]
         hold_ms: i64,
+        /// An event older than this (Unix ms; 0: no limit) does not create a record: the
+        /// gate sets it from its own retention ([`GateCommand::limit_new_records`]), never
+        /// the sender, so it is not on the wire.
+        #[serde(skip)]
+        new_not_before_ms: i64,
     },
     /// A dynamic-webhook delivery named this operation: its body is unproven, so the gate
     /// asks Gemini's status API (from its alarm) and applies what that says.
@@ -109,6 +114,23 @@ pub enum EffectReport {
     InFlight,
 }
 
+impl GateCommand {
+    /// A delivery whose event is older than `not_before_ms` may not create a record. An
+    /// operation's storage is deleted when its retention ends, so an event for it arriving
+    /// later finds no record; the event is at least as old as the operation's close, which
+    /// was at least retention ago, while a genuine first delivery is never older than
+    /// Gemini's 24 hours of retries plus the signature tolerance (retention is never shorter
+    /// than that, see [`crate::signature::replay_floor_ms`]).
+    pub fn limit_new_records(&mut self, not_before_ms: i64) {
+        if let GateCommand::Deliver {
+            new_not_before_ms, ..
+        } = self
+        {
+            *new_not_before_ms = not_before_ms;
+        }
+    }
+}
+
 /// The gate's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
@@ -131,6 +153,9 @@ pub enum GateReply {
         effect: EffectReport,
     },
     IgnoredUnregistered,
+    /// An event older than retention for an operation this gate has no record of: a
+    /// replay after the gate's storage ended with retention. Nothing was stored.
+    IgnoredTooOld,
     /// A nudge named an operation this gate has no record of: nothing was stored.
     Unregistered,
     /// A nudge was recorded; the status API is asked from the gate's alarm.
@@ -203,6 +228,7 @@ mod tests {
             },
             require_registration: false,
             hold_ms: 0,
+            new_not_before_ms: 0,
         };
         let text = serde_json::to_string(&cmd).unwrap();
         assert!(text.contains(r#""command":"deliver""#));

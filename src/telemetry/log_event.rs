@@ -38,6 +38,9 @@ log_events! {
     Nudged => "nudged",
     IgnoredUnregistered => "ignored_unregistered",
     IgnoredForgotten => "ignored_forgotten",
+    /// A completion older than retention for an operation the gate has no record of (its
+    /// storage ended with retention): nothing stored, nothing run.
+    IgnoredTooOld => "ignored_too_old",
     /// A nudge named an unregistered operation Gemini does not know: nothing stored.
     StrangerNudge => "stranger_nudge",
     /// A nudge named an unregistered operation and Gemini could not be asked: 503.

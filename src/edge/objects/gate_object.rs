@@ -80,7 +80,7 @@ impl DurableObject for OperationGate {
             Err(e) => return EdgeError::Config(e).into_response(),
         };
         let started = self.storage.meter().begin(config.usage_log);
-        let command: GateCommand = match req.json().await {
+        let mut command: GateCommand = match req.json().await {
             Ok(c) => c,
             Err(e) => {
                 return EdgeError::BadRequest(format!("bad gate command: {e}")).into_response()
@@ -93,7 +93,9 @@ impl DurableObject for OperationGate {
             }
             _ => None,
         };
-        let step = gate::step(self.storage.load()?, command, now_ms());
+        let now = now_ms();
+        command.limit_new_records(now - config.retention_ms());
+        let step = gate::step(self.storage.load()?, command, now);
         let attach_history = step.attach_history;
         let (_, mut reply) = self.commit(step, &config, Alarm::Sync).await?;
         if let (true, GateReply::Found { history, .. }) = (attach_history, &mut reply) {
@@ -230,8 +232,12 @@ impl OperationGate {
         alarm: Alarm,
     ) -> Result<(Option<Operation>, R)> {
         let now = now_ms();
-        if step.clear_history {
-            self.storage.clear_history()?;
+        if step.purge {
+            self.storage.purge().await?;
+            for line in step.logs {
+                log(line.to_value());
+            }
+            return Ok((None, step.reply));
         }
         match (&step.record, step.save) {
             (Some(op), Save::Durable) => self.storage.save(op)?,

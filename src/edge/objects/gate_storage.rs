@@ -2,7 +2,7 @@
 //! memory, and its one alarm.
 //!
 //! Tables: `operation(id = 1, body)` holds the record as JSON (see
-//! [`crate::operation::Operation`]; after retention, a tombstone); `history(seq, at_ms,
+//! [`crate::operation::Operation`]); `history(seq, at_ms,
 //! entry)` keeps the newest [`HISTORY_LIMIT`] entries (trimmed in steps of [`TRIM_EVERY`]).
 //! Guarantees: every write of the record goes through [`GateStorage::save`], so the cache
 //! equals storage (except counts of settled duplicates, kept in memory by
@@ -12,7 +12,8 @@
 //! unregistered name with `REQUIRE_REGISTRATION=true`, a command for an operation it does not
 //! know) stores nothing at all. A record that does not load is kept and recovered
 //! ([`crate::edge::objects::gate_repair`]), so it never bricks its operation; the alarm's failure streak is kept under `alarm_failures`
-//! in the object's key-value storage.
+//! in the object's key-value storage. When retention ends, [`GateStorage::purge`] deletes all
+//! of it.
 
 use std::cell::{Cell, RefCell};
 
@@ -137,12 +138,16 @@ impl GateStorage {
         self.cached.replace(Cached::Present(Box::new(op.clone())));
     }
 
-    /// Deletes the history (retention ended).
-    pub fn clear_history(&self) -> Result<()> {
-        self.ensure_schema()?;
-        self.meter.exec(&self.sql(), "DELETE FROM history", None)?;
-        self.meter
-            .exec(&self.sql(), "DROP TABLE IF EXISTS quarantine", None)?;
+    /// Deletes all of the object's storage (retention ended): the SQL tables, the key-value
+    /// keys and the alarm (`deleteAll` deletes the alarm from compatibility date 2026-02-24
+    /// on; wrangler.toml's is later, and the purge runs inside the alarm, whose own wake is
+    /// spent), so the runtime keeps nothing for this object and no further row is billed.
+    pub async fn purge(&self) -> Result<()> {
+        self.state.storage().delete_all().await?;
+        self.alarm_at.set(None);
+        self.schema_ready.set(false);
+        self.recovered.set(false);
+        self.cached.replace(Cached::Absent);
         Ok(())
     }
 

@@ -411,10 +411,11 @@ impl Operation {
         times.into_iter().min()
     }
 
-    /// Ends retention: keeps a tombstone (key, name, kind, final status, whether the effect
-    /// was done or parked, settled time, generation) and drops the rest, so a delivery that
-    /// comes later is a duplicate and runs nothing. The ledger entry expires on its own TTL;
-    /// the tombstone is never projected again.
+    /// The tombstone an earlier version kept at retention's end (key, name, kind, final
+    /// status, whether the effect was done or parked, settled time, generation), which objects
+    /// retired then still hold: a delivery that comes later is a duplicate and runs nothing,
+    /// and it is never projected again. Retention's end now deletes the gate's storage
+    /// instead ([`crate::operation::alarm::retire_if_over`]).
     pub fn retire(&mut self, now_ms: i64) {
         self.details = Map::new();
         self.alerts.raised.clear();

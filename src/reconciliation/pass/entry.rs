@@ -266,6 +266,7 @@ impl Pass {
             },
             require_registration: false,
             hold_ms: self.limits.unregistered_hold_ms,
+            new_not_before_ms: 0,
         };
         self.push_front(Step::Gate(command, AfterGate::Settled));
     }

@@ -91,6 +91,7 @@ pub async fn deliver(
                 event,
                 require_registration: config.require_registration,
                 hold_ms: config.unregistered_hold_ms(),
+                new_not_before_ms: 0,
             };
             answer(env, &key.key, &command, &event_type, &delivery_id, now).await
         }
