@@ -1,18 +1,26 @@
 //! A stats shard's tables and every statement on them, over any SQLite ([`Sql`]): the Durable
 //! Object's at the edge (`src/edge/objects/stats_shard.rs`), an in-memory one in the tests here.
 //!
-//! Tables: `counts(hour, name, n)`: an hour ≥ 0 is that hour's bucket ([`hour_of`]), kept
-//! [`KEEP_HOURS`] hours; hour -1 holds the sum of every bucket pruned so far, so a name's total
-//! is the sum of its rows and a flush writes one row per name (not two, as it would if hour -1
-//! held the all-time total). `seen(gate, seq, at_ms)`: the highest event sequence counted per
-//! operation, kept [`SEEN_KEEP_MS`]. `recent(seq, at_ms, gate, name)`: the newest
-//! [`RECENT_DROPS`] dropped events. `meta(k, v)`: the layout's version.
+//! Tables: `tally(hour, body)`: one row per hour bucket ([`hour_of`]), its counts by name as a
+//! JSON object, kept [`KEEP_HOURS`] hours; hour -1 holds the sum of every bucket pruned so far,
+//! so a name's total is the sum over the rows. `marks(gate, seq, at_ms)`, `WITHOUT ROWID`: the
+//! highest event sequence counted per operation, kept [`MARKS_KEEP_MS`] after its last flush.
+//! `recent(seq, at_ms, gate, name)`: the newest [`RECENT_DROPS`] dropped events. `meta(k, v)`:
+//! the layout's version.
 //!
-//! Guarantees: a gate's events are counted once (see [`crate::telemetry::counters`]); pruning moves old
-//! buckets into hour -1 in the statements that delete them, so no total changes by pruning; a
-//! shard of layout 1 (hour -1 the all-time total; no `layout` row in `meta`) is migrated once,
-//! when opened: its all-time row minus the buckets it still holds is exactly what it had pruned.
-//! Every statement binds at most [`MAX_BINDINGS`] values (Durable Object SQLite's limit).
+//! What a gate's flush costs: one row written per hour its events fall in (almost always one)
+//! and one dedupe mark, each a single row: neither table has a secondary index, since an index
+//! entry is billed as a row written too. Pruning the marks by age scans them (reads cost a
+//! thousandth of a write) at most hourly, and there are only [`MARKS_KEEP_MS`]' worth.
+//!
+//! Guarantees: a gate's events are counted once (see [`crate::telemetry::counters`]): a gate
+//! sends an unacknowledged flush again within seconds, far inside [`MARKS_KEEP_MS`]; pruning
+//! moves old buckets into hour -1 in the statements that delete them, so no total changes by
+//! pruning; nothing per operation is kept past [`MARKS_KEEP_MS`] (its mark) or the newest
+//! [`RECENT_DROPS`] drops; a shard of an earlier layout (1: hour -1 the all-time total and no
+//! `layout` row; 2: a `counts(hour, name, n)` row per name and a `seen` table with an age
+//! index) is migrated once, when opened, keeping its totals. Every statement binds at most
+//! [`MAX_BINDINGS`] values (Durable Object SQLite's limit).
 
 use std::collections::BTreeMap;
 
@@ -24,14 +32,17 @@ use crate::telemetry::counters::{
 
 /// Dropped events kept per shard for "recently dropped".
 pub const RECENT_DROPS: i64 = 50;
-/// Operations whose dedupe mark is older than this are pruned (past any gate's life).
-pub const SEEN_KEEP_MS: i64 = 400 * 86_400_000;
+/// A dedupe mark is forgotten this long after its gate's last flush. A gate sends a flush it
+/// saw no answer to again within seconds (`alarm::STATS_RETRY_MS`, or its alarm's capped
+/// backoff); a later flush carries only events never acknowledged, which count rightly with
+/// or without the mark.
+pub const MARKS_KEEP_MS: i64 = 2 * 86_400_000;
 /// Hour buckets kept (the trend shows 24; a day more for late flushes).
 pub const KEEP_HOURS: i64 = 48;
 /// Bound parameters a Durable Object's SQLite accepts in one statement.
 pub const MAX_BINDINGS: usize = 100;
-/// The layout this module writes: 2 is hour -1 holding pruned buckets only.
-const LAYOUT: i64 = 2;
+/// The layout this module writes: 3 is one JSON row per hour and dedupe marks without index.
+const LAYOUT: i64 = 3;
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,13 +71,82 @@ fn text(row: &Row, column: &str) -> String {
         .to_string()
 }
 
-/// Creates the tables if needed and migrates a shard of layout 1 (once).
+/// Counts by name in one hour's row (signed: a layout-1 repair may have left a bucket
+/// below zero for a moment; readers clamp at zero).
+type Counts = BTreeMap<String, i64>;
+
+fn parse_body(body: &str) -> Counts {
+    serde_json::from_str(body).unwrap_or_default()
+}
+
+/// The rows of `hours` (all of them when `None`), by hour.
+fn load_hours(sql: &impl Sql, hours: Option<&[i64]>) -> Result<BTreeMap<i64, Counts>, String> {
+    let rows = match hours {
+        None => sql.run("SELECT hour, body FROM tally", vec![])?,
+        Some(hours) => {
+            let mut rows = Vec::new();
+            for chunk in hours.chunks(MAX_BINDINGS) {
+                let marks = vec!["?"; chunk.len()].join(", ");
+                rows.extend(sql.run(
+                    &format!("SELECT hour, body FROM tally WHERE hour IN ({marks})"),
+                    chunk.iter().map(|h| Param::Int(*h)).collect(),
+                )?);
+            }
+            rows
+        }
+    };
+    Ok(rows
+        .iter()
+        .map(|r| (int(r, "hour"), parse_body(&text(r, "body"))))
+        .collect())
+}
+
+/// Stores one hour's row (one row written).
+fn store_hour(sql: &impl Sql, hour: i64, counts: &Counts) -> Result<(), String> {
+    let body = serde_json::to_string(counts).map_err(|e| e.to_string())?;
+    sql.run(
+        "INSERT INTO tally (hour, body) VALUES (?, ?) ON CONFLICT(hour) DO UPDATE SET body = excluded.body",
+        vec![Param::Int(hour), Param::Text(body)],
+    )?;
+    Ok(())
+}
+
+/// Adds `add` into the stored rows of its hours: one row written per hour.
+fn add_hours(sql: &impl Sql, add: BTreeMap<i64, Counts>) -> Result<(), String> {
+    if add.is_empty() {
+        return Ok(());
+    }
+    let hours: Vec<i64> = add.keys().copied().collect();
+    let mut stored = load_hours(sql, Some(&hours))?;
+    for (hour, counts) in add {
+        let row = stored.entry(hour).or_default();
+        for (name, n) in counts {
+            *row.entry(name).or_default() += n;
+        }
+        store_hour(sql, hour, row)?;
+    }
+    Ok(())
+}
+
+/// Which of `names` exist as tables.
+fn tables(sql: &impl Sql, names: &[&str]) -> Result<Vec<String>, String> {
+    let marks = vec!["?"; names.len()].join(", ");
+    Ok(sql
+        .run(
+            &format!("SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({marks})"),
+            names.iter().map(|n| Param::Text(n.to_string())).collect(),
+        )?
+        .iter()
+        .map(|r| text(r, "name"))
+        .collect())
+}
+
+/// Creates the tables if needed and migrates a shard of an earlier layout (once).
 pub fn open(sql: &impl Sql) -> Result<(), String> {
     for ddl in [
-        "CREATE TABLE IF NOT EXISTS counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name))",
-        "CREATE TABLE IF NOT EXISTS seen (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS tally (hour INTEGER PRIMARY KEY, body TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS marks (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID",
         "CREATE TABLE IF NOT EXISTS recent (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, gate TEXT NOT NULL, name TEXT NOT NULL)",
-        "CREATE INDEX IF NOT EXISTS seen_by_age ON seen (at_ms)",
         "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL)",
     ] {
         sql.run(ddl, vec![])?;
@@ -75,19 +155,43 @@ pub fn open(sql: &impl Sql) -> Result<(), String> {
         .run("SELECT v FROM meta WHERE k = 'layout'", vec![])?
         .first()
         .map(|r| int(r, "v"));
-    if layout.unwrap_or(1) < LAYOUT {
-        // Layout 1 added every count to hour -1 and to its bucket: what hour -1 holds beyond
-        // the buckets still here is what the prunes took. Nothing awaits between these
-        // statements, so they are stored together.
+    if layout.unwrap_or(0) >= LAYOUT {
+        return Ok(());
+    }
+    // Nothing awaits between these statements at the edge, so they are stored together.
+    let old = tables(sql, &["counts", "seen"])?;
+    if old.iter().any(|t| t == "counts") {
+        if layout.is_none() {
+            // Layout 1 added every count to hour -1 and to its bucket: what hour -1 holds
+            // beyond the buckets still here is what the prunes took.
+            sql.run(
+                "UPDATE counts SET n = n - (SELECT COALESCE(SUM(b.n), 0) FROM counts AS b WHERE b.hour >= 0 AND b.name = counts.name) WHERE hour = -1",
+                vec![],
+            )?;
+        }
+        let mut by_hour: BTreeMap<i64, Counts> = BTreeMap::new();
+        for r in sql.run("SELECT hour, name, n FROM counts", vec![])? {
+            *by_hour
+                .entry(int(&r, "hour"))
+                .or_default()
+                .entry(text(&r, "name"))
+                .or_default() += int(&r, "n");
+        }
+        add_hours(sql, by_hour)?;
+        sql.run("DROP TABLE counts", vec![])?;
+    }
+    if old.iter().any(|t| t == "seen") {
         sql.run(
-            "UPDATE counts SET n = n - (SELECT COALESCE(SUM(b.n), 0) FROM counts AS b WHERE b.hour >= 0 AND b.name = counts.name) WHERE hour = -1",
+            "INSERT INTO marks (gate, seq, at_ms) SELECT gate, seq, at_ms FROM seen WHERE true ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq)",
             vec![],
         )?;
-        sql.run(
-            "INSERT INTO meta (k, v) VALUES ('layout', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
-            vec![Param::Int(LAYOUT)],
-        )?;
+        // Its age index goes with it.
+        sql.run("DROP TABLE seen", vec![])?;
     }
+    sql.run(
+        "INSERT INTO meta (k, v) VALUES ('layout', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
+        vec![Param::Int(LAYOUT)],
+    )?;
     Ok(())
 }
 
@@ -112,7 +216,7 @@ fn insert_rows(
 
 /// Counts `events` (a gate's only past the highest sequence seen from it, see
 /// [`to_count`]); with `prune`, then moves buckets older than [`KEEP_HOURS`] into hour -1 and
-/// forgets dedupe marks older than [`SEEN_KEEP_MS`].
+/// forgets dedupe marks older than [`MARKS_KEEP_MS`].
 pub fn add(
     sql: &impl Sql,
     gate: Option<&str>,
@@ -123,7 +227,7 @@ pub fn add(
     let seen = match gate {
         Some(g) => Some(
             sql.run(
-                "SELECT seq FROM seen WHERE gate = ?",
+                "SELECT seq FROM marks WHERE gate = ?",
                 vec![Param::Text(g.to_string())],
             )?
             .first()
@@ -131,7 +235,7 @@ pub fn add(
         ),
         None => None,
     };
-    let mut counts: BTreeMap<(i64, String), i64> = BTreeMap::new();
+    let mut counts: BTreeMap<i64, Counts> = BTreeMap::new();
     let mut drops = Vec::new();
     let mut highest = seen.unwrap_or(0);
     for e in to_count(events, seen) {
@@ -143,7 +247,9 @@ pub fn add(
             ]);
         }
         *counts
-            .entry((hour_of(e.at_ms), e.name.clone()))
+            .entry(hour_of(e.at_ms))
+            .or_default()
+            .entry(e.name.clone())
             .or_default() += e.count as i64;
         highest = highest.max(e.seq);
     }
@@ -154,35 +260,37 @@ pub fn add(
         "",
         drops,
     )?;
-    insert_rows(
-        sql,
-        "INSERT INTO counts (hour, name, n) VALUES ",
-        " ON CONFLICT(hour, name) DO UPDATE SET n = n + excluded.n",
-        counts
-            .into_iter()
-            .map(|((hour, name), n)| [Param::Int(hour), Param::Text(name), Param::Int(n)])
-            .collect(),
-    )?;
-    if let Some(g) = gate {
+    add_hours(sql, counts)?;
+    // A flush of nothing new (a retry the shard had counted) writes no mark either.
+    if let (Some(g), true) = (gate, highest > seen.unwrap_or(0)) {
         sql.run(
-            "INSERT INTO seen (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms",
+            "INSERT INTO marks (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms",
             vec![Param::Text(g.to_string()), Param::Int(highest as i64), Param::Int(now_ms)],
         )?;
     }
     if prune {
-        let before = Param::Int(hour_of(now_ms) - KEEP_HOURS);
-        // The fold and the delete go together (no await between them at the edge).
-        sql.run(
-            "INSERT INTO counts (hour, name, n) SELECT -1, name, SUM(n) FROM counts WHERE hour >= 0 AND hour < ? GROUP BY name ON CONFLICT(hour, name) DO UPDATE SET n = n + excluded.n",
-            vec![before.clone()],
+        let before = hour_of(now_ms) - KEEP_HOURS;
+        let old = sql.run(
+            "SELECT hour, body FROM tally WHERE hour >= 0 AND hour < ?",
+            vec![Param::Int(before)],
         )?;
+        if !old.is_empty() {
+            let mut folded = Counts::new();
+            for r in &old {
+                for (name, n) in parse_body(&text(r, "body")) {
+                    *folded.entry(name).or_default() += n;
+                }
+            }
+            // The fold and the delete go together (no await between them at the edge).
+            add_hours(sql, BTreeMap::from([(-1, folded)]))?;
+            sql.run(
+                "DELETE FROM tally WHERE hour >= 0 AND hour < ?",
+                vec![Param::Int(before)],
+            )?;
+        }
         sql.run(
-            "DELETE FROM counts WHERE hour >= 0 AND hour < ?",
-            vec![before],
-        )?;
-        sql.run(
-            "DELETE FROM seen WHERE at_ms < ?",
-            vec![Param::Int(now_ms - SEEN_KEEP_MS)],
+            "DELETE FROM marks WHERE at_ms < ?",
+            vec![Param::Int(now_ms - MARKS_KEEP_MS)],
         )?;
     }
     if any_drops {
@@ -197,26 +305,21 @@ pub fn add(
 
 /// The shard's totals, the last day's sums and buckets, and its recent drops (newest first).
 pub fn read(sql: &impl Sql, now_ms: i64, trend_hours: i64) -> Result<ShardCounts, String> {
-    let tally = |rows: Vec<Row>| -> Tally {
-        rows.iter()
-            .map(|r| (text(r, "name"), int(r, "n").max(0) as u64))
-            .collect()
-    };
-    let total = tally(sql.run("SELECT name, SUM(n) AS n FROM counts GROUP BY name", vec![])?);
-    let last_24h = tally(sql.run(
-        "SELECT name, SUM(n) AS n FROM counts WHERE hour > ? GROUP BY name",
-        vec![Param::Int(hour_of(now_ms) - 24)],
-    )?);
+    let now_hour = hour_of(now_ms);
+    let mut total = Tally::new();
+    let mut last_24h = Tally::new();
     let mut hourly = Hourly::new();
-    for r in sql.run(
-        "SELECT hour, name, n FROM counts WHERE hour > ?",
-        vec![Param::Int(hour_of(now_ms) - trend_hours)],
-    )? {
-        *hourly
-            .entry(int(&r, "hour"))
-            .or_default()
-            .entry(text(&r, "name"))
-            .or_default() += int(&r, "n").max(0) as u64;
+    for (hour, counts) in load_hours(sql, None)? {
+        for (name, n) in counts {
+            let n = n.max(0) as u64;
+            *total.entry(name.clone()).or_default() += n;
+            if hour > now_hour - 24 {
+                *last_24h.entry(name.clone()).or_default() += n;
+            }
+            if hour > now_hour - trend_hours {
+                *hourly.entry(hour).or_default().entry(name).or_default() += n;
+            }
+        }
     }
     let recent_drops = sql
         .run(
@@ -244,12 +347,22 @@ mod tests {
     use rusqlite::types::Value as SqlValue;
     use serde_json::json;
 
-    /// An in-memory SQLite, refusing what a Durable Object's would (too many bindings).
-    struct Memory(rusqlite::Connection);
+    /// An in-memory SQLite, refusing what a Durable Object's would (too many bindings), and
+    /// counting the rows its statements change (what a Durable Object bills as written,
+    /// besides index entries: the tables here have none, checked below).
+    struct Memory(rusqlite::Connection, std::cell::Cell<u64>);
 
     impl Memory {
         fn new() -> Memory {
-            Memory(rusqlite::Connection::open_in_memory().unwrap())
+            Memory(
+                rusqlite::Connection::open_in_memory().unwrap(),
+                std::cell::Cell::new(0),
+            )
+        }
+
+        /// Rows changed since the last call.
+        fn written(&self) -> u64 {
+            self.1.replace(0)
         }
     }
 
@@ -280,6 +393,11 @@ mod tests {
                     map.insert(name.clone(), value);
                 }
                 out.push(map);
+            }
+            drop(rows);
+            drop(stmt);
+            if !query.trim_start().starts_with("SELECT") {
+                self.1.set(self.1.get() + self.0.changes());
             }
             Ok(out)
         }
@@ -314,10 +432,16 @@ mod tests {
     }
 
     #[test]
-    fn a_flush_writes_one_row_per_name_and_totals_sum_the_buckets() {
+    fn a_flush_writes_one_row_per_hour_and_one_mark_and_totals_sum_the_buckets() {
         let db = opened();
-        let events = [event(1, "deliveries", T0), event(2, "effect_successes", T0)];
+        db.written();
+        let events = [
+            event(1, "deliveries", T0),
+            event(2, "settled_by_webhook", T0),
+            event(3, "effect_successes", T0),
+        ];
         add(&db, Some("batches/a"), &events, T0, false).unwrap();
+        assert_eq!(db.written(), 2, "one hour's row and the gate's mark");
         add(
             &db,
             Some("batches/b"),
@@ -326,17 +450,25 @@ mod tests {
             false,
         )
         .unwrap();
-        let rows = db.run("SELECT hour, name, n FROM counts", vec![]).unwrap();
-        assert_eq!(
-            rows.len(),
-            3,
-            "one row per hour and name, no all-time row: {rows:?}"
-        );
+        assert_eq!(db.written(), 2);
+        let indexes = db
+            .run(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name IN ('tally', 'marks')",
+                vec![],
+            )
+            .unwrap();
+        assert!(indexes.is_empty(), "no index entry to pay for: {indexes:?}");
+        let rows = db.run("SELECT hour FROM tally", vec![]).unwrap();
+        assert_eq!(rows.len(), 2, "one row per hour: {rows:?}");
         let counts = read(&db, T0 + HOUR, 24).unwrap();
         assert_eq!(counts.total["deliveries"], 2);
+        assert_eq!(counts.total["effect_successes"], 1);
         assert_eq!(counts.last_24h["deliveries"], 2);
         assert_eq!(counts.hourly[&hour_of(T0)]["deliveries"], 1);
         assert_eq!(counts.hourly[&hour_of(T0 + HOUR)]["deliveries"], 1);
+        // A retried flush the shard had counted writes nothing.
+        add(&db, Some("batches/a"), &events, T0 + HOUR, false).unwrap();
+        assert_eq!(db.written(), 0);
     }
 
     #[test]
@@ -390,23 +522,23 @@ mod tests {
         assert_eq!(counts.last_24h["deliveries"], 1);
         let buckets = db
             .run(
-                "SELECT hour, n FROM counts WHERE hour >= 0 ORDER BY hour",
+                "SELECT hour FROM tally WHERE hour >= 0 ORDER BY hour",
                 vec![],
             )
             .unwrap();
         assert_eq!(buckets.len(), 2, "the first bucket was pruned: {buckets:?}");
-        let pruned = db
-            .run("SELECT n FROM counts WHERE hour = -1", vec![])
-            .unwrap();
-        assert_eq!(int(&pruned[0], "n"), 1);
+        let pruned = |db: &Memory| {
+            let rows = db
+                .run("SELECT body FROM tally WHERE hour = -1", vec![])
+                .unwrap();
+            parse_body(&text(&rows[0], "body"))["deliveries"]
+        };
+        assert_eq!(pruned(&db), 1);
         // A second prune folds the next bucket into the same row, and nothing twice.
         let even_later = later + HOUR;
         add(&db, None, &[], even_later, true).unwrap();
         assert_eq!(total(&db, even_later, "deliveries"), 3);
-        let pruned = db
-            .run("SELECT n FROM counts WHERE hour = -1", vec![])
-            .unwrap();
-        assert_eq!(int(&pruned[0], "n"), 2);
+        assert_eq!(pruned(&db), 2);
     }
 
     #[test]
@@ -431,6 +563,62 @@ mod tests {
         add(&db, None, &[event(0, "deliveries", now)], now, false).unwrap();
         assert_eq!(total(&db, now, "deliveries"), 11);
         assert_eq!(read(&db, now, 24).unwrap().last_24h["deliveries"], 8);
+    }
+
+    #[test]
+    fn a_shard_of_layout_2_is_migrated_once_with_its_totals_and_marks() {
+        let db = Memory::new();
+        db.0.execute_batch(
+            "CREATE TABLE counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name));
+             CREATE TABLE seen (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL);
+             CREATE INDEX seen_by_age ON seen (at_ms);
+             CREATE TABLE meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
+             INSERT INTO meta VALUES ('layout', 2);
+             INSERT INTO counts VALUES (-1, 'deliveries', 6), (500000, 'deliveries', 3), (500001, 'deliveries', 4), (500001, 'alerts', 1);
+             INSERT INTO seen VALUES ('batches/a', 2, 1800000000000);",
+        )
+        .unwrap();
+        open(&db).unwrap();
+        let now = 500_001 * HOUR;
+        assert_eq!(total(&db, now, "deliveries"), 13);
+        assert_eq!(total(&db, now, "alerts"), 1);
+        assert_eq!(read(&db, now, 24).unwrap().last_24h["deliveries"], 7);
+        let old = db
+            .run(
+                "SELECT name FROM sqlite_master WHERE name IN ('counts', 'seen', 'seen_by_age')",
+                vec![],
+            )
+            .unwrap();
+        assert!(old.is_empty(), "{old:?}");
+        // The mark came along: a flush of what batches/a had sent counts only what is new.
+        let events = [event(2, "deliveries", now), event(3, "deliveries", now)];
+        add(&db, Some("batches/a"), &events, now, false).unwrap();
+        assert_eq!(total(&db, now, "deliveries"), 14);
+        open(&db).unwrap();
+        assert_eq!(
+            total(&db, now, "deliveries"),
+            14,
+            "a second open changes nothing"
+        );
+    }
+
+    #[test]
+    fn marks_are_forgotten_after_their_keep() {
+        let db = opened();
+        add(
+            &db,
+            Some("batches/a"),
+            &[event(1, "deliveries", T0)],
+            T0,
+            false,
+        )
+        .unwrap();
+        let later = T0 + MARKS_KEEP_MS - 1;
+        add(&db, None, &[], later, true).unwrap();
+        assert_eq!(db.run("SELECT gate FROM marks", vec![]).unwrap().len(), 1);
+        add(&db, None, &[], T0 + MARKS_KEEP_MS + 1, true).unwrap();
+        assert!(db.run("SELECT gate FROM marks", vec![]).unwrap().is_empty());
+        assert_eq!(total(&db, T0, "deliveries"), 1, "counts stay");
     }
 
     #[test]

@@ -166,8 +166,9 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
 pub struct StatsShard {
     state: State,
     /// When this instance last pruned old buckets and dedupe marks: at most hourly, because
-    /// `seen` holds a row per operation ever counted and pruning it on every flush made each
-    /// flush's cost grow with the shard's history.
+    /// pruning the marks scans them (they have no age index: an index entry is a billed row
+    /// written per flush), so pruning on every flush would make each flush's cost grow with
+    /// the shard's marks.
     pruned_at_ms: Cell<i64>,
     meter: Meter,
 }
