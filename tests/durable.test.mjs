@@ -144,6 +144,56 @@ describe("metadata nested at and past every limit", () => {
     }
   });
 
+  it("a gate an earlier version wrote (record and history in tables of their own) is read as it is and moved to one row by its next write", { timeout: 120_000 }, async (t) => {
+    try {
+      execFileSync("sqlite3", ["-version"]);
+    } catch {
+      t.skip("needs the sqlite3 command to write the tables an older version stored");
+      return;
+    }
+    const dir = tempDir("legacy");
+    let w;
+    try {
+      destUp = true;
+      w = await startWorker(config(), { persist: dir });
+      const key = "batches/legacy-layout";
+      assert.equal((await w.register(key, "nightly")).status, 201);
+      await w.ledger(key);
+      const ns = await w.mf.getDurableObjectNamespace("OPERATION_GATE");
+      const id = ns.idFromName(key).toString();
+      await w.dispose();
+      w = null;
+      const files = fs.readdirSync(dir, { recursive: true }).filter((f) => String(f).endsWith(`${id}.sqlite`));
+      assert.equal(files.length, 1);
+      const db = path.join(dir, String(files[0]));
+      const sql = (q) => execFileSync("sqlite3", [db, q], { encoding: "utf8" }).trim();
+      // The earlier layout: `operation(id, body)` and `history(seq, at_ms, entry)`.
+      sql(`CREATE TABLE operation (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL);
+           CREATE TABLE history (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, entry TEXT NOT NULL);
+           INSERT INTO operation SELECT id, body FROM record;
+           INSERT INTO history (at_ms, entry) VALUES (1700000000000, '{"what":"registered","kind":"nightly"}'), (1700000001000, '{"what":"forgotten","reason":"an older row"}');
+           DROP TABLE record;`);
+      w = await startWorker(config(), { persist: dir });
+      const seen = await w.inspect(key);
+      assert.equal(seen.status, 200, JSON.stringify(seen.body));
+      assert.deepEqual(seen.body.history.map((h) => h.what), ["registered", "forgotten"], "the old history table is read");
+      assert.equal(seen.body.history[1].at, "2023-11-14T22:13:21Z");
+      const done = await w.deliver("batch.succeeded", key, { output_file_uri: "gs://o/legacy.jsonl" });
+      assert.equal(done.body.outcome, "applied", JSON.stringify(done.body));
+      await eventually(() => effectsFor(dest, key).length === 1, { what: "its effect" });
+      await eventually(async () => (await w.inspect(key)).body.effect_done, { what: "the commit" });
+      const after = (await w.inspect(key)).body.history.map((h) => h.what);
+      assert.deepEqual(after.slice(0, 2), ["registered", "forgotten"], "kept through the move");
+      assert.ok(after.includes("claimed") && after.includes("attempt"), after.join());
+      await w.dispose();
+      w = null;
+      assert.equal(sql("SELECT group_concat(name) FROM sqlite_master WHERE type = 'table' AND name IN ('operation', 'history', 'record')"), "record", "moved to one row");
+    } finally {
+      await w?.dispose();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it("a stored record that no longer loads is recovered (or repaired by an operator), kept, alerted on once, and settles once", { timeout: 120_000 }, async (t) => {
     try {
       execFileSync("sqlite3", ["-version"]);
@@ -169,10 +219,10 @@ describe("metadata nested at and past every limit", () => {
         assert.equal(files.length, 1, `the gate's database in ${dir}`);
         return path.join(dir, String(files[0]));
       };
-      const store = (key, raw) => execFileSync("sqlite3", [dbOf(key), `UPDATE operation SET body = '${raw.replaceAll("'", "''")}' WHERE id = 1`]);
+      const store = (key, raw) => execFileSync("sqlite3", [dbOf(key), `UPDATE record SET body = '${raw.replaceAll("'", "''")}' WHERE id = 1`]);
       // What an older version stored for a nudge whose body nested its metadata deep: a
       // record serde_json's reader refuses (past 128 levels).
-      const body = JSON.parse(execFileSync("sqlite3", [dbOf(deep), "SELECT body FROM operation WHERE id = 1"], { encoding: "utf8" }));
+      const body = JSON.parse(execFileSync("sqlite3", [dbOf(deep), "SELECT body FROM record WHERE id = 1"], { encoding: "utf8" }));
       body.confirmation = { requested_at_ms: Date.now(), due_ms: Date.now() + 3_600_000, attempts: 0, metadata: { unverified_user_metadata: "DEEP" }, delivery_id: "jwt_old" };
       const raw = JSON.stringify(body).replace('"DEEP"', nested(140));
       store(deep, raw);

@@ -4,6 +4,9 @@
 //!
 //! Guarantees: every row the gate stores is one of [`HistoryEntry`]'s variants, so its
 //! spelling is fixed here; the stored time (`at`) is added by the storage, not the entry.
+//! [`HistoryLog`] is how the rows are kept: inside the record's own SQLite row (the write the
+//! record makes anyway carries them, so a row costs no write of its own), newest
+//! [`HISTORY_LIMIT`] kept, in order.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -134,6 +137,98 @@ impl HistoryEntry {
     /// The row as stored.
     pub fn to_value(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// History rows kept per operation; older rows are dropped as new ones come.
+pub const HISTORY_LIMIT: usize = 100;
+
+/// An operation's history as its gate keeps it: `(at_ms, entry as JSON)`, oldest first, at
+/// most [`HISTORY_LIMIT`], stored as one JSON array beside the record.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryLog {
+    rows: Vec<(i64, String)>,
+}
+
+impl HistoryLog {
+    /// The log stored as `text` ([`HistoryLog::encode`]'s form); a text that does not parse
+    /// loses only the history, never the record.
+    pub fn decode(text: &str) -> HistoryLog {
+        let rows: Vec<(i64, Value)> = serde_json::from_str(text).unwrap_or_default();
+        HistoryLog {
+            rows: rows
+                .into_iter()
+                .map(|(at, entry)| (at, entry.to_string()))
+                .collect(),
+        }
+    }
+
+    /// A log of rows read one by one (an object that kept them in a table of their own).
+    pub fn from_rows(rows: Vec<(i64, String)>) -> HistoryLog {
+        let mut log = HistoryLog { rows };
+        log.trim();
+        log
+    }
+
+    /// Adds `entries`, all at `at_ms`; false when there were none.
+    pub fn append(&mut self, at_ms: i64, entries: Vec<HistoryEntry>) -> bool {
+        if entries.is_empty() {
+            return false;
+        }
+        self.rows.extend(
+            entries
+                .into_iter()
+                .map(|e| (at_ms, e.to_value().to_string())),
+        );
+        self.trim();
+        true
+    }
+
+    fn trim(&mut self) {
+        let over = self.rows.len().saturating_sub(HISTORY_LIMIT);
+        self.rows.drain(..over);
+    }
+
+    /// The stored form: `[[at_ms, entry], ...]`, each entry's JSON as it was written.
+    pub fn encode(&self) -> String {
+        let mut out = String::from("[");
+        for (i, (at, entry)) in self.rows.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push('[');
+            out.push_str(&at.to_string());
+            out.push(',');
+            out.push_str(entry);
+            out.push(']');
+        }
+        out.push(']');
+        out
+    }
+
+    /// The rows as the admin API shows them, oldest first: each entry with its time as `at`.
+    pub fn view(&self) -> Vec<Value> {
+        self.rows
+            .iter()
+            .map(|(at, entry)| {
+                let mut entry: Value = serde_json::from_str(entry).unwrap_or(Value::Null);
+                if let Value::Object(map) = &mut entry {
+                    map.insert(
+                        "at".into(),
+                        Value::String(crate::timestamp::format_rfc3339(*at)),
+                    );
+                }
+                entry
+            })
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
     }
 }
 
@@ -274,5 +369,37 @@ mod tests {
         for (entry, want) in cases {
             assert_eq!(entry.to_value(), want);
         }
+    }
+
+    #[test]
+    fn the_log_round_trips_keeps_the_newest_and_shows_each_time() {
+        let mut log = HistoryLog::default();
+        assert!(!log.append(5, vec![]));
+        assert_eq!(log.encode(), "[]");
+        assert!(log.append(1_000, vec![HistoryEntry::ConfirmNotFound]));
+        log.append(2_000, vec![HistoryEntry::Forgotten { reason: "r".into() }]);
+        let text = log.encode();
+        assert_eq!(
+            text,
+            r#"[[1000,{"what":"confirm_not_found"}],[2000,{"reason":"r","what":"forgotten"}]]"#
+        );
+        assert_eq!(HistoryLog::decode(&text), log);
+        let view = log.view();
+        assert_eq!(view[0]["what"], "confirm_not_found");
+        assert_eq!(view[0]["at"], "1970-01-01T00:00:01Z");
+        assert_eq!(view[1]["reason"], "r");
+        for i in 0..(HISTORY_LIMIT as i64 + 5) {
+            log.append(3_000 + i, vec![HistoryEntry::ConfirmNotFound]);
+        }
+        assert_eq!(log.len(), HISTORY_LIMIT);
+        assert_eq!(log.view()[0]["at"], crate::timestamp::format_rfc3339(3_005));
+        assert!(
+            HistoryLog::decode("not json").is_empty(),
+            "only the history is lost"
+        );
+        let rows = (0..(HISTORY_LIMIT as i64 + 1))
+            .map(|i| (i, r#"{"what":"retired"}"#.to_string()))
+            .collect();
+        assert_eq!(HistoryLog::from_rows(rows).len(), HISTORY_LIMIT);
     }
 }

@@ -1,6 +1,6 @@
 //! The OperationGate Durable Object: one per operation key, the only place its state changes.
 //!
-//! Storage: the record and its history in SQLite, cached in memory, and one alarm (see
+//! Storage: the record and its history in one SQLite row, cached in memory, and one alarm (see
 //! [`crate::edge::objects::gate_storage`]): the earliest of a due side effect or retry, a lapsed claim, a
 //! confirmation to ask, an alert to send, a ledger projection, counters to flush and the end
 //! of retention.
@@ -239,12 +239,16 @@ impl OperationGate {
             }
             return Ok((None, step.reply));
         }
+        // History rows ride in the record's own write; a step that has rows but no write of
+        // its own stores the record as it stands with them.
+        let rows = self.storage.record(now, step.history);
         match (&step.record, step.save) {
             (Some(op), Save::Durable) => self.storage.save(op)?,
+            (Some(op), Save::MemoryOnly) if rows => self.storage.save(op)?,
             (Some(op), Save::MemoryOnly) => self.storage.keep_in_memory(op),
+            (Some(op), Save::Unchanged) if rows => self.storage.save(op)?,
             _ => {}
         }
-        self.storage.record(now, step.history)?;
         for line in step.logs {
             log(line.to_value());
         }

@@ -34,8 +34,8 @@ impl GateStorage {
         let now = worker::Date::now().as_millis() as i64;
         self.quarantine(raw, error, now)?;
         let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now);
+        self.record(now, vec![row]);
         self.save(&op)?;
-        self.record(now, vec![row])?;
         log(line.to_value());
         self.recovered.set(true);
         Ok(op)
@@ -50,6 +50,7 @@ impl GateStorage {
         let Some(row) = rows.first() else {
             return Ok(None);
         };
+        self.history.replace(row.history.clone());
         let Err(error) = serde_json::from_str::<Operation>(&row.body) else {
             return Ok(Some(false));
         };
@@ -64,8 +65,8 @@ impl GateStorage {
         let mut op = recovery::rebuild(key, name, reason, now);
         let (entry, line) =
             recovery::mark_recovered(&mut op, recovery::Recovery::Rebuilt, &error, &row.body, now);
+        self.record(now, vec![entry]);
         self.save(&op)?;
-        self.record(now, vec![entry])?;
         log(line.to_value());
         self.recovered.set(true);
         Ok(Some(true))

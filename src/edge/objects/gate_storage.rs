@@ -1,49 +1,56 @@
-//! The OperationGate's storage: its record and history in SQLite, the record cached in
-//! memory, and its one alarm.
+//! The OperationGate's storage: its record and history in SQLite, both cached in memory, and
+//! its one alarm.
 //!
-//! Tables: `operation(id = 1, body)` holds the record as JSON (see
-//! [`crate::operation::Operation`]); `history(seq, at_ms,
-//! entry)` keeps the newest [`HISTORY_LIMIT`] entries (trimmed in steps of [`TRIM_EVERY`]).
+//! Table: `record(id = 1, body, history)`: the record as JSON (see
+//! [`crate::operation::Operation`]) and its newest history rows as one JSON array
+//! ([`HistoryLog`]), so the write a step makes anyway carries its history rows and a row of
+//! history costs no billed write of its own. An object written by an earlier version has
+//! `operation(id = 1, body)` and `history(seq, at_ms, entry)` instead: it is read as it is and
+//! moved to `record` by its next write (its old tables dropped in the same write).
 //! Guarantees: every write of the record goes through [`GateStorage::save`], so the cache
 //! equals storage (except counts of settled duplicates, kept in memory by
-//! [`GateStorage::keep_in_memory`] until the next write); the alarm is set only when its time
-//! changes (an unchanged wake time costs no storage call). The tables are created by the first
-//! write, never by a read: an object that only answered (a nudge or delivery for an
-//! unregistered name with `REQUIRE_REGISTRATION=true`, a command for an operation it does not
-//! know) stores nothing at all. A record that does not load is kept and recovered
-//! ([`crate::edge::objects::gate_repair`]), so it never bricks its operation; the alarm's failure streak is kept under `alarm_failures`
-//! in the object's key-value storage. When retention ends, [`GateStorage::purge`] deletes all
-//! of it.
+//! [`GateStorage::keep_in_memory`] until the next write); history rows are stored with the
+//! record in the same statement; the alarm is set only when its time changes (an unchanged
+//! wake time costs no storage call). The table is created by the first write, never by a
+//! read, and which tables exist is read from `sqlite_master` (no failing query on a new
+//! object): an object that only answered (a nudge or delivery for an unregistered name with
+//! `REQUIRE_REGISTRATION=true`, a command for an operation it does not know) stores nothing
+//! at all. A record that does not load is kept and recovered
+//! ([`crate::edge::objects::gate_repair`]), so it never bricks its operation; the alarm's
+//! failure streak is kept under `alarm_failures` in the object's key-value storage. When
+//! retention ends, [`GateStorage::purge`] deletes all of it.
 
 use std::cell::{Cell, RefCell};
 
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use worker::wasm_bindgen::JsValue;
 use worker::{Result, ScheduledTime, State};
 
 use crate::operation::alarm_failure::AlarmFailures;
 use crate::operation::gate::Limits;
 use crate::operation::gate_log::GateLog;
-use crate::operation::history::HistoryEntry;
+use crate::operation::history::{HistoryEntry, HistoryLog};
 use crate::operation::Operation;
 
 use crate::edge::log;
 use crate::edge::objects::usage_meter::Meter;
 
-/// History rows kept per operation; older rows are deleted.
-const HISTORY_LIMIT: i64 = 200;
-/// History is trimmed when a row's sequence number is a multiple of this, not on every
-/// insert (a DELETE per duplicate delivery measurably cost), so at most
-/// `HISTORY_LIMIT + TRIM_EVERY` rows exist.
-const TRIM_EVERY: i64 = 50;
+/// The table, created by the first write.
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS record (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL, history TEXT NOT NULL)";
 
-/// Both tables, created in one statement. `history.seq` is a plain rowid, not AUTOINCREMENT:
-/// that would write a `sqlite_sequence` row with every insert (a billed row written), and
-/// only the oldest rows are ever deleted, so the newest seq is never reused (an object whose
-/// table was created with AUTOINCREMENT behaves the same).
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS operation (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); \
-CREATE TABLE IF NOT EXISTS history (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, entry TEXT NOT NULL)";
+/// Which tables hold this object's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Not read yet.
+    Unknown,
+    /// Nothing stored.
+    Empty,
+    /// `operation` and `history`, as an earlier version wrote them.
+    Legacy,
+    /// `record`.
+    Current,
+}
 
 /// The key, in the object's key-value storage, of the alarm's failure streak (see
 /// [`crate::operation::alarm_failure`]).
@@ -63,9 +70,10 @@ impl Cached {
     }
 }
 
-#[derive(Deserialize)]
+/// A stored record's text and its history.
 pub(super) struct BodyRow {
     pub(super) body: String,
+    pub(super) history: HistoryLog,
 }
 
 /// One gate's tables, cache and alarm.
@@ -76,46 +84,52 @@ pub struct GateStorage {
     alarm_at: Cell<Option<i64>>,
     meter: Meter,
     pub(super) cached: RefCell<Cached>,
-    /// The tables are known to exist (created or found by this instance).
-    schema_ready: Cell<bool>,
+    /// The history as stored (with the rows appended since), once the record was read.
+    pub(super) history: RefCell<HistoryLog>,
+    layout: Cell<Layout>,
     /// A record was recovered by this instance and its alarm not yet set for it.
     pub(super) recovered: Cell<bool>,
 }
 
-/// True for SQLite's answer to a query on a table not created yet.
-fn no_table(e: &worker::Error) -> bool {
-    e.to_string().contains("no such table")
-}
-
 impl GateStorage {
-    /// Opens the storage without touching it: the tables are created by the first write
-    /// ([`GateStorage::ensure_schema`]).
+    /// Opens the storage without touching it: the table is created by the first write
+    /// ([`GateStorage::save`]).
     pub fn open(state: State) -> GateStorage {
         GateStorage {
             state,
             meter: Meter::default(),
             alarm_at: Cell::new(None),
             cached: RefCell::new(Cached::Unread),
-            schema_ready: Cell::new(false),
+            history: RefCell::new(HistoryLog::default()),
+            layout: Cell::new(Layout::Unknown),
             recovered: Cell::new(false),
         }
     }
 
-    /// Creates the tables if needed, once per instance, before its first write (one
-    /// statement, so one call, not one per table).
-    fn ensure_schema(&self) -> Result<()> {
-        if self.schema_ready.get() {
-            return Ok(());
+    /// Which tables hold the record, read once per instance from `sqlite_master` (a read
+    /// that cannot fail on a new object, unlike a query on a table not created yet).
+    fn layout(&self) -> Result<Layout> {
+        if self.layout.get() != Layout::Unknown {
+            return Ok(self.layout.get());
         }
-        if let Err(e) = self.meter.exec(&self.sql(), SCHEMA, None) {
-            log(GateLog::GateSchemaError {
-                error: e.to_string(),
-            }
-            .to_value());
-            return Err(e);
+        #[derive(Deserialize)]
+        struct Name {
+            name: String,
         }
-        self.schema_ready.set(true);
-        Ok(())
+        let names: Vec<Name> = self.meter.rows(
+            &self.sql(),
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('record', 'operation')",
+            None,
+        )?;
+        let layout = if names.iter().any(|n| n.name == "record") {
+            Layout::Current
+        } else if names.iter().any(|n| n.name == "operation") {
+            Layout::Legacy
+        } else {
+            Layout::Empty
+        };
+        self.layout.set(layout);
+        Ok(layout)
     }
 
     /// What this object used (see [`Meter`]).
@@ -145,9 +159,10 @@ impl GateStorage {
     pub async fn purge(&self) -> Result<()> {
         self.state.storage().delete_all().await?;
         self.alarm_at.set(None);
-        self.schema_ready.set(false);
+        self.layout.set(Layout::Empty);
         self.recovered.set(false);
         self.cached.replace(Cached::Absent);
+        self.history.replace(HistoryLog::default());
         Ok(())
     }
 
@@ -172,20 +187,75 @@ impl GateStorage {
         Ok(())
     }
 
-    /// The stored record's row, as text; none when the gate never wrote one.
+    /// The stored record's row, as text, with its history; none when the gate never wrote
+    /// one.
     pub(super) fn stored_body(&self) -> Result<Vec<BodyRow>> {
-        match self
-            .meter
-            .rows(&self.sql(), "SELECT body FROM operation WHERE id = 1", None)
-        {
-            Ok(rows) => {
-                self.schema_ready.set(true);
-                Ok(rows)
+        match self.layout()? {
+            Layout::Empty | Layout::Unknown => Ok(Vec::new()),
+            Layout::Current => {
+                #[derive(Deserialize)]
+                struct Row {
+                    body: String,
+                    history: String,
+                }
+                let rows: Vec<Row> = self.meter.rows(
+                    &self.sql(),
+                    "SELECT body, history FROM record WHERE id = 1",
+                    None,
+                )?;
+                Ok(rows
+                    .into_iter()
+                    .map(|r| BodyRow {
+                        body: r.body,
+                        history: HistoryLog::decode(&r.history),
+                    })
+                    .collect())
             }
-            // Never written: nothing stored, and nothing is created by reading.
-            Err(e) if no_table(&e) => Ok(Vec::new()),
-            Err(e) => Err(e),
+            Layout::Legacy => {
+                #[derive(Deserialize)]
+                struct Row {
+                    body: String,
+                }
+                let rows: Vec<Row> = self.meter.rows(
+                    &self.sql(),
+                    "SELECT body FROM operation WHERE id = 1",
+                    None,
+                )?;
+                if rows.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let history = HistoryLog::from_rows(self.legacy_history()?);
+                Ok(rows
+                    .into_iter()
+                    .map(|r| BodyRow {
+                        body: r.body,
+                        history: history.clone(),
+                    })
+                    .collect())
+            }
         }
+    }
+
+    /// The rows of an earlier version's `history` table, oldest first.
+    fn legacy_history(&self) -> Result<Vec<(i64, String)>> {
+        #[derive(Deserialize)]
+        struct Row {
+            at_ms: f64,
+            entry: String,
+        }
+        let rows: Vec<Row> = match self.meter.rows(
+            &self.sql(),
+            "SELECT at_ms, entry FROM history ORDER BY seq",
+            None,
+        ) {
+            Ok(rows) => rows,
+            Err(e) if e.to_string().contains("no such table") => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.at_ms as i64, r.entry))
+            .collect())
     }
 
     /// The record (read once, then from memory).
@@ -196,6 +266,9 @@ impl GateStorage {
             Cached::Unread => {}
         }
         let rows = self.stored_body()?;
+        if let Some(row) = rows.first() {
+            self.history.replace(row.history.clone());
+        }
         let op: Option<Operation> = match rows.first() {
             None => None,
             Some(row) => Some(match serde_json::from_str::<Operation>(&row.body) {
@@ -253,80 +326,48 @@ impl GateStorage {
             .map(|_| ())
     }
 
-    /// Stores the record.
+    /// Stores the record with its history (one statement; an object an earlier version
+    /// wrote is moved to `record` by this write, its old tables dropped with it).
     pub fn save(&self, op: &Operation) -> Result<()> {
         let body =
             serde_json::to_string(op).map_err(|e| worker::Error::RustError(e.to_string()))?;
-        self.ensure_schema()?;
+        let sql = self.sql();
+        let layout = self.layout()?;
+        if layout != Layout::Current {
+            if let Err(e) = self.meter.exec(&sql, SCHEMA, None) {
+                log(GateLog::GateSchemaError {
+                    error: e.to_string(),
+                }
+                .to_value());
+                return Err(e);
+            }
+        }
         self.meter.exec(
-            &self.sql(),
-            "INSERT INTO operation (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
-            vec![body.into()],
+            &sql,
+            "INSERT INTO record (id, body, history) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body, history = excluded.history",
+            vec![body.into(), self.history.borrow().encode().into()],
         )?;
+        if layout == Layout::Legacy {
+            self.meter.exec(
+                &sql,
+                "DROP TABLE IF EXISTS operation; DROP TABLE IF EXISTS history",
+                None,
+            )?;
+        }
+        self.layout.set(Layout::Current);
         self.cached.replace(Cached::Present(Box::new(op.clone())));
         Ok(())
     }
 
-    /// Appends history entries, all in one statement; trims when a row's sequence number
-    /// reaches a multiple of [`TRIM_EVERY`] (counted in storage, so it holds across
-    /// instances, so waking an object costs no trim).
-    pub fn record(&self, at_ms: i64, entries: Vec<HistoryEntry>) -> Result<()> {
-        if entries.is_empty() {
-            return Ok(());
-        }
-        self.ensure_schema()?;
-        #[derive(Deserialize)]
-        struct SeqRow {
-            seq: f64,
-        }
-        let sql = self.sql();
-        let mut query = String::from("INSERT INTO history (at_ms, entry) VALUES ");
-        let mut bindings = Vec::with_capacity(entries.len() * 2);
-        for (i, entry) in entries.into_iter().enumerate() {
-            query.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
-            bindings.push(at_ms.into());
-            bindings.push(entry.to_value().to_string().into());
-        }
-        query.push_str(" RETURNING seq");
-        let seqs: Vec<SeqRow> = self.meter.rows(&sql, &query, bindings)?;
-        if seqs.iter().any(|r| (r.seq as i64) % TRIM_EVERY == 0) {
-            self.meter.exec(
-                &sql,
-                "DELETE FROM history WHERE seq <= (SELECT MAX(seq) FROM history) - ?",
-                vec![HISTORY_LIMIT.into()],
-            )?;
-        }
-        Ok(())
+    /// Adds history rows to the record's history, to be stored by the next
+    /// [`GateStorage::save`]; true when there were any.
+    pub fn record(&self, at_ms: i64, entries: Vec<HistoryEntry>) -> bool {
+        self.history.borrow_mut().append(at_ms, entries)
     }
 
     /// The history, oldest first, each entry with its time as `at`.
     pub fn history(&self) -> Result<Vec<Value>> {
-        #[derive(Deserialize)]
-        struct Row {
-            at_ms: f64,
-            entry: String,
-        }
-        let rows: Vec<Row> = match self.meter.rows(
-            &self.sql(),
-            "SELECT at_ms, entry FROM history ORDER BY seq",
-            None,
-        ) {
-            Ok(rows) => rows,
-            Err(e) if no_table(&e) => Vec::new(),
-            Err(e) => return Err(e),
-        };
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let mut entry: Value = serde_json::from_str(&r.entry).unwrap_or(Value::Null);
-                if let Value::Object(map) = &mut entry {
-                    map.insert(
-                        "at".into(),
-                        json!(crate::timestamp::format_rfc3339(r.at_ms as i64)),
-                    );
-                }
-                entry
-            })
-            .collect())
+        self.load()?;
+        Ok(self.history.borrow().view())
     }
 }
