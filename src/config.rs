@@ -217,7 +217,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("CLAIM_TTL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CLAIM_TTL_SECS), "a claim not committed by then may be taken over"),
         V::plain("EFFECT_RETRY_BASE_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_BASE_SECS), "first retry of a failed side effect; doubles per attempt"),
         V::plain("EFFECT_RETRY_MAX_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_MAX_SECS), "backoff cap"),
-        V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long, then the gate's storage is deleted (never less than 24 h of Gemini's retries + 2 x the signature tolerance + 10 min)"),
+        V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long, then the gate's storage is deleted (never less than 48 h of a run + 24 h of Gemini's retries + 2 x the signature tolerance + 10 min)"),
         V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention: a first delivery older than it is refused); KV keeps entries at least 60 s, its minimum TTL"),
         V::plain("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
         V::plain("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),
@@ -1051,14 +1051,14 @@ mod tests {
         let c = parse(&vars).unwrap();
         assert_eq!(c.retention_ms(), crate::signature::replay_floor_ms(300));
         assert!(c.retention_ms() > 86_400_000);
-        vars.insert("LEDGER_RETENTION_DAYS", "2".into());
-        assert_eq!(parse(&vars).unwrap().retention_ms(), 2 * 86_400_000);
+        vars.insert("LEDGER_RETENTION_DAYS", "4".into());
+        assert_eq!(parse(&vars).unwrap().retention_ms(), 4 * 86_400_000);
         vars.insert("LEDGER_RETENTION_DAYS", "1".into());
         vars.insert("SIGNATURE_TOLERANCE_SECONDS", "43200".into());
         assert_eq!(
             parse(&vars).unwrap().retention_ms(),
-            2 * 86_400_000 + 10 * 60_000,
-            "a day of retries, twice half a day of tolerance, the alarm's slack"
+            4 * 86_400_000 + 10 * 60_000,
+            "two days of a run, a day of retries, twice half a day of tolerance, the slack"
         );
     }
 

@@ -136,17 +136,25 @@ pub struct CheckedHeaders<'a> {
 /// How long Gemini retries a delivery after its first attempt (GEMINI_WEBHOOKS.md §1).
 pub const SENDER_RETRY_WINDOW_MS: i64 = 24 * 3_600_000;
 
+/// The longest a Gemini operation runs: a batch not finished within 48 hours expires
+/// (GEMINI_WEBHOOKS.md §2). The envelope's `timestamp` is not documented as the event's own
+/// time; should it be when the operation began, a genuine first delivery is still at most
+/// this plus the retries old.
+pub const LONGEST_RUN_MS: i64 = 48 * 3_600_000;
+
 /// Slack for a gate's alarm firing late.
 const ALARM_SLACK_MS: i64 = 10 * 60_000;
 
 /// The shortest retention after which an operation's storage may be deleted without a
-/// genuine delivery of it arriving later: Gemini retries for at most
-/// [`SENDER_RETRY_WINDOW_MS`] after its first attempt, which precedes the operation's close,
-/// and a delivery signed at the end of that window is accepted for `tolerance` more (twice,
-/// for a clock ahead by as much), plus slack for a late alarm. A captured delivery replayed
-/// later fails its `webhook-timestamp` window whatever the retention.
+/// genuine delivery of it arriving later, and after which an event is too old to be a first
+/// delivery: Gemini retries for at most [`SENDER_RETRY_WINDOW_MS`] after its first attempt,
+/// which precedes the operation's close, an event's time is at most [`LONGEST_RUN_MS`]
+/// before that attempt, and a delivery signed at the end of the window is accepted for
+/// `tolerance` more (twice, for a clock ahead by as much), plus slack for a late alarm. A
+/// captured delivery replayed later fails its `webhook-timestamp` window whatever the
+/// retention.
 pub fn replay_floor_ms(tolerance_secs: i64) -> i64 {
-    SENDER_RETRY_WINDOW_MS + 2 * tolerance_secs * 1_000 + ALARM_SLACK_MS
+    LONGEST_RUN_MS + SENDER_RETRY_WINDOW_MS + 2 * tolerance_secs * 1_000 + ALARM_SLACK_MS
 }
 
 /// The one time window for a `webhook-timestamp` (whatever signs the delivery): an integer
@@ -262,8 +270,8 @@ mod tests {
     fn the_replay_floor_outlasts_the_sender_s_retries_and_the_window() {
         assert_eq!(
             replay_floor_ms(300),
-            86_400_000 + 600_000 + 600_000,
-            "24 h, twice the tolerance, the alarm's slack"
+            2 * 86_400_000 + 86_400_000 + 600_000 + 600_000,
+            "48 h of a run, 24 h of retries, twice the tolerance, the alarm's slack"
         );
         assert!(replay_floor_ms(0) > SENDER_RETRY_WINDOW_MS);
     }
