@@ -177,13 +177,14 @@ export async function benchCost(dir, stubs, plan) {
     await r.waitFor("retention_expired", before + n, (retentionSecs + 60) * 1000);
     await settle(r);
     const usage = usageSince(r, from);
+    const cpu = meter(n).workerd_main_ms_per_req;
     // What the gates keep after: an operation the admin API no longer finds was purged.
     let purged = 0;
     await sendAll(r.url, names.map((name) => ({ method: "GET", path: `/v1/operations/${encodeURIComponent(name)}`, headers: admin })), (res) => {
       if (res.status === 404) purged++;
       return res.status === 404 || res.status === 200;
     });
-    flows.retirement = perOp(usage, n, { operations: n, retired: r.count("retention_expired") - before, purged, gate_db_bytes_median: gateDbBytes(usage), workerd_cpu_ms_per_op: meter(n).workerd_main_ms_per_req });
+    flows.retirement = perOp(usage, n, { operations: n, retired: r.count("retention_expired") - before, purged, gate_db_bytes_median: gateDbBytes(usage), workerd_cpu_ms_per_op: cpu });
     process.stderr.write(`  cost retirement        per op: ${JSON.stringify(flows.retirement.total)}\n`);
   } finally {
     await r.dispose();
