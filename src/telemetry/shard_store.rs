@@ -325,21 +325,50 @@ pub struct Prune {
     pub marks_keep_ms: Option<i64>,
 }
 
+/// The days that have a marks table, as the caller last learned them: an object is its
+/// database's only writer and [`add`] keeps this in step with what it creates and drops, so
+/// it is read once per instance instead of once per flush. Start with `default()`.
+#[derive(Debug, Default)]
+pub struct MarkDays(Option<Vec<i64>>);
+
 /// Counts `events` (a gate's only past the highest sequence seen from it, see
 /// [`to_count`]), then prunes when asked ([`Prune`]).
 pub fn add(
     sql: &impl Sql,
+    known: &mut MarkDays,
     gate: Option<&str>,
     events: &[StatEvent],
     now_ms: i64,
     prune: Option<Prune>,
 ) -> Result<(), String> {
-    let days = match (gate, prune) {
-        (None, None) => Vec::new(),
-        _ => mark_days(sql)?,
+    // Taken while the statements run: a failure leaves it unknown, read again next time.
+    let mut days = match known.0.take() {
+        Some(days) => days,
+        None => mark_days(sql)?,
     };
+    if count(sql, &days, gate, events, now_ms)? {
+        days.push(day_of(now_ms));
+    }
+    if let Some(prune) = prune {
+        prune_old(sql, &days, now_ms, prune)?;
+        if let Some(keep) = prune.marks_keep_ms {
+            days.retain(|d| !marks_expired(*d, now_ms, keep));
+        }
+    }
+    known.0 = Some(days);
+    Ok(())
+}
+
+/// Counts what is new in `events`; true when it created today's marks table.
+fn count(
+    sql: &impl Sql,
+    days: &[i64],
+    gate: Option<&str>,
+    events: &[StatEvent],
+    now_ms: i64,
+) -> Result<bool, String> {
     let seen = match gate {
-        Some(g) => Some(marked_seq(sql, &days, g)?),
+        Some(g) => Some(marked_seq(sql, days, g)?),
         None => None,
     };
     let mut counts: BTreeMap<i64, Counts> = BTreeMap::new();
@@ -369,44 +398,17 @@ pub fn add(
     )?;
     add_hours(sql, counts)?;
     // A flush of nothing new (a retry the shard had counted) writes no mark either.
+    let mut created = false;
     if let (Some(g), true) = (gate, highest > seen.unwrap_or(0)) {
         let today = day_of(now_ms);
         if !days.contains(&today) {
             create_marks(sql, today)?;
+            created = true;
         }
         sql.run(
             &format!("INSERT INTO {} (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms", marks_table(today)),
             vec![Param::Text(g.to_string()), Param::Int(highest as i64), Param::Int(now_ms)],
         )?;
-    }
-    if let Some(prune) = prune {
-        let before = hour_of(now_ms) - KEEP_HOURS;
-        let old = sql.run(
-            "SELECT hour, body FROM tally WHERE hour >= 0 AND hour < ?",
-            vec![Param::Int(before)],
-        )?;
-        if !old.is_empty() {
-            let mut folded = Counts::new();
-            for r in &old {
-                for (name, n) in parse_body(&text(r, "body")) {
-                    *folded.entry(name).or_default() += n;
-                }
-            }
-            // The fold and the delete go together (no await between them at the edge).
-            add_hours(sql, BTreeMap::from([(-1, folded)]))?;
-            sql.run(
-                "DELETE FROM tally WHERE hour >= 0 AND hour < ?",
-                vec![Param::Int(before)],
-            )?;
-        }
-        if let Some(keep) = prune.marks_keep_ms {
-            for day in days.iter().filter(|d| marks_expired(**d, now_ms, keep)) {
-                sql.run(
-                    &format!("DROP TABLE IF EXISTS {}", marks_table(*day)),
-                    vec![],
-                )?;
-            }
-        }
     }
     if any_drops {
         // Cheap (the newest rows by primary key), and it keeps "recent" recent.
@@ -414,6 +416,39 @@ pub fn add(
             "DELETE FROM recent WHERE seq <= (SELECT MAX(seq) FROM recent) - ?",
             vec![Param::Int(RECENT_DROPS)],
         )?;
+    }
+    Ok(created)
+}
+
+/// Moves buckets older than [`KEEP_HOURS`] into hour -1, and drops the marks tables of `days`
+/// whose marks have been kept long enough.
+fn prune_old(sql: &impl Sql, days: &[i64], now_ms: i64, prune: Prune) -> Result<(), String> {
+    let before = hour_of(now_ms) - KEEP_HOURS;
+    let old = sql.run(
+        "SELECT hour, body FROM tally WHERE hour >= 0 AND hour < ?",
+        vec![Param::Int(before)],
+    )?;
+    if !old.is_empty() {
+        let mut folded = Counts::new();
+        for r in &old {
+            for (name, n) in parse_body(&text(r, "body")) {
+                *folded.entry(name).or_default() += n;
+            }
+        }
+        // The fold and the delete go together (no await between them at the edge).
+        add_hours(sql, BTreeMap::from([(-1, folded)]))?;
+        sql.run(
+            "DELETE FROM tally WHERE hour >= 0 AND hour < ?",
+            vec![Param::Int(before)],
+        )?;
+    }
+    if let Some(keep) = prune.marks_keep_ms {
+        for day in days.iter().filter(|d| marks_expired(**d, now_ms, keep)) {
+            sql.run(
+                &format!("DROP TABLE IF EXISTS {}", marks_table(*day)),
+                vec![],
+            )?;
+        }
     }
     Ok(())
 }
@@ -465,13 +500,19 @@ mod tests {
     /// An in-memory SQLite, refusing what a Durable Object's would (too many bindings), and
     /// counting the rows its statements change (what a Durable Object bills as written,
     /// besides index entries: the tables here have none, checked below).
-    struct Memory(rusqlite::Connection, std::cell::Cell<u64>);
+    /// Its third field is what the object using it knows of its marks tables.
+    struct Memory(
+        rusqlite::Connection,
+        std::cell::Cell<u64>,
+        std::cell::RefCell<MarkDays>,
+    );
 
     impl Memory {
         fn new() -> Memory {
             Memory(
                 rusqlite::Connection::open_in_memory().unwrap(),
                 std::cell::Cell::new(0),
+                std::cell::RefCell::default(),
             )
         }
 
@@ -515,6 +556,17 @@ mod tests {
             self.1.set(self.1.get() + (self.0.total_changes() - before));
             Ok(out)
         }
+    }
+
+    /// [`super::add`] as a shard object calls it: one [`MarkDays`] over its life.
+    fn add(
+        db: &Memory,
+        gate: Option<&str>,
+        events: &[StatEvent],
+        now_ms: i64,
+        prune: Option<Prune>,
+    ) -> Result<(), String> {
+        super::add(db, &mut db.2.borrow_mut(), gate, events, now_ms, prune)
     }
 
     const HOUR: i64 = 3_600_000;

@@ -21,7 +21,7 @@ use crate::telemetry::counters::{
     hourly_series, merge, merge_hourly, prune_due, Hourly, ShardCommand, ShardCounts, StatEvent,
     Tally, SHARDS, TREND_HOURS,
 };
-use crate::telemetry::shard_store::{self, Param, Prune, Row, Sql, RECENT_DROPS};
+use crate::telemetry::shard_store::{self, MarkDays, Param, Prune, Row, Sql, RECENT_DROPS};
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::objects::usage_meter::Meter;
@@ -173,6 +173,8 @@ pub struct StatsShard {
     /// How long dedupe marks are kept, from the gates' retention (`None` when the
     /// configuration does not load: no mark is forgotten then).
     marks_keep_ms: Option<i64>,
+    /// Its marks tables, read once per instance (see [`MarkDays`]).
+    mark_days: RefCell<MarkDays>,
     meter: Meter,
 }
 
@@ -206,6 +208,7 @@ impl DurableObject for StatsShard {
             state,
             pruned_at_ms: Cell::new(0),
             marks_keep_ms: config.map(|c| shard_store::marks_keep_ms(c.retention_ms())),
+            mark_days: RefCell::default(),
             meter,
         };
         if let Err(e) = shard_store::open(&shard.db(), Date::now().as_millis() as i64) {
@@ -255,7 +258,8 @@ impl StatsShard {
                 if prune.is_some() {
                     self.pruned_at_ms.set(now);
                 }
-                shard_store::add(&db, gate.as_deref(), &events, now, prune)
+                let mut days = self.mark_days.borrow_mut();
+                shard_store::add(&db, &mut days, gate.as_deref(), &events, now, prune)
                     .map(|()| json!({"ok": true}))
             }
             ShardCommand::Read => shard_store::read(&db, now, TREND_HOURS)
