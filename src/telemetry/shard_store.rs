@@ -3,24 +3,38 @@
 //!
 //! Tables: `tally(hour, body)`: one row per hour bucket ([`hour_of`]), its counts by name as a
 //! JSON object, kept [`KEEP_HOURS`] hours; hour -1 holds the sum of every bucket pruned so far,
-//! so a name's total is the sum over the rows. `marks(gate, seq, at_ms)`, `WITHOUT ROWID`: the
-//! highest event sequence counted per operation, kept [`MARKS_KEEP_MS`] after its last flush.
-//! `recent(seq, at_ms, gate, name)`: the newest [`RECENT_DROPS`] dropped events. `meta(k, v)`:
-//! the layout's version.
+//! so a name's total is the sum over the rows. `marks_<day>(gate, seq, at_ms)`, `WITHOUT
+//! ROWID`, one table per UTC day ([`day_of`]): the highest event sequence counted per
+//! operation, written into the table of the day of the flush; the highest over the tables is
+//! the operation's. `recent(seq, at_ms, gate, name)`: the newest [`RECENT_DROPS`] dropped
+//! events. `meta(k, v)`: the layout's version.
 //!
 //! What a gate's flush costs: one row written per hour its events fall in (almost always one)
-//! and one dedupe mark, each a single row: neither table has a secondary index, since an index
-//! entry is billed as a row written too. Pruning the marks by age scans them (reads cost a
-//! thousandth of a write) at most hourly, and there are only [`MARKS_KEEP_MS`]' worth.
+//! and one dedupe mark, each a single row: no table has a secondary index, since an index
+//! entry is billed as a row written too. Marks are forgotten a whole day's table at a time
+//! (`DROP TABLE`), so forgetting them writes no row per mark (a `DELETE` would bill one row
+//! per mark deleted, as much again as writing it) and scans nothing.
 //!
-//! Guarantees: a gate's events are counted once (see [`crate::telemetry::counters`]): a gate
-//! sends an unacknowledged flush again within seconds, far inside [`MARKS_KEEP_MS`]; pruning
+//! How long a mark is kept ([`marks_keep_ms`], [`marks_expired`]): at least the retention
+//! (`LEDGER_RETENTION_DAYS`, read from the same configuration as the gates) and never less
+//! than [`MARKS_KEEP_FLOOR_MS`], after the flush that wrote it, and at most a day more (the
+//! day's table goes when its last mark is due). A gate deletes its storage at its close plus
+//! the retention, and every flush of a closed gate happens before that, so a mark outlives
+//! every flush its gate can still send: a closed gate's retry is never counted twice. An open
+//! gate sends a flush it saw no answer to again within seconds while its alarm runs; the
+//! floor covers an alarm stalled for two days. A gate created again for the same key after
+//! its storage was deleted numbers its events from its creation time (`outbox`), past any
+//! mark its earlier life left, so a kept mark never hides a new life's counts.
+//!
+//! Guarantees: a gate's events are counted once (see [`crate::telemetry::counters`]); pruning
 //! moves old buckets into hour -1 in the statements that delete them, so no total changes by
-//! pruning; nothing per operation is kept past [`MARKS_KEEP_MS`] (its mark) or the newest
+//! pruning; nothing per operation is kept past its mark's day table or the newest
 //! [`RECENT_DROPS`] drops; a shard of an earlier layout (1: hour -1 the all-time total and no
 //! `layout` row; 2: a `counts(hour, name, n)` row per name and a `seen` table with an age
-//! index) is migrated once, when opened, keeping its totals. Every statement binds at most
-//! [`MAX_BINDINGS`] values (Durable Object SQLite's limit).
+//! index; 3: JSON hour rows and one `marks` table) is migrated once, when opened, keeping its
+//! totals and its marks (an earlier marks table becomes the day table of the migration, kept
+//! as long as a mark written that day). Every statement binds at most [`MAX_BINDINGS`] values
+//! (Durable Object SQLite's limit).
 
 use std::collections::BTreeMap;
 
@@ -32,17 +46,88 @@ use crate::telemetry::counters::{
 
 /// Dropped events kept per shard for "recently dropped".
 pub const RECENT_DROPS: i64 = 50;
-/// A dedupe mark is forgotten this long after its gate's last flush. A gate sends a flush it
-/// saw no answer to again within seconds (`alarm::STATS_RETRY_MS`, or its alarm's capped
-/// backoff); a later flush carries only events never acknowledged, which count rightly with
-/// or without the mark.
-pub const MARKS_KEEP_MS: i64 = 2 * 86_400_000;
+/// The least a dedupe mark is kept after the flush that wrote it, whatever the retention: an
+/// open gate sends a flush it saw no answer to again within seconds (`alarm::STATS_RETRY_MS`,
+/// or its alarm's capped backoff), far inside it.
+pub const MARKS_KEEP_FLOOR_MS: i64 = 2 * DAY_MS;
+/// A day, the span of one marks table.
+pub const DAY_MS: i64 = 86_400_000;
 /// Hour buckets kept (the trend shows 24; a day more for late flushes).
 pub const KEEP_HOURS: i64 = 48;
 /// Bound parameters a Durable Object's SQLite accepts in one statement.
 pub const MAX_BINDINGS: usize = 100;
-/// The layout this module writes: 3 is one JSON row per hour and dedupe marks without index.
-const LAYOUT: i64 = 3;
+/// The layout this module writes: 4 is one JSON row per hour and a marks table per day.
+const LAYOUT: i64 = 4;
+/// The prefix of a day's marks table.
+const MARKS_PREFIX: &str = "marks_";
+
+/// How long a dedupe mark must be kept after the flush that wrote it, given the retention of
+/// the gates' storage (see the module's doc): the retention, never less than
+/// [`MARKS_KEEP_FLOOR_MS`].
+pub fn marks_keep_ms(retention_ms: i64) -> i64 {
+    retention_ms.max(MARKS_KEEP_FLOOR_MS)
+}
+
+/// The marks table of a time's UTC day.
+pub fn day_of(ms: i64) -> i64 {
+    ms.div_euclid(DAY_MS)
+}
+
+/// True when the marks table of `day` may be dropped at `now_ms`: its newest mark, written
+/// before the day's end, has been kept `keep_ms`.
+pub fn marks_expired(day: i64, now_ms: i64, keep_ms: i64) -> bool {
+    (day + 1).saturating_mul(DAY_MS).saturating_add(keep_ms) <= now_ms
+}
+
+fn marks_table(day: i64) -> String {
+    format!("{MARKS_PREFIX}{day}")
+}
+
+/// The days that have a marks table, oldest first.
+fn mark_days(sql: &impl Sql) -> Result<Vec<i64>, String> {
+    let mut days: Vec<i64> = sql
+        .run(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'marks\\_%' ESCAPE '\\'",
+            vec![],
+        )?
+        .iter()
+        .filter_map(|r| text(r, "name").strip_prefix(MARKS_PREFIX)?.parse().ok())
+        .collect();
+    days.sort_unstable();
+    Ok(days)
+}
+
+/// The highest sequence marked for `gate` over the tables of `days` (0 when none).
+fn marked_seq(sql: &impl Sql, days: &[i64], gate: &str) -> Result<u64, String> {
+    let mut highest = 0;
+    for chunk in days.chunks(MAX_BINDINGS) {
+        let query = chunk
+            .iter()
+            .map(|d| format!("SELECT seq FROM {} WHERE gate = ?", marks_table(*d)))
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        let rows = sql.run(
+            &format!("SELECT MAX(seq) AS seq FROM ({query})"),
+            chunk
+                .iter()
+                .map(|_| Param::Text(gate.to_string()))
+                .collect(),
+        )?;
+        highest = highest.max(rows.first().map_or(0, |r| int(r, "seq").max(0) as u64));
+    }
+    Ok(highest)
+}
+
+fn create_marks(sql: &impl Sql, day: i64) -> Result<(), String> {
+    sql.run(
+        &format!(
+            "CREATE TABLE IF NOT EXISTS {} (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID",
+            marks_table(day)
+        ),
+        vec![],
+    )?;
+    Ok(())
+}
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,11 +226,11 @@ fn tables(sql: &impl Sql, names: &[&str]) -> Result<Vec<String>, String> {
         .collect())
 }
 
-/// Creates the tables if needed and migrates a shard of an earlier layout (once).
-pub fn open(sql: &impl Sql) -> Result<(), String> {
+/// Creates the tables if needed and migrates a shard of an earlier layout (once); `now_ms`
+/// names the day table an earlier layout's marks become.
+pub fn open(sql: &impl Sql, now_ms: i64) -> Result<(), String> {
     for ddl in [
         "CREATE TABLE IF NOT EXISTS tally (hour INTEGER PRIMARY KEY, body TEXT NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS marks (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID",
         "CREATE TABLE IF NOT EXISTS recent (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, gate TEXT NOT NULL, name TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL)",
     ] {
@@ -159,7 +244,7 @@ pub fn open(sql: &impl Sql) -> Result<(), String> {
         return Ok(());
     }
     // Nothing awaits between these statements at the edge, so they are stored together.
-    let old = tables(sql, &["counts", "seen"])?;
+    let old = tables(sql, &["counts", "seen", "marks"])?;
     if old.iter().any(|t| t == "counts") {
         if layout.is_none() {
             // Layout 1 added every count to hour -1 and to its bucket: what hour -1 holds
@@ -180,13 +265,31 @@ pub fn open(sql: &impl Sql) -> Result<(), String> {
         add_hours(sql, by_hour)?;
         sql.run("DROP TABLE counts", vec![])?;
     }
-    if old.iter().any(|t| t == "seen") {
-        sql.run(
-            "INSERT INTO marks (gate, seq, at_ms) SELECT gate, seq, at_ms FROM seen WHERE true ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq)",
-            vec![],
-        )?;
-        // Its age index goes with it.
-        sql.run("DROP TABLE seen", vec![])?;
+    // An earlier layout's marks become today's table as they are (a rename writes no row per
+    // mark), so each is kept at least as long as a mark written now. Layout 3's `marks` has
+    // the day tables' shape; layout 2's `seen` has a rowid and an age index: the index goes,
+    // and until the day ends a mark written into it costs its key's index entry too.
+    let today = marks_table(day_of(now_ms));
+    let has = |t: &str| old.iter().any(|o| o == t);
+    if has("marks") || has("seen") {
+        let first = if has("marks") { "marks" } else { "seen" };
+        sql.run("DROP INDEX IF EXISTS seen_by_age", vec![])?;
+        if mark_days(sql)?.contains(&day_of(now_ms)) {
+            sql.run(
+                &format!("INSERT INTO {today} (gate, seq, at_ms) SELECT gate, seq, at_ms FROM {first} WHERE true ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq)"),
+                vec![],
+            )?;
+            sql.run(&format!("DROP TABLE {first}"), vec![])?;
+        } else {
+            sql.run(&format!("ALTER TABLE {first} RENAME TO {today}"), vec![])?;
+        }
+        if has("marks") && has("seen") {
+            sql.run(
+                &format!("INSERT INTO {today} (gate, seq, at_ms) SELECT gate, seq, at_ms FROM seen WHERE true ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq)"),
+                vec![],
+            )?;
+            sql.run("DROP TABLE seen", vec![])?;
+        }
     }
     sql.run(
         "INSERT INTO meta (k, v) VALUES ('layout', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
@@ -214,25 +317,58 @@ fn insert_rows(
     Ok(())
 }
 
+/// When a flush also prunes: buckets older than [`KEEP_HOURS`] move into hour -1, and the
+/// day tables of marks kept `marks_keep_ms` ([`marks_keep_ms`]; `None`, retention unknown:
+/// none) are dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prune {
+    pub marks_keep_ms: Option<i64>,
+}
+
+/// The days that have a marks table, as the caller last learned them: an object is its
+/// database's only writer and [`add`] keeps this in step with what it creates and drops, so
+/// it is read once per instance instead of once per flush. Start with `default()`.
+#[derive(Debug, Default)]
+pub struct MarkDays(Option<Vec<i64>>);
+
 /// Counts `events` (a gate's only past the highest sequence seen from it, see
-/// [`to_count`]); with `prune`, then moves buckets older than [`KEEP_HOURS`] into hour -1 and
-/// forgets dedupe marks older than [`MARKS_KEEP_MS`].
+/// [`to_count`]), then prunes when asked ([`Prune`]).
 pub fn add(
     sql: &impl Sql,
+    known: &mut MarkDays,
     gate: Option<&str>,
     events: &[StatEvent],
     now_ms: i64,
-    prune: bool,
+    prune: Option<Prune>,
 ) -> Result<(), String> {
+    // Taken while the statements run: a failure leaves it unknown, read again next time.
+    let mut days = match known.0.take() {
+        Some(days) => days,
+        None => mark_days(sql)?,
+    };
+    if count(sql, &days, gate, events, now_ms)? {
+        days.push(day_of(now_ms));
+    }
+    if let Some(prune) = prune {
+        prune_old(sql, &days, now_ms, prune)?;
+        if let Some(keep) = prune.marks_keep_ms {
+            days.retain(|d| !marks_expired(*d, now_ms, keep));
+        }
+    }
+    known.0 = Some(days);
+    Ok(())
+}
+
+/// Counts what is new in `events`; true when it created today's marks table.
+fn count(
+    sql: &impl Sql,
+    days: &[i64],
+    gate: Option<&str>,
+    events: &[StatEvent],
+    now_ms: i64,
+) -> Result<bool, String> {
     let seen = match gate {
-        Some(g) => Some(
-            sql.run(
-                "SELECT seq FROM marks WHERE gate = ?",
-                vec![Param::Text(g.to_string())],
-            )?
-            .first()
-            .map_or(0, |r| int(r, "seq").max(0) as u64),
-        ),
+        Some(g) => Some(marked_seq(sql, days, g)?),
         None => None,
     };
     let mut counts: BTreeMap<i64, Counts> = BTreeMap::new();
@@ -262,35 +398,16 @@ pub fn add(
     )?;
     add_hours(sql, counts)?;
     // A flush of nothing new (a retry the shard had counted) writes no mark either.
+    let mut created = false;
     if let (Some(g), true) = (gate, highest > seen.unwrap_or(0)) {
-        sql.run(
-            "INSERT INTO marks (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms",
-            vec![Param::Text(g.to_string()), Param::Int(highest as i64), Param::Int(now_ms)],
-        )?;
-    }
-    if prune {
-        let before = hour_of(now_ms) - KEEP_HOURS;
-        let old = sql.run(
-            "SELECT hour, body FROM tally WHERE hour >= 0 AND hour < ?",
-            vec![Param::Int(before)],
-        )?;
-        if !old.is_empty() {
-            let mut folded = Counts::new();
-            for r in &old {
-                for (name, n) in parse_body(&text(r, "body")) {
-                    *folded.entry(name).or_default() += n;
-                }
-            }
-            // The fold and the delete go together (no await between them at the edge).
-            add_hours(sql, BTreeMap::from([(-1, folded)]))?;
-            sql.run(
-                "DELETE FROM tally WHERE hour >= 0 AND hour < ?",
-                vec![Param::Int(before)],
-            )?;
+        let today = day_of(now_ms);
+        if !days.contains(&today) {
+            create_marks(sql, today)?;
+            created = true;
         }
         sql.run(
-            "DELETE FROM marks WHERE at_ms < ?",
-            vec![Param::Int(now_ms - MARKS_KEEP_MS)],
+            &format!("INSERT INTO {} (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms", marks_table(today)),
+            vec![Param::Text(g.to_string()), Param::Int(highest as i64), Param::Int(now_ms)],
         )?;
     }
     if any_drops {
@@ -299,6 +416,39 @@ pub fn add(
             "DELETE FROM recent WHERE seq <= (SELECT MAX(seq) FROM recent) - ?",
             vec![Param::Int(RECENT_DROPS)],
         )?;
+    }
+    Ok(created)
+}
+
+/// Moves buckets older than [`KEEP_HOURS`] into hour -1, and drops the marks tables of `days`
+/// whose marks have been kept long enough.
+fn prune_old(sql: &impl Sql, days: &[i64], now_ms: i64, prune: Prune) -> Result<(), String> {
+    let before = hour_of(now_ms) - KEEP_HOURS;
+    let old = sql.run(
+        "SELECT hour, body FROM tally WHERE hour >= 0 AND hour < ?",
+        vec![Param::Int(before)],
+    )?;
+    if !old.is_empty() {
+        let mut folded = Counts::new();
+        for r in &old {
+            for (name, n) in parse_body(&text(r, "body")) {
+                *folded.entry(name).or_default() += n;
+            }
+        }
+        // The fold and the delete go together (no await between them at the edge).
+        add_hours(sql, BTreeMap::from([(-1, folded)]))?;
+        sql.run(
+            "DELETE FROM tally WHERE hour >= 0 AND hour < ?",
+            vec![Param::Int(before)],
+        )?;
+    }
+    if let Some(keep) = prune.marks_keep_ms {
+        for day in days.iter().filter(|d| marks_expired(**d, now_ms, keep)) {
+            sql.run(
+                &format!("DROP TABLE IF EXISTS {}", marks_table(*day)),
+                vec![],
+            )?;
+        }
     }
     Ok(())
 }
@@ -350,13 +500,19 @@ mod tests {
     /// An in-memory SQLite, refusing what a Durable Object's would (too many bindings), and
     /// counting the rows its statements change (what a Durable Object bills as written,
     /// besides index entries: the tables here have none, checked below).
-    struct Memory(rusqlite::Connection, std::cell::Cell<u64>);
+    /// Its third field is what the object using it knows of its marks tables.
+    struct Memory(
+        rusqlite::Connection,
+        std::cell::Cell<u64>,
+        std::cell::RefCell<MarkDays>,
+    );
 
     impl Memory {
         fn new() -> Memory {
             Memory(
                 rusqlite::Connection::open_in_memory().unwrap(),
                 std::cell::Cell::new(0),
+                std::cell::RefCell::default(),
             )
         }
 
@@ -371,6 +527,7 @@ mod tests {
             if params.len() > MAX_BINDINGS {
                 return Err(format!("{} bindings", params.len()));
             }
+            let before = self.0.total_changes();
             let mut stmt = self.0.prepare(query).map_err(|e| e.to_string())?;
             let names: Vec<String> = stmt.column_names().iter().map(|n| n.to_string()).collect();
             let values = params.into_iter().map(|p| match p {
@@ -396,11 +553,20 @@ mod tests {
             }
             drop(rows);
             drop(stmt);
-            if !query.trim_start().starts_with("SELECT") {
-                self.1.set(self.1.get() + self.0.changes());
-            }
+            self.1.set(self.1.get() + (self.0.total_changes() - before));
             Ok(out)
         }
+    }
+
+    /// [`super::add`] as a shard object calls it: one [`MarkDays`] over its life.
+    fn add(
+        db: &Memory,
+        gate: Option<&str>,
+        events: &[StatEvent],
+        now_ms: i64,
+        prune: Option<Prune>,
+    ) -> Result<(), String> {
+        super::add(db, &mut db.2.borrow_mut(), gate, events, now_ms, prune)
     }
 
     const HOUR: i64 = 3_600_000;
@@ -418,9 +584,14 @@ mod tests {
 
     fn opened() -> Memory {
         let db = Memory::new();
-        open(&db).unwrap();
+        open(&db, T0).unwrap();
         db
     }
+
+    /// Prunes with marks kept the floor's two days.
+    const PRUNE: Option<Prune> = Some(Prune {
+        marks_keep_ms: Some(MARKS_KEEP_FLOOR_MS),
+    });
 
     fn total(db: &Memory, now: i64, name: &str) -> u64 {
         read(db, now, 24)
@@ -440,14 +611,14 @@ mod tests {
             event(2, "settled_by_webhook", T0),
             event(3, "effect_successes", T0),
         ];
-        add(&db, Some("batches/a"), &events, T0, false).unwrap();
+        add(&db, Some("batches/a"), &events, T0, None).unwrap();
         assert_eq!(db.written(), 2, "one hour's row and the gate's mark");
         add(
             &db,
             Some("batches/b"),
             &[event(1, "deliveries", T0 + HOUR)],
             T0 + HOUR,
-            false,
+            None,
         )
         .unwrap();
         assert_eq!(db.written(), 2);
@@ -467,7 +638,7 @@ mod tests {
         assert_eq!(counts.hourly[&hour_of(T0)]["deliveries"], 1);
         assert_eq!(counts.hourly[&hour_of(T0 + HOUR)]["deliveries"], 1);
         // A retried flush the shard had counted writes nothing.
-        add(&db, Some("batches/a"), &events, T0 + HOUR, false).unwrap();
+        add(&db, Some("batches/a"), &events, T0 + HOUR, None).unwrap();
         assert_eq!(db.written(), 0);
     }
 
@@ -478,13 +649,13 @@ mod tests {
             event(1, "deliveries", T0),
             event(2, "duplicates_skipped", T0),
         ];
-        add(&db, Some("batches/a"), &events, T0, false).unwrap();
-        add(&db, Some("batches/a"), &events, T0, false).unwrap();
+        add(&db, Some("batches/a"), &events, T0, None).unwrap();
+        add(&db, Some("batches/a"), &events, T0, None).unwrap();
         let more = [
             event(2, "duplicates_skipped", T0),
             event(3, "duplicates_skipped", T0),
         ];
-        add(&db, Some("batches/a"), &more, T0, false).unwrap();
+        add(&db, Some("batches/a"), &more, T0, None).unwrap();
         assert_eq!(total(&db, T0, "deliveries"), 1);
         assert_eq!(total(&db, T0, "duplicates_skipped"), 2);
     }
@@ -497,7 +668,7 @@ mod tests {
             Some("batches/a"),
             &[event(1, "deliveries", T0)],
             T0,
-            false,
+            None,
         )
         .unwrap();
         add(
@@ -505,7 +676,7 @@ mod tests {
             None,
             &[event(0, "deliveries", T0 + HOUR)],
             T0 + HOUR,
-            false,
+            None,
         )
         .unwrap();
         let later = T0 + (KEEP_HOURS + 1) * HOUR + 1;
@@ -514,7 +685,7 @@ mod tests {
             Some("batches/b"),
             &[event(1, "deliveries", later)],
             later,
-            true,
+            PRUNE,
         )
         .unwrap();
         let counts = read(&db, later, 24).unwrap();
@@ -536,7 +707,7 @@ mod tests {
         assert_eq!(pruned(&db), 1);
         // A second prune folds the next bucket into the same row, and nothing twice.
         let even_later = later + HOUR;
-        add(&db, None, &[], even_later, true).unwrap();
+        add(&db, None, &[], even_later, PRUNE).unwrap();
         assert_eq!(total(&db, even_later, "deliveries"), 3);
         assert_eq!(pruned(&db), 2);
     }
@@ -547,78 +718,215 @@ mod tests {
         // Layout 1: every count in hour -1 (all time) and in its bucket; one bucket pruned.
         db.0.execute_batch(
             "CREATE TABLE counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name));
-             INSERT INTO counts VALUES (-1, 'deliveries', 10), (-1, 'alerts', 1), (500000, 'deliveries', 3), (500001, 'deliveries', 4), (500001, 'alerts', 1);",
+             CREATE TABLE seen (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL);
+             INSERT INTO counts VALUES (-1, 'deliveries', 10), (-1, 'alerts', 1), (500000, 'deliveries', 3), (500001, 'deliveries', 4), (500001, 'alerts', 1);
+             INSERT INTO seen VALUES ('batches/a', 1, 1800000000000);",
         )
         .unwrap();
-        open(&db).unwrap();
         let now = 500_001 * HOUR;
+        open(&db, now).unwrap();
         assert_eq!(total(&db, now, "deliveries"), 10);
         assert_eq!(total(&db, now, "alerts"), 1);
-        open(&db).unwrap();
+        open(&db, now).unwrap();
         assert_eq!(
             total(&db, now, "deliveries"),
             10,
             "a second open changes nothing"
         );
-        add(&db, None, &[event(0, "deliveries", now)], now, false).unwrap();
+        add(&db, None, &[event(0, "deliveries", now)], now, None).unwrap();
         assert_eq!(total(&db, now, "deliveries"), 11);
         assert_eq!(read(&db, now, 24).unwrap().last_24h["deliveries"], 8);
+        add(
+            &db,
+            Some("batches/a"),
+            &[event(1, "alerts", now)],
+            now,
+            None,
+        )
+        .unwrap();
+        assert_eq!(total(&db, now, "alerts"), 1, "its mark came along");
     }
 
-    #[test]
-    fn a_shard_of_layout_2_is_migrated_once_with_its_totals_and_marks() {
+    /// A shard of layout 2: a row per name and hour, marks in `seen` with an age index.
+    fn layout_2() -> Memory {
         let db = Memory::new();
         db.0.execute_batch(
             "CREATE TABLE counts (hour INTEGER NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (hour, name));
              CREATE TABLE seen (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL);
              CREATE INDEX seen_by_age ON seen (at_ms);
+             CREATE TABLE recent (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, gate TEXT NOT NULL, name TEXT NOT NULL);
              CREATE TABLE meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
              INSERT INTO meta VALUES ('layout', 2);
              INSERT INTO counts VALUES (-1, 'deliveries', 6), (500000, 'deliveries', 3), (500001, 'deliveries', 4), (500001, 'alerts', 1);
              INSERT INTO seen VALUES ('batches/a', 2, 1800000000000);",
         )
         .unwrap();
-        open(&db).unwrap();
+        db
+    }
+
+    fn schema(db: &Memory) -> Vec<String> {
+        db.run(
+            "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name",
+            vec![],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| text(r, "name"))
+        .collect()
+    }
+
+    #[test]
+    fn a_shard_of_layout_2_is_migrated_once_with_its_totals_and_marks() {
+        let db = layout_2();
         let now = 500_001 * HOUR;
+        open(&db, now).unwrap();
         assert_eq!(total(&db, now, "deliveries"), 13);
         assert_eq!(total(&db, now, "alerts"), 1);
         assert_eq!(read(&db, now, 24).unwrap().last_24h["deliveries"], 7);
-        let old = db
-            .run(
-                "SELECT name FROM sqlite_master WHERE name IN ('counts', 'seen', 'seen_by_age')",
-                vec![],
-            )
-            .unwrap();
-        assert!(old.is_empty(), "{old:?}");
+        let today = marks_table(day_of(now));
+        assert_eq!(schema(&db), [today.as_str(), "meta", "recent", "tally"]);
         // The mark came along: a flush of what batches/a had sent counts only what is new.
         let events = [event(2, "deliveries", now), event(3, "deliveries", now)];
-        add(&db, Some("batches/a"), &events, now, false).unwrap();
+        add(&db, Some("batches/a"), &events, now, None).unwrap();
         assert_eq!(total(&db, now, "deliveries"), 14);
-        open(&db).unwrap();
+        open(&db, now).unwrap();
         assert_eq!(
             total(&db, now, "deliveries"),
             14,
             "a second open changes nothing"
         );
+        // The old marks go with the day they were moved into, and the totals stay.
+        let later = (day_of(now) + 1) * DAY_MS + MARKS_KEEP_FLOOR_MS;
+        add(&db, None, &[], later, PRUNE).unwrap();
+        assert_eq!(schema(&db), ["meta", "recent", "tally"]);
+        assert_eq!(total(&db, later, "deliveries"), 14);
+        assert_eq!(total(&db, later, "alerts"), 1);
     }
 
     #[test]
-    fn marks_are_forgotten_after_their_keep() {
+    fn a_shard_of_layout_3_is_migrated_once_and_its_marks_table_kept_as_today_s() {
+        let db = layout_2();
+        let then = 500_001 * HOUR;
+        // Layout 3 as its own code left it (its statements, from the layout-2 shard above).
+        db.0.execute_batch(
+            "CREATE TABLE tally (hour INTEGER PRIMARY KEY, body TEXT NOT NULL);
+             CREATE TABLE marks (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID;
+             INSERT INTO tally VALUES (-1, '{\"deliveries\":6}'), (500000, '{\"deliveries\":3}'), (500001, '{\"alerts\":1,\"deliveries\":4}');
+             INSERT INTO marks SELECT gate, seq, at_ms FROM seen;
+             DROP TABLE counts; DROP TABLE seen;
+             UPDATE meta SET v = 3 WHERE k = 'layout';",
+        )
+        .unwrap();
+        let now = then + 30 * HOUR;
+        open(&db, now).unwrap();
+        assert_eq!(total(&db, now, "deliveries"), 13);
+        assert_eq!(total(&db, now, "alerts"), 1);
+        let today = marks_table(day_of(now));
+        assert_eq!(schema(&db), [today.as_str(), "meta", "recent", "tally"]);
+        db.written();
+        let events = [event(2, "deliveries", now), event(3, "deliveries", now)];
+        add(&db, Some("batches/a"), &events, now, None).unwrap();
+        assert_eq!(total(&db, now, "deliveries"), 14, "only seq 3 is new");
+        assert_eq!(db.written(), 2, "the hour's row and the mark");
+    }
+
+    #[test]
+    fn marks_are_kept_the_retention_and_at_least_two_days_after_their_flush() {
+        let retention = 14 * DAY_MS;
+        assert_eq!(marks_keep_ms(retention), retention);
+        assert_eq!(
+            marks_keep_ms(5_000),
+            MARKS_KEEP_FLOOR_MS,
+            "a test's retention"
+        );
+        // A day's table goes when its newest possible mark has been kept that long.
+        let day = day_of(T0);
+        let end = (day + 1) * DAY_MS;
+        assert!(!marks_expired(day, end + retention - 1, retention));
+        assert!(marks_expired(day, end + retention, retention));
+        assert!(
+            !marks_expired(day, T0 + retention, retention),
+            "never early"
+        );
+        assert!(
+            !marks_expired(i64::MAX / DAY_MS, 0, i64::MAX),
+            "no overflow"
+        );
+    }
+
+    #[test]
+    fn marks_are_forgotten_a_day_at_a_time_and_counts_stay() {
         let db = opened();
+        let keep = MARKS_KEEP_FLOOR_MS;
+        let prune = Some(Prune {
+            marks_keep_ms: Some(keep),
+        });
         add(
             &db,
             Some("batches/a"),
             &[event(1, "deliveries", T0)],
             T0,
-            false,
+            None,
         )
         .unwrap();
-        let later = T0 + MARKS_KEEP_MS - 1;
-        add(&db, None, &[], later, true).unwrap();
-        assert_eq!(db.run("SELECT gate FROM marks", vec![]).unwrap().len(), 1);
-        add(&db, None, &[], T0 + MARKS_KEEP_MS + 1, true).unwrap();
-        assert!(db.run("SELECT gate FROM marks", vec![]).unwrap().is_empty());
-        assert_eq!(total(&db, T0, "deliveries"), 1, "counts stay");
+        let next_day = T0 + DAY_MS;
+        add(
+            &db,
+            Some("batches/b"),
+            &[event(1, "deliveries", next_day)],
+            next_day,
+            None,
+        )
+        .unwrap();
+        let end = (day_of(T0) + 1) * DAY_MS;
+        add(&db, None, &[], end + keep - 1, prune).unwrap();
+        assert_eq!(mark_days(&db).unwrap(), [day_of(T0), day_of(next_day)]);
+        db.written();
+        add(&db, None, &[], end + keep, prune).unwrap();
+        assert_eq!(mark_days(&db).unwrap(), [day_of(next_day)]);
+        assert_eq!(
+            db.written(),
+            0,
+            "a day's marks go with their table, no row deleted one by one"
+        );
+        // Unknown retention: nothing is forgotten.
+        add(
+            &db,
+            None,
+            &[],
+            next_day + 100 * DAY_MS,
+            Some(Prune {
+                marks_keep_ms: None,
+            }),
+        )
+        .unwrap();
+        assert_eq!(mark_days(&db).unwrap(), [day_of(next_day)]);
+        assert_eq!(total(&db, T0, "deliveries"), 2, "counts stay");
+    }
+
+    #[test]
+    fn a_gate_s_mark_in_an_earlier_day_still_dedupes_and_the_new_one_goes_in_today_s() {
+        let db = opened();
+        let events = [
+            event(1, "deliveries", T0),
+            event(2, "settled_by_webhook", T0),
+        ];
+        add(&db, Some("batches/a"), &events, T0, None).unwrap();
+        let later = T0 + 3 * DAY_MS;
+        let mut more = events.to_vec();
+        more.push(event(3, "duplicates_skipped", later));
+        db.written();
+        add(&db, Some("batches/a"), &more, later, None).unwrap();
+        assert_eq!(
+            db.written(),
+            2,
+            "a new hour's row, and the mark in today's table"
+        );
+        add(&db, Some("batches/a"), &more, later, None).unwrap();
+        assert_eq!(db.written(), 0, "a retry spanning both days counts nothing");
+        assert_eq!(total(&db, later, "deliveries"), 1);
+        assert_eq!(total(&db, later, "duplicates_skipped"), 1);
+        assert_eq!(mark_days(&db).unwrap(), [day_of(T0), day_of(later)]);
     }
 
     #[test]
@@ -627,8 +935,8 @@ mod tests {
         let events: Vec<StatEvent> = (0..40)
             .map(|i| event(0, &format!("rejected_reason_{i}"), T0))
             .collect();
-        add(&db, None, &events, T0, false).unwrap();
-        add(&db, None, &events, T0, false).unwrap();
+        add(&db, None, &events, T0, None).unwrap();
+        add(&db, None, &events, T0, None).unwrap();
         let counts = read(&db, T0, 24).unwrap();
         assert_eq!(counts.total.len(), 40);
         assert!(counts.total.values().all(|n| *n == 2));
@@ -644,7 +952,7 @@ mod tests {
                 Some(&g),
                 &[event(1, "dropped_stale", T0 + i)],
                 T0 + i,
-                false,
+                None,
             )
             .unwrap();
         }

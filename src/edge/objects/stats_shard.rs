@@ -3,7 +3,8 @@
 //!
 //! Storage of a shard (SQLite): its tables and statements are [`crate::telemetry::shard_store`]'s (hour
 //! buckets and the sum of the pruned ones, dedupe marks per operation, recent drops); this
-//! object runs them on its database, counted by its meter, and prunes at most hourly. A read
+//! object runs them on its database, counted by its meter, and prunes at most hourly, keeping
+//! dedupe marks as long as the configured retention asks ([`shard_store::marks_keep_ms`]). A read
 //! returns the totals, the last day's sums and its hourly buckets (the dashboard's trend).
 //! Guarantees: see [`crate::telemetry::counters`] and [`crate::telemetry::shard_store`].
 
@@ -20,7 +21,7 @@ use crate::telemetry::counters::{
     hourly_series, merge, merge_hourly, prune_due, Hourly, ShardCommand, ShardCounts, StatEvent,
     Tally, SHARDS, TREND_HOURS,
 };
-use crate::telemetry::shard_store::{self, Param, Row, Sql, RECENT_DROPS};
+use crate::telemetry::shard_store::{self, MarkDays, Param, Prune, Row, Sql, RECENT_DROPS};
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::objects::usage_meter::Meter;
@@ -166,10 +167,14 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
 pub struct StatsShard {
     state: State,
     /// When this instance last pruned old buckets and dedupe marks: at most hourly, because
-    /// pruning the marks scans them (they have no age index: an index entry is a billed row
-    /// written per flush), so pruning on every flush would make each flush's cost grow with
-    /// the shard's marks.
+    /// pruning reads the old buckets and the list of marks tables, work a flush need not
+    /// repeat.
     pruned_at_ms: Cell<i64>,
+    /// How long dedupe marks are kept, from the gates' retention (`None` when the
+    /// configuration does not load: no mark is forgotten then).
+    marks_keep_ms: Option<i64>,
+    /// Its marks tables, read once per instance (see [`MarkDays`]).
+    mark_days: RefCell<MarkDays>,
     meter: Meter,
 }
 
@@ -197,13 +202,16 @@ impl Sql for ShardSql<'_> {
 impl DurableObject for StatsShard {
     fn new(state: State, env: Env) -> Self {
         let meter = Meter::default();
-        meter.begin(load_config(&env).is_ok_and(|c| c.usage_log));
+        let config = load_config(&env).ok();
+        meter.begin(config.as_ref().is_some_and(|c| c.usage_log));
         let shard = Self {
             state,
             pruned_at_ms: Cell::new(0),
+            marks_keep_ms: config.map(|c| shard_store::marks_keep_ms(c.retention_ms())),
+            mark_days: RefCell::default(),
             meter,
         };
-        if let Err(e) = shard_store::open(&shard.db()) {
+        if let Err(e) = shard_store::open(&shard.db(), Date::now().as_millis() as i64) {
             log(WorkerLog::StatsSchemaError {
                 error: e.to_string(),
             }
@@ -244,11 +252,14 @@ impl StatsShard {
         let db = self.db();
         let answer = match command {
             ShardCommand::Add { gate, events } => {
-                let prune = prune_due(now, self.pruned_at_ms.get());
-                if prune {
+                let prune = prune_due(now, self.pruned_at_ms.get()).then_some(Prune {
+                    marks_keep_ms: self.marks_keep_ms,
+                });
+                if prune.is_some() {
                     self.pruned_at_ms.set(now);
                 }
-                shard_store::add(&db, gate.as_deref(), &events, now, prune)
+                let mut days = self.mark_days.borrow_mut();
+                shard_store::add(&db, &mut days, gate.as_deref(), &events, now, prune)
                     .map(|()| json!({"ok": true}))
             }
             ShardCommand::Read => shard_store::read(&db, now, TREND_HOURS)

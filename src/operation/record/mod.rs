@@ -137,7 +137,7 @@ impl Operation {
             },
             alerts: Alerts::default(),
             notes: OperatorNotes::default(),
-            outbox: Outbox::default(),
+            outbox: Outbox::starting_at(now_ms),
             ledger: LedgerMark::default(),
             confirmation: None,
             retired_at_ms: None,

@@ -3,7 +3,10 @@
 //!
 //! Guarantees: every event has a sequence number that only grows; events up to the sealed
 //! sequence may be on their way to a shard and are never changed again, so the shard's
-//! per-sequence dedupe keeps counts exact.
+//! per-sequence dedupe keeps counts exact. A record's numbers start at its creation time in
+//! milliseconds, so a record created again for the same key after the first one's storage
+//! was deleted (days later, at the end of retention) numbers its events past every one the
+//! first sent, and the mark a shard may still keep from the first never hides them.
 
 use crate::operation::record::Operation;
 use crate::telemetry::counters::{hour_of, Counter, StatEvent};
@@ -19,6 +22,16 @@ pub(super) struct Outbox {
 }
 
 impl Outbox {
+    /// An empty outbox whose first event is numbered just after `now_ms`.
+    pub(super) fn starting_at(now_ms: i64) -> Outbox {
+        let start = now_ms.max(0) as u64;
+        Outbox {
+            pending: Vec::new(),
+            seq: start,
+            sealed_seq: start,
+        }
+    }
+
     /// Counts one occurrence: merged into an unsealed pending event of the same name and
     /// hour when the counter merges, else a new event with the next sequence.
     fn count(&mut self, counter: Counter, now_ms: i64) {
