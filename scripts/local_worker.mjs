@@ -9,8 +9,8 @@ import { fileURLToPath } from "node:url";
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
 /**
- * Compatibility date, KV namespaces, Durable Objects (SQLite where a migration says so) and
- * `[vars]` from wrangler.toml.
+ * Compatibility date, KV namespaces, Durable Objects (SQLite where a migration says so), queues
+ * and `[vars]` from wrangler.toml.
  */
 export async function workerLayout() {
   const { unstable_readConfig } = await import("wrangler");
@@ -23,6 +23,13 @@ export async function workerLayout() {
     kvNamespaces: (config.kv_namespaces ?? []).map((k) => k.binding),
     durableObjects,
     vars: Object.fromEntries(Object.entries(config.vars ?? {}).map(([k, v]) => [k, String(v)])),
+    // Miniflare's spelling of [[queues.producers]] and [[queues.consumers]].
+    queueProducers: Object.fromEntries((config.queues?.producers ?? []).map((q) => [q.binding, { queueName: q.queue }])),
+    queueConsumers: Object.fromEntries((config.queues?.consumers ?? []).map((q) => [q.queue, {
+      maxBatchSize: q.max_batch_size,
+      maxBatchTimeout: q.max_batch_timeout,
+      maxRetries: q.max_retries,
+    }])),
   };
   if (!layout.kvNamespaces.includes("OPS_KV") || !durableObjects.OPERATION_GATE) throw new Error(`unexpected wrangler.toml layout: ${JSON.stringify(layout)}`);
   return layout;

@@ -42,6 +42,14 @@ pub const DEFAULT_STUCK_AFTER_SECS: i64 = 21_600;
 pub const DEFAULT_EFFECT_ALERT_AFTER_SECS: i64 = 3_600;
 /// Inside KV's 1,000 operations per invocation on every plan (use 45 on the Free plan).
 pub const DEFAULT_RECONCILE_BUDGET: u32 = 900;
+/// Status calls a second from the fan-out queue's consumers, all together. Gemini publishes
+/// no limit for its status API: 20 a second polls a day of lost webhooks at 1 M completions a
+/// month (about 33,000 open) within 30 minutes, and a 429 pauses every consumer until its
+/// Retry-After.
+pub const DEFAULT_RECONCILE_POLL_RATE: u32 = 20;
+/// Below this many open operations left to visit a pass polls them itself (no queue
+/// operations); at or above it, with RECONCILE_QUEUE bound, it schedules them on the queue.
+pub const DEFAULT_RECONCILE_FANOUT_ABOVE: usize = 200;
 /// The reconciliation lease's TTL. A live pass renews it every quarter of this (a heartbeat),
 /// so it may be short: a pass that dies (a deploy, a crash) blocks the next for at most this
 /// long, about one minute, instead of a whole pass's length.
@@ -228,6 +236,8 @@ pub const VARIABLES: &[Variable] = {
         V::plain("STUCK_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_STUCK_AFTER_SECS), "alert (once) when not terminal after this long"),
         V::plain("EFFECT_ALERT_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_EFFECT_ALERT_AFTER_SECS), "alert (once) when a side effect is still not done"),
         V::plain("RECONCILE_BUDGET", Whole { min: 5, max: 10_000 }, Number(DEFAULT_RECONCILE_BUDGET as i64), "subrequests per cron pass"),
+        V::plain("RECONCILE_POLL_RATE", Whole { min: 1, max: 1_000 }, Number(DEFAULT_RECONCILE_POLL_RATE as i64), "status calls a second from the fan-out queue's consumers, all together; a 429 or 5xx pauses them until its Retry-After"),
+        V::plain("RECONCILE_FANOUT_ABOVE", Whole { min: 1, max: 10_000_000 }, Number(DEFAULT_RECONCILE_FANOUT_ABOVE as i64), "with the RECONCILE_QUEUE binding, a pass with at least this many open operations left to visit schedules their polls on the queue instead of polling them itself"),
         V::plain("RECONCILE_LEASE_SECONDS", Whole { min: MIN_RECONCILE_LEASE_SECS, max: MAX_RECONCILE_LEASE_SECS }, Number(DEFAULT_RECONCILE_LEASE_SECS), "TTL of the reconciliation lease, renewed every quarter of it"),
         V::plain("RECONCILE_DEADLINE_SECONDS", Whole { min: 1, max: MAX_RECONCILE_DEADLINE_SECS }, Number(DEFAULT_RECONCILE_DEADLINE_SECS), "a pass starts no entry after this long and saves its cursor"),
         V::plain("RECONCILE_AUDIT_SECONDS", Whole { min: 0, max: MAX_RECONCILE_AUDIT_SECS }, Number(DEFAULT_RECONCILE_AUDIT_SECS), "a pass also walks the whole op: ledger this long after the last audit (0: every pass)"),
@@ -274,6 +284,10 @@ pub struct Config {
     pub stuck_after_secs: i64,
     pub effect_alert_after_secs: i64,
     pub reconcile_budget: u32,
+    /// `RECONCILE_POLL_RATE`: the fan-out's status calls a second.
+    pub reconcile_poll_rate: u32,
+    /// `RECONCILE_FANOUT_ABOVE`: the backlog a pass fans out rather than polls.
+    pub reconcile_fanout_above: usize,
     pub reconcile_lease_secs: i64,
     pub reconcile_deadline_secs: i64,
     /// `RECONCILE_AUDIT_SECONDS`: how often a pass also walks the whole `op:` ledger (0: every
@@ -683,6 +697,8 @@ impl Config {
             stuck_after_secs: s.value("STUCK_AFTER_SECONDS", Setting::whole)?,
             effect_alert_after_secs: s.value("EFFECT_ALERT_AFTER_SECONDS", Setting::whole)?,
             reconcile_budget,
+            reconcile_poll_rate: s.value("RECONCILE_POLL_RATE", Setting::whole)? as u32,
+            reconcile_fanout_above: s.value("RECONCILE_FANOUT_ABOVE", Setting::whole)? as usize,
             reconcile_lease_secs: s.value("RECONCILE_LEASE_SECONDS", Setting::whole)?,
             reconcile_deadline_secs: s.value("RECONCILE_DEADLINE_SECONDS", Setting::whole)?,
             reconcile_audit_secs: s.value("RECONCILE_AUDIT_SECONDS", Setting::whole)?,

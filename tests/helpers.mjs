@@ -55,6 +55,9 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
         RECONCILE_LEASE: { className: "ReconcileLease", useSQLite: true },
         STATS: { className: "StatsShard", useSQLite: true },
       },
+      // The fan-out queue, produced and consumed by the worker itself, as wrangler.toml says.
+      queueProducers: { RECONCILE_QUEUE: { queueName: "gemini-once-polls" } },
+      queueConsumers: { "gemini-once-polls": { maxBatchSize: 5, maxBatchTimeout: 1, maxRetries: 3 } },
       bindings,
       // The user's own bindings (a queue producer, a service binding), when a test declares them.
       ...main,

@@ -182,6 +182,23 @@ async fn scheduled(_event: worker::ScheduledEvent, env: Env, _ctx: worker::Sched
     }
 }
 
+/// The fan-out queue's consumer: polls the open operations a pass scheduled on it.
+#[event(queue)]
+async fn queue(batch: worker::MessageBatch<JsValue>, env: Env, _ctx: Context) -> Result<()> {
+    match load_config(&env) {
+        Ok(config) => reconcile_pass::consume(batch, &env, &config).await,
+        Err(e) => {
+            log(WorkerLog::ReconcileError {
+                error: format!("configuration: {e}"),
+            }
+            .to_value());
+            // Delivered again later (the queue's retries), when the configuration may be fixed.
+            batch.retry_all();
+        }
+    }
+    Ok(())
+}
+
 async fn route(req: web_sys::Request, env: &Env) -> std::result::Result<Response, EdgeError> {
     let path = path_of(&req.url());
     let method = Method::from(req.method());

@@ -1,24 +1,30 @@
-//! One reconciliation pass at the edge: carries out what the pure pass
-//! ([`crate::reconciliation::pass`]) decides, and hands each answer back.
+//! One reconciliation pass at the edge, and the fan-out queue's consumer: both carry out
+//! what the pure pass ([`crate::reconciliation::pass`]) decides, and hand each answer back.
 //!
 //! Guarantees: every decision (what to list, poll, ask a gate, when to stop, what to save) is
 //! the pass's; this file only reads the clock, calls KV, the lease object, the gates, Gemini's
 //! API and the alert sink, and logs the pass's lines in the order it wrote them. The heartbeat
 //! runs beside the work under the lease, and only then: it is dropped when the work ends (the
 //! release is not raced by a renewal), and when it ends first the work finishes the entry in
-//! hand and stops.
+//! hand and stops. A consumer acknowledges a message only once its entries are polled or sent
+//! back to the queue for after Gemini's wait; a failure before that leaves the message to the
+//! queue's retries.
 
 use std::cell::RefCell;
 use std::time::Duration;
 
 use futures_util::future::{select, Either};
-use worker::{Delay, Env, KvStore};
+use worker::wasm_bindgen::JsValue;
+use worker::{
+    Delay, Env, KvStore, MessageBatch, MessageExt, Queue, QueueContentType, RawMessageBuilder,
+};
 
 use crate::config::Config;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::pass::{
-    Intent, Limits, ListedKey, ListedPage, Pass, PassReport, StatusAnswer, WebhookAnswer,
+    Fanout, Intent, Limits, ListedKey, ListedPage, Pass, PassLog, PassReport, PollJob, QueuedJob,
+    StatusAnswer, WebhookAnswer,
 };
 use crate::reconciliation::reconcile::Thresholds;
 
@@ -31,9 +37,13 @@ use crate::edge::outbound::ledger_kv::KV_BINDING;
 
 /// The lease object's binding.
 pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
+/// The fan-out queue's producer binding; without it every pass polls by itself.
+pub const QUEUE_BINDING: &str = "RECONCILE_QUEUE";
+/// How far ahead a pass schedules polls on the queue: the cron's interval (wrangler.toml).
+const CRON_INTERVAL_MS: i64 = 300_000;
 
 /// What a pass may spend and how it decides, from the configuration.
-fn limits(config: &Config) -> Limits {
+fn limits(config: &Config, queue: Option<&Queue>) -> Limits {
     Limits {
         budget: config.reconcile_budget,
         deadline_ms: config.reconcile_deadline_secs * 1_000,
@@ -47,6 +57,11 @@ fn limits(config: &Config) -> Limits {
         webhook_name: config.gemini_webhook_name.clone(),
         api_base: config.gemini_api_base.clone(),
         unregistered_hold_ms: config.unregistered_hold_ms(),
+        fanout: queue.map(|_| Fanout {
+            rate_per_s: config.reconcile_poll_rate,
+            above: config.reconcile_fanout_above,
+            horizon_ms: CRON_INTERVAL_MS,
+        }),
     }
 }
 
@@ -55,6 +70,7 @@ struct Io<'a> {
     env: &'a Env,
     config: &'a Config,
     kv: Option<KvStore>,
+    queue: Option<Queue>,
     pass: RefCell<Pass>,
 }
 
@@ -65,7 +81,8 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         "pass-{started}-{:08x}",
         (random_unit() * f64::from(u32::MAX)) as u32
     );
-    let mut pass = Pass::new(limits(config), holder, started);
+    let queue = env.queue(QUEUE_BINDING).ok();
+    let mut pass = Pass::new(limits(config, queue.as_ref()), holder, started);
     let kv = match env.kv(KV_BINDING) {
         Ok(kv) => Some(kv),
         Err(e) => {
@@ -77,6 +94,7 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         env,
         config,
         kv,
+        queue,
         pass: RefCell::new(pass),
     };
     // The lease first: until it is granted there is nothing for a heartbeat to renew.
@@ -94,6 +112,75 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
     io.perform_while(intent, |i| *i != Intent::Done).await;
     let report = io.pass.borrow().report().clone();
     report
+}
+
+/// Works through a batch of the fan-out queue's messages, one after the other.
+pub async fn consume(batch: MessageBatch<JsValue>, env: &Env, config: &Config) {
+    let queue = env.queue(QUEUE_BINDING).ok();
+    let kv = env.kv(KV_BINDING).ok();
+    for message in batch.raw_iter() {
+        let job = message
+            .body()
+            .as_string()
+            .ok_or_else(|| "not a text message".to_string())
+            .and_then(|body| PollJob::from_body(&body));
+        let job = match job {
+            Ok(job) => job,
+            Err(error) => {
+                // It will not parse on a retry either; its entries, if any, are still in the
+                // index and the next coverage schedules them again.
+                log(PassLog::error(format!("queue message: {error}")).to_value());
+                message.ack();
+                continue;
+            }
+        };
+        let pass = Pass::for_job(limits(config, queue.as_ref()), job, now_ms());
+        let io = Io {
+            env,
+            config,
+            kv: kv.clone(),
+            queue: queue.clone(),
+            pass: RefCell::new(pass),
+        };
+        let first = io.next();
+        io.perform_while(first, |i| *i != Intent::Done).await;
+        let outcome = io.pass.borrow().job_outcome().clone();
+        if let Some(until_ms) = outcome.backoff_until_ms {
+            // The next pass schedules after the wait; a failed report only costs it one 429.
+            let command = LeaseCommand::Backoff { until_ms };
+            if let Err(e) = lease_call(env, &command).await {
+                log(PassLog::error(format!("lease backoff: {e}")).to_value());
+            }
+        }
+        let sent = match (&outcome.requeue, &queue) {
+            (None, _) => Ok(()),
+            (Some(job), Some(queue)) => send(queue, vec![QueuedJob::of(job, now_ms())]).await,
+            (Some(_), None) => Err(format!("{QUEUE_BINDING}: not bound")),
+        };
+        match sent {
+            Ok(()) => message.ack(),
+            Err(e) => {
+                log(PassLog::error(format!("queue send: {e}")).to_value());
+                message.retry();
+            }
+        }
+    }
+}
+
+/// Sends `jobs` to the fan-out queue in one batch, each held for its delay.
+async fn send(queue: &Queue, jobs: Vec<QueuedJob>) -> Result<(), String> {
+    let messages: Vec<_> = jobs
+        .into_iter()
+        .map(|job| {
+            RawMessageBuilder::new(JsValue::from_str(&job.body))
+                .delay_seconds(job.delay_secs)
+                .build_with_content_type(QueueContentType::Text)
+        })
+        .collect();
+    queue
+        .send_raw_batch(messages)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 impl Io<'_> {
@@ -166,6 +253,20 @@ impl Io<'_> {
             Intent::CallGate { key, command } => {
                 let reply = gate_call(self.env, &key, &command).await;
                 self.pass.borrow_mut().on_gate(reply);
+            }
+            Intent::Enqueue { jobs } => {
+                let sent = match &self.queue {
+                    Some(queue) => send(queue, jobs).await,
+                    None => Err(format!("{QUEUE_BINDING}: not bound")),
+                };
+                self.pass.borrow_mut().on_enqueued(sent);
+            }
+            Intent::Sleep { until_ms } => {
+                let wait = (until_ms - now_ms()).max(0);
+                if wait > 0 {
+                    Delay::from(Duration::from_millis(wait as u64)).await;
+                }
+                self.pass.borrow_mut().on_slept();
             }
             Intent::Done => return Intent::Done,
         }

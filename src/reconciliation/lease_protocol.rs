@@ -29,6 +29,9 @@ pub enum LeaseCommand {
         /// Where the audit in progress has got to, if this pass is auditing.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         audit: Option<AuditProgress>,
+        /// How far the pass has scheduled polls on the fan-out queue (0: none).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        fed_until_ms: i64,
     },
     /// Give it back with where the next pass starts and the pass's summary.
     Release {
@@ -44,8 +47,14 @@ pub enum LeaseCommand {
         /// How far this pass's audit got, if it audited.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         audit: Option<AuditProgress>,
+        /// How far the pass has scheduled polls on the fan-out queue (0: none).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        fed_until_ms: i64,
         summary: Value,
     },
+    /// From a fan-out consumer that Gemini asked to wait: no status call before `until_ms`.
+    /// Needs no lease: it only ever pushes the back-off later.
+    Backoff { until_ms: i64 },
     /// To the strangers' guard (another instance of the lease's class): may the status API
     /// be asked about one more unregistered name?
     StrangerPermit { limits: GuardLimits },
@@ -67,7 +76,12 @@ pub enum LeaseReply {
         /// The audit's state: the pass decides with its configured interval whether it is due.
         #[serde(default)]
         audit: Audit,
+        /// Where the polls already scheduled on the fan-out queue end.
+        #[serde(default)]
+        fed_until_ms: i64,
     },
+    /// The answer to [`LeaseCommand::Backoff`].
+    BackedOff,
     Busy,
     /// The answer to [`LeaseCommand::Renew`]; `accepted: false` means the lease is lost.
     Renewed {
@@ -90,6 +104,10 @@ pub enum LeaseReply {
     },
 }
 
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,7 +123,11 @@ mod tests {
             },
             status_backoff_until_ms: 5,
             audit: None,
+            fed_until_ms: 0,
         };
+        assert!(!serde_json::to_string(&cmd)
+            .unwrap()
+            .contains("fed_until_ms"));
         let text = serde_json::to_string(&cmd).unwrap();
         assert!(text.contains(r#""command":"renew""#));
         assert_eq!(serde_json::from_str::<LeaseCommand>(&text).unwrap(), cmd);

@@ -235,6 +235,10 @@ pub struct Lease {
     /// The audit over `op:`, with its own cursor.
     #[serde(default)]
     pub audit: Audit,
+    /// The end of the polls passes have scheduled on the fan-out queue: the next pass
+    /// schedules after it, so the rate toward Gemini holds across passes.
+    #[serde(default)]
+    pub fed_until_ms: i64,
 }
 
 impl Lease {
@@ -281,6 +285,22 @@ impl Lease {
         self.audit
             .progress(progress.resume, progress.complete, now_ms);
         true
+    }
+
+    /// Saves how far `holder` has scheduled polls on the fan-out queue (never earlier than
+    /// what is saved). Refused (false) unless `holder` holds the lease.
+    pub fn record_fed(&mut self, holder: &str, fed_until_ms: i64) -> bool {
+        if self.holder.as_deref() != Some(holder) {
+            return false;
+        }
+        self.fed_until_ms = self.fed_until_ms.max(fed_until_ms);
+        true
+    }
+
+    /// Gemini asked a fan-out poll to wait until `until_ms`: no status call before then, from
+    /// any pass or consumer. Anyone may push it later; nothing moves it earlier.
+    pub fn back_off(&mut self, until_ms: i64) {
+        self.status_backoff_until_ms = self.status_backoff_until_ms.max(until_ms);
     }
 
     /// Gives the lease back, saving where to resume. Refused (false) unless `holder` still
@@ -343,6 +363,9 @@ pub enum Stop {
     LeaseLost,
     /// Renewals failed for a whole TTL; the release is still tried (it is fenced).
     LeaseLapsed,
+    /// It scheduled a cron interval of polls on the fan-out queue (or Gemini's wait runs
+    /// past it); the next pass schedules from the saved cursor.
+    Scheduled,
     /// KV could not be listed.
     Error,
 }
@@ -358,6 +381,7 @@ impl Stop {
             Stop::Deadline => "deadline",
             Stop::LeaseLost => "lease_lost",
             Stop::LeaseLapsed => "lease_lapsed",
+            Stop::Scheduled => "scheduled",
             Stop::Error => "error",
         }
     }
@@ -907,5 +931,33 @@ mod tests {
         assert!(r.already_done("op:batches/m"));
         assert!(!r.already_done("op:batches/n"));
         assert!(!Resume::default().already_done("op:batches/a"));
+    }
+
+    #[test]
+    fn the_fan_out_schedule_and_backoff_only_move_later_and_only_the_holder_schedules() {
+        let mut lease = Lease::default();
+        assert!(!lease.record_fed("a", 500), "no holder, no schedule");
+        assert!(lease.acquire("a", 0, 100));
+        assert!(lease.record_fed("a", 500));
+        assert!(lease.record_fed("a", 300));
+        assert_eq!(lease.fed_until_ms, 500, "never earlier");
+        assert!(!lease.record_fed("b", 900));
+        assert_eq!(lease.fed_until_ms, 500);
+        lease.back_off(1_000);
+        lease.back_off(400);
+        assert_eq!(
+            lease.status_backoff_until_ms, 1_000,
+            "a consumer only pushes it later"
+        );
+        assert!(lease.release("a", Resume::default(), true, 0));
+        assert_eq!(
+            lease.status_backoff_until_ms, 1_000,
+            "nor does the release undo it"
+        );
+        let old: Lease = serde_json::from_str(r#"{"holder":null,"expires_ms":0,"resume":{"cursor":null,"after_key":null},"status_backoff_until_ms":0,"completed_passes":3}"#).unwrap();
+        assert_eq!(
+            old.fed_until_ms, 0,
+            "a lease saved before the fan-out reads as none"
+        );
     }
 }

@@ -83,6 +83,7 @@ log_events! {
     AlertFailed => "alert_failed",
     /// Reconciliation passes.
     ReconcilePass => "reconcile_pass",
+    ReconcileJob => "reconcile_job",
     ReconcileError => "reconcile_error",
     ReconcileLeaseLost => "reconcile_lease_lost",
     ReconcileCursorReset => "reconcile_cursor_reset",

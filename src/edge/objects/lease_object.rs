@@ -124,6 +124,7 @@ impl DurableObject for ReconcileLease {
                         status_backoff_until_ms: lease.status_backoff_until_ms,
                         webhook_alerted_state: lease.webhook_alerted_state.clone(),
                         audit: lease.audit.clone(),
+                        fed_until_ms: lease.fed_until_ms,
                     }
                 } else {
                     LeaseReply::Busy
@@ -135,6 +136,7 @@ impl DurableObject for ReconcileLease {
                 resume,
                 status_backoff_until_ms,
                 audit,
+                fed_until_ms,
             } => {
                 let accepted = lease.renew(
                     &holder,
@@ -146,6 +148,7 @@ impl DurableObject for ReconcileLease {
                     if let Some(progress) = audit {
                         lease.record_audit(&holder, progress, now);
                     }
+                    lease.record_fed(&holder, fed_until_ms);
                     self.write(
                         "lease",
                         &serde_json::to_value(&lease).unwrap_or(Value::Null),
@@ -161,12 +164,14 @@ impl DurableObject for ReconcileLease {
                 webhook_checked,
                 webhook_alerted_state,
                 audit,
+                fed_until_ms,
                 summary,
             } => {
                 if let Some(progress) = audit {
                     // Fenced like the release: only the holder moves the audit's cursor.
                     lease.record_audit(&holder, progress, now);
                 }
+                lease.record_fed(&holder, fed_until_ms);
                 let accepted = lease.release(&holder, resume, complete, status_backoff_until_ms);
                 if accepted {
                     if webhook_checked {
@@ -179,6 +184,16 @@ impl DurableObject for ReconcileLease {
                 }
                 self.write("last_pass", &summary)?;
                 LeaseReply::Released { accepted }
+            }
+            LeaseCommand::Backoff { until_ms } => {
+                if until_ms > lease.status_backoff_until_ms {
+                    lease.back_off(until_ms);
+                    self.write(
+                        "lease",
+                        &serde_json::to_value(&lease).unwrap_or(Value::Null),
+                    )?;
+                }
+                LeaseReply::BackedOff
             }
             // Answered above, before the lease is read.
             LeaseCommand::StrangerPermit { .. } | LeaseCommand::StrangerUnknown { .. } => {

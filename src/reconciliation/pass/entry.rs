@@ -35,6 +35,9 @@ pub(super) struct Entry {
     pub(super) steps: VecDeque<Step>,
     /// False once a poll was skipped for a back-off that ends within a cron interval.
     pub(super) polled: bool,
+    /// A poll was skipped for a back-off, or answered by one (a queue consumer sends the
+    /// entry back).
+    pub(super) skipped_poll: bool,
 }
 
 impl Entry {
@@ -45,6 +48,7 @@ impl Entry {
             meta,
             steps: steps.into(),
             polled: true,
+            skipped_poll: false,
         }
     }
 }
@@ -124,6 +128,7 @@ impl Pass {
         let backoff_until = self.status_backoff_until_ms;
         let entry = self.entry.as_mut()?;
         if now_ms < backoff_until {
+            entry.skipped_poll = true;
             entry.polled &= backoff_until - now_ms > HOLD_BACKOFF_UP_TO_MS;
             return None;
         }
@@ -176,6 +181,7 @@ impl Pass {
                 let backoff = self.health.unanswered(now_ms);
                 if let Some(until) = backoff {
                     self.status_backoff_until_ms = self.status_backoff_until_ms.max(until);
+                    self.ask_again_after_backoff();
                 }
                 let answer = match answer {
                     StatusAnswer::Network(e) => e,
@@ -206,6 +212,7 @@ impl Pass {
                 return;
             }
             Err(StatusError::Transient { retry_after_secs }) => {
+                self.ask_again_after_backoff();
                 self.report.errors += 1;
                 self.status_backoff_until_ms = self
                     .status_backoff_until_ms
@@ -332,6 +339,14 @@ impl Pass {
         );
         if done && self.affords(1) {
             self.push_front(Step::Reindex { stale: true });
+        }
+    }
+
+    /// The entry in hand got no usable answer because Gemini asks us to wait: a queue
+    /// consumer sends it back with the entries it skips.
+    fn ask_again_after_backoff(&mut self) {
+        if let Some(entry) = self.entry.as_mut() {
+            entry.skipped_poll = true;
         }
     }
 

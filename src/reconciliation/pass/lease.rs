@@ -34,8 +34,10 @@ impl Pass {
                 status_backoff_until_ms,
                 webhook_alerted_state,
                 audit,
+                fed_until_ms,
             }) => {
                 self.status_backoff_until_ms = status_backoff_until_ms;
+                self.fed_until_ms = fed_until_ms;
                 let resume = start_of_index(resume);
                 self.checkpoint = (resume.clone(), status_backoff_until_ms);
                 self.audit_from = audit.due(self.started_ms, self.limits.audit_interval_ms);
@@ -81,6 +83,7 @@ impl Pass {
             resume,
             status_backoff_until_ms,
             audit: self.audit_progress.clone(),
+            fed_until_ms: self.fed_sent(),
         })
     }
 
@@ -143,6 +146,7 @@ impl Pass {
             webhook_checked: webhook.is_some(),
             webhook_alerted_state: webhook.flatten(),
             audit: self.audited.take(),
+            fed_until_ms: self.fed_sent(),
             summary: serde_json::json!({
                 "at": crate::timestamp::format_rfc3339(self.started_ms),
                 "report": self.report.to_value(),
@@ -165,12 +169,25 @@ impl Pass {
         self.phase = Phase::Finish;
     }
 
-    /// The pass's line, and the end.
+    /// How far this pass scheduled polls on the fan-out queue, for the lease (0: nothing).
+    fn fed_sent(&self) -> i64 {
+        if self.report.fed > 0 {
+            self.fed_until_ms
+        } else {
+            0
+        }
+    }
+
+    /// The pass's line (a consumer's, for a queue message), and the end.
     pub(super) fn finish(&mut self, now_ms: i64) -> Flow {
         self.sync_report();
         self.report.errors += self.heartbeat_errors;
         self.report.elapsed_ms = now_ms - self.started_ms;
-        self.log(PassLog::ReconcilePass(self.report.clone()));
+        if self.job {
+            self.log(PassLog::ReconcileJob(self.report.clone()));
+        } else {
+            self.log(PassLog::ReconcilePass(self.report.clone()));
+        }
         self.phase = Phase::Done;
         Flow::Continue
     }

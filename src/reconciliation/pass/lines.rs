@@ -44,6 +44,9 @@ pub struct PassReport {
     pub effects_retried: u64,
     pub alerts: u64,
     pub gate_calls: u64,
+    /// Index entries scheduled on the fan-out queue, and the `sendBatch` calls that took them.
+    pub fed: u64,
+    pub queue_sends: u64,
     pub errors: u64,
     pub subrequests: u32,
     pub lease_renewals: u64,
@@ -66,6 +69,8 @@ fn stop_label<S: Serializer>(stop: &Option<Stop>, s: S) -> Result<S::Ok, S::Erro
 pub enum PassLog {
     /// The pass's summary, its last line.
     ReconcilePass(PassReport),
+    /// A queue consumer's summary of one fan-out message.
+    ReconcileJob(PassReport),
     /// Something failed: the lease, KV, a gate call. `key` names the operation, if one.
     ReconcileError {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -132,6 +137,7 @@ impl PassLog {
     pub fn event(&self) -> LogEvent {
         match self {
             PassLog::ReconcilePass(_) => LogEvent::ReconcilePass,
+            PassLog::ReconcileJob(_) => LogEvent::ReconcileJob,
             PassLog::ReconcileError { .. } => LogEvent::ReconcileError,
             PassLog::ReconcileLeaseLost { .. } => LogEvent::ReconcileLeaseLost,
             PassLog::ReconcileCursorReset { .. } => LogEvent::ReconcileCursorReset,
@@ -307,6 +313,7 @@ mod tests {
                 "elapsed_ms",
                 "errors",
                 "event",
+                "fed",
                 "gate_calls",
                 "index_kv_lists",
                 "index_listed",
@@ -314,6 +321,7 @@ mod tests {
                 "lease_busy",
                 "lease_renewals",
                 "listed",
+                "queue_sends",
                 "reindexed",
                 "settled",
                 "status_calls",

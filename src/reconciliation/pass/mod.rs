@@ -27,6 +27,7 @@
 //! once; an answer whose status the ledger already shows costs no gate call.
 
 mod entry;
+mod fanout;
 mod lease;
 mod lines;
 mod walk;
@@ -47,6 +48,9 @@ use crate::reconciliation::reconcile::{
 };
 use crate::reconciliation::skim::{SkimError, Skimmed};
 
+pub use fanout::{
+    Fanout, JobEntry, JobOutcome, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES,
+};
 pub use lines::{PassLog, PassReport};
 
 #[cfg(doc)]
@@ -79,6 +83,8 @@ pub struct Limits {
     pub api_base: String,
     /// How long the first side effect of an unregistered operation the pass settles waits.
     pub unregistered_hold_ms: i64,
+    /// The fan-out queue, when `RECONCILE_QUEUE` is bound.
+    pub fanout: Option<Fanout>,
 }
 
 /// What the edge does next for the pass.
@@ -99,6 +105,11 @@ pub enum Intent {
     Poll { key: String, url: String },
     /// Send `command` to the gate of `key`; answer with [`Pass::on_gate`].
     CallGate { key: String, command: GateCommand },
+    /// Send these messages to the fan-out queue in one batch; answer with
+    /// [`Pass::on_enqueued`].
+    Enqueue { jobs: Vec<QueuedJob> },
+    /// A consumer waits for its next entry's slot; answer with [`Pass::on_slept`].
+    Sleep { until_ms: i64 },
     /// The pass is over; its line is among the logs.
     Done,
 }
@@ -205,6 +216,11 @@ pub struct Pass {
     webhook: Option<Option<String>>,
     /// Where the audit starts, when it is due.
     audit_from: Option<Resume>,
+    /// Where the polls scheduled on the fan-out queue end (from the lease, then this pass's).
+    fed_until_ms: i64,
+    /// A consumer's pass over one queue message, and how it ended.
+    job: bool,
+    job_outcome: JobOutcome,
     /// Where the routine walk says the next pass starts, and why it stopped.
     walked: Option<(Resume, Stop)>,
     /// How far the audit got, if it ran.
@@ -217,6 +233,7 @@ enum Phase {
     Webhook(webhook::Check),
     Index(walk::IndexWalk),
     Audit(walk::AuditWalk),
+    Job(fanout::JobWalk),
     Release,
     Finish,
     Done,
@@ -234,10 +251,14 @@ enum Awaiting {
         collection: Collection,
     },
     Gate(entry::AfterGate),
+    Enqueue(fanout::Fed),
+    Sleep,
     Release,
 }
 
-/// How a step of a walk went.
+/// How a step of a walk went. Returned by value and matched at once, never stored: its size
+/// costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum Flow {
     /// The edge must do this.
     Io(Intent),
@@ -278,6 +299,9 @@ impl Pass {
             webhook_alerted_state: None,
             webhook: None,
             audit_from: None,
+            fed_until_ms: 0,
+            job: false,
+            job_outcome: JobOutcome::default(),
             walked: None,
             audited: None,
         }
@@ -307,6 +331,7 @@ impl Pass {
                 Phase::Webhook(check) => self.webhook_step(check),
                 Phase::Index(walk) => self.index_step(walk, now_ms),
                 Phase::Audit(walk) => self.audit_step(walk, now_ms),
+                Phase::Job(walk) => self.job_step(walk, now_ms),
                 Phase::Release => self.release(now_ms),
                 Phase::Finish => self.finish(now_ms),
                 Phase::Done => return Intent::Done,

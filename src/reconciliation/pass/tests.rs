@@ -30,6 +30,7 @@ fn limits() -> Limits {
         webhook_name: None,
         api_base: "http://gemini".into(),
         unregistered_hold_ms: 0,
+        fanout: None,
     }
 }
 
@@ -48,6 +49,7 @@ fn granted(resume: Resume) -> LeaseReply {
         status_backoff_until_ms: 0,
         webhook_alerted_state: None,
         audit: audit_not_due(),
+        fed_until_ms: 0,
     }
 }
 
@@ -142,6 +144,8 @@ struct World {
     release: Result<LeaseReply, String>,
     /// Runs before each intent is answered, with how many came before: the heartbeat's turn.
     beat: Beat,
+    /// How the fan-out queue answers a send.
+    queue: Result<(), String>,
 }
 
 impl Default for World {
@@ -160,6 +164,7 @@ impl Default for World {
             alert_sent: true,
             release: Ok(LeaseReply::Released { accepted: true }),
             beat: Box::new(|_, _, _| {}),
+            queue: Ok(()),
         }
     }
 }
@@ -189,6 +194,7 @@ struct Outcome {
     intents: Vec<Intent>,
     logs: Vec<Value>,
     report: PassReport,
+    job: JobOutcome,
 }
 
 impl Outcome {
@@ -237,13 +243,30 @@ impl Outcome {
         }
     }
 
+    /// The messages sent to the fan-out queue, read back.
+    fn queued(&self) -> Vec<(PollJob, u32)> {
+        self.intents
+            .iter()
+            .filter_map(|i| match i {
+                Intent::Enqueue { jobs } => Some(jobs),
+                _ => None,
+            })
+            .flatten()
+            .map(|q| (PollJob::from_body(&q.body).unwrap(), q.delay_secs))
+            .collect()
+    }
+
     fn events(&self, name: &str) -> Vec<&Value> {
         self.logs.iter().filter(|l| l["event"] == name).collect()
     }
 }
 
-fn run(limits: Limits, mut w: World) -> Outcome {
-    let mut pass = Pass::new(limits, "pass-1".into(), w.now);
+fn run(limits: Limits, w: World) -> Outcome {
+    let pass = Pass::new(limits, "pass-1".into(), w.now);
+    drive(pass, w)
+}
+
+fn drive(mut pass: Pass, mut w: World) -> Outcome {
     let mut out = Outcome::default();
     for n in 0..100_000 {
         let intent = pass.next(w.now);
@@ -261,14 +284,27 @@ fn run(limits: Limits, mut w: World) -> Outcome {
             Intent::List { prefix, cursor } => pass.on_listed(w.list(prefix, cursor)),
             Intent::Poll { key, .. } => pass.on_status((w.status)(&key), w.now),
             Intent::CallGate { key, command } => pass.on_gate((w.gate)(&key, &command)),
+            Intent::Enqueue { .. } => pass.on_enqueued(w.queue.clone()),
+            Intent::Sleep { until_ms } => {
+                w.now = w.now.max(until_ms);
+                pass.on_slept();
+            }
         }
         out.logs
             .extend(pass.drain_logs().iter().map(PassLog::to_value));
     }
     out.report = pass.report().clone();
+    out.job = pass.job_outcome().clone();
     let line = out.logs.last().expect("the pass's line");
-    assert_eq!(line["event"], "reconcile_pass", "the line comes last");
-    assert_eq!(*line, out.report.to_value());
+    let want = if pass.job {
+        "reconcile_job"
+    } else {
+        "reconcile_pass"
+    };
+    assert_eq!(line["event"], want, "the line comes last");
+    let mut report = out.report.to_value();
+    report["event"] = want.into();
+    assert_eq!(*line, report);
     out
 }
 
@@ -777,6 +813,7 @@ fn a_backoff_longer_than_a_cron_interval_does_not_hold_the_next_pass() {
             grant: Ok(LeaseReply::Granted {
                 resume: Resume::default(),
                 status_backoff_until_ms: NOW + HOLD_BACKOFF_UP_TO_MS + 1,
+                fed_until_ms: 0,
                 webhook_alerted_state: None,
                 audit: audit_not_due(),
             }),
@@ -966,6 +1003,7 @@ fn audit_due(resume: Resume) -> LeaseReply {
     LeaseReply::Granted {
         resume,
         status_backoff_until_ms: 0,
+        fed_until_ms: 0,
         webhook_alerted_state: None,
         audit: Audit::default(),
     }
@@ -1170,6 +1208,7 @@ fn the_audit_resumes_its_own_cursor_and_saves_how_far_it_got() {
             grant: Ok(LeaseReply::Granted {
                 resume: Resume::default(),
                 status_backoff_until_ms: 0,
+                fed_until_ms: 0,
                 webhook_alerted_state: None,
                 audit: Audit {
                     resume: Some(progress.resume.clone()),
@@ -1242,6 +1281,7 @@ fn granted_alerted(state: Option<&str>) -> LeaseReply {
     LeaseReply::Granted {
         resume: Resume::default(),
         status_backoff_until_ms: 0,
+        fed_until_ms: 0,
         webhook_alerted_state: state.map(str::to_string),
         audit: audit_not_due(),
     }
@@ -1460,4 +1500,286 @@ fn a_refused_release_is_logged_and_a_failed_one_counted() {
         "lease release: object answered 500"
     );
     assert_eq!(out.report.errors, 1);
+}
+
+// --- The fan-out queue ---
+
+fn fanout(rate_per_s: u32, above: usize) -> Limits {
+    Limits {
+        fanout: Some(Fanout {
+            rate_per_s,
+            above,
+            horizon_ms: 300_000,
+        }),
+        ..limits()
+    }
+}
+
+fn fed_until(out: &Outcome) -> i64 {
+    match out.release() {
+        Some(LeaseCommand::Release { fed_until_ms, .. }) => *fed_until_ms,
+        other => panic!("no release: {other:?}"),
+    }
+}
+
+#[test]
+fn a_large_backlog_is_scheduled_on_the_queue_at_the_rate_and_polled_by_nobody_here() {
+    let out = run(
+        fanout(20, 100),
+        World {
+            index: keys(500),
+            ..World::default()
+        },
+    );
+    assert!(out.polls().is_empty(), "the pass polls nothing itself");
+    assert!(out.gate_calls().is_empty());
+    let queued = out.queued();
+    assert_eq!(queued.len(), 10, "500 entries, 50 a message");
+    let names: Vec<String> = queued
+        .iter()
+        .flat_map(|(j, _)| j.entries.iter().map(|e| e.name.clone()))
+        .collect();
+    let want: Vec<String> = (0..500).map(|i| format!("open:batches/k{i}")).collect();
+    let (mut sorted, mut want_sorted) = (names.clone(), want);
+    sorted.sort();
+    want_sorted.sort();
+    assert_eq!(sorted, want_sorted, "every entry once, none twice");
+    for (k, (job, delay)) in queued.iter().enumerate() {
+        // 20 a second: each message of 50 takes 2.5 s of slots, the next starts after it.
+        assert_eq!(job.not_before_ms, NOW + k as i64 * 2_500);
+        assert_eq!(*delay as i64, (k as i64 * 2_500) / 1_000);
+        assert_eq!(job.rate_per_s, 20);
+        assert_eq!(job.slot_ms(1) - job.slot_ms(0), 50);
+    }
+    assert_eq!(out.report.fed, 500);
+    assert_eq!(out.report.queue_sends, 1, "one sendBatch for 10 messages");
+    assert_eq!(
+        out.report.subrequests, 4,
+        "lease, one list, one send, release"
+    );
+    assert_eq!(out.report.stopped, Some(Stop::Complete));
+    assert_eq!(
+        fed_until(&out),
+        NOW + 25_000,
+        "the lease learns where the slots end"
+    );
+}
+
+#[test]
+fn a_backlog_under_the_threshold_is_polled_by_the_pass_itself() {
+    let out = run(
+        fanout(20, 41),
+        World {
+            index: keys(40),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls().len(), 40);
+    assert!(out.queued().is_empty());
+    assert_eq!(fed_until(&out), 0, "nothing scheduled, nothing to say");
+}
+
+#[test]
+fn a_pass_schedules_one_cron_interval_after_the_slots_already_taken_and_resumes_after() {
+    let mut grant = granted(Resume::default());
+    if let LeaseReply::Granted { fed_until_ms, .. } = &mut grant {
+        *fed_until_ms = NOW + 100_000; // an earlier pass's slots run 100 s more
+    }
+    // 1 a second: 300 s of horizon, of which 200 s are free.
+    let out = run(
+        fanout(1, 10),
+        World {
+            index: keys(1_000),
+            grant: Ok(grant),
+            ..World::default()
+        },
+    );
+    let queued = out.queued();
+    assert_eq!(
+        queued.iter().map(|(j, _)| j.entries.len()).sum::<usize>(),
+        200
+    );
+    assert_eq!(
+        queued[0].0.not_before_ms,
+        NOW + 100_000,
+        "no overlap with earlier slots"
+    );
+    assert_eq!(queued[0].1, 100);
+    assert_eq!(out.report.stopped, Some(Stop::Scheduled));
+    let last = &queued.last().unwrap().0.entries.last().unwrap().name;
+    assert_eq!(out.resume().after_key.as_deref(), Some(last.as_str()));
+    assert_eq!(fed_until(&out), NOW + 300_000);
+}
+
+#[test]
+fn a_backoff_longer_than_the_interval_schedules_nothing_and_keeps_the_cursor() {
+    let mut grant = granted(at("open:batches/k3"));
+    if let LeaseReply::Granted {
+        status_backoff_until_ms,
+        ..
+    } = &mut grant
+    {
+        *status_backoff_until_ms = NOW + 600_000;
+    }
+    let out = run(
+        fanout(20, 10),
+        World {
+            index: keys(500),
+            grant: Ok(grant),
+            ..World::default()
+        },
+    );
+    assert!(out.queued().is_empty() && out.polls().is_empty());
+    assert_eq!(out.report.stopped, Some(Stop::Scheduled));
+    assert_eq!(out.resume(), at("open:batches/k3"));
+}
+
+#[test]
+fn a_send_the_queue_refuses_moves_no_cursor() {
+    let out = run(
+        fanout(20, 10),
+        World {
+            index: keys(500),
+            queue: Err("queue unavailable".into()),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.fed, 0);
+    assert_eq!(out.report.stopped, Some(Stop::Error));
+    assert_eq!(
+        out.resume(),
+        Resume::default(),
+        "the next pass schedules them"
+    );
+    assert_eq!(fed_until(&out), 0);
+    assert_eq!(out.events("reconcile_error").len(), 1);
+}
+
+fn job(n: usize, rate_per_s: u32) -> PollJob {
+    PollJob {
+        entries: keys(n)
+            .into_iter()
+            .map(|k| JobEntry {
+                name: k.name,
+                metadata: k.metadata.unwrap(),
+            })
+            .collect(),
+        not_before_ms: NOW + 1_000,
+        rate_per_s,
+    }
+}
+
+#[test]
+fn a_consumer_polls_each_entry_at_its_slot_and_settles_what_gemini_says_is_done() {
+    let job = job(3, 10);
+    let pass = Pass::for_job(limits(), job.clone(), NOW);
+    let out = drive(
+        pass,
+        World {
+            status: Box::new(|_| batch("BATCH_STATE_SUCCEEDED")),
+            ..World::default()
+        },
+    );
+    let sleeps: Vec<i64> = out
+        .intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Sleep { until_ms } => Some(*until_ms),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sleeps, vec![NOW + 1_000, NOW + 1_100, NOW + 1_200]);
+    assert_eq!(out.polls(), vec!["batches/k0", "batches/k1", "batches/k2"]);
+    assert_eq!(out.gate_calls().len(), 3, "each settled through its gate");
+    assert_eq!(out.report.settled, 3);
+    assert!(
+        out.intents.iter().all(|i| !matches!(i, Intent::Lease(_))),
+        "no lease"
+    );
+    assert_eq!(out.job, JobOutcome::default(), "nothing to send back");
+}
+
+#[test]
+fn a_consumer_told_to_wait_polls_nothing_more_and_sends_the_rest_back_for_after_the_wait() {
+    let mut calls = 0;
+    let pass = Pass::for_job(limits(), job(5, 1_000), NOW);
+    let out = drive(
+        pass,
+        World {
+            status: Box::new(move |_| {
+                calls += 1;
+                if calls == 2 {
+                    http(429, Some("30"))
+                } else {
+                    batch("BATCH_STATE_RUNNING")
+                }
+            }),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls(), vec!["batches/k0", "batches/k1"]);
+    let requeue = out.job.requeue.clone().expect("the rest goes back");
+    let names: Vec<&str> = requeue.entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "open:batches/k1",
+            "open:batches/k2",
+            "open:batches/k3",
+            "open:batches/k4"
+        ],
+        "the throttled entry and those after it"
+    );
+    let until = out
+        .job
+        .backoff_until_ms
+        .expect("the wait goes to the lease");
+    assert!(until >= NOW + 30_000, "{until}");
+    assert_eq!(requeue.not_before_ms, until);
+    assert_eq!(
+        QueuedJob::of(&requeue, NOW).delay_secs as i64,
+        (until - NOW) / 1_000
+    );
+}
+
+#[test]
+fn a_consumer_whose_slots_have_passed_still_keeps_the_rate_between_its_polls() {
+    let mut late = job(3, 10);
+    late.not_before_ms = NOW - 60_000; // the message waited a minute in the queue
+    let out = drive(Pass::for_job(limits(), late, NOW), World::default());
+    let sleeps: Vec<i64> = out
+        .intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Sleep { until_ms } => Some(*until_ms),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sleeps,
+        vec![NOW + 100, NOW + 200],
+        "the first at once, then 100 ms apart"
+    );
+    assert_eq!(out.polls().len(), 3);
+}
+
+#[test]
+fn a_poll_job_survives_the_queue_and_a_foreign_message_is_refused() {
+    let j = job(2, 7);
+    assert_eq!(PollJob::from_body(&j.to_body()).unwrap(), j);
+    assert!(PollJob::from_body("{\"hello\":1}").is_err());
+    let far = PollJob {
+        not_before_ms: NOW + 100 * 86_400_000,
+        ..j.clone()
+    };
+    assert_eq!(
+        QueuedJob::of(&far, NOW).delay_secs,
+        43_200,
+        "the queue's longest delay"
+    );
+    let past = PollJob {
+        not_before_ms: NOW - 5_000,
+        ..j
+    };
+    assert_eq!(QueuedJob::of(&past, NOW).delay_secs, 0);
 }

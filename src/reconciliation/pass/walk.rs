@@ -30,14 +30,16 @@ pub(super) struct IndexWalk {
     window: Option<String>,
     cursor: Option<String>,
     pages: u32,
-    entries: Vec<(String, Option<LedgerMeta>)>,
+    pub(super) entries: Vec<(String, Option<LedgerMeta>)>,
     /// Whether the window is listed, and where the next one starts if this is not the end.
     listed: bool,
     next_window: Option<String>,
     /// The last entry done, for the next pass.
-    position: Resume,
+    pub(super) position: Resume,
     /// The next entry to visit.
-    at: usize,
+    pub(super) at: usize,
+    /// Whether the window's entries go to the fan-out queue rather than being polled here.
+    feeding: bool,
 }
 
 /// The audit over `op:`, one page at a time.
@@ -78,6 +80,7 @@ impl Pass {
             listed: false,
             next_window: None,
             at: 0,
+            feeding: false,
         });
     }
 
@@ -104,6 +107,9 @@ impl Pass {
             }
             walk.position.after_key = Some(entry.name);
             self.save_checkpoint(&walk.position);
+        }
+        if walk.feeding {
+            return self.feed_step(walk, now_ms);
         }
         while let Some((name, meta)) = walk.entries.get_mut(walk.at) {
             walk.at += 1;
@@ -136,6 +142,12 @@ impl Pass {
             self.phase = Phase::Index(walk);
             return Flow::Continue;
         }
+        self.window_done(walk)
+    }
+
+    /// Every entry of the window is visited: the next pass lists the next window, or the
+    /// index from its start.
+    pub(super) fn window_done(&mut self, walk: IndexWalk) -> Flow {
         match walk.next_window {
             None => self.end_walk(Resume::default(), Stop::Complete),
             Some(c) => self.end_walk(
@@ -225,16 +237,17 @@ impl Pass {
         };
         let names: Vec<&str> = walk.entries.iter().map(|(n, _)| n.as_str()).collect();
         walk.at = resume_index(&names, walk.resume.after_key.as_deref());
+        walk.feeding = self.fans_out(walk.entries.len().saturating_sub(walk.at));
     }
 
-    fn end_walk(&mut self, resume: Resume, stop: Stop) -> Flow {
+    pub(super) fn end_walk(&mut self, resume: Resume, stop: Stop) -> Flow {
         self.walk_ended(resume, stop);
         Flow::Continue
     }
 
     /// The routine walk stopped: entries skipped for a short back-off hold the resume point
     /// back; then the audit runs if it is due and the walk did not lose the lease or fail.
-    fn walk_ended(&mut self, resume: Resume, stop: Stop) {
+    pub(super) fn walk_ended(&mut self, resume: Resume, stop: Stop) {
         let walked = match self.first_unpolled.take() {
             Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
             Some(held) => (held, stop),

@@ -1,0 +1,106 @@
+// The fan-out of a large backlog onto the worker's own Cloudflare Queue (Miniflare's, in
+// workerd): a pass schedules the polls instead of making them, the consumer polls each at its
+// slot and settles through the gates, a 429 pauses the polls until its Retry-After, and every
+// side effect still runs once.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startWorker, startStatusApi, startDestination, eventually } from "./helpers.mjs";
+
+const gemini = new Map();
+let api, dest;
+const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
+
+function batch(state) {
+  return { status: 200, body: { name: "batches/x", metadata: { state, updateTime: "2026-11-25T10:00:00Z" }, done: state !== "BATCH_STATE_RUNNING" } };
+}
+
+before(async () => {
+  api = await startStatusApi(gemini);
+  dest = await startDestination(() => ({ status: 200 }));
+});
+after(async () => {
+  await api?.close();
+  await dest?.close();
+  dest?.assertAllValid();
+});
+
+describe("reconciliation fanned out on a queue", () => {
+  let w;
+  const RATE = 20;
+  before(async () => {
+    w = await startWorker({
+      EFFECT_URL: `${dest.url}/effects`,
+      GEMINI_API_BASE: api.url,
+      GEMINI_API_KEY: "test-gemini-key",
+      RECONCILE_GRACE_SECONDS: "0",
+      RECONCILE_FANOUT_ABOVE: "10",
+      RECONCILE_POLL_RATE: String(RATE),
+    });
+  });
+  after(() => w?.dispose());
+
+  it("schedules a backlog on the queue at the rate, and the consumer settles each once", async () => {
+    const keys = Array.from({ length: 30 }, (_, i) => `batches/fan${String(i).padStart(2, "0")}`);
+    for (const k of keys) await w.register(k, "nightly");
+    for (const k of keys) gemini.set(k, batch("BATCH_STATE_SUCCEEDED"));
+    await w.ledger(keys);
+    await w.scheduled();
+    const pass = await eventually(() => w.events("reconcile_pass").at(-1), { what: "the pass's line" });
+    assert.equal(pass.fed, 30, JSON.stringify(pass));
+    assert.equal(pass.status_calls, 0, "the pass polls nothing itself");
+    assert.equal(pass.queue_sends, 1);
+    assert.equal(pass.stopped, "complete");
+    for (const k of keys) {
+      await eventually(async () => (await w.inspect(k)).body.effect_done, { what: `the effect of ${k}`, timeoutMs: 30_000 });
+    }
+    for (const k of keys) {
+      assert.equal(effectsFor(k).length, 1, `one effect for ${k}`);
+      assert.equal((await w.inspect(k)).body.settled_by, "reconcile", k);
+    }
+    const jobs = w.events("reconcile_job");
+    assert.equal(jobs.reduce((n, j) => n + j.status_calls, 0), 30, "each polled once, by a consumer");
+    assert.equal(jobs.reduce((n, j) => n + j.settled, 0), 30);
+    // The slots: 30 polls at 20 a second span at least 29 / 20 s (the clock's granularity and
+    // the queue's batching can only make them later, never earlier).
+    const at = keys.map((k) => api.callsFor(k)[0].at).sort((a, b) => a - b);
+    assert.ok(at.at(-1) - at[0] >= (29 * 1000) / RATE - 50, `polls spread over ${at.at(-1) - at[0]} ms`);
+    // The next pass finds the index empty: nothing is scheduled twice.
+    await w.scheduled();
+    const next = await eventually(() => w.events("reconcile_pass").length >= 2 && w.events("reconcile_pass").at(-1));
+    assert.equal(next.fed, 0);
+    assert.equal(next.index_listed, 0);
+  });
+
+  it("pauses every poll for a 429's Retry-After, sends the rest back, and still settles each once", async () => {
+    const keys = Array.from({ length: 12 }, (_, i) => `batches/slow${String(i).padStart(2, "0")}`);
+    for (const k of keys) await w.register(k, "nightly");
+    let throttled = 0;
+    for (const [i, k] of keys.entries()) {
+      gemini.set(k, (n) => {
+        // The fourth operation's first call is throttled, as Gemini would under load.
+        if (i === 3 && n === 1) { throttled = Date.now(); return { status: 429, headers: { "retry-after": "2" }, body: { error: { code: 429 } } }; }
+        return batch("BATCH_STATE_SUCCEEDED");
+      });
+    }
+    await w.ledger(keys);
+    const before = w.events("reconcile_pass").length;
+    await w.scheduled();
+    const pass = await eventually(() => w.events("reconcile_pass").length > before && w.events("reconcile_pass").at(-1));
+    assert.equal(pass.fed, 12, JSON.stringify(pass));
+    for (const k of keys) {
+      await eventually(async () => (await w.inspect(k)).body.effect_done, { what: `the effect of ${k}`, timeoutMs: 30_000 });
+      assert.equal(effectsFor(k).length, 1, k);
+    }
+    assert.ok(throttled > 0, "the 429 was answered");
+    // Nothing was asked of Gemini during the wait, and the throttled one was asked again after.
+    const during = api.requests.filter((r) => r.at > throttled + 5 && r.at < throttled + 1_900);
+    assert.deepEqual(during.map((r) => r.url), [], "no status call during Retry-After");
+    assert.equal(api.callsFor(keys[3]).length, 2);
+    // The consumer told the lease, so the next pass schedules nothing before the wait ends.
+    const ns = await w.mf.getDurableObjectNamespace("RECONCILE_LEASE");
+    const res = await ns.get(ns.idFromName("reconcile")).fetch("http://lease/", { method: "POST", body: JSON.stringify({ command: "status" }) });
+    const { lease } = await res.json();
+    assert.ok(lease.status_backoff_until_ms >= throttled + 1_900, JSON.stringify(lease));
+    assert.ok(lease.fed_until_ms > 0, JSON.stringify(lease));
+  });
+});
