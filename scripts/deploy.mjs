@@ -8,9 +8,10 @@
 //    `npm run connect`).
 // 2. Generates EFFECT_SIGNING_SECRET and ADMIN_TOKEN when the worker has none yet, keeping
 //    them in .deploy.vars (mode 0600, never committed), where the user reads them back.
-// 3. Deploys with the secrets it was given (--set, or GEMINI_API_KEY from the environment) and
+// 3. Creates the fan-out queue wrangler.toml names, unless it exists (wrangler deploy does not).
+// 4. Deploys with the secrets it was given (--set, or GEMINI_API_KEY from the environment) and
 //    generated, in one `wrangler deploy --secrets-file` (secrets already set stay).
-// 4. Checks GET /healthz on the deployed worker.
+// 5. Checks GET /healthz on the deployed worker.
 // `--dry-run` checks the configuration and bundles without contacting Cloudflare (so it cannot
 // know which secrets the worker already has), and says what is missing.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -60,7 +61,10 @@ function fail(message) {
 }
 const say = (message) => console.log(`deploy: ${message}`);
 
-/** What the deploy needs from wrangler.toml: the OPS_KV binding's id and the [vars] names. */
+/**
+ * What the deploy needs from wrangler.toml: the OPS_KV binding's id, the [vars] names and the
+ * queues the worker produces to (wrangler deploy does not create queues).
+ */
 function readConfig(file) {
   let text;
   try {
@@ -75,6 +79,7 @@ function readConfig(file) {
     hasKv: Boolean(kv) || /OPS_KV/.test(text.match(/kv_namespaces\s*=\s*\[[^\]]*\]/)?.[0] ?? ""),
     kvId: kv?.match(/^\s*id\s*=\s*"([^"]*)"/m)?.[1],
     vars: new Set([...vars.matchAll(/^\s*([A-Z][A-Z0-9_]*)\s*=/gm)].map((m) => m[1])),
+    queues: blocks.filter((b) => b.startsWith("[queues.producers]]")).map((b) => b.match(/^\s*queue\s*=\s*"([^"]+)"/m)?.[1]).filter(Boolean),
   };
 }
 
@@ -132,6 +137,20 @@ const upload = { ...args.set, ...generate };
 if (Object.keys(generate).length) {
   writeVars(DEPLOY_VARS, generate);
   say(`generated ${Object.keys(generate).join(", ")}: read them back in ${DEPLOY_VARS} (owner-only, never committed)`);
+}
+
+// wrangler deploy provisions KV itself but refuses a queue that does not exist: create the
+// fan-out queue first; one that exists is kept as it is.
+for (const name of config.queues) {
+  if (args.dryRun) {
+    notes.push(`queue ${name}: created on deploy unless it exists`);
+    say(`queue ${name}: created on deploy unless it exists`);
+    continue;
+  }
+  const made = await wrangler(["queues", "create", name]);
+  if (made.code === 0) say(`queue ${name}: created`);
+  else if (/already (exists|taken)|\b11009\b/i.test(`${made.stdout}${made.stderr}`)) say(`queue ${name}: exists`);
+  else fail(`wrangler queues create ${name} failed (exit ${made.code}): ${(made.stderr || made.stdout).trim()}`);
 }
 
 const deployArgs = ["deploy", "--config", args.config, ...args.rest];

@@ -31,6 +31,10 @@ let code = 0;
 if (args[0] === "secret" && args[1] === "list") {
   if (!state.worker) { console.error("X [ERROR] This Worker does not exist on your account. [code: 10007]"); code = 1; }
   else console.log(JSON.stringify(Object.keys(state.secrets).map((name) => ({ name, type: "secret_text" }))));
+} else if (args[0] === "queues" && args[1] === "create") {
+  state.queues = state.queues || [];
+  if (state.queues.includes(args[2])) { console.error("X [ERROR] A request to the Cloudflare API failed. Queue name already taken [code: 11009]"); code = 1; }
+  else state.queues.push(args[2]);
 } else if (args[0] === "deploy") {
   const i = args.indexOf("--secrets-file");
   if (i >= 0) { entry.secretsFile = args[i + 1]; entry.secrets = JSON.parse(fs.readFileSync(args[i + 1], "utf8")); Object.assign(state.secrets, entry.secrets); }
@@ -113,6 +117,10 @@ describe("npm run deploy on a fresh account, then again", () => {
     assert.equal(code, 0, out);
     const deployCall = calls().find((c) => c.args[0] === "deploy");
     assert.ok(deployCall, out);
+    // The fan-out queue exists before the deploy that binds it.
+    const names = calls().map((c) => c.args.slice(0, 3).join(" "));
+    assert.ok(names.indexOf("queues create gemini-once-polls") >= 0, names.join("; "));
+    assert.ok(names.indexOf("queues create gemini-once-polls") < names.findIndex((n) => n.startsWith("deploy")), names.join("; "));
     assert.deepEqual(Object.keys(deployCall.secrets).sort(), ["ADMIN_TOKEN", "EFFECT_SIGNING_SECRET", "EFFECT_URL", "GEMINI_API_KEY"]);
     assert.equal(deployCall.secrets.EFFECT_URL, "https://dest.example/hooks/gemini");
     assert.match(deployCall.secrets.EFFECT_SIGNING_SECRET, /^whsec_[A-Za-z0-9+/]{43}=$/);
@@ -136,6 +144,7 @@ describe("npm run deploy on a fresh account, then again", () => {
     const deployCall = calls().slice(seen).find((c) => c.args[0] === "deploy");
     assert.ok(deployCall && !deployCall.args.includes("--secrets-file"), JSON.stringify(deployCall));
     assert.equal(readFileSync(deployVars, "utf8"), before);
+    assert.match(out, /queue gemini-once-polls: exists/, "an existing queue is kept");
     assert.match(out, /healthz: ok/);
   });
 });
