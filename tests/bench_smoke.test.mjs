@@ -19,7 +19,7 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
   try {
     const run = spawnSync(
       process.execPath,
-      ["scripts/bench/main.mjs", "--quick", "--no-build", "--no-wrangler", "--only", "build,fast,reconcile,cost", "--cost-ops", "5", "--no-variants", "--sizes", "300", "--seconds", "0.2", "--json", json],
+      ["scripts/bench/main.mjs", "--quick", "--no-build", "--no-wrangler", "--only", "build,fast,reconcile,backlog,cost", "--cost-ops", "5", "--backlog", "300", "--backlog-rate", "500", "--no-variants", "--sizes", "300", "--seconds", "0.2", "--json", json],
       { cwd: root, encoding: "utf8", timeout: 280_000 },
     );
     assert.equal(run.status, 0, `bench failed:\n${run.stdout}\n${run.stderr}`);
@@ -39,6 +39,17 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
       assert.ok(Number.isFinite(row.effect_start_after_answer_ms.p50), `first at ${row.concurrency}: effect delay after the answer measured`);
     }
     assert.equal(r.fast.effects.effects_at_destination, r.fast.effects.first_deliveries_measured_and_warmup);
+
+    // The backlog fanned out on the queue: each open operation polled once, by a consumer, and
+    // the 1% that Gemini says are done settled with one side effect each.
+    const b = r.backlog;
+    assert.equal(b.distinct_polled, b.indexed, "every open operation polled");
+    assert.equal(b.polled_twice, 0, "none polled twice");
+    assert.equal(b.fed, b.indexed, "all scheduled on the queue");
+    assert.equal(b.consumer_status_calls, b.indexed, "polled by the consumer, not the pass");
+    assert.equal(b.effect_keys, b.done_expected);
+    assert.equal(b.effect_repeats, 0);
+    assert.ok(b.messages >= Math.ceil(b.indexed / 50), `${b.messages} messages`);
 
     const [ledger] = r.reconcile;
     assert.equal(ledger.size, 300);

@@ -13,6 +13,10 @@
 //   npm run bench -- --no-wrangler       skip the `wrangler dev` start-up measurement
 //   npm run bench -- --no-variants       fast path: the four scenarios only (no profile variants)
 //   npm run bench -- --cost-ops 200      operations per flow in the cost section ("cost")
+//   npm run bench -- --backlog 100000 --backlog-rate 1000
+//                                        open operations in the backlog section ("backlog") and
+//                                        the RECONCILE_POLL_RATE it runs at (default 100,000 at
+//                                        1,000 a second: this machine's pace, not the default's)
 //   npm run bench -- --peer DIR          also the side-by-side section ("side"): the simple
 //                                        design in DIR (DIR/src/index.ts, DIR/wrangler.toml)
 //                                        against gemini-once; `--only side` runs only it
@@ -52,6 +56,9 @@
 //    then webhook, recovered by cron, duplicate, retirement), what the Durable Objects used as
 //    they count it themselves (USAGE_LOG lines: SQLite rows, alarm and KV writes, calls, wall
 //    time, database size), KV's footprint, and the monthly bill at Cloudflare's rates;
+//  - the backlog: N open operations (a day of lost webhooks) recovered by passes that fan their
+//    polls out on the worker's own queue: passes, KV lists, queue messages and subrequests,
+//    time until every one is polled and the 1% done are settled with their side effects;
 //  - the build: wasm size raw and gzip, what takes the space, and the time from process start
 //    to the first answered request (Miniflare in a fresh node process, and `wrangler dev`).
 //
@@ -71,12 +78,13 @@ import { benchBuild } from "./wasm.mjs";
 import { benchFast } from "./fast.mjs";
 import { benchProfile } from "./profile.mjs";
 import { benchReconcile } from "./reconcile.mjs";
+import { benchBacklog } from "./backlog.mjs";
 import { benchCost } from "./cost.mjs";
 import { evaluateTargets, report } from "./report.mjs";
 import { benchSide } from "./side.mjs";
 
 function parseArgs(argv) {
-  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null, costOps: null, minimum: true, destMs: null };
+  const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null, costOps: null, backlog: null, backlogRate: null, minimum: true, destMs: null };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i];
     if (v === "--quick") a.quick = true;
@@ -92,6 +100,8 @@ function parseArgs(argv) {
     else if (v === "--side-ops") a.sideOps = Number(argv[++i]);
     else if (v === "--no-minimum") a.minimum = false;
     else if (v === "--cost-ops") a.costOps = Number(argv[++i]);
+    else if (v === "--backlog") a.backlog = Number(argv[++i]);
+    else if (v === "--backlog-rate") a.backlogRate = Number(argv[++i]);
     else if (v === "--side-conc") a.sideConc = argv[++i].split(",").map(Number);
     else if (v === "--idle") a.idle = Number(argv[++i]);
     else if (v === "--dest-ms") {
@@ -112,7 +122,7 @@ async function main() {
   const args = parseArgs(process.argv.slice(2));
   setWrangler(await workerLayout());
   const quick = args.quick;
-  const sections = args.only ?? new Set(["build", "fast", "profile", "reconcile", "cost", ...(args.peer ? ["side"] : [])]);
+  const sections = args.only ?? new Set(["build", "fast", "profile", "reconcile", "backlog", "cost", ...(args.peer ? ["side"] : [])]);
   if (sections.has("side") && !args.peer) throw new Error("--only side needs --peer DIR");
   const plan = {
     mode: quick ? "quick" : "full",
@@ -125,6 +135,7 @@ async function main() {
     wrangler: args.wrangler && !quick,
     variants: args.variants,
     cost: { ops: args.costOps ?? (quick ? 20 : 200) },
+    backlog: { open: args.backlog ?? (quick ? 500 : 100_000), rate: args.backlogRate ?? 1_000 },
   };
   if (sections.has("side")) {
     plan.side = {
@@ -180,6 +191,10 @@ async function main() {
       console.error("== reconciliation");
       results.reconcile = [];
       for (const size of plan.sizes) results.reconcile.push(await benchReconcile(dir, stubs, size));
+    }
+    if (sections.has("backlog")) {
+      console.error(`== backlog: ${plan.backlog.open} open operations fanned out on the queue`);
+      results.backlog = await benchBacklog(dir, stubs, plan.backlog);
     }
     if (sections.has("cost")) {
       console.error("== cost: what one completion uses (USAGE_LOG lines)");

@@ -42,6 +42,12 @@ export function evaluateTargets(r) {
     t.push({ target: `ledger ${l.size}: a quiet ledger's routine pass costs O(open) KV lists (1 empty index page)`, value: `${quiet?.kv_lists} lists, ${quiet?.listed} listed`, holds: quiet?.kv_lists === 1 && quiet?.listed === 0 });
     t.push({ target: `ledger ${l.size}: the audit covers the ledger within budget and finds nothing missing`, value: `${l.audit.passes} passes, ${l.audit.audit_kv_lists} lists, found ${l.audit.found}`, holds: l.audit.complete && l.audit.found === 0 && l.audit.max_subrequests <= l.budget });
   }
+  if (r.backlog) {
+    const b = r.backlog;
+    t.push({ target: `backlog of ${b.indexed}: every open operation polled once, none twice`, value: `${b.distinct_polled} polled, ${b.polled_twice} twice`, holds: b.distinct_polled === b.indexed && b.polled_twice === 0 });
+    t.push({ target: `backlog of ${b.indexed}: the done ones settled with one side effect each`, value: `${b.effect_keys}/${b.done_expected}, repeats ${b.effect_repeats}`, holds: b.effect_keys === b.done_expected && b.effect_repeats === 0 });
+    t.push({ target: `backlog of ${b.indexed}: no pass over budget`, value: b.max_pass_subrequests, holds: b.max_pass_subrequests <= DEFAULT_BUDGET });
+  }
   if (r.side) {
     // Side by side, at concurrency 10 (the first concurrency measured if 10 was not); each
     // scenario with the destination answering at once, and first deliveries again for each
@@ -158,6 +164,13 @@ export function report(r) {
     out.push("", "per request, seen from outside (last round): effects at the destination, KV keys created by prefix, the worker's log lines by event (the peer logs none); Miniflare exposes no count of KV reads or writes:");
     const pr = (p) => [`effects ${p.effects}`, ...Object.entries(p.kv_keys_created).map(([k, v]) => `kv ${k} ${v > 0 ? "+" : ""}${v}`), ...(p.gate_calls !== undefined ? [`gate calls ${p.gate_calls}`, `effect alarm runs ${p.effect_alarm_runs}`] : []), ...Object.entries(p.log_lines).map(([k, v]) => `${k} ${v}`)].join(", ");
     out.push(fmtTable(["scenario", "conc", "gemini-once", "peer"], r.side.table.map((x) => [sideLabel(x), x.concurrency, pr(x["gemini-once"].per_request), pr(x.peer.per_request)])));
+  }
+  if (r.backlog) {
+    const b = r.backlog;
+    out.push("", `Backlog: ${b.indexed} open operations fanned out on the queue at RECONCILE_POLL_RATE=${b.rate_per_s} (1% done at Gemini, settled with their side effects)`);
+    out.push(fmtTable(["passes", "KV lists", "queue sends", "messages", "pass subrequests (max)", "consumer status calls", "consumer gate calls", "all polled after s", "polls/s here", "all settled after s", "queue ops", "queue $"],
+      [[b.passes, b.kv_lists, b.queue_sends, b.messages, `${b.pass_subrequests} (${b.max_pass_subrequests})`, b.consumer_status_calls, b.consumer_gate_calls, b.seconds_until_all_polled, b.achieved_polls_per_s, b.seconds_until_all_settled, b.queue_operations, b.queue_cost_usd]]));
+    out.push(`per pass: ${JSON.stringify(b.per_pass)}`);
   }
   if (r.cost) {
     out.push("", `Cost: per completion, by flow (${r.cost.plan.ops} operations each; the objects' own USAGE_LOG counts; rows written exclude setAlarm, counted as alarm writes)`);

@@ -111,6 +111,8 @@ function mainWorkerOptions(dir, bindings) {
     compatibilityDate: WRANGLER.compatibilityDate,
     kvNamespaces: WRANGLER.kvNamespaces,
     durableObjects,
+    queueProducers: WRANGLER.queueProducers,
+    queueConsumers: WRANGLER.queueConsumers,
     bindings: { ...WRANGLER.vars, ...bindings },
   };
 }

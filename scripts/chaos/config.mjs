@@ -26,6 +26,10 @@ export const WORKER_VARS = {
   RECONCILE_LEASE_SECONDS: "5",
   RECONCILE_BUDGET: "300",
   STUCK_AFTER_SECONDS: "86400",
+  // A pass with 20 or more open operations to visit fans their polls out on the queue, so both
+  // paths (polled by the pass, polled by the queue's consumer) run under the same faults.
+  RECONCILE_FANOUT_ABOVE: "20",
+  RECONCILE_POLL_RATE: "200",
 };
 export const CRON = "*/5 * * * *";
 

@@ -121,6 +121,8 @@ export async function workerChild(cfgPath) {
     compatibilityDate: cfg.compatibilityDate,
     kvNamespaces: cfg.kvNamespaces,
     durableObjects: cfg.durableObjects,
+    queueProducers: cfg.queueProducers,
+    queueConsumers: cfg.queueConsumers,
     bindings: cfg.bindings,
     defaultPersistRoot: cfg.persistRoot,
     host: "127.0.0.1",

@@ -32,8 +32,10 @@ pub const JOB_ENTRIES: usize = 50;
 pub const CONSUMER_BATCH_MESSAGES: usize = 5;
 /// Most messages in one `sendBatch` (the platform's limit is 100).
 pub const SEND_MESSAGES: usize = 100;
-/// Most bytes of message bodies in one `sendBatch` (the platform's limit is 256 KB).
-pub const SEND_BYTES: usize = 200_000;
+/// Most bytes of message bodies in one `sendBatch` before another message is added: one more
+/// message (50 entries of at most ~1.1 KB: KV metadata is at most 1,024 bytes) stays under
+/// the platform's 256 KB a batch and 128 KB a message.
+pub const SEND_BYTES: usize = 150_000;
 /// The longest delay a queue message may carry (12 hours).
 pub const MAX_DELAY_SECS: i64 = 43_200;
 

@@ -1566,6 +1566,42 @@ fn a_large_backlog_is_scheduled_on_the_queue_at_the_rate_and_polled_by_nobody_he
 }
 
 #[test]
+fn every_send_stays_under_the_queues_size_limits_whatever_the_metadata() {
+    // Long names make near-1 KB metadata, as large as KV lets metadata be.
+    let long = "x".repeat(400);
+    let index: Vec<ListedKey> = (0..3_000)
+        .map(|i| open(&format!("batches/{long}{i:05}")))
+        .collect();
+    let out = run(
+        Limits {
+            budget: 900,
+            ..fanout(1_000, 10)
+        },
+        World {
+            index,
+            page_size: 1_000,
+            ..World::default()
+        },
+    );
+    let sends: Vec<&Vec<QueuedJob>> = out
+        .intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Enqueue { jobs } => Some(jobs),
+            _ => None,
+        })
+        .collect();
+    assert!(sends.len() > 1, "split over several sends");
+    for jobs in &sends {
+        assert!(jobs.len() <= 100, "at most 100 messages a send");
+        let total: usize = jobs.iter().map(|j| j.body.len()).sum();
+        assert!(total <= 256_000, "{total} bytes in one send");
+        assert!(jobs.iter().all(|j| j.body.len() <= 128_000));
+    }
+    assert_eq!(out.report.fed, 3_000);
+}
+
+#[test]
 fn a_backlog_under_the_threshold_is_polled_by_the_pass_itself() {
     let out = run(
         fanout(20, 41),
