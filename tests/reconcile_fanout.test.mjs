@@ -103,4 +103,21 @@ describe("reconciliation fanned out on a queue", () => {
     assert.ok(lease.status_backoff_until_ms >= throttled + 1_900, JSON.stringify(lease));
     assert.ok(lease.fed_until_ms > 0, JSON.stringify(lease));
   });
+
+  it("acknowledges a message that is not a poll job, once, with an error line, and polls nothing for it", async () => {
+    const queue = await w.mf.getQueueProducer("RECONCILE_QUEUE");
+    const polls = api.requests.length;
+    const errors = () => w.events("reconcile_error").filter((e) => /queue message/.test(e.error ?? ""));
+    const before = errors().length;
+    await queue.send("not json at all", { contentType: "text" });
+    await queue.send(JSON.stringify({ entries: "nope" }), { contentType: "text" });
+    await queue.send({ an: "object" }, { contentType: "json" });
+    await eventually(() => errors().length >= before + 3, { what: "three error lines" });
+    // Not retried: a bad message does not become good, and its operations (if any) are still in
+    // the index for the next coverage.
+    await new Promise((r) => setTimeout(r, 2_500));
+    assert.equal(errors().length, before + 3);
+    assert.equal(api.requests.length, polls, "nothing polled for them");
+  });
 });
+
