@@ -243,6 +243,17 @@ impl Outcome {
         }
     }
 
+    /// Where a consumer waited for its slots.
+    fn sleeps(&self) -> Vec<i64> {
+        self.intents
+            .iter()
+            .filter_map(|i| match i {
+                Intent::Sleep { until_ms } => Some(*until_ms),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The messages sent to the fan-out queue, read back.
     fn queued(&self) -> Vec<(PollJob, u32)> {
         self.intents
@@ -1716,14 +1727,7 @@ fn a_consumer_polls_each_entry_at_its_slot_and_settles_what_gemini_says_is_done(
             ..World::default()
         },
     );
-    let sleeps: Vec<i64> = out
-        .intents
-        .iter()
-        .filter_map(|i| match i {
-            Intent::Sleep { until_ms } => Some(*until_ms),
-            _ => None,
-        })
-        .collect();
+    let sleeps = out.sleeps();
     assert_eq!(sleeps, vec![NOW + 1_000, NOW + 1_100, NOW + 1_200]);
     assert_eq!(out.polls(), vec!["batches/k0", "batches/k1", "batches/k2"]);
     assert_eq!(out.gate_calls().len(), 3, "each settled through its gate");
@@ -1783,14 +1787,7 @@ fn a_consumer_whose_slots_have_passed_still_keeps_the_rate_between_its_polls() {
     let mut late = job(3, 10);
     late.not_before_ms = NOW - 60_000; // the message waited a minute in the queue
     let out = drive(Pass::for_job(limits(), late, NOW), World::default());
-    let sleeps: Vec<i64> = out
-        .intents
-        .iter()
-        .filter_map(|i| match i {
-            Intent::Sleep { until_ms } => Some(*until_ms),
-            _ => None,
-        })
-        .collect();
+    let sleeps = out.sleeps();
     assert_eq!(
         sleeps,
         vec![NOW + 100, NOW + 200],
