@@ -3,7 +3,8 @@
 //! `.dev.vars.example` each name every variable, in the table's order, with the table's
 //! default, and name nothing else. A variable added to the table without its documentation,
 //! a default changed in one place only, or a documented name the worker does not read fails
-//! here.
+//! here. And wrangler.toml's fan-out queue is consumed in the batches the pass sizes its
+//! messages for.
 //!
 //! Run: `cargo test --test config_docs`.
 
@@ -149,4 +150,38 @@ fn dev_vars_example_sets_the_required_and_shows_every_other_default() {
         table_names(),
         ".dev.vars.example in the table's order"
     );
+}
+
+/// The fan-out queue's consumer settings in wrangler.toml are the ones the pass sizes its
+/// messages for: a batch of `CONSUMER_BATCH_MESSAGES` messages of `JOB_ENTRIES` entries, at
+/// most 2 subrequests each, stays under a Worker's 1,000.
+#[test]
+fn wrangler_toml_consumes_the_queue_the_pass_feeds_in_batches_it_is_sized_for() {
+    use gemini_once::reconciliation::pass::{CONSUMER_BATCH_MESSAGES, JOB_ENTRIES};
+    let toml = read("wrangler.toml");
+    let value = |block: &str, key: &str| -> String {
+        let start = toml.find(block).unwrap_or_else(|| panic!("no {block}"));
+        let line = toml[start..]
+            .lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} in {block}"));
+        line.split('=')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .trim_matches('"')
+            .to_string()
+    };
+    assert_eq!(value("[[queues.producers]]", "binding"), "RECONCILE_QUEUE");
+    let queue = value("[[queues.producers]]", "queue");
+    assert_eq!(
+        value("[[queues.consumers]]", "queue"),
+        queue,
+        "it consumes what it feeds"
+    );
+    let batch: usize = value("[[queues.consumers]]", "max_batch_size")
+        .parse()
+        .unwrap();
+    assert_eq!(batch, CONSUMER_BATCH_MESSAGES);
+    assert!(batch * JOB_ENTRIES * 2 < 1_000);
 }

@@ -7,7 +7,9 @@
 //! the `open:` index of operations that may need work (the whole of it, up to
 //! [`MAX_INDEX_PAGES`] pages, then in windows), and visit the listed entries in key order from
 //! where the last pass stopped, deciding from metadata ([`decide`]) and turning what Gemini's
-//! status API says into events for the gates; when the audit is due
+//! status API says into events for the gates (or, for a backlog of at least
+//! `RECONCILE_FANOUT_ABOVE` with the queue bound, scheduling their polls on the queue for its
+//! consumer, which walks each message with the same decisions: `fanout.rs`); when the audit is due
 //! (`RECONCILE_AUDIT_SECONDS`), walk the whole `op:` ledger with the audit's own cursor, on a
 //! reserved third of the budget and deadline, acting on what the index missed and asking those
 //! gates to re-index; release the lease with where the next pass starts.
