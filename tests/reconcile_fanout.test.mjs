@@ -50,6 +50,9 @@ describe("reconciliation fanned out on a queue", () => {
     assert.equal(pass.status_calls, 0, "the pass polls nothing itself");
     assert.equal(pass.queue_sends, 1);
     assert.equal(pass.stopped, "complete");
+    // What the dashboard's health panel reads about the last pass.
+    const stats = await w.admin("/v1/stats");
+    assert.equal(stats.body.reconcile.last.report.fed, 30, JSON.stringify(stats.body.reconcile));
     for (const k of keys) {
       await eventually(async () => (await w.inspect(k)).body.effect_done, { what: `the effect of ${k}`, timeoutMs: 30_000 });
     }
