@@ -106,7 +106,6 @@ export async function benchBacklog(dir, stubs, { open, rate }) {
     const jobs = w.events("reconcile_job");
     const sum = (xs, f) => xs.reduce((a, x) => a + (x[f] ?? 0), 0);
     const messages = jobs.length;
-    const requeued = w.events("reconcile_error").filter((e) => /queue/.test(e.error ?? "")).length;
     const queueOps = 3 * messages; // written, read, deleted (each message is far under 64 KB)
     const result = {
       open,
@@ -134,12 +133,9 @@ export async function benchBacklog(dir, stubs, { open, rate }) {
       effect_keys: stats.effect_keys,
       effect_repeats: stats.effect_repeats,
       done_expected: done.length,
-      requeue_errors: requeued,
       seconds_until_all_polled: polledAll === null ? null : round(polledAll / 1000, 1),
       seconds_until_all_settled: round(settledMs / 1000, 1),
       achieved_polls_per_s: polledAll ? round(indexed / (polledAll / 1000), 1) : null,
-      // At the default rate, from the next cron: the slots are the bound, not this machine.
-      minutes_at_default_rate: round(open / 20 / 60, 1),
       queue_operations: queueOps,
       queue_cost_usd: round((queueOps / 1e6) * QUEUE_OPS_PER_MILLION, 4),
       started_at: iso(Math.floor(Date.now() / 1000)),

@@ -39,8 +39,6 @@ use crate::edge::outbound::ledger_kv::KV_BINDING;
 pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
 /// The fan-out queue's producer binding; without it every pass polls by itself.
 pub const QUEUE_BINDING: &str = "RECONCILE_QUEUE";
-/// How far ahead a pass schedules polls on the queue: the cron's interval (wrangler.toml).
-const CRON_INTERVAL_MS: i64 = 300_000;
 
 /// What a pass may spend and how it decides, from the configuration.
 fn limits(config: &Config, queue: Option<&Queue>) -> Limits {
@@ -60,7 +58,6 @@ fn limits(config: &Config, queue: Option<&Queue>) -> Limits {
         fanout: queue.map(|_| Fanout {
             rate_per_s: config.reconcile_poll_rate,
             above: config.reconcile_fanout_above,
-            horizon_ms: CRON_INTERVAL_MS,
         }),
     }
 }
@@ -118,6 +115,7 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
 pub async fn consume(batch: MessageBatch<JsValue>, env: &Env, config: &Config) {
     let queue = env.queue(QUEUE_BINDING).ok();
     let kv = env.kv(KV_BINDING).ok();
+    let limits = limits(config, queue.as_ref());
     for message in batch.raw_iter() {
         let job = message
             .body()
@@ -134,7 +132,7 @@ pub async fn consume(batch: MessageBatch<JsValue>, env: &Env, config: &Config) {
                 continue;
             }
         };
-        let pass = Pass::for_job(limits(config, queue.as_ref()), job, now_ms());
+        let pass = Pass::for_job(limits.clone(), job, now_ms());
         let io = Io {
             env,
             config,

@@ -22,7 +22,7 @@ use crate::reconciliation::reconcile::{decide, Stop};
 
 use super::entry::{Entry, Step};
 use super::walk::IndexWalk;
-use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase};
+use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, CRON_INTERVAL_MS};
 
 /// Entries in one queue message: a consumer polls them in order, at most 2 subrequests each
 /// (status call and gate call, 3 with a re-index), so a batch of
@@ -47,9 +47,6 @@ pub struct Fanout {
     /// `RECONCILE_FANOUT_ABOVE`: fan out when at least this many listed index entries are
     /// left to visit; a smaller backlog the pass polls itself.
     pub above: usize,
-    /// How far ahead of its start a pass schedules polls: one cron interval, so the queue
-    /// holds about one interval of work and the next pass continues where it stopped.
-    pub horizon_ms: i64,
 }
 
 /// One queue message: index entries as listed (name and metadata), the first one's slot, and
@@ -152,7 +149,9 @@ impl Pass {
         if !self.affords(1) {
             return self.end_walk(walk.position.clone(), Stop::Budget);
         }
-        let horizon = self.started_ms + fanout.horizon_ms;
+        // One cron interval ahead: the queue holds about one interval of work, and the next
+        // pass continues where this one stopped.
+        let horizon = self.started_ms + CRON_INTERVAL_MS;
         let mut schedule = now_ms
             .max(self.fed_until_ms)
             .max(self.status_backoff_until_ms);
@@ -173,20 +172,15 @@ impl Pass {
                 rate_per_s: fanout.rate_per_s,
             };
             while job.entries.len() < JOB_ENTRIES && walk.at < walk.entries.len() {
-                let (name, meta) = &walk.entries[walk.at];
-                let name = name.clone();
-                let meta = meta.clone();
+                let (name, meta) = &mut walk.entries[walk.at];
+                let (name, meta) = (name.clone(), meta.take());
                 walk.at += 1;
                 last_name = Some(name.clone());
                 let Some(key) = name.strip_prefix(OPEN_PREFIX) else {
                     continue;
                 };
                 let Some(meta) = meta else {
-                    self.report.errors += 1;
-                    self.log(PassLog::ReconcileError {
-                        key: Some(key.to_string()),
-                        error: "unreadable index metadata".into(),
-                    });
+                    self.unreadable_metadata(key);
                     continue;
                 };
                 self.report.visited += 1;
@@ -307,11 +301,7 @@ impl Pass {
                 continue;
             };
             let Ok(meta) = serde_json::from_value::<LedgerMeta>(listed.metadata.clone()) else {
-                self.report.errors += 1;
-                self.log(PassLog::ReconcileError {
-                    key: Some(key.to_string()),
-                    error: "unreadable index metadata in a queue message".into(),
-                });
+                self.unreadable_metadata(key);
                 continue;
             };
             self.report.visited += 1;

@@ -60,10 +60,13 @@ use crate::reconciliation::reconcile::{decide, MAX_INDEX_PAGES};
 
 /// Largest KV list page.
 pub const PAGE_SIZE: u64 = 1_000;
+/// The cron's interval (`*/5 * * * *` in wrangler.toml): how far ahead a pass schedules polls
+/// on the fan-out queue.
+pub const CRON_INTERVAL_MS: i64 = 300_000;
 /// A backoff ending within this long (one cron interval) holds the next pass's start at the
 /// first entry it skipped; a longer one does not, or every pass until it ends would spend its
 /// budget on the same stretch of the ledger and never reach retries and alerts beyond it.
-pub const HOLD_BACKOFF_UP_TO_MS: i64 = 300_000;
+pub const HOLD_BACKOFF_UP_TO_MS: i64 = CRON_INTERVAL_MS;
 /// Most pages of the webhook listing read when looking for our webhook.
 pub const MAX_WEBHOOK_PAGES: usize = 5;
 

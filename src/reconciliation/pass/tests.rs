@@ -254,14 +254,21 @@ impl Outcome {
             .collect()
     }
 
-    /// The messages sent to the fan-out queue, read back.
-    fn queued(&self) -> Vec<(PollJob, u32)> {
+    /// Each `sendBatch` to the fan-out queue, as sent.
+    fn sends(&self) -> Vec<&Vec<QueuedJob>> {
         self.intents
             .iter()
             .filter_map(|i| match i {
                 Intent::Enqueue { jobs } => Some(jobs),
                 _ => None,
             })
+            .collect()
+    }
+
+    /// The messages sent to the fan-out queue, read back.
+    fn queued(&self) -> Vec<(PollJob, u32)> {
+        self.sends()
+            .into_iter()
             .flatten()
             .map(|q| (PollJob::from_body(&q.body).unwrap(), q.delay_secs))
             .collect()
@@ -1517,11 +1524,7 @@ fn a_refused_release_is_logged_and_a_failed_one_counted() {
 
 fn fanout(rate_per_s: u32, above: usize) -> Limits {
     Limits {
-        fanout: Some(Fanout {
-            rate_per_s,
-            above,
-            horizon_ms: 300_000,
-        }),
+        fanout: Some(Fanout { rate_per_s, above }),
         ..limits()
     }
 }
@@ -1594,14 +1597,7 @@ fn every_send_stays_under_the_queues_size_limits_whatever_the_metadata() {
             ..World::default()
         },
     );
-    let sends: Vec<&Vec<QueuedJob>> = out
-        .intents
-        .iter()
-        .filter_map(|i| match i {
-            Intent::Enqueue { jobs } => Some(jobs),
-            _ => None,
-        })
-        .collect();
+    let sends = out.sends();
     assert!(sends.len() > 1, "split over several sends");
     for jobs in &sends {
         assert!(jobs.len() <= 100, "at most 100 messages a send");

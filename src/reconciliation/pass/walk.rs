@@ -120,11 +120,7 @@ impl Pass {
                 return self.end_walk(walk.position, stop);
             }
             let Some(meta) = meta.take() else {
-                self.report.errors += 1;
-                self.log(PassLog::ReconcileError {
-                    key: Some(key.to_string()),
-                    error: "unreadable index metadata".into(),
-                });
+                self.unreadable_metadata(key);
                 walk.position.after_key = Some(name.clone());
                 continue;
             };
@@ -238,6 +234,16 @@ impl Pass {
         let names: Vec<&str> = walk.entries.iter().map(|(n, _)| n.as_str()).collect();
         walk.at = resume_index(&names, walk.resume.after_key.as_deref());
         walk.feeding = self.fans_out(walk.entries.len().saturating_sub(walk.at));
+    }
+
+    /// An index entry whose metadata does not parse: an error, and the entry is passed over
+    /// (the audit finds the operation through its `op:` entry).
+    pub(super) fn unreadable_metadata(&mut self, key: &str) {
+        self.report.errors += 1;
+        self.log(PassLog::ReconcileError {
+            key: Some(key.to_string()),
+            error: "unreadable index metadata".into(),
+        });
     }
 
     pub(super) fn end_walk(&mut self, resume: Resume, stop: Stop) -> Flow {
