@@ -90,6 +90,16 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
     assert.equal(r.cost.bill.stored_per_completion.do_bytes_retired, 0);
     for (const p of Object.values(r.cost.bill.profiles)) assert.ok(p.months.every((m) => m.steady), "month 12 bills what month 1 does");
     for (const p of Object.values(r.cost.bill.profiles)) assert.equal(p.months.length, 3);
+    // The shape's floor: the object-per-op minimum metered and priced the same way.
+    const s = r.cost.shape.flows;
+    assert.equal(s.webhook.total.do_requests, 2, "the minimum: one object call and its alarm");
+    assert.equal(s.webhook.total.alarm_writes, 3, "the minimum: the effect's alarm, the claim's expiry, retention");
+    assert.equal(s.webhook.total.kv_writes, 1, "the minimum writes its ledger entry once");
+    assert.equal(s.retirement.retired, 10, "every minimum object (5 unregistered, 5 registered) retired");
+    for (const p of ["webhook", "registered"]) {
+      const floor = r.cost.shape.bill.profiles[p].months.at(-1);
+      assert.ok(floor.total > 5 && floor.steady, `${p}: the floor is priced at 100 M, the same each month`);
+    }
 
     assert.ok(r.build.wasm_raw_bytes > 0 && r.build.wasm_gzip_bytes > 0);
     assert.ok(r.build.startup.miniflare_process_ms[0] > 0);

@@ -9,7 +9,9 @@
 // recovered by cron passes from the status API stand-in), `duplicate` (the `webhook` flow's
 // deliveries again, later), and, in a second worker with a short retention, `retirement` (the
 // gate's storage deleted at the end of retention; `purged` counts those the admin API no
-// longer finds). KV's footprint is read from the namespace itself.
+// longer finds). KV's footprint is read from the namespace itself. Then the same flows for the
+// `object-per-op` minimum (minimum.mjs, metered the same way, with storage that ends at
+// retention), priced the same way: the shape's floor beside gemini-once's bill.
 import http from "node:http";
 
 import { ADMIN_TOKEN, CRON, round, sleep } from "./common.mjs";
@@ -17,6 +19,7 @@ import { kvByPrefix, startWorker } from "./worker.mjs";
 import { cpuMeter, quiesce } from "./measure.mjs";
 import { OUTPUT, envelope, send, signed } from "./load.mjs";
 import { CRON_PASSES_PER_MONTH, HOSTED, RATES, monthlyBill } from "./pricing.mjs";
+import { startMinimum } from "./minimum.mjs";
 
 const COUNTS = ["sql_statements", "rows_read", "rows_written", "alarm_writes", "kv_writes", "object_calls", "outbound_fetches", "wall_ms"];
 
@@ -193,7 +196,71 @@ export async function benchCost(dir, stubs, plan) {
   } finally {
     await r.dispose();
   }
-  return { plan: plan.cost, flows, bill: bill(flows) };
+  const shape = await benchShapeCost(stubs, n, run, plan.quick ? 5_000 : 30_000);
+  return { plan: plan.cost, flows, bill: bill(flows), shape: { flows: shape, bill: bill(shape) } };
+}
+
+/**
+ * The same flows, metered and priced the same way, for the `object-per-op` minimum
+ * (minimum.mjs): the least a design with a durable owner per operation uses, with storage that
+ * ends at retention like gemini-once's (an alarm that deletes the object's storage). What
+ * gemini-once costs beyond this bill is its own; this bill is the shape's floor.
+ */
+async function benchShapeCost(stubs, n, run, retentionMs) {
+  const w = await startMinimum("object-per-op", `${stubs.url}/effects`, { USAGE_LOG: "true", RETENTION_MS: String(retentionMs) });
+  const admin = { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" };
+  const delivery = (name, i, tag) => {
+    const body = envelope("batch.succeeded", name, OUTPUT);
+    return { method: "POST", path: "/webhooks/gemini", headers: signed(body, `msg_shape_${run}_${tag}_${i}`), body };
+  };
+  const applied = (r) => r.status === 200 && r.body.includes('"outcome":"applied"');
+  // Lines of one kind of invocation only: a flow's retirements come later, in their own flow.
+  const usageOf = (from, invocations) => {
+    const lines = w.events("usage").slice(from).filter((l) => invocations.includes(l.invocation));
+    const out = {};
+    for (const l of lines) {
+      const t = (out[`gate.${l.invocation}`] ??= { invocations: 0, ...Object.fromEntries(COUNTS.map((c) => [c, 0])), db_bytes: [] });
+      t.invocations++;
+      for (const c of COUNTS) t[c] += l[c] ?? 0;
+      t.db_bytes.push(l.db_bytes);
+    }
+    return out;
+  };
+  const flows = {};
+  try {
+    const flow = async (name, reqs, ok) => {
+      const from = w.count("usage");
+      const meter = cpuMeter(w.pid);
+      await sendAll(w.url, reqs, ok);
+      await settle(w);
+      const usage = usageOf(from, ["fetch", "alarm"]);
+      flows[name] = perOp(usage, reqs.length, { operations: reqs.length, worker_requests_per_op: 1, workerd_cpu_ms_per_op: meter(reqs.length).workerd_main_ms_per_req, gate_db_bytes_median: gateDbBytes(usage) });
+      process.stderr.write(`  cost shape ${name.padEnd(12)} per op: ${JSON.stringify(flows[name].total)}\n`);
+    };
+    const hooked = Array.from({ length: n }, (_, i) => `batches/shape-${run}-hook-${i}`);
+    await flow("webhook", hooked.map((name, i) => delivery(name, i, "hook")), applied);
+    const registered = Array.from({ length: n }, (_, i) => `batches/shape-${run}-reg-${i}`);
+    await flow("registration", registered.map((name) => ({ method: "POST", path: "/v1/operations", headers: admin, body: JSON.stringify({ name }) })), (r) => r.status === 201);
+    await flow("registered_webhook", registered.map((name, i) => delivery(name, i, "reg")), applied);
+    flows.kv = await kvByPrefix(w, { bytes: true });
+    // Every settled operation retires `retentionMs` after its commit.
+    if (!(await waitRetired(w, 2 * n, retentionMs + 60_000))) throw new Error("cost: the minimum's retirements did not all run");
+    const usage = usageOf(0, ["retire"]);
+    const retired = usage["gate.retire"].invocations;
+    flows.retirement = perOp(usage, retired, { operations: retired, retired, purged: retired, workerd_cpu_ms_per_op: null });
+    process.stderr.write(`  cost shape retirement   per op: ${JSON.stringify(flows.retirement.total)}\n`);
+  } finally {
+    await w.dispose();
+  }
+  return flows;
+}
+
+/** Waits until `n` of the minimum's objects have retired (or `timeoutMs` passes). */
+async function waitRetired(w, n, timeoutMs) {
+  const deadline = Date.now() + timeoutMs;
+  const retired = () => w.events("usage").filter((l) => l.invocation === "retire").length;
+  while (retired() < n && Date.now() < deadline) await sleep(100);
+  return retired() >= n;
 }
 
 /** Volumes a month the bill is computed for. */

@@ -9,6 +9,12 @@
 // registration stores a pending row and writes its ledger entry from the alarm the same way.
 // No history, counters, open index, retries, backoff, alerts, tombstones or operator API: what
 // gemini-once does beyond this is its own cost, and what this costs is the shape's.
+// For the cost section (cost.mjs), two bindings: `USAGE_LOG=true` logs one `usage` line per
+// invocation with the same counts as gemini-once's (statements and the rows their cursors
+// report, `setAlarm` calls, KV writes, database size, wall time), and `RETENTION_MS` (one
+// operation per object only) keeps a settled operation that long, then deletes the object's
+// storage from an alarm (`deleteAll`), as gemini-once does at the end of retention: the shape
+// with storage that ends.
 //
 // Two layouts of the same object: `object-per-op` (one Durable Object per operation key, as
 // gemini-once) and `sharded` (16 objects, each owning the operations whose key hashes to it:
@@ -70,53 +76,91 @@ export class Gate {
     this.state = state;
     this.env = env;
     this.sql = state.storage.sql;
-    this.sql.exec("CREATE TABLE IF NOT EXISTS op (key TEXT PRIMARY KEY, status TEXT NOT NULL, detail TEXT, due_ms INTEGER, claim INTEGER NOT NULL DEFAULT 0, done INTEGER NOT NULL DEFAULT 0)");
+    this.metered = env.USAGE_LOG === "true";
+    this.retainMs = Number(env.RETENTION_MS) || 0;
+    this.usage = unused();
+    this.run("CREATE TABLE IF NOT EXISTS op (key TEXT PRIMARY KEY, status TEXT NOT NULL, detail TEXT, due_ms INTEGER, claim INTEGER NOT NULL DEFAULT 0, done INTEGER NOT NULL DEFAULT 0, retire_ms INTEGER) WITHOUT ROWID");
+  }
+  /** One statement, its rows (and, metered, what its cursor reports). */
+  run(query, ...args) {
+    const cursor = this.sql.exec(query, ...args);
+    const rows = cursor.toArray();
+    if (this.metered) {
+      this.usage.sql_statements++;
+      this.usage.rows_read += cursor.rowsRead;
+      this.usage.rows_written += cursor.rowsWritten;
+    }
+    return rows;
+  }
+  async setAlarm(at) {
+    this.usage.alarm_writes++;
+    await this.state.storage.setAlarm(at);
+  }
+  /** The invocation's usage line, shaped like gemini-once's (src/telemetry/usage.rs). */
+  report(invocation, t0) {
+    if (!this.metered) return;
+    console.log(JSON.stringify({ event: "usage", object: "gate", invocation, ...this.usage, db_bytes: this.sql.databaseSize, wall_ms: Date.now() - t0 }));
+    this.usage = unused();
   }
   async fetch(request) {
-    const { command, key, status, detail } = await request.json();
+    const t0 = Date.now();
+    const answer = await this.command(await request.json());
+    this.report("fetch", t0);
+    return answer;
+  }
+  async command({ command, key, status, detail }) {
     const now = Date.now();
-    const row = this.sql.exec("SELECT status FROM op WHERE key = ?", key).toArray()[0];
+    const row = this.run("SELECT status FROM op WHERE key = ?", key)[0];
     if (command === "register") {
       if (row) return json({ outcome: "exists" });
-      this.sql.exec("INSERT INTO op (key, status, due_ms) VALUES (?, 'pending', ?)", key, now);
+      this.run("INSERT INTO op (key, status, due_ms) VALUES (?, 'pending', ?)", key, now);
       await this.wake(now);
       return json({ outcome: "registered" }, 201);
     }
     if (row && row.status !== "pending") return json({ outcome: "dropped", reason: "duplicate" });
-    this.sql.exec("INSERT INTO op (key, status, detail, due_ms) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET status = excluded.status, detail = excluded.detail, due_ms = excluded.due_ms", key, status, detail, now);
+    this.run("INSERT INTO op (key, status, detail, due_ms) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET status = excluded.status, detail = excluded.detail, due_ms = excluded.due_ms", key, status, detail, now);
     await this.wake(now);
     return json({ outcome: "applied", effect: "scheduled" });
   }
   async wake(at) {
     const set = await this.state.storage.getAlarm();
-    if (set === null || set > at) await this.state.storage.setAlarm(at);
+    if (set === null || set > at) await this.setAlarm(at);
   }
   async alarm() {
-    const now = Date.now();
-    const due = this.sql.exec("SELECT key, status, detail, claim FROM op WHERE due_ms <= ?", now).toArray();
+    const t0 = Date.now();
+    const now = t0;
+    if (this.retainMs && this.run("SELECT 1 FROM op WHERE retire_ms <= ? LIMIT 1", now).length) {
+      await this.state.storage.deleteAll();
+      this.report("retire", t0);
+      return;
+    }
+    const due = this.run("SELECT key, status, detail, claim FROM op WHERE due_ms <= ?", now);
     await Promise.all(due.map((row) => this.settle(row, now)));
-    const next = this.sql.exec("SELECT MIN(due_ms) AS at FROM op").one().at;
-    if (next !== null) await this.state.storage.setAlarm(next);
+    const next = this.run(this.retainMs ? "SELECT MIN(COALESCE(due_ms, retire_ms)) AS at FROM op" : "SELECT MIN(due_ms) AS at FROM op")[0].at;
+    if (next !== null) await this.setAlarm(next);
+    this.report("alarm", t0);
   }
   async settle(row, now) {
     let done = 0;
     if (row.status !== "pending") {
       const claim = row.claim + 1;
-      this.sql.exec("UPDATE op SET claim = ?, due_ms = ? WHERE key = ?", claim, now + CLAIM_TTL_MS, row.key);
-      await this.state.storage.setAlarm(now + CLAIM_TTL_MS);
+      this.run("UPDATE op SET claim = ?, due_ms = ? WHERE key = ?", claim, now + CLAIM_TTL_MS, row.key);
+      await this.setAlarm(now + CLAIM_TTL_MS);
       const answer = await fetch(this.env.EFFECT_URL, { method: "POST", body: JSON.stringify({ key: row.key, status: row.status, detail: JSON.parse(row.detail) }),
         headers: { "content-type": "application/json", "idempotency-key": row.key } });
       await answer.arrayBuffer();
       if (!answer.ok) return; // the claim's expiry retries it
-      done = this.sql.exec("UPDATE op SET done = 1, due_ms = NULL WHERE key = ? AND claim = ? RETURNING done", row.key, claim).toArray().length;
+      done = this.run("UPDATE op SET done = 1, due_ms = NULL, retire_ms = ? WHERE key = ? AND claim = ? RETURNING done", this.retainMs ? Date.now() + this.retainMs : null, row.key, claim).length;
       if (!done) return; // fenced: a later claim owns it
     } else {
-      this.sql.exec("UPDATE op SET due_ms = NULL WHERE key = ?", row.key);
+      this.run("UPDATE op SET due_ms = NULL WHERE key = ?", row.key);
     }
+    this.usage.kv_writes++;
     await this.env.LEDGER.put("op:" + row.key, JSON.stringify({ key: row.key, status: row.status, effect_done: done === 1 }),
       { metadata: { status: row.status, effect_done: done === 1 } });
   }
 }
+const unused = () => ({ sql_statements: 0, rows_read: 0, rows_written: 0, alarm_writes: 0, kv_writes: 0 });
 
 export default {
   async fetch(request, env) {
@@ -149,14 +193,18 @@ async function forward(stub, command) {
 }
 `;
 
-/** Starts the minimum design `name` (a key of MINIMUM_DESIGNS), its effects going to `effectUrl`. */
-export function startMinimum(name, effectUrl) {
+/**
+ * Starts the minimum design `name` (a key of MINIMUM_DESIGNS), its effects going to `effectUrl`;
+ * `extraBindings` may set `USAGE_LOG` and `RETENTION_MS` (see the header).
+ */
+export function startMinimum(name, effectUrl, extraBindings = {}) {
   if (!(name in MINIMUM_DESIGNS)) throw new Error(`unknown minimum design ${name}`);
+  if (extraBindings.RETENTION_MS && MINIMUM_DESIGNS[name]) throw new Error("RETENTION_MS needs one operation per object");
   return startPlain({
     code: SCRIPT,
     compatibilityDate: "2026-04-01",
     kvNamespaces: ["LEDGER"],
     durableObjects: { GATE: { className: "Gate", useSQLite: true } },
-    bindings: { GEMINI_WEBHOOK_SECRETS: GEMINI_SECRET, EFFECT_URL: effectUrl, ADMIN_TOKEN, SHARDS: String(MINIMUM_DESIGNS[name]) },
+    bindings: { GEMINI_WEBHOOK_SECRETS: GEMINI_SECRET, EFFECT_URL: effectUrl, ADMIN_TOKEN, SHARDS: String(MINIMUM_DESIGNS[name]), ...extraBindings },
   });
 }

@@ -7,6 +7,7 @@ import path from "node:path";
 
 import { ADMIN_TOKEN, GEMINI_SECRET, now, workers } from "./common.mjs";
 import { childPids } from "./measure.mjs";
+import { eachLine, logObject } from "../local_worker.mjs";
 
 /** DIR/src/index.ts as one ES module, and what DIR/wrangler.toml says about the runtime. */
 export async function bundlePeer(dir) {
@@ -45,6 +46,14 @@ export function startPeer(bundle, effectUrl) {
 export async function startPlain({ code, compatibilityDate, compatibilityFlags = [], kvNamespaces = [], durableObjects = {}, bindings }) {
   const { Miniflare } = await import("miniflare");
   const other = [];
+  const byEvent = new Map();
+  const collect = (stream) => eachLine(stream, (line) => {
+    const parsed = logObject(line);
+    if (parsed && typeof parsed.event === "string") {
+      if (!byEvent.has(parsed.event)) byEvent.set(parsed.event, []);
+      byEvent.get(parsed.event).push(parsed);
+    } else if (line.trim() && other.length < 50) other.push(line.slice(0, 300));
+  });
   const t0 = now();
   const mf = new Miniflare({
     host: "127.0.0.1",
@@ -57,7 +66,8 @@ export async function startPlain({ code, compatibilityDate, compatibilityFlags =
     durableObjects,
     bindings,
     handleRuntimeStdio(stdout, stderr) {
-      for (const s of [stdout, stderr]) s.on("data", (c) => { if (other.length < 50) other.push(String(c).slice(0, 300)); });
+      collect(stdout);
+      collect(stderr);
     },
   });
   const known = new Set([...workers].map((x) => x.pid));
@@ -70,11 +80,15 @@ export async function startPlain({ code, compatibilityDate, compatibilityFlags =
     // The KV namespace that holds its ledger (the first it binds).
     ledger: kvNamespaces[0],
     other,
-    // These workers log nothing: no events to count.
-    events: () => [],
-    eventCounts: () => ({}),
-    count: () => 0,
-    async waitFor() { return true; },
+    // Their JSON log lines with an `event` (the minimum's `usage` lines), as startWorker's.
+    events: (name) => byEvent.get(name) ?? [],
+    eventCounts: () => Object.fromEntries([...byEvent].map(([e, lines]) => [e, lines.length])),
+    count: (name) => (byEvent.get(name) ?? []).length,
+    async waitFor(name, n, timeoutMs = 10_000) {
+      const deadline = now() + timeoutMs;
+      while (w.count(name) < n && now() < deadline) await new Promise((r) => setTimeout(r, 10));
+      return w.count(name) >= n;
+    },
     async dispose() {
       workers.delete(w);
       await mf.dispose();

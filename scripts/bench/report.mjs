@@ -13,6 +13,8 @@ export function evaluateTargets(r) {
     if (!m) continue;
     t0.push({ target: `bill, ${p}: at 100 M completions a month, month 1 at most $${max}`, value: `$${m.total.toFixed(0)}`, holds: m.total <= max });
     t0.push({ target: `bill, ${p}: month ${STEADY_MONTH} equals month 1 (nothing kept per retired operation)`, value: `$${m[`total_month_${STEADY_MONTH}`].toFixed(0)}`, holds: m.steady });
+    const floor = r.cost.shape?.bill.profiles?.[p]?.months?.find((x) => x.completions === 100_000_000);
+    if (floor) t0.push({ target: `bill, ${p}: the object-per-op minimum's at 100 M (informational: the shape's floor)`, value: `$${floor.total.toFixed(0)} (gemini-once ${round(m.total / floor.total, 2)}x)`, holds: null });
   }
   const t = [...t0];
   const row = (s, c) => r.fast?.table.find((x) => x.scenario === s && x.concurrency === c);
@@ -190,8 +192,18 @@ export function report(r) {
       [
         ...Object.entries(b.profiles).flatMap(([k, p]) => p.months.map((m) => [k, m.completions, m.total.toFixed(2), m[`total_month_${STEADY_MONTH}`].toFixed(2), items(m)])),
         ...(b.simple_design ? b.simple_design.months.map((m) => ["simple design", m.completions, m.total.toFixed(2), m.total.toFixed(2), items(m)]) : []),
+        ...Object.entries(r.cost.shape?.bill.profiles ?? {}).flatMap(([k, p]) => p.months.map((m) => [`shape minimum, ${k}`, m.completions, m.total.toFixed(2), m[`total_month_${STEADY_MONTH}`].toFixed(2), items(m)])),
       ],
     ));
+    if (r.cost.shape) {
+      const sf = Object.entries(r.cost.shape.flows).filter(([k]) => k !== "kv");
+      out.push("The object-per-op minimum with storage that ends (the shape's floor), per completion:");
+      out.push(fmtTable(
+        ["flow", "DO requests", "SQL statements", "rows read", "rows written", "alarm writes", "KV writes", "wall ms", "workerd CPU ms", "gate db bytes"],
+        sf.map(([k, f]) => [k, f.total.do_requests, f.total.sql_statements, f.total.rows_read, f.total.rows_written, f.total.alarm_writes, f.total.kv_writes, f.total.wall_ms, f.workerd_cpu_ms_per_op, f.gate_db_bytes_median]),
+      ));
+      out.push(`its KV held: ${JSON.stringify(r.cost.shape.flows.kv)}`);
+    }
     if (b.hosted_list_prices_per_million) {
       const h = b.hosted_list_prices_per_million;
       out.push(`hosted gateways' list prices per million events: Hookdeck $${h.hookdeck} ($${h.hookdeck_at_volume} at volume), Svix $${h.svix}`);
