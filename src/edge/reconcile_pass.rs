@@ -150,10 +150,9 @@ pub async fn consume(batch: MessageBatch<JsValue>, env: &Env, config: &Config) {
                 log(PassLog::error(format!("lease backoff: {e}")).to_value());
             }
         }
-        let sent = match (&outcome.requeue, &queue) {
-            (None, _) => Ok(()),
-            (Some(job), Some(queue)) => send(queue, vec![QueuedJob::of(job, now_ms())]).await,
-            (Some(_), None) => Err(format!("{QUEUE_BINDING}: not bound")),
+        let sent = match &outcome.requeue {
+            None => Ok(()),
+            Some(job) => send(queue.as_ref(), vec![QueuedJob::of(job, now_ms())]).await,
         };
         match sent {
             Ok(()) => message.ack(),
@@ -166,7 +165,10 @@ pub async fn consume(batch: MessageBatch<JsValue>, env: &Env, config: &Config) {
 }
 
 /// Sends `jobs` to the fan-out queue in one batch, each held for its delay.
-async fn send(queue: &Queue, jobs: Vec<QueuedJob>) -> Result<(), String> {
+async fn send(queue: Option<&Queue>, jobs: Vec<QueuedJob>) -> Result<(), String> {
+    let Some(queue) = queue else {
+        return Err(format!("{QUEUE_BINDING}: not bound"));
+    };
     let messages: Vec<_> = jobs
         .into_iter()
         .map(|job| {
@@ -253,10 +255,7 @@ impl Io<'_> {
                 self.pass.borrow_mut().on_gate(reply);
             }
             Intent::Enqueue { jobs } => {
-                let sent = match &self.queue {
-                    Some(queue) => send(queue, jobs).await,
-                    None => Err(format!("{QUEUE_BINDING}: not bound")),
-                };
+                let sent = send(self.queue.as_ref(), jobs).await;
                 self.pass.borrow_mut().on_enqueued(sent);
             }
             Intent::Sleep { until_ms } => {

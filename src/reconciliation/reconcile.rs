@@ -298,9 +298,12 @@ impl Lease {
     }
 
     /// Gemini asked a fan-out poll to wait until `until_ms`: no status call before then, from
-    /// any pass or consumer. Anyone may push it later; nothing moves it earlier.
-    pub fn back_off(&mut self, until_ms: i64) {
+    /// any pass or consumer. Anyone may push it later; nothing moves it earlier. True when it
+    /// moved (the lease then has something new to store).
+    pub fn back_off(&mut self, until_ms: i64) -> bool {
+        let moved = until_ms > self.status_backoff_until_ms;
         self.status_backoff_until_ms = self.status_backoff_until_ms.max(until_ms);
+        moved
     }
 
     /// Gives the lease back, saving where to resume. Refused (false) unless `holder` still
@@ -943,8 +946,8 @@ mod tests {
         assert_eq!(lease.fed_until_ms, 500, "never earlier");
         assert!(!lease.record_fed("b", 900));
         assert_eq!(lease.fed_until_ms, 500);
-        lease.back_off(1_000);
-        lease.back_off(400);
+        assert!(lease.back_off(1_000));
+        assert!(!lease.back_off(400), "an earlier wait moves nothing");
         assert_eq!(
             lease.status_backoff_until_ms, 1_000,
             "a consumer only pushes it later"

@@ -186,8 +186,7 @@ impl DurableObject for ReconcileLease {
                 LeaseReply::Released { accepted }
             }
             LeaseCommand::Backoff { until_ms } => {
-                if until_ms > lease.status_backoff_until_ms {
-                    lease.back_off(until_ms);
+                if lease.back_off(until_ms) {
                     self.write(
                         "lease",
                         &serde_json::to_value(&lease).unwrap_or(Value::Null),
