@@ -74,10 +74,11 @@ pub const MAX_RECONCILE_DEADLINE_SECS: i64 = 600;
 pub const DEFAULT_RECONCILE_AUDIT_SECS: i64 = 86_400;
 /// Longest audit interval: a week.
 pub const MAX_RECONCILE_AUDIT_SECS: i64 = 7 * 86_400;
-/// Counters wait this long in the gate before going to a stats shard, so a burst of
-/// deliveries for one operation costs one shard write; `/v1/stats` lags by as much.
+/// The counters' window: each isolate sends its gates' counts to a stats shard at most once
+/// per window (so at volume a completion costs no shard call of its own), and a gate holds
+/// counts nothing else wakes it for this long; `/v1/stats` lags by up to twice as much.
 pub const DEFAULT_STATS_FLUSH_SECS: i64 = 10;
-/// Longest flush window: counts of settled duplicates wait in the gate's memory, and an idle
+/// Longest flush window: held counts wait in memory (a gate's, an isolate's), and an idle
 /// object is evicted after about a minute, so a longer window would routinely lose them.
 pub const MAX_STATS_FLUSH_SECS: i64 = 60;
 /// The official samples' key set for dynamic webhooks.
@@ -230,7 +231,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
         V::plain("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),
         V::plain("USAGE_LOG", Flag, Bool(false), "true: each Durable Object invocation logs a usage line (SQLite rows, alarm and KV writes, calls, wall time)"),
-        V::plain("STATS_FLUSH_SECONDS", Whole { min: 0, max: MAX_STATS_FLUSH_SECS }, Number(DEFAULT_STATS_FLUSH_SECS), "a gate holds its counters this long before sending them to a stats shard"),
+        V::plain("STATS_FLUSH_SECONDS", Whole { min: 0, max: MAX_STATS_FLUSH_SECS }, Number(DEFAULT_STATS_FLUSH_SECS), "the counters' window: each isolate sends its gates' counts to a stats shard at most once per window"),
         // Reconciliation.
         V::plain("RECONCILE_GRACE_SECONDS", Whole { min: 0, max: 30 * DAY_SECS }, Number(DEFAULT_RECONCILE_GRACE_SECS), "poll Gemini only for operations registered longer ago"),
         V::plain("STUCK_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_STUCK_AFTER_SECS), "alert (once) when not terminal after this long"),

@@ -134,7 +134,7 @@ describe("operator API", () => {
     }
   });
 
-  it("counts delivery outcomes exactly and rejections", async () => {
+  it("counts delivery outcomes and rejections", async () => {
     const fresh = await startWorker({ EFFECT_URL: `${dest.url}/effects` });
     try {
       await fresh.deliver("batch.succeeded", "batches/count1");
@@ -157,6 +157,33 @@ describe("operator API", () => {
       await sleep(200);
       const again = await fresh.admin("/v1/stats");
       assert.equal(again.body.total.deliveries, 5, "a second read counts nothing twice");
+    } finally {
+      await fresh.dispose();
+    }
+  });
+
+  it("sends many operations' counts in a few shard calls, the last ones when the window ends", async () => {
+    // Gates hand their counts to the isolate's tally: one shard call per STATS_FLUSH_SECONDS,
+    // not one per completion. Nothing is sent after the burst, so the trailing counts arrive
+    // only by the send the tally scheduled for the window's end.
+    const fresh = await startWorker({ EFFECT_URL: `${dest.url}/effects`, STATS_FLUSH_SECONDS: "3", USAGE_LOG: "true" });
+    try {
+      const n = 12;
+      const answers = await Promise.all(Array.from({ length: n }, (_, i) => fresh.deliver("batch.succeeded", `batches/tally${i}`)));
+      assert.ok(answers.every((a) => a.status === 200));
+      let reads = 0;
+      await eventually(async () => {
+        reads++;
+        const s = (await fresh.admin("/v1/stats")).body.total ?? {};
+        return s.deliveries === n && s.effect_successes === n && s.settled_by_webhook === n;
+      }, { what: "every count sent", timeoutMs: 20_000, everyMs: 250 });
+      // A read of /v1/stats is one call to each of the 8 shards; the rest are sends.
+      const shardCalls = fresh.events("usage").filter((l) => l.object === "stats_shard").length;
+      const sends = shardCalls - 8 * reads;
+      assert.ok(sends >= 1 && sends <= 4, `${n} completions' counts in ${sends} shard calls`);
+      await sleep(3_500);
+      const again = (await fresh.admin("/v1/stats")).body.total;
+      assert.equal(again.deliveries, n, "nothing sent twice");
     } finally {
       await fresh.dispose();
     }

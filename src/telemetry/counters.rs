@@ -1,11 +1,13 @@
 //! Counters for `GET /v1/stats`: names, hourly buckets, shards.
 //!
-//! Guarantees: delivery outcomes are counted exactly: the gate records each counted event in
-//! its own record in the same write as the decision, with a per-operation sequence number, and
-//! a stats shard adds a batch only if its sequence is past the highest one it has seen from
-//! that operation, so a retried flush never counts twice. Rejected requests are counted per
-//! isolate and flushed now and then (approximate, and never a storage round trip on the
-//! rejected path). Counters are spread over [`SHARDS`] objects, so there is no global lock.
+//! Guarantees: the gate records each counted event in its own record in the same write as the
+//! decision, with a per-operation sequence number, and hands it over once, to its isolate's
+//! tally ([`crate::telemetry::isolate_tally`]: counted once while the isolate lives, lost if
+//! the runtime evicts it first) or, for a batch with a drop, to a shard itself, named: a shard
+//! adds a named batch only past the highest sequence it has seen from that operation, so a
+//! retried flush never counts twice. Rejected requests are counted per isolate in the same
+//! way (never a storage round trip on the rejected path). Counters are spread over
+//! [`SHARDS`] objects, so there is no global lock.
 
 use std::collections::BTreeMap;
 

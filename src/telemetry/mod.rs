@@ -2,6 +2,7 @@
 //! metering, and the typed log lines.
 
 pub mod counters;
+pub mod isolate_tally;
 pub mod log_event;
 pub mod shard_store;
 pub mod usage;

@@ -20,6 +20,7 @@ use crate::operation::{Claim, Operation, PendingAlert};
 use crate::telemetry::counters;
 
 use crate::edge::objects::gate_object::{limits, now_ms, Alarm, OperationGate};
+use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{post_alert, Answer};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
 use crate::edge::outbound::{destination, status_api};
@@ -168,8 +169,11 @@ impl OperationGate {
         self.apply(step, current, config, alarm).await
     }
 
-    /// Last: flushes the sealed events to this operation's stats shard and projects the
-    /// record to the ledger, both at once, then stores how that went (and sets the alarm).
+    /// Last: hands the sealed events to the counters and projects the record to the ledger,
+    /// both at once, then stores how that went (and sets the alarm). Events with a drop go to
+    /// this operation's shard themselves, named, since the shard lists each drop by its key
+    /// (and counts a named batch once by sequence); the rest join the isolate's tally
+    /// ([`stats_shard::hand_over`]), so most completions make no shard call of their own.
     async fn settle_storage(
         &self,
         op: Operation,
@@ -183,11 +187,24 @@ impl OperationGate {
         }
         let flush = async {
             upkeep.sealed?;
+            let events = &upkeep.events;
+            if !events
+                .iter()
+                .any(|e| e.name.starts_with(counters::DROPPED_PREFIX))
+            {
+                let every_ms = config.stats_flush_secs * 1_000;
+                let env = &self.env;
+                if stats_shard::hand_over(self.storage.state(), env, events, now_ms(), every_ms)
+                    .await
+                {
+                    self.storage.meter().add(|u| u.object_calls += 1);
+                }
+                return Some(Ok(()));
+            }
             self.storage.meter().add(|u| u.object_calls += 1);
             let shard = counters::shard_of(op.key());
-            let events = upkeep.events.clone();
             let key = Some(op.key().to_string());
-            Some(crate::edge::objects::stats_shard::add(&self.env, shard, key, events).await)
+            Some(stats_shard::add(&self.env, shard, key, events.clone()).await)
         };
         let write = async {
             let (p, index) = upkeep.projection.as_ref()?;

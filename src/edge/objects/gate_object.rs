@@ -2,8 +2,8 @@
 //!
 //! Storage: the record and its history in one SQLite row, cached in memory, and one alarm (see
 //! [`crate::edge::objects::gate_storage`]): the earliest of a due side effect or retry, a lapsed claim, a
-//! confirmation to ask, an alert to send, a ledger projection, counters to flush and the end
-//! of retention.
+//! confirmation to ask, an alert to send, a ledger projection, counters to hand over and the
+//! end of retention.
 //!
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every decision is a pure step of
 //! [`crate::operation::gate`] (commands) or [`crate::operation::alarm`] (the alarm's plan and
@@ -22,7 +22,8 @@
 //! window loses counts, never state). The record is kept in memory after the first read; every
 //! write updates it. The KV projection and the counter flush follow the record from the alarm,
 //! not while a claim is held (the commit follows within the effect timeout), at most once a
-//! second for KV (its per-key write rate), with backoff when KV fails.
+//! second for KV (its per-key write rate), with backoff when KV fails; the counters go to the
+//! isolate's tally, which sends many gates' counts in one shard call.
 
 use std::cell::Cell;
 

@@ -132,6 +132,11 @@ impl GateStorage {
         Ok(layout)
     }
 
+    /// The object's state (for work it runs in the background).
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
     /// What this object used (see [`Meter`]).
     pub fn meter(&self) -> &Meter {
         &self.meter

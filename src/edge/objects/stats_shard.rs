@@ -9,11 +9,13 @@
 //! Guarantees: see [`crate::telemetry::counters`] and [`crate::telemetry::shard_store`].
 
 use std::cell::{Cell, RefCell};
+use std::thread::LocalKey;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use worker::{
-    durable_object, Context, Date, DurableObject, Env, Request, Response, Result, SqlStorage,
-    SqlStorageValue, State,
+    durable_object, Context, Date, Delay, DurableObject, Env, Request, Response, Result,
+    SqlStorage, SqlStorageValue, State,
 };
 
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
@@ -21,6 +23,7 @@ use crate::telemetry::counters::{
     hourly_series, merge, merge_hourly, prune_due, Hourly, ShardCommand, ShardCounts, StatEvent,
     Tally, SHARDS, TREND_HOURS,
 };
+use crate::telemetry::isolate_tally::IsolateTally;
 use crate::telemetry::shard_store::{self, MarkDays, Param, Prune, Row, Sql, RECENT_DROPS};
 use crate::telemetry::worker_log::WorkerLog;
 
@@ -36,70 +39,99 @@ pub const STATS_BINDING: &str = "STATS";
 const EDGE_FLUSH_MAX_MS: i64 = 10_000;
 
 thread_local! {
-    /// This isolate's counts not yet flushed, and when it last flushed.
-    static EDGE_COUNTS: RefCell<(Tally, i64)> = const { RefCell::new((Tally::new(), 0)) };
+    /// This isolate's edge counts (rejections, duplicates answered from memory) not yet sent.
+    static EDGE_COUNTS: RefCell<IsolateTally> = const { RefCell::new(IsolateTally::new()) };
+    /// The counts gates in this isolate handed over and not yet sent (see [`hand_over`]).
+    static GATE_COUNTS: RefCell<IsolateTally> = const { RefCell::new(IsolateTally::new()) };
 }
 
 /// Counts an event answered at the edge without a gate (a duplicate of a terminal outcome)
 /// in this isolate's memory, flushed with the rejections. An isolate evicted before its
-/// flush loses these counts, never state (as a gate's settled-duplicate counts).
+/// flush loses these counts, never state.
 pub fn count_at_edge(name: &str) {
-    EDGE_COUNTS.with(|r| *r.borrow_mut().0.entry(name.to_string()).or_default() += 1);
+    EDGE_COUNTS.with(|t| t.borrow_mut().add(name, crate::edge::now_ms(), 1));
 }
 
 /// Counts a rejected request in this isolate's memory (no storage round trip). True for the
-/// first of its reason since the last flush: only that one is logged in full, and the flush
-/// logs the counts as one `rejected_summary` line, so a flood of forged requests costs a
-/// counter each, not a log line each (a log line costs more than the rest of a rejection).
+/// first of its reason since the last flush (in the hour): only that one is logged in full,
+/// and the flush logs the counts as one `rejected_summary` line, so a flood of forged
+/// requests costs a counter each, not a log line each (a log line costs more than the rest
+/// of a rejection).
 pub fn count_rejected(reason: &str) -> bool {
-    EDGE_COUNTS.with(|r| {
-        let mut r = r.borrow_mut();
-        let n = r.0.entry(format!("rejected_{reason}")).or_default();
-        *n += 1;
-        *n == 1
-    })
+    let name = format!("rejected_{reason}");
+    EDGE_COUNTS.with(|t| t.borrow_mut().add(&name, crate::edge::now_ms(), 1) == 1)
 }
 
 /// Flushes this isolate's edge counts in the background, at most every `flush_ms` (capped at
 /// [`EDGE_FLUSH_MAX_MS`], at least a second); rejections are logged as one summary line.
 pub fn flush_edge_counts_later(env: &Env, ctx: &Context, now_ms: i64, flush_ms: i64) {
     let every = flush_ms.clamp(1_000, EDGE_FLUSH_MAX_MS);
-    let batch = EDGE_COUNTS.with(|r| {
-        let mut r = r.borrow_mut();
-        if r.0.is_empty() || now_ms - r.1 < every {
-            return None;
-        }
-        r.1 = now_ms;
-        Some(std::mem::take(&mut r.0))
-    });
-    let Some(batch) = batch else { return };
-    let rejected: Tally = batch
-        .iter()
-        .filter(|(name, _)| name.starts_with("rejected_"))
-        .map(|(name, n)| (name.clone(), *n))
-        .collect();
+    let Some(batch) = EDGE_COUNTS.with(|t| t.borrow_mut().take_due(now_ms, every)) else {
+        return;
+    };
+    let mut rejected = Tally::new();
+    for e in batch.iter().filter(|e| e.name.starts_with("rejected_")) {
+        *rejected.entry(e.name.clone()).or_default() += e.count;
+    }
     if !rejected.is_empty() {
         log(WorkerLog::RejectedSummary { counts: rejected }.to_value());
     }
-    let events: Vec<StatEvent> = batch
-        .into_iter()
-        .map(|(name, count)| StatEvent {
-            seq: 0,
-            name,
-            at_ms: now_ms,
-            count,
-        })
-        .collect();
-    let shard = (now_ms.rem_euclid(i64::from(SHARDS))) as u32;
     let env = env.clone();
-    ctx.wait_until(async move {
-        if let Err(e) = add(&env, shard, None, events).await {
-            log(WorkerLog::StatsFlushFailed {
-                error: e.to_string(),
-            }
-            .to_value());
-        }
+    ctx.wait_until(async move { send_tally(&env, &EDGE_COUNTS, batch, now_ms).await });
+}
+
+/// Hands a gate's counted events (stored in its record until now) to this isolate's tally,
+/// which sends the counts of every gate here in one shard call per `every_ms`: at once
+/// (awaited; true) when the window since the last send has passed, else by one send
+/// scheduled in `state`'s background for the window's end. The gate's record forgets them
+/// either way: from here they are as exact as the isolate's life (see
+/// [`crate::telemetry::isolate_tally`]).
+pub async fn hand_over(
+    state: &State,
+    env: &Env,
+    events: &[StatEvent],
+    now_ms: i64,
+    every_ms: i64,
+) -> bool {
+    let due = GATE_COUNTS.with(|t| {
+        let mut t = t.borrow_mut();
+        t.add_events(events);
+        t.take_due(now_ms, every_ms)
     });
+    if let Some(batch) = due {
+        send_tally(env, &GATE_COUNTS, batch, now_ms).await;
+        return true;
+    }
+    if let Some(delay) = GATE_COUNTS.with(|t| t.borrow_mut().schedule(now_ms, every_ms)) {
+        let env = env.clone();
+        state.wait_until(async move {
+            Delay::from(Duration::from_millis(delay as u64)).await;
+            let now = crate::edge::now_ms();
+            let batch = GATE_COUNTS.with(|t| t.borrow_mut().take_scheduled(now));
+            if !batch.is_empty() {
+                send_tally(&env, &GATE_COUNTS, batch, now).await;
+            }
+        });
+    }
+    false
+}
+
+/// Sends a tally's batch to a shard (any: an isolate's counts are not one operation's); a
+/// batch that fails goes back into `tally`, to go with its next send.
+async fn send_tally(
+    env: &Env,
+    tally: &'static LocalKey<RefCell<IsolateTally>>,
+    batch: Vec<StatEvent>,
+    now_ms: i64,
+) {
+    let shard = (now_ms.rem_euclid(i64::from(SHARDS))) as u32;
+    if let Err(e) = add(env, shard, None, batch.clone()).await {
+        tally.with(|t| t.borrow_mut().put_back(&batch));
+        log(WorkerLog::StatsFlushFailed {
+            error: e.to_string(),
+        }
+        .to_value());
+    }
 }
 
 /// Sends counted events to shard `shard`.

@@ -388,7 +388,8 @@ impl Operation {
     ///
     /// While a claim is held, the projection and the flush wait: the attempt commits within
     /// the effect timeout and changes the record again, and the commit sets the alarm, so a
-    /// first delivery costs one alarm, one ledger write and one shard call, not two of each.
+    /// first delivery costs one alarm, one ledger write and one hand-over of counts, not two
+    /// of each.
     /// If the attempt never commits, the claim's expiry wakes the gate and they follow.
     pub fn wake_at_ms(&self, retention_ms: i64, stats_delay_ms: i64) -> Option<i64> {
         let mut times = Vec::new();
