@@ -1,11 +1,13 @@
 // What an attacker can and cannot do at the edge, against the built worker in workerd: bodies
-// capped while they stream (an upload held open is refused before it ends), headers refused
+// capped while they stream (an upload held open is refused before it ends; a declared length
+// ends the body however much follows), headers refused
 // before a body is read, nothing run twice after retention (refused by its age once the gate's
 // storage is deleted), alerts
 // delivered at least once with a stable id. docs/SECURITY.md lists each case with its test.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import http from "node:http";
+import net from "node:net";
 import { startWorker, startServer, eventually, signedHeaders, sleep } from "./helpers.mjs";
 
 const CAP = 4096;
@@ -83,6 +85,26 @@ describe("bodies are capped while they stream", () => {
     const r = await fetch(`${w.url}/webhooks/gemini`, { method: "POST", headers: { "content-type": "application/json" }, body: "x".repeat(CAP + 1) });
     assert.equal(r.status, 413);
     await r.text();
+  });
+
+  it("a declared content-length within the cap ends the body: bytes sent after it are not read into it", async () => {
+    // A body declared within the cap is read in one piece; HTTP framing ends it at the
+    // declared length, so a sender that keeps writing cannot grow it past the cap.
+    const body = JSON.stringify({ type: "batch.succeeded", version: "v1", data: { id: "batches/framed", output_file_uri: "gs://b/o" } });
+    const headers = { ...signedHeaders(body), "content-type": "application/json", "content-length": String(Buffer.byteLength(body)), host: "localhost" };
+    const url = new URL(w.url);
+    const head = `POST /webhooks/gemini HTTP/1.1\r\n${Object.entries(headers).map(([k, v]) => `${k}: ${v}`).join("\r\n")}\r\n\r\n`;
+    const answer = await new Promise((resolve, reject) => {
+      const socket = net.connect(Number(url.port), url.hostname, () => socket.write(head + body + "x".repeat(CAP * 4)));
+      let text = "";
+      socket.on("data", (d) => {
+        text += d;
+        if (text.includes("\r\n\r\n")) { socket.destroy(); resolve(text); }
+      });
+      socket.on("error", (e) => (e.code === "ECONNRESET" ? resolve(text) : reject(e)));
+    });
+    assert.match(answer, /^HTTP\/1\.1 200/, answer.slice(0, 200));
+    await eventually(() => effectsFor("batches/framed").length === 1, { what: "the delivery's effect" });
   });
 
   it("a signed body exactly at the cap is accepted", async () => {

@@ -21,7 +21,7 @@ import { OUTPUT, envelope, send, signed } from "./load.mjs";
 import { CRON_PASSES_PER_MONTH, HOSTED, RATES, monthlyBill } from "./pricing.mjs";
 import { startMinimum } from "./minimum.mjs";
 
-const COUNTS = ["sql_statements", "rows_read", "rows_written", "alarm_writes", "kv_writes", "object_calls", "outbound_fetches", "wall_ms"];
+const COUNTS = ["sql_statements", "rows_read", "rows_written", "alarm_writes", "kv_writes", "object_calls", "outbound_fetches", "wall_ms", "held_ms"];
 
 /** Sends `reqs` with `conc` keep-alive clients; throws on an unexpected answer. */
 async function sendAll(base, reqs, ok, conc = 4) {
@@ -282,7 +282,8 @@ export function bill(flows) {
       worker_requests: sum((x) => x.worker_requests_per_op),
       worker_cpu_ms: sum((x) => x.workerd_cpu_ms_per_op),
       do_requests: sum((x) => x.total.do_requests),
-      do_wall_ms: sum((x) => x.total.wall_ms),
+      // An object held in memory by a scheduled send is billed as if active.
+      do_wall_ms: sum((x) => x.total.wall_ms + x.total.held_ms),
       rows_read: sum((x) => x.total.rows_read),
       rows_written: sum((x) => x.total.rows_written + x.total.alarm_writes),
       kv_writes: sum((x) => x.total.kv_writes),

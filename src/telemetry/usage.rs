@@ -1,6 +1,6 @@
 //! What the Durable Objects use, counted in the units Cloudflare bills: SQLite statements,
 //! rows read and written, alarm writes, KV writes and deletes, calls to other objects and
-//! outbound fetches, and the wall time an object is active.
+//! outbound fetches, and the wall time an object is active (or held in memory by a timer).
 //!
 //! Guarantees: counting only, nothing decides on it. With `USAGE_LOG` off (the default)
 //! nothing is counted or logged. With it on, each object invocation logs one `usage` line
@@ -30,6 +30,9 @@ pub struct Usage {
     pub object_calls: u64,
     /// Outbound fetches: side effects, status API, alerts.
     pub outbound_fetches: u64,
+    /// How long a send this invocation scheduled holds the object in memory after it (a
+    /// pending timer keeps an object from hibernating: billed as duration, like wall time).
+    pub held_ms: u64,
 }
 
 /// Which entry point of an object ran.
@@ -104,6 +107,7 @@ mod tests {
             kv_writes: 2,
             object_calls: 1,
             outbound_fetches: 1,
+            held_ms: 900,
         };
         let line = u.line("gate", Invocation::Alarm, 12, 8192);
         assert_eq!(line["event"], "usage");
@@ -114,6 +118,7 @@ mod tests {
         assert_eq!(line["rows_written"], 6);
         assert_eq!(line["kv_writes"], 2);
         assert_eq!(line["outbound_fetches"], 1);
+        assert_eq!(line["held_ms"], 900);
     }
 
     #[test]

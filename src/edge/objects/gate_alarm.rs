@@ -194,11 +194,13 @@ impl OperationGate {
             {
                 let every_ms = config.stats_flush_secs * 1_000;
                 let env = &self.env;
-                if stats_shard::hand_over(self.storage.state(), env, events, now_ms(), every_ms)
-                    .await
-                {
-                    self.storage.meter().add(|u| u.object_calls += 1);
-                }
+                let done =
+                    stats_shard::hand_over(self.storage.state(), env, events, now_ms(), every_ms)
+                        .await;
+                self.storage.meter().add(|u| {
+                    u.object_calls += u64::from(done.sent);
+                    u.held_ms += done.held_ms.max(0) as u64;
+                });
                 return Some(Ok(()));
             }
             self.storage.meter().add(|u| u.object_calls += 1);

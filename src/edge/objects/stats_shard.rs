@@ -80,10 +80,19 @@ pub fn flush_edge_counts_later(env: &Env, ctx: &Context, now_ms: i64, flush_ms: 
     ctx.wait_until(async move { send_tally(&env, &EDGE_COUNTS, batch, now_ms).await });
 }
 
+/// What a hand-over did, for the caller's meter.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HandedOver {
+    /// A shard call was made (and awaited).
+    pub sent: bool,
+    /// A send was scheduled this far ahead: the object stays in memory until then.
+    pub held_ms: i64,
+}
+
 /// Hands a gate's counted events (stored in its record until now) to this isolate's tally,
 /// which sends the counts of every gate here in one shard call per `every_ms`: at once
-/// (awaited; true) when the window since the last send has passed, else by one send
-/// scheduled in `state`'s background for the window's end. The gate's record forgets them
+/// (awaited) when the window since the last send has passed, else by one send scheduled in
+/// `state`'s background for the window's end (if none is). The gate's record forgets them
 /// either way: from here they are as exact as the isolate's life (see
 /// [`crate::telemetry::isolate_tally`]).
 pub async fn hand_over(
@@ -92,7 +101,7 @@ pub async fn hand_over(
     events: &[StatEvent],
     now_ms: i64,
     every_ms: i64,
-) -> bool {
+) -> HandedOver {
     let due = GATE_COUNTS.with(|t| {
         let mut t = t.borrow_mut();
         t.add_events(events);
@@ -100,9 +109,14 @@ pub async fn hand_over(
     });
     if let Some(batch) = due {
         send_tally(env, &GATE_COUNTS, batch, now_ms).await;
-        return true;
+        return HandedOver {
+            sent: true,
+            held_ms: 0,
+        };
     }
+    let mut done = HandedOver::default();
     if let Some(delay) = GATE_COUNTS.with(|t| t.borrow_mut().schedule(now_ms, every_ms)) {
+        done.held_ms = delay;
         let env = env.clone();
         state.wait_until(async move {
             Delay::from(Duration::from_millis(delay as u64)).await;
@@ -113,7 +127,7 @@ pub async fn hand_over(
             }
         });
     }
-    false
+    done
 }
 
 /// Sends a tally's batch to a shard (any: an isolate's counts are not one operation's); a

@@ -119,7 +119,8 @@ pub async fn receive(
             }
         }
     };
-    let body = match body::read_capped(&req, config.max_body_bytes).await {
+    let declared = headers.content_length.and_then(|n| n.trim().parse().ok());
+    let body = match body::read_capped(&req, config.max_body_bytes, declared).await {
         Ok(Some(body)) => body,
         Ok(None) => {
             let cap = config.max_body_bytes;
