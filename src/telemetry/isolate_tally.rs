@@ -4,8 +4,9 @@
 //! Guarantees: a count is added to exactly one bucket (its name and hour) and leaves the
 //! tally only in a batch taken for sending, which goes back in whole if the send fails; at
 //! most one send is taken per window (`every_ms` since the last), and at most one delayed
-//! send is scheduled at a time, due when the window ends, so nothing waits longer than a
-//! window once its isolate runs on. What it cannot guarantee is the isolate: counts still in
+//! send is scheduled at a time, due when the window ends (one that has not run a window past
+//! its time is taken for lost, its object gone, and scheduled again), so nothing waits much
+//! longer than a window once its isolate runs on. What it cannot guarantee is the isolate: counts still in
 //! memory when the runtime evicts it are lost (never state, which the gates keep).
 
 use std::collections::BTreeMap;
@@ -14,6 +15,8 @@ use crate::telemetry::counters::{hour_of, StatEvent};
 
 /// An hour, in milliseconds: a bucket's events are sent at its start.
 const HOUR_MS: i64 = 3_600_000;
+/// A scheduled send this late (or a window late, if longer) is taken for lost.
+const MIN_OVERDUE_MS: i64 = 1_000;
 
 /// One isolate's counts not yet sent.
 #[derive(Debug, Default)]
@@ -22,8 +25,8 @@ pub struct IsolateTally {
     counts: BTreeMap<(String, i64), u64>,
     /// When a batch was last taken for sending (0: never).
     sent_at_ms: i64,
-    /// A delayed send is scheduled and has not run yet.
-    scheduled: bool,
+    /// When the delayed send scheduled and not run yet is due.
+    scheduled: Option<i64>,
 }
 
 impl IsolateTally {
@@ -31,7 +34,7 @@ impl IsolateTally {
         IsolateTally {
             counts: BTreeMap::new(),
             sent_at_ms: 0,
-            scheduled: false,
+            scheduled: None,
         }
     }
 
@@ -66,19 +69,24 @@ impl IsolateTally {
     }
 
     /// How long until a delayed send is due, when one should be scheduled now: there are
-    /// counts and none is scheduled. The caller must then run [`IsolateTally::take_scheduled`]
+    /// counts and none is scheduled (or the one scheduled is a window overdue: the object that
+    /// held its timer is gone). The caller must then run [`IsolateTally::take_scheduled`]
     /// after that delay.
     pub fn schedule(&mut self, now_ms: i64, every_ms: i64) -> Option<i64> {
-        if self.counts.is_empty() || self.scheduled {
+        let pending = self
+            .scheduled
+            .is_some_and(|due| now_ms <= due + every_ms.max(MIN_OVERDUE_MS));
+        if self.counts.is_empty() || pending {
             return None;
         }
-        self.scheduled = true;
-        Some((self.sent_at_ms + every_ms - now_ms).max(0))
+        let delay = (self.sent_at_ms + every_ms - now_ms).max(0);
+        self.scheduled = Some(now_ms + delay);
+        Some(delay)
     }
 
     /// The scheduled send's batch: everything left (maybe nothing, if a due send took it).
     pub fn take_scheduled(&mut self, now_ms: i64) -> Vec<StatEvent> {
-        self.scheduled = false;
+        self.scheduled = None;
         if self.counts.is_empty() {
             return Vec::new();
         }
@@ -212,6 +220,28 @@ mod tests {
             Some(900),
             "scheduling works again"
         );
+    }
+
+    #[test]
+    fn a_scheduled_send_that_never_ran_is_scheduled_again_a_window_later() {
+        let mut t = IsolateTally::new();
+        t.add("deliveries", T0, 1);
+        assert!(t.take_due(T0, 5_000).is_some());
+        t.add("deliveries", T0 + 1_000, 1);
+        assert_eq!(t.schedule(T0 + 1_000, 5_000), Some(4_000));
+        // Its object was evicted with the timer: nothing took the batch.
+        t.add("deliveries", T0 + 10_000, 1);
+        assert_eq!(
+            t.schedule(T0 + 10_000, 5_000),
+            None,
+            "not yet a window overdue"
+        );
+        assert_eq!(
+            t.schedule(T0 + 10_001, 5_000),
+            Some(0),
+            "taken for lost: due at once"
+        );
+        assert_eq!(sum(&t.take_scheduled(T0 + 10_001), "deliveries"), 2);
     }
 
     #[test]
