@@ -37,9 +37,12 @@ async function sendAll(base, reqs, ok, conc = 4) {
   agent.destroy();
 }
 
-/** Waits for the alarms and the counter flush a flow caused (STATS_FLUSH_SECONDS is 1 here). */
+/**
+ * Waits for the alarms and the counter sends a flow caused: STATS_FLUSH_SECONDS is 1 here, and
+ * a count may wait a window in its gate, then a window in its isolate's tally.
+ */
 async function settle(w) {
-  await sleep(1_500);
+  await sleep(2_500);
   await quiesce(w.pid, 20_000, 500);
 }
 

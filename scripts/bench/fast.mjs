@@ -100,9 +100,10 @@ export async function prepareScenarios(w) {
 }
 
 // Work a cell's deliveries defer is charged to that cell: after it, the bench waits for idleness
-// and at least this long. Gates flush counters STATS_FLUSH_SECONDS (default 10) after the
-// oldest one, so duplicate cells wait for that; a first delivery's alarm follows its commit
-// and the ledger write may wait for the 1 s spacing.
+// and at least this long. Gates hand counters over STATS_FLUSH_SECONDS (default 10) after the
+// oldest one, so duplicate cells wait for that (the isolate's send of them, one shard call
+// per window, may land in the next cell); a first delivery's alarm follows its commit and the
+// ledger write may wait for the 1 s spacing.
 const STATS_FLUSH_SECONDS = 10;
 export const DEFERRED_MS = {
   duplicate: STATS_FLUSH_SECONDS * 1000 + 500,
