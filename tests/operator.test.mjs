@@ -177,9 +177,11 @@ describe("operator API", () => {
         const s = (await fresh.admin("/v1/stats")).body.total ?? {};
         return s.deliveries === n && s.effect_successes === n && s.settled_by_webhook === n;
       }, { what: "every count sent", timeoutMs: 20_000, everyMs: 250 });
-      // A read of /v1/stats is one call to each of the 8 shards; the rest are sends.
-      const shardCalls = fresh.events("usage").filter((l) => l.object === "stats_shard").length;
-      const sends = shardCalls - 8 * reads;
+      // A read of /v1/stats is one call to each of the 8 shards; the rest are sends (the
+      // reads' usage lines may still be on their way from workerd's stdout).
+      const shardCalls = () => fresh.events("usage").filter((l) => l.object === "stats_shard").length;
+      await eventually(() => shardCalls() > 8 * reads, { what: "the usage lines of every shard call" });
+      const sends = shardCalls() - 8 * reads;
       assert.ok(sends >= 1 && sends <= 4, `${n} completions' counts in ${sends} shard calls`);
       await sleep(3_500);
       const again = (await fresh.admin("/v1/stats")).body.total;

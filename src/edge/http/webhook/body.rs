@@ -3,8 +3,8 @@
 //!
 //! Guarantees: at most the cap plus one chunk is held, whatever `content-length` says or
 //! omits (a declared length within the cap is read in one piece: HTTP framing ends the body
-//! there, and a longer one is refused all the same); a dead letter that cannot be kept is a 503, so a signed delivery is never dropped
-//! unseen.
+//! there, and a longer one is refused all the same); a dead letter that cannot be kept is a
+//! 503, so a signed delivery is never dropped unseen.
 
 use serde_json::json;
 use worker::wasm_bindgen::{JsCast, JsValue};
