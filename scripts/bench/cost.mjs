@@ -23,6 +23,19 @@ import { startMinimum } from "./minimum.mjs";
 
 const COUNTS = ["sql_statements", "rows_read", "rows_written", "alarm_writes", "kv_writes", "object_calls", "outbound_fetches", "wall_ms", "held_ms"];
 
+const ADMIN = { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" };
+
+/** A signed `batch.succeeded` delivery for `name`, its `webhook-id` being `id`. */
+function delivery(name, id) {
+  const body = envelope("batch.succeeded", name, OUTPUT);
+  return { method: "POST", path: "/webhooks/gemini", headers: signed(body, id), body };
+}
+
+/** `POST /v1/operations` for `name` (and `kind`, when given). */
+const register = (name, kind) => ({ method: "POST", path: "/v1/operations", headers: ADMIN, body: JSON.stringify({ name, kind }) });
+
+const applied = (r) => r.status === 200 && r.body.includes('"outcome":"applied"');
+
 /** Sends `reqs` with `conc` keep-alive clients; throws on an unexpected answer. */
 async function sendAll(base, reqs, ok, conc = 4) {
   const agent = new http.Agent({ keepAlive: true, maxSockets: conc });
@@ -82,7 +95,6 @@ function gateDbBytes(usage) {
 export async function benchCost(dir, stubs, plan) {
   const n = plan.cost.ops;
   const run = Date.now().toString(36);
-  const admin = { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" };
   const vars = {
     EFFECT_URL: `${stubs.url}/effects`,
     GEMINI_API_BASE: stubs.url,
@@ -95,12 +107,7 @@ export async function benchCost(dir, stubs, plan) {
     STATS_FLUSH_SECONDS: "1",
     USAGE_LOG: "true",
   };
-  const delivery = (name, i, tag) => {
-    const body = envelope("batch.succeeded", name, OUTPUT);
-    return { method: "POST", path: "/webhooks/gemini", headers: signed(body, `msg_cost_${run}_${tag}_${i}`), body };
-  };
-  const register = (name) => ({ method: "POST", path: "/v1/operations", headers: admin, body: JSON.stringify({ name, kind: "bench" }) });
-  const applied = (r) => r.status === 200 && r.body.includes('"outcome":"applied"');
+  const hook = (name, i, tag) => delivery(name, `msg_cost_${run}_${tag}_${i}`);
   const flows = {};
   const w = await startWorker(dir, vars);
   try {
@@ -118,23 +125,23 @@ export async function benchCost(dir, stubs, plan) {
       process.stderr.write(`  cost ${name.padEnd(18)} per op: ${JSON.stringify(flows[name].total)}\n`);
     };
     const hooked = Array.from({ length: n }, (_, i) => `batches/cost-${run}-hook-${i}`);
-    const firsts = hooked.map((name, i) => delivery(name, i, "hook"));
+    const firsts = hooked.map((name, i) => hook(name, i, "hook"));
     await flow("webhook", async () => {
       await sendAll(w.url, firsts, applied);
       return { worker_requests_per_op: 1 };
     });
     const registered = Array.from({ length: n }, (_, i) => `batches/cost-${run}-reg-${i}`);
     await flow("registration", async () => {
-      await sendAll(w.url, registered.map(register), (r) => r.status === 201);
+      await sendAll(w.url, registered.map((name) => register(name, "bench")), (r) => r.status === 201);
       return { worker_requests_per_op: 1 };
     });
     await flow("registered_webhook", async () => {
-      await sendAll(w.url, registered.map((name, i) => delivery(name, i, "reg")), applied);
+      await sendAll(w.url, registered.map((name, i) => hook(name, i, "reg")), applied);
       return { worker_requests_per_op: 1 };
     });
     // Registered, never delivered by webhook: the status API stand-in says SUCCEEDED.
     const silent = Array.from({ length: n }, (_, i) => `batches/done-${run}-${i}`);
-    await sendAll(w.url, silent.map(register), (r) => r.status === 201);
+    await sendAll(w.url, silent.map((name) => register(name, "bench")), (r) => r.status === 201);
     await settle(w);
     await flow("cron", async () => {
       const passes = [];
@@ -179,7 +186,7 @@ export async function benchCost(dir, stubs, plan) {
   const r = await startWorker(dir, { ...vars, LEDGER_RETENTION_SECONDS: String(retentionSecs) });
   try {
     const names = Array.from({ length: n }, (_, i) => `batches/cost-${run}-ret-${i}`);
-    await sendAll(r.url, names.map((name, i) => delivery(name, i, "ret")), applied);
+    await sendAll(r.url, names.map((name, i) => hook(name, i, "ret")), applied);
     await settle(r);
     const before = r.count("retention_expired");
     const from = r.count("usage");
@@ -190,7 +197,7 @@ export async function benchCost(dir, stubs, plan) {
     const cpu = meter(n).workerd_main_ms_per_req;
     // What the gates keep after: an operation the admin API no longer finds was purged.
     let purged = 0;
-    await sendAll(r.url, names.map((name) => ({ method: "GET", path: `/v1/operations/${encodeURIComponent(name)}`, headers: admin })), (res) => {
+    await sendAll(r.url, names.map((name) => ({ method: "GET", path: `/v1/operations/${encodeURIComponent(name)}`, headers: ADMIN })), (res) => {
       if (res.status === 404) purged++;
       return res.status === 404 || res.status === 200;
     });
@@ -211,12 +218,7 @@ export async function benchCost(dir, stubs, plan) {
  */
 async function benchShapeCost(stubs, n, run, retentionMs) {
   const w = await startMinimum("object-per-op", `${stubs.url}/effects`, { USAGE_LOG: "true", RETENTION_MS: String(retentionMs) });
-  const admin = { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" };
-  const delivery = (name, i, tag) => {
-    const body = envelope("batch.succeeded", name, OUTPUT);
-    return { method: "POST", path: "/webhooks/gemini", headers: signed(body, `msg_shape_${run}_${tag}_${i}`), body };
-  };
-  const applied = (r) => r.status === 200 && r.body.includes('"outcome":"applied"');
+  const hook = (name, i, tag) => delivery(name, `msg_shape_${run}_${tag}_${i}`);
   // Lines of some entry points only: a flow's retirements come later, in their own flow.
   const usageOf = (from, invocations) => usageSince(w, from, (l) => invocations.includes(l.invocation));
   const flows = {};
@@ -231,10 +233,10 @@ async function benchShapeCost(stubs, n, run, retentionMs) {
       process.stderr.write(`  cost shape ${name.padEnd(12)} per op: ${JSON.stringify(flows[name].total)}\n`);
     };
     const hooked = Array.from({ length: n }, (_, i) => `batches/shape-${run}-hook-${i}`);
-    await flow("webhook", hooked.map((name, i) => delivery(name, i, "hook")), applied);
+    await flow("webhook", hooked.map((name, i) => hook(name, i, "hook")), applied);
     const registered = Array.from({ length: n }, (_, i) => `batches/shape-${run}-reg-${i}`);
-    await flow("registration", registered.map((name) => ({ method: "POST", path: "/v1/operations", headers: admin, body: JSON.stringify({ name }) })), (r) => r.status === 201);
-    await flow("registered_webhook", registered.map((name, i) => delivery(name, i, "reg")), applied);
+    await flow("registration", registered.map((name) => register(name)), (r) => r.status === 201);
+    await flow("registered_webhook", registered.map((name, i) => hook(name, i, "reg")), applied);
     flows.kv = await kvByPrefix(w, { bytes: true });
     // Every settled operation retires `retentionMs` after its commit.
     if (!(await waitRetired(w, 2 * n, retentionMs + 60_000))) throw new Error("cost: the minimum's retirements did not all run");

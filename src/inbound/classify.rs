@@ -48,6 +48,13 @@ pub struct Headers<'a> {
     pub signature: Option<&'a str>,
 }
 
+impl Headers<'_> {
+    /// The body's length as `content-length` declares it (`None`: absent or not a number).
+    pub fn declared_length(&self) -> Option<usize> {
+        self.content_length.and_then(|v| v.trim().parse().ok())
+    }
+}
+
 /// Headers that passed [`screen`]: what is left to prove.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Screened<'a> {
@@ -281,8 +288,10 @@ pub fn screen<'a>(
     now_ms: i64,
     policy: &Policy<'_>,
 ) -> Result<Screened<'a>, Refusal> {
-    let declared: Option<usize> = headers.content_length.and_then(|v| v.trim().parse().ok());
-    if let Some(n) = declared.filter(|n| *n > policy.max_body_bytes) {
+    if let Some(n) = headers
+        .declared_length()
+        .filter(|n| *n > policy.max_body_bytes)
+    {
         return Err(Refusal::BodyTooLarge(Oversize::Declared(n)));
     }
     let now_secs = now_ms.div_euclid(1_000);

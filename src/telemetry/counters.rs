@@ -53,6 +53,13 @@ pub enum Counter {
 /// The prefix of a dropped delivery's counter.
 pub const DROPPED_PREFIX: &str = "dropped_";
 
+/// Whether a gate sends these events to its shard itself, named by its key, rather than
+/// through its isolate's tally: when they include a drop, since the shard lists each drop by
+/// the key it came from ("recently dropped"), and counts a named batch once by sequence.
+pub fn sent_named(events: &[StatEvent]) -> bool {
+    events.iter().any(|e| e.name.starts_with(DROPPED_PREFIX))
+}
+
 impl Counter {
     /// The counter's name.
     pub fn name(self) -> std::borrow::Cow<'static, str> {
@@ -248,6 +255,14 @@ mod tests {
             1,
             "a retried flush counts once"
         );
+    }
+
+    #[test]
+    fn only_a_batch_with_a_drop_is_sent_named() {
+        assert!(!sent_named(&[ev(1, DELIVERIES), ev(2, EFFECT_SUCCESSES)]));
+        let drop = Counter::Dropped("stale_update_time").name();
+        assert!(sent_named(&[ev(1, DELIVERIES), ev(2, &drop)]));
+        assert!(!sent_named(&[]));
     }
 
     #[test]

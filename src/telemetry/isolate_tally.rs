@@ -6,8 +6,9 @@
 //! most one send is taken per window (`every_ms` since the last), and at most one delayed
 //! send is scheduled at a time, due when the window ends (one that has not run a window past
 //! its time is taken for lost, its object gone, and scheduled again), so nothing waits much
-//! longer than a window once its isolate runs on. What it cannot guarantee is the isolate: counts still in
-//! memory when the runtime evicts it are lost (never state, which the gates keep).
+//! longer than a window once its isolate runs on. What it cannot guarantee is the isolate:
+//! counts still in memory when the runtime evicts it are lost (never state, which the gates
+//! keep).
 
 use std::collections::BTreeMap;
 
@@ -48,15 +49,12 @@ impl IsolateTally {
         *count
     }
 
-    /// Adds counted events (their sequence numbers are a gate's business, not the tally's).
+    /// Adds counted events (their sequence numbers are a gate's business, not the tally's), or
+    /// puts back a batch whose send failed, to go with the next.
     pub fn add_events(&mut self, events: &[StatEvent]) {
         for e in events {
             self.add(&e.name, e.at_ms, e.count);
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.counts.is_empty()
     }
 
     /// Everything, as a batch to send now, when the window since the last send has passed
@@ -91,20 +89,6 @@ impl IsolateTally {
             return Vec::new();
         }
         self.take(now_ms)
-    }
-
-    /// Puts a batch whose send failed back, to go with the next.
-    pub fn put_back(&mut self, events: &[StatEvent]) {
-        self.add_events(events);
-    }
-
-    /// The names counted so far, with their totals over the hours.
-    pub fn totals(&self) -> BTreeMap<&str, u64> {
-        let mut totals = BTreeMap::new();
-        for ((name, _), n) in &self.counts {
-            *totals.entry(name.as_str()).or_default() += n;
-        }
-        totals
     }
 
     fn take(&mut self, now_ms: i64) -> Vec<StatEvent> {
@@ -161,7 +145,7 @@ mod tests {
         assert_eq!(sum(&batch, "deliveries"), 4);
         assert_eq!(sum(&batch, "effect_successes"), 1);
         assert!(batch.iter().all(|e| e.at_ms % HOUR_MS == 0 && e.seq == 0));
-        assert!(t.is_empty());
+        assert_eq!(t.take_scheduled(T0 + HOUR_MS), [], "everything was taken");
         assert_eq!(
             t.take_due(T0 + 2 * HOUR_MS, 0),
             None,
@@ -250,8 +234,7 @@ mod tests {
         t.add("deliveries", T0, 3);
         let batch = t.take_due(T0, 0).unwrap();
         t.add("deliveries", T0 + 10, 1);
-        t.put_back(&batch);
-        assert_eq!(t.totals()["deliveries"], 4);
+        t.add_events(&batch);
         let next = t.take_due(T0 + 20, 0).unwrap();
         assert_eq!(sum(&next, "deliveries"), 4, "nothing lost, nothing twice");
     }

@@ -188,10 +188,7 @@ impl OperationGate {
         let flush = async {
             upkeep.sealed?;
             let events = &upkeep.events;
-            if !events
-                .iter()
-                .any(|e| e.name.starts_with(counters::DROPPED_PREFIX))
-            {
+            if !counters::sent_named(events) {
                 let every_ms = config.stats_flush_secs * 1_000;
                 let env = &self.env;
                 let done =
@@ -199,7 +196,7 @@ impl OperationGate {
                         .await;
                 self.storage.meter().add(|u| {
                     u.object_calls += u64::from(done.sent);
-                    u.held_ms += done.held_ms.max(0) as u64;
+                    u.held_ms += done.held_ms;
                 });
                 return Some(Ok(()));
             }

@@ -86,7 +86,7 @@ pub struct HandedOver {
     /// A shard call was made (and awaited).
     pub sent: bool,
     /// A send was scheduled this far ahead: the object stays in memory until then.
-    pub held_ms: i64,
+    pub held_ms: u64,
 }
 
 /// Hands a gate's counted events (stored in its record until now) to this isolate's tally,
@@ -116,7 +116,7 @@ pub async fn hand_over(
     }
     let mut done = HandedOver::default();
     if let Some(delay) = GATE_COUNTS.with(|t| t.borrow_mut().schedule(now_ms, every_ms)) {
-        done.held_ms = delay;
+        done.held_ms = delay.max(0) as u64;
         let env = env.clone();
         state.wait_until(async move {
             Delay::from(Duration::from_millis(delay as u64)).await;
@@ -140,7 +140,7 @@ async fn send_tally(
 ) {
     let shard = (now_ms.rem_euclid(i64::from(SHARDS))) as u32;
     if let Err(e) = add(env, shard, None, batch.clone()).await {
-        tally.with(|t| t.borrow_mut().put_back(&batch));
+        tally.with(|t| t.borrow_mut().add_events(&batch));
         log(WorkerLog::StatsFlushFailed {
             error: e.to_string(),
         }

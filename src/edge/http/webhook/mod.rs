@@ -119,7 +119,7 @@ pub async fn receive(
             }
         }
     };
-    let declared = headers.content_length.and_then(|n| n.trim().parse().ok());
+    let declared = headers.declared_length();
     let body = match body::read_capped(&req, config.max_body_bytes, declared).await {
         Ok(Some(body)) => body,
         Ok(None) => {
