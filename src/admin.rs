@@ -32,6 +32,7 @@ pub fn authorized(authorization: Option<&str>, token: &str) -> bool {
 struct RegisterBody {
     name: Option<String>,
     kind: Option<String>,
+    user_metadata: Option<serde_json::Value>,
 }
 
 /// A valid registration.
@@ -39,6 +40,9 @@ struct RegisterBody {
 pub struct Registration {
     pub key: OperationKey,
     pub kind: Option<String>,
+    /// The job's `user_metadata` (a JSON object), the side effect's verified metadata: it
+    /// comes with an authenticated call, unlike a dynamic webhook's token.
+    pub user_metadata: Option<serde_json::Value>,
 }
 
 /// Why a registration was refused (answered 400 with this text).
@@ -54,9 +58,12 @@ pub enum RegistrationError {
     BadName(KeyError),
     #[error("kind is longer than {MAX_KIND_BYTES} bytes")]
     KindTooLong,
+    #[error("user_metadata must be a JSON object")]
+    MetadataNotObject,
 }
 
-/// Parses `{"name": "batches/abc", "kind": "nightly-review"}`.
+/// Parses `{"name": "batches/abc", "kind": "nightly-review", "user_metadata": {...}}`
+/// (`kind` and `user_metadata` optional; `null` is the same as absent).
 pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError> {
     let parsed: RegisterBody =
         serde_json::from_slice(body).map_err(|_| RegistrationError::BadBody)?;
@@ -75,7 +82,16 @@ pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError
     if kind.as_ref().is_some_and(|k| k.len() > MAX_KIND_BYTES) {
         return Err(RegistrationError::KindTooLong);
     }
-    Ok(Registration { key, kind })
+    let user_metadata = match parsed.user_metadata {
+        None | Some(serde_json::Value::Null) => None,
+        Some(meta @ serde_json::Value::Object(_)) => Some(crate::bounds::bound(meta)),
+        Some(_) => return Err(RegistrationError::MetadataNotObject),
+    };
+    Ok(Registration {
+        key,
+        kind,
+        user_metadata,
+    })
 }
 
 /// Longest kept `reason` of an operator's action.
@@ -397,6 +413,10 @@ mod tests {
         assert_eq!(r.kind.as_deref(), Some("nightly-review"));
         let r = parse_registration(br#"{"name":"batches/abc"}"#).unwrap();
         assert_eq!(r.kind, None);
+        assert_eq!(r.user_metadata, None);
+        let r = parse_registration(br#"{"name":"batches/abc","user_metadata":{"tenant":"t1"}}"#)
+            .unwrap();
+        assert_eq!(r.user_metadata, Some(serde_json::json!({"tenant": "t1"})));
     }
 
     fn meta(status: &str, submitted_at: i64, done: bool) -> LedgerMeta {
@@ -584,6 +604,10 @@ mod tests {
                 RegistrationError::BadName(KeyError::NoCollection),
             ),
             (long_kind.into_bytes(), RegistrationError::KindTooLong),
+            (
+                br#"{"name":"batches/a","user_metadata":"t1"}"#.to_vec(),
+                RegistrationError::MetadataNotObject,
+            ),
         ];
         for (body, want) in cases {
             assert_eq!(parse_registration(&body).unwrap_err(), want);

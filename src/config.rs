@@ -92,10 +92,6 @@ pub const DEFAULT_GEMINI_API_BASE: &str = "https://generativelanguage.googleapis
 /// finishes before the code that started it registers it) still picks the route, and the
 /// first attempt's body, under its `webhook-id`, is the only one ever sent.
 pub const DEFAULT_UNREGISTERED_HOLD_SECS: i64 = 15;
-/// Unregistered names Gemini answered 404 for (strangers' nudges) a minute, worker-wide, past
-/// which further unregistered nudges are answered 503 without a status call until the minute
-/// ends: the user's status-API quota a flood can spend.
-pub const DEFAULT_STRANGER_NUDGES_PER_MINUTE: i64 = 60;
 /// Strangers' nudges within [`DEFAULT_STRANGER_ALERT_WINDOW_SECS`] that raise the one
 /// aggregated alert of that window.
 pub const DEFAULT_STRANGER_ALERT_THRESHOLD: i64 = 20;
@@ -250,8 +246,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("DYNAMIC_WEBHOOKS", Flag, Bool(true), "false: every JWT-signed delivery is answered 401"),
         V::plain("GEMINI_JWKS_URL", PublicUrl, Text(DEFAULT_GEMINI_JWKS_URL), "key set for dynamic webhooks' RS256 tokens"),
         V::plain("GEMINI_JWT_AUDIENCE", FreeText, Nothing, "when set, a dynamic webhook's token must carry it in aud"),
-        V::plain("STRANGER_NUDGES_PER_MINUTE", Whole { min: 1, max: 100_000 }, Number(DEFAULT_STRANGER_NUDGES_PER_MINUTE), "unregistered nudges Gemini does not know, per minute worker-wide, before the rest of the minute's are answered 503 unasked"),
-        V::plain("STRANGER_ALERT_THRESHOLD", Whole { min: 1, max: 1_000_000 }, Number(DEFAULT_STRANGER_ALERT_THRESHOLD), "unregistered nudges Gemini does not know, within the window, that raise one aggregated alert"),
+        V::plain("STRANGER_ALERT_THRESHOLD", Whole { min: 1, max: 1_000_000 }, Number(DEFAULT_STRANGER_ALERT_THRESHOLD), "dynamic-webhook nudges for operations the worker does not hold (not registered), within the window, that raise one aggregated alert"),
         V::plain("STRANGER_ALERT_WINDOW_SECONDS", Whole { min: 60, max: 7 * DAY_SECS }, Number(DEFAULT_STRANGER_ALERT_WINDOW_SECS), "at most one alert about such nudges per window"),
         V::plain("UNREGISTERED_HOLD_SECONDS", Whole { min: 0, max: 3_600 }, Number(DEFAULT_UNREGISTERED_HOLD_SECS), "with EFFECT_ROUTES set, an unregistered operation's first side-effect attempt waits this long for a late registration's kind"),
     ]
@@ -304,7 +299,6 @@ pub struct Config {
     pub gemini_jwks_url: String,
     /// Required `aud` of dynamic-webhook tokens, when set.
     pub gemini_jwt_audience: Option<String>,
-    pub stranger_nudges_per_minute: u32,
     pub stranger_alert_threshold: u32,
     pub stranger_alert_window_secs: i64,
     pub unregistered_hold_secs: i64,
@@ -710,8 +704,6 @@ impl Config {
             gemini_webhook_name: s.optional("GEMINI_WEBHOOK_NAME", Setting::text)?,
             gemini_jwks_url: s.value("GEMINI_JWKS_URL", Setting::text)?,
             gemini_jwt_audience: s.optional("GEMINI_JWT_AUDIENCE", Setting::text)?,
-            stranger_nudges_per_minute: s.value("STRANGER_NUDGES_PER_MINUTE", Setting::whole)?
-                as u32,
             stranger_alert_threshold: s.value("STRANGER_ALERT_THRESHOLD", Setting::whole)? as u32,
             stranger_alert_window_secs: s.value("STRANGER_ALERT_WINDOW_SECONDS", Setting::whole)?,
             unregistered_hold_secs: s.value("UNREGISTERED_HOLD_SECONDS", Setting::whole)?,

@@ -97,8 +97,9 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
         headers: { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json", ...(init.headers || {}) },
       });
     },
-    register(name, kind) {
-      return worker.admin("/v1/operations", { method: "POST", body: JSON.stringify({ name, kind }) });
+    /** Registers `name`; `extra` adds fields to the body (e.g. `user_metadata`). */
+    register(name, kind, extra = {}) {
+      return worker.admin("/v1/operations", { method: "POST", body: JSON.stringify({ name, kind, ...extra }) });
     },
     inspect(name) {
       return worker.admin(`/v1/operations/${encodeURIComponent(name)}`);

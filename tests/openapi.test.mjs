@@ -235,6 +235,13 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       expect: 200,
     });
     assert.equal(confirming.body.outcome, "confirming");
+    const notHeld = await call(w, "POST", "/webhooks/gemini", "/webhooks/gemini", {
+      token: false,
+      body: envelope("batch.succeeded", "batches/oa-jwt-never-registered"),
+      headers: { "webhook-id": "msg_jwt_2", "webhook-timestamp": String(Math.floor(Date.now() / 1000)), "webhook-signature": token() },
+      expect: 200,
+    });
+    assert.equal(notHeld.body.outcome, "not_held");
     await deliver(w, "batch.succeeded", null, { rawBody: "not an envelope", expect: 400 });
     await deliver(w, "batch.succeeded", "batches/oa-hook", { signature: "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", expect: 401 });
     await deliver(w, "batch.succeeded", "batches/oa-big", { data: { pad: "x".repeat(MAX_BODY_BYTES) }, expect: 413 });

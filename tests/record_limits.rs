@@ -100,8 +100,9 @@ fn a_signed_delivery_at_the_limits_gives_a_record_that_reads_back() {
 
 #[test]
 fn a_nudge_at_the_limits_gives_a_record_that_reads_back_before_and_after_confirmation() {
-    // The body's `user_metadata` becomes `unverified_user_metadata`, nested deeper in the
-    // command and deeper still in the record's confirmation.
+    // The body's (or the token's) `user_metadata` becomes `unverified_user_metadata`, nested
+    // deeper in the command and deeper still in the record's confirmation; a confirmation an
+    // earlier version stored as `user_metadata` travels as unverified too.
     let body = format!(
         r#"{{"type":"batch.succeeded","user_metadata":{},"data":{{"id":"batches/nudge"}}}}"#,
         deepest_below(1)
@@ -128,11 +129,10 @@ fn a_nudge_at_the_limits_gives_a_record_that_reads_back_before_and_after_confirm
             claimed: "succeeded".into(),
             metadata,
             delivery_id: "jwt_1".into(),
-            require_registration: false,
-            vouched: true,
         };
         reads_back("the nudge", &command);
-        let op = gate::step(None, command, 1_000).record.unwrap();
+        let held = Operation::register("batches/nudge", "batches/nudge", None, 500);
+        let op = gate::step(Some(held), command, 1_000).record.unwrap();
         reads_back("the record awaiting confirmation", &op);
         let answer = status::interpret(
             Collection::Batches,
@@ -144,7 +144,9 @@ fn a_nudge_at_the_limits_gives_a_record_that_reads_back_before_and_after_confirm
             .record
             .unwrap();
         assert_eq!(op.status(), &Status::Succeeded);
-        assert_eq!(op.details()[label]["reason"], "too_deep", "{label}");
+        let unverified = &op.details()["unverified_user_metadata"];
+        assert_eq!(unverified["reason"], "too_deep", "{label}");
+        assert!(op.details().get("user_metadata").is_none(), "{label}");
         reads_back("the confirmed record", &op);
     }
 }

@@ -1,18 +1,20 @@
 // Strangers: anyone can obtain valid dynamic-webhook tokens (a job of their own pointed at this
-// worker) and put any name in the body. A name the gate has never seen is stored only once
-// Gemini's status API (a local stand-in) vouches for it: a 404 leaves nothing open, no record,
-// no Durable Object storage and no KV entry, and pages nobody per name; a worker-wide guard
-// limits the status calls such names get and raises one aggregated alert. Beside them: a
-// repeated nudge writes nothing, forget stops everything, a late registration with routes, and
-// the warning for REQUIRE_REGISTRATION without GEMINI_API_KEY. Tokens are signed with a local
-// RSA key whose key set a local server publishes.
+// worker) and put any name in the body. A nudge only hastens an operation the worker holds: one
+// for any other name (whatever Gemini's status API, a local stand-in, would say of it) makes no
+// status call and leaves nothing open, no record, no Durable Object storage and no KV entry,
+// pages nobody per name, and raises one aggregated alert. A token's claims never reach a side
+// effect as verified; nothing runs twice after retention, however late a nudge, a poll or a
+// signed delivery comes; a registered job whose nudge beat its registration still settles once.
+// Beside them: a repeated nudge writes nothing, forget stops everything, a late registration
+// with routes, and the warning for REQUIRE_REGISTRATION without GEMINI_API_KEY. Tokens are
+// signed with a local RSA key whose key set a local server publishes.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, readdirSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { generateKeyPairSync, sign as rsaSign } from "node:crypto";
-import { startWorker, startServer, startDestination, eventually, sleep } from "./helpers.mjs";
+import { startWorker, startServer, startDestination, eventually, sleep, signedHeaders } from "./helpers.mjs";
 
 const { privateKey, publicKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
 const jwk = { ...publicKey.export({ format: "jwk" }), kid: "k1", alg: "RS256", use: "sig" };
@@ -31,8 +33,11 @@ function nudge(worker, id, token = jwt(), type = "batch.succeeded") {
   });
 }
 
-let jwks, gemini, alerts;
-/** The status stand-in's answers by path: a batch state, or an HTTP status (with Retry-After 3600). */
+let jwks, gemini, alerts, dest;
+/**
+ * The status stand-in's answers by path: a batch state, an HTTP status (with Retry-After
+ * 3600), or a whole body (an object) answered 200.
+ */
 const states = new Map();
 const statusCalls = (key) => gemini.requests.filter((r) => r.url === `/v1beta/${key}`);
 const alertsSent = () => alerts.requests.map((r) => JSON.parse(r.body));
@@ -41,12 +46,14 @@ const gateUsage = (worker, from = 0) =>
     .filter((e) => e && e.event === "usage" && e.object === "gate");
 
 before(async () => {
+  dest = await startDestination(() => ({ status: 200 }));
   jwks = await startServer(() => ({ status: 200, body: { keys: [jwk] } }));
   alerts = await startServer(() => ({ status: 200 }));
   gemini = await startServer((req) => {
     const state = states.get(req.url);
     if (state === undefined) return { status: 404, body: { error: { code: 404, message: "not found" } } };
     if (typeof state === "number") return { status: state, headers: { "retry-after": "3600" }, body: { error: { code: state } } };
+    if (typeof state === "object") return { status: 200, body: state };
     return {
       status: 200,
       body: { name: req.url.replace("/v1beta/", ""), metadata: { state: `BATCH_STATE_${state}`, updateTime: new Date().toISOString() }, done: state === "SUCCEEDED" },
@@ -54,85 +61,116 @@ before(async () => {
   });
 });
 after(async () => {
-  for (const s of [jwks, gemini, alerts]) await s?.close();
+  for (const s of [jwks, gemini, alerts, dest]) await s?.close();
+  dest?.assertAllValid();
 });
+const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key).map((r) => JSON.parse(r.body));
 
 const base = (extra = {}) => ({
   GEMINI_JWKS_URL: `${jwks.url}/jwks`,
   GEMINI_API_BASE: gemini.url,
   GEMINI_API_KEY: "test-api-key",
   ALERT_URL: `${alerts.url}/alerts`,
+  EFFECT_URL: `${dest.url}/effects`,
   USAGE_LOG: "true",
   ...extra,
 });
 
-describe("nudges for names Gemini does not know", () => {
+describe("nudges for operations the worker does not hold", () => {
   let w;
   before(async () => {
-    w = await startWorker(base({ STRANGER_ALERT_THRESHOLD: "20", STRANGER_NUDGES_PER_MINUTE: "100", RECONCILE_GRACE_SECONDS: "0", STUCK_AFTER_SECONDS: "0" }));
+    w = await startWorker(base({ STRANGER_ALERT_THRESHOLD: "20", RECONCILE_GRACE_SECONDS: "0", STUCK_AFTER_SECONDS: "0" }));
   });
   after(() => w?.dispose());
 
-  it("50 of them leave no operation, no KV entry and no storage, and raise one aggregated alert", async () => {
+  it("a concurrent burst of 200 makes no status call, stores nothing, and raises one aggregated alert", async () => {
     const alertsBefore = alerts.requests.length;
+    const callsBefore = gemini.requests.length;
+    // Whatever Gemini would answer for them: 403, 404, 429, 503, or a finished job of
+    // someone else's.
+    const answers = [403, undefined, 429, 503, "SUCCEEDED"];
+    const names = Array.from({ length: 200 }, (_, i) => `batches/junk-${i}`);
+    names.forEach((name, i) => answers[i % 5] !== undefined && states.set(`/v1beta/${name}`, answers[i % 5]));
     const token = jwt(); // one stolen token, many invented names
-    for (let i = 0; i < 50; i++) {
-      const r = await nudge(w, `batches/junk-${i}`, token);
-      assert.equal(r.status, 200, JSON.stringify(r.body));
-      assert.equal(r.body.outcome, "unknown_to_gemini");
+    const outcomes = [];
+    for (let i = 0; i < names.length; i += 20) {
+      const batch = await Promise.all(names.slice(i, i + 20).map((name) => nudge(w, name, token)));
+      outcomes.push(...batch);
     }
-    for (let i = 0; i < 50; i++) assert.equal(statusCalls(`batches/junk-${i}`).length, 1, "asked once each");
-    assert.equal(w.events("stranger_nudge").length, 50, "each counted and logged");
+    for (const r of outcomes) {
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      assert.equal(r.body.outcome, "not_held");
+    }
+    assert.equal(gemini.requests.length - callsBefore, 0, "no status call for any of them");
+    assert.equal(w.events("stranger_nudge").length, 200, "each counted and logged");
     const [alert] = await eventually(() => {
       const sent = alerts.requests.slice(alertsBefore).map((r) => JSON.parse(r.body));
       return sent.length && sent;
     }, { what: "the aggregated alert" });
     assert.equal(alert.alert, "stranger_nudges");
     assert.equal(alert.count, 20, "raised when the threshold was crossed");
+    assert.match(alert.text, /register/);
     await w.scheduled(); // a cron pass finds nothing open for them
     await sleep(1500);
+    assert.equal(gemini.requests.length - callsBefore, 0, "nor from the cron pass");
     const sent = alerts.requests.slice(alertsBefore).map((r) => JSON.parse(r.body));
     assert.deepEqual(sent.map((a) => a.alert), ["stranger_nudges"], "one alert, none per name");
     assert.deepEqual((await w.kvList("open:")).map((k) => k.name), [], "no open: entry");
     assert.deepEqual((await w.kvList("op:")).map((k) => k.name), [], "no op: entry");
     assert.deepEqual((await w.kvList("")).map((k) => k.name), ["jwks:cache"], "no KV write but the key set's copy");
     const usage = gateUsage(w);
-    assert.ok(usage.length >= 50, "each name reached its gate");
+    assert.ok(usage.length >= 200, "each name reached its gate");
     assert.deepEqual(usage.filter((u) => u.rows_written || u.kv_writes || u.alarm_writes), [], "no gate stored anything");
-    assert.equal((await w.inspect("batches/junk-7")).status, 404);
-    await eventually(async () => (await w.admin("/v1/stats")).body.total.stranger_nudges === 50, { what: "the count in /v1/stats", everyMs: 500 });
+    assert.equal((await w.inspect("batches/junk-4")).status, 404);
+    assert.equal(effectsFor("batches/junk-4").length, 0);
+    await eventually(async () => (await w.admin("/v1/stats")).body.total.stranger_nudges === 200, { what: "the count in /v1/stats", everyMs: 500 });
   });
 
-  it("a name Gemini knows is applied from what the status API says, without a confirmation round", async () => {
-    states.set("/v1beta/batches/genuine-unregistered", "SUCCEEDED");
-    const r = await nudge(w, "batches/genuine-unregistered");
-    assert.equal(r.status, 200);
-    assert.equal(r.body.outcome, "applied");
-    const op = (await w.inspect("batches/genuine-unregistered")).body;
-    assert.equal(op.status, "succeeded");
-    assert.equal(op.settled_by, "webhook");
+  it("a registered job whose nudge came before its registration settles once, by the registration's poll", async () => {
+    const key = "batches/nudged-first";
+    states.set(`/v1beta/${key}`, "SUCCEEDED");
+    const early = await nudge(w, key, jwt({ user_metadata: { tenant: "claimed" } }));
+    assert.equal(early.body.outcome, "not_held", "answered 2xx: Gemini does not retry it");
+    assert.equal(statusCalls(key).length, 0);
+    assert.equal((await w.register(key, "billing", { user_metadata: { tenant: "ours" } })).status, 201);
+    await w.scheduled(); // RECONCILE_GRACE_SECONDS=0: the pass polls it now
+    const [effect] = await eventually(() => effectsFor(key).length && effectsFor(key), { what: "the effect" });
+    assert.equal(effect.settled_by, "reconcile");
+    assert.deepEqual(effect.user_metadata, { tenant: "ours" }, "the registration's metadata");
+    assert.equal(effect.unverified_user_metadata, undefined, "nothing of the early nudge was kept");
+    await w.scheduled();
+    await sleep(1000);
+    assert.equal(effectsFor(key).length, 1, "once");
   });
 
-  it("a name Gemini knows but has not finished waits in its record, whose alarm asks again", async () => {
-    const key = "batches/genuine-running";
-    states.set(`/v1beta/${key}`, "RUNNING");
-    const r = await nudge(w, key);
-    assert.equal(r.status, 200);
-    assert.equal(r.body.outcome, "confirming");
-    const op = (await w.inspect(key)).body;
-    assert.ok(["pending", "running"].includes(op.status), op.status); // running once the gate asked
-    assert.equal(op.registered, false);
-    // The edge asked once; the gate's alarm asks again (and keeps asking with backoff), and
-    // applies the state it is told, forward only.
-    await eventually(() => statusCalls(key).length >= 2, { what: "the gate's own confirmation" });
-    await eventually(async () => (await w.inspect(key)).body.status === "running", { what: "the running state applied" });
+  it("a stranger's token claims never reach an effect as verified", async () => {
+    // Our job, registered with its metadata; a stranger's token names it first, with theirs.
+    const ours = "batches/ours-with-meta";
+    states.set(`/v1beta/${ours}`, "SUCCEEDED");
+    await w.register(ours, "billing", { user_metadata: { tenant: "ours" } });
+    assert.equal((await nudge(w, ours, jwt({ user_metadata: { tenant: "attacker" } }))).body.outcome, "confirming");
+    assert.equal((await nudge(w, ours, jwt({ user_metadata: { tenant: "genuine" } }))).status, 200);
+    const [effect] = await eventually(() => effectsFor(ours).length && effectsFor(ours), { what: "the effect" });
+    assert.deepEqual(effect.user_metadata, { tenant: "ours" });
+    assert.deepEqual(effect.unverified_user_metadata, { tenant: "attacker" }, "a claim, labelled as one");
+    // Registered without metadata: a token's claim is still only unverified.
+    const bare = "batches/ours-bare";
+    states.set(`/v1beta/${bare}`, "SUCCEEDED");
+    await w.register(bare, "billing");
+    await nudge(w, bare, jwt({ user_metadata: { tenant: "attacker" } }));
+    const [plain] = await eventually(() => effectsFor(bare).length && effectsFor(bare), { what: "the effect" });
+    assert.equal(plain.user_metadata, undefined);
+    assert.deepEqual(plain.unverified_user_metadata, { tenant: "attacker" });
   });
 
-  it("a name Gemini cannot be asked about now is answered 503, so Gemini retries; nothing is stored", async () => {
-    states.set("/v1beta/batches/api-down", 503);
-    const r = await nudge(w, "batches/api-down");
-    assert.equal(r.status, 503);
-    assert.equal((await w.inspect("batches/api-down")).status, 404);
+  it("an interaction's metadata comes from its status answer, read with our key", async () => {
+    const key = "interactions/meta-echo";
+    states.set(`/v1beta/${key}`, { id: "meta-echo", status: "completed", updated: new Date().toISOString(), webhook_config: { uris: ["https://x"], user_metadata: { tenant: "echoed" } } });
+    await w.register(key);
+    await nudge(w, key, jwt({ user_metadata: { tenant: "attacker" } }), "interaction.completed");
+    const [effect] = await eventually(() => effectsFor(key).length && effectsFor(key), { what: "the effect" });
+    assert.deepEqual(effect.user_metadata, { tenant: "echoed" });
+    assert.deepEqual(effect.unverified_user_metadata, { tenant: "attacker" });
   });
 
   it("a registered operation Gemini does not know alerts unknown_to_gemini once, not stuck on top", async () => {
@@ -148,24 +186,40 @@ describe("nudges for names Gemini does not know", () => {
   });
 });
 
-describe("the guard's limit", () => {
-  it("past STRANGER_NUDGES_PER_MINUTE unknown names, unregistered nudges are answered 503 unasked; registered ones still go through", async () => {
-    const w = await startWorker(base({ STRANGER_NUDGES_PER_MINUTE: "5", STRANGER_ALERT_THRESHOLD: "1000" }));
+describe("nothing runs twice after retention", () => {
+  it("a video settled and purged, then nudged, polled and redelivered with a valid signature, runs nothing", async () => {
+    const w = await startWorker(base({ LEDGER_RETENTION_SECONDS: "2", RECONCILE_GRACE_SECONDS: "0", STRANGER_ALERT_THRESHOLD: "1000" }));
     try {
-      for (let i = 0; i < 5; i++) assert.equal((await nudge(w, `batches/limited-${i}`)).status, 200);
-      const refused = await w.fetch("/webhooks/gemini", {
-        method: "POST",
-        headers: { "content-type": "application/json", "webhook-id": "m", "webhook-timestamp": String(now()), "webhook-signature": jwt() },
-        body: JSON.stringify({ type: "batch.succeeded", data: { id: "batches/limited-5" } }),
-      });
-      assert.equal(refused.status, 503);
-      assert.ok(Number(refused.headers.get("retry-after")) >= 1);
-      await refused.text();
-      assert.equal(statusCalls("batches/limited-5").length, 0, "no status call past the limit");
-      states.set("/v1beta/batches/limited-registered", 503);
-      await w.register("batches/limited-registered", "billing");
-      assert.equal((await nudge(w, "batches/limited-registered")).body.outcome, "confirming");
-      assert.ok(w.events("rejected").some((e) => e.reason === "stranger_limit"));
+      const name = "models/veo-3/operations/vid-late";
+      const key = "operations/vid-late";
+      // A video's status answer carries no time to judge its age by.
+      states.set(`/v1beta/${name}`, { name, done: true, response: { generateVideoResponse: { generatedSamples: [{ video: { uri: "files/v-late" } }] } } });
+      assert.equal((await w.register(name, "publish")).status, 201);
+      const pending = await w.ledger(key);
+      const sent = new Date().toISOString();
+      const body = JSON.stringify({ type: "video.generated", version: "v1", timestamp: sent, data: { id: name, file_name: "files/v-late" } });
+      assert.equal((await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body), body })).status, 200);
+      await eventually(() => effectsFor(key).length === 1, { what: "the effect" });
+      await eventually(() => w.events("retention_expired").some((l) => l.key === key), { what: "retention to end" });
+      assert.equal((await w.inspect(key)).status, 404, "nothing is left in the gate");
+      const callsBefore = statusCalls(name).length;
+      // A nudge, however valid its token: not held, nothing asked.
+      const nudged = await nudge(w, name, jwt(), "video.generated");
+      assert.equal(nudged.body.outcome, "not_held");
+      assert.equal(statusCalls(name).length, callsBefore, "no status call");
+      // A poll: an index entry left behind (a lost delete) makes the pass ask Gemini, whose
+      // answer (no time) reaches a gate that holds nothing.
+      const kv = await w.kv();
+      await kv.put(`open:${key}`, "", { metadata: pending });
+      await w.scheduled();
+      await eventually(() => statusCalls(name).length > callsBefore, { what: "the pass's poll" });
+      // The captured delivery, re-signed as Gemini's own retry would be.
+      const again = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body), body });
+      assert.equal(again.status, 200);
+      assert.ok(["ignored_too_old", "dropped"].includes(again.body.outcome), JSON.stringify(again.body));
+      await sleep(2000);
+      assert.equal(effectsFor(key).length, 1, "nothing ran again");
+      assert.equal((await w.inspect(key)).status, 404, "and nothing was stored");
     } finally {
       await w.dispose();
     }
@@ -243,7 +297,7 @@ describe("REQUIRE_REGISTRATION=true", () => {
     try {
       const r = await nudge(w, "batches/nobody-registered");
       assert.equal(r.status, 200);
-      assert.equal(r.body.outcome, "ignored_unregistered");
+      assert.equal(r.body.outcome, "not_held");
       const h = await w.deliver("batch.succeeded", "batches/nobody-registered-hmac");
       assert.equal(h.body.outcome, "ignored_unregistered");
       const untouched = gateUsage(w);

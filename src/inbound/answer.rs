@@ -46,8 +46,9 @@ pub enum Answer {
     IgnoredTooOld {
         key: String,
     },
-    /// A nudge named an operation nobody registered and Gemini does not know.
-    UnknownToGemini {
+    /// A nudge named an operation this worker does not hold open (never registered, nor
+    /// opened by a signed delivery; or gone with retention): nothing was stored or asked.
+    NotHeld {
         key: String,
     },
     IgnoredUnknownType {
@@ -235,8 +236,8 @@ mod tests {
             json!({"outcome": "ignored_unknown_type", "type": "x.y"})
         );
         assert_eq!(
-            serde_json::to_value(Answer::UnknownToGemini { key: "k/1".into() }).unwrap(),
-            json!({"outcome": "unknown_to_gemini", "key": "k/1"})
+            serde_json::to_value(Answer::NotHeld { key: "k/1".into() }).unwrap(),
+            json!({"outcome": "not_held", "key": "k/1"})
         );
     }
 
@@ -291,8 +292,6 @@ mod tests {
             claimed: "succeeded".into(),
             metadata: Map::new(),
             delivery_id: "jwt_1".into(),
-            require_registration: false,
-            vouched: false,
         };
         memory.learn("batches/b", &nudge, &applied(Status::Succeeded));
         assert_eq!(memory.duplicate("batches/b", &Status::Succeeded), None);

@@ -91,8 +91,7 @@ pub enum Outcome {
         key: OperationKey,
         event_type: String,
         claimed: Status,
-        /// `user_metadata` when the token carried it, else the body's as
-        /// `unverified_user_metadata`.
+        /// `unverified_user_metadata`: nothing in a nudge is verified.
         metadata: Map<String, Value>,
         delivery_id: String,
     },
@@ -175,8 +174,6 @@ pub enum Refusal {
         problem: KeyError,
         delivery_id: String,
     },
-    /// 503 `stranger_limit`: past the strangers' guard's limit for this minute.
-    StrangerLimit { key: String, retry_after: i64 },
 }
 
 impl Refusal {
@@ -192,7 +189,6 @@ impl Refusal {
             Refusal::NudgeNotEnvelope { .. } => "jwt_body_not_envelope",
             Refusal::NudgeUnknownType { .. } => "jwt_unknown_event_type",
             Refusal::NudgeBadOperationId { .. } => "jwt_bad_operation_id",
-            Refusal::StrangerLimit { .. } => "stranger_limit",
         }
     }
 
@@ -208,9 +204,6 @@ impl Refusal {
             Refusal::NudgeNotEnvelope { problem, .. } => not_envelope(problem),
             Refusal::NudgeUnknownType { event_type, .. } => unknown_type(event_type),
             Refusal::NudgeBadOperationId { problem, .. } => bad_operation_id(problem),
-            Refusal::StrangerLimit { retry_after, .. } => {
-                Reply::RetryAfter((*retry_after).clamp(1, 60) as u32)
-            }
         }
     }
 
@@ -223,7 +216,6 @@ impl Refusal {
             problem,
             delivery_id,
             event_type,
-            key,
             ..
         } = &mut line
         {
@@ -251,13 +243,6 @@ impl Refusal {
                 }
                 Refusal::NudgeBadOperationId { delivery_id: d, .. } => {
                     *delivery_id = Some(d.clone())
-                }
-                Refusal::StrangerLimit {
-                    key: k,
-                    retry_after: secs,
-                } => {
-                    *key = Some(k.clone());
-                    *retry_after = Some(*secs);
                 }
                 _ => {}
             }
@@ -435,24 +420,23 @@ fn nudge(body: &[u8], claims: Map<String, Value>, delivery_id: String) -> Outcom
     }
 }
 
-/// Only claims inside the verified token are forwarded as verified `user_metadata`;
-/// metadata found only in the body travels as `unverified_user_metadata`.
+/// Nothing binds a token's claims to the operation its body names (Gemini documents no such
+/// claim, and anyone can obtain a valid token), so a nudge's metadata is never verified: the
+/// token's `user_metadata` claim, else the body's, travels as `unverified_user_metadata`.
+/// The verified `user_metadata` comes from a registration or the status API.
 fn nudge_metadata(
     mut claims: Map<String, Value>,
     details: &Map<String, Value>,
 ) -> Map<String, Value> {
     let mut metadata = Map::new();
-    match claims.remove(USER_METADATA) {
-        Some(verified) => {
-            // Bounded before it travels to the gate (the command nests it deeper than the
-            // token did); the body's was bounded when the envelope was parsed.
-            metadata.insert(USER_METADATA.into(), crate::bounds::bound(verified));
-        }
-        None => {
-            if let Some(unverified) = details.get(USER_METADATA) {
-                metadata.insert(UNVERIFIED_USER_METADATA.into(), unverified.clone());
-            }
-        }
+    // Bounded before it travels to the gate (the command nests it deeper than the token
+    // did); the body's was bounded when the envelope was parsed.
+    let claimed = claims
+        .remove(USER_METADATA)
+        .map(crate::bounds::bound)
+        .or_else(|| details.get(USER_METADATA).cloned());
+    if let Some(unverified) = claimed {
+        metadata.insert(UNVERIFIED_USER_METADATA.into(), unverified);
     }
     metadata
 }
@@ -688,14 +672,6 @@ mod tests {
                 },
                 "jwt_bad_operation_id",
                 400,
-            ),
-            (
-                Refusal::StrangerLimit {
-                    key: "k/1".into(),
-                    retry_after: 1,
-                },
-                "stranger_limit",
-                503,
             ),
         ];
         for (refusal, reason, status) in table {
@@ -1017,7 +993,7 @@ mod tests {
     // What a token-signed body is.
 
     #[test]
-    fn a_nudge_forwards_only_token_metadata_as_verified() {
+    fn a_nudge_forwards_no_metadata_as_verified() {
         let body = br#"{"type":"batch.failed","user_metadata":{"job":"body"},"data":{"id":"b9"}}"#;
         let mut claims = good_claims();
         claims["user_metadata"] = json!({"job": "token"});
@@ -1034,8 +1010,10 @@ mod tests {
         assert_eq!((key.key.as_str(), claimed), ("batches/b9", Status::Failed));
         assert_eq!(event_type, "batch.failed");
         assert!(delivery_id.starts_with("jwt_"));
-        assert_eq!(metadata[USER_METADATA], json!({"job": "token"}));
-        assert!(metadata.get(UNVERIFIED_USER_METADATA).is_none());
+        // The token's claim is preferred to the body's, and still unverified: nothing binds
+        // it to the operation the body names.
+        assert!(metadata.get(USER_METADATA).is_none());
+        assert_eq!(metadata[UNVERIFIED_USER_METADATA], json!({"job": "token"}));
 
         let Outcome::Nudge { metadata, .. } = nudge_outcome(good_claims(), body) else {
             panic!("not a nudge")
@@ -1079,22 +1057,6 @@ mod tests {
         assert_eq!(
             (e.reason(), e.reply().status()),
             ("jwt_bad_operation_id", 400)
-        );
-    }
-
-    #[test]
-    fn the_strangers_guard_limit_is_503_within_a_minute() {
-        let e = Refusal::StrangerLimit {
-            key: "batches/x".into(),
-            retry_after: 90,
-        };
-        assert_eq!(
-            (e.reason(), e.reply()),
-            ("stranger_limit", Reply::RetryAfter(60))
-        );
-        assert_eq!(
-            e.log_line().to_value(),
-            json!({"event": "rejected", "reason": "stranger_limit", "key": "batches/x", "retry_after": 90})
         );
     }
 }

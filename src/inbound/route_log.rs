@@ -55,12 +55,6 @@ pub enum RouteLog {
         event_type: String,
         webhook_id: String,
     },
-    StrangerUnconfirmed {
-        key: String,
-        webhook_id: String,
-        retry_after: i64,
-        reason: &'static str,
-    },
     Rejected {
         reason: &'static str,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -73,8 +67,6 @@ pub enum RouteLog {
         delivery_id: Option<String>,
         #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
         event_type: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        key: Option<String>,
     },
     DeadLetter {
         reason: &'static str,
@@ -107,7 +99,6 @@ impl RouteLog {
             problem: None,
             delivery_id: None,
             event_type: None,
-            key: None,
         }
     }
 
@@ -125,7 +116,7 @@ impl RouteLog {
             Answer::IgnoredUnregistered { .. } => RouteLog::IgnoredUnregistered(handled),
             Answer::IgnoredForgotten { .. } => RouteLog::IgnoredForgotten(handled),
             Answer::IgnoredTooOld { .. } => RouteLog::IgnoredTooOld(handled),
-            Answer::UnknownToGemini { .. } => RouteLog::StrangerNudge(handled),
+            Answer::NotHeld { .. } => RouteLog::StrangerNudge(handled),
             Answer::IgnoredUnknownType { .. } | Answer::Pong { .. } => return None,
         })
     }
@@ -142,7 +133,6 @@ impl RouteLog {
             RouteLog::IgnoredTooOld(_) => LogEvent::IgnoredTooOld,
             RouteLog::StrangerNudge(_) => LogEvent::StrangerNudge,
             RouteLog::Ping { .. } => LogEvent::Ping,
-            RouteLog::StrangerUnconfirmed { .. } => LogEvent::StrangerUnconfirmed,
             RouteLog::Rejected { .. } => LogEvent::Rejected,
             RouteLog::DeadLetter { .. } => LogEvent::DeadLetter,
             RouteLog::JwksFetched { .. } => LogEvent::JwksFetched,
@@ -212,16 +202,10 @@ mod tests {
             handled_line(handled(Answer::IgnoredUnregistered { key: key() })),
             handled_line(handled(Answer::IgnoredForgotten { key: key() })),
             handled_line(handled(Answer::IgnoredTooOld { key: key() })),
-            handled_line(handled(Answer::UnknownToGemini { key: key() })),
+            handled_line(handled(Answer::NotHeld { key: key() })),
             RouteLog::Ping {
                 event_type: "webhook.ping".into(),
                 webhook_id: "msg_1".into(),
-            },
-            RouteLog::StrangerUnconfirmed {
-                key: key(),
-                webhook_id: "jwt_1".into(),
-                retry_after: 30,
-                reason: "the status API did not answer",
             },
             RouteLog::rejected("signature_invalid"),
             RouteLog::DeadLetter {
@@ -289,13 +273,13 @@ mod tests {
             ms: None,
             alert: Some(false),
             webhook_id: "jwt_1".into(),
-            ..handled(Answer::UnknownToGemini {
+            ..handled(Answer::NotHeld {
                 key: "batches/a".into(),
             })
         });
         assert_eq!(
             stranger.to_value(),
-            json!({"event": "stranger_nudge", "outcome": "unknown_to_gemini",
+            json!({"event": "stranger_nudge", "outcome": "not_held",
                    "key": "batches/a", "type": "batch.succeeded", "webhook_id": "jwt_1",
                    "alert": false})
         );

@@ -104,24 +104,33 @@ impl<R> Step<R> {
 /// Applies a command to the record (`None`: none yet) at `now`.
 pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
     match command {
-        GateCommand::Register { key, name, kind } => match record {
+        GateCommand::Register {
+            key,
+            name,
+            kind,
+            user_metadata,
+        } => match record {
             Some(mut op) => {
                 // The completion may have come first (short interactions often do): the
-                // registration fills in the kind, so later attempts route by it.
+                // registration fills in the kind and the metadata, so later attempts route
+                // by it and carry them.
                 let fill = op.fill_kind(kind.as_deref(), now);
+                let filled_metadata = op.fill_user_metadata(user_metadata);
                 let reply = GateReply::Exists {
                     operation: op.view(),
                     kind: fill,
                 };
                 let kind = op.kind().map(str::to_string);
                 let step = Step::new(Some(op), reply);
-                match fill {
-                    KindFill::Filled => step.durable().row(HistoryEntry::KindFilled { kind }),
+                match (fill, filled_metadata) {
+                    (KindFill::Filled, _) => step.durable().row(HistoryEntry::KindFilled { kind }),
+                    (_, true) => step.durable(),
                     _ => step,
                 }
             }
             None => {
-                let op = Operation::register(&key, &name, kind, now);
+                let mut op = Operation::register(&key, &name, kind, now);
+                op.fill_user_metadata(user_metadata);
                 let reply = GateReply::Created {
                     operation: op.view(),
                 };
@@ -143,6 +152,12 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 Some(op) => op,
                 None if require_registration => {
                     return Step::new(None, GateReply::IgnoredUnregistered)
+                }
+                // A poll only visits what the ledger lists open, whose gate holds a record: a
+                // gate without one was purged at retention since (or never held it), and a
+                // status answer may carry no time to judge its age by. It creates nothing.
+                None if event.source == Source::Reconcile => {
+                    return Step::new(None, GateReply::Unregistered)
                 }
                 // A replay after the operation's storage ended with retention (an event with
                 // no time is judged by the signature's window alone).
@@ -189,24 +204,16 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 .row(HistoryEntry::of_event(&event, verdict))
         }
         GateCommand::Nudge {
-            key,
-            name,
             claimed,
             metadata,
             delivery_id,
-            require_registration,
-            vouched,
+            ..
         } => {
-            let mut op = match record {
-                Some(op) => op,
-                None if require_registration => {
-                    return Step::new(None, GateReply::IgnoredUnregistered)
-                }
-                // Anyone can obtain a valid token (by running a job of their own), so a name
-                // this gate has never seen is not stored on a token's word: the edge asks the
-                // status API first, and Gemini's answer decides.
-                None if !vouched => return Step::new(None, GateReply::Unregistered),
-                None => Operation::unregistered(&key, &name, now),
+            // A token proves only that Google sent something (anyone can obtain one by
+            // pointing a job of their own here), so a nudge only hastens what this gate
+            // already holds: it never creates, resurrects or shapes an operation.
+            let Some(mut op) = record else {
+                return Step::new(None, GateReply::Unregistered);
             };
             op.count(Counter::Deliveries, now);
             let version = op.version();
@@ -544,15 +551,13 @@ pub(crate) mod fixtures {
         }
     }
 
-    pub(crate) fn nudge(claimed: &str, require_registration: bool) -> GateCommand {
+    pub(crate) fn nudge(claimed: &str) -> GateCommand {
         GateCommand::Nudge {
             key: "batches/a".into(),
             name: "batches/a".into(),
             claimed: claimed.into(),
             metadata: Map::new(),
             delivery_id: "jwt_1".into(),
-            require_registration,
-            vouched: true,
         }
     }
 
@@ -591,7 +596,7 @@ pub(crate) mod fixtures {
     }
 
     pub(crate) fn nudged() -> Operation {
-        step(Some(registered()), nudge("succeeded", false), 10)
+        step(Some(registered()), nudge("succeeded"), 10)
             .record
             .unwrap()
     }
@@ -624,6 +629,7 @@ mod tests {
                 key: "batches/a".into(),
                 name: "batches/a".into(),
                 kind: Some("k".into()),
+                user_metadata: None,
             },
             5,
         );
@@ -640,6 +646,7 @@ mod tests {
             key: "batches/a".into(),
             name: "batches/a".into(),
             kind: Some(kind.into()),
+            user_metadata: None,
         };
         let s = step(Some(unregistered), reg("billing"), 5);
         assert!(matches!(
@@ -750,7 +757,7 @@ mod tests {
 
     #[test]
     fn nudge_on_an_open_operation_waits_for_the_status_api() {
-        let s = step(Some(registered()), nudge("failed", false), 10);
+        let s = step(Some(registered()), nudge("failed"), 10);
         assert_eq!(
             s.reply,
             GateReply::Confirming {
@@ -768,7 +775,7 @@ mod tests {
 
     #[test]
     fn nudge_on_a_terminal_operation_is_a_drop_by_the_reducer() {
-        let s = step(Some(settled()), nudge("succeeded", false), 30);
+        let s = step(Some(settled()), nudge("succeeded"), 30);
         assert!(matches!(
             s.reply,
             GateReply::Dropped {
@@ -777,7 +784,7 @@ mod tests {
             }
         ));
         assert_eq!(s.save, Save::MemoryOnly);
-        let s = step(Some(settled()), nudge("failed", false), 30);
+        let s = step(Some(settled()), nudge("failed"), 30);
         assert!(matches!(
             s.reply,
             GateReply::Dropped {
@@ -789,39 +796,99 @@ mod tests {
     }
 
     #[test]
-    fn nudge_for_an_unregistered_operation_is_ignored_when_registration_is_required() {
-        let s = step(None, nudge("succeeded", true), 10);
-        assert_eq!(s.reply, GateReply::IgnoredUnregistered);
-        assert!(s.record.is_none());
-    }
-
-    #[test]
-    fn a_nudge_for_a_name_never_seen_stores_nothing_until_gemini_vouches_for_it() {
-        let unvouched = GateCommand::Nudge {
-            key: "batches/x".into(),
-            name: "batches/x".into(),
-            claimed: "succeeded".into(),
-            metadata: Map::new(),
-            delivery_id: "jwt_1".into(),
-            require_registration: false,
-            vouched: false,
-        };
-        let s = step(None, unvouched, 10);
+    fn a_nudge_creates_nothing_for_a_name_the_gate_does_not_hold() {
+        // Never seen, purged at retention, or under REQUIRE_REGISTRATION: the same answer,
+        // and nothing stored, whatever the token claimed.
+        let s = step(None, nudge("succeeded"), 10);
         assert_eq!(s.reply, GateReply::Unregistered);
         assert!(s.record.is_none());
         assert_eq!(s.save, Save::Unchanged);
-        assert!(s.history.is_empty());
-        let s = step(None, nudge("succeeded", false), 10);
-        assert!(matches!(s.reply, GateReply::Confirming { .. }), "vouched");
+        assert!(s.history.is_empty() && s.logs.is_empty());
+        // Held open (registered, or opened by a signed delivery): the nudge hastens it.
+        let s = step(Some(registered()), nudge("succeeded"), 10);
+        assert!(matches!(s.reply, GateReply::Confirming { .. }));
         assert_eq!(s.save, Save::Durable);
+        let opened = step(None, deliver(Status::Running), 5).record;
+        let s = step(opened, nudge("succeeded"), 10);
+        assert!(matches!(s.reply, GateReply::Confirming { .. }));
+    }
+
+    #[test]
+    fn a_poll_creates_nothing_for_a_name_the_gate_does_not_hold() {
+        // A status answer may carry no time (a video's): a gate purged at retention is not
+        // rebuilt from it, however old it is.
+        let poll = GateCommand::Deliver {
+            key: "operations/v".into(),
+            name: "models/veo/operations/v".into(),
+            event: event(Status::Succeeded, Source::Reconcile),
+            require_registration: false,
+            hold_ms: 0,
+            new_not_before_ms: 0,
+        };
+        let s = step(None, poll.clone(), 10);
+        assert_eq!(s.reply, GateReply::Unregistered);
+        assert!(s.record.is_none());
+        assert_eq!(s.save, Save::Unchanged);
+        // A record it can apply to is settled by it as before.
+        let held = Operation::register("operations/v", "models/veo/operations/v", None, 0);
+        assert!(matches!(
+            step(Some(held), poll, 10).reply,
+            GateReply::Applied { .. }
+        ));
+    }
+
+    #[test]
+    fn a_registrations_metadata_reaches_the_effect_over_every_other_source() {
+        let register = |meta: serde_json::Value| GateCommand::Register {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            kind: None,
+            user_metadata: Some(meta),
+        };
+        let op = step(None, register(json!({"tenant": "ours"})), 1).record;
+        // A second registration does not replace the first's.
+        let s = step(op, register(json!({"tenant": "other"})), 2);
+        assert_eq!(s.save, Save::Unchanged);
+        let mut done = event(Status::Succeeded, Source::Reconcile);
+        done.details
+            .insert("user_metadata".into(), json!({"tenant": "echo"}));
+        let op = step(
+            s.record,
+            GateCommand::Deliver {
+                key: "batches/a".into(),
+                name: "batches/a".into(),
+                event: done,
+                require_registration: false,
+                hold_ms: 0,
+                new_not_before_ms: 0,
+            },
+            3,
+        )
+        .record
+        .unwrap();
+        assert_eq!(op.details()["user_metadata"], json!({"tenant": "ours"}));
+        // A registration after the outcome, before any attempt, still gives it; after an
+        // attempt went out it changes nothing (one webhook-id, one body).
+        let unregistered = step(None, deliver(Status::Succeeded), 5).record;
+        let s = step(unregistered, register(json!({"late": true})), 6);
+        assert_eq!(s.save, Save::Durable);
+        let op = s.record.unwrap();
+        assert_eq!(op.details()["user_metadata"], json!({"late": true}));
+        let (_, started) = begin_attempt(op, 7, &LIMITS).unwrap();
+        let s = step(started.record, register(json!({"later": true})), 8);
+        assert_eq!(s.save, Save::Unchanged);
+        assert_eq!(
+            s.record.unwrap().details()["user_metadata"],
+            json!({"late": true})
+        );
     }
 
     #[test]
     fn the_same_nudge_again_while_its_confirmation_waits_writes_nothing() {
-        let first = step(Some(registered()), nudge("succeeded", false), 10);
+        let first = step(Some(registered()), nudge("succeeded"), 10);
         let op = first.record.unwrap();
         let version = op.version();
-        let again = step(Some(op), nudge("succeeded", false), 11);
+        let again = step(Some(op), nudge("succeeded"), 11);
         assert!(matches!(again.reply, GateReply::Confirming { .. }));
         assert_eq!(again.save, Save::MemoryOnly, "only the count, in memory");
         assert!(again.history.is_empty());
@@ -829,7 +896,7 @@ mod tests {
         assert_eq!(op.version(), version, "no version: no ledger projection");
         let mut meta = Map::new();
         meta.insert("user_metadata".into(), json!({"a": 1}));
-        let mut with_meta = nudge("succeeded", false);
+        let mut with_meta = nudge("succeeded");
         if let GateCommand::Nudge { metadata, .. } = &mut with_meta {
             *metadata = meta;
         }
@@ -840,7 +907,7 @@ mod tests {
 
     #[test]
     fn a_forgotten_operation_is_never_asked_about_or_alerted_again() {
-        let nudged = step(Some(registered()), nudge("succeeded", false), 10);
+        let nudged = step(Some(registered()), nudge("succeeded"), 10);
         let forgot = step(
             nudged.record,
             GateCommand::Forget {
@@ -854,7 +921,7 @@ mod tests {
             "the waiting confirmation is dropped"
         );
         let version = op.version();
-        let s = step(Some(op), nudge("succeeded", false), 12);
+        let s = step(Some(op), nudge("succeeded"), 12);
         assert_eq!(s.reply, GateReply::Forgotten { changed: false });
         assert_ne!(s.save, Save::Durable);
         let op = s.record.unwrap();
@@ -966,6 +1033,7 @@ mod tests {
                 key: "batches/a".into(),
                 name: "batches/a".into(),
                 kind: Some("billing".into()),
+                user_metadata: None,
             },
             2_000,
         );
@@ -1009,6 +1077,7 @@ mod tests {
                 key: "batches/a".into(),
                 name: "batches/a".into(),
                 kind: Some("billing".into()),
+                user_metadata: None,
             },
             30,
         );

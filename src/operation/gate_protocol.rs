@@ -16,11 +16,16 @@ use crate::operation::{KindFill, OpEvent};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum GateCommand {
-    /// Register a submitted operation as pending; changes nothing if it exists.
+    /// Register a submitted operation as pending; changes nothing if it exists but a kind or
+    /// `user_metadata` it lacks (see [`crate::operation::Operation::fill_kind`]).
     Register {
         key: String,
         name: String,
         kind: Option<String>,
+        /// The job's `user_metadata`, from the authenticated registration: the side effect's
+        /// verified `user_metadata` (it wins over every other source).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user_metadata: Option<Value>,
     },
     /// Offer an event (from a webhook or the status API) to the reducer, then run any side
     /// effect it makes due.
@@ -41,23 +46,20 @@ pub enum GateCommand {
         #[serde(skip)]
         new_not_before_ms: i64,
     },
-    /// A dynamic-webhook delivery named this operation: its body is unproven, so the gate
-    /// asks Gemini's status API (from its alarm) and applies what that says.
+    /// A dynamic-webhook delivery named this operation: its body is unproven, so a gate that
+    /// holds the operation open asks Gemini's status API (from its alarm) and applies what
+    /// that says. A nudge never creates a record: a gate without one stores nothing and
+    /// answers [`GateReply::Unregistered`].
     Nudge {
         key: String,
         name: String,
         /// The state the body claims: kept in the history, never applied.
         claimed: String,
-        /// `user_metadata` (verified) and `unverified_user_metadata` for the side effect.
+        /// `unverified_user_metadata` for the side effect (nothing binds a token's claims to
+        /// the operation it names, so nothing from a nudge is verified).
         metadata: serde_json::Map<String, Value>,
         /// A hash of the token: something signed, unlike the `webhook-id` header.
         delivery_id: String,
-        require_registration: bool,
-        /// Gemini's status API already answered for this name (it is no stranger's): a gate
-        /// without a record creates one to confirm. Without it, such a gate stores nothing
-        /// and answers [`GateReply::Unregistered`], and the edge asks the status API first.
-        #[serde(default)]
-        vouched: bool,
     },
     /// Run an owed side effect if it is due and no live claim holds it.
     RetryEffect,
@@ -157,7 +159,7 @@ pub enum GateReply {
     /// An event older than retention for an operation this gate has no record of: a
     /// replay after the gate's storage ended with retention. Nothing was stored.
     IgnoredTooOld,
-    /// A nudge named an operation this gate has no record of: nothing was stored.
+    /// A nudge (or a poll) named an operation this gate has no record of: nothing was stored.
     Unregistered,
     /// A nudge was recorded; the status API is asked from the gate's alarm.
     Confirming {

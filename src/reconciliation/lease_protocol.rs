@@ -1,6 +1,6 @@
 //! The messages between the edge and the ReconcileLease object's two instances: the lease
 //! that keeps one cron pass at a time (with where the next one resumes), and the strangers'
-//! guard that bounds what unregistered names may cost.
+//! tally that raises one alert about many nudges for operations the worker does not hold.
 //!
 //! Guarantees: both directions are plain tagged JSON, tested on the host and logged as is; a
 //! renewal or release from a holder that lost the lease is refused, so a pass that lost it
@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::inbound::stranger::GuardLimits;
+use crate::inbound::stranger::AlertLimits;
 use crate::reconciliation::reconcile::{Audit, AuditProgress, Lease, Resume};
 
 /// A request to the ReconcileLease object (one for the whole worker).
@@ -55,11 +55,9 @@ pub enum LeaseCommand {
     /// From a fan-out consumer that Gemini asked to wait: no status call before `until_ms`.
     /// Needs no lease: it only ever pushes the back-off later.
     Backoff { until_ms: i64 },
-    /// To the strangers' guard (another instance of the lease's class): may the status API
-    /// be asked about one more unregistered name?
-    StrangerPermit { limits: GuardLimits },
-    /// To the strangers' guard: Gemini did not know one more unregistered name.
-    StrangerUnknown { limits: GuardLimits },
+    /// To the strangers' tally (another instance of the lease's class): one more nudge
+    /// named an operation the worker does not hold.
+    StrangerNudge { limits: AlertLimits },
     /// The lease, the cursor and the last pass's summary.
     Status,
 }
@@ -94,11 +92,7 @@ pub enum LeaseReply {
         lease: Lease,
         last_pass: Option<Value>,
     },
-    /// `retry_after`: refused for this many seconds (the minute's limit is spent).
-    StrangerPermit {
-        retry_after: Option<i64>,
-    },
-    /// `alert`: this crossed the window's threshold; the guard sends the one alert.
+    /// `alert`: this crossed the window's threshold; the tally sends the one alert.
     StrangerCounted {
         alert: bool,
     },

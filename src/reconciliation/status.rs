@@ -15,7 +15,8 @@
 
 use serde_json::{json, Value};
 
-use crate::operation::effect::Outcome;
+use crate::bounds;
+use crate::operation::effect::{Outcome, USER_METADATA};
 use crate::operation::key::Collection;
 use crate::operation::lifecycle::Status;
 use crate::operation::observation::{transient, Observation, StatusError};
@@ -80,6 +81,7 @@ pub const READ: &[Rule] = &[
     Rule::Keep("status"),
     Rule::Keep("errors"),
     Rule::Keep("updated"),
+    Rule::Keep("webhook_config.user_metadata"),
 ];
 
 /// Interprets an answer whose body was streamed through the skimmer ([`crate::reconciliation::skim`]) with
@@ -279,10 +281,19 @@ fn interaction(value: &Value) -> Result<Observation, StatusError> {
     // A google.rpc.Status `error` is not documented here, but costs nothing to read.
     rpc_error(value, &mut outcome);
     outcome.provider.insert("state".into(), json!(raw));
+    let mut details = outcome.into_details();
+    // The job's own metadata, echoed by Gemini to a call made with our key: verified, unlike
+    // a dynamic webhook token's claims (a registration's still wins, in the record).
+    if let Some(meta) = value
+        .pointer("/webhook_config/user_metadata")
+        .filter(|m| m.is_object())
+    {
+        details.insert(USER_METADATA.into(), bounds::bound(meta.clone()));
+    }
     Ok(Observation {
         status: interaction_state(raw),
         update_time_ms: time_at(value, "/updated"),
-        details: outcome.into_details(),
+        details,
     })
 }
 
@@ -519,7 +530,7 @@ mod tests {
                 Interactions,
                 r#"{"id":"i","status":"completed","updated":"2026-01-22T12:00:01Z","created":"2026-01-22T12:00:00Z",
                 "model":"m","input":[{"type":"image","data":"AAAA"}],"outputs":[{"type":"text","text":"hello"},{"type":"image","data":"BBBB"}],
-                "usage":{"total_tokens":5}}"#,
+                "usage":{"total_tokens":5},"webhook_config":{"uris":["https://x"],"user_metadata":{"job":"j1"}}}"#,
             ),
             (
                 Interactions,
@@ -570,6 +581,27 @@ mod tests {
         );
         assert_eq!(o.details["provider"]["generated_samples"], 2);
         assert_eq!(o.details["provider"]["rai_media_filtered_count"], 0);
+    }
+
+    #[test]
+    fn an_interactions_echoed_user_metadata_is_its_verified_metadata() {
+        let o = interpret(
+            Interactions,
+            200,
+            None,
+            r#"{"status":"completed","webhook_config":{"uris":["https://x"],"user_metadata":{"tenant":"t1"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(o.details[USER_METADATA], json!({"tenant": "t1"}));
+        assert!(o.details["provider"].get("webhook_config").is_none());
+        let o = interpret(
+            Interactions,
+            200,
+            None,
+            r#"{"status":"completed","webhook_config":{"user_metadata":"x"}}"#,
+        )
+        .unwrap();
+        assert!(o.details.get(USER_METADATA).is_none(), "only an object");
     }
 
     #[test]

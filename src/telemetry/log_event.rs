@@ -44,7 +44,6 @@ log_events! {
     /// A nudge named an unregistered operation Gemini does not know: nothing stored.
     StrangerNudge => "stranger_nudge",
     /// A nudge named an unregistered operation and Gemini could not be asked: 503.
-    StrangerUnconfirmed => "stranger_unconfirmed",
     Rejected => "rejected",
     RejectedSummary => "rejected_summary",
     DeadLetter => "dead_letter",

@@ -163,6 +163,7 @@ async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
         key: reg.key.key.clone(),
         name: reg.key.name.clone(),
         kind: reg.kind,
+        user_metadata: reg.user_metadata,
     };
     match call_gate(env, &reg.key.key, &command).await? {
         GateReply::Created { operation } => {

@@ -10,10 +10,10 @@
 //! keeps its own cursor in the same record ([`crate::reconciliation::reconcile::Audit`]), moved only by the
 //! holder, like the routine cursor.
 //!
-//! Another instance of this class, named [`GUARD_NAME`], is the strangers' guard
-//! ([`crate::inbound::stranger::Guard`]): it counts unregistered nudges Gemini does not know in memory
-//! (an evicted or restarted guard starts its minute and its alert window again, from the
-//! state stored with the last alert), and stores only the aggregated alerts of the windows
+//! Another instance of this class, named [`GUARD_NAME`], is the strangers' tally
+//! ([`crate::inbound::stranger::StrangerTally`]): it counts nudges for operations the worker
+//! does not hold in memory (an evicted or restarted tally starts its alert window again, from
+//! the state stored with the last alert), and stores only the aggregated alerts of the windows
 //! (`guard(id = 1, body)`, at most [`MAX_OWED_ALERTS`] owed at once), which its alarm sends
 //! until the sink accepts them, re-arming itself rather than relying on the runtime's few
 //! retries. So a flood of strangers' nudges writes at most one row per alert window.
@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
-use crate::inbound::stranger::{alert_body, Guard};
+use crate::inbound::stranger::{alert_body, StrangerTally};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::reconcile::Lease;
 use crate::telemetry::worker_log::WorkerLog;
@@ -36,21 +36,21 @@ use crate::edge::{load_config, log};
 /// Aggregated alerts kept while the sink refuses them (one per alert window, so a day's worth
 /// at the default hour); older ones are dropped first, counted in the newest.
 const MAX_OWED_ALERTS: usize = 24;
-/// How soon the guard's alarm tries an alert sink again after a failure.
+/// How soon the tally's alarm tries an alert sink again after a failure.
 const ALERT_RETRY_MS: i64 = 30_000;
 
 /// The one lease object's name.
 pub const LEASE_NAME: &str = "reconcile";
-/// The strangers' guard's name (an instance of the same class, so no new class to migrate).
+/// The strangers' tally's name (an instance of the same class, so no new class to migrate).
 pub const GUARD_NAME: &str = "strangers";
 
-/// Serializes reconciliation passes (and, as `GUARD_NAME` ("strangers"), guards against strangers).
+/// Serializes reconciliation passes (and, as `GUARD_NAME` ("strangers"), tallies strangers' nudges).
 #[durable_object]
 pub struct ReconcileLease {
     state: State,
     env: Env,
-    /// The guard's counts, when this instance is the guard (read from storage once).
-    guard: RefCell<Option<Guard>>,
+    /// The tally's counts, when this instance is the strangers' tally (read from storage once).
+    tally: RefCell<Option<StrangerTally>>,
 }
 
 #[derive(Deserialize)]
@@ -72,7 +72,7 @@ impl DurableObject for ReconcileLease {
         Self {
             state,
             env,
-            guard: RefCell::new(None),
+            tally: RefCell::new(None),
         }
     }
 
@@ -84,32 +84,25 @@ impl DurableObject for ReconcileLease {
             }
         };
         let now = Date::now().as_millis() as i64;
-        match command {
-            LeaseCommand::StrangerPermit { limits } => {
-                let retry_after = self.with_guard(|g| g.permit(now, &limits).err());
-                return Response::from_json(&LeaseReply::StrangerPermit { retry_after });
-            }
-            LeaseCommand::StrangerUnknown { limits } => {
-                let (alert, guard) = self.with_guard(|g| (g.unknown(now, &limits), g.clone()));
-                if alert {
-                    // The window's one alert: stored with the window's state (so a restart
-                    // neither loses it nor raises it twice), and sent by the alarm.
-                    self.ensure_guard_table()?;
-                    let mut owed = self.owed_alerts();
-                    owed.push(alert_body(&guard, &limits));
-                    let dropped = owed.len().saturating_sub(MAX_OWED_ALERTS);
-                    owed.drain(..dropped);
-                    if dropped > 0 {
-                        if let Some(newest) = owed.last_mut() {
-                            newest["older_alerts_dropped"] = json!(dropped);
-                        }
+        if let LeaseCommand::StrangerNudge { limits } = command {
+            let (alert, guard) = self.with_tally(|g| (g.count(now, &limits), g.clone()));
+            if alert {
+                // The window's one alert: stored with the window's state (so a restart
+                // neither loses it nor raises it twice), and sent by the alarm.
+                self.ensure_tally_table()?;
+                let mut owed = self.owed_alerts();
+                owed.push(alert_body(&guard));
+                let dropped = owed.len().saturating_sub(MAX_OWED_ALERTS);
+                owed.drain(..dropped);
+                if dropped > 0 {
+                    if let Some(newest) = owed.last_mut() {
+                        newest["older_alerts_dropped"] = json!(dropped);
                     }
-                    self.write("guard", &json!({"guard": guard, "alerts": owed}))?;
-                    self.set_alarm_in(0).await?;
                 }
-                return Response::from_json(&LeaseReply::StrangerCounted { alert });
+                self.write("guard", &json!({"guard": guard, "alerts": owed}))?;
+                self.set_alarm_in(0).await?;
             }
-            _ => {}
+            return Response::from_json(&LeaseReply::StrangerCounted { alert });
         }
         let mut lease: Lease = self.read("lease")?.unwrap_or_default();
         let reply = match command {
@@ -195,8 +188,8 @@ impl DurableObject for ReconcileLease {
                 LeaseReply::BackedOff
             }
             // Answered above, before the lease is read.
-            LeaseCommand::StrangerPermit { .. } | LeaseCommand::StrangerUnknown { .. } => {
-                return EdgeError::BadRequest("a guard command".into()).into_response()
+            LeaseCommand::StrangerNudge { .. } => {
+                return EdgeError::BadRequest("a tally command".into()).into_response()
             }
             LeaseCommand::Status => LeaseReply::State {
                 lease,
@@ -206,17 +199,17 @@ impl DurableObject for ReconcileLease {
         Response::from_json(&reply)
     }
 
-    /// Only the strangers' guard sets an alarm: to send its aggregated alert.
+    /// Only the strangers' tally sets an alarm: to send its aggregated alert.
     async fn alarm(&self) -> Result<Response> {
-        self.send_guard_alert().await?;
+        self.send_tally_alerts().await?;
         Response::ok("ok")
     }
 }
 
 impl ReconcileLease {
-    /// Runs `f` on the guard's counts, read from storage by this instance's first call.
-    fn with_guard<T>(&self, f: impl FnOnce(&mut Guard) -> T) -> T {
-        let mut slot = self.guard.borrow_mut();
+    /// Runs `f` on the tally's counts, read from storage by this instance's first call.
+    fn with_tally<T>(&self, f: impl FnOnce(&mut StrangerTally) -> T) -> T {
+        let mut slot = self.tally.borrow_mut();
         let guard = slot.get_or_insert_with(|| {
             self.read::<Value>("guard")
                 .ok()
@@ -227,7 +220,7 @@ impl ReconcileLease {
         f(guard)
     }
 
-    fn ensure_guard_table(&self) -> Result<()> {
+    fn ensure_tally_table(&self) -> Result<()> {
         self.state.storage().sql().exec(
             "CREATE TABLE IF NOT EXISTS guard (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
             None,
@@ -248,16 +241,16 @@ impl ReconcileLease {
         }
     }
 
-    /// The guard's alarm: sends the stored aggregated alerts, oldest first, until the sink
+    /// The tally's alarm: sends the stored aggregated alerts, oldest first, until the sink
     /// accepts them. A failure (the sink, or a configuration that does not parse) sets the
     /// alarm again in [`ALERT_RETRY_MS`], however long it lasts.
-    async fn send_guard_alert(&self) -> Result<()> {
+    async fn send_tally_alerts(&self) -> Result<()> {
         let mut owed = self.owed_alerts();
         if owed.is_empty() {
             return Ok(());
         }
         // The alarm that woke us is spent: set the retry before anything leaves, so a run cut
-        // short mid-send (an eviction, a deploy) still wakes the guard to send again.
+        // short mid-send (an eviction, a deploy) still wakes the tally to send again.
         self.set_alarm_in(ALERT_RETRY_MS).await?;
         let sent = match load_config(&self.env) {
             Ok(config) => {

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::operation::effect::{UNVERIFIED_USER_METADATA, USER_METADATA};
 use crate::operation::lifecycle::Verdict;
 use crate::operation::record::{OpEvent, Operation};
 
@@ -20,8 +21,8 @@ pub struct Confirmation {
     pub due_ms: i64,
     /// Status-API questions asked so far for this confirmation.
     pub attempts: u32,
-    /// `user_metadata` (from the verified token) and `unverified_user_metadata` (from the
-    /// body only), carried to the side effect with what the status API says.
+    /// `unverified_user_metadata` (the token's claim, else the body's), carried to the side
+    /// effect with what the status API says.
     #[serde(default)]
     pub metadata: Map<String, Value>,
     /// The delivery's id (a hash of its token), for the history.
@@ -97,7 +98,14 @@ impl Operation {
             return self.apply(&event, now_ms);
         };
         for (k, v) in &confirmation.metadata {
-            event.details.entry(k.clone()).or_insert(v.clone());
+            // A nudge's metadata is never verified: one stored by an earlier version as
+            // `user_metadata` still travels as unverified.
+            let k = if k == USER_METADATA {
+                UNVERIFIED_USER_METADATA
+            } else {
+                k.as_str()
+            };
+            event.details.entry(k.to_string()).or_insert(v.clone());
         }
         event.delivery_id = event.delivery_id.or(confirmation.delivery_id.clone());
         let verdict = self.apply(&event, now_ms);

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::operation::alert::AlertKind;
-use crate::operation::effect::normalize_details;
+use crate::operation::effect::{normalize_details, USER_METADATA};
 use crate::operation::lifecycle::{reduce, Position, Source, Status, Verdict};
 use crate::telemetry::counters::StatEvent;
 use crate::timestamp::format_rfc3339;
@@ -294,8 +294,14 @@ impl Operation {
             if self.status.is_terminal() {
                 self.settled_at_ms = Some(now_ms);
                 self.settled_by = Some(event.source);
+                // Before an outcome the details hold only what a registration gave
+                // (`fill_user_metadata`): it outlives the event's, whatever their source.
+                let registered = self.details.remove(USER_METADATA);
                 // Whatever path (or version) built the event, the record keeps one shape.
                 self.details = normalize_details(&event.details);
+                if let Some(metadata) = registered {
+                    self.details.insert(USER_METADATA.into(), metadata);
+                }
                 self.effect.next_attempt_ms = now_ms;
             }
             self.changed();
@@ -341,6 +347,33 @@ impl Operation {
                 KindFill::Filled
             }
         }
+    }
+
+    /// A registration's `user_metadata` (authenticated, so verified): the side effect carries
+    /// it, over any other source's. Before the outcome it waits in the details (which hold
+    /// nothing else until then) and the first registration's stands; after it, it replaces
+    /// the outcome's only while no attempt has gone out (one `webhook-id` means one body).
+    /// Returns whether the record changed.
+    pub fn fill_user_metadata(&mut self, metadata: Option<Value>) -> bool {
+        let Some(metadata) = metadata else {
+            return false;
+        };
+        let changed = if !self.status.is_terminal() {
+            if self.details.contains_key(USER_METADATA) {
+                return false;
+            }
+            true
+        } else {
+            self.effect.attempts == 0
+                && !self.effect.done
+                && self.details.get(USER_METADATA) != Some(&metadata)
+        };
+        if changed {
+            self.details
+                .insert(USER_METADATA.into(), crate::bounds::bound(metadata));
+            self.changed();
+        }
+        changed
     }
 
     /// An operation nobody registered has just settled: its first side-effect attempt waits

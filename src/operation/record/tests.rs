@@ -513,16 +513,18 @@ fn replayed_nudges_keep_the_schedule_and_add_metadata() {
 }
 
 #[test]
-fn confirmation_applies_what_the_status_api_says_with_the_nudge_metadata() {
+fn confirmation_applies_what_the_status_api_says_with_the_nudge_metadata_unverified() {
     let mut op = Operation::register("batches/a", "batches/a", None, 0);
     let mut meta = Map::new();
+    // As an earlier version stored a token's claim: it still travels as unverified.
     meta.insert("user_metadata".into(), json!({"job": 7}));
     op.request_confirmation(100, meta, Some("jwt_x".into()));
     let v = op.confirm_with(status_event(Status::Succeeded, 50, "gs://b/o"), 200, 1_000);
     assert_eq!(v, Verdict::Apply);
     assert_eq!(op.status, Status::Succeeded);
     assert_eq!(op.settled_by, Some(Source::Webhook));
-    assert_eq!(op.details["user_metadata"], json!({"job": 7}));
+    assert_eq!(op.details["unverified_user_metadata"], json!({"job": 7}));
+    assert!(op.details.get("user_metadata").is_none());
     assert_eq!(op.details["output_file_uri"], "gs://b/o");
     assert!(
         op.confirmation.is_none(),
