@@ -128,35 +128,44 @@ impl TerminalMemory {
         }
     }
 
-    /// Learns from a gate's reply: only a `Deliver` answered with a terminal status (applied
+    /// What a gate's reply teaches: only a `Deliver` answered with a terminal status (applied
     /// or dropped) is a fact about the record; a nudge's reply is not remembered.
-    pub fn learn(&mut self, key: &str, command: &GateCommand, reply: &GateReply) {
+    pub fn learnable(command: &GateCommand, reply: &GateReply) -> Option<Status> {
         let (
             GateCommand::Deliver { .. },
             GateReply::Applied { status, .. } | GateReply::Dropped { status, .. },
         ) = (command, reply)
         else {
-            return;
+            return None;
         };
+        status.is_terminal().then(|| status.clone())
+    }
+
+    /// Remembers that `key` is settled at the terminal `status` (see [`Self::learnable`]).
+    pub fn remember(&mut self, key: &str, status: Status) {
         if !status.is_terminal() {
             return;
         }
         if self.known.len() >= self.cap {
             self.known.clear();
         }
-        self.known.insert(key.to_string(), status.clone());
+        self.known.insert(key.to_string(), status);
     }
 
-    /// The answer to a delivery of `status` for `key` when it repeats the terminal status
-    /// known for that key; `None` sends it to the gate.
-    pub fn duplicate(&self, key: &str, status: &Status) -> Option<Answer> {
-        let known = self.known.get(key)?;
-        (known == status).then(|| Answer::Dropped {
+    /// Whether a delivery of `status` for `key` repeats the terminal status known for it.
+    pub fn knows(&self, key: &str, status: &Status) -> bool {
+        self.known.get(key) == Some(status)
+    }
+
+    /// The answer to a duplicate this isolate answers without the gate (the effect's state
+    /// was not asked).
+    pub fn duplicate_answer(key: &str, status: &Status) -> Answer {
+        Answer::Dropped {
             reason: DropReason::Duplicate,
             key: key.to_string(),
             status: status.clone(),
             effect: None,
-        })
+        }
     }
 }
 
@@ -181,6 +190,12 @@ mod tests {
             require_registration: false,
             hold_ms: 0,
             new_not_before_ms: 0,
+        }
+    }
+
+    fn learn(memory: &mut TerminalMemory, key: &str, command: &GateCommand, reply: &GateReply) {
+        if let Some(status) = TerminalMemory::learnable(command, reply) {
+            memory.remember(key, status);
         }
     }
 
@@ -250,13 +265,15 @@ mod tests {
     #[test]
     fn a_repeated_known_terminal_is_answered_without_the_gate() {
         let mut memory = TerminalMemory::default();
-        assert_eq!(memory.duplicate("batches/a", &Status::Succeeded), None);
-        memory.learn(
+        assert!(!memory.knows("batches/a", &Status::Succeeded));
+        learn(
+            &mut memory,
             "batches/a",
             &deliver(Status::Succeeded),
             &applied(Status::Succeeded),
         );
-        let answer = memory.duplicate("batches/a", &Status::Succeeded).unwrap();
+        assert!(memory.knows("batches/a", &Status::Succeeded));
+        let answer = TerminalMemory::duplicate_answer("batches/a", &Status::Succeeded);
         assert_eq!(
             serde_json::to_value(answer).unwrap(),
             json!({"outcome": "dropped", "reason": "duplicate", "key": "batches/a",
@@ -267,25 +284,27 @@ mod tests {
     #[test]
     fn a_different_status_or_key_still_goes_to_the_gate() {
         let mut memory = TerminalMemory::default();
-        memory.learn(
+        learn(
+            &mut memory,
             "batches/a",
             &deliver(Status::Succeeded),
             &applied(Status::Succeeded),
         );
         // A conflicting terminal is recorded by the gate, never answered here.
-        assert_eq!(memory.duplicate("batches/a", &Status::Failed), None);
-        assert_eq!(memory.duplicate("batches/b", &Status::Succeeded), None);
+        assert!(!memory.knows("batches/a", &Status::Failed));
+        assert!(!memory.knows("batches/b", &Status::Succeeded));
     }
 
     #[test]
     fn only_a_terminal_reply_to_a_delivery_is_learned() {
         let mut memory = TerminalMemory::default();
-        memory.learn(
+        learn(
+            &mut memory,
             "batches/a",
             &deliver(Status::Running),
             &applied(Status::Running),
         );
-        assert_eq!(memory.duplicate("batches/a", &Status::Running), None);
+        assert!(!memory.knows("batches/a", &Status::Running));
         let nudge = GateCommand::Nudge {
             key: "batches/b".into(),
             name: "batches/b".into(),
@@ -293,33 +312,49 @@ mod tests {
             metadata: Map::new(),
             delivery_id: "jwt_1".into(),
         };
-        memory.learn("batches/b", &nudge, &applied(Status::Succeeded));
-        assert_eq!(memory.duplicate("batches/b", &Status::Succeeded), None);
+        learn(
+            &mut memory,
+            "batches/b",
+            &nudge,
+            &applied(Status::Succeeded),
+        );
+        assert!(!memory.knows("batches/b", &Status::Succeeded));
         let confirming = GateReply::Confirming {
             status: Status::Succeeded,
         };
-        memory.learn("batches/c", &deliver(Status::Succeeded), &confirming);
-        assert_eq!(memory.duplicate("batches/c", &Status::Succeeded), None);
+        learn(
+            &mut memory,
+            "batches/c",
+            &deliver(Status::Succeeded),
+            &confirming,
+        );
+        assert!(!memory.knows("batches/c", &Status::Succeeded));
         let dropped = GateReply::Dropped {
             reason: DropReason::ConflictingTerminal,
             status: Status::Failed,
             effect: EffectReport::Delivered,
         };
-        memory.learn("batches/d", &deliver(Status::Succeeded), &dropped);
-        assert!(memory.duplicate("batches/d", &Status::Failed).is_some());
+        learn(
+            &mut memory,
+            "batches/d",
+            &deliver(Status::Succeeded),
+            &dropped,
+        );
+        assert!(memory.knows("batches/d", &Status::Failed));
     }
 
     #[test]
     fn memory_starts_over_past_its_capacity() {
         let mut memory = TerminalMemory::with_capacity(2);
         for key in ["batches/a", "batches/b", "batches/c"] {
-            memory.learn(
+            learn(
+                &mut memory,
                 key,
                 &deliver(Status::Succeeded),
                 &applied(Status::Succeeded),
             );
         }
-        assert_eq!(memory.duplicate("batches/a", &Status::Succeeded), None);
-        assert!(memory.duplicate("batches/c", &Status::Succeeded).is_some());
+        assert!(!memory.knows("batches/a", &Status::Succeeded));
+        assert!(memory.knows("batches/c", &Status::Succeeded));
     }
 }

@@ -11,7 +11,7 @@
 //! (their time window is [`crate::inbound::jwt`]'s); [`classify`] checks the HMAC over the raw
 //! body and says what the body is. An HMAC-proven body becomes an [`Outcome::Event`]; a
 //! JWT-signed body proves only its sender, so it becomes an [`Outcome::Nudge`] whose metadata
-//! is forwarded as verified only when it came from inside the token. Time is a parameter.
+//! is never verified. [`crate::inbound::intake`] runs these in order. Time is a parameter.
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -115,6 +115,9 @@ pub enum Reply {
     BadRequest(String),
     /// 503 with `Retry-After`.
     RetryAfter(u32),
+    /// 503: what the delivery means could not be made durable (a gate or KV call failed);
+    /// the text is logged, the sender sees only "retry".
+    Unavailable(String),
     /// 200 with this body.
     Answered(Answer),
 }
@@ -126,7 +129,7 @@ impl Reply {
             Reply::Unauthorized => 401,
             Reply::TooLarge => 413,
             Reply::BadRequest(_) => 400,
-            Reply::RetryAfter(_) => 503,
+            Reply::RetryAfter(_) | Reply::Unavailable(_) => 503,
             Reply::Answered(_) => 200,
         }
     }

@@ -4,6 +4,7 @@
 pub mod answer;
 pub mod classify;
 pub mod envelope;
+pub mod intake;
 pub mod jwt;
 pub mod route_log;
 pub mod stranger;

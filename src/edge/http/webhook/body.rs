@@ -1,23 +1,12 @@
-//! A delivery's body: read under its cap, and kept as a dead letter when it is proven but
-//! cannot be used.
+//! A delivery's body, read under its cap.
 //!
 //! Guarantees: at most the cap plus one chunk is held, whatever `content-length` says or
 //! omits (a declared length within the cap is read in one piece: HTTP framing ends the body
-//! there, and a longer one is refused all the same); a dead letter that cannot be kept is a
-//! 503, so a signed delivery is never dropped unseen.
+//! there, and a longer one is refused all the same).
 
-use serde_json::json;
 use worker::wasm_bindgen::{JsCast, JsValue};
 use worker::wasm_bindgen_futures::JsFuture;
-use worker::{js_sys, web_sys, Env};
-
-use crate::config::Config;
-use crate::inbound::route_log::RouteLog;
-use crate::operation::ledger::dead_key;
-use crate::timestamp::format_rfc3339;
-
-use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
-use crate::edge::{log, EdgeError};
+use worker::{js_sys, web_sys};
 
 /// The body, under `cap`: `None` when it is longer. With a `declared` length within the cap
 /// (`content-length`, which the headers' screen already held to the cap), in one read: the
@@ -60,41 +49,4 @@ pub async fn read_capped(
         body.resize(start + len, 0);
         chunk.copy_to(&mut body[start..]);
     }
-}
-
-/// A delivery as received, for its dead letter.
-pub struct Received<'a> {
-    pub delivery_id: &'a str,
-    pub timestamp: Option<&'a str>,
-    pub body: &'a [u8],
-    pub now: i64,
-}
-
-/// Keeps a verified but unusable delivery as `dead:<webhook-id>`.
-pub async fn keep_dead_letter(
-    env: &Env,
-    config: &Config,
-    received: &Received<'_>,
-    reason: &'static str,
-) -> Result<(), EdgeError> {
-    let key = dead_key(received.delivery_id);
-    let value = json!({
-        "webhook_id": received.delivery_id,
-        "webhook_timestamp": received.timestamp,
-        "received_at": format_rfc3339(received.now),
-        "reason": reason,
-        "body": String::from_utf8_lossy(received.body),
-        "body_is_utf8": std::str::from_utf8(received.body).is_ok(),
-    });
-    let kv = env
-        .kv(KV_BINDING)
-        .map_err(|e| EdgeError::Unavailable(e.to_string()))?;
-    write_dead_letter(&kv, &key, &value, config.kv_ttl_secs()).await?;
-    let line = RouteLog::DeadLetter {
-        reason,
-        webhook_id: received.delivery_id.to_string(),
-        kv_key: key,
-    };
-    log(line.to_value());
-    Ok(())
 }

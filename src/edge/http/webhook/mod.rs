@@ -1,86 +1,38 @@
-//! `POST /webhooks/gemini`: carries out what [`crate::inbound::classify`] decides about a
-//! delivery, hands it to the gate, answers.
+//! `POST /webhooks/gemini`: performs the steps [`crate::inbound::intake`] asks for, in the
+//! order it asks, and answers what it finishes with.
 //!
-//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): the classification's order holds
-//! because this route asks it at each step before spending anything: the headers are
-//! screened before a byte of the body is read; a token's RS256 signature is checked (with the
-//! key set) before its claims; the body is read as a stream and refused with 413 as soon as it
-//! passes `MAX_BODY_BYTES` (at most the cap plus one chunk is held); only then is the body
-//! classified. Every refusal is counted, logged (once per reason per flush window) as
-//! `rejected`, and answered as its [`Refusal`] says; nothing is written for it.
-//!
-//! A verified HMAC body that cannot be used is kept in KV as a dead letter, and if it cannot
-//! be kept the answer is 503 so Gemini retries. A usable delivery costs one gate round trip
-//! and no KV read, and is answered 2xx only after the gate stored what it means; a duplicate
-//! the isolate's [`TerminalMemory`] can answer costs no round trip. A nudge (a token-signed
-//! body) goes through [`nudge`].
+//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): this route decides nothing; each await
+//! is one [`Need`] of the intake, whose answer goes straight back to it: the key set for a
+//! token's signature, the body read under its cap ([`body::read_capped`]: at most the cap
+//! plus one chunk is held), this isolate's memory of settled operations
+//! ([`TerminalMemory`]), one gate call, the strangers' tally, a dead letter in KV. Refusals
+//! are counted and logged once per reason per flush window; nothing is written for them. A
+//! usable delivery costs one gate round trip and no KV read, and is answered 2xx only after
+//! the gate stored what it means.
 
 mod body;
-mod nudge;
 
 use std::cell::RefCell;
 
 use worker::{web_sys, Env, Response};
 
 use crate::config::Config;
-use crate::inbound::answer::{Answer, TerminalMemory};
-use crate::inbound::classify::{
-    classify, screen, vouch, Headers, Outcome, Oversize, Policy, Proof, Refusal, Reply, Screened,
-};
-use crate::inbound::route_log::{Handled, RouteLog};
-use crate::operation::gate_protocol::{GateCommand, GateReply};
-use crate::operation::key::OperationKey;
-use crate::operation::OpEvent;
-use crate::telemetry::counters;
+use crate::inbound::answer::TerminalMemory;
+use crate::inbound::classify::{Headers, Policy, Reply};
+use crate::inbound::intake::{Finished, Intake, Need, Settings};
+use crate::inbound::stranger::AlertLimits;
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 
 use crate::edge::http::dynamic_webhook;
+use crate::edge::objects::lease_object::GUARD_NAME;
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
-use crate::edge::{call_gate, log, now_ms, ok_json, EdgeError};
+use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
+use crate::edge::reconcile_pass::LEASE_BINDING;
+use crate::edge::{call_gate, js_error, log, now_ms, ok_json, post_json, stub_for, EdgeError};
 
 thread_local! {
     /// The terminal states this isolate has seen gates answer with (see [`TerminalMemory`]).
     static TERMINAL: RefCell<TerminalMemory> = RefCell::new(TerminalMemory::default());
-}
-
-/// The classification's view of the configuration.
-fn policy(config: &Config) -> Policy<'_> {
-    Policy {
-        max_body_bytes: config.max_body_bytes,
-        tolerance_secs: config.tolerance_secs,
-        dynamic_webhooks: config.dynamic_webhooks,
-        secrets: &config.webhook_secrets,
-        audience: config.gemini_jwt_audience.as_deref(),
-    }
-}
-
-/// Writes a line of the route.
-fn log_line(line: RouteLog) {
-    log(line.to_value());
-}
-
-/// Counts a refusal, logs it (once per reason per flush window), and answers it.
-fn refuse(refusal: Refusal) -> Result<Response, EdgeError> {
-    if count_rejected(refusal.reason()) {
-        log_line(refusal.log_line());
-    }
-    reply(refusal.reply())
-}
-
-/// The HTTP face of a [`Reply`].
-fn reply(reply: Reply) -> Result<Response, EdgeError> {
-    match reply {
-        Reply::Unauthorized => Err(EdgeError::Unauthorized),
-        Reply::TooLarge => Err(EdgeError::TooLarge),
-        Reply::BadRequest(text) => Err(EdgeError::BadRequest(text)),
-        Reply::RetryAfter(secs) => Err(EdgeError::RetryLater(secs)),
-        Reply::Answered(answer) => answered(&answer),
-    }
-}
-
-/// A 200 with `answer` as its body.
-fn answered(answer: &Answer) -> Result<Response, EdgeError> {
-    let body = serde_json::to_value(answer).map_err(|e| EdgeError::Unavailable(e.to_string()))?;
-    ok_json(&body)
 }
 
 pub async fn receive(
@@ -102,158 +54,97 @@ pub async fn receive(
         timestamp: timestamp.as_deref(),
         signature: signature.as_deref(),
     };
-    let policy = policy(config);
-    let now = now_ms();
-    // Everything the headers alone can refuse is refused before the body is read.
-    let proof = match screen(&headers, now, &policy) {
-        Err(refusal) => return refuse(refusal),
-        Ok(Screened::Hmac(checked)) => Proof::Hmac(checked),
-        Ok(Screened::Jwt { token, token_hash }) => {
-            let vouched = match dynamic_webhook::verify(env, config, &token, now).await {
-                Ok(()) => vouch(token, token_hash, now, &policy),
-                Err(refusal) => Err(refusal),
-            };
-            match vouched {
-                Ok(proof) => proof,
-                Err(refusal) => return refuse(refusal),
-            }
-        }
+    let policy = Policy {
+        max_body_bytes: config.max_body_bytes,
+        tolerance_secs: config.tolerance_secs,
+        dynamic_webhooks: config.dynamic_webhooks,
+        secrets: &config.webhook_secrets,
+        audience: config.gemini_jwt_audience.as_deref(),
     };
-    let declared = headers.declared_length();
-    let body = match body::read_capped(&req, config.max_body_bytes, declared).await {
-        Ok(Some(body)) => body,
-        Ok(None) => {
-            let cap = config.max_body_bytes;
-            return refuse(Refusal::BodyTooLarge(Oversize::Streamed { cap }));
-        }
-        Err(e) => {
-            return Err(EdgeError::BadRequest(format!(
-                "unreadable body: {}",
-                crate::edge::js_error(&e)
-            )))
-        }
-    };
-    let delivery_id = id.as_deref().unwrap_or_default().to_string();
-    match classify(proof, &body, &delivery_id, &policy) {
-        Outcome::Refused(refusal) => refuse(refusal),
-        Outcome::Ping { event_type } => {
-            count_at_edge(counters::PINGS);
-            log_line(RouteLog::Ping {
-                event_type: event_type.clone(),
-                webhook_id: delivery_id,
-            });
-            answered(&Answer::Pong { event_type })
-        }
-        Outcome::DeadLetter { reason, reply: r } => {
-            // A verified delivery that cannot be used is kept, never dropped unseen.
-            let received = body::Received {
-                delivery_id: &delivery_id,
-                timestamp: timestamp.as_deref(),
-                body: &body,
-                now,
-            };
-            body::keep_dead_letter(env, config, &received, reason).await?;
-            reply(r)
-        }
-        Outcome::Event {
-            key,
-            event_type,
-            event,
-        } => deliver(env, config, key, &event_type, event, &delivery_id, now).await,
-        Outcome::Nudge {
-            key,
-            event_type,
-            claimed,
-            metadata,
-            delivery_id,
-        } => {
-            let nudge = nudge::Nudge {
-                key,
-                event_type,
-                claimed,
-                metadata,
-                delivery_id,
-            };
-            nudge::deliver(env, config, nudge, now).await
-        }
-    }
-}
-
-/// An HMAC-proven event: answered here when it repeats a terminal outcome this isolate knows,
-/// else handed to the gate.
-async fn deliver(
-    env: &Env,
-    config: &Config,
-    key: OperationKey,
-    event_type: &str,
-    event: OpEvent,
-    delivery_id: &str,
-    now: i64,
-) -> Result<Response, EdgeError> {
-    let known = TERMINAL.with(|t| t.borrow().duplicate(&key.key, &event.status));
-    if let Some(answer) = known {
-        count_at_edge(counters::DELIVERIES);
-        count_at_edge(counters::DUPLICATES);
-        if let Some(line) = RouteLog::handled(Handled {
-            answer: answer.clone(),
-            event_type: event_type.to_string(),
-            webhook_id: delivery_id.to_string(),
-            ms: None,
-            answered_by: Some("edge"),
-            alert: None,
-        }) {
-            log_line(line);
-        }
-        return answered(&answer);
-    }
-    let command = GateCommand::Deliver {
-        key: key.key.clone(),
-        name: key.name,
-        event,
+    let settings = Settings {
         require_registration: config.require_registration,
         hold_ms: config.unregistered_hold_ms(),
-        new_not_before_ms: 0,
     };
-    answer(env, &key.key, &command, event_type, delivery_id, now).await
-}
-
-/// Hands `command` to the gate of `key`, logs what it did, and answers the sender.
-async fn answer(
-    env: &Env,
-    key: &str,
-    command: &GateCommand,
-    event_type: &str,
-    delivery_id: &str,
-    started: i64,
-) -> Result<Response, EdgeError> {
-    let reply = call_gate(env, key, command).await?;
-    respond(key, command, reply, event_type, delivery_id, started)
-}
-
-/// Logs what the gate did with `command` and answers the sender.
-fn respond(
-    key: &str,
-    command: &GateCommand,
-    reply: GateReply,
-    event_type: &str,
-    delivery_id: &str,
-    started: i64,
-) -> Result<Response, EdgeError> {
-    TERMINAL.with(|t| t.borrow_mut().learn(key, command, &reply));
-    let Some(answer) = Answer::from_gate(key, &reply) else {
-        return Err(EdgeError::Unavailable(format!(
-            "unexpected gate reply {reply:?}"
-        )));
-    };
-    if let Some(line) = RouteLog::handled(Handled {
-        answer: answer.clone(),
-        event_type: event_type.to_string(),
-        webhook_id: delivery_id.to_string(),
-        ms: Some(now_ms() - started),
-        answered_by: None,
-        alert: None,
-    }) {
-        log_line(line);
+    let (mut intake, mut need) = Intake::start(headers, policy, settings, now_ms());
+    loop {
+        need = match need {
+            Need::Signature(token) => {
+                let checked = dynamic_webhook::verify(env, config, &token, now_ms()).await;
+                intake.signature_checked(checked, now_ms())
+            }
+            Need::Body { cap, declared } => match body::read_capped(&req, cap, declared).await {
+                Ok(body) => intake.body_read(body),
+                Err(e) => {
+                    return Err(EdgeError::BadRequest(format!(
+                        "unreadable body: {}",
+                        js_error(&e)
+                    )))
+                }
+            },
+            Need::Recall { key, status } => {
+                intake.recalled(TERMINAL.with(|t| t.borrow().knows(&key, &status)))
+            }
+            Need::Gate { key, command } => {
+                let reply = call_gate(env, &key, &command).await;
+                intake.gate_answered(reply.map_err(|e| e.to_string()), now_ms())
+            }
+            Need::Tally => {
+                let limits = AlertLimits {
+                    threshold: config.stranger_alert_threshold,
+                    window_ms: config.stranger_alert_window_secs * 1_000,
+                };
+                let command = LeaseCommand::StrangerNudge { limits };
+                let counted = match stub_for(env, LEASE_BINDING, GUARD_NAME) {
+                    Ok(stub) => post_json(&stub, &command).await,
+                    Err(e) => Err(e),
+                };
+                intake.tallied(match counted {
+                    Ok(LeaseReply::StrangerCounted { alert }) => Some(alert),
+                    _ => None,
+                })
+            }
+            Need::DeadLetter { key, value } => {
+                let kept = match env.kv(KV_BINDING) {
+                    Ok(kv) => write_dead_letter(&kv, &key, &value, config.kv_ttl_secs()).await,
+                    Err(e) => Err(EdgeError::from(e)),
+                };
+                intake.dead_letter_kept(kept.map_err(|e| e.to_string()))
+            }
+            Need::Done(finished) => return answer(finished),
+        };
     }
-    answered(&answer)
+}
+
+/// Counts, logs and remembers what a finished delivery says, and answers it.
+fn answer(finished: Finished) -> Result<Response, EdgeError> {
+    let Finished {
+        reply,
+        counts,
+        rejected,
+        line,
+        remember,
+    } = finished;
+    for name in counts {
+        count_at_edge(name);
+    }
+    // A refusal's line is logged for the first of its reason in a flush window only.
+    let log_it = rejected.is_none_or(count_rejected);
+    if let (true, Some(line)) = (log_it, line) {
+        log(line.to_value());
+    }
+    if let Some((key, status)) = remember {
+        TERMINAL.with(|t| t.borrow_mut().remember(&key, status));
+    }
+    match reply {
+        Reply::Answered(answer) => {
+            let body =
+                serde_json::to_value(&answer).map_err(|e| EdgeError::Unavailable(e.to_string()))?;
+            ok_json(&body)
+        }
+        Reply::Unauthorized => Err(EdgeError::Unauthorized),
+        Reply::TooLarge => Err(EdgeError::TooLarge),
+        Reply::BadRequest(text) => Err(EdgeError::BadRequest(text)),
+        Reply::RetryAfter(secs) => Err(EdgeError::RetryLater(secs)),
+        Reply::Unavailable(why) => Err(EdgeError::Unavailable(why)),
+    }
 }

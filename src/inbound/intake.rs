@@ -1,0 +1,758 @@
+//! The intake of one delivery to `POST /webhooks/gemini`, as a plan the edge carries out.
+//!
+//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): the order of the work is decided here,
+//! as pure functions host-tested step by step, not in the edge's awaits. Each step answers
+//! with the next [`Need`]: the headers first ([`screen`]: nothing is read before they pass);
+//! a token's RS256 signature (the key set) before its claims ([`vouch`]); the body, read under
+//! its cap; what the body is ([`classify`]); then at most one gate call, none for a duplicate
+//! this isolate remembers; a nudge the gate does not hold costs one tally call and nothing
+//! outside the worker; a proven body that cannot be used is kept as a dead letter, else
+//! answered 503 so Gemini retries. Every delivery ends in one [`Finished`]: its [`Reply`]
+//! (the one type from a [`Refusal`] to the HTTP answer), the counters it adds, its log line,
+//! and what this isolate may remember. The edge (`src/edge/http/webhook/`) only performs the
+//! steps. Time is a parameter.
+
+use serde_json::{json, Value};
+
+use crate::inbound::answer::{Answer, TerminalMemory};
+use crate::inbound::classify::{
+    classify, screen, vouch, Headers, Outcome, Oversize, Policy, Proof, Refusal, Reply, Screened,
+};
+use crate::inbound::jwt::Token;
+use crate::inbound::route_log::{Handled, RouteLog};
+use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::key::OperationKey;
+use crate::operation::ledger::dead_key;
+use crate::operation::lifecycle::Status;
+use crate::telemetry::counters;
+use crate::timestamp::format_rfc3339;
+
+/// What the gate commands of a delivery carry from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    /// `REQUIRE_REGISTRATION`.
+    pub require_registration: bool,
+    /// `UNREGISTERED_HOLD_SECONDS` in ms when routes are configured, else 0.
+    pub hold_ms: i64,
+}
+
+/// What the intake needs next. Each is answered through the [`Intake`] method it names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Need {
+    /// Check the token's RS256 signature with the key set: [`Intake::signature_checked`].
+    Signature(Token),
+    /// Read the body, refused past `cap` while it streams (`declared`: a `content-length`
+    /// within the cap): [`Intake::body_read`].
+    Body { cap: usize, declared: Option<usize> },
+    /// Is `status` the terminal state this isolate remembers for `key`?
+    /// [`Intake::recalled`].
+    Recall { key: String, status: Status },
+    /// Hand `command` to the gate of `key`: [`Intake::gate_answered`].
+    Gate { key: String, command: GateCommand },
+    /// Count one nudge for an operation not held on the worker-wide tally:
+    /// [`Intake::tallied`].
+    Tally,
+    /// Keep `value` in KV under `key` (a dead letter): [`Intake::dead_letter_kept`].
+    DeadLetter { key: String, value: Value },
+    /// The delivery is answered.
+    Done(Finished),
+}
+
+/// A delivery's end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub reply: Reply,
+    /// Counters to add one to in this isolate.
+    pub counts: Vec<&'static str>,
+    /// A refusal's reason: counted as `rejected_<reason>`, and its [`Finished::line`] logged
+    /// only for the first of its reason in a flush window (a flood costs a counter each).
+    pub rejected: Option<&'static str>,
+    /// The line to log.
+    pub line: Option<RouteLog>,
+    /// A terminal state a gate answered for this key, which this isolate may remember.
+    pub remember: Option<(String, Status)>,
+}
+
+impl Finished {
+    fn reply(reply: Reply) -> Finished {
+        Finished {
+            reply,
+            counts: Vec::new(),
+            rejected: None,
+            line: None,
+            remember: None,
+        }
+    }
+
+    fn refused(refusal: Refusal) -> Finished {
+        Finished {
+            rejected: Some(refusal.reason()),
+            line: Some(refusal.log_line()),
+            ..Finished::reply(refusal.reply())
+        }
+    }
+
+    fn answered(answer: Answer, line: Option<RouteLog>) -> Finished {
+        Finished {
+            line,
+            ..Finished::reply(Reply::Answered(answer))
+        }
+    }
+}
+
+/// Where the intake stands between two steps.
+enum Stage<'a> {
+    /// A token whose signature is being checked.
+    Signature { token: Token, token_hash: String },
+    /// Proven headers (or token): the body is being read.
+    Body(Proof<'a>),
+    /// An HMAC event this isolate may remember as settled.
+    Recall {
+        key: OperationKey,
+        event_type: String,
+        event: crate::operation::OpEvent,
+    },
+    /// A command the gate of `key` is answering.
+    Gate {
+        key: String,
+        command: GateCommand,
+        event_type: String,
+    },
+    /// A nudge the gate does not hold, being tallied.
+    Tally { key: String, event_type: String },
+    /// A dead letter being kept under `key`; then `reply`.
+    DeadLetter {
+        key: String,
+        reason: &'static str,
+        reply: Reply,
+    },
+    /// Answered (a step asked after the end changes nothing).
+    Over,
+}
+
+/// One delivery's intake.
+pub struct Intake<'a> {
+    headers: Headers<'a>,
+    policy: Policy<'a>,
+    settings: Settings,
+    /// When the delivery arrived (Unix ms).
+    started_ms: i64,
+    stage: Stage<'a>,
+    body: Vec<u8>,
+}
+
+impl<'a> Intake<'a> {
+    /// Starts the intake of a delivery with these headers, received at `now_ms`: the
+    /// headers alone are judged first.
+    pub fn start(
+        headers: Headers<'a>,
+        policy: Policy<'a>,
+        settings: Settings,
+        now_ms: i64,
+    ) -> (Intake<'a>, Need) {
+        let mut intake = Intake {
+            headers,
+            policy,
+            settings,
+            started_ms: now_ms,
+            stage: Stage::Over,
+            body: Vec::new(),
+        };
+        let need = match screen(&headers, now_ms, &policy) {
+            Err(refusal) => intake.finish(Finished::refused(refusal)),
+            Ok(Screened::Hmac(checked)) => intake.read_body(Proof::Hmac(checked)),
+            Ok(Screened::Jwt { token, token_hash }) => {
+                intake.stage = Stage::Signature {
+                    token: token.clone(),
+                    token_hash,
+                };
+                Need::Signature(token)
+            }
+        };
+        (intake, need)
+    }
+
+    /// The token's signature was checked (at `now_ms`): its claims decide next.
+    pub fn signature_checked(&mut self, checked: Result<(), Refusal>, now_ms: i64) -> Need {
+        let Stage::Signature { token, token_hash } =
+            std::mem::replace(&mut self.stage, Stage::Over)
+        else {
+            return self.out_of_order();
+        };
+        match checked.and_then(|()| vouch(token, token_hash, now_ms, &self.policy)) {
+            Ok(proof) => self.read_body(proof),
+            Err(refusal) => self.finish(Finished::refused(refusal)),
+        }
+    }
+
+    /// The body as read: `None` when it passed the cap while streaming.
+    pub fn body_read(&mut self, body: Option<Vec<u8>>) -> Need {
+        let Stage::Body(proof) = std::mem::replace(&mut self.stage, Stage::Over) else {
+            return self.out_of_order();
+        };
+        let Some(body) = body else {
+            let cap = self.policy.max_body_bytes;
+            return self.finish(Finished::refused(Refusal::BodyTooLarge(
+                Oversize::Streamed { cap },
+            )));
+        };
+        self.body = body;
+        let delivery_id = self.delivery_id();
+        match classify(proof, &self.body, &delivery_id, &self.policy) {
+            Outcome::Refused(refusal) => self.finish(Finished::refused(refusal)),
+            Outcome::Ping { event_type } => self.finish(Finished {
+                counts: vec![counters::PINGS],
+                line: Some(RouteLog::Ping {
+                    event_type: event_type.clone(),
+                    webhook_id: delivery_id,
+                }),
+                ..Finished::reply(Reply::Answered(Answer::Pong { event_type }))
+            }),
+            Outcome::DeadLetter { reason, reply } => {
+                let key = dead_key(&delivery_id);
+                let value = json!({
+                    "webhook_id": delivery_id,
+                    "webhook_timestamp": self.headers.timestamp,
+                    "received_at": format_rfc3339(self.started_ms),
+                    "reason": reason,
+                    "body": String::from_utf8_lossy(&self.body),
+                    "body_is_utf8": std::str::from_utf8(&self.body).is_ok(),
+                });
+                self.stage = Stage::DeadLetter {
+                    key: key.clone(),
+                    reason,
+                    reply,
+                };
+                Need::DeadLetter { key, value }
+            }
+            Outcome::Event {
+                key,
+                event_type,
+                event,
+            } => {
+                let need = Need::Recall {
+                    key: key.key.clone(),
+                    status: event.status.clone(),
+                };
+                self.stage = Stage::Recall {
+                    key,
+                    event_type,
+                    event,
+                };
+                need
+            }
+            Outcome::Nudge {
+                key,
+                event_type,
+                claimed,
+                metadata,
+                delivery_id,
+            } => {
+                let command = GateCommand::Nudge {
+                    key: key.key.clone(),
+                    name: key.name,
+                    claimed: claimed.as_str().to_string(),
+                    metadata,
+                    delivery_id,
+                };
+                self.call_gate(key.key, command, event_type)
+            }
+        }
+    }
+
+    /// Whether this isolate remembers the event's key settled at the event's status: a
+    /// duplicate answered without the gate, else the gate is asked.
+    pub fn recalled(&mut self, known: bool) -> Need {
+        let Stage::Recall {
+            key,
+            event_type,
+            event,
+        } = std::mem::replace(&mut self.stage, Stage::Over)
+        else {
+            return self.out_of_order();
+        };
+        if known {
+            let answer = TerminalMemory::duplicate_answer(&key.key, &event.status);
+            let line = RouteLog::handled(Handled {
+                answer: answer.clone(),
+                event_type,
+                webhook_id: self.delivery_id(),
+                ms: None,
+                answered_by: Some("edge"),
+                alert: None,
+            });
+            return self.finish(Finished {
+                counts: vec![counters::DELIVERIES, counters::DUPLICATES],
+                ..Finished::answered(answer, line)
+            });
+        }
+        let command = GateCommand::Deliver {
+            key: key.key.clone(),
+            name: key.name,
+            event,
+            require_registration: self.settings.require_registration,
+            hold_ms: self.settings.hold_ms,
+            new_not_before_ms: 0,
+        };
+        self.call_gate(key.key, command, event_type)
+    }
+
+    /// The gate's reply (`Err`: the call failed, with why), at `now_ms`.
+    pub fn gate_answered(&mut self, reply: Result<GateReply, String>, now_ms: i64) -> Need {
+        let Stage::Gate {
+            key,
+            command,
+            event_type,
+        } = std::mem::replace(&mut self.stage, Stage::Over)
+        else {
+            return self.out_of_order();
+        };
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(why) => return self.finish(Finished::reply(Reply::Unavailable(why))),
+        };
+        if matches!(command, GateCommand::Nudge { .. }) && reply == GateReply::Unregistered {
+            // Not held: nothing was stored and nothing is asked; the tally may raise the
+            // window's one alert.
+            self.stage = Stage::Tally { key, event_type };
+            return Need::Tally;
+        }
+        let Some(answer) = Answer::from_gate(&key, &reply) else {
+            return self.finish(Finished::reply(Reply::Unavailable(format!(
+                "unexpected gate reply {reply:?}"
+            ))));
+        };
+        let line = RouteLog::handled(Handled {
+            answer: answer.clone(),
+            event_type,
+            webhook_id: self.delivery_id(),
+            ms: Some(now_ms - self.started_ms),
+            answered_by: None,
+            alert: None,
+        });
+        let remember = TerminalMemory::learnable(&command, &reply).map(|s| (key, s));
+        self.finish(Finished {
+            remember,
+            ..Finished::answered(answer, line)
+        })
+    }
+
+    /// The tally counted a nudge for an operation not held: `Some(true)` when it raised the
+    /// window's alert, `None` when the call failed (a count is lost, never a delivery).
+    pub fn tallied(&mut self, alert: Option<bool>) -> Need {
+        let Stage::Tally { key, event_type } = std::mem::replace(&mut self.stage, Stage::Over)
+        else {
+            return self.out_of_order();
+        };
+        let answer = Answer::NotHeld { key };
+        let line = RouteLog::handled(Handled {
+            answer: answer.clone(),
+            event_type,
+            webhook_id: self.delivery_id(),
+            ms: None,
+            answered_by: None,
+            alert: Some(alert == Some(true)),
+        });
+        self.finish(Finished {
+            counts: vec![counters::STRANGER_NUDGES],
+            ..Finished::answered(answer, line)
+        })
+    }
+
+    /// The dead letter was kept (`Err`: it could not be, with why: 503, so Gemini retries
+    /// and the delivery is never dropped unseen).
+    pub fn dead_letter_kept(&mut self, kept: Result<(), String>) -> Need {
+        let Stage::DeadLetter { key, reason, reply } =
+            std::mem::replace(&mut self.stage, Stage::Over)
+        else {
+            return self.out_of_order();
+        };
+        match kept {
+            Ok(()) => self.finish(Finished {
+                line: Some(RouteLog::DeadLetter {
+                    reason,
+                    webhook_id: self.delivery_id(),
+                    kv_key: key,
+                }),
+                ..Finished::reply(reply)
+            }),
+            Err(why) => self.finish(Finished::reply(Reply::Unavailable(why))),
+        }
+    }
+
+    /// The delivery's id: the `webhook-id` header (a token's delivery is named by its hash
+    /// in what classification builds).
+    fn delivery_id(&self) -> String {
+        self.headers.id.unwrap_or_default().to_string()
+    }
+
+    fn read_body(&mut self, proof: Proof<'a>) -> Need {
+        self.stage = Stage::Body(proof);
+        Need::Body {
+            cap: self.policy.max_body_bytes,
+            declared: self.headers.declared_length(),
+        }
+    }
+
+    fn call_gate(&mut self, key: String, command: GateCommand, event_type: String) -> Need {
+        let need = Need::Gate {
+            key: key.clone(),
+            command: command.clone(),
+        };
+        self.stage = Stage::Gate {
+            key,
+            command,
+            event_type,
+        };
+        need
+    }
+
+    fn finish(&mut self, finished: Finished) -> Need {
+        self.stage = Stage::Over;
+        Need::Done(finished)
+    }
+
+    /// An answer to a step that was not asked for: a bug in the edge's loop, answered 503 so
+    /// the sender retries rather than a delivery being half-handled.
+    fn out_of_order(&mut self) -> Need {
+        self.finish(Finished::reply(Reply::Unavailable(
+            "intake: an answer to a step not asked for".into(),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inbound::classify::Oversize;
+    use crate::operation::gate_protocol::EffectReport;
+    use crate::operation::lifecycle::DropReason;
+    use crate::signature::{sign, Secret};
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const NOW_MS: i64 = 1_700_000_000_000;
+    const NOW: i64 = NOW_MS / 1_000;
+    const BODY: &[u8] = br#"{"type":"batch.succeeded","data":{"id":"batches/b1"}}"#;
+    const SETTINGS: Settings = Settings {
+        require_registration: false,
+        hold_ms: 0,
+    };
+
+    fn secrets() -> Vec<Secret> {
+        vec![Secret::parse(SECRET).unwrap()]
+    }
+
+    fn policy(secrets: &[Secret]) -> Policy<'_> {
+        Policy {
+            max_body_bytes: 1_000,
+            tolerance_secs: 300,
+            dynamic_webhooks: true,
+            secrets,
+            audience: None,
+        }
+    }
+
+    fn leak(s: String) -> &'static str {
+        Box::leak(s.into_boxed_str())
+    }
+
+    /// Headers of an HMAC delivery of `body`, signed now as `msg_1`.
+    fn hmac_headers(body: &[u8]) -> Headers<'static> {
+        Headers {
+            content_length: Some(leak(body.len().to_string())),
+            id: Some("msg_1"),
+            timestamp: Some(leak(NOW.to_string())),
+            signature: Some(leak(sign(&secrets()[0], "msg_1", NOW, body))),
+        }
+    }
+
+    fn token_headers(claims: Value) -> Headers<'static> {
+        let b64 = |v: &str| URL_SAFE_NO_PAD.encode(v);
+        let token = format!(
+            "{}.{}.{}",
+            b64(r#"{"alg":"RS256","kid":"k1"}"#),
+            b64(&claims.to_string()),
+            b64("sig")
+        );
+        Headers {
+            id: Some("msg_jwt"),
+            timestamp: Some(leak(NOW.to_string())),
+            signature: Some(leak(token)),
+            ..Headers::default()
+        }
+    }
+
+    fn done(need: Need) -> Finished {
+        match need {
+            Need::Done(f) => f,
+            other => panic!("not done: {other:?}"),
+        }
+    }
+
+    fn status(need: &Need) -> Option<u16> {
+        match need {
+            Need::Done(f) => Some(f.reply.status()),
+            _ => None,
+        }
+    }
+
+    fn applied(status: Status) -> GateReply {
+        GateReply::Applied {
+            status,
+            effect: EffectReport::Scheduled,
+        }
+    }
+
+    #[test]
+    fn a_signed_event_reads_its_body_asks_this_isolate_then_the_gate_once() {
+        let s = secrets();
+        let (mut intake, need) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
+        assert_eq!(
+            need,
+            Need::Body {
+                cap: 1_000,
+                declared: Some(BODY.len())
+            }
+        );
+        let need = intake.body_read(Some(BODY.to_vec()));
+        assert_eq!(
+            need,
+            Need::Recall {
+                key: "batches/b1".into(),
+                status: Status::Succeeded
+            }
+        );
+        let Need::Gate { key, command } = intake.recalled(false) else {
+            panic!("the gate is asked")
+        };
+        assert_eq!(key, "batches/b1");
+        let GateCommand::Deliver { event, .. } = &command else {
+            panic!("a delivery: {command:?}")
+        };
+        assert_eq!(event.delivery_id.as_deref(), Some("msg_1"));
+        let f = done(intake.gate_answered(Ok(applied(Status::Succeeded)), NOW_MS + 7));
+        assert_eq!(f.reply.status(), 200);
+        assert_eq!(f.remember, Some(("batches/b1".into(), Status::Succeeded)));
+        assert_eq!(f.rejected, None);
+        let line = f.line.unwrap().to_value();
+        assert_eq!(
+            (line["event"].as_str(), line["ms"].as_i64()),
+            (Some("delivered"), Some(7))
+        );
+    }
+
+    #[test]
+    fn a_duplicate_this_isolate_remembers_is_answered_without_the_gate() {
+        let s = secrets();
+        let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
+        intake.body_read(Some(BODY.to_vec()));
+        let f = done(intake.recalled(true));
+        let Reply::Answered(Answer::Dropped { reason, effect, .. }) = &f.reply else {
+            panic!("{:?}", f.reply)
+        };
+        assert_eq!((*reason, *effect), (DropReason::Duplicate, None));
+        assert_eq!(f.counts, [counters::DELIVERIES, counters::DUPLICATES]);
+        assert_eq!(f.line.unwrap().to_value()["answered_by"], "edge");
+    }
+
+    #[test]
+    fn headers_alone_refuse_before_the_body_is_read() {
+        let s = secrets();
+        // A declared length over the cap: 413 first, whatever the signature.
+        let mut big = hmac_headers(BODY);
+        big.content_length = Some("1001");
+        let (_, need) = Intake::start(big, policy(&s), SETTINGS, NOW_MS);
+        let f = done(need);
+        assert_eq!(
+            (f.reply.status(), f.rejected),
+            (413, Some("body_too_large"))
+        );
+        // A stale timestamp: 401, no body read.
+        let mut stale = hmac_headers(BODY);
+        stale.timestamp = Some("1");
+        assert_eq!(
+            status(&Intake::start(stale, policy(&s), SETTINGS, NOW_MS).1),
+            Some(401)
+        );
+        // A token while dynamic webhooks are off.
+        let off = Policy {
+            dynamic_webhooks: false,
+            ..policy(&s)
+        };
+        let f = done(
+            Intake::start(
+                token_headers(json!({"exp": NOW + 60})),
+                off,
+                SETTINGS,
+                NOW_MS,
+            )
+            .1,
+        );
+        assert_eq!(f.rejected, Some("dynamic_webhooks_disabled"));
+    }
+
+    #[test]
+    fn a_body_past_the_cap_or_over_other_bytes_is_refused_after_reading() {
+        let s = secrets();
+        let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
+        let f = done(intake.body_read(None));
+        assert_eq!(
+            (f.reply.status(), f.rejected),
+            (413, Some("body_too_large"))
+        );
+        assert_eq!(
+            f.line.unwrap(),
+            Refusal::BodyTooLarge(Oversize::Streamed { cap: 1_000 }).log_line()
+        );
+        let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
+        let forged = br#"{"type":"batch.failed","data":{"id":"batches/b1"}}"#;
+        let f = done(intake.body_read(Some(forged.to_vec())));
+        assert_eq!(
+            (f.reply.status(), f.rejected),
+            (401, Some("signature_invalid"))
+        );
+    }
+
+    #[test]
+    fn a_nudge_checks_the_signature_then_the_claims_then_asks_only_the_gate() {
+        let s = secrets();
+        let headers = token_headers(json!({"exp": NOW + 60, "user_metadata": {"t": "claimed"}}));
+        let (mut intake, need) = Intake::start(headers, policy(&s), SETTINGS, NOW_MS);
+        assert!(matches!(need, Need::Signature(_)), "{need:?}");
+        assert!(matches!(
+            intake.signature_checked(Ok(()), NOW_MS),
+            Need::Body { .. }
+        ));
+        let Need::Gate { key, command } = intake.body_read(Some(BODY.to_vec())) else {
+            panic!("the gate is asked first")
+        };
+        assert_eq!(key, "batches/b1");
+        let GateCommand::Nudge {
+            metadata,
+            delivery_id,
+            ..
+        } = &command
+        else {
+            panic!("a nudge: {command:?}")
+        };
+        assert!(delivery_id.starts_with("jwt_"));
+        assert!(metadata.get("user_metadata").is_none(), "never verified");
+        // Not held: the tally, and nothing else (no status call exists on this path).
+        assert_eq!(
+            intake.gate_answered(Ok(GateReply::Unregistered), NOW_MS),
+            Need::Tally
+        );
+        let f = done(intake.tallied(Some(true)));
+        assert_eq!(
+            f.reply,
+            Reply::Answered(Answer::NotHeld {
+                key: "batches/b1".into()
+            })
+        );
+        assert_eq!(f.counts, [counters::STRANGER_NUDGES]);
+        assert_eq!(f.remember, None);
+        let line = f.line.unwrap().to_value();
+        assert_eq!(
+            (line["event"].as_str(), line["alert"].as_bool()),
+            (Some("stranger_nudge"), Some(true))
+        );
+        // Held: the gate's answer is the answer, and nothing is remembered from a nudge.
+        let headers = token_headers(json!({"exp": NOW + 60}));
+        let (mut intake, _) = Intake::start(headers, policy(&s), SETTINGS, NOW_MS);
+        intake.signature_checked(Ok(()), NOW_MS);
+        intake.body_read(Some(BODY.to_vec()));
+        let f = done(intake.gate_answered(Ok(applied(Status::Succeeded)), NOW_MS));
+        assert_eq!((f.reply.status(), f.remember), (200, None));
+    }
+
+    #[test]
+    fn a_token_is_refused_by_its_signature_or_claims_before_the_body() {
+        let s = secrets();
+        let (mut intake, _) = Intake::start(
+            token_headers(json!({"exp": NOW + 60})),
+            policy(&s),
+            SETTINGS,
+            NOW_MS,
+        );
+        let f = done(intake.signature_checked(
+            Err(Refusal::Token(crate::inbound::jwt::JwtError::Signature)),
+            NOW_MS,
+        ));
+        assert_eq!(
+            (f.reply.status(), f.rejected),
+            (401, Some("jwt_signature_invalid"))
+        );
+        let (mut intake, _) = Intake::start(
+            token_headers(json!({"exp": NOW - 60})),
+            policy(&s),
+            SETTINGS,
+            NOW_MS,
+        );
+        let f = done(intake.signature_checked(Ok(()), NOW_MS));
+        assert_eq!((f.reply.status(), f.rejected), (401, Some("jwt_expired")));
+        let (mut intake, _) = Intake::start(
+            token_headers(json!({"exp": NOW + 60})),
+            policy(&s),
+            SETTINGS,
+            NOW_MS,
+        );
+        let f = done(
+            intake.signature_checked(Err(Refusal::KeysUnavailable { retry_after: 5 }), NOW_MS),
+        );
+        assert_eq!(f.reply, Reply::RetryAfter(5));
+    }
+
+    #[test]
+    fn a_proven_body_that_cannot_be_used_is_kept_or_answered_503() {
+        let s = secrets();
+        let junk = b"not json";
+        let (mut intake, _) = Intake::start(hmac_headers(junk), policy(&s), SETTINGS, NOW_MS);
+        let Need::DeadLetter { key, value } = intake.body_read(Some(junk.to_vec())) else {
+            panic!("kept")
+        };
+        assert_eq!(key, "dead:msg_1");
+        assert_eq!(
+            (value["body"].as_str(), value["reason"].as_str()),
+            (Some("not json"), Some("not_json"))
+        );
+        let f = done(intake.dead_letter_kept(Ok(())));
+        assert_eq!(f.reply.status(), 400);
+        assert_eq!(f.line.unwrap().to_value()["event"], "dead_letter");
+        let (mut intake, _) = Intake::start(hmac_headers(junk), policy(&s), SETTINGS, NOW_MS);
+        intake.body_read(Some(junk.to_vec()));
+        let f = done(intake.dead_letter_kept(Err("KV down".into())));
+        assert_eq!(f.reply, Reply::Unavailable("KV down".into()));
+    }
+
+    #[test]
+    fn a_failed_gate_call_or_a_reply_no_delivery_gets_is_503() {
+        let s = secrets();
+        for reply in [Err("object reset".to_string()), Ok(GateReply::NotFound)] {
+            let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
+            intake.body_read(Some(BODY.to_vec()));
+            intake.recalled(false);
+            let f = done(intake.gate_answered(reply, NOW_MS));
+            assert_eq!((f.reply.status(), f.remember), (503, None));
+        }
+    }
+
+    #[test]
+    fn a_ping_is_answered_pong_and_counted() {
+        let s = secrets();
+        let ping = br#"{"type":"webhook.ping","data":{}}"#;
+        let (mut intake, _) = Intake::start(hmac_headers(ping), policy(&s), SETTINGS, NOW_MS);
+        let f = done(intake.body_read(Some(ping.to_vec())));
+        assert_eq!(f.counts, [counters::PINGS]);
+        assert!(matches!(f.reply, Reply::Answered(Answer::Pong { .. })));
+    }
+
+    #[test]
+    fn an_answer_to_a_step_not_asked_for_is_503() {
+        let s = secrets();
+        let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
+        assert_eq!(status(&intake.recalled(true)), Some(503));
+        assert_eq!(status(&intake.tallied(None)), Some(503));
+    }
+}
