@@ -38,8 +38,10 @@ export const secretList = (value) => (value ?? "").split(/[\s,]+/).filter(Boolea
 
 /**
  * Sets NAME=value lines in `file`: the first uncommented line of each name is replaced in
- * place, a name not there is appended; other lines and comments stay. A file this creates is
- * readable by its owner only. Returns the names whose value changed.
+ * place, a name not there is appended; other lines and comments stay. A file this writes ends
+ * readable by its owner only (0600), whether it created it or not: the values are secrets, and
+ * an existing file may be a plain copy of .dev.vars.example (0644). Returns the names whose
+ * value changed.
  */
 export function writeVars(file, updates) {
   const existed = existsSync(file);
@@ -58,8 +60,12 @@ export function writeVars(file, updates) {
     }
   }
   if (changed.length || !existed) {
+    // An existing file is tightened before the secrets go in, so they are never readable by
+    // others even for a moment; `mode` applies only to a file writeFileSync creates, and then
+    // under the umask, hence the chmod after too.
+    if (existed) chmodSync(file, 0o600);
     writeFileSync(file, `${lines.join("\n")}\n`, { mode: 0o600 });
-    if (!existed) chmodSync(file, 0o600);
+    chmodSync(file, 0o600);
   }
   return changed;
 }

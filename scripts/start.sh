@@ -9,7 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -f .dev.vars ]; then
   echo "start: no .dev.vars; copying .dev.vars.example (edit it to point EFFECT_URL at your destination)" >&2
-  cp .dev.vars.example .dev.vars
+  # Owner-only (0600) from the start: .dev.vars holds secrets (ADMIN_TOKEN, the signing
+  # secrets, and the webhook secret npm run connect -- --local writes there).
+  (umask 077 && cp .dev.vars.example .dev.vars)
 fi
 bash scripts/build.sh
 export WRANGLER_SEND_METRICS=false

@@ -11,6 +11,14 @@
 //! never the whole backlog at once), and a run resumes from an opaque cursor bound to its
 //! action, dry-run flag and filter, which carries the run's totals so far.
 //!
+//! A redelivery run has an identity, its cut-off `sent_before` (the time of its first request
+//! unless the body gives one, carried in the cursor and given in every answer): the gate of
+//! an effect sent at or after it (accepted by the destination, or redelivered) refuses, so the
+//! run, resumed or run again with the same cut-off, never sends an effect a second time
+//! ([`SkipReason::SentSinceCutoff`]); a run with a later cut-off sends again. A cut-off is
+//! never after the clock of the request that sets it: the run's own redeliveries, recorded by
+//! their gates later, are then at or after it.
+//!
 //! Pacing holds within a run, whose requests follow one another; runs started side by side
 //! add up. A request costs at most 5 KV lists and `limit` gate calls: 25 subrequests by
 //! default (inside the Free plan's 50), 105 at most.
@@ -29,6 +37,7 @@ use crate::operation::gate_protocol::{GateCommand, GateReply, OperatorAction};
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::OperatorRefusal;
 use crate::reconciliation::reconcile::Resume;
+use crate::timestamp::{format_rfc3339, parse_rfc3339_ms};
 
 /// Operations one request acts on by default: with the listing's KV pages this stays inside
 /// the Free plan's 50 subrequests.
@@ -83,6 +92,9 @@ pub enum SkipReason {
     NoOutcome,
     /// Its gate has no record, or only a tombstone (retention ended).
     Gone,
+    /// Redeliver: the effect was sent (accepted, or redelivered) at or after the run's
+    /// cut-off: by this run, by an earlier part or run with the same cut-off, or since.
+    SentSinceCutoff,
     /// The gate refused for another reason.
     Refused,
 }
@@ -123,7 +135,7 @@ pub enum Outcome {
     Failed(String),
 }
 
-/// Reads the gate's reply to [`BulkRequest::command`].
+/// Reads the gate's reply to [`BulkRun::command`].
 pub fn outcome(reply: &GateReply) -> Outcome {
     match reply {
         GateReply::Redelivered {
@@ -148,6 +160,8 @@ pub fn outcome(reply: &GateReply) -> Outcome {
                 SkipReason::NoOutcome
             } else if of(OperatorRefusal::Retired) {
                 SkipReason::Gone
+            } else if of(OperatorRefusal::SentSinceCutoff) {
+                SkipReason::SentSinceCutoff
             } else {
                 SkipReason::Refused
             })
@@ -202,7 +216,7 @@ impl Counts {
 /// Why a bulk request was refused (answered 400 with this text).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum BulkError {
-    #[error("body must be {{\"filter\": {{...the listing's filters...}}, \"reason\": \"...\", \"dry_run\": true|false, \"limit\": 1-{MAX_BULK_LIMIT}, \"per_second\": 1-{MAX_PER_SECOND}, \"cursor\": \"...\"}}: {0}")]
+    #[error("body must be {{\"filter\": {{...the listing's filters...}}, \"reason\": \"...\", \"dry_run\": true|false, \"limit\": 1-{MAX_BULK_LIMIT}, \"per_second\": 1-{MAX_PER_SECOND}, \"sent_before\": \"RFC 3339\", \"cursor\": \"...\"}}: {0}")]
     BadBody(String),
     #[error("filter.{0} must be a string or a boolean")]
     FilterValue(String),
@@ -216,8 +230,16 @@ pub enum BulkError {
     Limit,
     #[error("per_second must be a whole number from 1 to {MAX_PER_SECOND}")]
     PerSecond,
-    #[error("cursor is not one this route issued for this action, dry_run and filter")]
+    #[error(
+        "cursor is not one this route issued for this action, dry_run, filter and sent_before"
+    )]
     Cursor,
+    #[error("sent_before must be an RFC 3339 time, such as an earlier answer's sent_before")]
+    SentBefore,
+    #[error("sent_before is for a redelivery only (a retry keeps each effect's webhook-id)")]
+    SentBeforeRetry,
+    #[error("sent_before is in the future: this run's redeliveries would come before it, so running it again would send them again")]
+    SentBeforeFuture,
 }
 
 /// A valid bulk request.
@@ -233,6 +255,12 @@ pub struct BulkRequest {
     /// Where this request starts, and the run's totals before it.
     pub resume: Resume,
     pub before: Counts,
+    /// A redelivery run's cut-off (Unix ms) from the body or the cursor; `None` for a run's
+    /// first request that gave none, which starts it at the clock ([`BulkRun::new`]).
+    pub sent_before: Option<i64>,
+    /// `sent_before` is the body's own, not yet checked against the clock (a cursor's was
+    /// checked by the request that set it).
+    sent_before_unchecked: bool,
     fingerprint: String,
 }
 
@@ -246,6 +274,7 @@ struct Body {
     dry_run: bool,
     limit: Option<usize>,
     per_second: Option<u32>,
+    sent_before: Option<String>,
     cursor: Option<String>,
 }
 
@@ -258,6 +287,9 @@ struct BulkCursor {
     f: String,
     #[serde(default)]
     t: Counts,
+    /// The run's cut-off (absent in cursors issued before runs had one, and for a retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    b: Option<i64>,
 }
 
 /// Parses a bulk request's body for `action`.
@@ -295,13 +327,20 @@ pub fn parse_bulk(action: BulkAction, body: &[u8]) -> Result<BulkRequest, BulkEr
     if !(1..=MAX_PER_SECOND).contains(&per_second) {
         return Err(BulkError::PerSecond);
     }
+    let given = match parsed.sent_before.as_deref() {
+        None => None,
+        Some(_) if action == BulkAction::Retry => return Err(BulkError::SentBeforeRetry),
+        Some(text) => Some(parse_rfc3339_ms(text).ok_or(BulkError::SentBefore)?),
+    };
     pairs.sort();
     let fingerprint = fingerprint(action, parsed.dry_run, &pairs);
-    let (resume, before) = match parsed.cursor.as_deref() {
-        None => (Resume::default(), Counts::default()),
+    let (resume, before, carried) = match parsed.cursor.as_deref() {
+        None => (Resume::default(), Counts::default(), None),
         Some(text) => {
             let cursor = decode(text).ok_or(BulkError::Cursor)?;
-            if cursor.f != fingerprint {
+            // A body may repeat the cut-off the cursor carries, never change it mid-run.
+            let other_cutoff = given.is_some() && cursor.b.is_some() && given != cursor.b;
+            if cursor.f != fingerprint || other_cutoff {
                 return Err(BulkError::Cursor);
             }
             (
@@ -310,6 +349,7 @@ pub fn parse_bulk(action: BulkAction, body: &[u8]) -> Result<BulkRequest, BulkEr
                     after_key: cursor.a,
                 },
                 cursor.t,
+                cursor.b,
             )
         }
     };
@@ -322,6 +362,8 @@ pub fn parse_bulk(action: BulkAction, body: &[u8]) -> Result<BulkRequest, BulkEr
         per_second,
         resume,
         before,
+        sent_before: carried.or(given),
+        sent_before_unchecked: carried.is_none() && given.is_some(),
         fingerprint,
     })
 }
@@ -358,20 +400,6 @@ impl BulkRequest {
         1_000 / u64::from(self.per_second)
     }
 
-    /// The command sent to the gate of each operation acted on; the reason recorded in its
-    /// history says it came from a bulk action.
-    pub fn command(&self) -> GateCommand {
-        let reason = if self.reason.is_empty() {
-            format!("bulk {}", self.action.as_str())
-        } else {
-            format!("bulk {}: {}", self.action.as_str(), self.reason)
-        };
-        match self.action {
-            BulkAction::Retry => GateCommand::RetryNow { reason },
-            BulkAction::Redeliver => GateCommand::Redeliver { reason },
-        }
-    }
-
     /// Whether an entry (key without `op:`) passes the filter: the listing's own rules.
     pub fn matches(&self, key: &str, meta: &LedgerMeta, now_secs: i64, stuck_after: i64) -> bool {
         self.filter.matches(meta, now_secs, stuck_after) && self.filter.matches_key(key, meta)
@@ -383,13 +411,48 @@ impl BulkRequest {
 pub struct BulkRun {
     pub request: BulkRequest,
     pub counts: Counts,
+    /// A redelivery run's cut-off (Unix ms); `None` for a retry.
+    pub sent_before: Option<i64>,
 }
 
 impl BulkRun {
-    pub fn new(request: BulkRequest) -> BulkRun {
-        BulkRun {
+    /// Starts one request of a run at `now_ms` (the edge's clock): a redelivery run with no
+    /// cut-off yet takes `now_ms`; one the body gives may not be after it, or the run's own
+    /// redeliveries (recorded by their gates after this) would come before it, and running
+    /// it again would send them again.
+    pub fn new(request: BulkRequest, now_ms: i64) -> Result<BulkRun, BulkError> {
+        let sent_before = match request.action {
+            BulkAction::Retry => None,
+            BulkAction::Redeliver => {
+                let cutoff = request.sent_before.unwrap_or(now_ms);
+                if request.sent_before_unchecked && cutoff > now_ms {
+                    return Err(BulkError::SentBeforeFuture);
+                }
+                Some(cutoff)
+            }
+        };
+        Ok(BulkRun {
             request,
             counts: Counts::default(),
+            sent_before,
+        })
+    }
+
+    /// The command sent to the gate of each operation acted on; the reason recorded in its
+    /// history says it came from a bulk action.
+    pub fn command(&self) -> GateCommand {
+        let request = &self.request;
+        let reason = if request.reason.is_empty() {
+            format!("bulk {}", request.action.as_str())
+        } else {
+            format!("bulk {}: {}", request.action.as_str(), request.reason)
+        };
+        match request.action {
+            BulkAction::Retry => GateCommand::RetryNow { reason },
+            BulkAction::Redeliver => GateCommand::Redeliver {
+                reason,
+                sent_before_ms: self.sent_before,
+            },
         }
     }
 
@@ -438,6 +501,7 @@ impl BulkRun {
                 a: r.after_key.clone(),
                 f: self.request.fingerprint.clone(),
                 t: total.clone(),
+                b: self.sent_before,
             };
             URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default())
         });
@@ -446,6 +510,9 @@ impl BulkRun {
         answer["complete"] = json!(cursor.is_none());
         answer["cursor"] = json!(cursor);
         answer["total"] = total.view(dry_run);
+        if let Some(cutoff) = self.sent_before {
+            answer["sent_before"] = json!(format_rfc3339(cutoff));
+        }
         if !dry_run {
             answer["pace"] =
                 json!({"per_second": self.request.per_second, "limit": self.request.page_limit()});
@@ -469,6 +536,9 @@ mod tests {
     fn parse(action: BulkAction, body: &str) -> Result<BulkRequest, BulkError> {
         parse_bulk(action, body.as_bytes())
     }
+
+    /// The clock of a test's requests: 2026-11-22T10:00:00.250Z.
+    const NOW: i64 = 1_795_341_600_250;
 
     #[test]
     fn retry_acts_on_terminal_effects_not_done() {
@@ -535,6 +605,10 @@ mod tests {
             (OperatorRefusal::NotTerminal, SkipReason::NoOutcome),
             (OperatorRefusal::Retired, SkipReason::Gone),
             (OperatorRefusal::AlreadySettled, SkipReason::Refused),
+            (
+                OperatorRefusal::SentSinceCutoff,
+                SkipReason::SentSinceCutoff,
+            ),
         ] {
             assert_eq!(outcome(&refused(refusal)), Outcome::Skipped(reason));
         }
@@ -618,14 +692,15 @@ mod tests {
         );
         let r = parse(redeliver, r#"{"reason": " receiver lost a day "}"#).unwrap();
         assert_eq!(
-            r.command(),
+            BulkRun::new(r, NOW).unwrap().command(),
             GateCommand::Redeliver {
-                reason: "bulk redeliver: receiver lost a day".into()
+                reason: "bulk redeliver: receiver lost a day".into(),
+                sent_before_ms: Some(NOW),
             }
         );
         let r = parse(BulkAction::Retry, "{}").unwrap();
         assert_eq!(
-            r.command(),
+            BulkRun::new(r, NOW).unwrap().command(),
             GateCommand::RetryNow {
                 reason: "bulk retry".into()
             }
@@ -642,7 +717,7 @@ mod tests {
     }
 
     fn run_over(req: BulkRequest, entries: &[LedgerMeta]) -> BulkRun {
-        let mut run = BulkRun::new(req);
+        let mut run = BulkRun::new(req, NOW).unwrap();
         for m in entries {
             if run.full() {
                 break;
@@ -713,7 +788,7 @@ mod tests {
     #[test]
     fn a_dry_run_counts_and_never_acts() {
         let req = parse(BulkAction::Retry, r#"{"dry_run": true, "limit": 1}"#).unwrap();
-        let mut run = BulkRun::new(req);
+        let mut run = BulkRun::new(req, NOW).unwrap();
         let entries = [
             meta("succeeded", false),
             meta("succeeded", true),
@@ -730,5 +805,123 @@ mod tests {
         assert_eq!(answer["skipped_by"]["no_outcome"], 1);
         assert!(answer.get("retried").is_none());
         assert!(answer.get("pace").is_none());
+    }
+    /// A redelivery run's first request over `entries`, then the rest with its cursor at
+    /// `later`; every entry's gate answers `reply`. Returns both answers.
+    fn redeliver_in_two(body: &str, later: i64, reply: &Outcome) -> (Value, Value) {
+        let entries = [meta("succeeded", true), meta("succeeded", true)];
+        let mut first = BulkRun::new(parse(BulkAction::Redeliver, body).unwrap(), NOW).unwrap();
+        assert!(first.take(&entries[0], 0));
+        first.record(reply);
+        let resume = Resume {
+            cursor: None,
+            after_key: Some("op:batches/a".into()),
+        };
+        let one = first.answer(Some(&resume));
+        let next = format!(
+            r#"{{"reason": "lost", "cursor": "{}"}}"#,
+            one["cursor"].as_str().unwrap()
+        );
+        let mut second = BulkRun::new(parse(BulkAction::Redeliver, &next).unwrap(), later).unwrap();
+        assert_eq!(
+            second.command(),
+            first.command(),
+            "the cursor keeps the cut-off"
+        );
+        assert!(second.take(&entries[1], 0));
+        second.record(reply);
+        (one, second.answer(None))
+    }
+
+    #[test]
+    fn a_redelivery_run_is_cut_off_at_its_first_request_and_keeps_it() {
+        let (one, two) =
+            redeliver_in_two(r#"{"reason": "lost"}"#, NOW + 60_000, &Outcome::Redelivered);
+        assert_eq!(one["sent_before"], "2026-11-22T10:00:00.25Z");
+        assert_eq!(two["sent_before"], one["sent_before"]);
+        assert_eq!(two["total"]["redelivered"], 2);
+        // The same run again: the answered cut-off in the body; its gates refuse what it sent.
+        let again = format!(
+            r#"{{"reason": "lost", "sent_before": {}}}"#,
+            one["sent_before"]
+        );
+        let refused = Outcome::Skipped(SkipReason::SentSinceCutoff);
+        let (one, two) = redeliver_in_two(&again, NOW + 120_000, &refused);
+        assert_eq!(one["sent_before"], "2026-11-22T10:00:00.25Z");
+        assert_eq!(two["total"]["redelivered"], 0);
+        assert_eq!(two["total"]["skipped_by"]["sent_since_cutoff"], 2);
+        let run = BulkRun::new(parse(BulkAction::Redeliver, &again).unwrap(), NOW).unwrap();
+        assert_eq!(
+            run.command(),
+            GateCommand::Redeliver {
+                reason: "bulk redeliver: lost".into(),
+                sent_before_ms: Some(NOW),
+            }
+        );
+        // A retry has no cut-off, on the wire or in its answer.
+        let retry = BulkRun::new(parse(BulkAction::Retry, "{}").unwrap(), NOW).unwrap();
+        assert_eq!(retry.sent_before, None);
+        assert!(retry.answer(None).get("sent_before").is_none());
+    }
+
+    #[test]
+    fn a_cut_off_is_a_past_time_given_to_a_redelivery_and_never_changed_mid_run() {
+        let redeliver = BulkAction::Redeliver;
+        for bad in [r#""yesterday""#, "12", r#""2026-11-22""#] {
+            let body = format!(r#"{{"reason": "r", "sent_before": {bad}}}"#);
+            let refused = parse(redeliver, &body).err();
+            assert!(
+                matches!(refused, Some(BulkError::SentBefore | BulkError::BadBody(_))),
+                "{bad}: {refused:?}"
+            );
+        }
+        assert_eq!(
+            parse(
+                BulkAction::Retry,
+                r#"{"sent_before": "2026-11-22T10:00:00Z"}"#
+            ),
+            Err(BulkError::SentBeforeRetry)
+        );
+        // Not after the clock of the request that sets it: the run's own redeliveries would
+        // come before it.
+        let future = parse(
+            redeliver,
+            r#"{"reason": "r", "sent_before": "2026-11-22T10:00:01Z"}"#,
+        );
+        assert_eq!(
+            BulkRun::new(future.unwrap(), NOW).err(),
+            Some(BulkError::SentBeforeFuture)
+        );
+        let at_now = parse(
+            redeliver,
+            r#"{"reason": "r", "sent_before": "2026-11-22T10:00:00.250Z"}"#,
+        );
+        assert_eq!(
+            BulkRun::new(at_now.unwrap(), NOW).unwrap().sent_before,
+            Some(NOW)
+        );
+
+        // A cursor carries the cut-off: the body may repeat it, not change it.
+        let first = BulkRun::new(parse(redeliver, r#"{"reason": "r"}"#).unwrap(), NOW).unwrap();
+        let answer = first.answer(Some(&Resume::default()));
+        let cursor = answer["cursor"].as_str().unwrap();
+        let same = format!(
+            r#"{{"reason": "r", "sent_before": {}, "cursor": "{cursor}"}}"#,
+            answer["sent_before"]
+        );
+        assert_eq!(parse(redeliver, &same).unwrap().sent_before, Some(NOW));
+        let other = format!(
+            r#"{{"reason": "r", "sent_before": "2026-11-22T09:00:00Z", "cursor": "{cursor}"}}"#
+        );
+        assert_eq!(parse(redeliver, &other), Err(BulkError::Cursor));
+        // A cursor's cut-off is not checked against a later request's clock (which may lag).
+        let resumed = parse(
+            redeliver,
+            &format!(r#"{{"reason": "r", "cursor": "{cursor}"}}"#),
+        );
+        assert_eq!(
+            BulkRun::new(resumed.unwrap(), NOW - 5).unwrap().sent_before,
+            Some(NOW)
+        );
     }
 }

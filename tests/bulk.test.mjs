@@ -2,7 +2,8 @@
 // effect of one kind; a dry run counts them and changes nothing; once the destination is fixed,
 // a bulk retry, resumed across requests with a small page, sends each one once more under the
 // webhook-id of its refused attempt and skips what it does not apply to; a bulk redelivery
-// needs a reason and sends each done effect again as a new generation.
+// needs a reason and sends each done effect again as a new generation; run again with its
+// cut-off (`sent_before`, its identity), it sends nothing more, and a new run sends again.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startWorker, startDestination, eventually } from "./helpers.mjs";
@@ -12,6 +13,7 @@ const DONE = "batches/bulk-done";
 const OPEN = "batches/bulk-open";
 const FORGOTTEN = "batches/bulk-forgot";
 const OTHER = "batches/bulk-other";
+const RERUN = ["batches/bulk-r1", "batches/bulk-r2", "batches/bulk-r3"];
 
 let w, dest;
 let billingUp = true;
@@ -29,9 +31,11 @@ before(async () => {
   for (const [key, kind] of [[DONE, "billing"], [OTHER, "nightly"], [OPEN, "billing"], [FORGOTTEN, "billing"], ...PARKED.map((k) => [k, "billing"])]) {
     assert.equal((await w.register(key, kind)).status, 201);
   }
+  for (const key of RERUN) assert.equal((await w.register(key, "rerun")).status, 201);
   await w.deliver("batch.succeeded", DONE);
   await w.deliver("batch.succeeded", OTHER);
-  await w.ledger([DONE, OTHER], (m) => m.effect_done);
+  for (const key of RERUN) await w.deliver("batch.succeeded", key);
+  await w.ledger([DONE, OTHER, ...RERUN], (m) => m.effect_done);
   assert.equal((await w.admin(`/v1/operations/${FORGOTTEN}/forget`, { method: "POST", body: "{}" })).status, 200);
   billingUp = false;
   for (const key of PARKED) await w.deliver("batch.succeeded", key, { output_file_uri: `gs://out/${key}.jsonl` });
@@ -153,5 +157,65 @@ describe("bulk actions", () => {
     // Not done (no outcome) and forgotten ones are skipped by redelivery too.
     const rest = await runAll("redeliver", { filter: { kind: "billing", effect_done: false }, reason: "r", dry_run: true });
     assert.deepEqual([rest.at(-1).total.eligible, rest.at(-1).total.skipped_by], [0, { forgotten: 1, no_outcome: 1 }]);
+  });
+
+  it("a redelivery run has an identity, its cut-off: run again with it, it sends nothing more; a new run sends again", async () => {
+    const body = { filter: { kind: "rerun" }, reason: "receiver restored from backup", limit: 2, per_second: 20 };
+    /** Waits until each key's effect of `generation` is done, in its record and its ledger entry. */
+    const settledAt = async (generation) => {
+      for (const key of RERUN) {
+        const op = await eventually(async () => { const o = (await w.inspect(key)).body; return o.generation === generation && o.effect_done && o; }, { what: `${key} generation ${generation} done` });
+        await w.ledger(key, (m) => m.effect_done && m.version >= op.version);
+      }
+    };
+    for (const key of RERUN) assert.equal(effectsFor(key).length, 1);
+
+    // The run: 3 settled operations, 3 redeliveries, one cut-off across its two requests.
+    const first = await runAll("redeliver", body);
+    assert.equal(first.length, 2);
+    const sent_before = first[0].sent_before;
+    assert.ok(Date.parse(sent_before) > 0, JSON.stringify(first[0]));
+    for (const a of first) assert.equal(a.sent_before, sent_before, "every answer gives the run's cut-off");
+    assert.deepEqual([first.at(-1).total.matched, first.at(-1).total.redelivered, first.at(-1).total.skipped], [3, 3, 0]);
+    await eventually(() => RERUN.every((k) => effectsFor(k).length === 2), { what: "the run's redeliveries" });
+    const ids = Object.fromEntries(RERUN.map((k) => [k, effectsFor(k).map((e) => e.headers["webhook-id"])]));
+
+    // The same run again at once (the generation it sent may still be on its way): nothing.
+    const again = await runAll("redeliver", { ...body, sent_before });
+    assert.deepEqual([again.at(-1).total.matched, again.at(-1).total.redelivered, again.at(-1).total.retried, again.at(-1).total.skipped], [3, 0, 0, 3]);
+    // Again once the ledger shows them done: each gate refuses, having sent it since the cut-off.
+    await settledAt(2);
+    const later = await runAll("redeliver", { ...body, sent_before });
+    assert.deepEqual([later.at(-1).total.redelivered, later.at(-1).total.skipped_by], [0, { sent_since_cutoff: 3 }]);
+    assert.equal(later.at(-1).sent_before, sent_before);
+    // A cut-off may not change mid-run (the cursor carries it), be in the future, or go with a retry.
+    const part = await bulk("redeliver", { ...body, limit: 1, sent_before });
+    assert.deepEqual([part.body.complete, part.body.redelivered], [false, 0]);
+    const moved = await bulk("redeliver", { ...body, limit: 1, sent_before: new Date(Date.parse(sent_before) - 1).toISOString(), cursor: part.body.cursor });
+    assert.equal(moved.status, 400);
+    assert.match(moved.body.error, /cursor/);
+    const future = await bulk("redeliver", { ...body, sent_before: new Date(Date.now() + 60_000).toISOString() });
+    assert.equal(future.status, 400);
+    assert.match(future.body.error, /sent_before is in the future/);
+    assert.equal((await bulk("retry", { filter: { kind: "rerun" }, sent_before })).status, 400);
+    await new Promise((r) => setTimeout(r, 500));
+    for (const key of RERUN) {
+      assert.equal(effectsFor(key).length, 2, `${key}: no effect sent by running it again`);
+      const op = (await w.inspect(key)).body;
+      assert.equal(op.generation, 2);
+      assert.equal(op.redeliveries.length, 1);
+    }
+
+
+    // A new run (a new cut-off, now): each one goes out once more, as a new generation.
+    const fresh = await runAll("redeliver", body);
+    assert.ok(Date.parse(fresh[0].sent_before) > Date.parse(sent_before));
+    assert.deepEqual([fresh.at(-1).total.matched, fresh.at(-1).total.redelivered], [3, 3]);
+    await eventually(() => RERUN.every((k) => effectsFor(k).length === 3), { what: "the new run's redeliveries" });
+    for (const key of RERUN) {
+      const last = effectsFor(key).at(-1);
+      assert.equal(last.headers["effect-generation"], "3");
+      assert.ok(!ids[key].includes(last.headers["webhook-id"]), `${key}: a new webhook-id`);
+    }
   });
 });

@@ -5,7 +5,7 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync, appendFileSync } from "node:fs";
+import { chmodSync, copyFileSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, appendFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -26,10 +26,10 @@ const fromDevVars = () => ({ ...devVars(devFile), EFFECT_URL: "http://127.0.0.1:
  * Runs connect; whenever it rewrites `file`, restarts the worker with the new contents, as a
  * user restarts `npm start`. Resolves to {code, out}.
  */
-function connect(args, file = devFile, worker = w) {
+function connect(args, file = devFile, worker = w, env = {}) {
   return new Promise((resolve) => {
     const child = spawn(process.execPath, [path.join(root, "scripts/connect.mjs"), "--dev-vars", file, "--wait", "30", ...args], {
-      env: { ...process.env, GEMINI_API_KEY: "", GEMINI_API_BASE: "", ADMIN_TOKEN: "" },
+      env: { ...process.env, GEMINI_API_KEY: "", GEMINI_API_BASE: "", ADMIN_TOKEN: "", ...env },
     });
     let out = "";
     child.stdout.on("data", (d) => (out += d));
@@ -65,6 +65,8 @@ before(async () => {
   svc = await startWebhookService();
   copyFileSync(path.join(root, ".dev.vars.example"), devFile);
   appendFileSync(devFile, `\nGEMINI_API_KEY="${svc.apiKey}"\nGEMINI_API_BASE="${svc.url}"\n`);
+  // As a plain copy of the example leaves it: readable by all, until a secret is written in.
+  chmodSync(devFile, 0o644);
   w = await startWorker(fromDevVars(), { http: true, persist: path.join(dir, "state") });
 });
 after(async () => {
@@ -105,6 +107,7 @@ describe("npm run connect -- --url WORKER_URL --local", () => {
     const vars = devVars(devFile);
     assert.deepEqual(secretList(vars.GEMINI_WEBHOOK_SECRETS), svc.secretsOf(id), "the one-time secret, alone");
     assert.equal(vars.GEMINI_WEBHOOK_NAME, id);
+    assert.equal(statSync(devFile).mode & 0o777, 0o600, "the 0644 .dev.vars is owner-only once it holds the secret");
     assert.match(out, /ping: the worker received it/);
     // The ping reached the worker signed with the new secret, was answered 2xx, kept nowhere.
     assert.equal(svc.pings.length, 1);
@@ -160,6 +163,7 @@ describe("npm run connect -- --url WORKER_URL --local", () => {
   it("fixes a hand-made webhook in place: the SDK's events (no cancelled types), enabled again", async () => {
     const other = path.join(dir, "other.dev.vars");
     writeFileSync(other, `GEMINI_API_KEY="${svc.apiKey}"\nGEMINI_API_BASE="${svc.url}"\n`);
+    chmodSync(other, 0o644);
     const url = "http://127.0.0.1:9";
     const seeded = svc.seed({ name: "by-hand", uri: `${url}/webhooks/gemini`, events: ["batch.succeeded", "batch.cancelled"], state: "disabled_due_to_failed_deliveries" });
     const { code, out } = await connect(["--url", url, "--local", "--no-ping"], other, null);
@@ -168,7 +172,31 @@ describe("npm run connect -- --url WORKER_URL --local", () => {
     assert.deepEqual([...hook.events].sort(), [...SDK_EVENTS].sort());
     assert.equal(hook.state, "enabled");
     assert.equal(devVars(other).GEMINI_WEBHOOK_NAME, seeded.id);
+    assert.equal(statSync(other).mode & 0o777, 0o600);
     assert.match(out, /secret is not known here/);
     assert.equal(svc.hooks.size, 2, "found by its URL, not created again");
+  });
+});
+
+describe("npm run connect -- --url WORKER_URL (deployed)", () => {
+  it("puts the secret with wrangler and leaves its copy in a pre-existing 0644 .deploy.vars owner-only", async () => {
+    // A stand-in for the wrangler CLI that takes every `secret put` and records its arguments.
+    const fake = path.join(dir, "wrangler");
+    const log = path.join(dir, "wrangler.log");
+    writeFileSync(fake, `#!/bin/sh\ncat >/dev/null\necho "$*" >>"${log}"\n`);
+    chmodSync(fake, 0o755);
+    const deployVars = path.join(dir, ".deploy.vars");
+    writeFileSync(deployVars, "# kept by hand\n");
+    chmodSync(deployVars, 0o644);
+    const url = "https://gemini-once.example.workers.dev";
+    const { code, out } = await connect(["--url", url, "--no-ping"], devFile, null, { GEMINI_ONCE_WRANGLER: fake, GEMINI_ONCE_DEPLOY_VARS: deployVars });
+    assert.equal(code, 0, out);
+    const hook = [...svc.hooks.values()].find((h) => h.uri === `${url}/webhooks/gemini`);
+    assert.ok(hook, out);
+    assert.deepEqual(readFileSync(log, "utf8").trim().split("\n"), ["secret put GEMINI_WEBHOOK_SECRETS", "secret put GEMINI_WEBHOOK_NAME"]);
+    const kept = devVars(deployVars);
+    assert.deepEqual(secretList(kept.GEMINI_WEBHOOK_SECRETS), svc.secretsOf(hook.id));
+    assert.match(readFileSync(deployVars, "utf8"), /^# kept by hand\n/);
+    assert.equal(statSync(deployVars).mode & 0o777, 0o600, "the secret's copy is readable by its owner only");
   });
 });

@@ -414,12 +414,25 @@ describe("dashboard", () => {
     await state("refused");
     assert.match(await panel().textContent(), /Give a reason/);
     await page.fill("#bulk-reason", "ledger rebuilt downstream");
+    // What the page asks of /v1/bulk/redeliver, and what it is answered.
+    const redelivers = [];
+    const seen = (res) => {
+      if (res.url().endsWith("/v1/bulk/redeliver")) redelivers.push(res.json().then((answer) => ({ body: JSON.parse(res.request().postData()), answer })));
+    };
+    page.on("response", seen);
     await page.click("#bulk-redeliver");
     await state("confirm");
     assert.match(await panel().textContent(), /3 with a done side effect will be redelivered as a new generation/);
     await page.click("#bulk-confirm");
     await state("done");
+    page.off("response", seen);
     assert.match(await panel().textContent(), /Redeliver done: 3 matched, 3 redelivered/);
+    // The run confirmed is the one counted: it carries the dry run's cut-off, its identity.
+    const [dry, ...run] = await Promise.all(redelivers);
+    assert.equal(dry.body.dry_run, true);
+    assert.ok(dry.answer.sent_before);
+    assert.ok(run.length > 0);
+    for (const r of run) assert.deepEqual([r.body.dry_run, r.body.sent_before, r.answer.sent_before], [undefined, dry.answer.sent_before, dry.answer.sent_before]);
     await eventually(() => REFUNDS.every((k) => effectsFor(k).length === 3), { what: "the redeliveries" });
     for (const key of REFUNDS) {
       const [first, , again] = effectsFor(key);

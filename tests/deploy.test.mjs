@@ -113,6 +113,9 @@ describe("npm run deploy on a fresh account, then again", () => {
 
   it("generates the missing secrets, keeps them for the user, deploys them with the given ones, checks /healthz", async () => {
     reset();
+    // A .deploy.vars made by hand, readable by all: it ends owner-only once secrets are in it.
+    writeFileSync(deployVars, "# kept by hand\n");
+    chmodSync(deployVars, 0o644);
     const { code, out } = await deploy(["--set", "EFFECT_URL=https://dest.example/hooks/gemini", "--url", w.url], { GEMINI_API_KEY: "AIza-test" });
     assert.equal(code, 0, out);
     const deployCall = calls().find((c) => c.args[0] === "deploy");
@@ -130,6 +133,7 @@ describe("npm run deploy on a fresh account, then again", () => {
     assert.equal(kept.ADMIN_TOKEN, deployCall.secrets.ADMIN_TOKEN, "the user reads the admin token back here");
     assert.equal(kept.EFFECT_SIGNING_SECRET, deployCall.secrets.EFFECT_SIGNING_SECRET);
     assert.equal(statSync(deployVars).mode & 0o777, 0o600);
+    assert.match(readFileSync(deployVars, "utf8"), /^# kept by hand\n/, "its own lines stay");
     assert.ok(out.includes(deployVars), out);
     // The worker answers 503 naming GEMINI_WEBHOOK_SECRETS until connected: the next step.
     assert.match(out, /not connected to Gemini yet. Next: npm run connect -- --url /);

@@ -5,9 +5,10 @@
 import { describe, it, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { fileURLToPath } from "node:url";
 import { eachLine, freePort } from "../scripts/local_worker.mjs";
 import { eventually } from "./helpers.mjs";
 
@@ -33,6 +34,10 @@ describe("npm start", () => {
     const port = await freePort();
     // State left by an earlier run: --fresh removes it before the worker starts.
     writeFileSync(path.join(state, "left-from-before"), "x");
+    // npm start creates .dev.vars when there is none (a fresh checkout): owner-only, since it
+    // holds secrets. An existing one is the user's and is left as it is.
+    const devVarsFile = fileURLToPath(new URL("../.dev.vars", import.meta.url));
+    const created = !existsSync(devVarsFile);
     const npm = spawn("npm", ["start", "--", "--fresh", "--port", String(port), "--ip", "127.0.0.1", "--persist-to", state], { stdio: ["ignore", "pipe", "pipe"] });
     const lines = [];
     eachLine(npm.stdout, (l) => lines.push(l));
@@ -42,6 +47,7 @@ describe("npm start", () => {
       await eventually(() => lines.some((l) => l.includes(`Ready on http://127.0.0.1:${port}`)), { timeoutMs: 200000, everyMs: 500, what: "wrangler dev to be ready" });
       assert.ok(lines.some((l) => l.startsWith("start: --fresh: removed")), lines.join("\n"));
       assert.equal(existsSync(path.join(state, "left-from-before")), false, "the old state is gone");
+      if (created) assert.equal(statSync(devVarsFile).mode & 0o777, 0o600, "the .dev.vars npm start made is owner-only");
       const health = await fetch(`http://127.0.0.1:${port}/healthz`);
       assert.equal(health.status, 200, await health.text());
       const demo = lines.find((l) => l.startsWith("start: demo destination at "));

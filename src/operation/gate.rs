@@ -273,7 +273,16 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             }
             None => Step::new(None, GateReply::NotFound),
         },
-        GateCommand::Redeliver { reason } => match record {
+        GateCommand::Redeliver {
+            reason,
+            sent_before_ms,
+        } => match record {
+            // A bulk run's cut-off: an effect sent at or after it was sent by this run (or
+            // after it began), so the run, resumed or run again, leaves it alone.
+            Some(op) if sent_before_ms.is_some_and(|cutoff| op.sent_since(cutoff)) => refused(
+                op,
+                crate::operation::OperatorRefusal::SentSinceCutoff.as_str(),
+            ),
             // An effect not done may have reached the destination already: it is retried
             // under its own webhook-id, never given a new one.
             Some(op) if !op.effect().done() => operator_retry(op, &reason, now),
@@ -1148,6 +1157,7 @@ mod tests {
             failed.record,
             GateCommand::Redeliver {
                 reason: "fixed".into(),
+                sent_before_ms: None,
             },
             30,
         );
@@ -1169,6 +1179,7 @@ mod tests {
             Some(settled()),
             GateCommand::Redeliver {
                 reason: "lost downstream".into(),
+                sent_before_ms: None,
             },
             30,
         );
@@ -1181,6 +1192,58 @@ mod tests {
             }
         );
         assert_eq!(whats(&s), ["redeliver"]);
+    }
+
+    #[test]
+    fn a_bulk_runs_cutoff_refuses_an_effect_sent_since_it() {
+        let run = |cutoff| GateCommand::Redeliver {
+            reason: "bulk redeliver: lost downstream".into(),
+            sent_before_ms: Some(cutoff),
+        };
+        let refused_as_sent = |s: &Step| {
+            matches!(&s.reply, GateReply::Refused { reason }
+                if reason == crate::operation::OperatorRefusal::SentSinceCutoff.as_str())
+        };
+        // Accepted at 20: a run cut off at 20 began before it went out, and leaves it alone.
+        let s = step(Some(settled()), run(20), 30);
+        assert!(refused_as_sent(&s), "{:?}", s.reply);
+        assert_eq!(s.save, Save::Unchanged);
+        // A run cut off at 25 redelivers it once; that run again does not, neither while the
+        // new generation waits nor once it is accepted.
+        let s = step(s.record, run(25), 30);
+        assert!(matches!(
+            s.reply,
+            GateReply::Redelivered {
+                generation: 2,
+                action: OperatorAction::Redeliver,
+                ..
+            }
+        ));
+        let again = step(s.record, run(25), 31);
+        assert!(refused_as_sent(&again), "{:?}", again.reply);
+        assert!(again.history.is_empty());
+        let (claim, s) = begin_attempt(again.record.unwrap(), 32, &LIMITS).unwrap();
+        let attempt = Attempt {
+            claim,
+            outcome: AttemptOutcome::Delivered,
+            started_ms: 32,
+            finished_ms: 40,
+            target: Default::default(),
+        };
+        let done = attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5).record;
+        assert!(done.as_ref().unwrap().effect().done());
+        let s = step(done, run(25), 50);
+        assert!(refused_as_sent(&s), "{:?}", s.reply);
+        // A run with a later cut-off sends it again.
+        let s = step(s.record, run(50), 50);
+        assert!(matches!(
+            s.reply,
+            GateReply::Redelivered {
+                generation: 3,
+                action: OperatorAction::Redeliver,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -1212,6 +1275,7 @@ mod tests {
             Some(registered()),
             GateCommand::Redeliver {
                 reason: String::new(),
+                sent_before_ms: None,
             },
             5,
         );

@@ -68,7 +68,15 @@ pub enum GateCommand {
     Alert { alert: AlertKind, age_seconds: i64 },
     /// The operator's action on the side effect: retry now under the same generation when it
     /// is not done (refused while an attempt is in flight); a new generation when it is done.
-    Redeliver { reason: String },
+    Redeliver {
+        reason: String,
+        /// A bulk redelivery run's cut-off (Unix ms): refused
+        /// ([`crate::operation::OperatorRefusal::SentSinceCutoff`]) when the effect was sent
+        /// at or after it, so running the run again sends nothing twice. Absent from a single
+        /// redelivery and from commands sent before runs had one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sent_before_ms: Option<i64>,
+    },
     /// Retry an effect that is not done now, under the same generation (never a new one).
     RetryNow { reason: String },
     /// Stop tracking the operation (recorded, not erased).
@@ -236,6 +244,27 @@ mod tests {
         let text = serde_json::to_string(&cmd).unwrap();
         assert!(text.contains(r#""command":"deliver""#));
         assert_eq!(serde_json::from_str::<GateCommand>(&text).unwrap(), cmd);
+    }
+
+    #[test]
+    fn a_redeliver_without_a_cutoff_still_parses() {
+        let old: GateCommand =
+            serde_json::from_str(r#"{"command":"redeliver","reason":"lost"}"#).unwrap();
+        assert_eq!(
+            old,
+            GateCommand::Redeliver {
+                reason: "lost".into(),
+                sent_before_ms: None
+            }
+        );
+        let text = serde_json::to_string(&old).unwrap();
+        assert!(!text.contains("sent_before_ms"), "{text}");
+        let run = GateCommand::Redeliver {
+            reason: "lost".into(),
+            sent_before_ms: Some(1_700_000_000_000),
+        };
+        let text = serde_json::to_string(&run).unwrap();
+        assert_eq!(serde_json::from_str::<GateCommand>(&text).unwrap(), run);
     }
 
     #[test]

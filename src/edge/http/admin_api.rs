@@ -108,7 +108,10 @@ pub async fn handle(
         Some(action) => {
             let reason = read_reason(&mut req).await?;
             match action {
-                "redeliver" => GateCommand::Redeliver { reason },
+                "redeliver" => GateCommand::Redeliver {
+                    reason,
+                    sent_before_ms: None,
+                },
                 "retry" => GateCommand::RetryNow { reason },
                 "repair" => GateCommand::Repair {
                     key: key.key.clone(),

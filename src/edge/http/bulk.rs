@@ -5,7 +5,9 @@
 //! only lists the `op:` ledger (metadata, at most `MAX_PAGES` KV lists a request), calls the
 //! gate of each operation the core says to act on, one at a time and spaced by the request's
 //! pace, and answers the core's counts with a cursor to resume from. Every change goes through
-//! the operation's gate as the operator's single action; a dry run calls no gate.
+//! the operation's gate as the operator's single action; a dry run calls no gate. A
+//! redelivery run's cut-off is this worker's clock at the run's first request unless the body
+//! gives one; each gate judges it against its own record.
 
 use std::time::Duration;
 
@@ -49,14 +51,17 @@ pub async fn handle(
     let kv = env
         .kv(KV_BINDING)
         .map_err(|e| EdgeError::Unavailable(e.to_string()))?;
-    let command = request.command();
     let pause = Duration::from_millis(request.pause_ms());
     let prefix = format!(
         "{OP_PREFIX}{}",
         request.filter.prefix.as_deref().unwrap_or("")
     );
     let mut resume = request.resume.clone();
-    let mut run = BulkRun::new(request);
+    // A redelivery run's first request sets its cut-off from this clock (carried on in the
+    // cursor): every redelivery it causes is recorded by its gate after this.
+    let mut run =
+        BulkRun::new(request, now_ms()).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+    let command = run.command();
     let mut acted = false;
     for _ in 0..MAX_PAGES {
         // A key prefix narrows the listing itself; every other filter reads metadata.

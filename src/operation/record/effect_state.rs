@@ -211,6 +211,18 @@ impl Operation {
         Ok(self.effect.generation)
     }
 
+    /// Whether the side effect was sent at or after `cutoff_ms` (a bulk redelivery run's
+    /// cut-off): accepted by its destination then (this generation's `done_at_ms`), or
+    /// redelivered then (the newest redelivery's time, which a redelivery not yet accepted
+    /// also has).
+    pub fn sent_since(&self, cutoff_ms: i64) -> bool {
+        let redelivered = self.notes.redeliveries.last().map(|r| r.at_ms);
+        self.effect
+            .done_at_ms
+            .max(redelivered)
+            .is_some_and(|at| at >= cutoff_ms)
+    }
+
     /// The operator's "retry now" on an effect not yet done: the same generation (so the same
     /// `webhook-id`: an attempt that timed out on our side may have reached the destination,
     /// which then drops the repeat), due now, un-parked. Refused while an attempt holds a

@@ -48,6 +48,8 @@ pub enum OperatorRefusal {
     NotDone,
     /// Settling by hand needs an operation with no outcome yet (terminal absorbs).
     AlreadySettled,
+    /// A bulk redelivery run's cut-off: the effect was sent at or after it.
+    SentSinceCutoff,
 }
 
 impl OperatorRefusal {
@@ -68,6 +70,9 @@ impl OperatorRefusal {
             }
             OperatorRefusal::AlreadySettled => {
                 "the operation already has an outcome; redeliver or retry its side effect instead"
+            }
+            OperatorRefusal::SentSinceCutoff => {
+                "the side effect was sent at or after this run's sent_before; a run with a later sent_before sends it again"
             }
         }
     }

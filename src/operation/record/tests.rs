@@ -186,6 +186,22 @@ fn redelivery_of_a_done_effect_starts_a_new_generation() {
 }
 
 #[test]
+fn an_effect_is_sent_since_its_acceptance_or_its_newest_redelivery() {
+    let mut op = settled();
+    assert!(!op.sent_since(0), "never accepted nor redelivered");
+    let c = op.claim(2_000, 600_000).unwrap();
+    op.finish(c.token, &AttemptOutcome::Delivered, 2_100, 0);
+    assert!(op.sent_since(2_100), "accepted at the cut-off");
+    assert!(!op.sent_since(2_101));
+    op.redeliver(3_000, "lost").unwrap();
+    assert!(op.sent_since(3_000), "redelivered, not yet accepted");
+    assert!(!op.sent_since(3_001));
+    let c = op.claim(3_000, 600_000).unwrap();
+    op.finish(c.token, &AttemptOutcome::Delivered, 3_200, 0);
+    assert!(op.sent_since(3_200) && !op.sent_since(3_201));
+}
+
+#[test]
 fn an_effect_not_done_never_gets_a_new_generation() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
