@@ -219,6 +219,7 @@ impl Io<'_> {
                         body: excerpt,
                         retry_after,
                     },
+                    Answer::TooLarge { cap, .. } => WebhookAnswer::TooLarge { cap },
                     Answer::Timeout | Answer::Network(_) => WebhookAnswer::Unanswered,
                 };
                 self.pass.borrow_mut().on_webhook_page(answer);

@@ -165,6 +165,8 @@ pub enum WebhookAnswer {
         body: String,
         retry_after: Option<String>,
     },
+    /// A 2xx whose body ran past `cap` bytes: refused as it streamed, read no further.
+    TooLarge { cap: usize },
     /// A timeout or a network error.
     Unanswered,
 }

@@ -1393,6 +1393,10 @@ fn a_webhook_check_that_fails_leaves_the_mark_as_it_was() {
             WebhookAnswer::Unanswered,
             "Transient { retry_after_secs: 0 }",
         ),
+        (
+            WebhookAnswer::TooLarge { cap: 262_144 },
+            "Malformed(\"a listing page over 262144 bytes\")",
+        ),
     ] {
         let out = run(
             webhook_limits(),
