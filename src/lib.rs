@@ -16,6 +16,7 @@ pub mod reconciliation;
 pub mod telemetry;
 
 pub mod admin;
+pub mod body_cap;
 pub mod bounds;
 pub mod bulk;
 pub mod config;

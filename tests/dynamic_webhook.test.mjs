@@ -7,6 +7,7 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { createHmac, generateKeyPairSync, sign as rsaSign } from "node:crypto";
+import { createServer } from "node:http";
 import { startWorker, startServer, startDestination, eventually } from "./helpers.mjs";
 
 const AUDIENCE = "gemini-once-test";
@@ -274,6 +275,43 @@ describe("dynamic webhooks: key set refresh and switch", () => {
     } finally {
       await worker.dispose();
       await keys.close();
+    }
+  });
+
+  it("refuses a key set answered past its cap while it streams: 503 with Retry-After, the failure said, the answer cut", async () => {
+    // A key set that starts well and never ends.
+    let cutAfter;
+    const keys = createServer((req, res) => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.write(`{"keys":[${JSON.stringify(jwk)}],"pad":"`);
+      const chunk = "p".repeat(16 * 1024);
+      let sent = 0;
+      res.on("close", () => { cutAfter = sent; });
+      const pump = () => {
+        while (!res.destroyed) {
+          sent += chunk.length;
+          if (!res.write(chunk)) return res.once("drain", pump);
+        }
+      };
+      pump();
+    });
+    await new Promise((r) => keys.listen(0, "127.0.0.1", r));
+    const worker = await startWorker({ EFFECT_URL: `${dest.url}/effects`, GEMINI_JWKS_URL: `http://127.0.0.1:${keys.address().port}/jwks`, GEMINI_API_BASE: gemini.url, GEMINI_API_KEY: "k" });
+    try {
+      const started = Date.now();
+      const r = await deliverTo(worker, "batch.succeeded", "batches/bigkeys1", jwt(goodClaims({ aud: undefined })));
+      assert.equal(r.status, 503, JSON.stringify(r.body));
+      assert.ok(Date.now() - started < 4_000, "refused at the cap, not at the key set's 5 s timeout");
+      const failed = worker.events("jwks_fetch_failed").at(-1);
+      assert.match(failed?.error ?? "", /^200: body over 262144 bytes/, JSON.stringify(failed));
+      await eventually(() => cutAfter !== undefined, { what: "the key set's answer cut" });
+      assert.ok(cutAfter < 64 * 1024 * 1024, `${cutAfter} bytes written before the cut`);
+      const kv = await worker.kv();
+      assert.equal(await kv.get("jwks:cache"), null, "nothing of it kept");
+    } finally {
+      await worker.dispose();
+      keys.closeAllConnections?.();
+      await new Promise((r) => keys.close(r));
     }
   });
 

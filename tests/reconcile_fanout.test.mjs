@@ -1,10 +1,11 @@
 // The fan-out of a large backlog onto the worker's own Cloudflare Queue (Miniflare's, in
 // workerd): a pass schedules the polls instead of making them, the consumer polls each at its
-// slot and settles through the gates, a 429 pauses the polls until its Retry-After, and every
-// side effect still runs once.
+// slot and settles through the gates, a 429 pauses the polls until its Retry-After, a lasting
+// 429 piles up no copies (passes schedule nothing beside the copies sent back), and every side
+// effect still runs once.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startWorker, startStatusApi, startDestination, eventually } from "./helpers.mjs";
+import { startWorker, startStatusApi, startDestination, eventually, sleep } from "./helpers.mjs";
 
 const gemini = new Map();
 let api, dest;
@@ -105,6 +106,63 @@ describe("reconciliation fanned out on a queue", () => {
     const { lease } = await res.json();
     assert.ok(lease.status_backoff_until_ms >= throttled + 1_900, JSON.stringify(lease));
     assert.ok(lease.fed_until_ms > 0, JSON.stringify(lease));
+  });
+
+  it("under a 429 lasting several passes, schedules no second copy: after recovery each entry is polled once, and all settle", async () => {
+    const keys = Array.from({ length: 20 }, (_, i) => `batches/lasting${String(i).padStart(2, "0")}`);
+    for (const k of keys) await w.register(k, "nightly");
+    let throttling = true;
+    for (const k of keys) {
+      gemini.set(k, () => (throttling
+        ? { status: 429, headers: { "retry-after": "2" }, body: { error: { code: 429, status: "RESOURCE_EXHAUSTED" } } }
+        : batch("BATCH_STATE_SUCCEEDED")));
+    }
+    await w.ledger(keys);
+    const calls = () => api.requests.filter((r) => keys.some((k) => r.url === `/v1beta/${k}`));
+    const passes = () => w.events("reconcile_pass");
+    let seen = passes().length;
+    const pass = async () => {
+      await w.scheduled();
+      const line = await eventually(() => passes().length > seen && passes().at(-1), { what: "the pass's line" });
+      seen = passes().length;
+      return line;
+    };
+    const first = await pass();
+    assert.equal(first.fed, keys.length, JSON.stringify(first));
+    assert.equal(first.stopped, "complete", "the coverage is scheduled whole");
+    await eventually(() => calls().length >= 1, { what: "the first 429" });
+    // Passes while Gemini keeps answering 429: the copy sent back is still waiting each time,
+    // so a new coverage waits and schedules nothing beside it.
+    for (let i = 0; i < 3; i++) {
+      await sleep(1_500);
+      const during = await pass();
+      assert.equal(during.fed, 0, JSON.stringify(during));
+      assert.equal(during.status_calls, 0);
+      assert.equal(during.stopped, "still_queued", JSON.stringify(during));
+    }
+    const throttled = calls().length;
+    assert.ok(throttled >= 2, `the copy met the 429 again and again (${throttled} calls)`);
+    throttling = false;
+    const recovered = Date.now();
+    for (const k of keys) {
+      await eventually(async () => (await w.inspect(k)).body.effect_done, { what: `the effect of ${k}`, timeoutMs: 30_000 });
+    }
+    // A pass after recovery finds nothing left to schedule.
+    const after = await pass();
+    assert.equal(after.fed, 0, JSON.stringify(after));
+    await sleep(2_000);
+    for (const k of keys) {
+      const polled = api.callsFor(k).filter((r) => r.at >= recovered).length;
+      assert.equal(polled, 1, `${k} polled ${polled} times after recovery`);
+      assert.equal(effectsFor(k).length, 1, `one effect for ${k}`);
+      assert.equal((await w.inspect(k)).body.settled_by, "reconcile", k);
+    }
+    // Sent back, hop after hop, within its life: nothing dropped.
+    assert.deepEqual(w.events("reconcile_job_dropped"), []);
+    const ns = await w.mf.getDurableObjectNamespace("RECONCILE_LEASE");
+    const res = await ns.get(ns.idFromName("reconcile")).fetch("http://lease/", { method: "POST", body: JSON.stringify({ command: "status" }) });
+    const { lease } = await res.json();
+    assert.ok(lease.fed_until_ms >= recovered - 2_000, `the copies sent back extended the schedule: ${JSON.stringify(lease)}`);
   });
 
   it("acknowledges a message that is not a poll job, once, with an error line, and polls nothing for it", async () => {

@@ -1,9 +1,10 @@
 // What the destination sees, against the built worker in workerd: an id that never changes
 // under an effect that may have arrived (retry-now vs redeliver), a registration that comes
-// after its completion's first attempt changes neither its route nor its body, and
-// configuration that cannot double an attempt.
+// after its completion's first attempt changes neither its route nor its body, configuration
+// that cannot double an attempt, and an answer read only as far as the excerpt kept of it.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { createServer } from "node:http";
 import { startWorker, startDestination, eventually } from "./helpers.mjs";
 
 let dest, billing, w;
@@ -149,6 +150,64 @@ describe("configuration that cannot double an attempt", () => {
       assert.ok(warned.events("config_warning").length >= 1);
     } finally {
       await warned.dispose();
+    }
+  });
+});
+
+describe("a destination's answer is read only as far as its excerpt", () => {
+  it("an endless answer neither holds the attempt to its timeout nor fills memory: a 200 is done, a 400 parked with a bounded excerpt", async () => {
+    // Answers the status, then writes its body for as long as anyone reads it.
+    const cut = new Map();
+    const endless = createServer((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        const key = req.headers["idempotency-key"];
+        res.writeHead(key.endsWith("-refused") ? 400 : 200, { "content-type": "text/plain" });
+        const chunk = "e".repeat(16 * 1024);
+        let sent = 0;
+        res.on("close", () => cut.set(key, sent));
+        const pump = () => {
+          while (!res.destroyed) {
+            sent += chunk.length;
+            if (!res.write(chunk)) return res.once("drain", pump);
+          }
+        };
+        pump();
+      });
+    });
+    await new Promise((r) => endless.listen(0, "127.0.0.1", r));
+    const timeoutMs = 20_000;
+    const worker = await startWorker({
+      EFFECT_URL: `http://127.0.0.1:${endless.address().port}/effects`,
+      EFFECT_TIMEOUT_MS: String(timeoutMs),
+      EFFECT_RETRY_BASE_SECONDS: "3600",
+      EFFECT_RETRY_MAX_SECONDS: "3600",
+      UNREGISTERED_HOLD_SECONDS: "0",
+    });
+    try {
+      const started = Date.now();
+      await worker.deliver("batch.succeeded", "batches/endless-done");
+      await worker.deliver("batch.succeeded", "batches/endless-refused");
+      const done = await eventually(async () => {
+        const { body } = await worker.inspect("batches/endless-done");
+        return body.effect_done && body;
+      }, { what: "the effect answered 200 with an endless body", timeoutMs: timeoutMs / 2 });
+      assert.equal(done.last_error ?? null, null);
+      const parked = await eventually(async () => {
+        const { body } = await worker.inspect("batches/endless-refused");
+        return body.effect_parked && body;
+      }, { what: "the effect answered 400 with an endless body", timeoutMs: timeoutMs / 2 });
+      assert.ok(Date.now() - started < timeoutMs / 2, "well before the timeout: nothing waited for the end");
+      // The record keeps the status and the start of the body, bounded.
+      assert.match(parked.last_error, /^400: e{200}$/, parked.last_error);
+      // The worker stopped reading and let go: each answer was cut after a bounded amount
+      // (the excerpt, plus what the sockets buffered meanwhile), not read to any end.
+      const sent = await eventually(() => cut.size === 2 && [...cut.values()], { what: "both answers cut" });
+      for (const bytes of sent) assert.ok(bytes < 64 * 1024 * 1024, `${bytes} bytes written before the cut`);
+    } finally {
+      await worker.dispose();
+      endless.closeAllConnections?.();
+      await new Promise((r) => endless.close(r));
     }
   });
 });

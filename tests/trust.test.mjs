@@ -1,6 +1,6 @@
 // What an attacker can and cannot do at the edge, against the built worker in workerd: bodies
-// capped while they stream (an upload held open is refused before it ends; a declared length
-// ends the body however much follows), headers refused
+// capped while they stream (an upload held open is refused before it ends, a delivery's or an
+// admin request's; a declared length ends the body however much follows), headers refused
 // before a body is read, nothing run twice after retention (refused by its age once the gate's
 // storage is deleted), alerts
 // delivered at least once with a stable id. docs/SECURITY.md lists each case with its test.
@@ -8,7 +8,7 @@ import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import http from "node:http";
 import net from "node:net";
-import { startWorker, startServer, eventually, signedHeaders, sleep } from "./helpers.mjs";
+import { startWorker, startServer, eventually, signedHeaders, sleep, ADMIN_TOKEN } from "./helpers.mjs";
 
 const CAP = 4096;
 let w, dest, sink;
@@ -37,12 +37,13 @@ after(async () => {
 const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
 
 /**
- * Starts a chunked upload to the webhook with `headers`, writes `bytes` in 1 KiB chunks and
- * never ends it. Resolves with the status of the answer, which can only come before the end.
+ * Starts a chunked upload to `path` (the webhook unless said) with `headers`, writes `bytes` in
+ * 1 KiB chunks and never ends it. Resolves with the status of the answer, which can only come
+ * before the end.
  */
-function heldOpenUpload(headers, bytes) {
+function heldOpenUpload(headers, bytes, path = "/webhooks/gemini") {
   return new Promise((resolve, reject) => {
-    const url = new URL(`${w.url}/webhooks/gemini`);
+    const url = new URL(`${w.url}${path}`);
     const req = http.request({ host: url.hostname, port: url.port, path: url.pathname, method: "POST", headers: { ...headers, "transfer-encoding": "chunked" } });
     req.on("response", (res) => {
       res.resume();
@@ -105,6 +106,28 @@ describe("bodies are capped while they stream", () => {
     });
     assert.match(answer, /^HTTP\/1\.1 200/, answer.slice(0, 200));
     await eventually(() => effectsFor("batches/framed").length === 1, { what: "the delivery's effect" });
+  });
+
+  it("refuses an admin or bulk request held open past 16 KiB with 413 before it ends, and a declared one at once", async () => {
+    const ADMIN_CAP = 16 * 1024;
+    const auth = { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" };
+    for (const path of ["/v1/operations", "/v1/operations/batches%2Fheld/retry", "/v1/bulk/retry"]) {
+      // Never ended: only a read that stops at the cap can answer it.
+      const answered = heldOpenUpload(auth, ADMIN_CAP * 4, path);
+      const { status, upload } = await Promise.race([
+        answered,
+        sleep(10_000).then(() => assert.fail(`${path}: no answer while the upload was held open`)),
+      ]);
+      upload.destroy();
+      assert.equal(status, 413, path);
+      // Declared over the cap: refused before a byte of it is read.
+      const declared = await fetch(`${w.url}${path}`, { method: "POST", headers: auth, body: "x".repeat(ADMIN_CAP + 1) });
+      assert.equal(declared.status, 413, `${path}, declared`);
+      await declared.text();
+    }
+    // Within the cap, streamed or declared, a body is read and judged as before.
+    const ok = await fetch(`${w.url}/v1/operations`, { method: "POST", headers: auth, body: JSON.stringify({ name: "batches/under-cap", kind: "nightly" }) });
+    assert.equal(ok.status, 201, await ok.text());
   });
 
   it("a signed body exactly at the cap is accepted", async () => {

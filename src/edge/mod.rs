@@ -7,7 +7,9 @@
 //! retrying while an operator fixes it; every log line is one JSON object and holds no secret.
 
 // Grouped on disk by role: HTTP routes (`http/`), the Durable Objects (`objects/`), calls
-// that leave the worker (`outbound/`), and the cron pass.
+// that leave the worker (`outbound/`), the cron pass, and the capped reading of streams from
+// outside that routes and outbound calls share.
+mod capped_read;
 mod http;
 mod objects;
 mod outbound;

@@ -6,9 +6,9 @@
 //! API and the alert sink, and logs the pass's lines in the order it wrote them. The heartbeat
 //! runs beside the work under the lease, and only then: it is dropped when the work ends (the
 //! release is not raced by a renewal), and when it ends first the work finishes the entry in
-//! hand and stops. A consumer acknowledges a message only once its entries are polled or sent
-//! back to the queue for after Gemini's wait; a failure before that leaves the message to the
-//! queue's retries.
+//! hand and stops. A consumer acknowledges a message only once its entries are polled, sent
+//! back to the queue for after Gemini's wait, or dropped as the pass decides (too old, or no
+//! lease to record them); a failed send back leaves the message to the queue's retries.
 
 use std::cell::RefCell;
 use std::time::Duration;
@@ -142,24 +142,11 @@ pub async fn consume(batch: MessageBatch<JsValue>, env: &Env, config: &Config) {
         };
         let first = io.next();
         io.perform_while(first, |i| *i != Intent::Done).await;
-        let outcome = io.pass.borrow().job_outcome().clone();
-        if let Some(until_ms) = outcome.backoff_until_ms {
-            // The next pass schedules after the wait; a failed report only costs it one 429.
-            let command = LeaseCommand::Backoff { until_ms };
-            if let Err(e) = lease_call(env, &command).await {
-                log(PassLog::error(format!("lease backoff: {e}")).to_value());
-            }
-        }
-        let sent = match &outcome.requeue {
-            None => Ok(()),
-            Some(job) => send(queue.as_ref(), vec![QueuedJob::of(job, now_ms())]).await,
-        };
-        match sent {
-            Ok(()) => message.ack(),
-            Err(e) => {
-                log(PassLog::error(format!("queue send: {e}")).to_value());
-                message.retry();
-            }
+        // Its entries are polled, dropped, or sent back (after the lease recorded them): done.
+        if io.pass.borrow().job_outcome().retry {
+            message.retry();
+        } else {
+            message.ack();
         }
     }
 }
@@ -219,6 +206,7 @@ impl Io<'_> {
                         body: excerpt,
                         retry_after,
                     },
+                    Answer::TooLarge { cap, .. } => WebhookAnswer::TooLarge { cap },
                     Answer::Timeout | Answer::Network(_) => WebhookAnswer::Unanswered,
                 };
                 self.pass.borrow_mut().on_webhook_page(answer);

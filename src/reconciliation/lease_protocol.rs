@@ -52,9 +52,14 @@ pub enum LeaseCommand {
         fed_until_ms: i64,
         summary: Value,
     },
-    /// From a fan-out consumer that Gemini asked to wait: no status call before `until_ms`.
-    /// Needs no lease: it only ever pushes the back-off later.
-    Backoff { until_ms: i64 },
+    /// From a fan-out consumer that Gemini asked to wait: no status call before `until_ms`;
+    /// and, when it sends polls back to the queue, where their slots end (`fed_until_ms`,
+    /// recorded before they are sent). Needs no lease: it only ever pushes both later.
+    Backoff {
+        until_ms: i64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        fed_until_ms: i64,
+    },
     /// To the strangers' tally (another instance of the lease's class): one more nudge
     /// named an operation the worker does not hold.
     StrangerNudge { limits: AlertLimits },
@@ -125,6 +130,24 @@ mod tests {
         let text = serde_json::to_string(&cmd).unwrap();
         assert!(text.contains(r#""command":"renew""#));
         assert_eq!(serde_json::from_str::<LeaseCommand>(&text).unwrap(), cmd);
+        // A consumer's report: the slots it sends back only when it sends some.
+        let wait = LeaseCommand::Backoff {
+            until_ms: 9,
+            fed_until_ms: 0,
+        };
+        assert_eq!(
+            serde_json::to_string(&wait).unwrap(),
+            r#"{"command":"backoff","until_ms":9}"#
+        );
+        let sent_back = LeaseCommand::Backoff {
+            until_ms: 9,
+            fed_until_ms: 12,
+        };
+        let text = serde_json::to_string(&sent_back).unwrap();
+        assert_eq!(
+            serde_json::from_str::<LeaseCommand>(&text).unwrap(),
+            sent_back
+        );
         let reply = LeaseReply::Renewed { accepted: false };
         let text = serde_json::to_string(&reply).unwrap();
         assert_eq!(text, r#"{"outcome":"renewed","accepted":false}"#);

@@ -235,8 +235,9 @@ pub struct Lease {
     /// The audit over `op:`, with its own cursor.
     #[serde(default)]
     pub audit: Audit,
-    /// The end of the polls passes have scheduled on the fan-out queue: the next pass
-    /// schedules after it, so the rate toward Gemini holds across passes.
+    /// The end of the polls scheduled on the fan-out queue, by passes and by consumers sending
+    /// polls back after a wait: the next pass schedules after it, so the rate toward Gemini
+    /// holds across passes, and starts no new coverage of the index before it has passed.
     #[serde(default)]
     pub fed_until_ms: i64,
 }
@@ -295,6 +296,15 @@ impl Lease {
         }
         self.fed_until_ms = self.fed_until_ms.max(fed_until_ms);
         true
+    }
+
+    /// A fan-out consumer sent polls back to the queue, their slots ending at `until_ms`: the
+    /// next pass schedules after them, and starts no new coverage of the index before. Anyone
+    /// may push it later; nothing moves it earlier. True when it moved.
+    pub fn sent_back(&mut self, until_ms: i64) -> bool {
+        let moved = until_ms > self.fed_until_ms;
+        self.fed_until_ms = self.fed_until_ms.max(until_ms);
+        moved
     }
 
     /// Gemini asked a fan-out poll to wait until `until_ms`: no status call before then, from
@@ -369,6 +379,10 @@ pub enum Stop {
     /// It scheduled a cron interval of polls on the fan-out queue (or Gemini's wait runs
     /// past it); the next pass schedules from the saved cursor.
     Scheduled,
+    /// It was to start a new coverage of the index while polls scheduled on the fan-out queue
+    /// (by passes, or sent back by consumers after a wait) may still be waiting: it schedules
+    /// nothing, so no entry gets a second copy; a pass after their slots starts it.
+    StillQueued,
     /// KV could not be listed.
     Error,
 }
@@ -385,6 +399,7 @@ impl Stop {
             Stop::LeaseLost => "lease_lost",
             Stop::LeaseLapsed => "lease_lapsed",
             Stop::Scheduled => "scheduled",
+            Stop::StillQueued => "still_queued",
             Stop::Error => "error",
         }
     }
@@ -957,6 +972,14 @@ mod tests {
             lease.status_backoff_until_ms, 1_000,
             "nor does the release undo it"
         );
+        // A consumer sending polls back needs no lease, and only pushes the schedule later.
+        assert!(lease.sent_back(800));
+        assert!(!lease.sent_back(600), "an earlier end moves nothing");
+        assert!(!lease.sent_back(0), "nothing sent back");
+        assert_eq!(lease.fed_until_ms, 800);
+        assert!(lease.acquire("c", 0, 100));
+        assert!(lease.record_fed("c", 700));
+        assert_eq!(lease.fed_until_ms, 800, "a pass never undoes it");
         let old: Lease = serde_json::from_str(r#"{"holder":null,"expires_ms":0,"resume":{"cursor":null,"after_key":null},"status_backoff_until_ms":0,"completed_passes":3}"#).unwrap();
         assert_eq!(
             old.fed_until_ms, 0,

@@ -83,6 +83,8 @@ log_events! {
     /// Reconciliation passes.
     ReconcilePass => "reconcile_pass",
     ReconcileJob => "reconcile_job",
+    /// A fan-out consumer dropped entries unpolled (too old, or no lease to record them).
+    ReconcileJobDropped => "reconcile_job_dropped",
     ReconcileError => "reconcile_error",
     ReconcileLeaseLost => "reconcile_lease_lost",
     ReconcileCursorReset => "reconcile_cursor_reset",

@@ -1,6 +1,8 @@
 //! The admin API under `/v1/`, behind `Authorization: Bearer <ADMIN_TOKEN>`.
 //!
-//! Guarantees: the token is checked (constant time) before anything else is read; every
+//! Guarantees: the token is checked (constant time) before anything else is read; a request
+//! body (the bulk routes' too) is held to [`MAX_ADMIN_BODY`]: 413 at once for a
+//! `content-length` over it, else as soon as the streamed bytes pass it; every
 //! change goes through the operation's gate (register, retry, redeliver, forget, repair,
 //! settle; one at a time or in bulk, `bulk.rs`); listing and search read the ledger's metadata only; `/v1/config` shows no secret;
 //! a name in the path may be percent-encoded, may contain slashes and may be any accepted form
@@ -23,13 +25,14 @@ use crate::reconciliation::reconcile::Resume;
 use crate::telemetry::worker_log::WorkerLog;
 use crate::timestamp::format_rfc3339;
 
+use crate::edge::capped_read::request_body;
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
 use crate::edge::{call_gate, json_response, log, now_ms, ok_json, EdgeError};
 
 const OPERATIONS: &str = "/v1/operations";
-/// Largest admin request body.
-const MAX_ADMIN_BODY: usize = 16 * 1024;
+/// Largest admin request body (bulk requests too): a longer one is refused while it streams.
+pub const MAX_ADMIN_BODY: usize = 16 * 1024;
 /// KV pages one listing request may scan looking for matches.
 const MAX_LIST_PAGES: usize = 5;
 
@@ -196,15 +199,10 @@ async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
     }
 }
 
+/// The request's body, refused with 413 past [`MAX_ADMIN_BODY`]: at once when `content-length`
+/// declares more, else as soon as the streamed bytes pass it (the rest is never read).
 async fn read_body(req: &mut Request) -> Result<Vec<u8>, EdgeError> {
-    let body = req
-        .bytes()
-        .await
-        .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
-    if body.len() > MAX_ADMIN_BODY {
-        return Err(EdgeError::TooLarge);
-    }
-    Ok(body)
+    request_body(req, MAX_ADMIN_BODY).await
 }
 
 /// An optional `{"reason": "..."}` body; the reason is recorded with the operator's action.

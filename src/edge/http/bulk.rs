@@ -19,13 +19,13 @@ use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::reconciliation::reconcile::Resume;
 use crate::telemetry::worker_log::WorkerLog;
 
+use super::admin_api::MAX_ADMIN_BODY;
+use crate::edge::capped_read::request_body;
 use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
 use crate::edge::{call_gate, log, now_ms, ok_json, EdgeError};
 
 /// KV lists (1,000 entries each) one request may make looking for matches.
 const MAX_PAGES: usize = 5;
-/// Largest bulk request body.
-const MAX_BODY: usize = 16 * 1024;
 
 pub async fn handle(
     req: &mut Request,
@@ -40,13 +40,8 @@ pub async fn handle(
     if method != Method::Post {
         return Err(EdgeError::MethodNotAllowed);
     }
-    let body = req
-        .bytes()
-        .await
-        .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
-    if body.len() > MAX_BODY {
-        return Err(EdgeError::TooLarge);
-    }
+    // 413 for a declared length over the cap, or as soon as the streamed bytes pass it.
+    let body = request_body(req, MAX_ADMIN_BODY).await?;
     let request = parse_bulk(action, &body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
     let kv = env
         .kv(KV_BINDING)

@@ -27,7 +27,7 @@ use crate::inbound::route_log::RouteLog;
 use crate::retry::Class;
 
 use crate::edge::log;
-use crate::edge::outbound::fetch::{send, Answer};
+use crate::edge::outbound::fetch::{send, Answer, Keep};
 use crate::edge::outbound::ledger_kv::KV_BINDING;
 
 /// KV key of the durable copy of the key set.
@@ -40,6 +40,9 @@ const REFETCH_MS: i64 = 60_000;
 const RETRY_FAILED_FETCH_MS: i64 = 5_000;
 /// The key-set endpoint gets this long.
 const FETCH_TIMEOUT_MS: i64 = 5_000;
+/// Largest key set read (Google's is a few KB): a longer answer is refused as it streams, the
+/// fetch fails (`jwks_fetch_failed`, saying so) and the cached keys keep serving.
+const MAX_JWKS_BYTES: usize = 256 * 1024;
 
 #[derive(Default)]
 struct KeyCache {
@@ -135,7 +138,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
         &headers,
         None,
         FETCH_TIMEOUT_MS,
-        256 * 1024,
+        Keep::Whole(MAX_JWKS_BYTES),
     )
     .await;
     let failure = match (&answer, answer.class()) {

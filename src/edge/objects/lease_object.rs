@@ -178,8 +178,12 @@ impl DurableObject for ReconcileLease {
                 self.write("last_pass", &summary)?;
                 LeaseReply::Released { accepted }
             }
-            LeaseCommand::Backoff { until_ms } => {
-                if lease.back_off(until_ms) {
+            LeaseCommand::Backoff {
+                until_ms,
+                fed_until_ms,
+            } => {
+                // Both, unconditionally: `|` does not stop at the first that moved.
+                if lease.back_off(until_ms) | lease.sent_back(fed_until_ms) {
                     self.write(
                         "lease",
                         &serde_json::to_value(&lease).unwrap_or(Value::Null),

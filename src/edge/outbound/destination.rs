@@ -5,7 +5,10 @@
 //! carries the headers as fields beside the body), so a consumer verifies and dedupes it the
 //! same way (`webhook-id`, `idempotency-key`); every attempt is bounded by the effect timeout;
 //! how it ended is an [`Answer`] that the pure core classifies (a queue send that succeeded is
-//! a 2xx: the queue is durable), never a panic. The bindings are the user's to declare.
+//! a 2xx: the queue is durable), never a panic. An answer's body is read only as far as the
+//! excerpt the record keeps ([`EXCERPT_CHARS`]) and the rest cancelled, so a destination that
+//! answers with an endless or huge body neither holds the attempt to its timeout nor costs
+//! memory. The bindings are the user's to declare.
 
 use std::time::Duration;
 
@@ -20,7 +23,7 @@ use crate::operation::effect::{classify, EffectRequest};
 use crate::operation::AttemptOutcome;
 
 use crate::edge::js_error;
-use crate::edge::outbound::fetch::{send, Answer};
+use crate::edge::outbound::fetch::{kept_answer, send, Answer, Keep};
 
 /// Longest part of a destination's answer kept in the record and logs.
 const EXCERPT_CHARS: usize = 300;
@@ -40,7 +43,7 @@ pub async fn deliver(
                 &request.headers,
                 Some(&request.body),
                 timeout_ms,
-                EXCERPT_CHARS,
+                Keep::Excerpt(EXCERPT_CHARS),
             )
             .await
         }
@@ -75,20 +78,11 @@ async fn to_service(env: &Env, binding: &str, request: &EffectRequest) -> Answer
             .with_headers(headers)
             .with_body(Some(JsValue::from_str(&request.body)));
         let req = Request::new_with_init("https://effects.internal/effects", &init)?;
-        let mut response = fetcher.fetch_request(req).await?;
-        let status = response.status_code();
-        let retry_after = response.headers().get("retry-after").ok().flatten();
-        let text = response.text().await.unwrap_or_default();
-        Ok::<_, worker::Error>((status, text, retry_after))
+        let response = fetcher.fetch_request(req).await?;
+        Ok::<_, worker::Error>(kept_answer(&response, Keep::Excerpt(EXCERPT_CHARS)).await)
     };
-    match call.await {
-        Ok((status, text, retry_after)) => Answer::Http {
-            status,
-            excerpt: text.chars().take(EXCERPT_CHARS).collect(),
-            retry_after,
-        },
-        Err(e) => Answer::Network(e.to_string()),
-    }
+    call.await
+        .unwrap_or_else(|e| Answer::Network(e.to_string()))
 }
 
 /// Sends `{"headers": {...}, "body": {...}}` to a queue: the same fields a URL receives.
@@ -138,6 +132,9 @@ pub fn outcome(answer: &Answer, timeout_ms: i64) -> AttemptOutcome {
         Answer::Http {
             status, excerpt, ..
         } => classify(*status, excerpt),
+        // Only a call that wants a body whole is refused for its size; an attempt keeps an
+        // excerpt. Were one refused, the destination answered: classified by its status.
+        Answer::TooLarge { status, cap } => classify(*status, &format!("body over {cap} bytes")),
         Answer::Timeout => AttemptOutcome::Retry(format!("timeout after {timeout_ms} ms")),
         Answer::Network(e) => AttemptOutcome::Retry(format!("network: {e}")),
     }

@@ -1,35 +1,92 @@
-//! Outbound HTTP with a deadline: the side effect, alerts, the status API.
+//! Outbound HTTP with a deadline: the side effect, alerts, the status API, the key set.
 //!
 //! Guarantees: every call is bounded by its timeout and aborted when it passes, so a slow
 //! peer can neither hold a Gemini delivery past its deadline nor pin a claim; a timeout or a
-//! network error is reported as a value, never as a panic.
+//! network error is reported as a value, never as a panic. An answer's body is read while it
+//! streams and only as far as the call needs ([`Keep`]): an excerpt stops once it has its
+//! characters and cancels the rest, a body wanted whole stops at the first chunk past its cap
+//! and is [`Answer::TooLarge`], and a status answer goes through the skimmer; so a peer that
+//! answers with an endless or huge body costs at most the cap plus one chunk of memory, and
+//! an excerpt does not wait for the end of the body.
 
 use std::time::Duration;
 
 use futures_util::future::{select, Either};
-use futures_util::StreamExt;
 use serde_json::Value;
 use worker::wasm_bindgen::JsValue;
-use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestInit};
+use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestInit, Response};
 
+use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, Read, TooLarge};
 use crate::config::Config;
 use crate::reconciliation::skim::{Skim, SkimError, Skimmed};
 use crate::retry::{class_of_status, Class};
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::log;
+use crate::edge::capped_read::{each_chunk, read_answer};
+use crate::edge::{js_error, log};
 
 /// Alert sinks get this long to answer.
 const ALERT_TIMEOUT_MS: i64 = 5_000;
+/// Characters kept of an alert sink's answer.
+const ALERT_EXCERPT_CHARS: usize = 300;
+/// Characters kept of a non-2xx answer to a call that wants its 2xx body whole.
+const ERROR_EXCERPT_CHARS: usize = 300;
+
+/// How much of an answer's body a call keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Its first this many characters, to quote in a record or a log (a destination's or an
+    /// alert sink's answer); the rest is never read.
+    Excerpt(usize),
+    /// A 2xx body whole, up to this many bytes (the key set, a page of the webhook listing);
+    /// a longer one is [`Answer::TooLarge`]. Any other status keeps an excerpt.
+    Whole(usize),
+}
+
+impl Keep {
+    /// How the body of an answer with `status` is read.
+    fn body_for(self, status: u16) -> CappedBody {
+        match self {
+            Keep::Whole(cap) if class_of_status(status) == Class::Success => CappedBody::whole(cap),
+            Keep::Whole(_) => CappedBody::excerpt(excerpt_bytes(ERROR_EXCERPT_CHARS)),
+            Keep::Excerpt(chars) => CappedBody::excerpt(excerpt_bytes(chars)),
+        }
+    }
+
+    /// The answer with `status`, once its body was read into `body`.
+    fn answer(self, status: u16, retry_after: Option<String>, body: CappedBody) -> Answer {
+        let chars = match self {
+            Keep::Excerpt(chars) => chars,
+            Keep::Whole(_) => ERROR_EXCERPT_CHARS,
+        };
+        let whole = matches!(self, Keep::Whole(_)) && class_of_status(status) == Class::Success;
+        match body.finish() {
+            Err(TooLarge { cap }) => Answer::TooLarge { status, cap },
+            Ok(bytes) if whole => Answer::Http {
+                status,
+                excerpt: String::from_utf8_lossy(&bytes).into_owned(),
+                retry_after,
+            },
+            Ok(bytes) => Answer::Http {
+                status,
+                excerpt: excerpt_text(&bytes, chars),
+                retry_after,
+            },
+        }
+    }
+}
 
 /// How an outbound call ended.
 pub enum Answer {
-    /// The peer answered: status, the first `max_chars` of its body, its Retry-After.
+    /// The peer answered: status, its body as kept ([`Keep`]: an excerpt, or the whole 2xx
+    /// body), its Retry-After.
     Http {
         status: u16,
         excerpt: String,
         retry_after: Option<String>,
     },
+    /// A 2xx body wanted whole ran past `cap` bytes: refused, and read no further.
+    TooLarge { status: u16, cap: usize },
     /// The deadline passed first; the request was aborted.
     Timeout,
     /// The request could not be made or the connection failed.
@@ -42,6 +99,8 @@ impl Answer {
     pub fn class(&self) -> Class {
         match self {
             Answer::Http { status, .. } => class_of_status(*status),
+            // The peer would send the same body again: asking again soon does not help.
+            Answer::TooLarge { .. } => Class::Refused,
             Answer::Timeout | Answer::Network(_) => Class::Retry,
         }
     }
@@ -55,21 +114,35 @@ impl Answer {
                 "{status}: {}",
                 excerpt.chars().take(200).collect::<String>()
             ),
+            Answer::TooLarge { status, cap } => {
+                format!("{status}: body over {cap} bytes, refused unread past the cap")
+            }
             Answer::Timeout => "timeout".to_string(),
             Answer::Network(e) => format!("network: {e}"),
         }
     }
 }
 
-/// Sends one request and waits at most `timeout_ms` for the status and body, keeping at
-/// most `max_chars` of the body.
+/// Reads `response`'s body as `keep` says: chunk by chunk, the rest cancelled once it has
+/// enough. Shared by URL calls and service bindings.
+pub async fn kept_answer(response: &Response, keep: Keep) -> Answer {
+    let status = response.status_code();
+    let retry_after = response.headers().get("retry-after").ok().flatten();
+    match read_answer(response, keep.body_for(status)).await {
+        Ok(body) => keep.answer(status, retry_after, body),
+        Err(e) => Answer::Network(js_error(&e)),
+    }
+}
+
+/// Sends one request and waits at most `timeout_ms` for the status and the body, reading as
+/// much of the body as `keep` says.
 pub async fn send(
     method: Method,
     url: &str,
     headers: &[(&str, String)],
     body: Option<&str>,
     timeout_ms: i64,
-    max_chars: usize,
+    keep: Keep,
 ) -> Answer {
     let request = match build(method, url, headers, body) {
         Ok(r) => r,
@@ -78,24 +151,18 @@ pub async fn send(
     let controller = AbortController::default();
     let signal = controller.signal();
     let call = async move {
-        let mut response = Fetch::Request(request).send_with_signal(&signal).await?;
-        let status = response.status_code();
-        let retry_after = response.headers().get("retry-after").ok().flatten();
-        let text = response.text().await.unwrap_or_default();
-        Ok::<_, worker::Error>((status, text, retry_after))
+        let response = Fetch::Request(request).send_with_signal(&signal).await?;
+        Ok::<_, worker::Error>(kept_answer(&response, keep).await)
     };
     let deadline = Delay::from(Duration::from_millis(timeout_ms.max(1) as u64));
-    match select(Box::pin(call), Box::pin(deadline)).await {
-        Either::Left((Ok((status, text, retry_after)), _)) => Answer::Http {
-            status,
-            excerpt: text.chars().take(max_chars).collect(),
-            retry_after,
-        },
+    let outcome = select(Box::pin(call), Box::pin(deadline)).await;
+    // Stops the download of a body read only in part, or one the deadline cut; harmless
+    // after the end.
+    controller.abort();
+    match outcome {
+        Either::Left((Ok(answer), _)) => answer,
         Either::Left((Err(e), _)) => Answer::Network(e.to_string()),
-        Either::Right(_) => {
-            controller.abort();
-            Answer::Timeout
-        }
+        Either::Right(_) => Answer::Timeout,
     }
 }
 
@@ -133,7 +200,7 @@ pub async fn get_skimmed(
     let fetch = Fetch::Request(request);
     let head = fetch.send_with_signal(&signal);
     let deadline = Delay::from(Duration::from_millis(head_timeout_ms.max(1) as u64));
-    let mut response = match select(Box::pin(head), Box::pin(deadline)).await {
+    let response = match select(Box::pin(head), Box::pin(deadline)).await {
         Either::Left((Ok(r), _)) => r,
         Either::Left((Err(e), _)) => return SkimAnswer::Network(e.to_string()),
         Either::Right(_) => {
@@ -156,12 +223,13 @@ pub async fn get_skimmed(
     let read = async {
         let mut skim = Skim::new(crate::reconciliation::status::READ);
         // No body at all reads as an empty one (and is refused as such).
-        if let Ok(mut stream) = response.stream() {
-            while let Some(chunk) = stream.next().await {
-                if skim.feed(&chunk?).is_err() {
-                    break;
-                }
-            }
+        if let worker::ResponseBody::Stream(stream) = response.body() {
+            each_chunk(stream, |chunk| match skim.feed(chunk) {
+                Ok(()) => Read::More,
+                Err(_) => Read::Enough,
+            })
+            .await
+            .map_err(|e| worker::Error::from(js_error(&e)))?;
         }
         Ok::<_, worker::Error>(skim.finish())
     };
@@ -223,7 +291,7 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
         &headers,
         Some(&body.to_string()),
         ALERT_TIMEOUT_MS,
-        300,
+        Keep::Excerpt(ALERT_EXCERPT_CHARS),
     )
     .await;
     if answer.class() == Class::Success {

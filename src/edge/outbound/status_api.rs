@@ -17,7 +17,7 @@ use crate::reconciliation::status::{interpret_skimmed, status_url};
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::log;
-use crate::edge::outbound::fetch::{get_skimmed, send, Answer, SkimAnswer};
+use crate::edge::outbound::fetch::{get_skimmed, send, Answer, Keep, SkimAnswer};
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
 /// room for a slow moment, while a hanging call costs a cron pass a twelfth of its default
@@ -27,8 +27,9 @@ pub const STATUS_TIMEOUT_MS: i64 = 5_000;
 /// results answers with all of them (tens of MB): at the tens of MB a second a Worker reads
 /// and skims, 20 s covers a few hundred MB; the skimmer's byte cap comes first.
 pub const STATUS_BODY_TIMEOUT_MS: i64 = 20_000;
-/// Longest answer read by [`get`] (webhook listings: a few KB).
-const STATUS_MAX_CHARS: usize = 256 * 1024;
+/// Longest 2xx answer read by [`get`] (webhook listings: a few KB); a longer one is refused
+/// as it streams ([`Answer::TooLarge`]).
+const GET_MAX_BYTES: usize = 256 * 1024;
 /// An answer at least this large is logged (`status_read`) with the bytes read and kept.
 const LOG_READ_FROM_BYTES: u64 = 256 * 1024;
 
@@ -40,8 +41,9 @@ fn headers(config: &Config) -> Vec<(&'static str, String)> {
     headers
 }
 
-/// One GET to Gemini's API (`url`), with the API key when one is configured, keeping the
-/// first 256 KiB of the body (for small answers such as the webhook listing).
+/// One GET to Gemini's API (`url`), with the API key when one is configured, for a small answer
+/// such as a page of the webhook listing: a 2xx body is read whole up to 256 KiB, and refused
+/// past it.
 pub async fn get(config: &Config, url: &str) -> Answer {
     send(
         Method::Get,
@@ -49,7 +51,7 @@ pub async fn get(config: &Config, url: &str) -> Answer {
         &headers(config),
         None,
         STATUS_TIMEOUT_MS,
-        STATUS_MAX_CHARS,
+        Keep::Whole(GET_MAX_BYTES),
     )
     .await
 }

@@ -11,13 +11,29 @@
 //! by the queue; a message lost after that (retries exhausted) leaves its entries in the
 //! index, so the next coverage schedules them again: the index, not the queue, is the record
 //! of what is open. A consumer that Gemini asks to wait (429, 5xx, a run of unanswered calls)
-//! polls nothing more, sends the entries it did not poll back to the queue for after the
-//! wait, and reports the wait to the lease, where the next pass schedules after it.
+//! polls nothing more, reports the wait to the lease, where the next pass schedules after it,
+//! and sends the entries it did not poll back to the queue for after the wait.
+//!
+//! The copies are bounded, so a lasting 429 cannot pile them up: one copy of an entry waits on
+//! the queue at a time, and it lives at most [`JOB_MAX_AGE_MS`] (one cron interval).
+//! A message carries the slot its pass first gave it and how many times it was sent back; no
+//! entry is polled once [`JOB_MAX_AGE_MS`] past that slot, and a message whose wait would end
+//! there is not sent back: its entries are dropped (acknowledged, counted as `dropped`, logged
+//! `reconcile_job_dropped`) and stay open in the index, where the next coverage schedules
+//! them afresh. Entries sent back are recorded in the lease before they are sent (their slots
+//! extend `fed_until_ms`; with no lease to record them they are dropped), so `fed_until_ms`
+//! is where every waiting copy's slots end. Within a coverage of the index the cursor passes
+//! each entry once, and a pass starts a new coverage (from the index's start) only once
+//! `fed_until_ms` has passed (`still_queued` until then): no entry is scheduled while an
+//! earlier copy of it is still due. The one gap is a message the queue delivers well after
+//! its slots (a consumer far behind): it may meet the next coverage's copy, and is still
+//! dropped once [`JOB_MAX_AGE_MS`] old.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX};
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::reconcile::{decide, Stop};
 
 use super::entry::{Entry, Step};
@@ -38,6 +54,11 @@ pub const SEND_MESSAGES: usize = 100;
 pub const SEND_BYTES: usize = 150_000;
 /// The longest delay a queue message may carry (12 hours).
 pub const MAX_DELAY_SECS: i64 = 43_200;
+/// How long past the slot its pass first gave it a scheduled poll may still be made: one cron
+/// interval. Past it, its entries are dropped rather than polled or sent back; the next
+/// coverage schedules them afresh (a new coverage waits until every waiting copy's slots have
+/// passed, so it never schedules a second copy beside one).
+pub const JOB_MAX_AGE_MS: i64 = CRON_INTERVAL_MS;
 
 /// How the pass fans polls out, when a queue is bound.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,12 +71,20 @@ pub struct Fanout {
 }
 
 /// One queue message: index entries as listed (name and metadata), the first one's slot, and
-/// the rate that spaces the rest.
+/// the rate that spaces the rest; with the slot its pass first gave it and the times it was
+/// sent back, which bound its life ([`JOB_MAX_AGE_MS`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PollJob {
     pub entries: Vec<JobEntry>,
     pub not_before_ms: i64,
     pub rate_per_s: u32,
+    /// The slot the pass first gave the message, kept when a consumer sends it back (`None`
+    /// in a message sent before the field existed: its `not_before_ms` stands for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_slot_ms: Option<i64>,
+    /// How many times a consumer sent it back after a wait.
+    #[serde(default)]
+    pub hops: u32,
 }
 
 /// An index entry in a [`PollJob`].
@@ -66,9 +95,36 @@ pub struct JobEntry {
 }
 
 impl PollJob {
+    /// A message as a pass first schedules it.
+    pub fn new(entries: Vec<JobEntry>, not_before_ms: i64, rate_per_s: u32) -> PollJob {
+        PollJob {
+            entries,
+            not_before_ms,
+            rate_per_s,
+            first_slot_ms: Some(not_before_ms),
+            hops: 0,
+        }
+    }
+
     /// When entry `i` may start.
     pub fn slot_ms(&self, i: usize) -> i64 {
         self.not_before_ms + (i as i64 * 1_000) / i64::from(self.rate_per_s.max(1))
+    }
+
+    /// Where the message's slots end: its first plus one spacing per entry (rounded up).
+    pub fn slots_end_ms(&self) -> i64 {
+        let rate = i64::from(self.rate_per_s.max(1));
+        self.not_before_ms + (self.entries.len() as i64 * 1_000 + rate - 1) / rate
+    }
+
+    /// The slot its pass first gave it.
+    pub fn first_slot(&self) -> i64 {
+        self.first_slot_ms.unwrap_or(self.not_before_ms)
+    }
+
+    /// From this time on none of its entries is polled: they are dropped.
+    pub fn expires_ms(&self) -> i64 {
+        self.first_slot().saturating_add(JOB_MAX_AGE_MS)
     }
 
     /// The message body.
@@ -122,13 +178,41 @@ pub(super) struct JobWalk {
     skipped: Vec<JobEntry>,
 }
 
+/// The end of a consumer's message: the wait to report to the lease, and the entries to send
+/// back to the queue once the lease has recorded them.
+#[derive(Debug)]
+pub(super) struct SendBack {
+    /// The entries not polled because Gemini asked to wait, for after the wait.
+    job: Option<PollJob>,
+    /// Whether the lease has been told (or could not be).
+    reported: bool,
+}
+
 /// How a consumer's message ended.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct JobOutcome {
-    /// The entries not polled because Gemini asked to wait, for after the wait.
-    pub requeue: Option<PollJob>,
-    /// The wait to report to the lease, when this message met one.
-    pub backoff_until_ms: Option<i64>,
+    /// The entries to send back could not be sent: the message is left to the queue's retries
+    /// instead of being acknowledged.
+    pub retry: bool,
+}
+
+/// Why a consumer dropped entries unpolled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// [`JOB_MAX_AGE_MS`] past the message's first slot, or its wait would end there.
+    Expired,
+    /// They were to be sent back, but the lease could not record where their slots end.
+    LeaseUnreachable,
+}
+
+impl DropReason {
+    /// The log label.
+    pub fn label(self) -> &'static str {
+        match self {
+            DropReason::Expired => "expired",
+            DropReason::LeaseUnreachable => "lease_unreachable",
+        }
+    }
 }
 
 impl Pass {
@@ -155,7 +239,6 @@ impl Pass {
         let mut schedule = now_ms
             .max(self.fed_until_ms)
             .max(self.status_backoff_until_ms);
-        let spacing = 1_000.0 / f64::from(fanout.rate_per_s.max(1));
         let mut jobs: Vec<PollJob> = Vec::new();
         let mut bytes = 0usize;
         let mut last_name = None;
@@ -166,11 +249,7 @@ impl Pass {
                 full = true;
                 break;
             }
-            let mut job = PollJob {
-                entries: Vec::new(),
-                not_before_ms: schedule,
-                rate_per_s: fanout.rate_per_s,
-            };
+            let mut job = PollJob::new(Vec::new(), schedule, fanout.rate_per_s);
             while job.entries.len() < JOB_ENTRIES && walk.at < walk.entries.len() {
                 let (name, meta) = &mut walk.entries[walk.at];
                 let (name, meta) = (name.clone(), meta.take());
@@ -196,7 +275,7 @@ impl Pass {
                 continue;
             }
             fed += job.entries.len() as u64;
-            schedule = job.not_before_ms + (job.entries.len() as f64 * spacing).ceil() as i64;
+            schedule = job.slots_end_ms();
             jobs.push(job);
         }
         if jobs.is_empty() {
@@ -223,13 +302,25 @@ impl Pass {
         Flow::Io(Intent::Enqueue { jobs: queued })
     }
 
-    /// The queue's answer to [`Intent::Enqueue`] (`Err`: the send failed, and the walk stops
-    /// where it was: those entries are scheduled by the next pass).
+    /// The queue's answer to [`Intent::Enqueue`] (`Err`: the send failed). For a pass, the
+    /// walk then stops where it was: those entries are scheduled by the next pass. For a
+    /// consumer sending entries back, the message is left to the queue's retries.
     pub fn on_enqueued(&mut self, sent: Result<(), String>) {
-        let Some(Awaiting::Enqueue(fed)) = self.answered(|a| matches!(a, Awaiting::Enqueue(_)))
-        else {
-            return;
-        };
+        match self.answered(|a| matches!(a, Awaiting::Enqueue(_) | Awaiting::SendBack)) {
+            Some(Awaiting::Enqueue(fed)) => self.on_fed(fed, sent),
+            Some(_) => {
+                if let Err(e) = sent {
+                    self.report.errors += 1;
+                    self.log(PassLog::error(format!("queue send: {e}")));
+                    self.job_outcome.retry = true;
+                }
+                self.phase = Phase::Finish;
+            }
+            None => {}
+        }
+    }
+
+    fn on_fed(&mut self, fed: Fed, sent: Result<(), String>) {
         let Phase::Index(mut walk) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
@@ -279,6 +370,12 @@ impl Pass {
             }
         }
         while walk.at < walk.job.entries.len() {
+            if now_ms >= walk.job.expires_ms() {
+                // Too old: the next coverage schedules these afresh.
+                let late: Vec<JobEntry> = walk.job.entries.drain(walk.at..).collect();
+                self.drop_entries(&walk.job, late, DropReason::Expired, now_ms);
+                break;
+            }
             if now_ms < self.status_backoff_until_ms {
                 // Gemini asked to wait: poll nothing more in this message.
                 walk.skipped.extend(walk.job.entries.drain(walk.at..));
@@ -314,17 +411,104 @@ impl Pass {
             self.phase = Phase::Job(walk);
             return Flow::Continue;
         }
-        let backoff = self.status_backoff_until_ms;
-        self.job_outcome = JobOutcome {
-            backoff_until_ms: (backoff > 0).then_some(backoff),
-            requeue: (!walk.skipped.is_empty()).then(|| PollJob {
-                entries: walk.skipped,
-                not_before_ms: backoff.max(now_ms),
-                rate_per_s: walk.job.rate_per_s,
-            }),
-        };
-        self.phase = Phase::Finish;
+        let mut back = (!walk.skipped.is_empty()).then(|| PollJob {
+            entries: std::mem::take(&mut walk.skipped),
+            not_before_ms: self.status_backoff_until_ms.max(now_ms),
+            rate_per_s: walk.job.rate_per_s,
+            first_slot_ms: Some(walk.job.first_slot()),
+            hops: walk.job.hops.saturating_add(1),
+        });
+        if let Some(job) = back.take_if(|j| j.not_before_ms >= j.expires_ms()) {
+            // Its wait ends past its life: not sent back.
+            self.drop_entries(&walk.job, job.entries, DropReason::Expired, now_ms);
+        }
+        self.phase = Phase::SendBack(SendBack {
+            job: back,
+            reported: false,
+        });
         Flow::Continue
+    }
+
+    /// A consumer's message is walked: report the wait (and where the slots of the entries
+    /// sent back end) to the lease, then send them back; or finish.
+    pub(super) fn send_back_step(&mut self, mut back: SendBack, now_ms: i64) -> Flow {
+        let backoff = self.status_backoff_until_ms;
+        if !back.reported && (backoff > 0 || back.job.is_some()) {
+            // The next pass schedules after the wait and the slots sent back, and starts no
+            // new coverage before they have passed.
+            let fed_until_ms = back.job.as_ref().map_or(0, PollJob::slots_end_ms);
+            self.spend(1);
+            self.awaiting = Some(Awaiting::Backoff);
+            self.phase = Phase::SendBack(back);
+            return Flow::Io(Intent::Lease(LeaseCommand::Backoff {
+                until_ms: backoff,
+                fed_until_ms,
+            }));
+        }
+        let Some(job) = back.job.take() else {
+            self.phase = Phase::Finish;
+            return Flow::Continue;
+        };
+        self.spend(1);
+        self.report.queue_sends += 1;
+        self.awaiting = Some(Awaiting::SendBack);
+        self.phase = Phase::SendBack(back);
+        Flow::Io(Intent::Enqueue {
+            jobs: vec![QueuedJob::of(&job, now_ms)],
+        })
+    }
+
+    /// The lease's answer to a consumer's [`LeaseCommand::Backoff`], at `now_ms`: entries to
+    /// send back go only once the lease has recorded them.
+    pub(super) fn on_backed_off(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
+        let Phase::SendBack(mut back) = std::mem::replace(&mut self.phase, Phase::Done) else {
+            return;
+        };
+        back.reported = true;
+        let failure = match reply {
+            Ok(LeaseReply::BackedOff) => None,
+            Ok(other) => Some(format!("lease backoff refused: {other:?}")),
+            Err(e) => Some(format!("lease backoff: {e}")),
+        };
+        if let Some(error) = failure {
+            self.report.errors += 1;
+            self.log(PassLog::error(error));
+            if let Some(mut job) = back.job.take() {
+                // Unrecorded, a copy could wait beside the next coverage's: dropped instead.
+                let entries = std::mem::take(&mut job.entries);
+                job.hops = job.hops.saturating_sub(1); // the hop it was to make is not made
+                self.drop_entries(&job, entries, DropReason::LeaseUnreachable, now_ms);
+            }
+        }
+        self.phase = Phase::SendBack(back);
+    }
+
+    /// Drops `entries` of `job` (the message as it came) unpolled: counted, and logged with the
+    /// message's age and the times it was sent back; they stay open in the index.
+    fn drop_entries(
+        &mut self,
+        job: &PollJob,
+        entries: Vec<JobEntry>,
+        reason: DropReason,
+        now_ms: i64,
+    ) {
+        if entries.is_empty() {
+            return;
+        }
+        self.report.dropped += entries.len() as u64;
+        self.log(PassLog::ReconcileJobDropped {
+            reason: reason.label(),
+            entries: entries.len() as u64,
+            hops: job.hops,
+            age_ms: now_ms - job.first_slot(),
+            keys: entries
+                .into_iter()
+                .map(|e| match e.name.strip_prefix(OPEN_PREFIX) {
+                    Some(key) => key.to_string(),
+                    None => e.name,
+                })
+                .collect(),
+        });
     }
 
     /// The edge slept until the slot asked by [`Intent::Sleep`].

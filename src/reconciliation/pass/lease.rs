@@ -20,8 +20,11 @@ impl Pass {
 
     /// The lease object's answer (`Err`: the call failed) to [`Intent::Lease`], at `now_ms`.
     pub fn on_lease(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
-        match self.answered(|a| matches!(a, Awaiting::Acquire | Awaiting::Release)) {
+        match self
+            .answered(|a| matches!(a, Awaiting::Acquire | Awaiting::Release | Awaiting::Backoff))
+        {
             Some(Awaiting::Acquire) => self.on_acquired(reply, now_ms),
+            Some(Awaiting::Backoff) => self.on_backed_off(reply, now_ms),
             Some(_) => self.on_released(reply),
             None => {}
         }

@@ -44,9 +44,13 @@ pub struct PassReport {
     pub effects_retried: u64,
     pub alerts: u64,
     pub gate_calls: u64,
-    /// Index entries scheduled on the fan-out queue, and the `sendBatch` calls that took them.
+    /// Index entries scheduled on the fan-out queue, and the `sendBatch` calls that took them
+    /// (a consumer's: the entries it sent back after a wait).
     pub fed: u64,
     pub queue_sends: u64,
+    /// Entries a consumer dropped unpolled: past their message's age bound, or to be sent back
+    /// with no lease to record them. They stay open in the index for the next coverage.
+    pub dropped: u64,
     pub errors: u64,
     pub subrequests: u32,
     pub lease_renewals: u64,
@@ -76,6 +80,16 @@ pub enum PassLog {
         #[serde(skip_serializing_if = "Option::is_none")]
         key: Option<String>,
         error: String,
+    },
+    /// A consumer dropped entries of a fan-out message unpolled (`reason`: `expired` or
+    /// `lease_unreachable`); `age_ms` is how long past its first slot, `hops` how many times
+    /// it had been sent back.
+    ReconcileJobDropped {
+        reason: &'static str,
+        entries: u64,
+        hops: u32,
+        age_ms: i64,
+        keys: Vec<String>,
     },
     /// A renewal was refused: another pass holds the lease, so this one saves nothing.
     ReconcileLeaseLost {
@@ -139,6 +153,7 @@ impl PassLog {
             PassLog::ReconcilePass(_) => LogEvent::ReconcilePass,
             PassLog::ReconcileJob(_) => LogEvent::ReconcileJob,
             PassLog::ReconcileError { .. } => LogEvent::ReconcileError,
+            PassLog::ReconcileJobDropped { .. } => LogEvent::ReconcileJobDropped,
             PassLog::ReconcileLeaseLost { .. } => LogEvent::ReconcileLeaseLost,
             PassLog::ReconcileCursorReset { .. } => LogEvent::ReconcileCursorReset,
             PassLog::IndexMissed { .. } => LogEvent::IndexMissed,
@@ -191,6 +206,13 @@ mod tests {
             PassLog::ReconcileError {
                 key: Some(key()),
                 error: "object answered 500".into(),
+            },
+            PassLog::ReconcileJobDropped {
+                reason: "expired",
+                entries: 1,
+                hops: 3,
+                age_ms: 300_000,
+                keys: vec![key()],
             },
             PassLog::ReconcileLeaseLost {
                 holder: "pass-1".into(),
@@ -309,6 +331,7 @@ mod tests {
                 "audit_listed",
                 "bodies_read",
                 "complete",
+                "dropped",
                 "effects_retried",
                 "elapsed_ms",
                 "errors",

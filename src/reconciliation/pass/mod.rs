@@ -52,6 +52,7 @@ use crate::reconciliation::skim::{SkimError, Skimmed};
 
 pub use fanout::{
     Fanout, JobEntry, JobOutcome, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES,
+    JOB_MAX_AGE_MS,
 };
 pub use lines::{PassLog, PassReport};
 
@@ -165,6 +166,8 @@ pub enum WebhookAnswer {
         body: String,
         retry_after: Option<String>,
     },
+    /// A 2xx whose body ran past `cap` bytes: refused as it streamed, read no further.
+    TooLarge { cap: usize },
     /// A timeout or a network error.
     Unanswered,
 }
@@ -239,6 +242,8 @@ enum Phase {
     Index(walk::IndexWalk),
     Audit(walk::AuditWalk),
     Job(fanout::JobWalk),
+    /// A consumer's message is walked: its wait and the entries it sends back.
+    SendBack(fanout::SendBack),
     Release,
     Finish,
     Done,
@@ -259,6 +264,10 @@ enum Awaiting {
     Enqueue(fanout::Fed),
     Sleep,
     Release,
+    /// A consumer's report of its wait to the lease.
+    Backoff,
+    /// A consumer's send of the entries it did not poll back to the queue.
+    SendBack,
 }
 
 /// How a step of a walk went. Returned by value and matched at once, never stored: its size
@@ -337,6 +346,7 @@ impl Pass {
                 Phase::Index(walk) => self.index_step(walk, now_ms),
                 Phase::Audit(walk) => self.audit_step(walk, now_ms),
                 Phase::Job(walk) => self.job_step(walk, now_ms),
+                Phase::SendBack(back) => self.send_back_step(back, now_ms),
                 Phase::Release => self.release(now_ms),
                 Phase::Finish => self.finish(now_ms),
                 Phase::Done => return Intent::Done,

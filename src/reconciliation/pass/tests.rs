@@ -146,6 +146,8 @@ struct World {
     beat: Beat,
     /// How the fan-out queue answers a send.
     queue: Result<(), String>,
+    /// How the lease answers a consumer's report of its wait.
+    backoff: Result<LeaseReply, String>,
 }
 
 impl Default for World {
@@ -165,6 +167,7 @@ impl Default for World {
             release: Ok(LeaseReply::Released { accepted: true }),
             beat: Box::new(|_, _, _| {}),
             queue: Ok(()),
+            backoff: Ok(LeaseReply::BackedOff),
         }
     }
 }
@@ -254,6 +257,25 @@ impl Outcome {
             .collect()
     }
 
+    /// A consumer's report to the lease: the wait, and where the slots it sends back end.
+    fn backoffs(&self) -> Vec<(i64, i64)> {
+        self.intents
+            .iter()
+            .filter_map(|i| match i {
+                Intent::Lease(LeaseCommand::Backoff {
+                    until_ms,
+                    fed_until_ms,
+                }) => Some((*until_ms, *fed_until_ms)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Where in the intents the first one `pick` matches came.
+    fn position(&self, pick: fn(&Intent) -> bool) -> Option<usize> {
+        self.intents.iter().position(pick)
+    }
+
     /// Each `sendBatch` to the fan-out queue, as sent.
     fn sends(&self) -> Vec<&Vec<QueuedJob>> {
         self.intents
@@ -296,6 +318,7 @@ fn drive(mut pass: Pass, mut w: World) -> Outcome {
         match intent {
             Intent::Done => break,
             Intent::Lease(LeaseCommand::Acquire { .. }) => pass.on_lease(w.grant.clone(), w.now),
+            Intent::Lease(LeaseCommand::Backoff { .. }) => pass.on_lease(w.backoff.clone(), w.now),
             Intent::Lease(_) => pass.on_lease(w.release.clone(), w.now),
             Intent::ListWebhooks { .. } => pass.on_webhook_page(w.webhooks.remove(0)),
             Intent::PostAlert(_) => pass.on_alert_posted(w.alert_sent),
@@ -1393,6 +1416,10 @@ fn a_webhook_check_that_fails_leaves_the_mark_as_it_was() {
             WebhookAnswer::Unanswered,
             "Transient { retry_after_secs: 0 }",
         ),
+        (
+            WebhookAnswer::TooLarge { cap: 262_144 },
+            "Malformed(\"a listing page over 262144 bytes\")",
+        ),
     ] {
         let out = run(
             webhook_limits(),
@@ -1624,7 +1651,8 @@ fn a_backlog_under_the_threshold_is_polled_by_the_pass_itself() {
 
 #[test]
 fn a_pass_schedules_one_cron_interval_after_the_slots_already_taken_and_resumes_after() {
-    let mut grant = granted(Resume::default());
+    // Mid-coverage (a new one waits for the slots taken: see below).
+    let mut grant = granted(at("open:batches/k0"));
     if let LeaseReply::Granted { fed_until_ms, .. } = &mut grant {
         *fed_until_ms = NOW + 100_000; // an earlier pass's slots run 100 s more
     }
@@ -1699,17 +1727,17 @@ fn a_send_the_queue_refuses_moves_no_cursor() {
 }
 
 fn job(n: usize, rate_per_s: u32) -> PollJob {
-    PollJob {
-        entries: keys(n)
+    PollJob::new(
+        keys(n)
             .into_iter()
             .map(|k| JobEntry {
                 name: k.name,
                 metadata: k.metadata.unwrap(),
             })
             .collect(),
-        not_before_ms: NOW + 1_000,
+        NOW + 1_000,
         rate_per_s,
-    }
+    )
 }
 
 #[test]
@@ -1736,9 +1764,13 @@ fn a_consumer_polls_each_entry_at_its_slot_and_settles_what_gemini_says_is_done(
 }
 
 #[test]
-fn a_consumer_told_to_wait_polls_nothing_more_and_sends_the_rest_back_for_after_the_wait() {
+fn a_consumer_told_to_wait_polls_nothing_more_records_the_rest_in_the_lease_then_sends_it_back() {
     let mut calls = 0;
-    let pass = Pass::for_job(limits(), job(5, 1_000), NOW);
+    // A message sent back twice already, first scheduled two minutes ago.
+    let mut twice = job(5, 1_000);
+    twice.first_slot_ms = Some(NOW - 120_000);
+    twice.hops = 2;
+    let pass = Pass::for_job(limits(), twice, NOW);
     let out = drive(
         pass,
         World {
@@ -1754,7 +1786,9 @@ fn a_consumer_told_to_wait_polls_nothing_more_and_sends_the_rest_back_for_after_
         },
     );
     assert_eq!(out.polls(), vec!["batches/k0", "batches/k1"]);
-    let requeue = out.job.requeue.clone().expect("the rest goes back");
+    let queued = out.queued();
+    assert_eq!(queued.len(), 1, "one message goes back");
+    let (requeue, delay) = &queued[0];
     let names: Vec<&str> = requeue.entries.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(
         names,
@@ -1766,16 +1800,217 @@ fn a_consumer_told_to_wait_polls_nothing_more_and_sends_the_rest_back_for_after_
         ],
         "the throttled entry and those after it"
     );
-    let until = out
-        .job
-        .backoff_until_ms
-        .expect("the wait goes to the lease");
+    let [(until, fed_until)] = out.backoffs()[..] else {
+        panic!("one report to the lease: {:?}", out.intents)
+    };
     assert!(until >= NOW + 30_000, "{until}");
     assert_eq!(requeue.not_before_ms, until);
+    assert_eq!(*delay, 30, "held by the queue for the wait");
     assert_eq!(
-        QueuedJob::of(&requeue, NOW).delay_secs as i64,
-        (until - NOW) / 1_000
+        requeue.first_slot_ms,
+        Some(NOW - 120_000),
+        "its age goes along"
     );
+    assert_eq!(requeue.hops, 3);
+    assert_eq!(
+        fed_until,
+        requeue.slots_end_ms(),
+        "the lease learns where the slots sent back end"
+    );
+    assert!(
+        out.position(|i| matches!(i, Intent::Lease(_)))
+            < out.position(|i| matches!(i, Intent::Enqueue { .. })),
+        "recorded before it is sent"
+    );
+    assert_eq!(out.report.queue_sends, 1);
+    assert_eq!(out.report.dropped, 0);
+    assert_eq!(out.job, JobOutcome::default(), "acknowledged");
+}
+
+#[test]
+fn a_message_older_than_a_cron_interval_is_dropped_unpolled_counted_and_logged() {
+    let mut old = job(3, 10);
+    old.first_slot_ms = Some(NOW - JOB_MAX_AGE_MS);
+    old.hops = 4;
+    let out = drive(Pass::for_job(limits(), old, NOW), World::default());
+    assert!(out.polls().is_empty() && out.sends().is_empty());
+    assert!(out.backoffs().is_empty(), "no wait to report");
+    assert_eq!(out.report.dropped, 3);
+    let dropped = out.events("reconcile_job_dropped");
+    assert_eq!(
+        *dropped[0],
+        json!({"event": "reconcile_job_dropped", "reason": "expired", "entries": 3, "hops": 4,
+               "age_ms": JOB_MAX_AGE_MS, "keys": ["batches/k0", "batches/k1", "batches/k2"]})
+    );
+    assert_eq!(
+        out.job,
+        JobOutcome::default(),
+        "acknowledged: the index keeps them"
+    );
+    // One millisecond younger, it is polled.
+    let mut young = job(3, 10);
+    young.first_slot_ms = Some(NOW - JOB_MAX_AGE_MS + 1);
+    young.not_before_ms = NOW;
+    let out = drive(Pass::for_job(limits(), young, NOW), World::default());
+    assert_eq!(
+        out.polls().len(),
+        1,
+        "the first at once; the rest are past its life"
+    );
+    assert_eq!(out.report.dropped, 2);
+}
+
+#[test]
+fn entries_whose_slots_come_past_the_messages_life_are_dropped_from_there() {
+    // 1 a second from NOW + 1 s; its life ends at NOW + 2.5 s.
+    let mut job = job(5, 1);
+    job.first_slot_ms = Some(NOW + 2_500 - JOB_MAX_AGE_MS);
+    let out = drive(Pass::for_job(limits(), job, NOW), World::default());
+    assert_eq!(out.polls(), vec!["batches/k0", "batches/k1"]);
+    assert_eq!(out.report.dropped, 3);
+    assert_eq!(
+        out.events("reconcile_job_dropped")[0]["keys"],
+        json!(["batches/k2", "batches/k3", "batches/k4"])
+    );
+}
+
+#[test]
+fn a_message_whose_wait_ends_past_its_life_is_not_sent_back() {
+    // Ten seconds of life left; Gemini asks for thirty.
+    let mut job = job(4, 10);
+    job.first_slot_ms = Some(NOW + 10_000 - JOB_MAX_AGE_MS);
+    let out = drive(
+        Pass::for_job(limits(), job, NOW),
+        World {
+            status: Box::new(|_| http(429, Some("30"))),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls().len(), 1);
+    assert!(out.sends().is_empty(), "nothing sent back");
+    let [(until, fed_until)] = out.backoffs()[..] else {
+        panic!("the wait still goes to the lease")
+    };
+    assert!(until >= NOW + 31_000, "{until}");
+    assert_eq!(fed_until, 0, "no slot sent back");
+    assert_eq!(out.report.dropped, 4);
+    let dropped = out.events("reconcile_job_dropped");
+    assert_eq!(
+        (&dropped[0]["reason"], &dropped[0]["hops"]),
+        (&json!("expired"), &json!(0)),
+        "never sent back"
+    );
+    assert_eq!(out.job, JobOutcome::default());
+}
+
+#[test]
+fn entries_the_lease_cannot_record_are_dropped_rather_than_sent_back() {
+    for reply in [Err("object answered 500".to_string()), Ok(LeaseReply::Busy)] {
+        let out = drive(
+            Pass::for_job(limits(), job(4, 10), NOW),
+            World {
+                status: Box::new(|_| http(429, Some("30"))),
+                backoff: reply,
+                ..World::default()
+            },
+        );
+        assert_eq!(out.backoffs().len(), 1);
+        assert!(
+            out.sends().is_empty(),
+            "unrecorded, a copy could wait beside the next coverage's"
+        );
+        assert_eq!(out.report.dropped, 4);
+        assert!(
+            out.events("reconcile_error")[0]["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("lease backoff"),
+            "{:?}",
+            out.logs
+        );
+        let dropped = out.events("reconcile_job_dropped");
+        assert_eq!(dropped[0]["reason"], "lease_unreachable");
+        assert_eq!(dropped[0]["hops"], 0);
+        assert_eq!(dropped[0]["entries"], 4);
+        assert_eq!(out.job, JobOutcome::default(), "acknowledged");
+    }
+}
+
+#[test]
+fn a_send_back_the_queue_refuses_leaves_the_message_to_its_retries() {
+    let out = drive(
+        Pass::for_job(limits(), job(4, 10), NOW),
+        World {
+            status: Box::new(|_| http(503, Some("5"))),
+            queue: Err("queue unavailable".into()),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.sends().len(), 1);
+    assert_eq!(
+        out.events("reconcile_error")[0]["error"],
+        "queue send: queue unavailable"
+    );
+    assert_eq!(out.job, JobOutcome { retry: true });
+}
+
+#[test]
+fn a_new_coverage_waits_while_polls_on_the_queue_may_still_be_waiting() {
+    // A consumer sent polls back after a 429; their slots end ten seconds from now.
+    let grant = |fed_until: i64, resume: Resume| {
+        let mut grant = granted(resume);
+        if let LeaseReply::Granted { fed_until_ms, .. } = &mut grant {
+            *fed_until_ms = fed_until;
+        }
+        Ok(grant)
+    };
+    for (limits, index) in [(fanout(20, 10), keys(500)), (fanout(20, 100), keys(20))] {
+        let out = run(
+            limits.clone(),
+            World {
+                index: index.clone(),
+                grant: grant(NOW + 10_000, Resume::default()),
+                ..World::default()
+            },
+        );
+        assert!(
+            out.queued().is_empty() && out.polls().is_empty(),
+            "no second copy, fed or polled here"
+        );
+        assert_eq!(out.report.stopped, Some(Stop::StillQueued));
+        assert_eq!(
+            out.report.index_listed,
+            index.len() as u64,
+            "listed all the same"
+        );
+        assert_eq!(out.resume(), Resume::default(), "the coverage starts later");
+        assert_eq!(fed_until(&out), 0);
+        // Once their slots have passed, it starts.
+        let out = run(
+            limits,
+            World {
+                index: index.clone(),
+                grant: grant(NOW, Resume::default()),
+                ..World::default()
+            },
+        );
+        assert_eq!(
+            out.queued().len() * 50 + out.polls().len(),
+            index.len(),
+            "every entry, once"
+        );
+    }
+    // Mid-coverage, the walk goes on after the slots taken: other entries.
+    let out = run(
+        fanout(20, 10),
+        World {
+            index: keys(500),
+            grant: grant(NOW + 10_000, at("open:batches/k0")),
+            ..World::default()
+        },
+    );
+    assert_eq!(out.report.fed, 499);
+    assert_eq!(out.queued()[0].0.not_before_ms, NOW + 10_000);
 }
 
 #[test]
@@ -1797,6 +2032,15 @@ fn a_poll_job_survives_the_queue_and_a_foreign_message_is_refused() {
     let j = job(2, 7);
     assert_eq!(PollJob::from_body(&j.to_body()).unwrap(), j);
     assert!(PollJob::from_body("{\"hello\":1}").is_err());
+    // A message sent before messages carried their age: its slot stands for its first.
+    let before = PollJob::from_body(r#"{"entries":[],"not_before_ms":5,"rate_per_s":1}"#).unwrap();
+    assert_eq!((before.first_slot(), before.hops), (5, 0));
+    assert_eq!(before.expires_ms(), 5 + JOB_MAX_AGE_MS);
+    assert_eq!(
+        j.slots_end_ms(),
+        NOW + 1_000 + 286,
+        "2 entries at 7 a second, rounded up"
+    );
     let far = PollJob {
         not_before_ms: NOW + 100 * 86_400_000,
         ..j.clone()

@@ -6,7 +6,10 @@
 //! the budget for the entry's actions, or once the heartbeat says stop, and saves its
 //! position after each entry; a saved cursor KV refuses lists the index from its start.
 //! Entries skipped for a short status back-off hold the next pass's start at the first of
-//! them. The audit acts only on what the index missed when the index was listed whole in this
+//! them. A walk from the index's start (a new coverage) lists the index, then schedules and
+//! polls nothing while polls on the fan-out queue are still due (before the lease's
+//! `fed_until_ms`), so no entry is scheduled beside an earlier copy of itself (`fanout.rs`).
+//! The audit acts only on what the index missed when the index was listed whole in this
 //! pass (otherwise on every entry that may need work, and re-indexes nothing), never judges an
 //! entry the routine walk acted on, and saves its own cursor after each entry.
 
@@ -40,6 +43,9 @@ pub(super) struct IndexWalk {
     pub(super) at: usize,
     /// Whether the window's entries go to the fan-out queue rather than being polled here.
     feeding: bool,
+    /// The walk starts a new coverage of the index and polls have been scheduled on the
+    /// queue: it goes on only once their slots have passed (checked once, when listed).
+    after_queued: bool,
 }
 
 /// The audit over `op:`, one page at a time.
@@ -81,6 +87,7 @@ impl Pass {
             next_window: None,
             at: 0,
             feeding: false,
+            after_queued: false,
         });
     }
 
@@ -95,6 +102,12 @@ impl Pass {
             let cursor = walk.cursor.clone();
             self.phase = Phase::Index(walk);
             return self.list(OPEN_PREFIX, cursor);
+        }
+        if std::mem::take(&mut walk.after_queued) && now_ms < self.fed_until_ms {
+            // Copies of these entries may still wait on the queue (a lasting 429 sent them
+            // back): scheduling or polling them now would poll them twice. The index is
+            // listed all the same, so a due audit judges only what it missed.
+            return self.end_walk(walk.resume, Stop::StillQueued);
         }
         if self.entry.is_some() {
             if let Some(intent) = self.entry_step(now_ms) {
@@ -234,6 +247,7 @@ impl Pass {
         let names: Vec<&str> = walk.entries.iter().map(|(n, _)| n.as_str()).collect();
         walk.at = resume_index(&names, walk.resume.after_key.as_deref());
         walk.feeding = self.fans_out(walk.entries.len().saturating_sub(walk.at));
+        walk.after_queued = walk.resume == Resume::default() && self.fed_until_ms > 0;
     }
 
     /// An index entry whose metadata does not parse: an error, and the entry is passed over

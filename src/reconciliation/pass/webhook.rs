@@ -2,7 +2,8 @@
 //! an alert once per state change when it is not `enabled`.
 //!
 //! Guarantees: at most [`MAX_WEBHOOK_PAGES`] pages, each only with room for it and one more
-//! subrequest; a check that could not be made leaves the mark the lease keeps as it was; an
+//! subrequest, and each read whole up to a cap (a page past it fails the check, saying so); a
+//! check that could not be made leaves the mark the lease keeps as it was; an
 //! alert that could not be sent leaves it too, so the next pass tries again.
 
 use crate::operation::observation::{transient, StatusError};
@@ -54,6 +55,9 @@ fn page_of(answer: &WebhookAnswer, name: &str) -> Result<WebhookPage, StatusErro
             // Said in the log line, so an operator sees how long Gemini asked to wait.
             Class::Retry => Err(transient(retry_after.as_deref())),
         },
+        WebhookAnswer::TooLarge { cap } => Err(StatusError::Malformed(format!(
+            "a listing page over {cap} bytes"
+        ))),
         WebhookAnswer::Unanswered => Err(StatusError::Transient {
             retry_after_secs: 0,
         }),

@@ -3,14 +3,12 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): this route decides nothing; each await
 //! is one [`Need`] of the intake, whose answer goes straight back to it: the key set for a
-//! token's signature, the body read under its cap ([`body::read_capped`]: at most the cap
+//! token's signature, the body read under its cap ([`read_capped`]: at most the cap
 //! plus one chunk is held), this isolate's memory of settled operations
 //! ([`TerminalMemory`]), one gate call, the strangers' tally, a dead letter in KV. Refusals
 //! are counted and logged once per reason per flush window; nothing is written for them. A
 //! usable delivery costs one gate round trip and no KV read, and is answered 2xx only after
 //! the gate stored what it means.
-
-mod body;
 
 use std::cell::RefCell;
 
@@ -23,6 +21,7 @@ use crate::inbound::intake::{Finished, Intake, Need, Settings};
 use crate::inbound::stranger::AlertLimits;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 
+use crate::edge::capped_read::read_capped;
 use crate::edge::http::dynamic_webhook;
 use crate::edge::objects::lease_object::GUARD_NAME;
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
@@ -72,7 +71,7 @@ pub async fn receive(
                 let checked = dynamic_webhook::verify(env, config, &token, now_ms()).await;
                 intake.signature_checked(checked, now_ms())
             }
-            Need::Body { cap, declared } => match body::read_capped(&req, cap, declared).await {
+            Need::Body { cap, declared } => match read_capped(&req, cap, declared).await {
                 Ok(body) => intake.body_read(body),
                 Err(e) => {
                     return Err(EdgeError::BadRequest(format!(
