@@ -160,10 +160,10 @@ fn start() {
 /// creation, a measurable share of the cheapest request (docs/PERFORMANCE.md); only the admin
 /// API, which needs its helpers, pays it.
 #[event(fetch)]
-async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<Response> {
+async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys::Response> {
     let answer = match route(req, &env).await {
         Ok(response) => Ok(response),
-        Err(e) => e.into_response(),
+        Err(e) => e.into_raw(),
     };
     let flush_ms = load_config(&env).map_or(10_000, |c| c.stats_flush_secs * 1_000);
     objects::stats_shard::flush_edge_counts_later(&env, &ctx, now_ms(), flush_ms);
@@ -201,7 +201,12 @@ async fn queue(batch: worker::MessageBatch<JsValue>, env: Env, _ctx: Context) ->
     Ok(())
 }
 
-async fn route(req: web_sys::Request, env: &Env) -> std::result::Result<Response, EdgeError> {
+/// Routes a request; the answer is the runtime's own `Response` (see
+/// [`http::raw_response`]).
+async fn route(
+    req: web_sys::Request,
+    env: &Env,
+) -> std::result::Result<web_sys::Response, EdgeError> {
     let path = path_of(&req.url());
     let method = Method::from(req.method());
     if path == "/healthz" {
@@ -210,9 +215,9 @@ async fn route(req: web_sys::Request, env: &Env) -> std::result::Result<Response
                 let config = load_config(env).map_err(EdgeError::Config)?;
                 let warnings = config.warnings();
                 if warnings.is_empty() {
-                    ok_json(&json!({"ok": true}))
+                    http::raw_response::json_text(200, r#"{"ok":true}"#, None)
                 } else {
-                    ok_json(&json!({"ok": true, "warnings": warnings}))
+                    http::raw_response::json(200, &json!({"ok": true, "warnings": warnings}))
                 }
             }
             _ => Err(EdgeError::MethodNotAllowed),
@@ -236,7 +241,8 @@ async fn route(req: web_sys::Request, env: &Env) -> std::result::Result<Response
                 set("cache-control", "no-store")?;
                 Ok(Response::ok(DASHBOARD)
                     .map_err(|e| EdgeError::Unavailable(e.to_string()))?
-                    .with_headers(headers))
+                    .with_headers(headers)
+                    .into())
             }
             _ => Err(EdgeError::MethodNotAllowed),
         };
@@ -246,7 +252,9 @@ async fn route(req: web_sys::Request, env: &Env) -> std::result::Result<Response
         ("/webhooks/gemini", Method::Post) => http::webhook::receive(req, env, &config).await,
         ("/webhooks/gemini", _) => Err(EdgeError::MethodNotAllowed),
         (p, m) if p.starts_with("/v1/") => {
-            http::admin_api::handle(Request::from(req), m, env, &config).await
+            http::admin_api::handle(Request::from(req), m, env, &config)
+                .await
+                .map(web_sys::Response::from)
         }
         _ => Err(EdgeError::NotFound),
     }

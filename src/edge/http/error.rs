@@ -65,10 +65,11 @@ impl EdgeError {
         self.origin() != Origin::Downstream
     }
 
-    /// The one mapping from failure to HTTP answer: the client face; the log face of an
-    /// upstream or internal failure is logged here.
-    pub fn into_response(self) -> worker::Result<Response> {
-        if let EdgeError::Unavailable(detail) = &self {
+    /// The one mapping from failure to HTTP answer: the client face (status, body and the
+    /// `Retry-After` seconds, if any); the log face of an upstream or internal failure is
+    /// logged here.
+    fn client_face(&self) -> (u16, serde_json::Value, Option<u32>) {
+        if let EdgeError::Unavailable(detail) = self {
             log(WorkerLog::Unavailable {
                 error: detail.clone(),
                 key: None,
@@ -76,7 +77,7 @@ impl EdgeError {
             }
             .to_value());
         }
-        let (status, body) = match &self {
+        let (status, body) = match self {
             EdgeError::Config(e) => (
                 503,
                 json!({"error": "not configured", "variable": e.var, "problem": e.to_string()}),
@@ -94,16 +95,34 @@ impl EdgeError {
             ),
         };
         debug_assert_eq!(status >= 500, self.retry_helps());
+        let retry_after = match self {
+            EdgeError::RetryLater(secs) => Some(*secs),
+            _ => None,
+        };
+        (status, body, retry_after)
+    }
+
+    /// The answer as worker-rs's `Response` (the Durable Objects' handlers return those).
+    pub fn into_response(self) -> worker::Result<Response> {
+        let (status, body, retry_after) = self.client_face();
         let response = Response::from_json(&body)?.with_status(status);
-        Ok(match self {
-            EdgeError::RetryLater(secs) => {
+        Ok(match retry_after {
+            Some(secs) => {
                 let headers = Headers::new();
                 headers.set("content-type", "application/json")?;
                 headers.set("retry-after", &secs.to_string())?;
                 response.with_headers(headers)
             }
-            _ => response,
+            None => response,
         })
+    }
+
+    /// The answer as the runtime's own `Response`: the worker's routes, where every request
+    /// pays for building it ([`crate::edge::http::raw_response`]).
+    pub fn into_raw(self) -> worker::Result<worker::web_sys::Response> {
+        let (status, body, retry_after) = self.client_face();
+        crate::edge::http::raw_response::json_text(status, &body.to_string(), retry_after)
+            .map_err(|e| worker::Error::RustError(e.to_string()))
     }
 }
 

@@ -5,4 +5,5 @@ pub mod admin_api;
 pub mod bulk;
 pub mod dynamic_webhook;
 pub mod error;
+pub mod raw_response;
 pub mod webhook;

@@ -12,7 +12,7 @@
 
 use std::cell::RefCell;
 
-use worker::{web_sys, Env, Response};
+use worker::{web_sys, Env};
 
 use crate::config::Config;
 use crate::inbound::answer::TerminalMemory;
@@ -22,12 +22,12 @@ use crate::inbound::stranger::AlertLimits;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 
 use crate::edge::capped_read::read_capped;
-use crate::edge::http::dynamic_webhook;
+use crate::edge::http::{dynamic_webhook, raw_response};
 use crate::edge::objects::lease_object::GUARD_NAME;
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
 use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
 use crate::edge::reconcile_pass::LEASE_BINDING;
-use crate::edge::{call_gate, js_error, log, now_ms, ok_json, post_json, stub_for, EdgeError};
+use crate::edge::{call_gate, js_error, log, now_ms, post_json, stub_for, EdgeError};
 
 thread_local! {
     /// The terminal states this isolate has seen gates answer with (see [`TerminalMemory`]).
@@ -38,7 +38,7 @@ pub async fn receive(
     req: web_sys::Request,
     env: &Env,
     config: &Config,
-) -> Result<Response, EdgeError> {
+) -> Result<web_sys::Response, EdgeError> {
     let raw = req.headers();
     let header = |name: &str| raw.get(name).ok().flatten();
     let (length, id, timestamp, signature) = (
@@ -115,7 +115,7 @@ pub async fn receive(
 }
 
 /// Counts, logs and remembers what a finished delivery says, and answers it.
-fn answer(finished: Finished) -> Result<Response, EdgeError> {
+fn answer(finished: Finished) -> Result<web_sys::Response, EdgeError> {
     let Finished {
         reply,
         counts,
@@ -135,11 +135,7 @@ fn answer(finished: Finished) -> Result<Response, EdgeError> {
         TERMINAL.with(|t| t.borrow_mut().remember(&key, status));
     }
     match reply {
-        Reply::Answered(answer) => {
-            let body =
-                serde_json::to_value(&answer).map_err(|e| EdgeError::Unavailable(e.to_string()))?;
-            ok_json(&body)
-        }
+        Reply::Answered(answer) => raw_response::json(200, &answer),
         Reply::Unauthorized => Err(EdgeError::Unauthorized),
         Reply::TooLarge => Err(EdgeError::TooLarge),
         Reply::BadRequest(text) => Err(EdgeError::BadRequest(text)),
