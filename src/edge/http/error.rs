@@ -118,7 +118,7 @@ impl EdgeError {
     }
 
     /// The answer as the runtime's own `Response`: the worker's routes, where every request
-    /// pays for building it ([`crate::edge::http::raw_response`]).
+    /// pays for building it (`edge/http/raw_response.rs`).
     pub fn into_raw(self) -> worker::Result<worker::web_sys::Response> {
         let (status, body, retry_after) = self.client_face();
         crate::edge::http::raw_response::json_text(status, &body.to_string(), retry_after)
