@@ -15,7 +15,7 @@ use crate::operation::gate_log::GateLog;
 use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
 use crate::operation::history::HistoryEntry;
 use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
-use crate::operation::{KindFill, OpEvent, Operation};
+use crate::operation::{Actor, KindFill, OpEvent, Operation};
 use crate::telemetry::counters::Counter;
 
 /// The settings a step needs, from the configuration.
@@ -276,6 +276,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         GateCommand::Redeliver {
             reason,
             sent_before_ms,
+            by,
         } => match record {
             // A bulk run's cut-off: an effect sent at or after it was sent by this run (or
             // after it began), so the run, resumed or run again, leaves it alone.
@@ -285,21 +286,21 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             ),
             // An effect not done may have reached the destination already: it is retried
             // under its own webhook-id, never given a new one.
-            Some(op) if !op.effect().done() => operator_retry(op, &reason, now),
+            Some(op) if !op.effect().done() => operator_retry(op, &reason, by, now),
             Some(mut op) => match op.redeliver(now, &reason) {
                 Ok(generation) => {
                     op.count(Counter::Redeliveries, now);
-                    operator_acted(op, OperatorAction::Redeliver, generation, &reason, now)
+                    operator_acted(op, OperatorAction::Redeliver, generation, &reason, by, now)
                 }
                 Err(refusal) => refused(op, refusal.as_str()),
             },
             None => Step::new(None, GateReply::NotFound),
         },
-        GateCommand::RetryNow { reason } => match record {
-            Some(op) => operator_retry(op, &reason, now),
+        GateCommand::RetryNow { reason, by } => match record {
+            Some(op) => operator_retry(op, &reason, by, now),
             None => Step::new(None, GateReply::NotFound),
         },
-        GateCommand::Forget { reason } => match record {
+        GateCommand::Forget { reason, by } => match record {
             Some(mut op) => {
                 let changed = op.forget(now, &reason);
                 let key = op.key().to_string();
@@ -310,8 +311,9 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 step.durable()
                     .row(HistoryEntry::Forgotten {
                         reason: reason.clone(),
+                        by: by.clone(),
                     })
-                    .log(GateLog::ForgottenByOperator { key, reason })
+                    .log(GateLog::ForgottenByOperator { key, reason, by })
             }
             None => Step::new(None, GateReply::NotFound),
         },
@@ -329,12 +331,12 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             }
             None => Step::new(None, GateReply::NotFound),
         },
-        GateCommand::Settle { status, reason } => match record {
+        GateCommand::Settle { status, reason, by } => match record {
             Some(mut op) => match op.settle_by_operator(Status::parse(&status), &reason, now) {
                 Ok(event) => {
                     let key = op.key().to_string();
                     let (status, effect) = (op.status().clone(), effect_report(&op, now));
-                    let row = HistoryEntry::settled_by_operator(&event, &reason);
+                    let row = HistoryEntry::settled_by_operator(&event, &reason, by.clone());
                     Step::new(
                         Some(op),
                         GateReply::Applied {
@@ -348,6 +350,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                         key,
                         status: status.as_str().to_string(),
                         reason,
+                        by,
                     })
                 }
                 Err(refusal) => refused(op, refusal.as_str()),
@@ -388,11 +391,11 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
     }
 }
 
-fn operator_retry(mut op: Operation, reason: &str, now: i64) -> Step {
+fn operator_retry(mut op: Operation, reason: &str, by: Option<Actor>, now: i64) -> Step {
     match op.retry_now(now) {
         Ok(()) => {
             let generation = op.effect().generation();
-            operator_acted(op, OperatorAction::RetryNow, generation, reason, now)
+            operator_acted(op, OperatorAction::RetryNow, generation, reason, by, now)
         }
         Err(refusal) => refused(op, refusal.as_str()),
     }
@@ -403,6 +406,7 @@ fn operator_acted(
     action: OperatorAction,
     generation: u32,
     reason: &str,
+    by: Option<Actor>,
     now: i64,
 ) -> Step {
     let key = op.key().to_string();
@@ -412,11 +416,13 @@ fn operator_acted(
             key,
             generation,
             reason: reason.clone(),
+            by: by.clone(),
         },
         OperatorAction::Redeliver => GateLog::Redeliver {
             key,
             generation,
             reason: reason.clone(),
+            by: by.clone(),
         },
     };
     let effect = effect_report(&op, now);
@@ -430,8 +436,16 @@ fn operator_acted(
     )
     .durable()
     .row(match action {
-        OperatorAction::RetryNow => HistoryEntry::RetryNow { generation, reason },
-        OperatorAction::Redeliver => HistoryEntry::Redeliver { generation, reason },
+        OperatorAction::RetryNow => HistoryEntry::RetryNow {
+            generation,
+            reason,
+            by,
+        },
+        OperatorAction::Redeliver => HistoryEntry::Redeliver {
+            generation,
+            reason,
+            by,
+        },
     })
     .log(line);
     step.reset_alarm = true;
@@ -921,6 +935,7 @@ mod tests {
             nudged.record,
             GateCommand::Forget {
                 reason: "gone".into(),
+                by: None,
             },
             11,
         );
@@ -1158,6 +1173,7 @@ mod tests {
             GateCommand::Redeliver {
                 reason: "fixed".into(),
                 sent_before_ms: None,
+                by: None,
             },
             30,
         );
@@ -1180,6 +1196,7 @@ mod tests {
             GateCommand::Redeliver {
                 reason: "lost downstream".into(),
                 sent_before_ms: None,
+                by: None,
             },
             30,
         );
@@ -1199,6 +1216,7 @@ mod tests {
         let run = |cutoff| GateCommand::Redeliver {
             reason: "bulk redeliver: lost downstream".into(),
             sent_before_ms: Some(cutoff),
+            by: None,
         };
         let refused_as_sent = |s: &Step| {
             matches!(&s.reply, GateReply::Refused { reason }
@@ -1254,6 +1272,7 @@ mod tests {
             s.record,
             GateCommand::RetryNow {
                 reason: String::new(),
+                by: None,
             },
             11,
         );
@@ -1263,6 +1282,7 @@ mod tests {
             None,
             GateCommand::RetryNow {
                 reason: String::new(),
+                by: None,
             },
             11,
         );
@@ -1276,6 +1296,7 @@ mod tests {
             GateCommand::Redeliver {
                 reason: String::new(),
                 sent_before_ms: None,
+                by: None,
             },
             5,
         );
@@ -1306,15 +1327,25 @@ mod tests {
             Some(registered()),
             GateCommand::Forget {
                 reason: "job deleted".into(),
-            },
+                by: None,
+            }
+            .by(actor()),
             5,
         );
         assert_eq!(s.reply, GateReply::Forgotten { changed: true });
         assert_eq!(events(&s), ["forgotten_by_operator"]);
+        let who = serde_json::json!({"scope": "admin", "fingerprint": "0a1b2c3d"});
+        assert_eq!(
+            s.history[0].to_value()["by"],
+            who,
+            "the row names who forgot it"
+        );
+        assert_eq!(s.logs[0].to_value()["by"], who, "and so does the line");
         let again = step(
             s.record,
             GateCommand::Forget {
                 reason: "again".into(),
+                by: None,
             },
             6,
         );
@@ -1334,10 +1365,18 @@ mod tests {
         );
     }
 
+    fn actor() -> Actor {
+        Actor {
+            scope: "admin".into(),
+            fingerprint: "0a1b2c3d".into(),
+        }
+    }
+
     fn settle(status: &str) -> GateCommand {
         GateCommand::Settle {
             status: status.into(),
             reason: "checked in AI Studio".into(),
+            by: None,
         }
     }
 
@@ -1355,6 +1394,11 @@ mod tests {
         assert_eq!(events(&s), ["settled_by_operator"]);
         assert_eq!(s.history[0].to_value()["settled_by"], "operator");
         assert_eq!(s.history[0].to_value()["reason"], "checked in AI Studio");
+        let by_admin = step(Some(registered()), settle("failed").by(actor()), 30);
+        assert_eq!(
+            by_admin.history[0].to_value()["by"]["fingerprint"],
+            "0a1b2c3d"
+        );
         let op = s.record.unwrap();
         assert_eq!(op.settled_by(), Some(Source::Operator));
         assert!(op.effect_owed());

@@ -89,9 +89,16 @@ impl DurableObject for OperationGate {
         };
         // An operator's repair runs before the record is loaded: loading is what it repairs.
         let repaired = match &command {
-            GateCommand::Repair { key, name, reason } => {
-                Some(self.storage.repair(key, name, reason)?.unwrap_or(false))
-            }
+            GateCommand::Repair {
+                key,
+                name,
+                reason,
+                by,
+            } => Some(
+                self.storage
+                    .repair(key, name, reason, by.as_ref())?
+                    .unwrap_or(false),
+            ),
             _ => None,
         };
         let now = now_ms();

@@ -9,7 +9,7 @@
 
 use worker::Result;
 
-use crate::operation::{recovery, Operation};
+use crate::operation::{recovery, Actor, Operation};
 
 use crate::edge::log;
 use crate::edge::objects::gate_storage::{Cached, GateStorage};
@@ -33,7 +33,7 @@ impl GateStorage {
         };
         let now = worker::Date::now().as_millis() as i64;
         self.quarantine(raw, error, now)?;
-        let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now);
+        let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now, None);
         self.record(now, vec![row]);
         self.save(&op)?;
         log(line.to_value());
@@ -44,8 +44,15 @@ impl GateStorage {
     /// An operator's repair: `None` when there is no record; `Some(false)` when it loads as
     /// it is (nothing done); `Some(true)` when it did not: recovered as [`GateStorage::load`]
     /// would, or, when not even its key and state can be read, kept in `quarantine` and
-    /// replaced by [`recovery::rebuild`] of `key` and `name`, with its alert queued.
-    pub fn repair(&self, key: &str, name: &str, reason: &str) -> Result<Option<bool>> {
+    /// replaced by [`recovery::rebuild`] of `key` and `name`, with its alert queued and `by`
+    /// (the operator) in its history row.
+    pub fn repair(
+        &self,
+        key: &str,
+        name: &str,
+        reason: &str,
+        by: Option<&Actor>,
+    ) -> Result<Option<bool>> {
         let rows = self.stored_body()?;
         let Some(row) = rows.first() else {
             return Ok(None);
@@ -63,8 +70,14 @@ impl GateStorage {
         let error = error.to_string();
         self.quarantine(&row.body, &error, now)?;
         let mut op = recovery::rebuild(key, name, reason, now);
-        let (entry, line) =
-            recovery::mark_recovered(&mut op, recovery::Recovery::Rebuilt, &error, &row.body, now);
+        let (entry, line) = recovery::mark_recovered(
+            &mut op,
+            recovery::Recovery::Rebuilt,
+            &error,
+            &row.body,
+            now,
+            by.cloned(),
+        );
         self.record(now, vec![entry]);
         self.save(&op)?;
         log(line.to_value());
