@@ -136,7 +136,12 @@ fn answer(finished: Finished) -> Result<web_sys::Response, EdgeError> {
     // A refusal's line is logged for the first of its reason in a flush window only.
     let log_it = rejected.is_none_or(count_rejected);
     if let (true, Some(line)) = (log_it, line) {
-        log(line.to_value());
+        // Serialized straight to text: no JSON tree is built for the line every delivery
+        // writes (a duplicate's included).
+        match serde_json::to_string(&line) {
+            Ok(text) => worker::console_log!("{text}"),
+            Err(_) => log(line.to_value()),
+        }
     }
     if let Some((key, status)) = remember {
         TERMINAL.with(|t| t.borrow_mut().remember(&key, status));
