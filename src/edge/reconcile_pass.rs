@@ -28,12 +28,13 @@ use crate::reconciliation::pass::{
 };
 use crate::reconciliation::reconcile::Thresholds;
 
-use super::outbound::status_api;
-use super::EdgeError;
-use super::{call_gate, log, now_ms, random_unit};
+use crate::edge::http::error::EdgeError;
+use crate::edge::objects::call::{call_gate, post_json, stub_for};
 use crate::edge::objects::lease_object::LEASE_NAME;
 use crate::edge::outbound::fetch::{post_alert, Answer, SkimAnswer};
 use crate::edge::outbound::ledger_kv::KV_BINDING;
+use crate::edge::outbound::status_api;
+use crate::edge::runtime::{log, now_ms, random_unit};
 
 /// The lease object's binding.
 pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
@@ -314,5 +315,5 @@ async fn list_page(
 }
 
 async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, EdgeError> {
-    super::post_json(&super::stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
+    post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
 }

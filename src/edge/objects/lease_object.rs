@@ -29,9 +29,9 @@ use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::reconcile::Lease;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::http::error::EdgeError;
 use crate::edge::outbound::fetch::post_alert;
-use crate::edge::EdgeError;
-use crate::edge::{load_config, log};
+use crate::edge::runtime::{load_config, log};
 
 /// Aggregated alerts kept while the sink refuses them (one per alert window, so a day's worth
 /// at the default hour); older ones are dropped first, counted in the newest.

@@ -8,7 +8,7 @@
 //! alarm (at [`Operation::wake_at_ms`]) before it answers, so no answer waits on a
 //! destination, the status API or an alert sink; a duplicate of a settled operation changes
 //! nothing durable ([`Save::MemoryOnly`]). The Durable Object
-//! (`src/edge/objects/gate_object.rs`) only loads, calls a step, performs the I/O the alarm
+//! (`src/edge/objects/gate/`) only loads, calls a step, performs the I/O the alarm
 //! needs and saves. Time and jitter are parameters.
 //!
 //! [`step`] sends each command to its family: a registration (`registration.rs`),
