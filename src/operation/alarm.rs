@@ -19,7 +19,7 @@ use crate::operation::gate::{count_delivery, Limits, Save, Step};
 use crate::operation::gate_log::{AttemptLine, GateLog};
 use crate::operation::history::HistoryEntry;
 use crate::operation::key::Collection;
-use crate::operation::ledger::{project, IndexWrite, Projection};
+use crate::operation::ledger::{IndexWrite, Projection};
 use crate::operation::lifecycle::{Source, Status, Verdict};
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::{
@@ -571,7 +571,7 @@ pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &Limits) -> Upkeep {
     let sealed = op.seal_stats();
     let projection =
         (op.projected_version() < op.version() && now >= op.projection_due_ms()).then(|| {
-            let p = project(op, limits.retention_ms / 1_000);
+            let p = op.projection(limits.retention_ms / 1_000);
             let index = p.index_write(op.indexed());
             (p, index)
         });
