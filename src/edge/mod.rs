@@ -1,23 +1,27 @@
 //! The Worker: routes requests, reads the clock and the environment, and hands everything
 //! that decides to the pure core and the OperationGate.
 //!
-//! Guarantees: every failure becomes an `EdgeError` (`http/error.rs`), mapped to an HTTP status
-//! in exactly one place (`EdgeError::into_response`); the sender never sees internal detail; missing or
-//! malformed configuration answers 503 naming the variable, on every route, so Gemini keeps
-//! retrying while an operator fixes it; every log line is one JSON object and holds no secret.
+//! Guarantees: every failure becomes an `EdgeError` (`error.rs`), mapped to an HTTP status in
+//! exactly one place (`EdgeError::into_response`); the sender never sees internal detail;
+//! missing or malformed configuration answers 503 naming the variable, on every route, so
+//! Gemini keeps retrying while an operator fixes it; every log line is one JSON object and
+//! holds no secret.
 //!
 //! This file is the router and nothing else: the runtime's events and the table of routes.
 //! Nothing in the edge imports from it; what the rooms share lives in modules named for it
 //! (`runtime.rs`: clock, randomness, configuration, log; `objects/call.rs`: calls to a
-//! Durable Object; `http/error.rs`: the one error).
+//! Durable Object; `error.rs`: the one error; `raw_response.rs`: the runtime's own answers).
 
 // Grouped on disk by role: HTTP routes (`http/`), the Durable Objects (`objects/`), calls
-// that leave the worker (`outbound/`), the cron pass, what the runtime gives every room, and
-// the capped reading of streams from outside that routes and outbound calls share.
+// that leave the worker (`outbound/`), the cron pass; and what every room shares: what the
+// runtime gives (`runtime.rs`), the one error and the answers it becomes (`error.rs`,
+// `raw_response.rs`), and the capped reading of streams from outside.
 mod capped_read;
+mod error;
 mod http;
 mod objects;
 mod outbound;
+mod raw_response;
 mod reconcile_pass;
 mod runtime;
 
@@ -30,7 +34,7 @@ use worker::{event, web_sys, Context, Env, Method, Request, Result};
 
 use crate::telemetry::worker_log::WorkerLog;
 
-use http::error::EdgeError;
+use error::EdgeError;
 use runtime::{load_config, log, now_ms};
 
 #[event(start)]
@@ -84,7 +88,7 @@ async fn queue(batch: worker::MessageBatch<JsValue>, env: Env, _ctx: Context) ->
 }
 
 /// Routes a request; the answer is the runtime's own `Response` (see
-/// [`http::raw_response`]).
+/// `raw_response.rs`).
 async fn route(
     req: web_sys::Request,
     env: &Env,

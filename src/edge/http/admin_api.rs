@@ -26,7 +26,7 @@ use crate::telemetry::worker_log::WorkerLog;
 use crate::timestamp::format_rfc3339;
 
 use crate::edge::capped_read::request_body;
-use crate::edge::http::error::EdgeError;
+use crate::edge::error::EdgeError;
 use crate::edge::http::json_answer::{json_response, ok_json};
 use crate::edge::objects::call::call_gate;
 use crate::edge::objects::stats_shard;

@@ -21,7 +21,7 @@ use crate::telemetry::worker_log::WorkerLog;
 
 use super::admin_api::MAX_ADMIN_BODY;
 use crate::edge::capped_read::request_body;
-use crate::edge::http::error::EdgeError;
+use crate::edge::error::EdgeError;
 use crate::edge::http::json_answer::ok_json;
 use crate::edge::objects::call::call_gate;
 use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};

@@ -6,7 +6,7 @@
 
 use worker::{web_sys, Headers, Response};
 
-use crate::edge::http::error::EdgeError;
+use crate::edge::error::EdgeError;
 
 /// The page.
 const DASHBOARD: &str = include_str!("dashboard.html");

@@ -6,8 +6,8 @@
 use serde_json::json;
 use worker::{web_sys, Env};
 
-use crate::edge::http::error::EdgeError;
-use crate::edge::http::raw_response;
+use crate::edge::error::EdgeError;
+use crate::edge::raw_response;
 use crate::edge::runtime::load_config;
 
 /// `GET` or `HEAD /healthz`.

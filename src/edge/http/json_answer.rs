@@ -1,6 +1,6 @@
 //! The admin API's JSON answers, as worker-rs `Response`s (the routes that need worker-rs's
 //! request helpers answer with its `Response`; the others build the runtime's own, in
-//! `raw_response.rs`).
+//! `edge/raw_response.rs`).
 //!
 //! Guarantees: a body that cannot be made an answer is [`EdgeError::Unavailable`], never a
 //! panic.
@@ -8,7 +8,7 @@
 use serde_json::Value;
 use worker::Response;
 
-use crate::edge::http::error::EdgeError;
+use crate::edge::error::EdgeError;
 
 /// A 200 JSON answer.
 pub fn ok_json(body: &Value) -> std::result::Result<Response, EdgeError> {

@@ -11,7 +11,7 @@ use worker::{js_sys, web_sys, Env};
 
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 
-use crate::edge::http::error::EdgeError;
+use crate::edge::error::EdgeError;
 use crate::edge::runtime::js_error;
 
 /// The Durable Object binding.

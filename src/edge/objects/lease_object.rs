@@ -29,7 +29,7 @@ use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::reconcile::Lease;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::http::error::EdgeError;
+use crate::edge::error::EdgeError;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log};
 
@@ -39,6 +39,8 @@ const MAX_OWED_ALERTS: usize = 24;
 /// How soon the tally's alarm tries an alert sink again after a failure.
 const ALERT_RETRY_MS: i64 = 30_000;
 
+/// The lease object's binding.
+pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
 /// The one lease object's name.
 pub const LEASE_NAME: &str = "reconcile";
 /// The strangers' tally's name (an instance of the same class, so no new class to migrate).

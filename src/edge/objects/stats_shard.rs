@@ -27,7 +27,7 @@ use crate::telemetry::isolate_tally::IsolateTally;
 use crate::telemetry::shard_store::{self, MarkDays, Param, Prune, Row, Sql, RECENT_DROPS};
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::http::error::EdgeError;
+use crate::edge::error::EdgeError;
 use crate::edge::objects::call::{post_json, stub_for, ObjectStub};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::{load_config, log, now_ms};
@@ -187,7 +187,7 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
         .collect();
     let lease = stub_for(
         env,
-        crate::edge::reconcile_pass::LEASE_BINDING,
+        crate::edge::objects::lease_object::LEASE_BINDING,
         crate::edge::objects::lease_object::LEASE_NAME,
     )?;
     let (last_pass, webhook) = match post_json::<_, LeaseReply>(&lease, &LeaseCommand::Status)

@@ -22,13 +22,13 @@ use crate::inbound::stranger::AlertLimits;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 
 use crate::edge::capped_read::read_capped;
-use crate::edge::http::error::EdgeError;
-use crate::edge::http::{dynamic_webhook, raw_response};
+use crate::edge::error::EdgeError;
+use crate::edge::http::dynamic_webhook;
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
-use crate::edge::objects::lease_object::GUARD_NAME;
+use crate::edge::objects::lease_object::{GUARD_NAME, LEASE_BINDING};
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
 use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
-use crate::edge::reconcile_pass::LEASE_BINDING;
+use crate::edge::raw_response;
 use crate::edge::runtime::{js_error, log, now_ms};
 
 thread_local! {

@@ -19,7 +19,7 @@ use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
 use crate::telemetry::counters;
 
-use crate::edge::http::error::EdgeError;
+use crate::edge::error::EdgeError;
 use crate::edge::objects::gate::commit::{commit, limits, Alarm};
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::stats_shard;

@@ -41,7 +41,7 @@ use crate::operation::gate_log::GateLog;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::telemetry::usage::Invocation;
 
-use crate::edge::http::error::EdgeError;
+use crate::edge::error::EdgeError;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms, random_unit};
 

@@ -15,7 +15,7 @@ use worker::{Headers, Response};
 use crate::config::ConfigError;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::http::raw_response;
+use crate::edge::raw_response;
 use crate::edge::runtime::log;
 
 /// Where a failure came from.
@@ -119,7 +119,7 @@ impl EdgeError {
     }
 
     /// The answer as the runtime's own `Response`: the worker's routes, where every request
-    /// pays for building it (`edge/http/raw_response.rs`).
+    /// pays for building it (`edge/raw_response.rs`).
     pub fn into_raw(self) -> worker::Result<worker::web_sys::Response> {
         let (status, body, retry_after) = self.client_face();
         raw_response::json_text(status, &body.to_string(), retry_after)
