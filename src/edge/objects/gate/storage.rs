@@ -59,7 +59,7 @@ pub struct GateStorage {
     pub(super) history: RefCell<HistoryLog>,
     layout: Cell<Layout>,
     /// A record was recovered by this instance and its alarm not yet set for it.
-    pub(super) recovered: Cell<bool>,
+    recovered: Cell<bool>,
 }
 
 impl GateStorage {
