@@ -6,8 +6,10 @@
 //    linked; a placeholder id is refused), EFFECT_URL (refused when missing), and says what is
 //    advised (GEMINI_API_KEY, ALERT_URL) and what comes next (GEMINI_WEBHOOK_SECRETS:
 //    `npm run connect`).
-// 2. Generates EFFECT_SIGNING_SECRET and ADMIN_TOKEN when the worker has none yet, keeping
-//    them in .deploy.vars (mode 0600, never committed), where the user reads them back.
+// 2. Generates EFFECT_SIGNING_SECRET and the three tokens (ADMIN_TOKEN, REGISTER_TOKENS,
+//    READ_TOKENS: one scope each) when the worker has none yet, keeping them in .deploy.vars
+//    (mode 0600, never committed), where the user reads them back, and says which token goes
+//    where.
 // 3. Creates the fan-out queue wrangler.toml names, unless it exists (wrangler deploy does not).
 // 4. Deploys with the secrets it was given (--set, or GEMINI_API_KEY from the environment) and
 //    generated, in one `wrangler deploy --secrets-file` (secrets already set stay).
@@ -18,7 +20,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { devVars, ROOT } from "./dev_vars.mjs";
-import { DEPLOY_VARS, newSigningSecret, newToken, remoteSecretNames, wrangler, writeVars } from "./deploy_vars.mjs";
+import { DEPLOY_VARS, fingerprint, newSigningSecret, newToken, remoteSecretNames, wrangler, writeVars } from "./deploy_vars.mjs";
 
 const HELP = `usage: npm run deploy -- [--set NAME=value ...] [--dry-run] [--url URL] [--config FILE]
 
@@ -30,8 +32,19 @@ const HELP = `usage: npm run deploy -- [--set NAME=value ...] [--dry-run] [--url
   --config FILE      another wrangler configuration (wrangler.toml)
 Other arguments go to wrangler deploy (e.g. --outdir DIR).`;
 
-/** Settings the worker cannot run without; GEMINI_WEBHOOK_SECRETS comes from npm run connect. */
-const GENERATED = { EFFECT_SIGNING_SECRET: newSigningSecret, ADMIN_TOKEN: newToken };
+/**
+ * Secrets deploy makes when the worker has none: the ones it cannot run without
+ * (GEMINI_WEBHOOK_SECRETS comes from npm run connect), and a token of each narrower scope, so
+ * that nobody needs the admin token to register jobs or to look at the dashboard.
+ */
+const GENERATED = { EFFECT_SIGNING_SECRET: newSigningSecret, ADMIN_TOKEN: newToken, REGISTER_TOKENS: newToken, READ_TOKENS: newToken };
+
+/** Where each token goes, as deploy tells the user. */
+const TOKEN_USE = {
+  REGISTER_TOKENS: "register token: for the code that submits jobs (your cron, notebook, CI job or app server registers each job with it; GEMINI_ONCE_REGISTER_TOKEN in the README's snippets). It can register and read a job back, nothing else",
+  READ_TOKENS: "read token: for whoever only looks (sign in to /dashboard with it: everything shows, no action buttons)",
+  ADMIN_TOKEN: "admin token: for operators only (the dashboard's actions: retry, redeliver, settle, forget, bulk; npm run connect's checks). Keep it out of job-submitting code",
+};
 
 const args = { set: {}, dryRun: false, url: undefined, config: path.join(ROOT, "wrangler.toml"), rest: [] };
 const argv = process.argv.slice(2);
@@ -117,7 +130,8 @@ const generate = {};
 for (const [name, make] of Object.entries(GENERATED)) {
   if (source(name)) continue;
   if (args.dryRun) {
-    notes.push(`${name}: generated on deploy unless the worker has one (kept in ${DEPLOY_VARS.startsWith(`${ROOT}${path.sep}`) ? path.relative(ROOT, DEPLOY_VARS) : DEPLOY_VARS})`);
+    const use = TOKEN_USE[name] ? `; the ${TOKEN_USE[name]}` : "";
+    notes.push(`${name}: generated on deploy unless the worker has one (kept in ${DEPLOY_VARS.startsWith(`${ROOT}${path.sep}`) ? path.relative(ROOT, DEPLOY_VARS) : DEPLOY_VARS})${use}`);
   } else {
     generate[name] = kept[name] || make();
   }
@@ -137,6 +151,11 @@ const upload = { ...args.set, ...generate };
 if (Object.keys(generate).length) {
   writeVars(DEPLOY_VARS, generate);
   say(`generated ${Object.keys(generate).join(", ")}: read them back in ${DEPLOY_VARS} (owner-only, never committed)`);
+  const tokens = Object.keys(TOKEN_USE).filter((name) => generate[name]);
+  if (tokens.length) {
+    say(`which token goes where (each in ${DEPLOY_VARS}; [fingerprint] is how the worker's logs and history name it):`);
+    for (const name of tokens) say(`  ${name} [${fingerprint(generate[name])}]: ${TOKEN_USE[name]}`);
+  }
 }
 
 // wrangler deploy provisions KV itself but refuses a queue that does not exist: create the
@@ -197,4 +216,4 @@ if (health.status === 200) {
 } else {
   fail(`${url}/healthz answered ${health.status}: ${health.text.slice(0, 300)}`);
 }
-say(`deployed ${url}${Object.keys(kept).length || Object.keys(generate).length ? ` (ADMIN_TOKEN and the other secrets deploy and connect made are in ${DEPLOY_VARS})` : ""}`);
+say(`deployed ${url}${Object.keys(kept).length || Object.keys(generate).length ? ` (the tokens, REGISTER_TOKENS, READ_TOKENS and ADMIN_TOKEN, and the other secrets deploy and connect made are in ${DEPLOY_VARS})` : ""}`);

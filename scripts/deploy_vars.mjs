@@ -2,7 +2,7 @@
 // a local worker, `.deploy.vars` for the deployed one's generated secrets, both NAME=value and
 // never committed), the wrangler command they run, and Gemini's subscribable events.
 import { spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { chmodSync, existsSync, readFileSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { ROOT } from "./dev_vars.mjs";
@@ -30,8 +30,14 @@ export const SDK_EVENTS = Object.freeze([
 
 /** `whsec_` and 32 random bytes in base64: a Standard Webhooks signing secret. */
 export const newSigningSecret = () => `whsec_${randomBytes(32).toString("base64")}`;
-/** 32 random bytes, URL-safe: an admin token. */
+/** 32 random bytes, URL-safe: a bearer token (admin, register or read). */
 export const newToken = () => randomBytes(32).toString("base64url");
+
+/**
+ * A token's short, non-secret name, as the worker logs it (`by.fingerprint`, `/v1/whoami`):
+ * the first 8 hex digits of SHA-256("gemini-once:" + token) (src/access.rs, `fingerprint`).
+ */
+export const fingerprint = (token) => createHash("sha256").update(`gemini-once:${token}`).digest("hex").slice(0, 8);
 
 /** A secret list as GEMINI_WEBHOOK_SECRETS holds it (spaces or commas), without blanks. */
 export const secretList = (value) => (value ?? "").split(/[\s,]+/).filter(Boolean);

@@ -2,15 +2,18 @@
 // Registers an operation with the worker (POST /v1/operations), as your code would when it
 // submits a job to Gemini, so reconciliation finds it if its completion never arrives.
 //
-//   npm run register -- NAME --kind KIND [--url URL] [--token ADMIN_TOKEN]
+//   npm run register -- NAME --kind KIND [--url URL] [--token REGISTER_TOKEN]
 //
-// The URL defaults to the local worker (http://127.0.0.1:8787), the token to ADMIN_TOKEN in
-// .dev.vars. Prints the answer; exits 0 when the worker created (201) or already knew (200) it.
+// The URL defaults to the local worker (http://127.0.0.1:8787). The token is a register token
+// (it may register and read one operation back, nothing else): --token, else
+// GEMINI_ONCE_REGISTER_TOKEN from the environment, else the first of REGISTER_TOKENS in
+// .dev.vars (ADMIN_TOKEN there, with a note, when it has none). Prints the answer; exits 0
+// when the worker created (201) or already knew (200) it.
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { devVars, LOCAL_WORKER_URL } from "./dev_vars.mjs";
 
-const USAGE = "usage: npm run register -- NAME --kind KIND [--url URL] [--token ADMIN_TOKEN]";
+const USAGE = "usage: npm run register -- NAME --kind KIND [--url URL] [--token REGISTER_TOKEN]";
 
 function fail(message) {
   console.error(`register: ${message}\n${USAGE}`);
@@ -33,8 +36,18 @@ function parseArgs(argv) {
   if (positional.length !== 1) fail("give one operation name (e.g. batches/abc)");
   if (!opts.kind) fail("give --kind (what the side effect does, e.g. nightly-review)");
   opts.name = positional[0];
-  opts.token ??= devVars().ADMIN_TOKEN;
-  if (!opts.token) fail("give --token (or set ADMIN_TOKEN in .dev.vars)");
+  opts.token ??= process.env.GEMINI_ONCE_REGISTER_TOKEN || undefined;
+  if (!opts.token) {
+    const vars = devVars();
+    opts.token = vars.REGISTER_TOKENS?.split(/\s+/).find(Boolean);
+    if (!opts.token && vars.ADMIN_TOKEN) {
+      // An older .dev.vars, from before tokens had scopes: it still works, with more power
+      // than registering needs.
+      opts.token = vars.ADMIN_TOKEN.split(/\s+/).find(Boolean);
+      console.error("register: using ADMIN_TOKEN from .dev.vars: add a register token there (REGISTER_TOKENS, see .dev.vars.example)");
+    }
+  }
+  if (!opts.token) fail("give --token (a register token), set GEMINI_ONCE_REGISTER_TOKEN, or set REGISTER_TOKENS in .dev.vars");
   return opts;
 }
 
@@ -53,7 +66,7 @@ async function main() {
     process.exit(1);
   }
   const text = await res.text();
-  const what = { 201: "registered", 200: "already registered" }[res.status] ?? "refused";
+  const what = { 201: "registered", 200: "already registered", 403: "refused: not a register token" }[res.status] ?? "refused";
   console.log(`register: ${res.status} ${what} ${opts.name}: ${text}`);
   process.exit(res.status === 200 || res.status === 201 ? 0 : 1);
 }

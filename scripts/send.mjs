@@ -4,22 +4,23 @@
 //
 //   npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...]
 //                   [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids]
-//                   [--admin-token TOKEN]
+//                   [--token TOKEN]
 //
 // --repeat sends the same delivery (same webhook-id, as Gemini's retries do) N times;
 // --fresh-ids gives each send its own webhook-id (the same completion delivered anew);
 // --concurrency sends up to N at once. The secret defaults to the first one in .dev.vars.
 //
 // Then it tells whether the side effect reached the destination: from the answers, and, with
-// an admin token (--admin-token, or ADMIN_TOKEN in .dev.vars for a worker on this machine),
-// from the operation's record a moment later (GET /v1/operations/{name}), with a hint when
-// the attempt failed (e.g. nothing listens at EFFECT_URL).
+// a token that may read an operation (--token; for a worker on this machine, the read token
+// of .dev.vars, READ_TOKENS, else its ADMIN_TOKEN), from the operation's record a moment later
+// (GET /v1/operations/{name}), with a hint when the attempt failed (e.g. nothing listens at
+// EFFECT_URL). --admin-token is the same as --token.
 import { createHmac, randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { devVars, isLoopback, DEMO_EFFECT_URL } from "./dev_vars.mjs";
 
-const USAGE = "usage: npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...] [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids] [--admin-token TOKEN]";
+const USAGE = "usage: npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...] [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids] [--token TOKEN]";
 
 function fail(message) {
   console.error(`send: ${message}\n${USAGE}`);
@@ -37,7 +38,7 @@ function parseArgs(argv) {
     else if (arg === "--repeat") opts.repeat = Number(value());
     else if (arg === "--concurrency") opts.concurrency = Number(value());
     else if (arg === "--fresh-ids") opts.freshIds = true;
-    else if (arg === "--admin-token") opts.adminToken = value();
+    else if (arg === "--token" || arg === "--admin-token") opts.token = value();
     else if (arg === "--data") {
       try { opts.data = JSON.parse(value()); } catch { fail("--data must be a JSON object"); }
     } else if (arg === "-h" || arg === "--help") { console.log(USAGE); process.exit(0); }
@@ -50,8 +51,9 @@ function parseArgs(argv) {
   if (!opts.url.endsWith("/webhooks/gemini")) opts.url = opts.url.replace(/\/$/, "") + "/webhooks/gemini";
   const vars = devVars();
   opts.secret ??= vars.GEMINI_WEBHOOK_SECRETS?.split(/[\s,]+/).find((s) => s.startsWith("whsec_"));
-  // The local admin token goes only to a worker on this machine.
-  if (isLoopback(opts.url)) opts.adminToken ??= vars.ADMIN_TOKEN;
+  // The local tokens go only to a worker on this machine; reading a record needs a read token.
+  const first = (list) => list?.split(/\s+/).find(Boolean);
+  if (isLoopback(opts.url)) opts.token ??= first(vars.READ_TOKENS) ?? first(vars.ADMIN_TOKEN);
   if (!opts.secret?.startsWith("whsec_")) fail("give --secret whsec_... (or set GEMINI_WEBHOOK_SECRETS in .dev.vars)");
   return opts;
 }
@@ -60,19 +62,19 @@ const NO_DESTINATION_HINT = `hint: is anything listening at EFFECT_URL? npm star
 
 /**
  * What became of the side effect, as lines for the user: `effects` are the answers' `effect`
- * fields. With an admin token, the record is read until its first attempt has an outcome
+ * fields. With a token, the record is read until its first attempt has an outcome
  * (the worker may answer before the attempt, then `effect` is "scheduled").
  */
 export async function effectReport(opts, effects) {
   if (effects.includes("delivered")) return ["effect: delivered to the destination"];
   const failed = effects.includes("retry_scheduled") || effects.includes("parked");
   let op;
-  if (opts.adminToken) {
+  if (opts.token) {
     const url = opts.url.replace(/\/webhooks\/gemini$/, `/v1/operations/${encodeURIComponent(opts.name)}`);
     const deadline = Date.now() + 7000;
     while (Date.now() < deadline) {
       try {
-        const res = await fetch(url, { headers: { authorization: `Bearer ${opts.adminToken}` } });
+        const res = await fetch(url, { headers: { authorization: `Bearer ${opts.token}` } });
         if (!res.ok) break;
         op = await res.json();
       } catch {

@@ -1,14 +1,12 @@
-//! The admin API's pure parts: bearer-token check, request bodies, listing filters (which
-//! the bulk actions of [`crate::bulk`] apply too).
+//! The admin API's pure parts: request bodies and listing filters (which the bulk actions
+//! of [`crate::bulk`] apply too). Who may call which route is [`crate::access`].
 //!
-//! Guarantees: the token is compared in constant time (its length is not secret, its bytes
-//! are); a registration body or a listing query is refused with a reason, never
+//! Guarantees: a registration body or a listing query is refused with a reason, never
 //! half-accepted; a listing cursor is opaque to clients and a malformed one is refused.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
-use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::operation::key::{normalize, KeyError, OperationKey, MAX_NAME_BYTES};
@@ -19,14 +17,6 @@ use crate::timestamp::parse_rfc3339_ms;
 
 /// Longest accepted `kind`.
 pub const MAX_KIND_BYTES: usize = 100;
-
-/// True when `authorization` is `Bearer <token>` for the configured token.
-pub fn authorized(authorization: Option<&str>, token: &str) -> bool {
-    let Some(given) = authorization.and_then(|h| h.strip_prefix("Bearer ")) else {
-        return false;
-    };
-    given.len() == token.len() && bool::from(given.as_bytes().ct_eq(token.as_bytes()))
-}
 
 #[derive(Deserialize)]
 struct RegisterBody {
@@ -393,17 +383,6 @@ mod tests {
             parse_settle(long.as_bytes()).unwrap().reason.len(),
             MAX_REASON_CHARS
         );
-    }
-
-    #[test]
-    fn bearer_token_must_match_exactly() {
-        assert!(authorized(Some("Bearer s3cret"), "s3cret"));
-        assert!(!authorized(Some("Bearer s3creT"), "s3cret"));
-        assert!(!authorized(Some("Bearer s3cret2"), "s3cret"));
-        assert!(!authorized(Some("Bearer "), "s3cret"));
-        assert!(!authorized(Some("s3cret"), "s3cret"));
-        assert!(!authorized(Some("Basic s3cret"), "s3cret"));
-        assert!(!authorized(None, "s3cret"));
     }
 
     #[test]

@@ -439,7 +439,8 @@ impl BulkRun {
     }
 
     /// The command sent to the gate of each operation acted on; the reason recorded in its
-    /// history says it came from a bulk action.
+    /// history says it came from a bulk action (the edge adds who asked,
+    /// [`GateCommand::by`]).
     pub fn command(&self) -> GateCommand {
         let request = &self.request;
         let reason = if request.reason.is_empty() {
@@ -448,10 +449,11 @@ impl BulkRun {
             format!("bulk {}: {}", request.action.as_str(), request.reason)
         };
         match request.action {
-            BulkAction::Retry => GateCommand::RetryNow { reason },
+            BulkAction::Retry => GateCommand::RetryNow { reason, by: None },
             BulkAction::Redeliver => GateCommand::Redeliver {
                 reason,
                 sent_before_ms: self.sent_before,
+                by: None,
             },
         }
     }
@@ -696,13 +698,15 @@ mod tests {
             GateCommand::Redeliver {
                 reason: "bulk redeliver: receiver lost a day".into(),
                 sent_before_ms: Some(NOW),
+                by: None,
             }
         );
         let r = parse(BulkAction::Retry, "{}").unwrap();
         assert_eq!(
             BulkRun::new(r, NOW).unwrap().command(),
             GateCommand::RetryNow {
-                reason: "bulk retry".into()
+                reason: "bulk retry".into(),
+                by: None,
             }
         );
     }
@@ -856,6 +860,7 @@ mod tests {
             GateCommand::Redeliver {
                 reason: "bulk redeliver: lost".into(),
                 sent_before_ms: Some(NOW),
+                by: None,
             }
         );
         // A retry has no cut-off, on the wire or in its answer.

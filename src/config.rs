@@ -15,6 +15,7 @@
 use serde_json::{json, Value};
 use thiserror::Error;
 
+use crate::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::signature::{Secret, SecretError};
 
 /// Standard Webhooks and Gemini's guidance on timestamp skew.
@@ -128,6 +129,9 @@ pub enum Kind {
     SigningSecret,
     /// One or more `whsec_` secrets, separated by spaces or commas.
     SigningSecrets,
+    /// One or more bearer tokens, separated by whitespace, each of visible ASCII
+    /// ([`crate::access::parse_list`]).
+    Tokens,
     /// A JSON object from an operation's `kind` to a destination: a URL, `queue:BINDING` or
     /// `service:BINDING`.
     Routes,
@@ -214,7 +218,10 @@ pub const VARIABLES: &[Variable] = {
         V::secret("GEMINI_WEBHOOK_SECRETS", SigningSecrets, Required, "Gemini's webhook signing secrets; all are accepted (rotation)"),
         V::plain("EFFECT_URL", Url, Required, "where side effects are POSTed"),
         V::secret("EFFECT_SIGNING_SECRET", SigningSecret, Required, "signs side effects the Standard Webhooks way"),
-        V::secret("ADMIN_TOKEN", FreeText, Required, "bearer token for the admin API and the dashboard"),
+        V::secret("ADMIN_TOKEN", Tokens, Required, "bearer tokens (space-separated) that may do everything: the admin API's actions and the dashboard's"),
+        // Narrower tokens (crate::access): a token has one scope.
+        V::secret("REGISTER_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may only register operations and read one back: for the code that submits jobs"),
+        V::secret("READ_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may read everything and change nothing: the dashboard without its actions"),
         // The fast path.
         V::plain("EFFECT_ROUTES", Routes, Nothing, "per-kind destinations overriding EFFECT_URL"),
         V::plain("SIGNATURE_TOLERANCE_SECONDS", Whole { min: 0, max: DAY_SECS }, Number(DEFAULT_TOLERANCE_SECS), "accepted skew of webhook-timestamp, either way"),
@@ -260,7 +267,9 @@ pub struct Config {
     /// `kind` → destination overrides of `effect_url` (EFFECT_ROUTES).
     pub effect_routes: Vec<(String, Destination)>,
     pub effect_signing_secret: Secret,
-    pub admin_token: AdminToken,
+    /// `ADMIN_TOKEN`, `REGISTER_TOKENS` and `READ_TOKENS`: who may call the admin API, and
+    /// for what.
+    pub tokens: Tokens,
     pub tolerance_secs: i64,
     pub effect_timeout_ms: i64,
     pub claim_ttl_secs: i64,
@@ -305,16 +314,6 @@ pub struct Config {
     /// Each variable of [`VARIABLES`] as `/v1/config` shows it, in table order: taken when it
     /// was read, so the view is of exactly what was parsed and never holds a secret.
     shown: Vec<Value>,
-}
-
-/// The admin bearer token; `Debug` hides it.
-#[derive(Clone)]
-pub struct AdminToken(pub String);
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AdminToken(..)")
-    }
 }
 
 /// The Gemini API key; `Debug` hides it.
@@ -370,6 +369,7 @@ enum Setting {
     Url(String),
     Secret(Secret),
     Secrets(Vec<Secret>),
+    Tokens(Vec<String>),
     Routes(Vec<(String, Destination)>),
     Text(String),
 }
@@ -416,6 +416,9 @@ impl Variable {
                     .collect::<Result<Vec<_>, SecretError>>()
                     .map_err(|e| err(name, e.to_string()))?,
             ),
+            Kind::Tokens => {
+                Setting::Tokens(parse_list(text).map_err(|e| err(name, e.to_string()))?)
+            }
             Kind::Routes => Setting::Routes(parse_routes(name, text)?),
             Kind::FreeText => Setting::Text(text.trim().to_string()),
         })
@@ -428,6 +431,7 @@ impl Variable {
             return json!(match setting {
                 Setting::Unset => "not set".to_string(),
                 Setting::Secrets(secrets) => format!("set ({})", secrets.len()),
+                Setting::Tokens(tokens) => format!("set ({})", tokens.len()),
                 _ => "set".to_string(),
             });
         }
@@ -451,7 +455,7 @@ impl Variable {
                 .collect::<serde_json::Map<_, _>>()
                 .into(),
             // A secret of a variable not marked secret: still never shown.
-            Setting::Secret(_) | Setting::Secrets(_) => json!("set"),
+            Setting::Secret(_) | Setting::Secrets(_) | Setting::Tokens(_) => json!("set"),
         }
     }
 }
@@ -555,6 +559,12 @@ impl Setting {
             _ => None,
         }
     }
+    fn tokens(&self) -> Option<Vec<String>> {
+        match self {
+            Setting::Tokens(t) => Some(t.clone()),
+            _ => None,
+        }
+    }
     fn routes(&self) -> Option<Vec<(String, Destination)>> {
         match self {
             Setting::Routes(r) => Some(r.clone()),
@@ -599,6 +609,12 @@ impl Config {
         }
         if self.dynamic_webhooks && self.gemini_api_key.is_none() {
             warnings.push("DYNAMIC_WEBHOOKS is true but GEMINI_API_KEY is not set: a dynamic-webhook delivery is only a nudge the status API must confirm, so nudges for registered operations wait and those for unregistered ones are answered 503 (Gemini retries them for 24 hours) until the key is set".to_string());
+        }
+        for scope in self.tokens.short() {
+            warnings.push(format!(
+                "{} holds a token shorter than {MIN_TOKEN_CHARS} characters: easy to guess (a list is split on whitespace, so a passphrase with spaces becomes several short tokens); generate one with `openssl rand -base64 32`",
+                scope.setting()
+            ));
         }
         if self.alert_url.is_none() {
             warnings.push("ALERT_URL is not set: alerts (a stuck operation, a side effect failing or parked, a Gemini webhook disabled) go only to the logs, where nobody is paged (set ALERT_URL to a Slack or Discord incoming webhook, or any endpoint that takes a JSON POST)".to_string());
@@ -666,6 +682,16 @@ impl Config {
                 "must not be less than EFFECT_RETRY_BASE_SECONDS",
             ));
         }
+        // A token in two scopes would quietly get the wider power: refused, naming the
+        // narrower scope's setting.
+        let tokens = Tokens::new(
+            s.value("ADMIN_TOKEN", Setting::tokens)?,
+            s.optional("REGISTER_TOKENS", Setting::tokens)?
+                .unwrap_or_default(),
+            s.optional("READ_TOKENS", Setting::tokens)?
+                .unwrap_or_default(),
+        )
+        .map_err(|overlap| err(overlap.setting.setting(), overlap.to_string()))?;
         // The table's ranges keep these inside their types.
         let max_body_bytes = s.value("MAX_BODY_BYTES", Setting::whole)? as usize;
         let reconcile_budget = s.value("RECONCILE_BUDGET", Setting::whole)? as u32;
@@ -676,7 +702,7 @@ impl Config {
                 .optional("EFFECT_ROUTES", Setting::routes)?
                 .unwrap_or_default(),
             effect_signing_secret: s.value("EFFECT_SIGNING_SECRET", Setting::secret)?,
-            admin_token: AdminToken(s.value("ADMIN_TOKEN", Setting::text)?),
+            tokens,
             tolerance_secs: s.value("SIGNATURE_TOLERANCE_SECONDS", Setting::whole)?,
             effect_timeout_ms,
             claim_ttl_secs,
@@ -755,7 +781,7 @@ mod tests {
             ("GEMINI_WEBHOOK_SECRETS", SECRET.to_string()),
             ("EFFECT_URL", "http://127.0.0.1:9/effects".to_string()),
             ("EFFECT_SIGNING_SECRET", SECRET.to_string()),
-            ("ADMIN_TOKEN", "t0ken".to_string()),
+            ("ADMIN_TOKEN", "t0ken-for-the-admin-api".to_string()),
         ])
     }
 
@@ -917,6 +943,74 @@ mod tests {
     }
 
     #[test]
+    fn tokens_are_lists_by_scope_shown_by_their_count() {
+        let mut vars = base();
+        vars.insert(
+            "ADMIN_TOKEN",
+            "t0ken-for-the-admin-api  t0ken-for-the-admin-api-next".into(),
+        );
+        vars.insert(
+            "REGISTER_TOKENS",
+            "t0ken-for-registering-jobs\nt0ken-for-registering-next".into(),
+        );
+        let c = parse(&vars).unwrap();
+        use crate::access::Scope;
+        assert_eq!(
+            [Scope::Admin, Scope::Register, Scope::Read].map(|s| c.tokens.count(s)),
+            [2, 2, 0]
+        );
+        let view = c.public_view();
+        let value = |name: &str| {
+            view["settings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == name)
+                .unwrap()["value"]
+                .clone()
+        };
+        assert_eq!(value("ADMIN_TOKEN"), "set (2)");
+        assert_eq!(value("REGISTER_TOKENS"), "set (2)");
+        assert_eq!(value("READ_TOKENS"), "not set");
+        assert!(!view.to_string().contains("t0ken"), "{view}");
+        assert!(c.warnings().iter().all(|w| !w.contains("TOKEN")));
+    }
+
+    #[test]
+    fn a_token_in_two_scopes_is_refused_naming_the_narrower_setting() {
+        let mut vars = base();
+        vars.insert(
+            "REGISTER_TOKENS",
+            "t0ken-for-registering-jobs t0ken-for-the-admin-api".into(),
+        );
+        let e = parse(&vars).unwrap_err();
+        assert_eq!(e.var, "REGISTER_TOKENS");
+        assert!(e.to_string().contains("ADMIN_TOKEN"), "{e}");
+        assert!(!e.to_string().contains("t0ken"), "{e} leaks a token");
+        vars.insert("REGISTER_TOKENS", "t0ken-for-registering-jobs".into());
+        vars.insert("READ_TOKENS", "t0ken-for-registering-jobs".into());
+        let e = parse(&vars).unwrap_err();
+        assert_eq!(e.var, "READ_TOKENS");
+        assert!(e.to_string().contains("REGISTER_TOKENS"), "{e}");
+        vars.insert("READ_TOKENS", "t0ken-for-the-admin-api".into());
+        assert_eq!(parse(&vars).unwrap_err().var, "READ_TOKENS");
+        vars.insert("READ_TOKENS", "t0ken-for-reading-only".into());
+        assert!(parse(&vars).is_ok());
+    }
+
+    #[test]
+    fn a_short_token_is_warned_about_by_its_setting() {
+        let mut vars = base();
+        vars.insert("GEMINI_API_KEY", "AIzaKEY".into());
+        vars.insert("ALERT_URL", "https://hooks.example/alerts".into());
+        vars.insert("READ_TOKENS", "t0ken-for-reading-only sh0rtie".into());
+        let warnings = parse(&vars).unwrap().warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].starts_with("READ_TOKENS holds a token shorter than 16"));
+        assert!(!warnings[0].contains("sh0rtie"), "never the token");
+    }
+
+    #[test]
     fn malformed_values_are_named_without_their_value() {
         let cases = [
             ("GEMINI_WEBHOOK_SECRETS", "whsec_ok= not-a-secret"),
@@ -943,6 +1037,8 @@ mod tests {
             ("EFFECT_ROUTES", "[1,2]"),
             ("EFFECT_ROUTES", r#"{"nightly":"gopher://x"}"#),
             ("EFFECT_ROUTES", r#"{"nightly":7}"#),
+            ("ADMIN_TOKEN", "t\u{f6}ken-with-an-umlaut"),
+            ("REGISTER_TOKENS", "fine-token-0123456789 t\u{7}bell"),
         ];
         for (var, value) in cases {
             let mut vars = base();

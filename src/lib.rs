@@ -4,7 +4,8 @@
 //! Everything but `edge` is the pure core: no I/O, no clock, no randomness of their own,
 //! tested on the host by `cargo test`, grouped by capability: [`inbound`] (what arrives),
 //! [`operation`] (one operation's life and its side effect), [`reconciliation`] (finding what
-//! the webhooks missed), [`telemetry`] (what it counts and logs), and the configuration and listing beside them.
+//! the webhooks missed), [`telemetry`] (what it counts and logs), and the configuration, access
+//! (who may call which admin route) and listing beside them.
 //! Dependencies run one way: `inbound` and `reconciliation` use `operation`; `operation` uses
 //! only the crate-level helpers and `telemetry`. `edge`
 //! (wasm32 only, so not linked from host docs) is the thin Worker around them. docs/DESIGN.md states the invariants.
@@ -15,6 +16,7 @@ pub mod operation;
 pub mod reconciliation;
 pub mod telemetry;
 
+pub mod access;
 pub mod admin;
 pub mod body_cap;
 pub mod bounds;

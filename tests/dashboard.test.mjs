@@ -342,7 +342,7 @@ describe("dashboard", () => {
     assert.match(health, /gemini-once is disabled_due_to_failed_deliveries/);
     assert.match(await page.locator("#warnings").textContent(), /CLAIM_TTL_SECONDS \(40\)/);
     const config = Object.fromEntries((await page.locator("#config tbody tr").evaluateAll((trs) => trs.map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent]))));
-    assert.equal(config.ADMIN_TOKEN, "set");
+    assert.deepEqual([config.ADMIN_TOKEN, config.REGISTER_TOKENS, config.READ_TOKENS], ["set (1)", "set (1)", "set (1)"]);
     assert.equal(config.GEMINI_API_KEY, "set");
     assert.equal(config.STUCK_AFTER_SECONDS, "0");
     assert.equal(config.ALERT_URL, "not set");

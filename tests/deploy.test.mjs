@@ -11,6 +11,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
 import { devVars } from "../scripts/dev_vars.mjs";
+import { fingerprint } from "../scripts/deploy_vars.mjs";
 import { startWorker } from "./helpers.mjs";
 
 const run = promisify(execFile);
@@ -87,6 +88,10 @@ describe("npm run deploy -- --dry-run", () => {
     assert.match(out, /missing: EFFECT_URL is not set/);
     assert.match(out, /npm run connect/);
     assert.match(out, /advised: ALERT_URL/);
+    // The three tokens, and which goes where.
+    assert.match(out, /REGISTER_TOKENS: generated on deploy .*register token: for the code that submits jobs/);
+    assert.match(out, /READ_TOKENS: generated on deploy .*read token: for whoever only looks/);
+    assert.match(out, /ADMIN_TOKEN: generated on deploy .*admin token: for operators only/);
     assert.ok(!existsSync(deployVars), "a dry run generates nothing");
   });
 
@@ -124,13 +129,24 @@ describe("npm run deploy on a fresh account, then again", () => {
     const names = calls().map((c) => c.args.slice(0, 3).join(" "));
     assert.ok(names.indexOf("queues create gemini-once-polls") >= 0, names.join("; "));
     assert.ok(names.indexOf("queues create gemini-once-polls") < names.findIndex((n) => n.startsWith("deploy")), names.join("; "));
-    assert.deepEqual(Object.keys(deployCall.secrets).sort(), ["ADMIN_TOKEN", "EFFECT_SIGNING_SECRET", "EFFECT_URL", "GEMINI_API_KEY"]);
+    assert.deepEqual(Object.keys(deployCall.secrets).sort(), ["ADMIN_TOKEN", "EFFECT_SIGNING_SECRET", "EFFECT_URL", "GEMINI_API_KEY", "READ_TOKENS", "REGISTER_TOKENS"]);
     assert.equal(deployCall.secrets.EFFECT_URL, "https://dest.example/hooks/gemini");
     assert.match(deployCall.secrets.EFFECT_SIGNING_SECRET, /^whsec_[A-Za-z0-9+/]{43}=$/);
-    assert.ok(deployCall.secrets.ADMIN_TOKEN.length >= 40);
+    const tokens = ["ADMIN_TOKEN", "REGISTER_TOKENS", "READ_TOKENS"].map((name) => deployCall.secrets[name]);
+    for (const token of tokens) assert.match(token, /^[A-Za-z0-9_-]{43}$/, "one token, which the worker reads as a list of one");
+    assert.equal(new Set(tokens).size, 3, "a token has one scope");
     assert.ok(!existsSync(deployCall.secretsFile), "the secrets file is removed after the deploy");
     const kept = devVars(deployVars);
     assert.equal(kept.ADMIN_TOKEN, deployCall.secrets.ADMIN_TOKEN, "the user reads the admin token back here");
+    assert.equal(kept.REGISTER_TOKENS, deployCall.secrets.REGISTER_TOKENS, "and the register token");
+    assert.equal(kept.READ_TOKENS, deployCall.secrets.READ_TOKENS, "and the read token");
+    // Which goes where, each named by the fingerprint the worker's logs use, never printed itself.
+    for (const [name, use] of [["REGISTER_TOKENS", /the code that submits jobs/], ["READ_TOKENS", /sign in to \/dashboard with it/], ["ADMIN_TOKEN", /for operators only/]]) {
+      const line = out.split("\n").find((l) => l.includes(`${name} [${fingerprint(kept[name])}]`));
+      assert.ok(line, `${name} with its fingerprint in:\n${out}`);
+      assert.match(line, use);
+      assert.ok(!out.includes(kept[name]), `${name}'s value is not printed`);
+    }
     assert.equal(kept.EFFECT_SIGNING_SECRET, deployCall.secrets.EFFECT_SIGNING_SECRET);
     assert.equal(statSync(deployVars).mode & 0o777, 0o600);
     assert.match(readFileSync(deployVars, "utf8"), /^# kept by hand\n/, "its own lines stay");

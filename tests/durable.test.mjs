@@ -13,7 +13,8 @@ import { generateKeyPairSync, sign as rsaSign } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { startWorker, startServer, startDestination, eventually, signedHeaders, sleep } from "./helpers.mjs";
+import { startWorker, startServer, startDestination, eventually, signedHeaders, sleep, ADMIN_TOKEN } from "./helpers.mjs";
+import { fingerprint } from "../scripts/deploy_vars.mjs";
 
 const AUDIENCE = "gemini-once-test";
 const { privateKey, publicKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
@@ -256,6 +257,7 @@ describe("metadata nested at and past every limit", () => {
       assert.equal(repaired.body.operation.status, "pending");
       assert.equal(repaired.body.operation.effect_parked, true, "may already have run: parked");
       assert.equal(repaired.body.operation.history.at(-1).how, "rebuilt");
+      assert.deepEqual(repaired.body.operation.history.at(-1).by, { scope: "admin", fingerprint: fingerprint(ADMIN_TOKEN) }, "who repaired it");
       await eventually(() => some(unreadableAlerts(garbled)), { what: "the repaired record's alert" });
       // Its completion settles it; the effect waits for an operator, who retries it.
       assert.equal((await w.deliver("batch.succeeded", garbled, { output_file_uri: "gs://o/g.jsonl" })).body.outcome, "applied");

@@ -48,6 +48,10 @@ describe("fast path", () => {
     assert.equal(headers[0].outcome, "applied");
     assert.equal(headers[0].effect, "scheduled", "the answer does not wait for the destination");
     for (let i = 1; i < 5; i++) assert.equal(headers[i].reason, "duplicate");
+    // The isolate remembers the terminal outcome its gate answered: the duplicates are
+    // answered without a gate round trip.
+    for (let i = 1; i < 5; i++) assert.equal(headers[i].effect, "not_asked", JSON.stringify(headers[i]));
+    assert.equal(w.events("duplicate").filter((l) => l.key === "batches/seq5" && l.answered_by === "edge").length, 4);
     const op = await eventually(async () => {
       const o = await w.inspect("batches/seq5");
       return o.body.effect_done && o;

@@ -17,9 +17,14 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 export const GEMINI_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 export const EFFECT_SECRET = "whsec_c2lkZS1lZmZlY3Qtc2VjcmV0LWZvci10ZXN0cw==";
 export const ADMIN_TOKEN = "test-admin-token-0123456789";
+/** A token of each narrower scope (src/access.rs): every test worker has all three, as a deployed one does. */
+export const REGISTER_TOKEN = "test-register-token-0123456789";
+export const READ_TOKEN = "test-read-token-0123456789";
 
 /**
- * Starts the built worker with `vars` on top of a working test configuration. With
+ * Starts the built worker with `vars` on top of a working test configuration (ADMIN_TOKEN,
+ * REGISTER_TOKENS and READ_TOKENS set to the tokens above; a var set to `undefined` is
+ * unset). With
  * `{ http: true }` it also listens on a loopback port (`worker.url`), for real HTTP clients.
  * With `{ persist: dir }` its KV and Durable Object state live in `dir` (a worker started
  * again on the same `dir` finds them); otherwise in memory.
@@ -36,6 +41,8 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
       EFFECT_URL: "http://127.0.0.1:9/unset",
       EFFECT_SIGNING_SECRET: EFFECT_SECRET,
       ADMIN_TOKEN,
+      REGISTER_TOKENS: REGISTER_TOKEN,
+      READ_TOKENS: READ_TOKEN,
       // Counters are batched in each gate before going to a stats shard; 1 s instead of the
       // default 10 keeps the batching path under test without slowing the suite.
       STATS_FLUSH_SECONDS: "1",
@@ -92,17 +99,29 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
       return { status: res.status, body };
     },
     admin(p, init = {}) {
-      return worker.json(p, {
-        ...init,
-        headers: { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json", ...(init.headers || {}) },
-      });
+      return worker.as(ADMIN_TOKEN).json(p, init);
+    },
+    /**
+     * The admin API as the holder of `token` calls it: `json(p, init)` with `token` as the
+     * bearer, and `register` and `inspect` as below.
+     */
+    as(token) {
+      const api = {
+        json: (p, init = {}) => worker.json(p, {
+          ...init,
+          headers: { authorization: `Bearer ${token}`, "content-type": "application/json", ...(init.headers || {}) },
+        }),
+        register: (name, kind, extra = {}) => api.json("/v1/operations", { method: "POST", body: JSON.stringify({ name, kind, ...extra }) }),
+        inspect: (name) => api.json(`/v1/operations/${encodeURIComponent(name)}`),
+      };
+      return api;
     },
     /** Registers `name`; `extra` adds fields to the body (e.g. `user_metadata`). */
     register(name, kind, extra = {}) {
-      return worker.admin("/v1/operations", { method: "POST", body: JSON.stringify({ name, kind, ...extra }) });
+      return worker.as(ADMIN_TOKEN).register(name, kind, extra);
     },
     inspect(name) {
-      return worker.admin(`/v1/operations/${encodeURIComponent(name)}`);
+      return worker.as(ADMIN_TOKEN).inspect(name);
     },
     /** Sends a Gemini-signed delivery; returns {status, body}. */
     deliver(type, id, data = {}, opts = {}) {

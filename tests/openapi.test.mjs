@@ -2,7 +2,8 @@
 // validated against the schema the document gives for its path, method and status, and the
 // set of (route, method, status) the test provoked must equal the set the document lists, so
 // a route or status added on one side only fails here. A second worker with a missing
-// variable gives every route's 503.
+// variable gives every route's 503. Every route under /v1/ is also walked with a token of
+// each scope, and answers as its `security` says (403 naming the scope it needs, or served).
 //
 // Adding a route: describe it in docs/openapi.yaml, then provoke each of its statuses with
 // `call(worker, METHOD, "/the/{template}", url, ...)` in an `it` of its own below.
@@ -12,7 +13,8 @@ import { readFileSync } from "node:fs";
 import { generateKeyPairSync, sign as rsaSign } from "node:crypto";
 import Ajv2020 from "ajv/dist/2020.js";
 import YAML from "yaml";
-import { startWorker, startServer, startDestination, eventually, signedHeaders, ADMIN_TOKEN, GEMINI_SECRET, EFFECT_SECRET } from "./helpers.mjs";
+import { startWorker, startServer, startDestination, eventually, signedHeaders, ADMIN_TOKEN, REGISTER_TOKEN, READ_TOKEN, GEMINI_SECRET, EFFECT_SECRET } from "./helpers.mjs";
+import { fingerprint } from "../scripts/deploy_vars.mjs";
 
 const read = (p) => readFileSync(new URL(`../${p}`, import.meta.url), "utf8");
 const doc = YAML.parse(read("docs/openapi.yaml"));
@@ -73,12 +75,13 @@ const queried = new Set();
 /**
  * Sends a request and checks its answer against the document: `route` is the path template
  * as documented ("/v1/operations/{name}"), or `any route: NotFound` / `any route:
- * MethodNotAllowed`. Fails on a status the document does not list for it, a content type
- * other than the documented one, or a body its schema refuses. Returns {status, body, headers}.
+ * MethodNotAllowed`. `token` is the bearer: the admin token (`true`), none (`false`) or the
+ * one given. Fails on a status the document does not list for it, a content type other than
+ * the documented one, or a body its schema refuses. Returns {status, body, headers}.
  */
 async function call(worker, method, route, url, { body, headers = {}, token = true, expect } = {}) {
   const init = { method, headers: { ...headers } };
-  if (token) init.headers.authorization = `Bearer ${ADMIN_TOKEN}`;
+  if (token) init.headers.authorization = `Bearer ${token === true ? ADMIN_TOKEN : token}`;
   if (body !== undefined) {
     init.body = typeof body === "string" ? body : JSON.stringify(body);
     init.headers["content-type"] ??= "application/json";
@@ -464,9 +467,9 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     const value = Object.fromEntries(res.body.settings.map((s) => [s.name, s.value]));
     assert.deepEqual(value.EFFECT_ROUTES, { "oa-queue": "queue:OA_QUEUE", "oa-service": "service:OA_SERVICE", "oa-url": `${dest.url}/\u2026` });
     assert.equal(value.EFFECT_URL, `${dest.url}/\u2026`);
-    assert.deepEqual([value.GEMINI_WEBHOOK_SECRETS, value.GEMINI_API_KEY, value.ADMIN_TOKEN, value.GEMINI_WEBHOOK_NAME, value.MAX_BODY_BYTES], ["set (1)", "set", "set", WEBHOOK_NAME, MAX_BODY_BYTES]);
+    assert.deepEqual([value.GEMINI_WEBHOOK_SECRETS, value.GEMINI_API_KEY, value.ADMIN_TOKEN, value.REGISTER_TOKENS, value.READ_TOKENS, value.GEMINI_WEBHOOK_NAME, value.MAX_BODY_BYTES], ["set (1)", "set", "set (1)", "set (1)", "set (1)", WEBHOOK_NAME, MAX_BODY_BYTES]);
     const text = JSON.stringify(res.body);
-    for (const secret of [ADMIN_TOKEN, GEMINI_SECRET, EFFECT_SECRET, "test-api-key", ROUTE_TOKEN]) assert.ok(!text.includes(secret), `${secret} is not shown`);
+    for (const secret of [ADMIN_TOKEN, REGISTER_TOKEN, READ_TOKEN, GEMINI_SECRET, EFFECT_SECRET, "test-api-key", ROUTE_TOKEN]) assert.ok(!text.includes(secret), `${secret} is not shown`);
     await call(w, "GET", "/v1/config", "/v1/config", { token: false, expect: 401 });
   });
 
@@ -488,6 +491,70 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     await call(w, "GET", "/v1/stats", "/v1/stats", { token: false, expect: 401 });
   });
 
+  it("GET /v1/whoami", async () => {
+    for (const [scope, token] of [["read", READ_TOKEN], ["admin", ADMIN_TOKEN]]) {
+      const me = await call(w, "GET", "/v1/whoami", "/v1/whoami", { token, expect: 200 });
+      assert.deepEqual(me.body, { scope, fingerprint: fingerprint(token) });
+    }
+    await call(w, "GET", "/v1/whoami", "/v1/whoami", { token: false, expect: 401 });
+  });
+
+  it("every route under /v1/, with a token of each scope, answers as its security says", async () => {
+    const TOKENS = { registerToken: ["register", REGISTER_TOKEN], readToken: ["read", READ_TOKEN], adminToken: ["admin", ADMIN_TOKEN] };
+    const NARROWEST_FIRST = ["registerToken", "readToken", "adminToken"];
+    const key = "batches/oa-walk";
+    await register(key, "oa-walk", 201);
+    const none = { filter: { kind: "oa-walk-none" }, dry_run: true };
+    // A request each route serves, for the scopes it accepts (a new route needs one here).
+    const sample = {
+      "POST /v1/operations": (scope) => ({ url: "/v1/operations", body: { name: `batches/oa-walk-${scope}`, kind: "oa-walk" } }),
+      "GET /v1/operations": () => ({ url: "/v1/operations?limit=1" }),
+      "GET /v1/operations/{name}": () => ({ url: `/v1/operations/${key}` }),
+      "POST /v1/operations/{name}/retry": () => ({ url: `/v1/operations/${key}/retry`, body: { reason: "walk" } }),
+      "POST /v1/operations/{name}/redeliver": () => ({ url: `/v1/operations/${key}/redeliver`, body: { reason: "walk" } }),
+      "POST /v1/operations/{name}/forget": () => ({ url: `/v1/operations/${key}/forget`, body: { reason: "walk" } }),
+      "POST /v1/operations/{name}/repair": () => ({ url: `/v1/operations/${key}/repair`, body: { reason: "walk" } }),
+      "POST /v1/operations/{name}/settle": () => ({ url: `/v1/operations/${key}/settle`, body: { status: "failed", reason: "walk" } }),
+      "POST /v1/bulk/retry": () => ({ url: "/v1/bulk/retry", body: none }),
+      "POST /v1/bulk/redeliver": () => ({ url: "/v1/bulk/redeliver", body: { ...none, reason: "walk" } }),
+      "GET /v1/stats": () => ({ url: "/v1/stats" }),
+      "GET /v1/whoami": () => ({ url: "/v1/whoami" }),
+      "GET /v1/config": () => ({ url: "/v1/config" }),
+    };
+    let walked = 0;
+    for (const [route, item] of Object.entries(doc.paths).filter(([r]) => r.startsWith("/v1/"))) {
+      for (const method of METHODS.filter((m) => item[m])) {
+        const name = `${method.toUpperCase()} ${route}`;
+        const accepted = (item[method].security ?? doc.security).flatMap(Object.keys);
+        assert.ok(accepted.length && accepted.every((s) => TOKENS[s]), `${name} states its scopes`);
+        assert.ok(accepted.includes("adminToken"), `${name}: an admin token does everything`);
+        assert.ok(sample[name], `${name} has a sample request in this walk`);
+        const needs = TOKENS[NARROWEST_FIRST.find((s) => accepted.includes(s))][0];
+        for (const [scheme, [scope, token]] of Object.entries(TOKENS)) {
+          const { url, body } = sample[name](scope);
+          const res = await call(w, method.toUpperCase(), route, url, { token, body });
+          const where = `${name} with a ${scope} token answered ${res.status} ${JSON.stringify(res.body).slice(0, 200)}`;
+          if (accepted.includes(scheme)) {
+            assert.ok(![401, 403].includes(res.status) && res.status < 500, where);
+            // The narrower scopes are served in full: a register token registers and reads its
+            // job back, a read token reads every GET.
+            if (scope !== "admin") assert.ok([200, 201].includes(res.status), where);
+          } else {
+            assert.equal(res.status, 403, where);
+            assert.deepEqual([res.body.scope, res.body.needs], [scope, needs], where);
+            assert.match(res.body.error, new RegExp(`needs an? ${needs} token`), where);
+          }
+          walked++;
+        }
+      }
+    }
+    assert.equal(walked, Object.keys(sample).length * 3, "every sample was walked with each scope");
+    // What the narrower tokens were refused changed nothing: only the admin's actions show.
+    const history = (await w.inspect(key)).body.history;
+    const byOperator = history.filter((h) => h.by);
+    assert.ok(byOperator.length > 0 && byOperator.every((h) => h.by.scope === "admin" && h.by.fingerprint === fingerprint(ADMIN_TOKEN)), JSON.stringify(history));
+  });
+
   it("every route answers 503 naming the variable while the configuration is incomplete", async () => {
     const some = { body: { name: "batches/x" } };
     const requests = [
@@ -503,6 +570,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       ["POST", "/v1/operations/{name}/repair", "/v1/operations/batches/x/repair", {}],
       ["POST", "/v1/operations/{name}/settle", "/v1/operations/batches/x/settle", {}],
       ["GET", "/v1/stats", "/v1/stats", {}],
+      ["GET", "/v1/whoami", "/v1/whoami", {}],
       ["GET", "/v1/config", "/v1/config", {}],
       ["POST", "/v1/bulk/retry", "/v1/bulk/retry", {}],
       ["POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", {}],

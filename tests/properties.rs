@@ -16,6 +16,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config as PtConfig;
 use serde_json::{json, Map, Value};
 
+use gemini_once::access::Scope;
 use gemini_once::config::{variable, Config, Fallback, Kind, Variable, VARIABLES};
 use gemini_once::inbound::envelope::{self, EnvelopeError};
 use gemini_once::operation::details::normalize_details;
@@ -1134,6 +1135,16 @@ proptest! {
 // Configuration
 // ---------------------------------------------------------------------------------------------
 
+/// A token that may turn up in more than one scope's list.
+const SHARED_TOKEN: &str = "shared-token-0123456789";
+
+/// The tokens a token-list variable holds as the worker splits them.
+fn tokens_in(value: Option<&str>) -> Vec<&str> {
+    value
+        .map(|v| v.split_whitespace().collect())
+        .unwrap_or_default()
+}
+
 fn is_secret(name: &str) -> bool {
     variable(name).is_some_and(|v| v.secret)
 }
@@ -1159,6 +1170,19 @@ fn var_value(v: &'static Variable) -> BoxedStrategy<Option<String>> {
         })
         .boxed(),
         Kind::SigningSecret => "whsec_[A-Za-z0-9+/]{0,40}={0,2}".boxed(),
+        // A token shared between lists now and then: a token in two scopes is refused.
+        Kind::Tokens => prop::collection::vec(
+            prop_oneof![
+                4 => "[A-Za-z0-9_.-]{1,30}",
+                1 => Just(SHARED_TOKEN.to_string()),
+                1 => "[ -~]{1,12}",
+            ],
+            1..4,
+        )
+        .prop_flat_map(|v| {
+            prop::sample::select(vec![" ", "\n", "  ", "\t"]).prop_map(move |sep| v.join(sep))
+        })
+        .boxed(),
         Kind::Url | Kind::PublicUrl => "(https?://|ftp://|)[a-z0-9.:/-]{0,40}".boxed(),
         Kind::Flag => prop::sample::select(vec!["true", "false", " true ", "TRUE", "yes", "1", ""])
             .prop_map(String::from)
@@ -1212,6 +1236,9 @@ fn documented_ok(v: &Variable, value: Option<&str>) -> bool {
             .filter(|s| !s.is_empty())
             .all(|s| Secret::parse(s).is_ok()),
         Kind::SigningSecret => Secret::parse(value).is_ok(),
+        Kind::Tokens => value
+            .split_whitespace()
+            .all(|t| t.chars().all(|c| c.is_ascii_graphic())),
         Kind::Url | Kind::PublicUrl => is_url(value),
         Kind::Flag => value == "true" || value == "false",
         Kind::FreeText => true,
@@ -1252,6 +1279,9 @@ fn valid_value(v: &'static Variable) -> BoxedStrategy<Option<String>> {
             .prop_map(|v| v.join(", "))
             .boxed(),
         Kind::SigningSecret => secret().boxed(),
+        Kind::Tokens => prop::collection::vec("[A-Za-z0-9_-]{16,40}", 1..4)
+            .prop_map(|v| v.join(" "))
+            .boxed(),
         Kind::Url | Kind::PublicUrl => url.boxed(),
         Kind::FreeText => "[A-Za-z0-9-]{12,60}".boxed(),
         Kind::Flag => prop::sample::select(vec!["true", "false"])
@@ -1410,8 +1440,19 @@ proptest! {
                 let cap_below_base = e.var == "EFFECT_RETRY_MAX_SECONDS" && max_secs < base_secs;
                 let claim_too_short =
                     e.var == "CLAIM_TTL_SECONDS" && claim_secs.saturating_mul(1_000) <= timeout_ms;
+                // A token in two scopes names the later of the two lists in the table.
+                let earlier: &[&str] = match e.var {
+                    "REGISTER_TOKENS" => &["ADMIN_TOKEN"],
+                    "READ_TOKENS" => &["ADMIN_TOKEN", "REGISTER_TOKENS"],
+                    _ => &[],
+                };
+                let mine = value_of(e.var);
+                let token_in_two_scopes = earlier.iter().any(|other| {
+                    let theirs = value_of(other);
+                    tokens_in(theirs.as_deref()).iter().any(|t| tokens_in(mine.as_deref()).contains(t))
+                });
                 prop_assert!(
-                    row.is_some_and(|v| !documented_ok(v, value_of(e.var).as_deref())) || cap_below_base || claim_too_short,
+                    row.is_some_and(|v| !documented_ok(v, value_of(e.var).as_deref())) || cap_below_base || claim_too_short || token_in_two_scopes,
                     "{} refused though its row accepts {:?}: {}",
                     e.var,
                     value_of(e.var),
@@ -1465,7 +1506,15 @@ proptest! {
                     prop_assert!(url.starts_with("http://") || url.starts_with("https://"), "{}", url);
                     prop_assert!(!url.ends_with('/'));
                 }
-                prop_assert!(!c.admin_token.0.trim().is_empty());
+                prop_assert!(c.tokens.count(Scope::Admin) >= 1);
+                // A token has one scope: an accepted configuration holds none in two lists.
+                let lists = ["ADMIN_TOKEN", "REGISTER_TOKENS", "READ_TOKENS"].map(value_of);
+                for (i, a) in lists.iter().enumerate() {
+                    for b in &lists[i + 1..] {
+                        let (a, b) = (tokens_in(a.as_deref()), tokens_in(b.as_deref()));
+                        prop_assert!(!a.iter().any(|t| b.contains(t)), "a token in two scopes was accepted");
+                    }
+                }
                 let dump = format!("{c:?}");
                 for v in &secret_values {
                     prop_assert!(!dump.contains(v.as_str()), "Debug leaks a secret");

@@ -4,7 +4,7 @@ import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import { startWorker, startServer, GEMINI_SECRET, ADMIN_TOKEN } from "./helpers.mjs";
+import { startWorker, startServer, GEMINI_SECRET, ADMIN_TOKEN, READ_TOKEN } from "./helpers.mjs";
 import { freePort } from "../scripts/local_worker.mjs";
 
 const run = promisify(execFile);
@@ -46,8 +46,8 @@ describe("npm run send", () => {
 });
 
 describe("npm run send: what became of the side effect", () => {
-  it("says the effect was delivered, from the record, with an admin token", async () => {
-    const { stderr } = await run("node", ["scripts/send.mjs", "batch.succeeded", "batches/sent3", "--url", w.url, "--secret", GEMINI_SECRET, "--admin-token", ADMIN_TOKEN]);
+  it("says the effect was delivered, from the record, with a read token", async () => {
+    const { stderr } = await run("node", ["scripts/send.mjs", "batch.succeeded", "batches/sent3", "--url", w.url, "--secret", GEMINI_SECRET, "--token", READ_TOKEN]);
     assert.match(stderr, /^effect: delivered to the destination/m);
     assert.doesNotMatch(stderr, /hint:/);
   });

@@ -1,9 +1,10 @@
 // The backlog bench: N open operations (a day of lost webhooks), recovered by the cron passes
-// fanning their polls out on the worker's own queue (Miniflare's, in workerd). The index is
-// seeded straight into KV with the metadata a registration's gate writes (N registrations
-// through the admin API would take longer than the recovery measured); 99% are still running
-// at Gemini (the stub answers RUNNING: a status call each), 1% are done (`batches/done-*`,
-// SUCCEEDED: settled through their gates, side effect included). Every count is the worker's
+// fanning their polls out on the worker's own queue (Miniflare's, in workerd). 99% are still
+// running at Gemini (the stub answers RUNNING: a status call each, and no gate call) and are
+// seeded straight into the index with the metadata a registration's gate writes (N
+// registrations through the admin API would take longer than the recovery measured); 1% are
+// done (`batches/done-*`, SUCCEEDED) and registered for real, since a poll settles only what a
+// gate holds: settled through their gates, side effect included. Every count is the worker's
 // own: its `reconcile_pass` and `reconcile_job` lines, and what the stubs saw.
 import { ADMIN_TOKEN, CRON, iso, now, round, sleep } from "./common.mjs";
 import { startWorker } from "./worker.mjs";
@@ -41,7 +42,12 @@ export async function benchBacklog(dir, stubs, { open, rate }) {
     const worker = await w.mf.getWorker();
     await worker.scheduled({ cron: CRON, scheduledTime: new Date() });
     if (!(await w.waitFor("reconcile_pass", 1, 30_000))) throw new Error("no first pass");
-    await kv.delete(`open:${tmplKey}`);
+    // Done with the template: forgotten (closed), so its gate deletes its index entry and no
+    // audit puts it back; a delete behind the gate's back would be repaired by a later audit
+    // and polled beside the backlog.
+    const forgot = await send(agent, w.url, { method: "POST", path: `/v1/operations/${encodeURIComponent(tmplKey)}/forget`, headers: { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" }, body: JSON.stringify({ reason: "bench template" }) });
+    if (forgot.status !== 200) throw new Error(`forget template: ${forgot.status} ${forgot.body}`);
+    for (let i = 0; i < 300 && (await kv.getWithMetadata(`open:${tmplKey}`))?.metadata; i++) await sleep(20);
 
     const pad = String(open).length;
     const keys = Array.from({ length: open }, (_, i) => (i % 100 === 7 ? `batches/done-b${String(i).padStart(pad, "0")}` : `batches/b${String(i).padStart(pad, "0")}`));
@@ -49,14 +55,30 @@ export async function benchBacklog(dir, stubs, { open, rate }) {
     // a poll is all each needs (an older one would also get its one `stuck` alert).
     const submitted = Math.floor(Date.now() / 1000) - 3_600;
     const seedStart = now();
+    // The 1% Gemini says are done are registered for real: a poll settles only an operation
+    // whose gate holds it (a poll never creates a record). The rest (Gemini says running,
+    // which costs the pass no gate call) are seeded straight into the index.
+    const toRegister = keys.filter((k) => k.includes("/done-"));
+    await Promise.all(Array.from({ length: 4 }, async () => {
+      while (toRegister.length) {
+        const key = toRegister.pop();
+        const reg = await send(agent, w.url, { method: "POST", path: "/v1/operations", headers: { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" }, body: JSON.stringify({ name: key, kind: "bench" }) });
+        if (reg.status !== 201) throw new Error(`register ${key}: ${reg.status} ${reg.body}`);
+      }
+    }));
     let next = 0;
+    const seeded = keys.filter((k) => !k.includes("/done-"));
     await Promise.all(Array.from({ length: 64 }, async () => {
-      while (next < keys.length) {
-        const key = keys[next++];
-        const metadata = { ...tmpl.metadata, name: key, status: key.includes("/done-") ? "pending" : "running", submitted_at: submitted, version: 2 };
+      while (next < seeded.length) {
+        const key = seeded[next++];
+        const metadata = { ...tmpl.metadata, name: key, status: "running", submitted_at: submitted, version: 2 };
         await kv.put(`open:${key}`, "", { metadata });
       }
     }));
+    // The registered ones' gates write their index entries from their alarms.
+    for (const key of keys.filter((k) => k.includes("/done-"))) {
+      for (let i = 0; i < 300 && !(await kv.getWithMetadata(`open:${key}`))?.metadata; i++) await sleep(20);
+    }
     const seedMs = now() - seedStart;
     // Everything the index holds is owed a poll (the template too, if its gate indexed it again).
     let indexed = 0;

@@ -12,6 +12,7 @@ use std::fmt;
 use serde_json::json;
 use worker::{Headers, Response};
 
+use crate::access::{refusal, Scope};
 use crate::config::ConfigError;
 use crate::telemetry::worker_log::WorkerLog;
 
@@ -36,6 +37,11 @@ pub enum EdgeError {
     /// while an operator fixes it.
     Config(ConfigError),
     Unauthorized,
+    /// A known token whose scope (`scope`) may not make the request: it `needs` another.
+    Forbidden {
+        scope: Scope,
+        needs: Scope,
+    },
     TooLarge,
     /// Malformed input; the text says what is wrong (no internal detail).
     BadRequest(String),
@@ -66,6 +72,20 @@ impl EdgeError {
         self.origin() != Origin::Downstream
     }
 
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> u16 {
+        match self {
+            EdgeError::Config(_) | EdgeError::Unavailable(_) | EdgeError::RetryLater(_) => 503,
+            EdgeError::Unauthorized => 401,
+            EdgeError::Forbidden { .. } => 403,
+            EdgeError::TooLarge => 413,
+            EdgeError::BadRequest(_) => 400,
+            EdgeError::NotFound => 404,
+            EdgeError::MethodNotAllowed => 405,
+            EdgeError::Conflict(_) => 409,
+        }
+    }
+
     /// The one mapping from failure to HTTP answer: the client face (status, body and the
     /// `Retry-After` seconds, if any); the log face of an upstream or internal failure is
     /// logged here.
@@ -78,22 +98,24 @@ impl EdgeError {
             }
             .to_value());
         }
-        let (status, body) = match self {
-            EdgeError::Config(e) => (
-                503,
-                json!({"error": "not configured", "variable": e.var, "problem": e.to_string()}),
-            ),
-            EdgeError::Unauthorized => (401, json!({"error": "unauthorized"})),
-            EdgeError::TooLarge => (413, json!({"error": "body too large"})),
-            EdgeError::BadRequest(why) => (400, json!({"error": why})),
-            EdgeError::NotFound => (404, json!({"error": "not found"})),
-            EdgeError::MethodNotAllowed => (405, json!({"error": "method not allowed"})),
-            EdgeError::Conflict(why) => (409, json!({"error": why})),
-            EdgeError::Unavailable(_) => (503, json!({"error": "temporarily unavailable, retry"})),
-            EdgeError::RetryLater(secs) => (
-                503,
-                json!({"error": "temporarily unavailable, retry", "retry_after": secs}),
-            ),
+        let status = self.status();
+        let body = match self {
+            EdgeError::Config(e) => {
+                json!({"error": "not configured", "variable": e.var, "problem": e.to_string()})
+            }
+            EdgeError::Unauthorized => json!({"error": "unauthorized"}),
+            EdgeError::Forbidden { scope, needs } => {
+                json!({"error": refusal(*scope, *needs), "scope": scope, "needs": needs})
+            }
+            EdgeError::TooLarge => json!({"error": "body too large"}),
+            EdgeError::BadRequest(why) => json!({"error": why}),
+            EdgeError::NotFound => json!({"error": "not found"}),
+            EdgeError::MethodNotAllowed => json!({"error": "method not allowed"}),
+            EdgeError::Conflict(why) => json!({"error": why}),
+            EdgeError::Unavailable(_) => json!({"error": "temporarily unavailable, retry"}),
+            EdgeError::RetryLater(secs) => {
+                json!({"error": "temporarily unavailable, retry", "retry_after": secs})
+            }
         };
         debug_assert_eq!(status >= 500, self.retry_helps());
         let retry_after = match self {
@@ -132,6 +154,7 @@ impl fmt::Display for EdgeError {
         match self {
             EdgeError::Config(e) => write!(f, "configuration: {e}"),
             EdgeError::Unauthorized => f.write_str("unauthorized"),
+            EdgeError::Forbidden { scope, needs } => f.write_str(&refusal(*scope, *needs)),
             EdgeError::TooLarge => f.write_str("body too large"),
             EdgeError::BadRequest(why) => write!(f, "bad request: {why}"),
             EdgeError::NotFound => f.write_str("not found"),

@@ -9,6 +9,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::operation::Actor;
 use crate::telemetry::log_event::LogEvent;
 
 /// One gate log line.
@@ -18,6 +19,9 @@ pub enum GateLog {
     ForgottenByOperator {
         key: String,
         reason: String,
+        /// Who asked, through the admin API.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     Reindexed {
         key: String,
@@ -27,16 +31,25 @@ pub enum GateLog {
         key: String,
         status: String,
         reason: String,
+        /// Who asked, through the admin API.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     RetryNow {
         key: String,
         generation: u32,
         reason: String,
+        /// Who asked, through the admin API.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     Redeliver {
         key: String,
         generation: u32,
         reason: String,
+        /// Who asked, through the admin API.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     RetentionExpired {
         key: String,
@@ -180,6 +193,7 @@ mod tests {
             GateLog::ForgottenByOperator {
                 key: key(),
                 reason: "r".into(),
+                by: None,
             },
             GateLog::Reindexed {
                 key: key(),
@@ -189,16 +203,22 @@ mod tests {
                 key: key(),
                 status: "failed".into(),
                 reason: "r".into(),
+                by: None,
             },
             GateLog::RetryNow {
                 key: key(),
                 generation: 1,
                 reason: "r".into(),
+                by: None,
             },
             GateLog::Redeliver {
                 key: key(),
                 generation: 2,
                 reason: "r".into(),
+                by: Some(Actor {
+                    scope: "admin".into(),
+                    fingerprint: "0a1b2c3d".into(),
+                }),
             },
             GateLog::RetentionExpired { key: key() },
             GateLog::Confirmed {
@@ -281,6 +301,20 @@ mod tests {
             json!({"event": "effect_failed", "key": "batches/a", "status": "succeeded",
                 "attempt": 1, "generation": 1, "answer": "2xx", "ms": 5,
                 "after_settled_ms": 3, "next_attempt_ms": 9})
+        );
+        assert_eq!(
+            GateLog::RetryNow {
+                key: "batches/a".into(),
+                generation: 1,
+                reason: "r".into(),
+                by: Some(Actor {
+                    scope: "read".into(),
+                    fingerprint: "0a1b2c3d".into(),
+                }),
+            }
+            .to_value(),
+            json!({"event": "retry_now", "key": "batches/a", "generation": 1, "reason": "r",
+                "by": {"scope": "read", "fingerprint": "0a1b2c3d"}})
         );
         assert_eq!(
             GateLog::AlarmRecovered { key: None }.to_value(),

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{DropReason, Status};
-use crate::operation::{KindFill, OpEvent};
+use crate::operation::{Actor, KindFill, OpEvent};
 
 /// A request to the gate of one operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,16 +76,35 @@ pub enum GateCommand {
         /// redelivery and from commands sent before runs had one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sent_before_ms: Option<i64>,
+        /// Who asked (the admin API's caller), recorded in the history row and log line.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     /// Retry an effect that is not done now, under the same generation (never a new one).
-    RetryNow { reason: String },
+    RetryNow {
+        reason: String,
+        /// Who asked (the admin API's caller), recorded in the history row and log line.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     /// Stop tracking the operation (recorded, not erased).
-    Forget { reason: String },
+    Forget {
+        reason: String,
+        /// Who asked (the admin API's caller), recorded in the history row and log line.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     /// The operator gives the outcome of an operation whose status answer cannot be used:
     /// a terminal `status` (`succeeded`, `failed`, `cancelled`, `expired`), applied as an
     /// event settled by `operator`; its side effect runs like any other. Refused once the
     /// operation has an outcome.
-    Settle { status: String, reason: String },
+    Settle {
+        status: String,
+        reason: String,
+        /// Who asked (the admin API's caller), recorded in the history row and log line.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     /// The status API's answer could not be used (`reason`): kept in the record and alerted
     /// once per operation.
     StatusUnusable { reason: String, age_seconds: i64 },
@@ -101,6 +120,9 @@ pub enum GateCommand {
         key: String,
         name: String,
         reason: String,
+        /// Who asked (the admin API's caller), recorded in the history row and log line.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
 }
 
@@ -139,6 +161,20 @@ impl GateCommand {
         {
             *new_not_before_ms = not_before_ms;
         }
+    }
+
+    /// The same command, recording `actor` as who asked when it is an operator's action
+    /// (retry, redeliver, forget, settle, repair); any other command is returned as it is.
+    pub fn by(mut self, actor: Actor) -> GateCommand {
+        match &mut self {
+            GateCommand::Redeliver { by, .. }
+            | GateCommand::RetryNow { by, .. }
+            | GateCommand::Forget { by, .. }
+            | GateCommand::Settle { by, .. }
+            | GateCommand::Repair { by, .. } => *by = Some(actor),
+            _ => {}
+        }
+        self
     }
 }
 
@@ -254,17 +290,40 @@ mod tests {
             old,
             GateCommand::Redeliver {
                 reason: "lost".into(),
-                sent_before_ms: None
+                sent_before_ms: None,
+                by: None,
             }
         );
         let text = serde_json::to_string(&old).unwrap();
         assert!(!text.contains("sent_before_ms"), "{text}");
+        assert!(!text.contains("by"), "{text}");
         let run = GateCommand::Redeliver {
             reason: "lost".into(),
             sent_before_ms: Some(1_700_000_000_000),
+            by: None,
         };
         let text = serde_json::to_string(&run).unwrap();
         assert_eq!(serde_json::from_str::<GateCommand>(&text).unwrap(), run);
+    }
+
+    #[test]
+    fn an_operator_command_carries_who_asked() {
+        let actor = Actor {
+            scope: "admin".into(),
+            fingerprint: "0a1b2c3d".into(),
+        };
+        let forget = GateCommand::Forget {
+            reason: "r".into(),
+            by: None,
+        }
+        .by(actor.clone());
+        let text = serde_json::to_string(&forget).unwrap();
+        assert!(
+            text.contains(r#""by":{"scope":"admin","fingerprint":"0a1b2c3d"}"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<GateCommand>(&text).unwrap(), forget);
+        assert_eq!(GateCommand::Inspect.by(actor), GateCommand::Inspect);
     }
 
     #[test]

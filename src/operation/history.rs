@@ -13,20 +13,16 @@ use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{Source, Verdict};
-use crate::operation::OpEvent;
+use crate::operation::{Actor, OpEvent};
 
 /// One history row.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "what", rename_all = "snake_case")]
 pub enum HistoryEntry {
     /// Registered through the admin API.
-    Registered {
-        kind: Option<String>,
-    },
+    Registered { kind: Option<String> },
     /// A registration filled in the kind of an operation its completion created.
-    KindFilled {
-        kind: Option<String>,
-    },
+    KindFilled { kind: Option<String> },
     /// An event the reducer applied.
     Applied(EventRow),
     /// An event the reducer dropped.
@@ -38,35 +34,36 @@ pub enum HistoryEntry {
     },
     Forgotten {
         reason: String,
+        /// Who asked, when an operator did through the admin API (rows before it was kept lack it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     /// A status-API answer that could not be used.
-    StatusUnusable {
-        reason: String,
-    },
+    StatusUnusable { reason: String },
     /// An operator's deliberate redelivery (a new generation).
     Redeliver {
         generation: u32,
         reason: String,
+        /// Who asked, when an operator did through the admin API (rows before it was kept lack it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     /// An operator's retry of an effect not done (the same generation).
     RetryNow {
         generation: u32,
         reason: String,
+        /// Who asked, when an operator did through the admin API (rows before it was kept lack it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     /// Retention ended: only a tombstone remains.
     Retired,
     /// The status API does not know the operation a nudge named.
     ConfirmNotFound,
     /// The alert sink accepted an alert.
-    Alert {
-        alert: AlertKind,
-        alert_id: String,
-    },
+    Alert { alert: AlertKind, alert_id: String },
     /// The side effect was claimed under `token`.
-    Claimed {
-        token: u64,
-        attempt: u32,
-    },
+    Claimed { token: u64, attempt: u32 },
     /// How an attempt ended: `result` is its log event's name.
     /// Rows stored before `destination`, `webhook_id` and `http_status` were kept lack them.
     Attempt {
@@ -88,6 +85,9 @@ pub enum HistoryEntry {
         error: String,
         raw_bytes: usize,
         raw_excerpt: String,
+        /// The operator whose repair rebuilt it; none when a load recovered it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
 }
 
@@ -103,6 +103,9 @@ pub struct EventRow {
     /// Who settled it, when an operator did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub settled_by: Option<&'static str>,
+    /// Which operator, when one did through the admin API.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<Actor>,
 }
 
 impl HistoryEntry {
@@ -115,6 +118,7 @@ impl HistoryEntry {
             update_time_ms: event.update_time_ms,
             delivery_id: event.delivery_id.clone(),
             settled_by: None,
+            by: None,
         };
         match verdict {
             Verdict::Apply => HistoryEntry::Applied(row(None)),
@@ -122,12 +126,13 @@ impl HistoryEntry {
         }
     }
 
-    /// The row for an outcome an operator gave, with their reason.
-    pub fn settled_by_operator(event: &OpEvent, reason: &str) -> HistoryEntry {
+    /// The row for an outcome an operator (`by`) gave, with their reason.
+    pub fn settled_by_operator(event: &OpEvent, reason: &str, by: Option<Actor>) -> HistoryEntry {
         match HistoryEntry::of_event(event, Verdict::Apply) {
             HistoryEntry::Applied(row) => HistoryEntry::Applied(EventRow {
                 reason: Some(reason.to_string()),
                 settled_by: Some(Source::Operator.as_str()),
+                by,
                 ..row
             }),
             other => other,
@@ -248,6 +253,13 @@ mod tests {
         }
     }
 
+    fn actor() -> Actor {
+        Actor {
+            scope: "admin".into(),
+            fingerprint: "0a1b2c3d".into(),
+        }
+    }
+
     /// Each entry serializes to exactly this row (the admin API, the chaos oracle and the
     /// dashboard read these spellings).
     #[test]
@@ -274,10 +286,17 @@ mod tests {
                     "source": "webhook", "update_time_ms": 7, "delivery_id": "msg_1"}),
             ),
             (
-                HistoryEntry::settled_by_operator(&event(), "checked"),
+                HistoryEntry::settled_by_operator(&event(), "checked", None),
                 json!({"what": "applied", "reason": "checked", "status": "succeeded",
                     "source": "webhook", "update_time_ms": 7, "delivery_id": "msg_1",
                     "settled_by": "operator"}),
+            ),
+            (
+                HistoryEntry::settled_by_operator(&event(), "checked", Some(actor())),
+                json!({"what": "applied", "reason": "checked", "status": "succeeded",
+                    "source": "webhook", "update_time_ms": 7, "delivery_id": "msg_1",
+                    "settled_by": "operator",
+                    "by": {"scope": "admin", "fingerprint": "0a1b2c3d"}}),
             ),
             (
                 HistoryEntry::Nudged {
@@ -287,8 +306,19 @@ mod tests {
                 json!({"what": "nudged", "claimed": "succeeded", "delivery_id": "jwt_1"}),
             ),
             (
-                HistoryEntry::Forgotten { reason: "r".into() },
+                HistoryEntry::Forgotten {
+                    reason: "r".into(),
+                    by: None,
+                },
                 json!({"what": "forgotten", "reason": "r"}),
+            ),
+            (
+                HistoryEntry::Forgotten {
+                    reason: "r".into(),
+                    by: Some(actor()),
+                },
+                json!({"what": "forgotten", "reason": "r",
+                    "by": {"scope": "admin", "fingerprint": "0a1b2c3d"}}),
             ),
             (
                 HistoryEntry::StatusUnusable { reason: "r".into() },
@@ -298,13 +328,16 @@ mod tests {
                 HistoryEntry::Redeliver {
                     generation: 2,
                     reason: "r".into(),
+                    by: Some(actor()),
                 },
-                json!({"what": "redeliver", "generation": 2, "reason": "r"}),
+                json!({"what": "redeliver", "generation": 2, "reason": "r",
+                    "by": {"scope": "admin", "fingerprint": "0a1b2c3d"}}),
             ),
             (
                 HistoryEntry::RetryNow {
                     generation: 1,
                     reason: "r".into(),
+                    by: None,
                 },
                 json!({"what": "retry_now", "generation": 1, "reason": "r"}),
             ),
@@ -361,6 +394,7 @@ mod tests {
                     error: "e".into(),
                     raw_bytes: 5,
                     raw_excerpt: "{oops".into(),
+                    by: None,
                 },
                 json!({"what": "record_recovered", "how": "salvaged", "error": "e",
                     "raw_bytes": 5, "raw_excerpt": "{oops"}),
@@ -377,7 +411,13 @@ mod tests {
         assert!(!log.append(5, vec![]));
         assert_eq!(log.encode(), "[]");
         assert!(log.append(1_000, vec![HistoryEntry::ConfirmNotFound]));
-        log.append(2_000, vec![HistoryEntry::Forgotten { reason: "r".into() }]);
+        log.append(
+            2_000,
+            vec![HistoryEntry::Forgotten {
+                reason: "r".into(),
+                by: None,
+            }],
+        );
         let text = log.encode();
         assert_eq!(
             text,

@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::bounds;
 use crate::operation::gate_log::GateLog;
 use crate::operation::history::HistoryEntry;
-use crate::operation::Operation;
+use crate::operation::{Actor, Operation};
 
 /// Depth, from the record's top, past which the scan replaces a value with a marker: the
 /// record's own fields nest a few levels, its outside values up to [`bounds::MAX_DEPTH`] more.
@@ -134,13 +134,15 @@ pub fn rebuild(key: &str, name: &str, reason: &str, now_ms: i64) -> Operation {
 }
 
 /// Marks a recovered record: raises the `record_unreadable` alert (once per operation) and
-/// bumps the version so the ledger follows. Returns the history row and the log line's fields.
+/// bumps the version so the ledger follows. Returns the history row (naming the operator
+/// whose repair rebuilt it, `by`) and the log line's fields.
 pub fn mark_recovered(
     op: &mut Operation,
     how: Recovery,
     error: &str,
     raw: &str,
     now_ms: i64,
+    by: Option<Actor>,
 ) -> (HistoryEntry, GateLog) {
     op.mark_recovered(now_ms);
     let excerpt = bounds::bound_string(raw.chars().take(4_096).collect());
@@ -149,6 +151,7 @@ pub fn mark_recovered(
         error: error.to_string(),
         raw_bytes: raw.len(),
         raw_excerpt: excerpt,
+        by,
     };
     let line = GateLog::RecordRecovered {
         key: op.key().to_string(),
@@ -339,14 +342,24 @@ mod tests {
     fn marking_alerts_once_and_keeps_an_excerpt() {
         let raw = deep_record(140);
         let (mut op, how) = recover(&raw).unwrap();
-        let (row, line) = mark_recovered(&mut op, how, "recursion limit exceeded", &raw, 9_000);
+        let (row, line) =
+            mark_recovered(&mut op, how, "recursion limit exceeded", &raw, 9_000, None);
         assert_eq!(op.alerts_raised(), [AlertKind::RecordUnreadable]);
         assert_eq!(op.pending_alerts().len(), 1);
         let row = row.to_value();
         assert_eq!(row["what"], "record_recovered");
         assert_eq!(row["raw_bytes"], raw.len());
         assert_eq!(line.to_value()["how"], "pruned");
-        mark_recovered(&mut op, how, "again", &raw, 9_500);
+        assert!(
+            row.get("by").is_none(),
+            "a load recovered it, not an operator"
+        );
+        let operator = Actor {
+            scope: "admin".into(),
+            fingerprint: "0a1b2c3d".into(),
+        };
+        let (row, _) = mark_recovered(&mut op, how, "again", &raw, 9_500, Some(operator));
+        assert_eq!(row.to_value()["by"]["fingerprint"], "0a1b2c3d");
         assert_eq!(op.pending_alerts().len(), 1, "once per operation");
     }
 }

@@ -73,6 +73,8 @@ log_events! {
     EffectFenced => "effect_fenced",
     /// Operators.
     Registered => "registered",
+    /// An action request through the admin API, with who made it and its answer.
+    AdminAction => "admin_action",
     RetryNow => "retry_now",
     Redeliver => "redeliver",
     ForgottenByOperator => "forgotten_by_operator",

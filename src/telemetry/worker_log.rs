@@ -5,7 +5,8 @@
 //!
 //! Guarantees: each variant is one line whose `event` is [`WorkerLog::event`], one of
 //! [`LogEvent::ALL`] (the tests check every variant), with the fields operators' queries and
-//! the tests read.
+//! the tests read; a line about an admin request names who made it (`by`: the token's scope
+//! and fingerprint, never the token).
 
 use serde::Serialize;
 use serde_json::Value;
@@ -21,10 +22,31 @@ pub enum WorkerLog {
     ConfigWarning { warning: String },
     /// The cron could not start a pass (its configuration does not parse).
     ReconcileError { error: String },
-    /// An admin request without the right token.
+    /// An admin request without a known token.
     Rejected { reason: &'static str },
-    /// An operation registered through the admin API.
-    Registered { key: String },
+    /// An admin request with a known token whose scope may not make it (403): the first of a
+    /// window in full, the rest counted like any rejection.
+    #[serde(rename = "rejected")]
+    RejectedScope {
+        reason: &'static str,
+        method: String,
+        path: String,
+        /// The scope the request needs.
+        needs: &'static str,
+        /// Who asked: `{"scope", "fingerprint"}` (an `operation::Actor`).
+        by: Value,
+    },
+    /// An operation registered through the admin API, and by whom (`{"scope", "fingerprint"}`).
+    Registered { key: String, by: Value },
+    /// An operator's action request through the admin API (retry, redeliver, forget, settle,
+    /// repair, bulk), whatever its answer: who (`{"scope", "fingerprint"}`), what and how it
+    /// was answered.
+    AdminAction {
+        method: String,
+        path: String,
+        status: u16,
+        by: Value,
+    },
     /// An alert, logged whether or not a sink is configured. The fields are the alert body's,
     /// as it carries them (`key` is null for an alert about no one operation).
     Alert {
@@ -84,8 +106,9 @@ impl WorkerLog {
         match self {
             WorkerLog::ConfigWarning { .. } => LogEvent::ConfigWarning,
             WorkerLog::ReconcileError { .. } => LogEvent::ReconcileError,
-            WorkerLog::Rejected { .. } => LogEvent::Rejected,
+            WorkerLog::Rejected { .. } | WorkerLog::RejectedScope { .. } => LogEvent::Rejected,
             WorkerLog::Registered { .. } => LogEvent::Registered,
+            WorkerLog::AdminAction { .. } => LogEvent::AdminAction,
             WorkerLog::Alert { .. } => LogEvent::Alert,
             WorkerLog::AlertFailed { .. } => LogEvent::AlertFailed,
             WorkerLog::Unavailable { .. } => LogEvent::Unavailable,
@@ -118,8 +141,22 @@ mod tests {
             WorkerLog::Rejected {
                 reason: "admin_unauthorized",
             },
+            WorkerLog::RejectedScope {
+                reason: "admin_forbidden",
+                method: "POST".into(),
+                path: "/v1/bulk/redeliver".into(),
+                needs: "admin",
+                by: json!({"scope": "read", "fingerprint": "0a1b2c3d"}),
+            },
             WorkerLog::Registered {
                 key: "batches/a".into(),
+                by: json!({"scope": "register", "fingerprint": "0a1b2c3d"}),
+            },
+            WorkerLog::AdminAction {
+                method: "POST".into(),
+                path: "/v1/operations/batches/a/retry".into(),
+                status: 200,
+                by: json!({"scope": "admin", "fingerprint": "0a1b2c3d"}),
             },
             WorkerLog::Alert {
                 alert: json!("stuck"),

@@ -1,21 +1,24 @@
-//! The admin API under `/v1/`, behind `Authorization: Bearer <ADMIN_TOKEN>`.
+//! The admin API under `/v1/`, behind `Authorization: Bearer <token>` of a scope that may
+//! make the request (`ADMIN_TOKEN`, `REGISTER_TOKENS`, `READ_TOKENS`; [`crate::access`]).
 //!
-//! Guarantees: the token is checked (constant time) before anything else is read; a request
-//! body (the bulk routes' too) is held to [`MAX_ADMIN_BODY`]: 413 at once for a
-//! `content-length` over it, else as soon as the streamed bytes pass it; every
-//! change goes through the operation's gate (register, retry, redeliver, forget, repair,
-//! settle; one at a time or in bulk, `bulk.rs`); listing and search read the ledger's metadata only; `/v1/config` shows no secret;
-//! a name in the path may be percent-encoded, may contain slashes and may be any accepted form
-//! of the name.
+//! Guarantees: the token and its scope are checked (constant time) before anything else is
+//! read: an unknown token is 401, a known one of the wrong scope 403 naming the scope it
+//! needs; a request body (the bulk routes' too) is held to [`MAX_ADMIN_BODY`]: 413 at once
+//! for a `content-length` over it, else as soon as the streamed bytes pass it; every change
+//! goes through the operation's gate (register, retry, redeliver, forget, repair, settle; one
+//! at a time or in bulk, `bulk.rs`), carrying who asked (scope and fingerprint) into its
+//! history row and log line, and every action request is logged with it (`admin_action`);
+//! listing and search read the ledger's metadata only; `/v1/config` shows no secret; a name
+//! in the path may be percent-encoded, may contain slashes and may be any accepted form of
+//! the name.
 
 use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use worker::{Env, Method, Request, Response};
 
-use crate::admin::{
-    authorized, encode_cursor, parse_registration, parse_settle, ListQuery, MAX_REASON_CHARS,
-};
+use crate::access::{Admission, Caller, Route};
+use crate::admin::{encode_cursor, parse_registration, parse_settle, ListQuery, MAX_REASON_CHARS};
 use crate::config::Config;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::operation::key::normalize;
@@ -40,24 +43,80 @@ pub const MAX_ADMIN_BODY: usize = 16 * 1024;
 const MAX_LIST_PAGES: usize = 5;
 
 pub async fn handle(
-    mut req: Request,
+    req: Request,
     method: Method,
     env: &Env,
     config: &Config,
 ) -> Result<Response, EdgeError> {
     let auth = req.headers().get("authorization").ok().flatten();
-    if !authorized(auth.as_deref(), &config.admin_token.0) {
-        if stats_shard::count_rejected("admin_unauthorized") {
-            log(WorkerLog::Rejected {
-                reason: "admin_unauthorized",
-            }
-            .to_value());
-        }
-        return Err(EdgeError::Unauthorized);
-    }
     let path = req.path();
+    let caller = match config.tokens.admit(auth.as_deref(), method.as_ref(), &path) {
+        Admission::Admitted(caller) => caller,
+        Admission::Unknown => {
+            if stats_shard::count_rejected("admin_unauthorized") {
+                log(WorkerLog::Rejected {
+                    reason: "admin_unauthorized",
+                }
+                .to_value());
+            }
+            return Err(EdgeError::Unauthorized);
+        }
+        Admission::Forbidden { caller, needs } => {
+            if stats_shard::count_rejected("admin_forbidden") {
+                log(WorkerLog::RejectedScope {
+                    reason: "admin_forbidden",
+                    method: method.to_string(),
+                    path,
+                    needs: needs.as_str(),
+                    by: json!(caller.actor()),
+                }
+                .to_value());
+            }
+            return Err(EdgeError::Forbidden {
+                scope: caller.scope,
+                needs,
+            });
+        }
+    };
+    let acts = Route::of(method.as_ref(), &path) == Route::Act;
+    let method_name = method.to_string();
+    let answer = serve(req, method, &path, env, config, &caller).await;
+    if acts {
+        // Who did what: one line per action request, whatever its answer.
+        log(WorkerLog::AdminAction {
+            method: method_name,
+            path,
+            status: answer
+                .as_ref()
+                .map_or_else(EdgeError::status, Response::status_code),
+            by: json!(caller.actor()),
+        }
+        .to_value());
+    }
+    answer
+}
+
+/// A request the caller's scope may make.
+async fn serve(
+    mut req: Request,
+    method: Method,
+    path: &str,
+    env: &Env,
+    config: &Config,
+    caller: &Caller,
+) -> Result<Response, EdgeError> {
+    let by = caller.actor();
     if let Some(action) = path.strip_prefix("/v1/bulk/") {
-        return super::bulk::handle(&mut req, method, action, env, config).await;
+        return super::bulk::handle(&mut req, method, action, env, config, by).await;
+    }
+    if path == "/v1/whoami" {
+        // The caller's own scope and fingerprint: the dashboard shows actions to admin only.
+        return match method {
+            Method::Get => {
+                ok_json(&json!({"scope": caller.scope, "fingerprint": caller.fingerprint}))
+            }
+            _ => Err(EdgeError::MethodNotAllowed),
+        };
     }
     if path == "/v1/stats" {
         return match method {
@@ -83,7 +142,7 @@ pub async fn handle(
     let rest = rest.trim_start_matches('/');
     if rest.is_empty() {
         return match method {
-            Method::Post => register(&mut req, env).await,
+            Method::Post => register(&mut req, env, caller).await,
             Method::Get => list(&req, env, config).await,
             _ => Err(EdgeError::MethodNotAllowed),
         };
@@ -109,6 +168,7 @@ pub async fn handle(
             GateCommand::Settle {
                 status: settle.status.as_str().to_string(),
                 reason: settle.reason,
+                by: Some(by),
             }
         }
         Some(action) => {
@@ -117,14 +177,22 @@ pub async fn handle(
                 "redeliver" => GateCommand::Redeliver {
                     reason,
                     sent_before_ms: None,
+                    by: Some(by),
                 },
-                "retry" => GateCommand::RetryNow { reason },
+                "retry" => GateCommand::RetryNow {
+                    reason,
+                    by: Some(by),
+                },
                 "repair" => GateCommand::Repair {
                     key: key.key.clone(),
                     name: key.name.clone(),
                     reason,
+                    by: Some(by),
                 },
-                _ => GateCommand::Forget { reason },
+                _ => GateCommand::Forget {
+                    reason,
+                    by: Some(by),
+                },
             }
         }
     };
@@ -165,7 +233,7 @@ pub async fn handle(
     }
 }
 
-async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
+async fn register(req: &mut Request, env: &Env, caller: &Caller) -> Result<Response, EdgeError> {
     let body = read_body(req).await?;
     let reg = parse_registration(&body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
     let command = GateCommand::Register {
@@ -178,6 +246,7 @@ async fn register(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
         GateReply::Created { operation } => {
             log(WorkerLog::Registered {
                 key: reg.key.key.clone(),
+                by: json!(caller.actor()),
             }
             .to_value());
             json_response(&operation, 201)

@@ -1,5 +1,5 @@
-//! `POST /v1/bulk/retry` and `POST /v1/bulk/redeliver`, behind the admin token (checked by
-//! the admin API before it routes here).
+//! `POST /v1/bulk/retry` and `POST /v1/bulk/redeliver`, behind an admin token (checked by
+//! the admin API before it routes here); each gate call carries who asked.
 //!
 //! Guarantees: the request is parsed and judged by the pure core ([`crate::bulk`]); this file
 //! only lists the `op:` ledger (metadata, at most `MAX_PAGES` KV lists a request), calls the
@@ -16,6 +16,7 @@ use worker::{Delay, Env, Method, Request, Response};
 use crate::bulk::{outcome, parse_bulk, BulkAction, BulkRun, Outcome};
 use crate::config::Config;
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
+use crate::operation::Actor;
 use crate::reconciliation::reconcile::Resume;
 use crate::telemetry::worker_log::WorkerLog;
 
@@ -36,6 +37,7 @@ pub async fn handle(
     action: &str,
     env: &Env,
     config: &Config,
+    by: Actor,
 ) -> Result<Response, EdgeError> {
     let Some(action) = BulkAction::from_path(action) else {
         return Err(EdgeError::NotFound);
@@ -59,7 +61,7 @@ pub async fn handle(
     // cursor): every redelivery it causes is recorded by its gate after this.
     let mut run =
         BulkRun::new(request, now_ms()).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
-    let command = run.command();
+    let command = run.command().by(by);
     let mut acted = false;
     for _ in 0..MAX_PAGES {
         // A key prefix narrows the listing itself; every other filter reads metadata.

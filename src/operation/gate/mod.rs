@@ -82,15 +82,18 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         GateCommand::Redeliver {
             reason,
             sent_before_ms,
+            by,
         } => held(record, |op| {
-            operator::redeliver(op, &reason, sent_before_ms, now)
+            operator::redeliver(op, &reason, sent_before_ms, by, now)
         }),
-        GateCommand::RetryNow { reason } => {
-            held(record, |op| operator::retry_now(op, &reason, now))
+        GateCommand::RetryNow { reason, by } => {
+            held(record, |op| operator::retry_now(op, &reason, by, now))
         }
-        GateCommand::Forget { reason } => held(record, |op| operator::forget(op, reason, now)),
-        GateCommand::Settle { status, reason } => {
-            held(record, |op| operator::settle(op, &status, reason, now))
+        GateCommand::Forget { reason, by } => {
+            held(record, |op| operator::forget(op, reason, by, now))
+        }
+        GateCommand::Settle { status, reason, by } => {
+            held(record, |op| operator::settle(op, &status, reason, by, now))
         }
         // A repair has been done (or was not needed) by the object before this step.
         GateCommand::Inspect | GateCommand::Repair { .. } => held(record, operator::inspect),

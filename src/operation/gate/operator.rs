@@ -11,7 +11,7 @@ use crate::operation::gate_log::GateLog;
 use crate::operation::gate_protocol::{GateReply, OperatorAction};
 use crate::operation::history::HistoryEntry;
 use crate::operation::lifecycle::Status;
-use crate::operation::{Operation, OperatorRefusal};
+use crate::operation::{Actor, Operation, OperatorRefusal};
 use crate::telemetry::counters::Counter;
 
 use super::decision::{effect_report, Step};
@@ -22,6 +22,7 @@ pub(super) fn redeliver(
     mut op: Operation,
     reason: &str,
     sent_before_ms: Option<i64>,
+    by: Option<Actor>,
     now: i64,
 ) -> Step {
     // A bulk run's cut-off: an effect sent at or after it was sent by this run (or after it
@@ -32,30 +33,30 @@ pub(super) fn redeliver(
     // An effect not done may have reached the destination already: it is retried under its
     // own webhook-id, never given a new one.
     if !op.effect().done() {
-        return retry_now(op, reason, now);
+        return retry_now(op, reason, by, now);
     }
     match op.redeliver(now, reason) {
         Ok(generation) => {
             op.count(Counter::Redeliveries, now);
-            operator_acted(op, OperatorAction::Redeliver, generation, reason, now)
+            operator_acted(op, OperatorAction::Redeliver, generation, reason, by, now)
         }
         Err(refusal) => refused(op, refusal.as_str()),
     }
 }
 
 /// Retry now: an effect that is not done is due at once, under the same generation.
-pub(super) fn retry_now(mut op: Operation, reason: &str, now: i64) -> Step {
+pub(super) fn retry_now(mut op: Operation, reason: &str, by: Option<Actor>, now: i64) -> Step {
     match op.retry_now(now) {
         Ok(()) => {
             let generation = op.effect().generation();
-            operator_acted(op, OperatorAction::RetryNow, generation, reason, now)
+            operator_acted(op, OperatorAction::RetryNow, generation, reason, by, now)
         }
         Err(refusal) => refused(op, refusal.as_str()),
     }
 }
 
 /// Forget: stop tracking the operation (recorded once, never erased).
-pub(super) fn forget(mut op: Operation, reason: String, now: i64) -> Step {
+pub(super) fn forget(mut op: Operation, reason: String, by: Option<Actor>, now: i64) -> Step {
     let changed = op.forget(now, &reason);
     let key = op.key().to_string();
     let step = Step::new(Some(op), GateReply::Forgotten { changed });
@@ -65,18 +66,25 @@ pub(super) fn forget(mut op: Operation, reason: String, now: i64) -> Step {
     step.durable()
         .row(HistoryEntry::Forgotten {
             reason: reason.clone(),
+            by: by.clone(),
         })
-        .log(GateLog::ForgottenByOperator { key, reason })
+        .log(GateLog::ForgottenByOperator { key, reason, by })
 }
 
 /// Settle: the operator gives the terminal outcome of an operation whose status answer
 /// cannot be used; its side effect is then owed like any other.
-pub(super) fn settle(mut op: Operation, status: &str, reason: String, now: i64) -> Step {
+pub(super) fn settle(
+    mut op: Operation,
+    status: &str,
+    reason: String,
+    by: Option<Actor>,
+    now: i64,
+) -> Step {
     match op.settle_by_operator(Status::parse(status), &reason, now) {
         Ok(event) => {
             let key = op.key().to_string();
             let (status, effect) = (op.status().clone(), effect_report(&op, now));
-            let row = HistoryEntry::settled_by_operator(&event, &reason);
+            let row = HistoryEntry::settled_by_operator(&event, &reason, by.clone());
             Step::new(
                 Some(op),
                 GateReply::Applied {
@@ -90,6 +98,7 @@ pub(super) fn settle(mut op: Operation, status: &str, reason: String, now: i64) 
                 key,
                 status: status.as_str().to_string(),
                 reason,
+                by,
             })
         }
         Err(refusal) => refused(op, refusal.as_str()),
@@ -113,6 +122,7 @@ fn operator_acted(
     action: OperatorAction,
     generation: u32,
     reason: &str,
+    by: Option<Actor>,
     now: i64,
 ) -> Step {
     let key = op.key().to_string();
@@ -122,11 +132,13 @@ fn operator_acted(
             key,
             generation,
             reason: reason.clone(),
+            by: by.clone(),
         },
         OperatorAction::Redeliver => GateLog::Redeliver {
             key,
             generation,
             reason: reason.clone(),
+            by: by.clone(),
         },
     };
     let effect = effect_report(&op, now);
@@ -140,8 +152,16 @@ fn operator_acted(
     )
     .durable()
     .row(match action {
-        OperatorAction::RetryNow => HistoryEntry::RetryNow { generation, reason },
-        OperatorAction::Redeliver => HistoryEntry::Redeliver { generation, reason },
+        OperatorAction::RetryNow => HistoryEntry::RetryNow {
+            generation,
+            reason,
+            by,
+        },
+        OperatorAction::Redeliver => HistoryEntry::Redeliver {
+            generation,
+            reason,
+            by,
+        },
     })
     .log(line);
     step.reset_alarm = true;
@@ -165,7 +185,7 @@ mod tests {
     use crate::operation::gate::{step, Save, Step};
     use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
     use crate::operation::lifecycle::{Source, Status};
-    use crate::operation::{AttemptOutcome, OperatorRefusal};
+    use crate::operation::{Actor, AttemptOutcome};
 
     #[test]
     fn a_forgotten_operation_is_never_asked_about_or_alerted_again() {
@@ -174,6 +194,7 @@ mod tests {
             nudged.record,
             GateCommand::Forget {
                 reason: "gone".into(),
+                by: None,
             },
             11,
         );
@@ -223,6 +244,7 @@ mod tests {
             GateCommand::Redeliver {
                 reason: "fixed".into(),
                 sent_before_ms: None,
+                by: None,
             },
             30,
         );
@@ -245,6 +267,7 @@ mod tests {
             GateCommand::Redeliver {
                 reason: "lost downstream".into(),
                 sent_before_ms: None,
+                by: None,
             },
             30,
         );
@@ -264,10 +287,11 @@ mod tests {
         let run = |cutoff| GateCommand::Redeliver {
             reason: "bulk redeliver: lost downstream".into(),
             sent_before_ms: Some(cutoff),
+            by: None,
         };
         let refused_as_sent = |s: &Step| {
             matches!(&s.reply, GateReply::Refused { reason }
-                if reason == OperatorRefusal::SentSinceCutoff.as_str())
+                if reason == crate::operation::OperatorRefusal::SentSinceCutoff.as_str())
         };
         // Accepted at 20: a run cut off at 20 began before it went out, and leaves it alone.
         let s = step(Some(settled()), run(20), 30);
@@ -319,6 +343,7 @@ mod tests {
             s.record,
             GateCommand::RetryNow {
                 reason: String::new(),
+                by: None,
             },
             11,
         );
@@ -328,6 +353,7 @@ mod tests {
             None,
             GateCommand::RetryNow {
                 reason: String::new(),
+                by: None,
             },
             11,
         );
@@ -341,6 +367,7 @@ mod tests {
             GateCommand::Redeliver {
                 reason: String::new(),
                 sent_before_ms: None,
+                by: None,
             },
             5,
         );
@@ -353,15 +380,25 @@ mod tests {
             Some(registered()),
             GateCommand::Forget {
                 reason: "job deleted".into(),
-            },
+                by: None,
+            }
+            .by(actor()),
             5,
         );
         assert_eq!(s.reply, GateReply::Forgotten { changed: true });
         assert_eq!(events(&s), ["forgotten_by_operator"]);
+        let who = serde_json::json!({"scope": "admin", "fingerprint": "0a1b2c3d"});
+        assert_eq!(
+            s.history[0].to_value()["by"],
+            who,
+            "the row names who forgot it"
+        );
+        assert_eq!(s.logs[0].to_value()["by"], who, "and so does the line");
         let again = step(
             s.record,
             GateCommand::Forget {
                 reason: "again".into(),
+                by: None,
             },
             6,
         );
@@ -381,10 +418,18 @@ mod tests {
         );
     }
 
+    fn actor() -> Actor {
+        Actor {
+            scope: "admin".into(),
+            fingerprint: "0a1b2c3d".into(),
+        }
+    }
+
     fn settle(status: &str) -> GateCommand {
         GateCommand::Settle {
             status: status.into(),
             reason: "checked in AI Studio".into(),
+            by: None,
         }
     }
 
@@ -402,6 +447,11 @@ mod tests {
         assert_eq!(events(&s), ["settled_by_operator"]);
         assert_eq!(s.history[0].to_value()["settled_by"], "operator");
         assert_eq!(s.history[0].to_value()["reason"], "checked in AI Studio");
+        let by_admin = step(Some(registered()), settle("failed").by(actor()), 30);
+        assert_eq!(
+            by_admin.history[0].to_value()["by"]["fingerprint"],
+            "0a1b2c3d"
+        );
         let op = s.record.unwrap();
         assert_eq!(op.settled_by(), Some(Source::Operator));
         assert!(op.effect_owed());

@@ -40,7 +40,7 @@ pub use alerts::PendingAlert;
 pub use confirmation::{Confirmation, MAX_CONFIRM_ATTEMPTS};
 pub use effect_state::{AttemptOutcome, Claim, Effect, Finished, Parked};
 pub use ledger_mark::{PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS};
-pub use operator::{OperatorNote, OperatorRefusal};
+pub use operator::{Actor, OperatorNote, OperatorRefusal};
 
 use alerts::Alerts;
 use ledger_mark::LedgerMark;

@@ -1,5 +1,5 @@
-//! What operators did to an operation, and why: forgetting it, settling it by hand, and the
-//! unusable status answer kept for them.
+//! What operators did to an operation, who and why: forgetting it, settling it by hand, and
+//! the unusable status answer kept for them; [`Actor`] names who acted.
 //!
 //! Guarantees: each note is kept for the retention period (a tombstone keeps only when);
 //! a refused command changes nothing and says why ([`OperatorRefusal`]).
@@ -10,6 +10,15 @@ use serde_json::{Map, Value};
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::record::{OpEvent, Operation};
+
+/// Who acted through the admin API: the scope of the token presented (`admin`,
+/// `register`, ...) and its fingerprint (never the token). Carried by an operator's command
+/// into the history row and the log line it makes, so an operator can tell who did what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor {
+    pub scope: String,
+    pub fingerprint: String,
+}
 
 /// When and why an operator acted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

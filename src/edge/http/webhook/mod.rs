@@ -89,31 +89,38 @@ pub async fn receive(
                 let reply = call_gate(env, &key, &command).await;
                 intake.gate_answered(reply.map_err(|e| e.to_string()), now_ms())
             }
-            Need::Tally => {
-                let limits = AlertLimits {
-                    threshold: config.stranger_alert_threshold,
-                    window_ms: config.stranger_alert_window_secs * 1_000,
-                };
-                let command = LeaseCommand::StrangerNudge { limits };
-                let counted = match stub_for(env, LEASE_BINDING, GUARD_NAME) {
-                    Ok(stub) => post_json(&stub, &command).await,
-                    Err(e) => Err(e),
-                };
-                intake.tallied(match counted {
-                    Ok(LeaseReply::StrangerCounted { alert }) => Some(alert),
-                    _ => None,
-                })
-            }
+            Need::Tally => intake.tallied(tally(env, config).await),
             Need::DeadLetter { key, value } => {
-                let kept = match env.kv(KV_BINDING) {
-                    Ok(kv) => write_dead_letter(&kv, &key, &value, config.kv_ttl_secs()).await,
-                    Err(e) => Err(EdgeError::from(e)),
-                };
+                let kept = keep_dead_letter(env, config, &key, &value).await;
                 intake.dead_letter_kept(kept.map_err(|e| e.to_string()))
             }
             Need::Done(finished) => return answer(finished),
         };
     }
+}
+
+/// Counts a nudge for an operation not held on the strangers' tally: whether it raised the
+/// window's alert, `None` when the call failed.
+async fn tally(env: &Env, config: &Config) -> Option<bool> {
+    let limits = AlertLimits {
+        threshold: config.stranger_alert_threshold,
+        window_ms: config.stranger_alert_window_secs * 1_000,
+    };
+    let stub = stub_for(env, LEASE_BINDING, GUARD_NAME).ok()?;
+    match post_json(&stub, &LeaseCommand::StrangerNudge { limits }).await {
+        Ok(LeaseReply::StrangerCounted { alert }) => Some(alert),
+        _ => None,
+    }
+}
+
+async fn keep_dead_letter(
+    env: &Env,
+    config: &Config,
+    key: &str,
+    value: &serde_json::Value,
+) -> Result<(), EdgeError> {
+    let kv = env.kv(KV_BINDING)?;
+    write_dead_letter(&kv, key, value, config.kv_ttl_secs()).await
 }
 
 /// Counts, logs and remembers what a finished delivery says, and answers it.
@@ -131,7 +138,12 @@ fn answer(finished: Finished) -> Result<web_sys::Response, EdgeError> {
     // A refusal's line is logged for the first of its reason in a flush window only.
     let log_it = rejected.is_none_or(count_rejected);
     if let (true, Some(line)) = (log_it, line) {
-        log(line.to_value());
+        // Serialized straight to text: no JSON tree is built for the line every delivery
+        // writes (a duplicate's included).
+        match serde_json::to_string(&line) {
+            Ok(text) => worker::console_log!("{text}"),
+            Err(_) => log(line.to_value()),
+        }
     }
     if let Some((key, status)) = remember {
         TERMINAL.with(|t| t.borrow_mut().remember(&key, status));

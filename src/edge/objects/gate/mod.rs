@@ -80,9 +80,14 @@ impl DurableObject for OperationGate {
         };
         // An operator's repair runs before the record is loaded: loading is what it repairs.
         let repaired = match &command {
-            GateCommand::Repair { key, name, reason } => {
-                Some(repair::repair(&self.storage, key, name, reason)?.unwrap_or(false))
-            }
+            GateCommand::Repair {
+                key,
+                name,
+                reason,
+                by,
+            } => Some(
+                repair::repair(&self.storage, key, name, reason, by.as_ref())?.unwrap_or(false),
+            ),
             _ => None,
         };
         let now = now_ms();

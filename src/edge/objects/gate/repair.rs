@@ -8,7 +8,7 @@
 
 use worker::Result;
 
-use crate::operation::{recovery, Operation};
+use crate::operation::{recovery, Actor, Operation};
 
 use crate::edge::objects::gate::storage::{Cached, GateStorage};
 use crate::edge::objects::gate::tables;
@@ -16,12 +16,14 @@ use crate::edge::objects::gate::tables;
 /// `None` when there is no record; `Some(false)` when it loads as it is (nothing done);
 /// `Some(true)` when it did not: recovered as [`GateStorage::load`] would, or, when not even
 /// its key and state can be read, kept in `quarantine` and replaced by
-/// [`recovery::rebuild`] of `key` and `name`, with its alert queued.
+/// [`recovery::rebuild`] of `key` and `name`, with its alert queued and `by` (the operator)
+/// in its history row.
 pub(super) fn repair(
     storage: &GateStorage,
     key: &str,
     name: &str,
     reason: &str,
+    by: Option<&Actor>,
 ) -> Result<Option<bool>> {
     let rows = storage.stored_body()?;
     let Some(row) = rows.first() else {
@@ -40,8 +42,14 @@ pub(super) fn repair(
     let error = error.to_string();
     tables::quarantine(storage.meter(), &storage.sql(), &row.body, &error, now)?;
     let mut op = recovery::rebuild(key, name, reason, now);
-    let (entry, line) =
-        recovery::mark_recovered(&mut op, recovery::Recovery::Rebuilt, &error, &row.body, now);
+    let (entry, line) = recovery::mark_recovered(
+        &mut op,
+        recovery::Recovery::Rebuilt,
+        &error,
+        &row.body,
+        now,
+        by.cloned(),
+    );
     storage.store_recovered(&op, entry, line, now)?;
     Ok(Some(true))
 }

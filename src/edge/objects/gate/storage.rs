@@ -268,7 +268,7 @@ impl GateStorage {
         };
         let now = worker::Date::now().as_millis() as i64;
         tables::quarantine(&self.meter, &self.sql(), raw, error, now)?;
-        let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now);
+        let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now, None);
         self.store_recovered(&op, row, line, now)?;
         Ok(op)
     }
