@@ -5,7 +5,8 @@
 use serde_json::{json, Map, Value};
 
 use gemini_once::bounds;
-use gemini_once::operation::effect::{effect_body, normalize_details};
+use gemini_once::operation::details::normalize_details;
+use gemini_once::operation::effect::effect_body;
 use gemini_once::operation::key::Collection;
 use gemini_once::operation::lifecycle::{Source, Status};
 use gemini_once::operation::{OpEvent, Operation};

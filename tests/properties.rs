@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 use gemini_once::access::Scope;
 use gemini_once::config::{variable, Config, Fallback, Kind, Variable, VARIABLES};
 use gemini_once::inbound::envelope::{self, EnvelopeError};
-use gemini_once::operation::effect::normalize_details;
+use gemini_once::operation::details::normalize_details;
 use gemini_once::operation::key::{normalize, Collection, KeyError, MAX_NAME_BYTES};
 use gemini_once::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
 use gemini_once::operation::observation::{StatusError, DEFAULT_RETRY_AFTER_SECS};

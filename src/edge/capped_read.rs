@@ -17,7 +17,8 @@ use worker::{js_sys, web_sys, Request, Response, ResponseBody};
 use crate::body_cap::{declared_over, CappedBody, Read};
 use crate::inbound::classify::Headers;
 
-use crate::edge::{js_error, EdgeError};
+use crate::edge::error::EdgeError;
+use crate::edge::runtime::js_error;
 
 /// Hands each chunk of `stream` to `take` as it arrives, until the stream ends or `take` says
 /// [`Read::Enough`]: the rest is then cancelled (not awaited: the caller answers at once and

@@ -28,15 +28,14 @@ use crate::reconciliation::pass::{
 };
 use crate::reconciliation::reconcile::Thresholds;
 
-use super::outbound::status_api;
-use super::EdgeError;
-use super::{call_gate, log, now_ms, random_unit};
-use crate::edge::objects::lease_object::LEASE_NAME;
+use crate::edge::error::EdgeError;
+use crate::edge::objects::call::{call_gate, post_json, stub_for};
+use crate::edge::objects::lease_object::{LEASE_BINDING, LEASE_NAME};
 use crate::edge::outbound::fetch::{post_alert, Answer, SkimAnswer};
 use crate::edge::outbound::ledger_kv::KV_BINDING;
+use crate::edge::outbound::status_api;
+use crate::edge::runtime::{log, now_ms, random_unit};
 
-/// The lease object's binding.
-pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
 /// The fan-out queue's producer binding; without it every pass polls by itself.
 pub const QUEUE_BINDING: &str = "RECONCILE_QUEUE";
 
@@ -314,5 +313,5 @@ async fn list_page(
 }
 
 async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, EdgeError> {
-    super::post_json(&super::stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
+    post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
 }

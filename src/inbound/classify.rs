@@ -20,7 +20,7 @@ use crate::inbound::answer::Answer;
 use crate::inbound::envelope::{meaning, parse, Envelope, EnvelopeError, Meaning};
 use crate::inbound::jwt::{self, JwtError, Token};
 use crate::inbound::route_log::{Bytes, RouteLog};
-use crate::operation::effect::{UNVERIFIED_USER_METADATA, USER_METADATA};
+use crate::operation::details::{UNVERIFIED_USER_METADATA, USER_METADATA};
 use crate::operation::key::{normalize, KeyError, OperationKey};
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::OpEvent;

@@ -7,12 +7,12 @@
 //! `data.id` and is never mistaken for an unusable body; `batch.completed` (early docs) means
 //! `batch.succeeded`; everything in `data` except
 //! the id is carried to the side effect as details, normalized by
-//! [`crate::operation::effect::normalize_details`] into the shape a status-API answer also gives.
+//! [`crate::operation::details::normalize_details`] into the shape a status-API answer also gives.
 
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::operation::effect::normalize_details;
+use crate::operation::details::normalize_details;
 use crate::operation::key::Collection;
 use crate::operation::lifecycle::Status;
 use crate::timestamp::parse_rfc3339_ms;

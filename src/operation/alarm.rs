@@ -19,7 +19,7 @@ use crate::operation::gate::{count_delivery, Limits, Save, Step};
 use crate::operation::gate_log::{AttemptLine, GateLog};
 use crate::operation::history::HistoryEntry;
 use crate::operation::key::Collection;
-use crate::operation::ledger::{project, IndexWrite, Projection};
+use crate::operation::ledger::{IndexWrite, Projection};
 use crate::operation::lifecycle::{Source, Status, Verdict};
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::{
@@ -233,7 +233,7 @@ pub enum ConfirmAnswer {
 /// else waits and asks again, at most `MAX_CONFIRM_ATTEMPTS` questions in all, then leaves the
 /// operation to the cron.
 pub fn confirmed(
-    mut op: Operation,
+    op: Operation,
     answer: ConfirmAnswer,
     now: i64,
     limits: &Limits,
@@ -246,44 +246,77 @@ pub fn confirmed(
         limits.retry_max_secs,
         jitter,
     );
-    let key = op.key().to_string();
     match answer {
         ConfirmAnswer::Answer(Ok(observation))
             if !matches!(observation.status, Status::Unknown(_)) =>
         {
-            let event = OpEvent {
-                status: observation.status,
-                update_time_ms: observation.update_time_ms,
-                source: Source::Webhook,
-                details: observation.details,
-                delivery_id: None,
-            };
-            let verdict = op.confirm_with(event.clone(), now, wait);
-            if verdict == Verdict::Apply {
-                op.hold_for_registration(limits.unregistered_hold_ms, now);
-            }
-            count_delivery(&mut op, &event, verdict, now, false);
-            let still = op.confirmation().is_some();
-            Step::new(Some(op), AlarmDone::Confirmed)
-                .durable()
-                .row(HistoryEntry::of_event(&event, verdict))
-                .log(GateLog::Confirmed {
-                    key,
-                    status: event.status.as_str().to_string(),
-                    verdict: verdict_label(verdict),
-                    still_confirming: still,
-                })
+            confirmed_state(op, observation, now, wait, limits)
         }
         ConfirmAnswer::Answer(Ok(observation)) => {
-            op.confirmation_failed(now, wait);
-            Step::new(Some(op), AlarmDone::Confirmed)
-                .durable()
-                .log(GateLog::StatusUnknownState {
-                    key,
-                    state: observation.status.as_str().to_string(),
-                })
+            confirmed_unknown_state(op, &observation, now, wait)
         }
-        ConfirmAnswer::Answer(Err(StatusError::NotFound)) => {
+        ConfirmAnswer::Answer(Err(error)) => confirm_failed(op, error, now, wait),
+        ConfirmAnswer::NoApiKey => confirm_without_key(op, now, limits),
+    }
+}
+
+/// A state Gemini confirmed: applied as an event from the webhook path.
+fn confirmed_state(
+    mut op: Operation,
+    observation: Observation,
+    now: i64,
+    wait: i64,
+    limits: &Limits,
+) -> Step<AlarmDone> {
+    let key = op.key().to_string();
+    let event = OpEvent {
+        status: observation.status,
+        update_time_ms: observation.update_time_ms,
+        source: Source::Webhook,
+        details: observation.details,
+        delivery_id: None,
+    };
+    let verdict = op.confirm_with(event.clone(), now, wait);
+    if verdict == Verdict::Apply {
+        op.hold_for_registration(limits.unregistered_hold_ms, now);
+    }
+    count_delivery(&mut op, &event, verdict, now, false);
+    let still = op.confirmation().is_some();
+    Step::new(Some(op), AlarmDone::Confirmed)
+        .durable()
+        .row(HistoryEntry::of_event(&event, verdict))
+        .log(GateLog::Confirmed {
+            key,
+            status: event.status.as_str().to_string(),
+            verdict: verdict_label(verdict),
+            still_confirming: still,
+        })
+}
+
+/// A state this worker does not know: nothing is applied; the confirmation asks again.
+fn confirmed_unknown_state(
+    mut op: Operation,
+    observation: &Observation,
+    now: i64,
+    wait: i64,
+) -> Step<AlarmDone> {
+    let key = op.key().to_string();
+    op.confirmation_failed(now, wait);
+    Step::new(Some(op), AlarmDone::Confirmed)
+        .durable()
+        .log(GateLog::StatusUnknownState {
+            key,
+            state: observation.status.as_str().to_string(),
+        })
+}
+
+/// No state from the status API: a 404 ends the confirmation and raises
+/// `unknown_to_gemini`; an unusable answer alerts and asks again (a bounded number of times);
+/// anything else waits `wait`, or longer if Gemini asked.
+fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) -> Step<AlarmDone> {
+    let key = op.key().to_string();
+    match error {
+        StatusError::NotFound => {
             op.confirmation_gone();
             let age = (now - op.submitted_at_ms()).div_euclid(1_000);
             op.raise_alert(AlertKind::UnknownToGemini, age, now);
@@ -295,7 +328,7 @@ pub fn confirmed(
                     path: "confirmation",
                 })
         }
-        ConfirmAnswer::Answer(Err(StatusError::Malformed(reason))) => {
+        StatusError::Malformed(reason) => {
             // Asking again is bounded; the cron keeps polling and the alert asks a person.
             op.confirmation_failed(now, wait);
             let age = (now - op.submitted_at_ms()).div_euclid(1_000);
@@ -313,7 +346,7 @@ pub fn confirmed(
                     still_confirming: still,
                 })
         }
-        ConfirmAnswer::Answer(Err(e)) => {
+        e => {
             let wait = match e {
                 StatusError::Transient { retry_after_secs } => {
                     wait.max(retry_after_secs.saturating_mul(1_000))
@@ -329,23 +362,26 @@ pub fn confirmed(
                     retry_in_ms: wait,
                 })
         }
-        ConfirmAnswer::NoApiKey => {
-            // Not a try (nothing was asked), so no try count grows its backoff: the wait is
-            // the time waited so far, which doubles the total at each wake, within the limits.
-            let waited = op.confirmation().map_or(0, |c| now - c.requested_at_ms);
-            let wait = waited
-                .min(limits.retry_max_secs.saturating_mul(1_000))
-                .max(limits.retry_base_secs.saturating_mul(1_000));
-            op.confirmation_waits(now, wait);
-            Step::new(Some(op), AlarmDone::Confirmed)
-                .durable()
-                .log(GateLog::ConfirmWaiting {
-                    key,
-                    error: "GEMINI_API_KEY is not set".into(),
-                    retry_in_ms: wait,
-                })
-        }
     }
+}
+
+/// Nothing could be asked (`GEMINI_API_KEY` is not set). Not a try, so no try count grows its
+/// backoff: the wait is the time waited so far, which doubles the total at each wake, within
+/// the limits.
+fn confirm_without_key(mut op: Operation, now: i64, limits: &Limits) -> Step<AlarmDone> {
+    let key = op.key().to_string();
+    let waited = op.confirmation().map_or(0, |c| now - c.requested_at_ms);
+    let wait = waited
+        .min(limits.retry_max_secs.saturating_mul(1_000))
+        .max(limits.retry_base_secs.saturating_mul(1_000));
+    op.confirmation_waits(now, wait);
+    Step::new(Some(op), AlarmDone::Confirmed)
+        .durable()
+        .log(GateLog::ConfirmWaiting {
+            key,
+            error: "GEMINI_API_KEY is not set".into(),
+            retry_in_ms: wait,
+        })
 }
 
 fn verdict_label(verdict: Verdict) -> &'static str {
@@ -535,7 +571,7 @@ pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &Limits) -> Upkeep {
     let sealed = op.seal_stats();
     let projection =
         (op.projected_version() < op.version() && now >= op.projection_due_ms()).then(|| {
-            let p = project(op, limits.retention_ms / 1_000);
+            let p = op.projection(limits.retention_ms / 1_000);
             let index = p.index_write(op.indexed());
             (p, index)
         });

@@ -1,9 +1,14 @@
 //! One operation: its name, its lifecycle and record, the gate's pure steps and the protocol
-//! the edge speaks to it, its side effect, its alerts, and its projection into the KV ledger.
+//! the edge speaks to it, its side effect and the shape of its details, its alerts, and its
+//! projection into the KV ledger.
+//!
+//! The record (`record/`) is private; what the rest of the crate uses of it is named here, one
+//! by one.
 
 pub mod alarm;
 pub mod alarm_failure;
 pub mod alert;
+pub mod details;
 pub mod effect;
 pub mod gate;
 pub mod gate_log;
@@ -16,4 +21,8 @@ pub mod observation;
 mod record;
 pub mod recovery;
 
-pub use record::*;
+pub use record::{
+    backoff_ms, Actor, AttemptOutcome, Claim, Confirmation, Effect, Finished, KindFill, OpEvent,
+    Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, MAX_CONFIRM_ATTEMPTS,
+    PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS,
+};

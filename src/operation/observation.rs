@@ -14,7 +14,7 @@ pub struct Observation {
     pub status: Status,
     /// Server update time in Unix ms; 0 when the answer has none.
     pub update_time_ms: i64,
-    /// The normalized outcome details ([`crate::operation::effect::normalize_details`]'s shape): output
+    /// The normalized outcome details ([`crate::operation::details::normalize_details`]'s shape): output
     /// location, error code and message, and the raw Gemini state under `provider.state`.
     pub details: Map<String, Value>,
 }

@@ -8,7 +8,7 @@
 //! fields ([`Recovery::Salvaged`]) keeps its key, name, kind, state, effect generation, fencing
 //! token and attempts, and an effect that was owed is parked, not run, until an operator retries
 //! or forgets it. A record whose key or state cannot be read is not recovered (`None`). Either
-//! way the gate keeps the raw text for inspection (`src/edge/objects/gate_storage.rs`), and
+//! way the gate keeps the raw text for inspection (`src/edge/objects/gate/tables.rs`), and
 //! [`mark_recovered`] raises the `record_unreadable` alert once.
 
 use serde_json::Value;

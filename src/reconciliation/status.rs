@@ -2,7 +2,7 @@
 //!
 //! Guarantees: each answer becomes an observation with the server's own update time (never
 //! the receive time) and the same normalized details a webhook gives
-//! ([`crate::operation::effect::Outcome`]: output location, error, the rest under `provider`), so a
+//! ([`crate::operation::details::Outcome`]: output location, error, the rest under `provider`), so a
 //! stale answer is dropped by the reducer like any other event and an outcome recovered here
 //! gives the same side-effect body as one delivered by webhook; states follow google-genai's
 //! enums (`JobState`, `InteractionStatus`), and `UNSPECIFIED` and unknown states map to
@@ -16,7 +16,7 @@
 use serde_json::{json, Value};
 
 use crate::bounds;
-use crate::operation::effect::{Outcome, USER_METADATA};
+use crate::operation::details::{Outcome, USER_METADATA};
 use crate::operation::key::Collection;
 use crate::operation::lifecycle::Status;
 use crate::operation::observation::{transient, Observation, StatusError};

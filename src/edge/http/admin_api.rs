@@ -29,9 +29,12 @@ use crate::telemetry::worker_log::WorkerLog;
 use crate::timestamp::format_rfc3339;
 
 use crate::edge::capped_read::request_body;
+use crate::edge::error::EdgeError;
+use crate::edge::http::json_answer::{json_response, ok_json};
+use crate::edge::objects::call::call_gate;
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
-use crate::edge::{call_gate, json_response, log, now_ms, ok_json, EdgeError};
+use crate::edge::runtime::{log, now_ms};
 
 const OPERATIONS: &str = "/v1/operations";
 /// Largest admin request body (bulk requests too): a longer one is refused while it streams.

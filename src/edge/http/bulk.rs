@@ -22,8 +22,11 @@ use crate::telemetry::worker_log::WorkerLog;
 
 use super::admin_api::MAX_ADMIN_BODY;
 use crate::edge::capped_read::request_body;
+use crate::edge::error::EdgeError;
+use crate::edge::http::json_answer::ok_json;
+use crate::edge::objects::call::call_gate;
 use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
-use crate::edge::{call_gate, log, now_ms, ok_json, EdgeError};
+use crate::edge::runtime::{log, now_ms};
 
 /// KV lists (1,000 entries each) one request may make looking for matches.
 const MAX_PAGES: usize = 5;

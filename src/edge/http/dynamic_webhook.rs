@@ -26,9 +26,9 @@ use crate::inbound::jwt::{parse_jwks, JwtError, RsaJwk, Token};
 use crate::inbound::route_log::RouteLog;
 use crate::retry::Class;
 
-use crate::edge::log;
 use crate::edge::outbound::fetch::{send, Answer, Keep};
 use crate::edge::outbound::ledger_kv::KV_BINDING;
+use crate::edge::runtime::log;
 
 /// KV key of the durable copy of the key set.
 const KV_CACHE_KEY: &str = "jwks:cache";

@@ -1,9 +1,11 @@
-//! The worker's HTTP routes: Gemini's webhooks (static and dynamic), the admin API, and the
-//! one place an error becomes an HTTP answer.
+//! The worker's HTTP routes: Gemini's webhooks (static and dynamic), the admin API (and its
+//! JSON answers), the dashboard page and `/healthz`. An error becomes an HTTP answer in
+//! `edge/error.rs`, the one place.
 
 pub mod admin_api;
 pub mod bulk;
+pub mod dashboard;
 pub mod dynamic_webhook;
-pub mod error;
-pub mod raw_response;
+pub mod health;
+pub mod json_answer;
 pub mod webhook;

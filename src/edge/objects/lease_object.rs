@@ -24,14 +24,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
-use crate::inbound::stranger::{alert_body, StrangerTally};
+use crate::inbound::stranger::{alert_body, AlertLimits, StrangerTally};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::reconcile::Lease;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::EdgeError;
 use crate::edge::outbound::fetch::post_alert;
-use crate::edge::EdgeError;
-use crate::edge::{load_config, log};
+use crate::edge::runtime::{load_config, log};
 
 /// Aggregated alerts kept while the sink refuses them (one per alert window, so a day's worth
 /// at the default hour); older ones are dropped first, counted in the newest.
@@ -39,6 +39,8 @@ const MAX_OWED_ALERTS: usize = 24;
 /// How soon the tally's alarm tries an alert sink again after a failure.
 const ALERT_RETRY_MS: i64 = 30_000;
 
+/// The lease object's binding.
+pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
 /// The one lease object's name.
 pub const LEASE_NAME: &str = "reconcile";
 /// The strangers' tally's name (an instance of the same class, so no new class to migrate).
@@ -85,42 +87,63 @@ impl DurableObject for ReconcileLease {
         };
         let now = Date::now().as_millis() as i64;
         if let LeaseCommand::StrangerNudge { limits } = command {
-            let (alert, guard) = self.with_tally(|g| (g.count(now, &limits), g.clone()));
-            if alert {
-                // The window's one alert: stored with the window's state (so a restart
-                // neither loses it nor raises it twice), and sent by the alarm.
-                self.ensure_tally_table()?;
-                let mut owed = self.owed_alerts();
-                owed.push(alert_body(&guard));
-                let dropped = owed.len().saturating_sub(MAX_OWED_ALERTS);
-                owed.drain(..dropped);
-                if dropped > 0 {
-                    if let Some(newest) = owed.last_mut() {
-                        newest["older_alerts_dropped"] = json!(dropped);
-                    }
-                }
-                self.write("guard", &json!({"guard": guard, "alerts": owed}))?;
-                self.set_alarm_in(0).await?;
-            }
+            let alert = self.count_stranger(&limits, now).await?;
             return Response::from_json(&LeaseReply::StrangerCounted { alert });
         }
+        match self.lease_command(command, now)? {
+            Some(reply) => Response::from_json(&reply),
+            // Answered above, before the lease is read.
+            None => EdgeError::BadRequest("a tally command".into()).into_response(),
+        }
+    }
+
+    /// Only the strangers' tally sets an alarm: to send its aggregated alert.
+    async fn alarm(&self) -> Result<Response> {
+        self.send_tally_alerts().await?;
+        Response::ok("ok")
+    }
+}
+
+impl ReconcileLease {
+    /// Counts a stranger's nudge; true when it raised the window's one alert, which is stored
+    /// with the window's state (so a restart neither loses it nor raises it twice) and sent by
+    /// the alarm.
+    async fn count_stranger(&self, limits: &AlertLimits, now: i64) -> Result<bool> {
+        let (alert, guard) = self.with_tally(|g| (g.count(now, limits), g.clone()));
+        if alert {
+            self.ensure_tally_table()?;
+            let mut owed = self.owed_alerts();
+            owed.push(alert_body(&guard));
+            let dropped = owed.len().saturating_sub(MAX_OWED_ALERTS);
+            owed.drain(..dropped);
+            if dropped > 0 {
+                if let Some(newest) = owed.last_mut() {
+                    newest["older_alerts_dropped"] = json!(dropped);
+                }
+            }
+            self.write("guard", &json!({"guard": guard, "alerts": owed}))?;
+            self.set_alarm_in(0).await?;
+        }
+        Ok(alert)
+    }
+
+    /// A command on the lease: read, decided and written with no await in between, so two
+    /// overlapping passes can never both hold it. `None` for a tally command (not the
+    /// lease's).
+    fn lease_command(&self, command: LeaseCommand, now: i64) -> Result<Option<LeaseReply>> {
         let mut lease: Lease = self.read("lease")?.unwrap_or_default();
         let reply = match command {
             LeaseCommand::Acquire { holder, ttl_ms } => {
-                if lease.acquire(&holder, now, ttl_ms) {
-                    self.write(
-                        "lease",
-                        &serde_json::to_value(&lease).unwrap_or(Value::Null),
-                    )?;
-                    LeaseReply::Granted {
-                        resume: lease.resume.clone(),
-                        status_backoff_until_ms: lease.status_backoff_until_ms,
-                        webhook_alerted_state: lease.webhook_alerted_state.clone(),
-                        audit: lease.audit.clone(),
-                        fed_until_ms: lease.fed_until_ms,
-                    }
-                } else {
-                    LeaseReply::Busy
+                if !lease.acquire(&holder, now, ttl_ms) {
+                    return Ok(Some(LeaseReply::Busy));
+                }
+                self.save_lease(&lease)?;
+                LeaseReply::Granted {
+                    resume: lease.resume.clone(),
+                    status_backoff_until_ms: lease.status_backoff_until_ms,
+                    webhook_alerted_state: lease.webhook_alerted_state.clone(),
+                    audit: lease.audit.clone(),
+                    fed_until_ms: lease.fed_until_ms,
                 }
             }
             LeaseCommand::Renew {
@@ -131,21 +154,14 @@ impl DurableObject for ReconcileLease {
                 audit,
                 fed_until_ms,
             } => {
-                let accepted = lease.renew(
-                    &holder,
-                    now,
-                    ttl_ms,
-                    Some((resume, status_backoff_until_ms)),
-                );
+                let progress = Some((resume, status_backoff_until_ms));
+                let accepted = lease.renew(&holder, now, ttl_ms, progress);
                 if accepted {
                     if let Some(progress) = audit {
                         lease.record_audit(&holder, progress, now);
                     }
                     lease.record_fed(&holder, fed_until_ms);
-                    self.write(
-                        "lease",
-                        &serde_json::to_value(&lease).unwrap_or(Value::Null),
-                    )?;
+                    self.save_lease(&lease)?;
                 }
                 LeaseReply::Renewed { accepted }
             }
@@ -170,10 +186,7 @@ impl DurableObject for ReconcileLease {
                     if webhook_checked {
                         lease.webhook_alerted_state = webhook_alerted_state;
                     }
-                    self.write(
-                        "lease",
-                        &serde_json::to_value(&lease).unwrap_or(Value::Null),
-                    )?;
+                    self.save_lease(&lease)?;
                 }
                 self.write("last_pass", &summary)?;
                 LeaseReply::Released { accepted }
@@ -184,33 +197,23 @@ impl DurableObject for ReconcileLease {
             } => {
                 // Both, unconditionally: `|` does not stop at the first that moved.
                 if lease.back_off(until_ms) | lease.sent_back(fed_until_ms) {
-                    self.write(
-                        "lease",
-                        &serde_json::to_value(&lease).unwrap_or(Value::Null),
-                    )?;
+                    self.save_lease(&lease)?;
                 }
                 LeaseReply::BackedOff
             }
-            // Answered above, before the lease is read.
-            LeaseCommand::StrangerNudge { .. } => {
-                return EdgeError::BadRequest("a tally command".into()).into_response()
-            }
+            LeaseCommand::StrangerNudge { .. } => return Ok(None),
             LeaseCommand::Status => LeaseReply::State {
                 lease,
                 last_pass: self.read("last_pass")?,
             },
         };
-        Response::from_json(&reply)
+        Ok(Some(reply))
     }
 
-    /// Only the strangers' tally sets an alarm: to send its aggregated alert.
-    async fn alarm(&self) -> Result<Response> {
-        self.send_tally_alerts().await?;
-        Response::ok("ok")
+    fn save_lease(&self, lease: &Lease) -> Result<()> {
+        self.write("lease", &serde_json::to_value(lease).unwrap_or(Value::Null))
     }
-}
 
-impl ReconcileLease {
     /// Runs `f` on the tally's counts, read from storage by this instance's first call.
     fn with_tally<T>(&self, f: impl FnOnce(&mut StrangerTally) -> T) -> T {
         let mut slot = self.tally.borrow_mut();

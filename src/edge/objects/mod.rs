@@ -1,10 +1,9 @@
-//! The Durable Objects: the gate of each operation (its alarm run and its storage), the reconciliation
-//! lease (and the strangers' guard), and the stats shards with their usage meter.
+//! The Durable Objects: the gate of each operation (`gate/`: its commands, its alarm run and
+//! its storage), the reconciliation lease (and the strangers' guard), and the stats shards
+//! with their usage meter; and how the rest of the worker calls one (`call.rs`).
 
-pub mod gate_alarm;
-pub mod gate_object;
-pub mod gate_repair;
-pub mod gate_storage;
+pub mod call;
+pub mod gate;
 pub mod lease_object;
 pub mod stats_shard;
 pub mod usage_meter;

@@ -27,9 +27,10 @@ use crate::telemetry::isolate_tally::IsolateTally;
 use crate::telemetry::shard_store::{self, MarkDays, Param, Prune, Row, Sql, RECENT_DROPS};
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::EdgeError;
+use crate::edge::objects::call::{post_json, stub_for, ObjectStub};
 use crate::edge::objects::usage_meter::Meter;
-use crate::edge::EdgeError;
-use crate::edge::{load_config, log, post_json};
+use crate::edge::runtime::{load_config, log, now_ms};
 use crate::telemetry::usage::Invocation;
 
 /// The shard binding.
@@ -49,7 +50,7 @@ thread_local! {
 /// in this isolate's memory, flushed with the rejections. An isolate evicted before its
 /// flush loses these counts, never state.
 pub fn count_at_edge(name: &str) {
-    EDGE_COUNTS.with(|t| t.borrow_mut().add(name, crate::edge::now_ms(), 1));
+    EDGE_COUNTS.with(|t| t.borrow_mut().add(name, now_ms(), 1));
 }
 
 /// Counts a rejected request in this isolate's memory (no storage round trip). True for the
@@ -59,7 +60,7 @@ pub fn count_at_edge(name: &str) {
 /// of a rejection).
 pub fn count_rejected(reason: &str) -> bool {
     let name = format!("rejected_{reason}");
-    EDGE_COUNTS.with(|t| t.borrow_mut().add(&name, crate::edge::now_ms(), 1) == 1)
+    EDGE_COUNTS.with(|t| t.borrow_mut().add(&name, now_ms(), 1) == 1)
 }
 
 /// Flushes this isolate's edge counts in the background, at most every `flush_ms` (capped at
@@ -120,7 +121,7 @@ pub async fn hand_over(
         let env = env.clone();
         state.wait_until(async move {
             Delay::from(Duration::from_millis(delay as u64)).await;
-            let now = crate::edge::now_ms();
+            let now = crate::edge::runtime::now_ms();
             let batch = GATE_COUNTS.with(|t| t.borrow_mut().take_scheduled(now));
             if !batch.is_empty() {
                 send_tally(&env, &GATE_COUNTS, batch, now).await;
@@ -160,8 +161,8 @@ pub async fn add(
     Ok(())
 }
 
-fn shard_stub(env: &Env, shard: u32) -> std::result::Result<crate::edge::ObjectStub, EdgeError> {
-    crate::edge::stub_for(env, STATS_BINDING, &format!("stats-{shard}"))
+fn shard_stub(env: &Env, shard: u32) -> std::result::Result<ObjectStub, EdgeError> {
+    stub_for(env, STATS_BINDING, &format!("stats-{shard}"))
 }
 
 /// Sums every shard and adds the hourly trend, the last reconciliation pass and, when
@@ -184,9 +185,9 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
         .iter()
         .map(|d| json!({"at": crate::timestamp::format_rfc3339(d.at_ms), "key": d.key, "reason": d.reason}))
         .collect();
-    let lease = crate::edge::stub_for(
+    let lease = stub_for(
         env,
-        crate::edge::reconcile_pass::LEASE_BINDING,
+        crate::edge::objects::lease_object::LEASE_BINDING,
         crate::edge::objects::lease_object::LEASE_NAME,
     )?;
     let (last_pass, webhook) = match post_json::<_, LeaseReply>(&lease, &LeaseCommand::Status)
@@ -201,7 +202,7 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
         ),
         _ => (Value::Null, None),
     };
-    let hourly = hourly_series(&hourly, crate::edge::now_ms());
+    let hourly = hourly_series(&hourly, now_ms());
     Ok(
         json!({"total": total, "last_24h": day, "hourly": hourly, "recent_drops": drops,
         "reconcile": last_pass, "gemini_webhook": webhook}),

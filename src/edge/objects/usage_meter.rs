@@ -12,7 +12,7 @@ use worker::{Date, Result, SqlCursor, SqlStorage, SqlStorageValue};
 
 use crate::telemetry::usage::{Invocation, Usage};
 
-use crate::edge::log;
+use crate::edge::runtime::log;
 
 /// One object's counter.
 #[derive(Default)]

@@ -22,8 +22,8 @@ use crate::config::Destination;
 use crate::operation::effect::{classify, EffectRequest};
 use crate::operation::AttemptOutcome;
 
-use crate::edge::js_error;
 use crate::edge::outbound::fetch::{kept_answer, send, Answer, Keep};
+use crate::edge::runtime::js_error;
 
 /// Longest part of a destination's answer kept in the record and logs.
 const EXCERPT_CHARS: usize = 300;

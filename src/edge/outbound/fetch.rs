@@ -23,7 +23,7 @@ use crate::retry::{class_of_status, Class};
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::capped_read::{each_chunk, read_answer};
-use crate::edge::{js_error, log};
+use crate::edge::runtime::{js_error, log};
 
 /// Alert sinks get this long to answer.
 const ALERT_TIMEOUT_MS: i64 = 5_000;

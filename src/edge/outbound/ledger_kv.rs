@@ -9,7 +9,7 @@
 use serde_json::Value;
 use worker::KvStore;
 
-use crate::edge::EdgeError;
+use crate::edge::error::EdgeError;
 use crate::operation::ledger::{IndexWrite, Projection};
 use crate::reconciliation::pass::PAGE_SIZE;
 

@@ -16,8 +16,8 @@ use crate::operation::observation::{Observation, StatusError};
 use crate::reconciliation::status::{interpret_skimmed, status_url};
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::log;
 use crate::edge::outbound::fetch::{get_skimmed, send, Answer, Keep, SkimAnswer};
+use crate::edge::runtime::log;
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
 /// room for a slow moment, while a hanging call costs a cron pass a twelfth of its default

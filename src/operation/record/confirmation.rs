@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::operation::effect::{UNVERIFIED_USER_METADATA, USER_METADATA};
+use crate::operation::details::{UNVERIFIED_USER_METADATA, USER_METADATA};
 use crate::operation::lifecycle::Verdict;
 use crate::operation::record::{OpEvent, Operation};
 

@@ -1,11 +1,14 @@
-//! The record's bookkeeping of its KV-ledger projection: which version was written and when,
-//! the backoff of failed writes, and whether an `open:` index entry may exist.
+//! The record's KV-ledger projection ([`Operation::projection`]: the entry and metadata that
+//! mirror it, see [`crate::operation::ledger`]) and its bookkeeping: which version was written
+//! and when, the backoff of failed writes, and whether an `open:` index entry may exist.
 //!
 //! Guarantees: writes of one operation are spaced by [`PROJECTION_SPACING_MS`] (KV's per-key
 //! rate) and back off up to [`PROJECTION_RETRY_MAX_MS`]; a closed record keeps retention
 //! waiting until its index entry is known deleted.
 
-use crate::operation::ledger::IndexWrite;
+use crate::operation::ledger::{
+    may_need_work, meta_error, op_key, IndexWrite, LedgerMeta, Projection, MIN_TTL_SECS,
+};
 use crate::operation::record::Operation;
 
 /// What the ledger has of this record.
@@ -64,6 +67,53 @@ impl LedgerMark {
 }
 
 impl Operation {
+    /// The ledger write that mirrors this record.
+    pub fn projection(&self, retention_secs: i64) -> Projection {
+        let secs = |ms: i64| ms.div_euclid(1_000);
+        let metadata = LedgerMeta {
+            status: self.status().clone(),
+            name: self.name().to_string(),
+            submitted_at: secs(self.submitted_at_ms()),
+            settled_at: self.settled_at_ms().map(secs),
+            effect_done: self.effect().done(),
+            parked: self.effect().parked().is_some(),
+            claim_expires: self.effect().claim().map(|c| secs(c.expires_ms)),
+            alerts: self.alerts_raised().to_vec(),
+            forgotten: self.forgotten().is_some(),
+            version: self.version(),
+            // A kind is at most 100 bytes, but a control character would be escaped to six in
+            // the metadata's JSON: such a kind is left out rather than risk KV's 1024 bytes.
+            kind: self
+                .kind()
+                .map(str::to_string)
+                .filter(|k| !k.chars().any(char::is_control)),
+            settled_by: self.settled_by().map(|s| s.as_str().to_string()),
+            error: (!self.effect().done())
+                .then(|| {
+                    self.effect()
+                        .parked()
+                        .map(|p| p.answer.as_str())
+                        .or(self.effect().last_error())
+                })
+                .flatten()
+                .map(meta_error),
+            effect_ms: self
+                .effect()
+                .done_at_ms()
+                .zip(self.settled_at_ms())
+                .map(|(done, settled)| (done - settled).max(0)),
+        };
+        Projection {
+            kv_key: op_key(self.key()),
+            value: self.view().to_string(),
+            open: may_need_work(&metadata),
+            metadata,
+            ttl_secs: self
+                .is_closed()
+                .then(|| (retention_secs.max(0) as u64).max(MIN_TTL_SECS)),
+        }
+    }
+
     /// When the next ledger write may be tried: one second after the last (KV's per-key write
     /// rate), or later after failures.
     pub fn projection_due_ms(&self) -> i64 {
@@ -100,5 +150,161 @@ impl Operation {
     /// [`PROJECTION_RETRY_MAX_MS`].
     pub fn projection_failed(&mut self, now_ms: i64) {
         self.ledger.failed(now_ms);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::operation::alert::AlertKind;
+    use crate::operation::key::MAX_NAME_BYTES;
+    use crate::operation::ledger::{IndexWrite, MAX_META_ERROR_BYTES, MIN_TTL_SECS};
+    use crate::operation::lifecycle::{Source, Status};
+    use crate::operation::{AttemptOutcome, OpEvent, Operation};
+
+    fn succeeded(op: &mut Operation) {
+        op.apply(
+            &OpEvent {
+                status: Status::Succeeded,
+                update_time_ms: 0,
+                source: Source::Webhook,
+                details: Default::default(),
+                delivery_id: None,
+            },
+            5_000,
+        );
+    }
+
+    #[test]
+    fn open_operation_never_expires() {
+        let op = Operation::register("batches/a", "batches/a", None, 1_000);
+        let p = op.projection(1_209_600);
+        assert_eq!(p.kv_key, "op:batches/a");
+        assert_eq!(p.ttl_secs, None);
+        assert_eq!(p.metadata.status, Status::Pending);
+        assert_eq!(p.metadata.submitted_at, 1);
+    }
+
+    #[test]
+    fn terminal_but_not_done_never_expires() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 1_000);
+        succeeded(&mut op);
+        let p = op.projection(1_209_600);
+        assert_eq!(p.ttl_secs, None);
+        assert_eq!(p.metadata.settled_at, Some(5));
+        assert!(!p.metadata.effect_done);
+    }
+
+    #[test]
+    fn done_or_parked_operation_expires_after_retention() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 1_000);
+        succeeded(&mut op);
+        let c = op.claim(5_000, 600_000).unwrap();
+        assert_eq!(op.projection(100).metadata.claim_expires, Some(605));
+        op.finish(c.token, &AttemptOutcome::Delivered, 6_000, 0);
+        assert_eq!(op.projection(1_209_600).ttl_secs, Some(1_209_600));
+        assert_eq!(op.projection(1).ttl_secs, Some(MIN_TTL_SECS));
+
+        let mut parked = Operation::register("batches/p", "batches/p", None, 1_000);
+        succeeded(&mut parked);
+        let c = parked.claim(5_000, 600_000).unwrap();
+        parked.finish(c.token, &AttemptOutcome::Park("400".into()), 6_000, 0);
+        let p = parked.projection(1_209_600);
+        assert!(p.metadata.parked);
+        assert_eq!(p.ttl_secs, Some(1_209_600));
+    }
+
+    #[test]
+    fn metadata_of_the_longest_name_fits_in_kv() {
+        let name = format!("batches/{}", "x".repeat(MAX_NAME_BYTES - 8));
+        let mut op = Operation::register(&name, &name, Some("k".repeat(100)), 1_000);
+        for (i, a) in [
+            AlertKind::Stuck,
+            AlertKind::UnknownToGemini,
+            AlertKind::EffectFailing,
+            AlertKind::StatusUnusable,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            op.raise_alert(a, 1, i as i64);
+        }
+        succeeded(&mut op);
+        let c = op.claim(5_000, 600_000).unwrap();
+        op.finish(c.token, &AttemptOutcome::Retry("\"".repeat(300)), 5_000, 0);
+        op.claim(5_000, 600_000);
+        let meta = serde_json::to_string(&op.projection(1).metadata).unwrap();
+        assert!(meta.contains(r#""settled_by":"webhook""#), "{meta}");
+        assert!(meta.len() < 1024, "{} bytes", meta.len());
+    }
+
+    #[test]
+    fn open_operation_is_indexed_and_closing_deletes_its_entry() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 1_000);
+        let p = op.projection(100);
+        assert!(p.open);
+        assert_eq!(p.open_key(), "open:batches/a");
+        assert_eq!(p.index_write(false), IndexWrite::Put);
+        assert_eq!(p.index_write(true), IndexWrite::Put, "metadata kept fresh");
+        succeeded(&mut op);
+        let c = op.claim(5_000, 600_000).unwrap();
+        assert!(op.projection(100).open, "terminal, effect in flight");
+        op.finish(c.token, &AttemptOutcome::Delivered, 6_000, 0);
+        let p = op.projection(100);
+        assert!(!p.open);
+        assert_eq!(p.index_write(true), IndexWrite::Delete);
+        assert_eq!(
+            p.index_write(false),
+            IndexWrite::None,
+            "closed in its first projection: one KV write, no delete"
+        );
+    }
+
+    #[test]
+    fn forgotten_operation_leaves_the_index() {
+        let mut op = Operation::register("batches/a", "batches/a", None, 1_000);
+        op.forget(2_000, "by hand");
+        assert!(!op.projection(100).open);
+    }
+
+    #[test]
+    fn metadata_keeps_the_kind_unless_it_would_escape_long() {
+        let op = Operation::register("batches/a", "batches/a", Some("nightly".into()), 1_000);
+        assert_eq!(op.projection(1).metadata.kind.as_deref(), Some("nightly"));
+        let op = Operation::register("batches/a", "batches/a", Some("\u{1}".repeat(100)), 1_000);
+        assert_eq!(op.projection(1).metadata.kind, None);
+    }
+
+    #[test]
+    fn metadata_keeps_a_bounded_error_while_the_effect_is_not_done() {
+        let mut op = Operation::register("batches/p", "batches/p", None, 1_000);
+        succeeded(&mut op);
+        let c = op.claim(5_000, 600_000).unwrap();
+        op.finish(
+            c.token,
+            &AttemptOutcome::Retry("503: down".into()),
+            6_000,
+            0,
+        );
+        assert_eq!(
+            op.projection(1).metadata.error.as_deref(),
+            Some("503: down")
+        );
+        let c = op.claim(7_000, 600_000).unwrap();
+        let long = format!("400: {}", "\"\n\u{e9}".repeat(100));
+        op.finish(c.token, &AttemptOutcome::Park(long), 8_000, 0);
+        let error = op.projection(1).metadata.error.unwrap();
+        assert!(error.starts_with("400: \" \u{e9}"), "{error}");
+        assert!(error.len() <= MAX_META_ERROR_BYTES);
+        assert!(!error.chars().any(char::is_control));
+
+        let mut done = Operation::register("batches/d", "batches/d", None, 1_000);
+        succeeded(&mut done);
+        let c = done.claim(5_000, 600_000).unwrap();
+        done.finish(c.token, &AttemptOutcome::Delivered, 6_000, 0);
+        assert_eq!(
+            done.projection(1).metadata.error,
+            None,
+            "done: nothing to group"
+        );
     }
 }

@@ -11,8 +11,8 @@
 //! The record is split by concern, each part in its own module with the transitions that
 //! touch it: the side effect ([`effect_state`]), alerts ([`alerts`]), a nudge's confirmation
 //! ([`confirmation`]), operators' notes ([`operator`]), the stats outbox ([`outbox`]), the
-//! ledger projection's bookkeeping ([`ledger_mark`]), and how it is stored ([`stored`]: one
-//! flat JSON object whose field names never change, so every stored record still loads).
+//! ledger projection and its bookkeeping ([`ledger_mark`]), and how it is stored ([`stored`]:
+//! one flat JSON object whose field names never change, so every stored record still loads).
 //! Its fields are private: readers outside use accessors, and the version is bumped in one
 //! place (`Operation::changed`).
 
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::operation::alert::AlertKind;
-use crate::operation::effect::{normalize_details, USER_METADATA};
+use crate::operation::details::{normalize_details, USER_METADATA};
 use crate::operation::lifecycle::{reduce, Position, Source, Status, Verdict};
 use crate::telemetry::counters::StatEvent;
 use crate::timestamp::format_rfc3339;
@@ -90,7 +90,7 @@ impl KindFill {
     }
 }
 
-/// The record the gate keeps for one operation (stored as [`stored::Stored`]).
+/// The record the gate keeps for one operation (stored as `Stored`, in `record/stored.rs`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Operation {
     key: String,

@@ -148,7 +148,7 @@ impl Operation {
         provider.insert("operator_reason".into(), Value::String(reason.to_string()));
         let mut details = Map::new();
         details.insert(
-            crate::operation::effect::PROVIDER.into(),
+            crate::operation::details::PROVIDER.into(),
             Value::Object(provider),
         );
         let event = OpEvent {

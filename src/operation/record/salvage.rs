@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::bounds;
 use crate::operation::alert::AlertKind;
-use crate::operation::effect::normalize_details;
+use crate::operation::details::normalize_details;
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::record::{Operation, OperatorNote, Parked};
 

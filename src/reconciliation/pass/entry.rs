@@ -14,7 +14,7 @@ use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
 use crate::operation::key::Collection;
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{Source, Status};
-use crate::operation::observation::StatusError;
+use crate::operation::observation::{Observation, StatusError};
 use crate::operation::OpEvent;
 use crate::reconciliation::reconcile::Action;
 use crate::reconciliation::status::{interpret_skimmed, status_url};
@@ -158,10 +158,9 @@ impl Pass {
         else {
             return;
         };
-        let Some(entry) = self.entry.as_ref() else {
+        let Some(key) = self.entry.as_ref().map(|e| e.key.clone()) else {
             return;
         };
-        let key = entry.key.clone();
         let (status, interpreted) = match answer {
             StatusAnswer::Http {
                 status,
@@ -173,34 +172,50 @@ impl Pass {
                     interpret_skimmed(collection, status, retry_after.as_deref(), body.as_ref());
                 (status, read)
             }
-            StatusAnswer::Timeout | StatusAnswer::Network(_) => {
-                // Only this entry's trouble, unless a run of them says the API's: the cursor
-                // moves past it and the next coverage of the ledger asks again.
-                self.report.errors += 1;
-                self.report.status_unanswered += 1;
-                let backoff = self.health.unanswered(now_ms);
-                if let Some(until) = backoff {
-                    self.status_backoff_until_ms = self.status_backoff_until_ms.max(until);
-                    self.ask_again_after_backoff();
-                }
-                let answer = match answer {
-                    StatusAnswer::Network(e) => e,
-                    _ => "timeout".to_string(),
-                };
-                self.log(PassLog::StatusUnanswered {
-                    key,
-                    answer,
-                    backoff_secs: backoff.map(|until| (until - now_ms).div_euclid(1_000)),
-                });
-                return;
+            unanswered @ (StatusAnswer::Timeout | StatusAnswer::Network(_)) => {
+                return self.status_unanswered(key, unanswered, now_ms);
             }
         };
-        let age_seconds = started_ms.div_euclid(1_000) - entry.meta.submitted_at;
-        let raised = |kind: AlertKind| entry.meta.alerts.contains(&kind);
-        let observation = match interpreted {
-            Ok(o) => o,
-            Err(StatusError::NotFound) => {
-                let ask = !raised(AlertKind::UnknownToGemini);
+        match interpreted {
+            Ok(observation) => self.status_observed(key, observation),
+            Err(error) => self.status_failed(key, error, status, started_ms),
+        }
+    }
+
+    /// No answer (a timeout or a network error): only this entry's trouble, unless a run of
+    /// them says the API's: the cursor moves past it and the next coverage of the ledger asks
+    /// again.
+    fn status_unanswered(&mut self, key: String, answer: StatusAnswer, now_ms: i64) {
+        self.report.errors += 1;
+        self.report.status_unanswered += 1;
+        let backoff = self.health.unanswered(now_ms);
+        if let Some(until) = backoff {
+            self.status_backoff_until_ms = self.status_backoff_until_ms.max(until);
+            self.ask_again_after_backoff();
+        }
+        let answer = match answer {
+            StatusAnswer::Network(e) => e,
+            _ => "timeout".to_string(),
+        };
+        self.log(PassLog::StatusUnanswered {
+            key,
+            answer,
+            backoff_secs: backoff.map(|until| (until - now_ms).div_euclid(1_000)),
+        });
+    }
+
+    /// An answer that says nothing about the state: a 404 asks for `unknown_to_gemini` and a
+    /// malformed answer for `status_unusable` (each only while the ledger shows it unraised);
+    /// a 429 or 5xx backs off every status call.
+    fn status_failed(&mut self, key: String, error: StatusError, answer: u16, started_ms: i64) {
+        let Some(meta) = self.entry.as_ref().map(|e| &e.meta) else {
+            return;
+        };
+        let age_seconds = started_ms.div_euclid(1_000) - meta.submitted_at;
+        let unraised = |kind: AlertKind| !meta.alerts.contains(&kind);
+        match error {
+            StatusError::NotFound => {
+                let ask = unraised(AlertKind::UnknownToGemini);
                 self.log(PassLog::StatusNotFound { key });
                 if ask {
                     let command = GateCommand::Alert {
@@ -209,9 +224,8 @@ impl Pass {
                     };
                     self.push_front(Step::Gate(command, AfterGate::CountAlert));
                 }
-                return;
             }
-            Err(StatusError::Transient { retry_after_secs }) => {
+            StatusError::Transient { retry_after_secs } => {
                 self.ask_again_after_backoff();
                 self.report.errors += 1;
                 self.status_backoff_until_ms = self
@@ -220,14 +234,13 @@ impl Pass {
                 self.log(PassLog::StatusTransient {
                     key,
                     retry_after_secs,
-                    answer: status,
+                    answer,
                 });
-                return;
             }
-            Err(StatusError::Malformed(reason)) => {
+            StatusError::Malformed(reason) => {
                 // The answer will not get better by asking again: alert once, with the reason,
                 // so a person can settle it (the gate keeps the mark; the ledger carries it).
-                let ask = !raised(AlertKind::StatusUnusable);
+                let ask = unraised(AlertKind::StatusUnusable);
                 self.report.errors += 1;
                 self.log(PassLog::StatusUnusable {
                     key,
@@ -240,17 +253,20 @@ impl Pass {
                     };
                     self.push_front(Step::Gate(command, AfterGate::CountAlert));
                 }
-                return;
             }
-            Err(e) => {
+            e => {
                 self.report.errors += 1;
                 self.log(PassLog::StatusUnusable {
                     key,
                     error: format!("{e:?}"),
                 });
-                return;
             }
-        };
+        }
+    }
+
+    /// A state: offered to the gate unless the ledger already shows it (the round trip saved)
+    /// or it is one this worker does not know.
+    fn status_observed(&mut self, key: String, observation: Observation) {
         if let Status::Unknown(raw) = &observation.status {
             self.log(PassLog::StatusUnknownState {
                 key,
@@ -258,12 +274,15 @@ impl Pass {
             });
             return;
         }
-        if observation.status == entry.meta.status {
+        let Some(meta) = self.entry.as_ref().map(|e| &e.meta) else {
+            return;
+        };
+        if observation.status == meta.status {
             return; // nothing new for the gate: save the round trip
         }
         let command = GateCommand::Deliver {
             key,
-            name: entry.meta.name.clone(),
+            name: meta.name.clone(),
             event: OpEvent {
                 status: observation.status,
                 update_time_ms: observation.update_time_ms,

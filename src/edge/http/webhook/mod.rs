@@ -22,12 +22,14 @@ use crate::inbound::stranger::AlertLimits;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 
 use crate::edge::capped_read::read_capped;
-use crate::edge::http::{dynamic_webhook, raw_response};
-use crate::edge::objects::lease_object::GUARD_NAME;
+use crate::edge::error::EdgeError;
+use crate::edge::http::dynamic_webhook;
+use crate::edge::objects::call::{call_gate, post_json, stub_for};
+use crate::edge::objects::lease_object::{GUARD_NAME, LEASE_BINDING};
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
 use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
-use crate::edge::reconcile_pass::LEASE_BINDING;
-use crate::edge::{call_gate, js_error, log, now_ms, post_json, stub_for, EdgeError};
+use crate::edge::raw_response;
+use crate::edge::runtime::{js_error, log, now_ms};
 
 thread_local! {
     /// The terminal states this isolate has seen gates answer with (see [`TerminalMemory`]).
@@ -147,7 +149,7 @@ fn answer(finished: Finished) -> Result<web_sys::Response, EdgeError> {
         TERMINAL.with(|t| t.borrow_mut().remember(&key, status));
     }
     match reply {
-        Reply::Answered(answer) => raw_response::json(200, &answer),
+        Reply::Answered(answer) => raw_response::json(200, &answer).map_err(EdgeError::from),
         Reply::Unauthorized => Err(EdgeError::Unauthorized),
         Reply::TooLarge => Err(EdgeError::TooLarge),
         Reply::BadRequest(text) => Err(EdgeError::BadRequest(text)),

@@ -1,28 +1,20 @@
-//! The OperationGate's storage: its record and history in SQLite, both cached in memory, and
-//! its one alarm.
+//! The OperationGate's storage: its record and history (in the tables of [`super::tables`]),
+//! both cached in memory, and its one alarm.
 //!
-//! Table: `record(id = 1, body, history)`: the record as JSON (see
-//! [`crate::operation::Operation`]) and its newest history rows as one JSON array
-//! ([`HistoryLog`]), so the write a step makes anyway carries its history rows and a row of
-//! history costs no billed write of its own. An object written by an earlier version has
-//! `operation(id = 1, body)` and `history(seq, at_ms, entry)` instead: it is read as it is and
-//! moved to `record` by its next write (its old tables dropped in the same write).
 //! Guarantees: every write of the record goes through [`GateStorage::save`], so the cache
 //! equals storage (except counts of settled duplicates, kept in memory by
 //! [`GateStorage::keep_in_memory`] until the next write); history rows are stored with the
 //! record in the same statement; the alarm is set only when its time changes (an unchanged
 //! wake time costs no storage call). The table is created by the first write, never by a
-//! read, and which tables exist is read from `sqlite_master` (no failing query on a new
-//! object): an object that only answered (a nudge or delivery for an unregistered name with
+//! read: an object that only answered (a nudge or delivery for an unregistered name with
 //! `REQUIRE_REGISTRATION=true`, a command for an operation it does not know) stores nothing
-//! at all. A record that does not load is kept and recovered
-//! ([`crate::edge::objects::gate_repair`]), so it never bricks its operation; the alarm's
-//! failure streak is kept under `alarm_failures` in the object's key-value storage. When
-//! retention ends, [`GateStorage::purge`] deletes all of it.
+//! at all. A record that does not load is kept and recovered on load
+//! ([`crate::operation::recovery`]; an operator's repair is [`super::repair`]), so it never
+//! bricks its operation; the alarm's failure streak is kept under `alarm_failures` in the
+//! object's key-value storage. When retention ends, [`GateStorage::purge`] deletes all of it.
 
 use std::cell::{Cell, RefCell};
 
-use serde::Deserialize;
 use serde_json::Value;
 use worker::wasm_bindgen::JsValue;
 use worker::{Result, ScheduledTime, State};
@@ -31,26 +23,11 @@ use crate::operation::alarm_failure::AlarmFailures;
 use crate::operation::gate::Limits;
 use crate::operation::gate_log::GateLog;
 use crate::operation::history::{HistoryEntry, HistoryLog};
-use crate::operation::Operation;
+use crate::operation::{recovery, Operation};
 
-use crate::edge::log;
+use crate::edge::objects::gate::tables::{self, BodyRow, Layout};
 use crate::edge::objects::usage_meter::Meter;
-
-/// The table, created by the first write.
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS record (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL, history TEXT NOT NULL)";
-
-/// Which tables hold this object's record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Layout {
-    /// Not read yet.
-    Unknown,
-    /// Nothing stored.
-    Empty,
-    /// `operation` and `history`, as an earlier version wrote them.
-    Legacy,
-    /// `record`.
-    Current,
-}
+use crate::edge::runtime::log;
 
 /// The key, in the object's key-value storage, of the alarm's failure streak (see
 /// [`crate::operation::alarm_failure`]).
@@ -70,12 +47,6 @@ impl Cached {
     }
 }
 
-/// A stored record's text and its history.
-pub(super) struct BodyRow {
-    pub(super) body: String,
-    pub(super) history: HistoryLog,
-}
-
 /// One gate's tables, cache and alarm.
 pub struct GateStorage {
     state: State,
@@ -88,7 +59,7 @@ pub struct GateStorage {
     pub(super) history: RefCell<HistoryLog>,
     layout: Cell<Layout>,
     /// A record was recovered by this instance and its alarm not yet set for it.
-    pub(super) recovered: Cell<bool>,
+    recovered: Cell<bool>,
 }
 
 impl GateStorage {
@@ -106,30 +77,12 @@ impl GateStorage {
         }
     }
 
-    /// Which tables hold the record, read once per instance from `sqlite_master` (a read
-    /// that cannot fail on a new object, unlike a query on a table not created yet).
+    /// Which tables hold the record, read once per instance.
     fn layout(&self) -> Result<Layout> {
-        if self.layout.get() != Layout::Unknown {
-            return Ok(self.layout.get());
+        if self.layout.get() == Layout::Unknown {
+            self.layout.set(tables::layout(&self.meter, &self.sql())?);
         }
-        #[derive(Deserialize)]
-        struct Name {
-            name: String,
-        }
-        let names: Vec<Name> = self.meter.rows(
-            &self.sql(),
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('record', 'operation')",
-            None,
-        )?;
-        let layout = if names.iter().any(|n| n.name == "record") {
-            Layout::Current
-        } else if names.iter().any(|n| n.name == "operation") {
-            Layout::Legacy
-        } else {
-            Layout::Empty
-        };
-        self.layout.set(layout);
-        Ok(layout)
+        Ok(self.layout.get())
     }
 
     /// The object's state (for work it runs in the background).
@@ -195,72 +148,7 @@ impl GateStorage {
     /// The stored record's row, as text, with its history; none when the gate never wrote
     /// one.
     pub(super) fn stored_body(&self) -> Result<Vec<BodyRow>> {
-        match self.layout()? {
-            Layout::Empty | Layout::Unknown => Ok(Vec::new()),
-            Layout::Current => {
-                #[derive(Deserialize)]
-                struct Row {
-                    body: String,
-                    history: String,
-                }
-                let rows: Vec<Row> = self.meter.rows(
-                    &self.sql(),
-                    "SELECT body, history FROM record WHERE id = 1",
-                    None,
-                )?;
-                Ok(rows
-                    .into_iter()
-                    .map(|r| BodyRow {
-                        body: r.body,
-                        history: HistoryLog::decode(&r.history),
-                    })
-                    .collect())
-            }
-            Layout::Legacy => {
-                #[derive(Deserialize)]
-                struct Row {
-                    body: String,
-                }
-                let rows: Vec<Row> = self.meter.rows(
-                    &self.sql(),
-                    "SELECT body FROM operation WHERE id = 1",
-                    None,
-                )?;
-                if rows.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let history = HistoryLog::from_rows(self.legacy_history()?);
-                Ok(rows
-                    .into_iter()
-                    .map(|r| BodyRow {
-                        body: r.body,
-                        history: history.clone(),
-                    })
-                    .collect())
-            }
-        }
-    }
-
-    /// The rows of an earlier version's `history` table, oldest first.
-    fn legacy_history(&self) -> Result<Vec<(i64, String)>> {
-        #[derive(Deserialize)]
-        struct Row {
-            at_ms: f64,
-            entry: String,
-        }
-        let rows: Vec<Row> = match self.meter.rows(
-            &self.sql(),
-            "SELECT at_ms, entry FROM history ORDER BY seq",
-            None,
-        ) {
-            Ok(rows) => rows,
-            Err(e) if e.to_string().contains("no such table") => Vec::new(),
-            Err(e) => return Err(e),
-        };
-        Ok(rows
-            .into_iter()
-            .map(|r| (r.at_ms as i64, r.entry))
-            .collect())
+        tables::stored_rows(self.layout()?, &self.meter, &self.sql())
     }
 
     /// The record (read once, then from memory).
@@ -339,7 +227,7 @@ impl GateStorage {
         let sql = self.sql();
         let layout = self.layout()?;
         if layout != Layout::Current {
-            if let Err(e) = self.meter.exec(&sql, SCHEMA, None) {
+            if let Err(e) = tables::create(&self.meter, &sql) {
                 log(GateLog::GateSchemaError {
                     error: e.to_string(),
                 }
@@ -347,18 +235,8 @@ impl GateStorage {
                 return Err(e);
             }
         }
-        self.meter.exec(
-            &sql,
-            "INSERT INTO record (id, body, history) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body, history = excluded.history",
-            vec![body.into(), self.history.borrow().encode().into()],
-        )?;
-        if layout == Layout::Legacy {
-            self.meter.exec(
-                &sql,
-                "DROP TABLE IF EXISTS operation; DROP TABLE IF EXISTS history",
-                None,
-            )?;
-        }
+        let history = self.history.borrow().encode();
+        tables::write(&self.meter, &sql, layout, body, history)?;
         self.layout.set(Layout::Current);
         self.cached.replace(Cached::Present(Box::new(op.clone())));
         Ok(())
@@ -374,5 +252,45 @@ impl GateStorage {
     pub fn history(&self) -> Result<Vec<Value>> {
         self.load()?;
         Ok(self.history.borrow().view())
+    }
+
+    /// A stored record that did not load: kept as it was in the `quarantine` table, then
+    /// read as [`recovery::recover`] can and stored again, with its `record_unreadable` alert
+    /// queued and a history row. The alarm must be set again for the alert
+    /// ([`GateStorage::take_recovered`]). A record that cannot be recovered stays where it is
+    /// and every call on it fails until an operator repairs it ([`super::repair`]).
+    fn recover(&self, raw: &str, error: &str) -> Result<Operation> {
+        let Some((mut op, how)) = recovery::recover(raw) else {
+            log(recovery::unrecoverable(error, raw).to_value());
+            return Err(worker::Error::RustError(format!(
+                "stored record unreadable: {error}"
+            )));
+        };
+        let now = worker::Date::now().as_millis() as i64;
+        tables::quarantine(&self.meter, &self.sql(), raw, error, now)?;
+        let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now, None);
+        self.store_recovered(&op, row, line, now)?;
+        Ok(op)
+    }
+
+    /// Stores a record recovered or rebuilt at `now`, with its history row, and logs it; its
+    /// alert waits for the alarm ([`GateStorage::take_recovered`]).
+    pub(super) fn store_recovered(
+        &self,
+        op: &Operation,
+        row: HistoryEntry,
+        line: GateLog,
+        now: i64,
+    ) -> Result<()> {
+        self.record(now, vec![row]);
+        self.save(op)?;
+        log(line.to_value());
+        self.recovered.set(true);
+        Ok(())
+    }
+
+    /// True once after a record was recovered: its alert needs the alarm set.
+    pub fn take_recovered(&self) -> bool {
+        self.recovered.replace(false)
     }
 }

@@ -1,69 +1,60 @@
 //! The OperationGate Durable Object: one per operation key, the only place its state changes.
 //!
-//! Storage: the record and its history in one SQLite row, cached in memory, and one alarm (see
-//! [`crate::edge::objects::gate_storage`]): the earliest of a due side effect or retry, a lapsed claim, a
-//! confirmation to ask, an alert to send, a ledger projection, counters to hand over and the
-//! end of retention.
+//! Storage: the record and its history in one SQLite row, cached in memory, and one alarm
+//! (see `storage.rs` and `tables.rs`): the earliest of a due side effect or retry, a lapsed
+//! claim, a confirmation to ask, an alert to send, a ledger projection, counters to hand over
+//! and the end of retention.
 //!
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every decision is a pure step of
 //! [`crate::operation::gate`] (commands) or [`crate::operation::alarm`] (the alarm's plan and
 //! its pieces); this object only loads the record, calls a step, performs the I/O the alarm
-//! needs ([`crate::edge::objects::gate_alarm`]) and stores what the step says. Commands (deliveries, nudges, registrations,
-//! operator actions) only decide and store: every read-decide-write runs without an await in
-//! between, so it is atomic in the single-threaded object, and a reply is sent only after the
-//! new state and the alarm that acts on it are stored, so no answer waits on a destination,
-//! the status API or an alert sink. The alarm is the one runner of everything outbound (side
-//! effects, status-API confirmations, alerts), so nothing is sent by two runners at once; the
-//! runtime runs one alarm at a time per object. The side-effect call is the only await between
-//! claim and commit, and the record is re-read after it, so the fencing token decides who may
-//! commit; the claim is written (and the output gate makes it durable) before the call leaves.
-//! A duplicate of a settled operation has no new state: it is answered from memory, its count
-//! stored with the next write or flush, at most `STATS_FLUSH_SECONDS` later (a restart in that
-//! window loses counts, never state). The record is kept in memory after the first read; every
-//! write updates it. The KV projection and the counter flush follow the record from the alarm,
-//! not while a claim is held (the commit follows within the effect timeout), at most once a
-//! second for KV (its per-key write rate), with backoff when KV fails; the counters go to the
-//! isolate's tally, which sends many gates' counts in one shard call.
+//! needs (`alarm.rs`) and stores what the step says (`commit.rs`). Commands (deliveries,
+//! nudges, registrations, operator actions) only decide and store: every read-decide-write
+//! runs without an await in between, so it is atomic in the single-threaded object, and a
+//! reply is sent only after the new state and the alarm that acts on it are stored, so no
+//! answer waits on a destination, the status API or an alert sink. The alarm is the one runner
+//! of everything outbound (side effects, status-API confirmations, alerts), so nothing is sent
+//! by two runners at once; the runtime runs one alarm at a time per object. The side-effect
+//! call is the only await between claim and commit, and the record is re-read after it, so the
+//! fencing token decides who may commit; the claim is written (and the output gate makes it
+//! durable) before the call leaves. A duplicate of a settled operation has no new state: it is
+//! answered from memory, its count stored with the next write or flush, at most
+//! `STATS_FLUSH_SECONDS` later (a restart in that window loses counts, never state). The
+//! record is kept in memory after the first read; every write updates it. The KV projection
+//! and the counter flush follow the record from the alarm, not while a claim is held (the
+//! commit follows within the effect timeout), at most once a second for KV (its per-key write
+//! rate), with backoff when KV fails; the counters go to the isolate's tally, which sends many
+//! gates' counts in one shard call.
+
+mod alarm;
+mod commit;
+mod repair;
+mod storage;
+mod tables;
 
 use std::cell::Cell;
 
-use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
+use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
-use crate::config::Config;
-use crate::operation::gate::{self, Limits, Save, Step};
+use crate::operation::alarm_failure;
 use crate::operation::gate_log::GateLog;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
-use crate::operation::{alarm_failure, Operation};
 use crate::telemetry::usage::Invocation;
 
-use crate::edge::objects::gate_storage::GateStorage;
+use crate::edge::error::EdgeError;
 use crate::edge::outbound::fetch::post_alert;
-use crate::edge::EdgeError;
-use crate::edge::{load_config, log, random_unit};
+use crate::edge::runtime::{load_config, log, now_ms, random_unit};
+
+use commit::{commit, limits, Alarm};
+use storage::GateStorage;
 
 /// One operation's serialized owner.
 #[durable_object]
 pub struct OperationGate {
-    pub(super) env: Env,
-    pub(super) storage: GateStorage,
+    env: Env,
+    storage: GateStorage,
     /// A run of this instance's alarm failed and none has succeeded since.
     alarm_failing: Cell<bool>,
-}
-
-pub(super) fn now_ms() -> i64 {
-    Date::now().as_millis() as i64
-}
-
-/// What the gate's steps need of the configuration.
-pub(super) fn limits(config: &Config) -> Limits {
-    Limits {
-        retention_ms: config.retention_ms(),
-        stats_delay_ms: config.stats_flush_secs * 1_000,
-        claim_ttl_ms: config.claim_ttl_secs * 1_000,
-        retry_base_secs: config.retry_base_secs,
-        retry_max_secs: config.retry_max_secs,
-        unregistered_hold_ms: config.unregistered_hold_ms(),
-    }
 }
 
 impl DurableObject for OperationGate {
@@ -95,17 +86,15 @@ impl DurableObject for OperationGate {
                 reason,
                 by,
             } => Some(
-                self.storage
-                    .repair(key, name, reason, by.as_ref())?
-                    .unwrap_or(false),
+                repair::repair(&self.storage, key, name, reason, by.as_ref())?.unwrap_or(false),
             ),
             _ => None,
         };
         let now = now_ms();
         command.limit_new_records(now - config.retention_ms());
-        let step = gate::step(self.storage.load()?, command, now);
+        let step = crate::operation::gate::step(self.storage.load()?, command, now);
         let attach_history = step.attach_history;
-        let (_, mut reply) = self.commit(step, &config, Alarm::Sync).await?;
+        let (_, mut reply) = commit(&self.storage, step, &config, Alarm::Sync).await?;
         if let (true, GateReply::Found { history, .. }) = (attach_history, &mut reply) {
             *history = self.storage.history()?;
         }
@@ -130,7 +119,7 @@ impl DurableObject for OperationGate {
     /// [`crate::operation::alarm::plan`] decides (a retirement, or a due confirmation, due
     /// alerts, a due side effect, then the ledger projection and the counters), each piece
     /// stored by its step before and after its I/O (the record is re-read after each await:
-    /// commands may have run meanwhile); see `gate_alarm.rs`.
+    /// commands may have run meanwhile); see `alarm.rs`.
     ///
     /// A run that fails (a configuration that does not parse, a storage error) never throws:
     /// the runtime would retry it only six times and then drop the alarm. It logs, stores its
@@ -143,7 +132,9 @@ impl DurableObject for OperationGate {
         let run = match load_config(&self.env) {
             Ok(config) => {
                 let started = self.storage.meter().begin(config.usage_log);
-                let answer = self.run_alarm(&config).await;
+                let answer = alarm::Run::new(&self.env, &self.storage, &config)
+                    .perform()
+                    .await;
                 self.end(Invocation::Alarm, started);
                 answer.map_err(|e| e.to_string())
             }
@@ -160,17 +151,6 @@ impl DurableObject for OperationGate {
             Err(error) => self.alarm_failed(&error).await,
         }
     }
-}
-
-/// Whether a committed step sets the alarm for the record it leaves.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Alarm {
-    Sync,
-    /// Inside the alarm, between its I/O steps: its last step (the upkeep) sets the alarm
-    /// last, for the record as it then stands, so the steps before it need not. If the
-    /// run dies in between, the alarm already set (a claim's expiry, or this one, retried by
-    /// the runtime when the handler throws) wakes the object again.
-    Deferred,
 }
 
 impl OperationGate {
@@ -229,47 +209,5 @@ impl OperationGate {
         self.storage
             .meter()
             .end("gate", invocation, started, &self.storage.sql());
-    }
-
-    /// Stores what a step decided (its record, history rows, logs), sets the alarm for the
-    /// record as it now stands, and returns the record and the answer.
-    pub(super) async fn commit<R>(
-        &self,
-        step: Step<R>,
-        config: &Config,
-        alarm: Alarm,
-    ) -> Result<(Option<Operation>, R)> {
-        let now = now_ms();
-        if step.purge {
-            self.storage.purge().await?;
-            for line in step.logs {
-                log(line.to_value());
-            }
-            return Ok((None, step.reply));
-        }
-        // History rows ride in the record's own write; a step that has rows but no write of
-        // its own stores the record as it stands with them.
-        let rows = self.storage.record(now, step.history);
-        match (&step.record, step.save) {
-            (Some(op), Save::Durable) => self.storage.save(op)?,
-            (Some(op), Save::MemoryOnly) if rows => self.storage.save(op)?,
-            (Some(op), Save::MemoryOnly) => self.storage.keep_in_memory(op),
-            (Some(op), Save::Unchanged) if rows => self.storage.save(op)?,
-            _ => {}
-        }
-        for line in step.logs {
-            log(line.to_value());
-        }
-        if step.reset_alarm {
-            self.storage.forget_alarm();
-        }
-        // A step that changed nothing needs no alarm call, unless asked to repair one.
-        if let (Some(op), true) = (
-            &step.record,
-            (step.save != Save::Unchanged || step.reset_alarm) && alarm == Alarm::Sync,
-        ) {
-            self.storage.sync_alarm(op, &limits(config)).await?;
-        }
-        Ok((step.record, step.reply))
     }
 }

@@ -7,7 +7,7 @@
 //! the fencing token decides whether its answer commits; the alarm is set last, by the
 //! upkeep, for the record as it then stands.
 
-use worker::{Response, Result};
+use worker::{Env, Response, Result};
 
 use crate::config::Config;
 use crate::operation::alarm::{
@@ -19,17 +19,34 @@ use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
 use crate::telemetry::counters;
 
-use crate::edge::objects::gate_object::{limits, now_ms, Alarm, OperationGate};
+use crate::edge::error::EdgeError;
+use crate::edge::objects::gate::commit::{commit, limits, Alarm};
+use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{post_alert, Answer};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
 use crate::edge::outbound::{destination, status_api};
-use crate::edge::random_unit;
-use crate::edge::EdgeError;
+use crate::edge::runtime::{now_ms, random_unit};
 
-impl OperationGate {
+/// One run of a gate's alarm: what it performs with, for as long as it runs.
+pub(super) struct Run<'a> {
+    env: &'a Env,
+    storage: &'a GateStorage,
+    config: &'a Config,
+}
+
+impl<'a> Run<'a> {
+    pub(super) fn new(env: &'a Env, storage: &'a GateStorage, config: &'a Config) -> Run<'a> {
+        Run {
+            env,
+            storage,
+            config,
+        }
+    }
+
     /// The alarm's work, as the plan says, for the record as each piece leaves it.
-    pub(super) async fn run_alarm(&self, config: &Config) -> Result<Response> {
+    pub(super) async fn perform(&self) -> Result<Response> {
+        let config = self.config;
         let Some(mut op) = self.storage.load()? else {
             return Response::ok("empty");
         };
@@ -39,18 +56,14 @@ impl OperationGate {
         while let Some(work) = plan.next(&op, now_ms(), &limits, status_api) {
             op = match work {
                 AlarmWork::Retire(step) => {
-                    self.commit(*step, config, Alarm::Sync).await?;
+                    commit(self.storage, *step, config, Alarm::Sync).await?;
                     return Response::ok("retention expired");
                 }
-                AlarmWork::Confirm(ask) => self.confirm(op, ask, config).await?,
-                AlarmWork::SendAlert { alert, body } => {
-                    self.send_alert(op, &alert, &body, config).await?
-                }
-                AlarmWork::Effect { claim, step } => {
-                    self.run_effect(op, claim, *step, config).await?
-                }
+                AlarmWork::Confirm(ask) => self.confirm(op, ask).await?,
+                AlarmWork::SendAlert { alert, body } => self.send_alert(op, &alert, &body).await?,
+                AlarmWork::Effect { claim, step } => self.run_effect(op, claim, *step).await?,
                 AlarmWork::Upkeep { record, upkeep } => {
-                    self.settle_storage(*record, *upkeep, config).await?
+                    self.settle_storage(*record, *upkeep).await?
                 }
                 AlarmWork::SetAlarm => {
                     self.storage.sync_alarm(&op, &limits).await?;
@@ -66,11 +79,9 @@ impl OperationGate {
         &self,
         step: Step<AlarmDone>,
         fallback: Operation,
-        config: &Config,
         alarm: Alarm,
     ) -> Result<Operation> {
-        Ok(self
-            .commit(step, config, alarm)
+        Ok(commit(self.storage, step, self.config, alarm)
             .await?
             .0
             .unwrap_or(fallback))
@@ -78,7 +89,8 @@ impl OperationGate {
 
     /// Asks Gemini's status API about a nudge waiting for confirmation (unless the plan
     /// already knows the answer) and stores what the answer decides.
-    async fn confirm(&self, op: Operation, ask: ConfirmAsk, config: &Config) -> Result<Operation> {
+    async fn confirm(&self, op: Operation, ask: ConfirmAsk) -> Result<Operation> {
+        let config = self.config;
         let answer = match ask {
             ConfirmAsk::Answered(answer) => answer,
             ConfirmAsk::Ask {
@@ -98,7 +110,7 @@ impl OperationGate {
             &limits(config),
             random_unit(),
         );
-        self.apply(step, current, config, Alarm::Deferred).await
+        self.apply(step, current, Alarm::Deferred).await
     }
 
     /// Sends one queued alert and stores whether the sink accepted it.
@@ -107,8 +119,8 @@ impl OperationGate {
         op: Operation,
         alert: &PendingAlert,
         body: &serde_json::Value,
-        config: &Config,
     ) -> Result<Operation> {
+        let config = self.config;
         self.storage.meter().add(|u| u.outbound_fetches += 1);
         let sent = post_alert(config, body).await;
         let current = self.storage.load()?.unwrap_or(op);
@@ -120,7 +132,7 @@ impl OperationGate {
             &limits(config),
             random_unit(),
         );
-        self.apply(step, current, config, Alarm::Deferred).await
+        self.apply(step, current, Alarm::Deferred).await
     }
 
     /// Stores the claim (and the alarm at its expiry), runs the side effect, and commits its
@@ -130,16 +142,16 @@ impl OperationGate {
         op: Operation,
         claim: Claim,
         step: Step<AlarmDone>,
-        config: &Config,
     ) -> Result<Operation> {
+        let config = self.config;
         let limits = limits(config);
-        let op = self.apply(step, op, config, Alarm::Sync).await?;
+        let op = self.apply(step, op, Alarm::Sync).await?;
         let destination = config.destination_for(op.kind());
         let request = build_request(&op, &config.effect_signing_secret, now_ms() / 1_000);
         let started_ms = now_ms();
         self.storage.meter().add(|u| u.outbound_fetches += 1);
         let answer =
-            destination::deliver(&self.env, &destination, &request, config.effect_timeout_ms).await;
+            destination::deliver(self.env, &destination, &request, config.effect_timeout_ms).await;
         let target = AttemptTarget {
             destination: config.destination_label(op.kind()),
             webhook_id: request
@@ -166,7 +178,7 @@ impl OperationGate {
             true => Alarm::Sync,
             false => Alarm::Deferred,
         };
-        self.apply(step, current, config, alarm).await
+        self.apply(step, current, alarm).await
     }
 
     /// Last: hands the sealed events to the counters and projects the record to the ledger,
@@ -174,12 +186,8 @@ impl OperationGate {
     /// this operation's shard themselves, named, since the shard lists each drop by its key
     /// (and counts a named batch once by sequence); the rest join the isolate's tally
     /// ([`stats_shard::hand_over`]), so most completions make no shard call of their own.
-    async fn settle_storage(
-        &self,
-        op: Operation,
-        upkeep: Upkeep,
-        config: &Config,
-    ) -> Result<Operation> {
+    async fn settle_storage(&self, op: Operation, upkeep: Upkeep) -> Result<Operation> {
+        let config = self.config;
         if upkeep.sealed.is_some() {
             // In memory only: commands during the flush must see the seal; a new instance
             // seals whatever it loads (`Operation::as_loaded`), so nothing is stored for it.
@@ -190,7 +198,7 @@ impl OperationGate {
             let events = &upkeep.events;
             if !counters::sent_named(events) {
                 let every_ms = config.stats_flush_secs * 1_000;
-                let env = &self.env;
+                let env = self.env;
                 let done =
                     stats_shard::hand_over(self.storage.state(), env, events, now_ms(), every_ms)
                         .await;
@@ -203,7 +211,7 @@ impl OperationGate {
             self.storage.meter().add(|u| u.object_calls += 1);
             let shard = counters::shard_of(op.key());
             let key = Some(op.key().to_string());
-            Some(stats_shard::add(&self.env, shard, key, events.clone()).await)
+            Some(stats_shard::add(self.env, shard, key, events.clone()).await)
         };
         let write = async {
             let (p, index) = upkeep.projection.as_ref()?;
@@ -225,6 +233,6 @@ impl OperationGate {
             text(written),
             now_ms(),
         );
-        self.apply(step, current, config, Alarm::Sync).await
+        self.apply(step, current, Alarm::Sync).await
     }
 }

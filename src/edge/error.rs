@@ -16,7 +16,8 @@ use crate::access::{refusal, Scope};
 use crate::config::ConfigError;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::log;
+use crate::edge::raw_response;
+use crate::edge::runtime::log;
 
 /// Where a failure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,11 +141,10 @@ impl EdgeError {
     }
 
     /// The answer as the runtime's own `Response`: the worker's routes, where every request
-    /// pays for building it (`edge/http/raw_response.rs`).
+    /// pays for building it (`edge/raw_response.rs`).
     pub fn into_raw(self) -> worker::Result<worker::web_sys::Response> {
         let (status, body, retry_after) = self.client_face();
-        crate::edge::http::raw_response::json_text(status, &body.to_string(), retry_after)
-            .map_err(|e| worker::Error::RustError(e.to_string()))
+        raw_response::json_text(status, &body.to_string(), retry_after)
     }
 }
 

@@ -10,7 +10,7 @@ use worker::js_sys::{Object, Reflect};
 use worker::wasm_bindgen::JsValue;
 use worker::web_sys;
 
-use crate::edge::EdgeError;
+use crate::edge::runtime::js_error;
 
 thread_local! {
     /// `{"content-type": "application/json"}`: the runtime copies it into each answer.
@@ -39,7 +39,7 @@ pub fn json_text(
     status: u16,
     body: &str,
     retry_after: Option<u32>,
-) -> Result<web_sys::Response, EdgeError> {
+) -> worker::Result<web_sys::Response> {
     let init = web_sys::ResponseInit::new();
     init.set_status(status);
     match retry_after {
@@ -47,11 +47,11 @@ pub fn json_text(
         Some(_) => init.set_headers(&headers(retry_after)),
     }
     web_sys::Response::new_with_opt_str_and_init(Some(body), &init)
-        .map_err(|e| EdgeError::Unavailable(format!("answer: {}", crate::edge::js_error(&e))))
+        .map_err(|e| worker::Error::RustError(format!("answer: {}", js_error(&e))))
 }
 
 /// An answer with `status` and `body` serialized as JSON.
-pub fn json<T: serde::Serialize>(status: u16, body: &T) -> Result<web_sys::Response, EdgeError> {
-    let text = serde_json::to_string(body).map_err(|e| EdgeError::Unavailable(e.to_string()))?;
+pub fn json<T: serde::Serialize>(status: u16, body: &T) -> worker::Result<web_sys::Response> {
+    let text = serde_json::to_string(body).map_err(|e| worker::Error::RustError(e.to_string()))?;
     json_text(status, &text, None)
 }

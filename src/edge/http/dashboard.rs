@@ -1,0 +1,32 @@
+//! The operator's dashboard: one static HTML page (`dashboard.html`), no build step, no data
+//! of its own; it calls the admin API with the operator's token.
+//!
+//! Guarantees: the page is answered with a content security policy that lets it run only its
+//! own inline script and style and call only this worker, and is never cached.
+
+use worker::{web_sys, Headers, Response};
+
+use crate::edge::error::EdgeError;
+
+/// The page.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// `GET /dashboard`.
+pub fn page() -> std::result::Result<web_sys::Response, EdgeError> {
+    let headers = Headers::new();
+    let set = |k: &str, v: &str| {
+        headers
+            .set(k, v)
+            .map_err(|e| EdgeError::Unavailable(e.to_string()))
+    };
+    set("content-type", "text/html; charset=utf-8")?;
+    set(
+        "content-security-policy",
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'",
+    )?;
+    set("cache-control", "no-store")?;
+    Ok(Response::ok(DASHBOARD)
+        .map_err(|e| EdgeError::Unavailable(e.to_string()))?
+        .with_headers(headers)
+        .into())
+}

@@ -1,0 +1,23 @@
+//! The admin API's JSON answers, as worker-rs `Response`s (the routes that need worker-rs's
+//! request helpers answer with its `Response`; the others build the runtime's own, in
+//! `edge/raw_response.rs`).
+//!
+//! Guarantees: a body that cannot be made an answer is [`EdgeError::Unavailable`], never a
+//! panic.
+
+use serde_json::Value;
+use worker::Response;
+
+use crate::edge::error::EdgeError;
+
+/// A 200 JSON answer.
+pub fn ok_json(body: &Value) -> std::result::Result<Response, EdgeError> {
+    json_response(body, 200)
+}
+
+/// A JSON answer with `status`.
+pub fn json_response(body: &Value, status: u16) -> std::result::Result<Response, EdgeError> {
+    Response::from_json(body)
+        .map(|r| r.with_status(status))
+        .map_err(|e| EdgeError::Unavailable(e.to_string()))
+}

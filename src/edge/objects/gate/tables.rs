@@ -1,0 +1,174 @@
+//! The gate's SQLite tables and the statements on them.
+//!
+//! Table: `record(id = 1, body, history)`: the record as JSON (see
+//! [`crate::operation::Operation`]) and its newest history rows as one JSON array
+//! ([`HistoryLog`]), so the write a step makes anyway carries its history rows and a row of
+//! history costs no billed write of its own. An object written by an earlier version has
+//! `operation(id = 1, body)` and `history(seq, at_ms, entry)` instead ([`Layout::Legacy`]):
+//! it is read as it is and moved to `record` by its next write, its old tables dropped in the
+//! same write. `quarantine(seq, at_ms, error, body)` keeps the raw text of records that did
+//! not load, until retention ends.
+//!
+//! Guarantees: which tables exist is read from `sqlite_master` (no failing query on a new
+//! object); a table is created by the write that needs it, never by a read.
+
+use serde::Deserialize;
+use worker::{Result, SqlStorage};
+
+use crate::operation::history::HistoryLog;
+
+use crate::edge::objects::usage_meter::Meter;
+
+/// The table, created by the first write.
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS record (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL, history TEXT NOT NULL)";
+
+/// Raw records that did not load, kept for inspection until retention ends (created only
+/// when one is needed).
+const QUARANTINE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS quarantine (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, error TEXT NOT NULL, body TEXT NOT NULL)";
+
+/// Which tables hold this object's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// Not read yet.
+    Unknown,
+    /// Nothing stored.
+    Empty,
+    /// `operation` and `history`, as an earlier version wrote them.
+    Legacy,
+    /// `record`.
+    Current,
+}
+
+/// A stored record's text and its history.
+pub(super) struct BodyRow {
+    pub(super) body: String,
+    pub(super) history: HistoryLog,
+}
+
+/// Which tables hold the record, from `sqlite_master` (a read that cannot fail on a new
+/// object, unlike a query on a table not created yet).
+pub(super) fn layout(meter: &Meter, sql: &SqlStorage) -> Result<Layout> {
+    #[derive(Deserialize)]
+    struct Name {
+        name: String,
+    }
+    let names: Vec<Name> = meter.rows(
+        sql,
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('record', 'operation')",
+        None,
+    )?;
+    Ok(if names.iter().any(|n| n.name == "record") {
+        Layout::Current
+    } else if names.iter().any(|n| n.name == "operation") {
+        Layout::Legacy
+    } else {
+        Layout::Empty
+    })
+}
+
+/// The stored record's row, as text, with its history; none when the gate never wrote one.
+pub(super) fn stored_rows(layout: Layout, meter: &Meter, sql: &SqlStorage) -> Result<Vec<BodyRow>> {
+    match layout {
+        Layout::Empty | Layout::Unknown => Ok(Vec::new()),
+        Layout::Current => {
+            #[derive(Deserialize)]
+            struct Row {
+                body: String,
+                history: String,
+            }
+            let rows: Vec<Row> =
+                meter.rows(sql, "SELECT body, history FROM record WHERE id = 1", None)?;
+            Ok(rows
+                .into_iter()
+                .map(|r| BodyRow {
+                    body: r.body,
+                    history: HistoryLog::decode(&r.history),
+                })
+                .collect())
+        }
+        Layout::Legacy => {
+            #[derive(Deserialize)]
+            struct Row {
+                body: String,
+            }
+            let rows: Vec<Row> =
+                meter.rows(sql, "SELECT body FROM operation WHERE id = 1", None)?;
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            let history = HistoryLog::from_rows(legacy_history(meter, sql)?);
+            Ok(rows
+                .into_iter()
+                .map(|r| BodyRow {
+                    body: r.body,
+                    history: history.clone(),
+                })
+                .collect())
+        }
+    }
+}
+
+/// The rows of an earlier version's `history` table, oldest first.
+fn legacy_history(meter: &Meter, sql: &SqlStorage) -> Result<Vec<(i64, String)>> {
+    #[derive(Deserialize)]
+    struct Row {
+        at_ms: f64,
+        entry: String,
+    }
+    let rows: Vec<Row> =
+        match meter.rows(sql, "SELECT at_ms, entry FROM history ORDER BY seq", None) {
+            Ok(rows) => rows,
+            Err(e) if e.to_string().contains("no such table") => Vec::new(),
+            Err(e) => return Err(e),
+        };
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.at_ms as i64, r.entry))
+        .collect())
+}
+
+/// Creates the `record` table (before the first write in it).
+pub(super) fn create(meter: &Meter, sql: &SqlStorage) -> Result<()> {
+    meter.exec(sql, SCHEMA, None).map(|_| ())
+}
+
+/// Writes the record and its history in one statement; an earlier version's tables are
+/// dropped once it is written (`layout` is what was there before).
+pub(super) fn write(
+    meter: &Meter,
+    sql: &SqlStorage,
+    layout: Layout,
+    body: String,
+    history: String,
+) -> Result<()> {
+    meter.exec(
+        sql,
+        "INSERT INTO record (id, body, history) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body, history = excluded.history",
+        vec![body.into(), history.into()],
+    )?;
+    if layout == Layout::Legacy {
+        meter.exec(
+            sql,
+            "DROP TABLE IF EXISTS operation; DROP TABLE IF EXISTS history",
+            None,
+        )?;
+    }
+    Ok(())
+}
+
+/// Keeps a raw record that did not load, for inspection until retention ends.
+pub(super) fn quarantine(
+    meter: &Meter,
+    sql: &SqlStorage,
+    raw: &str,
+    error: &str,
+    now: i64,
+) -> Result<()> {
+    meter.exec(sql, QUARANTINE_SCHEMA, None)?;
+    meter.exec(
+        sql,
+        "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)",
+        vec![now.into(), error.into(), raw.into()],
+    )?;
+    Ok(())
+}

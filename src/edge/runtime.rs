@@ -1,0 +1,71 @@
+//! What the edge reads from the runtime: the clock, randomness, the configuration from vars
+//! and secrets, the log, and a JS exception as text.
+//!
+//! Guarantees: the clock and randomness are read here and passed into the pure core as
+//! values, never read by it; the configuration is parsed once per isolate and an error is
+//! never kept, so every request reports it until an operator fixes it; every log line is one
+//! JSON object.
+
+use std::rc::Rc;
+
+use serde_json::Value;
+use worker::wasm_bindgen::{JsCast, JsValue};
+use worker::{js_sys, Env};
+
+use crate::config::{Config, ConfigError};
+use crate::telemetry::worker_log::WorkerLog;
+
+/// Writes one structured log line.
+pub fn log(line: Value) {
+    worker::console_log!("{}", line);
+}
+
+/// The clock, read once per request at the edge and passed in.
+pub fn now_ms() -> i64 {
+    worker::Date::now().as_millis() as i64
+}
+
+/// A random number in [0, 1), for backoff jitter.
+pub fn random_unit() -> f64 {
+    let mut bytes = [0u8; 4];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0),
+        Err(_) => 0.5,
+    }
+}
+
+thread_local! {
+    /// The parsed configuration of this isolate. Vars and secrets cannot change while an
+    /// isolate lives (changing them deploys a new one), so it is parsed once; an error is not
+    /// kept, so every request reports it until the operator fixes it.
+    static CONFIG: std::cell::OnceCell<Rc<Config>> = const { std::cell::OnceCell::new() };
+}
+
+/// The configuration from vars and secrets, parsed once per isolate (see `CONFIG`): parsing
+/// it on every request would be a large share of the cheapest request's CPU
+/// (docs/PERFORMANCE.md, "Why the hot path is built as it is").
+pub fn load_config(env: &Env) -> std::result::Result<Rc<Config>, ConfigError> {
+    CONFIG.with(|cell| {
+        if let Some(config) = cell.get() {
+            return Ok(config.clone());
+        }
+        let config = Config::from_lookup(|name| env.var(name).ok().map(|v| v.to_string()))?;
+        for warning in config.warnings() {
+            log(WorkerLog::ConfigWarning {
+                warning: warning.to_string(),
+            }
+            .to_value());
+        }
+        Ok(cell.get_or_init(|| Rc::new(config)).clone())
+    })
+}
+
+/// A JS exception as text.
+pub fn js_error(e: &JsValue) -> String {
+    e.as_string()
+        .or_else(|| {
+            e.dyn_ref::<js_sys::Error>()
+                .map(|e| String::from(e.message()))
+        })
+        .unwrap_or_else(|| format!("{e:?}"))
+}

@@ -1,0 +1,114 @@
+//! What one decision of the gate is: the record after it, how the object keeps it, the history
+//! rows, log lines and answer it carries ([`Step`]); the settings decisions read ([`Limits`]);
+//! and where a side effect stands as an answer reports it ([`effect_report`]).
+//!
+//! Guarantees: a decision is a value, nothing more; the gate's Durable Object stores it as
+//! [`Save`] says before it answers. The commands' steps and the alarm's pieces
+//! ([`crate::operation::alarm`]) both decide in this shape.
+
+use crate::operation::gate_log::GateLog;
+use crate::operation::gate_protocol::{EffectReport, GateReply};
+use crate::operation::history::HistoryEntry;
+use crate::operation::Operation;
+
+/// The settings a step needs, from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub retention_ms: i64,
+    pub stats_delay_ms: i64,
+    pub claim_ttl_ms: i64,
+    pub retry_base_secs: i64,
+    pub retry_max_secs: i64,
+    /// See [`Operation::hold_for_registration`].
+    pub unregistered_hold_ms: i64,
+}
+
+/// How the record is kept after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Save {
+    /// Nothing changed.
+    Unchanged,
+    /// Only counts changed, of an operation nothing can change: kept in memory and stored
+    /// with the next write or flush (a restart loses counts, never state).
+    MemoryOnly,
+    /// Stored before the answer (and before anything outbound is awaited).
+    Durable,
+}
+
+/// What one step decided. `R` is its answer: a [`GateReply`] for a command, an
+/// [`crate::operation::alarm::AlarmDone`] for a piece of the alarm's work.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step<R = GateReply> {
+    /// The record after the step (`None`: there is none).
+    pub record: Option<Operation>,
+    pub save: Save,
+    /// History rows to insert.
+    pub history: Vec<HistoryEntry>,
+    /// Log lines to print.
+    pub logs: Vec<GateLog>,
+    pub reply: R,
+    /// The answer carries the stored history (`Inspect`): the object reads and attaches it.
+    pub attach_history: bool,
+    /// Set the alarm again even if this instance believes it is set (repairs a lost one).
+    pub reset_alarm: bool,
+    /// Delete all of the object's storage, its alarm included, instead of saving (retention
+    /// ended: nothing of the operation stays in its gate).
+    pub purge: bool,
+}
+
+impl<R> Step<R> {
+    pub(crate) fn new(record: Option<Operation>, reply: R) -> Step<R> {
+        Step {
+            record,
+            save: Save::Unchanged,
+            history: Vec::new(),
+            logs: Vec::new(),
+            reply,
+            attach_history: false,
+            reset_alarm: false,
+            purge: false,
+        }
+    }
+
+    pub(crate) fn durable(mut self) -> Step<R> {
+        self.save = Save::Durable;
+        self
+    }
+
+    pub(crate) fn row(mut self, entry: HistoryEntry) -> Step<R> {
+        self.history.push(entry);
+        self
+    }
+
+    pub(crate) fn log(mut self, line: GateLog) -> Step<R> {
+        self.logs.push(line);
+        self
+    }
+
+    /// When the alarm must next fire for the record as it stands after the step.
+    #[cfg(test)]
+    pub fn wake_at(&self, limits: &Limits) -> Option<i64> {
+        self.record
+            .as_ref()
+            .and_then(|op| op.wake_at_ms(limits.retention_ms, limits.stats_delay_ms))
+    }
+}
+
+/// Where the side effect stands, without running it (the alarm runs it).
+pub fn effect_report(op: &Operation, now: i64) -> EffectReport {
+    if !op.effect_owed() {
+        if op.effect().done() {
+            EffectReport::Delivered
+        } else if op.effect().parked().is_some() {
+            EffectReport::Parked
+        } else {
+            EffectReport::NotOwed
+        }
+    } else if op.effect().claim().is_some_and(|c| c.expires_ms > now) {
+        EffectReport::InFlight
+    } else if op.effect().next_attempt_ms() <= now {
+        EffectReport::Scheduled
+    } else {
+        EffectReport::RetryScheduled
+    }
+}

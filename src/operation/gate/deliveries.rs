@@ -1,0 +1,446 @@
+//! Deliveries: an event from a signed webhook or a status-API poll offered to the reducer
+//! ([`GateCommand::Deliver`]), and a dynamic-webhook nudge that asks the gate to confirm with
+//! the status API ([`GateCommand::Nudge`]).
+//!
+//! Guarantees (docs/DESIGN.md, invariants 2 and 4): an event changes state only through the
+//! reducer, and its decision and count are stored in one write; a duplicate of a settled
+//! operation is answered from memory ([`Save::MemoryOnly`]); a poll, a nudge, or a signed
+//! event older than retention never creates a record; a nudge never shapes an operation, it
+//! only schedules a confirmation on the alarm.
+
+use serde_json::{Map, Value};
+
+use crate::operation::gate_protocol::GateReply;
+use crate::operation::history::HistoryEntry;
+use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
+use crate::operation::{OpEvent, Operation};
+use crate::telemetry::counters::Counter;
+
+use super::decision::{effect_report, Save, Step};
+
+#[cfg(doc)]
+use crate::operation::gate_protocol::GateCommand;
+
+/// The record a delivery is offered to: the gate's own, or a new unregistered one; `Err` is
+/// the answer, with no record, when none may be created for it.
+pub(super) fn receiver(
+    record: Option<Operation>,
+    key: &str,
+    name: &str,
+    event: &OpEvent,
+    require_registration: bool,
+    new_not_before_ms: i64,
+    now: i64,
+) -> Result<Operation, GateReply> {
+    match record {
+        Some(op) => Ok(op),
+        None if require_registration => Err(GateReply::IgnoredUnregistered),
+        // A poll only visits what the ledger lists open, whose gate holds a record: a gate
+        // without one was purged at retention since (or never held it), and a status answer
+        // may carry no time to judge its age by. It creates nothing.
+        None if event.source == Source::Reconcile => Err(GateReply::Unregistered),
+        // A replay after the operation's storage ended with retention (an event with no time
+        // is judged by the signature's window alone).
+        None if event.update_time_ms > 0 && event.update_time_ms < new_not_before_ms => {
+            Err(GateReply::IgnoredTooOld)
+        }
+        None => Ok(Operation::unregistered(key, name, now)),
+    }
+}
+
+/// Offers `event` to the reducer; an unregistered operation's first attempt waits `hold_ms`
+/// for a late registration.
+pub(super) fn deliver(mut op: Operation, event: &OpEvent, hold_ms: i64, now: i64) -> Step {
+    let verdict = op.apply(event, now);
+    if verdict == Verdict::Apply {
+        op.hold_for_registration(hold_ms, now);
+    }
+    count_delivery(&mut op, event, verdict, now, true);
+    let status = op.status().clone();
+    let effect = effect_report(&op, now);
+    if verdict == Verdict::Drop(DropReason::Duplicate) && op.is_settled() {
+        // Nothing can change a settled operation: the answer is the stored state, and the
+        // count waits in memory. No history row: the worker logs the duplicate with its
+        // webhook-id. This is what lets a duplicate cost a round trip and no durable write
+        // (docs/PERFORMANCE.md).
+        let mut step = Step::new(
+            Some(op),
+            GateReply::Dropped {
+                reason: DropReason::Duplicate,
+                status,
+                effect,
+            },
+        );
+        step.save = Save::MemoryOnly;
+        return step;
+    }
+    // The decision and its count in one write; a side effect now owed is scheduled on the
+    // alarm, set before the answer.
+    let reply = match verdict {
+        Verdict::Apply => GateReply::Applied { status, effect },
+        Verdict::Drop(reason) => GateReply::Dropped {
+            reason,
+            status,
+            effect,
+        },
+    };
+    Step::new(Some(op), reply)
+        .durable()
+        .row(HistoryEntry::of_event(event, verdict))
+}
+
+/// A nudge: the gate asks the status API (from its alarm) about an operation it holds open.
+/// A token proves only that Google sent something (anyone can obtain one by pointing a job of
+/// their own here), so a nudge only hastens what this gate already holds: it never creates,
+/// resurrects or shapes an operation.
+pub(super) fn nudge(
+    record: Option<Operation>,
+    claimed: String,
+    metadata: Map<String, Value>,
+    delivery_id: String,
+    now: i64,
+) -> Step {
+    let Some(mut op) = record else {
+        return Step::new(None, GateReply::Unregistered);
+    };
+    op.count(Counter::Deliveries, now);
+    let version = op.version();
+    if op.forgotten().is_some() {
+        // An operator stopped tracking it: nothing is asked or alerted for it again.
+        let mut step = Step::new(Some(op), GateReply::Forgotten { changed: false });
+        step.save = Save::MemoryOnly;
+        return step;
+    }
+    if !op.request_confirmation(now, metadata, Some(delivery_id.clone())) {
+        // Terminal already: it absorbs, so no answer from Gemini could change it.
+        return nudged_terminal(op, &claimed, now);
+    }
+    let status = op.status().clone();
+    if op.version() == version {
+        // The same nudge again while its confirmation waits: nothing changed, so nothing is
+        // written (no version, no history row, no ledger projection); the count waits in
+        // memory.
+        let mut step = Step::new(Some(op), GateReply::Confirming { status });
+        step.save = Save::MemoryOnly;
+        return step;
+    }
+    Step::new(Some(op), GateReply::Confirming { status })
+        .durable()
+        .row(HistoryEntry::Nudged {
+            claimed,
+            delivery_id,
+        })
+}
+
+/// A nudge for a terminal operation: dropped for the reason the reducer gives the state it
+/// claims.
+fn nudged_terminal(op: Operation, claimed: &str, now: i64) -> Step {
+    let claimed = Position {
+        status: Status::parse(claimed),
+        update_time_ms: 0,
+    };
+    let reason = match reduce(&position(&op), &claimed) {
+        Verdict::Drop(reason) => reason,
+        Verdict::Apply => DropReason::Duplicate,
+    };
+    dropped(op, reason, now)
+}
+
+/// A delivery that changes nothing on a terminal operation, counted. A settled operation
+/// stores nothing for it: its count waits in memory.
+fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
+    match reason {
+        DropReason::Duplicate => op.count(Counter::Duplicates, now),
+        other => op.count(Counter::Dropped(other.as_str()), now),
+    }
+    let settled_duplicate = reason == DropReason::Duplicate && op.is_settled();
+    let reply = GateReply::Dropped {
+        reason,
+        status: op.status().clone(),
+        effect: effect_report(&op, now),
+    };
+    let mut step = Step::new(Some(op), reply);
+    step.save = if settled_duplicate {
+        Save::MemoryOnly
+    } else {
+        Save::Durable
+    };
+    step
+}
+
+fn position(op: &Operation) -> Position {
+    Position {
+        status: op.status().clone(),
+        update_time_ms: op.update_time_ms(),
+    }
+}
+
+/// Counts a delivery's outcome in the record, exactly once (same write as the decision).
+/// `arrived` is false for a confirmation, whose delivery was counted when it arrived.
+pub(crate) fn count_delivery(
+    op: &mut Operation,
+    event: &OpEvent,
+    verdict: Verdict,
+    now: i64,
+    arrived: bool,
+) {
+    if arrived && event.source == Source::Webhook {
+        op.count(Counter::Deliveries, now);
+    }
+    match verdict {
+        Verdict::Drop(DropReason::Duplicate) => op.count(Counter::Duplicates, now),
+        Verdict::Drop(reason) => op.count(Counter::Dropped(reason.as_str()), now),
+        Verdict::Apply if op.status().is_terminal() => op.count(
+            match event.source {
+                Source::Reconcile => Counter::SettledByReconcile,
+                _ => Counter::SettledByWebhook,
+            },
+            now,
+        ),
+        Verdict::Apply => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Map};
+
+    use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::{step, Save};
+    use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+    use crate::operation::lifecycle::{DropReason, Source, Status};
+    use crate::operation::Operation;
+
+    #[test]
+    fn first_terminal_delivery_is_applied_and_its_effect_scheduled_not_run() {
+        let s = step(Some(registered()), deliver(Status::Succeeded), 10);
+        assert_eq!(
+            s.reply,
+            GateReply::Applied {
+                status: Status::Succeeded,
+                effect: EffectReport::Scheduled
+            }
+        );
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(whats(&s), ["applied"]);
+        assert_eq!(
+            s.wake_at(&LIMITS),
+            Some(10),
+            "the alarm runs the effect at once"
+        );
+    }
+
+    #[test]
+    fn delivery_for_an_unknown_operation_creates_it_unless_registration_is_required() {
+        let s = step(None, deliver(Status::Succeeded), 10);
+        assert!(matches!(s.reply, GateReply::Applied { .. }));
+        assert!(!s.record.unwrap().registered());
+        let required = GateCommand::Deliver {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            event: event(Status::Succeeded, Source::Webhook),
+            require_registration: true,
+            hold_ms: 0,
+            new_not_before_ms: 0,
+        };
+        let s = step(None, required, 10);
+        assert_eq!(s.reply, GateReply::IgnoredUnregistered);
+        assert!(s.record.is_none());
+        assert_eq!(s.save, Save::Unchanged);
+    }
+
+    #[test]
+    fn duplicate_of_a_settled_operation_is_answered_from_memory() {
+        let s = step(Some(settled()), deliver(Status::Succeeded), 30);
+        assert_eq!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::Duplicate,
+                status: Status::Succeeded,
+                effect: EffectReport::Delivered
+            }
+        );
+        assert_eq!(s.save, Save::MemoryOnly);
+        assert!(s.history.is_empty());
+    }
+
+    #[test]
+    fn duplicate_while_the_effect_is_owed_is_stored_with_its_reason() {
+        let first = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let s = step(first.record, deliver(Status::Succeeded), 11);
+        assert_eq!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::Duplicate,
+                status: Status::Succeeded,
+                effect: EffectReport::Scheduled
+            }
+        );
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(whats(&s), ["dropped"]);
+    }
+
+    #[test]
+    fn conflicting_terminal_is_dropped_and_recorded() {
+        let s = step(Some(settled()), deliver(Status::Failed), 30);
+        assert!(matches!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::ConflictingTerminal,
+                ..
+            }
+        ));
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(whats(&s), ["dropped"]);
+    }
+
+    #[test]
+    fn nudge_on_an_open_operation_waits_for_the_status_api() {
+        let s = step(Some(registered()), nudge("failed"), 10);
+        assert_eq!(
+            s.reply,
+            GateReply::Confirming {
+                status: Status::Pending
+            }
+        );
+        assert_eq!(whats(&s), ["nudged"]);
+        assert_eq!(s.wake_at(&LIMITS), Some(10));
+        assert_eq!(
+            s.record.unwrap().status(),
+            &Status::Pending,
+            "the body decided nothing"
+        );
+    }
+
+    #[test]
+    fn nudge_on_a_terminal_operation_is_a_drop_by_the_reducer() {
+        let s = step(Some(settled()), nudge("succeeded"), 30);
+        assert!(matches!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::Duplicate,
+                ..
+            }
+        ));
+        assert_eq!(s.save, Save::MemoryOnly);
+        let s = step(Some(settled()), nudge("failed"), 30);
+        assert!(matches!(
+            s.reply,
+            GateReply::Dropped {
+                reason: DropReason::ConflictingTerminal,
+                ..
+            }
+        ));
+        assert_eq!(s.save, Save::Durable);
+    }
+
+    #[test]
+    fn a_nudge_creates_nothing_for_a_name_the_gate_does_not_hold() {
+        // Never seen, purged at retention, or under REQUIRE_REGISTRATION: the same answer,
+        // and nothing stored, whatever the token claimed.
+        let s = step(None, nudge("succeeded"), 10);
+        assert_eq!(s.reply, GateReply::Unregistered);
+        assert!(s.record.is_none());
+        assert_eq!(s.save, Save::Unchanged);
+        assert!(s.history.is_empty() && s.logs.is_empty());
+        // Held open (registered, or opened by a signed delivery): the nudge hastens it.
+        let s = step(Some(registered()), nudge("succeeded"), 10);
+        assert!(matches!(s.reply, GateReply::Confirming { .. }));
+        assert_eq!(s.save, Save::Durable);
+        let opened = step(None, deliver(Status::Running), 5).record;
+        let s = step(opened, nudge("succeeded"), 10);
+        assert!(matches!(s.reply, GateReply::Confirming { .. }));
+    }
+
+    #[test]
+    fn a_poll_creates_nothing_for_a_name_the_gate_does_not_hold() {
+        // A status answer may carry no time (a video's): a gate purged at retention is not
+        // rebuilt from it, however old it is.
+        let poll = GateCommand::Deliver {
+            key: "operations/v".into(),
+            name: "models/veo/operations/v".into(),
+            event: event(Status::Succeeded, Source::Reconcile),
+            require_registration: false,
+            hold_ms: 0,
+            new_not_before_ms: 0,
+        };
+        let s = step(None, poll.clone(), 10);
+        assert_eq!(s.reply, GateReply::Unregistered);
+        assert!(s.record.is_none());
+        assert_eq!(s.save, Save::Unchanged);
+        // A record it can apply to is settled by it as before.
+        let held = Operation::register("operations/v", "models/veo/operations/v", None, 0);
+        assert!(matches!(
+            step(Some(held), poll, 10).reply,
+            GateReply::Applied { .. }
+        ));
+    }
+
+    #[test]
+    fn the_same_nudge_again_while_its_confirmation_waits_writes_nothing() {
+        let first = step(Some(registered()), nudge("succeeded"), 10);
+        let op = first.record.unwrap();
+        let version = op.version();
+        let again = step(Some(op), nudge("succeeded"), 11);
+        assert!(matches!(again.reply, GateReply::Confirming { .. }));
+        assert_eq!(again.save, Save::MemoryOnly, "only the count, in memory");
+        assert!(again.history.is_empty());
+        let op = again.record.unwrap();
+        assert_eq!(op.version(), version, "no version: no ledger projection");
+        let mut meta = Map::new();
+        meta.insert("user_metadata".into(), json!({"a": 1}));
+        let mut with_meta = nudge("succeeded");
+        if let GateCommand::Nudge { metadata, .. } = &mut with_meta {
+            *metadata = meta;
+        }
+        let gained = step(Some(op), with_meta, 12);
+        assert_eq!(gained.save, Save::Durable, "new metadata is a change");
+        assert!(gained.record.unwrap().version() > version);
+    }
+
+    /// An unregistered completion whose event happened at `event_ms`, to a gate that
+    /// refuses new records for events before `not_before`.
+    fn deliver_at(event_ms: i64, not_before: i64) -> GateCommand {
+        let mut command = deliver_unregistered(0);
+        if let GateCommand::Deliver { event, .. } = &mut command {
+            event.update_time_ms = event_ms;
+        }
+        command.limit_new_records(not_before);
+        command
+    }
+
+    #[test]
+    fn an_event_older_than_retention_creates_no_record() {
+        // Retention ended for an operation closed before `not_before`: its gate is empty and
+        // an event of it, however signed, is a replay.
+        let s = step(None, deliver_at(999, 1_000), 5_000);
+        assert_eq!(s.reply, GateReply::IgnoredTooOld);
+        assert!(s.record.is_none());
+        assert_eq!(s.save, Save::Unchanged);
+        assert!(s.history.is_empty());
+        // Newer than the limit, or with no time of its own (the signature's window decides):
+        // a record is created and the effect runs.
+        for event_ms in [1_000, 4_000, 0] {
+            let s = step(None, deliver_at(event_ms, 1_000), 5_000);
+            assert!(matches!(s.reply, GateReply::Applied { .. }), "{event_ms}");
+            assert_eq!(s.save, Save::Durable);
+        }
+        // A gate that has the record applies it as always (terminal absorbs).
+        let kept = step(None, deliver_at(4_000, 1_000), 5_000).record;
+        let s = step(kept, deliver_at(999, 1_000), 6_000);
+        assert!(matches!(s.reply, GateReply::Dropped { .. }));
+    }
+
+    #[test]
+    fn the_limit_on_new_records_is_never_on_the_wire() {
+        let command = deliver_at(999, 1_000);
+        let wire = serde_json::to_string(&command).unwrap();
+        assert!(!wire.contains("not_before"), "{wire}");
+        let back: GateCommand = serde_json::from_str(&wire).unwrap();
+        let s = step(None, back, 5_000);
+        assert!(
+            matches!(s.reply, GateReply::Applied { .. }),
+            "only the gate sets it"
+        );
+    }
+}

@@ -1,0 +1,223 @@
+//! The gate's decisions as pure steps: a command, or the outcome of one piece of the alarm's
+//! I/O, applied to the operation's record at a given time, giving what to store, what to
+//! record in the history, what to log and what to answer ([`Step`]).
+//!
+//! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every change to an operation is decided
+//! here, through [`Operation`]'s transitions, and nowhere else; a command never runs anything
+//! outbound: it decides and schedules, and the Durable Object stores the record and sets the
+//! alarm (at [`Operation::wake_at_ms`]) before it answers, so no answer waits on a
+//! destination, the status API or an alert sink; a duplicate of a settled operation changes
+//! nothing durable ([`Save::MemoryOnly`]). The Durable Object
+//! (`src/edge/objects/gate/`) only loads, calls a step, performs the I/O the alarm
+//! needs and saves. Time and jitter are parameters.
+//!
+//! [`step`] sends each command to its family: a registration (`registration.rs`),
+//! deliveries and nudges (`deliveries.rs`), what the reconciliation pass asks
+//! (`reconciling.rs`), an operator's actions (`operator.rs`); what a step is, in
+//! `decision.rs`.
+
+mod decision;
+mod deliveries;
+mod operator;
+mod reconciling;
+mod registration;
+
+pub use decision::{effect_report, Limits, Save, Step};
+pub(crate) use deliveries::count_delivery;
+
+use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::Operation;
+
+/// Applies a command to the record (`None`: none yet) at `now`.
+pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
+    match command {
+        GateCommand::Register {
+            key,
+            name,
+            kind,
+            user_metadata,
+        } => match record {
+            Some(op) => registration::register_again(op, kind.as_deref(), user_metadata, now),
+            None => registration::register_new(&key, &name, kind, user_metadata, now),
+        },
+        GateCommand::Deliver {
+            key,
+            name,
+            event,
+            require_registration,
+            hold_ms,
+            new_not_before_ms,
+        } => {
+            let receiver = deliveries::receiver(
+                record,
+                &key,
+                &name,
+                &event,
+                require_registration,
+                new_not_before_ms,
+                now,
+            );
+            match receiver {
+                Ok(op) => deliveries::deliver(op, &event, hold_ms, now),
+                Err(reply) => Step::new(None, reply),
+            }
+        }
+        GateCommand::Nudge {
+            claimed,
+            metadata,
+            delivery_id,
+            ..
+        } => deliveries::nudge(record, claimed, metadata, delivery_id, now),
+        GateCommand::RetryEffect => held(record, |op| reconciling::retry_effect(op, now)),
+        GateCommand::Alert { alert, age_seconds } => {
+            held(record, |op| reconciling::alert(op, alert, age_seconds, now))
+        }
+        GateCommand::StatusUnusable {
+            reason,
+            age_seconds,
+        } => held(record, |op| {
+            reconciling::status_unusable(op, reason, age_seconds, now)
+        }),
+        GateCommand::Reindex => held(record, reconciling::reindex),
+        GateCommand::Redeliver {
+            reason,
+            sent_before_ms,
+            by,
+        } => held(record, |op| {
+            operator::redeliver(op, &reason, sent_before_ms, by, now)
+        }),
+        GateCommand::RetryNow { reason, by } => {
+            held(record, |op| operator::retry_now(op, &reason, by, now))
+        }
+        GateCommand::Forget { reason, by } => {
+            held(record, |op| operator::forget(op, reason, by, now))
+        }
+        GateCommand::Settle { status, reason, by } => {
+            held(record, |op| operator::settle(op, &status, reason, by, now))
+        }
+        // A repair has been done (or was not needed) by the object before this step.
+        GateCommand::Inspect | GateCommand::Repair { .. } => held(record, operator::inspect),
+    }
+}
+
+/// A command that needs a record: `NotFound` when the gate holds none.
+fn held(record: Option<Operation>, command: impl FnOnce(Operation) -> Step) -> Step {
+    match record {
+        Some(op) => command(op),
+        None => Step::new(None, GateReply::NotFound),
+    }
+}
+
+/// Records and commands the gate's and the alarm's tests share.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use serde_json::Map;
+
+    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt, ConfirmAnswer};
+    use crate::operation::gate_protocol::GateCommand;
+    use crate::operation::lifecycle::{Source, Status};
+    use crate::operation::observation::Observation;
+    use crate::operation::{AttemptOutcome, OpEvent, Operation};
+
+    use super::{step, Limits, Step};
+
+    pub(crate) const LIMITS: Limits = Limits {
+        retention_ms: 100_000,
+        stats_delay_ms: 0,
+        claim_ttl_ms: 10_000,
+        retry_base_secs: 1,
+        retry_max_secs: 8,
+        unregistered_hold_ms: 0,
+    };
+
+    pub(crate) fn event(status: Status, source: Source) -> OpEvent {
+        OpEvent {
+            status,
+            update_time_ms: 0,
+            source,
+            details: Map::new(),
+            delivery_id: Some("msg_1".into()),
+        }
+    }
+
+    pub(crate) fn deliver(status: Status) -> GateCommand {
+        GateCommand::Deliver {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            event: event(status, Source::Webhook),
+            require_registration: false,
+            hold_ms: 0,
+            new_not_before_ms: 0,
+        }
+    }
+
+    pub(crate) fn nudge(claimed: &str) -> GateCommand {
+        GateCommand::Nudge {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            claimed: claimed.into(),
+            metadata: Map::new(),
+            delivery_id: "jwt_1".into(),
+        }
+    }
+
+    pub(crate) fn registered() -> Operation {
+        Operation::register("batches/a", "batches/a", Some("billing".into()), 0)
+    }
+
+    /// A terminal operation whose effect is done.
+    pub(crate) fn settled() -> Operation {
+        let s = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let (claim, s) = begin_attempt(s.record.unwrap(), 10, &LIMITS).unwrap();
+        let attempt = Attempt {
+            claim,
+            outcome: AttemptOutcome::Delivered,
+            started_ms: 10,
+            finished_ms: 20,
+            target: Default::default(),
+        };
+        attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
+            .record
+            .unwrap()
+    }
+
+    pub(crate) fn whats<R>(step: &Step<R>) -> Vec<String> {
+        step.history
+            .iter()
+            .map(|h| h.to_value()["what"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    pub(crate) fn events<R>(step: &Step<R>) -> Vec<String> {
+        step.logs
+            .iter()
+            .map(|l| l.event().as_str().to_string())
+            .collect()
+    }
+
+    pub(crate) fn nudged() -> Operation {
+        step(Some(registered()), nudge("succeeded"), 10)
+            .record
+            .unwrap()
+    }
+
+    pub(crate) fn observed(status: Status) -> ConfirmAnswer {
+        ConfirmAnswer::Answer(Ok(Observation {
+            status,
+            update_time_ms: 5,
+            details: Map::new(),
+        }))
+    }
+
+    /// An unregistered operation's completion, its first attempt held `hold_ms`.
+    pub(crate) fn deliver_unregistered(hold_ms: i64) -> GateCommand {
+        GateCommand::Deliver {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            event: event(Status::Succeeded, Source::Webhook),
+            require_registration: false,
+            hold_ms,
+            new_not_before_ms: 0,
+        }
+    }
+}

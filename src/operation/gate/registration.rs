@@ -1,0 +1,242 @@
+//! A registration: the operation submitted to Gemini, named to its gate with its kind and its
+//! `user_metadata` ([`GateCommand::Register`](crate::operation::gate_protocol::GateCommand::Register)).
+//!
+//! Guarantees: registering is idempotent; a gate with no record creates a pending one; a
+//! record that exists (its completion may have come first) only gains the kind or metadata it
+//! lacks, never loses or replaces one (see [`Operation::fill_kind`]), and is stored only when
+//! it gained something.
+
+use serde_json::Value;
+
+use crate::operation::gate_protocol::GateReply;
+use crate::operation::history::HistoryEntry;
+use crate::operation::{KindFill, Operation};
+
+use super::decision::Step;
+
+/// A registration for a name the gate holds no record of: a pending operation.
+pub(super) fn register_new(
+    key: &str,
+    name: &str,
+    kind: Option<String>,
+    user_metadata: Option<Value>,
+    now: i64,
+) -> Step {
+    let mut op = Operation::register(key, name, kind, now);
+    op.fill_user_metadata(user_metadata);
+    let reply = GateReply::Created {
+        operation: op.view(),
+    };
+    let kind = op.kind().map(str::to_string);
+    Step::new(Some(op), reply)
+        .durable()
+        .row(HistoryEntry::Registered { kind })
+}
+
+/// A registration of an operation the gate holds. The completion may have come first (short
+/// interactions often do): the registration fills in the kind and the metadata, so later
+/// attempts route by it and carry them.
+pub(super) fn register_again(
+    mut op: Operation,
+    kind: Option<&str>,
+    user_metadata: Option<Value>,
+    now: i64,
+) -> Step {
+    let fill = op.fill_kind(kind, now);
+    let filled_metadata = op.fill_user_metadata(user_metadata);
+    let reply = GateReply::Exists {
+        operation: op.view(),
+        kind: fill,
+    };
+    let kind = op.kind().map(str::to_string);
+    let step = Step::new(Some(op), reply);
+    match (fill, filled_metadata) {
+        (KindFill::Filled, _) => step.durable().row(HistoryEntry::KindFilled { kind }),
+        (_, true) => step.durable(),
+        _ => step,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt};
+    use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::{step, Save};
+    use crate::operation::gate_protocol::{GateCommand, GateReply};
+    use crate::operation::lifecycle::{Source, Status};
+    use crate::operation::{AttemptOutcome, KindFill, Operation};
+
+    #[test]
+    fn register_creates_a_pending_record() {
+        let s = step(
+            None,
+            GateCommand::Register {
+                key: "batches/a".into(),
+                name: "batches/a".into(),
+                kind: Some("k".into()),
+                user_metadata: None,
+            },
+            5,
+        );
+        assert!(matches!(s.reply, GateReply::Created { .. }));
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(whats(&s), ["registered"]);
+        assert_eq!(s.record.unwrap().status(), &Status::Pending);
+    }
+
+    #[test]
+    fn register_of_a_known_operation_fills_a_missing_kind_only() {
+        let unregistered = Operation::unregistered("batches/a", "batches/a", 0);
+        let reg = |kind: &str| GateCommand::Register {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            kind: Some(kind.into()),
+            user_metadata: None,
+        };
+        let s = step(Some(unregistered), reg("billing"), 5);
+        assert!(matches!(
+            s.reply,
+            GateReply::Exists {
+                kind: KindFill::Filled,
+                ..
+            }
+        ));
+        assert_eq!(
+            (s.save, whats(&s)),
+            (Save::Durable, vec!["kind_filled".to_string()])
+        );
+        let s = step(s.record, reg("other"), 6);
+        assert!(matches!(
+            s.reply,
+            GateReply::Exists {
+                kind: KindFill::Conflict,
+                ..
+            }
+        ));
+        assert_eq!(s.save, Save::Unchanged);
+        assert_eq!(s.record.unwrap().kind(), Some("billing"));
+    }
+
+    #[test]
+    fn a_registrations_metadata_reaches_the_effect_over_every_other_source() {
+        let register = |meta: serde_json::Value| GateCommand::Register {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            kind: None,
+            user_metadata: Some(meta),
+        };
+        let op = step(None, register(json!({"tenant": "ours"})), 1).record;
+        // A second registration does not replace the first's.
+        let s = step(op, register(json!({"tenant": "other"})), 2);
+        assert_eq!(s.save, Save::Unchanged);
+        let mut done = event(Status::Succeeded, Source::Reconcile);
+        done.details
+            .insert("user_metadata".into(), json!({"tenant": "echo"}));
+        let op = step(
+            s.record,
+            GateCommand::Deliver {
+                key: "batches/a".into(),
+                name: "batches/a".into(),
+                event: done,
+                require_registration: false,
+                hold_ms: 0,
+                new_not_before_ms: 0,
+            },
+            3,
+        )
+        .record
+        .unwrap();
+        assert_eq!(op.details()["user_metadata"], json!({"tenant": "ours"}));
+        // A registration after the outcome, before any attempt, still gives it; after an
+        // attempt went out it changes nothing (one webhook-id, one body).
+        let unregistered = step(None, deliver(Status::Succeeded), 5).record;
+        let s = step(unregistered, register(json!({"late": true})), 6);
+        assert_eq!(s.save, Save::Durable);
+        let op = s.record.unwrap();
+        assert_eq!(op.details()["user_metadata"], json!({"late": true}));
+        let (_, started) = begin_attempt(op, 7, &LIMITS).unwrap();
+        let s = step(started.record, register(json!({"later": true})), 8);
+        assert_eq!(s.save, Save::Unchanged);
+        assert_eq!(
+            s.record.unwrap().details()["user_metadata"],
+            json!({"late": true})
+        );
+    }
+
+    #[test]
+    fn an_unregistered_completion_waits_for_a_late_registration_then_runs_at_once() {
+        let s = step(None, deliver_unregistered(15_000), 10);
+        let held = s.record.as_ref().unwrap().effect().next_attempt_ms();
+        assert_eq!(held, 10 + 15_000, "held");
+        assert!(begin_attempt(s.record.clone().unwrap(), 11, &LIMITS).is_none());
+        let late = step(
+            s.record,
+            GateCommand::Register {
+                key: "batches/a".into(),
+                name: "batches/a".into(),
+                kind: Some("billing".into()),
+                user_metadata: None,
+            },
+            2_000,
+        );
+        assert!(matches!(
+            late.reply,
+            GateReply::Exists {
+                kind: KindFill::Filled,
+                ..
+            }
+        ));
+        let due = late.record.as_ref().unwrap().effect().next_attempt_ms();
+        assert_eq!(due, 2_000, "due now");
+        let op = late.record.unwrap();
+        assert_eq!(op.kind(), Some("billing"));
+        assert!(begin_attempt(op, 2_000, &LIMITS).is_some());
+        let registered_first = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let due = registered_first.record.unwrap().effect().next_attempt_ms();
+        assert_eq!(due, 10, "no hold");
+    }
+
+    #[test]
+    fn a_registration_after_the_first_attempt_leaves_the_kind_and_the_body_alone() {
+        let s = step(None, deliver_unregistered(0), 10);
+        let (claim, s) = begin_attempt(s.record.unwrap(), 10, &LIMITS).unwrap();
+        let failed = attempt_finished(
+            s.record.unwrap(),
+            &Attempt {
+                claim,
+                outcome: AttemptOutcome::Retry("503".into()),
+                started_ms: 10,
+                finished_ms: 20,
+                target: Default::default(),
+            },
+            &LIMITS,
+            1.0,
+        );
+        let op = failed.record.unwrap();
+        let late = step(
+            Some(op.clone()),
+            GateCommand::Register {
+                key: "batches/a".into(),
+                name: "batches/a".into(),
+                kind: Some("billing".into()),
+                user_metadata: None,
+            },
+            30,
+        );
+        assert!(matches!(
+            late.reply,
+            GateReply::Exists {
+                kind: KindFill::TooLate,
+                ..
+            }
+        ));
+        assert_eq!(late.save, Save::Unchanged);
+        assert_eq!(
+            late.record.unwrap(),
+            op,
+            "kind, version and schedule unchanged"
+        );
+    }
+}
