@@ -772,6 +772,17 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The value `/v1/config` shows for the setting `name`.
+    fn setting_value(view: &Value, name: &str) -> Value {
+        view["settings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("{name} missing"))["value"]
+            .clone()
+    }
     use std::collections::HashMap;
 
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -960,15 +971,7 @@ mod tests {
             [2, 2, 0]
         );
         let view = c.public_view();
-        let value = |name: &str| {
-            view["settings"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|s| s["name"] == name)
-                .unwrap()["value"]
-                .clone()
-        };
+        let value = |name: &str| setting_value(&view, name);
         assert_eq!(value("ADMIN_TOKEN"), "set (2)");
         assert_eq!(value("REGISTER_TOKENS"), "set (2)");
         assert_eq!(value("READ_TOKENS"), "not set");
@@ -1293,15 +1296,7 @@ mod tests {
         ] {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
         }
-        let value = |name: &str| {
-            view["settings"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|s| s["name"] == name)
-                .unwrap_or_else(|| panic!("{name} missing"))["value"]
-                .clone()
-        };
+        let value = |name: &str| setting_value(&view, name);
         assert_eq!(value("GEMINI_API_KEY"), "set");
         assert_eq!(value("GEMINI_WEBHOOK_SECRETS"), "set (1)");
         assert_eq!(value("EFFECT_URL"), "https://dest.example:8443/\u{2026}");

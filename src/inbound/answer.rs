@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use serde::{Serialize, Serializer};
 
-use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::gate_protocol::{EffectReport, GateReply};
 use crate::operation::lifecycle::{DropReason, Status};
 
 /// A 2xx body of `POST /webhooks/gemini`.
@@ -128,20 +128,18 @@ impl TerminalMemory {
         }
     }
 
-    /// What a gate's reply teaches: only a `Deliver` answered with a terminal status (applied
-    /// or dropped) is a fact about the record; a nudge's reply is not remembered.
-    pub fn learnable(command: &GateCommand, reply: &GateReply) -> Option<Status> {
-        let (
-            GateCommand::Deliver { .. },
-            GateReply::Applied { status, .. } | GateReply::Dropped { status, .. },
-        ) = (command, reply)
-        else {
+    /// The terminal status a gate's reply to a delivery states (applied or dropped): a fact
+    /// about the record this isolate may remember. The caller asks only for a delivery's
+    /// reply (a nudge's is not a fact about the record:
+    /// [`crate::inbound::intake::Intake::gate_answered`]).
+    pub fn settled_at(reply: &GateReply) -> Option<Status> {
+        let (GateReply::Applied { status, .. } | GateReply::Dropped { status, .. }) = reply else {
             return None;
         };
         status.is_terminal().then(|| status.clone())
     }
 
-    /// Remembers that `key` is settled at the terminal `status` (see [`Self::learnable`]).
+    /// Remembers that `key` is settled at the terminal `status` (see [`Self::settled_at`]).
     pub fn remember(&mut self, key: &str, status: Status) {
         if !status.is_terminal() {
             return;
@@ -172,29 +170,10 @@ impl TerminalMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::lifecycle::Source;
-    use crate::operation::OpEvent;
-    use serde_json::{json, Map};
+    use serde_json::json;
 
-    fn deliver(status: Status) -> GateCommand {
-        GateCommand::Deliver {
-            key: "batches/a".into(),
-            name: "batches/a".into(),
-            event: OpEvent {
-                status,
-                update_time_ms: 0,
-                source: Source::Webhook,
-                details: Map::new(),
-                delivery_id: Some("msg_1".into()),
-            },
-            require_registration: false,
-            hold_ms: 0,
-            new_not_before_ms: 0,
-        }
-    }
-
-    fn learn(memory: &mut TerminalMemory, key: &str, command: &GateCommand, reply: &GateReply) {
-        if let Some(status) = TerminalMemory::learnable(command, reply) {
+    fn learn(memory: &mut TerminalMemory, key: &str, reply: &GateReply) {
+        if let Some(status) = TerminalMemory::settled_at(reply) {
             memory.remember(key, status);
         }
     }
@@ -266,12 +245,7 @@ mod tests {
     fn a_repeated_known_terminal_is_answered_without_the_gate() {
         let mut memory = TerminalMemory::default();
         assert!(!memory.knows("batches/a", &Status::Succeeded));
-        learn(
-            &mut memory,
-            "batches/a",
-            &deliver(Status::Succeeded),
-            &applied(Status::Succeeded),
-        );
+        learn(&mut memory, "batches/a", &applied(Status::Succeeded));
         assert!(memory.knows("batches/a", &Status::Succeeded));
         let answer = TerminalMemory::duplicate_answer("batches/a", &Status::Succeeded);
         assert_eq!(
@@ -284,12 +258,7 @@ mod tests {
     #[test]
     fn a_different_status_or_key_still_goes_to_the_gate() {
         let mut memory = TerminalMemory::default();
-        learn(
-            &mut memory,
-            "batches/a",
-            &deliver(Status::Succeeded),
-            &applied(Status::Succeeded),
-        );
+        learn(&mut memory, "batches/a", &applied(Status::Succeeded));
         // A conflicting terminal is recorded by the gate, never answered here.
         assert!(!memory.knows("batches/a", &Status::Failed));
         assert!(!memory.knows("batches/b", &Status::Succeeded));
@@ -298,48 +267,20 @@ mod tests {
     #[test]
     fn only_a_terminal_reply_to_a_delivery_is_learned() {
         let mut memory = TerminalMemory::default();
-        learn(
-            &mut memory,
-            "batches/a",
-            &deliver(Status::Running),
-            &applied(Status::Running),
-        );
+        learn(&mut memory, "batches/a", &applied(Status::Running));
         assert!(!memory.knows("batches/a", &Status::Running));
-        let nudge = GateCommand::Nudge {
-            key: "batches/b".into(),
-            name: "batches/b".into(),
-            claimed: "succeeded".into(),
-            metadata: Map::new(),
-            delivery_id: "jwt_1".into(),
-        };
-        learn(
-            &mut memory,
-            "batches/b",
-            &nudge,
-            &applied(Status::Succeeded),
-        );
-        assert!(!memory.knows("batches/b", &Status::Succeeded));
+        // A nudge's reply is never asked about: the intake's test holds that.
         let confirming = GateReply::Confirming {
             status: Status::Succeeded,
         };
-        learn(
-            &mut memory,
-            "batches/c",
-            &deliver(Status::Succeeded),
-            &confirming,
-        );
+        learn(&mut memory, "batches/c", &confirming);
         assert!(!memory.knows("batches/c", &Status::Succeeded));
         let dropped = GateReply::Dropped {
             reason: DropReason::ConflictingTerminal,
             status: Status::Failed,
             effect: EffectReport::Delivered,
         };
-        learn(
-            &mut memory,
-            "batches/d",
-            &deliver(Status::Succeeded),
-            &dropped,
-        );
+        learn(&mut memory, "batches/d", &dropped);
         assert!(memory.knows("batches/d", &Status::Failed));
     }
 
@@ -347,12 +288,7 @@ mod tests {
     fn memory_starts_over_past_its_capacity() {
         let mut memory = TerminalMemory::with_capacity(2);
         for key in ["batches/a", "batches/b", "batches/c"] {
-            learn(
-                &mut memory,
-                key,
-                &deliver(Status::Succeeded),
-                &applied(Status::Succeeded),
-            );
+            learn(&mut memory, key, &applied(Status::Succeeded));
         }
         assert!(!memory.knows("batches/a", &Status::Succeeded));
         assert!(memory.knows("batches/c", &Status::Succeeded));

@@ -456,21 +456,44 @@ fn usable(envelope: &Envelope) -> Option<(Status, Result<OperationKey, KeyError>
     }
 }
 
+/// What the classification's tests and the intake's share: a secret, a time, a body, and
+/// a token with any claims (its signature is not checked here: the edge checks it).
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    use serde_json::Value;
+
+    use crate::signature::Secret;
+
+    pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    pub(crate) const NOW_MS: i64 = 1_700_000_000_000;
+    pub(crate) const NOW: i64 = NOW_MS / 1_000;
+    pub(crate) const BODY: &[u8] = br#"{"type":"batch.succeeded","data":{"id":"batches/b1"}}"#;
+
+    pub(crate) fn secrets() -> Vec<Secret> {
+        vec![Secret::parse(SECRET).unwrap()]
+    }
+
+    /// A compact RS256-shaped token with these claims.
+    pub(crate) fn token(claims: Value) -> String {
+        let b64 = |v: &str| URL_SAFE_NO_PAD.encode(v);
+        format!(
+            "{}.{}.{}",
+            b64(r#"{"alg":"RS256","kid":"k1"}"#),
+            b64(&claims.to_string()),
+            b64("sig")
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::fixtures::{secrets, token, BODY, NOW, NOW_MS, SECRET};
     use super::*;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use base64::Engine;
     use serde_json::json;
-
-    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    const NOW_MS: i64 = 1_700_000_000_000;
-    const NOW: i64 = NOW_MS / 1_000;
-    const BODY: &[u8] = br#"{"type":"batch.succeeded","data":{"id":"batches/b1"}}"#;
-
-    fn secrets() -> Vec<Secret> {
-        vec![Secret::parse(SECRET).unwrap()]
-    }
 
     fn policy(secrets: &[Secret]) -> Policy<'_> {
         Policy {
@@ -484,16 +507,6 @@ mod tests {
 
     fn sign(body: &[u8], ts: i64) -> String {
         crate::signature::sign(&Secret::parse(SECRET).unwrap(), "msg_1", ts, body)
-    }
-
-    fn token(claims: Value) -> String {
-        let b64 = |v: &str| URL_SAFE_NO_PAD.encode(v);
-        format!(
-            "{}.{}.{}",
-            b64(r#"{"alg":"RS256","kid":"k1"}"#),
-            b64(&claims.to_string()),
-            b64("sig")
-        )
     }
 
     fn good_claims() -> Value {

@@ -112,10 +112,10 @@ enum Stage<'a> {
         event_type: String,
         event: crate::operation::OpEvent,
     },
-    /// A command the gate of `key` is answering.
+    /// The gate of `key` is answering a delivery (`nudge`: a nudge's).
     Gate {
         key: String,
-        command: GateCommand,
+        nudge: bool,
         event_type: String,
     },
     /// A nudge the gate does not hold, being tallied.
@@ -301,7 +301,7 @@ impl<'a> Intake<'a> {
     pub fn gate_answered(&mut self, reply: Result<GateReply, String>, now_ms: i64) -> Need {
         let Stage::Gate {
             key,
-            command,
+            nudge,
             event_type,
         } = std::mem::replace(&mut self.stage, Stage::Over)
         else {
@@ -311,7 +311,7 @@ impl<'a> Intake<'a> {
             Ok(reply) => reply,
             Err(why) => return self.finish(Finished::reply(Reply::Unavailable(why))),
         };
-        if matches!(command, GateCommand::Nudge { .. }) && reply == GateReply::Unregistered {
+        if nudge && reply == GateReply::Unregistered {
             // Not held: nothing was stored and nothing is asked; the tally may raise the
             // window's one alert.
             self.stage = Stage::Tally { key, event_type };
@@ -330,7 +330,11 @@ impl<'a> Intake<'a> {
             answered_by: None,
             alert: None,
         });
-        let remember = TerminalMemory::learnable(&command, &reply).map(|s| (key, s));
+        // Only a delivery's answer is a fact about the record; a nudge's is not remembered.
+        let remember = (!nudge)
+            .then(|| TerminalMemory::settled_at(&reply))
+            .flatten()
+            .map(|s| (key, s));
         self.finish(Finished {
             remember,
             ..Finished::answered(answer, line)
@@ -395,16 +399,12 @@ impl<'a> Intake<'a> {
     }
 
     fn call_gate(&mut self, key: String, command: GateCommand, event_type: String) -> Need {
-        let need = Need::Gate {
-            key: key.clone(),
-            command: command.clone(),
-        };
         self.stage = Stage::Gate {
-            key,
-            command,
+            key: key.clone(),
+            nudge: matches!(command, GateCommand::Nudge { .. }),
             event_type,
         };
-        need
+        Need::Gate { key, command }
     }
 
     fn finish(&mut self, finished: Finished) -> Need {
@@ -424,25 +424,15 @@ impl<'a> Intake<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inbound::classify::fixtures::{secrets, token, BODY, NOW, NOW_MS};
     use crate::inbound::classify::Oversize;
     use crate::operation::gate_protocol::EffectReport;
     use crate::operation::lifecycle::DropReason;
     use crate::signature::{sign, Secret};
-    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    use base64::Engine;
-
-    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    const NOW_MS: i64 = 1_700_000_000_000;
-    const NOW: i64 = NOW_MS / 1_000;
-    const BODY: &[u8] = br#"{"type":"batch.succeeded","data":{"id":"batches/b1"}}"#;
     const SETTINGS: Settings = Settings {
         require_registration: false,
         hold_ms: 0,
     };
-
-    fn secrets() -> Vec<Secret> {
-        vec![Secret::parse(SECRET).unwrap()]
-    }
 
     fn policy(secrets: &[Secret]) -> Policy<'_> {
         Policy {
@@ -469,17 +459,10 @@ mod tests {
     }
 
     fn token_headers(claims: Value) -> Headers<'static> {
-        let b64 = |v: &str| URL_SAFE_NO_PAD.encode(v);
-        let token = format!(
-            "{}.{}.{}",
-            b64(r#"{"alg":"RS256","kid":"k1"}"#),
-            b64(&claims.to_string()),
-            b64("sig")
-        );
         Headers {
             id: Some("msg_jwt"),
             timestamp: Some(leak(NOW.to_string())),
-            signature: Some(leak(token)),
+            signature: Some(leak(token(claims))),
             ..Headers::default()
         }
     }

@@ -637,14 +637,7 @@ mod tests {
     use crate::operation::gate_protocol::GateCommand;
     use serde_json::Map;
 
-    const LIMITS: Limits = Limits {
-        retention_ms: 100_000,
-        stats_delay_ms: 0,
-        claim_ttl_ms: 10_000,
-        retry_base_secs: 1,
-        retry_max_secs: 8,
-        unregistered_hold_ms: 0,
-    };
+    use crate::operation::gate::fixtures::LIMITS;
 
     const FULL_RUN: [Stage; 5] = [
         Stage::Confirm,
