@@ -213,6 +213,7 @@ describe("nothing runs twice after retention", () => {
       await kv.put(`open:${key}`, "", { metadata: pending });
       await w.scheduled();
       await eventually(() => statusCalls(name).length > callsBefore, { what: "the pass's poll" });
+      await eventually(async () => (await w.kvList(`open:${key}`)).length === 0, { what: "the stale index entry deleted" });
       // The captured delivery, re-signed as Gemini's own retry would be.
       const again = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body), body });
       assert.equal(again.status, 200);

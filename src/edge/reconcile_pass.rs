@@ -35,6 +35,7 @@ use crate::edge::outbound::fetch::{post_alert, Answer, SkimAnswer};
 use crate::edge::outbound::ledger_kv::KV_BINDING;
 use crate::edge::outbound::status_api;
 use crate::edge::runtime::{log, now_ms, random_unit};
+use crate::operation::ledger::open_key;
 
 /// The fan-out queue's producer binding; without it every pass polls by itself.
 pub const QUEUE_BINDING: &str = "RECONCILE_QUEUE";
@@ -240,6 +241,16 @@ impl Io<'_> {
             Intent::CallGate { key, command } => {
                 let reply = gate_call(self.env, &key, &command).await;
                 self.pass.borrow_mut().on_gate(reply);
+            }
+            Intent::DeleteIndex { key } => {
+                let deleted = match self.kv.as_ref() {
+                    Some(kv) => kv
+                        .delete(&open_key(&key))
+                        .await
+                        .map_err(|e| format!("KV: {e:?}")),
+                    None => Err(format!("{KV_BINDING} binding: not bound")),
+                };
+                self.pass.borrow_mut().on_index_deleted(deleted);
             }
             Intent::Enqueue { jobs } => {
                 let sent = send(self.queue.as_ref(), jobs).await;

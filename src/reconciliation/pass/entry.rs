@@ -62,6 +62,8 @@ pub(super) enum Step {
     Reindex {
         stale: bool,
     },
+    /// Delete the index entry: the gate holds no record for it, so no projection ever will.
+    DeleteIndex,
 }
 
 /// What a gate's reply leads to.
@@ -102,6 +104,14 @@ impl Pass {
                     }
                     self.report.reindexed += 1;
                     Some(self.gate(GateCommand::Reindex, AfterGate::Nothing))
+                }
+                Step::DeleteIndex => {
+                    let key = self.entry.as_ref()?.key.clone();
+                    self.log(PassLog::IndexStale { key: key.clone() });
+                    self.spend(1);
+                    self.report.reindexed += 1;
+                    self.awaiting = Some(Awaiting::IndexDelete);
+                    Some(Intent::DeleteIndex { key })
                 }
             };
             if intent.is_some() {
@@ -326,6 +336,14 @@ impl Pass {
                 }
             }
             AfterGate::ReindexIfDone => self.reindex_if_done(&reply),
+            // A poll reached a gate that holds no record (it creates none from a status
+            // answer): the index entry outlived the operation, and only deleting it stops the
+            // polls.
+            AfterGate::Settled if reply == GateReply::Unregistered => {
+                if self.affords(1) {
+                    self.push_front(Step::DeleteIndex);
+                }
+            }
             AfterGate::Settled => {
                 if let GateReply::Applied { status, .. } = &reply {
                     if status.is_terminal() {
@@ -338,6 +356,22 @@ impl Pass {
                 }
                 self.reindex_if_done(&reply);
             }
+        }
+    }
+
+    /// The answer to [`Intent::DeleteIndex`] (`Err`: the delete failed; the next coverage
+    /// finds the entry again).
+    pub fn on_index_deleted(&mut self, deleted: Result<(), String>) {
+        if self
+            .answered(|a| matches!(a, Awaiting::IndexDelete))
+            .is_none()
+        {
+            return;
+        }
+        if let Err(error) = deleted {
+            let key = self.entry.as_ref().map(|e| e.key.clone());
+            self.report.errors += 1;
+            self.log(PassLog::ReconcileError { key, error });
         }
     }
 

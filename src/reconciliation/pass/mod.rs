@@ -111,6 +111,9 @@ pub enum Intent {
     Poll { key: String, url: String },
     /// Send `command` to the gate of `key`; answer with [`Pass::on_gate`].
     CallGate { key: String, command: GateCommand },
+    /// Delete the `open:` entry of `key`, whose gate holds no record (a delete lost before
+    /// the gate's storage ended); answer with [`Pass::on_index_deleted`].
+    DeleteIndex { key: String },
     /// Send these messages to the fan-out queue in one batch; answer with
     /// [`Pass::on_enqueued`].
     Enqueue { jobs: Vec<QueuedJob> },
@@ -261,6 +264,7 @@ enum Awaiting {
         collection: Collection,
     },
     Gate(entry::AfterGate),
+    IndexDelete,
     Enqueue(fanout::Fed),
     Sleep,
     Release,

@@ -325,6 +325,7 @@ fn drive(mut pass: Pass, mut w: World) -> Outcome {
             Intent::List { prefix, cursor } => pass.on_listed(w.list(prefix, cursor)),
             Intent::Poll { key, .. } => pass.on_status((w.status)(&key), w.now),
             Intent::CallGate { key, command } => pass.on_gate((w.gate)(&key, &command)),
+            Intent::DeleteIndex { .. } => pass.on_index_deleted(Ok(())),
             Intent::Enqueue { .. } => pass.on_enqueued(w.queue.clone()),
             Intent::Sleep { until_ms } => {
                 w.now = w.now.max(until_ms);
@@ -718,6 +719,44 @@ fn a_changed_status_goes_to_the_gate_and_a_terminal_one_counts_as_settled() {
     assert!(!require_registration);
     assert_eq!(out.report.settled, 1, "running is not settled");
     assert_eq!(out.events("settled_by_reconcile")[0]["status"], "succeeded");
+}
+
+#[test]
+fn an_index_entry_whose_gate_holds_no_record_is_deleted_after_its_poll() {
+    // A delete lost before the gate's storage ended: the gate creates nothing from the poll
+    // (a video's answer carries no time), and the entry is deleted so it is not polled again.
+    let out = run(
+        limits(),
+        World {
+            index: keys(2),
+            status: Box::new(|_| batch("BATCH_STATE_SUCCEEDED")),
+            gate: Box::new(|key, _| {
+                Ok(if key == "batches/k0" {
+                    GateReply::Unregistered
+                } else {
+                    GateReply::Applied {
+                        status: Status::Succeeded,
+                        effect: EffectReport::Scheduled,
+                    }
+                })
+            }),
+            ..World::default()
+        },
+    );
+    let deleted: Vec<&Intent> = out
+        .intents
+        .iter()
+        .filter(|i| matches!(i, Intent::DeleteIndex { .. }))
+        .collect();
+    assert_eq!(
+        deleted,
+        vec![&Intent::DeleteIndex {
+            key: "batches/k0".into()
+        }]
+    );
+    assert_eq!(out.report.settled, 1);
+    assert_eq!(out.report.reindexed, 1);
+    assert_eq!(out.events("index_stale")[0]["key"], "batches/k0");
 }
 
 #[test]
