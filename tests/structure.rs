@@ -19,23 +19,6 @@ const MAX_EDGE_FILE_LINES: usize = 350;
 /// Longest production function anywhere in `src/`.
 const MAX_FUNCTION_LINES: usize = 100;
 
-/// Functions allowed past [`MAX_FUNCTION_LINES`] for now: (file under `src/`, function).
-/// `serve` routes the whole admin API; its file was being changed by another piece of work
-/// when the rest of `src/` was brought within the limit, so it was left as it stood. Whoever
-/// splits it removes this entry (the test fails while an entry is no longer needed).
-const LONG_FUNCTIONS_ALLOWED: &[(&str, &str)] = &[("edge/http/admin_api.rs", "serve")];
-
-/// Edge files allowed past [`MAX_EDGE_FILE_LINES`] for now, for the same reason as
-/// [`LONG_FUNCTIONS_ALLOWED`]; removed when the file is split (the test fails while an entry
-/// is no longer needed).
-const LONG_EDGE_FILES_ALLOWED: &[&str] = &["edge/http/admin_api.rs"];
-
-/// Loops allowed for now, each the set of its files (under `src/`). `http/bulk.rs` takes
-/// `MAX_ADMIN_BODY` from `http/admin_api.rs`, which routes to it; the constant moves out of
-/// `admin_api.rs` (left as it stood, see [`LONG_FUNCTIONS_ALLOWED`]) when that file is next
-/// changed, and this entry goes with it (the test fails while an entry is no longer needed).
-const LOOPS_ALLOWED: &[&[&str]] = &[&["edge/http/admin_api.rs", "edge/http/bulk.rs"]];
-
 /// The edge's router: it uses every room of the edge, so none may use it.
 const ROUTER: &str = "edge/mod.rs";
 
@@ -748,21 +731,8 @@ fn no_glob_reexport() {
 fn no_loop_between_modules() {
     let krate = load();
     let graph = krate.graph();
-    let allowed: Vec<BTreeSet<String>> = LOOPS_ALLOWED
-        .iter()
-        .map(|l| l.iter().map(|f| f.to_string()).collect())
-        .collect();
-    let mut found = Vec::new();
     let mut ties = Vec::new();
     for component in loops(&graph) {
-        let files: BTreeSet<String> = component
-            .iter()
-            .map(|&i| krate.files[i].rel.clone())
-            .collect();
-        if allowed.contains(&files) {
-            found.push(files);
-            continue;
-        }
         ties.push(
             component
                 .iter()
@@ -781,12 +751,6 @@ fn no_loop_between_modules() {
         "modules that import each other in a loop (move what one side needs to the module \
          that owns it): {ties:#?}"
     );
-    for files in &allowed {
-        assert!(
-            found.contains(files),
-            "the loop {files:?} is gone: remove it from LOOPS_ALLOWED"
-        );
-    }
 }
 
 #[test]
@@ -817,53 +781,33 @@ fn the_router_is_imported_by_nothing() {
 #[test]
 fn every_edge_file_fits_in_350_lines() {
     let krate = load();
-    let over = |f: &&File| f.rel.starts_with("edge/") && f.lines > MAX_EDGE_FILE_LINES;
     let long: Vec<String> = krate
         .files
         .iter()
-        .filter(over)
-        .filter(|f| !LONG_EDGE_FILES_ALLOWED.contains(&f.rel.as_str()))
+        .filter(|f| f.rel.starts_with("edge/") && f.lines > MAX_EDGE_FILE_LINES)
         .map(|f| format!("{}: {} lines", f.rel, f.lines))
         .collect();
     assert!(
         long.is_empty(),
         "over {MAX_EDGE_FILE_LINES} lines: {long:?}"
     );
-    for allowed in LONG_EDGE_FILES_ALLOWED {
-        assert!(
-            krate.files.iter().filter(over).any(|f| f.rel == *allowed),
-            "{allowed} is within {MAX_EDGE_FILE_LINES} lines: remove it from LONG_EDGE_FILES_ALLOWED"
-        );
-    }
 }
 
 #[test]
 fn no_production_function_over_100_lines() {
     let krate = load();
     let mut long = Vec::new();
-    let mut allowed_seen = BTreeSet::new();
     for (_, file) in krate.production_files() {
         for (name, line, length) in functions(&file.code) {
-            if length <= MAX_FUNCTION_LINES {
-                continue;
+            if length > MAX_FUNCTION_LINES {
+                long.push(format!("{}:{line} {name}: {length} lines", file.rel));
             }
-            if LONG_FUNCTIONS_ALLOWED.contains(&(file.rel.as_str(), name.as_str())) {
-                allowed_seen.insert((file.rel.clone(), name));
-                continue;
-            }
-            long.push(format!("{}:{line} {name}: {length} lines", file.rel));
         }
     }
     assert!(
         long.is_empty(),
         "over {MAX_FUNCTION_LINES} lines; split along its decisions: {long:#?}"
     );
-    for (file, name) in LONG_FUNCTIONS_ALLOWED {
-        assert!(
-            allowed_seen.contains(&(file.to_string(), name.to_string())),
-            "{file} {name} is within {MAX_FUNCTION_LINES} lines: remove it from LONG_FUNCTIONS_ALLOWED"
-        );
-    }
 }
 
 /// The checks see what they must: a loop through a re-export, a function's length, a test

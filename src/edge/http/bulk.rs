@@ -20,9 +20,8 @@ use crate::operation::Actor;
 use crate::reconciliation::reconcile::Resume;
 use crate::telemetry::worker_log::WorkerLog;
 
-use super::admin_api::MAX_ADMIN_BODY;
-use crate::edge::capped_read::request_body;
 use crate::edge::error::EdgeError;
+use crate::edge::http::admin_body::read_body;
 use crate::edge::http::json_answer::ok_json;
 use crate::edge::objects::call::call_gate;
 use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
@@ -46,7 +45,7 @@ pub async fn handle(
         return Err(EdgeError::MethodNotAllowed);
     }
     // 413 for a declared length over the cap, or as soon as the streamed bytes pass it.
-    let body = request_body(req, MAX_ADMIN_BODY).await?;
+    let body = read_body(req).await?;
     let request = parse_bulk(action, &body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
     let kv = env
         .kv(KV_BINDING)

@@ -3,9 +3,12 @@
 //! `edge/error.rs`, the one place.
 
 pub mod admin_api;
+pub mod admin_body;
 pub mod bulk;
 pub mod dashboard;
 pub mod dynamic_webhook;
 pub mod health;
 pub mod json_answer;
+pub mod listing;
+pub mod one_operation;
 pub mod webhook;
