@@ -21,59 +21,13 @@ pub struct PendingAlert {
     pub due_ms: i64,
 }
 
-/// Alerts raised, and those still to send.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct Alerts {
-    /// Kinds already raised.
-    pub(super) raised: Vec<AlertKind>,
-    /// Raised and not yet accepted by the sink.
-    pub(super) pending: Vec<PendingAlert>,
-}
-
-impl Alerts {
-    /// Marks `kind` raised; false if it was.
-    fn mark(&mut self, kind: AlertKind) -> bool {
-        if self.raised.contains(&kind) {
-            return false;
-        }
-        self.raised.push(kind);
-        true
-    }
-
-    /// Takes the alert of `kind` off the queue; false if none was queued.
-    fn delivered(&mut self, kind: AlertKind) -> bool {
-        let before = self.pending.len();
-        self.pending.retain(|a| a.kind != kind);
-        self.pending.len() != before
-    }
-
-    /// The queued alert of `kind` waits `retry_in_ms` more; false if none was queued.
-    fn failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) -> bool {
-        let mut changed = false;
-        for alert in self.pending.iter_mut().filter(|a| a.kind == kind) {
-            alert.attempts += 1;
-            alert.due_ms = now_ms + retry_in_ms;
-            changed = true;
-        }
-        changed
-    }
-
-    /// The queued alerts due at `now_ms`, oldest first.
-    fn due(&self, now_ms: i64) -> Vec<PendingAlert> {
-        self.pending
-            .iter()
-            .filter(|a| a.due_ms <= now_ms)
-            .cloned()
-            .collect()
-    }
-}
-
 impl Operation {
     /// Marks an alert of `kind` as raised; false if one was raised before.
     pub(super) fn mark_alert(&mut self, kind: AlertKind) -> bool {
-        if !self.alerts.mark(kind) {
+        if self.alerts.contains(&kind) {
             return false;
         }
+        self.alerts.push(kind);
         self.changed();
         true
     }
@@ -133,15 +87,14 @@ impl Operation {
     /// `unknown_to_gemini` (Gemini not knowing it is why it is stuck: one alert says it).
     pub fn raise_alert(&mut self, kind: AlertKind, age_seconds: i64, now_ms: i64) -> bool {
         if self.notes.forgotten.is_some()
-            || (kind == AlertKind::Stuck
-                && self.alerts.raised.contains(&AlertKind::UnknownToGemini))
+            || (kind == AlertKind::Stuck && self.alerts.contains(&AlertKind::UnknownToGemini))
         {
             return false;
         }
         if !self.mark_alert(kind) {
             return false;
         }
-        self.alerts.pending.push(PendingAlert {
+        self.pending_alerts.push(PendingAlert {
             kind,
             id: crate::operation::alert::alert_id(&self.key, kind, self.effect.generation),
             age_seconds,
@@ -153,20 +106,32 @@ impl Operation {
 
     /// The sink accepted the alert of `kind`.
     pub fn alert_delivered(&mut self, kind: AlertKind) {
-        if self.alerts.delivered(kind) {
+        let before = self.pending_alerts.len();
+        self.pending_alerts.retain(|a| a.kind != kind);
+        if self.pending_alerts.len() != before {
             self.changed();
         }
     }
 
     /// Sending the alert of `kind` failed: try again in `retry_in_ms`.
     pub fn alert_failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) {
-        if self.alerts.failed(kind, now_ms, retry_in_ms) {
+        let mut changed = false;
+        for alert in self.pending_alerts.iter_mut().filter(|a| a.kind == kind) {
+            alert.attempts += 1;
+            alert.due_ms = now_ms + retry_in_ms;
+            changed = true;
+        }
+        if changed {
             self.changed();
         }
     }
 
     /// Alerts whose time to be sent has come.
     pub fn due_alerts(&self, now_ms: i64) -> Vec<PendingAlert> {
-        self.alerts.due(now_ms)
+        self.pending_alerts
+            .iter()
+            .filter(|a| a.due_ms <= now_ms)
+            .cloned()
+            .collect()
     }
 }

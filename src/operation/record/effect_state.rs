@@ -200,9 +200,7 @@ impl Operation {
         self.effect.last_error = None;
         // A live claim belongs to the previous generation; its commit is fenced off.
         self.effect.claim = None;
-        self.alerts
-            .raised
-            .retain(|a| *a != AlertKind::EffectFailing);
+        self.alerts.retain(|a| *a != AlertKind::EffectFailing);
         self.notes.redeliveries.push(OperatorNote {
             at_ms: now_ms,
             reason: reason.to_string(),
@@ -246,9 +244,7 @@ impl Operation {
         self.effect.parked = None;
         self.effect.failures_in_row = 0;
         self.effect.next_attempt_ms = now_ms;
-        self.alerts
-            .raised
-            .retain(|a| *a != AlertKind::EffectFailing);
+        self.alerts.retain(|a| *a != AlertKind::EffectFailing);
         self.changed();
         Ok(())
     }

@@ -6,24 +6,31 @@
 //! rate) and back off up to [`PROJECTION_RETRY_MAX_MS`]; a closed record keeps retention
 //! waiting until its index entry is known deleted.
 
+use serde::{Deserialize, Serialize};
+
 use crate::operation::ledger::{
     may_need_work, meta_error, op_key, IndexWrite, LedgerMeta, Projection, MIN_TTL_SECS,
 };
 use crate::operation::record::Operation;
 
 /// What the ledger has of this record.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct LedgerMark {
     /// The version last written to the KV ledger, and when.
+    #[serde(rename = "projected_version", default)]
     pub(super) version: u64,
+    #[serde(rename = "projected_at_ms", default)]
     pub(super) at_ms: i64,
     /// Ledger writes failed in a row, and when the next may be tried (capped backoff, so a
     /// KV outage does not become a storm of alarms).
+    #[serde(rename = "projection_failures", default)]
     pub(super) failures: u32,
+    #[serde(rename = "projection_retry_at_ms", default)]
     pub(super) retry_at_ms: i64,
     /// An `open:` index entry may exist in KV (a put of it was tried and no delete has
     /// succeeded since): the projection that closes the operation deletes it, and retention
     /// waits for that, so a tombstone (never projected again) leaves no index entry behind.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) indexed: bool,
 }
 

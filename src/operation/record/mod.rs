@@ -11,8 +11,9 @@
 //! The record is split by concern, each part in its own module with the transitions that
 //! touch it: the side effect ([`effect_state`]), alerts ([`alerts`]), a nudge's confirmation
 //! ([`confirmation`]), operators' notes ([`operator`]), the stats outbox ([`outbox`]), the
-//! ledger projection and its bookkeeping ([`ledger_mark`]), and how it is stored ([`stored`]:
-//! one flat JSON object whose field names never change, so every stored record still loads).
+//! ledger projection and its bookkeeping ([`ledger_mark`]). It is stored as one flat JSON
+//! object derived from [`Operation`]'s one definition, whose field names never change, so
+//! every stored record still loads.
 //! Its fields are private: readers outside use accessors, and the version is bumped in one
 //! place (`Operation::changed`).
 
@@ -32,7 +33,8 @@ pub mod ledger_mark;
 pub mod operator;
 pub mod outbox;
 mod salvage;
-pub mod stored;
+#[cfg(test)]
+mod stored_tests;
 #[cfg(test)]
 mod tests;
 
@@ -42,7 +44,6 @@ pub use effect_state::{AttemptOutcome, Claim, Effect, Finished, Parked};
 pub use ledger_mark::{PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS};
 pub use operator::{Actor, OperatorNote, OperatorRefusal};
 
-use alerts::Alerts;
 use ledger_mark::LedgerMark;
 use operator::OperatorNotes;
 use outbox::Outbox;
@@ -90,8 +91,13 @@ impl KindFill {
     }
 }
 
-/// The record the gate keeps for one operation (stored as `Stored`, in `record/stored.rs`).
-#[derive(Debug, Clone, PartialEq)]
+/// The record the gate keeps for one operation, declared once: its stored form (the gate's
+/// SQLite row, one flat JSON object) is derived from this definition, field by field in this
+/// order, with each part's fields (notes, outbox, ledger mark) flattened in place. A field
+/// added later must read with its default, so every record stored before still loads
+/// (`record/tests.rs` holds records as earlier versions stored them, and checks they load and
+/// store back byte for byte).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Operation {
     key: String,
     name: String,
@@ -106,13 +112,24 @@ pub struct Operation {
     settled_by: Option<Source>,
     details: Map<String, Value>,
     effect: Effect,
-    alerts: Alerts,
+    /// Alert kinds already raised (each once per operation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    alerts: Vec<AlertKind>,
+    #[serde(flatten)]
     notes: OperatorNotes,
+    #[serde(flatten)]
     outbox: Outbox,
+    #[serde(flatten)]
     ledger: LedgerMark,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     confirmation: Option<Confirmation>,
+    /// Alerts raised and not yet accepted by the sink (stored after the confirmation, where
+    /// earlier versions put them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pending_alerts: Vec<PendingAlert>,
     /// Set when retention ended: the record is a tombstone (what the outcome was and whether
     /// its effect ran), kept so that nothing runs twice however late a delivery comes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     retired_at_ms: Option<i64>,
 }
 
@@ -135,11 +152,12 @@ impl Operation {
                 generation: 1,
                 ..Effect::default()
             },
-            alerts: Alerts::default(),
+            alerts: Vec::new(),
             notes: OperatorNotes::default(),
             outbox: Outbox::starting_at(now_ms),
             ledger: LedgerMark::default(),
             confirmation: None,
+            pending_alerts: Vec::new(),
             retired_at_ms: None,
         }
     }
@@ -216,12 +234,12 @@ impl Operation {
 
     /// Alert kinds already raised (each once per operation).
     pub fn alerts_raised(&self) -> &[AlertKind] {
-        &self.alerts.raised
+        &self.alerts
     }
 
     /// Alerts raised and not yet accepted by the sink.
     pub fn pending_alerts(&self) -> &[PendingAlert] {
-        &self.alerts.pending
+        &self.pending_alerts
     }
 
     /// Why the last unusable status-API answer could not be used.
@@ -440,7 +458,7 @@ impl Operation {
             }
         }
         times.extend(self.confirmation.as_ref().map(|c| c.due_ms));
-        times.extend(self.alerts.pending.iter().map(|a| a.due_ms));
+        times.extend(self.pending_alerts.iter().map(|a| a.due_ms));
         times.extend(self.expires_at_ms(retention_ms));
         times.into_iter().min()
     }
@@ -452,8 +470,8 @@ impl Operation {
     /// instead ([`crate::operation::alarm::retire_if_over`]).
     pub fn retire(&mut self, now_ms: i64) {
         self.details = Map::new();
-        self.alerts.raised.clear();
-        self.alerts.pending.clear();
+        self.alerts.clear();
+        self.pending_alerts.clear();
         self.notes.redeliveries.clear();
         self.outbox.pending.clear();
         self.confirmation = None;
@@ -491,12 +509,12 @@ impl Operation {
             "next_attempt_at": (self.effect_owed()).then(|| format_rfc3339(self.effect.next_attempt_ms)),
             "last_error": self.effect.last_error,
             "details": self.details,
-            "alerts": self.alerts.raised,
+            "alerts": self.alerts,
             "unusable_status": self.notes.unusable_status,
             "forgotten": self.notes.forgotten.as_ref().map(|f| json!({"at": format_rfc3339(f.at_ms), "reason": f.reason})),
             "redeliveries": self.notes.redeliveries.iter().map(|r| json!({"at": format_rfc3339(r.at_ms), "reason": r.reason})).collect::<Vec<_>>(),
             "confirming": self.confirmation.is_some(),
-            "alerts_pending": self.alerts.pending.iter().map(|a| a.kind).collect::<Vec<_>>(),
+            "alerts_pending": self.pending_alerts.iter().map(|a| a.kind).collect::<Vec<_>>(),
             "retired_at": self.retired_at_ms.map(format_rfc3339),
             "version": self.version,
         })

@@ -28,15 +28,18 @@ pub struct OperatorNote {
 }
 
 /// The operator-facing notes of a record.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct OperatorNotes {
     /// Why the last unusable status-API answer could not be used (too large, not JSON),
     /// kept for the operator who settles the operation by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) unusable_status: Option<String>,
     /// Set when an operator stopped tracking the operation: no more polling, alerts or
     /// side-effect attempts; the record stays for the retention period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) forgotten: Option<OperatorNote>,
     /// Deliberate redeliveries an operator asked for, newest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) redeliveries: Vec<OperatorNote>,
 }
 
@@ -101,7 +104,7 @@ impl Operation {
         });
         self.effect.claim = None;
         self.confirmation = None;
-        self.alerts.pending.clear();
+        self.pending_alerts.clear();
         self.changed();
         true
     }

@@ -8,16 +8,25 @@
 //! was deleted (days later, at the end of retention) numbers its events past every one the
 //! first sent, and the mark a shard may still keep from the first never hides them.
 
+use serde::{Deserialize, Serialize};
+
 use crate::operation::record::Operation;
 use crate::telemetry::counters::{hour_of, Counter, StatEvent};
 
 /// Counted events not yet flushed, and the last sequence issued and sealed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Outbox {
+    #[serde(
+        rename = "pending_stats",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub(super) pending: Vec<StatEvent>,
+    #[serde(rename = "stats_seq", default)]
     pub(super) seq: u64,
     /// Events up to this sequence may be on their way to a shard: they are never changed
     /// again, so a count is merged only into a newer event (see [`Operation::count`]).
+    #[serde(rename = "stats_sealed_seq", default)]
     pub(super) sealed_seq: u64,
 }
 

@@ -57,10 +57,10 @@ impl Operation {
         };
         match pending {
             Ok(pending) => {
-                op.alerts.pending = pending;
-                op.alerts.raised = serde_json::from_value(v["alerts"].clone()).unwrap_or_default();
+                op.pending_alerts = pending;
+                op.alerts = serde_json::from_value(v["alerts"].clone()).unwrap_or_default();
             }
-            Err(_) => op.alerts.raised.clear(),
+            Err(_) => op.alerts.clear(),
         }
         // A nudge waiting for its confirmation keeps its metadata and is asked about again.
         op.confirmation = serde_json::from_value(v["confirmation"].clone()).ok();

@@ -224,7 +224,7 @@ fn retry_now_keeps_the_generation_unparks_and_is_due_at_once() {
     assert_eq!(op.retry_now(3_000), Ok(()));
     assert!(op.effect_owed());
     assert!(
-        op.alerts.raised.is_empty(),
+        op.alerts.is_empty(),
         "it may alert again if it keeps failing"
     );
     assert_eq!(op.effect.generation, 1, "the same webhook-id");
@@ -596,8 +596,8 @@ fn alerts_stay_queued_until_the_sink_accepts_them() {
     assert_eq!(retry[0].id, id, "the same alert id on every retry");
     assert_eq!(retry[0].attempts, 1);
     op.alert_delivered(AlertKind::Stuck);
-    assert!(op.alerts.pending.is_empty());
-    assert_eq!(op.alerts.raised, vec![AlertKind::Stuck]);
+    assert!(op.pending_alerts.is_empty());
+    assert_eq!(op.alerts, vec![AlertKind::Stuck]);
 }
 
 #[test]
