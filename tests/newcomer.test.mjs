@@ -240,6 +240,17 @@ describe("the README's loop, run as written", () => {
     const lines = effectsFor("batches/demo1");
     assert.equal(lines.length, 1, lines.join("\n"));
     assert.ok(lines[0].startsWith(shownLine("batches/demo1")), `${lines[0]}\nas the README shows it:\n${shownLine("batches/demo1")}`);
+
+    // "... --fresh-ids sends the completion again under a new webhook-id (...: dropped as a
+    // duplicate all the same)".
+    const [, anew] = readme.match(/`(npm run send -- batch\.succeeded batches\/demo1 --fresh-ids)`/) ?? assert.fail("the README's --fresh-ids example");
+    const resent = await sh(anew);
+    assert.equal(resent.code, 0, resent.err);
+    const answer = JSON.parse(resent.out.split("\n").find((l) => /^#1 /.test(l)).replace(/^[^{]*/, ""));
+    assert.deepEqual([answer.outcome, answer.reason], ["dropped", "duplicate"], resent.out);
+    assert.ok(!resent.out.includes(sent.out.match(/ (msg_\w+) /)[1]), "a new webhook-id");
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    assert.equal(effectsFor("batches/demo1").length, 1, "no second effect");
   });
 
   it("reconciliation: the stub says running until marked done, then one cron pass settles it and the effect arrives once", async () => {
