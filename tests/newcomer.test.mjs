@@ -334,7 +334,7 @@ describe("every command in the README", () => {
 
   it("calls npm scripts that exist, with flags their usage lists", async () => {
     // In shell blocks and in the text's code spans alike.
-    const commands = [...shell.flatMap((b) => b.lines), ...[...readme.matchAll(/`(npm (?:start|test|run [\w-]+)[^`]*)`/g)].map((m) => m[1])]
+    const commands = [...shell.flatMap((b) => b.lines), ...[...readme.matchAll(/`(npm (?:start|test|run [\w-]+)[^`]*)`/g)].map((m) => m[1].replace(/\s+/g, " "))]
       .filter((c) => c.startsWith("npm "));
     assert.ok(commands.length > 20, `${commands.length} commands`);
     const usage = new Map();
