@@ -21,8 +21,8 @@ mod error;
 mod http;
 mod objects;
 mod outbound;
+mod pass_runner;
 mod raw_response;
-mod reconcile_pass;
 mod runtime;
 
 pub use objects::gate::OperationGate;
@@ -61,7 +61,7 @@ async fn scheduled(_event: worker::ScheduledEvent, env: Env, _ctx: worker::Sched
     // The runtime discards this handler's result: every error is logged here or below.
     match load_config(&env) {
         Ok(config) => {
-            reconcile_pass::run(&env, &config).await;
+            pass_runner::run(&env, &config).await;
         }
         Err(e) => log(WorkerLog::ReconcileError {
             error: format!("configuration: {e}"),
@@ -74,7 +74,7 @@ async fn scheduled(_event: worker::ScheduledEvent, env: Env, _ctx: worker::Sched
 #[event(queue)]
 async fn queue(batch: worker::MessageBatch<JsValue>, env: Env, _ctx: Context) -> Result<()> {
     match load_config(&env) {
-        Ok(config) => reconcile_pass::consume(batch, &env, &config).await,
+        Ok(config) => pass_runner::consume(batch, &env, &config).await,
         Err(e) => {
             log(WorkerLog::ReconcileError {
                 error: format!("configuration: {e}"),

@@ -17,7 +17,7 @@ use crate::bulk::{outcome, parse_bulk, BulkAction, BulkRun, Outcome};
 use crate::config::Config;
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::operation::Actor;
-use crate::reconciliation::reconcile::Resume;
+use crate::reconciliation::lease_state::Resume;
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::error::EdgeError;

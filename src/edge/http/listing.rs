@@ -9,7 +9,7 @@ use worker::{Env, Request, Response};
 use crate::admin::{encode_cursor, ListQuery};
 use crate::config::Config;
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
-use crate::reconciliation::reconcile::Resume;
+use crate::reconciliation::lease_state::Resume;
 use crate::timestamp::format_rfc3339;
 
 use crate::edge::error::EdgeError;

@@ -16,13 +16,13 @@ use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::OpEvent;
-use crate::reconciliation::reconcile::Action;
+use crate::reconciliation::entry_decision::Action;
 use crate::reconciliation::status::{interpret_skimmed, status_url};
 
 use super::{Awaiting, Intent, Pass, PassLog, StatusAnswer, HOLD_BACKOFF_UP_TO_MS};
 
 #[cfg(doc)]
-use crate::reconciliation::reconcile::decide;
+use crate::reconciliation::entry_decision::decide;
 
 /// The entry in hand.
 #[derive(Debug)]

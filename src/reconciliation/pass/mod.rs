@@ -32,6 +32,7 @@ mod entry;
 mod fanout;
 mod lease;
 mod lines;
+pub mod stop;
 mod walk;
 mod webhook;
 
@@ -44,11 +45,12 @@ use serde_json::Value;
 
 use crate::operation::gate_protocol::GateCommand;
 use crate::operation::key::Collection;
+use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::LeaseCommand;
-use crate::reconciliation::reconcile::{
-    past_deadline, AuditProgress, Resume, StatusHealth, Stop, Thresholds,
-};
+use crate::reconciliation::lease_state::{AuditProgress, Resume};
 use crate::reconciliation::skim::{SkimError, Skimmed};
+
+use stop::{past_deadline, StatusHealth, Stop};
 
 pub use fanout::{
     Fanout, JobEntry, JobOutcome, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES,
@@ -57,7 +59,9 @@ pub use fanout::{
 pub use lines::{PassLog, PassReport};
 
 #[cfg(doc)]
-use crate::reconciliation::reconcile::{decide, MAX_INDEX_PAGES};
+use crate::reconciliation::entry_decision::decide;
+#[cfg(doc)]
+use crate::reconciliation::lease_state::MAX_INDEX_PAGES;
 
 /// Largest KV list page.
 pub const PAGE_SIZE: u64 = 1_000;
@@ -373,7 +377,7 @@ impl Pass {
 
     /// How often the heartbeat renews the lease.
     pub fn heartbeat_interval_ms(&self) -> i64 {
-        crate::reconciliation::reconcile::heartbeat_interval_ms(self.limits.lease_ttl_ms)
+        crate::reconciliation::lease_state::heartbeat_interval_ms(self.limits.lease_ttl_ms)
     }
 
     fn log(&mut self, line: PassLog) {

@@ -3,13 +3,14 @@
 
 use serde_json::{json, Value};
 
+use super::stop::{Stop, UNANSWERED_BACKOFF_MS};
 use super::*;
 use crate::operation::alert::AlertKind;
 use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
-use crate::reconciliation::reconcile::{Audit, Stop, MAX_INDEX_PAGES, UNANSWERED_BACKOFF_MS};
+use crate::reconciliation::lease_state::{Audit, MAX_INDEX_PAGES};
 use crate::reconciliation::skim::skim;
 use crate::reconciliation::status::READ;
 

@@ -11,7 +11,7 @@ use crate::reconciliation::status::{find_webhook, webhook_alert, WebhookPage};
 use crate::retry::{class_of_status, Class};
 
 use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, WebhookAnswer, MAX_WEBHOOK_PAGES};
-use crate::reconciliation::reconcile::Resume;
+use crate::reconciliation::lease_state::Resume;
 
 /// A webhook check in progress.
 #[derive(Debug)]

@@ -21,12 +21,12 @@ use worker::{
 
 use crate::config::Config;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::pass::{
     Fanout, Intent, Limits, ListedKey, ListedPage, Pass, PassLog, PassReport, PollJob, QueuedJob,
     StatusAnswer, WebhookAnswer,
 };
-use crate::reconciliation::reconcile::Thresholds;
 
 use crate::edge::error::EdgeError;
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
