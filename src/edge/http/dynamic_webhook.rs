@@ -24,9 +24,9 @@ use crate::config::Config;
 use crate::inbound::classify::Refusal;
 use crate::inbound::jwt::{parse_jwks, JwtError, RsaJwk, Token};
 use crate::inbound::route_log::RouteLog;
-use crate::retry::Class;
+use crate::retry::{Answer, Class};
 
-use crate::edge::outbound::fetch::{send, Answer, Keep};
+use crate::edge::outbound::fetch::{send, Keep};
 use crate::edge::outbound::ledger_kv::KV_BINDING;
 use crate::edge::runtime::log;
 
@@ -142,7 +142,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
     )
     .await;
     let failure = match (&answer, answer.class()) {
-        (Answer::Http { excerpt, .. }, Class::Success) => match parse_jwks(excerpt) {
+        (Answer::Http { body, .. }, Class::Success) => match parse_jwks(body) {
             Ok(keys) => {
                 let changed = CACHE.with(|c| {
                     let mut c = c.borrow_mut();
@@ -157,7 +157,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
                 });
                 // KV allows one write a second per key and bills each: only a new set is kept.
                 if let (true, Some(kv)) = (changed, &kv) {
-                    let stored = match kv.put(KV_CACHE_KEY, excerpt.as_str()) {
+                    let stored = match kv.put(KV_CACHE_KEY, body.as_str()) {
                         Ok(put) => put.execute().await.map_err(|e| format!("{e:?}")),
                         Err(e) => Err(format!("{e:?}")),
                     };

@@ -48,7 +48,6 @@ use crate::operation::key::Collection;
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::LeaseCommand;
 use crate::reconciliation::lease_state::{AuditProgress, Resume};
-use crate::reconciliation::skim::{SkimError, Skimmed};
 
 use stop::{past_deadline, StatusHealth, Stop};
 
@@ -148,35 +147,6 @@ pub struct ListedPage {
 pub struct ListedKey {
     pub name: String,
     pub metadata: Option<Value>,
-}
-
-/// How a status call ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StatusAnswer {
-    /// An answer: its status, Retry-After and skimmed body (2xx only).
-    Http {
-        status: u16,
-        retry_after: Option<String>,
-        body: Option<Result<Skimmed, SkimError>>,
-    },
-    /// No answer within the deadline.
-    Timeout,
-    /// The call could not be made or the connection failed.
-    Network(String),
-}
-
-/// How a GET of the webhook listing ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WebhookAnswer {
-    Http {
-        status: u16,
-        body: String,
-        retry_after: Option<String>,
-    },
-    /// A 2xx whose body ran past `cap` bytes: refused as it streamed, read no further.
-    TooLarge { cap: usize },
-    /// A timeout or a network error.
-    Unanswered,
 }
 
 /// One pass; see the module documentation.
