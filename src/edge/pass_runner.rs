@@ -27,7 +27,6 @@ use crate::reconciliation::pass::{
     Fanout, Intent, Limits, ListedKey, ListedPage, Pass, PassLog, PassReport, PollJob, QueuedJob,
 };
 
-use crate::edge::error::EdgeError;
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
 use crate::edge::objects::lease_object::{LEASE_BINDING, LEASE_NAME};
 use crate::edge::outbound::fetch::post_alert;
@@ -35,6 +34,7 @@ use crate::edge::outbound::ledger_kv::KV_BINDING;
 use crate::edge::outbound::status_api;
 use crate::edge::runtime::{log, now_ms, random_unit};
 use crate::operation::ledger::open_key;
+use crate::refusal::Refusal;
 
 /// The fan-out queue's producer binding; without it every pass polls by itself.
 pub const QUEUE_BINDING: &str = "RECONCILE_QUEUE";
@@ -280,8 +280,8 @@ async fn list_page(
     kv: Option<&KvStore>,
     prefix: &str,
     cursor: Option<String>,
-) -> Result<ListedPage, EdgeError> {
-    let kv = kv.ok_or_else(|| EdgeError::Unavailable(format!("{KV_BINDING}: not bound")))?;
+) -> Result<ListedPage, Refusal> {
+    let kv = kv.ok_or_else(|| Refusal::Unavailable(format!("{KV_BINDING}: not bound")))?;
     let page = crate::edge::outbound::ledger_kv::list_page(kv, prefix, cursor).await?;
     Ok(ListedPage {
         keys: page
@@ -297,6 +297,6 @@ async fn list_page(
     })
 }
 
-async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, EdgeError> {
+async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, Refusal> {
     post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
 }

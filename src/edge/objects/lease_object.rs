@@ -27,9 +27,9 @@ use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result
 use crate::inbound::stranger::{alert_body, AlertLimits, StrangerTally};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::Lease;
+use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::error::EdgeError;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log};
 
@@ -82,7 +82,7 @@ impl DurableObject for ReconcileLease {
         let command: LeaseCommand = match req.json().await {
             Ok(c) => c,
             Err(e) => {
-                return EdgeError::BadRequest(format!("bad lease command: {e}")).into_response()
+                return Refusal::BadRequest(format!("bad lease command: {e}")).into_response()
             }
         };
         let now = Date::now().as_millis() as i64;
@@ -93,7 +93,7 @@ impl DurableObject for ReconcileLease {
         match self.lease_command(command, now)? {
             Some(reply) => Response::from_json(&reply),
             // Answered above, before the lease is read.
-            None => EdgeError::BadRequest("a tally command".into()).into_response(),
+            None => Refusal::BadRequest("a tally command".into()).into_response(),
         }
     }
 

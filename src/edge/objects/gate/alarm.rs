@@ -17,10 +17,10 @@ use crate::operation::effect::{build_request, outcome};
 use crate::operation::gate::Step;
 use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
+use crate::refusal::Refusal;
 use crate::retry::Answer;
 use crate::telemetry::counters;
 
-use crate::edge::error::EdgeError;
 use crate::edge::objects::gate::commit::{commit, limits, Alarm};
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::stats_shard;
@@ -220,12 +220,12 @@ impl<'a> Run<'a> {
             self.storage.meter().add(|u| u.kv_writes += writes);
             Some(match self.env.kv(KV_BINDING) {
                 Ok(kv) => write_projection(&kv, p, *index).await,
-                Err(e) => Err(EdgeError::from(e)),
+                Err(e) => Err(Refusal::from(e)),
             })
         };
         let (flushed, written) = futures_util::join!(flush, write);
         let text =
-            |r: Option<std::result::Result<(), EdgeError>>| r.map(|r| r.map_err(|e| e.to_string()));
+            |r: Option<std::result::Result<(), Refusal>>| r.map(|r| r.map_err(|e| e.to_string()));
         let current = self.storage.load()?.unwrap_or(op);
         let step = alarm::upkeep_done(
             current.clone(),
