@@ -303,18 +303,6 @@ impl Tokens {
     }
 }
 
-/// What a 403 says: whose token it was and the scope the request needs.
-pub fn refusal(scope: Scope, needs: Scope) -> String {
-    let needs = match needs {
-        Scope::Admin => "an admin token".to_string(),
-        other => format!("a {} token (or an admin token)", other.as_str()),
-    };
-    format!(
-        "forbidden: a {} token may not do this; it needs {needs}",
-        scope.as_str()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -539,18 +527,6 @@ mod tests {
         assert_eq!(
             serde_json::to_value(caller.actor()).unwrap(),
             serde_json::json!({"scope": "read", "fingerprint": fingerprint(READ)})
-        );
-    }
-
-    #[test]
-    fn a_refusal_names_the_scope_it_needs() {
-        assert_eq!(
-            refusal(Scope::Read, Scope::Admin),
-            "forbidden: a read token may not do this; it needs an admin token"
-        );
-        assert_eq!(
-            refusal(Scope::Register, Scope::Read),
-            "forbidden: a register token may not do this; it needs a read token (or an admin token)"
         );
     }
 }

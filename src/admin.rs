@@ -12,7 +12,7 @@ use thiserror::Error;
 use crate::operation::key::{normalize, KeyError, OperationKey, MAX_NAME_BYTES};
 use crate::operation::ledger::{LedgerMeta, MAX_META_ERROR_BYTES};
 use crate::operation::lifecycle::Status;
-use crate::reconciliation::reconcile::Resume;
+use crate::reconciliation::lease_state::Resume;
 use crate::timestamp::parse_rfc3339_ms;
 
 /// Longest accepted `kind`.

@@ -36,7 +36,7 @@ use crate::admin::{kept_reason, ListError, ListQuery};
 use crate::operation::gate_protocol::{GateCommand, GateReply, OperatorAction};
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::OperatorRefusal;
-use crate::reconciliation::reconcile::Resume;
+use crate::reconciliation::lease_state::Resume;
 use crate::timestamp::{format_rfc3339, parse_rfc3339_ms};
 
 /// Operations one request acts on by default: with the listing's KV pages this stays inside

@@ -5,7 +5,9 @@
 //! tested on the host by `cargo test`, grouped by capability: [`inbound`] (what arrives),
 //! [`operation`] (one operation's life and its side effect), [`reconciliation`] (finding what
 //! the webhooks missed), [`telemetry`] (what it counts and logs), and the configuration, access
-//! (who may call which admin route) and listing beside them.
+//! (who may call which admin route), listing and the two answers every room shares beside
+//! them: [`retry`] (what a peer answered and whether a retry can help) and [`refusal`] (why
+//! a request is refused, and with what status).
 //! Dependencies run one way: `inbound` and `reconciliation` use `operation`; `operation` uses
 //! only the crate-level helpers and `telemetry`. `edge`
 //! (wasm32 only, so not linked from host docs) is the thin Worker around them. docs/DESIGN.md states the invariants.
@@ -22,6 +24,7 @@ pub mod body_cap;
 pub mod bounds;
 pub mod bulk;
 pub mod config;
+pub mod refusal;
 pub mod retry;
 pub mod signature;
 pub mod timestamp;

@@ -1,10 +1,13 @@
-//! Whether a retry can help: the one classification of every answer the worker gets from a
-//! peer it called (a destination, Gemini's status API, an alert sink, the key-set endpoint).
+//! What an outbound call answered and whether a retry can help: the one answer type
+//! ([`Answer`]) and the one classification ([`Class`]) of every call the worker makes to a peer
+//! (a destination, Gemini's status API and webhook listing, an alert sink, the key-set
+//! endpoint).
 //!
 //! Guarantees: a 2xx is a success; a timeout, a network error, 408, 409, 429 and any 5xx are
-//! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer
-//! is a refusal the peer will repeat, so retrying it is pointless. Every outbound call asks
-//! this one function (through the edge's `Answer::class`), so the rule cannot drift apart.
+//! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer,
+//! and a body wanted whole that ran past its cap, is a refusal the peer will repeat, so
+//! retrying it is pointless. Every caller asks [`Answer::class`] (or [`class_of_status`]), so
+//! the rule cannot drift apart.
 
 /// How an outbound answer ended, for the caller's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +28,54 @@ pub fn class_of_status(status: u16) -> Class {
     }
 }
 
+/// How an outbound call ended. `B` is the body as the call kept it: an excerpt, or a 2xx body
+/// wanted whole (`String`); a status answer's body as the skimmer read it
+/// ([`crate::reconciliation::status::StatusAnswer`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer<B = String> {
+    /// The peer answered: its status, its body as kept, its Retry-After.
+    Http {
+        status: u16,
+        body: B,
+        retry_after: Option<String>,
+    },
+    /// A 2xx body wanted whole ran past `cap` bytes: refused, and read no further.
+    TooLarge { status: u16, cap: usize },
+    /// The deadline passed first; the request was aborted.
+    Timeout,
+    /// The request could not be made or the connection failed.
+    Network(String),
+}
+
+impl<B> Answer<B> {
+    /// Whether a retry can help: a timeout or a network error is worth retrying; an answer is
+    /// classified by its status.
+    pub fn class(&self) -> Class {
+        match self {
+            Answer::Http { status, .. } => class_of_status(*status),
+            // The peer would send the same body again: asking again soon does not help.
+            Answer::TooLarge { .. } => Class::Refused,
+            Answer::Timeout | Answer::Network(_) => Class::Retry,
+        }
+    }
+}
+
+impl Answer {
+    /// The answer in a few words, for logs and records.
+    pub fn summary(&self) -> String {
+        match self {
+            Answer::Http { status, body, .. } => {
+                format!("{status}: {}", body.chars().take(200).collect::<String>())
+            }
+            Answer::TooLarge { status, cap } => {
+                format!("{status}: body over {cap} bytes, refused unread past the cap")
+            }
+            Answer::Timeout => "timeout".to_string(),
+            Answer::Network(e) => format!("network: {e}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,5 +91,37 @@ mod tests {
         for s in [100, 301, 304, 400, 401, 403, 404, 410, 413, 422, 600] {
             assert_eq!(class_of_status(s), Class::Refused, "{s}");
         }
+    }
+
+    #[test]
+    fn an_answer_is_classified_by_its_status_and_no_answer_is_worth_retrying() {
+        let http = |status| Answer::Http {
+            status,
+            body: "x".repeat(300),
+            retry_after: None,
+        };
+        assert_eq!(http(204).class(), Class::Success);
+        assert_eq!(http(503).class(), Class::Retry);
+        assert_eq!(http(400).class(), Class::Refused);
+        let too_large: Answer = Answer::TooLarge {
+            status: 200,
+            cap: 10,
+        };
+        assert_eq!(too_large.class(), Class::Refused);
+        assert_eq!(Answer::<String>::Timeout.class(), Class::Retry);
+        assert_eq!(
+            Answer::<String>::Network("reset".into()).class(),
+            Class::Retry
+        );
+        assert_eq!(http(400).summary(), format!("400: {}", "x".repeat(200)));
+        assert_eq!(
+            too_large.summary(),
+            "200: body over 10 bytes, refused unread past the cap"
+        );
+        assert_eq!(Answer::<String>::Timeout.summary(), "timeout");
+        assert_eq!(
+            Answer::<String>::Network("reset".into()).summary(),
+            "network: reset"
+        );
     }
 }

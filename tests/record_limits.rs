@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 
 use gemini_once::bounds::{self, MAX_BYTES, MAX_DEPTH};
 use gemini_once::inbound::envelope;
-use gemini_once::operation::alarm::{self, ConfirmAnswer};
+use gemini_once::operation::alarm;
 use gemini_once::operation::gate::{self, Limits};
 use gemini_once::operation::gate_protocol::{GateCommand, GateReply};
 use gemini_once::operation::key::Collection;
@@ -140,7 +140,7 @@ fn a_nudge_at_the_limits_gives_a_record_that_reads_back_before_and_after_confirm
             None,
             r#"{"name":"batches/nudge","metadata":{"state":"BATCH_STATE_SUCCEEDED"},"done":true}"#,
         );
-        let op = alarm::confirmed(op, ConfirmAnswer::Answer(answer), 2_000, &LIMITS, 0.5)
+        let op = alarm::confirmed(op, answer, 2_000, &LIMITS, 0.5)
             .record
             .unwrap();
         assert_eq!(op.status(), &Status::Succeeded);

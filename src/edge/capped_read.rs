@@ -16,8 +16,8 @@ use worker::{js_sys, web_sys, Request, Response, ResponseBody};
 
 use crate::body_cap::{declared_over, CappedBody, Read};
 use crate::inbound::classify::Headers;
+use crate::refusal::Refusal;
 
-use crate::edge::error::EdgeError;
 use crate::edge::runtime::js_error;
 
 /// Hands each chunk of `stream` to `take` as it arrives, until the stream ends or `take` says
@@ -71,7 +71,7 @@ pub async fn read_capped(
 
 /// An admin or bulk request's body, under `cap`: 413 at once for a `content-length` over it,
 /// else 413 as soon as the streamed bytes pass it; 400 for a body that cannot be read.
-pub async fn request_body(req: &Request, cap: usize) -> Result<Vec<u8>, EdgeError> {
+pub async fn request_body(req: &Request, cap: usize) -> Result<Vec<u8>, Refusal> {
     let length = req.headers().get("content-length").ok().flatten();
     let declared = Headers {
         content_length: length.as_deref(),
@@ -79,12 +79,12 @@ pub async fn request_body(req: &Request, cap: usize) -> Result<Vec<u8>, EdgeErro
     }
     .declared_length();
     if declared_over(declared, cap) {
-        return Err(EdgeError::TooLarge);
+        return Err(Refusal::TooLarge);
     }
     match read_capped(req.inner(), cap, declared).await {
         Ok(Some(body)) => Ok(body),
-        Ok(None) => Err(EdgeError::TooLarge),
-        Err(e) => Err(EdgeError::BadRequest(format!(
+        Ok(None) => Err(Refusal::TooLarge),
+        Err(e) => Err(Refusal::BadRequest(format!(
             "unreadable body: {}",
             js_error(&e)
         ))),

@@ -1,8 +1,8 @@
 //! The Worker: routes requests, reads the clock and the environment, and hands everything
 //! that decides to the pure core and the OperationGate.
 //!
-//! Guarantees: every failure becomes an `EdgeError` (`error.rs`), mapped to an HTTP status in
-//! exactly one place (`EdgeError::into_response`); the sender never sees internal detail;
+//! Guarantees: every failure becomes a [`crate::refusal::Refusal`], whose status the pure
+//! core decides and `error.rs` answers in one place; the sender never sees internal detail;
 //! missing or malformed configuration answers 503 naming the variable, on every route, so
 //! Gemini keeps retrying while an operator fixes it; every log line is one JSON object and
 //! holds no secret.
@@ -10,19 +10,20 @@
 //! This file is the router and nothing else: the runtime's events and the table of routes.
 //! Nothing in the edge imports from it; what the rooms share lives in modules named for it
 //! (`runtime.rs`: clock, randomness, configuration, log; `objects/call.rs`: calls to a
-//! Durable Object; `error.rs`: the one error; `raw_response.rs`: the runtime's own answers).
+//! Durable Object; `error.rs`: a refusal's response; `raw_response.rs`: the runtime's own
+//! answers).
 
 // Grouped on disk by role: HTTP routes (`http/`), the Durable Objects (`objects/`), calls
 // that leave the worker (`outbound/`), the cron pass; and what every room shares: what the
-// runtime gives (`runtime.rs`), the one error and the answers it becomes (`error.rs`,
-// `raw_response.rs`), and the capped reading of streams from outside.
+// runtime gives (`runtime.rs`), a refusal's response and the runtime's own answers
+// (`error.rs`, `raw_response.rs`), and the capped reading of streams from outside.
 mod capped_read;
 mod error;
 mod http;
 mod objects;
 mod outbound;
+mod pass_runner;
 mod raw_response;
-mod reconcile_pass;
 mod runtime;
 
 pub use objects::gate::OperationGate;
@@ -32,9 +33,9 @@ pub use objects::stats_shard::StatsShard;
 use worker::wasm_bindgen::JsValue;
 use worker::{event, web_sys, Context, Env, Method, Request, Result};
 
+use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
-use error::EdgeError;
 use runtime::{load_config, log, now_ms};
 
 #[event(start)]
@@ -61,7 +62,7 @@ async fn scheduled(_event: worker::ScheduledEvent, env: Env, _ctx: worker::Sched
     // The runtime discards this handler's result: every error is logged here or below.
     match load_config(&env) {
         Ok(config) => {
-            reconcile_pass::run(&env, &config).await;
+            pass_runner::run(&env, &config).await;
         }
         Err(e) => log(WorkerLog::ReconcileError {
             error: format!("configuration: {e}"),
@@ -74,7 +75,7 @@ async fn scheduled(_event: worker::ScheduledEvent, env: Env, _ctx: worker::Sched
 #[event(queue)]
 async fn queue(batch: worker::MessageBatch<JsValue>, env: Env, _ctx: Context) -> Result<()> {
     match load_config(&env) {
-        Ok(config) => reconcile_pass::consume(batch, &env, &config).await,
+        Ok(config) => pass_runner::consume(batch, &env, &config).await,
         Err(e) => {
             log(WorkerLog::ReconcileError {
                 error: format!("configuration: {e}"),
@@ -92,7 +93,7 @@ async fn queue(batch: worker::MessageBatch<JsValue>, env: Env, _ctx: Context) ->
 async fn route(
     req: web_sys::Request,
     env: &Env,
-) -> std::result::Result<web_sys::Response, EdgeError> {
+) -> std::result::Result<web_sys::Response, Refusal> {
     let path = path_of(&req.url());
     let method = Method::from(req.method());
     // Answered before the configuration is read: `/healthz` reads it itself, and the
@@ -100,19 +101,19 @@ async fn route(
     match (path.as_str(), &method) {
         ("/healthz", Method::Get | Method::Head) => return http::health::answer(env),
         ("/dashboard", Method::Get) => return http::dashboard::page(),
-        ("/healthz" | "/dashboard", _) => return Err(EdgeError::MethodNotAllowed),
+        ("/healthz" | "/dashboard", _) => return Err(Refusal::MethodNotAllowed),
         _ => {}
     }
-    let config = load_config(env).map_err(EdgeError::Config)?;
+    let config = load_config(env).map_err(Refusal::Config)?;
     match (path.as_str(), method) {
         ("/webhooks/gemini", Method::Post) => http::webhook::receive(req, env, &config).await,
-        ("/webhooks/gemini", _) => Err(EdgeError::MethodNotAllowed),
+        ("/webhooks/gemini", _) => Err(Refusal::MethodNotAllowed),
         (p, m) if p.starts_with("/v1/") => {
             http::admin_api::handle(Request::from(req), m, env, &config)
                 .await
                 .map(web_sys::Response::from)
         }
-        _ => Err(EdgeError::NotFound),
+        _ => Err(Refusal::NotFound),
     }
 }
 

@@ -2,7 +2,8 @@
 //! its headers, its body, the time and the configuration.
 //!
 //! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): every trust decision about a delivery
-//! is made here, and every refusal is a [`Refusal`] with its logged reason and its HTTP answer.
+//! is made here, and every delivery turned away is a [`Rejection`]: its logged reason, and the
+//! [`Reply`] it gets (a [`Refusal`], whose status is decided in one place).
 //! The decision runs in the order the route can afford it: [`screen`] refuses from the headers
 //! alone (a declared oversized body, then the signature headers: for HMAC the id and the
 //! timestamp window of [`crate::signature`]; for a JWT whether dynamic webhooks are on, the
@@ -24,6 +25,7 @@ use crate::operation::details::{UNVERIFIED_USER_METADATA, USER_METADATA};
 use crate::operation::key::{normalize, KeyError, OperationKey};
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::OpEvent;
+use crate::refusal::Refusal;
 use crate::signature::{
     check_headers, check_timestamp, looks_like_jwt, CheckedHeaders, Secret, SignatureError,
     SignedHeaders,
@@ -100,40 +102,12 @@ pub enum Outcome {
     /// A proven body that cannot be used: kept as a dead letter under `reason` (if it cannot
     /// be kept the answer is 503), then answered `reply`.
     DeadLetter { reason: &'static str, reply: Reply },
-    /// Refused: counted and logged as `rejected`, answered as [`Refusal::reply`] says.
-    Refused(Refusal),
+    /// Rejected: counted and logged as `rejected`, answered as [`Rejection::reply`] says.
+    Rejected(Rejection),
 }
 
-/// How the route answers (the edge maps each to its HTTP response).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reply {
-    /// 401, no detail.
-    Unauthorized,
-    /// 413.
-    TooLarge,
-    /// 400 with this text.
-    BadRequest(String),
-    /// 503 with `Retry-After`.
-    RetryAfter(u32),
-    /// 503: what the delivery means could not be made durable (a gate or KV call failed);
-    /// the text is logged, the sender sees only "retry".
-    Unavailable(String),
-    /// 200 with this body.
-    Answered(Answer),
-}
-
-impl Reply {
-    /// The HTTP status of this answer.
-    pub fn status(&self) -> u16 {
-        match self {
-            Reply::Unauthorized => 401,
-            Reply::TooLarge => 413,
-            Reply::BadRequest(_) => 400,
-            Reply::RetryAfter(_) | Reply::Unavailable(_) => 503,
-            Reply::Answered(_) => 200,
-        }
-    }
-}
+/// How the route answers a delivery: 200 with this body, or a [`Refusal`].
+pub type Reply = Result<Answer, Refusal>;
 
 /// How large a refused body was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,10 +118,10 @@ pub enum Oversize {
     Streamed { cap: usize },
 }
 
-/// Why a delivery was refused. [`Refusal::reason`] is the `rejected` line's reason and the
+/// Why a delivery was refused. [`Rejection::reason`] is the `rejected` line's reason and the
 /// `rejected_<reason>` counter's suffix; a contract read by tests and operators.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Refusal {
+pub enum Rejection {
     /// 413 `body_too_large`.
     BodyTooLarge(Oversize),
     /// 401: the Standard Webhooks headers or HMAC (`missing_webhook_id`, `timestamp_too_old`,
@@ -179,34 +153,34 @@ pub enum Refusal {
     },
 }
 
-impl Refusal {
+impl Rejection {
     /// The logged and counted reason.
     pub fn reason(&self) -> &'static str {
         match self {
-            Refusal::BodyTooLarge(_) => "body_too_large",
-            Refusal::Signature(e) => e.label(),
-            Refusal::DynamicWebhooksDisabled => "dynamic_webhooks_disabled",
-            Refusal::TokenTimestampOutOfTolerance => "timestamp_out_of_tolerance",
-            Refusal::Token(e) => e.label(),
-            Refusal::KeysUnavailable { .. } => JwtError::KeysUnavailable.label(),
-            Refusal::NudgeNotEnvelope { .. } => "jwt_body_not_envelope",
-            Refusal::NudgeUnknownType { .. } => "jwt_unknown_event_type",
-            Refusal::NudgeBadOperationId { .. } => "jwt_bad_operation_id",
+            Rejection::BodyTooLarge(_) => "body_too_large",
+            Rejection::Signature(e) => e.label(),
+            Rejection::DynamicWebhooksDisabled => "dynamic_webhooks_disabled",
+            Rejection::TokenTimestampOutOfTolerance => "timestamp_out_of_tolerance",
+            Rejection::Token(e) => e.label(),
+            Rejection::KeysUnavailable { .. } => JwtError::KeysUnavailable.label(),
+            Rejection::NudgeNotEnvelope { .. } => "jwt_body_not_envelope",
+            Rejection::NudgeUnknownType { .. } => "jwt_unknown_event_type",
+            Rejection::NudgeBadOperationId { .. } => "jwt_bad_operation_id",
         }
     }
 
     /// How the sender is answered.
     pub fn reply(&self) -> Reply {
         match self {
-            Refusal::BodyTooLarge(_) => Reply::TooLarge,
-            Refusal::Signature(_)
-            | Refusal::DynamicWebhooksDisabled
-            | Refusal::TokenTimestampOutOfTolerance
-            | Refusal::Token(_) => Reply::Unauthorized,
-            Refusal::KeysUnavailable { retry_after } => Reply::RetryAfter(*retry_after),
-            Refusal::NudgeNotEnvelope { problem, .. } => not_envelope(problem),
-            Refusal::NudgeUnknownType { event_type, .. } => unknown_type(event_type),
-            Refusal::NudgeBadOperationId { problem, .. } => bad_operation_id(problem),
+            Rejection::BodyTooLarge(_) => Err(Refusal::TooLarge),
+            Rejection::Signature(_)
+            | Rejection::DynamicWebhooksDisabled
+            | Rejection::TokenTimestampOutOfTolerance
+            | Rejection::Token(_) => Err(Refusal::Unauthorized),
+            Rejection::KeysUnavailable { retry_after } => Err(Refusal::RetryLater(*retry_after)),
+            Rejection::NudgeNotEnvelope { problem, .. } => not_envelope(problem),
+            Rejection::NudgeUnknownType { event_type, .. } => unknown_type(event_type),
+            Rejection::NudgeBadOperationId { problem, .. } => bad_operation_id(problem),
         }
     }
 
@@ -223,28 +197,28 @@ impl Refusal {
         } = &mut line
         {
             match self {
-                Refusal::BodyTooLarge(Oversize::Declared(n)) => *bytes = Some(Bytes::Count(*n)),
-                Refusal::BodyTooLarge(Oversize::Streamed { cap }) => {
+                Rejection::BodyTooLarge(Oversize::Declared(n)) => *bytes = Some(Bytes::Count(*n)),
+                Rejection::BodyTooLarge(Oversize::Streamed { cap }) => {
                     *bytes = Some(Bytes::Over(format!("> {cap}")))
                 }
-                Refusal::KeysUnavailable { retry_after: secs } => {
+                Rejection::KeysUnavailable { retry_after: secs } => {
                     *retry_after = Some(i64::from(*secs))
                 }
-                Refusal::NudgeNotEnvelope {
+                Rejection::NudgeNotEnvelope {
                     problem: p,
                     delivery_id: d,
                 } => {
                     *problem = Some(p.label());
                     *delivery_id = Some(d.clone());
                 }
-                Refusal::NudgeUnknownType {
+                Rejection::NudgeUnknownType {
                     event_type: t,
                     delivery_id: d,
                 } => {
                     *event_type = Some(t.clone());
                     *delivery_id = Some(d.clone());
                 }
-                Refusal::NudgeBadOperationId { delivery_id: d, .. } => {
+                Rejection::NudgeBadOperationId { delivery_id: d, .. } => {
                     *delivery_id = Some(d.clone())
                 }
                 _ => {}
@@ -255,17 +229,17 @@ impl Refusal {
 }
 
 fn not_envelope(e: &EnvelopeError) -> Reply {
-    Reply::BadRequest(format!("not a Gemini envelope: {e}"))
+    Err(Refusal::BadRequest(format!("not a Gemini envelope: {e}")))
 }
 
 fn unknown_type(event_type: &str) -> Reply {
-    Reply::Answered(Answer::IgnoredUnknownType {
+    Ok(Answer::IgnoredUnknownType {
         event_type: event_type.to_string(),
     })
 }
 
 fn bad_operation_id(e: &KeyError) -> Reply {
-    Reply::BadRequest(format!("data.id: {e}"))
+    Err(Refusal::BadRequest(format!("data.id: {e}")))
 }
 
 /// What the headers alone decide, at `now_ms`: a declared body over the cap (413), then the
@@ -275,24 +249,24 @@ pub fn screen<'a>(
     headers: &Headers<'a>,
     now_ms: i64,
     policy: &Policy<'_>,
-) -> Result<Screened<'a>, Refusal> {
+) -> Result<Screened<'a>, Rejection> {
     if let Some(n) = headers
         .declared_length()
         .filter(|n| *n > policy.max_body_bytes)
     {
-        return Err(Refusal::BodyTooLarge(Oversize::Declared(n)));
+        return Err(Rejection::BodyTooLarge(Oversize::Declared(n)));
     }
     let now_secs = now_ms.div_euclid(1_000);
     if let Some(token) = headers.signature.filter(|s| looks_like_jwt(s)) {
         if !policy.dynamic_webhooks {
-            return Err(Refusal::DynamicWebhooksDisabled);
+            return Err(Rejection::DynamicWebhooksDisabled);
         }
         // The timestamp is optional for a token (its claims carry time); when sent, the
         // same window as for an HMAC applies.
         if let Some(t) = headers.timestamp {
             check_timestamp(t, now_secs, policy.tolerance_secs).map_err(|e| match e {
-                SignatureError::BadTimestamp => Refusal::Signature(e),
-                _ => Refusal::TokenTimestampOutOfTolerance,
+                SignatureError::BadTimestamp => Rejection::Signature(e),
+                _ => Rejection::TokenTimestampOutOfTolerance,
             })?;
         }
         return match jwt::parse(token) {
@@ -300,7 +274,7 @@ pub fn screen<'a>(
                 token: parsed,
                 token_hash: token_hash(token),
             }),
-            Err(e) => Err(Refusal::Token(e)),
+            Err(e) => Err(Rejection::Token(e)),
         };
     }
     let signed = SignedHeaders {
@@ -310,7 +284,7 @@ pub fn screen<'a>(
     };
     check_headers(signed, now_secs, policy.tolerance_secs)
         .map(Screened::Hmac)
-        .map_err(Refusal::Signature)
+        .map_err(Rejection::Signature)
 }
 
 /// A token whose RS256 signature the edge found valid: its claims decide, at `now_ms`.
@@ -319,9 +293,9 @@ pub fn vouch(
     token_hash: String,
     now_ms: i64,
     policy: &Policy<'_>,
-) -> Result<Proof<'static>, Refusal> {
+) -> Result<Proof<'static>, Rejection> {
     jwt::check_claims(&token.claims, now_ms.div_euclid(1_000), policy.audience)
-        .map_err(Refusal::Token)?;
+        .map_err(Rejection::Token)?;
     Ok(Proof::Jwt {
         claims: token.claims,
         token_hash,
@@ -343,7 +317,7 @@ fn token_hash(token: &str) -> String {
 pub fn classify(proof: Proof<'_>, body: &[u8], delivery_id: &str, policy: &Policy<'_>) -> Outcome {
     match proof {
         Proof::Hmac(checked) => match checked.verify(body, policy.secrets) {
-            Err(e) => Outcome::Refused(Refusal::Signature(e)),
+            Err(e) => Outcome::Rejected(Rejection::Signature(e)),
             Ok(()) => signed(body, delivery_id),
         },
         Proof::Jwt { claims, token_hash } => nudge(body, claims, token_hash),
@@ -396,20 +370,20 @@ fn nudge(body: &[u8], claims: Map<String, Value>, delivery_id: String) -> Outcom
     let envelope = match parse(body) {
         Ok(e) => e,
         Err(problem) => {
-            return Outcome::Refused(Refusal::NudgeNotEnvelope {
+            return Outcome::Rejected(Rejection::NudgeNotEnvelope {
                 problem,
                 delivery_id,
             })
         }
     };
     let Some((claimed, key)) = usable(&envelope) else {
-        return Outcome::Refused(Refusal::NudgeUnknownType {
+        return Outcome::Rejected(Rejection::NudgeUnknownType {
             event_type: envelope.event_type,
             delivery_id,
         });
     };
     match key {
-        Err(problem) => Outcome::Refused(Refusal::NudgeBadOperationId {
+        Err(problem) => Outcome::Rejected(Rejection::NudgeBadOperationId {
             problem,
             delivery_id,
         }),
@@ -464,12 +438,19 @@ pub(crate) mod fixtures {
     use base64::Engine;
     use serde_json::Value;
 
+    use super::Reply;
+    use crate::refusal::Refusal;
     use crate::signature::Secret;
 
     pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     pub(crate) const NOW_MS: i64 = 1_700_000_000_000;
     pub(crate) const NOW: i64 = NOW_MS / 1_000;
     pub(crate) const BODY: &[u8] = br#"{"type":"batch.succeeded","data":{"id":"batches/b1"}}"#;
+
+    /// The HTTP status of a reply.
+    pub(crate) fn status(reply: &Reply) -> u16 {
+        reply.as_ref().map_or_else(Refusal::status, |_| 200)
+    }
 
     pub(crate) fn secrets() -> Vec<Secret> {
         vec![Secret::parse(SECRET).unwrap()]
@@ -489,7 +470,7 @@ pub(crate) mod fixtures {
 
 #[cfg(test)]
 mod tests {
-    use super::fixtures::{secrets, token, BODY, NOW, NOW_MS, SECRET};
+    use super::fixtures::{secrets, status, token, BODY, NOW, NOW_MS, SECRET};
     use super::*;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use base64::Engine;
@@ -513,13 +494,13 @@ mod tests {
         json!({"exp": NOW + 600, "iat": NOW - 5, "aud": "https://hooks.example"})
     }
 
-    fn refusal<T: std::fmt::Debug>(r: Result<T, Refusal>) -> (&'static str, u16) {
+    fn refusal<T: std::fmt::Debug>(r: Result<T, Rejection>) -> (&'static str, u16) {
         let e = r.unwrap_err();
-        (e.reason(), e.reply().status())
+        (e.reason(), status(&e.reply()))
     }
 
     /// Screens HMAC headers (with `msg_1` as id) sent at `ts` with `signature`.
-    fn screen_hmac(ts: &str, signature: &str) -> Result<Screened<'static>, Refusal> {
+    fn screen_hmac(ts: &str, signature: &str) -> Result<Screened<'static>, Rejection> {
         let (ts, signature): (&'static str, &'static str) = (
             Box::leak(ts.to_string().into_boxed_str()),
             Box::leak(signature.to_string().into_boxed_str()),
@@ -539,7 +520,7 @@ mod tests {
         token: &str,
         ts: Option<&str>,
         p: &Policy<'_>,
-    ) -> Result<Proof<'static>, Refusal> {
+    ) -> Result<Proof<'static>, Rejection> {
         let headers = Headers {
             timestamp: ts,
             signature: Some(token),
@@ -578,95 +559,99 @@ mod tests {
         let id = || "jwt_1".to_string();
         let table = [
             (
-                Refusal::BodyTooLarge(Oversize::Declared(2)),
+                Rejection::BodyTooLarge(Oversize::Declared(2)),
                 "body_too_large",
                 413,
             ),
             (
-                Refusal::Signature(SignatureError::MissingHeader("webhook-id")),
+                Rejection::Signature(SignatureError::MissingHeader("webhook-id")),
                 "missing_webhook_id",
                 401,
             ),
             (
-                Refusal::Signature(SignatureError::MissingHeader("webhook-timestamp")),
+                Rejection::Signature(SignatureError::MissingHeader("webhook-timestamp")),
                 "missing_webhook_timestamp",
                 401,
             ),
             (
-                Refusal::Signature(SignatureError::MissingHeader("webhook-signature")),
+                Rejection::Signature(SignatureError::MissingHeader("webhook-signature")),
                 "missing_webhook_signature",
                 401,
             ),
             (
-                Refusal::Signature(SignatureError::BadTimestamp),
+                Rejection::Signature(SignatureError::BadTimestamp),
                 "bad_timestamp",
                 401,
             ),
             (
-                Refusal::Signature(SignatureError::TooOld),
+                Rejection::Signature(SignatureError::TooOld),
                 "timestamp_too_old",
                 401,
             ),
             (
-                Refusal::Signature(SignatureError::TooNew),
+                Rejection::Signature(SignatureError::TooNew),
                 "timestamp_too_new",
                 401,
             ),
             (
-                Refusal::Signature(SignatureError::NoV1Entry),
+                Rejection::Signature(SignatureError::NoV1Entry),
                 "no_v1_signature",
                 401,
             ),
             (
-                Refusal::Signature(SignatureError::Invalid),
+                Rejection::Signature(SignatureError::Invalid),
                 "signature_invalid",
                 401,
             ),
             (
-                Refusal::Signature(SignatureError::JwtUnsupported),
+                Rejection::Signature(SignatureError::JwtUnsupported),
                 "jwt_unsupported",
                 401,
             ),
             (
-                Refusal::DynamicWebhooksDisabled,
+                Rejection::DynamicWebhooksDisabled,
                 "dynamic_webhooks_disabled",
                 401,
             ),
             (
-                Refusal::TokenTimestampOutOfTolerance,
+                Rejection::TokenTimestampOutOfTolerance,
                 "timestamp_out_of_tolerance",
                 401,
             ),
-            (Refusal::Token(JwtError::Shape), "jwt_shape", 401),
-            (Refusal::Token(JwtError::Base64), "jwt_base64", 401),
-            (Refusal::Token(JwtError::Json), "jwt_json", 401),
-            (Refusal::Token(JwtError::Alg), "jwt_alg", 401),
-            (Refusal::Token(JwtError::Kid), "jwt_missing_kid", 401),
-            (Refusal::Token(JwtError::UnknownKid), "jwt_unknown_kid", 401),
-            (Refusal::Token(JwtError::Expired), "jwt_expired", 401),
+            (Rejection::Token(JwtError::Shape), "jwt_shape", 401),
+            (Rejection::Token(JwtError::Base64), "jwt_base64", 401),
+            (Rejection::Token(JwtError::Json), "jwt_json", 401),
+            (Rejection::Token(JwtError::Alg), "jwt_alg", 401),
+            (Rejection::Token(JwtError::Kid), "jwt_missing_kid", 401),
             (
-                Refusal::Token(JwtError::NotYetValid),
+                Rejection::Token(JwtError::UnknownKid),
+                "jwt_unknown_kid",
+                401,
+            ),
+            (Rejection::Token(JwtError::Expired), "jwt_expired", 401),
+            (
+                Rejection::Token(JwtError::NotYetValid),
                 "jwt_not_yet_valid",
                 401,
             ),
-            (Refusal::Token(JwtError::Audience), "jwt_audience", 401),
+            (Rejection::Token(JwtError::Audience), "jwt_audience", 401),
             (
-                Refusal::Token(JwtError::Signature),
+                Rejection::Token(JwtError::Signature),
                 "jwt_signature_invalid",
                 401,
             ),
             (
-                Refusal::Token(JwtError::KeysUnavailable),
+                Rejection::Token(JwtError::KeysUnavailable),
                 "jwt_keys_unavailable",
                 401,
             ),
             (
-                Refusal::KeysUnavailable { retry_after: 5 },
+                Rejection::KeysUnavailable { retry_after: 5 },
                 "jwt_keys_unavailable",
                 503,
             ),
             (
-                Refusal::NudgeNotEnvelope {
+                Rejection::NudgeNotEnvelope {
                     problem: EnvelopeError::NotJson,
                     delivery_id: id(),
                 },
@@ -674,7 +659,7 @@ mod tests {
                 400,
             ),
             (
-                Refusal::NudgeUnknownType {
+                Rejection::NudgeUnknownType {
                     event_type: "x".into(),
                     delivery_id: id(),
                 },
@@ -682,7 +667,7 @@ mod tests {
                 200,
             ),
             (
-                Refusal::NudgeBadOperationId {
+                Rejection::NudgeBadOperationId {
                     problem: KeyError::Empty,
                     delivery_id: id(),
                 },
@@ -690,11 +675,8 @@ mod tests {
                 400,
             ),
         ];
-        for (refusal, reason, status) in table {
-            assert_eq!(
-                (refusal.reason(), refusal.reply().status()),
-                (reason, status)
-            );
+        for (refusal, reason, code) in table {
+            assert_eq!((refusal.reason(), status(&refusal.reply())), (reason, code));
             let line = refusal.log_line().to_value();
             assert_eq!(
                 (line["event"].as_str(), line["reason"].as_str()),
@@ -712,7 +694,7 @@ mod tests {
             ..Headers::default()
         };
         let e = screen(&headers, NOW_MS, &policy(&[])).unwrap_err();
-        assert_eq!((e.reason(), e.reply().status()), ("body_too_large", 413));
+        assert_eq!((e.reason(), status(&e.reply())), ("body_too_large", 413));
         assert_eq!(
             e.log_line().to_value(),
             json!({"event": "rejected", "reason": "body_too_large", "bytes": 1001})
@@ -730,8 +712,8 @@ mod tests {
 
     #[test]
     fn a_body_that_streams_past_the_cap_is_413() {
-        let e = Refusal::BodyTooLarge(Oversize::Streamed { cap: 1_000 });
-        assert_eq!((e.reason(), e.reply().status()), ("body_too_large", 413));
+        let e = Rejection::BodyTooLarge(Oversize::Streamed { cap: 1_000 });
+        assert_eq!((e.reason(), status(&e.reply())), ("body_too_large", 413));
         assert_eq!(
             e.log_line().to_value(),
             json!({"event": "rejected", "reason": "body_too_large", "bytes": "> 1000"})
@@ -826,10 +808,11 @@ mod tests {
         let Ok(Screened::Hmac(checked)) = screen(&headers, NOW_MS, &policy(&s)) else {
             panic!()
         };
-        let Outcome::Refused(e) = classify(Proof::Hmac(checked), BODY, "msg_1", &policy(&s)) else {
+        let Outcome::Rejected(e) = classify(Proof::Hmac(checked), BODY, "msg_1", &policy(&s))
+        else {
             panic!("not refused")
         };
-        assert_eq!((e.reason(), e.reply().status()), ("signature_invalid", 401));
+        assert_eq!((e.reason(), status(&e.reply())), ("signature_invalid", 401));
     }
 
     #[test]
@@ -840,11 +823,11 @@ mod tests {
         };
         assert_eq!(event_type, "webhook.ping");
         // Signed only by a token, it proves nothing: an unknown type, refused and not kept.
-        let Outcome::Refused(e) = nudge_outcome(good_claims(), ping) else {
+        let Outcome::Rejected(e) = nudge_outcome(good_claims(), ping) else {
             panic!()
         };
         assert_eq!(
-            (e.reason(), e.reply().status()),
+            (e.reason(), status(&e.reply())),
             ("jwt_unknown_event_type", 200)
         );
     }
@@ -855,14 +838,16 @@ mod tests {
             hmac_outcome(b"not json"),
             Outcome::DeadLetter {
                 reason: "not_json",
-                reply: Reply::BadRequest("not a Gemini envelope: body is not JSON".into())
+                reply: Err(Refusal::BadRequest(
+                    "not a Gemini envelope: body is not JSON".into()
+                ))
             }
         );
         assert_eq!(
             hmac_outcome(br#"{"type":"batch.paused","data":{"id":"batches/b1"}}"#),
             Outcome::DeadLetter {
                 reason: "unknown_event_type",
-                reply: Reply::Answered(Answer::IgnoredUnknownType {
+                reply: Ok(Answer::IgnoredUnknownType {
                     event_type: "batch.paused".into()
                 })
             }
@@ -873,8 +858,8 @@ mod tests {
             panic!()
         };
         assert_eq!(reason, "bad_operation_id");
-        assert_eq!(reply.status(), 400);
-        assert!(matches!(reply, Reply::BadRequest(t) if t.starts_with("data.id: ")));
+        assert_eq!(status(&reply), 400);
+        assert!(matches!(reply, Err(Refusal::BadRequest(t)) if t.starts_with("data.id: ")));
     }
 
     // Tokens.
@@ -989,20 +974,20 @@ mod tests {
 
     #[test]
     fn keys_that_cannot_be_refreshed_are_503_with_retry_after() {
-        let e = Refusal::KeysUnavailable { retry_after: 5 };
+        let e = Rejection::KeysUnavailable { retry_after: 5 };
         assert_eq!(e.reason(), "jwt_keys_unavailable");
-        assert_eq!(e.reply(), Reply::RetryAfter(5));
+        assert_eq!(e.reply(), Err(Refusal::RetryLater(5)));
         assert_eq!(
             e.log_line().to_value(),
             json!({"event": "rejected", "reason": "jwt_keys_unavailable", "retry_after": 5})
         );
         assert_eq!(
-            Refusal::Token(JwtError::Signature).reason(),
+            Rejection::Token(JwtError::Signature).reason(),
             "jwt_signature_invalid"
         );
         assert_eq!(
-            Refusal::Token(JwtError::UnknownKid).reply(),
-            Reply::Unauthorized
+            Rejection::Token(JwtError::UnknownKid).reply(),
+            Err(Refusal::Unauthorized)
         );
     }
 
@@ -1045,11 +1030,11 @@ mod tests {
 
     #[test]
     fn unusable_nudge_bodies_are_refused_never_kept() {
-        let Outcome::Refused(e) = nudge_outcome(good_claims(), b"[1]") else {
+        let Outcome::Rejected(e) = nudge_outcome(good_claims(), b"[1]") else {
             panic!()
         };
         assert_eq!(
-            (e.reason(), e.reply().status()),
+            (e.reason(), status(&e.reply())),
             ("jwt_body_not_envelope", 400)
         );
         let line = e.log_line().to_value();
@@ -1057,21 +1042,21 @@ mod tests {
         assert!(line["delivery_id"].as_str().unwrap().starts_with("jwt_"));
 
         let unknown = br#"{"type":"batch.paused","data":{"id":"b1"}}"#;
-        let Outcome::Refused(e) = nudge_outcome(good_claims(), unknown) else {
+        let Outcome::Rejected(e) = nudge_outcome(good_claims(), unknown) else {
             panic!()
         };
         assert_eq!(
-            (e.reason(), e.reply().status()),
+            (e.reason(), status(&e.reply())),
             ("jwt_unknown_event_type", 200)
         );
         assert_eq!(e.log_line().to_value()["type"], "batch.paused");
 
         let bad_id = br#"{"type":"batch.succeeded","data":{"id":"batches/a b"}}"#;
-        let Outcome::Refused(e) = nudge_outcome(good_claims(), bad_id) else {
+        let Outcome::Rejected(e) = nudge_outcome(good_claims(), bad_id) else {
             panic!()
         };
         assert_eq!(
-            (e.reason(), e.reply().status()),
+            (e.reason(), status(&e.reply())),
             ("jwt_bad_operation_id", 400)
         );
     }

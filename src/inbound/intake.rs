@@ -8,7 +8,7 @@
 //! this isolate remembers; a nudge the gate does not hold costs one tally call and nothing
 //! outside the worker; a proven body that cannot be used is kept as a dead letter, else
 //! answered 503 so Gemini retries. Every delivery ends in one [`Finished`]: its [`Reply`]
-//! (the one type from a [`Refusal`] to the HTTP answer), the counters it adds, its log line,
+//! (a 200 with its body, or a [`crate::refusal::Refusal`]), the counters it adds, its log line,
 //! and what this isolate may remember. The edge (`src/edge/http/webhook/`) only performs the
 //! steps. Time is a parameter.
 
@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::inbound::answer::{Answer, TerminalMemory};
 use crate::inbound::classify::{
-    classify, screen, vouch, Headers, Outcome, Oversize, Policy, Proof, Refusal, Reply, Screened,
+    classify, screen, vouch, Headers, Outcome, Oversize, Policy, Proof, Rejection, Reply, Screened,
 };
 use crate::inbound::jwt::Token;
 use crate::inbound::route_log::{Handled, RouteLog};
@@ -24,6 +24,7 @@ use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::operation::key::OperationKey;
 use crate::operation::ledger::dead_key;
 use crate::operation::lifecycle::Status;
+use crate::refusal::Refusal;
 use crate::telemetry::counters;
 use crate::timestamp::format_rfc3339;
 
@@ -84,7 +85,7 @@ impl Finished {
         }
     }
 
-    fn refused(refusal: Refusal) -> Finished {
+    fn refused(refusal: Rejection) -> Finished {
         Finished {
             rejected: Some(refusal.reason()),
             line: Some(refusal.log_line()),
@@ -95,7 +96,7 @@ impl Finished {
     fn answered(answer: Answer, line: Option<RouteLog>) -> Finished {
         Finished {
             line,
-            ..Finished::reply(Reply::Answered(answer))
+            ..Finished::reply(Ok(answer))
         }
     }
 }
@@ -173,7 +174,7 @@ impl<'a> Intake<'a> {
     }
 
     /// The token's signature was checked (at `now_ms`): its claims decide next.
-    pub fn signature_checked(&mut self, checked: Result<(), Refusal>, now_ms: i64) -> Need {
+    pub fn signature_checked(&mut self, checked: Result<(), Rejection>, now_ms: i64) -> Need {
         let Stage::Signature { token, token_hash } =
             std::mem::replace(&mut self.stage, Stage::Over)
         else {
@@ -192,21 +193,21 @@ impl<'a> Intake<'a> {
         };
         let Some(body) = body else {
             let cap = self.policy.max_body_bytes;
-            return self.finish(Finished::refused(Refusal::BodyTooLarge(
+            return self.finish(Finished::refused(Rejection::BodyTooLarge(
                 Oversize::Streamed { cap },
             )));
         };
         self.body = body;
         let delivery_id = self.delivery_id();
         match classify(proof, &self.body, &delivery_id, &self.policy) {
-            Outcome::Refused(refusal) => self.finish(Finished::refused(refusal)),
+            Outcome::Rejected(refusal) => self.finish(Finished::refused(refusal)),
             Outcome::Ping { event_type } => self.finish(Finished {
                 counts: vec![counters::PINGS],
                 line: Some(RouteLog::Ping {
                     event_type: event_type.clone(),
                     webhook_id: delivery_id,
                 }),
-                ..Finished::reply(Reply::Answered(Answer::Pong { event_type }))
+                ..Finished::reply(Ok(Answer::Pong { event_type }))
             }),
             Outcome::DeadLetter { reason, reply } => {
                 let key = dead_key(&delivery_id);
@@ -309,7 +310,7 @@ impl<'a> Intake<'a> {
         };
         let reply = match reply {
             Ok(reply) => reply,
-            Err(why) => return self.finish(Finished::reply(Reply::Unavailable(why))),
+            Err(why) => return self.finish(Finished::reply(Err(Refusal::Unavailable(why)))),
         };
         if nudge && reply == GateReply::Unregistered {
             // Not held: nothing was stored and nothing is asked; the tally may raise the
@@ -318,9 +319,9 @@ impl<'a> Intake<'a> {
             return Need::Tally;
         }
         let Some(answer) = Answer::from_gate(&key, &reply) else {
-            return self.finish(Finished::reply(Reply::Unavailable(format!(
+            return self.finish(Finished::reply(Err(Refusal::Unavailable(format!(
                 "unexpected gate reply {reply:?}"
-            ))));
+            )))));
         };
         let line = RouteLog::handled(Handled {
             answer: answer.clone(),
@@ -380,7 +381,7 @@ impl<'a> Intake<'a> {
                 }),
                 ..Finished::reply(reply)
             }),
-            Err(why) => self.finish(Finished::reply(Reply::Unavailable(why))),
+            Err(why) => self.finish(Finished::reply(Err(Refusal::Unavailable(why)))),
         }
     }
 
@@ -415,16 +416,16 @@ impl<'a> Intake<'a> {
     /// An answer to a step that was not asked for: a bug in the edge's loop, answered 503 so
     /// the sender retries rather than a delivery being half-handled.
     fn out_of_order(&mut self) -> Need {
-        self.finish(Finished::reply(Reply::Unavailable(
+        self.finish(Finished::reply(Err(Refusal::Unavailable(
             "intake: an answer to a step not asked for".into(),
-        )))
+        ))))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inbound::classify::fixtures::{secrets, token, BODY, NOW, NOW_MS};
+    use crate::inbound::classify::fixtures::{secrets, status, token, BODY, NOW, NOW_MS};
     use crate::inbound::classify::Oversize;
     use crate::operation::gate_protocol::EffectReport;
     use crate::operation::lifecycle::DropReason;
@@ -474,9 +475,9 @@ mod tests {
         }
     }
 
-    fn status(need: &Need) -> Option<u16> {
+    fn done_status(need: &Need) -> Option<u16> {
         match need {
-            Need::Done(f) => Some(f.reply.status()),
+            Need::Done(f) => Some(status(&f.reply)),
             _ => None,
         }
     }
@@ -516,7 +517,7 @@ mod tests {
         };
         assert_eq!(event.delivery_id.as_deref(), Some("msg_1"));
         let f = done(intake.gate_answered(Ok(applied(Status::Succeeded)), NOW_MS + 7));
-        assert_eq!(f.reply.status(), 200);
+        assert_eq!(status(&f.reply), 200);
         assert_eq!(f.remember, Some(("batches/b1".into(), Status::Succeeded)));
         assert_eq!(f.rejected, None);
         let line = f.line.unwrap().to_value();
@@ -532,7 +533,7 @@ mod tests {
         let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
         intake.body_read(Some(BODY.to_vec()));
         let f = done(intake.recalled(true));
-        let Reply::Answered(Answer::Dropped { reason, effect, .. }) = &f.reply else {
+        let Ok(Answer::Dropped { reason, effect, .. }) = &f.reply else {
             panic!("{:?}", f.reply)
         };
         assert_eq!((*reason, *effect), (DropReason::Duplicate, None));
@@ -549,14 +550,14 @@ mod tests {
         let (_, need) = Intake::start(big, policy(&s), SETTINGS, NOW_MS);
         let f = done(need);
         assert_eq!(
-            (f.reply.status(), f.rejected),
+            (status(&f.reply), f.rejected),
             (413, Some("body_too_large"))
         );
         // A stale timestamp: 401, no body read.
         let mut stale = hmac_headers(BODY);
         stale.timestamp = Some("1");
         assert_eq!(
-            status(&Intake::start(stale, policy(&s), SETTINGS, NOW_MS).1),
+            done_status(&Intake::start(stale, policy(&s), SETTINGS, NOW_MS).1),
             Some(401)
         );
         // A token while dynamic webhooks are off.
@@ -582,18 +583,18 @@ mod tests {
         let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
         let f = done(intake.body_read(None));
         assert_eq!(
-            (f.reply.status(), f.rejected),
+            (status(&f.reply), f.rejected),
             (413, Some("body_too_large"))
         );
         assert_eq!(
             f.line.unwrap(),
-            Refusal::BodyTooLarge(Oversize::Streamed { cap: 1_000 }).log_line()
+            Rejection::BodyTooLarge(Oversize::Streamed { cap: 1_000 }).log_line()
         );
         let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
         let forged = br#"{"type":"batch.failed","data":{"id":"batches/b1"}}"#;
         let f = done(intake.body_read(Some(forged.to_vec())));
         assert_eq!(
-            (f.reply.status(), f.rejected),
+            (status(&f.reply), f.rejected),
             (401, Some("signature_invalid"))
         );
     }
@@ -630,7 +631,7 @@ mod tests {
         let f = done(intake.tallied(Some(true)));
         assert_eq!(
             f.reply,
-            Reply::Answered(Answer::NotHeld {
+            Ok(Answer::NotHeld {
                 key: "batches/b1".into()
             })
         );
@@ -647,7 +648,7 @@ mod tests {
         intake.signature_checked(Ok(()), NOW_MS);
         intake.body_read(Some(BODY.to_vec()));
         let f = done(intake.gate_answered(Ok(applied(Status::Succeeded)), NOW_MS));
-        assert_eq!((f.reply.status(), f.remember), (200, None));
+        assert_eq!((status(&f.reply), f.remember), (200, None));
     }
 
     #[test]
@@ -660,11 +661,11 @@ mod tests {
             NOW_MS,
         );
         let f = done(intake.signature_checked(
-            Err(Refusal::Token(crate::inbound::jwt::JwtError::Signature)),
+            Err(Rejection::Token(crate::inbound::jwt::JwtError::Signature)),
             NOW_MS,
         ));
         assert_eq!(
-            (f.reply.status(), f.rejected),
+            (status(&f.reply), f.rejected),
             (401, Some("jwt_signature_invalid"))
         );
         let (mut intake, _) = Intake::start(
@@ -674,7 +675,7 @@ mod tests {
             NOW_MS,
         );
         let f = done(intake.signature_checked(Ok(()), NOW_MS));
-        assert_eq!((f.reply.status(), f.rejected), (401, Some("jwt_expired")));
+        assert_eq!((status(&f.reply), f.rejected), (401, Some("jwt_expired")));
         let (mut intake, _) = Intake::start(
             token_headers(json!({"exp": NOW + 60})),
             policy(&s),
@@ -682,9 +683,9 @@ mod tests {
             NOW_MS,
         );
         let f = done(
-            intake.signature_checked(Err(Refusal::KeysUnavailable { retry_after: 5 }), NOW_MS),
+            intake.signature_checked(Err(Rejection::KeysUnavailable { retry_after: 5 }), NOW_MS),
         );
-        assert_eq!(f.reply, Reply::RetryAfter(5));
+        assert_eq!(f.reply, Err(Refusal::RetryLater(5)));
     }
 
     #[test]
@@ -701,12 +702,12 @@ mod tests {
             (Some("not json"), Some("not_json"))
         );
         let f = done(intake.dead_letter_kept(Ok(())));
-        assert_eq!(f.reply.status(), 400);
+        assert_eq!(status(&f.reply), 400);
         assert_eq!(f.line.unwrap().to_value()["event"], "dead_letter");
         let (mut intake, _) = Intake::start(hmac_headers(junk), policy(&s), SETTINGS, NOW_MS);
         intake.body_read(Some(junk.to_vec()));
         let f = done(intake.dead_letter_kept(Err("KV down".into())));
-        assert_eq!(f.reply, Reply::Unavailable("KV down".into()));
+        assert_eq!(f.reply, Err(Refusal::Unavailable("KV down".into())));
     }
 
     #[test]
@@ -717,7 +718,7 @@ mod tests {
             intake.body_read(Some(BODY.to_vec()));
             intake.recalled(false);
             let f = done(intake.gate_answered(reply, NOW_MS));
-            assert_eq!((f.reply.status(), f.remember), (503, None));
+            assert_eq!((status(&f.reply), f.remember), (503, None));
         }
     }
 
@@ -728,14 +729,14 @@ mod tests {
         let (mut intake, _) = Intake::start(hmac_headers(ping), policy(&s), SETTINGS, NOW_MS);
         let f = done(intake.body_read(Some(ping.to_vec())));
         assert_eq!(f.counts, [counters::PINGS]);
-        assert!(matches!(f.reply, Reply::Answered(Answer::Pong { .. })));
+        assert!(matches!(f.reply, Ok(Answer::Pong { .. })));
     }
 
     #[test]
     fn an_answer_to_a_step_not_asked_for_is_503() {
         let s = secrets();
         let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
-        assert_eq!(status(&intake.recalled(true)), Some(503));
-        assert_eq!(status(&intake.tallied(None)), Some(503));
+        assert_eq!(done_status(&intake.recalled(true)), Some(503));
+        assert_eq!(done_status(&intake.tallied(None)), Some(503));
     }
 }

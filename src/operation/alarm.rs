@@ -77,7 +77,7 @@ pub enum ConfirmAsk {
         name: String,
     },
     /// Nothing can be asked: this is the answer to feed to [`confirmed`].
-    Answered(ConfirmAnswer),
+    Answered(Result<Observation, StatusError>),
 }
 
 /// The next piece of work of a run, for the object to perform.
@@ -190,10 +190,10 @@ impl AlarmPlan {
 /// collection to ask about (the answer is then known).
 fn confirm_ask(op: &Operation, status_api: bool) -> ConfirmAsk {
     match (Collection::of_key(op.key()), status_api) {
-        (_, false) => ConfirmAsk::Answered(ConfirmAnswer::NoApiKey),
-        (None, true) => ConfirmAsk::Answered(ConfirmAnswer::Answer(Err(StatusError::Malformed(
-            "key has no collection".into(),
-        )))),
+        (_, false) => ConfirmAsk::Answered(Err(StatusError::NoApiKey)),
+        (None, true) => {
+            ConfirmAsk::Answered(Err(StatusError::Malformed("key has no collection".into())))
+        }
         (Some(collection), true) => ConfirmAsk::Ask {
             collection,
             key: op.key().to_string(),
@@ -220,21 +220,14 @@ pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<
     Some(step)
 }
 
-/// What the status API said when asked to confirm a nudge.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ConfirmAnswer {
-    /// `GEMINI_API_KEY` is not set: Gemini would refuse; wait for an operator to set it.
-    NoApiKey,
-    Answer(Result<Observation, StatusError>),
-}
-
-/// Applies a confirmation's answer: what the status API says goes through the reducer as an
-/// event from the webhook path; a 404 ends it and alerts; an unusable answer alerts; anything
-/// else waits and asks again, at most `MAX_CONFIRM_ATTEMPTS` questions in all, then leaves the
-/// operation to the cron.
+/// Applies a confirmation's answer (what the status API said when asked, or why nothing was
+/// asked): what the status API says goes through the reducer as an event from the webhook
+/// path; a 404 ends it and alerts; an unusable answer alerts; without `GEMINI_API_KEY` it waits
+/// for an operator to set it; anything else waits and asks again, at most
+/// `MAX_CONFIRM_ATTEMPTS` questions in all, then leaves the operation to the cron.
 pub fn confirmed(
     op: Operation,
-    answer: ConfirmAnswer,
+    answer: Result<Observation, StatusError>,
     now: i64,
     limits: &Limits,
     jitter: f64,
@@ -247,16 +240,12 @@ pub fn confirmed(
         jitter,
     );
     match answer {
-        ConfirmAnswer::Answer(Ok(observation))
-            if !matches!(observation.status, Status::Unknown(_)) =>
-        {
+        Ok(observation) if !matches!(observation.status, Status::Unknown(_)) => {
             confirmed_state(op, observation, now, wait, limits)
         }
-        ConfirmAnswer::Answer(Ok(observation)) => {
-            confirmed_unknown_state(op, &observation, now, wait)
-        }
-        ConfirmAnswer::Answer(Err(error)) => confirm_failed(op, error, now, wait),
-        ConfirmAnswer::NoApiKey => confirm_without_key(op, now, limits),
+        Ok(observation) => confirmed_unknown_state(op, &observation, now, wait),
+        Err(StatusError::NoApiKey) => confirm_without_key(op, now, limits),
+        Err(error) => confirm_failed(op, error, now, wait),
     }
 }
 
@@ -744,11 +733,11 @@ mod tests {
             seen.push(kinds(&Some(work.clone())));
             op = match work {
                 AlarmWork::Confirm(_) => {
-                    let answer = ConfirmAnswer::Answer(Ok(Observation {
+                    let answer = Ok(Observation {
                         status: Status::Succeeded,
                         update_time_ms: 5,
                         details: Map::new(),
-                    }));
+                    });
                     confirmed(op, answer, 20, &LIMITS, 0.5).record.unwrap()
                 }
                 AlarmWork::SendAlert { alert, .. } => {
@@ -802,9 +791,9 @@ mod tests {
         let op = nudged();
         assert_eq!(
             plan(&op, 10, &LIMITS).next(&op, 10, &LIMITS, false),
-            Some(AlarmWork::Confirm(ConfirmAsk::Answered(
-                ConfirmAnswer::NoApiKey
-            )))
+            Some(AlarmWork::Confirm(ConfirmAsk::Answered(Err(
+                StatusError::NoApiKey
+            ))))
         );
     }
 
@@ -813,9 +802,9 @@ mod tests {
         let mut op = registered("files/a");
         op.request_confirmation(10, Map::new(), None);
         match plan(&op, 10, &LIMITS).next(&op, 10, &LIMITS, true) {
-            Some(AlarmWork::Confirm(ConfirmAsk::Answered(ConfirmAnswer::Answer(Err(
-                StatusError::Malformed(why),
-            ))))) => assert_eq!(why, "key has no collection"),
+            Some(AlarmWork::Confirm(ConfirmAsk::Answered(Err(StatusError::Malformed(why))))) => {
+                assert_eq!(why, "key has no collection")
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -1081,13 +1070,7 @@ mod feeder_tests {
 
     #[test]
     fn a_404_ends_the_confirmation_and_raises_unknown_to_gemini() {
-        let s = confirmed(
-            nudged(),
-            ConfirmAnswer::Answer(Err(StatusError::NotFound)),
-            20,
-            &LIMITS,
-            1.0,
-        );
+        let s = confirmed(nudged(), Err(StatusError::NotFound), 20, &LIMITS, 1.0);
         let op = s.record.unwrap();
         assert!(op.confirmation().is_none());
         assert_eq!(op.pending_alerts()[0].kind, AlertKind::UnknownToGemini);
@@ -1097,9 +1080,9 @@ mod feeder_tests {
     fn a_transient_answer_waits_at_least_its_retry_after() {
         let s = confirmed(
             nudged(),
-            ConfirmAnswer::Answer(Err(StatusError::Transient {
+            Err(StatusError::Transient {
                 retry_after_secs: 30,
-            })),
+            }),
             20,
             &LIMITS,
             1.0,
@@ -1111,7 +1094,7 @@ mod feeder_tests {
         assert_eq!(
             events(&confirmed(
                 nudged(),
-                ConfirmAnswer::NoApiKey,
+                Err(StatusError::NoApiKey),
                 20,
                 &LIMITS,
                 1.0
@@ -1268,7 +1251,7 @@ mod feeder_tests {
 
     #[test]
     fn a_malformed_confirmation_answer_alerts_and_asks_a_bounded_number_of_times() {
-        let malformed = || ConfirmAnswer::Answer(Err(StatusError::Malformed("not JSON".into())));
+        let malformed = || Err(StatusError::Malformed("not JSON".into()));
         let s = confirmed(nudged(), malformed(), 20, &LIMITS, 1.0);
         assert_eq!(events(&s), ["status_unusable"]);
         let mut op = s.record.unwrap();
@@ -1294,9 +1277,9 @@ mod feeder_tests {
             assert!(op.confirmation().is_some(), "try {i}");
             op = confirmed(
                 op,
-                ConfirmAnswer::Answer(Err(StatusError::Transient {
+                Err(StatusError::Transient {
                     retry_after_secs: 0,
-                })),
+                }),
                 20 + i64::from(i),
                 &LIMITS,
                 1.0,
@@ -1312,13 +1295,19 @@ mod feeder_tests {
     fn without_an_api_key_a_confirmation_waits_however_long() {
         let mut op = nudged();
         for i in 0..3 * MAX_CONFIRM_ATTEMPTS {
-            op = confirmed(op, ConfirmAnswer::NoApiKey, 20 + i64::from(i), &LIMITS, 1.0)
-                .record
-                .unwrap();
+            op = confirmed(
+                op,
+                Err(StatusError::NoApiKey),
+                20 + i64::from(i),
+                &LIMITS,
+                1.0,
+            )
+            .record
+            .unwrap();
         }
         assert!(op.confirmation().is_some(), "kept until the key is set");
         let due_after = |now: i64| {
-            let op = confirmed(op.clone(), ConfirmAnswer::NoApiKey, now, &LIMITS, 1.0).record;
+            let op = confirmed(op.clone(), Err(StatusError::NoApiKey), now, &LIMITS, 1.0).record;
             let op = op.unwrap();
             let c = op.confirmation().unwrap();
             (c.due_ms - now, now - c.requested_at_ms)

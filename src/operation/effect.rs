@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::operation::details::normalize_details;
 use crate::operation::{AttemptOutcome, Operation};
-use crate::retry::{class_of_status, Class};
+use crate::retry::{Answer, Class};
 use crate::signature::{sign, Secret};
 use crate::timestamp::format_rfc3339;
 
@@ -76,17 +76,18 @@ pub fn build_request(op: &Operation, secret: &Secret, now_secs: i64) -> EffectRe
     }
 }
 
-/// Classifies the destination's HTTP answer. `excerpt` is the start of its body, kept for
-/// the operator.
-pub fn classify(status: u16, excerpt: &str) -> AttemptOutcome {
-    let answer = format!(
-        "{status}: {}",
-        excerpt.chars().take(200).collect::<String>()
-    );
-    match class_of_status(status) {
+/// What the destination's answer to an attempt means for the side effect: its class
+/// ([`Answer::class`]) decides, its summary is kept for the operator (a timeout says how long
+/// it waited). An attempt keeps an excerpt, which is never refused for its size.
+pub fn outcome(answer: &Answer, timeout_ms: i64) -> AttemptOutcome {
+    let said = match answer {
+        Answer::Timeout => format!("timeout after {timeout_ms} ms"),
+        _ => answer.summary(),
+    };
+    match answer.class() {
         Class::Success => AttemptOutcome::Delivered,
-        Class::Retry => AttemptOutcome::Retry(answer),
-        Class::Refused => AttemptOutcome::Park(answer),
+        Class::Retry => AttemptOutcome::Retry(said),
+        Class::Refused => AttemptOutcome::Park(said),
     }
 }
 
@@ -289,6 +290,12 @@ mod tests {
 
     #[test]
     fn answers_are_classified() {
+        let http = |status: u16, body: &str| Answer::Http {
+            status,
+            body: body.to_string(),
+            retry_after: None,
+        };
+        let classify = |status, body| outcome(&http(status, body), 10_000);
         assert_eq!(classify(200, ""), AttemptOutcome::Delivered);
         assert_eq!(classify(204, ""), AttemptOutcome::Delivered);
         for s in [408, 409, 429, 500, 502, 503, 599] {
@@ -300,6 +307,18 @@ mod tests {
         assert_eq!(
             classify(400, "bad request"),
             AttemptOutcome::Park("400: bad request".into())
+        );
+        assert_eq!(
+            classify(503, &"é".repeat(300)),
+            AttemptOutcome::Retry(format!("503: {}", "é".repeat(200)))
+        );
+        assert_eq!(
+            outcome(&Answer::Timeout, 10_000),
+            AttemptOutcome::Retry("timeout after 10000 ms".into())
+        );
+        assert_eq!(
+            outcome(&Answer::Network("reset".into()), 10_000),
+            AttemptOutcome::Retry("network: reset".into())
         );
     }
 }

@@ -181,7 +181,7 @@ pub fn dead_key(webhook_id: &str) -> String {
     }
 }
 
-/// True when the cron pass ([`crate::reconciliation::reconcile::decide`]) may return an action for this metadata now or later: the operation
+/// True when the cron pass ([`crate::reconciliation::entry_decision::decide`]) may return an action for this metadata now or later: the operation
 /// belongs in the `open:` index. Not forgotten, and either not terminal (polled once past the
 /// grace; an unknown status is never acted on) or terminal with the side effect neither done
 /// nor parked (retried), or parked with its `effect_failing` alert not yet raised. Alerts the

@@ -19,7 +19,7 @@ pub struct Observation {
     pub details: Map<String, Value>,
 }
 
-/// Why an answer could not be used.
+/// Why there is no observation: an answer that could not be used, or no question asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatusError {
     /// 404: Gemini does not know the operation.
@@ -30,6 +30,8 @@ pub enum StatusError {
     Refused(u16),
     /// A 2xx answer we cannot read.
     Malformed(String),
+    /// Nothing was asked: `GEMINI_API_KEY` is not set, so Gemini would refuse.
+    NoApiKey,
 }
 
 /// Back-off after a 429 or 5xx without a usable `Retry-After`.

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::inbound::stranger::AlertLimits;
-use crate::reconciliation::reconcile::{Audit, AuditProgress, Lease, Resume};
+use crate::reconciliation::lease_state::{Audit, AuditProgress, Lease, Resume};
 
 /// A request to the ReconcileLease object (one for the whole worker).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

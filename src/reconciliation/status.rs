@@ -21,7 +21,7 @@ use crate::operation::key::Collection;
 use crate::operation::lifecycle::Status;
 use crate::operation::observation::{transient, Observation, StatusError};
 use crate::reconciliation::skim::{Rule, SkimError, Skimmed};
-use crate::retry::{class_of_status, Class};
+use crate::retry::{class_of_status, Answer, Class};
 use crate::timestamp::parse_rfc3339_ms;
 
 /// The `GET` URL for an operation: batches and interactions by key, video operations by
@@ -84,21 +84,38 @@ pub const READ: &[Rule] = &[
     Rule::Keep("webhook_config.user_metadata"),
 ];
 
-/// Interprets an answer whose body was streamed through the skimmer ([`crate::reconciliation::skim`]) with
-/// [`READ`]:
-/// `body` is `None` when it was not read (not a 2xx). A body the skimmer refused (too large,
-/// not JSON) is unusable, with the skimmer's reason.
+/// A status call's answer: its body is streamed through the skimmer
+/// ([`crate::reconciliation::skim`]) with [`READ`], and is `None` when it was not read (not a
+/// 2xx).
+pub type StatusAnswer = Answer<Option<Result<Skimmed, SkimError>>>;
+
+/// Interprets a status call's answer. A body the skimmer refused (too large, not JSON) is
+/// unusable, with the skimmer's reason; no answer (a timeout, a network error) is transient.
 pub fn interpret_skimmed(
     collection: Collection,
-    http_status: u16,
-    retry_after: Option<&str>,
-    body: Option<&Result<Skimmed, SkimError>>,
+    answer: &StatusAnswer,
 ) -> Result<Observation, StatusError> {
-    if class_of_status(http_status) != Class::Success {
-        return interpret(collection, http_status, retry_after, "");
+    let (status, retry_after, body) = match answer {
+        Answer::Http {
+            status,
+            body,
+            retry_after,
+        } => (*status, retry_after.as_deref(), body),
+        // Never a skimmed body's: the skimmer refuses one past its cap itself.
+        Answer::TooLarge { cap, .. } => {
+            return Err(StatusError::Malformed(format!("body over {cap} bytes")))
+        }
+        Answer::Timeout | Answer::Network(_) => {
+            return Err(StatusError::Transient {
+                retry_after_secs: 0,
+            })
+        }
+    };
+    if class_of_status(status) != Class::Success {
+        return interpret(collection, status, retry_after, "");
     }
     match body {
-        Some(Ok(skimmed)) => interpret(collection, http_status, retry_after, &skimmed.json),
+        Some(Ok(skimmed)) => interpret(collection, status, retry_after, &skimmed.json),
         Some(Err(e)) => Err(StatusError::Malformed(e.to_string())),
         None => Err(StatusError::Malformed("body not read".into())),
     }
@@ -353,6 +370,14 @@ mod tests {
     use serde_json::Map;
     use Collection::*;
 
+    fn answered(status: u16, body: Option<Result<Skimmed, SkimError>>) -> StatusAnswer {
+        Answer::Http {
+            status,
+            body,
+            retry_after: None,
+        }
+    }
+
     fn ok(c: Collection, body: &str) -> Observation {
         interpret(c, 200, None, body).unwrap()
     }
@@ -478,7 +503,7 @@ mod tests {
         let big = body(1_100);
         assert!(big.len() > 20_000_000);
         let skimmed = crate::reconciliation::skim::skim(READ, big.as_bytes());
-        let from_skim = interpret_skimmed(Batches, 200, None, Some(&skimmed)).unwrap();
+        let from_skim = interpret_skimmed(Batches, &answered(200, Some(skimmed.clone()))).unwrap();
         assert_eq!(from_skim.status, Status::Succeeded);
         assert_eq!(from_skim.details["provider"]["inlined_responses"], 1_100);
         // The same details as the whole document parsed in memory.
@@ -542,7 +567,7 @@ mod tests {
             let whole = interpret(collection, 200, None, body);
             let skimmed = crate::reconciliation::skim::skim(READ, body.as_bytes());
             assert_eq!(
-                interpret_skimmed(collection, 200, None, Some(&skimmed)),
+                interpret_skimmed(collection, &answered(200, Some(skimmed.clone()))),
                 whole,
                 "{body}"
             );
@@ -552,18 +577,26 @@ mod tests {
     #[test]
     fn a_refused_body_is_unusable_with_its_reason_and_errors_need_no_body() {
         let refused = Err(crate::reconciliation::skim::SkimError::KeptTooLarge);
-        match interpret_skimmed(Batches, 200, None, Some(&refused)) {
+        match interpret_skimmed(Batches, &answered(200, Some(refused.clone()))) {
             Err(StatusError::Malformed(reason)) => assert!(reason.contains("larger than")),
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            interpret_skimmed(Batches, 404, None, None),
+            interpret_skimmed(Batches, &answered(404, None)),
             Err(StatusError::NotFound)
         );
         assert!(matches!(
-            interpret_skimmed(Batches, 200, None, None),
+            interpret_skimmed(Batches, &answered(200, None)),
             Err(StatusError::Malformed(_))
         ));
+        for unanswered in [Answer::Timeout, Answer::Network("reset".into())] {
+            assert_eq!(
+                interpret_skimmed(Batches, &unanswered),
+                Err(StatusError::Transient {
+                    retry_after_secs: 0
+                })
+            );
+        }
     }
 
     #[test]
@@ -940,7 +973,7 @@ mod tests {
                 let skimmed = crate::reconciliation::skim::skim(READ, body.as_bytes());
                 for collection in [Batches, Operations, Interactions] {
                     prop_assert_eq!(
-                        interpret_skimmed(collection, 200, None, Some(&skimmed)),
+                        interpret_skimmed(collection, &answered(200, Some(skimmed.clone()))),
                         interpret(collection, 200, None, &body)
                     );
                 }

@@ -18,9 +18,9 @@ use crate::admin::parse_registration;
 use crate::config::Config;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::operation::KindFill;
+use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::error::EdgeError;
 use crate::edge::http::json_answer::{json_response, ok_json};
 use crate::edge::http::{admin_body, listing, one_operation};
 use crate::edge::objects::call::call_gate;
@@ -34,7 +34,7 @@ pub async fn handle(
     method: Method,
     env: &Env,
     config: &Config,
-) -> Result<Response, EdgeError> {
+) -> Result<Response, Refusal> {
     let auth = req.headers().get("authorization").ok().flatten();
     let path = req.path();
     let caller = match config.tokens.admit(auth.as_deref(), method.as_ref(), &path) {
@@ -46,7 +46,7 @@ pub async fn handle(
                 }
                 .to_value());
             }
-            return Err(EdgeError::Unauthorized);
+            return Err(Refusal::Unauthorized);
         }
         Admission::Forbidden { caller, needs } => {
             if stats_shard::count_rejected("admin_forbidden") {
@@ -59,7 +59,7 @@ pub async fn handle(
                 }
                 .to_value());
             }
-            return Err(EdgeError::Forbidden {
+            return Err(Refusal::Forbidden {
                 scope: caller.scope,
                 needs,
             });
@@ -75,7 +75,7 @@ pub async fn handle(
             path,
             status: answer
                 .as_ref()
-                .map_or_else(EdgeError::status, Response::status_code),
+                .map_or_else(Refusal::status, Response::status_code),
             by: json!(caller.actor()),
         }
         .to_value());
@@ -91,7 +91,7 @@ async fn serve(
     env: &Env,
     config: &Config,
     caller: &Caller,
-) -> Result<Response, EdgeError> {
+) -> Result<Response, Refusal> {
     let by = caller.actor();
     if let Some(action) = path.strip_prefix("/v1/bulk/") {
         return super::bulk::handle(&mut req, method, action, env, config, by).await;
@@ -102,7 +102,7 @@ async fn serve(
             Method::Get => {
                 ok_json(&json!({"scope": caller.scope, "fingerprint": caller.fingerprint}))
             }
-            _ => Err(EdgeError::MethodNotAllowed),
+            _ => Err(Refusal::MethodNotAllowed),
         };
     }
     if path == "/v1/stats" {
@@ -110,36 +110,36 @@ async fn serve(
             Method::Get => {
                 ok_json(&stats_shard::read(env, config.gemini_webhook_name.as_deref()).await?)
             }
-            _ => Err(EdgeError::MethodNotAllowed),
+            _ => Err(Refusal::MethodNotAllowed),
         };
     }
     if path == "/v1/config" {
         // Names and non-secret values only (secrets are "set" / "not set"), and the warnings.
         return match method {
             Method::Get => ok_json(&config.public_view()),
-            _ => Err(EdgeError::MethodNotAllowed),
+            _ => Err(Refusal::MethodNotAllowed),
         };
     }
     let Some(rest) = path.strip_prefix(OPERATIONS) else {
-        return Err(EdgeError::NotFound);
+        return Err(Refusal::NotFound);
     };
     if !rest.is_empty() && !rest.starts_with('/') {
-        return Err(EdgeError::NotFound);
+        return Err(Refusal::NotFound);
     }
     let rest = rest.trim_start_matches('/');
     if rest.is_empty() {
         return match method {
             Method::Post => register(&mut req, env, caller).await,
             Method::Get => listing::list(&req, env, config).await,
-            _ => Err(EdgeError::MethodNotAllowed),
+            _ => Err(Refusal::MethodNotAllowed),
         };
     }
     one_operation::serve(&mut req, method, rest, env, by).await
 }
 
-async fn register(req: &mut Request, env: &Env, caller: &Caller) -> Result<Response, EdgeError> {
+async fn register(req: &mut Request, env: &Env, caller: &Caller) -> Result<Response, Refusal> {
     let body = admin_body::read_body(req).await?;
-    let reg = parse_registration(&body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+    let reg = parse_registration(&body).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let command = GateCommand::Register {
         key: reg.key.key.clone(),
         name: reg.key.name.clone(),
@@ -169,7 +169,7 @@ async fn register(req: &mut Request, env: &Env, caller: &Caller) -> Result<Respo
             }
             ok_json(&operation)
         }
-        other => Err(EdgeError::Unavailable(format!(
+        other => Err(Refusal::Unavailable(format!(
             "unexpected gate reply {other:?}"
         ))),
     }

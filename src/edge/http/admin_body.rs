@@ -9,18 +9,18 @@ use worker::Request;
 
 use crate::admin::MAX_REASON_CHARS;
 use crate::edge::capped_read::request_body;
-use crate::edge::error::EdgeError;
+use crate::refusal::Refusal;
 
 /// Largest admin request body (bulk requests too): a longer one is refused while it streams.
 pub const MAX_ADMIN_BODY: usize = 16 * 1024;
 
 /// The request's body, refused with 413 past [`MAX_ADMIN_BODY`].
-pub async fn read_body(req: &mut Request) -> Result<Vec<u8>, EdgeError> {
+pub async fn read_body(req: &mut Request) -> Result<Vec<u8>, Refusal> {
     request_body(req, MAX_ADMIN_BODY).await
 }
 
 /// An optional `{"reason": "..."}` body; the reason is recorded with the operator's action.
-pub async fn read_reason(req: &mut Request) -> Result<String, EdgeError> {
+pub async fn read_reason(req: &mut Request) -> Result<String, Refusal> {
     #[derive(Deserialize)]
     struct Body {
         reason: Option<String>,
@@ -30,7 +30,7 @@ pub async fn read_reason(req: &mut Request) -> Result<String, EdgeError> {
         return Ok("operator".to_string());
     }
     let parsed: Body = serde_json::from_slice(&body)
-        .map_err(|_| EdgeError::BadRequest("body must be {\"reason\": \"...\"}".into()))?;
+        .map_err(|_| Refusal::BadRequest("body must be {\"reason\": \"...\"}".into()))?;
     Ok(parsed
         .reason
         .map(|r| r.chars().take(MAX_REASON_CHARS).collect())

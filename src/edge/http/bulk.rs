@@ -17,10 +17,10 @@ use crate::bulk::{outcome, parse_bulk, BulkAction, BulkRun, Outcome};
 use crate::config::Config;
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::operation::Actor;
-use crate::reconciliation::reconcile::Resume;
+use crate::reconciliation::lease_state::Resume;
+use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::error::EdgeError;
 use crate::edge::http::admin_body::read_body;
 use crate::edge::http::json_answer::ok_json;
 use crate::edge::objects::call::call_gate;
@@ -37,19 +37,19 @@ pub async fn handle(
     env: &Env,
     config: &Config,
     by: Actor,
-) -> Result<Response, EdgeError> {
+) -> Result<Response, Refusal> {
     let Some(action) = BulkAction::from_path(action) else {
-        return Err(EdgeError::NotFound);
+        return Err(Refusal::NotFound);
     };
     if method != Method::Post {
-        return Err(EdgeError::MethodNotAllowed);
+        return Err(Refusal::MethodNotAllowed);
     }
     // 413 for a declared length over the cap, or as soon as the streamed bytes pass it.
     let body = read_body(req).await?;
-    let request = parse_bulk(action, &body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+    let request = parse_bulk(action, &body).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let kv = env
         .kv(KV_BINDING)
-        .map_err(|e| EdgeError::Unavailable(e.to_string()))?;
+        .map_err(|e| Refusal::Unavailable(e.to_string()))?;
     let pause = Duration::from_millis(request.pause_ms());
     let prefix = format!(
         "{OP_PREFIX}{}",
@@ -59,7 +59,7 @@ pub async fn handle(
     // A redelivery run's first request sets its cut-off from this clock (carried on in the
     // cursor): every redelivery it causes is recorded by its gate after this.
     let mut run =
-        BulkRun::new(request, now_ms()).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+        BulkRun::new(request, now_ms()).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let command = run.command().by(by);
     let mut acted = false;
     for _ in 0..MAX_PAGES {

@@ -6,18 +6,18 @@
 
 use worker::{web_sys, Headers, Response};
 
-use crate::edge::error::EdgeError;
+use crate::refusal::Refusal;
 
 /// The page.
 const DASHBOARD: &str = include_str!("dashboard.html");
 
 /// `GET /dashboard`.
-pub fn page() -> std::result::Result<web_sys::Response, EdgeError> {
+pub fn page() -> std::result::Result<web_sys::Response, Refusal> {
     let headers = Headers::new();
     let set = |k: &str, v: &str| {
         headers
             .set(k, v)
-            .map_err(|e| EdgeError::Unavailable(e.to_string()))
+            .map_err(|e| Refusal::Unavailable(e.to_string()))
     };
     set("content-type", "text/html; charset=utf-8")?;
     set(
@@ -26,7 +26,7 @@ pub fn page() -> std::result::Result<web_sys::Response, EdgeError> {
     )?;
     set("cache-control", "no-store")?;
     Ok(Response::ok(DASHBOARD)
-        .map_err(|e| EdgeError::Unavailable(e.to_string()))?
+        .map_err(|e| Refusal::Unavailable(e.to_string()))?
         .with_headers(headers)
         .into())
 }

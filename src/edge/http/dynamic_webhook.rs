@@ -8,9 +8,9 @@
 //! Guarantees: it is given a token [`crate::inbound::classify::screen`] already parsed (alg,
 //! kid, shape), so a hostile token never reaches WebCrypto; its claims are checked after the
 //! signature, by [`crate::inbound::classify::vouch`]. An invalid signature is
-//! [`Refusal::Token`] (401), including a `kid` absent from a freshly fetched set; a `kid` the
+//! [`Rejection::Token`] (401), including a `kid` absent from a freshly fetched set; a `kid` the
 //! cache lacks while the set cannot be refreshed (the last fetch just failed) is
-//! [`Refusal::KeysUnavailable`] (503), so Gemini retries.
+//! [`Rejection::KeysUnavailable`] (503), so Gemini retries.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -21,12 +21,12 @@ use wasm_bindgen_futures::JsFuture;
 use worker::{Env, Method};
 
 use crate::config::Config;
-use crate::inbound::classify::Refusal;
+use crate::inbound::classify::Rejection;
 use crate::inbound::jwt::{parse_jwks, JwtError, RsaJwk, Token};
 use crate::inbound::route_log::RouteLog;
-use crate::retry::Class;
+use crate::retry::{Answer, Class};
 
-use crate::edge::outbound::fetch::{send, Answer, Keep};
+use crate::edge::outbound::fetch::{send, Keep};
 use crate::edge::outbound::ledger_kv::KV_BINDING;
 use crate::edge::runtime::log;
 
@@ -59,20 +59,25 @@ thread_local! {
 }
 
 /// Verifies a parsed token's RS256 signature with the key its `kid` names.
-pub async fn verify(env: &Env, config: &Config, token: &Token, now_ms: i64) -> Result<(), Refusal> {
+pub async fn verify(
+    env: &Env,
+    config: &Config,
+    token: &Token,
+    now_ms: i64,
+) -> Result<(), Rejection> {
     let jwk = find_key(env, config, &token.kid, now_ms).await?;
     let key = import(&jwk).await.map_err(|e| {
         log_line(RouteLog::JwksImportFailed {
             kid: jwk.kid.clone(),
             error: format!("{e:?}"),
         });
-        Refusal::Token(JwtError::KeysUnavailable)
+        Rejection::Token(JwtError::KeysUnavailable)
     })?;
     let valid = webcrypto_verify(&key, &token.signature, token.signing_input.as_bytes())
         .await
-        .map_err(|_| Refusal::Token(JwtError::Signature))?;
+        .map_err(|_| Rejection::Token(JwtError::Signature))?;
     if !valid {
-        return Err(Refusal::Token(JwtError::Signature));
+        return Err(Rejection::Token(JwtError::Signature));
     }
     Ok(())
 }
@@ -108,7 +113,7 @@ fn refresh_decision(now_ms: i64) -> Refresh {
     })
 }
 
-async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<RsaJwk, Refusal> {
+async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<RsaJwk, Rejection> {
     if let Some(k) = cached(kid) {
         return Ok(k);
     }
@@ -127,8 +132,8 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
         }
     }
     match refresh_decision(now_ms) {
-        Refresh::Unknown => return Err(Refusal::Token(JwtError::UnknownKid)),
-        Refresh::Wait(secs) => return Err(Refusal::KeysUnavailable { retry_after: secs }),
+        Refresh::Unknown => return Err(Rejection::Token(JwtError::UnknownKid)),
+        Refresh::Wait(secs) => return Err(Rejection::KeysUnavailable { retry_after: secs }),
         Refresh::Fetch => {}
     }
     let headers = [("accept", "application/json".to_string())];
@@ -142,7 +147,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
     )
     .await;
     let failure = match (&answer, answer.class()) {
-        (Answer::Http { excerpt, .. }, Class::Success) => match parse_jwks(excerpt) {
+        (Answer::Http { body, .. }, Class::Success) => match parse_jwks(body) {
             Ok(keys) => {
                 let changed = CACHE.with(|c| {
                     let mut c = c.borrow_mut();
@@ -157,7 +162,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
                 });
                 // KV allows one write a second per key and bills each: only a new set is kept.
                 if let (true, Some(kv)) = (changed, &kv) {
-                    let stored = match kv.put(KV_CACHE_KEY, excerpt.as_str()) {
+                    let stored = match kv.put(KV_CACHE_KEY, body.as_str()) {
                         Ok(put) => put.execute().await.map_err(|e| format!("{e:?}")),
                         Err(e) => Err(format!("{e:?}")),
                     };
@@ -169,7 +174,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
                     changed,
                     keys: CACHE.with(|c| c.borrow().keys.len()),
                 });
-                return cached(kid).ok_or(Refusal::Token(JwtError::UnknownKid));
+                return cached(kid).ok_or(Rejection::Token(JwtError::UnknownKid));
             }
             Err(_) => "unreadable key set".to_string(),
         },
@@ -177,7 +182,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
     };
     log_line(RouteLog::JwksFetchFailed { error: failure });
     CACHE.with(|c| c.borrow_mut().failed_ms = Some(now_ms));
-    Err(Refusal::KeysUnavailable {
+    Err(Rejection::KeysUnavailable {
         retry_after: (RETRY_FAILED_FETCH_MS / 1_000) as u32,
     })
 }

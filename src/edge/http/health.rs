@@ -6,17 +6,17 @@
 use serde_json::json;
 use worker::{web_sys, Env};
 
-use crate::edge::error::EdgeError;
 use crate::edge::raw_response;
 use crate::edge::runtime::load_config;
+use crate::refusal::Refusal;
 
 /// `GET` or `HEAD /healthz`.
-pub fn answer(env: &Env) -> std::result::Result<web_sys::Response, EdgeError> {
-    let config = load_config(env).map_err(EdgeError::Config)?;
+pub fn answer(env: &Env) -> std::result::Result<web_sys::Response, Refusal> {
+    let config = load_config(env).map_err(Refusal::Config)?;
     let warnings = config.warnings();
     if warnings.is_empty() {
-        raw_response::json_text(200, r#"{"ok":true}"#, None).map_err(EdgeError::from)
+        raw_response::json_text(200, r#"{"ok":true}"#, None).map_err(Refusal::from)
     } else {
-        raw_response::json(200, &json!({"ok": true, "warnings": warnings})).map_err(EdgeError::from)
+        raw_response::json(200, &json!({"ok": true, "warnings": warnings})).map_err(Refusal::from)
     }
 }

@@ -2,22 +2,22 @@
 //! request helpers answer with its `Response`; the others build the runtime's own, in
 //! `edge/raw_response.rs`).
 //!
-//! Guarantees: a body that cannot be made an answer is [`EdgeError::Unavailable`], never a
+//! Guarantees: a body that cannot be made an answer is [`Refusal::Unavailable`], never a
 //! panic.
 
 use serde_json::Value;
 use worker::Response;
 
-use crate::edge::error::EdgeError;
+use crate::refusal::Refusal;
 
 /// A 200 JSON answer.
-pub fn ok_json(body: &Value) -> std::result::Result<Response, EdgeError> {
+pub fn ok_json(body: &Value) -> std::result::Result<Response, Refusal> {
     json_response(body, 200)
 }
 
 /// A JSON answer with `status`.
-pub fn json_response(body: &Value, status: u16) -> std::result::Result<Response, EdgeError> {
+pub fn json_response(body: &Value, status: u16) -> std::result::Result<Response, Refusal> {
     Response::from_json(body)
         .map(|r| r.with_status(status))
-        .map_err(|e| EdgeError::Unavailable(e.to_string()))
+        .map_err(|e| Refusal::Unavailable(e.to_string()))
 }

@@ -9,10 +9,10 @@ use worker::{Env, Request, Response};
 use crate::admin::{encode_cursor, ListQuery};
 use crate::config::Config;
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
-use crate::reconciliation::reconcile::Resume;
+use crate::reconciliation::lease_state::Resume;
+use crate::refusal::Refusal;
 use crate::timestamp::format_rfc3339;
 
-use crate::edge::error::EdgeError;
 use crate::edge::http::json_answer::ok_json;
 use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
 use crate::edge::runtime::now_ms;
@@ -21,19 +21,17 @@ use crate::edge::runtime::now_ms;
 const MAX_LIST_PAGES: usize = 5;
 
 /// Lists ledger entries matching the query, from metadata only.
-pub async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response, EdgeError> {
-    let url = req
-        .url()
-        .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+pub async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response, Refusal> {
+    let url = req.url().map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let pairs: Vec<(String, String)> = url
         .query_pairs()
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
     let query = ListQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+        .map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let kv = env
         .kv(KV_BINDING)
-        .map_err(|e| EdgeError::Unavailable(e.to_string()))?;
+        .map_err(|e| Refusal::Unavailable(e.to_string()))?;
     let now_secs = now_ms().div_euclid(1_000);
     let mut resume = query.resume.clone();
     let mut found: Vec<Value> = Vec::new();

@@ -13,8 +13,8 @@ use crate::admin::parse_settle;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::operation::key::{normalize, OperationKey};
 use crate::operation::Actor;
+use crate::refusal::Refusal;
 
-use crate::edge::error::EdgeError;
 use crate::edge::http::admin_body::{read_body, read_reason};
 use crate::edge::http::json_answer::ok_json;
 use crate::edge::objects::call::call_gate;
@@ -26,7 +26,7 @@ pub async fn serve(
     rest: &str,
     env: &Env,
     by: Actor,
-) -> Result<Response, EdgeError> {
+) -> Result<Response, Refusal> {
     let (name, action) = match (method, rest.rsplit_once('/')) {
         (Method::Post, Some((name, "redeliver"))) => (name, Some("redeliver")),
         (Method::Post, Some((name, "retry"))) => (name, Some("retry")),
@@ -34,12 +34,12 @@ pub async fn serve(
         (Method::Post, Some((name, "repair"))) => (name, Some("repair")),
         (Method::Post, Some((name, "settle"))) => (name, Some("settle")),
         (Method::Get, _) => (rest, None),
-        _ => return Err(EdgeError::MethodNotAllowed),
+        _ => return Err(Refusal::MethodNotAllowed),
     };
     let name = percent_decode_str(name)
         .decode_utf8()
-        .map_err(|_| EdgeError::BadRequest("name is not UTF-8".into()))?;
-    let key = normalize(&name, None).map_err(|e| EdgeError::BadRequest(format!("name: {e}")))?;
+        .map_err(|_| Refusal::BadRequest("name is not UTF-8".into()))?;
+    let key = normalize(&name, None).map_err(|e| Refusal::BadRequest(format!("name: {e}")))?;
     let command = command(req, action, &key, by).await?;
     answer(&key, call_gate(env, &key.key, &command).await?)
 }
@@ -50,13 +50,13 @@ async fn command(
     action: Option<&str>,
     key: &OperationKey,
     by: Actor,
-) -> Result<GateCommand, EdgeError> {
+) -> Result<GateCommand, Refusal> {
     let Some(action) = action else {
         return Ok(GateCommand::Inspect);
     };
     if action == "settle" {
         let body = read_body(req).await?;
-        let settle = parse_settle(&body).map_err(|e| EdgeError::BadRequest(e.to_string()))?;
+        let settle = parse_settle(&body).map_err(|e| Refusal::BadRequest(e.to_string()))?;
         return Ok(GateCommand::Settle {
             status: settle.status.as_str().to_string(),
             reason: settle.reason,
@@ -88,7 +88,7 @@ async fn command(
 }
 
 /// The answer to the gate's reply.
-fn answer(key: &OperationKey, reply: GateReply) -> Result<Response, EdgeError> {
+fn answer(key: &OperationKey, reply: GateReply) -> Result<Response, Refusal> {
     match reply {
         GateReply::Found {
             mut operation,
@@ -118,9 +118,9 @@ fn answer(key: &OperationKey, reply: GateReply) -> Result<Response, EdgeError> {
         GateReply::Applied { status, effect } => ok_json(
             &json!({"key": key.key, "settled": true, "settled_by": "operator", "status": status, "effect": effect}),
         ),
-        GateReply::Refused { reason } => Err(EdgeError::Conflict(reason)),
-        GateReply::NotFound => Err(EdgeError::NotFound),
-        other => Err(EdgeError::Unavailable(format!(
+        GateReply::Refused { reason } => Err(Refusal::Conflict(reason)),
+        GateReply::NotFound => Err(Refusal::NotFound),
+        other => Err(Refusal::Unavailable(format!(
             "unexpected gate reply {other:?}"
         ))),
     }

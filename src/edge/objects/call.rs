@@ -2,7 +2,7 @@
 //! command posted to it and its JSON reply, and a command to an operation's gate.
 //!
 //! Guarantees: a missing binding, a failed call, an answer other than 200 and a reply that
-//! does not decode are all [`EdgeError::Unavailable`] (a 503 to whoever waits, who retries);
+//! does not decode are all [`Refusal::Unavailable`] (a 503 to whoever waits, who retries);
 //! the reply is read whole with the runtime's own `text()`.
 
 use worker::wasm_bindgen::{JsCast, JsValue};
@@ -10,8 +10,8 @@ use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, web_sys, Env};
 
 use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::refusal::Refusal;
 
-use crate::edge::error::EdgeError;
 use crate::edge::runtime::js_error;
 
 /// The Durable Object binding.
@@ -22,19 +22,15 @@ pub type ObjectStub = worker::worker_sys::DurableObject;
 
 /// The stub of the Durable Object named `name` in namespace `binding`. Uses the runtime's
 /// `getByName` directly: one call where worker-rs makes two.
-pub fn stub_for(
-    env: &Env,
-    binding: &str,
-    name: &str,
-) -> std::result::Result<ObjectStub, EdgeError> {
+pub fn stub_for(env: &Env, binding: &str, name: &str) -> std::result::Result<ObjectStub, Refusal> {
     let namespace = js_sys::Reflect::get(env, &JsValue::from_str(binding))
         .ok()
         .filter(|ns| !ns.is_undefined())
-        .ok_or_else(|| EdgeError::Unavailable(format!("{binding} binding: not bound")))?
+        .ok_or_else(|| Refusal::Unavailable(format!("{binding} binding: not bound")))?
         .unchecked_into::<worker::worker_sys::DurableObjectNamespace>();
     namespace
         .get_by_name(name)
-        .map_err(|e| EdgeError::Unavailable(format!("{binding} binding: {}", js_error(&e))))
+        .map_err(|e| Refusal::Unavailable(format!("{binding} binding: {}", js_error(&e))))
 }
 
 /// Sends a command to the gate of `key` and returns its reply.
@@ -42,7 +38,7 @@ pub async fn call_gate(
     env: &Env,
     key: &str,
     command: &GateCommand,
-) -> std::result::Result<GateReply, EdgeError> {
+) -> std::result::Result<GateReply, Refusal> {
     post_json(&stub_for(env, GATE_BINDING, key)?, command).await
 }
 
@@ -52,13 +48,13 @@ pub async fn call_gate(
 pub async fn post_json<C: serde::Serialize, R: serde::de::DeserializeOwned>(
     stub: &ObjectStub,
     command: &C,
-) -> std::result::Result<R, EdgeError> {
-    let body = serde_json::to_string(command).map_err(|e| EdgeError::Unavailable(e.to_string()))?;
+) -> std::result::Result<R, Refusal> {
+    let body = serde_json::to_string(command).map_err(|e| Refusal::Unavailable(e.to_string()))?;
     let init = web_sys::RequestInit::new();
     init.set_method("POST");
     init.set_body(&JsValue::from_str(&body));
     let request = web_sys::Request::new_with_str_and_init("https://object/command", &init)
-        .map_err(|e| EdgeError::Unavailable(format!("object call: {}", js_error(&e))))?;
+        .map_err(|e| Refusal::Unavailable(format!("object call: {}", js_error(&e))))?;
     let call = async {
         let promise = stub.fetch_with_request(&request)?;
         let response: web_sys::Response = JsFuture::from(promise).await?.unchecked_into();
@@ -67,11 +63,11 @@ pub async fn post_json<C: serde::Serialize, R: serde::de::DeserializeOwned>(
     };
     let (status, text) = call
         .await
-        .map_err(|e| EdgeError::Unavailable(format!("object call: {}", js_error(&e))))?;
+        .map_err(|e| Refusal::Unavailable(format!("object call: {}", js_error(&e))))?;
     if status != 200 {
-        return Err(EdgeError::Unavailable(format!(
+        return Err(Refusal::Unavailable(format!(
             "object answered {status}: {text}"
         )));
     }
-    serde_json::from_str(&text).map_err(|e| EdgeError::Unavailable(format!("object reply: {e}")))
+    serde_json::from_str(&text).map_err(|e| Refusal::Unavailable(format!("object reply: {e}")))
 }

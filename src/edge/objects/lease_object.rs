@@ -1,13 +1,13 @@
 //! The ReconcileLease Durable Object: one for the worker, admitting one reconciliation pass at
 //! a time and keeping the durable cursor between passes.
 //!
-//! Storage (SQLite): `lease(id = 1, body)` holds [`crate::reconciliation::reconcile::Lease`] as JSON;
+//! Storage (SQLite): `lease(id = 1, body)` holds [`crate::reconciliation::lease_state::Lease`] as JSON;
 //! `last_pass(id = 1, body)` the summary of the newest pass. Guarantees: acquire, renew and
 //! release are read-decide-write with no await in between, so two overlapping cron runs can
 //! never both hold the lease; a holder that lost the lease can neither renew it nor move the
 //! cursor. The lease is short and renewed by its pass's heartbeat (each renewal also saves the
 //! pass's position), so a pass that dies blocks the next for one TTL. The audit over `op:`
-//! keeps its own cursor in the same record ([`crate::reconciliation::reconcile::Audit`]), moved only by the
+//! keeps its own cursor in the same record ([`crate::reconciliation::lease_state::Audit`]), moved only by the
 //! holder, like the routine cursor.
 //!
 //! Another instance of this class, named [`GUARD_NAME`], is the strangers' tally
@@ -26,10 +26,10 @@ use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result
 
 use crate::inbound::stranger::{alert_body, AlertLimits, StrangerTally};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
-use crate::reconciliation::reconcile::Lease;
+use crate::reconciliation::lease_state::Lease;
+use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::error::EdgeError;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log};
 
@@ -82,7 +82,7 @@ impl DurableObject for ReconcileLease {
         let command: LeaseCommand = match req.json().await {
             Ok(c) => c,
             Err(e) => {
-                return EdgeError::BadRequest(format!("bad lease command: {e}")).into_response()
+                return Refusal::BadRequest(format!("bad lease command: {e}")).into_response()
             }
         };
         let now = Date::now().as_millis() as i64;
@@ -93,7 +93,7 @@ impl DurableObject for ReconcileLease {
         match self.lease_command(command, now)? {
             Some(reply) => Response::from_json(&reply),
             // Answered above, before the lease is read.
-            None => EdgeError::BadRequest("a tally command".into()).into_response(),
+            None => Refusal::BadRequest("a tally command".into()).into_response(),
         }
     }
 

@@ -27,10 +27,10 @@ use crate::telemetry::isolate_tally::IsolateTally;
 use crate::telemetry::shard_store::{self, MarkDays, Param, Prune, Row, Sql, RECENT_DROPS};
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::error::EdgeError;
 use crate::edge::objects::call::{post_json, stub_for, ObjectStub};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::{load_config, log, now_ms};
+use crate::refusal::Refusal;
 use crate::telemetry::usage::Invocation;
 
 /// The shard binding.
@@ -155,19 +155,19 @@ pub async fn add(
     shard: u32,
     gate: Option<String>,
     events: Vec<StatEvent>,
-) -> std::result::Result<(), EdgeError> {
+) -> std::result::Result<(), Refusal> {
     let stub = shard_stub(env, shard)?;
     let _: Value = post_json(&stub, &ShardCommand::Add { gate, events }).await?;
     Ok(())
 }
 
-fn shard_stub(env: &Env, shard: u32) -> std::result::Result<ObjectStub, EdgeError> {
+fn shard_stub(env: &Env, shard: u32) -> std::result::Result<ObjectStub, Refusal> {
     stub_for(env, STATS_BINDING, &format!("stats-{shard}"))
 }
 
 /// Sums every shard and adds the hourly trend, the last reconciliation pass and, when
 /// `webhook_name` is configured, what the passes know of the Gemini webhook's state.
-pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<Value, EdgeError> {
+pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<Value, Refusal> {
     let mut total = Tally::new();
     let mut day = Tally::new();
     let mut hourly = Hourly::new();
@@ -292,7 +292,7 @@ impl StatsShard {
         let command: ShardCommand = match req.json().await {
             Ok(c) => c,
             Err(e) => {
-                return EdgeError::BadRequest(format!("bad stats command: {e}")).into_response()
+                return Refusal::BadRequest(format!("bad stats command: {e}")).into_response()
             }
         };
         let now = Date::now().as_millis() as i64;

@@ -4,7 +4,8 @@
 //! Guarantees: every kind of destination receives the same signed request (a queue message
 //! carries the headers as fields beside the body), so a consumer verifies and dedupes it the
 //! same way (`webhook-id`, `idempotency-key`); every attempt is bounded by the effect timeout;
-//! how it ended is an [`Answer`] that the pure core classifies (a queue send that succeeded is
+//! how it ended is an [`Answer`] that the pure core classifies
+//! ([`crate::operation::effect::outcome`]; a queue send that succeeded is
 //! a 2xx: the queue is durable), never a panic. An answer's body is read only as far as the
 //! excerpt the record keeps ([`EXCERPT_CHARS`]) and the rest cancelled, so a destination that
 //! answers with an endless or huge body neither holds the attempt to its timeout nor costs
@@ -19,10 +20,10 @@ use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, Delay, Env, Headers, Method, Request, RequestInit};
 
 use crate::config::Destination;
-use crate::operation::effect::{classify, EffectRequest};
-use crate::operation::AttemptOutcome;
+use crate::operation::effect::EffectRequest;
+use crate::retry::Answer;
 
-use crate::edge::outbound::fetch::{kept_answer, send, Answer, Keep};
+use crate::edge::outbound::fetch::{kept_answer, send, Keep};
 use crate::edge::runtime::js_error;
 
 /// Longest part of a destination's answer kept in the record and logs.
@@ -103,7 +104,7 @@ async fn to_queue(env: &Env, binding: &str, request: &EffectRequest) -> Answer {
     match call.await {
         Ok(_) => Answer::Http {
             status: 202,
-            excerpt: "queued".to_string(),
+            body: "queued".to_string(),
             retry_after: None,
         },
         Err(e) => Answer::Network(format!("queue {binding}: {}", js_error(&e))),
@@ -124,18 +125,4 @@ fn queue_message(request: &EffectRequest) -> Value {
     message.insert("body".into(), body);
     message.insert("raw_body".into(), Value::String(request.body.clone()));
     Value::Object(message)
-}
-
-/// What an attempt's answer means for the side effect.
-pub fn outcome(answer: &Answer, timeout_ms: i64) -> AttemptOutcome {
-    match answer {
-        Answer::Http {
-            status, excerpt, ..
-        } => classify(*status, excerpt),
-        // Only a call that wants a body whole is refused for its size; an attempt keeps an
-        // excerpt. Were one refused, the destination answered: classified by its status.
-        Answer::TooLarge { status, cap } => classify(*status, &format!("body over {cap} bytes")),
-        Answer::Timeout => AttemptOutcome::Retry(format!("timeout after {timeout_ms} ms")),
-        Answer::Network(e) => AttemptOutcome::Retry(format!("network: {e}")),
-    }
 }

@@ -1,8 +1,9 @@
 //! Outbound HTTP with a deadline: the side effect, alerts, the status API, the key set.
 //!
 //! Guarantees: every call is bounded by its timeout and aborted when it passes, so a slow
-//! peer can neither hold a Gemini delivery past its deadline nor pin a claim; a timeout or a
-//! network error is reported as a value, never as a panic. An answer's body is read while it
+//! peer can neither hold a Gemini delivery past its deadline nor pin a claim; every way a call
+//! ends, a timeout or a network error included, is the pure core's [`Answer`] (classified by
+//! [`crate::retry`]), never a panic. An answer's body is read while it
 //! streams and only as far as the call needs ([`Keep`]): an excerpt stops once it has its
 //! characters and cancels the rest, a body wanted whole stops at the first chunk past its cap
 //! and is [`Answer::TooLarge`], and a status answer goes through the skimmer; so a peer that
@@ -18,8 +19,9 @@ use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestIni
 
 use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, Read, TooLarge};
 use crate::config::Config;
-use crate::reconciliation::skim::{Skim, SkimError, Skimmed};
-use crate::retry::{class_of_status, Class};
+use crate::reconciliation::skim::Skim;
+use crate::reconciliation::status::StatusAnswer;
+use crate::retry::{class_of_status, Answer, Class};
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::capped_read::{each_chunk, read_answer};
@@ -64,61 +66,14 @@ impl Keep {
             Err(TooLarge { cap }) => Answer::TooLarge { status, cap },
             Ok(bytes) if whole => Answer::Http {
                 status,
-                excerpt: String::from_utf8_lossy(&bytes).into_owned(),
+                body: String::from_utf8_lossy(&bytes).into_owned(),
                 retry_after,
             },
             Ok(bytes) => Answer::Http {
                 status,
-                excerpt: excerpt_text(&bytes, chars),
+                body: excerpt_text(&bytes, chars),
                 retry_after,
             },
-        }
-    }
-}
-
-/// How an outbound call ended.
-pub enum Answer {
-    /// The peer answered: status, its body as kept ([`Keep`]: an excerpt, or the whole 2xx
-    /// body), its Retry-After.
-    Http {
-        status: u16,
-        excerpt: String,
-        retry_after: Option<String>,
-    },
-    /// A 2xx body wanted whole ran past `cap` bytes: refused, and read no further.
-    TooLarge { status: u16, cap: usize },
-    /// The deadline passed first; the request was aborted.
-    Timeout,
-    /// The request could not be made or the connection failed.
-    Network(String),
-}
-
-impl Answer {
-    /// Whether a retry can help: the one rule for every outbound call ([`crate::retry`]). A
-    /// timeout or a network error is worth retrying; an answer is classified by its status.
-    pub fn class(&self) -> Class {
-        match self {
-            Answer::Http { status, .. } => class_of_status(*status),
-            // The peer would send the same body again: asking again soon does not help.
-            Answer::TooLarge { .. } => Class::Refused,
-            Answer::Timeout | Answer::Network(_) => Class::Retry,
-        }
-    }
-
-    /// The answer in a few words, for logs and records.
-    pub fn summary(&self) -> String {
-        match self {
-            Answer::Http {
-                status, excerpt, ..
-            } => format!(
-                "{status}: {}",
-                excerpt.chars().take(200).collect::<String>()
-            ),
-            Answer::TooLarge { status, cap } => {
-                format!("{status}: body over {cap} bytes, refused unread past the cap")
-            }
-            Answer::Timeout => "timeout".to_string(),
-            Answer::Network(e) => format!("network: {e}"),
         }
     }
 }
@@ -166,34 +121,20 @@ pub async fn send(
     }
 }
 
-/// How a GET whose body streams through the skimmer ended.
-pub enum SkimAnswer {
-    /// The peer answered. `body` is the skimmed body of a 2xx (`None` for any other status:
-    /// it is not read); `read_ms` is how long reading it took.
-    Http {
-        status: u16,
-        retry_after: Option<String>,
-        body: Option<Result<Skimmed, SkimError>>,
-        read_ms: i64,
-    },
-    /// A deadline passed first (the headers' or the body's); the request was aborted.
-    Timeout,
-    Network(String),
-}
-
 /// One GET whose headers must come within `head_timeout_ms` and whose 2xx body is then
 /// streamed, chunk by chunk, through a [`Skim`] within `body_timeout_ms` more. Memory: one
 /// chunk as the runtime hands it over, plus what the skimmer keeps (bounded by
 /// [`crate::reconciliation::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
+/// Also says how long reading the body took (0 when it was not read).
 pub async fn get_skimmed(
     url: &str,
     headers: &[(&str, String)],
     head_timeout_ms: i64,
     body_timeout_ms: i64,
-) -> SkimAnswer {
+) -> (StatusAnswer, i64) {
     let request = match build(Method::Get, url, headers, None) {
         Ok(r) => r,
-        Err(e) => return SkimAnswer::Network(e.to_string()),
+        Err(e) => return (Answer::Network(e.to_string()), 0),
     };
     let controller = AbortController::default();
     let signal = controller.signal();
@@ -202,22 +143,22 @@ pub async fn get_skimmed(
     let deadline = Delay::from(Duration::from_millis(head_timeout_ms.max(1) as u64));
     let response = match select(Box::pin(head), Box::pin(deadline)).await {
         Either::Left((Ok(r), _)) => r,
-        Either::Left((Err(e), _)) => return SkimAnswer::Network(e.to_string()),
+        Either::Left((Err(e), _)) => return (Answer::Network(e.to_string()), 0),
         Either::Right(_) => {
             controller.abort();
-            return SkimAnswer::Timeout;
+            return (Answer::Timeout, 0);
         }
     };
     let status = response.status_code();
     let retry_after = response.headers().get("retry-after").ok().flatten();
     if class_of_status(status) != Class::Success {
         controller.abort();
-        return SkimAnswer::Http {
+        let answer = Answer::Http {
             status,
-            retry_after,
             body: None,
-            read_ms: 0,
+            retry_after,
         };
+        return (answer, 0);
     }
     let started = worker::Date::now().as_millis() as i64;
     let read = async {
@@ -237,16 +178,16 @@ pub async fn get_skimmed(
     let outcome = select(Box::pin(read), Box::pin(deadline)).await;
     // Stops a refused body's download, or one the deadline cut; harmless after the end.
     controller.abort();
-    match outcome {
-        Either::Left((Ok(body), _)) => SkimAnswer::Http {
+    let answer = match outcome {
+        Either::Left((Ok(body), _)) => Answer::Http {
             status,
-            retry_after,
             body: Some(body),
-            read_ms: worker::Date::now().as_millis() as i64 - started,
+            retry_after,
         },
-        Either::Left((Err(e), _)) => SkimAnswer::Network(e.to_string()),
-        Either::Right(_) => SkimAnswer::Timeout,
-    }
+        Either::Left((Err(e), _)) => Answer::Network(e.to_string()),
+        Either::Right(_) => Answer::Timeout,
+    };
+    (answer, worker::Date::now().as_millis() as i64 - started)
 }
 
 fn build(

@@ -9,9 +9,9 @@
 use serde_json::Value;
 use worker::KvStore;
 
-use crate::edge::error::EdgeError;
 use crate::operation::ledger::{IndexWrite, Projection};
 use crate::reconciliation::pass::PAGE_SIZE;
+use crate::refusal::Refusal;
 
 /// The KV namespace binding.
 pub const KV_BINDING: &str = "OPS_KV";
@@ -22,7 +22,7 @@ pub async fn list_page(
     kv: &KvStore,
     prefix: &str,
     cursor: Option<String>,
-) -> Result<worker::kv::ListResponse, EdgeError> {
+) -> Result<worker::kv::ListResponse, Refusal> {
     let mut list = kv.list().prefix(prefix.to_string()).limit(PAGE_SIZE);
     if let Some(c) = cursor {
         list = list.cursor(c);
@@ -36,41 +36,41 @@ pub async fn write_projection(
     kv: &KvStore,
     p: &Projection,
     index: IndexWrite,
-) -> Result<(), EdgeError> {
+) -> Result<(), Refusal> {
     let (entry, index) = futures_util::join!(write_entry(kv, p), write_index(kv, p, index));
     entry.and(index)
 }
 
 /// The `open:` entry: an empty value with the projection's metadata (the pass reads no value),
 /// and no TTL (an open operation never expires; the close deletes it).
-async fn write_index(kv: &KvStore, p: &Projection, index: IndexWrite) -> Result<(), EdgeError> {
+async fn write_index(kv: &KvStore, p: &Projection, index: IndexWrite) -> Result<(), Refusal> {
     match index {
         IndexWrite::None => Ok(()),
         IndexWrite::Put => kv
             .put(&p.open_key(), "")
-            .map_err(EdgeError::from)?
+            .map_err(Refusal::from)?
             .metadata(&p.metadata)
-            .map_err(EdgeError::from)?
+            .map_err(Refusal::from)?
             .execute()
             .await
-            .map_err(|e| EdgeError::Unavailable(format!("index put: {e:?}"))),
+            .map_err(|e| Refusal::Unavailable(format!("index put: {e:?}"))),
         IndexWrite::Delete => kv
             .delete(&p.open_key())
             .await
-            .map_err(|e| EdgeError::Unavailable(format!("index delete: {e:?}"))),
+            .map_err(|e| Refusal::Unavailable(format!("index delete: {e:?}"))),
     }
 }
 
-async fn write_entry(kv: &KvStore, p: &Projection) -> Result<(), EdgeError> {
+async fn write_entry(kv: &KvStore, p: &Projection) -> Result<(), Refusal> {
     let mut put = kv
         .put(&p.kv_key, p.value.clone())
-        .map_err(EdgeError::from)?
+        .map_err(Refusal::from)?
         .metadata(&p.metadata)
-        .map_err(EdgeError::from)?;
+        .map_err(Refusal::from)?;
     if let Some(ttl) = p.ttl_secs {
         put = put.expiration_ttl(ttl);
     }
-    put.execute().await.map_err(EdgeError::from)
+    put.execute().await.map_err(Refusal::from)
 }
 
 /// Keeps a signed delivery that could not be used, for `ttl_secs`.
@@ -79,11 +79,11 @@ pub async fn write_dead_letter(
     key: &str,
     value: &Value,
     ttl_secs: u64,
-) -> Result<(), EdgeError> {
+) -> Result<(), Refusal> {
     kv.put(key, value.to_string())
-        .map_err(EdgeError::from)?
+        .map_err(Refusal::from)?
         .expiration_ttl(ttl_secs)
         .execute()
         .await
-        .map_err(EdgeError::from)
+        .map_err(Refusal::from)
 }

@@ -4,19 +4,21 @@
 //! [`STATUS_BODY_TIMEOUT_MS`] more); the body is streamed through the skimmer
 //! ([`crate::reconciliation::skim`]), so an answer of any size Gemini sends is read with bounded memory (one
 //! chunk plus at most [`crate::reconciliation::skim::MAX_KEPT_BYTES`] kept) and a large one is logged with
-//! what it cost; every way it can end (an answer, a timeout, a network error) becomes the
-//! pure core's [`Observation`] or [`StatusError`], so the gate and the cron read an answer
-//! the same way; a timeout or network error is transient, like a 429.
+//! what it cost; every way it can end (an answer, a timeout, a network error) is the pure
+//! core's [`StatusAnswer`], which the gate and the cron read the same way
+//! ([`interpret_skimmed`]: an [`Observation`] or a [`StatusError`]); a timeout or network error
+//! is transient, like a 429.
 
 use worker::Method;
 
 use crate::config::Config;
 use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
-use crate::reconciliation::status::{interpret_skimmed, status_url};
+use crate::reconciliation::status::{interpret_skimmed, status_url, StatusAnswer};
+use crate::retry::Answer;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::outbound::fetch::{get_skimmed, send, Answer, Keep, SkimAnswer};
+use crate::edge::outbound::fetch::{get_skimmed, send, Keep};
 use crate::edge::runtime::log;
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
@@ -58,18 +60,16 @@ pub async fn get(config: &Config, url: &str) -> Answer {
 
 /// One status GET for the operation `key` at `url`, its body skimmed. A large body is
 /// logged with the bytes read and kept, the largest chunk and how long it took.
-pub async fn read(config: &Config, key: &str, url: &str) -> SkimAnswer {
-    let answer = get_skimmed(
+pub async fn read(config: &Config, key: &str, url: &str) -> StatusAnswer {
+    let (answer, read_ms) = get_skimmed(
         url,
         &headers(config),
         STATUS_TIMEOUT_MS,
         STATUS_BODY_TIMEOUT_MS,
     )
     .await;
-    if let SkimAnswer::Http {
-        body: Some(body),
-        read_ms,
-        ..
+    if let Answer::Http {
+        body: Some(body), ..
     } = &answer
     {
         match body {
@@ -81,37 +81,19 @@ pub async fn read(config: &Config, key: &str, url: &str) -> SkimAnswer {
                 arrays_counted: s.counted,
                 values_dropped: s.dropped,
                 strings_cut: s.truncated,
-                read_ms: *read_ms,
+                read_ms,
             }
             .to_value()),
             Err(e) => log(WorkerLog::StatusReadRefused {
                 key: key.to_string(),
                 refused: e.to_string(),
-                read_ms: *read_ms,
+                read_ms,
             }
             .to_value()),
             Ok(_) => {}
         }
     }
     answer
-}
-
-/// What a [`read`] means for an operation of `collection`.
-pub fn interpret_answer(
-    collection: Collection,
-    answer: &SkimAnswer,
-) -> Result<Observation, StatusError> {
-    match answer {
-        SkimAnswer::Http {
-            status,
-            retry_after,
-            body,
-            ..
-        } => interpret_skimmed(collection, *status, retry_after.as_deref(), body.as_ref()),
-        SkimAnswer::Timeout | SkimAnswer::Network(_) => Err(StatusError::Transient {
-            retry_after_secs: 0,
-        }),
-    }
 }
 
 /// Asks about the operation `key` (full name `name`) of `collection`.
@@ -122,5 +104,5 @@ pub async fn ask(
     name: &str,
 ) -> Result<Observation, StatusError> {
     let url = status_url(&config.gemini_api_base, collection, key, name);
-    interpret_answer(collection, &read(config, key, &url).await)
+    interpret_skimmed(collection, &read(config, key, &url).await)
 }

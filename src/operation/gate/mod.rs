@@ -113,10 +113,10 @@ fn held(record: Option<Operation>, command: impl FnOnce(Operation) -> Step) -> S
 pub(crate) mod fixtures {
     use serde_json::Map;
 
-    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt, ConfirmAnswer};
+    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt};
     use crate::operation::gate_protocol::GateCommand;
     use crate::operation::lifecycle::{Source, Status};
-    use crate::operation::observation::Observation;
+    use crate::operation::observation::{Observation, StatusError};
     use crate::operation::{AttemptOutcome, OpEvent, Operation};
 
     use super::{step, Limits, Step};
@@ -201,12 +201,12 @@ pub(crate) mod fixtures {
             .unwrap()
     }
 
-    pub(crate) fn observed(status: Status) -> ConfirmAnswer {
-        ConfirmAnswer::Answer(Ok(Observation {
+    pub(crate) fn observed(status: Status) -> Result<Observation, StatusError> {
+        Ok(Observation {
             status,
             update_time_ms: 5,
             details: Map::new(),
-        }))
+        })
     }
 
     /// An unregistered operation's completion, its first attempt held `hold_ms`.

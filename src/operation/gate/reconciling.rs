@@ -68,7 +68,7 @@ pub(super) fn reindex(mut op: Operation) -> Step {
 
 #[cfg(test)]
 mod tests {
-    use crate::operation::alarm::{confirmed, ConfirmAnswer};
+    use crate::operation::alarm::confirmed;
     use crate::operation::alert::AlertKind;
     use crate::operation::gate::fixtures::*;
     use crate::operation::gate::{step, Save};
@@ -78,13 +78,7 @@ mod tests {
 
     #[test]
     fn an_operation_gemini_does_not_know_alerts_once_not_stuck_on_top() {
-        let s = confirmed(
-            nudged(),
-            ConfirmAnswer::Answer(Err(StatusError::NotFound)),
-            20,
-            &LIMITS,
-            1.0,
-        );
+        let s = confirmed(nudged(), Err(StatusError::NotFound), 20, &LIMITS, 1.0);
         let stuck = step(
             s.record,
             GateCommand::Alert {

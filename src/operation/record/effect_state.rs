@@ -94,14 +94,15 @@ impl Effect {
     }
 }
 
-/// How one side-effect attempt ended, as the runner saw it.
+/// How one side-effect attempt ended, as the runner saw it: the class of the destination's
+/// answer ([`crate::operation::effect::outcome`]), with the answer in a few words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptOutcome {
-    /// A 2xx answer.
+    /// [`crate::retry::Class::Success`].
     Delivered,
-    /// Worth retrying: timeout, network error, 5xx, 408, 409, 429.
+    /// [`crate::retry::Class::Retry`]: worth retrying.
     Retry(String),
-    /// The destination will refuse again: any other answer.
+    /// [`crate::retry::Class::Refused`]: the destination will refuse again.
     Park(String),
 }
 

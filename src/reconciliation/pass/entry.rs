@@ -16,13 +16,14 @@ use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::OpEvent;
-use crate::reconciliation::reconcile::Action;
-use crate::reconciliation::status::{interpret_skimmed, status_url};
+use crate::reconciliation::entry_decision::Action;
+use crate::reconciliation::status::{interpret_skimmed, status_url, StatusAnswer};
+use crate::retry::Answer;
 
-use super::{Awaiting, Intent, Pass, PassLog, StatusAnswer, HOLD_BACKOFF_UP_TO_MS};
+use super::{Awaiting, Intent, Pass, PassLog, HOLD_BACKOFF_UP_TO_MS};
 
 #[cfg(doc)]
-use crate::reconciliation::reconcile::decide;
+use crate::reconciliation::entry_decision::decide;
 
 /// The entry in hand.
 #[derive(Debug)]
@@ -171,22 +172,11 @@ impl Pass {
         let Some(key) = self.entry.as_ref().map(|e| e.key.clone()) else {
             return;
         };
-        let (status, interpreted) = match answer {
-            StatusAnswer::Http {
-                status,
-                retry_after,
-                body,
-            } => {
-                self.health.answered();
-                let read =
-                    interpret_skimmed(collection, status, retry_after.as_deref(), body.as_ref());
-                (status, read)
-            }
-            unanswered @ (StatusAnswer::Timeout | StatusAnswer::Network(_)) => {
-                return self.status_unanswered(key, unanswered, now_ms);
-            }
+        let (Answer::Http { status, .. } | Answer::TooLarge { status, .. }) = answer else {
+            return self.status_unanswered(key, answer, now_ms);
         };
-        match interpreted {
+        self.health.answered();
+        match interpret_skimmed(collection, &answer) {
             Ok(observation) => self.status_observed(key, observation),
             Err(error) => self.status_failed(key, error, status, started_ms),
         }
@@ -204,7 +194,7 @@ impl Pass {
             self.ask_again_after_backoff();
         }
         let answer = match answer {
-            StatusAnswer::Network(e) => e,
+            Answer::Network(e) => e,
             _ => "timeout".to_string(),
         };
         self.log(PassLog::StatusUnanswered {

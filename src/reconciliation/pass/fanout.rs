@@ -33,10 +33,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX};
+use crate::reconciliation::entry_decision::decide;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
-use crate::reconciliation::reconcile::{decide, Stop};
 
 use super::entry::{Entry, Step};
+use super::stop::Stop;
 use super::walk::IndexWalk;
 use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, CRON_INTERVAL_MS};
 

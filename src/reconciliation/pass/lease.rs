@@ -4,7 +4,9 @@
 
 use crate::operation::ledger::OPEN_PREFIX;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
-use crate::reconciliation::reconcile::{audit_reserve, lease_presumed_lapsed, Resume, Stop};
+use crate::reconciliation::lease_state::{audit_reserve, lease_presumed_lapsed, Resume};
+
+use super::stop::Stop;
 
 use super::{webhook, Awaiting, Flow, Intent, Pass, PassLog, Phase};
 

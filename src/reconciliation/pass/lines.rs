@@ -9,8 +9,8 @@
 use serde::{Serialize, Serializer};
 use serde_json::Value;
 
+use super::stop::Stop;
 use crate::operation::lifecycle::Status;
-use crate::reconciliation::reconcile::Stop;
 use crate::telemetry::log_event::LogEvent;
 
 /// What a pass did: the `reconcile_pass` log line, and the summary the lease keeps.

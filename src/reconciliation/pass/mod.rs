@@ -32,6 +32,7 @@ mod entry;
 mod fanout;
 mod lease;
 mod lines;
+pub mod stop;
 mod walk;
 mod webhook;
 
@@ -44,11 +45,11 @@ use serde_json::Value;
 
 use crate::operation::gate_protocol::GateCommand;
 use crate::operation::key::Collection;
+use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::LeaseCommand;
-use crate::reconciliation::reconcile::{
-    past_deadline, AuditProgress, Resume, StatusHealth, Stop, Thresholds,
-};
-use crate::reconciliation::skim::{SkimError, Skimmed};
+use crate::reconciliation::lease_state::{AuditProgress, Resume};
+
+use stop::{past_deadline, StatusHealth, Stop};
 
 pub use fanout::{
     Fanout, JobEntry, JobOutcome, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES,
@@ -57,7 +58,9 @@ pub use fanout::{
 pub use lines::{PassLog, PassReport};
 
 #[cfg(doc)]
-use crate::reconciliation::reconcile::{decide, MAX_INDEX_PAGES};
+use crate::reconciliation::entry_decision::decide;
+#[cfg(doc)]
+use crate::reconciliation::lease_state::MAX_INDEX_PAGES;
 
 /// Largest KV list page.
 pub const PAGE_SIZE: u64 = 1_000;
@@ -144,35 +147,6 @@ pub struct ListedPage {
 pub struct ListedKey {
     pub name: String,
     pub metadata: Option<Value>,
-}
-
-/// How a status call ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StatusAnswer {
-    /// An answer: its status, Retry-After and skimmed body (2xx only).
-    Http {
-        status: u16,
-        retry_after: Option<String>,
-        body: Option<Result<Skimmed, SkimError>>,
-    },
-    /// No answer within the deadline.
-    Timeout,
-    /// The call could not be made or the connection failed.
-    Network(String),
-}
-
-/// How a GET of the webhook listing ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WebhookAnswer {
-    Http {
-        status: u16,
-        body: String,
-        retry_after: Option<String>,
-    },
-    /// A 2xx whose body ran past `cap` bytes: refused as it streamed, read no further.
-    TooLarge { cap: usize },
-    /// A timeout or a network error.
-    Unanswered,
 }
 
 /// One pass; see the module documentation.
@@ -373,7 +347,7 @@ impl Pass {
 
     /// How often the heartbeat renews the lease.
     pub fn heartbeat_interval_ms(&self) -> i64 {
-        crate::reconciliation::reconcile::heartbeat_interval_ms(self.limits.lease_ttl_ms)
+        crate::reconciliation::lease_state::heartbeat_interval_ms(self.limits.lease_ttl_ms)
     }
 
     fn log(&mut self, line: PassLog) {

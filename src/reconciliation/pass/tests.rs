@@ -3,15 +3,17 @@
 
 use serde_json::{json, Value};
 
+use super::stop::{Stop, UNANSWERED_BACKOFF_MS};
 use super::*;
 use crate::operation::alert::AlertKind;
 use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
-use crate::reconciliation::reconcile::{Audit, Stop, MAX_INDEX_PAGES, UNANSWERED_BACKOFF_MS};
+use crate::reconciliation::lease_state::{Audit, MAX_INDEX_PAGES};
 use crate::reconciliation::skim::skim;
-use crate::reconciliation::status::READ;
+use crate::reconciliation::status::{StatusAnswer, READ};
+use crate::retry::Answer;
 
 /// The clock at the start of each pass (ms); entries were submitted at 1,000 s.
 const NOW: i64 = 10_000_000;
@@ -96,8 +98,8 @@ fn http(status: u16, retry_after: Option<&str>) -> StatusAnswer {
     }
 }
 
-fn webhooks(state: &str) -> WebhookAnswer {
-    WebhookAnswer::Http {
+fn webhooks(state: &str) -> Answer {
+    Answer::Http {
         status: 200,
         body: json!({"webhooks": [{"name": "webhooks/w", "state": state}]}).to_string(),
         retry_after: None,
@@ -139,7 +141,7 @@ struct World {
     refuse_cursor: bool,
     status: Box<dyn FnMut(&str) -> StatusAnswer>,
     gate: Gate,
-    webhooks: Vec<WebhookAnswer>,
+    webhooks: Vec<Answer>,
     alert_sent: bool,
     release: Result<LeaseReply, String>,
     /// Runs before each intent is answered, with how many came before: the heartbeat's turn.
@@ -1420,7 +1422,7 @@ fn a_webhook_missing_from_the_listing_is_not_found() {
     let out = run(
         webhook_limits(),
         World {
-            webhooks: vec![WebhookAnswer::Http {
+            webhooks: vec![Answer::Http {
                 status: 200,
                 body: json!({"webhooks": []}).to_string(),
                 retry_after: None,
@@ -1436,7 +1438,7 @@ fn a_webhook_missing_from_the_listing_is_not_found() {
 fn a_webhook_check_that_fails_leaves_the_mark_as_it_was() {
     for (answer, error) in [
         (
-            WebhookAnswer::Http {
+            Answer::Http {
                 status: 503,
                 body: String::new(),
                 retry_after: Some("7".into()),
@@ -1444,19 +1446,19 @@ fn a_webhook_check_that_fails_leaves_the_mark_as_it_was() {
             "Transient { retry_after_secs: 7 }",
         ),
         (
-            WebhookAnswer::Http {
+            Answer::Http {
                 status: 403,
                 body: String::new(),
                 retry_after: None,
             },
             "Refused(403)",
         ),
+        (Answer::Timeout, "Transient { retry_after_secs: 0 }"),
         (
-            WebhookAnswer::Unanswered,
-            "Transient { retry_after_secs: 0 }",
-        ),
-        (
-            WebhookAnswer::TooLarge { cap: 262_144 },
+            Answer::TooLarge {
+                status: 200,
+                cap: 262_144,
+            },
             "Malformed(\"a listing page over 262144 bytes\")",
         ),
     ] {
@@ -1482,7 +1484,7 @@ fn a_webhook_check_that_fails_leaves_the_mark_as_it_was() {
 #[test]
 fn the_webhook_listing_is_followed_page_by_page() {
     let page = |token: &str| {
-        WebhookAnswer::Http {
+        Answer::Http {
         status: 200,
         body: json!({"webhooks": [{"name": "webhooks/other", "state": "enabled"}], "nextPageToken": token}).to_string(),
         retry_after: None,

@@ -16,10 +16,10 @@
 use std::mem;
 
 use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX, OP_PREFIX};
-use crate::reconciliation::reconcile::{
-    audit_verdict, decide, resume_index, Action, AuditProgress, AuditVerdict, Resume, Stop,
-    MAX_INDEX_PAGES,
-};
+use crate::reconciliation::entry_decision::{audit_verdict, decide, Action, AuditVerdict};
+use crate::reconciliation::lease_state::{resume_index, AuditProgress, Resume, MAX_INDEX_PAGES};
+
+use super::stop::Stop;
 
 use super::entry::{Entry, Step};
 use super::{Awaiting, Flow, Intent, ListedKey, ListedPage, Pass, PassLog, Phase};

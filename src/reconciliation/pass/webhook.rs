@@ -8,10 +8,10 @@
 
 use crate::operation::observation::{transient, StatusError};
 use crate::reconciliation::status::{find_webhook, webhook_alert, WebhookPage};
-use crate::retry::{class_of_status, Class};
+use crate::retry::{Answer, Class};
 
-use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, WebhookAnswer, MAX_WEBHOOK_PAGES};
-use crate::reconciliation::reconcile::Resume;
+use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
+use crate::reconciliation::lease_state::Resume;
 
 /// A webhook check in progress.
 #[derive(Debug)]
@@ -43,22 +43,16 @@ impl Check {
 }
 
 /// What a page of the listing says: the class of the answer decides.
-fn page_of(answer: &WebhookAnswer, name: &str) -> Result<WebhookPage, StatusError> {
-    match answer {
-        WebhookAnswer::Http {
-            status,
-            body,
-            retry_after,
-        } => match class_of_status(*status) {
-            Class::Success => find_webhook(body, name),
-            Class::Refused => Err(StatusError::Refused(*status)),
-            // Said in the log line, so an operator sees how long Gemini asked to wait.
-            Class::Retry => Err(transient(retry_after.as_deref())),
-        },
-        WebhookAnswer::TooLarge { cap } => Err(StatusError::Malformed(format!(
+fn page_of(answer: &Answer, name: &str) -> Result<WebhookPage, StatusError> {
+    match (answer, answer.class()) {
+        (Answer::Http { body, .. }, Class::Success) => find_webhook(body, name),
+        (Answer::Http { status, .. }, Class::Refused) => Err(StatusError::Refused(*status)),
+        // Said in the log line, so an operator sees how long Gemini asked to wait.
+        (Answer::Http { retry_after, .. }, _) => Err(transient(retry_after.as_deref())),
+        (Answer::TooLarge { cap, .. }, _) => Err(StatusError::Malformed(format!(
             "a listing page over {cap} bytes"
         ))),
-        WebhookAnswer::Unanswered => Err(StatusError::Transient {
+        (Answer::Timeout | Answer::Network(_), _) => Err(StatusError::Transient {
             retry_after_secs: 0,
         }),
     }
@@ -89,7 +83,7 @@ impl Pass {
     }
 
     /// A page of the webhook listing, as asked by [`Intent::ListWebhooks`].
-    pub fn on_webhook_page(&mut self, answer: WebhookAnswer) {
+    pub fn on_webhook_page(&mut self, answer: Answer) {
         if self.answered(|a| *a == Awaiting::WebhookPage).is_none() {
             return;
         }

@@ -16,13 +16,13 @@ use worker::{web_sys, Env};
 
 use crate::config::Config;
 use crate::inbound::answer::TerminalMemory;
-use crate::inbound::classify::{Headers, Policy, Reply};
+use crate::inbound::classify::{Headers, Policy};
 use crate::inbound::intake::{Finished, Intake, Need, Settings};
 use crate::inbound::stranger::AlertLimits;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::refusal::Refusal;
 
 use crate::edge::capped_read::read_capped;
-use crate::edge::error::EdgeError;
 use crate::edge::http::dynamic_webhook;
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
 use crate::edge::objects::lease_object::{GUARD_NAME, LEASE_BINDING};
@@ -40,7 +40,7 @@ pub async fn receive(
     req: web_sys::Request,
     env: &Env,
     config: &Config,
-) -> Result<web_sys::Response, EdgeError> {
+) -> Result<web_sys::Response, Refusal> {
     let raw = req.headers();
     let header = |name: &str| raw.get(name).ok().flatten();
     let (length, id, timestamp, signature) = (
@@ -76,7 +76,7 @@ pub async fn receive(
             Need::Body { cap, declared } => match read_capped(&req, cap, declared).await {
                 Ok(body) => intake.body_read(body),
                 Err(e) => {
-                    return Err(EdgeError::BadRequest(format!(
+                    return Err(Refusal::BadRequest(format!(
                         "unreadable body: {}",
                         js_error(&e)
                     )))
@@ -118,13 +118,13 @@ async fn keep_dead_letter(
     config: &Config,
     key: &str,
     value: &serde_json::Value,
-) -> Result<(), EdgeError> {
+) -> Result<(), Refusal> {
     let kv = env.kv(KV_BINDING)?;
     write_dead_letter(&kv, key, value, config.kv_ttl_secs()).await
 }
 
 /// Counts, logs and remembers what a finished delivery says, and answers it.
-fn answer(finished: Finished) -> Result<web_sys::Response, EdgeError> {
+fn answer(finished: Finished) -> Result<web_sys::Response, Refusal> {
     let Finished {
         reply,
         counts,
@@ -148,12 +148,5 @@ fn answer(finished: Finished) -> Result<web_sys::Response, EdgeError> {
     if let Some((key, status)) = remember {
         TERMINAL.with(|t| t.borrow_mut().remember(&key, status));
     }
-    match reply {
-        Reply::Answered(answer) => raw_response::json(200, &answer).map_err(EdgeError::from),
-        Reply::Unauthorized => Err(EdgeError::Unauthorized),
-        Reply::TooLarge => Err(EdgeError::TooLarge),
-        Reply::BadRequest(text) => Err(EdgeError::BadRequest(text)),
-        Reply::RetryAfter(secs) => Err(EdgeError::RetryLater(secs)),
-        Reply::Unavailable(why) => Err(EdgeError::Unavailable(why)),
-    }
+    reply.and_then(|answer| raw_response::json(200, &answer).map_err(Refusal::from))
 }

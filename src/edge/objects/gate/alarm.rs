@@ -11,19 +11,20 @@ use worker::{Env, Response, Result};
 
 use crate::config::Config;
 use crate::operation::alarm::{
-    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAnswer, ConfirmAsk, Upkeep,
+    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, Upkeep,
 };
-use crate::operation::effect::build_request;
+use crate::operation::effect::{build_request, outcome};
 use crate::operation::gate::Step;
 use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
+use crate::refusal::Refusal;
+use crate::retry::Answer;
 use crate::telemetry::counters;
 
-use crate::edge::error::EdgeError;
 use crate::edge::objects::gate::commit::{commit, limits, Alarm};
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::stats_shard;
-use crate::edge::outbound::fetch::{post_alert, Answer};
+use crate::edge::outbound::fetch::post_alert;
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
 use crate::edge::outbound::{destination, status_api};
 use crate::edge::runtime::{now_ms, random_unit};
@@ -99,7 +100,7 @@ impl<'a> Run<'a> {
                 name,
             } => {
                 self.storage.meter().add(|u| u.outbound_fetches += 1);
-                ConfirmAnswer::Answer(status_api::ask(config, collection, &key, &name).await)
+                status_api::ask(config, collection, &key, &name).await
             }
         };
         let current = self.storage.load()?.unwrap_or(op);
@@ -167,7 +168,7 @@ impl<'a> Run<'a> {
         };
         let attempt = Attempt {
             claim,
-            outcome: destination::outcome(&answer, config.effect_timeout_ms),
+            outcome: outcome(&answer, config.effect_timeout_ms),
             started_ms,
             finished_ms: now_ms(),
             target,
@@ -219,12 +220,12 @@ impl<'a> Run<'a> {
             self.storage.meter().add(|u| u.kv_writes += writes);
             Some(match self.env.kv(KV_BINDING) {
                 Ok(kv) => write_projection(&kv, p, *index).await,
-                Err(e) => Err(EdgeError::from(e)),
+                Err(e) => Err(Refusal::from(e)),
             })
         };
         let (flushed, written) = futures_util::join!(flush, write);
         let text =
-            |r: Option<std::result::Result<(), EdgeError>>| r.map(|r| r.map_err(|e| e.to_string()));
+            |r: Option<std::result::Result<(), Refusal>>| r.map(|r| r.map_err(|e| e.to_string()));
         let current = self.storage.load()?.unwrap_or(op);
         let step = alarm::upkeep_done(
             current.clone(),

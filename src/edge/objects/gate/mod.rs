@@ -39,9 +39,9 @@ use worker::{durable_object, DurableObject, Env, Request, Response, Result, Stat
 use crate::operation::alarm_failure;
 use crate::operation::gate_log::GateLog;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::refusal::Refusal;
 use crate::telemetry::usage::Invocation;
 
-use crate::edge::error::EdgeError;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms, random_unit};
 
@@ -69,14 +69,12 @@ impl DurableObject for OperationGate {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let config = match load_config(&self.env) {
             Ok(c) => c,
-            Err(e) => return EdgeError::Config(e).into_response(),
+            Err(e) => return Refusal::Config(e).into_response(),
         };
         let started = self.storage.meter().begin(config.usage_log);
         let mut command: GateCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => {
-                return EdgeError::BadRequest(format!("bad gate command: {e}")).into_response()
-            }
+            Err(e) => return Refusal::BadRequest(format!("bad gate command: {e}")).into_response(),
         };
         // An operator's repair runs before the record is loaded: loading is what it repairs.
         let repaired = match &command {

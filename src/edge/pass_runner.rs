@@ -21,21 +21,20 @@ use worker::{
 
 use crate::config::Config;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::pass::{
     Fanout, Intent, Limits, ListedKey, ListedPage, Pass, PassLog, PassReport, PollJob, QueuedJob,
-    StatusAnswer, WebhookAnswer,
 };
-use crate::reconciliation::reconcile::Thresholds;
 
-use crate::edge::error::EdgeError;
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
 use crate::edge::objects::lease_object::{LEASE_BINDING, LEASE_NAME};
-use crate::edge::outbound::fetch::{post_alert, Answer, SkimAnswer};
+use crate::edge::outbound::fetch::post_alert;
 use crate::edge::outbound::ledger_kv::KV_BINDING;
 use crate::edge::outbound::status_api;
 use crate::edge::runtime::{log, now_ms, random_unit};
 use crate::operation::ledger::open_key;
+use crate::refusal::Refusal;
 
 /// The fan-out queue's producer binding; without it every pass polls by itself.
 pub const QUEUE_BINDING: &str = "RECONCILE_QUEUE";
@@ -196,19 +195,7 @@ impl Io<'_> {
                 self.pass.borrow_mut().on_lease(reply, now_ms());
             }
             Intent::ListWebhooks { url } => {
-                let answer = match status_api::get(self.config, &url).await {
-                    Answer::Http {
-                        status,
-                        excerpt,
-                        retry_after,
-                    } => WebhookAnswer::Http {
-                        status,
-                        body: excerpt,
-                        retry_after,
-                    },
-                    Answer::TooLarge { cap, .. } => WebhookAnswer::TooLarge { cap },
-                    Answer::Timeout | Answer::Network(_) => WebhookAnswer::Unanswered,
-                };
+                let answer = status_api::get(self.config, &url).await;
                 self.pass.borrow_mut().on_webhook_page(answer);
             }
             Intent::PostAlert(body) => {
@@ -222,20 +209,7 @@ impl Io<'_> {
                     .on_listed(page.map_err(|e| e.to_string()));
             }
             Intent::Poll { key, url } => {
-                let answer = match status_api::read(self.config, &key, &url).await {
-                    SkimAnswer::Http {
-                        status,
-                        retry_after,
-                        body,
-                        ..
-                    } => StatusAnswer::Http {
-                        status,
-                        retry_after,
-                        body,
-                    },
-                    SkimAnswer::Timeout => StatusAnswer::Timeout,
-                    SkimAnswer::Network(e) => StatusAnswer::Network(e),
-                };
+                let answer = status_api::read(self.config, &key, &url).await;
                 self.pass.borrow_mut().on_status(answer, now_ms());
             }
             Intent::CallGate { key, command } => {
@@ -306,8 +280,8 @@ async fn list_page(
     kv: Option<&KvStore>,
     prefix: &str,
     cursor: Option<String>,
-) -> Result<ListedPage, EdgeError> {
-    let kv = kv.ok_or_else(|| EdgeError::Unavailable(format!("{KV_BINDING}: not bound")))?;
+) -> Result<ListedPage, Refusal> {
+    let kv = kv.ok_or_else(|| Refusal::Unavailable(format!("{KV_BINDING}: not bound")))?;
     let page = crate::edge::outbound::ledger_kv::list_page(kv, prefix, cursor).await?;
     Ok(ListedPage {
         keys: page
@@ -323,6 +297,6 @@ async fn list_page(
     })
 }
 
-async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, EdgeError> {
+async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, Refusal> {
     post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
 }
