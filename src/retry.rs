@@ -9,6 +9,8 @@
 //! retrying it is pointless. Every caller asks [`Answer::class`] (or [`class_of_status`]), so
 //! the rule cannot drift apart.
 
+use crate::timestamp::parse_http_date_ms;
+
 /// How an outbound answer ended, for the caller's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
@@ -60,6 +62,27 @@ impl<B> Answer<B> {
     }
 }
 
+impl<B> Answer<B> {
+    /// How long the peer asked to be left alone, from `now_ms`: a 429 or 503's `Retry-After`,
+    /// in seconds or as an HTTP date (RFC 9110 §10.2.3). `None` without one, when it cannot be
+    /// read, or on any other answer; a date already past asks for no wait (`Some(0)`).
+    pub fn asked_wait_ms(&self, now_ms: i64) -> Option<i64> {
+        let Answer::Http {
+            status: 429 | 503,
+            retry_after: Some(value),
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let value = value.trim();
+        if let Ok(secs) = value.parse::<u32>() {
+            return Some(i64::from(secs) * 1_000);
+        }
+        parse_http_date_ms(value).map(|at| (at - now_ms).max(0))
+    }
+}
+
 impl Answer {
     /// The answer in a few words, for logs and records.
     pub fn summary(&self) -> String {
@@ -79,6 +102,30 @@ impl Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_429_or_503_says_how_long_to_wait_in_seconds_or_as_a_date() {
+        let now = 784_111_777_000; // Sun, 06 Nov 1994 08:49:37 GMT
+        let asked = |status, value: &str| {
+            Answer::Http {
+                status,
+                body: String::new(),
+                retry_after: Some(value.to_string()),
+            }
+            .asked_wait_ms(now)
+        };
+        assert_eq!(asked(429, "4"), Some(4_000));
+        assert_eq!(asked(503, " 120 "), Some(120_000));
+        assert_eq!(asked(503, "Sun, 06 Nov 1994 08:49:47 GMT"), Some(10_000));
+        assert_eq!(asked(503, "Sun, 06 Nov 1994 08:00:00 GMT"), Some(0));
+        for junk in ["soon", "-4", "4.5", ""] {
+            assert_eq!(asked(429, junk), None, "{junk}");
+        }
+        // Only where HTTP gives Retry-After that meaning.
+        assert_eq!(asked(500, "4"), None);
+        assert_eq!(asked(200, "4"), None);
+        assert_eq!(Answer::<String>::Timeout.asked_wait_ms(now), None);
+    }
 
     #[test]
     fn statuses_are_classified_once() {

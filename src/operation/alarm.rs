@@ -436,6 +436,8 @@ pub struct Attempt {
     pub outcome: AttemptOutcome,
     pub started_ms: i64,
     pub finished_ms: i64,
+    /// The wait the destination asked for (a 429 or 503's `Retry-After`), if it did.
+    pub asked_wait_ms: Option<i64>,
     /// Where it went and under which id, for the operator's history row.
     pub target: AttemptTarget,
 }
@@ -465,6 +467,11 @@ pub fn attempt_finished(
         limits.retry_max_secs,
         jitter,
     );
+    // A destination that said when to come back is not asked sooner (within the cap: a
+    // Retry-After of a day does not hold an effect past EFFECT_RETRY_MAX_SECONDS).
+    let backoff = attempt.asked_wait_ms.map_or(backoff, |asked| {
+        backoff.max(asked.min(limits.retry_max_secs.saturating_mul(1_000)))
+    });
     let finished = op.finish(
         attempt.claim.token,
         &attempt.outcome,
@@ -697,6 +704,7 @@ mod tests {
             outcome: AttemptOutcome::Delivered,
             started_ms: 10,
             finished_ms: 20,
+            asked_wait_ms: None,
             target: Default::default(),
         };
         let done = attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5);
@@ -751,6 +759,7 @@ mod tests {
                         outcome: AttemptOutcome::Delivered,
                         started_ms: 20,
                         finished_ms: 20,
+                        asked_wait_ms: None,
                         target: Default::default(),
                     };
                     attempt_finished(step.record.unwrap(), &attempt, &LIMITS, 0.5)
@@ -860,6 +869,7 @@ mod tests {
             outcome: AttemptOutcome::Retry("503".into()),
             started_ms: 20,
             finished_ms: 30,
+            asked_wait_ms: None,
             target: Default::default(),
         };
         let failed = attempt_finished(held, &attempt, &LIMITS, 0.5)
@@ -891,6 +901,7 @@ mod tests {
             outcome: AttemptOutcome::Park("400: invalid payload".into()),
             started_ms: 20,
             finished_ms: 30,
+            asked_wait_ms: None,
             target: AttemptTarget {
                 destination: "route billing: https://billing.example/\u{2026}".into(),
                 webhook_id: "msg_x_1".into(),
@@ -925,6 +936,7 @@ mod tests {
             outcome: AttemptOutcome::Park("400: no".into()),
             started_ms: 20,
             finished_ms: 30,
+            asked_wait_ms: None,
             target: Default::default(),
         };
         let parked = attempt_finished(step.record.unwrap(), &attempt, &LIMITS, 0.5);
@@ -955,6 +967,7 @@ mod tests {
                 outcome,
                 started_ms: 10,
                 finished_ms: 20,
+                asked_wait_ms: None,
                 target: Default::default(),
             };
             attempt_finished(held.clone(), &attempt, &LIMITS, 0.5)
@@ -1151,6 +1164,40 @@ mod feeder_tests {
     }
 
     #[test]
+    fn a_retry_waits_what_the_destination_asked_within_the_cap() {
+        let first = step(Some(registered()), deliver(Status::Succeeded), 10)
+            .record
+            .unwrap();
+        let (claim, s) = begin_attempt(first, 10, &LIMITS).unwrap();
+        let op = s.record.unwrap();
+        let next_after = |asked_wait_ms| {
+            let done = attempt_finished(
+                op.clone(),
+                &Attempt {
+                    claim,
+                    outcome: AttemptOutcome::Retry("429: slow down".into()),
+                    started_ms: 10,
+                    finished_ms: 30,
+                    asked_wait_ms,
+                    target: Default::default(),
+                },
+                &LIMITS,
+                1.0,
+            );
+            done.record.unwrap().effect().next_attempt_ms() - 30
+        };
+        // The backoff's own first wait is a second (LIMITS: base 1 s, cap 8 s).
+        assert_eq!(next_after(None), 1_000);
+        assert_eq!(next_after(Some(4_000)), 4_000, "no sooner than asked");
+        assert_eq!(next_after(Some(0)), 1_000, "never sooner than the backoff");
+        assert_eq!(
+            next_after(Some(3_600_000)),
+            8_000,
+            "an hour asked waits the cap"
+        );
+    }
+
+    #[test]
     fn attempt_outcomes_commit_done_retry_or_park_and_a_stale_token_changes_nothing() {
         let first = step(Some(registered()), deliver(Status::Succeeded), 10)
             .record
@@ -1165,6 +1212,7 @@ mod feeder_tests {
                     outcome,
                     started_ms: 10,
                     finished_ms: 30,
+                    asked_wait_ms: None,
                     target: Default::default(),
                 },
                 &LIMITS,

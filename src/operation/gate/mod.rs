@@ -174,6 +174,7 @@ pub(crate) mod fixtures {
             outcome: AttemptOutcome::Delivered,
             started_ms: 10,
             finished_ms: 20,
+            asked_wait_ms: None,
             target: Default::default(),
         };
         attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)

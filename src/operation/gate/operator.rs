@@ -234,6 +234,7 @@ mod tests {
                 outcome: AttemptOutcome::Park("400".into()),
                 started_ms: 10,
                 finished_ms: 20,
+                asked_wait_ms: None,
                 target: Default::default(),
             },
             &LIMITS,
@@ -317,6 +318,7 @@ mod tests {
             outcome: AttemptOutcome::Delivered,
             started_ms: 32,
             finished_ms: 40,
+            asked_wait_ms: None,
             target: Default::default(),
         };
         let done = attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5).record;

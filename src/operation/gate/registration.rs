@@ -209,6 +209,7 @@ mod tests {
                 outcome: AttemptOutcome::Retry("503".into()),
                 started_ms: 10,
                 finished_ms: 20,
+                asked_wait_ms: None,
                 target: Default::default(),
             },
             &LIMITS,

@@ -170,6 +170,7 @@ impl<'a> Run<'a> {
             claim,
             outcome: outcome(&answer, config.effect_timeout_ms),
             started_ms,
+            asked_wait_ms: answer.asked_wait_ms(now_ms()),
             finished_ms: now_ms(),
             target,
         };
