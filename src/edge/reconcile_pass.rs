@@ -53,6 +53,7 @@ fn limits(config: &Config, queue: Option<&Queue>) -> Limits {
             effect_alert_after_secs: config.effect_alert_after_secs,
         },
         webhook_name: config.gemini_webhook_name.clone(),
+        webhook_auto_enable: config.gemini_webhook_auto_enable,
         api_base: config.gemini_api_base.clone(),
         unregistered_hold_ms: config.unregistered_hold_ms(),
         fanout: queue.map(|_| Fanout {
@@ -210,6 +211,10 @@ impl Io<'_> {
                     Answer::Timeout | Answer::Network(_) => WebhookAnswer::Unanswered,
                 };
                 self.pass.borrow_mut().on_webhook_page(answer);
+            }
+            Intent::EnableWebhook { url, body } => {
+                let answer = status_api::patch_webhook(self.config, &url, &body).await;
+                self.pass.borrow_mut().on_webhook_enabled(answer);
             }
             Intent::PostAlert(body) => {
                 let sent = post_alert(self.config, &body).await;

@@ -1,4 +1,5 @@
-//! Asking Gemini's status API about one operation, with the API key and a deadline.
+//! Asking Gemini's status API about one operation, with the API key and a deadline; and the
+//! WebhookService's small calls a pass makes (a page of the listing, enabling the webhook).
 //!
 //! Guarantees: one bounded GET (headers within [`STATUS_TIMEOUT_MS`], a 2xx body within
 //! [`STATUS_BODY_TIMEOUT_MS`] more); the body is streamed through the skimmer
@@ -13,6 +14,7 @@ use worker::Method;
 use crate::config::Config;
 use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
+use crate::reconciliation::pass::WebhookAnswer;
 use crate::reconciliation::status::{interpret_skimmed, status_url};
 use crate::telemetry::worker_log::WorkerLog;
 
@@ -54,6 +56,36 @@ pub async fn get(config: &Config, url: &str) -> Answer {
         Keep::Whole(GET_MAX_BYTES),
     )
     .await
+}
+
+/// The WebhookService call a pass asks for to enable the webhook again (`PATCH url` with the
+/// JSON `body`), read as the pass reads a page of the listing: a 2xx body whole up to 256 KiB.
+pub async fn patch_webhook(config: &Config, url: &str, body: &str) -> WebhookAnswer {
+    let mut headers = headers(config);
+    headers.push(("content-type", "application/json".to_string()));
+    let keep = Keep::Whole(GET_MAX_BYTES);
+    match send(
+        Method::Patch,
+        url,
+        &headers,
+        Some(body),
+        STATUS_TIMEOUT_MS,
+        keep,
+    )
+    .await
+    {
+        Answer::Http {
+            status,
+            excerpt,
+            retry_after,
+        } => WebhookAnswer::Http {
+            status,
+            body: excerpt,
+            retry_after,
+        },
+        Answer::TooLarge { cap, .. } => WebhookAnswer::TooLarge { cap },
+        Answer::Timeout | Answer::Network(_) => WebhookAnswer::Unanswered,
+    }
 }
 
 /// One status GET for the operation `key` at `url`, its body skimmed. A large body is
