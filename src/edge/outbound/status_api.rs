@@ -7,7 +7,9 @@
 //! chunk plus at most [`crate::reconciliation::skim::MAX_KEPT_BYTES`] kept) and a large one is logged with
 //! what it cost; every way it can end (an answer, a timeout, a network error) becomes the
 //! pure core's [`Observation`] or [`StatusError`], so the gate and the cron read an answer
-//! the same way; a timeout or network error is transient, like a 429.
+//! the same way; a timeout or network error is transient, like a 429. A WebhookService call
+//! (a listing page, the PATCH enabling the webhook) gets the same deadline and its 2xx body is
+//! read whole up to 256 KiB, refused past it.
 
 use worker::Method;
 
