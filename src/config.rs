@@ -3,7 +3,7 @@
 //!
 //! Guarantees: the table is the one description of a variable (name, kind and range, default,
 //! whether it is a secret, meaning); parsing, `/v1/config`, the fuzzing in
-//! `tests/properties.rs` and the check of the README and `.dev.vars.example`
+//! `tests/properties.rs` and the check of `docs/CONFIGURATION.md` and `.dev.vars.example`
 //! (`tests/config_docs.rs`) all read it, so a variable cannot be known to one and missed by
 //! another. Parsing is pure (a lookup function in, a [`Config`] or the first [`ConfigError`]
 //! out, each variable checked in table order, then the rules that tie two together) and never
@@ -109,7 +109,7 @@ pub struct Variable {
     pub default: Fallback,
     /// Shown by `/v1/config` only as `set` or `not set`, never echoed.
     pub secret: bool,
-    /// One line: what it does (the README's Configuration table says more).
+    /// One line: what it does (`docs/CONFIGURATION.md` says more).
     pub meaning: &'static str,
 }
 
@@ -155,8 +155,8 @@ pub enum Fallback {
 }
 
 impl Fallback {
-    /// The default as the README and `.dev.vars.example` write it: `required`, `none`, or the
-    /// value itself.
+    /// The default as `docs/CONFIGURATION.md` and `.dev.vars.example` write it: `required`,
+    /// `none`, or the value itself.
     pub fn documented(&self) -> String {
         match self {
             Fallback::Required => "required".into(),
@@ -204,7 +204,7 @@ pub fn variable(name: &str) -> Option<&'static Variable> {
     VARIABLES.iter().find(|v| v.name == name)
 }
 
-/// Every variable the worker reads, in the order of the README's Configuration table,
+/// Every variable the worker reads, in the order of `docs/CONFIGURATION.md`'s table,
 /// `.dev.vars.example` and `/v1/config`. A new variable is one row here (and, when it has a
 /// reasoned default, a constant above); parsing, the fuzzing and the documentation check
 /// follow from the row.

@@ -1,13 +1,24 @@
-//! Conversions between Unix milliseconds and RFC 3339 text. Never reads a clock: callers pass
-//! time in (inside a Worker, std's clock panics), so every function here is pure.
+//! Conversions between Unix milliseconds and RFC 3339 text, and the HTTP date a peer's
+//! `Retry-After` may carry. Never reads a clock: callers pass time in (inside a Worker, std's
+//! clock panics), so every function here is pure.
 
-use time::format_description::well_known::Rfc3339;
+use time::format_description::well_known::{Rfc2822, Rfc3339};
 use time::OffsetDateTime;
 
 /// Parses an RFC 3339 timestamp (`2026-01-22T12:00:00Z`, fractions and offsets allowed) into
 /// Unix milliseconds. `None` for anything else.
 pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
     let parsed = OffsetDateTime::parse(text.trim(), &Rfc3339).ok()?;
+    i64::try_from(parsed.unix_timestamp_nanos() / 1_000_000).ok()
+}
+
+/// Parses an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`, RFC 9110's IMF-fixdate) into Unix
+/// milliseconds. `None` for anything else.
+pub fn parse_http_date_ms(text: &str) -> Option<i64> {
+    let text = text.trim();
+    // IMF-fixdate is RFC 2822 with the zone spelled GMT, which time's parser reads as +0000.
+    let numeric = text.strip_suffix(" GMT").map(|t| format!("{t} +0000"))?;
+    let parsed = OffsetDateTime::parse(&numeric, &Rfc2822).ok()?;
     i64::try_from(parsed.unix_timestamp_nanos() / 1_000_000).ok()
 }
 
@@ -41,6 +52,17 @@ mod tests {
         assert_eq!(parse_rfc3339_ms("yesterday"), None);
         assert_eq!(parse_rfc3339_ms(""), None);
         assert_eq!(parse_rfc3339_ms("2026-13-01T00:00:00Z"), None);
+    }
+
+    #[test]
+    fn parses_an_http_date() {
+        assert_eq!(
+            parse_http_date_ms("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(784_111_777_000)
+        );
+        assert_eq!(parse_http_date_ms("Sun, 06 Nov 1994 08:49:37 +0100"), None);
+        assert_eq!(parse_http_date_ms("4"), None);
+        assert_eq!(parse_http_date_ms("Sunday, 06-Nov-94 08:49:37 GMT"), None);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The documentation of configuration agrees with the table the worker reads
-//! (`gemini_once::config::VARIABLES`): the README's Configuration table and
+//! (`gemini_once::config::VARIABLES`): the table of `docs/CONFIGURATION.md` and
 //! `.dev.vars.example` each name every variable, in the table's order, with the table's
 //! default (or, in the example, a value the local loop uses), and name nothing else. A
 //! variable added to the table without its documentation, a default changed in one place
@@ -21,15 +21,16 @@ fn table_names() -> Vec<&'static str> {
     VARIABLES.iter().map(|v| v.name).collect()
 }
 
-/// The rows of the README's Configuration table: (name, default) with backticks removed.
-fn readme_rows() -> Vec<(String, String)> {
-    let readme = read("README.md");
-    let section = readme
-        .split("\n## Configuration\n")
-        .nth(1)
-        .expect("README has a Configuration section");
-    let section = section.split("\n## ").next().unwrap_or(section);
-    section
+/// The rows of the table in `docs/CONFIGURATION.md`, the one before its first `##` section:
+/// (name, default) with backticks removed.
+fn documented_rows() -> Vec<(String, String)> {
+    let doc = read("docs/CONFIGURATION.md");
+    assert!(
+        doc.starts_with("# Configuration\n"),
+        "docs/CONFIGURATION.md is the configuration's page"
+    );
+    let table = doc.split("\n## ").next().unwrap_or(&doc);
+    table
         .lines()
         .filter(|l| l.starts_with("| `"))
         .map(|l| {
@@ -75,29 +76,30 @@ fn example_lines() -> Vec<(String, String, bool)> {
 }
 
 #[test]
-fn readme_documents_every_variable_in_table_order_with_its_default() {
-    let rows = readme_rows();
+fn configuration_md_documents_every_variable_in_table_order_with_its_default() {
+    let rows = documented_rows();
     for (name, default) in &rows {
-        let v = variable(name)
-            .unwrap_or_else(|| panic!("README documents {name}, which the worker does not read"));
+        let v = variable(name).unwrap_or_else(|| {
+            panic!("docs/CONFIGURATION.md documents {name}, which the worker does not read")
+        });
         assert_eq!(
             default,
             &v.default.documented(),
-            "README's default of {name} differs from the table's"
+            "docs/CONFIGURATION.md's default of {name} differs from the table's"
         );
     }
     let names: Vec<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
     for v in VARIABLES {
         assert!(
             names.contains(&v.name),
-            "README does not document {}",
+            "docs/CONFIGURATION.md does not document {}",
             v.name
         );
     }
     assert_eq!(
         names,
         table_names(),
-        "README's rows, once each, in the table's order"
+        "docs/CONFIGURATION.md's rows, once each, in the table's order"
     );
 }
 

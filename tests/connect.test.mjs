@@ -78,7 +78,7 @@ after(async () => {
 describe("the WebhookService stand-in refuses what the SDK says the API refuses", () => {
   it("events outside WebhookSubscribedEvent, unknown fields, a missing key, a page over 1000", async () => {
     const post = (body, key = svc.apiKey) => fetch(`${svc.url}/v1beta/webhooks`, { method: "POST", headers: { "x-goog-api-key": key, "content-type": "application/json" }, body: JSON.stringify(body) });
-    // The README's old curl: the cancelled types are not subscribable.
+    // A subscription that names the cancelled types: they are not subscribable.
     for (const extra of ["batch.cancelled", "interaction.cancelled"]) {
       const r = await post({ name: "x", uri: "https://example.test/webhooks/gemini", subscribed_events: [...SDK_EVENTS, extra] });
       assert.equal(r.status, 400, extra);

@@ -1,23 +1,96 @@
 // What a new user meets first, checked as they would meet it: the README's quick start (one
 // port for the worker throughout), `.dev.vars.example` (each setting once), the worker started
-// from that example (its /healthz warns about what works but should not stay so), and the
-// Deploy section (the two commands, then registering operations).
-import { describe, it } from "node:test";
+// from that example (its /healthz warns about what works but should not stay so), the Deploy
+// section (the two commands, then registering operations), and every shell command the README
+// shows: the loop, the reconciliation walk-through and registering from a shell are run here
+// as written, against the built worker started from `.dev.vars.example`; every other command
+// is named with the test that runs it; every `npm run` and `npm start` is a script whose usage
+// takes each flag the README passes it; every `curl` calls a route the worker serves.
+//
+// What running "as written" changes, and only that: the worker listens on a free port instead
+// of 8787 (`localhost:8787` and the deployed `https://gemini-once.<you>.workers.dev` become its
+// address; `npm run register` and `npm run send` to the local worker get `--url` for it, and the
+// example's secret and tokens, which they would read from a `.dev.vars` copied from it, while a
+// checkout's own `.dev.vars` may hold others); `export GEMINI_ONCE_REGISTER_TOKEN=...` sets the
+// example's register token in place of the placeholder; the stub listens on a free
+// port (`npm run gemini-stub -- done` gets `--port` for it); and wrangler dev's
+// `/__scheduled?cron=...` route, which Miniflare does not serve, becomes a scheduled event with
+// that cron (tests/start.test.mjs calls the route itself, under `npm start`).
+import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { execFile, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import YAML from "yaml";
 import { devVars, LOCAL_WORKER_URL, DEMO_EFFECT_URL, GEMINI_STUB_URL } from "../scripts/dev_vars.mjs";
-import { startWorker } from "./helpers.mjs";
+import { eachLine, freePort } from "../scripts/local_worker.mjs";
+import { effectReceiver, listen } from "../scripts/receive.mjs";
+import { startWorker, eventually } from "./helpers.mjs";
 
+const run = promisify(execFile);
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const readme = readFileSync(path.join(root, "README.md"), "utf8");
+const read = (file) => readFileSync(path.join(root, file), "utf8");
+const readme = read("README.md");
+const pkg = JSON.parse(read("package.json"));
+const example = devVars(path.join(root, ".dev.vars.example"));
+const firstOf = (list) => list?.split(/\s+/).find(Boolean);
+
 const section = (title) => {
   const start = readme.indexOf(`\n## ${title}\n`);
   assert.ok(start >= 0, `README has no ## ${title}`);
   const end = readme.indexOf("\n## ", start + 1);
   return readme.slice(start, end === -1 ? undefined : end);
 };
+
+/** `command` without its trailing shell comment (an unquoted `#` that starts a word). */
+function code(command) {
+  let quote = null;
+  for (let i = 0; i < command.length; i++) {
+    const c = command[i];
+    if (quote) { if (c === quote) quote = null; }
+    else if (c === "'" || c === '"') quote = c;
+    else if (c === "#" && (i === 0 || /\s/.test(command[i - 1]))) return command.slice(0, i).trimEnd();
+  }
+  return command.trimEnd();
+}
+
+/**
+ * The README's fenced blocks of `lang`, each with the heading it sits under (the nearest `##`
+ * or `###`) and its lines; for shell blocks, one command per entry (`\` continuations joined,
+ * comment-only lines left out).
+ */
+function blocks(lang) {
+  const found = [];
+  let heading = "";
+  const lines = readme.split("\n");
+  for (let i = 0; i < lines.length; i++) {
+    const h = lines[i].match(/^#{2,3} (.*)/);
+    if (h) heading = h[1];
+    if (lines[i] !== "```" + lang) continue;
+    const body = [];
+    for (i++; lines[i] !== "```"; i++) body.push(lines[i]);
+    if (lang !== "sh") { found.push({ heading, lines: body }); continue; }
+    const commands = [];
+    for (const line of body.join("\n").replace(/\\\n\s*/g, "").split("\n")) {
+      if (code(line).trim()) commands.push(line.trim());
+    }
+    found.push({ heading, lines: commands });
+  }
+  return found;
+}
+const shell = blocks("sh");
+const commandsUnder = (heading) => {
+  const found = shell.filter((b) => b.heading === heading).flatMap((b) => b.lines);
+  assert.ok(found.length > 0, `no shell block under "${heading}"`);
+  return found;
+};
+
+// The sections whose commands the tests below run, in order, as a user would.
+const LOOP = "The loop: register, send, see the effect once";
+const RECONCILE = "Try reconciliation: a completion that never arrives";
+const FROM_A_SHELL = "Registering operations from your code";
 
 describe("a newcomer's first steps", () => {
   it("the quick start talks to the worker on one port, the one npm start serves", () => {
@@ -30,7 +103,7 @@ describe("a newcomer's first steps", () => {
   });
 
   it(".dev.vars.example lists each setting once", () => {
-    const names = readFileSync(path.join(root, ".dev.vars.example"), "utf8").split("\n")
+    const names = read(".dev.vars.example").split("\n")
       .map((l) => l.replace(/^#\s*/, "").match(/^([A-Z][A-Z0-9_]*)=/)?.[1])
       .filter(Boolean);
     const twice = names.filter((n, i) => names.indexOf(n) !== i);
@@ -39,10 +112,9 @@ describe("a newcomer's first steps", () => {
   });
 
   it("the worker run from .dev.vars.example says in /healthz that alerts go nowhere and nudges cannot be confirmed", async () => {
-    const vars = devVars(path.join(root, ".dev.vars.example"));
-    assert.equal(vars.ALERT_URL, undefined);
-    assert.equal(vars.GEMINI_API_KEY, undefined);
-    const w = await startWorker({ ...vars, STATS_FLUSH_SECONDS: undefined });
+    assert.equal(example.ALERT_URL, undefined);
+    assert.equal(example.GEMINI_API_KEY, undefined);
+    const w = await startWorker({ ...example, STATS_FLUSH_SECONDS: undefined });
     try {
       const health = await w.json("/healthz");
       assert.equal(health.status, 200, JSON.stringify(health.body));
@@ -61,6 +133,266 @@ describe("a newcomer's first steps", () => {
     assert.ok(at("npm run connect -- --url") < at("register operations as you submit them"));
     assert.match(deploy, /RECONCILE_BUDGET=45/);
     assert.match(deploy, /Cloudflare Access/);
-    assert.doesNotMatch(deploy.replace(/\(`batch\.cancelled` and `interaction\.cancelled` are not subscribable[^)]*\)/, ""), /"batch\.cancelled"|"interaction\.cancelled"/, "no subscription to events the SDK does not list");
+    assert.doesNotMatch(deploy, /"batch\.cancelled"|"interaction\.cancelled"/, "no subscription to events the SDK does not list");
+  });
+
+  it("the local tokens the README uses are the ones .dev.vars.example sets, one of each scope", () => {
+    assert.equal(firstOf(example.REGISTER_TOKENS), "local-register-token");
+    assert.equal(firstOf(example.READ_TOKENS), "local-read-token");
+    assert.equal(firstOf(example.ADMIN_TOKEN), "local-admin-token");
+    for (const token of ["local-register-token", "local-read-token", "local-admin-token"]) assert.ok(readme.includes(token), token);
+  });
+});
+
+describe("the README's loop, run as written", () => {
+  let w, receiver, stub, stubPort, host;
+  const received = [];
+  const stubLines = [];
+  let env;
+
+  before(async () => {
+    stubPort = await freePort();
+    stub = spawn(process.execPath, ["scripts/gemini_stub.mjs", "--port", String(stubPort)], { cwd: root, stdio: ["ignore", "pipe", "inherit"] });
+    eachLine(stub.stdout, (line) => stubLines.push(line));
+    await eventually(() => stubLines.some((l) => l.includes(`status API at http://127.0.0.1:${stubPort}`)), { what: "the stub to listen" });
+    receiver = await listen(effectReceiver(example.EFFECT_SIGNING_SECRET, { log: (line) => received.push(line) }), 0);
+    // The .dev.vars lines the reconciliation walk-through adds, with the stub at its port.
+    const added = {};
+    const [ini] = blocks("ini").filter((b) => b.heading === RECONCILE);
+    assert.ok(ini, "the walk-through shows the .dev.vars lines it adds");
+    for (const line of ini.lines) {
+      const [, name, value] = line.match(/^([A-Z][A-Z0-9_]*)=(.*)$/) ?? assert.fail(`not a NAME=value line: ${line}`);
+      assert.ok(read(".dev.vars.example").includes(`${name}=`), `${name} is a setting of .dev.vars.example`);
+      added[name] = value;
+    }
+    assert.equal(added.GEMINI_API_BASE, GEMINI_STUB_URL, "the stub's address, where npm start runs it");
+    added.GEMINI_API_BASE = `http://127.0.0.1:${stubPort}`;
+    w = await startWorker({ ...example, STATS_FLUSH_SECONDS: undefined, ...added, EFFECT_URL: `http://127.0.0.1:${receiver.address().port}/effects` }, { http: true });
+    host = new URL(w.url).host;
+    env = { ...process.env, GEMINI_ONCE_REGISTER_TOKEN: undefined };
+    delete env.GEMINI_ONCE_REGISTER_TOKEN;
+  });
+  after(async () => {
+    await w?.dispose();
+    stub?.kill();
+    receiver?.closeAllConnections();
+    receiver?.close();
+  });
+
+  /** Runs one README command as written here (see the header); resolves to {code, out, err}. */
+  async function sh(command) {
+    let c = code(command)
+      .replaceAll("https://gemini-once.<you>.workers.dev", w.url)
+      .replace(/\b(?:localhost|127\.0\.0\.1):8787\b/g, host);
+    const exported = c.match(/^export ([A-Z_]+)=(.*)$/);
+    if (exported) {
+      assert.equal(exported[1], "GEMINI_ONCE_REGISTER_TOKEN", "the one variable the README exports");
+      assert.equal(exported[2], "...", "a placeholder for one of REGISTER_TOKENS");
+      env[exported[1]] = firstOf(example.REGISTER_TOKENS);
+      return { code: 0, out: "", err: "" };
+    }
+    const scheduled = c.match(/^curl "?http:\/\/[^/]+\/__scheduled\?cron=([^"\s]+)"?$/);
+    if (scheduled) {
+      const cron = decodeURIComponent(scheduled[1].replaceAll("+", " "));
+      assert.ok(read("wrangler.toml").includes(`crons = ["${cron}"]`), `the cron the worker runs deployed: ${cron}`);
+      await w.scheduled(cron);
+      return { code: 0, out: "", err: "" };
+    }
+    if (/^npm run register -- /.test(c) && !c.includes(" --url ")) c += ` --url ${w.url} --token ${firstOf(example.REGISTER_TOKENS)}`;
+    if (/^npm run send -- /.test(c)) c += ` --url ${w.url} --secret ${firstOf(example.GEMINI_WEBHOOK_SECRETS)} --token ${firstOf(example.READ_TOKENS)}`;
+    if (/^npm run gemini-stub -- done /.test(c)) c += ` --port ${stubPort}`;
+    assert.match(c, /^(npm run (register|send|gemini-stub) -- |curl )/, `a command this test knows how to run: ${command}`);
+    try {
+      const { stdout, stderr } = await run("bash", ["-c", c], { cwd: root, env, timeout: 60_000 });
+      return { code: 0, out: stdout, err: stderr };
+    } catch (e) {
+      return { code: e.code, out: e.stdout ?? "", err: `${e.stderr ?? ""}${e.message}` };
+    }
+  }
+  const json = (out) => JSON.parse(out.trim());
+  const effectsFor = (key) => received.filter((l) => l.includes(`key=${key} `));
+  /** The line the README shows the demo destination printing for `key`, up to its `…` or `...`. */
+  const shownLine = (key) => {
+    const line = readme.split("\n").map((l) => l.replace(/^`|`\)?\.?$/g, "")).find((l) => l.includes(`receive: verified new key=${key} `))
+      ?? assert.fail(`the README shows the destination's line for ${key}`);
+    return line.replace(/^.*receive: /, "").replace(/(…|\.\.\.).*$/, "");
+  };
+
+  it("register, send five times, read the record: one applied, four dropped as duplicates, one effect", async () => {
+    const [register, send, curl, ...rest] = commandsUnder(LOOP);
+    assert.deepEqual(rest, [], "three commands");
+    const registered = await sh(register);
+    assert.equal(registered.code, 0, registered.err);
+    assert.match(registered.out, /201/, registered.out);
+
+    const sent = await sh(send);
+    assert.equal(sent.code, 0, sent.err);
+    const answers = sent.out.split("\n").filter((l) => /^#\d+ /.test(l)).map((l) => JSON.parse(l.slice(l.indexOf("{"))));
+    assert.equal(answers.length, 5, sent.out);
+    assert.equal(answers.filter((a) => a.outcome === "applied").length, 1, sent.out);
+    assert.deepEqual(answers.filter((a) => a.outcome !== "applied").map((a) => `${a.outcome} ${a.reason}`), Array(4).fill("dropped duplicate"), sent.out);
+    assert.match(sent.err, /effect: delivered to the destination/, sent.err);
+
+    const record = json((await sh(curl)).out);
+    assert.equal(record.status, "succeeded", JSON.stringify(record));
+    assert.equal(record.settled_by, "webhook");
+    assert.equal(record.effect_done, true);
+    const lines = effectsFor("batches/demo1");
+    assert.equal(lines.length, 1, lines.join("\n"));
+    assert.ok(lines[0].startsWith(shownLine("batches/demo1")), `${lines[0]}\nas the README shows it:\n${shownLine("batches/demo1")}`);
+
+    // "... --fresh-ids sends the completion again under a new webhook-id (...: dropped as a
+    // duplicate all the same)".
+    const [, anew] = readme.match(/`(npm run send -- batch\.succeeded batches\/demo1 --fresh-ids)`/) ?? assert.fail("the README's --fresh-ids example");
+    const resent = await sh(anew);
+    assert.equal(resent.code, 0, resent.err);
+    const answer = JSON.parse(resent.out.split("\n").find((l) => /^#1 /.test(l)).replace(/^[^{]*/, ""));
+    assert.deepEqual([answer.outcome, answer.reason], ["dropped", "duplicate"], resent.out);
+    assert.ok(!resent.out.includes(sent.out.match(/ (msg_\w+) /)[1]), "a new webhook-id");
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    assert.equal(effectsFor("batches/demo1").length, 1, "no second effect");
+  });
+
+  it("reconciliation: the stub says running until marked done, then one cron pass settles it and the effect arrives once", async () => {
+    const [register, done, pass, curl, ...rest] = commandsUnder(RECONCILE);
+    assert.deepEqual(rest, [], "four commands");
+    const registered = await sh(register);
+    assert.equal(registered.code, 0, registered.err);
+    await w.ledger("batches/demo2");
+    // "A pass before `done` finds it running and settles nothing."
+    await sh(pass);
+    assert.ok(stubLines.includes("gemini-stub: GET batches/demo2: running"), stubLines.join("\n"));
+    assert.equal(json((await sh(curl)).out).settled_by, null);
+
+    const marked = await sh(done);
+    assert.equal(marked.code, 0, marked.err);
+    await sh(pass);
+    assert.ok(stubLines.includes("gemini-stub: GET batches/demo2: succeeded"), stubLines.join("\n"));
+    const record = await eventually(async () => {
+      const r = json((await sh(curl)).out);
+      return r.effect_done && r;
+    }, { what: "the effect of batches/demo2 done" });
+    assert.equal(record.status, "succeeded");
+    assert.equal(record.settled_by, "reconcile");
+    const lines = effectsFor("batches/demo2");
+    assert.equal(lines.length, 1, lines.join("\n"));
+    assert.ok(lines[0].startsWith(shownLine("batches/demo2")), `${lines[0]}\nas the README shows it:\n${shownLine("batches/demo2")}`);
+  });
+
+  it("registering from a shell: npm run register, then curl, with the register token", async () => {
+    const [exported, register, curl, ...rest] = commandsUnder(FROM_A_SHELL);
+    assert.deepEqual(rest, [], "three commands");
+    await sh(exported);
+    const registered = await sh(register);
+    assert.equal(registered.code, 0, registered.err);
+    assert.match(registered.out, /201/, registered.out);
+    const again = json((await sh(curl)).out);
+    assert.equal(again.key, "batches/abc123", JSON.stringify(again));
+    assert.equal(again.kind_change, "unchanged", "the same name again: known, nothing changed");
+    const record = await w.as(firstOf(example.READ_TOKENS)).inspect("batches/abc123");
+    assert.equal(record.body.status, "pending");
+    assert.equal(record.body.kind, "nightly-review");
+  });
+});
+
+/**
+ * Commands outside the sections run above, with the test that runs each: [the command as the
+ * README writes it, the test file, the title of the test in it].
+ */
+const RUN_ELSEWHERE = [
+  [/^npm install && npm start$/, "tests/start.test.mjs", "serves the worker, runs a cron pass on /__scheduled, and stops with everything it started on SIGTERM"],
+  [/^npm start -- --fresh$/, "tests/start.test.mjs", "serves the worker, runs a cron pass on /__scheduled, and stops with everything it started on SIGTERM"],
+  [/^npm start -- --port \d+ --ip 127\.0\.0\.1 --persist-to \S+$/, "tests/start.test.mjs", "serves the worker, runs a cron pass on /__scheduled, and stops with everything it started on SIGTERM"],
+  [/^npm run deploy -- --set EFFECT_URL=\S+ --set ALERT_URL=\S+$/, "tests/deploy.test.mjs", "generates the missing secrets, keeps them for the user, deploys them with the given ones, checks /healthz"],
+  [/^npm run connect -- --url https:\/\/\S+$/, "tests/connect.test.mjs", "puts the secret with wrangler and leaves its copy in a pre-existing 0644 .deploy.vars owner-only"],
+];
+
+describe("every command in the README", () => {
+  it("is run by a test: above, or by the one named for it", () => {
+    const here = new Set([LOOP, RECONCILE, FROM_A_SHELL]);
+    const unaccounted = [];
+    for (const { heading, lines } of shell) {
+      if (here.has(heading)) continue;
+      for (const command of lines.map(code)) {
+        if (command === "npm install && npm test") {
+          // `npm test` is the suite this test is part of.
+          assert.equal(pkg.scripts.test, "bash scripts/test.sh");
+          assert.match(read("scripts/test.sh"), /^node --test .*tests\/$/m);
+          continue;
+        }
+        const rows = RUN_ELSEWHERE.filter(([pattern]) => pattern.test(command));
+        if (rows.length === 0) unaccounted.push(`${heading}: ${command}`);
+        for (const [, file, title] of rows) {
+          const test = read(file);
+          assert.ok(test.includes(`it("${title}"`), `${file} has the test "${title}" that runs: ${command}`);
+          for (const [, flag] of command.matchAll(/(?:^|\s)(--[a-z][a-z0-9-]*)/g)) assert.ok(test.includes(`"${flag}"`), `${file} passes ${flag}, as the README does: ${command}`);
+        }
+      }
+    }
+    assert.deepEqual(unaccounted, [], "commands no test runs");
+  });
+
+  it("calls npm scripts that exist, with flags their usage lists", async () => {
+    // In shell blocks and in the text's code spans alike.
+    const commands = [...shell.flatMap((b) => b.lines), ...[...readme.matchAll(/`(npm (?:start|test|run [\w-]+)[^`]*)`/g)].map((m) => m[1].replace(/\s+/g, " "))]
+      .filter((c) => c.startsWith("npm "));
+    assert.ok(commands.length > 20, `${commands.length} commands`);
+    const usage = new Map();
+    const usageOf = async (script) => {
+      if (!usage.has(script)) {
+        const line = pkg.scripts[script];
+        let text;
+        if (script === "start") {
+          // npm start takes --fresh itself and passes the rest to wrangler dev.
+          assert.match(read("scripts/start.mjs"), /argv\.includes\("--fresh"\)/);
+          const { stdout } = await run(path.join(root, "node_modules/.bin/wrangler"), ["dev", "--help"], { cwd: root, env: { ...process.env, WRANGLER_SEND_METRICS: "false" } });
+          text = `--fresh\n${stdout}`;
+        } else {
+          assert.match(line, /^node scripts\/[\w/]+\.mjs$/, `npm run ${script} runs a node script that answers --help`);
+          // Usage on stdout or stderr, whatever the exit status (the stub answers --help with 2).
+          text = await run("bash", ["-c", `${line} --help`], { cwd: root }).then(({ stdout, stderr }) => stdout + stderr, (e) => `${e.stdout}${e.stderr}`);
+          assert.match(text, /usage/i, `npm run ${script} -- --help`);
+        }
+        usage.set(script, text);
+      }
+      return usage.get(script);
+    };
+    for (const command of commands) {
+      for (const part of command.split("&&").map((p) => p.trim())) {
+        const m = part.match(/^npm (?:run ([\w-]+)|(start|test|install))(?: -- (.*))?(?:\s|$)/) ?? assert.fail(`not an npm command: ${part}`);
+        const script = m[1] ?? m[2];
+        if (script === "install") continue;
+        assert.ok(pkg.scripts[script], `npm ${m[1] ? "run " : ""}${script} is a script of package.json`);
+        const args = m[3] ?? "";
+        if (!args) continue;
+        const text = await usageOf(script);
+        for (const [, flag] of args.matchAll(/(?:^|\s)(--[a-z][a-z0-9-]*)/g)) {
+          assert.match(text, new RegExp(`${flag}(?![a-z0-9-])`), `npm ${m[1] ? "run " : ""}${script} takes ${flag} (${command})`);
+        }
+        for (const [, name] of args.matchAll(/--set ([A-Z][A-Z0-9_]*)=/g)) {
+          assert.ok(read(".dev.vars.example").includes(`${name}=`), `--set ${name}: a setting the worker reads`);
+        }
+      }
+    }
+  });
+
+  it("calls with curl only routes the worker serves, by the method it takes", () => {
+    const spec = YAML.parse(read("docs/openapi.yaml"));
+    const routes = Object.entries(spec.paths).flatMap(([p, ops]) => Object.keys(ops).map((method) => ({
+      method: method.toUpperCase(),
+      pattern: new RegExp(`^${p.replace(/\{name\}/g, ".+")}$`),
+    })));
+    const curls = shell.flatMap((b) => b.lines).map(code).filter((c) => c.startsWith("curl "));
+    assert.ok(curls.length >= 4, curls.join("\n"));
+    for (const command of curls) {
+      const url = new URL((command.match(/(?:https?:\/\/)?(?:localhost|127\.0\.0\.1|[\w.<>-]+\.dev)(?::\d+)?\/[^\s"']*/) ?? assert.fail(`no URL in ${command}`))[0].replace(/^(?!https?:)/, "http://").replace(/<you>/, "you"));
+      const method = command.match(/-X (\w+)/)?.[1] ?? "GET";
+      if (url.pathname === "/__scheduled") {
+        // wrangler dev's --test-scheduled route, which npm start turns on.
+        assert.match(read("scripts/start.mjs"), /"dev", "--test-scheduled"/);
+        continue;
+      }
+      assert.ok(routes.some((r) => r.method === method && r.pattern.test(url.pathname)), `${method} ${url.pathname} is a route of docs/openapi.yaml (${command})`);
+    }
   });
 });

@@ -1,7 +1,8 @@
 // `npm start` as a user runs it (wrangler dev, with this tree's .dev.vars, created from the
 // example when absent): `--fresh` starts from no local state; it serves the worker and the
-// local stand-ins .dev.vars points at, and a SIGTERM to npm stops all of them, leaving no
-// process and no listening port behind.
+// local stand-ins .dev.vars points at, runs a cron pass when the README's `/__scheduled` URL is
+// called, and a SIGTERM to npm stops all of them, leaving no process and no listening port
+// behind.
 import { describe, it, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -30,7 +31,7 @@ function processesNaming(...needles) {
 const answers = (url) => fetch(url).then(() => true, () => false);
 
 describe("npm start", () => {
-  it("serves the worker and stops with everything it started on SIGTERM", { timeout: 240000 }, async () => {
+  it("serves the worker, runs a cron pass on /__scheduled, and stops with everything it started on SIGTERM", { timeout: 240000 }, async () => {
     const port = await freePort();
     // State left by an earlier run: --fresh removes it before the worker starts.
     writeFileSync(path.join(state, "left-from-before"), "x");
@@ -50,6 +51,11 @@ describe("npm start", () => {
       if (created) assert.equal(statSync(devVarsFile).mode & 0o777, 0o600, "the .dev.vars npm start made is owner-only");
       const health = await fetch(`http://127.0.0.1:${port}/healthz`);
       assert.equal(health.status, 200, await health.text());
+      // The README's cron pass on demand: wrangler dev's --test-scheduled route.
+      const [, scheduled] = readFileSync(fileURLToPath(new URL("../README.md", import.meta.url)), "utf8").match(/http:\/\/127\.0\.0\.1:8787(\/__scheduled\?cron=[^"\s]+)/);
+      const cron = await fetch(`http://127.0.0.1:${port}${scheduled}`);
+      assert.equal(cron.status, 200, await cron.text());
+      await eventually(() => lines.some((l) => l.includes('"event":"reconcile_pass"')), { what: "the pass's log line" });
       const demo = lines.find((l) => l.startsWith("start: demo destination at "));
       if (demo) assert.equal((await fetch("http://127.0.0.1:8788/effects")).status, 200, "the demo destination answers");
       assert.ok(processesNaming(state).length > 0);
