@@ -249,6 +249,7 @@ pub const VARIABLES: &[Variable] = {
         V::secret("GEMINI_API_KEY", FreeText, Nothing, "sent as x-goog-api-key to the status API"),
         V::plain("ALERT_URL", Url, Nothing, "alerts are POSTed here as JSON; without it, log lines only"),
         V::plain("GEMINI_WEBHOOK_NAME", FreeText, Nothing, "the Gemini webhook whose own state each cron pass checks"),
+        V::plain("GEMINI_WEBHOOK_AUTO_ENABLE", Flag, Bool(true), "true: a cron pass that finds that webhook disabled_due_to_failed_deliveries re-enables it, alerts, and sweeps every open operation on the fan-out queue; false: it only alerts"),
         // Dynamic (per-job) webhooks.
         V::plain("DYNAMIC_WEBHOOKS", Flag, Bool(true), "false: every JWT-signed delivery is answered 401"),
         V::plain("GEMINI_JWKS_URL", PublicUrl, Text(DEFAULT_GEMINI_JWKS_URL), "key set for dynamic webhooks' RS256 tokens"),
@@ -304,6 +305,9 @@ pub struct Config {
     pub alert_url: Option<String>,
     /// The Gemini webhook whose state each cron pass checks (id or name), if any.
     pub gemini_webhook_name: Option<String>,
+    /// `GEMINI_WEBHOOK_AUTO_ENABLE`: a pass re-enables that webhook when Gemini disabled it
+    /// for failed deliveries.
+    pub gemini_webhook_auto_enable: bool,
     /// Where dynamic webhooks' signing keys are published.
     pub gemini_jwks_url: String,
     /// Required `aud` of dynamic-webhook tokens, when set.
@@ -728,6 +732,7 @@ impl Config {
             gemini_api_key: s.optional("GEMINI_API_KEY", Setting::text)?.map(ApiKey),
             alert_url: s.optional("ALERT_URL", Setting::text)?,
             gemini_webhook_name: s.optional("GEMINI_WEBHOOK_NAME", Setting::text)?,
+            gemini_webhook_auto_enable: s.value("GEMINI_WEBHOOK_AUTO_ENABLE", Setting::flag)?,
             gemini_jwks_url: s.value("GEMINI_JWKS_URL", Setting::text)?,
             gemini_jwt_audience: s.optional("GEMINI_JWT_AUDIENCE", Setting::text)?,
             stranger_alert_threshold: s.value("STRANGER_ALERT_THRESHOLD", Setting::whole)? as u32,

@@ -52,6 +52,7 @@ fn limits(config: &Config, queue: Option<&Queue>) -> Limits {
             effect_alert_after_secs: config.effect_alert_after_secs,
         },
         webhook_name: config.gemini_webhook_name.clone(),
+        webhook_auto_enable: config.gemini_webhook_auto_enable,
         api_base: config.gemini_api_base.clone(),
         unregistered_hold_ms: config.unregistered_hold_ms(),
         fanout: queue.map(|_| Fanout {
@@ -197,6 +198,10 @@ impl Io<'_> {
             Intent::ListWebhooks { url } => {
                 let answer = status_api::get(self.config, &url).await;
                 self.pass.borrow_mut().on_webhook_page(answer);
+            }
+            Intent::EnableWebhook { url, body } => {
+                let answer = status_api::patch_webhook(self.config, &url, &body).await;
+                self.pass.borrow_mut().on_webhook_enabled(answer);
             }
             Intent::PostAlert(body) => {
                 let sent = post_alert(self.config, &body).await;

@@ -21,6 +21,8 @@ pub enum AlertKind {
     EffectFailing,
     /// Gemini disabled (or lost) the webhook: completions arrive only by reconciliation.
     WebhookDisabled,
+    /// A pass enabled the webhook Gemini had disabled for failed deliveries, and swept.
+    WebhookReenabled,
     /// The operation's stored record could not be read as it was: it was recovered, and the
     /// original kept for inspection.
     RecordUnreadable,
@@ -41,6 +43,7 @@ impl AlertKind {
             AlertKind::UnknownToGemini => "unknown_to_gemini",
             AlertKind::EffectFailing => "effect_failing",
             AlertKind::WebhookDisabled => "webhook_disabled",
+            AlertKind::WebhookReenabled => "webhook_reenabled",
             AlertKind::RecordUnreadable => "record_unreadable",
             AlertKind::StatusUnusable => "status_unusable",
             AlertKind::AlarmFailing => "alarm_failing",
@@ -87,14 +90,27 @@ pub fn body(
     })
 }
 
-/// The alert that Gemini's webhook `name` is in `state` (not `enabled`).
-pub fn webhook_disabled(name: &str, state: &str) -> Value {
+/// The alert that Gemini's webhook `name` is in `state` (not `enabled`) and was left so:
+/// `left` says why and what to do.
+pub fn webhook_disabled(name: &str, state: &str, left: &str) -> Value {
     body(
         AlertKind::WebhookDisabled,
         None,
         (None, name, None),
         0,
-        &format!("is {state}; completions now arrive only through reconciliation. Re-enable it (PATCH v1beta/webhooks/...) once the receiver is healthy."),
+        &format!("is {state}; completions now arrive only through reconciliation. {left}"),
+    )
+}
+
+/// The alert that a pass enabled Gemini's webhook `name` again (it was `was`): `done` says
+/// what the pass did about the completions missed meanwhile.
+pub fn webhook_reenabled(name: &str, was: &str, done: &str) -> Value {
+    body(
+        AlertKind::WebhookReenabled,
+        None,
+        (None, name, None),
+        0,
+        &format!("was {was}: re-enabled by a cron pass (PATCH v1beta/webhooks/{{id}}?update_mask=state, as npm run connect does). {done}"),
     )
 }
 
@@ -137,6 +153,7 @@ mod tests {
             AlertKind::UnknownToGemini,
             AlertKind::EffectFailing,
             AlertKind::WebhookDisabled,
+            AlertKind::WebhookReenabled,
         ] {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
         }
@@ -144,7 +161,11 @@ mod tests {
 
     #[test]
     fn webhook_disabled_names_the_webhook_and_its_state() {
-        let body = webhook_disabled("webhooks/gemini-once", "disabled_due_to_failed_deliveries");
+        let body = webhook_disabled(
+            "webhooks/gemini-once",
+            "disabled_due_to_failed_deliveries",
+            "Left as it is.",
+        );
         assert_eq!(body["alert"], "webhook_disabled");
         assert_eq!(body["key"], Value::Null);
         assert_eq!(body["name"], "webhooks/gemini-once");
@@ -154,5 +175,28 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("disabled_due_to_failed_deliveries"), "{text}");
+        assert!(text.ends_with("Left as it is."), "{text}");
+    }
+
+    #[test]
+    fn webhook_reenabled_says_what_it_was_and_what_was_done() {
+        let body = webhook_reenabled(
+            "webhooks/gemini-once",
+            "disabled_due_to_failed_deliveries",
+            "3 swept.",
+        );
+        assert_eq!(body["alert"], "webhook_reenabled");
+        assert_eq!(body["key"], Value::Null);
+        let text = body["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("gemini-once webhook_reenabled: webhooks/gemini-once"),
+            "{text}"
+        );
+        assert!(
+            text.contains("was disabled_due_to_failed_deliveries: re-enabled"),
+            "{text}"
+        );
+        assert!(text.contains("update_mask=state"), "{text}");
+        assert!(text.ends_with("3 swept."), "{text}");
     }
 }

@@ -315,10 +315,12 @@ fn interaction(value: &Value) -> Result<Observation, StatusError> {
 }
 
 /// One page of `GET v1beta/webhooks`: the state of the webhook named `wanted` (matched on
-/// its `name` or `id`, with or without a `webhooks/` prefix), and the next page token.
+/// its `name` or `id`, with or without a `webhooks/` prefix), its id (its `id`, else its
+/// `name` without the prefix, as early answers carried it), and the next page token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookPage {
     pub state: Option<String>,
+    pub id: Option<String>,
     pub next_page_token: Option<String>,
 }
 
@@ -329,7 +331,7 @@ pub fn find_webhook(body: &str, wanted: &str) -> Result<WebhookPage, StatusError
         serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
     let bare = |s: &str| s.trim().trim_start_matches("webhooks/").to_string();
     let wanted = bare(wanted);
-    let state = value
+    let found = value
         .get("webhooks")
         .and_then(Value::as_array)
         .into_iter()
@@ -340,9 +342,14 @@ pub fn find_webhook(body: &str, wanted: &str) -> Result<WebhookPage, StatusError
                     .and_then(Value::as_str)
                     .is_some_and(|v| bare(v) == wanted)
             })
-        })
-        .and_then(|w| w.get("state").and_then(Value::as_str))
-        .map(str::to_string);
+        });
+    let field = |name: &str| found.and_then(|w| w.get(name)).and_then(Value::as_str);
+    let state = field("state").map(str::to_string);
+    // A `name` is an id only in the `webhooks/{id}` form; otherwise it is a display name.
+    let id = field("id")
+        .or_else(|| field("name").filter(|n| n.trim().starts_with("webhooks/")))
+        .map(bare)
+        .filter(|id| !id.is_empty());
     let next_page_token = ["next_page_token", "nextPageToken"]
         .iter()
         .find_map(|k| value.get(*k).and_then(Value::as_str))
@@ -350,8 +357,43 @@ pub fn find_webhook(body: &str, wanted: &str) -> Result<WebhookPage, StatusError
         .map(str::to_string);
     Ok(WebhookPage {
         state,
+        id,
         next_page_token,
     })
+}
+
+/// The state Gemini disables a webhook with after long failure; the only one a pass restores.
+pub const DISABLED_FOR_FAILURES: &str = "disabled_due_to_failed_deliveries";
+
+/// Characters left as they are in a webhook id put in a path (RFC 3986's unreserved).
+const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// The WebhookService call that enables webhook `id` again, as `npm run connect` makes it:
+/// `PATCH v1beta/webhooks/{id}?update_mask=state` with this body.
+pub fn enable_webhook_call(api_base: &str, id: &str) -> (String, String) {
+    let id = percent_encoding::utf8_percent_encode(id, PATH_SEGMENT);
+    (
+        format!("{api_base}/v1beta/webhooks/{id}?update_mask=state"),
+        r#"{"state":"enabled"}"#.to_string(),
+    )
+}
+
+/// Reads the answer to [`enable_webhook_call`] (a 2xx's body: the webhook as it now is). It
+/// is enabled when the body says `enabled`, or says no state at all (all but `id` and `uri`
+/// are optional); a body naming another state, or not JSON, is not taken as enabled.
+pub fn webhook_enabled(body: &str) -> Result<(), StatusError> {
+    let value: Value =
+        serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
+    match value.get("state").and_then(Value::as_str) {
+        None | Some("enabled") => Ok(()),
+        Some(other) => Err(StatusError::Malformed(format!(
+            "answered with the webhook {other}"
+        ))),
+    }
 }
 
 /// Whether a webhook state deserves an alert, given the state last alerted on: any state but
@@ -772,16 +814,46 @@ mod tests {
             Some("disabled_due_to_failed_deliveries")
         );
         assert_eq!(page.next_page_token.as_deref(), Some("p2"));
+        assert_eq!(page.id.as_deref(), Some("w7"));
         assert_eq!(find_webhook(body, "webhooks/w7").unwrap().state, page.state);
         let missing = find_webhook(r#"{"webhooks":[],"next_page_token":""}"#, "x").unwrap();
         assert_eq!(
             missing,
             WebhookPage {
                 state: None,
+                id: None,
                 next_page_token: None
             }
         );
         assert!(find_webhook("nope", "x").is_err());
+    }
+
+    #[test]
+    fn a_webhook_without_an_id_field_is_known_by_its_resource_name_only() {
+        let page = |w: Value| find_webhook(&json!({ "webhooks": [w] }).to_string(), "gemini-once");
+        let early = page(json!({"name": "webhooks/gemini-once", "state": "disabled"})).unwrap();
+        assert_eq!(early.id.as_deref(), Some("gemini-once"));
+        // A display name is not an id: nothing to address a PATCH to.
+        let display = page(json!({"name": "gemini-once", "state": "disabled"})).unwrap();
+        assert_eq!(display.state.as_deref(), Some("disabled"));
+        assert_eq!(display.id, None);
+    }
+
+    #[test]
+    fn the_enabling_call_is_connects_update_mask_patch() {
+        let (url, body) = enable_webhook_call("https://g", "ab-9_x");
+        assert_eq!(url, "https://g/v1beta/webhooks/ab-9_x?update_mask=state");
+        assert_eq!(body, r#"{"state":"enabled"}"#);
+        let (url, _) = enable_webhook_call("https://g", "a/b?c");
+        assert_eq!(url, "https://g/v1beta/webhooks/a%2Fb%3Fc?update_mask=state");
+    }
+
+    #[test]
+    fn an_enabling_answer_counts_only_when_it_does_not_name_another_state() {
+        assert_eq!(webhook_enabled(r#"{"id":"w","state":"enabled"}"#), Ok(()));
+        assert_eq!(webhook_enabled(r#"{"id":"w"}"#), Ok(()));
+        assert!(webhook_enabled(r#"{"state":"disabled"}"#).is_err());
+        assert!(webhook_enabled("").is_err());
     }
 
     #[test]

@@ -95,6 +95,9 @@ log_events! {
     Reindexed => "reindexed",
     WebhookState => "webhook_state",
     WebhookCheckFailed => "webhook_check_failed",
+    /// A pass enabled the webhook Gemini disabled for failed deliveries, or could not.
+    WebhookEnabled => "webhook_enabled",
+    WebhookEnableFailed => "webhook_enable_failed",
     /// Upkeep.
     RetentionExpired => "retention_expired",
     LedgerWriteFailed => "ledger_write_failed",

@@ -1,4 +1,5 @@
-//! Asking Gemini's status API about one operation, with the API key and a deadline.
+//! Asking Gemini's status API about one operation, with the API key and a deadline; and the
+//! WebhookService's small calls a pass makes (a page of the listing, enabling the webhook).
 //!
 //! Guarantees: one bounded GET (headers within [`STATUS_TIMEOUT_MS`], a 2xx body within
 //! [`STATUS_BODY_TIMEOUT_MS`] more); the body is streamed through the skimmer
@@ -8,6 +9,8 @@
 //! core's [`StatusAnswer`], which the gate and the cron read the same way
 //! ([`interpret_skimmed`]: an [`Observation`] or a [`StatusError`]); a timeout or network error
 //! is transient, like a 429.
+//! A WebhookService call (a listing page, the PATCH enabling the webhook) gets the same
+//! deadline and its 2xx body is read whole up to 256 KiB, refused past it.
 
 use worker::Method;
 
@@ -52,6 +55,22 @@ pub async fn get(config: &Config, url: &str) -> Answer {
         url,
         &headers(config),
         None,
+        STATUS_TIMEOUT_MS,
+        Keep::Whole(GET_MAX_BYTES),
+    )
+    .await
+}
+
+/// The WebhookService call a pass asks for to enable the webhook again (`PATCH url` with the
+/// JSON `body`), read as the pass reads a page of the listing: a 2xx body whole up to 256 KiB.
+pub async fn patch_webhook(config: &Config, url: &str, body: &str) -> Answer {
+    let mut headers = headers(config);
+    headers.push(("content-type", "application/json".to_string()));
+    send(
+        Method::Patch,
+        url,
+        &headers,
+        Some(body),
         STATUS_TIMEOUT_MS,
         Keep::Whole(GET_MAX_BYTES),
     )

@@ -56,7 +56,9 @@ impl Operation {
                     format!("{status} {age} ago but its side effect is still not done")
                 }
             },
-            AlertKind::WebhookDisabled => format!("{status} (the webhook, not this operation)"),
+            AlertKind::WebhookDisabled | AlertKind::WebhookReenabled => {
+                format!("{status} (the webhook, not this operation)")
+            }
             AlertKind::RecordUnreadable => format!(
                 "{status}: its stored record could not be read; it was recovered and the original kept for inspection"
             ),

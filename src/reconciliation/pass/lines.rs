@@ -116,6 +116,18 @@ pub enum PassLog {
         webhook: String,
         error: String,
     },
+    /// The pass enabled the webhook again (it was `was`); `swept`: whether every open
+    /// operation's poll then went on the fan-out queue (false: no queue is bound).
+    WebhookEnabled {
+        webhook: String,
+        was: String,
+        swept: bool,
+    },
+    /// The call enabling the webhook failed: it stays as it was, and the next pass tries again.
+    WebhookEnableFailed {
+        webhook: String,
+        error: String,
+    },
     /// A status call got no answer (`timeout`, or the network error); `backoff_secs` when
     /// this made every status call wait.
     StatusUnanswered {
@@ -160,6 +172,8 @@ impl PassLog {
             PassLog::IndexStale { .. } => LogEvent::IndexStale,
             PassLog::WebhookState { .. } => LogEvent::WebhookState,
             PassLog::WebhookCheckFailed { .. } => LogEvent::WebhookCheckFailed,
+            PassLog::WebhookEnabled { .. } => LogEvent::WebhookEnabled,
+            PassLog::WebhookEnableFailed { .. } => LogEvent::WebhookEnableFailed,
             PassLog::StatusUnanswered { .. } => LogEvent::StatusUnanswered,
             PassLog::StatusNotFound { .. } => LogEvent::StatusNotFound,
             PassLog::StatusTransient { .. } => LogEvent::StatusTransient,
@@ -227,6 +241,15 @@ mod tests {
                 state: "enabled".into(),
             },
             PassLog::WebhookCheckFailed {
+                webhook: "webhooks/w".into(),
+                error: "Refused(403)".into(),
+            },
+            PassLog::WebhookEnabled {
+                webhook: "webhooks/w".into(),
+                was: "disabled_due_to_failed_deliveries".into(),
+                swept: true,
+            },
+            PassLog::WebhookEnableFailed {
                 webhook: "webhooks/w".into(),
                 error: "Refused(403)".into(),
             },

@@ -3,7 +3,9 @@
 //! `on_*` feeder, and a heartbeat beside the walk asks [`Pass::on_heartbeat`] for renewals.
 //! Every decision of the pass lives here, host-tested; the edge only performs I/O.
 //!
-//! What a pass does: take the lease; check the Gemini webhook's state when one is named; list
+//! What a pass does: take the lease; check the Gemini webhook's state when one is named (and
+//! enable it again when Gemini disabled it for failed deliveries, sweeping every open
+//! operation onto the fan-out queue: `restore.rs`); list
 //! the `open:` index of operations that may need work (the whole of it, up to
 //! [`MAX_INDEX_PAGES`] pages, then in windows), and visit the listed entries in key order from
 //! where the last pass stopped, deciding from metadata ([`decide`]) and turning what Gemini's
@@ -32,6 +34,7 @@ mod entry;
 mod fanout;
 mod lease;
 mod lines;
+mod restore;
 pub mod stop;
 mod walk;
 mod webhook;
@@ -88,6 +91,9 @@ pub struct Limits {
     pub thresholds: Thresholds,
     /// `GEMINI_WEBHOOK_NAME`: the webhook whose state each pass checks.
     pub webhook_name: Option<String>,
+    /// `GEMINI_WEBHOOK_AUTO_ENABLE`: enable it again when Gemini disabled it for failed
+    /// deliveries.
+    pub webhook_auto_enable: bool,
     /// `GEMINI_API_BASE`.
     pub api_base: String,
     /// How long the first side effect of an unregistered operation the pass settles waits.
@@ -103,6 +109,9 @@ pub enum Intent {
     Lease(LeaseCommand),
     /// GET this page of Gemini's webhook listing; answer with [`Pass::on_webhook_page`].
     ListWebhooks { url: String },
+    /// `PATCH` this WebhookService URL with this JSON body (enabling the webhook again);
+    /// answer with [`Pass::on_webhook_enabled`].
+    EnableWebhook { url: String, body: String },
     /// Post this alert to the alert sink; answer with [`Pass::on_alert_posted`].
     PostAlert(Value),
     /// List one KV page of keys under `prefix` from `cursor`; answer with [`Pass::on_listed`].
@@ -199,6 +208,8 @@ pub struct Pass {
     webhook_alerted_state: Option<String>,
     /// The webhook check's result: `None` when it was not made, else the state now alerted on.
     webhook: Option<Option<String>>,
+    /// The webhook this pass enabled again, and the sweep that follows.
+    sweep: Option<restore::Sweep>,
     /// Where the audit starts, when it is due.
     audit_from: Option<Resume>,
     /// Where the polls scheduled on the fan-out queue end (from the lease, then this pass's).
@@ -216,6 +227,8 @@ pub struct Pass {
 enum Phase {
     Acquire,
     Webhook(webhook::Check),
+    /// The walk is over and the webhook this pass enabled again is to be alerted; then this.
+    Announce(Box<Phase>),
     Index(walk::IndexWalk),
     Audit(walk::AuditWalk),
     Job(fanout::JobWalk),
@@ -231,7 +244,9 @@ enum Phase {
 enum Awaiting {
     Acquire,
     WebhookPage,
+    WebhookEnable,
     WebhookAlert,
+    Announce,
     Listed,
     Status {
         started_ms: i64,
@@ -290,6 +305,7 @@ impl Pass {
             kv_unbound: None,
             webhook_alerted_state: None,
             webhook: None,
+            sweep: None,
             audit_from: None,
             fed_until_ms: 0,
             job: false,
@@ -321,6 +337,7 @@ impl Pass {
                     self.acquire()
                 }
                 Phase::Webhook(check) => self.webhook_step(check),
+                Phase::Announce(then) => self.announce_step(*then),
                 Phase::Index(walk) => self.index_step(walk, now_ms),
                 Phase::Audit(walk) => self.audit_step(walk, now_ms),
                 Phase::Job(walk) => self.job_step(walk, now_ms),

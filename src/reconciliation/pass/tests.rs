@@ -30,6 +30,7 @@ fn limits() -> Limits {
             effect_alert_after_secs: 1_000_000,
         },
         webhook_name: None,
+        webhook_auto_enable: true,
         api_base: "http://gemini".into(),
         unregistered_hold_ms: 0,
         fanout: None,
@@ -142,6 +143,8 @@ struct World {
     status: Box<dyn FnMut(&str) -> StatusAnswer>,
     gate: Gate,
     webhooks: Vec<Answer>,
+    /// How the WebhookService answers the call enabling the webhook again.
+    enable: Answer,
     alert_sent: bool,
     release: Result<LeaseReply, String>,
     /// Runs before each intent is answered, with how many came before: the heartbeat's turn.
@@ -165,6 +168,11 @@ impl Default for World {
             status: Box::new(|_| batch("BATCH_STATE_PENDING")),
             gate: Box::new(usual_gate),
             webhooks: Vec::new(),
+            enable: Answer::Http {
+                status: 200,
+                body: json!({"id": "w", "state": "enabled"}).to_string(),
+                retry_after: None,
+            },
             alert_sent: true,
             release: Ok(LeaseReply::Released { accepted: true }),
             beat: Box::new(|_, _, _| {}),
@@ -323,6 +331,7 @@ fn drive(mut pass: Pass, mut w: World) -> Outcome {
             Intent::Lease(LeaseCommand::Backoff { .. }) => pass.on_lease(w.backoff.clone(), w.now),
             Intent::Lease(_) => pass.on_lease(w.release.clone(), w.now),
             Intent::ListWebhooks { .. } => pass.on_webhook_page(w.webhooks.remove(0)),
+            Intent::EnableWebhook { .. } => pass.on_webhook_enabled(w.enable.clone()),
             Intent::PostAlert(_) => pass.on_alert_posted(w.alert_sent),
             Intent::List { prefix, cursor } => pass.on_listed(w.list(prefix, cursor)),
             Intent::Poll { key, .. } => pass.on_status((w.status)(&key), w.now),
@@ -1371,6 +1380,8 @@ fn granted_alerted(state: Option<&str>) -> LeaseReply {
 
 #[test]
 fn a_disabled_webhook_alerts_once_per_state() {
+    // Re-enabling is off here, so every state not `enabled` is only alerted (the restore:
+    // `restore.rs`).
     for (alerted, state, alerts, mark) in [
         (None, "enabled", 0, None),
         (None, "disabled", 1, Some("disabled")),
@@ -1384,7 +1395,10 @@ fn a_disabled_webhook_alerts_once_per_state() {
         (Some("disabled"), "enabled", 0, None),
     ] {
         let out = run(
-            webhook_limits(),
+            Limits {
+                webhook_auto_enable: false,
+                ..webhook_limits()
+            },
             World {
                 grant: Ok(granted_alerted(alerted)),
                 webhooks: vec![webhooks(state)],
@@ -2097,3 +2111,5 @@ fn a_poll_job_survives_the_queue_and_a_foreign_message_is_refused() {
     };
     assert_eq!(QueuedJob::of(&past, NOW).delay_secs, 0);
 }
+
+mod restore;

@@ -246,8 +246,11 @@ impl Pass {
         };
         let names: Vec<&str> = walk.entries.iter().map(|(n, _)| n.as_str()).collect();
         walk.at = resume_index(&names, walk.resume.after_key.as_deref());
-        walk.feeding = self.fans_out(walk.entries.len().saturating_sub(walk.at));
-        walk.after_queued = walk.resume == Resume::default() && self.fed_until_ms > 0;
+        // A sweep after the webhook was enabled again goes to the queue whatever its size, and
+        // does not wait for copies still queued (`restore.rs`).
+        let sweeping = self.sweeping();
+        walk.feeding = sweeping || self.fans_out(walk.entries.len().saturating_sub(walk.at));
+        walk.after_queued = !sweeping && walk.resume == Resume::default() && self.fed_until_ms > 0;
     }
 
     /// An index entry whose metadata does not parse: an error, and the entry is passed over
@@ -280,15 +283,17 @@ impl Pass {
             Some(from) if stop.audits_after() => {
                 self.report.audit = true;
                 if self.kv_unbound.is_some() {
-                    return self.audit_ended(stopped(from));
+                    self.audit_ended(stopped(from));
+                } else {
+                    self.phase = Phase::Audit(AuditWalk {
+                        resume: from,
+                        page: None,
+                    });
                 }
-                self.phase = Phase::Audit(AuditWalk {
-                    resume: from,
-                    page: None,
-                });
             }
             _ => self.phase = Phase::Release,
         }
+        self.announce_after_walk();
     }
 
     fn audit_ended(&mut self, progress: AuditProgress) {

@@ -1,5 +1,6 @@
 //! The Gemini webhook's own state (`GET v1beta/webhooks`), checked at the start of a pass:
-//! an alert once per state change when it is not `enabled`.
+//! an alert once per state change when it is not `enabled` and is left so (`restore.rs`
+//! decides what is restored instead, and says why the rest is left).
 //!
 //! Guarantees: at most [`MAX_WEBHOOK_PAGES`] pages, each only with room for it and one more
 //! subrequest, and each read whole up to a cap (a page past it fails the check, saying so); a
@@ -7,25 +8,31 @@
 //! alert that could not be sent leaves it too, so the next pass tries again.
 
 use crate::operation::observation::{transient, StatusError};
+use crate::reconciliation::status::{enable_webhook_call, webhook_enabled};
 use crate::reconciliation::status::{find_webhook, webhook_alert, WebhookPage};
-use crate::retry::{Answer, Class};
+use crate::retry::{class_of_status, Answer, Class};
 
+use super::restore::{verdict, Sweep, Verdict};
 use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
 use crate::reconciliation::lease_state::Resume;
 
 /// A webhook check in progress.
 #[derive(Debug)]
 pub(super) struct Check {
-    name: String,
+    pub(super) name: String,
     token: Option<String>,
-    state: Option<String>,
+    pub(super) state: Option<String>,
+    /// The webhook's id, for enabling it again.
+    id: Option<String>,
     pages: usize,
     /// The listing said all it will: the state is known, or no page is left.
     read: bool,
     /// The mark an alert being sent will leave.
     alerting: Option<Option<String>>,
+    /// Why the webhook is left as it is (said in the alert), once that is decided.
+    pub(super) left: Option<String>,
     /// Where the routine walk starts after the check.
-    then: Resume,
+    pub(super) then: Resume,
 }
 
 impl Check {
@@ -34,9 +41,11 @@ impl Check {
             name,
             token: None,
             state: None,
+            id: None,
             pages: 0,
             read: false,
             alerting: None,
+            left: None,
             then,
         }
     }
@@ -44,15 +53,37 @@ impl Check {
 
 /// What a page of the listing says: the class of the answer decides.
 fn page_of(answer: &Answer, name: &str) -> Result<WebhookPage, StatusError> {
-    match (answer, answer.class()) {
-        (Answer::Http { body, .. }, Class::Success) => find_webhook(body, name),
-        (Answer::Http { status, .. }, Class::Refused) => Err(StatusError::Refused(*status)),
-        // Said in the log line, so an operator sees how long Gemini asked to wait.
-        (Answer::Http { retry_after, .. }, _) => Err(transient(retry_after.as_deref())),
-        (Answer::TooLarge { cap, .. }, _) => Err(StatusError::Malformed(format!(
-            "a listing page over {cap} bytes"
-        ))),
-        (Answer::Timeout | Answer::Network(_), _) => Err(StatusError::Transient {
+    read_answer(answer, "a listing page", |body| find_webhook(body, name))
+}
+
+/// Whether the call enabling the webhook again did: a 2xx whose body does not name another
+/// state.
+fn enabled_by(answer: &Answer) -> Result<(), StatusError> {
+    read_answer(answer, "an answer", webhook_enabled)
+}
+
+/// A WebhookService answer (`what`, said when it is too large): a 2xx's body read by `read`;
+/// anything else by its class.
+fn read_answer<T>(
+    answer: &Answer,
+    what: &str,
+    read: impl FnOnce(&str) -> Result<T, StatusError>,
+) -> Result<T, StatusError> {
+    match answer {
+        Answer::Http {
+            status,
+            body,
+            retry_after,
+        } => match class_of_status(*status) {
+            Class::Success => read(body),
+            Class::Refused => Err(StatusError::Refused(*status)),
+            // Said in the log line, so an operator sees how long Gemini asked to wait.
+            Class::Retry => Err(transient(retry_after.as_deref())),
+        },
+        Answer::TooLarge { cap, .. } => {
+            Err(StatusError::Malformed(format!("{what} over {cap} bytes")))
+        }
+        Answer::Timeout | Answer::Network(_) => Err(StatusError::Transient {
             retry_after_secs: 0,
         }),
     }
@@ -92,6 +123,9 @@ impl Pass {
         };
         match page_of(&answer, &check.name) {
             Ok(page) => {
+                if page.state.is_some() {
+                    check.id = page.id;
+                }
                 check.state = page.state.or(check.state);
                 check.token = page.next_page_token;
                 check.read = check.state.is_some() || check.token.is_none();
@@ -109,22 +143,43 @@ impl Pass {
         }
     }
 
+    /// The state is known: enable the webhook again, or alert (once per state) that it is
+    /// left as it is. Reached again with `left` set when enabling it failed.
     fn webhook_conclude(&mut self, mut check: Check) -> Flow {
         let state = check
             .state
-            .take()
-            .unwrap_or_else(|| "not_found".to_string());
+            .get_or_insert_with(|| "not_found".to_string())
+            .clone();
+        if check.left.is_none() {
+            self.log(PassLog::WebhookState {
+                webhook: check.name.clone(),
+                state: state.clone(),
+            });
+            if state != "enabled" {
+                let answering = self.answering();
+                let auto_enable = self.limits.webhook_auto_enable;
+                let why = match verdict(&state, check.id.as_deref(), auto_enable, answering) {
+                    // The call, and the alert saying what it did.
+                    Verdict::Restore { id } if self.affords(2) => {
+                        return self.restore_step(check, &id)
+                    }
+                    Verdict::Restore { .. } => {
+                        "Left disabled: this pass has no budget left to enable it; the next tries."
+                            .to_string()
+                    }
+                    Verdict::Leave { why } => why,
+                };
+                check.left = Some(why);
+            }
+        }
         let (alert, mark) = webhook_alert(self.webhook_alerted_state.as_deref(), &state);
-        self.log(PassLog::WebhookState {
-            webhook: check.name.clone(),
-            state: state.clone(),
-        });
         if !alert {
             self.webhook = Some(mark);
             self.start_walk(check.then);
             return Flow::Continue;
         }
-        let body = crate::operation::alert::webhook_disabled(&check.name, &state);
+        let left = check.left.as_deref().unwrap_or_default();
+        let body = crate::operation::alert::webhook_disabled(&check.name, &state, left);
         check.alerting = Some(mark);
         self.phase = Phase::Webhook(check);
         self.awaiting = Some(Awaiting::WebhookAlert);
@@ -133,8 +188,10 @@ impl Pass {
 
     /// Whether the alert of [`Intent::PostAlert`] was sent.
     pub fn on_alert_posted(&mut self, sent: bool) {
-        if self.answered(|a| *a == Awaiting::WebhookAlert).is_none() {
-            return;
+        match self.answered(|a| matches!(a, Awaiting::WebhookAlert | Awaiting::Announce)) {
+            Some(Awaiting::Announce) => return self.on_announced(sent),
+            Some(_) => {}
+            None => return,
         }
         let Phase::Webhook(check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
@@ -147,5 +204,53 @@ impl Pass {
             Some(self.webhook_alerted_state.clone())
         };
         self.start_walk(check.then);
+    }
+}
+
+/// Enabling the webhook again (what is restored, and what follows: `restore.rs`).
+impl Pass {
+    /// Enables webhook `id` again.
+    pub(super) fn restore_step(&mut self, check: Check, id: &str) -> Flow {
+        let (url, body) = enable_webhook_call(&self.limits.api_base, id);
+        self.spend(1);
+        self.phase = Phase::Webhook(check);
+        self.awaiting = Some(Awaiting::WebhookEnable);
+        Flow::Io(Intent::EnableWebhook { url, body })
+    }
+
+    /// The WebhookService's answer to [`Intent::EnableWebhook`].
+    pub fn on_webhook_enabled(&mut self, answer: Answer) {
+        if self.answered(|a| *a == Awaiting::WebhookEnable).is_none() {
+            return;
+        }
+        let Phase::Webhook(mut check) = std::mem::replace(&mut self.phase, Phase::Done) else {
+            return;
+        };
+        let was = check.state.clone().unwrap_or_default();
+        if let Err(e) = enabled_by(&answer) {
+            self.report.errors += 1;
+            self.log(PassLog::WebhookEnableFailed {
+                webhook: check.name.clone(),
+                error: format!("{e:?}"),
+            });
+            // Alerted once per state, as any webhook left disabled; the next pass tries again.
+            check.left = Some(format!(
+                "Enabling it failed ({e:?}); the next pass tries again."
+            ));
+            self.phase = Phase::Webhook(check);
+            return;
+        }
+        let swept = self.limits.fanout.is_some();
+        self.log(PassLog::WebhookEnabled {
+            webhook: check.name.clone(),
+            was: was.clone(),
+            swept,
+        });
+        // Enabled: nothing is outstanding, so a later disabling alerts again.
+        self.webhook = Some(None);
+        self.sweep = Some(Sweep::new(check.name, was));
+        // The walk keeps one subrequest for the alert (the release's is kept already).
+        self.budget_limit = self.budget_limit.saturating_sub(1);
+        self.start_walk(if swept { Resume::default() } else { check.then });
     }
 }
