@@ -51,7 +51,9 @@ before(async () => {
   gemini = await startServer((req) => {
     const p = req.url.replace(/^\/v1beta\//, "");
     if (p.startsWith("webhooks")) {
-      return { status: 200, body: { webhooks: [{ name: "webhooks/gemini-once", state: "disabled_due_to_failed_deliveries" }] } };
+      // Disabled by a person: the pass leaves it so (one disabled for failed deliveries it would
+      // enable again: tests/webhook_restore.test.mjs) and the health view says so.
+      return { status: 200, body: { webhooks: [{ name: "webhooks/gemini-once", state: "disabled" }] } };
     }
     const state = p.startsWith(RECONCILED) ? "BATCH_STATE_SUCCEEDED" : "BATCH_STATE_RUNNING";
     return { status: 200, body: { name: p, metadata: { state, updateTime: new Date().toISOString(), output: { responsesFile: "files/out-0410" } }, done: state.endsWith("SUCCEEDED") } };
@@ -339,7 +341,7 @@ describe("dashboard", () => {
     const health = await page.locator("#health").textContent();
     assert.match(health, /last reconcile pass/);
     assert.match(health, /settled 1/);
-    assert.match(health, /gemini-once is disabled_due_to_failed_deliveries/);
+    assert.match(health, /gemini-once is disabled \(alert sent\)/);
     assert.match(await page.locator("#warnings").textContent(), /CLAIM_TTL_SECONDS \(40\)/);
     const config = Object.fromEntries((await page.locator("#config tbody tr").evaluateAll((trs) => trs.map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent]))));
     assert.deepEqual([config.ADMIN_TOKEN, config.REGISTER_TOKENS, config.READ_TOKENS], ["set (1)", "set (1)", "set (1)"]);
