@@ -4,7 +4,7 @@
 //! body with `content-type: application/json`, and `retry-after` when given), for a fraction
 //! of the calls across the wasm boundary: one init object, its status, a headers object this
 //! isolate builds once, and the constructor. Building the answer through worker-rs's
-//! `Response` was 18% of the cheapest request's isolate time (docs/PERFORMANCE.md).
+//! `Response` is a measurable share of the cheapest request (docs/PERFORMANCE.md).
 
 use worker::js_sys::{Object, Reflect};
 use worker::wasm_bindgen::JsValue;
