@@ -644,7 +644,8 @@ fn tombstone_is_small() {
     op.retire(1_701_209_701_000);
     let after = serde_json::to_string(&op).unwrap().len();
     assert!(after < before / 3, "{after} bytes vs {before}");
-    // Documented in docs/RELIABILITY.md ("Tombstones"): keep the two in step.
+    // A tombstone an earlier version kept still loads and absorbs late deliveries
+    // (docs/RELIABILITY.md, "Retention's end"); it stays small.
     // Its stats sequence numbers count from the record's creation time (13 digits each).
     assert!(after <= 750, "tombstone is {after} bytes");
     println!("tombstone: {after} bytes of JSON (the record before: {before})");
