@@ -73,6 +73,11 @@ export function listen(handler, port) {
 async function main() {
   const { devVars } = await import("./dev_vars.mjs");
   const args = process.argv.slice(2);
+  const usage = "usage: npm run receive -- [--port 8788] [--secret whsec_...]  (the secret defaults to EFFECT_SIGNING_SECRET in .dev.vars)";
+  if (args.includes("--help") || args.includes("-h")) {
+    console.log(usage);
+    return;
+  }
   const option = (name) => {
     const i = args.indexOf(name);
     return i >= 0 ? args[i + 1] : undefined;
@@ -80,7 +85,7 @@ async function main() {
   const port = Number(option("--port") ?? 8788);
   const secret = option("--secret") ?? devVars().EFFECT_SIGNING_SECRET;
   if (!secret?.startsWith("whsec_") || !Number.isInteger(port)) {
-    console.error("usage: npm run receive -- [--port 8788] [--secret whsec_...]  (the secret defaults to EFFECT_SIGNING_SECRET in .dev.vars)");
+    console.error(usage);
     process.exit(2);
   }
   const server = await listen(effectReceiver(secret, { log: (line) => console.log(`receive: ${line}`) }), port).catch((e) => {

@@ -350,7 +350,7 @@ describe("every command in the README", () => {
         } else {
           assert.match(line, /^node scripts\/[\w/]+\.mjs$/, `npm run ${script} runs a node script that answers --help`);
           // Usage on stdout or stderr, whatever the exit status (the stub answers --help with 2).
-          text = await run("bash", ["-c", `${line} --help`], { cwd: root }).then(({ stdout, stderr }) => stdout + stderr, (e) => `${e.stdout}${e.stderr}`);
+          text = await run("bash", ["-c", `exec ${line} --help`], { cwd: root, timeout: 30_000 }).then(({ stdout, stderr }) => stdout + stderr, (e) => `${e.stdout}${e.stderr}`);
           assert.match(text, /usage/i, `npm run ${script} -- --help`);
         }
         usage.set(script, text);
