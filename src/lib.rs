@@ -24,6 +24,7 @@ pub mod body_cap;
 pub mod bounds;
 pub mod bulk;
 pub mod config;
+pub mod destination;
 pub mod refusal;
 pub mod retry;
 pub mod signature;
