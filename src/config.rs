@@ -813,8 +813,13 @@ impl Config {
         // The table's ranges keep these inside their types.
         let max_body_bytes = s.value("MAX_BODY_BYTES", Setting::whole)? as usize;
         let reconcile_budget = s.value("RECONCILE_BUDGET", Setting::whole)? as u32;
-        let routes = s.optional("EFFECT_ROUTES", Setting::routes)?.unwrap_or_default();
-        let pace_of = |name| s.optional(name, Setting::whole).map(|n| n.map(|n| n as u32));
+        let routes = s
+            .optional("EFFECT_ROUTES", Setting::routes)?
+            .unwrap_or_default();
+        let pace_of = |name| {
+            s.optional(name, Setting::whole)
+                .map(|n| n.map(|n| n as u32))
+        };
         Ok(Config {
             webhook_secrets: s.value("GEMINI_WEBHOOK_SECRETS", Setting::secrets)?,
             effect_url: s.value("EFFECT_URL", Setting::text)?,
@@ -1198,16 +1203,29 @@ mod tests {
         vars.insert("EFFECT_CONCURRENCY", "3".into());
         let c = parse(&vars).unwrap();
         let billing = c.pace_for(Some("billing"));
-        assert_eq!((billing.per_second, billing.concurrency), (Some(50), Some(10)));
+        assert_eq!(
+            (billing.per_second, billing.concurrency),
+            (Some(50), Some(10))
+        );
         assert_eq!(
             c.destination_for(Some("billing")),
             Destination::Url("https://billing.example/hooks".into())
         );
-        assert_eq!(c.destination_for(Some("slow")), Destination::Queue("SLOW".into()));
-        assert!(!c.pace_for(Some("plain")).limits(), "the string form stays unlimited");
+        assert_eq!(
+            c.destination_for(Some("slow")),
+            Destination::Queue("SLOW".into())
+        );
+        assert!(
+            !c.pace_for(Some("plain")).limits(),
+            "the string form stays unlimited"
+        );
         let own = c.pace_for(None);
         assert_eq!((own.per_second, own.concurrency), (None, Some(3)));
-        assert_eq!(c.pace_for(Some("unknown")), own, "an unrouted kind goes to EFFECT_URL");
+        assert_eq!(
+            c.pace_for(Some("unknown")),
+            own,
+            "an unrouted kind goes to EFFECT_URL"
+        );
         let desks = c.destinations();
         assert_eq!(desks.len(), 4);
         assert_eq!(desks[0].label, "EFFECT_URL: http://127.0.0.1:9/\u{2026}");
@@ -1218,7 +1236,10 @@ mod tests {
             setting_value(&shown, "EFFECT_ROUTES")["billing"],
             json!({"url": "https://billing.example/\u{2026}", "per_second": 50, "concurrency": 10})
         );
-        assert_eq!(setting_value(&shown, "EFFECT_ROUTES")["plain"], json!("https://plain.example/\u{2026}"));
+        assert_eq!(
+            setting_value(&shown, "EFFECT_ROUTES")["plain"],
+            json!("https://plain.example/\u{2026}")
+        );
     }
 
     #[test]

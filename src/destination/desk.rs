@@ -99,6 +99,10 @@ pub struct Desk {
     /// Alerts owed to the sink, oldest first.
     #[serde(default)]
     pub alerts: Vec<Value>,
+    /// Asks and reports received: what the destination's health and pace cost in calls (the
+    /// happy path's first attempt makes none).
+    #[serde(default)]
+    pub calls: u64,
 }
 
 impl Desk {
@@ -121,6 +125,11 @@ impl Desk {
     /// Takes the newest settings (whoever spoke last runs the desk).
     pub fn configure(&mut self, settings: DeskSettings) {
         self.settings = Some(settings);
+    }
+
+    /// Counts an ask or a report.
+    pub fn called(&mut self) {
+        self.calls += 1;
     }
 
     /// Whether one release may leave now under the route's pace (and takes its token if so).
@@ -185,7 +194,13 @@ impl Desk {
 
     /// An attempt ended: `failure` is a health failure in a few words, `None` an answer that
     /// says the destination is up. Its slot (if any) is freed by the edge.
-    pub fn report(&mut self, key: &str, failure: Option<String>, facts: Facts, now: i64) -> Decision {
+    pub fn report(
+        &mut self,
+        key: &str,
+        failure: Option<String>,
+        facts: Facts,
+        now: i64,
+    ) -> Decision {
         let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
         let Some(error) = failure else {
             self.failures_in_row = 0;
@@ -366,6 +381,7 @@ impl Desk {
             last_error: self.last_error.clone(),
             opened_at_ms: self.opened_at_ms,
             pace: self.pace(),
+            calls: self.calls,
         }
     }
 }

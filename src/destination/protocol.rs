@@ -105,6 +105,9 @@ pub struct DeskView {
     pub opened_at_ms: Option<i64>,
     #[serde(default)]
     pub pace: Pace,
+    /// Asks and reports this desk received.
+    #[serde(default)]
+    pub calls: u64,
 }
 
 /// Whether an attempt's answer says the destination itself is failing: a timeout, a network

@@ -87,7 +87,10 @@ mod tests {
         let t = turn(&owed(), false);
         assert_eq!(t, DeskTurn::None);
         assert!(!reports(t, false, false));
-        assert!(reports(t, false, true), "a health failure is always reported");
+        assert!(
+            reports(t, false, true),
+            "a health failure is always reported"
+        );
     }
 
     #[test]
@@ -135,7 +138,11 @@ mod tests {
 
     #[test]
     fn a_release_of_an_effect_no_longer_owed_changes_nothing() {
-        let s = step(Some(settled()), GateCommand::DestinationReady { probe: false }, 40);
+        let s = step(
+            Some(settled()),
+            GateCommand::DestinationReady { probe: false },
+            40,
+        );
         assert_eq!(
             s.reply,
             GateReply::Effect {

@@ -19,10 +19,7 @@ fn desk(pace: Pace) -> Desk {
 }
 
 fn facts(waiting: u64, in_flight: u64) -> Facts {
-    Facts {
-        waiting,
-        in_flight,
-    }
+    Facts { waiting, in_flight }
 }
 
 fn paced(per_second: u32, concurrency: Option<u32>) -> Pace {

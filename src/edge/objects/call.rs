@@ -1,5 +1,6 @@
 //! How the rest of the worker calls a Durable Object: the stub of a named object, one JSON
-//! command posted to it and its JSON reply, and a command to an operation's gate.
+//! command posted to it and its JSON reply, a command to an operation's gate, and one to a
+//! destination's desk.
 //!
 //! Guarantees: a missing binding, a failed call, an answer other than 200 and a reply that
 //! does not decode are all [`Refusal::Unavailable`] (a 503 to whoever waits, who retries);
@@ -9,6 +10,7 @@ use worker::wasm_bindgen::{JsCast, JsValue};
 use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, web_sys, Env};
 
+use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings};
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::refusal::Refusal;
 
@@ -16,6 +18,8 @@ use crate::edge::runtime::js_error;
 
 /// The Durable Object binding.
 pub const GATE_BINDING: &str = "OPERATION_GATE";
+/// The destinations' desks' binding (one object per destination label).
+pub const DESK_BINDING: &str = "DESTINATION_DESK";
 
 /// A Durable Object stub, as the runtime hands it out.
 pub type ObjectStub = worker::worker_sys::DurableObject;
@@ -40,6 +44,15 @@ pub async fn call_gate(
     command: &GateCommand,
 ) -> std::result::Result<GateReply, Refusal> {
     post_json(&stub_for(env, GATE_BINDING, key)?, command).await
+}
+
+/// Sends a command to the desk of the destination `settings` names and returns its reply.
+pub async fn call_desk(
+    env: &Env,
+    settings: &DeskSettings,
+    command: &DeskCommand,
+) -> std::result::Result<DeskReply, Refusal> {
+    post_json(&stub_for(env, DESK_BINDING, &settings.label)?, command).await
 }
 
 /// POSTs `command` as JSON to a Durable Object and decodes its JSON reply. The reply is read
