@@ -14,41 +14,20 @@
 
 use futures_util::future::join_all;
 use serde::Deserialize;
-use serde_json::{json, Value};
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
-use crate::config::Config;
 use crate::destination::desk::{Desk, Facts, Wake};
 use crate::destination::protocol::{DeskCommand, DeskReply};
 use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::objects::call::{call_desk, call_gate};
+use crate::edge::objects::call::call_gate;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms};
 
 /// Keys a probe may skip in one run (gates that no longer owe their effect).
 const PROBE_TRIES: usize = 5;
-
-/// Each configured destination's health, as `/v1/stats` shows it: one desk call each (the
-/// routes are known from the configuration), all at once. A desk that cannot be reached is
-/// shown as `unknown` with why.
-pub async fn health(env: &Env, config: &Config) -> Value {
-    let desks = config.destinations();
-    let views = join_all(desks.iter().map(|settings| async move {
-        let command = DeskCommand::Status {
-            settings: settings.clone(),
-        };
-        match call_desk(env, settings, &command).await {
-            Ok(DeskReply::View(view)) => json!(view),
-            Ok(other) => json!({"label": settings.label, "state": "unknown", "last_error": format!("{other:?}")}),
-            Err(e) => json!({"label": settings.label, "state": "unknown", "last_error": e.to_string()}),
-        }
-    }))
-    .await;
-    Value::Array(views)
-}
 
 /// One destination's health and pace.
 #[durable_object]
