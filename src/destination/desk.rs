@@ -181,11 +181,18 @@ impl Desk {
     fn next_wake_ms(&self, now: i64) -> i64 {
         if self.is_open() {
             return match &self.probe {
-                Some(p) => p.sent_ms + self.slot_ttl_ms(),
+                Some(p) => p.sent_ms + self.probe_lapse_ms(),
                 None => self.next_probe_ms.max(now),
             };
         }
         self.next_slot_ms.max(now)
+    }
+
+    /// How long a probe may go without its report before another is sent: a gate that lost
+    /// its release (an operator forgot the operation, a report that never arrived) must not
+    /// hold the destination shut for a whole claim TTL.
+    fn probe_lapse_ms(&self) -> i64 {
+        self.slot_ttl_ms().min(PROBE_LAPSE_MS)
     }
 
     fn slot_ttl_ms(&self) -> i64 {
@@ -296,7 +303,7 @@ impl Desk {
         }
         if self.is_open() {
             if let Some(p) = &self.probe {
-                if p.sent_ms + self.slot_ttl_ms() > now {
+                if p.sent_ms + self.probe_lapse_ms() > now {
                     return Wake::Idle;
                 }
                 // A probe that never reported counts as a failed one.
@@ -386,6 +393,9 @@ impl Desk {
     }
 }
 
+/// The longest a probe goes unreported before the next: past any attempt's timeout (the
+/// largest `EFFECT_TIMEOUT_MS` a claim TTL allows is the operator's to keep shorter).
+pub const PROBE_LAPSE_MS: i64 = 60_000;
 /// How soon the desk tries an alert sink again after a failure.
 pub const ALERT_RETRY_MS: i64 = 30_000;
 /// The shortest wait between alarm runs that release nothing (no spin on a clock edge).
