@@ -393,8 +393,8 @@ impl Desk {
     }
 }
 
-/// The longest a probe goes unreported before the next: past any attempt's timeout (the
-/// largest `EFFECT_TIMEOUT_MS` a claim TTL allows is the operator's to keep shorter).
+/// The longest a probe goes unreported before the next: well past an attempt's timeout
+/// (`EFFECT_TIMEOUT_MS`, 5 s by default) and the runtime's 30 s grace.
 pub const PROBE_LAPSE_MS: i64 = 60_000;
 /// How soon the desk tries an alert sink again after a failure.
 pub const ALERT_RETRY_MS: i64 = 30_000;

@@ -157,18 +157,27 @@ impl<'a> Run<'a> {
         let settings = config.desk_settings(op.kind());
         let paced = settings.pace.limits();
         let turn = desk_turn::turn(&op, paced);
-        if turn == DeskTurn::Ask {
-            let ask = DeskCommand::Ask {
-                key: op.key().to_string(),
-                due_ms: due_ms(&op),
-                settings: settings.clone(),
-            };
-            // A desk that cannot be reached lets the attempt go: the effect's own backoff
-            // still bounds it, and an unreachable desk must never strand an effect.
-            if self.desk(&settings, &ask).await == Some(DeskReply::Wait) {
-                return self.wait_on_destination(op).await;
+        let (op, claim, step) = match turn {
+            DeskTurn::Ask => {
+                let ask = DeskCommand::Ask {
+                    key: op.key().to_string(),
+                    due_ms: due_ms(&op),
+                    settings: settings.clone(),
+                };
+                // A desk that cannot be reached lets the attempt go: the effect's own backoff
+                // still bounds it, and an unreachable desk must never strand an effect.
+                if self.desk(&settings, &ask).await == Some(DeskReply::Wait) {
+                    return self.wait_on_destination(op).await;
+                }
+                // Commands may have run during the call: the claim is taken afresh.
+                let current = self.storage.load()?.unwrap_or(op);
+                match alarm::begin_attempt(current.clone(), now_ms(), &limits(config)) {
+                    Some((claim, step)) => (current, claim, step),
+                    None => return Ok(current),
+                }
             }
-        }
+            _ => (op, claim, step),
+        };
         let (op, health_failure) = self.attempt(op, claim, step).await?;
         if !desk_turn::reports(turn, paced, health_failure.is_some()) {
             return Ok(op);
