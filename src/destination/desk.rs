@@ -2,7 +2,9 @@
 //! probe, its pace, and the alerts it owes.
 //!
 //! Guarantees (docs/DESIGN.md, invariant 8):
-//! - After [`DeskSettings::open_after`] health failures in a row the destination is **open**:
+//! - After [`DeskSettings::open_after`] health failures in a row (each within
+//!   [`FAILURE_RUN_GAP_MS`] of the last: a first attempt's success is not reported, an asked
+//!   retry's is) the destination is **open**:
 //!   every effect that asks or reports a failure waits (its key queued, soonest due first),
 //!   and the desk's alarm releases one key at a time as a **probe**, on a backoff from
 //!   [`PROBE_FIRST_MS`] doubling to [`DeskSettings::probe_max_ms`].
@@ -87,6 +89,9 @@ pub struct ProbeOut {
 pub struct Desk {
     pub settings: Option<DeskSettings>,
     pub failures_in_row: u32,
+    /// When the last health failure was reported.
+    #[serde(default)]
+    pub last_failure_ms: i64,
     pub opened_at_ms: Option<i64>,
     pub last_error: Option<String>,
     pub probe: Option<ProbeOut>,
@@ -224,6 +229,12 @@ impl Desk {
                 ..Decision::reply(DeskReply::Noted)
             };
         };
+        // First attempts that succeed are never reported (the happy path pays nothing), so
+        // "in a row" also means close together: a failure long after the last starts a new run.
+        if now - self.last_failure_ms > FAILURE_RUN_GAP_MS {
+            self.failures_in_row = 0;
+        }
+        self.last_failure_ms = now;
         self.failures_in_row = self.failures_in_row.saturating_add(1);
         self.last_error = Some(error);
         if was_probe {
@@ -393,6 +404,8 @@ impl Desk {
     }
 }
 
+/// Failures further apart than this are not "in a row": successes in between go unreported.
+pub const FAILURE_RUN_GAP_MS: i64 = 30_000;
 /// The longest a probe goes unreported before the next: well past an attempt's timeout
 /// (`EFFECT_TIMEOUT_MS`, 5 s by default) and the runtime's 30 s grace.
 pub const PROBE_LAPSE_MS: i64 = 60_000;

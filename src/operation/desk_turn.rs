@@ -33,11 +33,13 @@ pub fn turn(op: &Operation, paced: bool) -> DeskTurn {
 }
 
 /// Whether the attempt reports its end to the desk: every health failure (the desk counts
-/// them), a probe (its success closes the destination), and any attempt that holds a slot
-/// of a paced route (its end frees it). A drained, unpaced attempt that succeeds does not.
+/// them), an asked retry (its success ends a run of failures: first attempts that succeed
+/// say nothing), a probe (its success closes the destination), and any attempt that holds a
+/// slot of a paced route (its end frees it). A drained, unpaced attempt that succeeds does
+/// not: the probe already showed the destination up.
 pub fn reports(turn: DeskTurn, paced: bool, health_failure: bool) -> bool {
     health_failure
-        || matches!(turn, DeskTurn::Released { probe: true })
+        || matches!(turn, DeskTurn::Ask | DeskTurn::Released { probe: true })
         || (paced && turn != DeskTurn::None)
 }
 
@@ -98,7 +100,10 @@ mod tests {
         assert_eq!(turn(&failed_once(), false), DeskTurn::Ask);
         assert_eq!(turn(&owed(), true), DeskTurn::Ask);
         assert!(reports(DeskTurn::Ask, true, false), "a paced slot is freed");
-        assert!(!reports(DeskTurn::Ask, false, false));
+        assert!(
+            reports(DeskTurn::Ask, false, false),
+            "a retry's success ends a run of failures"
+        );
     }
 
     #[test]

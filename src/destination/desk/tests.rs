@@ -225,3 +225,14 @@ fn the_stored_state_round_trips() {
     let text = serde_json::to_string(&d).unwrap();
     assert_eq!(serde_json::from_str::<Desk>(&text).unwrap(), d);
 }
+
+#[test]
+fn failures_far_apart_are_not_in_a_row() {
+    let mut d = desk(Pace::default());
+    fail(&mut d, "a", 0);
+    fail(&mut d, "b", 1_000);
+    fail(&mut d, "c", 1_000 + FAILURE_RUN_GAP_MS + 1);
+    assert_eq!(d.failures_in_row, 1);
+    fail(&mut d, "d", 40_000);
+    assert!(!d.is_open());
+}
