@@ -62,8 +62,8 @@ impl DurableObject for DestinationDesk {
             "CREATE TABLE IF NOT EXISTS slots (key TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL)",
         ] {
             if let Err(e) = sql.exec(ddl, None) {
-                log(WorkerLog::LeaseSchemaError {
-                    error: format!("destination desk: {e}"),
+                log(WorkerLog::DeskSchemaError {
+                    error: e.to_string(),
                 }
                 .to_value());
             }
