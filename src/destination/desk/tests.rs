@@ -236,3 +236,60 @@ fn failures_far_apart_are_not_in_a_row() {
     fail(&mut d, "d", 40_000);
     assert!(!d.is_open());
 }
+
+/// The outage with the defaults: 60 effects, a destination down for 30 s; the desk
+/// probes it a handful of times and drains everything within 20 s of its recovery.
+#[test]
+fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
+    let mut d = Desk::default();
+    d.configure(DeskSettings {
+        open_after: 5,
+        ..settings(Pace::default())
+    });
+    let up_at = 30_000;
+    let mut waiting = 0u64;
+    for i in 0..60 {
+        if d.report(&format!("k{i}"), Some("503".into()), facts(waiting, 0), i)
+            .enqueue
+        {
+            waiting += 1;
+        }
+    }
+    // The four that kept their own schedule ask at their retry (about 30 s later) and wait.
+    waiting += 4;
+    let (mut probes, mut last_release, mut probe_out) = (0, 0, None);
+    for now in (100..120_000).step_by(10) {
+        if let Some(sent) = probe_out {
+            if now >= sent + 50 {
+                probe_out = None;
+                let failure = (sent < up_at).then(|| "503".to_string());
+                if d.report("p", failure, facts(waiting, 0), now).enqueue {
+                    waiting += 1;
+                }
+            }
+        }
+        match d.wake(facts(waiting, 0), now) {
+            Wake::Probe => {
+                probes += 1;
+                waiting -= 1;
+                d.released("p", true, now);
+                probe_out = Some(now);
+            }
+            Wake::Drain(n) => {
+                waiting -= u64::from(n);
+                last_release = now;
+            }
+            Wake::Idle => {}
+        }
+        if waiting == 0 && !d.is_open() && probe_out.is_none() {
+            break;
+        }
+    }
+    assert_eq!(waiting, 0);
+    assert!(probes <= 6, "{probes} probes");
+    assert!(
+        last_release - up_at <= 20_000,
+        "drained {} ms after recovery",
+        last_release - up_at
+    );
+}
