@@ -16,7 +16,7 @@ use futures_util::future::join_all;
 use serde::Deserialize;
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
-use crate::destination::desk::{Desk, Facts, Wake};
+use crate::destination::desk::{Desk, Facts, Wake, ALERT_RETRY_MS};
 use crate::destination::protocol::{DeskCommand, DeskReply};
 use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
 use crate::refusal::Refusal;
@@ -84,7 +84,20 @@ impl DurableObject for DestinationDesk {
         Response::from_json(&reply)
     }
 
+    /// A run that fails sets the alarm again itself, rather than relying on the runtime's
+    /// few retries: what waits is never stranded.
     async fn alarm(&self) -> Result<Response> {
+        let run = self.run_alarm().await;
+        if run.is_err() {
+            self.set_alarm(now_ms() + ALERT_RETRY_MS).await?;
+        }
+        run
+    }
+}
+
+impl DestinationDesk {
+    /// One alarm run: the owed alerts, then what the desk releases, then the next alarm.
+    async fn run_alarm(&self) -> Result<Response> {
         let now = now_ms();
         self.send_alerts().await?;
         let mut desk = self.load()?;
@@ -107,9 +120,7 @@ impl DurableObject for DestinationDesk {
         }
         Response::ok("ok")
     }
-}
 
-impl DestinationDesk {
     /// An ask, a report or a status request: read, decided and written with no await.
     fn command(&self, command: DeskCommand, now: i64) -> Result<(DeskReply, Option<i64>)> {
         let mut desk = self.load()?;
