@@ -8,6 +8,9 @@ import { ADMIN_TOKEN, now, round, sleep } from "./common.mjs";
 import { startWorker } from "./worker.mjs";
 import { send, signed, envelope } from "./load.mjs";
 
+/** DESTINATION_PROBE_MAX_SECONDS' default: the longest wait between probes. */
+const PROBE_MAX_MS = 15_000;
+
 /** A destination that answers 503 while `down`, and counts what it receives. */
 async function startDestination() {
   const d = { down: true, requests: 0, whileDown: 0, delivered: new Set(), lastDeliveryAt: 0, firstDownPerKey: new Set(), repeatsWhileDown: 0 };
@@ -75,8 +78,9 @@ export async function benchOutage(dir, { waiting, downSeconds }) {
       first_attempts: dest.firstDownPerKey.size,
       requests_while_down: dest.whileDown,
       repeats_while_down: probes,
-      // One first attempt each, then the probes: at most one every DESTINATION_PROBE_MAX_SECONDS.
-      requests_per_failing_effect_per_hour: round((dest.firstDownPerKey.size + (probes * 3_600_000) / downMs) / waiting, 3),
+      // Projected for an hour down: one first attempt each, the probes seen, then one probe
+      // every DESTINATION_PROBE_MAX_SECONDS (15 s by default) for the rest of the hour.
+      requests_per_failing_effect_per_hour: round((dest.firstDownPerKey.size + probes + Math.max(0, 3_600_000 - downMs) / PROBE_MAX_MS) / waiting, 4),
       desk_at_recovery: stats,
       delivered: dest.delivered.size,
       seconds_from_recovery_to_last_delivery: round(drainedMs / 1000, 1),

@@ -182,7 +182,7 @@ export function report(r) {
   if (r.outage) {
     const o = r.outage;
     out.push("", `Destination outage: ${o.waiting} completions to a destination down (503) for ${o.down_seconds} s, then back`);
-    out.push(fmtTable(["first attempts", "requests while down", "probes (repeats)", "per failing effect per hour", "delivered", "recovery to last delivery s"],
+    out.push(fmtTable(["first attempts", "requests while down", "probes (repeats)", "per failing effect, an hour down (projected)", "delivered", "recovery to last delivery s"],
       [[o.first_attempts, o.requests_while_down, o.repeats_while_down, o.requests_per_failing_effect_per_hour, `${o.delivered}/${o.waiting}`, o.seconds_from_recovery_to_last_delivery]]));
     out.push(`desk at recovery: ${JSON.stringify(o.desk_at_recovery)}`);
   }
