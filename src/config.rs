@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
+use crate::destination::protocol::{DeskSettings, Pace};
 use crate::signature::{Secret, SecretError};
 
 /// Standard Webhooks and Gemini's guidance on timestamp skew.
@@ -99,6 +100,15 @@ pub const DEFAULT_STRANGER_ALERT_THRESHOLD: i64 = 20;
 /// The window of the aggregated alert: at most one alert about strangers' nudges per window.
 pub const DEFAULT_STRANGER_ALERT_WINDOW_SECS: i64 = 3_600;
 const DAY_SECS: i64 = 86_400;
+/// Five failures in a row: one blip (a deploy, a restart) does not open a destination, a
+/// real outage does within seconds of traffic.
+pub const DEFAULT_DESTINATION_OPEN_AFTER: i64 = 5;
+/// Probes every 15 s at most: a destination back from an outage is found within that (so
+/// what waited is all delivered within 20 s of its recovery at the drain rate), at 240
+/// requests an hour to one that stays down.
+pub const DEFAULT_DESTINATION_PROBE_MAX_SECS: i64 = 15;
+/// The largest pace accepted (releases a second, or attempts in flight).
+const MAX_PACE: i64 = 10_000;
 
 /// One variable the worker reads: one row of [`VARIABLES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +143,8 @@ pub enum Kind {
     /// ([`crate::access::parse_list`]).
     Tokens,
     /// A JSON object from an operation's `kind` to a destination: a URL, `queue:BINDING` or
-    /// `service:BINDING`.
+    /// `service:BINDING`, or an object `{"url": ..., "per_second": n, "concurrency": n}` whose
+    /// pace fields are optional whole numbers from 1 to 10,000.
     Routes,
     /// Free text, trimmed.
     FreeText,
@@ -223,7 +234,11 @@ pub const VARIABLES: &[Variable] = {
         V::secret("REGISTER_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may only register operations and read one back: for the code that submits jobs"),
         V::secret("READ_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may read everything and change nothing: the dashboard without its actions"),
         // The fast path.
-        V::plain("EFFECT_ROUTES", Routes, Nothing, "per-kind destinations overriding EFFECT_URL"),
+        V::plain("EFFECT_ROUTES", Routes, Nothing, "per-kind destinations overriding EFFECT_URL: a URL, queue:BINDING or service:BINDING, or {\"url\": ..., \"per_second\": n, \"concurrency\": n} for a paced one"),
+        V::plain("EFFECT_PER_SECOND", Whole { min: 1, max: MAX_PACE }, Nothing, "EFFECT_URL's pace: side effects released a second at most (unset: unlimited)"),
+        V::plain("EFFECT_CONCURRENCY", Whole { min: 1, max: MAX_PACE }, Nothing, "EFFECT_URL's pace: side-effect attempts in flight at most (unset: unlimited)"),
+        V::plain("DESTINATION_OPEN_AFTER", Whole { min: 1, max: 1_000 }, Number(DEFAULT_DESTINATION_OPEN_AFTER), "health failures in a row (timeouts, network errors, 5xx, 429) after which a destination is open: its side effects wait and one probe at a time tries it"),
+        V::plain("DESTINATION_PROBE_MAX_SECONDS", Whole { min: 1, max: 3_600 }, Number(DEFAULT_DESTINATION_PROBE_MAX_SECS), "longest wait between probes of an open destination (from 2 s, doubling)"),
         V::plain("SIGNATURE_TOLERANCE_SECONDS", Whole { min: 0, max: DAY_SECS }, Number(DEFAULT_TOLERANCE_SECS), "accepted skew of webhook-timestamp, either way"),
         V::plain("EFFECT_TIMEOUT_MS", Whole { min: 1, max: 600_000 }, Number(DEFAULT_EFFECT_TIMEOUT_MS), "a side-effect attempt slower than this is retried"),
         V::plain("CLAIM_TTL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CLAIM_TTL_SECS), "a claim not committed by then may be taken over"),
@@ -267,6 +282,14 @@ pub struct Config {
     pub effect_url: String,
     /// `kind` → destination overrides of `effect_url` (EFFECT_ROUTES).
     pub effect_routes: Vec<(String, Destination)>,
+    /// `kind` → the route's pace, for the routes that have one (EFFECT_ROUTES' object form).
+    pub route_paces: Vec<(String, Pace)>,
+    /// `EFFECT_URL`'s pace (`EFFECT_PER_SECOND`, `EFFECT_CONCURRENCY`).
+    pub effect_pace: Pace,
+    /// `DESTINATION_OPEN_AFTER`.
+    pub destination_open_after: u32,
+    /// `DESTINATION_PROBE_MAX_SECONDS`.
+    pub destination_probe_max_secs: i64,
     pub effect_signing_secret: Secret,
     /// `ADMIN_TOKEN`, `REGISTER_TOKENS` and `READ_TOKENS`: who may call the admin API, and
     /// for what.
@@ -374,8 +397,16 @@ enum Setting {
     Secret(Secret),
     Secrets(Vec<Secret>),
     Tokens(Vec<String>),
-    Routes(Vec<(String, Destination)>),
+    Routes(Vec<Route>),
     Text(String),
+}
+
+/// One entry of `EFFECT_ROUTES`: its kind, destination and pace.
+#[derive(Clone)]
+struct Route {
+    kind: String,
+    destination: Destination,
+    pace: Pace,
 }
 
 impl Variable {
@@ -448,13 +479,21 @@ impl Variable {
             Setting::Url(url) | Setting::Text(url) => json!(url),
             Setting::Routes(routes) => routes
                 .iter()
-                .map(|(kind, destination)| {
-                    let shown = match destination {
+                .map(|route| {
+                    let shown = match &route.destination {
                         Destination::Url(url) => origin_only(url),
                         Destination::Queue(binding) => format!("queue:{binding}"),
                         Destination::Service(binding) => format!("service:{binding}"),
                     };
-                    (kind.clone(), json!(shown))
+                    let shown = match route.pace.limits() {
+                        false => json!(shown),
+                        true => json!({
+                            "url": shown,
+                            "per_second": route.pace.per_second,
+                            "concurrency": route.pace.concurrency,
+                        }),
+                    };
+                    (route.kind.clone(), shown)
                 })
                 .collect::<serde_json::Map<_, _>>()
                 .into(),
@@ -473,16 +512,20 @@ fn parse_url(name: &'static str, text: &str) -> Result<String, ConfigError> {
     }
 }
 
-fn parse_routes(name: &'static str, text: &str) -> Result<Vec<(String, Destination)>, ConfigError> {
+fn parse_routes(name: &'static str, text: &str) -> Result<Vec<Route>, ConfigError> {
     let parsed: serde_json::Map<String, Value> = serde_json::from_str(text)
         .map_err(|_| err(name, "must be a JSON object from kind to URL"))?;
     let mut routes = Vec::new();
     for (kind, target) in parsed {
-        let Value::String(target) = target else {
-            return Err(err(
-                name,
-                "every value must be a URL, queue:BINDING or service:BINDING",
-            ));
+        let (target, pace) = match target {
+            Value::String(target) => (target, Pace::default()),
+            Value::Object(fields) => parse_paced_route(name, &kind, fields)?,
+            _ => {
+                return Err(err(
+                    name,
+                    "every value must be a URL, queue:BINDING, service:BINDING or {\"url\": ..., \"per_second\": n, \"concurrency\": n}",
+                ))
+            }
         };
         let destination = match target.trim().split_once(':') {
             Some(("queue", b)) if is_binding_name(b) => Destination::Queue(b.into()),
@@ -495,9 +538,47 @@ fn parse_routes(name: &'static str, text: &str) -> Result<Vec<(String, Destinati
             }
             _ => Destination::Url(parse_url(name, &target)?),
         };
-        routes.push((kind, destination));
+        routes.push(Route {
+            kind,
+            destination,
+            pace,
+        });
     }
     Ok(routes)
+}
+
+/// A route's object form: `url` (required), `per_second` and `concurrency` (whole numbers
+/// from 1 to [`MAX_PACE`]), nothing else: a misspelt field would otherwise quietly leave a
+/// destination unpaced.
+fn parse_paced_route(
+    name: &'static str,
+    kind: &str,
+    fields: serde_json::Map<String, Value>,
+) -> Result<(String, Pace), ConfigError> {
+    let mut url = None;
+    let mut pace = Pace::default();
+    for (field, value) in fields {
+        let whole = || match value.as_u64() {
+            Some(n) if (1..=MAX_PACE as u64).contains(&n) => Ok(n as u32),
+            _ => Err(err(
+                name,
+                format!("route {kind}: {field} must be a whole number from 1 to {MAX_PACE}"),
+            )),
+        };
+        match field.as_str() {
+            "url" => url = value.as_str().map(str::to_string),
+            "per_second" => pace.per_second = Some(whole()?),
+            "concurrency" => pace.concurrency = Some(whole()?),
+            other => {
+                return Err(err(
+                    name,
+                    format!("route {kind}: unknown field {other} (url, per_second, concurrency)"),
+                ))
+            }
+        }
+    }
+    let url = url.ok_or_else(|| err(name, format!("route {kind}: url must be a string")))?;
+    Ok((url, pace))
 }
 
 /// Every variable as read, in table order.
@@ -569,7 +650,7 @@ impl Setting {
             _ => None,
         }
     }
-    fn routes(&self) -> Option<Vec<(String, Destination)>> {
+    fn routes(&self) -> Option<Vec<Route>> {
         match self {
             Setting::Routes(r) => Some(r.clone()),
             _ => None,
@@ -660,6 +741,39 @@ impl Config {
         }
     }
 
+    /// The pace of the destination an operation of `kind` goes to (unlimited unless set).
+    pub fn pace_for(&self, kind: Option<&str>) -> Pace {
+        let route = kind.filter(|k| self.effect_routes.iter().any(|(r, _)| r == k));
+        match route {
+            Some(k) => self
+                .route_paces
+                .iter()
+                .find(|(r, _)| r == k)
+                .map_or(Pace::default(), |(_, p)| *p),
+            None => self.effect_pace,
+        }
+    }
+
+    /// What the desk of the destination an operation of `kind` goes to runs by.
+    pub fn desk_settings(&self, kind: Option<&str>) -> DeskSettings {
+        DeskSettings {
+            label: self.destination_label(kind),
+            open_after: self.destination_open_after,
+            probe_max_ms: self.destination_probe_max_secs * 1_000,
+            slot_ttl_ms: self.claim_ttl_secs * 1_000,
+            pace: self.pace_for(kind),
+        }
+    }
+
+    /// Every configured destination's desk settings: `EFFECT_URL`'s, then each route's, in
+    /// order (what `/v1/stats` asks about).
+    pub fn destinations(&self) -> Vec<DeskSettings> {
+        std::iter::once(None)
+            .chain(self.effect_routes.iter().map(|(k, _)| Some(k.as_str())))
+            .map(|kind| self.desk_settings(kind))
+            .collect()
+    }
+
     /// Reads every variable of [`VARIABLES`] through `lookup` (absent and empty are the
     /// same), in table order, then checks the rules that tie two variables together.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
@@ -699,12 +813,31 @@ impl Config {
         // The table's ranges keep these inside their types.
         let max_body_bytes = s.value("MAX_BODY_BYTES", Setting::whole)? as usize;
         let reconcile_budget = s.value("RECONCILE_BUDGET", Setting::whole)? as u32;
+        let routes = s
+            .optional("EFFECT_ROUTES", Setting::routes)?
+            .unwrap_or_default();
+        let pace_of = |name| {
+            s.optional(name, Setting::whole)
+                .map(|n| n.map(|n| n as u32))
+        };
         Ok(Config {
             webhook_secrets: s.value("GEMINI_WEBHOOK_SECRETS", Setting::secrets)?,
             effect_url: s.value("EFFECT_URL", Setting::text)?,
-            effect_routes: s
-                .optional("EFFECT_ROUTES", Setting::routes)?
-                .unwrap_or_default(),
+            effect_routes: routes
+                .iter()
+                .map(|r| (r.kind.clone(), r.destination.clone()))
+                .collect(),
+            route_paces: routes
+                .iter()
+                .filter(|r| r.pace.limits())
+                .map(|r| (r.kind.clone(), r.pace))
+                .collect(),
+            effect_pace: Pace {
+                per_second: pace_of("EFFECT_PER_SECOND")?,
+                concurrency: pace_of("EFFECT_CONCURRENCY")?,
+            },
+            destination_open_after: s.value("DESTINATION_OPEN_AFTER", Setting::whole)? as u32,
+            destination_probe_max_secs: s.value("DESTINATION_PROBE_MAX_SECONDS", Setting::whole)?,
             effect_signing_secret: s.value("EFFECT_SIGNING_SECRET", Setting::secret)?,
             tokens,
             tolerance_secs: s.value("SIGNATURE_TOLERANCE_SECONDS", Setting::whole)?,
@@ -1057,6 +1190,85 @@ mod tests {
             if value.len() > 2 {
                 assert!(!e.to_string().contains(value), "{e} leaks {value}");
             }
+        }
+    }
+
+    #[test]
+    fn a_route_may_carry_a_pace_and_effect_url_its_own() {
+        let mut vars = base();
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"billing":{"url":"https://billing.example/hooks","per_second":50,"concurrency":10},"plain":"https://plain.example/x","slow":{"url":"queue:SLOW","per_second":5}}"#.into(),
+        );
+        vars.insert("EFFECT_CONCURRENCY", "3".into());
+        let c = parse(&vars).unwrap();
+        let billing = c.pace_for(Some("billing"));
+        assert_eq!(
+            (billing.per_second, billing.concurrency),
+            (Some(50), Some(10))
+        );
+        assert_eq!(
+            c.destination_for(Some("billing")),
+            Destination::Url("https://billing.example/hooks".into())
+        );
+        assert_eq!(
+            c.destination_for(Some("slow")),
+            Destination::Queue("SLOW".into())
+        );
+        assert!(
+            !c.pace_for(Some("plain")).limits(),
+            "the string form stays unlimited"
+        );
+        let own = c.pace_for(None);
+        assert_eq!((own.per_second, own.concurrency), (None, Some(3)));
+        assert_eq!(
+            c.pace_for(Some("unknown")),
+            own,
+            "an unrouted kind goes to EFFECT_URL"
+        );
+        let desks = c.destinations();
+        assert_eq!(desks.len(), 4);
+        assert_eq!(desks[0].label, "EFFECT_URL: http://127.0.0.1:9/\u{2026}");
+        assert_eq!(desks[0].open_after, 5);
+        assert_eq!(desks[0].probe_max_ms, 15_000);
+        let shown = c.public_view();
+        assert_eq!(
+            setting_value(&shown, "EFFECT_ROUTES")["billing"],
+            json!({"url": "https://billing.example/\u{2026}", "per_second": 50, "concurrency": 10})
+        );
+        assert_eq!(
+            setting_value(&shown, "EFFECT_ROUTES")["plain"],
+            json!("https://plain.example/\u{2026}")
+        );
+    }
+
+    #[test]
+    fn a_malformed_pace_is_a_configuration_error_naming_its_setting() {
+        for bad in [
+            r#"{"b":{"url":"https://b.example","per_second":0}}"#,
+            r#"{"b":{"url":"https://b.example","per_second":-5}}"#,
+            r#"{"b":{"url":"https://b.example","per_second":"fast"}}"#,
+            r#"{"b":{"url":"https://b.example","per_second":2.5}}"#,
+            r#"{"b":{"url":"https://b.example","concurrency":0}}"#,
+            r#"{"b":{"url":"https://b.example","per_minute":5}}"#,
+            r#"{"b":{"per_second":5}}"#,
+            r#"{"b":{"url":"https://b.example","per_second":10001}}"#,
+        ] {
+            let mut vars = base();
+            vars.insert("EFFECT_ROUTES", bad.into());
+            assert_eq!(parse(&vars).unwrap_err().var, "EFFECT_ROUTES", "{bad}");
+        }
+        for (var, bad) in [
+            ("EFFECT_PER_SECOND", "0"),
+            ("EFFECT_PER_SECOND", "-1"),
+            ("EFFECT_PER_SECOND", "lots"),
+            ("EFFECT_CONCURRENCY", "0"),
+            ("DESTINATION_OPEN_AFTER", "0"),
+            ("DESTINATION_PROBE_MAX_SECONDS", "0"),
+        ] {
+            let mut vars = base();
+            vars.insert(var, bad.into());
+            assert_eq!(parse(&vars).unwrap_err().var, var, "{var}={bad}");
         }
     }
 

@@ -4,7 +4,8 @@
 //! Everything but `edge` is the pure core: no I/O, no clock, no randomness of their own,
 //! tested on the host by `cargo test`, grouped by capability: [`inbound`] (what arrives),
 //! [`operation`] (one operation's life and its side effect), [`reconciliation`] (finding what
-//! the webhooks missed), [`telemetry`] (what it counts and logs), and the configuration, access
+//! the webhooks missed), [`telemetry`] (what it counts and logs), [`destination`] (a
+//! destination's health and pace), and the configuration, access
 //! (who may call which admin route), listing and the two answers every room shares beside
 //! them: [`retry`] (what a peer answered and whether a retry can help) and [`refusal`] (why
 //! a request is refused, and with what status).
@@ -24,6 +25,7 @@ pub mod body_cap;
 pub mod bounds;
 pub mod bulk;
 pub mod config;
+pub mod destination;
 pub mod refusal;
 pub mod retry;
 pub mod signature;

@@ -2,7 +2,7 @@
 // playwright-core), against the built worker in workerd with a real destination: one
 // operation's attempts (destination without its credential, webhook-id, HTTP status, the
 // answer's first bytes), its deliveries and duplicates, and the page refreshing itself while
-// open; then the issues view: parked effects grouped by destination and error, and a group
+// open; then the issues view: each destination's health, parked effects grouped by destination and error, and a group
 // retried in bulk (a dry run counts first) once its destination is fixed; then the latency
 // view: per hour, p50 and p95 from the delivery's answer to the effect's acceptance.
 import { describe, it, before, after } from "node:test";
@@ -160,6 +160,9 @@ describe("dashboard on a bad day: issues", () => {
       { destination: `route billing: ${dest.url}/\u2026`, state: "parked", count: "3", error: INVALID_ERROR },
       { destination: `EFFECT_URL: ${dest.url}/\u2026`, state: "parked", count: "1", error: '400: {"error":"unknown account"}' },
     ]);
+    // Each configured destination's health, from /v1/stats, above the groups.
+    const desks = await page.locator("#destinations tbody tr:not(.empty)").evaluateAll((trs) => trs.map((tr) => tr.dataset.label));
+    assert.deepEqual(desks.sort(), [`EFFECT_URL: ${dest.url}/\u2026`, `route billing: ${dest.url}/\u2026`].sort());
     await shoot("dashboard-issues.png");
     const refusedIds = Object.fromEntries(INVALID.map((k) => [k, effectsFor(k)[0].headers["webhook-id"]]));
     const before = Object.fromEntries(INVALID.map((k) => [k, effectsFor(k).length]));

@@ -80,7 +80,7 @@ describe("npm run deploy -- --dry-run", () => {
     const outdir = path.join(dir, "bundle");
     const { code, out } = await deploy(["--dry-run", "--outdir", outdir], { GEMINI_ONCE_WRANGLER: "" });
     assert.equal(code, 0, out);
-    for (const binding of ["env.OPERATION_GATE (OperationGate)", "env.RECONCILE_LEASE (ReconcileLease)", "env.STATS (StatsShard)", "env.OPS_KV"]) {
+    for (const binding of ["env.OPERATION_GATE (OperationGate)", "env.RECONCILE_LEASE (ReconcileLease)", "env.STATS (StatsShard)", "env.DESTINATION_DESK (DestinationDesk)", "env.OPS_KV"]) {
       assert.ok(out.includes(binding), `${binding} missing from:\n${out}`);
     }
     assert.match(out, /--dry-run: exiting now/);

@@ -61,6 +61,7 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
         OPERATION_GATE: { className: "OperationGate", useSQLite: true },
         RECONCILE_LEASE: { className: "ReconcileLease", useSQLite: true },
         STATS: { className: "StatsShard", useSQLite: true },
+        DESTINATION_DESK: { className: "DestinationDesk", useSQLite: true },
       },
       // The fan-out queue, produced and consumed by the worker itself, as wrangler.toml says.
       queueProducers: { RECONCILE_QUEUE: { queueName: "gemini-once-polls" } },

@@ -17,6 +17,9 @@
 //                                        open operations in the backlog section ("backlog") and
 //                                        the RECONCILE_POLL_RATE it runs at (default 100,000 at
 //                                        1,000 a second: this machine's pace, not the default's)
+//   npm run bench -- --outage 10000 --outage-seconds 120
+//                                        effects waiting on a down destination in the outage
+//                                        section ("outage") and how long it stays down
 //   npm run bench -- --peer DIR          also the side-by-side section ("side"): the simple
 //                                        design in DIR (DIR/src/index.ts, DIR/wrangler.toml)
 //                                        against gemini-once; `--only side` runs only it
@@ -59,6 +62,10 @@
 //  - the backlog: N open operations (a day of lost webhooks) recovered by passes that fan their
 //    polls out on the worker's own queue: passes, KV lists, queue messages and subrequests,
 //    time until every one is polled and the 1% done are settled with their side effects;
+//  - the destination outage: N completions to a destination that answers 503 for a while,
+//    then recovers: requests it receives per failing effect per hour (one first attempt each,
+//    then the desk's probes), and the time from its recovery to the last waiting effect's
+//    delivery;
 //  - the build: wasm size raw and gzip, what takes the space, and the time from process start
 //    to the first answered request (Miniflare in a fresh node process, and `wrangler dev`).
 //
@@ -79,6 +86,7 @@ import { benchFast } from "./fast.mjs";
 import { benchProfile } from "./profile.mjs";
 import { benchReconcile } from "./reconcile.mjs";
 import { benchBacklog } from "./backlog.mjs";
+import { benchOutage } from "./outage.mjs";
 import { benchCost } from "./cost.mjs";
 import { evaluateTargets, report } from "./report.mjs";
 import { benchSide } from "./side.mjs";
@@ -102,6 +110,8 @@ function parseArgs(argv) {
     else if (v === "--cost-ops") a.costOps = Number(argv[++i]);
     else if (v === "--backlog") a.backlog = Number(argv[++i]);
     else if (v === "--backlog-rate") a.backlogRate = Number(argv[++i]);
+    else if (v === "--outage") a.outageWaiting = Number(argv[++i]);
+    else if (v === "--outage-seconds") a.outageSeconds = Number(argv[++i]);
     else if (v === "--side-conc") a.sideConc = argv[++i].split(",").map(Number);
     else if (v === "--idle") a.idle = Number(argv[++i]);
     else if (v === "--dest-ms") {
@@ -122,7 +132,7 @@ async function main() {
   const args = parseArgs(process.argv.slice(2));
   setWrangler(await workerLayout());
   const quick = args.quick;
-  const sections = args.only ?? new Set(["build", "fast", "profile", "reconcile", "backlog", "cost", ...(args.peer ? ["side"] : [])]);
+  const sections = args.only ?? new Set(["build", "fast", "profile", "reconcile", "backlog", "outage", "cost", ...(args.peer ? ["side"] : [])]);
   if (sections.has("side") && !args.peer) throw new Error("--only side needs --peer DIR");
   const plan = {
     mode: quick ? "quick" : "full",
@@ -136,6 +146,7 @@ async function main() {
     variants: args.variants,
     cost: { ops: args.costOps ?? (quick ? 20 : 200) },
     backlog: { open: args.backlog ?? (quick ? 500 : 100_000), rate: args.backlogRate ?? 1_000 },
+    outage: { waiting: args.outageWaiting ?? (quick ? 200 : 10_000), downSeconds: args.outageSeconds ?? (quick ? 20 : 120) },
   };
   if (sections.has("side")) {
     plan.side = {
@@ -195,6 +206,10 @@ async function main() {
     if (sections.has("backlog")) {
       console.error(`== backlog: ${plan.backlog.open} open operations fanned out on the queue`);
       results.backlog = await benchBacklog(dir, stubs, plan.backlog);
+    }
+    if (sections.has("outage")) {
+      console.error(`== destination outage: ${plan.outage.waiting} effects, ${plan.outage.downSeconds} s down`);
+      results.outage = await benchOutage(dir, plan.outage);
     }
     if (sections.has("cost")) {
       console.error("== cost: what one completion uses (USAGE_LOG lines)");

@@ -50,6 +50,11 @@ export function evaluateTargets(r) {
     t.push({ target: `backlog of ${b.indexed}: the done ones settled with one side effect each`, value: `${b.effect_keys}/${b.done_expected}, repeats ${b.effect_repeats}`, holds: b.effect_keys === b.done_expected && b.effect_repeats === 0 });
     t.push({ target: `backlog of ${b.indexed}: no pass over budget`, value: b.max_pass_subrequests, holds: b.max_pass_subrequests <= DEFAULT_BUDGET });
   }
+  if (r.outage) {
+    const o = r.outage;
+    t.push({ target: `outage of ${o.waiting}: the down destination gets one attempt per effect plus the probes`, value: `${o.requests_while_down} requests, ${o.requests_per_failing_effect_per_hour} per failing effect per hour`, holds: o.first_attempts === o.waiting && o.repeats_while_down <= Math.ceil(o.down_seconds / 2) });
+    t.push({ target: `outage of ${o.waiting}: every waiting effect delivered after recovery`, value: `${o.delivered}/${o.waiting}, the last after ${o.seconds_from_recovery_to_last_delivery} s`, holds: o.delivered === o.waiting });
+  }
   if (r.side) {
     // Side by side, at concurrency 10 (the first concurrency measured if 10 was not); each
     // scenario with the destination answering at once, and first deliveries again for each
@@ -173,6 +178,13 @@ export function report(r) {
     out.push(fmtTable(["passes", "KV lists", "queue sends", "messages", "pass subrequests (max)", "consumer status calls", "consumer gate calls", "all polled after s", "polls/s here", "all settled after s", "queue ops", "queue $"],
       [[b.passes, b.kv_lists, b.queue_sends, b.messages, `${b.pass_subrequests} (${b.max_pass_subrequests})`, b.consumer_status_calls, b.consumer_gate_calls, b.seconds_until_all_polled, b.achieved_polls_per_s, b.seconds_until_all_settled, b.queue_operations, b.queue_cost_usd]]));
     out.push(`per pass: ${JSON.stringify(b.per_pass)}`);
+  }
+  if (r.outage) {
+    const o = r.outage;
+    out.push("", `Destination outage: ${o.waiting} completions to a destination down (503) for ${o.down_seconds} s, then back`);
+    out.push(fmtTable(["first attempts", "requests while down", "probes (repeats)", "per failing effect, an hour down (projected)", "delivered", "recovery to last delivery s"],
+      [[o.first_attempts, o.requests_while_down, o.repeats_while_down, o.requests_per_failing_effect_per_hour, `${o.delivered}/${o.waiting}`, o.seconds_from_recovery_to_last_delivery]]));
+    out.push(`desk at recovery: ${JSON.stringify(o.desk_at_recovery)}`);
   }
   if (r.cost) {
     out.push("", `Cost: per completion, by flow (${r.cost.plan.ops} operations each; the objects' own USAGE_LOG counts; rows written exclude setAlarm, counted as alarm writes)`);

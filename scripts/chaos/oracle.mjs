@@ -146,6 +146,7 @@ export function check({ o, t0, ops, byKey, dest, api, kills, observations, final
     status_500: api.stats.status_500,
     status_stale: api.stats.status_stale,
     dest_5xx: dest.stats.dest_5xx,
+    dest_outage: dest.stats.dest_outage,
     dest_slow: dest.stats.dest_slow,
     dest_over_timeout: dest.stats.dest_over_timeout,
     kills: kills.length,

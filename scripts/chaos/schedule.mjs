@@ -166,5 +166,9 @@ export function buildSchedule(seed, n, kills) {
   }
   const killAt = [];
   for (let k = 1; k <= kills; k++) killAt.push((loadMs * k) / (kills + 1) * rng.uniform(0.92, 1.08));
-  return { seed, loadMs, ops, killAt };
+  // One destination outage (every effect answered 5xx) in the load phase, from its own
+  // generator so the rest of a seed's schedule is what it was before outages existed.
+  const o = makeRng(seed ^ 0x07a9e);
+  const outage = { at: loadMs * o.uniform(0.25, 0.55), ms: o.uniform(8_000, 15_000) };
+  return { seed, loadMs, ops, killAt, outage };
 }

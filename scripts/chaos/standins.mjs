@@ -116,14 +116,19 @@ function statusBody(op, phase, t0, rng) {
 export async function startDestination(run) {
   const rng = makeRng(run.seed ^ 0xde57);
   const requests = [];
-  const stats = { requests: 0, dest_5xx: 0, dest_slow: 0, dest_over_timeout: 0, accepted: 0, bad_signature: 0 };
+  const stats = { requests: 0, dest_5xx: 0, dest_outage: 0, dest_slow: 0, dest_over_timeout: 0, accepted: 0, bad_signature: 0 };
   const server = await listen(async (req, res) => {
     const arrivedAt = Date.now();
     const body = await readBody(req);
     stats.requests++;
     let parsed = null;
     try { parsed = JSON.parse(body); } catch {}
-    const failing = rng.chance(DEST_5XX);
+    // Drawn whatever the outage, so the seed's other faults stay where they were.
+    const chance = rng.chance(DEST_5XX);
+    const outage = run.schedule.outage;
+    const down = Boolean(outage) && arrivedAt >= run.t0 + outage.at && arrivedAt < run.t0 + outage.at + outage.ms;
+    if (down) stats.dest_outage++;
+    const failing = chance || down;
     const status = failing ? rng.pick([500, 502, 503]) : rng.pick([200, 200, 200, 201, 202, 204]);
     const y = rng.float();
     const delayMs = y < DEST_OVER_TIMEOUT ? rng.uniform(1100, 1800) : y < DEST_OVER_TIMEOUT + DEST_SLOW ? rng.uniform(100, 700) : rng.uniform(0, 10);

@@ -26,6 +26,7 @@ mod pass_runner;
 mod raw_response;
 mod runtime;
 
+pub use objects::destination_desk::DestinationDesk;
 pub use objects::gate::OperationGate;
 pub use objects::lease_object::ReconcileLease;
 pub use objects::stats_shard::StatsShard;

@@ -44,6 +44,9 @@ pub enum AlarmDone {
     AttemptFinished(Finished),
     /// The counter flush and the ledger projection were recorded.
     UpkeepDone,
+    /// The destination's desk said wait: the effect waits for its release (`true`), or was
+    /// no longer waitable (`false`: not owed, or claimed).
+    WaitsOnDestination(bool),
 }
 
 /// One piece of a run, in the order the run does them.

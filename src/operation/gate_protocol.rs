@@ -63,6 +63,10 @@ pub enum GateCommand {
     },
     /// Run an owed side effect if it is due and no live claim holds it.
     RetryEffect,
+    /// The destination's desk released this effect (a probe, or its turn in the drain or the
+    /// pace): due now, under the same generation and `webhook-id`. Answered
+    /// [`GateReply::Effect`]; anything but an owed effect tells the desk to drop the key.
+    DestinationReady { probe: bool },
     /// Raise an alert of this kind once per operation: queued, and sent (at least once) by
     /// the gate's alarm.
     Alert { alert: AlertKind, age_seconds: i64 },

@@ -8,6 +8,7 @@
 pub mod alarm;
 pub mod alarm_failure;
 pub mod alert;
+pub mod desk_turn;
 pub mod details;
 pub mod effect;
 pub mod gate;
@@ -22,7 +23,7 @@ mod record;
 pub mod recovery;
 
 pub use record::{
-    backoff_ms, Actor, AttemptOutcome, Claim, Confirmation, Effect, Finished, KindFill, OpEvent,
-    Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, MAX_CONFIRM_ATTEMPTS,
+    backoff_ms, Actor, AttemptOutcome, Claim, Confirmation, DeskMark, Effect, Finished, KindFill,
+    OpEvent, Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, MAX_CONFIRM_ATTEMPTS,
     PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS,
 };

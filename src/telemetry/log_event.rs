@@ -110,6 +110,7 @@ log_events! {
     AlarmFailed => "alarm_failed",
     AlarmRecovered => "alarm_recovered",
     LeaseSchemaError => "lease_schema_error",
+    DeskSchemaError => "desk_schema_error",
     StatsSchemaError => "stats_schema_error",
     ConfigWarning => "config_warning",
     /// What an object invocation used (only with `USAGE_LOG=true`).

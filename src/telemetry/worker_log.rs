@@ -98,6 +98,8 @@ pub enum WorkerLog {
     StatsSchemaError { error: String },
     /// The lease object could not create its tables.
     LeaseSchemaError { error: String },
+    /// A destination's desk could not create its tables.
+    DeskSchemaError { error: String },
 }
 
 impl WorkerLog {
@@ -119,6 +121,7 @@ impl WorkerLog {
             WorkerLog::StatsFlushFailed { .. } => LogEvent::StatsFlushFailed,
             WorkerLog::StatsSchemaError { .. } => LogEvent::StatsSchemaError,
             WorkerLog::LeaseSchemaError { .. } => LogEvent::LeaseSchemaError,
+            WorkerLog::DeskSchemaError { .. } => LogEvent::DeskSchemaError,
         }
     }
 
@@ -195,6 +198,7 @@ mod tests {
             WorkerLog::StatsFlushFailed { error: e() },
             WorkerLog::StatsSchemaError { error: e() },
             WorkerLog::LeaseSchemaError { error: e() },
+            WorkerLog::DeskSchemaError { error: e() },
         ]
     }
 

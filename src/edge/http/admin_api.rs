@@ -24,7 +24,7 @@ use crate::telemetry::worker_log::WorkerLog;
 use crate::edge::http::json_answer::{json_response, ok_json};
 use crate::edge::http::{admin_body, listing, one_operation};
 use crate::edge::objects::call::call_gate;
-use crate::edge::objects::stats_shard;
+use crate::edge::objects::{call, stats_shard};
 use crate::edge::runtime::log;
 
 const OPERATIONS: &str = "/v1/operations";
@@ -108,7 +108,10 @@ async fn serve(
     if path == "/v1/stats" {
         return match method {
             Method::Get => {
-                ok_json(&stats_shard::read(env, config.gemini_webhook_name.as_deref()).await?)
+                let mut stats =
+                    stats_shard::read(env, config.gemini_webhook_name.as_deref()).await?;
+                stats["destinations"] = call::destinations_health(env, config).await;
+                ok_json(&stats)
             }
             _ => Err(Refusal::MethodNotAllowed),
         };

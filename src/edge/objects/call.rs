@@ -1,14 +1,19 @@
 //! How the rest of the worker calls a Durable Object: the stub of a named object, one JSON
-//! command posted to it and its JSON reply, and a command to an operation's gate.
+//! command posted to it and its JSON reply, a command to an operation's gate, and one to a
+//! destination's desk.
 //!
 //! Guarantees: a missing binding, a failed call, an answer other than 200 and a reply that
 //! does not decode are all [`Refusal::Unavailable`] (a 503 to whoever waits, who retries);
 //! the reply is read whole with the runtime's own `text()`.
 
+use futures_util::future::join_all;
+use serde_json::{json, Value};
 use worker::wasm_bindgen::{JsCast, JsValue};
 use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, web_sys, Env};
 
+use crate::config::Config;
+use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings};
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::refusal::Refusal;
 
@@ -16,6 +21,8 @@ use crate::edge::runtime::js_error;
 
 /// The Durable Object binding.
 pub const GATE_BINDING: &str = "OPERATION_GATE";
+/// The destinations' desks' binding (one object per destination label).
+pub const DESK_BINDING: &str = "DESTINATION_DESK";
 
 /// A Durable Object stub, as the runtime hands it out.
 pub type ObjectStub = worker::worker_sys::DurableObject;
@@ -40,6 +47,34 @@ pub async fn call_gate(
     command: &GateCommand,
 ) -> std::result::Result<GateReply, Refusal> {
     post_json(&stub_for(env, GATE_BINDING, key)?, command).await
+}
+
+/// Sends a command to the desk of the destination `settings` names and returns its reply.
+pub async fn call_desk(
+    env: &Env,
+    settings: &DeskSettings,
+    command: &DeskCommand,
+) -> std::result::Result<DeskReply, Refusal> {
+    post_json(&stub_for(env, DESK_BINDING, &settings.label)?, command).await
+}
+
+/// Each configured destination's health, as `/v1/stats` shows it: one desk call each (the
+/// routes are known from the configuration), all at once. A desk that cannot be reached is
+/// shown as `unknown` with why.
+pub async fn destinations_health(env: &Env, config: &Config) -> Value {
+    let desks = config.destinations();
+    let views = join_all(desks.iter().map(|settings| async move {
+        let command = DeskCommand::Status {
+            settings: settings.clone(),
+        };
+        match call_desk(env, settings, &command).await {
+            Ok(DeskReply::View(view)) => json!(view),
+            Ok(other) => json!({"label": settings.label, "state": "unknown", "last_error": format!("{other:?}")}),
+            Err(e) => json!({"label": settings.label, "state": "unknown", "last_error": e.to_string()}),
+        }
+    }))
+    .await;
+    Value::Array(views)
 }
 
 /// POSTs `command` as JSON to a Durable Object and decodes its JSON reply. The reply is read

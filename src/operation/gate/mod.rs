@@ -69,6 +69,9 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             ..
         } => deliveries::nudge(record, claimed, metadata, delivery_id, now),
         GateCommand::RetryEffect => held(record, |op| reconciling::retry_effect(op, now)),
+        GateCommand::DestinationReady { probe } => {
+            held(record, |op| reconciling::destination_ready(op, probe, now))
+        }
         GateCommand::Alert { alert, age_seconds } => {
             held(record, |op| reconciling::alert(op, alert, age_seconds, now))
         }

@@ -1,7 +1,8 @@
 //! What the reconciliation pass asks of a gate: run an owed side effect if it is due
 //! ([`GateCommand::RetryEffect`]), raise an alert ([`GateCommand::Alert`]), keep a status
 //! answer that cannot be used ([`GateCommand::StatusUnusable`]), and project the record again
-//! ([`GateCommand::Reindex`]).
+//! ([`GateCommand::Reindex`]); and what a destination's desk asks: run a released effect now
+//! ([`GateCommand::DestinationReady`]).
 //!
 //! Guarantees (docs/DESIGN.md, invariants 5 and 7): nothing here runs anything outbound: an
 //! alert is queued in the record for the alarm, the one runner of alerts, and raised once per
@@ -24,6 +25,19 @@ use crate::operation::gate_protocol::GateCommand;
 pub(super) fn retry_effect(op: Operation, now: i64) -> Step {
     let effect = effect_report(&op, now);
     let mut step = Step::new(Some(op), GateReply::Effect { effect });
+    step.reset_alarm = true;
+    step
+}
+
+/// The destination's desk released the effect: due now (the alarm runs it, reporting back);
+/// an effect no longer owed changes nothing, and its answer says so.
+pub(super) fn destination_ready(mut op: Operation, probe: bool, now: i64) -> Step {
+    if !op.destination_ready(probe, now) {
+        let effect = effect_report(&op, now);
+        return Step::new(Some(op), GateReply::Effect { effect });
+    }
+    let effect = effect_report(&op, now);
+    let mut step = Step::new(Some(op), GateReply::Effect { effect }).durable();
     step.reset_alarm = true;
     step
 }

@@ -44,6 +44,20 @@ pub struct Effect {
     /// Not before this time (Unix ms) may the next attempt start.
     pub(super) next_attempt_ms: i64,
     pub(super) last_error: Option<String>,
+    /// Where the effect stands with its destination's desk, off the happy path only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) desk: Option<DeskMark>,
+}
+
+/// An effect's standing with its destination's desk (`src/destination/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "desk", rename_all = "snake_case")]
+pub enum DeskMark {
+    /// The desk queued it (the destination is open, or over its pace) and will make it due;
+    /// until then `next_attempt_ms` is a far fallback, in case the desk is lost.
+    Waiting { since_ms: i64 },
+    /// The desk released it: its next attempt goes without asking, and reports back.
+    Released { probe: bool },
 }
 
 impl Effect {
@@ -92,6 +106,11 @@ impl Effect {
     pub fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
     }
+
+    /// Its standing with its destination's desk, if it has one.
+    pub fn desk(&self) -> Option<DeskMark> {
+        self.desk
+    }
 }
 
 /// How one side-effect attempt ended, as the runner saw it: the class of the destination's
@@ -133,8 +152,39 @@ impl Operation {
         self.effect.claim = Some(claim);
         self.effect.attempts += 1;
         self.effect.failures_in_row += 1;
+        // A release is spent by the attempt it let go.
+        self.effect.desk = None;
         self.changed();
         Some(claim)
+    }
+
+    /// The destination's desk queued the effect: it waits for the desk to make it due, or
+    /// for `fallback_ms` (so a lost desk never strands it). False when nothing is owed or an
+    /// attempt holds a live claim (the desk's answer came too late to matter).
+    pub fn wait_on_destination(&mut self, now_ms: i64, fallback_ms: i64) -> bool {
+        if !self.effect_owed() || self.effect.claim.is_some_and(|c| c.expires_ms > now_ms) {
+            return false;
+        }
+        let since_ms = match self.effect.desk {
+            Some(DeskMark::Waiting { since_ms }) => since_ms,
+            _ => now_ms,
+        };
+        self.effect.desk = Some(DeskMark::Waiting { since_ms });
+        self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(now_ms + fallback_ms);
+        self.changed();
+        true
+    }
+
+    /// The destination's desk released the effect: due now, same generation and
+    /// `webhook-id`. False when nothing is owed any more (the desk drops the key).
+    pub fn destination_ready(&mut self, probe: bool, now_ms: i64) -> bool {
+        if !self.effect_owed() {
+            return false;
+        }
+        self.effect.desk = Some(DeskMark::Released { probe });
+        self.effect.next_attempt_ms = self.effect.next_attempt_ms.min(now_ms);
+        self.changed();
+        true
     }
 
     /// Records how the attempt under `token` ended. `backoff_ms` is the wait before the next
@@ -199,6 +249,7 @@ impl Operation {
         self.effect.failures_in_row = 0;
         self.effect.next_attempt_ms = now_ms;
         self.effect.last_error = None;
+        self.effect.desk = None;
         // A live claim belongs to the previous generation; its commit is fenced off.
         self.effect.claim = None;
         self.alerts.retain(|a| *a != AlertKind::EffectFailing);
@@ -245,6 +296,7 @@ impl Operation {
         self.effect.parked = None;
         self.effect.failures_in_row = 0;
         self.effect.next_attempt_ms = now_ms;
+        self.effect.desk = None;
         self.alerts.retain(|a| *a != AlertKind::EffectFailing);
         self.changed();
         Ok(())

@@ -40,7 +40,7 @@ mod tests;
 
 pub use alerts::PendingAlert;
 pub use confirmation::{Confirmation, MAX_CONFIRM_ATTEMPTS};
-pub use effect_state::{AttemptOutcome, Claim, Effect, Finished, Parked};
+pub use effect_state::{AttemptOutcome, Claim, DeskMark, Effect, Finished, Parked};
 pub use ledger_mark::{PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS};
 pub use operator::{Actor, OperatorNote, OperatorRefusal};
 
@@ -508,6 +508,7 @@ impl Operation {
             "generation": self.effect.generation,
             "next_attempt_at": (self.effect_owed()).then(|| format_rfc3339(self.effect.next_attempt_ms)),
             "last_error": self.effect.last_error,
+            "waiting_on_destination": matches!(self.effect.desk, Some(DeskMark::Waiting { .. })),
             "details": self.details,
             "alerts": self.alerts,
             "unusable_status": self.notes.unusable_status,

@@ -10,9 +10,11 @@
 use worker::{Env, Response, Result};
 
 use crate::config::Config;
+use crate::destination::protocol::{health_failure, DeskCommand, DeskReply, DeskSettings};
 use crate::operation::alarm::{
     self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, Upkeep,
 };
+use crate::operation::desk_turn::{self, DeskTurn};
 use crate::operation::effect::{build_request, outcome};
 use crate::operation::gate::Step;
 use crate::operation::ledger::IndexWrite;
@@ -21,6 +23,7 @@ use crate::refusal::Refusal;
 use crate::retry::Answer;
 use crate::telemetry::counters;
 
+use crate::edge::objects::call::call_desk;
 use crate::edge::objects::gate::commit::{commit, limits, Alarm};
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::stats_shard;
@@ -34,6 +37,11 @@ pub(super) struct Run<'a> {
     env: &'a Env,
     storage: &'a GateStorage,
     config: &'a Config,
+}
+
+/// When the effect became owed: its place in a desk's queue (soonest first).
+fn due_ms(op: &Operation) -> i64 {
+    op.settled_at_ms().unwrap_or(op.submitted_at_ms())
 }
 
 impl<'a> Run<'a> {
@@ -136,14 +144,77 @@ impl<'a> Run<'a> {
         self.apply(step, current, Alarm::Deferred).await
     }
 
-    /// Stores the claim (and the alarm at its expiry), runs the side effect, and commits its
-    /// answer under the claim's fencing token.
+    /// Asks the destination's desk first when the attempt needs it (a retry, a paced route),
+    /// stores the claim (and the alarm at its expiry), runs the side effect, commits its
+    /// answer under the claim's fencing token, and reports to the desk what it needs to know.
     async fn run_effect(
         &self,
         op: Operation,
         claim: Claim,
         step: Step<AlarmDone>,
     ) -> Result<Operation> {
+        let config = self.config;
+        let settings = config.desk_settings(op.kind());
+        let paced = settings.pace.limits();
+        let turn = desk_turn::turn(&op, paced);
+        let (op, claim, step) = match turn {
+            DeskTurn::Ask => {
+                let ask = DeskCommand::Ask {
+                    key: op.key().to_string(),
+                    due_ms: due_ms(&op),
+                    settings: settings.clone(),
+                };
+                // A desk that cannot be reached lets the attempt go: the effect's own backoff
+                // still bounds it, and an unreachable desk must never strand an effect.
+                if self.desk(&settings, &ask).await == Some(DeskReply::Wait) {
+                    return self.wait_on_destination(op).await;
+                }
+                // Commands may have run during the call: the claim is taken afresh.
+                let current = self.storage.load()?.unwrap_or(op);
+                match alarm::begin_attempt(current.clone(), now_ms(), &limits(config)) {
+                    Some((claim, step)) => (current, claim, step),
+                    None => return Ok(current),
+                }
+            }
+            _ => (op, claim, step),
+        };
+        let (op, health_failure) = self.attempt(op, claim, step).await?;
+        if !desk_turn::reports(turn, paced, health_failure.is_some()) {
+            return Ok(op);
+        }
+        let report = DeskCommand::Report {
+            key: op.key().to_string(),
+            due_ms: due_ms(&op),
+            failure: health_failure,
+            settings: settings.clone(),
+        };
+        match self.desk(&settings, &report).await {
+            Some(DeskReply::Wait) => self.wait_on_destination(op).await,
+            _ => Ok(op),
+        }
+    }
+
+    /// One call to the destination's desk (`None` when it could not be reached).
+    async fn desk(&self, settings: &DeskSettings, command: &DeskCommand) -> Option<DeskReply> {
+        self.storage.meter().add(|u| u.object_calls += 1);
+        call_desk(self.env, settings, command).await.ok()
+    }
+
+    /// The desk queued the effect: stores that it waits (for its release, or the fallback).
+    async fn wait_on_destination(&self, op: Operation) -> Result<Operation> {
+        let current = self.storage.load()?.unwrap_or(op);
+        let step = desk_turn::wait_on_destination(current.clone(), now_ms(), &limits(self.config));
+        self.apply(step, current, Alarm::Sync).await
+    }
+
+    /// The attempt itself: stores the claim, calls the destination, commits the answer.
+    /// Returns the record and, when the answer says the destination is failing, the failure.
+    async fn attempt(
+        &self,
+        op: Operation,
+        claim: Claim,
+        step: Step<AlarmDone>,
+    ) -> Result<(Operation, Option<String>)> {
         let config = self.config;
         let limits = limits(config);
         let op = self.apply(step, op, Alarm::Sync).await?;
@@ -180,7 +251,8 @@ impl<'a> Run<'a> {
             true => Alarm::Sync,
             false => Alarm::Deferred,
         };
-        self.apply(step, current, alarm).await
+        let failure = health_failure(&answer).then(|| answer.summary());
+        Ok((self.apply(step, current, alarm).await?, failure))
     }
 
     /// Last: hands the sealed events to the counters and projects the record to the ledger,

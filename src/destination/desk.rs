@@ -1,0 +1,423 @@
+//! One destination's desk as a pure state machine: its health (healthy, open, draining), its
+//! probe, its pace, and the alerts it owes.
+//!
+//! Guarantees (docs/DESIGN.md, invariant 8):
+//! - After [`DeskSettings::open_after`] health failures in a row (each within
+//!   [`FAILURE_RUN_GAP_MS`] of the last: a first attempt's success is not reported, an asked
+//!   retry's is) the destination is **open**:
+//!   every effect that asks or reports a failure waits (its key queued, soonest due first),
+//!   and the desk's alarm releases one key at a time as a **probe**, on a backoff from
+//!   [`PROBE_FIRST_MS`] doubling to [`DeskSettings::probe_max_ms`].
+//! - A success closes it: one "recovered" alert (how many waited, for how long), and the
+//!   waiting keys are **drained** soonest first at the route's pace, or at [`DRAIN_PER_SECOND`]
+//!   for an unpaced one, in batches of at most [`MAX_RELEASES_PER_RUN`] per alarm run.
+//! - A paced route's releases follow a token bucket (`per_second`, [`Pace::burst`] tokens) and
+//!   its attempts in flight stay within `concurrency`; each slot lapses after
+//!   [`DeskSettings::slot_ttl_ms`], so a gate that died never holds one.
+//! - One alert when it opens, one when it recovers; both are kept until the sink takes them.
+//!
+//! The edge keeps the waiting keys and the slots in SQLite tables and gives this machine their
+//! counts ([`Facts`]); the machine says what to do with the key at hand ([`Decision`]) and how
+//! many to release ([`Wake`]). Time is an input.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::destination::protocol::{DeskReply, DeskSettings, DeskView, Pace};
+
+/// The first wait between probes: short, so a blip is over in seconds.
+pub const PROBE_FIRST_MS: i64 = 2_000;
+/// An unpaced destination's drain rate: recovering at once would be a stampede, an hour
+/// later too late; 50 a second drains 10,000 waiting effects in under four minutes.
+pub const DRAIN_PER_SECOND: u32 = 50;
+/// Releases (one gate call each) per alarm run: within a Durable Object's subrequests, with
+/// room for the alerts.
+pub const MAX_RELEASES_PER_RUN: u32 = 50;
+
+/// What the edge's tables hold, counted before a decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// Keys waiting (`waiting` table).
+    pub waiting: u64,
+    /// Live slots (`slots` table, lapsed ones deleted first).
+    pub in_flight: u64,
+}
+
+/// What the edge does with the key at hand, beside answering `reply`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub reply: DeskReply,
+    /// Queue the key (keeping the sooner due if it is already queued).
+    pub enqueue: bool,
+    /// Take a slot for the key until `slot_ttl_ms` from now.
+    pub take_slot: bool,
+    /// Set the alarm at this time (sooner alarms stand).
+    pub alarm_at_ms: Option<i64>,
+}
+
+impl Decision {
+    fn reply(reply: DeskReply) -> Decision {
+        Decision {
+            reply,
+            enqueue: false,
+            take_slot: false,
+            alarm_at_ms: None,
+        }
+    }
+}
+
+/// What one alarm run does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// Release the soonest waiting key as a probe.
+    Probe,
+    /// Release up to this many waiting keys, soonest first.
+    Drain(u32),
+    /// Nothing to release now.
+    Idle,
+}
+
+/// The attempt let go while the destination is open.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeOut {
+    pub key: String,
+    pub sent_ms: i64,
+}
+
+/// The desk's stored state (one row).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Desk {
+    pub settings: Option<DeskSettings>,
+    pub failures_in_row: u32,
+    /// When the last health failure was reported.
+    #[serde(default)]
+    pub last_failure_ms: i64,
+    pub opened_at_ms: Option<i64>,
+    pub last_error: Option<String>,
+    pub probe: Option<ProbeOut>,
+    pub probe_wait_ms: i64,
+    pub next_probe_ms: i64,
+    /// The token bucket: the earliest time the next release may leave (GCRA).
+    pub next_slot_ms: i64,
+    /// Effects that waited through the last outage (counted when it closed).
+    pub waited: u64,
+    /// Alerts owed to the sink, oldest first.
+    #[serde(default)]
+    pub alerts: Vec<Value>,
+    /// Asks and reports received: what the destination's health and pace cost in calls (the
+    /// happy path's first attempt makes none).
+    #[serde(default)]
+    pub calls: u64,
+}
+
+impl Desk {
+    /// Whether the destination is open (failing).
+    pub fn is_open(&self) -> bool {
+        self.opened_at_ms.is_some()
+    }
+
+    fn pace(&self) -> Pace {
+        self.settings.as_ref().map(|s| s.pace).unwrap_or_default()
+    }
+
+    fn label(&self) -> String {
+        self.settings
+            .as_ref()
+            .map(|s| s.label.clone())
+            .unwrap_or_default()
+    }
+
+    /// Takes the newest settings (whoever spoke last runs the desk).
+    pub fn configure(&mut self, settings: DeskSettings) {
+        self.settings = Some(settings);
+    }
+
+    /// Counts an ask or a report.
+    pub fn called(&mut self) {
+        self.calls += 1;
+    }
+
+    /// Whether one release may leave now under the route's pace (and takes its token if so).
+    fn take_token(&mut self, pace: Pace, in_flight: u64, now: i64) -> bool {
+        if pace.concurrency.is_some_and(|c| in_flight >= u64::from(c)) {
+            return false;
+        }
+        let Some(rate) = pace.per_second else {
+            return true;
+        };
+        let interval = interval_ms(rate);
+        let floor = now - i64::from(pace.burst() - 1) * interval;
+        let next = self.next_slot_ms.max(floor);
+        if next > now {
+            return false;
+        }
+        self.next_slot_ms = next + interval;
+        true
+    }
+
+    /// An effect asks to be attempted: it waits while the destination is open or others wait
+    /// before it, and on a paced route until a token and a slot are free.
+    pub fn ask(&mut self, facts: Facts, now: i64) -> Decision {
+        if self.is_open() || facts.waiting > 0 {
+            return self.wait(now);
+        }
+        let pace = self.pace();
+        if !pace.limits() {
+            return Decision::reply(DeskReply::Go);
+        }
+        if self.take_token(pace, facts.in_flight, now) {
+            return Decision {
+                take_slot: true,
+                ..Decision::reply(DeskReply::Go)
+            };
+        }
+        self.wait(now)
+    }
+
+    fn wait(&mut self, now: i64) -> Decision {
+        Decision {
+            enqueue: true,
+            alarm_at_ms: Some(self.next_wake_ms(now)),
+            ..Decision::reply(DeskReply::Wait)
+        }
+    }
+
+    /// When the alarm should next run while keys wait.
+    fn next_wake_ms(&self, now: i64) -> i64 {
+        if self.is_open() {
+            return match &self.probe {
+                Some(p) => p.sent_ms + self.probe_lapse_ms(),
+                None => self.next_probe_ms.max(now),
+            };
+        }
+        self.next_slot_ms.max(now)
+    }
+
+    /// How long a probe may go without its report before another is sent: a gate that lost
+    /// its release (an operator forgot the operation, a report that never arrived) must not
+    /// hold the destination shut for a whole claim TTL.
+    fn probe_lapse_ms(&self) -> i64 {
+        self.slot_ttl_ms().min(PROBE_LAPSE_MS)
+    }
+
+    fn slot_ttl_ms(&self) -> i64 {
+        self.settings.as_ref().map_or(600_000, |s| s.slot_ttl_ms)
+    }
+
+    /// An attempt ended: `failure` is a health failure in a few words, `None` an answer that
+    /// says the destination is up. Its slot (if any) is freed by the edge.
+    pub fn report(
+        &mut self,
+        key: &str,
+        failure: Option<String>,
+        facts: Facts,
+        now: i64,
+    ) -> Decision {
+        let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
+        let Some(error) = failure else {
+            self.failures_in_row = 0;
+            if self.is_open() {
+                // What waited: the queue, and the probe (or other attempt) that just succeeded.
+                self.close(facts.waiting + 1, now);
+            }
+            if was_probe {
+                self.probe = None;
+            }
+            // Closing starts the drain; a freed slot lets the next waiting key go.
+            return Decision {
+                alarm_at_ms: Some(now),
+                ..Decision::reply(DeskReply::Noted)
+            };
+        };
+        // First attempts that succeed are never reported (the happy path pays nothing), so
+        // "in a row" also means close together: a failure long after the last starts a new run.
+        if now - self.last_failure_ms > FAILURE_RUN_GAP_MS {
+            self.failures_in_row = 0;
+        }
+        self.last_failure_ms = now;
+        self.failures_in_row = self.failures_in_row.saturating_add(1);
+        self.last_error = Some(error);
+        if was_probe {
+            self.probe = None;
+            self.probe_failed(now);
+            return self.wait(now);
+        }
+        if self.is_open() {
+            return self.wait(now);
+        }
+        let open_after = self.settings.as_ref().map_or(5, |s| s.open_after);
+        if self.failures_in_row >= open_after {
+            self.open(now);
+            return self.wait(now);
+        }
+        Decision::reply(DeskReply::OwnSchedule)
+    }
+
+    fn open(&mut self, now: i64) {
+        self.opened_at_ms = Some(now);
+        self.probe = None;
+        self.probe_wait_ms = PROBE_FIRST_MS;
+        self.next_probe_ms = now + PROBE_FIRST_MS;
+        self.alerts.push(json!({
+            "alert": "destination_open",
+            "alert_id": format!("destination-open:{}:{now}", self.label()),
+            "key": self.label(),
+            "age_seconds": 0,
+            "destination": self.label(),
+            "last_error": self.last_error,
+            "text": format!(
+                "Destination {} is failing ({} failures in a row, last: {}): its side effects wait and one probe at a time tries it",
+                self.label(),
+                self.failures_in_row,
+                self.last_error.as_deref().unwrap_or("?")
+            ),
+        }));
+    }
+
+    fn probe_failed(&mut self, now: i64) {
+        let max = self
+            .settings
+            .as_ref()
+            .map_or(15_000, |s| s.probe_max_ms)
+            .max(PROBE_FIRST_MS);
+        self.probe_wait_ms = (self.probe_wait_ms.max(PROBE_FIRST_MS) * 2).min(max);
+        self.next_probe_ms = now + self.probe_wait_ms;
+    }
+
+    fn close(&mut self, waited: u64, now: i64) {
+        let opened = self.opened_at_ms.take().unwrap_or(now);
+        let secs = (now - opened) / 1_000;
+        self.probe = None;
+        self.waited = waited;
+        self.alerts.push(json!({
+            "alert": "destination_recovered",
+            "alert_id": format!("destination-recovered:{}:{now}", self.label()),
+            "key": self.label(),
+            "age_seconds": secs,
+            "destination": self.label(),
+            "waited": self.waited,
+            "outage_seconds": secs,
+            "text": format!(
+                "Destination {} recovered after {secs} s; {} side effects waited and are being drained",
+                self.label(),
+                self.waited
+            ),
+        }));
+    }
+
+    /// What an alarm run releases, given the tables' counts: a probe while open (when its
+    /// backoff is over and no probe is out, or the one out lapsed), else as many as the pace
+    /// allows. Takes the tokens it hands out.
+    pub fn wake(&mut self, facts: Facts, now: i64) -> Wake {
+        if facts.waiting == 0 {
+            return Wake::Idle;
+        }
+        if self.is_open() {
+            if let Some(p) = &self.probe {
+                if p.sent_ms + self.probe_lapse_ms() > now {
+                    return Wake::Idle;
+                }
+                // A probe that never reported counts as a failed one.
+                self.probe = None;
+                self.probe_failed(now);
+            }
+            return match now >= self.next_probe_ms {
+                true => Wake::Probe,
+                false => Wake::Idle,
+            };
+        }
+        let pace = self.pace();
+        let cap = facts.waiting.min(u64::from(MAX_RELEASES_PER_RUN)) as u32;
+        if !pace.limits() {
+            // Unpaced: a batch a run, spaced so the drain runs at DRAIN_PER_SECOND.
+            if now < self.next_slot_ms {
+                return Wake::Idle;
+            }
+            self.next_slot_ms = now + i64::from(cap) * 1_000 / i64::from(DRAIN_PER_SECOND);
+            return Wake::Drain(cap);
+        }
+        let mut n = 0;
+        while n < cap && self.take_token(pace, facts.in_flight + u64::from(n), now) {
+            n += 1;
+        }
+        match n {
+            0 => Wake::Idle,
+            n => Wake::Drain(n),
+        }
+    }
+
+    /// A key the alarm released was made due by its gate; a probe is remembered until it
+    /// reports.
+    pub fn released(&mut self, key: &str, probe: bool, now: i64) {
+        if probe {
+            self.probe = Some(ProbeOut {
+                key: key.to_string(),
+                sent_ms: now,
+            });
+        }
+    }
+
+    /// When the alarm should run next, after a run (`None`: nothing waits and nothing is owed).
+    pub fn next_alarm_ms(&self, facts: Facts, now: i64) -> Option<i64> {
+        if !self.alerts.is_empty() {
+            return Some(now + ALERT_RETRY_MS);
+        }
+        if facts.waiting == 0 {
+            return None;
+        }
+        if !self.is_open() && self.pace().concurrency.is_some() && !self.pace_has_room(facts) {
+            // Slots free on reports (which set the alarm); a lapsed one frees with its TTL.
+            return Some(now + self.slot_ttl_ms().min(ALERT_RETRY_MS));
+        }
+        Some(self.next_wake_ms(now).max(now + MIN_ALARM_GAP_MS))
+    }
+
+    fn pace_has_room(&self, facts: Facts) -> bool {
+        self.pace()
+            .concurrency
+            .is_none_or(|c| facts.in_flight < u64::from(c))
+    }
+
+    /// The first `n` owed alerts were accepted by the sink.
+    pub fn alerts_sent(&mut self, n: usize) {
+        self.alerts.drain(..n.min(self.alerts.len()));
+    }
+
+    /// The view `/v1/stats` shows.
+    pub fn view(&self, facts: Facts) -> DeskView {
+        let state = match (self.is_open(), facts.waiting) {
+            (true, _) => "open",
+            (false, 0) => "healthy",
+            (false, _) => "draining",
+        };
+        DeskView {
+            label: self.label(),
+            state: state.to_string(),
+            waiting: facts.waiting,
+            in_flight: facts.in_flight,
+            failures_in_row: self.failures_in_row,
+            last_error: self.last_error.clone(),
+            opened_at_ms: self.opened_at_ms,
+            pace: self.pace(),
+            calls: self.calls,
+        }
+    }
+}
+
+/// Failures further apart than this are not "in a row": successes in between go unreported.
+pub const FAILURE_RUN_GAP_MS: i64 = 30_000;
+/// The longest a probe goes unreported before the next: well past an attempt's timeout
+/// (`EFFECT_TIMEOUT_MS`, 5 s by default) and the runtime's 30 s grace.
+pub const PROBE_LAPSE_MS: i64 = 60_000;
+/// How soon the desk tries an alert sink again after a failure.
+pub const ALERT_RETRY_MS: i64 = 30_000;
+/// The shortest wait between alarm runs that release nothing (no spin on a clock edge).
+const MIN_ALARM_GAP_MS: i64 = 10;
+
+/// Milliseconds between releases at `per_second`.
+fn interval_ms(per_second: u32) -> i64 {
+    (1_000 / i64::from(per_second.max(1))).max(1)
+}
+
+#[cfg(test)]
+mod tests;

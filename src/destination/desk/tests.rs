@@ -1,0 +1,295 @@
+//! The desk's decisions, one test per row of its table.
+
+use super::*;
+
+fn settings(pace: Pace) -> DeskSettings {
+    DeskSettings {
+        label: "EFFECT_URL: https://down.example".into(),
+        open_after: 3,
+        probe_max_ms: 15_000,
+        slot_ttl_ms: 60_000,
+        pace,
+    }
+}
+
+fn desk(pace: Pace) -> Desk {
+    let mut d = Desk::default();
+    d.configure(settings(pace));
+    d
+}
+
+fn facts(waiting: u64, in_flight: u64) -> Facts {
+    Facts { waiting, in_flight }
+}
+
+fn paced(per_second: u32, concurrency: Option<u32>) -> Pace {
+    Pace {
+        per_second: Some(per_second),
+        concurrency,
+    }
+}
+
+fn fail(d: &mut Desk, key: &str, now: i64) -> Decision {
+    d.report(key, Some("503".into()), facts(0, 0), now)
+}
+
+#[test]
+fn a_healthy_unpaced_destination_lets_a_retry_go() {
+    let mut d = desk(Pace::default());
+    assert_eq!(d.ask(facts(0, 0), 0).reply, DeskReply::Go);
+    assert!(!d.ask(facts(0, 0), 0).take_slot);
+}
+
+#[test]
+fn failures_below_the_threshold_keep_their_own_schedule() {
+    let mut d = desk(Pace::default());
+    assert_eq!(fail(&mut d, "a", 0).reply, DeskReply::OwnSchedule);
+    assert_eq!(fail(&mut d, "b", 1).reply, DeskReply::OwnSchedule);
+    assert!(!d.is_open());
+    assert!(d.alerts.is_empty());
+}
+
+#[test]
+fn the_threshold_opens_it_alerts_once_and_queues_the_failing_key() {
+    let mut d = desk(Pace::default());
+    fail(&mut d, "a", 0);
+    fail(&mut d, "b", 1);
+    let third = fail(&mut d, "c", 2);
+    assert_eq!(third.reply, DeskReply::Wait);
+    assert!(third.enqueue);
+    assert_eq!(third.alarm_at_ms, Some(2 + PROBE_FIRST_MS));
+    assert!(d.is_open());
+    let fourth = fail(&mut d, "d", 3);
+    assert_eq!(fourth.reply, DeskReply::Wait);
+    assert_eq!(d.alerts.len(), 1);
+    assert_eq!(d.alerts[0]["alert"], "destination_open");
+    assert_eq!(d.view(facts(2, 0)).state, "open");
+    assert_eq!(d.view(facts(2, 0)).last_error.as_deref(), Some("503"));
+}
+
+#[test]
+fn a_success_between_failures_resets_the_count() {
+    let mut d = desk(Pace::default());
+    fail(&mut d, "a", 0);
+    fail(&mut d, "b", 1);
+    d.report("x", None, facts(0, 0), 2);
+    assert_eq!(fail(&mut d, "c", 3).reply, DeskReply::OwnSchedule);
+}
+
+fn opened() -> Desk {
+    let mut d = desk(Pace::default());
+    for (i, k) in ["a", "b", "c"].iter().enumerate() {
+        fail(&mut d, k, i as i64);
+    }
+    d.alerts.clear();
+    d
+}
+
+#[test]
+fn while_open_an_ask_waits() {
+    let mut d = opened();
+    let ask = d.ask(facts(3, 0), 10);
+    assert_eq!(ask.reply, DeskReply::Wait);
+    assert!(ask.enqueue);
+}
+
+#[test]
+fn the_alarm_probes_one_key_after_the_backoff_and_no_second_while_it_is_out() {
+    let mut d = opened();
+    assert_eq!(d.wake(facts(3, 0), 2 + PROBE_FIRST_MS - 1), Wake::Idle);
+    assert_eq!(d.wake(facts(3, 0), 2 + PROBE_FIRST_MS), Wake::Probe);
+    d.released("a", true, 2 + PROBE_FIRST_MS);
+    assert_eq!(d.wake(facts(2, 0), 3 + PROBE_FIRST_MS), Wake::Idle);
+}
+
+#[test]
+fn a_failed_probe_doubles_the_backoff_up_to_the_cap_and_requeues_its_key() {
+    let mut d = opened();
+    let mut now = 2 + PROBE_FIRST_MS;
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        assert_eq!(d.wake(facts(3, 0), now), Wake::Probe);
+        d.released("a", true, now);
+        let failed = fail(&mut d, "a", now + 100);
+        assert!(failed.enqueue);
+        waits.push(d.next_probe_ms - (now + 100));
+        now = d.next_probe_ms;
+    }
+    assert_eq!(waits, vec![4_000, 8_000, 15_000, 15_000, 15_000]);
+    assert!(d.is_open());
+}
+
+#[test]
+fn a_probe_that_never_reports_lapses_as_a_failure() {
+    let mut d = opened();
+    let at = 2 + PROBE_FIRST_MS;
+    assert_eq!(d.wake(facts(3, 0), at), Wake::Probe);
+    d.released("a", true, at);
+    assert_eq!(d.wake(facts(2, 0), at + 59_999), Wake::Idle);
+    // Lapsed: the backoff doubles, and the next probe waits for it.
+    assert_eq!(d.wake(facts(2, 0), at + 60_000), Wake::Idle);
+    assert_eq!(d.next_probe_ms, at + 60_000 + 4_000);
+}
+
+#[test]
+fn a_probe_success_closes_it_alerts_recovery_and_starts_the_drain() {
+    let mut d = opened();
+    let at = 2 + PROBE_FIRST_MS;
+    d.wake(facts(60, 0), at);
+    d.released("a", true, at);
+    let ok = d.report("a", None, facts(59, 0), at + 10_000);
+    assert_eq!(ok.reply, DeskReply::Noted);
+    assert_eq!(ok.alarm_at_ms, Some(at + 10_000));
+    assert!(!d.is_open());
+    assert_eq!(d.alerts.len(), 1);
+    assert_eq!(d.alerts[0]["alert"], "destination_recovered");
+    assert_eq!(d.alerts[0]["waited"], 60);
+    assert_eq!(d.alerts[0]["outage_seconds"], (at + 10_000 - 2) / 1_000);
+    assert_eq!(d.view(facts(59, 0)).state, "draining");
+    // Unpaced: a batch of MAX_RELEASES_PER_RUN, the next a second later.
+    assert_eq!(d.wake(facts(59, 0), at + 10_000), Wake::Drain(50));
+    assert_eq!(d.wake(facts(9, 0), at + 10_500), Wake::Idle);
+    assert_eq!(d.wake(facts(9, 0), at + 11_000), Wake::Drain(9));
+}
+
+#[test]
+fn while_draining_a_new_ask_queues_behind_the_waiting() {
+    let mut d = desk(Pace::default());
+    assert_eq!(d.ask(facts(4, 0), 0).reply, DeskReply::Wait);
+}
+
+#[test]
+fn a_paced_route_lets_one_go_per_interval_and_queues_the_rest() {
+    let mut d = desk(paced(5, None));
+    let first = d.ask(facts(0, 0), 1_000);
+    assert_eq!(first.reply, DeskReply::Go);
+    assert!(first.take_slot);
+    let second = d.ask(facts(0, 1), 1_050);
+    assert_eq!(second.reply, DeskReply::Wait);
+    assert_eq!(second.alarm_at_ms, Some(1_200));
+    assert_eq!(d.wake(facts(1, 1), 1_199), Wake::Idle);
+    assert_eq!(d.wake(facts(1, 1), 1_200), Wake::Drain(1));
+}
+
+#[test]
+fn a_paced_route_never_releases_more_than_its_rate_plus_burst_in_a_second() {
+    let mut d = desk(paced(5, None));
+    let mut released = Vec::new();
+    for now in (0..3_000).step_by(10) {
+        if let Wake::Drain(n) = d.wake(facts(100, 0), now) {
+            released.extend(std::iter::repeat_n(now, n as usize));
+        }
+    }
+    for start in (0..2_000).step_by(10) {
+        let in_window = released
+            .iter()
+            .filter(|t| **t >= start && **t < start + 1_000)
+            .count();
+        assert!(in_window <= 6, "{in_window} at {start}");
+    }
+    assert_eq!(released.len(), 15);
+}
+
+#[test]
+fn concurrency_holds_releases_until_a_slot_frees() {
+    let mut d = desk(Pace {
+        per_second: None,
+        concurrency: Some(2),
+    });
+    assert_eq!(d.ask(facts(0, 0), 0).reply, DeskReply::Go);
+    assert_eq!(d.ask(facts(0, 1), 0).reply, DeskReply::Go);
+    assert_eq!(d.ask(facts(0, 2), 0).reply, DeskReply::Wait);
+    assert_eq!(d.wake(facts(1, 2), 5), Wake::Idle);
+    assert_eq!(d.next_alarm_ms(facts(1, 2), 5), Some(5 + 30_000));
+    let done = d.report("a", None, facts(1, 1), 6);
+    assert_eq!(done.alarm_at_ms, Some(6));
+    assert_eq!(d.wake(facts(1, 1), 6), Wake::Drain(1));
+}
+
+#[test]
+fn alerts_are_kept_until_the_sink_takes_them() {
+    let mut d = desk(Pace::default());
+    for (i, k) in ["a", "b", "c"].iter().enumerate() {
+        fail(&mut d, k, i as i64);
+    }
+    assert_eq!(d.next_alarm_ms(facts(1, 0), 10), Some(10 + ALERT_RETRY_MS));
+    d.alerts_sent(1);
+    assert!(d.alerts.is_empty());
+    assert_eq!(d.next_alarm_ms(facts(1, 0), 10), Some(2 + PROBE_FIRST_MS));
+    assert_eq!(d.next_alarm_ms(facts(0, 0), 10), None);
+}
+
+#[test]
+fn the_stored_state_round_trips() {
+    let d = opened();
+    let text = serde_json::to_string(&d).unwrap();
+    assert_eq!(serde_json::from_str::<Desk>(&text).unwrap(), d);
+}
+
+#[test]
+fn failures_far_apart_are_not_in_a_row() {
+    let mut d = desk(Pace::default());
+    fail(&mut d, "a", 0);
+    fail(&mut d, "b", 1_000);
+    fail(&mut d, "c", 1_000 + FAILURE_RUN_GAP_MS + 1);
+    assert_eq!(d.failures_in_row, 1);
+    fail(&mut d, "d", 40_000);
+    assert!(!d.is_open());
+}
+
+/// The outage with the defaults: 60 effects, a destination down for 30 s; the desk
+/// probes it a handful of times and drains everything within 20 s of its recovery.
+#[test]
+fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
+    let mut d = Desk::default();
+    d.configure(DeskSettings {
+        open_after: 5,
+        ..settings(Pace::default())
+    });
+    let up_at = 30_000;
+    let mut waiting = 0u64;
+    for i in 0..60 {
+        if d.report(&format!("k{i}"), Some("503".into()), facts(waiting, 0), i)
+            .enqueue
+        {
+            waiting += 1;
+        }
+    }
+    // The four that kept their own schedule ask at their retry (about 30 s later) and wait.
+    waiting += 4;
+    let (mut probes, mut last_release, mut probe_out) = (0, 0, None);
+    for now in (100..120_000).step_by(10) {
+        if let Some(sent) = probe_out {
+            if now >= sent + 50 {
+                probe_out = None;
+                let failure = (sent < up_at).then(|| "503".to_string());
+                if d.report("p", failure, facts(waiting, 0), now).enqueue {
+                    waiting += 1;
+                }
+            }
+        }
+        match d.wake(facts(waiting, 0), now) {
+            Wake::Probe => {
+                probes += 1;
+                waiting -= 1;
+                d.released("p", true, now);
+                probe_out = Some(now);
+            }
+            Wake::Drain(n) => {
+                waiting -= u64::from(n);
+                last_release = now;
+            }
+            Wake::Idle => {}
+        }
+        if waiting == 0 && !d.is_open() && probe_out.is_none() {
+            break;
+        }
+    }
+    assert_eq!(waiting, 0);
+    assert!(probes <= 6, "{probes} probes");
+    assert!(
+        last_release - up_at <= 20_000,
+        "drained {} ms after recovery",
+        last_release - up_at
+    );
+}

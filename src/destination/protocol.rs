@@ -1,0 +1,170 @@
+//! The messages between a gate (or the stats route) and a destination's desk, and the
+//! settings a desk runs by.
+//!
+//! Guarantees: every message is plain JSON, so it is tested on the host and logged as is; the
+//! settings travel with each command, so a desk always runs by the configuration of whoever
+//! spoke to it last (every isolate parses the same variables), and needs none of its own.
+
+use serde::{Deserialize, Serialize};
+
+use crate::retry::Answer;
+
+/// A route's pace (`per_second` and `concurrency` of an `EFFECT_ROUTES` entry, or
+/// `EFFECT_PER_SECOND` and `EFFECT_CONCURRENCY` for `EFFECT_URL`): either may be absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pace {
+    /// Releases a second at most (a token bucket holding [`Pace::burst`] tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_second: Option<u32>,
+    /// Attempts in flight at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+}
+
+impl Pace {
+    /// Whether anything is limited: an unlimited route asks its desk only off the happy path.
+    pub fn limits(&self) -> bool {
+        self.per_second.is_some() || self.concurrency.is_some()
+    }
+
+    /// The bucket's size: a tenth of a second's releases (at least one), so that in any
+    /// second at most `per_second + burst` leave, and a slow pace is spread evenly.
+    pub fn burst(&self) -> u32 {
+        self.per_second.map_or(1, |r| (r / 10).max(1))
+    }
+}
+
+/// What a desk runs by: the route's pace and the health settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeskSettings {
+    /// The destination, as the operator's history names it.
+    pub label: String,
+    /// Consecutive failures that open the destination (`DESTINATION_OPEN_AFTER`).
+    pub open_after: u32,
+    /// Longest wait between probes (`DESTINATION_PROBE_MAX_SECONDS`, in ms).
+    pub probe_max_ms: i64,
+    /// How long a released effect's slot (or probe) is held without its report: a gate that
+    /// died mid-attempt frees it when this passes (its claim's TTL).
+    pub slot_ttl_ms: i64,
+    #[serde(default)]
+    pub pace: Pace,
+}
+
+/// A request to a destination's desk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum DeskCommand {
+    /// May the effect of `key` (owed since `due_ms`) be attempted now? Asked before a retry,
+    /// and before every attempt on a paced route.
+    Ask {
+        key: String,
+        due_ms: i64,
+        settings: DeskSettings,
+    },
+    /// How an attempt ended: after a failure that says something about the destination's
+    /// health, and after every attempt the desk let go (asked, probed or released).
+    Report {
+        key: String,
+        due_ms: i64,
+        /// The failure, in a few words; `None`: the destination answered (not a health failure).
+        failure: Option<String>,
+        settings: DeskSettings,
+    },
+    /// The desk's state, for `/v1/stats`.
+    Status { settings: DeskSettings },
+}
+
+/// A desk's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum DeskReply {
+    /// Attempt now (on a paced route, a slot is taken until the report).
+    Go,
+    /// Wait: the key is queued and the desk will make it due (`DestinationReady`).
+    Wait,
+    /// Keep the effect's own backoff: the destination is not open.
+    OwnSchedule,
+    /// Recorded.
+    Noted,
+    /// The desk's state.
+    View(DeskView),
+}
+
+/// A destination's health as `/v1/stats` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeskView {
+    pub label: String,
+    /// `healthy`, `open` (failing: effects wait, one probe at a time) or `draining`
+    /// (recovered: what waited is released at the destination's pace).
+    pub state: String,
+    pub waiting: u64,
+    pub in_flight: u64,
+    pub failures_in_row: u32,
+    pub last_error: Option<String>,
+    /// Unix ms.
+    pub opened_at_ms: Option<i64>,
+    #[serde(default)]
+    pub pace: Pace,
+    /// Asks and reports this desk received.
+    #[serde(default)]
+    pub calls: u64,
+}
+
+/// Whether an attempt's answer says the destination itself is failing: a timeout, a network
+/// error, a 5xx or a 429. A 408 or 409 is retried but is about the request, not the health.
+pub fn health_failure(answer: &Answer) -> bool {
+    match answer {
+        Answer::Timeout | Answer::Network(_) => true,
+        Answer::Http { status, .. } => *status == 429 || (500..=599).contains(status),
+        Answer::TooLarge { .. } => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_timeouts_network_errors_5xx_and_429_count_against_health() {
+        let http = |status| Answer::Http {
+            status,
+            body: String::new(),
+            retry_after: None,
+        };
+        assert!(health_failure(&Answer::Timeout));
+        assert!(health_failure(&Answer::Network("reset".into())));
+        assert!(health_failure(&http(503)));
+        assert!(health_failure(&http(429)));
+        assert!(!health_failure(&http(408)));
+        assert!(!health_failure(&http(400)));
+        assert!(!health_failure(&http(200)));
+    }
+
+    #[test]
+    fn a_pace_bursts_a_tenth_of_a_second_at_least_one() {
+        let p = |r| Pace {
+            per_second: Some(r),
+            concurrency: None,
+        };
+        assert_eq!(p(5).burst(), 1);
+        assert_eq!(p(50).burst(), 5);
+        assert!(!Pace::default().limits());
+        assert!(p(1).limits());
+    }
+
+    #[test]
+    fn commands_are_tagged_json() {
+        let c = DeskCommand::Status {
+            settings: DeskSettings {
+                label: "EFFECT_URL: https://x".into(),
+                open_after: 5,
+                probe_max_ms: 15_000,
+                slot_ttl_ms: 600_000,
+                pace: Pace::default(),
+            },
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["command"], "status");
+        assert_eq!(serde_json::from_value::<DeskCommand>(v).unwrap(), c);
+    }
+}

@@ -1,0 +1,344 @@
+//! The DestinationDesk Durable Object: one per destination (named by its label), performing
+//! what [`crate::destination::desk::Desk`] decides.
+//!
+//! Storage (SQLite): `desk(id = 1, body)` holds the [`Desk`] as JSON; `waiting(key PRIMARY
+//! KEY, due_ms)`, indexed by `(due_ms, key)`, the effects waiting for their release (so ten
+//! thousand of them cost one row each, and the soonest are read first by the index);
+//! `slots(key PRIMARY KEY, expires_ms)` a paced route's attempts in flight.
+//!
+//! Guarantees: every command is read-decide-write with no await in between; the alarm takes
+//! the keys it releases out of `waiting` before it calls their gates and puts back those
+//! whose gate could not be reached, so a key is released once; a gate that answers that
+//! nothing is owed drops its key. The alarm sends the owed alerts and sets itself again while
+//! anything waits or an alert is owed, so it never relies on the runtime's retries.
+
+use futures_util::future::join_all;
+use serde::Deserialize;
+use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
+
+use crate::destination::desk::{Desk, Facts, Wake, ALERT_RETRY_MS};
+use crate::destination::protocol::{DeskCommand, DeskReply};
+use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::refusal::Refusal;
+use crate::telemetry::worker_log::WorkerLog;
+
+use crate::edge::objects::call::call_gate;
+use crate::edge::outbound::fetch::post_alert;
+use crate::edge::runtime::{load_config, log, now_ms};
+
+/// Keys a probe may skip in one run (gates that no longer owe their effect).
+const PROBE_TRIES: usize = 5;
+
+/// One destination's health and pace.
+#[durable_object]
+pub struct DestinationDesk {
+    state: State,
+    env: Env,
+}
+
+#[derive(Deserialize)]
+struct BodyRow {
+    body: String,
+}
+
+#[derive(Deserialize)]
+struct CountRow {
+    n: i64,
+}
+
+#[derive(Deserialize)]
+struct KeyRow {
+    key: String,
+    due_ms: i64,
+}
+
+impl DurableObject for DestinationDesk {
+    fn new(state: State, env: Env) -> Self {
+        let sql = state.storage().sql();
+        for ddl in [
+            "CREATE TABLE IF NOT EXISTS desk (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS waiting (key TEXT PRIMARY KEY, due_ms INTEGER NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS waiting_by_due ON waiting (due_ms, key)",
+            "CREATE TABLE IF NOT EXISTS slots (key TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL)",
+        ] {
+            if let Err(e) = sql.exec(ddl, None) {
+                log(WorkerLog::DeskSchemaError {
+                    error: e.to_string(),
+                }
+                .to_value());
+            }
+        }
+        Self { state, env }
+    }
+
+    async fn fetch(&self, mut req: Request) -> Result<Response> {
+        let command: DeskCommand = match req.json().await {
+            Ok(c) => c,
+            Err(e) => return Refusal::BadRequest(format!("bad desk command: {e}")).into_response(),
+        };
+        let now = now_ms();
+        let (reply, alarm_at) = self.command(command, now)?;
+        if let Some(at) = alarm_at {
+            self.alarm_no_later_than(at).await?;
+        }
+        Response::from_json(&reply)
+    }
+
+    /// A run that fails sets the alarm again itself, rather than relying on the runtime's
+    /// few retries: what waits is never stranded.
+    async fn alarm(&self) -> Result<Response> {
+        let run = self.run_alarm().await;
+        if run.is_err() {
+            self.set_alarm(now_ms() + ALERT_RETRY_MS).await?;
+        }
+        run
+    }
+}
+
+impl DestinationDesk {
+    /// One alarm run: the owed alerts, then what the desk releases, then the next alarm.
+    async fn run_alarm(&self) -> Result<Response> {
+        let now = now_ms();
+        self.send_alerts().await?;
+        let mut desk = self.load()?;
+        let facts = self.facts(now)?;
+        match desk.wake(facts, now) {
+            Wake::Probe => {
+                self.save(&desk)?;
+                self.probe(now).await?;
+            }
+            Wake::Drain(n) => {
+                self.save(&desk)?;
+                self.drain(n, now).await?;
+            }
+            Wake::Idle => self.save(&desk)?,
+        }
+        let desk = self.load()?;
+        let now = now_ms();
+        if let Some(at) = desk.next_alarm_ms(self.facts(now)?, now) {
+            self.set_alarm(at).await?;
+        }
+        Response::ok("ok")
+    }
+
+    /// An ask, a report or a status request: read, decided and written with no await.
+    fn command(&self, command: DeskCommand, now: i64) -> Result<(DeskReply, Option<i64>)> {
+        let mut desk = self.load()?;
+        let (key, due_ms, decision) = match command {
+            DeskCommand::Status { settings } => {
+                desk.configure(settings);
+                return Ok((DeskReply::View(desk.view(self.facts(now)?)), None));
+            }
+            DeskCommand::Ask {
+                key,
+                due_ms,
+                settings,
+            } => {
+                desk.configure(settings);
+                desk.called();
+                let facts = self.facts(now)?;
+                (key, due_ms, desk.ask(facts, now))
+            }
+            DeskCommand::Report {
+                key,
+                due_ms,
+                failure,
+                settings,
+            } => {
+                desk.configure(settings);
+                desk.called();
+                self.exec("DELETE FROM slots WHERE key = ?", vec![key.clone().into()])?;
+                let facts = self.facts(now)?;
+                (key.clone(), due_ms, desk.report(&key, failure, facts, now))
+            }
+        };
+        if decision.enqueue {
+            self.enqueue(&key, due_ms)?;
+        }
+        if decision.take_slot {
+            self.take_slot(&key, &desk, now)?;
+        }
+        self.save(&desk)?;
+        Ok((decision.reply, decision.alarm_at_ms))
+    }
+
+    /// Releases the soonest waiting key as the probe; a gate that no longer owes its effect
+    /// is skipped (its key dropped) for the next, a few at most per run.
+    async fn probe(&self, now: i64) -> Result<()> {
+        for _ in 0..PROBE_TRIES {
+            let Some(row) = self.soonest(1)?.pop() else {
+                return Ok(());
+            };
+            self.exec(
+                "DELETE FROM waiting WHERE key = ?",
+                vec![row.key.clone().into()],
+            )?;
+            let mut desk = self.load()?;
+            desk.released(&row.key, true, now);
+            self.save(&desk)?;
+            match self.ready(&row.key, true).await {
+                Some(true) => return Ok(()),
+                answered => {
+                    let mut desk = self.load()?;
+                    desk.probe = None;
+                    self.save(&desk)?;
+                    if answered.is_none() {
+                        // The gate could not be reached: its key waits again.
+                        self.enqueue(&row.key, row.due_ms)?;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases the `n` soonest waiting keys at once (their tokens are taken).
+    async fn drain(&self, n: u32, now: i64) -> Result<()> {
+        let rows = self.soonest(n)?;
+        let desk = self.load()?;
+        for row in &rows {
+            self.exec(
+                "DELETE FROM waiting WHERE key = ?",
+                vec![row.key.clone().into()],
+            )?;
+            if desk.settings.as_ref().is_some_and(|s| s.pace.limits()) {
+                self.take_slot(&row.key, &desk, now)?;
+            }
+        }
+        let answers = join_all(rows.iter().map(|r| self.ready(&r.key, false))).await;
+        for (row, answer) in rows.iter().zip(answers) {
+            if answer != Some(true) {
+                self.exec(
+                    "DELETE FROM slots WHERE key = ?",
+                    vec![row.key.clone().into()],
+                )?;
+            }
+            if answer.is_none() {
+                self.enqueue(&row.key, row.due_ms)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the gate of `key` its effect is released: `Some(true)` when it owes it (now due),
+    /// `Some(false)` when it owes nothing, `None` when it could not be reached.
+    async fn ready(&self, key: &str, probe: bool) -> Option<bool> {
+        match call_gate(&self.env, key, &GateCommand::DestinationReady { probe }).await {
+            Ok(GateReply::Effect { effect }) => Some(matches!(
+                effect,
+                EffectReport::Scheduled | EffectReport::RetryScheduled | EffectReport::InFlight
+            )),
+            Ok(_) => Some(false),
+            Err(_) => None,
+        }
+    }
+
+    /// Sends the owed alerts, oldest first, until the sink refuses one.
+    async fn send_alerts(&self) -> Result<()> {
+        let owed = self.load()?.alerts;
+        if owed.is_empty() {
+            return Ok(());
+        }
+        let Ok(config) = load_config(&self.env) else {
+            return Ok(());
+        };
+        let mut sent = 0;
+        for alert in &owed {
+            if !post_alert(&config, alert).await {
+                break;
+            }
+            sent += 1;
+        }
+        let mut desk = self.load()?;
+        desk.alerts_sent(sent);
+        self.save(&desk)
+    }
+
+    fn facts(&self, now: i64) -> Result<Facts> {
+        self.exec(
+            "DELETE FROM slots WHERE expires_ms <= ?",
+            vec![(now as f64).into()],
+        )?;
+        Ok(Facts {
+            waiting: self.count("SELECT COUNT(*) AS n FROM waiting")?,
+            in_flight: self.count("SELECT COUNT(*) AS n FROM slots")?,
+        })
+    }
+
+    fn count(&self, query: &str) -> Result<u64> {
+        let rows: Vec<CountRow> = self.state.storage().sql().exec(query, None)?.to_array()?;
+        Ok(rows.first().map_or(0, |r| r.n.max(0) as u64))
+    }
+
+    fn soonest(&self, n: u32) -> Result<Vec<KeyRow>> {
+        self.state
+            .storage()
+            .sql()
+            .exec(
+                "SELECT key, due_ms FROM waiting ORDER BY due_ms, key LIMIT ?",
+                vec![f64::from(n).into()],
+            )?
+            .to_array()
+    }
+
+    /// Queues `key`, keeping the sooner due if it already waits.
+    fn enqueue(&self, key: &str, due_ms: i64) -> Result<()> {
+        self.exec(
+            "INSERT INTO waiting (key, due_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET due_ms = MIN(due_ms, excluded.due_ms)",
+            vec![key.into(), (due_ms as f64).into()],
+        )
+    }
+
+    fn take_slot(&self, key: &str, desk: &Desk, now: i64) -> Result<()> {
+        let ttl = desk.settings.as_ref().map_or(600_000, |s| s.slot_ttl_ms);
+        self.exec(
+            "INSERT INTO slots (key, expires_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET expires_ms = excluded.expires_ms",
+            vec![key.into(), ((now + ttl) as f64).into()],
+        )
+    }
+
+    fn exec(&self, query: &str, bindings: Vec<worker::SqlStorageValue>) -> Result<()> {
+        self.state.storage().sql().exec(query, Some(bindings))?;
+        Ok(())
+    }
+
+    fn load(&self) -> Result<Desk> {
+        let rows: Vec<BodyRow> = self
+            .state
+            .storage()
+            .sql()
+            .exec("SELECT body FROM desk WHERE id = 1", None)?
+            .to_array()?;
+        Ok(rows
+            .first()
+            .and_then(|r| serde_json::from_str(&r.body).ok())
+            .unwrap_or_default())
+    }
+
+    fn save(&self, desk: &Desk) -> Result<()> {
+        let body =
+            serde_json::to_string(desk).map_err(|e| worker::Error::RustError(e.to_string()))?;
+        self.exec(
+            "INSERT INTO desk (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
+            vec![body.into()],
+        )
+    }
+
+    /// Sets the alarm at `at` unless one is already set sooner.
+    async fn alarm_no_later_than(&self, at: i64) -> Result<()> {
+        let current = self.state.storage().get_alarm().await?;
+        if current.is_some_and(|c| c <= at) {
+            return Ok(());
+        }
+        self.set_alarm(at).await
+    }
+
+    async fn set_alarm(&self, at: i64) -> Result<()> {
+        let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(at as f64));
+        self.state
+            .storage()
+            .set_alarm(worker::ScheduledTime::new(date))
+            .await
+    }
+}
