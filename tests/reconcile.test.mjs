@@ -290,6 +290,28 @@ describe("reconciliation alerts", () => {
     assert.equal(op.body.settled_at, null);
   });
 
+  it("raises no stuck alert for 30 completions a pass recovers past the threshold", async () => {
+    // A night of lost webhooks: each operation is open past STUCK_AFTER_SECONDS when the pass
+    // that finds its completion runs. Stuck means without an outcome, so none is alerted.
+    const keys = Array.from({ length: 30 }, (_, i) => `batches/lostnight${i}`);
+    for (const key of keys) await w.register(key, "nightly");
+    for (const key of keys) gemini.set(key, batch("BATCH_STATE_SUCCEEDED", "2026-11-22T12:00:00Z", { done: true }));
+    await w.ledger(keys);
+    await sleep(1100);
+    await w.scheduled();
+    const pass = lastPass(w);
+    assert.equal(pass.settled, 30, "the pass settles all 30");
+    for (const key of keys) {
+      await eventually(async () => (await w.inspect(key)).body.effect_done, { what: `the effect of ${key}` });
+      assert.equal(effectsFor(key).length, 1, key);
+    }
+    await w.scheduled();
+    await sleep(500);
+    const stuck = keys.flatMap((key) => alertsFor(key)).filter((a) => a.alert === "stuck");
+    assert.deepEqual(stuck, [], "no stuck alert for a recovered completion");
+    assert.equal(pass.alerts, 0);
+  });
+
   it("alerts once for a parked side effect", async () => {
     const key = "batches/parked1";
     plans.set(key, () => ({ status: 410, body: "gone" }));

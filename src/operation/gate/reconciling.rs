@@ -109,6 +109,22 @@ mod tests {
     }
 
     #[test]
+    fn a_terminal_operation_is_never_alerted_stuck() {
+        let settled = step(Some(registered()), deliver(Status::Succeeded), 10);
+        let s = step(
+            settled.record,
+            GateCommand::Alert {
+                alert: AlertKind::Stuck,
+                age_seconds: 99_999,
+            },
+            11,
+        );
+        assert_eq!(s.reply, GateReply::AlertSent { sent: false });
+        assert_eq!(s.save, Save::Unchanged);
+        assert!(s.record.unwrap().alerts_raised().is_empty());
+    }
+
+    #[test]
     fn retry_effect_repairs_the_alarm_and_runs_nothing() {
         let first = step(Some(registered()), deliver(Status::Succeeded), 10);
         let s = step(first.record, GateCommand::RetryEffect, 11);

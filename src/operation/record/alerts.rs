@@ -37,6 +37,10 @@ impl Operation {
         let age = human_age(age_seconds);
         let status = self.status.as_str();
         let what = match kind {
+            // Raised while it had no outcome, sent after it got one (a retried send).
+            AlertKind::Stuck if self.status.is_terminal() => {
+                format!("had no outcome for {age}; it has one now: {status}")
+            }
             AlertKind::Stuck => {
                 format!("still {status} after {age}; left open for a person to judge")
             }
@@ -86,11 +90,13 @@ impl Operation {
     /// Raises an alert of `kind` once per operation: marked, and queued until the sink
     /// accepts it. False when one was raised before.
     /// Nothing is raised for a forgotten operation, and `stuck` is not raised on top of
-    /// `unknown_to_gemini` (Gemini not knowing it is why it is stuck: one alert says it).
+    /// `unknown_to_gemini` (Gemini not knowing it is why it is stuck: one alert says it) nor
+    /// for a terminal operation (stuck means without an outcome: a pass that recovers a lost
+    /// completion past the threshold asked for it before its poll settled the operation).
     pub fn raise_alert(&mut self, kind: AlertKind, age_seconds: i64, now_ms: i64) -> bool {
-        if self.notes.forgotten.is_some()
-            || (kind == AlertKind::Stuck && self.alerts.contains(&AlertKind::UnknownToGemini))
-        {
+        let not_stuck =
+            self.status.is_terminal() || self.alerts.contains(&AlertKind::UnknownToGemini);
+        if self.notes.forgotten.is_some() || (kind == AlertKind::Stuck && not_stuck) {
             return false;
         }
         if !self.mark_alert(kind) {

@@ -312,6 +312,23 @@ fn stuck_alert_names_the_operation() {
 }
 
 #[test]
+fn a_stuck_alert_is_not_raised_for_a_terminal_operation_and_one_sent_late_says_it_settled() {
+    let mut op = Operation::register("batches/a", "batches/a", None, 0);
+    assert!(op.raise_alert(AlertKind::Stuck, 21_600, 1_000));
+    assert_eq!(
+        op.apply(&event(Status::Succeeded, 0), 2_000),
+        Verdict::Apply
+    );
+    let body = op.alert_body(AlertKind::Stuck, "alert_x", 21_600);
+    let text = body["text"].as_str().unwrap();
+    assert!(
+        text.contains("it has one now: succeeded") && !text.contains("still"),
+        "{text}"
+    );
+    assert!(!settled().raise_alert(AlertKind::Stuck, 21_600, 3_000));
+}
+
+#[test]
 fn alerts_are_marked_once() {
     let mut op = Operation::register("batches/a", "batches/a", None, 0);
     assert!(op.mark_alert(AlertKind::Stuck));

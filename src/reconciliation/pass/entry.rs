@@ -4,8 +4,9 @@
 //! Guarantees: an answer whose status the ledger already shows costs no gate call; a 404
 //! asks for `unknown_to_gemini` and a malformed answer for `status_unusable` only while the
 //! ledger shows them unraised; a 429 or 5xx, or a run of unanswered calls, backs off every
-//! status call and settles nothing; a gate that answers that the side effect is done is asked
-//! to re-index (the listing was stale), if the budget allows.
+//! status call and settles nothing; an answer that settles the operation drops the `stuck`
+//! alert its metadata asked for (stuck means without an outcome); a gate that answers that the
+//! side effect is done is asked to re-index (the listing was stale), if the budget allows.
 
 use std::collections::VecDeque;
 
@@ -274,12 +275,27 @@ impl Pass {
             });
             return;
         }
-        let Some(meta) = self.entry.as_ref().map(|e| &e.meta) else {
+        let Some(entry) = self.entry.as_mut() else {
             return;
         };
-        if observation.status == meta.status {
+        if observation.status == entry.meta.status {
             return; // nothing new for the gate: save the round trip
         }
+        if observation.status.is_terminal() {
+            // The stuck check follows the poll: an operation this answer settles is not stuck
+            // (the gate refuses it too; this saves the call).
+            let stuck = |s: &Step| {
+                matches!(
+                    s,
+                    Step::Act(Action::Alert {
+                        kind: AlertKind::Stuck,
+                        ..
+                    })
+                )
+            };
+            entry.steps.retain(|s| !stuck(s));
+        }
+        let meta = &entry.meta;
         let command = GateCommand::Deliver {
             key,
             name: meta.name.clone(),

@@ -1068,6 +1068,42 @@ fn an_alert_counts_only_when_the_gate_raised_it_now() {
 }
 
 #[test]
+fn a_poll_that_settles_an_operation_past_the_stuck_threshold_alerts_no_stuck() {
+    let mut stuck = meta_for("batches/s", "running");
+    stuck.submitted_at = 0;
+    let limits = Limits {
+        thresholds: Thresholds {
+            stuck_after_secs: 1,
+            ..limits().thresholds
+        },
+        ..limits()
+    };
+    for (answer, alerted) in [
+        ("BATCH_STATE_SUCCEEDED", false),
+        ("BATCH_STATE_RUNNING", true),
+    ] {
+        let out = run(
+            limits.clone(),
+            World {
+                index: vec![entry("open:", "batches/s", &stuck)],
+                status: Box::new(move |_| batch(answer)),
+                ..World::default()
+            },
+        );
+        let stuck_asked = out.gate_calls().iter().any(|(_, c)| {
+            matches!(
+                c,
+                GateCommand::Alert {
+                    alert: AlertKind::Stuck,
+                    ..
+                }
+            )
+        });
+        assert_eq!(stuck_asked, alerted, "{answer}");
+    }
+}
+
+#[test]
 fn a_gate_call_that_fails_is_an_error_and_the_walk_goes_on() {
     let out = run(
         limits(),
