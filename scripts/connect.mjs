@@ -30,9 +30,10 @@ const HELP = `usage: npm run connect -- --url WORKER_URL [options]
   --now               with --rotate: Gemini revokes the old secret at once and the worker keeps
                       only the new one; with --finish: drop the old one without waiting
   --name NAME         the webhook's display name when creating it (gemini-once)
-  --admin-token TOKEN the worker's ADMIN_TOKEN, to check it runs with the new settings and
-                      received the ping (default: ADMIN_TOKEN from the environment, else
-                      .dev.vars with --local, else .deploy.vars)
+  --read-token TOKEN  a read token of the worker (READ_TOKENS), to check it runs with the new
+                      settings and received the ping: connect only reads, so it never sends
+                      the admin token (default: the first of READ_TOKENS from the
+                      environment, else .dev.vars with --local, else .deploy.vars)
   --wait SECONDS      how long to wait for the worker and the ping (60)
   --no-ping           do not ping
   --dev-vars FILE     the local vars file (.dev.vars)`;
@@ -45,7 +46,7 @@ const { values: args } = parseArgs({
     now: { type: "boolean", default: false },
     finish: { type: "boolean", default: false },
     name: { type: "string", default: "gemini-once" },
-    "admin-token": { type: "string" },
+    "read-token": { type: "string" },
     wait: { type: "string", default: "60" },
     "no-ping": { type: "boolean", default: false },
     "dev-vars": { type: "string" },
@@ -76,11 +77,14 @@ if (!Number.isFinite(waitMs) || waitMs < 0) fail("--wait takes a number of secon
 
 // Where this worker's settings live, and what they are now.
 const stored = args.local ? localVars : { ...deployVars, ...(process.env.GEMINI_WEBHOOK_SECRETS ? { GEMINI_WEBHOOK_SECRETS: process.env.GEMINI_WEBHOOK_SECRETS } : {}) };
-const adminToken = args["admin-token"] || process.env.ADMIN_TOKEN || stored.ADMIN_TOKEN;
+// Least privilege: connect reads /v1/config and /v1/stats, which a read token may.
+const readToken = args["read-token"] || firstToken(process.env.READ_TOKENS) || firstToken(stored.READ_TOKENS);
 
 let workerUrl = args.url?.trim().replace(/\/+$/, "").replace(/\/webhooks\/gemini$/, "");
 if (workerUrl !== undefined && !/^https?:\/\/[^/]+/.test(workerUrl)) fail(`--url must be the worker's http(s) address, not ${args.url}`);
 if (!workerUrl && !(args.rotate && stored.GEMINI_WEBHOOK_NAME)) fail("give --url WORKER_URL (npm run connect -- --help)");
+// A token goes to this address, and Gemini signs what it sends there: plain http only on this machine.
+if (workerUrl?.startsWith("http://") && !isLoopback(workerUrl)) fail(`--url must be https:// (connect sends the worker a token, and Gemini delivers there): plain http:// is accepted only for this machine (127.0.0.1, localhost, [::1]), not ${workerUrl}`);
 if (workerUrl && !args.local && isLoopback(workerUrl)) say(`${workerUrl} is on this machine: Gemini cannot reach it (use a tunnel's https address); --local keeps the secret in .dev.vars`);
 
 /** Gemini's WebhookService: `v1beta/<p>`, JSON both ways; throws with Gemini's own message. */
@@ -115,11 +119,16 @@ const idOf = (w) => w.id ?? String(w.name ?? "").replace(/^webhooks\//, "");
 const sameUri = (a, b) => String(a ?? "").replace(/\/+$/, "") === b.replace(/\/+$/, "");
 const sameEvents = (events) => [...(events ?? [])].sort().join() === [...SDK_EVENTS].sort().join();
 
-/** The worker's admin API, or null without a token or when it does not answer. */
-async function workerAdmin(p) {
-  if (!adminToken || !workerUrl) return null;
+/** The first of a space-separated token list, or undefined. */
+function firstToken(list) {
+  return String(list ?? "").trim().split(/\s+/).find(Boolean);
+}
+
+/** A read of the worker's admin API, or null without a token or when it does not answer. */
+async function workerRead(p) {
+  if (!readToken || !workerUrl) return null;
   try {
-    const res = await fetch(`${workerUrl}${p}`, { headers: { authorization: `Bearer ${adminToken}` }, signal: AbortSignal.timeout(10_000) });
+    const res = await fetch(`${workerUrl}${p}`, { headers: { authorization: `Bearer ${readToken}` }, signal: AbortSignal.timeout(10_000) });
     return res.ok ? await res.json() : null;
   } catch {
     return null;
@@ -127,7 +136,7 @@ async function workerAdmin(p) {
 }
 const setting = (config, name) => config?.settings?.find((s) => s.name === name)?.value;
 const pingsSeen = async () => {
-  const stats = await workerAdmin("/v1/stats");
+  const stats = await workerRead("/v1/stats");
   return stats ? Number(stats.total?.pings ?? 0) : null;
 };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -146,7 +155,11 @@ async function store(vars) {
     for (const name of changed) {
       const r = await wrangler(["secret", "put", name], { input: `${vars[name]}\n` });
       if (r.code !== 0) {
-        if (name === "GEMINI_WEBHOOK_SECRETS") console.error(`connect: keep this secret, Gemini shows it only once: GEMINI_WEBHOOK_SECRETS="${vars[name]}"`);
+        // Gemini shows a new secret only once: keep it in the owner-only file, never on screen.
+        if (name === "GEMINI_WEBHOOK_SECRETS") {
+          writeVars(DEPLOY_VARS, { GEMINI_WEBHOOK_SECRETS: vars[name] });
+          console.error(`connect: Gemini shows a new secret only once: it is kept in ${DEPLOY_VARS} (owner-only) as GEMINI_WEBHOOK_SECRETS; run connect again once wrangler works`);
+        }
         fail(`wrangler secret put ${name} failed: ${(r.stderr || r.stdout).trim()}`);
       }
     }
@@ -159,14 +172,14 @@ async function store(vars) {
 
 /** Waits until the worker runs with `id` and `count` secrets (its /v1/config says so). */
 async function awaitWorker(id, count) {
-  if (!adminToken || !workerUrl) {
-    say("no ADMIN_TOKEN: not checking that the worker runs with the new settings (give --admin-token)");
+  if (!readToken || !workerUrl) {
+    say("no read token: not checking that the worker runs with the new settings (give --read-token, or READ_TOKENS)");
     return true;
   }
   const deadline = Date.now() + waitMs;
   let hinted = false;
   for (;;) {
-    const config = await workerAdmin("/v1/config");
+    const config = await workerRead("/v1/config");
     if (setting(config, "GEMINI_WEBHOOK_NAME") === id && setting(config, "GEMINI_WEBHOOK_SECRETS") === `set (${count})`) return true;
     if (Date.now() > deadline) return false;
     if (!hinted && args.local) {
@@ -182,7 +195,7 @@ async function ping(id) {
   const before = await pingsSeen();
   await gemini("POST", `webhooks/${id}:ping`, {});
   if (before === null) {
-    say("ping sent; whether the worker received it needs its ADMIN_TOKEN (--admin-token), or look for an \"event\":\"ping\" line in npx wrangler tail");
+    say("ping sent; whether the worker received it needs a read token (--read-token), or look for an \"event\":\"ping\" line in npx wrangler tail");
     return true;
   }
   const deadline = Date.now() + waitMs;

@@ -42,8 +42,8 @@ const GENERATED = { EFFECT_SIGNING_SECRET: newSigningSecret, ADMIN_TOKEN: newTok
 /** Where each token goes, as deploy tells the user. */
 const TOKEN_USE = {
   REGISTER_TOKENS: "register token: for the code that submits jobs (your cron, notebook, CI job or app server registers each job with it; GEMINI_ONCE_REGISTER_TOKEN in the README's snippets). It can register and read a job back, nothing else",
-  READ_TOKENS: "read token: for whoever only looks (sign in to /dashboard with it: everything shows, no action buttons)",
-  ADMIN_TOKEN: "admin token: for operators only (the dashboard's actions: retry, redeliver, settle, forget, bulk; npm run connect's checks). Keep it out of job-submitting code",
+  READ_TOKENS: "read token: for whoever only looks (sign in to /dashboard with it: everything shows, no action buttons; npm run connect's checks)",
+  ADMIN_TOKEN: "admin token: for operators only (the dashboard's actions: retry, redeliver, settle, forget, bulk). Keep it out of job-submitting code",
 };
 
 const args = { set: {}, dryRun: false, url: undefined, config: path.join(ROOT, "wrangler.toml"), rest: [] };
@@ -61,7 +61,9 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === "--set") {
     const pair = value();
     const m = pair.match(/^([A-Z][A-Z0-9_]*)=(.*)$/s);
-    if (!m) fail(`--set takes NAME=value, not ${pair}`);
+    // Never echo the pair: its value is a secret, typed or pasted wrong.
+    const given = pair.includes("=") ? `"${pair.slice(0, pair.indexOf("=")).slice(0, 40)}=…"` : "a value with no =";
+    if (!m) fail(`--set takes NAME=value with NAME in capitals (A-Z, 0-9, _), not ${given} (the value is not shown)`);
     args.set[m[1]] = m[2];
   } else if (a === "--url") args.url = value().replace(/\/+$/, "");
   else if (a === "--config" || a === "-c") args.config = path.resolve(value());

@@ -11,10 +11,12 @@
 //! never the whole backlog at once), and a run resumes from an opaque cursor bound to its
 //! action, dry-run flag and filter, which carries the run's totals so far.
 //!
-//! A redelivery run has an identity, its cut-off `sent_before` (the time of its first request
-//! unless the body gives one, carried in the cursor and given in every answer): the gate of
-//! an effect sent at or after it (accepted by the destination, or redelivered) refuses, so the
-//! run, resumed or run again with the same cut-off, never sends an effect a second time
+//! A redelivery run has an identity, its cut-off `sent_before`, which the caller gives (a dry
+//! run answers one: the time it counted), carried in the cursor and given in every answer, so
+//! a run's first request sent again as it was sent is the same run (a redelivery without one
+//! is refused, [`BulkError::SentBeforeRequired`]): the gate of an effect sent at or after it
+//! (accepted by the destination, or redelivered) refuses, so the run, resumed or run again
+//! with the same cut-off, never sends an effect a second time
 //! ([`SkipReason::SentSinceCutoff`]); a run with a later cut-off sends again. A cut-off is
 //! never after the clock of the request that sets it: the run's own redeliveries, recorded by
 //! their gates later, are then at or after it.
@@ -240,6 +242,8 @@ pub enum BulkError {
     SentBeforeRetry,
     #[error("sent_before is in the future: this run's redeliveries would come before it, so running it again would send them again")]
     SentBeforeFuture,
+    #[error("a redelivery needs sent_before, its identity: run it with dry_run first and send the sent_before it answers (or a past time of your own), so that the same request sent again redelivers nothing twice")]
+    SentBeforeRequired,
 }
 
 /// A valid bulk request.
@@ -353,6 +357,12 @@ pub fn parse_bulk(action: BulkAction, body: &[u8]) -> Result<BulkRequest, BulkEr
             )
         }
     };
+    // Without a cut-off a request sent again (its answer lost) would take a new one and send
+    // everything again: the run's identity must come from the caller.
+    let acts = action == BulkAction::Redeliver && !parsed.dry_run;
+    if acts && carried.is_none() && given.is_none() {
+        return Err(BulkError::SentBeforeRequired);
+    }
     Ok(BulkRequest {
         action,
         filter,
@@ -692,7 +702,9 @@ mod tests {
             parse(redeliver, r#"{"reason": "  "}"#),
             Err(BulkError::MissingReason)
         );
-        let r = parse(redeliver, r#"{"reason": " receiver lost a day "}"#).unwrap();
+        let body =
+            r#"{"reason": " receiver lost a day ", "sent_before": "2026-11-22T10:00:00.25Z"}"#;
+        let r = parse(redeliver, body).unwrap();
         assert_eq!(
             BulkRun::new(r, NOW).unwrap().command(),
             GateCommand::Redeliver {
@@ -812,6 +824,31 @@ mod tests {
     }
     /// A redelivery run's first request over `entries`, then the rest with its cursor at
     /// `later`; every entry's gate answers `reply`. Returns both answers.
+    const LOST_AT_NOW: &str = r#"{"reason": "lost", "sent_before": "2026-11-22T10:00:00.25Z"}"#;
+
+    #[test]
+    fn a_redelivery_takes_its_cut_off_from_the_caller_and_a_dry_run_answers_one() {
+        let redeliver = BulkAction::Redeliver;
+        assert_eq!(
+            parse(redeliver, r#"{"reason": "lost"}"#),
+            Err(BulkError::SentBeforeRequired)
+        );
+        let dry = parse(redeliver, r#"{"reason": "lost", "dry_run": true}"#).unwrap();
+        let counted = BulkRun::new(dry, NOW).unwrap().answer(None);
+        assert_eq!(counted["sent_before"], "2026-11-22T10:00:00.25Z");
+        // The run its answer starts, sent twice as it was sent, is one run: one cut-off.
+        let body = format!(
+            r#"{{"reason": "lost", "sent_before": {}}}"#,
+            counted["sent_before"]
+        );
+        let twice = [NOW + 1_000, NOW + 9_000].map(|now| {
+            BulkRun::new(parse(redeliver, &body).unwrap(), now)
+                .unwrap()
+                .sent_before
+        });
+        assert_eq!(twice, [Some(NOW), Some(NOW)]);
+    }
+
     fn redeliver_in_two(body: &str, later: i64, reply: &Outcome) -> (Value, Value) {
         let entries = [meta("succeeded", true), meta("succeeded", true)];
         let mut first = BulkRun::new(parse(BulkAction::Redeliver, body).unwrap(), NOW).unwrap();
@@ -839,8 +876,7 @@ mod tests {
 
     #[test]
     fn a_redelivery_run_is_cut_off_at_its_first_request_and_keeps_it() {
-        let (one, two) =
-            redeliver_in_two(r#"{"reason": "lost"}"#, NOW + 60_000, &Outcome::Redelivered);
+        let (one, two) = redeliver_in_two(LOST_AT_NOW, NOW + 60_000, &Outcome::Redelivered);
         assert_eq!(one["sent_before"], "2026-11-22T10:00:00.25Z");
         assert_eq!(two["sent_before"], one["sent_before"]);
         assert_eq!(two["total"]["redelivered"], 2);
@@ -907,7 +943,7 @@ mod tests {
         );
 
         // A cursor carries the cut-off: the body may repeat it, not change it.
-        let first = BulkRun::new(parse(redeliver, r#"{"reason": "r"}"#).unwrap(), NOW).unwrap();
+        let first = BulkRun::new(parse(redeliver, LOST_AT_NOW).unwrap(), NOW).unwrap();
         let answer = first.answer(Some(&Resume::default()));
         let cursor = answer["cursor"].as_str().unwrap();
         let same = format!(

@@ -141,7 +141,7 @@ describe("bulk actions", () => {
     const dry = await bulk("redeliver", { filter: { prefix: "batches/bulk-p" }, reason: "receiver lost them", dry_run: true });
     assert.deepEqual([dry.body.matched, dry.body.eligible], [5, 5]);
     const before = Object.fromEntries(PARKED.map((k) => [k, effectsFor(k).at(-1).headers["webhook-id"]]));
-    const answers = await runAll("redeliver", { filter: { prefix: "batches/bulk-p" }, reason: "receiver lost them", limit: 3, per_second: 20 });
+    const answers = await runAll("redeliver", { filter: { prefix: "batches/bulk-p" }, reason: "receiver lost them", limit: 3, per_second: 20, sent_before: dry.body.sent_before });
     assert.equal(answers.length, 2);
     assert.deepEqual([answers.at(-1).total.matched, answers.at(-1).total.redelivered, answers.at(-1).total.skipped], [5, 5, 0]);
     await eventually(() => PARKED.every((k) => effectsFor(k).length === 3), { what: "the redeliveries" });
@@ -170,17 +170,25 @@ describe("bulk actions", () => {
     };
     for (const key of RERUN) assert.equal(effectsFor(key).length, 1);
 
+    // A run needs its identity from the caller: without one, a request sent again (its answer
+    // lost) would be a new run and send everything again.
+    const unnamed = await bulk("redeliver", body);
+    assert.equal(unnamed.status, 400);
+    assert.match(unnamed.body.error, /needs sent_before/);
+    // The dry run answers the cut-off: when it counted.
+    const counted = await bulk("redeliver", { ...body, dry_run: true });
+    const sent_before = counted.body.sent_before;
+    assert.ok(Date.parse(sent_before) > 0, JSON.stringify(counted.body));
     // The run: 3 settled operations, 3 redeliveries, one cut-off across its two requests.
-    const first = await runAll("redeliver", body);
+    const first = await runAll("redeliver", { ...body, sent_before });
     assert.equal(first.length, 2);
-    const sent_before = first[0].sent_before;
-    assert.ok(Date.parse(sent_before) > 0, JSON.stringify(first[0]));
     for (const a of first) assert.equal(a.sent_before, sent_before, "every answer gives the run's cut-off");
     assert.deepEqual([first.at(-1).total.matched, first.at(-1).total.redelivered, first.at(-1).total.skipped], [3, 3, 0]);
     await eventually(() => RERUN.every((k) => effectsFor(k).length === 2), { what: "the run's redeliveries" });
     const ids = Object.fromEntries(RERUN.map((k) => [k, effectsFor(k).map((e) => e.headers["webhook-id"])]));
 
-    // The same run again at once (the generation it sent may still be on its way): nothing.
+    // The same run sent again as it was sent, first request included, at once (the generation
+    // it sent may still be on its way): nothing.
     const again = await runAll("redeliver", { ...body, sent_before });
     assert.deepEqual([again.at(-1).total.matched, again.at(-1).total.redelivered, again.at(-1).total.retried, again.at(-1).total.skipped], [3, 0, 0, 3]);
     // Again once the ledger shows them done: each gate refuses, having sent it since the cut-off.
@@ -207,8 +215,9 @@ describe("bulk actions", () => {
     }
 
 
-    // A new run (a new cut-off, now): each one goes out once more, as a new generation.
-    const fresh = await runAll("redeliver", body);
+    // A new run (a new cut-off, counted now): each one goes out once more, as a new generation.
+    const recount = await bulk("redeliver", { ...body, dry_run: true });
+    const fresh = await runAll("redeliver", { ...body, sent_before: recount.body.sent_before });
     assert.ok(Date.parse(fresh[0].sent_before) > Date.parse(sent_before));
     assert.deepEqual([fresh.at(-1).total.matched, fresh.at(-1).total.redelivered], [3, 3]);
     await eventually(() => RERUN.every((k) => effectsFor(k).length === 3), { what: "the new run's redeliveries" });

@@ -11,7 +11,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { devVars } from "../scripts/dev_vars.mjs";
 import { SDK_EVENTS, secretList } from "../scripts/deploy_vars.mjs";
-import { startWorker, signedHeaders } from "./helpers.mjs";
+import { startWorker, startServer, signedHeaders } from "./helpers.mjs";
 import { startWebhookService } from "./webhook_service.mjs";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -29,7 +29,7 @@ const fromDevVars = () => ({ ...devVars(devFile), EFFECT_URL: "http://127.0.0.1:
 function connect(args, file = devFile, worker = w, env = {}) {
   return new Promise((resolve) => {
     const child = spawn(process.execPath, [path.join(root, "scripts/connect.mjs"), "--dev-vars", file, "--wait", "30", ...args], {
-      env: { ...process.env, GEMINI_API_KEY: "", GEMINI_API_BASE: "", ADMIN_TOKEN: "", ...env },
+      env: { ...process.env, GEMINI_API_KEY: "", GEMINI_API_BASE: "", ADMIN_TOKEN: "", READ_TOKENS: "", ...env },
     });
     let out = "";
     child.stdout.on("data", (d) => (out += d));
@@ -198,5 +198,49 @@ describe("npm run connect -- --url WORKER_URL (deployed)", () => {
     assert.deepEqual(secretList(kept.GEMINI_WEBHOOK_SECRETS), svc.secretsOf(hook.id));
     assert.match(readFileSync(deployVars, "utf8"), /^# kept by hand\n/);
     assert.equal(statSync(deployVars).mode & 0o777, 0o600, "the secret's copy is readable by its owner only");
+  });
+});
+
+describe("npm run connect holds no more power than it needs and shows no secret", () => {
+  it("reads the worker with a read token only, never the admin token", async () => {
+    // A stand-in for the worker that records who asks; it never says it runs the new settings.
+    const worker = await startServer(() => ({ status: 200, body: { settings: [], total: { pings: 0 } } }));
+    const file = path.join(dir, "scoped.dev.vars");
+    writeFileSync(file, `GEMINI_API_KEY="${svc.apiKey}"\nGEMINI_API_BASE="${svc.url}"\nADMIN_TOKEN="admin-token-not-for-connect"\nREAD_TOKENS="read-token-one read-token-two"\n`);
+    try {
+      const { out } = await connect(["--url", worker.url, "--local", "--no-ping", "--wait", "1"], file, null);
+      assert.ok(worker.requests.length >= 1, out);
+      for (const r of worker.requests) {
+        assert.equal(r.method, "GET", r.url);
+        assert.equal(r.headers.authorization, "Bearer read-token-one", r.url);
+      }
+      assert.doesNotMatch(out, /admin-token-not-for-connect/);
+    } finally {
+      await worker.close();
+    }
+  });
+
+  it("refuses a plain http:// address that is not this machine, before calling Gemini", async () => {
+    const calls = svc.calls.length;
+    const { code, out } = await connect(["--url", "http://gemini-once.example.com", "--local", "--no-ping"], devFile, null);
+    assert.equal(code, 1, out);
+    assert.match(out, /must be https:\/\//);
+    assert.equal(svc.calls.length, calls, "no call to Gemini");
+  });
+
+  it("keeps a new secret in .deploy.vars, not on screen, when wrangler cannot store it", async () => {
+    const fake = path.join(dir, "failing-wrangler");
+    writeFileSync(fake, "#!/bin/sh\ncat >/dev/null\necho 'not logged in' >&2\nexit 1\n");
+    chmodSync(fake, 0o755);
+    const deployVars = path.join(dir, "failed.deploy.vars");
+    const url = "https://gemini-once-failing.example.workers.dev";
+    const { code, out } = await connect(["--url", url, "--no-ping"], devFile, null, { GEMINI_ONCE_WRANGLER: fake, GEMINI_ONCE_DEPLOY_VARS: deployVars });
+    assert.equal(code, 1, out);
+    const hook = [...svc.hooks.values()].find((h) => h.uri === `${url}/webhooks/gemini`);
+    const [secret] = svc.secretsOf(hook.id);
+    assert.ok(!out.includes(secret), out);
+    assert.match(out, /kept in .*failed\.deploy\.vars/);
+    assert.deepEqual(secretList(devVars(deployVars).GEMINI_WEBHOOK_SECRETS), [secret]);
+    assert.equal(statSync(deployVars).mode & 0o777, 0o600);
   });
 });

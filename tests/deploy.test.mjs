@@ -104,6 +104,18 @@ describe("npm run deploy -- --dry-run", () => {
     assert.match(out, /OPS_KV's id "0{32}" is a placeholder/);
     assert.deepEqual(calls(), []);
   });
+
+  it("never prints the value of a malformed --set pair, which may be a secret", async () => {
+    reset();
+    const secret = "sk-live-0123456789abcdef";
+    for (const pair of [`gemini_api_key=${secret}`, secret, `GEMINI API KEY=${secret}`]) {
+      const { code, out } = await deploy(["--dry-run", "--set", pair]);
+      assert.equal(code, 1, out);
+      assert.match(out, /--set takes NAME=value/);
+      assert.ok(!out.includes(secret), out);
+    }
+    assert.deepEqual(calls(), []);
+  });
 });
 
 describe("npm run deploy on a fresh account, then again", () => {

@@ -441,9 +441,10 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     await call(w, "POST", "/v1/bulk/retry", "/v1/bulk/retry", { body: { filter }, token: false, expect: 401 });
     await call(w, "POST", "/v1/bulk/retry", "/v1/bulk/retry", { body: oversized(ADMIN_CAP), expect: 413 });
     await w.ledger(parked, (m) => m.effect_done);
-    const again = await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: { filter, reason: "receiver lost them" }, expect: 200 });
+    const again = await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: { filter, reason: "receiver lost them", sent_before: new Date().toISOString() }, expect: 200 });
     assert.deepEqual([again.body.matched, again.body.redelivered, again.body.complete], [2, 2, true]);
     await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: { filter }, expect: 400 });
+    await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: { filter, reason: "no identity" }, expect: 400 });
     await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: { filter, reason: "r" }, token: false, expect: 401 });
     await call(w, "POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", { body: oversized(ADMIN_CAP), expect: 413 });
     // The same time range filters in the listing: both were registered and settled in the last hour.
@@ -516,7 +517,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       "POST /v1/operations/{name}/repair": () => ({ url: `/v1/operations/${key}/repair`, body: { reason: "walk" } }),
       "POST /v1/operations/{name}/settle": () => ({ url: `/v1/operations/${key}/settle`, body: { status: "failed", reason: "walk" } }),
       "POST /v1/bulk/retry": () => ({ url: "/v1/bulk/retry", body: none }),
-      "POST /v1/bulk/redeliver": () => ({ url: "/v1/bulk/redeliver", body: { ...none, reason: "walk" } }),
+      "POST /v1/bulk/redeliver": () => ({ url: "/v1/bulk/redeliver", body: { ...none, reason: "walk", sent_before: new Date().toISOString() } }),
       "GET /v1/stats": () => ({ url: "/v1/stats" }),
       "GET /v1/whoami": () => ({ url: "/v1/whoami" }),
       "GET /v1/config": () => ({ url: "/v1/config" }),
