@@ -16,7 +16,7 @@
 // come from the environment, else from .dev.vars.
 import { parseArgs } from "node:util";
 import path from "node:path";
-import { devVars, ROOT, isLoopback } from "./dev_vars.mjs";
+import { accessHeaders, devVars, ROOT, isLoopback } from "./dev_vars.mjs";
 import { DEPLOY_VARS, SDK_EVENTS, secretList, wrangler, writeVars } from "./deploy_vars.mjs";
 
 const HELP = `usage: npm run connect -- --url WORKER_URL [options]
@@ -128,7 +128,9 @@ function firstToken(list) {
 async function workerRead(p) {
   if (!readToken || !workerUrl) return null;
   try {
-    const res = await fetch(`${workerUrl}${p}`, { headers: { authorization: `Bearer ${readToken}` }, signal: AbortSignal.timeout(10_000) });
+    const res = await fetch(`${workerUrl}${p}`, { headers: { authorization: `Bearer ${readToken}`, ...accessHeaders() }, signal: AbortSignal.timeout(10_000) });
+    // A refused token will not get better by waiting: say which one, and where it came from.
+    if (res.status === 401 || res.status === 403) fail(`the worker refused the read token (${res.status} on ${p}): it is not one of the worker's READ_TOKENS. After rotating tokens, put the new ones in ${args.local ? "the .dev.vars file" : DEPLOY_VARS} (or give --read-token)`);
     return res.ok ? await res.json() : null;
   } catch {
     return null;

@@ -14,8 +14,9 @@
 // 4. Deploys with the secrets it was given (--set, or GEMINI_API_KEY from the environment) and
 //    generated, in one `wrangler deploy --secrets-file` (secrets already set stay).
 // 5. Checks GET /healthz on the deployed worker.
-// `--dry-run` checks the configuration and bundles without contacting Cloudflare (so it cannot
-// know which secrets the worker already has), and says what is missing.
+// `--dry-run` makes the same checks and bundles without deploying: it fails where the deploy
+// would fail. It asks Cloudflare which secrets the worker has when wrangler is logged in, and
+// otherwise judges as for a worker that has none (and says so).
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -110,23 +111,29 @@ else if (!/^[0-9a-f]{32}$/.test(config.kvId) || /^0+$/.test(config.kvId)) {
 for (const name of Object.keys(args.set)) {
   if (config.vars.has(name)) problems.push(`${name} is in wrangler.toml's [vars]: change it there rather than with --set (a name cannot be both)`);
 }
+// What is wrong in this checkout is said before anything asks Cloudflare.
+if (problems.length) {
+  for (const p of problems) console.error(`deploy: ${p}`);
+  fail(`not deploying: ${problems.length} problem(s) above`);
+}
 if (process.env.GEMINI_API_KEY && args.set.GEMINI_API_KEY === undefined) args.set.GEMINI_API_KEY = process.env.GEMINI_API_KEY;
 const kept = devVars(DEPLOY_VARS);
+const LOGIN = "npx wrangler login once, or CLOUDFLARE_API_TOKEN in the environment";
 let remote = null;
-if (!args.dryRun) {
-  try {
-    remote = (await remoteSecretNames()) ?? new Set();
-  } catch (e) {
-    fail(`${e.message}\n(npx wrangler login once, or CLOUDFLARE_API_TOKEN in the environment)`);
-  }
+try {
+  remote = (await remoteSecretNames()) ?? new Set();
+} catch (e) {
+  if (!args.dryRun) fail(`${e.message}\n(${LOGIN})`);
+  // The dry run judges as the deploy would for a worker with no secrets, so it fails where the
+  // deploy would fail, and says it could not ask.
+  notes.push(`could not ask Cloudflare which secrets the worker has (not logged in? ${LOGIN}): checked as for a worker that has none`);
+  remote = new Set();
 }
 /** Where the worker gets `name` from, or null: given now, wrangler.toml, or set on the worker. */
 const source = (name) => (args.set[name] !== undefined ? "given" : config.vars.has(name) ? "wrangler.toml" : remote?.has(name) ? "the worker" : null);
 
 if (!source("EFFECT_URL")) {
-  const text = "EFFECT_URL is not set: where should each completion's side effect go? npm run deploy -- --set EFFECT_URL=https://your.app/hooks/gemini";
-  if (args.dryRun) notes.push(`missing: ${text} (unless the worker already has it; a dry run cannot ask)`);
-  else problems.push(text);
+  problems.push("EFFECT_URL is not set: where should each completion's side effect go? npm run deploy -- --set EFFECT_URL=https://your.app/hooks/gemini");
 }
 const generate = {};
 for (const [name, make] of Object.entries(GENERATED)) {

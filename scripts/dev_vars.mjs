@@ -37,3 +37,13 @@ export function isLoopback(url) {
     return false;
   }
 }
+
+/**
+ * Cloudflare Access's service-token headers for a worker whose `/v1/` sits behind an Access
+ * application: from CF_ACCESS_CLIENT_ID and CF_ACCESS_CLIENT_SECRET, both or neither.
+ */
+export function accessHeaders(env = process.env) {
+  const id = env.CF_ACCESS_CLIENT_ID?.trim();
+  const secret = env.CF_ACCESS_CLIENT_SECRET?.trim();
+  return id && secret ? { "cf-access-client-id": id, "cf-access-client-secret": secret } : {};
+}

@@ -90,6 +90,10 @@ const USAGE = "usage: npm run gemini-stub [-- --port 8789]  |  npm run gemini-st
 
 async function main() {
   const args = process.argv.slice(2);
+  if (args.includes("--help") || args.includes("-h")) {
+    console.log(USAGE);
+    process.exit(0);
+  }
   const option = (name, fallback) => {
     const i = args.indexOf(name);
     return i >= 0 ? args.splice(i, 2)[1] : fallback;

@@ -2,18 +2,21 @@
 // Registers an operation with the worker (POST /v1/operations), as your code would when it
 // submits a job to Gemini, so reconciliation finds it if its completion never arrives.
 //
-//   npm run register -- NAME --kind KIND [--url URL] [--token REGISTER_TOKEN]
+//   npm run register -- NAME [--kind KIND] [--user-metadata JSON] [--url URL] [--token REGISTER_TOKEN]
 //
-// The URL defaults to the local worker (http://127.0.0.1:8787). The token is a register token
+// --kind picks the destination (EFFECT_ROUTES) and is carried in the side effect; without it the
+// effect goes to EFFECT_URL. --user-metadata (a JSON object) becomes the side effect's verified
+// `user_metadata`. The URL defaults to the local worker (http://127.0.0.1:8787). The token is a register token
 // (it may register and read one operation back, nothing else): --token, else
 // GEMINI_ONCE_REGISTER_TOKEN from the environment, else the first of REGISTER_TOKENS in
 // .dev.vars (ADMIN_TOKEN there, with a note, when it has none). Prints the answer; exits 0
-// when the worker created (201) or already knew (200) it.
+// when the worker created (201) or already knew (200) it. With CF_ACCESS_CLIENT_ID and
+// CF_ACCESS_CLIENT_SECRET set, it sends them (a worker behind Cloudflare Access).
 import { fileURLToPath } from "node:url";
 import path from "node:path";
-import { devVars, LOCAL_WORKER_URL } from "./dev_vars.mjs";
+import { accessHeaders, devVars, LOCAL_WORKER_URL } from "./dev_vars.mjs";
 
-const USAGE = "usage: npm run register -- NAME --kind KIND [--url URL] [--token REGISTER_TOKEN]";
+const USAGE = "usage: npm run register -- NAME [--kind KIND] [--user-metadata JSON] [--url URL] [--token REGISTER_TOKEN]";
 
 function fail(message) {
   console.error(`register: ${message}\n${USAGE}`);
@@ -27,6 +30,10 @@ function parseArgs(argv) {
     const arg = argv[i];
     const value = () => (i + 1 < argv.length ? argv[++i] : fail(`${arg} needs a value`));
     if (arg === "--kind") opts.kind = value();
+    else if (arg === "--user-metadata") {
+      try { opts.userMetadata = JSON.parse(value()); } catch { fail("--user-metadata must be a JSON object"); }
+      if (!opts.userMetadata || typeof opts.userMetadata !== "object" || Array.isArray(opts.userMetadata)) fail("--user-metadata must be a JSON object");
+    }
     else if (arg === "--url") opts.url = value();
     else if (arg === "--token") opts.token = value();
     else if (arg === "-h" || arg === "--help") { console.log(USAGE); process.exit(0); }
@@ -34,7 +41,6 @@ function parseArgs(argv) {
     else positional.push(arg);
   }
   if (positional.length !== 1) fail("give one operation name (e.g. batches/abc)");
-  if (!opts.kind) fail("give --kind (what the side effect does, e.g. nightly-review)");
   opts.name = positional[0];
   opts.token ??= process.env.GEMINI_ONCE_REGISTER_TOKEN || undefined;
   if (!opts.token) {
@@ -58,8 +64,8 @@ async function main() {
   try {
     res = await fetch(url, {
       method: "POST",
-      headers: { authorization: `Bearer ${opts.token}`, "content-type": "application/json" },
-      body: JSON.stringify({ name: opts.name, kind: opts.kind }),
+      headers: { authorization: `Bearer ${opts.token}`, "content-type": "application/json", ...accessHeaders() },
+      body: JSON.stringify({ name: opts.name, kind: opts.kind, user_metadata: opts.userMetadata }),
     });
   } catch (e) {
     console.error(`register: no answer from ${url} (${e.cause?.code ?? e.message}); is the worker running (npm start)?`);

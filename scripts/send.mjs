@@ -18,7 +18,7 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
-import { devVars, isLoopback, DEMO_EFFECT_URL } from "./dev_vars.mjs";
+import { accessHeaders, devVars, isLoopback, DEMO_EFFECT_URL } from "./dev_vars.mjs";
 
 const USAGE = "usage: npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...] [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids] [--token TOKEN]";
 
@@ -74,7 +74,7 @@ export async function effectReport(opts, effects) {
     const deadline = Date.now() + 7000;
     while (Date.now() < deadline) {
       try {
-        const res = await fetch(url, { headers: { authorization: `Bearer ${opts.token}` } });
+        const res = await fetch(url, { headers: { authorization: `Bearer ${opts.token}`, ...accessHeaders() } });
         if (!res.ok) break;
         op = await res.json();
       } catch {

@@ -1,7 +1,8 @@
 //! The documentation of configuration agrees with the table the worker reads
 //! (`gemini_once::config::VARIABLES`): the table of `docs/CONFIGURATION.md` and
 //! `.dev.vars.example` each name every variable, in the table's order, with the table's
-//! default (or, in the example, a value the local loop uses), and name nothing else. A
+//! default (or, in the example, a value the local loop uses) and, in the docs, whether it is
+//! a secret, and name nothing else. A
 //! variable added to the table without its documentation, a default changed in one place
 //! only, or a documented name the worker does not read fails here. And wrangler.toml's
 //! fan-out queue is consumed in the batches the pass sizes its messages for.
@@ -22,8 +23,8 @@ fn table_names() -> Vec<&'static str> {
 }
 
 /// The rows of the table in `docs/CONFIGURATION.md`, the one before its first `##` section:
-/// (name, default) with backticks removed.
-fn documented_rows() -> Vec<(String, String)> {
+/// (name, default, secret column) with backticks removed.
+fn documented_rows() -> Vec<(String, String, String)> {
     let doc = read("docs/CONFIGURATION.md");
     assert!(
         doc.starts_with("# Configuration\n"),
@@ -36,14 +37,14 @@ fn documented_rows() -> Vec<(String, String)> {
         .map(|l| {
             let cells: Vec<&str> = l.split(" | ").collect();
             assert!(
-                cells.len() >= 3,
-                "a row without name, default and meaning: {l}"
+                cells.len() >= 4,
+                "a row without name, default, secret and meaning: {l}"
             );
             let bare = |c: &str| {
                 c.trim_matches(|c: char| c == '|' || c == '`' || c == ' ')
                     .to_string()
             };
-            (bare(cells[0]), bare(cells[1]))
+            (bare(cells[0]), bare(cells[1]), bare(cells[2]))
         })
         .collect()
 }
@@ -78,7 +79,7 @@ fn example_lines() -> Vec<(String, String, bool)> {
 #[test]
 fn configuration_md_documents_every_variable_in_table_order_with_its_default() {
     let rows = documented_rows();
-    for (name, default) in &rows {
+    for (name, default, secret) in &rows {
         let v = variable(name).unwrap_or_else(|| {
             panic!("docs/CONFIGURATION.md documents {name}, which the worker does not read")
         });
@@ -87,8 +88,13 @@ fn configuration_md_documents_every_variable_in_table_order_with_its_default() {
             &v.default.documented(),
             "docs/CONFIGURATION.md's default of {name} differs from the table's"
         );
+        let kept_as = if v.secret { "secret" } else { "var" };
+        assert_eq!(
+            secret, kept_as,
+            "docs/CONFIGURATION.md's secret column of {name} differs from the table's"
+        );
     }
-    let names: Vec<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = rows.iter().map(|(n, _, _)| n.as_str()).collect();
     for v in VARIABLES {
         assert!(
             names.contains(&v.name),

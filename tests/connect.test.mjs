@@ -208,13 +208,31 @@ describe("npm run connect holds no more power than it needs and shows no secret"
     const file = path.join(dir, "scoped.dev.vars");
     writeFileSync(file, `GEMINI_API_KEY="${svc.apiKey}"\nGEMINI_API_BASE="${svc.url}"\nADMIN_TOKEN="admin-token-not-for-connect"\nREAD_TOKENS="read-token-one read-token-two"\n`);
     try {
-      const { out } = await connect(["--url", worker.url, "--local", "--no-ping", "--wait", "1"], file, null);
+      const access = { CF_ACCESS_CLIENT_ID: "access-id.access", CF_ACCESS_CLIENT_SECRET: "access-secret" };
+      const { out } = await connect(["--url", worker.url, "--local", "--no-ping", "--wait", "1"], file, null, access);
       assert.ok(worker.requests.length >= 1, out);
       for (const r of worker.requests) {
         assert.equal(r.method, "GET", r.url);
         assert.equal(r.headers.authorization, "Bearer read-token-one", r.url);
+        // A worker behind Cloudflare Access: the service token goes with every read.
+        assert.equal(r.headers["cf-access-client-id"], "access-id.access", r.url);
+        assert.equal(r.headers["cf-access-client-secret"], "access-secret", r.url);
       }
       assert.doesNotMatch(out, /admin-token-not-for-connect/);
+    } finally {
+      await worker.close();
+    }
+  });
+
+  it("says at once that the worker refused the read token (a rotation not copied to the vars file)", async () => {
+    const worker = await startServer(() => ({ status: 401, body: { error: "unauthorized" } }));
+    const file = path.join(dir, "stale.dev.vars");
+    writeFileSync(file, `GEMINI_API_KEY="${svc.apiKey}"\nGEMINI_API_BASE="${svc.url}"\nREAD_TOKENS="rotated-away"\n`);
+    try {
+      const { code, out } = await connect(["--url", worker.url, "--local", "--no-ping", "--wait", "30"], file, null);
+      assert.equal(code, 1, out);
+      assert.match(out, /refused the read token \(401/);
+      assert.equal(worker.requests.length, 1, "no waiting on a token that cannot work");
     } finally {
       await worker.close();
     }

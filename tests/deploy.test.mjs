@@ -78,14 +78,15 @@ after(async () => {
 describe("npm run deploy -- --dry-run", () => {
   it("passes on this checkout's wrangler.toml as it is, and says what is missing", async () => {
     const outdir = path.join(dir, "bundle");
-    const { code, out } = await deploy(["--dry-run", "--outdir", outdir], { GEMINI_ONCE_WRANGLER: "" });
+    const { code, out } = await deploy(["--dry-run", "--outdir", outdir, "--set", "EFFECT_URL=https://dest.example/hooks/gemini"], { GEMINI_ONCE_WRANGLER: "" });
     assert.equal(code, 0, out);
+    // No Cloudflare here: it says it could not ask, and how to log in.
+    assert.match(out, /could not ask Cloudflare which secrets the worker has .*wrangler login.*CLOUDFLARE_API_TOKEN/);
     for (const binding of ["env.OPERATION_GATE (OperationGate)", "env.RECONCILE_LEASE (ReconcileLease)", "env.STATS (StatsShard)", "env.DESTINATION_DESK (DestinationDesk)", "env.OPS_KV"]) {
       assert.ok(out.includes(binding), `${binding} missing from:\n${out}`);
     }
     assert.match(out, /--dry-run: exiting now/);
     assert.match(out, /OPS_KV: no id in wrangler.toml, so wrangler creates the namespace/);
-    assert.match(out, /missing: EFFECT_URL is not set/);
     assert.match(out, /npm run connect/);
     assert.match(out, /advised: ALERT_URL/);
     // The three tokens, and which goes where.
@@ -93,6 +94,14 @@ describe("npm run deploy -- --dry-run", () => {
     assert.match(out, /READ_TOKENS: generated on deploy .*read token: for whoever only looks/);
     assert.match(out, /ADMIN_TOKEN: generated on deploy .*admin token: for operators only/);
     assert.ok(!existsSync(deployVars), "a dry run generates nothing");
+  });
+
+  it("fails where the deploy would: no EFFECT_URL is refused, not passed", async () => {
+    const { code, out } = await deploy(["--dry-run"], { GEMINI_ONCE_WRANGLER: "" });
+    assert.equal(code, 1, out);
+    assert.match(out, /EFFECT_URL is not set/);
+    assert.match(out, /not deploying: 1 problem/);
+    assert.doesNotMatch(out, /dry run passed/);
   });
 
   it("refuses a placeholder KV id before running wrangler", async () => {

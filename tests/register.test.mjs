@@ -3,6 +3,7 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { createServer } from "node:http";
 import { promisify } from "node:util";
 import { startWorker, ADMIN_TOKEN } from "./helpers.mjs";
 
@@ -41,7 +42,32 @@ describe("npm run register", () => {
   });
 
   it("explains its usage on bad arguments", async () => {
-    await assert.rejects(register("batches/reg4", "--token", ADMIN_TOKEN), (e) => e.code === 2 && /give --kind/.test(e.stderr) && /usage: npm run register/.test(e.stderr));
+    await assert.rejects(register("batches/reg4", "--user-metadata", "[1]", "--token", ADMIN_TOKEN), (e) => e.code === 2 && /--user-metadata must be a JSON object/.test(e.stderr) && /usage: npm run register/.test(e.stderr));
+    await assert.rejects(register("--token", ADMIN_TOKEN), (e) => e.code === 2 && /give one operation name/.test(e.stderr));
+  });
+
+  it("registers without a kind (the effect goes to EFFECT_URL) and with user_metadata", async () => {
+    const r = await register("batches/reg6", "--user-metadata", '{"tenant":"acme","order":7}', "--token", ADMIN_TOKEN);
+    assert.match(r.stdout, /^register: 201 registered batches\/reg6: /);
+    const op = await w.inspect("batches/reg6");
+    assert.equal(op.body.kind, null);
+    assert.deepEqual(op.body.details.user_metadata, { tenant: "acme", order: 7 });
+  });
+
+  it("sends a Cloudflare Access service token when one is set", async () => {
+    const seen = [];
+    const server = createServer((req, res) => { seen.push(req.headers); res.writeHead(201, { "content-type": "application/json" }); res.end("{}"); });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    try {
+      const url = `http://127.0.0.1:${server.address().port}`;
+      await run("node", ["scripts/register.mjs", "batches/reg7", "--token", "t", "--url", url], { env: { ...process.env, CF_ACCESS_CLIENT_ID: "id.access", CF_ACCESS_CLIENT_SECRET: "shh" } });
+      assert.equal(seen[0]["cf-access-client-id"], "id.access");
+      assert.equal(seen[0]["cf-access-client-secret"], "shh");
+      await run("node", ["scripts/register.mjs", "batches/reg7", "--token", "t", "--url", url], { env: { ...process.env, CF_ACCESS_CLIENT_ID: "", CF_ACCESS_CLIENT_SECRET: "" } });
+      assert.equal(seen[1]["cf-access-client-id"], undefined, "none without one");
+    } finally {
+      server.close();
+    }
   });
 
   it("says when no worker answers", async () => {
