@@ -11,8 +11,8 @@ use thiserror::Error;
 
 use crate::operation::key::{normalize, KeyError, OperationKey, MAX_NAME_BYTES};
 use crate::operation::ledger::{LedgerMeta, MAX_META_ERROR_BYTES};
+use crate::operation::ledger_walk::LedgerCursor;
 use crate::operation::lifecycle::Status;
-use crate::reconciliation::lease_state::Resume;
 use crate::timestamp::parse_rfc3339_ms;
 
 /// Longest accepted `kind`.
@@ -174,7 +174,7 @@ pub struct ListQuery {
     pub settled_after: Option<i64>,
     pub settled_before: Option<i64>,
     pub limit: usize,
-    pub resume: Resume,
+    pub resume: LedgerCursor,
 }
 
 /// Why a listing query was refused (answered 400).
@@ -205,7 +205,7 @@ struct CursorToken {
 }
 
 /// Encodes where the next page starts as an opaque cursor.
-pub fn encode_cursor(resume: &Resume) -> String {
+pub fn encode_cursor(resume: &LedgerCursor) -> String {
     let token = CursorToken {
         c: resume.cursor.clone(),
         a: resume.after_key.clone(),
@@ -213,10 +213,10 @@ pub fn encode_cursor(resume: &Resume) -> String {
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default())
 }
 
-fn decode_cursor(text: &str) -> Option<Resume> {
+fn decode_cursor(text: &str) -> Option<LedgerCursor> {
     let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
     let token: CursorToken = serde_json::from_slice(&bytes).ok()?;
-    Some(Resume {
+    Some(LedgerCursor {
         cursor: token.c,
         after_key: token.a,
     })
@@ -559,7 +559,7 @@ mod tests {
 
     #[test]
     fn cursor_round_trips() {
-        let resume = Resume {
+        let resume = LedgerCursor {
             cursor: Some("kv-cursor".into()),
             after_key: Some("op:batches/a".into()),
         };

@@ -36,9 +36,9 @@ use thiserror::Error;
 
 use crate::admin::{kept_reason, ListError, ListQuery};
 use crate::operation::gate_protocol::{GateCommand, GateReply, OperatorAction};
-use crate::operation::ledger::LedgerMeta;
+use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
+use crate::operation::ledger_walk::{LedgerCursor, LedgerWalk, ListedPage, WalkStep};
 use crate::operation::OperatorRefusal;
-use crate::reconciliation::lease_state::Resume;
 use crate::timestamp::{format_rfc3339, parse_rfc3339_ms};
 
 /// Operations one request acts on by default: with the listing's KV pages this stays inside
@@ -51,6 +51,8 @@ pub const DEFAULT_PER_SECOND: u32 = 5;
 pub const MAX_PER_SECOND: u32 = 50;
 /// The longest one request spends pacing; `limit` is cut to fit (`per_second` × this).
 pub const MAX_PACED_SECONDS: usize = 30;
+/// KV lists (1,000 entries each) one request may make looking for matches.
+pub const MAX_BULK_PAGES: usize = 5;
 
 /// Which operator action a bulk request applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,7 +259,7 @@ pub struct BulkRequest {
     pub limit: usize,
     pub per_second: u32,
     /// Where this request starts, and the run's totals before it.
-    pub resume: Resume,
+    pub resume: LedgerCursor,
     pub before: Counts,
     /// A redelivery run's cut-off (Unix ms) from the body or the cursor; `None` for a run's
     /// first request that gave none, which starts it at the clock ([`BulkRun::new`]).
@@ -339,7 +341,7 @@ pub fn parse_bulk(action: BulkAction, body: &[u8]) -> Result<BulkRequest, BulkEr
     pairs.sort();
     let fingerprint = fingerprint(action, parsed.dry_run, &pairs);
     let (resume, before, carried) = match parsed.cursor.as_deref() {
-        None => (Resume::default(), Counts::default(), None),
+        None => (LedgerCursor::default(), Counts::default(), None),
         Some(text) => {
             let cursor = decode(text).ok_or(BulkError::Cursor)?;
             // A body may repeat the cut-off the cursor carries, never change it mid-run.
@@ -348,7 +350,7 @@ pub fn parse_bulk(action: BulkAction, body: &[u8]) -> Result<BulkRequest, BulkEr
                 return Err(BulkError::Cursor);
             }
             (
-                Resume {
+                LedgerCursor {
                     cursor: cursor.c,
                     after_key: cursor.a,
                 },
@@ -502,7 +504,7 @@ impl BulkRun {
 
     /// The answer: this request's counts at the top, the run's so far under `total`, and the
     /// cursor to pass back (with the same body) while `complete` is false.
-    pub fn answer(&self, resume: Option<&Resume>) -> Value {
+    pub fn answer(&self, resume: Option<&LedgerCursor>) -> Value {
         let mut total = self.request.before.clone();
         total.add(&self.counts);
         let dry_run = self.request.dry_run;
@@ -533,10 +535,101 @@ impl BulkRun {
     }
 }
 
+/// What a bulk request does next; the edge performs it and hands back what came of it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BulkStep {
+    /// List the `op:` page under `prefix` after this KV cursor, for [`BulkWalk::on_page`].
+    List {
+        prefix: String,
+        cursor: Option<String>,
+    },
+    /// Send [`BulkRun::command`] to `key`'s gate, first waiting [`BulkRequest::pause_ms`]
+    /// unless it is the request's first call; then [`BulkWalk::on_gate`].
+    CallGate { key: String, pause_first: bool },
+    /// Answer with this body.
+    Answer(Value),
+}
+
+/// One bulk request as a walk over the `op:` ledger: which pages to list (at most
+/// [`MAX_BULK_PAGES`]; a key prefix narrows the listing itself, every other filter reads
+/// metadata), which gates to call, and the answer with the cursor to resume from.
+#[derive(Debug, Clone)]
+pub struct BulkWalk {
+    pub run: BulkRun,
+    walk: LedgerWalk,
+    prefix: String,
+    called: bool,
+}
+
+impl BulkWalk {
+    /// Starts a request at `now_ms` (the edge's clock; see [`BulkRun::new`]).
+    pub fn new(request: BulkRequest, now_ms: i64) -> Result<BulkWalk, BulkError> {
+        let prefix = format!(
+            "{OP_PREFIX}{}",
+            request.filter.prefix.as_deref().unwrap_or("")
+        );
+        let walk = LedgerWalk::new(request.resume.clone(), MAX_BULK_PAGES);
+        Ok(BulkWalk {
+            run: BulkRun::new(request, now_ms)?,
+            walk,
+            prefix,
+            called: false,
+        })
+    }
+
+    /// The next step at `now_secs`; `stuck_after` is the configuration's stuck threshold (the
+    /// listing's `stuck` filter).
+    pub fn step(&mut self, now_secs: i64, stuck_after: i64) -> BulkStep {
+        loop {
+            let entry = match self.walk.step() {
+                WalkStep::List { cursor } => {
+                    let prefix = self.prefix.clone();
+                    return BulkStep::List { prefix, cursor };
+                }
+                WalkStep::End(end) => return BulkStep::Answer(self.run.answer(end.as_ref())),
+                WalkStep::Entry(entry) => entry,
+            };
+            let meta = entry
+                .metadata
+                .and_then(|m| serde_json::from_value::<LedgerMeta>(m).ok());
+            let key = entry.name.strip_prefix(OP_PREFIX).unwrap_or(&entry.name);
+            let matches = meta
+                .as_ref()
+                .is_some_and(|m| self.run.request.matches(key, m, now_secs, stuck_after));
+            // A full request stops before its next match, so the last part of a run that has
+            // no more matches ends complete.
+            if matches && self.run.full() {
+                return BulkStep::Answer(self.run.answer(Some(&self.walk.cursor())));
+            }
+            self.walk.pass();
+            let Some(meta) = meta.filter(|_| matches) else {
+                continue;
+            };
+            if self.run.take(&meta, now_secs) {
+                // Spaced so a destination that just recovered gets a trickle, not the backlog.
+                let pause_first = std::mem::replace(&mut self.called, true);
+                let key = key.to_string();
+                return BulkStep::CallGate { key, pause_first };
+            }
+        }
+    }
+
+    /// The page asked for by [`BulkStep::List`].
+    pub fn on_page(&mut self, page: ListedPage) {
+        self.walk.on_page(page);
+    }
+
+    /// What the gate asked by [`BulkStep::CallGate`] did (or that it could not be reached).
+    pub fn on_gate(&mut self, outcome: &Outcome) {
+        self.run.record(outcome);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::operation::gate_protocol::EffectReport;
+    use crate::operation::ledger_walk::ListedKey;
 
     fn meta(status: &str, done: bool) -> LedgerMeta {
         LedgerMeta {
@@ -551,6 +644,129 @@ mod tests {
 
     /// The clock of a test's requests: 2026-11-22T10:00:00.250Z.
     const NOW: i64 = 1_795_341_600_250;
+
+    /// KV's pages of `op:` entries: (name, status, effect done), `per_page` to a page.
+    fn ledger(entries: &[(&str, &str, bool)], per_page: usize) -> Vec<ListedPage> {
+        let chunks: Vec<_> = entries.chunks(per_page).collect();
+        chunks
+            .iter()
+            .enumerate()
+            .map(|(i, chunk)| ListedPage {
+                keys: chunk
+                    .iter()
+                    .map(|(name, status, done)| ListedKey {
+                        name: format!("op:{name}"),
+                        metadata: Some(serde_json::to_value(meta(status, *done)).unwrap()),
+                    })
+                    .collect(),
+                cursor: (i + 1 < chunks.len()).then(|| (i + 1).to_string()),
+                list_complete: i + 1 == chunks.len(),
+            })
+            .collect()
+    }
+
+    /// Performs a walk as the edge does, every gate answering `reply`: the lists made, the
+    /// gates called (key, paused first) and the answer.
+    fn perform(
+        body: &str,
+        pages: &[ListedPage],
+        reply: &Outcome,
+    ) -> (Vec<Option<String>>, Vec<(String, bool)>, Value) {
+        let request = parse(BulkAction::Retry, body).unwrap();
+        let mut walk = BulkWalk::new(request, NOW).unwrap();
+        let (mut lists, mut calls) = (Vec::new(), Vec::new());
+        loop {
+            match walk.step(NOW / 1_000, 86_400) {
+                BulkStep::List { prefix, cursor } => {
+                    assert_eq!(prefix, "op:batches/");
+                    let at = cursor.as_deref().map_or(0, |c| c.parse().unwrap());
+                    lists.push(cursor);
+                    walk.on_page(pages[at].clone());
+                }
+                BulkStep::CallGate { key, pause_first } => {
+                    calls.push((key, pause_first));
+                    walk.on_gate(reply);
+                }
+                BulkStep::Answer(answer) => return (lists, calls, answer),
+            }
+        }
+    }
+
+    #[test]
+    fn a_bulk_walk_calls_each_matching_gate_spaced_after_the_first_and_ends_complete() {
+        let pages = ledger(
+            &[
+                ("batches/a", "succeeded", false),
+                ("batches/b", "running", false),
+                ("batches/c", "failed", false),
+            ],
+            2,
+        );
+        let body = r#"{"filter": {"prefix": "batches/"}}"#;
+        let (lists, calls, answer) = perform(body, &pages, &Outcome::Retried);
+        assert_eq!(lists, [None, Some("1".to_string())]);
+        assert_eq!(
+            calls,
+            [
+                ("batches/a".to_string(), false),
+                ("batches/c".to_string(), true)
+            ]
+        );
+        assert_eq!(answer["retried"], 2);
+        assert_eq!(answer["skipped_by"]["no_outcome"], 1);
+        assert_eq!(answer["complete"], true);
+    }
+
+    #[test]
+    fn a_full_bulk_request_stops_before_its_next_match_and_its_cursor_resumes_there() {
+        let pages = ledger(
+            &[
+                ("batches/a", "succeeded", false),
+                ("batches/b", "succeeded", false),
+                ("batches/c", "succeeded", false),
+            ],
+            3,
+        );
+        let (_, calls, first) = perform(
+            r#"{"filter": {"prefix": "batches/"}, "limit": 2}"#,
+            &pages,
+            &Outcome::Retried,
+        );
+        assert_eq!(calls.len(), 2);
+        assert_eq!(first["complete"], false);
+        let cursor = first["cursor"].as_str().unwrap();
+        let next =
+            format!(r#"{{"filter": {{"prefix": "batches/"}}, "limit": 2, "cursor": "{cursor}"}}"#);
+        let (_, calls, rest) = perform(&next, &pages, &Outcome::Retried);
+        assert_eq!(calls, [("batches/c".to_string(), false)]);
+        assert_eq!(
+            (rest["complete"].clone(), rest["total"]["retried"].clone()),
+            (json!(true), json!(3))
+        );
+    }
+
+    #[test]
+    fn a_bulk_walk_lists_at_most_its_pages_and_a_dry_run_calls_no_gate() {
+        let names: Vec<String> = (0..MAX_BULK_PAGES + 2)
+            .map(|i| format!("batches/{i:02}"))
+            .collect();
+        let entries: Vec<(&str, &str, bool)> = names
+            .iter()
+            .map(|n| (n.as_str(), "succeeded", false))
+            .collect();
+        let pages = ledger(&entries, 1);
+        let (lists, calls, answer) = perform(
+            r#"{"filter": {"prefix": "batches/"}, "dry_run": true}"#,
+            &pages,
+            &Outcome::Retried,
+        );
+        assert_eq!((lists.len(), calls.len()), (MAX_BULK_PAGES, 0));
+        assert_eq!(answer["eligible"], MAX_BULK_PAGES);
+        assert_eq!(
+            answer["complete"], false,
+            "the rest is for the next request"
+        );
+    }
 
     #[test]
     fn retry_acts_on_terminal_effects_not_done() {
@@ -755,7 +971,7 @@ mod tests {
         let body = r#"{"filter": {"kind": "billing"}, "limit": 2}"#;
         let first = run_over(parse(BulkAction::Retry, body).unwrap(), &entries);
         assert!(first.full());
-        let resume = Resume {
+        let resume = LedgerCursor {
             cursor: Some("kv".into()),
             after_key: Some("op:batches/b".into()),
         };
@@ -854,7 +1070,7 @@ mod tests {
         let mut first = BulkRun::new(parse(BulkAction::Redeliver, body).unwrap(), NOW).unwrap();
         assert!(first.take(&entries[0], 0));
         first.record(reply);
-        let resume = Resume {
+        let resume = LedgerCursor {
             cursor: None,
             after_key: Some("op:batches/a".into()),
         };
@@ -944,7 +1160,7 @@ mod tests {
 
         // A cursor carries the cut-off: the body may repeat it, not change it.
         let first = BulkRun::new(parse(redeliver, LOST_AT_NOW).unwrap(), NOW).unwrap();
-        let answer = first.answer(Some(&Resume::default()));
+        let answer = first.answer(Some(&LedgerCursor::default()));
         let cursor = answer["cursor"].as_str().unwrap();
         let same = format!(
             r#"{{"reason": "r", "sent_before": {}, "cursor": "{cursor}"}}"#,

@@ -24,7 +24,7 @@ use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::pass::{
-    Fanout, Intent, Limits, ListedKey, ListedPage, Pass, PassLog, PassReport, PollJob, QueuedJob,
+    Fanout, Intent, Limits, ListedPage, Pass, PassLog, PassReport, PollJob, QueuedJob,
 };
 
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
@@ -287,19 +287,7 @@ async fn list_page(
     cursor: Option<String>,
 ) -> Result<ListedPage, Refusal> {
     let kv = kv.ok_or_else(|| Refusal::Unavailable(format!("{KV_BINDING}: not bound")))?;
-    let page = crate::edge::outbound::ledger_kv::list_page(kv, prefix, cursor).await?;
-    Ok(ListedPage {
-        keys: page
-            .keys
-            .into_iter()
-            .map(|k| ListedKey {
-                name: k.name,
-                metadata: k.metadata,
-            })
-            .collect(),
-        cursor: page.cursor,
-        list_complete: page.list_complete,
-    })
+    crate::edge::outbound::ledger_kv::list_page(kv, prefix, cursor).await
 }
 
 async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, Refusal> {

@@ -17,6 +17,7 @@ pub mod gate_protocol;
 pub mod history;
 pub mod key;
 pub mod ledger;
+pub mod ledger_walk;
 pub mod lifecycle;
 pub mod observation;
 mod record;

@@ -81,21 +81,9 @@ pub struct AuditProgress {
     pub complete: bool,
 }
 
-/// Where the next pass starts: the page cursor, and the last entry done on that page.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Resume {
-    pub cursor: Option<String>,
-    pub after_key: Option<String>,
-}
-
-impl Resume {
-    /// True for an entry of the resumed page that was already done (at or before `after_key`).
-    pub fn already_done(&self, entry: &str) -> bool {
-        self.after_key
-            .as_deref()
-            .is_some_and(|after| entry <= after)
-    }
-}
+/// Where the next pass starts: the ledger's cursor (the page cursor, and the last entry done
+/// on that page).
+pub use crate::operation::ledger_walk::LedgerCursor as Resume;
 
 /// The reconciliation lease and what it keeps between passes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use worker::{Env, Request, Response};
 use crate::admin::{encode_cursor, ListQuery};
 use crate::config::Config;
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
-use crate::reconciliation::lease_state::Resume;
+use crate::operation::ledger_walk::{LedgerWalk, WalkStep};
 use crate::refusal::Refusal;
 use crate::timestamp::format_rfc3339;
 
@@ -33,45 +33,32 @@ pub async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response,
         .kv(KV_BINDING)
         .map_err(|e| Refusal::Unavailable(e.to_string()))?;
     let now_secs = now_ms().div_euclid(1_000);
-    let mut resume = query.resume.clone();
+    // A key prefix narrows the listing itself; every other filter reads metadata.
+    let prefix = format!("{OP_PREFIX}{}", query.prefix.as_deref().unwrap_or(""));
+    let mut walk = LedgerWalk::new(query.resume.clone(), MAX_LIST_PAGES);
     let mut found: Vec<Value> = Vec::new();
-    for _ in 0..MAX_LIST_PAGES {
-        // A key prefix narrows the listing itself; every other filter reads metadata.
-        let prefix = format!("{OP_PREFIX}{}", query.prefix.as_deref().unwrap_or(""));
-        let page = list_page(&kv, &prefix, resume.cursor.clone()).await?;
-        for entry in &page.keys {
-            if resume.already_done(&entry.name) {
-                continue;
+    let end = loop {
+        match walk.step() {
+            WalkStep::List { cursor } => walk.on_page(list_page(&kv, &prefix, cursor).await?),
+            // A full answer stops before its next entry, which the cursor resumes at.
+            WalkStep::Entry(_) if found.len() == query.limit => break Some(walk.cursor()),
+            WalkStep::Entry(entry) => {
+                walk.pass();
+                let meta = entry
+                    .metadata
+                    .and_then(|m| serde_json::from_value::<LedgerMeta>(m).ok());
+                let key = &entry.name[OP_PREFIX.len()..];
+                if let Some(meta) = meta.filter(|m| {
+                    query.matches(m, now_secs, config.stuck_after_secs) && query.matches_key(key, m)
+                }) {
+                    found.push(entry_view(key, &meta, now_secs, config));
+                }
             }
-            if found.len() == query.limit {
-                return ok_json(
-                    &json!({"operations": found, "cursor": encode_cursor(&resume), "complete": false}),
-                );
-            }
-            resume.after_key = Some(entry.name.clone());
-            let Some(meta) = entry
-                .metadata
-                .clone()
-                .and_then(|m| serde_json::from_value::<LedgerMeta>(m).ok())
-            else {
-                continue;
-            };
-            let key = &entry.name[OP_PREFIX.len()..];
-            if query.matches(&meta, now_secs, config.stuck_after_secs)
-                && query.matches_key(key, &meta)
-            {
-                found.push(entry_view(key, &meta, now_secs, config));
-            }
+            WalkStep::End(end) => break end,
         }
-        if page.list_complete || page.cursor.is_none() {
-            return ok_json(&json!({"operations": found, "cursor": null, "complete": true}));
-        }
-        resume = Resume {
-            cursor: page.cursor.clone(),
-            after_key: None,
-        };
-    }
-    ok_json(&json!({"operations": found, "cursor": encode_cursor(&resume), "complete": false}))
+    };
+    let cursor = end.as_ref().map(encode_cursor);
+    ok_json(&json!({"operations": found, "cursor": cursor, "complete": end.is_none()}))
 }
 
 fn entry_view(key: &str, meta: &LedgerMeta, now_secs: i64, config: &Config) -> Value {

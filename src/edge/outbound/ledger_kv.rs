@@ -10,6 +10,7 @@ use serde_json::Value;
 use worker::KvStore;
 
 use crate::operation::ledger::{IndexWrite, Projection};
+use crate::operation::ledger_walk::{ListedKey, ListedPage};
 use crate::reconciliation::pass::PAGE_SIZE;
 use crate::refusal::Refusal;
 
@@ -22,12 +23,24 @@ pub async fn list_page(
     kv: &KvStore,
     prefix: &str,
     cursor: Option<String>,
-) -> Result<worker::kv::ListResponse, Refusal> {
+) -> Result<ListedPage, Refusal> {
     let mut list = kv.list().prefix(prefix.to_string()).limit(PAGE_SIZE);
     if let Some(c) = cursor {
         list = list.cursor(c);
     }
-    Ok(list.execute().await?)
+    let page = list.execute().await?;
+    Ok(ListedPage {
+        keys: page
+            .keys
+            .into_iter()
+            .map(|k| ListedKey {
+                name: k.name,
+                metadata: k.metadata,
+            })
+            .collect(),
+        cursor: page.cursor,
+        list_complete: page.list_complete,
+    })
 }
 
 /// Writes one projection (value, metadata and, for closed operations, its TTL) and the index

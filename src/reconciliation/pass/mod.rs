@@ -143,20 +143,8 @@ impl Intent {
     }
 }
 
-/// One KV list page.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ListedPage {
-    pub keys: Vec<ListedKey>,
-    pub cursor: Option<String>,
-    pub list_complete: bool,
-}
-
-/// One listed key and its metadata as KV holds it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ListedKey {
-    pub name: String,
-    pub metadata: Option<Value>,
-}
+/// The ledger's pages, as the pass lists them.
+pub use crate::operation::ledger_walk::{ListedKey, ListedPage};
 
 /// One pass; see the module documentation.
 #[derive(Debug)]
