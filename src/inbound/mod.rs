@@ -6,5 +6,6 @@ pub mod classify;
 pub mod envelope;
 pub mod intake;
 pub mod jwt;
+pub mod key_set;
 pub mod route_log;
 pub mod stranger;
