@@ -68,6 +68,16 @@ fn meta_of(key: &ListedKey) -> Option<LedgerMeta> {
         .and_then(|m| serde_json::from_value(m).ok())
 }
 
+/// What the audit does with one `op:` entry.
+enum AuditTurn {
+    /// Nothing: move past it.
+    Pass,
+    /// Take it in hand (boxed: an entry is large beside the other answers).
+    Act(Box<Entry>),
+    /// The budget does not afford its steps: the audit stops before it.
+    OutOfBudget,
+}
+
 impl Pass {
     /// Starts the routine walk at `resume`.
     pub(super) fn start_walk(&mut self, resume: Resume) {
@@ -332,46 +342,18 @@ impl Pass {
                 self.audit_ended(stopped(walk.resume));
                 return Flow::Continue;
             }
-            let meta = meta_of(listed);
-            let verdict = match &meta {
-                Some(_) if self.touched.contains(key) => AuditVerdict::Fine,
-                Some(m) => audit_verdict(m, self.index_whole, self.indexed.get(key).copied()),
-                None => AuditVerdict::Fine,
-            };
-            let reindex = self.index_whole && verdict != AuditVerdict::Fine;
-            let actions = match (&meta, verdict) {
-                (Some(m), AuditVerdict::Missed) => {
-                    decide(m, now_ms.div_euclid(1_000), &self.limits.thresholds)
+            match self.audit_turn(key, listed, now_ms) {
+                AuditTurn::OutOfBudget => {
+                    self.audit_ended(stopped(walk.resume));
+                    return Flow::Continue;
                 }
-                _ => Vec::new(),
-            };
-            let cost: u32 = actions.iter().map(Action::cost).sum::<u32>() + u32::from(reindex);
-            if !self.affords(cost) {
-                self.audit_ended(stopped(walk.resume));
-                return Flow::Continue;
-            }
-            if verdict == AuditVerdict::Missed {
-                self.report.audit_found += 1;
-                if self.index_whole {
-                    self.log(PassLog::IndexMissed {
-                        key: key.to_string(),
-                    });
-                }
-            }
-            let mut steps: Vec<Step> = actions.into_iter().map(Step::Act).collect();
-            if reindex {
-                steps.push(Step::Reindex {
-                    stale: verdict == AuditVerdict::Stale,
-                });
-            }
-            match meta {
-                Some(meta) if !steps.is_empty() => {
-                    self.entry = Some(Entry::new(&listed.name, key, meta, steps));
+                AuditTurn::Act(entry) => {
+                    self.entry = Some(*entry);
                     walk.page = Some((page, at));
                     self.phase = Phase::Audit(walk);
                     return Flow::Continue;
                 }
-                _ => {
+                AuditTurn::Pass => {
                     walk.resume.after_key = Some(listed.name.clone());
                     self.audit_progress = Some(stopped(walk.resume.clone()));
                 }
@@ -392,6 +374,49 @@ impl Pass {
         self.audit_progress = Some(stopped(walk.resume.clone()));
         self.phase = Phase::Audit(walk);
         Flow::Continue
+    }
+
+    /// What the audit does with one `op:` entry: its verdict against the index, the actions
+    /// a missed entry needs (as the routine walk would decide them) and the re-index, if the
+    /// budget affords them.
+    fn audit_turn(&mut self, key: &str, listed: &ListedKey, now_ms: i64) -> AuditTurn {
+        let meta = meta_of(listed);
+        let verdict = match &meta {
+            Some(_) if self.touched.contains(key) => AuditVerdict::Fine,
+            Some(m) => audit_verdict(m, self.index_whole, self.indexed.get(key).copied()),
+            None => AuditVerdict::Fine,
+        };
+        let reindex = self.index_whole && verdict != AuditVerdict::Fine;
+        let actions = match (&meta, verdict) {
+            (Some(m), AuditVerdict::Missed) => {
+                decide(m, now_ms.div_euclid(1_000), &self.limits.thresholds)
+            }
+            _ => Vec::new(),
+        };
+        let cost: u32 = actions.iter().map(Action::cost).sum::<u32>() + u32::from(reindex);
+        if !self.affords(cost) {
+            return AuditTurn::OutOfBudget;
+        }
+        if verdict == AuditVerdict::Missed {
+            self.report.audit_found += 1;
+            if self.index_whole {
+                self.log(PassLog::IndexMissed {
+                    key: key.to_string(),
+                });
+            }
+        }
+        let mut steps: Vec<Step> = actions.into_iter().map(Step::Act).collect();
+        if reindex {
+            steps.push(Step::Reindex {
+                stale: verdict == AuditVerdict::Stale,
+            });
+        }
+        match meta {
+            Some(meta) if !steps.is_empty() => {
+                AuditTurn::Act(Box::new(Entry::new(&listed.name, key, meta, steps)))
+            }
+            _ => AuditTurn::Pass,
+        }
     }
 
     fn on_audit_page(&mut self, mut walk: AuditWalk, page: Result<ListedPage, String>) {
