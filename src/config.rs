@@ -585,6 +585,46 @@ fn parse_paced_route(
 struct Settings(Vec<(&'static Variable, Setting)>);
 
 impl Settings {
+    /// `EFFECT_TIMEOUT_MS` and `CLAIM_TTL_SECONDS`: a claim that lapses mid-attempt lets a
+    /// second attempt start beside the first, so the claim must outlast the attempt.
+    fn attempt_timing(&self) -> Result<(i64, i64), ConfigError> {
+        let effect_timeout_ms = self.value("EFFECT_TIMEOUT_MS", Setting::whole)?;
+        let claim_ttl_secs = self.value("CLAIM_TTL_SECONDS", Setting::whole)?;
+        if claim_ttl_secs * 1_000 <= effect_timeout_ms {
+            return Err(err(
+                "CLAIM_TTL_SECONDS",
+                "must outlast EFFECT_TIMEOUT_MS (a claim that lapses mid-attempt lets a second attempt start beside it)",
+            ));
+        }
+        Ok((effect_timeout_ms, claim_ttl_secs))
+    }
+
+    /// `EFFECT_RETRY_BASE_SECONDS` and `EFFECT_RETRY_MAX_SECONDS`, the one not below the other.
+    fn retry_range(&self) -> Result<(i64, i64), ConfigError> {
+        let base = self.value("EFFECT_RETRY_BASE_SECONDS", Setting::whole)?;
+        let max = self.value("EFFECT_RETRY_MAX_SECONDS", Setting::whole)?;
+        if max < base {
+            return Err(err(
+                "EFFECT_RETRY_MAX_SECONDS",
+                "must not be less than EFFECT_RETRY_BASE_SECONDS",
+            ));
+        }
+        Ok((base, max))
+    }
+
+    /// The three scopes' tokens: a token in two scopes would quietly get the wider power, so
+    /// it is refused, naming the narrower scope's setting.
+    fn tokens(&self) -> Result<Tokens, ConfigError> {
+        Tokens::new(
+            self.value("ADMIN_TOKEN", Setting::tokens)?,
+            self.optional("REGISTER_TOKENS", Setting::tokens)?
+                .unwrap_or_default(),
+            self.optional("READ_TOKENS", Setting::tokens)?
+                .unwrap_or_default(),
+        )
+        .map_err(|overlap| err(overlap.setting.setting(), overlap.to_string()))
+    }
+
     /// `name`'s value as `pick` takes it, `None` when unset. A name not in the table, or a
     /// value of another kind than `pick` takes, is an error naming it (a slip in this file,
     /// which `cargo test` finds at once), never a panic.
@@ -782,34 +822,9 @@ impl Config {
             settings.push((variable, variable.read(&lookup)?));
         }
         let s = Settings(settings);
-
-        let effect_timeout_ms = s.value("EFFECT_TIMEOUT_MS", Setting::whole)?;
-        let claim_ttl_secs = s.value("CLAIM_TTL_SECONDS", Setting::whole)?;
-        // A claim that lapses mid-attempt lets a second attempt start beside the first.
-        if claim_ttl_secs * 1_000 <= effect_timeout_ms {
-            return Err(err(
-                "CLAIM_TTL_SECONDS",
-                "must outlast EFFECT_TIMEOUT_MS (a claim that lapses mid-attempt lets a second attempt start beside it)",
-            ));
-        }
-        let retry_base_secs = s.value("EFFECT_RETRY_BASE_SECONDS", Setting::whole)?;
-        let retry_max_secs = s.value("EFFECT_RETRY_MAX_SECONDS", Setting::whole)?;
-        if retry_max_secs < retry_base_secs {
-            return Err(err(
-                "EFFECT_RETRY_MAX_SECONDS",
-                "must not be less than EFFECT_RETRY_BASE_SECONDS",
-            ));
-        }
-        // A token in two scopes would quietly get the wider power: refused, naming the
-        // narrower scope's setting.
-        let tokens = Tokens::new(
-            s.value("ADMIN_TOKEN", Setting::tokens)?,
-            s.optional("REGISTER_TOKENS", Setting::tokens)?
-                .unwrap_or_default(),
-            s.optional("READ_TOKENS", Setting::tokens)?
-                .unwrap_or_default(),
-        )
-        .map_err(|overlap| err(overlap.setting.setting(), overlap.to_string()))?;
+        let (effect_timeout_ms, claim_ttl_secs) = s.attempt_timing()?;
+        let (retry_base_secs, retry_max_secs) = s.retry_range()?;
+        let tokens = s.tokens()?;
         // The table's ranges keep these inside their types.
         let max_body_bytes = s.value("MAX_BODY_BYTES", Setting::whole)? as usize;
         let reconcile_budget = s.value("RECONCILE_BUDGET", Setting::whole)? as u32;
