@@ -1,6 +1,7 @@
 //! The shape of `src/`, held as tests: no glob re-export (an import says where a thing
-//! lives), no loop between modules, nothing imports the edge's router, every file of the edge
-//! within 350 lines, and no production function over 100 lines. Reads the files as text.
+//! lives), no loop between modules, at most eight floors of rooms, nothing imports the edge's
+//! router, every file of the edge within 350 lines, and no production function over 80
+//! lines. Reads the files as text.
 //!
 //! The module graph: a module is a file; an arrow is a path the file's production code names
 //! (its `use` items, `crate::`/`super::`/`self::` paths, and paths through the modules it
@@ -17,7 +18,11 @@ use std::path::{Path, PathBuf};
 /// Longest file under `src/edge/`.
 const MAX_EDGE_FILE_LINES: usize = 350;
 /// Longest production function anywhere in `src/`.
-const MAX_FUNCTION_LINES: usize = 100;
+const MAX_FUNCTION_LINES: usize = 80;
+/// Most floors of rooms: a room is a top-level module of `src/` (a folder, or a file beside
+/// `lib.rs`), and a room's floor is one above the highest room it imports (a room that
+/// imports none is on the first). A deeper house is a longer chain to read through.
+const MAX_FLOORS: usize = 8;
 
 /// The edge's router: it uses every room of the edge, so none may use it.
 const ROUTER: &str = "edge/mod.rs";
@@ -753,6 +758,66 @@ fn no_loop_between_modules() {
     );
 }
 
+/// The room of a file under `src/`: its first path segment, without `.rs`.
+fn room_of(rel: &str) -> String {
+    rel.split('/')
+        .next()
+        .unwrap_or(rel)
+        .trim_end_matches(".rs")
+        .to_string()
+}
+
+#[test]
+fn at_most_eight_floors_of_rooms() {
+    let krate = load();
+    let mut rooms: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, targets) in krate.graph() {
+        let room = room_of(&krate.files[from].rel);
+        if room == "lib" {
+            continue;
+        }
+        let entry = rooms.entry(room.clone()).or_default();
+        for to in targets {
+            let other = room_of(&krate.files[to].rel);
+            if other != room && other != "lib" {
+                entry.insert(other);
+            }
+        }
+    }
+    // Floors by relaxation: a loop between rooms never settles, and fails.
+    let mut floor: BTreeMap<&str, usize> = rooms.keys().map(|r| (r.as_str(), 1)).collect();
+    for _ in 0..=rooms.len() {
+        let mut moved = false;
+        for (room, imports) in &rooms {
+            let above = imports
+                .iter()
+                .map(|i| floor.get(i.as_str()).copied().unwrap_or(1) + 1)
+                .max()
+                .unwrap_or(1);
+            if above > floor[room.as_str()] {
+                floor.insert(room.as_str(), above);
+                moved = true;
+            }
+        }
+        if !moved {
+            break;
+        }
+        assert!(
+            floor.values().all(|f| *f <= rooms.len()),
+            "rooms that import each other in a loop: {rooms:#?}"
+        );
+    }
+    let top = floor.values().copied().max().unwrap_or(0);
+    let mut by_floor: Vec<(usize, &str)> = floor.iter().map(|(r, f)| (*f, *r)).collect();
+    by_floor.sort();
+    assert!(
+        top <= MAX_FLOORS,
+        "{top} floors of rooms, more than {MAX_FLOORS}: move what a high room needs down to the \
+         room that owns it. Floors: {by_floor:?}"
+    );
+    assert!(top >= 3, "the rooms were read: {by_floor:?}");
+}
+
 #[test]
 fn the_router_is_imported_by_nothing() {
     let krate = load();
@@ -794,7 +859,7 @@ fn every_edge_file_fits_in_350_lines() {
 }
 
 #[test]
-fn no_production_function_over_100_lines() {
+fn no_production_function_over_80_lines() {
     let krate = load();
     let mut long = Vec::new();
     for (_, file) in krate.production_files() {

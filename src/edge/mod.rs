@@ -30,6 +30,7 @@ pub use objects::destination_desk::DestinationDesk;
 pub use objects::gate::OperationGate;
 pub use objects::lease_object::ReconcileLease;
 pub use objects::stats_shard::StatsShard;
+pub use objects::stranger_watch::StrangerWatch;
 
 use worker::wasm_bindgen::JsValue;
 use worker::{event, web_sys, Context, Env, Method, Request, Result};

@@ -10,7 +10,10 @@
 //! Durable Object storage, no KV entry); it is answered 2xx, counted and logged, and counted
 //! by a worker-wide [`StrangerTally`] whose crossing of `threshold` within an alert window
 //! raises one aggregated alert for that window (a user who forgot to register their
-//! dynamic-webhook jobs finds out). Time is a parameter.
+//! dynamic-webhook jobs finds out). The tally lives in an object of its own (the
+//! `StrangerWatch`, spoken to with [`CountNudge`] and answering [`NudgeCounted`]), which keeps
+//! at most [`MAX_OWED_ALERTS`] alerts the sink has not accepted ([`owe`]). Time is a
+//! parameter.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -49,6 +52,35 @@ impl StrangerTally {
         }
         false
     }
+}
+
+/// The message to the strangers' tally: one more nudge named an operation the worker does not
+/// hold, to be counted under these limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountNudge {
+    pub limits: AlertLimits,
+}
+
+/// The tally's answer: whether this nudge crossed the window's threshold (its one alert is
+/// then stored and sent by the tally).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NudgeCounted {
+    pub alert: bool,
+}
+
+/// Aggregated alerts kept while the sink refuses them (one per alert window, so a day's worth
+/// at the default hour); older ones are dropped first, counted in the newest.
+pub const MAX_OWED_ALERTS: usize = 24;
+
+/// Adds `alert` to the alerts owed to the sink, oldest first, dropping the oldest beyond
+/// [`MAX_OWED_ALERTS`] and saying in the newest how many were dropped.
+pub fn owe(owed: &mut Vec<Value>, mut alert: Value) {
+    let dropped = (owed.len() + 1).saturating_sub(MAX_OWED_ALERTS);
+    owed.drain(..dropped.min(owed.len()));
+    if dropped > 0 {
+        alert["older_alerts_dropped"] = json!(dropped);
+    }
+    owed.push(alert);
 }
 
 /// The aggregated alert's body (`stranger_nudges`): how many, since when, and what to do.
@@ -99,6 +131,29 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("POST /v1/operations"));
+    }
+
+    #[test]
+    fn owed_alerts_keep_the_newest_and_say_how_many_were_dropped() {
+        let mut owed = Vec::new();
+        for i in 0..MAX_OWED_ALERTS {
+            owe(&mut owed, json!({"n": i}));
+        }
+        assert_eq!(owed.len(), MAX_OWED_ALERTS);
+        assert!(owed.iter().all(|a| a.get("older_alerts_dropped").is_none()));
+        owe(&mut owed, json!({"n": "newest"}));
+        assert_eq!(owed.len(), MAX_OWED_ALERTS);
+        assert_eq!(owed[0]["n"], 1, "the oldest went first");
+        assert_eq!(owed.last().unwrap()["older_alerts_dropped"], 1);
+    }
+
+    #[test]
+    fn the_tallys_messages_round_trip() {
+        let count = CountNudge { limits: LIMITS };
+        let text = serde_json::to_string(&count).unwrap();
+        assert_eq!(serde_json::from_str::<CountNudge>(&text).unwrap(), count);
+        let counted: NudgeCounted = serde_json::from_str(r#"{"alert":true}"#).unwrap();
+        assert!(counted.alert);
     }
 
     #[test]

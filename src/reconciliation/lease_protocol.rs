@@ -1,6 +1,5 @@
-//! The messages between the edge and the ReconcileLease object's two instances: the lease
-//! that keeps one cron pass at a time (with where the next one resumes), and the strangers'
-//! tally that raises one alert about many nudges for operations the worker does not hold.
+//! The messages between the edge and the ReconcileLease object: the lease that keeps one cron
+//! pass at a time, with where the next one resumes.
 //!
 //! Guarantees: both directions are plain tagged JSON, tested on the host and logged as is; a
 //! renewal or release from a holder that lost the lease is refused, so a pass that lost it
@@ -9,7 +8,6 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::inbound::stranger::AlertLimits;
 use crate::reconciliation::lease_state::{Audit, AuditProgress, Lease, Resume};
 
 /// A request to the ReconcileLease object (one for the whole worker).
@@ -60,9 +58,6 @@ pub enum LeaseCommand {
         #[serde(default, skip_serializing_if = "is_zero")]
         fed_until_ms: i64,
     },
-    /// To the strangers' tally (another instance of the lease's class): one more nudge
-    /// named an operation the worker does not hold.
-    StrangerNudge { limits: AlertLimits },
     /// The lease, the cursor and the last pass's summary.
     Status,
 }
@@ -96,10 +91,6 @@ pub enum LeaseReply {
     State {
         lease: Lease,
         last_pass: Option<Value>,
-    },
-    /// `alert`: this crossed the window's threshold; the tally sends the one alert.
-    StrangerCounted {
-        alert: bool,
     },
 }
 

@@ -111,6 +111,8 @@ log_events! {
     AlarmRecovered => "alarm_recovered",
     LeaseSchemaError => "lease_schema_error",
     DeskSchemaError => "desk_schema_error",
+    /// The strangers' watch could not create its table.
+    WatchSchemaError => "watch_schema_error",
     StatsSchemaError => "stats_schema_error",
     ConfigWarning => "config_warning",
     /// What an object invocation used (only with `USAGE_LOG=true`).

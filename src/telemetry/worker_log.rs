@@ -100,6 +100,8 @@ pub enum WorkerLog {
     LeaseSchemaError { error: String },
     /// A destination's desk could not create its tables.
     DeskSchemaError { error: String },
+    /// The strangers' watch could not create its table.
+    WatchSchemaError { error: String },
 }
 
 impl WorkerLog {
@@ -122,6 +124,7 @@ impl WorkerLog {
             WorkerLog::StatsSchemaError { .. } => LogEvent::StatsSchemaError,
             WorkerLog::LeaseSchemaError { .. } => LogEvent::LeaseSchemaError,
             WorkerLog::DeskSchemaError { .. } => LogEvent::DeskSchemaError,
+            WorkerLog::WatchSchemaError { .. } => LogEvent::WatchSchemaError,
         }
     }
 
@@ -199,6 +202,7 @@ mod tests {
             WorkerLog::StatsSchemaError { error: e() },
             WorkerLog::LeaseSchemaError { error: e() },
             WorkerLog::DeskSchemaError { error: e() },
+            WorkerLog::WatchSchemaError { error: e() },
         ]
     }
 

@@ -18,15 +18,14 @@ use crate::config::Config;
 use crate::inbound::answer::TerminalMemory;
 use crate::inbound::classify::{Headers, Policy};
 use crate::inbound::intake::{Finished, Intake, Need, Settings};
-use crate::inbound::stranger::AlertLimits;
-use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::inbound::stranger::{AlertLimits, CountNudge, NudgeCounted};
 use crate::refusal::Refusal;
 
 use crate::edge::capped_read::read_capped;
 use crate::edge::http::dynamic_webhook;
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
-use crate::edge::objects::lease_object::{GUARD_NAME, LEASE_BINDING};
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
+use crate::edge::objects::stranger_watch::{WATCH_BINDING, WATCH_NAME};
 use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
 use crate::edge::raw_response;
 use crate::edge::runtime::{js_error, log, now_ms};
@@ -106,11 +105,9 @@ async fn tally(env: &Env, config: &Config) -> Option<bool> {
         threshold: config.stranger_alert_threshold,
         window_ms: config.stranger_alert_window_secs * 1_000,
     };
-    let stub = stub_for(env, LEASE_BINDING, GUARD_NAME).ok()?;
-    match post_json(&stub, &LeaseCommand::StrangerNudge { limits }).await {
-        Ok(LeaseReply::StrangerCounted { alert }) => Some(alert),
-        _ => None,
-    }
+    let stub = stub_for(env, WATCH_BINDING, WATCH_NAME).ok()?;
+    let counted: NudgeCounted = post_json(&stub, &CountNudge { limits }).await.ok()?;
+    Some(counted.alert)
 }
 
 async fn keep_dead_letter(
