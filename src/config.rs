@@ -15,8 +15,8 @@
 use serde_json::{json, Value};
 use thiserror::Error;
 
-use crate::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::destination::protocol::{DeskSettings, Pace};
+use crate::operator::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::signature::{Secret, SecretError};
 
 /// Standard Webhooks and Gemini's guidance on timestamp skew.
@@ -140,7 +140,7 @@ pub enum Kind {
     /// One or more `whsec_` secrets, separated by spaces or commas.
     SigningSecrets,
     /// One or more bearer tokens, separated by whitespace, each of visible ASCII
-    /// ([`crate::access::parse_list`]).
+    /// ([`crate::operator::access::parse_list`]).
     Tokens,
     /// A JSON object from an operation's `kind` to a destination: a URL, `queue:BINDING` or
     /// `service:BINDING`, or an object `{"url": ..., "per_second": n, "concurrency": n}` whose
@@ -230,7 +230,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("EFFECT_URL", Url, Required, "where side effects are POSTed"),
         V::secret("EFFECT_SIGNING_SECRET", SigningSecret, Required, "signs side effects the Standard Webhooks way"),
         V::secret("ADMIN_TOKEN", Tokens, Required, "bearer tokens (space-separated) that may do everything: the admin API's actions and the dashboard's"),
-        // Narrower tokens (crate::access): a token has one scope.
+        // Narrower tokens (crate::operator::access): a token has one scope.
         V::secret("REGISTER_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may only register operations and read one back: for the code that submits jobs"),
         V::secret("READ_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may read everything and change nothing: the dashboard without its actions"),
         // The fast path.
@@ -1118,7 +1118,7 @@ mod tests {
             "t0ken-for-registering-jobs\nt0ken-for-registering-next".into(),
         );
         let c = parse(&vars).unwrap();
-        use crate::access::Scope;
+        use crate::operator::access::Scope;
         assert_eq!(
             [Scope::Admin, Scope::Register, Scope::Read].map(|s| c.tokens.count(s)),
             [2, 2, 0]

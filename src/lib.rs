@@ -19,13 +19,11 @@ pub mod operation;
 pub mod reconciliation;
 pub mod telemetry;
 
-pub mod access;
-pub mod admin;
 pub mod body_cap;
 pub mod bounds;
-pub mod bulk;
 pub mod config;
 pub mod destination;
+pub mod operator;
 pub mod refusal;
 pub mod retry;
 pub mod signature;

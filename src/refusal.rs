@@ -12,8 +12,8 @@ use std::fmt;
 
 use serde_json::{json, Value};
 
-use crate::access::Scope;
 use crate::config::ConfigError;
+use crate::operator::access::Scope;
 
 /// Everything that can end a request early.
 #[derive(Debug, Clone, PartialEq)]

@@ -16,7 +16,6 @@ use proptest::prelude::*;
 use proptest::test_runner::Config as PtConfig;
 use serde_json::{json, Map, Value};
 
-use gemini_once::access::Scope;
 use gemini_once::config::{variable, Config, Fallback, Kind, Variable, VARIABLES};
 use gemini_once::inbound::envelope::{self, EnvelopeError};
 use gemini_once::operation::details::normalize_details;
@@ -24,6 +23,7 @@ use gemini_once::operation::key::{normalize, Collection, KeyError, MAX_NAME_BYTE
 use gemini_once::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
 use gemini_once::operation::observation::{StatusError, DEFAULT_RETRY_AFTER_SECS};
 use gemini_once::operation::{AttemptOutcome, Finished, OpEvent, Operation};
+use gemini_once::operator::access::Scope;
 use gemini_once::reconciliation::status;
 use gemini_once::signature::{self, Secret, SignatureError, SignedHeaders};
 

@@ -1,5 +1,5 @@
 //! The admin API under `/v1/`, behind `Authorization: Bearer <token>` of a scope that may
-//! make the request (`ADMIN_TOKEN`, `REGISTER_TOKENS`, `READ_TOKENS`; [`crate::access`]).
+//! make the request (`ADMIN_TOKEN`, `REGISTER_TOKENS`, `READ_TOKENS`; [`crate::operator::access`]).
 //!
 //! Guarantees: the token and its scope are checked (constant time) before anything else is
 //! read: an unknown token is 401, a known one of the wrong scope 403 naming the scope it
@@ -13,11 +13,11 @@
 use serde_json::json;
 use worker::{Env, Method, Request, Response};
 
-use crate::access::{Admission, Caller, Route};
-use crate::admin::parse_registration;
 use crate::config::Config;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::operation::KindFill;
+use crate::operator::access::{Admission, Caller, Route};
+use crate::operator::listing::parse_registration;
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 

@@ -7,8 +7,8 @@
 use serde::Deserialize;
 use worker::Request;
 
-use crate::admin::MAX_REASON_CHARS;
 use crate::edge::capped_read::request_body;
+use crate::operator::listing::MAX_REASON_CHARS;
 use crate::refusal::Refusal;
 
 /// Largest admin request body (bulk requests too): a longer one is refused while it streams.

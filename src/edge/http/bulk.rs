@@ -2,7 +2,7 @@
 //! the admin API before it routes here); each gate call carries who asked.
 //!
 //! Guarantees: the request is parsed, judged and walked by the pure core
-//! ([`crate::bulk::BulkWalk`]); this file only performs its steps: lists the `op:` pages it
+//! ([`crate::operator::bulk::BulkWalk`]); this file only performs its steps: lists the `op:` pages it
 //! asks for (metadata, at most `MAX_BULK_PAGES` KV lists a request), calls the gate of each
 //! operation it says to act on, one at a time and spaced by the request's pace, and answers
 //! its counts with a cursor to resume from. Every change goes through the operation's gate as
@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use worker::{Delay, Env, Method, Request, Response};
 
-use crate::bulk::{outcome, parse_bulk, BulkAction, BulkStep, BulkWalk, Outcome};
 use crate::config::Config;
 use crate::operation::Actor;
+use crate::operator::bulk::{outcome, parse_bulk, BulkAction, BulkStep, BulkWalk, Outcome};
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 

@@ -6,10 +6,10 @@
 use serde_json::{json, Value};
 use worker::{Env, Request, Response};
 
-use crate::admin::{encode_cursor, ListQuery};
 use crate::config::Config;
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::operation::ledger_walk::{LedgerWalk, WalkStep};
+use crate::operator::listing::{encode_cursor, ListQuery};
 use crate::refusal::Refusal;
 use crate::timestamp::format_rfc3339;
 

@@ -9,10 +9,10 @@ use percent_encoding::percent_decode_str;
 use serde_json::json;
 use worker::{Env, Method, Request, Response};
 
-use crate::admin::parse_settle;
 use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::operation::key::{normalize, OperationKey};
 use crate::operation::Actor;
+use crate::operator::listing::parse_settle;
 use crate::refusal::Refusal;
 
 use crate::edge::http::admin_body::{read_body, read_reason};

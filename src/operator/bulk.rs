@@ -34,11 +34,11 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use crate::admin::{kept_reason, ListError, ListQuery};
 use crate::operation::gate_protocol::{GateCommand, GateReply, OperatorAction};
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::operation::ledger_walk::{LedgerCursor, LedgerWalk, ListedPage, WalkStep};
 use crate::operation::OperatorRefusal;
+use crate::operator::listing::{kept_reason, ListError, ListQuery};
 use crate::timestamp::{format_rfc3339, parse_rfc3339_ms};
 
 /// Operations one request acts on by default: with the listing's KV pages this stays inside
@@ -873,7 +873,10 @@ mod tests {
         m.kind = Some("nightly".into());
         assert!(!req.matches("batches/a", &m, 0, 1));
         let empty = parse(BulkAction::Retry, "").unwrap();
-        assert_eq!(empty.filter.limit, crate::admin::DEFAULT_LIST_LIMIT);
+        assert_eq!(
+            empty.filter.limit,
+            crate::operator::listing::DEFAULT_LIST_LIMIT
+        );
         assert!(!empty.dry_run);
     }
 

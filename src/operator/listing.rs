@@ -1,5 +1,5 @@
 //! The admin API's pure parts: request bodies and listing filters (which the bulk actions
-//! of [`crate::bulk`] apply too). Who may call which route is [`crate::access`].
+//! of [`crate::operator::bulk`] apply too). Who may call which route is [`crate::operator::access`].
 //!
 //! Guarantees: a registration body or a listing query is refused with a reason, never
 //! half-accepted; a listing cursor is opaque to clients and a malformed one is refused.
