@@ -224,8 +224,11 @@ pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<
     let key = op.key().to_string();
     let mut tombstone = op.clone();
     tombstone.retire(now);
-    let mut step =
-        Step::new(Some(tombstone), AlarmDone::Retired).log(GateLog::RetentionExpired { key });
+    let tombstone_bytes = serde_json::to_string(&tombstone).map_or(0, |t| t.len());
+    let mut step = Step::new(Some(tombstone), AlarmDone::Retired).log(GateLog::RetentionExpired {
+        key,
+        tombstone_bytes,
+    });
     step.purge = true;
     Some(step)
 }
