@@ -3,8 +3,8 @@
 // for any other name (whatever Gemini's status API, a local stand-in, would say of it) makes no
 // status call and leaves nothing open, no record, no Durable Object storage and no KV entry,
 // pages nobody per name, and raises one aggregated alert. A token's claims never reach a side
-// effect as verified; nothing runs twice after retention, however late a nudge, a poll or a
-// signed delivery comes; a registered job whose nudge beat its registration still settles once.
+// effect as verified; nothing runs twice after retention (the gate's tombstone absorbs it),
+// however late a nudge, a poll or a signed delivery comes; a registered job whose nudge beat its registration still settles once.
 // Beside them: a repeated nudge writes nothing, forget stops everything, a late registration
 // with routes, and the warning for REQUIRE_REGISTRATION without GEMINI_API_KEY. Tokens are
 // signed with a local RSA key whose key set a local server publishes.

@@ -1,8 +1,8 @@
 // What an attacker can and cannot do at the edge, against the built worker in workerd: bodies
 // capped while they stream (an upload held open is refused before it ends, a delivery's or an
 // admin request's; a declared length ends the body however much follows), headers refused
-// before a body is read, nothing run twice after retention (refused by its age once the gate's
-// storage is deleted), alerts
+// before a body is read, nothing run twice after retention (absorbed by the tombstone the gate
+// keeps when its storage is deleted), alerts
 // delivered at least once with a stable id. docs/SECURITY.md lists each case with its test.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";

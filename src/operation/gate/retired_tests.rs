@@ -220,5 +220,16 @@ fn an_operator_cannot_send_a_tombstones_effect_again() {
             );
             assert!(!s.record.unwrap().effect_owed());
         }
+        let forget = GateCommand::Forget {
+            reason: "stop".into(),
+            by: None,
+        };
+        let s = step(Some(tombstone(key, name)), forget, LATE);
+        assert_eq!(s.reply, GateReply::Forgotten { changed: false }, "{key}");
+        assert_eq!(
+            s.save,
+            Save::Unchanged,
+            "{key}: the tombstone stays as it is"
+        );
     }
 }
