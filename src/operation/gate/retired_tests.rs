@@ -140,6 +140,12 @@ fn a_signed_delivery_to_a_tombstone_runs_nothing_with_or_without_a_time() {
             );
             let op = s.record.unwrap();
             assert!(!op.effect_owed(), "{key} {status:?}: no effect owed");
+            let version = tombstone(key, name).version();
+            assert_eq!(
+                op.version(),
+                version,
+                "{key} {status:?}: never projected again"
+            );
             assert!(
                 begin_attempt(op, LATE, &LIMITS).is_none(),
                 "{key}: nothing to claim"
