@@ -10,13 +10,28 @@
 // (it may register and read one operation back, nothing else): --token, else
 // GEMINI_ONCE_REGISTER_TOKEN from the environment, else the first of REGISTER_TOKENS in
 // .dev.vars (ADMIN_TOKEN there, with a note, when it has none). Prints the answer; exits 0
-// when the worker created (201) or already knew (200) it. With CF_ACCESS_CLIENT_ID and
+// when the worker created (201) or already knew (200) it, 1 when it refused, e.g. 409: an
+// earlier registration recorded another kind or other metadata (a registration never changes
+// it), or the operation's retention ended (it never runs again). With CF_ACCESS_CLIENT_ID and
 // CF_ACCESS_CLIENT_SECRET set, it sends them (a worker behind Cloudflare Access).
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { accessHeaders, devVars, LOCAL_WORKER_URL } from "./dev_vars.mjs";
 
 const USAGE = "usage: npm run register -- NAME [--kind KIND] [--user-metadata JSON] [--url URL] [--token REGISTER_TOKEN]";
+
+/** What a refusal means, from its body's `error` (409: `conflict` or `retired`). */
+function refusal(status, text) {
+  let error;
+  try {
+    error = JSON.parse(text).error;
+  } catch {
+    return "refused";
+  }
+  if (status === 409 && error === "conflict") return "refused: registered before with another kind or other user_metadata; nothing changed";
+  if (status === 409 && error === "retired") return "refused: settled and its retention ended; it never runs again";
+  return "refused";
+}
 
 function fail(message) {
   console.error(`register: ${message}\n${USAGE}`);
@@ -72,7 +87,7 @@ async function main() {
     process.exit(1);
   }
   const text = await res.text();
-  const what = { 201: "registered", 200: "already registered", 403: "refused: not a register token" }[res.status] ?? "refused";
+  const what = { 201: "registered", 200: "already registered", 403: "refused: not a register token" }[res.status] ?? refusal(res.status, text);
   console.log(`register: ${res.status} ${what} ${opts.name}: ${text}`);
   process.exit(res.status === 200 || res.status === 201 ? 0 : 1);
 }

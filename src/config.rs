@@ -244,7 +244,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("CLAIM_TTL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CLAIM_TTL_SECS), "a claim not committed by then may be taken over"),
         V::plain("EFFECT_RETRY_BASE_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_BASE_SECS), "first retry of a failed side effect; doubles per attempt"),
         V::plain("EFFECT_RETRY_MAX_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_MAX_SECS), "backoff cap"),
-        V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long, then the gate's storage is deleted (never less than 48 h of a run + 24 h of Gemini's retries + 2 x the signature tolerance + 10 min)"),
+        V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long, then the gate's storage is deleted but its tombstone (never less than 48 h of a run + 24 h of Gemini's retries + 2 x the signature tolerance + 10 min)"),
         V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention: a first delivery older than it is refused); KV keeps entries at least 60 s, its minimum TTL"),
         V::plain("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
         V::plain("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),

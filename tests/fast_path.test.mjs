@@ -322,7 +322,7 @@ describe("admin API", () => {
     assert.equal((await w.inspect("batches/sneaky")).status, 404);
   });
 
-  it("registers with 201, then 200 changing nothing, and refuses bad names", async () => {
+  it("registers with 201, then 200 changing nothing, 409 for another kind, and refuses bad names", async () => {
     const first = await w.register("batches/reg1", "nightly");
     assert.equal(first.status, 201);
     assert.equal(first.body.status, "pending");
@@ -331,9 +331,13 @@ describe("admin API", () => {
     assert.equal(first.body.settled_by, null);
     assert.equal(first.body.settled_at, null);
     assert.match(first.body.submitted_at, /^\d{4}-\d\d-\d\dT/);
-    const again = await w.register("batches/reg1", "other");
+    const again = await w.register("batches/reg1", "nightly");
     assert.equal(again.status, 200);
-    assert.equal(again.body.kind, "nightly");
+    assert.equal(again.body.kind_change, "unchanged");
+    const other = await w.register("batches/reg1", "other");
+    assert.equal(other.status, 409);
+    assert.equal(other.body.operation.kind, "nightly");
+    assert.equal((await w.inspect("batches/reg1")).body.kind, "nightly");
     for (const body of [{}, { name: "" }, { name: "batches/" + "a".repeat(400) }, { name: 5 }]) {
       const r = await w.admin("/v1/operations", { method: "POST", body: JSON.stringify(body) });
       assert.equal(r.status, 400, JSON.stringify(body).slice(0, 40));

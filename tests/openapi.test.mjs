@@ -254,9 +254,9 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     const created = await register("batches/oa-reg", "nightly-review", 201);
     assert.deepEqual([created.body.key, created.body.status, created.body.kind], ["batches/oa-reg", "pending", "nightly-review"]);
     assert.equal((await register("projects/p/locations/l/batches/oa-reg", "nightly-review", 200)).body.kind_change, "unchanged");
-    const conflict = await register("batches/oa-reg", "billing", 200);
-    assert.equal(conflict.body.kind_change, "conflict");
-    assert.equal(conflict.body.kind, "nightly-review");
+    const conflict = await register("batches/oa-reg", "billing", 409);
+    assert.deepEqual([conflict.body.error, conflict.body.conflicts], ["conflict", ["kind"]]);
+    assert.equal(conflict.body.operation.kind, "nightly-review");
     await deliver(w, "batch.succeeded", "batches/oa-first", { expect: 200 });
     await eventually(async () => (await w.inspect("batches/oa-first")).body.effect_done, { what: "the first effect" });
     assert.equal((await register("batches/oa-first", "nightly-review", 200)).body.kind_change, "filled");

@@ -27,6 +27,9 @@ describe("npm run register", () => {
     assert.equal(op.body.status, "pending");
     const again = await register("batches/reg1", "--kind", "nightly-review", "--token", ADMIN_TOKEN);
     assert.match(again.stdout, /^register: 200 already registered batches\/reg1: /);
+    // Another kind: refused with what is recorded, and nothing changes.
+    await assert.rejects(register("batches/reg1", "--kind", "billing", "--token", ADMIN_TOKEN), (e) => e.code === 1 && /^register: 409 refused: registered before with another kind/.test(e.stdout));
+    assert.equal((await w.inspect("batches/reg1")).body.kind, "nightly-review");
   });
 
   it("registers a video operation under its key, keeping the full name", async () => {

@@ -125,8 +125,8 @@ describe("a registration that comes after the completion", () => {
     const after = await w.register(key, "billing");
     assert.equal(after.body.kind_change, "filled", "once done, the kind may be filled: only a redelivery (a new webhook-id) sends again");
     const other = await w.register(key, "publish");
-    assert.equal(other.body.kind_change, "conflict");
-    assert.match(other.body.note, /another kind/);
+    assert.equal(other.status, 409, "a registration never changes what an earlier one recorded");
+    assert.deepEqual([other.body.error, other.body.conflicts, other.body.operation.kind], ["conflict", ["kind"], "billing"]);
   });
 });
 

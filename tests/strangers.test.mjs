@@ -3,8 +3,8 @@
 // for any other name (whatever Gemini's status API, a local stand-in, would say of it) makes no
 // status call and leaves nothing open, no record, no Durable Object storage and no KV entry,
 // pages nobody per name, and raises one aggregated alert. A token's claims never reach a side
-// effect as verified; nothing runs twice after retention, however late a nudge, a poll or a
-// signed delivery comes; a registered job whose nudge beat its registration still settles once.
+// effect as verified; nothing runs twice after retention (the gate's tombstone absorbs it),
+// however late a nudge, a poll or a signed delivery comes; a registered job whose nudge beat its registration still settles once.
 // Beside them: a repeated nudge writes nothing, forget stops everything, a late registration
 // with routes, and the warning for REQUIRE_REGISTRATION without GEMINI_API_KEY. Tokens are
 // signed with a local RSA key whose key set a local server publishes.
@@ -201,14 +201,15 @@ describe("nothing runs twice after retention", () => {
       assert.equal((await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body), body })).status, 200);
       await eventually(() => effectsFor(key).length === 1, { what: "the effect" });
       await eventually(() => w.events("retention_expired").some((l) => l.key === key), { what: "retention to end" });
-      assert.equal((await w.inspect(key)).status, 404, "nothing is left in the gate");
+      const tomb = await w.inspect(key);
+      assert.ok(tomb.status === 200 && tomb.body.retired_at, "the gate keeps its tombstone alone");
       const callsBefore = statusCalls(name).length;
-      // A nudge, however valid its token: not held, nothing asked.
+      // A nudge, however valid its token: the tombstone absorbs it, nothing asked.
       const nudged = await nudge(w, name, jwt(), "video.generated");
-      assert.equal(nudged.body.outcome, "not_held");
+      assert.equal(nudged.body.outcome, "dropped");
       assert.equal(statusCalls(name).length, callsBefore, "no status call");
       // A poll: an index entry left behind (a lost delete) makes the pass ask Gemini, whose
-      // answer (no time) reaches a gate that holds nothing.
+      // answer (no time) reaches the tombstone.
       const kv = await w.kv();
       await kv.put(`open:${key}`, "", { metadata: pending });
       await w.scheduled();
@@ -220,7 +221,7 @@ describe("nothing runs twice after retention", () => {
       assert.ok(["ignored_too_old", "dropped"].includes(again.body.outcome), JSON.stringify(again.body));
       await sleep(2000);
       assert.equal(effectsFor(key).length, 1, "nothing ran again");
-      assert.equal((await w.inspect(key)).status, 404, "and nothing was stored");
+      assert.equal((await w.inspect(key)).body.version, tomb.body.version, "and nothing was stored");
     } finally {
       await w.dispose();
     }

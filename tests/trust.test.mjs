@@ -1,8 +1,8 @@
 // What an attacker can and cannot do at the edge, against the built worker in workerd: bodies
 // capped while they stream (an upload held open is refused before it ends, a delivery's or an
 // admin request's; a declared length ends the body however much follows), headers refused
-// before a body is read, nothing run twice after retention (refused by its age once the gate's
-// storage is deleted), alerts
+// before a body is read, nothing run twice after retention (absorbed by the tombstone the gate
+// keeps when its storage is deleted), alerts
 // delivered at least once with a stable id. docs/SECURITY.md lists each case with its test.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -141,32 +141,34 @@ describe("bodies are capped while they stream", () => {
 });
 
 describe("nothing runs twice after retention", () => {
-  it("deletes a gate's storage at retention's end, and a replay after it runs nothing", async () => {
+  it("keeps only a tombstone at retention's end, and a replay after it runs nothing", async () => {
     const sent = new Date().toISOString();
     const body = JSON.stringify({ type: "batch.succeeded", version: "v1", timestamp: sent, data: { id: "batches/late", output_file_uri: "gs://b/o" } });
     const headers = signedHeaders(body, { webhookId: "msg_late_1" });
     assert.equal((await w.json("/webhooks/gemini", { method: "POST", headers, body })).status, 200);
     await eventually(() => effectsFor("batches/late").length === 1, { what: "the effect" });
-    // Retention (2 s here) ends: the gate deletes everything, so it knows nothing of it.
+    // Retention (2 s here) ends: the gate deletes everything but its tombstone.
     await eventually(() => w.events("retention_expired").some((l) => l.key === "batches/late"), { what: "retention to end" });
     const gone = await w.inspect("batches/late");
-    assert.equal(gone.status, 404, "nothing is left in the gate");
+    assert.equal(gone.status, 200);
+    assert.ok(gone.body.retired_at, "only the tombstone is left in the gate");
+    assert.deepEqual(gone.body.details, {}, "without the outcome's details");
     // The captured delivery replayed (re-signed: a fresh webhook-timestamp, as Gemini's own
-    // retry would be), and a different outcome of the same time: each refused by its age.
-    // The same outcome may be answered from this isolate's memory of it (a fact that never
-    // changes); a different one goes to the gate.
+    // retry would be), and a different outcome of the same time: each absorbed by the
+    // tombstone (terminal, its effect done). The same outcome may be answered from this
+    // isolate's memory of it (a fact that never changes); a different one goes to the gate.
     const replay = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body, { webhookId: "msg_late_2" }), body });
     assert.equal(replay.status, 200);
-    assert.ok(replay.body.outcome === "ignored_too_old" || (replay.body.reason === "duplicate" && replay.body.effect === "not_asked"), JSON.stringify(replay.body));
+    assert.equal(replay.body.reason, "duplicate", JSON.stringify(replay.body));
     const other = await w.deliver("batch.failed", "batches/late", {}, { timestamp: sent });
     assert.equal(other.status, 200);
-    assert.equal(other.body.outcome, "ignored_too_old");
-    assert.ok(w.events("ignored_too_old").some((l) => l.key === "batches/late"), "logged");
+    assert.deepEqual([other.body.outcome, other.body.reason], ["dropped", "conflicting_terminal"]);
     await sleep(1500);
     assert.equal(effectsFor("batches/late").length, 1, "nothing ran again");
-    assert.equal((await w.inspect("batches/late")).status, 404, "and nothing was stored");
+    const kept = (await w.inspect("batches/late")).body;
+    assert.deepEqual([kept.status, kept.effect_done, kept.generation], ["succeeded", true, gone.body.generation], "the tombstone as it was");
     const redeliver = await w.admin(`/v1/operations/${encodeURIComponent("batches/late")}/redeliver`, { method: "POST", body: "{}" });
-    assert.equal(redeliver.status, 404, "an operator has nothing to redeliver");
+    assert.equal(redeliver.status, 409, "an operator cannot redeliver it");
   });
 });
 

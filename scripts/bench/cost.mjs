@@ -195,13 +195,27 @@ export async function benchCost(dir, stubs, plan) {
     await settle(r);
     const usage = usageSince(r, from);
     const cpu = meter(n).workerd_main_ms_per_req;
-    // What the gates keep after: an operation the admin API no longer finds was purged.
+    // What the gates keep after: an operation the admin API no longer finds was purged; one
+    // it finds with `retired_at` kept its tombstone, whose record's JSON is `tombstone_bytes`
+    // of its database's (the retirement's usage line: `gate_db_bytes_median`).
     let purged = 0;
+    let tombstones = 0;
     await sendAll(r.url, names.map((name) => ({ method: "GET", path: `/v1/operations/${encodeURIComponent(name)}`, headers: ADMIN })), (res) => {
       if (res.status === 404) purged++;
+      if (res.status === 200 && res.body.includes('"retired_at":"')) tombstones++;
       return res.status === 404 || res.status === 200;
     });
-    flows.retirement = perOp(usage, n, { operations: n, retired: r.count("retention_expired") - before, purged, gate_db_bytes_median: gateDbBytes(usage), workerd_cpu_ms_per_op: cpu });
+    const retiredLines = r.events("retention_expired").slice(before);
+    const tombstoneBytes = retiredLines.map((l) => l.tombstone_bytes).filter((b) => typeof b === "number").sort((a, b) => a - b);
+    flows.retirement = perOp(usage, n, {
+      operations: n,
+      retired: retiredLines.length,
+      purged,
+      tombstones,
+      tombstone_bytes_median: tombstoneBytes.length ? tombstoneBytes[Math.floor(tombstoneBytes.length / 2)] : null,
+      gate_db_bytes_median: gateDbBytes(usage),
+      workerd_cpu_ms_per_op: cpu,
+    });
     process.stderr.write(`  cost retirement        per op: ${JSON.stringify(flows.retirement.total)}\n`);
   } finally {
     await r.dispose();
@@ -302,7 +316,8 @@ export function bill(flows) {
     // A gate's database while the operation is kept, then whatever its retirement leaves.
     do_bytes_kept: flows.webhook.gate_db_bytes_median ?? 0,
     // A purged gate (`deleteAll`) keeps nothing Cloudflare bills, though workerd still reports
-    // its empty database's one page; a tombstone keeps its whole database.
+    // its empty database's one page; a tombstone keeps its whole database (its pages, not
+    // just its row), for good: the bytes kept per retired operation.
     do_bytes_retired: flows.retirement?.purged === flows.retirement?.operations ? 0 : flows.retirement?.gate_db_bytes_median ?? flows.webhook.gate_db_bytes_median ?? 0,
     kv_bytes: flows.kv?.["op:"]?.bytes_per_key ?? 0,
   };

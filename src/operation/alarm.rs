@@ -210,15 +210,25 @@ fn retention_over(op: &Operation, now: i64, limits: &Limits) -> bool {
         .is_some_and(|t| t <= now)
 }
 
-/// Ends retention if it is over: the gate's whole storage is deleted (record, history, alarm),
-/// so nothing of the operation stays in it. A replay after that is refused by its age (see
-/// [`crate::operation::gate::step`], `Deliver`), not by a stored tombstone.
+/// Ends retention if it is over: the gate's whole storage is deleted (record, history,
+/// quarantine, alarm) and only the tombstone is stored again ([`Operation::retire`]: key,
+/// name, kind, final status, whether the effect ran), which never wakes and is never
+/// projected. It is what makes a name settled before retention run nothing again, whoever
+/// asks: a registration is refused (`Retired`), a signed delivery or a poll is a duplicate of
+/// a terminal outcome, a nudge finds it terminal, and an operator's action is refused; an
+/// answer without a time (a video's) needs no age to be judged by.
 pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<AlarmDone>> {
     if !retention_over(op, now, limits) {
         return None;
     }
     let key = op.key().to_string();
-    let mut step = Step::new(None, AlarmDone::Retired).log(GateLog::RetentionExpired { key });
+    let mut tombstone = op.clone();
+    tombstone.retire(now);
+    let tombstone_bytes = serde_json::to_string(&tombstone).map_or(0, |t| t.len());
+    let mut step = Step::new(Some(tombstone), AlarmDone::Retired).log(GateLog::RetentionExpired {
+        key,
+        tombstone_bytes,
+    });
     step.purge = true;
     Some(step)
 }
@@ -720,10 +730,9 @@ mod tests {
             Some(AlarmWork::Retire(s)) => {
                 assert_eq!(s.reply, AlarmDone::Retired);
                 assert!(s.purge);
-                assert!(
-                    s.record.is_none(),
-                    "nothing is saved: everything is deleted"
-                );
+                let tombstone = s.record.as_ref().expect("the tombstone is stored again");
+                assert_eq!(tombstone.retired_at_ms(), Some(over));
+                assert_eq!(tombstone.wake_at_ms(LIMITS.retention_ms, 0), None);
             }
             other => panic!("{other:?}"),
         }
@@ -1031,7 +1040,12 @@ mod feeder_tests {
         let s = retire_if_over(&op, 20 + LIMITS.retention_ms, &LIMITS).unwrap();
         assert!(s.purge);
         assert_eq!(events(&s), ["retention_expired"]);
-        assert!(s.record.is_none());
+        let tombstone = s.record.as_ref().unwrap();
+        assert!(tombstone.retired_at_ms().is_some() && tombstone.is_settled());
+        assert!(
+            tombstone.details().is_empty(),
+            "only what judges a late arrival is kept"
+        );
         assert!(
             s.history.is_empty(),
             "no row: the history goes with the rest"

@@ -51,8 +51,11 @@ pub enum GateLog {
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
+    /// Retention ended: everything deleted but the tombstone, whose record is
+    /// `tombstone_bytes` of JSON (the row it keeps for good; docs/PERFORMANCE.md counts it).
     RetentionExpired {
         key: String,
+        tombstone_bytes: usize,
     },
     /// A confirmation's answer applied (or dropped) by the reducer.
     Confirmed {
@@ -220,7 +223,10 @@ mod tests {
                     fingerprint: "0a1b2c3d".into(),
                 }),
             },
-            GateLog::RetentionExpired { key: key() },
+            GateLog::RetentionExpired {
+                key: key(),
+                tombstone_bytes: 500,
+            },
             GateLog::Confirmed {
                 key: key(),
                 status: "succeeded".into(),

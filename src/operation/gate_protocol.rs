@@ -194,6 +194,17 @@ pub enum GateReply {
         /// What the registration did to the kind.
         kind: KindFill,
     },
+    /// A registration that would change what an earlier registration recorded (`fields`:
+    /// `kind`, `user_metadata`): nothing changed; `operation` is what is recorded.
+    Conflict {
+        operation: Value,
+        fields: Vec<String>,
+    },
+    /// A registration for a name whose retention ended: its gate keeps only the tombstone
+    /// (`operation`), and nothing was created.
+    Retired {
+        operation: Value,
+    },
     Applied {
         status: Status,
         effect: EffectReport,

@@ -164,13 +164,18 @@ async fn register(req: &mut Request, env: &Env, caller: &Caller) -> Result<Respo
         } => {
             // A registration after the completion fills in the kind; it never replaces one.
             operation["kind_change"] = json!(kind);
-            if kind == KindFill::Conflict {
-                operation["note"] = json!("the operation already has another kind; unchanged");
-            }
             if kind == KindFill::TooLate {
                 operation["note"] = json!("a side-effect attempt already went out without a kind; its webhook-id keeps that body, so the kind stays unset");
             }
             ok_json(&operation)
+        }
+        // Nothing changed: the answer shows what is recorded, so the caller can tell.
+        GateReply::Conflict { operation, fields } => json_response(
+            &json!({"error": "conflict", "conflicts": fields, "operation": operation}),
+            409,
+        ),
+        GateReply::Retired { operation } => {
+            json_response(&json!({"error": "retired", "operation": operation}), 409)
         }
         other => Err(Refusal::Unavailable(format!(
             "unexpected gate reply {other:?}"

@@ -51,8 +51,8 @@ pub struct Step<R = GateReply> {
     pub attach_history: bool,
     /// Set the alarm again even if this instance believes it is set (repairs a lost one).
     pub reset_alarm: bool,
-    /// Delete all of the object's storage, its alarm included, instead of saving (retention
-    /// ended: nothing of the operation stays in its gate).
+    /// Delete all of the object's storage, its alarm included, then store `record` alone (the
+    /// tombstone, with no history) if there is one (retention ended).
     pub purge: bool,
 }
 

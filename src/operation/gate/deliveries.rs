@@ -33,6 +33,12 @@ pub(super) fn receiver(
     now: i64,
 ) -> Result<Operation, GateReply> {
     match record {
+        // A poll only visits what the ledger lists open, and a tombstone is never listed: the
+        // index entry outlived the operation, and this answer has the pass delete it. Any
+        // other delivery meets the tombstone, which absorbs it (terminal, effect closed).
+        Some(op) if op.retired_at_ms().is_some() && event.source == Source::Reconcile => {
+            Err(GateReply::Unregistered)
+        }
         Some(op) => Ok(op),
         None if require_registration => Err(GateReply::IgnoredUnregistered),
         // A poll only visits what the ledger lists open, whose gate holds a record: a gate

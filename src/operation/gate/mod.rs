@@ -21,6 +21,8 @@ mod deliveries;
 mod operator;
 mod reconciling;
 mod registration;
+#[cfg(test)]
+mod retired_tests;
 
 pub use decision::{effect_report, Limits, Save, Step};
 pub(crate) use deliveries::count_delivery;

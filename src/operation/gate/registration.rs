@@ -1,10 +1,14 @@
 //! A registration: the operation submitted to Gemini, named to its gate with its kind and its
 //! `user_metadata` ([`GateCommand::Register`](crate::operation::gate_protocol::GateCommand::Register)).
 //!
-//! Guarantees: registering is idempotent; a gate with no record creates a pending one; a
-//! record that exists (its completion may have come first) only gains the kind or metadata it
-//! lacks, never loses or replaces one (see [`Operation::fill_kind`]), and is stored only when
-//! it gained something.
+//! Guarantees (docs/DESIGN.md, invariant 4): registering is idempotent; a gate with no record
+//! creates a pending one; a registration never changes what an earlier one recorded: one that
+//! names another kind or gives other `user_metadata` is answered [`GateReply::Conflict`] and
+//! changes nothing ([`Operation::registration_conflicts`]); a record that exists (its
+//! completion may have come first) only gains the kind or metadata it lacks (see
+//! [`Operation::fill_kind`]), and is stored only when it gained something; a name whose
+//! retention ended (its gate keeps the tombstone) is answered [`GateReply::Retired`] and
+//! nothing is created, so a name settled before retention never runs again.
 
 use serde_json::Value;
 
@@ -42,8 +46,23 @@ pub(super) fn register_again(
     user_metadata: Option<Value>,
     now: i64,
 ) -> Step {
+    if op.retired_at_ms().is_some() {
+        // Retention ended: the tombstone says the outcome was settled; registering the name
+        // again would let the next poll find it terminal and run its effect a second time.
+        let operation = op.view();
+        return Step::new(Some(op), GateReply::Retired { operation });
+    }
+    let fields = op.registration_conflicts(kind, user_metadata.as_ref());
+    if !fields.is_empty() {
+        let operation = op.view();
+        let fields = fields.into_iter().map(str::to_string).collect();
+        return Step::new(Some(op), GateReply::Conflict { operation, fields });
+    }
     let fill = op.fill_kind(kind, now);
     let filled_metadata = op.fill_user_metadata(user_metadata);
+    if filled_metadata {
+        op.note_registration();
+    }
     let reply = GateReply::Exists {
         operation: op.view(),
         kind: fill,
@@ -108,13 +127,16 @@ mod tests {
             (Save::Durable, vec!["kind_filled".to_string()])
         );
         let s = step(s.record, reg("other"), 6);
-        assert!(matches!(
-            s.reply,
-            GateReply::Exists {
-                kind: KindFill::Conflict,
-                ..
+        match &s.reply {
+            GateReply::Conflict { operation, fields } => {
+                assert_eq!(fields, &["kind"]);
+                assert_eq!(
+                    operation["kind"], "billing",
+                    "the answer shows what is recorded"
+                );
             }
-        ));
+            other => panic!("{other:?}"),
+        }
         assert_eq!(s.save, Save::Unchanged);
         assert_eq!(s.record.unwrap().kind(), Some("billing"));
     }
@@ -163,6 +185,97 @@ mod tests {
             s.record.unwrap().details()["user_metadata"],
             json!({"late": true})
         );
+    }
+
+    fn reg(kind: &str, tenant: &str) -> GateCommand {
+        GateCommand::Register {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            kind: Some(kind.into()),
+            user_metadata: Some(json!({ "tenant": tenant })),
+        }
+    }
+
+    fn conflicts(s: &crate::operation::gate::Step) -> Vec<String> {
+        match &s.reply {
+            GateReply::Conflict { fields, .. } => fields.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_second_registration_never_changes_what_the_first_recorded() {
+        let first = step(None, reg("billing", "ours"), 1);
+        assert!(matches!(first.reply, GateReply::Created { .. }));
+        let op = first.record.unwrap();
+        // The same registration again: an idempotent answer, nothing stored.
+        let again = step(Some(op.clone()), reg("billing", "ours"), 2);
+        assert!(matches!(
+            again.reply,
+            GateReply::Exists {
+                kind: KindFill::Unchanged,
+                ..
+            }
+        ));
+        assert_eq!(
+            (again.save, again.record.as_ref()),
+            (Save::Unchanged, Some(&op))
+        );
+        // Other metadata, other kind, or both: refused with what is recorded.
+        let s = step(Some(op.clone()), reg("billing", "attacker"), 3);
+        assert_eq!(conflicts(&s), ["user_metadata"]);
+        if let GateReply::Conflict { operation, .. } = &s.reply {
+            assert_eq!(
+                operation["details"]["user_metadata"],
+                json!({"tenant": "ours"})
+            );
+        }
+        assert_eq!((s.save, s.record.as_ref()), (Save::Unchanged, Some(&op)));
+        assert_eq!(
+            conflicts(&step(Some(op.clone()), reg("other", "ours"), 3)),
+            ["kind"]
+        );
+        assert_eq!(
+            conflicts(&step(Some(op.clone()), reg("other", "attacker"), 3)),
+            ["kind", "user_metadata"]
+        );
+        // A registration that leaves a field out states nothing about it.
+        let bare = GateCommand::Register {
+            key: "batches/a".into(),
+            name: "batches/a".into(),
+            kind: None,
+            user_metadata: None,
+        };
+        assert!(matches!(
+            step(Some(op.clone()), bare, 3).reply,
+            GateReply::Exists { .. }
+        ));
+        // Settled, its first attempt not run yet (a paced or open destination can make that
+        // hours): still refused, and the effect carries the first registration's metadata.
+        let settled = step(Some(op), deliver(Status::Succeeded), 4)
+            .record
+            .unwrap();
+        assert_eq!(settled.effect().attempts(), 0);
+        let s = step(Some(settled.clone()), reg("billing", "attacker"), 5);
+        assert_eq!(conflicts(&s), ["user_metadata"]);
+        assert_eq!(s.save, Save::Unchanged);
+        let (_, started) = begin_attempt(s.record.unwrap(), 6, &LIMITS).unwrap();
+        let op = started.record.unwrap();
+        assert_eq!(op.details()["user_metadata"], json!({"tenant": "ours"}));
+    }
+
+    #[test]
+    fn a_completion_first_takes_the_first_registration_then_refuses_another() {
+        let unregistered = step(None, deliver_unregistered(15_000), 10).record;
+        let first = step(unregistered, reg("billing", "ours"), 20);
+        assert!(matches!(first.reply, GateReply::Exists { .. }));
+        assert_eq!(first.save, Save::Durable);
+        let op = first.record.unwrap();
+        assert!(op.registered());
+        assert_eq!(op.details()["user_metadata"], json!({"tenant": "ours"}));
+        let s = step(Some(op.clone()), reg("billing", "attacker"), 30);
+        assert_eq!(conflicts(&s), ["user_metadata"]);
+        assert_eq!(s.record, Some(op));
     }
 
     #[test]

@@ -367,6 +367,46 @@ impl Operation {
         }
     }
 
+    /// What a registration would change of what an earlier registration recorded, by field:
+    /// `kind` when it names another kind than the recorded one, `user_metadata` when it gives
+    /// another value than the recorded one (a registration's, or, when the registration gave
+    /// none, the outcome's). A field the registration leaves out states nothing and never
+    /// conflicts, and a record no registration has reached yet (its completion came first)
+    /// conflicts on nothing: the first registration still fills it in.
+    pub fn registration_conflicts(
+        &self,
+        kind: Option<&str>,
+        metadata: Option<&Value>,
+    ) -> Vec<&'static str> {
+        let mut fields = Vec::new();
+        if let (Some(asked), Some(have)) = (kind, self.kind.as_deref()) {
+            if asked != have {
+                fields.push("kind");
+            }
+        }
+        if let (true, Some(asked), Some(have)) =
+            (self.registered, metadata, self.details.get(USER_METADATA))
+        {
+            // Compared as it would be stored (bounded), so the same registration again agrees.
+            if &crate::bounds::bound(asked.clone()) != have {
+                fields.push("user_metadata");
+            }
+        }
+        fields
+    }
+
+    /// A registration recorded something (a kind or its metadata) on a record its completion
+    /// created: from now on a registration that differs from it is a conflict
+    /// ([`Operation::registration_conflicts`]). Returns whether the record changed.
+    pub fn note_registration(&mut self) -> bool {
+        if self.registered {
+            return false;
+        }
+        self.registered = true;
+        self.changed();
+        true
+    }
+
     /// A registration's `user_metadata` (authenticated, so verified): the side effect carries
     /// it, over any other source's. Before the outcome it waits in the details (which hold
     /// nothing else until then) and the first registration's stands; after it, it replaces

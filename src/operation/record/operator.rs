@@ -95,7 +95,8 @@ impl Operation {
     /// Nothing runs for it afterwards: a waiting confirmation and queued alerts are dropped,
     /// and no nudge asks the status API again or raises an alert.
     pub fn forget(&mut self, now_ms: i64, reason: &str) -> bool {
-        if self.notes.forgotten.is_some() {
+        // A tombstone runs nothing any more: there is nothing to stop, and it stays as it is.
+        if self.notes.forgotten.is_some() || self.retired_at_ms.is_some() {
             return false;
         }
         self.notes.forgotten = Some(OperatorNote {

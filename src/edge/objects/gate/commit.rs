@@ -3,7 +3,7 @@
 //!
 //! Guarantees: history rows ride in the record's own write; a step that changed nothing
 //! costs no storage call (not even for the alarm, unless it asks to repair one); a purge
-//! deletes everything the object stores. Nothing here decides: the step did.
+//! deletes everything the object stores, then stores the tombstone it leaves. Nothing here decides: the step did.
 
 use worker::Result;
 
@@ -48,10 +48,15 @@ pub(super) async fn commit<R>(
     let now = now_ms();
     if step.purge {
         storage.purge().await?;
+        // The tombstone alone, with no history row; it never wakes (`deleteAll` deleted the
+        // alarm), so no alarm call follows.
+        if let Some(tombstone) = &step.record {
+            storage.save(tombstone)?;
+        }
         for line in step.logs {
             log(line.to_value());
         }
-        return Ok((None, step.reply));
+        return Ok((step.record, step.reply));
     }
     // History rows ride in the record's own write; a step that has rows but no write of its
     // own stores the record as it stands with them.

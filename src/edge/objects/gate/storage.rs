@@ -11,7 +11,8 @@
 //! at all. A record that does not load is kept and recovered on load
 //! ([`crate::operation::recovery`]; an operator's repair is [`super::repair`]), so it never
 //! bricks its operation; the alarm's failure streak is kept under `alarm_failures` in the
-//! object's key-value storage. When retention ends, [`GateStorage::purge`] deletes all of it.
+//! object's key-value storage. When retention ends, [`GateStorage::purge`] deletes all of it
+//! and the tombstone alone is stored again (`commit.rs`).
 
 use std::cell::{Cell, RefCell};
 
