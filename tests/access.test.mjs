@@ -118,7 +118,7 @@ describe("tokens by scope", () => {
   it("the fingerprint is the documented hash, the same in deploy's output and the worker's answers", () => {
     const documented = createHash("sha256").update(`gemini-once:${ADMIN_TOKEN}`).digest("hex").slice(0, 8);
     assert.equal(fingerprint(ADMIN_TOKEN), documented);
-    assert.equal(fingerprint("admin-token-0123456789"), "892b052f", "src/access.rs's known answer");
+    assert.equal(fingerprint("admin-token-0123456789"), "892b052f", "src/operator/access.rs's known answer");
   });
 });
 

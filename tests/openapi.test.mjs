@@ -601,7 +601,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     }
     // The listing's parameters are the match arms of ListQuery::parse, one name or several
     // (`"prefix" | "q" =>`); `"true" => Ok(true)` is a value, not a parameter.
-    const admin = read("src/admin.rs");
+    const admin = read("src/operator/listing.rs");
     const parse = admin.slice(admin.indexOf("pub fn parse<'a>("), admin.indexOf("Ok(q)"));
     const accepted = [...parse.matchAll(/((?:"[a-z_]+" \| )*"[a-z_]+") => (?!Ok\()/g)]
       .flatMap(([, arm]) => [...arm.matchAll(/"([a-z_]+)"/g)].map(([, name]) => `GET /v1/operations ?${name}`))
