@@ -183,6 +183,9 @@ impl ReconcileLease {
                 lease.record_fed(&holder, fed_until_ms);
                 let accepted = lease.release(&holder, resume, complete, status_backoff_until_ms);
                 if accepted {
+                    if complete {
+                        lease.last_complete_ms = now;
+                    }
                     if webhook_checked {
                         lease.webhook_alerted_state = webhook_alerted_state;
                     }
