@@ -99,9 +99,12 @@ impl Family {
     }
 }
 
+/// A label's name and value.
+type Label = (&'static str, &'static str);
+
 /// The shards' fixed counters: the name they keep, the family, and the label that tells
 /// the family's series apart. Each is served, 0 until counted.
-const FIXED: [(&str, &str, Option<(&str, &str)>); 11] = [
+const FIXED: [(&str, &str, Option<Label>); 11] = [
     (DELIVERIES, "deliveries", None),
     (SETTLED_BY_WEBHOOK, "settled", Some(("path", "webhook"))),
     (SETTLED_BY_RECONCILE, "settled", Some(("path", "reconcile"))),
