@@ -489,5 +489,9 @@ mod tests {
             old.fed_until_ms, 0,
             "a lease saved before the fan-out reads as none"
         );
+        assert_eq!(
+            old.last_complete_ms, 0,
+            "a lease saved before /metrics reads as no complete pass yet"
+        );
     }
 }
