@@ -19,5 +19,6 @@ RUSTDOCFLAGS="-D warnings" cargo doc --quiet --no-deps --document-private-items 
 echo "== build"
 bash scripts/build.sh
 bash scripts/setup-browser.sh
+bash scripts/setup-prometheus.sh
 echo "== integration tests (built worker in workerd)"
 node --test --test-concurrency=1 tests/

@@ -2,7 +2,7 @@
 // validated against the schema the document gives for its path, method and status, and the
 // set of (route, method, status) the test provoked must equal the set the document lists, so
 // a route or status added on one side only fails here. A second worker with a missing
-// variable gives every route's 503. Every route under /v1/ is also walked with a token of
+// variable gives every route's 503. Every route under /v1/ (and /metrics) is also walked with a token of
 // each scope, and answers as its `security` says (403 naming the scope it needs, or served).
 //
 // Adding a route: describe it in docs/openapi.yaml, then provoke each of its statuses with
@@ -215,7 +215,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
   it("unknown paths and methods", async () => {
     await call(w, "GET", "any route: NotFound", "/nowhere", { expect: 404 });
     await call(w, "GET", "any route: NotFound", "/v1/nowhere", { expect: 404 });
-    for (const [method, url] of [["POST", "/healthz"], ["POST", "/dashboard"], ["GET", "/webhooks/gemini"], ["PUT", "/v1/operations"], ["DELETE", "/v1/operations/batches/x"], ["POST", "/v1/operations/batches/x/undo"], ["POST", "/v1/stats"], ["POST", "/v1/config"]]) {
+    for (const [method, url] of [["POST", "/healthz"], ["POST", "/dashboard"], ["GET", "/webhooks/gemini"], ["PUT", "/v1/operations"], ["DELETE", "/v1/operations/batches/x"], ["POST", "/v1/operations/batches/x/undo"], ["POST", "/v1/stats"], ["POST", "/v1/config"], ["POST", "/metrics"]]) {
       await call(w, method, "any route: MethodNotAllowed", url, { expect: 405 });
     }
   });
@@ -492,6 +492,15 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     await call(w, "GET", "/v1/stats", "/v1/stats", { token: false, expect: 401 });
   });
 
+  it("GET /metrics", async () => {
+    const text = await call(w, "GET", "/metrics", "/metrics", { token: READ_TOKEN, expect: 200 });
+    assert.match(text.headers.get("content-type"), /^text\/plain; version=0\.0\.4/);
+    assert.match(text.body, /^# TYPE gemini_once_deliveries_total counter$/m);
+    const om = await call(w, "GET", "/metrics", "/metrics", { token: READ_TOKEN, headers: { accept: "application/openmetrics-text" }, expect: 200 });
+    assert.match(om.body, /# EOF\n$/);
+    await call(w, "GET", "/metrics", "/metrics", { token: false, expect: 401 });
+  });
+
   it("GET /v1/whoami", async () => {
     for (const [scope, token] of [["read", READ_TOKEN], ["admin", ADMIN_TOKEN]]) {
       const me = await call(w, "GET", "/v1/whoami", "/v1/whoami", { token, expect: 200 });
@@ -519,11 +528,12 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       "POST /v1/bulk/retry": () => ({ url: "/v1/bulk/retry", body: none }),
       "POST /v1/bulk/redeliver": () => ({ url: "/v1/bulk/redeliver", body: { ...none, reason: "walk", sent_before: new Date().toISOString() } }),
       "GET /v1/stats": () => ({ url: "/v1/stats" }),
+      "GET /metrics": () => ({ url: "/metrics" }),
       "GET /v1/whoami": () => ({ url: "/v1/whoami" }),
       "GET /v1/config": () => ({ url: "/v1/config" }),
     };
     let walked = 0;
-    for (const [route, item] of Object.entries(doc.paths).filter(([r]) => r.startsWith("/v1/"))) {
+    for (const [route, item] of Object.entries(doc.paths).filter(([r]) => r.startsWith("/v1/") || r === "/metrics")) {
       for (const method of METHODS.filter((m) => item[m])) {
         const name = `${method.toUpperCase()} ${route}`;
         const accepted = (item[method].security ?? doc.security).flatMap(Object.keys);
@@ -571,6 +581,7 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       ["POST", "/v1/operations/{name}/repair", "/v1/operations/batches/x/repair", {}],
       ["POST", "/v1/operations/{name}/settle", "/v1/operations/batches/x/settle", {}],
       ["GET", "/v1/stats", "/v1/stats", {}],
+      ["GET", "/metrics", "/metrics", {}],
       ["GET", "/v1/whoami", "/v1/whoami", {}],
       ["GET", "/v1/config", "/v1/config", {}],
       ["POST", "/v1/bulk/retry", "/v1/bulk/retry", {}],

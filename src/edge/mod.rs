@@ -110,7 +110,7 @@ async fn route(
     match (path.as_str(), method) {
         ("/webhooks/gemini", Method::Post) => http::webhook::receive(req, env, &config).await,
         ("/webhooks/gemini", _) => Err(Refusal::MethodNotAllowed),
-        (p, m) if p.starts_with("/v1/") => {
+        (p, m) if p.starts_with("/v1/") || p == http::admin_api::METRICS => {
             http::admin_api::handle(Request::from(req), m, env, &config)
                 .await
                 .map(web_sys::Response::from)

@@ -6,7 +6,7 @@
 //! | scope | may |
 //! |---|---|
 //! | `register` | `POST /v1/operations`, and `GET /v1/operations/{name}` (the job it submitted) |
-//! | `read` | every `GET` (and `HEAD`) under `/v1/`: the listing, one operation, counters, configuration, `whoami` |
+//! | `read` | every `GET` (and `HEAD`) under `/v1/`: the listing, one operation, counters, configuration, `whoami`; and `GET /metrics` |
 //! | `admin` | everything: the above and every action (retry, redeliver, settle, forget, repair, bulk) |
 //!
 //! Guarantees: a request's route is classified by its method and path alone ([`Route::of`]),
@@ -73,7 +73,7 @@ impl Scope {
     }
 }
 
-/// What a request under `/v1/` does, as far as access is concerned.
+/// What a request under `/v1/` (or to `/metrics`) does, as far as access is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     /// `POST /v1/operations`: register an operation.
@@ -336,6 +336,7 @@ mod tests {
             ("GET", "/v1/operations/batches/x/retry", Route::Inspect),
             ("HEAD", "/v1/operations/batches/x", Route::Read),
             ("GET", "/v1/stats", Route::Read),
+            ("GET", "/metrics", Route::Read),
             ("GET", "/v1/config", Route::Read),
             ("GET", "/v1/whoami", Route::Read),
             ("GET", "/v1/bulk/retry", Route::Read),
@@ -351,6 +352,7 @@ mod tests {
             ("POST", "/v1/bulk/retry", Route::Act),
             ("POST", "/v1/bulk/redeliver", Route::Act),
             ("POST", "/v1/stats", Route::Act),
+            ("POST", "/metrics", Route::Act),
             ("PUT", "/v1/operations", Route::Act),
             ("DELETE", "/v1/operations/batches/x", Route::Act),
         ];

@@ -3,7 +3,7 @@
 //!
 //! Guarantees: both directions are plain tagged JSON, tested on the host and logged as is; a
 //! renewal or release from a holder that lost the lease is refused, so a pass that lost it
-//! saves nothing.
+//! saves nothing ([`decide`] says what each command does to the lease, host-tested).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -98,9 +98,173 @@ fn is_zero(n: &i64) -> bool {
     *n == 0
 }
 
+/// What a command did to the lease, for the object to store and answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseTurn {
+    pub reply: LeaseReply,
+    /// The lease changed: store it (in the same synchronous turn as the read).
+    pub save: bool,
+    /// A released pass's summary, stored as the last pass's.
+    pub last_pass: Option<Value>,
+}
+
+/// Decides `command` on `lease` at `now` (the object reads the lease, calls this, and writes
+/// what it says with no await in between, so two overlapping passes never both hold it).
+/// [`LeaseCommand::Status`] is the object's to answer: it reads the last pass too.
+pub fn decide(lease: &mut Lease, command: LeaseCommand, now: i64) -> LeaseTurn {
+    let turn = |reply, save| LeaseTurn {
+        reply,
+        save,
+        last_pass: None,
+    };
+    match command {
+        LeaseCommand::Acquire { holder, ttl_ms } => {
+            if !lease.acquire(&holder, now, ttl_ms) {
+                return turn(LeaseReply::Busy, false);
+            }
+            let granted = LeaseReply::Granted {
+                resume: lease.resume.clone(),
+                status_backoff_until_ms: lease.status_backoff_until_ms,
+                webhook_alerted_state: lease.webhook_alerted_state.clone(),
+                audit: lease.audit.clone(),
+                fed_until_ms: lease.fed_until_ms,
+            };
+            turn(granted, true)
+        }
+        LeaseCommand::Renew {
+            holder,
+            ttl_ms,
+            resume,
+            status_backoff_until_ms,
+            audit,
+            fed_until_ms,
+        } => {
+            let progress = Some((resume, status_backoff_until_ms));
+            let accepted = lease.renew(&holder, now, ttl_ms, progress);
+            if accepted {
+                if let Some(progress) = audit {
+                    lease.record_audit(&holder, progress, now);
+                }
+                lease.record_fed(&holder, fed_until_ms);
+            }
+            turn(LeaseReply::Renewed { accepted }, accepted)
+        }
+        release @ LeaseCommand::Release { .. } => released(lease, release, now),
+        LeaseCommand::Backoff {
+            until_ms,
+            fed_until_ms,
+        } => {
+            // Both, unconditionally: `|` does not stop at the first that moved.
+            let moved = lease.back_off(until_ms) | lease.sent_back(fed_until_ms);
+            turn(LeaseReply::BackedOff, moved)
+        }
+        LeaseCommand::Status => turn(
+            LeaseReply::State {
+                lease: lease.clone(),
+                last_pass: None,
+            },
+            false,
+        ),
+    }
+}
+
+/// A pass's release: its position, its audit's and its feed's (each fenced: only the holder
+/// moves them), when it completed, the webhook state it alerted on, and its summary.
+fn released(lease: &mut Lease, command: LeaseCommand, now: i64) -> LeaseTurn {
+    let LeaseCommand::Release {
+        holder,
+        resume,
+        complete,
+        status_backoff_until_ms,
+        webhook_checked,
+        webhook_alerted_state,
+        audit,
+        fed_until_ms,
+        summary,
+    } = command
+    else {
+        unreachable!("only a release is released")
+    };
+    if let Some(progress) = audit {
+        lease.record_audit(&holder, progress, now);
+    }
+    lease.record_fed(&holder, fed_until_ms);
+    let accepted = lease.release(&holder, resume, complete, status_backoff_until_ms);
+    if accepted && complete {
+        lease.last_complete_ms = now;
+    }
+    if accepted && webhook_checked {
+        lease.webhook_alerted_state = webhook_alerted_state;
+    }
+    LeaseTurn {
+        reply: LeaseReply::Released { accepted },
+        save: accepted,
+        last_pass: Some(summary),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn release(holder: &str, complete: bool) -> LeaseCommand {
+        LeaseCommand::Release {
+            holder: holder.into(),
+            resume: Resume::default(),
+            complete,
+            status_backoff_until_ms: 0,
+            webhook_checked: false,
+            webhook_alerted_state: None,
+            audit: None,
+            fed_until_ms: 0,
+            summary: serde_json::json!({"pass": holder}),
+        }
+    }
+
+    #[test]
+    fn one_holder_at_a_time_and_a_lost_lease_saves_nothing() {
+        let mut lease = Lease::default();
+        let acquire = |holder: &str| LeaseCommand::Acquire {
+            holder: holder.into(),
+            ttl_ms: 1_000,
+        };
+        assert!(decide(&mut lease, acquire("a"), 0).save);
+        let busy = decide(&mut lease, acquire("b"), 10);
+        assert_eq!((busy.reply, busy.save), (LeaseReply::Busy, false));
+        // After the TTL, another takes it; the first one's release is refused and saves
+        // nothing but its summary.
+        assert!(decide(&mut lease, acquire("b"), 1_001).save);
+        let late = decide(&mut lease, release("a", true), 1_002);
+        assert_eq!(late.reply, LeaseReply::Released { accepted: false });
+        assert!(!late.save);
+        assert_eq!(late.last_pass, Some(serde_json::json!({"pass": "a"})));
+        assert_eq!(lease.last_complete_ms, 0);
+    }
+
+    #[test]
+    fn a_complete_release_records_when() {
+        let mut lease = Lease::default();
+        let acquire = LeaseCommand::Acquire {
+            holder: "a".into(),
+            ttl_ms: 1_000,
+        };
+        decide(&mut lease, acquire, 0);
+        let done = decide(&mut lease, release("a", true), 500);
+        assert_eq!(done.reply, LeaseReply::Released { accepted: true });
+        assert!(done.save);
+        assert_eq!(lease.last_complete_ms, 500);
+    }
+
+    #[test]
+    fn a_backoff_saves_only_when_it_moved_something() {
+        let mut lease = Lease::default();
+        let backoff = |until_ms| LeaseCommand::Backoff {
+            until_ms,
+            fed_until_ms: 0,
+        };
+        assert!(decide(&mut lease, backoff(100), 0).save);
+        assert!(!decide(&mut lease, backoff(50), 0).save, "never earlier");
+    }
 
     #[test]
     fn lease_renewal_round_trips_as_tagged_json() {

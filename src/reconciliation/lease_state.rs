@@ -95,6 +95,10 @@ pub struct Lease {
     pub status_backoff_until_ms: i64,
     /// Passes that reached the end of the ledger.
     pub completed_passes: u64,
+    /// When the newest of them released the lease (Unix ms; 0 before the first): what
+    /// `/metrics` serves, so a rule can page when no pass has completed for a while.
+    #[serde(default)]
+    pub last_complete_ms: i64,
     /// The Gemini webhook state last alerted on (not `enabled`), so it alerts once.
     #[serde(default)]
     pub webhook_alerted_state: Option<String>,
@@ -472,6 +476,10 @@ mod tests {
         assert_eq!(
             old.fed_until_ms, 0,
             "a lease saved before the fan-out reads as none"
+        );
+        assert_eq!(
+            old.last_complete_ms, 0,
+            "a lease saved before /metrics reads as no complete pass yet"
         );
     }
 }

@@ -4,6 +4,7 @@
 pub mod counters;
 pub mod isolate_tally;
 pub mod log_event;
+pub mod metrics;
 pub mod shard_store;
 pub mod usage;
 pub mod worker_log;

@@ -712,6 +712,52 @@ mod tests {
         assert_eq!(pruned(&db), 2);
     }
 
+    /// `/metrics` serves totals: a scrape after the shard pruned the buckets it counted
+    /// from, days later, serves every counter at least as high as before.
+    #[test]
+    fn served_counters_never_go_back_when_the_shard_prunes() {
+        use crate::telemetry::metrics::{render, Format};
+        let db = opened();
+        let events = [
+            event(1, "deliveries", T0),
+            event(2, "effect_parks", T0),
+            event(3, "dropped_stale_update_time", T0),
+        ];
+        add(&db, Some("batches/a"), &events, T0, None).unwrap();
+        add(&db, None, &[event(0, "duplicates_skipped", T0)], T0, None).unwrap();
+        let served = |now: i64| -> Vec<(String, f64)> {
+            let counts = read(&db, now, 24).unwrap();
+            let page = render(&json!({ "total": counts.total }), Format::Text);
+            page.lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter_map(|l| {
+                    let (name, value) = l.rsplit_once(' ')?;
+                    Some((name.to_string(), value.parse().ok()?))
+                })
+                .collect()
+        };
+        let before = served(T0);
+        let later = T0 + (KEEP_HOURS + 2) * HOUR;
+        add(&db, None, &[], later, PRUNE).unwrap();
+        let kept = db
+            .run("SELECT hour FROM tally WHERE hour >= 0", vec![])
+            .unwrap();
+        assert!(kept.is_empty(), "every bucket was pruned: {kept:?}");
+        let after = served(later);
+        assert_eq!(before, after, "nothing moved back (or forward)");
+        for want in [
+            "gemini_once_deliveries_total",
+            "gemini_once_effects_total{result=\"parked\"}",
+            "gemini_once_dropped_total{reason=\"stale_update_time\"}",
+            "gemini_once_duplicates_total",
+        ] {
+            assert!(
+                after.iter().any(|(n, v)| n == want && *v == 1.0),
+                "{want}: {after:?}"
+            );
+        }
+    }
+
     #[test]
     fn a_shard_of_the_earlier_layout_is_migrated_once_and_keeps_its_totals() {
         let db = Memory::new();

@@ -1,5 +1,6 @@
-//! The admin API under `/v1/`, behind `Authorization: Bearer <token>` of a scope that may
-//! make the request (`ADMIN_TOKEN`, `REGISTER_TOKENS`, `READ_TOKENS`; [`crate::operator::access`]).
+//! The admin API under `/v1/`, and `/metrics` (the same counters for a Prometheus scraper),
+//! behind `Authorization: Bearer <token>` of a scope that may make the request
+//! (`ADMIN_TOKEN`, `REGISTER_TOKENS`, `READ_TOKENS`; [`crate::operator::access`]).
 //!
 //! Guarantees: the token and its scope are checked (constant time) before anything else is
 //! read: an unknown token is 401, a known one of the wrong scope 403 naming the scope it
@@ -22,12 +23,14 @@ use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::http::json_answer::{json_response, ok_json};
-use crate::edge::http::{admin_body, listing, one_operation};
+use crate::edge::http::{admin_body, listing, metrics, one_operation};
 use crate::edge::objects::call::call_gate;
 use crate::edge::objects::{call, stats_shard};
 use crate::edge::runtime::log;
 
 const OPERATIONS: &str = "/v1/operations";
+/// The Prometheus route: the same counters as `/v1/stats`, as exposition text.
+pub const METRICS: &str = "/metrics";
 
 pub async fn handle(
     req: Request,
@@ -105,12 +108,15 @@ async fn serve(
             _ => Err(Refusal::MethodNotAllowed),
         };
     }
-    if path == "/v1/stats" {
+    if path == "/v1/stats" || path == METRICS {
         return match method {
             Method::Get => {
                 let mut stats =
                     stats_shard::read(env, config.gemini_webhook_name.as_deref()).await?;
                 stats["destinations"] = call::destinations_health(env, config).await;
+                if path == METRICS {
+                    return metrics::answer(&req, &stats);
+                }
                 ok_json(&stats)
             }
             _ => Err(Refusal::MethodNotAllowed),

@@ -1,6 +1,6 @@
 //! The worker's HTTP routes: Gemini's webhooks (static and dynamic), the admin API (and its
-//! JSON answers), the dashboard page and `/healthz`. An error becomes an HTTP answer in
-//! `edge/error.rs`, the one place.
+//! JSON answers), `/metrics`, the dashboard page and `/healthz`. An error becomes an HTTP
+//! answer in `edge/error.rs`, the one place.
 
 pub mod admin_api;
 pub mod admin_body;
@@ -10,5 +10,6 @@ pub mod dynamic_webhook;
 pub mod health;
 pub mod json_answer;
 pub mod listing;
+pub mod metrics;
 pub mod one_operation;
 pub mod webhook;

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
-use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::reconciliation::lease_protocol::{decide, LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::Lease;
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
@@ -64,85 +64,23 @@ impl DurableObject for ReconcileLease {
 }
 
 impl ReconcileLease {
-    /// A command on the lease: read, decided and written with no await in between, so two
-    /// overlapping passes can never both hold it.
+    /// A command on the lease: read, decided ([`decide`]) and written with no await in
+    /// between, so two overlapping passes can never both hold it.
     fn lease_command(&self, command: LeaseCommand, now: i64) -> Result<LeaseReply> {
         let mut lease: Lease = self.read("lease")?.unwrap_or_default();
-        let reply = match command {
-            LeaseCommand::Acquire { holder, ttl_ms } => {
-                if !lease.acquire(&holder, now, ttl_ms) {
-                    return Ok(LeaseReply::Busy);
-                }
-                self.save_lease(&lease)?;
-                LeaseReply::Granted {
-                    resume: lease.resume.clone(),
-                    status_backoff_until_ms: lease.status_backoff_until_ms,
-                    webhook_alerted_state: lease.webhook_alerted_state.clone(),
-                    audit: lease.audit.clone(),
-                    fed_until_ms: lease.fed_until_ms,
-                }
-            }
-            LeaseCommand::Renew {
-                holder,
-                ttl_ms,
-                resume,
-                status_backoff_until_ms,
-                audit,
-                fed_until_ms,
-            } => {
-                let progress = Some((resume, status_backoff_until_ms));
-                let accepted = lease.renew(&holder, now, ttl_ms, progress);
-                if accepted {
-                    if let Some(progress) = audit {
-                        lease.record_audit(&holder, progress, now);
-                    }
-                    lease.record_fed(&holder, fed_until_ms);
-                    self.save_lease(&lease)?;
-                }
-                LeaseReply::Renewed { accepted }
-            }
-            LeaseCommand::Release {
-                holder,
-                resume,
-                complete,
-                status_backoff_until_ms,
-                webhook_checked,
-                webhook_alerted_state,
-                audit,
-                fed_until_ms,
-                summary,
-            } => {
-                if let Some(progress) = audit {
-                    // Fenced like the release: only the holder moves the audit's cursor.
-                    lease.record_audit(&holder, progress, now);
-                }
-                lease.record_fed(&holder, fed_until_ms);
-                let accepted = lease.release(&holder, resume, complete, status_backoff_until_ms);
-                if accepted {
-                    if webhook_checked {
-                        lease.webhook_alerted_state = webhook_alerted_state;
-                    }
-                    self.save_lease(&lease)?;
-                }
-                self.write("last_pass", &summary)?;
-                LeaseReply::Released { accepted }
-            }
-            LeaseCommand::Backoff {
-                until_ms,
-                fed_until_ms,
-            } => {
-                // Both, unconditionally: `|` does not stop at the first that moved.
-                if lease.back_off(until_ms) | lease.sent_back(fed_until_ms) {
-                    self.save_lease(&lease)?;
-                }
-                LeaseReply::BackedOff
-            }
-            LeaseCommand::Status => LeaseReply::State {
-                lease,
-                last_pass: self.read("last_pass")?,
-            },
-        };
-        Ok(reply)
+        let status = command == LeaseCommand::Status;
+        let turn = decide(&mut lease, command, now);
+        if turn.save {
+            self.save_lease(&lease)?;
+        }
+        if let Some(summary) = &turn.last_pass {
+            self.write("last_pass", summary)?;
+        }
+        if status {
+            let last_pass = self.read("last_pass")?;
+            return Ok(LeaseReply::State { lease, last_pass });
+        }
+        Ok(turn.reply)
     }
 
     fn save_lease(&self, lease: &Lease) -> Result<()> {

@@ -194,7 +194,9 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
         .await?
     {
         LeaseReply::State { last_pass, lease } => (
-            json!({"last": last_pass, "completed_passes": lease.completed_passes}),
+            json!({"last": last_pass, "completed_passes": lease.completed_passes,
+                "last_complete": (lease.last_complete_ms > 0)
+                    .then(|| crate::timestamp::format_rfc3339(lease.last_complete_ms))}),
             // The lease keeps only the state last alerted on (none while it is enabled or
             // not yet checked): the passes do not record when they last saw it enabled.
             webhook_name

@@ -1,0 +1,506 @@
+//! `GET /metrics`: what `/v1/stats` reads (the stats shards' totals, each destination's desk,
+//! the reconciliation lease), as the Prometheus text exposition format 0.0.4 or, when the
+//! scraper asks for it, OpenMetrics 1.0.
+//!
+//! Guarantees: every family has `# HELP` and `# TYPE`, a name prefixed [`PREFIX`], and a
+//! counter's samples end in `_total`; label values are escaped (backslash, quote, newline);
+//! labels are of bounded cardinality: a destination's label (its route's name and origin, from
+//! the configuration), a state, a result, or a reason or counter name the code defines, never
+//! an operation's name. Counters are the shards' all-time totals (hour -1, the sum of every
+//! pruned bucket, plus the buckets kept: see [`crate::telemetry::shard_store`]), never a
+//! window, so pruning never moves one back; the lease's completed passes are stored with the
+//! lease. Rendering is pure: the stats value in, the page out.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use crate::telemetry::counters::{
+    ALERTS, DELIVERIES, DROPPED_PREFIX, DUPLICATES, EFFECT_FAILURES, EFFECT_PARKS,
+    EFFECT_SUCCESSES, PINGS, REDELIVERIES, SETTLED_BY_RECONCILE, SETTLED_BY_WEBHOOK,
+    STRANGER_NUDGES,
+};
+
+/// Every family's name starts with this.
+pub const PREFIX: &str = "gemini_once_";
+/// The prefix of a rejected request's counter (`rejected_<reason>`).
+const REJECTED_PREFIX: &str = "rejected_";
+/// The states a destination's desk reports (`DeskView::state`), and `unknown` for a desk that
+/// could not be asked: each is a series of the state gauge, 1 for the current one.
+pub const DESTINATION_STATES: [&str; 4] = ["healthy", "open", "draining", "unknown"];
+
+/// Which exposition format to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The Prometheus text format, version 0.0.4.
+    Text,
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+}
+
+impl Format {
+    /// OpenMetrics when `Accept` names `application/openmetrics-text` (as Prometheus itself
+    /// asks first), the text format otherwise.
+    pub fn from_accept(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a)
+                if a.to_ascii_lowercase()
+                    .contains("application/openmetrics-text") =>
+            {
+                Format::OpenMetrics
+            }
+            _ => Format::Text,
+        }
+    }
+
+    /// The answer's `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// A family's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// One metric family: its name without [`PREFIX`] (and, for a counter, without `_total`).
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    samples: Vec<Sample>,
+}
+
+struct Sample {
+    labels: Vec<(&'static str, String)>,
+    value: f64,
+}
+
+impl Family {
+    fn new(name: &'static str, kind: Kind, help: &'static str) -> Family {
+        Family {
+            name,
+            help,
+            kind,
+            samples: Vec::new(),
+        }
+    }
+
+    fn with(mut self, labels: Vec<(&'static str, String)>, value: f64) -> Family {
+        self.samples.push(Sample { labels, value });
+        self
+    }
+}
+
+/// A label's name and value.
+type Label = (&'static str, &'static str);
+
+/// The shards' fixed counters: the name they keep, the family, and the label that tells
+/// the family's series apart. Each is served, 0 until counted.
+const FIXED: [(&str, &str, Option<Label>); 11] = [
+    (DELIVERIES, "deliveries", None),
+    (SETTLED_BY_WEBHOOK, "settled", Some(("path", "webhook"))),
+    (SETTLED_BY_RECONCILE, "settled", Some(("path", "reconcile"))),
+    (DUPLICATES, "duplicates", None),
+    (STRANGER_NUDGES, "stranger_nudges", None),
+    (PINGS, "pings", None),
+    (EFFECT_SUCCESSES, "effects", Some(("result", "delivered"))),
+    (EFFECT_FAILURES, "effects", Some(("result", "failed"))),
+    (EFFECT_PARKS, "effects", Some(("result", "parked"))),
+    (REDELIVERIES, "redeliveries", None),
+    (ALERTS, "alerts", None),
+];
+
+/// What each counter family counts.
+fn counter_help(family: &str) -> &'static str {
+    match family {
+        "deliveries" => "Deliveries that reached an operation's gate: signed webhook events and nudges for operations the worker holds.",
+        "settled" => "Terminal outcomes applied, by the path that brought them (webhook or reconcile).",
+        "duplicates" => "Deliveries and status answers that repeated what the operation already held.",
+        "stranger_nudges" => "Nudges naming operations the worker does not hold, which Gemini's status API did not know.",
+        "pings" => "Signed test deliveries (Gemini's ping).",
+        "effects" => "Side-effect attempts by result: delivered (accepted), failed (retried later), parked.",
+        "redeliveries" => "Side effects sent again as a new generation by an operator.",
+        "alerts" => "Alerts sent to ALERT_URL.",
+        "dropped" => "Deliveries and status answers not applied, by the reducer's reason.",
+        "rejected" => "Requests refused before reaching a gate, by reason.",
+        _ => "Events counted under a name this version does not describe.",
+    }
+}
+
+/// The page for `stats`, the value `/v1/stats` answers (its `total`, `destinations`,
+/// `reconcile` and `gemini_webhook`; anything missing is served as nothing counted).
+pub fn render(stats: &Value, format: Format) -> String {
+    let mut families = counter_families(&stats["total"]);
+    families.extend(destination_families(&stats["destinations"]));
+    families.extend(reconcile_families(&stats["reconcile"]));
+    families.extend(webhook_family(&stats["gemini_webhook"]));
+    let mut page = String::new();
+    for family in &families {
+        write_family(&mut page, family, format);
+    }
+    if format == Format::OpenMetrics {
+        page.push_str("# EOF\n");
+    }
+    page
+}
+
+/// The shards' totals: the fixed counters, then drops and rejections by reason, then any
+/// other name as `events_total{name}` (so a counter added later is served before it is
+/// described here).
+fn counter_families(total: &Value) -> Vec<Family> {
+    let count = |name: &str| total.get(name).and_then(Value::as_u64).unwrap_or(0) as f64;
+    let mut families: Vec<Family> = Vec::new();
+    for (name, family, label) in FIXED {
+        let labels = label
+            .map(|(k, v)| vec![(k, v.to_string())])
+            .unwrap_or_default();
+        match families.iter_mut().find(|f| f.name == family) {
+            Some(f) => f.samples.push(Sample {
+                labels,
+                value: count(name),
+            }),
+            None => families.push(
+                Family::new(family, Kind::Counter, counter_help(family)).with(labels, count(name)),
+            ),
+        }
+    }
+    let mut dropped = Family::new("dropped", Kind::Counter, counter_help("dropped"));
+    let mut rejected = Family::new("rejected", Kind::Counter, counter_help("rejected"));
+    let mut other = Family::new("events", Kind::Counter, counter_help(""));
+    let names: BTreeMap<&str, f64> = total
+        .as_object()
+        .map(|m| m.keys().map(|k| (k.as_str(), count(k))).collect())
+        .unwrap_or_default();
+    for (name, n) in names {
+        if FIXED.iter().any(|(fixed, _, _)| *fixed == name) {
+            continue;
+        }
+        let (family, label, value) = if let Some(reason) = name.strip_prefix(DROPPED_PREFIX) {
+            (&mut dropped, "reason", reason)
+        } else if let Some(reason) = name.strip_prefix(REJECTED_PREFIX) {
+            (&mut rejected, "reason", reason)
+        } else {
+            (&mut other, "name", name)
+        };
+        family.samples.push(Sample {
+            labels: vec![(label, value.to_string())],
+            value: n,
+        });
+    }
+    families.extend([dropped, rejected, other]);
+    families
+}
+
+/// Each configured destination's state (one series per state, 1 for the current), waiting
+/// effects, paced attempts in flight and failures in a row, labelled by its label.
+fn destination_families(destinations: &Value) -> Vec<Family> {
+    let mut state = Family::new(
+        "destination_state",
+        Kind::Gauge,
+        "A destination's state: 1 for the current one (healthy, open, draining; unknown when its desk could not be asked).",
+    );
+    let mut waiting = Family::new(
+        "destination_waiting_effects",
+        Kind::Gauge,
+        "Side effects waiting for a destination's release (while it is open or over its pace).",
+    );
+    let mut in_flight = Family::new(
+        "destination_in_flight_effects",
+        Kind::Gauge,
+        "A paced destination's attempts holding a slot.",
+    );
+    let mut failures = Family::new(
+        "destination_failures_in_row",
+        Kind::Gauge,
+        "A destination's failed attempts since its last success.",
+    );
+    for d in destinations.as_array().into_iter().flatten() {
+        let label = d["label"].as_str().unwrap_or_default().to_string();
+        let now = d["state"].as_str().unwrap_or("unknown");
+        for s in DESTINATION_STATES {
+            let labels = vec![("destination", label.clone()), ("state", s.to_string())];
+            state = state.with(labels, f64::from(u8::from(s == now)));
+        }
+        let gauge = |field: &str| d[field].as_u64().unwrap_or(0) as f64;
+        let by = || vec![("destination", label.clone())];
+        waiting = waiting.with(by(), gauge("waiting"));
+        in_flight = in_flight.with(by(), gauge("in_flight"));
+        failures = failures.with(by(), gauge("failures_in_row"));
+    }
+    vec![state, waiting, in_flight, failures]
+}
+
+/// The reconciliation passes: completed passes (a counter the lease stores), when the last
+/// pass and the last complete one started, and the last pass's status calls and errors.
+fn reconcile_families(reconcile: &Value) -> Vec<Family> {
+    let completed = reconcile["completed_passes"].as_u64().unwrap_or(0) as f64;
+    let mut families = vec![Family::new(
+        "reconcile_passes_completed",
+        Kind::Counter,
+        "Reconcile passes that reached the end of the open index.",
+    )
+    .with(vec![], completed)];
+    let seconds = |v: &Value| {
+        v.as_str()
+            .and_then(crate::timestamp::parse_rfc3339_ms)
+            .map(|ms| ms as f64 / 1000.0)
+    };
+    if let Some(at) = seconds(&reconcile["last_complete"]) {
+        families.push(
+            Family::new(
+                "reconcile_last_complete_pass_timestamp_seconds",
+                Kind::Gauge,
+                "When the newest pass that reached the end of the open index started (Unix seconds).",
+            )
+            .with(vec![], at),
+        );
+    }
+    let last = &reconcile["last"];
+    if let Some(at) = seconds(&last["at"]) {
+        let report = &last["report"];
+        let n = |field: &str| report[field].as_u64().unwrap_or(0) as f64;
+        families.extend([
+            Family::new(
+                "reconcile_last_pass_timestamp_seconds",
+                Kind::Gauge,
+                "When the newest pass that released the lease started (Unix seconds).",
+            )
+            .with(vec![], at),
+            Family::new(
+                "reconcile_last_pass_status_calls",
+                Kind::Gauge,
+                "Status-API calls the newest pass made, by answer (answered, unanswered: timed out or unreachable).",
+            )
+            .with(
+                vec![("answer", "answered".into())],
+                (n("status_calls") - n("status_unanswered")).max(0.0),
+            )
+            .with(vec![("answer", "unanswered".into())], n("status_unanswered")),
+            Family::new(
+                "reconcile_last_pass_errors",
+                Kind::Gauge,
+                "Errors in the newest pass.",
+            )
+            .with(vec![], n("errors")),
+        ]);
+    }
+    families
+}
+
+/// With `GEMINI_WEBHOOK_NAME` set: 1 while no bad state of the Gemini webhook is alerted on.
+fn webhook_family(webhook: &Value) -> Option<Family> {
+    let name = webhook["name"].as_str()?;
+    let ok = webhook["alerted_state"].is_null();
+    Some(
+        Family::new(
+            "gemini_webhook_ok",
+            Kind::Gauge,
+            "1 unless the reconcile passes found the Gemini webhook disabled or missing (and alerted).",
+        )
+        .with(vec![("webhook", name.to_string())], f64::from(u8::from(ok))),
+    )
+}
+
+fn write_family(page: &mut String, family: &Family, format: Format) {
+    let full = format!("{PREFIX}{}", family.name);
+    let sample_name = match family.kind {
+        Kind::Counter => format!("{full}_total"),
+        Kind::Gauge => full.clone(),
+    };
+    // The text format names a counter's family with its `_total`; OpenMetrics without.
+    let family_name = match format {
+        Format::Text => &sample_name,
+        Format::OpenMetrics => &full,
+    };
+    let kind = match family.kind {
+        Kind::Counter => "counter",
+        Kind::Gauge => "gauge",
+    };
+    let help = escape(family.help, format == Format::OpenMetrics);
+    let _ = writeln!(page, "# HELP {family_name} {help}");
+    let _ = writeln!(page, "# TYPE {family_name} {kind}");
+    for sample in &family.samples {
+        page.push_str(&sample_name);
+        if !sample.labels.is_empty() {
+            let labels: Vec<String> = sample
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v, true)))
+                .collect();
+            let _ = write!(page, "{{{}}}", labels.join(","));
+        }
+        let _ = writeln!(page, " {}", sample.value);
+    }
+}
+
+/// Escapes a label value (`quotes`) or a help text: backslash and newline, and the double
+/// quote where the format asks (label values; OpenMetrics' help too).
+fn escape(text: &str, quotes: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '"' if quotes => out.push_str("\\\""),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn stats() -> Value {
+        json!({
+            "total": {
+                "deliveries": 4, "duplicates_skipped": 1, "settled_by_webhook": 3,
+                "effect_successes": 2, "effect_parks": 1, "dropped_stale_update_time": 2,
+                "rejected_signature_invalid": 5, "stranger_nudges": 1, "new_counter": 7
+            },
+            "destinations": [
+                {"label": "EFFECT_URL http://127.0.0.1:9", "state": "open", "waiting": 3,
+                 "in_flight": 0, "failures_in_row": 4, "last_error": "503"},
+                {"label": "odd \"name\"\\x\ny", "state": "unknown", "last_error": "no desk"}
+            ],
+            "reconcile": {
+                "completed_passes": 12,
+                "last_complete": "2026-11-18T11:00:00Z",
+                "last": {"at": "2026-11-18T11:05:00.500Z",
+                         "report": {"status_calls": 3, "status_unanswered": 1, "errors": 0}}
+            },
+            "gemini_webhook": {"name": "webhooks/w", "alerted_state": "disabled"}
+        })
+    }
+
+    fn lines(page: &str) -> Vec<&str> {
+        page.lines().collect()
+    }
+
+    #[test]
+    fn counters_are_the_totals_with_total_suffix_and_zero_until_counted() {
+        let page = render(&stats(), Format::Text);
+        let l = lines(&page);
+        for want in [
+            "gemini_once_deliveries_total 4",
+            "gemini_once_settled_total{path=\"webhook\"} 3",
+            "gemini_once_settled_total{path=\"reconcile\"} 0",
+            "gemini_once_duplicates_total 1",
+            "gemini_once_effects_total{result=\"delivered\"} 2",
+            "gemini_once_effects_total{result=\"failed\"} 0",
+            "gemini_once_effects_total{result=\"parked\"} 1",
+            "gemini_once_dropped_total{reason=\"stale_update_time\"} 2",
+            "gemini_once_rejected_total{reason=\"signature_invalid\"} 5",
+            "gemini_once_stranger_nudges_total 1",
+            "gemini_once_events_total{name=\"new_counter\"} 7",
+            "gemini_once_alerts_total 0",
+            "gemini_once_reconcile_passes_completed_total 12",
+        ] {
+            assert!(l.contains(&want), "{want} missing from\n{page}");
+        }
+    }
+
+    #[test]
+    fn every_family_has_help_and_type_before_its_samples_and_the_prefix() {
+        for format in [Format::Text, Format::OpenMetrics] {
+            let page = render(&stats(), format);
+            let mut typed: Vec<String> = Vec::new();
+            let mut helped: Vec<String> = Vec::new();
+            for line in page.lines() {
+                if let Some(rest) = line.strip_prefix("# HELP ") {
+                    helped.push(rest.split(' ').next().unwrap().to_string());
+                } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                    typed.push(rest.split(' ').next().unwrap().to_string());
+                } else if line != "# EOF" {
+                    let name = line.split(['{', ' ']).next().unwrap();
+                    assert!(name.starts_with(PREFIX), "{line}");
+                    let family = typed.last().expect("a TYPE before a sample");
+                    assert!(name.starts_with(family.as_str()), "{line} under {family}");
+                }
+            }
+            assert_eq!(typed, helped, "{format:?}");
+            let unique: std::collections::BTreeSet<_> = typed.iter().collect();
+            assert_eq!(unique.len(), typed.len(), "each family once: {typed:?}");
+        }
+    }
+
+    #[test]
+    fn openmetrics_names_counter_families_without_total_and_ends_with_eof() {
+        let page = render(&stats(), Format::OpenMetrics);
+        assert!(page.contains("# TYPE gemini_once_deliveries counter\n"));
+        assert!(page.contains("\ngemini_once_deliveries_total 4\n"));
+        assert!(page.ends_with("# EOF\n"));
+        let text = render(&stats(), Format::Text);
+        assert!(text.contains("# TYPE gemini_once_deliveries_total counter\n"));
+        assert!(!text.contains("# EOF"));
+    }
+
+    #[test]
+    fn destinations_are_labelled_by_label_with_one_series_per_state() {
+        let page = render(&stats(), Format::Text);
+        let l = lines(&page);
+        let d = "EFFECT_URL http://127.0.0.1:9";
+        for s in DESTINATION_STATES {
+            let want = format!(
+                "gemini_once_destination_state{{destination=\"{d}\",state=\"{s}\"}} {}",
+                u8::from(s == "open")
+            );
+            assert!(l.contains(&want.as_str()), "{want}");
+        }
+        assert!(l.contains(&"gemini_once_destination_waiting_effects{destination=\"EFFECT_URL http://127.0.0.1:9\"} 3"));
+        assert!(l.contains(&"gemini_once_destination_failures_in_row{destination=\"EFFECT_URL http://127.0.0.1:9\"} 4"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let page = render(&stats(), Format::Text);
+        assert!(
+            page.contains(r#"destination="odd \"name\"\\x\ny",state="unknown"} 1"#),
+            "{page}"
+        );
+        assert_eq!(escape("a\"b", false), "a\"b", "a help text keeps quotes");
+        assert_eq!(escape("a\\b\nc", false), "a\\\\b\\nc");
+    }
+
+    #[test]
+    fn reconcile_times_are_unix_seconds_and_status_calls_split_by_answer() {
+        let page = render(&stats(), Format::Text);
+        let l = lines(&page);
+        assert!(
+            l.contains(&"gemini_once_reconcile_last_complete_pass_timestamp_seconds 1794999600")
+        );
+        assert!(l.contains(&"gemini_once_reconcile_last_pass_timestamp_seconds 1794999900.5"));
+        assert!(l.contains(&"gemini_once_reconcile_last_pass_status_calls{answer=\"answered\"} 2"));
+        assert!(
+            l.contains(&"gemini_once_reconcile_last_pass_status_calls{answer=\"unanswered\"} 1")
+        );
+        assert!(l.contains(&"gemini_once_gemini_webhook_ok{webhook=\"webhooks/w\"} 0"));
+    }
+
+    #[test]
+    fn nothing_yet_is_a_page_of_zeros_without_times() {
+        let page = render(&json!({}), Format::Text);
+        assert!(page.contains("gemini_once_deliveries_total 0\n"));
+        assert!(!page.contains("timestamp_seconds"));
+        assert!(!page.contains("gemini_webhook_ok"), "no webhook configured");
+    }
+
+    #[test]
+    fn the_scraper_s_accept_chooses_the_format() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(Format::from_accept(Some(prometheus)), Format::OpenMetrics);
+        assert_eq!(Format::from_accept(Some("text/plain")), Format::Text);
+        assert_eq!(Format::from_accept(None), Format::Text);
+        assert!(Format::Text.content_type().contains("version=0.0.4"));
+    }
+}

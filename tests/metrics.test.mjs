@@ -1,0 +1,170 @@
+// GET /metrics against the built worker in workerd, checked by the real tools: promtool accepts
+// the page and the shipped rules, and a real Prometheus (Debian's package, installed by
+// scripts/setup-prometheus.sh) scrapes the worker with a read token, so its query API returns
+// the counts of known traffic (three completions, one duplicate, one parked effect, one forged
+// delivery) and its rules fire on them. A register token and no token are refused.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { startWorker, startDestination, eventually, READ_TOKEN, REGISTER_TOKEN } from "./helpers.mjs";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const RULES = path.join(root, "docs/prometheus-rules.yml");
+const DONE = ["batches/metrics-1", "batches/metrics-2"];
+const PARKED = "batches/metrics-parked";
+
+let w, dest, prom, dir, promUrl;
+
+/** A free loopback port (listen on 0, read it, close). */
+async function freePort() {
+  const server = createServer();
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const { port } = server.address();
+  await new Promise((r) => server.close(r));
+  return port;
+}
+
+const scrape = (token, headers = {}) => w.fetch("/metrics", { headers: { ...(token ? { authorization: `Bearer ${token}` } : {}), ...headers } });
+
+/** One instant query's vector from the Prometheus server, as [{metric, value}]. */
+async function query(expr) {
+  const res = await fetch(`${promUrl}/api/v1/query?query=${encodeURIComponent(expr)}`);
+  const body = await res.json();
+  assert.equal(body.status, "success", JSON.stringify(body));
+  return body.data.result.map((r) => ({ metric: r.metric, value: Number(r.value[1]) }));
+}
+
+/** Waits until `expr` gives exactly one sample of `value`. */
+const expect = (expr, value) => eventually(async () => {
+  const r = await query(expr);
+  return r.length === 1 && r[0].value === value;
+}, { timeoutMs: 20000, what: `${expr} == ${value}` });
+
+before(async () => {
+  dest = await startDestination((req) => (req.url === "/bill" ? { status: 400, body: { error: "unknown account" } } : { status: 200 }));
+  w = await startWorker({
+    EFFECT_URL: `${dest.url}/effects`,
+    EFFECT_ROUTES: JSON.stringify({ billing: `${dest.url}/bill` }),
+    UNREGISTERED_HOLD_SECONDS: "0",
+  }, { http: true });
+  dir = mkdtempSync(path.join(tmpdir(), "gemini-once-prom-"));
+  writeFileSync(path.join(dir, "token"), READ_TOKEN);
+  const target = new URL(w.url).host;
+  writeFileSync(path.join(dir, "prometheus.yml"), [
+    "global: { scrape_interval: 1s, evaluation_interval: 1s }",
+    `rule_files: [${JSON.stringify(RULES)}]`,
+    "scrape_configs:",
+    "  - job_name: gemini-once",
+    "    metrics_path: /metrics",
+    "    authorization:",
+    "      type: Bearer",
+    `      credentials_file: ${JSON.stringify(path.join(dir, "token"))}`,
+    "    static_configs:",
+    `      - targets: [${JSON.stringify(target)}]`,
+    "",
+  ].join("\n"));
+  const port = await freePort();
+  promUrl = `http://127.0.0.1:${port}`;
+  prom = spawn("prometheus", [
+    `--config.file=${path.join(dir, "prometheus.yml")}`,
+    `--storage.tsdb.path=${path.join(dir, "data")}`,
+    `--web.listen-address=127.0.0.1:${port}`,
+  ], { stdio: ["ignore", "ignore", process.env.SHOW_PROMETHEUS_LOGS ? "inherit" : "ignore"] });
+  await eventually(async () => (await fetch(`${promUrl}/-/ready`).catch(() => null))?.ok, { timeoutMs: 30000, what: "prometheus ready" });
+  // Scraped before any traffic: every counter starts at 0, so `increase` sees what follows.
+  await expect('up{job="gemini-once"}', 1);
+  await expect('gemini_once_effects_total{result="parked"}', 0);
+
+  for (const key of DONE) assert.equal((await w.register(key, "nightly")).status, 201);
+  assert.equal((await w.register(PARKED, "billing")).status, 201);
+  for (const key of [...DONE, PARKED]) assert.equal((await w.deliver("batch.succeeded", key)).status, 200);
+  assert.equal((await w.deliver("batch.succeeded", DONE[0])).status, 200, "the duplicate");
+  assert.equal((await w.deliver("batch.succeeded", DONE[1], {}, { signature: "v1,Zm9yZ2Vk" })).status, 401, "a forgery");
+  await w.ledger(DONE, (m) => m.effect_done);
+  await w.ledger(PARKED, (m) => m.parked);
+  await w.scheduled();
+});
+
+after(async () => {
+  if (prom && prom.exitCode === null) {
+    const exited = new Promise((r) => prom.once("exit", r));
+    prom.kill("SIGTERM");
+    await exited;
+  }
+  if (dir) rmSync(dir, { recursive: true, force: true });
+  await w?.dispose();
+  await dest?.close();
+  dest?.assertAllValid();
+});
+
+describe("GET /metrics", () => {
+  it("a real Prometheus scrapes it with a read token and reads the traffic's counts", async () => {
+    await expect('gemini_once_settled_total{path="webhook"}', 3);
+    await expect("gemini_once_duplicates_total", 1);
+    await expect('gemini_once_effects_total{result="delivered"}', 2);
+    await expect('gemini_once_effects_total{result="parked"}', 1);
+    await expect('gemini_once_effects_total{result="failed"}', 0);
+    await expect('gemini_once_rejected_total{reason="signature_invalid"}', 1);
+    await expect("gemini_once_reconcile_passes_completed_total", 1);
+    // Both destinations are configured, labelled by route, and healthy (a 400 parks; it
+    // says nothing of the destination's health).
+    const healthy = await query('gemini_once_destination_state{state="healthy"}');
+    assert.equal(healthy.length, 2, JSON.stringify(healthy));
+    assert.ok(healthy.every((s) => s.value === 1), JSON.stringify(healthy));
+    assert.ok(healthy.some((s) => s.metric.destination.includes("billing")), JSON.stringify(healthy));
+    const lastComplete = await query("time() - gemini_once_reconcile_last_complete_pass_timestamp_seconds");
+    assert.ok(lastComplete.length === 1 && lastComplete[0].value >= 0 && lastComplete[0].value < 300, JSON.stringify(lastComplete));
+  });
+
+  it("the shipped rules pass promtool and fire on the park in a real Prometheus", async () => {
+    const check = spawnSync("promtool", ["check", "rules", RULES], { encoding: "utf8" });
+    assert.equal(check.status, 0, check.stdout + check.stderr);
+    const alerts = await eventually(async () => {
+      const body = await (await fetch(`${promUrl}/api/v1/alerts`)).json();
+      const names = body.data.alerts.filter((a) => a.state === "firing").map((a) => a.labels.alertname);
+      return names.includes("GeminiOnceEffectsParked") && names;
+    }, { timeoutMs: 20000, what: "the parked alert firing" });
+    assert.ok(!alerts.includes("GeminiOnceDown"), JSON.stringify(alerts));
+    // Absent before the first pass, the complete-pass rule was pending; once the pass has run
+    // it is neither pending nor firing, and nothing else is.
+    await eventually(async () => {
+      const body = await (await fetch(`${promUrl}/api/v1/alerts`)).json();
+      const names = body.data.alerts.map((a) => a.labels.alertname);
+      return ["GeminiOnceNoCompleteReconcilePass", "GeminiOnceDestinationOpen", "GeminiOnceDown", "GeminiOnceGeminiWebhookNotOk"].every((n) => !names.includes(n));
+    }, { timeoutMs: 20000, what: "no alert but the park's" });
+  });
+
+  it("promtool check metrics accepts the page; OpenMetrics is served when asked", async () => {
+    const res = await scrape(READ_TOKEN);
+    assert.equal(res.status, 200);
+    assert.match(res.headers.get("content-type"), /^text\/plain; version=0\.0\.4/);
+    assert.equal(res.headers.get("cache-control"), "no-store");
+    const page = await res.text();
+    assert.match(page, /^gemini_once_effects_total\{result="parked"\} 1$/m);
+    assert.doesNotMatch(page, /batches\/metrics/, "no operation's name in any label");
+    const check = spawnSync("promtool", ["check", "metrics"], { input: page, encoding: "utf8" });
+    assert.equal(check.status, 0, check.stdout + check.stderr);
+    assert.equal((check.stdout + check.stderr).trim(), "", "no lint finding");
+    const om = await scrape(READ_TOKEN, { accept: "application/openmetrics-text; version=1.0.0" });
+    assert.equal(om.status, 200);
+    assert.match(om.headers.get("content-type"), /^application\/openmetrics-text; version=1\.0\.0/);
+    const omPage = await om.text();
+    assert.match(omPage, /^# TYPE gemini_once_effects counter$/m);
+    assert.ok(omPage.endsWith("# EOF\n"));
+  });
+
+  it("a register token and no token are refused, as on every read route", async () => {
+    const none = await scrape(null);
+    assert.equal(none.status, 401);
+    const register = await scrape(REGISTER_TOKEN);
+    assert.equal(register.status, 403);
+    assert.equal((await register.json()).needs, "read");
+    const post = await w.fetch("/metrics", { method: "POST", headers: { authorization: `Bearer ${READ_TOKEN}` } });
+    assert.equal(post.status, 403, "a POST is an action");
+  });
+});
