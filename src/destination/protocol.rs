@@ -48,6 +48,14 @@ pub struct DeskSettings {
     pub slot_ttl_ms: i64,
     #[serde(default)]
     pub pace: Pace,
+    /// The longest `Retry-After` the desk honours before its next probe
+    /// (`EFFECT_RETRY_MAX_SECONDS`, in ms: the cap an effect's own retry has too).
+    #[serde(default = "default_asked_max_ms")]
+    pub asked_max_ms: i64,
+}
+
+fn default_asked_max_ms() -> i64 {
+    3_600_000
 }
 
 /// A request to a destination's desk.
@@ -68,6 +76,9 @@ pub enum DeskCommand {
         due_ms: i64,
         /// The failure, in a few words; `None`: the destination answered (not a health failure).
         failure: Option<String>,
+        /// The wait the destination asked for (a 429 or 503's `Retry-After`), in ms.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        asked_wait_ms: Option<i64>,
         settings: DeskSettings,
     },
     /// The desk's state, for `/v1/stats`.
@@ -161,6 +172,7 @@ mod tests {
                 probe_max_ms: 15_000,
                 slot_ttl_ms: 600_000,
                 pace: Pace::default(),
+                asked_max_ms: 3_600_000,
             },
         };
         let v = serde_json::to_value(&c).unwrap();

@@ -3,10 +3,12 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariant 8): a first attempt to an unpaced destination neither
 //! asks nor (when it succeeds) reports, so the happy path makes no extra object call and no
-//! extra write; an effect told to wait keeps its generation and `webhook-id`, holds no claim,
-//! and is due again at the desk's word or, should the desk be lost, after
-//! `EFFECT_RETRY_MAX_SECONDS`.
+//! extra write, unless this isolate heard from the desk in the last [`OPEN_MEMORY_MS`] that
+//! the destination is open: then it asks, and waits with the rest; an effect told to wait
+//! keeps its generation and `webhook-id`, holds no claim, and is due again at the desk's word
+//! or, should the desk be lost, after `EFFECT_RETRY_MAX_SECONDS`.
 
+use crate::destination::protocol::DeskReply;
 use crate::operation::alarm::AlarmDone;
 use crate::operation::gate::{Limits, Step};
 use crate::operation::{DeskMark, Operation};
@@ -22,12 +24,38 @@ pub enum DeskTurn {
     Released { probe: bool },
 }
 
+/// How long an isolate remembers a desk's word that its destination is open: about the
+/// longest a probe goes unanswered, so a recovered destination's first attempts pay one desk
+/// call each for at most a minute after this isolate last heard `Wait`.
+pub const OPEN_MEMORY_MS: i64 = 60_000;
+
+/// What a desk's reply tells an isolate's memory of open destinations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remember {
+    /// It is open (or drains what waited): first attempts ask until then.
+    OpenUntil(i64),
+    /// It let an attempt go, or a success was noted: first attempts go again.
+    Closed,
+    /// Nothing new.
+    Keep,
+}
+
+/// What `reply` teaches the memory at `now`.
+pub fn remembered(reply: &DeskReply, now: i64) -> Remember {
+    match reply {
+        DeskReply::Wait => Remember::OpenUntil(now + OPEN_MEMORY_MS),
+        DeskReply::Go | DeskReply::Noted => Remember::Closed,
+        DeskReply::OwnSchedule | DeskReply::View(_) => Remember::Keep,
+    }
+}
+
 /// The turn of the attempt the alarm is about to run for `op` (the record before its claim);
-/// `paced` says whether its route has a pace.
-pub fn turn(op: &Operation, paced: bool) -> DeskTurn {
+/// `paced` says whether its route has a pace, `open` whether this isolate remembers its
+/// destination open.
+pub fn turn(op: &Operation, paced: bool, open: bool) -> DeskTurn {
     match op.effect().desk() {
         Some(DeskMark::Released { probe }) => DeskTurn::Released { probe },
-        _ if paced || op.effect().failures_in_row() > 0 => DeskTurn::Ask,
+        _ if paced || open || op.effect().failures_in_row() > 0 => DeskTurn::Ask,
         _ => DeskTurn::None,
     }
 }
@@ -86,7 +114,7 @@ mod tests {
 
     #[test]
     fn a_first_attempt_to_an_unpaced_destination_asks_nothing_and_a_success_reports_nothing() {
-        let t = turn(&owed(), false);
+        let t = turn(&owed(), false, false);
         assert_eq!(t, DeskTurn::None);
         assert!(!reports(t, false, false));
         assert!(
@@ -96,9 +124,33 @@ mod tests {
     }
 
     #[test]
+    fn a_first_attempt_to_a_destination_remembered_open_asks_and_the_memory_follows_the_desk() {
+        assert_eq!(turn(&owed(), false, true), DeskTurn::Ask);
+        assert_eq!(
+            remembered(&DeskReply::Wait, 100),
+            Remember::OpenUntil(100 + OPEN_MEMORY_MS)
+        );
+        assert_eq!(remembered(&DeskReply::Go, 100), Remember::Closed);
+        assert_eq!(remembered(&DeskReply::Noted, 100), Remember::Closed);
+        assert_eq!(remembered(&DeskReply::OwnSchedule, 100), Remember::Keep);
+        // A release still goes without asking, whatever the memory says.
+        let released = step(
+            wait_on_destination(failed_once(), 30, &LIMITS).record,
+            GateCommand::DestinationReady { probe: true },
+            40,
+        )
+        .record
+        .unwrap();
+        assert_eq!(
+            turn(&released, false, true),
+            DeskTurn::Released { probe: true }
+        );
+    }
+
+    #[test]
     fn a_retry_or_a_paced_route_asks_first() {
-        assert_eq!(turn(&failed_once(), false), DeskTurn::Ask);
-        assert_eq!(turn(&owed(), true), DeskTurn::Ask);
+        assert_eq!(turn(&failed_once(), false, false), DeskTurn::Ask);
+        assert_eq!(turn(&owed(), true, false), DeskTurn::Ask);
         assert!(reports(DeskTurn::Ask, true, false), "a paced slot is freed");
         assert!(
             reports(DeskTurn::Ask, false, false),
@@ -133,7 +185,7 @@ mod tests {
         assert!(s.reset_alarm);
         let op = s.record.unwrap();
         assert_eq!(op.effect().next_attempt_ms(), 40);
-        let t = turn(&op, false);
+        let t = turn(&op, false, false);
         assert_eq!(t, DeskTurn::Released { probe: true });
         assert!(reports(t, false, false), "a probe reports its success");
         assert!(!reports(DeskTurn::Released { probe: false }, false, false));
