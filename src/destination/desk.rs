@@ -41,6 +41,9 @@ pub struct Facts {
     pub waiting: u64,
     /// Live slots (`slots` table, lapsed ones deleted first).
     pub in_flight: u64,
+    /// The soonest waiting key's due (0 when none waits): a key whose gate could not be
+    /// reached is due again only after its own backoff, and no run releases it sooner.
+    pub next_due_ms: i64,
 }
 
 /// What the edge does with the key at hand, beside answering `reply`.
@@ -360,7 +363,7 @@ impl Desk {
     /// backoff is over and no probe is out, or the one out lapsed), else as many as the pace
     /// allows. Takes the tokens it hands out.
     pub fn wake(&mut self, facts: Facts, now: i64) -> Wake {
-        if facts.waiting == 0 {
+        if facts.waiting == 0 || facts.next_due_ms > now {
             return Wake::Idle;
         }
         if self.is_open() {
@@ -420,7 +423,11 @@ impl Desk {
             // Slots free on reports (which set the alarm); a lapsed one frees with its TTL.
             return Some(now + self.slot_ttl_ms().min(ALERT_RETRY_MS));
         }
-        Some(self.next_wake_ms(now).max(now + MIN_ALARM_GAP_MS))
+        Some(
+            self.next_wake_ms(now)
+                .max(facts.next_due_ms)
+                .max(now + MIN_ALARM_GAP_MS),
+        )
     }
 
     fn pace_has_room(&self, facts: Facts) -> bool {

@@ -20,7 +20,11 @@ fn desk(pace: Pace) -> Desk {
 }
 
 fn facts(waiting: u64, in_flight: u64) -> Facts {
-    Facts { waiting, in_flight }
+    Facts {
+        waiting,
+        in_flight,
+        next_due_ms: 0,
+    }
 }
 
 fn paced(per_second: u32, concurrency: Option<u32>) -> Pace {
@@ -367,4 +371,26 @@ fn a_probe_run_that_reaches_no_gate_counts_as_a_failed_probe_and_never_spins() {
     }
     assert_eq!(gaps, vec![4_000, 8_000, 15_000, 15_000, 15_000]);
     assert!(gaps.iter().all(|g| *g >= PROBE_FIRST_MS));
+}
+
+#[test]
+fn a_key_due_later_is_not_released_sooner_and_the_alarm_waits_for_it() {
+    // Draining: the only waiting key's gate could not be reached; it is due again in 4 s.
+    let mut d = desk(Pace::default());
+    let later = Facts {
+        next_due_ms: 5_000,
+        ..facts(1, 0)
+    };
+    assert_eq!(d.wake(later, 1_000), Wake::Idle);
+    assert_eq!(
+        d.next_alarm_ms(later, 1_000),
+        Some(5_000),
+        "not every 10 ms"
+    );
+    assert_eq!(d.wake(later, 5_000), Wake::Drain(1));
+    // Open: the same holds for the probe.
+    let mut d = opened();
+    assert_eq!(d.wake(later, 4_000), Wake::Idle);
+    d.alerts_sent(1);
+    assert_eq!(d.next_alarm_ms(later, 4_000), Some(5_000));
 }

@@ -41,12 +41,6 @@ struct CountRow {
     n: i64,
 }
 
-#[derive(Deserialize)]
-struct KeyRow {
-    key: String,
-    due_ms: i64,
-}
-
 mod release;
 
 impl DurableObject for DestinationDesk {
@@ -191,23 +185,13 @@ impl DestinationDesk {
         Ok(Facts {
             waiting: self.count("SELECT COUNT(*) AS n FROM waiting")?,
             in_flight: self.count("SELECT COUNT(*) AS n FROM slots")?,
+            next_due_ms: self.count("SELECT COALESCE(MIN(due_ms), 0) AS n FROM waiting")? as i64,
         })
     }
 
     fn count(&self, query: &str) -> Result<u64> {
         let rows: Vec<CountRow> = self.state.storage().sql().exec(query, None)?.to_array()?;
         Ok(rows.first().map_or(0, |r| r.n.max(0) as u64))
-    }
-
-    fn soonest(&self, n: u32) -> Result<Vec<KeyRow>> {
-        self.state
-            .storage()
-            .sql()
-            .exec(
-                "SELECT key, due_ms FROM waiting ORDER BY due_ms, key LIMIT ?",
-                vec![f64::from(n).into()],
-            )?
-            .to_array()
     }
 
     /// Queues `key`, keeping the sooner due if it already waits.

@@ -13,7 +13,14 @@ use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
 
 use crate::edge::objects::call::call_gate;
 
-use super::{CountRow, DestinationDesk, KeyRow};
+use serde::Deserialize;
+
+use super::{CountRow, DestinationDesk};
+
+#[derive(Deserialize)]
+struct KeyRow {
+    key: String,
+}
 
 /// Keys a probe may try in one run (gates that no longer owe their effect, or that cannot be
 /// reached).
@@ -37,10 +44,7 @@ impl DestinationDesk {
             let answer = self.ready(&row.key, true).await;
             let mut desk = self.load()?;
             if answer.is_some() {
-                self.exec(
-                    "DELETE FROM misses WHERE key = ?",
-                    vec![row.key.clone().into()],
-                )?;
+                self.forget_misses(&row.key)?;
             }
             match answer {
                 Some(true) => return Ok(()),
@@ -63,7 +67,11 @@ impl DestinationDesk {
         Ok(())
     }
 
-    /// Counts one more probe that could not reach `key`'s gate; returns the count.
+    fn forget_misses(&self, key: &str) -> Result<()> {
+        self.exec("DELETE FROM misses WHERE key = ?", vec![key.into()])
+    }
+
+    /// Counts one more release that could not reach `key`'s gate; returns the count.
     fn missed(&self, key: &str) -> Result<u32> {
         self.exec(
             "INSERT INTO misses (key, n) VALUES (?, 1) ON CONFLICT(key) DO UPDATE SET n = n + 1",
@@ -84,15 +92,16 @@ impl DestinationDesk {
             .storage()
             .sql()
             .exec(
-                "SELECT key, due_ms FROM waiting WHERE due_ms <= ? ORDER BY due_ms, key LIMIT ?",
+                "SELECT key FROM waiting WHERE due_ms <= ? ORDER BY due_ms, key LIMIT ?",
                 vec![(now as f64).into(), f64::from(n).into()],
             )?
             .to_array()
     }
 
-    /// Releases the `n` soonest waiting keys at once (their tokens are taken).
+    /// Releases the `n` soonest due waiting keys at once (their tokens are taken); a key whose
+    /// gate cannot be reached is due again after its own backoff.
     pub(super) async fn drain(&self, n: u32, now: i64) -> Result<()> {
-        let rows = self.soonest(n)?;
+        let rows = self.due(now, n)?;
         let desk = self.load()?;
         for row in &rows {
             self.exec(
@@ -111,8 +120,12 @@ impl DestinationDesk {
                     vec![row.key.clone().into()],
                 )?;
             }
-            if answer.is_none() {
-                self.enqueue(&row.key, row.due_ms)?;
+            match answer {
+                Some(_) => self.forget_misses(&row.key)?,
+                None => {
+                    let misses = self.missed(&row.key)?;
+                    self.enqueue(&row.key, now + desk.miss_wait_ms(misses))?;
+                }
             }
         }
         Ok(())
