@@ -802,6 +802,7 @@ impl Config {
             probe_max_ms: self.destination_probe_max_secs * 1_000,
             slot_ttl_ms: self.claim_ttl_secs * 1_000,
             pace: self.pace_for(kind),
+            asked_max_ms: self.retry_max_secs.saturating_mul(1_000),
         }
     }
 

@@ -41,6 +41,9 @@ pub struct Facts {
     pub waiting: u64,
     /// Live slots (`slots` table, lapsed ones deleted first).
     pub in_flight: u64,
+    /// The soonest waiting key's due (0 when none waits): a key whose gate could not be
+    /// reached is due again only after its own backoff, and no run releases it sooner.
+    pub next_due_ms: i64,
 }
 
 /// What the edge does with the key at hand, beside answering `reply`.
@@ -213,6 +216,37 @@ impl Desk {
         facts: Facts,
         now: i64,
     ) -> Decision {
+        self.report_asking(key, failure, None, facts, now)
+    }
+
+    /// [`Desk::report`] of an answer that asked for a wait (`Retry-After`): once open, the
+    /// next probe is no sooner than that (up to [`DeskSettings::asked_max_ms`]).
+    pub fn report_asking(
+        &mut self,
+        key: &str,
+        failure: Option<String>,
+        asked_wait_ms: Option<i64>,
+        facts: Facts,
+        now: i64,
+    ) -> Decision {
+        let decision = self.report_inner(key, failure, facts, now);
+        if let Some(asked) = asked_wait_ms.filter(|_| self.is_open()) {
+            let cap = self.settings.as_ref().map_or(3_600_000, |s| s.asked_max_ms);
+            self.next_probe_ms = self.next_probe_ms.max(now + asked.clamp(0, cap.max(0)));
+            if decision.enqueue {
+                return self.wait(now);
+            }
+        }
+        decision
+    }
+
+    fn report_inner(
+        &mut self,
+        key: &str,
+        failure: Option<String>,
+        facts: Facts,
+        now: i64,
+    ) -> Decision {
         let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
         let Some(error) = failure else {
             self.failures_in_row = 0;
@@ -275,13 +309,33 @@ impl Desk {
     }
 
     fn probe_failed(&mut self, now: i64) {
-        let max = self
-            .settings
+        self.probe_wait_ms = (self.probe_wait_ms.max(PROBE_FIRST_MS) * 2).min(self.probe_max_ms());
+        // A wait the destination asked for (already in `next_probe_ms`) stands.
+        self.next_probe_ms = self.next_probe_ms.max(now + self.probe_wait_ms);
+    }
+
+    fn probe_max_ms(&self) -> i64 {
+        self.settings
             .as_ref()
             .map_or(15_000, |s| s.probe_max_ms)
-            .max(PROBE_FIRST_MS);
-        self.probe_wait_ms = (self.probe_wait_ms.max(PROBE_FIRST_MS) * 2).min(max);
-        self.next_probe_ms = now + self.probe_wait_ms;
+            .max(PROBE_FIRST_MS)
+    }
+
+    /// How long a key whose gate could not be reached for its probe waits before it is tried
+    /// again, after `misses` such failures in a row: its own backoff, from
+    /// [`PROBE_FIRST_MS`] doubling to [`DeskSettings::probe_max_ms`]. Its due moves that far,
+    /// so the keys behind it are probed first.
+    pub fn miss_wait_ms(&self, misses: u32) -> i64 {
+        let doubled = PROBE_FIRST_MS.saturating_mul(1_i64 << misses.saturating_sub(1).min(20));
+        doubled.min(self.probe_max_ms())
+    }
+
+    /// An alarm run owed a probe and released none, because no waiting key was due or the
+    /// gates it tried could not be reached: counts as a failed probe, so the next run is
+    /// at least [`PROBE_FIRST_MS`] away (a desk never spins on a gate it cannot reach).
+    pub fn probe_missed(&mut self, now: i64) {
+        self.probe = None;
+        self.probe_failed(now);
     }
 
     fn close(&mut self, waited: u64, now: i64) {
@@ -309,7 +363,7 @@ impl Desk {
     /// backoff is over and no probe is out, or the one out lapsed), else as many as the pace
     /// allows. Takes the tokens it hands out.
     pub fn wake(&mut self, facts: Facts, now: i64) -> Wake {
-        if facts.waiting == 0 {
+        if facts.waiting == 0 || facts.next_due_ms > now {
             return Wake::Idle;
         }
         if self.is_open() {
@@ -369,7 +423,11 @@ impl Desk {
             // Slots free on reports (which set the alarm); a lapsed one frees with its TTL.
             return Some(now + self.slot_ttl_ms().min(ALERT_RETRY_MS));
         }
-        Some(self.next_wake_ms(now).max(now + MIN_ALARM_GAP_MS))
+        Some(
+            self.next_wake_ms(now)
+                .max(facts.next_due_ms)
+                .max(now + MIN_ALARM_GAP_MS),
+        )
     }
 
     fn pace_has_room(&self, facts: Facts) -> bool {

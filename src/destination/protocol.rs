@@ -48,6 +48,14 @@ pub struct DeskSettings {
     pub slot_ttl_ms: i64,
     #[serde(default)]
     pub pace: Pace,
+    /// The longest `Retry-After` the desk honours before its next probe
+    /// (`EFFECT_RETRY_MAX_SECONDS`, in ms: the cap an effect's own retry has too).
+    #[serde(default = "default_asked_max_ms")]
+    pub asked_max_ms: i64,
+}
+
+fn default_asked_max_ms() -> i64 {
+    3_600_000
 }
 
 /// A request to a destination's desk.
@@ -68,6 +76,9 @@ pub enum DeskCommand {
         due_ms: i64,
         /// The failure, in a few words; `None`: the destination answered (not a health failure).
         failure: Option<String>,
+        /// The wait the destination asked for (a 429 or 503's `Retry-After`), in ms.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        asked_wait_ms: Option<i64>,
         settings: DeskSettings,
     },
     /// The desk's state, for `/v1/stats`.
@@ -120,9 +131,47 @@ pub fn health_failure(answer: &Answer) -> bool {
     }
 }
 
+/// How long an isolate remembers a desk's word that its destination is open: about the
+/// longest a probe goes unanswered, so a recovered destination's first attempts pay one desk
+/// call each for at most a minute after this isolate last heard `Wait`.
+pub const OPEN_MEMORY_MS: i64 = 60_000;
+
+/// What a desk's reply tells an isolate's memory of open destinations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remember {
+    /// It is open (or drains what waited): first attempts ask until then.
+    OpenUntil(i64),
+    /// It let an attempt go, or a success was noted: first attempts go again.
+    Closed,
+    /// Nothing new.
+    Keep,
+}
+
+impl DeskReply {
+    /// What this reply teaches an isolate's memory of open destinations at `now`.
+    pub fn remembered(&self, now: i64) -> Remember {
+        match self {
+            DeskReply::Wait => Remember::OpenUntil(now + OPEN_MEMORY_MS),
+            DeskReply::Go | DeskReply::Noted => Remember::Closed,
+            DeskReply::OwnSchedule | DeskReply::View(_) => Remember::Keep,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_isolates_memory_of_open_destinations_follows_the_desks_answers() {
+        assert_eq!(
+            DeskReply::Wait.remembered(100),
+            Remember::OpenUntil(100 + OPEN_MEMORY_MS)
+        );
+        assert_eq!(DeskReply::Go.remembered(100), Remember::Closed);
+        assert_eq!(DeskReply::Noted.remembered(100), Remember::Closed);
+        assert_eq!(DeskReply::OwnSchedule.remembered(100), Remember::Keep);
+    }
 
     #[test]
     fn only_timeouts_network_errors_5xx_and_429_count_against_health() {
@@ -161,6 +210,7 @@ mod tests {
                 probe_max_ms: 15_000,
                 slot_ttl_ms: 600_000,
                 pace: Pace::default(),
+                asked_max_ms: 3_600_000,
             },
         };
         let v = serde_json::to_value(&c).unwrap();

@@ -485,14 +485,16 @@ pub fn attempt_finished(
     let backoff = attempt.asked_wait_ms.map_or(backoff, |asked| {
         backoff.max(asked.min(limits.retry_max_secs.saturating_mul(1_000)))
     });
-    let finished = op.finish(
-        attempt.claim.token,
+    let finished = op.finish_attempt(
+        &attempt.claim,
         &attempt.outcome,
         attempt.finished_ms,
         backoff,
     );
     let (event, stat) = match &finished {
-        Finished::Done => (LogEvent::EffectDelivered, Some(Counter::EffectSuccesses)),
+        Finished::Done | Finished::LateDone => {
+            (LogEvent::EffectDelivered, Some(Counter::EffectSuccesses))
+        }
         Finished::RetryAt(_) => (LogEvent::EffectFailed, Some(Counter::EffectFailures)),
         Finished::Parked => (LogEvent::EffectParked, Some(Counter::EffectParks)),
         Finished::Fenced => (LogEvent::EffectFenced, None),
@@ -524,7 +526,7 @@ pub fn attempt_finished(
             .then_some(op.effect().next_attempt_ms()),
     };
     let line = match &finished {
-        Finished::Done => GateLog::EffectDelivered(line),
+        Finished::Done | Finished::LateDone => GateLog::EffectDelivered(line),
         Finished::RetryAt(_) => GateLog::EffectFailed(line),
         Finished::Parked => GateLog::EffectParked(line),
         Finished::Fenced => GateLog::EffectFenced(line),
@@ -1267,10 +1269,21 @@ mod feeder_tests {
             token: claim.token + 7,
             ..claim
         };
-        let fenced = finish(op.clone(), stale, AttemptOutcome::Delivered);
+        let fenced = finish(op.clone(), stale, AttemptOutcome::Retry("503".into()));
         assert_eq!(events(&fenced), ["effect_fenced"]);
         assert_eq!(fenced.save, Save::Unchanged);
         assert_eq!(fenced.record.unwrap(), op);
+        // A stale 2xx for the generation still owed is kept: the destination has it.
+        let late = finish(op.clone(), stale, AttemptOutcome::Delivered);
+        assert_eq!(events(&late), ["effect_delivered"]);
+        assert_eq!(late.save, Save::Durable);
+        assert!(late.record.unwrap().effect().done());
+        let older = Claim {
+            generation: claim.generation - 1,
+            ..stale
+        };
+        let fenced = finish(op.clone(), older, AttemptOutcome::Delivered);
+        assert_eq!(events(&fenced), ["effect_fenced"]);
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariant 8): a first attempt to an unpaced destination neither
 //! asks nor (when it succeeds) reports, so the happy path makes no extra object call and no
-//! extra write; an effect told to wait keeps its generation and `webhook-id`, holds no claim,
-//! and is due again at the desk's word or, should the desk be lost, after
-//! `EFFECT_RETRY_MAX_SECONDS`.
+//! extra write, unless this isolate heard from the desk in the last
+//! [`crate::destination::protocol::OPEN_MEMORY_MS`] that
+//! the destination is open: then it asks, and waits with the rest; an effect told to wait
+//! keeps its generation and `webhook-id`, holds no claim, and is due again at the desk's word
+//! or, should the desk be lost, after `EFFECT_RETRY_MAX_SECONDS`.
 
 use crate::operation::alarm::AlarmDone;
 use crate::operation::gate::{Limits, Step};
@@ -23,11 +25,12 @@ pub enum DeskTurn {
 }
 
 /// The turn of the attempt the alarm is about to run for `op` (the record before its claim);
-/// `paced` says whether its route has a pace.
-pub fn turn(op: &Operation, paced: bool) -> DeskTurn {
+/// `paced` says whether its route has a pace, `open` whether this isolate remembers its
+/// destination open.
+pub fn turn(op: &Operation, paced: bool, open: bool) -> DeskTurn {
     match op.effect().desk() {
         Some(DeskMark::Released { probe }) => DeskTurn::Released { probe },
-        _ if paced || op.effect().failures_in_row() > 0 => DeskTurn::Ask,
+        _ if paced || open || op.effect().failures_in_row() > 0 => DeskTurn::Ask,
         _ => DeskTurn::None,
     }
 }
@@ -86,7 +89,7 @@ mod tests {
 
     #[test]
     fn a_first_attempt_to_an_unpaced_destination_asks_nothing_and_a_success_reports_nothing() {
-        let t = turn(&owed(), false);
+        let t = turn(&owed(), false, false);
         assert_eq!(t, DeskTurn::None);
         assert!(!reports(t, false, false));
         assert!(
@@ -96,9 +99,26 @@ mod tests {
     }
 
     #[test]
+    fn a_first_attempt_to_a_destination_remembered_open_asks() {
+        assert_eq!(turn(&owed(), false, true), DeskTurn::Ask);
+        // A release still goes without asking, whatever the memory says.
+        let released = step(
+            wait_on_destination(failed_once(), 30, &LIMITS).record,
+            GateCommand::DestinationReady { probe: true },
+            40,
+        )
+        .record
+        .unwrap();
+        assert_eq!(
+            turn(&released, false, true),
+            DeskTurn::Released { probe: true }
+        );
+    }
+
+    #[test]
     fn a_retry_or_a_paced_route_asks_first() {
-        assert_eq!(turn(&failed_once(), false), DeskTurn::Ask);
-        assert_eq!(turn(&owed(), true), DeskTurn::Ask);
+        assert_eq!(turn(&failed_once(), false, false), DeskTurn::Ask);
+        assert_eq!(turn(&owed(), true, false), DeskTurn::Ask);
         assert!(reports(DeskTurn::Ask, true, false), "a paced slot is freed");
         assert!(
             reports(DeskTurn::Ask, false, false),
@@ -133,7 +153,7 @@ mod tests {
         assert!(s.reset_alarm);
         let op = s.record.unwrap();
         assert_eq!(op.effect().next_attempt_ms(), 40);
-        let t = turn(&op, false);
+        let t = turn(&op, false, false);
         assert_eq!(t, DeskTurn::Released { probe: true });
         assert!(reports(t, false, false), "a probe reports its success");
         assert!(!reports(DeskTurn::Released { probe: false }, false, false));

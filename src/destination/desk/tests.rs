@@ -9,6 +9,7 @@ fn settings(pace: Pace) -> DeskSettings {
         probe_max_ms: 15_000,
         slot_ttl_ms: 60_000,
         pace,
+        asked_max_ms: 3_600_000,
     }
 }
 
@@ -19,7 +20,11 @@ fn desk(pace: Pace) -> Desk {
 }
 
 fn facts(waiting: u64, in_flight: u64) -> Facts {
-    Facts { waiting, in_flight }
+    Facts {
+        waiting,
+        in_flight,
+        next_due_ms: 0,
+    }
 }
 
 fn paced(per_second: u32, concurrency: Option<u32>) -> Pace {
@@ -292,4 +297,100 @@ fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
         "drained {} ms after recovery",
         last_release - up_at
     );
+}
+
+fn fail_asking(d: &mut Desk, key: &str, asked: i64, now: i64) -> Decision {
+    d.report_asking(key, Some("429".into()), Some(asked), facts(0, 0), now)
+}
+
+#[test]
+fn a_retry_after_on_the_report_that_opens_it_holds_the_first_probe_that_long() {
+    let mut d = desk(Pace::default());
+    fail_asking(&mut d, "a", 600_000, 0);
+    fail_asking(&mut d, "b", 600_000, 1);
+    let third = fail_asking(&mut d, "c", 600_000, 2);
+    assert_eq!(third.reply, DeskReply::Wait);
+    assert_eq!(third.alarm_at_ms, Some(600_002), "not the 2 s probe");
+    assert_eq!(d.wake(facts(1, 0), 600_001), Wake::Idle);
+    d.alerts_sent(1);
+    assert!(d.next_alarm_ms(facts(1, 0), 70_000).unwrap() >= 600_002);
+    assert_eq!(d.wake(facts(1, 0), 600_002), Wake::Probe);
+}
+
+#[test]
+fn a_probes_retry_after_pushes_the_next_probe_past_its_backoff_within_the_cap() {
+    let mut d = opened();
+    let at = 2 + PROBE_FIRST_MS;
+    assert_eq!(d.wake(facts(3, 0), at), Wake::Probe);
+    d.released("a", true, at);
+    let failed = fail_asking(&mut d, "a", 90_000, at + 100);
+    assert!(failed.enqueue);
+    assert_eq!(d.next_probe_ms, at + 100 + 90_000, "not the 4 s backoff");
+    assert_eq!(failed.alarm_at_ms, Some(at + 100 + 90_000));
+    // An attempt's answer while open asks too; a day is held to EFFECT_RETRY_MAX_SECONDS.
+    let other = fail_asking(&mut d, "z", 86_400_000, at + 200);
+    assert_eq!(other.reply, DeskReply::Wait);
+    assert_eq!(d.next_probe_ms, at + 200 + 3_600_000);
+    // A shorter ask never brings the probe sooner.
+    fail_asking(&mut d, "y", 1_000, at + 300);
+    assert_eq!(d.next_probe_ms, at + 200 + 3_600_000);
+}
+
+#[test]
+fn a_retry_after_below_the_threshold_is_left_to_the_effects_own_backoff() {
+    let mut d = desk(Pace::default());
+    let first = fail_asking(&mut d, "a", 600_000, 0);
+    assert_eq!(first.reply, DeskReply::OwnSchedule);
+    assert!(!first.enqueue);
+    assert!(!d.is_open());
+}
+
+#[test]
+fn a_key_whose_gate_cannot_be_reached_backs_off_on_its_own_from_the_first_probe_wait() {
+    let d = opened();
+    let waits: Vec<i64> = (1..=5).map(|n| d.miss_wait_ms(n)).collect();
+    assert_eq!(waits, vec![2_000, 4_000, 8_000, 15_000, 15_000]);
+    assert_eq!(d.miss_wait_ms(u32::MAX), 15_000);
+}
+
+#[test]
+fn a_probe_run_that_reaches_no_gate_counts_as_a_failed_probe_and_never_spins() {
+    let mut d = opened();
+    let mut now = 2 + PROBE_FIRST_MS;
+    let mut gaps = Vec::new();
+    for _ in 0..5 {
+        assert_eq!(d.wake(facts(2, 0), now), Wake::Probe);
+        // The edge tried the due keys and reached none of their gates.
+        d.released("a", true, now);
+        d.probe_missed(now);
+        assert!(d.probe.is_none());
+        let next = d.next_alarm_ms(facts(2, 0), now).unwrap();
+        gaps.push(next - now);
+        assert_eq!(d.wake(facts(2, 0), next - 1), Wake::Idle);
+        now = next;
+    }
+    assert_eq!(gaps, vec![4_000, 8_000, 15_000, 15_000, 15_000]);
+    assert!(gaps.iter().all(|g| *g >= PROBE_FIRST_MS));
+}
+
+#[test]
+fn a_key_due_later_is_not_released_sooner_and_the_alarm_waits_for_it() {
+    // Draining: the only waiting key's gate could not be reached; it is due again in 4 s.
+    let mut d = desk(Pace::default());
+    let later = Facts {
+        next_due_ms: 5_000,
+        ..facts(1, 0)
+    };
+    assert_eq!(d.wake(later, 1_000), Wake::Idle);
+    assert_eq!(
+        d.next_alarm_ms(later, 1_000),
+        Some(5_000),
+        "not every 10 ms"
+    );
+    assert_eq!(d.wake(later, 5_000), Wake::Drain(1));
+    // Open: the same holds for the probe.
+    let mut d = opened();
+    assert_eq!(d.wake(later, 4_000), Wake::Idle);
+    d.alerts_sent(1);
+    assert_eq!(d.next_alarm_ms(later, 4_000), Some(5_000));
 }

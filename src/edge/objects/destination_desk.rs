@@ -4,30 +4,25 @@
 //! Storage (SQLite): `desk(id = 1, body)` holds the [`Desk`] as JSON; `waiting(key PRIMARY
 //! KEY, due_ms)`, indexed by `(due_ms, key)`, the effects waiting for their release (so ten
 //! thousand of them cost one row each, and the soonest are read first by the index);
-//! `slots(key PRIMARY KEY, expires_ms)` a paced route's attempts in flight.
+//! `slots(key PRIMARY KEY, expires_ms)` a paced route's attempts in flight;
+//! `misses(key PRIMARY KEY, n)` how many probes in a row could not reach a key's gate.
 //!
 //! Guarantees: every command is read-decide-write with no await in between; the alarm takes
 //! the keys it releases out of `waiting` before it calls their gates and puts back those
-//! whose gate could not be reached, so a key is released once; a gate that answers that
-//! nothing is owed drops its key. The alarm sends the owed alerts and sets itself again while
+//! whose gate could not be reached (a probe's by that key's own backoff), so a key is
+//! released once; a gate that answers that nothing is owed drops its key. The alarm sends the owed alerts and sets itself again while
 //! anything waits or an alert is owed, so it never relies on the runtime's retries.
 
-use futures_util::future::join_all;
 use serde::Deserialize;
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 use crate::destination::desk::{Desk, Facts, Wake, ALERT_RETRY_MS};
 use crate::destination::protocol::{DeskCommand, DeskReply};
-use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::objects::call::call_gate;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms};
-
-/// Keys a probe may skip in one run (gates that no longer owe their effect).
-const PROBE_TRIES: usize = 5;
 
 /// One destination's health and pace.
 #[durable_object]
@@ -46,11 +41,7 @@ struct CountRow {
     n: i64,
 }
 
-#[derive(Deserialize)]
-struct KeyRow {
-    key: String,
-    due_ms: i64,
-}
+mod release;
 
 impl DurableObject for DestinationDesk {
     fn new(state: State, env: Env) -> Self {
@@ -60,6 +51,7 @@ impl DurableObject for DestinationDesk {
             "CREATE TABLE IF NOT EXISTS waiting (key TEXT PRIMARY KEY, due_ms INTEGER NOT NULL)",
             "CREATE INDEX IF NOT EXISTS waiting_by_due ON waiting (due_ms, key)",
             "CREATE TABLE IF NOT EXISTS slots (key TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS misses (key TEXT PRIMARY KEY, n INTEGER NOT NULL)",
         ] {
             if let Err(e) = sql.exec(ddl, None) {
                 log(WorkerLog::DeskSchemaError {
@@ -143,13 +135,15 @@ impl DestinationDesk {
                 key,
                 due_ms,
                 failure,
+                asked_wait_ms,
                 settings,
             } => {
                 desk.configure(settings);
                 desk.called();
                 self.exec("DELETE FROM slots WHERE key = ?", vec![key.clone().into()])?;
                 let facts = self.facts(now)?;
-                (key.clone(), due_ms, desk.report(&key, failure, facts, now))
+                let decision = desk.report_asking(&key, failure, asked_wait_ms, facts, now);
+                (key, due_ms, decision)
             }
         };
         if decision.enqueue {
@@ -160,78 +154,6 @@ impl DestinationDesk {
         }
         self.save(&desk)?;
         Ok((decision.reply, decision.alarm_at_ms))
-    }
-
-    /// Releases the soonest waiting key as the probe; a gate that no longer owes its effect
-    /// is skipped (its key dropped) for the next, a few at most per run.
-    async fn probe(&self, now: i64) -> Result<()> {
-        for _ in 0..PROBE_TRIES {
-            let Some(row) = self.soonest(1)?.pop() else {
-                return Ok(());
-            };
-            self.exec(
-                "DELETE FROM waiting WHERE key = ?",
-                vec![row.key.clone().into()],
-            )?;
-            let mut desk = self.load()?;
-            desk.released(&row.key, true, now);
-            self.save(&desk)?;
-            match self.ready(&row.key, true).await {
-                Some(true) => return Ok(()),
-                answered => {
-                    let mut desk = self.load()?;
-                    desk.probe = None;
-                    self.save(&desk)?;
-                    if answered.is_none() {
-                        // The gate could not be reached: its key waits again.
-                        self.enqueue(&row.key, row.due_ms)?;
-                        return Ok(());
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Releases the `n` soonest waiting keys at once (their tokens are taken).
-    async fn drain(&self, n: u32, now: i64) -> Result<()> {
-        let rows = self.soonest(n)?;
-        let desk = self.load()?;
-        for row in &rows {
-            self.exec(
-                "DELETE FROM waiting WHERE key = ?",
-                vec![row.key.clone().into()],
-            )?;
-            if desk.settings.as_ref().is_some_and(|s| s.pace.limits()) {
-                self.take_slot(&row.key, &desk, now)?;
-            }
-        }
-        let answers = join_all(rows.iter().map(|r| self.ready(&r.key, false))).await;
-        for (row, answer) in rows.iter().zip(answers) {
-            if answer != Some(true) {
-                self.exec(
-                    "DELETE FROM slots WHERE key = ?",
-                    vec![row.key.clone().into()],
-                )?;
-            }
-            if answer.is_none() {
-                self.enqueue(&row.key, row.due_ms)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Tells the gate of `key` its effect is released: `Some(true)` when it owes it (now due),
-    /// `Some(false)` when it owes nothing, `None` when it could not be reached.
-    async fn ready(&self, key: &str, probe: bool) -> Option<bool> {
-        match call_gate(&self.env, key, &GateCommand::DestinationReady { probe }).await {
-            Ok(GateReply::Effect { effect }) => Some(matches!(
-                effect,
-                EffectReport::Scheduled | EffectReport::RetryScheduled | EffectReport::InFlight
-            )),
-            Ok(_) => Some(false),
-            Err(_) => None,
-        }
     }
 
     /// Sends the owed alerts, oldest first, until the sink refuses one.
@@ -263,23 +185,13 @@ impl DestinationDesk {
         Ok(Facts {
             waiting: self.count("SELECT COUNT(*) AS n FROM waiting")?,
             in_flight: self.count("SELECT COUNT(*) AS n FROM slots")?,
+            next_due_ms: self.count("SELECT COALESCE(MIN(due_ms), 0) AS n FROM waiting")? as i64,
         })
     }
 
     fn count(&self, query: &str) -> Result<u64> {
         let rows: Vec<CountRow> = self.state.storage().sql().exec(query, None)?.to_array()?;
         Ok(rows.first().map_or(0, |r| r.n.max(0) as u64))
-    }
-
-    fn soonest(&self, n: u32) -> Result<Vec<KeyRow>> {
-        self.state
-            .storage()
-            .sql()
-            .exec(
-                "SELECT key, due_ms FROM waiting ORDER BY due_ms, key LIMIT ?",
-                vec![f64::from(n).into()],
-            )?
-            .to_array()
     }
 
     /// Queues `key`, keeping the sooner due if it already waits.

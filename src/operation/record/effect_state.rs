@@ -16,6 +16,14 @@ pub struct Claim {
     /// Fencing token: strictly greater than every token issued before for this operation.
     pub token: u64,
     pub expires_ms: i64,
+    /// The generation it was taken for: a lapsed claim's 2xx marks done only its own
+    /// generation, never a newer redelivery (0 in claims stored before it was kept).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A side effect the destination refused for good.
@@ -133,6 +141,10 @@ pub enum Finished {
     Parked,
     /// The token is no longer current: another attempt took over; nothing was changed.
     Fenced,
+    /// The token is no longer current, but the answer was a 2xx for the current generation:
+    /// the destination has this generation's effect, so it is done (a newer claim of the same
+    /// generation still in flight carries the same `webhook-id`, a repeat a receiver drops).
+    LateDone,
 }
 
 impl Operation {
@@ -148,6 +160,7 @@ impl Operation {
         let claim = Claim {
             token: self.effect.fence,
             expires_ms: now_ms + ttl_ms,
+            generation: self.effect.generation,
         };
         self.effect.claim = Some(claim);
         self.effect.attempts += 1;
@@ -200,6 +213,11 @@ impl Operation {
             Some(c) if c.token == token => {}
             _ => return Finished::Fenced,
         }
+        if self.effect.done {
+            // A lapsed claim's 2xx already marked this generation done: a later answer under
+            // the newer claim (a failure included) changes nothing.
+            return Finished::Fenced;
+        }
         self.effect.claim = None;
         self.changed();
         match outcome {
@@ -223,6 +241,32 @@ impl Operation {
                 Finished::Parked
             }
         }
+    }
+
+    /// Records how the attempt under `claim` ended, as [`Operation::finish`] does; an answer
+    /// under a token no longer current is discarded, unless it is a 2xx for the generation
+    /// still owed, which the destination now has (`Finished::LateDone`). The newer claim (if
+    /// any) is left as it is; its own answer then changes nothing.
+    pub fn finish_attempt(
+        &mut self,
+        claim: &Claim,
+        outcome: &AttemptOutcome,
+        now_ms: i64,
+        backoff_ms: i64,
+    ) -> Finished {
+        if self.effect.claim.is_some_and(|c| c.token == claim.token) {
+            return self.finish(claim.token, outcome, now_ms, backoff_ms);
+        }
+        let current = claim.generation != 0 && claim.generation == self.effect.generation;
+        if *outcome != AttemptOutcome::Delivered || !current || !self.effect_owed() {
+            return Finished::Fenced;
+        }
+        self.effect.done = true;
+        self.effect.done_at_ms = Some(now_ms);
+        self.effect.last_error = None;
+        self.effect.desk = None;
+        self.changed();
+        Finished::LateDone
     }
 
     /// Starts a deliberate redelivery of a done effect: a new generation (so `webhook-id` and

@@ -124,6 +124,56 @@ fn lapsed_claim_can_be_taken_over_with_a_higher_token() {
 }
 
 #[test]
+fn a_lapsed_claims_2xx_for_the_current_generation_marks_it_done() {
+    let mut op = settled();
+    let first = op.claim(2_000, 1_000).unwrap();
+    let second = op.claim(3_000, 1_000).unwrap();
+    assert_eq!(
+        op.finish_attempt(&first, &AttemptOutcome::Delivered, 3_100, 0),
+        Finished::LateDone
+    );
+    assert!(op.effect.done);
+    assert_eq!(op.effect.done_at_ms, Some(3_100));
+    assert!(!op.effect_owed(), "the next claim sends nothing again");
+    assert!(op.claim(5_000, 1_000).is_none());
+    // The newer claim of the same generation (same webhook-id) changes nothing after it,
+    // whatever it got.
+    let before = op.clone();
+    assert_eq!(
+        op.finish_attempt(&second, &AttemptOutcome::Park("400".into()), 3_200, 0),
+        Finished::Fenced
+    );
+    assert_eq!(op, before);
+}
+
+#[test]
+fn a_lapsed_claims_2xx_for_an_older_generation_never_marks_a_redelivery_done() {
+    let mut op = settled();
+    let old = op.claim(2_000, 1_000).unwrap();
+    let newer = op.claim(3_000, 1_000).unwrap();
+    op.finish(newer.token, &AttemptOutcome::Delivered, 3_100, 0);
+    assert_eq!(op.redeliver(4_000, "again"), Ok(2));
+    let before = op.clone();
+    assert_eq!(
+        op.finish_attempt(&old, &AttemptOutcome::Delivered, 4_100, 0),
+        Finished::Fenced,
+        "generation 1's answer says nothing about generation 2"
+    );
+    assert_eq!(op, before);
+    assert!(op.effect_owed());
+    // A claim stored before claims kept their generation (0) is never taken as current.
+    let legacy = Claim {
+        generation: 0,
+        ..op.claim(4_200, 1_000).unwrap()
+    };
+    op.claim(6_000, 1_000).unwrap();
+    assert_eq!(
+        op.finish_attempt(&legacy, &AttemptOutcome::Delivered, 6_100, 0),
+        Finished::Fenced
+    );
+}
+
+#[test]
 fn failure_never_marks_done_and_schedules_a_retry() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();

@@ -25,6 +25,7 @@ use crate::telemetry::counters;
 
 use crate::edge::objects::call::call_desk;
 use crate::edge::objects::gate::commit::{commit, limits, Alarm};
+use crate::edge::objects::gate::open_memory;
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::post_alert;
@@ -156,7 +157,8 @@ impl<'a> Run<'a> {
         let config = self.config;
         let settings = config.desk_settings(op.kind());
         let paced = settings.pace.limits();
-        let turn = desk_turn::turn(&op, paced);
+        let open = open_memory::is_open(&settings.label, now_ms());
+        let turn = desk_turn::turn(&op, paced, open);
         let (op, claim, step) = match turn {
             DeskTurn::Ask => {
                 let ask = DeskCommand::Ask {
@@ -178,7 +180,7 @@ impl<'a> Run<'a> {
             }
             _ => (op, claim, step),
         };
-        let (op, health_failure) = self.attempt(op, claim, step).await?;
+        let (op, health_failure, asked_wait_ms) = self.attempt(op, claim, step).await?;
         if !desk_turn::reports(turn, paced, health_failure.is_some()) {
             return Ok(op);
         }
@@ -186,6 +188,7 @@ impl<'a> Run<'a> {
             key: op.key().to_string(),
             due_ms: due_ms(&op),
             failure: health_failure,
+            asked_wait_ms,
             settings: settings.clone(),
         };
         match self.desk(&settings, &report).await {
@@ -197,7 +200,9 @@ impl<'a> Run<'a> {
     /// One call to the destination's desk (`None` when it could not be reached).
     async fn desk(&self, settings: &DeskSettings, command: &DeskCommand) -> Option<DeskReply> {
         self.storage.meter().add(|u| u.object_calls += 1);
-        call_desk(self.env, settings, command).await.ok()
+        let reply = call_desk(self.env, settings, command).await.ok()?;
+        open_memory::note(&settings.label, &reply, now_ms());
+        Some(reply)
     }
 
     /// The desk queued the effect: stores that it waits (for its release, or the fallback).
@@ -208,13 +213,14 @@ impl<'a> Run<'a> {
     }
 
     /// The attempt itself: stores the claim, calls the destination, commits the answer.
-    /// Returns the record and, when the answer says the destination is failing, the failure.
+    /// Returns the record, the failure when the answer says the destination is failing, and
+    /// the wait it asked for.
     async fn attempt(
         &self,
         op: Operation,
         claim: Claim,
         step: Step<AlarmDone>,
-    ) -> Result<(Operation, Option<String>)> {
+    ) -> Result<(Operation, Option<String>, Option<i64>)> {
         let config = self.config;
         let limits = limits(config);
         let op = self.apply(step, op, Alarm::Sync).await?;
@@ -252,7 +258,8 @@ impl<'a> Run<'a> {
             false => Alarm::Deferred,
         };
         let failure = health_failure(&answer).then(|| answer.summary());
-        Ok((self.apply(step, current, alarm).await?, failure))
+        let asked = attempt.asked_wait_ms;
+        Ok((self.apply(step, current, alarm).await?, failure, asked))
     }
 
     /// Last: hands the sealed events to the counters and projects the record to the ledger,

@@ -28,6 +28,7 @@
 
 mod alarm;
 mod commit;
+mod open_memory;
 mod repair;
 mod storage;
 mod tables;
