@@ -671,7 +671,7 @@ mod tests {
     /// A registered operation with a nudge waiting for the status API, asked at 10.
     fn nudged() -> Operation {
         let mut op = registered("batches/a");
-        assert!(op.request_confirmation(10, Map::new(), Some("jwt_1".into())));
+        assert!(op.request_confirmation(10, Map::new(), Some("jwt_1".into()), 0));
         op
     }
 
@@ -812,7 +812,7 @@ mod tests {
     #[test]
     fn a_key_of_no_known_collection_is_answered_as_malformed() {
         let mut op = registered("files/a");
-        op.request_confirmation(10, Map::new(), None);
+        op.request_confirmation(10, Map::new(), None, 0);
         match plan(&op, 10, &LIMITS).next(&op, 10, &LIMITS, true) {
             Some(AlarmWork::Confirm(ConfirmAsk::Answered(Err(StatusError::Malformed(why))))) => {
                 assert_eq!(why, "key has no collection")

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::inbound::stranger::AlertLimits;
-use crate::reconciliation::lease_state::{Audit, AuditProgress, Lease, Resume};
+use crate::reconciliation::lease_state::{Audit, AuditProgress, Lease, Resume, SlotAnswer};
 
 /// A request to the ReconcileLease object (one for the whole worker).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,6 +60,10 @@ pub enum LeaseCommand {
         #[serde(default, skip_serializing_if = "is_zero")]
         fed_until_ms: i64,
     },
+    /// From a gate's alarm about to ask the status API for a nudge's confirmation: one slot
+    /// of the budget the pass and its consumers share (`RECONCILE_POLL_RATE`, and Gemini's
+    /// back-off). Needs no lease.
+    Slot { rate_per_s: u32 },
     /// To the strangers' tally (another instance of the lease's class): one more nudge
     /// named an operation the worker does not hold.
     StrangerNudge { limits: AlertLimits },
@@ -85,6 +89,8 @@ pub enum LeaseReply {
     },
     /// The answer to [`LeaseCommand::Backoff`].
     BackedOff,
+    /// The answer to [`LeaseCommand::Slot`].
+    Slot { answer: SlotAnswer },
     Busy,
     /// The answer to [`LeaseCommand::Renew`]; `accepted: false` means the lease is lost.
     Renewed {

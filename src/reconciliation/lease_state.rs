@@ -194,6 +194,22 @@ impl Lease {
         moved
     }
 
+    /// A gate's confirmation asks for one status call at `now_ms`, from the same budget as the
+    /// pass and its consumers: refused until Gemini's back-off ends, and until every poll
+    /// already scheduled (the fan-out's, and slots given to other gates) has had its slot;
+    /// granted, it takes the next slot (`fed_until_ms` moves one spacing at
+    /// `rate_per_s`), so passes schedule after it. A refusal changes nothing and says when to
+    /// ask again; the slot is not reserved, so a confirmation that waits behind a backlog may
+    /// wait again, while the pass polls the same operation from its index anyway.
+    pub fn take_slot(&mut self, now_ms: i64, rate_per_s: u32) -> SlotAnswer {
+        let free_at = self.status_backoff_until_ms.max(self.fed_until_ms);
+        if free_at > now_ms {
+            return SlotAnswer::WaitUntil { until_ms: free_at };
+        }
+        self.fed_until_ms = now_ms + slot_spacing_ms(rate_per_s);
+        SlotAnswer::Granted
+    }
+
     /// Gives the lease back, saving where to resume. Refused (false) unless `holder` still
     /// holds it: a pass whose lease lapsed must not move the cursor of the pass after it.
     pub fn release(
@@ -215,6 +231,23 @@ impl Lease {
         }
         true
     }
+}
+
+/// The lease's answer to a gate asking for a status call ([`Lease::take_slot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "slot", rename_all = "snake_case")]
+pub enum SlotAnswer {
+    /// Ask now: the slot is taken.
+    Granted,
+    /// No status call before this time (Unix ms): ask for a slot again then.
+    WaitUntil { until_ms: i64 },
+}
+
+/// The time between two slots at `rate_per_s` status calls a second (rounded up, so the rate
+/// holds).
+pub fn slot_spacing_ms(rate_per_s: u32) -> i64 {
+    let rate = i64::from(rate_per_s.max(1));
+    (1_000 + rate - 1) / rate
 }
 
 /// A pass renews its lease after a quarter of the TTL, so three renewals in a row can be slow
@@ -306,6 +339,42 @@ mod tests {
         assert!(lease.release("c", Resume::default(), true, 0));
         assert_eq!(lease.completed_passes, 1);
         assert_eq!(lease.status_backoff_until_ms, 500, "backoff never shrinks");
+    }
+
+    #[test]
+    fn a_gate_takes_one_slot_at_the_rate_and_waits_for_backoff_and_the_schedule() {
+        let mut lease = Lease::default();
+        assert_eq!(lease.take_slot(1_000, 4), SlotAnswer::Granted);
+        assert_eq!(lease.fed_until_ms, 1_250, "the next slot is one spacing on");
+        assert_eq!(
+            lease.take_slot(1_100, 4),
+            SlotAnswer::WaitUntil { until_ms: 1_250 },
+            "another gate inside the spacing waits"
+        );
+        assert_eq!(lease.fed_until_ms, 1_250, "a refusal changes nothing");
+        assert_eq!(lease.take_slot(1_250, 4), SlotAnswer::Granted);
+        assert!(lease.back_off(9_000));
+        assert_eq!(lease.take_slot(2_000, 4), SlotAnswer::WaitUntil { until_ms: 9_000 });
+        assert_eq!(lease.take_slot(9_000, 4), SlotAnswer::Granted);
+        // Polls scheduled on the fan-out queue hold every slot until they end.
+        assert!(lease.sent_back(60_000));
+        assert_eq!(lease.take_slot(10_000, 4), SlotAnswer::WaitUntil { until_ms: 60_000 });
+    }
+
+    #[test]
+    fn slots_never_come_faster_than_the_rate() {
+        assert_eq!(slot_spacing_ms(20), 50);
+        assert_eq!(slot_spacing_ms(3), 334);
+        assert_eq!(slot_spacing_ms(0), 1_000);
+        let mut lease = Lease::default();
+        let mut granted = Vec::new();
+        for now in (0..3_000).step_by(10) {
+            if lease.take_slot(now, 3) == SlotAnswer::Granted {
+                granted.push(now);
+            }
+        }
+        assert!(granted.windows(2).all(|w| w[1] - w[0] >= 334), "{granted:?}");
+        assert_eq!(granted.len(), 9);
     }
 
     fn held(holder: &str, expires_ms: i64) -> Lease {

@@ -26,7 +26,7 @@ use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result
 
 use crate::inbound::stranger::{alert_body, AlertLimits, StrangerTally};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
-use crate::reconciliation::lease_state::Lease;
+use crate::reconciliation::lease_state::{Lease, SlotAnswer};
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
@@ -200,6 +200,13 @@ impl ReconcileLease {
                     self.save_lease(&lease)?;
                 }
                 LeaseReply::BackedOff
+            }
+            LeaseCommand::Slot { rate_per_s } => {
+                let answer = lease.take_slot(now, rate_per_s);
+                if answer == SlotAnswer::Granted {
+                    self.save_lease(&lease)?;
+                }
+                LeaseReply::Slot { answer }
             }
             LeaseCommand::StrangerNudge { .. } => return Ok(None),
             LeaseCommand::Status => LeaseReply::State {

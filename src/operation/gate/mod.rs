@@ -66,8 +66,16 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             claimed,
             metadata,
             delivery_id,
+            confirm_interval_ms,
             ..
-        } => deliveries::nudge(record, claimed, metadata, delivery_id, now),
+        } => deliveries::nudge(
+            record,
+            claimed,
+            metadata,
+            delivery_id,
+            confirm_interval_ms,
+            now,
+        ),
         GateCommand::RetryEffect => held(record, |op| reconciling::retry_effect(op, now)),
         GateCommand::DestinationReady { probe } => {
             held(record, |op| reconciling::destination_ready(op, probe, now))
@@ -161,6 +169,7 @@ pub(crate) mod fixtures {
             claimed: claimed.into(),
             metadata: Map::new(),
             delivery_id: "jwt_1".into(),
+            confirm_interval_ms: 0,
         }
     }
 
