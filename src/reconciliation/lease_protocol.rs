@@ -90,7 +90,9 @@ pub enum LeaseReply {
     /// The answer to [`LeaseCommand::Backoff`].
     BackedOff,
     /// The answer to [`LeaseCommand::Slot`].
-    Slot { answer: SlotAnswer },
+    Slot {
+        answer: SlotAnswer,
+    },
     Busy,
     /// The answer to [`LeaseCommand::Renew`]; `accepted: false` means the lease is lost.
     Renewed {

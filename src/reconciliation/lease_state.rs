@@ -354,11 +354,17 @@ mod tests {
         assert_eq!(lease.fed_until_ms, 1_250, "a refusal changes nothing");
         assert_eq!(lease.take_slot(1_250, 4), SlotAnswer::Granted);
         assert!(lease.back_off(9_000));
-        assert_eq!(lease.take_slot(2_000, 4), SlotAnswer::WaitUntil { until_ms: 9_000 });
+        assert_eq!(
+            lease.take_slot(2_000, 4),
+            SlotAnswer::WaitUntil { until_ms: 9_000 }
+        );
         assert_eq!(lease.take_slot(9_000, 4), SlotAnswer::Granted);
         // Polls scheduled on the fan-out queue hold every slot until they end.
         assert!(lease.sent_back(60_000));
-        assert_eq!(lease.take_slot(10_000, 4), SlotAnswer::WaitUntil { until_ms: 60_000 });
+        assert_eq!(
+            lease.take_slot(10_000, 4),
+            SlotAnswer::WaitUntil { until_ms: 60_000 }
+        );
     }
 
     #[test]
@@ -373,7 +379,10 @@ mod tests {
                 granted.push(now);
             }
         }
-        assert!(granted.windows(2).all(|w| w[1] - w[0] >= 334), "{granted:?}");
+        assert!(
+            granted.windows(2).all(|w| w[1] - w[0] >= 334),
+            "{granted:?}"
+        );
         assert_eq!(granted.len(), 9);
     }
 

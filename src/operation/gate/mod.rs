@@ -139,6 +139,7 @@ pub(crate) mod fixtures {
         retry_base_secs: 1,
         retry_max_secs: 8,
         unregistered_hold_ms: 0,
+        confirm_interval_ms: 0,
     };
 
     pub(crate) fn event(status: Status, source: Source) -> OpEvent {
