@@ -1210,7 +1210,11 @@ mod feeder_tests {
             Some(101),
             "never due in the past"
         );
-        assert_eq!(slot_wait(None, 100, &limits), Some(60_100), "no lease, no call");
+        assert_eq!(
+            slot_wait(None, 100, &limits),
+            Some(60_100),
+            "no lease, no call"
+        );
         // Told to wait, the confirmation waits for its slot: not one of its tries.
         let s = confirm_waits_for_slot(nudged(), 900, 100);
         assert_eq!(events(&s), ["confirm_waiting"]);
@@ -1221,8 +1225,14 @@ mod feeder_tests {
             retry_after_secs: 30,
         });
         assert_eq!(status_backoff_until(&transient, 1_000), Some(31_000));
-        assert_eq!(status_backoff_until(&Err(StatusError::NotFound), 1_000), None);
-        assert_eq!(status_backoff_until(&observed(Status::Running), 1_000), None);
+        assert_eq!(
+            status_backoff_until(&Err(StatusError::NotFound), 1_000),
+            None
+        );
+        assert_eq!(
+            status_backoff_until(&observed(Status::Running), 1_000),
+            None
+        );
     }
 
     #[test]

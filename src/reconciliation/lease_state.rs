@@ -195,14 +195,20 @@ impl Lease {
     }
 
     /// A gate's confirmation asks for one status call at `now_ms`, from the same budget as the
-    /// pass and its consumers: refused until Gemini's back-off ends, and until every poll
-    /// already scheduled (the fan-out's, and slots given to other gates) has had its slot;
+    /// pass and its consumers: refused until Gemini's back-off ends, while a pass holds the
+    /// lease, and until every poll already scheduled (the fan-out's, and slots given to other
+    /// gates) has had its slot;
     /// granted, it takes the next slot (`fed_until_ms` moves one spacing at
     /// `rate_per_s`), so passes schedule after it. A refusal changes nothing and says when to
     /// ask again; the slot is not reserved, so a confirmation that waits behind a backlog may
     /// wait again, while the pass polls the same operation from its index anyway.
     pub fn take_slot(&mut self, now_ms: i64, rate_per_s: u32) -> SlotAnswer {
-        let free_at = self.status_backoff_until_ms.max(self.fed_until_ms);
+        let mut free_at = self.status_backoff_until_ms.max(self.fed_until_ms);
+        if self.holder.is_some() && self.expires_ms > now_ms {
+            // A pass is running: it schedules from where the slots ended when it took the
+            // lease, so a slot given now could fall among its polls. Ask again in a second.
+            free_at = free_at.max((now_ms + 1_000).min(self.expires_ms));
+        }
         if free_at > now_ms {
             return SlotAnswer::WaitUntil { until_ms: free_at };
         }
@@ -365,6 +371,13 @@ mod tests {
             lease.take_slot(10_000, 4),
             SlotAnswer::WaitUntil { until_ms: 60_000 }
         );
+        // While a pass holds the lease, gates ask again a second later (or when it lapses).
+        let mut lease = held("a", 70_500);
+        let wait = |until_ms| SlotAnswer::WaitUntil { until_ms };
+        assert_eq!(lease.take_slot(70_000, 4), wait(70_500));
+        assert_eq!(lease.take_slot(60_000, 4), wait(61_000));
+        assert!(lease.release("a", Resume::default(), true, 0));
+        assert_eq!(lease.take_slot(60_000, 4), SlotAnswer::Granted);
     }
 
     #[test]
