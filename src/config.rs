@@ -259,7 +259,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("STUCK_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_STUCK_AFTER_SECS), "alert (once) when not terminal after this long"),
         V::plain("EFFECT_ALERT_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_EFFECT_ALERT_AFTER_SECS), "alert (once) when a side effect is still not done"),
         V::plain("RECONCILE_BUDGET", Whole { min: 5, max: 10_000 }, Number(DEFAULT_RECONCILE_BUDGET as i64), "subrequests per cron pass"),
-        V::plain("RECONCILE_POLL_RATE", Whole { min: 1, max: 1_000 }, Number(DEFAULT_RECONCILE_POLL_RATE as i64), "status calls a second from the fan-out queue's consumers, all together; a 429 or 5xx pauses them until its Retry-After"),
+        V::plain("RECONCILE_POLL_RATE", Whole { min: 1, max: 1_000 }, Number(DEFAULT_RECONCILE_POLL_RATE as i64), "status calls a second from the fan-out queue's consumers and nudges' confirmations, all together; a 429 or 5xx pauses them until its Retry-After"),
         V::plain("RECONCILE_FANOUT_ABOVE", Whole { min: 1, max: 10_000_000 }, Number(DEFAULT_RECONCILE_FANOUT_ABOVE as i64), "with the RECONCILE_QUEUE binding, a pass with at least this many open operations left to visit schedules their polls on the queue instead of polling them itself"),
         V::plain("RECONCILE_LEASE_SECONDS", Whole { min: MIN_RECONCILE_LEASE_SECS, max: MAX_RECONCILE_LEASE_SECS }, Number(DEFAULT_RECONCILE_LEASE_SECS), "TTL of the reconciliation lease, renewed every quarter of it"),
         V::plain("RECONCILE_DEADLINE_SECONDS", Whole { min: 1, max: MAX_RECONCILE_DEADLINE_SECS }, Number(DEFAULT_RECONCILE_DEADLINE_SECS), "a pass starts no entry after this long and saves its cursor"),

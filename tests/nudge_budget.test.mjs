@@ -120,7 +120,8 @@ describe("one budget for every status call", () => {
     for (let i = 0; i < 20; i++) {
       const r = await nudge(key, token, "batch.failed");
       assert.equal(r.status, 200);
-      assert.equal(r.body.outcome, "conflicting_terminal", JSON.stringify(r.body));
+      assert.equal(r.body.outcome, "dropped", JSON.stringify(r.body));
+      assert.equal(r.body.reason, "conflicting_terminal");
     }
     const { body: after } = await w.inspect(key);
     assert.equal(after.version, before.version);
@@ -147,6 +148,7 @@ describe("one budget for every status call", () => {
     await eventually(() => keys.every((k) => statusCalls(k).length >= 2), { what: "each asked by its confirmation and by the pass", timeoutMs: 40000, everyMs: 250 });
     await sleep(1500);
     const { most, calls } = busiestSecond(from);
+    console.log(gemini.requests.filter((r) => r.at >= from).map((r) => `${r.at - from} ${r.url}`).join("\n"));
     console.log(`status calls: ${calls} in ${Date.now() - from} ms, at most ${most} within one second`);
     assert.ok(calls >= 20, `${calls}`);
     assert.ok(most <= RATE, `${most} status calls within one second (rate ${RATE})`);

@@ -118,7 +118,20 @@ pub struct Lease {
     /// holds across passes, and starts no new coverage of the index before it has passed.
     #[serde(default)]
     pub fed_until_ms: i64,
+    /// The end of the last slot given to a gate's confirmation ([`Lease::take_slot`]): a pass
+    /// schedules after it too.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gate_slots_until_ms: i64,
 }
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// How late a poll on the fan-out queue may start after its slot: a message's delay is whole
+/// seconds and a batch waits up to `max_batch_timeout` (1 s), so a consumer runs up to about
+/// that much behind its schedule. A gate's slot comes at least this long after the queue's.
+pub const QUEUE_LAG_MS: i64 = 2_000;
 
 impl Lease {
     /// Takes the lease for `holder` if it is free or lapsed.
@@ -196,14 +209,21 @@ impl Lease {
 
     /// A gate's confirmation asks for one status call at `now_ms`, from the same budget as the
     /// pass and its consumers: refused until Gemini's back-off ends, while a pass holds the
-    /// lease, and until every poll already scheduled (the fan-out's, and slots given to other
-    /// gates) has had its slot;
-    /// granted, it takes the next slot (`fed_until_ms` moves one spacing at
-    /// `rate_per_s`), so passes schedule after it. A refusal changes nothing and says when to
+    /// lease, and until every poll already scheduled has had its slot (the fan-out's,
+    /// [`QUEUE_LAG_MS`] later, since consumers run behind their slots; and those given to
+    /// other gates); granted, it takes the next slot (`gate_slots_until_ms` moves one spacing
+    /// at `rate_per_s`), after which passes schedule. A refusal changes nothing and says when to
     /// ask again; the slot is not reserved, so a confirmation that waits behind a backlog may
     /// wait again, while the pass polls the same operation from its index anyway.
     pub fn take_slot(&mut self, now_ms: i64, rate_per_s: u32) -> SlotAnswer {
-        let mut free_at = self.status_backoff_until_ms.max(self.fed_until_ms);
+        let queued_until = match self.fed_until_ms {
+            0 => 0,
+            fed => fed.saturating_add(QUEUE_LAG_MS),
+        };
+        let mut free_at = self
+            .status_backoff_until_ms
+            .max(queued_until)
+            .max(self.gate_slots_until_ms);
         if self.holder.is_some() && self.expires_ms > now_ms {
             // A pass is running: it schedules from where the slots ended when it took the
             // lease, so a slot given now could fall among its polls. Ask again in a second.
@@ -212,7 +232,7 @@ impl Lease {
         if free_at > now_ms {
             return SlotAnswer::WaitUntil { until_ms: free_at };
         }
-        self.fed_until_ms = now_ms + slot_spacing_ms(rate_per_s);
+        self.gate_slots_until_ms = now_ms + slot_spacing_ms(rate_per_s);
         SlotAnswer::Granted
     }
 
@@ -351,13 +371,19 @@ mod tests {
     fn a_gate_takes_one_slot_at_the_rate_and_waits_for_backoff_and_the_schedule() {
         let mut lease = Lease::default();
         assert_eq!(lease.take_slot(1_000, 4), SlotAnswer::Granted);
-        assert_eq!(lease.fed_until_ms, 1_250, "the next slot is one spacing on");
+        assert_eq!(
+            lease.gate_slots_until_ms, 1_250,
+            "the next slot is one spacing on"
+        );
         assert_eq!(
             lease.take_slot(1_100, 4),
             SlotAnswer::WaitUntil { until_ms: 1_250 },
             "another gate inside the spacing waits"
         );
-        assert_eq!(lease.fed_until_ms, 1_250, "a refusal changes nothing");
+        assert_eq!(
+            lease.gate_slots_until_ms, 1_250,
+            "a refusal changes nothing"
+        );
         assert_eq!(lease.take_slot(1_250, 4), SlotAnswer::Granted);
         assert!(lease.back_off(9_000));
         assert_eq!(
@@ -365,11 +391,12 @@ mod tests {
             SlotAnswer::WaitUntil { until_ms: 9_000 }
         );
         assert_eq!(lease.take_slot(9_000, 4), SlotAnswer::Granted);
-        // Polls scheduled on the fan-out queue hold every slot until they end.
+        // Polls scheduled on the fan-out queue hold every slot until they end, and the
+        // queue's lag beyond.
         assert!(lease.sent_back(60_000));
         assert_eq!(
             lease.take_slot(10_000, 4),
-            SlotAnswer::WaitUntil { until_ms: 60_000 }
+            SlotAnswer::WaitUntil { until_ms: 62_000 }
         );
         // While a pass holds the lease, gates ask again a second later (or when it lapses).
         let mut lease = held("a", 70_500);
@@ -378,6 +405,8 @@ mod tests {
         assert_eq!(lease.take_slot(60_000, 4), wait(61_000));
         assert!(lease.release("a", Resume::default(), true, 0));
         assert_eq!(lease.take_slot(60_000, 4), SlotAnswer::Granted);
+        // A pass that takes the lease next schedules after the gates' slots.
+        assert_eq!(lease.gate_slots_until_ms, 60_250);
     }
 
     #[test]

@@ -143,7 +143,8 @@ impl ReconcileLease {
                     status_backoff_until_ms: lease.status_backoff_until_ms,
                     webhook_alerted_state: lease.webhook_alerted_state.clone(),
                     audit: lease.audit.clone(),
-                    fed_until_ms: lease.fed_until_ms,
+                    // Slots given to gates are scheduled polls too: the pass goes after them.
+                    fed_until_ms: lease.fed_until_ms.max(lease.gate_slots_until_ms),
                 }
             }
             LeaseCommand::Renew {
