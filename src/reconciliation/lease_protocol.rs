@@ -156,6 +156,21 @@ mod tests {
             serde_json::from_str::<LeaseCommand>(&text).unwrap(),
             sent_back
         );
+        // A gate's request for a status slot, and the answers.
+        let slot = LeaseCommand::Slot { rate_per_s: 20 };
+        assert_eq!(
+            serde_json::to_string(&slot).unwrap(),
+            r#"{"command":"slot","rate_per_s":20}"#
+        );
+        let wait = LeaseReply::Slot {
+            answer: SlotAnswer::WaitUntil { until_ms: 7 },
+        };
+        let text = serde_json::to_string(&wait).unwrap();
+        assert_eq!(
+            text,
+            r#"{"outcome":"slot","answer":{"slot":"wait_until","until_ms":7}}"#
+        );
+        assert_eq!(serde_json::from_str::<LeaseReply>(&text).unwrap(), wait);
         let reply = LeaseReply::Renewed { accepted: false };
         let text = serde_json::to_string(&reply).unwrap();
         assert_eq!(text, r#"{"outcome":"renewed","accepted":false}"#);

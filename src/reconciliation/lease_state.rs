@@ -4,7 +4,8 @@
 //! Guarantees: the lease admits one pass at a time, lapses by itself if its holder dies, and
 //! only its holder may move the durable cursor or the audit's; a refused call changes nothing;
 //! the status back-off and the fan-out schedule only move later (a queue consumer, holding no
-//! lease, may push them).
+//! lease, may push them); a gate's confirmation gets a status slot ([`Lease::take_slot`]) only
+//! outside Gemini's back-off, a running pass and every slot already given, at the poll rate.
 //! A routine pass lists the `open:` index whole (up to [`MAX_INDEX_PAGES`] pages, then in
 //! windows) and starts after the last entry the previous pass finished ([`resume_index`]), so
 //! every open operation is visited once per ceil(work / budget) passes; the audit ([`Audit`],
