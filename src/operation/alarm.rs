@@ -365,13 +365,21 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
 }
 
 /// What the budget's holder (the lease) said to a confirmation about to ask the status API:
-/// `Some(time)` to wait until, `None` to ask now. An unreachable lease is a wait of one
-/// confirmation interval (at least a second): no status call leaves outside the budget, and
-/// the cron polls the operation meanwhile.
-pub fn slot_wait(answer: Option<SlotAnswer>, now: i64, limits: &Limits) -> Option<i64> {
+/// `Some(time)` to wait until, `None` to ask now. Gates told the same time come back spread
+/// over the next second (`jitter` in [0, 1)), not all at once for one slot. An unreachable
+/// lease is a wait of one confirmation interval (at least a second): no status call leaves
+/// outside the budget, and the cron polls the operation meanwhile.
+pub fn slot_wait(
+    answer: Option<SlotAnswer>,
+    now: i64,
+    limits: &Limits,
+    jitter: f64,
+) -> Option<i64> {
     match answer {
         Some(SlotAnswer::Granted) => None,
-        Some(SlotAnswer::WaitUntil { until_ms }) => Some(until_ms.max(now + 1)),
+        Some(SlotAnswer::WaitUntil { until_ms }) => {
+            Some(until_ms.max(now + 1) + (jitter.clamp(0.0, 1.0) * 1_000.0) as i64)
+        }
         None => Some(now + limits.confirm_interval_ms.max(1_000)),
     }
 }
@@ -392,7 +400,7 @@ pub fn status_backoff_until(answer: &Result<Observation, StatusError>, now: i64)
 pub fn confirm_waits_for_slot(mut op: Operation, until: i64, now: i64) -> Step<AlarmDone> {
     let key = op.key().to_string();
     let wait = (until - now).max(1);
-    op.confirmation_waits(now, wait);
+    op.confirmation_deferred(now + wait);
     Step::new(Some(op), AlarmDone::Confirmed)
         .durable()
         .log(GateLog::ConfirmWaiting {
@@ -1200,25 +1208,37 @@ mod feeder_tests {
             confirm_interval_ms: 60_000,
             ..LIMITS
         };
-        assert_eq!(slot_wait(Some(SlotAnswer::Granted), 100, &limits), None);
+        let wait = |until_ms| Some(SlotAnswer::WaitUntil { until_ms });
         assert_eq!(
-            slot_wait(Some(SlotAnswer::WaitUntil { until_ms: 900 }), 100, &limits),
-            Some(900)
+            slot_wait(Some(SlotAnswer::Granted), 100, &limits, 0.5),
+            None
+        );
+        assert_eq!(slot_wait(wait(900), 100, &limits, 0.0), Some(900));
+        assert_eq!(
+            slot_wait(wait(900), 100, &limits, 0.5),
+            Some(1_400),
+            "spread over a second"
         );
         assert_eq!(
-            slot_wait(Some(SlotAnswer::WaitUntil { until_ms: 50 }), 100, &limits),
+            slot_wait(wait(50), 100, &limits, 0.0),
             Some(101),
             "never due in the past"
         );
         assert_eq!(
-            slot_wait(None, 100, &limits),
+            slot_wait(None, 100, &limits, 0.0),
             Some(60_100),
             "no lease, no call"
         );
-        // Told to wait, the confirmation waits for its slot: not one of its tries.
-        let s = confirm_waits_for_slot(nudged(), 900, 100);
+        // Told to wait, the confirmation waits for its slot: not one of its tries, and no
+        // version (no ledger projection for a wait).
+        let op = nudged();
+        let version = op.version();
+        let s = confirm_waits_for_slot(op, 900, 100);
         assert_eq!(events(&s), ["confirm_waiting"]);
-        let c = s.record.unwrap().confirmation().cloned().unwrap();
+        assert_eq!(s.save, Save::Durable);
+        let op = s.record.unwrap();
+        assert_eq!(op.version(), version);
+        let c = op.confirmation().cloned().unwrap();
         assert_eq!((c.due_ms, c.attempts), (900, 0));
         // A 429 or 5xx a confirmation saw backs off every status call; nothing else does.
         let transient = Err(StatusError::Transient {

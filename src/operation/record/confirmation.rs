@@ -158,6 +158,14 @@ impl Operation {
         }
     }
 
+    /// The status budget said wait: the confirmation is due again at `due_ms`. Nothing the
+    /// ledger shows changed, so the version stays (no ledger projection for a wait).
+    pub fn confirmation_deferred(&mut self, due_ms: i64) {
+        if let Some(c) = &mut self.confirmation {
+            c.due_ms = due_ms;
+        }
+    }
+
     /// The status API does not know the operation (404): nothing to apply, nothing to ask.
     pub fn confirmation_gone(&mut self) {
         if self.confirmation.take().is_some() {

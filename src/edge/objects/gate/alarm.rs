@@ -116,7 +116,8 @@ impl<'a> Run<'a> {
                     Some(LeaseReply::Slot { answer }) => Some(answer),
                     _ => None,
                 };
-                if let Some(until) = alarm::slot_wait(slot, now_ms(), &limits(config)) {
+                let jitter = random_unit();
+                if let Some(until) = alarm::slot_wait(slot, now_ms(), &limits(config), jitter) {
                     let current = self.storage.load()?.unwrap_or(op);
                     let step = alarm::confirm_waits_for_slot(current.clone(), until, now_ms());
                     return self.apply(step, current, Alarm::Deferred).await;
