@@ -99,6 +99,10 @@ pub const DEFAULT_UNREGISTERED_HOLD_SECS: i64 = 15;
 pub const DEFAULT_STRANGER_ALERT_THRESHOLD: i64 = 20;
 /// The window of the aggregated alert: at most one alert about strangers' nudges per window.
 pub const DEFAULT_STRANGER_ALERT_WINDOW_SECS: i64 = 3_600;
+/// Least time between two status questions a held operation's nudges cause: a stranger who
+/// knows one held name (or, with a read token, every open one) makes at most one status call
+/// a minute per name, and a genuine nudge still settles within a minute or by the next cron.
+pub const DEFAULT_CONFIRM_INTERVAL_SECS: i64 = 60;
 const DAY_SECS: i64 = 86_400;
 /// Five failures in a row: one blip (a deploy, a restart) does not open a destination, a
 /// real outage does within seconds of traffic.
@@ -255,7 +259,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("STUCK_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_STUCK_AFTER_SECS), "alert (once) when not terminal after this long"),
         V::plain("EFFECT_ALERT_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_EFFECT_ALERT_AFTER_SECS), "alert (once) when a side effect is still not done"),
         V::plain("RECONCILE_BUDGET", Whole { min: 5, max: 10_000 }, Number(DEFAULT_RECONCILE_BUDGET as i64), "subrequests per cron pass"),
-        V::plain("RECONCILE_POLL_RATE", Whole { min: 1, max: 1_000 }, Number(DEFAULT_RECONCILE_POLL_RATE as i64), "status calls a second from the fan-out queue's consumers, all together; a 429 or 5xx pauses them until its Retry-After"),
+        V::plain("RECONCILE_POLL_RATE", Whole { min: 1, max: 1_000 }, Number(DEFAULT_RECONCILE_POLL_RATE as i64), "status calls a second from the fan-out queue's consumers and nudges' confirmations, all together; a 429 or 5xx pauses them until its Retry-After"),
         V::plain("RECONCILE_FANOUT_ABOVE", Whole { min: 1, max: 10_000_000 }, Number(DEFAULT_RECONCILE_FANOUT_ABOVE as i64), "with the RECONCILE_QUEUE binding, a pass with at least this many open operations left to visit schedules their polls on the queue instead of polling them itself"),
         V::plain("RECONCILE_LEASE_SECONDS", Whole { min: MIN_RECONCILE_LEASE_SECS, max: MAX_RECONCILE_LEASE_SECS }, Number(DEFAULT_RECONCILE_LEASE_SECS), "TTL of the reconciliation lease, renewed every quarter of it"),
         V::plain("RECONCILE_DEADLINE_SECONDS", Whole { min: 1, max: MAX_RECONCILE_DEADLINE_SECS }, Number(DEFAULT_RECONCILE_DEADLINE_SECS), "a pass starts no entry after this long and saves its cursor"),
@@ -271,6 +275,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("GEMINI_JWT_AUDIENCE", FreeText, Nothing, "when set, a dynamic webhook's token must carry it in aud"),
         V::plain("STRANGER_ALERT_THRESHOLD", Whole { min: 1, max: 1_000_000 }, Number(DEFAULT_STRANGER_ALERT_THRESHOLD), "dynamic-webhook nudges for operations the worker does not hold (not registered), within the window, that raise one aggregated alert"),
         V::plain("STRANGER_ALERT_WINDOW_SECONDS", Whole { min: 60, max: 7 * DAY_SECS }, Number(DEFAULT_STRANGER_ALERT_WINDOW_SECS), "at most one alert about such nudges per window"),
+        V::plain("CONFIRM_INTERVAL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CONFIRM_INTERVAL_SECS), "least time between two status questions a held operation's nudges cause (its confirmation's questions included): bounds the status calls anyone with a token can cause per held name"),
         V::plain("UNREGISTERED_HOLD_SECONDS", Whole { min: 0, max: 3_600 }, Number(DEFAULT_UNREGISTERED_HOLD_SECS), "with EFFECT_ROUTES set, an unregistered operation's first side-effect attempt waits this long for a late registration's kind"),
     ]
 };
@@ -337,6 +342,8 @@ pub struct Config {
     pub gemini_jwt_audience: Option<String>,
     pub stranger_alert_threshold: u32,
     pub stranger_alert_window_secs: i64,
+    /// `CONFIRM_INTERVAL_SECONDS`: least time between a held operation's confirmation questions.
+    pub confirm_interval_secs: i64,
     pub unregistered_hold_secs: i64,
     /// Each variable of [`VARIABLES`] as `/v1/config` shows it, in table order: taken when it
     /// was read, so the view is of exactly what was parsed and never holds a secret.
@@ -886,6 +893,7 @@ impl Config {
             gemini_jwt_audience: s.optional("GEMINI_JWT_AUDIENCE", Setting::text)?,
             stranger_alert_threshold: s.value("STRANGER_ALERT_THRESHOLD", Setting::whole)? as u32,
             stranger_alert_window_secs: s.value("STRANGER_ALERT_WINDOW_SECONDS", Setting::whole)?,
+            confirm_interval_secs: s.value("CONFIRM_INTERVAL_SECONDS", Setting::whole)?,
             unregistered_hold_secs: s.value("UNREGISTERED_HOLD_SECONDS", Setting::whole)?,
             shown: s.0.iter().map(|(v, setting)| v.shown(setting)).collect(),
         })

@@ -71,6 +71,8 @@ before(async () => {
     GEMINI_API_KEY: "test-api-key",
     ALERT_URL: `${alerts.url}/alerts`,
     EFFECT_RETRY_BASE_SECONDS: "1",
+    // Nudges here are confirmed again within seconds (production asks at most once a minute).
+    CONFIRM_INTERVAL_SECONDS: "1",
     EFFECT_RETRY_MAX_SECONDS: "1",
   });
 });

@@ -22,6 +22,7 @@ const LIMITS: Limits = Limits {
     retry_base_secs: 1,
     retry_max_secs: 8,
     unregistered_hold_ms: 0,
+    confirm_interval_ms: 0,
 };
 
 /// `levels` nested objects as JSON text, built as text.
@@ -129,6 +130,7 @@ fn a_nudge_at_the_limits_gives_a_record_that_reads_back_before_and_after_confirm
             claimed: "succeeded".into(),
             metadata,
             delivery_id: "jwt_1".into(),
+            confirm_interval_ms: 60_000,
         };
         reads_back("the nudge", &command);
         let held = Operation::register("batches/nudge", "batches/nudge", None, 500);

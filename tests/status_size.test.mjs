@@ -63,6 +63,8 @@ before(async () => {
     ALERT_URL: `${sink.url}/alerts`,
     RECONCILE_GRACE_SECONDS: "0",
     EFFECT_RETRY_BASE_SECONDS: "1",
+    // Nudges here are confirmed again within seconds (production asks at most once a minute).
+    CONFIRM_INTERVAL_SECONDS: "1",
     EFFECT_RETRY_MAX_SECONDS: "1",
   });
 });

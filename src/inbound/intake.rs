@@ -35,6 +35,8 @@ pub struct Settings {
     pub require_registration: bool,
     /// `UNREGISTERED_HOLD_SECONDS` in ms when routes are configured, else 0.
     pub hold_ms: i64,
+    /// `CONFIRM_INTERVAL_SECONDS` in ms, carried by a nudge to its gate.
+    pub confirm_interval_ms: i64,
 }
 
 /// What the intake needs next. Each is answered through the [`Intake`] method it names.
@@ -255,6 +257,7 @@ impl<'a> Intake<'a> {
                     claimed: claimed.as_str().to_string(),
                     metadata,
                     delivery_id,
+                    confirm_interval_ms: self.settings.confirm_interval_ms,
                 };
                 self.call_gate(key.key, command, event_type)
             }
@@ -433,6 +436,7 @@ mod tests {
     const SETTINGS: Settings = Settings {
         require_registration: false,
         hold_ms: 0,
+        confirm_interval_ms: 60_000,
     };
 
     fn policy(secrets: &[Secret]) -> Policy<'_> {

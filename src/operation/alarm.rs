@@ -21,6 +21,7 @@ use crate::operation::history::HistoryEntry;
 use crate::operation::key::Collection;
 use crate::operation::ledger::{IndexWrite, Projection};
 use crate::operation::lifecycle::{Source, Status, Verdict};
+use crate::operation::observation::SlotAnswer;
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::{
     backoff_ms, AttemptOutcome, Claim, Finished, OpEvent, Operation, PendingAlert,
@@ -246,12 +247,18 @@ pub fn confirmed(
     jitter: f64,
 ) -> Step<AlarmDone> {
     let attempts = op.confirmation().map_or(0, |c| c.attempts);
+    // Each question waits at least the confirmation interval after the last, whoever nudges.
     let wait = backoff_ms(
         attempts + 1,
         limits.retry_base_secs,
         limits.retry_max_secs,
         jitter,
-    );
+    )
+    .max(limits.confirm_interval_ms);
+    let mut op = op;
+    if !matches!(answer, Err(StatusError::NoApiKey)) {
+        op.confirmation_asked(now);
+    }
     match answer {
         Ok(observation) if !matches!(observation.status, Status::Unknown(_)) => {
             confirmed_state(op, observation, now, wait, limits)
@@ -365,6 +372,52 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
                 })
         }
     }
+}
+
+/// What the budget's holder (the lease) said to a confirmation about to ask the status API:
+/// `Some(time)` to wait until, `None` to ask now. Gates told the same time come back spread
+/// over the next second (`jitter` in [0, 1)), not all at once for one slot. An unreachable
+/// lease is a wait of one confirmation interval (at least a second): no status call leaves
+/// outside the budget, and the cron polls the operation meanwhile.
+pub fn slot_wait(
+    answer: Option<SlotAnswer>,
+    now: i64,
+    limits: &Limits,
+    jitter: f64,
+) -> Option<i64> {
+    match answer {
+        Some(SlotAnswer::Granted) => None,
+        Some(SlotAnswer::WaitUntil { until_ms }) => {
+            Some(until_ms.max(now + 1) + (jitter.clamp(0.0, 1.0) * 1_000.0) as i64)
+        }
+        None => Some(now + limits.confirm_interval_ms.max(1_000)),
+    }
+}
+
+/// When a confirmation's answer asks every status call to wait (a 429 or 5xx): the time to
+/// report to the lease, so the pass and its consumers back off too.
+pub fn status_backoff_until(answer: &Result<Observation, StatusError>, now: i64) -> Option<i64> {
+    match answer {
+        Err(StatusError::Transient { retry_after_secs }) => {
+            Some(now.saturating_add(retry_after_secs.saturating_mul(1_000)))
+        }
+        _ => None,
+    }
+}
+
+/// The budget said wait (or could not be asked): the confirmation is due again at `until`,
+/// for its slot. Nothing was asked, so it is not one of its tries.
+pub fn confirm_waits_for_slot(mut op: Operation, until: i64, now: i64) -> Step<AlarmDone> {
+    let key = op.key().to_string();
+    let wait = (until - now).max(1);
+    op.confirmation_deferred(now + wait);
+    Step::new(Some(op), AlarmDone::Confirmed)
+        .durable()
+        .log(GateLog::ConfirmWaiting {
+            key,
+            error: "status budget: waiting for a slot".into(),
+            retry_in_ms: wait,
+        })
 }
 
 /// Nothing could be asked (`GEMINI_API_KEY` is not set). Not a try, so no try count grows its
@@ -683,7 +736,7 @@ mod tests {
     /// A registered operation with a nudge waiting for the status API, asked at 10.
     fn nudged() -> Operation {
         let mut op = registered("batches/a");
-        assert!(op.request_confirmation(10, Map::new(), Some("jwt_1".into())));
+        assert!(op.request_confirmation(10, Map::new(), Some("jwt_1".into()), 0));
         op
     }
 
@@ -823,7 +876,7 @@ mod tests {
     #[test]
     fn a_key_of_no_known_collection_is_answered_as_malformed() {
         let mut op = registered("files/a");
-        op.request_confirmation(10, Map::new(), None);
+        op.request_confirmation(10, Map::new(), None, 0);
         match plan(&op, 10, &LIMITS).next(&op, 10, &LIMITS, true) {
             Some(AlarmWork::Confirm(ConfirmAsk::Answered(Err(StatusError::Malformed(why))))) => {
                 assert_eq!(why, "key has no collection")
@@ -1132,6 +1185,89 @@ mod feeder_tests {
                 1.0
             )),
             ["confirm_waiting"]
+        );
+    }
+
+    #[test]
+    fn questions_about_one_operation_are_a_confirmation_interval_apart() {
+        let limits = Limits {
+            confirm_interval_ms: 60_000,
+            ..LIMITS
+        };
+        // Still running: asked again no sooner than the interval, however short the backoff.
+        let op = confirmed(nudged(), observed(Status::Running), 20, &limits, 1.0)
+            .record
+            .unwrap();
+        assert_eq!(op.confirmation().map(|c| c.due_ms), Some(20 + 60_000));
+        // 404: the confirmation ends, and a nudge inside the interval starts none.
+        let mut op = confirmed(nudged(), Err(StatusError::NotFound), 20, &limits, 1.0)
+            .record
+            .unwrap();
+        let version = op.version();
+        assert!(op.request_confirmation(59_000, serde_json::Map::new(), None, 60_000));
+        assert!(op.confirmation().is_none());
+        assert_eq!(op.version(), version, "nothing changed");
+        assert!(op.request_confirmation(60_020, serde_json::Map::new(), None, 60_000));
+        assert_eq!(op.confirmation().map(|c| c.due_ms), Some(60_020));
+        // Without a key nothing was asked: the next nudge is not held back.
+        let mut op = confirmed(nudged(), Err(StatusError::NoApiKey), 20, &limits, 1.0)
+            .record
+            .unwrap();
+        op.confirmation_gone();
+        assert!(op.request_confirmation(21, serde_json::Map::new(), None, 60_000));
+        assert!(op.confirmation().is_some());
+    }
+
+    #[test]
+    fn the_budget_decides_when_a_confirmation_may_ask() {
+        let limits = Limits {
+            confirm_interval_ms: 60_000,
+            ..LIMITS
+        };
+        let wait = |until_ms| Some(SlotAnswer::WaitUntil { until_ms });
+        assert_eq!(
+            slot_wait(Some(SlotAnswer::Granted), 100, &limits, 0.5),
+            None
+        );
+        assert_eq!(slot_wait(wait(900), 100, &limits, 0.0), Some(900));
+        assert_eq!(
+            slot_wait(wait(900), 100, &limits, 0.5),
+            Some(1_400),
+            "spread over a second"
+        );
+        assert_eq!(
+            slot_wait(wait(50), 100, &limits, 0.0),
+            Some(101),
+            "never due in the past"
+        );
+        assert_eq!(
+            slot_wait(None, 100, &limits, 0.0),
+            Some(60_100),
+            "no lease, no call"
+        );
+        // Told to wait, the confirmation waits for its slot: not one of its tries, and no
+        // version (no ledger projection for a wait).
+        let op = nudged();
+        let version = op.version();
+        let s = confirm_waits_for_slot(op, 900, 100);
+        assert_eq!(events(&s), ["confirm_waiting"]);
+        assert_eq!(s.save, Save::Durable);
+        let op = s.record.unwrap();
+        assert_eq!(op.version(), version);
+        let c = op.confirmation().cloned().unwrap();
+        assert_eq!((c.due_ms, c.attempts), (900, 0));
+        // A 429 or 5xx a confirmation saw backs off every status call; nothing else does.
+        let transient = Err(StatusError::Transient {
+            retry_after_secs: 30,
+        });
+        assert_eq!(status_backoff_until(&transient, 1_000), Some(31_000));
+        assert_eq!(
+            status_backoff_until(&Err(StatusError::NotFound), 1_000),
+            None
+        );
+        assert_eq!(
+            status_backoff_until(&observed(Status::Running), 1_000),
+            None
         );
     }
 

@@ -60,6 +60,10 @@ pub enum GateCommand {
         metadata: serde_json::Map<String, Value>,
         /// A hash of the token: something signed, unlike the `webhook-id` header.
         delivery_id: String,
+        /// `CONFIRM_INTERVAL_SECONDS` in ms: with no confirmation waiting, a nudge within it
+        /// of the last status question changes nothing.
+        #[serde(default)]
+        confirm_interval_ms: i64,
     },
     /// Run an owed side effect if it is due and no live claim holds it.
     RetryEffect,

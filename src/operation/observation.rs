@@ -2,7 +2,8 @@
 //! with the server's own update time, or why there is none.
 //!
 //! Guarantees: a 429 or 5xx waits for its `Retry-After` (capped at a day) or a default, never
-//! less than zero; none of the errors settles anything.
+//! less than zero; none of the errors settles anything. A gate asks only when the project's
+//! status budget grants it a slot ([`SlotAnswer`]).
 
 use serde_json::{Map, Value};
 
@@ -47,4 +48,15 @@ pub fn transient(retry_after: Option<&str>) -> StatusError {
     StatusError::Transient {
         retry_after_secs: secs.min(86_400),
     }
+}
+
+/// The project's status budget's answer to a gate about to ask the status API (the
+/// reconciliation lease keeps the budget: `Lease::take_slot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "slot", rename_all = "snake_case")]
+pub enum SlotAnswer {
+    /// Ask now: the slot is taken.
+    Granted,
+    /// No status call before this time (Unix ms): ask for a slot again then.
+    WaitUntil { until_ms: i64 },
 }

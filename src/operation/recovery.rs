@@ -182,7 +182,7 @@ mod tests {
     /// objects deep, written as text (as serde_json's writer would, which has no limit).
     fn deep_record(levels: usize) -> String {
         let mut op = Operation::register("batches/d", "batches/d", Some("k".into()), 1_000);
-        op.request_confirmation(1_000, Map::new(), Some("jwt_1".into()));
+        op.request_confirmation(1_000, Map::new(), Some("jwt_1".into()), 0);
         let text = serde_json::to_string(&op).unwrap();
         let deep = format!("{}1{}", "{\"a\":".repeat(levels), "}".repeat(levels));
         text.replace(

@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::operation::observation::SlotAnswer;
 use crate::reconciliation::lease_state::{Audit, AuditProgress, Lease, Resume};
 
 /// A request to the ReconcileLease object (one for the whole worker).
@@ -58,6 +59,10 @@ pub enum LeaseCommand {
         #[serde(default, skip_serializing_if = "is_zero")]
         fed_until_ms: i64,
     },
+    /// From a gate's alarm about to ask the status API for a nudge's confirmation: one slot
+    /// of the budget the pass and its consumers share (`RECONCILE_POLL_RATE`, and Gemini's
+    /// back-off). Needs no lease.
+    Slot { rate_per_s: u32 },
     /// The lease, the cursor and the last pass's summary.
     Status,
 }
@@ -80,6 +85,10 @@ pub enum LeaseReply {
     },
     /// The answer to [`LeaseCommand::Backoff`].
     BackedOff,
+    /// The answer to [`LeaseCommand::Slot`].
+    Slot {
+        answer: SlotAnswer,
+    },
     Busy,
     /// The answer to [`LeaseCommand::Renew`]; `accepted: false` means the lease is lost.
     Renewed {
@@ -127,7 +136,8 @@ pub fn decide(lease: &mut Lease, command: LeaseCommand, now: i64) -> LeaseTurn {
                 status_backoff_until_ms: lease.status_backoff_until_ms,
                 webhook_alerted_state: lease.webhook_alerted_state.clone(),
                 audit: lease.audit.clone(),
-                fed_until_ms: lease.fed_until_ms,
+                // Slots given to gates are scheduled polls too: the pass goes after them.
+                fed_until_ms: lease.fed_until_ms.max(lease.gate_slots_until_ms),
             };
             turn(granted, true)
         }
@@ -157,6 +167,10 @@ pub fn decide(lease: &mut Lease, command: LeaseCommand, now: i64) -> LeaseTurn {
             // Both, unconditionally: `|` does not stop at the first that moved.
             let moved = lease.back_off(until_ms) | lease.sent_back(fed_until_ms);
             turn(LeaseReply::BackedOff, moved)
+        }
+        LeaseCommand::Slot { rate_per_s } => {
+            let answer = lease.take_slot(now, rate_per_s);
+            turn(LeaseReply::Slot { answer }, answer == SlotAnswer::Granted)
         }
         LeaseCommand::Status => turn(
             LeaseReply::State {
@@ -303,6 +317,21 @@ mod tests {
             serde_json::from_str::<LeaseCommand>(&text).unwrap(),
             sent_back
         );
+        // A gate's request for a status slot, and the answers.
+        let slot = LeaseCommand::Slot { rate_per_s: 20 };
+        assert_eq!(
+            serde_json::to_string(&slot).unwrap(),
+            r#"{"command":"slot","rate_per_s":20}"#
+        );
+        let wait = LeaseReply::Slot {
+            answer: SlotAnswer::WaitUntil { until_ms: 7 },
+        };
+        let text = serde_json::to_string(&wait).unwrap();
+        assert_eq!(
+            text,
+            r#"{"outcome":"slot","answer":{"slot":"wait_until","until_ms":7}}"#
+        );
+        assert_eq!(serde_json::from_str::<LeaseReply>(&text).unwrap(), wait);
         let reply = LeaseReply::Renewed { accepted: false };
         let text = serde_json::to_string(&reply).unwrap();
         assert_eq!(text, r#"{"outcome":"renewed","accepted":false}"#);

@@ -4,7 +4,8 @@
 //! Guarantees: the lease admits one pass at a time, lapses by itself if its holder dies, and
 //! only its holder may move the durable cursor or the audit's; a refused call changes nothing;
 //! the status back-off and the fan-out schedule only move later (a queue consumer, holding no
-//! lease, may push them).
+//! lease, may push them); a gate's confirmation gets a status slot ([`Lease::take_slot`]) only
+//! outside Gemini's back-off, a running pass and every slot already given, at the poll rate.
 //! A routine pass lists the `open:` index whole (up to [`MAX_INDEX_PAGES`] pages, then in
 //! windows) and starts after the last entry the previous pass finished ([`resume_index`]), so
 //! every open operation is visited once per ceil(work / budget) passes; the audit ([`Audit`],
@@ -14,6 +15,8 @@
 //! the next one for one lease TTL, not for the length of a pass.
 
 use serde::{Deserialize, Serialize};
+
+use crate::operation::observation::SlotAnswer;
 
 /// Most index pages (of 1,000) a routine pass lists before it acts, which bounds the memory
 /// it holds (~250 B per entry: about 12 MB) far inside an isolate's 128 MB. A larger index
@@ -110,7 +113,20 @@ pub struct Lease {
     /// holds across passes, and starts no new coverage of the index before it has passed.
     #[serde(default)]
     pub fed_until_ms: i64,
+    /// The end of the last slot given to a gate's confirmation ([`Lease::take_slot`]): a pass
+    /// schedules after it too.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gate_slots_until_ms: i64,
 }
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// How late a poll on the fan-out queue may start after its slot: a message's delay is whole
+/// seconds and a batch waits up to `max_batch_timeout` (1 s), so a consumer runs up to about
+/// that much behind its schedule. A gate's slot comes at least this long after the queue's.
+pub const QUEUE_LAG_MS: i64 = 2_000;
 
 impl Lease {
     /// Takes the lease for `holder` if it is free or lapsed.
@@ -186,6 +202,35 @@ impl Lease {
         moved
     }
 
+    /// A gate's confirmation asks for one status call at `now_ms`, from the same budget as the
+    /// pass and its consumers: refused until Gemini's back-off ends, while a pass holds the
+    /// lease, and until every poll already scheduled has had its slot (the fan-out's,
+    /// [`QUEUE_LAG_MS`] later, since consumers run behind their slots; and those given to
+    /// other gates); granted, it takes the next slot (`gate_slots_until_ms` moves one spacing
+    /// at `rate_per_s`), after which passes schedule. A refusal changes nothing and says when to
+    /// ask again; the slot is not reserved, so a confirmation that waits behind a backlog may
+    /// wait again, while the pass polls the same operation from its index anyway.
+    pub fn take_slot(&mut self, now_ms: i64, rate_per_s: u32) -> SlotAnswer {
+        let queued_until = match self.fed_until_ms {
+            0 => 0,
+            fed => fed.saturating_add(QUEUE_LAG_MS),
+        };
+        let mut free_at = self
+            .status_backoff_until_ms
+            .max(queued_until)
+            .max(self.gate_slots_until_ms);
+        if self.holder.is_some() && self.expires_ms > now_ms {
+            // A pass is running: it schedules from where the slots ended when it took the
+            // lease, so a slot given now could fall among its polls. Ask again in a second.
+            free_at = free_at.max((now_ms + 1_000).min(self.expires_ms));
+        }
+        if free_at > now_ms {
+            return SlotAnswer::WaitUntil { until_ms: free_at };
+        }
+        self.gate_slots_until_ms = now_ms + slot_spacing_ms(rate_per_s);
+        SlotAnswer::Granted
+    }
+
     /// Gives the lease back, saving where to resume. Refused (false) unless `holder` still
     /// holds it: a pass whose lease lapsed must not move the cursor of the pass after it.
     pub fn release(
@@ -207,6 +252,13 @@ impl Lease {
         }
         true
     }
+}
+
+/// The time between two slots at `rate_per_s` status calls a second (rounded up, so the rate
+/// holds).
+pub fn slot_spacing_ms(rate_per_s: u32) -> i64 {
+    let rate = i64::from(rate_per_s.max(1));
+    (1_000 + rate - 1) / rate
 }
 
 /// A pass renews its lease after a quarter of the TTL, so three renewals in a row can be slow
@@ -298,6 +350,67 @@ mod tests {
         assert!(lease.release("c", Resume::default(), true, 0));
         assert_eq!(lease.completed_passes, 1);
         assert_eq!(lease.status_backoff_until_ms, 500, "backoff never shrinks");
+    }
+
+    #[test]
+    fn a_gate_takes_one_slot_at_the_rate_and_waits_for_backoff_and_the_schedule() {
+        let mut lease = Lease::default();
+        assert_eq!(lease.take_slot(1_000, 4), SlotAnswer::Granted);
+        assert_eq!(
+            lease.gate_slots_until_ms, 1_250,
+            "the next slot is one spacing on"
+        );
+        assert_eq!(
+            lease.take_slot(1_100, 4),
+            SlotAnswer::WaitUntil { until_ms: 1_250 },
+            "another gate inside the spacing waits"
+        );
+        assert_eq!(
+            lease.gate_slots_until_ms, 1_250,
+            "a refusal changes nothing"
+        );
+        assert_eq!(lease.take_slot(1_250, 4), SlotAnswer::Granted);
+        assert!(lease.back_off(9_000));
+        assert_eq!(
+            lease.take_slot(2_000, 4),
+            SlotAnswer::WaitUntil { until_ms: 9_000 }
+        );
+        assert_eq!(lease.take_slot(9_000, 4), SlotAnswer::Granted);
+        // Polls scheduled on the fan-out queue hold every slot until they end, and the
+        // queue's lag beyond.
+        assert!(lease.sent_back(60_000));
+        assert_eq!(
+            lease.take_slot(10_000, 4),
+            SlotAnswer::WaitUntil { until_ms: 62_000 }
+        );
+        // While a pass holds the lease, gates ask again a second later (or when it lapses).
+        let mut lease = held("a", 70_500);
+        let wait = |until_ms| SlotAnswer::WaitUntil { until_ms };
+        assert_eq!(lease.take_slot(70_000, 4), wait(70_500));
+        assert_eq!(lease.take_slot(60_000, 4), wait(61_000));
+        assert!(lease.release("a", Resume::default(), true, 0));
+        assert_eq!(lease.take_slot(60_000, 4), SlotAnswer::Granted);
+        // A pass that takes the lease next schedules after the gates' slots.
+        assert_eq!(lease.gate_slots_until_ms, 60_250);
+    }
+
+    #[test]
+    fn slots_never_come_faster_than_the_rate() {
+        assert_eq!(slot_spacing_ms(20), 50);
+        assert_eq!(slot_spacing_ms(3), 334);
+        assert_eq!(slot_spacing_ms(0), 1_000);
+        let mut lease = Lease::default();
+        let mut granted = Vec::new();
+        for now in (0..3_000).step_by(10) {
+            if lease.take_slot(now, 3) == SlotAnswer::Granted {
+                granted.push(now);
+            }
+        }
+        assert!(
+            granted.windows(2).all(|w| w[1] - w[0] >= 334),
+            "{granted:?}"
+        );
+        assert_eq!(granted.len(), 9);
     }
 
     fn held(holder: &str, expires_ms: i64) -> Lease {

@@ -15,8 +15,10 @@ use worker::{js_sys, web_sys, Env};
 use crate::config::Config;
 use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings};
 use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 
+use crate::edge::objects::lease_object::{LEASE_BINDING, LEASE_NAME};
 use crate::edge::runtime::js_error;
 
 /// The Durable Object binding.
@@ -56,6 +58,15 @@ pub async fn call_desk(
     command: &DeskCommand,
 ) -> std::result::Result<DeskReply, Refusal> {
     post_json(&stub_for(env, DESK_BINDING, &settings.label)?, command).await
+}
+
+/// Sends a command to the reconciliation lease (the pass's lease, and the project's status
+/// budget).
+pub async fn call_lease(
+    env: &Env,
+    command: &LeaseCommand,
+) -> std::result::Result<LeaseReply, Refusal> {
+    post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
 }
 
 /// Each configured destination's health, as `/v1/stats` shows it: one desk call each (the

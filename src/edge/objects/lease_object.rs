@@ -8,7 +8,9 @@
 //! cursor. The lease is short and renewed by its pass's heartbeat (each renewal also saves the
 //! pass's position), so a pass that dies blocks the next for one TTL. The audit over `op:`
 //! keeps its own cursor in the same record ([`crate::reconciliation::lease_state::Audit`]), moved only by the
-//! holder, like the routine cursor.
+//! holder, like the routine cursor. The same record is the one status budget: a gate's
+//! confirmation takes its slot here ([`crate::reconciliation::lease_state::Lease::take_slot`],
+//! read-decide-write like the rest), after the pass's schedule and Gemini's back-off.
 
 use serde::Deserialize;
 use serde_json::Value;

@@ -21,6 +21,8 @@ pub struct Limits {
     pub retry_max_secs: i64,
     /// See [`Operation::hold_for_registration`].
     pub unregistered_hold_ms: i64,
+    /// `CONFIRM_INTERVAL_SECONDS` in ms: least time between a confirmation's questions.
+    pub confirm_interval_ms: i64,
 }
 
 /// How the record is kept after a step.

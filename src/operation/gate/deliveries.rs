@@ -104,6 +104,7 @@ pub(super) fn nudge(
     claimed: String,
     metadata: Map<String, Value>,
     delivery_id: String,
+    interval_ms: i64,
     now: i64,
 ) -> Step {
     let Some(mut op) = record else {
@@ -117,15 +118,15 @@ pub(super) fn nudge(
         step.save = Save::MemoryOnly;
         return step;
     }
-    if !op.request_confirmation(now, metadata, Some(delivery_id.clone())) {
+    if !op.request_confirmation(now, metadata, Some(delivery_id.clone()), interval_ms) {
         // Terminal already: it absorbs, so no answer from Gemini could change it.
         return nudged_terminal(op, &claimed, now);
     }
     let status = op.status().clone();
     if op.version() == version {
-        // The same nudge again while its confirmation waits: nothing changed, so nothing is
-        // written (no version, no history row, no ledger projection); the count waits in
-        // memory.
+        // The same nudge again while its confirmation waits, or any nudge within the
+        // confirmation interval of the last question: nothing changed, so nothing is written
+        // (no version, no history row, no ledger projection); the count waits in memory.
         let mut step = Step::new(Some(op), GateReply::Confirming { status });
         step.save = Save::MemoryOnly;
         return step;
@@ -139,7 +140,9 @@ pub(super) fn nudge(
 }
 
 /// A nudge for a terminal operation: dropped for the reason the reducer gives the state it
-/// claims.
+/// claims. A nudge's claim is unproven and changes nothing, so nothing is written for it,
+/// whatever it claims: the count waits in memory (a stream of nudges claiming another state
+/// costs no durable write).
 fn nudged_terminal(op: Operation, claimed: &str, now: i64) -> Step {
     let claimed = Position {
         status: Status::parse(claimed),
@@ -149,7 +152,9 @@ fn nudged_terminal(op: Operation, claimed: &str, now: i64) -> Step {
         Verdict::Drop(reason) => reason,
         Verdict::Apply => DropReason::Duplicate,
     };
-    dropped(op, reason, now)
+    let mut step = dropped(op, reason, now);
+    step.save = Save::MemoryOnly;
+    step
 }
 
 /// A delivery that changes nothing on a terminal operation, counted. A settled operation
@@ -337,7 +342,46 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(s.save, Save::Durable);
+        assert_eq!(
+            s.save,
+            Save::MemoryOnly,
+            "an unproven claim of another state writes nothing"
+        );
+        assert!(s.history.is_empty());
+    }
+
+    #[test]
+    fn a_nudge_within_the_confirmation_interval_of_the_last_question_changes_nothing() {
+        let nudge_every = |interval_ms: i64| {
+            let mut command = nudge("succeeded");
+            if let GateCommand::Nudge {
+                confirm_interval_ms,
+                ..
+            } = &mut command
+            {
+                *confirm_interval_ms = interval_ms;
+            }
+            command
+        };
+        // Gemini answered 404 at 100: the confirmation ended, and a nudge inside the
+        // interval starts no other.
+        let mut op = step(Some(registered()), nudge_every(60_000), 10)
+            .record
+            .unwrap();
+        op.confirmation_asked(100);
+        op.confirmation_gone();
+        let version = op.version();
+        let inside = step(Some(op), nudge_every(60_000), 60_099);
+        assert!(matches!(inside.reply, GateReply::Confirming { .. }));
+        assert_eq!(inside.save, Save::MemoryOnly);
+        assert!(inside.history.is_empty());
+        let op = inside.record.unwrap();
+        assert_eq!(op.version(), version);
+        assert!(op.confirmation().is_none(), "nothing is asked");
+        // Once the interval has passed, a nudge asks again, at once.
+        let after = step(Some(op), nudge_every(60_000), 60_100);
+        assert_eq!(after.save, Save::Durable);
+        assert_eq!(after.record.unwrap().confirmation().unwrap().due_ms, 60_100);
     }
 
     #[test]

@@ -68,8 +68,16 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             claimed,
             metadata,
             delivery_id,
+            confirm_interval_ms,
             ..
-        } => deliveries::nudge(record, claimed, metadata, delivery_id, now),
+        } => deliveries::nudge(
+            record,
+            claimed,
+            metadata,
+            delivery_id,
+            confirm_interval_ms,
+            now,
+        ),
         GateCommand::RetryEffect => held(record, |op| reconciling::retry_effect(op, now)),
         GateCommand::DestinationReady { probe } => {
             held(record, |op| reconciling::destination_ready(op, probe, now))
@@ -84,24 +92,26 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             reconciling::status_unusable(op, reason, age_seconds, now)
         }),
         GateCommand::Reindex => held(record, reconciling::reindex),
+        action => held(record, |op| operator_action(op, action, now)),
+    }
+}
+
+/// An operator's command on a held record.
+fn operator_action(op: Operation, command: GateCommand, now: i64) -> Step {
+    match command {
         GateCommand::Redeliver {
             reason,
             sent_before_ms,
             by,
-        } => held(record, |op| {
-            operator::redeliver(op, &reason, sent_before_ms, by, now)
-        }),
-        GateCommand::RetryNow { reason, by } => {
-            held(record, |op| operator::retry_now(op, &reason, by, now))
-        }
-        GateCommand::Forget { reason, by } => {
-            held(record, |op| operator::forget(op, reason, by, now))
-        }
+        } => operator::redeliver(op, &reason, sent_before_ms, by, now),
+        GateCommand::RetryNow { reason, by } => operator::retry_now(op, &reason, by, now),
+        GateCommand::Forget { reason, by } => operator::forget(op, reason, by, now),
         GateCommand::Settle { status, reason, by } => {
-            held(record, |op| operator::settle(op, &status, reason, by, now))
+            operator::settle(op, &status, reason, by, now)
         }
-        // A repair has been done (or was not needed) by the object before this step.
-        GateCommand::Inspect | GateCommand::Repair { .. } => held(record, operator::inspect),
+        // A repair has been done (or was not needed) by the object before this step; the
+        // other commands were sent to their families by `step`.
+        _ => operator::inspect(op),
     }
 }
 
@@ -133,6 +143,7 @@ pub(crate) mod fixtures {
         retry_base_secs: 1,
         retry_max_secs: 8,
         unregistered_hold_ms: 0,
+        confirm_interval_ms: 0,
     };
 
     pub(crate) fn event(status: Status, source: Source) -> OpEvent {
@@ -163,6 +174,7 @@ pub(crate) mod fixtures {
             claimed: claimed.into(),
             metadata: Map::new(),
             delivery_id: "jwt_1".into(),
+            confirm_interval_ms: 0,
         }
     }
 

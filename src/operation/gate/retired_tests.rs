@@ -187,6 +187,7 @@ fn a_nudge_to_a_tombstone_asks_nothing_and_runs_nothing() {
             claimed: "succeeded".into(),
             metadata: Map::new(),
             delivery_id: "jwt_late".into(),
+            confirm_interval_ms: 60_000,
         };
         let s = step(Some(tombstone(key, name)), nudge, LATE);
         assert_eq!(

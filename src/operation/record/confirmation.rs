@@ -2,7 +2,9 @@
 //!
 //! Guarantees: an unproven body decides nothing: only what the status API says is applied;
 //! replays of a waiting nudge keep its schedule (no extra status calls); at most
-//! [`MAX_CONFIRM_ATTEMPTS`] questions are asked, then the cron's polling takes over.
+//! [`MAX_CONFIRM_ATTEMPTS`] questions are asked, then the cron's polling takes over; two
+//! questions about one operation are at least `CONFIRM_INTERVAL_SECONDS` apart, whoever
+//! nudges, and a nudge inside that interval with no confirmation waiting changes nothing.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -40,12 +42,16 @@ impl Operation {
     /// asked now. Returns false when there is nothing to confirm (already terminal: terminal
     /// absorbs, so no answer could change it; or forgotten). A confirmation already waiting
     /// keeps its schedule (a flood of replays costs no extra status calls) and gains missing
-    /// metadata; when it gains none, nothing changed and the version stays.
+    /// metadata; when it gains none, nothing changed and the version stays. With none
+    /// waiting, a nudge within `interval_ms` of the last question changes nothing either
+    /// (true, version kept): a held operation that Gemini answers 404 or "still running" is
+    /// asked at most once an interval, however many nudges name it.
     pub fn request_confirmation(
         &mut self,
         now_ms: i64,
         metadata: Map<String, Value>,
         delivery_id: Option<String>,
+        interval_ms: i64,
     ) -> bool {
         if self.status.is_terminal()
             || self.retired_at_ms.is_some()
@@ -68,6 +74,12 @@ impl Operation {
                     return true;
                 }
             }
+            None if self
+                .confirm_asked_ms
+                .is_some_and(|asked| now_ms < asked.saturating_add(interval_ms)) =>
+            {
+                return true;
+            }
             None => {
                 self.confirmation = Some(Confirmation {
                     requested_at_ms: now_ms,
@@ -80,6 +92,11 @@ impl Operation {
         }
         self.changed();
         true
+    }
+
+    /// A confirmation asked the status API at `now_ms`: the next question waits the interval.
+    pub fn confirmation_asked(&mut self, now_ms: i64) {
+        self.confirm_asked_ms = Some(now_ms);
     }
 
     /// True when a confirmation is waiting and due.
@@ -138,6 +155,14 @@ impl Operation {
         if let Some(c) = &mut self.confirmation {
             c.due_ms = now_ms + retry_in_ms;
             self.changed();
+        }
+    }
+
+    /// The status budget said wait: the confirmation is due again at `due_ms`. Nothing the
+    /// ledger shows changed, so the version stays (no ledger projection for a wait).
+    pub fn confirmation_deferred(&mut self, due_ms: i64) {
+        if let Some(c) = &mut self.confirmation {
+            c.due_ms = due_ms;
         }
     }
 

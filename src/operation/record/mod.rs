@@ -131,6 +131,10 @@ pub struct Operation {
     /// its effect ran), kept so that nothing runs twice however late a delivery comes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     retired_at_ms: Option<i64>,
+    /// When a confirmation last asked the status API: the next question (of this
+    /// confirmation or of a later nudge's) waits `CONFIRM_INTERVAL_SECONDS` from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    confirm_asked_ms: Option<i64>,
 }
 
 impl Operation {
@@ -159,6 +163,7 @@ impl Operation {
             confirmation: None,
             pending_alerts: Vec::new(),
             retired_at_ms: None,
+            confirm_asked_ms: None,
         }
     }
 

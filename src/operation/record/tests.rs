@@ -33,20 +33,20 @@ fn transitions_that_change_nothing_keep_the_version() {
     op.alert_failed(AlertKind::Stuck, 5, 5);
     op.confirmation_failed(5, 5);
     op.confirmation_gone();
-    assert!(!op.request_confirmation(5, Map::new(), None), "terminal");
+    assert!(!op.request_confirmation(5, Map::new(), None, 0), "terminal");
     assert_eq!(op.fill_kind(None, 5), KindFill::Unchanged);
     assert_eq!(op.fill_kind(Some("k"), 5), KindFill::Unchanged);
     assert_eq!(op.version, version);
     let mut waiting = Operation::register("batches/w", "batches/w", None, 0);
-    assert!(waiting.request_confirmation(1, Map::new(), None));
+    assert!(waiting.request_confirmation(1, Map::new(), None, 0));
     let version = waiting.version;
-    assert!(waiting.request_confirmation(2, Map::new(), None));
+    assert!(waiting.request_confirmation(2, Map::new(), None, 0));
     assert_eq!(waiting.version, version, "the same nudge again");
     assert!(waiting.forget(3, "gone"));
     let version = waiting.version;
     assert!(!waiting.forget(4, "again"));
     assert!(
-        !waiting.request_confirmation(5, Map::new(), None),
+        !waiting.request_confirmation(5, Map::new(), None, 0),
         "forgotten"
     );
     assert!(!waiting.raise_alert(AlertKind::Stuck, 1, 5), "forgotten");
@@ -562,7 +562,7 @@ fn nudge_on_open_operation_waits_for_confirmation() {
     let mut op = Operation::register("batches/a", "batches/a", None, 0);
     let mut meta = Map::new();
     meta.insert("user_metadata".into(), json!({"job": 1}));
-    assert!(op.request_confirmation(100, meta, Some("jwt_x".into())));
+    assert!(op.request_confirmation(100, meta, Some("jwt_x".into()), 0));
     assert!(op.confirmation_due(100));
     assert_eq!(
         op.status,
@@ -575,18 +575,18 @@ fn nudge_on_open_operation_waits_for_confirmation() {
 #[test]
 fn nudge_on_terminal_operation_has_nothing_to_confirm() {
     let mut op = settled();
-    assert!(!op.request_confirmation(3_000, Map::new(), None));
+    assert!(!op.request_confirmation(3_000, Map::new(), None, 0));
     assert!(op.confirmation.is_none());
 }
 
 #[test]
 fn replayed_nudges_keep_the_schedule_and_add_metadata() {
     let mut op = Operation::register("batches/a", "batches/a", None, 0);
-    op.request_confirmation(100, Map::new(), None);
+    op.request_confirmation(100, Map::new(), None, 0);
     op.confirmation_failed(150, 10_000);
     let mut meta = Map::new();
     meta.insert("unverified_user_metadata".into(), json!("x"));
-    assert!(op.request_confirmation(200, meta, None));
+    assert!(op.request_confirmation(200, meta, None, 0));
     let c = op.confirmation.as_ref().unwrap();
     assert_eq!(
         c.due_ms, 10_150,
@@ -601,7 +601,7 @@ fn confirmation_applies_what_the_status_api_says_with_the_nudge_metadata_unverif
     let mut meta = Map::new();
     // As an earlier version stored a token's claim: it still travels as unverified.
     meta.insert("user_metadata".into(), json!({"job": 7}));
-    op.request_confirmation(100, meta, Some("jwt_x".into()));
+    op.request_confirmation(100, meta, Some("jwt_x".into()), 0);
     let v = op.confirm_with(status_event(Status::Succeeded, 50, "gs://b/o"), 200, 1_000);
     assert_eq!(v, Verdict::Apply);
     assert_eq!(op.status, Status::Succeeded);
@@ -620,7 +620,7 @@ fn confirmation_applies_what_the_status_api_says_with_the_nudge_metadata_unverif
 fn a_status_api_that_contradicts_the_nudge_wins() {
     // The body said failed; Gemini says running: running is applied, failed never is.
     let mut op = Operation::register("batches/a", "batches/a", None, 0);
-    op.request_confirmation(100, Map::new(), None);
+    op.request_confirmation(100, Map::new(), None, 0);
     op.confirm_with(event(Status::Running, 50), 200, 1_000);
     assert_eq!(op.status, Status::Running);
     assert!(!op.effect_owed());
@@ -638,7 +638,7 @@ fn a_status_api_that_contradicts_the_nudge_wins() {
 #[test]
 fn unknown_to_gemini_ends_the_confirmation() {
     let mut op = Operation::register("batches/a", "batches/a", None, 0);
-    op.request_confirmation(100, Map::new(), None);
+    op.request_confirmation(100, Map::new(), None, 0);
     op.confirmation_gone();
     assert!(op.confirmation.is_none());
     assert_eq!(op.status, Status::Pending);
@@ -688,7 +688,7 @@ fn retirement_keeps_a_tombstone_that_absorbs_late_deliveries() {
     );
     assert_ne!(op.apply(&event(Status::Failed, 9), 99_000), Verdict::Apply);
     assert!(op.claim(99_000, 600_000).is_none());
-    assert!(!op.request_confirmation(99_000, Map::new(), None));
+    assert!(!op.request_confirmation(99_000, Map::new(), None, 0));
     assert_eq!(op.redeliver(99_000, "x"), Err(OperatorRefusal::Retired));
     assert!(op.effect.done && op.status == Status::Succeeded);
 }

@@ -64,6 +64,7 @@ pub async fn receive(
     let settings = Settings {
         require_registration: config.require_registration,
         hold_ms: config.unregistered_hold_ms(),
+        confirm_interval_ms: config.confirm_interval_secs * 1_000,
     };
     let (mut intake, mut need) = Intake::start(headers, policy, settings, now_ms());
     loop {

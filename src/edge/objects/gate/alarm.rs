@@ -19,11 +19,12 @@ use crate::operation::effect::{build_request, outcome};
 use crate::operation::gate::Step;
 use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 use crate::retry::Answer;
 use crate::telemetry::counters;
 
-use crate::edge::objects::call::call_desk;
+use crate::edge::objects::call::{call_desk, call_lease};
 use crate::edge::objects::gate::commit::{commit, limits, Alarm};
 use crate::edge::objects::gate::open_memory;
 use crate::edge::objects::gate::storage::GateStorage;
@@ -98,7 +99,9 @@ impl<'a> Run<'a> {
     }
 
     /// Asks Gemini's status API about a nudge waiting for confirmation (unless the plan
-    /// already knows the answer) and stores what the answer decides.
+    /// already knows the answer), in a slot of the one status budget the lease keeps (one
+    /// object call), and stores what the answer decides; a 429 or 5xx is reported to the lease,
+    /// so every status call backs off. Told to wait, the confirmation waits for its slot.
     async fn confirm(&self, op: Operation, ask: ConfirmAsk) -> Result<Operation> {
         let config = self.config;
         let answer = match ask {
@@ -108,8 +111,28 @@ impl<'a> Run<'a> {
                 key,
                 name,
             } => {
+                let rate_per_s = config.reconcile_poll_rate;
+                let slot = match self.lease(LeaseCommand::Slot { rate_per_s }).await {
+                    Some(LeaseReply::Slot { answer }) => Some(answer),
+                    _ => None,
+                };
+                let jitter = random_unit();
+                if let Some(until) = alarm::slot_wait(slot, now_ms(), &limits(config), jitter) {
+                    let current = self.storage.load()?.unwrap_or(op);
+                    let step = alarm::confirm_waits_for_slot(current.clone(), until, now_ms());
+                    return self.apply(step, current, Alarm::Deferred).await;
+                }
                 self.storage.meter().add(|u| u.outbound_fetches += 1);
-                status_api::ask(config, collection, &key, &name).await
+                let answer = status_api::ask(config, collection, &key, &name).await;
+                if let Some(until_ms) = alarm::status_backoff_until(&answer, now_ms()) {
+                    let fed_until_ms = 0;
+                    self.lease(LeaseCommand::Backoff {
+                        until_ms,
+                        fed_until_ms,
+                    })
+                    .await;
+                }
+                answer
             }
         };
         let current = self.storage.load()?.unwrap_or(op);
@@ -195,6 +218,13 @@ impl<'a> Run<'a> {
             Some(DeskReply::Wait) => self.wait_on_destination(op).await,
             _ => Ok(op),
         }
+    }
+
+    /// One call to the reconciliation lease, keeper of the status budget (`None` when it
+    /// could not be reached).
+    async fn lease(&self, command: LeaseCommand) -> Option<LeaseReply> {
+        self.storage.meter().add(|u| u.object_calls += 1);
+        call_lease(self.env, &command).await.ok()
     }
 
     /// One call to the destination's desk (`None` when it could not be reached).

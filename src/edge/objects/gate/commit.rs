@@ -34,6 +34,7 @@ pub(super) fn limits(config: &Config) -> Limits {
         retry_base_secs: config.retry_base_secs,
         retry_max_secs: config.retry_max_secs,
         unregistered_hold_ms: config.unregistered_hold_ms(),
+        confirm_interval_ms: config.confirm_interval_secs * 1_000,
     }
 }
 
