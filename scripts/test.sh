@@ -20,5 +20,6 @@ echo "== build"
 bash scripts/build.sh
 bash scripts/setup-browser.sh
 bash scripts/setup-prometheus.sh
+bash scripts/setup-receivers.sh
 echo "== integration tests (built worker in workerd)"
 node --test --test-concurrency=1 tests/
