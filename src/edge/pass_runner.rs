@@ -59,6 +59,7 @@ fn limits(config: &Config, queue: Option<&Queue>) -> Limits {
             rate_per_s: config.reconcile_poll_rate,
             above: config.reconcile_fanout_above,
         }),
+        poll_rate: config.reconcile_poll_rate,
     }
 }
 

@@ -18,6 +18,7 @@ use crate::operation::lifecycle::{Source, Status};
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::OpEvent;
 use crate::reconciliation::entry_decision::Action;
+use crate::reconciliation::lease_state::slot_spacing_ms;
 use crate::reconciliation::status::{interpret_skimmed, status_url, StatusAnswer};
 use crate::retry::Answer;
 
@@ -138,12 +139,22 @@ impl Pass {
     /// again, starting here if the wait ends within a cron interval.
     fn poll(&mut self, now_ms: i64) -> Option<Intent> {
         let backoff_until = self.status_backoff_until_ms;
+        // The one budget: never sooner than `1 / RECONCILE_POLL_RATE` after the last call.
+        let slot = self
+            .last_poll_ms
+            .map(|last| last + slot_spacing_ms(self.limits.poll_rate));
         let entry = self.entry.as_mut()?;
         if now_ms < backoff_until {
             entry.skipped_poll = true;
             entry.polled &= backoff_until - now_ms > HOLD_BACKOFF_UP_TO_MS;
             return None;
         }
+        if let Some(until_ms) = slot.filter(|slot| now_ms < *slot) {
+            entry.steps.push_front(Step::Act(Action::Poll));
+            self.awaiting = Some(Awaiting::Sleep);
+            return Some(Intent::Sleep { until_ms });
+        }
+        self.last_poll_ms = Some(now_ms);
         let collection = Collection::of_key(&entry.key)?;
         let url = status_url(
             &self.limits.api_base,

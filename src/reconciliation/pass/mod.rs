@@ -100,6 +100,9 @@ pub struct Limits {
     pub unregistered_hold_ms: i64,
     /// The fan-out queue, when `RECONCILE_QUEUE` is bound.
     pub fanout: Option<Fanout>,
+    /// `RECONCILE_POLL_RATE`: the pass's own status calls are spaced `1 / rate` apart, as
+    /// every other status call is, so the one budget holds whoever polls.
+    pub poll_rate: u32,
 }
 
 /// What the edge does next for the pass.
@@ -179,6 +182,8 @@ pub struct Pass {
     audit_progress: Option<AuditProgress>,
     status_backoff_until_ms: i64,
     health: StatusHealth,
+    /// When this pass (or consumer) last started a status call.
+    last_poll_ms: Option<i64>,
     /// Where the walk was before the first entry it owed a poll and skipped because Gemini
     /// asked us to wait (ending within [`HOLD_BACKOFF_UP_TO_MS`]): the next pass starts there,
     /// so a rate limit does not leave the rest of the ledger unpolled for a whole coverage.
@@ -286,6 +291,7 @@ impl Pass {
             audit_progress: None,
             status_backoff_until_ms: 0,
             health: StatusHealth::default(),
+            last_poll_ms: None,
             first_unpolled: None,
             indexed: HashMap::new(),
             index_whole: false,

@@ -34,6 +34,7 @@ fn limits() -> Limits {
         api_base: "http://gemini".into(),
         unregistered_hold_ms: 0,
         fanout: None,
+        poll_rate: 1_000,
     }
 }
 
@@ -888,7 +889,9 @@ fn a_429_stops_polling_until_its_retry_after_and_holds_the_next_pass_at_the_firs
     else {
         panic!()
     };
-    assert_eq!(*status_backoff_until_ms, NOW + 1_000);
+    // The 429 came to the second call, which started 1 ms after the first (the test's poll
+    // rate, 1,000 a second).
+    assert_eq!(*status_backoff_until_ms, NOW + 1 + 1_000);
     let line = out.events("status_transient")[0];
     assert_eq!(
         (line["retry_after_secs"].clone(), line["answer"].clone()),
@@ -1065,6 +1068,27 @@ fn an_alert_counts_only_when_the_gate_raised_it_now() {
         ));
         assert_eq!(out.report.alerts, counted);
     }
+}
+
+#[test]
+fn a_pass_polling_by_itself_spaces_its_status_calls_at_the_poll_rate() {
+    let index: Vec<ListedKey> = (0..5).map(|i| open(&format!("batches/p{i}"))).collect();
+    let out = run(
+        Limits {
+            poll_rate: 4,
+            ..limits()
+        },
+        World {
+            index,
+            ..World::default()
+        },
+    );
+    assert_eq!(out.polls().len(), 5);
+    // Four a second: each call 250 ms after the one before, slept for by the edge.
+    assert_eq!(out.sleeps().len(), 4, "{:?}", out.sleeps());
+    let mut at = out.sleeps();
+    at.dedup();
+    assert!(at.windows(2).all(|w| w[1] - w[0] == 250), "{at:?}");
 }
 
 #[test]
