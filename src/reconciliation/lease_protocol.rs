@@ -8,8 +8,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::operation::ledger_walk::LedgerCursor;
 use crate::operation::observation::SlotAnswer;
-use crate::reconciliation::lease_state::{Audit, AuditProgress, Lease, Resume};
+use crate::reconciliation::lease_state::{Audit, AuditProgress, Lease};
 
 /// A request to the ReconcileLease object (one for the whole worker).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,7 +24,7 @@ pub enum LeaseCommand {
     Renew {
         holder: String,
         ttl_ms: i64,
-        resume: Resume,
+        resume: LedgerCursor,
         status_backoff_until_ms: i64,
         /// Where the audit in progress has got to, if this pass is auditing.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -35,7 +36,7 @@ pub enum LeaseCommand {
     /// Give it back with where the next pass starts and the pass's summary.
     Release {
         holder: String,
-        resume: Resume,
+        resume: LedgerCursor,
         complete: bool,
         status_backoff_until_ms: i64,
         /// When the pass checked the Gemini webhook: the state now alerted on, if any.
@@ -72,7 +73,7 @@ pub enum LeaseCommand {
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum LeaseReply {
     Granted {
-        resume: Resume,
+        resume: LedgerCursor,
         status_backoff_until_ms: i64,
         #[serde(default)]
         webhook_alerted_state: Option<String>,
@@ -224,7 +225,7 @@ mod tests {
     fn release(holder: &str, complete: bool) -> LeaseCommand {
         LeaseCommand::Release {
             holder: holder.into(),
-            resume: Resume::default(),
+            resume: LedgerCursor::default(),
             complete,
             status_backoff_until_ms: 0,
             webhook_checked: false,
@@ -285,7 +286,7 @@ mod tests {
         let cmd = LeaseCommand::Renew {
             holder: "pass-1".into(),
             ttl_ms: 60_000,
-            resume: Resume {
+            resume: LedgerCursor {
                 cursor: Some("c".into()),
                 after_key: Some("op:batches/a".into()),
             },

@@ -16,6 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::operation::ledger_walk::LedgerCursor;
 use crate::operation::observation::SlotAnswer;
 
 /// Most index pages (of 1,000) a routine pass lists before it acts, which bounds the memory
@@ -41,7 +42,7 @@ pub fn audit_reserve(total: i64) -> i64 {
 pub struct Audit {
     /// Set while an audit is in progress (a pass ran out of budget or time inside it).
     #[serde(default)]
-    pub resume: Option<Resume>,
+    pub resume: Option<LedgerCursor>,
     /// When the last audit reached the end of `op:`.
     #[serde(default)]
     pub last_completed_ms: i64,
@@ -53,20 +54,20 @@ pub struct Audit {
 
 impl Audit {
     /// Where the audit starts in a pass at `now_ms`, if one is in progress or due.
-    pub fn due(&self, now_ms: i64, interval_ms: i64) -> Option<Resume> {
+    pub fn due(&self, now_ms: i64, interval_ms: i64) -> Option<LedgerCursor> {
         match &self.resume {
             Some(r) => Some(r.clone()),
             None if self.completed == 0
                 || now_ms >= self.last_completed_ms.saturating_add(interval_ms) =>
             {
-                Some(Resume::default())
+                Some(LedgerCursor::default())
             }
             None => None,
         }
     }
 
     /// Records how far the audit got: `complete` when it reached the end of `op:`.
-    pub fn progress(&mut self, resume: Resume, complete: bool, now_ms: i64) {
+    pub fn progress(&mut self, resume: LedgerCursor, complete: bool, now_ms: i64) {
         if complete {
             self.resume = None;
             self.last_completed_ms = now_ms;
@@ -80,20 +81,16 @@ impl Audit {
 /// How far a pass's audit got: sent with renewals (not complete) and the release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditProgress {
-    pub resume: Resume,
+    pub resume: LedgerCursor,
     pub complete: bool,
 }
-
-/// Where the next pass starts: the ledger's cursor (the page cursor, and the last entry done
-/// on that page).
-pub use crate::operation::ledger_walk::LedgerCursor as Resume;
 
 /// The reconciliation lease and what it keeps between passes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     pub holder: Option<String>,
     pub expires_ms: i64,
-    pub resume: Resume,
+    pub resume: LedgerCursor,
     /// No status calls before this time (a 429 or 5xx asked us to back off).
     pub status_backoff_until_ms: i64,
     /// Passes that reached the end of the ledger.
@@ -149,7 +146,7 @@ impl Lease {
         holder: &str,
         now_ms: i64,
         ttl_ms: i64,
-        checkpoint: Option<(Resume, i64)>,
+        checkpoint: Option<(LedgerCursor, i64)>,
     ) -> bool {
         if self.holder.as_deref() != Some(holder) {
             return false;
@@ -236,7 +233,7 @@ impl Lease {
     pub fn release(
         &mut self,
         holder: &str,
-        resume: Resume,
+        resume: LedgerCursor,
         complete: bool,
         status_backoff_until_ms: i64,
     ) -> bool {
@@ -300,7 +297,7 @@ mod tests {
         let mut audit = Audit::default();
         assert_eq!(
             audit.due(1_000, 86_400_000),
-            Some(Resume::default()),
+            Some(LedgerCursor::default()),
             "never ran"
         );
         audit.progress(at("op:k"), false, 2_000);
@@ -309,10 +306,13 @@ mod tests {
             Some(at("op:k")),
             "in progress"
         );
-        audit.progress(Resume::default(), true, 3_000);
+        audit.progress(LedgerCursor::default(), true, 3_000);
         assert_eq!(audit.completed, 1);
         assert_eq!(audit.due(3_001, 86_400_000), None);
-        assert_eq!(audit.due(86_403_000, 86_400_000), Some(Resume::default()));
+        assert_eq!(
+            audit.due(86_403_000, 86_400_000),
+            Some(LedgerCursor::default())
+        );
     }
 
     #[test]
@@ -334,7 +334,7 @@ mod tests {
         assert!(lease.acquire("a", 0, 100));
         assert!(!lease.acquire("b", 50, 100));
         assert!(lease.acquire("b", 100, 100), "lapsed");
-        let resume = Resume {
+        let resume = LedgerCursor {
             cursor: Some("c".into()),
             after_key: Some("op:x".into()),
         };
@@ -342,12 +342,12 @@ mod tests {
             !lease.release("a", resume.clone(), false, 0),
             "lapsed holder may not move the cursor"
         );
-        assert_eq!(lease.resume, Resume::default());
+        assert_eq!(lease.resume, LedgerCursor::default());
         assert!(lease.release("b", resume.clone(), false, 500));
         assert_eq!(lease.resume, resume);
         assert_eq!(lease.status_backoff_until_ms, 500);
         assert!(lease.acquire("c", 101, 100));
-        assert!(lease.release("c", Resume::default(), true, 0));
+        assert!(lease.release("c", LedgerCursor::default(), true, 0));
         assert_eq!(lease.completed_passes, 1);
         assert_eq!(lease.status_backoff_until_ms, 500, "backoff never shrinks");
     }
@@ -388,7 +388,7 @@ mod tests {
         let wait = |until_ms| SlotAnswer::WaitUntil { until_ms };
         assert_eq!(lease.take_slot(70_000, 4), wait(70_500));
         assert_eq!(lease.take_slot(60_000, 4), wait(61_000));
-        assert!(lease.release("a", Resume::default(), true, 0));
+        assert!(lease.release("a", LedgerCursor::default(), true, 0));
         assert_eq!(lease.take_slot(60_000, 4), SlotAnswer::Granted);
         // A pass that takes the lease next schedules after the gates' slots.
         assert_eq!(lease.gate_slots_until_ms, 60_250);
@@ -421,8 +421,8 @@ mod tests {
         }
     }
 
-    fn at(after: &str) -> Resume {
-        Resume {
+    fn at(after: &str) -> LedgerCursor {
+        LedgerCursor {
             cursor: Some("c".into()),
             after_key: Some(after.into()),
         }
@@ -546,14 +546,14 @@ mod tests {
 
     #[test]
     fn a_resumed_page_skips_what_was_done() {
-        let r = Resume {
+        let r = LedgerCursor {
             cursor: Some("c".into()),
             after_key: Some("op:batches/m".into()),
         };
         assert!(r.already_done("op:batches/a"));
         assert!(r.already_done("op:batches/m"));
         assert!(!r.already_done("op:batches/n"));
-        assert!(!Resume::default().already_done("op:batches/a"));
+        assert!(!LedgerCursor::default().already_done("op:batches/a"));
     }
 
     #[test]
@@ -572,7 +572,7 @@ mod tests {
             lease.status_backoff_until_ms, 1_000,
             "a consumer only pushes it later"
         );
-        assert!(lease.release("a", Resume::default(), true, 0));
+        assert!(lease.release("a", LedgerCursor::default(), true, 0));
         assert_eq!(
             lease.status_backoff_until_ms, 1_000,
             "nor does the release undo it"

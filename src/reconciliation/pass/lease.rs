@@ -3,8 +3,9 @@
 //! summary, or none once the lease is lost.
 
 use crate::operation::ledger::OPEN_PREFIX;
+use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
-use crate::reconciliation::lease_state::{audit_reserve, lease_presumed_lapsed, Resume};
+use crate::reconciliation::lease_state::{audit_reserve, lease_presumed_lapsed};
 
 use super::stop::Stop;
 
@@ -124,7 +125,7 @@ impl Pass {
         let (resume, stop) = self
             .walked
             .take()
-            .unwrap_or((Resume::default(), Stop::Error));
+            .unwrap_or((LedgerCursor::default(), Stop::Error));
         // A lost lease wins over whatever stopped the walk.
         let stop = match self.heartbeat_stop {
             Some(Stop::LeaseLost) => Stop::LeaseLost,
@@ -204,13 +205,13 @@ impl Pass {
 }
 
 /// A cursor saved before the index existed points into `op:`: the index starts over.
-fn start_of_index(resume: Resume) -> Resume {
+fn start_of_index(resume: LedgerCursor) -> LedgerCursor {
     if resume
         .after_key
         .as_deref()
         .is_some_and(|k| !k.starts_with(OPEN_PREFIX))
     {
-        Resume::default()
+        LedgerCursor::default()
     } else {
         resume
     }

@@ -48,9 +48,10 @@ use serde_json::Value;
 
 use crate::operation::gate_protocol::GateCommand;
 use crate::operation::key::Collection;
+use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::LeaseCommand;
-use crate::reconciliation::lease_state::{AuditProgress, Resume};
+use crate::reconciliation::lease_state::AuditProgress;
 
 use stop::{past_deadline, StatusHealth, Stop};
 
@@ -177,7 +178,7 @@ pub struct Pass {
     last_renewed_ms: i64,
     /// Where the next pass would start if this one died now, and the status back-off: sent
     /// with each renewal.
-    checkpoint: (Resume, i64),
+    checkpoint: (LedgerCursor, i64),
     /// How far the audit has got, when this pass audits: sent with each renewal.
     audit_progress: Option<AuditProgress>,
     status_backoff_until_ms: i64,
@@ -187,7 +188,7 @@ pub struct Pass {
     /// Where the walk was before the first entry it owed a poll and skipped because Gemini
     /// asked us to wait (ending within [`HOLD_BACKOFF_UP_TO_MS`]): the next pass starts there,
     /// so a rate limit does not leave the rest of the ledger unpolled for a whole coverage.
-    first_unpolled: Option<Resume>,
+    first_unpolled: Option<LedgerCursor>,
     /// The index as listed by this pass: key → the version its entry shows.
     indexed: HashMap<String, u64>,
     /// Whether that listing was the whole index (from the start to the end).
@@ -204,14 +205,14 @@ pub struct Pass {
     /// The webhook this pass enabled again, and the sweep that follows.
     sweep: Option<restore::Sweep>,
     /// Where the audit starts, when it is due.
-    audit_from: Option<Resume>,
+    audit_from: Option<LedgerCursor>,
     /// Where the polls scheduled on the fan-out queue end (from the lease, then this pass's).
     fed_until_ms: i64,
     /// A consumer's pass over one queue message, and how it ended.
     job: bool,
     job_outcome: JobOutcome,
     /// Where the routine walk says the next pass starts, and why it stopped.
-    walked: Option<(Resume, Stop)>,
+    walked: Option<(LedgerCursor, Stop)>,
     /// How far the audit got, if it ran.
     audited: Option<AuditProgress>,
 }
@@ -287,7 +288,7 @@ impl Pass {
             heartbeat_errors: 0,
             heartbeat_stop: None,
             last_renewed_ms: now_ms,
-            checkpoint: (Resume::default(), 0),
+            checkpoint: (LedgerCursor::default(), 0),
             audit_progress: None,
             status_backoff_until_ms: 0,
             health: StatusHealth::default(),
@@ -384,7 +385,7 @@ impl Pass {
     }
 
     /// Records where the next pass would start if this one ended now, for the heartbeat.
-    fn save_checkpoint(&mut self, position: &Resume) {
+    fn save_checkpoint(&mut self, position: &LedgerCursor) {
         let at = self
             .first_unpolled
             .clone()

@@ -47,7 +47,7 @@ fn audit_not_due() -> Audit {
     }
 }
 
-fn granted(resume: Resume) -> LeaseReply {
+fn granted(resume: LedgerCursor) -> LeaseReply {
     LeaseReply::Granted {
         resume,
         status_backoff_until_ms: 0,
@@ -75,8 +75,8 @@ fn open(key: &str) -> ListedKey {
     entry("open:", key, &meta_for(key, "pending"))
 }
 
-fn at(after: &str) -> Resume {
-    Resume {
+fn at(after: &str) -> LedgerCursor {
+    LedgerCursor {
         cursor: None,
         after_key: Some(after.into()),
     }
@@ -161,7 +161,7 @@ impl Default for World {
         World {
             now: NOW,
             tick_ms: 0,
-            grant: Ok(granted(Resume::default())),
+            grant: Ok(granted(LedgerCursor::default())),
             index: Vec::new(),
             ledger: Vec::new(),
             page_size: 1_000,
@@ -250,7 +250,7 @@ impl Outcome {
     }
 
     /// Where the release says the next pass starts.
-    fn resume(&self) -> Resume {
+    fn resume(&self) -> LedgerCursor {
         match self.release() {
             Some(LeaseCommand::Release { resume, .. }) => resume.clone(),
             other => panic!("no release: {other:?}"),
@@ -502,7 +502,7 @@ fn renewals_carry_where_the_walk_has_got() {
         },
     );
     let renewals = saved.borrow();
-    assert_eq!(renewals.first(), Some(&Resume::default()));
+    assert_eq!(renewals.first(), Some(&LedgerCursor::default()));
     assert!(renewals.contains(&at("open:batches/k0")));
     assert!(renewals.contains(&at("open:batches/k2")));
 }
@@ -536,7 +536,7 @@ fn a_cursor_saved_before_the_index_existed_lists_the_index_from_its_start() {
     let out = run(
         limits(),
         World {
-            grant: Ok(granted(Resume {
+            grant: Ok(granted(LedgerCursor {
                 cursor: Some("1".into()),
                 after_key: Some("op:batches/k1".into()),
             })),
@@ -553,7 +553,7 @@ fn a_cursor_kv_refuses_lists_the_index_again_from_its_start() {
     let out = run(
         limits(),
         World {
-            grant: Ok(granted(Resume {
+            grant: Ok(granted(LedgerCursor {
                 cursor: Some("1".into()),
                 after_key: Some("open:batches/k0".into()),
             })),
@@ -590,7 +590,7 @@ fn the_walk_resumes_after_the_last_entry_done() {
     assert_eq!(out.report.visited, 2);
     assert_eq!(
         out.resume(),
-        Resume::default(),
+        LedgerCursor::default(),
         "complete: the next starts over"
     );
 }
@@ -652,7 +652,7 @@ fn an_index_larger_than_a_window_is_walked_one_window_per_pass() {
     assert_eq!(out.report.stopped, Some(Stop::Window));
     assert_eq!(
         out.resume(),
-        Resume {
+        LedgerCursor {
             cursor: Some(MAX_INDEX_PAGES.to_string()),
             after_key: None
         }
@@ -905,7 +905,7 @@ fn a_backoff_longer_than_a_cron_interval_does_not_hold_the_next_pass() {
         limits(),
         World {
             grant: Ok(LeaseReply::Granted {
-                resume: Resume::default(),
+                resume: LedgerCursor::default(),
                 status_backoff_until_ms: NOW + HOLD_BACKOFF_UP_TO_MS + 1,
                 fed_until_ms: 0,
                 webhook_alerted_state: None,
@@ -917,7 +917,7 @@ fn a_backoff_longer_than_a_cron_interval_does_not_hold_the_next_pass() {
     );
     assert!(out.polls().is_empty());
     assert_eq!(out.report.stopped, Some(Stop::Complete));
-    assert_eq!(out.resume(), Resume::default());
+    assert_eq!(out.resume(), LedgerCursor::default());
 }
 
 #[test]
@@ -1150,7 +1150,7 @@ fn a_gate_call_that_fails_is_an_error_and_the_walk_goes_on() {
 
 // --- The audit ---
 
-fn audit_due(resume: Resume) -> LeaseReply {
+fn audit_due(resume: LedgerCursor) -> LeaseReply {
     LeaseReply::Granted {
         resume,
         status_backoff_until_ms: 0,
@@ -1171,9 +1171,9 @@ fn an_audit_due_keeps_a_third_of_the_budget_for_itself() {
         budget: 12,
         ..limits()
     };
-    let routine = run(budget.clone(), world(granted(Resume::default())));
+    let routine = run(budget.clone(), world(granted(LedgerCursor::default())));
     assert_eq!(routine.polls().len(), 5, "12 pays for the whole index");
-    let out = run(budget, world(audit_due(Resume::default())));
+    let out = run(budget, world(audit_due(LedgerCursor::default())));
     // The routine walk has 8: lease, list and four polls spend 6, and a fifth would reach 8.
     assert_eq!(out.polls().len(), 4, "{:?}", out.polls());
     assert_eq!(out.report.visited, 4);
@@ -1190,7 +1190,7 @@ fn an_audit_due_keeps_a_third_of_the_deadline_for_itself() {
             ..limits()
         },
         World {
-            grant: Ok(audit_due(Resume::default())),
+            grant: Ok(audit_due(LedgerCursor::default())),
             index: keys(10),
             tick_ms: 1_000,
             ..World::default()
@@ -1207,7 +1207,7 @@ fn no_audit_after_a_lost_lease_or_a_kv_error() {
     let out = run(
         limits(),
         World {
-            grant: Ok(audit_due(Resume::default())),
+            grant: Ok(audit_due(LedgerCursor::default())),
             index: keys(3),
             beat: Box::new(|pass, n, now| {
                 if n == 2 && pass.on_heartbeat().is_some() {
@@ -1221,7 +1221,7 @@ fn no_audit_after_a_lost_lease_or_a_kv_error() {
     let mut pass = Pass::new(limits(), "pass-1".into(), NOW);
     pass.on_kv_unbound("not bound".into());
     assert!(matches!(pass.next(NOW), Intent::Lease(_)));
-    pass.on_lease(Ok(audit_due(Resume::default())), NOW);
+    pass.on_lease(Ok(audit_due(LedgerCursor::default())), NOW);
     assert!(matches!(
         pass.next(NOW),
         Intent::Lease(LeaseCommand::Release { audit: None, .. })
@@ -1243,7 +1243,7 @@ fn the_audit_acts_on_what_the_index_missed_and_reindexes_it() {
     let out = run(
         limits(),
         World {
-            grant: Ok(audit_due(Resume::default())),
+            grant: Ok(audit_due(LedgerCursor::default())),
             index: vec![entry("open:", "batches/c", &stale), open("batches/f")],
             ledger: vec![
                 entry("op:", "batches/c", &closed),
@@ -1269,7 +1269,7 @@ fn the_audit_acts_on_what_the_index_missed_and_reindexes_it() {
     assert_eq!(
         audit,
         &Some(AuditProgress {
-            resume: Resume::default(),
+            resume: LedgerCursor::default(),
             complete: true
         })
     );
@@ -1280,7 +1280,7 @@ fn without_the_whole_index_the_audit_acts_on_every_open_entry_and_reindexes_noth
     let out = run(
         limits(),
         World {
-            grant: Ok(audit_due(Resume {
+            grant: Ok(audit_due(LedgerCursor {
                 cursor: Some("1".into()),
                 after_key: None,
             })),
@@ -1304,7 +1304,7 @@ fn the_audit_does_not_judge_an_entry_the_routine_walk_acted_on() {
     let out = run(
         limits(),
         World {
-            grant: Ok(audit_due(Resume::default())),
+            grant: Ok(audit_due(LedgerCursor::default())),
             index: keys(1),
             ledger: vec![entry(
                 "op:",
@@ -1336,7 +1336,7 @@ fn the_audit_resumes_its_own_cursor_and_saves_how_far_it_got() {
             ..limits()
         },
         World {
-            grant: Ok(audit_due(Resume {
+            grant: Ok(audit_due(LedgerCursor {
                 cursor: None,
                 after_key: Some("open:x".into()),
             })),
@@ -1357,7 +1357,7 @@ fn the_audit_resumes_its_own_cursor_and_saves_how_far_it_got() {
         limits(),
         World {
             grant: Ok(LeaseReply::Granted {
-                resume: Resume::default(),
+                resume: LedgerCursor::default(),
                 status_backoff_until_ms: 0,
                 fed_until_ms: 0,
                 webhook_alerted_state: None,
@@ -1384,7 +1384,7 @@ fn the_audit_resumes_its_own_cursor_and_saves_how_far_it_got() {
 fn an_audit_list_kv_refuses_starts_the_audit_over() {
     let mut pass = Pass::new(limits(), "pass-1".into(), NOW);
     pass.next(NOW);
-    pass.on_lease(Ok(audit_due(Resume::default())), NOW);
+    pass.on_lease(Ok(audit_due(LedgerCursor::default())), NOW);
     assert!(matches!(
         pass.next(NOW),
         Intent::List {
@@ -1401,7 +1401,7 @@ fn an_audit_list_kv_refuses_starts_the_audit_over() {
     assert_eq!(
         audit,
         Some(AuditProgress {
-            resume: Resume::default(),
+            resume: LedgerCursor::default(),
             complete: false
         })
     );
@@ -1430,7 +1430,7 @@ fn webhook_release(out: &Outcome) -> (bool, Option<String>) {
 
 fn granted_alerted(state: Option<&str>) -> LeaseReply {
     LeaseReply::Granted {
-        resume: Resume::default(),
+        resume: LedgerCursor::default(),
         status_backoff_until_ms: 0,
         fed_until_ms: 0,
         webhook_alerted_state: state.map(str::to_string),
@@ -1834,7 +1834,7 @@ fn a_send_the_queue_refuses_moves_no_cursor() {
     assert_eq!(out.report.stopped, Some(Stop::Error));
     assert_eq!(
         out.resume(),
-        Resume::default(),
+        LedgerCursor::default(),
         "the next pass schedules them"
     );
     assert_eq!(fed_until(&out), 0);
@@ -2072,7 +2072,7 @@ fn a_send_back_the_queue_refuses_leaves_the_message_to_its_retries() {
 #[test]
 fn a_new_coverage_waits_while_polls_on_the_queue_may_still_be_waiting() {
     // A consumer sent polls back after a 429; their slots end ten seconds from now.
-    let grant = |fed_until: i64, resume: Resume| {
+    let grant = |fed_until: i64, resume: LedgerCursor| {
         let mut grant = granted(resume);
         if let LeaseReply::Granted { fed_until_ms, .. } = &mut grant {
             *fed_until_ms = fed_until;
@@ -2084,7 +2084,7 @@ fn a_new_coverage_waits_while_polls_on_the_queue_may_still_be_waiting() {
             limits.clone(),
             World {
                 index: index.clone(),
-                grant: grant(NOW + 10_000, Resume::default()),
+                grant: grant(NOW + 10_000, LedgerCursor::default()),
                 ..World::default()
             },
         );
@@ -2098,14 +2098,18 @@ fn a_new_coverage_waits_while_polls_on_the_queue_may_still_be_waiting() {
             index.len() as u64,
             "listed all the same"
         );
-        assert_eq!(out.resume(), Resume::default(), "the coverage starts later");
+        assert_eq!(
+            out.resume(),
+            LedgerCursor::default(),
+            "the coverage starts later"
+        );
         assert_eq!(fed_until(&out), 0);
         // Once their slots have passed, it starts.
         let out = run(
             limits,
             World {
                 index: index.clone(),
-                grant: grant(NOW, Resume::default()),
+                grant: grant(NOW, LedgerCursor::default()),
                 ..World::default()
             },
         );

@@ -16,8 +16,9 @@
 use std::mem;
 
 use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX, OP_PREFIX};
+use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::entry_decision::{audit_verdict, decide, Action, AuditVerdict};
-use crate::reconciliation::lease_state::{resume_index, AuditProgress, Resume, MAX_INDEX_PAGES};
+use crate::reconciliation::lease_state::{resume_index, AuditProgress, MAX_INDEX_PAGES};
 
 use super::stop::Stop;
 
@@ -28,7 +29,7 @@ use super::{Awaiting, Flow, Intent, ListedKey, ListedPage, Pass, PassLog, Phase}
 #[derive(Debug)]
 pub(super) struct IndexWalk {
     /// Where the walk was asked to start (kept when it stops before the listing is done).
-    resume: Resume,
+    resume: LedgerCursor,
     /// The page cursor this window starts at (`None`: the index's start).
     window: Option<String>,
     cursor: Option<String>,
@@ -38,7 +39,7 @@ pub(super) struct IndexWalk {
     listed: bool,
     next_window: Option<String>,
     /// The last entry done, for the next pass.
-    pub(super) position: Resume,
+    pub(super) position: LedgerCursor,
     /// The next entry to visit.
     pub(super) at: usize,
     /// Whether the window's entries go to the fan-out queue rather than being polled here.
@@ -51,11 +52,11 @@ pub(super) struct IndexWalk {
 /// The audit over `op:`, one page at a time.
 #[derive(Debug)]
 pub(super) struct AuditWalk {
-    resume: Resume,
+    resume: LedgerCursor,
     page: Option<(ListedPage, usize)>,
 }
 
-fn stopped(resume: Resume) -> AuditProgress {
+fn stopped(resume: LedgerCursor) -> AuditProgress {
     AuditProgress {
         resume,
         complete: false,
@@ -80,7 +81,7 @@ enum AuditTurn {
 
 impl Pass {
     /// Starts the routine walk at `resume`.
-    pub(super) fn start_walk(&mut self, resume: Resume) {
+    pub(super) fn start_walk(&mut self, resume: LedgerCursor) {
         if let Some(e) = self.kv_unbound.clone() {
             self.report.errors += 1;
             self.log(PassLog::error(format!("kv binding: {e}")));
@@ -168,9 +169,9 @@ impl Pass {
     /// index from its start.
     pub(super) fn window_done(&mut self, walk: IndexWalk) -> Flow {
         match walk.next_window {
-            None => self.end_walk(Resume::default(), Stop::Complete),
+            None => self.end_walk(LedgerCursor::default(), Stop::Complete),
             Some(c) => self.end_walk(
-                Resume {
+                LedgerCursor {
                     cursor: Some(c),
                     after_key: None,
                 },
@@ -250,7 +251,7 @@ impl Pass {
                 self.indexed.insert(key.to_string(), meta.version);
             }
         }
-        walk.position = Resume {
+        walk.position = LedgerCursor {
             cursor: walk.window.clone(),
             after_key: walk.resume.after_key.clone(),
         };
@@ -260,7 +261,8 @@ impl Pass {
         // does not wait for copies still queued (`restore.rs`).
         let sweeping = self.sweeping();
         walk.feeding = sweeping || self.fans_out(walk.entries.len().saturating_sub(walk.at));
-        walk.after_queued = !sweeping && walk.resume == Resume::default() && self.fed_until_ms > 0;
+        walk.after_queued =
+            !sweeping && walk.resume == LedgerCursor::default() && self.fed_until_ms > 0;
     }
 
     /// An index entry whose metadata does not parse: an error, and the entry is passed over
@@ -273,14 +275,14 @@ impl Pass {
         });
     }
 
-    pub(super) fn end_walk(&mut self, resume: Resume, stop: Stop) -> Flow {
+    pub(super) fn end_walk(&mut self, resume: LedgerCursor, stop: Stop) -> Flow {
         self.walk_ended(resume, stop);
         Flow::Continue
     }
 
     /// The routine walk stopped: entries skipped for a short back-off hold the resume point
     /// back; then the audit runs if it is due and the walk did not lose the lease or fail.
-    pub(super) fn walk_ended(&mut self, resume: Resume, stop: Stop) {
+    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) {
         let walked = match self.first_unpolled.take() {
             Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
             Some(held) => (held, stop),
@@ -362,12 +364,12 @@ impl Pass {
         if page.list_complete || page.cursor.is_none() {
             self.report.audit_complete = true;
             self.audit_ended(AuditProgress {
-                resume: Resume::default(),
+                resume: LedgerCursor::default(),
                 complete: true,
             });
             return Flow::Continue;
         }
-        walk.resume = Resume {
+        walk.resume = LedgerCursor {
             cursor: page.cursor,
             after_key: None,
         };
@@ -431,7 +433,7 @@ impl Pass {
                 self.report.errors += 1;
                 self.log(PassLog::error(format!("audit kv list: {e}")));
                 // A cursor KV no longer accepts would stall every audit: start over.
-                self.audit_ended(stopped(Resume::default()));
+                self.audit_ended(stopped(LedgerCursor::default()));
             }
         }
     }

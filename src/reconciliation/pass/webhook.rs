@@ -14,7 +14,7 @@ use crate::retry::{class_of_status, Answer, Class};
 
 use super::restore::{verdict, Sweep, Verdict};
 use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
-use crate::reconciliation::lease_state::Resume;
+use crate::operation::ledger_walk::LedgerCursor;
 
 /// A webhook check in progress.
 #[derive(Debug)]
@@ -32,11 +32,11 @@ pub(super) struct Check {
     /// Why the webhook is left as it is (said in the alert), once that is decided.
     pub(super) left: Option<String>,
     /// Where the routine walk starts after the check.
-    pub(super) then: Resume,
+    pub(super) then: LedgerCursor,
 }
 
 impl Check {
-    pub(super) fn new(name: String, then: Resume) -> Check {
+    pub(super) fn new(name: String, then: LedgerCursor) -> Check {
         Check {
             name,
             token: None,
@@ -251,6 +251,10 @@ impl Pass {
         self.sweep = Some(Sweep::new(check.name, was));
         // The walk keeps one subrequest for the alert (the release's is kept already).
         self.budget_limit = self.budget_limit.saturating_sub(1);
-        self.start_walk(if swept { Resume::default() } else { check.then });
+        self.start_walk(if swept {
+            LedgerCursor::default()
+        } else {
+            check.then
+        });
     }
 }

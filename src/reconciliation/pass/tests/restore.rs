@@ -184,7 +184,7 @@ fn a_webhook_disabled_for_failures_is_enabled_again_and_every_open_operation_swe
 fn the_sweep_does_not_wait_for_copies_still_queued_but_schedules_after_their_slots() {
     let mut w = disabled_world();
     w.grant = Ok(LeaseReply::Granted {
-        resume: Resume::default(),
+        resume: LedgerCursor::default(),
         status_backoff_until_ms: 0,
         fed_until_ms: NOW + 100_000,
         webhook_alerted_state: None,
