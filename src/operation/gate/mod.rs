@@ -92,7 +92,12 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             reconciling::status_unusable(op, reason, age_seconds, now)
         }),
         GateCommand::Reindex => held(record, reconciling::reindex),
-        action => held(record, |op| operator_action(op, action, now)),
+        action @ (GateCommand::Redeliver { .. }
+        | GateCommand::RetryNow { .. }
+        | GateCommand::Forget { .. }
+        | GateCommand::Settle { .. }
+        | GateCommand::Inspect
+        | GateCommand::Repair { .. }) => held(record, |op| operator_action(op, action, now)),
     }
 }
 
@@ -109,8 +114,8 @@ fn operator_action(op: Operation, command: GateCommand, now: i64) -> Step {
         GateCommand::Settle { status, reason, by } => {
             operator::settle(op, &status, reason, by, now)
         }
-        // A repair has been done (or was not needed) by the object before this step; the
-        // other commands were sent to their families by `step`.
+        // A repair has been done (or was not needed) by the object before this step; `step`
+        // sends nothing else here.
         _ => operator::inspect(op),
     }
 }

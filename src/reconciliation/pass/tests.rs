@@ -1038,8 +1038,8 @@ fn a_dropped_event_whose_effect_is_done_also_reindexes_but_only_with_budget_left
     assert_eq!(out.report.reindexed, 0);
 }
 
-#[test]
-fn an_alert_counts_only_when_the_gate_raised_it_now() {
+/// An entry running since the epoch, and limits that call it stuck after a second.
+fn stuck_for_a_while() -> (LedgerMeta, Limits) {
     let mut stuck = meta_for("batches/s", "running");
     stuck.submitted_at = 0;
     let limits = Limits {
@@ -1049,6 +1049,12 @@ fn an_alert_counts_only_when_the_gate_raised_it_now() {
         },
         ..limits()
     };
+    (stuck, limits)
+}
+
+#[test]
+fn an_alert_counts_only_when_the_gate_raised_it_now() {
+    let (stuck, limits) = stuck_for_a_while();
     for (sent, counted) in [(true, 1), (false, 0)] {
         let out = run(
             limits.clone(),
@@ -1093,15 +1099,7 @@ fn a_pass_polling_by_itself_spaces_its_status_calls_at_the_poll_rate() {
 
 #[test]
 fn a_poll_that_settles_an_operation_past_the_stuck_threshold_alerts_no_stuck() {
-    let mut stuck = meta_for("batches/s", "running");
-    stuck.submitted_at = 0;
-    let limits = Limits {
-        thresholds: Thresholds {
-            stuck_after_secs: 1,
-            ..limits().thresholds
-        },
-        ..limits()
-    };
+    let (stuck, limits) = stuck_for_a_while();
     for (answer, alerted) in [
         ("BATCH_STATE_SUCCEEDED", false),
         ("BATCH_STATE_RUNNING", true),
