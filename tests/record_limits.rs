@@ -7,9 +7,9 @@ use serde_json::{json, Map, Value};
 
 use gemini_once::bounds::{self, MAX_BYTES, MAX_DEPTH};
 use gemini_once::inbound::envelope;
-use gemini_once::operation::alarm;
+use gemini_once::operation::gate::alarm;
+use gemini_once::operation::gate::protocol::{GateCommand, GateReply};
 use gemini_once::operation::gate::{self, Limits};
-use gemini_once::operation::gate_protocol::{GateCommand, GateReply};
 use gemini_once::operation::key::Collection;
 use gemini_once::operation::lifecycle::Status;
 use gemini_once::operation::Operation;

@@ -4,10 +4,10 @@
 //!
 //! Guarantees: a decision is a value, nothing more; the gate's Durable Object stores it as
 //! [`Save`] says before it answers. The commands' steps and the alarm's pieces
-//! ([`crate::operation::alarm`]) both decide in this shape.
+//! ([`crate::operation::gate::alarm`]) both decide in this shape.
 
-use crate::operation::gate_log::GateLog;
-use crate::operation::gate_protocol::{EffectReport, GateReply};
+use crate::operation::gate::log::GateLog;
+use crate::operation::gate::protocol::{EffectReport, GateReply};
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
 
@@ -38,7 +38,7 @@ pub enum Save {
 }
 
 /// What one step decided. `R` is its answer: a [`GateReply`] for a command, an
-/// [`crate::operation::alarm::AlarmDone`] for a piece of the alarm's work.
+/// [`crate::operation::gate::alarm::AlarmDone`] for a piece of the alarm's work.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step<R = GateReply> {
     /// The record after the step (`None`: there is none).

@@ -512,7 +512,7 @@ impl Operation {
     /// status, whether the effect was done or parked, settled time, generation), which objects
     /// retired then still hold: a delivery that comes later is a duplicate and runs nothing,
     /// and it is never projected again. Retention's end now deletes the gate's storage
-    /// instead ([`crate::operation::alarm::retire_if_over`]).
+    /// instead ([`crate::operation::gate::alarm::retire_if_over`]).
     pub fn retire(&mut self, now_ms: i64) {
         self.details = Map::new();
         self.alerts.clear();

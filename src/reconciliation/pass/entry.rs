@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 
 use crate::operation::alert::AlertKind;
-use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
 use crate::operation::key::Collection;
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{Source, Status};

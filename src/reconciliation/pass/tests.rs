@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use super::stop::{Stop, UNANSWERED_BACKOFF_MS};
 use super::*;
 use crate::operation::alert::AlertKind;
-use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};

@@ -9,7 +9,7 @@
 use futures_util::future::join_all;
 use worker::Result;
 
-use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
 
 use crate::edge::objects::call::call_gate;
 

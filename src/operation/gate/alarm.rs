@@ -15,8 +15,8 @@ use std::collections::VecDeque;
 use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
+use crate::operation::gate::log::{AttemptLine, GateLog};
 use crate::operation::gate::{count_delivery, Limits, Save, Step};
-use crate::operation::gate_log::{AttemptLine, GateLog};
 use crate::operation::history::HistoryEntry;
 use crate::operation::key::Collection;
 use crate::operation::ledger::{IndexWrite, Projection};
@@ -697,8 +697,8 @@ pub(crate) const STATS_RETRY_MS: i64 = 5_000;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operation::gate::protocol::GateCommand;
     use crate::operation::gate::step;
-    use crate::operation::gate_protocol::GateCommand;
     use serde_json::Map;
 
     use crate::operation::gate::fixtures::LIMITS;
@@ -1084,8 +1084,8 @@ mod tests {
 mod feeder_tests {
     use super::*;
     use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::protocol::GateCommand;
     use crate::operation::gate::step;
-    use crate::operation::gate_protocol::GateCommand;
     use crate::operation::MAX_CONFIRM_ATTEMPTS;
 
     #[test]

@@ -9,7 +9,7 @@
 //! keeps its generation and `webhook-id`, holds no claim, and is due again at the desk's word
 //! or, should the desk be lost, after `EFFECT_RETRY_MAX_SECONDS`.
 
-use crate::operation::alarm::AlarmDone;
+use crate::operation::gate::alarm::AlarmDone;
 use crate::operation::gate::{Limits, Step};
 use crate::operation::{DeskMark, Operation};
 
@@ -59,10 +59,10 @@ pub fn wait_on_destination(mut op: Operation, now: i64, limits: &Limits) -> Step
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt};
+    use crate::operation::gate::alarm::{attempt_finished, begin_attempt, Attempt};
     use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::gate::{step, Save};
-    use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::lifecycle::Status;
     use crate::operation::AttemptOutcome;
 
