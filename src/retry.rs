@@ -1,13 +1,19 @@
-//! What an outbound call answered and whether a retry can help: the one answer type
-//! ([`Answer`]) and the one classification ([`Class`]) of every call the worker makes to a peer
-//! (a destination, Gemini's status API and webhook listing, an alert sink, the key-set
-//! endpoint).
+//! When a call the worker makes is tried again: the one answer to that question, for every
+//! caller. Whether: the one answer type ([`Answer`]) and the one classification ([`Class`]) of
+//! every call the worker makes to a peer (a destination, Gemini's status API and webhook
+//! listing, an alert sink, the key-set endpoint). When: the one backoff formula ([`Backoff`]),
+//! which a side effect's next attempt, an alert's and a confirmation's next try, a failed
+//! alarm's next run and a destination desk's next probe all take, and how a peer's
+//! `Retry-After` moves it ([`Backoff::next_wait_ms`]).
 //!
 //! Guarantees: a 2xx is a success; a timeout, a network error, 408, 409, 429 and any 5xx are
 //! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer,
 //! and a body wanted whole that ran past its cap, is a refusal the peer will repeat, so
 //! retrying it is pointless. Every caller asks [`Answer::class`] (or [`class_of_status`]), so
-//! the rule cannot drift apart.
+//! the rule cannot drift apart. A wait grows from its first step, doubling, and never passes
+//! its cap, whatever the count of failures; a peer's asked wait is honoured within that same
+//! cap. It lives below `operation/` and `destination/` so both call it rather than copy it.
+//! Jitter is a parameter; nothing here reads a clock.
 
 use crate::timestamp::parse_http_date_ms;
 
@@ -99,6 +105,55 @@ impl Answer {
     }
 }
 
+/// A capped exponential backoff: the wait before attempt `failures + 1` is
+/// `first_ms * 2^(failures - 1)`, never more than `max_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub first_ms: i64,
+    pub max_ms: i64,
+}
+
+impl Backoff {
+    /// The backoff from `first_ms` doubling to `max_ms` (a cap below the first step is the first
+    /// step: a wait never shrinks below it).
+    pub const fn new(first_ms: i64, max_ms: i64) -> Backoff {
+        Backoff { first_ms, max_ms }
+    }
+
+    /// The wait after `failures` failures in a row (0 counts as 1): the one formula.
+    pub fn after(self, failures: u32) -> i64 {
+        let exponent = failures.saturating_sub(1).min(30);
+        self.first_ms
+            .saturating_mul(1_i64 << exponent)
+            .min(self.max_ms.max(self.first_ms))
+    }
+
+    /// [`Backoff::after`] scaled by a jitter factor in [0.75, 1.0], so that many callers
+    /// failing together do not retry in lockstep; `jitter` is a random number in [0, 1).
+    pub fn jittered(self, failures: u32, jitter: f64) -> i64 {
+        let factor = 0.75 + 0.25 * jitter.clamp(0.0, 1.0);
+        (self.after(failures) as f64 * factor) as i64
+    }
+
+    /// When the next attempt is due, from the last: the jittered backoff, or the wait the peer
+    /// asked for when that is longer, within the cap (a `Retry-After` of a day does not hold
+    /// anything past `max_ms`).
+    pub fn next_wait_ms(self, failures: u32, asked_wait_ms: Option<i64>, jitter: f64) -> i64 {
+        let backoff = self.jittered(failures, jitter);
+        asked_wait_ms.map_or(backoff, |asked| backoff.max(asked.min(self.max_ms)))
+    }
+
+    /// The step after `wait_ms` (a wait this backoff gave, or 0 for none yet), for a caller
+    /// that keeps its last wait rather than its count of failures.
+    pub fn following(self, wait_ms: i64) -> i64 {
+        let mut failures = 1;
+        while self.after(failures) < wait_ms && failures < 32 {
+            failures += 1;
+        }
+        self.after(failures + 1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +225,75 @@ mod tests {
             Answer::<String>::Network("reset".into()).summary(),
             "network: reset"
         );
+    }
+
+    #[test]
+    fn the_one_backoff_doubles_from_its_first_step_to_its_cap() {
+        let b = Backoff::new(30_000, 3_600_000);
+        let waits: Vec<i64> = (1..=9).map(|n| b.after(n)).collect();
+        assert_eq!(
+            waits,
+            [30_000, 60_000, 120_000, 240_000, 480_000, 960_000, 1_920_000, 3_600_000, 3_600_000]
+        );
+        assert_eq!(b.after(0), 30_000);
+        assert_eq!(b.after(u32::MAX), 3_600_000);
+        // Jitter shortens by at most a quarter, never lengthens.
+        assert_eq!(b.jittered(1, 1.0), 30_000);
+        assert_eq!(b.jittered(1, 0.0), 22_500);
+        assert_eq!(b.jittered(200, 0.5), 3_150_000);
+        // A cap below the first step holds the first step.
+        assert_eq!(Backoff::new(2_000, 500).after(4), 2_000);
+        // A kept wait steps to the next one, and stays at the cap.
+        let probe = Backoff::new(2_000, 15_000);
+        assert_eq!(probe.following(0), 4_000);
+        assert_eq!(probe.following(2_000), 4_000);
+        assert_eq!(probe.following(8_000), 15_000);
+        assert_eq!(probe.following(15_000), 15_000);
+    }
+
+    #[test]
+    fn a_peers_asked_wait_moves_the_next_attempt_within_the_cap() {
+        let b = Backoff::new(1_000, 60_000);
+        // failures, asked wait, the next attempt's wait (no jitter).
+        let table = [
+            (1, None, 1_000),
+            (3, None, 4_000),
+            (3, Some(500), 4_000),
+            (3, Some(30_000), 30_000),
+            (3, Some(86_400_000), 60_000),
+            (20, Some(0), 60_000),
+        ];
+        for (failures, asked, wait) in table {
+            assert_eq!(
+                b.next_wait_ms(failures, asked, 1.0),
+                wait,
+                "{failures} {asked:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn whether_an_answer_is_retried_then_when() {
+        let http = |status, retry_after: Option<&str>| Answer::Http {
+            status,
+            body: String::new(),
+            retry_after: retry_after.map(str::to_string),
+        };
+        let b = Backoff::new(1_000, 60_000);
+        // answer, whether it is retried, the wait before the next attempt after 2 failures.
+        let table: [(Answer, Class, Option<i64>); 6] = [
+            (http(204, None), Class::Success, None),
+            (http(400, Some("5")), Class::Refused, None),
+            (http(503, None), Class::Retry, Some(2_000)),
+            (http(429, Some("30")), Class::Retry, Some(30_000)),
+            (http(503, Some("7200")), Class::Retry, Some(60_000)),
+            (Answer::Timeout, Class::Retry, Some(2_000)),
+        ];
+        for (answer, class, wait) in table {
+            assert_eq!(answer.class(), class, "{answer:?}");
+            let next =
+                (class == Class::Retry).then(|| b.next_wait_ms(2, answer.asked_wait_ms(0), 1.0));
+            assert_eq!(next, wait, "{answer:?}");
+        }
     }
 }

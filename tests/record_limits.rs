@@ -14,13 +14,13 @@ use gemini_once::operation::key::Collection;
 use gemini_once::operation::lifecycle::Status;
 use gemini_once::operation::Operation;
 use gemini_once::reconciliation::status;
+use gemini_once::retry::Backoff;
 
 const LIMITS: Limits = Limits {
     retention_ms: 1_000_000,
     stats_delay_ms: 0,
     claim_ttl_ms: 10_000,
-    retry_base_secs: 1,
-    retry_max_secs: 8,
+    retry: Backoff::new(1_000, 8_000),
     unregistered_hold_ms: 0,
     confirm_interval_ms: 0,
 };

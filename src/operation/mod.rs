@@ -19,7 +19,7 @@ mod record;
 pub mod recovery;
 
 pub use record::{
-    backoff_ms, Actor, AttemptOutcome, Claim, Confirmation, DeskMark, Effect, Finished, KindFill,
-    OpEvent, Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, MAX_CONFIRM_ATTEMPTS,
+    Actor, AttemptOutcome, Claim, Confirmation, DeskMark, Effect, Finished, KindFill, OpEvent,
+    Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, MAX_CONFIRM_ATTEMPTS,
     PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS,
 };

@@ -23,9 +23,7 @@ use crate::operation::ledger::{IndexWrite, Projection};
 use crate::operation::lifecycle::{Source, Status, Verdict};
 use crate::operation::observation::SlotAnswer;
 use crate::operation::observation::{Observation, StatusError};
-use crate::operation::{
-    backoff_ms, AttemptOutcome, Claim, Finished, OpEvent, Operation, PendingAlert,
-};
+use crate::operation::{AttemptOutcome, Claim, Finished, OpEvent, Operation, PendingAlert};
 use crate::telemetry::counters::{Counter, StatEvent};
 use crate::telemetry::log_event::LogEvent;
 
@@ -248,13 +246,10 @@ pub fn confirmed(
 ) -> Step<AlarmDone> {
     let attempts = op.confirmation().map_or(0, |c| c.attempts);
     // Each question waits at least the confirmation interval after the last, whoever nudges.
-    let wait = backoff_ms(
-        attempts + 1,
-        limits.retry_base_secs,
-        limits.retry_max_secs,
-        jitter,
-    )
-    .max(limits.confirm_interval_ms);
+    let wait = limits
+        .retry
+        .jittered(attempts + 1, jitter)
+        .max(limits.confirm_interval_ms);
     let mut op = op;
     if !matches!(answer, Err(StatusError::NoApiKey)) {
         op.confirmation_asked(now);
@@ -426,9 +421,7 @@ pub fn confirm_waits_for_slot(mut op: Operation, until: i64, now: i64) -> Step<A
 fn confirm_without_key(mut op: Operation, now: i64, limits: &Limits) -> Step<AlarmDone> {
     let key = op.key().to_string();
     let waited = op.confirmation().map_or(0, |c| now - c.requested_at_ms);
-    let wait = waited
-        .min(limits.retry_max_secs.saturating_mul(1_000))
-        .max(limits.retry_base_secs.saturating_mul(1_000));
+    let wait = waited.min(limits.retry.max_ms).max(limits.retry.first_ms);
     op.confirmation_waits(now, wait);
     Step::new(Some(op), AlarmDone::Confirmed)
         .durable()
@@ -466,12 +459,7 @@ pub fn alert_sent(
                 alert_id: alert.id.clone(),
             })
     } else {
-        let wait = backoff_ms(
-            alert.attempts + 1,
-            limits.retry_base_secs,
-            limits.retry_max_secs,
-            jitter,
-        );
+        let wait = limits.retry.jittered(alert.attempts + 1, jitter);
         op.alert_failed(alert.kind, now, wait);
         Step::new(Some(op), AlarmDone::AlertSent(false)).durable()
     }
@@ -527,17 +515,12 @@ pub fn attempt_finished(
     limits: &Limits,
     jitter: f64,
 ) -> Step<AlarmDone> {
-    let backoff = backoff_ms(
-        op.effect().failures_in_row(),
-        limits.retry_base_secs,
-        limits.retry_max_secs,
-        jitter,
-    );
-    // A destination that said when to come back is not asked sooner (within the cap: a
-    // Retry-After of a day does not hold an effect past EFFECT_RETRY_MAX_SECONDS).
-    let backoff = attempt.asked_wait_ms.map_or(backoff, |asked| {
-        backoff.max(asked.min(limits.retry_max_secs.saturating_mul(1_000)))
-    });
+    // A destination that said when to come back is not asked sooner, within
+    // EFFECT_RETRY_MAX_SECONDS.
+    let backoff =
+        limits
+            .retry
+            .next_wait_ms(op.effect().failures_in_row(), attempt.asked_wait_ms, jitter);
     let finished = op.finish_attempt(
         &attempt.claim,
         &attempt.outcome,

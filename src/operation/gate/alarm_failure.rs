@@ -9,6 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::retry::Backoff;
+
 /// Wait after the first failure of a streak.
 pub const ALARM_RETRY_FIRST_MS: i64 = 2_000;
 /// Longest wait between two runs of a failing alarm: how long after a fault clears its work
@@ -81,16 +83,14 @@ pub fn failed(
         Some(p) => (p.failures.saturating_add(1), p.first_at_ms),
         None => (1, now),
     };
-    let exponent = (failures - 1).min(20);
-    let wait = (ALARM_RETRY_FIRST_MS << exponent).min(ALARM_RETRY_MAX_MS);
-    let wait = (wait as f64 * (0.75 + 0.25 * jitter.clamp(0.0, 1.0))) as i64;
+    let wait = Backoff::new(ALARM_RETRY_FIRST_MS, ALARM_RETRY_MAX_MS).jittered(failures, jitter);
     let record = AlarmFailures {
         failures,
         first_at_ms,
         last_at_ms: now,
         error: error.chars().take(500).collect(),
     };
-    (record, now + wait.max(1_000))
+    (record, now + wait)
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::{EffectReport, GateReply};
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
+use crate::retry::Backoff;
 
 /// The settings a step needs, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -17,8 +18,9 @@ pub struct Limits {
     pub retention_ms: i64,
     pub stats_delay_ms: i64,
     pub claim_ttl_ms: i64,
-    pub retry_base_secs: i64,
-    pub retry_max_secs: i64,
+    /// A side effect's, an alert's and a confirmation's retries:
+    /// `EFFECT_RETRY_BASE_SECONDS` doubling to `EFFECT_RETRY_MAX_SECONDS`.
+    pub retry: Backoff,
     /// See [`Operation::hold_for_registration`].
     pub unregistered_hold_ms: i64,
     /// `CONFIRM_INTERVAL_SECONDS` in ms: least time between a confirmation's questions.

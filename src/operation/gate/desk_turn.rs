@@ -49,7 +49,7 @@ pub fn reports(turn: DeskTurn, paced: bool, health_failure: bool) -> bool {
 /// The desk said `Wait`: the effect waits for its release, with `EFFECT_RETRY_MAX_SECONDS` as
 /// the fallback. Nothing changes when it is no longer owed or a live claim holds it.
 pub fn wait_on_destination(mut op: Operation, now: i64, limits: &Limits) -> Step<AlarmDone> {
-    let fallback = limits.retry_max_secs.saturating_mul(1_000);
+    let fallback = limits.retry.max_ms;
     if !op.wait_on_destination(now, fallback) {
         return Step::new(Some(op), AlarmDone::WaitsOnDestination(false));
     }

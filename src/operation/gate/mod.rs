@@ -145,6 +145,7 @@ pub(crate) mod fixtures {
     use crate::operation::lifecycle::{Source, Status};
     use crate::operation::observation::{Observation, StatusError};
     use crate::operation::{AttemptOutcome, OpEvent, Operation};
+    use crate::retry::Backoff;
 
     use super::{step, Limits, Step};
 
@@ -152,8 +153,7 @@ pub(crate) mod fixtures {
         retention_ms: 100_000,
         stats_delay_ms: 0,
         claim_ttl_ms: 10_000,
-        retry_base_secs: 1,
-        retry_max_secs: 8,
+        retry: Backoff::new(1_000, 8_000),
         unregistered_hold_ms: 0,
         confirm_interval_ms: 0,
     };
