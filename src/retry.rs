@@ -1,5 +1,5 @@
 //! When a call the worker makes is tried again: the one answer to that question, for every
-//! caller. Whether: the one answer type ([`Answer`]) and the one classification ([`Class`]) of
+//! caller. Whether: the one answer type ([`PeerAnswer`]) and the one classification ([`Class`]) of
 //! every call the worker makes to a peer (a destination, Gemini's status API and webhook
 //! listing, an alert sink, the key-set endpoint). When: the one backoff formula ([`Backoff`]),
 //! which a side effect's next attempt, an alert's and a confirmation's next try, a failed
@@ -9,7 +9,7 @@
 //! Guarantees: a 2xx is a success; a timeout, a network error, 408, 409, 429 and any 5xx are
 //! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer,
 //! and a body wanted whole that ran past its cap, is a refusal the peer will repeat, so
-//! retrying it is pointless. Every caller asks [`Answer::class`] (or [`class_of_status`]), so
+//! retrying it is pointless. Every caller asks [`PeerAnswer::class`] (or [`class_of_status`]), so
 //! the rule cannot drift apart. A wait grows from its first step, doubling, and never passes
 //! its cap, whatever the count of failures; a peer's asked wait is honoured within that same
 //! cap. It lives below `operation/` and `destination/` so both call it rather than copy it.
@@ -40,7 +40,7 @@ pub fn class_of_status(status: u16) -> Class {
 /// wanted whole (`String`); a status answer's body as the skimmer read it
 /// ([`crate::reconciliation::status::StatusAnswer`]).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Answer<B = String> {
+pub enum PeerAnswer<B = String> {
     /// The peer answered: its status, its body as kept, its Retry-After.
     Http {
         status: u16,
@@ -55,25 +55,25 @@ pub enum Answer<B = String> {
     Network(String),
 }
 
-impl<B> Answer<B> {
+impl<B> PeerAnswer<B> {
     /// Whether a retry can help: a timeout or a network error is worth retrying; an answer is
     /// classified by its status.
     pub fn class(&self) -> Class {
         match self {
-            Answer::Http { status, .. } => class_of_status(*status),
+            PeerAnswer::Http { status, .. } => class_of_status(*status),
             // The peer would send the same body again: asking again soon does not help.
-            Answer::TooLarge { .. } => Class::Refused,
-            Answer::Timeout | Answer::Network(_) => Class::Retry,
+            PeerAnswer::TooLarge { .. } => Class::Refused,
+            PeerAnswer::Timeout | PeerAnswer::Network(_) => Class::Retry,
         }
     }
 }
 
-impl<B> Answer<B> {
+impl<B> PeerAnswer<B> {
     /// How long the peer asked to be left alone, from `now_ms`: a 429 or 503's `Retry-After`,
     /// in seconds or as an HTTP date (RFC 9110 §10.2.3). `None` without one, when it cannot be
     /// read, or on any other answer; a date already past asks for no wait (`Some(0)`).
     pub fn asked_wait_ms(&self, now_ms: i64) -> Option<i64> {
-        let Answer::Http {
+        let PeerAnswer::Http {
             status: 429 | 503,
             retry_after: Some(value),
             ..
@@ -89,18 +89,18 @@ impl<B> Answer<B> {
     }
 }
 
-impl Answer {
+impl PeerAnswer {
     /// The answer in a few words, for logs and records.
     pub fn summary(&self) -> String {
         match self {
-            Answer::Http { status, body, .. } => {
+            PeerAnswer::Http { status, body, .. } => {
                 format!("{status}: {}", body.chars().take(200).collect::<String>())
             }
-            Answer::TooLarge { status, cap } => {
+            PeerAnswer::TooLarge { status, cap } => {
                 format!("{status}: body over {cap} bytes, refused unread past the cap")
             }
-            Answer::Timeout => "timeout".to_string(),
-            Answer::Network(e) => format!("network: {e}"),
+            PeerAnswer::Timeout => "timeout".to_string(),
+            PeerAnswer::Network(e) => format!("network: {e}"),
         }
     }
 }
@@ -162,7 +162,7 @@ mod tests {
     fn a_429_or_503_says_how_long_to_wait_in_seconds_or_as_a_date() {
         let now = 784_111_777_000; // Sun, 06 Nov 1994 08:49:37 GMT
         let asked = |status, value: &str| {
-            Answer::Http {
+            PeerAnswer::Http {
                 status,
                 body: String::new(),
                 retry_after: Some(value.to_string()),
@@ -179,7 +179,7 @@ mod tests {
         // Only where HTTP gives Retry-After that meaning.
         assert_eq!(asked(500, "4"), None);
         assert_eq!(asked(200, "4"), None);
-        assert_eq!(Answer::<String>::Timeout.asked_wait_ms(now), None);
+        assert_eq!(PeerAnswer::<String>::Timeout.asked_wait_ms(now), None);
     }
 
     #[test]
@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn an_answer_is_classified_by_its_status_and_no_answer_is_worth_retrying() {
-        let http = |status| Answer::Http {
+        let http = |status| PeerAnswer::Http {
             status,
             body: "x".repeat(300),
             retry_after: None,
@@ -205,14 +205,14 @@ mod tests {
         assert_eq!(http(204).class(), Class::Success);
         assert_eq!(http(503).class(), Class::Retry);
         assert_eq!(http(400).class(), Class::Refused);
-        let too_large: Answer = Answer::TooLarge {
+        let too_large: PeerAnswer = PeerAnswer::TooLarge {
             status: 200,
             cap: 10,
         };
         assert_eq!(too_large.class(), Class::Refused);
-        assert_eq!(Answer::<String>::Timeout.class(), Class::Retry);
+        assert_eq!(PeerAnswer::<String>::Timeout.class(), Class::Retry);
         assert_eq!(
-            Answer::<String>::Network("reset".into()).class(),
+            PeerAnswer::<String>::Network("reset".into()).class(),
             Class::Retry
         );
         assert_eq!(http(400).summary(), format!("400: {}", "x".repeat(200)));
@@ -220,9 +220,9 @@ mod tests {
             too_large.summary(),
             "200: body over 10 bytes, refused unread past the cap"
         );
-        assert_eq!(Answer::<String>::Timeout.summary(), "timeout");
+        assert_eq!(PeerAnswer::<String>::Timeout.summary(), "timeout");
         assert_eq!(
-            Answer::<String>::Network("reset".into()).summary(),
+            PeerAnswer::<String>::Network("reset".into()).summary(),
             "network: reset"
         );
     }
@@ -274,20 +274,20 @@ mod tests {
 
     #[test]
     fn whether_an_answer_is_retried_then_when() {
-        let http = |status, retry_after: Option<&str>| Answer::Http {
+        let http = |status, retry_after: Option<&str>| PeerAnswer::Http {
             status,
             body: String::new(),
             retry_after: retry_after.map(str::to_string),
         };
         let b = Backoff::new(1_000, 60_000);
         // answer, whether it is retried, the wait before the next attempt after 2 failures.
-        let table: [(Answer, Class, Option<i64>); 6] = [
+        let table: [(PeerAnswer, Class, Option<i64>); 6] = [
             (http(204, None), Class::Success, None),
             (http(400, Some("5")), Class::Refused, None),
             (http(503, None), Class::Retry, Some(2_000)),
             (http(429, Some("30")), Class::Retry, Some(30_000)),
             (http(503, Some("7200")), Class::Retry, Some(60_000)),
-            (Answer::Timeout, Class::Retry, Some(2_000)),
+            (PeerAnswer::Timeout, Class::Retry, Some(2_000)),
         ];
         for (answer, class, wait) in table {
             assert_eq!(answer.class(), class, "{answer:?}");

@@ -21,7 +21,7 @@ use crate::operation::key::Collection;
 use crate::operation::lifecycle::Status;
 use crate::operation::observation::{transient, Observation, StatusError};
 use crate::reconciliation::skim::{Rule, SkimError, Skimmed};
-use crate::retry::{class_of_status, Answer, Class};
+use crate::retry::{class_of_status, Class, PeerAnswer};
 use crate::timestamp::parse_rfc3339_ms;
 
 /// The `GET` URL for an operation: batches and interactions by key, video operations by
@@ -87,7 +87,7 @@ pub const READ: &[Rule] = &[
 /// A status call's answer: its body is streamed through the skimmer
 /// ([`crate::reconciliation::skim`]) with [`READ`], and is `None` when it was not read (not a
 /// 2xx).
-pub type StatusAnswer = Answer<Option<Result<Skimmed, SkimError>>>;
+pub type StatusAnswer = PeerAnswer<Option<Result<Skimmed, SkimError>>>;
 
 /// Interprets a status call's answer. A body the skimmer refused (too large, not JSON) is
 /// unusable, with the skimmer's reason; no answer (a timeout, a network error) is transient.
@@ -96,16 +96,16 @@ pub fn interpret_skimmed(
     answer: &StatusAnswer,
 ) -> Result<Observation, StatusError> {
     let (status, retry_after, body) = match answer {
-        Answer::Http {
+        PeerAnswer::Http {
             status,
             body,
             retry_after,
         } => (*status, retry_after.as_deref(), body),
         // Never a skimmed body's: the skimmer refuses one past its cap itself.
-        Answer::TooLarge { cap, .. } => {
+        PeerAnswer::TooLarge { cap, .. } => {
             return Err(StatusError::Malformed(format!("body over {cap} bytes")))
         }
-        Answer::Timeout | Answer::Network(_) => {
+        PeerAnswer::Timeout | PeerAnswer::Network(_) => {
             return Err(StatusError::Transient {
                 retry_after_secs: 0,
             })
@@ -413,7 +413,7 @@ mod tests {
     use Collection::*;
 
     fn answered(status: u16, body: Option<Result<Skimmed, SkimError>>) -> StatusAnswer {
-        Answer::Http {
+        PeerAnswer::Http {
             status,
             body,
             retry_after: None,
@@ -631,7 +631,7 @@ mod tests {
             interpret_skimmed(Batches, &answered(200, None)),
             Err(StatusError::Malformed(_))
         ));
-        for unanswered in [Answer::Timeout, Answer::Network("reset".into())] {
+        for unanswered in [PeerAnswer::Timeout, PeerAnswer::Network("reset".into())] {
             assert_eq!(
                 interpret_skimmed(Batches, &unanswered),
                 Err(StatusError::Transient {

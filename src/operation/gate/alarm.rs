@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::log::{AttemptLine, GateLog};
-use crate::operation::gate::{count_delivery, Limits, Save, Step};
+use crate::operation::gate::{count_delivery, GateLimits, Save, Step};
 use crate::operation::history::HistoryEntry;
 use crate::operation::key::Collection;
 use crate::operation::ledger::{IndexWrite, Projection};
@@ -108,7 +108,7 @@ pub enum AlarmWork {
 }
 
 /// Plans a run for the record as the alarm found it at `now`.
-pub fn plan(op: &Operation, now: i64, limits: &Limits) -> AlarmPlan {
+pub fn plan(op: &Operation, now: i64, limits: &GateLimits) -> AlarmPlan {
     let stages: &[Stage] = if retention_over(op, now, limits) {
         &[Stage::Retire]
     } else {
@@ -139,7 +139,7 @@ impl AlarmPlan {
         &mut self,
         op: &Operation,
         now: i64,
-        limits: &Limits,
+        limits: &GateLimits,
         status_api: bool,
     ) -> Option<AlarmWork> {
         while let Some(stage) = self.stages.pop_front() {
@@ -204,7 +204,7 @@ fn confirm_ask(op: &Operation, status_api: bool) -> ConfirmAsk {
     }
 }
 
-fn retention_over(op: &Operation, now: i64, limits: &Limits) -> bool {
+fn retention_over(op: &Operation, now: i64, limits: &GateLimits) -> bool {
     op.expires_at_ms(limits.retention_ms)
         .is_some_and(|t| t <= now)
 }
@@ -216,7 +216,7 @@ fn retention_over(op: &Operation, now: i64, limits: &Limits) -> bool {
 /// asks: a registration is refused (`Retired`), a signed delivery or a poll is a duplicate of
 /// a terminal outcome, a nudge finds it terminal, and an operator's action is refused; an
 /// answer without a time (a video's) needs no age to be judged by.
-pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<AlarmDone>> {
+pub fn retire_if_over(op: &Operation, now: i64, limits: &GateLimits) -> Option<Step<AlarmDone>> {
     if !retention_over(op, now, limits) {
         return None;
     }
@@ -241,7 +241,7 @@ pub fn confirmed(
     op: Operation,
     answer: Result<Observation, StatusError>,
     now: i64,
-    limits: &Limits,
+    limits: &GateLimits,
     jitter: f64,
 ) -> Step<AlarmDone> {
     let attempts = op.confirmation().map_or(0, |c| c.attempts);
@@ -270,7 +270,7 @@ fn confirmed_state(
     observation: Observation,
     now: i64,
     wait: i64,
-    limits: &Limits,
+    limits: &GateLimits,
 ) -> Step<AlarmDone> {
     let key = op.key().to_string();
     let event = OpEvent {
@@ -377,7 +377,7 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
 pub fn slot_wait(
     answer: Option<SlotAnswer>,
     now: i64,
-    limits: &Limits,
+    limits: &GateLimits,
     jitter: f64,
 ) -> Option<i64> {
     match answer {
@@ -418,7 +418,7 @@ pub fn confirm_waits_for_slot(mut op: Operation, until: i64, now: i64) -> Step<A
 /// Nothing could be asked (`GEMINI_API_KEY` is not set). Not a try, so no try count grows its
 /// backoff: the wait is the time waited so far, which doubles the total at each wake, within
 /// the limits.
-fn confirm_without_key(mut op: Operation, now: i64, limits: &Limits) -> Step<AlarmDone> {
+fn confirm_without_key(mut op: Operation, now: i64, limits: &GateLimits) -> Step<AlarmDone> {
     let key = op.key().to_string();
     let waited = op.confirmation().map_or(0, |c| now - c.requested_at_ms);
     let wait = waited.min(limits.retry.max_ms).max(limits.retry.first_ms);
@@ -446,7 +446,7 @@ pub fn alert_sent(
     alert: &PendingAlert,
     sent: bool,
     now: i64,
-    limits: &Limits,
+    limits: &GateLimits,
     jitter: f64,
 ) -> Step<AlarmDone> {
     if sent {
@@ -470,7 +470,7 @@ pub fn alert_sent(
 pub fn begin_attempt(
     mut op: Operation,
     now: i64,
-    limits: &Limits,
+    limits: &GateLimits,
 ) -> Option<(Claim, Step<AlarmDone>)> {
     let claim = op.claim(now, limits.claim_ttl_ms)?;
     let attempt = op.effect().attempts();
@@ -512,7 +512,7 @@ pub struct AttemptTarget {
 pub fn attempt_finished(
     mut op: Operation,
     attempt: &Attempt,
-    limits: &Limits,
+    limits: &GateLimits,
     jitter: f64,
 ) -> Step<AlarmDone> {
     // A destination that said when to come back is not asked sooner, within
@@ -614,7 +614,7 @@ impl Upkeep {
 /// Plans the upkeep, sealing the events to flush (store the record before sending them, so
 /// counts made meanwhile go to new events). Only the alarm projects, one at a time, so two
 /// ledger writes never race; a projection waits a second after the last (KV's per-key rate).
-pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &Limits) -> Upkeep {
+pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &GateLimits) -> Upkeep {
     let sealed = op.seal_stats();
     let projection =
         (op.projected_version() < op.version() && now >= op.projection_due_ms()).then(|| {
@@ -1173,7 +1173,7 @@ mod feeder_tests {
 
     #[test]
     fn questions_about_one_operation_are_a_confirmation_interval_apart() {
-        let limits = Limits {
+        let limits = GateLimits {
             confirm_interval_ms: 60_000,
             ..LIMITS
         };
@@ -1203,7 +1203,7 @@ mod feeder_tests {
 
     #[test]
     fn the_budget_decides_when_a_confirmation_may_ask() {
-        let limits = Limits {
+        let limits = GateLimits {
             confirm_interval_ms: 60_000,
             ..LIMITS
         };

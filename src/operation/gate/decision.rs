@@ -1,5 +1,5 @@
 //! What one decision of the gate is: the record after it, how the object keeps it, the history
-//! rows, log lines and answer it carries ([`Step`]); the settings decisions read ([`Limits`]);
+//! rows, log lines and answer it carries ([`Step`]); the settings decisions read ([`GateLimits`]);
 //! and where a side effect stands as an answer reports it ([`effect_report`]).
 //!
 //! Guarantees: a decision is a value, nothing more; the gate's Durable Object stores it as
@@ -14,7 +14,7 @@ use crate::retry::Backoff;
 
 /// The settings a step needs, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Limits {
+pub struct GateLimits {
     pub retention_ms: i64,
     pub stats_delay_ms: i64,
     pub claim_ttl_ms: i64,
@@ -91,7 +91,7 @@ impl<R> Step<R> {
 
     /// When the alarm must next fire for the record as it stands after the step.
     #[cfg(test)]
-    pub fn wake_at(&self, limits: &Limits) -> Option<i64> {
+    pub fn wake_at(&self, limits: &GateLimits) -> Option<i64> {
         self.record
             .as_ref()
             .and_then(|op| op.wake_at_ms(limits.retention_ms, limits.stats_delay_ms))

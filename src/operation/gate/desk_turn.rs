@@ -10,7 +10,7 @@
 //! or, should the desk be lost, after `EFFECT_RETRY_MAX_SECONDS`.
 
 use crate::operation::gate::alarm::AlarmDone;
-use crate::operation::gate::{Limits, Step};
+use crate::operation::gate::{GateLimits, Step};
 use crate::operation::{DeskMark, Operation};
 
 /// What an attempt owes the desk before it leaves.
@@ -48,7 +48,7 @@ pub fn reports(turn: DeskTurn, paced: bool, health_failure: bool) -> bool {
 
 /// The desk said `Wait`: the effect waits for its release, with `EFFECT_RETRY_MAX_SECONDS` as
 /// the fallback. Nothing changes when it is no longer owed or a live claim holds it.
-pub fn wait_on_destination(mut op: Operation, now: i64, limits: &Limits) -> Step<AlarmDone> {
+pub fn wait_on_destination(mut op: Operation, now: i64, limits: &GateLimits) -> Step<AlarmDone> {
     let fallback = limits.retry.max_ms;
     if !op.wait_on_destination(now, fallback) {
         return Step::new(Some(op), AlarmDone::WaitsOnDestination(false));

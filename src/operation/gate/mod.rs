@@ -31,7 +31,7 @@ mod registration;
 #[cfg(test)]
 mod retired_tests;
 
-pub use decision::{effect_report, Limits, Save, Step};
+pub use decision::{effect_report, GateLimits, Save, Step};
 pub(crate) use deliveries::count_delivery;
 
 use crate::operation::gate::protocol::{GateCommand, GateReply};
@@ -147,9 +147,9 @@ pub(crate) mod fixtures {
     use crate::operation::{AttemptOutcome, OpEvent, Operation};
     use crate::retry::Backoff;
 
-    use super::{step, Limits, Step};
+    use super::{step, GateLimits, Step};
 
-    pub(crate) const LIMITS: Limits = Limits {
+    pub(crate) const LIMITS: GateLimits = GateLimits {
         retention_ms: 100_000,
         stats_delay_ms: 0,
         claim_ttl_ms: 10_000,

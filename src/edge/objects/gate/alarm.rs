@@ -21,7 +21,7 @@ use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
-use crate::retry::Answer;
+use crate::retry::PeerAnswer;
 use crate::telemetry::counters;
 
 use crate::edge::objects::call::{call_desk, call_lease};
@@ -269,7 +269,7 @@ impl<'a> Run<'a> {
                 .map(|(_, id)| id.clone())
                 .unwrap_or_default(),
             http_status: match &answer {
-                Answer::Http { status, .. } => Some(*status),
+                PeerAnswer::Http { status, .. } => Some(*status),
                 _ => None,
             },
         };

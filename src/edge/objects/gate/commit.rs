@@ -8,7 +8,7 @@
 use worker::Result;
 
 use crate::config::Config;
-use crate::operation::gate::{Limits, Save, Step};
+use crate::operation::gate::{GateLimits, Save, Step};
 use crate::operation::Operation;
 use crate::retry::Backoff;
 
@@ -27,8 +27,8 @@ pub(super) enum Alarm {
 }
 
 /// What the gate's steps need of the configuration.
-pub(super) fn limits(config: &Config) -> Limits {
-    Limits {
+pub(super) fn limits(config: &Config) -> GateLimits {
+    GateLimits {
         retention_ms: config.retention_ms(),
         stats_delay_ms: config.stats_flush_secs * 1_000,
         claim_ttl_ms: config.claim_ttl_secs * 1_000,

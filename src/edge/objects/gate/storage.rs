@@ -22,7 +22,7 @@ use worker::{Result, ScheduledTime, State};
 
 use crate::operation::gate::alarm_failure::AlarmFailures;
 use crate::operation::gate::log::GateLog;
-use crate::operation::gate::Limits;
+use crate::operation::gate::GateLimits;
 use crate::operation::history::{HistoryEntry, HistoryLog};
 use crate::operation::{recovery, Operation};
 
@@ -126,7 +126,7 @@ impl GateStorage {
     }
 
     /// Sets the alarm for what `op` has pending next (or deletes it when nothing is).
-    pub async fn sync_alarm(&self, op: &Operation, limits: &Limits) -> Result<()> {
+    pub async fn sync_alarm(&self, op: &Operation, limits: &GateLimits) -> Result<()> {
         let storage = self.state.storage();
         let wake = op.wake_at_ms(limits.retention_ms, limits.stats_delay_ms);
         if wake.is_some() && wake == self.alarm_at.get() {
