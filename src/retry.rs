@@ -1,19 +1,14 @@
-//! When a call the worker makes is tried again: the one answer to that question, for every
-//! caller. Whether: the one answer type ([`PeerAnswer`]) and the one classification ([`Class`]) of
-//! every call the worker makes to a peer (a destination, Gemini's status API and webhook
-//! listing, an alert sink, the key-set endpoint). When: the one backoff formula ([`Backoff`]),
-//! which a side effect's next attempt, an alert's and a confirmation's next try, a failed
-//! alarm's next run and a destination desk's next probe all take, and how a peer's
-//! `Retry-After` moves it ([`Backoff::next_wait_ms`]).
+//! When a call the worker makes is tried again, answered once for every caller. Whether: the
+//! one answer type ([`PeerAnswer`]) and classification ([`Class`]) of every call to a peer (a
+//! destination, Gemini's status API and webhook listing, an alert sink, the key-set endpoint).
+//! When: the one backoff formula ([`Backoff`]) that effects, alerts, confirmations, ledger
+//! writes, a failed alarm and a desk's probes all take, and how a `Retry-After` moves it.
 //!
 //! Guarantees: a 2xx is a success; a timeout, a network error, 408, 409, 429 and any 5xx are
 //! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer,
-//! and a body wanted whole that ran past its cap, is a refusal the peer will repeat, so
-//! retrying it is pointless. Every caller asks [`PeerAnswer::class`] (or [`class_of_status`]), so
-//! the rule cannot drift apart. A wait grows from its first step, doubling, and never passes
-//! its cap, whatever the count of failures; a peer's asked wait is honoured within that same
-//! cap. It lives below `operation/` and `destination/` so both call it rather than copy it.
-//! Jitter is a parameter; nothing here reads a clock.
+//! and a body wanted whole that ran past its cap, is a refusal the peer will repeat. A wait
+//! doubles from its first step and never passes its cap, nor does an asked wait. It sits below
+//! `operation/` and `destination/`, so both call it rather than copy it. Jitter is a parameter.
 
 use crate::timestamp::parse_http_date_ms;
 
@@ -105,8 +100,8 @@ impl PeerAnswer {
     }
 }
 
-/// A capped exponential backoff: the wait before attempt `failures + 1` is
-/// `first_ms * 2^(failures - 1)`, never more than `max_ms`.
+/// A capped exponential backoff: the wait after `failures` failures in a row (0 counts as 1) is
+/// `first_ms * 2^(failures - 1)`, never more than `max_ms` (nor less than `first_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     pub first_ms: i64,
@@ -114,43 +109,36 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// The backoff from `first_ms` doubling to `max_ms` (a cap below the first step is the first
-    /// step: a wait never shrinks below it).
     pub const fn new(first_ms: i64, max_ms: i64) -> Backoff {
         Backoff { first_ms, max_ms }
     }
 
-    /// The wait after `failures` failures in a row (0 counts as 1): the one formula.
+    /// The one formula.
     pub fn after(self, failures: u32) -> i64 {
-        let exponent = failures.saturating_sub(1).min(30);
-        self.first_ms
-            .saturating_mul(1_i64 << exponent)
-            .min(self.max_ms.max(self.first_ms))
+        let doubled = self
+            .first_ms
+            .saturating_mul(1 << failures.saturating_sub(1).min(30));
+        doubled.min(self.max_ms.max(self.first_ms))
     }
 
-    /// [`Backoff::after`] scaled by a jitter factor in [0.75, 1.0], so that many callers
-    /// failing together do not retry in lockstep; `jitter` is a random number in [0, 1).
+    /// [`Backoff::after`] shortened by up to a quarter (`jitter` in [0, 1)), so that callers
+    /// failing together do not retry in lockstep.
     pub fn jittered(self, failures: u32, jitter: f64) -> i64 {
-        let factor = 0.75 + 0.25 * jitter.clamp(0.0, 1.0);
-        (self.after(failures) as f64 * factor) as i64
+        (self.after(failures) as f64 * (0.75 + 0.25 * jitter.clamp(0.0, 1.0))) as i64
     }
 
-    /// When the next attempt is due, from the last: the jittered backoff, or the wait the peer
-    /// asked for when that is longer, within the cap (a `Retry-After` of a day does not hold
-    /// anything past `max_ms`).
+    /// When the next attempt is due: the jittered backoff, or the wait the peer asked for when
+    /// longer, within the cap (a `Retry-After` of a day holds nothing past `max_ms`).
     pub fn next_wait_ms(self, failures: u32, asked_wait_ms: Option<i64>, jitter: f64) -> i64 {
         let backoff = self.jittered(failures, jitter);
         asked_wait_ms.map_or(backoff, |asked| backoff.max(asked.min(self.max_ms)))
     }
 
-    /// The step after `wait_ms` (a wait this backoff gave, or 0 for none yet), for a caller
-    /// that keeps its last wait rather than its count of failures.
+    /// The step after `wait_ms` (one this backoff gave, or 0), for a caller that keeps its
+    /// last wait rather than its count of failures.
     pub fn following(self, wait_ms: i64) -> i64 {
-        let mut failures = 1;
-        while self.after(failures) < wait_ms && failures < 32 {
-            failures += 1;
-        }
-        self.after(failures + 1)
+        let steps = (1..32).find(|&n| self.after(n) >= wait_ms).unwrap_or(32);
+        self.after(steps + 1)
     }
 }
 

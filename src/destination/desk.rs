@@ -315,17 +315,12 @@ impl Desk {
         self.next_probe_ms = self.next_probe_ms.max(now + self.probe_wait_ms);
     }
 
-    fn probe_backoff(&self) -> Backoff {
+    /// The probes' backoff, from [`PROBE_FIRST_MS`] doubling to [`DeskSettings::probe_max_ms`]:
+    /// also how far a key whose gate could not be reached for its probe moves back, by its
+    /// misses in a row (`after(misses)`), so the keys behind it are probed first.
+    pub fn probe_backoff(&self) -> Backoff {
         let max_ms = self.settings.as_ref().map_or(15_000, |s| s.probe_max_ms);
         Backoff::new(PROBE_FIRST_MS, max_ms)
-    }
-
-    /// How long a key whose gate could not be reached for its probe waits before it is tried
-    /// again, after `misses` such failures in a row: its own backoff, from
-    /// [`PROBE_FIRST_MS`] doubling to [`DeskSettings::probe_max_ms`]. Its due moves that far,
-    /// so the keys behind it are probed first.
-    pub fn miss_wait_ms(&self, misses: u32) -> i64 {
-        self.probe_backoff().after(misses)
     }
 
     /// An alarm run owed a probe and released none, because no waiting key was due or the
