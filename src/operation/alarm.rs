@@ -26,7 +26,10 @@ use crate::operation::observation::{Observation, StatusError};
 use crate::operation::{
     backoff_ms, AttemptOutcome, Claim, Finished, OpEvent, Operation, PendingAlert,
 };
-use crate::telemetry::counters::{Counter, StatEvent};
+use crate::telemetry::counters::{
+    acceptance_bucket, labelled, Counter, StatEvent, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM,
+    ALERTS_BY_KIND_PREFIX, EFFECT_RETRY_AFTER, EFFECT_TO_PREFIX,
+};
 use crate::telemetry::log_event::LogEvent;
 
 /// What an alarm step did. Nobody waits on it: the object stores the step and goes on (a
@@ -459,6 +462,7 @@ pub fn alert_sent(
     if sent {
         op.alert_delivered(alert.kind);
         op.count(Counter::Alerts, now);
+        op.count_by(labelled(ALERTS_BY_KIND_PREFIX, alert.kind.as_str()), 1, now);
         Step::new(Some(op), AlarmDone::AlertSent(true))
             .durable()
             .row(HistoryEntry::Alert {
@@ -519,6 +523,36 @@ pub struct AttemptTarget {
     pub http_status: Option<u16>,
 }
 
+/// An attempt's counts that carry a label: by result and destination, the bucket of an
+/// acceptance's time since settlement (and its sum), and a failure whose `Retry-After` was
+/// honoured. A fenced answer changed nothing and counts nothing.
+fn count_labelled(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
+    let at = attempt.finished_ms;
+    let result = match finished {
+        Finished::Done | Finished::LateDone => "delivered",
+        Finished::RetryAt(_) => "failed",
+        Finished::Parked => "parked",
+        Finished::Fenced => return,
+    };
+    let to = format!("{result}:{}", attempt.target.destination);
+    op.count_by(labelled(EFFECT_TO_PREFIX, &to), 1, at);
+    match (result, op.settled_at_ms()) {
+        ("delivered", Some(settled)) => {
+            let ms = (at - settled).max(0);
+            op.count_by(
+                labelled(ACCEPTANCE_BUCKET_PREFIX, &acceptance_bucket(ms)),
+                1,
+                at,
+            );
+            op.count_by(ACCEPTANCE_MS_SUM.to_string(), ms as u64, at);
+        }
+        ("failed", _) if attempt.asked_wait_ms.is_some() => {
+            op.count_by(EFFECT_RETRY_AFTER.to_string(), 1, at);
+        }
+        _ => {}
+    }
+}
+
 /// Commits an attempt under its claim's fencing token: done, a retry after backoff, or parked;
 /// an answer under a token no longer current changes nothing (another attempt took over).
 pub fn attempt_finished(
@@ -555,6 +589,7 @@ pub fn attempt_finished(
     if let Some(stat) = stat {
         op.count(stat, attempt.finished_ms);
     }
+    count_labelled(&mut op, &finished, attempt);
     if finished == Finished::Parked {
         // A refusal the destination will repeat needs a person now: the alert is queued here
         // and sent by this alarm, not left for the next cron pass.
