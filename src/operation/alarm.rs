@@ -30,7 +30,7 @@ use crate::telemetry::counters::{
     acceptance_bucket, labelled, Counter, StatEvent, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM,
     ALERTS_BY_KIND_PREFIX, EFFECT_RETRY_AFTER, EFFECT_TO_PREFIX,
 };
-use crate::telemetry::log_event::LogEvent;
+use crate::telemetry::log_event::event_of;
 
 /// What an alarm step did. Nobody waits on it: the object stores the step and goes on (a
 /// retirement ends the run).
@@ -578,13 +578,11 @@ pub fn attempt_finished(
         attempt.finished_ms,
         backoff,
     );
-    let (event, stat) = match &finished {
-        Finished::Done | Finished::LateDone => {
-            (LogEvent::EffectDelivered, Some(Counter::EffectSuccesses))
-        }
-        Finished::RetryAt(_) => (LogEvent::EffectFailed, Some(Counter::EffectFailures)),
-        Finished::Parked => (LogEvent::EffectParked, Some(Counter::EffectParks)),
-        Finished::Fenced => (LogEvent::EffectFenced, None),
+    let stat = match &finished {
+        Finished::Done | Finished::LateDone => Some(Counter::EffectSuccesses),
+        Finished::RetryAt(_) => Some(Counter::EffectFailures),
+        Finished::Parked => Some(Counter::EffectParks),
+        Finished::Fenced => None,
     };
     if let Some(stat) = stat {
         op.count(stat, attempt.finished_ms);
@@ -622,7 +620,8 @@ pub fn attempt_finished(
     let mut step = Step::new(Some(op), AlarmDone::AttemptFinished(finished.clone()))
         .row(HistoryEntry::Attempt {
             token: attempt.claim.token,
-            result: event.as_str(),
+            // The history names the result as the log line does.
+            result: event_of(&line),
             answer,
             ms,
             destination: Some(attempt.target.destination.clone()).filter(|d| !d.is_empty()),

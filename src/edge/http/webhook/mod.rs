@@ -17,7 +17,7 @@ use worker::{web_sys, Env};
 use crate::config::Config;
 use crate::inbound::answer::TerminalMemory;
 use crate::inbound::classify::{Headers, Policy};
-use crate::inbound::intake::{Finished, Intake, Need, Settings};
+use crate::inbound::intake::{DeliveryEnd, Intake, Need, Settings};
 use crate::inbound::stranger::{AlertLimits, CountNudge, NudgeCounted};
 use crate::refusal::Refusal;
 use crate::telemetry::analytics::delivery as delivery_point;
@@ -126,8 +126,8 @@ async fn keep_dead_letter(
 
 /// Counts, logs and remembers what a finished delivery says (and writes its Analytics Engine
 /// point when that is bound), and answers it.
-fn answer(finished: Finished, env: &Env, ms: i64) -> Result<web_sys::Response, Refusal> {
-    let Finished {
+fn answer(finished: DeliveryEnd, env: &Env, ms: i64) -> Result<web_sys::Response, Refusal> {
+    let DeliveryEnd {
         reply,
         counts,
         rejected,
