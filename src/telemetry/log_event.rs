@@ -82,6 +82,8 @@ log_events! {
     /// Alerts.
     Alert => "alert",
     AlertFailed => "alert_failed",
+    /// Owed alerts dropped past their bound while the sink was down.
+    AlertDropped => "alert_dropped",
     /// Reconciliation passes.
     ReconcilePass => "reconcile_pass",
     ReconcileJob => "reconcile_job",

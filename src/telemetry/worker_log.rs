@@ -63,6 +63,9 @@ pub enum WorkerLog {
         key: Option<Value>,
         answer: String,
     },
+    /// Alerts owed to a sink that stayed down were dropped, the oldest first, past the bound
+    /// kept for it; `owner` is what owed them (a destination's label).
+    AlertDropped { owner: String, dropped: u64 },
     /// A request or call answered 503: what was unavailable.
     Unavailable {
         error: String,
@@ -115,6 +118,7 @@ impl WorkerLog {
             WorkerLog::AdminAction { .. } => LogEvent::AdminAction,
             WorkerLog::Alert { .. } => LogEvent::Alert,
             WorkerLog::AlertFailed { .. } => LogEvent::AlertFailed,
+            WorkerLog::AlertDropped { .. } => LogEvent::AlertDropped,
             WorkerLog::Unavailable { .. } => LogEvent::Unavailable,
             WorkerLog::StatusRead { .. } | WorkerLog::StatusReadRefused { .. } => {
                 LogEvent::StatusRead
