@@ -203,7 +203,16 @@ fn json_form(body: &Value, dashboard: Option<&str>) -> Value {
     out
 }
 
-/// Slack: `text` (required, and what notifications show) and one section block with a link.
+/// Slack's escaping of `&`, `<` and `>`: text from outside (a name, a destination's answer)
+/// can then neither mention `<!channel>` nor forge a link.
+fn slack_escaped(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Slack: `text` (required, and what notifications show; escaped, since Slack reads it as
+/// markup) and a plain-text section block, with the dashboard's link in a context block.
 fn slack(body: &Value, dashboard: Option<&str>) -> Value {
     let text = line(body, None);
     let mut blocks = vec![
@@ -214,7 +223,7 @@ fn slack(body: &Value, dashboard: Option<&str>) -> Value {
             {"type": "mrkdwn", "text": format!("<{url}|Open the dashboard>")}
         ]}));
     }
-    json!({"text": line(body, dashboard), "blocks": blocks})
+    json!({"text": slack_escaped(&line(body, dashboard)), "blocks": blocks})
 }
 
 /// PagerDuty Events API v2: a trigger with its payload, or a resolve naming the same key.
@@ -349,6 +358,13 @@ mod tests {
             "{text}"
         );
         assert_eq!(out["blocks"][0]["type"], "section");
+        let mut loud = stuck();
+        loud["text"] = json!("<!channel> <https://evil.example|click> & more");
+        let text = render(sink, &loud)["text"].as_str().unwrap().to_string();
+        assert!(
+            text.contains("&lt;!channel&gt; &lt;https://evil.example|click&gt; &amp; more"),
+            "{text}"
+        );
         assert!(render(sink, &settled())["text"]
             .as_str()
             .unwrap()

@@ -98,7 +98,7 @@ async function startSink(validate, answer = { status: 200 }) {
   const server = await startServer((req) => {
     const body = JSON.parse(req.body);
     if (!validate(body)) invalid.push({ body, errors: validate.errors });
-    return answer;
+    return typeof answer === "function" ? answer() : answer;
   });
   return {
     ...server,
@@ -241,9 +241,10 @@ for (const [format, validate, field] of [["slack", SLACK, "text"], ["discord", D
 
 describe("json, the default: today's body, plus the resolution's form", () => {
   let sink, dest, w;
+  let sinkDown = false;
   const refusing = new Set();
   before(async () => {
-    sink = await startSink(ALERT_SCHEMA);
+    sink = await startSink(ALERT_SCHEMA, () => (sinkDown ? { status: 503, body: "down" } : { status: 200 }));
     dest = await startDestination((req) => (refusing.has(req.headers["idempotency-key"]) ? { status: 422 } : { status: 200 }));
     w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, ALERT_URL: `${sink.url}/alerts`, UNREGISTERED_HOLD_SECONDS: "0" });
   });
@@ -270,5 +271,30 @@ describe("json, the default: today's body, plus the resolution's form", () => {
     assert.notEqual(resolved.alert_id, alert.alert_id);
     const headers = sink.requests.filter((r) => JSON.parse(r.body).key === key).map((r) => r.headers["alert-id"]);
     assert.deepEqual(headers, [alert.alert_id, resolved.alert_id]);
+  });
+
+  it("a sink that is down: the alert waits in the record, the side effects do not wait for it, and it arrives under the same id once the sink is back", async () => {
+    sinkDown = true;
+    const parked = "batches/json-sink-down";
+    const others = Array.from({ length: 5 }, (_, i) => `batches/json-sink-down-ok-${i}`);
+    refusing.add(parked);
+    for (const k of [parked, ...others]) await w.deliver("batch.succeeded", k);
+    await eventually(async () => {
+      const views = await Promise.all(others.map((k) => w.inspect(k)));
+      return views.every((v) => v.body.effect_done);
+    }, { what: "the other effects delivered while the sink is down" });
+    const refused = await eventually(() => {
+      const tried = sink.requests.filter((r) => JSON.parse(r.body).key === parked);
+      return tried.length >= 1 && tried;
+    }, { what: "a refused send" });
+    const { body: op } = await w.inspect(parked);
+    assert.equal(op.effect_parked, true);
+    assert.deepEqual(op.alerts_pending, ["effect_failing"], "kept until the sink takes it");
+    const attempt = dest.requests.find((r) => r.headers["idempotency-key"] === parked);
+    assert.ok(attempt.at <= refused[0].at, "the side effect went before its alert");
+    sinkDown = false;
+    await eventually(async () => (await w.inspect(parked)).body.alerts_pending.length === 0, { what: "the alert sent once the sink is back", timeoutMs: 30_000, everyMs: 500 });
+    const ids = new Set(sink.requests.filter((r) => JSON.parse(r.body).key === parked).map((r) => r.headers["alert-id"]));
+    assert.equal(ids.size, 1, "one alert-id across the retries");
   });
 });
