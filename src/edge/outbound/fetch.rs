@@ -209,6 +209,16 @@ fn build(
     Request::new_with_init(url, &init)
 }
 
+/// An operation's alert with where its side effect goes (`destination`: the desk's label for
+/// its kind, never a credential a URL holds); any other alert as it is.
+fn with_destination(config: &Config, body: &Value) -> Value {
+    let mut body = body.clone();
+    if body["key"].is_string() && body.get("destination").is_none() {
+        body["destination"] = config.desk_settings(body["kind"].as_str()).label.into();
+    }
+    body
+}
+
 /// Logs an alert and POSTs it to `ALERT_URL` when one is configured, in `ALERT_FORMAT`'s shape
 /// ([`crate::alert_format::render`]), with its `alert-id` header (the same on every retry).
 /// True once it is out (logged only, or accepted with a 2xx by the sink).
@@ -236,7 +246,7 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
         Method::Post,
         url,
         &headers,
-        Some(&render(sink, body).to_string()),
+        Some(&render(sink, &with_destination(config, body)).to_string()),
         ALERT_TIMEOUT_MS,
         Keep::Excerpt(ALERT_EXCERPT_CHARS),
     )

@@ -155,10 +155,7 @@ impl<'a> Run<'a> {
     ) -> Result<Operation> {
         let config = self.config;
         self.storage.meter().add(|u| u.outbound_fetches += 1);
-        // Where its side effect goes, by the desk's label (never a credential a URL holds).
-        let mut body = body.clone();
-        body["destination"] = config.desk_settings(op.kind()).label.into();
-        let sent = post_alert(config, &body).await;
+        let sent = post_alert(config, body).await;
         let current = self.storage.load()?.unwrap_or(op);
         let step = alarm::alert_sent(
             current.clone(),
