@@ -793,7 +793,7 @@ impl Config {
             ));
         }
         if self.alert_url.is_none() {
-            warnings.push("ALERT_URL is not set: alerts (a stuck operation, a side effect failing or parked, a Gemini webhook disabled) go only to the logs, where nobody is paged (set ALERT_URL to a Slack or Discord incoming webhook, or any endpoint that takes a JSON POST)".to_string());
+            warnings.push("ALERT_URL is not set: alerts (a stuck operation, a side effect failing or parked, a Gemini webhook disabled) go only to the logs, where nobody is paged (set ALERT_URL to a Slack or Discord incoming webhook or any endpoint that takes a JSON POST, or ALERT_FORMAT=pagerduty with ALERT_ROUTING_KEY)".to_string());
         }
         warnings
     }
