@@ -154,6 +154,7 @@ fn worker_lines() -> Vec<Value> {
         AdminAction { method: "POST".into(), path: "/v1".into(), status: 200, by: json!({}) },
         Alert { alert: json!("stuck"), key: json!(key()), age_seconds: json!(60), text: json!("t") },
         AlertFailed { alert: json!("stuck"), key: None, answer: "500".into() },
+        AlertDropped { owner: "destination d".into(), dropped: 1 },
         Unavailable { error: e(), key: None, bulk: None },
         StatusRead { key: key(), read: refused, read_ms: 3 },
         RejectedSummary { counts: Tally::new() },
@@ -266,6 +267,8 @@ const OTHER_MEANINGS: &[(&str, &str)] = &[
     ("status_unanswered", "telemetry/metrics.rs"),
     ("record_unreadable", "operation/alert.rs"),
     ("status_unusable", "operation/alert.rs"),
+    ("record_unreadable", "alert_format.rs"),
+    ("status_unusable", "alert_format.rs"),
     ("effect_parked", "edge/http/listing.rs"),
 ];
 

@@ -3,7 +3,7 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): a run either retires the record
 //! (retention over: nothing else runs) or works through, in this order, a due confirmation,
-//! the alerts due, a due side effect, the alerts that effect queued, and last the upkeep
+//! a due side effect, the alerts due (those the effect queued included), and last the upkeep
 //! (counter flush and ledger projection); each piece is asked for with the record as it
 //! stands after the previous one ([`AlarmPlan::next`]), since commands may run during every
 //! await; each piece's answer is fed to its step ([`confirmed`], [`alert_sent`],
@@ -66,8 +66,10 @@ pub enum Stage {
     Upkeep,
 }
 
-/// The order of one run: a retirement alone, or confirm, alerts, effect, alerts (an attempt
-/// that parked the effect queued its alert: sent now, not on the next run), then upkeep.
+/// The order of one run: a retirement alone, or confirm, effect, alerts (an attempt that
+/// parked the effect queued its alert: sent now, not on the next run), then upkeep. The
+/// effect goes first so an alert sink that is down (each send waits up to its timeout)
+/// never delays a side effect.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AlarmPlan {
     stages: VecDeque<Stage>,
@@ -117,13 +119,7 @@ pub fn plan(op: &Operation, now: i64, limits: &Limits) -> AlarmPlan {
     let stages: &[Stage] = if retention_over(op, now, limits) {
         &[Stage::Retire]
     } else {
-        &[
-            Stage::Confirm,
-            Stage::Alerts,
-            Stage::Effect,
-            Stage::Alerts,
-            Stage::Upkeep,
-        ]
+        &[Stage::Confirm, Stage::Effect, Stage::Alerts, Stage::Upkeep]
     };
     AlarmPlan {
         stages: stages.iter().copied().collect(),
@@ -737,13 +733,7 @@ mod tests {
 
     use crate::operation::gate::fixtures::LIMITS;
 
-    const FULL_RUN: [Stage; 5] = [
-        Stage::Confirm,
-        Stage::Alerts,
-        Stage::Effect,
-        Stage::Alerts,
-        Stage::Upkeep,
-    ];
+    const FULL_RUN: [Stage; 4] = [Stage::Confirm, Stage::Effect, Stage::Alerts, Stage::Upkeep];
 
     fn registered(key: &str) -> Operation {
         Operation::register(key, key, Some("billing".into()), 0)
@@ -829,7 +819,7 @@ mod tests {
     }
 
     #[test]
-    fn an_open_record_runs_confirm_alerts_effect_alerts_upkeep_in_that_order() {
+    fn an_open_record_runs_confirm_effect_alerts_upkeep_in_that_order() {
         // A nudge waits, an alert is queued and counts are pending: each piece in turn, the
         // effect becoming owed by the confirmation's answer.
         let mut op = nudged();
@@ -871,7 +861,8 @@ mod tests {
                 other => panic!("{other:?}"),
             };
         }
-        assert_eq!(seen, ["confirm", "alert", "effect", "upkeep"]);
+        // The stuck alert, then its resolution (the confirmation gave it an outcome).
+        assert_eq!(seen, ["confirm", "effect", "alert", "alert", "upkeep"]);
     }
 
     #[test]

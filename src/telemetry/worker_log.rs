@@ -56,6 +56,9 @@ pub enum WorkerLog {
         key: Option<Value>,
         answer: String,
     },
+    /// Alerts owed to a sink that stayed down were dropped, the oldest first, past the bound
+    /// kept for it; `owner` is what owed them (a destination's label).
+    AlertDropped { owner: String, dropped: u64 },
     /// A request or call answered 503: what was unavailable.
     Unavailable {
         error: String,
