@@ -15,6 +15,7 @@
 use serde_json::{json, Value};
 use thiserror::Error;
 
+use crate::alert_format::{AlertFormat, FORMAT_NAMES, PAGERDUTY_EVENTS_URL};
 use crate::destination::protocol::{DeskSettings, Pace};
 use crate::operator::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::signature::{Secret, SecretError};
@@ -152,6 +153,8 @@ pub enum Kind {
     Routes,
     /// Free text, trimmed.
     FreeText,
+    /// One of these words (trimmed, any case).
+    Choice(&'static [&'static str]),
 }
 
 /// What an absent (or blank) variable means.
@@ -266,7 +269,10 @@ pub const VARIABLES: &[Variable] = {
         V::plain("RECONCILE_AUDIT_SECONDS", Whole { min: 0, max: MAX_RECONCILE_AUDIT_SECS }, Number(DEFAULT_RECONCILE_AUDIT_SECS), "a pass also walks the whole op: ledger this long after the last audit (0: every pass)"),
         V::plain("GEMINI_API_BASE", PublicUrl, Text(DEFAULT_GEMINI_API_BASE), "Gemini's status API"),
         V::secret("GEMINI_API_KEY", FreeText, Nothing, "sent as x-goog-api-key to the status API"),
-        V::plain("ALERT_URL", Url, Nothing, "alerts are POSTed here as JSON; without it, log lines only"),
+        V::plain("ALERT_URL", Url, Nothing, "alerts are POSTed here (as ALERT_FORMAT says); without it, log lines only (with ALERT_FORMAT=pagerduty: PagerDuty's Events API v2)"),
+        V::plain("ALERT_FORMAT", Choice(&FORMAT_NAMES), Nothing, "the alerts' shape: json, slack, discord or pagerduty (unset: slack or discord for such a webhook URL, else json)"),
+        V::secret("ALERT_ROUTING_KEY", FreeText, Nothing, "PagerDuty's integration (routing) key; required with ALERT_FORMAT=pagerduty"),
+        V::plain("ALERT_DASHBOARD_URL", PublicUrl, Nothing, "the dashboard's address, linked from every alert"),
         V::plain("GEMINI_WEBHOOK_NAME", FreeText, Nothing, "the Gemini webhook whose own state each cron pass checks"),
         V::plain("GEMINI_WEBHOOK_AUTO_ENABLE", Flag, Bool(true), "true: a cron pass that finds that webhook disabled_due_to_failed_deliveries re-enables it, alerts, and sweeps every open operation on the fan-out queue; false: it only alerts"),
         // Dynamic (per-job) webhooks.
@@ -331,6 +337,12 @@ pub struct Config {
     pub gemini_api_base: String,
     pub gemini_api_key: Option<ApiKey>,
     pub alert_url: Option<String>,
+    /// `ALERT_FORMAT`, or the format `ALERT_URL` implies.
+    pub alert_format: AlertFormat,
+    /// `ALERT_ROUTING_KEY`: PagerDuty's routing key (always set with the pagerduty format).
+    pub alert_routing_key: Option<ApiKey>,
+    /// `ALERT_DASHBOARD_URL`: linked from every alert.
+    pub alert_dashboard_url: Option<String>,
     /// The Gemini webhook whose state each cron pass checks (id or name), if any.
     pub gemini_webhook_name: Option<String>,
     /// `GEMINI_WEBHOOK_AUTO_ENABLE`: a pass re-enables that webhook when Gemini disabled it
@@ -350,7 +362,7 @@ pub struct Config {
     shown: Vec<Value>,
 }
 
-/// The Gemini API key; `Debug` hides it.
+/// A key sent to a service (Gemini's API key, PagerDuty's routing key); `Debug` hides it.
 #[derive(Clone)]
 pub struct ApiKey(pub String);
 
@@ -463,6 +475,13 @@ impl Variable {
             }
             Kind::Routes => Setting::Routes(parse_routes(name, text)?),
             Kind::FreeText => Setting::Text(text.trim().to_string()),
+            Kind::Choice(words) => {
+                let word = text.trim().to_ascii_lowercase();
+                if !words.contains(&word.as_str()) {
+                    return Err(err(name, format!("must be one of {}", words.join(", "))));
+                }
+                Setting::Text(word)
+            }
         })
     }
 
@@ -619,6 +638,31 @@ impl Settings {
         Ok((base, max))
     }
 
+    /// `ALERT_URL`, `ALERT_FORMAT` and `ALERT_ROUTING_KEY` together: the format a Slack or
+    /// Discord webhook URL implies when none is set (they refuse any other shape), PagerDuty's
+    /// own endpoint when its format has no URL, and its routing key required with it (every
+    /// event would be refused without one, so no page would ever come).
+    fn alert_sink(&self) -> Result<(Option<String>, AlertFormat, Option<ApiKey>), ConfigError> {
+        let url = self.optional("ALERT_URL", Setting::text)?;
+        let format = match self.optional("ALERT_FORMAT", Setting::text)? {
+            Some(word) => AlertFormat::parse(&word)
+                .ok_or_else(|| err("ALERT_FORMAT", "must be json, slack, discord or pagerduty"))?,
+            None => AlertFormat::inferred(url.as_deref()),
+        };
+        let routing_key = self.optional("ALERT_ROUTING_KEY", Setting::text)?;
+        if format != AlertFormat::PagerDuty {
+            return Ok((url, format, routing_key.map(ApiKey)));
+        }
+        if routing_key.is_none() {
+            return Err(err(
+                "ALERT_ROUTING_KEY",
+                "is required when ALERT_FORMAT is pagerduty (the integration key of a PagerDuty Events API v2 service)",
+            ));
+        }
+        let url = url.or_else(|| Some(PAGERDUTY_EVENTS_URL.to_string()));
+        Ok((url, format, routing_key.map(ApiKey)))
+    }
+
     /// The three scopes' tokens: a token in two scopes would quietly get the wider power, so
     /// it is refused, naming the narrower scope's setting.
     fn tokens(&self) -> Result<Tokens, ConfigError> {
@@ -749,7 +793,7 @@ impl Config {
             ));
         }
         if self.alert_url.is_none() {
-            warnings.push("ALERT_URL is not set: alerts (a stuck operation, a side effect failing or parked, a Gemini webhook disabled) go only to the logs, where nobody is paged (set ALERT_URL to a Slack or Discord incoming webhook, or any endpoint that takes a JSON POST)".to_string());
+            warnings.push("ALERT_URL is not set: alerts (a stuck operation, a side effect failing or parked, a Gemini webhook disabled) go only to the logs, where nobody is paged (set ALERT_URL to a Slack or Discord incoming webhook or any endpoint that takes a JSON POST, or ALERT_FORMAT=pagerduty with ALERT_ROUTING_KEY)".to_string());
         }
         warnings
     }
@@ -833,6 +877,7 @@ impl Config {
         let (effect_timeout_ms, claim_ttl_secs) = s.attempt_timing()?;
         let (retry_base_secs, retry_max_secs) = s.retry_range()?;
         let tokens = s.tokens()?;
+        let (alert_url, alert_format, alert_routing_key) = s.alert_sink()?;
         // The table's ranges keep these inside their types.
         let max_body_bytes = s.value("MAX_BODY_BYTES", Setting::whole)? as usize;
         let reconcile_budget = s.value("RECONCILE_BUDGET", Setting::whole)? as u32;
@@ -886,7 +931,10 @@ impl Config {
             stats_flush_secs: s.value("STATS_FLUSH_SECONDS", Setting::whole)?,
             gemini_api_base: s.value("GEMINI_API_BASE", Setting::text)?,
             gemini_api_key: s.optional("GEMINI_API_KEY", Setting::text)?.map(ApiKey),
-            alert_url: s.optional("ALERT_URL", Setting::text)?,
+            alert_url,
+            alert_format,
+            alert_routing_key,
+            alert_dashboard_url: s.optional("ALERT_DASHBOARD_URL", Setting::text)?,
             gemini_webhook_name: s.optional("GEMINI_WEBHOOK_NAME", Setting::text)?,
             gemini_webhook_auto_enable: s.value("GEMINI_WEBHOOK_AUTO_ENABLE", Setting::flag)?,
             gemini_jwks_url: s.value("GEMINI_JWKS_URL", Setting::text)?,
@@ -1469,6 +1517,43 @@ mod tests {
         assert!(
             parse(&keyed).unwrap().warnings().is_empty(),
             "the defaults are safe"
+        );
+    }
+
+    #[test]
+    fn the_alert_format_is_set_or_read_from_the_sink_url() {
+        let mut vars = base();
+        assert_eq!(parse(&vars).unwrap().alert_format, AlertFormat::Json);
+        vars.insert("ALERT_URL", "https://hooks.slack.com/services/T/B/x".into());
+        assert_eq!(parse(&vars).unwrap().alert_format, AlertFormat::Slack);
+        vars.insert("ALERT_URL", "https://discord.com/api/webhooks/1/x".into());
+        assert_eq!(parse(&vars).unwrap().alert_format, AlertFormat::Discord);
+        vars.insert("ALERT_FORMAT", "JSON".into());
+        assert_eq!(parse(&vars).unwrap().alert_format, AlertFormat::Json);
+        vars.insert("ALERT_FORMAT", "teams".into());
+        let e = parse(&vars).unwrap_err();
+        assert_eq!(e.var, "ALERT_FORMAT");
+        assert!(e.to_string().contains("pagerduty"), "{e}");
+    }
+
+    #[test]
+    fn pagerduty_needs_its_routing_key_and_has_a_default_url() {
+        let mut vars = base();
+        vars.insert("ALERT_FORMAT", "pagerduty".into());
+        let e = parse(&vars).unwrap_err();
+        assert_eq!(e.var, "ALERT_ROUTING_KEY");
+        assert!(e.to_string().contains("required"), "{e}");
+        vars.insert("ALERT_ROUTING_KEY", "R0UT1NGKEYR0UT1NGKEY".into());
+        let c = parse(&vars).unwrap();
+        assert_eq!(c.alert_url.as_deref(), Some(PAGERDUTY_EVENTS_URL));
+        assert!(
+            !format!("{c:?}").contains("R0UT1NGKEY"),
+            "Debug hides the key"
+        );
+        vars.insert("ALERT_URL", "http://127.0.0.1:9/enqueue".into());
+        assert_eq!(
+            parse(&vars).unwrap().alert_url.as_deref(),
+            Some("http://127.0.0.1:9/enqueue")
         );
     }
 

@@ -19,6 +19,7 @@ pub mod operation;
 pub mod reconciliation;
 pub mod telemetry;
 
+pub mod alert_format;
 pub mod body_cap;
 pub mod bounds;
 pub mod config;

@@ -111,6 +111,16 @@ describe("GET /metrics", () => {
     await expect('gemini_once_effects_total{result="failed"}', 0);
     await expect('gemini_once_rejected_total{reason="signature_invalid"}', 1);
     await expect("gemini_once_reconcile_passes_completed_total", 1);
+    // By destination: the two delivered went to the default route, the park to billing.
+    const byDest = await query("gemini_once_effects_by_destination_total");
+    const seen = byDest.map((s) => `${s.metric.result} ${s.metric.destination.split(":")[0]} ${s.value}`).sort();
+    assert.deepEqual(seen, ["delivered EFFECT_URL 2", "parked route billing 1"], JSON.stringify(byDest));
+    // The time from settlement to acceptance: both accepted effects, within the day bucket.
+    await expect("gemini_once_effect_acceptance_seconds_count", 2);
+    await expect('gemini_once_effect_acceptance_seconds_bucket{le="86400"}', 2);
+    const sum = await query("gemini_once_effect_acceptance_seconds_sum");
+    assert.ok(sum.length === 1 && sum[0].value >= 0 && sum[0].value < 120, JSON.stringify(sum));
+    await expect('gemini_once_alerts_by_kind_total{kind="effect_failing"}', 1);
     // Both destinations are configured, labelled by route, and healthy (a 400 parks; it
     // says nothing of the destination's health).
     const healthy = await query('gemini_once_destination_state{state="healthy"}');

@@ -1188,6 +1188,11 @@ fn var_value(v: &'static Variable) -> BoxedStrategy<Option<String>> {
             .prop_map(String::from)
             .boxed(),
         Kind::FreeText => "[A-Za-z0-9-]{1,60}".boxed(),
+        Kind::Choice(words) => prop_oneof![
+            prop::sample::select(words.to_vec()).prop_map(|w| format!(" {} ", w.to_uppercase())),
+            "[a-z]{0,10}",
+        ]
+        .boxed(),
         Kind::Routes => prop_oneof![
             3 => prop::collection::btree_map(
                 "[a-z-]{0,8}",
@@ -1242,6 +1247,7 @@ fn documented_ok(v: &Variable, value: Option<&str>) -> bool {
         Kind::Url | Kind::PublicUrl => is_url(value),
         Kind::Flag => value == "true" || value == "false",
         Kind::FreeText => true,
+        Kind::Choice(words) => words.contains(&value.trim().to_ascii_lowercase().as_str()),
         Kind::Whole { min, max } => value.parse::<i64>().is_ok_and(|x| (min..=max).contains(&x)),
         // A JSON object whose every value is a URL, queue:BINDING or service:BINDING.
         Kind::Routes => serde_json::from_str::<Map<String, Value>>(value).is_ok_and(|m| {
@@ -1284,6 +1290,9 @@ fn valid_value(v: &'static Variable) -> BoxedStrategy<Option<String>> {
             .boxed(),
         Kind::Url | Kind::PublicUrl => url.boxed(),
         Kind::FreeText => "[A-Za-z0-9-]{12,60}".boxed(),
+        Kind::Choice(words) => prop::sample::select(words.to_vec())
+            .prop_map(String::from)
+            .boxed(),
         Kind::Flag => prop::sample::select(vec!["true", "false"])
             .prop_map(String::from)
             .boxed(),
@@ -1451,8 +1460,11 @@ proptest! {
                     let theirs = value_of(other);
                     tokens_in(theirs.as_deref()).iter().any(|t| tokens_in(mine.as_deref()).contains(t))
                 });
+                // PagerDuty's format without its routing key names the key.
+                let pagerduty = value_of("ALERT_FORMAT").is_some_and(|f| f.trim().eq_ignore_ascii_case("pagerduty"));
+                let no_routing_key = e.var == "ALERT_ROUTING_KEY" && pagerduty && value_of("ALERT_ROUTING_KEY").is_none_or(|k| k.trim().is_empty());
                 prop_assert!(
-                    row.is_some_and(|v| !documented_ok(v, value_of(e.var).as_deref())) || cap_below_base || claim_too_short || token_in_two_scopes,
+                    row.is_some_and(|v| !documented_ok(v, value_of(e.var).as_deref())) || cap_below_base || claim_too_short || token_in_two_scopes || no_routing_key,
                     "{} refused though its row accepts {:?}: {}",
                     e.var,
                     value_of(e.var),

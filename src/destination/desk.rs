@@ -14,7 +14,10 @@
 //! - A paced route's releases follow a token bucket (`per_second`, [`Pace::burst`] tokens) and
 //!   its attempts in flight stay within `concurrency`; each slot lapses after
 //!   [`DeskSettings::slot_ttl_ms`], so a gate that died never holds one.
-//! - One alert when it opens, one when it recovers; both are kept until the sink takes them.
+//! - One alert when it opens, one when it recovers (its resolution: `resolves`
+//!   `destination_open`); both are kept until the sink takes them, at most
+//!   [`MAX_OWED_ALERTS`] (beyond that the oldest is dropped and counted), and a sink that
+//!   refuses is tried again [`ALERT_RETRY_MS`] later, never holding a release back.
 //!
 //! The edge keeps the waiting keys and the slots in SQLite tables and gives this machine their
 //! counts ([`Facts`]); the machine says what to do with the key at hand ([`Decision`]) and how
@@ -108,6 +111,12 @@ pub struct Desk {
     /// Alerts owed to the sink, oldest first.
     #[serde(default)]
     pub alerts: Vec<Value>,
+    /// Owed alerts dropped (the oldest, past [`MAX_OWED_ALERTS`]) and not yet logged.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub alerts_dropped: u64,
+    /// When the owed alerts may be tried again (after the sink refused one).
+    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    pub alerts_due_ms: i64,
     /// Asks and reports received: what the destination's health and pace cost in calls (the
     /// happy path's first attempt makes none).
     #[serde(default)]
@@ -293,7 +302,7 @@ impl Desk {
         self.probe = None;
         self.probe_wait_ms = PROBE_FIRST_MS;
         self.next_probe_ms = now + PROBE_FIRST_MS;
-        self.alerts.push(json!({
+        self.owe(json!({
             "alert": "destination_open",
             "alert_id": format!("destination-open:{}:{now}", self.label()),
             "key": self.label(),
@@ -336,8 +345,9 @@ impl Desk {
         let secs = (now - opened) / 1_000;
         self.probe = None;
         self.waited = waited;
-        self.alerts.push(json!({
+        self.owe(json!({
             "alert": "destination_recovered",
+            "resolves": "destination_open",
             "alert_id": format!("destination-recovered:{}:{now}", self.label()),
             "key": self.label(),
             "age_seconds": secs,
@@ -404,11 +414,41 @@ impl Desk {
         }
     }
 
-    /// When the alarm should run next, after a run (`None`: nothing waits and nothing is owed).
-    pub fn next_alarm_ms(&self, facts: Facts, now: i64) -> Option<i64> {
-        if !self.alerts.is_empty() {
-            return Some(now + ALERT_RETRY_MS);
+    /// Owes the sink `alert`, dropping (and counting) the oldest beyond [`MAX_OWED_ALERTS`]:
+    /// a sink down for days must not grow the desk's row without end.
+    fn owe(&mut self, alert: Value) {
+        self.alerts.push(alert);
+        while self.alerts.len() > MAX_OWED_ALERTS {
+            self.alerts.remove(0);
+            self.alerts_dropped += 1;
         }
+    }
+
+    /// Whether the owed alerts are to be sent now (some are owed, and the sink did not refuse
+    /// within the last [`ALERT_RETRY_MS`]).
+    pub fn alerts_due(&self, now: i64) -> bool {
+        !self.alerts.is_empty() && now >= self.alerts_due_ms
+    }
+
+    /// The sink accepted the first `sent` owed alerts and refused the next, if `refused`.
+    pub fn alerts_tried(&mut self, sent: usize, refused: bool, now: i64) {
+        self.alerts.drain(..sent.min(self.alerts.len()));
+        self.alerts_due_ms = if refused { now + ALERT_RETRY_MS } else { 0 };
+    }
+
+    /// When the alarm should run next, after a run (`None`: nothing waits and nothing is owed):
+    /// the releases' schedule, or the alerts' retry when that is sooner; owed alerts never
+    /// push a release back.
+    pub fn next_alarm_ms(&self, facts: Facts, now: i64) -> Option<i64> {
+        let release = self.release_alarm_ms(facts, now);
+        if self.alerts.is_empty() {
+            return release;
+        }
+        let alerts = self.alerts_due_ms.max(now + MIN_ALARM_GAP_MS);
+        Some(release.map_or(alerts, |r| r.min(alerts)))
+    }
+
+    fn release_alarm_ms(&self, facts: Facts, now: i64) -> Option<i64> {
         if facts.waiting == 0 {
             return None;
         }
@@ -427,11 +467,6 @@ impl Desk {
         self.pace()
             .concurrency
             .is_none_or(|c| facts.in_flight < u64::from(c))
-    }
-
-    /// The first `n` owed alerts were accepted by the sink.
-    pub fn alerts_sent(&mut self, n: usize) {
-        self.alerts.drain(..n.min(self.alerts.len()));
     }
 
     /// The view `/v1/stats` shows.
@@ -462,6 +497,16 @@ pub const FAILURE_RUN_GAP_MS: i64 = 30_000;
 pub const PROBE_LAPSE_MS: i64 = 60_000;
 /// How soon the desk tries an alert sink again after a failure.
 pub const ALERT_RETRY_MS: i64 = 30_000;
+/// Alerts a desk keeps for a sink that is down: ten outages, each opened and recovered.
+pub const MAX_OWED_ALERTS: usize = 20;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_ms(n: &i64) -> bool {
+    *n == 0
+}
 /// The shortest wait between alarm runs that release nothing (no spin on a clock edge).
 const MIN_ALARM_GAP_MS: i64 = 10;
 

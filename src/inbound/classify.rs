@@ -10,8 +10,8 @@
 //! same timestamp window, and the token's shape), before a byte of the body is read; the edge
 //! then checks a token's RS256 signature with WebCrypto and [`vouch`] checks its claims
 //! (their time window is [`crate::inbound::jwt`]'s); [`classify`] checks the HMAC over the raw
-//! body and says what the body is. An HMAC-proven body becomes an [`Outcome::Event`]; a
-//! JWT-signed body proves only its sender, so it becomes an [`Outcome::Nudge`] whose metadata
+//! body and says what the body is. An HMAC-proven body becomes a [`DeliveryKind::Event`]; a
+//! JWT-signed body proves only its sender, so it becomes a [`DeliveryKind::Nudge`] whose metadata
 //! is never verified. [`crate::inbound::intake`] runs these in order. Time is a parameter.
 
 use serde_json::{Map, Value};
@@ -81,7 +81,7 @@ pub enum Proof<'a> {
 
 /// What a delivery is.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub enum DeliveryKind {
     /// An HMAC-proven event for the gate of `key`.
     Event {
         key: OperationKey,
@@ -314,10 +314,15 @@ fn token_hash(token: &str) -> String {
 }
 
 /// What a proven delivery's body is. `delivery_id` is the `webhook-id` of an HMAC delivery.
-pub fn classify(proof: Proof<'_>, body: &[u8], delivery_id: &str, policy: &Policy<'_>) -> Outcome {
+pub fn classify(
+    proof: Proof<'_>,
+    body: &[u8],
+    delivery_id: &str,
+    policy: &Policy<'_>,
+) -> DeliveryKind {
     match proof {
         Proof::Hmac(checked) => match checked.verify(body, policy.secrets) {
-            Err(e) => Outcome::Rejected(Rejection::Signature(e)),
+            Err(e) => DeliveryKind::Rejected(Rejection::Signature(e)),
             Ok(()) => signed(body, delivery_id),
         },
         Proof::Jwt { claims, token_hash } => nudge(body, claims, token_hash),
@@ -325,33 +330,33 @@ pub fn classify(proof: Proof<'_>, body: &[u8], delivery_id: &str, policy: &Polic
 }
 
 /// A body the HMAC proved: an event, or a dead letter.
-fn signed(body: &[u8], delivery_id: &str) -> Outcome {
+fn signed(body: &[u8], delivery_id: &str) -> DeliveryKind {
     let envelope = match parse(body) {
         Ok(e) => e,
         Err(e) => {
-            return Outcome::DeadLetter {
+            return DeliveryKind::DeadLetter {
                 reason: e.label(),
                 reply: not_envelope(&e),
             }
         }
     };
     if meaning(&envelope.event_type) == Meaning::Ping {
-        return Outcome::Ping {
+        return DeliveryKind::Ping {
             event_type: envelope.event_type,
         };
     }
     let Some((status, key)) = usable(&envelope) else {
-        return Outcome::DeadLetter {
+        return DeliveryKind::DeadLetter {
             reason: "unknown_event_type",
             reply: unknown_type(&envelope.event_type),
         };
     };
     match key {
-        Err(e) => Outcome::DeadLetter {
+        Err(e) => DeliveryKind::DeadLetter {
             reason: "bad_operation_id",
             reply: bad_operation_id(&e),
         },
-        Ok(key) => Outcome::Event {
+        Ok(key) => DeliveryKind::Event {
             key,
             event: OpEvent {
                 status,
@@ -366,28 +371,28 @@ fn signed(body: &[u8], delivery_id: &str) -> Outcome {
 }
 
 /// A body only a token vouches for: a nudge, or a refusal (never stored: it is unproven).
-fn nudge(body: &[u8], claims: Map<String, Value>, delivery_id: String) -> Outcome {
+fn nudge(body: &[u8], claims: Map<String, Value>, delivery_id: String) -> DeliveryKind {
     let envelope = match parse(body) {
         Ok(e) => e,
         Err(problem) => {
-            return Outcome::Rejected(Rejection::NudgeNotEnvelope {
+            return DeliveryKind::Rejected(Rejection::NudgeNotEnvelope {
                 problem,
                 delivery_id,
             })
         }
     };
     let Some((claimed, key)) = usable(&envelope) else {
-        return Outcome::Rejected(Rejection::NudgeUnknownType {
+        return DeliveryKind::Rejected(Rejection::NudgeUnknownType {
             event_type: envelope.event_type,
             delivery_id,
         });
     };
     match key {
-        Err(problem) => Outcome::Rejected(Rejection::NudgeBadOperationId {
+        Err(problem) => DeliveryKind::Rejected(Rejection::NudgeBadOperationId {
             problem,
             delivery_id,
         }),
-        Ok(key) => Outcome::Nudge {
+        Ok(key) => DeliveryKind::Nudge {
             key,
             claimed,
             metadata: nudge_metadata(claims, &envelope.details),
@@ -532,7 +537,7 @@ mod tests {
         }
     }
 
-    fn hmac_outcome(body: &[u8]) -> Outcome {
+    fn hmac_outcome(body: &[u8]) -> DeliveryKind {
         let s = secrets();
         let sig = sign(body, NOW);
         let ts = NOW.to_string();
@@ -548,7 +553,7 @@ mod tests {
         classify(Proof::Hmac(checked), body, "msg_1", &policy(&s))
     }
 
-    fn nudge_outcome(claims: Value, body: &[u8]) -> Outcome {
+    fn nudge_outcome(claims: Value, body: &[u8]) -> DeliveryKind {
         let s = secrets();
         let proof = screen_token(&token(claims), None, &policy(&s)).unwrap();
         classify(proof, body, "", &policy(&s))
@@ -779,7 +784,7 @@ mod tests {
 
     #[test]
     fn a_valid_hmac_delivery_is_an_event() {
-        let Outcome::Event {
+        let DeliveryKind::Event {
             key,
             event_type,
             event,
@@ -808,7 +813,7 @@ mod tests {
         let Ok(Screened::Hmac(checked)) = screen(&headers, NOW_MS, &policy(&s)) else {
             panic!()
         };
-        let Outcome::Rejected(e) = classify(Proof::Hmac(checked), BODY, "msg_1", &policy(&s))
+        let DeliveryKind::Rejected(e) = classify(Proof::Hmac(checked), BODY, "msg_1", &policy(&s))
         else {
             panic!("not refused")
         };
@@ -818,12 +823,12 @@ mod tests {
     #[test]
     fn a_proven_test_delivery_is_a_ping() {
         let ping = br#"{"type":"webhook.ping","data":{}}"#;
-        let Outcome::Ping { event_type } = hmac_outcome(ping) else {
+        let DeliveryKind::Ping { event_type } = hmac_outcome(ping) else {
             panic!("not a ping: {:?}", hmac_outcome(ping))
         };
         assert_eq!(event_type, "webhook.ping");
         // Signed only by a token, it proves nothing: an unknown type, refused and not kept.
-        let Outcome::Rejected(e) = nudge_outcome(good_claims(), ping) else {
+        let DeliveryKind::Rejected(e) = nudge_outcome(good_claims(), ping) else {
             panic!()
         };
         assert_eq!(
@@ -836,7 +841,7 @@ mod tests {
     fn proven_unusable_bodies_are_dead_letters() {
         assert_eq!(
             hmac_outcome(b"not json"),
-            Outcome::DeadLetter {
+            DeliveryKind::DeadLetter {
                 reason: "not_json",
                 reply: Err(Refusal::BadRequest(
                     "not a Gemini envelope: body is not JSON".into()
@@ -845,14 +850,14 @@ mod tests {
         );
         assert_eq!(
             hmac_outcome(br#"{"type":"batch.paused","data":{"id":"batches/b1"}}"#),
-            Outcome::DeadLetter {
+            DeliveryKind::DeadLetter {
                 reason: "unknown_event_type",
                 reply: Ok(Answer::IgnoredUnknownType {
                     event_type: "batch.paused".into()
                 })
             }
         );
-        let Outcome::DeadLetter { reason, reply } =
+        let DeliveryKind::DeadLetter { reason, reply } =
             hmac_outcome(br#"{"type":"batch.succeeded","data":{"id":"batches/../x"}}"#)
         else {
             panic!()
@@ -998,7 +1003,7 @@ mod tests {
         let body = br#"{"type":"batch.failed","user_metadata":{"job":"body"},"data":{"id":"b9"}}"#;
         let mut claims = good_claims();
         claims["user_metadata"] = json!({"job": "token"});
-        let Outcome::Nudge {
+        let DeliveryKind::Nudge {
             key,
             claimed,
             metadata,
@@ -1016,13 +1021,13 @@ mod tests {
         assert!(metadata.get(USER_METADATA).is_none());
         assert_eq!(metadata[UNVERIFIED_USER_METADATA], json!({"job": "token"}));
 
-        let Outcome::Nudge { metadata, .. } = nudge_outcome(good_claims(), body) else {
+        let DeliveryKind::Nudge { metadata, .. } = nudge_outcome(good_claims(), body) else {
             panic!("not a nudge")
         };
         assert!(metadata.get(USER_METADATA).is_none());
         assert_eq!(metadata[UNVERIFIED_USER_METADATA], json!({"job": "body"}));
 
-        let Outcome::Nudge { metadata, .. } = nudge_outcome(good_claims(), BODY) else {
+        let DeliveryKind::Nudge { metadata, .. } = nudge_outcome(good_claims(), BODY) else {
             panic!("not a nudge")
         };
         assert!(metadata.is_empty());
@@ -1030,7 +1035,7 @@ mod tests {
 
     #[test]
     fn unusable_nudge_bodies_are_refused_never_kept() {
-        let Outcome::Rejected(e) = nudge_outcome(good_claims(), b"[1]") else {
+        let DeliveryKind::Rejected(e) = nudge_outcome(good_claims(), b"[1]") else {
             panic!()
         };
         assert_eq!(
@@ -1042,7 +1047,7 @@ mod tests {
         assert!(line["delivery_id"].as_str().unwrap().starts_with("jwt_"));
 
         let unknown = br#"{"type":"batch.paused","data":{"id":"b1"}}"#;
-        let Outcome::Rejected(e) = nudge_outcome(good_claims(), unknown) else {
+        let DeliveryKind::Rejected(e) = nudge_outcome(good_claims(), unknown) else {
             panic!()
         };
         assert_eq!(
@@ -1052,7 +1057,7 @@ mod tests {
         assert_eq!(e.log_line().to_value()["type"], "batch.paused");
 
         let bad_id = br#"{"type":"batch.succeeded","data":{"id":"batches/a b"}}"#;
-        let Outcome::Rejected(e) = nudge_outcome(good_claims(), bad_id) else {
+        let DeliveryKind::Rejected(e) = nudge_outcome(good_claims(), bad_id) else {
             panic!()
         };
         assert_eq!(

@@ -7,7 +7,7 @@
 //! its cap; what the body is ([`classify`]); then at most one gate call, none for a duplicate
 //! this isolate remembers; a nudge the gate does not hold costs one tally call and nothing
 //! outside the worker; a proven body that cannot be used is kept as a dead letter, else
-//! answered 503 so Gemini retries. Every delivery ends in one [`Finished`]: its [`Reply`]
+//! answered 503 so Gemini retries. Every delivery ends in one [`DeliveryEnd`]: its [`Reply`]
 //! (a 200 with its body, or a [`crate::refusal::Refusal`]), the counters it adds, its log line,
 //! and what this isolate may remember. The edge (`src/edge/http/webhook/`) only performs the
 //! steps. Time is a parameter.
@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 
 use crate::inbound::answer::{Answer, TerminalMemory};
 use crate::inbound::classify::{
-    classify, screen, vouch, Headers, Outcome, Oversize, Policy, Proof, Rejection, Reply, Screened,
+    classify, screen, vouch, DeliveryKind, Headers, Oversize, Policy, Proof, Rejection, Reply,
+    Screened,
 };
 use crate::inbound::jwt::Token;
 use crate::inbound::route_log::{Handled, RouteLog};
@@ -58,16 +59,16 @@ pub enum Need {
     /// Keep `value` in KV under `key` (a dead letter): [`Intake::dead_letter_kept`].
     DeadLetter { key: String, value: Value },
     /// The delivery is answered.
-    Done(Finished),
+    Done(DeliveryEnd),
 }
 
 /// A delivery's end.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Finished {
+pub struct DeliveryEnd {
     pub reply: Reply,
     /// Counters to add one to in this isolate.
     pub counts: Vec<&'static str>,
-    /// A refusal's reason: counted as `rejected_<reason>`, and its [`Finished::line`] logged
+    /// A refusal's reason: counted as `rejected_<reason>`, and its [`DeliveryEnd::line`] logged
     /// only for the first of its reason in a flush window (a flood costs a counter each).
     pub rejected: Option<&'static str>,
     /// The line to log.
@@ -76,9 +77,9 @@ pub struct Finished {
     pub remember: Option<(String, Status)>,
 }
 
-impl Finished {
-    fn reply(reply: Reply) -> Finished {
-        Finished {
+impl DeliveryEnd {
+    fn reply(reply: Reply) -> DeliveryEnd {
+        DeliveryEnd {
             reply,
             counts: Vec::new(),
             rejected: None,
@@ -87,18 +88,18 @@ impl Finished {
         }
     }
 
-    fn refused(refusal: Rejection) -> Finished {
-        Finished {
+    fn refused(refusal: Rejection) -> DeliveryEnd {
+        DeliveryEnd {
             rejected: Some(refusal.reason()),
             line: Some(refusal.log_line()),
-            ..Finished::reply(refusal.reply())
+            ..DeliveryEnd::reply(refusal.reply())
         }
     }
 
-    fn answered(answer: Answer, line: Option<RouteLog>) -> Finished {
-        Finished {
+    fn answered(answer: Answer, line: Option<RouteLog>) -> DeliveryEnd {
+        DeliveryEnd {
             line,
-            ..Finished::reply(Ok(answer))
+            ..DeliveryEnd::reply(Ok(answer))
         }
     }
 }
@@ -162,7 +163,7 @@ impl<'a> Intake<'a> {
             body: Vec::new(),
         };
         let need = match screen(&headers, now_ms, &policy) {
-            Err(refusal) => intake.finish(Finished::refused(refusal)),
+            Err(refusal) => intake.finish(DeliveryEnd::refused(refusal)),
             Ok(Screened::Hmac(checked)) => intake.read_body(Proof::Hmac(checked)),
             Ok(Screened::Jwt { token, token_hash }) => {
                 intake.stage = Stage::Signature {
@@ -184,7 +185,7 @@ impl<'a> Intake<'a> {
         };
         match checked.and_then(|()| vouch(token, token_hash, now_ms, &self.policy)) {
             Ok(proof) => self.read_body(proof),
-            Err(refusal) => self.finish(Finished::refused(refusal)),
+            Err(refusal) => self.finish(DeliveryEnd::refused(refusal)),
         }
     }
 
@@ -195,23 +196,23 @@ impl<'a> Intake<'a> {
         };
         let Some(body) = body else {
             let cap = self.policy.max_body_bytes;
-            return self.finish(Finished::refused(Rejection::BodyTooLarge(
+            return self.finish(DeliveryEnd::refused(Rejection::BodyTooLarge(
                 Oversize::Streamed { cap },
             )));
         };
         self.body = body;
         let delivery_id = self.delivery_id();
         match classify(proof, &self.body, &delivery_id, &self.policy) {
-            Outcome::Rejected(refusal) => self.finish(Finished::refused(refusal)),
-            Outcome::Ping { event_type } => self.finish(Finished {
+            DeliveryKind::Rejected(refusal) => self.finish(DeliveryEnd::refused(refusal)),
+            DeliveryKind::Ping { event_type } => self.finish(DeliveryEnd {
                 counts: vec![counters::PINGS],
                 line: Some(RouteLog::Ping {
                     event_type: event_type.clone(),
                     webhook_id: delivery_id,
                 }),
-                ..Finished::reply(Ok(Answer::Pong { event_type }))
+                ..DeliveryEnd::reply(Ok(Answer::Pong { event_type }))
             }),
-            Outcome::DeadLetter { reason, reply } => {
+            DeliveryKind::DeadLetter { reason, reply } => {
                 let key = dead_key(&delivery_id);
                 let value = json!({
                     "webhook_id": delivery_id,
@@ -228,7 +229,7 @@ impl<'a> Intake<'a> {
                 };
                 Need::DeadLetter { key, value }
             }
-            Outcome::Event {
+            DeliveryKind::Event {
                 key,
                 event_type,
                 event,
@@ -244,7 +245,7 @@ impl<'a> Intake<'a> {
                 };
                 need
             }
-            Outcome::Nudge {
+            DeliveryKind::Nudge {
                 key,
                 event_type,
                 claimed,
@@ -285,9 +286,9 @@ impl<'a> Intake<'a> {
                 answered_by: Some("edge"),
                 alert: None,
             });
-            return self.finish(Finished {
+            return self.finish(DeliveryEnd {
                 counts: vec![counters::DELIVERIES, counters::DUPLICATES],
-                ..Finished::answered(answer, line)
+                ..DeliveryEnd::answered(answer, line)
             });
         }
         let command = GateCommand::Deliver {
@@ -313,7 +314,7 @@ impl<'a> Intake<'a> {
         };
         let reply = match reply {
             Ok(reply) => reply,
-            Err(why) => return self.finish(Finished::reply(Err(Refusal::Unavailable(why)))),
+            Err(why) => return self.finish(DeliveryEnd::reply(Err(Refusal::Unavailable(why)))),
         };
         if nudge && reply == GateReply::Unregistered {
             // Not held: nothing was stored and nothing is asked; the tally may raise the
@@ -322,7 +323,7 @@ impl<'a> Intake<'a> {
             return Need::Tally;
         }
         let Some(answer) = Answer::from_gate(&key, &reply) else {
-            return self.finish(Finished::reply(Err(Refusal::Unavailable(format!(
+            return self.finish(DeliveryEnd::reply(Err(Refusal::Unavailable(format!(
                 "unexpected gate reply {reply:?}"
             )))));
         };
@@ -339,9 +340,9 @@ impl<'a> Intake<'a> {
             .then(|| TerminalMemory::settled_at(&reply))
             .flatten()
             .map(|s| (key, s));
-        self.finish(Finished {
+        self.finish(DeliveryEnd {
             remember,
-            ..Finished::answered(answer, line)
+            ..DeliveryEnd::answered(answer, line)
         })
     }
 
@@ -361,9 +362,9 @@ impl<'a> Intake<'a> {
             answered_by: None,
             alert: Some(alert == Some(true)),
         });
-        self.finish(Finished {
+        self.finish(DeliveryEnd {
             counts: vec![counters::STRANGER_NUDGES],
-            ..Finished::answered(answer, line)
+            ..DeliveryEnd::answered(answer, line)
         })
     }
 
@@ -376,15 +377,15 @@ impl<'a> Intake<'a> {
             return self.out_of_order();
         };
         match kept {
-            Ok(()) => self.finish(Finished {
+            Ok(()) => self.finish(DeliveryEnd {
                 line: Some(RouteLog::DeadLetter {
                     reason,
                     webhook_id: self.delivery_id(),
                     kv_key: key,
                 }),
-                ..Finished::reply(reply)
+                ..DeliveryEnd::reply(reply)
             }),
-            Err(why) => self.finish(Finished::reply(Err(Refusal::Unavailable(why)))),
+            Err(why) => self.finish(DeliveryEnd::reply(Err(Refusal::Unavailable(why)))),
         }
     }
 
@@ -411,7 +412,7 @@ impl<'a> Intake<'a> {
         Need::Gate { key, command }
     }
 
-    fn finish(&mut self, finished: Finished) -> Need {
+    fn finish(&mut self, finished: DeliveryEnd) -> Need {
         self.stage = Stage::Over;
         Need::Done(finished)
     }
@@ -419,7 +420,7 @@ impl<'a> Intake<'a> {
     /// An answer to a step that was not asked for: a bug in the edge's loop, answered 503 so
     /// the sender retries rather than a delivery being half-handled.
     fn out_of_order(&mut self) -> Need {
-        self.finish(Finished::reply(Err(Refusal::Unavailable(
+        self.finish(DeliveryEnd::reply(Err(Refusal::Unavailable(
             "intake: an answer to a step not asked for".into(),
         ))))
     }
@@ -472,7 +473,7 @@ mod tests {
         }
     }
 
-    fn done(need: Need) -> Finished {
+    fn done(need: Need) -> DeliveryEnd {
         match need {
             Need::Done(f) => f,
             other => panic!("not done: {other:?}"),

@@ -33,6 +33,10 @@ pub enum AlertKind {
     /// that does not parse): sent from the failing alarm itself, since its record may be what
     /// cannot be read.
     AlarmFailing,
+    /// A `stuck` operation has an outcome now: the resolution of its `stuck` alert.
+    StuckSettled,
+    /// A side effect alerted `effect_failing` was delivered: the resolution of that alert.
+    EffectRecovered,
 }
 
 impl AlertKind {
@@ -47,6 +51,28 @@ impl AlertKind {
             AlertKind::RecordUnreadable => "record_unreadable",
             AlertKind::StatusUnusable => "status_unusable",
             AlertKind::AlarmFailing => "alarm_failing",
+            AlertKind::StuckSettled => "stuck_settled",
+            AlertKind::EffectRecovered => "effect_recovered",
+        }
+    }
+
+    /// The condition this alert says has ended, for a resolution (`None` for a trigger).
+    pub fn resolves(self) -> Option<AlertKind> {
+        match self {
+            AlertKind::StuckSettled => Some(AlertKind::Stuck),
+            AlertKind::EffectRecovered => Some(AlertKind::EffectFailing),
+            AlertKind::WebhookReenabled => Some(AlertKind::WebhookDisabled),
+            _ => None,
+        }
+    }
+
+    /// The resolution that says this condition ended, for the conditions an operation's gate
+    /// resolves itself.
+    pub fn resolution(self) -> Option<AlertKind> {
+        match self {
+            AlertKind::Stuck => Some(AlertKind::StuckSettled),
+            AlertKind::EffectFailing => Some(AlertKind::EffectRecovered),
+            _ => None,
         }
     }
 }
@@ -70,7 +96,9 @@ pub fn human_age(seconds: i64) -> String {
 }
 
 /// An alert body: `{"alert", "alert_id", "key", "name", "kind", "age_seconds", "text"}`, with
-/// `text` ready for Slack or Discord (`gemini-once <alert>: <name> (<kind>) <what>`).
+/// `text` ready for Slack or Discord (`gemini-once <alert>: <name> (<kind>) <what>`); a
+/// resolution also names the condition that ended (`resolves`), so a sink can close what its
+/// trigger opened (`docs/alert.schema.json`).
 pub fn body(
     alert: AlertKind,
     alert_id: Option<&str>,
@@ -79,7 +107,7 @@ pub fn body(
     what: &str,
 ) -> Value {
     let (key, name, kind) = subject;
-    json!({
+    let mut body = json!({
         "alert": alert.as_str(),
         "alert_id": alert_id,
         "key": key,
@@ -87,7 +115,11 @@ pub fn body(
         "kind": kind,
         "age_seconds": age_seconds,
         "text": format!("gemini-once {}: {name} ({}) {what}", alert.as_str(), kind.unwrap_or("unregistered kind")),
-    })
+    });
+    if let Some(condition) = alert.resolves() {
+        body["resolves"] = json!(condition.as_str());
+    }
+    body
 }
 
 /// The alert that Gemini's webhook `name` is in `state` (not `enabled`) and was left so:
@@ -154,6 +186,8 @@ mod tests {
             AlertKind::EffectFailing,
             AlertKind::WebhookDisabled,
             AlertKind::WebhookReenabled,
+            AlertKind::StuckSettled,
+            AlertKind::EffectRecovered,
         ] {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
         }
@@ -167,6 +201,7 @@ mod tests {
             "Left as it is.",
         );
         assert_eq!(body["alert"], "webhook_disabled");
+        assert_eq!(body.get("resolves"), None, "a trigger keeps today's shape");
         assert_eq!(body["key"], Value::Null);
         assert_eq!(body["name"], "webhooks/gemini-once");
         let text = body["text"].as_str().unwrap();
@@ -186,6 +221,7 @@ mod tests {
             "3 swept.",
         );
         assert_eq!(body["alert"], "webhook_reenabled");
+        assert_eq!(body["resolves"], "webhook_disabled");
         assert_eq!(body["key"], Value::Null);
         let text = body["text"].as_str().unwrap();
         assert!(

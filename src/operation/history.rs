@@ -68,7 +68,7 @@ pub enum HistoryEntry {
     /// Rows stored before `destination`, `webhook_id` and `http_status` were kept lack them.
     Attempt {
         token: u64,
-        result: &'static str,
+        result: String,
         answer: String,
         ms: i64,
         /// The route's name and the destination's origin, never a credential.
@@ -363,7 +363,7 @@ mod tests {
             (
                 HistoryEntry::Attempt {
                     token: 3,
-                    result: "effect_delivered",
+                    result: "effect_delivered".into(),
                     answer: "2xx".into(),
                     ms: 12,
                     destination: None,
@@ -376,7 +376,7 @@ mod tests {
             (
                 HistoryEntry::Attempt {
                     token: 4,
-                    result: "effect_parked",
+                    result: "effect_parked".into(),
                     answer: "400: invalid payload".into(),
                     ms: 9,
                     destination: Some("route billing: https://billing.example/\u{2026}".into()),

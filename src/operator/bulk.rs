@@ -131,7 +131,7 @@ pub fn plan(action: BulkAction, meta: &LedgerMeta, now_secs: i64) -> Plan {
 
 /// What the gate did with one command.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum CommandResult {
     Retried,
     Redelivered,
     Skipped(SkipReason),
@@ -140,19 +140,19 @@ pub enum Outcome {
 }
 
 /// Reads the gate's reply to [`BulkRun::command`].
-pub fn outcome(reply: &GateReply) -> Outcome {
+pub fn command_result(reply: &GateReply) -> CommandResult {
     match reply {
         GateReply::Redelivered {
             action: OperatorAction::RetryNow,
             ..
-        } => Outcome::Retried,
+        } => CommandResult::Retried,
         GateReply::Redelivered {
             action: OperatorAction::Redeliver,
             ..
-        } => Outcome::Redelivered,
+        } => CommandResult::Redelivered,
         GateReply::Refused { reason } => {
             let of = |r: OperatorRefusal| r.as_str() == reason.as_str();
-            Outcome::Skipped(if of(OperatorRefusal::AlreadyDone) {
+            CommandResult::Skipped(if of(OperatorRefusal::AlreadyDone) {
                 SkipReason::Done
             } else if of(OperatorRefusal::NotDone) {
                 SkipReason::NotDone
@@ -170,8 +170,8 @@ pub fn outcome(reply: &GateReply) -> Outcome {
                 SkipReason::Refused
             })
         }
-        GateReply::NotFound => Outcome::Skipped(SkipReason::Gone),
-        other => Outcome::Failed(format!("unexpected gate reply {other:?}")),
+        GateReply::NotFound => CommandResult::Skipped(SkipReason::Gone),
+        other => CommandResult::Failed(format!("unexpected gate reply {other:?}")),
     }
 }
 
@@ -493,12 +493,12 @@ impl BulkRun {
     }
 
     /// Records what the gate did with an operation this run acted on.
-    pub fn record(&mut self, outcome: &Outcome) {
+    pub fn record(&mut self, outcome: &CommandResult) {
         match outcome {
-            Outcome::Retried => self.counts.retried += 1,
-            Outcome::Redelivered => self.counts.redelivered += 1,
-            Outcome::Skipped(reason) => *self.counts.skipped.entry(*reason).or_default() += 1,
-            Outcome::Failed(_) => self.counts.failed += 1,
+            CommandResult::Retried => self.counts.retried += 1,
+            CommandResult::Redelivered => self.counts.redelivered += 1,
+            CommandResult::Skipped(reason) => *self.counts.skipped.entry(*reason).or_default() += 1,
+            CommandResult::Failed(_) => self.counts.failed += 1,
         }
     }
 
@@ -620,7 +620,7 @@ impl BulkWalk {
     }
 
     /// What the gate asked by [`BulkStep::CallGate`] did (or that it could not be reached).
-    pub fn on_gate(&mut self, outcome: &Outcome) {
+    pub fn on_gate(&mut self, outcome: &CommandResult) {
         self.run.record(outcome);
     }
 }
@@ -670,7 +670,7 @@ mod tests {
     fn perform(
         body: &str,
         pages: &[ListedPage],
-        reply: &Outcome,
+        reply: &CommandResult,
     ) -> (Vec<Option<String>>, Vec<(String, bool)>, Value) {
         let request = parse(BulkAction::Retry, body).unwrap();
         let mut walk = BulkWalk::new(request, NOW).unwrap();
@@ -703,7 +703,7 @@ mod tests {
             2,
         );
         let body = r#"{"filter": {"prefix": "batches/"}}"#;
-        let (lists, calls, answer) = perform(body, &pages, &Outcome::Retried);
+        let (lists, calls, answer) = perform(body, &pages, &CommandResult::Retried);
         assert_eq!(lists, [None, Some("1".to_string())]);
         assert_eq!(
             calls,
@@ -730,14 +730,14 @@ mod tests {
         let (_, calls, first) = perform(
             r#"{"filter": {"prefix": "batches/"}, "limit": 2}"#,
             &pages,
-            &Outcome::Retried,
+            &CommandResult::Retried,
         );
         assert_eq!(calls.len(), 2);
         assert_eq!(first["complete"], false);
         let cursor = first["cursor"].as_str().unwrap();
         let next =
             format!(r#"{{"filter": {{"prefix": "batches/"}}, "limit": 2, "cursor": "{cursor}"}}"#);
-        let (_, calls, rest) = perform(&next, &pages, &Outcome::Retried);
+        let (_, calls, rest) = perform(&next, &pages, &CommandResult::Retried);
         assert_eq!(calls, [("batches/c".to_string(), false)]);
         assert_eq!(
             (rest["complete"].clone(), rest["total"]["retried"].clone()),
@@ -758,7 +758,7 @@ mod tests {
         let (lists, calls, answer) = perform(
             r#"{"filter": {"prefix": "batches/"}, "dry_run": true}"#,
             &pages,
-            &Outcome::Retried,
+            &CommandResult::Retried,
         );
         assert_eq!((lists.len(), calls.len()), (MAX_BULK_PAGES, 0));
         assert_eq!(answer["eligible"], MAX_BULK_PAGES);
@@ -815,12 +815,12 @@ mod tests {
             effect: EffectReport::Scheduled,
         };
         assert_eq!(
-            outcome(&redelivered(OperatorAction::RetryNow)),
-            Outcome::Retried
+            command_result(&redelivered(OperatorAction::RetryNow)),
+            CommandResult::Retried
         );
         assert_eq!(
-            outcome(&redelivered(OperatorAction::Redeliver)),
-            Outcome::Redelivered
+            command_result(&redelivered(OperatorAction::Redeliver)),
+            CommandResult::Redelivered
         );
         let refused = |r: OperatorRefusal| GateReply::Refused {
             reason: r.as_str().to_string(),
@@ -838,15 +838,18 @@ mod tests {
                 SkipReason::SentSinceCutoff,
             ),
         ] {
-            assert_eq!(outcome(&refused(refusal)), Outcome::Skipped(reason));
+            assert_eq!(
+                command_result(&refused(refusal)),
+                CommandResult::Skipped(reason)
+            );
         }
         assert_eq!(
-            outcome(&GateReply::NotFound),
-            Outcome::Skipped(SkipReason::Gone)
+            command_result(&GateReply::NotFound),
+            CommandResult::Skipped(SkipReason::Gone)
         );
         assert!(matches!(
-            outcome(&GateReply::IgnoredUnregistered),
-            Outcome::Failed(_)
+            command_result(&GateReply::IgnoredUnregistered),
+            CommandResult::Failed(_)
         ));
     }
 
@@ -958,7 +961,7 @@ mod tests {
                 break;
             }
             if run.take(m, 0) {
-                run.record(&Outcome::Retried);
+                run.record(&CommandResult::Retried);
             }
         }
         run
@@ -1068,7 +1071,7 @@ mod tests {
         assert_eq!(twice, [Some(NOW), Some(NOW)]);
     }
 
-    fn redeliver_in_two(body: &str, later: i64, reply: &Outcome) -> (Value, Value) {
+    fn redeliver_in_two(body: &str, later: i64, reply: &CommandResult) -> (Value, Value) {
         let entries = [meta("succeeded", true), meta("succeeded", true)];
         let mut first = BulkRun::new(parse(BulkAction::Redeliver, body).unwrap(), NOW).unwrap();
         assert!(first.take(&entries[0], 0));
@@ -1095,7 +1098,7 @@ mod tests {
 
     #[test]
     fn a_redelivery_run_is_cut_off_at_its_first_request_and_keeps_it() {
-        let (one, two) = redeliver_in_two(LOST_AT_NOW, NOW + 60_000, &Outcome::Redelivered);
+        let (one, two) = redeliver_in_two(LOST_AT_NOW, NOW + 60_000, &CommandResult::Redelivered);
         assert_eq!(one["sent_before"], "2026-11-22T10:00:00.25Z");
         assert_eq!(two["sent_before"], one["sent_before"]);
         assert_eq!(two["total"]["redelivered"], 2);
@@ -1104,7 +1107,7 @@ mod tests {
             r#"{{"reason": "lost", "sent_before": {}}}"#,
             one["sent_before"]
         );
-        let refused = Outcome::Skipped(SkipReason::SentSinceCutoff);
+        let refused = CommandResult::Skipped(SkipReason::SentSinceCutoff);
         let (one, two) = redeliver_in_two(&again, NOW + 120_000, &refused);
         assert_eq!(one["sent_before"], "2026-11-22T10:00:00.25Z");
         assert_eq!(two["total"]["redelivered"], 0);

@@ -33,6 +33,40 @@ pub const STRANGER_NUDGES: &str = "stranger_nudges";
 /// Signed test deliveries (Gemini's `:ping`), answered 2xx and kept nowhere else.
 pub const PINGS: &str = "pings";
 
+/// Counters whose names carry a bounded label, built at run time (see [`labelled`]): a side
+/// effect's attempts by result and destination (`effect_to:<result>:<destination label>`), the
+/// settlement-to-acceptance histogram's buckets (`acceptance_le:<seconds>`, each counting the
+/// effects that fell in it alone; `/metrics` makes them cumulative), alerts by kind
+/// (`alerts_by_kind:<kind>`).
+pub const EFFECT_TO_PREFIX: &str = "effect_to:";
+pub const ACCEPTANCE_BUCKET_PREFIX: &str = "acceptance_le:";
+pub const ALERTS_BY_KIND_PREFIX: &str = "alerts_by_kind:";
+/// Milliseconds from settlement to acceptance, summed over accepted effects (the histogram's
+/// `_sum`).
+pub const ACCEPTANCE_MS_SUM: &str = "acceptance_ms_sum";
+/// Failed attempts whose destination asked for a wait (`Retry-After`) that was honoured.
+pub const EFFECT_RETRY_AFTER: &str = "effect_retry_after";
+/// The histogram's upper bounds, in seconds: from an effect accepted at once to one that
+/// waited out a day's outage. An effect past the last counts in `+Inf`.
+pub const ACCEPTANCE_BUCKETS_SECS: [f64; 12] = [
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0,
+];
+
+/// A run-time name under one of the prefixes above.
+pub fn labelled(prefix: &str, label: &str) -> String {
+    format!("{prefix}{label}")
+}
+
+/// The bucket an acceptance `ms` after settlement falls in: its upper bound as `/metrics`
+/// writes `le` (`0.5`, `1`, ... or `+Inf`).
+pub fn acceptance_bucket(ms: i64) -> String {
+    let secs = ms.max(0) as f64 / 1_000.0;
+    ACCEPTANCE_BUCKETS_SECS
+        .iter()
+        .find(|le| secs <= **le)
+        .map_or_else(|| "+Inf".to_string(), |le| le.to_string())
+}
+
 /// A counter a gate counts in its record, by name ([`Counter::name`] gives the spelling the
 /// shards, `/v1/stats` and the dashboard read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,6 +330,25 @@ mod tests {
         ];
         let fresh: Vec<_> = unseen(&longer, 2).collect();
         assert_eq!(fresh, vec![&ev(3, DUPLICATES)]);
+    }
+
+    #[test]
+    fn an_acceptance_falls_in_the_smallest_bucket_that_holds_it() {
+        assert_eq!(acceptance_bucket(0), "0.5");
+        assert_eq!(acceptance_bucket(500), "0.5");
+        assert_eq!(acceptance_bucket(501), "1");
+        assert_eq!(acceptance_bucket(4_000), "5");
+        assert_eq!(acceptance_bucket(86_400_000), "86400");
+        assert_eq!(acceptance_bucket(86_400_001), "+Inf");
+        assert_eq!(
+            acceptance_bucket(-5),
+            "0.5",
+            "a clock that stepped back counts as at once"
+        );
+        assert_eq!(
+            labelled(EFFECT_TO_PREFIX, "delivered:EFFECT_URL: https://x/…"),
+            "effect_to:delivered:EFFECT_URL: https://x/…"
+        );
     }
 
     #[test]

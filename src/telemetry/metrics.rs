@@ -17,9 +17,10 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use crate::telemetry::counters::{
-    ALERTS, DELIVERIES, DROPPED_PREFIX, DUPLICATES, EFFECT_FAILURES, EFFECT_PARKS,
-    EFFECT_SUCCESSES, PINGS, REDELIVERIES, SETTLED_BY_RECONCILE, SETTLED_BY_WEBHOOK,
-    STRANGER_NUDGES,
+    ACCEPTANCE_BUCKETS_SECS, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM, ALERTS,
+    ALERTS_BY_KIND_PREFIX, DELIVERIES, DROPPED_PREFIX, DUPLICATES, EFFECT_FAILURES, EFFECT_PARKS,
+    EFFECT_RETRY_AFTER, EFFECT_SUCCESSES, EFFECT_TO_PREFIX, PINGS, REDELIVERIES,
+    SETTLED_BY_RECONCILE, SETTLED_BY_WEBHOOK, STRANGER_NUDGES,
 };
 
 /// Every family's name starts with this.
@@ -68,6 +69,8 @@ impl Format {
 enum Kind {
     Counter,
     Gauge,
+    /// Samples named by their suffix (`_bucket`, `_sum`, `_count`).
+    Histogram,
 }
 
 /// One metric family: its name without [`PREFIX`] (and, for a counter, without `_total`).
@@ -81,6 +84,8 @@ struct Family {
 struct Sample {
     labels: Vec<(&'static str, String)>,
     value: f64,
+    /// A histogram sample's suffix; empty otherwise.
+    suffix: &'static str,
 }
 
 impl Family {
@@ -94,8 +99,16 @@ impl Family {
     }
 
     fn with(mut self, labels: Vec<(&'static str, String)>, value: f64) -> Family {
-        self.samples.push(Sample { labels, value });
+        self.push(labels, value);
         self
+    }
+
+    fn push(&mut self, labels: Vec<(&'static str, String)>, value: f64) {
+        self.samples.push(Sample {
+            labels,
+            value,
+            suffix: "",
+        });
     }
 }
 
@@ -104,7 +117,7 @@ type Label = (&'static str, &'static str);
 
 /// The shards' fixed counters: the name they keep, the family, and the label that tells
 /// the family's series apart. Each is served, 0 until counted.
-const FIXED: [(&str, &str, Option<Label>); 11] = [
+const FIXED: [(&str, &str, Option<Label>); 12] = [
     (DELIVERIES, "deliveries", None),
     (SETTLED_BY_WEBHOOK, "settled", Some(("path", "webhook"))),
     (SETTLED_BY_RECONCILE, "settled", Some(("path", "reconcile"))),
@@ -116,6 +129,7 @@ const FIXED: [(&str, &str, Option<Label>); 11] = [
     (EFFECT_PARKS, "effects", Some(("result", "parked"))),
     (REDELIVERIES, "redeliveries", None),
     (ALERTS, "alerts", None),
+    (EFFECT_RETRY_AFTER, "effects_retried_after_asked", None),
 ];
 
 /// What each counter family counts.
@@ -128,7 +142,10 @@ fn counter_help(family: &str) -> &'static str {
         "pings" => "Signed test deliveries (Gemini's ping).",
         "effects" => "Side-effect attempts by result: delivered (accepted), failed (retried later), parked.",
         "redeliveries" => "Side effects sent again as a new generation by an operator.",
-        "alerts" => "Alerts sent to ALERT_URL.",
+        "alerts" => "Alerts the gates sent to ALERT_URL.",
+        "alerts_by_kind" => "Alerts the gates sent to ALERT_URL, by kind.",
+        "effects_by_destination" => "Side-effect attempts by result (delivered, failed, parked) and destination.",
+        "effects_retried_after_asked" => "Failed side-effect attempts retried no sooner than the destination's Retry-After asked.",
         "dropped" => "Deliveries and status answers not applied, by the reducer's reason.",
         "rejected" => "Requests refused before reaching a gate, by reason.",
         _ => "Events counted under a name this version does not describe.",
@@ -163,10 +180,7 @@ fn counter_families(total: &Value) -> Vec<Family> {
             .map(|(k, v)| vec![(k, v.to_string())])
             .unwrap_or_default();
         match families.iter_mut().find(|f| f.name == family) {
-            Some(f) => f.samples.push(Sample {
-                labels,
-                value: count(name),
-            }),
+            Some(f) => f.push(labels, count(name)),
             None => families.push(
                 Family::new(family, Kind::Counter, counter_help(family)).with(labels, count(name)),
             ),
@@ -174,29 +188,86 @@ fn counter_families(total: &Value) -> Vec<Family> {
     }
     let mut dropped = Family::new("dropped", Kind::Counter, counter_help("dropped"));
     let mut rejected = Family::new("rejected", Kind::Counter, counter_help("rejected"));
+    let mut by_destination = Family::new(
+        "effects_by_destination",
+        Kind::Counter,
+        counter_help("effects_by_destination"),
+    );
+    let mut by_kind = Family::new(
+        "alerts_by_kind",
+        Kind::Counter,
+        counter_help("alerts_by_kind"),
+    );
     let mut other = Family::new("events", Kind::Counter, counter_help(""));
     let names: BTreeMap<&str, f64> = total
         .as_object()
         .map(|m| m.keys().map(|k| (k.as_str(), count(k))).collect())
         .unwrap_or_default();
     for (name, n) in names {
-        if FIXED.iter().any(|(fixed, _, _)| *fixed == name) {
+        if FIXED.iter().any(|(fixed, _, _)| *fixed == name)
+            || name == ACCEPTANCE_MS_SUM
+            || name.starts_with(ACCEPTANCE_BUCKET_PREFIX)
+        {
             continue;
         }
-        let (family, label, value) = if let Some(reason) = name.strip_prefix(DROPPED_PREFIX) {
+        if let Some((result, destination)) = name
+            .strip_prefix(EFFECT_TO_PREFIX)
+            .and_then(|rest| rest.split_once(':'))
+        {
+            let labels = vec![
+                ("result", result.to_string()),
+                ("destination", destination.to_string()),
+            ];
+            by_destination.push(labels, n);
+            continue;
+        }
+        let (family, label, value) = if let Some(kind) = name.strip_prefix(ALERTS_BY_KIND_PREFIX) {
+            (&mut by_kind, "kind", kind)
+        } else if let Some(reason) = name.strip_prefix(DROPPED_PREFIX) {
             (&mut dropped, "reason", reason)
         } else if let Some(reason) = name.strip_prefix(REJECTED_PREFIX) {
             (&mut rejected, "reason", reason)
         } else {
             (&mut other, "name", name)
         };
-        family.samples.push(Sample {
-            labels: vec![(label, value.to_string())],
-            value: n,
-        });
+        family.push(vec![(label, value.to_string())], n);
     }
+    families.extend([by_destination, by_kind, acceptance_histogram(total)]);
     families.extend([dropped, rejected, other]);
     families
+}
+
+/// The time from settlement to the destination's acceptance: the shards keep each bucket's
+/// own count (`acceptance_le:<bound>`), made cumulative here as Prometheus reads a histogram;
+/// every bound is served, 0 until counted.
+fn acceptance_histogram(total: &Value) -> Family {
+    let count = |name: &str| total.get(name).and_then(Value::as_u64).unwrap_or(0) as f64;
+    let mut family = Family::new(
+        "effect_acceptance_seconds",
+        Kind::Histogram,
+        "Time from an operation's settlement to its side effect's acceptance by the destination.",
+    );
+    let bounds = ACCEPTANCE_BUCKETS_SECS.iter().map(|b| b.to_string());
+    let mut cumulative = 0.0;
+    for le in bounds.chain(["+Inf".to_string()]) {
+        cumulative += count(&format!("{ACCEPTANCE_BUCKET_PREFIX}{le}"));
+        family.samples.push(Sample {
+            labels: vec![("le", le)],
+            value: cumulative,
+            suffix: "_bucket",
+        });
+    }
+    for (suffix, value) in [
+        ("_sum", count(ACCEPTANCE_MS_SUM) / 1_000.0),
+        ("_count", cumulative),
+    ] {
+        family.samples.push(Sample {
+            labels: vec![],
+            value,
+            suffix,
+        });
+    }
+    family
 }
 
 /// Each configured destination's state (one series per state, 1 for the current), waiting
@@ -313,7 +384,7 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
     let full = format!("{PREFIX}{}", family.name);
     let sample_name = match family.kind {
         Kind::Counter => format!("{full}_total"),
-        Kind::Gauge => full.clone(),
+        Kind::Gauge | Kind::Histogram => full.clone(),
     };
     // The text format names a counter's family with its `_total`; OpenMetrics without.
     let family_name = match format {
@@ -323,12 +394,14 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
     let kind = match family.kind {
         Kind::Counter => "counter",
         Kind::Gauge => "gauge",
+        Kind::Histogram => "histogram",
     };
     let help = escape(family.help, format == Format::OpenMetrics);
     let _ = writeln!(page, "# HELP {family_name} {help}");
     let _ = writeln!(page, "# TYPE {family_name} {kind}");
     for sample in &family.samples {
         page.push_str(&sample_name);
+        page.push_str(sample.suffix);
         if !sample.labels.is_empty() {
             let labels: Vec<String> = sample
                 .labels
@@ -366,7 +439,12 @@ mod tests {
             "total": {
                 "deliveries": 4, "duplicates_skipped": 1, "settled_by_webhook": 3,
                 "effect_successes": 2, "effect_parks": 1, "dropped_stale_update_time": 2,
-                "rejected_signature_invalid": 5, "stranger_nudges": 1, "new_counter": 7
+                "rejected_signature_invalid": 5, "stranger_nudges": 1, "new_counter": 7,
+                "effect_to:delivered:EFFECT_URL: http://127.0.0.1:9/…": 2,
+                "effect_to:parked:route billing: https://b.example/…": 1,
+                "acceptance_le:0.5": 1, "acceptance_le:60": 1, "acceptance_le:+Inf": 1,
+                "acceptance_ms_sum": 90_000_250u64, "alerts_by_kind:effect_failing": 1,
+                "effect_retry_after": 3
             },
             "destinations": [
                 {"label": "EFFECT_URL http://127.0.0.1:9", "state": "open", "waiting": 3,
@@ -405,6 +483,43 @@ mod tests {
             "gemini_once_events_total{name=\"new_counter\"} 7",
             "gemini_once_alerts_total 0",
             "gemini_once_reconcile_passes_completed_total 12",
+        ] {
+            assert!(l.contains(&want), "{want} missing from\n{page}");
+        }
+    }
+
+    #[test]
+    fn labelled_counters_are_families_of_their_own() {
+        let page = render(&stats(), Format::Text);
+        let l = lines(&page);
+        for want in [
+            "gemini_once_effects_by_destination_total{result=\"delivered\",destination=\"EFFECT_URL: http://127.0.0.1:9/…\"} 2",
+            "gemini_once_effects_by_destination_total{result=\"parked\",destination=\"route billing: https://b.example/…\"} 1",
+            "gemini_once_alerts_by_kind_total{kind=\"effect_failing\"} 1",
+            "gemini_once_effects_retried_after_asked_total 3",
+        ] {
+            assert!(l.contains(&want), "{want} missing from\n{page}");
+        }
+        assert!(
+            !page.contains("name=\"effect_to:"),
+            "not also served as an unnamed event"
+        );
+        assert!(!page.contains("name=\"acceptance_"), "{page}");
+    }
+
+    #[test]
+    fn the_acceptance_histogram_is_cumulative_with_sum_and_count() {
+        let page = render(&stats(), Format::Text);
+        let l = lines(&page);
+        assert!(page.contains("# TYPE gemini_once_effect_acceptance_seconds histogram\n"));
+        for want in [
+            "gemini_once_effect_acceptance_seconds_bucket{le=\"0.5\"} 1",
+            "gemini_once_effect_acceptance_seconds_bucket{le=\"30\"} 1",
+            "gemini_once_effect_acceptance_seconds_bucket{le=\"60\"} 2",
+            "gemini_once_effect_acceptance_seconds_bucket{le=\"86400\"} 2",
+            "gemini_once_effect_acceptance_seconds_bucket{le=\"+Inf\"} 3",
+            "gemini_once_effect_acceptance_seconds_sum 90000.25",
+            "gemini_once_effect_acceptance_seconds_count 3",
         ] {
             assert!(l.contains(&want), "{want} missing from\n{page}");
         }

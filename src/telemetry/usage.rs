@@ -9,9 +9,6 @@
 //! of its awaits). The bench's cost section (docs/PERFORMANCE.md) reads these lines.
 
 use serde::Serialize;
-use serde_json::json;
-
-use crate::telemetry::log_event::LogEvent;
 
 /// Counts since the last `usage` line of one object.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
@@ -33,6 +30,20 @@ pub struct Usage {
     /// How long a send this invocation scheduled holds the object in memory after it (a
     /// pending timer keeps an object from hibernating: billed as duration, like wall time).
     pub held_ms: u64,
+}
+
+/// The `usage` line (its tag is the event's name, as every line's is).
+#[derive(Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+enum UsageLog<'a> {
+    Usage {
+        object: &'a str,
+        invocation: &'static str,
+        wall_ms: i64,
+        db_bytes: u64,
+        #[serde(flatten)]
+        counts: &'a Usage,
+    },
 }
 
 /// Which entry point of an object ran.
@@ -68,18 +79,14 @@ impl Usage {
         wall_ms: i64,
         db_bytes: u64,
     ) -> serde_json::Value {
-        let mut fields = json!({
-            "object": object,
-            "invocation": invocation.as_str(),
-            "wall_ms": wall_ms.max(0),
-            "db_bytes": db_bytes,
-        });
-        if let (Some(map), Ok(serde_json::Value::Object(counts))) =
-            (fields.as_object_mut(), serde_json::to_value(self))
-        {
-            map.extend(counts);
-        }
-        LogEvent::Usage.line(fields)
+        let line = UsageLog::Usage {
+            object,
+            invocation: invocation.as_str(),
+            wall_ms: wall_ms.max(0),
+            db_bytes,
+            counts: self,
+        };
+        serde_json::to_value(line).unwrap_or(serde_json::Value::Null)
     }
 }
 

@@ -212,16 +212,50 @@ fn concurrency_holds_releases_until_a_slot_frees() {
 }
 
 #[test]
-fn alerts_are_kept_until_the_sink_takes_them() {
+fn alerts_are_kept_until_the_sink_takes_them_and_never_hold_a_probe_back() {
     let mut d = desk(Pace::default());
     for (i, k) in ["a", "b", "c"].iter().enumerate() {
         fail(&mut d, k, i as i64);
     }
-    assert_eq!(d.next_alarm_ms(facts(1, 0), 10), Some(10 + ALERT_RETRY_MS));
-    d.alerts_sent(1);
+    // Owed and due: the alarm comes at once.
+    assert!(d.alerts_due(10));
+    assert_eq!(d.next_alarm_ms(facts(1, 0), 10), Some(20));
+    // Refused: tried again ALERT_RETRY_MS later; the probe keeps its own time.
+    d.alerts_tried(0, true, 10);
+    assert!(!d.alerts_due(20));
+    assert!(d.alerts_due(10 + ALERT_RETRY_MS));
+    assert_eq!(d.next_alarm_ms(facts(1, 0), 10), Some(2 + PROBE_FIRST_MS));
+    assert_eq!(d.next_alarm_ms(facts(0, 0), 10), Some(10 + ALERT_RETRY_MS));
+    d.alerts_tried(1, false, 11);
     assert!(d.alerts.is_empty());
     assert_eq!(d.next_alarm_ms(facts(1, 0), 10), Some(2 + PROBE_FIRST_MS));
     assert_eq!(d.next_alarm_ms(facts(0, 0), 10), None);
+}
+
+#[test]
+fn a_sink_down_for_long_keeps_the_newest_alerts_and_counts_the_rest() {
+    let mut d = desk(Pace::default());
+    for i in 0..(MAX_OWED_ALERTS + 3) {
+        d.owe(serde_json::json!({"alert": "destination_open", "n": i}));
+    }
+    assert_eq!(d.alerts.len(), MAX_OWED_ALERTS);
+    assert_eq!(d.alerts_dropped, 3);
+    assert_eq!(d.alerts[0]["n"], 3, "the oldest went first");
+}
+
+#[test]
+fn a_recovery_resolves_the_opening() {
+    let mut d = desk(Pace::default());
+    for (i, k) in ["a", "b", "c"].iter().enumerate() {
+        fail(&mut d, k, i as i64);
+    }
+    let open = d.alerts[0].clone();
+    d.alerts.clear();
+    d.close(4, 50_000);
+    let recovered = &d.alerts[0];
+    assert_eq!(recovered["resolves"], "destination_open");
+    assert_eq!(recovered["key"], open["key"]);
+    assert_eq!(open.get("resolves"), None);
 }
 
 #[test]
@@ -312,7 +346,7 @@ fn a_retry_after_on_the_report_that_opens_it_holds_the_first_probe_that_long() {
     assert_eq!(third.reply, DeskReply::Wait);
     assert_eq!(third.alarm_at_ms, Some(600_002), "not the 2 s probe");
     assert_eq!(d.wake(facts(1, 0), 600_001), Wake::Idle);
-    d.alerts_sent(1);
+    d.alerts_tried(1, false, 0);
     assert!(d.next_alarm_ms(facts(1, 0), 70_000).unwrap() >= 600_002);
     assert_eq!(d.wake(facts(1, 0), 600_002), Wake::Probe);
 }
@@ -391,6 +425,6 @@ fn a_key_due_later_is_not_released_sooner_and_the_alarm_waits_for_it() {
     // Open: the same holds for the probe.
     let mut d = opened();
     assert_eq!(d.wake(later, 4_000), Wake::Idle);
-    d.alerts_sent(1);
+    d.alerts_tried(1, false, 0);
     assert_eq!(d.next_alarm_ms(later, 4_000), Some(5_000));
 }

@@ -20,7 +20,7 @@ use crate::operation::KindFill;
 use crate::operator::access::{Admission, Caller, Route};
 use crate::operator::listing::parse_registration;
 use crate::refusal::Refusal;
-use crate::telemetry::worker_log::WorkerLog;
+use crate::telemetry::worker_log::{ScopeRefused, WorkerLog};
 
 use crate::edge::http::json_answer::{json_response, ok_json};
 use crate::edge::http::{admin_body, listing, metrics, one_operation};
@@ -46,6 +46,7 @@ pub async fn handle(
             if stats_shard::count_rejected("admin_unauthorized") {
                 log(WorkerLog::Rejected {
                     reason: "admin_unauthorized",
+                    scope: None,
                 }
                 .to_value());
             }
@@ -53,12 +54,14 @@ pub async fn handle(
         }
         Admission::Forbidden { caller, needs } => {
             if stats_shard::count_rejected("admin_forbidden") {
-                log(WorkerLog::RejectedScope {
+                log(WorkerLog::Rejected {
                     reason: "admin_forbidden",
-                    method: method.to_string(),
-                    path,
-                    needs: needs.as_str(),
-                    by: json!(caller.actor()),
+                    scope: Some(ScopeRefused {
+                        method: method.to_string(),
+                        path,
+                        needs: needs.as_str(),
+                        by: json!(caller.actor()),
+                    }),
                 }
                 .to_value());
             }

@@ -15,7 +15,9 @@ use worker::{Delay, Env, Method, Request, Response};
 
 use crate::config::Config;
 use crate::operation::Actor;
-use crate::operator::bulk::{outcome, parse_bulk, BulkAction, BulkStep, BulkWalk, Outcome};
+use crate::operator::bulk::{
+    command_result, parse_bulk, BulkAction, BulkStep, BulkWalk, CommandResult,
+};
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
@@ -60,10 +62,10 @@ pub async fn handle(
                     Delay::from(pause).await;
                 }
                 let done = match call_gate(env, &key, &command).await {
-                    Ok(reply) => outcome(&reply),
-                    Err(e) => Outcome::Failed(e.to_string()),
+                    Ok(reply) => command_result(&reply),
+                    Err(e) => CommandResult::Failed(e.to_string()),
                 };
-                if let Outcome::Failed(error) = &done {
+                if let CommandResult::Failed(error) = &done {
                     log(WorkerLog::Unavailable {
                         error: error.clone(),
                         key: Some(key),

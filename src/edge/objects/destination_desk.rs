@@ -88,10 +88,10 @@ impl DurableObject for DestinationDesk {
 }
 
 impl DestinationDesk {
-    /// One alarm run: the owed alerts, then what the desk releases, then the next alarm.
+    /// One alarm run: what the desk releases, then the next alarm, then the owed alerts when
+    /// due (last: a sink that is down holds no release back).
     async fn run_alarm(&self) -> Result<Response> {
         let now = now_ms();
-        self.send_alerts().await?;
         let mut desk = self.load()?;
         let facts = self.facts(now)?;
         match desk.wake(facts, now) {
@@ -109,6 +109,9 @@ impl DestinationDesk {
         let now = now_ms();
         if let Some(at) = desk.next_alarm_ms(self.facts(now)?, now) {
             self.set_alarm(at).await?;
+        }
+        if desk.alerts_due(now) {
+            self.send_alerts(now).await?;
         }
         Response::ok("ok")
     }
@@ -156,25 +159,44 @@ impl DestinationDesk {
         Ok((decision.reply, decision.alarm_at_ms))
     }
 
-    /// Sends the owed alerts, oldest first, until the sink refuses one.
-    async fn send_alerts(&self) -> Result<()> {
-        let owed = self.load()?.alerts;
-        if owed.is_empty() {
-            return Ok(());
+    /// Sends the owed alerts, oldest first, until the sink refuses one (tried again
+    /// [`ALERT_RETRY_MS`] later), and logs those dropped past the bound.
+    async fn send_alerts(&self, now: i64) -> Result<()> {
+        let mut desk = self.load()?;
+        if desk.alerts_dropped > 0 {
+            log(WorkerLog::AlertDropped {
+                owner: desk
+                    .settings
+                    .as_ref()
+                    .map(|s| s.label.clone())
+                    .unwrap_or_default(),
+                dropped: std::mem::take(&mut desk.alerts_dropped),
+            }
+            .to_value());
+            self.save(&desk)?;
         }
         let Ok(config) = load_config(&self.env) else {
             return Ok(());
         };
         let mut sent = 0;
-        for alert in &owed {
+        for alert in &desk.alerts {
             if !post_alert(&config, alert).await {
                 break;
             }
             sent += 1;
         }
+        let refused = sent < desk.alerts.len();
         let mut desk = self.load()?;
-        desk.alerts_sent(sent);
-        self.save(&desk)
+        desk.alerts_tried(sent, refused, now);
+        self.save(&desk)?;
+        if refused {
+            // The retry's alarm, when nothing else set one sooner.
+            let now = now_ms();
+            if let Some(at) = desk.next_alarm_ms(self.facts(now)?, now) {
+                self.alarm_no_later_than(at).await?;
+            }
+        }
+        Ok(())
     }
 
     fn facts(&self, now: i64) -> Result<Facts> {

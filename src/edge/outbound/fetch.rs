@@ -17,6 +17,7 @@ use serde_json::Value;
 use worker::wasm_bindgen::JsValue;
 use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestInit, Response};
 
+use crate::alert_format::{render, Sink};
 use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, Read, TooLarge};
 use crate::config::Config;
 use crate::reconciliation::skim::Skim;
@@ -208,9 +209,19 @@ fn build(
     Request::new_with_init(url, &init)
 }
 
-/// Logs an alert and POSTs it to `ALERT_URL` when one is configured, with its `alert-id`
-/// header (the same on every retry). True once it is out (logged only, or accepted with a
-/// 2xx by the sink).
+/// An operation's alert with where its side effect goes (`destination`: the desk's label for
+/// its kind, never a credential a URL holds); any other alert as it is.
+fn with_destination(config: &Config, body: &Value) -> Value {
+    let mut body = body.clone();
+    if body["key"].is_string() && body.get("destination").is_none() {
+        body["destination"] = config.desk_settings(body["kind"].as_str()).label.into();
+    }
+    body
+}
+
+/// Logs an alert and POSTs it to `ALERT_URL` when one is configured, in `ALERT_FORMAT`'s shape
+/// ([`crate::alert_format::render`]), with its `alert-id` header (the same on every retry).
+/// True once it is out (logged only, or accepted with a 2xx by the sink).
 pub async fn post_alert(config: &Config, body: &Value) -> bool {
     log(WorkerLog::Alert {
         alert: body["alert"].clone(),
@@ -226,11 +237,16 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     if let Some(id) = body["alert_id"].as_str() {
         headers.push(("alert-id", id.to_string()));
     }
+    let sink = Sink {
+        format: config.alert_format,
+        routing_key: config.alert_routing_key.as_ref().map(|k| k.0.as_str()),
+        dashboard: config.alert_dashboard_url.as_deref(),
+    };
     let answer = send(
         Method::Post,
         url,
         &headers,
-        Some(&body.to_string()),
+        Some(&render(sink, &with_destination(config, body)).to_string()),
         ALERT_TIMEOUT_MS,
         Keep::Excerpt(ALERT_EXCERPT_CHARS),
     )

@@ -1,6 +1,7 @@
 //! Calls that leave the worker: the destination and the alert sink, Gemini's status API, and
 //! the KV ledger's writes, over one bounded fetch.
 
+pub mod analytics;
 pub mod destination;
 pub mod fetch;
 pub mod ledger_kv;

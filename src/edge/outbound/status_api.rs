@@ -19,7 +19,7 @@ use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
 use crate::reconciliation::status::{interpret_skimmed, status_url, StatusAnswer};
 use crate::retry::PeerAnswer;
-use crate::telemetry::worker_log::WorkerLog;
+use crate::telemetry::worker_log::{StatusRead, WorkerLog};
 
 use crate::edge::outbound::fetch::{get_skimmed, send, Keep};
 use crate::edge::runtime::log;
@@ -94,18 +94,22 @@ pub async fn read(config: &Config, key: &str, url: &str) -> StatusAnswer {
         match body {
             Ok(s) if s.bytes_read >= LOG_READ_FROM_BYTES => log(WorkerLog::StatusRead {
                 key: key.to_string(),
-                bytes_read: s.bytes_read,
-                bytes_kept: s.bytes_kept,
-                max_chunk: s.max_chunk,
-                arrays_counted: s.counted,
-                values_dropped: s.dropped,
-                strings_cut: s.truncated,
+                read: StatusRead::Kept {
+                    bytes_read: s.bytes_read,
+                    bytes_kept: s.bytes_kept,
+                    max_chunk: s.max_chunk,
+                    arrays_counted: s.counted,
+                    values_dropped: s.dropped,
+                    strings_cut: s.truncated,
+                },
                 read_ms,
             }
             .to_value()),
-            Err(e) => log(WorkerLog::StatusReadRefused {
+            Err(e) => log(WorkerLog::StatusRead {
                 key: key.to_string(),
-                refused: e.to_string(),
+                read: StatusRead::Refused {
+                    refused: e.to_string(),
+                },
                 read_ms,
             }
             .to_value()),

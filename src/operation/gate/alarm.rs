@@ -3,7 +3,7 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): a run either retires the record
 //! (retention over: nothing else runs) or works through, in this order, a due confirmation,
-//! the alerts due, a due side effect, the alerts that effect queued, and last the upkeep
+//! a due side effect, the alerts due (those the effect queued included), and last the upkeep
 //! (counter flush and ledger projection); each piece is asked for with the record as it
 //! stands after the previous one ([`AlarmPlan::next`]), since commands may run during every
 //! await; each piece's answer is fed to its step ([`confirmed`], [`alert_sent`],
@@ -24,8 +24,11 @@ use crate::operation::lifecycle::{Source, Status, Verdict};
 use crate::operation::observation::SlotAnswer;
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::{AttemptOutcome, Claim, Finished, OpEvent, Operation, PendingAlert};
-use crate::telemetry::counters::{Counter, StatEvent};
-use crate::telemetry::log_event::LogEvent;
+use crate::telemetry::counters::{
+    acceptance_bucket, labelled, Counter, StatEvent, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM,
+    ALERTS_BY_KIND_PREFIX, EFFECT_RETRY_AFTER, EFFECT_TO_PREFIX,
+};
+use crate::telemetry::log_event::event_of;
 
 /// What an alarm step did. Nobody waits on it: the object stores the step and goes on (a
 /// retirement ends the run).
@@ -61,8 +64,10 @@ pub enum Stage {
     Upkeep,
 }
 
-/// The order of one run: a retirement alone, or confirm, alerts, effect, alerts (an attempt
-/// that parked the effect queued its alert: sent now, not on the next run), then upkeep.
+/// The order of one run: a retirement alone, or confirm, effect, alerts (an attempt that
+/// parked the effect queued its alert: sent now, not on the next run), then upkeep. The
+/// effect goes first so an alert sink that is down (each send waits up to its timeout)
+/// never delays a side effect.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AlarmPlan {
     stages: VecDeque<Stage>,
@@ -112,13 +117,7 @@ pub fn plan(op: &Operation, now: i64, limits: &GateLimits) -> AlarmPlan {
     let stages: &[Stage] = if retention_over(op, now, limits) {
         &[Stage::Retire]
     } else {
-        &[
-            Stage::Confirm,
-            Stage::Alerts,
-            Stage::Effect,
-            Stage::Alerts,
-            Stage::Upkeep,
-        ]
+        &[Stage::Confirm, Stage::Effect, Stage::Alerts, Stage::Upkeep]
     };
     AlarmPlan {
         stages: stages.iter().copied().collect(),
@@ -452,6 +451,7 @@ pub fn alert_sent(
     if sent {
         op.alert_delivered(alert.kind);
         op.count(Counter::Alerts, now);
+        op.count_by(labelled(ALERTS_BY_KIND_PREFIX, alert.kind.as_str()), 1, now);
         Step::new(Some(op), AlarmDone::AlertSent(true))
             .durable()
             .row(HistoryEntry::Alert {
@@ -507,6 +507,36 @@ pub struct AttemptTarget {
     pub http_status: Option<u16>,
 }
 
+/// An attempt's counts that carry a label: by result and destination, the bucket of an
+/// acceptance's time since settlement (and its sum), and a failure whose `Retry-After` was
+/// honoured. A fenced answer changed nothing and counts nothing.
+fn count_labelled(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
+    let at = attempt.finished_ms;
+    let result = match finished {
+        Finished::Done | Finished::LateDone => "delivered",
+        Finished::RetryAt(_) => "failed",
+        Finished::Parked => "parked",
+        Finished::Fenced => return,
+    };
+    let to = format!("{result}:{}", attempt.target.destination);
+    op.count_by(labelled(EFFECT_TO_PREFIX, &to), 1, at);
+    match (result, op.settled_at_ms()) {
+        ("delivered", Some(settled)) => {
+            let ms = (at - settled).max(0);
+            op.count_by(
+                labelled(ACCEPTANCE_BUCKET_PREFIX, &acceptance_bucket(ms)),
+                1,
+                at,
+            );
+            op.count_by(ACCEPTANCE_MS_SUM.to_string(), ms as u64, at);
+        }
+        ("failed", _) if attempt.asked_wait_ms.is_some() => {
+            op.count_by(EFFECT_RETRY_AFTER.to_string(), 1, at);
+        }
+        _ => {}
+    }
+}
+
 /// Commits an attempt under its claim's fencing token: done, a retry after backoff, or parked;
 /// an answer under a token no longer current changes nothing (another attempt took over).
 pub fn attempt_finished(
@@ -527,17 +557,16 @@ pub fn attempt_finished(
         attempt.finished_ms,
         backoff,
     );
-    let (event, stat) = match &finished {
-        Finished::Done | Finished::LateDone => {
-            (LogEvent::EffectDelivered, Some(Counter::EffectSuccesses))
-        }
-        Finished::RetryAt(_) => (LogEvent::EffectFailed, Some(Counter::EffectFailures)),
-        Finished::Parked => (LogEvent::EffectParked, Some(Counter::EffectParks)),
-        Finished::Fenced => (LogEvent::EffectFenced, None),
+    let stat = match &finished {
+        Finished::Done | Finished::LateDone => Some(Counter::EffectSuccesses),
+        Finished::RetryAt(_) => Some(Counter::EffectFailures),
+        Finished::Parked => Some(Counter::EffectParks),
+        Finished::Fenced => None,
     };
     if let Some(stat) = stat {
         op.count(stat, attempt.finished_ms);
     }
+    count_labelled(&mut op, &finished, attempt);
     if finished == Finished::Parked {
         // A refusal the destination will repeat needs a person now: the alert is queued here
         // and sent by this alarm, not left for the next cron pass.
@@ -570,7 +599,8 @@ pub fn attempt_finished(
     let mut step = Step::new(Some(op), AlarmDone::AttemptFinished(finished.clone()))
         .row(HistoryEntry::Attempt {
             token: attempt.claim.token,
-            result: event.as_str(),
+            // The history names the result as the log line does.
+            result: event_of(&line),
             answer,
             ms,
             destination: Some(attempt.target.destination.clone()).filter(|d| !d.is_empty()),
@@ -686,13 +716,7 @@ mod tests {
 
     use crate::operation::gate::fixtures::LIMITS;
 
-    const FULL_RUN: [Stage; 5] = [
-        Stage::Confirm,
-        Stage::Alerts,
-        Stage::Effect,
-        Stage::Alerts,
-        Stage::Upkeep,
-    ];
+    const FULL_RUN: [Stage; 4] = [Stage::Confirm, Stage::Effect, Stage::Alerts, Stage::Upkeep];
 
     fn registered(key: &str) -> Operation {
         Operation::register(key, key, Some("billing".into()), 0)
@@ -778,7 +802,7 @@ mod tests {
     }
 
     #[test]
-    fn an_open_record_runs_confirm_alerts_effect_alerts_upkeep_in_that_order() {
+    fn an_open_record_runs_confirm_effect_alerts_upkeep_in_that_order() {
         // A nudge waits, an alert is queued and counts are pending: each piece in turn, the
         // effect becoming owed by the confirmation's answer.
         let mut op = nudged();
@@ -820,7 +844,8 @@ mod tests {
                 other => panic!("{other:?}"),
             };
         }
-        assert_eq!(seen, ["confirm", "alert", "effect", "upkeep"]);
+        // The stuck alert, then its resolution (the confirmation gave it an outcome).
+        assert_eq!(seen, ["confirm", "effect", "alert", "alert", "upkeep"]);
     }
 
     #[test]

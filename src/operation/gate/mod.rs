@@ -221,7 +221,7 @@ pub(crate) mod fixtures {
     pub(crate) fn events<R>(step: &Step<R>) -> Vec<String> {
         step.logs
             .iter()
-            .map(|l| l.event().as_str().to_string())
+            .map(crate::telemetry::log_event::event_of)
             .collect()
     }
 

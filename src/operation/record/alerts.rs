@@ -77,6 +77,11 @@ impl Operation {
                 self.key
             ),
             AlertKind::AlarmFailing => format!("{status}: its gate's alarm keeps failing"),
+            AlertKind::StuckSettled => format!("has an outcome now: {status}, after {age}"),
+            AlertKind::EffectRecovered => format!(
+                "{status}: its side effect was delivered after {} attempts",
+                self.effect.attempts
+            ),
         };
         crate::operation::alert::body(
             kind,
@@ -102,6 +107,33 @@ impl Operation {
         if !self.mark_alert(kind) {
             return false;
         }
+        // A condition that ends by itself stays open until its resolution is raised.
+        if kind.resolution().is_some() && !self.open_alerts.contains(&kind) {
+            self.open_alerts.push(kind);
+        }
+        self.queue_alert(kind, age_seconds, now_ms);
+        true
+    }
+
+    /// The condition `kind` raised has ended: its resolution is raised (once per time the
+    /// condition was opened; an operator's retry that lets `effect_failing` alert again does
+    /// not close it) and queued like any alert, so the sink hears the end at least once,
+    /// after the trigger (the queue keeps their order). False when the condition is not open.
+    pub fn resolve_alert(&mut self, kind: AlertKind, now_ms: i64) -> bool {
+        let Some(resolution) = kind.resolution() else {
+            return false;
+        };
+        if !self.open_alerts.contains(&kind) {
+            return false;
+        }
+        self.open_alerts.retain(|a| *a != kind);
+        self.changed();
+        let age_seconds = (now_ms - self.submitted_at_ms()).max(0) / 1_000;
+        self.queue_alert(resolution, age_seconds, now_ms);
+        true
+    }
+
+    fn queue_alert(&mut self, kind: AlertKind, age_seconds: i64, now_ms: i64) {
         self.pending_alerts.push(PendingAlert {
             kind,
             id: crate::operation::alert::alert_id(&self.key, kind, self.effect.generation),
@@ -109,7 +141,6 @@ impl Operation {
             attempts: 0,
             due_ms: now_ms,
         });
-        true
     }
 
     /// The sink accepted the alert of `kind`.

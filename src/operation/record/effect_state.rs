@@ -225,6 +225,7 @@ impl Operation {
                 self.effect.done = true;
                 self.effect.done_at_ms = Some(now_ms);
                 self.effect.last_error = None;
+                self.resolve_alert(AlertKind::EffectFailing, now_ms);
                 Finished::Done
             }
             AttemptOutcome::Retry(why) => {
@@ -265,6 +266,7 @@ impl Operation {
         self.effect.done_at_ms = Some(now_ms);
         self.effect.last_error = None;
         self.effect.desk = None;
+        self.resolve_alert(AlertKind::EffectFailing, now_ms);
         self.changed();
         Finished::LateDone
     }

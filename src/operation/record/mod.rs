@@ -135,6 +135,10 @@ pub struct Operation {
     /// confirmation or of a later nudge's) waits `CONFIRM_INTERVAL_SECONDS` from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     confirm_asked_ms: Option<i64>,
+    /// Conditions alerted that end by themselves (`stuck`, `effect_failing`) and have not
+    /// ended yet: their end is alerted once each time ([`AlertKind::resolution`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    open_alerts: Vec<AlertKind>,
 }
 
 impl Operation {
@@ -164,6 +168,7 @@ impl Operation {
             pending_alerts: Vec::new(),
             retired_at_ms: None,
             confirm_asked_ms: None,
+            open_alerts: Vec::new(),
         }
     }
 
@@ -326,6 +331,8 @@ impl Operation {
                     self.details.insert(USER_METADATA.into(), metadata);
                 }
                 self.effect.next_attempt_ms = now_ms;
+                // Stuck means without an outcome: that condition has ended.
+                self.resolve_alert(AlertKind::Stuck, now_ms);
             }
             self.changed();
         }

@@ -41,16 +41,14 @@ impl Outbox {
         }
     }
 
-    /// Counts one occurrence: merged into an unsealed pending event of the same name and
-    /// hour when the counter merges, else a new event with the next sequence.
-    fn count(&mut self, counter: Counter, now_ms: i64) {
+    /// Adds `by` to the counter `name`: merged into an unsealed pending event of the same name
+    /// and hour when the counter merges, else a new event with the next sequence.
+    fn add(&mut self, name: std::borrow::Cow<'_, str>, by: u64, mergeable: bool, now_ms: i64) {
         let sealed = self.sealed_seq;
-        let mergeable = counter.merges();
-        let name = counter.name();
         if let Some(event) = self.pending.iter_mut().find(|e| {
             mergeable && e.seq > sealed && e.name == *name && hour_of(e.at_ms) == hour_of(now_ms)
         }) {
-            event.count += 1;
+            event.count += by;
             return;
         }
         self.seq += 1;
@@ -58,7 +56,7 @@ impl Outbox {
             seq: self.seq,
             name: name.into_owned(),
             at_ms: now_ms,
-            count: 1,
+            count: by,
         });
     }
 
@@ -89,7 +87,13 @@ impl Operation {
     /// a second); sealed events are left alone, which keeps the shard's per-sequence dedupe
     /// exact. `dropped_*` events stay one per drop: the shard lists each as a recent drop.
     pub fn count(&mut self, counter: Counter, now_ms: i64) {
-        self.outbox.count(counter, now_ms);
+        self.outbox.add(counter.name(), 1, counter.merges(), now_ms);
+    }
+
+    /// Adds `by` to a counter whose name is built at run time (a destination's, a bucket's:
+    /// [`crate::telemetry::counters::labelled`]); such counters merge like the fixed ones.
+    pub fn count_by(&mut self, name: String, by: u64, now_ms: i64) {
+        self.outbox.add(name.into(), by, true, now_ms);
     }
 
     /// The record as a new object instance reads it from storage: any pending event may

@@ -15,10 +15,18 @@ const CLAIMED: &str = r#"{"key":"interactions/d","name":"interactions/d","kind":
 
 /// A record without the stats, projection and index fields, as older versions stored it.
 const OLDEST: &str = r#"{"key":"batches/o","name":"batches/o","kind":null,"status":"succeeded","update_time_ms":5,"version":3,"registered":true,"submitted_at_ms":1,"settled_at_ms":2,"settled_by":"webhook","details":{},"effect":{"done":true,"done_at_ms":3,"parked":null,"attempts":1,"failures_in_row":1,"generation":1,"fence":1,"claim":null,"next_attempt_ms":2,"last_error":null}}"#;
+/// A `stuck` alert raised and its condition still open (`open_alerts`, the newest field).
+const STUCK_OPEN: &str = r#"{"key":"batches/s","name":"batches/s","kind":"nightly","status":"running","update_time_ms":1700000000500,"version":4,"registered":true,"submitted_at_ms":1700000000000,"settled_at_ms":null,"settled_by":null,"details":{},"effect":{"done":false,"done_at_ms":null,"parked":null,"attempts":0,"failures_in_row":0,"generation":1,"fence":0,"claim":null,"next_attempt_ms":0,"last_error":null},"alerts":["stuck"],"stats_seq":0,"stats_sealed_seq":0,"projected_version":4,"projected_at_ms":1700021600500,"projection_failures":0,"projection_retry_at_ms":0,"open_alerts":["stuck"]}"#;
 
 #[test]
 fn records_stored_before_load_and_store_back_unchanged() {
-    for stored in [OPEN_CONFIRMING, PARKED_FORGOTTEN, TOMBSTONE, CLAIMED] {
+    for stored in [
+        OPEN_CONFIRMING,
+        PARKED_FORGOTTEN,
+        TOMBSTONE,
+        CLAIMED,
+        STUCK_OPEN,
+    ] {
         let op: Operation = serde_json::from_str(stored).unwrap();
         assert_eq!(serde_json::to_string(&op).unwrap(), stored);
     }
@@ -55,4 +63,11 @@ fn a_record_from_before_the_newer_fields_loads_with_their_defaults() {
     assert!(!op.indexed() && op.pending_stats().is_empty());
     let again: Operation = serde_json::from_str(&serde_json::to_string(&op).unwrap()).unwrap();
     assert_eq!(again, op);
+}
+
+#[test]
+fn a_stored_open_condition_is_resolved_when_it_ends() {
+    let mut op: Operation = serde_json::from_str(STUCK_OPEN).unwrap();
+    assert!(op.resolve_alert(AlertKind::Stuck, 1_700_021_700_000));
+    assert_eq!(op.pending_alerts()[0].kind, AlertKind::StuckSettled);
 }

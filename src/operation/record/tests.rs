@@ -735,3 +735,50 @@ fn record_round_trips_through_json() {
     let back: Operation = serde_json::from_str(&text).unwrap();
     assert_eq!(back, op);
 }
+
+#[test]
+fn a_stuck_operation_that_settles_queues_the_resolution_after_the_trigger() {
+    let mut op = Operation::register("batches/a", "batches/a", None, 0);
+    assert!(op.raise_alert(AlertKind::Stuck, 21_600, 1_000));
+    op.apply(&event(Status::Succeeded, 0), 30_000);
+    let queued: Vec<AlertKind> = op.due_alerts(30_000).iter().map(|a| a.kind).collect();
+    assert_eq!(queued, [AlertKind::Stuck, AlertKind::StuckSettled]);
+    let body = op.alert_body(AlertKind::StuckSettled, "alert_y", 30);
+    assert_eq!(body["resolves"], "stuck");
+    assert_eq!(body["key"], "batches/a");
+    assert!(
+        !op.resolve_alert(AlertKind::Stuck, 40_000),
+        "one end per opening"
+    );
+    assert!(
+        !settled().resolve_alert(AlertKind::Stuck, 3_000),
+        "never alerted: nothing to resolve"
+    );
+}
+
+#[test]
+fn a_parked_effect_delivered_after_a_retry_resolves_its_alert() {
+    let mut op = settled();
+    let c = op.claim(2_000, 600_000).unwrap();
+    op.finish(c.token, &AttemptOutcome::Park("400".into()), 2_100, 0);
+    assert!(op.raise_alert(AlertKind::EffectFailing, 1, 2_100));
+    op.alert_delivered(AlertKind::EffectFailing);
+    assert_eq!(op.retry_now(3_000), Ok(()));
+    let c = op.claim(3_000, 600_000).unwrap();
+    assert_eq!(
+        op.finish(c.token, &AttemptOutcome::Delivered, 3_500, 0),
+        Finished::Done
+    );
+    let queued: Vec<AlertKind> = op.due_alerts(3_500).iter().map(|a| a.kind).collect();
+    assert_eq!(queued, [AlertKind::EffectRecovered]);
+    let body = op.alert_body(AlertKind::EffectRecovered, "alert_z", 1);
+    assert_eq!(body["resolves"], "effect_failing");
+}
+
+#[test]
+fn an_effect_delivered_without_an_alert_resolves_nothing() {
+    let mut op = settled();
+    let c = op.claim(2_000, 600_000).unwrap();
+    op.finish(c.token, &AttemptOutcome::Delivered, 2_100, 0);
+    assert!(op.pending_alerts.is_empty());
+}

@@ -17,15 +17,17 @@ use worker::{web_sys, Env};
 use crate::config::Config;
 use crate::inbound::answer::TerminalMemory;
 use crate::inbound::classify::{Headers, Policy};
-use crate::inbound::intake::{Finished, Intake, Need, Settings};
+use crate::inbound::intake::{DeliveryEnd, Intake, Need, Settings};
 use crate::inbound::stranger::{AlertLimits, CountNudge, NudgeCounted};
 use crate::refusal::Refusal;
+use crate::telemetry::analytics::delivery as delivery_point;
 
 use crate::edge::capped_read::read_capped;
 use crate::edge::http::dynamic_webhook;
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
 use crate::edge::objects::stranger_watch::{WATCH_BINDING, WATCH_NAME};
+use crate::edge::outbound::analytics;
 use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
 use crate::edge::raw_response;
 use crate::edge::runtime::{js_error, log, now_ms};
@@ -66,7 +68,8 @@ pub async fn receive(
         hold_ms: config.unregistered_hold_ms(),
         confirm_interval_ms: config.confirm_interval_secs * 1_000,
     };
-    let (mut intake, mut need) = Intake::start(headers, policy, settings, now_ms());
+    let received_ms = now_ms();
+    let (mut intake, mut need) = Intake::start(headers, policy, settings, received_ms);
     loop {
         need = match need {
             Need::Signature(token) => {
@@ -94,7 +97,7 @@ pub async fn receive(
                 let kept = keep_dead_letter(env, config, &key, &value).await;
                 intake.dead_letter_kept(kept.map_err(|e| e.to_string()))
             }
-            Need::Done(finished) => return answer(finished),
+            Need::Done(finished) => return answer(finished, env, now_ms() - received_ms),
         };
     }
 }
@@ -121,9 +124,10 @@ async fn keep_dead_letter(
     write_dead_letter(&kv, key, value, config.kv_ttl_secs()).await
 }
 
-/// Counts, logs and remembers what a finished delivery says, and answers it.
-fn answer(finished: Finished) -> Result<web_sys::Response, Refusal> {
-    let Finished {
+/// Counts, logs and remembers what a finished delivery says (and writes its Analytics Engine
+/// point when that is bound), and answers it.
+fn answer(finished: DeliveryEnd, env: &Env, ms: i64) -> Result<web_sys::Response, Refusal> {
+    let DeliveryEnd {
         reply,
         counts,
         rejected,
@@ -135,6 +139,9 @@ fn answer(finished: Finished) -> Result<web_sys::Response, Refusal> {
     }
     // A refusal's line is logged for the first of its reason in a flush window only.
     let log_it = rejected.is_none_or(count_rejected);
+    if let (Some(dataset), Some(line)) = (analytics::dataset(env), &line) {
+        analytics::write(&dataset, delivery_point(&line.to_value(), ms));
+    }
     if let (true, Some(line)) = (log_it, line) {
         // Serialized straight to text: no JSON tree is built for the line every delivery
         // writes (a duplicate's included).

@@ -31,7 +31,7 @@ use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
-use crate::edge::outbound::{destination, status_api};
+use crate::edge::outbound::{analytics, destination, status_api};
 use crate::edge::runtime::{now_ms, random_unit};
 
 /// One run of a gate's alarm: what it performs with, for as long as it runs.
@@ -281,6 +281,7 @@ impl<'a> Run<'a> {
             finished_ms: now_ms(),
             target,
         };
+        analytics::attempt(self.env, &attempt, &op);
         let current = self.storage.load()?.unwrap_or(op);
         let step = alarm::attempt_finished(current.clone(), &attempt, &limits, random_unit());
         let alarm = match alarm::sets_alarm_at_once(&step) {

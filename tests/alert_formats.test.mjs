@@ -1,0 +1,300 @@
+// Alert formats and resolutions, against the built worker in workerd and local stand-ins for
+// each sink: PagerDuty's Events API v2 (a trigger, then a resolve under the same dedup_key, for
+// a destination that opens then recovers and for a stuck operation that settles), Slack's and
+// Discord's incoming webhooks (a parked effect, then its delivery after an operator's retry),
+// and the default JSON, checked against docs/alert.schema.json. Each sink checks every body it
+// receives against the tool's documented shape, written out below as a JSON schema.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import Ajv2020 from "ajv/dist/2020.js";
+import { startWorker, startServer, startDestination, startStatusApi, eventually, sleep } from "./helpers.mjs";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+// `required` inside if/then names properties declared beside the `if`.
+const ajv = new Ajv2020({ strict: true, strictRequired: false, allowUnionTypes: true, allErrors: true });
+const ALERT_SCHEMA = ajv.compile(JSON.parse(readFileSync(path.join(root, "docs/alert.schema.json"), "utf8")));
+
+// PagerDuty Events API v2 (developer.pagerduty.com, "Send an Alert Event" / "Resolve"):
+// routing_key, event_action and, for a trigger, payload.summary (at most 1024 characters),
+// payload.source and payload.severity (critical, error, warning or info); dedup_key at most
+// 255 characters; links as {href, text}.
+const PAGERDUTY = ajv.compile({
+  type: "object",
+  required: ["routing_key", "event_action", "dedup_key"],
+  properties: {
+    routing_key: { type: "string", minLength: 1 },
+    event_action: { enum: ["trigger", "acknowledge", "resolve"] },
+    dedup_key: { type: "string", minLength: 1, maxLength: 255 },
+    payload: {
+      type: "object",
+      required: ["summary", "source", "severity"],
+      properties: {
+        summary: { type: "string", minLength: 1, maxLength: 1024 },
+        source: { type: "string", minLength: 1 },
+        severity: { enum: ["critical", "error", "warning", "info"] },
+        timestamp: { type: "string" },
+        component: { type: "string" },
+        group: { type: "string" },
+        class: { type: "string" },
+        custom_details: { type: "object" },
+      },
+      additionalProperties: false,
+    },
+    links: { type: "array", items: { type: "object", required: ["href"], properties: { href: { type: "string" }, text: { type: "string" } }, additionalProperties: false } },
+    images: { type: "array" },
+    client: { type: "string" },
+    client_url: { type: "string" },
+  },
+  additionalProperties: false,
+  if: { properties: { event_action: { const: "trigger" } } },
+  then: { required: ["payload"] },
+  else: { not: { required: ["payload"] } },
+});
+
+// Slack incoming webhook (api.slack.com/messaging/webhooks): `text` is required (it is what
+// notifications show, and the fallback when blocks are given); blocks are optional, each with
+// a `type`; a section's text object is plain_text or mrkdwn, at most 3000 characters.
+const SLACK = ajv.compile({
+  type: "object",
+  required: ["text"],
+  properties: {
+    text: { type: "string", minLength: 1 },
+    blocks: {
+      type: "array",
+      maxItems: 50,
+      items: {
+        type: "object",
+        required: ["type"],
+        properties: {
+          type: { enum: ["section", "context", "divider", "header", "actions"] },
+          text: { type: "object", required: ["type", "text"], properties: { type: { enum: ["plain_text", "mrkdwn"] }, text: { type: "string", minLength: 1, maxLength: 3000 } } },
+          elements: { type: "array" },
+        },
+      },
+    },
+  },
+});
+
+// Discord "Execute Webhook" (discord.com/developers/docs/resources/webhook): one of content,
+// embeds, files; content at most 2000 characters; allowed_mentions.parse from roles, users,
+// everyone.
+const DISCORD = ajv.compile({
+  type: "object",
+  required: ["content"],
+  properties: {
+    content: { type: "string", minLength: 1, maxLength: 2000 },
+    username: { type: "string" },
+    allowed_mentions: { type: "object", properties: { parse: { type: "array", items: { enum: ["roles", "users", "everyone"] } } } },
+  },
+  additionalProperties: false,
+});
+
+/** A sink stand-in that checks each body against `validate` and answers as the tool does. */
+async function startSink(validate, answer = { status: 200 }) {
+  const invalid = [];
+  const server = await startServer((req) => {
+    const body = JSON.parse(req.body);
+    if (!validate(body)) invalid.push({ body, errors: validate.errors });
+    return typeof answer === "function" ? answer() : answer;
+  });
+  return {
+    ...server,
+    bodies: () => server.requests.map((r) => JSON.parse(r.body)),
+    assertAllValid() {
+      assert.deepEqual(invalid, [], "every body matches the tool's documented shape");
+    },
+  };
+}
+
+function batch(state, extra = {}) {
+  return { status: 200, body: { name: "batches/x", metadata: { state, updateTime: new Date().toISOString() }, ...extra } };
+}
+
+describe("PagerDuty: a trigger, then a resolve under the same dedup_key", () => {
+  let pd, dest, api, w;
+  let downUntil = Infinity;
+  const gemini = new Map();
+  before(async () => {
+    pd = await startSink(PAGERDUTY, { status: 202, body: { status: "success", message: "Event processed" } });
+    dest = await startDestination(() => (Date.now() < downUntil ? { status: 503, body: { error: "down" } } : { status: 200 }));
+    api = await startStatusApi(gemini);
+    w = await startWorker({
+      EFFECT_URL: `${dest.url}/effects`,
+      ALERT_FORMAT: "pagerduty",
+      ALERT_URL: `${pd.url}/v2/enqueue`,
+      ALERT_ROUTING_KEY: "test-routing-key-0123456789abcdef",
+      ALERT_DASHBOARD_URL: "https://once.example/dashboard",
+      DESTINATION_OPEN_AFTER: "2",
+      UNREGISTERED_HOLD_SECONDS: "0",
+      GEMINI_API_BASE: api.url,
+      GEMINI_API_KEY: "test-gemini-key",
+      RECONCILE_GRACE_SECONDS: "0",
+      STUCK_AFTER_SECONDS: "1",
+    });
+  });
+  after(async () => {
+    await w?.dispose();
+    await dest?.close();
+    await api?.close();
+    await pd?.close();
+    pd?.assertAllValid();
+  });
+
+  it("a destination that opens then recovers: destination_open triggers, destination_recovered resolves it", async () => {
+    downUntil = Date.now() + 6_000;
+    const keys = ["batches/pd-down-1", "batches/pd-down-2", "batches/pd-down-3"];
+    for (const k of keys) await w.deliver("batch.succeeded", k);
+    const trigger = await eventually(() => pd.bodies().find((b) => b.payload?.class === "destination_open"), { what: "the trigger" });
+    assert.equal(trigger.event_action, "trigger");
+    assert.equal(trigger.routing_key, "test-routing-key-0123456789abcdef");
+    assert.match(trigger.dedup_key, /^gemini-once:destination_open:EFFECT_URL: http:\/\/127\.0\.0\.1:\d+\/…$/);
+    assert.equal(trigger.payload.severity, "error");
+    assert.doesNotMatch(trigger.dedup_key, /\/effects/, "the label carries the origin only");
+    assert.deepEqual(trigger.links, [{ href: "https://once.example/dashboard", text: "gemini-once dashboard" }]);
+    await eventually(async () => {
+      const views = await Promise.all(keys.map((k) => w.inspect(k)));
+      return views.every((v) => v.body.effect_done);
+    }, { what: "every effect delivered after the recovery", timeoutMs: 40_000, everyMs: 500 });
+    const resolve = await eventually(() => pd.bodies().find((b) => b.event_action === "resolve" && b.dedup_key === trigger.dedup_key), { what: "the resolve" });
+    assert.deepEqual(Object.keys(resolve).sort(), ["dedup_key", "event_action", "routing_key"]);
+    const order = pd.bodies().filter((b) => b.dedup_key === trigger.dedup_key).map((b) => b.event_action);
+    assert.deepEqual(order, ["trigger", "resolve"]);
+  });
+
+  it("a stuck operation that settles: stuck triggers, its outcome resolves it", async () => {
+    const key = "batches/pd-stuck";
+    await w.register(key, "nightly");
+    gemini.set(key, batch("BATCH_STATE_RUNNING"));
+    await w.ledger([key]);
+    await sleep(1_100);
+    await w.scheduled();
+    const trigger = await eventually(() => pd.bodies().find((b) => b.dedup_key === `gemini-once:stuck:${key}`), { what: "the stuck trigger" });
+    assert.equal(trigger.event_action, "trigger");
+    assert.equal(trigger.payload.severity, "warning");
+    assert.equal(trigger.payload.source, key);
+    assert.match(trigger.payload.summary, /batches\/pd-stuck/);
+    assert.equal(trigger.payload.custom_details.alert, "stuck");
+    await w.deliver("batch.succeeded", key);
+    await eventually(() => pd.bodies().some((b) => b.event_action === "resolve" && b.dedup_key === trigger.dedup_key), { what: "the stuck resolve" });
+    const order = pd.bodies().filter((b) => b.dedup_key === trigger.dedup_key).map((b) => b.event_action);
+    assert.deepEqual(order, ["trigger", "resolve"], "one of each");
+  });
+});
+
+/** A parked effect (the destination refuses it), then its delivery after an operator's retry. */
+async function parkThenRetry(w, refusing, key) {
+  await w.deliver("batch.succeeded", key);
+  await eventually(async () => (await w.inspect(key)).body.effect_parked, { what: "the park" });
+  refusing.delete(key);
+  const retried = await w.admin(`/v1/operations/${key}/redeliver`, { method: "POST", body: JSON.stringify({ reason: "destination fixed" }) });
+  assert.equal(retried.status, 200, JSON.stringify(retried.body));
+  await eventually(async () => (await w.inspect(key)).body.effect_done, { what: "the retried effect" });
+}
+
+for (const [format, validate, field] of [["slack", SLACK, "text"], ["discord", DISCORD, "content"]]) {
+  describe(`${format}: a readable line for the alert and for its resolution`, () => {
+    let sink, dest, w;
+    const refusing = new Set();
+    before(async () => {
+      sink = await startSink(validate, { status: format === "discord" ? 204 : 200, body: "ok" });
+      dest = await startDestination((req) => (refusing.has(req.headers["idempotency-key"]) ? { status: 422 } : { status: 200 }));
+      w = await startWorker({
+        EFFECT_URL: `${dest.url}/effects`,
+        ALERT_FORMAT: format,
+        ALERT_URL: `${sink.url}/hook`,
+        ALERT_DASHBOARD_URL: "https://once.example/dashboard",
+        UNREGISTERED_HOLD_SECONDS: "0",
+      });
+    });
+    after(async () => {
+      await w?.dispose();
+      await dest?.close();
+      await sink?.close();
+      sink?.assertAllValid();
+    });
+
+    it("a parked effect alerts with the operation, destination, reason and dashboard, then resolves once delivered", async () => {
+      const key = `batches/${format}-parked`;
+      refusing.add(key);
+      await parkThenRetry(w, refusing, key);
+      const lines = await eventually(() => {
+        const found = sink.bodies().map((b) => b[field]).filter((t) => t.includes(key));
+        return found.length >= 2 && found;
+      }, { what: "the alert and its resolution" });
+      assert.equal(lines.length, 2, JSON.stringify(lines));
+      const [alert, resolved] = lines;
+      assert.match(alert, /^\[ALERT\] gemini-once effect_failing: batches\/\S+ \(unregistered kind\) succeeded but its side effect was refused and parked: 422/);
+      assert.match(alert, /\(destination: EFFECT_URL: http:\/\/127\.0\.0\.1:\d+\/…\)/, "the origin, the path only as …");
+      assert.match(alert, /dashboard: https:\/\/once\.example\/dashboard$/);
+      assert.match(resolved, /^\[RESOLVED\] gemini-once effect_recovered: /);
+      if (format === "discord") {
+        assert.deepEqual(sink.bodies()[0].allowed_mentions, { parse: [] }, "text from outside pings nobody");
+      } else {
+        assert.equal(sink.bodies()[0].blocks[0].type, "section");
+      }
+    });
+  });
+}
+
+describe("json, the default: today's body, plus the resolution's form", () => {
+  let sink, dest, w;
+  let sinkDown = false;
+  const refusing = new Set();
+  before(async () => {
+    sink = await startSink(ALERT_SCHEMA, () => (sinkDown ? { status: 503, body: "down" } : { status: 200 }));
+    dest = await startDestination((req) => (refusing.has(req.headers["idempotency-key"]) ? { status: 422 } : { status: 200 }));
+    w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, ALERT_URL: `${sink.url}/alerts`, UNREGISTERED_HOLD_SECONDS: "0" });
+  });
+  after(async () => {
+    await w?.dispose();
+    await dest?.close();
+    await sink?.close();
+    sink?.assertAllValid();
+  });
+
+  it("effect_failing keeps its fields; effect_recovered names the condition it ends", async () => {
+    const key = "batches/json-parked";
+    refusing.add(key);
+    await parkThenRetry(w, refusing, key);
+    const [alert, resolved] = await eventually(() => {
+      const found = sink.bodies().filter((b) => b.key === key);
+      return found.length >= 2 && found;
+    }, { what: "the alert and its resolution" });
+    assert.deepEqual(Object.keys(alert).sort(), ["age_seconds", "alert", "alert_id", "destination", "key", "kind", "name", "text"]);
+    assert.equal(alert.alert, "effect_failing");
+    assert.equal(alert.resolves, undefined);
+    assert.equal(resolved.alert, "effect_recovered");
+    assert.equal(resolved.resolves, "effect_failing");
+    assert.notEqual(resolved.alert_id, alert.alert_id);
+    const headers = sink.requests.filter((r) => JSON.parse(r.body).key === key).map((r) => r.headers["alert-id"]);
+    assert.deepEqual(headers, [alert.alert_id, resolved.alert_id]);
+  });
+
+  it("a sink that is down: the alert waits in the record, the side effects do not wait for it, and it arrives under the same id once the sink is back", async () => {
+    sinkDown = true;
+    const parked = "batches/json-sink-down";
+    const others = Array.from({ length: 5 }, (_, i) => `batches/json-sink-down-ok-${i}`);
+    refusing.add(parked);
+    for (const k of [parked, ...others]) await w.deliver("batch.succeeded", k);
+    await eventually(async () => {
+      const views = await Promise.all(others.map((k) => w.inspect(k)));
+      return views.every((v) => v.body.effect_done);
+    }, { what: "the other effects delivered while the sink is down" });
+    const refused = await eventually(() => {
+      const tried = sink.requests.filter((r) => JSON.parse(r.body).key === parked);
+      return tried.length >= 1 && tried;
+    }, { what: "a refused send" });
+    const { body: op } = await w.inspect(parked);
+    assert.equal(op.effect_parked, true);
+    assert.deepEqual(op.alerts_pending, ["effect_failing"], "kept until the sink takes it");
+    const attempt = dest.requests.find((r) => r.headers["idempotency-key"] === parked);
+    assert.ok(attempt.at <= refused[0].at, "the side effect went before its alert");
+    sinkDown = false;
+    await eventually(async () => (await w.inspect(parked)).body.alerts_pending.length === 0, { what: "the alert sent once the sink is back", timeoutMs: 30_000, everyMs: 500 });
+    const ids = new Set(sink.requests.filter((r) => JSON.parse(r.body).key === parked).map((r) => r.headers["alert-id"]));
+    assert.equal(ids.size, 1, "one alert-id across the retries");
+  });
+});
