@@ -1,24 +1,48 @@
 // GET /metrics against the built worker in workerd, checked by the real tools: promtool accepts
 // the page and the shipped rules, and a real Prometheus (Debian's package, installed by
 // scripts/setup-prometheus.sh) scrapes the worker with a read token, so its query API returns
-// the counts of known traffic (three completions, one duplicate, one parked effect, one forged
-// delivery) and its rules fire on them. A register token and no token are refused.
+// the counts of known traffic (four completions, one duplicate, one parked effect, one effect
+// held for a registration that never comes, one forged delivery, one operation still running
+// and one nudged that Gemini does not know, both asked about by the status API's local
+// stand-in) and its rules fire on them. A register token and no
+// token are refused.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
+import { generateKeyPairSync, sign as rsaSign } from "node:crypto";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { startWorker, startDestination, eventually, READ_TOKEN, REGISTER_TOKEN } from "./helpers.mjs";
+import { startWorker, startDestination, startServer, startStatusApi, eventually, READ_TOKEN, REGISTER_TOKEN } from "./helpers.mjs";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const RULES = path.join(root, "docs/prometheus-rules.yml");
 const DONE = ["batches/metrics-1", "batches/metrics-2"];
 const PARKED = "batches/metrics-parked";
+// Still running when the pass asks; and one a nudge names that Gemini answers 404 for.
+const OPEN = "batches/metrics-open";
+const NUDGED = "batches/metrics-nudged";
+// Completed unregistered: its effect waits (UNREGISTERED_HOLD_SECONDS) for a registration.
+const HELD = "batches/metrics-held";
 
-let w, dest, prom, dir, promUrl;
+let w, dest, api, jwks, prom, dir, promUrl;
+
+// A dynamic webhook's token, signed with a local key whose key set `jwks` publishes.
+const { privateKey, publicKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
+const jwk = { ...publicKey.export({ format: "jwk" }), kid: "k1", alg: "RS256", use: "sig" };
+const b64u = (v) => Buffer.from(typeof v === "string" ? v : JSON.stringify(v)).toString("base64url");
+function nudge(id) {
+  const input = `${b64u({ alg: "RS256", kid: "k1", typ: "JWT" })}.${b64u({ exp: Math.floor(Date.now() / 1000) + 300 })}`;
+  const token = `${input}.${rsaSign("sha256", Buffer.from(input), privateKey).toString("base64url")}`;
+  const body = JSON.stringify({ type: "batch.succeeded", version: "v1", timestamp: new Date().toISOString(), data: { id } });
+  return w.json("/webhooks/gemini", {
+    method: "POST",
+    headers: { "content-type": "application/json", "webhook-id": "msg_nudge", "webhook-timestamp": String(Math.floor(Date.now() / 1000)), "webhook-signature": token },
+    body,
+  });
+}
 
 /** A free loopback port (listen on 0, read it, close). */
 async function freePort() {
@@ -47,10 +71,18 @@ const expect = (expr, value) => eventually(async () => {
 
 before(async () => {
   dest = await startDestination((req) => (req.url === "/bill" ? { status: 400, body: { error: "unknown account" } } : { status: 200 }));
+  // Any other name is a 404, as Gemini answers for one it does not know.
+  api = await startStatusApi(new Map([[OPEN, { status: 200, body: { name: OPEN, metadata: { state: "BATCH_STATE_RUNNING", updateTime: new Date().toISOString() } } }]]));
+  jwks = await startServer(() => ({ status: 200, body: { keys: [jwk] } }));
   w = await startWorker({
     EFFECT_URL: `${dest.url}/effects`,
     EFFECT_ROUTES: JSON.stringify({ billing: `${dest.url}/bill` }),
-    UNREGISTERED_HOLD_SECONDS: "0",
+    UNREGISTERED_HOLD_SECONDS: "3600",
+    GEMINI_API_BASE: api.url,
+    GEMINI_API_KEY: "test-api-key",
+    GEMINI_JWKS_URL: `${jwks.url}/jwks`,
+    // The pass polls what is open at once.
+    RECONCILE_GRACE_SECONDS: "0",
   }, { http: true });
   dir = mkdtempSync(path.join(tmpdir(), "gemini-once-prom-"));
   writeFileSync(path.join(dir, "token"), READ_TOKEN);
@@ -87,6 +119,15 @@ before(async () => {
   assert.equal((await w.deliver("batch.succeeded", DONE[1], {}, { signature: "v1,Zm9yZ2Vk" })).status, 401, "a forgery");
   await w.ledger(DONE, (m) => m.effect_done);
   await w.ledger(PARKED, (m) => m.parked);
+  assert.equal((await w.deliver("batch.succeeded", HELD)).status, 200);
+  await w.ledger(HELD, (m) => m.status === "succeeded" && !m.effect_done);
+  for (const key of [OPEN, NUDGED]) assert.equal((await w.register(key, "nightly")).status, 201);
+  const nudged = await nudge(NUDGED);
+  assert.equal(nudged.status, 200, JSON.stringify(nudged.body));
+  assert.equal(nudged.body.outcome, "confirming", JSON.stringify(nudged.body));
+  // Its gate asks Gemini (404), then raises unknown_to_gemini: the confirmation is over.
+  await w.ledger(NUDGED, (m) => m.alerts.includes("unknown_to_gemini"));
+  await w.ledger(OPEN);
   await w.scheduled();
 });
 
@@ -99,12 +140,14 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
   await w?.dispose();
   await dest?.close();
+  await api?.close();
+  await jwks?.close();
   dest?.assertAllValid();
 });
 
 describe("GET /metrics", () => {
   it("a real Prometheus scrapes it with a read token and reads the traffic's counts", async () => {
-    await expect('gemini_once_settled_total{path="webhook"}', 3);
+    await expect('gemini_once_settled_total{path="webhook"}', 4);
     await expect("gemini_once_duplicates_total", 1);
     await expect('gemini_once_effects_total{result="delivered"}', 2);
     await expect('gemini_once_effects_total{result="parked"}', 1);
@@ -129,6 +172,23 @@ describe("GET /metrics", () => {
     assert.ok(healthy.some((s) => s.metric.destination.includes("billing")), JSON.stringify(healthy));
     const lastComplete = await query("time() - gemini_once_reconcile_last_complete_pass_timestamp_seconds");
     assert.ok(lastComplete.length === 1 && lastComplete[0].value >= 0 && lastComplete[0].value < 300, JSON.stringify(lastComplete));
+  });
+
+  it("status calls are counted by who asked and how they ended; the pass's listing gives the gauges", async () => {
+    // The nudge's confirmation asked once (404), counted in its gate's record; the pass asked
+    // about both open operations (the running one, the unknown one), counted in its isolate.
+    await expect('gemini_once_status_calls_total{asked_by="nudge",answer="not_found"}', 1);
+    await expect('gemini_once_status_calls_total{asked_by="pass",answer="answered"}', 1);
+    await expect('gemini_once_status_calls_total{asked_by="pass",answer="not_found"}', 1);
+    await expect("sum(gemini_once_status_calls_total)", 3);
+    await expect("count(gemini_once_status_calls_total)", 12);
+    assert.equal(api.callsFor(NUDGED).length, 2, "one call each from the nudge and the pass");
+    assert.equal(api.callsFor(OPEN).length, 1);
+    // The index as the pass listed it: two operations open (neither alerted stuck) and the
+    // held effect owed; the parked one left the index as it parked (alerted at once).
+    await expect("gemini_once_open_operations", 2);
+    await expect("gemini_once_stuck_operations", 0);
+    await expect("gemini_once_effects_not_done", 1);
   });
 
   it("the shipped rules pass promtool and fire on the park in a real Prometheus", async () => {

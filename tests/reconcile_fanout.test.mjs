@@ -54,6 +54,8 @@ describe("reconciliation fanned out on a queue", () => {
     // What the dashboard's health panel reads about the last pass.
     const stats = await w.admin("/v1/stats");
     assert.equal(stats.body.reconcile.last.report.fed, 30, JSON.stringify(stats.body.reconcile));
+    // What /metrics serves as gauges: the index as the pass listed it, whole.
+    assert.deepEqual(stats.body.reconcile.last.report.open, { operations: 30, stuck: 0, effects_not_done: 0 });
     for (const k of keys) {
       await eventually(async () => (await w.inspect(k)).body.effect_done, { what: `the effect of ${k}`, timeoutMs: 30_000 });
     }
@@ -64,6 +66,12 @@ describe("reconciliation fanned out on a queue", () => {
     const jobs = w.events("reconcile_job");
     assert.equal(jobs.reduce((n, j) => n + j.status_calls, 0), 30, "each polled once, by a consumer");
     assert.equal(jobs.reduce((n, j) => n + j.settled, 0), 30);
+    // Counted by who asked (the consumers, in their isolate, sent as each batch ends).
+    const counted = await eventually(async () => {
+      const total = (await w.admin("/v1/stats")).body.total;
+      return total["status_calls:queue:answered"] === 30 && total;
+    }, { what: "the consumers' status calls counted" });
+    assert.equal(counted["status_calls:pass:answered"], undefined, "the pass asked nothing");
     // The slots: 30 polls at 20 a second span at least 29 / 20 s (the clock's granularity and
     // the queue's batching can only make them later, never earlier).
     const at = keys.map((k) => api.callsFor(k)[0].at).sort((a, b) => a - b);
@@ -73,6 +81,7 @@ describe("reconciliation fanned out on a queue", () => {
     const next = await eventually(() => w.events("reconcile_pass").length >= 2 && w.events("reconcile_pass").at(-1));
     assert.equal(next.fed, 0);
     assert.equal(next.index_listed, 0);
+    assert.deepEqual(next.open, { operations: 0, stuck: 0, effects_not_done: 0 });
   });
 
   it("pauses every poll for a 429's Retry-After, sends the rest back, and still settles each once", async () => {

@@ -65,6 +65,7 @@ async fn scheduled(_event: worker::ScheduledEvent, env: Env, _ctx: worker::Sched
     match load_config(&env) {
         Ok(config) => {
             pass_runner::run(&env, &config).await;
+            objects::stats_shard::flush_edge_counts_now(&env, now_ms()).await;
         }
         Err(e) => log(WorkerLog::ReconcileError {
             error: format!("configuration: {e}"),
@@ -77,7 +78,10 @@ async fn scheduled(_event: worker::ScheduledEvent, env: Env, _ctx: worker::Sched
 #[event(queue)]
 async fn queue(batch: worker::MessageBatch<JsValue>, env: Env, _ctx: Context) -> Result<()> {
     match load_config(&env) {
-        Ok(config) => pass_runner::consume(batch, &env, &config).await,
+        Ok(config) => {
+            pass_runner::consume(batch, &env, &config).await;
+            objects::stats_shard::flush_edge_counts_now(&env, now_ms()).await;
+        }
         Err(e) => {
             log(WorkerLog::ReconcileError {
                 error: format!("configuration: {e}"),

@@ -9,6 +9,8 @@
 //! hand and stops. A consumer acknowledges a message only once its entries are polled, sent
 //! back to the queue for after Gemini's wait, or dropped as the pass decides (too old, or no
 //! lease to record them); a failed send back leaves the message to the queue's retries.
+//! Each status call is counted in the isolate's tally, by who asked (`pass` or `queue`) and
+//! how it ended; the handler that ran it flushes the tally (`edge/mod.rs`).
 
 use std::cell::RefCell;
 use std::time::Duration;
@@ -29,12 +31,15 @@ use crate::reconciliation::pass::{
 
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
 use crate::edge::objects::lease_object::{LEASE_BINDING, LEASE_NAME};
+use crate::edge::objects::stats_shard::count_at_edge;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::outbound::ledger_kv::KV_BINDING;
 use crate::edge::outbound::status_api;
 use crate::edge::runtime::{log, now_ms, random_unit};
 use crate::operation::ledger::open_key;
+use crate::reconciliation::status::call_answer;
 use crate::refusal::Refusal;
+use crate::telemetry::counters::{status_call, AskedBy};
 
 /// The fan-out queue's producer binding; without it every pass polls by itself.
 pub const QUEUE_BINDING: &str = "RECONCILE_QUEUE";
@@ -70,6 +75,8 @@ struct Io<'a> {
     kv: Option<KvStore>,
     queue: Option<Queue>,
     pass: RefCell<Pass>,
+    /// Whose status calls these are, for their counter.
+    asked_by: AskedBy,
 }
 
 /// Runs one pass and logs its lines. Never panics; errors are counted and logged.
@@ -94,6 +101,7 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         kv,
         queue,
         pass: RefCell::new(pass),
+        asked_by: AskedBy::Pass,
     };
     // The lease first: until it is granted there is nothing for a heartbeat to renew.
     let acquire = io.next();
@@ -140,6 +148,7 @@ pub async fn consume(batch: MessageBatch<JsValue>, env: &Env, config: &Config) {
             kv: kv.clone(),
             queue: queue.clone(),
             pass: RefCell::new(pass),
+            asked_by: AskedBy::Queue,
         };
         let first = io.next();
         io.perform_while(first, |i| *i != Intent::Done).await;
@@ -216,6 +225,7 @@ impl Io<'_> {
             }
             Intent::Poll { key, url } => {
                 let answer = status_api::read(self.config, &key, &url).await;
+                count_at_edge(&status_call(self.asked_by, call_answer(&answer)));
                 self.pass.borrow_mut().on_status(answer, now_ms());
             }
             Intent::CallGate { key, command } => {

@@ -198,9 +198,84 @@ pub fn may_need_work(meta: &LedgerMeta) -> bool {
     }
 }
 
+/// What the `open:` index holds, counted from its entries' metadata when a pass lists it
+/// whole (served as `/metrics` gauges): operations not terminal, those of them alerted
+/// `stuck`, and terminal ones whose side effect is not done. An entry forgotten by an operator
+/// counts nowhere, nor does one whose effect is done (an index entry left behind). A parked
+/// effect is not among them: parking raises its `effect_failing` alert in the same step, and
+/// that takes it out of the index ([`may_need_work`]); the parks are counted as they happen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct OpenCounts {
+    pub operations: u64,
+    pub stuck: u64,
+    pub effects_not_done: u64,
+}
+
+impl OpenCounts {
+    /// The counts of `entries`, each an index entry's metadata.
+    pub fn of<'a>(entries: impl IntoIterator<Item = &'a LedgerMeta>) -> OpenCounts {
+        let mut counts = OpenCounts::default();
+        for meta in entries.into_iter().filter(|m| !m.forgotten) {
+            if !meta.status.is_terminal() {
+                counts.operations += 1;
+                counts.stuck += u64::from(meta.alerts.contains(&AlertKind::Stuck));
+            } else if !meta.effect_done {
+                counts.effects_not_done += 1;
+            }
+        }
+        counts
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_counts_split_the_index_by_what_each_entry_waits_for() {
+        let with = |status: &str, edit: fn(&mut LedgerMeta)| {
+            let mut m = LedgerMeta::sample(status);
+            edit(&mut m);
+            m
+        };
+        let entries = [
+            with("pending", |_| {}),
+            with("running", |m| m.alerts = vec![AlertKind::Stuck]),
+            with("running", |m| m.alerts = vec![AlertKind::UnknownToGemini]),
+            with("succeeded", |_| {}),
+            with("failed", |m| m.parked = true),
+            with("failed", |m| {
+                m.parked = true;
+                m.alerts = vec![AlertKind::EffectFailing];
+            }),
+            with("succeeded", |m| m.effect_done = true),
+            with("running", |m| m.forgotten = true),
+            with("expired", |m| {
+                m.parked = true;
+                m.forgotten = true;
+            }),
+        ];
+        assert_eq!(
+            OpenCounts::of(&entries),
+            OpenCounts {
+                operations: 3,
+                stuck: 1,
+                effects_not_done: 3,
+            },
+            "a done effect (a stale entry) and a forgotten operation count nowhere"
+        );
+        assert_eq!(OpenCounts::of(&[]), OpenCounts::default());
+        let listed: Vec<LedgerMeta> = entries
+            .iter()
+            .filter(|m| may_need_work(m))
+            .cloned()
+            .collect();
+        assert_eq!(
+            OpenCounts::of(&listed).effects_not_done,
+            2,
+            "a parked effect alerted effect_failing is not in the index to be counted"
+        );
+    }
 
     #[test]
     fn an_entry_written_before_the_error_was_kept_still_reads() {

@@ -22,6 +22,7 @@ use crate::operation::lifecycle::Status;
 use crate::operation::observation::{transient, Observation, StatusError};
 use crate::reconciliation::skim::{Rule, SkimError, Skimmed};
 use crate::retry::{class_of_status, Class, PeerAnswer};
+use crate::telemetry::counters::StatusCallAnswer;
 use crate::timestamp::parse_rfc3339_ms;
 
 /// The `GET` URL for an operation: batches and interactions by key, video operations by
@@ -88,6 +89,21 @@ pub const READ: &[Rule] = &[
 /// ([`crate::reconciliation::skim`]) with [`READ`], and is `None` when it was not read (not a
 /// 2xx).
 pub type StatusAnswer = PeerAnswer<Option<Result<Skimmed, SkimError>>>;
+
+/// How a status call ended, for its counter: a 2xx (usable or not), a 404, any other status
+/// (a 429 or 5xx among them), or no answer (a timeout, a network error).
+pub fn call_answer<B>(answer: &PeerAnswer<B>) -> StatusCallAnswer {
+    match answer {
+        PeerAnswer::Http { status: 404, .. } => StatusCallAnswer::NotFound,
+        PeerAnswer::Http { status, .. } if class_of_status(*status) == Class::Success => {
+            StatusCallAnswer::Answered
+        }
+        PeerAnswer::Http { .. } => StatusCallAnswer::Refused,
+        // Only a 2xx body is read far enough to run past a cap.
+        PeerAnswer::TooLarge { .. } => StatusCallAnswer::Answered,
+        PeerAnswer::Timeout | PeerAnswer::Network(_) => StatusCallAnswer::Unanswered,
+    }
+}
 
 /// Interprets a status call's answer. A body the skimmer refused (too large, not JSON) is
 /// unusable, with the skimmer's reason; no answer (a timeout, a network error) is transient.
@@ -1051,5 +1067,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_status_call_is_counted_by_how_it_ended() {
+        let http = |status: u16| PeerAnswer::Http {
+            status,
+            body: (),
+            retry_after: None,
+        };
+        let classes: Vec<_> = [
+            http(200),
+            http(204),
+            http(404),
+            http(429),
+            http(503),
+            http(403),
+            PeerAnswer::TooLarge {
+                status: 200,
+                cap: 1,
+            },
+            PeerAnswer::Timeout,
+            PeerAnswer::Network("reset".into()),
+        ]
+        .iter()
+        .map(|a| call_answer(a).label())
+        .collect();
+        assert_eq!(
+            classes,
+            [
+                "answered",
+                "answered",
+                "not_found",
+                "refused",
+                "refused",
+                "refused",
+                "answered",
+                "unanswered",
+                "unanswered"
+            ]
+        );
     }
 }

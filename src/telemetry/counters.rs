@@ -57,6 +57,75 @@ pub fn labelled(prefix: &str, label: &str) -> String {
     format!("{prefix}{label}")
 }
 
+/// Status-API calls about an operation, by who asked and how Gemini answered:
+/// `status_calls:<asked_by>:<answer>` ([`status_call`]).
+pub const STATUS_CALLS_PREFIX: &str = "status_calls:";
+
+/// Who asked Gemini's status API about an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskedBy {
+    /// A reconcile pass polling by itself.
+    Pass,
+    /// A fan-out queue consumer polling what a pass scheduled.
+    Queue,
+    /// A gate confirming a nudge (a dynamic webhook's delivery).
+    Nudge,
+}
+
+impl AskedBy {
+    pub const ALL: [AskedBy; 3] = [AskedBy::Pass, AskedBy::Queue, AskedBy::Nudge];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            AskedBy::Pass => "pass",
+            AskedBy::Queue => "queue",
+            AskedBy::Nudge => "nudge",
+        }
+    }
+}
+
+/// How a status call ended, as the pass and the gate tell answers apart
+/// (`crate::reconciliation::status::call_answer` classifies one): a 2xx (usable or not: an
+/// unusable one is alerted `status_unusable` on its own), a 404 (`unknown_to_gemini`), any
+/// other status (a 429 or 5xx that backs every status call off, or a refusal), or no answer at
+/// all (a timeout or a network error: the pass's `status_unanswered`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusCallAnswer {
+    Answered,
+    NotFound,
+    Refused,
+    Unanswered,
+}
+
+impl StatusCallAnswer {
+    pub const ALL: [StatusCallAnswer; 4] = [
+        StatusCallAnswer::Answered,
+        StatusCallAnswer::NotFound,
+        StatusCallAnswer::Refused,
+        StatusCallAnswer::Unanswered,
+    ];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            StatusCallAnswer::Answered => "answered",
+            StatusCallAnswer::NotFound => "not_found",
+            StatusCallAnswer::Refused => "refused",
+            StatusCallAnswer::Unanswered => "unanswered",
+        }
+    }
+}
+
+/// The counter of a status call asked by `asked_by` that ended as `answer`.
+pub fn status_call(asked_by: AskedBy, answer: StatusCallAnswer) -> String {
+    format!(
+        "{STATUS_CALLS_PREFIX}{}:{}",
+        asked_by.label(),
+        answer.label()
+    )
+}
+
 /// The bucket an acceptance `ms` after settlement falls in: its upper bound as `/metrics`
 /// writes `le` (`0.5`, `1`, ... or `+Inf`).
 pub fn acceptance_bucket(ms: i64) -> String {
@@ -349,6 +418,19 @@ mod tests {
             labelled(EFFECT_TO_PREFIX, "delivered:EFFECT_URL: https://x/…"),
             "effect_to:delivered:EFFECT_URL: https://x/…"
         );
+    }
+
+    #[test]
+    fn a_status_call_counts_under_who_asked_and_how_it_ended() {
+        assert_eq!(
+            status_call(AskedBy::Queue, StatusCallAnswer::NotFound),
+            "status_calls:queue:not_found"
+        );
+        let names: std::collections::BTreeSet<String> = AskedBy::ALL
+            .iter()
+            .flat_map(|a| StatusCallAnswer::ALL.map(|b| status_call(*a, b)))
+            .collect();
+        assert_eq!(names.len(), 12, "every pair a name of its own");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
+use crate::telemetry::counters::{status_call, AskedBy, StatusCallAnswer};
 use crate::telemetry::counters::{
     ACCEPTANCE_BUCKETS_SECS, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM, ALERTS,
     ALERTS_BY_KIND_PREFIX, DELIVERIES, DROPPED_PREFIX, DUPLICATES, EFFECT_FAILURES, EFFECT_PARKS,
@@ -148,6 +149,7 @@ fn counter_help(family: &str) -> &'static str {
         "effects_retried_after_asked" => "Failed side-effect attempts retried no sooner than the destination's Retry-After asked.",
         "dropped" => "Deliveries and status answers not applied, by the reducer's reason.",
         "rejected" => "Requests refused before reaching a gate, by reason.",
+        "status_calls" => "Status-API calls about operations, by who asked (pass, queue, nudge) and how they ended (answered: a 2xx; not_found: a 404; refused: any other status, 429 and 5xx among them; unanswered: a timeout or a network error).",
         _ => "Events counted under a name this version does not describe.",
     }
 }
@@ -207,6 +209,7 @@ fn counter_families(total: &Value) -> Vec<Family> {
         if FIXED.iter().any(|(fixed, _, _)| *fixed == name)
             || name == ACCEPTANCE_MS_SUM
             || name.starts_with(ACCEPTANCE_BUCKET_PREFIX)
+            || status_calls().any(|(_, _, counter)| counter == name)
         {
             continue;
         }
@@ -233,8 +236,30 @@ fn counter_families(total: &Value) -> Vec<Family> {
         family.push(vec![(label, value.to_string())], n);
     }
     families.extend([by_destination, by_kind, acceptance_histogram(total)]);
+    families.push(status_call_family(total));
     families.extend([dropped, rejected, other]);
     families
+}
+
+/// Every status-call counter: who asked, how it ended, and its name.
+fn status_calls() -> impl Iterator<Item = (AskedBy, StatusCallAnswer, String)> {
+    AskedBy::ALL.into_iter().flat_map(|asked| {
+        StatusCallAnswer::ALL.map(|answer| (asked, answer, status_call(asked, answer)))
+    })
+}
+
+/// Status calls by who asked and how they ended: every pair served, 0 until counted.
+fn status_call_family(total: &Value) -> Family {
+    let mut family = Family::new("status_calls", Kind::Counter, counter_help("status_calls"));
+    for (asked, answer, name) in status_calls() {
+        let n = total.get(&name).and_then(Value::as_u64).unwrap_or(0) as f64;
+        let labels = vec![
+            ("asked_by", asked.label().to_string()),
+            ("answer", answer.label().to_string()),
+        ];
+        family.push(labels, n);
+    }
+    family
 }
 
 /// The time from settlement to the destination's acceptance: the shards keep each bucket's
@@ -362,8 +387,38 @@ fn reconcile_families(reconcile: &Value) -> Vec<Family> {
             )
             .with(vec![], n("errors")),
         ]);
+        families.extend(open_families(&report["open"]));
     }
     families
+}
+
+/// What the open index held when the newest pass listed it whole (`open` in its report):
+/// nothing when that pass listed only a window of it, or none.
+fn open_families(open: &Value) -> Vec<Family> {
+    if !open.is_object() {
+        return Vec::new();
+    }
+    let n = |field: &str| open[field].as_u64().unwrap_or(0) as f64;
+    vec![
+        Family::new(
+            "open_operations",
+            Kind::Gauge,
+            "Operations not terminal, in the open index as the newest pass listed it whole.",
+        )
+        .with(vec![], n("operations")),
+        Family::new(
+            "stuck_operations",
+            Kind::Gauge,
+            "Operations not terminal and alerted stuck, in the open index as the newest pass listed it whole.",
+        )
+        .with(vec![], n("stuck")),
+        Family::new(
+            "effects_not_done",
+            Kind::Gauge,
+            "Terminal operations whose side effect is not done, in the open index as the newest pass listed it whole (a parked effect leaves the index as it parks).",
+        )
+        .with(vec![], n("effects_not_done")),
+    ]
 }
 
 /// With `GEMINI_WEBHOOK_NAME` set: 1 while no bad state of the Gemini webhook is alerted on.
@@ -444,7 +499,8 @@ mod tests {
                 "effect_to:parked:route billing: https://b.example/…": 1,
                 "acceptance_le:0.5": 1, "acceptance_le:60": 1, "acceptance_le:+Inf": 1,
                 "acceptance_ms_sum": 90_000_250u64, "alerts_by_kind:effect_failing": 1,
-                "effect_retry_after": 3
+                "effect_retry_after": 3, "status_calls:pass:answered": 4,
+                "status_calls:nudge:unanswered": 2
             },
             "destinations": [
                 {"label": "EFFECT_URL http://127.0.0.1:9", "state": "open", "waiting": 3,
@@ -455,7 +511,9 @@ mod tests {
                 "completed_passes": 12,
                 "last_complete": "2026-11-18T11:00:00Z",
                 "last": {"at": "2026-11-18T11:05:00.500Z",
-                         "report": {"status_calls": 3, "status_unanswered": 1, "errors": 0}}
+                         "report": {"status_calls": 3, "status_unanswered": 1, "errors": 0,
+                                    "open": {"operations": 5, "stuck": 2,
+                                             "effects_not_done": 3}}}
             },
             "gemini_webhook": {"name": "webhooks/w", "alerted_state": "disabled"}
         })
@@ -603,11 +661,68 @@ mod tests {
     }
 
     #[test]
+    fn status_calls_are_served_for_every_asker_and_answer() {
+        let page = render(&stats(), Format::Text);
+        let l = lines(&page);
+        let calls: Vec<&str> = l
+            .iter()
+            .copied()
+            .filter(|line| line.starts_with("gemini_once_status_calls_total{"))
+            .collect();
+        assert_eq!(calls.len(), 12, "3 askers by 4 answers:\n{page}");
+        for want in [
+            "gemini_once_status_calls_total{asked_by=\"pass\",answer=\"answered\"} 4",
+            "gemini_once_status_calls_total{asked_by=\"nudge\",answer=\"unanswered\"} 2",
+            "gemini_once_status_calls_total{asked_by=\"queue\",answer=\"not_found\"} 0",
+            "gemini_once_status_calls_total{asked_by=\"pass\",answer=\"refused\"} 0",
+        ] {
+            assert!(l.contains(&want), "{want} missing from\n{page}");
+        }
+        assert!(
+            !page.contains("name=\"status_calls:"),
+            "not also an unnamed event"
+        );
+    }
+
+    #[test]
+    fn the_open_index_gauges_come_from_a_pass_that_listed_it_whole() {
+        let page = render(&stats(), Format::Text);
+        let l = lines(&page);
+        for want in [
+            "gemini_once_open_operations 5",
+            "gemini_once_stuck_operations 2",
+            "gemini_once_effects_not_done 3",
+        ] {
+            assert!(l.contains(&want), "{want} missing from\n{page}");
+        }
+        let mut windowed = stats();
+        windowed["reconcile"]["last"]["report"]["open"] = Value::Null;
+        let page = render(&windowed, Format::Text);
+        assert!(page.contains("gemini_once_reconcile_last_pass_errors 0\n"));
+        for absent in ["open_operations", "stuck_operations", "effects_not_done"] {
+            assert!(
+                !page.contains(absent),
+                "{absent} served from a window:\n{page}"
+            );
+        }
+        let mut older = stats();
+        older["reconcile"]["last"]["report"]
+            .as_object_mut()
+            .unwrap()
+            .remove("open");
+        assert!(!render(&older, Format::Text).contains("open_operations"));
+    }
+
+    #[test]
     fn nothing_yet_is_a_page_of_zeros_without_times() {
         let page = render(&json!({}), Format::Text);
         assert!(page.contains("gemini_once_deliveries_total 0\n"));
         assert!(!page.contains("timestamp_seconds"));
         assert!(!page.contains("gemini_webhook_ok"), "no webhook configured");
+        assert!(page.contains(
+            "gemini_once_status_calls_total{asked_by=\"queue\",answer=\"answered\"} 0\n"
+        ));
+        assert!(!page.contains("open_operations"), "no pass yet");
     }
 
     #[test]

@@ -40,15 +40,16 @@ pub const STATS_BINDING: &str = "STATS";
 const EDGE_FLUSH_MAX_MS: i64 = 10_000;
 
 thread_local! {
-    /// This isolate's edge counts (rejections, duplicates answered from memory) not yet sent.
+    /// This isolate's edge counts (rejections, duplicates answered from memory, status calls of
+    /// passes and queue consumers) not yet sent.
     static EDGE_COUNTS: RefCell<IsolateTally> = const { RefCell::new(IsolateTally::new()) };
     /// The counts gates in this isolate handed over and not yet sent (see [`hand_over`]).
     static GATE_COUNTS: RefCell<IsolateTally> = const { RefCell::new(IsolateTally::new()) };
 }
 
-/// Counts an event answered at the edge without a gate (a duplicate of a terminal outcome)
-/// in this isolate's memory, flushed with the rejections. An isolate evicted before its
-/// flush loses these counts, never state.
+/// Counts an event answered at the edge without a gate (a duplicate of a terminal outcome, a
+/// status call of a pass or a queue consumer) in this isolate's memory, flushed with the
+/// rejections. An isolate evicted before its flush loses these counts, never state.
 pub fn count_at_edge(name: &str) {
     EDGE_COUNTS.with(|t| t.borrow_mut().add(name, now_ms(), 1));
 }
@@ -67,9 +68,28 @@ pub fn count_rejected(reason: &str) -> bool {
 /// [`EDGE_FLUSH_MAX_MS`], at least a second); rejections are logged as one summary line.
 pub fn flush_edge_counts_later(env: &Env, ctx: &Context, now_ms: i64, flush_ms: i64) {
     let every = flush_ms.clamp(1_000, EDGE_FLUSH_MAX_MS);
-    let Some(batch) = EDGE_COUNTS.with(|t| t.borrow_mut().take_due(now_ms, every)) else {
+    let Some(batch) = take_edge_counts(now_ms, every) else {
         return;
     };
+    let env = env.clone();
+    ctx.wait_until(async move { send_tally(&env, &EDGE_COUNTS, batch, now_ms).await });
+}
+
+/// Sends this isolate's edge counts now, whatever the window: the end of a cron pass or of a
+/// queue batch, whose status calls are counted here. They run seldom (a pass a cron interval,
+/// a batch of fan-out messages at most every few seconds), so waiting for a window would
+/// leave their counts in memory until some later request of this isolate; one shard call
+/// each is a small share of their own calls.
+pub async fn flush_edge_counts_now(env: &Env, now_ms: i64) {
+    if let Some(batch) = take_edge_counts(now_ms, 0) {
+        send_tally(env, &EDGE_COUNTS, batch, now_ms).await;
+    }
+}
+
+/// The edge counts to send, when the window `every_ms` since the last send has passed;
+/// rejections among them are logged as one summary line.
+fn take_edge_counts(now_ms: i64, every_ms: i64) -> Option<Vec<StatEvent>> {
+    let batch = EDGE_COUNTS.with(|t| t.borrow_mut().take_due(now_ms, every_ms))?;
     let mut rejected = Tally::new();
     for e in batch.iter().filter(|e| e.name.starts_with("rejected_")) {
         *rejected.entry(e.name.clone()).or_default() += e.count;
@@ -77,8 +97,7 @@ pub fn flush_edge_counts_later(env: &Env, ctx: &Context, now_ms: i64, flush_ms: 
     if !rejected.is_empty() {
         log(WorkerLog::RejectedSummary { counts: rejected }.to_value());
     }
-    let env = env.clone();
-    ctx.wait_until(async move { send_tally(&env, &EDGE_COUNTS, batch, now_ms).await });
+    Some(batch)
 }
 
 /// What a hand-over did, for the caller's meter.

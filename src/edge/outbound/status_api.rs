@@ -17,8 +17,9 @@ use worker::Method;
 use crate::config::Config;
 use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
-use crate::reconciliation::status::{interpret_skimmed, status_url, StatusAnswer};
+use crate::reconciliation::status::{call_answer, interpret_skimmed, status_url, StatusAnswer};
 use crate::retry::PeerAnswer;
+use crate::telemetry::counters::StatusCallAnswer;
 use crate::telemetry::worker_log::{StatusRead, WorkerLog};
 
 use crate::edge::outbound::fetch::{get_skimmed, send, Keep};
@@ -119,13 +120,15 @@ pub async fn read(config: &Config, key: &str, url: &str) -> StatusAnswer {
     answer
 }
 
-/// Asks about the operation `key` (full name `name`) of `collection`.
+/// Asks about the operation `key` (full name `name`) of `collection`: what the answer
+/// means, and how the call ended, for its counter.
 pub async fn ask(
     config: &Config,
     collection: Collection,
     key: &str,
     name: &str,
-) -> Result<Observation, StatusError> {
+) -> (Result<Observation, StatusError>, StatusCallAnswer) {
     let url = status_url(&config.gemini_api_base, collection, key, name);
-    interpret_skimmed(collection, &read(config, key, &url).await)
+    let answer = read(config, key, &url).await;
+    (interpret_skimmed(collection, &answer), call_answer(&answer))
 }

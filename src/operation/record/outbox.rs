@@ -11,7 +11,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::operation::record::Operation;
-use crate::telemetry::counters::{hour_of, Counter, StatEvent};
+use crate::telemetry::counters::{
+    hour_of, status_call, AskedBy, Counter, StatEvent, StatusCallAnswer,
+};
 
 /// Counted events not yet flushed, and the last sequence issued and sealed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +96,19 @@ impl Operation {
     /// [`crate::telemetry::counters::labelled`]); such counters merge like the fixed ones.
     pub fn count_by(&mut self, name: String, by: u64, now_ms: i64) {
         self.outbox.add(name.into(), by, true, now_ms);
+    }
+
+    /// Counts the status call `asked_by` made, by how it ended (`None`: no call was made, the
+    /// answer was known without one), in the same write as what the answer decides.
+    pub fn count_status_call(
+        &mut self,
+        asked_by: AskedBy,
+        answer: Option<StatusCallAnswer>,
+        now_ms: i64,
+    ) {
+        if let Some(answer) = answer {
+            self.count_by(status_call(asked_by, answer), 1, now_ms);
+        }
     }
 
     /// The record as a new object instance reads it from storage: any pending event may

@@ -3,7 +3,7 @@
 use super::*;
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{Source, Status, Verdict};
-use crate::telemetry::counters::Counter;
+use crate::telemetry::counters::{AskedBy, Counter, StatusCallAnswer};
 use serde_json::{json, Map};
 
 fn event(status: Status, t: i64) -> OpEvent {
@@ -781,4 +781,27 @@ fn an_effect_delivered_without_an_alert_resolves_nothing() {
     let c = op.claim(2_000, 600_000).unwrap();
     op.finish(c.token, &AttemptOutcome::Delivered, 2_100, 0);
     assert!(op.pending_alerts.is_empty());
+}
+
+#[test]
+fn a_status_call_counts_in_the_record_and_a_call_not_made_counts_nothing() {
+    let mut op = Operation::register("batches/a", "batches/a", None, 0);
+    op.count_status_call(AskedBy::Nudge, None, 10);
+    assert!(op.outbox.pending.is_empty(), "the plan knew the answer");
+    op.count_status_call(AskedBy::Nudge, Some(StatusCallAnswer::Refused), 20);
+    op.count_status_call(AskedBy::Nudge, Some(StatusCallAnswer::Refused), 30);
+    op.count_status_call(AskedBy::Nudge, Some(StatusCallAnswer::Answered), 40);
+    let counted: Vec<_> = op
+        .outbox
+        .pending
+        .iter()
+        .map(|e| (e.name.as_str(), e.count))
+        .collect();
+    assert_eq!(
+        counted,
+        [
+            ("status_calls:nudge:refused", 2),
+            ("status_calls:nudge:answered", 1)
+        ]
+    );
 }

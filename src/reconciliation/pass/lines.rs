@@ -11,6 +11,7 @@ use serde::{Serialize, Serializer};
 use serde_json::Value;
 
 use super::stop::Stop;
+use crate::operation::ledger::OpenCounts;
 use crate::operation::lifecycle::Status;
 
 /// What a pass did: the `reconcile_pass` log line, and the summary the lease keeps.
@@ -25,6 +26,8 @@ pub struct PassReport {
     pub index_kv_lists: u64,
     /// Index entries decided on (the rest of the listed index waits for the next pass).
     pub visited: u64,
+    /// What the listed index holds, when this pass listed it whole (`null` otherwise).
+    pub open: Option<OpenCounts>,
     /// Whether the audit over `op:` ran in this pass, and what it did.
     pub audit: bool,
     pub audit_listed: u64,
@@ -262,6 +265,7 @@ mod tests {
                 "lease_busy",
                 "lease_renewals",
                 "listed",
+                "open",
                 "queue_sends",
                 "reindexed",
                 "settled",

@@ -7,7 +7,7 @@ use super::stop::{Stop, UNANSWERED_BACKOFF_MS};
 use super::*;
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
-use crate::operation::ledger::LedgerMeta;
+use crate::operation::ledger::{LedgerMeta, OpenCounts};
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::{Audit, MAX_INDEX_PAGES};
@@ -2175,3 +2175,67 @@ fn a_poll_job_survives_the_queue_and_a_foreign_message_is_refused() {
 }
 
 mod restore;
+
+// --- What the index holds ---
+
+#[test]
+fn a_pass_that_lists_the_whole_index_counts_what_it_holds_and_a_window_counts_nothing() {
+    let mut stuck = meta_for("batches/s", "running");
+    stuck.alerts = vec![AlertKind::Stuck];
+    let mut parked = meta_for("batches/p", "succeeded");
+    parked.parked = true;
+    let index = vec![
+        open("batches/a"),
+        entry("open:", "batches/p", &parked),
+        entry("open:", "batches/s", &stuck),
+    ];
+    let out = run(
+        limits(),
+        World {
+            index,
+            page_size: 2,
+            grant: Ok(granted(at("open:batches/a"))),
+            ..World::default()
+        },
+    );
+    let counts = OpenCounts {
+        operations: 2,
+        stuck: 1,
+        effects_not_done: 1,
+    };
+    assert_eq!(
+        out.report.open,
+        Some(counts),
+        "listed whole over two pages, walked from past its first entry"
+    );
+    let Some(LeaseCommand::Release { summary, .. }) = out.release() else {
+        panic!("released");
+    };
+    assert_eq!(
+        summary["report"]["open"],
+        json!({"operations": 2, "stuck": 1, "effects_not_done": 1}),
+        "the lease keeps them for /metrics"
+    );
+    let big = || World {
+        index: keys(MAX_INDEX_PAGES as usize + 2),
+        page_size: 1,
+        ..World::default()
+    };
+    let budget = Limits {
+        budget: 1_000,
+        ..limits()
+    };
+    let first = run(budget.clone(), big());
+    assert_eq!(first.report.stopped, Some(Stop::Window));
+    assert_eq!(first.report.open, None, "the first window is not the index");
+    let rest = run(
+        budget,
+        World {
+            grant: Ok(granted(first.resume())),
+            ..big()
+        },
+    );
+    assert_eq!(rest.report.stopped, Some(Stop::Complete));
+    assert_eq!(rest.report.open, None, "nor is the last");
+    assert_eq!(rest.report.to_value()["open"], Value::Null);
+}

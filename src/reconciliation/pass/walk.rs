@@ -15,7 +15,7 @@
 
 use std::mem;
 
-use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX, OP_PREFIX};
+use crate::operation::ledger::{LedgerMeta, OpenCounts, OPEN_PREFIX, OP_PREFIX};
 use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::entry_decision::{audit_verdict, decide, Action, AuditVerdict};
 use crate::reconciliation::lease_state::{resume_index, AuditProgress, MAX_INDEX_PAGES};
@@ -246,6 +246,8 @@ impl Pass {
     /// The window is listed: note what the index holds, and start after the last entry done.
     fn index_listed(&mut self, walk: &mut IndexWalk) {
         self.index_whole = walk.window.is_none() && walk.next_window.is_none();
+        let metas = walk.entries.iter().filter_map(|(_, meta)| meta.as_ref());
+        self.report.open = self.index_whole.then(|| OpenCounts::of(metas));
         for (name, meta) in &walk.entries {
             if let (Some(key), Some(meta)) = (name.strip_prefix(OPEN_PREFIX), meta) {
                 self.indexed.insert(key.to_string(), meta.version);

@@ -104,8 +104,8 @@ impl<'a> Run<'a> {
     /// so every status call backs off. Told to wait, the confirmation waits for its slot.
     async fn confirm(&self, op: Operation, ask: ConfirmAsk) -> Result<Operation> {
         let config = self.config;
-        let answer = match ask {
-            ConfirmAsk::Answered(answer) => answer,
+        let (answer, asked) = match ask {
+            ConfirmAsk::Answered(answer) => (answer, None),
             ConfirmAsk::Ask {
                 collection,
                 key,
@@ -123,19 +123,19 @@ impl<'a> Run<'a> {
                     return self.apply(step, current, Alarm::Deferred).await;
                 }
                 self.storage.meter().add(|u| u.outbound_fetches += 1);
-                let answer = status_api::ask(config, collection, &key, &name).await;
+                let (answer, asked) = status_api::ask(config, collection, &key, &name).await;
                 if let Some(until_ms) = alarm::status_backoff_until(&answer, now_ms()) {
-                    let fed_until_ms = 0;
                     self.lease(LeaseCommand::Backoff {
                         until_ms,
-                        fed_until_ms,
+                        fed_until_ms: 0,
                     })
                     .await;
                 }
-                answer
+                (answer, Some(asked))
             }
         };
-        let current = self.storage.load()?.unwrap_or(op);
+        let mut current = self.storage.load()?.unwrap_or(op);
+        current.count_status_call(counters::AskedBy::Nudge, asked, now_ms());
         let step = alarm::confirmed(
             current.clone(),
             answer,
