@@ -14,9 +14,12 @@
 //! good or unreadable parks the results with the reason and raises one alert. The job's own
 //! effect is owed once the file is read (or parked) and no result is waiting.
 //!
-//! Storage: the whole value is one record in the batch's Durable Object (rows included, each
-//! at most a line's cap), plus the [`crate::results::keys::KeysSeen`] filter written with each
-//! commit.
+//! Memory: the value holds the results waiting for a retry (a few hundred bytes each, at most
+//! [`MAX_WAITING`] before reading stops until they drain), never a result's body, and never a
+//! delivered or parked result. Storage, in the batch's Durable Object: this value without its
+//! rows as one row; one row per waiting or parked result (its [`Row`], and its result, at most a
+//! line's cap); the [`crate::results::keys::KeysSeen`] filter as one row. Each transition's
+//! [`Write`]s are stored in one transaction with the value.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +34,9 @@ use crate::results::lines::Checkpoint;
 /// report `SUCCEEDED` shortly before the file can be downloaded; half an hour is far past the
 /// delays reported, and far inside the file's 48 hours.
 pub const FILE_WAIT_MS: i64 = 30 * 60 * 1_000;
+/// Results waiting for a retry before no new chunk is read: a destination that fails
+/// everything stops the reading instead of filling the object with rows.
+pub const MAX_WAITING: usize = 400;
 /// Results per chunk: each one is a subrequest, and the download is one more; 40 stays within
 /// the Free plan's 50 subrequests per invocation.
 pub const CHUNK_RESULTS: u64 = 40;
@@ -85,10 +91,11 @@ pub struct ChunkClaim {
     pub last: bool,
 }
 
-/// A failed or parked result, kept to be retried or shown.
+/// A failed or parked result, kept to be retried or shown; its result is stored beside it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
-    pub item: ResultItem,
+    pub result_key: String,
+    pub index: u64,
     pub attempts: u32,
     pub last_error: String,
     /// When it may be sent again; `None` once parked.
@@ -96,6 +103,17 @@ pub struct Row {
     /// An attempt was begun and not finished: it may have reached the destination.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_doubt: bool,
+}
+
+/// What the edge stores with the value, in the same transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// A result not delivered: keep it to send again.
+    KeepResult(ResultItem),
+    /// A result delivered after a retry: its stored result and row go.
+    Forget(String),
+    /// A result parked: its row moves to the parked ones (listed, retried by an operator).
+    Park(Row),
 }
 
 /// What the edge does next.
@@ -107,7 +125,7 @@ pub enum Step {
     ReadChunk { chunk: u64, from: Checkpoint },
     /// Read the claimed chunk again and send its results, then commit it.
     ResendChunk(ChunkClaim),
-    /// Send these rows' results again (begin each, then finish it).
+    /// Send these rows' stored results again (begin each, then finish it).
     RetryRows(Vec<String>),
     /// Raise the one alert for a parked file.
     Alert(String),
@@ -125,6 +143,7 @@ pub struct Progress {
     pub chunks_done: u64,
     pub claim: Option<ChunkClaim>,
     pub counts: Counts,
+    /// The results waiting for a retry, by result key.
     pub rows: BTreeMap<String, Row>,
     /// When the results became owed (the operation's `SUCCEEDED`).
     pub since_ms: i64,
@@ -166,25 +185,17 @@ impl Progress {
         }
     }
 
-    /// What to do next at `now_ms`.
+    /// What to do next at `now_ms`: a claimed chunk first (it may have reached the
+    /// destination), then the rows that are due, then the next chunk while few rows wait.
     pub fn next(&self, now_ms: i64) -> Step {
         if let Some(claim) = self.claim {
             return Step::ResendChunk(claim);
         }
-        match &self.phase {
-            Phase::WaitingForFile { next_at_ms, .. } if *next_at_ms > now_ms => {
-                Step::WaitUntil(*next_at_ms)
+        if let Phase::FileParked { reason } = &self.phase {
+            if !self.alerted {
+                return Step::Alert(reason.clone());
             }
-            Phase::WaitingForFile { .. } | Phase::Reading => Step::ReadChunk {
-                chunk: self.chunks_done,
-                from: self.done_through,
-            },
-            Phase::FileParked { reason } if !self.alerted => Step::Alert(reason.clone()),
-            Phase::Read | Phase::FileParked { .. } => self.next_row(now_ms),
         }
-    }
-
-    fn next_row(&self, now_ms: i64) -> Step {
         let due: Vec<String> = self
             .rows
             .iter()
@@ -194,9 +205,22 @@ impl Progress {
         if !due.is_empty() {
             return Step::RetryRows(due);
         }
-        match self.rows.values().filter_map(|r| r.next_at_ms).min() {
-            Some(at) => Step::WaitUntil(at),
-            None => Step::Settled(self.job_results()),
+        let next_row = self.rows.values().filter_map(|r| r.next_at_ms).min();
+        match (&self.phase, next_row) {
+            (Phase::Reading | Phase::WaitingForFile { .. }, Some(at))
+                if self.rows.len() >= MAX_WAITING =>
+            {
+                Step::WaitUntil(at)
+            }
+            (Phase::WaitingForFile { next_at_ms, .. }, _) if *next_at_ms > now_ms => {
+                Step::WaitUntil(next_row.map_or(*next_at_ms, |at| at.min(*next_at_ms)))
+            }
+            (Phase::WaitingForFile { .. } | Phase::Reading, _) => Step::ReadChunk {
+                chunk: self.chunks_done,
+                from: self.done_through,
+            },
+            (_, Some(at)) => Step::WaitUntil(at),
+            (_, None) => Step::Settled(self.job_results()),
         }
     }
 
@@ -258,8 +282,8 @@ impl Progress {
     }
 
     /// Commits the claimed chunk with each result's answer: counts move, and the results not
-    /// delivered become rows. A commit for another chunk than the one claimed is ignored
-    /// (a stale run's); returns whether it was taken.
+    /// delivered are kept. A commit for another chunk than the one claimed is ignored (a stale
+    /// run's): `None`.
     pub fn commit(
         &mut self,
         chunk: u64,
@@ -267,21 +291,24 @@ impl Progress {
         now_ms: i64,
         limits: &Limits,
         jitter: f64,
-    ) -> bool {
-        let Some(claim) = self.claim.filter(|c| c.chunk == chunk) else {
-            return false;
-        };
+    ) -> Option<Vec<Write>> {
+        let claim = self.claim.filter(|c| c.chunk == chunk)?;
+        let mut writes = Vec::new();
         for (item, outcome) in answers {
             self.counts.total += 1;
             self.counts.errors += u64::from(item.payload.is_error());
             let row = Row {
-                item,
+                result_key: item.result_key.clone(),
+                index: item.index,
                 attempts: 0,
                 last_error: String::new(),
                 next_at_ms: None,
                 in_doubt: false,
             };
-            self.settle(row, &outcome, now_ms, limits, jitter);
+            if outcome != AttemptOutcome::Delivered {
+                writes.push(Write::KeepResult(item));
+            }
+            writes.extend(self.settle(row, &outcome, now_ms, limits, jitter));
         }
         self.claim = None;
         self.done_through = claim.to;
@@ -289,7 +316,7 @@ impl Progress {
         if claim.last {
             self.phase = Phase::Read;
         }
-        true
+        Some(writes)
     }
 
     /// Records an attempt's answer for a result (a new one, or a row's).
@@ -300,40 +327,42 @@ impl Progress {
         now_ms: i64,
         limits: &Limits,
         jitter: f64,
-    ) {
+    ) -> Option<Write> {
         row.attempts += 1;
         row.in_doubt = false;
+        let key = row.result_key.clone();
+        let was_row = self.rows.remove(&key).is_some();
         match outcome {
             AttemptOutcome::Delivered => {
                 self.counts.delivered += 1;
-                self.rows.remove(&row.item.result_key);
+                was_row.then_some(Write::Forget(key))
             }
             AttemptOutcome::Retry(why) => {
                 row.last_error = why.clone();
-                let wait = backoff_ms(
-                    row.attempts,
-                    limits.retry_base_secs,
-                    limits.retry_max_secs,
-                    jitter,
-                );
-                row.next_at_ms = Some(now_ms + wait);
-                self.rows.insert(row.item.result_key.clone(), row);
+                let (base, max) = (limits.retry_base_secs, limits.retry_max_secs);
+                row.next_at_ms = Some(now_ms + backoff_ms(row.attempts, base, max, jitter));
+                self.rows.insert(key, row);
+                None
             }
             AttemptOutcome::Park(why) => {
                 row.last_error = why.clone();
                 row.next_at_ms = None;
                 self.counts.parked += 1;
-                self.rows.insert(row.item.result_key.clone(), row);
+                Some(Write::Park(row))
             }
         }
     }
 
-    /// Begins a row's attempt: store this before sending. Returns the result to send, or
-    /// `None` when the row is not due (settled meanwhile, or parked).
-    pub fn begin_row(&mut self, key: &str) -> Option<ResultItem> {
-        let row = self.rows.get_mut(key).filter(|r| r.next_at_ms.is_some())?;
-        row.in_doubt = true;
-        Some(row.item.clone())
+    /// Begins a row's attempt: store this before sending its stored result. `false` when the
+    /// row is not waiting (settled meanwhile).
+    pub fn begin_row(&mut self, key: &str) -> bool {
+        match self.rows.get_mut(key) {
+            Some(row) => {
+                row.in_doubt = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Finishes a row's attempt with its answer.
@@ -344,34 +373,32 @@ impl Progress {
         now_ms: i64,
         limits: &Limits,
         jitter: f64,
-    ) {
-        if let Some(row) = self.rows.get(key).filter(|r| r.in_doubt).cloned() {
-            self.settle(row, outcome, now_ms, limits, jitter);
-        }
+    ) -> Option<Write> {
+        let row = self.rows.get(key).filter(|r| r.in_doubt).cloned()?;
+        self.settle(row, outcome, now_ms, limits, jitter)
     }
 
-    /// An operator's retry of the parked results: each is due now, under its first
-    /// `webhook-id`. Returns how many; `dry_run` only counts.
-    pub fn retry_parked(&mut self, now_ms: i64, dry_run: bool) -> u64 {
-        let parked: Vec<String> = self
-            .rows
-            .iter()
-            .filter(|(_, r)| r.next_at_ms.is_none())
-            .map(|(k, _)| k.clone())
-            .collect();
-        if !dry_run {
-            for key in &parked {
-                if let Some(row) = self.rows.get_mut(key) {
-                    row.next_at_ms = Some(now_ms);
-                }
-            }
-            self.counts.parked -= parked.len() as u64;
-            if matches!(self.phase, Phase::FileParked { .. }) {
-                // The unread part is asked for again, from where reading stopped.
-                self.phase = Phase::Reading;
-            }
+    /// An operator's retry of parked results, a page at a time (the edge reads at most the room
+    /// left below [`MAX_WAITING`] and takes them out of the parked ones in the same
+    /// transaction): each is due now, under its first `webhook-id`. A parked file is asked for
+    /// again from where reading stopped. Returns how many were taken.
+    pub fn retry_parked(&mut self, parked: Vec<Row>, now_ms: i64) -> u64 {
+        let n = parked.len() as u64;
+        for mut row in parked {
+            row.next_at_ms = Some(now_ms);
+            row.in_doubt = false;
+            self.rows.insert(row.result_key.clone(), row);
         }
-        parked.len() as u64
+        self.counts.parked = self.counts.parked.saturating_sub(n);
+        if matches!(self.phase, Phase::FileParked { .. }) {
+            self.phase = Phase::Reading;
+        }
+        n
+    }
+
+    /// Room for parked rows an operator's retry may take now.
+    pub fn room(&self) -> usize {
+        MAX_WAITING.saturating_sub(self.rows.len())
     }
 }
 

@@ -54,6 +54,9 @@ struct World {
     file: Vec<u8>,
     stored: String,
     stored_seen: Vec<u8>,
+    /// The stored results of rows, and the parked rows.
+    stored_items: BTreeMap<String, ResultItem>,
+    stored_parked: BTreeMap<String, Row>,
     clock: i64,
     /// Every send: (webhook-id, result key).
     sent: Vec<(String, String)>,
@@ -72,6 +75,8 @@ impl World {
             stored: serde_json::to_string(&Progress::begin(Source::File { name: FILE.into() }, 0))
                 .unwrap(),
             stored_seen: KeysSeen::default().as_bytes().to_vec(),
+            stored_items: BTreeMap::new(),
+            stored_parked: BTreeMap::new(),
             clock: 0,
             sent: Vec::new(),
             attempts: BTreeMap::new(),
@@ -91,8 +96,23 @@ impl World {
         Ok(())
     }
 
-    fn store(&mut self, progress: &Progress) -> Result<(), Killed> {
+    /// Stores the value and its writes in one transaction.
+    fn store(&mut self, progress: &Progress, writes: Vec<Write>) -> Result<(), Killed> {
         self.stored = serde_json::to_string(progress).unwrap();
+        for write in writes {
+            match write {
+                Write::KeepResult(item) => {
+                    self.stored_items.insert(item.result_key.clone(), item);
+                }
+                Write::Forget(key) => {
+                    self.stored_items.remove(&key);
+                }
+                Write::Park(row) => {
+                    self.stored_parked.insert(row.result_key.clone(), row);
+                }
+            }
+        }
+        assert!(progress.rows.len() <= MAX_WAITING + CHUNK);
         self.point()
     }
 
@@ -145,10 +165,10 @@ impl World {
             let outcome = self.send(&item)?;
             answers.push((item, outcome));
         }
-        assert!(p.commit(claim.chunk, answers, self.clock, &LIMITS, 0.5));
+        let writes = p.commit(claim.chunk, answers, self.clock, &LIMITS, 0.5);
         // The commit and the filter after the chunk are one transaction.
         self.stored_seen = seen.as_bytes().to_vec();
-        self.store(p)
+        self.store(p, writes.unwrap())
     }
 
     /// One step of the alarm, as the edge would perform it.
@@ -161,22 +181,23 @@ impl World {
                 let (_, to, last) = self.read(from, &mut seen);
                 self.point()?;
                 let claim = p.claim(to, last);
-                self.store(&p)?;
+                self.store(&p, Vec::new())?;
                 self.send_chunk(&mut p, claim)?;
             }
             Step::ResendChunk(claim) => self.send_chunk(&mut p, claim)?,
             Step::RetryRows(keys) => {
                 for key in keys {
-                    let item = p.begin_row(&key).unwrap();
-                    self.store(&p)?;
+                    assert!(p.begin_row(&key));
+                    self.store(&p, Vec::new())?;
+                    let item = self.stored_items[&key].clone();
                     let outcome = self.send(&item)?;
-                    p.finish_row(&key, &outcome, self.clock, &LIMITS, 0.5);
-                    self.store(&p)?;
+                    let write = p.finish_row(&key, &outcome, self.clock, &LIMITS, 0.5);
+                    self.store(&p, write.into_iter().collect())?;
                 }
             }
             Step::Alert(_) => {
                 p.alert_raised();
-                self.store(&p)?;
+                self.store(&p, Vec::new())?;
             }
             Step::Settled(results) => {
                 self.settled = Some(results);
@@ -314,7 +335,7 @@ fn a_stale_commit_for_another_chunk_changes_nothing() {
         true,
     );
     let before = p.clone();
-    assert!(!p.commit(5, Vec::new(), 0, &LIMITS, 0.0));
+    assert!(p.commit(5, Vec::new(), 0, &LIMITS, 0.0).is_none());
     assert_eq!(p, before);
 }
 
@@ -323,17 +344,29 @@ fn parked_results_retried_by_an_operator_go_once_under_their_first_id() {
     let mut world = World::new(20, None);
     world.run();
     let mut p: Progress = serde_json::from_str(&world.stored).unwrap();
-    assert_eq!(p.retry_parked(world.clock, true), 2, "a dry run counts");
     assert_eq!(p.counts.parked, 2);
-    assert_eq!(p.retry_parked(world.clock, false), 2);
+    assert_eq!(
+        world.stored_parked.len(),
+        2,
+        "parked rows are stored, not held"
+    );
+    assert!(p.rows.is_empty());
+    let page: Vec<Row> = world
+        .stored_parked
+        .values()
+        .take(p.room())
+        .cloned()
+        .collect();
+    assert_eq!(p.retry_parked(page, world.clock), 2);
     let Step::RetryRows(keys) = p.next(world.clock) else {
         panic!("rows due")
     };
     for key in keys {
-        let item = p.begin_row(&key).unwrap();
-        let id = result_message_id(OP, &item.result_key);
+        assert!(p.begin_row(&key));
+        let id = result_message_id(OP, &world.stored_items[&key].result_key);
         assert!(world.sent.iter().any(|(sent, _)| *sent == id), "first id");
-        p.finish_row(&key, &AttemptOutcome::Delivered, world.clock, &LIMITS, 0.0);
+        let write = p.finish_row(&key, &AttemptOutcome::Delivered, world.clock, &LIMITS, 0.0);
+        assert_eq!(write, Some(Write::Forget(key.clone())));
     }
     let Step::Settled(results) = p.next(world.clock) else {
         panic!("settled")
@@ -360,12 +393,50 @@ fn a_row_retry_waits_the_jobs_backoff() {
     let busy = AttemptOutcome::Retry("503".into());
     assert!(may_have_reached(&busy));
     assert!(!may_have_reached(&AttemptOutcome::Park("400".into())));
-    p.commit(claim.chunk, vec![(item, busy.clone())], 1_000, &LIMITS, 1.0);
+    let writes = p.commit(
+        claim.chunk,
+        vec![(item.clone(), busy.clone())],
+        1_000,
+        &LIMITS,
+        1.0,
+    );
+    assert_eq!(writes, Some(vec![Write::KeepResult(item)]));
     let wait = backoff_ms(1, LIMITS.retry_base_secs, LIMITS.retry_max_secs, 1.0);
     assert_eq!(p.next(1_000), Step::WaitUntil(1_000 + wait));
-    p.begin_row("a").unwrap();
+    assert!(p.begin_row("a"));
     p.finish_row("a", &busy, 2_000, &LIMITS, 1.0);
     let wait = backoff_ms(2, LIMITS.retry_base_secs, LIMITS.retry_max_secs, 1.0);
     assert_eq!(p.next(2_000), Step::WaitUntil(2_000 + wait));
     assert_eq!(p.rows["a"].attempts, 2);
+}
+
+#[test]
+fn a_destination_failing_everything_stops_the_reading_not_the_memory() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    let busy = AttemptOutcome::Retry("503".into());
+    let mut chunk = 0;
+    while let Step::ReadChunk { .. } = p.next(0) {
+        let from = p.done_through;
+        let to = Checkpoint {
+            offset: from.offset + 100,
+            index: from.index + CHUNK_RESULTS,
+        };
+        let claim = p.claim(to, false);
+        let answers = (from.index..to.index)
+            .map(|i| {
+                let item = ResultItem {
+                    result_key: format!("r{i}"),
+                    index: i,
+                    payload: crate::results::item::Payload::Response(json!({})),
+                };
+                (item, busy.clone())
+            })
+            .collect();
+        p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+        chunk += 1;
+        assert!(chunk < 1_000, "reading stopped");
+    }
+    assert!(p.rows.len() >= MAX_WAITING && p.rows.len() < MAX_WAITING + CHUNK_RESULTS as usize);
+    assert!(matches!(p.next(0), Step::WaitUntil(_)));
+    assert!(matches!(p.next(i64::MAX / 2), Step::RetryRows(_)));
 }
