@@ -199,19 +199,19 @@ pub struct JobOutcome {
 
 /// Why a consumer dropped entries unpolled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
+pub enum JobDrop {
     /// [`JOB_MAX_AGE_MS`] past the message's first slot, or its wait would end there.
     Expired,
     /// They were to be sent back, but the lease could not record where their slots end.
     LeaseUnreachable,
 }
 
-impl DropReason {
+impl JobDrop {
     /// The log label.
     pub fn label(self) -> &'static str {
         match self {
-            DropReason::Expired => "expired",
-            DropReason::LeaseUnreachable => "lease_unreachable",
+            JobDrop::Expired => "expired",
+            JobDrop::LeaseUnreachable => "lease_unreachable",
         }
     }
 }
@@ -374,7 +374,7 @@ impl Pass {
             if now_ms >= walk.job.expires_ms() {
                 // Too old: the next coverage schedules these afresh.
                 let late: Vec<JobEntry> = walk.job.entries.drain(walk.at..).collect();
-                self.drop_entries(&walk.job, late, DropReason::Expired, now_ms);
+                self.drop_entries(&walk.job, late, JobDrop::Expired, now_ms);
                 break;
             }
             if now_ms < self.status_backoff_until_ms {
@@ -421,7 +421,7 @@ impl Pass {
         });
         if let Some(job) = back.take_if(|j| j.not_before_ms >= j.expires_ms()) {
             // Its wait ends past its life: not sent back.
-            self.drop_entries(&walk.job, job.entries, DropReason::Expired, now_ms);
+            self.drop_entries(&walk.job, job.entries, JobDrop::Expired, now_ms);
         }
         self.phase = Phase::SendBack(SendBack {
             job: back,
@@ -478,7 +478,7 @@ impl Pass {
                 // Unrecorded, a copy could wait beside the next coverage's: dropped instead.
                 let entries = std::mem::take(&mut job.entries);
                 job.hops = job.hops.saturating_sub(1); // the hop it was to make is not made
-                self.drop_entries(&job, entries, DropReason::LeaseUnreachable, now_ms);
+                self.drop_entries(&job, entries, JobDrop::LeaseUnreachable, now_ms);
             }
         }
         self.phase = Phase::SendBack(back);
@@ -490,7 +490,7 @@ impl Pass {
         &mut self,
         job: &PollJob,
         entries: Vec<JobEntry>,
-        reason: DropReason,
+        reason: JobDrop,
         now_ms: i64,
     ) {
         if entries.is_empty() {
