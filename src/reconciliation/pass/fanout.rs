@@ -313,7 +313,7 @@ impl Pass {
                 if let Err(e) = sent {
                     self.report.errors += 1;
                     self.log(PassLog::error(format!("queue send: {e}")));
-                    self.job_outcome.retry = true;
+                    self.job = Some(JobOutcome { retry: true });
                 }
                 self.phase = Phase::Finish;
             }
@@ -349,7 +349,7 @@ impl Pass {
         pass.budget_limit = u32::MAX;
         pass.deadline_ms = i64::MAX;
         pass.walk_deadline_ms = i64::MAX;
-        pass.job = true;
+        pass.job = Some(JobOutcome::default());
         pass.phase = Phase::Job(JobWalk {
             job,
             at: 0,
@@ -517,8 +517,8 @@ impl Pass {
         self.answered(|a| *a == Awaiting::Sleep);
     }
 
-    /// How a consumer's message ended (once [`Intent::Done`]).
-    pub fn job_outcome(&self) -> &JobOutcome {
-        &self.job_outcome
+    /// How a consumer's message ended (once [`Intent::Done`]; the default for a pass).
+    pub fn job_outcome(&self) -> JobOutcome {
+        self.job.clone().unwrap_or_default()
     }
 }

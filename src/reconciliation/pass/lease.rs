@@ -189,7 +189,7 @@ impl Pass {
         self.sync_report();
         self.report.errors += self.heartbeat_errors;
         self.report.elapsed_ms = now_ms - self.started_ms;
-        if self.job {
+        if self.job.is_some() {
             self.log(PassLog::ReconcileJob(self.report.clone()));
         } else {
             self.log(PassLog::ReconcilePass(self.report.clone()));

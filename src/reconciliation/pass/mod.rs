@@ -208,9 +208,8 @@ pub struct Pass {
     audit_from: Option<LedgerCursor>,
     /// Where the polls scheduled on the fan-out queue end (from the lease, then this pass's).
     fed_until_ms: i64,
-    /// A consumer's pass over one queue message, and how it ended.
-    job: bool,
-    job_outcome: JobOutcome,
+    /// A consumer's pass over one queue message: how it ended (`None` for a pass).
+    job: Option<JobOutcome>,
     /// Where the routine walk says the next pass starts, and why it stopped.
     walked: Option<(LedgerCursor, Stop)>,
     /// How far the audit got, if it ran.
@@ -303,8 +302,7 @@ impl Pass {
             sweep: None,
             audit_from: None,
             fed_until_ms: 0,
-            job: false,
-            job_outcome: JobOutcome::default(),
+            job: None,
             walked: None,
             audited: None,
         }
