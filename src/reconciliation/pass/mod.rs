@@ -168,10 +168,6 @@ pub struct Pass {
     entry: Option<entry::Entry>,
     report: PassReport,
     logs: Vec<PassLog>,
-    /// Subrequests spent by the walk and the heartbeat together.
-    spent: u32,
-    renewals: u64,
-    heartbeat_errors: u64,
     /// Set by the heartbeat when the walk must stop: the lease was lost or may have lapsed,
     /// or no budget is left for another renewal.
     heartbeat_stop: Option<Stop>,
@@ -282,9 +278,6 @@ impl Pass {
             entry: None,
             report: PassReport::default(),
             logs: Vec::new(),
-            spent: 0,
-            renewals: 0,
-            heartbeat_errors: 0,
             heartbeat_stop: None,
             last_renewed_ms: now_ms,
             checkpoint: (LedgerCursor::default(), 0),
@@ -364,15 +357,16 @@ impl Pass {
         self.logs.push(line);
     }
 
-    /// Counts `n` subrequests against the budget the heartbeat shares.
+    /// Counts `n` subrequests against the budget the heartbeat shares (the report's count is
+    /// the one the budget is held to).
     fn spend(&mut self, n: u32) {
-        self.spent += n;
+        self.report.subrequests += n;
     }
 
     /// Room for `cost` more subrequests in the current walk's share, keeping one for the
     /// lease release.
     fn affords(&self, cost: u32) -> bool {
-        self.spent + cost < self.budget_limit
+        self.report.subrequests + cost < self.budget_limit
     }
 
     /// Why the walk must start nothing more, if it must: the heartbeat said so, or the
