@@ -267,7 +267,7 @@ impl Pass {
                 if decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds).is_empty() {
                     continue;
                 }
-                self.touched.insert(key.to_string());
+                self.seen.touched.insert(key.to_string());
                 let metadata = serde_json::to_value(&meta).unwrap_or(Value::Null);
                 bytes += name.len() + metadata.to_string().len() + 32;
                 job.entries.push(JobEntry { name, metadata });

@@ -42,8 +42,6 @@ mod webhook;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
-
 use serde_json::Value;
 
 use crate::operation::gate_protocol::GateCommand;
@@ -185,13 +183,8 @@ pub struct Pass {
     /// asked us to wait (ending within [`HOLD_BACKOFF_UP_TO_MS`]): the next pass starts there,
     /// so a rate limit does not leave the rest of the ledger unpolled for a whole coverage.
     first_unpolled: Option<LedgerCursor>,
-    /// The index as listed by this pass: key → the version its entry shows.
-    indexed: HashMap<String, u64>,
-    /// Whether that listing was the whole index (from the start to the end).
-    index_whole: bool,
-    /// Keys the routine walk acted on: their ledger entries may have changed since the index
-    /// was listed, so the audit does not judge them.
-    touched: HashSet<String>,
+    /// What the routine walk saw of the index, for the audit.
+    seen: walk::Seen,
     /// KV is not bound: nothing can be listed.
     kv_unbound: Option<String>,
     /// The webhook state last alerted on, as the lease kept it.
@@ -286,9 +279,7 @@ impl Pass {
             health: StatusHealth::default(),
             last_poll_ms: None,
             first_unpolled: None,
-            indexed: HashMap::new(),
-            index_whole: false,
-            touched: HashSet::new(),
+            seen: walk::Seen::default(),
             kv_unbound: None,
             webhook_alerted_state: None,
             webhook: None,

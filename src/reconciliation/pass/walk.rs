@@ -13,6 +13,7 @@
 //! pass (otherwise on every entry that may need work, and re-indexes nothing), never judges an
 //! entry the routine walk acted on, and saves its own cursor after each entry.
 
+use std::collections::{HashMap, HashSet};
 use std::mem;
 
 use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX, OP_PREFIX};
@@ -67,6 +68,18 @@ fn meta_of(key: &ListedKey) -> Option<LedgerMeta> {
     key.metadata
         .clone()
         .and_then(|m| serde_json::from_value(m).ok())
+}
+
+/// What the routine walk saw of the index, for the audit to judge the ledger against.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    /// The index as listed by this pass: key → the version its entry shows.
+    pub(super) indexed: HashMap<String, u64>,
+    /// Whether that listing was the whole index (from the start to the end).
+    pub(super) whole: bool,
+    /// Keys the routine walk acted on: their ledger entries may have changed since the index
+    /// was listed, so the audit does not judge them.
+    pub(super) touched: HashSet<String>,
 }
 
 /// What the audit does with one `op:` entry.
@@ -155,7 +168,7 @@ impl Pass {
             }
             self.report.visited += 1;
             if !actions.is_empty() {
-                self.touched.insert(key.to_string());
+                self.seen.touched.insert(key.to_string());
             }
             let steps = actions.into_iter().map(Step::Act).collect();
             self.entry = Some(Entry::new(name, key, meta, steps));
@@ -245,10 +258,10 @@ impl Pass {
 
     /// The window is listed: note what the index holds, and start after the last entry done.
     fn index_listed(&mut self, walk: &mut IndexWalk) {
-        self.index_whole = walk.window.is_none() && walk.next_window.is_none();
+        self.seen.whole = walk.window.is_none() && walk.next_window.is_none();
         for (name, meta) in &walk.entries {
             if let (Some(key), Some(meta)) = (name.strip_prefix(OPEN_PREFIX), meta) {
-                self.indexed.insert(key.to_string(), meta.version);
+                self.seen.indexed.insert(key.to_string(), meta.version);
             }
         }
         walk.position = LedgerCursor {
@@ -384,11 +397,11 @@ impl Pass {
     fn audit_turn(&mut self, key: &str, listed: &ListedKey, now_ms: i64) -> AuditTurn {
         let meta = meta_of(listed);
         let verdict = match &meta {
-            Some(_) if self.touched.contains(key) => AuditVerdict::Fine,
-            Some(m) => audit_verdict(m, self.index_whole, self.indexed.get(key).copied()),
+            Some(_) if self.seen.touched.contains(key) => AuditVerdict::Fine,
+            Some(m) => audit_verdict(m, self.seen.whole, self.seen.indexed.get(key).copied()),
             None => AuditVerdict::Fine,
         };
-        let reindex = self.index_whole && verdict != AuditVerdict::Fine;
+        let reindex = self.seen.whole && verdict != AuditVerdict::Fine;
         let actions = match (&meta, verdict) {
             (Some(m), AuditVerdict::Missed) => {
                 decide(m, now_ms.div_euclid(1_000), &self.limits.thresholds)
@@ -401,7 +414,7 @@ impl Pass {
         }
         if verdict == AuditVerdict::Missed {
             self.report.audit_found += 1;
-            if self.index_whole {
+            if self.seen.whole {
                 self.log(PassLog::IndexMissed {
                     key: key.to_string(),
                 });
