@@ -347,7 +347,6 @@ impl Pass {
     pub fn for_job(limits: super::Limits, job: PollJob, now_ms: i64) -> Pass {
         let mut pass = Pass::new(limits, "queue".into(), now_ms);
         pass.budget_limit = u32::MAX;
-        pass.deadline_ms = i64::MAX;
         pass.walk_deadline_ms = i64::MAX;
         pass.job = Some(JobOutcome::default());
         pass.phase = Phase::Job(JobWalk {

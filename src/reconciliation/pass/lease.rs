@@ -51,8 +51,7 @@ impl Pass {
                     // Keep a third of the budget and of the deadline for the audit.
                     let budget = i64::from(self.limits.budget);
                     self.budget_limit = (budget - audit_reserve(budget)) as u32;
-                    self.walk_deadline_ms =
-                        self.deadline_ms - audit_reserve(self.limits.deadline_ms);
+                    self.walk_deadline_ms -= audit_reserve(self.limits.deadline_ms);
                 }
                 self.webhook_alerted_state = webhook_alerted_state;
                 self.last_renewed_ms = now_ms;

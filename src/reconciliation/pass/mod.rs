@@ -154,9 +154,8 @@ pub struct Pass {
     limits: Limits,
     holder: String,
     started_ms: i64,
-    /// The whole pass's deadline, and the one the current walk may use: two thirds of it
-    /// for the routine walk when an audit is due; likewise the budget.
-    deadline_ms: i64,
+    /// The deadline the current walk may use: two thirds of the pass's for the routine walk
+    /// when an audit is due; likewise the budget.
     walk_deadline_ms: i64,
     budget_limit: u32,
     phase: Phase,
@@ -258,14 +257,12 @@ enum Flow {
 impl Pass {
     /// A pass for `holder` (unique per run), starting at `now_ms`.
     pub fn new(limits: Limits, holder: String, now_ms: i64) -> Pass {
-        let deadline_ms = now_ms + limits.deadline_ms;
         Pass {
             budget_limit: limits.budget,
+            walk_deadline_ms: now_ms + limits.deadline_ms,
             limits,
             holder,
             started_ms: now_ms,
-            deadline_ms,
-            walk_deadline_ms: deadline_ms,
             phase: Phase::Acquire,
             awaiting: None,
             entry: None,

@@ -303,7 +303,7 @@ impl Pass {
         };
         self.walked = Some(walked);
         self.budget_limit = self.limits.budget;
-        self.walk_deadline_ms = self.deadline_ms;
+        self.walk_deadline_ms = self.started_ms + self.limits.deadline_ms;
         match self.audit_from.take() {
             Some(from) if stop.audits_after() => {
                 self.report.audit = true;
