@@ -153,7 +153,7 @@ impl Pass {
             status_backoff_until_ms: self.status_backoff_until_ms,
             webhook_checked: webhook.is_some(),
             webhook_alerted_state: webhook.flatten(),
-            audit: self.audited.take(),
+            audit: self.audit_progress.take(),
             fed_until_ms: self.fed_sent(),
             summary: serde_json::json!({
                 "at": crate::timestamp::format_rfc3339(self.started_ms),

@@ -172,7 +172,8 @@ pub struct Pass {
     /// Where the next pass would start if this one died now, and the status back-off: sent
     /// with each renewal.
     checkpoint: (LedgerCursor, i64),
-    /// How far the audit has got, when this pass audits: sent with each renewal.
+    /// How far the audit has got, when this pass audits: sent with each renewal and with the
+    /// release.
     audit_progress: Option<AuditProgress>,
     status_backoff_until_ms: i64,
     health: StatusHealth,
@@ -200,8 +201,6 @@ pub struct Pass {
     job: Option<JobOutcome>,
     /// Where the routine walk says the next pass starts, and why it stopped.
     walked: Option<(LedgerCursor, Stop)>,
-    /// How far the audit got, if it ran.
-    audited: Option<AuditProgress>,
 }
 
 #[derive(Debug)]
@@ -285,7 +284,6 @@ impl Pass {
             fed_until_ms: 0,
             job: None,
             walked: None,
-            audited: None,
         }
     }
 

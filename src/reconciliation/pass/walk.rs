@@ -322,7 +322,7 @@ impl Pass {
     }
 
     fn audit_ended(&mut self, progress: AuditProgress) {
-        self.audited = Some(progress);
+        self.audit_progress = Some(progress);
         self.phase = Phase::Release;
     }
 
