@@ -226,13 +226,13 @@ impl Pass {
     /// Schedules the next messages of the window on the queue, or ends the walk.
     pub(super) fn feed_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Flow {
         let Some(fanout) = self.limits.fanout.clone() else {
-            return self.end_walk(walk.position.clone(), Stop::Error);
+            return self.walk_ended(walk.position.clone(), Stop::Error);
         };
         if let Some(stop) = self.must_stop(now_ms) {
-            return self.end_walk(walk.position.clone(), stop);
+            return self.walk_ended(walk.position.clone(), stop);
         }
         if !self.affords(1) {
-            return self.end_walk(walk.position.clone(), Stop::Budget);
+            return self.walk_ended(walk.position.clone(), Stop::Budget);
         }
         // One cron interval ahead: the queue holds about one interval of work, and the next
         // pass continues where this one stopped.
@@ -287,7 +287,7 @@ impl Pass {
             if full || walk.at < walk.entries.len() {
                 // The queue holds a cron interval of polls (or Gemini's wait runs past it):
                 // the next pass schedules the rest.
-                return self.end_walk(walk.position.clone(), Stop::Scheduled);
+                return self.walk_ended(walk.position.clone(), Stop::Scheduled);
             }
             return self.window_done(walk);
         }

@@ -98,7 +98,8 @@ impl Pass {
         if let Some(e) = self.kv_unbound.clone() {
             self.report.errors += 1;
             self.log(PassLog::error(format!("kv binding: {e}")));
-            return self.walk_ended(resume, Stop::Error);
+            self.walk_ended(resume, Stop::Error);
+            return;
         }
         self.phase = Phase::Index(IndexWalk {
             window: resume.cursor.clone(),
@@ -118,10 +119,10 @@ impl Pass {
     pub(super) fn index_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Flow {
         if !walk.listed {
             if let Some(stop) = self.must_stop(now_ms) {
-                return self.end_walk(walk.resume, stop);
+                return self.walk_ended(walk.resume, stop);
             }
             if !self.affords(1) {
-                return self.end_walk(walk.resume, Stop::Budget);
+                return self.walk_ended(walk.resume, Stop::Budget);
             }
             let cursor = walk.cursor.clone();
             self.phase = Phase::Index(walk);
@@ -131,7 +132,7 @@ impl Pass {
             // Copies of these entries may still wait on the queue (a lasting 429 sent them
             // back): scheduling or polling them now would poll them twice. The index is
             // listed all the same, so a due audit judges only what it missed.
-            return self.end_walk(walk.resume, Stop::StillQueued);
+            return self.walk_ended(walk.resume, Stop::StillQueued);
         }
         if self.entry.is_some() {
             if let Some(intent) = self.entry_step(now_ms) {
@@ -154,7 +155,7 @@ impl Pass {
                 continue;
             };
             if let Some(stop) = self.must_stop(now_ms) {
-                return self.end_walk(walk.position, stop);
+                return self.walk_ended(walk.position, stop);
             }
             let Some(meta) = meta.take() else {
                 self.unreadable_metadata(key);
@@ -164,7 +165,7 @@ impl Pass {
             let actions = decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds);
             let cost: u32 = actions.iter().map(Action::cost).sum();
             if !self.affords(cost) {
-                return self.end_walk(walk.position, Stop::Budget);
+                return self.walk_ended(walk.position, Stop::Budget);
             }
             self.report.visited += 1;
             if !actions.is_empty() {
@@ -182,8 +183,8 @@ impl Pass {
     /// index from its start.
     pub(super) fn window_done(&mut self, walk: IndexWalk) -> Flow {
         match walk.next_window {
-            None => self.end_walk(LedgerCursor::default(), Stop::Complete),
-            Some(c) => self.end_walk(
+            None => self.walk_ended(LedgerCursor::default(), Stop::Complete),
+            Some(c) => self.walk_ended(
                 LedgerCursor {
                     cursor: Some(c),
                     after_key: None,
@@ -231,7 +232,7 @@ impl Pass {
             Err(e) => {
                 self.report.errors += 1;
                 self.log(PassLog::error(format!("kv list: {e}")));
-                self.end_walk(walk.resume, Stop::Error);
+                self.walk_ended(walk.resume, Stop::Error);
                 return;
             }
         };
@@ -288,14 +289,9 @@ impl Pass {
         });
     }
 
-    pub(super) fn end_walk(&mut self, resume: LedgerCursor, stop: Stop) -> Flow {
-        self.walk_ended(resume, stop);
-        Flow::Continue
-    }
-
     /// The routine walk stopped: entries skipped for a short back-off hold the resume point
     /// back; then the audit runs if it is due and the walk did not lose the lease or fail.
-    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) {
+    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) -> Flow {
         let walked = match self.first_unpolled.take() {
             Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
             Some(held) => (held, stop),
@@ -319,11 +315,13 @@ impl Pass {
             _ => self.phase = Phase::Release,
         }
         self.announce_after_walk();
+        Flow::Continue
     }
 
-    fn audit_ended(&mut self, progress: AuditProgress) {
+    fn audit_ended(&mut self, progress: AuditProgress) -> Flow {
         self.audit_progress = Some(progress);
         self.phase = Phase::Release;
+        Flow::Continue
     }
 
     pub(super) fn audit_step(&mut self, mut walk: AuditWalk, now_ms: i64) -> Flow {
@@ -338,8 +336,7 @@ impl Pass {
         }
         let Some((page, mut at)) = walk.page.take() else {
             if self.must_stop(now_ms).is_some() || !self.affords(1) {
-                self.audit_ended(stopped(walk.resume));
-                return Flow::Continue;
+                return self.audit_ended(stopped(walk.resume));
             }
             let cursor = walk.resume.cursor.clone();
             self.phase = Phase::Audit(walk);
@@ -354,13 +351,11 @@ impl Pass {
                 continue;
             };
             if self.must_stop(now_ms).is_some() {
-                self.audit_ended(stopped(walk.resume));
-                return Flow::Continue;
+                return self.audit_ended(stopped(walk.resume));
             }
             match self.audit_turn(key, listed, now_ms) {
                 AuditTurn::OutOfBudget => {
-                    self.audit_ended(stopped(walk.resume));
-                    return Flow::Continue;
+                    return self.audit_ended(stopped(walk.resume));
                 }
                 AuditTurn::Act(entry) => {
                     self.entry = Some(*entry);
@@ -376,11 +371,10 @@ impl Pass {
         }
         if page.list_complete || page.cursor.is_none() {
             self.report.audit_complete = true;
-            self.audit_ended(AuditProgress {
+            return self.audit_ended(AuditProgress {
                 resume: LedgerCursor::default(),
                 complete: true,
             });
-            return Flow::Continue;
         }
         walk.resume = LedgerCursor {
             cursor: page.cursor,
