@@ -8,7 +8,8 @@
 //! destination's health and pace), and the configuration, access
 //! (who may call which admin route), listing and the two answers every room shares beside
 //! them: [`retry`] (what a peer answered and whether a retry can help) and [`refusal`] (why
-//! a request is refused, and with what status).
+//! a request is refused, and with what status). [`results`] makes each result of a batch its
+//! own side effect (its core only: the gate does not drive it yet).
 //! Dependencies run one way: `inbound` and `reconciliation` use `operation`; `operation` uses
 //! only the crate-level helpers and `telemetry`. `edge`
 //! (wasm32 only, so not linked from host docs) is the thin Worker around them. docs/DESIGN.md states the invariants.
@@ -17,6 +18,7 @@
 pub mod inbound;
 pub mod operation;
 pub mod reconciliation;
+pub mod results;
 pub mod telemetry;
 
 pub mod alert_format;

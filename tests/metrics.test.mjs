@@ -205,7 +205,7 @@ describe("GET /metrics", () => {
     await eventually(async () => {
       const body = await (await fetch(`${promUrl}/api/v1/alerts`)).json();
       const names = body.data.alerts.map((a) => a.labels.alertname);
-      return ["GeminiOnceNoCompleteReconcilePass", "GeminiOnceDestinationOpen", "GeminiOnceDown", "GeminiOnceGeminiWebhookNotOk"].every((n) => !names.includes(n));
+      return ["GeminiOnceNoCompleteReconcilePass", "GeminiOnceDestinationOpen", "GeminiOnceDown", "GeminiOnceGeminiWebhookNotOk", "GeminiOnceStuckOperations"].every((n) => !names.includes(n));
     }, { timeoutMs: 20000, what: "no alert but the park's" });
   });
 

@@ -130,8 +130,7 @@ impl Pass {
         let key = self
             .entry
             .as_ref()
-            .map(|e| e.key.clone())
-            .unwrap_or_default();
+            .map_or_else(String::new, |e| e.key.clone());
         Intent::CallGate { key, command }
     }
 
@@ -332,8 +331,7 @@ impl Pass {
         let key = self
             .entry
             .as_ref()
-            .map(|e| e.key.clone())
-            .unwrap_or_default();
+            .map_or_else(String::new, |e| e.key.clone());
         let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {

@@ -199,19 +199,19 @@ pub struct JobOutcome {
 
 /// Why a consumer dropped entries unpolled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
+pub enum JobDrop {
     /// [`JOB_MAX_AGE_MS`] past the message's first slot, or its wait would end there.
     Expired,
     /// They were to be sent back, but the lease could not record where their slots end.
     LeaseUnreachable,
 }
 
-impl DropReason {
+impl JobDrop {
     /// The log label.
     pub fn label(self) -> &'static str {
         match self {
-            DropReason::Expired => "expired",
-            DropReason::LeaseUnreachable => "lease_unreachable",
+            JobDrop::Expired => "expired",
+            JobDrop::LeaseUnreachable => "lease_unreachable",
         }
     }
 }
@@ -226,13 +226,13 @@ impl Pass {
     /// Schedules the next messages of the window on the queue, or ends the walk.
     pub(super) fn feed_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Flow {
         let Some(fanout) = self.limits.fanout.clone() else {
-            return self.end_walk(walk.position.clone(), Stop::Error);
+            return self.walk_ended(walk.position.clone(), Stop::Error);
         };
         if let Some(stop) = self.must_stop(now_ms) {
-            return self.end_walk(walk.position.clone(), stop);
+            return self.walk_ended(walk.position.clone(), stop);
         }
         if !self.affords(1) {
-            return self.end_walk(walk.position.clone(), Stop::Budget);
+            return self.walk_ended(walk.position.clone(), Stop::Budget);
         }
         // One cron interval ahead: the queue holds about one interval of work, and the next
         // pass continues where this one stopped.
@@ -267,7 +267,7 @@ impl Pass {
                 if decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds).is_empty() {
                     continue;
                 }
-                self.touched.insert(key.to_string());
+                self.seen.touched.insert(key.to_string());
                 let metadata = serde_json::to_value(&meta).unwrap_or(Value::Null);
                 bytes += name.len() + metadata.to_string().len() + 32;
                 job.entries.push(JobEntry { name, metadata });
@@ -287,7 +287,7 @@ impl Pass {
             if full || walk.at < walk.entries.len() {
                 // The queue holds a cron interval of polls (or Gemini's wait runs past it):
                 // the next pass schedules the rest.
-                return self.end_walk(walk.position.clone(), Stop::Scheduled);
+                return self.walk_ended(walk.position.clone(), Stop::Scheduled);
             }
             return self.window_done(walk);
         }
@@ -313,7 +313,7 @@ impl Pass {
                 if let Err(e) = sent {
                     self.report.errors += 1;
                     self.log(PassLog::error(format!("queue send: {e}")));
-                    self.job_outcome.retry = true;
+                    self.job = Some(JobOutcome { retry: true });
                 }
                 self.phase = Phase::Finish;
             }
@@ -347,9 +347,8 @@ impl Pass {
     pub fn for_job(limits: super::Limits, job: PollJob, now_ms: i64) -> Pass {
         let mut pass = Pass::new(limits, "queue".into(), now_ms);
         pass.budget_limit = u32::MAX;
-        pass.deadline_ms = i64::MAX;
         pass.walk_deadline_ms = i64::MAX;
-        pass.job = true;
+        pass.job = Some(JobOutcome::default());
         pass.phase = Phase::Job(JobWalk {
             job,
             at: 0,
@@ -374,7 +373,7 @@ impl Pass {
             if now_ms >= walk.job.expires_ms() {
                 // Too old: the next coverage schedules these afresh.
                 let late: Vec<JobEntry> = walk.job.entries.drain(walk.at..).collect();
-                self.drop_entries(&walk.job, late, DropReason::Expired, now_ms);
+                self.drop_entries(&walk.job, late, JobDrop::Expired, now_ms);
                 break;
             }
             if now_ms < self.status_backoff_until_ms {
@@ -421,7 +420,7 @@ impl Pass {
         });
         if let Some(job) = back.take_if(|j| j.not_before_ms >= j.expires_ms()) {
             // Its wait ends past its life: not sent back.
-            self.drop_entries(&walk.job, job.entries, DropReason::Expired, now_ms);
+            self.drop_entries(&walk.job, job.entries, JobDrop::Expired, now_ms);
         }
         self.phase = Phase::SendBack(SendBack {
             job: back,
@@ -478,7 +477,7 @@ impl Pass {
                 // Unrecorded, a copy could wait beside the next coverage's: dropped instead.
                 let entries = std::mem::take(&mut job.entries);
                 job.hops = job.hops.saturating_sub(1); // the hop it was to make is not made
-                self.drop_entries(&job, entries, DropReason::LeaseUnreachable, now_ms);
+                self.drop_entries(&job, entries, JobDrop::LeaseUnreachable, now_ms);
             }
         }
         self.phase = Phase::SendBack(back);
@@ -490,7 +489,7 @@ impl Pass {
         &mut self,
         job: &PollJob,
         entries: Vec<JobEntry>,
-        reason: DropReason,
+        reason: JobDrop,
         now_ms: i64,
     ) {
         if entries.is_empty() {
@@ -517,8 +516,8 @@ impl Pass {
         self.answered(|a| *a == Awaiting::Sleep);
     }
 
-    /// How a consumer's message ended (once [`Intent::Done`]).
-    pub fn job_outcome(&self) -> &JobOutcome {
-        &self.job_outcome
+    /// How a consumer's message ended (once [`Intent::Done`]; the default for a pass).
+    pub fn job_outcome(&self) -> JobOutcome {
+        self.job.clone().unwrap_or_default()
     }
 }

@@ -51,8 +51,7 @@ impl Pass {
                     // Keep a third of the budget and of the deadline for the audit.
                     let budget = i64::from(self.limits.budget);
                     self.budget_limit = (budget - audit_reserve(budget)) as u32;
-                    self.walk_deadline_ms =
-                        self.deadline_ms - audit_reserve(self.limits.deadline_ms);
+                    self.walk_deadline_ms -= audit_reserve(self.limits.deadline_ms);
                 }
                 self.webhook_alerted_state = webhook_alerted_state;
                 self.last_renewed_ms = now_ms;
@@ -74,14 +73,18 @@ impl Pass {
     }
 
     /// A heartbeat tick: the renewal to send (answer with [`Pass::on_renewed`]), or `None`
-    /// when the budget has no room for it and the release, which stops the walk.
+    /// once the pass is over, or when the budget has no room for it and the release, which
+    /// stops the walk.
     pub fn on_heartbeat(&mut self) -> Option<LeaseCommand> {
-        if self.spent + 2 > self.limits.budget {
+        if matches!(self.phase, Phase::Done) {
+            return None; // the line is logged: nothing is held, nothing more is counted
+        }
+        if self.report.subrequests + 2 > self.limits.budget {
             self.heartbeat_stop = Some(Stop::Budget);
             return None;
         }
         self.spend(1);
-        self.renewals += 1;
+        self.report.lease_renewals += 1;
         let (resume, status_backoff_until_ms) = self.checkpoint.clone();
         Some(LeaseCommand::Renew {
             holder: self.holder.clone(),
@@ -108,7 +111,7 @@ impl Pass {
                 false
             }
             Err(e) => {
-                self.heartbeat_errors += 1;
+                self.report.errors += 1;
                 self.log(PassLog::error(format!("lease renewal: {e}")));
                 if lease_presumed_lapsed(now_ms, self.last_renewed_ms, self.limits.lease_ttl_ms) {
                     self.heartbeat_stop = Some(Stop::LeaseLapsed);
@@ -142,7 +145,6 @@ impl Pass {
         }
         self.spend(1);
         self.report.elapsed_ms = now_ms - self.started_ms;
-        self.sync_report();
         let webhook = self.webhook.take();
         let release = LeaseCommand::Release {
             holder: self.holder.clone(),
@@ -151,7 +153,7 @@ impl Pass {
             status_backoff_until_ms: self.status_backoff_until_ms,
             webhook_checked: webhook.is_some(),
             webhook_alerted_state: webhook.flatten(),
-            audit: self.audited.take(),
+            audit: self.audit_progress.take(),
             fed_until_ms: self.fed_sent(),
             summary: serde_json::json!({
                 "at": crate::timestamp::format_rfc3339(self.started_ms),
@@ -186,21 +188,14 @@ impl Pass {
 
     /// The pass's line (a consumer's, for a queue message), and the end.
     pub(super) fn finish(&mut self, now_ms: i64) -> Flow {
-        self.sync_report();
-        self.report.errors += self.heartbeat_errors;
         self.report.elapsed_ms = now_ms - self.started_ms;
-        if self.job {
+        if self.job.is_some() {
             self.log(PassLog::ReconcileJob(self.report.clone()));
         } else {
             self.log(PassLog::ReconcilePass(self.report.clone()));
         }
         self.phase = Phase::Done;
         Flow::Continue
-    }
-
-    fn sync_report(&mut self) {
-        self.report.subrequests = self.spent;
-        self.report.lease_renewals = self.renewals;
     }
 }
 

@@ -42,8 +42,6 @@ mod webhook;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
-
 use serde_json::Value;
 
 use crate::operation::gate::protocol::GateCommand;
@@ -156,9 +154,8 @@ pub struct Pass {
     limits: Limits,
     holder: String,
     started_ms: i64,
-    /// The whole pass's deadline, and the one the current walk may use: two thirds of it
-    /// for the routine walk when an audit is due; likewise the budget.
-    deadline_ms: i64,
+    /// The deadline the current walk may use: two thirds of the pass's for the routine walk
+    /// when an audit is due; likewise the budget.
     walk_deadline_ms: i64,
     budget_limit: u32,
     phase: Phase,
@@ -168,10 +165,6 @@ pub struct Pass {
     entry: Option<entry::Entry>,
     report: PassReport,
     logs: Vec<PassLog>,
-    /// Subrequests spent by the walk and the heartbeat together.
-    spent: u32,
-    renewals: u64,
-    heartbeat_errors: u64,
     /// Set by the heartbeat when the walk must stop: the lease was lost or may have lapsed,
     /// or no budget is left for another renewal.
     heartbeat_stop: Option<Stop>,
@@ -179,7 +172,8 @@ pub struct Pass {
     /// Where the next pass would start if this one died now, and the status back-off: sent
     /// with each renewal.
     checkpoint: (LedgerCursor, i64),
-    /// How far the audit has got, when this pass audits: sent with each renewal.
+    /// How far the audit has got, when this pass audits: sent with each renewal and with the
+    /// release.
     audit_progress: Option<AuditProgress>,
     status_backoff_until_ms: i64,
     health: StatusHealth,
@@ -189,13 +183,8 @@ pub struct Pass {
     /// asked us to wait (ending within [`HOLD_BACKOFF_UP_TO_MS`]): the next pass starts there,
     /// so a rate limit does not leave the rest of the ledger unpolled for a whole coverage.
     first_unpolled: Option<LedgerCursor>,
-    /// The index as listed by this pass: key → the version its entry shows.
-    indexed: HashMap<String, u64>,
-    /// Whether that listing was the whole index (from the start to the end).
-    index_whole: bool,
-    /// Keys the routine walk acted on: their ledger entries may have changed since the index
-    /// was listed, so the audit does not judge them.
-    touched: HashSet<String>,
+    /// What the routine walk saw of the index, for the audit.
+    seen: walk::Seen,
     /// KV is not bound: nothing can be listed.
     kv_unbound: Option<String>,
     /// The webhook state last alerted on, as the lease kept it.
@@ -208,13 +197,10 @@ pub struct Pass {
     audit_from: Option<LedgerCursor>,
     /// Where the polls scheduled on the fan-out queue end (from the lease, then this pass's).
     fed_until_ms: i64,
-    /// A consumer's pass over one queue message, and how it ended.
-    job: bool,
-    job_outcome: JobOutcome,
+    /// A consumer's pass over one queue message: how it ended (`None` for a pass).
+    job: Option<JobOutcome>,
     /// Where the routine walk says the next pass starts, and why it stopped.
     walked: Option<(LedgerCursor, Stop)>,
-    /// How far the audit got, if it ran.
-    audited: Option<AuditProgress>,
 }
 
 #[derive(Debug)]
@@ -270,22 +256,17 @@ enum Flow {
 impl Pass {
     /// A pass for `holder` (unique per run), starting at `now_ms`.
     pub fn new(limits: Limits, holder: String, now_ms: i64) -> Pass {
-        let deadline_ms = now_ms + limits.deadline_ms;
         Pass {
             budget_limit: limits.budget,
+            walk_deadline_ms: now_ms + limits.deadline_ms,
             limits,
             holder,
             started_ms: now_ms,
-            deadline_ms,
-            walk_deadline_ms: deadline_ms,
             phase: Phase::Acquire,
             awaiting: None,
             entry: None,
             report: PassReport::default(),
             logs: Vec::new(),
-            spent: 0,
-            renewals: 0,
-            heartbeat_errors: 0,
             heartbeat_stop: None,
             last_renewed_ms: now_ms,
             checkpoint: (LedgerCursor::default(), 0),
@@ -294,19 +275,15 @@ impl Pass {
             health: StatusHealth::default(),
             last_poll_ms: None,
             first_unpolled: None,
-            indexed: HashMap::new(),
-            index_whole: false,
-            touched: HashSet::new(),
+            seen: walk::Seen::default(),
             kv_unbound: None,
             webhook_alerted_state: None,
             webhook: None,
             sweep: None,
             audit_from: None,
             fed_until_ms: 0,
-            job: false,
-            job_outcome: JobOutcome::default(),
+            job: None,
             walked: None,
-            audited: None,
         }
     }
 
@@ -366,15 +343,16 @@ impl Pass {
         self.logs.push(line);
     }
 
-    /// Counts `n` subrequests against the budget the heartbeat shares.
+    /// Counts `n` subrequests against the budget the heartbeat shares (the report's count is
+    /// the one the budget is held to).
     fn spend(&mut self, n: u32) {
-        self.spent += n;
+        self.report.subrequests += n;
     }
 
     /// Room for `cost` more subrequests in the current walk's share, keeping one for the
     /// lease release.
     fn affords(&self, cost: u32) -> bool {
-        self.spent + cost < self.budget_limit
+        self.report.subrequests + cost < self.budget_limit
     }
 
     /// Why the walk must start nothing more, if it must: the heartbeat said so, or the

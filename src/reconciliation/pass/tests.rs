@@ -348,9 +348,9 @@ fn drive(mut pass: Pass, mut w: World) -> Outcome {
             .extend(pass.drain_logs().iter().map(PassLog::to_value));
     }
     out.report = pass.report().clone();
-    out.job = pass.job_outcome().clone();
+    out.job = pass.job_outcome();
     let line = out.logs.last().expect("the pass's line");
-    let want = if pass.job {
+    let want = if pass.job.is_some() {
         "reconcile_job"
     } else {
         "reconcile_pass"

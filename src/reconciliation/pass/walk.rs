@@ -13,6 +13,7 @@
 //! pass (otherwise on every entry that may need work, and re-indexes nothing), never judges an
 //! entry the routine walk acted on, and saves its own cursor after each entry.
 
+use std::collections::{HashMap, HashSet};
 use std::mem;
 
 use crate::operation::ledger::{LedgerMeta, OpenCounts, OPEN_PREFIX, OP_PREFIX};
@@ -69,6 +70,18 @@ fn meta_of(key: &ListedKey) -> Option<LedgerMeta> {
         .and_then(|m| serde_json::from_value(m).ok())
 }
 
+/// What the routine walk saw of the index, for the audit to judge the ledger against.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    /// The index as listed by this pass: key → the version its entry shows.
+    pub(super) indexed: HashMap<String, u64>,
+    /// Whether that listing was the whole index (from the start to the end).
+    pub(super) whole: bool,
+    /// Keys the routine walk acted on: their ledger entries may have changed since the index
+    /// was listed, so the audit does not judge them.
+    pub(super) touched: HashSet<String>,
+}
+
 /// What the audit does with one `op:` entry.
 enum AuditTurn {
     /// Nothing: move past it.
@@ -85,7 +98,8 @@ impl Pass {
         if let Some(e) = self.kv_unbound.clone() {
             self.report.errors += 1;
             self.log(PassLog::error(format!("kv binding: {e}")));
-            return self.walk_ended(resume, Stop::Error);
+            self.walk_ended(resume, Stop::Error);
+            return;
         }
         self.phase = Phase::Index(IndexWalk {
             window: resume.cursor.clone(),
@@ -105,10 +119,10 @@ impl Pass {
     pub(super) fn index_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Flow {
         if !walk.listed {
             if let Some(stop) = self.must_stop(now_ms) {
-                return self.end_walk(walk.resume, stop);
+                return self.walk_ended(walk.resume, stop);
             }
             if !self.affords(1) {
-                return self.end_walk(walk.resume, Stop::Budget);
+                return self.walk_ended(walk.resume, Stop::Budget);
             }
             let cursor = walk.cursor.clone();
             self.phase = Phase::Index(walk);
@@ -118,7 +132,7 @@ impl Pass {
             // Copies of these entries may still wait on the queue (a lasting 429 sent them
             // back): scheduling or polling them now would poll them twice. The index is
             // listed all the same, so a due audit judges only what it missed.
-            return self.end_walk(walk.resume, Stop::StillQueued);
+            return self.walk_ended(walk.resume, Stop::StillQueued);
         }
         if self.entry.is_some() {
             if let Some(intent) = self.entry_step(now_ms) {
@@ -141,7 +155,7 @@ impl Pass {
                 continue;
             };
             if let Some(stop) = self.must_stop(now_ms) {
-                return self.end_walk(walk.position, stop);
+                return self.walk_ended(walk.position, stop);
             }
             let Some(meta) = meta.take() else {
                 self.unreadable_metadata(key);
@@ -151,11 +165,11 @@ impl Pass {
             let actions = decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds);
             let cost: u32 = actions.iter().map(Action::cost).sum();
             if !self.affords(cost) {
-                return self.end_walk(walk.position, Stop::Budget);
+                return self.walk_ended(walk.position, Stop::Budget);
             }
             self.report.visited += 1;
             if !actions.is_empty() {
-                self.touched.insert(key.to_string());
+                self.seen.touched.insert(key.to_string());
             }
             let steps = actions.into_iter().map(Step::Act).collect();
             self.entry = Some(Entry::new(name, key, meta, steps));
@@ -169,8 +183,8 @@ impl Pass {
     /// index from its start.
     pub(super) fn window_done(&mut self, walk: IndexWalk) -> Flow {
         match walk.next_window {
-            None => self.end_walk(LedgerCursor::default(), Stop::Complete),
-            Some(c) => self.end_walk(
+            None => self.walk_ended(LedgerCursor::default(), Stop::Complete),
+            Some(c) => self.walk_ended(
                 LedgerCursor {
                     cursor: Some(c),
                     after_key: None,
@@ -218,7 +232,7 @@ impl Pass {
             Err(e) => {
                 self.report.errors += 1;
                 self.log(PassLog::error(format!("kv list: {e}")));
-                self.end_walk(walk.resume, Stop::Error);
+                self.walk_ended(walk.resume, Stop::Error);
                 return;
             }
         };
@@ -245,12 +259,12 @@ impl Pass {
 
     /// The window is listed: note what the index holds, and start after the last entry done.
     fn index_listed(&mut self, walk: &mut IndexWalk) {
-        self.index_whole = walk.window.is_none() && walk.next_window.is_none();
+        self.seen.whole = walk.window.is_none() && walk.next_window.is_none();
         let metas = walk.entries.iter().filter_map(|(_, meta)| meta.as_ref());
-        self.report.open = self.index_whole.then(|| OpenCounts::of(metas));
+        self.report.open = self.seen.whole.then(|| OpenCounts::of(metas));
         for (name, meta) in &walk.entries {
             if let (Some(key), Some(meta)) = (name.strip_prefix(OPEN_PREFIX), meta) {
-                self.indexed.insert(key.to_string(), meta.version);
+                self.seen.indexed.insert(key.to_string(), meta.version);
             }
         }
         walk.position = LedgerCursor {
@@ -277,14 +291,9 @@ impl Pass {
         });
     }
 
-    pub(super) fn end_walk(&mut self, resume: LedgerCursor, stop: Stop) -> Flow {
-        self.walk_ended(resume, stop);
-        Flow::Continue
-    }
-
     /// The routine walk stopped: entries skipped for a short back-off hold the resume point
     /// back; then the audit runs if it is due and the walk did not lose the lease or fail.
-    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) {
+    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) -> Flow {
         let walked = match self.first_unpolled.take() {
             Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
             Some(held) => (held, stop),
@@ -292,7 +301,7 @@ impl Pass {
         };
         self.walked = Some(walked);
         self.budget_limit = self.limits.budget;
-        self.walk_deadline_ms = self.deadline_ms;
+        self.walk_deadline_ms = self.started_ms + self.limits.deadline_ms;
         match self.audit_from.take() {
             Some(from) if stop.audits_after() => {
                 self.report.audit = true;
@@ -308,11 +317,13 @@ impl Pass {
             _ => self.phase = Phase::Release,
         }
         self.announce_after_walk();
+        Flow::Continue
     }
 
-    fn audit_ended(&mut self, progress: AuditProgress) {
-        self.audited = Some(progress);
+    fn audit_ended(&mut self, progress: AuditProgress) -> Flow {
+        self.audit_progress = Some(progress);
         self.phase = Phase::Release;
+        Flow::Continue
     }
 
     pub(super) fn audit_step(&mut self, mut walk: AuditWalk, now_ms: i64) -> Flow {
@@ -327,8 +338,7 @@ impl Pass {
         }
         let Some((page, mut at)) = walk.page.take() else {
             if self.must_stop(now_ms).is_some() || !self.affords(1) {
-                self.audit_ended(stopped(walk.resume));
-                return Flow::Continue;
+                return self.audit_ended(stopped(walk.resume));
             }
             let cursor = walk.resume.cursor.clone();
             self.phase = Phase::Audit(walk);
@@ -343,13 +353,11 @@ impl Pass {
                 continue;
             };
             if self.must_stop(now_ms).is_some() {
-                self.audit_ended(stopped(walk.resume));
-                return Flow::Continue;
+                return self.audit_ended(stopped(walk.resume));
             }
             match self.audit_turn(key, listed, now_ms) {
                 AuditTurn::OutOfBudget => {
-                    self.audit_ended(stopped(walk.resume));
-                    return Flow::Continue;
+                    return self.audit_ended(stopped(walk.resume));
                 }
                 AuditTurn::Act(entry) => {
                     self.entry = Some(*entry);
@@ -365,11 +373,10 @@ impl Pass {
         }
         if page.list_complete || page.cursor.is_none() {
             self.report.audit_complete = true;
-            self.audit_ended(AuditProgress {
+            return self.audit_ended(AuditProgress {
                 resume: LedgerCursor::default(),
                 complete: true,
             });
-            return Flow::Continue;
         }
         walk.resume = LedgerCursor {
             cursor: page.cursor,
@@ -386,11 +393,11 @@ impl Pass {
     fn audit_turn(&mut self, key: &str, listed: &ListedKey, now_ms: i64) -> AuditTurn {
         let meta = meta_of(listed);
         let verdict = match &meta {
-            Some(_) if self.touched.contains(key) => AuditVerdict::Fine,
-            Some(m) => audit_verdict(m, self.index_whole, self.indexed.get(key).copied()),
+            Some(_) if self.seen.touched.contains(key) => AuditVerdict::Fine,
+            Some(m) => audit_verdict(m, self.seen.whole, self.seen.indexed.get(key).copied()),
             None => AuditVerdict::Fine,
         };
-        let reindex = self.index_whole && verdict != AuditVerdict::Fine;
+        let reindex = self.seen.whole && verdict != AuditVerdict::Fine;
         let actions = match (&meta, verdict) {
             (Some(m), AuditVerdict::Missed) => {
                 decide(m, now_ms.div_euclid(1_000), &self.limits.thresholds)
@@ -403,7 +410,7 @@ impl Pass {
         }
         if verdict == AuditVerdict::Missed {
             self.report.audit_found += 1;
-            if self.index_whole {
+            if self.seen.whole {
                 self.log(PassLog::IndexMissed {
                     key: key.to_string(),
                 });

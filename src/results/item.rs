@@ -1,0 +1,219 @@
+//! One result of a batch, from a file's line or an inline item.
+//!
+//! Guarantees: every line and every item is one result, whatever it holds: a line that is not
+//! JSON, or has neither `response` nor `error`, is a result whose payload says why it could not
+//! be read (never a stop), and a line over the cap is a result that says where it is (file,
+//! index, byte offset, size). `response` and `error` are kept as Gemini wrote them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::results::keys::{inline_keys, item_hash, key_text, KeysSeen};
+use crate::results::lines::Piece;
+
+/// What a result carries to its destination.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Payload {
+    /// The request's `response`, as Gemini wrote it.
+    Response(Value),
+    /// The request's `error`, as Gemini wrote it.
+    Error(Value),
+    /// The line could not be read as a result: why, and where it is.
+    Unreadable(Value),
+}
+
+impl Payload {
+    /// Whether the result is an error (Gemini's, or a line that could not be read).
+    pub fn is_error(&self) -> bool {
+        !matches!(self, Payload::Response(_))
+    }
+}
+
+/// A result, ready to become its own side effect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultItem {
+    pub result_key: String,
+    pub index: u64,
+    pub payload: Payload,
+}
+
+/// Where the results come from, for the unreadable ones' locations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Source {
+    /// A results file, by its `files/...` name.
+    File { name: String },
+    /// The status answer's inline responses.
+    Inline,
+}
+
+/// The payload of a parsed line or item: `response`, else `error`, else unreadable.
+fn payload_of(value: &Value, locate: impl Fn(&str) -> Value) -> Payload {
+    if let Some(response) = value.get("response") {
+        Payload::Response(response.clone())
+    } else if let Some(error) = value.get("error") {
+        Payload::Error(error.clone())
+    } else {
+        Payload::Unreadable(locate("neither response nor error"))
+    }
+}
+
+/// A file's line as a result; `seen` gives it its result key.
+pub fn from_piece(piece: &Piece, file: &str, seen: &mut KeysSeen) -> ResultItem {
+    let (index, offset) = match piece {
+        Piece::Line { index, offset, .. } | Piece::TooLarge { index, offset, .. } => {
+            (*index, *offset)
+        }
+    };
+    let locate = |reason: &str, size: usize| json!({"reason": reason, "file": file, "index": index, "byte_offset": offset, "size": size});
+    let (key, payload) = match piece {
+        Piece::TooLarge { size, .. } => (
+            None,
+            Payload::Unreadable(locate("line over the size cap", *size as usize)),
+        ),
+        Piece::Line { bytes, .. } => match serde_json::from_slice::<Value>(bytes) {
+            Ok(value) if value.is_object() => (
+                key_text(value.get("key")),
+                payload_of(&value, |why| locate(why, bytes.len())),
+            ),
+            _ => (
+                None,
+                Payload::Unreadable(locate("not a JSON object", bytes.len())),
+            ),
+        },
+    };
+    ResultItem {
+        result_key: seen.take(key.as_deref(), index),
+        index,
+        payload,
+    }
+}
+
+/// An inline batch's items as results, ordered by result key; an item's index is its
+/// position in that order, so both are the same however the items came back.
+pub fn from_inline(items: &[Value]) -> Vec<ResultItem> {
+    let named: Vec<(Option<String>, String)> = items
+        .iter()
+        .map(|item| {
+            let key = key_text(item.get("metadata").and_then(|m| m.get("key")));
+            (key, item_hash(item))
+        })
+        .collect();
+    let keys = inline_keys(&named);
+    let mut results: Vec<(String, &Value)> = keys.into_iter().zip(items).collect();
+    results.sort_by(|a, b| a.0.cmp(&b.0));
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(index, (result_key, item))| ResultItem {
+            payload: payload_of(item, |why| json!({"reason": why, "index": index})),
+            result_key,
+            index: index as u64,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(index: u64, text: &str) -> Piece {
+        Piece::Line {
+            index,
+            offset: index * 100,
+            bytes: text.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_line_with_a_response_keeps_it_as_gemini_wrote_it() {
+        let mut seen = KeysSeen::default();
+        let r = from_piece(
+            &line(0, r#"{"key":"a","response":{"candidates":[1]}}"#),
+            "files/f",
+            &mut seen,
+        );
+        assert_eq!(r.result_key, "a");
+        assert_eq!(r.payload, Payload::Response(json!({"candidates": [1]})));
+    }
+
+    #[test]
+    fn a_line_with_an_error_is_an_error_result() {
+        let mut seen = KeysSeen::default();
+        let r = from_piece(
+            &line(3, r#"{"key":"b","error":{"code":3,"message":"bad"}}"#),
+            "files/f",
+            &mut seen,
+        );
+        assert_eq!(
+            r.payload,
+            Payload::Error(json!({"code": 3, "message": "bad"}))
+        );
+        assert!(r.payload.is_error());
+    }
+
+    #[test]
+    fn a_line_that_is_not_json_is_one_unreadable_result_with_its_place() {
+        let mut seen = KeysSeen::default();
+        let r = from_piece(&line(2, "{oops"), "files/f", &mut seen);
+        assert_eq!(r.result_key, "line-2");
+        let Payload::Unreadable(why) = r.payload else {
+            panic!("unreadable")
+        };
+        assert_eq!(why["reason"], "not a JSON object");
+        assert_eq!(why["byte_offset"], 200);
+        assert_eq!(why["size"], 5);
+        assert_eq!(why["file"], "files/f");
+    }
+
+    #[test]
+    fn a_line_with_neither_response_nor_error_is_unreadable_but_keeps_its_key() {
+        let mut seen = KeysSeen::default();
+        let r = from_piece(&line(0, r#"{"key":"c"}"#), "files/f", &mut seen);
+        assert_eq!(r.result_key, "c");
+        assert!(matches!(r.payload, Payload::Unreadable(_)));
+    }
+
+    #[test]
+    fn a_line_over_the_cap_says_where_it_is() {
+        let mut seen = KeysSeen::default();
+        let piece = Piece::TooLarge {
+            index: 7,
+            offset: 4096,
+            size: 9_000_000,
+        };
+        let r = from_piece(&piece, "files/big", &mut seen);
+        assert_eq!(
+            r.payload,
+            Payload::Unreadable(
+                json!({"reason": "line over the size cap", "file": "files/big",
+                "index": 7, "byte_offset": 4096, "size": 9_000_000})
+            )
+        );
+        assert_eq!(r.result_key, "line-7");
+    }
+
+    #[test]
+    fn inline_results_are_the_same_in_any_order() {
+        let items = vec![
+            json!({"response": {"text": "x"}}),
+            json!({"response": {"text": "y"}, "metadata": {"key": "req-2"}}),
+            json!({"error": {"code": 8}}),
+            json!({"response": {"text": "x"}}),
+            json!({"surprise": true}),
+        ];
+        let first = from_inline(&items);
+        let mut shuffled = items.clone();
+        shuffled.rotate_left(2);
+        shuffled.swap(0, 3);
+        assert_eq!(from_inline(&shuffled), first);
+        assert_eq!(first.len(), 5);
+        let keys: BTreeSet<&str> = first.iter().map(|r| r.result_key.as_str()).collect();
+        assert_eq!(keys.len(), 5);
+        assert!(keys.contains("req-2"));
+        assert_eq!(first.iter().filter(|r| r.payload.is_error()).count(), 2);
+    }
+
+    use std::collections::BTreeSet;
+}

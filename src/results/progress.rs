@@ -1,0 +1,408 @@
+//! The results' progress: a pure state machine the batch's gate and its alarm drive, one
+//! chunk of results at a time, from durable state alone.
+//!
+//! Guarantees: a result's side effect is sent under one `webhook-id` only
+//! ([`crate::results::body::result_message_id`]), so a repeat after a kill reaches the
+//! destination as a repeat it can drop. A chunk is claimed (its byte range and index range
+//! stored) before any of its results is sent, and committed after its answers: a kill in
+//! between resends the chunk's results under their same ids (they may have reached the
+//! destination); a kill after the commit sends none of them again, but those kept as rows.
+//! Only failed and parked results take a row; delivered ones are counted, never stored, so
+//! state does not grow with the file. A failed result is retried with the job's backoff
+//! ([`crate::retry::Backoff`]); a refusal parks it. A results file missing right after
+//! `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`]; a file gone for
+//! good or unreadable parks the results with the reason and raises one alert. The job's own
+//! effect is owed once the file is read (or parked) and no result is waiting.
+//!
+//! Memory: the value holds the results waiting for a retry (a few hundred bytes each, at most
+//! [`MAX_WAITING`] before reading stops until they drain), never a result's body, and never a
+//! delivered or parked result. Storage, in the batch's Durable Object: this value without its
+//! rows as one row; one row per waiting or parked result (its [`Row`], and its result, at most a
+//! line's cap); the [`crate::results::keys::KeysSeen`] filter as one row. Each transition's
+//! [`Write`]s are stored in one transaction with the value.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::operation::AttemptOutcome;
+use crate::results::item::{ResultItem, Source};
+use crate::results::lines::Checkpoint;
+use crate::retry::Backoff;
+
+/// How long a results file that answers 404 after `SUCCEEDED` is asked for again: Gemini can
+/// report `SUCCEEDED` shortly before the file can be downloaded; half an hour is far past the
+/// delays reported, and far inside the file's 48 hours.
+pub const FILE_WAIT_MS: i64 = 30 * 60 * 1_000;
+/// Results waiting for a retry before no new chunk is read: a destination that fails
+/// everything stops the reading instead of filling the object with rows.
+pub const MAX_WAITING: usize = 400;
+/// Results per chunk: each one is a subrequest, and the download is one more; 40 stays within
+/// the Free plan's 50 subrequests per invocation.
+pub const CHUNK_RESULTS: u64 = 40;
+/// Bytes of lines per chunk: the chunk is held while it is sent, so this bounds memory.
+pub const CHUNK_BYTES: u64 = 8 << 20;
+/// A line's cap: larger lines are not loaded, their result says where they are. Below a
+/// Durable Object SQLite row's 2 MB, so a failed result's row always fits.
+pub const LINE_CAP: usize = 1 << 20;
+
+/// The tunables, with the job's backoff.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub file_wait_ms: i64,
+    pub retry_base_secs: i64,
+    pub retry_max_secs: i64,
+}
+
+impl Limits {
+    /// The job's retries take the one backoff formula.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(self.retry_base_secs * 1_000, self.retry_max_secs * 1_000)
+    }
+}
+
+/// Where the results stand.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "phase")]
+pub enum Phase {
+    /// The file answered 404 (or could not be reached) `failures` times; ask again then.
+    WaitingForFile { failures: u32, next_at_ms: i64 },
+    /// Chunks are being read and sent.
+    Reading,
+    /// Every line has been read; rows may still be retried.
+    Read,
+    /// The file is gone or unreadable: the unread results are parked with this reason.
+    FileParked { reason: String },
+}
+
+/// The counts the job's effect carries as `results`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Counts {
+    /// Results read (each line or item, blank lines aside).
+    pub total: u64,
+    /// Results whose effect a destination accepted.
+    pub delivered: u64,
+    /// Results that carry an error (Gemini's, or a line that could not be read).
+    pub errors: u64,
+    /// Results whose effect was refused and parked.
+    pub parked: u64,
+}
+
+/// A chunk claimed and not yet committed: its results may have reached the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkClaim {
+    pub chunk: u64,
+    pub from: Checkpoint,
+    pub to: Checkpoint,
+    /// Whether `to` is the end of the file.
+    pub last: bool,
+}
+
+/// A failed or parked result, kept to be retried or shown; its result is stored beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub result_key: String,
+    pub index: u64,
+    pub attempts: u32,
+    pub last_error: String,
+    /// When it may be sent again; `None` once parked.
+    pub next_at_ms: Option<i64>,
+    /// An attempt was begun and not finished: it may have reached the destination.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_doubt: bool,
+}
+
+/// What the edge stores with the value, in the same transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// A result not delivered: keep it to send again.
+    KeepResult(ResultItem),
+    /// A result delivered after a retry: its stored result and row go.
+    Forget(String),
+    /// A result parked: its row moves to the parked ones (listed, retried by an operator).
+    Park(Row),
+}
+
+/// What the edge does next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Nothing until then.
+    WaitUntil(i64),
+    /// Open the file at `from` and read the next chunk (number `chunk`), then claim it.
+    ReadChunk { chunk: u64, from: Checkpoint },
+    /// Read the claimed chunk again and send its results, then commit it.
+    ResendChunk(ChunkClaim),
+    /// Send these rows' stored results again (begin each, then finish it).
+    RetryRows(Vec<String>),
+    /// Raise the one alert for a parked file.
+    Alert(String),
+    /// Every result is settled: the job's effect is owed with these counts.
+    Settled(Value),
+}
+
+/// The results' progress for one operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub source: Source,
+    pub phase: Phase,
+    /// Everything before this has been sent and committed.
+    pub done_through: Checkpoint,
+    pub chunks_done: u64,
+    pub claim: Option<ChunkClaim>,
+    pub counts: Counts,
+    /// The results waiting for a retry, by result key.
+    pub rows: BTreeMap<String, Row>,
+    /// When the results became owed (the operation's `SUCCEEDED`).
+    pub since_ms: i64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alerted: bool,
+}
+
+/// Why a download did not give the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileTrouble {
+    /// 404: not there yet, or gone.
+    Missing,
+    /// Worth retrying (timeout, network, 5xx, 429).
+    Unavailable(String),
+    /// It will not get better (another 4xx, not a results file).
+    Unreadable(String),
+}
+
+/// Whether an attempt may have reached the destination: every answer but a 2xx or a refusal
+/// leaves that open (a timeout or a reset may come after the destination acted), so the
+/// result is retried under its same `webhook-id`, never a new one.
+pub fn may_have_reached(outcome: &AttemptOutcome) -> bool {
+    matches!(outcome, AttemptOutcome::Retry(_))
+}
+
+impl Progress {
+    /// The progress of a batch that just succeeded with `results: "each"`.
+    pub fn begin(source: Source, now_ms: i64) -> Progress {
+        Progress {
+            source,
+            phase: Phase::Reading,
+            done_through: Checkpoint::default(),
+            chunks_done: 0,
+            claim: None,
+            counts: Counts::default(),
+            rows: BTreeMap::new(),
+            since_ms: now_ms,
+            alerted: false,
+        }
+    }
+
+    /// What to do next at `now_ms`: a claimed chunk first (it may have reached the
+    /// destination), then the rows that are due, then the next chunk while few rows wait.
+    pub fn next(&self, now_ms: i64) -> Step {
+        if let Some(claim) = self.claim {
+            return Step::ResendChunk(claim);
+        }
+        if let Phase::FileParked { reason } = &self.phase {
+            if !self.alerted {
+                return Step::Alert(reason.clone());
+            }
+        }
+        let due: Vec<String> = self
+            .rows
+            .iter()
+            .filter(|(_, r)| r.next_at_ms.is_some_and(|at| at <= now_ms))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !due.is_empty() {
+            return Step::RetryRows(due);
+        }
+        let next_row = self.rows.values().filter_map(|r| r.next_at_ms).min();
+        match (&self.phase, next_row) {
+            (Phase::Reading | Phase::WaitingForFile { .. }, Some(at))
+                if self.rows.len() >= MAX_WAITING =>
+            {
+                Step::WaitUntil(at)
+            }
+            (Phase::WaitingForFile { next_at_ms, .. }, _) if *next_at_ms > now_ms => {
+                Step::WaitUntil(next_row.map_or(*next_at_ms, |at| at.min(*next_at_ms)))
+            }
+            (Phase::WaitingForFile { .. } | Phase::Reading, _) => Step::ReadChunk {
+                chunk: self.chunks_done,
+                from: self.done_through,
+            },
+            (_, Some(at)) => Step::WaitUntil(at),
+            (_, None) => Step::Settled(self.job_results()),
+        }
+    }
+
+    /// The job effect's `results`: the counts, and why the file was parked when it was.
+    pub fn job_results(&self) -> Value {
+        let c = self.counts;
+        let mut out = json!({"total": c.total, "delivered": c.delivered, "errors": c.errors,
+            "parked": c.parked});
+        if let Phase::FileParked { reason } = &self.phase {
+            out["file_parked"] = reason.clone().into();
+        }
+        out
+    }
+
+    /// The download did not give the file: wait and ask again, or park the results.
+    pub fn file_failed(&mut self, trouble: FileTrouble, now_ms: i64, limits: &Limits, jitter: f64) {
+        let failures = match self.phase {
+            Phase::WaitingForFile { failures, .. } => failures + 1,
+            _ => 1,
+        };
+        let over = now_ms - self.since_ms >= limits.file_wait_ms;
+        let reason = match trouble {
+            FileTrouble::Unreadable(why) => Some(why),
+            FileTrouble::Missing if over => Some("results file not found (404)".to_string()),
+            FileTrouble::Unavailable(why) if over => Some(why),
+            _ => None,
+        };
+        self.phase = match reason {
+            Some(reason) => Phase::FileParked { reason },
+            None => Phase::WaitingForFile {
+                failures,
+                next_at_ms: now_ms + limits.backoff().jittered(failures, jitter),
+            },
+        };
+    }
+
+    /// The one alert for a parked file was raised.
+    pub fn alert_raised(&mut self) {
+        self.alerted = true;
+    }
+
+    /// Claims the chunk just read (`to` is where reading stopped): store this before sending.
+    pub fn claim(&mut self, to: Checkpoint, last: bool) -> ChunkClaim {
+        let claim = ChunkClaim {
+            chunk: self.chunks_done,
+            from: self.done_through,
+            to,
+            last,
+        };
+        self.phase = Phase::Reading;
+        self.claim = Some(claim);
+        claim
+    }
+
+    /// Commits the claimed chunk with each result's answer: counts move, and the results not
+    /// delivered are kept. A commit for another chunk than the one claimed is ignored (a stale
+    /// run's): `None`.
+    pub fn commit(
+        &mut self,
+        chunk: u64,
+        answers: Vec<(ResultItem, AttemptOutcome)>,
+        now_ms: i64,
+        limits: &Limits,
+        jitter: f64,
+    ) -> Option<Vec<Write>> {
+        let claim = self.claim.filter(|c| c.chunk == chunk)?;
+        let mut writes = Vec::new();
+        for (item, outcome) in answers {
+            self.counts.total += 1;
+            self.counts.errors += u64::from(item.payload.is_error());
+            let row = Row {
+                result_key: item.result_key.clone(),
+                index: item.index,
+                attempts: 0,
+                last_error: String::new(),
+                next_at_ms: None,
+                in_doubt: false,
+            };
+            if outcome != AttemptOutcome::Delivered {
+                writes.push(Write::KeepResult(item));
+            }
+            writes.extend(self.settle(row, &outcome, now_ms, limits, jitter));
+        }
+        self.claim = None;
+        self.done_through = claim.to;
+        self.chunks_done += 1;
+        if claim.last {
+            self.phase = Phase::Read;
+        }
+        Some(writes)
+    }
+
+    /// Records an attempt's answer for a result (a new one, or a row's).
+    fn settle(
+        &mut self,
+        mut row: Row,
+        outcome: &AttemptOutcome,
+        now_ms: i64,
+        limits: &Limits,
+        jitter: f64,
+    ) -> Option<Write> {
+        row.attempts += 1;
+        row.in_doubt = false;
+        let key = row.result_key.clone();
+        let was_row = self.rows.remove(&key).is_some();
+        match outcome {
+            AttemptOutcome::Delivered => {
+                self.counts.delivered += 1;
+                was_row.then_some(Write::Forget(key))
+            }
+            AttemptOutcome::Retry(why) => {
+                row.last_error = why.clone();
+                row.next_at_ms = Some(now_ms + limits.backoff().jittered(row.attempts, jitter));
+                self.rows.insert(key, row);
+                None
+            }
+            AttemptOutcome::Park(why) => {
+                row.last_error = why.clone();
+                row.next_at_ms = None;
+                self.counts.parked += 1;
+                Some(Write::Park(row))
+            }
+        }
+    }
+
+    /// Begins a row's attempt: store this before sending its stored result. `false` when the
+    /// row is not waiting (settled meanwhile).
+    pub fn begin_row(&mut self, key: &str) -> bool {
+        match self.rows.get_mut(key) {
+            Some(row) => {
+                row.in_doubt = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Finishes a row's attempt with its answer.
+    pub fn finish_row(
+        &mut self,
+        key: &str,
+        outcome: &AttemptOutcome,
+        now_ms: i64,
+        limits: &Limits,
+        jitter: f64,
+    ) -> Option<Write> {
+        let row = self.rows.get(key).filter(|r| r.in_doubt).cloned()?;
+        self.settle(row, outcome, now_ms, limits, jitter)
+    }
+
+    /// An operator's retry of parked results, a page at a time (the edge reads at most the room
+    /// left below [`MAX_WAITING`] and takes them out of the parked ones in the same
+    /// transaction): each is due now, under its first `webhook-id`. A parked file is asked for
+    /// again from where reading stopped. Returns how many were taken.
+    pub fn retry_parked(&mut self, parked: Vec<Row>, now_ms: i64) -> u64 {
+        let n = parked.len() as u64;
+        for mut row in parked {
+            row.next_at_ms = Some(now_ms);
+            row.in_doubt = false;
+            self.rows.insert(row.result_key.clone(), row);
+        }
+        self.counts.parked = self.counts.parked.saturating_sub(n);
+        if matches!(self.phase, Phase::FileParked { .. }) {
+            self.phase = Phase::Reading;
+        }
+        n
+    }
+
+    /// Room for parked rows an operator's retry may take now.
+    pub fn room(&self) -> usize {
+        MAX_WAITING.saturating_sub(self.rows.len())
+    }
+}
+
+#[cfg(test)]
+#[path = "progress_tests.rs"]
+mod tests;

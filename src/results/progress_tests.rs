@@ -1,0 +1,442 @@
+//! The progress machine driven the way the edge will drive it, against a file and a
+//! destination held in memory, with a kill at every point where state is stored or a result
+//! is sent: every result is accepted, under one `webhook-id` each, and only an in-doubt chunk
+//! or row is ever sent again.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+use crate::results::body::result_message_id;
+use crate::results::item::from_piece;
+use crate::results::keys::KeysSeen;
+use crate::results::lines::{ChunkFill, LineSplitter};
+
+const OP: &str = "batches/b";
+const FILE: &str = "files/out";
+const LIMITS: Limits = Limits {
+    file_wait_ms: FILE_WAIT_MS,
+    retry_base_secs: 30,
+    retry_max_secs: 3_600,
+};
+/// A small chunk, so a short file spans several.
+const CHUNK: usize = 7;
+
+/// A file of `n` results: keyed lines, a repeated key, keyless lines, an error line, a line
+/// that is not JSON, a line over the cap, blank lines and a CRLF line.
+fn file(n: usize) -> Vec<u8> {
+    let mut out = String::new();
+    for i in 0..n {
+        let line = match i % 10 {
+            1 => format!("{{\"key\":\"dup\",\"response\":{{\"n\":{i}}}}}"),
+            2 => format!("{{\"response\":{{\"n\":{i}}}}}"),
+            3 => format!("{{\"key\":\"e{i}\",\"error\":{{\"code\":3}}}}"),
+            4 => "{not json".to_string(),
+            5 => format!(
+                "{{\"key\":\"big{i}\",\"response\":\"{}\"}}",
+                "x".repeat(300)
+            ),
+            6 => format!("{{\"key\":\"crlf{i}\",\"response\":{{}}}}\r"),
+            _ => format!("{{\"key\":\"k{i}\",\"response\":{{\"n\":{i}}}}}"),
+        };
+        out.push_str(&line);
+        out.push('\n');
+        if i % 9 == 0 {
+            out.push_str("\n  \n");
+        }
+    }
+    out.into_bytes()
+}
+
+struct Killed;
+
+/// The world outside the machine: the durable state, the destination, the clock.
+struct World {
+    file: Vec<u8>,
+    stored: String,
+    stored_seen: Vec<u8>,
+    /// The stored results of rows, and the parked rows.
+    stored_items: BTreeMap<String, ResultItem>,
+    stored_parked: BTreeMap<String, Row>,
+    clock: i64,
+    /// Every send: (webhook-id, result key).
+    sent: Vec<(String, String)>,
+    /// Attempts per webhook-id, as the destination counted them.
+    attempts: BTreeMap<String, u32>,
+    accepted: BTreeMap<String, u32>,
+    settled: Option<Value>,
+    points: usize,
+    kill_at: Option<usize>,
+}
+
+impl World {
+    fn new(n: usize, kill_at: Option<usize>) -> World {
+        World {
+            file: file(n),
+            stored: serde_json::to_string(&Progress::begin(Source::File { name: FILE.into() }, 0))
+                .unwrap(),
+            stored_seen: KeysSeen::default().as_bytes().to_vec(),
+            stored_items: BTreeMap::new(),
+            stored_parked: BTreeMap::new(),
+            clock: 0,
+            sent: Vec::new(),
+            attempts: BTreeMap::new(),
+            accepted: BTreeMap::new(),
+            settled: None,
+            points: 0,
+            kill_at,
+        }
+    }
+
+    /// A point where a kill may land.
+    fn point(&mut self) -> Result<(), Killed> {
+        self.points += 1;
+        if self.kill_at == Some(self.points) {
+            return Err(Killed);
+        }
+        Ok(())
+    }
+
+    /// Stores the value and its writes in one transaction.
+    fn store(&mut self, progress: &Progress, writes: Vec<Write>) -> Result<(), Killed> {
+        self.stored = serde_json::to_string(progress).unwrap();
+        for write in writes {
+            match write {
+                Write::KeepResult(item) => {
+                    self.stored_items.insert(item.result_key.clone(), item);
+                }
+                Write::Forget(key) => {
+                    self.stored_items.remove(&key);
+                }
+                Write::Park(row) => {
+                    self.stored_parked.insert(row.result_key.clone(), row);
+                }
+            }
+        }
+        assert!(progress.rows.len() <= MAX_WAITING + CHUNK);
+        self.point()
+    }
+
+    /// The destination: `e…` keys refuse (4xx), `dup` fails twice then accepts, every other
+    /// result is accepted.
+    fn send(&mut self, item: &ResultItem) -> Result<AttemptOutcome, Killed> {
+        let id = result_message_id(OP, &item.result_key);
+        self.sent.push((id.clone(), item.result_key.clone()));
+        let n = self.attempts.entry(id.clone()).or_default();
+        *n += 1;
+        let outcome = if item.result_key.starts_with('e') {
+            AttemptOutcome::Park("422: no".into())
+        } else if item.result_key.starts_with("dup") && *n <= 2 {
+            AttemptOutcome::Retry("503: busy".into())
+        } else {
+            *self.accepted.entry(id).or_default() += 1;
+            AttemptOutcome::Delivered
+        };
+        self.point()?;
+        Ok(outcome)
+    }
+
+    /// Reads the chunk starting at `from` as the edge would: no `Range`, so the stream starts
+    /// at byte 0 and the done part is discarded.
+    fn read(&self, from: Checkpoint, seen: &mut KeysSeen) -> (Vec<ResultItem>, Checkpoint, bool) {
+        let mut splitter = LineSplitter::resume(256, from, 0);
+        let mut fill = ChunkFill::new(CHUNK, CHUNK_BYTES);
+        for bytes in self.file.chunks(13) {
+            if fill.offer(splitter.push(bytes)) {
+                let (pieces, to, last) = fill.close(splitter.checkpoint(), false);
+                return (items(&pieces, seen), to, last);
+            }
+        }
+        let (tail, end) = splitter.finish();
+        fill.offer(tail);
+        let (pieces, to, last) = fill.close(end, true);
+        (items(&pieces, seen), to, last)
+    }
+
+    fn send_chunk(&mut self, p: &mut Progress, claim: ChunkClaim) -> Result<(), Killed> {
+        let mut seen = KeysSeen::from_bytes(self.stored_seen.clone()).unwrap();
+        let (items, to, last) = self.read(claim.from, &mut seen);
+        assert_eq!(
+            (to, last),
+            (claim.to, claim.last),
+            "a re-read ends where it did"
+        );
+        let mut answers = Vec::new();
+        for item in items {
+            let outcome = self.send(&item)?;
+            answers.push((item, outcome));
+        }
+        let writes = p.commit(claim.chunk, answers, self.clock, &LIMITS, 0.5);
+        // The commit and the filter after the chunk are one transaction.
+        self.stored_seen = seen.as_bytes().to_vec();
+        self.store(p, writes.unwrap())
+    }
+
+    /// One step of the alarm, as the edge would perform it.
+    fn step(&mut self) -> Result<bool, Killed> {
+        let mut p: Progress = serde_json::from_str(&self.stored).unwrap();
+        match p.next(self.clock) {
+            Step::WaitUntil(at) => self.clock = at,
+            Step::ReadChunk { from, .. } => {
+                let mut seen = KeysSeen::from_bytes(self.stored_seen.clone()).unwrap();
+                let (_, to, last) = self.read(from, &mut seen);
+                self.point()?;
+                let claim = p.claim(to, last);
+                self.store(&p, Vec::new())?;
+                self.send_chunk(&mut p, claim)?;
+            }
+            Step::ResendChunk(claim) => self.send_chunk(&mut p, claim)?,
+            Step::RetryRows(keys) => {
+                for key in keys {
+                    assert!(p.begin_row(&key));
+                    self.store(&p, Vec::new())?;
+                    let item = self.stored_items[&key].clone();
+                    let outcome = self.send(&item)?;
+                    let write = p.finish_row(&key, &outcome, self.clock, &LIMITS, 0.5);
+                    self.store(&p, write.into_iter().collect())?;
+                }
+            }
+            Step::Alert(_) => {
+                p.alert_raised();
+                self.store(&p, Vec::new())?;
+            }
+            Step::Settled(results) => {
+                self.settled = Some(results);
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Runs to the end; a kill drops everything in memory and the next step starts from
+    /// the stored state.
+    fn run(&mut self) {
+        for _ in 0..10_000 {
+            match self.step() {
+                Ok(true) | Err(Killed) => {}
+                Ok(false) => return,
+            }
+        }
+        panic!("did not settle");
+    }
+}
+
+fn items(pieces: &[crate::results::lines::Piece], seen: &mut KeysSeen) -> Vec<ResultItem> {
+    pieces.iter().map(|p| from_piece(p, FILE, seen)).collect()
+}
+
+#[test]
+fn a_clean_run_sends_each_result_once_and_settles_with_counts() {
+    let mut world = World::new(40, None);
+    world.run();
+    let results = world.settled.clone().unwrap();
+    assert_eq!(
+        results,
+        json!({"total": 40, "delivered": 36, "errors": 12, "parked": 4})
+    );
+    let keys: BTreeSet<&String> = world.sent.iter().map(|(_, k)| k).collect();
+    assert_eq!(keys.len(), 40, "every result its own key");
+    // Each accepted once; the repeated-key results were retried twice before.
+    assert!(world.accepted.values().all(|n| *n == 1));
+    assert_eq!(world.accepted.len(), 36);
+    let dups = world
+        .sent
+        .iter()
+        .filter(|(_, k)| k.starts_with("dup"))
+        .count();
+    assert_eq!(dups, 4 * 3);
+}
+
+#[test]
+fn a_kill_at_any_point_resumes_and_sends_no_result_under_a_new_id() {
+    let mut clean = World::new(40, None);
+    clean.run();
+    let ids: BTreeSet<String> = clean.sent.iter().map(|(id, _)| id.clone()).collect();
+    let by_id: BTreeMap<String, String> = clean.sent.iter().cloned().collect();
+    for kill_at in 1..=clean.points {
+        let mut world = World::new(40, Some(kill_at));
+        world.run();
+        assert_eq!(world.settled, clean.settled, "kill at {kill_at}");
+        let sent: BTreeSet<String> = world.sent.iter().map(|(id, _)| id.clone()).collect();
+        assert_eq!(sent, ids, "no new id after a kill at {kill_at}");
+        for (id, key) in &world.sent {
+            assert_eq!(&by_id[id], key, "one id, one result");
+        }
+        assert_eq!(world.accepted.len(), clean.accepted.len());
+        // Only the results in doubt at the kill (one chunk, or one row) go again.
+        let again: u32 = world.accepted.values().map(|n| n - 1).sum();
+        assert!(
+            again as usize <= CHUNK,
+            "kill at {kill_at}: {again} sent again"
+        );
+    }
+}
+
+#[test]
+fn a_missing_file_is_asked_for_with_backoff_then_read() {
+    let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
+    p.file_failed(FileTrouble::Missing, 0, &LIMITS, 1.0);
+    assert_eq!(p.next(0), Step::WaitUntil(30_000));
+    p.file_failed(FileTrouble::Missing, 30_000, &LIMITS, 1.0);
+    assert_eq!(p.next(30_000), Step::WaitUntil(90_000));
+    assert!(matches!(p.next(90_000), Step::ReadChunk { chunk: 0, .. }));
+    p.claim(
+        Checkpoint {
+            offset: 10,
+            index: 1,
+        },
+        true,
+    );
+    assert_eq!(p.phase, Phase::Reading);
+}
+
+#[test]
+fn a_file_gone_past_the_wait_parks_alerts_once_and_the_job_says_so() {
+    let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
+    p.file_failed(FileTrouble::Missing, FILE_WAIT_MS, &LIMITS, 0.0);
+    assert_eq!(
+        p.next(FILE_WAIT_MS),
+        Step::Alert("results file not found (404)".into())
+    );
+    p.alert_raised();
+    let Step::Settled(results) = p.next(FILE_WAIT_MS) else {
+        panic!("settled")
+    };
+    assert_eq!(results["file_parked"], "results file not found (404)");
+    assert_eq!(results["total"], 0);
+}
+
+#[test]
+fn an_unreadable_file_parks_at_once_and_a_server_error_waits() {
+    let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
+    p.file_failed(FileTrouble::Unavailable("503".into()), 0, &LIMITS, 0.0);
+    assert!(matches!(p.phase, Phase::WaitingForFile { failures: 1, .. }));
+    p.file_failed(
+        FileTrouble::Unreadable("403: denied".into()),
+        1,
+        &LIMITS,
+        0.0,
+    );
+    assert_eq!(
+        p.phase,
+        Phase::FileParked {
+            reason: "403: denied".into()
+        }
+    );
+}
+
+#[test]
+fn a_stale_commit_for_another_chunk_changes_nothing() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    p.claim(
+        Checkpoint {
+            offset: 0,
+            index: 3,
+        },
+        true,
+    );
+    let before = p.clone();
+    assert!(p.commit(5, Vec::new(), 0, &LIMITS, 0.0).is_none());
+    assert_eq!(p, before);
+}
+
+#[test]
+fn parked_results_retried_by_an_operator_go_once_under_their_first_id() {
+    let mut world = World::new(20, None);
+    world.run();
+    let mut p: Progress = serde_json::from_str(&world.stored).unwrap();
+    assert_eq!(p.counts.parked, 2);
+    assert_eq!(
+        world.stored_parked.len(),
+        2,
+        "parked rows are stored, not held"
+    );
+    assert!(p.rows.is_empty());
+    let page: Vec<Row> = world
+        .stored_parked
+        .values()
+        .take(p.room())
+        .cloned()
+        .collect();
+    assert_eq!(p.retry_parked(page, world.clock), 2);
+    let Step::RetryRows(keys) = p.next(world.clock) else {
+        panic!("rows due")
+    };
+    for key in keys {
+        assert!(p.begin_row(&key));
+        let id = result_message_id(OP, &world.stored_items[&key].result_key);
+        assert!(world.sent.iter().any(|(sent, _)| *sent == id), "first id");
+        let write = p.finish_row(&key, &AttemptOutcome::Delivered, world.clock, &LIMITS, 0.0);
+        assert_eq!(write, Some(Write::Forget(key.clone())));
+    }
+    let Step::Settled(results) = p.next(world.clock) else {
+        panic!("settled")
+    };
+    assert_eq!(results["parked"], 0);
+    assert_eq!(results["delivered"], 20);
+}
+
+#[test]
+fn a_row_retry_waits_the_jobs_backoff() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    let claim = p.claim(
+        Checkpoint {
+            offset: 0,
+            index: 1,
+        },
+        true,
+    );
+    let item = ResultItem {
+        result_key: "a".into(),
+        index: 0,
+        payload: crate::results::item::Payload::Response(json!({})),
+    };
+    let busy = AttemptOutcome::Retry("503".into());
+    assert!(may_have_reached(&busy));
+    assert!(!may_have_reached(&AttemptOutcome::Park("400".into())));
+    let writes = p.commit(
+        claim.chunk,
+        vec![(item.clone(), busy.clone())],
+        1_000,
+        &LIMITS,
+        1.0,
+    );
+    assert_eq!(writes, Some(vec![Write::KeepResult(item)]));
+    let wait = LIMITS.backoff().after(1);
+    assert_eq!(p.next(1_000), Step::WaitUntil(1_000 + wait));
+    assert!(p.begin_row("a"));
+    p.finish_row("a", &busy, 2_000, &LIMITS, 1.0);
+    let wait = LIMITS.backoff().after(2);
+    assert_eq!(p.next(2_000), Step::WaitUntil(2_000 + wait));
+    assert_eq!(p.rows["a"].attempts, 2);
+}
+
+#[test]
+fn a_destination_failing_everything_stops_the_reading_not_the_memory() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    let busy = AttemptOutcome::Retry("503".into());
+    let mut chunk = 0;
+    while let Step::ReadChunk { .. } = p.next(0) {
+        let from = p.done_through;
+        let to = Checkpoint {
+            offset: from.offset + 100,
+            index: from.index + CHUNK_RESULTS,
+        };
+        let claim = p.claim(to, false);
+        let answers = (from.index..to.index)
+            .map(|i| {
+                let item = ResultItem {
+                    result_key: format!("r{i}"),
+                    index: i,
+                    payload: crate::results::item::Payload::Response(json!({})),
+                };
+                (item, busy.clone())
+            })
+            .collect();
+        p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+        chunk += 1;
+        assert!(chunk < 1_000, "reading stopped");
+    }
+    assert!(p.rows.len() >= MAX_WAITING && p.rows.len() < MAX_WAITING + CHUNK_RESULTS as usize);
+    assert!(matches!(p.next(0), Step::WaitUntil(_)));
+    assert!(matches!(p.next(i64::MAX / 2), Step::RetryRows(_)));
+}
