@@ -1,13 +1,14 @@
-//! What an outbound call answered and whether a retry can help: the one answer type
-//! ([`Answer`]) and the one classification ([`Class`]) of every call the worker makes to a peer
-//! (a destination, Gemini's status API and webhook listing, an alert sink, the key-set
-//! endpoint).
+//! When a call the worker makes is tried again, answered once for every caller. Whether: the
+//! one answer type ([`PeerAnswer`]) and classification ([`Class`]) of every call to a peer (a
+//! destination, Gemini's status API and webhook listing, an alert sink, the key-set endpoint).
+//! When: the one backoff formula ([`Backoff`]) that effects, alerts, confirmations, ledger
+//! writes, a failed alarm and a desk's probes all take, and how a `Retry-After` moves it.
 //!
 //! Guarantees: a 2xx is a success; a timeout, a network error, 408, 409, 429 and any 5xx are
 //! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer,
-//! and a body wanted whole that ran past its cap, is a refusal the peer will repeat, so
-//! retrying it is pointless. Every caller asks [`Answer::class`] (or [`class_of_status`]), so
-//! the rule cannot drift apart.
+//! and a body wanted whole that ran past its cap, is a refusal the peer will repeat. A wait
+//! doubles from its first step and never passes its cap, nor does an asked wait. It sits below
+//! `operation/` and `destination/`, so both call it rather than copy it. Jitter is a parameter.
 
 use crate::timestamp::parse_http_date_ms;
 
@@ -34,7 +35,7 @@ pub fn class_of_status(status: u16) -> Class {
 /// wanted whole (`String`); a status answer's body as the skimmer read it
 /// ([`crate::reconciliation::status::StatusAnswer`]).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Answer<B = String> {
+pub enum PeerAnswer<B = String> {
     /// The peer answered: its status, its body as kept, its Retry-After.
     Http {
         status: u16,
@@ -49,25 +50,25 @@ pub enum Answer<B = String> {
     Network(String),
 }
 
-impl<B> Answer<B> {
+impl<B> PeerAnswer<B> {
     /// Whether a retry can help: a timeout or a network error is worth retrying; an answer is
     /// classified by its status.
     pub fn class(&self) -> Class {
         match self {
-            Answer::Http { status, .. } => class_of_status(*status),
+            PeerAnswer::Http { status, .. } => class_of_status(*status),
             // The peer would send the same body again: asking again soon does not help.
-            Answer::TooLarge { .. } => Class::Refused,
-            Answer::Timeout | Answer::Network(_) => Class::Retry,
+            PeerAnswer::TooLarge { .. } => Class::Refused,
+            PeerAnswer::Timeout | PeerAnswer::Network(_) => Class::Retry,
         }
     }
 }
 
-impl<B> Answer<B> {
+impl<B> PeerAnswer<B> {
     /// How long the peer asked to be left alone, from `now_ms`: a 429 or 503's `Retry-After`,
     /// in seconds or as an HTTP date (RFC 9110 §10.2.3). `None` without one, when it cannot be
     /// read, or on any other answer; a date already past asks for no wait (`Some(0)`).
     pub fn asked_wait_ms(&self, now_ms: i64) -> Option<i64> {
-        let Answer::Http {
+        let PeerAnswer::Http {
             status: 429 | 503,
             retry_after: Some(value),
             ..
@@ -83,19 +84,61 @@ impl<B> Answer<B> {
     }
 }
 
-impl Answer {
+impl PeerAnswer {
     /// The answer in a few words, for logs and records.
     pub fn summary(&self) -> String {
         match self {
-            Answer::Http { status, body, .. } => {
+            PeerAnswer::Http { status, body, .. } => {
                 format!("{status}: {}", body.chars().take(200).collect::<String>())
             }
-            Answer::TooLarge { status, cap } => {
+            PeerAnswer::TooLarge { status, cap } => {
                 format!("{status}: body over {cap} bytes, refused unread past the cap")
             }
-            Answer::Timeout => "timeout".to_string(),
-            Answer::Network(e) => format!("network: {e}"),
+            PeerAnswer::Timeout => "timeout".to_string(),
+            PeerAnswer::Network(e) => format!("network: {e}"),
         }
+    }
+}
+
+/// A capped exponential backoff: the wait after `failures` failures in a row (0 counts as 1) is
+/// `first_ms * 2^(failures - 1)`, never more than `max_ms` (nor less than `first_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub first_ms: i64,
+    pub max_ms: i64,
+}
+
+impl Backoff {
+    pub const fn new(first_ms: i64, max_ms: i64) -> Backoff {
+        Backoff { first_ms, max_ms }
+    }
+
+    /// The one formula.
+    pub fn after(self, failures: u32) -> i64 {
+        let doubled = self
+            .first_ms
+            .saturating_mul(1 << failures.saturating_sub(1).min(30));
+        doubled.min(self.max_ms.max(self.first_ms))
+    }
+
+    /// [`Backoff::after`] shortened by up to a quarter (`jitter` in [0, 1)), so that callers
+    /// failing together do not retry in lockstep.
+    pub fn jittered(self, failures: u32, jitter: f64) -> i64 {
+        (self.after(failures) as f64 * (0.75 + 0.25 * jitter.clamp(0.0, 1.0))) as i64
+    }
+
+    /// When the next attempt is due: the jittered backoff, or the wait the peer asked for when
+    /// longer, within the cap (a `Retry-After` of a day holds nothing past `max_ms`).
+    pub fn next_wait_ms(self, failures: u32, asked_wait_ms: Option<i64>, jitter: f64) -> i64 {
+        let backoff = self.jittered(failures, jitter);
+        asked_wait_ms.map_or(backoff, |asked| backoff.max(asked.min(self.max_ms)))
+    }
+
+    /// The step after `wait_ms` (one this backoff gave, or 0), for a caller that keeps its
+    /// last wait rather than its count of failures.
+    pub fn following(self, wait_ms: i64) -> i64 {
+        let steps = (1..32).find(|&n| self.after(n) >= wait_ms).unwrap_or(32);
+        self.after(steps + 1)
     }
 }
 
@@ -107,7 +150,7 @@ mod tests {
     fn a_429_or_503_says_how_long_to_wait_in_seconds_or_as_a_date() {
         let now = 784_111_777_000; // Sun, 06 Nov 1994 08:49:37 GMT
         let asked = |status, value: &str| {
-            Answer::Http {
+            PeerAnswer::Http {
                 status,
                 body: String::new(),
                 retry_after: Some(value.to_string()),
@@ -124,7 +167,7 @@ mod tests {
         // Only where HTTP gives Retry-After that meaning.
         assert_eq!(asked(500, "4"), None);
         assert_eq!(asked(200, "4"), None);
-        assert_eq!(Answer::<String>::Timeout.asked_wait_ms(now), None);
+        assert_eq!(PeerAnswer::<String>::Timeout.asked_wait_ms(now), None);
     }
 
     #[test]
@@ -142,7 +185,7 @@ mod tests {
 
     #[test]
     fn an_answer_is_classified_by_its_status_and_no_answer_is_worth_retrying() {
-        let http = |status| Answer::Http {
+        let http = |status| PeerAnswer::Http {
             status,
             body: "x".repeat(300),
             retry_after: None,
@@ -150,14 +193,14 @@ mod tests {
         assert_eq!(http(204).class(), Class::Success);
         assert_eq!(http(503).class(), Class::Retry);
         assert_eq!(http(400).class(), Class::Refused);
-        let too_large: Answer = Answer::TooLarge {
+        let too_large: PeerAnswer = PeerAnswer::TooLarge {
             status: 200,
             cap: 10,
         };
         assert_eq!(too_large.class(), Class::Refused);
-        assert_eq!(Answer::<String>::Timeout.class(), Class::Retry);
+        assert_eq!(PeerAnswer::<String>::Timeout.class(), Class::Retry);
         assert_eq!(
-            Answer::<String>::Network("reset".into()).class(),
+            PeerAnswer::<String>::Network("reset".into()).class(),
             Class::Retry
         );
         assert_eq!(http(400).summary(), format!("400: {}", "x".repeat(200)));
@@ -165,10 +208,80 @@ mod tests {
             too_large.summary(),
             "200: body over 10 bytes, refused unread past the cap"
         );
-        assert_eq!(Answer::<String>::Timeout.summary(), "timeout");
+        assert_eq!(PeerAnswer::<String>::Timeout.summary(), "timeout");
         assert_eq!(
-            Answer::<String>::Network("reset".into()).summary(),
+            PeerAnswer::<String>::Network("reset".into()).summary(),
             "network: reset"
         );
+    }
+
+    #[test]
+    fn the_one_backoff_doubles_from_its_first_step_to_its_cap() {
+        let b = Backoff::new(30_000, 3_600_000);
+        let waits: Vec<i64> = (1..=9).map(|n| b.after(n)).collect();
+        assert_eq!(
+            waits,
+            [30_000, 60_000, 120_000, 240_000, 480_000, 960_000, 1_920_000, 3_600_000, 3_600_000]
+        );
+        assert_eq!(b.after(0), 30_000);
+        assert_eq!(b.after(u32::MAX), 3_600_000);
+        // Jitter shortens by at most a quarter, never lengthens.
+        assert_eq!(b.jittered(1, 1.0), 30_000);
+        assert_eq!(b.jittered(1, 0.0), 22_500);
+        assert_eq!(b.jittered(200, 0.5), 3_150_000);
+        // A cap below the first step holds the first step.
+        assert_eq!(Backoff::new(2_000, 500).after(4), 2_000);
+        // A kept wait steps to the next one, and stays at the cap.
+        let probe = Backoff::new(2_000, 15_000);
+        assert_eq!(probe.following(0), 4_000);
+        assert_eq!(probe.following(2_000), 4_000);
+        assert_eq!(probe.following(8_000), 15_000);
+        assert_eq!(probe.following(15_000), 15_000);
+    }
+
+    #[test]
+    fn a_peers_asked_wait_moves_the_next_attempt_within_the_cap() {
+        let b = Backoff::new(1_000, 60_000);
+        // failures, asked wait, the next attempt's wait (no jitter).
+        let table = [
+            (1, None, 1_000),
+            (3, None, 4_000),
+            (3, Some(500), 4_000),
+            (3, Some(30_000), 30_000),
+            (3, Some(86_400_000), 60_000),
+            (20, Some(0), 60_000),
+        ];
+        for (failures, asked, wait) in table {
+            assert_eq!(
+                b.next_wait_ms(failures, asked, 1.0),
+                wait,
+                "{failures} {asked:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn whether_an_answer_is_retried_then_when() {
+        let http = |status, retry_after: Option<&str>| PeerAnswer::Http {
+            status,
+            body: String::new(),
+            retry_after: retry_after.map(str::to_string),
+        };
+        let b = Backoff::new(1_000, 60_000);
+        // answer, whether it is retried, the wait before the next attempt after 2 failures.
+        let table: [(PeerAnswer, Class, Option<i64>); 6] = [
+            (http(204, None), Class::Success, None),
+            (http(400, Some("5")), Class::Refused, None),
+            (http(503, None), Class::Retry, Some(2_000)),
+            (http(429, Some("30")), Class::Retry, Some(30_000)),
+            (http(503, Some("7200")), Class::Retry, Some(60_000)),
+            (PeerAnswer::Timeout, Class::Retry, Some(2_000)),
+        ];
+        for (answer, class, wait) in table {
+            assert_eq!(answer.class(), class, "{answer:?}");
+            let next =
+                (class == Class::Retry).then(|| b.next_wait_ms(2, answer.asked_wait_ms(0), 1.0));
+            assert_eq!(next, wait, "{answer:?}");
+        }
     }
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use gemini_once::inbound::answer::Answer;
 use gemini_once::inbound::route_log::{Handled, RouteLog};
-use gemini_once::operation::gate_log::{AttemptLine, GateLog};
+use gemini_once::operation::gate::log::{AttemptLine, GateLog};
 use gemini_once::operation::lifecycle::Status;
 use gemini_once::reconciliation::pass::{PassLog, PassReport};
 use gemini_once::telemetry::counters::Tally;

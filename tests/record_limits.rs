@@ -7,20 +7,20 @@ use serde_json::{json, Map, Value};
 
 use gemini_once::bounds::{self, MAX_BYTES, MAX_DEPTH};
 use gemini_once::inbound::envelope;
-use gemini_once::operation::alarm;
-use gemini_once::operation::gate::{self, Limits};
-use gemini_once::operation::gate_protocol::{GateCommand, GateReply};
+use gemini_once::operation::gate::alarm;
+use gemini_once::operation::gate::protocol::{GateCommand, GateReply};
+use gemini_once::operation::gate::{self, GateLimits};
 use gemini_once::operation::key::Collection;
 use gemini_once::operation::lifecycle::Status;
 use gemini_once::operation::Operation;
 use gemini_once::reconciliation::status;
+use gemini_once::retry::Backoff;
 
-const LIMITS: Limits = Limits {
+const LIMITS: GateLimits = GateLimits {
     retention_ms: 1_000_000,
     stats_delay_ms: 0,
     claim_ttl_ms: 10_000,
-    retry_base_secs: 1,
-    retry_max_secs: 8,
+    retry: Backoff::new(1_000, 8_000),
     unregistered_hold_ms: 0,
     confirm_interval_ms: 0,
 };

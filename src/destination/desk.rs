@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::destination::protocol::{DeskReply, DeskSettings, DeskView, Pace};
+use crate::retry::Backoff;
 
 /// The first wait between probes: short, so a blip is over in seconds.
 pub const PROBE_FIRST_MS: i64 = 2_000;
@@ -318,25 +319,17 @@ impl Desk {
     }
 
     fn probe_failed(&mut self, now: i64) {
-        self.probe_wait_ms = (self.probe_wait_ms.max(PROBE_FIRST_MS) * 2).min(self.probe_max_ms());
+        self.probe_wait_ms = self.probe_backoff().following(self.probe_wait_ms);
         // A wait the destination asked for (already in `next_probe_ms`) stands.
         self.next_probe_ms = self.next_probe_ms.max(now + self.probe_wait_ms);
     }
 
-    fn probe_max_ms(&self) -> i64 {
-        self.settings
-            .as_ref()
-            .map_or(15_000, |s| s.probe_max_ms)
-            .max(PROBE_FIRST_MS)
-    }
-
-    /// How long a key whose gate could not be reached for its probe waits before it is tried
-    /// again, after `misses` such failures in a row: its own backoff, from
-    /// [`PROBE_FIRST_MS`] doubling to [`DeskSettings::probe_max_ms`]. Its due moves that far,
-    /// so the keys behind it are probed first.
-    pub fn miss_wait_ms(&self, misses: u32) -> i64 {
-        let doubled = PROBE_FIRST_MS.saturating_mul(1_i64 << misses.saturating_sub(1).min(20));
-        doubled.min(self.probe_max_ms())
+    /// The probes' backoff, from [`PROBE_FIRST_MS`] doubling to [`DeskSettings::probe_max_ms`]:
+    /// also how far a key whose gate could not be reached for its probe moves back, by its
+    /// misses in a row (`after(misses)`), so the keys behind it are probed first.
+    pub fn probe_backoff(&self) -> Backoff {
+        let max_ms = self.settings.as_ref().map_or(15_000, |s| s.probe_max_ms);
+        Backoff::new(PROBE_FIRST_MS, max_ms)
     }
 
     /// An alarm run owed a probe and released none, because no waiting key was due or the

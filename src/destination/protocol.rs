@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::retry::Answer;
+use crate::retry::PeerAnswer;
 
 /// A route's pace (`per_second` and `concurrency` of an `EFFECT_ROUTES` entry, or
 /// `EFFECT_PER_SECOND` and `EFFECT_CONCURRENCY` for `EFFECT_URL`): either may be absent.
@@ -123,11 +123,11 @@ pub struct DeskView {
 
 /// Whether an attempt's answer says the destination itself is failing: a timeout, a network
 /// error, a 5xx or a 429. A 408 or 409 is retried but is about the request, not the health.
-pub fn health_failure(answer: &Answer) -> bool {
+pub fn health_failure(answer: &PeerAnswer) -> bool {
     match answer {
-        Answer::Timeout | Answer::Network(_) => true,
-        Answer::Http { status, .. } => *status == 429 || (500..=599).contains(status),
-        Answer::TooLarge { .. } => false,
+        PeerAnswer::Timeout | PeerAnswer::Network(_) => true,
+        PeerAnswer::Http { status, .. } => *status == 429 || (500..=599).contains(status),
+        PeerAnswer::TooLarge { .. } => false,
     }
 }
 
@@ -175,13 +175,13 @@ mod tests {
 
     #[test]
     fn only_timeouts_network_errors_5xx_and_429_count_against_health() {
-        let http = |status| Answer::Http {
+        let http = |status| PeerAnswer::Http {
             status,
             body: String::new(),
             retry_after: None,
         };
-        assert!(health_failure(&Answer::Timeout));
-        assert!(health_failure(&Answer::Network("reset".into())));
+        assert!(health_failure(&PeerAnswer::Timeout));
+        assert!(health_failure(&PeerAnswer::Network("reset".into())));
         assert!(health_failure(&http(503)));
         assert!(health_failure(&http(429)));
         assert!(!health_failure(&http(408)));

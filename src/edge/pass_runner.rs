@@ -22,7 +22,7 @@ use worker::{
 };
 
 use crate::config::Config;
-use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::pass::{

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use serde::{Serialize, Serializer};
 
-use crate::operation::gate_protocol::{EffectReport, GateReply};
+use crate::operation::gate::protocol::{EffectReport, GateReply};
 use crate::operation::lifecycle::{DropReason, Status};
 
 /// A 2xx body of `POST /webhooks/gemini`.

@@ -21,7 +21,7 @@ use crate::inbound::classify::{
 };
 use crate::inbound::jwt::Token;
 use crate::inbound::route_log::{Handled, RouteLog};
-use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::key::OperationKey;
 use crate::operation::ledger::dead_key;
 use crate::operation::lifecycle::Status;
@@ -431,7 +431,7 @@ mod tests {
     use super::*;
     use crate::inbound::classify::fixtures::{secrets, status, token, BODY, NOW, NOW_MS};
     use crate::inbound::classify::Oversize;
-    use crate::operation::gate_protocol::EffectReport;
+    use crate::operation::gate::protocol::EffectReport;
     use crate::operation::lifecycle::DropReason;
     use crate::signature::{sign, Secret};
     const SETTINGS: Settings = Settings {

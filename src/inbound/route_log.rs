@@ -129,7 +129,7 @@ impl RouteLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::gate_protocol::EffectReport;
+    use crate::operation::gate::protocol::EffectReport;
     use crate::operation::lifecycle::{DropReason, Status};
     use serde_json::json;
 

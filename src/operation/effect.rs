@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::operation::details::normalize_details;
 use crate::operation::{AttemptOutcome, Operation};
-use crate::retry::{Answer, Class};
+use crate::retry::{Class, PeerAnswer};
 use crate::signature::{sign, Secret};
 use crate::timestamp::format_rfc3339;
 
@@ -77,11 +77,11 @@ pub fn build_request(op: &Operation, secret: &Secret, now_secs: i64) -> EffectRe
 }
 
 /// What the destination's answer to an attempt means for the side effect: its class
-/// ([`Answer::class`]) decides, its summary is kept for the operator (a timeout says how long
+/// ([`PeerAnswer::class`]) decides, its summary is kept for the operator (a timeout says how long
 /// it waited). An attempt keeps an excerpt, which is never refused for its size.
-pub fn outcome(answer: &Answer, timeout_ms: i64) -> AttemptOutcome {
+pub fn outcome(answer: &PeerAnswer, timeout_ms: i64) -> AttemptOutcome {
     let said = match answer {
-        Answer::Timeout => format!("timeout after {timeout_ms} ms"),
+        PeerAnswer::Timeout => format!("timeout after {timeout_ms} ms"),
         _ => answer.summary(),
     };
     match answer.class() {
@@ -290,7 +290,7 @@ mod tests {
 
     #[test]
     fn answers_are_classified() {
-        let http = |status: u16, body: &str| Answer::Http {
+        let http = |status: u16, body: &str| PeerAnswer::Http {
             status,
             body: body.to_string(),
             retry_after: None,
@@ -313,11 +313,11 @@ mod tests {
             AttemptOutcome::Retry(format!("503: {}", "é".repeat(200)))
         );
         assert_eq!(
-            outcome(&Answer::Timeout, 10_000),
+            outcome(&PeerAnswer::Timeout, 10_000),
             AttemptOutcome::Retry("timeout after 10000 ms".into())
         );
         assert_eq!(
-            outcome(&Answer::Network("reset".into()), 10_000),
+            outcome(&PeerAnswer::Network("reset".into()), 10_000),
             AttemptOutcome::Retry("network: reset".into())
         );
     }

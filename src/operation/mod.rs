@@ -5,15 +5,10 @@
 //! The record (`record/`) is private; what the rest of the crate uses of it is named here, one
 //! by one.
 
-pub mod alarm;
-pub mod alarm_failure;
 pub mod alert;
-pub mod desk_turn;
 pub mod details;
 pub mod effect;
 pub mod gate;
-pub mod gate_log;
-pub mod gate_protocol;
 pub mod history;
 pub mod key;
 pub mod ledger;
@@ -24,7 +19,7 @@ mod record;
 pub mod recovery;
 
 pub use record::{
-    backoff_ms, Actor, AttemptOutcome, Claim, Confirmation, DeskMark, Effect, Finished, KindFill,
-    OpEvent, Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, MAX_CONFIRM_ATTEMPTS,
+    Actor, AttemptOutcome, Claim, Confirmation, DeskMark, Effect, Finished, KindFill, OpEvent,
+    Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, MAX_CONFIRM_ATTEMPTS,
     PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS,
 };

@@ -14,7 +14,7 @@
 use serde_json::Value;
 
 use crate::bounds;
-use crate::operation::gate_log::GateLog;
+use crate::operation::gate::log::GateLog;
 use crate::operation::history::HistoryEntry;
 use crate::operation::{Actor, Operation};
 

@@ -34,7 +34,7 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use crate::operation::gate_protocol::{GateCommand, GateReply, OperatorAction};
+use crate::operation::gate::protocol::{GateCommand, GateReply, OperatorAction};
 use crate::operation::ledger::{LedgerMeta, OP_PREFIX};
 use crate::operation::ledger_walk::{LedgerCursor, LedgerWalk, ListedPage, WalkStep};
 use crate::operation::OperatorRefusal;
@@ -628,7 +628,7 @@ impl BulkWalk {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::gate_protocol::EffectReport;
+    use crate::operation::gate::protocol::EffectReport;
     use crate::operation::ledger_walk::ListedKey;
 
     fn meta(status: &str, done: bool) -> LedgerMeta {

@@ -21,7 +21,7 @@ use crate::operation::key::Collection;
 use crate::operation::lifecycle::Status;
 use crate::operation::observation::{transient, Observation, StatusError};
 use crate::reconciliation::skim::{Rule, SkimError, Skimmed};
-use crate::retry::{class_of_status, Answer, Class};
+use crate::retry::{class_of_status, Class, PeerAnswer};
 use crate::telemetry::counters::StatusCallAnswer;
 use crate::timestamp::parse_rfc3339_ms;
 
@@ -88,20 +88,20 @@ pub const READ: &[Rule] = &[
 /// A status call's answer: its body is streamed through the skimmer
 /// ([`crate::reconciliation::skim`]) with [`READ`], and is `None` when it was not read (not a
 /// 2xx).
-pub type StatusAnswer = Answer<Option<Result<Skimmed, SkimError>>>;
+pub type StatusAnswer = PeerAnswer<Option<Result<Skimmed, SkimError>>>;
 
 /// How a status call ended, for its counter: a 2xx (usable or not), a 404, any other status
 /// (a 429 or 5xx among them), or no answer (a timeout, a network error).
-pub fn call_answer<B>(answer: &Answer<B>) -> StatusCallAnswer {
+pub fn call_answer<B>(answer: &PeerAnswer<B>) -> StatusCallAnswer {
     match answer {
-        Answer::Http { status: 404, .. } => StatusCallAnswer::NotFound,
-        Answer::Http { status, .. } if class_of_status(*status) == Class::Success => {
+        PeerAnswer::Http { status: 404, .. } => StatusCallAnswer::NotFound,
+        PeerAnswer::Http { status, .. } if class_of_status(*status) == Class::Success => {
             StatusCallAnswer::Answered
         }
-        Answer::Http { .. } => StatusCallAnswer::Refused,
+        PeerAnswer::Http { .. } => StatusCallAnswer::Refused,
         // Only a 2xx body is read far enough to run past a cap.
-        Answer::TooLarge { .. } => StatusCallAnswer::Answered,
-        Answer::Timeout | Answer::Network(_) => StatusCallAnswer::Unanswered,
+        PeerAnswer::TooLarge { .. } => StatusCallAnswer::Answered,
+        PeerAnswer::Timeout | PeerAnswer::Network(_) => StatusCallAnswer::Unanswered,
     }
 }
 
@@ -112,16 +112,16 @@ pub fn interpret_skimmed(
     answer: &StatusAnswer,
 ) -> Result<Observation, StatusError> {
     let (status, retry_after, body) = match answer {
-        Answer::Http {
+        PeerAnswer::Http {
             status,
             body,
             retry_after,
         } => (*status, retry_after.as_deref(), body),
         // Never a skimmed body's: the skimmer refuses one past its cap itself.
-        Answer::TooLarge { cap, .. } => {
+        PeerAnswer::TooLarge { cap, .. } => {
             return Err(StatusError::Malformed(format!("body over {cap} bytes")))
         }
-        Answer::Timeout | Answer::Network(_) => {
+        PeerAnswer::Timeout | PeerAnswer::Network(_) => {
             return Err(StatusError::Transient {
                 retry_after_secs: 0,
             })
@@ -429,7 +429,7 @@ mod tests {
     use Collection::*;
 
     fn answered(status: u16, body: Option<Result<Skimmed, SkimError>>) -> StatusAnswer {
-        Answer::Http {
+        PeerAnswer::Http {
             status,
             body,
             retry_after: None,
@@ -647,7 +647,7 @@ mod tests {
             interpret_skimmed(Batches, &answered(200, None)),
             Err(StatusError::Malformed(_))
         ));
-        for unanswered in [Answer::Timeout, Answer::Network("reset".into())] {
+        for unanswered in [PeerAnswer::Timeout, PeerAnswer::Network("reset".into())] {
             assert_eq!(
                 interpret_skimmed(Batches, &unanswered),
                 Err(StatusError::Transient {
@@ -1071,7 +1071,7 @@ mod tests {
 
     #[test]
     fn a_status_call_is_counted_by_how_it_ended() {
-        let http = |status: u16| Answer::Http {
+        let http = |status: u16| PeerAnswer::Http {
             status,
             body: (),
             retry_after: None,
@@ -1083,12 +1083,12 @@ mod tests {
             http(429),
             http(503),
             http(403),
-            Answer::TooLarge {
+            PeerAnswer::TooLarge {
                 status: 200,
                 cap: 1,
             },
-            Answer::Timeout,
-            Answer::Network("reset".into()),
+            PeerAnswer::Timeout,
+            PeerAnswer::Network("reset".into()),
         ]
         .iter()
         .map(|a| call_answer(a).label())

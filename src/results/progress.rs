@@ -9,7 +9,7 @@
 //! destination); a kill after the commit sends none of them again, but those kept as rows.
 //! Only failed and parked results take a row; delivered ones are counted, never stored, so
 //! state does not grow with the file. A failed result is retried with the job's backoff
-//! ([`crate::operation::backoff_ms`]); a refusal parks it. A results file missing right after
+//! ([`crate::retry::Backoff`]); a refusal parks it. A results file missing right after
 //! `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`]; a file gone for
 //! good or unreadable parks the results with the reason and raises one alert. The job's own
 //! effect is owed once the file is read (or parked) and no result is waiting.
@@ -26,9 +26,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::operation::{backoff_ms, AttemptOutcome};
+use crate::operation::AttemptOutcome;
 use crate::results::item::{ResultItem, Source};
 use crate::results::lines::Checkpoint;
+use crate::retry::Backoff;
 
 /// How long a results file that answers 404 after `SUCCEEDED` is asked for again: Gemini can
 /// report `SUCCEEDED` shortly before the file can be downloaded; half an hour is far past the
@@ -52,6 +53,13 @@ pub struct Limits {
     pub file_wait_ms: i64,
     pub retry_base_secs: i64,
     pub retry_max_secs: i64,
+}
+
+impl Limits {
+    /// The job's retries take the one backoff formula.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(self.retry_base_secs * 1_000, self.retry_max_secs * 1_000)
+    }
 }
 
 /// Where the results stand.
@@ -252,13 +260,7 @@ impl Progress {
             Some(reason) => Phase::FileParked { reason },
             None => Phase::WaitingForFile {
                 failures,
-                next_at_ms: now_ms
-                    + backoff_ms(
-                        failures,
-                        limits.retry_base_secs,
-                        limits.retry_max_secs,
-                        jitter,
-                    ),
+                next_at_ms: now_ms + limits.backoff().jittered(failures, jitter),
             },
         };
     }
@@ -339,8 +341,7 @@ impl Progress {
             }
             AttemptOutcome::Retry(why) => {
                 row.last_error = why.clone();
-                let (base, max) = (limits.retry_base_secs, limits.retry_max_secs);
-                row.next_at_ms = Some(now_ms + backoff_ms(row.attempts, base, max, jitter));
+                row.next_at_ms = Some(now_ms + limits.backoff().jittered(row.attempts, jitter));
                 self.rows.insert(key, row);
                 None
             }

@@ -401,11 +401,11 @@ fn a_row_retry_waits_the_jobs_backoff() {
         1.0,
     );
     assert_eq!(writes, Some(vec![Write::KeepResult(item)]));
-    let wait = backoff_ms(1, LIMITS.retry_base_secs, LIMITS.retry_max_secs, 1.0);
+    let wait = LIMITS.backoff().after(1);
     assert_eq!(p.next(1_000), Step::WaitUntil(1_000 + wait));
     assert!(p.begin_row("a"));
     p.finish_row("a", &busy, 2_000, &LIMITS, 1.0);
-    let wait = backoff_ms(2, LIMITS.retry_base_secs, LIMITS.retry_max_secs, 1.0);
+    let wait = LIMITS.backoff().after(2);
     assert_eq!(p.next(2_000), Step::WaitUntil(2_000 + wait));
     assert_eq!(p.rows["a"].attempts, 2);
 }

@@ -1,4 +1,4 @@
-//! The worker's own log lines outside the gate ([`crate::operation::gate_log`]), the cron
+//! The worker's own log lines outside the gate ([`crate::operation::gate::log`]), the cron
 //! pass (`reconciliation/pass/lines.rs`) and the webhook route
 //! ([`crate::inbound::route_log`]): configuration, storage schemas, the admin API, alerts
 //! sent, status answers read, and the counters' flushes.

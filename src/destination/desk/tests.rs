@@ -382,9 +382,9 @@ fn a_retry_after_below_the_threshold_is_left_to_the_effects_own_backoff() {
 #[test]
 fn a_key_whose_gate_cannot_be_reached_backs_off_on_its_own_from_the_first_probe_wait() {
     let d = opened();
-    let waits: Vec<i64> = (1..=5).map(|n| d.miss_wait_ms(n)).collect();
+    let waits: Vec<i64> = (1..=5).map(|n| d.probe_backoff().after(n)).collect();
     assert_eq!(waits, vec![2_000, 4_000, 8_000, 15_000, 15_000]);
-    assert_eq!(d.miss_wait_ms(u32::MAX), 15_000);
+    assert_eq!(d.probe_backoff().after(u32::MAX), 15_000);
 }
 
 #[test]

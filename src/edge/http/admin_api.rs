@@ -15,7 +15,7 @@ use serde_json::json;
 use worker::{Env, Method, Request, Response};
 
 use crate::config::Config;
-use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::KindFill;
 use crate::operator::access::{Admission, Caller, Route};
 use crate::operator::listing::parse_registration;

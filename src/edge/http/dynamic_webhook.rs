@@ -24,7 +24,7 @@ use crate::inbound::classify::Rejection;
 use crate::inbound::jwt::{JwtError, RsaJwk, Token};
 use crate::inbound::key_set::{Fetched, KeyLookup, KeySet};
 use crate::inbound::route_log::RouteLog;
-use crate::retry::{Answer, Class};
+use crate::retry::{Class, PeerAnswer};
 
 use crate::edge::outbound::fetch::{send, Keep};
 use crate::edge::outbound::ledger_kv::KV_BINDING;
@@ -100,7 +100,7 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
     )
     .await;
     let body = match (&answer, answer.class()) {
-        (Answer::Http { body, .. }, Class::Success) => Ok(body.as_str()),
+        (PeerAnswer::Http { body, .. }, Class::Success) => Ok(body.as_str()),
         _ => Err(answer.summary()),
     };
     match KEYS.with(|k| k.borrow_mut().fetched(body.clone(), now_ms)) {

@@ -9,7 +9,7 @@ use percent_encoding::percent_decode_str;
 use serde_json::json;
 use worker::{Env, Method, Request, Response};
 
-use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::key::{normalize, OperationKey};
 use crate::operation::Actor;
 use crate::operator::listing::parse_settle;

@@ -14,7 +14,7 @@ use worker::{js_sys, web_sys, Env};
 
 use crate::config::Config;
 use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings};
-use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 

@@ -8,7 +8,7 @@
 
 use worker::{AnalyticsEngineDataPointBuilder, AnalyticsEngineDataset, Env};
 
-use crate::operation::alarm::Attempt;
+use crate::operation::gate::alarm::Attempt;
 use crate::operation::{AttemptOutcome, Operation};
 use crate::telemetry::analytics::{effect_attempt, AttemptSeen, DataPoint};
 

@@ -4,7 +4,7 @@
 //! Guarantees: every kind of destination receives the same signed request (a queue message
 //! carries the headers as fields beside the body), so a consumer verifies and dedupes it the
 //! same way (`webhook-id`, `idempotency-key`); every attempt is bounded by the effect timeout;
-//! how it ended is an [`Answer`] that the pure core classifies
+//! how it ended is a [`PeerAnswer`] that the pure core classifies
 //! ([`crate::operation::effect::outcome`]; a queue send that succeeded is
 //! a 2xx: the queue is durable), never a panic. An answer's body is read only as far as the
 //! excerpt the record keeps ([`EXCERPT_CHARS`]) and the rest cancelled, so a destination that
@@ -21,7 +21,7 @@ use worker::{js_sys, Delay, Env, Headers, Method, Request, RequestInit};
 
 use crate::config::Destination;
 use crate::operation::effect::EffectRequest;
-use crate::retry::Answer;
+use crate::retry::PeerAnswer;
 
 use crate::edge::outbound::fetch::{kept_answer, send, Keep};
 use crate::edge::runtime::js_error;
@@ -35,7 +35,7 @@ pub async fn deliver(
     destination: &Destination,
     request: &EffectRequest,
     timeout_ms: i64,
-) -> Answer {
+) -> PeerAnswer {
     match destination {
         Destination::Url(url) => {
             send(
@@ -55,19 +55,22 @@ pub async fn deliver(
     }
 }
 
-async fn within(timeout_ms: i64, call: impl std::future::Future<Output = Answer>) -> Answer {
+async fn within(
+    timeout_ms: i64,
+    call: impl std::future::Future<Output = PeerAnswer>,
+) -> PeerAnswer {
     let deadline = Delay::from(Duration::from_millis(timeout_ms.max(1) as u64));
     match select(Box::pin(call), Box::pin(deadline)).await {
         Either::Left((answer, _)) => answer,
-        Either::Right(_) => Answer::Timeout,
+        Either::Right(_) => PeerAnswer::Timeout,
     }
 }
 
 /// POSTs the signed request to another Worker (the URL's host is the binding's, unused).
-async fn to_service(env: &Env, binding: &str, request: &EffectRequest) -> Answer {
+async fn to_service(env: &Env, binding: &str, request: &EffectRequest) -> PeerAnswer {
     let fetcher = match env.service(binding) {
         Ok(f) => f,
-        Err(e) => return Answer::Network(format!("service binding {binding}: {e}")),
+        Err(e) => return PeerAnswer::Network(format!("service binding {binding}: {e}")),
     };
     let call = async {
         let headers = Headers::new();
@@ -83,11 +86,11 @@ async fn to_service(env: &Env, binding: &str, request: &EffectRequest) -> Answer
         Ok::<_, worker::Error>(kept_answer(&response, Keep::Excerpt(EXCERPT_CHARS)).await)
     };
     call.await
-        .unwrap_or_else(|e| Answer::Network(e.to_string()))
+        .unwrap_or_else(|e| PeerAnswer::Network(e.to_string()))
 }
 
 /// Sends `{"headers": {...}, "body": {...}}` to a queue: the same fields a URL receives.
-async fn to_queue(env: &Env, binding: &str, request: &EffectRequest) -> Answer {
+async fn to_queue(env: &Env, binding: &str, request: &EffectRequest) -> PeerAnswer {
     let message = queue_message(request);
     let call = async {
         let queue = js_sys::Reflect::get(env, &JsValue::from_str(binding))?;
@@ -102,12 +105,12 @@ async fn to_queue(env: &Env, binding: &str, request: &EffectRequest) -> Answer {
         JsFuture::from(promise).await
     };
     match call.await {
-        Ok(_) => Answer::Http {
+        Ok(_) => PeerAnswer::Http {
             status: 202,
             body: "queued".to_string(),
             retry_after: None,
         },
-        Err(e) => Answer::Network(format!("queue {binding}: {}", js_error(&e))),
+        Err(e) => PeerAnswer::Network(format!("queue {binding}: {}", js_error(&e))),
     }
 }
 

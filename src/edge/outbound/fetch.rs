@@ -2,11 +2,11 @@
 //!
 //! Guarantees: every call is bounded by its timeout and aborted when it passes, so a slow
 //! peer can neither hold a Gemini delivery past its deadline nor pin a claim; every way a call
-//! ends, a timeout or a network error included, is the pure core's [`Answer`] (classified by
+//! ends, a timeout or a network error included, is the pure core's [`PeerAnswer`] (classified by
 //! [`crate::retry`]), never a panic. An answer's body is read while it
 //! streams and only as far as the call needs ([`Keep`]): an excerpt stops once it has its
 //! characters and cancels the rest, a body wanted whole stops at the first chunk past its cap
-//! and is [`Answer::TooLarge`], and a status answer goes through the skimmer; so a peer that
+//! and is [`PeerAnswer::TooLarge`], and a status answer goes through the skimmer; so a peer that
 //! answers with an endless or huge body costs at most the cap plus one chunk of memory, and
 //! an excerpt does not wait for the end of the body.
 
@@ -22,7 +22,7 @@ use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, Read, TooLarge};
 use crate::config::Config;
 use crate::reconciliation::skim::Skim;
 use crate::reconciliation::status::StatusAnswer;
-use crate::retry::{class_of_status, Answer, Class};
+use crate::retry::{class_of_status, Class, PeerAnswer};
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::capped_read::{each_chunk, read_answer};
@@ -42,7 +42,7 @@ pub enum Keep {
     /// alert sink's answer); the rest is never read.
     Excerpt(usize),
     /// A 2xx body whole, up to this many bytes (the key set, a page of the webhook listing);
-    /// a longer one is [`Answer::TooLarge`]. Any other status keeps an excerpt.
+    /// a longer one is [`PeerAnswer::TooLarge`]. Any other status keeps an excerpt.
     Whole(usize),
 }
 
@@ -57,20 +57,20 @@ impl Keep {
     }
 
     /// The answer with `status`, once its body was read into `body`.
-    fn answer(self, status: u16, retry_after: Option<String>, body: CappedBody) -> Answer {
+    fn answer(self, status: u16, retry_after: Option<String>, body: CappedBody) -> PeerAnswer {
         let chars = match self {
             Keep::Excerpt(chars) => chars,
             Keep::Whole(_) => ERROR_EXCERPT_CHARS,
         };
         let whole = matches!(self, Keep::Whole(_)) && class_of_status(status) == Class::Success;
         match body.finish() {
-            Err(TooLarge { cap }) => Answer::TooLarge { status, cap },
-            Ok(bytes) if whole => Answer::Http {
+            Err(TooLarge { cap }) => PeerAnswer::TooLarge { status, cap },
+            Ok(bytes) if whole => PeerAnswer::Http {
                 status,
                 body: String::from_utf8_lossy(&bytes).into_owned(),
                 retry_after,
             },
-            Ok(bytes) => Answer::Http {
+            Ok(bytes) => PeerAnswer::Http {
                 status,
                 body: excerpt_text(&bytes, chars),
                 retry_after,
@@ -81,12 +81,12 @@ impl Keep {
 
 /// Reads `response`'s body as `keep` says: chunk by chunk, the rest cancelled once it has
 /// enough. Shared by URL calls and service bindings.
-pub async fn kept_answer(response: &Response, keep: Keep) -> Answer {
+pub async fn kept_answer(response: &Response, keep: Keep) -> PeerAnswer {
     let status = response.status_code();
     let retry_after = response.headers().get("retry-after").ok().flatten();
     match read_answer(response, keep.body_for(status)).await {
         Ok(body) => keep.answer(status, retry_after, body),
-        Err(e) => Answer::Network(js_error(&e)),
+        Err(e) => PeerAnswer::Network(js_error(&e)),
     }
 }
 
@@ -99,10 +99,10 @@ pub async fn send(
     body: Option<&str>,
     timeout_ms: i64,
     keep: Keep,
-) -> Answer {
+) -> PeerAnswer {
     let request = match build(method, url, headers, body) {
         Ok(r) => r,
-        Err(e) => return Answer::Network(e.to_string()),
+        Err(e) => return PeerAnswer::Network(e.to_string()),
     };
     let controller = AbortController::default();
     let signal = controller.signal();
@@ -117,8 +117,8 @@ pub async fn send(
     controller.abort();
     match outcome {
         Either::Left((Ok(answer), _)) => answer,
-        Either::Left((Err(e), _)) => Answer::Network(e.to_string()),
-        Either::Right(_) => Answer::Timeout,
+        Either::Left((Err(e), _)) => PeerAnswer::Network(e.to_string()),
+        Either::Right(_) => PeerAnswer::Timeout,
     }
 }
 
@@ -135,7 +135,7 @@ pub async fn get_skimmed(
 ) -> (StatusAnswer, i64) {
     let request = match build(Method::Get, url, headers, None) {
         Ok(r) => r,
-        Err(e) => return (Answer::Network(e.to_string()), 0),
+        Err(e) => return (PeerAnswer::Network(e.to_string()), 0),
     };
     let controller = AbortController::default();
     let signal = controller.signal();
@@ -144,17 +144,17 @@ pub async fn get_skimmed(
     let deadline = Delay::from(Duration::from_millis(head_timeout_ms.max(1) as u64));
     let response = match select(Box::pin(head), Box::pin(deadline)).await {
         Either::Left((Ok(r), _)) => r,
-        Either::Left((Err(e), _)) => return (Answer::Network(e.to_string()), 0),
+        Either::Left((Err(e), _)) => return (PeerAnswer::Network(e.to_string()), 0),
         Either::Right(_) => {
             controller.abort();
-            return (Answer::Timeout, 0);
+            return (PeerAnswer::Timeout, 0);
         }
     };
     let status = response.status_code();
     let retry_after = response.headers().get("retry-after").ok().flatten();
     if class_of_status(status) != Class::Success {
         controller.abort();
-        let answer = Answer::Http {
+        let answer = PeerAnswer::Http {
             status,
             body: None,
             retry_after,
@@ -180,13 +180,13 @@ pub async fn get_skimmed(
     // Stops a refused body's download, or one the deadline cut; harmless after the end.
     controller.abort();
     let answer = match outcome {
-        Either::Left((Ok(body), _)) => Answer::Http {
+        Either::Left((Ok(body), _)) => PeerAnswer::Http {
             status,
             body: Some(body),
             retry_after,
         },
-        Either::Left((Err(e), _)) => Answer::Network(e.to_string()),
-        Either::Right(_) => Answer::Timeout,
+        Either::Left((Err(e), _)) => PeerAnswer::Network(e.to_string()),
+        Either::Right(_) => PeerAnswer::Timeout,
     };
     (answer, worker::Date::now().as_millis() as i64 - started)
 }

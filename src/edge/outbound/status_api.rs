@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
 use crate::reconciliation::status::{call_answer, interpret_skimmed, status_url, StatusAnswer};
-use crate::retry::Answer;
+use crate::retry::PeerAnswer;
 use crate::telemetry::counters::StatusCallAnswer;
 use crate::telemetry::worker_log::{StatusRead, WorkerLog};
 
@@ -34,7 +34,7 @@ pub const STATUS_TIMEOUT_MS: i64 = 5_000;
 /// and skims, 20 s covers a few hundred MB; the skimmer's byte cap comes first.
 pub const STATUS_BODY_TIMEOUT_MS: i64 = 20_000;
 /// Longest 2xx answer read by [`get`] (webhook listings: a few KB); a longer one is refused
-/// as it streams ([`Answer::TooLarge`]).
+/// as it streams ([`PeerAnswer::TooLarge`]).
 const GET_MAX_BYTES: usize = 256 * 1024;
 /// An answer at least this large is logged (`status_read`) with the bytes read and kept.
 const LOG_READ_FROM_BYTES: u64 = 256 * 1024;
@@ -50,7 +50,7 @@ fn headers(config: &Config) -> Vec<(&'static str, String)> {
 /// One GET to Gemini's API (`url`), with the API key when one is configured, for a small answer
 /// such as a page of the webhook listing: a 2xx body is read whole up to 256 KiB, and refused
 /// past it.
-pub async fn get(config: &Config, url: &str) -> Answer {
+pub async fn get(config: &Config, url: &str) -> PeerAnswer {
     send(
         Method::Get,
         url,
@@ -64,7 +64,7 @@ pub async fn get(config: &Config, url: &str) -> Answer {
 
 /// The WebhookService call a pass asks for to enable the webhook again (`PATCH url` with the
 /// JSON `body`), read as the pass reads a page of the listing: a 2xx body whole up to 256 KiB.
-pub async fn patch_webhook(config: &Config, url: &str, body: &str) -> Answer {
+pub async fn patch_webhook(config: &Config, url: &str, body: &str) -> PeerAnswer {
     let mut headers = headers(config);
     headers.push(("content-type", "application/json".to_string()));
     send(
@@ -88,7 +88,7 @@ pub async fn read(config: &Config, key: &str, url: &str) -> StatusAnswer {
         STATUS_BODY_TIMEOUT_MS,
     )
     .await;
-    if let Answer::Http {
+    if let PeerAnswer::Http {
         body: Some(body), ..
     } = &answer
     {

@@ -1,24 +1,26 @@
 //! What one decision of the gate is: the record after it, how the object keeps it, the history
-//! rows, log lines and answer it carries ([`Step`]); the settings decisions read ([`Limits`]);
+//! rows, log lines and answer it carries ([`Step`]); the settings decisions read ([`GateLimits`]);
 //! and where a side effect stands as an answer reports it ([`effect_report`]).
 //!
 //! Guarantees: a decision is a value, nothing more; the gate's Durable Object stores it as
 //! [`Save`] says before it answers. The commands' steps and the alarm's pieces
-//! ([`crate::operation::alarm`]) both decide in this shape.
+//! ([`crate::operation::gate::alarm`]) both decide in this shape.
 
-use crate::operation::gate_log::GateLog;
-use crate::operation::gate_protocol::{EffectReport, GateReply};
+use crate::operation::gate::log::GateLog;
+use crate::operation::gate::protocol::{EffectReport, GateReply};
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
+use crate::retry::Backoff;
 
 /// The settings a step needs, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Limits {
+pub struct GateLimits {
     pub retention_ms: i64,
     pub stats_delay_ms: i64,
     pub claim_ttl_ms: i64,
-    pub retry_base_secs: i64,
-    pub retry_max_secs: i64,
+    /// A side effect's, an alert's and a confirmation's retries:
+    /// `EFFECT_RETRY_BASE_SECONDS` doubling to `EFFECT_RETRY_MAX_SECONDS`.
+    pub retry: Backoff,
     /// See [`Operation::hold_for_registration`].
     pub unregistered_hold_ms: i64,
     /// `CONFIRM_INTERVAL_SECONDS` in ms: least time between a confirmation's questions.
@@ -38,7 +40,7 @@ pub enum Save {
 }
 
 /// What one step decided. `R` is its answer: a [`GateReply`] for a command, an
-/// [`crate::operation::alarm::AlarmDone`] for a piece of the alarm's work.
+/// [`crate::operation::gate::alarm::AlarmDone`] for a piece of the alarm's work.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step<R = GateReply> {
     /// The record after the step (`None`: there is none).
@@ -89,7 +91,7 @@ impl<R> Step<R> {
 
     /// When the alarm must next fire for the record as it stands after the step.
     #[cfg(test)]
-    pub fn wake_at(&self, limits: &Limits) -> Option<i64> {
+    pub fn wake_at(&self, limits: &GateLimits) -> Option<i64> {
         self.record
             .as_ref()
             .and_then(|op| op.wake_at_ms(limits.retention_ms, limits.stats_delay_ms))

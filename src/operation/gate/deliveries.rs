@@ -10,7 +10,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::operation::gate_protocol::GateReply;
+use crate::operation::gate::protocol::GateReply;
 use crate::operation::history::HistoryEntry;
 use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
 use crate::operation::{OpEvent, Operation};
@@ -19,7 +19,7 @@ use crate::telemetry::counters::Counter;
 use super::decision::{effect_report, Save, Step};
 
 #[cfg(doc)]
-use crate::operation::gate_protocol::GateCommand;
+use crate::operation::gate::protocol::GateCommand;
 
 /// The record a delivery is offered to: the gate's own, or a new unregistered one; `Err` is
 /// the answer, with no record, when none may be created for it.
@@ -217,8 +217,8 @@ mod tests {
     use serde_json::{json, Map};
 
     use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::gate::{step, Save};
-    use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::lifecycle::{DropReason, Source, Status};
     use crate::operation::Operation;
 

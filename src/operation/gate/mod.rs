@@ -14,20 +14,27 @@
 //! [`step`] sends each command to its family: a registration (`registration.rs`),
 //! deliveries and nudges (`deliveries.rs`), what the reconciliation pass asks
 //! (`reconciling.rs`), an operator's actions (`operator.rs`); what a step is, in
-//! `decision.rs`.
+//! `decision.rs`. The rest of the gate lives here too: the messages to it (`protocol.rs`),
+//! its log lines (`log.rs`), the alarm's plan (`alarm.rs`) and what a failed alarm run does
+//! (`alarm_failure.rs`), and an attempt's turn at its destination's desk (`desk_turn.rs`).
 
+pub mod alarm;
+pub mod alarm_failure;
 mod decision;
 mod deliveries;
+pub mod desk_turn;
+pub mod log;
 mod operator;
+pub mod protocol;
 mod reconciling;
 mod registration;
 #[cfg(test)]
 mod retired_tests;
 
-pub use decision::{effect_report, Limits, Save, Step};
+pub use decision::{effect_report, GateLimits, Save, Step};
 pub(crate) use deliveries::count_delivery;
 
-use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::Operation;
 
 /// Applies a command to the record (`None`: none yet) at `now`.
@@ -133,20 +140,20 @@ fn held(record: Option<Operation>, command: impl FnOnce(Operation) -> Step) -> S
 pub(crate) mod fixtures {
     use serde_json::Map;
 
-    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt};
-    use crate::operation::gate_protocol::GateCommand;
+    use crate::operation::gate::alarm::{attempt_finished, begin_attempt, Attempt};
+    use crate::operation::gate::protocol::GateCommand;
     use crate::operation::lifecycle::{Source, Status};
     use crate::operation::observation::{Observation, StatusError};
     use crate::operation::{AttemptOutcome, OpEvent, Operation};
+    use crate::retry::Backoff;
 
-    use super::{step, Limits, Step};
+    use super::{step, GateLimits, Step};
 
-    pub(crate) const LIMITS: Limits = Limits {
+    pub(crate) const LIMITS: GateLimits = GateLimits {
         retention_ms: 100_000,
         stats_delay_ms: 0,
         claim_ttl_ms: 10_000,
-        retry_base_secs: 1,
-        retry_max_secs: 8,
+        retry: Backoff::new(1_000, 8_000),
         unregistered_hold_ms: 0,
         confirm_interval_ms: 0,
     };

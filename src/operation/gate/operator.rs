@@ -7,8 +7,8 @@
 //! that changes the record is stored with its reason, in the history and the log; a refusal
 //! changes nothing.
 
-use crate::operation::gate_log::GateLog;
-use crate::operation::gate_protocol::{GateReply, OperatorAction};
+use crate::operation::gate::log::GateLog;
+use crate::operation::gate::protocol::{GateReply, OperatorAction};
 use crate::operation::history::HistoryEntry;
 use crate::operation::lifecycle::Status;
 use crate::operation::{Actor, Operation, OperatorRefusal};
@@ -179,11 +179,11 @@ fn refused(op: Operation, reason: &str) -> Step {
 
 #[cfg(test)]
 mod tests {
-    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt};
     use crate::operation::alert::AlertKind;
+    use crate::operation::gate::alarm::{attempt_finished, begin_attempt, Attempt};
     use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
     use crate::operation::gate::{step, Save, Step};
-    use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply, OperatorAction};
     use crate::operation::lifecycle::{Source, Status};
     use crate::operation::{Actor, AttemptOutcome};
 

@@ -10,15 +10,15 @@
 //! lost one); a re-index changes no state.
 
 use crate::operation::alert::AlertKind;
-use crate::operation::gate_log::GateLog;
-use crate::operation::gate_protocol::GateReply;
+use crate::operation::gate::log::GateLog;
+use crate::operation::gate::protocol::GateReply;
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
 
 use super::decision::{effect_report, Step};
 
 #[cfg(doc)]
-use crate::operation::gate_protocol::GateCommand;
+use crate::operation::gate::protocol::GateCommand;
 
 /// The alarm runs the effect if due: the backoff stands; setting the alarm again repairs a
 /// lost one.
@@ -82,11 +82,11 @@ pub(super) fn reindex(mut op: Operation) -> Step {
 
 #[cfg(test)]
 mod tests {
-    use crate::operation::alarm::confirmed;
     use crate::operation::alert::AlertKind;
+    use crate::operation::gate::alarm::confirmed;
     use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::gate::{step, Save};
-    use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::lifecycle::Status;
     use crate::operation::observation::StatusError;
 

@@ -1,5 +1,5 @@
 //! A registration: the operation submitted to Gemini, named to its gate with its kind and its
-//! `user_metadata` ([`GateCommand::Register`](crate::operation::gate_protocol::GateCommand::Register)).
+//! `user_metadata` ([`GateCommand::Register`](crate::operation::gate::protocol::GateCommand::Register)).
 //!
 //! Guarantees (docs/DESIGN.md, invariant 4): registering is idempotent; a gate with no record
 //! creates a pending one; a registration never changes what an earlier one recorded: one that
@@ -12,7 +12,7 @@
 
 use serde_json::Value;
 
-use crate::operation::gate_protocol::GateReply;
+use crate::operation::gate::protocol::GateReply;
 use crate::operation::history::HistoryEntry;
 use crate::operation::{KindFill, Operation};
 
@@ -80,10 +80,10 @@ pub(super) fn register_again(
 mod tests {
     use serde_json::json;
 
-    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt};
+    use crate::operation::gate::alarm::{attempt_finished, begin_attempt, Attempt};
     use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::protocol::{GateCommand, GateReply};
     use crate::operation::gate::{step, Save};
-    use crate::operation::gate_protocol::{GateCommand, GateReply};
     use crate::operation::lifecycle::{Source, Status};
     use crate::operation::{AttemptOutcome, KindFill, Operation};
 

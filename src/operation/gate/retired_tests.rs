@@ -1,14 +1,14 @@
 //! Host tests of what a gate whose retention ended decides, whoever asks: its tombstone
-//! ([`crate::operation::alarm::retire_if_over`]) runs nothing again for a registration, a
+//! ([`crate::operation::gate::alarm::retire_if_over`]) runs nothing again for a registration, a
 //! poll, a nudge, a signed delivery or an operator, for a batch (whose answers carry a time)
 //! and a video (whose answers carry none).
 
 use serde_json::{json, Map};
 
-use crate::operation::alarm::{begin_attempt, retire_if_over};
+use crate::operation::gate::alarm::{begin_attempt, retire_if_over};
 use crate::operation::gate::fixtures::*;
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::gate::{step, Save};
-use crate::operation::gate_protocol::{GateCommand, GateReply};
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::operation::{OpEvent, Operation};
 
@@ -25,9 +25,9 @@ fn tombstone(key: &str, name: &str) -> Operation {
         op = Operation::register(key, name, Some("publish".into()), 0);
         let s = step(Some(op), deliver_as(key, name, Status::Succeeded, 0), 10);
         let (claim, s) = begin_attempt(s.record.unwrap(), 10, &LIMITS).unwrap();
-        op = crate::operation::alarm::attempt_finished(
+        op = crate::operation::gate::alarm::attempt_finished(
             s.record.unwrap(),
-            &crate::operation::alarm::Attempt {
+            &crate::operation::gate::alarm::Attempt {
                 claim,
                 outcome: crate::operation::AttemptOutcome::Delivered,
                 started_ms: 10,
@@ -195,7 +195,7 @@ fn a_nudge_to_a_tombstone_asks_nothing_and_runs_nothing() {
             GateReply::Dropped {
                 reason: DropReason::Duplicate,
                 status: Status::Succeeded,
-                effect: crate::operation::gate_protocol::EffectReport::Delivered,
+                effect: crate::operation::gate::protocol::EffectReport::Delivered,
             },
             "{key}"
         );

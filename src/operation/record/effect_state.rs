@@ -201,7 +201,7 @@ impl Operation {
     }
 
     /// Records how the attempt under `token` ended. `backoff_ms` is the wait before the next
-    /// attempt should this one have failed (see [`crate::operation::backoff_ms`]).
+    /// attempt should this one have failed (see [`crate::retry::Backoff::next_wait_ms`]).
     pub fn finish(
         &mut self,
         token: u64,

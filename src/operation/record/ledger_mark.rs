@@ -12,6 +12,7 @@ use crate::operation::ledger::{
     may_need_work, meta_error, op_key, IndexWrite, LedgerMeta, Projection, MIN_TTL_SECS,
 };
 use crate::operation::record::Operation;
+use crate::retry::Backoff;
 
 /// What the ledger has of this record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,8 +58,8 @@ impl LedgerMark {
     /// A write failed at `now_ms`: the next waits twice as long as the last, capped.
     fn failed(&mut self, now_ms: i64) {
         self.failures = self.failures.saturating_add(1);
-        let exponent = (self.failures - 1).min(20);
-        let wait = (PROJECTION_SPACING_MS << exponent).min(PROJECTION_RETRY_MAX_MS);
+        let wait =
+            Backoff::new(PROJECTION_SPACING_MS, PROJECTION_RETRY_MAX_MS).after(self.failures);
         self.at_ms = now_ms;
         self.retry_at_ms = now_ms + wait;
     }

@@ -519,7 +519,7 @@ impl Operation {
     /// status, whether the effect was done or parked, settled time, generation), which objects
     /// retired then still hold: a delivery that comes later is a duplicate and runs nothing,
     /// and it is never projected again. Retention's end now deletes the gate's storage
-    /// instead ([`crate::operation::alarm::retire_if_over`]).
+    /// instead ([`crate::operation::gate::alarm::retire_if_over`]).
     pub fn retire(&mut self, now_ms: i64) {
         self.details = Map::new();
         self.alerts.clear();
@@ -572,14 +572,4 @@ impl Operation {
             "version": self.version,
         })
     }
-}
-
-/// Wait before attempt `failures + 1`: `base * 2^(failures - 1)`, capped, scaled by a jitter
-/// factor in [0.75, 1.0] so that many operations failing together do not retry in lockstep.
-/// `jitter` is a random number in [0, 1) supplied by the caller.
-pub fn backoff_ms(failures: u32, base_secs: i64, max_secs: i64, jitter: f64) -> i64 {
-    let exponent = failures.saturating_sub(1).min(30);
-    let raw = base_secs.saturating_mul(1_i64 << exponent).min(max_secs) * 1_000;
-    let factor = 0.75 + 0.25 * jitter.clamp(0.0, 1.0);
-    (raw as f64 * factor) as i64
 }

@@ -538,16 +538,6 @@ fn open_operation_is_never_forgotten() {
     assert_eq!(op.expires_at_ms(1), None);
 }
 
-#[test]
-fn backoff_doubles_and_is_capped() {
-    assert_eq!(backoff_ms(1, 30, 3_600, 1.0), 30_000);
-    assert_eq!(backoff_ms(2, 30, 3_600, 1.0), 60_000);
-    assert_eq!(backoff_ms(3, 30, 3_600, 1.0), 120_000);
-    assert_eq!(backoff_ms(20, 30, 3_600, 1.0), 3_600_000);
-    assert_eq!(backoff_ms(200, 30, 3_600, 1.0), 3_600_000);
-    assert_eq!(backoff_ms(1, 30, 3_600, 0.0), 22_500);
-}
-
 fn status_event(status: Status, t: i64, output: &str) -> OpEvent {
     let mut details = Map::new();
     details.insert("output_file_uri".into(), json!(output));

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 
 use crate::operation::alert::AlertKind;
-use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
 use crate::operation::key::Collection;
 use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{Source, Status};
@@ -20,7 +20,7 @@ use crate::operation::OpEvent;
 use crate::reconciliation::entry_decision::Action;
 use crate::reconciliation::lease_state::slot_spacing_ms;
 use crate::reconciliation::status::{interpret_skimmed, status_url, StatusAnswer};
-use crate::retry::Answer;
+use crate::retry::PeerAnswer;
 
 use super::{Awaiting, Intent, Pass, PassLog, HOLD_BACKOFF_UP_TO_MS};
 
@@ -183,7 +183,7 @@ impl Pass {
         let Some(key) = self.entry.as_ref().map(|e| e.key.clone()) else {
             return;
         };
-        let (Answer::Http { status, .. } | Answer::TooLarge { status, .. }) = answer else {
+        let (PeerAnswer::Http { status, .. } | PeerAnswer::TooLarge { status, .. }) = answer else {
             return self.status_unanswered(key, answer, now_ms);
         };
         self.health.answered();
@@ -205,7 +205,7 @@ impl Pass {
             self.ask_again_after_backoff();
         }
         let answer = match answer {
-            Answer::Network(e) => e,
+            PeerAnswer::Network(e) => e,
             _ => "timeout".to_string(),
         };
         self.log(PassLog::StatusUnanswered {

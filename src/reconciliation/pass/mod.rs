@@ -44,7 +44,7 @@ mod tests;
 
 use serde_json::Value;
 
-use crate::operation::gate_protocol::GateCommand;
+use crate::operation::gate::protocol::GateCommand;
 use crate::operation::key::Collection;
 use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::entry_decision::Thresholds;

@@ -6,14 +6,14 @@ use serde_json::{json, Value};
 use super::stop::{Stop, UNANSWERED_BACKOFF_MS};
 use super::*;
 use crate::operation::alert::AlertKind;
-use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
 use crate::operation::ledger::{LedgerMeta, OpenCounts};
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::{Audit, MAX_INDEX_PAGES};
 use crate::reconciliation::skim::skim;
 use crate::reconciliation::status::{StatusAnswer, READ};
-use crate::retry::Answer;
+use crate::retry::PeerAnswer;
 
 /// The clock at the start of each pass (ms); entries were submitted at 1,000 s.
 const NOW: i64 = 10_000_000;
@@ -100,8 +100,8 @@ fn http(status: u16, retry_after: Option<&str>) -> StatusAnswer {
     }
 }
 
-fn webhooks(state: &str) -> Answer {
-    Answer::Http {
+fn webhooks(state: &str) -> PeerAnswer {
+    PeerAnswer::Http {
         status: 200,
         body: json!({"webhooks": [{"name": "webhooks/w", "state": state}]}).to_string(),
         retry_after: None,
@@ -143,9 +143,9 @@ struct World {
     refuse_cursor: bool,
     status: Box<dyn FnMut(&str) -> StatusAnswer>,
     gate: Gate,
-    webhooks: Vec<Answer>,
+    webhooks: Vec<PeerAnswer>,
     /// How the WebhookService answers the call enabling the webhook again.
-    enable: Answer,
+    enable: PeerAnswer,
     alert_sent: bool,
     release: Result<LeaseReply, String>,
     /// Runs before each intent is answered, with how many came before: the heartbeat's turn.
@@ -169,7 +169,7 @@ impl Default for World {
             status: Box::new(|_| batch("BATCH_STATE_PENDING")),
             gate: Box::new(usual_gate),
             webhooks: Vec::new(),
-            enable: Answer::Http {
+            enable: PeerAnswer::Http {
                 status: 200,
                 body: json!({"id": "w", "state": "enabled"}).to_string(),
                 retry_after: None,
@@ -1494,7 +1494,7 @@ fn a_webhook_missing_from_the_listing_is_not_found() {
     let out = run(
         webhook_limits(),
         World {
-            webhooks: vec![Answer::Http {
+            webhooks: vec![PeerAnswer::Http {
                 status: 200,
                 body: json!({"webhooks": []}).to_string(),
                 retry_after: None,
@@ -1510,7 +1510,7 @@ fn a_webhook_missing_from_the_listing_is_not_found() {
 fn a_webhook_check_that_fails_leaves_the_mark_as_it_was() {
     for (answer, error) in [
         (
-            Answer::Http {
+            PeerAnswer::Http {
                 status: 503,
                 body: String::new(),
                 retry_after: Some("7".into()),
@@ -1518,16 +1518,16 @@ fn a_webhook_check_that_fails_leaves_the_mark_as_it_was() {
             "Transient { retry_after_secs: 7 }",
         ),
         (
-            Answer::Http {
+            PeerAnswer::Http {
                 status: 403,
                 body: String::new(),
                 retry_after: None,
             },
             "Refused(403)",
         ),
-        (Answer::Timeout, "Transient { retry_after_secs: 0 }"),
+        (PeerAnswer::Timeout, "Transient { retry_after_secs: 0 }"),
         (
-            Answer::TooLarge {
+            PeerAnswer::TooLarge {
                 status: 200,
                 cap: 262_144,
             },
@@ -1556,7 +1556,7 @@ fn a_webhook_check_that_fails_leaves_the_mark_as_it_was() {
 #[test]
 fn the_webhook_listing_is_followed_page_by_page() {
     let page = |token: &str| {
-        Answer::Http {
+        PeerAnswer::Http {
         status: 200,
         body: json!({"webhooks": [{"name": "webhooks/other", "state": "enabled"}], "nextPageToken": token}).to_string(),
         retry_after: None,

@@ -10,7 +10,7 @@
 use crate::operation::observation::{transient, StatusError};
 use crate::reconciliation::status::{enable_webhook_call, webhook_enabled};
 use crate::reconciliation::status::{find_webhook, webhook_alert, WebhookPage};
-use crate::retry::{class_of_status, Answer, Class};
+use crate::retry::{class_of_status, Class, PeerAnswer};
 
 use super::restore::{verdict, Sweep, Verdict};
 use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
@@ -52,25 +52,25 @@ impl Check {
 }
 
 /// What a page of the listing says: the class of the answer decides.
-fn page_of(answer: &Answer, name: &str) -> Result<WebhookPage, StatusError> {
+fn page_of(answer: &PeerAnswer, name: &str) -> Result<WebhookPage, StatusError> {
     read_answer(answer, "a listing page", |body| find_webhook(body, name))
 }
 
 /// Whether the call enabling the webhook again did: a 2xx whose body does not name another
 /// state.
-fn enabled_by(answer: &Answer) -> Result<(), StatusError> {
+fn enabled_by(answer: &PeerAnswer) -> Result<(), StatusError> {
     read_answer(answer, "an answer", webhook_enabled)
 }
 
 /// A WebhookService answer (`what`, said when it is too large): a 2xx's body read by `read`;
 /// anything else by its class.
 fn read_answer<T>(
-    answer: &Answer,
+    answer: &PeerAnswer,
     what: &str,
     read: impl FnOnce(&str) -> Result<T, StatusError>,
 ) -> Result<T, StatusError> {
     match answer {
-        Answer::Http {
+        PeerAnswer::Http {
             status,
             body,
             retry_after,
@@ -80,10 +80,10 @@ fn read_answer<T>(
             // Said in the log line, so an operator sees how long Gemini asked to wait.
             Class::Retry => Err(transient(retry_after.as_deref())),
         },
-        Answer::TooLarge { cap, .. } => {
+        PeerAnswer::TooLarge { cap, .. } => {
             Err(StatusError::Malformed(format!("{what} over {cap} bytes")))
         }
-        Answer::Timeout | Answer::Network(_) => Err(StatusError::Transient {
+        PeerAnswer::Timeout | PeerAnswer::Network(_) => Err(StatusError::Transient {
             retry_after_secs: 0,
         }),
     }
@@ -114,7 +114,7 @@ impl Pass {
     }
 
     /// A page of the webhook listing, as asked by [`Intent::ListWebhooks`].
-    pub fn on_webhook_page(&mut self, answer: Answer) {
+    pub fn on_webhook_page(&mut self, answer: PeerAnswer) {
         if self.answered(|a| *a == Awaiting::WebhookPage).is_none() {
             return;
         }
@@ -219,7 +219,7 @@ impl Pass {
     }
 
     /// The WebhookService's answer to [`Intent::EnableWebhook`].
-    pub fn on_webhook_enabled(&mut self, answer: Answer) {
+    pub fn on_webhook_enabled(&mut self, answer: PeerAnswer) {
         if self.answered(|a| *a == Awaiting::WebhookEnable).is_none() {
             return;
         }

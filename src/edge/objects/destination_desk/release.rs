@@ -9,7 +9,7 @@
 use futures_util::future::join_all;
 use worker::Result;
 
-use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
+use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
 
 use crate::edge::objects::call::call_gate;
 
@@ -52,7 +52,7 @@ impl DestinationDesk {
                 None => {
                     missed = true;
                     let misses = self.missed(&row.key)?;
-                    self.enqueue(&row.key, now + desk.miss_wait_ms(misses))?;
+                    self.enqueue(&row.key, now + desk.probe_backoff().after(misses))?;
                 }
             }
             desk.probe = None;
@@ -124,7 +124,7 @@ impl DestinationDesk {
                 Some(_) => self.forget_misses(&row.key)?,
                 None => {
                     let misses = self.missed(&row.key)?;
-                    self.enqueue(&row.key, now + desk.miss_wait_ms(misses))?;
+                    self.enqueue(&row.key, now + desk.probe_backoff().after(misses))?;
                 }
             }
         }

@@ -1,5 +1,5 @@
 //! The OperationGate's alarm run: performs, piece by piece, the work
-//! [`crate::operation::alarm::AlarmPlan`] asks for, and stores each piece's step.
+//! [`crate::operation::gate::alarm::AlarmPlan`] asks for, and stores each piece's step.
 //!
 //! Guarantees: nothing here decides what runs or in what order (the plan does); each await
 //! is followed by a fresh read of the record, so commands that ran meanwhile are kept; the
@@ -11,17 +11,17 @@ use worker::{Env, Response, Result};
 
 use crate::config::Config;
 use crate::destination::protocol::{health_failure, DeskCommand, DeskReply, DeskSettings};
-use crate::operation::alarm::{
+use crate::operation::effect::{build_request, outcome};
+use crate::operation::gate::alarm::{
     self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, Upkeep,
 };
-use crate::operation::desk_turn::{self, DeskTurn};
-use crate::operation::effect::{build_request, outcome};
+use crate::operation::gate::desk_turn::{self, DeskTurn};
 use crate::operation::gate::Step;
 use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
-use crate::retry::Answer;
+use crate::retry::PeerAnswer;
 use crate::telemetry::counters;
 
 use crate::edge::objects::call::{call_desk, call_lease};
@@ -269,7 +269,7 @@ impl<'a> Run<'a> {
                 .map(|(_, id)| id.clone())
                 .unwrap_or_default(),
             http_status: match &answer {
-                Answer::Http { status, .. } => Some(*status),
+                PeerAnswer::Http { status, .. } => Some(*status),
                 _ => None,
             },
         };

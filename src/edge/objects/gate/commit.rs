@@ -8,8 +8,9 @@
 use worker::Result;
 
 use crate::config::Config;
-use crate::operation::gate::{Limits, Save, Step};
+use crate::operation::gate::{GateLimits, Save, Step};
 use crate::operation::Operation;
+use crate::retry::Backoff;
 
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::runtime::{log, now_ms};
@@ -26,13 +27,15 @@ pub(super) enum Alarm {
 }
 
 /// What the gate's steps need of the configuration.
-pub(super) fn limits(config: &Config) -> Limits {
-    Limits {
+pub(super) fn limits(config: &Config) -> GateLimits {
+    GateLimits {
         retention_ms: config.retention_ms(),
         stats_delay_ms: config.stats_flush_secs * 1_000,
         claim_ttl_ms: config.claim_ttl_secs * 1_000,
-        retry_base_secs: config.retry_base_secs,
-        retry_max_secs: config.retry_max_secs,
+        retry: Backoff::new(
+            config.retry_base_secs * 1_000,
+            config.retry_max_secs * 1_000,
+        ),
         unregistered_hold_ms: config.unregistered_hold_ms(),
         confirm_interval_ms: config.confirm_interval_secs * 1_000,
     }

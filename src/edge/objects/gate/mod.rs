@@ -6,7 +6,7 @@
 //! and the end of retention.
 //!
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every decision is a pure step of
-//! [`crate::operation::gate`] (commands) or [`crate::operation::alarm`] (the alarm's plan and
+//! [`crate::operation::gate`] (commands) or [`crate::operation::gate::alarm`] (the alarm's plan and
 //! its pieces); this object only loads the record, calls a step, performs the I/O the alarm
 //! needs (`alarm.rs`) and stores what the step says (`commit.rs`). Commands (deliveries,
 //! nudges, registrations, operator actions) only decide and store: every read-decide-write
@@ -37,9 +37,9 @@ use std::cell::Cell;
 
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
-use crate::operation::alarm_failure;
-use crate::operation::gate_log::GateLog;
-use crate::operation::gate_protocol::{GateCommand, GateReply};
+use crate::operation::gate::alarm_failure;
+use crate::operation::gate::log::GateLog;
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::refusal::Refusal;
 use crate::telemetry::usage::Invocation;
 
@@ -115,7 +115,7 @@ impl DurableObject for OperationGate {
     }
 
     /// The one runner of everything outbound: performs the run
-    /// [`crate::operation::alarm::plan`] decides (a retirement, or a due confirmation, due
+    /// [`crate::operation::gate::alarm::plan`] decides (a retirement, or a due confirmation, due
     /// alerts, a due side effect, then the ledger projection and the counters), each piece
     /// stored by its step before and after its I/O (the record is re-read after each await:
     /// commands may have run meanwhile); see `alarm.rs`.
@@ -123,7 +123,7 @@ impl DurableObject for OperationGate {
     /// A run that fails (a configuration that does not parse, a storage error) never throws:
     /// the runtime would retry it only six times and then drop the alarm. It logs, stores its
     /// failure streak and sets the alarm again with capped backoff
-    /// ([`crate::operation::alarm_failure`]), so the work resumes once the fault clears,
+    /// ([`crate::operation::gate::alarm_failure`]), so the work resumes once the fault clears,
     /// however long it lasted.
     async fn alarm(&self) -> Result<Response> {
         // The alarm that woke us is spent: whatever this run needs next must be set again.

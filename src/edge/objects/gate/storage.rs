@@ -20,9 +20,9 @@ use serde_json::Value;
 use worker::wasm_bindgen::JsValue;
 use worker::{Result, ScheduledTime, State};
 
-use crate::operation::alarm_failure::AlarmFailures;
-use crate::operation::gate::Limits;
-use crate::operation::gate_log::GateLog;
+use crate::operation::gate::alarm_failure::AlarmFailures;
+use crate::operation::gate::log::GateLog;
+use crate::operation::gate::GateLimits;
 use crate::operation::history::{HistoryEntry, HistoryLog};
 use crate::operation::{recovery, Operation};
 
@@ -31,7 +31,7 @@ use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::log;
 
 /// The key, in the object's key-value storage, of the alarm's failure streak (see
-/// [`crate::operation::alarm_failure`]).
+/// [`crate::operation::gate::alarm_failure`]).
 const ALARM_FAILURES: &str = "alarm_failures";
 
 /// The record as this instance knows it: every write goes through [`GateStorage::save`],
@@ -126,7 +126,7 @@ impl GateStorage {
     }
 
     /// Sets the alarm for what `op` has pending next (or deletes it when nothing is).
-    pub async fn sync_alarm(&self, op: &Operation, limits: &Limits) -> Result<()> {
+    pub async fn sync_alarm(&self, op: &Operation, limits: &GateLimits) -> Result<()> {
         let storage = self.state.storage();
         let wake = op.wake_at_ms(limits.retention_ms, limits.stats_delay_ms);
         if wake.is_some() && wake == self.alarm_at.get() {

@@ -247,19 +247,19 @@ fn without_a_queue_the_webhook_is_enabled_and_the_walk_keeps_its_usual_order() {
 
 #[test]
 fn an_enabling_call_that_fails_changes_nothing_alerts_once_and_is_made_again_next_pass() {
-    let refused = Answer::Http {
+    let refused = PeerAnswer::Http {
         status: 403,
         body: String::new(),
         retry_after: None,
     };
-    let still_disabled = Answer::Http {
+    let still_disabled = PeerAnswer::Http {
         status: 200,
         body: json!({"id": "w", "state": DISABLED_FOR_FAILURES}).to_string(),
         retry_after: None,
     };
     for (answer, error) in [
         (refused, "Refused(403)"),
-        (Answer::Timeout, "Transient"),
+        (PeerAnswer::Timeout, "Transient"),
         (
             still_disabled,
             "answered with the webhook disabled_due_to_failed_deliveries",

@@ -2,18 +2,18 @@
 //!
 //! Guarantees: the gate's alarm never leaves its retries to the runtime (Cloudflare retries a
 //! throwing alarm handler at most six times, from 2 s, then drops the alarm); a failed run is
-//! recorded as a streak and re-armed after [`ALARM_RETRY_FIRST_MS`], doubling up to
-//! [`ALARM_RETRY_MAX_MS`], for as long as the fault lasts, so an operation's work resumes at
-//! most [`ALARM_RETRY_MAX_MS`] after the fault clears. These are constants, not configuration:
+//! recorded as a streak and re-armed on [`ALARM_RETRY`]'s backoff for as long as the fault
+//! lasts, so an operation's work resumes at most its cap after the fault clears. These are constants, not configuration:
 //! they must hold when the configuration itself is what fails. Time and jitter are parameters.
 
 use serde::{Deserialize, Serialize};
 
-/// Wait after the first failure of a streak.
-pub const ALARM_RETRY_FIRST_MS: i64 = 2_000;
-/// Longest wait between two runs of a failing alarm: how long after a fault clears its work
-/// may wait. One failing run costs an invocation and one small storage write.
-pub const ALARM_RETRY_MAX_MS: i64 = 60_000;
+use crate::retry::Backoff;
+
+/// A failing alarm's runs: 2 s after the first failure of a streak, doubling to 60 s, how long
+/// after a fault clears its work may wait. One failing run costs an invocation and one small
+/// storage write.
+pub const ALARM_RETRY: Backoff = Backoff::new(2_000, 60_000);
 
 /// A streak this long (about six minutes of failing) alerts `alarm_failing`, and again each
 /// time it doubles (about 16 and 36 minutes, then every doubling), so a fault that nothing else
@@ -76,21 +76,19 @@ pub fn failed(
     now: i64,
     jitter: f64,
 ) -> (AlarmFailures, i64) {
-    let streak = previous.filter(|p| now - p.last_at_ms <= 2 * ALARM_RETRY_MAX_MS);
+    let streak = previous.filter(|p| now - p.last_at_ms <= 2 * ALARM_RETRY.max_ms);
     let (failures, first_at_ms) = match streak {
         Some(p) => (p.failures.saturating_add(1), p.first_at_ms),
         None => (1, now),
     };
-    let exponent = (failures - 1).min(20);
-    let wait = (ALARM_RETRY_FIRST_MS << exponent).min(ALARM_RETRY_MAX_MS);
-    let wait = (wait as f64 * (0.75 + 0.25 * jitter.clamp(0.0, 1.0))) as i64;
+    let wait = ALARM_RETRY.jittered(failures, jitter);
     let record = AlarmFailures {
         failures,
         first_at_ms,
         last_at_ms: now,
         error: error.chars().take(500).collect(),
     };
-    (record, now + wait.max(1_000))
+    (record, now + wait)
 }
 
 #[cfg(test)]
@@ -146,7 +144,7 @@ mod tests {
         let mut runs = 0;
         while now < 600_000 {
             let (s, at) = failed(streak, "configuration", now, 0.5);
-            assert!(at > now && at - now <= ALARM_RETRY_MAX_MS);
+            assert!(at > now && at - now <= ALARM_RETRY.max_ms);
             streak = Some(s);
             now = at;
             runs += 1;
@@ -173,11 +171,11 @@ mod tests {
         let (s, at) = failed(
             Some(old.clone()),
             "y",
-            1_000 + 3 * ALARM_RETRY_MAX_MS,
+            1_000 + 3 * ALARM_RETRY.max_ms,
             0.999,
         );
         assert_eq!(s.failures, 1);
-        assert!(at - s.last_at_ms <= ALARM_RETRY_FIRST_MS);
+        assert!(at - s.last_at_ms <= ALARM_RETRY.first_ms);
         let (s, _) = failed(Some(old), "y", 30_000, 0.5);
         assert_eq!((s.failures, s.first_at_ms, s.error.as_str()), (10, 0, "y"));
     }

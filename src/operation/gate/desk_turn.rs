@@ -9,8 +9,8 @@
 //! keeps its generation and `webhook-id`, holds no claim, and is due again at the desk's word
 //! or, should the desk be lost, after `EFFECT_RETRY_MAX_SECONDS`.
 
-use crate::operation::alarm::AlarmDone;
-use crate::operation::gate::{Limits, Step};
+use crate::operation::gate::alarm::AlarmDone;
+use crate::operation::gate::{GateLimits, Step};
 use crate::operation::{DeskMark, Operation};
 
 /// What an attempt owes the desk before it leaves.
@@ -48,8 +48,8 @@ pub fn reports(turn: DeskTurn, paced: bool, health_failure: bool) -> bool {
 
 /// The desk said `Wait`: the effect waits for its release, with `EFFECT_RETRY_MAX_SECONDS` as
 /// the fallback. Nothing changes when it is no longer owed or a live claim holds it.
-pub fn wait_on_destination(mut op: Operation, now: i64, limits: &Limits) -> Step<AlarmDone> {
-    let fallback = limits.retry_max_secs.saturating_mul(1_000);
+pub fn wait_on_destination(mut op: Operation, now: i64, limits: &GateLimits) -> Step<AlarmDone> {
+    let fallback = limits.retry.max_ms;
     if !op.wait_on_destination(now, fallback) {
         return Step::new(Some(op), AlarmDone::WaitsOnDestination(false));
     }
@@ -59,10 +59,10 @@ pub fn wait_on_destination(mut op: Operation, now: i64, limits: &Limits) -> Step
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::alarm::{attempt_finished, begin_attempt, Attempt};
+    use crate::operation::gate::alarm::{attempt_finished, begin_attempt, Attempt};
     use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::gate::{step, Save};
-    use crate::operation::gate_protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::lifecycle::Status;
     use crate::operation::AttemptOutcome;
 

@@ -15,17 +15,15 @@ use std::collections::VecDeque;
 use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
-use crate::operation::gate::{count_delivery, Limits, Save, Step};
-use crate::operation::gate_log::{AttemptLine, GateLog};
+use crate::operation::gate::log::{AttemptLine, GateLog};
+use crate::operation::gate::{count_delivery, GateLimits, Save, Step};
 use crate::operation::history::HistoryEntry;
 use crate::operation::key::Collection;
 use crate::operation::ledger::{IndexWrite, Projection};
 use crate::operation::lifecycle::{Source, Status, Verdict};
 use crate::operation::observation::SlotAnswer;
 use crate::operation::observation::{Observation, StatusError};
-use crate::operation::{
-    backoff_ms, AttemptOutcome, Claim, Finished, OpEvent, Operation, PendingAlert,
-};
+use crate::operation::{AttemptOutcome, Claim, Finished, OpEvent, Operation, PendingAlert};
 use crate::telemetry::counters::{
     acceptance_bucket, labelled, Counter, StatEvent, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM,
     ALERTS_BY_KIND_PREFIX, EFFECT_RETRY_AFTER, EFFECT_TO_PREFIX,
@@ -115,7 +113,7 @@ pub enum AlarmWork {
 }
 
 /// Plans a run for the record as the alarm found it at `now`.
-pub fn plan(op: &Operation, now: i64, limits: &Limits) -> AlarmPlan {
+pub fn plan(op: &Operation, now: i64, limits: &GateLimits) -> AlarmPlan {
     let stages: &[Stage] = if retention_over(op, now, limits) {
         &[Stage::Retire]
     } else {
@@ -140,7 +138,7 @@ impl AlarmPlan {
         &mut self,
         op: &Operation,
         now: i64,
-        limits: &Limits,
+        limits: &GateLimits,
         status_api: bool,
     ) -> Option<AlarmWork> {
         while let Some(stage) = self.stages.pop_front() {
@@ -205,7 +203,7 @@ fn confirm_ask(op: &Operation, status_api: bool) -> ConfirmAsk {
     }
 }
 
-fn retention_over(op: &Operation, now: i64, limits: &Limits) -> bool {
+fn retention_over(op: &Operation, now: i64, limits: &GateLimits) -> bool {
     op.expires_at_ms(limits.retention_ms)
         .is_some_and(|t| t <= now)
 }
@@ -217,7 +215,7 @@ fn retention_over(op: &Operation, now: i64, limits: &Limits) -> bool {
 /// asks: a registration is refused (`Retired`), a signed delivery or a poll is a duplicate of
 /// a terminal outcome, a nudge finds it terminal, and an operator's action is refused; an
 /// answer without a time (a video's) needs no age to be judged by.
-pub fn retire_if_over(op: &Operation, now: i64, limits: &Limits) -> Option<Step<AlarmDone>> {
+pub fn retire_if_over(op: &Operation, now: i64, limits: &GateLimits) -> Option<Step<AlarmDone>> {
     if !retention_over(op, now, limits) {
         return None;
     }
@@ -242,18 +240,15 @@ pub fn confirmed(
     op: Operation,
     answer: Result<Observation, StatusError>,
     now: i64,
-    limits: &Limits,
+    limits: &GateLimits,
     jitter: f64,
 ) -> Step<AlarmDone> {
     let attempts = op.confirmation().map_or(0, |c| c.attempts);
     // Each question waits at least the confirmation interval after the last, whoever nudges.
-    let wait = backoff_ms(
-        attempts + 1,
-        limits.retry_base_secs,
-        limits.retry_max_secs,
-        jitter,
-    )
-    .max(limits.confirm_interval_ms);
+    let wait = limits
+        .retry
+        .jittered(attempts + 1, jitter)
+        .max(limits.confirm_interval_ms);
     let mut op = op;
     if !matches!(answer, Err(StatusError::NoApiKey)) {
         op.confirmation_asked(now);
@@ -274,7 +269,7 @@ fn confirmed_state(
     observation: Observation,
     now: i64,
     wait: i64,
-    limits: &Limits,
+    limits: &GateLimits,
 ) -> Step<AlarmDone> {
     let key = op.key().to_string();
     let event = OpEvent {
@@ -381,7 +376,7 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
 pub fn slot_wait(
     answer: Option<SlotAnswer>,
     now: i64,
-    limits: &Limits,
+    limits: &GateLimits,
     jitter: f64,
 ) -> Option<i64> {
     match answer {
@@ -422,12 +417,10 @@ pub fn confirm_waits_for_slot(mut op: Operation, until: i64, now: i64) -> Step<A
 /// Nothing could be asked (`GEMINI_API_KEY` is not set). Not a try, so no try count grows its
 /// backoff: the wait is the time waited so far, which doubles the total at each wake, within
 /// the limits.
-fn confirm_without_key(mut op: Operation, now: i64, limits: &Limits) -> Step<AlarmDone> {
+fn confirm_without_key(mut op: Operation, now: i64, limits: &GateLimits) -> Step<AlarmDone> {
     let key = op.key().to_string();
     let waited = op.confirmation().map_or(0, |c| now - c.requested_at_ms);
-    let wait = waited
-        .min(limits.retry_max_secs.saturating_mul(1_000))
-        .max(limits.retry_base_secs.saturating_mul(1_000));
+    let wait = waited.min(limits.retry.max_ms).max(limits.retry.first_ms);
     op.confirmation_waits(now, wait);
     Step::new(Some(op), AlarmDone::Confirmed)
         .durable()
@@ -452,7 +445,7 @@ pub fn alert_sent(
     alert: &PendingAlert,
     sent: bool,
     now: i64,
-    limits: &Limits,
+    limits: &GateLimits,
     jitter: f64,
 ) -> Step<AlarmDone> {
     if sent {
@@ -466,12 +459,7 @@ pub fn alert_sent(
                 alert_id: alert.id.clone(),
             })
     } else {
-        let wait = backoff_ms(
-            alert.attempts + 1,
-            limits.retry_base_secs,
-            limits.retry_max_secs,
-            jitter,
-        );
+        let wait = limits.retry.jittered(alert.attempts + 1, jitter);
         op.alert_failed(alert.kind, now, wait);
         Step::new(Some(op), AlarmDone::AlertSent(false)).durable()
     }
@@ -482,7 +470,7 @@ pub fn alert_sent(
 pub fn begin_attempt(
     mut op: Operation,
     now: i64,
-    limits: &Limits,
+    limits: &GateLimits,
 ) -> Option<(Claim, Step<AlarmDone>)> {
     let claim = op.claim(now, limits.claim_ttl_ms)?;
     let attempt = op.effect().attempts();
@@ -554,20 +542,15 @@ fn count_labelled(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
 pub fn attempt_finished(
     mut op: Operation,
     attempt: &Attempt,
-    limits: &Limits,
+    limits: &GateLimits,
     jitter: f64,
 ) -> Step<AlarmDone> {
-    let backoff = backoff_ms(
-        op.effect().failures_in_row(),
-        limits.retry_base_secs,
-        limits.retry_max_secs,
-        jitter,
-    );
-    // A destination that said when to come back is not asked sooner (within the cap: a
-    // Retry-After of a day does not hold an effect past EFFECT_RETRY_MAX_SECONDS).
-    let backoff = attempt.asked_wait_ms.map_or(backoff, |asked| {
-        backoff.max(asked.min(limits.retry_max_secs.saturating_mul(1_000)))
-    });
+    // A destination that said when to come back is not asked sooner, within
+    // EFFECT_RETRY_MAX_SECONDS.
+    let backoff =
+        limits
+            .retry
+            .next_wait_ms(op.effect().failures_in_row(), attempt.asked_wait_ms, jitter);
     let finished = op.finish_attempt(
         &attempt.claim,
         &attempt.outcome,
@@ -661,7 +644,7 @@ impl Upkeep {
 /// Plans the upkeep, sealing the events to flush (store the record before sending them, so
 /// counts made meanwhile go to new events). Only the alarm projects, one at a time, so two
 /// ledger writes never race; a projection waits a second after the last (KV's per-key rate).
-pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &Limits) -> Upkeep {
+pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &GateLimits) -> Upkeep {
     let sealed = op.seal_stats();
     let projection =
         (op.projected_version() < op.version() && now >= op.projection_due_ms()).then(|| {
@@ -727,8 +710,8 @@ pub(crate) const STATS_RETRY_MS: i64 = 5_000;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operation::gate::protocol::GateCommand;
     use crate::operation::gate::step;
-    use crate::operation::gate_protocol::GateCommand;
     use serde_json::Map;
 
     use crate::operation::gate::fixtures::LIMITS;
@@ -1109,8 +1092,8 @@ mod tests {
 mod feeder_tests {
     use super::*;
     use crate::operation::gate::fixtures::*;
+    use crate::operation::gate::protocol::GateCommand;
     use crate::operation::gate::step;
-    use crate::operation::gate_protocol::GateCommand;
     use crate::operation::MAX_CONFIRM_ATTEMPTS;
 
     #[test]
@@ -1215,7 +1198,7 @@ mod feeder_tests {
 
     #[test]
     fn questions_about_one_operation_are_a_confirmation_interval_apart() {
-        let limits = Limits {
+        let limits = GateLimits {
             confirm_interval_ms: 60_000,
             ..LIMITS
         };
@@ -1245,7 +1228,7 @@ mod feeder_tests {
 
     #[test]
     fn the_budget_decides_when_a_confirmation_may_ask() {
-        let limits = Limits {
+        let limits = GateLimits {
             confirm_interval_ms: 60_000,
             ..LIMITS
         };
