@@ -25,11 +25,12 @@ const IDENTIFYING: [&str; 6] = [
     "unverified_user_metadata",
 ];
 
-/// The `webhook-id` of the result `result_key` of the operation `key`.
-pub fn result_message_id(key: &str, result_key: &str) -> String {
-    // The zero byte cannot occur in an operation key, so no (key, result key) pair hashes the
-    // same text as another.
-    let digest = Sha256::digest(format!("{key}\u{0}{result_key}").as_bytes());
+/// The `webhook-id` of the result at `index`, keyed `result_key`, of the operation `key`: the
+/// index tells apart two lines of a file that carry the same key.
+pub fn result_message_id(key: &str, result_key: &str, index: u64) -> String {
+    // The zero byte cannot occur in an operation key, so no (key, result key, index) hashes
+    // the same text as another.
+    let digest = Sha256::digest(format!("{key}\u{0}{result_key}\u{0}{index}").as_bytes());
     let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
     format!("res_{hex}")
 }
@@ -62,7 +63,7 @@ pub fn build_result_request(
     now_secs: i64,
 ) -> EffectRequest {
     let body = result_body(op, item).to_string();
-    let id = result_message_id(op.key(), &item.result_key);
+    let id = result_message_id(op.key(), &item.result_key, item.index);
     let signature = sign(secret, &id, now_secs, body.as_bytes());
     EffectRequest {
         headers: vec![
@@ -115,10 +116,15 @@ mod tests {
 
     #[test]
     fn the_id_is_stable_per_result_and_distinct_from_the_job_and_other_results() {
-        let a = result_message_id("batches/b", "req-1");
-        assert_eq!(a, result_message_id("batches/b", "req-1"));
-        assert_ne!(a, result_message_id("batches/b", "req-2"));
-        assert_ne!(a, result_message_id("batches/c", "req-1"));
+        let a = result_message_id("batches/b", "req-1", 4);
+        assert_eq!(a, result_message_id("batches/b", "req-1", 4));
+        assert_ne!(a, result_message_id("batches/b", "req-2", 4));
+        assert_ne!(
+            a,
+            result_message_id("batches/b", "req-1", 5),
+            "a repeated key"
+        );
+        assert_ne!(a, result_message_id("batches/c", "req-1", 4));
         assert_ne!(a, effect_message_id("batches/b", 1));
         assert!(a.starts_with("res_"));
     }

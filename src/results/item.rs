@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::results::keys::{inline_keys, item_hash, key_text, KeysSeen};
+use crate::results::keys::{file_result_key, inline_keys, item_hash, key_text};
 use crate::results::lines::Piece;
 
 /// What a result carries to its destination.
@@ -59,8 +59,8 @@ fn payload_of(value: &Value, locate: impl Fn(&str) -> Value) -> Payload {
     }
 }
 
-/// A file's line as a result; `seen` gives it its result key.
-pub fn from_piece(piece: &Piece, file: &str, seen: &mut KeysSeen) -> ResultItem {
+/// A file's line as a result.
+pub fn from_piece(piece: &Piece, file: &str) -> ResultItem {
     let (index, offset) = match piece {
         Piece::Line { index, offset, .. } | Piece::TooLarge { index, offset, .. } => {
             (*index, *offset)
@@ -84,7 +84,7 @@ pub fn from_piece(piece: &Piece, file: &str, seen: &mut KeysSeen) -> ResultItem 
         },
     };
     ResultItem {
-        result_key: seen.take(key.as_deref(), index),
+        result_key: file_result_key(key.as_deref(), index),
         index,
         payload,
     }
@@ -128,11 +128,9 @@ mod tests {
 
     #[test]
     fn a_line_with_a_response_keeps_it_as_gemini_wrote_it() {
-        let mut seen = KeysSeen::default();
         let r = from_piece(
             &line(0, r#"{"key":"a","response":{"candidates":[1]}}"#),
             "files/f",
-            &mut seen,
         );
         assert_eq!(r.result_key, "a");
         assert_eq!(r.payload, Payload::Response(json!({"candidates": [1]})));
@@ -140,11 +138,9 @@ mod tests {
 
     #[test]
     fn a_line_with_an_error_is_an_error_result() {
-        let mut seen = KeysSeen::default();
         let r = from_piece(
             &line(3, r#"{"key":"b","error":{"code":3,"message":"bad"}}"#),
             "files/f",
-            &mut seen,
         );
         assert_eq!(
             r.payload,
@@ -155,8 +151,7 @@ mod tests {
 
     #[test]
     fn a_line_that_is_not_json_is_one_unreadable_result_with_its_place() {
-        let mut seen = KeysSeen::default();
-        let r = from_piece(&line(2, "{oops"), "files/f", &mut seen);
+        let r = from_piece(&line(2, "{oops"), "files/f");
         assert_eq!(r.result_key, "line-2");
         let Payload::Unreadable(why) = r.payload else {
             panic!("unreadable")
@@ -169,21 +164,19 @@ mod tests {
 
     #[test]
     fn a_line_with_neither_response_nor_error_is_unreadable_but_keeps_its_key() {
-        let mut seen = KeysSeen::default();
-        let r = from_piece(&line(0, r#"{"key":"c"}"#), "files/f", &mut seen);
+        let r = from_piece(&line(0, r#"{"key":"c"}"#), "files/f");
         assert_eq!(r.result_key, "c");
         assert!(matches!(r.payload, Payload::Unreadable(_)));
     }
 
     #[test]
     fn a_line_over_the_cap_says_where_it_is() {
-        let mut seen = KeysSeen::default();
         let piece = Piece::TooLarge {
             index: 7,
             offset: 4096,
             size: 9_000_000,
         };
-        let r = from_piece(&piece, "files/big", &mut seen);
+        let r = from_piece(&piece, "files/big");
         assert_eq!(
             r.payload,
             Payload::Unreadable(

@@ -1,93 +1,25 @@
 //! A result's `result_key`: the request's own key when it has one, a stable fallback when it
-//! has none, and distinct for every result of one operation.
+//! has none.
 //!
 //! Guarantees: a file's result keys are the same on every read of the same file (its order is
-//! fixed), including a read resumed from a checkpoint with the [`KeysSeen`] stored beside it;
-//! an inline batch's result keys are the same however its items are ordered on a later read.
-//! No two results of one operation share a key: a key already taken gets `#` and the line's
-//! index (file) or its rank (inline) appended until it is free.
-//!
-//! A file's keys are checked against [`KeysSeen`], a Bloom filter of fixed size, so memory
-//! does not grow with the file. It has no false negatives (a repeated key is always caught);
-//! a false positive only gives a first-seen key a suffix, the same one on every read, because
-//! the filter is stored with each chunk checkpoint and rebuilt the same way.
+//! fixed), and are the keys as the requests wrote them: two lines with the same key keep it,
+//! told apart by their `index` (unique in a file, and part of each result's `webhook-id`), so
+//! reading a file needs no memory of the keys before. An inline batch's result keys are the
+//! same however its items are ordered on a later read, and distinct: items sharing a key are
+//! ranked by their content and take `#<rank>`, since an inline item's index is its place in
+//! the order of its key.
 
 use std::collections::BTreeSet;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// Bytes of the filter: 8 Mi bits. With five probes a key, about 2% of first-seen keys near
-/// the end of a million-line file take a suffix they did not need; 1 MiB stays under a
-/// Durable Object SQLite row's 2 MB, so the filter is one row.
-pub const KEYS_SEEN_BYTES: usize = 1 << 20;
-/// Probes per key: near the best for a million keys in 8 Mi bits.
-const HASHES: usize = 5;
-
-/// The keys a file's results have taken so far, as a Bloom filter.
-#[derive(Clone, PartialEq, Eq)]
-pub struct KeysSeen {
-    bits: Vec<u8>,
-}
-
-impl std::fmt::Debug for KeysSeen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let set = self.bits.iter().map(|b| b.count_ones()).sum::<u32>();
-        write!(f, "KeysSeen({set} bits set)")
-    }
-}
-
-impl Default for KeysSeen {
-    fn default() -> Self {
-        KeysSeen {
-            bits: vec![0; KEYS_SEEN_BYTES],
-        }
-    }
-}
-
-impl KeysSeen {
-    /// The filter as stored; [`KeysSeen::from_bytes`] reads it back.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bits
-    }
-
-    /// A stored filter; `None` when it is not one (wrong size).
-    pub fn from_bytes(bytes: Vec<u8>) -> Option<KeysSeen> {
-        (bytes.len() == KEYS_SEEN_BYTES).then_some(KeysSeen { bits: bytes })
-    }
-
-    fn probes(key: &str) -> [usize; HASHES] {
-        let digest = Sha256::digest(key.as_bytes());
-        let bits = KEYS_SEEN_BYTES * 8;
-        std::array::from_fn(|i| {
-            let word: [u8; 4] = digest[i * 4..i * 4 + 4].try_into().unwrap_or([0; 4]);
-            u32::from_le_bytes(word) as usize % bits
-        })
-    }
-
-    fn contains(&self, key: &str) -> bool {
-        Self::probes(key)
-            .iter()
-            .all(|bit| self.bits[bit / 8] & (1 << (bit % 8)) != 0)
-    }
-
-    fn insert(&mut self, key: &str) {
-        for bit in Self::probes(key) {
-            self.bits[bit / 8] |= 1 << (bit % 8);
-        }
-    }
-
-    /// The result key of the file's line at `index` whose request key is `key`.
-    pub fn take(&mut self, key: Option<&str>, index: u64) -> String {
-        let mut candidate = match key {
-            Some(k) => k.to_string(),
-            None => format!("line-{index}"),
-        };
-        while self.contains(&candidate) {
-            candidate = format!("{candidate}#{index}");
-        }
-        self.insert(&candidate);
-        candidate
+/// The result key of the file's line at `index` whose request key is `key`: the key as it
+/// is, or `line-<index>` for a line without one.
+pub fn file_result_key(key: Option<&str>, index: u64) -> String {
+    match key {
+        Some(k) => k.to_string(),
+        None => format!("line-{index}"),
     }
 }
 
@@ -148,43 +80,13 @@ mod tests {
 
     #[test]
     fn a_keyed_line_keeps_its_key_and_a_keyless_one_takes_its_index() {
-        let mut seen = KeysSeen::default();
-        assert_eq!(seen.take(Some("req-1"), 0), "req-1");
-        assert_eq!(seen.take(None, 1), "line-1");
+        assert_eq!(file_result_key(Some("req-1"), 0), "req-1");
+        assert_eq!(file_result_key(None, 1), "line-1");
     }
 
     #[test]
-    fn repeated_keys_are_told_apart_by_index_and_never_collide() {
-        let mut seen = KeysSeen::default();
-        let keys = [
-            seen.take(Some("a"), 0),
-            seen.take(Some("a"), 1),
-            seen.take(Some("a#1"), 2),
-            seen.take(Some("line-4"), 3),
-            seen.take(None, 4),
-        ];
-        assert_eq!(keys, ["a", "a#1", "a#1#2", "line-4", "line-4#4"]);
-    }
-
-    #[test]
-    fn a_stored_filter_resumes_with_the_same_keys() {
-        let mut seen = KeysSeen::default();
-        seen.take(Some("a"), 0);
-        let stored = seen.as_bytes().to_vec();
-        let mut resumed = KeysSeen::from_bytes(stored).unwrap();
-        assert_eq!(resumed.take(Some("a"), 1), seen.take(Some("a"), 1));
-        assert!(KeysSeen::from_bytes(vec![0; 3]).is_none());
-    }
-
-    #[test]
-    fn distinct_keys_rarely_take_a_suffix() {
-        // 300,000 keys keep the host run short; a million stay under 2% (checked once).
-        let mut seen = KeysSeen::default();
-        let n = 300_000u64;
-        let suffixed = (0..n)
-            .filter(|i| seen.take(Some(&format!("request-{i}")), *i).contains('#'))
-            .count();
-        assert!(suffixed < (n / 1_000) as usize, "{suffixed} of {n}");
+    fn a_repeated_key_is_kept_as_written() {
+        assert_eq!(file_result_key(Some("a"), 0), file_result_key(Some("a"), 7));
     }
 
     #[test]

@@ -18,8 +18,8 @@
 //! [`MAX_WAITING`] before reading stops until they drain), never a result's body, and never a
 //! delivered or parked result. Storage, in the batch's Durable Object: this value without its
 //! rows as one row; one row per waiting or parked result (its [`Row`], and its result, at most a
-//! line's cap); the [`crate::results::keys::KeysSeen`] filter as one row. Each transition's
-//! [`Write`]s are stored in one transaction with the value.
+//! line's cap), by its index. Each transition's [`Write`]s are stored in one transaction with
+//! the value.
 
 use std::collections::BTreeMap;
 
@@ -118,8 +118,8 @@ pub struct Row {
 pub enum Write {
     /// A result not delivered: keep it to send again.
     KeepResult(ResultItem),
-    /// A result delivered after a retry: its stored result and row go.
-    Forget(String),
+    /// A result delivered after a retry: its stored result and row go (by index).
+    Forget(u64),
     /// A result parked: its row moves to the parked ones (listed, retried by an operator).
     Park(Row),
 }
@@ -133,8 +133,8 @@ pub enum Step {
     ReadChunk { chunk: u64, from: Checkpoint },
     /// Read the claimed chunk again and send its results, then commit it.
     ResendChunk(ChunkClaim),
-    /// Send these rows' stored results again (begin each, then finish it).
-    RetryRows(Vec<String>),
+    /// Send these rows' stored results again (begin each, then finish it), by index.
+    RetryRows(Vec<u64>),
     /// Raise the one alert for a parked file.
     Alert(String),
     /// Every result is settled: the job's effect is owed with these counts.
@@ -151,8 +151,8 @@ pub struct Progress {
     pub chunks_done: u64,
     pub claim: Option<ChunkClaim>,
     pub counts: Counts,
-    /// The results waiting for a retry, by result key.
-    pub rows: BTreeMap<String, Row>,
+    /// The results waiting for a retry, by index (unique: a file's keys may repeat).
+    pub rows: BTreeMap<u64, Row>,
     /// When the results became owed (the operation's `SUCCEEDED`).
     pub since_ms: i64,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -204,11 +204,11 @@ impl Progress {
                 return Step::Alert(reason.clone());
             }
         }
-        let due: Vec<String> = self
+        let due: Vec<u64> = self
             .rows
             .iter()
             .filter(|(_, r)| r.next_at_ms.is_some_and(|at| at <= now_ms))
-            .map(|(k, _)| k.clone())
+            .map(|(index, _)| *index)
             .collect();
         if !due.is_empty() {
             return Step::RetryRows(due);
@@ -332,7 +332,7 @@ impl Progress {
     ) -> Option<Write> {
         row.attempts += 1;
         row.in_doubt = false;
-        let key = row.result_key.clone();
+        let key = row.index;
         let was_row = self.rows.remove(&key).is_some();
         match outcome {
             AttemptOutcome::Delivered => {
@@ -356,8 +356,8 @@ impl Progress {
 
     /// Begins a row's attempt: store this before sending its stored result. `false` when the
     /// row is not waiting (settled meanwhile).
-    pub fn begin_row(&mut self, key: &str) -> bool {
-        match self.rows.get_mut(key) {
+    pub fn begin_row(&mut self, index: u64) -> bool {
+        match self.rows.get_mut(&index) {
             Some(row) => {
                 row.in_doubt = true;
                 true
@@ -369,13 +369,13 @@ impl Progress {
     /// Finishes a row's attempt with its answer.
     pub fn finish_row(
         &mut self,
-        key: &str,
+        index: u64,
         outcome: &AttemptOutcome,
         now_ms: i64,
         limits: &Limits,
         jitter: f64,
     ) -> Option<Write> {
-        let row = self.rows.get(key).filter(|r| r.in_doubt).cloned()?;
+        let row = self.rows.get(&index).filter(|r| r.in_doubt).cloned()?;
         self.settle(row, outcome, now_ms, limits, jitter)
     }
 
@@ -388,7 +388,7 @@ impl Progress {
         for mut row in parked {
             row.next_at_ms = Some(now_ms);
             row.in_doubt = false;
-            self.rows.insert(row.result_key.clone(), row);
+            self.rows.insert(row.index, row);
         }
         self.counts.parked = self.counts.parked.saturating_sub(n);
         if matches!(self.phase, Phase::FileParked { .. }) {

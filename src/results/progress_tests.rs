@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::*;
 use crate::results::body::result_message_id;
 use crate::results::item::from_piece;
-use crate::results::keys::KeysSeen;
 use crate::results::lines::{ChunkFill, LineSplitter};
 
 const OP: &str = "batches/b";
@@ -53,10 +52,9 @@ struct Killed;
 struct World {
     file: Vec<u8>,
     stored: String,
-    stored_seen: Vec<u8>,
     /// The stored results of rows, and the parked rows.
-    stored_items: BTreeMap<String, ResultItem>,
-    stored_parked: BTreeMap<String, Row>,
+    stored_items: BTreeMap<u64, ResultItem>,
+    stored_parked: BTreeMap<u64, Row>,
     clock: i64,
     /// Every send: (webhook-id, result key).
     sent: Vec<(String, String)>,
@@ -74,7 +72,6 @@ impl World {
             file: file(n),
             stored: serde_json::to_string(&Progress::begin(Source::File { name: FILE.into() }, 0))
                 .unwrap(),
-            stored_seen: KeysSeen::default().as_bytes().to_vec(),
             stored_items: BTreeMap::new(),
             stored_parked: BTreeMap::new(),
             clock: 0,
@@ -102,13 +99,13 @@ impl World {
         for write in writes {
             match write {
                 Write::KeepResult(item) => {
-                    self.stored_items.insert(item.result_key.clone(), item);
+                    self.stored_items.insert(item.index, item);
                 }
                 Write::Forget(key) => {
                     self.stored_items.remove(&key);
                 }
                 Write::Park(row) => {
-                    self.stored_parked.insert(row.result_key.clone(), row);
+                    self.stored_parked.insert(row.index, row);
                 }
             }
         }
@@ -119,7 +116,7 @@ impl World {
     /// The destination: `e…` keys refuse (4xx), `dup` fails twice then accepts, every other
     /// result is accepted.
     fn send(&mut self, item: &ResultItem) -> Result<AttemptOutcome, Killed> {
-        let id = result_message_id(OP, &item.result_key);
+        let id = result_message_id(OP, &item.result_key, item.index);
         self.sent.push((id.clone(), item.result_key.clone()));
         let n = self.attempts.entry(id.clone()).or_default();
         *n += 1;
@@ -137,24 +134,23 @@ impl World {
 
     /// Reads the chunk starting at `from` as the edge would: no `Range`, so the stream starts
     /// at byte 0 and the done part is discarded.
-    fn read(&self, from: Checkpoint, seen: &mut KeysSeen) -> (Vec<ResultItem>, Checkpoint, bool) {
+    fn read(&self, from: Checkpoint) -> (Vec<ResultItem>, Checkpoint, bool) {
         let mut splitter = LineSplitter::resume(256, from, 0);
         let mut fill = ChunkFill::new(CHUNK, CHUNK_BYTES);
         for bytes in self.file.chunks(13) {
             if fill.offer(splitter.push(bytes)) {
                 let (pieces, to, last) = fill.close(splitter.checkpoint(), false);
-                return (items(&pieces, seen), to, last);
+                return (items(&pieces), to, last);
             }
         }
         let (tail, end) = splitter.finish();
         fill.offer(tail);
         let (pieces, to, last) = fill.close(end, true);
-        (items(&pieces, seen), to, last)
+        (items(&pieces), to, last)
     }
 
     fn send_chunk(&mut self, p: &mut Progress, claim: ChunkClaim) -> Result<(), Killed> {
-        let mut seen = KeysSeen::from_bytes(self.stored_seen.clone()).unwrap();
-        let (items, to, last) = self.read(claim.from, &mut seen);
+        let (items, to, last) = self.read(claim.from);
         assert_eq!(
             (to, last),
             (claim.to, claim.last),
@@ -166,8 +162,6 @@ impl World {
             answers.push((item, outcome));
         }
         let writes = p.commit(claim.chunk, answers, self.clock, &LIMITS, 0.5);
-        // The commit and the filter after the chunk are one transaction.
-        self.stored_seen = seen.as_bytes().to_vec();
         self.store(p, writes.unwrap())
     }
 
@@ -177,8 +171,7 @@ impl World {
         match p.next(self.clock) {
             Step::WaitUntil(at) => self.clock = at,
             Step::ReadChunk { from, .. } => {
-                let mut seen = KeysSeen::from_bytes(self.stored_seen.clone()).unwrap();
-                let (_, to, last) = self.read(from, &mut seen);
+                let (_, to, last) = self.read(from);
                 self.point()?;
                 let claim = p.claim(to, last);
                 self.store(&p, Vec::new())?;
@@ -186,12 +179,12 @@ impl World {
             }
             Step::ResendChunk(claim) => self.send_chunk(&mut p, claim)?,
             Step::RetryRows(keys) => {
-                for key in keys {
-                    assert!(p.begin_row(&key));
+                for index in keys {
+                    assert!(p.begin_row(index));
                     self.store(&p, Vec::new())?;
-                    let item = self.stored_items[&key].clone();
+                    let item = self.stored_items[&index].clone();
                     let outcome = self.send(&item)?;
-                    let write = p.finish_row(&key, &outcome, self.clock, &LIMITS, 0.5);
+                    let write = p.finish_row(index, &outcome, self.clock, &LIMITS, 0.5);
                     self.store(&p, write.into_iter().collect())?;
                 }
             }
@@ -220,8 +213,8 @@ impl World {
     }
 }
 
-fn items(pieces: &[crate::results::lines::Piece], seen: &mut KeysSeen) -> Vec<ResultItem> {
-    pieces.iter().map(|p| from_piece(p, FILE, seen)).collect()
+fn items(pieces: &[crate::results::lines::Piece]) -> Vec<ResultItem> {
+    pieces.iter().map(|p| from_piece(p, FILE)).collect()
 }
 
 #[test]
@@ -233,8 +226,10 @@ fn a_clean_run_sends_each_result_once_and_settles_with_counts() {
         results,
         json!({"total": 40, "delivered": 36, "errors": 12, "parked": 4})
     );
+    let ids: BTreeSet<&String> = world.sent.iter().map(|(id, _)| id).collect();
+    assert_eq!(ids.len(), 40, "every result its own webhook-id");
     let keys: BTreeSet<&String> = world.sent.iter().map(|(_, k)| k).collect();
-    assert_eq!(keys.len(), 40, "every result its own key");
+    assert_eq!(keys.len(), 37, "the four lines keyed `dup` keep their key");
     // Each accepted once; the repeated-key results were retried twice before.
     assert!(world.accepted.values().all(|n| *n == 1));
     assert_eq!(world.accepted.len(), 36);
@@ -361,12 +356,13 @@ fn parked_results_retried_by_an_operator_go_once_under_their_first_id() {
     let Step::RetryRows(keys) = p.next(world.clock) else {
         panic!("rows due")
     };
-    for key in keys {
-        assert!(p.begin_row(&key));
-        let id = result_message_id(OP, &world.stored_items[&key].result_key);
+    for index in keys {
+        assert!(p.begin_row(index));
+        let item = &world.stored_items[&index];
+        let id = result_message_id(OP, &item.result_key, item.index);
         assert!(world.sent.iter().any(|(sent, _)| *sent == id), "first id");
-        let write = p.finish_row(&key, &AttemptOutcome::Delivered, world.clock, &LIMITS, 0.0);
-        assert_eq!(write, Some(Write::Forget(key.clone())));
+        let write = p.finish_row(index, &AttemptOutcome::Delivered, world.clock, &LIMITS, 0.0);
+        assert_eq!(write, Some(Write::Forget(index)));
     }
     let Step::Settled(results) = p.next(world.clock) else {
         panic!("settled")
@@ -403,11 +399,11 @@ fn a_row_retry_waits_the_jobs_backoff() {
     assert_eq!(writes, Some(vec![Write::KeepResult(item)]));
     let wait = LIMITS.backoff().after(1);
     assert_eq!(p.next(1_000), Step::WaitUntil(1_000 + wait));
-    assert!(p.begin_row("a"));
-    p.finish_row("a", &busy, 2_000, &LIMITS, 1.0);
+    assert!(p.begin_row(0));
+    p.finish_row(0, &busy, 2_000, &LIMITS, 1.0);
     let wait = LIMITS.backoff().after(2);
     assert_eq!(p.next(2_000), Step::WaitUntil(2_000 + wait));
-    assert_eq!(p.rows["a"].attempts, 2);
+    assert_eq!(p.rows[&0].attempts, 2);
 }
 
 #[test]
