@@ -36,7 +36,7 @@ use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX};
 use crate::reconciliation::entry_decision::decide;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 
-use super::entry::{Entry, Step};
+use super::entry::{EntryRun, Step};
 use super::stop::Stop;
 use super::walk::IndexWalk;
 use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, CRON_INTERVAL_MS};
@@ -231,7 +231,7 @@ impl Pass {
         if let Some(stop) = self.must_stop(now_ms) {
             return self.walk_ended(walk.position.clone(), stop);
         }
-        if !self.affords(1) {
+        if !self.books.affords(1) {
             return self.walk_ended(walk.position.clone(), Stop::Budget);
         }
         // One cron interval ahead: the queue holds about one interval of work, and the next
@@ -239,7 +239,7 @@ impl Pass {
         let horizon = self.started_ms + CRON_INTERVAL_MS;
         let mut schedule = now_ms
             .max(self.fed_until_ms)
-            .max(self.status_backoff_until_ms);
+            .max(self.books.status_backoff_until_ms);
         let mut jobs: Vec<PollJob> = Vec::new();
         let mut bytes = 0usize;
         let mut last_name = None;
@@ -263,7 +263,7 @@ impl Pass {
                     self.unreadable_metadata(key);
                     continue;
                 };
-                self.report.visited += 1;
+                self.books.report.visited += 1;
                 if decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds).is_empty() {
                     continue;
                 }
@@ -292,8 +292,8 @@ impl Pass {
             return self.window_done(walk);
         }
         let queued = jobs.iter().map(|j| QueuedJob::of(j, now_ms)).collect();
-        self.spend(1);
-        self.report.queue_sends += 1;
+        self.books.spend(1);
+        self.books.report.queue_sends += 1;
         self.awaiting = Some(Awaiting::Enqueue(Fed {
             last_name: last_name.unwrap_or_default(),
             until_ms: schedule,
@@ -311,7 +311,7 @@ impl Pass {
             Some(Awaiting::Enqueue(fed)) => self.on_fed(fed, sent),
             Some(_) => {
                 if let Err(e) = sent {
-                    self.report.errors += 1;
+                    self.books.report.errors += 1;
                     self.log(PassLog::error(format!("queue send: {e}")));
                     self.job = Some(JobOutcome { retry: true });
                 }
@@ -327,14 +327,14 @@ impl Pass {
         };
         match sent {
             Ok(()) => {
-                self.report.fed += fed.entries;
+                self.books.report.fed += fed.entries;
                 self.fed_until_ms = self.fed_until_ms.max(fed.until_ms);
                 walk.position.after_key = Some(fed.last_name);
                 self.save_checkpoint(&walk.position);
                 self.phase = Phase::Index(walk);
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("queue send: {e}")));
                 let position = walk.position.clone();
                 self.walk_ended(position, Stop::Error);
@@ -346,7 +346,7 @@ impl Pass {
     /// each entry is decided again with its metadata and the clock at its slot.
     pub fn for_job(limits: super::Limits, job: PollJob, now_ms: i64) -> Pass {
         let mut pass = Pass::new(limits, "queue".into(), now_ms);
-        pass.budget_limit = u32::MAX;
+        pass.books.budget_limit = u32::MAX;
         pass.walk_deadline_ms = i64::MAX;
         pass.job = Some(JobOutcome::default());
         pass.phase = Phase::Job(JobWalk {
@@ -376,7 +376,7 @@ impl Pass {
                 self.drop_entries(&walk.job, late, JobDrop::Expired, now_ms);
                 break;
             }
-            if now_ms < self.status_backoff_until_ms {
+            if now_ms < self.books.status_backoff_until_ms {
                 // Gemini asked to wait: poll nothing more in this message.
                 walk.skipped.extend(walk.job.entries.drain(walk.at..));
                 break;
@@ -401,19 +401,19 @@ impl Pass {
                 self.unreadable_metadata(key);
                 continue;
             };
-            self.report.visited += 1;
+            self.books.report.visited += 1;
             let actions = decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds);
             let steps = actions.into_iter().map(Step::Act).collect::<Vec<_>>();
             if steps.is_empty() {
                 continue;
             }
-            self.entry = Some(Entry::new(&listed.name, key, meta, steps));
+            self.entry = Some(EntryRun::new(&listed.name, key, meta, steps));
             self.phase = Phase::Job(walk);
             return Flow::Continue;
         }
         let mut back = (!walk.skipped.is_empty()).then(|| PollJob {
             entries: std::mem::take(&mut walk.skipped),
-            not_before_ms: self.status_backoff_until_ms.max(now_ms),
+            not_before_ms: self.books.status_backoff_until_ms.max(now_ms),
             rate_per_s: walk.job.rate_per_s,
             first_slot_ms: Some(walk.job.first_slot()),
             hops: walk.job.hops.saturating_add(1),
@@ -432,12 +432,12 @@ impl Pass {
     /// A consumer's message is walked: report the wait (and where the slots of the entries
     /// sent back end) to the lease, then send them back; or finish.
     pub(super) fn send_back_step(&mut self, mut back: SendBack, now_ms: i64) -> Flow {
-        let backoff = self.status_backoff_until_ms;
+        let backoff = self.books.status_backoff_until_ms;
         if !back.reported && (backoff > 0 || back.job.is_some()) {
             // The next pass schedules after the wait and the slots sent back, and starts no
             // new coverage before they have passed.
             let fed_until_ms = back.job.as_ref().map_or(0, PollJob::slots_end_ms);
-            self.spend(1);
+            self.books.spend(1);
             self.awaiting = Some(Awaiting::Backoff);
             self.phase = Phase::SendBack(back);
             return Flow::Io(Intent::Lease(LeaseCommand::Backoff {
@@ -449,8 +449,8 @@ impl Pass {
             self.phase = Phase::Finish;
             return Flow::Continue;
         };
-        self.spend(1);
-        self.report.queue_sends += 1;
+        self.books.spend(1);
+        self.books.report.queue_sends += 1;
         self.awaiting = Some(Awaiting::SendBack);
         self.phase = Phase::SendBack(back);
         Flow::Io(Intent::Enqueue {
@@ -471,7 +471,7 @@ impl Pass {
             Err(e) => Some(format!("lease backoff: {e}")),
         };
         if let Some(error) = failure {
-            self.report.errors += 1;
+            self.books.report.errors += 1;
             self.log(PassLog::error(error));
             if let Some(mut job) = back.job.take() {
                 // Unrecorded, a copy could wait beside the next coverage's: dropped instead.
@@ -495,7 +495,7 @@ impl Pass {
         if entries.is_empty() {
             return;
         }
-        self.report.dropped += entries.len() as u64;
+        self.books.report.dropped += entries.len() as u64;
         self.log(PassLog::ReconcileJobDropped {
             reason: reason.label(),
             entries: entries.len() as u64,
@@ -513,7 +513,10 @@ impl Pass {
 
     /// The edge slept until the slot asked by [`Intent::Sleep`].
     pub fn on_slept(&mut self) {
-        self.answered(|a| *a == Awaiting::Sleep);
+        match self.entry.as_mut() {
+            Some(run) if run.owes() => run.on_slept(),
+            _ => _ = self.answered(|a| *a == Awaiting::Sleep),
+        }
     }
 
     /// How a consumer's message ended (once [`Intent::Done`]; the default for a pass).

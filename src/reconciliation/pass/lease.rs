@@ -13,7 +13,7 @@ use super::{webhook, Awaiting, Flow, Intent, Pass, PassLog, Phase};
 
 impl Pass {
     pub(super) fn acquire(&mut self) -> Flow {
-        self.spend(1);
+        self.books.spend(1);
         self.awaiting = Some(Awaiting::Acquire);
         Flow::Io(Intent::Lease(LeaseCommand::Acquire {
             holder: self.holder.clone(),
@@ -42,7 +42,7 @@ impl Pass {
                 audit,
                 fed_until_ms,
             }) => {
-                self.status_backoff_until_ms = status_backoff_until_ms;
+                self.books.status_backoff_until_ms = status_backoff_until_ms;
                 self.fed_until_ms = fed_until_ms;
                 let resume = start_of_index(resume);
                 self.checkpoint = (resume.clone(), status_backoff_until_ms);
@@ -50,7 +50,7 @@ impl Pass {
                 if self.audit_from.is_some() {
                     // Keep a third of the budget and of the deadline for the audit.
                     let budget = i64::from(self.limits.budget);
-                    self.budget_limit = (budget - audit_reserve(budget)) as u32;
+                    self.books.budget_limit = (budget - audit_reserve(budget)) as u32;
                     self.walk_deadline_ms -= audit_reserve(self.limits.deadline_ms);
                 }
                 self.webhook_alerted_state = webhook_alerted_state;
@@ -61,11 +61,11 @@ impl Pass {
                 }
             }
             Ok(_) => {
-                self.report.skipped_busy = true;
+                self.books.report.skipped_busy = true;
                 self.phase = Phase::Finish;
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("lease: {e}")));
                 self.phase = Phase::Finish;
             }
@@ -79,12 +79,12 @@ impl Pass {
         if matches!(self.phase, Phase::Done) {
             return None; // the line is logged: nothing is held, nothing more is counted
         }
-        if self.report.subrequests + 2 > self.limits.budget {
+        if self.books.report.subrequests + 2 > self.limits.budget {
             self.heartbeat_stop = Some(Stop::Budget);
             return None;
         }
-        self.spend(1);
-        self.report.lease_renewals += 1;
+        self.books.spend(1);
+        self.books.report.lease_renewals += 1;
         let (resume, status_backoff_until_ms) = self.checkpoint.clone();
         Some(LeaseCommand::Renew {
             holder: self.holder.clone(),
@@ -111,7 +111,7 @@ impl Pass {
                 false
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("lease renewal: {e}")));
                 if lease_presumed_lapsed(now_ms, self.last_renewed_ms, self.limits.lease_ttl_ms) {
                     self.heartbeat_stop = Some(Stop::LeaseLapsed);
@@ -134,8 +134,8 @@ impl Pass {
             Some(Stop::LeaseLost) => Stop::LeaseLost,
             _ => stop,
         };
-        self.report.stopped = Some(stop);
-        self.report.complete = stop == Stop::Complete;
+        self.books.report.stopped = Some(stop);
+        self.books.report.complete = stop == Stop::Complete;
         if !stop.releases() {
             self.log(PassLog::ReconcileLeaseLost {
                 holder: self.holder.clone(),
@@ -143,21 +143,21 @@ impl Pass {
             self.phase = Phase::Finish;
             return Flow::Continue;
         }
-        self.spend(1);
-        self.report.elapsed_ms = now_ms - self.started_ms;
+        self.books.spend(1);
+        self.books.report.elapsed_ms = now_ms - self.started_ms;
         let webhook = self.webhook.take();
         let release = LeaseCommand::Release {
             holder: self.holder.clone(),
             resume,
-            complete: self.report.complete,
-            status_backoff_until_ms: self.status_backoff_until_ms,
+            complete: self.books.report.complete,
+            status_backoff_until_ms: self.books.status_backoff_until_ms,
             webhook_checked: webhook.is_some(),
             webhook_alerted_state: webhook.flatten(),
             audit: self.audit_progress.take(),
             fed_until_ms: self.fed_sent(),
             summary: serde_json::json!({
                 "at": crate::timestamp::format_rfc3339(self.started_ms),
-                "report": self.report.to_value(),
+                "report": self.books.report.to_value(),
             }),
         };
         self.phase = Phase::Release;
@@ -170,7 +170,7 @@ impl Pass {
             Ok(LeaseReply::Released { accepted: true }) => {}
             Ok(other) => self.log(PassLog::error(format!("lease release refused: {other:?}"))),
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("lease release: {e}")));
             }
         }
@@ -179,7 +179,7 @@ impl Pass {
 
     /// How far this pass scheduled polls on the fan-out queue, for the lease (0: nothing).
     fn fed_sent(&self) -> i64 {
-        if self.report.fed > 0 {
+        if self.books.report.fed > 0 {
             self.fed_until_ms
         } else {
             0
@@ -188,11 +188,11 @@ impl Pass {
 
     /// The pass's line (a consumer's, for a queue message), and the end.
     pub(super) fn finish(&mut self, now_ms: i64) -> Flow {
-        self.report.elapsed_ms = now_ms - self.started_ms;
+        self.books.report.elapsed_ms = now_ms - self.started_ms;
         if self.job.is_some() {
-            self.log(PassLog::ReconcileJob(self.report.clone()));
+            self.log(PassLog::ReconcileJob(self.books.report.clone()));
         } else {
-            self.log(PassLog::ReconcilePass(self.report.clone()));
+            self.log(PassLog::ReconcilePass(self.books.report.clone()));
         }
         self.phase = Phase::Done;
         Flow::Continue

@@ -45,13 +45,15 @@ mod tests;
 use serde_json::Value;
 
 use crate::operation::gate::protocol::GateCommand;
-use crate::operation::key::Collection;
+use crate::operation::gate::protocol::GateReply;
 use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::LeaseCommand;
 use crate::reconciliation::lease_state::AuditProgress;
 
-use stop::{past_deadline, StatusHealth, Stop};
+use crate::reconciliation::status::StatusAnswer;
+
+use stop::{past_deadline, Stop};
 
 pub use fanout::{
     Fanout, JobEntry, JobOutcome, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES,
@@ -157,14 +159,12 @@ pub struct Pass {
     /// The deadline the current walk may use: two thirds of the pass's for the routine walk
     /// when an audit is due; likewise the budget.
     walk_deadline_ms: i64,
-    budget_limit: u32,
+    books: entry::Books,
     phase: Phase,
     /// The answer the edge owes, and what it is for.
     awaiting: Option<Awaiting>,
-    /// The entry in hand and what is left to do for it.
-    entry: Option<entry::Entry>,
-    report: PassReport,
-    logs: Vec<PassLog>,
+    /// The entry in hand, its run.
+    entry: Option<entry::EntryRun>,
     /// Set by the heartbeat when the walk must stop: the lease was lost or may have lapsed,
     /// or no budget is left for another renewal.
     heartbeat_stop: Option<Stop>,
@@ -175,10 +175,6 @@ pub struct Pass {
     /// How far the audit has got, when this pass audits: sent with each renewal and with the
     /// release.
     audit_progress: Option<AuditProgress>,
-    status_backoff_until_ms: i64,
-    health: StatusHealth,
-    /// When this pass (or consumer) last started a status call.
-    last_poll_ms: Option<i64>,
     /// Where the walk was before the first entry it owed a poll and skipped because Gemini
     /// asked us to wait (ending within [`HOLD_BACKOFF_UP_TO_MS`]): the next pass starts there,
     /// so a rate limit does not leave the rest of the ledger unpolled for a whole coverage.
@@ -228,12 +224,6 @@ enum Awaiting {
     WebhookAlert,
     Announce,
     Listed,
-    Status {
-        started_ms: i64,
-        collection: Collection,
-    },
-    Gate(entry::AfterGate),
-    IndexDelete,
     Enqueue(fanout::Fed),
     Sleep,
     Release,
@@ -257,7 +247,7 @@ impl Pass {
     /// A pass for `holder` (unique per run), starting at `now_ms`.
     pub fn new(limits: Limits, holder: String, now_ms: i64) -> Pass {
         Pass {
-            budget_limit: limits.budget,
+            books: entry::Books::new(limits.budget),
             walk_deadline_ms: now_ms + limits.deadline_ms,
             limits,
             holder,
@@ -265,15 +255,10 @@ impl Pass {
             phase: Phase::Acquire,
             awaiting: None,
             entry: None,
-            report: PassReport::default(),
-            logs: Vec::new(),
             heartbeat_stop: None,
             last_renewed_ms: now_ms,
             checkpoint: (LedgerCursor::default(), 0),
             audit_progress: None,
-            status_backoff_until_ms: 0,
-            health: StatusHealth::default(),
-            last_poll_ms: None,
             first_unpolled: None,
             seen: walk::Seen::default(),
             kv_unbound: None,
@@ -298,7 +283,7 @@ impl Pass {
     /// itself) rather than doing anything twice.
     pub fn next(&mut self, now_ms: i64) -> Intent {
         loop {
-            if self.awaiting.is_some() {
+            if self.awaiting.is_some() || self.entry.as_ref().is_some_and(entry::EntryRun::owes) {
                 debug_assert!(false, "next() while {:?} is owed", self.awaiting);
                 return Intent::Done;
             }
@@ -326,12 +311,12 @@ impl Pass {
 
     /// The lines logged since the last call, in order.
     pub fn drain_logs(&mut self) -> Vec<PassLog> {
-        std::mem::take(&mut self.logs)
+        std::mem::take(&mut self.books.logs)
     }
 
     /// What the pass has done so far (all of it once [`Intent::Done`]).
     pub fn report(&self) -> &PassReport {
-        &self.report
+        &self.books.report
     }
 
     /// How often the heartbeat renews the lease.
@@ -340,19 +325,36 @@ impl Pass {
     }
 
     fn log(&mut self, line: PassLog) {
-        self.logs.push(line);
+        self.books.log(line);
     }
 
-    /// Counts `n` subrequests against the budget the heartbeat shares (the report's count is
-    /// the one the budget is held to).
-    fn spend(&mut self, n: u32) {
-        self.report.subrequests += n;
+    /// The next intent of the entry in hand; `None` when nothing is left to do for it.
+    fn entry_step(&mut self, now_ms: i64) -> Option<Intent> {
+        self.entry
+            .as_mut()?
+            .step(&mut self.books, &self.limits, now_ms)
     }
 
-    /// Room for `cost` more subrequests in the current walk's share, keeping one for the
-    /// lease release.
-    fn affords(&self, cost: u32) -> bool {
-        self.report.subrequests + cost < self.budget_limit
+    /// The status API's answer to [`Intent::Poll`], at `now_ms` (when it ended).
+    pub fn on_status(&mut self, answer: StatusAnswer, now_ms: i64) {
+        if let Some(run) = self.entry.as_mut() {
+            run.on_status(&mut self.books, &self.limits, answer, now_ms);
+        }
+    }
+
+    /// The gate's reply to [`Intent::CallGate`] (`Err`: the call failed).
+    pub fn on_gate(&mut self, reply: Result<GateReply, String>) {
+        if let Some(run) = self.entry.as_mut() {
+            run.on_gate(&mut self.books, reply);
+        }
+    }
+
+    /// The answer to [`Intent::DeleteIndex`] (`Err`: the delete failed; the next coverage
+    /// finds the entry again).
+    pub fn on_index_deleted(&mut self, deleted: Result<(), String>) {
+        if let Some(run) = self.entry.as_mut() {
+            run.on_index_deleted(&mut self.books, deleted);
+        }
     }
 
     /// Why the walk must start nothing more, if it must: the heartbeat said so, or the
@@ -368,7 +370,7 @@ impl Pass {
             .first_unpolled
             .clone()
             .unwrap_or_else(|| position.clone());
-        self.checkpoint = (at, self.status_backoff_until_ms);
+        self.checkpoint = (at, self.books.status_backoff_until_ms);
     }
 
     /// Takes the owed answer's purpose if it is `want`'s kind; `None` (the answer is ignored)

@@ -150,9 +150,9 @@ impl Pass {
             return Flow::Continue;
         };
         let stop = self.walked.as_ref().map(|(_, stop)| *stop);
-        let done = swept_text(self.limits.fanout.as_ref(), self.report.fed, stop);
+        let done = swept_text(self.limits.fanout.as_ref(), self.books.report.fed, stop);
         let body = webhook_reenabled(&sweep.webhook, &sweep.was, &done);
-        self.spend(1);
+        self.books.spend(1);
         self.phase = Phase::Announce(Box::new(next));
         self.awaiting = Some(Awaiting::Announce);
         Flow::Io(Intent::PostAlert(body))
@@ -162,7 +162,7 @@ impl Pass {
     /// `webhook_enabled` line says it all the same).
     pub(super) fn on_announced(&mut self, sent: bool) {
         if sent {
-            self.report.alerts += 1;
+            self.books.report.alerts += 1;
         }
         self.phase = match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Announce(next) => *next,

@@ -94,7 +94,7 @@ impl Pass {
         if check.read || check.pages == MAX_WEBHOOK_PAGES {
             return self.webhook_conclude(check);
         }
-        if !self.affords(2) {
+        if !self.books.affords(2) {
             self.webhook = None;
             self.start_walk(check.then);
             return Flow::Continue;
@@ -106,7 +106,7 @@ impl Pass {
                 percent_encoding::utf8_percent_encode(t, percent_encoding::NON_ALPHANUMERIC)
             ));
         }
-        self.spend(1);
+        self.books.spend(1);
         check.pages += 1;
         self.phase = Phase::Webhook(check);
         self.awaiting = Some(Awaiting::WebhookPage);
@@ -132,7 +132,7 @@ impl Pass {
                 self.phase = Phase::Webhook(check);
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::WebhookCheckFailed {
                     webhook: check.name,
                     error: format!("{e:?}"),
@@ -160,7 +160,7 @@ impl Pass {
                 let auto_enable = self.limits.webhook_auto_enable;
                 let why = match verdict(&state, check.id.as_deref(), auto_enable, answering) {
                     // The call, and the alert saying what it did.
-                    Verdict::Restore { id } if self.affords(2) => {
+                    Verdict::Restore { id } if self.books.affords(2) => {
                         return self.restore_step(check, &id)
                     }
                     Verdict::Restore { .. } => {
@@ -197,7 +197,7 @@ impl Pass {
             return;
         };
         self.webhook = if sent {
-            self.report.alerts += 1;
+            self.books.report.alerts += 1;
             check.alerting
         } else {
             // Not sent: keep the old mark so the next pass tries again.
@@ -212,7 +212,7 @@ impl Pass {
     /// Enables webhook `id` again.
     pub(super) fn restore_step(&mut self, check: Check, id: &str) -> Flow {
         let (url, body) = enable_webhook_call(&self.limits.api_base, id);
-        self.spend(1);
+        self.books.spend(1);
         self.phase = Phase::Webhook(check);
         self.awaiting = Some(Awaiting::WebhookEnable);
         Flow::Io(Intent::EnableWebhook { url, body })
@@ -228,7 +228,7 @@ impl Pass {
         };
         let was = check.state.clone().unwrap_or_default();
         if let Err(e) = enabled_by(&answer) {
-            self.report.errors += 1;
+            self.books.report.errors += 1;
             self.log(PassLog::WebhookEnableFailed {
                 webhook: check.name.clone(),
                 error: format!("{e:?}"),
@@ -250,7 +250,7 @@ impl Pass {
         self.webhook = Some(None);
         self.sweep = Some(Sweep::new(check.name, was));
         // The walk keeps one subrequest for the alert (the release's is kept already).
-        self.budget_limit = self.budget_limit.saturating_sub(1);
+        self.books.budget_limit = self.books.budget_limit.saturating_sub(1);
         self.start_walk(if swept {
             LedgerCursor::default()
         } else {
