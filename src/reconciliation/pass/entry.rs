@@ -26,7 +26,7 @@ use crate::reconciliation::status::{interpret_skimmed, status_url, StatusAnswer}
 use crate::retry::PeerAnswer;
 
 use super::stop::StatusHealth;
-use super::{Intent, Limits, PassLog, PassReport, HOLD_BACKOFF_UP_TO_MS};
+use super::{Intent, Limits, PassLog, PassReport, Performed, HOLD_BACKOFF_UP_TO_MS};
 
 #[cfg(doc)]
 use crate::reconciliation::entry_decision::decide;
@@ -73,6 +73,16 @@ impl Books {
     /// lease release.
     pub(super) fn affords(&self, cost: u32) -> bool {
         self.report.subrequests + cost < self.budget_limit
+    }
+
+    /// An index entry whose metadata does not parse: an error, and the entry is passed over
+    /// (the audit finds the operation through its `op:` entry).
+    pub(super) fn unreadable_metadata(&mut self, key: &str) {
+        self.report.errors += 1;
+        self.log(PassLog::ReconcileError {
+            key: Some(key.to_string()),
+            error: "unreadable index metadata".into(),
+        });
     }
 }
 
@@ -248,19 +258,25 @@ impl EntryRun {
         })
     }
 
-    /// The edge slept until the slot asked by [`Intent::Sleep`].
-    pub(super) fn on_slept(&mut self) {
-        self.answered(|a| *a == Owed::Sleep);
-    }
-
-    /// The status API's answer to [`Intent::Poll`], at `now_ms` (when it ended).
-    pub(super) fn on_status(
+    /// What performing the run's last intent got, at `now_ms`.
+    pub(super) fn answer(
         &mut self,
         books: &mut Books,
         limits: &Limits,
-        answer: StatusAnswer,
+        performed: Performed,
         now_ms: i64,
     ) {
+        match performed {
+            Performed::Status(answer) => self.on_status(books, limits, answer, now_ms),
+            Performed::Gate(reply) => self.on_gate(books, reply),
+            Performed::IndexDeleted(deleted) => self.on_index_deleted(books, deleted),
+            Performed::Slept => _ = self.answered(|a| *a == Owed::Sleep),
+            other => debug_assert!(false, "an answer no entry asks for: {other:?}"),
+        }
+    }
+
+    /// The status API's answer to [`Intent::Poll`], at `now_ms` (when it ended).
+    fn on_status(&mut self, books: &mut Books, limits: &Limits, answer: StatusAnswer, now_ms: i64) {
         let Some(Owed::Status {
             started_ms,
             collection,
@@ -427,7 +443,7 @@ impl EntryRun {
     }
 
     /// The gate's reply to [`Intent::CallGate`] (`Err`: the call failed).
-    pub(super) fn on_gate(&mut self, books: &mut Books, reply: Result<GateReply, String>) {
+    fn on_gate(&mut self, books: &mut Books, reply: Result<GateReply, String>) {
         let Some(Owed::Gate(after)) = self.answered(|a| matches!(a, Owed::Gate(_))) else {
             return;
         };
@@ -476,7 +492,7 @@ impl EntryRun {
 
     /// The answer to [`Intent::DeleteIndex`] (`Err`: the delete failed; the next coverage
     /// finds the entry again).
-    pub(super) fn on_index_deleted(&mut self, books: &mut Books, deleted: Result<(), String>) {
+    fn on_index_deleted(&mut self, books: &mut Books, deleted: Result<(), String>) {
         if self.answered(|a| *a == Owed::IndexDelete).is_none() {
             return;
         }

@@ -22,18 +22,7 @@ impl Pass {
     }
 
     /// The lease object's answer (`Err`: the call failed) to [`Intent::Lease`], at `now_ms`.
-    pub fn on_lease(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
-        match self
-            .answered(|a| matches!(a, Awaiting::Acquire | Awaiting::Release | Awaiting::Backoff))
-        {
-            Some(Awaiting::Acquire) => self.on_acquired(reply, now_ms),
-            Some(Awaiting::Backoff) => self.on_backed_off(reply, now_ms),
-            Some(_) => self.on_released(reply),
-            None => {}
-        }
-    }
-
-    fn on_acquired(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
+    pub(super) fn on_acquired(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
         match reply {
             Ok(LeaseReply::Granted {
                 resume,
@@ -165,7 +154,7 @@ impl Pass {
         Flow::Io(Intent::Lease(release))
     }
 
-    fn on_released(&mut self, reply: Result<LeaseReply, String>) {
+    pub(super) fn on_released(&mut self, reply: Result<LeaseReply, String>) {
         match reply {
             Ok(LeaseReply::Released { accepted: true }) => {}
             Ok(other) => self.log(PassLog::error(format!("lease release refused: {other:?}"))),
@@ -186,14 +175,10 @@ impl Pass {
         }
     }
 
-    /// The pass's line (a consumer's, for a queue message), and the end.
+    /// The pass's line, and the end.
     pub(super) fn finish(&mut self, now_ms: i64) -> Flow {
         self.books.report.elapsed_ms = now_ms - self.started_ms;
-        if self.job.is_some() {
-            self.log(PassLog::ReconcileJob(self.books.report.clone()));
-        } else {
-            self.log(PassLog::ReconcilePass(self.books.report.clone()));
-        }
+        self.log(PassLog::ReconcilePass(self.books.report.clone()));
         self.phase = Phase::Done;
         Flow::Continue
     }

@@ -30,6 +30,7 @@
 //! unless the ledger shows it raised; a malformed answer asks for a `status_unusable` alert
 //! once; an answer whose status the ledger already shows costs no gate call.
 
+mod consumer;
 mod entry;
 mod fanout;
 mod lease;
@@ -48,16 +49,17 @@ use crate::operation::gate::protocol::GateCommand;
 use crate::operation::gate::protocol::GateReply;
 use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::entry_decision::Thresholds;
-use crate::reconciliation::lease_protocol::LeaseCommand;
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::AuditProgress;
+use crate::retry::PeerAnswer;
 
 use crate::reconciliation::status::StatusAnswer;
 
 use stop::{past_deadline, Stop};
 
+pub use consumer::{Consumer, JobOutcome};
 pub use fanout::{
-    Fanout, JobEntry, JobOutcome, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES,
-    JOB_MAX_AGE_MS,
+    Fanout, JobEntry, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES, JOB_MAX_AGE_MS,
 };
 pub use lines::{PassLog, PassReport};
 
@@ -106,37 +108,67 @@ pub struct Limits {
     pub poll_rate: u32,
 }
 
-/// What the edge does next for the pass.
+/// What the edge does next for a pass or a consumer; each but `Done` is answered with the
+/// [`Performed`] of the same name.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Intent {
-    /// Send this to the lease object; answer with [`Pass::on_lease`].
+    /// Send this to the lease object.
     Lease(LeaseCommand),
-    /// GET this page of Gemini's webhook listing; answer with [`Pass::on_webhook_page`].
+    /// GET this page of Gemini's webhook listing.
     ListWebhooks { url: String },
-    /// `PATCH` this WebhookService URL with this JSON body (enabling the webhook again);
-    /// answer with [`Pass::on_webhook_enabled`].
+    /// `PATCH` this WebhookService URL with this JSON body (enabling the webhook again).
     EnableWebhook { url: String, body: String },
-    /// Post this alert to the alert sink; answer with [`Pass::on_alert_posted`].
+    /// Post this alert to the alert sink.
     PostAlert(Value),
-    /// List one KV page of keys under `prefix` from `cursor`; answer with [`Pass::on_listed`].
+    /// List one KV page of keys under `prefix` from `cursor`.
     List {
         prefix: &'static str,
         cursor: Option<String>,
     },
-    /// Ask Gemini's status API about `key` at `url`; answer with [`Pass::on_status`].
+    /// Ask Gemini's status API about `key` at `url`.
     Poll { key: String, url: String },
-    /// Send `command` to the gate of `key`; answer with [`Pass::on_gate`].
+    /// Send `command` to the gate of `key`.
     CallGate { key: String, command: GateCommand },
     /// Delete the `open:` entry of `key`, whose gate holds no record (a delete lost before
-    /// the gate's storage ended); answer with [`Pass::on_index_deleted`].
+    /// the gate's storage ended).
     DeleteIndex { key: String },
-    /// Send these messages to the fan-out queue in one batch; answer with
-    /// [`Pass::on_enqueued`].
+    /// Send these messages to the fan-out queue in one batch.
     Enqueue { jobs: Vec<QueuedJob> },
-    /// A consumer waits for its next entry's slot; answer with [`Pass::on_slept`].
+    /// Wait until then (the pace of status calls, or a consumer's next slot).
     Sleep { until_ms: i64 },
-    /// The pass is over; its line is among the logs.
+    /// The run is over; its line is among the logs.
     Done,
+}
+
+/// What the edge got by performing an [`Intent`] (`Err`: the call failed), handed back with
+/// [`Machine::answer`].
+#[derive(Debug)]
+pub enum Performed {
+    Lease(Result<LeaseReply, String>),
+    WebhookPage(PeerAnswer),
+    WebhookEnabled(PeerAnswer),
+    /// Whether the alert was sent.
+    AlertPosted(bool),
+    Listed(Result<ListedPage, String>),
+    Status(StatusAnswer),
+    Gate(Result<GateReply, String>),
+    IndexDeleted(Result<(), String>),
+    Enqueued(Result<(), String>),
+    Slept,
+}
+
+/// What the edge drives: a [`Pass`] or a queue [`Consumer`].
+pub trait Machine {
+    /// What to do next at `now_ms`; [`Intent::Done`] once the run is over. Each intent but
+    /// `Done` owes its answer through [`Machine::answer`] before the next call; a call while
+    /// one is owed is the executor's bug, and ends the driving (a pass's lease then lapses by
+    /// itself) rather than doing anything twice.
+    fn next(&mut self, now_ms: i64) -> Intent;
+    /// What performing the last intent got, at `now_ms` (when it ended); an answer nobody
+    /// asked for is ignored.
+    fn answer(&mut self, performed: Performed, now_ms: i64);
+    /// The lines logged since the last call, in order.
+    fn drain_logs(&mut self) -> Vec<PassLog>;
 }
 
 impl Intent {
@@ -193,8 +225,6 @@ pub struct Pass {
     audit_from: Option<LedgerCursor>,
     /// Where the polls scheduled on the fan-out queue end (from the lease, then this pass's).
     fed_until_ms: i64,
-    /// A consumer's pass over one queue message: how it ended (`None` for a pass).
-    job: Option<JobOutcome>,
     /// Where the routine walk says the next pass starts, and why it stopped.
     walked: Option<(LedgerCursor, Stop)>,
 }
@@ -207,9 +237,6 @@ enum Phase {
     Announce(Box<Phase>),
     Index(walk::IndexWalk),
     Audit(walk::AuditWalk),
-    Job(fanout::JobWalk),
-    /// A consumer's message is walked: its wait and the entries it sends back.
-    SendBack(fanout::SendBack),
     Release,
     Finish,
     Done,
@@ -225,12 +252,7 @@ enum Awaiting {
     Announce,
     Listed,
     Enqueue(fanout::Fed),
-    Sleep,
     Release,
-    /// A consumer's report of its wait to the lease.
-    Backoff,
-    /// A consumer's send of the entries it did not poll back to the queue.
-    SendBack,
 }
 
 /// How a step of a walk went. Returned by value and matched at once, never stored: its size
@@ -267,7 +289,6 @@ impl Pass {
             sweep: None,
             audit_from: None,
             fed_until_ms: 0,
-            job: None,
             walked: None,
         }
     }
@@ -275,43 +296,6 @@ impl Pass {
     /// KV is not bound (`error`): the pass lists nothing and stops its walk with an error.
     pub fn on_kv_unbound(&mut self, error: String) {
         self.kv_unbound = Some(error);
-    }
-
-    /// What to do next at `now_ms`; [`Intent::Done`] once the pass is over. Each intent but
-    /// `Done` owes an answer through its `on_*` feeder before the next call; a call while one
-    /// is owed is the executor's bug, and ends the pass's driving (the lease then lapses by
-    /// itself) rather than doing anything twice.
-    pub fn next(&mut self, now_ms: i64) -> Intent {
-        loop {
-            if self.awaiting.is_some() || self.entry.as_ref().is_some_and(entry::EntryRun::owes) {
-                debug_assert!(false, "next() while {:?} is owed", self.awaiting);
-                return Intent::Done;
-            }
-            let phase = std::mem::replace(&mut self.phase, Phase::Done);
-            let flow = match phase {
-                Phase::Acquire => {
-                    self.phase = Phase::Acquire;
-                    self.acquire()
-                }
-                Phase::Webhook(check) => self.webhook_step(check),
-                Phase::Announce(then) => self.announce_step(*then),
-                Phase::Index(walk) => self.index_step(walk, now_ms),
-                Phase::Audit(walk) => self.audit_step(walk, now_ms),
-                Phase::Job(walk) => self.job_step(walk, now_ms),
-                Phase::SendBack(back) => self.send_back_step(back, now_ms),
-                Phase::Release => self.release(now_ms),
-                Phase::Finish => self.finish(now_ms),
-                Phase::Done => return Intent::Done,
-            };
-            if let Flow::Io(intent) = flow {
-                return intent;
-            }
-        }
-    }
-
-    /// The lines logged since the last call, in order.
-    pub fn drain_logs(&mut self) -> Vec<PassLog> {
-        std::mem::take(&mut self.books.logs)
     }
 
     /// What the pass has done so far (all of it once [`Intent::Done`]).
@@ -335,28 +319,6 @@ impl Pass {
             .step(&mut self.books, &self.limits, now_ms)
     }
 
-    /// The status API's answer to [`Intent::Poll`], at `now_ms` (when it ended).
-    pub fn on_status(&mut self, answer: StatusAnswer, now_ms: i64) {
-        if let Some(run) = self.entry.as_mut() {
-            run.on_status(&mut self.books, &self.limits, answer, now_ms);
-        }
-    }
-
-    /// The gate's reply to [`Intent::CallGate`] (`Err`: the call failed).
-    pub fn on_gate(&mut self, reply: Result<GateReply, String>) {
-        if let Some(run) = self.entry.as_mut() {
-            run.on_gate(&mut self.books, reply);
-        }
-    }
-
-    /// The answer to [`Intent::DeleteIndex`] (`Err`: the delete failed; the next coverage
-    /// finds the entry again).
-    pub fn on_index_deleted(&mut self, deleted: Result<(), String>) {
-        if let Some(run) = self.entry.as_mut() {
-            run.on_index_deleted(&mut self.books, deleted);
-        }
-    }
-
     /// Why the walk must start nothing more, if it must: the heartbeat said so, or the
     /// deadline has come.
     fn must_stop(&self, now_ms: i64) -> Option<Stop> {
@@ -372,16 +334,63 @@ impl Pass {
             .unwrap_or_else(|| position.clone());
         self.checkpoint = (at, self.books.status_backoff_until_ms);
     }
+}
 
-    /// Takes the owed answer's purpose if it is `want`'s kind; `None` (the answer is ignored)
-    /// when the edge answered something not asked.
-    fn answered(&mut self, want: fn(&Awaiting) -> bool) -> Option<Awaiting> {
-        match &self.awaiting {
-            Some(a) if want(a) => self.awaiting.take(),
-            _ => {
-                debug_assert!(false, "an answer nobody asked for: {:?}", self.awaiting);
-                None
+impl Machine for Pass {
+    fn next(&mut self, now_ms: i64) -> Intent {
+        loop {
+            if self.awaiting.is_some() || self.entry.as_ref().is_some_and(entry::EntryRun::owes) {
+                debug_assert!(false, "next() while {:?} is owed", self.awaiting);
+                return Intent::Done;
+            }
+            let flow = match std::mem::replace(&mut self.phase, Phase::Done) {
+                Phase::Acquire => {
+                    self.phase = Phase::Acquire;
+                    self.acquire()
+                }
+                Phase::Webhook(check) => self.webhook_step(check),
+                Phase::Announce(then) => self.announce_step(*then),
+                Phase::Index(walk) => self.index_step(walk, now_ms),
+                Phase::Audit(walk) => self.audit_step(walk, now_ms),
+                Phase::Release => self.release(now_ms),
+                Phase::Finish => self.finish(now_ms),
+                Phase::Done => return Intent::Done,
+            };
+            if let Flow::Io(intent) = flow {
+                return intent;
             }
         }
+    }
+
+    fn answer(&mut self, performed: Performed, now_ms: i64) {
+        match (self.awaiting.take(), performed) {
+            (Some(Awaiting::Acquire), Performed::Lease(reply)) => self.on_acquired(reply, now_ms),
+            (Some(Awaiting::Release), Performed::Lease(reply)) => self.on_released(reply),
+            (Some(Awaiting::WebhookPage), Performed::WebhookPage(page)) => {
+                self.on_webhook_page(page)
+            }
+            (Some(Awaiting::WebhookEnable), Performed::WebhookEnabled(answer)) => {
+                self.on_webhook_enabled(answer)
+            }
+            (Some(Awaiting::WebhookAlert), Performed::AlertPosted(sent)) => {
+                self.on_alert_posted(sent)
+            }
+            (Some(Awaiting::Announce), Performed::AlertPosted(sent)) => self.on_announced(sent),
+            (Some(Awaiting::Listed), Performed::Listed(page)) => self.on_listed(page),
+            (Some(Awaiting::Enqueue(fed)), Performed::Enqueued(sent)) => self.on_fed(fed, sent),
+            (None, performed) if self.entry.is_some() => {
+                if let Some(run) = self.entry.as_mut() {
+                    run.answer(&mut self.books, &self.limits, performed, now_ms);
+                }
+            }
+            (owed, performed) => {
+                debug_assert!(false, "{performed:?} while {owed:?} is owed");
+                self.awaiting = owed;
+            }
+        }
+    }
+
+    fn drain_logs(&mut self) -> Vec<PassLog> {
+        std::mem::take(&mut self.books.logs)
     }
 }

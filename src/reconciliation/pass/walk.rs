@@ -158,7 +158,7 @@ impl Pass {
                 return self.walk_ended(walk.position, stop);
             }
             let Some(meta) = meta.take() else {
-                self.unreadable_metadata(key);
+                self.books.unreadable_metadata(key);
                 walk.position.after_key = Some(name.clone());
                 continue;
             };
@@ -203,10 +203,7 @@ impl Pass {
     }
 
     /// A KV list page asked by [`Intent::List`] (`Err`: the list failed).
-    pub fn on_listed(&mut self, page: Result<ListedPage, String>) {
-        if self.answered(|a| *a == Awaiting::Listed).is_none() {
-            return;
-        }
+    pub(super) fn on_listed(&mut self, page: Result<ListedPage, String>) {
         if let Ok(page) = &page {
             self.books.report.listed += page.keys.len() as u64;
         }
@@ -279,16 +276,6 @@ impl Pass {
         walk.feeding = sweeping || self.fans_out(walk.entries.len().saturating_sub(walk.at));
         walk.after_queued =
             !sweeping && walk.resume == LedgerCursor::default() && self.fed_until_ms > 0;
-    }
-
-    /// An index entry whose metadata does not parse: an error, and the entry is passed over
-    /// (the audit finds the operation through its `op:` entry).
-    pub(super) fn unreadable_metadata(&mut self, key: &str) {
-        self.books.report.errors += 1;
-        self.log(PassLog::ReconcileError {
-            key: Some(key.to_string()),
-            error: "unreadable index metadata".into(),
-        });
     }
 
     /// The routine walk stopped: entries skipped for a short back-off hold the resume point

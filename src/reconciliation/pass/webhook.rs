@@ -114,10 +114,7 @@ impl Pass {
     }
 
     /// A page of the webhook listing, as asked by [`Intent::ListWebhooks`].
-    pub fn on_webhook_page(&mut self, answer: PeerAnswer) {
-        if self.answered(|a| *a == Awaiting::WebhookPage).is_none() {
-            return;
-        }
+    pub(super) fn on_webhook_page(&mut self, answer: PeerAnswer) {
         let Phase::Webhook(mut check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
@@ -187,12 +184,7 @@ impl Pass {
     }
 
     /// Whether the alert of [`Intent::PostAlert`] was sent.
-    pub fn on_alert_posted(&mut self, sent: bool) {
-        match self.answered(|a| matches!(a, Awaiting::WebhookAlert | Awaiting::Announce)) {
-            Some(Awaiting::Announce) => return self.on_announced(sent),
-            Some(_) => {}
-            None => return,
-        }
+    pub(super) fn on_alert_posted(&mut self, sent: bool) {
         let Phase::Webhook(check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
@@ -219,10 +211,7 @@ impl Pass {
     }
 
     /// The WebhookService's answer to [`Intent::EnableWebhook`].
-    pub fn on_webhook_enabled(&mut self, answer: PeerAnswer) {
-        if self.answered(|a| *a == Awaiting::WebhookEnable).is_none() {
-            return;
-        }
+    pub(super) fn on_webhook_enabled(&mut self, answer: PeerAnswer) {
         let Phase::Webhook(mut check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
