@@ -13,12 +13,11 @@
 use std::mem;
 
 use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX};
-use crate::reconciliation::entry_decision::decide;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 
 use super::entry::{Books, EntryRun, Step};
 use super::fanout::{JobEntry, PollJob, QueuedJob};
-use super::{Flow, Intent, Limits, Machine, PassLog, PassReport, Performed};
+use super::{Intent, Limits, Machine, PassLog, PassReport, Performed};
 
 #[cfg(doc)]
 use super::fanout::{JOB_ENTRIES, JOB_MAX_AGE_MS};
@@ -26,7 +25,6 @@ use super::fanout::{JOB_ENTRIES, JOB_MAX_AGE_MS};
 /// A consumer's run over one queue message; see the module documentation.
 #[derive(Debug)]
 pub struct Consumer {
-    limits: Limits,
     started_ms: i64,
     books: Books,
     phase: Phase,
@@ -116,7 +114,7 @@ impl Machine for Consumer {
                 Phase::SendBack(back) => self.send_back_step(back, now_ms),
                 Phase::Done => return Intent::Done,
             };
-            if let Flow::Io(intent) = flow {
+            if let Some(intent) = flow {
                 return intent;
             }
         }
@@ -130,7 +128,7 @@ impl Machine for Consumer {
             Performed::Enqueued(sent) if self.owes(Owed::SendBack) => self.on_sent_back(sent),
             Performed::Slept if self.owes(Owed::Slot) => {}
             other => match self.entry.as_mut() {
-                Some(run) => run.answer(&mut self.books, &self.limits, other, now_ms),
+                Some(run) => run.answer(&mut self.books, other, now_ms),
                 None => debug_assert!(false, "an answer nobody asked for: {other:?}"),
             },
         }
@@ -146,9 +144,8 @@ impl Consumer {
     /// metadata and the clock at its slot.
     pub fn new(limits: Limits, job: PollJob, now_ms: i64) -> Consumer {
         Consumer {
-            limits,
             started_ms: now_ms,
-            books: Books::new(u32::MAX),
+            books: Books::new(u32::MAX, limits),
             phase: Phase::Walk(JobWalk {
                 job,
                 at: 0,
@@ -176,11 +173,11 @@ impl Consumer {
         self.awaiting.take_if(|a| *a == owed).is_some()
     }
 
-    fn walk_step(&mut self, mut walk: JobWalk, now_ms: i64) -> Flow {
+    fn walk_step(&mut self, mut walk: JobWalk, now_ms: i64) -> Option<Intent> {
         if let Some(run) = self.entry.as_mut() {
-            if let Some(intent) = run.step(&mut self.books, &self.limits, now_ms) {
+            if let Some(intent) = run.step(&mut self.books, now_ms) {
                 self.phase = Phase::Walk(walk);
-                return Flow::Io(intent);
+                return Some(intent);
             }
             let entry = self.entry.take().expect("an entry in hand");
             if entry.skipped_poll {
@@ -207,7 +204,7 @@ impl Consumer {
             if now_ms < slot {
                 self.awaiting = Some(Owed::Slot);
                 self.phase = Phase::Walk(walk);
-                return Flow::Io(Intent::Sleep { until_ms: slot });
+                return Some(Intent::Sleep { until_ms: slot });
             }
             let listed = walk.job.entries[walk.at].clone();
             walk.at += 1;
@@ -220,14 +217,14 @@ impl Consumer {
                 continue;
             };
             self.books.report.visited += 1;
-            let actions = decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds);
+            let actions = self.books.decide(&meta, now_ms);
             let steps = actions.into_iter().map(Step::Act).collect::<Vec<_>>();
             if steps.is_empty() {
                 continue;
             }
             self.entry = Some(EntryRun::new(&listed.name, key, meta, steps));
             self.phase = Phase::Walk(walk);
-            return Flow::Continue;
+            return None;
         }
         let mut back = (!walk.skipped.is_empty()).then(|| PollJob {
             entries: std::mem::take(&mut walk.skipped),
@@ -244,12 +241,12 @@ impl Consumer {
             job: back,
             reported: false,
         });
-        Flow::Continue
+        None
     }
 
     /// A consumer's message is walked: report the wait (and where the slots of the entries
     /// sent back end) to the lease, then send them back; or finish.
-    fn send_back_step(&mut self, mut back: SendBack, now_ms: i64) -> Flow {
+    fn send_back_step(&mut self, mut back: SendBack, now_ms: i64) -> Option<Intent> {
         let backoff = self.books.status_backoff_until_ms;
         if !back.reported && (backoff > 0 || back.job.is_some()) {
             // The next pass schedules after the wait and the slots sent back, and starts no
@@ -258,7 +255,7 @@ impl Consumer {
             self.books.spend(1);
             self.awaiting = Some(Owed::Backoff);
             self.phase = Phase::SendBack(back);
-            return Flow::Io(Intent::Lease(LeaseCommand::Backoff {
+            return Some(Intent::Lease(LeaseCommand::Backoff {
                 until_ms: backoff,
                 fed_until_ms,
             }));
@@ -270,7 +267,7 @@ impl Consumer {
         self.books.report.queue_sends += 1;
         self.awaiting = Some(Owed::SendBack);
         self.phase = Phase::SendBack(back);
-        Flow::Io(Intent::Enqueue {
+        Some(Intent::Enqueue {
             jobs: vec![QueuedJob::of(&job, now_ms)],
         })
     }
@@ -339,11 +336,11 @@ impl Consumer {
     }
 
     /// The consumer's line, and the end.
-    fn finish(&mut self, now_ms: i64) -> Flow {
+    fn finish(&mut self, now_ms: i64) -> Option<Intent> {
         self.books.report.elapsed_ms = now_ms - self.started_ms;
         let line = PassLog::ReconcileJob(self.books.report.clone());
         self.books.log(line);
         self.phase = Phase::Done;
-        Flow::Continue
+        None
     }
 }

@@ -20,7 +20,7 @@ use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::OpEvent;
-use crate::reconciliation::entry_decision::Action;
+use crate::reconciliation::entry_decision::{decide, Action};
 use crate::reconciliation::lease_state::slot_spacing_ms;
 use crate::reconciliation::status::{interpret_skimmed, status_url, StatusAnswer};
 use crate::retry::PeerAnswer;
@@ -28,14 +28,12 @@ use crate::retry::PeerAnswer;
 use super::stop::StatusHealth;
 use super::{Intent, Limits, PassLog, PassReport, Performed, HOLD_BACKOFF_UP_TO_MS};
 
-#[cfg(doc)]
-use crate::reconciliation::entry_decision::decide;
-
 /// What an entry run shares with the machine that drives it (the pass, or the queue
-/// consumer): the counts and lines, the budget, and the pace of status calls, which holds
-/// across entries.
+/// consumer): the limits, the counts and lines, the budget, and the pace of status calls,
+/// which holds across entries.
 #[derive(Debug)]
 pub(super) struct Books {
+    pub(super) limits: Limits,
     pub(super) report: PassReport,
     pub(super) logs: Vec<PassLog>,
     /// The subrequests the current walk may spend (two thirds of the pass's when an audit is
@@ -48,8 +46,9 @@ pub(super) struct Books {
 }
 
 impl Books {
-    pub(super) fn new(budget_limit: u32) -> Books {
+    pub(super) fn new(budget_limit: u32, limits: Limits) -> Books {
         Books {
+            limits,
             report: PassReport::default(),
             logs: Vec::new(),
             budget_limit,
@@ -73,6 +72,11 @@ impl Books {
     /// lease release.
     pub(super) fn affords(&self, cost: u32) -> bool {
         self.report.subrequests + cost < self.budget_limit
+    }
+
+    /// What the entry with `meta` needs at `now_ms` ([`decide`]).
+    pub(super) fn decide(&self, meta: &LedgerMeta, now_ms: i64) -> Vec<Action> {
+        decide(meta, now_ms.div_euclid(1_000), &self.limits.thresholds)
     }
 
     /// An index entry whose metadata does not parse: an error, and the entry is passed over
@@ -106,10 +110,8 @@ pub(super) struct EntryRun {
 /// The answer an entry run owes.
 #[derive(Debug, Clone, PartialEq)]
 enum Owed {
-    Status {
-        started_ms: i64,
-        collection: Collection,
-    },
+    /// A status call: when it started, and the collection its answer is read as.
+    Status((i64, Collection)),
     Gate(AfterGate),
     IndexDelete,
     Sleep,
@@ -131,18 +133,6 @@ impl EntryRun {
     /// Whether the run owes an answer.
     pub(super) fn owes(&self) -> bool {
         self.owed.is_some()
-    }
-
-    /// Takes the owed answer if it is `want`'s kind; `None` (the answer is ignored) when the
-    /// edge answered something not asked.
-    fn answered(&mut self, want: fn(&Owed) -> bool) -> Option<Owed> {
-        match &self.owed {
-            Some(a) if want(a) => self.owed.take(),
-            _ => {
-                debug_assert!(false, "an answer nobody asked for: {:?}", self.owed);
-                None
-            }
-        }
     }
 }
 
@@ -173,15 +163,10 @@ pub(super) enum AfterGate {
 
 impl EntryRun {
     /// The next intent for the entry; `None` when nothing is left to do for it.
-    pub(super) fn step(
-        &mut self,
-        books: &mut Books,
-        limits: &Limits,
-        now_ms: i64,
-    ) -> Option<Intent> {
+    pub(super) fn step(&mut self, books: &mut Books, now_ms: i64) -> Option<Intent> {
         loop {
             let intent = match self.steps.pop_front()? {
-                Step::Act(Action::Poll) => self.poll(books, limits, now_ms),
+                Step::Act(Action::Poll) => self.poll(books, now_ms),
                 Step::Act(Action::RetryEffect) => {
                     books.report.effects_retried += 1;
                     Some(self.gate(books, GateCommand::RetryEffect, AfterGate::ReindexIfDone))
@@ -227,7 +212,7 @@ impl EntryRun {
 
     /// Asks Gemini about the entry, unless Gemini asked us to wait: then the next pass asks
     /// again, starting here if the wait ends within a cron interval.
-    fn poll(&mut self, books: &mut Books, limits: &Limits, now_ms: i64) -> Option<Intent> {
+    fn poll(&mut self, books: &mut Books, now_ms: i64) -> Option<Intent> {
         let backoff_until = books.status_backoff_until_ms;
         if now_ms < backoff_until {
             self.skipped_poll = true;
@@ -237,7 +222,7 @@ impl EntryRun {
         // The one budget: never sooner than `1 / RECONCILE_POLL_RATE` after the last call.
         let slot = books
             .last_poll_ms
-            .map(|last| last + slot_spacing_ms(limits.poll_rate));
+            .map(|last| last + slot_spacing_ms(books.limits.poll_rate));
         if let Some(until_ms) = slot.filter(|slot| now_ms < *slot) {
             self.steps.push_front(Step::Act(Action::Poll));
             self.owed = Some(Owed::Sleep);
@@ -245,13 +230,15 @@ impl EntryRun {
         }
         books.last_poll_ms = Some(now_ms);
         let collection = Collection::of_key(&self.key)?;
-        let url = status_url(&limits.api_base, collection, &self.key, &self.meta.name);
+        let url = status_url(
+            &books.limits.api_base,
+            collection,
+            &self.key,
+            &self.meta.name,
+        );
         books.report.status_calls += 1;
         books.spend(1);
-        self.owed = Some(Owed::Status {
-            started_ms: now_ms,
-            collection,
-        });
+        self.owed = Some(Owed::Status((now_ms, collection)));
         Some(Intent::Poll {
             key: self.key.clone(),
             url,
@@ -259,38 +246,42 @@ impl EntryRun {
     }
 
     /// What performing the run's last intent got, at `now_ms`.
-    pub(super) fn answer(
-        &mut self,
-        books: &mut Books,
-        limits: &Limits,
-        performed: Performed,
-        now_ms: i64,
-    ) {
-        match performed {
-            Performed::Status(answer) => self.on_status(books, limits, answer, now_ms),
-            Performed::Gate(reply) => self.on_gate(books, reply),
-            Performed::IndexDeleted(deleted) => self.on_index_deleted(books, deleted),
-            Performed::Slept => _ = self.answered(|a| *a == Owed::Sleep),
-            other => debug_assert!(false, "an answer no entry asks for: {other:?}"),
+    pub(super) fn answer(&mut self, books: &mut Books, performed: Performed, now_ms: i64) {
+        match (self.owed.take(), performed) {
+            (Some(Owed::Status(started)), Performed::Status(answer)) => {
+                self.on_status(books, answer, started, now_ms)
+            }
+            (Some(Owed::Gate(after)), Performed::Gate(reply)) => self.on_gate(books, after, reply),
+            // A failed delete: the next coverage finds the entry again.
+            (Some(Owed::IndexDelete), Performed::IndexDeleted(Err(error))) => {
+                books.report.errors += 1;
+                let key = Some(self.key.clone());
+                books.log(PassLog::ReconcileError { key, error });
+            }
+            (Some(Owed::IndexDelete), Performed::IndexDeleted(Ok(()))) => {}
+            (Some(Owed::Sleep), Performed::Slept) => {}
+            (owed, performed) => {
+                debug_assert!(false, "{performed:?} while {owed:?} is owed");
+                self.owed = owed;
+            }
         }
     }
 
     /// The status API's answer to [`Intent::Poll`], at `now_ms` (when it ended).
-    fn on_status(&mut self, books: &mut Books, limits: &Limits, answer: StatusAnswer, now_ms: i64) {
-        let Some(Owed::Status {
-            started_ms,
-            collection,
-        }) = self.answered(|a| matches!(a, Owed::Status { .. }))
-        else {
-            return;
-        };
+    fn on_status(
+        &mut self,
+        books: &mut Books,
+        answer: StatusAnswer,
+        (started_ms, collection): (i64, Collection),
+        now_ms: i64,
+    ) {
         let key = self.key.clone();
         let (PeerAnswer::Http { status, .. } | PeerAnswer::TooLarge { status, .. }) = answer else {
             return self.status_unanswered(books, key, answer, now_ms);
         };
         books.health.answered();
         match interpret_skimmed(collection, &answer) {
-            Ok(observation) => self.status_observed(books, limits, key, observation),
+            Ok(observation) => self.status_observed(books, key, observation),
             Err(error) => self.status_failed(books, key, error, status, started_ms),
         }
     }
@@ -393,13 +384,7 @@ impl EntryRun {
 
     /// A state: offered to the gate unless the ledger already shows it (the round trip saved)
     /// or it is one this worker does not know.
-    fn status_observed(
-        &mut self,
-        books: &mut Books,
-        limits: &Limits,
-        key: String,
-        observation: Observation,
-    ) {
+    fn status_observed(&mut self, books: &mut Books, key: String, observation: Observation) {
         if let Status::Unknown(raw) = &observation.status {
             books.log(PassLog::StatusUnknownState {
                 key,
@@ -435,7 +420,7 @@ impl EntryRun {
                 delivery_id: None,
             },
             require_registration: false,
-            hold_ms: limits.unregistered_hold_ms,
+            hold_ms: books.limits.unregistered_hold_ms,
             new_not_before_ms: 0,
         };
         self.steps
@@ -443,10 +428,7 @@ impl EntryRun {
     }
 
     /// The gate's reply to [`Intent::CallGate`] (`Err`: the call failed).
-    fn on_gate(&mut self, books: &mut Books, reply: Result<GateReply, String>) {
-        let Some(Owed::Gate(after)) = self.answered(|a| matches!(a, Owed::Gate(_))) else {
-            return;
-        };
+    fn on_gate(&mut self, books: &mut Books, after: AfterGate, reply: Result<GateReply, String>) {
         let key = self.key.clone();
         let reply = match reply {
             Ok(reply) => reply,
@@ -487,21 +469,6 @@ impl EntryRun {
                 }
                 self.reindex_if_done(books, &reply);
             }
-        }
-    }
-
-    /// The answer to [`Intent::DeleteIndex`] (`Err`: the delete failed; the next coverage
-    /// finds the entry again).
-    fn on_index_deleted(&mut self, books: &mut Books, deleted: Result<(), String>) {
-        if self.answered(|a| *a == Owed::IndexDelete).is_none() {
-            return;
-        }
-        if let Err(error) = deleted {
-            books.report.errors += 1;
-            books.log(PassLog::ReconcileError {
-                key: Some(self.key.clone()),
-                error,
-            });
         }
     }
 

@@ -33,11 +33,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::operation::ledger::OPEN_PREFIX;
-use crate::reconciliation::entry_decision::decide;
 
 use super::stop::Stop;
 use super::walk::IndexWalk;
-use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, CRON_INTERVAL_MS};
+use super::{Awaiting, Intent, Pass, PassLog, Phase, CRON_INTERVAL_MS};
 
 /// Entries in one queue message: a consumer polls them in order, at most 2 subrequests each
 /// (status call and gate call, 3 with a re-index), so a batch of
@@ -169,12 +168,16 @@ impl Pass {
     /// Whether the walk fans this window out: a queue is bound and at least `above` entries
     /// are left to visit.
     pub(super) fn fans_out(&self, left: usize) -> bool {
-        self.limits.fanout.as_ref().is_some_and(|f| left >= f.above)
+        self.books
+            .limits
+            .fanout
+            .as_ref()
+            .is_some_and(|f| left >= f.above)
     }
 
     /// Schedules the next messages of the window on the queue, or ends the walk.
-    pub(super) fn feed_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Flow {
-        let Some(fanout) = self.limits.fanout.clone() else {
+    pub(super) fn feed_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Option<Intent> {
+        let Some(fanout) = self.books.limits.fanout.clone() else {
             return self.walk_ended(walk.position.clone(), Stop::Error);
         };
         if let Some(stop) = self.must_stop(now_ms) {
@@ -213,7 +216,7 @@ impl Pass {
                     continue;
                 };
                 self.books.report.visited += 1;
-                if decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds).is_empty() {
+                if self.books.decide(&meta, now_ms).is_empty() {
                     continue;
                 }
                 self.seen.touched.insert(key.to_string());
@@ -249,7 +252,7 @@ impl Pass {
             entries: fed,
         }));
         self.phase = Phase::Index(walk);
-        Flow::Io(Intent::Enqueue { jobs: queued })
+        Some(Intent::Enqueue { jobs: queued })
     }
 
     /// The queue's answer to [`Intent::Enqueue`] (`Err`: the send failed; the walk then stops

@@ -9,15 +9,15 @@ use crate::reconciliation::lease_state::{audit_reserve, lease_presumed_lapsed};
 
 use super::stop::Stop;
 
-use super::{webhook, Awaiting, Flow, Intent, Pass, PassLog, Phase};
+use super::{webhook, Awaiting, Intent, Pass, PassLog, Phase};
 
 impl Pass {
-    pub(super) fn acquire(&mut self) -> Flow {
+    pub(super) fn acquire(&mut self) -> Option<Intent> {
         self.books.spend(1);
         self.awaiting = Some(Awaiting::Acquire);
-        Flow::Io(Intent::Lease(LeaseCommand::Acquire {
+        Some(Intent::Lease(LeaseCommand::Acquire {
             holder: self.holder.clone(),
-            ttl_ms: self.limits.lease_ttl_ms,
+            ttl_ms: self.books.limits.lease_ttl_ms,
         }))
     }
 
@@ -35,16 +35,16 @@ impl Pass {
                 self.fed_until_ms = fed_until_ms;
                 let resume = start_of_index(resume);
                 self.checkpoint = (resume.clone(), status_backoff_until_ms);
-                self.audit_from = audit.due(self.started_ms, self.limits.audit_interval_ms);
+                self.audit_from = audit.due(self.started_ms, self.books.limits.audit_interval_ms);
                 if self.audit_from.is_some() {
                     // Keep a third of the budget and of the deadline for the audit.
-                    let budget = i64::from(self.limits.budget);
+                    let budget = i64::from(self.books.limits.budget);
                     self.books.budget_limit = (budget - audit_reserve(budget)) as u32;
-                    self.walk_deadline_ms -= audit_reserve(self.limits.deadline_ms);
+                    self.walk_deadline_ms -= audit_reserve(self.books.limits.deadline_ms);
                 }
                 self.webhook_alerted_state = webhook_alerted_state;
                 self.last_renewed_ms = now_ms;
-                match self.limits.webhook_name.clone() {
+                match self.books.limits.webhook_name.clone() {
                     Some(name) => self.phase = Phase::Webhook(webhook::Check::new(name, resume)),
                     None => self.start_walk(resume),
                 }
@@ -68,7 +68,7 @@ impl Pass {
         if matches!(self.phase, Phase::Done) {
             return None; // the line is logged: nothing is held, nothing more is counted
         }
-        if self.books.report.subrequests + 2 > self.limits.budget {
+        if self.books.report.subrequests + 2 > self.books.limits.budget {
             self.heartbeat_stop = Some(Stop::Budget);
             return None;
         }
@@ -77,7 +77,7 @@ impl Pass {
         let (resume, status_backoff_until_ms) = self.checkpoint.clone();
         Some(LeaseCommand::Renew {
             holder: self.holder.clone(),
-            ttl_ms: self.limits.lease_ttl_ms,
+            ttl_ms: self.books.limits.lease_ttl_ms,
             resume,
             status_backoff_until_ms,
             audit: self.audit_progress.clone(),
@@ -102,7 +102,11 @@ impl Pass {
             Err(e) => {
                 self.books.report.errors += 1;
                 self.log(PassLog::error(format!("lease renewal: {e}")));
-                if lease_presumed_lapsed(now_ms, self.last_renewed_ms, self.limits.lease_ttl_ms) {
+                if lease_presumed_lapsed(
+                    now_ms,
+                    self.last_renewed_ms,
+                    self.books.limits.lease_ttl_ms,
+                ) {
                     self.heartbeat_stop = Some(Stop::LeaseLapsed);
                     return false;
                 }
@@ -113,7 +117,7 @@ impl Pass {
 
     /// The work is over: release the lease with where the next pass starts, unless it was
     /// lost (the new holder's cursor is not ours to move).
-    pub(super) fn release(&mut self, now_ms: i64) -> Flow {
+    pub(super) fn release(&mut self, now_ms: i64) -> Option<Intent> {
         let (resume, stop) = self
             .walked
             .take()
@@ -130,7 +134,7 @@ impl Pass {
                 holder: self.holder.clone(),
             });
             self.phase = Phase::Finish;
-            return Flow::Continue;
+            return None;
         }
         self.books.spend(1);
         self.books.report.elapsed_ms = now_ms - self.started_ms;
@@ -151,7 +155,7 @@ impl Pass {
         };
         self.phase = Phase::Release;
         self.awaiting = Some(Awaiting::Release);
-        Flow::Io(Intent::Lease(release))
+        Some(Intent::Lease(release))
     }
 
     pub(super) fn on_released(&mut self, reply: Result<LeaseReply, String>) {
@@ -176,11 +180,11 @@ impl Pass {
     }
 
     /// The pass's line, and the end.
-    pub(super) fn finish(&mut self, now_ms: i64) -> Flow {
+    pub(super) fn finish(&mut self, now_ms: i64) -> Option<Intent> {
         self.books.report.elapsed_ms = now_ms - self.started_ms;
         self.log(PassLog::ReconcilePass(self.books.report.clone()));
         self.phase = Phase::Done;
-        Flow::Continue
+        None
     }
 }
 

@@ -185,7 +185,6 @@ pub use crate::operation::ledger_walk::{ListedKey, ListedPage};
 /// One pass; see the module documentation.
 #[derive(Debug)]
 pub struct Pass {
-    limits: Limits,
     holder: String,
     started_ms: i64,
     /// The deadline the current walk may use: two thirds of the pass's for the routine walk
@@ -255,23 +254,12 @@ enum Awaiting {
     Release,
 }
 
-/// How a step of a walk went. Returned by value and matched at once, never stored: its size
-/// costs nothing worth a box.
-#[allow(clippy::large_enum_variant)]
-enum Flow {
-    /// The edge must do this.
-    Io(Intent),
-    /// State moved on; step again.
-    Continue,
-}
-
 impl Pass {
     /// A pass for `holder` (unique per run), starting at `now_ms`.
     pub fn new(limits: Limits, holder: String, now_ms: i64) -> Pass {
         Pass {
-            books: entry::Books::new(limits.budget),
             walk_deadline_ms: now_ms + limits.deadline_ms,
-            limits,
+            books: entry::Books::new(limits.budget, limits),
             holder,
             started_ms: now_ms,
             phase: Phase::Acquire,
@@ -305,7 +293,7 @@ impl Pass {
 
     /// How often the heartbeat renews the lease.
     pub fn heartbeat_interval_ms(&self) -> i64 {
-        crate::reconciliation::lease_state::heartbeat_interval_ms(self.limits.lease_ttl_ms)
+        crate::reconciliation::lease_state::heartbeat_interval_ms(self.books.limits.lease_ttl_ms)
     }
 
     fn log(&mut self, line: PassLog) {
@@ -314,9 +302,7 @@ impl Pass {
 
     /// The next intent of the entry in hand; `None` when nothing is left to do for it.
     fn entry_step(&mut self, now_ms: i64) -> Option<Intent> {
-        self.entry
-            .as_mut()?
-            .step(&mut self.books, &self.limits, now_ms)
+        self.entry.as_mut()?.step(&mut self.books, now_ms)
     }
 
     /// Why the walk must start nothing more, if it must: the heartbeat said so, or the
@@ -356,33 +342,28 @@ impl Machine for Pass {
                 Phase::Finish => self.finish(now_ms),
                 Phase::Done => return Intent::Done,
             };
-            if let Flow::Io(intent) = flow {
+            if let Some(intent) = flow {
                 return intent;
             }
         }
     }
 
     fn answer(&mut self, performed: Performed, now_ms: i64) {
+        use Awaiting as A;
+        use Performed as P;
         match (self.awaiting.take(), performed) {
-            (Some(Awaiting::Acquire), Performed::Lease(reply)) => self.on_acquired(reply, now_ms),
-            (Some(Awaiting::Release), Performed::Lease(reply)) => self.on_released(reply),
-            (Some(Awaiting::WebhookPage), Performed::WebhookPage(page)) => {
-                self.on_webhook_page(page)
-            }
-            (Some(Awaiting::WebhookEnable), Performed::WebhookEnabled(answer)) => {
-                self.on_webhook_enabled(answer)
-            }
-            (Some(Awaiting::WebhookAlert), Performed::AlertPosted(sent)) => {
-                self.on_alert_posted(sent)
-            }
-            (Some(Awaiting::Announce), Performed::AlertPosted(sent)) => self.on_announced(sent),
-            (Some(Awaiting::Listed), Performed::Listed(page)) => self.on_listed(page),
-            (Some(Awaiting::Enqueue(fed)), Performed::Enqueued(sent)) => self.on_fed(fed, sent),
-            (None, performed) if self.entry.is_some() => {
-                if let Some(run) = self.entry.as_mut() {
-                    run.answer(&mut self.books, &self.limits, performed, now_ms);
-                }
-            }
+            (Some(A::Acquire), P::Lease(reply)) => self.on_acquired(reply, now_ms),
+            (Some(A::Release), P::Lease(reply)) => self.on_released(reply),
+            (Some(A::WebhookPage), P::WebhookPage(page)) => self.on_webhook_page(page),
+            (Some(A::WebhookEnable), P::WebhookEnabled(answer)) => self.on_webhook_enabled(answer),
+            (Some(A::WebhookAlert), P::AlertPosted(sent)) => self.on_alert_posted(sent),
+            (Some(A::Announce), P::AlertPosted(sent)) => self.on_announced(sent),
+            (Some(A::Listed), P::Listed(page)) => self.on_listed(page),
+            (Some(A::Enqueue(fed)), P::Enqueued(sent)) => self.on_fed(fed, sent),
+            (None, performed) => match self.entry.as_mut() {
+                Some(run) => run.answer(&mut self.books, performed, now_ms),
+                None => debug_assert!(false, "an answer nobody asked for: {performed:?}"),
+            },
             (owed, performed) => {
                 debug_assert!(false, "{performed:?} while {owed:?} is owed");
                 self.awaiting = owed;

@@ -18,13 +18,13 @@ use std::mem;
 
 use crate::operation::ledger::{LedgerMeta, OpenCounts, OPEN_PREFIX, OP_PREFIX};
 use crate::operation::ledger_walk::LedgerCursor;
-use crate::reconciliation::entry_decision::{audit_verdict, decide, Action, AuditVerdict};
+use crate::reconciliation::entry_decision::{audit_verdict, Action, AuditVerdict};
 use crate::reconciliation::lease_state::{resume_index, AuditProgress, MAX_INDEX_PAGES};
 
 use super::stop::Stop;
 
 use super::entry::{EntryRun, Step};
-use super::{Awaiting, Flow, Intent, ListedKey, ListedPage, Pass, PassLog, Phase};
+use super::{Awaiting, Intent, ListedKey, ListedPage, Pass, PassLog, Phase};
 
 /// The routine walk over one window of the index.
 #[derive(Debug)]
@@ -116,7 +116,7 @@ impl Pass {
         });
     }
 
-    pub(super) fn index_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Flow {
+    pub(super) fn index_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Option<Intent> {
         if !walk.listed {
             if let Some(stop) = self.must_stop(now_ms) {
                 return self.walk_ended(walk.resume, stop);
@@ -137,7 +137,7 @@ impl Pass {
         if self.entry.is_some() {
             if let Some(intent) = self.entry_step(now_ms) {
                 self.phase = Phase::Index(walk);
-                return Flow::Io(intent);
+                return Some(intent);
             }
             let entry = self.entry.take().expect("an entry in hand");
             if !entry.polled && self.first_unpolled.is_none() {
@@ -162,7 +162,7 @@ impl Pass {
                 walk.position.after_key = Some(name.clone());
                 continue;
             };
-            let actions = decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds);
+            let actions = self.books.decide(&meta, now_ms);
             let cost: u32 = actions.iter().map(Action::cost).sum();
             if !self.books.affords(cost) {
                 return self.walk_ended(walk.position, Stop::Budget);
@@ -174,14 +174,14 @@ impl Pass {
             let steps = actions.into_iter().map(Step::Act).collect();
             self.entry = Some(EntryRun::new(name, key, meta, steps));
             self.phase = Phase::Index(walk);
-            return Flow::Continue;
+            return None;
         }
         self.window_done(walk)
     }
 
     /// Every entry of the window is visited: the next pass lists the next window, or the
     /// index from its start.
-    pub(super) fn window_done(&mut self, walk: IndexWalk) -> Flow {
+    pub(super) fn window_done(&mut self, walk: IndexWalk) -> Option<Intent> {
         match walk.next_window {
             None => self.walk_ended(LedgerCursor::default(), Stop::Complete),
             Some(c) => self.walk_ended(
@@ -195,11 +195,11 @@ impl Pass {
     }
 
     /// One KV list page under `prefix`, counted against the budget and in the report.
-    fn list(&mut self, prefix: &'static str, cursor: Option<String>) -> Flow {
+    fn list(&mut self, prefix: &'static str, cursor: Option<String>) -> Option<Intent> {
         self.books.spend(1);
         self.books.report.kv_lists += 1;
         self.awaiting = Some(Awaiting::Listed);
-        Flow::Io(Intent::List { prefix, cursor })
+        Some(Intent::List { prefix, cursor })
     }
 
     /// A KV list page asked by [`Intent::List`] (`Err`: the list failed).
@@ -280,15 +280,15 @@ impl Pass {
 
     /// The routine walk stopped: entries skipped for a short back-off hold the resume point
     /// back; then the audit runs if it is due and the walk did not lose the lease or fail.
-    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) -> Flow {
+    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) -> Option<Intent> {
         let walked = match self.first_unpolled.take() {
             Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
             Some(held) => (held, stop),
             None => (resume, stop),
         };
         self.walked = Some(walked);
-        self.books.budget_limit = self.limits.budget;
-        self.walk_deadline_ms = self.started_ms + self.limits.deadline_ms;
+        self.books.budget_limit = self.books.limits.budget;
+        self.walk_deadline_ms = self.started_ms + self.books.limits.deadline_ms;
         match self.audit_from.take() {
             Some(from) if stop.audits_after() => {
                 self.books.report.audit = true;
@@ -304,20 +304,20 @@ impl Pass {
             _ => self.phase = Phase::Release,
         }
         self.announce_after_walk();
-        Flow::Continue
+        None
     }
 
-    fn audit_ended(&mut self, progress: AuditProgress) -> Flow {
+    fn audit_ended(&mut self, progress: AuditProgress) -> Option<Intent> {
         self.audit_progress = Some(progress);
         self.phase = Phase::Release;
-        Flow::Continue
+        None
     }
 
-    pub(super) fn audit_step(&mut self, mut walk: AuditWalk, now_ms: i64) -> Flow {
+    pub(super) fn audit_step(&mut self, mut walk: AuditWalk, now_ms: i64) -> Option<Intent> {
         if self.entry.is_some() {
             if let Some(intent) = self.entry_step(now_ms) {
                 self.phase = Phase::Audit(walk);
-                return Flow::Io(intent);
+                return Some(intent);
             }
             let entry = self.entry.take().expect("an entry in hand");
             walk.resume.after_key = Some(entry.name);
@@ -350,7 +350,7 @@ impl Pass {
                     self.entry = Some(*entry);
                     walk.page = Some((page, at));
                     self.phase = Phase::Audit(walk);
-                    return Flow::Continue;
+                    return None;
                 }
                 AuditTurn::Pass => {
                     walk.resume.after_key = Some(listed.name.clone());
@@ -371,7 +371,7 @@ impl Pass {
         };
         self.audit_progress = Some(stopped(walk.resume.clone()));
         self.phase = Phase::Audit(walk);
-        Flow::Continue
+        None
     }
 
     /// What the audit does with one `op:` entry: its verdict against the index, the actions
@@ -386,9 +386,7 @@ impl Pass {
         };
         let reindex = self.seen.whole && verdict != AuditVerdict::Fine;
         let actions = match (&meta, verdict) {
-            (Some(m), AuditVerdict::Missed) => {
-                decide(m, now_ms.div_euclid(1_000), &self.limits.thresholds)
-            }
+            (Some(m), AuditVerdict::Missed) => self.books.decide(m, now_ms),
             _ => Vec::new(),
         };
         let cost: u32 = actions.iter().map(Action::cost).sum::<u32>() + u32::from(reindex);

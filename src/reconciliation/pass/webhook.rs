@@ -13,7 +13,7 @@ use crate::reconciliation::status::{find_webhook, webhook_alert, WebhookPage};
 use crate::retry::{class_of_status, Class, PeerAnswer};
 
 use super::restore::{verdict, Sweep, Verdict};
-use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
+use super::{Awaiting, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
 use crate::operation::ledger_walk::LedgerCursor;
 
 /// A webhook check in progress.
@@ -90,16 +90,19 @@ fn read_answer<T>(
 }
 
 impl Pass {
-    pub(super) fn webhook_step(&mut self, mut check: Check) -> Flow {
+    pub(super) fn webhook_step(&mut self, mut check: Check) -> Option<Intent> {
         if check.read || check.pages == MAX_WEBHOOK_PAGES {
             return self.webhook_conclude(check);
         }
         if !self.books.affords(2) {
             self.webhook = None;
             self.start_walk(check.then);
-            return Flow::Continue;
+            return None;
         }
-        let mut url = format!("{}/v1beta/webhooks?page_size=1000", self.limits.api_base);
+        let mut url = format!(
+            "{}/v1beta/webhooks?page_size=1000",
+            self.books.limits.api_base
+        );
         if let Some(t) = &check.token {
             url.push_str(&format!(
                 "&page_token={}",
@@ -110,7 +113,7 @@ impl Pass {
         check.pages += 1;
         self.phase = Phase::Webhook(check);
         self.awaiting = Some(Awaiting::WebhookPage);
-        Flow::Io(Intent::ListWebhooks { url })
+        Some(Intent::ListWebhooks { url })
     }
 
     /// A page of the webhook listing, as asked by [`Intent::ListWebhooks`].
@@ -142,7 +145,7 @@ impl Pass {
 
     /// The state is known: enable the webhook again, or alert (once per state) that it is
     /// left as it is. Reached again with `left` set when enabling it failed.
-    fn webhook_conclude(&mut self, mut check: Check) -> Flow {
+    fn webhook_conclude(&mut self, mut check: Check) -> Option<Intent> {
         let state = check
             .state
             .get_or_insert_with(|| "not_found".to_string())
@@ -154,7 +157,7 @@ impl Pass {
             });
             if state != "enabled" {
                 let answering = self.answering();
-                let auto_enable = self.limits.webhook_auto_enable;
+                let auto_enable = self.books.limits.webhook_auto_enable;
                 let why = match verdict(&state, check.id.as_deref(), auto_enable, answering) {
                     // The call, and the alert saying what it did.
                     Verdict::Restore { id } if self.books.affords(2) => {
@@ -173,14 +176,14 @@ impl Pass {
         if !alert {
             self.webhook = Some(mark);
             self.start_walk(check.then);
-            return Flow::Continue;
+            return None;
         }
         let left = check.left.as_deref().unwrap_or_default();
         let body = crate::operation::alert::webhook_disabled(&check.name, &state, left);
         check.alerting = Some(mark);
         self.phase = Phase::Webhook(check);
         self.awaiting = Some(Awaiting::WebhookAlert);
-        Flow::Io(Intent::PostAlert(body))
+        Some(Intent::PostAlert(body))
     }
 
     /// Whether the alert of [`Intent::PostAlert`] was sent.
@@ -202,12 +205,12 @@ impl Pass {
 /// Enabling the webhook again (what is restored, and what follows: `restore.rs`).
 impl Pass {
     /// Enables webhook `id` again.
-    pub(super) fn restore_step(&mut self, check: Check, id: &str) -> Flow {
-        let (url, body) = enable_webhook_call(&self.limits.api_base, id);
+    pub(super) fn restore_step(&mut self, check: Check, id: &str) -> Option<Intent> {
+        let (url, body) = enable_webhook_call(&self.books.limits.api_base, id);
         self.books.spend(1);
         self.phase = Phase::Webhook(check);
         self.awaiting = Some(Awaiting::WebhookEnable);
-        Flow::Io(Intent::EnableWebhook { url, body })
+        Some(Intent::EnableWebhook { url, body })
     }
 
     /// The WebhookService's answer to [`Intent::EnableWebhook`].
@@ -229,7 +232,7 @@ impl Pass {
             self.phase = Phase::Webhook(check);
             return;
         }
-        let swept = self.limits.fanout.is_some();
+        let swept = self.books.limits.fanout.is_some();
         self.log(PassLog::WebhookEnabled {
             webhook: check.name.clone(),
             was: was.clone(),
