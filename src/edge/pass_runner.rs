@@ -1,5 +1,6 @@
 //! One reconciliation pass at the edge, and the fan-out queue's consumer: both carry out
-//! what the pure pass ([`crate::reconciliation::pass`]) decides, and hand each answer back.
+//! what their pure machine ([`crate::reconciliation::pass`]'s `Pass` and `Consumer`) decides,
+//! and hand back what each intent got.
 //!
 //! Guarantees: every decision (what to list, poll, ask a gate, when to stop, what to save) is
 //! the pass's; this file only reads the clock, calls KV, the lease object, the gates, Gemini's

@@ -1,14 +1,12 @@
 //! The fan-out queue's consumer as its own machine ([`Consumer`]): it works through one
-//! [`PollJob`], starting each entry at its slot and driving an [`EntryRun`] for it, as the
-//! pass does, with no lease to hold, no listing and no budget of its own (the message's
+//! [`PollJob`], starting each entry at its slot and driving an [`EntryRun`] for it as the pass
+//! does, with no lease to hold, no listing and no budget of its own (the message's
 //! [`JOB_ENTRIES`] bound it).
 //!
-//! Guarantees: no entry starts before its slot nor sooner than the rate's spacing after the
-//! previous one; none is polled [`JOB_MAX_AGE_MS`] past the message's first slot (they are
-//! dropped, counted and logged, and stay open in the index); once Gemini asks to wait, nothing
-//! more is polled, the wait is reported to the lease, and the entries not polled are sent back
-//! for after it, but only once the lease has recorded where their slots end (else they are
-//! dropped); a send back that fails leaves the message to the queue's retries.
+//! Guarantees: the consumer's side of the fan-out's (`fanout.rs`): the pace of its slots, the
+//! wait reported to the lease before the entries not polled are sent back, and the drops of
+//! entries past [`JOB_MAX_AGE_MS`] or with no lease to record them; a send back that fails
+//! leaves the message to the queue's retries.
 
 use std::mem;
 

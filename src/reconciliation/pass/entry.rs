@@ -248,8 +248,18 @@ impl EntryRun {
     /// What performing the run's last intent got, at `now_ms`.
     pub(super) fn answer(&mut self, books: &mut Books, performed: Performed, now_ms: i64) {
         match (self.owed.take(), performed) {
-            (Some(Owed::Status(started)), Performed::Status(answer)) => {
-                self.on_status(books, answer, started, now_ms)
+            // The status API's answer, at `now_ms` (when it ended).
+            (Some(Owed::Status((started_ms, collection))), Performed::Status(answer)) => {
+                let (PeerAnswer::Http { status, .. } | PeerAnswer::TooLarge { status, .. }) =
+                    answer
+                else {
+                    return self.status_unanswered(books, answer, now_ms);
+                };
+                books.health.answered();
+                match interpret_skimmed(collection, &answer) {
+                    Ok(observation) => self.status_observed(books, observation),
+                    Err(error) => self.status_failed(books, error, status, started_ms),
+                }
             }
             (Some(Owed::Gate(after)), Performed::Gate(reply)) => self.on_gate(books, after, reply),
             // A failed delete: the next coverage finds the entry again.
@@ -267,35 +277,10 @@ impl EntryRun {
         }
     }
 
-    /// The status API's answer to [`Intent::Poll`], at `now_ms` (when it ended).
-    fn on_status(
-        &mut self,
-        books: &mut Books,
-        answer: StatusAnswer,
-        (started_ms, collection): (i64, Collection),
-        now_ms: i64,
-    ) {
-        let key = self.key.clone();
-        let (PeerAnswer::Http { status, .. } | PeerAnswer::TooLarge { status, .. }) = answer else {
-            return self.status_unanswered(books, key, answer, now_ms);
-        };
-        books.health.answered();
-        match interpret_skimmed(collection, &answer) {
-            Ok(observation) => self.status_observed(books, key, observation),
-            Err(error) => self.status_failed(books, key, error, status, started_ms),
-        }
-    }
-
     /// No answer (a timeout or a network error): only this entry's trouble, unless a run of
     /// them says the API's: the cursor moves past it and the next coverage of the ledger asks
     /// again.
-    fn status_unanswered(
-        &mut self,
-        books: &mut Books,
-        key: String,
-        answer: StatusAnswer,
-        now_ms: i64,
-    ) {
+    fn status_unanswered(&mut self, books: &mut Books, answer: StatusAnswer, now_ms: i64) {
         books.report.errors += 1;
         books.report.status_unanswered += 1;
         let backoff = books.health.unanswered(now_ms);
@@ -309,7 +294,7 @@ impl EntryRun {
             _ => "timeout".to_string(),
         };
         books.log(PassLog::StatusUnanswered {
-            key,
+            key: self.key.clone(),
             answer,
             backoff_secs: backoff.map(|until| (until - now_ms).div_euclid(1_000)),
         });
@@ -318,15 +303,9 @@ impl EntryRun {
     /// An answer that says nothing about the state: a 404 asks for `unknown_to_gemini` and a
     /// malformed answer for `status_unusable` (each only while the ledger shows it unraised);
     /// a 429 or 5xx backs off every status call.
-    fn status_failed(
-        &mut self,
-        books: &mut Books,
-        key: String,
-        error: StatusError,
-        answer: u16,
-        started_ms: i64,
-    ) {
-        let age_seconds = started_ms.div_euclid(1_000) - self.meta.submitted_at;
+    fn status_failed(&mut self, books: &mut Books, error: StatusError, answer: u16, started: i64) {
+        let key = self.key.clone();
+        let age_seconds = started.div_euclid(1_000) - self.meta.submitted_at;
         let unraised = |kind: AlertKind| !self.meta.alerts.contains(&kind);
         match error {
             StatusError::NotFound => {
@@ -347,7 +326,7 @@ impl EntryRun {
                 books.report.errors += 1;
                 books.status_backoff_until_ms = books
                     .status_backoff_until_ms
-                    .max(started_ms + retry_after_secs * 1_000);
+                    .max(started + retry_after_secs * 1_000);
                 books.log(PassLog::StatusTransient {
                     key,
                     retry_after_secs,
@@ -384,7 +363,8 @@ impl EntryRun {
 
     /// A state: offered to the gate unless the ledger already shows it (the round trip saved)
     /// or it is one this worker does not know.
-    fn status_observed(&mut self, books: &mut Books, key: String, observation: Observation) {
+    fn status_observed(&mut self, books: &mut Books, observation: Observation) {
+        let key = self.key.clone();
         if let Status::Unknown(raw) = &observation.status {
             books.log(PassLog::StatusUnknownState {
                 key,

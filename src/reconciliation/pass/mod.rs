@@ -1,7 +1,8 @@
-//! One reconciliation pass (the cron's slow path) as a state machine: [`Pass::next`] says what
-//! to do next ([`Intent`]), the edge does it and hands the answer back through the matching
-//! `on_*` feeder, and a heartbeat beside the walk asks [`Pass::on_heartbeat`] for renewals.
-//! Every decision of the pass lives here, host-tested; the edge only performs I/O.
+//! One reconciliation pass (the cron's slow path) and the fan-out queue's [`Consumer`], as
+//! named machines: each [`Machine`] says what to do next ([`Intent`]), the edge does it and
+//! hands back what it got ([`Performed`]), and a heartbeat beside the pass's walk asks
+//! [`Pass::on_heartbeat`] for renewals. Both drive the same entry run (`entry.rs`) for each
+//! entry. Every decision lives here, host-tested; the edge only performs I/O.
 //!
 //! What a pass does: take the lease; check the Gemini webhook's state when one is named (and
 //! enable it again when Gemini disabled it for failed deliveries, sweeping every open
