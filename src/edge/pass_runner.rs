@@ -1,5 +1,6 @@
 //! One reconciliation pass at the edge, and the fan-out queue's consumer: both carry out
-//! what the pure pass ([`crate::reconciliation::pass`]) decides, and hand each answer back.
+//! what their pure machine ([`crate::reconciliation::pass`]'s `Pass` and `Consumer`) decides,
+//! and hand back what each intent got.
 //!
 //! Guarantees: every decision (what to list, poll, ask a gate, when to stop, what to save) is
 //! the pass's; this file only reads the clock, calls KV, the lease object, the gates, Gemini's
@@ -22,11 +23,11 @@ use worker::{
 };
 
 use crate::config::Config;
-use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::pass::{
-    Fanout, Intent, Limits, ListedPage, Pass, PassLog, PassReport, PollJob, QueuedJob,
+    Consumer, Fanout, Intent, Limits, ListedPage, Machine, Pass, PassLog, PassReport, Performed,
+    PollJob, QueuedJob,
 };
 
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
@@ -68,13 +69,13 @@ fn limits(config: &Config, queue: Option<&Queue>) -> Limits {
     }
 }
 
-/// What the executor reaches.
-struct Io<'a> {
+/// What the executor reaches, and the machine it drives.
+struct Io<'a, M> {
     env: &'a Env,
     config: &'a Config,
     kv: Option<KvStore>,
     queue: Option<Queue>,
-    pass: RefCell<Pass>,
+    machine: RefCell<M>,
     /// Whose status calls these are, for their counter.
     asked_by: AskedBy,
 }
@@ -100,7 +101,7 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         config,
         kv,
         queue,
-        pass: RefCell::new(pass),
+        machine: RefCell::new(pass),
         asked_by: AskedBy::Pass,
     };
     // The lease first: until it is granted there is nothing for a heartbeat to renew.
@@ -116,7 +117,7 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         };
     }
     io.perform_while(intent, |i| *i != Intent::Done).await;
-    let report = io.pass.borrow().report().clone();
+    let report = io.machine.borrow().report().clone();
     report
 }
 
@@ -141,19 +142,18 @@ pub async fn consume(batch: MessageBatch<JsValue>, env: &Env, config: &Config) {
                 continue;
             }
         };
-        let pass = Pass::for_job(limits.clone(), job, now_ms());
         let io = Io {
             env,
             config,
             kv: kv.clone(),
             queue: queue.clone(),
-            pass: RefCell::new(pass),
+            machine: RefCell::new(Consumer::new(limits.clone(), job, now_ms())),
             asked_by: AskedBy::Queue,
         };
         let first = io.next();
         io.perform_while(first, |i| *i != Intent::Done).await;
         // Its entries are polled, dropped, or sent back (after the lease recorded them): done.
-        if io.pass.borrow().job_outcome().retry {
+        if io.machine.borrow().outcome().retry {
             message.retry();
         } else {
             message.ack();
@@ -180,12 +180,12 @@ async fn send(queue: Option<&Queue>, jobs: Vec<QueuedJob>) -> Result<(), String>
         .map_err(|e| e.to_string())
 }
 
-impl Io<'_> {
-    /// The pass's next intent, its lines logged.
+impl<M: Machine> Io<'_, M> {
+    /// The machine's next intent, its lines logged.
     fn next(&self) -> Intent {
-        let mut pass = self.pass.borrow_mut();
-        let intent = pass.next(now_ms());
-        flush(&mut pass);
+        let mut machine = self.machine.borrow_mut();
+        let intent = machine.next(now_ms());
+        flush(&mut *machine);
         intent
     }
 
@@ -197,80 +197,71 @@ impl Io<'_> {
         intent
     }
 
-    /// Performs one intent, hands its answer to the pass, and returns the next intent.
+    /// Performs one intent, hands what it got to the machine, and returns the next intent.
     async fn perform(&self, intent: Intent) -> Intent {
-        match intent {
-            Intent::Lease(command) => {
-                let reply = lease_call(self.env, &command).await;
-                let reply = reply.map_err(|e| e.to_string());
-                self.pass.borrow_mut().on_lease(reply, now_ms());
-            }
+        let performed = match intent {
+            Intent::Lease(command) => Performed::Lease(
+                lease_call(self.env, &command)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
             Intent::ListWebhooks { url } => {
-                let answer = status_api::get(self.config, &url).await;
-                self.pass.borrow_mut().on_webhook_page(answer);
+                Performed::WebhookPage(status_api::get(self.config, &url).await)
             }
             Intent::EnableWebhook { url, body } => {
-                let answer = status_api::patch_webhook(self.config, &url, &body).await;
-                self.pass.borrow_mut().on_webhook_enabled(answer);
+                Performed::WebhookEnabled(status_api::patch_webhook(self.config, &url, &body).await)
             }
-            Intent::PostAlert(body) => {
-                let sent = post_alert(self.config, &body).await;
-                self.pass.borrow_mut().on_alert_posted(sent);
-            }
+            Intent::PostAlert(body) => Performed::AlertPosted(post_alert(self.config, &body).await),
             Intent::List { prefix, cursor } => {
                 let page = list_page(self.kv.as_ref(), prefix, cursor).await;
-                self.pass
-                    .borrow_mut()
-                    .on_listed(page.map_err(|e| e.to_string()));
+                Performed::Listed(page.map_err(|e| e.to_string()))
             }
             Intent::Poll { key, url } => {
                 let answer = status_api::read(self.config, &key, &url).await;
                 count_at_edge(&status_call(self.asked_by, call_answer(&answer)));
-                self.pass.borrow_mut().on_status(answer, now_ms());
+                Performed::Status(answer)
             }
-            Intent::CallGate { key, command } => {
-                let reply = gate_call(self.env, &key, &command).await;
-                self.pass.borrow_mut().on_gate(reply);
-            }
-            Intent::DeleteIndex { key } => {
-                let deleted = match self.kv.as_ref() {
-                    Some(kv) => kv
-                        .delete(&open_key(&key))
-                        .await
-                        .map_err(|e| format!("KV: {e:?}")),
-                    None => Err(format!("{KV_BINDING} binding: not bound")),
-                };
-                self.pass.borrow_mut().on_index_deleted(deleted);
-            }
-            Intent::Enqueue { jobs } => {
-                let sent = send(self.queue.as_ref(), jobs).await;
-                self.pass.borrow_mut().on_enqueued(sent);
-            }
+            Intent::CallGate { key, command } => Performed::Gate(
+                call_gate(self.env, &key, &command)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            Intent::DeleteIndex { key } => Performed::IndexDeleted(match self.kv.as_ref() {
+                Some(kv) => kv
+                    .delete(&open_key(&key))
+                    .await
+                    .map_err(|e| format!("KV: {e:?}")),
+                None => Err(format!("{KV_BINDING} binding: not bound")),
+            }),
+            Intent::Enqueue { jobs } => Performed::Enqueued(send(self.queue.as_ref(), jobs).await),
             Intent::Sleep { until_ms } => {
                 let wait = (until_ms - now_ms()).max(0);
                 if wait > 0 {
                     Delay::from(Duration::from_millis(wait as u64)).await;
                 }
-                self.pass.borrow_mut().on_slept();
+                Performed::Slept
             }
             Intent::Done => return Intent::Done,
-        }
+        };
+        self.machine.borrow_mut().answer(performed, now_ms());
         self.next()
     }
+}
 
+impl Io<'_, Pass> {
     /// Renews the lease every quarter of its TTL, as the pass asks, until the pass says the
     /// work must stop.
     async fn heartbeat(&self) {
-        let interval = self.pass.borrow().heartbeat_interval_ms();
+        let interval = self.machine.borrow().heartbeat_interval_ms();
         loop {
             Delay::from(Duration::from_millis(interval as u64)).await;
-            let Some(renew) = self.pass.borrow_mut().on_heartbeat() else {
+            let Some(renew) = self.machine.borrow_mut().on_heartbeat() else {
                 return;
             };
             let reply = lease_call(self.env, &renew).await;
-            let mut pass = self.pass.borrow_mut();
+            let mut pass = self.machine.borrow_mut();
             let go_on = pass.on_renewed(reply.map_err(|e| e.to_string()), now_ms());
-            flush(&mut pass);
+            flush(&mut *pass);
             if !go_on {
                 return;
             }
@@ -278,17 +269,11 @@ impl Io<'_> {
     }
 }
 
-/// Logs the pass's lines written since the last flush.
-fn flush(pass: &mut Pass) {
-    for line in pass.drain_logs() {
+/// Logs the machine's lines written since the last flush.
+fn flush(machine: &mut impl Machine) {
+    for line in machine.drain_logs() {
         log(line.to_value());
     }
-}
-
-async fn gate_call(env: &Env, key: &str, command: &GateCommand) -> Result<GateReply, String> {
-    call_gate(env, key, command)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 /// One KV list page of keys under `prefix`.

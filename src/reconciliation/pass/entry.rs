@@ -1,5 +1,8 @@
-//! What the pass does for one entry: the actions [`decide`] chose, what a status answer
-//! leads to, and what a gate's reply leads to.
+//! The entry run: what happens to one ledger entry, as its own machine ([`EntryRun`]) that
+//! the index walk, the audit and the queue consumer each drive the same way: the actions
+//! [`decide`] chose, the status call (paced, or skipped while Gemini asks us to wait), what its
+//! answer leads to, and what a gate's reply leads to. What the run shares with its driver
+//! (the counts, the lines, the budget and the pace of status calls) is [`Books`].
 //!
 //! Guarantees: an answer whose status the ledger already shows costs no gate call; a 404
 //! asks for `unknown_to_gemini` and a malformed answer for `status_unusable` only while the
@@ -17,42 +20,119 @@ use crate::operation::ledger::LedgerMeta;
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::OpEvent;
-use crate::reconciliation::entry_decision::Action;
+use crate::reconciliation::entry_decision::{decide, Action};
 use crate::reconciliation::lease_state::slot_spacing_ms;
 use crate::reconciliation::status::{interpret_skimmed, status_url, StatusAnswer};
 use crate::retry::PeerAnswer;
 
-use super::{Awaiting, Intent, Pass, PassLog, HOLD_BACKOFF_UP_TO_MS};
+use super::stop::StatusHealth;
+use super::{Intent, Limits, PassLog, PassReport, Performed, HOLD_BACKOFF_UP_TO_MS};
 
-#[cfg(doc)]
-use crate::reconciliation::entry_decision::decide;
-
-/// The entry in hand.
+/// What an entry run shares with the machine that drives it (the pass, or the queue
+/// consumer): the limits, the counts and lines, the budget, and the pace of status calls,
+/// which holds across entries.
 #[derive(Debug)]
-pub(super) struct Entry {
+pub(super) struct Books {
+    pub(super) limits: Limits,
+    pub(super) report: PassReport,
+    pub(super) logs: Vec<PassLog>,
+    /// The subrequests the current walk may spend (two thirds of the pass's when an audit is
+    /// due; unbounded for a consumer, whose message bounds it).
+    pub(super) budget_limit: u32,
+    pub(super) status_backoff_until_ms: i64,
+    health: StatusHealth,
+    /// When the last status call started.
+    last_poll_ms: Option<i64>,
+}
+
+impl Books {
+    pub(super) fn new(budget_limit: u32, limits: Limits) -> Books {
+        Books {
+            limits,
+            report: PassReport::default(),
+            logs: Vec::new(),
+            budget_limit,
+            status_backoff_until_ms: 0,
+            health: StatusHealth::default(),
+            last_poll_ms: None,
+        }
+    }
+
+    pub(super) fn log(&mut self, line: PassLog) {
+        self.logs.push(line);
+    }
+
+    /// Counts `n` subrequests against the budget the heartbeat shares (the report's count is
+    /// the one the budget is held to).
+    pub(super) fn spend(&mut self, n: u32) {
+        self.report.subrequests += n;
+    }
+
+    /// Room for `cost` more subrequests in the current walk's share, keeping one for the
+    /// lease release.
+    pub(super) fn affords(&self, cost: u32) -> bool {
+        self.report.subrequests + cost < self.budget_limit
+    }
+
+    /// What the entry with `meta` needs at `now_ms` ([`decide`]).
+    pub(super) fn decide(&self, meta: &LedgerMeta, now_ms: i64) -> Vec<Action> {
+        decide(meta, now_ms.div_euclid(1_000), &self.limits.thresholds)
+    }
+
+    /// An index entry whose metadata does not parse: an error, and the entry is passed over
+    /// (the audit finds the operation through its `op:` entry).
+    pub(super) fn unreadable_metadata(&mut self, key: &str) {
+        self.report.errors += 1;
+        self.log(PassLog::ReconcileError {
+            key: Some(key.to_string()),
+            error: "unreadable index metadata".into(),
+        });
+    }
+}
+
+/// One entry's run: the entry in hand, what is left to do for it, and the answer it owes.
+#[derive(Debug)]
+pub(super) struct EntryRun {
     /// The KV key it was listed under (`open:…` or `op:…`).
     pub(super) name: String,
     /// The operation's key.
-    pub(super) key: String,
-    pub(super) meta: LedgerMeta,
-    pub(super) steps: VecDeque<Step>,
+    key: String,
+    meta: LedgerMeta,
+    steps: VecDeque<Step>,
     /// False once a poll was skipped for a back-off that ends within a cron interval.
     pub(super) polled: bool,
     /// A poll was skipped for a back-off, or answered by one (a queue consumer sends the
     /// entry back).
     pub(super) skipped_poll: bool,
+    owed: Option<Owed>,
 }
 
-impl Entry {
-    pub(super) fn new(name: &str, key: &str, meta: LedgerMeta, steps: Vec<Step>) -> Entry {
-        Entry {
+/// The answer an entry run owes.
+#[derive(Debug, Clone, PartialEq)]
+enum Owed {
+    /// A status call: when it started, and the collection its answer is read as.
+    Status((i64, Collection)),
+    Gate(AfterGate),
+    IndexDelete,
+    Sleep,
+}
+
+impl EntryRun {
+    pub(super) fn new(name: &str, key: &str, meta: LedgerMeta, steps: Vec<Step>) -> EntryRun {
+        EntryRun {
             name: name.to_string(),
             key: key.to_string(),
             meta,
             steps: steps.into(),
             polled: true,
             skipped_poll: false,
+            owed: None,
         }
+    }
+
+    /// Whether the run owes an answer.
+    pub(super) fn owes(&self) -> bool {
+        self.owed.is_some()
     }
 }
 
@@ -81,39 +161,38 @@ pub(super) enum AfterGate {
     Settled,
 }
 
-impl Pass {
-    /// The next intent for the entry in hand; `None` when nothing is left to do for it.
-    pub(super) fn entry_step(&mut self, now_ms: i64) -> Option<Intent> {
+impl EntryRun {
+    /// The next intent for the entry; `None` when nothing is left to do for it.
+    pub(super) fn step(&mut self, books: &mut Books, now_ms: i64) -> Option<Intent> {
         loop {
-            let step = self.entry.as_mut()?.steps.pop_front()?;
-            let intent = match step {
-                Step::Act(Action::Poll) => self.poll(now_ms),
+            let intent = match self.steps.pop_front()? {
+                Step::Act(Action::Poll) => self.poll(books, now_ms),
                 Step::Act(Action::RetryEffect) => {
-                    self.report.effects_retried += 1;
-                    Some(self.gate(GateCommand::RetryEffect, AfterGate::ReindexIfDone))
+                    books.report.effects_retried += 1;
+                    Some(self.gate(books, GateCommand::RetryEffect, AfterGate::ReindexIfDone))
                 }
-                Step::Act(Action::Alert { kind, age_secs }) => Some(self.gate(
-                    GateCommand::Alert {
+                Step::Act(Action::Alert { kind, age_secs }) => {
+                    let command = GateCommand::Alert {
                         alert: kind,
                         age_seconds: age_secs,
-                    },
-                    AfterGate::CountAlert,
-                )),
-                Step::Gate(command, after) => Some(self.gate(command, after)),
+                    };
+                    Some(self.gate(books, command, AfterGate::CountAlert))
+                }
+                Step::Gate(command, after) => Some(self.gate(books, command, after)),
                 Step::Reindex { stale } => {
                     if stale {
-                        let key = self.entry.as_ref()?.key.clone();
-                        self.log(PassLog::IndexStale { key });
+                        let key = self.key.clone();
+                        books.log(PassLog::IndexStale { key });
                     }
-                    self.report.reindexed += 1;
-                    Some(self.gate(GateCommand::Reindex, AfterGate::Nothing))
+                    books.report.reindexed += 1;
+                    Some(self.gate(books, GateCommand::Reindex, AfterGate::Nothing))
                 }
                 Step::DeleteIndex => {
-                    let key = self.entry.as_ref()?.key.clone();
-                    self.log(PassLog::IndexStale { key: key.clone() });
-                    self.spend(1);
-                    self.report.reindexed += 1;
-                    self.awaiting = Some(Awaiting::IndexDelete);
+                    let key = self.key.clone();
+                    books.log(PassLog::IndexStale { key: key.clone() });
+                    books.spend(1);
+                    books.report.reindexed += 1;
+                    self.owed = Some(Owed::IndexDelete);
                     Some(Intent::DeleteIndex { key })
                 }
             };
@@ -123,93 +202,99 @@ impl Pass {
         }
     }
 
-    fn gate(&mut self, command: GateCommand, after: AfterGate) -> Intent {
-        self.spend(1);
-        self.report.gate_calls += 1;
-        self.awaiting = Some(Awaiting::Gate(after));
-        let key = self
-            .entry
-            .as_ref()
-            .map_or_else(String::new, |e| e.key.clone());
+    fn gate(&mut self, books: &mut Books, command: GateCommand, after: AfterGate) -> Intent {
+        books.spend(1);
+        books.report.gate_calls += 1;
+        self.owed = Some(Owed::Gate(after));
+        let key = self.key.clone();
         Intent::CallGate { key, command }
     }
 
     /// Asks Gemini about the entry, unless Gemini asked us to wait: then the next pass asks
     /// again, starting here if the wait ends within a cron interval.
-    fn poll(&mut self, now_ms: i64) -> Option<Intent> {
-        let backoff_until = self.status_backoff_until_ms;
-        // The one budget: never sooner than `1 / RECONCILE_POLL_RATE` after the last call.
-        let slot = self
-            .last_poll_ms
-            .map(|last| last + slot_spacing_ms(self.limits.poll_rate));
-        let entry = self.entry.as_mut()?;
+    fn poll(&mut self, books: &mut Books, now_ms: i64) -> Option<Intent> {
+        let backoff_until = books.status_backoff_until_ms;
         if now_ms < backoff_until {
-            entry.skipped_poll = true;
-            entry.polled &= backoff_until - now_ms > HOLD_BACKOFF_UP_TO_MS;
+            self.skipped_poll = true;
+            self.polled &= backoff_until - now_ms > HOLD_BACKOFF_UP_TO_MS;
             return None;
         }
+        // The one budget: never sooner than `1 / RECONCILE_POLL_RATE` after the last call.
+        let slot = books
+            .last_poll_ms
+            .map(|last| last + slot_spacing_ms(books.limits.poll_rate));
         if let Some(until_ms) = slot.filter(|slot| now_ms < *slot) {
-            entry.steps.push_front(Step::Act(Action::Poll));
-            self.awaiting = Some(Awaiting::Sleep);
+            self.steps.push_front(Step::Act(Action::Poll));
+            self.owed = Some(Owed::Sleep);
             return Some(Intent::Sleep { until_ms });
         }
-        self.last_poll_ms = Some(now_ms);
-        let collection = Collection::of_key(&entry.key)?;
+        books.last_poll_ms = Some(now_ms);
+        let collection = Collection::of_key(&self.key)?;
         let url = status_url(
-            &self.limits.api_base,
+            &books.limits.api_base,
             collection,
-            &entry.key,
-            &entry.meta.name,
+            &self.key,
+            &self.meta.name,
         );
-        let key = entry.key.clone();
-        self.report.status_calls += 1;
-        self.spend(1);
-        self.awaiting = Some(Awaiting::Status {
-            started_ms: now_ms,
-            collection,
-        });
-        Some(Intent::Poll { key, url })
+        books.report.status_calls += 1;
+        books.spend(1);
+        self.owed = Some(Owed::Status((now_ms, collection)));
+        Some(Intent::Poll {
+            key: self.key.clone(),
+            url,
+        })
     }
 
-    /// The status API's answer to [`Intent::Poll`], at `now_ms` (when it ended).
-    pub fn on_status(&mut self, answer: StatusAnswer, now_ms: i64) {
-        let Some(Awaiting::Status {
-            started_ms,
-            collection,
-        }) = self.answered(|a| matches!(a, Awaiting::Status { .. }))
-        else {
-            return;
-        };
-        let Some(key) = self.entry.as_ref().map(|e| e.key.clone()) else {
-            return;
-        };
-        let (PeerAnswer::Http { status, .. } | PeerAnswer::TooLarge { status, .. }) = answer else {
-            return self.status_unanswered(key, answer, now_ms);
-        };
-        self.health.answered();
-        match interpret_skimmed(collection, &answer) {
-            Ok(observation) => self.status_observed(key, observation),
-            Err(error) => self.status_failed(key, error, status, started_ms),
+    /// What performing the run's last intent got, at `now_ms`.
+    pub(super) fn answer(&mut self, books: &mut Books, performed: Performed, now_ms: i64) {
+        match (self.owed.take(), performed) {
+            // The status API's answer, at `now_ms` (when it ended).
+            (Some(Owed::Status((started_ms, collection))), Performed::Status(answer)) => {
+                let (PeerAnswer::Http { status, .. } | PeerAnswer::TooLarge { status, .. }) =
+                    answer
+                else {
+                    return self.status_unanswered(books, answer, now_ms);
+                };
+                books.health.answered();
+                match interpret_skimmed(collection, &answer) {
+                    Ok(observation) => self.status_observed(books, observation),
+                    Err(error) => self.status_failed(books, error, status, started_ms),
+                }
+            }
+            (Some(Owed::Gate(after)), Performed::Gate(reply)) => self.on_gate(books, after, reply),
+            // A failed delete: the next coverage finds the entry again.
+            (Some(Owed::IndexDelete), Performed::IndexDeleted(Err(error))) => {
+                books.report.errors += 1;
+                let key = Some(self.key.clone());
+                books.log(PassLog::ReconcileError { key, error });
+            }
+            (Some(Owed::IndexDelete), Performed::IndexDeleted(Ok(()))) => {}
+            (Some(Owed::Sleep), Performed::Slept) => {}
+            (owed, performed) => {
+                debug_assert!(false, "{performed:?} while {owed:?} is owed");
+                self.owed = owed;
+            }
         }
     }
 
     /// No answer (a timeout or a network error): only this entry's trouble, unless a run of
     /// them says the API's: the cursor moves past it and the next coverage of the ledger asks
     /// again.
-    fn status_unanswered(&mut self, key: String, answer: StatusAnswer, now_ms: i64) {
-        self.report.errors += 1;
-        self.report.status_unanswered += 1;
-        let backoff = self.health.unanswered(now_ms);
+    fn status_unanswered(&mut self, books: &mut Books, answer: StatusAnswer, now_ms: i64) {
+        books.report.errors += 1;
+        books.report.status_unanswered += 1;
+        let backoff = books.health.unanswered(now_ms);
         if let Some(until) = backoff {
-            self.status_backoff_until_ms = self.status_backoff_until_ms.max(until);
-            self.ask_again_after_backoff();
+            books.status_backoff_until_ms = books.status_backoff_until_ms.max(until);
+            // A queue consumer sends the entry back with the entries it skips.
+            self.skipped_poll = true;
         }
         let answer = match answer {
             PeerAnswer::Network(e) => e,
             _ => "timeout".to_string(),
         };
-        self.log(PassLog::StatusUnanswered {
-            key,
+        books.log(PassLog::StatusUnanswered {
+            key: self.key.clone(),
             answer,
             backoff_secs: backoff.map(|until| (until - now_ms).div_euclid(1_000)),
         });
@@ -218,31 +303,31 @@ impl Pass {
     /// An answer that says nothing about the state: a 404 asks for `unknown_to_gemini` and a
     /// malformed answer for `status_unusable` (each only while the ledger shows it unraised);
     /// a 429 or 5xx backs off every status call.
-    fn status_failed(&mut self, key: String, error: StatusError, answer: u16, started_ms: i64) {
-        let Some(meta) = self.entry.as_ref().map(|e| &e.meta) else {
-            return;
-        };
-        let age_seconds = started_ms.div_euclid(1_000) - meta.submitted_at;
-        let unraised = |kind: AlertKind| !meta.alerts.contains(&kind);
+    fn status_failed(&mut self, books: &mut Books, error: StatusError, answer: u16, started: i64) {
+        let key = self.key.clone();
+        let age_seconds = started.div_euclid(1_000) - self.meta.submitted_at;
+        let unraised = |kind: AlertKind| !self.meta.alerts.contains(&kind);
         match error {
             StatusError::NotFound => {
                 let ask = unraised(AlertKind::UnknownToGemini);
-                self.log(PassLog::StatusNotFound { key });
+                books.log(PassLog::StatusNotFound { key });
                 if ask {
                     let command = GateCommand::Alert {
                         alert: AlertKind::UnknownToGemini,
                         age_seconds,
                     };
-                    self.push_front(Step::Gate(command, AfterGate::CountAlert));
+                    self.steps
+                        .push_front(Step::Gate(command, AfterGate::CountAlert));
                 }
             }
             StatusError::Transient { retry_after_secs } => {
-                self.ask_again_after_backoff();
-                self.report.errors += 1;
-                self.status_backoff_until_ms = self
+                // A queue consumer sends the entry back with the entries it skips.
+                self.skipped_poll = true;
+                books.report.errors += 1;
+                books.status_backoff_until_ms = books
                     .status_backoff_until_ms
-                    .max(started_ms + retry_after_secs * 1_000);
-                self.log(PassLog::StatusTransient {
+                    .max(started + retry_after_secs * 1_000);
+                books.log(PassLog::StatusTransient {
                     key,
                     retry_after_secs,
                     answer,
@@ -252,8 +337,8 @@ impl Pass {
                 // The answer will not get better by asking again: alert once, with the reason,
                 // so a person can settle it (the gate keeps the mark; the ledger carries it).
                 let ask = unraised(AlertKind::StatusUnusable);
-                self.report.errors += 1;
-                self.log(PassLog::StatusUnusable {
+                books.report.errors += 1;
+                books.log(PassLog::StatusUnusable {
                     key,
                     error: reason.clone(),
                 });
@@ -262,12 +347,13 @@ impl Pass {
                         reason,
                         age_seconds,
                     };
-                    self.push_front(Step::Gate(command, AfterGate::CountAlert));
+                    self.steps
+                        .push_front(Step::Gate(command, AfterGate::CountAlert));
                 }
             }
             e => {
-                self.report.errors += 1;
-                self.log(PassLog::StatusUnusable {
+                books.report.errors += 1;
+                books.log(PassLog::StatusUnusable {
                     key,
                     error: format!("{e:?}"),
                 });
@@ -277,18 +363,16 @@ impl Pass {
 
     /// A state: offered to the gate unless the ledger already shows it (the round trip saved)
     /// or it is one this worker does not know.
-    fn status_observed(&mut self, key: String, observation: Observation) {
+    fn status_observed(&mut self, books: &mut Books, observation: Observation) {
+        let key = self.key.clone();
         if let Status::Unknown(raw) = &observation.status {
-            self.log(PassLog::StatusUnknownState {
+            books.log(PassLog::StatusUnknownState {
                 key,
                 state: raw.clone(),
             });
             return;
         }
-        let Some(entry) = self.entry.as_mut() else {
-            return;
-        };
-        if observation.status == entry.meta.status {
+        if observation.status == self.meta.status {
             return; // nothing new for the gate: save the round trip
         }
         if observation.status.is_terminal() {
@@ -303,12 +387,11 @@ impl Pass {
                     })
                 )
             };
-            entry.steps.retain(|s| !stuck(s));
+            self.steps.retain(|s| !stuck(s));
         }
-        let meta = &entry.meta;
         let command = GateCommand::Deliver {
             key,
-            name: meta.name.clone(),
+            name: self.meta.name.clone(),
             event: OpEvent {
                 status: observation.status,
                 update_time_ms: observation.update_time_ms,
@@ -317,26 +400,21 @@ impl Pass {
                 delivery_id: None,
             },
             require_registration: false,
-            hold_ms: self.limits.unregistered_hold_ms,
+            hold_ms: books.limits.unregistered_hold_ms,
             new_not_before_ms: 0,
         };
-        self.push_front(Step::Gate(command, AfterGate::Settled));
+        self.steps
+            .push_front(Step::Gate(command, AfterGate::Settled));
     }
 
     /// The gate's reply to [`Intent::CallGate`] (`Err`: the call failed).
-    pub fn on_gate(&mut self, reply: Result<GateReply, String>) {
-        let Some(Awaiting::Gate(after)) = self.answered(|a| matches!(a, Awaiting::Gate(_))) else {
-            return;
-        };
-        let key = self
-            .entry
-            .as_ref()
-            .map_or_else(String::new, |e| e.key.clone());
+    fn on_gate(&mut self, books: &mut Books, after: AfterGate, reply: Result<GateReply, String>) {
+        let key = self.key.clone();
         let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
-                self.report.errors += 1;
-                self.log(PassLog::ReconcileError {
+                books.report.errors += 1;
+                books.log(PassLog::ReconcileError {
                     key: Some(key),
                     error,
                 });
@@ -347,46 +425,30 @@ impl Pass {
             AfterGate::Nothing => {}
             AfterGate::CountAlert => {
                 if reply == (GateReply::AlertSent { sent: true }) {
-                    self.report.alerts += 1;
+                    books.report.alerts += 1;
                 }
             }
-            AfterGate::ReindexIfDone => self.reindex_if_done(&reply),
+            AfterGate::ReindexIfDone => self.reindex_if_done(books, &reply),
             // A poll reached a gate that holds no record (it creates none from a status
             // answer): the index entry outlived the operation, and only deleting it stops the
             // polls.
             AfterGate::Settled if reply == GateReply::Unregistered => {
-                if self.affords(1) {
-                    self.push_front(Step::DeleteIndex);
+                if books.affords(1) {
+                    self.steps.push_front(Step::DeleteIndex);
                 }
             }
             AfterGate::Settled => {
                 if let GateReply::Applied { status, .. } = &reply {
                     if status.is_terminal() {
-                        self.report.settled += 1;
-                        self.log(PassLog::SettledByReconcile {
+                        books.report.settled += 1;
+                        books.log(PassLog::SettledByReconcile {
                             key,
                             status: status.clone(),
                         });
                     }
                 }
-                self.reindex_if_done(&reply);
+                self.reindex_if_done(books, &reply);
             }
-        }
-    }
-
-    /// The answer to [`Intent::DeleteIndex`] (`Err`: the delete failed; the next coverage
-    /// finds the entry again).
-    pub fn on_index_deleted(&mut self, deleted: Result<(), String>) {
-        if self
-            .answered(|a| matches!(a, Awaiting::IndexDelete))
-            .is_none()
-        {
-            return;
-        }
-        if let Err(error) = deleted {
-            let key = self.entry.as_ref().map(|e| e.key.clone());
-            self.report.errors += 1;
-            self.log(PassLog::ReconcileError { key, error });
         }
     }
 
@@ -395,7 +457,7 @@ impl Pass {
     /// close). Ask the gate to project again, which deletes the index entry, so a lost delete
     /// costs one trip, not one per pass. A pass-level race (closed since it was listed) costs
     /// at most one redundant projection.
-    fn reindex_if_done(&mut self, reply: &GateReply) {
+    fn reindex_if_done(&mut self, books: &Books, reply: &GateReply) {
         let done = matches!(
             reply,
             GateReply::Effect {
@@ -405,22 +467,8 @@ impl Pass {
                 ..
             }
         );
-        if done && self.affords(1) {
-            self.push_front(Step::Reindex { stale: true });
-        }
-    }
-
-    /// The entry in hand got no usable answer because Gemini asks us to wait: a queue
-    /// consumer sends it back with the entries it skips.
-    fn ask_again_after_backoff(&mut self) {
-        if let Some(entry) = self.entry.as_mut() {
-            entry.skipped_poll = true;
-        }
-    }
-
-    fn push_front(&mut self, step: Step) {
-        if let Some(entry) = self.entry.as_mut() {
-            entry.steps.push_front(step);
+        if done && books.affords(1) {
+            self.steps.push_front(Step::Reindex { stale: true });
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The fan-out of a large backlog onto a Cloudflare Queue: the pass schedules polls as queue
 //! messages ([`PollJob`]) instead of making them itself, and each message is worked through
-//! by a consumer ([`Pass::for_job`]) with the same per-entry decisions as the pass.
+//! by a consumer ([`Consumer`](super::Consumer)) with the same per-entry decisions as the pass.
 //!
 //! Guarantees: every scheduled poll has a start time (its slot), the slots of all passes
 //! spaced `1 / RECONCILE_POLL_RATE` seconds apart and never overlapping (a pass schedules
@@ -32,14 +32,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::operation::ledger::{LedgerMeta, OPEN_PREFIX};
-use crate::reconciliation::entry_decision::decide;
-use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::operation::ledger::OPEN_PREFIX;
 
-use super::entry::{Entry, Step};
 use super::stop::Stop;
 use super::walk::IndexWalk;
-use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, CRON_INTERVAL_MS};
+use super::{Awaiting, Intent, Pass, PassLog, Phase, CRON_INTERVAL_MS};
 
 /// Entries in one queue message: a consumer polls them in order, at most 2 subrequests each
 /// (status call and gate call, 3 with a re-index), so a batch of
@@ -167,71 +164,26 @@ pub(super) struct Fed {
     pub(super) entries: u64,
 }
 
-/// A consumer's message being worked through.
-#[derive(Debug)]
-pub(super) struct JobWalk {
-    job: PollJob,
-    at: usize,
-    /// When the last entry started: a consumer that starts late (its slots passed while the
-    /// message waited) still keeps its entries the rate's spacing apart.
-    last_start_ms: Option<i64>,
-    /// Entries whose poll was skipped for a back-off: sent back to the queue.
-    skipped: Vec<JobEntry>,
-}
-
-/// The end of a consumer's message: the wait to report to the lease, and the entries to send
-/// back to the queue once the lease has recorded them.
-#[derive(Debug)]
-pub(super) struct SendBack {
-    /// The entries not polled because Gemini asked to wait, for after the wait.
-    job: Option<PollJob>,
-    /// Whether the lease has been told (or could not be).
-    reported: bool,
-}
-
-/// How a consumer's message ended.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct JobOutcome {
-    /// The entries to send back could not be sent: the message is left to the queue's retries
-    /// instead of being acknowledged.
-    pub retry: bool,
-}
-
-/// Why a consumer dropped entries unpolled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobDrop {
-    /// [`JOB_MAX_AGE_MS`] past the message's first slot, or its wait would end there.
-    Expired,
-    /// They were to be sent back, but the lease could not record where their slots end.
-    LeaseUnreachable,
-}
-
-impl JobDrop {
-    /// The log label.
-    pub fn label(self) -> &'static str {
-        match self {
-            JobDrop::Expired => "expired",
-            JobDrop::LeaseUnreachable => "lease_unreachable",
-        }
-    }
-}
-
 impl Pass {
     /// Whether the walk fans this window out: a queue is bound and at least `above` entries
     /// are left to visit.
     pub(super) fn fans_out(&self, left: usize) -> bool {
-        self.limits.fanout.as_ref().is_some_and(|f| left >= f.above)
+        self.books
+            .limits
+            .fanout
+            .as_ref()
+            .is_some_and(|f| left >= f.above)
     }
 
     /// Schedules the next messages of the window on the queue, or ends the walk.
-    pub(super) fn feed_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Flow {
-        let Some(fanout) = self.limits.fanout.clone() else {
+    pub(super) fn feed_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Option<Intent> {
+        let Some(fanout) = self.books.limits.fanout.clone() else {
             return self.walk_ended(walk.position.clone(), Stop::Error);
         };
         if let Some(stop) = self.must_stop(now_ms) {
             return self.walk_ended(walk.position.clone(), stop);
         }
-        if !self.affords(1) {
+        if !self.books.affords(1) {
             return self.walk_ended(walk.position.clone(), Stop::Budget);
         }
         // One cron interval ahead: the queue holds about one interval of work, and the next
@@ -239,7 +191,7 @@ impl Pass {
         let horizon = self.started_ms + CRON_INTERVAL_MS;
         let mut schedule = now_ms
             .max(self.fed_until_ms)
-            .max(self.status_backoff_until_ms);
+            .max(self.books.status_backoff_until_ms);
         let mut jobs: Vec<PollJob> = Vec::new();
         let mut bytes = 0usize;
         let mut last_name = None;
@@ -260,11 +212,11 @@ impl Pass {
                     continue;
                 };
                 let Some(meta) = meta else {
-                    self.unreadable_metadata(key);
+                    self.books.unreadable_metadata(key);
                     continue;
                 };
-                self.report.visited += 1;
-                if decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds).is_empty() {
+                self.books.report.visited += 1;
+                if self.books.decide(&meta, now_ms).is_empty() {
                     continue;
                 }
                 self.seen.touched.insert(key.to_string());
@@ -292,232 +244,37 @@ impl Pass {
             return self.window_done(walk);
         }
         let queued = jobs.iter().map(|j| QueuedJob::of(j, now_ms)).collect();
-        self.spend(1);
-        self.report.queue_sends += 1;
+        self.books.spend(1);
+        self.books.report.queue_sends += 1;
         self.awaiting = Some(Awaiting::Enqueue(Fed {
             last_name: last_name.unwrap_or_default(),
             until_ms: schedule,
             entries: fed,
         }));
         self.phase = Phase::Index(walk);
-        Flow::Io(Intent::Enqueue { jobs: queued })
+        Some(Intent::Enqueue { jobs: queued })
     }
 
-    /// The queue's answer to [`Intent::Enqueue`] (`Err`: the send failed). For a pass, the
-    /// walk then stops where it was: those entries are scheduled by the next pass. For a
-    /// consumer sending entries back, the message is left to the queue's retries.
-    pub fn on_enqueued(&mut self, sent: Result<(), String>) {
-        match self.answered(|a| matches!(a, Awaiting::Enqueue(_) | Awaiting::SendBack)) {
-            Some(Awaiting::Enqueue(fed)) => self.on_fed(fed, sent),
-            Some(_) => {
-                if let Err(e) = sent {
-                    self.report.errors += 1;
-                    self.log(PassLog::error(format!("queue send: {e}")));
-                    self.job = Some(JobOutcome { retry: true });
-                }
-                self.phase = Phase::Finish;
-            }
-            None => {}
-        }
-    }
-
-    fn on_fed(&mut self, fed: Fed, sent: Result<(), String>) {
+    /// The queue's answer to [`Intent::Enqueue`] (`Err`: the send failed; the walk then stops
+    /// where it was: those entries are scheduled by the next pass).
+    pub(super) fn on_fed(&mut self, fed: Fed, sent: Result<(), String>) {
         let Phase::Index(mut walk) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
         match sent {
             Ok(()) => {
-                self.report.fed += fed.entries;
+                self.books.report.fed += fed.entries;
                 self.fed_until_ms = self.fed_until_ms.max(fed.until_ms);
                 walk.position.after_key = Some(fed.last_name);
                 self.save_checkpoint(&walk.position);
                 self.phase = Phase::Index(walk);
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("queue send: {e}")));
                 let position = walk.position.clone();
                 self.walk_ended(position, Stop::Error);
             }
         }
-    }
-
-    /// A consumer's pass over one queue message, starting at `now_ms`: no lease, no listing;
-    /// each entry is decided again with its metadata and the clock at its slot.
-    pub fn for_job(limits: super::Limits, job: PollJob, now_ms: i64) -> Pass {
-        let mut pass = Pass::new(limits, "queue".into(), now_ms);
-        pass.budget_limit = u32::MAX;
-        pass.walk_deadline_ms = i64::MAX;
-        pass.job = Some(JobOutcome::default());
-        pass.phase = Phase::Job(JobWalk {
-            job,
-            at: 0,
-            last_start_ms: None,
-            skipped: Vec::new(),
-        });
-        pass
-    }
-
-    pub(super) fn job_step(&mut self, mut walk: JobWalk, now_ms: i64) -> Flow {
-        if self.entry.is_some() {
-            if let Some(intent) = self.entry_step(now_ms) {
-                self.phase = Phase::Job(walk);
-                return Flow::Io(intent);
-            }
-            let entry = self.entry.take().expect("an entry in hand");
-            if entry.skipped_poll {
-                walk.skipped.push(walk.job.entries[walk.at - 1].clone());
-            }
-        }
-        while walk.at < walk.job.entries.len() {
-            if now_ms >= walk.job.expires_ms() {
-                // Too old: the next coverage schedules these afresh.
-                let late: Vec<JobEntry> = walk.job.entries.drain(walk.at..).collect();
-                self.drop_entries(&walk.job, late, JobDrop::Expired, now_ms);
-                break;
-            }
-            if now_ms < self.status_backoff_until_ms {
-                // Gemini asked to wait: poll nothing more in this message.
-                walk.skipped.extend(walk.job.entries.drain(walk.at..));
-                break;
-            }
-            let spacing = walk.job.slot_ms(walk.at + 1) - walk.job.slot_ms(walk.at);
-            let slot = walk
-                .last_start_ms
-                .map_or(i64::MIN, |last| last + spacing)
-                .max(walk.job.slot_ms(walk.at));
-            if now_ms < slot {
-                self.awaiting = Some(Awaiting::Sleep);
-                self.phase = Phase::Job(walk);
-                return Flow::Io(Intent::Sleep { until_ms: slot });
-            }
-            let listed = walk.job.entries[walk.at].clone();
-            walk.at += 1;
-            walk.last_start_ms = Some(now_ms);
-            let Some(key) = listed.name.strip_prefix(OPEN_PREFIX) else {
-                continue;
-            };
-            let Ok(meta) = serde_json::from_value::<LedgerMeta>(listed.metadata.clone()) else {
-                self.unreadable_metadata(key);
-                continue;
-            };
-            self.report.visited += 1;
-            let actions = decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds);
-            let steps = actions.into_iter().map(Step::Act).collect::<Vec<_>>();
-            if steps.is_empty() {
-                continue;
-            }
-            self.entry = Some(Entry::new(&listed.name, key, meta, steps));
-            self.phase = Phase::Job(walk);
-            return Flow::Continue;
-        }
-        let mut back = (!walk.skipped.is_empty()).then(|| PollJob {
-            entries: std::mem::take(&mut walk.skipped),
-            not_before_ms: self.status_backoff_until_ms.max(now_ms),
-            rate_per_s: walk.job.rate_per_s,
-            first_slot_ms: Some(walk.job.first_slot()),
-            hops: walk.job.hops.saturating_add(1),
-        });
-        if let Some(job) = back.take_if(|j| j.not_before_ms >= j.expires_ms()) {
-            // Its wait ends past its life: not sent back.
-            self.drop_entries(&walk.job, job.entries, JobDrop::Expired, now_ms);
-        }
-        self.phase = Phase::SendBack(SendBack {
-            job: back,
-            reported: false,
-        });
-        Flow::Continue
-    }
-
-    /// A consumer's message is walked: report the wait (and where the slots of the entries
-    /// sent back end) to the lease, then send them back; or finish.
-    pub(super) fn send_back_step(&mut self, mut back: SendBack, now_ms: i64) -> Flow {
-        let backoff = self.status_backoff_until_ms;
-        if !back.reported && (backoff > 0 || back.job.is_some()) {
-            // The next pass schedules after the wait and the slots sent back, and starts no
-            // new coverage before they have passed.
-            let fed_until_ms = back.job.as_ref().map_or(0, PollJob::slots_end_ms);
-            self.spend(1);
-            self.awaiting = Some(Awaiting::Backoff);
-            self.phase = Phase::SendBack(back);
-            return Flow::Io(Intent::Lease(LeaseCommand::Backoff {
-                until_ms: backoff,
-                fed_until_ms,
-            }));
-        }
-        let Some(job) = back.job.take() else {
-            self.phase = Phase::Finish;
-            return Flow::Continue;
-        };
-        self.spend(1);
-        self.report.queue_sends += 1;
-        self.awaiting = Some(Awaiting::SendBack);
-        self.phase = Phase::SendBack(back);
-        Flow::Io(Intent::Enqueue {
-            jobs: vec![QueuedJob::of(&job, now_ms)],
-        })
-    }
-
-    /// The lease's answer to a consumer's [`LeaseCommand::Backoff`], at `now_ms`: entries to
-    /// send back go only once the lease has recorded them.
-    pub(super) fn on_backed_off(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
-        let Phase::SendBack(mut back) = std::mem::replace(&mut self.phase, Phase::Done) else {
-            return;
-        };
-        back.reported = true;
-        let failure = match reply {
-            Ok(LeaseReply::BackedOff) => None,
-            Ok(other) => Some(format!("lease backoff refused: {other:?}")),
-            Err(e) => Some(format!("lease backoff: {e}")),
-        };
-        if let Some(error) = failure {
-            self.report.errors += 1;
-            self.log(PassLog::error(error));
-            if let Some(mut job) = back.job.take() {
-                // Unrecorded, a copy could wait beside the next coverage's: dropped instead.
-                let entries = std::mem::take(&mut job.entries);
-                job.hops = job.hops.saturating_sub(1); // the hop it was to make is not made
-                self.drop_entries(&job, entries, JobDrop::LeaseUnreachable, now_ms);
-            }
-        }
-        self.phase = Phase::SendBack(back);
-    }
-
-    /// Drops `entries` of `job` (the message as it came) unpolled: counted, and logged with the
-    /// message's age and the times it was sent back; they stay open in the index.
-    fn drop_entries(
-        &mut self,
-        job: &PollJob,
-        entries: Vec<JobEntry>,
-        reason: JobDrop,
-        now_ms: i64,
-    ) {
-        if entries.is_empty() {
-            return;
-        }
-        self.report.dropped += entries.len() as u64;
-        self.log(PassLog::ReconcileJobDropped {
-            reason: reason.label(),
-            entries: entries.len() as u64,
-            hops: job.hops,
-            age_ms: now_ms - job.first_slot(),
-            keys: entries
-                .into_iter()
-                .map(|e| match e.name.strip_prefix(OPEN_PREFIX) {
-                    Some(key) => key.to_string(),
-                    None => e.name,
-                })
-                .collect(),
-        });
-    }
-
-    /// The edge slept until the slot asked by [`Intent::Sleep`].
-    pub fn on_slept(&mut self) {
-        self.answered(|a| *a == Awaiting::Sleep);
-    }
-
-    /// How a consumer's message ended (once [`Intent::Done`]; the default for a pass).
-    pub fn job_outcome(&self) -> JobOutcome {
-        self.job.clone().unwrap_or_default()
     }
 }

@@ -9,31 +9,20 @@ use crate::reconciliation::lease_state::{audit_reserve, lease_presumed_lapsed};
 
 use super::stop::Stop;
 
-use super::{webhook, Awaiting, Flow, Intent, Pass, PassLog, Phase};
+use super::{webhook, Awaiting, Intent, Pass, PassLog, Phase};
 
 impl Pass {
-    pub(super) fn acquire(&mut self) -> Flow {
-        self.spend(1);
+    pub(super) fn acquire(&mut self) -> Option<Intent> {
+        self.books.spend(1);
         self.awaiting = Some(Awaiting::Acquire);
-        Flow::Io(Intent::Lease(LeaseCommand::Acquire {
+        Some(Intent::Lease(LeaseCommand::Acquire {
             holder: self.holder.clone(),
-            ttl_ms: self.limits.lease_ttl_ms,
+            ttl_ms: self.books.limits.lease_ttl_ms,
         }))
     }
 
     /// The lease object's answer (`Err`: the call failed) to [`Intent::Lease`], at `now_ms`.
-    pub fn on_lease(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
-        match self
-            .answered(|a| matches!(a, Awaiting::Acquire | Awaiting::Release | Awaiting::Backoff))
-        {
-            Some(Awaiting::Acquire) => self.on_acquired(reply, now_ms),
-            Some(Awaiting::Backoff) => self.on_backed_off(reply, now_ms),
-            Some(_) => self.on_released(reply),
-            None => {}
-        }
-    }
-
-    fn on_acquired(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
+    pub(super) fn on_acquired(&mut self, reply: Result<LeaseReply, String>, now_ms: i64) {
         match reply {
             Ok(LeaseReply::Granted {
                 resume,
@@ -42,30 +31,30 @@ impl Pass {
                 audit,
                 fed_until_ms,
             }) => {
-                self.status_backoff_until_ms = status_backoff_until_ms;
+                self.books.status_backoff_until_ms = status_backoff_until_ms;
                 self.fed_until_ms = fed_until_ms;
                 let resume = start_of_index(resume);
                 self.checkpoint = (resume.clone(), status_backoff_until_ms);
-                self.audit_from = audit.due(self.started_ms, self.limits.audit_interval_ms);
+                self.audit_from = audit.due(self.started_ms, self.books.limits.audit_interval_ms);
                 if self.audit_from.is_some() {
                     // Keep a third of the budget and of the deadline for the audit.
-                    let budget = i64::from(self.limits.budget);
-                    self.budget_limit = (budget - audit_reserve(budget)) as u32;
-                    self.walk_deadline_ms -= audit_reserve(self.limits.deadline_ms);
+                    let budget = i64::from(self.books.limits.budget);
+                    self.books.budget_limit = (budget - audit_reserve(budget)) as u32;
+                    self.walk_deadline_ms -= audit_reserve(self.books.limits.deadline_ms);
                 }
                 self.webhook_alerted_state = webhook_alerted_state;
                 self.last_renewed_ms = now_ms;
-                match self.limits.webhook_name.clone() {
+                match self.books.limits.webhook_name.clone() {
                     Some(name) => self.phase = Phase::Webhook(webhook::Check::new(name, resume)),
                     None => self.start_walk(resume),
                 }
             }
             Ok(_) => {
-                self.report.skipped_busy = true;
+                self.books.report.skipped_busy = true;
                 self.phase = Phase::Finish;
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("lease: {e}")));
                 self.phase = Phase::Finish;
             }
@@ -79,16 +68,16 @@ impl Pass {
         if matches!(self.phase, Phase::Done) {
             return None; // the line is logged: nothing is held, nothing more is counted
         }
-        if self.report.subrequests + 2 > self.limits.budget {
+        if self.books.report.subrequests + 2 > self.books.limits.budget {
             self.heartbeat_stop = Some(Stop::Budget);
             return None;
         }
-        self.spend(1);
-        self.report.lease_renewals += 1;
+        self.books.spend(1);
+        self.books.report.lease_renewals += 1;
         let (resume, status_backoff_until_ms) = self.checkpoint.clone();
         Some(LeaseCommand::Renew {
             holder: self.holder.clone(),
-            ttl_ms: self.limits.lease_ttl_ms,
+            ttl_ms: self.books.limits.lease_ttl_ms,
             resume,
             status_backoff_until_ms,
             audit: self.audit_progress.clone(),
@@ -111,9 +100,13 @@ impl Pass {
                 false
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("lease renewal: {e}")));
-                if lease_presumed_lapsed(now_ms, self.last_renewed_ms, self.limits.lease_ttl_ms) {
+                if lease_presumed_lapsed(
+                    now_ms,
+                    self.last_renewed_ms,
+                    self.books.limits.lease_ttl_ms,
+                ) {
                     self.heartbeat_stop = Some(Stop::LeaseLapsed);
                     return false;
                 }
@@ -124,7 +117,7 @@ impl Pass {
 
     /// The work is over: release the lease with where the next pass starts, unless it was
     /// lost (the new holder's cursor is not ours to move).
-    pub(super) fn release(&mut self, now_ms: i64) -> Flow {
+    pub(super) fn release(&mut self, now_ms: i64) -> Option<Intent> {
         let (resume, stop) = self
             .walked
             .take()
@@ -134,43 +127,43 @@ impl Pass {
             Some(Stop::LeaseLost) => Stop::LeaseLost,
             _ => stop,
         };
-        self.report.stopped = Some(stop);
-        self.report.complete = stop == Stop::Complete;
+        self.books.report.stopped = Some(stop);
+        self.books.report.complete = stop == Stop::Complete;
         if !stop.releases() {
             self.log(PassLog::ReconcileLeaseLost {
                 holder: self.holder.clone(),
             });
             self.phase = Phase::Finish;
-            return Flow::Continue;
+            return None;
         }
-        self.spend(1);
-        self.report.elapsed_ms = now_ms - self.started_ms;
+        self.books.spend(1);
+        self.books.report.elapsed_ms = now_ms - self.started_ms;
         let webhook = self.webhook.take();
         let release = LeaseCommand::Release {
             holder: self.holder.clone(),
             resume,
-            complete: self.report.complete,
-            status_backoff_until_ms: self.status_backoff_until_ms,
+            complete: self.books.report.complete,
+            status_backoff_until_ms: self.books.status_backoff_until_ms,
             webhook_checked: webhook.is_some(),
             webhook_alerted_state: webhook.flatten(),
             audit: self.audit_progress.take(),
             fed_until_ms: self.fed_sent(),
             summary: serde_json::json!({
                 "at": crate::timestamp::format_rfc3339(self.started_ms),
-                "report": self.report.to_value(),
+                "report": self.books.report.to_value(),
             }),
         };
         self.phase = Phase::Release;
         self.awaiting = Some(Awaiting::Release);
-        Flow::Io(Intent::Lease(release))
+        Some(Intent::Lease(release))
     }
 
-    fn on_released(&mut self, reply: Result<LeaseReply, String>) {
+    pub(super) fn on_released(&mut self, reply: Result<LeaseReply, String>) {
         match reply {
             Ok(LeaseReply::Released { accepted: true }) => {}
             Ok(other) => self.log(PassLog::error(format!("lease release refused: {other:?}"))),
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("lease release: {e}")));
             }
         }
@@ -179,23 +172,19 @@ impl Pass {
 
     /// How far this pass scheduled polls on the fan-out queue, for the lease (0: nothing).
     fn fed_sent(&self) -> i64 {
-        if self.report.fed > 0 {
+        if self.books.report.fed > 0 {
             self.fed_until_ms
         } else {
             0
         }
     }
 
-    /// The pass's line (a consumer's, for a queue message), and the end.
-    pub(super) fn finish(&mut self, now_ms: i64) -> Flow {
-        self.report.elapsed_ms = now_ms - self.started_ms;
-        if self.job.is_some() {
-            self.log(PassLog::ReconcileJob(self.report.clone()));
-        } else {
-            self.log(PassLog::ReconcilePass(self.report.clone()));
-        }
+    /// The pass's line, and the end.
+    pub(super) fn finish(&mut self, now_ms: i64) -> Option<Intent> {
+        self.books.report.elapsed_ms = now_ms - self.started_ms;
+        self.log(PassLog::ReconcilePass(self.books.report.clone()));
         self.phase = Phase::Done;
-        Flow::Continue
+        None
     }
 }
 

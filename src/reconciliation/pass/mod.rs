@@ -1,7 +1,8 @@
-//! One reconciliation pass (the cron's slow path) as a state machine: [`Pass::next`] says what
-//! to do next ([`Intent`]), the edge does it and hands the answer back through the matching
-//! `on_*` feeder, and a heartbeat beside the walk asks [`Pass::on_heartbeat`] for renewals.
-//! Every decision of the pass lives here, host-tested; the edge only performs I/O.
+//! One reconciliation pass (the cron's slow path) and the fan-out queue's [`Consumer`], as
+//! named machines: each [`Machine`] says what to do next ([`Intent`]), the edge does it and
+//! hands back what it got ([`Performed`]), and a heartbeat beside the pass's walk asks
+//! [`Pass::on_heartbeat`] for renewals. Both drive the same entry run (`entry.rs`) for each
+//! entry. Every decision lives here, host-tested; the edge only performs I/O.
 //!
 //! What a pass does: take the lease; check the Gemini webhook's state when one is named (and
 //! enable it again when Gemini disabled it for failed deliveries, sweeping every open
@@ -30,6 +31,7 @@
 //! unless the ledger shows it raised; a malformed answer asks for a `status_unusable` alert
 //! once; an answer whose status the ledger already shows costs no gate call.
 
+mod consumer;
 mod entry;
 mod fanout;
 mod lease;
@@ -45,17 +47,20 @@ mod tests;
 use serde_json::Value;
 
 use crate::operation::gate::protocol::GateCommand;
-use crate::operation::key::Collection;
+use crate::operation::gate::protocol::GateReply;
 use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::entry_decision::Thresholds;
-use crate::reconciliation::lease_protocol::LeaseCommand;
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::AuditProgress;
+use crate::retry::PeerAnswer;
 
-use stop::{past_deadline, StatusHealth, Stop};
+use crate::reconciliation::status::StatusAnswer;
 
+use stop::{past_deadline, Stop};
+
+pub use consumer::{Consumer, JobOutcome};
 pub use fanout::{
-    Fanout, JobEntry, JobOutcome, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES,
-    JOB_MAX_AGE_MS,
+    Fanout, JobEntry, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES, JOB_MAX_AGE_MS,
 };
 pub use lines::{PassLog, PassReport};
 
@@ -104,37 +109,67 @@ pub struct Limits {
     pub poll_rate: u32,
 }
 
-/// What the edge does next for the pass.
+/// What the edge does next for a pass or a consumer; each but `Done` is answered with the
+/// [`Performed`] of the same name.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Intent {
-    /// Send this to the lease object; answer with [`Pass::on_lease`].
+    /// Send this to the lease object.
     Lease(LeaseCommand),
-    /// GET this page of Gemini's webhook listing; answer with [`Pass::on_webhook_page`].
+    /// GET this page of Gemini's webhook listing.
     ListWebhooks { url: String },
-    /// `PATCH` this WebhookService URL with this JSON body (enabling the webhook again);
-    /// answer with [`Pass::on_webhook_enabled`].
+    /// `PATCH` this WebhookService URL with this JSON body (enabling the webhook again).
     EnableWebhook { url: String, body: String },
-    /// Post this alert to the alert sink; answer with [`Pass::on_alert_posted`].
+    /// Post this alert to the alert sink.
     PostAlert(Value),
-    /// List one KV page of keys under `prefix` from `cursor`; answer with [`Pass::on_listed`].
+    /// List one KV page of keys under `prefix` from `cursor`.
     List {
         prefix: &'static str,
         cursor: Option<String>,
     },
-    /// Ask Gemini's status API about `key` at `url`; answer with [`Pass::on_status`].
+    /// Ask Gemini's status API about `key` at `url`.
     Poll { key: String, url: String },
-    /// Send `command` to the gate of `key`; answer with [`Pass::on_gate`].
+    /// Send `command` to the gate of `key`.
     CallGate { key: String, command: GateCommand },
     /// Delete the `open:` entry of `key`, whose gate holds no record (a delete lost before
-    /// the gate's storage ended); answer with [`Pass::on_index_deleted`].
+    /// the gate's storage ended).
     DeleteIndex { key: String },
-    /// Send these messages to the fan-out queue in one batch; answer with
-    /// [`Pass::on_enqueued`].
+    /// Send these messages to the fan-out queue in one batch.
     Enqueue { jobs: Vec<QueuedJob> },
-    /// A consumer waits for its next entry's slot; answer with [`Pass::on_slept`].
+    /// Wait until then (the pace of status calls, or a consumer's next slot).
     Sleep { until_ms: i64 },
-    /// The pass is over; its line is among the logs.
+    /// The run is over; its line is among the logs.
     Done,
+}
+
+/// What the edge got by performing an [`Intent`] (`Err`: the call failed), handed back with
+/// [`Machine::answer`].
+#[derive(Debug)]
+pub enum Performed {
+    Lease(Result<LeaseReply, String>),
+    WebhookPage(PeerAnswer),
+    WebhookEnabled(PeerAnswer),
+    /// Whether the alert was sent.
+    AlertPosted(bool),
+    Listed(Result<ListedPage, String>),
+    Status(StatusAnswer),
+    Gate(Result<GateReply, String>),
+    IndexDeleted(Result<(), String>),
+    Enqueued(Result<(), String>),
+    Slept,
+}
+
+/// What the edge drives: a [`Pass`] or a queue [`Consumer`].
+pub trait Machine {
+    /// What to do next at `now_ms`; [`Intent::Done`] once the run is over. Each intent but
+    /// `Done` owes its answer through [`Machine::answer`] before the next call; a call while
+    /// one is owed is the executor's bug, and ends the driving (a pass's lease then lapses by
+    /// itself) rather than doing anything twice.
+    fn next(&mut self, now_ms: i64) -> Intent;
+    /// What performing the last intent got, at `now_ms` (when it ended); an answer nobody
+    /// asked for is ignored.
+    fn answer(&mut self, performed: Performed, now_ms: i64);
+    /// The lines logged since the last call, in order.
+    fn drain_logs(&mut self) -> Vec<PassLog>;
 }
 
 impl Intent {
@@ -151,20 +186,17 @@ pub use crate::operation::ledger_walk::{ListedKey, ListedPage};
 /// One pass; see the module documentation.
 #[derive(Debug)]
 pub struct Pass {
-    limits: Limits,
     holder: String,
     started_ms: i64,
     /// The deadline the current walk may use: two thirds of the pass's for the routine walk
     /// when an audit is due; likewise the budget.
     walk_deadline_ms: i64,
-    budget_limit: u32,
+    books: entry::Books,
     phase: Phase,
     /// The answer the edge owes, and what it is for.
     awaiting: Option<Awaiting>,
-    /// The entry in hand and what is left to do for it.
-    entry: Option<entry::Entry>,
-    report: PassReport,
-    logs: Vec<PassLog>,
+    /// The entry in hand, its run.
+    entry: Option<entry::EntryRun>,
     /// Set by the heartbeat when the walk must stop: the lease was lost or may have lapsed,
     /// or no budget is left for another renewal.
     heartbeat_stop: Option<Stop>,
@@ -175,10 +207,6 @@ pub struct Pass {
     /// How far the audit has got, when this pass audits: sent with each renewal and with the
     /// release.
     audit_progress: Option<AuditProgress>,
-    status_backoff_until_ms: i64,
-    health: StatusHealth,
-    /// When this pass (or consumer) last started a status call.
-    last_poll_ms: Option<i64>,
     /// Where the walk was before the first entry it owed a poll and skipped because Gemini
     /// asked us to wait (ending within [`HOLD_BACKOFF_UP_TO_MS`]): the next pass starts there,
     /// so a rate limit does not leave the rest of the ledger unpolled for a whole coverage.
@@ -197,8 +225,6 @@ pub struct Pass {
     audit_from: Option<LedgerCursor>,
     /// Where the polls scheduled on the fan-out queue end (from the lease, then this pass's).
     fed_until_ms: i64,
-    /// A consumer's pass over one queue message: how it ended (`None` for a pass).
-    job: Option<JobOutcome>,
     /// Where the routine walk says the next pass starts, and why it stopped.
     walked: Option<(LedgerCursor, Stop)>,
 }
@@ -211,9 +237,6 @@ enum Phase {
     Announce(Box<Phase>),
     Index(walk::IndexWalk),
     Audit(walk::AuditWalk),
-    Job(fanout::JobWalk),
-    /// A consumer's message is walked: its wait and the entries it sends back.
-    SendBack(fanout::SendBack),
     Release,
     Finish,
     Done,
@@ -228,52 +251,25 @@ enum Awaiting {
     WebhookAlert,
     Announce,
     Listed,
-    Status {
-        started_ms: i64,
-        collection: Collection,
-    },
-    Gate(entry::AfterGate),
-    IndexDelete,
     Enqueue(fanout::Fed),
-    Sleep,
     Release,
-    /// A consumer's report of its wait to the lease.
-    Backoff,
-    /// A consumer's send of the entries it did not poll back to the queue.
-    SendBack,
-}
-
-/// How a step of a walk went. Returned by value and matched at once, never stored: its size
-/// costs nothing worth a box.
-#[allow(clippy::large_enum_variant)]
-enum Flow {
-    /// The edge must do this.
-    Io(Intent),
-    /// State moved on; step again.
-    Continue,
 }
 
 impl Pass {
     /// A pass for `holder` (unique per run), starting at `now_ms`.
     pub fn new(limits: Limits, holder: String, now_ms: i64) -> Pass {
         Pass {
-            budget_limit: limits.budget,
             walk_deadline_ms: now_ms + limits.deadline_ms,
-            limits,
+            books: entry::Books::new(limits.budget, limits),
             holder,
             started_ms: now_ms,
             phase: Phase::Acquire,
             awaiting: None,
             entry: None,
-            report: PassReport::default(),
-            logs: Vec::new(),
             heartbeat_stop: None,
             last_renewed_ms: now_ms,
             checkpoint: (LedgerCursor::default(), 0),
             audit_progress: None,
-            status_backoff_until_ms: 0,
-            health: StatusHealth::default(),
-            last_poll_ms: None,
             first_unpolled: None,
             seen: walk::Seen::default(),
             kv_unbound: None,
@@ -282,7 +278,6 @@ impl Pass {
             sweep: None,
             audit_from: None,
             fed_until_ms: 0,
-            job: None,
             walked: None,
         }
     }
@@ -292,67 +287,23 @@ impl Pass {
         self.kv_unbound = Some(error);
     }
 
-    /// What to do next at `now_ms`; [`Intent::Done`] once the pass is over. Each intent but
-    /// `Done` owes an answer through its `on_*` feeder before the next call; a call while one
-    /// is owed is the executor's bug, and ends the pass's driving (the lease then lapses by
-    /// itself) rather than doing anything twice.
-    pub fn next(&mut self, now_ms: i64) -> Intent {
-        loop {
-            if self.awaiting.is_some() {
-                debug_assert!(false, "next() while {:?} is owed", self.awaiting);
-                return Intent::Done;
-            }
-            let phase = std::mem::replace(&mut self.phase, Phase::Done);
-            let flow = match phase {
-                Phase::Acquire => {
-                    self.phase = Phase::Acquire;
-                    self.acquire()
-                }
-                Phase::Webhook(check) => self.webhook_step(check),
-                Phase::Announce(then) => self.announce_step(*then),
-                Phase::Index(walk) => self.index_step(walk, now_ms),
-                Phase::Audit(walk) => self.audit_step(walk, now_ms),
-                Phase::Job(walk) => self.job_step(walk, now_ms),
-                Phase::SendBack(back) => self.send_back_step(back, now_ms),
-                Phase::Release => self.release(now_ms),
-                Phase::Finish => self.finish(now_ms),
-                Phase::Done => return Intent::Done,
-            };
-            if let Flow::Io(intent) = flow {
-                return intent;
-            }
-        }
-    }
-
-    /// The lines logged since the last call, in order.
-    pub fn drain_logs(&mut self) -> Vec<PassLog> {
-        std::mem::take(&mut self.logs)
-    }
-
     /// What the pass has done so far (all of it once [`Intent::Done`]).
     pub fn report(&self) -> &PassReport {
-        &self.report
+        &self.books.report
     }
 
     /// How often the heartbeat renews the lease.
     pub fn heartbeat_interval_ms(&self) -> i64 {
-        crate::reconciliation::lease_state::heartbeat_interval_ms(self.limits.lease_ttl_ms)
+        crate::reconciliation::lease_state::heartbeat_interval_ms(self.books.limits.lease_ttl_ms)
     }
 
     fn log(&mut self, line: PassLog) {
-        self.logs.push(line);
+        self.books.log(line);
     }
 
-    /// Counts `n` subrequests against the budget the heartbeat shares (the report's count is
-    /// the one the budget is held to).
-    fn spend(&mut self, n: u32) {
-        self.report.subrequests += n;
-    }
-
-    /// Room for `cost` more subrequests in the current walk's share, keeping one for the
-    /// lease release.
-    fn affords(&self, cost: u32) -> bool {
-        self.report.subrequests + cost < self.budget_limit
+    /// The next intent of the entry in hand; `None` when nothing is left to do for it.
+    fn entry_step(&mut self, now_ms: i64) -> Option<Intent> {
+        self.entry.as_mut()?.step(&mut self.books, now_ms)
     }
 
     /// Why the walk must start nothing more, if it must: the heartbeat said so, or the
@@ -368,18 +319,60 @@ impl Pass {
             .first_unpolled
             .clone()
             .unwrap_or_else(|| position.clone());
-        self.checkpoint = (at, self.status_backoff_until_ms);
+        self.checkpoint = (at, self.books.status_backoff_until_ms);
     }
+}
 
-    /// Takes the owed answer's purpose if it is `want`'s kind; `None` (the answer is ignored)
-    /// when the edge answered something not asked.
-    fn answered(&mut self, want: fn(&Awaiting) -> bool) -> Option<Awaiting> {
-        match &self.awaiting {
-            Some(a) if want(a) => self.awaiting.take(),
-            _ => {
-                debug_assert!(false, "an answer nobody asked for: {:?}", self.awaiting);
-                None
+impl Machine for Pass {
+    fn next(&mut self, now_ms: i64) -> Intent {
+        loop {
+            if self.awaiting.is_some() || self.entry.as_ref().is_some_and(entry::EntryRun::owes) {
+                debug_assert!(false, "next() while {:?} is owed", self.awaiting);
+                return Intent::Done;
+            }
+            let flow = match std::mem::replace(&mut self.phase, Phase::Done) {
+                Phase::Acquire => {
+                    self.phase = Phase::Acquire;
+                    self.acquire()
+                }
+                Phase::Webhook(check) => self.webhook_step(check),
+                Phase::Announce(then) => self.announce_step(*then),
+                Phase::Index(walk) => self.index_step(walk, now_ms),
+                Phase::Audit(walk) => self.audit_step(walk, now_ms),
+                Phase::Release => self.release(now_ms),
+                Phase::Finish => self.finish(now_ms),
+                Phase::Done => return Intent::Done,
+            };
+            if let Some(intent) = flow {
+                return intent;
             }
         }
+    }
+
+    fn answer(&mut self, performed: Performed, now_ms: i64) {
+        use Awaiting as A;
+        use Performed as P;
+        match (self.awaiting.take(), performed) {
+            (Some(A::Acquire), P::Lease(reply)) => self.on_acquired(reply, now_ms),
+            (Some(A::Release), P::Lease(reply)) => self.on_released(reply),
+            (Some(A::WebhookPage), P::WebhookPage(page)) => self.on_webhook_page(page),
+            (Some(A::WebhookEnable), P::WebhookEnabled(answer)) => self.on_webhook_enabled(answer),
+            (Some(A::WebhookAlert), P::AlertPosted(sent)) => self.on_alert_posted(sent),
+            (Some(A::Announce), P::AlertPosted(sent)) => self.on_announced(sent),
+            (Some(A::Listed), P::Listed(page)) => self.on_listed(page),
+            (Some(A::Enqueue(fed)), P::Enqueued(sent)) => self.on_fed(fed, sent),
+            (None, performed) => match self.entry.as_mut() {
+                Some(run) => run.answer(&mut self.books, performed, now_ms),
+                None => debug_assert!(false, "an answer nobody asked for: {performed:?}"),
+            },
+            (owed, performed) => {
+                debug_assert!(false, "{performed:?} while {owed:?} is owed");
+                self.awaiting = owed;
+            }
+        }
+    }
+
+    fn drain_logs(&mut self) -> Vec<PassLog> {
+        std::mem::take(&mut self.books.logs)
     }
 }

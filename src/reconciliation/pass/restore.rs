@@ -32,7 +32,7 @@ use crate::operation::alert::webhook_reenabled;
 use crate::reconciliation::pass::stop::Stop;
 use crate::reconciliation::status::DISABLED_FOR_FAILURES;
 
-use super::{Awaiting, Fanout, Flow, Intent, Pass, Phase};
+use super::{Awaiting, Fanout, Intent, Pass, Phase};
 
 /// What a pass does about a webhook that is not `enabled`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,7 +131,7 @@ impl Pass {
 
     /// Whether the routine walk sweeps: a webhook was enabled again and a queue is bound.
     pub(super) fn sweeping(&self) -> bool {
-        self.sweep.is_some() && self.limits.fanout.is_some()
+        self.sweep.is_some() && self.books.limits.fanout.is_some()
     }
 
     /// The routine walk has ended: the webhook enabled again is alerted before what comes next.
@@ -144,25 +144,29 @@ impl Pass {
     }
 
     /// Posts the `webhook_reenabled` alert, then goes on to `next`.
-    pub(super) fn announce_step(&mut self, next: Phase) -> Flow {
+    pub(super) fn announce_step(&mut self, next: Phase) -> Option<Intent> {
         let Some(sweep) = &self.sweep else {
             self.phase = next;
-            return Flow::Continue;
+            return None;
         };
         let stop = self.walked.as_ref().map(|(_, stop)| *stop);
-        let done = swept_text(self.limits.fanout.as_ref(), self.report.fed, stop);
+        let done = swept_text(
+            self.books.limits.fanout.as_ref(),
+            self.books.report.fed,
+            stop,
+        );
         let body = webhook_reenabled(&sweep.webhook, &sweep.was, &done);
-        self.spend(1);
+        self.books.spend(1);
         self.phase = Phase::Announce(Box::new(next));
         self.awaiting = Some(Awaiting::Announce);
-        Flow::Io(Intent::PostAlert(body))
+        Some(Intent::PostAlert(body))
     }
 
     /// Whether the `webhook_reenabled` alert was sent (once, best effort: the
     /// `webhook_enabled` line says it all the same).
     pub(super) fn on_announced(&mut self, sent: bool) {
         if sent {
-            self.report.alerts += 1;
+            self.books.report.alerts += 1;
         }
         self.phase = match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Announce(next) => *next,

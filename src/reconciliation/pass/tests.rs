@@ -317,47 +317,67 @@ fn run(limits: Limits, w: World) -> Outcome {
     drive(pass, w)
 }
 
-fn drive(mut pass: Pass, mut w: World) -> Outcome {
+/// A machine the tests drive: the line it ends with, what it reports, and the heartbeat's
+/// turn (a pass's only).
+trait Driven: Machine {
+    const LINE: &'static str;
+    fn ended(&self) -> (PassReport, JobOutcome);
+    fn beat(&mut self, _beat: &mut Beat, _n: usize, _now: i64) {}
+}
+
+impl Driven for Pass {
+    const LINE: &'static str = "reconcile_pass";
+    fn ended(&self) -> (PassReport, JobOutcome) {
+        (self.report().clone(), JobOutcome::default())
+    }
+    fn beat(&mut self, beat: &mut Beat, n: usize, now: i64) {
+        beat(self, n, now)
+    }
+}
+
+impl Driven for Consumer {
+    const LINE: &'static str = "reconcile_job";
+    fn ended(&self) -> (PassReport, JobOutcome) {
+        (self.report().clone(), self.outcome())
+    }
+}
+
+fn drive<M: Driven>(mut m: M, mut w: World) -> Outcome {
     let mut out = Outcome::default();
     for n in 0..100_000 {
-        let intent = pass.next(w.now);
+        let intent = m.next(w.now);
         out.logs
-            .extend(pass.drain_logs().iter().map(PassLog::to_value));
+            .extend(m.drain_logs().iter().map(PassLog::to_value));
         out.intents.push(intent.clone());
-        (w.beat)(&mut pass, n, w.now);
+        m.beat(&mut w.beat, n, w.now);
         w.now += w.tick_ms;
-        match intent {
+        let performed = match intent {
             Intent::Done => break,
-            Intent::Lease(LeaseCommand::Acquire { .. }) => pass.on_lease(w.grant.clone(), w.now),
-            Intent::Lease(LeaseCommand::Backoff { .. }) => pass.on_lease(w.backoff.clone(), w.now),
-            Intent::Lease(_) => pass.on_lease(w.release.clone(), w.now),
-            Intent::ListWebhooks { .. } => pass.on_webhook_page(w.webhooks.remove(0)),
-            Intent::EnableWebhook { .. } => pass.on_webhook_enabled(w.enable.clone()),
-            Intent::PostAlert(_) => pass.on_alert_posted(w.alert_sent),
-            Intent::List { prefix, cursor } => pass.on_listed(w.list(prefix, cursor)),
-            Intent::Poll { key, .. } => pass.on_status((w.status)(&key), w.now),
-            Intent::CallGate { key, command } => pass.on_gate((w.gate)(&key, &command)),
-            Intent::DeleteIndex { .. } => pass.on_index_deleted(Ok(())),
-            Intent::Enqueue { .. } => pass.on_enqueued(w.queue.clone()),
+            Intent::Lease(LeaseCommand::Acquire { .. }) => Performed::Lease(w.grant.clone()),
+            Intent::Lease(LeaseCommand::Backoff { .. }) => Performed::Lease(w.backoff.clone()),
+            Intent::Lease(_) => Performed::Lease(w.release.clone()),
+            Intent::ListWebhooks { .. } => Performed::WebhookPage(w.webhooks.remove(0)),
+            Intent::EnableWebhook { .. } => Performed::WebhookEnabled(w.enable.clone()),
+            Intent::PostAlert(_) => Performed::AlertPosted(w.alert_sent),
+            Intent::List { prefix, cursor } => Performed::Listed(w.list(prefix, cursor)),
+            Intent::Poll { key, .. } => Performed::Status((w.status)(&key)),
+            Intent::CallGate { key, command } => Performed::Gate((w.gate)(&key, &command)),
+            Intent::DeleteIndex { .. } => Performed::IndexDeleted(Ok(())),
+            Intent::Enqueue { .. } => Performed::Enqueued(w.queue.clone()),
             Intent::Sleep { until_ms } => {
                 w.now = w.now.max(until_ms);
-                pass.on_slept();
+                Performed::Slept
             }
-        }
+        };
+        m.answer(performed, w.now);
         out.logs
-            .extend(pass.drain_logs().iter().map(PassLog::to_value));
+            .extend(m.drain_logs().iter().map(PassLog::to_value));
     }
-    out.report = pass.report().clone();
-    out.job = pass.job_outcome();
+    (out.report, out.job) = m.ended();
     let line = out.logs.last().expect("the pass's line");
-    let want = if pass.job.is_some() {
-        "reconcile_job"
-    } else {
-        "reconcile_pass"
-    };
-    assert_eq!(line["event"], want, "the line comes last");
+    assert_eq!(line["event"], M::LINE, "the line comes last");
     let mut report = out.report.to_value();
-    report["event"] = want.into();
+    report["event"] = M::LINE.into();
     assert_eq!(*line, report);
     out
 }
@@ -1219,7 +1239,10 @@ fn no_audit_after_a_lost_lease_or_a_kv_error() {
     let mut pass = Pass::new(limits(), "pass-1".into(), NOW);
     pass.on_kv_unbound("not bound".into());
     assert!(matches!(pass.next(NOW), Intent::Lease(_)));
-    pass.on_lease(Ok(audit_due(LedgerCursor::default())), NOW);
+    pass.answer(
+        Performed::Lease(Ok(audit_due(LedgerCursor::default()))),
+        NOW,
+    );
     assert!(matches!(
         pass.next(NOW),
         Intent::Lease(LeaseCommand::Release { audit: None, .. })
@@ -1382,7 +1405,10 @@ fn the_audit_resumes_its_own_cursor_and_saves_how_far_it_got() {
 fn an_audit_list_kv_refuses_starts_the_audit_over() {
     let mut pass = Pass::new(limits(), "pass-1".into(), NOW);
     pass.next(NOW);
-    pass.on_lease(Ok(audit_due(LedgerCursor::default())), NOW);
+    pass.answer(
+        Performed::Lease(Ok(audit_due(LedgerCursor::default()))),
+        NOW,
+    );
     assert!(matches!(
         pass.next(NOW),
         Intent::List {
@@ -1390,9 +1416,9 @@ fn an_audit_list_kv_refuses_starts_the_audit_over() {
             ..
         }
     ));
-    pass.on_listed(Ok(ListedPage::default()));
+    pass.answer(Performed::Listed(Ok(ListedPage::default())), NOW);
     assert!(matches!(pass.next(NOW), Intent::List { prefix: "op:", .. }));
-    pass.on_listed(Err("cursor expired".into()));
+    pass.answer(Performed::Listed(Err("cursor expired".into())), NOW);
     let Intent::Lease(LeaseCommand::Release { audit, .. }) = pass.next(NOW) else {
         panic!()
     };
@@ -1856,7 +1882,7 @@ fn job(n: usize, rate_per_s: u32) -> PollJob {
 #[test]
 fn a_consumer_polls_each_entry_at_its_slot_and_settles_what_gemini_says_is_done() {
     let job = job(3, 10);
-    let pass = Pass::for_job(limits(), job.clone(), NOW);
+    let pass = Consumer::new(limits(), job.clone(), NOW);
     let out = drive(
         pass,
         World {
@@ -1883,7 +1909,7 @@ fn a_consumer_told_to_wait_polls_nothing_more_records_the_rest_in_the_lease_then
     let mut twice = job(5, 1_000);
     twice.first_slot_ms = Some(NOW - 120_000);
     twice.hops = 2;
-    let pass = Pass::for_job(limits(), twice, NOW);
+    let pass = Consumer::new(limits(), twice, NOW);
     let out = drive(
         pass,
         World {
@@ -1945,7 +1971,7 @@ fn a_message_older_than_a_cron_interval_is_dropped_unpolled_counted_and_logged()
     let mut old = job(3, 10);
     old.first_slot_ms = Some(NOW - JOB_MAX_AGE_MS);
     old.hops = 4;
-    let out = drive(Pass::for_job(limits(), old, NOW), World::default());
+    let out = drive(Consumer::new(limits(), old, NOW), World::default());
     assert!(out.polls().is_empty() && out.sends().is_empty());
     assert!(out.backoffs().is_empty(), "no wait to report");
     assert_eq!(out.report.dropped, 3);
@@ -1964,7 +1990,7 @@ fn a_message_older_than_a_cron_interval_is_dropped_unpolled_counted_and_logged()
     let mut young = job(3, 10);
     young.first_slot_ms = Some(NOW - JOB_MAX_AGE_MS + 1);
     young.not_before_ms = NOW;
-    let out = drive(Pass::for_job(limits(), young, NOW), World::default());
+    let out = drive(Consumer::new(limits(), young, NOW), World::default());
     assert_eq!(
         out.polls().len(),
         1,
@@ -1978,7 +2004,7 @@ fn entries_whose_slots_come_past_the_messages_life_are_dropped_from_there() {
     // 1 a second from NOW + 1 s; its life ends at NOW + 2.5 s.
     let mut job = job(5, 1);
     job.first_slot_ms = Some(NOW + 2_500 - JOB_MAX_AGE_MS);
-    let out = drive(Pass::for_job(limits(), job, NOW), World::default());
+    let out = drive(Consumer::new(limits(), job, NOW), World::default());
     assert_eq!(out.polls(), vec!["batches/k0", "batches/k1"]);
     assert_eq!(out.report.dropped, 3);
     assert_eq!(
@@ -1993,7 +2019,7 @@ fn a_message_whose_wait_ends_past_its_life_is_not_sent_back() {
     let mut job = job(4, 10);
     job.first_slot_ms = Some(NOW + 10_000 - JOB_MAX_AGE_MS);
     let out = drive(
-        Pass::for_job(limits(), job, NOW),
+        Consumer::new(limits(), job, NOW),
         World {
             status: Box::new(|_| http(429, Some("30"))),
             ..World::default()
@@ -2020,7 +2046,7 @@ fn a_message_whose_wait_ends_past_its_life_is_not_sent_back() {
 fn entries_the_lease_cannot_record_are_dropped_rather_than_sent_back() {
     for reply in [Err("object answered 500".to_string()), Ok(LeaseReply::Busy)] {
         let out = drive(
-            Pass::for_job(limits(), job(4, 10), NOW),
+            Consumer::new(limits(), job(4, 10), NOW),
             World {
                 status: Box::new(|_| http(429, Some("30"))),
                 backoff: reply,
@@ -2052,7 +2078,7 @@ fn entries_the_lease_cannot_record_are_dropped_rather_than_sent_back() {
 #[test]
 fn a_send_back_the_queue_refuses_leaves_the_message_to_its_retries() {
     let out = drive(
-        Pass::for_job(limits(), job(4, 10), NOW),
+        Consumer::new(limits(), job(4, 10), NOW),
         World {
             status: Box::new(|_| http(503, Some("5"))),
             queue: Err("queue unavailable".into()),
@@ -2134,7 +2160,7 @@ fn a_new_coverage_waits_while_polls_on_the_queue_may_still_be_waiting() {
 fn a_consumer_whose_slots_have_passed_still_keeps_the_rate_between_its_polls() {
     let mut late = job(3, 10);
     late.not_before_ms = NOW - 60_000; // the message waited a minute in the queue
-    let out = drive(Pass::for_job(limits(), late, NOW), World::default());
+    let out = drive(Consumer::new(limits(), late, NOW), World::default());
     let sleeps = out.sleeps();
     assert_eq!(
         sleeps,

@@ -18,13 +18,13 @@ use std::mem;
 
 use crate::operation::ledger::{LedgerMeta, OpenCounts, OPEN_PREFIX, OP_PREFIX};
 use crate::operation::ledger_walk::LedgerCursor;
-use crate::reconciliation::entry_decision::{audit_verdict, decide, Action, AuditVerdict};
+use crate::reconciliation::entry_decision::{audit_verdict, Action, AuditVerdict};
 use crate::reconciliation::lease_state::{resume_index, AuditProgress, MAX_INDEX_PAGES};
 
 use super::stop::Stop;
 
-use super::entry::{Entry, Step};
-use super::{Awaiting, Flow, Intent, ListedKey, ListedPage, Pass, PassLog, Phase};
+use super::entry::{EntryRun, Step};
+use super::{Awaiting, Intent, ListedKey, ListedPage, Pass, PassLog, Phase};
 
 /// The routine walk over one window of the index.
 #[derive(Debug)]
@@ -87,7 +87,7 @@ enum AuditTurn {
     /// Nothing: move past it.
     Pass,
     /// Take it in hand (boxed: an entry is large beside the other answers).
-    Act(Box<Entry>),
+    Act(Box<EntryRun>),
     /// The budget does not afford its steps: the audit stops before it.
     OutOfBudget,
 }
@@ -96,7 +96,7 @@ impl Pass {
     /// Starts the routine walk at `resume`.
     pub(super) fn start_walk(&mut self, resume: LedgerCursor) {
         if let Some(e) = self.kv_unbound.clone() {
-            self.report.errors += 1;
+            self.books.report.errors += 1;
             self.log(PassLog::error(format!("kv binding: {e}")));
             self.walk_ended(resume, Stop::Error);
             return;
@@ -116,12 +116,12 @@ impl Pass {
         });
     }
 
-    pub(super) fn index_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Flow {
+    pub(super) fn index_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Option<Intent> {
         if !walk.listed {
             if let Some(stop) = self.must_stop(now_ms) {
                 return self.walk_ended(walk.resume, stop);
             }
-            if !self.affords(1) {
+            if !self.books.affords(1) {
                 return self.walk_ended(walk.resume, Stop::Budget);
             }
             let cursor = walk.cursor.clone();
@@ -137,7 +137,7 @@ impl Pass {
         if self.entry.is_some() {
             if let Some(intent) = self.entry_step(now_ms) {
                 self.phase = Phase::Index(walk);
-                return Flow::Io(intent);
+                return Some(intent);
             }
             let entry = self.entry.take().expect("an entry in hand");
             if !entry.polled && self.first_unpolled.is_none() {
@@ -158,30 +158,30 @@ impl Pass {
                 return self.walk_ended(walk.position, stop);
             }
             let Some(meta) = meta.take() else {
-                self.unreadable_metadata(key);
+                self.books.unreadable_metadata(key);
                 walk.position.after_key = Some(name.clone());
                 continue;
             };
-            let actions = decide(&meta, now_ms.div_euclid(1_000), &self.limits.thresholds);
+            let actions = self.books.decide(&meta, now_ms);
             let cost: u32 = actions.iter().map(Action::cost).sum();
-            if !self.affords(cost) {
+            if !self.books.affords(cost) {
                 return self.walk_ended(walk.position, Stop::Budget);
             }
-            self.report.visited += 1;
+            self.books.report.visited += 1;
             if !actions.is_empty() {
                 self.seen.touched.insert(key.to_string());
             }
             let steps = actions.into_iter().map(Step::Act).collect();
-            self.entry = Some(Entry::new(name, key, meta, steps));
+            self.entry = Some(EntryRun::new(name, key, meta, steps));
             self.phase = Phase::Index(walk);
-            return Flow::Continue;
+            return None;
         }
         self.window_done(walk)
     }
 
     /// Every entry of the window is visited: the next pass lists the next window, or the
     /// index from its start.
-    pub(super) fn window_done(&mut self, walk: IndexWalk) -> Flow {
+    pub(super) fn window_done(&mut self, walk: IndexWalk) -> Option<Intent> {
         match walk.next_window {
             None => self.walk_ended(LedgerCursor::default(), Stop::Complete),
             Some(c) => self.walk_ended(
@@ -195,20 +195,17 @@ impl Pass {
     }
 
     /// One KV list page under `prefix`, counted against the budget and in the report.
-    fn list(&mut self, prefix: &'static str, cursor: Option<String>) -> Flow {
-        self.spend(1);
-        self.report.kv_lists += 1;
+    fn list(&mut self, prefix: &'static str, cursor: Option<String>) -> Option<Intent> {
+        self.books.spend(1);
+        self.books.report.kv_lists += 1;
         self.awaiting = Some(Awaiting::Listed);
-        Flow::Io(Intent::List { prefix, cursor })
+        Some(Intent::List { prefix, cursor })
     }
 
     /// A KV list page asked by [`Intent::List`] (`Err`: the list failed).
-    pub fn on_listed(&mut self, page: Result<ListedPage, String>) {
-        if self.answered(|a| *a == Awaiting::Listed).is_none() {
-            return;
-        }
+    pub(super) fn on_listed(&mut self, page: Result<ListedPage, String>) {
         if let Ok(page) = &page {
-            self.report.listed += page.keys.len() as u64;
+            self.books.report.listed += page.keys.len() as u64;
         }
         match mem::replace(&mut self.phase, Phase::Done) {
             Phase::Index(walk) => self.on_index_page(walk, page),
@@ -230,14 +227,14 @@ impl Pass {
                 return;
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("kv list: {e}")));
                 self.walk_ended(walk.resume, Stop::Error);
                 return;
             }
         };
-        self.report.index_kv_lists += 1;
-        self.report.index_listed += page.keys.len() as u64;
+        self.books.report.index_kv_lists += 1;
+        self.books.report.index_listed += page.keys.len() as u64;
         walk.pages += 1;
         for key in &page.keys {
             walk.entries.push((key.name.clone(), meta_of(key)));
@@ -261,7 +258,7 @@ impl Pass {
     fn index_listed(&mut self, walk: &mut IndexWalk) {
         self.seen.whole = walk.window.is_none() && walk.next_window.is_none();
         let metas = walk.entries.iter().filter_map(|(_, meta)| meta.as_ref());
-        self.report.open = self.seen.whole.then(|| OpenCounts::of(metas));
+        self.books.report.open = self.seen.whole.then(|| OpenCounts::of(metas));
         for (name, meta) in &walk.entries {
             if let (Some(key), Some(meta)) = (name.strip_prefix(OPEN_PREFIX), meta) {
                 self.seen.indexed.insert(key.to_string(), meta.version);
@@ -281,30 +278,20 @@ impl Pass {
             !sweeping && walk.resume == LedgerCursor::default() && self.fed_until_ms > 0;
     }
 
-    /// An index entry whose metadata does not parse: an error, and the entry is passed over
-    /// (the audit finds the operation through its `op:` entry).
-    pub(super) fn unreadable_metadata(&mut self, key: &str) {
-        self.report.errors += 1;
-        self.log(PassLog::ReconcileError {
-            key: Some(key.to_string()),
-            error: "unreadable index metadata".into(),
-        });
-    }
-
     /// The routine walk stopped: entries skipped for a short back-off hold the resume point
     /// back; then the audit runs if it is due and the walk did not lose the lease or fail.
-    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) -> Flow {
+    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) -> Option<Intent> {
         let walked = match self.first_unpolled.take() {
             Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
             Some(held) => (held, stop),
             None => (resume, stop),
         };
         self.walked = Some(walked);
-        self.budget_limit = self.limits.budget;
-        self.walk_deadline_ms = self.started_ms + self.limits.deadline_ms;
+        self.books.budget_limit = self.books.limits.budget;
+        self.walk_deadline_ms = self.started_ms + self.books.limits.deadline_ms;
         match self.audit_from.take() {
             Some(from) if stop.audits_after() => {
-                self.report.audit = true;
+                self.books.report.audit = true;
                 if self.kv_unbound.is_some() {
                     self.audit_ended(stopped(from));
                 } else {
@@ -317,27 +304,27 @@ impl Pass {
             _ => self.phase = Phase::Release,
         }
         self.announce_after_walk();
-        Flow::Continue
+        None
     }
 
-    fn audit_ended(&mut self, progress: AuditProgress) -> Flow {
+    fn audit_ended(&mut self, progress: AuditProgress) -> Option<Intent> {
         self.audit_progress = Some(progress);
         self.phase = Phase::Release;
-        Flow::Continue
+        None
     }
 
-    pub(super) fn audit_step(&mut self, mut walk: AuditWalk, now_ms: i64) -> Flow {
+    pub(super) fn audit_step(&mut self, mut walk: AuditWalk, now_ms: i64) -> Option<Intent> {
         if self.entry.is_some() {
             if let Some(intent) = self.entry_step(now_ms) {
                 self.phase = Phase::Audit(walk);
-                return Flow::Io(intent);
+                return Some(intent);
             }
             let entry = self.entry.take().expect("an entry in hand");
             walk.resume.after_key = Some(entry.name);
             self.audit_progress = Some(stopped(walk.resume.clone()));
         }
         let Some((page, mut at)) = walk.page.take() else {
-            if self.must_stop(now_ms).is_some() || !self.affords(1) {
+            if self.must_stop(now_ms).is_some() || !self.books.affords(1) {
                 return self.audit_ended(stopped(walk.resume));
             }
             let cursor = walk.resume.cursor.clone();
@@ -363,7 +350,7 @@ impl Pass {
                     self.entry = Some(*entry);
                     walk.page = Some((page, at));
                     self.phase = Phase::Audit(walk);
-                    return Flow::Continue;
+                    return None;
                 }
                 AuditTurn::Pass => {
                     walk.resume.after_key = Some(listed.name.clone());
@@ -372,7 +359,7 @@ impl Pass {
             }
         }
         if page.list_complete || page.cursor.is_none() {
-            self.report.audit_complete = true;
+            self.books.report.audit_complete = true;
             return self.audit_ended(AuditProgress {
                 resume: LedgerCursor::default(),
                 complete: true,
@@ -384,7 +371,7 @@ impl Pass {
         };
         self.audit_progress = Some(stopped(walk.resume.clone()));
         self.phase = Phase::Audit(walk);
-        Flow::Continue
+        None
     }
 
     /// What the audit does with one `op:` entry: its verdict against the index, the actions
@@ -399,17 +386,15 @@ impl Pass {
         };
         let reindex = self.seen.whole && verdict != AuditVerdict::Fine;
         let actions = match (&meta, verdict) {
-            (Some(m), AuditVerdict::Missed) => {
-                decide(m, now_ms.div_euclid(1_000), &self.limits.thresholds)
-            }
+            (Some(m), AuditVerdict::Missed) => self.books.decide(m, now_ms),
             _ => Vec::new(),
         };
         let cost: u32 = actions.iter().map(Action::cost).sum::<u32>() + u32::from(reindex);
-        if !self.affords(cost) {
+        if !self.books.affords(cost) {
             return AuditTurn::OutOfBudget;
         }
         if verdict == AuditVerdict::Missed {
-            self.report.audit_found += 1;
+            self.books.report.audit_found += 1;
             if self.seen.whole {
                 self.log(PassLog::IndexMissed {
                     key: key.to_string(),
@@ -424,7 +409,7 @@ impl Pass {
         }
         match meta {
             Some(meta) if !steps.is_empty() => {
-                AuditTurn::Act(Box::new(Entry::new(&listed.name, key, meta, steps)))
+                AuditTurn::Act(Box::new(EntryRun::new(&listed.name, key, meta, steps)))
             }
             _ => AuditTurn::Pass,
         }
@@ -433,13 +418,13 @@ impl Pass {
     fn on_audit_page(&mut self, mut walk: AuditWalk, page: Result<ListedPage, String>) {
         match page {
             Ok(page) => {
-                self.report.audit_kv_lists += 1;
-                self.report.audit_listed += page.keys.len() as u64;
+                self.books.report.audit_kv_lists += 1;
+                self.books.report.audit_listed += page.keys.len() as u64;
                 walk.page = Some((page, 0));
                 self.phase = Phase::Audit(walk);
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::error(format!("audit kv list: {e}")));
                 // A cursor KV no longer accepts would stall every audit: start over.
                 self.audit_ended(stopped(LedgerCursor::default()));

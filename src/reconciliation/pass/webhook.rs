@@ -13,7 +13,7 @@ use crate::reconciliation::status::{find_webhook, webhook_alert, WebhookPage};
 use crate::retry::{class_of_status, Class, PeerAnswer};
 
 use super::restore::{verdict, Sweep, Verdict};
-use super::{Awaiting, Flow, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
+use super::{Awaiting, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
 use crate::operation::ledger_walk::LedgerCursor;
 
 /// A webhook check in progress.
@@ -90,34 +90,34 @@ fn read_answer<T>(
 }
 
 impl Pass {
-    pub(super) fn webhook_step(&mut self, mut check: Check) -> Flow {
+    pub(super) fn webhook_step(&mut self, mut check: Check) -> Option<Intent> {
         if check.read || check.pages == MAX_WEBHOOK_PAGES {
             return self.webhook_conclude(check);
         }
-        if !self.affords(2) {
+        if !self.books.affords(2) {
             self.webhook = None;
             self.start_walk(check.then);
-            return Flow::Continue;
+            return None;
         }
-        let mut url = format!("{}/v1beta/webhooks?page_size=1000", self.limits.api_base);
+        let mut url = format!(
+            "{}/v1beta/webhooks?page_size=1000",
+            self.books.limits.api_base
+        );
         if let Some(t) = &check.token {
             url.push_str(&format!(
                 "&page_token={}",
                 percent_encoding::utf8_percent_encode(t, percent_encoding::NON_ALPHANUMERIC)
             ));
         }
-        self.spend(1);
+        self.books.spend(1);
         check.pages += 1;
         self.phase = Phase::Webhook(check);
         self.awaiting = Some(Awaiting::WebhookPage);
-        Flow::Io(Intent::ListWebhooks { url })
+        Some(Intent::ListWebhooks { url })
     }
 
     /// A page of the webhook listing, as asked by [`Intent::ListWebhooks`].
-    pub fn on_webhook_page(&mut self, answer: PeerAnswer) {
-        if self.answered(|a| *a == Awaiting::WebhookPage).is_none() {
-            return;
-        }
+    pub(super) fn on_webhook_page(&mut self, answer: PeerAnswer) {
         let Phase::Webhook(mut check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
@@ -132,7 +132,7 @@ impl Pass {
                 self.phase = Phase::Webhook(check);
             }
             Err(e) => {
-                self.report.errors += 1;
+                self.books.report.errors += 1;
                 self.log(PassLog::WebhookCheckFailed {
                     webhook: check.name,
                     error: format!("{e:?}"),
@@ -145,7 +145,7 @@ impl Pass {
 
     /// The state is known: enable the webhook again, or alert (once per state) that it is
     /// left as it is. Reached again with `left` set when enabling it failed.
-    fn webhook_conclude(&mut self, mut check: Check) -> Flow {
+    fn webhook_conclude(&mut self, mut check: Check) -> Option<Intent> {
         let state = check
             .state
             .get_or_insert_with(|| "not_found".to_string())
@@ -157,10 +157,10 @@ impl Pass {
             });
             if state != "enabled" {
                 let answering = self.answering();
-                let auto_enable = self.limits.webhook_auto_enable;
+                let auto_enable = self.books.limits.webhook_auto_enable;
                 let why = match verdict(&state, check.id.as_deref(), auto_enable, answering) {
                     // The call, and the alert saying what it did.
-                    Verdict::Restore { id } if self.affords(2) => {
+                    Verdict::Restore { id } if self.books.affords(2) => {
                         return self.restore_step(check, &id)
                     }
                     Verdict::Restore { .. } => {
@@ -176,28 +176,23 @@ impl Pass {
         if !alert {
             self.webhook = Some(mark);
             self.start_walk(check.then);
-            return Flow::Continue;
+            return None;
         }
         let left = check.left.as_deref().unwrap_or_default();
         let body = crate::operation::alert::webhook_disabled(&check.name, &state, left);
         check.alerting = Some(mark);
         self.phase = Phase::Webhook(check);
         self.awaiting = Some(Awaiting::WebhookAlert);
-        Flow::Io(Intent::PostAlert(body))
+        Some(Intent::PostAlert(body))
     }
 
     /// Whether the alert of [`Intent::PostAlert`] was sent.
-    pub fn on_alert_posted(&mut self, sent: bool) {
-        match self.answered(|a| matches!(a, Awaiting::WebhookAlert | Awaiting::Announce)) {
-            Some(Awaiting::Announce) => return self.on_announced(sent),
-            Some(_) => {}
-            None => return,
-        }
+    pub(super) fn on_alert_posted(&mut self, sent: bool) {
         let Phase::Webhook(check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
         self.webhook = if sent {
-            self.report.alerts += 1;
+            self.books.report.alerts += 1;
             check.alerting
         } else {
             // Not sent: keep the old mark so the next pass tries again.
@@ -210,25 +205,22 @@ impl Pass {
 /// Enabling the webhook again (what is restored, and what follows: `restore.rs`).
 impl Pass {
     /// Enables webhook `id` again.
-    pub(super) fn restore_step(&mut self, check: Check, id: &str) -> Flow {
-        let (url, body) = enable_webhook_call(&self.limits.api_base, id);
-        self.spend(1);
+    pub(super) fn restore_step(&mut self, check: Check, id: &str) -> Option<Intent> {
+        let (url, body) = enable_webhook_call(&self.books.limits.api_base, id);
+        self.books.spend(1);
         self.phase = Phase::Webhook(check);
         self.awaiting = Some(Awaiting::WebhookEnable);
-        Flow::Io(Intent::EnableWebhook { url, body })
+        Some(Intent::EnableWebhook { url, body })
     }
 
     /// The WebhookService's answer to [`Intent::EnableWebhook`].
-    pub fn on_webhook_enabled(&mut self, answer: PeerAnswer) {
-        if self.answered(|a| *a == Awaiting::WebhookEnable).is_none() {
-            return;
-        }
+    pub(super) fn on_webhook_enabled(&mut self, answer: PeerAnswer) {
         let Phase::Webhook(mut check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
         let was = check.state.clone().unwrap_or_default();
         if let Err(e) = enabled_by(&answer) {
-            self.report.errors += 1;
+            self.books.report.errors += 1;
             self.log(PassLog::WebhookEnableFailed {
                 webhook: check.name.clone(),
                 error: format!("{e:?}"),
@@ -240,7 +232,7 @@ impl Pass {
             self.phase = Phase::Webhook(check);
             return;
         }
-        let swept = self.limits.fanout.is_some();
+        let swept = self.books.limits.fanout.is_some();
         self.log(PassLog::WebhookEnabled {
             webhook: check.name.clone(),
             was: was.clone(),
@@ -250,7 +242,7 @@ impl Pass {
         self.webhook = Some(None);
         self.sweep = Some(Sweep::new(check.name, was));
         // The walk keeps one subrequest for the alert (the release's is kept already).
-        self.budget_limit = self.budget_limit.saturating_sub(1);
+        self.books.budget_limit = self.books.budget_limit.saturating_sub(1);
         self.start_walk(if swept {
             LedgerCursor::default()
         } else {
