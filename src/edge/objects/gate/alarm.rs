@@ -16,7 +16,7 @@ use crate::operation::gate::alarm::{
     self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, Upkeep,
 };
 use crate::operation::gate::desk_turn::{self, DeskTurn};
-use crate::operation::gate::Step;
+use crate::operation::gate::{GateLimits, Step};
 use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
@@ -25,9 +25,8 @@ use crate::retry::PeerAnswer;
 use crate::telemetry::counters;
 
 use crate::edge::objects::call::{call_desk, call_lease};
-use crate::edge::objects::gate::commit::{commit, limits, Alarm};
 use crate::edge::objects::gate::open_memory;
-use crate::edge::objects::gate::storage::GateStorage;
+use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
@@ -39,6 +38,7 @@ pub(super) struct Run<'a> {
     env: &'a Env,
     storage: &'a GateStorage,
     config: &'a Config,
+    limits: GateLimits,
 }
 
 /// When the effect became owed: its place in a desk's queue (soonest first).
@@ -48,10 +48,12 @@ fn due_ms(op: &Operation) -> i64 {
 
 impl<'a> Run<'a> {
     pub(super) fn new(env: &'a Env, storage: &'a GateStorage, config: &'a Config) -> Run<'a> {
+        let limits = super::limits(config);
         Run {
             env,
             storage,
             config,
+            limits,
         }
     }
 
@@ -61,13 +63,13 @@ impl<'a> Run<'a> {
         let Some(mut op) = self.storage.load()? else {
             return Response::ok("empty");
         };
-        let limits = limits(config);
+        let limits = &self.limits;
         let status_api = config.gemini_api_key.is_some();
-        let mut plan = alarm::plan(&op, now_ms(), &limits);
-        while let Some(work) = plan.next(&op, now_ms(), &limits, status_api) {
+        let mut plan = alarm::plan(&op, now_ms(), limits);
+        while let Some(work) = plan.next(&op, now_ms(), limits, status_api) {
             op = match work {
                 AlarmWork::Retire(step) => {
-                    commit(self.storage, *step, config, Alarm::Sync).await?;
+                    self.storage.commit(*step, limits, Alarm::Sync).await?;
                     return Response::ok("retention expired");
                 }
                 AlarmWork::Confirm(ask) => self.confirm(op, ask).await?,
@@ -77,7 +79,7 @@ impl<'a> Run<'a> {
                     self.settle_storage(*record, *upkeep).await?
                 }
                 AlarmWork::SetAlarm => {
-                    self.storage.sync_alarm(&op, &limits).await?;
+                    self.storage.sync_alarm(&op, limits).await?;
                     op
                 }
             };
@@ -92,10 +94,8 @@ impl<'a> Run<'a> {
         fallback: Operation,
         alarm: Alarm,
     ) -> Result<Operation> {
-        Ok(commit(self.storage, step, self.config, alarm)
-            .await?
-            .0
-            .unwrap_or(fallback))
+        let (op, _) = self.storage.commit(step, &self.limits, alarm).await?;
+        Ok(op.unwrap_or(fallback))
     }
 
     /// Asks Gemini's status API about a nudge waiting for confirmation (unless the plan
@@ -117,7 +117,7 @@ impl<'a> Run<'a> {
                     _ => None,
                 };
                 let jitter = random_unit();
-                if let Some(until) = alarm::slot_wait(slot, now_ms(), &limits(config), jitter) {
+                if let Some(until) = alarm::slot_wait(slot, now_ms(), &self.limits, jitter) {
                     let current = self.storage.load()?.unwrap_or(op);
                     let step = alarm::confirm_waits_for_slot(current.clone(), until, now_ms());
                     return self.apply(step, current, Alarm::Deferred).await;
@@ -140,7 +140,7 @@ impl<'a> Run<'a> {
             current.clone(),
             answer,
             now_ms(),
-            &limits(config),
+            &self.limits,
             random_unit(),
         );
         self.apply(step, current, Alarm::Deferred).await
@@ -162,7 +162,7 @@ impl<'a> Run<'a> {
             alert,
             sent,
             now_ms(),
-            &limits(config),
+            &self.limits,
             random_unit(),
         );
         self.apply(step, current, Alarm::Deferred).await
@@ -196,7 +196,7 @@ impl<'a> Run<'a> {
                 }
                 // Commands may have run during the call: the claim is taken afresh.
                 let current = self.storage.load()?.unwrap_or(op);
-                match alarm::begin_attempt(current.clone(), now_ms(), &limits(config)) {
+                match alarm::begin_attempt(current.clone(), now_ms(), &self.limits) {
                     Some((claim, step)) => (current, claim, step),
                     None => return Ok(current),
                 }
@@ -238,7 +238,7 @@ impl<'a> Run<'a> {
     /// The desk queued the effect: stores that it waits (for its release, or the fallback).
     async fn wait_on_destination(&self, op: Operation) -> Result<Operation> {
         let current = self.storage.load()?.unwrap_or(op);
-        let step = desk_turn::wait_on_destination(current.clone(), now_ms(), &limits(self.config));
+        let step = desk_turn::wait_on_destination(current.clone(), now_ms(), &self.limits);
         self.apply(step, current, Alarm::Sync).await
     }
 
@@ -252,7 +252,6 @@ impl<'a> Run<'a> {
         step: Step<AlarmDone>,
     ) -> Result<(Operation, Option<String>, Option<i64>)> {
         let config = self.config;
-        let limits = limits(config);
         let op = self.apply(step, op, Alarm::Sync).await?;
         let destination = config.destination_for(op.kind());
         let request = build_request(&op, &config.effect_signing_secret, now_ms() / 1_000);
@@ -283,7 +282,7 @@ impl<'a> Run<'a> {
         };
         analytics::attempt(self.env, &attempt, &op);
         let current = self.storage.load()?.unwrap_or(op);
-        let step = alarm::attempt_finished(current.clone(), &attempt, &limits, random_unit());
+        let step = alarm::attempt_finished(current.clone(), &attempt, &self.limits, random_unit());
         let alarm = match alarm::sets_alarm_at_once(&step) {
             true => Alarm::Sync,
             false => Alarm::Deferred,
