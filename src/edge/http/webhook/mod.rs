@@ -15,9 +15,8 @@ use std::cell::RefCell;
 use worker::{web_sys, Env};
 
 use crate::config::Config;
-use crate::inbound::answer::TerminalMemory;
 use crate::inbound::classify::{Headers, Policy};
-use crate::inbound::intake::{DeliveryEnd, Intake, Need, Settings};
+use crate::inbound::intake::{DeliveryEnd, Intake, Need, Settings, TerminalMemory};
 use crate::inbound::stranger::{AlertLimits, CountNudge, NudgeCounted};
 use crate::refusal::Refusal;
 use crate::telemetry::analytics::delivery as delivery_point;
@@ -77,7 +76,7 @@ pub async fn receive(
                 intake.signature_checked(checked, now_ms())
             }
             Need::Body { cap, declared } => match read_capped(&req, cap, declared).await {
-                Ok(body) => intake.body_read(body),
+                Ok(body) => TERMINAL.with(|t| intake.body_read(body, &t.borrow())),
                 Err(e) => {
                     return Err(Refusal::BadRequest(format!(
                         "unreadable body: {}",
@@ -85,9 +84,6 @@ pub async fn receive(
                     )))
                 }
             },
-            Need::Recall { key, status } => {
-                intake.recalled(TERMINAL.with(|t| t.borrow().knows(&key, &status)))
-            }
             Need::Gate { key, command } => {
                 let reply = call_gate(env, &key, &command).await;
                 intake.gate_answered(reply.map_err(|e| e.to_string()), now_ms())
