@@ -28,9 +28,9 @@ use crate::edge::objects::call::{call_desk, call_lease};
 use crate::edge::objects::gate::open_memory;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
-use crate::edge::outbound::fetch::post_alert;
+use crate::edge::outbound::fetch::{self, post_alert};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
-use crate::edge::outbound::{analytics, destination, status_api};
+use crate::edge::outbound::{analytics, status_api};
 use crate::edge::runtime::{now_ms, random_unit};
 
 /// One run of a gate's alarm: what it performs with, for as long as it runs.
@@ -258,7 +258,7 @@ impl<'a> Run<'a> {
         let started_ms = now_ms();
         self.storage.meter().add(|u| u.outbound_fetches += 1);
         let answer =
-            destination::deliver(self.env, &destination, &request, config.effect_timeout_ms).await;
+            fetch::deliver(self.env, &destination, &request, config.effect_timeout_ms).await;
         let target = AttemptTarget {
             destination: config.destination_label(op.kind()),
             webhook_id: request
