@@ -13,9 +13,8 @@ use crate::config::Config;
 use crate::destination::protocol::{health_failure, DeskCommand, DeskReply, DeskSettings};
 use crate::operation::effect::{build_request, outcome};
 use crate::operation::gate::alarm::{
-    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, Upkeep,
+    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, DeskTurn, Upkeep,
 };
-use crate::operation::gate::desk_turn::{self, DeskTurn};
 use crate::operation::gate::{GateLimits, Step};
 use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
@@ -181,7 +180,7 @@ impl<'a> Run<'a> {
         let settings = config.desk_settings(op.kind());
         let paced = settings.pace.limits();
         let open = open_memory::is_open(&settings.label, now_ms());
-        let turn = desk_turn::turn(&op, paced, open);
+        let turn = alarm::turn(&op, paced, open);
         let (op, claim, step) = match turn {
             DeskTurn::Ask => {
                 let ask = DeskCommand::Ask {
@@ -204,7 +203,7 @@ impl<'a> Run<'a> {
             _ => (op, claim, step),
         };
         let (op, health_failure, asked_wait_ms) = self.attempt(op, claim, step).await?;
-        if !desk_turn::reports(turn, paced, health_failure.is_some()) {
+        if !alarm::reports(turn, paced, health_failure.is_some()) {
             return Ok(op);
         }
         let report = DeskCommand::Report {
@@ -238,7 +237,7 @@ impl<'a> Run<'a> {
     /// The desk queued the effect: stores that it waits (for its release, or the fallback).
     async fn wait_on_destination(&self, op: Operation) -> Result<Operation> {
         let current = self.storage.load()?.unwrap_or(op);
-        let step = desk_turn::wait_on_destination(current.clone(), now_ms(), &self.limits);
+        let step = alarm::wait_on_destination(current.clone(), now_ms(), &self.limits);
         self.apply(step, current, Alarm::Sync).await
     }
 
