@@ -37,22 +37,6 @@ pub struct Policy<'a> {
     pub audience: Option<&'a str>,
 }
 
-/// The headers a delivery is classified by, as received.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Headers<'a> {
-    pub content_length: Option<&'a str>,
-    pub id: Option<&'a str>,
-    pub timestamp: Option<&'a str>,
-    pub signature: Option<&'a str>,
-}
-
-impl Headers<'_> {
-    /// The body's length as `content-length` declares it (`None`: absent or not a number).
-    pub fn declared_length(&self) -> Option<usize> {
-        self.content_length.and_then(|v| v.trim().parse().ok())
-    }
-}
-
 /// Headers that passed [`screen`](crate::inbound::intake::screen): what is left to prove.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Screened<'a> {
@@ -280,7 +264,7 @@ pub(crate) mod fixtures {
 mod tests {
     use super::fixtures::{secrets, status, token, BODY, NOW, NOW_MS, SECRET};
     use super::*;
-    use crate::inbound::intake::{classify, screen, vouch};
+    use crate::inbound::intake::{classify, screen, vouch, Headers};
     use crate::operation::details::{UNVERIFIED_USER_METADATA, USER_METADATA};
     use crate::operation::lifecycle::Source;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;

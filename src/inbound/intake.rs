@@ -21,8 +21,8 @@ use sha2::{Digest, Sha256};
 
 use crate::inbound::answer::Answer;
 use crate::inbound::classify::{
-    bad_operation_id, not_envelope, unknown_type, DeliveryKind, Headers, Oversize, Policy, Proof,
-    Rejection, Reply, Screened,
+    bad_operation_id, not_envelope, unknown_type, DeliveryKind, Oversize, Policy, Proof, Rejection,
+    Reply, Screened,
 };
 use crate::inbound::envelope::{meaning, parse, Envelope, Meaning};
 use crate::inbound::jwt::{self, Token};
@@ -39,6 +39,22 @@ use crate::signature::{
 };
 use crate::telemetry::counters;
 use crate::timestamp::format_rfc3339;
+
+/// The headers a delivery is classified by, as received.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Headers<'a> {
+    pub content_length: Option<&'a str>,
+    pub id: Option<&'a str>,
+    pub timestamp: Option<&'a str>,
+    pub signature: Option<&'a str>,
+}
+
+impl Headers<'_> {
+    /// The body's length as `content-length` declares it (`None`: absent or not a number).
+    pub fn declared_length(&self) -> Option<usize> {
+        self.content_length.and_then(|v| v.trim().parse().ok())
+    }
+}
 
 /// What the gate commands of a delivery carry from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]

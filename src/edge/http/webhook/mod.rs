@@ -15,8 +15,8 @@ use std::cell::RefCell;
 use worker::{web_sys, Env};
 
 use crate::config::Config;
-use crate::inbound::classify::{Headers, Policy};
-use crate::inbound::intake::{DeliveryEnd, Intake, Need, Settings, TerminalMemory};
+use crate::inbound::classify::Policy;
+use crate::inbound::intake::{DeliveryEnd, Headers, Intake, Need, Settings, TerminalMemory};
 use crate::inbound::stranger::{AlertLimits, CountNudge, NudgeCounted};
 use crate::refusal::Refusal;
 use crate::telemetry::analytics::delivery as delivery_point;

@@ -5,13 +5,20 @@
 //! is followed by a fresh read of the record, so commands that ran meanwhile are kept; the
 //! claim is stored (and the alarm set at its expiry) before the side-effect call leaves, and
 //! the fencing token decides whether its answer commits; the alarm is set last, by the
-//! upkeep, for the record as it then stands.
+//! upkeep, for the record as it then stands. This isolate remembers the destinations a desk
+//! said are open (memory only; what and for how long is [`DeskReply::remembered`]'s), so a
+//! first attempt to one asks its desk instead of going: a stale entry costs one desk call; an
+//! isolate without one lets a first attempt go, and its report's answer makes it wait.
+
+use std::{cell::RefCell, collections::HashMap};
 
 use worker::{Env, Response, Result};
 
 use crate::config::Config;
-use crate::destination::protocol::{health_failure, DeskCommand, DeskReply, DeskSettings};
-use crate::operation::effect::{build_request, outcome};
+use crate::destination::protocol::{
+    health_failure, DeskCommand, DeskReply, DeskSettings, Remember,
+};
+use crate::operation::effect::{build_request, effect_message_id, outcome};
 use crate::operation::gate::alarm::{
     self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, DeskTurn, Upkeep,
 };
@@ -24,7 +31,6 @@ use crate::retry::PeerAnswer;
 use crate::telemetry::counters;
 
 use crate::edge::objects::call::{call_desk, call_lease};
-use crate::edge::objects::gate::open_memory;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{self, post_alert};
@@ -32,12 +38,17 @@ use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
 use crate::edge::outbound::{analytics, status_api};
 use crate::edge::runtime::{now_ms, random_unit};
 
+thread_local! {
+    /// Until when a desk said each destination (by label) is open.
+    static OPEN_UNTIL: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
+}
+
 /// One run of a gate's alarm: what it performs with, for as long as it runs.
 pub(super) struct Run<'a> {
-    env: &'a Env,
-    storage: &'a GateStorage,
-    config: &'a Config,
-    limits: GateLimits,
+    pub(super) env: &'a Env,
+    pub(super) storage: &'a GateStorage,
+    pub(super) config: &'a Config,
+    pub(super) limits: GateLimits,
 }
 
 /// When the effect became owed: its place in a desk's queue (soonest first).
@@ -46,16 +57,6 @@ fn due_ms(op: &Operation) -> i64 {
 }
 
 impl<'a> Run<'a> {
-    pub(super) fn new(env: &'a Env, storage: &'a GateStorage, config: &'a Config) -> Run<'a> {
-        let limits = super::limits(config);
-        Run {
-            env,
-            storage,
-            config,
-            limits,
-        }
-    }
-
     /// The alarm's work, as the plan says, for the record as each piece leaves it.
     pub(super) async fn perform(&self) -> Result<Response> {
         let config = self.config;
@@ -110,13 +111,14 @@ impl<'a> Run<'a> {
                 key,
                 name,
             } => {
-                let rate_per_s = config.reconcile_poll_rate;
-                let slot = match self.lease(LeaseCommand::Slot { rate_per_s }).await {
+                let slot = LeaseCommand::Slot {
+                    rate_per_s: config.reconcile_poll_rate,
+                };
+                let slot = match self.lease(slot).await {
                     Some(LeaseReply::Slot { answer }) => Some(answer),
                     _ => None,
                 };
-                let jitter = random_unit();
-                if let Some(until) = alarm::slot_wait(slot, now_ms(), &self.limits, jitter) {
+                if let Some(until) = alarm::slot_wait(slot, now_ms(), &self.limits, random_unit()) {
                     let current = self.storage.load()?.unwrap_or(op);
                     let step = alarm::confirm_waits_for_slot(current.clone(), until, now_ms());
                     return self.apply(step, current, Alarm::Deferred).await;
@@ -179,7 +181,8 @@ impl<'a> Run<'a> {
         let config = self.config;
         let settings = config.desk_settings(op.kind());
         let paced = settings.pace.limits();
-        let open = open_memory::is_open(&settings.label, now_ms());
+        let open =
+            OPEN_UNTIL.with_borrow(|m| m.get(&settings.label).is_some_and(|u| *u > now_ms()));
         let turn = alarm::turn(&op, paced, open);
         let (op, claim, step) = match turn {
             DeskTurn::Ask => {
@@ -230,7 +233,11 @@ impl<'a> Run<'a> {
     async fn desk(&self, settings: &DeskSettings, command: &DeskCommand) -> Option<DeskReply> {
         self.storage.meter().add(|u| u.object_calls += 1);
         let reply = call_desk(self.env, settings, command).await.ok()?;
-        open_memory::note(&settings.label, &reply, now_ms());
+        OPEN_UNTIL.with_borrow_mut(|m| match reply.remembered(now_ms()) {
+            Remember::OpenUntil(until) => m.insert(settings.label.clone(), until),
+            Remember::Closed => m.remove(&settings.label),
+            Remember::Keep => None,
+        });
         Some(reply)
     }
 
@@ -260,12 +267,7 @@ impl<'a> Run<'a> {
             fetch::deliver(self.env, &destination, &request, config.effect_timeout_ms).await;
         let target = AttemptTarget {
             destination: config.destination_label(op.kind()),
-            webhook_id: request
-                .headers
-                .iter()
-                .find(|(name, _)| *name == "webhook-id")
-                .map(|(_, id)| id.clone())
-                .unwrap_or_default(),
+            webhook_id: effect_message_id(op.key(), op.effect().generation()),
             http_status: match &answer {
                 PeerAnswer::Http { status, .. } => Some(*status),
                 _ => None,

@@ -27,7 +27,6 @@
 //! gates' counts in one shard call.
 
 mod alarm;
-mod open_memory;
 mod repair;
 mod storage;
 mod tables;
@@ -148,9 +147,13 @@ impl DurableObject for OperationGate {
         let run = match load_config(&self.env) {
             Ok(config) => {
                 let started = self.storage.meter().begin(config.usage_log);
-                let answer = alarm::Run::new(&self.env, &self.storage, &config)
-                    .perform()
-                    .await;
+                let run = alarm::Run {
+                    env: &self.env,
+                    storage: &self.storage,
+                    config: &config,
+                    limits: limits(&config),
+                };
+                let answer = run.perform().await;
                 self.end(Invocation::Alarm, started);
                 answer.map_err(|e| e.to_string())
             }
