@@ -54,31 +54,22 @@ fn headers(config: &Config) -> Vec<(&'static str, String)> {
 /// such as a page of the webhook listing: a 2xx body is read whole up to 256 KiB, and refused
 /// past it.
 pub async fn get(config: &Config, url: &str) -> PeerAnswer {
-    send(
-        Method::Get,
-        url,
-        &headers(config),
-        None,
-        STATUS_TIMEOUT_MS,
-        Keep::Whole(GET_MAX_BYTES),
-    )
-    .await
+    small_call(config, Method::Get, url, None).await
 }
 
 /// The WebhookService call a pass asks for to enable the webhook again (`PATCH url` with the
 /// JSON `body`), read as the pass reads a page of the listing: a 2xx body whole up to 256 KiB.
 pub async fn patch_webhook(config: &Config, url: &str, body: &str) -> PeerAnswer {
+    small_call(config, Method::Patch, url, Some(body)).await
+}
+
+async fn small_call(config: &Config, method: Method, url: &str, body: Option<&str>) -> PeerAnswer {
     let mut headers = headers(config);
-    headers.push(("content-type", "application/json".to_string()));
-    send(
-        Method::Patch,
-        url,
-        &headers,
-        Some(body),
-        STATUS_TIMEOUT_MS,
-        Keep::Whole(GET_MAX_BYTES),
-    )
-    .await
+    if body.is_some() {
+        headers.push(("content-type", "application/json".to_string()));
+    }
+    let keep = Keep::Whole(GET_MAX_BYTES);
+    send(method, url, &headers, body, STATUS_TIMEOUT_MS, keep).await
 }
 
 /// One status GET for the operation `key` at `url`, its body skimmed. A large body is

@@ -90,7 +90,10 @@ pub async fn receive(
             }
             Need::Tally => intake.tallied(tally(env, config).await),
             Need::DeadLetter { key, value } => {
-                let kept = keep_dead_letter(env, config, &key, &value).await;
+                let kept = match env.kv(KV_BINDING) {
+                    Ok(kv) => write_dead_letter(&kv, &key, &value, config.kv_ttl_secs()).await,
+                    Err(e) => Err(Refusal::from(e)),
+                };
                 intake.dead_letter_kept(kept.map_err(|e| e.to_string()))
             }
             Need::Done(finished) => return answer(finished, env, now_ms() - received_ms),
@@ -108,16 +111,6 @@ async fn tally(env: &Env, config: &Config) -> Option<bool> {
     let stub = stub_for(env, WATCH_BINDING, WATCH_NAME).ok()?;
     let counted: NudgeCounted = post_json(&stub, &CountNudge { limits }).await.ok()?;
     Some(counted.alert)
-}
-
-async fn keep_dead_letter(
-    env: &Env,
-    config: &Config,
-    key: &str,
-    value: &serde_json::Value,
-) -> Result<(), Refusal> {
-    let kv = env.kv(KV_BINDING)?;
-    write_dead_letter(&kv, key, value, config.kv_ttl_secs()).await
 }
 
 /// Counts, logs and remembers what a finished delivery says (and writes its Analytics Engine

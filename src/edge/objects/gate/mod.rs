@@ -205,7 +205,8 @@ impl OperationGate {
             // Best effort, and only when the configuration (the sink's address) can be read;
             // a later doubling of the streak alerts again.
             if let Ok(config) = load_config(&self.env) {
-                let id = self.storage.object_id();
+                // The object's id names it when its record cannot be read.
+                let id = self.storage.state().id().to_string();
                 post_alert(
                     &config,
                     &alarm_failure::alert(&streak, key.as_deref(), &id, now),

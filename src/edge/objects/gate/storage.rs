@@ -190,11 +190,6 @@ impl GateStorage {
         Ok(op)
     }
 
-    /// This object's id, to name it when its record cannot be read.
-    pub fn object_id(&self) -> String {
-        self.state.id().to_string()
-    }
-
     /// The key of the record in memory, if one is.
     pub fn cached_key(&self) -> Option<String> {
         match &*self.cached.borrow() {
