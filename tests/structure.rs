@@ -897,3 +897,185 @@ fn the_parser_reads_what_the_checks_rely_on() {
     assert!(!krate.test_files.contains("operation/record/mod.rs"));
     assert!(krate.test_files.contains("operation/record/tests.rs"));
 }
+
+/// The path a signed completion crosses from the Worker's fetch handler to the destination's
+/// POST (docs/DESIGN.md, "From the webhook to the destination's POST"), one row per crossing
+/// from one file into another, counted once per pair of files in each of the three
+/// invocations: (caller's file, caller, callee's file, callee). Each row holds while the
+/// caller's body calls the callee by name and the callee's file defines it, so a layer put
+/// back between two of them (a wrapper, a step that only forwards) breaks its row.
+const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
+    // The Worker's fetch.
+    (
+        "edge/mod.rs",
+        "route",
+        "edge/http/webhook/mod.rs",
+        "receive",
+    ),
+    (
+        "edge/http/webhook/mod.rs",
+        "receive",
+        "inbound/intake.rs",
+        "body_read",
+    ),
+    (
+        "edge/http/webhook/mod.rs",
+        "receive",
+        "edge/capped_read.rs",
+        "read_capped",
+    ),
+    ("inbound/intake.rs", "classify", "signature.rs", "verify"),
+    (
+        "inbound/intake.rs",
+        "signed",
+        "inbound/envelope.rs",
+        "parse",
+    ),
+    (
+        "inbound/intake.rs",
+        "usable",
+        "operation/key.rs",
+        "normalize",
+    ),
+    (
+        "edge/http/webhook/mod.rs",
+        "receive",
+        "edge/objects/call.rs",
+        "call_gate",
+    ),
+    // The gate's fetch.
+    (
+        "edge/objects/gate/mod.rs",
+        "fetch",
+        "operation/gate/mod.rs",
+        "step",
+    ),
+    (
+        "operation/gate/mod.rs",
+        "step",
+        "operation/gate/deliveries.rs",
+        "deliver",
+    ),
+    (
+        "operation/gate/deliveries.rs",
+        "deliver",
+        "operation/record/mod.rs",
+        "apply",
+    ),
+    (
+        "operation/record/mod.rs",
+        "apply",
+        "operation/lifecycle.rs",
+        "reduce",
+    ),
+    (
+        "edge/objects/gate/mod.rs",
+        "fetch",
+        "edge/objects/gate/storage.rs",
+        "commit",
+    ),
+    (
+        "edge/objects/gate/storage.rs",
+        "sync_alarm",
+        "operation/record/mod.rs",
+        "wake_at_ms",
+    ),
+    // The gate's alarm.
+    (
+        "edge/objects/gate/mod.rs",
+        "alarm",
+        "edge/objects/gate/alarm.rs",
+        "perform",
+    ),
+    (
+        "edge/objects/gate/alarm.rs",
+        "perform",
+        "operation/gate/alarm.rs",
+        "next",
+    ),
+    (
+        "operation/gate/alarm.rs",
+        "begin_attempt",
+        "operation/record/effect_state.rs",
+        "claim",
+    ),
+    (
+        "edge/objects/gate/alarm.rs",
+        "apply",
+        "edge/objects/gate/storage.rs",
+        "commit",
+    ),
+    (
+        "edge/objects/gate/alarm.rs",
+        "attempt",
+        "operation/effect.rs",
+        "build_request",
+    ),
+    (
+        "operation/effect.rs",
+        "build_request",
+        "signature.rs",
+        "sign",
+    ),
+    (
+        "edge/objects/gate/alarm.rs",
+        "attempt",
+        "edge/outbound/fetch.rs",
+        "deliver",
+    ),
+];
+
+/// At most this many crossings over at most this many files (issue 37).
+const MAX_PATH_CALLS: usize = 20;
+const MAX_PATH_FILES: usize = 20;
+
+/// The body of the production function `name` in `code`, if it defines one.
+fn body_of(code: &str, name: &str) -> Option<String> {
+    let chars: Vec<char> = code.chars().collect();
+    let words = words(code);
+    words.windows(2).find_map(|w| {
+        (w[0].1 == "fn" && w[1].1 == name).then(|| {
+            let end = item_end(&chars, w[1].0);
+            chars[w[1].0..end].iter().collect()
+        })
+    })
+}
+
+#[test]
+fn the_delivery_path_is_what_design_md_draws_and_no_longer() {
+    let krate = load();
+    let code = |rel: &str| {
+        let file = krate.files.iter().find(|f| f.rel == rel);
+        file.unwrap_or_else(|| panic!("{rel}: no such file"))
+            .code
+            .clone()
+    };
+    let mut broken = Vec::new();
+    for (from, caller, to, callee) in DELIVERY_PATH {
+        let calls = body_of(&code(from), caller)
+            .is_some_and(|body| words(&body).iter().skip(1).any(|(_, w)| w == callee));
+        if !calls || body_of(&code(to), callee).is_none() {
+            broken.push(format!("{from}::{caller} → {to}::{callee}"));
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "the path moved; redraw it in DESIGN.md and here: {broken:#?}"
+    );
+    let files: BTreeSet<&str> = DELIVERY_PATH
+        .iter()
+        .flat_map(|(from, _, to, _)| [*from, *to])
+        .collect();
+    assert!(
+        DELIVERY_PATH.len() <= MAX_PATH_CALLS,
+        "{} calls",
+        DELIVERY_PATH.len()
+    );
+    assert!(files.len() <= MAX_PATH_FILES, "{} files", files.len());
+    let design = fs::read_to_string(src_dir().join("../docs/DESIGN.md")).unwrap();
+    let stated = format!("{} calls over {} files", DELIVERY_PATH.len(), files.len());
+    assert!(
+        design.contains(&stated),
+        "DESIGN.md should say \"{stated}\""
+    );
+}

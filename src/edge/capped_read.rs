@@ -15,7 +15,7 @@ use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, web_sys, Request, Response, ResponseBody};
 
 use crate::body_cap::{declared_over, CappedBody, Read};
-use crate::inbound::classify::Headers;
+use crate::inbound::intake::Headers;
 use crate::refusal::Refusal;
 
 use crate::edge::runtime::js_error;

@@ -1,13 +1,8 @@
-//! What the webhook route answers a delivery the gate (or this isolate) handled, and when an
-//! isolate may answer a duplicate without asking the gate.
+//! What the webhook route answers a delivery the gate (or this isolate) handled.
 //!
 //! Guarantees: every 2xx body the route sends is an [`Answer`], serialized with its `outcome`
-//! tag. A duplicate is answered without a gate round trip only when it repeats the very
-//! terminal status a gate answered this isolate with for a `Deliver` of the same key
-//! ([`TerminalMemory`]): terminal absorbs, so such a delivery cannot change anything. Every
-//! other delivery goes through the gate.
-
-use std::collections::HashMap;
+//! tag (when an isolate may answer a duplicate itself is
+//! [`crate::inbound::intake::TerminalMemory`]'s).
 
 use serde::{Serialize, Serializer};
 
@@ -102,74 +97,10 @@ impl Answer {
     }
 }
 
-/// Keys remembered per isolate by default; past this the memory starts over (a miss costs
-/// one round trip).
-pub const TERMINAL_KEYS_MAX: usize = 100_000;
-
-/// Terminal states an isolate has seen a gate answer with, by key: a copy of a fact that
-/// never changes (terminal absorbs), used only to answer a duplicate of it.
-#[derive(Debug)]
-pub struct TerminalMemory {
-    known: HashMap<String, Status>,
-    cap: usize,
-}
-
-impl Default for TerminalMemory {
-    fn default() -> Self {
-        TerminalMemory::with_capacity(TERMINAL_KEYS_MAX)
-    }
-}
-
-impl TerminalMemory {
-    pub fn with_capacity(cap: usize) -> TerminalMemory {
-        TerminalMemory {
-            known: HashMap::new(),
-            cap,
-        }
-    }
-
-    /// The terminal status a gate's reply to a delivery states (applied or dropped): a fact
-    /// about the record this isolate may remember. The caller asks only for a delivery's
-    /// reply (a nudge's is not a fact about the record:
-    /// [`crate::inbound::intake::Intake::gate_answered`]).
-    pub fn settled_at(reply: &GateReply) -> Option<Status> {
-        let (GateReply::Applied { status, .. } | GateReply::Dropped { status, .. }) = reply else {
-            return None;
-        };
-        status.is_terminal().then(|| status.clone())
-    }
-
-    /// Remembers that `key` is settled at the terminal `status` (see [`Self::settled_at`]).
-    pub fn remember(&mut self, key: &str, status: Status) {
-        if !status.is_terminal() {
-            return;
-        }
-        if self.known.len() >= self.cap {
-            self.known.clear();
-        }
-        self.known.insert(key.to_string(), status);
-    }
-
-    /// Whether a delivery of `status` for `key` repeats the terminal status known for it.
-    pub fn knows(&self, key: &str, status: &Status) -> bool {
-        self.known.get(key) == Some(status)
-    }
-
-    /// The answer to a duplicate this isolate answers without the gate (the effect's state
-    /// was not asked).
-    pub fn duplicate_answer(key: &str, status: &Status) -> Answer {
-        Answer::Dropped {
-            reason: DropReason::Duplicate,
-            key: key.to_string(),
-            status: status.clone(),
-            effect: None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inbound::intake::TerminalMemory;
     use serde_json::json;
 
     fn learn(memory: &mut TerminalMemory, key: &str, reply: &GateReply) {

@@ -4,32 +4,28 @@
 //! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): every trust decision about a delivery
 //! is made here, and every delivery turned away is a [`Rejection`]: its logged reason, and the
 //! [`Reply`] it gets (a [`Refusal`], whose status is decided in one place).
-//! The decision runs in the order the route can afford it: [`screen`] refuses from the headers
-//! alone (a declared oversized body, then the signature headers: for HMAC the id and the
-//! timestamp window of [`crate::signature`]; for a JWT whether dynamic webhooks are on, the
-//! same timestamp window, and the token's shape), before a byte of the body is read; the edge
-//! then checks a token's RS256 signature with WebCrypto and [`vouch`] checks its claims
-//! (their time window is [`crate::inbound::jwt`]'s); [`classify`] checks the HMAC over the raw
-//! body and says what the body is. An HMAC-proven body becomes a [`DeliveryKind::Event`]; a
-//! JWT-signed body proves only its sender, so it becomes a [`DeliveryKind::Nudge`] whose metadata
-//! is never verified. [`crate::inbound::intake`] runs these in order. Time is a parameter.
+//! The decisions themselves run in [`crate::inbound::intake`], in the order the route can
+//! afford them: [`screen`](crate::inbound::intake::screen) refuses from the headers alone (a declared oversized body, then
+//! the signature headers: for HMAC the id and the timestamp window of [`crate::signature`];
+//! for a JWT whether dynamic webhooks are on, the same timestamp window, and the token's
+//! shape), before a byte of the body is read; the edge then checks a token's RS256 signature
+//! with WebCrypto and [`vouch`](crate::inbound::intake::vouch) checks its claims (their time window is
+//! [`crate::inbound::jwt`]'s); [`classify`](crate::inbound::intake::classify) checks the HMAC over the raw body and says what
+//! the body is. An HMAC-proven body becomes a [`DeliveryKind::Event`]; a JWT-signed body
+//! proves only its sender, so it becomes a [`DeliveryKind::Nudge`] whose metadata is never
+//! verified. Time is a parameter.
 
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
 
 use crate::inbound::answer::Answer;
-use crate::inbound::envelope::{meaning, parse, Envelope, EnvelopeError, Meaning};
-use crate::inbound::jwt::{self, JwtError, Token};
+use crate::inbound::envelope::EnvelopeError;
+use crate::inbound::jwt::{JwtError, Token};
 use crate::inbound::route_log::{Bytes, RouteLog};
-use crate::operation::details::{UNVERIFIED_USER_METADATA, USER_METADATA};
-use crate::operation::key::{normalize, KeyError, OperationKey};
-use crate::operation::lifecycle::{Source, Status};
+use crate::operation::key::{KeyError, OperationKey};
+use crate::operation::lifecycle::Status;
 use crate::operation::OpEvent;
 use crate::refusal::Refusal;
-use crate::signature::{
-    check_headers, check_timestamp, looks_like_jwt, CheckedHeaders, Secret, SignatureError,
-    SignedHeaders,
-};
+use crate::signature::{CheckedHeaders, Secret, SignatureError};
 
 /// The configuration the classification reads.
 #[derive(Debug, Clone, Copy)]
@@ -41,28 +37,12 @@ pub struct Policy<'a> {
     pub audience: Option<&'a str>,
 }
 
-/// The headers a delivery is classified by, as received.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Headers<'a> {
-    pub content_length: Option<&'a str>,
-    pub id: Option<&'a str>,
-    pub timestamp: Option<&'a str>,
-    pub signature: Option<&'a str>,
-}
-
-impl Headers<'_> {
-    /// The body's length as `content-length` declares it (`None`: absent or not a number).
-    pub fn declared_length(&self) -> Option<usize> {
-        self.content_length.and_then(|v| v.trim().parse().ok())
-    }
-}
-
-/// Headers that passed [`screen`]: what is left to prove.
+/// Headers that passed [`screen`](crate::inbound::intake::screen): what is left to prove.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Screened<'a> {
-    /// Fit for an HMAC over the body with one of our secrets ([`classify`] checks it).
+    /// Fit for an HMAC over the body with one of our secrets ([`classify`](crate::inbound::intake::classify) checks it).
     Hmac(CheckedHeaders<'a>),
-    /// A parsed token: the edge checks its RS256 signature, then [`vouch`] its claims.
+    /// A parsed token: the edge checks its RS256 signature, then [`vouch`](crate::inbound::intake::vouch) its claims.
     /// `token_hash` is the delivery's id.
     Jwt { token: Token, token_hash: String },
 }
@@ -70,7 +50,7 @@ pub enum Screened<'a> {
 /// Who vouched for a delivery, before its body is read.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Proof<'a> {
-    /// Headers fit for an HMAC over the body's bytes (checked by [`classify`]).
+    /// Headers fit for an HMAC over the body's bytes (checked by [`classify`](crate::inbound::intake::classify)).
     Hmac(CheckedHeaders<'a>),
     /// A Google-signed token with valid claims: it proves the sender, not the body.
     Jwt {
@@ -228,211 +208,18 @@ impl Rejection {
     }
 }
 
-fn not_envelope(e: &EnvelopeError) -> Reply {
+pub(super) fn not_envelope(e: &EnvelopeError) -> Reply {
     Err(Refusal::BadRequest(format!("not a Gemini envelope: {e}")))
 }
 
-fn unknown_type(event_type: &str) -> Reply {
+pub(super) fn unknown_type(event_type: &str) -> Reply {
     Ok(Answer::IgnoredUnknownType {
         event_type: event_type.to_string(),
     })
 }
 
-fn bad_operation_id(e: &KeyError) -> Reply {
+pub(super) fn bad_operation_id(e: &KeyError) -> Reply {
     Err(Refusal::BadRequest(format!("data.id: {e}")))
-}
-
-/// What the headers alone decide, at `now_ms`: a declared body over the cap (413), then the
-/// signature headers. A `webhook-signature` shaped like a JWT is a dynamic webhook's token;
-/// anything else is a Standard Webhooks HMAC header.
-pub fn screen<'a>(
-    headers: &Headers<'a>,
-    now_ms: i64,
-    policy: &Policy<'_>,
-) -> Result<Screened<'a>, Rejection> {
-    if let Some(n) = headers
-        .declared_length()
-        .filter(|n| *n > policy.max_body_bytes)
-    {
-        return Err(Rejection::BodyTooLarge(Oversize::Declared(n)));
-    }
-    let now_secs = now_ms.div_euclid(1_000);
-    if let Some(token) = headers.signature.filter(|s| looks_like_jwt(s)) {
-        if !policy.dynamic_webhooks {
-            return Err(Rejection::DynamicWebhooksDisabled);
-        }
-        // The timestamp is optional for a token (its claims carry time); when sent, the
-        // same window as for an HMAC applies.
-        if let Some(t) = headers.timestamp {
-            check_timestamp(t, now_secs, policy.tolerance_secs).map_err(|e| match e {
-                SignatureError::BadTimestamp => Rejection::Signature(e),
-                _ => Rejection::TokenTimestampOutOfTolerance,
-            })?;
-        }
-        return match jwt::parse(token) {
-            Ok(parsed) => Ok(Screened::Jwt {
-                token: parsed,
-                token_hash: token_hash(token),
-            }),
-            Err(e) => Err(Rejection::Token(e)),
-        };
-    }
-    let signed = SignedHeaders {
-        id: headers.id,
-        timestamp: headers.timestamp,
-        signature: headers.signature,
-    };
-    check_headers(signed, now_secs, policy.tolerance_secs)
-        .map(Screened::Hmac)
-        .map_err(Rejection::Signature)
-}
-
-/// A token whose RS256 signature the edge found valid: its claims decide, at `now_ms`.
-pub fn vouch(
-    token: Token,
-    token_hash: String,
-    now_ms: i64,
-    policy: &Policy<'_>,
-) -> Result<Proof<'static>, Rejection> {
-    jwt::check_claims(&token.claims, now_ms.div_euclid(1_000), policy.audience)
-        .map_err(Rejection::Token)?;
-    Ok(Proof::Jwt {
-        claims: token.claims,
-        token_hash,
-    })
-}
-
-/// A JWT delivery's id: a hash of the token, which is signed (the `webhook-id` header is not,
-/// and may be empty).
-fn token_hash(token: &str) -> String {
-    let hex: String = Sha256::digest(token.trim().as_bytes())
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("jwt_{hex}")
-}
-
-/// What a proven delivery's body is. `delivery_id` is the `webhook-id` of an HMAC delivery.
-pub fn classify(
-    proof: Proof<'_>,
-    body: &[u8],
-    delivery_id: &str,
-    policy: &Policy<'_>,
-) -> DeliveryKind {
-    match proof {
-        Proof::Hmac(checked) => match checked.verify(body, policy.secrets) {
-            Err(e) => DeliveryKind::Rejected(Rejection::Signature(e)),
-            Ok(()) => signed(body, delivery_id),
-        },
-        Proof::Jwt { claims, token_hash } => nudge(body, claims, token_hash),
-    }
-}
-
-/// A body the HMAC proved: an event, or a dead letter.
-fn signed(body: &[u8], delivery_id: &str) -> DeliveryKind {
-    let envelope = match parse(body) {
-        Ok(e) => e,
-        Err(e) => {
-            return DeliveryKind::DeadLetter {
-                reason: e.label(),
-                reply: not_envelope(&e),
-            }
-        }
-    };
-    if meaning(&envelope.event_type) == Meaning::Ping {
-        return DeliveryKind::Ping {
-            event_type: envelope.event_type,
-        };
-    }
-    let Some((status, key)) = usable(&envelope) else {
-        return DeliveryKind::DeadLetter {
-            reason: "unknown_event_type",
-            reply: unknown_type(&envelope.event_type),
-        };
-    };
-    match key {
-        Err(e) => DeliveryKind::DeadLetter {
-            reason: "bad_operation_id",
-            reply: bad_operation_id(&e),
-        },
-        Ok(key) => DeliveryKind::Event {
-            key,
-            event: OpEvent {
-                status,
-                update_time_ms: envelope.timestamp_ms,
-                source: Source::Webhook,
-                details: envelope.details,
-                delivery_id: Some(delivery_id.to_string()),
-            },
-            event_type: envelope.event_type,
-        },
-    }
-}
-
-/// A body only a token vouches for: a nudge, or a refusal (never stored: it is unproven).
-fn nudge(body: &[u8], claims: Map<String, Value>, delivery_id: String) -> DeliveryKind {
-    let envelope = match parse(body) {
-        Ok(e) => e,
-        Err(problem) => {
-            return DeliveryKind::Rejected(Rejection::NudgeNotEnvelope {
-                problem,
-                delivery_id,
-            })
-        }
-    };
-    let Some((claimed, key)) = usable(&envelope) else {
-        return DeliveryKind::Rejected(Rejection::NudgeUnknownType {
-            event_type: envelope.event_type,
-            delivery_id,
-        });
-    };
-    match key {
-        Err(problem) => DeliveryKind::Rejected(Rejection::NudgeBadOperationId {
-            problem,
-            delivery_id,
-        }),
-        Ok(key) => DeliveryKind::Nudge {
-            key,
-            claimed,
-            metadata: nudge_metadata(claims, &envelope.details),
-            event_type: envelope.event_type,
-            delivery_id,
-        },
-    }
-}
-
-/// Nothing binds a token's claims to the operation its body names (Gemini documents no such
-/// claim, and anyone can obtain a valid token), so a nudge's metadata is never verified: the
-/// token's `user_metadata` claim, else the body's, travels as `unverified_user_metadata`.
-/// The verified `user_metadata` comes from a registration or the status API.
-fn nudge_metadata(
-    mut claims: Map<String, Value>,
-    details: &Map<String, Value>,
-) -> Map<String, Value> {
-    let mut metadata = Map::new();
-    // Bounded before it travels to the gate (the command nests it deeper than the token
-    // did); the body's was bounded when the envelope was parsed.
-    let claimed = claims
-        .remove(USER_METADATA)
-        .map(crate::bounds::bound)
-        .or_else(|| details.get(USER_METADATA).cloned());
-    if let Some(unverified) = claimed {
-        metadata.insert(UNVERIFIED_USER_METADATA.into(), unverified);
-    }
-    metadata
-}
-
-/// What an envelope's type means, and its operation's key: `None` for an unknown type.
-fn usable(envelope: &Envelope) -> Option<(Status, Result<OperationKey, KeyError>)> {
-    match meaning(&envelope.event_type) {
-        Meaning::Status { status, collection } => {
-            Some((status, normalize(&envelope.id, Some(collection))))
-        }
-        // A token-signed test delivery proves nothing and needs no answer but 2xx: it is an
-        // unknown type on that path.
-        Meaning::Ping | Meaning::Unknown => None,
-    }
 }
 
 /// What the classification's tests and the intake's share: a secret, a time, a body, and
@@ -477,9 +264,13 @@ pub(crate) mod fixtures {
 mod tests {
     use super::fixtures::{secrets, status, token, BODY, NOW, NOW_MS, SECRET};
     use super::*;
+    use crate::inbound::intake::{classify, screen, vouch, Headers};
+    use crate::operation::details::{UNVERIFIED_USER_METADATA, USER_METADATA};
+    use crate::operation::lifecycle::Source;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use base64::Engine;
     use serde_json::json;
+    use sha2::{Digest, Sha256};
 
     fn policy(secrets: &[Secret]) -> Policy<'_> {
         Policy {

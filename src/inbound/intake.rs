@@ -5,29 +5,56 @@
 //! with the next [`Need`]: the headers first ([`screen`]: nothing is read before they pass);
 //! a token's RS256 signature (the key set) before its claims ([`vouch`]); the body, read under
 //! its cap; what the body is ([`classify`]); then at most one gate call, none for a duplicate
-//! this isolate remembers; a nudge the gate does not hold costs one tally call and nothing
+//! this isolate remembers ([`TerminalMemory`]: one that repeats the very terminal status a
+//! gate answered this isolate with for a `Deliver` of the same key; terminal absorbs, so it
+//! cannot change anything); a nudge the gate does not hold costs one tally call and nothing
 //! outside the worker; a proven body that cannot be used is kept as a dead letter, else
 //! answered 503 so Gemini retries. Every delivery ends in one [`DeliveryEnd`]: its [`Reply`]
 //! (a 200 with its body, or a [`crate::refusal::Refusal`]), the counters it adds, its log line,
 //! and what this isolate may remember. The edge (`src/edge/http/webhook/`) only performs the
 //! steps. Time is a parameter.
 
-use serde_json::{json, Value};
+use std::collections::HashMap;
 
-use crate::inbound::answer::{Answer, TerminalMemory};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::inbound::answer::Answer;
 use crate::inbound::classify::{
-    classify, screen, vouch, DeliveryKind, Headers, Oversize, Policy, Proof, Rejection, Reply,
-    Screened,
+    bad_operation_id, not_envelope, unknown_type, DeliveryKind, Oversize, Policy, Proof, Rejection,
+    Reply, Screened,
 };
-use crate::inbound::jwt::Token;
+use crate::inbound::envelope::{meaning, parse, Envelope, Meaning};
+use crate::inbound::jwt::{self, Token};
 use crate::inbound::route_log::{Handled, RouteLog};
+use crate::operation::details::{UNVERIFIED_USER_METADATA, USER_METADATA};
 use crate::operation::gate::protocol::{GateCommand, GateReply};
-use crate::operation::key::OperationKey;
+use crate::operation::key::{normalize, KeyError, OperationKey};
 use crate::operation::ledger::dead_key;
-use crate::operation::lifecycle::Status;
+use crate::operation::lifecycle::{DropReason, Source, Status};
+use crate::operation::OpEvent;
 use crate::refusal::Refusal;
+use crate::signature::{
+    check_headers, check_timestamp, looks_like_jwt, SignatureError, SignedHeaders,
+};
 use crate::telemetry::counters;
 use crate::timestamp::format_rfc3339;
+
+/// The headers a delivery is classified by, as received.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Headers<'a> {
+    pub content_length: Option<&'a str>,
+    pub id: Option<&'a str>,
+    pub timestamp: Option<&'a str>,
+    pub signature: Option<&'a str>,
+}
+
+impl Headers<'_> {
+    /// The body's length as `content-length` declares it (`None`: absent or not a number).
+    pub fn declared_length(&self) -> Option<usize> {
+        self.content_length.and_then(|v| v.trim().parse().ok())
+    }
+}
 
 /// What the gate commands of a delivery carry from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -46,11 +73,8 @@ pub enum Need {
     /// Check the token's RS256 signature with the key set: [`Intake::signature_checked`].
     Signature(Token),
     /// Read the body, refused past `cap` while it streams (`declared`: a `content-length`
-    /// within the cap): [`Intake::body_read`].
+    /// within the cap): [`Intake::body_read`], with this isolate's [`TerminalMemory`].
     Body { cap: usize, declared: Option<usize> },
-    /// Is `status` the terminal state this isolate remembers for `key`?
-    /// [`Intake::recalled`].
-    Recall { key: String, status: Status },
     /// Hand `command` to the gate of `key`: [`Intake::gate_answered`].
     Gate { key: String, command: GateCommand },
     /// Count one nudge for an operation not held on the worker-wide tally:
@@ -110,12 +134,6 @@ enum Stage<'a> {
     Signature { token: Token, token_hash: String },
     /// Proven headers (or token): the body is being read.
     Body(Proof<'a>),
-    /// An HMAC event this isolate may remember as settled.
-    Recall {
-        key: OperationKey,
-        event_type: String,
-        event: crate::operation::OpEvent,
-    },
     /// The gate of `key` is answering a delivery (`nudge`: a nudge's).
     Gate {
         key: String,
@@ -189,8 +207,9 @@ impl<'a> Intake<'a> {
         }
     }
 
-    /// The body as read: `None` when it passed the cap while streaming.
-    pub fn body_read(&mut self, body: Option<Vec<u8>>) -> Need {
+    /// The body as read (`None` when it passed the cap while streaming), and what this
+    /// isolate remembers of settled operations.
+    pub fn body_read(&mut self, body: Option<Vec<u8>>, memory: &TerminalMemory) -> Need {
         let Stage::Body(proof) = std::mem::replace(&mut self.stage, Stage::Over) else {
             return self.out_of_order();
         };
@@ -234,16 +253,8 @@ impl<'a> Intake<'a> {
                 event_type,
                 event,
             } => {
-                let need = Need::Recall {
-                    key: key.key.clone(),
-                    status: event.status.clone(),
-                };
-                self.stage = Stage::Recall {
-                    key,
-                    event_type,
-                    event,
-                };
-                need
+                let known = memory.knows(&key.key, &event.status);
+                self.event(key, event_type, event, known)
             }
             DeliveryKind::Nudge {
                 key,
@@ -265,17 +276,15 @@ impl<'a> Intake<'a> {
         }
     }
 
-    /// Whether this isolate remembers the event's key settled at the event's status: a
-    /// duplicate answered without the gate, else the gate is asked.
-    pub fn recalled(&mut self, known: bool) -> Need {
-        let Stage::Recall {
-            key,
-            event_type,
-            event,
-        } = std::mem::replace(&mut self.stage, Stage::Over)
-        else {
-            return self.out_of_order();
-        };
+    /// An HMAC event: a duplicate answered without the gate when this isolate `known`s its key
+    /// settled at its status, else the gate is asked.
+    fn event(
+        &mut self,
+        key: OperationKey,
+        event_type: String,
+        event: OpEvent,
+        known: bool,
+    ) -> Need {
         if known {
             let answer = TerminalMemory::duplicate_answer(&key.key, &event.status);
             let line = RouteLog::handled(Handled {
@@ -426,6 +435,263 @@ impl<'a> Intake<'a> {
     }
 }
 
+/// What the headers alone decide, at `now_ms`: a declared body over the cap (413), then the
+/// signature headers. A `webhook-signature` shaped like a JWT is a dynamic webhook's token;
+/// anything else is a Standard Webhooks HMAC header.
+pub fn screen<'a>(
+    headers: &Headers<'a>,
+    now_ms: i64,
+    policy: &Policy<'_>,
+) -> Result<Screened<'a>, Rejection> {
+    if let Some(n) = headers
+        .declared_length()
+        .filter(|n| *n > policy.max_body_bytes)
+    {
+        return Err(Rejection::BodyTooLarge(Oversize::Declared(n)));
+    }
+    let now_secs = now_ms.div_euclid(1_000);
+    if let Some(token) = headers.signature.filter(|s| looks_like_jwt(s)) {
+        if !policy.dynamic_webhooks {
+            return Err(Rejection::DynamicWebhooksDisabled);
+        }
+        // The timestamp is optional for a token (its claims carry time); when sent, the
+        // same window as for an HMAC applies.
+        if let Some(t) = headers.timestamp {
+            check_timestamp(t, now_secs, policy.tolerance_secs).map_err(|e| match e {
+                SignatureError::BadTimestamp => Rejection::Signature(e),
+                _ => Rejection::TokenTimestampOutOfTolerance,
+            })?;
+        }
+        return match jwt::parse(token) {
+            Ok(parsed) => Ok(Screened::Jwt {
+                token: parsed,
+                token_hash: token_hash(token),
+            }),
+            Err(e) => Err(Rejection::Token(e)),
+        };
+    }
+    let signed = SignedHeaders {
+        id: headers.id,
+        timestamp: headers.timestamp,
+        signature: headers.signature,
+    };
+    check_headers(signed, now_secs, policy.tolerance_secs)
+        .map(Screened::Hmac)
+        .map_err(Rejection::Signature)
+}
+
+/// A token whose RS256 signature the edge found valid: its claims decide, at `now_ms`.
+pub fn vouch(
+    token: Token,
+    token_hash: String,
+    now_ms: i64,
+    policy: &Policy<'_>,
+) -> Result<Proof<'static>, Rejection> {
+    jwt::check_claims(&token.claims, now_ms.div_euclid(1_000), policy.audience)
+        .map_err(Rejection::Token)?;
+    Ok(Proof::Jwt {
+        claims: token.claims,
+        token_hash,
+    })
+}
+
+/// A JWT delivery's id: a hash of the token, which is signed (the `webhook-id` header is not,
+/// and may be empty).
+fn token_hash(token: &str) -> String {
+    let hex: String = Sha256::digest(token.trim().as_bytes())
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("jwt_{hex}")
+}
+
+/// What a proven delivery's body is. `delivery_id` is the `webhook-id` of an HMAC delivery.
+pub fn classify(
+    proof: Proof<'_>,
+    body: &[u8],
+    delivery_id: &str,
+    policy: &Policy<'_>,
+) -> DeliveryKind {
+    match proof {
+        Proof::Hmac(checked) => match checked.verify(body, policy.secrets) {
+            Err(e) => DeliveryKind::Rejected(Rejection::Signature(e)),
+            Ok(()) => signed(body, delivery_id),
+        },
+        Proof::Jwt { claims, token_hash } => nudge(body, claims, token_hash),
+    }
+}
+
+/// A body the HMAC proved: an event, or a dead letter.
+fn signed(body: &[u8], delivery_id: &str) -> DeliveryKind {
+    let envelope = match parse(body) {
+        Ok(e) => e,
+        Err(e) => {
+            return DeliveryKind::DeadLetter {
+                reason: e.label(),
+                reply: not_envelope(&e),
+            }
+        }
+    };
+    if meaning(&envelope.event_type) == Meaning::Ping {
+        return DeliveryKind::Ping {
+            event_type: envelope.event_type,
+        };
+    }
+    let Some((status, key)) = usable(&envelope) else {
+        return DeliveryKind::DeadLetter {
+            reason: "unknown_event_type",
+            reply: unknown_type(&envelope.event_type),
+        };
+    };
+    match key {
+        Err(e) => DeliveryKind::DeadLetter {
+            reason: "bad_operation_id",
+            reply: bad_operation_id(&e),
+        },
+        Ok(key) => DeliveryKind::Event {
+            key,
+            event: OpEvent {
+                status,
+                update_time_ms: envelope.timestamp_ms,
+                source: Source::Webhook,
+                details: envelope.details,
+                delivery_id: Some(delivery_id.to_string()),
+            },
+            event_type: envelope.event_type,
+        },
+    }
+}
+
+/// A body only a token vouches for: a nudge, or a refusal (never stored: it is unproven).
+fn nudge(body: &[u8], claims: Map<String, Value>, delivery_id: String) -> DeliveryKind {
+    let envelope = match parse(body) {
+        Ok(e) => e,
+        Err(problem) => {
+            return DeliveryKind::Rejected(Rejection::NudgeNotEnvelope {
+                problem,
+                delivery_id,
+            })
+        }
+    };
+    let Some((claimed, key)) = usable(&envelope) else {
+        return DeliveryKind::Rejected(Rejection::NudgeUnknownType {
+            event_type: envelope.event_type,
+            delivery_id,
+        });
+    };
+    match key {
+        Err(problem) => DeliveryKind::Rejected(Rejection::NudgeBadOperationId {
+            problem,
+            delivery_id,
+        }),
+        Ok(key) => DeliveryKind::Nudge {
+            key,
+            claimed,
+            metadata: nudge_metadata(claims, &envelope.details),
+            event_type: envelope.event_type,
+            delivery_id,
+        },
+    }
+}
+
+/// Nothing binds a token's claims to the operation its body names (Gemini documents no such
+/// claim, and anyone can obtain a valid token), so a nudge's metadata is never verified: the
+/// token's `user_metadata` claim, else the body's, travels as `unverified_user_metadata`.
+/// The verified `user_metadata` comes from a registration or the status API.
+fn nudge_metadata(
+    mut claims: Map<String, Value>,
+    details: &Map<String, Value>,
+) -> Map<String, Value> {
+    let mut metadata = Map::new();
+    // Bounded before it travels to the gate (the command nests it deeper than the token
+    // did); the body's was bounded when the envelope was parsed.
+    let claimed = claims
+        .remove(USER_METADATA)
+        .map(crate::bounds::bound)
+        .or_else(|| details.get(USER_METADATA).cloned());
+    if let Some(unverified) = claimed {
+        metadata.insert(UNVERIFIED_USER_METADATA.into(), unverified);
+    }
+    metadata
+}
+
+/// What an envelope's type means, and its operation's key: `None` for an unknown type.
+fn usable(envelope: &Envelope) -> Option<(Status, Result<OperationKey, KeyError>)> {
+    match meaning(&envelope.event_type) {
+        Meaning::Status { status, collection } => {
+            Some((status, normalize(&envelope.id, Some(collection))))
+        }
+        // A token-signed test delivery proves nothing and needs no answer but 2xx: it is an
+        // unknown type on that path.
+        Meaning::Ping | Meaning::Unknown => None,
+    }
+}
+
+/// Keys remembered per isolate by default; past this the memory starts over (a miss costs
+/// one round trip).
+pub const TERMINAL_KEYS_MAX: usize = 100_000;
+
+/// Terminal states an isolate has seen a gate answer with, by key: a copy of a fact that
+/// never changes (terminal absorbs), used only to answer a duplicate of it.
+#[derive(Debug)]
+pub struct TerminalMemory {
+    known: HashMap<String, Status>,
+    cap: usize,
+}
+
+impl Default for TerminalMemory {
+    fn default() -> Self {
+        TerminalMemory::with_capacity(TERMINAL_KEYS_MAX)
+    }
+}
+
+impl TerminalMemory {
+    pub fn with_capacity(cap: usize) -> TerminalMemory {
+        TerminalMemory {
+            known: HashMap::new(),
+            cap,
+        }
+    }
+
+    /// The terminal status a gate's reply to a delivery states (applied or dropped): a fact
+    /// about the record this isolate may remember. The caller asks only for a delivery's
+    /// reply (a nudge's is not a fact about the record: [`Intake::gate_answered`]).
+    pub fn settled_at(reply: &GateReply) -> Option<Status> {
+        let (GateReply::Applied { status, .. } | GateReply::Dropped { status, .. }) = reply else {
+            return None;
+        };
+        status.is_terminal().then(|| status.clone())
+    }
+
+    /// Remembers that `key` is settled at the terminal `status` (see [`Self::settled_at`]).
+    pub fn remember(&mut self, key: &str, status: Status) {
+        if !status.is_terminal() {
+            return;
+        }
+        if self.known.len() >= self.cap {
+            self.known.clear();
+        }
+        self.known.insert(key.to_string(), status);
+    }
+
+    /// Whether a delivery of `status` for `key` repeats the terminal status known for it.
+    pub fn knows(&self, key: &str, status: &Status) -> bool {
+        self.known.get(key) == Some(status)
+    }
+
+    /// The answer to a duplicate this isolate answers without the gate (the effect's state
+    /// was not asked).
+    pub fn duplicate_answer(key: &str, status: &Status) -> Answer {
+        Answer::Dropped {
+            reason: DropReason::Duplicate,
+            key: key.to_string(),
+            status: status.clone(),
+            effect: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,6 +739,11 @@ mod tests {
         }
     }
 
+    /// A memory that knows nothing.
+    fn forgets() -> TerminalMemory {
+        TerminalMemory::default()
+    }
+
     fn done(need: Need) -> DeliveryEnd {
         match need {
             Need::Done(f) => f,
@@ -505,15 +776,7 @@ mod tests {
                 declared: Some(BODY.len())
             }
         );
-        let need = intake.body_read(Some(BODY.to_vec()));
-        assert_eq!(
-            need,
-            Need::Recall {
-                key: "batches/b1".into(),
-                status: Status::Succeeded
-            }
-        );
-        let Need::Gate { key, command } = intake.recalled(false) else {
+        let Need::Gate { key, command } = intake.body_read(Some(BODY.to_vec()), &forgets()) else {
             panic!("the gate is asked")
         };
         assert_eq!(key, "batches/b1");
@@ -536,8 +799,9 @@ mod tests {
     fn a_duplicate_this_isolate_remembers_is_answered_without_the_gate() {
         let s = secrets();
         let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
-        intake.body_read(Some(BODY.to_vec()));
-        let f = done(intake.recalled(true));
+        let mut memory = forgets();
+        memory.remember("batches/b1", Status::Succeeded);
+        let f = done(intake.body_read(Some(BODY.to_vec()), &memory));
         let Ok(Answer::Dropped { reason, effect, .. }) = &f.reply else {
             panic!("{:?}", f.reply)
         };
@@ -586,7 +850,7 @@ mod tests {
     fn a_body_past_the_cap_or_over_other_bytes_is_refused_after_reading() {
         let s = secrets();
         let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
-        let f = done(intake.body_read(None));
+        let f = done(intake.body_read(None, &forgets()));
         assert_eq!(
             (status(&f.reply), f.rejected),
             (413, Some("body_too_large"))
@@ -597,7 +861,7 @@ mod tests {
         );
         let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
         let forged = br#"{"type":"batch.failed","data":{"id":"batches/b1"}}"#;
-        let f = done(intake.body_read(Some(forged.to_vec())));
+        let f = done(intake.body_read(Some(forged.to_vec()), &forgets()));
         assert_eq!(
             (status(&f.reply), f.rejected),
             (401, Some("signature_invalid"))
@@ -614,7 +878,7 @@ mod tests {
             intake.signature_checked(Ok(()), NOW_MS),
             Need::Body { .. }
         ));
-        let Need::Gate { key, command } = intake.body_read(Some(BODY.to_vec())) else {
+        let Need::Gate { key, command } = intake.body_read(Some(BODY.to_vec()), &forgets()) else {
             panic!("the gate is asked first")
         };
         assert_eq!(key, "batches/b1");
@@ -651,7 +915,7 @@ mod tests {
         let headers = token_headers(json!({"exp": NOW + 60}));
         let (mut intake, _) = Intake::start(headers, policy(&s), SETTINGS, NOW_MS);
         intake.signature_checked(Ok(()), NOW_MS);
-        intake.body_read(Some(BODY.to_vec()));
+        intake.body_read(Some(BODY.to_vec()), &forgets());
         let f = done(intake.gate_answered(Ok(applied(Status::Succeeded)), NOW_MS));
         assert_eq!((status(&f.reply), f.remember), (200, None));
     }
@@ -698,7 +962,8 @@ mod tests {
         let s = secrets();
         let junk = b"not json";
         let (mut intake, _) = Intake::start(hmac_headers(junk), policy(&s), SETTINGS, NOW_MS);
-        let Need::DeadLetter { key, value } = intake.body_read(Some(junk.to_vec())) else {
+        let Need::DeadLetter { key, value } = intake.body_read(Some(junk.to_vec()), &forgets())
+        else {
             panic!("kept")
         };
         assert_eq!(key, "dead:msg_1");
@@ -710,7 +975,7 @@ mod tests {
         assert_eq!(status(&f.reply), 400);
         assert_eq!(f.line.unwrap().to_value()["event"], "dead_letter");
         let (mut intake, _) = Intake::start(hmac_headers(junk), policy(&s), SETTINGS, NOW_MS);
-        intake.body_read(Some(junk.to_vec()));
+        intake.body_read(Some(junk.to_vec()), &forgets());
         let f = done(intake.dead_letter_kept(Err("KV down".into())));
         assert_eq!(f.reply, Err(Refusal::Unavailable("KV down".into())));
     }
@@ -720,8 +985,7 @@ mod tests {
         let s = secrets();
         for reply in [Err("object reset".to_string()), Ok(GateReply::NotFound)] {
             let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
-            intake.body_read(Some(BODY.to_vec()));
-            intake.recalled(false);
+            intake.body_read(Some(BODY.to_vec()), &forgets());
             let f = done(intake.gate_answered(reply, NOW_MS));
             assert_eq!((status(&f.reply), f.remember), (503, None));
         }
@@ -732,7 +996,7 @@ mod tests {
         let s = secrets();
         let ping = br#"{"type":"webhook.ping","data":{}}"#;
         let (mut intake, _) = Intake::start(hmac_headers(ping), policy(&s), SETTINGS, NOW_MS);
-        let f = done(intake.body_read(Some(ping.to_vec())));
+        let f = done(intake.body_read(Some(ping.to_vec()), &forgets()));
         assert_eq!(f.counts, [counters::PINGS]);
         assert!(matches!(f.reply, Ok(Answer::Pong { .. })));
     }
@@ -741,7 +1005,7 @@ mod tests {
     fn an_answer_to_a_step_not_asked_for_is_503() {
         let s = secrets();
         let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
-        assert_eq!(done_status(&intake.recalled(true)), Some(503));
+        assert_eq!(done_status(&intake.dead_letter_kept(Ok(()))), Some(503));
         assert_eq!(done_status(&intake.tallied(None)), Some(503));
     }
 }

@@ -4,9 +4,9 @@
 //! The key set is cached in this isolate's memory and durably in KV (`jwks:cache`); when to
 //! read that copy, fetch the set again or refuse is [`KeySet`]'s decision (pure, host-tested),
 //! which this file performs.
-//! Guarantees: it is given a token [`crate::inbound::classify::screen`] already parsed (alg,
+//! Guarantees: it is given a token [`crate::inbound::intake::screen`] already parsed (alg,
 //! kid, shape), so a hostile token never reaches WebCrypto; its claims are checked after the
-//! signature, by [`crate::inbound::classify::vouch`]. An invalid signature is
+//! signature, by [`crate::inbound::intake::vouch`]. An invalid signature is
 //! [`Rejection::Token`] (401), including a `kid` absent from a freshly fetched set; a `kid` the
 //! cache lacks while the set cannot be refreshed (the last fetch just failed) is
 //! [`Rejection::KeysUnavailable`] (503), so Gemini retries.

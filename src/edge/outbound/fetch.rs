@@ -1,32 +1,43 @@
-//! Outbound HTTP with a deadline: the side effect, alerts, the status API, the key set.
+//! Outbound calls with a deadline: the side effect (to its destination: an HTTPS URL,
+//! another Worker through a service binding, or a Cloudflare Queue through a producer
+//! binding), alerts, the status API, the key set.
 //!
 //! Guarantees: every call is bounded by its timeout and aborted when it passes, so a slow
 //! peer can neither hold a Gemini delivery past its deadline nor pin a claim; every way a call
 //! ends, a timeout or a network error included, is the pure core's [`PeerAnswer`] (classified by
-//! [`crate::retry`]), never a panic. An answer's body is read while it
-//! streams and only as far as the call needs ([`Keep`]): an excerpt stops once it has its
-//! characters and cancels the rest, a body wanted whole stops at the first chunk past its cap
-//! and is [`PeerAnswer::TooLarge`], and a status answer goes through the skimmer; so a peer that
-//! answers with an endless or huge body costs at most the cap plus one chunk of memory, and
-//! an excerpt does not wait for the end of the body.
+//! [`crate::retry`]; a queue send that succeeded is a 2xx: the queue is durable), never a
+//! panic. An answer's body is read while it streams and only as far as the call needs
+//! ([`Keep`]): an excerpt stops once it has its characters and cancels the rest, a body wanted
+//! whole stops at the first chunk past its cap and is [`PeerAnswer::TooLarge`], and a status
+//! answer goes through the skimmer (`status_api.rs`); so a peer that answers with an endless
+//! or huge body costs at most the cap plus one chunk of memory, and an excerpt does not wait
+//! for the end of the body. Every kind of destination receives the same signed request (a
+//! queue message carries the headers as fields beside the body), so a consumer verifies and
+//! dedupes it the same way (`webhook-id`, `idempotency-key`); the record keeps at most
+//! [`EXCERPT_CHARS`] of its answer. The bindings are the user's to declare.
 
 use std::time::Duration;
 
 use futures_util::future::{select, Either};
-use serde_json::Value;
-use worker::wasm_bindgen::JsValue;
-use worker::{AbortController, Delay, Fetch, Headers, Method, Request, RequestInit, Response};
+use serde_json::{Map, Value};
+use worker::wasm_bindgen::{JsCast, JsValue};
+use worker::wasm_bindgen_futures::JsFuture;
+use worker::{
+    js_sys, AbortController, Delay, Env, Fetch, Headers, Method, Request, RequestInit, Response,
+};
 
 use crate::alert_format::{render, Sink};
-use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, Read, TooLarge};
-use crate::config::Config;
-use crate::reconciliation::skim::Skim;
-use crate::reconciliation::status::StatusAnswer;
+use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, TooLarge};
+use crate::config::{Config, Destination};
+use crate::operation::effect::EffectRequest;
 use crate::retry::{class_of_status, Class, PeerAnswer};
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::capped_read::{each_chunk, read_answer};
+use crate::edge::capped_read::read_answer;
 use crate::edge::runtime::{js_error, log};
+
+/// Longest part of a destination's answer kept in the record and logs.
+const EXCERPT_CHARS: usize = 300;
 
 /// Alert sinks get this long to answer.
 const ALERT_TIMEOUT_MS: i64 = 5_000;
@@ -81,7 +92,7 @@ impl Keep {
 
 /// Reads `response`'s body as `keep` says: chunk by chunk, the rest cancelled once it has
 /// enough. Shared by URL calls and service bindings.
-pub async fn kept_answer(response: &Response, keep: Keep) -> PeerAnswer {
+async fn kept_answer(response: &Response, keep: Keep) -> PeerAnswer {
     let status = response.status_code();
     let retry_after = response.headers().get("retry-after").ok().flatten();
     match read_answer(response, keep.body_for(status)).await {
@@ -110,88 +121,30 @@ pub async fn send(
         let response = Fetch::Request(request).send_with_signal(&signal).await?;
         Ok::<_, worker::Error>(kept_answer(&response, keep).await)
     };
-    let deadline = Delay::from(Duration::from_millis(timeout_ms.max(1) as u64));
-    let outcome = select(Box::pin(call), Box::pin(deadline)).await;
+    let outcome = within(timeout_ms, call).await;
     // Stops the download of a body read only in part, or one the deadline cut; harmless
     // after the end.
     controller.abort();
     match outcome {
-        Either::Left((Ok(answer), _)) => answer,
-        Either::Left((Err(e), _)) => PeerAnswer::Network(e.to_string()),
-        Either::Right(_) => PeerAnswer::Timeout,
+        Some(Ok(answer)) => answer,
+        Some(Err(e)) => PeerAnswer::Network(e.to_string()),
+        None => PeerAnswer::Timeout,
     }
 }
 
-/// One GET whose headers must come within `head_timeout_ms` and whose 2xx body is then
-/// streamed, chunk by chunk, through a [`Skim`] within `body_timeout_ms` more. Memory: one
-/// chunk as the runtime hands it over, plus what the skimmer keeps (bounded by
-/// [`crate::reconciliation::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
-/// Also says how long reading the body took (0 when it was not read).
-pub async fn get_skimmed(
-    url: &str,
-    headers: &[(&str, String)],
-    head_timeout_ms: i64,
-    body_timeout_ms: i64,
-) -> (StatusAnswer, i64) {
-    let request = match build(Method::Get, url, headers, None) {
-        Ok(r) => r,
-        Err(e) => return (PeerAnswer::Network(e.to_string()), 0),
-    };
-    let controller = AbortController::default();
-    let signal = controller.signal();
-    let fetch = Fetch::Request(request);
-    let head = fetch.send_with_signal(&signal);
-    let deadline = Delay::from(Duration::from_millis(head_timeout_ms.max(1) as u64));
-    let response = match select(Box::pin(head), Box::pin(deadline)).await {
-        Either::Left((Ok(r), _)) => r,
-        Either::Left((Err(e), _)) => return (PeerAnswer::Network(e.to_string()), 0),
-        Either::Right(_) => {
-            controller.abort();
-            return (PeerAnswer::Timeout, 0);
-        }
-    };
-    let status = response.status_code();
-    let retry_after = response.headers().get("retry-after").ok().flatten();
-    if class_of_status(status) != Class::Success {
-        controller.abort();
-        let answer = PeerAnswer::Http {
-            status,
-            body: None,
-            retry_after,
-        };
-        return (answer, 0);
+/// What `call` ends with, or `None` when `timeout_ms` passed first.
+pub(super) async fn within<T>(
+    timeout_ms: i64,
+    call: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let deadline = Delay::from(Duration::from_millis(timeout_ms.max(1) as u64));
+    match select(Box::pin(call), Box::pin(deadline)).await {
+        Either::Left((answer, _)) => Some(answer),
+        Either::Right(_) => None,
     }
-    let started = worker::Date::now().as_millis() as i64;
-    let read = async {
-        let mut skim = Skim::new(crate::reconciliation::status::READ);
-        // No body at all reads as an empty one (and is refused as such).
-        if let worker::ResponseBody::Stream(stream) = response.body() {
-            each_chunk(stream, |chunk| match skim.feed(chunk) {
-                Ok(()) => Read::More,
-                Err(_) => Read::Enough,
-            })
-            .await
-            .map_err(|e| worker::Error::from(js_error(&e)))?;
-        }
-        Ok::<_, worker::Error>(skim.finish())
-    };
-    let deadline = Delay::from(Duration::from_millis(body_timeout_ms.max(1) as u64));
-    let outcome = select(Box::pin(read), Box::pin(deadline)).await;
-    // Stops a refused body's download, or one the deadline cut; harmless after the end.
-    controller.abort();
-    let answer = match outcome {
-        Either::Left((Ok(body), _)) => PeerAnswer::Http {
-            status,
-            body: Some(body),
-            retry_after,
-        },
-        Either::Left((Err(e), _)) => PeerAnswer::Network(e.to_string()),
-        Either::Right(_) => PeerAnswer::Timeout,
-    };
-    (answer, worker::Date::now().as_millis() as i64 - started)
 }
 
-fn build(
+pub(super) fn build(
     method: Method,
     url: &str,
     headers: &[(&str, String)],
@@ -261,4 +214,89 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     }
     .to_value());
     false
+}
+
+/// Sends `request` to `destination`, waiting at most `timeout_ms`.
+pub async fn deliver(
+    env: &Env,
+    destination: &Destination,
+    request: &EffectRequest,
+    timeout_ms: i64,
+) -> PeerAnswer {
+    match destination {
+        Destination::Url(url) => {
+            send(
+                Method::Post,
+                url,
+                &request.headers,
+                Some(&request.body),
+                timeout_ms,
+                Keep::Excerpt(EXCERPT_CHARS),
+            )
+            .await
+        }
+        Destination::Service(binding) => within(timeout_ms, to_service(env, binding, request))
+            .await
+            .unwrap_or(PeerAnswer::Timeout),
+        Destination::Queue(binding) => within(timeout_ms, to_queue(env, binding, request))
+            .await
+            .unwrap_or(PeerAnswer::Timeout),
+    }
+}
+
+/// POSTs the signed request to another Worker (the URL's host is the binding's, unused).
+async fn to_service(env: &Env, binding: &str, request: &EffectRequest) -> PeerAnswer {
+    let fetcher = match env.service(binding) {
+        Ok(f) => f,
+        Err(e) => return PeerAnswer::Network(format!("service binding {binding}: {e}")),
+    };
+    let call = async {
+        let url = "https://effects.internal/effects";
+        let req = build(Method::Post, url, &request.headers, Some(&request.body))?;
+        let response = fetcher.fetch_request(req).await?;
+        Ok::<_, worker::Error>(kept_answer(&response, Keep::Excerpt(EXCERPT_CHARS)).await)
+    };
+    call.await
+        .unwrap_or_else(|e| PeerAnswer::Network(e.to_string()))
+}
+
+/// Sends `{"headers": {...}, "body": {...}}` to a queue: the same fields a URL receives.
+async fn to_queue(env: &Env, binding: &str, request: &EffectRequest) -> PeerAnswer {
+    let message = queue_message(request);
+    let call = async {
+        let queue = js_sys::Reflect::get(env, &JsValue::from_str(binding))?;
+        if queue.is_undefined() {
+            return Err(JsValue::from_str("not bound"));
+        }
+        let send: js_sys::Function = js_sys::Reflect::get(&queue, &JsValue::from_str("send"))?
+            .dyn_into()
+            .map_err(|_| JsValue::from_str("not a queue producer"))?;
+        let body = js_sys::JSON::parse(&message.to_string())?;
+        let promise: js_sys::Promise = send.call1(&queue, &body)?.dyn_into()?;
+        JsFuture::from(promise).await
+    };
+    match call.await {
+        Ok(_) => PeerAnswer::Http {
+            status: 202,
+            body: "queued".to_string(),
+            retry_after: None,
+        },
+        Err(e) => PeerAnswer::Network(format!("queue {binding}: {}", js_error(&e))),
+    }
+}
+
+/// The queue message of an effect request: its headers as fields, its body as JSON.
+fn queue_message(request: &EffectRequest) -> Value {
+    let headers: Map<String, Value> = request
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
+        .collect();
+    let body: Value =
+        serde_json::from_str(&request.body).unwrap_or(Value::String(request.body.clone()));
+    let mut message = Map::new();
+    message.insert("headers".into(), Value::Object(headers));
+    message.insert("body".into(), body);
+    message.insert("raw_body".into(), Value::String(request.body.clone()));
+    Value::Object(message)
 }

@@ -2,7 +2,6 @@
 //! the KV ledger's writes, over one bounded fetch.
 
 pub mod analytics;
-pub mod destination;
 pub mod fetch;
 pub mod ledger_kv;
 pub mod status_api;

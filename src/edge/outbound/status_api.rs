@@ -12,18 +12,21 @@
 //! A WebhookService call (a listing page, the PATCH enabling the webhook) gets the same
 //! deadline and its 2xx body is read whole up to 256 KiB, refused past it.
 
-use worker::Method;
+use worker::{AbortController, Fetch, Method};
 
+use crate::body_cap::Read;
 use crate::config::Config;
 use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
+use crate::reconciliation::skim::Skim;
 use crate::reconciliation::status::{call_answer, interpret_skimmed, status_url, StatusAnswer};
-use crate::retry::PeerAnswer;
+use crate::retry::{class_of_status, Class, PeerAnswer};
 use crate::telemetry::counters::StatusCallAnswer;
 use crate::telemetry::worker_log::{StatusRead, WorkerLog};
 
-use crate::edge::outbound::fetch::{get_skimmed, send, Keep};
-use crate::edge::runtime::log;
+use crate::edge::capped_read::each_chunk;
+use crate::edge::outbound::fetch::{build, send, within, Keep};
+use crate::edge::runtime::{js_error, log};
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
 /// room for a slow moment, while a hanging call costs a cron pass a twelfth of its default
@@ -51,31 +54,22 @@ fn headers(config: &Config) -> Vec<(&'static str, String)> {
 /// such as a page of the webhook listing: a 2xx body is read whole up to 256 KiB, and refused
 /// past it.
 pub async fn get(config: &Config, url: &str) -> PeerAnswer {
-    send(
-        Method::Get,
-        url,
-        &headers(config),
-        None,
-        STATUS_TIMEOUT_MS,
-        Keep::Whole(GET_MAX_BYTES),
-    )
-    .await
+    small_call(config, Method::Get, url, None).await
 }
 
 /// The WebhookService call a pass asks for to enable the webhook again (`PATCH url` with the
 /// JSON `body`), read as the pass reads a page of the listing: a 2xx body whole up to 256 KiB.
 pub async fn patch_webhook(config: &Config, url: &str, body: &str) -> PeerAnswer {
+    small_call(config, Method::Patch, url, Some(body)).await
+}
+
+async fn small_call(config: &Config, method: Method, url: &str, body: Option<&str>) -> PeerAnswer {
     let mut headers = headers(config);
-    headers.push(("content-type", "application/json".to_string()));
-    send(
-        Method::Patch,
-        url,
-        &headers,
-        Some(body),
-        STATUS_TIMEOUT_MS,
-        Keep::Whole(GET_MAX_BYTES),
-    )
-    .await
+    if body.is_some() {
+        headers.push(("content-type", "application/json".to_string()));
+    }
+    let keep = Keep::Whole(GET_MAX_BYTES);
+    send(method, url, &headers, body, STATUS_TIMEOUT_MS, keep).await
 }
 
 /// One status GET for the operation `key` at `url`, its body skimmed. A large body is
@@ -131,4 +125,71 @@ pub async fn ask(
     let url = status_url(&config.gemini_api_base, collection, key, name);
     let answer = read(config, key, &url).await;
     (interpret_skimmed(collection, &answer), call_answer(&answer))
+}
+
+/// One GET whose headers must come within `head_timeout_ms` and whose 2xx body is then
+/// streamed, chunk by chunk, through a [`Skim`] within `body_timeout_ms` more. Memory: one
+/// chunk as the runtime hands it over, plus what the skimmer keeps (bounded by
+/// [`crate::reconciliation::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
+/// Also says how long reading the body took (0 when it was not read).
+async fn get_skimmed(
+    url: &str,
+    headers: &[(&str, String)],
+    head_timeout_ms: i64,
+    body_timeout_ms: i64,
+) -> (StatusAnswer, i64) {
+    let request = match build(Method::Get, url, headers, None) {
+        Ok(r) => r,
+        Err(e) => return (PeerAnswer::Network(e.to_string()), 0),
+    };
+    let controller = AbortController::default();
+    let signal = controller.signal();
+    let fetch = Fetch::Request(request);
+    let head = fetch.send_with_signal(&signal);
+    let response = match within(head_timeout_ms, head).await {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return (PeerAnswer::Network(e.to_string()), 0),
+        None => {
+            controller.abort();
+            return (PeerAnswer::Timeout, 0);
+        }
+    };
+    let status = response.status_code();
+    let retry_after = response.headers().get("retry-after").ok().flatten();
+    if class_of_status(status) != Class::Success {
+        controller.abort();
+        let answer = PeerAnswer::Http {
+            status,
+            body: None,
+            retry_after,
+        };
+        return (answer, 0);
+    }
+    let started = worker::Date::now().as_millis() as i64;
+    let read = async {
+        let mut skim = Skim::new(crate::reconciliation::status::READ);
+        // No body at all reads as an empty one (and is refused as such).
+        if let worker::ResponseBody::Stream(stream) = response.body() {
+            each_chunk(stream, |chunk| match skim.feed(chunk) {
+                Ok(()) => Read::More,
+                Err(_) => Read::Enough,
+            })
+            .await
+            .map_err(|e| worker::Error::from(js_error(&e)))?;
+        }
+        Ok::<_, worker::Error>(skim.finish())
+    };
+    let outcome = within(body_timeout_ms, read).await;
+    // Stops a refused body's download, or one the deadline cut; harmless after the end.
+    controller.abort();
+    let answer = match outcome {
+        Some(Ok(body)) => PeerAnswer::Http {
+            status,
+            body: Some(body),
+            retry_after,
+        },
+        Some(Err(e)) => PeerAnswer::Network(e.to_string()),
+        None => PeerAnswer::Timeout,
+    };
+    (answer, worker::Date::now().as_millis() as i64 - started)
 }

@@ -15,9 +15,8 @@ use std::cell::RefCell;
 use worker::{web_sys, Env};
 
 use crate::config::Config;
-use crate::inbound::answer::TerminalMemory;
-use crate::inbound::classify::{Headers, Policy};
-use crate::inbound::intake::{DeliveryEnd, Intake, Need, Settings};
+use crate::inbound::classify::Policy;
+use crate::inbound::intake::{DeliveryEnd, Headers, Intake, Need, Settings, TerminalMemory};
 use crate::inbound::stranger::{AlertLimits, CountNudge, NudgeCounted};
 use crate::refusal::Refusal;
 use crate::telemetry::analytics::delivery as delivery_point;
@@ -77,7 +76,7 @@ pub async fn receive(
                 intake.signature_checked(checked, now_ms())
             }
             Need::Body { cap, declared } => match read_capped(&req, cap, declared).await {
-                Ok(body) => intake.body_read(body),
+                Ok(body) => TERMINAL.with(|t| intake.body_read(body, &t.borrow())),
                 Err(e) => {
                     return Err(Refusal::BadRequest(format!(
                         "unreadable body: {}",
@@ -85,16 +84,16 @@ pub async fn receive(
                     )))
                 }
             },
-            Need::Recall { key, status } => {
-                intake.recalled(TERMINAL.with(|t| t.borrow().knows(&key, &status)))
-            }
             Need::Gate { key, command } => {
                 let reply = call_gate(env, &key, &command).await;
                 intake.gate_answered(reply.map_err(|e| e.to_string()), now_ms())
             }
             Need::Tally => intake.tallied(tally(env, config).await),
             Need::DeadLetter { key, value } => {
-                let kept = keep_dead_letter(env, config, &key, &value).await;
+                let kept = match env.kv(KV_BINDING) {
+                    Ok(kv) => write_dead_letter(&kv, &key, &value, config.kv_ttl_secs()).await,
+                    Err(e) => Err(Refusal::from(e)),
+                };
                 intake.dead_letter_kept(kept.map_err(|e| e.to_string()))
             }
             Need::Done(finished) => return answer(finished, env, now_ms() - received_ms),
@@ -112,16 +111,6 @@ async fn tally(env: &Env, config: &Config) -> Option<bool> {
     let stub = stub_for(env, WATCH_BINDING, WATCH_NAME).ok()?;
     let counted: NudgeCounted = post_json(&stub, &CountNudge { limits }).await.ok()?;
     Some(counted.alert)
-}
-
-async fn keep_dead_letter(
-    env: &Env,
-    config: &Config,
-    key: &str,
-    value: &serde_json::Value,
-) -> Result<(), Refusal> {
-    let kv = env.kv(KV_BINDING)?;
-    write_dead_letter(&kv, key, value, config.kv_ttl_secs()).await
 }
 
 /// Counts, logs and remembers what a finished delivery says (and writes its Analytics Engine

@@ -5,18 +5,24 @@
 //! is followed by a fresh read of the record, so commands that ran meanwhile are kept; the
 //! claim is stored (and the alarm set at its expiry) before the side-effect call leaves, and
 //! the fencing token decides whether its answer commits; the alarm is set last, by the
-//! upkeep, for the record as it then stands.
+//! upkeep, for the record as it then stands. This isolate remembers the destinations a desk
+//! said are open (memory only; what and for how long is [`DeskReply::remembered`]'s), so a
+//! first attempt to one asks its desk instead of going: a stale entry costs one desk call; an
+//! isolate without one lets a first attempt go, and its report's answer makes it wait.
+
+use std::{cell::RefCell, collections::HashMap};
 
 use worker::{Env, Response, Result};
 
 use crate::config::Config;
-use crate::destination::protocol::{health_failure, DeskCommand, DeskReply, DeskSettings};
-use crate::operation::effect::{build_request, outcome};
-use crate::operation::gate::alarm::{
-    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, Upkeep,
+use crate::destination::protocol::{
+    health_failure, DeskCommand, DeskReply, DeskSettings, Remember,
 };
-use crate::operation::gate::desk_turn::{self, DeskTurn};
-use crate::operation::gate::Step;
+use crate::operation::effect::{build_request, effect_message_id, outcome};
+use crate::operation::gate::alarm::{
+    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, DeskTurn, Upkeep,
+};
+use crate::operation::gate::{GateLimits, Step};
 use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, Operation, PendingAlert};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
@@ -25,20 +31,24 @@ use crate::retry::PeerAnswer;
 use crate::telemetry::counters;
 
 use crate::edge::objects::call::{call_desk, call_lease};
-use crate::edge::objects::gate::commit::{commit, limits, Alarm};
-use crate::edge::objects::gate::open_memory;
-use crate::edge::objects::gate::storage::GateStorage;
+use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
-use crate::edge::outbound::fetch::post_alert;
+use crate::edge::outbound::fetch::{self, post_alert};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
-use crate::edge::outbound::{analytics, destination, status_api};
+use crate::edge::outbound::{analytics, status_api};
 use crate::edge::runtime::{now_ms, random_unit};
+
+thread_local! {
+    /// Until when a desk said each destination (by label) is open.
+    static OPEN_UNTIL: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
+}
 
 /// One run of a gate's alarm: what it performs with, for as long as it runs.
 pub(super) struct Run<'a> {
-    env: &'a Env,
-    storage: &'a GateStorage,
-    config: &'a Config,
+    pub(super) env: &'a Env,
+    pub(super) storage: &'a GateStorage,
+    pub(super) config: &'a Config,
+    pub(super) limits: GateLimits,
 }
 
 /// When the effect became owed: its place in a desk's queue (soonest first).
@@ -47,27 +57,19 @@ fn due_ms(op: &Operation) -> i64 {
 }
 
 impl<'a> Run<'a> {
-    pub(super) fn new(env: &'a Env, storage: &'a GateStorage, config: &'a Config) -> Run<'a> {
-        Run {
-            env,
-            storage,
-            config,
-        }
-    }
-
     /// The alarm's work, as the plan says, for the record as each piece leaves it.
     pub(super) async fn perform(&self) -> Result<Response> {
         let config = self.config;
         let Some(mut op) = self.storage.load()? else {
             return Response::ok("empty");
         };
-        let limits = limits(config);
+        let limits = &self.limits;
         let status_api = config.gemini_api_key.is_some();
-        let mut plan = alarm::plan(&op, now_ms(), &limits);
-        while let Some(work) = plan.next(&op, now_ms(), &limits, status_api) {
+        let mut plan = alarm::plan(&op, now_ms(), limits);
+        while let Some(work) = plan.next(&op, now_ms(), limits, status_api) {
             op = match work {
                 AlarmWork::Retire(step) => {
-                    commit(self.storage, *step, config, Alarm::Sync).await?;
+                    self.storage.commit(*step, limits, Alarm::Sync).await?;
                     return Response::ok("retention expired");
                 }
                 AlarmWork::Confirm(ask) => self.confirm(op, ask).await?,
@@ -77,7 +79,7 @@ impl<'a> Run<'a> {
                     self.settle_storage(*record, *upkeep).await?
                 }
                 AlarmWork::SetAlarm => {
-                    self.storage.sync_alarm(&op, &limits).await?;
+                    self.storage.sync_alarm(&op, limits).await?;
                     op
                 }
             };
@@ -92,10 +94,8 @@ impl<'a> Run<'a> {
         fallback: Operation,
         alarm: Alarm,
     ) -> Result<Operation> {
-        Ok(commit(self.storage, step, self.config, alarm)
-            .await?
-            .0
-            .unwrap_or(fallback))
+        let (op, _) = self.storage.commit(step, &self.limits, alarm).await?;
+        Ok(op.unwrap_or(fallback))
     }
 
     /// Asks Gemini's status API about a nudge waiting for confirmation (unless the plan
@@ -111,13 +111,14 @@ impl<'a> Run<'a> {
                 key,
                 name,
             } => {
-                let rate_per_s = config.reconcile_poll_rate;
-                let slot = match self.lease(LeaseCommand::Slot { rate_per_s }).await {
+                let slot = LeaseCommand::Slot {
+                    rate_per_s: config.reconcile_poll_rate,
+                };
+                let slot = match self.lease(slot).await {
                     Some(LeaseReply::Slot { answer }) => Some(answer),
                     _ => None,
                 };
-                let jitter = random_unit();
-                if let Some(until) = alarm::slot_wait(slot, now_ms(), &limits(config), jitter) {
+                if let Some(until) = alarm::slot_wait(slot, now_ms(), &self.limits, random_unit()) {
                     let current = self.storage.load()?.unwrap_or(op);
                     let step = alarm::confirm_waits_for_slot(current.clone(), until, now_ms());
                     return self.apply(step, current, Alarm::Deferred).await;
@@ -140,7 +141,7 @@ impl<'a> Run<'a> {
             current.clone(),
             answer,
             now_ms(),
-            &limits(config),
+            &self.limits,
             random_unit(),
         );
         self.apply(step, current, Alarm::Deferred).await
@@ -162,7 +163,7 @@ impl<'a> Run<'a> {
             alert,
             sent,
             now_ms(),
-            &limits(config),
+            &self.limits,
             random_unit(),
         );
         self.apply(step, current, Alarm::Deferred).await
@@ -180,8 +181,9 @@ impl<'a> Run<'a> {
         let config = self.config;
         let settings = config.desk_settings(op.kind());
         let paced = settings.pace.limits();
-        let open = open_memory::is_open(&settings.label, now_ms());
-        let turn = desk_turn::turn(&op, paced, open);
+        let open =
+            OPEN_UNTIL.with_borrow(|m| m.get(&settings.label).is_some_and(|u| *u > now_ms()));
+        let turn = alarm::turn(&op, paced, open);
         let (op, claim, step) = match turn {
             DeskTurn::Ask => {
                 let ask = DeskCommand::Ask {
@@ -196,7 +198,7 @@ impl<'a> Run<'a> {
                 }
                 // Commands may have run during the call: the claim is taken afresh.
                 let current = self.storage.load()?.unwrap_or(op);
-                match alarm::begin_attempt(current.clone(), now_ms(), &limits(config)) {
+                match alarm::begin_attempt(current.clone(), now_ms(), &self.limits) {
                     Some((claim, step)) => (current, claim, step),
                     None => return Ok(current),
                 }
@@ -204,7 +206,7 @@ impl<'a> Run<'a> {
             _ => (op, claim, step),
         };
         let (op, health_failure, asked_wait_ms) = self.attempt(op, claim, step).await?;
-        if !desk_turn::reports(turn, paced, health_failure.is_some()) {
+        if !alarm::reports(turn, paced, health_failure.is_some()) {
             return Ok(op);
         }
         let report = DeskCommand::Report {
@@ -231,14 +233,18 @@ impl<'a> Run<'a> {
     async fn desk(&self, settings: &DeskSettings, command: &DeskCommand) -> Option<DeskReply> {
         self.storage.meter().add(|u| u.object_calls += 1);
         let reply = call_desk(self.env, settings, command).await.ok()?;
-        open_memory::note(&settings.label, &reply, now_ms());
+        OPEN_UNTIL.with_borrow_mut(|m| match reply.remembered(now_ms()) {
+            Remember::OpenUntil(until) => m.insert(settings.label.clone(), until),
+            Remember::Closed => m.remove(&settings.label),
+            Remember::Keep => None,
+        });
         Some(reply)
     }
 
     /// The desk queued the effect: stores that it waits (for its release, or the fallback).
     async fn wait_on_destination(&self, op: Operation) -> Result<Operation> {
         let current = self.storage.load()?.unwrap_or(op);
-        let step = desk_turn::wait_on_destination(current.clone(), now_ms(), &limits(self.config));
+        let step = alarm::wait_on_destination(current.clone(), now_ms(), &self.limits);
         self.apply(step, current, Alarm::Sync).await
     }
 
@@ -252,22 +258,16 @@ impl<'a> Run<'a> {
         step: Step<AlarmDone>,
     ) -> Result<(Operation, Option<String>, Option<i64>)> {
         let config = self.config;
-        let limits = limits(config);
         let op = self.apply(step, op, Alarm::Sync).await?;
         let destination = config.destination_for(op.kind());
         let request = build_request(&op, &config.effect_signing_secret, now_ms() / 1_000);
         let started_ms = now_ms();
         self.storage.meter().add(|u| u.outbound_fetches += 1);
         let answer =
-            destination::deliver(self.env, &destination, &request, config.effect_timeout_ms).await;
+            fetch::deliver(self.env, &destination, &request, config.effect_timeout_ms).await;
         let target = AttemptTarget {
             destination: config.destination_label(op.kind()),
-            webhook_id: request
-                .headers
-                .iter()
-                .find(|(name, _)| *name == "webhook-id")
-                .map(|(_, id)| id.clone())
-                .unwrap_or_default(),
+            webhook_id: effect_message_id(op.key(), op.effect().generation()),
             http_status: match &answer {
                 PeerAnswer::Http { status, .. } => Some(*status),
                 _ => None,
@@ -283,7 +283,7 @@ impl<'a> Run<'a> {
         };
         analytics::attempt(self.env, &attempt, &op);
         let current = self.storage.load()?.unwrap_or(op);
-        let step = alarm::attempt_finished(current.clone(), &attempt, &limits, random_unit());
+        let step = alarm::attempt_finished(current.clone(), &attempt, &self.limits, random_unit());
         let alarm = match alarm::sets_alarm_at_once(&step) {
             true => Alarm::Sync,
             false => Alarm::Deferred,

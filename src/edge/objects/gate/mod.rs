@@ -8,7 +8,7 @@
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every decision is a pure step of
 //! [`crate::operation::gate`] (commands) or [`crate::operation::gate::alarm`] (the alarm's plan and
 //! its pieces); this object only loads the record, calls a step, performs the I/O the alarm
-//! needs (`alarm.rs`) and stores what the step says (`commit.rs`). Commands (deliveries,
+//! needs (`alarm.rs`) and stores what the step says (`storage.rs`). Commands (deliveries,
 //! nudges, registrations, operator actions) only decide and store: every read-decide-write
 //! runs without an await in between, so it is atomic in the single-threaded object, and a
 //! reply is sent only after the new state and the alarm that acts on it are stored, so no
@@ -27,8 +27,6 @@
 //! gates' counts in one shard call.
 
 mod alarm;
-mod commit;
-mod open_memory;
 mod repair;
 mod storage;
 mod tables;
@@ -37,17 +35,34 @@ use std::cell::Cell;
 
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
+use crate::config::Config;
 use crate::operation::gate::alarm_failure;
 use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
+use crate::operation::gate::GateLimits;
 use crate::refusal::Refusal;
+use crate::retry::Backoff;
 use crate::telemetry::usage::Invocation;
 
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms, random_unit};
 
-use commit::{commit, limits, Alarm};
-use storage::GateStorage;
+use storage::{Alarm, GateStorage};
+
+/// What the gate's steps need of the configuration.
+fn limits(config: &Config) -> GateLimits {
+    GateLimits {
+        retention_ms: config.retention_ms(),
+        stats_delay_ms: config.stats_flush_secs * 1_000,
+        claim_ttl_ms: config.claim_ttl_secs * 1_000,
+        retry: Backoff::new(
+            config.retry_base_secs * 1_000,
+            config.retry_max_secs * 1_000,
+        ),
+        unregistered_hold_ms: config.unregistered_hold_ms(),
+        confirm_interval_ms: config.confirm_interval_secs * 1_000,
+    }
+}
 
 /// One operation's serialized owner.
 #[durable_object]
@@ -93,14 +108,15 @@ impl DurableObject for OperationGate {
         command.limit_new_records(now - config.retention_ms());
         let step = crate::operation::gate::step(self.storage.load()?, command, now);
         let attach_history = step.attach_history;
-        let (_, mut reply) = commit(&self.storage, step, &config, Alarm::Sync).await?;
+        let limits = limits(&config);
+        let (_, mut reply) = self.storage.commit(step, &limits, Alarm::Sync).await?;
         if let (true, GateReply::Found { history, .. }) = (attach_history, &mut reply) {
             *history = self.storage.history()?;
         }
         if self.storage.take_recovered() {
             // The record was recovered on load: its alert waits for the alarm.
             if let Some(op) = self.storage.load()? {
-                self.storage.sync_alarm(&op, &limits(&config)).await?;
+                self.storage.sync_alarm(&op, &limits).await?;
             }
         }
         self.end(Invocation::Fetch, started);
@@ -131,9 +147,13 @@ impl DurableObject for OperationGate {
         let run = match load_config(&self.env) {
             Ok(config) => {
                 let started = self.storage.meter().begin(config.usage_log);
-                let answer = alarm::Run::new(&self.env, &self.storage, &config)
-                    .perform()
-                    .await;
+                let run = alarm::Run {
+                    env: &self.env,
+                    storage: &self.storage,
+                    config: &config,
+                    limits: limits(&config),
+                };
+                let answer = run.perform().await;
                 self.end(Invocation::Alarm, started);
                 answer.map_err(|e| e.to_string())
             }
@@ -185,7 +205,8 @@ impl OperationGate {
             // Best effort, and only when the configuration (the sink's address) can be read;
             // a later doubling of the streak alerts again.
             if let Ok(config) = load_config(&self.env) {
-                let id = self.storage.object_id();
+                // The object's id names it when its record cannot be read.
+                let id = self.storage.state().id().to_string();
                 post_alert(
                     &config,
                     &alarm_failure::alert(&streak, key.as_deref(), &id, now),

@@ -11,8 +11,13 @@
 //! at all. A record that does not load is kept and recovered on load
 //! ([`crate::operation::recovery`]; an operator's repair is [`super::repair`]), so it never
 //! bricks its operation; the alarm's failure streak is kept under `alarm_failures` in the
-//! object's key-value storage. When retention ends, [`GateStorage::purge`] deletes all of it
-//! and the tombstone alone is stored again (`commit.rs`).
+//! object's key-value storage. When retention ends, [`GateStorage::commit`] deletes all of
+//! it and stores the tombstone alone again.
+//!
+//! [`GateStorage::commit`] stores what a step decided ([`crate::operation::gate::Step`]): its
+//! record and history rows in one write, its log lines, and the alarm for the record it leaves;
+//! a step that changed nothing costs no storage call (not even for the alarm, unless it asks to
+//! repair one). Nothing here decides: the step did.
 
 use std::cell::{Cell, RefCell};
 
@@ -22,17 +27,28 @@ use worker::{Result, ScheduledTime, State};
 
 use crate::operation::gate::alarm_failure::AlarmFailures;
 use crate::operation::gate::log::GateLog;
-use crate::operation::gate::GateLimits;
+use crate::operation::gate::{GateLimits, Save, Step};
 use crate::operation::history::{HistoryEntry, HistoryLog};
 use crate::operation::{recovery, Operation};
 
 use crate::edge::objects::gate::tables::{self, BodyRow, Layout};
 use crate::edge::objects::usage_meter::Meter;
-use crate::edge::runtime::log;
+use crate::edge::runtime::{log, now_ms};
 
 /// The key, in the object's key-value storage, of the alarm's failure streak (see
 /// [`crate::operation::gate::alarm_failure`]).
 const ALARM_FAILURES: &str = "alarm_failures";
+
+/// Whether a committed step sets the alarm for the record it leaves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Alarm {
+    Sync,
+    /// Inside the alarm, between its I/O steps: its last step (the upkeep) sets the alarm
+    /// last, for the record as it then stands, so the steps before it need not. If the
+    /// run dies in between, the alarm already set (a claim's expiry, or this one, retried by
+    /// the runtime when the handler throws) wakes the object again.
+    Deferred,
+}
 
 /// The record as this instance knows it: every write goes through [`GateStorage::save`],
 /// so it equals storage, except for counts of settled duplicates not stored yet.
@@ -86,6 +102,12 @@ impl GateStorage {
         Ok(self.layout.get())
     }
 
+    /// The stored record's row, as text, with its history; none when the gate never wrote
+    /// one.
+    pub(super) fn stored_body(&self) -> Result<Vec<BodyRow>> {
+        tables::stored_rows(self.layout()?, &self.meter, &self.sql())
+    }
+
     /// The object's state (for work it runs in the background).
     pub fn state(&self) -> &State {
         &self.state
@@ -115,7 +137,7 @@ impl GateStorage {
     /// keys and the alarm (`deleteAll` deletes the alarm from compatibility date 2026-02-24
     /// on; wrangler.toml's is later, and the purge runs inside the alarm, whose own wake is
     /// spent), so the runtime keeps nothing for this object and no further row is billed.
-    pub async fn purge(&self) -> Result<()> {
+    async fn purge(&self) -> Result<()> {
         self.state.storage().delete_all().await?;
         self.alarm_at.set(None);
         self.layout.set(Layout::Empty);
@@ -146,12 +168,6 @@ impl GateStorage {
         Ok(())
     }
 
-    /// The stored record's row, as text, with its history; none when the gate never wrote
-    /// one.
-    pub(super) fn stored_body(&self) -> Result<Vec<BodyRow>> {
-        tables::stored_rows(self.layout()?, &self.meter, &self.sql())
-    }
-
     /// The record (read once, then from memory).
     pub fn load(&self) -> Result<Option<Operation>> {
         match &*self.cached.borrow() {
@@ -172,11 +188,6 @@ impl GateStorage {
         };
         self.cached.replace(Cached::of(op.clone()));
         Ok(op)
-    }
-
-    /// This object's id, to name it when its record cannot be read.
-    pub fn object_id(&self) -> String {
-        self.state.id().to_string()
     }
 
     /// The key of the record in memory, if one is.
@@ -243,12 +254,6 @@ impl GateStorage {
         Ok(())
     }
 
-    /// Adds history rows to the record's history, to be stored by the next
-    /// [`GateStorage::save`]; true when there were any.
-    pub fn record(&self, at_ms: i64, entries: Vec<HistoryEntry>) -> bool {
-        self.history.borrow_mut().append(at_ms, entries)
-    }
-
     /// The history, oldest first, each entry with its time as `at`.
     pub fn history(&self) -> Result<Vec<Value>> {
         self.load()?;
@@ -283,7 +288,7 @@ impl GateStorage {
         line: GateLog,
         now: i64,
     ) -> Result<()> {
-        self.record(now, vec![row]);
+        self.history.borrow_mut().append(now, vec![row]);
         self.save(op)?;
         log(line.to_value());
         self.recovered.set(true);
@@ -293,5 +298,45 @@ impl GateStorage {
     /// True once after a record was recovered: its alert needs the alarm set.
     pub fn take_recovered(&self) -> bool {
         self.recovered.replace(false)
+    }
+
+    /// Stores what a step decided (its record, history rows, logs), sets the alarm for the
+    /// record as it now stands (unless `alarm` defers it), and returns the record and the
+    /// answer.
+    pub(super) async fn commit<R>(
+        &self,
+        step: Step<R>,
+        limits: &GateLimits,
+        alarm: Alarm,
+    ) -> Result<(Option<Operation>, R)> {
+        if step.purge {
+            self.purge().await?;
+            // The tombstone alone, with no history row; it never wakes (`deleteAll` deleted
+            // the alarm), so no alarm call follows.
+            if let Some(tombstone) = &step.record {
+                self.save(tombstone)?;
+            }
+            step.logs.iter().for_each(|line| log(line.to_value()));
+            return Ok((step.record, step.reply));
+        }
+        // History rows ride in the record's own write; a step that has rows but no write of
+        // its own stores the record as it stands with them.
+        let rows = self.history.borrow_mut().append(now_ms(), step.history);
+        match (&step.record, step.save) {
+            (Some(op), Save::Durable) => self.save(op)?,
+            (Some(op), Save::MemoryOnly | Save::Unchanged) if rows => self.save(op)?,
+            (Some(op), Save::MemoryOnly) => self.keep_in_memory(op),
+            _ => {}
+        }
+        step.logs.iter().for_each(|line| log(line.to_value()));
+        if step.reset_alarm {
+            self.forget_alarm();
+        }
+        // A step that changed nothing needs no alarm call, unless asked to repair one.
+        let changed = step.save != Save::Unchanged || step.reset_alarm;
+        if let (Some(op), true, Alarm::Sync) = (&step.record, changed, alarm) {
+            self.sync_alarm(op, limits).await?;
+        }
+        Ok((step.record, step.reply))
     }
 }
