@@ -209,6 +209,8 @@ describe("each result of a batch, its own side effect", () => {
       const op = await w.inspect(key);
       assert.deepEqual(op.body.results_counts, { total: 100, delivered: 100, errors: 0, parked: 0 });
     } finally {
+      refuse.clear();
+      failOnce.clear();
       await w.dispose();
     }
   });
