@@ -106,7 +106,7 @@ impl Driver<'_> {
         let mut progress = Progress::begin(Source::Inline, since);
         match file_of_details(op.details()) {
             Some(name) => progress.source = Source::File { name },
-            None => match self.from_status(op).await? {
+            None => match self.source_in_status(op).await? {
                 Ok(source) => progress.source = source,
                 Err(FileTrouble::Unavailable(_)) if now - since < self.limits.file_wait_ms => {
                     return Ok(None)
@@ -126,7 +126,7 @@ impl Driver<'_> {
     }
 
     /// The status answer's results: a file, or inline items stored here.
-    async fn from_status(
+    async fn source_in_status(
         &self,
         op: &Operation,
     ) -> Result<std::result::Result<Source, FileTrouble>> {
@@ -314,7 +314,7 @@ impl Driver<'_> {
         if op.raise_alert(AlertKind::ResultsFileParked, age, now) {
             self.storage.save(&op)?;
         }
-        let line = GateLog::ResultsFileParked {
+        let line = GateLog::ResultsFileUnread {
             key: op.key().to_string(),
             reason: reason.to_string(),
         };
