@@ -44,9 +44,12 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             name,
             kind,
             user_metadata,
+            results,
         } => match record {
-            Some(op) => registration::register_again(op, kind.as_deref(), user_metadata, now),
-            None => registration::register_new(&key, &name, kind, user_metadata, now),
+            Some(op) => {
+                registration::register_again(op, kind.as_deref(), user_metadata, results, now)
+            }
+            None => registration::register_new(&key, &name, kind, user_metadata, results, now),
         },
         GateCommand::Deliver {
             key,
@@ -103,6 +106,8 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         | GateCommand::Forget { .. }
         | GateCommand::Settle { .. }
         | GateCommand::Inspect
+        | GateCommand::Results { .. }
+        | GateCommand::RetryResults { .. }
         | GateCommand::Repair { .. }) => held(record, |op| operator_action(op, action, now)),
     }
 }
@@ -120,8 +125,9 @@ fn operator_action(op: Operation, command: GateCommand, now: i64) -> Step {
         GateCommand::Settle { status, reason, by } => {
             operator::settle(op, &status, reason, by, now)
         }
-        // A repair has been done (or was not needed) by the object before this step; `step`
-        // sends nothing else here.
+        // A repair has been done (or was not needed) by the object before this step, and the
+        // object answers the results' commands from their tables; `step` sends nothing else
+        // here.
         _ => operator::inspect(op),
     }
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{DropReason, Status};
-use crate::operation::{Actor, KindFill, OpEvent};
+use crate::operation::{Actor, KindFill, OpEvent, ResultsMode};
 
 /// A request to the gate of one operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,6 +26,9 @@ pub enum GateCommand {
         /// verified `user_metadata` (it wins over every other source).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user_metadata: Option<Value>,
+        /// `"results"` as asked (or the kind's default); `None` states nothing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        results: Option<ResultsMode>,
     },
     /// Offer an event (from a webhook or the status API) to the reducer, then run any side
     /// effect it makes due.
@@ -121,6 +124,22 @@ pub enum GateCommand {
     Reindex,
     /// Return the record and its history.
     Inspect,
+    /// A `"results": "each"` batch's results in `state` (`parked`, `waiting` or
+    /// `delivered`), a page after `cursor`; answered by the object from its results tables.
+    Results {
+        state: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<String>,
+    },
+    /// Put parked results back to be sent again under their first ids, a page at a time
+    /// (`dry_run`: count them, change nothing); answered by the object.
+    RetryResults {
+        reason: String,
+        #[serde(default)]
+        dry_run: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     /// An operator's repair of a stored record that does not load (the object handles it
     /// before loading): recovered as a load would, or rebuilt from this key and name
     /// ([`crate::operation::recovery::rebuild`]); then answered as [`GateCommand::Inspect`].
@@ -179,7 +198,8 @@ impl GateCommand {
             | GateCommand::RetryNow { by, .. }
             | GateCommand::Forget { by, .. }
             | GateCommand::Settle { by, .. }
-            | GateCommand::Repair { by, .. } => *by = Some(actor),
+            | GateCommand::Repair { by, .. }
+            | GateCommand::RetryResults { by, .. } => *by = Some(actor),
             _ => {}
         }
         self
@@ -263,6 +283,11 @@ pub enum GateReply {
         history: Vec<Value>,
     },
     NotFound,
+    /// The answer to [`GateCommand::Results`] or [`GateCommand::RetryResults`], as the admin
+    /// API gives it.
+    ResultsAnswer {
+        answer: Value,
+    },
 }
 
 /// What an operator's action on a side effect did.

@@ -82,6 +82,9 @@ impl Operation {
                 "{status}: its side effect was delivered after {} attempts",
                 self.effect.attempts
             ),
+            AlertKind::ResultsFileParked => {
+                format!("{status}: its results file could not be read; its results are parked")
+            }
         };
         crate::operation::alert::body(
             kind,
@@ -102,6 +105,10 @@ impl Operation {
         let not_stuck =
             self.status.is_terminal() || self.alerts.contains(&AlertKind::UnknownToGemini);
         if self.notes.forgotten.is_some() || (kind == AlertKind::Stuck && not_stuck) {
+            return false;
+        }
+        // A batch's results are still being sent: the job's effect waits, it is not failing.
+        if kind == AlertKind::EffectFailing && self.results_owed() {
             return false;
         }
         if !self.mark_alert(kind) {

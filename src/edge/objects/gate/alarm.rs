@@ -1,5 +1,5 @@
-//! The OperationGate's alarm run: performs, piece by piece, the work
-//! [`crate::operation::gate::alarm::AlarmPlan`] asks for, and stores each piece's step.
+//! The OperationGate's alarm run: performs, piece by piece, the work of
+//! [`crate::operation::gate::alarm::AlarmPlan`] (after a batch's results' step, `results.rs`).
 //!
 //! Guarantees: nothing here decides what runs or in what order (the plan does); each await
 //! is followed by a fresh read of the record, so commands that ran meanwhile are kept; the
@@ -9,8 +9,6 @@
 //! said are open (memory only; what and for how long is [`DeskReply::remembered`]'s), so a
 //! first attempt to one asks its desk instead of going: a stale entry costs one desk call; an
 //! isolate without one lets a first attempt go, and its report's answer makes it wait.
-
-use std::{cell::RefCell, collections::HashMap};
 
 use worker::{Env, Response, Result};
 
@@ -32,16 +30,12 @@ use crate::telemetry::counters;
 
 use crate::edge::objects::call::{call_desk, call_lease};
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
+use crate::edge::objects::gate::OPEN_UNTIL;
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{self, post_alert};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
 use crate::edge::outbound::{analytics, status_api};
 use crate::edge::runtime::{now_ms, random_unit};
-
-thread_local! {
-    /// Until when a desk said each destination (by label) is open.
-    static OPEN_UNTIL: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
-}
 
 /// One run of a gate's alarm: what it performs with, for as long as it runs.
 pub(super) struct Run<'a> {
@@ -60,9 +54,10 @@ impl<'a> Run<'a> {
     /// The alarm's work, as the plan says, for the record as each piece leaves it.
     pub(super) async fn perform(&self) -> Result<Response> {
         let config = self.config;
-        let Some(mut op) = self.storage.load()? else {
+        let Some(op) = self.storage.load()? else {
             return Response::ok("empty");
         };
+        let mut op = super::results::step(self.env, self.storage, config, op).await?;
         let limits = &self.limits;
         let status_api = config.gemini_api_key.is_some();
         let mut plan = alarm::plan(&op, now_ms(), limits);

@@ -28,12 +28,17 @@
 
 mod alarm;
 mod repair;
+mod results;
+mod results_admin;
+mod results_store;
 mod storage;
 mod tables;
 
 use std::cell::Cell;
 
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
+
+use std::{cell::RefCell, collections::HashMap};
 
 use crate::config::Config;
 use crate::operation::gate::alarm_failure;
@@ -48,6 +53,11 @@ use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms, random_unit};
 
 use storage::{Alarm, GateStorage};
+
+thread_local! {
+    /// Until when a desk said each destination (by label) is open.
+    static OPEN_UNTIL: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
+}
 
 /// What the gate's steps need of the configuration.
 fn limits(config: &Config) -> GateLimits {
@@ -104,6 +114,9 @@ impl DurableObject for OperationGate {
             ),
             _ => None,
         };
+        if let Some(reply) = results_admin::answer(&self.storage, &command, &config).await? {
+            return Response::from_json(&reply);
+        }
         let now = now_ms();
         command.limit_new_records(now - config.retention_ms());
         let step = crate::operation::gate::step(self.storage.load()?, command, now);
@@ -113,6 +126,7 @@ impl DurableObject for OperationGate {
         if let (true, GateReply::Found { history, .. }) = (attach_history, &mut reply) {
             *history = self.storage.history()?;
         }
+        results_admin::annotate(&self.storage, &mut reply)?;
         if self.storage.take_recovered() {
             // The record was recovered on load: its alert waits for the alarm.
             if let Some(op) = self.storage.load()? {
