@@ -218,20 +218,10 @@ impl Desk {
     }
 
     /// An attempt ended: `failure` is a health failure in a few words, `None` an answer that
-    /// says the destination is up. Its slot (if any) is freed by the edge.
+    /// says the destination is up. Its slot (if any) is freed by the edge. An answer that asked
+    /// for a wait (`asked_wait_ms`, from `Retry-After`) holds the next probe, once open, no
+    /// sooner than that (up to [`DeskSettings::asked_max_ms`]).
     pub fn report(
-        &mut self,
-        key: &str,
-        failure: Option<String>,
-        facts: Facts,
-        now: i64,
-    ) -> Decision {
-        self.report_asking(key, failure, None, facts, now)
-    }
-
-    /// [`Desk::report`] of an answer that asked for a wait (`Retry-After`): once open, the
-    /// next probe is no sooner than that (up to [`DeskSettings::asked_max_ms`]).
-    pub fn report_asking(
         &mut self,
         key: &str,
         failure: Option<String>,

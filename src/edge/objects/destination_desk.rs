@@ -145,7 +145,7 @@ impl DestinationDesk {
                 desk.called();
                 self.exec("DELETE FROM slots WHERE key = ?", vec![key.clone().into()])?;
                 let facts = self.facts(now)?;
-                let decision = desk.report_asking(&key, failure, asked_wait_ms, facts, now);
+                let decision = desk.report(&key, failure, asked_wait_ms, facts, now);
                 (key, due_ms, decision)
             }
         };
