@@ -21,6 +21,7 @@ use crate::destination::protocol::{DeskCommand, DeskReply};
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::objects::row;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms};
 
@@ -32,11 +33,6 @@ pub struct DestinationDesk {
 }
 
 #[derive(Deserialize)]
-struct BodyRow {
-    body: String,
-}
-
-#[derive(Deserialize)]
 struct CountRow {
     n: i64,
 }
@@ -45,21 +41,16 @@ mod release;
 
 impl DurableObject for DestinationDesk {
     fn new(state: State, env: Env) -> Self {
-        let sql = state.storage().sql();
-        for ddl in [
+        let ddl = [
             "CREATE TABLE IF NOT EXISTS desk (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
             "CREATE TABLE IF NOT EXISTS waiting (key TEXT PRIMARY KEY, due_ms INTEGER NOT NULL)",
             "CREATE INDEX IF NOT EXISTS waiting_by_due ON waiting (due_ms, key)",
             "CREATE TABLE IF NOT EXISTS slots (key TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL)",
             "CREATE TABLE IF NOT EXISTS misses (key TEXT PRIMARY KEY, n INTEGER NOT NULL)",
-        ] {
-            if let Err(e) = sql.exec(ddl, None) {
-                log(WorkerLog::DeskSchemaError {
-                    error: e.to_string(),
-                }
-                .to_value());
-            }
-        }
+        ];
+        row::create(&state.storage().sql(), &ddl, |error| {
+            WorkerLog::DeskSchemaError { error }
+        });
         Self { state, env }
     }
 
@@ -238,25 +229,11 @@ impl DestinationDesk {
     }
 
     fn load(&self) -> Result<Desk> {
-        let rows: Vec<BodyRow> = self
-            .state
-            .storage()
-            .sql()
-            .exec("SELECT body FROM desk WHERE id = 1", None)?
-            .to_array()?;
-        Ok(rows
-            .first()
-            .and_then(|r| serde_json::from_str(&r.body).ok())
-            .unwrap_or_default())
+        Ok(row::read(&self.state.storage().sql(), "desk")?.unwrap_or_default())
     }
 
     fn save(&self, desk: &Desk) -> Result<()> {
-        let body =
-            serde_json::to_string(desk).map_err(|e| worker::Error::RustError(e.to_string()))?;
-        self.exec(
-            "INSERT INTO desk (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
-            vec![body.into()],
-        )
+        row::write(&self.state.storage().sql(), "desk", desk)
     }
 
     /// Sets the alarm at `at` unless one is already set sooner.
