@@ -283,8 +283,7 @@ impl Consumer {
             Err(e) => Some(format!("lease backoff: {e}")),
         };
         if let Some(error) = failure {
-            self.books.report.errors += 1;
-            self.books.log(PassLog::error(error));
+            self.books.error(PassLog::error(error));
             if let Some(mut job) = back.job.take() {
                 // Unrecorded, a copy could wait beside the next coverage's: dropped instead.
                 let entries = std::mem::take(&mut job.entries);
@@ -327,8 +326,7 @@ impl Consumer {
     /// the queue's retries).
     fn on_sent_back(&mut self, sent: Result<(), String>) {
         if let Err(e) = sent {
-            self.books.report.errors += 1;
-            self.books.log(PassLog::error(format!("queue send: {e}")));
+            self.books.error(PassLog::error(format!("queue send: {e}")));
             self.outcome.retry = true;
         }
     }

@@ -270,8 +270,7 @@ impl Pass {
                 self.phase = Phase::Index(walk);
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("queue send: {e}")));
+                self.books.error(PassLog::error(format!("queue send: {e}")));
                 let position = walk.position.clone();
                 self.walk_ended(position, Stop::Error);
             }

@@ -54,8 +54,7 @@ impl Pass {
                 self.phase = Phase::Finish;
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("lease: {e}")));
+                self.books.error(PassLog::error(format!("lease: {e}")));
                 self.phase = Phase::Finish;
             }
         }
@@ -100,8 +99,8 @@ impl Pass {
                 false
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("lease renewal: {e}")));
+                self.books
+                    .error(PassLog::error(format!("lease renewal: {e}")));
                 if lease_presumed_lapsed(
                     now_ms,
                     self.last_renewed_ms,
@@ -163,8 +162,8 @@ impl Pass {
             Ok(LeaseReply::Released { accepted: true }) => {}
             Ok(other) => self.log(PassLog::error(format!("lease release refused: {other:?}"))),
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("lease release: {e}")));
+                self.books
+                    .error(PassLog::error(format!("lease release: {e}")));
             }
         }
         self.phase = Phase::Finish;

@@ -96,8 +96,7 @@ impl Pass {
     /// Starts the routine walk at `resume`.
     pub(super) fn start_walk(&mut self, resume: LedgerCursor) {
         if let Some(e) = self.kv_unbound.clone() {
-            self.books.report.errors += 1;
-            self.log(PassLog::error(format!("kv binding: {e}")));
+            self.books.error(PassLog::error(format!("kv binding: {e}")));
             self.walk_ended(resume, Stop::Error);
             return;
         }
@@ -227,8 +226,7 @@ impl Pass {
                 return;
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("kv list: {e}")));
+                self.books.error(PassLog::error(format!("kv list: {e}")));
                 self.walk_ended(walk.resume, Stop::Error);
                 return;
             }
@@ -424,8 +422,8 @@ impl Pass {
                 self.phase = Phase::Audit(walk);
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("audit kv list: {e}")));
+                self.books
+                    .error(PassLog::error(format!("audit kv list: {e}")));
                 // A cursor KV no longer accepts would stall every audit: start over.
                 self.audit_ended(stopped(LedgerCursor::default()));
             }

@@ -132,8 +132,7 @@ impl Pass {
                 self.phase = Phase::Webhook(check);
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::WebhookCheckFailed {
+                self.books.error(PassLog::WebhookCheckFailed {
                     webhook: check.name,
                     error: format!("{e:?}"),
                 });
@@ -220,8 +219,7 @@ impl Pass {
         };
         let was = check.state.clone().unwrap_or_default();
         if let Err(e) = enabled_by(&answer) {
-            self.books.report.errors += 1;
-            self.log(PassLog::WebhookEnableFailed {
+            self.books.error(PassLog::WebhookEnableFailed {
                 webhook: check.name.clone(),
                 error: format!("{e:?}"),
             });
