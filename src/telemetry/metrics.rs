@@ -99,6 +99,11 @@ impl Family {
         }
     }
 
+    /// A counter family, described by [`counter_help`].
+    fn counter(name: &'static str) -> Family {
+        Family::new(name, Kind::Counter, counter_help(name))
+    }
+
     fn with(mut self, labels: Vec<(&'static str, String)>, value: f64) -> Family {
         self.push(labels, value);
         self
@@ -183,24 +188,15 @@ fn counter_families(total: &Value) -> Vec<Family> {
             .unwrap_or_default();
         match families.iter_mut().find(|f| f.name == family) {
             Some(f) => f.push(labels, count(name)),
-            None => families.push(
-                Family::new(family, Kind::Counter, counter_help(family)).with(labels, count(name)),
-            ),
+            None => families.push(Family::counter(family).with(labels, count(name))),
         }
     }
-    let mut dropped = Family::new("dropped", Kind::Counter, counter_help("dropped"));
-    let mut rejected = Family::new("rejected", Kind::Counter, counter_help("rejected"));
-    let mut by_destination = Family::new(
-        "effects_by_destination",
-        Kind::Counter,
-        counter_help("effects_by_destination"),
-    );
-    let mut by_kind = Family::new(
-        "alerts_by_kind",
-        Kind::Counter,
-        counter_help("alerts_by_kind"),
-    );
-    let mut other = Family::new("events", Kind::Counter, counter_help(""));
+    let mut dropped = Family::counter("dropped");
+    let mut rejected = Family::counter("rejected");
+    let mut by_destination = Family::counter("effects_by_destination");
+    let mut by_kind = Family::counter("alerts_by_kind");
+    // Any name this version does not describe.
+    let mut other = Family::counter("events");
     let names: BTreeMap<&str, f64> = total
         .as_object()
         .map(|m| m.keys().map(|k| (k.as_str(), count(k))).collect())
@@ -250,7 +246,7 @@ fn status_calls() -> impl Iterator<Item = (AskedBy, StatusCallAnswer, String)> {
 
 /// Status calls by who asked and how they ended: every pair served, 0 until counted.
 fn status_call_family(total: &Value) -> Family {
-    let mut family = Family::new("status_calls", Kind::Counter, counter_help("status_calls"));
+    let mut family = Family::counter("status_calls");
     for (asked, answer, name) in status_calls() {
         let n = total.get(&name).and_then(Value::as_u64).unwrap_or(0) as f64;
         let labels = vec![
