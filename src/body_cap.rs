@@ -21,15 +21,10 @@ pub enum Read {
 }
 
 /// A whole body passed its cap: refused, and read no further.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("body over {cap} bytes")]
 pub struct TooLarge {
     pub cap: usize,
-}
-
-impl std::fmt::Display for TooLarge {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "body over {} bytes", self.cap)
-    }
 }
 
 /// A body being read under a cap.
