@@ -115,7 +115,7 @@ pub struct Desk {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub alerts_dropped: u64,
     /// When the owed alerts may be tried again (after the sink refused one).
-    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub alerts_due_ms: i64,
     /// Asks and reports received: what the destination's health and pace cost in calls (the
     /// happy path's first attempt makes none).
@@ -490,13 +490,10 @@ pub const ALERT_RETRY_MS: i64 = 30_000;
 /// Alerts a desk keeps for a sink that is down: ten outages, each opened and recovered.
 pub const MAX_OWED_ALERTS: usize = 20;
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
-fn is_zero_ms(n: &i64) -> bool {
-    *n == 0
-}
 /// The shortest wait between alarm runs that release nothing (no spin on a clock edge).
 const MIN_ALARM_GAP_MS: i64 = 10;
 
