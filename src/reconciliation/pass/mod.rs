@@ -62,7 +62,7 @@ pub use consumer::{Consumer, JobOutcome};
 pub use fanout::{
     Fanout, JobEntry, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES, JOB_MAX_AGE_MS,
 };
-pub use lines::{PassLog, PassReport};
+pub use lines::{JobDrop, PassLog, PassReport};
 
 #[cfg(doc)]
 use crate::reconciliation::entry_decision::decide;
