@@ -297,10 +297,6 @@ impl Pass {
         crate::reconciliation::lease_state::heartbeat_interval_ms(self.books.limits.lease_ttl_ms)
     }
 
-    fn log(&mut self, line: PassLog) {
-        self.books.log(line);
-    }
-
     /// The next intent of the entry in hand; `None` when nothing is left to do for it.
     fn entry_step(&mut self, now_ms: i64) -> Option<Intent> {
         self.entry.as_mut()?.step(&mut self.books, now_ms)

@@ -219,7 +219,7 @@ impl Pass {
             Err(error) if walk.cursor.is_some() && walk.pages == 0 => {
                 // A saved cursor KV no longer accepts (expired, or from before the index):
                 // list the index from its start.
-                self.log(PassLog::ReconcileCursorReset { error });
+                self.books.log(PassLog::ReconcileCursorReset { error });
                 walk.window = None;
                 walk.cursor = None;
                 self.phase = Phase::Index(walk);
@@ -394,7 +394,7 @@ impl Pass {
         if verdict == AuditVerdict::Missed {
             self.books.report.audit_found += 1;
             if self.seen.whole {
-                self.log(PassLog::IndexMissed {
+                self.books.log(PassLog::IndexMissed {
                     key: key.to_string(),
                 });
             }

@@ -150,7 +150,7 @@ impl Pass {
             .get_or_insert_with(|| "not_found".to_string())
             .clone();
         if check.left.is_none() {
-            self.log(PassLog::WebhookState {
+            self.books.log(PassLog::WebhookState {
                 webhook: check.name.clone(),
                 state: state.clone(),
             });
@@ -231,7 +231,7 @@ impl Pass {
             return;
         }
         let swept = self.books.limits.fanout.is_some();
-        self.log(PassLog::WebhookEnabled {
+        self.books.log(PassLog::WebhookEnabled {
             webhook: check.name.clone(),
             was: was.clone(),
             swept,
