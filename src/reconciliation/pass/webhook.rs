@@ -9,7 +9,7 @@
 
 use crate::operation::observation::{transient, StatusError};
 use crate::reconciliation::status::{enable_webhook_call, webhook_enabled};
-use crate::reconciliation::status::{find_webhook, webhook_alert, WebhookPage};
+use crate::reconciliation::status::{find_webhook, webhook_alert};
 use crate::retry::{class_of_status, Class, PeerAnswer};
 
 use super::restore::{verdict, Sweep, Verdict};
@@ -17,7 +17,7 @@ use super::{Awaiting, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
 use crate::operation::ledger_walk::LedgerCursor;
 
 /// A webhook check in progress.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Check {
     pub(super) name: String,
     token: Option<String>,
@@ -39,27 +39,10 @@ impl Check {
     pub(super) fn new(name: String, then: LedgerCursor) -> Check {
         Check {
             name,
-            token: None,
-            state: None,
-            id: None,
-            pages: 0,
-            read: false,
-            alerting: None,
-            left: None,
             then,
+            ..Check::default()
         }
     }
-}
-
-/// What a page of the listing says: the class of the answer decides.
-fn page_of(answer: &PeerAnswer, name: &str) -> Result<WebhookPage, StatusError> {
-    read_answer(answer, "a listing page", |body| find_webhook(body, name))
-}
-
-/// Whether the call enabling the webhook again did: a 2xx whose body does not name another
-/// state.
-fn enabled_by(answer: &PeerAnswer) -> Result<(), StatusError> {
-    read_answer(answer, "an answer", webhook_enabled)
 }
 
 /// A WebhookService answer (`what`, said when it is too large): a 2xx's body read by `read`;
@@ -121,7 +104,9 @@ impl Pass {
         let Phase::Webhook(mut check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
-        match page_of(&answer, &check.name) {
+        match read_answer(&answer, "a listing page", |body| {
+            find_webhook(body, &check.name)
+        }) {
             Ok(page) => {
                 if page.state.is_some() {
                     check.id = page.id;
@@ -218,7 +203,8 @@ impl Pass {
             return;
         };
         let was = check.state.clone().unwrap_or_default();
-        if let Err(e) = enabled_by(&answer) {
+        // Enabled: a 2xx whose body does not name another state.
+        if let Err(e) = read_answer(&answer, "an answer", webhook_enabled) {
             self.books.error(PassLog::WebhookEnableFailed {
                 webhook: check.name.clone(),
                 error: format!("{e:?}"),
