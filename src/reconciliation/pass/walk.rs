@@ -27,7 +27,7 @@ use super::entry::{EntryRun, Step};
 use super::{Awaiting, Intent, ListedKey, ListedPage, Pass, PassLog, Phase};
 
 /// The routine walk over one window of the index.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct IndexWalk {
     /// Where the walk was asked to start (kept when it stops before the listing is done).
     resume: LedgerCursor,
@@ -105,13 +105,7 @@ impl Pass {
             cursor: resume.cursor.clone(),
             position: resume.clone(),
             resume,
-            pages: 0,
-            entries: Vec::new(),
-            listed: false,
-            next_window: None,
-            at: 0,
-            feeding: false,
-            after_queued: false,
+            ..IndexWalk::default()
         });
     }
 
