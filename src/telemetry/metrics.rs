@@ -389,32 +389,24 @@ fn reconcile_families(reconcile: &Value) -> Vec<Family> {
 }
 
 /// What the open index held when the newest pass listed it whole (`open` in its report):
-/// nothing when that pass listed only a window of it, or none.
+/// nothing when that pass listed only a window of it, or none. Each gauge's name, its field,
+/// and what it says.
+const OPEN: [(&str, &str, &str); 3] = [
+    ("open_operations", "operations", "Operations not terminal, in the open index as the newest pass listed it whole."),
+    ("stuck_operations", "stuck", "Operations not terminal and alerted stuck, in the open index as the newest pass listed it whole."),
+    ("effects_not_done", "effects_not_done", "Terminal operations whose side effect is not done, in the open index as the newest pass listed it whole (a parked effect leaves the index as it parks)."),
+];
+
 fn open_families(open: &Value) -> Vec<Family> {
     if !open.is_object() {
         return Vec::new();
     }
-    let n = |field: &str| open[field].as_u64().unwrap_or(0) as f64;
-    vec![
-        Family::new(
-            "open_operations",
-            Kind::Gauge,
-            "Operations not terminal, in the open index as the newest pass listed it whole.",
-        )
-        .with(vec![], n("operations")),
-        Family::new(
-            "stuck_operations",
-            Kind::Gauge,
-            "Operations not terminal and alerted stuck, in the open index as the newest pass listed it whole.",
-        )
-        .with(vec![], n("stuck")),
-        Family::new(
-            "effects_not_done",
-            Kind::Gauge,
-            "Terminal operations whose side effect is not done, in the open index as the newest pass listed it whole (a parked effect leaves the index as it parks).",
-        )
-        .with(vec![], n("effects_not_done")),
-    ]
+    OPEN.iter()
+        .map(|(name, field, help)| {
+            let n = open[field].as_u64().unwrap_or(0) as f64;
+            Family::new(name, Kind::Gauge, help).with(vec![], n)
+        })
+        .collect()
 }
 
 /// With `GEMINI_WEBHOOK_NAME` set: 1 while no bad state of the Gemini webhook is alerted on.
