@@ -9,6 +9,7 @@
 use futures_util::future::join_all;
 use worker::Result;
 
+use crate::destination::desk::Desk;
 use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
 
 use crate::edge::objects::call::call_gate;
@@ -51,8 +52,7 @@ impl DestinationDesk {
                 Some(false) => {}
                 None => {
                     missed = true;
-                    let misses = self.missed(&row.key)?;
-                    self.enqueue(&row.key, now + desk.probe_backoff().after(misses))?;
+                    self.missed(&row.key, &desk, now)?;
                 }
             }
             desk.probe = None;
@@ -71,8 +71,9 @@ impl DestinationDesk {
         self.exec("DELETE FROM misses WHERE key = ?", vec![key.into()])
     }
 
-    /// Counts one more release that could not reach `key`'s gate; returns the count.
-    fn missed(&self, key: &str) -> Result<u32> {
+    /// Counts one more release that could not reach `key`'s gate, and queues the key again
+    /// after its own backoff.
+    fn missed(&self, key: &str, desk: &Desk, now: i64) -> Result<()> {
         self.exec(
             "INSERT INTO misses (key, n) VALUES (?, 1) ON CONFLICT(key) DO UPDATE SET n = n + 1",
             vec![key.into()],
@@ -83,7 +84,8 @@ impl DestinationDesk {
             .sql()
             .exec("SELECT n FROM misses WHERE key = ?", Some(vec![key.into()]))?
             .to_array()?;
-        Ok(rows.first().map_or(1, |r| r.n.clamp(1, 64) as u32))
+        let misses = rows.first().map_or(1, |r| r.n.clamp(1, 64) as u32);
+        self.enqueue(key, now + desk.probe_backoff().after(misses))
     }
 
     /// Up to `n` waiting keys due by `now`, soonest first.
@@ -122,10 +124,7 @@ impl DestinationDesk {
             }
             match answer {
                 Some(_) => self.forget_misses(&row.key)?,
-                None => {
-                    let misses = self.missed(&row.key)?;
-                    self.enqueue(&row.key, now + desk.probe_backoff().after(misses))?;
-                }
+                None => self.missed(&row.key, &desk, now)?,
             }
         }
         Ok(())
