@@ -134,7 +134,7 @@ impl DestinationDesk {
             } => {
                 desk.configure(settings);
                 desk.called();
-                self.exec("DELETE FROM slots WHERE key = ?", vec![key.clone().into()])?;
+                self.forget("slots", &key)?;
                 let facts = self.facts(now)?;
                 let decision = desk.report(&key, failure, asked_wait_ms, facts, now);
                 (key, due_ms, decision)
@@ -220,6 +220,14 @@ impl DestinationDesk {
         self.exec(
             "INSERT INTO slots (key, expires_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET expires_ms = excluded.expires_ms",
             vec![key.into(), ((now + ttl) as f64).into()],
+        )
+    }
+
+    /// Deletes `key`'s row of `table` (`waiting`, `slots` or `misses`).
+    fn forget(&self, table: &str, key: &str) -> Result<()> {
+        self.exec(
+            &format!("DELETE FROM {table} WHERE key = ?"),
+            vec![key.into()],
         )
     }
 

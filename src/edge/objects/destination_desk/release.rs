@@ -35,17 +35,14 @@ impl DestinationDesk {
         let mut missed = false;
         let rows = self.due(now, PROBE_TRIES)?;
         for row in &rows {
-            self.exec(
-                "DELETE FROM waiting WHERE key = ?",
-                vec![row.key.clone().into()],
-            )?;
+            self.forget("waiting", &row.key)?;
             let mut desk = self.load()?;
             desk.released(&row.key, true, now);
             self.save(&desk)?;
             let answer = self.ready(&row.key, true).await;
             let mut desk = self.load()?;
             if answer.is_some() {
-                self.forget_misses(&row.key)?;
+                self.forget("misses", &row.key)?;
             }
             match answer {
                 Some(true) => return Ok(()),
@@ -65,10 +62,6 @@ impl DestinationDesk {
             self.save(&desk)?;
         }
         Ok(())
-    }
-
-    fn forget_misses(&self, key: &str) -> Result<()> {
-        self.exec("DELETE FROM misses WHERE key = ?", vec![key.into()])
     }
 
     /// Counts one more release that could not reach `key`'s gate, and queues the key again
@@ -106,10 +99,7 @@ impl DestinationDesk {
         let rows = self.due(now, n)?;
         let desk = self.load()?;
         for row in &rows {
-            self.exec(
-                "DELETE FROM waiting WHERE key = ?",
-                vec![row.key.clone().into()],
-            )?;
+            self.forget("waiting", &row.key)?;
             if desk.settings.as_ref().is_some_and(|s| s.pace.limits()) {
                 self.take_slot(&row.key, &desk, now)?;
             }
@@ -117,13 +107,10 @@ impl DestinationDesk {
         let answers = join_all(rows.iter().map(|r| self.ready(&r.key, false))).await;
         for (row, answer) in rows.iter().zip(answers) {
             if answer != Some(true) {
-                self.exec(
-                    "DELETE FROM slots WHERE key = ?",
-                    vec![row.key.clone().into()],
-                )?;
+                self.forget("slots", &row.key)?;
             }
             match answer {
-                Some(_) => self.forget_misses(&row.key)?,
+                Some(_) => self.forget("misses", &row.key)?,
                 None => self.missed(&row.key, &desk, now)?,
             }
         }
