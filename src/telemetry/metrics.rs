@@ -249,10 +249,7 @@ fn status_call_family(total: &Value) -> Family {
     let mut family = Family::counter("status_calls");
     for (asked, answer, name) in status_calls() {
         let n = total.get(&name).and_then(Value::as_u64).unwrap_or(0) as f64;
-        let labels = vec![
-            ("asked_by", asked.label().to_string()),
-            ("answer", answer.label().to_string()),
-        ];
+        let labels = vec![("asked_by", asked.label()), ("answer", answer.label())];
         family.push(labels, n);
     }
     family

@@ -48,10 +48,7 @@ pub enum Stop {
 impl Stop {
     /// The log label: its name in the `reconcile_pass` line.
     pub fn label(self) -> String {
-        serde_json::to_value(self)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default()
+        crate::telemetry::log_event::name_of(&self)
     }
 
     /// Whether the audit, when due, runs after the routine walk stopped this way: not after a
