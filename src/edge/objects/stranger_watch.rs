@@ -99,10 +99,8 @@ impl StrangerWatch {
 
     /// Aggregated alerts stored and not yet accepted by the sink, oldest first.
     fn owed_alerts(&self) -> Vec<Value> {
-        match self.stored().map(|v| v["alerts"].clone()) {
-            Some(Value::Array(owed)) => owed,
-            _ => Vec::new(),
-        }
+        let stored = self.stored().unwrap_or_default();
+        stored["alerts"].as_array().cloned().unwrap_or_default()
     }
 
     fn store(&self, tally: &Value, alerts: Vec<Value>) -> Result<()> {
