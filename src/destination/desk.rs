@@ -140,16 +140,6 @@ impl Desk {
             .unwrap_or_default()
     }
 
-    /// Takes the newest settings (whoever spoke last runs the desk).
-    pub fn configure(&mut self, settings: DeskSettings) {
-        self.settings = Some(settings);
-    }
-
-    /// Counts an ask or a report.
-    pub fn called(&mut self) {
-        self.calls += 1;
-    }
-
     /// Whether one release may leave now under the route's pace (and takes its token if so).
     fn take_token(&mut self, pace: Pace, in_flight: u64, now: i64) -> bool {
         if pace.concurrency.is_some_and(|c| in_flight >= u64::from(c)) {

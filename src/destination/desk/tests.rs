@@ -15,7 +15,7 @@ fn settings(pace: Pace) -> DeskSettings {
 
 fn desk(pace: Pace) -> Desk {
     let mut d = Desk::default();
-    d.configure(settings(pace));
+    d.settings = Some(settings(pace));
     d
 }
 
@@ -281,7 +281,7 @@ fn failures_far_apart_are_not_in_a_row() {
 #[test]
 fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
     let mut d = Desk::default();
-    d.configure(DeskSettings {
+    d.settings = Some(DeskSettings {
         open_after: 5,
         ..settings(Pace::default())
     });

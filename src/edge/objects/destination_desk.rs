@@ -107,12 +107,13 @@ impl DestinationDesk {
         Response::ok("ok")
     }
 
-    /// An ask, a report or a status request: read, decided and written with no await.
+    /// An ask, a report or a status request: read, decided and written with no await. Whoever
+    /// spoke last runs the desk with its settings.
     fn command(&self, command: DeskCommand, now: i64) -> Result<(DeskReply, Option<i64>)> {
         let mut desk = self.load()?;
         let (key, due_ms, decision) = match command {
             DeskCommand::Status { settings } => {
-                desk.configure(settings);
+                desk.settings = Some(settings);
                 return Ok((DeskReply::View(desk.view(self.facts(now)?)), None));
             }
             DeskCommand::Ask {
@@ -120,8 +121,8 @@ impl DestinationDesk {
                 due_ms,
                 settings,
             } => {
-                desk.configure(settings);
-                desk.called();
+                desk.settings = Some(settings);
+                desk.calls += 1;
                 let facts = self.facts(now)?;
                 (key, due_ms, desk.ask(facts, now))
             }
@@ -132,8 +133,8 @@ impl DestinationDesk {
                 asked_wait_ms,
                 settings,
             } => {
-                desk.configure(settings);
-                desk.called();
+                desk.settings = Some(settings);
+                desk.calls += 1;
                 self.forget("slots", &key)?;
                 let facts = self.facts(now)?;
                 let decision = desk.report(&key, failure, asked_wait_ms, facts, now);
