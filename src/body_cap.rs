@@ -28,7 +28,7 @@ pub struct TooLarge {
 }
 
 /// A body being read under a cap.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CappedBody {
     cap: usize,
     /// Past the cap, keep the first `cap` bytes (an excerpt) rather than refuse the body.
@@ -43,9 +43,7 @@ impl CappedBody {
     pub fn whole(cap: usize) -> CappedBody {
         CappedBody {
             cap,
-            cut: false,
-            kept: Vec::new(),
-            over: false,
+            ..CappedBody::default()
         }
     }
 
