@@ -14,9 +14,10 @@ fn settings(pace: Pace) -> DeskSettings {
 }
 
 fn desk(pace: Pace) -> Desk {
-    let mut d = Desk::default();
-    d.settings = Some(settings(pace));
-    d
+    Desk {
+        settings: Some(settings(pace)),
+        ..Desk::default()
+    }
 }
 
 fn facts(waiting: u64, in_flight: u64) -> Facts {
@@ -280,11 +281,13 @@ fn failures_far_apart_are_not_in_a_row() {
 /// probes it a handful of times and drains everything within 20 s of its recovery.
 #[test]
 fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
-    let mut d = Desk::default();
-    d.settings = Some(DeskSettings {
-        open_after: 5,
-        ..settings(Pace::default())
-    });
+    let mut d = Desk {
+        settings: Some(DeskSettings {
+            open_after: 5,
+            ..settings(Pace::default())
+        }),
+        ..Desk::default()
+    };
     let up_at = 30_000;
     let mut waiting = 0u64;
     for i in 0..60 {
