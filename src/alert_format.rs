@@ -47,12 +47,7 @@ impl AlertFormat {
     ];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            AlertFormat::Json => "json",
-            AlertFormat::Slack => "slack",
-            AlertFormat::Discord => "discord",
-            AlertFormat::PagerDuty => "pagerduty",
-        }
+        FORMAT_NAMES[self as usize]
     }
 
     /// The format `ALERT_FORMAT` names (case and spaces aside), if any.
@@ -228,27 +223,22 @@ fn slack(body: &Value, dashboard: Option<&str>) -> Value {
 
 /// PagerDuty Events API v2: a trigger with its payload, or a resolve naming the same key.
 fn pagerduty(body: &Value, sink: Sink<'_>) -> Value {
-    let routing_key = sink.routing_key.unwrap_or("");
-    let dedup_key = dedup_key(body);
-    if Action::of(body) == Action::Resolve {
-        return json!({
-            "routing_key": routing_key,
-            "event_action": "resolve",
-            "dedup_key": dedup_key,
-        });
-    }
+    let resolve = Action::of(body) == Action::Resolve;
     let mut event = json!({
-        "routing_key": routing_key,
-        "event_action": "trigger",
-        "dedup_key": dedup_key,
-        "payload": {
-            "summary": clipped(&line(body, None), PAGERDUTY_SUMMARY_MAX_CHARS),
-            "source": subject(body),
-            "severity": severity(body),
-            "component": "gemini-once",
-            "class": condition(body),
-            "custom_details": body,
-        },
+        "routing_key": sink.routing_key.unwrap_or(""),
+        "event_action": if resolve { "resolve" } else { "trigger" },
+        "dedup_key": dedup_key(body),
+    });
+    if resolve {
+        return event;
+    }
+    event["payload"] = json!({
+        "summary": clipped(&line(body, None), PAGERDUTY_SUMMARY_MAX_CHARS),
+        "source": subject(body),
+        "severity": severity(body),
+        "component": "gemini-once",
+        "class": condition(body),
+        "custom_details": body,
     });
     if let Some(url) = sink.dashboard {
         event["links"] = json!([{"href": url, "text": "gemini-once dashboard"}]);

@@ -21,19 +21,14 @@ pub enum Read {
 }
 
 /// A whole body passed its cap: refused, and read no further.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("body over {cap} bytes")]
 pub struct TooLarge {
     pub cap: usize,
 }
 
-impl std::fmt::Display for TooLarge {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "body over {} bytes", self.cap)
-    }
-}
-
 /// A body being read under a cap.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CappedBody {
     cap: usize,
     /// Past the cap, keep the first `cap` bytes (an excerpt) rather than refuse the body.
@@ -48,9 +43,7 @@ impl CappedBody {
     pub fn whole(cap: usize) -> CappedBody {
         CappedBody {
             cap,
-            cut: false,
-            kept: Vec::new(),
-            over: false,
+            ..CappedBody::default()
         }
     }
 

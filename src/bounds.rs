@@ -100,15 +100,13 @@ pub fn bound(value: Value) -> Value {
         Value::String(s) => Value::String(bound_string(s)),
         Value::Object(_) | Value::Array(_) => {
             let found = depth(&value);
-            if found > MAX_DEPTH {
-                let text = value.to_string();
-                return marker("too_deep", Some(found), text.len(), &text);
-            }
             let text = value.to_string();
-            if text.len() > MAX_BYTES {
-                return marker("too_large", Some(found), text.len(), &text);
-            }
-            value
+            let reason = match (found > MAX_DEPTH, text.len() > MAX_BYTES) {
+                (true, _) => "too_deep",
+                (false, true) => "too_large",
+                (false, false) => return value,
+            };
+            marker(reason, Some(found), text.len(), &text)
         }
         scalar => scalar,
     }

@@ -104,15 +104,12 @@ impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Refusal::Config(e) => write!(f, "configuration: {e}"),
-            Refusal::Unauthorized => f.write_str("unauthorized"),
-            Refusal::Forbidden { scope, needs } => f.write_str(&forbidden(*scope, *needs)),
-            Refusal::TooLarge => f.write_str("body too large"),
             Refusal::BadRequest(why) => write!(f, "bad request: {why}"),
-            Refusal::NotFound => f.write_str("not found"),
-            Refusal::MethodNotAllowed => f.write_str("method not allowed"),
             Refusal::Conflict(why) => write!(f, "conflict: {why}"),
             Refusal::Unavailable(detail) => f.write_str(detail),
             Refusal::RetryLater(secs) => write!(f, "retry after {secs} s"),
+            // The rest carry no detail: their log face is their client face.
+            other => f.write_str(other.body()["error"].as_str().unwrap_or_default()),
         }
     }
 }

@@ -61,9 +61,7 @@ impl<B> PeerAnswer<B> {
             PeerAnswer::Timeout | PeerAnswer::Network(_) => Class::Retry,
         }
     }
-}
 
-impl<B> PeerAnswer<B> {
     /// How long the peer asked to be left alone, from `now_ms`: a 429 or 503's `Retry-After`,
     /// in seconds or as an HTTP date (RFC 9110 §10.2.3). `None` without one, when it cannot be
     /// read, or on any other answer; a date already past asks for no wait (`Some(0)`).

@@ -14,7 +14,7 @@ use gemini_once::inbound::answer::Answer;
 use gemini_once::inbound::route_log::{Handled, RouteLog};
 use gemini_once::operation::gate::log::{AttemptLine, GateLog};
 use gemini_once::operation::lifecycle::Status;
-use gemini_once::reconciliation::pass::{PassLog, PassReport};
+use gemini_once::reconciliation::pass::{JobDrop, PassLog, PassReport};
 use gemini_once::telemetry::counters::Tally;
 use gemini_once::telemetry::usage::{Invocation, Usage};
 use gemini_once::telemetry::worker_log::{StatusRead, WorkerLog};
@@ -127,7 +127,7 @@ fn pass_lines() -> Vec<Value> {
         ReconcilePass(PassReport::default()),
         ReconcileJob(PassReport::default()),
         ReconcileError { key: Some(key()), error: e() },
-        ReconcileJobDropped { reason: "expired", entries: 1, hops: 3, age_ms: 9, keys: vec![key()] },
+        ReconcileJobDropped { reason: JobDrop::Expired, entries: 1, hops: 3, age_ms: 9, keys: vec![key()] },
         ReconcileLeaseLost { holder: "pass-1".into() },
         ReconcileCursorReset { error: e() },
         IndexMissed { key: key() },

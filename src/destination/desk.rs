@@ -115,7 +115,7 @@ pub struct Desk {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub alerts_dropped: u64,
     /// When the owed alerts may be tried again (after the sink refused one).
-    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub alerts_due_ms: i64,
     /// Asks and reports received: what the destination's health and pace cost in calls (the
     /// happy path's first attempt makes none).
@@ -138,16 +138,6 @@ impl Desk {
             .as_ref()
             .map(|s| s.label.clone())
             .unwrap_or_default()
-    }
-
-    /// Takes the newest settings (whoever spoke last runs the desk).
-    pub fn configure(&mut self, settings: DeskSettings) {
-        self.settings = Some(settings);
-    }
-
-    /// Counts an ask or a report.
-    pub fn called(&mut self) {
-        self.calls += 1;
     }
 
     /// Whether one release may leave now under the route's pace (and takes its token if so).
@@ -218,20 +208,10 @@ impl Desk {
     }
 
     /// An attempt ended: `failure` is a health failure in a few words, `None` an answer that
-    /// says the destination is up. Its slot (if any) is freed by the edge.
+    /// says the destination is up. Its slot (if any) is freed by the edge. An answer that asked
+    /// for a wait (`asked_wait_ms`, from `Retry-After`) holds the next probe, once open, no
+    /// sooner than that (up to [`DeskSettings::asked_max_ms`]).
     pub fn report(
-        &mut self,
-        key: &str,
-        failure: Option<String>,
-        facts: Facts,
-        now: i64,
-    ) -> Decision {
-        self.report_asking(key, failure, None, facts, now)
-    }
-
-    /// [`Desk::report`] of an answer that asked for a wait (`Retry-After`): once open, the
-    /// next probe is no sooner than that (up to [`DeskSettings::asked_max_ms`]).
-    pub fn report_asking(
         &mut self,
         key: &str,
         failure: Option<String>,
@@ -500,13 +480,10 @@ pub const ALERT_RETRY_MS: i64 = 30_000;
 /// Alerts a desk keeps for a sink that is down: ten outages, each opened and recovered.
 pub const MAX_OWED_ALERTS: usize = 20;
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
-fn is_zero_ms(n: &i64) -> bool {
-    *n == 0
-}
 /// The shortest wait between alarm runs that release nothing (no spin on a clock edge).
 const MIN_ALARM_GAP_MS: i64 = 10;
 

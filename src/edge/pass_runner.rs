@@ -26,15 +26,15 @@ use crate::config::Config;
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::pass::{
-    Consumer, Fanout, Intent, Limits, ListedPage, Machine, Pass, PassLog, PassReport, Performed,
-    PollJob, QueuedJob,
+    Consumer, Fanout, Intent, Limits, Machine, Pass, PassLog, PassReport, Performed, PollJob,
+    QueuedJob,
 };
 
 use crate::edge::objects::call::{call_gate, post_json, stub_for};
 use crate::edge::objects::lease_object::{LEASE_BINDING, LEASE_NAME};
 use crate::edge::objects::stats_shard::count_at_edge;
 use crate::edge::outbound::fetch::post_alert;
-use crate::edge::outbound::ledger_kv::KV_BINDING;
+use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
 use crate::edge::outbound::status_api;
 use crate::edge::runtime::{log, now_ms, random_unit};
 use crate::operation::ledger::open_key;
@@ -212,10 +212,12 @@ impl<M: Machine> Io<'_, M> {
                 Performed::WebhookEnabled(status_api::patch_webhook(self.config, &url, &body).await)
             }
             Intent::PostAlert(body) => Performed::AlertPosted(post_alert(self.config, &body).await),
-            Intent::List { prefix, cursor } => {
-                let page = list_page(self.kv.as_ref(), prefix, cursor).await;
-                Performed::Listed(page.map_err(|e| e.to_string()))
-            }
+            Intent::List { prefix, cursor } => Performed::Listed(match self.kv.as_ref() {
+                Some(kv) => list_page(kv, prefix, cursor)
+                    .await
+                    .map_err(|e| e.to_string()),
+                None => Err(format!("{KV_BINDING}: not bound")),
+            }),
             Intent::Poll { key, url } => {
                 let answer = status_api::read(self.config, &key, &url).await;
                 count_at_edge(&status_call(self.asked_by, call_answer(&answer)));
@@ -274,16 +276,6 @@ fn flush(machine: &mut impl Machine) {
     for line in machine.drain_logs() {
         log(line.to_value());
     }
-}
-
-/// One KV list page of keys under `prefix`.
-async fn list_page(
-    kv: Option<&KvStore>,
-    prefix: &str,
-    cursor: Option<String>,
-) -> Result<ListedPage, Refusal> {
-    let kv = kv.ok_or_else(|| Refusal::Unavailable(format!("{KV_BINDING}: not bound")))?;
-    crate::edge::outbound::ledger_kv::list_page(kv, prefix, cursor).await
 }
 
 async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, Refusal> {

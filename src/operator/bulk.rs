@@ -66,11 +66,9 @@ pub enum BulkAction {
 impl BulkAction {
     /// The action named by the route's last segment.
     pub fn from_path(segment: &str) -> Option<BulkAction> {
-        match segment {
-            "retry" => Some(BulkAction::Retry),
-            "redeliver" => Some(BulkAction::Redeliver),
-            _ => None,
-        }
+        [BulkAction::Retry, BulkAction::Redeliver]
+            .into_iter()
+            .find(|a| a.as_str() == segment)
     }
 
     pub fn as_str(self) -> &'static str {

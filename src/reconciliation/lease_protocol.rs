@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::operation::ledger_walk::LedgerCursor;
 use crate::operation::observation::SlotAnswer;
-use crate::reconciliation::lease_state::{Audit, AuditProgress, Lease};
+use crate::reconciliation::lease_state::{is_zero, Audit, AuditProgress, Lease};
 
 /// A request to the ReconcileLease object (one for the whole worker).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,10 +102,6 @@ pub enum LeaseReply {
         lease: Lease,
         last_pass: Option<Value>,
     },
-}
-
-fn is_zero(n: &i64) -> bool {
-    *n == 0
 }
 
 /// What a command did to the lease, for the object to store and answer.

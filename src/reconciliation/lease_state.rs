@@ -116,7 +116,8 @@ pub struct Lease {
     pub gate_slots_until_ms: i64,
 }
 
-fn is_zero(n: &i64) -> bool {
+/// For serde: a field at zero is left out.
+pub(crate) fn is_zero(n: &i64) -> bool {
     *n == 0
 }
 

@@ -118,8 +118,9 @@ struct Frame {
 }
 
 /// What the grammar allows next, between tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Expect {
+    #[default]
     Value,
     /// Right after `[`: a value or `]`.
     ValueOrEnd,
@@ -141,9 +142,10 @@ enum Escape {
     Hex(u8, u16),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Lex {
     /// Between tokens.
+    #[default]
     Between,
     /// Inside a kept string.
     Str {
@@ -169,7 +171,7 @@ enum Lex {
 }
 
 /// The skimmer: [`Skim::feed`] chunks, then [`Skim::finish`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Skim {
     rules: &'static [Rule],
     out: Vec<u8>,
@@ -201,18 +203,7 @@ impl Skim {
     pub fn new(rules: &'static [Rule]) -> Self {
         Skim {
             rules,
-            out: Vec::new(),
-            stack: Vec::new(),
-            path: Vec::new(),
-            expect: Expect::Value,
-            lex: Lex::Between,
-            key: Vec::new(),
-            read: 0,
-            counted: 0,
-            dropped: 0,
-            truncated: 0,
-            max_chunk: 0,
-            failed: None,
+            ..Skim::default()
         }
     }
 

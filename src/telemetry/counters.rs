@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::telemetry::log_event::name_of;
+
 /// Stats shards; a gate always flushes to the same one (by key).
 pub const SHARDS: u32 = 8;
 
@@ -62,7 +64,8 @@ pub fn labelled(prefix: &str, label: &str) -> String {
 pub const STATUS_CALLS_PREFIX: &str = "status_calls:";
 
 /// Who asked Gemini's status API about an operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum AskedBy {
     /// A reconcile pass polling by itself.
     Pass,
@@ -76,12 +79,8 @@ impl AskedBy {
     pub const ALL: [AskedBy; 3] = [AskedBy::Pass, AskedBy::Queue, AskedBy::Nudge];
 
     /// The label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            AskedBy::Pass => "pass",
-            AskedBy::Queue => "queue",
-            AskedBy::Nudge => "nudge",
-        }
+    pub fn label(self) -> String {
+        name_of(&self)
     }
 }
 
@@ -90,7 +89,8 @@ impl AskedBy {
 /// unusable one is alerted `status_unusable` on its own), a 404 (`unknown_to_gemini`), any
 /// other status (a 429 or 5xx that backs every status call off, or a refusal), or no answer at
 /// all (a timeout or a network error: the pass's `status_unanswered`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StatusCallAnswer {
     Answered,
     NotFound,
@@ -107,13 +107,8 @@ impl StatusCallAnswer {
     ];
 
     /// The label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            StatusCallAnswer::Answered => "answered",
-            StatusCallAnswer::NotFound => "not_found",
-            StatusCallAnswer::Refused => "refused",
-            StatusCallAnswer::Unanswered => "unanswered",
-        }
+    pub fn label(self) -> String {
+        name_of(&self)
     }
 }
 

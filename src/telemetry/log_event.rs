@@ -16,3 +16,11 @@ pub fn event_of(line: &impl Serialize) -> String {
         .and_then(|v| v.get("event")?.as_str().map(str::to_string))
         .unwrap_or_default()
 }
+
+/// The name a unit variant serializes as: its one spelling, read for a label or a counter.
+pub fn name_of(value: &impl Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}

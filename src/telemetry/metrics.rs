@@ -99,6 +99,11 @@ impl Family {
         }
     }
 
+    /// A counter family, described by [`counter_help`].
+    fn counter(name: &'static str) -> Family {
+        Family::new(name, Kind::Counter, counter_help(name))
+    }
+
     fn with(mut self, labels: Vec<(&'static str, String)>, value: f64) -> Family {
         self.push(labels, value);
         self
@@ -183,24 +188,15 @@ fn counter_families(total: &Value) -> Vec<Family> {
             .unwrap_or_default();
         match families.iter_mut().find(|f| f.name == family) {
             Some(f) => f.push(labels, count(name)),
-            None => families.push(
-                Family::new(family, Kind::Counter, counter_help(family)).with(labels, count(name)),
-            ),
+            None => families.push(Family::counter(family).with(labels, count(name))),
         }
     }
-    let mut dropped = Family::new("dropped", Kind::Counter, counter_help("dropped"));
-    let mut rejected = Family::new("rejected", Kind::Counter, counter_help("rejected"));
-    let mut by_destination = Family::new(
-        "effects_by_destination",
-        Kind::Counter,
-        counter_help("effects_by_destination"),
-    );
-    let mut by_kind = Family::new(
-        "alerts_by_kind",
-        Kind::Counter,
-        counter_help("alerts_by_kind"),
-    );
-    let mut other = Family::new("events", Kind::Counter, counter_help(""));
+    let mut dropped = Family::counter("dropped");
+    let mut rejected = Family::counter("rejected");
+    let mut by_destination = Family::counter("effects_by_destination");
+    let mut by_kind = Family::counter("alerts_by_kind");
+    // Any name this version does not describe.
+    let mut other = Family::counter("events");
     let names: BTreeMap<&str, f64> = total
         .as_object()
         .map(|m| m.keys().map(|k| (k.as_str(), count(k))).collect())
@@ -250,13 +246,10 @@ fn status_calls() -> impl Iterator<Item = (AskedBy, StatusCallAnswer, String)> {
 
 /// Status calls by who asked and how they ended: every pair served, 0 until counted.
 fn status_call_family(total: &Value) -> Family {
-    let mut family = Family::new("status_calls", Kind::Counter, counter_help("status_calls"));
+    let mut family = Family::counter("status_calls");
     for (asked, answer, name) in status_calls() {
         let n = total.get(&name).and_then(Value::as_u64).unwrap_or(0) as f64;
-        let labels = vec![
-            ("asked_by", asked.label().to_string()),
-            ("answer", answer.label().to_string()),
-        ];
+        let labels = vec![("asked_by", asked.label()), ("answer", answer.label())];
         family.push(labels, n);
     }
     family
@@ -393,32 +386,24 @@ fn reconcile_families(reconcile: &Value) -> Vec<Family> {
 }
 
 /// What the open index held when the newest pass listed it whole (`open` in its report):
-/// nothing when that pass listed only a window of it, or none.
+/// nothing when that pass listed only a window of it, or none. Each gauge's name, its field,
+/// and what it says.
+const OPEN: [(&str, &str, &str); 3] = [
+    ("open_operations", "operations", "Operations not terminal, in the open index as the newest pass listed it whole."),
+    ("stuck_operations", "stuck", "Operations not terminal and alerted stuck, in the open index as the newest pass listed it whole."),
+    ("effects_not_done", "effects_not_done", "Terminal operations whose side effect is not done, in the open index as the newest pass listed it whole (a parked effect leaves the index as it parks)."),
+];
+
 fn open_families(open: &Value) -> Vec<Family> {
     if !open.is_object() {
         return Vec::new();
     }
-    let n = |field: &str| open[field].as_u64().unwrap_or(0) as f64;
-    vec![
-        Family::new(
-            "open_operations",
-            Kind::Gauge,
-            "Operations not terminal, in the open index as the newest pass listed it whole.",
-        )
-        .with(vec![], n("operations")),
-        Family::new(
-            "stuck_operations",
-            Kind::Gauge,
-            "Operations not terminal and alerted stuck, in the open index as the newest pass listed it whole.",
-        )
-        .with(vec![], n("stuck")),
-        Family::new(
-            "effects_not_done",
-            Kind::Gauge,
-            "Terminal operations whose side effect is not done, in the open index as the newest pass listed it whole (a parked effect leaves the index as it parks).",
-        )
-        .with(vec![], n("effects_not_done")),
-    ]
+    OPEN.iter()
+        .map(|(name, field, help)| {
+            let n = open[field].as_u64().unwrap_or(0) as f64;
+            Family::new(name, Kind::Gauge, help).with(vec![], n)
+        })
+        .collect()
 }
 
 /// With `GEMINI_WEBHOOK_NAME` set: 1 while no bad state of the Gemini webhook is alerted on.

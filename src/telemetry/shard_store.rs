@@ -272,48 +272,24 @@ pub fn open(sql: &impl Sql, now_ms: i64) -> Result<(), String> {
     let today = marks_table(day_of(now_ms));
     let has = |t: &str| old.iter().any(|o| o == t);
     if has("marks") || has("seen") {
-        let first = if has("marks") { "marks" } else { "seen" };
         sql.run("DROP INDEX IF EXISTS seen_by_age", vec![])?;
-        if mark_days(sql)?.contains(&day_of(now_ms)) {
-            sql.run(
-                &format!("INSERT INTO {today} (gate, seq, at_ms) SELECT gate, seq, at_ms FROM {first} WHERE true ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq)"),
-                vec![],
-            )?;
-            sql.run(&format!("DROP TABLE {first}"), vec![])?;
-        } else {
-            sql.run(&format!("ALTER TABLE {first} RENAME TO {today}"), vec![])?;
-        }
-        if has("marks") && has("seen") {
-            sql.run(
-                &format!("INSERT INTO {today} (gate, seq, at_ms) SELECT gate, seq, at_ms FROM seen WHERE true ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq)"),
-                vec![],
-            )?;
-            sql.run("DROP TABLE seen", vec![])?;
+        let mut today_exists = mark_days(sql)?.contains(&day_of(now_ms));
+        for from in ["marks", "seen"].into_iter().filter(|t| has(t)) {
+            if std::mem::replace(&mut today_exists, true) {
+                sql.run(
+                    &format!("INSERT INTO {today} (gate, seq, at_ms) SELECT gate, seq, at_ms FROM {from} WHERE true ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq)"),
+                    vec![],
+                )?;
+                sql.run(&format!("DROP TABLE {from}"), vec![])?;
+            } else {
+                sql.run(&format!("ALTER TABLE {from} RENAME TO {today}"), vec![])?;
+            }
         }
     }
     sql.run(
         "INSERT INTO meta (k, v) VALUES ('layout', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
         vec![Param::Int(LAYOUT)],
     )?;
-    Ok(())
-}
-
-/// Inserts rows of three values each: `head` is `INSERT ... VALUES `, `tail` an upsert
-/// clause; as many rows per statement as [`MAX_BINDINGS`] allows.
-fn insert_rows(
-    sql: &impl Sql,
-    head: &str,
-    tail: &str,
-    rows: Vec<[Param; 3]>,
-) -> Result<(), String> {
-    for chunk in rows.chunks(MAX_BINDINGS / 3) {
-        let mut query = String::from(head);
-        for i in 0..chunk.len() {
-            query.push_str(if i == 0 { "(?, ?, ?)" } else { ", (?, ?, ?)" });
-        }
-        query.push_str(tail);
-        sql.run(&query, chunk.iter().flatten().cloned().collect())?;
-    }
     Ok(())
 }
 
@@ -390,12 +366,13 @@ fn count(
         highest = highest.max(e.seq);
     }
     let any_drops = !drops.is_empty();
-    insert_rows(
-        sql,
-        "INSERT INTO recent (at_ms, gate, name) VALUES ",
-        "",
-        drops,
-    )?;
+    for chunk in drops.chunks(MAX_BINDINGS / 3) {
+        let rows = vec!["(?, ?, ?)"; chunk.len()].join(", ");
+        sql.run(
+            &format!("INSERT INTO recent (at_ms, gate, name) VALUES {rows}"),
+            chunk.iter().flatten().cloned().collect(),
+        )?;
+    }
     add_hours(sql, counts)?;
     // A flush of nothing new (a retry the shard had counted) writes no mark either.
     let mut created = false;

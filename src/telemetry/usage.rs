@@ -38,7 +38,7 @@ pub struct Usage {
 enum UsageLog<'a> {
     Usage {
         object: &'a str,
-        invocation: &'static str,
+        invocation: Invocation,
         wall_ms: i64,
         db_bytes: u64,
         #[serde(flatten)]
@@ -47,19 +47,11 @@ enum UsageLog<'a> {
 }
 
 /// Which entry point of an object ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Invocation {
     Fetch,
     Alarm,
-}
-
-impl Invocation {
-    fn as_str(self) -> &'static str {
-        match self {
-            Invocation::Fetch => "fetch",
-            Invocation::Alarm => "alarm",
-        }
-    }
 }
 
 impl Usage {
@@ -81,7 +73,7 @@ impl Usage {
     ) -> serde_json::Value {
         let line = UsageLog::Usage {
             object,
-            invocation: invocation.as_str(),
+            invocation,
             wall_ms: wall_ms.max(0),
             db_bytes,
             counts: self,

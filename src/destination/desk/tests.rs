@@ -14,9 +14,10 @@ fn settings(pace: Pace) -> DeskSettings {
 }
 
 fn desk(pace: Pace) -> Desk {
-    let mut d = Desk::default();
-    d.configure(settings(pace));
-    d
+    Desk {
+        settings: Some(settings(pace)),
+        ..Desk::default()
+    }
 }
 
 fn facts(waiting: u64, in_flight: u64) -> Facts {
@@ -35,7 +36,7 @@ fn paced(per_second: u32, concurrency: Option<u32>) -> Pace {
 }
 
 fn fail(d: &mut Desk, key: &str, now: i64) -> Decision {
-    d.report(key, Some("503".into()), facts(0, 0), now)
+    d.report(key, Some("503".into()), None, facts(0, 0), now)
 }
 
 #[test]
@@ -77,7 +78,7 @@ fn a_success_between_failures_resets_the_count() {
     let mut d = desk(Pace::default());
     fail(&mut d, "a", 0);
     fail(&mut d, "b", 1);
-    d.report("x", None, facts(0, 0), 2);
+    d.report("x", None, None, facts(0, 0), 2);
     assert_eq!(fail(&mut d, "c", 3).reply, DeskReply::OwnSchedule);
 }
 
@@ -142,7 +143,7 @@ fn a_probe_success_closes_it_alerts_recovery_and_starts_the_drain() {
     let at = 2 + PROBE_FIRST_MS;
     d.wake(facts(60, 0), at);
     d.released("a", true, at);
-    let ok = d.report("a", None, facts(59, 0), at + 10_000);
+    let ok = d.report("a", None, None, facts(59, 0), at + 10_000);
     assert_eq!(ok.reply, DeskReply::Noted);
     assert_eq!(ok.alarm_at_ms, Some(at + 10_000));
     assert!(!d.is_open());
@@ -206,7 +207,7 @@ fn concurrency_holds_releases_until_a_slot_frees() {
     assert_eq!(d.ask(facts(0, 2), 0).reply, DeskReply::Wait);
     assert_eq!(d.wake(facts(1, 2), 5), Wake::Idle);
     assert_eq!(d.next_alarm_ms(facts(1, 2), 5), Some(5 + 30_000));
-    let done = d.report("a", None, facts(1, 1), 6);
+    let done = d.report("a", None, None, facts(1, 1), 6);
     assert_eq!(done.alarm_at_ms, Some(6));
     assert_eq!(d.wake(facts(1, 1), 6), Wake::Drain(1));
 }
@@ -280,16 +281,24 @@ fn failures_far_apart_are_not_in_a_row() {
 /// probes it a handful of times and drains everything within 20 s of its recovery.
 #[test]
 fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
-    let mut d = Desk::default();
-    d.configure(DeskSettings {
-        open_after: 5,
-        ..settings(Pace::default())
-    });
+    let mut d = Desk {
+        settings: Some(DeskSettings {
+            open_after: 5,
+            ..settings(Pace::default())
+        }),
+        ..Desk::default()
+    };
     let up_at = 30_000;
     let mut waiting = 0u64;
     for i in 0..60 {
-        if d.report(&format!("k{i}"), Some("503".into()), facts(waiting, 0), i)
-            .enqueue
+        if d.report(
+            &format!("k{i}"),
+            Some("503".into()),
+            None,
+            facts(waiting, 0),
+            i,
+        )
+        .enqueue
         {
             waiting += 1;
         }
@@ -302,7 +311,7 @@ fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
             if now >= sent + 50 {
                 probe_out = None;
                 let failure = (sent < up_at).then(|| "503".to_string());
-                if d.report("p", failure, facts(waiting, 0), now).enqueue {
+                if d.report("p", failure, None, facts(waiting, 0), now).enqueue {
                     waiting += 1;
                 }
             }
@@ -334,7 +343,7 @@ fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
 }
 
 fn fail_asking(d: &mut Desk, key: &str, asked: i64, now: i64) -> Decision {
-    d.report_asking(key, Some("429".into()), Some(asked), facts(0, 0), now)
+    d.report(key, Some("429".into()), Some(asked), facts(0, 0), now)
 }
 
 #[test]

@@ -21,6 +21,7 @@ use crate::destination::protocol::{DeskCommand, DeskReply};
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::objects::row;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms};
 
@@ -32,11 +33,6 @@ pub struct DestinationDesk {
 }
 
 #[derive(Deserialize)]
-struct BodyRow {
-    body: String,
-}
-
-#[derive(Deserialize)]
 struct CountRow {
     n: i64,
 }
@@ -45,21 +41,16 @@ mod release;
 
 impl DurableObject for DestinationDesk {
     fn new(state: State, env: Env) -> Self {
-        let sql = state.storage().sql();
-        for ddl in [
+        let ddl = [
             "CREATE TABLE IF NOT EXISTS desk (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
             "CREATE TABLE IF NOT EXISTS waiting (key TEXT PRIMARY KEY, due_ms INTEGER NOT NULL)",
             "CREATE INDEX IF NOT EXISTS waiting_by_due ON waiting (due_ms, key)",
             "CREATE TABLE IF NOT EXISTS slots (key TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL)",
             "CREATE TABLE IF NOT EXISTS misses (key TEXT PRIMARY KEY, n INTEGER NOT NULL)",
-        ] {
-            if let Err(e) = sql.exec(ddl, None) {
-                log(WorkerLog::DeskSchemaError {
-                    error: e.to_string(),
-                }
-                .to_value());
-            }
-        }
+        ];
+        row::create(&state.storage().sql(), &ddl, |error| {
+            WorkerLog::DeskSchemaError { error }
+        });
         Self { state, env }
     }
 
@@ -116,12 +107,13 @@ impl DestinationDesk {
         Response::ok("ok")
     }
 
-    /// An ask, a report or a status request: read, decided and written with no await.
+    /// An ask, a report or a status request: read, decided and written with no await. Whoever
+    /// spoke last runs the desk with its settings.
     fn command(&self, command: DeskCommand, now: i64) -> Result<(DeskReply, Option<i64>)> {
         let mut desk = self.load()?;
         let (key, due_ms, decision) = match command {
             DeskCommand::Status { settings } => {
-                desk.configure(settings);
+                desk.settings = Some(settings);
                 return Ok((DeskReply::View(desk.view(self.facts(now)?)), None));
             }
             DeskCommand::Ask {
@@ -129,8 +121,8 @@ impl DestinationDesk {
                 due_ms,
                 settings,
             } => {
-                desk.configure(settings);
-                desk.called();
+                desk.settings = Some(settings);
+                desk.calls += 1;
                 let facts = self.facts(now)?;
                 (key, due_ms, desk.ask(facts, now))
             }
@@ -141,11 +133,11 @@ impl DestinationDesk {
                 asked_wait_ms,
                 settings,
             } => {
-                desk.configure(settings);
-                desk.called();
-                self.exec("DELETE FROM slots WHERE key = ?", vec![key.clone().into()])?;
+                desk.settings = Some(settings);
+                desk.calls += 1;
+                self.forget("slots", &key)?;
                 let facts = self.facts(now)?;
-                let decision = desk.report_asking(&key, failure, asked_wait_ms, facts, now);
+                let decision = desk.report(&key, failure, asked_wait_ms, facts, now);
                 (key, due_ms, decision)
             }
         };
@@ -232,31 +224,25 @@ impl DestinationDesk {
         )
     }
 
+    /// Deletes `key`'s row of `table` (`waiting`, `slots` or `misses`).
+    fn forget(&self, table: &str, key: &str) -> Result<()> {
+        self.exec(
+            &format!("DELETE FROM {table} WHERE key = ?"),
+            vec![key.into()],
+        )
+    }
+
     fn exec(&self, query: &str, bindings: Vec<worker::SqlStorageValue>) -> Result<()> {
         self.state.storage().sql().exec(query, Some(bindings))?;
         Ok(())
     }
 
     fn load(&self) -> Result<Desk> {
-        let rows: Vec<BodyRow> = self
-            .state
-            .storage()
-            .sql()
-            .exec("SELECT body FROM desk WHERE id = 1", None)?
-            .to_array()?;
-        Ok(rows
-            .first()
-            .and_then(|r| serde_json::from_str(&r.body).ok())
-            .unwrap_or_default())
+        Ok(row::read(&self.state.storage().sql(), "desk")?.unwrap_or_default())
     }
 
     fn save(&self, desk: &Desk) -> Result<()> {
-        let body =
-            serde_json::to_string(desk).map_err(|e| worker::Error::RustError(e.to_string()))?;
-        self.exec(
-            "INSERT INTO desk (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
-            vec![body.into()],
-        )
+        row::write(&self.state.storage().sql(), "desk", desk)
     }
 
     /// Sets the alarm at `at` unless one is already set sooner.

@@ -12,8 +12,6 @@
 //! confirmation takes its slot here ([`crate::reconciliation::lease_state::Lease::take_slot`],
 //! read-decide-write like the rest), after the pass's schedule and Gemini's back-off.
 
-use serde::Deserialize;
-use serde_json::Value;
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
 use crate::reconciliation::lease_protocol::{decide, LeaseCommand, LeaseReply};
@@ -21,7 +19,7 @@ use crate::reconciliation::lease_state::Lease;
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::runtime::log;
+use crate::edge::objects::row;
 
 /// The lease object's binding.
 pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
@@ -34,22 +32,15 @@ pub struct ReconcileLease {
     state: State,
 }
 
-#[derive(Deserialize)]
-struct BodyRow {
-    body: String,
-}
-
 impl DurableObject for ReconcileLease {
     fn new(state: State, _env: Env) -> Self {
-        let sql = state.storage().sql();
-        for ddl in [
+        let ddl = [
             "CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
             "CREATE TABLE IF NOT EXISTS last_pass (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
-        ] {
-            if let Err(e) = sql.exec(ddl, None) {
-                log(WorkerLog::LeaseSchemaError { error: e.to_string() }.to_value());
-            }
-        }
+        ];
+        row::create(&state.storage().sql(), &ddl, |error| {
+            WorkerLog::LeaseSchemaError { error }
+        });
         Self { state }
     }
 
@@ -69,44 +60,20 @@ impl ReconcileLease {
     /// A command on the lease: read, decided ([`decide`]) and written with no await in
     /// between, so two overlapping passes can never both hold it.
     fn lease_command(&self, command: LeaseCommand, now: i64) -> Result<LeaseReply> {
-        let mut lease: Lease = self.read("lease")?.unwrap_or_default();
+        let sql = self.state.storage().sql();
+        let mut lease: Lease = row::read(&sql, "lease")?.unwrap_or_default();
         let status = command == LeaseCommand::Status;
         let turn = decide(&mut lease, command, now);
         if turn.save {
-            self.save_lease(&lease)?;
+            row::write(&sql, "lease", &lease)?;
         }
         if let Some(summary) = &turn.last_pass {
-            self.write("last_pass", summary)?;
+            row::write(&sql, "last_pass", summary)?;
         }
         if status {
-            let last_pass = self.read("last_pass")?;
+            let last_pass = row::read(&sql, "last_pass")?;
             return Ok(LeaseReply::State { lease, last_pass });
         }
         Ok(turn.reply)
-    }
-
-    fn save_lease(&self, lease: &Lease) -> Result<()> {
-        self.write("lease", &serde_json::to_value(lease).unwrap_or(Value::Null))
-    }
-
-    /// The row of `table` (an error when the table does not exist).
-    fn read<T: serde::de::DeserializeOwned>(&self, table: &str) -> Result<Option<T>> {
-        let rows: Vec<BodyRow> = self
-            .state
-            .storage()
-            .sql()
-            .exec(&format!("SELECT body FROM {table} WHERE id = 1"), None)?
-            .to_array()?;
-        Ok(rows
-            .first()
-            .and_then(|r| serde_json::from_str(&r.body).ok()))
-    }
-
-    fn write(&self, table: &str, value: &Value) -> Result<()> {
-        self.state.storage().sql().exec(
-            &format!("INSERT INTO {table} (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body"),
-            vec![value.to_string().into()],
-        )?;
-        Ok(())
     }
 }

@@ -7,6 +7,7 @@ pub mod call;
 pub mod destination_desk;
 pub mod gate;
 pub mod lease_object;
+pub mod row;
 pub mod stats_shard;
 pub mod stranger_watch;
 pub mod usage_meter;

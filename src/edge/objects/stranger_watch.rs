@@ -12,7 +12,6 @@
 
 use std::cell::RefCell;
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
 
@@ -20,6 +19,7 @@ use crate::inbound::stranger::{alert_body, owe, CountNudge, NudgeCounted, Strang
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::objects::row;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log};
 
@@ -41,20 +41,12 @@ pub struct StrangerWatch {
     tally: RefCell<Option<StrangerTally>>,
 }
 
-#[derive(Deserialize)]
-struct BodyRow {
-    body: String,
-}
-
 impl DurableObject for StrangerWatch {
     fn new(state: State, env: Env) -> Self {
         let ddl = "CREATE TABLE IF NOT EXISTS watch (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)";
-        if let Err(e) = state.storage().sql().exec(ddl, None) {
-            log(WorkerLog::WatchSchemaError {
-                error: e.to_string(),
-            }
-            .to_value());
-        }
+        row::create(&state.storage().sql(), &[ddl], |error| {
+            WorkerLog::WatchSchemaError { error }
+        });
         Self {
             state,
             env,
@@ -102,33 +94,18 @@ impl StrangerWatch {
 
     /// The stored row, if any.
     fn stored(&self) -> Option<Value> {
-        let rows: Vec<BodyRow> = self
-            .state
-            .storage()
-            .sql()
-            .exec("SELECT body FROM watch WHERE id = 1", None)
-            .ok()?
-            .to_array()
-            .ok()?;
-        rows.first()
-            .and_then(|r| serde_json::from_str(&r.body).ok())
+        row::read(&self.state.storage().sql(), "watch").ok()?
     }
 
     /// Aggregated alerts stored and not yet accepted by the sink, oldest first.
     fn owed_alerts(&self) -> Vec<Value> {
-        match self.stored().map(|v| v["alerts"].clone()) {
-            Some(Value::Array(owed)) => owed,
-            _ => Vec::new(),
-        }
+        let stored = self.stored().unwrap_or_default();
+        stored["alerts"].as_array().cloned().unwrap_or_default()
     }
 
     fn store(&self, tally: &Value, alerts: Vec<Value>) -> Result<()> {
-        let body = json!({"tally": tally, "alerts": alerts}).to_string();
-        self.state.storage().sql().exec(
-            "INSERT INTO watch (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
-            vec![body.into()],
-        )?;
-        Ok(())
+        let body = json!({"tally": tally, "alerts": alerts});
+        row::write(&self.state.storage().sql(), "watch", &body)
     }
 
     /// Sends the stored aggregated alerts, oldest first, until the sink accepts them. A

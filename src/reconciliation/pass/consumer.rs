@@ -15,6 +15,7 @@ use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 
 use super::entry::{Books, EntryRun, Step};
 use super::fanout::{JobEntry, PollJob, QueuedJob};
+use super::lines::JobDrop;
 use super::{Intent, Limits, Machine, PassLog, PassReport, Performed};
 
 #[cfg(doc)]
@@ -79,25 +80,6 @@ pub struct JobOutcome {
     /// The entries to send back could not be sent: the message is left to the queue's retries
     /// instead of being acknowledged.
     pub retry: bool,
-}
-
-/// Why a consumer dropped entries unpolled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobDrop {
-    /// [`JOB_MAX_AGE_MS`] past the message's first slot, or its wait would end there.
-    Expired,
-    /// They were to be sent back, but the lease could not record where their slots end.
-    LeaseUnreachable,
-}
-
-impl JobDrop {
-    /// The log label.
-    pub fn label(self) -> &'static str {
-        match self {
-            JobDrop::Expired => "expired",
-            JobDrop::LeaseUnreachable => "lease_unreachable",
-        }
-    }
 }
 
 impl Machine for Consumer {
@@ -283,8 +265,7 @@ impl Consumer {
             Err(e) => Some(format!("lease backoff: {e}")),
         };
         if let Some(error) = failure {
-            self.books.report.errors += 1;
-            self.books.log(PassLog::error(error));
+            self.books.error(PassLog::error(error));
             if let Some(mut job) = back.job.take() {
                 // Unrecorded, a copy could wait beside the next coverage's: dropped instead.
                 let entries = std::mem::take(&mut job.entries);
@@ -309,7 +290,7 @@ impl Consumer {
         }
         self.books.report.dropped += entries.len() as u64;
         self.books.log(PassLog::ReconcileJobDropped {
-            reason: reason.label(),
+            reason,
             entries: entries.len() as u64,
             hops: job.hops,
             age_ms: now_ms - job.first_slot(),
@@ -327,8 +308,7 @@ impl Consumer {
     /// the queue's retries).
     fn on_sent_back(&mut self, sent: Result<(), String>) {
         if let Err(e) = sent {
-            self.books.report.errors += 1;
-            self.books.log(PassLog::error(format!("queue send: {e}")));
+            self.books.error(PassLog::error(format!("queue send: {e}")));
             self.outcome.retry = true;
         }
     }

@@ -62,6 +62,12 @@ impl Books {
         self.logs.push(line);
     }
 
+    /// Logs `line` as an error, counted in the report.
+    pub(super) fn error(&mut self, line: PassLog) {
+        self.report.errors += 1;
+        self.log(line);
+    }
+
     /// Counts `n` subrequests against the budget the heartbeat shares (the report's count is
     /// the one the budget is held to).
     pub(super) fn spend(&mut self, n: u32) {
@@ -82,8 +88,7 @@ impl Books {
     /// An index entry whose metadata does not parse: an error, and the entry is passed over
     /// (the audit finds the operation through its `op:` entry).
     pub(super) fn unreadable_metadata(&mut self, key: &str) {
-        self.report.errors += 1;
-        self.log(PassLog::ReconcileError {
+        self.error(PassLog::ReconcileError {
             key: Some(key.to_string()),
             error: "unreadable index metadata".into(),
         });
@@ -337,8 +342,7 @@ impl EntryRun {
                 // The answer will not get better by asking again: alert once, with the reason,
                 // so a person can settle it (the gate keeps the mark; the ledger carries it).
                 let ask = unraised(AlertKind::StatusUnusable);
-                books.report.errors += 1;
-                books.log(PassLog::StatusUnusable {
+                books.error(PassLog::StatusUnusable {
                     key,
                     error: reason.clone(),
                 });
@@ -352,8 +356,7 @@ impl EntryRun {
                 }
             }
             e => {
-                books.report.errors += 1;
-                books.log(PassLog::StatusUnusable {
+                books.error(PassLog::StatusUnusable {
                     key,
                     error: format!("{e:?}"),
                 });
@@ -413,8 +416,7 @@ impl EntryRun {
         let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
-                books.report.errors += 1;
-                books.log(PassLog::ReconcileError {
+                books.error(PassLog::ReconcileError {
                     key: Some(key),
                     error,
                 });

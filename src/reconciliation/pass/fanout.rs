@@ -125,12 +125,7 @@ impl PollJob {
         self.first_slot().saturating_add(JOB_MAX_AGE_MS)
     }
 
-    /// The message body.
-    pub fn to_body(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-
-    /// A message body read back; `Err` says why it is not one.
+    /// A message body ([`QueuedJob::of`]) read back; `Err` says why it is not one.
     pub fn from_body(body: &str) -> Result<PollJob, String> {
         serde_json::from_str(body).map_err(|e| format!("not a poll job: {e}"))
     }
@@ -148,7 +143,7 @@ impl QueuedJob {
     pub fn of(job: &PollJob, now_ms: i64) -> QueuedJob {
         let delay = (job.not_before_ms - now_ms).div_euclid(1_000);
         QueuedJob {
-            body: job.to_body(),
+            body: serde_json::to_string(job).unwrap_or_default(),
             delay_secs: delay.clamp(0, MAX_DELAY_SECS) as u32,
         }
     }
@@ -270,8 +265,7 @@ impl Pass {
                 self.phase = Phase::Index(walk);
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("queue send: {e}")));
+                self.books.error(PassLog::error(format!("queue send: {e}")));
                 let position = walk.position.clone();
                 self.walk_ended(position, Stop::Error);
             }

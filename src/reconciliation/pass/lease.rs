@@ -54,8 +54,7 @@ impl Pass {
                 self.phase = Phase::Finish;
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("lease: {e}")));
+                self.books.error(PassLog::error(format!("lease: {e}")));
                 self.phase = Phase::Finish;
             }
         }
@@ -95,13 +94,14 @@ impl Pass {
                 true
             }
             Ok(other) => {
-                self.log(PassLog::error(format!("lease renewal refused: {other:?}")));
+                self.books
+                    .log(PassLog::error(format!("lease renewal refused: {other:?}")));
                 self.heartbeat_stop = Some(Stop::LeaseLost);
                 false
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("lease renewal: {e}")));
+                self.books
+                    .error(PassLog::error(format!("lease renewal: {e}")));
                 if lease_presumed_lapsed(
                     now_ms,
                     self.last_renewed_ms,
@@ -130,7 +130,7 @@ impl Pass {
         self.books.report.stopped = Some(stop);
         self.books.report.complete = stop == Stop::Complete;
         if !stop.releases() {
-            self.log(PassLog::ReconcileLeaseLost {
+            self.books.log(PassLog::ReconcileLeaseLost {
                 holder: self.holder.clone(),
             });
             self.phase = Phase::Finish;
@@ -161,10 +161,12 @@ impl Pass {
     pub(super) fn on_released(&mut self, reply: Result<LeaseReply, String>) {
         match reply {
             Ok(LeaseReply::Released { accepted: true }) => {}
-            Ok(other) => self.log(PassLog::error(format!("lease release refused: {other:?}"))),
+            Ok(other) => self
+                .books
+                .log(PassLog::error(format!("lease release refused: {other:?}"))),
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("lease release: {e}")));
+                self.books
+                    .error(PassLog::error(format!("lease release: {e}")));
             }
         }
         self.phase = Phase::Finish;
@@ -182,7 +184,8 @@ impl Pass {
     /// The pass's line, and the end.
     pub(super) fn finish(&mut self, now_ms: i64) -> Option<Intent> {
         self.books.report.elapsed_ms = now_ms - self.started_ms;
-        self.log(PassLog::ReconcilePass(self.books.report.clone()));
+        self.books
+            .log(PassLog::ReconcilePass(self.books.report.clone()));
         self.phase = Phase::Done;
         None
     }

@@ -7,7 +7,7 @@
 //! chaos and bench scripts, the dashboard and the tests read, with `null` for an absent
 //! value except where a field is left out (`key` on a pass-level `reconcile_error`).
 
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 use serde_json::Value;
 
 use super::stop::Stop;
@@ -61,13 +61,18 @@ pub struct PassReport {
     /// Another pass held the lease: this one did nothing.
     #[serde(rename = "lease_busy")]
     pub skipped_busy: bool,
-    #[serde(serialize_with = "stop_label")]
     pub stopped: Option<Stop>,
     pub elapsed_ms: i64,
 }
 
-fn stop_label<S: Serializer>(stop: &Option<Stop>, s: S) -> Result<S::Ok, S::Error> {
-    stop.map(Stop::label).serialize(s)
+/// Why a consumer dropped entries unpolled (the `reason` of its line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobDrop {
+    /// [`JOB_MAX_AGE_MS`](super::JOB_MAX_AGE_MS) past the message's first slot, or its wait would end there.
+    Expired,
+    /// They were to be sent back, but the lease could not record where their slots end.
+    LeaseUnreachable,
 }
 
 /// One log line of a pass.
@@ -88,7 +93,7 @@ pub enum PassLog {
     /// `lease_unreachable`); `age_ms` is how long past its first slot, `hops` how many times
     /// it had been sent back.
     ReconcileJobDropped {
-        reason: &'static str,
+        reason: JobDrop,
         entries: u64,
         hops: u32,
         age_ms: i64,

@@ -62,7 +62,7 @@ pub use consumer::{Consumer, JobOutcome};
 pub use fanout::{
     Fanout, JobEntry, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES, JOB_MAX_AGE_MS,
 };
-pub use lines::{PassLog, PassReport};
+pub use lines::{JobDrop, PassLog, PassReport};
 
 #[cfg(doc)]
 use crate::reconciliation::entry_decision::decide;
@@ -295,10 +295,6 @@ impl Pass {
     /// How often the heartbeat renews the lease.
     pub fn heartbeat_interval_ms(&self) -> i64 {
         crate::reconciliation::lease_state::heartbeat_interval_ms(self.books.limits.lease_ttl_ms)
-    }
-
-    fn log(&mut self, line: PassLog) {
-        self.books.log(line);
     }
 
     /// The next intent of the entry in hand; `None` when nothing is left to do for it.

@@ -14,7 +14,8 @@ pub fn past_deadline(now_ms: i64, deadline_ms: i64) -> bool {
 }
 
 /// Why a pass ended; logged as `stopped` in its `reconcile_pass` line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Stop {
     /// It reached the end of the ledger.
     Complete,
@@ -45,20 +46,9 @@ pub enum Stop {
 }
 
 impl Stop {
-    /// The log label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Stop::Complete => "complete",
-            Stop::Window => "window",
-            Stop::HeldForBackoff => "held_for_backoff",
-            Stop::Budget => "budget",
-            Stop::Deadline => "deadline",
-            Stop::LeaseLost => "lease_lost",
-            Stop::LeaseLapsed => "lease_lapsed",
-            Stop::Scheduled => "scheduled",
-            Stop::StillQueued => "still_queued",
-            Stop::Error => "error",
-        }
+    /// The log label: its name in the `reconcile_pass` line.
+    pub fn label(self) -> String {
+        crate::telemetry::log_event::name_of(&self)
     }
 
     /// Whether the audit, when due, runs after the routine walk stopped this way: not after a

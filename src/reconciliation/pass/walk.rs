@@ -27,7 +27,7 @@ use super::entry::{EntryRun, Step};
 use super::{Awaiting, Intent, ListedKey, ListedPage, Pass, PassLog, Phase};
 
 /// The routine walk over one window of the index.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct IndexWalk {
     /// Where the walk was asked to start (kept when it stops before the listing is done).
     resume: LedgerCursor,
@@ -96,8 +96,7 @@ impl Pass {
     /// Starts the routine walk at `resume`.
     pub(super) fn start_walk(&mut self, resume: LedgerCursor) {
         if let Some(e) = self.kv_unbound.clone() {
-            self.books.report.errors += 1;
-            self.log(PassLog::error(format!("kv binding: {e}")));
+            self.books.error(PassLog::error(format!("kv binding: {e}")));
             self.walk_ended(resume, Stop::Error);
             return;
         }
@@ -106,13 +105,7 @@ impl Pass {
             cursor: resume.cursor.clone(),
             position: resume.clone(),
             resume,
-            pages: 0,
-            entries: Vec::new(),
-            listed: false,
-            next_window: None,
-            at: 0,
-            feeding: false,
-            after_queued: false,
+            ..IndexWalk::default()
         });
     }
 
@@ -220,15 +213,14 @@ impl Pass {
             Err(error) if walk.cursor.is_some() && walk.pages == 0 => {
                 // A saved cursor KV no longer accepts (expired, or from before the index):
                 // list the index from its start.
-                self.log(PassLog::ReconcileCursorReset { error });
+                self.books.log(PassLog::ReconcileCursorReset { error });
                 walk.window = None;
                 walk.cursor = None;
                 self.phase = Phase::Index(walk);
                 return;
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("kv list: {e}")));
+                self.books.error(PassLog::error(format!("kv list: {e}")));
                 self.walk_ended(walk.resume, Stop::Error);
                 return;
             }
@@ -396,7 +388,7 @@ impl Pass {
         if verdict == AuditVerdict::Missed {
             self.books.report.audit_found += 1;
             if self.seen.whole {
-                self.log(PassLog::IndexMissed {
+                self.books.log(PassLog::IndexMissed {
                     key: key.to_string(),
                 });
             }
@@ -424,8 +416,8 @@ impl Pass {
                 self.phase = Phase::Audit(walk);
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::error(format!("audit kv list: {e}")));
+                self.books
+                    .error(PassLog::error(format!("audit kv list: {e}")));
                 // A cursor KV no longer accepts would stall every audit: start over.
                 self.audit_ended(stopped(LedgerCursor::default()));
             }

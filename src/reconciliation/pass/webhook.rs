@@ -9,7 +9,7 @@
 
 use crate::operation::observation::{transient, StatusError};
 use crate::reconciliation::status::{enable_webhook_call, webhook_enabled};
-use crate::reconciliation::status::{find_webhook, webhook_alert, WebhookPage};
+use crate::reconciliation::status::{find_webhook, webhook_alert};
 use crate::retry::{class_of_status, Class, PeerAnswer};
 
 use super::restore::{verdict, Sweep, Verdict};
@@ -17,7 +17,7 @@ use super::{Awaiting, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
 use crate::operation::ledger_walk::LedgerCursor;
 
 /// A webhook check in progress.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Check {
     pub(super) name: String,
     token: Option<String>,
@@ -39,27 +39,10 @@ impl Check {
     pub(super) fn new(name: String, then: LedgerCursor) -> Check {
         Check {
             name,
-            token: None,
-            state: None,
-            id: None,
-            pages: 0,
-            read: false,
-            alerting: None,
-            left: None,
             then,
+            ..Check::default()
         }
     }
-}
-
-/// What a page of the listing says: the class of the answer decides.
-fn page_of(answer: &PeerAnswer, name: &str) -> Result<WebhookPage, StatusError> {
-    read_answer(answer, "a listing page", |body| find_webhook(body, name))
-}
-
-/// Whether the call enabling the webhook again did: a 2xx whose body does not name another
-/// state.
-fn enabled_by(answer: &PeerAnswer) -> Result<(), StatusError> {
-    read_answer(answer, "an answer", webhook_enabled)
 }
 
 /// A WebhookService answer (`what`, said when it is too large): a 2xx's body read by `read`;
@@ -121,7 +104,9 @@ impl Pass {
         let Phase::Webhook(mut check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
-        match page_of(&answer, &check.name) {
+        match read_answer(&answer, "a listing page", |body| {
+            find_webhook(body, &check.name)
+        }) {
             Ok(page) => {
                 if page.state.is_some() {
                     check.id = page.id;
@@ -132,8 +117,7 @@ impl Pass {
                 self.phase = Phase::Webhook(check);
             }
             Err(e) => {
-                self.books.report.errors += 1;
-                self.log(PassLog::WebhookCheckFailed {
+                self.books.error(PassLog::WebhookCheckFailed {
                     webhook: check.name,
                     error: format!("{e:?}"),
                 });
@@ -151,7 +135,7 @@ impl Pass {
             .get_or_insert_with(|| "not_found".to_string())
             .clone();
         if check.left.is_none() {
-            self.log(PassLog::WebhookState {
+            self.books.log(PassLog::WebhookState {
                 webhook: check.name.clone(),
                 state: state.clone(),
             });
@@ -219,9 +203,9 @@ impl Pass {
             return;
         };
         let was = check.state.clone().unwrap_or_default();
-        if let Err(e) = enabled_by(&answer) {
-            self.books.report.errors += 1;
-            self.log(PassLog::WebhookEnableFailed {
+        // Enabled: a 2xx whose body does not name another state.
+        if let Err(e) = read_answer(&answer, "an answer", webhook_enabled) {
+            self.books.error(PassLog::WebhookEnableFailed {
                 webhook: check.name.clone(),
                 error: format!("{e:?}"),
             });
@@ -233,7 +217,7 @@ impl Pass {
             return;
         }
         let swept = self.books.limits.fanout.is_some();
-        self.log(PassLog::WebhookEnabled {
+        self.books.log(PassLog::WebhookEnabled {
             webhook: check.name.clone(),
             was: was.clone(),
             swept,

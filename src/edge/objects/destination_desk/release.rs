@@ -9,6 +9,7 @@
 use futures_util::future::join_all;
 use worker::Result;
 
+use crate::destination::desk::Desk;
 use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
 
 use crate::edge::objects::call::call_gate;
@@ -34,25 +35,21 @@ impl DestinationDesk {
         let mut missed = false;
         let rows = self.due(now, PROBE_TRIES)?;
         for row in &rows {
-            self.exec(
-                "DELETE FROM waiting WHERE key = ?",
-                vec![row.key.clone().into()],
-            )?;
+            self.forget("waiting", &row.key)?;
             let mut desk = self.load()?;
             desk.released(&row.key, true, now);
             self.save(&desk)?;
             let answer = self.ready(&row.key, true).await;
             let mut desk = self.load()?;
             if answer.is_some() {
-                self.forget_misses(&row.key)?;
+                self.forget("misses", &row.key)?;
             }
             match answer {
                 Some(true) => return Ok(()),
                 Some(false) => {}
                 None => {
                     missed = true;
-                    let misses = self.missed(&row.key)?;
-                    self.enqueue(&row.key, now + desk.probe_backoff().after(misses))?;
+                    self.missed(&row.key, &desk, now)?;
                 }
             }
             desk.probe = None;
@@ -67,12 +64,9 @@ impl DestinationDesk {
         Ok(())
     }
 
-    fn forget_misses(&self, key: &str) -> Result<()> {
-        self.exec("DELETE FROM misses WHERE key = ?", vec![key.into()])
-    }
-
-    /// Counts one more release that could not reach `key`'s gate; returns the count.
-    fn missed(&self, key: &str) -> Result<u32> {
+    /// Counts one more release that could not reach `key`'s gate, and queues the key again
+    /// after its own backoff.
+    fn missed(&self, key: &str, desk: &Desk, now: i64) -> Result<()> {
         self.exec(
             "INSERT INTO misses (key, n) VALUES (?, 1) ON CONFLICT(key) DO UPDATE SET n = n + 1",
             vec![key.into()],
@@ -83,7 +77,8 @@ impl DestinationDesk {
             .sql()
             .exec("SELECT n FROM misses WHERE key = ?", Some(vec![key.into()]))?
             .to_array()?;
-        Ok(rows.first().map_or(1, |r| r.n.clamp(1, 64) as u32))
+        let misses = rows.first().map_or(1, |r| r.n.clamp(1, 64) as u32);
+        self.enqueue(key, now + desk.probe_backoff().after(misses))
     }
 
     /// Up to `n` waiting keys due by `now`, soonest first.
@@ -104,10 +99,7 @@ impl DestinationDesk {
         let rows = self.due(now, n)?;
         let desk = self.load()?;
         for row in &rows {
-            self.exec(
-                "DELETE FROM waiting WHERE key = ?",
-                vec![row.key.clone().into()],
-            )?;
+            self.forget("waiting", &row.key)?;
             if desk.settings.as_ref().is_some_and(|s| s.pace.limits()) {
                 self.take_slot(&row.key, &desk, now)?;
             }
@@ -115,17 +107,11 @@ impl DestinationDesk {
         let answers = join_all(rows.iter().map(|r| self.ready(&r.key, false))).await;
         for (row, answer) in rows.iter().zip(answers) {
             if answer != Some(true) {
-                self.exec(
-                    "DELETE FROM slots WHERE key = ?",
-                    vec![row.key.clone().into()],
-                )?;
+                self.forget("slots", &row.key)?;
             }
             match answer {
-                Some(_) => self.forget_misses(&row.key)?,
-                None => {
-                    let misses = self.missed(&row.key)?;
-                    self.enqueue(&row.key, now + desk.probe_backoff().after(misses))?;
-                }
+                Some(_) => self.forget("misses", &row.key)?,
+                None => self.missed(&row.key, &desk, now)?,
             }
         }
         Ok(())
