@@ -35,6 +35,11 @@ async function startGemini() {
       }
       const range = !state.ignoreRange && req.headers.range?.match(/^bytes=(\d+)-$/);
       const from = range ? Number(range[1]) : 0;
+      if (range && from >= file.length) {
+        // As HTTP says (and Google's storage answers): a range past the end is not satisfiable.
+        res.writeHead(416, { "content-range": `bytes */${file.length}` });
+        return res.end();
+      }
       res.writeHead(range ? 206 : 200, { "content-type": "application/jsonl" });
       // In pieces, as a network would: the worker stops reading once its chunk is full.
       const body = file.subarray(from);
@@ -108,6 +113,25 @@ describe("each result of a batch, its own side effect", () => {
     });
   });
   after(async () => { await gemini.close(); await dest.close(); await sink.close(); });
+
+  it("a file of whole chunks (80 lines): its last chunk ends on the last line, and the next ask (416) is the end, not a parked file", { timeout: 120_000 }, async () => {
+    const w = await startWorker(vars());
+    try {
+      const key = "batches/r80";
+      gemini.files.set("files/r80", fileOf(80, {}));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/r80" }));
+      assert.equal((await w.register(key, "other", { results: "each" })).status, 201);
+      const alertsBefore = sink.requests.length;
+      assert.equal((await w.deliver("batch.succeeded", key)).status, 200);
+      const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 60_000, what: "the job effect" });
+      assert.equal(distinct(split(dest, key).results.map((r) => r.id)), 80);
+      const job = assertEffectValid(jobs[0].body);
+      assert.deepEqual(job.results, { total: 80, delivered: 80, errors: 0, parked: 0 }, "no file_parked");
+      assert.equal(sink.requests.slice(alertsBefore).filter((r) => r.body.includes("batches/r80")).length, 0, "no alert");
+    } finally {
+      await w.dispose();
+    }
+  });
 
   it("a 500-line file: 500 result effects, a malformed line one error result, then one job effect with counts", { timeout: 120_000 }, async () => {
     const w = await startWorker(vars());

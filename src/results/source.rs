@@ -78,6 +78,13 @@ pub fn trouble_of_status(status: u16) -> Option<FileTrouble> {
     }
 }
 
+/// Whether a download's answer says the checkpoint is the file's end: a `Range` from a
+/// positive offset answered 416 (Range Not Satisfiable). A chunk that ended on the file's
+/// last line did not see the end, so the next one asks from the file's size.
+pub fn past_the_end(status: u16, offset: u64) -> bool {
+    status == 416 && offset > 0
+}
+
 /// The progress's tunables from the configuration's seconds.
 pub fn limits(file_wait_secs: i64, retry_base_secs: i64, retry_max_secs: i64) -> Limits {
     Limits {
@@ -144,6 +151,16 @@ mod tests {
             download_url("http://h/", "files/a"),
             "http://h/download/v1beta/files/a:download?alt=media"
         );
+    }
+
+    #[test]
+    fn a_range_from_the_files_size_is_its_end_not_a_trouble() {
+        assert!(past_the_end(416, 40_960));
+        assert!(
+            !past_the_end(416, 0),
+            "a 416 for the whole file is the server's trouble"
+        );
+        assert!(!past_the_end(206, 40_960));
     }
 
     #[test]

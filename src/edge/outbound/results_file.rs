@@ -19,7 +19,7 @@ use crate::body_cap::Read;
 use crate::config::Config;
 use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter, Piece};
 use crate::results::progress::{FileTrouble, CHUNK_BYTES, LINE_CAP};
-use crate::results::source::{download_url, trouble_of_status};
+use crate::results::source::{download_url, past_the_end, trouble_of_status};
 
 use crate::edge::capped_read::each_chunk;
 use crate::edge::outbound::fetch::{send, Keep};
@@ -60,6 +60,10 @@ pub async fn read_chunk(
         }
     };
     let status = response.status_code();
+    if past_the_end(status, from.offset) {
+        controller.abort();
+        return Ok((Vec::new(), from, true));
+    }
     if let Some(trouble) = trouble_of_status(status) {
         controller.abort();
         return Err(trouble);
