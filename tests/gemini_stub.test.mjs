@@ -91,3 +91,65 @@ describe("npm run gemini-stub", () => {
     assert.equal(res.status, 404);
   });
 });
+
+describe("npm run gemini-stub: a batch's results", () => {
+  const base = () => `http://127.0.0.1:${stubPort}`;
+  const done = (name, ...flags) => run("node", ["scripts/gemini_stub.mjs", "done", name, ...flags, "--port", String(stubPort)]);
+  const download = (file, headers = {}) => fetch(`${base()}/download/v1beta/${file}:download?alt=media`, { headers });
+
+  it("names a succeeded batch's results file and serves it, honouring Range with 206", async () => {
+    await done("batches/res1");
+    const status = await (await fetch(`${base()}/v1beta/batches/res1`)).json();
+    assert.equal(status.response.responsesFile, "files/res1-results");
+    assert.equal(status.metadata.output.responsesFile, "files/res1-results");
+    const whole = await download("files/res1-results");
+    assert.equal(whole.status, 200);
+    const text = await whole.text();
+    const lines = text.split("\n").filter(Boolean).map((l) => JSON.parse(l));
+    assert.deepEqual(lines.map((l) => l.key), ["review-1", "review-2", "review-3", "review-4"]);
+    assert.deepEqual(lines.map((l) => ("response" in l ? "response" : "error")), ["response", "response", "error", "response"]);
+    assert.equal(Number(whole.headers.get("content-length")), Buffer.byteLength(text));
+    // A resumed read: the bytes from an offset, as Gemini's download would answer them.
+    const from = text.indexOf('{"key":"review-3"');
+    const rest = await download("files/res1-results", { range: `bytes=${from}-` });
+    assert.equal(rest.status, 206);
+    assert.equal(rest.headers.get("content-range"), `bytes ${from}-${Buffer.byteLength(text) - 1}/${Buffer.byteLength(text)}`);
+    assert.equal(await rest.text(), text.slice(from));
+    const past = await download("files/res1-results", { range: `bytes=${Buffer.byteLength(text)}-` });
+    assert.equal(past.status, 416);
+    assert.ok(stubLines.includes("gemini-stub: GET files/res1-results: 4 lines"), stubLines.join("\n"));
+    // No file for a batch not succeeded, nor for a name never marked.
+    await done("batches/res2", "--state", "failed");
+    assert.equal((await download("files/res2-results")).status, 404);
+    assert.equal((await download("files/nothing-results")).status, 404);
+  });
+
+  it("generates a file of --lines lines, whole JSON lines at any offset", async () => {
+    await done("batches/res3", "--lines", "500");
+    const text = await (await download("files/res3-results")).text();
+    const lines = text.split("\n").filter(Boolean).map((l) => JSON.parse(l));
+    assert.equal(lines.length, 500);
+    assert.equal(new Set(lines.map((l) => l.key)).size, 500);
+    assert.equal(lines.filter((l) => "error" in l).length, 50);
+    const tail = await (await download("files/res3-results", { range: "bytes=1000-" })).text();
+    assert.equal(tail, text.slice(1000));
+  });
+
+  it("answers the file 404 for --file-after seconds after done, then serves it", async () => {
+    await done("batches/res4", "--file-after", "1");
+    assert.equal((await download("files/res4-results")).status, 404);
+    await eventually(async () => (await download("files/res4-results")).status === 200, { timeoutMs: 5000, what: "the file to appear" });
+  });
+
+  it("--inline carries the results in the status answer, in another order on every read", async () => {
+    await done("batches/res5", "--inline");
+    const read = async () => (await (await fetch(`${base()}/v1beta/batches/res5`)).json()).response.inlinedResponses.inlinedResponses;
+    const first = await read();
+    const second = await read();
+    assert.deepEqual(first.map((i) => i.metadata.key), ["review-1", "review-2", "review-3", "review-4"]);
+    assert.notDeepEqual(second.map((i) => i.metadata.key), first.map((i) => i.metadata.key));
+    assert.deepEqual([...second].sort((a, b) => a.metadata.key.localeCompare(b.metadata.key)), first);
+    assert.equal(first.filter((i) => "error" in i).length, 1);
+    assert.equal((await download("files/res5-results")).status, 404, "no file for an inline batch");
+  });
+});
