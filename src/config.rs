@@ -105,6 +105,9 @@ pub const DEFAULT_STRANGER_ALERT_WINDOW_SECS: i64 = 3_600;
 /// a minute per name, and a genuine nudge still settles within a minute or by the next cron.
 pub const DEFAULT_CONFIRM_INTERVAL_SECS: i64 = 60;
 const DAY_SECS: i64 = 86_400;
+/// Gemini can report `SUCCEEDED` shortly before the results file can be downloaded: half an
+/// hour is far past the delays reported and far inside the file's 48 hours.
+pub const DEFAULT_RESULTS_FILE_WAIT_SECS: i64 = crate::results::progress::FILE_WAIT_MS / 1_000;
 /// Five failures in a row: one blip (a deploy, a restart) does not open a destination, a
 /// real outage does within seconds of traffic.
 pub const DEFAULT_DESTINATION_OPEN_AFTER: i64 = 5;
@@ -283,6 +286,9 @@ pub const VARIABLES: &[Variable] = {
         V::plain("STRANGER_ALERT_WINDOW_SECONDS", Whole { min: 60, max: 7 * DAY_SECS }, Number(DEFAULT_STRANGER_ALERT_WINDOW_SECS), "at most one alert about such nudges per window"),
         V::plain("CONFIRM_INTERVAL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CONFIRM_INTERVAL_SECS), "least time between two status questions a held operation's nudges cause (its confirmation's questions included): bounds the status calls anyone with a token can cause per held name"),
         V::plain("UNREGISTERED_HOLD_SECONDS", Whole { min: 0, max: 3_600 }, Number(DEFAULT_UNREGISTERED_HOLD_SECS), "with EFFECT_ROUTES set, an unregistered operation's first side-effect attempt waits this long for a late registration's kind"),
+        // A batch's results, each its own side effect.
+        V::plain("RESULTS_EACH_KINDS", FreeText, Nothing, "kinds (comma-separated) whose batches default to \"results\": \"each\" when registered without results: each result becomes its own side effect"),
+        V::plain("RESULTS_FILE_WAIT_SECONDS", Whole { min: 0, max: 2 * DAY_SECS }, Number(DEFAULT_RESULTS_FILE_WAIT_SECS), "a results file that answers 404 (or cannot be reached) after SUCCEEDED is asked for again with backoff this long, then its results are parked and alerted"),
     ]
 };
 
@@ -357,6 +363,10 @@ pub struct Config {
     /// `CONFIRM_INTERVAL_SECONDS`: least time between a held operation's confirmation questions.
     pub confirm_interval_secs: i64,
     pub unregistered_hold_secs: i64,
+    /// `RESULTS_EACH_KINDS`: kinds whose batches default to `"results": "each"`.
+    pub results_each_kinds: Vec<String>,
+    /// `RESULTS_FILE_WAIT_SECONDS`: how long a missing results file is asked for again.
+    pub results_file_wait_secs: i64,
     /// Each variable of [`VARIABLES`] as `/v1/config` shows it, in table order: taken when it
     /// was read, so the view is of exactly what was parsed and never holds a secret.
     shown: Vec<Value>,
@@ -943,6 +953,16 @@ impl Config {
             stranger_alert_window_secs: s.value("STRANGER_ALERT_WINDOW_SECONDS", Setting::whole)?,
             confirm_interval_secs: s.value("CONFIRM_INTERVAL_SECONDS", Setting::whole)?,
             unregistered_hold_secs: s.value("UNREGISTERED_HOLD_SECONDS", Setting::whole)?,
+            results_each_kinds: s
+                .optional("RESULTS_EACH_KINDS", Setting::text)?
+                .map(|t| {
+                    t.split(',')
+                        .map(|k| k.trim().to_string())
+                        .filter(|k| !k.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            results_file_wait_secs: s.value("RESULTS_FILE_WAIT_SECONDS", Setting::whole)?,
             shown: s.0.iter().map(|(v, setting)| v.shown(setting)).collect(),
         })
     }

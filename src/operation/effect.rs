@@ -53,6 +53,10 @@ pub fn effect_body(op: &Operation) -> Value {
     if let Value::Object(fixed) = fixed {
         body.extend(fixed);
     }
+    // A batch registered with `"results": "each"`: what became of its results.
+    if let Some(counts) = op.results_counts() {
+        body.insert("results".into(), counts.clone());
+    }
     Value::Object(body)
 }
 
@@ -227,7 +231,10 @@ mod tests {
             .filter(|k| !required.contains(k))
             .collect();
         optional.sort();
-        assert_eq!(optional, [UNVERIFIED_USER_METADATA, USER_METADATA]);
+        assert_eq!(
+            optional,
+            ["results", UNVERIFIED_USER_METADATA, USER_METADATA]
+        );
         assert_eq!(schema["additionalProperties"], false);
     }
 

@@ -20,6 +20,6 @@ pub mod recovery;
 
 pub use record::{
     Actor, AttemptOutcome, Claim, Confirmation, DeskMark, Effect, Finished, KindFill, OpEvent,
-    Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, MAX_CONFIRM_ATTEMPTS,
-    PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS,
+    Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, ResultsMode,
+    MAX_CONFIRM_ATTEMPTS, PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS,
 };

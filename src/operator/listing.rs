@@ -9,10 +9,11 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::operation::key::{normalize, KeyError, OperationKey, MAX_NAME_BYTES};
+use crate::operation::key::{normalize, Collection, KeyError, OperationKey, MAX_NAME_BYTES};
 use crate::operation::ledger::{LedgerMeta, MAX_META_ERROR_BYTES};
 use crate::operation::ledger_walk::LedgerCursor;
 use crate::operation::lifecycle::Status;
+use crate::operation::ResultsMode;
 use crate::timestamp::parse_rfc3339_ms;
 
 /// Longest accepted `kind`.
@@ -23,6 +24,7 @@ struct RegisterBody {
     name: Option<String>,
     kind: Option<String>,
     user_metadata: Option<serde_json::Value>,
+    results: Option<String>,
 }
 
 /// A valid registration.
@@ -33,6 +35,23 @@ pub struct Registration {
     /// The job's `user_metadata` (a JSON object), the side effect's verified metadata: it
     /// comes with an authenticated call, unlike a dynamic webhook's token.
     pub user_metadata: Option<serde_json::Value>,
+    /// `"results"` as the body gave it (`None`: not given; the kind's default then applies,
+    /// [`Registration::results_or_default`]).
+    pub results: Option<ResultsMode>,
+}
+
+impl Registration {
+    /// `results` as given, else `each` when the kind is one of `each_kinds`
+    /// (`RESULTS_EACH_KINDS`) and the operation is a batch (only a batch has results).
+    pub fn results_or_default(&self, each_kinds: &[String]) -> Option<ResultsMode> {
+        let listed = self
+            .kind
+            .as_ref()
+            .is_some_and(|k| each_kinds.iter().any(|e| e == k));
+        let batch = Collection::of_key(&self.key.key) == Some(Collection::Batches);
+        self.results
+            .or((listed && batch).then_some(ResultsMode::Each))
+    }
 }
 
 /// Why a registration was refused (answered 400 with this text).
@@ -50,6 +69,10 @@ pub enum RegistrationError {
     KindTooLong,
     #[error("user_metadata must be a JSON object")]
     MetadataNotObject,
+    #[error("results must be \"none\" or \"each\"")]
+    BadResults,
+    #[error("results \"each\" needs a batch (batches/...): a {0} has no results of its own; register it without results")]
+    ResultsNotBatch(&'static str),
 }
 
 /// Parses `{"name": "batches/abc", "kind": "nightly-review", "user_metadata": {...}}`
@@ -77,10 +100,20 @@ pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError
         Some(meta @ serde_json::Value::Object(_)) => Some(crate::bounds::bound(meta)),
         Some(_) => return Err(RegistrationError::MetadataNotObject),
     };
+    let results = match parsed.results.as_deref() {
+        None => None,
+        Some(text) => Some(ResultsMode::parse(text.trim()).ok_or(RegistrationError::BadResults)?),
+    };
+    let collection = Collection::of_key(&key.key);
+    if results == Some(ResultsMode::Each) && collection != Some(Collection::Batches) {
+        let what = collection.map_or("operation", |c| c.as_str());
+        return Err(RegistrationError::ResultsNotBatch(what));
+    }
     Ok(Registration {
         key,
         kind,
         user_metadata,
+        results,
     })
 }
 
@@ -398,6 +431,21 @@ mod tests {
         assert_eq!(r.user_metadata, Some(serde_json::json!({"tenant": "t1"})));
     }
 
+    #[test]
+    fn registration_takes_results_or_the_kinds_default() {
+        let each = ["pages".to_string()];
+        let r = parse_registration(br#"{"name":"batches/a","results":"each"}"#).unwrap();
+        assert_eq!(r.results_or_default(&[]), Some(ResultsMode::Each));
+        let r = parse_registration(br#"{"name":"batches/a","kind":"pages"}"#).unwrap();
+        assert_eq!(r.results, None);
+        assert_eq!(r.results_or_default(&each), Some(ResultsMode::Each));
+        let r =
+            parse_registration(br#"{"name":"batches/a","kind":"pages","results":"none"}"#).unwrap();
+        assert_eq!(r.results_or_default(&each), Some(ResultsMode::None));
+        let r = parse_registration(br#"{"name":"interactions/a","kind":"pages"}"#).unwrap();
+        assert_eq!(r.results_or_default(&each), None, "not a batch: no default");
+    }
+
     fn meta(status: &str, submitted_at: i64, done: bool) -> LedgerMeta {
         LedgerMeta {
             submitted_at,
@@ -586,6 +634,14 @@ mod tests {
             (
                 br#"{"name":"batches/a","user_metadata":"t1"}"#.to_vec(),
                 RegistrationError::MetadataNotObject,
+            ),
+            (
+                br#"{"name":"batches/a","results":"all"}"#.to_vec(),
+                RegistrationError::BadResults,
+            ),
+            (
+                br#"{"name":"interactions/a","results":"each"}"#.to_vec(),
+                RegistrationError::ResultsNotBatch("interactions"),
             ),
         ];
         for (body, want) in cases {

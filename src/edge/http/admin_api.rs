@@ -141,7 +141,7 @@ async fn serve(
     let rest = rest.trim_start_matches('/');
     if rest.is_empty() {
         return match method {
-            Method::Post => register(&mut req, env, caller).await,
+            Method::Post => register(&mut req, env, config, caller).await,
             Method::Get => listing::list(&req, env, config).await,
             _ => Err(Refusal::MethodNotAllowed),
         };
@@ -149,12 +149,18 @@ async fn serve(
     one_operation::serve(&mut req, method, rest, env, by).await
 }
 
-async fn register(req: &mut Request, env: &Env, caller: &Caller) -> Result<Response, Refusal> {
+async fn register(
+    req: &mut Request,
+    env: &Env,
+    config: &Config,
+    caller: &Caller,
+) -> Result<Response, Refusal> {
     let body = admin_body::read_body(req).await?;
     let reg = parse_registration(&body).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let command = GateCommand::Register {
         key: reg.key.key.clone(),
         name: reg.key.name.clone(),
+        results: reg.results_or_default(&config.results_each_kinds),
         kind: reg.kind,
         user_metadata: reg.user_metadata,
     };

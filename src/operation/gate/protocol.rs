@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{DropReason, Status};
-use crate::operation::{Actor, KindFill, OpEvent};
+use crate::operation::{Actor, KindFill, OpEvent, ResultsMode};
 
 /// A request to the gate of one operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,6 +26,9 @@ pub enum GateCommand {
         /// verified `user_metadata` (it wins over every other source).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user_metadata: Option<Value>,
+        /// `"results"` as asked (or the kind's default); `None` states nothing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        results: Option<ResultsMode>,
     },
     /// Offer an event (from a webhook or the status API) to the reducer, then run any side
     /// effect it makes due.

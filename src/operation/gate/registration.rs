@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::operation::gate::protocol::GateReply;
 use crate::operation::history::HistoryEntry;
-use crate::operation::{KindFill, Operation};
+use crate::operation::{KindFill, Operation, ResultsMode};
 
 use super::decision::Step;
 
@@ -24,10 +24,12 @@ pub(super) fn register_new(
     name: &str,
     kind: Option<String>,
     user_metadata: Option<Value>,
+    results: Option<ResultsMode>,
     now: i64,
 ) -> Step {
     let mut op = Operation::register(key, name, kind, now);
     op.fill_user_metadata(user_metadata);
+    op.fill_results_mode(results.unwrap_or_default());
     let reply = GateReply::Created {
         operation: op.view(),
     };
@@ -44,6 +46,7 @@ pub(super) fn register_again(
     mut op: Operation,
     kind: Option<&str>,
     user_metadata: Option<Value>,
+    results: Option<ResultsMode>,
     now: i64,
 ) -> Step {
     if op.retired_at_ms().is_some() {
@@ -52,14 +55,20 @@ pub(super) fn register_again(
         let operation = op.view();
         return Step::new(Some(op), GateReply::Retired { operation });
     }
-    let fields = op.registration_conflicts(kind, user_metadata.as_ref());
+    let mut fields = op.registration_conflicts(kind, user_metadata.as_ref());
+    if op.registered() && results.is_some_and(|r| r != op.results_mode()) {
+        fields.push("results");
+    }
     if !fields.is_empty() {
         let operation = op.view();
         let fields = fields.into_iter().map(str::to_string).collect();
         return Step::new(Some(op), GateReply::Conflict { operation, fields });
     }
     let fill = op.fill_kind(kind, now);
-    let filled_metadata = op.fill_user_metadata(user_metadata);
+    // A record its completion created takes the registration's `results` while no effect
+    // went out.
+    let filled_results = !op.registered() && results.is_some_and(|r| op.fill_results_mode(r));
+    let filled_metadata = op.fill_user_metadata(user_metadata) | filled_results;
     if filled_metadata {
         op.note_registration();
     }
@@ -96,6 +105,7 @@ mod tests {
                 name: "batches/a".into(),
                 kind: Some("k".into()),
                 user_metadata: None,
+                results: None,
             },
             5,
         );
@@ -113,6 +123,7 @@ mod tests {
             name: "batches/a".into(),
             kind: Some(kind.into()),
             user_metadata: None,
+            results: None,
         };
         let s = step(Some(unregistered), reg("billing"), 5);
         assert!(matches!(
@@ -148,6 +159,7 @@ mod tests {
             name: "batches/a".into(),
             kind: None,
             user_metadata: Some(meta),
+            results: None,
         };
         let op = step(None, register(json!({"tenant": "ours"})), 1).record;
         // A second registration does not replace the first's.
@@ -193,6 +205,7 @@ mod tests {
             name: "batches/a".into(),
             kind: Some(kind.into()),
             user_metadata: Some(json!({ "tenant": tenant })),
+            results: None,
         }
     }
 
@@ -245,6 +258,7 @@ mod tests {
             name: "batches/a".into(),
             kind: None,
             user_metadata: None,
+            results: None,
         };
         assert!(matches!(
             step(Some(op.clone()), bare, 3).reply,
@@ -291,6 +305,7 @@ mod tests {
                 name: "batches/a".into(),
                 kind: Some("billing".into()),
                 user_metadata: None,
+                results: None,
             },
             2_000,
         );
@@ -336,6 +351,7 @@ mod tests {
                 name: "batches/a".into(),
                 kind: Some("billing".into()),
                 user_metadata: None,
+                results: None,
             },
             30,
         );

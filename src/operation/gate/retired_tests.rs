@@ -79,6 +79,7 @@ fn register(key: &str, name: &str, kind: &str, tenant: &str) -> GateCommand {
         name: name.into(),
         kind: Some(kind.into()),
         user_metadata: Some(json!({ "tenant": tenant })),
+        results: None,
     }
 }
 

@@ -32,6 +32,7 @@ pub mod effect_state;
 pub mod ledger_mark;
 pub mod operator;
 pub mod outbox;
+pub mod results_mark;
 mod salvage;
 #[cfg(test)]
 mod stored_tests;
@@ -43,6 +44,7 @@ pub use confirmation::{Confirmation, MAX_CONFIRM_ATTEMPTS};
 pub use effect_state::{AttemptOutcome, Claim, DeskMark, Effect, Finished, Parked};
 pub use ledger_mark::{PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS};
 pub use operator::{Actor, OperatorNote, OperatorRefusal};
+pub use results_mark::ResultsMode;
 
 use ledger_mark::LedgerMark;
 use operator::OperatorNotes;
@@ -139,6 +141,13 @@ pub struct Operation {
     /// ended yet: their end is alerted once each time ([`AlertKind::resolution`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     open_alerts: Vec<AlertKind>,
+    /// `"results": "each"`: each result of the batch is its own side effect
+    /// ([`results_mark`]).
+    #[serde(default, skip_serializing_if = "ResultsMode::is_none")]
+    results: ResultsMode,
+    /// The results' counts once every result is settled: the job's effect carries them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    results_counts: Option<Value>,
 }
 
 impl Operation {
@@ -169,6 +178,8 @@ impl Operation {
             retired_at_ms: None,
             confirm_asked_ms: None,
             open_alerts: Vec::new(),
+            results: ResultsMode::None,
+            results_counts: None,
         }
     }
 
@@ -569,6 +580,8 @@ impl Operation {
             "confirming": self.confirmation.is_some(),
             "alerts_pending": self.pending_alerts.iter().map(|a| a.kind).collect::<Vec<_>>(),
             "retired_at": self.retired_at_ms.map(format_rfc3339),
+            "results": self.results.as_str(),
+            "results_counts": self.results_counts,
             "version": self.version,
         })
     }

@@ -1,0 +1,157 @@
+//! Whether each result of an operation's batch gets its own side effect (`"results": "each"`),
+//! and the results' counts once every result is settled.
+//!
+//! Guarantees: while a `"results": "each"` batch's results are owed
+//! ([`Operation::results_owed`]), the job's own side effect is not claimed, so it is sent after
+//! every result, with the counts ([`Operation::results_counts`]); both fields read with their
+//! default from a record stored before they existed and are not stored while default, so such
+//! records store back byte for byte. The results' own progress is not here: it lives in the
+//! gate's tables (`src/edge/objects/gate/results.rs`), so this record is not rewritten per
+//! chunk.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::operation::lifecycle::Status;
+use crate::operation::Operation;
+
+/// What a registration asked for the batch's results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultsMode {
+    /// One side effect, the job's (the default).
+    #[default]
+    None,
+    /// One side effect per result, then the job's with the counts.
+    Each,
+}
+
+impl ResultsMode {
+    /// The default, not stored.
+    pub fn is_none(&self) -> bool {
+        *self == ResultsMode::None
+    }
+
+    /// The spelling in registrations and the record's view.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResultsMode::None => "none",
+            ResultsMode::Each => "each",
+        }
+    }
+
+    /// Reads a registration's `results`.
+    pub fn parse(text: &str) -> Option<ResultsMode> {
+        match text {
+            "none" => Some(ResultsMode::None),
+            "each" => Some(ResultsMode::Each),
+            _ => None,
+        }
+    }
+}
+
+impl Operation {
+    /// What the registration asked for the results.
+    pub fn results_mode(&self) -> ResultsMode {
+        self.results
+    }
+
+    /// The counts the job's effect carries as `results`, once every result is settled.
+    pub fn results_counts(&self) -> Option<&Value> {
+        self.results_counts.as_ref()
+    }
+
+    /// True while the results' side effects are owed: a `"results": "each"` batch that
+    /// succeeded, whose effect is owed and not yet tried, and whose results are not settled.
+    /// The job's effect waits meanwhile; its `next_attempt_ms` is when the results' next step
+    /// is due (the gate's alarm follows it).
+    pub fn results_owed(&self) -> bool {
+        self.results == ResultsMode::Each
+            && self.status == Status::Succeeded
+            && self.effect_owed()
+            && self.effect.attempts == 0
+            && self.results_counts.is_none()
+    }
+
+    /// A registration's `results` for a record that has none recorded: taken only while no
+    /// side effect of the job went out (one `webhook-id` means one body, and results begin
+    /// before the job's effect). Returns whether the record changed.
+    pub fn fill_results_mode(&mut self, mode: ResultsMode) -> bool {
+        if mode == self.results || self.effect.attempts > 0 || self.effect.done {
+            return false;
+        }
+        self.results = mode;
+        self.changed();
+        true
+    }
+
+    /// Every result is delivered or parked: the job's effect is due now with `counts`.
+    pub fn results_settled(&mut self, counts: Value, now_ms: i64) {
+        self.results_counts = Some(counts);
+        self.effect.next_attempt_ms = now_ms;
+        self.changed();
+    }
+
+    /// The results' next step is due at `at_ms` (the alarm wakes then). Returns whether the
+    /// record changed; the version does not move (nothing the ledger shows changed).
+    pub fn results_due_at(&mut self, at_ms: i64) -> bool {
+        let changed = self.effect.next_attempt_ms != at_ms;
+        self.effect.next_attempt_ms = at_ms;
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::operation::lifecycle::Source;
+    use crate::operation::OpEvent;
+
+    fn succeeded(mode: ResultsMode) -> Operation {
+        let mut op = Operation::register("batches/r", "batches/r", None, 0);
+        op.fill_results_mode(mode);
+        op.apply(
+            &OpEvent {
+                status: Status::Succeeded,
+                update_time_ms: 1,
+                source: Source::Webhook,
+                details: Default::default(),
+                delivery_id: None,
+            },
+            10,
+        );
+        op
+    }
+
+    #[test]
+    fn results_hold_the_job_effect_until_settled() {
+        let mut op = succeeded(ResultsMode::Each);
+        assert!(op.results_owed());
+        assert!(
+            op.claim(10, 1_000).is_none(),
+            "the job waits for its results"
+        );
+        op.results_settled(json!({"total": 2}), 20);
+        assert!(!op.results_owed());
+        assert!(op.claim(20, 1_000).is_some());
+    }
+
+    #[test]
+    fn without_results_nothing_changes() {
+        let mut op = succeeded(ResultsMode::None);
+        assert!(!op.results_owed());
+        assert!(op.claim(10, 1_000).is_some());
+        let text = serde_json::to_string(&op).unwrap();
+        assert!(!text.contains("results"), "the default is not stored");
+    }
+
+    #[test]
+    fn the_mode_is_stored_and_read_back() {
+        let op = succeeded(ResultsMode::Each);
+        let back: Operation = serde_json::from_str(&serde_json::to_string(&op).unwrap()).unwrap();
+        assert_eq!(back.results_mode(), ResultsMode::Each);
+        assert_eq!(op.view()["results"], "each");
+    }
+}
