@@ -363,13 +363,20 @@ pub struct Config {
     /// `CONFIRM_INTERVAL_SECONDS`: least time between a held operation's confirmation questions.
     pub confirm_interval_secs: i64,
     pub unregistered_hold_secs: i64,
-    /// `RESULTS_EACH_KINDS`: kinds whose batches default to `"results": "each"`.
-    pub results_each_kinds: Vec<String>,
-    /// `RESULTS_FILE_WAIT_SECONDS`: how long a missing results file is asked for again.
-    pub results_file_wait_secs: i64,
+    /// A batch's results, each its own side effect.
+    pub results: ResultsSettings,
     /// Each variable of [`VARIABLES`] as `/v1/config` shows it, in table order: taken when it
     /// was read, so the view is of exactly what was parsed and never holds a secret.
     shown: Vec<Value>,
+}
+
+/// The settings of a batch's results (`RESULTS_*`).
+#[derive(Debug, Clone, Default)]
+pub struct ResultsSettings {
+    /// `RESULTS_EACH_KINDS`: kinds whose batches default to `"results": "each"`.
+    pub each_kinds: Vec<String>,
+    /// `RESULTS_FILE_WAIT_SECONDS`: how long a missing results file is asked for again.
+    pub file_wait_secs: i64,
 }
 
 /// A key sent to a service (Gemini's API key, PagerDuty's routing key); `Debug` hides it.
@@ -686,6 +693,16 @@ impl Settings {
         .map_err(|overlap| err(overlap.setting.setting(), overlap.to_string()))
     }
 
+    /// `RESULTS_EACH_KINDS` and `RESULTS_FILE_WAIT_SECONDS`.
+    fn results(&self) -> Result<ResultsSettings, ConfigError> {
+        Ok(ResultsSettings {
+            each_kinds: self
+                .optional("RESULTS_EACH_KINDS", Setting::list)?
+                .unwrap_or_default(),
+            file_wait_secs: self.value("RESULTS_FILE_WAIT_SECONDS", Setting::whole)?,
+        })
+    }
+
     /// `name`'s value as `pick` takes it, `None` when unset. A name not in the table, or a
     /// value of another kind than `pick` takes, is an error naming it (a slip in this file,
     /// which `cargo test` finds at once), never a panic.
@@ -732,6 +749,12 @@ impl Setting {
             Setting::Url(s) | Setting::Text(s) => Some(s.clone()),
             _ => None,
         }
+    }
+    /// A comma-separated list of words (kinds), blanks dropped.
+    fn list(&self) -> Option<Vec<String>> {
+        let text = self.text()?;
+        let words = text.split(',').map(str::trim).filter(|w| !w.is_empty());
+        Some(words.map(str::to_string).collect())
     }
     fn secret(&self) -> Option<Secret> {
         match self {
@@ -953,16 +976,7 @@ impl Config {
             stranger_alert_window_secs: s.value("STRANGER_ALERT_WINDOW_SECONDS", Setting::whole)?,
             confirm_interval_secs: s.value("CONFIRM_INTERVAL_SECONDS", Setting::whole)?,
             unregistered_hold_secs: s.value("UNREGISTERED_HOLD_SECONDS", Setting::whole)?,
-            results_each_kinds: s
-                .optional("RESULTS_EACH_KINDS", Setting::text)?
-                .map(|t| {
-                    t.split(',')
-                        .map(|k| k.trim().to_string())
-                        .filter(|k| !k.is_empty())
-                        .collect()
-                })
-                .unwrap_or_default(),
-            results_file_wait_secs: s.value("RESULTS_FILE_WAIT_SECONDS", Setting::whole)?,
+            results: s.results()?,
             shown: s.0.iter().map(|(v, setting)| v.shown(setting)).collect(),
         })
     }

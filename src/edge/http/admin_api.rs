@@ -160,7 +160,7 @@ async fn register(
     let command = GateCommand::Register {
         key: reg.key.key.clone(),
         name: reg.key.name.clone(),
-        results: reg.results_or_default(&config.results_each_kinds),
+        results: reg.results_or_default(&config.results.each_kinds),
         kind: reg.kind,
         user_metadata: reg.user_metadata,
     };
