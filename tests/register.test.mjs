@@ -73,6 +73,16 @@ describe("npm run register", () => {
     }
   });
 
+  it("registers a batch with --results each: its record says so; a video cannot have results", async () => {
+    const r = await register("batches/reg11", "--kind", "pages", "--results", "each", "--token", ADMIN_TOKEN);
+    assert.match(r.stdout, /^register: 201 registered batches\/reg11: /);
+    assert.equal((await w.inspect("batches/reg11")).body.results, "each");
+    await register("batches/reg12", "--kind", "pages", "--token", ADMIN_TOKEN);
+    assert.equal((await w.inspect("batches/reg12")).body.results, "none", "the default");
+    await assert.rejects(register("models/veo-3/operations/reg13", "--results", "each", "--token", ADMIN_TOKEN), (e) => e.code === 1 && /^register: 400 refused/.test(e.stdout));
+    assert.equal((await w.inspect("operations/reg13")).status, 404, "nothing kept");
+  });
+
   it("sends --results each as the registration's `results`, and refuses any other value", async () => {
     const bodies = [];
     const server = createServer((req, res) => {
