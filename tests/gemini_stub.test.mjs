@@ -26,6 +26,9 @@ before(async () => {
     EFFECT_URL: `http://127.0.0.1:${receiver.address().port}/effects`,
     GEMINI_API_BASE: `http://127.0.0.1:${stubPort}`,
     RECONCILE_GRACE_SECONDS: "0",
+    // A results file not there yet is asked for again with the side effect's backoff.
+    EFFECT_RETRY_BASE_SECONDS: "1",
+    EFFECT_RETRY_MAX_SECONDS: "2",
   });
 });
 after(async () => {
@@ -151,5 +154,55 @@ describe("npm run gemini-stub: a batch's results", () => {
     assert.deepEqual([...second].sort((a, b) => a.metadata.key.localeCompare(b.metadata.key)), first);
     assert.equal(first.filter((i) => "error" in i).length, 1);
     assert.equal((await download("files/res5-results")).status, 404, "no file for an inline batch");
+  });
+});
+
+describe("npm run gemini-stub: a batch's results through the worker, to the demo destination", () => {
+  const done = (name, ...flags) => run("node", ["scripts/gemini_stub.mjs", "done", name, ...flags, "--port", String(stubPort)]);
+  const linesOf = (key) => received.filter((l) => l.includes(` key=${key} `));
+  /** Registers `name` with results each, marks it done with `flags`, runs passes until the job's effect arrives. */
+  async function settle(name, ...flags) {
+    assert.equal((await w.register(name, "stub-demo", { results: "each" })).status, 201);
+    await w.ledger(name);
+    await done(name, ...flags);
+    return eventually(async () => {
+      await w.scheduled();
+      const lines = linesOf(name);
+      return lines.some((l) => !l.includes("result_key=")) && lines;
+    }, { timeoutMs: 30_000, everyMs: 1000, what: `the job's effect of ${name}` });
+  }
+  const DEMO = [["review-1", 0, /response=The first page reads well; tighten the intro\. /], ["review-2", 1, /response=Two broken links on the pricing page\. /], ["review-3", 2, /error=3 stub: request review-3 named no model input /], ["review-4", 3, /response=Nothing to change\. /]];
+
+  it("a file: each of its results once, under a res_ id, then the job with its counts", async () => {
+    const lines = await settle("batches/resw1");
+    await sleep(500);
+    const all = linesOf("batches/resw1");
+    assert.equal(all.length, 5, all.join("\n"));
+    for (const [key, index, what] of DEMO) {
+      const found = all.filter((l) => l.includes(`result_key=${key} index=${index} `));
+      assert.equal(found.length, 1, `${key}:\n${all.join("\n")}`);
+      assert.match(found[0], /^verified new result key=batches\/resw1 /);
+      assert.match(found[0], what);
+      assert.match(found[0], / webhook-id=res_[0-9a-f]{32}$/);
+    }
+    assert.match(lines.at(-1), /^verified new key=batches\/resw1 status=succeeded settled_by=reconcile output_file_uri=files\/resw1-results results=\{"total":4,"delivered":4,"errors":1,"parked":0\} webhook-id=msg_/);
+    assert.ok(stubLines.some((l) => l === "gemini-stub: GET files/resw1-results: 4 lines"), stubLines.join("\n"));
+  });
+
+  it("inline results, in another order on every read: each once, the same ids as their keys say", async () => {
+    await settle("batches/resw2", "--inline");
+    await sleep(500);
+    const all = linesOf("batches/resw2");
+    assert.equal(all.filter((l) => l.includes("result_key=")).length, 4, all.join("\n"));
+    for (const [key] of DEMO) assert.equal(all.filter((l) => l.includes(`result_key=${key} `)).length, 1, `${key}:\n${all.join("\n")}`);
+    assert.match(all.at(-1), /results=\{"total":4,"delivered":4,"errors":1,"parked":0\}/);
+  });
+
+  it("a file that answers 404 for a while after done is read once it is there", async () => {
+    await settle("batches/resw3", "--file-after", "3");
+    assert.ok(stubLines.includes("gemini-stub: GET files/resw3-results: not found"), "asked before it was there");
+    const all = linesOf("batches/resw3");
+    assert.equal(all.filter((l) => l.includes("result_key=")).length, 4, all.join("\n"));
+    assert.match(all.at(-1), /"total":4,"delivered":4/);
   });
 });
