@@ -37,6 +37,9 @@ pub enum AlertKind {
     StuckSettled,
     /// A side effect alerted `effect_failing` was delivered: the resolution of that alert.
     EffectRecovered,
+    /// A `"results": "each"` batch's results file is gone for good or unreadable: its unread
+    /// results are parked, and the job's effect says `results.file_parked`.
+    ResultsFileParked,
 }
 
 impl AlertKind {
@@ -53,6 +56,7 @@ impl AlertKind {
             AlertKind::AlarmFailing => "alarm_failing",
             AlertKind::StuckSettled => "stuck_settled",
             AlertKind::EffectRecovered => "effect_recovered",
+            AlertKind::ResultsFileParked => "results_file_parked",
         }
     }
 

@@ -14,3 +14,4 @@ pub mod item;
 pub mod keys;
 pub mod lines;
 pub mod progress;
+pub mod source;

@@ -12,4 +12,5 @@ pub mod json_answer;
 pub mod listing;
 pub mod metrics;
 pub mod one_operation;
+pub mod results_routes;
 pub mod webhook;

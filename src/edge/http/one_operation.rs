@@ -27,6 +27,9 @@ pub async fn serve(
     env: &Env,
     by: Actor,
 ) -> Result<Response, Refusal> {
+    if let Some(answer) = super::results_routes::serve(req, &method, rest, env, &by).await {
+        return answer;
+    }
     let (name, action) = match (method, rest.rsplit_once('/')) {
         (Method::Post, Some((name, "redeliver"))) => (name, Some("redeliver")),
         (Method::Post, Some((name, "retry"))) => (name, Some("retry")),

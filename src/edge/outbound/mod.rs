@@ -5,4 +5,5 @@ pub mod analytics;
 pub mod destination;
 pub mod fetch;
 pub mod ledger_kv;
+pub mod results_file;
 pub mod status_api;

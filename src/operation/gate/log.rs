@@ -14,6 +14,20 @@ use crate::operation::Actor;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum GateLog {
+    /// A `"results": "each"` batch's results file is gone or unreadable: its unread results
+    /// are parked (one alert).
+    ResultsFileParked {
+        key: String,
+        reason: String,
+    },
+    /// An operator put parked results back, to be sent again under their first ids.
+    ResultsRetried {
+        key: String,
+        taken: u64,
+        reason: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     ForgottenByOperator {
         key: String,
         reason: String,

@@ -107,6 +107,8 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         | GateCommand::Forget { .. }
         | GateCommand::Settle { .. }
         | GateCommand::Inspect
+        | GateCommand::Results { .. }
+        | GateCommand::RetryResults { .. }
         | GateCommand::Repair { .. }) => held(record, |op| operator_action(op, action, now)),
     }
 }
@@ -124,8 +126,9 @@ fn operator_action(op: Operation, command: GateCommand, now: i64) -> Step {
         GateCommand::Settle { status, reason, by } => {
             operator::settle(op, &status, reason, by, now)
         }
-        // A repair has been done (or was not needed) by the object before this step; `step`
-        // sends nothing else here.
+        // A repair has been done (or was not needed) by the object before this step, and the
+        // object answers the results' commands from their tables; `step` sends nothing else
+        // here.
         _ => operator::inspect(op),
     }
 }

@@ -124,6 +124,22 @@ pub enum GateCommand {
     Reindex,
     /// Return the record and its history.
     Inspect,
+    /// A `"results": "each"` batch's results in `state` (`parked`, `waiting` or
+    /// `delivered`), a page after `cursor`; answered by the object from its results tables.
+    Results {
+        state: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<String>,
+    },
+    /// Put parked results back to be sent again under their first ids, a page at a time
+    /// (`dry_run`: count them, change nothing); answered by the object.
+    RetryResults {
+        reason: String,
+        #[serde(default)]
+        dry_run: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     /// An operator's repair of a stored record that does not load (the object handles it
     /// before loading): recovered as a load would, or rebuilt from this key and name
     /// ([`crate::operation::recovery::rebuild`]); then answered as [`GateCommand::Inspect`].
@@ -182,7 +198,8 @@ impl GateCommand {
             | GateCommand::RetryNow { by, .. }
             | GateCommand::Forget { by, .. }
             | GateCommand::Settle { by, .. }
-            | GateCommand::Repair { by, .. } => *by = Some(actor),
+            | GateCommand::Repair { by, .. }
+            | GateCommand::RetryResults { by, .. } => *by = Some(actor),
             _ => {}
         }
         self
@@ -266,6 +283,11 @@ pub enum GateReply {
         history: Vec<Value>,
     },
     NotFound,
+    /// The answer to [`GateCommand::Results`] or [`GateCommand::RetryResults`], as the admin
+    /// API gives it.
+    ResultsAnswer {
+        answer: Value,
+    },
 }
 
 /// What an operator's action on a side effect did.

@@ -82,6 +82,9 @@ impl Operation {
                 "{status}: its side effect was delivered after {} attempts",
                 self.effect.attempts
             ),
+            AlertKind::ResultsFileParked => {
+                format!("{status}: its results file could not be read; its results are parked")
+            }
         };
         crate::operation::alert::body(
             kind,

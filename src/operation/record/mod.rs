@@ -148,6 +148,10 @@ pub struct Operation {
     /// The results' counts once every result is settled: the job's effect carries them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     results_counts: Option<Value>,
+    /// An operator's retry of parked results after the job's effect: when the results' next
+    /// step is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    results_retry_at_ms: Option<i64>,
 }
 
 impl Operation {
@@ -180,6 +184,7 @@ impl Operation {
             open_alerts: Vec::new(),
             results: ResultsMode::None,
             results_counts: None,
+            results_retry_at_ms: None,
         }
     }
 
@@ -523,6 +528,7 @@ impl Operation {
         times.extend(self.confirmation.as_ref().map(|c| c.due_ms));
         times.extend(self.pending_alerts.iter().map(|a| a.due_ms));
         times.extend(self.expires_at_ms(retention_ms));
+        times.extend(self.results_retry_at_ms);
         times.into_iter().min()
     }
 

@@ -85,18 +85,42 @@ impl Operation {
         true
     }
 
-    /// Every result is delivered or parked: the job's effect is due now with `counts`.
+    /// True while the results' progress has work: owed before the job's effect, or an
+    /// operator's retry of parked results after it (not once the operation is forgotten).
+    pub fn results_running(&self) -> bool {
+        self.results_owed()
+            || (self.results_retry_at_ms.is_some() && self.notes.forgotten.is_none())
+    }
+
+    /// Every result is delivered or parked: the counts are kept, and while the job's effect
+    /// is owed it is due now with them (after it, an operator's retry only updates them).
     pub fn results_settled(&mut self, counts: Value, now_ms: i64) {
+        if self.results_owed() {
+            self.effect.next_attempt_ms = now_ms;
+        }
         self.results_counts = Some(counts);
-        self.effect.next_attempt_ms = now_ms;
+        self.results_retry_at_ms = None;
         self.changed();
+    }
+
+    /// An operator put parked results back: the results' progress runs again now.
+    pub fn results_retried(&mut self, now_ms: i64) {
+        if !self.results_owed() {
+            self.results_retry_at_ms = Some(now_ms);
+            self.changed();
+        }
     }
 
     /// The results' next step is due at `at_ms` (the alarm wakes then). Returns whether the
     /// record changed; the version does not move (nothing the ledger shows changed).
     pub fn results_due_at(&mut self, at_ms: i64) -> bool {
-        let changed = self.effect.next_attempt_ms != at_ms;
-        self.effect.next_attempt_ms = at_ms;
+        let slot = if self.results_owed() {
+            &mut self.effect.next_attempt_ms
+        } else {
+            self.results_retry_at_ms.get_or_insert(at_ms)
+        };
+        let changed = *slot != at_ms;
+        *slot = at_ms;
         changed
     }
 }
@@ -134,8 +158,15 @@ mod tests {
             "the job waits for its results"
         );
         op.results_settled(json!({"total": 2}), 20);
-        assert!(!op.results_owed());
+        assert!(!op.results_owed() && !op.results_running());
         assert!(op.claim(20, 1_000).is_some());
+        op.results_retried(30);
+        assert!(op.results_running());
+        assert_eq!(
+            op.wake_at_ms(1_000_000, 0),
+            Some(30),
+            "the retry wakes the gate"
+        );
     }
 
     #[test]

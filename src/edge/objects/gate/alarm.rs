@@ -1,11 +1,10 @@
-//! The OperationGate's alarm run: performs, piece by piece, the work
-//! [`crate::operation::gate::alarm::AlarmPlan`] asks for, and stores each piece's step.
+//! The OperationGate's alarm run: performs, piece by piece, the work of
+//! [`crate::operation::gate::alarm::AlarmPlan`] (after a batch's results' step, `results.rs`).
 //!
-//! Guarantees: nothing here decides what runs or in what order (the plan does); each await
-//! is followed by a fresh read of the record, so commands that ran meanwhile are kept; the
-//! claim is stored (and the alarm set at its expiry) before the side-effect call leaves, and
-//! the fencing token decides whether its answer commits; the alarm is set last, by the
-//! upkeep, for the record as it then stands.
+//! Guarantees: nothing here decides what runs or in what order (the plan does); each await is
+//! followed by a fresh read of the record, so commands that ran meanwhile are kept; the claim is
+//! stored (and the alarm set at its expiry) before the side-effect call leaves, and the fencing
+//! token decides whether its answer commits; the upkeep sets the alarm last, for the record.
 
 use worker::{Env, Response, Result};
 
@@ -58,9 +57,10 @@ impl<'a> Run<'a> {
     /// The alarm's work, as the plan says, for the record as each piece leaves it.
     pub(super) async fn perform(&self) -> Result<Response> {
         let config = self.config;
-        let Some(mut op) = self.storage.load()? else {
+        let Some(op) = self.storage.load()? else {
             return Response::ok("empty");
         };
+        let mut op = super::results::step(self.env, self.storage, config, op).await?;
         let limits = limits(config);
         let status_api = config.gemini_api_key.is_some();
         let mut plan = alarm::plan(&op, now_ms(), &limits);

@@ -30,6 +30,9 @@ mod alarm;
 mod commit;
 mod open_memory;
 mod repair;
+mod results;
+mod results_admin;
+mod results_store;
 mod storage;
 mod tables;
 
@@ -89,6 +92,9 @@ impl DurableObject for OperationGate {
             ),
             _ => None,
         };
+        if let Some(reply) = results_admin::answer(&self.storage, &command, &config).await? {
+            return Response::from_json(&reply);
+        }
         let now = now_ms();
         command.limit_new_records(now - config.retention_ms());
         let step = crate::operation::gate::step(self.storage.load()?, command, now);
@@ -97,6 +103,7 @@ impl DurableObject for OperationGate {
         if let (true, GateReply::Found { history, .. }) = (attach_history, &mut reply) {
             *history = self.storage.history()?;
         }
+        results_admin::annotate(&self.storage, &mut reply)?;
         if self.storage.take_recovered() {
             // The record was recovered on load: its alert waits for the alarm.
             if let Some(op) = self.storage.load()? {

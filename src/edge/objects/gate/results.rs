@@ -1,0 +1,319 @@
+//! A `"results": "each"` batch's results, driven by its gate's alarm: one step of
+//! [`crate::results::progress::Progress`] per run, performed here.
+//!
+//! Guarantees: nothing here decides (the progress does); a chunk's claim is stored before any
+//! of its results is sent, and its commit (the counts and the rows of the results not
+//! delivered) after every answer, each in one storage write; a row's attempt is stored as
+//! begun before it is sent. Each result is sent signed like every effect under its one
+//! `webhook-id` ([`crate::results::body::result_message_id`]). While work remains the record's
+//! due time stays in the past, so the alarm the run sets last fires again at once; a wait (a
+//! file not there yet, rows backing off, a destination that is open or asked to wait) moves
+//! it. Commands (a duplicate delivery, a poll, an operator's redeliver) never start a step:
+//! only the alarm does, one run at a time, from the stored progress.
+
+use futures_util::future::join_all;
+use serde_json::Value;
+use worker::{Env, Result};
+
+use crate::config::Config;
+use crate::operation::alert::AlertKind;
+use crate::operation::effect::outcome;
+use crate::operation::gate::log::GateLog;
+use crate::operation::key::Collection;
+use crate::operation::{AttemptOutcome, Operation};
+use crate::reconciliation::status::status_url;
+use crate::results::body::build_result_request;
+use crate::results::item::{from_inline, from_piece, ResultItem, Source};
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Progress, Step, CHUNK_RESULTS};
+use crate::results::source::{self, file_of_details, found_in_status, Found};
+
+use crate::edge::objects::gate::open_memory;
+use crate::edge::objects::gate::results_store::ResultsStore;
+use crate::edge::objects::gate::storage::GateStorage;
+use crate::edge::outbound::destination;
+use crate::edge::outbound::results_file::{read_chunk, status_answer};
+use crate::edge::runtime::{log, now_ms, random_unit};
+
+/// What a step performs with.
+struct Driver<'a> {
+    env: &'a Env,
+    storage: &'a GateStorage,
+    config: &'a Config,
+    store: ResultsStore<'a>,
+    limits: Limits,
+}
+
+/// One step of the results of `op`, when they are running; `op` as it then stands.
+pub(super) async fn step(
+    env: &Env,
+    storage: &GateStorage,
+    config: &Config,
+    op: Operation,
+) -> Result<Operation> {
+    if !op.results_running() {
+        return Ok(op);
+    }
+    let limits = source::limits(
+        config.results.file_wait_secs,
+        config.retry_base_secs,
+        config.retry_max_secs,
+    );
+    let driver = Driver {
+        env,
+        storage,
+        config,
+        store: ResultsStore::new(storage),
+        limits,
+    };
+    driver.step(op).await
+}
+
+impl Driver<'_> {
+    async fn step(&self, op: Operation) -> Result<Operation> {
+        let now = now_ms();
+        let progress = match self.store.load()? {
+            Some(p) => p,
+            None => match self.begin(&op, now).await? {
+                Some(p) => p,
+                // The status API could not say where the results are: ask again later.
+                None => return self.due_at(op, now + self.config.retry_base_secs * 1_000),
+            },
+        };
+        let label = self.config.desk_settings(op.kind()).label;
+        if open_memory::is_open(&label, now) {
+            // The destination's desk said it is open: the results wait like the job's effect.
+            let probe = self.config.destination_probe_max_secs * 1_000;
+            return self.due_at(op, now + probe);
+        }
+        match progress.next(now) {
+            Step::WaitUntil(at) => self.due_at(op, at),
+            Step::ReadChunk { from, .. } => self.read_and_send(op, progress, from).await,
+            Step::ResendChunk(claim) => self.resend(op, progress, claim).await,
+            Step::RetryRows(indexes) => self.retry_rows(op, progress, indexes).await,
+            Step::Alert(reason) => self.alert(op, progress, &reason),
+            Step::Settled(counts) => self.settled(op, counts),
+        }
+    }
+
+    /// Where the results are: the outcome's `responsesFile`, else the status answer's file or
+    /// inline items (stored once, in their stable order). `None` when that cannot be asked.
+    async fn begin(&self, op: &Operation, now: i64) -> Result<Option<Progress>> {
+        let since = op.settled_at_ms().unwrap_or(now);
+        let source = match file_of_details(op.details()) {
+            Some(name) => Source::File { name },
+            None => {
+                let url = status_url(
+                    &self.config.gemini_api_base,
+                    Collection::Batches,
+                    op.key(),
+                    op.name(),
+                );
+                self.storage.meter().add(|u| u.outbound_fetches += 1);
+                match status_answer(self.config, &url).await {
+                    Ok(answer) => match found_in_status(&answer) {
+                        Some(Found::File(name)) => Source::File { name },
+                        Some(Found::Inline(items)) => {
+                            self.store.put_inline(&from_inline(&items))?;
+                            Source::Inline
+                        }
+                        // A succeeded batch that names no results has none.
+                        None => Source::Inline,
+                    },
+                    Err(_) => return Ok(None),
+                }
+            }
+        };
+        let progress = Progress::begin(source, since);
+        self.store.save(&progress, Vec::new())?;
+        Ok(Some(progress))
+    }
+
+    /// The results' next step is due at `at`: the record's due time (stored when it moved).
+    fn due_at(&self, op: Operation, at: i64) -> Result<Operation> {
+        let mut op = self.storage.load()?.unwrap_or(op);
+        if op.results_due_at(at) {
+            self.storage.save(&op)?;
+        }
+        Ok(op)
+    }
+
+    /// Reads the chunk that starts at `from`: its results, where it ends, and whether it is
+    /// the last; or why the file could not be read.
+    async fn read(
+        &self,
+        source: &Source,
+        from: crate::results::lines::Checkpoint,
+    ) -> Result<
+        std::result::Result<
+            (Vec<ResultItem>, crate::results::lines::Checkpoint, bool),
+            FileTrouble,
+        >,
+    > {
+        match source {
+            Source::File { name } => {
+                self.storage.meter().add(|u| u.outbound_fetches += 1);
+                let read = read_chunk(self.config, name, from, CHUNK_RESULTS as usize).await;
+                Ok(read.map(|(pieces, to, last)| {
+                    let items = pieces.iter().map(|p| from_piece(p, name)).collect();
+                    (items, to, last)
+                }))
+            }
+            Source::Inline => {
+                let (items, last) = self.store.inline_chunk(from.index, CHUNK_RESULTS)?;
+                let to = crate::results::lines::Checkpoint {
+                    offset: 0,
+                    index: from.index + items.len() as u64,
+                };
+                Ok(Ok((items, to, last)))
+            }
+        }
+    }
+
+    /// Reads the next chunk, claims it (stored), sends its results and commits them.
+    async fn read_and_send(
+        &self,
+        op: Operation,
+        mut progress: Progress,
+        from: crate::results::lines::Checkpoint,
+    ) -> Result<Operation> {
+        match self.read(&progress.source.clone(), from).await? {
+            Err(trouble) => {
+                progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
+                self.store.save(&progress, Vec::new())?;
+                Ok(op)
+            }
+            Ok((items, to, last)) => {
+                let claim = progress.claim(to, last);
+                self.store.save(&progress, Vec::new())?;
+                self.send_and_commit(op, progress, claim.chunk, items).await
+            }
+        }
+    }
+
+    /// A claim found stored: a kill came between claim and commit, so the chunk is read again
+    /// and each of its results sent again under its same id.
+    async fn resend(
+        &self,
+        op: Operation,
+        mut progress: Progress,
+        claim: ChunkClaim,
+    ) -> Result<Operation> {
+        match self.read(&progress.source.clone(), claim.from).await? {
+            Err(trouble) => {
+                progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
+                self.store.save(&progress, Vec::new())?;
+                Ok(op)
+            }
+            Ok((items, _, _)) => {
+                let items = items
+                    .into_iter()
+                    .filter(|i| i.index < claim.to.index)
+                    .collect();
+                self.send_and_commit(op, progress, claim.chunk, items).await
+            }
+        }
+    }
+
+    /// Sends the results at once (they are independent) and returns each one's outcome, and
+    /// the longest wait a destination asked for.
+    async fn send(
+        &self,
+        op: &Operation,
+        items: Vec<ResultItem>,
+    ) -> (Vec<(ResultItem, AttemptOutcome)>, Option<i64>) {
+        let destination = self.config.destination_for(op.kind());
+        let timeout = self.config.effect_timeout_ms;
+        let secret = &self.config.effect_signing_secret;
+        let now_secs = now_ms() / 1_000;
+        let calls = items.iter().map(|item| {
+            let request = build_result_request(op, item, secret, now_secs);
+            let destination = &destination;
+            async move { destination::deliver(self.env, destination, &request, timeout).await }
+        });
+        self.storage
+            .meter()
+            .add(|u| u.outbound_fetches += items.len() as u64);
+        let answers = join_all(calls).await;
+        let now = now_ms();
+        let asked = answers.iter().filter_map(|a| a.asked_wait_ms(now)).max();
+        let outcomes = items
+            .into_iter()
+            .zip(answers.iter().map(|a| outcome(a, timeout)))
+            .collect();
+        (outcomes, asked)
+    }
+
+    async fn send_and_commit(
+        &self,
+        op: Operation,
+        mut progress: Progress,
+        chunk: u64,
+        items: Vec<ResultItem>,
+    ) -> Result<Operation> {
+        let (answers, asked) = self.send(&op, items).await;
+        let writes = progress.commit(chunk, answers, now_ms(), &self.limits, random_unit());
+        self.store.save(&progress, writes.unwrap_or_default())?;
+        self.after_sends(op, asked)
+    }
+
+    /// A destination that asked for a wait (`Retry-After`) is not sent more before it.
+    fn after_sends(&self, op: Operation, asked: Option<i64>) -> Result<Operation> {
+        match asked {
+            Some(wait) => self.due_at(op, now_ms() + wait.min(self.config.retry_max_secs * 1_000)),
+            None => Ok(self.storage.load()?.unwrap_or(op)),
+        }
+    }
+
+    /// Sends the due rows again (at most a chunk's worth), each begun (stored) first.
+    async fn retry_rows(
+        &self,
+        op: Operation,
+        mut progress: Progress,
+        indexes: Vec<u64>,
+    ) -> Result<Operation> {
+        let mut items = Vec::new();
+        for index in indexes.into_iter().take(CHUNK_RESULTS as usize) {
+            if let (true, Some(item)) = (progress.begin_row(index), self.store.kept(index)?) {
+                items.push(item);
+            }
+        }
+        self.store.save(&progress, Vec::new())?;
+        let (answers, asked) = self.send(&op, items).await;
+        let now = now_ms();
+        let writes = answers
+            .iter()
+            .filter_map(|(item, outcome)| {
+                progress.finish_row(item.index, outcome, now, &self.limits, random_unit())
+            })
+            .collect();
+        self.store.save(&progress, writes)?;
+        self.after_sends(op, asked)
+    }
+
+    /// The file is parked: one `results_file_parked` alert, through the record's alerts
+    /// (raised once per operation, sent by this run's alert stage).
+    fn alert(&self, op: Operation, mut progress: Progress, reason: &str) -> Result<Operation> {
+        let mut op = self.storage.load()?.unwrap_or(op);
+        let now = now_ms();
+        let age = (now - op.settled_at_ms().unwrap_or(now)) / 1_000;
+        if op.raise_alert(AlertKind::ResultsFileParked, age, now) {
+            self.storage.save(&op)?;
+        }
+        let line = GateLog::ResultsFileParked {
+            key: op.key().to_string(),
+            reason: reason.to_string(),
+        };
+        log(line.to_value());
+        progress.alert_raised();
+        self.store.save(&progress, Vec::new())?;
+        Ok(op)
+    }
+
+    /// Every result is settled: the counts go on the record, and the job's effect is due.
+    fn settled(&self, op: Operation, counts: Value) -> Result<Operation> {
+        let mut op = self.storage.load()?.unwrap_or(op);
+        op.results_settled(counts, now_ms());
+        self.storage.save(&op)?;
+        Ok(op)
+    }
+}

@@ -1,0 +1,145 @@
+//! The results' commands, answered by the gate object from its results tables: the listing
+//! of one state (`parked`, `waiting`, `delivered`) with a cursor, an operator's retry of
+//! parked results, and the progress shown on the operation's record.
+//!
+//! Guarantees: a listing reads at most one page; delivered results are not stored, so
+//! `delivered` answers their count only; a retry takes at most the room left below
+//! `MAX_WAITING` (a page), out of the parked rows and into the progress in one storage write,
+//! each then sent by the alarm under its first `webhook-id`; a dry run changes nothing.
+
+use serde_json::{json, Value};
+use worker::Result;
+
+use crate::config::Config;
+use crate::operation::gate::log::GateLog;
+use crate::operation::gate::protocol::{GateCommand, GateReply};
+use crate::results::source;
+
+use crate::edge::objects::gate::commit::limits;
+use crate::edge::objects::gate::results_store::ResultsStore;
+use crate::edge::objects::gate::storage::GateStorage;
+use crate::edge::runtime::{log, now_ms};
+
+/// Results listed a page.
+const PAGE: usize = 100;
+
+/// The answer to a results command, or `None` for any other command.
+pub(super) async fn answer(
+    storage: &GateStorage,
+    command: &GateCommand,
+    config: &Config,
+) -> Result<Option<GateReply>> {
+    let reply = match command {
+        GateCommand::Results { state, cursor } => list(storage, state, cursor.as_deref())?,
+        GateCommand::RetryResults {
+            reason,
+            dry_run,
+            by,
+        } => retry(storage, config, reason, *dry_run, by.clone()).await?,
+        _ => return Ok(None),
+    };
+    Ok(Some(reply))
+}
+
+fn results_answer(answer: Value) -> GateReply {
+    GateReply::ResultsAnswer { answer }
+}
+
+/// One page of the results in `state`.
+fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> Result<GateReply> {
+    let Some(op) = storage.load()? else {
+        return Ok(GateReply::NotFound);
+    };
+    let store = ResultsStore::new(storage);
+    let progress = store.load()?;
+    let after: Option<u64> = cursor.and_then(|c| c.parse().ok());
+    let rows = match state {
+        "parked" => store.parked(after, PAGE)?,
+        "waiting" => progress
+            .iter()
+            .flat_map(|p| p.rows.values())
+            .filter(|r| after.is_none_or(|a| r.index > a))
+            .take(PAGE)
+            .cloned()
+            .collect(),
+        "delivered" => {
+            let count = progress.as_ref().map_or(0, |p| p.counts.delivered);
+            return Ok(results_answer(
+                json!({"key": op.key(), "state": state, "count": count,
+                "note": "delivered results are not stored: their count only"}),
+            ));
+        }
+        _ => {
+            return Ok(results_answer(
+                json!({"error": "state must be parked, waiting or delivered"}),
+            ))
+        }
+    };
+    let next = (rows.len() == PAGE).then(|| rows.last().map(|r| r.index.to_string()));
+    let results: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({"result_key": r.result_key, "index": r.index, "attempts": r.attempts,
+            "last_error": r.last_error, "next_attempt_ms": r.next_at_ms})
+        })
+        .collect();
+    Ok(results_answer(
+        json!({"key": op.key(), "state": state, "results": results,
+        "cursor": next.flatten()}),
+    ))
+}
+
+/// Puts a page of parked results back (or counts them, for a dry run).
+async fn retry(
+    storage: &GateStorage,
+    config: &Config,
+    reason: &str,
+    dry_run: bool,
+    by: Option<crate::operation::Actor>,
+) -> Result<GateReply> {
+    let Some(mut op) = storage.load()? else {
+        return Ok(GateReply::NotFound);
+    };
+    let store = ResultsStore::new(storage);
+    let Some(mut progress) = store.load()? else {
+        return Ok(results_answer(
+            json!({"key": op.key(), "retried": 0, "would_retry": 0}),
+        ));
+    };
+    let parked = store.parked(None, progress.room())?;
+    if dry_run {
+        return Ok(results_answer(json!({"key": op.key(), "dry_run": true,
+            "would_retry": parked.len(), "parked": progress.counts.parked})));
+    }
+    let now = now_ms();
+    store.unpark(&parked)?;
+    let taken = progress.retry_parked(parked, now);
+    store.save(&progress, Vec::new())?;
+    if taken > 0 {
+        op.results_retried(now);
+        op.results_due_at(now);
+        storage.save(&op)?;
+        storage.sync_alarm(&op, &limits(config)).await?;
+    }
+    log(GateLog::ResultsRetried {
+        key: op.key().to_string(),
+        taken,
+        reason: reason.to_string(),
+        by,
+    }
+    .to_value());
+    Ok(results_answer(json!({"key": op.key(), "retried": taken,
+        "parked": progress.counts.parked})))
+}
+
+/// Adds where the results stand to a record's view (`results_progress`), when they began.
+pub(super) fn annotate(storage: &GateStorage, reply: &mut GateReply) -> Result<()> {
+    if let GateReply::Found { operation, .. } = reply {
+        if operation["results"] == "each" {
+            if let Some(progress) = ResultsStore::new(storage).load()? {
+                operation["results_progress"] = source::view(&progress);
+            }
+        }
+    }
+    Ok(())
+}

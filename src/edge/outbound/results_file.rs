@@ -1,0 +1,146 @@
+//! Reading one chunk of a batch's results: from the results file (downloaded with our key from
+//! `GEMINI_API_BASE`, from the chunk's checkpoint with an HTTP `Range`), or from the status
+//! answer's inline responses (read whole, once, under a cap).
+//!
+//! Guarantees: the file is streamed chunk by chunk through the splitter
+//! ([`crate::results::lines`]) and the stream is cancelled as soon as the chunk is full, so
+//! memory is one chunk of results plus one line under its cap, whatever the file's size; a
+//! server that ignores `Range` (200 instead of 206) is read from byte 0 with the bytes before
+//! the checkpoint discarded unread; the headers must come within [`HEAD_TIMEOUT_MS`] and the
+//! chunk within [`BODY_TIMEOUT_MS`] more, and every way the call ends is a chunk or a
+//! [`FileTrouble`].
+
+use std::time::Duration;
+
+use futures_util::future::{select, Either};
+use worker::{AbortController, Delay, Fetch, Headers, Request, RequestInit, ResponseBody};
+
+use crate::body_cap::Read;
+use crate::config::Config;
+use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter, Piece};
+use crate::results::progress::{FileTrouble, CHUNK_BYTES, LINE_CAP};
+use crate::results::source::{download_url, trouble_of_status};
+
+use crate::edge::capped_read::each_chunk;
+use crate::edge::outbound::fetch::{send, Keep};
+use crate::edge::runtime::js_error;
+
+/// The download's headers get this long.
+const HEAD_TIMEOUT_MS: u64 = 10_000;
+/// A chunk's bytes get this long once the headers came: 8 MiB at a slow 1 MB/s, and the
+/// discarded prefix of a server that ignores `Range` on a file of some hundreds of MB.
+const BODY_TIMEOUT_MS: u64 = 25_000;
+/// Longest status answer read for its inline responses: Gemini caps an inline batch's
+/// requests at 20 MB; its responses are read whole once, then kept in the object.
+pub const INLINE_MAX_BYTES: usize = 64 << 20;
+
+/// One chunk of the file: its lines, where the next chunk starts, and whether this one ends
+/// the file.
+pub type Chunk = (Vec<Piece>, Checkpoint, bool);
+
+/// Reads the chunk of `file` that starts at `from`: at most `max_results` lines.
+pub async fn read_chunk(
+    config: &Config,
+    file: &str,
+    from: Checkpoint,
+    max_results: usize,
+) -> Result<Chunk, FileTrouble> {
+    let request = request(config, file, from).map_err(|e| unavailable(&e.to_string()))?;
+    let controller = AbortController::default();
+    let signal = controller.signal();
+    let fetch = Fetch::Request(request);
+    let head = fetch.send_with_signal(&signal);
+    let deadline = Delay::from(Duration::from_millis(HEAD_TIMEOUT_MS));
+    let response = match select(Box::pin(head), Box::pin(deadline)).await {
+        Either::Left((Ok(r), _)) => r,
+        Either::Left((Err(e), _)) => return Err(unavailable(&e.to_string())),
+        Either::Right(_) => {
+            controller.abort();
+            return Err(unavailable("timeout waiting for the download"));
+        }
+    };
+    let status = response.status_code();
+    if let Some(trouble) = trouble_of_status(status) {
+        controller.abort();
+        return Err(trouble);
+    }
+    // 206: the stream starts at the checkpoint; 200: at byte 0, the done part discarded.
+    let stream_start = if status == 206 { from.offset } else { 0 };
+    let read = async move {
+        let mut splitter = LineSplitter::resume(LINE_CAP, from, stream_start);
+        let mut fill = ChunkFill::new(max_results, CHUNK_BYTES);
+        let mut full = false;
+        if let ResponseBody::Stream(stream) = response.body() {
+            each_chunk(stream, |bytes| {
+                full = fill.offer(splitter.push(bytes));
+                if full {
+                    Read::Enough
+                } else {
+                    Read::More
+                }
+            })
+            .await
+            .map_err(|e| js_error(&e))?;
+        }
+        Ok::<_, String>((splitter, fill, full))
+    };
+    let deadline = Delay::from(Duration::from_millis(BODY_TIMEOUT_MS));
+    let outcome = select(Box::pin(read), Box::pin(deadline)).await;
+    controller.abort();
+    let (splitter, mut fill, full) = match outcome {
+        Either::Left((Ok(read), _)) => read,
+        Either::Left((Err(e), _)) => return Err(unavailable(&e)),
+        Either::Right(_) => return Err(unavailable("timeout reading the results file")),
+    };
+    if full {
+        let at = splitter.checkpoint();
+        return Ok(fill.close(at, false));
+    }
+    let (tail, end) = splitter.finish();
+    fill.offer(tail);
+    Ok(fill.close(end, true))
+}
+
+fn unavailable(why: &str) -> FileTrouble {
+    FileTrouble::Unavailable(why.to_string())
+}
+
+/// The download's GET: our key, and a `Range` from the checkpoint (none from byte 0).
+fn request(config: &Config, file: &str, from: Checkpoint) -> worker::Result<Request> {
+    let headers = Headers::new();
+    if let Some(key) = &config.gemini_api_key {
+        headers.set("x-goog-api-key", &key.0)?;
+    }
+    if from.offset > 0 {
+        headers.set("range", &format!("bytes={}-", from.offset))?;
+    }
+    let mut init = RequestInit::new();
+    init.with_headers(headers);
+    Request::new_with_init(&download_url(&config.gemini_api_base, file), &init)
+}
+
+/// The operation's status answer, whole (under [`INLINE_MAX_BYTES`]), to find its results:
+/// the JSON, or why it could not be had.
+pub async fn status_answer(config: &Config, url: &str) -> Result<serde_json::Value, FileTrouble> {
+    let mut headers = vec![("accept", "application/json".to_string())];
+    if let Some(key) = &config.gemini_api_key {
+        headers.push(("x-goog-api-key", key.0.clone()));
+    }
+    let answer = send(
+        worker::Method::Get,
+        url,
+        &headers,
+        None,
+        (HEAD_TIMEOUT_MS + BODY_TIMEOUT_MS) as i64,
+        Keep::Whole(INLINE_MAX_BYTES),
+    )
+    .await;
+    match answer {
+        crate::retry::PeerAnswer::Http { status, body, .. } => match trouble_of_status(status) {
+            Some(trouble) => Err(trouble),
+            None => serde_json::from_str(&body)
+                .map_err(|e| FileTrouble::Unreadable(format!("status answer is not JSON: {e}"))),
+        },
+        other => Err(unavailable(&other.summary())),
+    }
+}

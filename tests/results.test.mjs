@@ -1,0 +1,303 @@
+// One side effect per result of a batch, exactly once, against the built worker in workerd:
+// a local stand-in for Gemini serves the status answer and the results file (with `Range`),
+// a local destination counts every result by its `webhook-id`. A 500-line file (a malformed
+// line among them) gives 500 results and then the job's effect with counts; an inline batch
+// read in another order gives each once; results that fail are retried and those refused are
+// parked while the rest go on, and an operator's retry sends each parked one once under its
+// first id; a worker killed (SIGKILL) mid-file and restarted on its storage misses none and
+// sends none under a new id; a file that answers 404 for a while is read once it appears; a
+// file gone for good alerts once and the job's effect says so.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { createServer } from "node:http";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { startWorker, startServer, eventually, sleep, assertEffectValid } from "./helpers.mjs";
+
+/** A stand-in for Gemini: status answers by batch key, results files by name (honouring
+ * `Range` unless `ignoreRange`), each file answering `fileStatus(name, n)` first when set. */
+async function startGemini() {
+  const state = { status: new Map(), files: new Map(), fileStatus: new Map(), ignoreRange: false, downloads: [] };
+  const server = createServer((req, res) => {
+    const url = new URL(req.url, "http://x");
+    const download = url.pathname.match(/^\/download\/v1beta\/(files\/[^:]+):download$/);
+    if (download) {
+      const name = download[1];
+      state.downloads.push({ name, range: req.headers.range, key: req.headers["x-goog-api-key"] });
+      const n = state.downloads.filter((d) => d.name === name).length;
+      const forced = state.fileStatus.get(name)?.(n);
+      const file = state.files.get(name);
+      if (forced || !file) {
+        res.writeHead(forced ?? 404, { "content-type": "application/json" });
+        return res.end(JSON.stringify({ error: { code: forced ?? 404 } }));
+      }
+      const range = !state.ignoreRange && req.headers.range?.match(/^bytes=(\d+)-$/);
+      const from = range ? Number(range[1]) : 0;
+      res.writeHead(range ? 206 : 200, { "content-type": "application/jsonl" });
+      // In pieces, as a network would: the worker stops reading once its chunk is full.
+      const body = file.subarray(from);
+      let at = 0;
+      const pump = () => {
+        while (at < body.length) {
+          const ok = res.write(body.subarray(at, at + 4096));
+          at += 4096;
+          if (!ok) return res.once("drain", pump);
+        }
+        res.end();
+      };
+      res.on("error", () => {});
+      return pump();
+    }
+    const status = state.status.get(url.pathname.replace(/^\/v1beta\//, ""));
+    const answer = typeof status === "function" ? status() : status;
+    res.writeHead(answer ? 200 : 404, { "content-type": "application/json" });
+    res.end(JSON.stringify(answer ?? { error: { code: 404 } }));
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return { ...state, state, url: `http://127.0.0.1:${server.address().port}`, close: () => new Promise((r) => { server.closeAllConnections(); server.close(r); }) };
+}
+
+const succeeded = (key, output) => ({ name: key, done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", updateTime: new Date().toISOString(), ...(output ? { output } : {}) } });
+
+/** A file of `n` keyed lines (line `bad` is not JSON). */
+function fileOf(n, { bad = -1, errorEvery = 0 } = {}) {
+  const lines = [];
+  for (let i = 0; i < n; i++) {
+    if (i === bad) lines.push("{not json");
+    else if (errorEvery && i % errorEvery === 0) lines.push(JSON.stringify({ key: `k${i}`, error: { code: 3, message: "bad request" } }));
+    else lines.push(JSON.stringify({ key: `k${i}`, response: { candidates: [{ content: { parts: [{ text: `answer ${i} ${"x".repeat(200)}` }] } }] } }));
+  }
+  return Buffer.from(lines.join("\n") + "\n");
+}
+
+/** The destination's requests split into results (by webhook-id) and job effects. */
+function split(dest, key) {
+  const mine = dest.requests.map((r) => ({ id: r.headers["webhook-id"], body: JSON.parse(r.body), status: r.status })).filter((r) => r.body.key === key);
+  return { results: mine.filter((r) => "result_key" in r.body), jobs: mine.filter((r) => !("result_key" in r.body)) };
+}
+
+const distinct = (list) => new Set(list).size;
+
+describe("each result of a batch, its own side effect", () => {
+  let gemini, dest, sink, refuse = new Set(), failOnce = new Set(), seen = new Map();
+  const vars = () => ({
+    EFFECT_URL: `${dest.url}/effects`,
+    GEMINI_API_BASE: gemini.url,
+    GEMINI_API_KEY: "test-gemini-key",
+    ALERT_URL: `${sink.url}/alerts`,
+    EFFECT_RETRY_BASE_SECONDS: "1",
+    EFFECT_RETRY_MAX_SECONDS: "2",
+    RESULTS_FILE_WAIT_SECONDS: "3",
+    RESULTS_EACH_KINDS: "pages",
+    DESTINATION_OPEN_AFTER: "1000",
+  });
+  before(async () => {
+    gemini = await startGemini();
+    sink = await startServer(() => ({ status: 200 }));
+    dest = await startServer((req) => {
+      const body = JSON.parse(req.body);
+      const rk = body.result_key;
+      if (rk && refuse.has(rk)) return { status: 422 };
+      if (rk && failOnce.has(rk) && !seen.has(req.headers["webhook-id"])) {
+        seen.set(req.headers["webhook-id"], 1);
+        return { status: 503 };
+      }
+      return { status: 200 };
+    });
+  });
+  after(async () => { await gemini.close(); await dest.close(); await sink.close(); });
+
+  it("a 500-line file: 500 result effects, a malformed line one error result, then one job effect with counts", { timeout: 120_000 }, async () => {
+    const w = await startWorker(vars());
+    try {
+      const key = "batches/r500";
+      gemini.files.set("files/r500", fileOf(500, { bad: 7 }));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/r500" }));
+      const reg = await w.register(key, "other", { results: "each" });
+      assert.equal(reg.status, 201);
+      assert.equal(reg.body.results, "each");
+      assert.equal((await w.deliver("batch.succeeded", key)).status, 200);
+      const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 90_000, what: "the job effect" });
+      const { results } = split(dest, key);
+      assert.equal(results.length, 500, "each result once");
+      assert.equal(distinct(results.map((r) => r.id)), 500);
+      assert.equal(distinct(results.map((r) => r.body.index)), 500);
+      assert.ok(results.every((r) => r.id.startsWith("res_")));
+      assert.equal(results.find((r) => r.body.index === 3).body.result_key, "k3");
+      const bad = results.find((r) => r.body.index === 7);
+      assert.equal(bad.body.result_key, "line-7");
+      assert.equal(bad.body.unreadable.reason, "not a JSON object");
+      assert.equal(jobs.length, 1);
+      const job = assertEffectValid(jobs[0].body);
+      assert.deepEqual(job.results, { total: 500, delivered: 500, errors: 1, parked: 0 });
+      // The job's effect came after every result.
+      const last = dest.requests.findLastIndex((r) => JSON.parse(r.body).result_key);
+      assert.ok(dest.requests.findIndex((r) => r.headers["webhook-id"] === jobs[0].id) > last);
+      // Downloaded with our key, in chunks from checkpoints.
+      const downloads = gemini.downloads.filter((d) => d.name === "files/r500");
+      assert.ok(downloads.every((d) => d.key === "test-gemini-key"));
+      assert.ok(downloads.some((d) => d.range), "later chunks ask from their checkpoint");
+      const op = await w.inspect(key);
+      assert.equal(op.body.results_counts.total, 500);
+      assert.equal(op.body.results_progress.reading.phase, "read");
+    } finally {
+      await w.dispose();
+    }
+  });
+
+  it("an inline batch in another order on every read, without keys: each result once", { timeout: 60_000 }, async () => {
+    const w = await startWorker(vars());
+    try {
+      const key = "batches/inline1";
+      const items = Array.from({ length: 60 }, (_, i) => (i % 3 === 0 ? { response: { text: `same ${i % 2}` } } : i % 5 === 0 ? { error: { code: 8 } } : { response: { text: `t${i}` } }));
+      let reads = 0;
+      gemini.status.set(key, () => {
+        reads++;
+        const order = [...items];
+        for (let i = 0; i < reads * 7; i++) order.push(order.shift());
+        return succeeded(key, { inlinedResponses: { inlinedResponses: order } });
+      });
+      assert.equal((await w.register(key, "pages")).body.results, "each", "RESULTS_EACH_KINDS");
+      await w.deliver("batch.succeeded", key);
+      const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 45_000, what: "the job effect" });
+      const { results } = split(dest, key);
+      assert.equal(results.length, 60);
+      assert.equal(distinct(results.map((r) => r.id)), 60);
+      assert.equal(distinct(results.map((r) => r.body.result_key)), 60);
+      assert.deepEqual(jobs[0].body.results, { total: 60, delivered: 60, errors: items.filter((i) => i.error).length, parked: 0 });
+    } finally {
+      await w.dispose();
+    }
+  });
+
+  it("results that fail are retried, refused ones parked while the rest go on; a retry of the parked sends each once under its first id", { timeout: 90_000 }, async () => {
+    const w = await startWorker(vars());
+    try {
+      const key = "batches/fail1";
+      gemini.files.set("files/fail1", fileOf(100));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/fail1" }));
+      for (const i of [5, 45, 85]) refuse.add(`k${i}`);
+      for (const i of [10, 50, 90]) failOnce.add(`k${i}`);
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 60_000, what: "the job effect" });
+      assert.deepEqual(jobs[0].body.results, { total: 100, delivered: 97, errors: 0, parked: 3 });
+      const first = split(dest, key).results;
+      const idOf = (rk) => first.find((r) => r.body.result_key === rk).id;
+      for (const i of [10, 50, 90]) assert.equal(first.filter((r) => r.body.result_key === `k${i}`).length, 2, "one failure, one retry, same id");
+      const parked = await w.admin(`/v1/operations/${encodeURIComponent(key)}/results?state=parked`);
+      assert.equal(parked.status, 200);
+      assert.deepEqual(parked.body.results.map((r) => r.result_key), ["k5", "k45", "k85"]);
+      assert.ok(parked.body.results.every((r) => r.attempts === 1 && /422/.test(r.last_error)));
+      const delivered = await w.admin(`/v1/operations/${encodeURIComponent(key)}/results?state=delivered`);
+      assert.equal(delivered.body.count, 97);
+      // A dry run counts and changes nothing; then the retry.
+      for (const i of [5, 45, 85]) refuse.delete(`k${i}`);
+      const dry = await w.admin(`/v1/operations/${encodeURIComponent(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed", dry_run: true }) });
+      assert.equal(dry.status, 200);
+      assert.equal(dry.body.would_retry, 3);
+      const before = dest.requests.length;
+      const retry = await w.admin(`/v1/operations/${encodeURIComponent(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed" }) });
+      assert.equal(retry.body.retried, 3);
+      await eventually(() => dest.requests.slice(before).filter((r) => JSON.parse(r.body).key === key).length >= 3, { timeoutMs: 30_000, what: "the parked results again" });
+      await sleep(1_500);
+      const again = dest.requests.slice(before).map((r) => ({ id: r.headers["webhook-id"], body: JSON.parse(r.body) })).filter((r) => r.body.key === key);
+      assert.deepEqual(again.map((r) => r.body.result_key).sort(), ["k45", "k5", "k85"], "each parked result once, no job effect again");
+      for (const r of again) assert.equal(r.id, idOf(r.body.result_key), "under its first webhook-id");
+      const op = await w.inspect(key);
+      assert.deepEqual(op.body.results_counts, { total: 100, delivered: 100, errors: 0, parked: 0 });
+    } finally {
+      await w.dispose();
+    }
+  });
+
+  it("a file answering 404 for a while after SUCCEEDED is read once it appears", { timeout: 60_000 }, async () => {
+    const w = await startWorker({ ...vars(), RESULTS_FILE_WAIT_SECONDS: "60" });
+    try {
+      const key = "batches/late1";
+      gemini.files.set("files/late1", fileOf(30));
+      gemini.fileStatus.set("files/late1", (n) => (n <= 2 ? 404 : null));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/late1" }));
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 45_000, what: "the job effect" });
+      assert.deepEqual(jobs[0].body.results, { total: 30, delivered: 30, errors: 0, parked: 0 });
+      assert.equal(split(dest, key).results.length, 30);
+      assert.ok(gemini.downloads.filter((d) => d.name === "files/late1").length >= 3);
+    } finally {
+      await w.dispose();
+    }
+  });
+
+  it("a file gone for good alerts once and the job's effect says so", { timeout: 60_000 }, async () => {
+    const w = await startWorker(vars());
+    try {
+      const key = "batches/gone1";
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/gone1" }));
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 45_000, what: "the job effect" });
+      assert.equal(jobs[0].body.results.total, 0);
+      assert.match(jobs[0].body.results.file_parked, /404/);
+      assertEffectValid(jobs[0].body);
+      await sleep(1_000);
+      const alerts = sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.key === key && a.alert === "results_file_parked");
+      assert.equal(alerts.length, 1);
+    } finally {
+      await w.dispose();
+    }
+  });
+});
+
+/** The workerd processes this test process started (Miniflare runs workerd as a child). */
+function workerdChildren() {
+  let out = "";
+  try {
+    out = execFileSync("ps", ["-o", "pid=,comm=", "--ppid", String(process.pid)], { encoding: "utf8" });
+  } catch {
+    return [];
+  }
+  return out.split("\n").map((l) => l.trim().split(/\s+/)).filter(([pid, comm]) => pid && /workerd/.test(comm ?? "")).map(([pid]) => Number(pid));
+}
+
+describe("a worker killed mid-file", () => {
+  it("restarted on its storage, delivers every result exactly once by webhook-id", { timeout: 180_000 }, async () => {
+    const gemini = await startGemini();
+    const dest = await startServer(() => ({ status: 200, delayMs: 20 }));
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gemini-once-results-kill-"));
+    const config = { EFFECT_URL: `${dest.url}/effects`, GEMINI_API_BASE: gemini.url, GEMINI_API_KEY: "k", EFFECT_RETRY_BASE_SECONDS: "1", EFFECT_RETRY_MAX_SECONDS: "2" };
+    const key = "batches/kill1";
+    gemini.files.set("files/kill1", fileOf(1_000));
+    gemini.status.set(key, succeeded(key, { responsesFile: "files/kill1" }));
+    let w;
+    try {
+      const before = new Set(workerdChildren());
+      w = await startWorker(config, { persist: dir });
+      const ours = workerdChildren().filter((pid) => !before.has(pid));
+      assert.equal(ours.length, 1);
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      await eventually(() => split(dest, key).results.length >= 200, { timeoutMs: 60_000, what: "a part of the file" });
+      process.kill(ours[0], "SIGKILL");
+      await Promise.race([w.dispose().catch(() => {}), sleep(10_000)]);
+      const atKill = split(dest, key).results.length;
+      assert.ok(atKill < 1_000, "killed mid-file");
+      w = await startWorker(config, { persist: dir });
+      const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 120_000, what: "the job effect after the restart" });
+      const { results } = split(dest, key);
+      const ids = new Set(results.map((r) => r.id));
+      assert.equal(ids.size, 1_000, "none missing, none under a new id");
+      const indexes = new Set(results.map((r) => r.body.index));
+      assert.equal(indexes.size, 1_000);
+      assert.ok(results.length - ids.size <= 40, `repeats at most one chunk: ${results.length - ids.size}`);
+      assert.deepEqual(jobs[0].body.results, { total: 1_000, delivered: 1_000, errors: 0, parked: 0 });
+      assert.equal(jobs.length, 1);
+    } finally {
+      await w?.dispose();
+      await gemini.close();
+      await dest.close();
+    }
+  });
+});
