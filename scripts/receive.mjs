@@ -39,11 +39,18 @@ function resultFields(effect) {
   return `result key=${effect.key} result_key=${effect.result_key} index=${effect.index} ${what}`;
 }
 
+/** A results batch's counts, in the order they read: total, delivered, errors, parked, then why a file was parked. */
+function counts(results) {
+  const order = ["total", "delivered", "errors", "parked"];
+  return Object.fromEntries([...order.filter((k) => k in results).map((k) => [k, results[k]]), ...Object.entries(results).filter(([k]) => !order.includes(k))]);
+}
+
 /** A job effect's fields worth a line. */
 function jobFields(effect) {
   return ["key", "status", "settled_by", "output_file_uri", "error_code", "error_message", "results"]
     .filter((k) => effect[k] != null)
-    .map((k) => `${k}=${typeof effect[k] === "string" ? effect[k] : JSON.stringify(effect[k])}`)
+    .map((k) => [k, k === "results" && typeof effect[k] === "object" ? counts(effect[k]) : effect[k]])
+    .map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`)
     .join(" ");
 }
 

@@ -84,7 +84,7 @@ describe("npm run receive", () => {
       const text = JSON.stringify(body);
       assert.equal(await post(text, sign(EFFECT_SECRET, id, now(), text)), 200);
     }
-    const done = effect("batches/r5", { kind: "pages", output_file_uri: "files/r5-results", results: { total: 4, delivered: 4, errors: 2, parked: 0 } });
+    const done = effect("batches/r5", { kind: "pages", output_file_uri: "files/r5-results", results: { delivered: 4, errors: 2, parked: 0, total: 4 } });
     assert.equal(await post(done, sign(EFFECT_SECRET, "msg_r5", now(), done)), 200);
     assert.equal((await linesFor("res_r5_0"))[0], "receive: verified new result key=batches/r5 result_key=page-1 index=0 response=A title and a long generated body that goes on and on past… webhook-id=res_r5_0");
     assert.equal((await linesFor("res_r5_1"))[0], "receive: verified new result key=batches/r5 result_key=page-2 index=1 error=3 bad request webhook-id=res_r5_1");
