@@ -53,7 +53,7 @@ export function evaluateTargets(r) {
   if (r.results) {
     for (const c of r.results.cells) {
       const at = `results, ${c.lines} lines, destination ${c.destination_ms} ms`;
-      t.push({ target: `${at}: every result delivered under one webhook-id, then the job's effect with the counts`, value: `${c.delivered}/${c.lines}, repeats ${c.repeats}, job ${JSON.stringify(c.job_results)}`, holds: c.finished && c.delivered === c.lines && c.job_effects === 1 && c.job_after_last_result && c.job_results?.total === c.lines });
+      t.push({ target: `${at}: every result delivered under one webhook-id, then the job's effect with the counts`, value: `${c.delivered}/${c.lines}, repeats ${c.repeats}, job ${JSON.stringify(c.job_results)}`, holds: c.finished && c.delivered === c.lines && c.job_effects === 1 && c.job_after_last_result && c.job_results?.total === c.lines && c.job_results?.parked === 0 && !c.job_results?.file_parked });
       if (c.lines >= 100_000) t.push({ target: `${at}: delivered within 10 minutes`, value: `${c.seconds_to_last_line} s`, holds: c.finished && c.seconds_to_last_line <= 600 });
     }
     const peak = (lines) => r.results.cells.filter((c) => c.lines === lines && c.finished).map((c) => c.rss_peak_mb);

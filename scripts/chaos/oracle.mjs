@@ -99,8 +99,8 @@ export function checkResults(ops, requests, kills) {
     else problems.push(`${op.key}: the job's effect ${job ? `arrived at ${iso(job.arrivedAt)}, the last result at ${iso(last)}` : "never accepted"}`);
     const errors = want.filter((w) => w.kind !== "response").length;
     const c = job?.bodyResults;
-    if (c && c.total === want.length && c.delivered === want.length && c.errors === errors && c.parked === 0) r.counts_right++;
-    else problems.push(`${op.key}: the job's results ${JSON.stringify(c ?? null)}, expected total ${want.length}, delivered ${want.length}, errors ${errors}, parked 0`);
+    if (c && c.total === want.length && c.delivered === want.length && c.errors === errors && c.parked === 0 && !c.file_parked) r.counts_right++;
+    else problems.push(`${op.key}: the job's results ${JSON.stringify(c ?? null)}, expected total ${want.length}, delivered ${want.length}, errors ${errors}, parked 0, no file_parked`);
     if (got.length) spans.push([Math.min(...got.map((q) => q.arrivedAt)), last]);
   }
   r.kills_mid_file = kills.filter((k) => spans.some(([a, b]) => k.at > a && k.at < b)).length;
