@@ -106,7 +106,9 @@ function resultsBatches(seed, count, killAt, loadMs) {
     const registerAt = Math.max(0, completeAt - rng.uniform(3_000, 6_000));
     const op = {
       i: -1 - j, id, family: "batch", cls: "results", key, name: key, statusPath: `/v1beta/${key}`, outcome: "succeeded",
-      results: { file: `files/${id}-out`, lines: resultLines(id, lines) },
+      // A batch read across a kill answers each download after `slowMs`, so its file takes
+      // seconds to read and the kill comes while it is.
+      results: { file: `files/${id}-out`, lines: resultLines(id, lines), slowMs: j < killAt.length ? 300 : 0 },
       registerAt, createdAt: registerAt, runningAt: (registerAt + completeAt) / 2, completeAt, deliveries: [], conflict: null, messages: {},
     };
     // The last one is silent (the cron finds it); the others come by webhook, some twice.

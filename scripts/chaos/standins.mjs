@@ -55,7 +55,10 @@ export async function startStatusApi(run) {
     await readBody(req);
     const url = req.url.split("?")[0];
     const held = files.get(decodeURIComponent(url));
-    if (held) return serveResults(req, res, held, run, fileRng, stats);
+    if (held) {
+      if (held.op.results.slowMs) await sleep(held.op.results.slowMs);
+      return serveResults(req, res, held, run, fileRng, stats);
+    }
     stats.calls++;
     if (req.headers["x-goog-api-key"] !== GEMINI_API_KEY) stats.bad_key++;
     const op = byPath.get(url);
@@ -92,7 +95,7 @@ export async function startStatusApi(run) {
 }
 
 /**
- * A results file: 404 for a moment after the completion (half the asks in its first 1.5 s),
+ * A results file (after the batch's `slowMs`, when it has one): 404 for a moment after the completion (half the asks in its first 1.5 s),
  * 503 sometimes, cut after part of its bytes sometimes, else served (honouring `Range`).
  */
 function serveResults(req, res, { op, file }, run, rng, stats) {
