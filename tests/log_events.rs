@@ -87,7 +87,7 @@ fn gate_lines() -> Vec<Value> {
     };
     let r = || "r".to_string();
     one_of_each!(GateLog {
-        ResultsFileParked { key: key(), reason: r() },
+        ResultsFileUnread { key: key(), reason: r() },
         ResultsRetried { key: key(), taken: 3, reason: r(), by: None },
         ForgottenByOperator { key: key(), reason: r(), by: None },
         Reindexed { key: key(), status: "pending".into() },

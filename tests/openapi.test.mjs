@@ -321,6 +321,30 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     await call(w, "POST", route, `/v1/operations/${key}/retry`, { body: oversized(ADMIN_CAP), expect: 413 });
   });
 
+  it("GET /v1/operations/{name}/results and POST /v1/operations/{name}/results/retry", async () => {
+    const key = "batches/oa-results";
+    const created = await call(w, "POST", "/v1/operations", "/v1/operations", { body: { name: key, kind: "nightly-review", results: "each" }, expect: 201 });
+    assert.equal(created.body.results, "each");
+    const notBatch = await call(w, "POST", "/v1/operations", "/v1/operations", { body: { name: "interactions/oa-results", results: "each" }, expect: 400 });
+    assert.match(notBatch.body.error, /batch/);
+    const list = "/v1/operations/{name}/results";
+    const page = await call(w, "GET", list, `/v1/operations/${key}/results?state=parked`, { expect: 200 });
+    assert.deepEqual([page.body.results, page.body.cursor], [[], null]);
+    await call(w, "GET", list, `/v1/operations/${enc(key)}/results?state=waiting&cursor=3`, { expect: 200 });
+    const delivered = await call(w, "GET", list, `/v1/operations/${key}/results?state=delivered`, { expect: 200 });
+    assert.equal(delivered.body.count, 0);
+    await call(w, "GET", list, `/v1/operations/${key}/results?state=done`, { expect: 400 });
+    await call(w, "GET", list, "/v1/operations/batches/oa-never/results", { expect: 404 });
+    await call(w, "GET", list, `/v1/operations/${key}/results`, { token: false, expect: 401 });
+    const retry = "/v1/operations/{name}/results/retry";
+    const dry = await call(w, "POST", retry, `/v1/operations/${key}/results/retry`, { body: { reason: "check", dry_run: true }, expect: 200 });
+    assert.equal(dry.body.would_retry, 0);
+    await call(w, "POST", retry, "/v1/operations/batches/oa-never/results/retry", { expect: 404 });
+    await call(w, "POST", retry, `/v1/operations/${key}/results/retry`, { body: "not json", expect: 400 });
+    await call(w, "POST", retry, `/v1/operations/${key}/results/retry`, { token: false, expect: 401 });
+    await call(w, "POST", retry, `/v1/operations/${key}/results/retry`, { body: oversized(ADMIN_CAP), expect: 413 });
+  });
+
   it("POST /v1/operations/{name}/redeliver", async () => {
     const route = "/v1/operations/{name}/redeliver";
     await settled("batches/oa-redeliver");
@@ -522,6 +546,8 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       "GET /v1/operations/{name}": () => ({ url: `/v1/operations/${key}` }),
       "POST /v1/operations/{name}/retry": () => ({ url: `/v1/operations/${key}/retry`, body: { reason: "walk" } }),
       "POST /v1/operations/{name}/redeliver": () => ({ url: `/v1/operations/${key}/redeliver`, body: { reason: "walk" } }),
+      "GET /v1/operations/{name}/results": () => ({ url: `/v1/operations/${key}/results?state=parked` }),
+      "POST /v1/operations/{name}/results/retry": () => ({ url: `/v1/operations/${key}/results/retry`, body: { reason: "walk" } }),
       "POST /v1/operations/{name}/forget": () => ({ url: `/v1/operations/${key}/forget`, body: { reason: "walk" } }),
       "POST /v1/operations/{name}/repair": () => ({ url: `/v1/operations/${key}/repair`, body: { reason: "walk" } }),
       "POST /v1/operations/{name}/settle": () => ({ url: `/v1/operations/${key}/settle`, body: { status: "failed", reason: "walk" } }),
@@ -577,6 +603,8 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       ["GET", "/v1/operations/{name}", "/v1/operations/batches/x", {}],
       ["POST", "/v1/operations/{name}/retry", "/v1/operations/batches/x/retry", {}],
       ["POST", "/v1/operations/{name}/redeliver", "/v1/operations/batches/x/redeliver", {}],
+      ["GET", "/v1/operations/{name}/results", "/v1/operations/batches/x/results", {}],
+      ["POST", "/v1/operations/{name}/results/retry", "/v1/operations/batches/x/results/retry", {}],
       ["POST", "/v1/operations/{name}/forget", "/v1/operations/batches/x/forget", {}],
       ["POST", "/v1/operations/{name}/repair", "/v1/operations/batches/x/repair", {}],
       ["POST", "/v1/operations/{name}/settle", "/v1/operations/batches/x/settle", {}],

@@ -118,8 +118,10 @@ describe("each result of a batch, its own side effect", () => {
       const reg = await w.register(key, "other", { results: "each" });
       assert.equal(reg.status, 201);
       assert.equal(reg.body.results, "each");
+      const started = Date.now();
       assert.equal((await w.deliver("batch.succeeded", key)).status, 200);
       const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 90_000, what: "the job effect" });
+      console.log(`# 500 results: job effect ${Date.now() - started} ms after the completion, ${gemini.downloads.filter((d) => d.name === "files/r500").length} downloads`);
       const { results } = split(dest, key);
       assert.equal(results.length, 500, "each result once");
       assert.equal(distinct(results.map((r) => r.id)), 500);
@@ -209,6 +211,8 @@ describe("each result of a batch, its own side effect", () => {
       const op = await w.inspect(key);
       assert.deepEqual(op.body.results_counts, { total: 100, delivered: 100, errors: 0, parked: 0 });
     } finally {
+      refuse.clear();
+      failOnce.clear();
       await w.dispose();
     }
   });
@@ -227,6 +231,31 @@ describe("each result of a batch, its own side effect", () => {
       assert.equal(split(dest, key).results.length, 30);
       assert.ok(gemini.downloads.filter((d) => d.name === "files/late1").length >= 3);
     } finally {
+      await w.dispose();
+    }
+  });
+
+  it("a line of 100 MB is one result that says where it is, never loaded", { timeout: 120_000 }, async () => {
+    const w = await startWorker(vars());
+    try {
+      const key = "batches/huge1";
+      const huge = Buffer.alloc(100 * 1024 * 1024, "x");
+      const head = Buffer.from(JSON.stringify({ key: "a", response: { n: 1 } }) + "\n");
+      const tail = Buffer.from("\n" + JSON.stringify({ key: "c", response: { n: 3 } }) + "\n");
+      gemini.files.set("files/huge1", Buffer.concat([head, huge, tail]));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/huge1" }));
+      await w.register(key, "other", { results: "each" });
+      const started = Date.now();
+      await w.deliver("batch.succeeded", key);
+      const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 100_000, what: "the job effect" });
+      console.log(`# a 100 MB line: job effect ${Date.now() - started} ms after the completion`);
+      const { results } = split(dest, key);
+      assert.deepEqual(results.map((r) => r.body.index).sort(), [0, 1, 2]);
+      const big = results.find((r) => r.body.index === 1).body;
+      assert.deepEqual(big.unreadable, { reason: "line over the size cap", file: "files/huge1", index: 1, byte_offset: head.length, size: huge.length });
+      assert.deepEqual(jobs[0].body.results, { total: 3, delivered: 3, errors: 1, parked: 0 });
+    } finally {
+      gemini.files.delete("files/huge1");
       await w.dispose();
     }
   });
@@ -291,6 +320,7 @@ describe("a worker killed mid-file", () => {
       assert.equal(ids.size, 1_000, "none missing, none under a new id");
       const indexes = new Set(results.map((r) => r.body.index));
       assert.equal(indexes.size, 1_000);
+      console.log(`# killed after ${atKill} of 1000 results; ${results.length - ids.size} sent again under their first id`);
       assert.ok(results.length - ids.size <= 40, `repeats at most one chunk: ${results.length - ids.size}`);
       assert.deepEqual(jobs[0].body.results, { total: 1_000, delivered: 1_000, errors: 0, parked: 0 });
       assert.equal(jobs.length, 1);

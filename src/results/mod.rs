@@ -1,5 +1,6 @@
 //! Every result of a batch, its own side effect, exactly once: the pure core the batch's gate
-//! and its alarm drive (docs/DESIGN.md, "Results of a batch"; the wiring is not built yet).
+//! and its alarm drive (docs/DESIGN.md, "Results of a batch"; the edge's side is
+//! `src/edge/objects/gate/results.rs`).
 //!
 //! Guarantees: a results file is read as a stream in bounded memory ([`lines`]); each line or
 //! inline item is one result with a key that is stable on every read and distinct within the

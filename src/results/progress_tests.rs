@@ -1,7 +1,7 @@
-//! The progress machine driven the way the edge will drive it, against a file and a
-//! destination held in memory, with a kill at every point where state is stored or a result
-//! is sent: every result is accepted, under one `webhook-id` each, and only an in-doubt chunk
-//! or row is ever sent again.
+//! The progress machine driven the way the edge drives it (`edge/objects/gate/results.rs`),
+//! against a file and a destination held in memory, with a kill at every point where state is
+//! stored or a result is sent: every result is accepted, under one `webhook-id` each, and only
+//! an in-doubt chunk or row is ever sent again.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -16,7 +16,7 @@ use crate::operation::Actor;
 pub enum GateLog {
     /// A `"results": "each"` batch's results file is gone or unreadable: its unread results
     /// are parked (one alert).
-    ResultsFileParked {
+    ResultsFileUnread {
         key: String,
         reason: String,
     },

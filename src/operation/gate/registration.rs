@@ -94,7 +94,7 @@ mod tests {
     use crate::operation::gate::protocol::{GateCommand, GateReply};
     use crate::operation::gate::{step, Save};
     use crate::operation::lifecycle::{Source, Status};
-    use crate::operation::{AttemptOutcome, KindFill, Operation};
+    use crate::operation::{AttemptOutcome, KindFill, Operation, ResultsMode};
 
     #[test]
     fn register_creates_a_pending_record() {
@@ -113,6 +113,35 @@ mod tests {
         assert_eq!(s.save, Save::Durable);
         assert_eq!(whats(&s), ["registered"]);
         assert_eq!(s.record.unwrap().status(), &Status::Pending);
+    }
+
+    #[test]
+    fn results_each_is_recorded_and_a_registration_asking_otherwise_conflicts() {
+        let reg = |results| GateCommand::Register {
+            key: "batches/r".into(),
+            name: "batches/r".into(),
+            kind: None,
+            user_metadata: None,
+            results,
+        };
+        let op = step(None, reg(Some(ResultsMode::Each)), 5).record.unwrap();
+        assert_eq!(op.results_mode(), ResultsMode::Each);
+        let again = step(Some(op.clone()), reg(Some(ResultsMode::Each)), 6);
+        assert!(matches!(again.reply, GateReply::Exists { .. }));
+        let silent = step(Some(op.clone()), reg(None), 6);
+        assert!(
+            matches!(silent.reply, GateReply::Exists { .. }),
+            "stating nothing agrees"
+        );
+        let other = step(Some(op), reg(Some(ResultsMode::None)), 7);
+        let GateReply::Conflict { fields, .. } = other.reply else {
+            panic!("a conflict")
+        };
+        assert_eq!(fields, ["results"]);
+        // A record its completion created takes the registration's results.
+        let first = Operation::unregistered("batches/r", "batches/r", 0);
+        let filled = step(Some(first), reg(Some(ResultsMode::Each)), 8);
+        assert_eq!(filled.record.unwrap().results_mode(), ResultsMode::Each);
     }
 
     #[test]

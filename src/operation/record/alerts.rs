@@ -107,6 +107,10 @@ impl Operation {
         if self.notes.forgotten.is_some() || (kind == AlertKind::Stuck && not_stuck) {
             return false;
         }
+        // A batch's results are still being sent: the job's effect waits, it is not failing.
+        if kind == AlertKind::EffectFailing && self.results_owed() {
+            return false;
+        }
         if !self.mark_alert(kind) {
             return false;
         }

@@ -24,7 +24,10 @@ use crate::operation::{AttemptOutcome, Operation};
 use crate::reconciliation::status::status_url;
 use crate::results::body::build_result_request;
 use crate::results::item::{from_inline, from_piece, ResultItem, Source};
-use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Progress, Step, CHUNK_RESULTS};
+use crate::results::lines::Checkpoint;
+use crate::results::progress::{
+    ChunkClaim, FileTrouble, Limits, Phase, Progress, Step, CHUNK_RESULTS,
+};
 use crate::results::source::{self, file_of_details, found_in_status, Found};
 
 use crate::edge::objects::gate::open_memory;
@@ -96,36 +99,53 @@ impl Driver<'_> {
     }
 
     /// Where the results are: the outcome's `responsesFile`, else the status answer's file or
-    /// inline items (stored once, in their stable order). `None` when that cannot be asked.
+    /// inline items (stored once, in their stable order). `None` when the status API cannot
+    /// be reached yet (asked again later, within the file's wait).
     async fn begin(&self, op: &Operation, now: i64) -> Result<Option<Progress>> {
         let since = op.settled_at_ms().unwrap_or(now);
-        let source = match file_of_details(op.details()) {
-            Some(name) => Source::File { name },
-            None => {
-                let url = status_url(
-                    &self.config.gemini_api_base,
-                    Collection::Batches,
-                    op.key(),
-                    op.name(),
-                );
-                self.storage.meter().add(|u| u.outbound_fetches += 1);
-                match status_answer(self.config, &url).await {
-                    Ok(answer) => match found_in_status(&answer) {
-                        Some(Found::File(name)) => Source::File { name },
-                        Some(Found::Inline(items)) => {
-                            self.store.put_inline(&from_inline(&items))?;
-                            Source::Inline
-                        }
-                        // A succeeded batch that names no results has none.
-                        None => Source::Inline,
-                    },
-                    Err(_) => return Ok(None),
+        let mut progress = Progress::begin(Source::Inline, since);
+        match file_of_details(op.details()) {
+            Some(name) => progress.source = Source::File { name },
+            None => match self.source_in_status(op).await? {
+                Ok(source) => progress.source = source,
+                Err(FileTrouble::Unavailable(_)) if now - since < self.limits.file_wait_ms => {
+                    return Ok(None)
                 }
-            }
-        };
-        let progress = Progress::begin(source, since);
+                // Gemini cannot say where the results are: they are parked, with the reason.
+                Err(trouble) => {
+                    let reason = match trouble {
+                        FileTrouble::Missing => "status answer: 404".to_string(),
+                        FileTrouble::Unavailable(why) | FileTrouble::Unreadable(why) => why,
+                    };
+                    progress.phase = Phase::FileParked { reason };
+                }
+            },
+        }
         self.store.save(&progress, Vec::new())?;
         Ok(Some(progress))
+    }
+
+    /// The status answer's results: a file, or inline items stored here.
+    async fn source_in_status(
+        &self,
+        op: &Operation,
+    ) -> Result<std::result::Result<Source, FileTrouble>> {
+        let base = &self.config.gemini_api_base;
+        let url = status_url(base, Collection::Batches, op.key(), op.name());
+        self.storage.meter().add(|u| u.outbound_fetches += 1);
+        let answer = match status_answer(self.config, &url).await {
+            Ok(answer) => answer,
+            Err(trouble) => return Ok(Err(trouble)),
+        };
+        Ok(Ok(match found_in_status(&answer) {
+            Some(Found::File(name)) => Source::File { name },
+            Some(Found::Inline(items)) => {
+                self.store.put_inline(&from_inline(&items))?;
+                Source::Inline
+            }
+            // A succeeded batch that names no results has none.
+            None => Source::Inline,
+        }))
     }
 
     /// The results' next step is due at `at`: the record's due time (stored when it moved).
@@ -142,13 +162,8 @@ impl Driver<'_> {
     async fn read(
         &self,
         source: &Source,
-        from: crate::results::lines::Checkpoint,
-    ) -> Result<
-        std::result::Result<
-            (Vec<ResultItem>, crate::results::lines::Checkpoint, bool),
-            FileTrouble,
-        >,
-    > {
+        from: Checkpoint,
+    ) -> Result<std::result::Result<(Vec<ResultItem>, Checkpoint, bool), FileTrouble>> {
         match source {
             Source::File { name } => {
                 self.storage.meter().add(|u| u.outbound_fetches += 1);
@@ -160,7 +175,7 @@ impl Driver<'_> {
             }
             Source::Inline => {
                 let (items, last) = self.store.inline_chunk(from.index, CHUNK_RESULTS)?;
-                let to = crate::results::lines::Checkpoint {
+                let to = Checkpoint {
                     offset: 0,
                     index: from.index + items.len() as u64,
                 };
@@ -174,7 +189,7 @@ impl Driver<'_> {
         &self,
         op: Operation,
         mut progress: Progress,
-        from: crate::results::lines::Checkpoint,
+        from: Checkpoint,
     ) -> Result<Operation> {
         match self.read(&progress.source.clone(), from).await? {
             Err(trouble) => {
@@ -299,7 +314,7 @@ impl Driver<'_> {
         if op.raise_alert(AlertKind::ResultsFileParked, age, now) {
             self.storage.save(&op)?;
         }
-        let line = GateLog::ResultsFileParked {
+        let line = GateLog::ResultsFileUnread {
             key: op.key().to_string(),
             reason: reason.to_string(),
         };
