@@ -131,7 +131,7 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
   const base = new URL(w.url);
   const agent = new http.Agent({ keepAlive: true, maxSockets: 2 });
   const rss = [];
-  const sampler = setInterval(() => { const b = rssOf(w.pid); if (b) rss.push(b); }, 250);
+  const sampler = setInterval(() => { const b = rssOf(w.pid); if (b) rss.push([now(), b, s.results.size]); }, 250);
   try {
     const reg = await send(agent, base, { method: "POST", path: "/v1/operations", headers: { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" }, body: JSON.stringify({ name, kind: "bench-results", results: "each" }) });
     if (reg.status !== 201) throw new Error(`results: register ${name}: ${reg.status} ${reg.body}`);
@@ -161,7 +161,10 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
     const usage = usageTotals(w, usage0);
     const delivered = s.results.size;
     const spanMs = s.lastAt && s.firstAt ? s.lastAt - s.firstAt : null;
-    const peak = Math.max(...rss, rssBefore ?? 0);
+    const peak = Math.max(...rss.map(([, b]) => b), rssBefore ?? 0);
+    // How memory went with the results delivered: a dozen samples across the run.
+    const step = Math.max(1, Math.floor(rss.length / 12));
+    const timeline = rss.filter((_, i) => i % step === 0 || i === rss.length - 1).map(([t, b, n]) => ({ s: round((t - t0) / 1000, 1), results: n, rss_mb: round(b / 2 ** 20, 1) }));
     const per = (x) => (delivered ? round(x / delivered, 4) : null);
     return {
       lines,
@@ -183,6 +186,7 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
       rss_before_mb: rssBefore ? round(rssBefore / 2 ** 20, 1) : null,
       rss_peak_mb: round(peak / 2 ** 20, 1),
       rss_growth_mb: rssBefore ? round((peak - rssBefore) / 2 ** 20, 1) : null,
+      rss_timeline: timeline,
       per_result: {
         do_requests: per(usage.do_requests),
         rows_written: per(usage.rows_written),
