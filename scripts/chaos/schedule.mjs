@@ -102,13 +102,13 @@ function resultsBatches(seed, count, killAt, loadMs) {
     const id = `c${seed}r${j}`;
     const key = `batches/${id}`;
     const lines = rng.int(200, 400);
-    const completeAt = j < killAt.length ? Math.max(8_000, killAt[j] - rng.uniform(2_000, 4_000)) : rng.uniform(0.2, 0.7) * loadMs;
+    const completeAt = j < killAt.length ? Math.max(8_000, killAt[j] - rng.uniform(1_000, 2_000)) : rng.uniform(0.2, 0.7) * loadMs;
     const registerAt = Math.max(0, completeAt - rng.uniform(3_000, 6_000));
     const op = {
       i: -1 - j, id, family: "batch", cls: "results", key, name: key, statusPath: `/v1beta/${key}`, outcome: "succeeded",
       // A batch read across a kill answers each download after `slowMs`, so its file takes
       // seconds to read and the kill comes while it is.
-      results: { file: `files/${id}-out`, lines: resultLines(id, lines), slowMs: j < killAt.length ? 300 : 0 },
+      results: { file: `files/${id}-out`, lines: resultLines(id, lines), slowMs: j < killAt.length ? 600 : 0 },
       registerAt, createdAt: registerAt, runningAt: (registerAt + completeAt) / 2, completeAt, deliveries: [], conflict: null, messages: {},
     };
     // The last one is silent (the cron finds it); the others come by webhook, some twice.
