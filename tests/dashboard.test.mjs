@@ -457,13 +457,12 @@ describe("dashboard", () => {
     await w.scheduled();
     await eventually(() => effectsFor(PAGES).length === 1, { timeoutMs: 30_000, what: "the job's effect, after its results" });
     await go("op/" + encodeURIComponent(PAGES));
-    assert.equal(await page.locator("#op-results").isVisible(), true);
-    assert.match(await page.locator("#op-results-counts").textContent(), /^total 6, delivered 4, errors 1, parked 2, waiting 0; reading: read/);
-    const parked = await page.locator("#op-results-parked tbody tr").evaluateAll((trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent)));
-    assert.deepEqual(parked.map((r) => r.slice(0, 2)), [["page-2", "1"], ["page-5", "4"]]);
-    for (const r of parked) assert.match(r[3], /422/);
-    // An operation without results shows no such block.
+    assert.match(await page.locator('#op-record dd[data-field="results_progress"]').textContent(), /^6 read: 4 delivered, 1 errors, 2 parked; read/);
+    const parked = await page.locator('#op-record dd[data-field="parked_results"]').textContent();
+    assert.match(parked, /^page-2 \(#1, 1 attempts\): [^;]*422[^;]*; page-5 \(#4, 1 attempts\): [^;]*422/);
+    // An operation without results shows neither.
     await go("op/" + encodeURIComponent(DONE));
-    assert.equal(await page.locator("#op-results").isVisible(), false);
+    assert.equal(await page.locator('#op-record dd[data-field="results_progress"]').count(), 0);
+    assert.equal(await page.locator('#op-record dd[data-field="parked_results"]').count(), 0);
   });
 });
