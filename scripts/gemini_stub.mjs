@@ -3,32 +3,49 @@
 // operation it is asked about is running until you mark it done.
 //
 //   npm run gemini-stub [-- --port 8789]                    serve
-//   npm run gemini-stub -- done NAME [--state S] [--port 8789]   mark NAME done in a running stub
+//   npm run gemini-stub -- done NAME [--state S] [--inline] [--lines N] [--file-after SECONDS] [--port 8789]
+//                                                           mark NAME done in a running stub
 //
 // It serves, in the shapes the worker's status reader (src/reconciliation/status.rs) takes from Gemini:
 //   GET /v1beta/batches/{id}                      an Operation with metadata.state BATCH_STATE_*
 //   GET /v1beta/models/{model}/operations/{id}    a long-running Operation (done, response/error)
 //   GET /v1beta/interactions/{id}                 an Interaction with status and updated
 //   GET /v1beta/webhooks                          no webhooks
-// and `POST /done/{name}[?state=succeeded|failed|cancelled|expired]` marks an operation done
-// (the `done` command sends that). NAME is the operation's name as registered:
+//   GET /download/v1beta/files/{x}:download       a succeeded batch's results file (JSONL),
+//                                                 honouring `Range: bytes=N-` with 206
+// and `POST /done/{name}[?state=...&results=file|inline&lines=N&file_after=S]` marks an
+// operation done (the `done` command sends that). NAME is the operation's name as registered:
 // `batches/x`, `models/veo-3/operations/y`, `interactions/z`.
+//
+// A succeeded batch has results (a batch registered with `"results":"each"` gets one side
+// effect per result): by default the status answer names `response.responsesFile`
+// (`files/<id>-results`) and the stub serves the demo file there (four requests with keys, one
+// of them an error; `--lines N` serves N generated lines instead); `--inline` puts the demo's
+// results in the status answer (`response.inlinedResponses.inlinedResponses`, with
+// `metadata.key`), in another order on every read, as Gemini does not promise one;
+// `--file-after S` answers the file 404 for S seconds after `done`, as Gemini can right after
+// SUCCEEDED.
 import { createServer } from "node:http";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
+import { demoResults, generatedFile, memoryFile, serveFile } from "./results_file.mjs";
 
 const STATES = ["succeeded", "failed", "cancelled", "expired"];
 
-/** Gemini's answer for `name` (the path after /v1beta/) in `op` ({state, createTime, updateTime}). */
+/**
+ * Gemini's answer for `name` (the path after /v1beta/) in `op` ({state, createTime, updateTime,
+ * inline}): a succeeded batch names its results file, or carries `inline` (an array of items)
+ * as its inline responses.
+ */
 export function statusAnswer(name, op) {
-  const { state, createTime, updateTime } = op;
+  const { state, createTime, updateTime, inline } = op;
   const done = state !== "running";
   const failure = { failed: { code: 13, message: "stub: marked failed" }, cancelled: { code: 1, message: "stub: marked cancelled" }, expired: { code: 4, message: "stub: marked expired" } }[state];
   if (name.startsWith("batches/")) {
     const metadata = { "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch", name, state: `BATCH_STATE_${state.toUpperCase()}`, createTime, updateTime };
-    if (state === "succeeded") metadata.output = { responsesFile: `files/${name.split("/")[1]}-results` };
+    if (state === "succeeded") metadata.output = inline ? { inlinedResponses: { inlinedResponses: inline } } : { responsesFile: resultsFileName(name) };
     if (done) metadata.endTime = updateTime;
-    return { name, metadata, done, ...(state === "succeeded" ? { response: { "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput", responsesFile: metadata.output.responsesFile } } : {}), ...(failure && state !== "expired" ? { error: failure } : {}) };
+    return { name, metadata, done, ...(state === "succeeded" ? { response: { "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput", ...metadata.output } } : {}), ...(failure && state !== "expired" ? { error: failure } : {}) };
   }
   if (/^models\/[^/]+\/operations\//.test(name)) {
     if (!done) return { name, done: false };
@@ -43,12 +60,39 @@ export function statusAnswer(name, op) {
   return null;
 }
 
+/** The results file's name for the batch `name` (`batches/x` -> `files/x-results`). */
+export const resultsFileName = (name) => `files/${name.split("/")[1]}-results`;
+
+/** The demo's results as inline items (`metadata.key`, then `response` or `error`), turned by `turn` places. */
+export function inlineItems(turn = 0) {
+  const items = demoResults().map(({ key, ...rest }) => ({ metadata: { key }, ...rest }));
+  const k = turn % items.length;
+  return [...items.slice(k), ...items.slice(0, k)];
+}
+
+/** The results a succeeded batch `op` serves: inline items, or a file (with `lines`, generated). */
+function attachResults(op, name, files, { results, lines, fileAfterS }, nowMs) {
+  delete op.inlineReads;
+  files.delete(resultsFileName(name));
+  if (!name.startsWith("batches/") || op.state !== "succeeded") return;
+  if (results === "inline") {
+    op.inlineReads = 0;
+    return;
+  }
+  files.set(resultsFileName(name), {
+    file: lines ? generatedFile({ lines, lineBytes: 512, prefix: "req-", errorEvery: 10 }) : memoryFile(demoResults()),
+    from: nowMs + 1000 * (fileAfterS ?? 0),
+  });
+}
+
 /**
  * The stub's request handler. Operations live in memory; `log` gets one line per request.
- * Returns {handler, operations} (operations: Map name -> {state, createTime, updateTime}).
+ * Returns {handler, operations, files} (operations: Map name -> {state, createTime, updateTime};
+ * files: Map `files/...` -> {file, from}: a results file, served from `from` ms).
  */
 export function geminiStub({ log = console.log, now = () => new Date() } = {}) {
   const operations = new Map();
+  const files = new Map();
   const known = (name) => {
     if (!operations.has(name)) {
       const t = now().toISOString();
@@ -68,14 +112,30 @@ export function geminiStub({ log = console.log, now = () => new Date() } = {}) {
       if (req.method === "POST" && url.pathname.startsWith("/done/")) {
         const state = url.searchParams.get("state") ?? "succeeded";
         if (!STATES.includes(state) || !statusAnswer(name, { state })) return answer(400, { error: `give a batches/, models/M/operations/ or interactions/ name and a state in ${STATES.join(", ")}` });
+        const results = url.searchParams.get("results") ?? "file";
+        const lines = Number(url.searchParams.get("lines") ?? 0);
+        const fileAfterS = Number(url.searchParams.get("file_after") ?? 0);
+        if (!["file", "inline"].includes(results) || !Number.isInteger(lines) || lines < 0 || !(fileAfterS >= 0)) return answer(400, { error: "results is file or inline, lines a whole number, file_after seconds" });
         const op = known(name);
         Object.assign(op, { state, updateTime: now().toISOString() });
+        attachResults(op, name, files, { results, lines, fileAfterS }, now().getTime());
         log(`marked ${name} ${state}`);
         return answer(200, { name, state });
       }
+      const download = /^\/download\/v1beta\/(files\/[^/:]+):download$/.exec(decodeURIComponent(url.pathname));
+      if (req.method === "GET" && download) {
+        const held = files.get(download[1]);
+        if (!held || now().getTime() < held.from) {
+          log(`GET ${download[1]}: not found`);
+          return answer(404, { error: { code: 404, message: `stub: no file ${download[1]}`, status: "NOT_FOUND" } });
+        }
+        log(`GET ${download[1]}: ${held.file.lines} lines${req.headers.range ? ` (${req.headers.range})` : ""}`);
+        return serveFile(req, res, held.file);
+      }
       if (req.method === "GET" && url.pathname === "/v1beta/webhooks") return answer(200, { webhooks: [] });
       if (req.method === "GET" && url.pathname.startsWith("/v1beta/")) {
-        const body = statusAnswer(name, { state: "running" }) && statusAnswer(name, known(name));
+        const op = statusAnswer(name, { state: "running" }) && known(name);
+        const body = op && statusAnswer(name, { ...op, inline: op.inlineReads === undefined ? undefined : inlineItems(op.inlineReads++) });
         if (!body) return answer(404, { error: { code: 404, message: `stub: no such resource ${name}`, status: "NOT_FOUND" } });
         log(`GET ${name}: ${operations.get(name).state}`);
         return answer(200, body);
@@ -83,10 +143,10 @@ export function geminiStub({ log = console.log, now = () => new Date() } = {}) {
       answer(404, { error: { code: 404, message: "stub: unknown route", status: "NOT_FOUND" } });
     });
   };
-  return { handler, operations };
+  return { handler, operations, files };
 }
 
-const USAGE = "usage: npm run gemini-stub [-- --port 8789]  |  npm run gemini-stub -- done NAME [--state succeeded|failed|cancelled|expired] [--port 8789]";
+const USAGE = "usage: npm run gemini-stub [-- --port 8789]  |  npm run gemini-stub -- done NAME [--state succeeded|failed|cancelled|expired] [--inline] [--lines N] [--file-after SECONDS] [--port 8789]";
 
 async function main() {
   const args = process.argv.slice(2);
@@ -100,8 +160,12 @@ async function main() {
   };
   const port = Number(option("--port", 8789));
   const state = option("--state", "succeeded");
+  const lines = option("--lines", "0");
+  const fileAfter = option("--file-after", "0");
+  const inline = args.includes("--inline") ? (args.splice(args.indexOf("--inline"), 1), true) : false;
   if (args[0] === "done" && args.length === 2) {
-    const url = `http://127.0.0.1:${port}/done/${args[1].split("/").map(encodeURIComponent).join("/")}?state=${encodeURIComponent(state)}`;
+    const query = new URLSearchParams({ state, results: inline ? "inline" : "file", lines, file_after: fileAfter });
+    const url = `http://127.0.0.1:${port}/done/${args[1].split("/").map(encodeURIComponent).join("/")}?${query}`;
     try {
       const res = await fetch(url, { method: "POST" });
       console.log(`gemini-stub: ${res.status} ${await res.text()}`);

@@ -2,6 +2,9 @@
 // The demo destination, and a starting point for your own: receives the worker's side
 // effects (EFFECT_URL), verifies each one's Standard Webhooks signature with
 // EFFECT_SIGNING_SECRET, drops a repeated `webhook-id`, and prints one line per request.
+// A batch registered with `"results":"each"` sends one effect per result (it carries
+// `result_key`), printed as `result key=... result_key=... index=... response=...|error=...`,
+// then the job's effect with `results={total,delivered,errors,parked}`.
 //
 //   npm run receive -- [--port 8788] [--secret whsec_...]
 //
@@ -20,6 +23,36 @@ import { createServer } from "node:http";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { Webhook } from "standardwebhooks";
+
+/** `value` as at most `max` characters of one line. */
+function short(value, max = 60) {
+  const text = (typeof value === "string" ? value : JSON.stringify(value)).replace(/\s+/g, " ");
+  return text.length > max ? `${text.slice(0, max - 1).trimEnd()}…` : text;
+}
+
+/** A result effect's fields: whose, which, and what it says (a response's text, an error). */
+function resultFields(effect) {
+  const text = effect.response?.candidates?.[0]?.content?.parts?.find((p) => typeof p.text === "string")?.text;
+  const what = "response" in effect ? `response=${short(text ?? effect.response)}`
+    : "error" in effect ? `error=${short(effect.error?.message ? `${effect.error.code ?? ""} ${effect.error.message}`.trim() : effect.error)}`
+    : `unreadable=${short(effect.unreadable)}`;
+  return `result key=${effect.key} result_key=${effect.result_key} index=${effect.index} ${what}`;
+}
+
+/** A results batch's counts, in the order they read: total, delivered, errors, parked, then why a file was parked. */
+function counts(results) {
+  const order = ["total", "delivered", "errors", "parked"];
+  return Object.fromEntries([...order.filter((k) => k in results).map((k) => [k, results[k]]), ...Object.entries(results).filter(([k]) => !order.includes(k))]);
+}
+
+/** A job effect's fields worth a line. */
+function jobFields(effect) {
+  return ["key", "status", "settled_by", "output_file_uri", "error_code", "error_message", "results"]
+    .filter((k) => effect[k] != null)
+    .map((k) => [k, k === "results" && typeof effect[k] === "object" ? counts(effect[k]) : effect[k]])
+    .map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`)
+    .join(" ");
+}
 
 /**
  * An HTTP request handler for signed side effects. `log` gets one line per request, starting
@@ -45,10 +78,8 @@ export function effectReceiver(secret, { log = console.log } = {}) {
         log(`NOT verified (${e.message}) webhook-id=${id} ${req.url}: answered 401`);
         return answer(401, { error: "signature not verified" });
       }
-      const fields = ["key", "status", "settled_by", "output_file_uri", "error_code", "error_message"]
-        .filter((k) => effect[k] != null)
-        .map((k) => `${k}=${typeof effect[k] === "string" ? effect[k] : JSON.stringify(effect[k])}`)
-        .join(" ");
+      // `result_key` is how a result's effect is told from its job's.
+      const fields = "result_key" in effect ? resultFields(effect) : jobFields(effect);
       if (handled.has(id)) {
         log(`verified repeat ${fields} webhook-id=${id}: already handled, dropped`);
         return answer(200, { ok: true, duplicate: true });

@@ -2,11 +2,13 @@
 // Registers an operation with the worker (POST /v1/operations), as your code would when it
 // submits a job to Gemini, so reconciliation finds it if its completion never arrives.
 //
-//   npm run register -- NAME [--kind KIND] [--user-metadata JSON] [--url URL] [--token REGISTER_TOKEN]
+//   npm run register -- NAME [--kind KIND] [--user-metadata JSON] [--results each|none] [--url URL] [--token REGISTER_TOKEN]
 //
 // --kind picks the destination (EFFECT_ROUTES) and is carried in the side effect; without it the
 // effect goes to EFFECT_URL. --user-metadata (a JSON object) becomes the side effect's verified
-// `user_metadata`. The URL defaults to the local worker (http://127.0.0.1:8787). The token is a register token
+// `user_metadata`. --results each (a batch) gives each of the batch's results its own side
+// effect, then the job's effect with the counts; without it the worker's default for the kind
+// holds (`none`: the job's effect alone). The URL defaults to the local worker (http://127.0.0.1:8787). The token is a register token
 // (it may register and read one operation back, nothing else): --token, else
 // GEMINI_ONCE_REGISTER_TOKEN from the environment, else the first of REGISTER_TOKENS in
 // .dev.vars (ADMIN_TOKEN there, with a note, when it has none). Prints the answer; exits 0
@@ -18,7 +20,7 @@ import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { accessHeaders, devVars, LOCAL_WORKER_URL } from "./dev_vars.mjs";
 
-const USAGE = "usage: npm run register -- NAME [--kind KIND] [--user-metadata JSON] [--url URL] [--token REGISTER_TOKEN]";
+const USAGE = "usage: npm run register -- NAME [--kind KIND] [--user-metadata JSON] [--results each|none] [--url URL] [--token REGISTER_TOKEN]";
 
 /** What a refusal means, from its body's `error` (409: `conflict` or `retired`). */
 function refusal(status, text) {
@@ -48,6 +50,10 @@ function parseArgs(argv) {
     else if (arg === "--user-metadata") {
       try { opts.userMetadata = JSON.parse(value()); } catch { fail("--user-metadata must be a JSON object"); }
       if (!opts.userMetadata || typeof opts.userMetadata !== "object" || Array.isArray(opts.userMetadata)) fail("--user-metadata must be a JSON object");
+    }
+    else if (arg === "--results") {
+      opts.results = value();
+      if (!["each", "none"].includes(opts.results)) fail("--results is each or none");
     }
     else if (arg === "--url") opts.url = value();
     else if (arg === "--token") opts.token = value();
@@ -80,7 +86,7 @@ async function main() {
     res = await fetch(url, {
       method: "POST",
       headers: { authorization: `Bearer ${opts.token}`, "content-type": "application/json", ...accessHeaders() },
-      body: JSON.stringify({ name: opts.name, kind: opts.kind, user_metadata: opts.userMetadata }),
+      body: JSON.stringify({ name: opts.name, kind: opts.kind, user_metadata: opts.userMetadata, results: opts.results }),
     });
   } catch (e) {
     console.error(`register: no answer from ${url} (${e.cause?.code ?? e.message}); is the worker running (npm start)?`);

@@ -110,3 +110,32 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("npm run bench -- --only results at a tiny size: every result once, then the job's effect; memory, CPU and the bill reported", { timeout: 200_000 }, () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "bench-results-"));
+  const json = path.join(dir, "bench.json");
+  try {
+    const run = spawnSync(
+      process.execPath,
+      ["scripts/bench/main.mjs", "--quick", "--no-build", "--only", "results", "--results-lines", "90", "--results-dest-ms", "0", "--json", json],
+      { cwd: root, encoding: "utf8", timeout: 190_000 },
+    );
+    assert.equal(run.status, 0, `bench failed:\n${run.stdout}\n${run.stderr}`);
+    const r = JSON.parse(fs.readFileSync(json, "utf8"));
+    const [c] = r.results.cells;
+    assert.equal(c.lines, 90);
+    assert.ok(c.finished, "the job's effect came");
+    assert.equal(c.delivered, 90, "every line a result at the destination");
+    assert.equal(c.job_effects, 1);
+    assert.ok(c.job_after_last_result, "the job's effect after its results");
+    assert.deepEqual(c.job_results, { total: 90, delivered: 90, errors: 0, parked: 0 });
+    assert.ok(c.downloads >= 3, `a file of 90 lines is read in chunks (${c.downloads} downloads)`);
+    assert.ok(c.ranged_downloads >= 2, "later chunks resume with Range");
+    assert.ok(c.rss_peak_mb > 0 && c.workerd_cpu_ms_per_line > 0 && c.lines_per_second > 0);
+    assert.ok(c.per_result.do_requests > 0 && c.per_result.rows_written >= 0, JSON.stringify(c.per_result));
+    assert.ok(r.results.bill.measured.per_million.total > 0 && r.results.bill.design.per_million.total > 0);
+    assert.match(run.stdout, /Results of a batch/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

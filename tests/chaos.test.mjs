@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const SUMMARY = /^chaos: seed=(\d+) ops=(\d+) deliveries=(\d+) faults=(\d+) effects=(\d+) duplicate_effects=(\d+) explained=(\d+) lost=(\d+) regressions=(\d+) unsettled=(\d+)$/;
 
-test("chaos: seed 7, 100 operations, one kill: nothing lost, nothing regressed, every duplicate explained", { timeout: 200_000 }, async () => {
+test("chaos: seed 7, 100 operations and two results batches, one kill: nothing lost, nothing regressed, every duplicate explained, every result once", { timeout: 200_000 }, async () => {
   const args = ["scripts/chaos/main.mjs", "--no-build", "--seed", "7", "--ops", "100", "--kills", "1"];
   const child = spawn(process.execPath, args, { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
   let stdout = "";
@@ -28,7 +28,8 @@ test("chaos: seed 7, 100 operations, one kill: nothing lost, nothing regressed, 
   const [, seed, ops, deliveries, faults, effects, duplicates, explained, lost, regressions, unsettled] = m.slice(0).map(Number);
   const report = `\n${stdout}`;
   assert.equal(seed, 7);
-  assert.equal(ops, 100);
+  // The 100 operations asked for, and one batch with results per kill plus one.
+  assert.equal(ops, 102);
   assert.ok(deliveries > ops, `deliveries ${deliveries}${report}`);
   assert.ok(faults > 0, `faults injected${report}`);
   assert.ok(effects >= ops, `at least one accepted side effect per operation${report}`);
@@ -37,5 +38,7 @@ test("chaos: seed 7, 100 operations, one kill: nothing lost, nothing regressed, 
   assert.equal(unsettled, 0, `unsettled${report}`);
   assert.equal(explained, duplicates, `every duplicate explained${report}`);
   assert.match(stdout, /kills=1 /, "one hard kill happened");
+  const results = /^chaos-results: batches=2 results=(\d+) delivered=(\d+) missing=0 unknown_ids=0 repeats=\d+ job_after_results=2\/2 counts_right=2\/2 /m.exec(stdout);
+  assert.ok(results && results[1] === results[2], `every result of both batches delivered once under its id, then the job with its counts${report}`);
   assert.equal(code, 0, `driver exit code${report}\n${stderr.slice(-3000)}`);
 });

@@ -28,6 +28,12 @@ const RECONCILED = "batches/nightly-review-0410";
 const FORGET = "batches/abandoned-test-3";
 const FILLER = ["batches/nightly-review-0409", "batches/translate-fr-551", "batches/translate-de-552"];
 const REFUNDS = ["batches/refunds-0901", "batches/refunds-0902", "batches/refunds-0903"];
+// A batch registered with "results": "each": six results, two of which its destination refuses.
+const PAGES = "batches/pages-0902";
+const PAGES_FILE = ["page-1", "page-2", "page-3", "page-4", "page-5", "page-6"]
+  .map((key, i) => JSON.stringify(i === 3 ? { key, error: { code: 3, message: "no input" } } : { key, response: { candidates: [{ content: { parts: [{ text: `page ${i + 1}` }] } }] } }))
+  .join("\n") + "\n";
+const REFUSED_PAGES = ["page-2", "page-5"];
 
 let w, dest, gemini, browser, page;
 let billingUp = false;
@@ -42,6 +48,7 @@ before(async () => {
   assert.ok(existsSync(CHROMIUM), `Chromium not found at ${CHROMIUM}: scripts/setup-browser.sh installs Debian's package`);
   dest = await startServer(async (req) => {
     const key = req.headers["idempotency-key"];
+    if (REFUSED_PAGES.some((k) => req.body.includes(`"result_key":"${k}"`))) return { status: 422, body: { error: "page template missing" } };
     if (key === PARKED) return billingUp ? { status: 200 } : { status: 400, body: { error: "unknown account" } };
     if (REFUNDS.includes(key)) return refundsUp ? { status: 200 } : { status: 400, body: { error: "refunds API misconfigured" } };
     if (key === FLAKY) return effectsFor(FLAKY).length === 1 ? { status: 503 } : { status: 200 };
@@ -49,6 +56,8 @@ before(async () => {
     return { status: 200 };
   });
   gemini = await startServer((req) => {
+    if (req.url.startsWith(`/download/v1beta/files/${PAGES.split("/")[1]}:download`)) return { status: 200, body: PAGES_FILE };
+    if (req.url === `/v1beta/${PAGES}`) return { status: 200, body: { name: PAGES, done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", updateTime: new Date().toISOString() }, response: { responsesFile: `files/${PAGES.split("/")[1]}` } } };
     const p = req.url.replace(/^\/v1beta\//, "");
     if (p.startsWith("webhooks")) {
       // Disabled by a person: the pass leaves it so (one disabled for failed deliveries it would
@@ -441,5 +450,19 @@ describe("dashboard", () => {
       assert.equal(again.headers["effect-generation"], "2");
       assert.notEqual(again.headers["webhook-id"], first.headers["webhook-id"]);
     }
+  });
+  it("shows a results batch's counts and its parked results", async () => {
+    assert.equal((await w.register(PAGES, "pages", { results: "each" })).status, 201);
+    await w.ledger(PAGES);
+    await w.scheduled();
+    await eventually(() => effectsFor(PAGES).length === 1, { timeoutMs: 30_000, what: "the job's effect, after its results" });
+    await go("op/" + encodeURIComponent(PAGES));
+    assert.match(await page.locator('#op-record dd[data-field="results_progress"]').textContent(), /^6 read: 4 delivered, 1 errors, 2 parked; read/);
+    const parked = await page.locator('#op-record dd[data-field="parked_results"]').textContent();
+    assert.match(parked, /^page-2 \(#1, 1 attempts\): [^;]*422[^;]*; page-5 \(#4, 1 attempts\): [^;]*422/);
+    // An operation without results shows neither.
+    await go("op/" + encodeURIComponent(DONE));
+    assert.equal(await page.locator('#op-record dd[data-field="results_progress"]').count(), 0);
+    assert.equal(await page.locator('#op-record dd[data-field="parked_results"]').count(), 0);
   });
 });

@@ -26,6 +26,9 @@ before(async () => {
     EFFECT_URL: `http://127.0.0.1:${receiver.address().port}/effects`,
     GEMINI_API_BASE: `http://127.0.0.1:${stubPort}`,
     RECONCILE_GRACE_SECONDS: "0",
+    // A results file not there yet is asked for again with the side effect's backoff.
+    EFFECT_RETRY_BASE_SECONDS: "1",
+    EFFECT_RETRY_MAX_SECONDS: "2",
   });
 });
 after(async () => {
@@ -89,5 +92,117 @@ describe("npm run gemini-stub", () => {
     await assert.rejects(run("node", ["scripts/gemini_stub.mjs", "done", "files/abc", "--port", String(stubPort)]), (e) => e.code === 1 && /400/.test(e.stdout));
     const res = await fetch(`http://127.0.0.1:${stubPort}/v1beta/files/abc`);
     assert.equal(res.status, 404);
+  });
+});
+
+describe("npm run gemini-stub: a batch's results", () => {
+  const base = () => `http://127.0.0.1:${stubPort}`;
+  const done = (name, ...flags) => run("node", ["scripts/gemini_stub.mjs", "done", name, ...flags, "--port", String(stubPort)]);
+  const download = (file, headers = {}) => fetch(`${base()}/download/v1beta/${file}:download?alt=media`, { headers });
+
+  it("names a succeeded batch's results file and serves it, honouring Range with 206", async () => {
+    await done("batches/res1");
+    const status = await (await fetch(`${base()}/v1beta/batches/res1`)).json();
+    assert.equal(status.response.responsesFile, "files/res1-results");
+    assert.equal(status.metadata.output.responsesFile, "files/res1-results");
+    const whole = await download("files/res1-results");
+    assert.equal(whole.status, 200);
+    const text = await whole.text();
+    const lines = text.split("\n").filter(Boolean).map((l) => JSON.parse(l));
+    assert.deepEqual(lines.map((l) => l.key), ["review-1", "review-2", "review-3", "review-4"]);
+    assert.deepEqual(lines.map((l) => ("response" in l ? "response" : "error")), ["response", "response", "error", "response"]);
+    assert.equal(Number(whole.headers.get("content-length")), Buffer.byteLength(text));
+    // A resumed read: the bytes from an offset, as Gemini's download would answer them.
+    const from = text.indexOf('{"key":"review-3"');
+    const rest = await download("files/res1-results", { range: `bytes=${from}-` });
+    assert.equal(rest.status, 206);
+    assert.equal(rest.headers.get("content-range"), `bytes ${from}-${Buffer.byteLength(text) - 1}/${Buffer.byteLength(text)}`);
+    assert.equal(await rest.text(), text.slice(from));
+    const past = await download("files/res1-results", { range: `bytes=${Buffer.byteLength(text)}-` });
+    assert.equal(past.status, 416);
+    assert.ok(stubLines.includes("gemini-stub: GET files/res1-results: 4 lines"), stubLines.join("\n"));
+    // No file for a batch not succeeded, nor for a name never marked.
+    await done("batches/res2", "--state", "failed");
+    assert.equal((await download("files/res2-results")).status, 404);
+    assert.equal((await download("files/nothing-results")).status, 404);
+  });
+
+  it("generates a file of --lines lines, whole JSON lines at any offset", async () => {
+    await done("batches/res3", "--lines", "500");
+    const text = await (await download("files/res3-results")).text();
+    const lines = text.split("\n").filter(Boolean).map((l) => JSON.parse(l));
+    assert.equal(lines.length, 500);
+    assert.equal(new Set(lines.map((l) => l.key)).size, 500);
+    assert.equal(lines.filter((l) => "error" in l).length, 50);
+    const tail = await (await download("files/res3-results", { range: "bytes=1000-" })).text();
+    assert.equal(tail, text.slice(1000));
+  });
+
+  it("answers the file 404 for --file-after seconds after done, then serves it", async () => {
+    await done("batches/res4", "--file-after", "1");
+    assert.equal((await download("files/res4-results")).status, 404);
+    await eventually(async () => (await download("files/res4-results")).status === 200, { timeoutMs: 5000, what: "the file to appear" });
+  });
+
+  it("--inline carries the results in the status answer, in another order on every read", async () => {
+    await done("batches/res5", "--inline");
+    const read = async () => (await (await fetch(`${base()}/v1beta/batches/res5`)).json()).response.inlinedResponses.inlinedResponses;
+    const first = await read();
+    const second = await read();
+    assert.deepEqual(first.map((i) => i.metadata.key), ["review-1", "review-2", "review-3", "review-4"]);
+    assert.notDeepEqual(second.map((i) => i.metadata.key), first.map((i) => i.metadata.key));
+    assert.deepEqual([...second].sort((a, b) => a.metadata.key.localeCompare(b.metadata.key)), first);
+    assert.equal(first.filter((i) => "error" in i).length, 1);
+    assert.equal((await download("files/res5-results")).status, 404, "no file for an inline batch");
+  });
+});
+
+describe("npm run gemini-stub: a batch's results through the worker, to the demo destination", () => {
+  const done = (name, ...flags) => run("node", ["scripts/gemini_stub.mjs", "done", name, ...flags, "--port", String(stubPort)]);
+  const linesOf = (key) => received.filter((l) => l.includes(` key=${key} `));
+  /** Registers `name` with results each, marks it done with `flags`, runs passes until the job's effect arrives. */
+  async function settle(name, ...flags) {
+    assert.equal((await w.register(name, "stub-demo", { results: "each" })).status, 201);
+    await w.ledger(name);
+    await done(name, ...flags);
+    return eventually(async () => {
+      await w.scheduled();
+      const lines = linesOf(name);
+      return lines.some((l) => !l.includes("result_key=")) && lines;
+    }, { timeoutMs: 30_000, everyMs: 1000, what: `the job's effect of ${name}` });
+  }
+  const DEMO = [["review-1", 0, /response=The first page reads well; tighten the intro\. /], ["review-2", 1, /response=Two broken links on the pricing page\. /], ["review-3", 2, /error=3 stub: request review-3 named no model input /], ["review-4", 3, /response=Nothing to change\. /]];
+
+  it("a file: each of its results once, under a res_ id, then the job with its counts", async () => {
+    const lines = await settle("batches/resw1");
+    await sleep(500);
+    const all = linesOf("batches/resw1");
+    assert.equal(all.length, 5, all.join("\n"));
+    for (const [key, index, what] of DEMO) {
+      const found = all.filter((l) => l.includes(`result_key=${key} index=${index} `));
+      assert.equal(found.length, 1, `${key}:\n${all.join("\n")}`);
+      assert.match(found[0], /^verified new result key=batches\/resw1 /);
+      assert.match(found[0], what);
+      assert.match(found[0], / webhook-id=res_[0-9a-f]{32}$/);
+    }
+    assert.match(lines.at(-1), /^verified new key=batches\/resw1 status=succeeded settled_by=reconcile output_file_uri=files\/resw1-results results=\{"total":4,"delivered":4,"errors":1,"parked":0\} webhook-id=msg_/);
+    assert.ok(stubLines.some((l) => l === "gemini-stub: GET files/resw1-results: 4 lines"), stubLines.join("\n"));
+  });
+
+  it("inline results, in another order on every read: each once, the same ids as their keys say", async () => {
+    await settle("batches/resw2", "--inline");
+    await sleep(500);
+    const all = linesOf("batches/resw2");
+    assert.equal(all.filter((l) => l.includes("result_key=")).length, 4, all.join("\n"));
+    for (const [key] of DEMO) assert.equal(all.filter((l) => l.includes(`result_key=${key} `)).length, 1, `${key}:\n${all.join("\n")}`);
+    assert.match(all.at(-1), /results=\{"total":4,"delivered":4,"errors":1,"parked":0\}/);
+  });
+
+  it("a file that answers 404 for a while after done is read once it is there", async () => {
+    await settle("batches/resw3", "--file-after", "3");
+    assert.ok(stubLines.includes("gemini-stub: GET files/resw3-results: not found"), "asked before it was there");
+    const all = linesOf("batches/resw3");
+    assert.equal(all.filter((l) => l.includes("result_key=")).length, 4, all.join("\n"));
+    assert.match(all.at(-1), /"total":4,"delivered":4/);
   });
 });

@@ -91,6 +91,7 @@ const commandsUnder = (heading) => {
 const LOOP = "The loop: register, send, see the effect once";
 const RECONCILE = "Try reconciliation: a completion that never arrives";
 const FROM_A_SHELL = "Registering operations from your code";
+const RESULTS = "A batch's results, each its own side effect";
 
 describe("a newcomer's first steps", () => {
   it("the quick start talks to the worker on one port, the one npm start serves", () => {
@@ -279,6 +280,25 @@ describe("the README's loop, run as written", () => {
     assert.ok(lines[0].startsWith(shownLine("batches/demo2")), `${lines[0]}\nas the README shows it:\n${shownLine("batches/demo2")}`);
   });
 
+  it("a batch's results: registered with --results each, marked done, one pass: each result once, then the job with its counts", async () => {
+    const [register, done, pass, ...rest] = commandsUnder(RESULTS);
+    assert.deepEqual(rest, [], "three commands");
+    const registered = await sh(register);
+    assert.equal(registered.code, 0, registered.err);
+    assert.match(registered.out, /201/, registered.out);
+    await w.ledger("batches/demo3");
+    assert.equal((await sh(done)).code, 0);
+    await sh(pass);
+    const shown = readme.split("\n").filter((l) => l.startsWith("receive: verified new ") && l.includes("key=batches/demo3 ")).map((l) => l.replace(/^receive: /, "").replace(/(…|\.\.\.)$/, ""));
+    assert.equal(shown.length, 5, "four results and the job, as the README shows them");
+    const lines = await eventually(() => { const l = effectsFor("batches/demo3"); return l.length >= 5 && l; }, { timeoutMs: 30_000, what: "the results and the job's effect of batches/demo3" });
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    assert.equal(effectsFor("batches/demo3").length, 5, effectsFor("batches/demo3").join("\n"));
+    for (const expected of shown) assert.ok(lines.some((l) => l.startsWith(expected)), `${expected}\nnot among:\n${lines.join("\n")}`);
+    assert.ok(lines.at(-1).startsWith(shown.at(-1)), "the job's effect comes after its results");
+    assert.ok(lines.slice(0, 4).every((l) => / webhook-id=res_\w+$/.test(l)), lines.join("\n"));
+  });
+
   it("registering from a shell: npm run register, then curl, with the register token", async () => {
     const [exported, register, curl, ...rest] = commandsUnder(FROM_A_SHELL);
     assert.deepEqual(rest, [], "three commands");
@@ -309,7 +329,7 @@ const RUN_ELSEWHERE = [
 
 describe("every command in the README", () => {
   it("is run by a test: above, or by the one named for it", () => {
-    const here = new Set([LOOP, RECONCILE, FROM_A_SHELL]);
+    const here = new Set([LOOP, RECONCILE, FROM_A_SHELL, RESULTS]);
     const unaccounted = [];
     for (const { heading, lines } of shell) {
       if (here.has(heading)) continue;

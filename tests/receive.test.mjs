@@ -72,6 +72,35 @@ describe("npm run receive", () => {
     assert.match((await linesFor("msg_r4_2"))[0], /^receive: verified new key=batches\/r4 /);
   });
 
+  it("prints each result's effect as a result, apart from the job's effect with its counts", async () => {
+    const job = { version: 1, key: "batches/r5", name: "batches/r5", kind: "pages" };
+    const results = [
+      ["res_r5_0", { ...job, result_key: "page-1", index: 0, response: { candidates: [{ content: { parts: [{ text: "A title\nand a long generated body that goes on and on past any line's width" }] } }] } }],
+      ["res_r5_1", { ...job, result_key: "page-2", index: 1, error: { code: 3, message: "bad request" } }],
+      ["res_r5_2", { ...job, result_key: "line-2", index: 2, unreadable: { reason: "not a JSON object", index: 2 } }],
+      ["res_r5_3", { ...job, result_key: "page-4", index: 3, response: { embedding: { values: [0.1, 0.2] } } }],
+    ];
+    for (const [id, body] of results) {
+      const text = JSON.stringify(body);
+      assert.equal(await post(text, sign(EFFECT_SECRET, id, now(), text)), 200);
+    }
+    const done = effect("batches/r5", { kind: "pages", output_file_uri: "files/r5-results", results: { delivered: 4, errors: 2, parked: 0, total: 4 } });
+    assert.equal(await post(done, sign(EFFECT_SECRET, "msg_r5", now(), done)), 200);
+    assert.equal((await linesFor("res_r5_0"))[0], "receive: verified new result key=batches/r5 result_key=page-1 index=0 response=A title and a long generated body that goes on and on past… webhook-id=res_r5_0");
+    assert.equal((await linesFor("res_r5_1"))[0], "receive: verified new result key=batches/r5 result_key=page-2 index=1 error=3 bad request webhook-id=res_r5_1");
+    assert.match((await linesFor("res_r5_2"))[0], /^receive: verified new result key=batches\/r5 result_key=line-2 index=2 unreadable=\{"reason":"not a JSON object","index":2\} webhook-id=res_r5_2$/);
+    assert.match((await linesFor("res_r5_3"))[0], /result_key=page-4 index=3 response=\{"embedding":\{"values":\[0\.1,0\.2\]\}\} webhook-id=res_r5_3$/);
+    const [line] = await linesFor("msg_r5");
+    assert.match(line, /^receive: verified new key=batches\/r5 status=succeeded settled_by=webhook output_file_uri=files\/r5-results results=\{"total":4,"delivered":4,"errors":2,"parked":0\} webhook-id=msg_r5$/);
+    assert.ok(!line.includes("result_key"), "the job's effect is not a result");
+    // A result repeated under its webhook-id is dropped like any effect.
+    const [id, body] = results[0];
+    const text = JSON.stringify(body);
+    assert.equal(await post(text, sign(EFFECT_SECRET, id, now(), text)), 200);
+    const both = await eventually(() => { const l = lines.filter((x) => x.includes(`webhook-id=${id}`)); return l.length === 2 && l; }, { what: "the repeat" });
+    assert.match(both[1], /^receive: verified repeat result key=batches\/r5 result_key=page-1 index=0 .*already handled, dropped$/);
+  });
+
   it("refuses to start without a secret", async () => {
     const r = spawn("node", ["scripts/receive.mjs", "--port", "0", "--secret", "nope"], { stdio: ["ignore", "ignore", "pipe"] });
     let err = "";

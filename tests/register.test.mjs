@@ -73,6 +73,39 @@ describe("npm run register", () => {
     }
   });
 
+  it("registers a batch with --results each: its record says so; a video cannot have results", async () => {
+    const r = await register("batches/reg11", "--kind", "pages", "--results", "each", "--token", ADMIN_TOKEN);
+    assert.match(r.stdout, /^register: 201 registered batches\/reg11: /);
+    assert.equal((await w.inspect("batches/reg11")).body.results, "each");
+    await register("batches/reg12", "--kind", "pages", "--token", ADMIN_TOKEN);
+    assert.equal((await w.inspect("batches/reg12")).body.results, "none", "the default");
+    await assert.rejects(register("models/veo-3/operations/reg13", "--results", "each", "--token", ADMIN_TOKEN), (e) => e.code === 1 && /^register: 400 refused/.test(e.stdout));
+    assert.equal((await w.inspect("operations/reg13")).status, 404, "nothing kept");
+  });
+
+  it("sends --results each as the registration's `results`, and refuses any other value", async () => {
+    const bodies = [];
+    const server = createServer((req, res) => {
+      let body = "";
+      req.on("data", (c) => (body += c));
+      req.on("end", () => { bodies.push(JSON.parse(body)); res.writeHead(201, { "content-type": "application/json" }); res.end("{}"); });
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    try {
+      const url = `http://127.0.0.1:${server.address().port}`;
+      const r = await run("node", ["scripts/register.mjs", "batches/reg8", "--kind", "pages", "--results", "each", "--token", "t", "--url", url]);
+      assert.match(r.stdout, /^register: 201 registered batches\/reg8/);
+      assert.deepEqual(bodies[0], { name: "batches/reg8", kind: "pages", results: "each" });
+      await run("node", ["scripts/register.mjs", "batches/reg9", "--token", "t", "--url", url]);
+      assert.equal("results" in bodies[1], false, "without the flag the worker's default holds");
+      await assert.rejects(run("node", ["scripts/register.mjs", "batches/reg10", "--results", "all", "--token", "t", "--url", url]),
+        (e) => e.code === 2 && /--results is each or none/.test(e.stderr) && /usage: npm run register/.test(e.stderr));
+      assert.equal(bodies.length, 2, "a refused flag sends nothing");
+    } finally {
+      server.close();
+    }
+  });
+
   it("says when no worker answers", async () => {
     await assert.rejects(run("node", ["scripts/register.mjs", "batches/reg5", "--kind", "k", "--token", "t", "--url", "http://127.0.0.1:9"]),
       (e) => e.code === 1 && /no answer from http:\/\/127\.0\.0\.1:9\/v1\/operations/.test(e.stderr));

@@ -18,7 +18,7 @@ import { ADMIN_TOKEN, CRON, round, sleep } from "./common.mjs";
 import { kvByPrefix, startWorker } from "./worker.mjs";
 import { cpuMeter, quiesce } from "./measure.mjs";
 import { OUTPUT, envelope, send, signed } from "./load.mjs";
-import { CRON_PASSES_PER_MONTH, HOSTED, RATES, monthlyBill } from "./pricing.mjs";
+import { CRON_PASSES_PER_MONTH, HOSTED, RATES, monthlyBill, perMillion } from "./pricing.mjs";
 import { startMinimum } from "./minimum.mjs";
 
 const COUNTS = ["sql_statements", "rows_read", "rows_written", "alarm_writes", "kv_writes", "object_calls", "outbound_fetches", "wall_ms", "held_ms"];
@@ -344,5 +344,47 @@ export function bill(flows) {
     profiles: Object.fromEntries(Object.entries(profiles).map(([k, u]) => [k, { per_completion: u, months: months(u, fixed) }])),
     simple_design: { per_completion: SIMPLE, months: VOLUMES.map((v) => monthlyBill(v, SIMPLE, { worker_requests: CRON_PASSES_PER_MONTH }, { do_bytes: 0, kv_bytes: held * stored.kv_bytes })) },
     hosted_list_prices_per_million: HOSTED,
+  };
+}
+
+/**
+ * A batch's results, counted from the design (docs/DESIGN.md, "Results of a batch"): results
+ * go `CHUNK_RESULTS` (40) to a chunk, and a chunk is one alarm run of the batch's gate (one DO
+ * request) that stores its claim (the progress row) before sending and its commit (the progress
+ * row and the chunk's counts: 2 rows) after, then sets the alarm for the next chunk (billed as
+ * a row written). A delivered result leaves no row; the subrequests (the download, the sends)
+ * are free. The wall time a chunk holds its object is the 40 sends' round trips, a parameter
+ * here (`chunkWallMs`) and measured by the results section.
+ */
+export const RESULTS_DESIGN = { chunk_results: 40, do_requests: 1, rows_written: 3, alarm_writes: 1, rows_read: 2 };
+
+/** Units per result from the design, with a chunk holding its object `chunkWallMs`. */
+export function resultsDesignUnits(chunkWallMs = 250) {
+  const d = RESULTS_DESIGN;
+  return {
+    do_requests: d.do_requests / d.chunk_results,
+    rows_written: (d.rows_written + d.alarm_writes) / d.chunk_results,
+    rows_read: d.rows_read / d.chunk_results,
+    do_wall_ms: chunkWallMs / d.chunk_results,
+  };
+}
+
+/**
+ * The bill per million results at the published rates beyond a month's allowances: from the
+ * design, and from what a run measured per result (`measured`: the objects' own counts, as the
+ * results section sums them; null when not run). The target is $2 per million.
+ */
+export function resultsBill(measured) {
+  const design = resultsDesignUnits();
+  const units = measured && {
+    do_requests: measured.do_requests,
+    rows_written: measured.rows_written + measured.alarm_writes,
+    rows_read: measured.rows_read,
+    do_wall_ms: measured.wall_ms,
+  };
+  return {
+    target_per_million: 2,
+    design: { per_result: design, per_million: perMillion(design) },
+    measured: units ? { per_result: units, per_million: perMillion(units) } : null,
   };
 }

@@ -20,6 +20,11 @@
 //   npm run bench -- --outage 10000 --outage-seconds 120
 //                                        effects waiting on a down destination in the outage
 //                                        section ("outage") and how long it stays down
+//   npm run bench -- --only results      the results section ("results", not run by default):
+//   npm run bench -- --only results --results-lines 10000,100000 --results-dest-ms 0,100
+//                                        a batch's results file of N lines (about 1 KB each)
+//                                        delivered one effect per line, at each destination delay
+//                                        (--results-timeout minutes per cell, default 20)
 //   npm run bench -- --peer DIR          also the side-by-side section ("side"): the simple
 //                                        design in DIR (DIR/src/index.ts, DIR/wrangler.toml)
 //                                        against gemini-once; `--only side` runs only it
@@ -66,6 +71,9 @@
 //    then recovers: requests it receives per failing effect per hour (one first attempt each,
 //    then the desk's probes), and the time from its recovery to the last waiting effect's
 //    delivery;
+//  - with --only results, a batch's results: lines a second, time to the last line, CPU per
+//    line and workerd's peak memory at each file size and destination delay, and the bill per
+//    million results (scripts/bench/results.mjs);
 //  - the build: wasm size raw and gzip, what takes the space, and the time from process start
 //    to the first answered request (Miniflare in a fresh node process, and `wrangler dev`).
 //
@@ -90,6 +98,7 @@ import { benchOutage } from "./outage.mjs";
 import { benchCost } from "./cost.mjs";
 import { evaluateTargets, report } from "./report.mjs";
 import { benchSide } from "./side.mjs";
+import { benchResults } from "./results.mjs";
 
 function parseArgs(argv) {
   const a = { quick: false, build: true, json: null, only: null, sizes: null, rounds: null, seconds: null, wrangler: true, variants: true, peer: null, sideOps: null, sideConc: null, idle: null, costOps: null, backlog: null, backlogRate: null, minimum: true, destMs: null };
@@ -112,6 +121,9 @@ function parseArgs(argv) {
     else if (v === "--backlog-rate") a.backlogRate = Number(argv[++i]);
     else if (v === "--outage") a.outageWaiting = Number(argv[++i]);
     else if (v === "--outage-seconds") a.outageSeconds = Number(argv[++i]);
+    else if (v === "--results-lines") a.resultsLines = argv[++i].split(",").map(Number);
+    else if (v === "--results-dest-ms") a.resultsDestMs = argv[++i].split(",").map(Number);
+    else if (v === "--results-timeout") a.resultsTimeout = Number(argv[++i]);
     else if (v === "--side-conc") a.sideConc = argv[++i].split(",").map(Number);
     else if (v === "--idle") a.idle = Number(argv[++i]);
     else if (v === "--dest-ms") {
@@ -147,7 +159,14 @@ async function main() {
     cost: { ops: args.costOps ?? (quick ? 20 : 200) },
     backlog: { open: args.backlog ?? (quick ? 500 : 100_000), rate: args.backlogRate ?? 1_000 },
     outage: { waiting: args.outageWaiting ?? (quick ? 200 : 10_000), downSeconds: args.outageSeconds ?? (quick ? 20 : 120) },
+    results: {
+      sizes: args.resultsLines ?? (quick ? [200] : [10_000, 100_000]),
+      destMs: args.resultsDestMs ?? (quick ? [0] : [0, 100]),
+      lineBytes: 1024,
+      timeoutMs: (args.resultsTimeout ?? (quick ? 3 : 20)) * 60_000,
+    },
   };
+  if (plan.results.sizes.some((n) => !Number.isInteger(n) || n < 1) || plan.results.destMs.some((ms) => !Number.isInteger(ms) || ms < 0 || ms > MAX_DEST_MS)) throw new Error("--results-lines takes whole numbers of lines, --results-dest-ms whole milliseconds");
   if (sections.has("side")) {
     plan.side = {
       rounds: args.rounds ?? (quick ? 1 : 3),
@@ -161,7 +180,7 @@ async function main() {
     };
   }
   // The side-by-side section idles between cells: a longer bound when it runs.
-  const watchdogMin = plan.side ? 150 : 60;
+  const watchdogMin = plan.side ? 150 : sections.has("results") ? 120 : 60;
   const watchdog = setTimeout(async () => {
     console.error(`bench: watchdog (${watchdogMin} min) fired; stopping`);
     await cleanup();
@@ -210,6 +229,10 @@ async function main() {
     if (sections.has("outage")) {
       console.error(`== destination outage: ${plan.outage.waiting} effects, ${plan.outage.downSeconds} s down`);
       results.outage = await benchOutage(dir, plan.outage);
+    }
+    if (sections.has("results")) {
+      console.error(`== results: ${plan.results.sizes.join(", ")} lines at destination ${plan.results.destMs.join(", ")} ms`);
+      results.results = await benchResults(dir, plan.results);
     }
     if (sections.has("cost")) {
       console.error("== cost: what one completion uses (USAGE_LOG lines)");

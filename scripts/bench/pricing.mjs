@@ -82,3 +82,21 @@ export function monthlyBill(completions, perOp, fixed, stored) {
   const total = Object.values(dollars).reduce((a, b) => a + b, 0);
   return { completions, units, dollars, total };
 }
+
+/**
+ * What a million units cost at the rates beyond what a month includes (the marginal price,
+ * no base fee), each unit using `perUnit` (do_requests, rows_read, rows_written (with alarm
+ * writes), do_wall_ms, worker_requests, kv_writes): the price of a million results.
+ */
+export function perMillion(perUnit) {
+  const m = (k) => (perUnit[k] ?? 0) * 1e6;
+  const dollars = {
+    worker_requests: (m("worker_requests") / 1e6) * RATES.worker_requests.per_million,
+    do_requests: (m("do_requests") / 1e6) * RATES.do_requests.per_million,
+    do_gb_s: ((m("do_wall_ms") / 1000) * 0.128 / 1e6) * RATES.do_gb_s.per_million,
+    do_rows_read: (m("rows_read") / 1e6) * RATES.do_rows_read.per_million,
+    do_rows_written: (m("rows_written") / 1e6) * RATES.do_rows_written.per_million,
+    kv_writes: (m("kv_writes") / 1e6) * RATES.kv_writes.per_million,
+  };
+  return { dollars, total: Object.values(dollars).reduce((a, b) => a + b, 0) };
+}

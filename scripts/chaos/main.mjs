@@ -16,6 +16,11 @@
 //
 //   chaos: seed=S ops=N deliveries=D faults=F effects=E duplicate_effects=X explained=Y lost=L regressions=R unsettled=U
 //
+// ops counts the --ops operations and the batches registered with `"results":"each"` (one per
+// kill, plus one; each succeeds with a file of a few hundred lines served by the stand-in, the
+// first ones a few seconds before a kill so that it comes while the file is read); the line
+// before it (`chaos-results: ...`) says whether every result arrived once under its id.
+//
 // It exits 0 only when lost, regressions and unsettled are 0, every duplicate is explained
 // (X = Y), and the extra checks (oracle.mjs) found nothing.
 //

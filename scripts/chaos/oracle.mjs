@@ -20,12 +20,92 @@
 //   to another, or vanished (404 after being seen); only pairs where the later request was sent
 //   after the earlier answer arrived are compared.
 // - unsettled: operations not terminal in the admin API or in the KV ledger at the end.
+// - results (batches registered with `"results":"each"`, on the chaos-results line): every
+//   line of each such batch's file reached the destination (accepted) under its stable
+//   `webhook-id` (`res_` and a hash of the operation key, the result key and the line's index,
+//   as src/results/body.rs makes it): none missing, no `res_` id outside the expected set, each
+//   with its result key, index and kind (response, error, unreadable); the job's first
+//   accepted effect arrived after every result's first acceptance and carries the right
+//   counts. A result accepted again under its same id is counted (repeats), as the job's
+//   duplicates are: a destination that dedups by `webhook-id` drops it. `kills_mid_file`
+//   counts the kills that came while a batch had some of its results accepted and not all.
 // Extra checks (also fail the run, printed on the chaos-detail lines): an accepted side effect
 // whose status differs from the truth, a final status different from the truth, effect_done
 // false at the end, side effects for unknown keys, side effects failing signature checks, a
 // harness delivery refused with 400/401/413.
+import { createHash } from "node:crypto";
 import { EFFECT_TIMEOUT_MS, TERMINAL, rank } from "./config.mjs";
 import { iso } from "./standins.mjs";
+
+/** A result's `webhook-id`, as src/results/body.rs makes it. */
+export function resultId(key, resultKey, index) {
+  return `res_${createHash("sha256").update(`${key}\u0000${resultKey}\u0000${index}`).digest("hex").slice(0, 32)}`;
+}
+
+/** What a results file's lines must become: {id, resultKey, index, kind}, one per non-blank line. */
+export function expectedResults(key, lines) {
+  const out = [];
+  for (const text of lines) {
+    if (!text.trim()) continue;
+    const index = out.length;
+    let parsed = null;
+    try { parsed = JSON.parse(text); } catch {}
+    const ok = parsed && typeof parsed === "object" && !Array.isArray(parsed);
+    const k = ok && parsed.key != null ? (typeof parsed.key === "string" ? parsed.key : JSON.stringify(parsed.key)) : null;
+    const resultKey = k ?? `line-${index}`;
+    const kind = ok && "response" in parsed ? "response" : ok && "error" in parsed ? "error" : "unreadable";
+    out.push({ id: resultId(key, resultKey, index), resultKey, index, kind });
+  }
+  return out;
+}
+
+/** The results batches' check (see the header). */
+export function checkResults(ops, requests, kills) {
+  const batches = ops.filter((op) => op.results);
+  const problems = [];
+  const r = { batches: batches.length, expected: 0, delivered: 0, missing: 0, unknown: 0, repeats: 0, job_after_results: 0, counts_right: 0, kills_mid_file: 0 };
+  const expectedIds = new Map();
+  const spans = [];
+  for (const op of batches) {
+    const want = expectedResults(op.key, op.results.lines);
+    r.expected += want.length;
+    for (const w of want) expectedIds.set(w.id, { op, ...w });
+  }
+  const firstAccepted = new Map();
+  for (const q of requests) {
+    if (!q.accepted || !q.webhookId?.startsWith("res_")) continue;
+    const w = expectedIds.get(q.webhookId);
+    if (!w) {
+      r.unknown++;
+      if (r.unknown <= 5) problems.push(`result accepted under an id outside the expected set: ${q.webhookId} (key ${q.bodyKey}, result_key ${q.resultKey}, index ${q.resultIndex})`);
+      continue;
+    }
+    if (firstAccepted.has(q.webhookId)) { r.repeats++; continue; }
+    firstAccepted.set(q.webhookId, q);
+    if (q.bodyKey !== w.op.key || q.resultKey !== w.resultKey || q.resultIndex !== w.index || q.resultKind !== w.kind) {
+      problems.push(`result ${q.webhookId} of ${w.op.key} carried key ${q.bodyKey}, result_key ${q.resultKey}, index ${q.resultIndex}, ${q.resultKind}; expected ${w.resultKey}, ${w.index}, ${w.kind}`);
+    }
+  }
+  for (const op of batches) {
+    const want = expectedResults(op.key, op.results.lines);
+    const got = want.map((w) => firstAccepted.get(w.id)).filter(Boolean);
+    r.delivered += got.length;
+    const missing = want.filter((w) => !firstAccepted.has(w.id));
+    r.missing += missing.length;
+    if (missing.length) problems.push(`${op.key}: ${missing.length} of ${want.length} results never accepted (first: ${missing.slice(0, 5).map((w) => `${w.resultKey}@${w.index}`).join(", ")})`);
+    const job = requests.filter((q) => q.accepted && q.key === op.key && !q.webhookId?.startsWith("res_")).sort((a, b) => a.arrivedAt - b.arrivedAt)[0];
+    const last = Math.max(...got.map((q) => q.arrivedAt));
+    if (job && !missing.length && job.arrivedAt >= last) r.job_after_results++;
+    else problems.push(`${op.key}: the job's effect ${job ? `arrived at ${iso(job.arrivedAt)}, the last result at ${iso(last)}` : "never accepted"}`);
+    const errors = want.filter((w) => w.kind !== "response").length;
+    const c = job?.bodyResults;
+    if (c && c.total === want.length && c.delivered === want.length && c.errors === errors && c.parked === 0 && !c.file_parked) r.counts_right++;
+    else problems.push(`${op.key}: the job's results ${JSON.stringify(c ?? null)}, expected total ${want.length}, delivered ${want.length}, errors ${errors}, parked 0, no file_parked`);
+    if (got.length) spans.push([Math.min(...got.map((q) => q.arrivedAt)), last]);
+  }
+  r.kills_mid_file = kills.filter((k) => spans.some(([a, b]) => k.at > a && k.at < b)).length;
+  return { ...r, ok: problems.length === 0, problems };
+}
 
 export function check({ o, t0, ops, byKey, dest, api, kills, observations, finalViews, finalKv }) {
   const problems = [];
@@ -33,6 +113,8 @@ export function check({ o, t0, ops, byKey, dest, api, kills, observations, final
   const accepted = new Map();
   for (const r of dest.requests) {
     if (!r.accepted) continue;
+    // A result's effect is checked by checkResults, under its own id.
+    if (r.webhookId?.startsWith("res_")) continue;
     if (!byKey.has(r.key)) {
       checks.unknown_keys++;
       problems.push(`side effect accepted for a key not in the schedule: ${r.key}`);
@@ -149,6 +231,9 @@ export function check({ o, t0, ops, byKey, dest, api, kills, observations, final
     dest_outage: dest.stats.dest_outage,
     dest_slow: dest.stats.dest_slow,
     dest_over_timeout: dest.stats.dest_over_timeout,
+    file_not_yet: api.stats.file_not_yet ?? 0,
+    file_503: api.stats.file_503 ?? 0,
+    file_cut: api.stats.file_cut ?? 0,
     kills: kills.length,
   };
   const faultTotal = Object.values(faults).reduce((a, b) => a + b, 0);
@@ -156,11 +241,14 @@ export function check({ o, t0, ops, byKey, dest, api, kills, observations, final
   const line = `chaos: seed=${o.seed} ops=${ops.length} deliveries=${deliveries} faults=${faultTotal} effects=${effects} duplicate_effects=${duplicates} explained=${explained} lost=${lost} regressions=${regressions} unsettled=${unsettled}`;
   const extraBad = checks.wrong_effect_status + checks.unknown_keys + checks.final_wrong_status + checks.effect_not_done + checks.version_rollbacks + checks.done_rollbacks + dest.stats.bad_signature;
   if (kills.length < o.kills) problems.push(`only ${kills.length} of ${o.kills} kills happened`);
-  const ok = lost === 0 && regressions === 0 && unsettled === 0 && duplicates === explained && extraBad === 0 && kills.length >= o.kills;
+  const results = checkResults(ops, dest.requests, kills);
+  problems.push(...results.problems);
+  const ok = lost === 0 && regressions === 0 && unsettled === 0 && duplicates === explained && extraBad === 0 && kills.length >= o.kills && results.ok;
   const stats = {
     schedule: {
       ops: ops.length,
       batches: ops.filter((op) => op.family === "batch").length,
+      results_batches: ops.filter((op) => op.results).length,
       interactions: ops.filter((op) => op.family === "interaction").length,
       videos: ops.filter((op) => op.family === "video").length,
       silent: ops.filter((op) => op.cls === "silent").length,
@@ -177,7 +265,7 @@ export function check({ o, t0, ops, byKey, dest, api, kills, observations, final
     effect_keys: accepted.size,
     settled_by: settledBy,
   };
-  return { line, ok, causes, faults, checks, problems, stats, silentLatency, duplicateDetails, silentDetails };
+  return { line, ok, causes, faults, checks, problems, stats, silentLatency, duplicateDetails, silentDetails, results };
 }
 
 function brief(view) {

@@ -190,7 +190,7 @@ export async function runChaos(options = {}) {
       for (let attempt = 0; attempt < 200 && !stopAll; attempt++) {
         if (attempt > 0) registrationStats.retried++;
         try {
-          const r = await httpJson(`${worker.base}/v1/operations`, { method: "POST", headers: adminHeaders, body: JSON.stringify({ name: op.name, kind: `chaos-${op.family}` }) });
+          const r = await httpJson(`${worker.base}/v1/operations`, { method: "POST", headers: adminHeaders, body: JSON.stringify({ name: op.name, kind: `chaos-${op.family}`, ...(op.results ? { results: "each" } : {}) }) });
           if (r.status === 201) { registrationStats.created++; return; }
           if (r.status === 200) { registrationStats.existed++; return; }
           if (r.status === 400 || r.status === 401) break;
@@ -401,6 +401,8 @@ export async function runChaos(options = {}) {
   out(`chaos-detail: cron triggered=${s.cron.triggered} overlapping_bursts=${s.cron.bursts} passes_logged=${s.worker_events.reconcile_pass} lease_busy=${s.worker_events.lease_busy} complete=${s.worker_events.pass_complete} settled_by_reconcile=${s.worker_events.settled_by_reconcile} status_calls=${s.status_api.calls} queue_messages=${s.worker_events.other?.reconcile_job ?? 0}`);
   out(`chaos-detail: effects requests=${s.destination.requests} accepted=${s.destination.accepted} keys=${s.effect_keys} duplicates_by_cause=${JSON.stringify(result.causes)} bad_signatures=${s.destination.bad_signature} wrong_effect_status=${result.checks.wrong_effect_status} unknown_keys=${result.checks.unknown_keys} settled_by=${JSON.stringify(s.settled_by)}`);
   out(`chaos-detail: checks final_wrong_status=${result.checks.final_wrong_status} effect_not_done=${result.checks.effect_not_done} version_rollbacks=${result.checks.version_rollbacks} done_rollbacks=${result.checks.done_rollbacks} observations=${s.observations} silent_settle_latency_ms p50=${s.silent_latency_p50} max=${s.silent_latency_max} elapsed_s=${s.elapsed_s} (load phase ${s.load_phase_s}, settle ${s.settle_s}, settled=${s.settled_before_deadline}) loadavg_1m mean=${s.loadavg_1m.mean} max=${s.loadavg_1m.max} cpus=${s.loadavg_1m.cpus}`);
+  const rs = result.results;
+  out(`chaos-results: batches=${rs.batches} results=${rs.expected} delivered=${rs.delivered} missing=${rs.missing} unknown_ids=${rs.unknown} repeats=${rs.repeats} job_after_results=${rs.job_after_results}/${rs.batches} counts_right=${rs.counts_right}/${rs.batches} kills_mid_file=${rs.kills_mid_file} downloads=${s.status_api.downloads} ranged=${s.status_api.ranged} file_not_yet=${s.status_api.file_not_yet} file_503=${s.status_api.file_503} file_cut=${s.status_api.file_cut}`);
   for (const line of result.problems.slice(0, 40)) out(`chaos-problem: ${line}`);
   if (o.json) fs.writeFileSync(o.json, JSON.stringify({ line: result.line, ok: result.ok, causes: result.causes, faults: result.faults, checks: result.checks, problems: result.problems, stats: result.stats, duplicates: result.duplicateDetails, silent: result.silentDetails }, null, 2));
   if (result.ok && !o.keep) fs.rmSync(tmp, { recursive: true, force: true });

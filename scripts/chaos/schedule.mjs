@@ -72,7 +72,59 @@ export function loadMsFor(ops) {
   return Math.min(90_000, Math.max(15_000, ops * 110));
 }
 
-export function buildSchedule(seed, n, kills) {
+/**
+ * The lines of a results batch's file (JSONL): `lines` requests with keys `r-<i>`, most with a
+ * response, some with an error; one without a key, one repeating the key before it, and one
+ * that is not JSON (a result that says it is unreadable).
+ */
+export function resultLines(id, lines) {
+  const out = [];
+  for (let i = 0; i < lines; i++) {
+    const response = { candidates: [{ content: { parts: [{ text: `chaos result ${i} of ${id}` }], role: "model" }, finishReason: "STOP" }] };
+    if (i === 11) out.push(JSON.stringify({ response }));
+    else if (i === 23) out.push(JSON.stringify({ key: `r-${i - 1}`, response }));
+    else if (i === 31) out.push(`{"key":"r-${i}","response":{"candidates":[`);
+    else if (i % 50 === 7) out.push(JSON.stringify({ key: `r-${i}`, error: { code: 3, message: `chaos: request ${i} refused`, status: "INVALID_ARGUMENT" } }));
+    else out.push(JSON.stringify({ key: `r-${i}`, response }));
+  }
+  return out;
+}
+
+/**
+ * `count` batches registered with `"results":"each"`, each succeeding with a file of a few
+ * hundred lines; the first ones complete a few seconds before a kill, so the kill comes while
+ * their file is read. From their own generator: the rest of a seed's schedule stays as it was.
+ */
+function resultsBatches(seed, count, killAt, loadMs) {
+  const rng = makeRng(seed ^ 0x7e5017);
+  const ops = [];
+  for (let j = 0; j < count; j++) {
+    const id = `c${seed}r${j}`;
+    const key = `batches/${id}`;
+    const lines = rng.int(200, 400);
+    const completeAt = j < killAt.length ? Math.max(8_000, killAt[j] - rng.uniform(1_000, 2_000)) : rng.uniform(0.2, 0.7) * loadMs;
+    const registerAt = Math.max(0, completeAt - rng.uniform(3_000, 6_000));
+    const op = {
+      i: -1 - j, id, family: "batch", cls: "results", key, name: key, statusPath: `/v1beta/${key}`, outcome: "succeeded",
+      // A batch read across a kill answers each download after `slowMs`, so its file takes
+      // seconds to read and the kill comes while it is.
+      results: { file: `files/${id}-out`, lines: resultLines(id, lines), slowMs: j < killAt.length ? 600 : 0 },
+      registerAt, createdAt: registerAt, runningAt: (registerAt + completeAt) / 2, completeAt, deliveries: [], conflict: null, messages: {},
+    };
+    // The last one is silent (the cron finds it); the others come by webhook, some twice.
+    if (j < count - 1 || count === 1) {
+      const webhookId = `msg_${id}_${rng.u32().toString(16)}`;
+      const type = "batch.succeeded";
+      op.messages[webhookId] = { type, secret: 0, eventAt: completeAt + rng.uniform(0, 50), body: JSON.stringify({ type, version: "v1", timestamp: null, data: { id: key, output_file_uri: op.results.file } }) };
+      const times = rng.int(1, 3);
+      for (let k = 0; k < times; k++) op.deliveries.push({ webhookId, at: completeAt + rng.uniform(0, 500) + k * rng.uniform(0, 3_000), concurrent: false, reuse: k > 0, terminal: true });
+    }
+    ops.push(op);
+  }
+  return ops;
+}
+
+export function buildSchedule(seed, n, kills, results = kills + 1) {
   const rng = makeRng(seed);
   const loadMs = loadMsFor(n);
   const classes = [];
@@ -170,5 +222,6 @@ export function buildSchedule(seed, n, kills) {
   // generator so the rest of a seed's schedule is what it was before outages existed.
   const o = makeRng(seed ^ 0x07a9e);
   const outage = { at: loadMs * o.uniform(0.25, 0.55), ms: o.uniform(8_000, 15_000) };
+  ops.push(...resultsBatches(seed, results, killAt, loadMs));
   return { seed, loadMs, ops, killAt, outage };
 }

@@ -1,8 +1,11 @@
 // The local HTTP stand-ins: Gemini's status API (answers from the schedule at the current time,
-// with faults) and the side-effect destination (accepts on arrival or fails, sometimes slowly;
-// checks each request's Standard Webhooks signature and records it).
+// with faults; and a results batch's file at the download path, with its own faults: not there
+// yet right after the completion, a 503, a connection cut mid-file) and the side-effect
+// destination (accepts on arrival or fails, sometimes slowly; checks each request's Standard
+// Webhooks signature and records it).
 import { createServer } from "node:http";
 import { sign } from "../send.mjs";
+import { memoryFile, serveFile } from "../results_file.mjs";
 
 import { DEST_5XX, DEST_OVER_TIMEOUT, DEST_SLOW, EFFECT_SECRET, GEMINI_API_KEY, STATUS_429, STATUS_500, STATUS_STALE, sleep } from "./config.mjs";
 import { makeRng } from "./schedule.mjs";
@@ -45,12 +48,19 @@ export function iso(ms) {
 export async function startStatusApi(run) {
   const rng = makeRng(run.seed ^ 0x5a7a5);
   const byPath = new Map(run.schedule.ops.map((op) => [op.statusPath, op]));
-  const stats = { calls: 0, status_429: 0, status_500: 0, status_stale: 0, terminal: 0, nonterminal: 0, not_found: 0, bad_key: 0 };
+  const stats = { calls: 0, status_429: 0, status_500: 0, status_stale: 0, terminal: 0, nonterminal: 0, not_found: 0, bad_key: 0, downloads: 0, ranged: 0, file_not_yet: 0, file_503: 0, file_cut: 0 };
+  const files = new Map(run.schedule.ops.filter((op) => op.results).map((op) => [`/download/v1beta/${op.results.file}:download`, { op, file: memoryFile(op.results.lines) }]));
+  const fileRng = makeRng(run.seed ^ 0xd0f1);
   const server = await listen(async (req, res) => {
     await readBody(req);
+    const url = req.url.split("?")[0];
+    const held = files.get(decodeURIComponent(url));
+    if (held) {
+      if (held.op.results.slowMs) await sleep(held.op.results.slowMs);
+      return serveResults(req, res, held, run, fileRng, stats);
+    }
     stats.calls++;
     if (req.headers["x-goog-api-key"] !== GEMINI_API_KEY) stats.bad_key++;
-    const url = req.url.split("?")[0];
     const op = byPath.get(url);
     const send = (status, body, headers = {}) => {
       if (res.destroyed) return;
@@ -84,6 +94,41 @@ export async function startStatusApi(run) {
   return { ...server, stats };
 }
 
+/**
+ * A results file (after the batch's `slowMs`, when it has one): 404 for a moment after the completion (half the asks in its first 1.5 s),
+ * 503 sometimes, cut after part of its bytes sometimes, else served (honouring `Range`).
+ */
+function serveResults(req, res, { op, file }, run, rng, stats) {
+  stats.downloads++;
+  if (req.headers.range) stats.ranged++;
+  if (req.headers["x-goog-api-key"] !== GEMINI_API_KEY) stats.bad_key++;
+  const sinceDone = Date.now() - run.t0 - op.completeAt;
+  const x = rng.float();
+  const fail = (status) => {
+    res.writeHead(status, { "content-type": "application/json" });
+    res.end(JSON.stringify({ error: { code: status, message: "chaos: results file", status: status === 404 ? "NOT_FOUND" : "UNAVAILABLE" } }));
+  };
+  if (sinceDone < 0 || (sinceDone < 1_500 && x < 0.5)) {
+    stats.file_not_yet++;
+    return fail(404);
+  }
+  if (x > 0.97) {
+    stats.file_503++;
+    return fail(503);
+  }
+  if (x > 0.92) {
+    // Headers and part of the body, then the connection drops.
+    stats.file_cut++;
+    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(file.size) });
+    (async () => {
+      for await (const chunk of file.slice(0, Math.floor(file.size * rng.uniform(0.1, 0.9)))) res.write(chunk);
+      res.destroy();
+    })();
+    return;
+  }
+  serveFile(req, res, file);
+}
+
 function statusBody(op, phase, t0, rng) {
   const updateTime = iso(t0 + (phase === "terminal" ? op.completeAt : phase === "running" ? op.runningAt : op.createdAt));
   if (op.family === "batch") {
@@ -93,7 +138,7 @@ function statusBody(op, phase, t0, rng) {
     if (phase === "terminal") {
       body.done = true;
       body.metadata.endTime = updateTime;
-      if (op.outcome === "succeeded") body.response = { responsesFile: `files/${op.id}-out` };
+      if (op.outcome === "succeeded") body.response = { responsesFile: op.results?.file ?? `files/${op.id}-out` };
       if (op.outcome === "failed") body.error = { code: 13, message: "chaos: planned failure" };
       if (op.outcome === "cancelled" && rng.chance(0.5)) body.error = { code: 1, message: "cancelled" };
       if (op.outcome === "expired" && rng.chance(0.5)) body.error = { code: 4, message: "deadline exceeded" };
@@ -144,6 +189,11 @@ export async function startDestination(run) {
       generation: req.headers["effect-generation"],
       bodyStatus: parsed?.status,
       bodyKey: parsed?.key,
+      // A result's effect (it carries `result_key`), or the job's counts of a results batch.
+      resultKey: parsed?.result_key,
+      resultIndex: parsed?.index,
+      resultKind: parsed && "result_key" in parsed ? ["response", "error", "unreadable"].find((k) => k in parsed) ?? null : undefined,
+      bodyResults: parsed?.results,
       settledBy: parsed?.settled_by,
       arrivedAt,
       status,
