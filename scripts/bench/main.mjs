@@ -72,7 +72,8 @@
 //    then the desk's probes), and the time from its recovery to the last waiting effect's
 //    delivery;
 //  - with --only results, a batch's results: lines a second, time to the last line, CPU per
-//    line and workerd's peak memory at each file size and destination delay, and the bill per
+//    line, the isolate's peak live memory and workerd's peak RSS at each file size and
+//    destination delay, and the bill per
 //    million results (scripts/bench/results.mjs);
 //  - the build: wasm size raw and gzip, what takes the space, and the time from process start
 //    to the first answered request (Miniflare in a fresh node process, and `wrangler dev`).

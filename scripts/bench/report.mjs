@@ -56,9 +56,13 @@ export function evaluateTargets(r) {
       t.push({ target: `${at}: every result delivered under one webhook-id, then the job's effect with the counts`, value: `${c.delivered}/${c.lines}, repeats ${c.repeats}, job ${JSON.stringify(c.job_results)}`, holds: c.finished && c.delivered === c.lines && c.job_effects === 1 && c.job_after_last_result && c.job_results?.total === c.lines && c.job_results?.parked === 0 && !c.job_results?.file_parked });
       if (c.lines >= 100_000) t.push({ target: `${at}: delivered within 10 minutes`, value: `${c.seconds_to_last_line} s`, holds: c.finished && c.seconds_to_last_line <= 600 });
     }
-    const peak = (lines) => r.results.cells.filter((c) => c.lines === lines && c.finished).map((c) => c.rss_peak_mb);
-    const [small, large] = [peak(10_000), peak(100_000)];
-    if (small.length && large.length) t.push({ target: "results: workerd's peak memory at 100,000 lines within 20 MB of 10,000", value: `${Math.max(...large)} MB against ${Math.min(...small)} MB`, holds: Math.max(...large) - Math.min(...small) <= 20 });
+    // The isolate's live memory (V8's heap after a full collection, and the Wasm memory) is what
+    // Workers' 128 MB limit counts; workerd's RSS here also holds the local runtime's own
+    // bookkeeping per subrequest, which a plain-JS worker grows the same way (PERFORMANCE.md).
+    const peak = (lines, f) => r.results.cells.filter((c) => c.lines === lines && c.finished && c[f] !== null).map((c) => c[f]);
+    const [small, large] = [peak(10_000, "isolate_live_peak_mb"), peak(100_000, "isolate_live_peak_mb")];
+    const [rssSmall, rssLarge] = [peak(10_000, "rss_peak_mb"), peak(100_000, "rss_peak_mb")];
+    if (small.length && large.length) t.push({ target: "results: the isolate's peak live memory at 100,000 lines within 20 MB of 10,000", value: `${Math.max(...large)} MB against ${Math.min(...small)} MB (workerd's RSS ${Math.max(...rssLarge)} against ${Math.min(...rssSmall)} MB)`, holds: Math.max(...large) - Math.min(...small) <= 20 });
     const b = r.results.bill;
     const priced = b.measured ?? b.design;
     t.push({ target: `results: at most $${b.target_per_million} per million results (${b.measured ? "measured" : "design"})`, value: `$${priced.per_million.total.toFixed(3)}`, holds: priced.per_million.total <= b.target_per_million });
@@ -194,8 +198,8 @@ export function report(r) {
   }
   if (r.results) {
     out.push("", "Results of a batch (\"results\":\"each\"): a file of N lines of about 1 KB streamed from the stand-in Gemini, each line one side effect, then the job's; a fresh worker per cell");
-    out.push(fmtTable(["lines", "destination ms", "delivered", "repeats", "lines/s", "to last line s", "CPU ms/line", "RSS before MB", "RSS peak MB", "growth MB", "downloads (ranged)", "DO requests/result", "rows written/result", "wall ms/result", "job's results"],
-      r.results.cells.map((c) => [c.lines, c.destination_ms, `${c.delivered}${c.finished ? "" : " (unfinished)"}`, c.repeats, c.lines_per_second, c.seconds_to_last_line, c.workerd_cpu_ms_per_line, c.rss_before_mb, c.rss_peak_mb, c.rss_growth_mb, `${c.downloads} (${c.ranged_downloads})`, c.per_result.do_requests, round(c.per_result.rows_written + c.per_result.alarm_writes, 4), c.per_result.wall_ms, JSON.stringify(c.job_results)])));
+    out.push(fmtTable(["lines", "destination ms", "delivered", "repeats", "lines/s", "to last line s", "CPU ms/line", "RSS before MB", "RSS peak MB", "growth MB", "isolate live MB", "Wasm MB", "downloads (ranged)", "DO requests/result", "rows written/result", "wall ms/result", "job's results"],
+      r.results.cells.map((c) => [c.lines, c.destination_ms, `${c.delivered}${c.finished ? "" : " (unfinished)"}`, c.repeats, c.lines_per_second, c.seconds_to_last_line, c.workerd_cpu_ms_per_line, c.rss_before_mb, c.rss_peak_mb, c.rss_growth_mb, `${c.isolate_live_first_mb} -> ${c.isolate_live_peak_mb}`, `${c.wasm_memory_mb?.before} -> ${c.wasm_memory_mb?.after}`, `${c.downloads} (${c.ranged_downloads})`, c.per_result.do_requests, round(c.per_result.rows_written + c.per_result.alarm_writes, 4), c.per_result.wall_ms, JSON.stringify(c.job_results)])));
     const b = r.results.bill;
     const line = (x) => `$${x.per_million.total.toFixed(3)} (${Object.entries(x.per_million.dollars).filter(([, d]) => d >= 0.0005).map(([n, d]) => `${n} ${d.toFixed(3)}`).join(", ")})`;
     out.push(`per million results at the rates beyond a month's allowances: design ${line(b.design)}${b.measured ? `; measured ${line(b.measured)}` : ""}; target $${b.target_per_million}`);

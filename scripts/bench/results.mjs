@@ -8,7 +8,9 @@
 // What it reports, per cell (lines x destination delay), each in a fresh worker: lines a
 // second (results delivered over the time from the first result to the last), the time from
 // the pass to the last result, workerd's CPU per line (all its threads, over the run), workerd's
-// resident memory (sampled every 250 ms: before, peak, and the peak's growth), and what the
+// resident memory (sampled every 250 ms: before, peak, and the peak's growth), the worker's own
+// isolate through workerd's inspector (heap.mjs: V8's heap, its live part after a full
+// collection, and the Wasm memory: what Workers' 128 MB counts), and what the
 // objects counted themselves (USAGE_LOG lines: DO requests, rows written, alarm writes, wall
 // time) per result, priced per million results (cost.mjs, `resultsBill`). Every result must
 // reach the destination under one `webhook-id` (repeats counted), and the job's effect must
@@ -21,6 +23,7 @@ import { startWorker } from "./worker.mjs";
 import { send } from "./load.mjs";
 import { generatedFile, serveFile } from "../results_file.mjs";
 import { resultsBill } from "./cost.mjs";
+import { freePort, sampleIsolate } from "./heap.mjs";
 
 const COUNTS = ["rows_read", "rows_written", "alarm_writes", "outbound_fetches", "wall_ms", "held_ms", "sql_statements"];
 
@@ -121,13 +124,14 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
   const name = `batches/bench-results-${lines}-${destMs}-${Date.now().toString(36)}`;
   const s = await startStandIns(name, lines, lineBytes);
   s.delayMs = destMs;
+  const inspectorPort = await freePort();
   const w = await startWorker(dir, {
     EFFECT_URL: `${s.url}/effects`,
     GEMINI_API_BASE: s.url,
     GEMINI_API_KEY: "bench-gemini-key",
     RECONCILE_GRACE_SECONDS: "0",
     USAGE_LOG: "true",
-  });
+  }, { inspectorPort });
   const base = new URL(w.url);
   const agent = new http.Agent({ keepAlive: true, maxSockets: 2 });
   const rss = [];
@@ -137,6 +141,8 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
     if (reg.status !== 201) throw new Error(`results: register ${name}: ${reg.status} ${reg.body}`);
     await sleep(1_500); // the registration's projection puts its `open:` entry
     const rssBefore = rssOf(w.pid);
+    // The isolate's own memory (what Workers' 128 MB counts), beside workerd's RSS.
+    const isolate = await sampleIsolate(inspectorPort, { now });
     const cpu0 = cpuMsOf(w.pid);
     const usage0 = w.count("usage");
     const worker = await w.mf.getWorker();
@@ -158,13 +164,15 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
     const finished = s.jobEffects > 0;
     await sleep(1_000); // repeats that come late
     const cpu = cpuMsOf(w.pid) - cpu0;
+    const heap = (await isolate?.stop()) ?? { samples: [], peak_mb: null };
+    const heapAt = (t) => heap.samples.filter(([ts]) => ts <= t).at(-1)?.[1] ?? null;
     const usage = usageTotals(w, usage0);
     const delivered = s.results.size;
     const spanMs = s.lastAt && s.firstAt ? s.lastAt - s.firstAt : null;
     const peak = Math.max(...rss.map(([, b]) => b), rssBefore ?? 0);
     // How memory went with the results delivered: a dozen samples across the run.
     const step = Math.max(1, Math.floor(rss.length / 12));
-    const timeline = rss.filter((_, i) => i % step === 0 || i === rss.length - 1).map(([t, b, n]) => ({ s: round((t - t0) / 1000, 1), results: n, rss_mb: round(b / 2 ** 20, 1) }));
+    const timeline = rss.filter((_, i) => i % step === 0 || i === rss.length - 1).map(([t, b, n]) => ({ s: round((t - t0) / 1000, 1), results: n, rss_mb: round(b / 2 ** 20, 1), isolate_mb: heapAt(t) === null ? null : round(heapAt(t) / 2 ** 20, 1) }));
     const per = (x) => (delivered ? round(x / delivered, 4) : null);
     return {
       lines,
@@ -186,6 +194,11 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
       rss_before_mb: rssBefore ? round(rssBefore / 2 ** 20, 1) : null,
       rss_peak_mb: round(peak / 2 ** 20, 1),
       rss_growth_mb: rssBefore ? round((peak - rssBefore) / 2 ** 20, 1) : null,
+      isolate_before_mb: heap.samples.length ? round(heap.samples[0][1] / 2 ** 20, 1) : null,
+      isolate_peak_mb: heap.peak_mb,
+      isolate_live_first_mb: heap.live_first_mb ?? null,
+      isolate_live_peak_mb: heap.live_peak_mb ?? null,
+      wasm_memory_mb: { before: heap.wasm_before_mb ?? null, after: heap.wasm_after_mb ?? null },
       rss_timeline: timeline,
       per_result: {
         do_requests: per(usage.do_requests),
@@ -212,7 +225,7 @@ export async function benchResults(dir, { sizes, destMs, lineBytes, timeoutMs })
     for (const lines of sizes) {
       process.stderr.write(`  results: ${lines} lines of ${lineBytes} bytes, destination ${ms} ms\n`);
       const c = await cell(dir, { lines, destMs: ms, lineBytes, timeoutMs });
-      process.stderr.write(`  results: ${c.delivered}/${lines} delivered (${c.repeats} repeats), ${c.lines_per_second} lines/s, last after ${c.seconds_to_last_line} s, ${c.workerd_cpu_ms_per_line} ms CPU a line, RSS ${c.rss_before_mb} -> ${c.rss_peak_mb} MB\n`);
+      process.stderr.write(`  results: ${c.delivered}/${lines} delivered (${c.repeats} repeats), ${c.lines_per_second} lines/s, last after ${c.seconds_to_last_line} s, ${c.workerd_cpu_ms_per_line} ms CPU a line, RSS ${c.rss_before_mb} -> ${c.rss_peak_mb} MB, isolate ${c.isolate_before_mb} -> ${c.isolate_peak_mb} MB (live ${c.isolate_live_first_mb} -> ${c.isolate_live_peak_mb} MB), Wasm memory ${c.wasm_memory_mb.before} -> ${c.wasm_memory_mb.after} MB\n`);
       cells.push(c);
     }
   }
