@@ -3,6 +3,7 @@
 // Gemini's status API and an alert sink. Nothing of the worker's own code is mocked.
 import { createServer } from "node:http";
 import { readFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import assert from "node:assert/strict";
@@ -286,3 +287,14 @@ export async function eventually(check, { timeoutMs = 15000, everyMs = 100, what
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** The workerd processes this test process started (Miniflare runs workerd as a child). */
+export function workerdChildren() {
+  let out = "";
+  try {
+    out = execFileSync("ps", ["-o", "pid=,comm=", "--ppid", String(process.pid)], { encoding: "utf8" });
+  } catch {
+    return [];
+  }
+  return out.split("\n").map((l) => l.trim().split(/\s+/)).filter(([pid, comm]) => pid && /workerd/.test(comm ?? "")).map(([pid]) => Number(pid));
+}

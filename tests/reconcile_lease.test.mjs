@@ -5,11 +5,10 @@
 // Gemini's status API and the destination.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { startWorker, startServer, startStatusApi, eventually, sleep } from "./helpers.mjs";
+import { startWorker, startServer, startStatusApi, eventually, sleep, workerdChildren } from "./helpers.mjs";
 
 // Gemini's status API: answers per path, set by each test; `HANG` never answers.
 const HANG = () => new Promise(() => {});
@@ -155,17 +154,6 @@ describe("lease heartbeat", () => {
     }
   });
 });
-
-/** The workerd processes this test process started (Miniflare runs workerd as a child). */
-function workerdChildren() {
-  let out = "";
-  try {
-    out = execFileSync("ps", ["-o", "pid=,comm=", "--ppid", String(process.pid)], { encoding: "utf8" });
-  } catch {
-    return [];
-  }
-  return out.split("\n").map((l) => l.trim().split(/\s+/)).filter(([pid, comm]) => pid && /workerd/.test(comm ?? "")).map(([pid]) => Number(pid));
-}
 
 describe("a pass killed with the worker", () => {
   it("blocks the next only until its short lease lapses; the next resumes from its last heartbeat", { timeout: 120_000 }, async () => {

@@ -10,11 +10,10 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { startWorker, startServer, eventually, sleep, assertEffectValid } from "./helpers.mjs";
+import { startWorker, startServer, eventually, sleep, assertEffectValid, workerdChildren } from "./helpers.mjs";
 
 /** A stand-in for Gemini: status answers by batch key, results files by name (honouring
  * `Range` unless `ignoreRange`), each file answering `fileStatus(name, n)` first when set. */
@@ -303,17 +302,6 @@ describe("each result of a batch, its own side effect", () => {
     }
   });
 });
-
-/** The workerd processes this test process started (Miniflare runs workerd as a child). */
-function workerdChildren() {
-  let out = "";
-  try {
-    out = execFileSync("ps", ["-o", "pid=,comm=", "--ppid", String(process.pid)], { encoding: "utf8" });
-  } catch {
-    return [];
-  }
-  return out.split("\n").map((l) => l.trim().split(/\s+/)).filter(([pid, comm]) => pid && /workerd/.test(comm ?? "")).map(([pid]) => Number(pid));
-}
 
 describe("a worker killed mid-file", () => {
   it("restarted on its storage, delivers every result exactly once by webhook-id", { timeout: 180_000 }, async () => {
