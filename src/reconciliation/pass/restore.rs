@@ -149,7 +149,7 @@ impl Pass {
             self.phase = next;
             return None;
         };
-        let stop = self.walked.as_ref().map(|(_, stop)| *stop);
+        let stop = next.walked().map(|w| w.stop);
         let done = swept_text(
             self.books.limits.fanout.as_ref(),
             self.books.report.fed,

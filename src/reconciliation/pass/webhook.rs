@@ -13,6 +13,7 @@ use crate::reconciliation::status::{find_webhook, webhook_alert};
 use crate::retry::{class_of_status, Class, PeerAnswer};
 
 use super::restore::{verdict, Sweep, Verdict};
+use super::walk::IndexWalk;
 use super::{Awaiting, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
 use crate::operation::ledger_walk::LedgerCursor;
 
@@ -31,12 +32,12 @@ pub(super) struct Check {
     alerting: Option<Option<String>>,
     /// Why the webhook is left as it is (said in the alert), once that is decided.
     pub(super) left: Option<String>,
-    /// Where the routine walk starts after the check.
-    pub(super) then: LedgerCursor,
+    /// The routine walk that starts after the check.
+    pub(super) then: IndexWalk,
 }
 
 impl Check {
-    pub(super) fn new(name: String, then: LedgerCursor) -> Check {
+    pub(super) fn new(name: String, then: IndexWalk) -> Check {
         Check {
             name,
             then,
@@ -228,7 +229,7 @@ impl Pass {
         // The walk keeps one subrequest for the alert (the release's is kept already).
         self.books.budget_limit = self.books.budget_limit.saturating_sub(1);
         self.start_walk(if swept {
-            LedgerCursor::default()
+            IndexWalk::new(LedgerCursor::default(), check.then.audit_from)
         } else {
             check.then
         });
