@@ -10,7 +10,7 @@ use crate::reconciliation::lease_state::{audit_reserve, lease_presumed_lapsed};
 use super::stop::Stop;
 
 use super::walk::{IndexWalk, Walked};
-use super::{webhook, Awaiting, Intent, Pass, PassLog, Phase};
+use super::{walked, webhook, Awaiting, Intent, Pass, PassLog, Phase};
 
 impl Pass {
     pub(super) fn acquire(&mut self) -> Option<Intent> {
@@ -47,7 +47,7 @@ impl Pass {
                 let walk = IndexWalk::new(resume, audit_from);
                 match self.books.limits.webhook_name.clone() {
                     Some(name) => self.phase = Phase::Webhook(webhook::Check::new(name, walk)),
-                    None => self.start_walk(walk),
+                    None => self.phase = Phase::Index(walk),
                 }
             }
             Ok(_) => {
@@ -80,7 +80,7 @@ impl Pass {
             ttl_ms: self.books.limits.lease_ttl_ms,
             resume,
             status_backoff_until_ms,
-            audit: self.phase.walked().and_then(|w| w.audit.clone()),
+            audit: walked(&self.phase).and_then(|w| w.audit.clone()),
             fed_until_ms: self.fed_sent(),
         })
     }
@@ -119,10 +119,11 @@ impl Pass {
     /// The work is over: release the lease with where the next pass starts, unless it was
     /// lost (the new holder's cursor is not ours to move).
     pub(super) fn release(&mut self, walked: Walked, now_ms: i64) -> Option<Intent> {
+        let (resume, stop) = walked.end;
         // A lost lease wins over whatever stopped the walk.
         let stop = match self.heartbeat_stop {
             Some(Stop::LeaseLost) => Stop::LeaseLost,
-            _ => walked.stop,
+            _ => stop,
         };
         self.books.report.stopped = Some(stop);
         self.books.report.complete = stop == Stop::Complete;
@@ -138,7 +139,7 @@ impl Pass {
         let webhook = self.webhook.take();
         let release = LeaseCommand::Release {
             holder: self.holder.clone(),
-            resume: walked.resume,
+            resume,
             complete: self.books.report.complete,
             status_backoff_until_ms: self.books.status_backoff_until_ms,
             webhook_checked: webhook.is_some(),
@@ -150,7 +151,7 @@ impl Pass {
                 "report": self.books.report.to_value(),
             }),
         };
-        self.phase = Phase::Finish;
+        self.phase = Phase::Finish; // once the release is answered
         self.awaiting = Some(Awaiting::Release);
         Some(Intent::Lease(release))
     }
@@ -166,7 +167,6 @@ impl Pass {
                     .error(PassLog::error(format!("lease release: {e}")));
             }
         }
-        self.phase = Phase::Finish;
     }
 
     /// How far this pass scheduled polls on the fan-out queue, for the lease (0: nothing).

@@ -285,22 +285,20 @@ impl Pass {
     /// deadline has come (less a third of the pass's for a routine walk an audit follows).
     fn must_stop(&self, now_ms: i64, audit_after: bool) -> Option<Stop> {
         let pass_ms = self.books.limits.deadline_ms;
-        let kept_ms = audit_after.then(|| audit_reserve(pass_ms)).unwrap_or(0);
+        let kept_ms = audit_reserve(pass_ms) * i64::from(audit_after);
         let deadline_ms = self.started_ms + pass_ms - kept_ms;
         self.heartbeat_stop
             .or_else(|| past_deadline(now_ms, deadline_ms).then_some(Stop::Deadline))
     }
 }
 
-impl Phase {
-    /// What the walks have handed on: nothing before the routine walk ends.
-    fn walked(&self) -> Option<&walk::Walked> {
-        match self {
-            Phase::Audit(walk) => Some(&walk.walked),
-            Phase::Release(walked) => Some(walked),
-            Phase::Announce(next) => next.walked(),
-            _ => None,
-        }
+/// What the walks have handed on in `phase`: nothing before the routine walk ends.
+fn walked(phase: &Phase) -> Option<&walk::Walked> {
+    match phase {
+        Phase::Audit(walk) => Some(&walk.walked),
+        Phase::Release(walked) => Some(walked),
+        Phase::Announce(next) => walked(next),
+        _ => None,
     }
 }
 

@@ -149,7 +149,7 @@ impl Pass {
             self.phase = next;
             return None;
         };
-        let stop = next.walked().map(|w| w.stop);
+        let stop = super::walked(&next).map(|w| w.end.1);
         let done = swept_text(
             self.books.limits.fanout.as_ref(),
             self.books.report.fed,

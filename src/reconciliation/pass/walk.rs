@@ -71,12 +71,12 @@ impl IndexWalk {
     }
 }
 
-/// What the walks hand the release: where the next pass starts and why the routine walk
-/// stopped, and how far the audit has got when this pass audits (sent with each renewal too).
+/// What the walks hand the release.
 #[derive(Debug)]
 pub(super) struct Walked {
-    pub(super) resume: LedgerCursor,
-    pub(super) stop: Stop,
+    /// Where the next pass starts, and why the routine walk stopped.
+    pub(super) end: (LedgerCursor, Stop),
+    /// How far the audit has got, when this pass audits (sent with each renewal too).
     pub(super) audit: Option<AuditProgress>,
 }
 
@@ -85,7 +85,6 @@ pub(super) struct Walked {
 pub(super) struct AuditWalk {
     resume: LedgerCursor,
     page: Option<(ListedPage, usize)>,
-    /// What the routine walk saw of the index.
     seen: Seen,
     pub(super) walked: Walked,
 }
@@ -126,18 +125,12 @@ enum AuditTurn {
 }
 
 impl Pass {
-    /// Starts the routine walk.
-    pub(super) fn start_walk(&mut self, walk: IndexWalk) {
-        if let Some(e) = self.kv_unbound.clone() {
-            self.books.error(PassLog::error(format!("kv binding: {e}")));
-            self.walk_ended(walk, Stop::Error);
-            return;
-        }
-        self.phase = Phase::Index(walk);
-    }
-
     pub(super) fn index_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Option<Intent> {
         if !walk.listed {
+            if let Some(e) = self.kv_unbound.clone() {
+                self.books.error(PassLog::error(format!("kv binding: {e}")));
+                return self.walk_ended(walk, Stop::Error);
+            }
             if let Some(stop) = self.must_stop(now_ms, walk.audit_from.is_some()) {
                 return self.walk_ended(walk, stop);
             }
@@ -206,10 +199,8 @@ impl Pass {
             None => Stop::Complete,
             Some(_) => Stop::Window,
         };
-        walk.position = LedgerCursor {
-            cursor: walk.next_window.take(),
-            after_key: None,
-        };
+        walk.position = LedgerCursor::default();
+        walk.position.cursor = walk.next_window.take();
         self.walk_ended(walk, stop)
     }
 
@@ -302,16 +293,12 @@ impl Pass {
     /// The routine walk stopped: entries skipped for a short back-off hold the resume point
     /// back; then the audit runs if it is due and the walk did not lose the lease or fail.
     pub(super) fn walk_ended(&mut self, walk: IndexWalk, stop: Stop) -> Option<Intent> {
-        let (resume, held) = match walk.first_unpolled {
+        let end = match walk.first_unpolled {
             Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
             Some(held) => (held, stop),
             None => (walk.position, stop),
         };
-        let walked = Walked {
-            resume,
-            stop: held,
-            audit: None,
-        };
+        let walked = Walked { end, audit: None };
         self.books.budget_limit = self.books.limits.budget;
         match walk.audit_from {
             Some(from) if stop.audits_after() => {
