@@ -1,5 +1,5 @@
-//! The pass's two walks: the routine walk over the `open:` index, and the audit over the whole
-//! `op:` ledger.
+//! The pass's two walks, each holding its own state: the routine walk over the `open:` index,
+//! and the audit over the whole `op:` ledger, handed what the routine walk saw and its end.
 //!
 //! Guarantees: the routine walk lists its window of the index (all of it up to
 //! [`MAX_INDEX_PAGES`] pages) before it acts, then starts no entry past its deadline, without
