@@ -173,13 +173,13 @@ impl Pass {
     /// Schedules the next messages of the window on the queue, or ends the walk.
     pub(super) fn feed_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Option<Intent> {
         let Some(fanout) = self.books.limits.fanout.clone() else {
-            return self.walk_ended(walk.position.clone(), Stop::Error);
+            return self.walk_ended(walk, Stop::Error);
         };
-        if let Some(stop) = self.must_stop(now_ms) {
-            return self.walk_ended(walk.position.clone(), stop);
+        if let Some(stop) = self.must_stop(now_ms, walk.audit_from.is_some()) {
+            return self.walk_ended(walk, stop);
         }
         if !self.books.affords(1) {
-            return self.walk_ended(walk.position.clone(), Stop::Budget);
+            return self.walk_ended(walk, Stop::Budget);
         }
         // One cron interval ahead: the queue holds about one interval of work, and the next
         // pass continues where this one stopped.
@@ -214,7 +214,7 @@ impl Pass {
                 if self.books.decide(&meta, now_ms).is_empty() {
                     continue;
                 }
-                self.seen.touched.insert(key.to_string());
+                walk.seen.touched.insert(key.to_string());
                 let metadata = serde_json::to_value(&meta).unwrap_or(Value::Null);
                 bytes += name.len() + metadata.to_string().len() + 32;
                 job.entries.push(JobEntry { name, metadata });
@@ -229,12 +229,12 @@ impl Pass {
         if jobs.is_empty() {
             if let Some(name) = last_name {
                 walk.position.after_key = Some(name);
-                self.save_checkpoint(&walk.position);
+                self.save_checkpoint(&walk);
             }
             if full || walk.at < walk.entries.len() {
                 // The queue holds a cron interval of polls (or Gemini's wait runs past it):
                 // the next pass schedules the rest.
-                return self.walk_ended(walk.position.clone(), Stop::Scheduled);
+                return self.walk_ended(walk, Stop::Scheduled);
             }
             return self.window_done(walk);
         }
@@ -261,13 +261,12 @@ impl Pass {
                 self.books.report.fed += fed.entries;
                 self.fed_until_ms = self.fed_until_ms.max(fed.until_ms);
                 walk.position.after_key = Some(fed.last_name);
-                self.save_checkpoint(&walk.position);
+                self.save_checkpoint(&walk);
                 self.phase = Phase::Index(walk);
             }
             Err(e) => {
                 self.books.error(PassLog::error(format!("queue send: {e}")));
-                let position = walk.position.clone();
-                self.walk_ended(position, Stop::Error);
+                self.walk_ended(walk, Stop::Error);
             }
         }
     }

@@ -9,7 +9,8 @@ use crate::reconciliation::lease_state::{audit_reserve, lease_presumed_lapsed};
 
 use super::stop::Stop;
 
-use super::{webhook, Awaiting, Intent, Pass, PassLog, Phase};
+use super::walk::{IndexWalk, Walked};
+use super::{walked, webhook, Awaiting, Intent, Pass, PassLog, Phase};
 
 impl Pass {
     pub(super) fn acquire(&mut self) -> Option<Intent> {
@@ -35,18 +36,18 @@ impl Pass {
                 self.fed_until_ms = fed_until_ms;
                 let resume = start_of_index(resume);
                 self.checkpoint = (resume.clone(), status_backoff_until_ms);
-                self.audit_from = audit.due(self.started_ms, self.books.limits.audit_interval_ms);
-                if self.audit_from.is_some() {
-                    // Keep a third of the budget and of the deadline for the audit.
+                let audit_from = audit.due(self.started_ms, self.books.limits.audit_interval_ms);
+                if audit_from.is_some() {
+                    // Keep a third of the budget (and of the deadline: `must_stop`) for the audit.
                     let budget = i64::from(self.books.limits.budget);
                     self.books.budget_limit = (budget - audit_reserve(budget)) as u32;
-                    self.walk_deadline_ms -= audit_reserve(self.books.limits.deadline_ms);
                 }
                 self.webhook_alerted_state = webhook_alerted_state;
                 self.last_renewed_ms = now_ms;
+                let walk = IndexWalk::new(resume, audit_from);
                 match self.books.limits.webhook_name.clone() {
-                    Some(name) => self.phase = Phase::Webhook(webhook::Check::new(name, resume)),
-                    None => self.start_walk(resume),
+                    Some(name) => self.phase = Phase::Webhook(webhook::Check::new(name, walk)),
+                    None => self.phase = Phase::Index(walk),
                 }
             }
             Ok(_) => {
@@ -79,7 +80,7 @@ impl Pass {
             ttl_ms: self.books.limits.lease_ttl_ms,
             resume,
             status_backoff_until_ms,
-            audit: self.audit_progress.clone(),
+            audit: walked(&self.phase).and_then(|w| w.audit.clone()),
             fed_until_ms: self.fed_sent(),
         })
     }
@@ -117,11 +118,8 @@ impl Pass {
 
     /// The work is over: release the lease with where the next pass starts, unless it was
     /// lost (the new holder's cursor is not ours to move).
-    pub(super) fn release(&mut self, now_ms: i64) -> Option<Intent> {
-        let (resume, stop) = self
-            .walked
-            .take()
-            .unwrap_or((LedgerCursor::default(), Stop::Error));
+    pub(super) fn release(&mut self, walked: Walked, now_ms: i64) -> Option<Intent> {
+        let (resume, stop) = walked.end;
         // A lost lease wins over whatever stopped the walk.
         let stop = match self.heartbeat_stop {
             Some(Stop::LeaseLost) => Stop::LeaseLost,
@@ -146,14 +144,14 @@ impl Pass {
             status_backoff_until_ms: self.books.status_backoff_until_ms,
             webhook_checked: webhook.is_some(),
             webhook_alerted_state: webhook.flatten(),
-            audit: self.audit_progress.take(),
+            audit: walked.audit,
             fed_until_ms: self.fed_sent(),
             summary: serde_json::json!({
                 "at": crate::timestamp::format_rfc3339(self.started_ms),
                 "report": self.books.report.to_value(),
             }),
         };
-        self.phase = Phase::Release;
+        self.phase = Phase::Finish; // once the release is answered
         self.awaiting = Some(Awaiting::Release);
         Some(Intent::Lease(release))
     }
@@ -169,7 +167,6 @@ impl Pass {
                     .error(PassLog::error(format!("lease release: {e}")));
             }
         }
-        self.phase = Phase::Finish;
     }
 
     /// How far this pass scheduled polls on the fan-out queue, for the lease (0: nothing).

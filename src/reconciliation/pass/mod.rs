@@ -51,7 +51,7 @@ use crate::operation::gate::protocol::GateReply;
 use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
-use crate::reconciliation::lease_state::AuditProgress;
+use crate::reconciliation::lease_state::audit_reserve;
 use crate::retry::PeerAnswer;
 
 use crate::reconciliation::status::StatusAnswer;
@@ -188,9 +188,6 @@ pub use crate::operation::ledger_walk::{ListedKey, ListedPage};
 pub struct Pass {
     holder: String,
     started_ms: i64,
-    /// The deadline the current walk may use: two thirds of the pass's for the routine walk
-    /// when an audit is due; likewise the budget.
-    walk_deadline_ms: i64,
     books: entry::Books,
     phase: Phase,
     /// The answer the edge owes, and what it is for.
@@ -204,15 +201,6 @@ pub struct Pass {
     /// Where the next pass would start if this one died now, and the status back-off: sent
     /// with each renewal.
     checkpoint: (LedgerCursor, i64),
-    /// How far the audit has got, when this pass audits: sent with each renewal and with the
-    /// release.
-    audit_progress: Option<AuditProgress>,
-    /// Where the walk was before the first entry it owed a poll and skipped because Gemini
-    /// asked us to wait (ending within [`HOLD_BACKOFF_UP_TO_MS`]): the next pass starts there,
-    /// so a rate limit does not leave the rest of the ledger unpolled for a whole coverage.
-    first_unpolled: Option<LedgerCursor>,
-    /// What the routine walk saw of the index, for the audit.
-    seen: walk::Seen,
     /// KV is not bound: nothing can be listed.
     kv_unbound: Option<String>,
     /// The webhook state last alerted on, as the lease kept it.
@@ -221,12 +209,8 @@ pub struct Pass {
     webhook: Option<Option<String>>,
     /// The webhook this pass enabled again, and the sweep that follows.
     sweep: Option<restore::Sweep>,
-    /// Where the audit starts, when it is due.
-    audit_from: Option<LedgerCursor>,
     /// Where the polls scheduled on the fan-out queue end (from the lease, then this pass's).
     fed_until_ms: i64,
-    /// Where the routine walk says the next pass starts, and why it stopped.
-    walked: Option<(LedgerCursor, Stop)>,
 }
 
 #[derive(Debug)]
@@ -237,7 +221,8 @@ enum Phase {
     Announce(Box<Phase>),
     Index(walk::IndexWalk),
     Audit(walk::AuditWalk),
-    Release,
+    /// The walks are over: release the lease with what they handed on.
+    Release(walk::Walked),
     Finish,
     Done,
 }
@@ -259,7 +244,6 @@ impl Pass {
     /// A pass for `holder` (unique per run), starting at `now_ms`.
     pub fn new(limits: Limits, holder: String, now_ms: i64) -> Pass {
         Pass {
-            walk_deadline_ms: now_ms + limits.deadline_ms,
             books: entry::Books::new(limits.budget, limits),
             holder,
             started_ms: now_ms,
@@ -269,16 +253,11 @@ impl Pass {
             heartbeat_stop: None,
             last_renewed_ms: now_ms,
             checkpoint: (LedgerCursor::default(), 0),
-            audit_progress: None,
-            first_unpolled: None,
-            seen: walk::Seen::default(),
             kv_unbound: None,
             webhook_alerted_state: None,
             webhook: None,
             sweep: None,
-            audit_from: None,
             fed_until_ms: 0,
-            walked: None,
         }
     }
 
@@ -303,19 +282,23 @@ impl Pass {
     }
 
     /// Why the walk must start nothing more, if it must: the heartbeat said so, or the
-    /// deadline has come.
-    fn must_stop(&self, now_ms: i64) -> Option<Stop> {
+    /// deadline has come (less a third of the pass's for a routine walk an audit follows).
+    fn must_stop(&self, now_ms: i64, audit_after: bool) -> Option<Stop> {
+        let pass_ms = self.books.limits.deadline_ms;
+        let kept_ms = audit_reserve(pass_ms) * i64::from(audit_after);
+        let deadline_ms = self.started_ms + pass_ms - kept_ms;
         self.heartbeat_stop
-            .or_else(|| past_deadline(now_ms, self.walk_deadline_ms).then_some(Stop::Deadline))
+            .or_else(|| past_deadline(now_ms, deadline_ms).then_some(Stop::Deadline))
     }
+}
 
-    /// Records where the next pass would start if this one ended now, for the heartbeat.
-    fn save_checkpoint(&mut self, position: &LedgerCursor) {
-        let at = self
-            .first_unpolled
-            .clone()
-            .unwrap_or_else(|| position.clone());
-        self.checkpoint = (at, self.books.status_backoff_until_ms);
+/// What the walks have handed on in `phase`: nothing before the routine walk ends.
+fn walked(phase: &Phase) -> Option<&walk::Walked> {
+    match phase {
+        Phase::Audit(walk) => Some(&walk.walked),
+        Phase::Release(walked) => Some(walked),
+        Phase::Announce(next) => walked(next),
+        _ => None,
     }
 }
 
@@ -335,7 +318,7 @@ impl Machine for Pass {
                 Phase::Announce(then) => self.announce_step(*then),
                 Phase::Index(walk) => self.index_step(walk, now_ms),
                 Phase::Audit(walk) => self.audit_step(walk, now_ms),
-                Phase::Release => self.release(now_ms),
+                Phase::Release(walked) => self.release(walked, now_ms),
                 Phase::Finish => self.finish(now_ms),
                 Phase::Done => return Intent::Done,
             };

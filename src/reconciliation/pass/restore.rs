@@ -149,7 +149,7 @@ impl Pass {
             self.phase = next;
             return None;
         };
-        let stop = self.walked.as_ref().map(|(_, stop)| *stop);
+        let stop = super::walked(&next).map(|w| w.end.1);
         let done = swept_text(
             self.books.limits.fanout.as_ref(),
             self.books.report.fed,

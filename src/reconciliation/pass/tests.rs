@@ -10,7 +10,7 @@ use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
 use crate::operation::ledger::{LedgerMeta, OpenCounts};
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
-use crate::reconciliation::lease_state::{Audit, MAX_INDEX_PAGES};
+use crate::reconciliation::lease_state::{Audit, AuditProgress, MAX_INDEX_PAGES};
 use crate::reconciliation::skim::skim;
 use crate::reconciliation::status::{StatusAnswer, READ};
 use crate::retry::PeerAnswer;

@@ -1,5 +1,5 @@
-//! The pass's two walks: the routine walk over the `open:` index, and the audit over the whole
-//! `op:` ledger.
+//! The pass's two walks, each holding its own state: the routine walk over the `open:` index,
+//! and the audit over the whole `op:` ledger, handed what the routine walk saw and its end.
 //!
 //! Guarantees: the routine walk lists its window of the index (all of it up to
 //! [`MAX_INDEX_PAGES`] pages) before it acts, then starts no entry past its deadline, without
@@ -26,11 +26,9 @@ use super::stop::Stop;
 use super::entry::{EntryRun, Step};
 use super::{Awaiting, Intent, ListedKey, ListedPage, Pass, PassLog, Phase};
 
-/// The routine walk over one window of the index.
+/// The routine walk over one window of the index, and what it hands the audit.
 #[derive(Debug, Default)]
 pub(super) struct IndexWalk {
-    /// Where the walk was asked to start (kept when it stops before the listing is done).
-    resume: LedgerCursor,
     /// The page cursor this window starts at (`None`: the index's start).
     window: Option<String>,
     cursor: Option<String>,
@@ -39,7 +37,8 @@ pub(super) struct IndexWalk {
     /// Whether the window is listed, and where the next one starts if this is not the end.
     listed: bool,
     next_window: Option<String>,
-    /// The last entry done, for the next pass.
+    /// Where the walk was asked to start until the window is listed, then the last entry
+    /// done: where the next pass starts.
     pub(super) position: LedgerCursor,
     /// The next entry to visit.
     pub(super) at: usize,
@@ -48,6 +47,37 @@ pub(super) struct IndexWalk {
     /// The walk starts a new coverage of the index and polls have been scheduled on the
     /// queue: it goes on only once their slots have passed (checked once, when listed).
     after_queued: bool,
+    /// Where the audit starts after this walk, when it is due: the walk then keeps a third of
+    /// the budget and of the deadline for it.
+    pub(super) audit_from: Option<LedgerCursor>,
+    /// Where the walk was before the first entry it owed a poll and skipped because Gemini
+    /// asked us to wait (ending within [`super::HOLD_BACKOFF_UP_TO_MS`]): the next pass starts
+    /// there, so a rate limit does not leave the rest of the ledger unpolled for a whole coverage.
+    first_unpolled: Option<LedgerCursor>,
+    /// What the walk saw of the index, handed to the audit.
+    pub(super) seen: Seen,
+}
+
+impl IndexWalk {
+    /// A walk starting at `resume`, followed by the audit from `audit_from` when it is due.
+    pub(super) fn new(resume: LedgerCursor, audit_from: Option<LedgerCursor>) -> IndexWalk {
+        IndexWalk {
+            window: resume.cursor.clone(),
+            cursor: resume.cursor.clone(),
+            position: resume,
+            audit_from,
+            ..IndexWalk::default()
+        }
+    }
+}
+
+/// What the walks hand the release.
+#[derive(Debug)]
+pub(super) struct Walked {
+    /// Where the next pass starts, and why the routine walk stopped.
+    pub(super) end: (LedgerCursor, Stop),
+    /// How far the audit has got, when this pass audits (sent with each renewal too).
+    pub(super) audit: Option<AuditProgress>,
 }
 
 /// The audit over `op:`, one page at a time.
@@ -55,6 +85,8 @@ pub(super) struct IndexWalk {
 pub(super) struct AuditWalk {
     resume: LedgerCursor,
     page: Option<(ListedPage, usize)>,
+    seen: Seen,
+    pub(super) walked: Walked,
 }
 
 fn stopped(resume: LedgerCursor) -> AuditProgress {
@@ -93,29 +125,17 @@ enum AuditTurn {
 }
 
 impl Pass {
-    /// Starts the routine walk at `resume`.
-    pub(super) fn start_walk(&mut self, resume: LedgerCursor) {
-        if let Some(e) = self.kv_unbound.clone() {
-            self.books.error(PassLog::error(format!("kv binding: {e}")));
-            self.walk_ended(resume, Stop::Error);
-            return;
-        }
-        self.phase = Phase::Index(IndexWalk {
-            window: resume.cursor.clone(),
-            cursor: resume.cursor.clone(),
-            position: resume.clone(),
-            resume,
-            ..IndexWalk::default()
-        });
-    }
-
     pub(super) fn index_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Option<Intent> {
         if !walk.listed {
-            if let Some(stop) = self.must_stop(now_ms) {
-                return self.walk_ended(walk.resume, stop);
+            if let Some(e) = self.kv_unbound.clone() {
+                self.books.error(PassLog::error(format!("kv binding: {e}")));
+                return self.walk_ended(walk, Stop::Error);
+            }
+            if let Some(stop) = self.must_stop(now_ms, walk.audit_from.is_some()) {
+                return self.walk_ended(walk, stop);
             }
             if !self.books.affords(1) {
-                return self.walk_ended(walk.resume, Stop::Budget);
+                return self.walk_ended(walk, Stop::Budget);
             }
             let cursor = walk.cursor.clone();
             self.phase = Phase::Index(walk);
@@ -125,7 +145,7 @@ impl Pass {
             // Copies of these entries may still wait on the queue (a lasting 429 sent them
             // back): scheduling or polling them now would poll them twice. The index is
             // listed all the same, so a due audit judges only what it missed.
-            return self.walk_ended(walk.resume, Stop::StillQueued);
+            return self.walk_ended(walk, Stop::StillQueued);
         }
         if self.entry.is_some() {
             if let Some(intent) = self.entry_step(now_ms) {
@@ -133,11 +153,11 @@ impl Pass {
                 return Some(intent);
             }
             let entry = self.entry.take().expect("an entry in hand");
-            if !entry.polled && self.first_unpolled.is_none() {
-                self.first_unpolled = Some(walk.position.clone());
+            if !entry.polled && walk.first_unpolled.is_none() {
+                walk.first_unpolled = Some(walk.position.clone());
             }
             walk.position.after_key = Some(entry.name);
-            self.save_checkpoint(&walk.position);
+            self.save_checkpoint(&walk);
         }
         if walk.feeding {
             return self.feed_step(walk, now_ms);
@@ -147,8 +167,8 @@ impl Pass {
             let Some(key) = name.strip_prefix(OPEN_PREFIX) else {
                 continue;
             };
-            if let Some(stop) = self.must_stop(now_ms) {
-                return self.walk_ended(walk.position, stop);
+            if let Some(stop) = self.must_stop(now_ms, walk.audit_from.is_some()) {
+                return self.walk_ended(walk, stop);
             }
             let Some(meta) = meta.take() else {
                 self.books.unreadable_metadata(key);
@@ -158,11 +178,11 @@ impl Pass {
             let actions = self.books.decide(&meta, now_ms);
             let cost: u32 = actions.iter().map(Action::cost).sum();
             if !self.books.affords(cost) {
-                return self.walk_ended(walk.position, Stop::Budget);
+                return self.walk_ended(walk, Stop::Budget);
             }
             self.books.report.visited += 1;
             if !actions.is_empty() {
-                self.seen.touched.insert(key.to_string());
+                walk.seen.touched.insert(key.to_string());
             }
             let steps = actions.into_iter().map(Step::Act).collect();
             self.entry = Some(EntryRun::new(name, key, meta, steps));
@@ -174,17 +194,20 @@ impl Pass {
 
     /// Every entry of the window is visited: the next pass lists the next window, or the
     /// index from its start.
-    pub(super) fn window_done(&mut self, walk: IndexWalk) -> Option<Intent> {
-        match walk.next_window {
-            None => self.walk_ended(LedgerCursor::default(), Stop::Complete),
-            Some(c) => self.walk_ended(
-                LedgerCursor {
-                    cursor: Some(c),
-                    after_key: None,
-                },
-                Stop::Window,
-            ),
-        }
+    pub(super) fn window_done(&mut self, mut walk: IndexWalk) -> Option<Intent> {
+        let stop = match walk.next_window {
+            None => Stop::Complete,
+            Some(_) => Stop::Window,
+        };
+        walk.position = LedgerCursor::default();
+        walk.position.cursor = walk.next_window.take();
+        self.walk_ended(walk, stop)
+    }
+
+    /// Records where the next pass would start if this one ended now, for the heartbeat.
+    pub(super) fn save_checkpoint(&mut self, walk: &IndexWalk) {
+        let at = walk.first_unpolled.as_ref().unwrap_or(&walk.position);
+        self.checkpoint = (at.clone(), self.books.status_backoff_until_ms);
     }
 
     /// One KV list page under `prefix`, counted against the budget and in the report.
@@ -221,7 +244,7 @@ impl Pass {
             }
             Err(e) => {
                 self.books.error(PassLog::error(format!("kv list: {e}")));
-                self.walk_ended(walk.resume, Stop::Error);
+                self.walk_ended(walk, Stop::Error);
                 return;
             }
         };
@@ -248,60 +271,58 @@ impl Pass {
 
     /// The window is listed: note what the index holds, and start after the last entry done.
     fn index_listed(&mut self, walk: &mut IndexWalk) {
-        self.seen.whole = walk.window.is_none() && walk.next_window.is_none();
+        walk.seen.whole = walk.window.is_none() && walk.next_window.is_none();
         let metas = walk.entries.iter().filter_map(|(_, meta)| meta.as_ref());
-        self.books.report.open = self.seen.whole.then(|| OpenCounts::of(metas));
+        self.books.report.open = walk.seen.whole.then(|| OpenCounts::of(metas));
         for (name, meta) in &walk.entries {
             if let (Some(key), Some(meta)) = (name.strip_prefix(OPEN_PREFIX), meta) {
-                self.seen.indexed.insert(key.to_string(), meta.version);
+                walk.seen.indexed.insert(key.to_string(), meta.version);
             }
         }
-        walk.position = LedgerCursor {
-            cursor: walk.window.clone(),
-            after_key: walk.resume.after_key.clone(),
-        };
+        let fresh = walk.position == LedgerCursor::default();
+        walk.position.cursor = walk.window.clone();
         let names: Vec<&str> = walk.entries.iter().map(|(n, _)| n.as_str()).collect();
-        walk.at = resume_index(&names, walk.resume.after_key.as_deref());
+        walk.at = resume_index(&names, walk.position.after_key.as_deref());
         // A sweep after the webhook was enabled again goes to the queue whatever its size, and
         // does not wait for copies still queued (`restore.rs`).
         let sweeping = self.sweeping();
         walk.feeding = sweeping || self.fans_out(walk.entries.len().saturating_sub(walk.at));
-        walk.after_queued =
-            !sweeping && walk.resume == LedgerCursor::default() && self.fed_until_ms > 0;
+        walk.after_queued = !sweeping && fresh && self.fed_until_ms > 0;
     }
 
     /// The routine walk stopped: entries skipped for a short back-off hold the resume point
     /// back; then the audit runs if it is due and the walk did not lose the lease or fail.
-    pub(super) fn walk_ended(&mut self, resume: LedgerCursor, stop: Stop) -> Option<Intent> {
-        let walked = match self.first_unpolled.take() {
+    pub(super) fn walk_ended(&mut self, walk: IndexWalk, stop: Stop) -> Option<Intent> {
+        let end = match walk.first_unpolled {
             Some(held) if stop == Stop::Complete => (held, Stop::HeldForBackoff),
             Some(held) => (held, stop),
-            None => (resume, stop),
+            None => (walk.position, stop),
         };
-        self.walked = Some(walked);
+        let walked = Walked { end, audit: None };
         self.books.budget_limit = self.books.limits.budget;
-        self.walk_deadline_ms = self.started_ms + self.books.limits.deadline_ms;
-        match self.audit_from.take() {
+        match walk.audit_from {
             Some(from) if stop.audits_after() => {
                 self.books.report.audit = true;
                 if self.kv_unbound.is_some() {
-                    self.audit_ended(stopped(from));
+                    self.audit_ended(walked, stopped(from));
                 } else {
                     self.phase = Phase::Audit(AuditWalk {
                         resume: from,
                         page: None,
+                        seen: walk.seen,
+                        walked,
                     });
                 }
             }
-            _ => self.phase = Phase::Release,
+            _ => self.phase = Phase::Release(walked),
         }
         self.announce_after_walk();
         None
     }
 
-    fn audit_ended(&mut self, progress: AuditProgress) -> Option<Intent> {
-        self.audit_progress = Some(progress);
-        self.phase = Phase::Release;
+    fn audit_ended(&mut self, mut walked: Walked, progress: AuditProgress) -> Option<Intent> {
+        walked.audit = Some(progress);
+        self.phase = Phase::Release(walked);
         None
     }
 
@@ -313,11 +334,11 @@ impl Pass {
             }
             let entry = self.entry.take().expect("an entry in hand");
             walk.resume.after_key = Some(entry.name);
-            self.audit_progress = Some(stopped(walk.resume.clone()));
+            walk.walked.audit = Some(stopped(walk.resume.clone()));
         }
         let Some((page, mut at)) = walk.page.take() else {
-            if self.must_stop(now_ms).is_some() || !self.books.affords(1) {
-                return self.audit_ended(stopped(walk.resume));
+            if self.must_stop(now_ms, false).is_some() || !self.books.affords(1) {
+                return self.audit_ended(walk.walked, stopped(walk.resume));
             }
             let cursor = walk.resume.cursor.clone();
             self.phase = Phase::Audit(walk);
@@ -331,12 +352,12 @@ impl Pass {
             let Some(key) = listed.name.strip_prefix(OP_PREFIX) else {
                 continue;
             };
-            if self.must_stop(now_ms).is_some() {
-                return self.audit_ended(stopped(walk.resume));
+            if self.must_stop(now_ms, false).is_some() {
+                return self.audit_ended(walk.walked, stopped(walk.resume));
             }
-            match self.audit_turn(key, listed, now_ms) {
+            match self.audit_turn(&walk.seen, key, listed, now_ms) {
                 AuditTurn::OutOfBudget => {
-                    return self.audit_ended(stopped(walk.resume));
+                    return self.audit_ended(walk.walked, stopped(walk.resume));
                 }
                 AuditTurn::Act(entry) => {
                     self.entry = Some(*entry);
@@ -346,22 +367,21 @@ impl Pass {
                 }
                 AuditTurn::Pass => {
                     walk.resume.after_key = Some(listed.name.clone());
-                    self.audit_progress = Some(stopped(walk.resume.clone()));
+                    walk.walked.audit = Some(stopped(walk.resume.clone()));
                 }
             }
         }
         if page.list_complete || page.cursor.is_none() {
             self.books.report.audit_complete = true;
-            return self.audit_ended(AuditProgress {
-                resume: LedgerCursor::default(),
-                complete: true,
-            });
+            let mut done = stopped(LedgerCursor::default());
+            done.complete = true;
+            return self.audit_ended(walk.walked, done);
         }
         walk.resume = LedgerCursor {
             cursor: page.cursor,
             after_key: None,
         };
-        self.audit_progress = Some(stopped(walk.resume.clone()));
+        walk.walked.audit = Some(stopped(walk.resume.clone()));
         self.phase = Phase::Audit(walk);
         None
     }
@@ -369,14 +389,14 @@ impl Pass {
     /// What the audit does with one `op:` entry: its verdict against the index, the actions
     /// a missed entry needs (as the routine walk would decide them) and the re-index, if the
     /// budget affords them.
-    fn audit_turn(&mut self, key: &str, listed: &ListedKey, now_ms: i64) -> AuditTurn {
+    fn audit_turn(&mut self, seen: &Seen, key: &str, listed: &ListedKey, now_ms: i64) -> AuditTurn {
         let meta = meta_of(listed);
         let verdict = match &meta {
-            Some(_) if self.seen.touched.contains(key) => AuditVerdict::Fine,
-            Some(m) => audit_verdict(m, self.seen.whole, self.seen.indexed.get(key).copied()),
+            Some(_) if seen.touched.contains(key) => AuditVerdict::Fine,
+            Some(m) => audit_verdict(m, seen.whole, seen.indexed.get(key).copied()),
             None => AuditVerdict::Fine,
         };
-        let reindex = self.seen.whole && verdict != AuditVerdict::Fine;
+        let reindex = seen.whole && verdict != AuditVerdict::Fine;
         let actions = match (&meta, verdict) {
             (Some(m), AuditVerdict::Missed) => self.books.decide(m, now_ms),
             _ => Vec::new(),
@@ -387,7 +407,7 @@ impl Pass {
         }
         if verdict == AuditVerdict::Missed {
             self.books.report.audit_found += 1;
-            if self.seen.whole {
+            if seen.whole {
                 self.books.log(PassLog::IndexMissed {
                     key: key.to_string(),
                 });
@@ -419,7 +439,7 @@ impl Pass {
                 self.books
                     .error(PassLog::error(format!("audit kv list: {e}")));
                 // A cursor KV no longer accepts would stall every audit: start over.
-                self.audit_ended(stopped(LedgerCursor::default()));
+                self.audit_ended(walk.walked, stopped(LedgerCursor::default()));
             }
         }
     }

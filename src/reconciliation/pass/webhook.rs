@@ -13,7 +13,7 @@ use crate::reconciliation::status::{find_webhook, webhook_alert};
 use crate::retry::{class_of_status, Class, PeerAnswer};
 
 use super::restore::{verdict, Sweep, Verdict};
-use super::{Awaiting, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
+use super::{walk::IndexWalk, Awaiting, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
 use crate::operation::ledger_walk::LedgerCursor;
 
 /// A webhook check in progress.
@@ -31,12 +31,12 @@ pub(super) struct Check {
     alerting: Option<Option<String>>,
     /// Why the webhook is left as it is (said in the alert), once that is decided.
     pub(super) left: Option<String>,
-    /// Where the routine walk starts after the check.
-    pub(super) then: LedgerCursor,
+    /// The routine walk that starts after the check.
+    pub(super) then: IndexWalk,
 }
 
 impl Check {
-    pub(super) fn new(name: String, then: LedgerCursor) -> Check {
+    pub(super) fn new(name: String, then: IndexWalk) -> Check {
         Check {
             name,
             then,
@@ -79,7 +79,7 @@ impl Pass {
         }
         if !self.books.affords(2) {
             self.webhook = None;
-            self.start_walk(check.then);
+            self.phase = Phase::Index(check.then);
             return None;
         }
         let mut url = format!(
@@ -122,7 +122,7 @@ impl Pass {
                     error: format!("{e:?}"),
                 });
                 self.webhook = None;
-                self.start_walk(check.then);
+                self.phase = Phase::Index(check.then);
             }
         }
     }
@@ -159,7 +159,7 @@ impl Pass {
         let (alert, mark) = webhook_alert(self.webhook_alerted_state.as_deref(), &state);
         if !alert {
             self.webhook = Some(mark);
-            self.start_walk(check.then);
+            self.phase = Phase::Index(check.then);
             return None;
         }
         let left = check.left.as_deref().unwrap_or_default();
@@ -182,7 +182,7 @@ impl Pass {
             // Not sent: keep the old mark so the next pass tries again.
             Some(self.webhook_alerted_state.clone())
         };
-        self.start_walk(check.then);
+        self.phase = Phase::Index(check.then);
     }
 }
 
@@ -227,8 +227,8 @@ impl Pass {
         self.sweep = Some(Sweep::new(check.name, was));
         // The walk keeps one subrequest for the alert (the release's is kept already).
         self.books.budget_limit = self.books.budget_limit.saturating_sub(1);
-        self.start_walk(if swept {
-            LedgerCursor::default()
+        self.phase = Phase::Index(if swept {
+            IndexWalk::new(LedgerCursor::default(), check.then.audit_from)
         } else {
             check.then
         });
