@@ -1013,7 +1013,7 @@ const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "operation/effect.rs",
-        "build_request",
+        "signed_request",
         "signature.rs",
         "sign",
     ),

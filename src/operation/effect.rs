@@ -63,21 +63,42 @@ pub fn effect_body(op: &Operation) -> Value {
 /// Builds the signed request for the current generation. `now_secs` becomes
 /// `webhook-timestamp`, so each attempt is fresh for the receiver's tolerance check.
 pub fn build_request(op: &Operation, secret: &Secret, now_secs: i64) -> EffectRequest {
-    let body = effect_body(op).to_string();
-    let id = effect_message_id(op.key(), op.effect().generation());
+    let generation = op.effect().generation();
+    let id = effect_message_id(op.key(), generation);
+    let extra = ("effect-generation", generation.to_string());
+    signed_request(
+        secret,
+        id,
+        op.key().to_string(),
+        Some(extra),
+        now_secs,
+        effect_body(op).to_string(),
+    )
+}
+
+/// A side effect's request, signed under `id` (Standard Webhooks): the job's and each
+/// result's take the same headers, in the same order.
+pub fn signed_request(
+    secret: &Secret,
+    id: String,
+    idempotency_key: String,
+    extra: Option<(&'static str, String)>,
+    now_secs: i64,
+    body: String,
+) -> EffectRequest {
     let signature = sign(secret, &id, now_secs, body.as_bytes());
-    EffectRequest {
-        headers: vec![
-            ("content-type", "application/json".to_string()),
-            ("user-agent", "gemini-once/0.1".to_string()),
-            ("idempotency-key", op.key().to_string()),
-            ("effect-generation", op.effect().generation().to_string()),
-            ("webhook-id", id),
-            ("webhook-timestamp", now_secs.to_string()),
-            ("webhook-signature", signature),
-        ],
-        body,
-    }
+    let mut headers = vec![
+        ("content-type", "application/json".to_string()),
+        ("user-agent", "gemini-once/0.1".to_string()),
+        ("idempotency-key", idempotency_key),
+    ];
+    headers.extend(extra);
+    headers.extend([
+        ("webhook-id", id),
+        ("webhook-timestamp", now_secs.to_string()),
+        ("webhook-signature", signature),
+    ]);
+    EffectRequest { headers, body }
 }
 
 /// What the destination's answer to an attempt means for the side effect: its class

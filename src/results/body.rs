@@ -10,10 +10,10 @@
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::operation::effect::{effect_body, EffectRequest};
+use crate::operation::effect::{effect_body, signed_request, EffectRequest};
 use crate::operation::Operation;
 use crate::results::item::{Payload, ResultItem};
-use crate::signature::{sign, Secret};
+use crate::signature::Secret;
 
 /// The job body's fields a result's body repeats, so a destination knows whose result it is.
 const IDENTIFYING: [&str; 6] = [
@@ -35,15 +35,30 @@ pub fn result_message_id(key: &str, result_key: &str, index: u64) -> String {
     format!("res_{hex}")
 }
 
-/// The JSON body of one result's side effect.
-pub fn result_body(op: &Operation, item: &ResultItem) -> Value {
-    let job = effect_body(op);
-    let mut body = Map::new();
-    for field in IDENTIFYING {
-        if let Some(value) = job.get(field) {
-            body.insert(field.to_string(), value.clone());
+/// What every result of an operation repeats of the job's body, built once for a chunk
+/// rather than once a result.
+pub struct ResultHead {
+    key: String,
+    fields: Map<String, Value>,
+}
+
+impl ResultHead {
+    pub fn of(op: &Operation) -> ResultHead {
+        let job = effect_body(op);
+        let fields = IDENTIFYING
+            .iter()
+            .filter_map(|f| job.get(*f).map(|v| (f.to_string(), v.clone())))
+            .collect();
+        ResultHead {
+            key: op.key().to_string(),
+            fields,
         }
     }
+}
+
+/// The JSON body of one result's side effect.
+pub fn result_body(head: &ResultHead, item: &ResultItem) -> Value {
+    let mut body = head.fields.clone();
     body.insert("result_key".into(), item.result_key.clone().into());
     body.insert("index".into(), item.index.into());
     let (field, value) = match &item.payload {
@@ -57,25 +72,14 @@ pub fn result_body(op: &Operation, item: &ResultItem) -> Value {
 
 /// The signed request for one result. `idempotency-key` is the `webhook-id`: one per result.
 pub fn build_result_request(
-    op: &Operation,
+    head: &ResultHead,
     item: &ResultItem,
     secret: &Secret,
     now_secs: i64,
 ) -> EffectRequest {
-    let body = result_body(op, item).to_string();
-    let id = result_message_id(op.key(), &item.result_key, item.index);
-    let signature = sign(secret, &id, now_secs, body.as_bytes());
-    EffectRequest {
-        headers: vec![
-            ("content-type", "application/json".to_string()),
-            ("user-agent", "gemini-once/0.1".to_string()),
-            ("idempotency-key", id.clone()),
-            ("webhook-id", id),
-            ("webhook-timestamp", now_secs.to_string()),
-            ("webhook-signature", signature),
-        ],
-        body,
-    }
+    let id = result_message_id(&head.key, &item.result_key, item.index);
+    let body = result_body(head, item).to_string();
+    signed_request(secret, id.clone(), id, None, now_secs, body)
 }
 
 #[cfg(test)]
@@ -102,14 +106,20 @@ mod tests {
 
     #[test]
     fn the_body_names_the_job_and_the_result() {
-        let body = result_body(&op(), &item(Payload::Response(json!({"c": 1}))));
+        let body = result_body(
+            &ResultHead::of(&op()),
+            &item(Payload::Response(json!({"c": 1}))),
+        );
         assert_eq!(
             body,
             json!({"version": 1, "key": "batches/b", "name": "batches/b", "kind": "pages",
                 "user_metadata": {"team": "a"}, "result_key": "req-1", "index": 4,
                 "response": {"c": 1}})
         );
-        let error = result_body(&op(), &item(Payload::Error(json!({"code": 3}))));
+        let error = result_body(
+            &ResultHead::of(&op()),
+            &item(Payload::Error(json!({"code": 3}))),
+        );
         assert_eq!(error["error"], json!({"code": 3}));
         assert!(error.get("response").is_none());
     }
@@ -133,8 +143,8 @@ mod tests {
     fn the_request_verifies_and_is_the_same_on_a_retry() {
         let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         let it = item(Payload::Response(json!({"c": 1})));
-        let a = build_result_request(&op(), &it, &secret, 100);
-        let b = build_result_request(&op(), &it, &secret, 200);
+        let a = build_result_request(&ResultHead::of(&op()), &it, &secret, 100);
+        let b = build_result_request(&ResultHead::of(&op()), &it, &secret, 200);
         let h =
             |r: &EffectRequest, n: &str| r.headers.iter().find(|(k, _)| *k == n).unwrap().1.clone();
         assert_eq!(a.body, b.body);
@@ -172,7 +182,10 @@ mod tests {
             ["index", "key", "kind", "name", "result_key", "version"]
         );
         let props = result["properties"].as_object().unwrap();
-        let body = result_body(&op(), &item(Payload::Unreadable(json!({"reason": "x"}))));
+        let body = result_body(
+            &ResultHead::of(&op()),
+            &item(Payload::Unreadable(json!({"reason": "x"}))),
+        );
         for field in body.as_object().unwrap().keys() {
             assert!(props.contains_key(field), "{field} in the schema");
         }

@@ -22,7 +22,7 @@ use crate::operation::gate::log::GateLog;
 use crate::operation::key::Collection;
 use crate::operation::{AttemptOutcome, Operation};
 use crate::reconciliation::status::status_url;
-use crate::results::body::build_result_request;
+use crate::results::body::{build_result_request, ResultHead};
 use crate::results::item::{from_inline, from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::results::progress::{
@@ -239,8 +239,9 @@ impl Driver<'_> {
         let timeout = self.config.effect_timeout_ms;
         let secret = &self.config.effect_signing_secret;
         let now_secs = now_ms() / 1_000;
+        let head = ResultHead::of(op);
         let calls = items.iter().map(|item| {
-            let request = build_result_request(op, item, secret, now_secs);
+            let request = build_result_request(&head, item, secret, now_secs);
             let destination = &destination;
             async move { fetch::deliver(self.env, destination, &request, timeout).await }
         });
