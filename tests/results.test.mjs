@@ -9,80 +9,11 @@
 // file gone for good alerts once and the job's effect says so.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { createServer } from "node:http";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { startWorker, startServer, eventually, sleep, assertEffectValid, workerdChildren } from "./helpers.mjs";
-
-/** A stand-in for Gemini: status answers by batch key, results files by name (honouring
- * `Range` unless `ignoreRange`), each file answering `fileStatus(name, n)` first when set. */
-async function startGemini() {
-  const state = { status: new Map(), files: new Map(), fileStatus: new Map(), ignoreRange: false, downloads: [] };
-  const server = createServer((req, res) => {
-    const url = new URL(req.url, "http://x");
-    const download = url.pathname.match(/^\/download\/v1beta\/(files\/[^:]+):download$/);
-    if (download) {
-      const name = download[1];
-      state.downloads.push({ name, range: req.headers.range, key: req.headers["x-goog-api-key"] });
-      const n = state.downloads.filter((d) => d.name === name).length;
-      const forced = state.fileStatus.get(name)?.(n);
-      const file = state.files.get(name);
-      if (forced || !file) {
-        res.writeHead(forced ?? 404, { "content-type": "application/json" });
-        return res.end(JSON.stringify({ error: { code: forced ?? 404 } }));
-      }
-      const range = !state.ignoreRange && req.headers.range?.match(/^bytes=(\d+)-$/);
-      const from = range ? Number(range[1]) : 0;
-      if (range && from >= file.length) {
-        // As HTTP says (and Google's storage answers): a range past the end is not satisfiable.
-        res.writeHead(416, { "content-range": `bytes */${file.length}` });
-        return res.end();
-      }
-      res.writeHead(range ? 206 : 200, { "content-type": "application/jsonl" });
-      // In pieces, as a network would: the worker stops reading once its chunk is full.
-      const body = file.subarray(from);
-      let at = 0;
-      const pump = () => {
-        while (at < body.length) {
-          const ok = res.write(body.subarray(at, at + 4096));
-          at += 4096;
-          if (!ok) return res.once("drain", pump);
-        }
-        res.end();
-      };
-      res.on("error", () => {});
-      return pump();
-    }
-    const status = state.status.get(url.pathname.replace(/^\/v1beta\//, ""));
-    const answer = typeof status === "function" ? status() : status;
-    res.writeHead(answer ? 200 : 404, { "content-type": "application/json" });
-    res.end(JSON.stringify(answer ?? { error: { code: 404 } }));
-  });
-  await new Promise((r) => server.listen(0, "127.0.0.1", r));
-  return { ...state, state, url: `http://127.0.0.1:${server.address().port}`, close: () => new Promise((r) => { server.closeAllConnections(); server.close(r); }) };
-}
-
-const succeeded = (key, output) => ({ name: key, done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", updateTime: new Date().toISOString(), ...(output ? { output } : {}) } });
-
-/** A file of `n` keyed lines (line `bad` is not JSON). */
-function fileOf(n, { bad = -1, errorEvery = 0 } = {}) {
-  const lines = [];
-  for (let i = 0; i < n; i++) {
-    if (i === bad) lines.push("{not json");
-    else if (errorEvery && i % errorEvery === 0) lines.push(JSON.stringify({ key: `k${i}`, error: { code: 3, message: "bad request" } }));
-    else lines.push(JSON.stringify({ key: `k${i}`, response: { candidates: [{ content: { parts: [{ text: `answer ${i} ${"x".repeat(200)}` }] } }] } }));
-  }
-  return Buffer.from(lines.join("\n") + "\n");
-}
-
-/** The destination's requests split into results (by webhook-id) and job effects. */
-function split(dest, key) {
-  const mine = dest.requests.map((r) => ({ id: r.headers["webhook-id"], body: JSON.parse(r.body), status: r.status })).filter((r) => r.body.key === key);
-  return { results: mine.filter((r) => "result_key" in r.body), jobs: mine.filter((r) => !("result_key" in r.body)) };
-}
-
-const distinct = (list) => new Set(list).size;
+import { startGemini, succeeded, fileOf, split, distinct } from "./results_stub.mjs";
 
 describe("each result of a batch, its own side effect", () => {
   let gemini, dest, sink, refuse = new Set(), failOnce = new Set(), seen = new Map();

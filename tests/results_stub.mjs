@@ -1,0 +1,80 @@
+// What the results tests share: a local stand-in for Gemini that serves status answers and
+// results files (honouring `Range`), files of keyed lines, and a destination's requests
+// split into results and job effects. Used by tests/results.test.mjs and
+// tests/results_desk.test.mjs.
+import { createServer } from "node:http";
+import { eventually } from "./helpers.mjs";
+
+/** A stand-in for Gemini: status answers by batch key, results files by name (honouring
+ * `Range` unless `ignoreRange`), each file answering `fileStatus(name, n)` first when set. */
+export async function startGemini() {
+  const state = { status: new Map(), files: new Map(), fileStatus: new Map(), ignoreRange: false, downloads: [] };
+  const server = createServer((req, res) => {
+    const url = new URL(req.url, "http://x");
+    const download = url.pathname.match(/^\/download\/v1beta\/(files\/[^:]+):download$/);
+    if (download) {
+      const name = download[1];
+      state.downloads.push({ name, range: req.headers.range, key: req.headers["x-goog-api-key"] });
+      const n = state.downloads.filter((d) => d.name === name).length;
+      const forced = state.fileStatus.get(name)?.(n);
+      const file = state.files.get(name);
+      if (forced || !file) {
+        res.writeHead(forced ?? 404, { "content-type": "application/json" });
+        return res.end(JSON.stringify({ error: { code: forced ?? 404 } }));
+      }
+      const range = !state.ignoreRange && req.headers.range?.match(/^bytes=(\d+)-$/);
+      const from = range ? Number(range[1]) : 0;
+      if (range && from >= file.length) {
+        // As HTTP says (and Google's storage answers): a range past the end is not satisfiable.
+        res.writeHead(416, { "content-range": `bytes */${file.length}` });
+        return res.end();
+      }
+      res.writeHead(range ? 206 : 200, { "content-type": "application/jsonl" });
+      // In pieces, as a network would: the worker stops reading once its chunk is full.
+      const body = file.subarray(from);
+      let at = 0;
+      const pump = () => {
+        while (at < body.length) {
+          const ok = res.write(body.subarray(at, at + 4096));
+          at += 4096;
+          if (!ok) return res.once("drain", pump);
+        }
+        res.end();
+      };
+      res.on("error", () => {});
+      return pump();
+    }
+    const status = state.status.get(url.pathname.replace(/^\/v1beta\//, ""));
+    const answer = typeof status === "function" ? status() : status;
+    res.writeHead(answer ? 200 : 404, { "content-type": "application/json" });
+    res.end(JSON.stringify(answer ?? { error: { code: 404 } }));
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return { ...state, state, url: `http://127.0.0.1:${server.address().port}`, close: () => new Promise((r) => { server.closeAllConnections(); server.close(r); }) };
+}
+
+export const succeeded = (key, output) => ({ name: key, done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", updateTime: new Date().toISOString(), ...(output ? { output } : {}) } });
+
+/** A file of `n` keyed lines (line `bad` is not JSON). */
+export function fileOf(n, { bad = -1, errorEvery = 0 } = {}) {
+  const lines = [];
+  for (let i = 0; i < n; i++) {
+    if (i === bad) lines.push("{not json");
+    else if (errorEvery && i % errorEvery === 0) lines.push(JSON.stringify({ key: `k${i}`, error: { code: 3, message: "bad request" } }));
+    else lines.push(JSON.stringify({ key: `k${i}`, response: { candidates: [{ content: { parts: [{ text: `answer ${i} ${"x".repeat(200)}` }] } }] } }));
+  }
+  return Buffer.from(lines.join("\n") + "\n");
+}
+
+/** The destination's requests split into results (by webhook-id) and job effects; each with
+ * when it arrived and, when the destination recorded it (`req.answered`), its answer. */
+export function split(dest, key) {
+  const mine = dest.requests.map((r) => ({ id: r.headers["webhook-id"], body: JSON.parse(r.body), at: r.at, answered: r.answered })).filter((r) => r.body.key === key);
+  return { results: mine.filter((r) => "result_key" in r.body), jobs: mine.filter((r) => !("result_key" in r.body)) };
+}
+
+export const distinct = (list) => new Set(list).size;
+
+/** Waits for the job effect of `key` at `dest`; returns `split(dest, key)` then. */
+export const untilJob = (dest, key, timeoutMs = 60_000) =>
+  eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs, what: `the job effect of ${key}` });
