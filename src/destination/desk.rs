@@ -56,8 +56,9 @@ pub struct Decision {
     pub reply: DeskReply,
     /// Queue the key (keeping the sooner due if it is already queued).
     pub enqueue: bool,
-    /// Take a slot for the key until `slot_ttl_ms` from now.
-    pub take_slot: bool,
+    /// Take this many slots for the key until `slot_ttl_ms` from now (one for an effect, one
+    /// a result for a batch's chunk).
+    pub slots: u32,
     /// Set the alarm at this time (sooner alarms stand).
     pub alarm_at_ms: Option<i64>,
 }
@@ -67,7 +68,7 @@ impl Decision {
         Decision {
             reply,
             enqueue: false,
-            take_slot: false,
+            slots: 0,
             alarm_at_ms: None,
         }
     }
@@ -170,11 +171,36 @@ impl Desk {
         }
         if self.take_token(pace, facts.in_flight, now) {
             return Decision {
-                take_slot: true,
+                slots: 1,
                 ..Decision::reply(DeskReply::Go)
             };
         }
         self.wait(now)
+    }
+
+    /// A batch asks for up to `wanted` of its results at once: they wait as one key (queued
+    /// like an effect) while the destination is open or others wait before it; an unpaced
+    /// route lets them all go; a paced one as many as its tokens and slots allow now (a slot
+    /// each), and the batch waits its turn when none is free.
+    pub fn ask_many(&mut self, wanted: u32, facts: Facts, now: i64) -> Decision {
+        if self.is_open() || facts.waiting > 0 {
+            return self.wait(now);
+        }
+        let pace = self.pace();
+        if !pace.limits() {
+            return Decision::reply(DeskReply::Granted { n: wanted.max(1) });
+        }
+        let mut n = 0;
+        while n < wanted && self.take_token(pace, facts.in_flight + u64::from(n), now) {
+            n += 1;
+        }
+        match n {
+            0 => self.wait(now),
+            n => Decision {
+                slots: n,
+                ..Decision::reply(DeskReply::Granted { n })
+            },
+        }
     }
 
     fn wait(&mut self, now: i64) -> Decision {
@@ -219,7 +245,52 @@ impl Desk {
         facts: Facts,
         now: i64,
     ) -> Decision {
-        let decision = self.report_inner(key, failure, facts, now);
+        let failed = failure.map(|f| (f, 1));
+        self.report_counted(key, failed, asked_wait_ms, facts, now)
+    }
+
+    /// A chunk of a batch's results ended: `sent` attempts went at once and came back in no
+    /// order, so "in a row" is read as "all of them". When every one was a health failure,
+    /// each counts (a chunk that fails whole opens the destination); one answer among them
+    /// shows the destination up, and counts as a success.
+    #[allow(clippy::too_many_arguments)]
+    pub fn report_many(
+        &mut self,
+        key: &str,
+        sent: u32,
+        failures: u32,
+        failure: Option<String>,
+        asked_wait_ms: Option<i64>,
+        facts: Facts,
+        now: i64,
+    ) -> Decision {
+        if sent == 0 {
+            // Nothing went (the results could not be read): the chunk's slots are freed and
+            // its health says nothing; a probe that sent nothing is a missed one.
+            if self.probe.as_ref().is_some_and(|p| p.key == key) {
+                self.probe_missed(now);
+            }
+            return Decision {
+                alarm_at_ms: Some(now),
+                ..Decision::reply(DeskReply::OwnSchedule)
+            };
+        }
+        let failed = failure
+            .filter(|_| failures > 0 && failures >= sent)
+            .map(|f| (f, failures));
+        self.report_counted(key, failed, asked_wait_ms, facts, now)
+    }
+
+    /// A report of `failed`: a health failure and how many attempts it stands for, or `None`.
+    fn report_counted(
+        &mut self,
+        key: &str,
+        failed: Option<(String, u32)>,
+        asked_wait_ms: Option<i64>,
+        facts: Facts,
+        now: i64,
+    ) -> Decision {
+        let decision = self.report_inner(key, failed, facts, now);
         if let Some(asked) = asked_wait_ms.filter(|_| self.is_open()) {
             let cap = self.settings.as_ref().map_or(3_600_000, |s| s.asked_max_ms);
             self.next_probe_ms = self.next_probe_ms.max(now + asked.clamp(0, cap.max(0)));
@@ -233,12 +304,12 @@ impl Desk {
     fn report_inner(
         &mut self,
         key: &str,
-        failure: Option<String>,
+        failed: Option<(String, u32)>,
         facts: Facts,
         now: i64,
     ) -> Decision {
         let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
-        let Some(error) = failure else {
+        let Some((error, count)) = failed else {
             self.failures_in_row = 0;
             if self.is_open() {
                 // What waited: the queue, and the probe (or other attempt) that just succeeded.
@@ -259,7 +330,7 @@ impl Desk {
             self.failures_in_row = 0;
         }
         self.last_failure_ms = now;
-        self.failures_in_row = self.failures_in_row.saturating_add(1);
+        self.failures_in_row = self.failures_in_row.saturating_add(count);
         self.last_error = Some(error);
         if was_probe {
             self.probe = None;

@@ -81,6 +81,26 @@ pub enum DeskCommand {
         asked_wait_ms: Option<i64>,
         settings: DeskSettings,
     },
+    /// May up to `wanted` of a batch's results (the batch's `key`) be attempted now? One call
+    /// for a chunk of results, where an effect asks once for itself.
+    AskMany {
+        key: String,
+        due_ms: i64,
+        wanted: u32,
+        settings: DeskSettings,
+    },
+    /// How a chunk of a batch's results ended: `sent` attempts at once, `failures` of them
+    /// health failures (`failure`, the last in a few words); the longest wait one asked for.
+    ReportMany {
+        key: String,
+        due_ms: i64,
+        sent: u32,
+        failures: u32,
+        failure: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        asked_wait_ms: Option<i64>,
+        settings: DeskSettings,
+    },
     /// The desk's state, for `/v1/stats`.
     Status { settings: DeskSettings },
 }
@@ -91,6 +111,9 @@ pub enum DeskCommand {
 pub enum DeskReply {
     /// Attempt now (on a paced route, a slot is taken until the report).
     Go,
+    /// Attempt this many of the results asked for, at once (on a paced route, a slot each is
+    /// taken until the chunk's report); at least one.
+    Granted { n: u32 },
     /// Wait: the key is queued and the desk will make it due (`DestinationReady`).
     Wait,
     /// Keep the effect's own backoff: the destination is not open.
@@ -152,7 +175,7 @@ impl DeskReply {
     pub fn remembered(&self, now: i64) -> Remember {
         match self {
             DeskReply::Wait => Remember::OpenUntil(now + OPEN_MEMORY_MS),
-            DeskReply::Go | DeskReply::Noted => Remember::Closed,
+            DeskReply::Go | DeskReply::Granted { .. } | DeskReply::Noted => Remember::Closed,
             DeskReply::OwnSchedule | DeskReply::View(_) => Remember::Keep,
         }
     }

@@ -16,3 +16,4 @@ pub mod keys;
 pub mod lines;
 pub mod progress;
 pub mod source;
+pub mod turn;

@@ -294,6 +294,21 @@ impl Progress {
         limits: &Limits,
         jitter: f64,
     ) -> Option<Vec<Write>> {
+        let to = self.claim.filter(|c| c.chunk == chunk)?.to;
+        self.commit_through(chunk, to, answers, now_ms, limits, jitter)
+    }
+
+    /// Commits the claimed chunk's results before `reached` (a claimed chunk sent again in
+    /// parts, as its destination's desk lets them go): the rest stays claimed, from there.
+    pub fn commit_through(
+        &mut self,
+        chunk: u64,
+        reached: Checkpoint,
+        answers: Vec<(ResultItem, AttemptOutcome)>,
+        now_ms: i64,
+        limits: &Limits,
+        jitter: f64,
+    ) -> Option<Vec<Write>> {
         let claim = self.claim.filter(|c| c.chunk == chunk)?;
         let mut writes = Vec::new();
         for (item, outcome) in answers {
@@ -311,6 +326,14 @@ impl Progress {
                 writes.push(Write::KeepResult(item));
             }
             writes.extend(self.settle(row, &outcome, now_ms, limits, jitter));
+        }
+        if reached.index < claim.to.index {
+            self.claim = Some(ChunkClaim {
+                from: reached,
+                ..claim
+            });
+            self.done_through = reached;
+            return Some(writes);
         }
         self.claim = None;
         self.done_through = claim.to;

@@ -64,6 +64,8 @@ struct World {
     settled: Option<Value>,
     points: usize,
     kill_at: Option<usize>,
+    /// A claimed chunk sent again goes this many results at a time (the desk's grants).
+    resend_part: Option<usize>,
 }
 
 impl World {
@@ -81,6 +83,7 @@ impl World {
             settled: None,
             points: 0,
             kill_at,
+            resend_part: None,
         }
     }
 
@@ -135,8 +138,13 @@ impl World {
     /// Reads the chunk starting at `from` as the edge would: no `Range`, so the stream starts
     /// at byte 0 and the done part is discarded.
     fn read(&self, from: Checkpoint) -> (Vec<ResultItem>, Checkpoint, bool) {
+        self.read_n(from, CHUNK)
+    }
+
+    /// Reads at most `n` results from `from`.
+    fn read_n(&self, from: Checkpoint, n: usize) -> (Vec<ResultItem>, Checkpoint, bool) {
         let mut splitter = LineSplitter::resume(256, from, 0);
-        let mut fill = ChunkFill::new(CHUNK, CHUNK_BYTES);
+        let mut fill = ChunkFill::new(n, CHUNK_BYTES);
         for bytes in self.file.chunks(13) {
             if fill.offer(splitter.push(bytes)) {
                 let (pieces, to, last) = fill.close(splitter.checkpoint(), false);
@@ -165,6 +173,28 @@ impl World {
         self.store(p, writes.unwrap())
     }
 
+    /// Sends the first `part` results of a claimed chunk again and commits them alone.
+    fn send_part(
+        &mut self,
+        p: &mut Progress,
+        claim: ChunkClaim,
+        part: usize,
+    ) -> Result<(), Killed> {
+        let (items, to, _) = self.read_n(claim.from, part);
+        let reached = if to.index >= claim.to.index {
+            claim.to
+        } else {
+            to
+        };
+        let mut answers = Vec::new();
+        for item in items.into_iter().filter(|i| i.index < claim.to.index) {
+            let outcome = self.send(&item)?;
+            answers.push((item, outcome));
+        }
+        let writes = p.commit_through(claim.chunk, reached, answers, self.clock, &LIMITS, 0.5);
+        self.store(p, writes.unwrap())
+    }
+
     /// One step of the alarm, as the edge would perform it.
     fn step(&mut self) -> Result<bool, Killed> {
         let mut p: Progress = serde_json::from_str(&self.stored).unwrap();
@@ -177,7 +207,10 @@ impl World {
                 self.store(&p, Vec::new())?;
                 self.send_chunk(&mut p, claim)?;
             }
-            Step::ResendChunk(claim) => self.send_chunk(&mut p, claim)?,
+            Step::ResendChunk(claim) => match self.resend_part {
+                Some(part) => self.send_part(&mut p, claim, part)?,
+                None => self.send_chunk(&mut p, claim)?,
+            },
             Step::RetryRows(keys) => {
                 for index in keys {
                     assert!(p.begin_row(index));
@@ -258,6 +291,26 @@ fn a_kill_at_any_point_resumes_and_sends_no_result_under_a_new_id() {
         }
         assert_eq!(world.accepted.len(), clean.accepted.len());
         // Only the results in doubt at the kill (one chunk, or one row) go again.
+        let again: u32 = world.accepted.values().map(|n| n - 1).sum();
+        assert!(
+            again as usize <= CHUNK,
+            "kill at {kill_at}: {again} sent again"
+        );
+    }
+}
+
+#[test]
+fn a_claimed_chunk_sent_again_in_parts_sends_each_result_once_more_at_most() {
+    let mut clean = World::new(40, None);
+    clean.run();
+    for kill_at in 1..=clean.points {
+        let mut world = World::new(40, Some(kill_at));
+        world.resend_part = Some(3);
+        world.run();
+        assert_eq!(world.settled, clean.settled, "kill at {kill_at}");
+        let sent: BTreeSet<&String> = world.sent.iter().map(|(id, _)| id).collect();
+        let ids: BTreeSet<&String> = clean.sent.iter().map(|(id, _)| id).collect();
+        assert_eq!(sent, ids, "no new id after a kill at {kill_at}");
         let again: u32 = world.accepted.values().map(|n| n - 1).sum();
         assert!(
             again as usize <= CHUNK,

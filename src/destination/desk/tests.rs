@@ -43,7 +43,7 @@ fn fail(d: &mut Desk, key: &str, now: i64) -> Decision {
 fn a_healthy_unpaced_destination_lets_a_retry_go() {
     let mut d = desk(Pace::default());
     assert_eq!(d.ask(facts(0, 0), 0).reply, DeskReply::Go);
-    assert!(!d.ask(facts(0, 0), 0).take_slot);
+    assert_eq!(d.ask(facts(0, 0), 0).slots, 0);
 }
 
 #[test]
@@ -169,7 +169,7 @@ fn a_paced_route_lets_one_go_per_interval_and_queues_the_rest() {
     let mut d = desk(paced(5, None));
     let first = d.ask(facts(0, 0), 1_000);
     assert_eq!(first.reply, DeskReply::Go);
-    assert!(first.take_slot);
+    assert_eq!(first.slots, 1);
     let second = d.ask(facts(0, 1), 1_050);
     assert_eq!(second.reply, DeskReply::Wait);
     assert_eq!(second.alarm_at_ms, Some(1_200));
@@ -436,4 +436,93 @@ fn a_key_due_later_is_not_released_sooner_and_the_alarm_waits_for_it() {
     assert_eq!(d.wake(later, 4_000), Wake::Idle);
     d.alerts_tried(1, false, 0);
     assert_eq!(d.next_alarm_ms(later, 4_000), Some(5_000));
+}
+
+#[test]
+fn a_batchs_chunk_goes_whole_to_an_unpaced_route_and_by_tokens_to_a_paced_one() {
+    let mut d = desk(Pace::default());
+    let go = d.ask_many(40, facts(0, 0), 0);
+    assert_eq!(go.reply, DeskReply::Granted { n: 40 });
+    assert_eq!(go.slots, 0, "an unpaced route keeps no slots");
+    // 50 a second bursts 5: a chunk's ask takes the 5 tokens there are, a slot each.
+    let mut d = desk(paced(50, None));
+    let go = d.ask_many(40, facts(0, 0), 1_000);
+    assert_eq!(go.reply, DeskReply::Granted { n: 5 });
+    assert_eq!(go.slots, 5);
+    // The bucket is empty: the batch waits its turn as one key.
+    let wait = d.ask_many(40, facts(0, 5), 1_001);
+    assert_eq!(wait.reply, DeskReply::Wait);
+    assert!(wait.enqueue);
+    assert_eq!(
+        d.ask_many(40, facts(0, 0), 1_020).reply,
+        DeskReply::Granted { n: 1 }
+    );
+    // Concurrency bounds a chunk as it bounds effects.
+    let mut d = desk(Pace {
+        per_second: None,
+        concurrency: Some(3),
+    });
+    assert_eq!(
+        d.ask_many(40, facts(0, 1), 0).reply,
+        DeskReply::Granted { n: 2 }
+    );
+}
+
+#[test]
+fn a_batchs_chunk_waits_while_the_destination_is_open_or_others_wait() {
+    let mut d = opened();
+    assert!(d.ask_many(40, facts(0, 0), 10).enqueue);
+    let mut d = desk(Pace::default());
+    assert_eq!(d.ask_many(40, facts(2, 0), 10).reply, DeskReply::Wait);
+}
+
+#[test]
+fn a_chunk_that_fails_whole_opens_the_destination_and_one_answer_among_failures_does_not() {
+    let mut d = desk(Pace::default());
+    let mixed = d.report_many("b", 40, 39, Some("503".into()), None, facts(0, 0), 0);
+    assert_eq!(
+        mixed.reply,
+        DeskReply::Noted,
+        "the destination answered one"
+    );
+    assert_eq!(d.failures_in_row, 0);
+    assert!(!d.is_open());
+    let whole = d.report_many("b", 40, 40, Some("503".into()), None, facts(0, 0), 1);
+    assert_eq!(whole.reply, DeskReply::Wait);
+    assert!(whole.enqueue, "the batch waits for its release");
+    assert!(d.is_open());
+    assert_eq!(d.failures_in_row, 40);
+    assert_eq!(d.alerts.len(), 1);
+    // Two failures out of two (below the threshold of three) keep their own schedule.
+    let mut d = desk(Pace::default());
+    let two = d.report_many("b", 2, 2, Some("503".into()), None, facts(0, 0), 0);
+    assert_eq!(two.reply, DeskReply::OwnSchedule);
+}
+
+#[test]
+fn a_batch_released_as_the_probe_closes_the_destination_with_one_answer() {
+    let mut d = opened();
+    let at = 2 + PROBE_FIRST_MS;
+    assert_eq!(d.wake(facts(1, 0), at), Wake::Probe);
+    d.released("b", true, at);
+    let ok = d.report_many("b", 1, 0, None, None, facts(0, 0), at + 10);
+    assert_eq!(ok.reply, DeskReply::Noted);
+    assert!(!d.is_open());
+    assert!(d.probe.is_none());
+}
+
+#[test]
+fn a_chunk_that_sent_nothing_frees_its_slots_and_says_nothing_of_health() {
+    let mut d = opened();
+    let at = 2 + PROBE_FIRST_MS;
+    assert_eq!(d.wake(facts(1, 0), at), Wake::Probe);
+    d.released("b", true, at);
+    let none = d.report_many("b", 0, 0, None, None, facts(0, 0), at + 10);
+    assert_eq!(none.reply, DeskReply::OwnSchedule);
+    assert!(d.is_open(), "an empty chunk does not close it");
+    assert!(
+        d.probe.is_none(),
+        "the probe is missed, and another follows its backoff"
+    );
+    assert!(d.next_probe_ms > at + 10);
 }

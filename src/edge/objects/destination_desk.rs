@@ -4,7 +4,8 @@
 //! Storage (SQLite): `desk(id = 1, body)` holds the [`Desk`] as JSON; `waiting(key PRIMARY
 //! KEY, due_ms)`, indexed by `(due_ms, key)`, the effects waiting for their release (so ten
 //! thousand of them cost one row each, and the soonest are read first by the index);
-//! `slots(key PRIMARY KEY, expires_ms)` a paced route's attempts in flight;
+//! `slots(key PRIMARY KEY, expires_ms)` a paced route's attempts in flight (an effect's under
+//! its key, a batch's chunk's one a result, `{key}#{i}`, all freed by the chunk's report);
 //! `misses(key PRIMARY KEY, n)` how many probes in a row could not reach a key's gate.
 //!
 //! Guarantees: every command is read-decide-write with no await in between; the alarm takes
@@ -111,7 +112,8 @@ impl DestinationDesk {
     /// spoke last runs the desk with its settings.
     fn command(&self, command: DeskCommand, now: i64) -> Result<(DeskReply, Option<i64>)> {
         let mut desk = self.load()?;
-        let (key, due_ms, decision) = match command {
+        // A batch's chunk holds a slot per result, named after its key (`{key}#{i}`).
+        let (key, due_ms, decision, many) = match command {
             DeskCommand::Status { settings } => {
                 desk.settings = Some(settings);
                 return Ok((DeskReply::View(desk.view(self.facts(now)?)), None));
@@ -124,7 +126,18 @@ impl DestinationDesk {
                 desk.settings = Some(settings);
                 desk.calls += 1;
                 let facts = self.facts(now)?;
-                (key, due_ms, desk.ask(facts, now))
+                (key, due_ms, desk.ask(facts, now), false)
+            }
+            DeskCommand::AskMany {
+                key,
+                due_ms,
+                wanted,
+                settings,
+            } => {
+                desk.settings = Some(settings);
+                desk.calls += 1;
+                let facts = self.facts(now)?;
+                (key, due_ms, desk.ask_many(wanted, facts, now), true)
             }
             DeskCommand::Report {
                 key,
@@ -138,14 +151,39 @@ impl DestinationDesk {
                 self.forget("slots", &key)?;
                 let facts = self.facts(now)?;
                 let decision = desk.report(&key, failure, asked_wait_ms, facts, now);
-                (key, due_ms, decision)
+                (key, due_ms, decision, false)
+            }
+            DeskCommand::ReportMany {
+                key,
+                due_ms,
+                sent,
+                failures,
+                failure,
+                asked_wait_ms,
+                settings,
+            } => {
+                desk.settings = Some(settings);
+                desk.calls += 1;
+                self.forget("slots", &key)?;
+                self.exec(
+                    "DELETE FROM slots WHERE key >= ? AND key < ?",
+                    vec![format!("{key}#").into(), format!("{key}$").into()],
+                )?;
+                let facts = self.facts(now)?;
+                let decision =
+                    desk.report_many(&key, sent, failures, failure, asked_wait_ms, facts, now);
+                (key, due_ms, decision, true)
             }
         };
         if decision.enqueue {
             self.enqueue(&key, due_ms)?;
         }
-        if decision.take_slot {
-            self.take_slot(&key, &desk, now)?;
+        for i in 0..decision.slots {
+            let slot = match many {
+                true => format!("{key}#{i}"),
+                false => key.clone(),
+            };
+            self.take_slot(&slot, &desk, now)?;
         }
         self.save(&desk)?;
         Ok((decision.reply, decision.alarm_at_ms))

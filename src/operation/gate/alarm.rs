@@ -733,9 +733,21 @@ pub enum DeskTurn {
 /// `paced` says whether its route has a pace, `open` whether this isolate remembers its
 /// destination open.
 pub fn turn(op: &Operation, paced: bool, open: bool) -> DeskTurn {
-    match op.effect().desk() {
+    desk_turn(
+        op.effect().desk(),
+        paced,
+        open,
+        op.effect().failures_in_row() > 0,
+    )
+}
+
+/// The turn of attempts (an effect's, or a batch's results') given the record's `mark`: a
+/// release lets them go; a `retry`, a paced route or a destination remembered `open` asks;
+/// else nothing.
+pub fn desk_turn(mark: Option<DeskMark>, paced: bool, open: bool, retry: bool) -> DeskTurn {
+    match mark {
         Some(DeskMark::Released { probe }) => DeskTurn::Released { probe },
-        _ if paced || open || op.effect().failures_in_row() > 0 => DeskTurn::Ask,
+        _ if paced || open || retry => DeskTurn::Ask,
         _ => DeskTurn::None,
     }
 }

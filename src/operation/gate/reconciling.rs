@@ -11,7 +11,7 @@
 
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::log::GateLog;
-use crate::operation::gate::protocol::GateReply;
+use crate::operation::gate::protocol::{EffectReport, GateReply};
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
 
@@ -36,7 +36,11 @@ pub(super) fn destination_ready(mut op: Operation, probe: bool, now: i64) -> Ste
         let effect = effect_report(&op, now);
         return Step::new(Some(op), GateReply::Effect { effect });
     }
-    let effect = effect_report(&op, now);
+    // Results an operator retried after the job's effect are owed, though the effect is not.
+    let effect = match op.effect_owed() {
+        true => effect_report(&op, now),
+        false => EffectReport::Scheduled,
+    };
     let mut step = Step::new(Some(op), GateReply::Effect { effect }).durable();
     step.reset_alarm = true;
     step

@@ -175,8 +175,18 @@ impl Operation {
     /// The destination's desk queued the effect: it waits for the desk to make it due, or
     /// for `fallback_ms` (so a lost desk never strands it). False when nothing is owed or an
     /// attempt holds a live claim (the desk's answer came too late to matter).
+    ///
+    /// A batch's results take the same turn: while they are owed the effect's mark and due
+    /// time are theirs; after the job's effect (an operator's retry of parked results) the
+    /// mark is still kept here, and the wait moves the results' own due time.
     pub fn wait_on_destination(&mut self, now_ms: i64, fallback_ms: i64) -> bool {
-        if !self.effect_owed() || self.effect.claim.is_some_and(|c| c.expires_ms > now_ms) {
+        let owed = self.effect_owed() || self.results_running();
+        if !owed || self.effect.claim.is_some_and(|c| c.expires_ms > now_ms) {
+            return false;
+        }
+        if matches!(self.effect.desk, Some(DeskMark::Released { .. })) {
+            // The desk released it while its `Wait` travelled back (an attempt that asked
+            // never holds a release): the release is newer, and it stands.
             return false;
         }
         let since_ms = match self.effect.desk {
@@ -184,7 +194,14 @@ impl Operation {
             _ => now_ms,
         };
         self.effect.desk = Some(DeskMark::Waiting { since_ms });
-        self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(now_ms + fallback_ms);
+        let at = now_ms + fallback_ms;
+        match self.effect_owed() {
+            true => self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(at),
+            false => {
+                let due = self.results_retry_at_ms.get_or_insert(at);
+                *due = (*due).max(at);
+            }
+        }
         self.changed();
         true
     }
@@ -192,11 +209,17 @@ impl Operation {
     /// The destination's desk released the effect: due now, same generation and
     /// `webhook-id`. False when nothing is owed any more (the desk drops the key).
     pub fn destination_ready(&mut self, probe: bool, now_ms: i64) -> bool {
-        if !self.effect_owed() {
+        if !self.effect_owed() && !self.results_running() {
             return false;
         }
         self.effect.desk = Some(DeskMark::Released { probe });
-        self.effect.next_attempt_ms = self.effect.next_attempt_ms.min(now_ms);
+        match self.effect_owed() {
+            true => self.effect.next_attempt_ms = self.effect.next_attempt_ms.min(now_ms),
+            false => {
+                let due = self.results_retry_at_ms.get_or_insert(now_ms);
+                *due = (*due).min(now_ms);
+            }
+        }
         self.changed();
         true
     }

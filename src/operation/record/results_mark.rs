@@ -111,6 +111,23 @@ impl Operation {
         }
     }
 
+    /// When the results' next step is due (`None` when they are not running): a wait the
+    /// step chose (a destination's `Retry-After`, the desk's queue, rows backing off) holds
+    /// while the alarm runs for other work.
+    pub fn results_due_ms(&self) -> Option<i64> {
+        match self.results_owed() {
+            true => Some(self.effect.next_attempt_ms),
+            false => self.results_retry_at_ms.filter(|_| self.results_running()),
+        }
+    }
+
+    /// A results step used the desk's release (or its grant ended a wait): the mark is spent.
+    /// Returns whether the record changed; the version does not move (the ledger shows no
+    /// mark).
+    pub fn results_desk_spent(&mut self) -> bool {
+        self.effect.desk.take().is_some()
+    }
+
     /// The results' next step is due at `at_ms` (the alarm wakes then). Returns whether the
     /// record changed; the version does not move (nothing the ledger shows changed).
     pub fn results_due_at(&mut self, at_ms: i64) -> bool {
@@ -167,6 +184,44 @@ mod tests {
             Some(30),
             "the retry wakes the gate"
         );
+    }
+
+    #[test]
+    fn results_wait_on_their_destination_and_a_release_makes_them_due() {
+        use crate::operation::{AttemptOutcome, DeskMark};
+        let hour = 3_600_000;
+        // When the gate wakes for the results (the ledger's projection aside).
+        let wakes = |op: &mut Operation| {
+            op.projection_written(op.version(), 0);
+            op.wake_at_ms(i64::MAX / 4, 0)
+        };
+        // Owed before the job's effect: the effect's mark and due time are the results'.
+        let mut op = succeeded(ResultsMode::Each);
+        assert!(op.wait_on_destination(100, hour));
+        assert_eq!(
+            op.effect().desk(),
+            Some(DeskMark::Waiting { since_ms: 100 })
+        );
+        assert_eq!(wakes(&mut op), Some(100 + hour));
+        assert!(op.destination_ready(true, 200));
+        assert_eq!(wakes(&mut op), Some(200));
+        // A `Wait` that crossed the release on its way back does not undo it.
+        assert!(!op.wait_on_destination(210, hour));
+        assert_eq!(op.effect().desk(), Some(DeskMark::Released { probe: true }));
+        assert_eq!(wakes(&mut op), Some(200));
+        assert!(op.results_desk_spent());
+        assert_eq!(op.effect().desk(), None);
+        assert!(!op.results_desk_spent(), "spent once");
+        // After the job's effect, an operator's retry of parked results waits the same way.
+        op.results_settled(json!({"total": 2}), 300);
+        let claim = op.claim(300, 1_000).unwrap();
+        op.finish(claim.token, &AttemptOutcome::Delivered, 310, 0);
+        assert!(!op.destination_ready(false, 320), "nothing is owed");
+        op.results_retried(400);
+        assert!(op.wait_on_destination(400, hour));
+        assert_eq!(wakes(&mut op), Some(400 + hour));
+        assert!(op.destination_ready(false, 500));
+        assert_eq!(wakes(&mut op), Some(500));
     }
 
     #[test]

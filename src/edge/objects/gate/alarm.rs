@@ -13,9 +13,7 @@
 use worker::{Env, Response, Result};
 
 use crate::config::Config;
-use crate::destination::protocol::{
-    health_failure, DeskCommand, DeskReply, DeskSettings, Remember,
-};
+use crate::destination::protocol::{health_failure, DeskCommand, DeskReply, DeskSettings};
 use crate::operation::effect::{build_request, effect_message_id, outcome};
 use crate::operation::gate::alarm::{
     self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, DeskTurn, Upkeep,
@@ -28,9 +26,9 @@ use crate::refusal::Refusal;
 use crate::retry::PeerAnswer;
 use crate::telemetry::counters;
 
-use crate::edge::objects::call::{call_desk, call_lease};
+use crate::edge::objects::call::call_lease;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
-use crate::edge::objects::gate::OPEN_UNTIL;
+use crate::edge::objects::gate::{ask_desk, desk_due_ms, remembered_open};
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{self, post_alert};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
@@ -43,11 +41,6 @@ pub(super) struct Run<'a> {
     pub(super) storage: &'a GateStorage,
     pub(super) config: &'a Config,
     pub(super) limits: GateLimits,
-}
-
-/// When the effect became owed: its place in a desk's queue (soonest first).
-fn due_ms(op: &Operation) -> i64 {
-    op.settled_at_ms().unwrap_or(op.submitted_at_ms())
 }
 
 impl<'a> Run<'a> {
@@ -176,14 +169,12 @@ impl<'a> Run<'a> {
         let config = self.config;
         let settings = config.desk_settings(op.kind());
         let paced = settings.pace.limits();
-        let open =
-            OPEN_UNTIL.with_borrow(|m| m.get(&settings.label).is_some_and(|u| *u > now_ms()));
-        let turn = alarm::turn(&op, paced, open);
+        let turn = alarm::turn(&op, paced, remembered_open(&settings.label));
         let (op, claim, step) = match turn {
             DeskTurn::Ask => {
                 let ask = DeskCommand::Ask {
                     key: op.key().to_string(),
-                    due_ms: due_ms(&op),
+                    due_ms: desk_due_ms(&op),
                     settings: settings.clone(),
                 };
                 // A desk that cannot be reached lets the attempt go: the effect's own backoff
@@ -206,7 +197,7 @@ impl<'a> Run<'a> {
         }
         let report = DeskCommand::Report {
             key: op.key().to_string(),
-            due_ms: due_ms(&op),
+            due_ms: desk_due_ms(&op),
             failure: health_failure,
             asked_wait_ms,
             settings: settings.clone(),
@@ -226,14 +217,7 @@ impl<'a> Run<'a> {
 
     /// One call to the destination's desk (`None` when it could not be reached).
     async fn desk(&self, settings: &DeskSettings, command: &DeskCommand) -> Option<DeskReply> {
-        self.storage.meter().add(|u| u.object_calls += 1);
-        let reply = call_desk(self.env, settings, command).await.ok()?;
-        OPEN_UNTIL.with_borrow_mut(|m| match reply.remembered(now_ms()) {
-            Remember::OpenUntil(until) => m.insert(settings.label.clone(), until),
-            Remember::Closed => m.remove(&settings.label),
-            Remember::Keep => None,
-        });
-        Some(reply)
+        ask_desk(self.env, self.storage, settings, command).await
     }
 
     /// The desk queued the effect: stores that it waits (for its release, or the fallback).

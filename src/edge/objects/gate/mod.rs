@@ -41,14 +41,17 @@ use worker::{durable_object, DurableObject, Env, Request, Response, Result, Stat
 use std::{cell::RefCell, collections::HashMap};
 
 use crate::config::Config;
+use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings, Remember};
 use crate::operation::gate::alarm_failure;
 use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::gate::GateLimits;
+use crate::operation::Operation;
 use crate::refusal::Refusal;
 use crate::retry::Backoff;
 use crate::telemetry::usage::Invocation;
 
+use crate::edge::objects::call::call_desk;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms, random_unit};
 
@@ -57,6 +60,36 @@ use storage::{Alarm, GateStorage};
 thread_local! {
     /// Until when a desk said each destination (by label) is open.
     static OPEN_UNTIL: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
+}
+
+/// Whether a desk said, within [`crate::destination::protocol::OPEN_MEMORY_MS`], that the
+/// destination `label` is open.
+fn remembered_open(label: &str) -> bool {
+    OPEN_UNTIL.with_borrow(|m| m.get(label).is_some_and(|u| *u > now_ms()))
+}
+
+/// One call to a destination's desk (`None` when it could not be reached); its reply teaches
+/// this isolate's memory of open destinations ([`DeskReply::remembered`]).
+async fn ask_desk(
+    env: &Env,
+    storage: &GateStorage,
+    settings: &DeskSettings,
+    command: &DeskCommand,
+) -> Option<DeskReply> {
+    storage.meter().add(|u| u.object_calls += 1);
+    let reply = call_desk(env, settings, command).await.ok()?;
+    OPEN_UNTIL.with_borrow_mut(|m| match reply.remembered(now_ms()) {
+        Remember::OpenUntil(until) => m.insert(settings.label.clone(), until),
+        Remember::Closed => m.remove(&settings.label),
+        Remember::Keep => None,
+    });
+    Some(reply)
+}
+
+/// When the operation's effect (or its results) became owed: its place in a desk's queue,
+/// soonest first.
+fn desk_due_ms(op: &Operation) -> i64 {
+    op.settled_at_ms().unwrap_or(op.submitted_at_ms())
 }
 
 /// What the gate's steps need of the configuration.

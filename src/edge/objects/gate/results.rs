@@ -7,22 +7,21 @@
 //! begun before it is sent. Each result is sent signed like every effect under its one
 //! `webhook-id` ([`crate::results::body::result_message_id`]). While work remains the record's
 //! due time stays in the past, so the alarm the run sets last fires again at once; a wait (a
-//! file not there yet, rows backing off, a destination that is open or asked to wait) moves
-//! it. Commands (a duplicate delivery, a poll, an operator's redeliver) never start a step:
-//! only the alarm does, one run at a time, from the stored progress.
+//! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
+//! moves it, and holds while the alarm runs for other work. How many results a step sends is
+//! its turn at the destination's desk (`results/sends.rs`). Commands (a duplicate delivery, a
+//! poll, an operator's redeliver) never start a step: only the alarm does, one run at a time,
+//! from the stored progress; a desk's release only makes it due.
 
-use futures_util::future::join_all;
 use serde_json::Value;
 use worker::{Env, Result};
 
 use crate::config::Config;
 use crate::operation::alert::AlertKind;
-use crate::operation::effect::outcome;
 use crate::operation::gate::log::GateLog;
 use crate::operation::key::Collection;
-use crate::operation::{AttemptOutcome, Operation};
+use crate::operation::Operation;
 use crate::reconciliation::status::status_url;
-use crate::results::body::{build_result_request, ResultHead};
 use crate::results::item::{from_inline, from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::results::progress::{
@@ -32,9 +31,12 @@ use crate::results::source::{self, file_of_details, found_in_status, Found};
 
 use crate::edge::objects::gate::results_store::ResultsStore;
 use crate::edge::objects::gate::storage::GateStorage;
-use crate::edge::outbound::fetch;
 use crate::edge::outbound::results_file::{read_chunk, status_answer};
 use crate::edge::runtime::{log, now_ms, random_unit};
+
+mod sends;
+
+use sends::{Sent, Turn};
 
 /// What a step performs with.
 struct Driver<'a> {
@@ -52,7 +54,9 @@ pub(super) async fn step(
     config: &Config,
     op: Operation,
 ) -> Result<Operation> {
-    if !op.results_running() {
+    // The alarm also runs for other work (a projection, counters, an alert): a wait the
+    // results chose holds until it is over.
+    if op.results_due_ms().is_none_or(|at| at > now_ms()) {
         return Ok(op);
     }
     let limits = source::limits(
@@ -81,17 +85,26 @@ impl Driver<'_> {
                 None => return self.due_at(op, now + self.config.retry_base_secs * 1_000),
             },
         };
-        let label = self.config.desk_settings(op.kind()).label;
-        if super::OPEN_UNTIL.with_borrow(|m| m.get(&label).is_some_and(|u| *u > now)) {
-            // The destination's desk said it is open: the results wait like the job's effect.
-            let probe = self.config.destination_probe_max_secs * 1_000;
-            return self.due_at(op, now + probe);
-        }
-        match progress.next(now) {
+        let step = progress.next(now);
+        // How many results the step has ready, and whether it retries them.
+        let wants = match &step {
+            Step::ReadChunk { .. } => Some((CHUNK_RESULTS, false)),
+            Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
+            Step::RetryRows(rows) => Some(((rows.len() as u64).min(CHUNK_RESULTS), true)),
+            _ => None,
+        };
+        let turn = match wants {
+            Some((ready, retry)) => match self.turn(&op, ready as u32, retry).await? {
+                Some(turn) => turn,
+                None => return self.wait_on_destination(op),
+            },
+            None => Turn::nothing(),
+        };
+        match step {
             Step::WaitUntil(at) => self.due_at(op, at),
-            Step::ReadChunk { from, .. } => self.read_and_send(op, progress, from).await,
-            Step::ResendChunk(claim) => self.resend(op, progress, claim).await,
-            Step::RetryRows(indexes) => self.retry_rows(op, progress, indexes).await,
+            Step::ReadChunk { from, .. } => self.read_and_send(op, progress, from, turn).await,
+            Step::ResendChunk(claim) => self.resend(op, progress, claim, turn).await,
+            Step::RetryRows(indexes) => self.retry_rows(op, progress, indexes, turn).await,
             Step::Alert(reason) => self.alert(op, progress, &reason),
             Step::Settled(counts) => self.settled(op, counts),
         }
@@ -162,18 +175,19 @@ impl Driver<'_> {
         &self,
         source: &Source,
         from: Checkpoint,
+        max: u32,
     ) -> Result<std::result::Result<(Vec<ResultItem>, Checkpoint, bool), FileTrouble>> {
         match source {
             Source::File { name } => {
                 self.storage.meter().add(|u| u.outbound_fetches += 1);
-                let read = read_chunk(self.config, name, from, CHUNK_RESULTS as usize).await;
+                let read = read_chunk(self.config, name, from, max as usize).await;
                 Ok(read.map(|(pieces, to, last)| {
                     let items = pieces.iter().map(|p| from_piece(p, name)).collect();
                     (items, to, last)
                 }))
             }
             Source::Inline => {
-                let (items, last) = self.store.inline_chunk(from.index, CHUNK_RESULTS)?;
+                let (items, last) = self.store.inline_chunk(from.index, u64::from(max))?;
                 let to = Checkpoint {
                     offset: 0,
                     index: from.index + items.len() as u64,
@@ -183,117 +197,99 @@ impl Driver<'_> {
         }
     }
 
-    /// Reads the next chunk, claims it (stored), sends its results and commits them.
+    /// Reads the next chunk (as many results as the desk let go), claims it (stored), sends
+    /// its results and commits them.
     async fn read_and_send(
         &self,
         op: Operation,
         mut progress: Progress,
         from: Checkpoint,
+        turn: Turn,
     ) -> Result<Operation> {
-        match self.read(&progress.source.clone(), from).await? {
+        match self.read(&progress.source.clone(), from, turn.n).await? {
             Err(trouble) => {
                 progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
                 self.store.save(&progress, Vec::new())?;
-                Ok(op)
+                self.after_sends(op, turn, Sent::none()).await
             }
             Ok((items, to, last)) => {
                 let claim = progress.claim(to, last);
                 self.store.save(&progress, Vec::new())?;
-                self.send_and_commit(op, progress, claim.chunk, items).await
+                self.send_and_commit(op, progress, claim, to, items, turn)
+                    .await
             }
         }
     }
 
     /// A claim found stored: a kill came between claim and commit, so the chunk is read again
-    /// and each of its results sent again under its same id.
+    /// and each of its results sent again under its same id (in parts, when the desk lets
+    /// fewer go than the chunk holds: the rest stays claimed).
     async fn resend(
         &self,
         op: Operation,
         mut progress: Progress,
         claim: ChunkClaim,
+        turn: Turn,
     ) -> Result<Operation> {
-        match self.read(&progress.source.clone(), claim.from).await? {
+        match self
+            .read(&progress.source.clone(), claim.from, turn.n)
+            .await?
+        {
             Err(trouble) => {
                 progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
                 self.store.save(&progress, Vec::new())?;
-                Ok(op)
+                self.after_sends(op, turn, Sent::none()).await
             }
-            Ok((items, _, _)) => {
+            Ok((items, to, _)) => {
                 let items = items
                     .into_iter()
                     .filter(|i| i.index < claim.to.index)
                     .collect();
-                self.send_and_commit(op, progress, claim.chunk, items).await
+                let reached = if to.index >= claim.to.index {
+                    claim.to
+                } else {
+                    to
+                };
+                self.send_and_commit(op, progress, claim, reached, items, turn)
+                    .await
             }
         }
     }
 
-    /// Sends the results at once (they are independent) and returns each one's outcome, and
-    /// the longest wait a destination asked for.
-    async fn send(
-        &self,
-        op: &Operation,
-        items: Vec<ResultItem>,
-    ) -> (Vec<(ResultItem, AttemptOutcome)>, Option<i64>) {
-        let destination = self.config.destination_for(op.kind());
-        let timeout = self.config.effect_timeout_ms;
-        let secret = &self.config.effect_signing_secret;
-        let now_secs = now_ms() / 1_000;
-        let head = ResultHead::of(op);
-        let calls = items.iter().map(|item| {
-            let request = build_result_request(&head, item, secret, now_secs);
-            let destination = &destination;
-            async move { fetch::deliver(self.env, destination, &request, timeout).await }
-        });
-        self.storage
-            .meter()
-            .add(|u| u.outbound_fetches += items.len() as u64);
-        let answers = join_all(calls).await;
-        let now = now_ms();
-        let asked = answers.iter().filter_map(|a| a.asked_wait_ms(now)).max();
-        let outcomes = items
-            .into_iter()
-            .zip(answers.iter().map(|a| outcome(a, timeout)))
-            .collect();
-        (outcomes, asked)
-    }
-
+    /// Sends the claimed chunk's results before `reached` and commits them.
     async fn send_and_commit(
         &self,
         op: Operation,
         mut progress: Progress,
-        chunk: u64,
+        claim: ChunkClaim,
+        reached: Checkpoint,
         items: Vec<ResultItem>,
+        turn: Turn,
     ) -> Result<Operation> {
-        let (answers, asked) = self.send(&op, items).await;
-        let writes = progress.commit(chunk, answers, now_ms(), &self.limits, random_unit());
+        let (answers, sent) = self.send(&op, items).await;
+        let (now, limits) = (now_ms(), &self.limits);
+        let writes =
+            progress.commit_through(claim.chunk, reached, answers, now, limits, random_unit());
         self.store.save(&progress, writes.unwrap_or_default())?;
-        self.after_sends(op, asked)
+        self.after_sends(op, turn, sent).await
     }
 
-    /// A destination that asked for a wait (`Retry-After`) is not sent more before it.
-    fn after_sends(&self, op: Operation, asked: Option<i64>) -> Result<Operation> {
-        match asked {
-            Some(wait) => self.due_at(op, now_ms() + wait.min(self.config.retry_max_secs * 1_000)),
-            None => Ok(self.storage.load()?.unwrap_or(op)),
-        }
-    }
-
-    /// Sends the due rows again (at most a chunk's worth), each begun (stored) first.
+    /// Sends the due rows again (as many as the desk let go), each begun (stored) first.
     async fn retry_rows(
         &self,
         op: Operation,
         mut progress: Progress,
         indexes: Vec<u64>,
+        turn: Turn,
     ) -> Result<Operation> {
         let mut items = Vec::new();
-        for index in indexes.into_iter().take(CHUNK_RESULTS as usize) {
+        for index in indexes.into_iter().take(turn.n as usize) {
             if let (true, Some(item)) = (progress.begin_row(index), self.store.kept(index)?) {
                 items.push(item);
             }
         }
         self.store.save(&progress, Vec::new())?;
-        let (answers, asked) = self.send(&op, items).await;
+        let (answers, sent) = self.send(&op, items).await;
         let now = now_ms();
         let writes = answers
             .iter()
@@ -302,7 +298,7 @@ impl Driver<'_> {
             })
             .collect();
         self.store.save(&progress, writes)?;
-        self.after_sends(op, asked)
+        self.after_sends(op, turn, sent).await
     }
 
     /// The file is parked: one `results_file_parked` alert, through the record's alerts

@@ -1,0 +1,182 @@
+//! A results step's sends and their turn at the destination's desk (invariant 8, as for the
+//! job's effect; what goes when is [`crate::results::turn`]'s).
+//!
+//! Guarantees: a step asks the desk once for its results ([`DeskCommand::AskMany`]) when it
+//! must, and sends no more than the desk granted; a release or a grant is spent by the step
+//! that uses it; the sends go at once, and the desk hears of them in one report
+//! ([`DeskCommand::ReportMany`]) when it needs to (a health failure, an asked or released
+//! turn, a paced route's slots). A desk's `Wait` makes the record wait for its release.
+
+use futures_util::future::join_all;
+use worker::Result;
+
+use crate::destination::protocol::{health_failure, DeskCommand, DeskReply};
+use crate::operation::effect::outcome;
+use crate::operation::gate::alarm::{desk_turn, reports, DeskTurn};
+use crate::operation::{AttemptOutcome, DeskMark, Operation};
+use crate::results::body::{build_result_request, ResultHead};
+use crate::results::item::ResultItem;
+use crate::results::turn::{goes_now, granted};
+
+use crate::edge::objects::gate::{ask_desk, desk_due_ms, remembered_open};
+use crate::edge::outbound::fetch;
+use crate::edge::runtime::now_ms;
+
+use super::Driver;
+
+/// What the destination's desk let a step send, and whether the step reports back.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Turn {
+    pub(super) turn: DeskTurn,
+    pub(super) paced: bool,
+    /// Results that may go now.
+    pub(super) n: u32,
+}
+
+/// How a step's sends went, as the desk hears it.
+#[derive(Default)]
+pub(super) struct Sent {
+    sent: u32,
+    /// Health failures among them ([`health_failure`]), the last in a few words.
+    failures: u32,
+    failure: Option<String>,
+    /// The longest wait a destination asked for.
+    asked_wait_ms: Option<i64>,
+}
+
+impl Sent {
+    /// Nothing went (the results could not be read).
+    pub(super) fn none() -> Sent {
+        Sent::default()
+    }
+}
+
+impl Turn {
+    /// A step that sends nothing.
+    pub(super) fn nothing() -> Turn {
+        Turn {
+            turn: DeskTurn::None,
+            paced: false,
+            n: 0,
+        }
+    }
+}
+
+impl Driver<'_> {
+    /// The step's turn at its destination's desk for `ready` results (invariant 8, as for the
+    /// job's effect, [`crate::results::turn`]): how many may go now, or `None` when the desk
+    /// queued the batch. A release or a grant is spent by the step that uses it.
+    pub(super) async fn turn(
+        &self,
+        op: &Operation,
+        ready: u32,
+        retry: bool,
+    ) -> Result<Option<Turn>> {
+        let settings = self.config.desk_settings(op.kind());
+        let paced = settings.pace.limits();
+        let mark = op.effect().desk();
+        let retry = retry || matches!(mark, Some(DeskMark::Waiting { .. }));
+        let turn = desk_turn(mark, paced, remembered_open(&settings.label), retry);
+        let n = match (ready, goes_now(turn, paced, ready)) {
+            (0, _) => 0,
+            (_, Some(n)) => n,
+            (_, None) => {
+                let ask = DeskCommand::AskMany {
+                    key: op.key().to_string(),
+                    due_ms: desk_due_ms(op),
+                    wanted: ready,
+                    settings: settings.clone(),
+                };
+                match ask_desk(self.env, self.storage, &settings, &ask).await {
+                    Some(DeskReply::Wait) => return Ok(None),
+                    Some(DeskReply::Granted { n }) => granted(ready, Some(n)),
+                    // A desk that cannot be reached never strands results.
+                    _ => granted(ready, None),
+                }
+            }
+        };
+        if mark.is_some() && n > 0 {
+            let mut current = self.storage.load()?.unwrap_or_else(|| op.clone());
+            if current.results_desk_spent() {
+                self.storage.save(&current)?;
+            }
+        }
+        Ok(Some(Turn { turn, paced, n }))
+    }
+
+    /// The desk queued the batch: the record waits for its release (or the fallback,
+    /// `EFFECT_RETRY_MAX_SECONDS`, should the desk be lost).
+    pub(super) fn wait_on_destination(&self, op: Operation) -> Result<Operation> {
+        let mut op = self.storage.load()?.unwrap_or(op);
+        if op.wait_on_destination(now_ms(), self.config.retry_max_secs * 1_000) {
+            self.storage.save(&op)?;
+        }
+        Ok(op)
+    }
+
+    /// Sends the results at once (they are independent) and returns each one's outcome, and
+    /// how the sends went.
+    pub(super) async fn send(
+        &self,
+        op: &Operation,
+        items: Vec<ResultItem>,
+    ) -> (Vec<(ResultItem, AttemptOutcome)>, Sent) {
+        let destination = self.config.destination_for(op.kind());
+        let timeout = self.config.effect_timeout_ms;
+        let secret = &self.config.effect_signing_secret;
+        let now_secs = now_ms() / 1_000;
+        let head = ResultHead::of(op);
+        let calls = items.iter().map(|item| {
+            let request = build_result_request(&head, item, secret, now_secs);
+            let destination = &destination;
+            async move { fetch::deliver(self.env, destination, &request, timeout).await }
+        });
+        self.storage
+            .meter()
+            .add(|u| u.outbound_fetches += items.len() as u64);
+        let answers = join_all(calls).await;
+        let now = now_ms();
+        let failed: Vec<_> = answers.iter().filter(|a| health_failure(a)).collect();
+        let sent = Sent {
+            sent: answers.len() as u32,
+            failures: failed.len() as u32,
+            failure: failed.last().map(|a| a.summary()),
+            asked_wait_ms: answers.iter().filter_map(|a| a.asked_wait_ms(now)).max(),
+        };
+        let outcomes = items
+            .into_iter()
+            .zip(answers.iter().map(|a| outcome(a, timeout)))
+            .collect();
+        (outcomes, sent)
+    }
+
+    /// After the sends: the desk hears what it needs to (as an effect's attempt reports: a
+    /// health failure, an asked or released turn, a paced route's slots), and a destination
+    /// that asked for a wait (`Retry-After`) is not sent more before it.
+    pub(super) async fn after_sends(
+        &self,
+        op: Operation,
+        turn: Turn,
+        sent: Sent,
+    ) -> Result<Operation> {
+        if reports(turn.turn, turn.paced, sent.failures > 0) {
+            let settings = self.config.desk_settings(op.kind());
+            let report = DeskCommand::ReportMany {
+                key: op.key().to_string(),
+                due_ms: desk_due_ms(&op),
+                sent: sent.sent,
+                failures: sent.failures,
+                failure: sent.failure,
+                asked_wait_ms: sent.asked_wait_ms,
+                settings: settings.clone(),
+            };
+            if ask_desk(self.env, self.storage, &settings, &report).await == Some(DeskReply::Wait) {
+                return self.wait_on_destination(op);
+            }
+        }
+        match sent.asked_wait_ms {
+            Some(wait) => self.due_at(op, now_ms() + wait.min(self.config.retry_max_secs * 1_000)),
+            None => Ok(self.storage.load()?.unwrap_or(op)),
+        }
+    }
+}
