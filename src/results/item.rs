@@ -3,13 +3,15 @@
 //! Guarantees: every line and every item is one result, whatever it holds: a line that is not
 //! JSON, or has neither `response` nor `error`, is a result whose payload says why it could not
 //! be read (never a stop), and a line over the cap is a result that says where it is (file,
-//! index, byte offset, size). `response` and `error` are kept as Gemini wrote them.
+//! index, byte offset, size), an inline item over it where it is in the status answer (its
+//! key, index and size), so every stored result fits a row. `response` and `error` are kept as Gemini wrote them.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::results::keys::{file_result_key, inline_keys, item_hash, key_text};
 use crate::results::lines::Piece;
+use crate::results::progress::LINE_CAP;
 
 /// What a result carries to its destination.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,10 +108,21 @@ pub fn from_inline(items: &[Value]) -> Vec<ResultItem> {
     results
         .into_iter()
         .enumerate()
-        .map(|(index, (result_key, item))| ResultItem {
-            payload: payload_of(item, |why| json!({"reason": why, "index": index})),
-            result_key,
-            index: index as u64,
+        .map(|(index, (result_key, item))| {
+            let locate =
+                |why: &str, size: usize| json!({"reason": why, "index": index, "size": size});
+            let size = item.to_string().len();
+            let payload = match size > LINE_CAP {
+                // Kept whole it would pass a stored row's 2 MB; the destination can read it
+                // from the batch's status answer by its key.
+                true => Payload::Unreadable(locate("item over the size cap", size)),
+                false => payload_of(item, |why| locate(why, size)),
+            };
+            ResultItem {
+                payload,
+                result_key,
+                index: index as u64,
+            }
         })
         .collect()
 }
@@ -206,6 +219,24 @@ mod tests {
         assert_eq!(keys.len(), 5);
         assert!(keys.contains("req-2"));
         assert_eq!(first.iter().filter(|r| r.payload.is_error()).count(), 2);
+    }
+
+    #[test]
+    fn an_inline_item_over_the_cap_says_where_it_is_and_is_not_kept_whole() {
+        let big =
+            json!({"response": {"inlineData": "x".repeat(LINE_CAP)}, "metadata": {"key": "img"}});
+        let items = vec![big, json!({"response": {"text": "small"}})];
+        let results = from_inline(&items);
+        let img = results.iter().find(|r| r.result_key == "img").unwrap();
+        let Payload::Unreadable(place) = &img.payload else {
+            panic!("{:?}", img.payload)
+        };
+        assert_eq!(place["reason"], "item over the size cap");
+        assert!(place["size"].as_u64().unwrap() > LINE_CAP as u64);
+        assert!(serde_json::to_string(img).unwrap().len() < 1_000);
+        assert!(results
+            .iter()
+            .any(|r| r.payload == Payload::Response(json!({"text": "small"}))));
     }
 
     use std::collections::BTreeSet;

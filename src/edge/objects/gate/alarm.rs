@@ -13,7 +13,7 @@
 use worker::{Env, Response, Result};
 
 use crate::config::Config;
-use crate::destination::protocol::{health_failure, DeskCommand, DeskReply, DeskSettings};
+use crate::destination::protocol::{health_failure, DeskCommand, DeskReply};
 use crate::operation::effect::{build_request, effect_message_id, outcome};
 use crate::operation::gate::alarm::{
     self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, DeskTurn, Upkeep,
@@ -28,7 +28,7 @@ use crate::telemetry::counters;
 
 use crate::edge::objects::call::call_lease;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
-use crate::edge::objects::gate::{ask_desk, desk_due_ms, remembered_open};
+use crate::edge::objects::gate::{ask_desk, desk_due_ms, OPEN_UNTIL};
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{self, post_alert};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
@@ -169,7 +169,9 @@ impl<'a> Run<'a> {
         let config = self.config;
         let settings = config.desk_settings(op.kind());
         let paced = settings.pace.limits();
-        let turn = alarm::turn(&op, paced, remembered_open(&settings.label));
+        let open =
+            OPEN_UNTIL.with_borrow(|m| m.get(&settings.label).is_some_and(|u| *u > now_ms()));
+        let turn = alarm::turn(&op, paced, open);
         let (op, claim, step) = match turn {
             DeskTurn::Ask => {
                 let ask = DeskCommand::Ask {
@@ -179,7 +181,8 @@ impl<'a> Run<'a> {
                 };
                 // A desk that cannot be reached lets the attempt go: the effect's own backoff
                 // still bounds it, and an unreachable desk must never strand an effect.
-                if self.desk(&settings, &ask).await == Some(DeskReply::Wait) {
+                if ask_desk(self.env, self.storage, &settings, &ask).await == Some(DeskReply::Wait)
+                {
                     return self.wait_on_destination(op).await;
                 }
                 // Commands may have run during the call: the claim is taken afresh.
@@ -202,7 +205,7 @@ impl<'a> Run<'a> {
             asked_wait_ms,
             settings: settings.clone(),
         };
-        match self.desk(&settings, &report).await {
+        match ask_desk(self.env, self.storage, &settings, &report).await {
             Some(DeskReply::Wait) => self.wait_on_destination(op).await,
             _ => Ok(op),
         }
@@ -213,11 +216,6 @@ impl<'a> Run<'a> {
     async fn lease(&self, command: LeaseCommand) -> Option<LeaseReply> {
         self.storage.meter().add(|u| u.object_calls += 1);
         call_lease(self.env, &command).await.ok()
-    }
-
-    /// One call to the destination's desk (`None` when it could not be reached).
-    async fn desk(&self, settings: &DeskSettings, command: &DeskCommand) -> Option<DeskReply> {
-        ask_desk(self.env, self.storage, settings, command).await
     }
 
     /// The desk queued the effect: stores that it waits (for its release, or the fallback).
