@@ -11,7 +11,10 @@ use serde_json::{json, Value};
 
 use crate::results::keys::{file_result_key, inline_keys, item_hash, key_text};
 use crate::results::lines::Piece;
-use crate::results::progress::LINE_CAP;
+
+/// A line's (or an inline item's) cap: larger ones are not loaded, their result says where
+/// they are. Below a Durable Object SQLite row's 2 MB, so a failed result's row always fits.
+pub const LINE_CAP: usize = 1 << 20;
 
 /// What a result carries to its destination.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

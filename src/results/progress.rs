@@ -43,9 +43,6 @@ pub const MAX_WAITING: usize = 400;
 pub const CHUNK_RESULTS: u64 = 40;
 /// Bytes of lines per chunk: the chunk is held while it is sent, so this bounds memory.
 pub const CHUNK_BYTES: u64 = 8 << 20;
-/// A line's cap: larger lines are not loaded, their result says where they are. Below a
-/// Durable Object SQLite row's 2 MB, so a failed result's row always fits.
-pub const LINE_CAP: usize = 1 << 20;
 
 /// The tunables, with the job's backoff.
 #[derive(Debug, Clone, Copy, PartialEq)]

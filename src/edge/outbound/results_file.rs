@@ -17,8 +17,9 @@ use worker::{AbortController, Delay, Fetch, Headers, Request, RequestInit, Respo
 
 use crate::body_cap::Read;
 use crate::config::Config;
+use crate::results::item::LINE_CAP;
 use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter, Piece};
-use crate::results::progress::{FileTrouble, CHUNK_BYTES, LINE_CAP};
+use crate::results::progress::{FileTrouble, CHUNK_BYTES};
 use crate::results::source::{download_url, past_the_end, trouble_of_status};
 
 use crate::edge::capped_read::each_chunk;
