@@ -251,8 +251,11 @@ impl Desk {
 
     /// A chunk of a batch's results ended: `sent` attempts went at once and came back in no
     /// order, so "in a row" is read as "all of them". When every one was a health failure,
-    /// each counts (a chunk that fails whole opens the destination); one answer among them
-    /// shows the destination up, and counts as a success.
+    /// each counts (a chunk that fails whole opens the destination); when none was, it is a
+    /// success; a chunk of both says neither (its failures back off on their own, and a run
+    /// of failures the job's effects built stands). A chunk that sent nothing says nothing of
+    /// health: a probe that sent nothing is a missed one, and while the destination is open
+    /// the batch is queued again.
     #[allow(clippy::too_many_arguments)]
     pub fn report_many(
         &mut self,
@@ -264,20 +267,21 @@ impl Desk {
         facts: Facts,
         now: i64,
     ) -> Decision {
-        if sent == 0 {
-            // Nothing went (the results could not be read): the chunk's slots are freed and
-            // its health says nothing; a probe that sent nothing is a missed one.
-            if self.probe.as_ref().is_some_and(|p| p.key == key) {
+        let mixed = failures > 0 && failures < sent;
+        if sent == 0 || mixed {
+            if sent == 0 && self.probe.as_ref().is_some_and(|p| p.key == key) {
                 self.probe_missed(now);
             }
+            if self.is_open() {
+                return self.wait(now);
+            }
+            // The chunk's slots are freed: what waits may go.
             return Decision {
                 alarm_at_ms: Some(now),
                 ..Decision::reply(DeskReply::OwnSchedule)
             };
         }
-        let failed = failure
-            .filter(|_| failures > 0 && failures >= sent)
-            .map(|f| (f, failures));
+        let failed = failure.filter(|_| failures > 0).map(|f| (f, failures));
         self.report_counted(key, failed, asked_wait_ms, facts, now)
     }
 

@@ -417,6 +417,17 @@ impl Progress {
         n
     }
 
+    /// The waiting result due soonest (by index), should a release of the destination's
+    /// desk find nothing due.
+    pub fn soonest_row(&self) -> Option<u64> {
+        let due = |(index, row): (&u64, &Row)| row.next_at_ms.map(|at| (at, *index));
+        self.rows
+            .iter()
+            .filter_map(due)
+            .min()
+            .map(|(_, index)| index)
+    }
+
     /// Room for parked rows an operator's retry may take now.
     pub fn room(&self) -> usize {
         MAX_WAITING.saturating_sub(self.rows.len())

@@ -477,16 +477,20 @@ fn a_batchs_chunk_waits_while_the_destination_is_open_or_others_wait() {
 }
 
 #[test]
-fn a_chunk_that_fails_whole_opens_the_destination_and_one_answer_among_failures_does_not() {
+fn a_chunk_that_fails_whole_opens_the_destination_and_a_mixed_one_says_neither() {
     let mut d = desk(Pace::default());
+    fail(&mut d, "job", 0);
     let mixed = d.report_many("b", 40, 39, Some("503".into()), None, facts(0, 0), 0);
     assert_eq!(
         mixed.reply,
-        DeskReply::Noted,
-        "the destination answered one"
+        DeskReply::OwnSchedule,
+        "a mixed chunk says neither"
     );
-    assert_eq!(d.failures_in_row, 0);
+    assert_eq!(d.failures_in_row, 1, "the job's run of failures stands");
     assert!(!d.is_open());
+    let ok = d.report_many("b", 40, 0, None, None, facts(0, 0), 0);
+    assert_eq!(ok.reply, DeskReply::Noted);
+    assert_eq!(d.failures_in_row, 0, "a chunk of answers ends the run");
     let whole = d.report_many("b", 40, 40, Some("503".into()), None, facts(0, 0), 1);
     assert_eq!(whole.reply, DeskReply::Wait);
     assert!(whole.enqueue, "the batch waits for its release");
@@ -518,11 +522,20 @@ fn a_chunk_that_sent_nothing_frees_its_slots_and_says_nothing_of_health() {
     assert_eq!(d.wake(facts(1, 0), at), Wake::Probe);
     d.released("b", true, at);
     let none = d.report_many("b", 0, 0, None, None, facts(0, 0), at + 10);
-    assert_eq!(none.reply, DeskReply::OwnSchedule);
+    assert_eq!(none.reply, DeskReply::Wait, "the batch is queued again");
+    assert!(none.enqueue);
     assert!(d.is_open(), "an empty chunk does not close it");
     assert!(
         d.probe.is_none(),
         "the probe is missed, and another follows its backoff"
     );
     assert!(d.next_probe_ms > at + 10);
+    let mut d = desk(paced(5, None));
+    let empty = d.report_many("b", 0, 0, None, None, facts(1, 0), 10);
+    assert_eq!(empty.reply, DeskReply::OwnSchedule);
+    assert_eq!(
+        empty.alarm_at_ms,
+        Some(10),
+        "its slots are free for what waits"
+    );
 }

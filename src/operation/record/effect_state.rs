@@ -175,50 +175,47 @@ impl Operation {
     /// The destination's desk queued the effect: it waits for the desk to make it due, or
     /// for `fallback_ms` (so a lost desk never strands it). False when nothing is owed or an
     /// attempt holds a live claim (the desk's answer came too late to matter).
-    ///
-    /// A batch's results take the same turn: while they are owed the effect's mark and due
-    /// time are theirs; after the job's effect (an operator's retry of parked results) the
-    /// mark is still kept here, and the wait moves the results' own due time.
     pub fn wait_on_destination(&mut self, now_ms: i64, fallback_ms: i64) -> bool {
-        let owed = self.effect_owed() || self.results_running();
-        if !owed || self.effect.claim.is_some_and(|c| c.expires_ms > now_ms) {
+        if !self.effect_owed() || self.effect.claim.is_some_and(|c| c.expires_ms > now_ms) {
             return false;
         }
-        if matches!(self.effect.desk, Some(DeskMark::Released { .. })) {
-            // The desk released it while its `Wait` travelled back (an attempt that asked
-            // never holds a release): the release is newer, and it stands.
+        if !self.mark_waiting(now_ms) {
             return false;
         }
-        let since_ms = match self.effect.desk {
-            Some(DeskMark::Waiting { since_ms }) => since_ms,
-            _ => now_ms,
-        };
-        self.effect.desk = Some(DeskMark::Waiting { since_ms });
-        let at = now_ms + fallback_ms;
-        match self.effect_owed() {
-            true => self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(at),
-            false => {
-                let due = self.results_retry_at_ms.get_or_insert(at);
-                *due = (*due).max(at);
-            }
-        }
+        self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(now_ms + fallback_ms);
         self.changed();
         true
     }
 
+    /// Marks the effect (or the batch's results) waiting on the desk, since when it first
+    /// waited. False when a release is marked: the desk released it while its `Wait` travelled
+    /// back (an attempt that asked never holds a release), so the release is newer and stands.
+    pub(super) fn mark_waiting(&mut self, now_ms: i64) -> bool {
+        let since_ms = match self.effect.desk {
+            Some(DeskMark::Released { .. }) => return false,
+            Some(DeskMark::Waiting { since_ms }) => since_ms,
+            None => now_ms,
+        };
+        self.effect.desk = Some(DeskMark::Waiting { since_ms });
+        true
+    }
+
     /// The destination's desk released the effect: due now, same generation and
-    /// `webhook-id`. False when nothing is owed any more (the desk drops the key).
+    /// `webhook-id`. False when nothing is owed any more (the desk drops the key). A batch's
+    /// results take the same release: while they are owed the effect's due time is theirs;
+    /// after the job's effect (an operator's retry of parked results) their own due time
+    /// moves too.
     pub fn destination_ready(&mut self, probe: bool, now_ms: i64) -> bool {
-        if !self.effect_owed() && !self.results_running() {
+        let results_after = self.results_running() && !self.results_owed();
+        if !self.effect_owed() && !results_after {
             return false;
         }
         self.effect.desk = Some(DeskMark::Released { probe });
-        match self.effect_owed() {
-            true => self.effect.next_attempt_ms = self.effect.next_attempt_ms.min(now_ms),
-            false => {
-                let due = self.results_retry_at_ms.get_or_insert(now_ms);
-                *due = (*due).min(now_ms);
-            }
+        if self.effect_owed() {
+            self.effect.next_attempt_ms = self.effect.next_attempt_ms.min(now_ms);
+        }
+        if let Some(due) = self.results_retry_at_ms.as_mut().filter(|_| results_after) {
+            *due = (*due).min(now_ms);
         }
         self.changed();
         true

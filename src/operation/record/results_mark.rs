@@ -121,6 +121,23 @@ impl Operation {
         }
     }
 
+    /// The destination's desk queued the batch's results: they wait for its release, or for
+    /// `fallback_ms` (a lost desk never strands them); their own due time moves, never the job
+    /// effect's retry. False when they are not running, or a release is marked (it stands).
+    pub fn results_wait_on_destination(&mut self, now_ms: i64, fallback_ms: i64) -> bool {
+        if !self.results_running() || !self.mark_waiting(now_ms) {
+            return false;
+        }
+        let at = now_ms + fallback_ms;
+        let due = match self.results_owed() {
+            true => &mut self.effect.next_attempt_ms,
+            false => self.results_retry_at_ms.get_or_insert(at),
+        };
+        *due = (*due).max(at);
+        self.changed();
+        true
+    }
+
     /// A results step used the desk's release (or its grant ended a wait): the mark is spent.
     /// Returns whether the record changed; the version does not move (the ledger shows no
     /// mark).
@@ -197,7 +214,7 @@ mod tests {
         };
         // Owed before the job's effect: the effect's mark and due time are the results'.
         let mut op = succeeded(ResultsMode::Each);
-        assert!(op.wait_on_destination(100, hour));
+        assert!(op.results_wait_on_destination(100, hour));
         assert_eq!(
             op.effect().desk(),
             Some(DeskMark::Waiting { since_ms: 100 })
@@ -206,7 +223,7 @@ mod tests {
         assert!(op.destination_ready(true, 200));
         assert_eq!(wakes(&mut op), Some(200));
         // A `Wait` that crossed the release on its way back does not undo it.
-        assert!(!op.wait_on_destination(210, hour));
+        assert!(!op.results_wait_on_destination(210, hour));
         assert_eq!(op.effect().desk(), Some(DeskMark::Released { probe: true }));
         assert_eq!(wakes(&mut op), Some(200));
         assert!(op.results_desk_spent());
@@ -218,10 +235,38 @@ mod tests {
         op.finish(claim.token, &AttemptOutcome::Delivered, 310, 0);
         assert!(!op.destination_ready(false, 320), "nothing is owed");
         op.results_retried(400);
-        assert!(op.wait_on_destination(400, hour));
+        assert!(op.results_wait_on_destination(400, hour));
         assert_eq!(wakes(&mut op), Some(400 + hour));
         assert!(op.destination_ready(false, 500));
         assert_eq!(wakes(&mut op), Some(500));
+    }
+
+    #[test]
+    fn retried_results_waiting_on_the_desk_leave_the_failing_jobs_retry_alone() {
+        use crate::operation::AttemptOutcome;
+        let hour = 3_600_000;
+        let mut op = succeeded(ResultsMode::Each);
+        op.results_settled(json!({"total": 2, "parked": 1}), 20);
+        let claim = op.claim(20, 1_000).unwrap();
+        op.finish(claim.token, &AttemptOutcome::Retry("503".into()), 30, 5_000);
+        let job_retry = op.effect().next_attempt_ms();
+        op.results_retried(100);
+        assert_eq!(op.results_due_ms(), Some(100));
+        assert!(op.results_wait_on_destination(100, hour));
+        assert_eq!(
+            op.results_due_ms(),
+            Some(100 + hour),
+            "not due again at once"
+        );
+        assert_eq!(
+            op.effect().next_attempt_ms(),
+            job_retry,
+            "the job's retry stands"
+        );
+        // A release makes both due: whichever runs first spends it.
+        assert!(op.destination_ready(false, 200));
+        assert_eq!(op.results_due_ms(), Some(200));
+        assert_eq!(op.effect().next_attempt_ms(), 200);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::log::GateLog;
 use crate::operation::key::Collection;
-use crate::operation::Operation;
+use crate::operation::{DeskMark, Operation};
 use crate::reconciliation::status::status_url;
 use crate::results::item::{from_inline, from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
@@ -85,7 +85,17 @@ impl Driver<'_> {
                 None => return self.due_at(op, now + self.config.retry_base_secs * 1_000),
             },
         };
-        let step = progress.next(now);
+        let mut step = progress.next(now);
+        if let (Step::WaitUntil(at), Some(DeskMark::Released { .. })) = (&step, op.effect().desk())
+        {
+            // The desk released the batch and nothing is due: the soonest waiting result uses
+            // the release (its backoff is the desk's to cut short), or, with none, the desk
+            // hears at once that the release went unused.
+            match progress.soonest_row() {
+                Some(index) => step = Step::RetryRows(vec![index]),
+                None => return self.release_unused(op, *at).await,
+            }
+        }
         // How many results the step has ready, and whether it retries them.
         let wants = match &step {
             Step::ReadChunk { .. } => Some((CHUNK_RESULTS, false)),
@@ -100,6 +110,8 @@ impl Driver<'_> {
             },
             None => Turn::nothing(),
         };
+        // An operator's retry of parked results may have run during the desk's call.
+        let progress = self.store.fresh(progress)?;
         match step {
             Step::WaitUntil(at) => self.due_at(op, at),
             Step::ReadChunk { from, .. } => self.read_and_send(op, progress, from, turn).await,
@@ -202,11 +214,13 @@ impl Driver<'_> {
     async fn read_and_send(
         &self,
         op: Operation,
-        mut progress: Progress,
+        progress: Progress,
         from: Checkpoint,
         turn: Turn,
     ) -> Result<Operation> {
-        match self.read(&progress.source.clone(), from, turn.n).await? {
+        let read = self.read(&progress.source.clone(), from, turn.n).await?;
+        let mut progress = self.store.fresh(progress)?;
+        match read {
             Err(trouble) => {
                 progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
                 self.store.save(&progress, Vec::new())?;
@@ -227,14 +241,15 @@ impl Driver<'_> {
     async fn resend(
         &self,
         op: Operation,
-        mut progress: Progress,
+        progress: Progress,
         claim: ChunkClaim,
         turn: Turn,
     ) -> Result<Operation> {
-        match self
+        let read = self
             .read(&progress.source.clone(), claim.from, turn.n)
-            .await?
-        {
+            .await?;
+        let mut progress = self.store.fresh(progress)?;
+        match read {
             Err(trouble) => {
                 progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
                 self.store.save(&progress, Vec::new())?;
@@ -260,13 +275,14 @@ impl Driver<'_> {
     async fn send_and_commit(
         &self,
         op: Operation,
-        mut progress: Progress,
+        progress: Progress,
         claim: ChunkClaim,
         reached: Checkpoint,
         items: Vec<ResultItem>,
         turn: Turn,
     ) -> Result<Operation> {
         let (answers, sent) = self.send(&op, items).await;
+        let mut progress = self.store.fresh(progress)?;
         let (now, limits) = (now_ms(), &self.limits);
         let writes =
             progress.commit_through(claim.chunk, reached, answers, now, limits, random_unit());
@@ -290,6 +306,7 @@ impl Driver<'_> {
         }
         self.store.save(&progress, Vec::new())?;
         let (answers, sent) = self.send(&op, items).await;
+        let mut progress = self.store.fresh(progress)?;
         let now = now_ms();
         let writes = answers
             .iter()

@@ -108,10 +108,34 @@ impl Driver<'_> {
     /// `EFFECT_RETRY_MAX_SECONDS`, should the desk be lost).
     pub(super) fn wait_on_destination(&self, op: Operation) -> Result<Operation> {
         let mut op = self.storage.load()?.unwrap_or(op);
-        if op.wait_on_destination(now_ms(), self.config.retry_max_secs * 1_000) {
+        if op.results_wait_on_destination(now_ms(), self.config.retry_max_secs * 1_000) {
             self.storage.save(&op)?;
         }
         Ok(op)
+    }
+
+    /// A release of the desk found nothing to send (the file is not there yet): it is spent,
+    /// and the desk hears at once (`sent: 0`: its slot freed, a probe missed) and, while the
+    /// destination is open, queues the batch again, due when the step is (`at`).
+    pub(super) async fn release_unused(&self, op: Operation, at: i64) -> Result<Operation> {
+        let mut op = self.storage.load()?.unwrap_or(op);
+        if op.results_desk_spent() {
+            self.storage.save(&op)?;
+        }
+        let settings = self.config.desk_settings(op.kind());
+        let report = DeskCommand::ReportMany {
+            key: op.key().to_string(),
+            due_ms: at,
+            sent: 0,
+            failures: 0,
+            failure: None,
+            asked_wait_ms: None,
+            settings: settings.clone(),
+        };
+        if ask_desk(self.env, self.storage, &settings, &report).await == Some(DeskReply::Wait) {
+            return self.wait_on_destination(op);
+        }
+        self.due_at(op, at)
     }
 
     /// Sends the results at once (they are independent) and returns each one's outcome, and
