@@ -105,6 +105,19 @@ pub enum DeskCommand {
     Status { settings: DeskSettings },
 }
 
+impl DeskCommand {
+    /// The settings the desk runs by, which every command carries.
+    pub fn settings(&self) -> &DeskSettings {
+        match self {
+            DeskCommand::Ask { settings, .. }
+            | DeskCommand::AskMany { settings, .. }
+            | DeskCommand::Report { settings, .. }
+            | DeskCommand::ReportMany { settings, .. }
+            | DeskCommand::Status { settings } => settings,
+        }
+    }
+}
+
 /// A desk's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]

@@ -112,44 +112,36 @@ impl DestinationDesk {
     /// spoke last runs the desk with its settings.
     fn command(&self, command: DeskCommand, now: i64) -> Result<(DeskReply, Option<i64>)> {
         let mut desk = self.load()?;
-        // A batch's chunk holds a slot per result, named after its key (`{key}#{i}`).
+        desk.settings = Some(command.settings().clone());
+        // A report frees the slot its attempt held (a batch's chunk, one a result: `{key}#{i}`).
+        match &command {
+            DeskCommand::Report { key, .. } => self.forget("slots", key)?,
+            DeskCommand::ReportMany { key, .. } => {
+                self.forget("slots", key)?;
+                self.exec(
+                    "DELETE FROM slots WHERE key >= ? AND key < ?",
+                    vec![format!("{key}#").into(), format!("{key}$").into()],
+                )?;
+            }
+            _ => {}
+        }
+        let facts = self.facts(now)?;
         let (key, due_ms, decision, many) = match command {
-            DeskCommand::Status { settings } => {
-                desk.settings = Some(settings);
-                return Ok((DeskReply::View(desk.view(self.facts(now)?)), None));
-            }
-            DeskCommand::Ask {
-                key,
-                due_ms,
-                settings,
-            } => {
-                desk.settings = Some(settings);
-                desk.calls += 1;
-                let facts = self.facts(now)?;
-                (key, due_ms, desk.ask(facts, now), false)
-            }
+            DeskCommand::Status { .. } => return Ok((DeskReply::View(desk.view(facts)), None)),
+            DeskCommand::Ask { key, due_ms, .. } => (key, due_ms, desk.ask(facts, now), false),
             DeskCommand::AskMany {
                 key,
                 due_ms,
                 wanted,
-                settings,
-            } => {
-                desk.settings = Some(settings);
-                desk.calls += 1;
-                let facts = self.facts(now)?;
-                (key, due_ms, desk.ask_many(wanted, facts, now), true)
-            }
+                ..
+            } => (key, due_ms, desk.ask_many(wanted, facts, now), true),
             DeskCommand::Report {
                 key,
                 due_ms,
                 failure,
                 asked_wait_ms,
-                settings,
+                ..
             } => {
-                desk.settings = Some(settings);
-                desk.calls += 1;
-                self.forget("slots", &key)?;
-                let facts = self.facts(now)?;
                 let decision = desk.report(&key, failure, asked_wait_ms, facts, now);
                 (key, due_ms, decision, false)
             }
@@ -160,21 +152,14 @@ impl DestinationDesk {
                 failures,
                 failure,
                 asked_wait_ms,
-                settings,
+                ..
             } => {
-                desk.settings = Some(settings);
-                desk.calls += 1;
-                self.forget("slots", &key)?;
-                self.exec(
-                    "DELETE FROM slots WHERE key >= ? AND key < ?",
-                    vec![format!("{key}#").into(), format!("{key}$").into()],
-                )?;
-                let facts = self.facts(now)?;
                 let decision =
                     desk.report_many(&key, sent, failures, failure, asked_wait_ms, facts, now);
                 (key, due_ms, decision, true)
             }
         };
+        desk.calls += 1;
         if decision.enqueue {
             self.enqueue(&key, due_ms)?;
         }
