@@ -124,9 +124,14 @@ impl DeskCommand {
 pub enum DeskReply {
     /// Attempt now (on a paced route, a slot is taken until the report).
     Go,
-    /// Attempt this many of the results asked for, at once (on a paced route, a slot each is
-    /// taken until the chunk's report); at least one.
-    Granted { n: u32 },
+    /// Attempt this many of the results asked for (at least one; on a paced route, a slot
+    /// each is taken until the chunk's report), the `i`th no sooner than `after_ms[i]` from
+    /// now (none given: all at once).
+    Granted {
+        n: u32,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        after_ms: Vec<i64>,
+    },
     /// Wait: the key is queued and the desk will make it due (`DestinationReady`).
     Wait,
     /// Keep the effect's own backoff: the destination is not open.

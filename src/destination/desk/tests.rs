@@ -438,34 +438,65 @@ fn a_key_due_later_is_not_released_sooner_and_the_alarm_waits_for_it() {
     assert_eq!(d.next_alarm_ms(later, 4_000), Some(5_000));
 }
 
+/// The times a grant's results may leave, from `now`.
+fn spaced(reply: &DeskReply, now: i64) -> Vec<i64> {
+    match reply {
+        DeskReply::Granted { n, after_ms } if after_ms.is_empty() => vec![now; *n as usize],
+        DeskReply::Granted { after_ms, .. } => after_ms.iter().map(|a| now + a).collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
-fn a_batchs_chunk_goes_whole_to_an_unpaced_route_and_by_tokens_to_a_paced_one() {
+fn a_batchs_chunk_goes_whole_to_an_unpaced_route_and_spaced_at_the_pace_to_a_paced_one() {
     let mut d = desk(Pace::default());
     let go = d.ask_many(40, facts(0, 0), 0);
-    assert_eq!(go.reply, DeskReply::Granted { n: 40 });
+    assert_eq!(spaced(&go.reply, 0), vec![0; 40], "all at once");
     assert_eq!(go.slots, 0, "an unpaced route keeps no slots");
-    // 50 a second bursts 5: a chunk's ask takes the 5 tokens there are, a slot each.
+    // 50 a second bursts 5: the 5 tokens there are at once, then one every 20 ms, the whole
+    // chunk within PACED_SPREAD_MS, a slot each.
     let mut d = desk(paced(50, None));
     let go = d.ask_many(40, facts(0, 0), 1_000);
-    assert_eq!(go.reply, DeskReply::Granted { n: 5 });
-    assert_eq!(go.slots, 5);
-    // The bucket is empty: the batch waits its turn as one key.
-    let wait = d.ask_many(40, facts(0, 5), 1_001);
+    let times = spaced(&go.reply, 1_000);
+    assert_eq!(times.len(), 40);
+    assert_eq!(go.slots, 40);
+    assert_eq!(&times[..6], &[1_000, 1_000, 1_000, 1_000, 1_000, 1_020]);
+    assert_eq!(times[39], 1_000 + 35 * 20);
+    // Taken ahead, the tokens hold the rest back: the next batch waits its turn as one key,
+    // and so does an effect.
+    let wait = d.ask_many(40, facts(0, 40), 1_001);
     assert_eq!(wait.reply, DeskReply::Wait);
     assert!(wait.enqueue);
-    assert_eq!(
-        d.ask_many(40, facts(0, 0), 1_020).reply,
-        DeskReply::Granted { n: 1 }
+    assert_eq!(d.ask(facts(0, 0), 1_100).reply, DeskReply::Wait);
+    // 10 a second: 40 results over 4 s, never more than 11 in any second.
+    let mut d = desk(paced(10, None));
+    let mut sent = Vec::new();
+    let mut now = 0;
+    while sent.len() < 120 {
+        let ask = d.ask_many(40, facts(0, 0), now);
+        if ask.reply != DeskReply::Wait {
+            sent.extend(spaced(&ask.reply, now));
+        }
+        now += 250;
+    }
+    for start in &sent {
+        let in_second = sent
+            .iter()
+            .filter(|t| **t >= *start && **t < start + 1_000)
+            .count();
+        assert!(in_second <= 11, "{in_second} in the second from {start}");
+    }
+    assert!(
+        now <= 13_000,
+        "120 results at 10 a second took {now} ms of asks"
     );
     // Concurrency bounds a chunk as it bounds effects.
     let mut d = desk(Pace {
         per_second: None,
         concurrency: Some(3),
     });
-    assert_eq!(
-        d.ask_many(40, facts(0, 1), 0).reply,
-        DeskReply::Granted { n: 2 }
-    );
+    let go = d.ask_many(40, facts(0, 1), 0);
+    assert_eq!(spaced(&go.reply, 0), vec![0, 0]);
 }
 
 #[test]

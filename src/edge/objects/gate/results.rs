@@ -281,7 +281,7 @@ impl Driver<'_> {
         items: Vec<ResultItem>,
         turn: Turn,
     ) -> Result<Operation> {
-        let (answers, sent) = self.send(&op, items).await;
+        let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
         let (now, limits) = (now_ms(), &self.limits);
         let writes =
@@ -305,7 +305,7 @@ impl Driver<'_> {
             }
         }
         self.store.save(&progress, Vec::new())?;
-        let (answers, sent) = self.send(&op, items).await;
+        let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
         let now = now_ms();
         let writes = answers

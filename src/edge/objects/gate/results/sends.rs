@@ -2,13 +2,16 @@
 //! job's effect; what goes when is [`crate::results::turn`]'s).
 //!
 //! Guarantees: a step asks the desk once for its results ([`DeskCommand::AskMany`]) when it
-//! must, and sends no more than the desk granted; a release or a grant is spent by the step
-//! that uses it; the sends go at once, and the desk hears of them in one report
-//! ([`DeskCommand::ReportMany`]) when it needs to (a health failure, an asked or released
-//! turn, a paced route's slots). A desk's `Wait` makes the record wait for its release.
+//! must, and sends no more than the desk granted, each no sooner than its token on a paced
+//! route; a release or a grant is spent by the step that uses it; the sends go at once (or at
+//! their tokens' times), and the desk hears of them in one report
+//! ([`DeskCommand::ReportMany`]) when it needs to (a health failure, an asked turn, a probe,
+//! a paced route's slots). A desk's `Wait` makes the record wait for its release.
+
+use std::time::Duration;
 
 use futures_util::future::join_all;
-use worker::Result;
+use worker::{Delay, Result};
 
 use crate::destination::protocol::{health_failure, DeskCommand, DeskReply};
 use crate::operation::effect::outcome;
@@ -25,12 +28,14 @@ use crate::edge::runtime::now_ms;
 use super::Driver;
 
 /// What the destination's desk let a step send, and whether the step reports back.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Turn {
     pub(super) turn: DeskTurn,
     pub(super) paced: bool,
     /// Results that may go now.
     pub(super) n: u32,
+    /// When each may leave, in ms from the grant, on a paced route (empty: all at once).
+    pub(super) after_ms: Vec<i64>,
 }
 
 /// How a step's sends went, as the desk hears it.
@@ -58,6 +63,7 @@ impl Turn {
             turn: DeskTurn::None,
             paced: false,
             n: 0,
+            after_ms: Vec::new(),
         }
     }
 }
@@ -77,9 +83,9 @@ impl Driver<'_> {
         let mark = op.effect().desk();
         let retry = retry || matches!(mark, Some(DeskMark::Waiting { .. }));
         let turn = desk_turn(mark, paced, remembered_open(&settings.label), retry);
-        let n = match (ready, goes_now(turn, paced, ready)) {
-            (0, _) => 0,
-            (_, Some(n)) => n,
+        let (n, after_ms) = match (ready, goes_now(turn, paced, ready)) {
+            (0, _) => (0, Vec::new()),
+            (_, Some(n)) => (n, Vec::new()),
             (_, None) => {
                 let ask = DeskCommand::AskMany {
                     key: op.key().to_string(),
@@ -89,9 +95,9 @@ impl Driver<'_> {
                 };
                 match ask_desk(self.env, self.storage, &settings, &ask).await {
                     Some(DeskReply::Wait) => return Ok(None),
-                    Some(DeskReply::Granted { n }) => granted(ready, Some(n)),
+                    Some(DeskReply::Granted { n, after_ms }) => (granted(ready, Some(n)), after_ms),
                     // A desk that cannot be reached never strands results.
-                    _ => granted(ready, None),
+                    _ => (granted(ready, None), Vec::new()),
                 }
             }
         };
@@ -101,7 +107,12 @@ impl Driver<'_> {
                 self.storage.save(&current)?;
             }
         }
-        Ok(Some(Turn { turn, paced, n }))
+        Ok(Some(Turn {
+            turn,
+            paced,
+            n,
+            after_ms,
+        }))
     }
 
     /// The desk queued the batch: the record waits for its release (or the fallback,
@@ -138,22 +149,29 @@ impl Driver<'_> {
         self.due_at(op, at)
     }
 
-    /// Sends the results at once (they are independent) and returns each one's outcome, and
-    /// how the sends went.
+    /// Sends the results at once (they are independent), each no sooner than its time in
+    /// `after_ms` on a paced route, and returns each one's outcome, and how the sends went.
     pub(super) async fn send(
         &self,
         op: &Operation,
         items: Vec<ResultItem>,
+        after_ms: &[i64],
     ) -> (Vec<(ResultItem, AttemptOutcome)>, Sent) {
         let destination = self.config.destination_for(op.kind());
         let timeout = self.config.effect_timeout_ms;
         let secret = &self.config.effect_signing_secret;
         let now_secs = now_ms() / 1_000;
         let head = ResultHead::of(op);
-        let calls = items.iter().map(|item| {
+        let calls = items.iter().enumerate().map(|(i, item)| {
             let request = build_result_request(&head, item, secret, now_secs);
             let destination = &destination;
-            async move { fetch::deliver(self.env, destination, &request, timeout).await }
+            let wait = after_ms.get(i).map_or(0, |ms| (*ms).max(0) as u64);
+            async move {
+                if wait > 0 {
+                    Delay::from(Duration::from_millis(wait)).await;
+                }
+                fetch::deliver(self.env, destination, &request, timeout).await
+            }
         });
         self.storage
             .meter()
