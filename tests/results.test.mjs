@@ -13,17 +13,12 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { startWorker, startServer, eventually, sleep, assertEffectValid, workerdChildren } from "./helpers.mjs";
-import { startGemini, succeeded, fileOf, split, distinct } from "./results_stub.mjs";
+import { startGemini, succeeded, fileOf, split, distinct, workerVars } from "./results_stub.mjs";
 
 describe("each result of a batch, its own side effect", () => {
   let gemini, dest, sink, refuse = new Set(), failOnce = new Set(), seen = new Map();
   const vars = () => ({
-    EFFECT_URL: `${dest.url}/effects`,
-    GEMINI_API_BASE: gemini.url,
-    GEMINI_API_KEY: "test-gemini-key",
-    ALERT_URL: `${sink.url}/alerts`,
-    EFFECT_RETRY_BASE_SECONDS: "1",
-    EFFECT_RETRY_MAX_SECONDS: "2",
+    ...workerVars({ dest, gemini, sink }),
     RESULTS_FILE_WAIT_SECONDS: "3",
     RESULTS_EACH_KINDS: "pages",
     DESTINATION_OPEN_AFTER: "1000",

@@ -8,7 +8,7 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startWorker, startServer, eventually, sleep, assertEffectValid } from "./helpers.mjs";
-import { startGemini, succeeded, fileOf, split, distinct, untilJob } from "./results_stub.mjs";
+import { startGemini, succeeded, fileOf, split, distinct, untilJob, workerVars } from "./results_stub.mjs";
 
 let gemini;
 before(async () => { gemini = await startGemini(); });
@@ -26,12 +26,7 @@ async function setup(vars = {}, answer = () => ({ status: 200 })) {
   });
   const sink = await startServer(() => ({ status: 200 }));
   const w = await startWorker({
-    EFFECT_URL: `${dest.url}/effects`,
-    GEMINI_API_BASE: gemini.url,
-    GEMINI_API_KEY: "test-gemini-key",
-    ALERT_URL: `${sink.url}/alerts`,
-    EFFECT_RETRY_BASE_SECONDS: "1",
-    EFFECT_RETRY_MAX_SECONDS: "2",
+    ...workerVars({ dest, gemini, sink }),
     ...(typeof vars === "function" ? vars(dest) : vars),
   });
   const alerts = (name) => sink.requests.map((r) => ({ ...JSON.parse(r.body), at: r.at })).filter((a) => a.alert === name);

@@ -78,3 +78,14 @@ export const distinct = (list) => new Set(list).size;
 /** Waits for the job effect of `key` at `dest`; returns `split(dest, key)` then. */
 export const untilJob = (dest, key, timeoutMs = 60_000) =>
   eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs, what: `the job effect of ${key}` });
+
+/** The worker's settings for a results test: effects to `dest`, Gemini at `gemini` with a key,
+ * alerts to `sink`, retries after 1 s and at most 2 s apart. */
+export const workerVars = ({ dest, gemini, sink }) => ({
+  EFFECT_URL: `${dest.url}/effects`,
+  GEMINI_API_BASE: gemini.url,
+  GEMINI_API_KEY: "test-gemini-key",
+  ALERT_URL: `${sink.url}/alerts`,
+  EFFECT_RETRY_BASE_SECONDS: "1",
+  EFFECT_RETRY_MAX_SECONDS: "2",
+});

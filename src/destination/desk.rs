@@ -166,22 +166,14 @@ impl Desk {
     }
 
     /// An effect asks to be attempted: it waits while the destination is open or others wait
-    /// before it, and on a paced route until a token and a slot are free.
+    /// before it, and on a paced route until a token and a slot are free (a batch's ask for
+    /// one, its token due now).
     pub fn ask(&mut self, facts: Facts, now: i64) -> Decision {
-        if self.is_open() || facts.waiting > 0 {
-            return self.wait(now);
+        let mut decision = self.ask_many(1, facts, now);
+        if let DeskReply::Granted { .. } = decision.reply {
+            decision.reply = DeskReply::Go;
         }
-        let pace = self.pace();
-        if !pace.limits() {
-            return Decision::reply(DeskReply::Go);
-        }
-        if self.take_token(pace, facts.in_flight, now) {
-            return Decision {
-                slots: 1,
-                ..Decision::reply(DeskReply::Go)
-            };
-        }
-        self.wait(now)
+        decision
     }
 
     /// A batch asks for up to `wanted` of its results at once: they wait as one key (queued

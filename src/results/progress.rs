@@ -138,6 +138,19 @@ pub enum Step {
     Settled(Value),
 }
 
+impl Step {
+    /// How many results the step sends at most, and whether they are retries (which ask the
+    /// destination's desk first); `None` when it sends none.
+    pub fn sends(&self) -> Option<(u64, bool)> {
+        match self {
+            Step::ReadChunk { .. } => Some((CHUNK_RESULTS, false)),
+            Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
+            Step::RetryRows(rows) => Some(((rows.len() as u64).min(CHUNK_RESULTS), true)),
+            Step::WaitUntil(_) | Step::Alert(_) | Step::Settled(_) => None,
+        }
+    }
+}
+
 /// The results' progress for one operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
@@ -226,6 +239,17 @@ impl Progress {
             },
             (_, Some(at)) => Step::WaitUntil(at),
             (_, None) => Step::Settled(self.job_results()),
+        }
+    }
+
+    /// What to do next when the destination's desk released the batch: as [`Progress::next`],
+    /// but a step that would wait sends the waiting result due soonest instead (its backoff is
+    /// the desk's to cut short); it still waits when none waits (the file is not there yet).
+    pub fn next_released(&self, now_ms: i64) -> Step {
+        let due = |(index, row): (&u64, &Row)| row.next_at_ms.map(|at| (at, *index));
+        match (self.next(now_ms), self.rows.iter().filter_map(due).min()) {
+            (Step::WaitUntil(_), Some((_, index))) => Step::RetryRows(vec![index]),
+            (step, _) => step,
         }
     }
 
@@ -415,17 +439,6 @@ impl Progress {
             self.phase = Phase::Reading;
         }
         n
-    }
-
-    /// The waiting result due soonest (by index), should a release of the destination's
-    /// desk find nothing due.
-    pub fn soonest_row(&self) -> Option<u64> {
-        let due = |(index, row): (&u64, &Row)| row.next_at_ms.map(|at| (at, *index));
-        self.rows
-            .iter()
-            .filter_map(due)
-            .min()
-            .map(|(_, index)| index)
     }
 
     /// Room for parked rows an operator's retry may take now.

@@ -460,6 +460,41 @@ fn a_row_retry_waits_the_jobs_backoff() {
 }
 
 #[test]
+fn a_release_with_nothing_due_sends_the_soonest_waiting_result() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    p.claim(
+        Checkpoint {
+            offset: 0,
+            index: 3,
+        },
+        true,
+    );
+    let busy = AttemptOutcome::Retry("503".into());
+    let answers = (0..3)
+        .map(|i| {
+            let item = ResultItem {
+                result_key: format!("r{i}"),
+                index: i,
+                payload: crate::results::item::Payload::Response(json!({})),
+            };
+            (item, busy.clone())
+        })
+        .collect();
+    p.commit(0, answers, 0, &LIMITS, 0.0).unwrap();
+    p.rows.get_mut(&1).unwrap().next_at_ms = Some(500);
+    p.rows.get_mut(&0).unwrap().next_at_ms = Some(900);
+    p.rows.get_mut(&2).unwrap().next_at_ms = Some(700);
+    assert_eq!(p.next(100), Step::WaitUntil(500));
+    assert_eq!(p.next_released(100), Step::RetryRows(vec![1]));
+    assert_eq!(p.next_released(100).sends(), Some((1, true)));
+    // Nothing waits (the file is not there yet): the release finds nothing to send.
+    let mut waiting = Progress::begin(Source::Inline, 0);
+    waiting.file_failed(FileTrouble::Missing, 0, &LIMITS, 0.0);
+    assert!(matches!(waiting.next_released(1), Step::WaitUntil(_)));
+    assert_eq!(waiting.next_released(1).sends(), None);
+}
+
+#[test]
 fn a_destination_failing_everything_stops_the_reading_not_the_memory() {
     let mut p = Progress::begin(Source::Inline, 0);
     let busy = AttemptOutcome::Retry("503".into());

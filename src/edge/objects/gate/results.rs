@@ -24,9 +24,7 @@ use crate::operation::{DeskMark, Operation};
 use crate::reconciliation::status::status_url;
 use crate::results::item::{from_inline, from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::results::progress::{
-    ChunkClaim, FileTrouble, Limits, Phase, Progress, Step, CHUNK_RESULTS,
-};
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Phase, Progress, Step};
 use crate::results::source::{self, file_of_details, found_in_status, Found};
 
 use crate::edge::objects::gate::results_store::ResultsStore;
@@ -37,6 +35,8 @@ use crate::edge::runtime::{log, now_ms, random_unit};
 mod sends;
 
 use sends::{Sent, Turn};
+
+use crate::operation::gate::alarm::DeskTurn;
 
 /// What a step performs with.
 struct Driver<'a> {
@@ -85,25 +85,16 @@ impl Driver<'_> {
                 None => return self.due_at(op, now + self.config.retry_base_secs * 1_000),
             },
         };
-        let mut step = progress.next(now);
-        if let (Step::WaitUntil(at), Some(DeskMark::Released { .. })) = (&step, op.effect().desk())
-        {
-            // The desk released the batch and nothing is due: the soonest waiting result uses
-            // the release (its backoff is the desk's to cut short), or, with none, the desk
-            // hears at once that the release went unused.
-            match progress.soonest_row() {
-                Some(index) => step = Step::RetryRows(vec![index]),
-                None => return self.release_unused(op, *at).await,
-            }
-        }
-        // How many results the step has ready, and whether it retries them.
-        let wants = match &step {
-            Step::ReadChunk { .. } => Some((CHUNK_RESULTS, false)),
-            Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
-            Step::RetryRows(rows) => Some(((rows.len() as u64).min(CHUNK_RESULTS), true)),
-            _ => None,
+        let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
+        let step = match released {
+            true => progress.next_released(now),
+            false => progress.next(now),
         };
-        let turn = match wants {
+        if let (true, Step::WaitUntil(at)) = (released, &step) {
+            let at = *at;
+            return self.release_unused(op, at).await;
+        }
+        let turn = match step.sends() {
             Some((ready, retry)) => match self.turn(&op, ready as u32, retry).await? {
                 Some(turn) => turn,
                 None => return self.wait_on_destination(op),
@@ -111,7 +102,10 @@ impl Driver<'_> {
             None => Turn::nothing(),
         };
         // An operator's retry of parked results may have run during the desk's call.
-        let progress = self.store.fresh(progress)?;
+        let progress = match turn.turn {
+            DeskTurn::Ask => self.store.fresh(progress)?,
+            _ => progress,
+        };
         match step {
             Step::WaitUntil(at) => self.due_at(op, at),
             Step::ReadChunk { from, .. } => self.read_and_send(op, progress, from, turn).await,
@@ -224,7 +218,7 @@ impl Driver<'_> {
             Err(trouble) => {
                 progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
                 self.store.save(&progress, Vec::new())?;
-                self.after_sends(op, turn, Sent::none()).await
+                self.after_sends(op, turn, Sent::default()).await
             }
             Ok((items, to, last)) => {
                 let claim = progress.claim(to, last);
@@ -253,7 +247,7 @@ impl Driver<'_> {
             Err(trouble) => {
                 progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
                 self.store.save(&progress, Vec::new())?;
-                self.after_sends(op, turn, Sent::none()).await
+                self.after_sends(op, turn, Sent::default()).await
             }
             Ok((items, to, _)) => {
                 let items = items

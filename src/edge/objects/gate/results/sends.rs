@@ -38,7 +38,7 @@ pub(super) struct Turn {
     pub(super) after_ms: Vec<i64>,
 }
 
-/// How a step's sends went, as the desk hears it.
+/// How a step's sends went, as the desk hears it (by default: nothing went).
 #[derive(Default)]
 pub(super) struct Sent {
     sent: u32,
@@ -47,13 +47,6 @@ pub(super) struct Sent {
     failure: Option<String>,
     /// The longest wait a destination asked for.
     asked_wait_ms: Option<i64>,
-}
-
-impl Sent {
-    /// Nothing went (the results could not be read).
-    pub(super) fn none() -> Sent {
-        Sent::default()
-    }
 }
 
 impl Turn {
