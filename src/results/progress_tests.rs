@@ -459,6 +459,21 @@ fn a_row_retry_waits_the_jobs_backoff() {
     assert_eq!(p.rows[&0].attempts, 2);
 }
 
+/// Results `indexes`, each answered 503 by the destination.
+fn failed(indexes: std::ops::Range<u64>) -> Vec<(ResultItem, AttemptOutcome)> {
+    let busy = AttemptOutcome::Retry("503".into());
+    indexes
+        .map(|i| {
+            let item = ResultItem {
+                result_key: format!("r{i}"),
+                index: i,
+                payload: crate::results::item::Payload::Response(json!({})),
+            };
+            (item, busy.clone())
+        })
+        .collect()
+}
+
 #[test]
 fn a_release_with_nothing_due_sends_the_soonest_waiting_result() {
     let mut p = Progress::begin(Source::Inline, 0);
@@ -469,18 +484,7 @@ fn a_release_with_nothing_due_sends_the_soonest_waiting_result() {
         },
         true,
     );
-    let busy = AttemptOutcome::Retry("503".into());
-    let answers = (0..3)
-        .map(|i| {
-            let item = ResultItem {
-                result_key: format!("r{i}"),
-                index: i,
-                payload: crate::results::item::Payload::Response(json!({})),
-            };
-            (item, busy.clone())
-        })
-        .collect();
-    p.commit(0, answers, 0, &LIMITS, 0.0).unwrap();
+    p.commit(0, failed(0..3), 0, &LIMITS, 0.0).unwrap();
     p.rows.get_mut(&1).unwrap().next_at_ms = Some(500);
     p.rows.get_mut(&0).unwrap().next_at_ms = Some(900);
     p.rows.get_mut(&2).unwrap().next_at_ms = Some(700);
@@ -497,7 +501,6 @@ fn a_release_with_nothing_due_sends_the_soonest_waiting_result() {
 #[test]
 fn a_destination_failing_everything_stops_the_reading_not_the_memory() {
     let mut p = Progress::begin(Source::Inline, 0);
-    let busy = AttemptOutcome::Retry("503".into());
     let mut chunk = 0;
     while let Step::ReadChunk { .. } = p.next(0) {
         let from = p.done_through;
@@ -506,17 +509,8 @@ fn a_destination_failing_everything_stops_the_reading_not_the_memory() {
             index: from.index + CHUNK_RESULTS,
         };
         let claim = p.claim(to, false);
-        let answers = (from.index..to.index)
-            .map(|i| {
-                let item = ResultItem {
-                    result_key: format!("r{i}"),
-                    index: i,
-                    payload: crate::results::item::Payload::Response(json!({})),
-                };
-                (item, busy.clone())
-            })
-            .collect();
-        p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+        p.commit(claim.chunk, failed(from.index..to.index), 0, &LIMITS, 0.0)
+            .unwrap();
         chunk += 1;
         assert!(chunk < 1_000, "reading stopped");
     }
