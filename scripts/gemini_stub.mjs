@@ -11,6 +11,11 @@
 //   GET /v1beta/models/{model}/operations/{id}    a long-running Operation (done, response/error)
 //   GET /v1beta/interactions/{id}                 an Interaction with status and updated
 //   GET /v1beta/webhooks                          no webhooks
+//   GET /.well-known/jwks.json                    its key set: an Ed25519 key (`v1a,` signatures,
+//                                                 as live dynamic webhooks are signed) and an
+//                                                 RS256 key (tokens), whose private halves
+//                                                 `npm run send -- --scheme v1a|jwt` signs with
+//                                                 (scripts/gemini_keys.mjs)
 //   GET /download/v1beta/files/{x}:download       a succeeded batch's results file (JSONL),
 //                                                 honouring `Range: bytes=N-` with 206
 // and `POST /done/{name}[?state=...&results=file|inline&lines=N&file_after=S]` marks an
@@ -29,6 +34,7 @@ import { createServer } from "node:http";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { demoResults, generatedFile, memoryFile, serveFile } from "./results_file.mjs";
+import { keySet, localKeys } from "./gemini_keys.mjs";
 
 const STATES = ["succeeded", "failed", "cancelled", "expired"];
 
@@ -88,9 +94,11 @@ function attachResults(op, name, files, { results, lines, fileAfterS }, nowMs) {
 /**
  * The stub's request handler. Operations live in memory; `log` gets one line per request.
  * Returns {handler, operations, files} (operations: Map name -> {state, createTime, updateTime};
- * files: Map `files/...` -> {file, from}: a results file, served from `from` ms).
+ * files: Map `files/...` -> {file, from}: a results file, served from `from` ms). `keys` gives
+ * the key set's private keys (scripts/gemini_keys.mjs); by default the local ones, read when
+ * the key set is first asked for.
  */
-export function geminiStub({ log = console.log, now = () => new Date() } = {}) {
+export function geminiStub({ log = console.log, now = () => new Date(), keys } = {}) {
   const operations = new Map();
   const files = new Map();
   const known = (name) => {
@@ -133,6 +141,11 @@ export function geminiStub({ log = console.log, now = () => new Date() } = {}) {
         return serveFile(req, res, held.file);
       }
       if (req.method === "GET" && url.pathname === "/v1beta/webhooks") return answer(200, { webhooks: [] });
+      if (req.method === "GET" && url.pathname === "/.well-known/jwks.json") {
+        keys ??= localKeys();
+        log("GET key set");
+        return answer(200, keySet(keys));
+      }
       if (req.method === "GET" && url.pathname.startsWith("/v1beta/")) {
         const op = statusAnswer(name, { state: "running" }) && known(name);
         const body = op && statusAnswer(name, { ...op, inline: op.inlineReads === undefined ? undefined : inlineItems(op.inlineReads++) });

@@ -1,10 +1,15 @@
 #!/usr/bin/env node
-// Signs and sends a Gemini-shaped webhook delivery, the way Gemini does (Standard Webhooks
-// HMAC-SHA256 over "{webhook-id}.{webhook-timestamp}.{body}"), to a local or deployed worker.
+// Signs and sends a Gemini-shaped webhook delivery, the way Gemini does, to a local or
+// deployed worker: by default a project webhook's (Standard Webhooks `v1,` HMAC-SHA256 over
+// "{webhook-id}.{webhook-timestamp}.{body}" with your secret); `--scheme v1a` as live dynamic
+// webhooks are signed (`v1a,` Ed25519 over the same bytes); `--scheme jwt` as Gemini's docs
+// describe dynamic webhooks (an RS256 token). The last two sign with the local Gemini
+// stand-in's keys (scripts/gemini_keys.mjs), which `npm run gemini-stub` publishes at
+// /.well-known/jwks.json: the worker must have GEMINI_JWKS_URL set to it.
 //
 //   npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...]
-//                   [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids]
-//                   [--token TOKEN]
+//                   [--scheme v1|v1a|jwt] [--data JSON] [--repeat N] [--concurrency N]
+//                   [--fresh-ids] [--token TOKEN]
 //
 // --repeat sends the same delivery (same webhook-id, as Gemini's retries do) N times;
 // --fresh-ids gives each send its own webhook-id (the same completion delivered anew);
@@ -19,8 +24,10 @@ import { createHmac, randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { accessHeaders, devVars, isLoopback, DEMO_EFFECT_URL } from "./dev_vars.mjs";
+import { localKeys, signJwt, signV1a } from "./gemini_keys.mjs";
 
-const USAGE = "usage: npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...] [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids] [--token TOKEN]";
+const USAGE = "usage: npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...] [--scheme v1|v1a|jwt] [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids] [--token TOKEN]";
+const SCHEMES = ["v1", "v1a", "jwt"];
 
 function fail(message) {
   console.error(`send: ${message}\n${USAGE}`);
@@ -28,13 +35,14 @@ function fail(message) {
 }
 
 function parseArgs(argv) {
-  const opts = { url: "http://127.0.0.1:8787/webhooks/gemini", repeat: 1, concurrency: 1, freshIds: false, data: {} };
+  const opts = { url: "http://127.0.0.1:8787/webhooks/gemini", repeat: 1, concurrency: 1, freshIds: false, data: {}, scheme: "v1" };
   const positional = [];
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     const value = () => (i + 1 < argv.length ? argv[++i] : fail(`${arg} needs a value`));
     if (arg === "--url") opts.url = value();
     else if (arg === "--secret") opts.secret = value();
+    else if (arg === "--scheme") opts.scheme = value();
     else if (arg === "--repeat") opts.repeat = Number(value());
     else if (arg === "--concurrency") opts.concurrency = Number(value());
     else if (arg === "--fresh-ids") opts.freshIds = true;
@@ -54,7 +62,9 @@ function parseArgs(argv) {
   // The local tokens go only to a worker on this machine; reading a record needs a read token.
   const first = (list) => list?.split(/\s+/).find(Boolean);
   if (isLoopback(opts.url)) opts.token ??= first(vars.READ_TOKENS) ?? first(vars.ADMIN_TOKEN);
-  if (!opts.secret?.startsWith("whsec_")) fail("give --secret whsec_... (or set GEMINI_WEBHOOK_SECRETS in .dev.vars)");
+  if (!SCHEMES.includes(opts.scheme)) fail(`--scheme is one of ${SCHEMES.join(", ")}`);
+  if (opts.scheme === "v1" && !opts.secret?.startsWith("whsec_")) fail("give --secret whsec_... (or set GEMINI_WEBHOOK_SECRETS in .dev.vars)");
+  opts.audience = vars.GEMINI_JWT_AUDIENCE;
   return opts;
 }
 
@@ -91,11 +101,27 @@ export async function effectReport(opts, effects) {
   return [];
 }
 
-/** The Standard Webhooks headers for one delivery. */
+/** The Standard Webhooks headers for one delivery, signed `v1,` with `secret`. */
 export function sign(secret, id, timestamp, body) {
   const key = Buffer.from(secret.slice("whsec_".length), "base64");
   const mac = createHmac("sha256", key).update(`${id}.${timestamp}.${body}`).digest("base64");
-  return { "content-type": "application/json", "webhook-id": id, "webhook-timestamp": String(timestamp), "webhook-signature": `v1,${mac}` };
+  return headersWith(id, timestamp, `v1,${mac}`);
+}
+
+const headersWith = (id, timestamp, signature) => ({ "content-type": "application/json", "webhook-id": id, "webhook-timestamp": String(timestamp), "webhook-signature": signature });
+
+/**
+ * The headers for one delivery signed by `scheme`: `v1` with `opts.secret`; `v1a` and `jwt`
+ * with the local Gemini stand-in's keys (`keys`, scripts/gemini_keys.mjs), the token carrying
+ * `opts.audience` when set.
+ */
+export function signAs(scheme, opts, id, timestamp, body, keys = scheme === "v1" ? null : localKeys()) {
+  if (scheme === "v1a") return headersWith(id, timestamp, signV1a(keys.ed25519, id, timestamp, body));
+  if (scheme === "jwt") {
+    const claims = { iss: "https://generativelanguage.googleapis.com", iat: timestamp, exp: timestamp + 300, ...(opts.audience ? { aud: opts.audience } : {}) };
+    return headersWith(id, timestamp, signJwt(keys.rsa, claims));
+  }
+  return sign(opts.secret, id, timestamp, body);
 }
 
 async function main() {
@@ -109,7 +135,7 @@ async function main() {
     const id = opts.freshIds ? `msg_${randomBytes(12).toString("hex")}` : sharedId;
     const started = Date.now();
     try {
-      const res = await fetch(opts.url, { method: "POST", headers: sign(opts.secret, id, Math.floor(Date.now() / 1000), body), body });
+      const res = await fetch(opts.url, { method: "POST", headers: signAs(opts.scheme, opts, id, Math.floor(Date.now() / 1000), body), body });
       const text = await res.text();
       tally.set(res.status, (tally.get(res.status) ?? 0) + 1);
       console.log(`#${n} ${res.status} ${Date.now() - started}ms ${id} ${text}`);

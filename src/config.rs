@@ -280,7 +280,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("GEMINI_WEBHOOK_AUTO_ENABLE", Flag, Bool(true), "true: a cron pass that finds that webhook disabled_due_to_failed_deliveries re-enables it, alerts, and sweeps every open operation on the fan-out queue; false: it only alerts"),
         // Dynamic (per-job) webhooks.
         V::plain("DYNAMIC_WEBHOOKS", Flag, Bool(true), "false: every JWT-signed delivery is answered 401"),
-        V::plain("GEMINI_JWKS_URL", PublicUrl, Text(DEFAULT_GEMINI_JWKS_URL), "key set for dynamic webhooks' RS256 tokens"),
+        V::plain("GEMINI_JWKS_URL", PublicUrl, Text(DEFAULT_GEMINI_JWKS_URL), "key set for dynamic webhooks: its Ed25519 keys verify `v1a,` signatures, its RS256 keys tokens"),
         V::plain("GEMINI_JWT_AUDIENCE", FreeText, Nothing, "when set, a dynamic webhook's token must carry it in aud"),
         V::plain("STRANGER_ALERT_THRESHOLD", Whole { min: 1, max: 1_000_000 }, Number(DEFAULT_STRANGER_ALERT_THRESHOLD), "dynamic-webhook nudges for operations the worker does not hold (not registered), within the window, that raise one aggregated alert"),
         V::plain("STRANGER_ALERT_WINDOW_SECONDS", Whole { min: 60, max: 7 * DAY_SECS }, Number(DEFAULT_STRANGER_ALERT_WINDOW_SECS), "at most one alert about such nudges per window"),

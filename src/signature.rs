@@ -1,11 +1,16 @@
-//! Standard Webhooks HMAC-SHA256 signatures: verifying Gemini's, signing our side effects.
+//! Standard Webhooks signatures: verifying Gemini's (`v1,` HMAC-SHA256 with our secrets, `v1a,`
+//! Ed25519 with Google's published keys), signing our side effects (`v1,`).
 //!
 //! Guarantees (docs/DESIGN.md, invariant 4): the signed bytes are
 //! `{webhook-id}.{webhook-timestamp}.{raw body}` exactly as received (verify before parsing,
-//! never re-serialize); every `v1,` entry is tried against every configured secret (rotation
-//! keeps several valid at once); a decoded signature that is not 32 bytes never matches (an
-//! empty `v1,` once bypassed a public verifier); comparison is constant time; a timestamp
-//! outside `now ± tolerance` is refused. The clock is a parameter.
+//! never re-serialize); a header holds space-separated entries of either kind and one valid
+//! entry is enough; every `v1,` entry is tried against every configured secret (rotation
+//! keeps several valid at once) and every `v1a,` entry against every Ed25519 key given; a
+//! decoded signature of the wrong length (32 bytes for `v1`, 64 for `v1a`) never matches and
+//! never reaches a key (an empty `v1,` once bypassed a public verifier); HMAC comparison is
+//! constant time; Ed25519 is verified strictly (RFC 8032 with canonical `S`, no small-order
+//! keys) by `ed25519-compact`, pure Rust, so every case is host-tested; a timestamp outside
+//! `now ± tolerance` is refused. The clock is a parameter.
 
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;
@@ -93,10 +98,12 @@ pub enum SignatureError {
     TooOld,
     #[error("timestamp too new")]
     TooNew,
-    #[error("no v1 signature entry")]
+    #[error("no v1 or v1a signature entry")]
     NoV1Entry,
     #[error("signature invalid")]
     Invalid,
+    #[error("v1a signature matches no key of the key set")]
+    V1aInvalid,
     #[error("signature header is a JWT, which this deployment does not verify")]
     JwtUnsupported,
 }
@@ -113,6 +120,7 @@ impl SignatureError {
             SignatureError::TooNew => "timestamp_too_new",
             SignatureError::NoV1Entry => "no_v1_signature",
             SignatureError::Invalid => "signature_invalid",
+            SignatureError::V1aInvalid => "v1a_signature_invalid",
             SignatureError::JwtUnsupported => "jwt_unsupported",
         }
     }
@@ -124,8 +132,9 @@ pub fn looks_like_jwt(value: &str) -> bool {
     !value.starts_with("v1") && value.split('.').count() == 3 && !value.contains(' ')
 }
 
-/// Headers that passed [`check_headers`]: present, within the time window, with a `v1,`
-/// entry. Only the body's MAC is left to check ([`CheckedHeaders::verify`]).
+/// Headers that passed [`check_headers`]: present, within the time window, with a `v1,` or
+/// `v1a,` entry. Only the body's signature is left to check ([`CheckedHeaders::verify`] for
+/// `v1`, [`CheckedHeaders::v1a_message`] then [`V1aMessage::verify`] for `v1a`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckedHeaders<'a> {
     id: &'a str,
@@ -179,7 +188,7 @@ pub fn check_timestamp(
 
 /// Checks what can be checked before the body is read: the three headers are present, the
 /// timestamp is within `now ± tolerance`, and the signature header holds at least one `v1,`
-/// entry. A delivery that fails here is refused without reading its body.
+/// or `v1a,` entry. A delivery that fails here is refused without reading its body.
 pub fn check_headers(
     headers: SignedHeaders<'_>,
     now_secs: i64,
@@ -198,43 +207,127 @@ pub fn check_headers(
     if looks_like_jwt(signature) {
         return Err(SignatureError::JwtUnsupported);
     }
-    if !signature
-        .split_whitespace()
-        .any(|entry| entry.starts_with("v1,"))
-    {
-        return Err(SignatureError::NoV1Entry);
-    }
-    Ok(CheckedHeaders {
+    let checked = CheckedHeaders {
         id,
         timestamp,
         signature,
-    })
+    };
+    if !checked.has(V1) && !checked.has(V1A) {
+        return Err(SignatureError::NoV1Entry);
+    }
+    Ok(checked)
 }
 
+/// The version tag of an HMAC entry (`v1,<base64 of 32 bytes>`).
+pub const V1: &str = "v1";
+/// The version tag of an Ed25519 entry (`v1a,<base64 of 64 bytes>`).
+pub const V1A: &str = "v1a";
+/// Length of an HMAC-SHA256 signature.
+const V1_LEN: usize = 32;
+/// Length of an Ed25519 signature.
+const V1A_LEN: usize = 64;
+
 impl CheckedHeaders<'_> {
-    /// Verifies the body's MAC against every secret.
+    /// True when the header holds an entry tagged `version`.
+    pub fn has(&self, version: &str) -> bool {
+        self.signature
+            .split_whitespace()
+            .any(|entry| entry.split_once(',').is_some_and(|(v, _)| v == version))
+    }
+
+    /// The decoded signatures of the entries tagged `version` that have its length; the
+    /// others never match, so they never reach a key.
+    fn entries(&self, version: &str, len: usize) -> Vec<Vec<u8>> {
+        self.signature
+            .split_whitespace()
+            .filter_map(|entry| match entry.split_once(',') {
+                // A header sent twice arrives joined by ", ": tolerate the stray comma.
+                Some((v, encoded)) if v == version => decode_base64(encoded.trim_end_matches(',')),
+                _ => None,
+            })
+            // Length first: a short or empty signature must never reach the fold.
+            .filter(|given| given.len() == len)
+            .collect()
+    }
+
+    /// Verifies the body's MAC (`v1,` entries) against every secret.
     pub fn verify(&self, body: &[u8], secrets: &[Secret]) -> Result<(), SignatureError> {
         let expected: Vec<[u8; 32]> = secrets
             .iter()
             .map(|s| s.mac(self.id, self.timestamp, body))
             .collect();
-        for entry in self.signature.split_whitespace() {
-            let Some(("v1", encoded)) = entry.split_once(',') else {
-                continue;
-            };
-            // A header sent twice arrives joined by ", ": tolerate the stray comma.
-            let Some(given) = decode_base64(encoded.trim_end_matches(',')) else {
-                continue;
-            };
-            // Length first: a short or empty signature must never reach the fold.
-            if given.len() != 32 {
-                continue;
-            }
+        for given in self.entries(V1, V1_LEN) {
             if expected.iter().any(|mac| bool::from(mac.ct_eq(&given[..]))) {
                 return Ok(());
             }
         }
         Err(SignatureError::Invalid)
+    }
+
+    /// What a `v1a,` check needs: the signed bytes and every well-formed Ed25519 entry.
+    /// `None` when there is no such entry (none, or each empty, undecodable or not 64 bytes):
+    /// that delivery is refused without looking at a key set.
+    pub fn v1a_message(&self, body: &[u8]) -> Option<V1aMessage> {
+        let signatures: Vec<ed25519_compact::Signature> = self
+            .entries(V1A, V1A_LEN)
+            .iter()
+            .filter_map(|s| ed25519_compact::Signature::from_slice(s).ok())
+            .collect();
+        if signatures.is_empty() {
+            return None;
+        }
+        let mut message = Vec::with_capacity(self.id.len() + self.timestamp.len() + 2 + body.len());
+        message.extend_from_slice(self.id.as_bytes());
+        message.push(b'.');
+        message.extend_from_slice(self.timestamp.as_bytes());
+        message.push(b'.');
+        message.extend_from_slice(body);
+        Some(V1aMessage {
+            message,
+            signatures,
+        })
+    }
+}
+
+/// One of Google's Ed25519 public keys (a JWK with `kty: OKP`, `crv: Ed25519`, the 32 key
+/// bytes in `x`), for `v1a,` entries.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Ed25519Key {
+    /// The JWK's `kid`, when it has one (logs only: every key is tried).
+    pub kid: Option<String>,
+    key: ed25519_compact::PublicKey,
+}
+
+impl std::fmt::Debug for Ed25519Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ed25519Key({:?})", self.kid)
+    }
+}
+
+impl Ed25519Key {
+    /// The key whose 32 bytes are `x`; `None` for any other length.
+    pub fn from_bytes(kid: Option<String>, x: &[u8]) -> Option<Ed25519Key> {
+        let key = ed25519_compact::PublicKey::from_slice(x).ok()?;
+        Some(Ed25519Key { kid, key })
+    }
+}
+
+/// The bytes a delivery's `v1a,` entries sign, and those entries: what the key set is asked
+/// to vouch for ([`V1aMessage::verify`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct V1aMessage {
+    /// `{webhook-id}.{webhook-timestamp}.{raw body}`.
+    message: Vec<u8>,
+    signatures: Vec<ed25519_compact::Signature>,
+}
+
+impl V1aMessage {
+    /// True when some entry is a valid Ed25519 signature of the message by one of `keys`.
+    pub fn verify(&self, keys: &[Ed25519Key]) -> bool {
+        self.signatures.iter().any(|signature| {
+            keys.iter()
+                .any(|k| k.key.verify(&self.message, signature).is_ok())
+        })
     }
 }
 
@@ -444,11 +537,184 @@ mod tests {
 
     #[test]
     fn other_versions_are_skipped() {
-        let sig = "v1a,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+        // A `v1a` entry is not HMAC, whatever its bytes.
+        let sig = "v1a,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE= v2,AAAA";
         assert_eq!(
             verify(headers(sig), BODY, &secrets(), NOW, 300),
+            Err(SignatureError::Invalid)
+        );
+        assert_eq!(
+            verify(headers("v2,AAAA v1x,AAAA"), BODY, &secrets(), NOW, 300),
             Err(SignatureError::NoV1Entry)
         );
+    }
+
+    // v1a: Ed25519.
+
+    fn hex(text: &str) -> Vec<u8> {
+        (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// RFC 8032, section 7.1, TEST 1, 2 and 3: (public key, message, signature).
+    const RFC8032: [(&str, &str, &str); 3] = [
+        (
+            "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
+            "",
+            "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b",
+        ),
+        (
+            "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c",
+            "72",
+            "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00",
+        ),
+        (
+            "fc51cd8e6218a1a38da47ed00230f0580816ed13ba3303ac5deb911548908025",
+            "af82",
+            "6291d657deec24024827e69c3abe01a30ce548a284743a445e3680d7db5ac3ac18ff9b538d16f290ae67f760984dc6594a7c15e9716ed28dc027beceea1ec40a",
+        ),
+    ];
+
+    /// RFC 8032 TEST 1's secret key: the key `v1a` deliveries are signed with below.
+    const SEED: &str = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60";
+
+    fn rfc_key(i: usize) -> Ed25519Key {
+        Ed25519Key::from_bytes(Some(format!("k{i}")), &hex(RFC8032[i].0)).unwrap()
+    }
+
+    fn rfc_message(i: usize) -> V1aMessage {
+        let (_, message, signature) = RFC8032[i];
+        V1aMessage {
+            message: hex(message),
+            signatures: vec![ed25519_compact::Signature::from_slice(&hex(signature)).unwrap()],
+        }
+    }
+
+    /// A `v1a,` entry for `body`, as Gemini signs it (with TEST 1's key).
+    fn v1a(id: &str, ts: &str, body: &[u8]) -> String {
+        let seed = ed25519_compact::Seed::from_slice(&hex(SEED)).unwrap();
+        let pair = ed25519_compact::KeyPair::from_seed(seed);
+        let message = [id.as_bytes(), b".", ts.as_bytes(), b".", body].concat();
+        format!("v1a,{}", STANDARD.encode(pair.sk.sign(message, None)))
+    }
+
+    fn checked(signature: &str) -> CheckedHeaders<'_> {
+        check_headers(headers(signature), NOW, 300).unwrap()
+    }
+
+    #[test]
+    fn rfc8032_vectors_verify() {
+        for i in 0..RFC8032.len() {
+            assert!(rfc_message(i).verify(&[rfc_key(i)]), "TEST {}", i + 1);
+        }
+    }
+
+    #[test]
+    fn rfc8032_vectors_fail_with_another_key_or_message() {
+        for i in 0..RFC8032.len() {
+            let other = rfc_key((i + 1) % RFC8032.len());
+            assert!(
+                !rfc_message(i).verify(&[other]),
+                "TEST {} with another key",
+                i + 1
+            );
+            let mut changed = rfc_message(i);
+            changed.message.push(0);
+            assert!(
+                !changed.verify(&[rfc_key(i)]),
+                "TEST {} with another message",
+                i + 1
+            );
+        }
+        assert!(!rfc_message(0).verify(&[]), "no key, no match");
+    }
+
+    #[test]
+    fn a_v1a_entry_verifies_over_id_timestamp_and_body() {
+        let sig = v1a(ID, TS, BODY);
+        let message = checked(&sig).v1a_message(BODY).unwrap();
+        assert!(message.verify(&[rfc_key(0)]));
+        // Unpadded base64 is accepted, as for v1.
+        let sig = sig.trim_end_matches('=').to_string();
+        assert!(checked(&sig)
+            .v1a_message(BODY)
+            .unwrap()
+            .verify(&[rfc_key(0)]));
+    }
+
+    #[test]
+    fn a_v1a_entry_with_a_wrong_key_or_body_fails() {
+        let sig = v1a(ID, TS, BODY);
+        let message = checked(&sig).v1a_message(BODY).unwrap();
+        assert!(!message.verify(&[rfc_key(1), rfc_key(2)]), "wrong key");
+        let other_body = checked(&sig)
+            .v1a_message(br#"{"test": 2432232315}"#)
+            .unwrap();
+        assert!(!other_body.verify(&[rfc_key(0)]), "wrong body");
+        // The id and timestamp are signed too.
+        let other_ts = v1a(ID, "1614265331", BODY);
+        assert!(!checked(&other_ts)
+            .v1a_message(BODY)
+            .unwrap()
+            .verify(&[rfc_key(0)]));
+    }
+
+    #[test]
+    fn empty_short_and_undecodable_v1a_entries_never_reach_a_key() {
+        let good = v1a(ID, TS, BODY);
+        let bytes = STANDARD.decode(&good[4..]).unwrap();
+        let short = format!("v1a,{}", STANDARD.encode(&bytes[..63]));
+        let long = format!("v1a,{}", STANDARD.encode([&bytes[..], &[0]].concat()));
+        for sig in ["v1a,", "v1a,AA==", "v1a,not base64!", &short, &long] {
+            assert_eq!(checked(sig).v1a_message(BODY), None, "{sig}");
+        }
+        // And not as HMAC either.
+        assert_eq!(
+            checked("v1a,").verify(BODY, &secrets()),
+            Err(SignatureError::Invalid)
+        );
+    }
+
+    #[test]
+    fn mixed_headers_match_on_either_kind() {
+        let ed = v1a(ID, TS, BODY);
+        let bad_v1 = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OA=";
+        // A good v1 among bad v1a entries: the HMAC matches.
+        let header = format!("v1a,AAAA v1a,{} {SIG}", &ed[4..ed.len() - 4]);
+        assert_eq!(checked(&header).verify(BODY, &secrets()), Ok(()));
+        // A good v1a among bad v1 and short v1a entries: the Ed25519 check matches.
+        let header = format!("{bad_v1} v1a, {ed} v1,AA==");
+        assert_eq!(
+            checked(&header).verify(BODY, &secrets()),
+            Err(SignatureError::Invalid)
+        );
+        let message = checked(&header).v1a_message(BODY).unwrap();
+        assert_eq!(message.signatures.len(), 1, "only the well-formed entry");
+        assert!(message.verify(&[rfc_key(2), rfc_key(0)]));
+        // Several v1a entries, one of them valid; a header sent twice (", ").
+        let forged = v1a(ID, TS, b"another body");
+        let header = format!("{forged}, {ed}");
+        assert!(checked(&header)
+            .v1a_message(BODY)
+            .unwrap()
+            .verify(&[rfc_key(0)]));
+    }
+
+    #[test]
+    fn a_v1a_only_header_passes_the_header_check() {
+        let h = checked("v1a,AAAA");
+        assert!(h.has(V1A) && !h.has(V1));
+        assert!(!checked(SIG).has(V1A));
+    }
+
+    #[test]
+    fn an_ed25519_key_is_32_bytes() {
+        assert!(Ed25519Key::from_bytes(None, &[7; 32]).is_some());
+        assert!(Ed25519Key::from_bytes(None, &[7; 31]).is_none());
+        assert!(Ed25519Key::from_bytes(None, &[]).is_none());
+        assert_eq!(format!("{:?}", rfc_key(0)), "Ed25519Key(Some(\"k0\"))");
     }
 
     #[test]

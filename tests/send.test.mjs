@@ -4,8 +4,14 @@ import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import { startWorker, startServer, GEMINI_SECRET, ADMIN_TOKEN, READ_TOKEN } from "./helpers.mjs";
+import { createServer } from "node:http";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { startWorker, startServer, eventually, GEMINI_SECRET, ADMIN_TOKEN, READ_TOKEN } from "./helpers.mjs";
 import { freePort } from "../scripts/local_worker.mjs";
+import { geminiStub } from "../scripts/gemini_stub.mjs";
+import { localKeys } from "../scripts/gemini_keys.mjs";
 
 const run = promisify(execFile);
 let w, dest;
@@ -64,6 +70,48 @@ describe("npm run send: what became of the side effect", () => {
       assert.ok(op.body.last_error);
     } finally {
       await nowhere.dispose();
+    }
+  });
+});
+
+describe("npm run send --scheme: signed as dynamic webhooks are, with the Gemini stand-in's keys", () => {
+  it("v1a (as delivered live) and jwt (as documented) verify against the key set npm run gemini-stub serves", async () => {
+    const keysFile = path.join(mkdtempSync(path.join(tmpdir(), "gemini-keys-")), "keys.json");
+    const env = { ...process.env, GEMINI_STUB_KEYS: keysFile };
+    const { handler } = geminiStub({ log: () => {}, keys: localKeys(keysFile) });
+    const stub = createServer(handler);
+    await new Promise((r) => stub.listen(0, "127.0.0.1", r));
+    const stubUrl = `http://127.0.0.1:${stub.address().port}`;
+    const dynamic = await startWorker({
+      EFFECT_URL: `${dest.url}/effects`,
+      GEMINI_JWKS_URL: `${stubUrl}/.well-known/jwks.json`,
+      GEMINI_API_BASE: stubUrl,
+      GEMINI_API_KEY: "local",
+      CONFIRM_INTERVAL_SECONDS: "1",
+    }, { http: true });
+    try {
+      for (const name of ["batches/sent-v1a", "batches/sent-jwt"]) await fetch(`${stubUrl}/done/${name}`, { method: "POST" });
+      // v1a: a job never registered, settled once the stub (asked with our key) knows it.
+      const v1a = await run("node", ["scripts/send.mjs", "batch.succeeded", "batches/sent-v1a", "--url", dynamic.url, "--scheme", "v1a", "--repeat", "2"], { env });
+      assert.match(v1a.stdout, /200=2$/m, v1a.stdout);
+      assert.match(v1a.stdout, /"outcome":"applied"/);
+      // jwt: a token only hastens a registered job.
+      await dynamic.register("batches/sent-jwt");
+      const jwt = await run("node", ["scripts/send.mjs", "batch.succeeded", "batches/sent-jwt", "--url", dynamic.url, "--scheme", "jwt"], { env });
+      assert.match(jwt.stdout, /"outcome":"confirming"/, jwt.stdout);
+      for (const name of ["batches/sent-v1a", "batches/sent-jwt"]) {
+        await eventually(() => dest.requests.filter((r) => r.headers["idempotency-key"] === name).length === 1, { what: `${name}'s effect` });
+      }
+      // Signed by another key set's keys: refused.
+      const otherEnv = { ...process.env, GEMINI_STUB_KEYS: path.join(path.dirname(keysFile), "other.json") };
+      await assert.rejects(
+        run("node", ["scripts/send.mjs", "batch.succeeded", "batches/sent-forged", "--url", dynamic.url, "--scheme", "v1a"], { env: otherEnv }),
+        (e) => e.code === 1 && /401=1/.test(e.stdout),
+      );
+      await assert.rejects(run("node", ["scripts/send.mjs", "batch.succeeded", "batches/x", "--scheme", "v2"]), (e) => e.code === 2 && /--scheme is one of v1, v1a, jwt/.test(e.stderr));
+    } finally {
+      await dynamic.dispose();
+      await new Promise((r) => stub.close(r));
     }
   });
 });

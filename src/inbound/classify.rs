@@ -11,9 +11,13 @@
 //! shape), before a byte of the body is read; the edge then checks a token's RS256 signature
 //! with WebCrypto and [`vouch`](crate::inbound::intake::vouch) checks its claims (their time window is
 //! [`crate::inbound::jwt`]'s); [`classify`](crate::inbound::intake::classify) checks the HMAC over the raw body and says what
-//! the body is. An HMAC-proven body becomes a [`DeliveryKind::Event`]; a JWT-signed body
-//! proves only its sender, so it becomes a [`DeliveryKind::Nudge`] whose metadata is never
-//! verified. Time is a parameter.
+//! the body is, and when no `v1,` entry matches but `v1a,` entries are there, the edge checks
+//! them against Google's Ed25519 keys. An HMAC-proven body becomes a [`DeliveryKind::Event`];
+//! a JWT-signed body proves only its sender, so it becomes a [`DeliveryKind::Nudge`] whose
+//! metadata is never verified; a `v1a`-signed body proves Google sent this very body, not
+//! that the job is ours (Google's keys serve every project), so it too becomes a nudge, whose
+//! `user_metadata` is trusted only once the status API, asked with our key, has confirmed the
+//! operation. Time is a parameter.
 
 use serde_json::{Map, Value};
 
@@ -25,7 +29,7 @@ use crate::operation::key::{KeyError, OperationKey};
 use crate::operation::lifecycle::Status;
 use crate::operation::OpEvent;
 use crate::refusal::Refusal;
-use crate::signature::{CheckedHeaders, Secret, SignatureError};
+use crate::signature::{CheckedHeaders, Secret, SignatureError, V1aMessage};
 
 /// The configuration the classification reads.
 #[derive(Debug, Clone, Copy)]
@@ -68,15 +72,21 @@ pub enum DeliveryKind {
         event_type: String,
         event: OpEvent,
     },
-    /// A JWT-signed delivery naming an operation: the gate confirms with the status API.
+    /// A delivery only Google vouches for (a token, or a `v1a,` signature) naming an
+    /// operation: the gate confirms with the status API.
     Nudge {
         key: OperationKey,
         event_type: String,
         claimed: Status,
-        /// `unverified_user_metadata`: nothing in a nudge is verified.
+        /// A token's `unverified_user_metadata`, or a `v1a`-signed body's `user_metadata`
+        /// to be trusted once the status API confirms the operation is ours
+        /// ([`crate::operation::details::SIGNED_USER_METADATA`]).
         metadata: Map<String, Value>,
         delivery_id: String,
     },
+    /// The body's `v1,` entries match none of our secrets and it has `v1a,` entries: they
+    /// are checked against Google's key set before anything else.
+    CheckV1a(V1aMessage),
     /// An HMAC-proven test delivery: answered `pong`, nothing stored.
     Ping { event_type: String },
     /// A proven body that cannot be used: kept as a dead letter under `reason` (if it cannot
@@ -116,6 +126,10 @@ pub enum Rejection {
     /// 503 `jwt_keys_unavailable`: the token's key is unknown and the key set cannot be
     /// refreshed now.
     KeysUnavailable { retry_after: u32 },
+    /// 503 `v1a_status_unavailable`: a `v1a`-signed body names an operation no gate holds,
+    /// and the status API cannot be asked now whether it is ours (no `GEMINI_API_KEY`, no
+    /// slot in the status budget, a 429 or 5xx): Gemini retries.
+    StatusUnavailable { retry_after: u32 },
     /// 400 `jwt_body_not_envelope` (unproven, so only counted and logged).
     NudgeNotEnvelope {
         problem: EnvelopeError,
@@ -143,6 +157,7 @@ impl Rejection {
             Rejection::TokenTimestampOutOfTolerance => "timestamp_out_of_tolerance",
             Rejection::Token(e) => e.label(),
             Rejection::KeysUnavailable { .. } => JwtError::KeysUnavailable.label(),
+            Rejection::StatusUnavailable { .. } => "v1a_status_unavailable",
             Rejection::NudgeNotEnvelope { .. } => "jwt_body_not_envelope",
             Rejection::NudgeUnknownType { .. } => "jwt_unknown_event_type",
             Rejection::NudgeBadOperationId { .. } => "jwt_bad_operation_id",
@@ -157,7 +172,10 @@ impl Rejection {
             | Rejection::DynamicWebhooksDisabled
             | Rejection::TokenTimestampOutOfTolerance
             | Rejection::Token(_) => Err(Refusal::Unauthorized),
-            Rejection::KeysUnavailable { retry_after } => Err(Refusal::RetryLater(*retry_after)),
+            Rejection::KeysUnavailable { retry_after }
+            | Rejection::StatusUnavailable { retry_after } => {
+                Err(Refusal::RetryLater(*retry_after))
+            }
             Rejection::NudgeNotEnvelope { problem, .. } => not_envelope(problem),
             Rejection::NudgeUnknownType { event_type, .. } => unknown_type(event_type),
             Rejection::NudgeBadOperationId { problem, .. } => bad_operation_id(problem),
@@ -181,7 +199,8 @@ impl Rejection {
                 Rejection::BodyTooLarge(Oversize::Streamed { cap }) => {
                     *bytes = Some(Bytes::Over(format!("> {cap}")))
                 }
-                Rejection::KeysUnavailable { retry_after: secs } => {
+                Rejection::KeysUnavailable { retry_after: secs }
+                | Rejection::StatusUnavailable { retry_after: secs } => {
                     *retry_after = Some(i64::from(*secs))
                 }
                 Rejection::NudgeNotEnvelope {
@@ -445,6 +464,16 @@ mod tests {
                 Rejection::KeysUnavailable { retry_after: 5 },
                 "jwt_keys_unavailable",
                 503,
+            ),
+            (
+                Rejection::StatusUnavailable { retry_after: 60 },
+                "v1a_status_unavailable",
+                503,
+            ),
+            (
+                Rejection::Signature(SignatureError::V1aInvalid),
+                "v1a_signature_invalid",
+                401,
             ),
             (
                 Rejection::NudgeNotEnvelope {

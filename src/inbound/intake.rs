@@ -4,7 +4,9 @@
 //! as pure functions host-tested step by step, not in the edge's awaits. Each step answers
 //! with the next [`Need`]: the headers first ([`screen`]: nothing is read before they pass);
 //! a token's RS256 signature (the key set) before its claims ([`vouch`]); the body, read under
-//! its cap; what the body is ([`classify`]); then at most one gate call, none for a duplicate
+//! its cap; what the body is ([`classify`]), its `v1,` entries first (our HMAC: a v1 delivery
+//! never waits on a key set) and, only when none matches, its `v1a,` entries against
+//! Google's Ed25519 keys; then at most one gate call, none for a duplicate
 //! this isolate remembers ([`TerminalMemory`]: one that repeats the very terminal status a
 //! gate answered this isolate with for a `Deliver` of the same key; terminal absorbs, so it
 //! cannot change anything); a nudge the gate does not hold costs one tally call and nothing
@@ -27,18 +29,25 @@ use crate::inbound::classify::{
 use crate::inbound::envelope::{meaning, parse, Envelope, Meaning};
 use crate::inbound::jwt::{self, Token};
 use crate::inbound::route_log::{Handled, RouteLog};
-use crate::operation::details::{UNVERIFIED_USER_METADATA, USER_METADATA};
+use crate::operation::details::{SIGNED_USER_METADATA, UNVERIFIED_USER_METADATA, USER_METADATA};
 use crate::operation::gate::protocol::{GateCommand, GateReply};
-use crate::operation::key::{normalize, KeyError, OperationKey};
+use crate::operation::key::{normalize, Collection, KeyError, OperationKey};
 use crate::operation::ledger::dead_key;
 use crate::operation::lifecycle::{DropReason, Source, Status};
+use crate::operation::observation::{Observation, StatusError};
 use crate::operation::OpEvent;
 use crate::refusal::Refusal;
 use crate::signature::{
-    check_headers, check_timestamp, looks_like_jwt, SignatureError, SignedHeaders,
+    check_headers, check_timestamp, looks_like_jwt, SignatureError, SignedHeaders, V1aMessage, V1,
+    V1A,
 };
 use crate::telemetry::counters;
 use crate::timestamp::format_rfc3339;
+
+/// How long Gemini is asked to wait before retrying a `v1a`-signed delivery whose operation
+/// the status API could not be asked about (no key, no slot in the budget, a 5xx): a minute,
+/// as a status question is asked at most once a `CONFIRM_INTERVAL_SECONDS` by default.
+pub const STATUS_RETRY_AFTER_SECS: u32 = 60;
 
 /// The headers a delivery is classified by, as received.
 #[derive(Debug, Clone, Copy, Default)]
@@ -65,6 +74,8 @@ pub struct Settings {
     pub hold_ms: i64,
     /// `CONFIRM_INTERVAL_SECONDS` in ms, carried by a nudge to its gate.
     pub confirm_interval_ms: i64,
+    /// `GEMINI_API_KEY` is set: the status API can be asked.
+    pub status_api: bool,
 }
 
 /// What the intake needs next. Each is answered through the [`Intake`] method it names.
@@ -75,8 +86,20 @@ pub enum Need {
     /// Read the body, refused past `cap` while it streams (`declared`: a `content-length`
     /// within the cap): [`Intake::body_read`], with this isolate's [`TerminalMemory`].
     Body { cap: usize, declared: Option<usize> },
+    /// Check the body's `v1a,` entries against the key set's Ed25519 keys:
+    /// [`Intake::v1a_checked`].
+    V1a(V1aMessage),
     /// Hand `command` to the gate of `key`: [`Intake::gate_answered`].
     Gate { key: String, command: GateCommand },
+    /// Ask Gemini's status API, with our key and in a slot of the status budget, about an
+    /// operation that only a `v1a`-signed body names and no gate holds:
+    /// [`Intake::status_answered`]. The edge skips the call (answering `None`) for a name this
+    /// isolate was told is not ours within [`crate::inbound::stranger::NotOurs`]'s interval.
+    AskStatus {
+        key: String,
+        name: String,
+        collection: Collection,
+    },
     /// Count one nudge for an operation not held on the worker-wide tally:
     /// [`Intake::tallied`].
     Tally,
@@ -134,12 +157,18 @@ enum Stage<'a> {
     Signature { token: Token, token_hash: String },
     /// Proven headers (or token): the body is being read.
     Body(Proof<'a>),
-    /// The gate of `key` is answering a delivery (`nudge`: a nudge's).
+    /// The body's `v1a,` entries are being checked.
+    V1a,
+    /// The gate of `key` is answering a delivery (`nudge`: a nudge's; `unheld`: what a
+    /// `v1a`-signed nudge's operation becomes should the gate not hold it).
     Gate {
         key: String,
         nudge: bool,
         event_type: String,
+        unheld: Option<Unheld>,
     },
+    /// The status API is being asked about a `v1a`-signed nudge's operation.
+    Status { unheld: Unheld, event_type: String },
     /// A nudge the gate does not hold, being tallied.
     Tally { key: String, event_type: String },
     /// A dead letter being kept under `key`; then `reply`.
@@ -150,6 +179,14 @@ enum Stage<'a> {
     },
     /// Answered (a step asked after the end changes nothing).
     Over,
+}
+
+/// A `v1a`-signed nudge's operation and its signed `user_metadata`: should no gate hold it,
+/// the status API decides whether it is ours (Google signed the body, for whichever project).
+#[derive(Debug, Clone, PartialEq)]
+struct Unheld {
+    key: OperationKey,
+    metadata: Map<String, Value>,
 }
 
 /// One delivery's intake.
@@ -223,6 +260,10 @@ impl<'a> Intake<'a> {
         let delivery_id = self.delivery_id();
         match classify(proof, &self.body, &delivery_id, &self.policy) {
             DeliveryKind::Rejected(refusal) => self.finish(DeliveryEnd::refused(refusal)),
+            DeliveryKind::CheckV1a(message) => {
+                self.stage = Stage::V1a;
+                Need::V1a(message)
+            }
             DeliveryKind::Ping { event_type } => self.finish(DeliveryEnd {
                 counts: vec![counters::PINGS],
                 line: Some(RouteLog::Ping {
@@ -256,6 +297,28 @@ impl<'a> Intake<'a> {
                 let known = memory.knows(&key.key, &event.status);
                 self.event(key, event_type, event, known)
             }
+            nudge @ DeliveryKind::Nudge { .. } => self.nudge(nudge, false),
+        }
+    }
+
+    /// The body's `v1a,` entries were checked against the key set: verified, it is a nudge
+    /// (Google signed this body, which does not make the job ours); else the refusal.
+    pub fn v1a_checked(&mut self, checked: Result<(), Rejection>) -> Need {
+        let Stage::V1a = std::mem::replace(&mut self.stage, Stage::Over) else {
+            return self.out_of_order();
+        };
+        match checked {
+            Ok(()) => {
+                let kind = nudge(&self.body, None, self.delivery_id());
+                self.nudge(kind, true)
+            }
+            Err(refusal) => self.finish(DeliveryEnd::refused(refusal)),
+        }
+    }
+
+    /// A nudge goes to its gate (`signed`: its body is `v1a`-signed); a refused one ends here.
+    fn nudge(&mut self, kind: DeliveryKind, signed: bool) -> Need {
+        match kind {
             DeliveryKind::Nudge {
                 key,
                 event_type,
@@ -263,6 +326,10 @@ impl<'a> Intake<'a> {
                 metadata,
                 delivery_id,
             } => {
+                let unheld = signed.then(|| Unheld {
+                    key: key.clone(),
+                    metadata: metadata.clone(),
+                });
                 let command = GateCommand::Nudge {
                     key: key.key.clone(),
                     name: key.name,
@@ -271,8 +338,10 @@ impl<'a> Intake<'a> {
                     delivery_id,
                     confirm_interval_ms: self.settings.confirm_interval_ms,
                 };
-                self.call_gate(key.key, command, event_type)
+                self.call_gate(key.key, command, event_type, unheld)
             }
+            DeliveryKind::Rejected(refusal) => self.finish(DeliveryEnd::refused(refusal)),
+            _ => self.out_of_order(),
         }
     }
 
@@ -308,7 +377,7 @@ impl<'a> Intake<'a> {
             hold_ms: self.settings.hold_ms,
             new_not_before_ms: 0,
         };
-        self.call_gate(key.key, command, event_type)
+        self.call_gate(key.key, command, event_type, None)
     }
 
     /// The gate's reply (`Err`: the call failed, with why), at `now_ms`.
@@ -317,6 +386,7 @@ impl<'a> Intake<'a> {
             key,
             nudge,
             event_type,
+            unheld,
         } = std::mem::replace(&mut self.stage, Stage::Over)
         else {
             return self.out_of_order();
@@ -326,10 +396,30 @@ impl<'a> Intake<'a> {
             Err(why) => return self.finish(DeliveryEnd::reply(Err(Refusal::Unavailable(why)))),
         };
         if nudge && reply == GateReply::Unregistered {
-            // Not held: nothing was stored and nothing is asked; the tally may raise the
-            // window's one alert.
-            self.stage = Stage::Tally { key, event_type };
-            return Need::Tally;
+            match unheld {
+                // A `v1a`-signed body for a name no gate holds: only the status API, asked
+                // with our key, can say the job is ours; until it can be asked, Gemini retries.
+                Some(unheld) if !self.settings.require_registration => {
+                    if !self.settings.status_api {
+                        return self.finish(DeliveryEnd::refused(Rejection::StatusUnavailable {
+                            retry_after: STATUS_RETRY_AFTER_SECS,
+                        }));
+                    }
+                    let need = Need::AskStatus {
+                        key: unheld.key.key.clone(),
+                        name: unheld.key.name.clone(),
+                        collection: unheld.key.collection,
+                    };
+                    self.stage = Stage::Status { unheld, event_type };
+                    return need;
+                }
+                // Not held: nothing was stored and nothing is asked; the tally may raise the
+                // window's one alert.
+                _ => {
+                    self.stage = Stage::Tally { key, event_type };
+                    return Need::Tally;
+                }
+            }
         }
         let Some(answer) = Answer::from_gate(&key, &reply) else {
             return self.finish(DeliveryEnd::reply(Err(Refusal::Unavailable(format!(
@@ -353,6 +443,64 @@ impl<'a> Intake<'a> {
             remember,
             ..DeliveryEnd::answered(answer, line)
         })
+    }
+
+    /// What the status API said about a `v1a`-signed nudge's unheld operation (`None`: not
+    /// asked, this isolate was told a moment ago that it is not ours). Answered for it with
+    /// our key, the job is ours: the answer is delivered to its gate as a proven event, with
+    /// the signed body's `user_metadata` as the job's own, and creates the record as an
+    /// unregistered operation's would be. Not known to our project (404, or any other
+    /// refusal): a stranger's, tallied, nothing stored. No usable answer now: 503, so Gemini
+    /// retries.
+    pub fn status_answered(&mut self, answer: Option<Result<Observation, StatusError>>) -> Need {
+        let Stage::Status { unheld, event_type } = std::mem::replace(&mut self.stage, Stage::Over)
+        else {
+            return self.out_of_order();
+        };
+        let observation = match answer {
+            Some(Ok(observation)) if !matches!(observation.status, Status::Unknown(_)) => {
+                observation
+            }
+            None | Some(Err(StatusError::NotFound | StatusError::Refused(_))) => {
+                self.stage = Stage::Tally {
+                    key: unheld.key.key,
+                    event_type,
+                };
+                return Need::Tally;
+            }
+            Some(Err(StatusError::Transient { retry_after_secs })) => {
+                let retry_after =
+                    retry_after_secs.clamp(1, i64::from(STATUS_RETRY_AFTER_SECS)) as u32;
+                return self.finish(DeliveryEnd::refused(Rejection::StatusUnavailable {
+                    retry_after,
+                }));
+            }
+            Some(_) => {
+                return self.finish(DeliveryEnd::refused(Rejection::StatusUnavailable {
+                    retry_after: STATUS_RETRY_AFTER_SECS,
+                }))
+            }
+        };
+        let mut details = observation.details;
+        if let Some(signed) = unheld.metadata.get(SIGNED_USER_METADATA) {
+            details.insert(USER_METADATA.into(), signed.clone());
+        }
+        let event = OpEvent {
+            status: observation.status,
+            update_time_ms: observation.update_time_ms,
+            source: Source::Webhook,
+            details,
+            delivery_id: Some(self.delivery_id()),
+        };
+        let command = GateCommand::Deliver {
+            key: unheld.key.key.clone(),
+            name: unheld.key.name,
+            event,
+            require_registration: self.settings.require_registration,
+            hold_ms: self.settings.hold_ms,
+            new_not_before_ms: 0,
+        };
+        self.call_gate(unheld.key.key, command, event_type, None)
     }
 
     /// The tally counted a nudge for an operation not held: `Some(true)` when it raised the
@@ -412,11 +560,18 @@ impl<'a> Intake<'a> {
         }
     }
 
-    fn call_gate(&mut self, key: String, command: GateCommand, event_type: String) -> Need {
+    fn call_gate(
+        &mut self,
+        key: String,
+        command: GateCommand,
+        event_type: String,
+        unheld: Option<Unheld>,
+    ) -> Need {
         self.stage = Stage::Gate {
             key: key.clone(),
             nudge: matches!(command, GateCommand::Nudge { .. }),
             event_type,
+            unheld,
         };
         Need::Gate { key, command }
     }
@@ -475,9 +630,13 @@ pub fn screen<'a>(
         timestamp: headers.timestamp,
         signature: headers.signature,
     };
-    check_headers(signed, now_secs, policy.tolerance_secs)
-        .map(Screened::Hmac)
-        .map_err(Rejection::Signature)
+    let checked =
+        check_headers(signed, now_secs, policy.tolerance_secs).map_err(Rejection::Signature)?;
+    // `v1a,` entries alone are a dynamic webhook's signature.
+    if !checked.has(V1) && !policy.dynamic_webhooks {
+        return Err(Rejection::DynamicWebhooksDisabled);
+    }
+    Ok(Screened::Hmac(checked))
 }
 
 /// A token whose RS256 signature the edge found valid: its claims decide, at `now_ms`.
@@ -507,6 +666,9 @@ fn token_hash(token: &str) -> String {
 }
 
 /// What a proven delivery's body is. `delivery_id` is the `webhook-id` of an HMAC delivery.
+/// A body no `v1,` entry proves, with `v1a,` entries while dynamic webhooks are on, is
+/// [`DeliveryKind::CheckV1a`]; with none well formed (empty, not base64, not 64 bytes) it is
+/// refused without a key set.
 pub fn classify(
     proof: Proof<'_>,
     body: &[u8],
@@ -515,10 +677,19 @@ pub fn classify(
 ) -> DeliveryKind {
     match proof {
         Proof::Hmac(checked) => match checked.verify(body, policy.secrets) {
-            Err(e) => DeliveryKind::Rejected(Rejection::Signature(e)),
             Ok(()) => signed(body, delivery_id),
+            Err(e) if policy.dynamic_webhooks && checked.has(V1A) => {
+                match checked.v1a_message(body) {
+                    Some(message) => DeliveryKind::CheckV1a(message),
+                    None if checked.has(V1) => DeliveryKind::Rejected(Rejection::Signature(e)),
+                    None => {
+                        DeliveryKind::Rejected(Rejection::Signature(SignatureError::V1aInvalid))
+                    }
+                }
+            }
+            Err(e) => DeliveryKind::Rejected(Rejection::Signature(e)),
         },
-        Proof::Jwt { claims, token_hash } => nudge(body, claims, token_hash),
+        Proof::Jwt { claims, token_hash } => nudge(body, Some(claims), token_hash),
     }
 }
 
@@ -563,8 +734,9 @@ fn signed(body: &[u8], delivery_id: &str) -> DeliveryKind {
     }
 }
 
-/// A body only a token vouches for: a nudge, or a refusal (never stored: it is unproven).
-fn nudge(body: &[u8], claims: Map<String, Value>, delivery_id: String) -> DeliveryKind {
+/// A body only Google vouches for (a token's `claims`, or `None`: a `v1a` signature over the
+/// body): a nudge, or a refusal (never stored: it is not proven ours).
+fn nudge(body: &[u8], claims: Option<Map<String, Value>>, delivery_id: String) -> DeliveryKind {
     let envelope = match parse(body) {
         Ok(e) => e,
         Err(problem) => {
@@ -588,7 +760,10 @@ fn nudge(body: &[u8], claims: Map<String, Value>, delivery_id: String) -> Delive
         Ok(key) => DeliveryKind::Nudge {
             key,
             claimed,
-            metadata: nudge_metadata(claims, &envelope.details),
+            metadata: match claims {
+                Some(claims) => nudge_metadata(claims, &envelope.details),
+                None => signed_metadata(&envelope.details),
+            },
             event_type: envelope.event_type,
             delivery_id,
         },
@@ -612,6 +787,18 @@ fn nudge_metadata(
         .or_else(|| details.get(USER_METADATA).cloned());
     if let Some(unverified) = claimed {
         metadata.insert(UNVERIFIED_USER_METADATA.into(), unverified);
+    }
+    metadata
+}
+
+/// A `v1a`-signed body's `user_metadata`: Google signed it, for whichever project ran the
+/// job, so it waits as [`SIGNED_USER_METADATA`] and becomes the job's `user_metadata` only
+/// once the status API, asked with our key, answered for the operation
+/// ([`crate::operation::Operation::confirm_with`]).
+fn signed_metadata(details: &Map<String, Value>) -> Map<String, Value> {
+    let mut metadata = Map::new();
+    if let Some(signed) = details.get(USER_METADATA) {
+        metadata.insert(SIGNED_USER_METADATA.into(), signed.clone());
     }
     metadata
 }
@@ -704,6 +891,7 @@ mod tests {
         require_registration: false,
         hold_ms: 0,
         confirm_interval_ms: 60_000,
+        status_api: true,
     };
 
     fn policy(secrets: &[Secret]) -> Policy<'_> {
@@ -1007,5 +1195,250 @@ mod tests {
         let (mut intake, _) = Intake::start(hmac_headers(BODY), policy(&s), SETTINGS, NOW_MS);
         assert_eq!(done_status(&intake.dead_letter_kept(Ok(()))), Some(503));
         assert_eq!(done_status(&intake.tallied(None)), Some(503));
+    }
+
+    // v1a: Ed25519-signed bodies.
+
+    const SIGNED: &[u8] =
+        br#"{"type":"batch.succeeded","user_metadata":{"team":"reviews"},"data":{"id":"batches/b1"}}"#;
+
+    fn ed25519() -> ed25519_compact::KeyPair {
+        ed25519_compact::KeyPair::from_seed(ed25519_compact::Seed::new([7; 32]))
+    }
+
+    /// Headers of `body` signed `v1a` as `msg_1` now, after `extra` entries.
+    fn v1a_headers(body: &[u8], extra: &str) -> Headers<'static> {
+        use base64::engine::general_purpose::STANDARD;
+        use base64::Engine;
+        let message = [format!("msg_1.{NOW}.").as_bytes(), body].concat();
+        let entry = format!("v1a,{}", STANDARD.encode(*ed25519().sk.sign(message, None)));
+        Headers {
+            content_length: Some(leak(body.len().to_string())),
+            id: Some("msg_1"),
+            timestamp: Some(leak(NOW.to_string())),
+            signature: Some(leak(format!("{extra} {entry}").trim().to_string())),
+        }
+    }
+
+    /// A v1a delivery of [`SIGNED`] taken to its gate call, with `settings`.
+    fn v1a_at_the_gate(settings: Settings) -> Intake<'static> {
+        let s: &'static [Secret] = Box::leak(secrets().into_boxed_slice());
+        let (mut intake, need) =
+            Intake::start(v1a_headers(SIGNED, ""), policy(s), settings, NOW_MS);
+        assert!(matches!(need, Need::Body { .. }), "{need:?}");
+        let Need::V1a(message) = intake.body_read(Some(SIGNED.to_vec()), &forgets()) else {
+            panic!("the v1a entries are checked")
+        };
+        let key = crate::signature::Ed25519Key::from_bytes(None, &*ed25519().pk).unwrap();
+        assert!(message.verify(&[key]), "the message is id.timestamp.body");
+        let Need::Gate { key, command } = intake.v1a_checked(Ok(())) else {
+            panic!("the gate is asked")
+        };
+        assert_eq!(key, "batches/b1");
+        let GateCommand::Nudge {
+            metadata,
+            delivery_id,
+            ..
+        } = &command
+        else {
+            panic!("a nudge: {command:?}")
+        };
+        assert_eq!(delivery_id, "msg_1", "the webhook-id is signed");
+        assert_eq!(metadata[SIGNED_USER_METADATA], json!({"team": "reviews"}));
+        assert!(
+            metadata.get(USER_METADATA).is_none(),
+            "not the job's own yet"
+        );
+        intake
+    }
+
+    fn observation(status: Status) -> Observation {
+        let mut details = Map::new();
+        details.insert("output_file_uri".into(), json!("files/out"));
+        Observation {
+            status,
+            update_time_ms: NOW_MS - 5,
+            details,
+        }
+    }
+
+    #[test]
+    fn a_held_operations_v1a_nudge_is_confirmed_by_its_gate() {
+        let mut intake = v1a_at_the_gate(SETTINGS);
+        let confirming = GateReply::Confirming {
+            status: Status::Running,
+        };
+        let f = done(intake.gate_answered(Ok(confirming), NOW_MS));
+        assert_eq!((status(&f.reply), f.remember), (200, None));
+    }
+
+    #[test]
+    fn an_unheld_v1a_operation_the_status_api_answers_for_is_delivered_as_ours() {
+        let mut intake = v1a_at_the_gate(SETTINGS);
+        let need = intake.gate_answered(Ok(GateReply::Unregistered), NOW_MS);
+        assert_eq!(
+            need,
+            Need::AskStatus {
+                key: "batches/b1".into(),
+                name: "batches/b1".into(),
+                collection: Collection::Batches,
+            }
+        );
+        let Need::Gate { key, command } =
+            intake.status_answered(Some(Ok(observation(Status::Succeeded))))
+        else {
+            panic!("the gate is given the answer")
+        };
+        assert_eq!(key, "batches/b1");
+        let GateCommand::Deliver { event, .. } = &command else {
+            panic!("a delivery: {command:?}")
+        };
+        assert_eq!(event.status, Status::Succeeded);
+        assert_eq!(event.source, Source::Webhook);
+        assert_eq!(event.update_time_ms, NOW_MS - 5);
+        assert_eq!(event.delivery_id.as_deref(), Some("msg_1"));
+        assert_eq!(event.details["output_file_uri"], "files/out");
+        assert_eq!(event.details[USER_METADATA], json!({"team": "reviews"}));
+        let f = done(intake.gate_answered(Ok(applied(Status::Succeeded)), NOW_MS));
+        assert_eq!(status(&f.reply), 200);
+        assert_eq!(f.remember, Some(("batches/b1".into(), Status::Succeeded)));
+    }
+
+    #[test]
+    fn an_unheld_v1a_operation_not_known_to_our_key_is_a_strangers_and_stores_nothing() {
+        for answer in [
+            None,
+            Some(Err(StatusError::NotFound)),
+            Some(Err(StatusError::Refused(403))),
+        ] {
+            let mut intake = v1a_at_the_gate(SETTINGS);
+            intake.gate_answered(Ok(GateReply::Unregistered), NOW_MS);
+            assert_eq!(
+                intake.status_answered(answer.clone()),
+                Need::Tally,
+                "{answer:?}"
+            );
+            let f = done(intake.tallied(Some(false)));
+            assert_eq!(
+                f.reply,
+                Ok(Answer::NotHeld {
+                    key: "batches/b1".into()
+                })
+            );
+            assert_eq!(f.counts, [counters::STRANGER_NUDGES]);
+        }
+    }
+
+    #[test]
+    fn an_unheld_v1a_operation_the_status_api_cannot_answer_for_now_is_retried_by_gemini() {
+        for (answer, retry_after) in [
+            (
+                Err(StatusError::Transient {
+                    retry_after_secs: 7,
+                }),
+                7,
+            ),
+            (
+                Err(StatusError::Transient {
+                    retry_after_secs: 86_400,
+                }),
+                STATUS_RETRY_AFTER_SECS,
+            ),
+            (Err(StatusError::Malformed("x".into())), 60),
+            (Ok(observation(Status::Unknown("NEW".into()))), 60),
+        ] {
+            let mut intake = v1a_at_the_gate(SETTINGS);
+            intake.gate_answered(Ok(GateReply::Unregistered), NOW_MS);
+            let f = done(intake.status_answered(Some(answer)));
+            assert_eq!(f.reply, Err(Refusal::RetryLater(retry_after)));
+            assert_eq!(f.rejected, Some("v1a_status_unavailable"));
+        }
+        // No API key: nothing is asked, Gemini retries.
+        let no_key = Settings {
+            status_api: false,
+            ..SETTINGS
+        };
+        let mut intake = v1a_at_the_gate(no_key);
+        let f = done(intake.gate_answered(Ok(GateReply::Unregistered), NOW_MS));
+        assert_eq!(f.reply, Err(Refusal::RetryLater(STATUS_RETRY_AFTER_SECS)));
+        // REQUIRE_REGISTRATION: a stranger's, whoever's it is; nothing asked.
+        let required = Settings {
+            require_registration: true,
+            ..SETTINGS
+        };
+        let mut intake = v1a_at_the_gate(required);
+        assert_eq!(
+            intake.gate_answered(Ok(GateReply::Unregistered), NOW_MS),
+            Need::Tally
+        );
+    }
+
+    #[test]
+    fn a_v1a_signature_no_key_verifies_is_401_and_nothing_else_happens() {
+        let s = secrets();
+        let (mut intake, _) = Intake::start(v1a_headers(SIGNED, ""), policy(&s), SETTINGS, NOW_MS);
+        assert!(matches!(
+            intake.body_read(Some(SIGNED.to_vec()), &forgets()),
+            Need::V1a(_)
+        ));
+        let f = done(intake.v1a_checked(Err(Rejection::Signature(SignatureError::V1aInvalid))));
+        assert_eq!(
+            (status(&f.reply), f.rejected),
+            (401, Some("v1a_signature_invalid"))
+        );
+    }
+
+    #[test]
+    fn malformed_v1a_entries_are_refused_without_the_key_set() {
+        let s = secrets();
+        for signature in ["v1a,", "v1a,AAAA", "v1a,not base64!"] {
+            let headers = Headers {
+                signature: Some(signature),
+                ..v1a_headers(SIGNED, "")
+            };
+            let (mut intake, _) = Intake::start(headers, policy(&s), SETTINGS, NOW_MS);
+            let f = done(intake.body_read(Some(SIGNED.to_vec()), &forgets()));
+            assert_eq!(f.rejected, Some("v1a_signature_invalid"), "{signature}");
+        }
+        // Beside a v1 entry that does not match either: the HMAC's refusal.
+        let headers = Headers {
+            signature: Some("v1,AAAA v1a,"),
+            ..v1a_headers(SIGNED, "")
+        };
+        let (mut intake, _) = Intake::start(headers, policy(&s), SETTINGS, NOW_MS);
+        let f = done(intake.body_read(Some(SIGNED.to_vec()), &forgets()));
+        assert_eq!(f.rejected, Some("signature_invalid"));
+    }
+
+    #[test]
+    fn a_matching_v1_entry_beside_v1a_entries_is_an_event_with_no_key_set() {
+        let s = secrets();
+        let v1 = sign(&s[0], "msg_1", NOW, SIGNED);
+        let (mut intake, _) = Intake::start(v1a_headers(SIGNED, &v1), policy(&s), SETTINGS, NOW_MS);
+        let Need::Gate { command, .. } = intake.body_read(Some(SIGNED.to_vec()), &forgets()) else {
+            panic!("straight to the gate")
+        };
+        assert!(
+            matches!(command, GateCommand::Deliver { .. }),
+            "{command:?}"
+        );
+    }
+
+    #[test]
+    fn v1a_entries_alone_are_refused_while_dynamic_webhooks_are_off() {
+        let s = secrets();
+        let off = Policy {
+            dynamic_webhooks: false,
+            ..policy(&s)
+        };
+        let f = done(Intake::start(v1a_headers(SIGNED, ""), off, SETTINGS, NOW_MS).1);
+        assert_eq!(f.rejected, Some("dynamic_webhooks_disabled"));
+        // With a v1 entry beside them, the HMAC decides (here: it matches).
+        let v1 = sign(&s[0], "msg_1", NOW, SIGNED);
+        let (mut intake, _) = Intake::start(v1a_headers(SIGNED, &v1), off, SETTINGS, NOW_MS);
+        assert!(matches!(
+            intake.body_read(Some(SIGNED.to_vec()), &forgets()),
+            Need::Gate { .. }
+        ));
     }
 }

@@ -1,16 +1,24 @@
-//! Gemini's key set for dynamic-webhook tokens, as an isolate caches it: which key a `kid`
-//! names, and when to read the durable copy or fetch the set again.
+//! Gemini's key set for dynamic webhooks, as an isolate caches it: its RS256 keys (which key
+//! a token's `kid` names) and its Ed25519 keys (tried in turn for a `v1a,` entry), and when to
+//! read the durable copy or fetch the set again.
 //!
 //! Guarantees: a cold isolate reads the durable copy (KV's `jwks:cache`) once before it
-//! fetches; an unknown `kid` fetches the set at most once a [`REFETCH_MS`] (a `kid` absent
-//! from a set that fresh is not Google's: 401); after a failed fetch, an unknown `kid` is
-//! answered 503 with `Retry-After` for [`RETRY_FAILED_FETCH_MS`], so Gemini retries and the
-//! endpoint is not hammered, while the cached keys keep serving; only a set that changed is
-//! written back to the durable copy. No I/O and no clock: the edge
-//! (`edge/http/dynamic_webhook.rs`) performs each step and passes the time in.
+//! fetches; a miss (an unknown `kid`, or a `v1a` message no cached Ed25519 key verifies)
+//! fetches the set at most once a [`REFETCH_MS`], whatever kind of miss it was (a `kid` absent
+//! from a set that fresh is not Google's, nor a `v1a` signature none of its keys verifies:
+//! 401); after a failed fetch, a miss is answered 503 with `Retry-After` for
+//! [`RETRY_FAILED_FETCH_MS`], so Gemini retries and the endpoint is not hammered, while the
+//! cached keys keep serving; only a set that changed is written back to the durable copy. No
+//! I/O and no clock: the edge (`edge/http/dynamic_webhook.rs`) performs each step and passes
+//! the time in.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde_json::Value;
 
 use crate::inbound::classify::Rejection;
 use crate::inbound::jwt::{parse_jwks, JwtError, RsaJwk};
+use crate::signature::{Ed25519Key, SignatureError, V1aMessage};
 
 /// After a successful fetch, an unknown `kid` refetches the key set at most this often.
 pub const REFETCH_MS: i64 = 60_000;
@@ -21,10 +29,18 @@ pub const RETRY_FAILED_FETCH_MS: i64 = 5_000;
 #[derive(Debug, Default)]
 pub struct KeySet {
     keys: Vec<RsaJwk>,
+    ed25519: Vec<Ed25519Key>,
     /// When the key set was last fetched successfully, and when a fetch last failed.
     fetched_ms: Option<i64>,
     failed_ms: Option<i64>,
     durable_read: bool,
+}
+
+/// What a miss needs, whichever kind of key was missed.
+enum Miss {
+    ReadDurableCopy,
+    Fetch,
+    Refuse(Rejection),
 }
 
 /// What finding a `kid`'s key needs next.
@@ -38,6 +54,40 @@ pub enum KeyLookup {
     /// Refuse the token: its `kid` is not in a fresh set (401), or the set cannot be
     /// refreshed just now (503).
     Refuse(Rejection),
+}
+
+/// What checking a `v1a` message needs next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum V1aLookup {
+    /// A cached Ed25519 key verifies it.
+    Verified,
+    /// Read the durable copy once, give it to [`KeySet::durable_copy`], and check again.
+    ReadDurableCopy,
+    /// Fetch the set, give the answer to [`KeySet::fetched`], then [`KeySet::after_fetch_v1a`].
+    Fetch,
+    /// Refuse the delivery: no key of a fresh set verifies it (401), or the set cannot be
+    /// refreshed just now (503).
+    Refuse(Rejection),
+}
+
+/// A key set document's usable keys: RS256 keys for tokens, Ed25519 keys for `v1a` entries.
+/// `None` when it is not a key set (`{"keys": [...]}`).
+fn parse_set(body: &str) -> Option<(Vec<RsaJwk>, Vec<Ed25519Key>)> {
+    let rsa = parse_jwks(body).ok()?;
+    let value: Value = serde_json::from_str(body).ok()?;
+    let ed25519 = value["keys"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|k| k["kty"] == "OKP" && k["crv"] == "Ed25519")
+        .filter(|k| k.get("use").is_none_or(|u| u == "sig"))
+        .filter(|k| k.get("alg").is_none_or(|a| a == "EdDSA" || a == "Ed25519"))
+        .filter_map(|k| {
+            let x = URL_SAFE_NO_PAD.decode(k["x"].as_str()?).ok()?;
+            Ed25519Key::from_bytes(k["kid"].as_str().map(str::to_string), &x)
+        })
+        .collect();
+    Some((rsa, ed25519))
 }
 
 /// What a fetch of the set led to.
@@ -60,9 +110,40 @@ impl KeySet {
         if let Some(key) = self.cached(kid) {
             return KeyLookup::Found(key);
         }
+        match self.miss(now_ms, Rejection::Token(JwtError::UnknownKid)) {
+            Miss::ReadDurableCopy => KeyLookup::ReadDurableCopy,
+            Miss::Fetch => KeyLookup::Fetch,
+            Miss::Refuse(rejection) => KeyLookup::Refuse(rejection),
+        }
+    }
+
+    /// What checking a `v1a` message needs at `now_ms`.
+    pub fn check_v1a(&mut self, message: &V1aMessage, now_ms: i64) -> V1aLookup {
+        if message.verify(&self.ed25519) {
+            return V1aLookup::Verified;
+        }
+        match self.miss(now_ms, Rejection::Signature(SignatureError::V1aInvalid)) {
+            Miss::ReadDurableCopy => V1aLookup::ReadDurableCopy,
+            Miss::Fetch => V1aLookup::Fetch,
+            Miss::Refuse(rejection) => V1aLookup::Refuse(rejection),
+        }
+    }
+
+    /// After a fetch: whether a key of the set verifies `message`, or the refusal.
+    pub fn after_fetch_v1a(&self, message: &V1aMessage) -> Result<(), Rejection> {
+        if message.verify(&self.ed25519) {
+            Ok(())
+        } else {
+            Err(Rejection::Signature(SignatureError::V1aInvalid))
+        }
+    }
+
+    /// A key the cache lacks: one read of the durable copy per isolate, then one fetch a
+    /// [`REFETCH_MS`] at most (`unknown` refuses meanwhile), none for a while after one failed.
+    fn miss(&mut self, now_ms: i64, unknown: Rejection) -> Miss {
         if !self.durable_read {
             self.durable_read = true;
-            return KeyLookup::ReadDurableCopy;
+            return Miss::ReadDurableCopy;
         }
         if let Some(failed) = self
             .failed_ms
@@ -70,38 +151,38 @@ impl KeySet {
         {
             let secs = (failed + RETRY_FAILED_FETCH_MS - now_ms + 999) / 1_000;
             let retry_after = secs.clamp(1, 60) as u32;
-            return KeyLookup::Refuse(Rejection::KeysUnavailable { retry_after });
+            return Miss::Refuse(Rejection::KeysUnavailable { retry_after });
         }
         match self.fetched_ms {
-            Some(t) if now_ms - t < REFETCH_MS => {
-                KeyLookup::Refuse(Rejection::Token(JwtError::UnknownKid))
-            }
-            _ => KeyLookup::Fetch,
+            Some(t) if now_ms - t < REFETCH_MS => Miss::Refuse(unknown),
+            _ => Miss::Fetch,
         }
     }
 
     /// The durable copy's text, if there was one: taken when it parses.
     pub fn durable_copy(&mut self, body: Option<&str>) {
-        if let Some(keys) = body.and_then(|b| parse_jwks(b).ok()) {
+        if let Some((keys, ed25519)) = body.and_then(parse_set) {
             self.keys = keys;
+            self.ed25519 = ed25519;
         }
     }
 
     /// The fetch's outcome at `now_ms`: the answer's body on success, else why it failed.
     pub fn fetched(&mut self, answer: Result<&str, String>, now_ms: i64) -> Fetched {
         let keys = match answer {
-            Ok(body) => parse_jwks(body).map_err(|_| "unreadable key set".to_string()),
+            Ok(body) => parse_set(body).ok_or_else(|| "unreadable key set".to_string()),
             Err(reason) => Err(reason),
         };
         match keys {
-            Ok(keys) => {
+            Ok((keys, ed25519)) => {
                 self.fetched_ms = Some(now_ms);
                 self.failed_ms = None;
-                let changed = self.keys != keys;
+                let changed = self.keys != keys || self.ed25519 != ed25519;
                 self.keys = keys;
+                self.ed25519 = ed25519;
                 Fetched::Keys {
                     changed,
-                    keys: self.keys.len(),
+                    keys: self.keys.len() + self.ed25519.len(),
                 }
             }
             Err(reason) => {
@@ -232,6 +313,163 @@ mod tests {
                 changed: true,
                 keys: 2
             }
+        );
+    }
+
+    // v1a: Ed25519 keys, tried in turn.
+
+    use crate::signature::{check_headers, SignedHeaders};
+    use base64::engine::general_purpose::STANDARD;
+    use ed25519_compact::{KeyPair, Seed};
+
+    fn pair(n: u8) -> KeyPair {
+        KeyPair::from_seed(Seed::new([n; 32]))
+    }
+
+    /// A key set with RS256 key `k1` and the Ed25519 keys of `pairs`.
+    fn okp_set(pairs: &[u8]) -> String {
+        let mut keys = vec![
+            r#"{"kty":"RSA","alg":"RS256","use":"sig","kid":"k1","n":"AQAB","e":"AQAB"}"#
+                .to_string(),
+        ];
+        for n in pairs {
+            let x = URL_SAFE_NO_PAD.encode(*pair(*n).pk);
+            keys.push(format!(
+                r#"{{"kty":"OKP","crv":"Ed25519","alg":"EdDSA","use":"sig","kid":"ed{n}","x":"{x}"}}"#
+            ));
+        }
+        format!(r#"{{"keys":[{}]}}"#, keys.join(","))
+    }
+
+    /// A delivery's `v1a` message, signed by `pair(n)`.
+    fn signed_by(n: u8) -> V1aMessage {
+        let body = br#"{"type":"batch.succeeded","data":{"id":"batches/b1"}}"#;
+        let message = [&b"msg_1.1000."[..], body].concat();
+        let header = format!("v1a,{}", STANDARD.encode(*pair(n).sk.sign(message, None)));
+        let headers = SignedHeaders {
+            id: Some("msg_1"),
+            timestamp: Some("1000"),
+            signature: Some(&header),
+        };
+        check_headers(headers, 1_000, 300)
+            .unwrap()
+            .v1a_message(body)
+            .unwrap()
+    }
+
+    const INVALID: Rejection = Rejection::Signature(SignatureError::V1aInvalid);
+
+    #[test]
+    fn a_v1a_message_is_verified_by_any_cached_ed25519_key() {
+        let mut set = KeySet::default();
+        set.fetched(Ok(&okp_set(&[1, 2, 3])), 0);
+        for n in [1, 2, 3] {
+            assert_eq!(set.check_v1a(&signed_by(n), 0), V1aLookup::Verified);
+        }
+        // The set's RS256 key still serves tokens.
+        assert!(found(&mut set, "k1", 0));
+    }
+
+    #[test]
+    fn a_key_added_to_the_set_is_picked_up_on_a_miss_at_most_once_a_minute() {
+        let mut set = KeySet::default();
+        assert_eq!(set.check_v1a(&signed_by(2), 0), V1aLookup::ReadDurableCopy);
+        set.durable_copy(Some(&okp_set(&[1])));
+        assert_eq!(set.check_v1a(&signed_by(2), 0), V1aLookup::Fetch);
+        assert_eq!(
+            set.fetched(Ok(&okp_set(&[1])), 0),
+            Fetched::Keys {
+                changed: false,
+                keys: 2
+            }
+        );
+        assert_eq!(set.after_fetch_v1a(&signed_by(2)), Err(INVALID));
+        // Google adds key 2: within a minute of the last fetch a miss is refused unfetched.
+        assert_eq!(
+            set.check_v1a(&signed_by(2), REFETCH_MS - 1),
+            V1aLookup::Refuse(INVALID)
+        );
+        assert_eq!(set.check_v1a(&signed_by(2), REFETCH_MS), V1aLookup::Fetch);
+        assert_eq!(
+            set.fetched(Ok(&okp_set(&[1, 2])), REFETCH_MS),
+            Fetched::Keys {
+                changed: true,
+                keys: 3
+            }
+        );
+        assert_eq!(set.after_fetch_v1a(&signed_by(2)), Ok(()));
+        assert_eq!(
+            set.check_v1a(&signed_by(2), REFETCH_MS + 1),
+            V1aLookup::Verified
+        );
+    }
+
+    #[test]
+    fn forged_v1a_and_unknown_kids_share_one_refetch_a_minute() {
+        let mut set = KeySet::default();
+        set.lookup("k1", 0);
+        set.fetched(Ok(&okp_set(&[1])), 0);
+        // A forgery (key 9 is not in the set) right after the fetch: refused, nothing fetched.
+        assert_eq!(
+            set.check_v1a(&signed_by(9), 10_000),
+            V1aLookup::Refuse(INVALID)
+        );
+        assert_eq!(set.check_v1a(&signed_by(9), REFETCH_MS), V1aLookup::Fetch);
+        set.fetched(Ok(&okp_set(&[1])), REFETCH_MS);
+        // That fetch also counts for an unknown kid.
+        assert_eq!(
+            set.lookup("kX", REFETCH_MS + 1),
+            KeyLookup::Refuse(Rejection::Token(JwtError::UnknownKid))
+        );
+        assert_eq!(
+            set.check_v1a(&signed_by(9), 2 * REFETCH_MS - 1),
+            V1aLookup::Refuse(INVALID)
+        );
+    }
+
+    #[test]
+    fn after_a_failed_fetch_a_v1a_miss_waits_and_cached_ed25519_keys_keep_serving() {
+        let mut set = KeySet::default();
+        set.lookup("k1", 0);
+        set.fetched(Ok(&okp_set(&[1])), 0);
+        set.fetched(Err("503".into()), REFETCH_MS);
+        assert_eq!(
+            set.check_v1a(&signed_by(2), REFETCH_MS + 1_000),
+            V1aLookup::Refuse(Rejection::KeysUnavailable { retry_after: 4 })
+        );
+        assert_eq!(
+            set.check_v1a(&signed_by(1), REFETCH_MS + 1_000),
+            V1aLookup::Verified
+        );
+    }
+
+    #[test]
+    fn unusable_ed25519_keys_are_skipped() {
+        let x = URL_SAFE_NO_PAD.encode(*pair(1).pk);
+        let short = URL_SAFE_NO_PAD.encode([1u8; 31]);
+        let body = format!(
+            r#"{{"keys":[
+            {{"kty":"OKP","crv":"X25519","x":"{x}"}},
+            {{"kty":"OKP","crv":"Ed25519","use":"enc","x":"{x}"}},
+            {{"kty":"OKP","crv":"Ed25519","alg":"RS256","x":"{x}"}},
+            {{"kty":"OKP","crv":"Ed25519","x":"{short}"}},
+            {{"kty":"OKP","crv":"Ed25519","x":"{x}="}},
+            {{"kty":"OKP","crv":"Ed25519"}}]}}"#
+        );
+        let mut set = KeySet::default();
+        assert_eq!(
+            set.fetched(Ok(&body), 0),
+            Fetched::Keys {
+                changed: false,
+                keys: 0
+            }
+        );
+        // Without kid or alg, a well-formed key serves.
+        let plain = format!(r#"{{"keys":[{{"kty":"OKP","crv":"Ed25519","x":"{x}"}}]}}"#);
+        set.fetched(Ok(&plain), REFETCH_MS);
+        assert_eq!(
+            set.check_v1a(&signed_by(1), REFETCH_MS),
+            V1aLookup::Verified
         );
     }
 }

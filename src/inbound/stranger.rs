@@ -14,9 +14,99 @@
 //! `StrangerWatch`, spoken to with [`CountNudge`] and answering [`NudgeCounted`]), which keeps
 //! at most [`MAX_OWED_ALERTS`] alerts the sink has not accepted ([`owe`]). Time is a
 //! parameter.
+//!
+//! A `v1a`-signed body is Google's, but Google's keys serve every project: a body naming an
+//! operation no gate holds is asked about once, with our key, in a slot of the status budget
+//! (answered for it, the job is ours and its record is created from the answer). A stranger
+//! can only name jobs Google signed deliveries for (their own), and only within the
+//! signature's time window; [`NotOurs`] keeps an isolate from asking again about a name the
+//! status API said is not ours within [`NOT_OURS_MS`], so replays of one such delivery cost no
+//! further status call from that isolate. Nothing is stored for the name either way.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+use crate::operation::observation::{SlotAnswer, StatusError};
+
+/// How long an isolate remembers that the status API said a name is not ours (404, or any
+/// other refusal): the default `CONFIRM_INTERVAL_SECONDS`, so a name is asked about at most
+/// once a minute per isolate however often a signed delivery naming it is replayed.
+pub const NOT_OURS_MS: i64 = 60_000;
+
+/// Names kept at most: past this the memory starts over (a miss costs one status call, in a
+/// slot of the budget).
+pub const NOT_OURS_MAX: usize = 10_000;
+
+/// The names an isolate was told are not ours, and when.
+#[derive(Debug, Default)]
+pub struct NotOurs {
+    told: std::collections::HashMap<String, i64>,
+}
+
+impl NotOurs {
+    /// True when the status API said `key` is not ours less than [`NOT_OURS_MS`] ago.
+    pub fn knows(&self, key: &str, now_ms: i64) -> bool {
+        self.told
+            .get(key)
+            .is_some_and(|at| (0..NOT_OURS_MS).contains(&(now_ms - at)))
+    }
+
+    /// What the status API said about `key` at `now_ms`: a 404 or another refusal is
+    /// remembered; any other answer (ours, or no usable answer) is not.
+    pub fn answered(
+        &mut self,
+        key: &str,
+        answer: &Result<crate::operation::observation::Observation, StatusError>,
+        now_ms: i64,
+    ) {
+        if !matches!(answer, Err(StatusError::NotFound | StatusError::Refused(_))) {
+            return;
+        }
+        if self.told.len() >= NOT_OURS_MAX {
+            self.told.clear();
+        }
+        self.told.insert(key.to_string(), now_ms);
+    }
+}
+
+/// The longest an edge waits, within the request, for a slot of the status budget before it
+/// asks again (once): slots are `1 / RECONCILE_POLL_RATE` apart (50 ms at the default), so
+/// two signed deliveries arriving together both get theirs; a longer wait (Gemini's back-off)
+/// is Gemini's to wait, through a 503.
+pub const SLOT_WAIT_MAX_MS: i64 = 1_000;
+
+/// What an edge about to ask about a `v1a`-signed body's unheld operation does with the
+/// status budget's answer (`asked_again`: this is its second answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotStep {
+    /// The slot is taken: ask the status API.
+    Ask,
+    /// Wait this long, then ask the budget again.
+    Wait(i64),
+    /// Give up for now, as if the status API had answered this: the delivery is answered 503
+    /// and Gemini retries. No status call leaves outside the budget.
+    Refuse(StatusError),
+}
+
+/// The step after the status budget's answer at `now_ms` (`None`: its keeper did not answer).
+pub fn slot_step(answer: Option<SlotAnswer>, now_ms: i64, asked_again: bool) -> SlotStep {
+    let until_ms = match answer {
+        Some(SlotAnswer::Granted) => return SlotStep::Ask,
+        Some(SlotAnswer::WaitUntil { until_ms }) => until_ms,
+        None => {
+            return SlotStep::Refuse(StatusError::Transient {
+                retry_after_secs: NOT_OURS_MS / 1_000,
+            })
+        }
+    };
+    let wait = (until_ms - now_ms).max(1);
+    if !asked_again && wait <= SLOT_WAIT_MAX_MS {
+        return SlotStep::Wait(wait);
+    }
+    SlotStep::Refuse(StatusError::Transient {
+        retry_after_secs: (wait + 999) / 1_000,
+    })
+}
 
 /// The worker-wide count of nudges for names the worker does not hold, kept by one object
 /// (in memory; stored only with the window's one alert).
@@ -184,6 +274,74 @@ mod tests {
         assert_eq!(
             (g.window_start_ms, g.window_unknown, g.window_alerted),
             (7, 3, true)
+        );
+    }
+
+    #[test]
+    fn a_name_the_status_api_said_is_not_ours_is_not_asked_about_again_for_a_while() {
+        use crate::operation::lifecycle::Status;
+        use crate::operation::observation::Observation;
+        let mut memory = NotOurs::default();
+        memory.answered("batches/x", &Err(StatusError::NotFound), 1_000);
+        memory.answered("batches/y", &Err(StatusError::Refused(403)), 1_000);
+        assert!(memory.knows("batches/x", 1_000));
+        assert!(memory.knows("batches/y", 1_000 + NOT_OURS_MS - 1));
+        assert!(!memory.knows("batches/x", 1_000 + NOT_OURS_MS));
+        assert!(
+            !memory.knows("batches/x", 999),
+            "a clock that went back asks again"
+        );
+        // Ours, or no usable answer: asked again next time.
+        let ours = Observation {
+            status: Status::Succeeded,
+            update_time_ms: 0,
+            details: serde_json::Map::new(),
+        };
+        for answer in [
+            Ok(ours),
+            Err(StatusError::Transient {
+                retry_after_secs: 5,
+            }),
+            Err(StatusError::Malformed("x".into())),
+            Err(StatusError::NoApiKey),
+        ] {
+            memory.answered("batches/z", &answer, 1_000);
+            assert!(!memory.knows("batches/z", 1_000), "{answer:?}");
+        }
+    }
+
+    #[test]
+    fn no_status_call_leaves_outside_the_budget() {
+        let wait = |until_ms| Some(SlotAnswer::WaitUntil { until_ms });
+        assert_eq!(
+            slot_step(Some(SlotAnswer::Granted), 0, false),
+            SlotStep::Ask
+        );
+        assert_eq!(slot_step(Some(SlotAnswer::Granted), 0, true), SlotStep::Ask);
+        // A slot a moment away: waited for, once.
+        assert_eq!(slot_step(wait(1_050), 1_000, false), SlotStep::Wait(50));
+        assert_eq!(
+            slot_step(wait(1_000 + SLOT_WAIT_MAX_MS), 1_000, false),
+            SlotStep::Wait(SLOT_WAIT_MAX_MS)
+        );
+        assert_eq!(
+            slot_step(wait(1_050), 1_000, true),
+            SlotStep::Refuse(StatusError::Transient {
+                retry_after_secs: 1
+            })
+        );
+        // Gemini's back-off, or no answer from the budget: Gemini retries.
+        assert_eq!(
+            slot_step(wait(31_000), 1_000, false),
+            SlotStep::Refuse(StatusError::Transient {
+                retry_after_secs: 30
+            })
+        );
+        assert_eq!(
+            slot_step(None, 0, false),
+            SlotStep::Refuse(StatusError::Transient {
+                retry_after_secs: 60
+            })
         );
     }
 }

@@ -31,6 +31,12 @@ pub const PROVIDER: &str = "provider";
 pub const USER_METADATA: &str = "user_metadata";
 /// Metadata that came only in an unverified body: a destination must not authorize on it.
 pub const UNVERIFIED_USER_METADATA: &str = "unverified_user_metadata";
+/// Where a `v1a`-signed body's `user_metadata` waits in a confirmation's metadata: Google
+/// signed that body, but its keys serve every project, so it is the job's own only once the
+/// status API, asked with our key, has answered for the operation; then it travels as
+/// `user_metadata` (a registration's still wins). A token's never does: nothing binds its
+/// claims to the operation.
+pub const SIGNED_USER_METADATA: &str = "signed_user_metadata";
 
 /// What one path learned about an outcome, before it becomes details.
 #[derive(Debug, Clone, Default, PartialEq)]

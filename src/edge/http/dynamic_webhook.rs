@@ -1,9 +1,10 @@
-//! Verifying dynamic-webhook deliveries: RS256 JWTs checked with the runtime's WebCrypto
-//! against Gemini's published key set.
+//! Verifying dynamic-webhook deliveries against Gemini's published key set: RS256 JWTs checked
+//! with the runtime's WebCrypto, `v1a,` entries with its Ed25519 keys (pure Rust,
+//! [`crate::signature::V1aMessage::verify`]).
 //!
 //! The key set is cached in this isolate's memory and durably in KV (`jwks:cache`); when to
 //! read that copy, fetch the set again or refuse is [`KeySet`]'s decision (pure, host-tested),
-//! which this file performs.
+//! which this file performs: a miss of either kind fetches at most once a minute.
 //! Guarantees: it is given a token [`crate::inbound::intake::screen`] already parsed (alg,
 //! kid, shape), so a hostile token never reaches WebCrypto; its claims are checked after the
 //! signature, by [`crate::inbound::intake::vouch`]. An invalid signature is
@@ -22,9 +23,10 @@ use worker::{Env, Method};
 use crate::config::Config;
 use crate::inbound::classify::Rejection;
 use crate::inbound::jwt::{JwtError, RsaJwk, Token};
-use crate::inbound::key_set::{Fetched, KeyLookup, KeySet};
+use crate::inbound::key_set::{Fetched, KeyLookup, KeySet, V1aLookup};
 use crate::inbound::route_log::RouteLog;
 use crate::retry::{Class, PeerAnswer};
+use crate::signature::V1aMessage;
 
 use crate::edge::outbound::fetch::{send, Keep};
 use crate::edge::outbound::ledger_kv::KV_BINDING;
@@ -72,23 +74,59 @@ fn log_line(line: RouteLog) {
     log(line.to_value());
 }
 
+/// Verifies a delivery's `v1a,` entries with the key set's Ed25519 keys: the cached ones,
+/// then the durable copy, then a fetch, as [`KeySet::check_v1a`] says.
+pub async fn verify_v1a(
+    env: &Env,
+    config: &Config,
+    message: &V1aMessage,
+    now_ms: i64,
+) -> Result<(), Rejection> {
+    loop {
+        match KEYS.with(|k| k.borrow_mut().check_v1a(message, now_ms)) {
+            V1aLookup::Verified => return Ok(()),
+            V1aLookup::Refuse(rejection) => return Err(rejection),
+            V1aLookup::Fetch => break,
+            V1aLookup::ReadDurableCopy => read_durable_copy(env).await,
+        }
+    }
+    if fetch_set(env, config, now_ms).await {
+        KEYS.with(|k| k.borrow().after_fetch_v1a(message))
+    } else {
+        Err(KeySet::unavailable())
+    }
+}
+
+/// Gives the key set the durable copy (none when KV cannot be read).
+async fn read_durable_copy(env: &Env) {
+    let body = match env.kv(KV_BINDING) {
+        Ok(kv) => kv.get(KV_CACHE_KEY).text().await.ok().flatten(),
+        Err(_) => None,
+    };
+    KEYS.with(|k| k.borrow_mut().durable_copy(body.as_deref()));
+}
+
 /// Performs the key set's lookup: the durable copy, then the endpoint, as [`KeySet`] says.
 async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<RsaJwk, Rejection> {
-    let kv = env.kv(KV_BINDING).ok();
     loop {
         match KEYS.with(|k| k.borrow_mut().lookup(kid, now_ms)) {
             KeyLookup::Found(key) => return Ok(key),
             KeyLookup::Refuse(rejection) => return Err(rejection),
             KeyLookup::Fetch => break,
-            KeyLookup::ReadDurableCopy => {
-                let body = match &kv {
-                    Some(kv) => kv.get(KV_CACHE_KEY).text().await.ok().flatten(),
-                    None => None,
-                };
-                KEYS.with(|k| k.borrow_mut().durable_copy(body.as_deref()));
-            }
+            KeyLookup::ReadDurableCopy => read_durable_copy(env).await,
         }
     }
+    if fetch_set(env, config, now_ms).await {
+        KEYS.with(|k| k.borrow().after_fetch(kid))
+    } else {
+        Err(KeySet::unavailable())
+    }
+}
+
+/// Fetches the key set and gives the answer to [`KeySet::fetched`]; a set that changed is
+/// written to the durable copy. False when no usable set came back.
+async fn fetch_set(env: &Env, config: &Config, now_ms: i64) -> bool {
+    let kv = env.kv(KV_BINDING).ok();
     let headers = [("accept", "application/json".to_string())];
     let answer = send(
         Method::Get,
@@ -119,11 +157,11 @@ async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<
                 }
             }
             log_line(RouteLog::JwksFetched { changed, keys });
-            KEYS.with(|k| k.borrow().after_fetch(kid))
+            true
         }
         Fetched::Failed(error) => {
             log_line(RouteLog::JwksFetchFailed { error });
-            Err(KeySet::unavailable())
+            false
         }
     }
 }

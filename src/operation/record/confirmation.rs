@@ -9,13 +9,14 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::operation::details::{UNVERIFIED_USER_METADATA, USER_METADATA};
+use crate::operation::details::{SIGNED_USER_METADATA, UNVERIFIED_USER_METADATA, USER_METADATA};
 use crate::operation::lifecycle::Verdict;
 use crate::operation::record::{OpEvent, Operation};
 
 /// A dynamic-webhook delivery waiting for Gemini's status API to confirm it. Its body is
-/// unproven (the token vouches only that Google sent something), so it decides nothing: the
-/// gate asks the status API and applies what that says.
+/// unproven as ours (a token vouches only that Google sent something, a `v1a` signature that
+/// Google sent this body, for whichever project), so it decides nothing: the gate asks the
+/// status API and applies what that says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Confirmation {
     pub requested_at_ms: i64,
@@ -23,8 +24,9 @@ pub struct Confirmation {
     pub due_ms: i64,
     /// Status-API questions asked so far for this confirmation.
     pub attempts: u32,
-    /// `unverified_user_metadata` (the token's claim, else the body's), carried to the side
-    /// effect with what the status API says.
+    /// `unverified_user_metadata` (the token's claim, else the body's), or a `v1a`-signed
+    /// body's [`SIGNED_USER_METADATA`], carried to the side effect with what the status API
+    /// says.
     #[serde(default)]
     pub metadata: Map<String, Value>,
     /// The delivery's id (a hash of its token), for the history.
@@ -115,12 +117,13 @@ impl Operation {
             return self.apply(&event, now_ms);
         };
         for (k, v) in &confirmation.metadata {
-            // A nudge's metadata is never verified: one stored by an earlier version as
-            // `user_metadata` still travels as unverified.
-            let k = if k == USER_METADATA {
-                UNVERIFIED_USER_METADATA
-            } else {
-                k.as_str()
+            // A token's metadata is never verified: one stored by an earlier version as
+            // `user_metadata` still travels as unverified. A `v1a`-signed body's is the job's
+            // own now that the status API answered for the operation with our key.
+            let k = match k.as_str() {
+                USER_METADATA => UNVERIFIED_USER_METADATA,
+                SIGNED_USER_METADATA => USER_METADATA,
+                other => other,
             };
             event.details.entry(k.to_string()).or_insert(v.clone());
         }

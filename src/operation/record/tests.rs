@@ -607,6 +607,27 @@ fn confirmation_applies_what_the_status_api_says_with_the_nudge_metadata_unverif
 }
 
 #[test]
+fn a_v1a_signed_bodys_metadata_is_the_jobs_own_once_the_status_api_answered() {
+    use crate::operation::details::SIGNED_USER_METADATA;
+    let signed = |op: &mut Operation| {
+        let mut meta = Map::new();
+        meta.insert(SIGNED_USER_METADATA.into(), json!({"job": "signed"}));
+        op.request_confirmation(100, meta, Some("msg_1".into()), 0);
+        op.confirm_with(status_event(Status::Succeeded, 50, "gs://b/o"), 200, 1_000)
+    };
+    let mut op = Operation::unregistered("batches/a", "batches/a", 0);
+    assert_eq!(signed(&mut op), Verdict::Apply);
+    assert_eq!(op.details["user_metadata"], json!({"job": "signed"}));
+    assert!(op.details.get("unverified_user_metadata").is_none());
+    assert!(op.details.get(SIGNED_USER_METADATA).is_none());
+    // A registration's metadata still wins.
+    let mut op = Operation::register("batches/a", "batches/a", None, 0);
+    op.fill_user_metadata(Some(json!({"job": "registered"})));
+    signed(&mut op);
+    assert_eq!(op.details["user_metadata"], json!({"job": "registered"}));
+}
+
+#[test]
 fn a_status_api_that_contradicts_the_nudge_wins() {
     // The body said failed; Gemini says running: running is applied, failed never is.
     let mut op = Operation::register("batches/a", "batches/a", None, 0);

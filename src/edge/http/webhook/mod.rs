@@ -3,7 +3,8 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): this route decides nothing; each await
 //! is one [`Need`] of the intake, whose answer goes straight back to it: the key set for a
-//! token's signature, the body read under its cap ([`read_capped`]: at most the cap
+//! token's signature or a body's `v1a,` entries, the status API (in a slot of the budget)
+//! for a `v1a`-signed body no gate holds, the body read under its cap ([`read_capped`]: at most the cap
 //! plus one chunk is held), this isolate's memory of settled operations
 //! ([`TerminalMemory`]), one gate call, the strangers' tally, a dead letter in KV. Refusals
 //! are counted and logged once per reason per flush window; nothing is written for them. A
@@ -12,28 +13,39 @@
 
 use std::cell::RefCell;
 
-use worker::{web_sys, Env};
+use std::time::Duration;
+
+use worker::{web_sys, Delay, Env};
 
 use crate::config::Config;
 use crate::inbound::classify::Policy;
 use crate::inbound::intake::{DeliveryEnd, Headers, Intake, Need, Settings, TerminalMemory};
-use crate::inbound::stranger::{AlertLimits, CountNudge, NudgeCounted};
+use crate::inbound::stranger::{
+    slot_step, AlertLimits, CountNudge, NotOurs, NudgeCounted, SlotStep,
+};
+use crate::operation::gate::alarm::status_backoff_until;
+use crate::operation::key::Collection;
+use crate::operation::observation::{Observation, StatusError};
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 use crate::telemetry::analytics::delivery as delivery_point;
 
 use crate::edge::capped_read::read_capped;
 use crate::edge::http::dynamic_webhook;
-use crate::edge::objects::call::{call_gate, post_json, stub_for};
+use crate::edge::objects::call::{call_gate, call_lease, post_json, stub_for};
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
 use crate::edge::objects::stranger_watch::{WATCH_BINDING, WATCH_NAME};
 use crate::edge::outbound::analytics;
 use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
+use crate::edge::outbound::status_api;
 use crate::edge::raw_response;
 use crate::edge::runtime::{js_error, log, now_ms};
 
 thread_local! {
     /// The terminal states this isolate has seen gates answer with (see [`TerminalMemory`]).
     static TERMINAL: RefCell<TerminalMemory> = RefCell::new(TerminalMemory::default());
+    /// The names the status API told this isolate are not ours (see [`NotOurs`]).
+    static NOT_OURS: RefCell<NotOurs> = RefCell::new(NotOurs::default());
 }
 
 pub async fn receive(
@@ -66,6 +78,7 @@ pub async fn receive(
         require_registration: config.require_registration,
         hold_ms: config.unregistered_hold_ms(),
         confirm_interval_ms: config.confirm_interval_secs * 1_000,
+        status_api: config.gemini_api_key.is_some(),
     };
     let received_ms = now_ms();
     let (mut intake, mut need) = Intake::start(headers, policy, settings, received_ms);
@@ -74,6 +87,10 @@ pub async fn receive(
             Need::Signature(token) => {
                 let checked = dynamic_webhook::verify(env, config, &token, now_ms()).await;
                 intake.signature_checked(checked, now_ms())
+            }
+            Need::V1a(message) => {
+                let checked = dynamic_webhook::verify_v1a(env, config, &message, now_ms()).await;
+                intake.v1a_checked(checked)
             }
             Need::Body { cap, declared } => match read_capped(&req, cap, declared).await {
                 Ok(body) => TERMINAL.with(|t| intake.body_read(body, &t.borrow())),
@@ -88,6 +105,11 @@ pub async fn receive(
                 let reply = call_gate(env, &key, &command).await;
                 intake.gate_answered(reply.map_err(|e| e.to_string()), now_ms())
             }
+            Need::AskStatus {
+                key,
+                name,
+                collection,
+            } => intake.status_answered(ask_unheld(env, config, &key, &name, collection).await),
             Need::Tally => intake.tallied(tally(env, config).await),
             Need::DeadLetter { key, value } => {
                 let kept = match env.kv(KV_BINDING) {
@@ -99,6 +121,50 @@ pub async fn receive(
             Need::Done(finished) => return answer(finished, env, now_ms() - received_ms),
         };
     }
+}
+
+/// Asks the status API about an operation only a `v1a`-signed body names, in a slot of the
+/// status budget (one lease call, two when the slot is a moment away), unless this isolate was told a moment ago that it is not
+/// ours (`None`: not asked); a 429 or 5xx is reported to the lease, so every status call
+/// backs off.
+async fn ask_unheld(
+    env: &Env,
+    config: &Config,
+    key: &str,
+    name: &str,
+    collection: Collection,
+) -> Option<Result<Observation, StatusError>> {
+    if NOT_OURS.with(|m| m.borrow().knows(key, now_ms())) {
+        return None;
+    }
+    let slot = LeaseCommand::Slot {
+        rate_per_s: config.reconcile_poll_rate,
+    };
+    let mut asked_again = false;
+    loop {
+        let answer = match call_lease(env, &slot).await {
+            Ok(LeaseReply::Slot { answer }) => Some(answer),
+            _ => None,
+        };
+        match slot_step(answer, now_ms(), asked_again) {
+            SlotStep::Ask => break,
+            SlotStep::Wait(ms) => {
+                Delay::from(Duration::from_millis(ms as u64)).await;
+                asked_again = true;
+            }
+            SlotStep::Refuse(refused) => return Some(Err(refused)),
+        }
+    }
+    let (answer, _) = status_api::ask(config, collection, key, name).await;
+    if let Some(until_ms) = status_backoff_until(&answer, now_ms()) {
+        let backoff = LeaseCommand::Backoff {
+            until_ms,
+            fed_until_ms: 0,
+        };
+        let _ = call_lease(env, &backoff).await;
+    }
+    NOT_OURS.with(|m| m.borrow_mut().answered(key, &answer, now_ms()));
+    Some(answer)
 }
 
 /// Counts a nudge for an operation not held on the strangers' tally: whether it raised the
