@@ -204,13 +204,14 @@ describe("v1a: the job is ours only once the status API says so", () => {
         }
       }
       assert.equal((await w.inspect(name)).status, 404, `${name}: no record`);
-      assert.ok(statusCallsFor(name).length <= 2, `${name}: ${statusCallsFor(name).length} status calls for 10 deliveries`);
+      const calls = statusCallsFor(name).length;
+      assert.ok(calls >= 1 && calls <= 2, `${name}: ${calls} status calls for 10 deliveries (asked once, twice at most for the first concurrent pair)`);
     }
     // Once answered "not ours", a name is not asked about again for a minute.
     const asked = statusCallsFor("batches/theirs-404").length;
     await sendV1a(envelope("batch.succeeded", "batches/theirs-404"));
     assert.equal(statusCallsFor("batches/theirs-404").length, asked);
-    assert.deepEqual((await w.kvList("op:")).filter((k) => k.includes("theirs")), [], "no ledger entry");
+    assert.deepEqual((await w.kvList("")).map((k) => k.name).filter((n) => n.includes("theirs")), [], "no KV entry");
     assert.equal(effectsFor("batches/theirs-404").length + effectsFor("batches/theirs-403").length, 0);
   });
 
