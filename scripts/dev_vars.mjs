@@ -6,7 +6,7 @@ import path from "node:path";
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
-/** Where `npm start` runs the demo destination: the default EFFECT_URL of .dev.vars.example. */
+/** The default EFFECT_URL of .dev.vars.example, where `npm start` runs the demo destination unless told otherwise. */
 export const DEMO_EFFECT_URL = "http://127.0.0.1:8788/effects";
 /** Where `npm run gemini-stub` listens by default. */
 export const GEMINI_STUB_URL = "http://127.0.0.1:8789";

@@ -59,7 +59,7 @@ function parseArgs(argv) {
   return opts;
 }
 
-const NO_DESTINATION_HINT = `hint: is anything listening at EFFECT_URL? npm start runs a demo destination at ${DEMO_EFFECT_URL} when .dev.vars has that EFFECT_URL; npm run receive runs it alone`;
+const NO_DESTINATION_HINT = `hint: is anything listening at EFFECT_URL? npm start runs a demo destination there when it is on this machine (${DEMO_EFFECT_URL} by default); npm run receive runs it alone`;
 
 /**
  * What became of the side effect, as lines for the user: `effects` are the answers' `effect`

@@ -131,7 +131,7 @@ describe("npm run deploy -- --dry-run", () => {
     const words = (out) => out.replace(/wrangler-[\w.-]+\.log/g, "wrangler-LOG.log").trim();
     assert.equal(words(dry.out), words(real.out));
     assert.match(dry.out, /^deploy: wrangler secret list failed \(1\): /m);
-    assert.match(dry.out, /\(npx wrangler login once, or CLOUDFLARE_API_TOKEN in the environment\)$/);
+    assert.match(dry.out, /\(npx wrangler login once, or CLOUDFLARE_API_TOKEN in the environment\)$/m);
     // What the docs say about it.
     const { stdout: help } = await run(process.execPath, ["scripts/deploy.mjs", "--help"]);
     const said = /fails wherever the deploy would/;

@@ -566,7 +566,8 @@ describe("a newcomer's first hour, walked", () => {
     const serve = commands.at(-1).replace("whsec_...", example.EFFECT_SIGNING_SECRET).replace("RECEIVER_DB=effects.sqlite3", `RECEIVER_DB=${path.join(scratch, "effects.sqlite3")}`).replace("--port 8795", `--port ${receiverPort}`);
     const [, effectUrl] = guide.match(/^EFFECT_URL=(http:\/\/127\.0\.0\.1:8795\/effects)$/m) ?? assert.fail("the EFFECT_URL the README sets");
     const receiverLines = [];
-    const receiver = spawn("bash", ["-c", `${commands[0]} && exec ${serve}`], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
+    // A process group of its own: the shell and the uvicorn it starts stop together.
+    const receiver = spawn("bash", ["-c", `${commands[0]} && ${serve}`], { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true });
     eachLine(receiver.stdout, (l) => receiverLines.push(l));
     eachLine(receiver.stderr, (l) => receiverLines.push(l));
     try {
@@ -587,7 +588,7 @@ describe("a newcomer's first hour, walked", () => {
         await started.stop();
       }
     } finally {
-      receiver.kill();
+      try { process.kill(-receiver.pid, "SIGTERM"); } catch { /* already gone */ }
     }
   });
 

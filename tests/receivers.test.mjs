@@ -20,7 +20,8 @@ import { Miniflare } from "miniflare";
 
 import { sign } from "../scripts/send.mjs";
 import { eachLine, freePort } from "../scripts/local_worker.mjs";
-import { startWorker, eventually, assertEffectValid, EFFECT_SECRET, GEMINI_SECRET } from "./helpers.mjs";
+import Ajv2020 from "ajv/dist/2020.js";
+import { startWorker, eventually, assertEffectValid, EFFECT_SCHEMA, EFFECT_SECRET, GEMINI_SECRET } from "./helpers.mjs";
 import { startGemini, succeeded, fileOf } from "./results_stub.mjs";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -28,6 +29,14 @@ const examples = path.join(root, "examples/receivers");
 const pythonDir = path.join(examples, "python");
 const python = path.join(pythonDir, ".venv/bin/python");
 // A job's line ends `status=...`; a result's `result_key=... index=... outcome=...`.
+/** A result's body against docs/effect.schema.json's `$defs/result`. */
+// strictRequired off: the oneOf branches name properties the enclosing object defines.
+const validResult = new Ajv2020({ strict: true, strictRequired: false, allowUnionTypes: true, allErrors: true, validateFormats: false })
+  .addSchema(EFFECT_SCHEMA).compile({ $ref: `${EFFECT_SCHEMA.$id}#/$defs/result` });
+function assertResultValid(body) {
+  const value = JSON.parse(body);
+  assert.ok(validResult(value), `result body does not match $defs/result: ${JSON.stringify(validResult.errors)}\n${body}`);
+}
 const PROCESSED = /processed webhook-id=(\S+) key=(\S+) generation=(\d+) (?:status=(\S+)|result_key=(\S+) index=(\d+) outcome=(\S+))/;
 
 /**
@@ -89,7 +98,8 @@ async function startPythonReceiver(dir) {
   const asRun = serve.replace("whsec_...", EFFECT_SECRET).replace("RECEIVER_DB=effects.sqlite3", `RECEIVER_DB=${db}`).replace("--port 8795", `--port ${port}`);
   assert.match(readme, /EFFECT_URL=http:\/\/127\.0\.0\.1:8795\/effects/, "the worker pointed at the port the receiver listens on");
   const lines = [];
-  const child = spawn("bash", ["-c", `${commands[0]} && exec ${asRun}`], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
+  // A process group of its own: the shell and the uvicorn it starts stop together.
+  const child = spawn("bash", ["-c", `${commands[0]} && ${asRun}`], { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true });
   eachLine(child.stdout, (l) => lines.push(l));
   eachLine(child.stderr, (l) => lines.push(l));
   await eventually(() => lines.some((l) => l.includes("Uvicorn running on")), { what: "uvicorn to listen", timeoutMs: 30_000 });
@@ -103,8 +113,9 @@ async function startPythonReceiver(dir) {
       return JSON.parse(out.stdout).map(([webhook_id, idempotency_key, generation, result_key, outcome]) => ({ webhook_id, idempotency_key, generation, result_key, outcome }));
     },
     async close() {
-      child.kill();
-      await new Promise((r) => (child.exitCode !== null ? r() : child.once("exit", r)));
+      const exited = new Promise((r) => (child.exitCode !== null ? r() : child.once("exit", r)));
+      try { process.kill(-child.pid, "SIGTERM"); } catch { /* already gone */ }
+      await exited;
     },
   };
 }
@@ -212,7 +223,8 @@ function scenario(name, start, prefix) {
     it("runs a redelivery, a new generation under a new webhook-id, once more", async () => {
       const r = await w.admin(`/v1/operations/${key("a")}/redeliver`, { method: "POST", body: JSON.stringify({ reason: "receiver test" }) });
       assert.ok(r.status >= 200 && r.status < 300, JSON.stringify(r.body));
-      const again = await eventually(() => processed().find((p) => p.key === key("a") && p.generation === 2), { what: "the redelivery to run", timeoutMs: 30_000 });
+      // The receiver prints before it answers, and the link records after: wait for both.
+      const again = await eventually(() => link.to(key("a")).length >= 2 && processed().find((p) => p.key === key("a") && p.generation === 2), { what: "the redelivery to run and be answered", timeoutMs: 30_000 });
       const [first, second] = link.to(key("a"));
       assert.equal(second.headers["effect-generation"], "2");
       assert.notEqual(second.headers["webhook-id"], first.headers["webhook-id"]);
@@ -232,7 +244,7 @@ function scenario(name, start, prefix) {
       assert.equal((await w.register(batch, "other", { results: "each" })).status, 201);
       assert.equal((await w.deliver("batch.succeeded", batch)).status, 200);
       for (const k of [failed, batch]) await eventually(async () => (await w.inspect(k)).body.effect_done, { what: `${k}'s effect done`, timeoutMs: 90_000 });
-      for (const r of link.resultsOf(batch)) assertEffectValid(r.body);
+      for (const r of link.resultsOf(batch)) assertResultValid(r.body);
 
       const job = processed().filter((p) => p.key === failed);
       assert.deepEqual(job.map((p) => p.status), ["failed"], "the failed job ran once");
