@@ -114,7 +114,8 @@ async function retry(opts) {
   if (answer.status !== 200) refused(answer);
   const { retried = 0, would_retry: would = 0, parked = 0 } = answer.body;
   const more = parked > 0 ? `; ${parked} stay parked: run it again for more` : "";
-  if (opts.dryRun) console.log(`results: ${opts.name}: dry run: would retry ${would}${more.replace("stay parked: run it again for more", "would stay parked (one page at a time)")}; nothing changed`);
+  // A dry run's `parked` is how many are parked now; a retry's, how many stay after its page.
+  if (opts.dryRun) console.log(`results: ${opts.name}: dry run: would retry ${would} of the ${parked} parked now${would < parked ? " (a page at a time: run retry again for the rest)" : ""}; nothing changed`);
   else console.log(`results: ${opts.name}: retried ${retried}, each due at once under its first webhook-id${more}`);
 }
 

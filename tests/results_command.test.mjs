@@ -77,7 +77,7 @@ describe("npm run results", () => {
     const before = dest.requests.length;
     const dry = await results(["retry", key, "--dry-run", "--url", w.url, "--token", ADMIN_TOKEN]);
     assert.equal(dry.code, 0, dry.err);
-    assert.match(dry.out, /dry run: would retry 2; nothing changed/);
+    assert.match(dry.out, /dry run: would retry 2 of the 2 parked now; nothing changed/);
     await sleep(1_000);
     assert.equal(dest.requests.length, before, "a dry run sends nothing");
     assert.equal((await w.admin(`/v1/operations/${encodeURIComponent(key)}/results?state=parked`)).body.results.length, 2, "and changes nothing");
