@@ -6,7 +6,9 @@
 // answered), so the worker sends the same webhook-id again. Jobs (succeeded and failed) and a
 // batch's results (responses and errors) each run once; a repeat is answered 2xx and not run
 // again, two copies of one id at the same moment run it once; a forged signature is answered
-// 401 and runs nothing; a redelivery, a new webhook-id, runs. scripts/setup-receivers.sh
+// 401 and runs nothing; a redelivery, a new webhook-id, runs. The Worker's claim: a copy whose
+// id another copy holds is answered 409 and runs nothing; a claim a crash left is taken over
+// after its lease and runs once. scripts/setup-receivers.sh
 // installs the Python receiver's dependencies with the README's commands, which then find them.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -153,6 +155,7 @@ async function startWorkerReceiver() {
       const { results } = await db.prepare("SELECT webhook_id, idempotency_key, generation, result_key, outcome FROM effects WHERE done_at IS NOT NULL ORDER BY rowid").all();
       return results;
     },
+    db,
     close: () => mf.dispose(),
   };
 }
@@ -282,3 +285,35 @@ function scenario(name, start, prefix) {
 
 scenario("the Python receiver (FastAPI, standardwebhooks, SQLite)", startPythonReceiver, "py");
 scenario("the TypeScript Worker receiver (standardwebhooks, D1)", startWorkerReceiver, "ts");
+
+describe("the TypeScript Worker receiver's claim", () => {
+  let receiver;
+  before(async () => { receiver = await startWorkerReceiver(); });
+  after(async () => { await receiver?.close(); });
+  const body = JSON.stringify({ version: 1, key: "batches/claim", name: "batches/claim", kind: null, result_key: "k1", index: 0, response: { candidates: [] } });
+  const post = async (id) => {
+    const res = await fetch(`${receiver.url}/effects`, { method: "POST", headers: sign(EFFECT_SECRET, id, now(), body), body });
+    return { status: res.status, body: await res.json() };
+  };
+  const ran = (id) => receiver.lines.filter((l) => l.startsWith(`processed webhook-id=${id} `));
+  const claim = (id, claimedAt) => receiver.db.prepare("INSERT INTO effects (webhook_id, idempotency_key, generation, result_key, outcome, body, claimed_at) VALUES (?, ?, 1, 'k1', 'response', ?, ?)")
+    .bind(id, id, body, claimedAt).run();
+
+  it("answers 409 to a copy whose id another copy is running, and runs nothing", async () => {
+    await claim("res_running", Date.now());
+    const answer = await post("res_running");
+    assert.equal(answer.status, 409, JSON.stringify(answer.body));
+    assert.equal(ran("res_running").length, 0);
+    const row = await receiver.db.prepare("SELECT done_at FROM effects WHERE webhook_id = ?").bind("res_running").first();
+    assert.equal(row.done_at, null, "the running copy's claim is left as it is");
+  });
+
+  it("takes over a claim a crash left (older than the lease) and runs the effect once", async () => {
+    await claim("res_crashed", Date.now() - 61_000);
+    const answer = await post("res_crashed");
+    assert.deepEqual([answer.status, answer.body.duplicate], [200, false]);
+    await eventually(() => ran("res_crashed").length === 1, { what: "the effect to run" });
+    assert.deepEqual([(await post("res_crashed")).body.duplicate], [true], "then a repeat");
+    assert.equal(ran("res_crashed").length, 1);
+  });
+});
