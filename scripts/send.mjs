@@ -73,7 +73,7 @@ export async function effectReport(opts, effects, outcomes = []) {
   const earlier = outcomes.length > 0 && !outcomes.includes("applied") && outcomes.includes("dropped");
   if (earlier) {
     const lines = await effectState(opts, effects);
-    const note = "this send applied nothing: the worker had already applied this completion (each answer: dropped), so nothing was sent to the destination now";
+    const note = "this send applied nothing: the worker had already applied this completion (each answer: dropped), so it sends the destination nothing new";
     return [note, ...lines.map((l) => l.replace(/^effect: delivered to the destination/, "effect: delivered to the destination earlier, not by this send"))];
   }
   return effectState(opts, effects);
