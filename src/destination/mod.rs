@@ -9,4 +9,5 @@
 //! change it for any of this either).
 
 pub mod desk;
+pub mod label;
 pub mod protocol;
