@@ -138,7 +138,10 @@ pub fn dedup_key(body: &Value) -> String {
 pub fn severity(body: &Value) -> &'static str {
     match condition(body) {
         "alarm_failing" => "critical",
-        "effect_failing" | "destination_open" | "webhook_disabled" | "record_unreadable"
+        "effect_failing"
+        | "destination_open"
+        | "webhook_disabled"
+        | "record_unreadable"
         | "results_file_parked" => "error",
         "stuck" | "unknown_to_gemini" | "status_unusable" | "stranger_nudges" => "warning",
         _ => "info",
@@ -159,7 +162,7 @@ pub fn page_link(body: &Value, dashboard: &str) -> String {
     let base = dashboard.split('#').next().unwrap_or(dashboard);
     if about_destination(body) {
         let label = body["destination"].as_str().unwrap_or_default();
-        let (name, _) = crate::destination::label::destination_parts(label);
+        let (name, _) = crate::destination_label::destination_parts(label);
         return format!("{base}#issues?destination={}", uri_component(name));
     }
     match body["key"].as_str().filter(|k| !k.is_empty()) {

@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::alert_format::{AlertFormat, FORMAT_NAMES, PAGERDUTY_EVENTS_URL};
-use crate::destination::label::destination_parts;
 use crate::destination::protocol::{DeskSettings, Pace};
+use crate::destination_label::destination_parts;
 use crate::operator::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::signature::{Secret, SecretError};
 
@@ -869,7 +869,9 @@ impl Config {
     /// The short name of the destination an operation of `kind` goes to: its route's kind,
     /// or `default` for `EFFECT_URL` (what `/metrics` labels and the dashboard's links use).
     pub fn destination_name(&self, kind: Option<&str>) -> String {
-        destination_parts(&self.destination_label(kind)).0.to_string()
+        destination_parts(&self.destination_label(kind))
+            .0
+            .to_string()
     }
 
     /// The pace of the destination an operation of `kind` goes to (unlimited unless set).
@@ -1440,7 +1442,7 @@ mod tests {
 
     #[test]
     fn a_destination_label_splits_into_a_short_name_and_a_host() {
-        use crate::destination::label::destination_host;
+        use crate::destination_label::destination_host;
         let mut vars = base();
         vars.insert(
             "EFFECT_ROUTES",
@@ -1453,7 +1455,10 @@ mod tests {
             (name.to_string(), destination_host(shown).to_string())
         };
         assert_eq!(split(None), ("default".into(), "127.0.0.1:9".into()));
-        assert_eq!(split(Some("other")), ("default".into(), "127.0.0.1:9".into()));
+        assert_eq!(
+            split(Some("other")),
+            ("default".into(), "127.0.0.1:9".into())
+        );
         assert_eq!(
             split(Some("billing")),
             ("billing".into(), "billing.example:8443".into())

@@ -26,8 +26,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::destination::label::destination_parts;
 use crate::destination::protocol::{DeskReply, DeskSettings, DeskView, Pace};
+use crate::destination_label::destination_parts;
 use crate::operation::alert::{hashed_id, text};
 use crate::retry::Backoff;
 

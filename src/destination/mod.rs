@@ -9,5 +9,4 @@
 //! change it for any of this either).
 
 pub mod desk;
-pub mod label;
 pub mod protocol;

@@ -17,7 +17,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use crate::destination::label::{destination_host, destination_parts};
+use crate::destination_label::{destination_host, destination_parts};
 use crate::telemetry::counters::{status_call, AskedBy, StatusCallAnswer};
 use crate::telemetry::counters::{
     ACCEPTANCE_BUCKETS_SECS, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM, ALERTS,
@@ -196,7 +196,10 @@ fn build_info() -> Family {
         "The worker's version and the commit it was built from (always 1).",
     )
     .with(
-        vec![("version", VERSION.to_string()), ("commit", COMMIT.to_string())],
+        vec![
+            ("version", VERSION.to_string()),
+            ("commit", COMMIT.to_string()),
+        ],
         1.0,
     )
 }
@@ -676,7 +679,12 @@ mod tests {
         }
         // Every configured label but the odd one becomes a name a query can write.
         for line in l.iter().filter(|line| line.contains("destination=\"")) {
-            let value = line.split("destination=\"").nth(1).unwrap().split('"').next();
+            let value = line
+                .split("destination=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next();
             let value = value.unwrap();
             assert!(
                 value.starts_with("odd") || !value.contains(['…', ':', ' ', '/']),
@@ -688,10 +696,12 @@ mod tests {
     #[test]
     fn the_build_is_a_series_of_its_own() {
         let page = render(&json!({}), Format::OpenMetrics);
-        let want = format!(
-            "gemini_once_build_info{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1\n"
+        let want =
+            format!("gemini_once_build_info{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1\n");
+        assert!(
+            page.contains("# TYPE gemini_once_build_info gauge\n"),
+            "{page}"
         );
-        assert!(page.contains("# TYPE gemini_once_build_info gauge\n"), "{page}");
         assert!(page.contains(&want), "{page}");
         assert_eq!(VERSION, env!("CARGO_PKG_VERSION"));
     }

@@ -50,7 +50,10 @@ mod tests {
             destination_parts("route py: https://h:1/\u{2026}"),
             ("py", "https://h:1/\u{2026}")
         );
-        assert_eq!(destination_parts("route a: b: queue:Q"), ("a: b", "queue:Q"));
+        assert_eq!(
+            destination_parts("route a: b: queue:Q"),
+            ("a: b", "queue:Q")
+        );
         assert_eq!(destination_parts("odd"), ("odd", ""));
         assert_eq!(destination_host("https://h:1/\u{2026}"), "h:1");
         assert_eq!(destination_host("http://h"), "h");
