@@ -13,8 +13,8 @@ use worker::wasm_bindgen_futures::JsFuture;
 use worker::{js_sys, web_sys, Env};
 
 use crate::config::Config;
-use crate::destination_label::destination_parts;
 use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings};
+use crate::destination_label::destination_parts;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
