@@ -64,6 +64,16 @@ impl AlertKind {
         }
     }
 
+    /// What an alert's line says in place of a kind its subject has none of: a webhook's
+    /// alerts are about the webhook, a failing alarm may not have read its record.
+    fn unnamed_kind(self) -> &'static str {
+        match self {
+            AlertKind::WebhookDisabled | AlertKind::WebhookReenabled => "webhook",
+            AlertKind::AlarmFailing => "kind not read",
+            _ => "unregistered kind",
+        }
+    }
+
     /// The condition this alert says has ended, for a resolution (`None` for a trigger).
     pub fn resolves(self) -> Option<AlertKind> {
         match self {
@@ -130,7 +140,7 @@ pub fn body(
         "name": name,
         "kind": kind,
         "age_seconds": age_seconds,
-        "text": text(alert.as_str(), name, kind.unwrap_or("unregistered kind"), what),
+        "text": text(alert.as_str(), name, kind.unwrap_or(alert.unnamed_kind()), what),
     });
     if let Some(condition) = alert.resolves() {
         body["resolves"] = json!(condition.as_str());
@@ -233,7 +243,7 @@ mod tests {
         assert_eq!(body["name"], "webhooks/gemini-once");
         let text = body["text"].as_str().unwrap();
         assert!(
-            text.starts_with("gemini-once webhook_disabled: webhooks/gemini-once"),
+            text.starts_with("gemini-once webhook_disabled: webhooks/gemini-once (webhook) is "),
             "{text}"
         );
         assert!(text.contains("disabled_due_to_failed_deliveries"), "{text}");
