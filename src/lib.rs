@@ -28,6 +28,7 @@ pub mod config;
 pub mod destination;
 pub mod destination_label;
 pub mod operator;
+pub mod redirect;
 pub mod refusal;
 pub mod retry;
 pub mod signature;
