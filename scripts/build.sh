@@ -12,6 +12,13 @@ if [ "${1:-}" != "--force" ] && node scripts/build_stamp.mjs check; then
   exit 0
 fi
 node scripts/build_stamp.mjs clear
+# The commit /metrics names (gemini_once_build_info): its short hash, "+modified" when the
+# sources differ from it. A later commit that changes no source reuses this build, and its name.
+GEMINI_ONCE_COMMIT="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+if [ "$GEMINI_ONCE_COMMIT" != unknown ] && [ -n "$(git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null)" ]; then
+  GEMINI_ONCE_COMMIT="$GEMINI_ONCE_COMMIT+modified"
+fi
+export GEMINI_ONCE_COMMIT
 export WASM_BINDGEN_BIN="$HOME/.cargo/bin/wasm-bindgen"
 export WASM_OPT_BIN="$PWD/node_modules/.bin/wasm-opt"
 worker-build --release

@@ -3,13 +3,14 @@
 //! incoming-webhook message, or a PagerDuty Events API v2 event.
 //!
 //! Guarantees: every format says the same thing: the alert's kind, the operation (or the
-//! destination, or the webhook), the reason, and a link to the dashboard when one is
-//! configured. A condition and the alert that says it ended share one [`dedup_key`]
+//! destination, or the webhook), the reason, and, when a dashboard is configured, a link to
+//! the page about it ([`page_link`]: the operation's `#op/<key>`, the destination's row). A condition and the alert that says it ended share one [`dedup_key`]
 //! (`gemini-once:<condition>:<subject>`), so PagerDuty resolves the incident the trigger
 //! opened. Each format stays inside its tool's documented limits: Slack's `text` is always
 //! there, Discord's `content` is at most 2000 characters and pings nobody, PagerDuty's
-//! `summary` at most 1024 characters with a documented `severity`. Pure: the edge sends what
-//! this returns.
+//! `summary` at most 1024 characters with a documented `severity`. The `alert-id` header
+//! ([`header_id`]) and every link are ASCII, as HTTP header values and URLs must be. Pure: the
+//! edge sends what this returns.
 
 use serde_json::{json, Value};
 
@@ -137,13 +138,64 @@ pub fn dedup_key(body: &Value) -> String {
 pub fn severity(body: &Value) -> &'static str {
     match condition(body) {
         "alarm_failing" => "critical",
-        "effect_failing" | "destination_open" | "webhook_disabled" | "record_unreadable" => "error",
+        "effect_failing"
+        | "destination_open"
+        | "webhook_disabled"
+        | "record_unreadable"
+        | "results_file_parked" => "error",
         "stuck" | "unknown_to_gemini" | "status_unusable" | "stranger_nudges" => "warning",
         _ => "info",
     }
 }
 
-/// The readable line every chat format sends: what happened, to what, why, and where to look.
+/// Whether the alert is about a destination (a desk's `destination_open` or
+/// `destination_recovered`: its key is the destination's label), not about an operation.
+fn about_destination(body: &Value) -> bool {
+    body["destination"].is_string() && body["key"] == body["destination"]
+}
+
+/// The dashboard's page about the alert's subject: the operation's (`#op/<key>`), the
+/// destination's row on the issues page (`#issues?destination=<name>`), else the dashboard.
+/// Whatever was configured after a `#` is replaced; the subject is percent-encoded, so the
+/// link is ASCII.
+pub fn page_link(body: &Value, dashboard: &str) -> String {
+    let base = dashboard.split('#').next().unwrap_or(dashboard);
+    if about_destination(body) {
+        let label = body["destination"].as_str().unwrap_or_default();
+        let (name, _) = crate::destination_label::destination_parts(label);
+        return format!("{base}#issues?destination={}", uri_component(name));
+    }
+    match body["key"].as_str().filter(|k| !k.is_empty()) {
+        Some(key) => format!("{base}#op/{}", uri_component(key)),
+        None => base.to_string(),
+    }
+}
+
+/// `text` as JavaScript's `encodeURIComponent` writes it (what the dashboard decodes).
+fn uri_component(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' => out.push(byte as char),
+            b'-' | b'_' | b'.' | b'!' | b'~' | b'*' | b'\'' | b'(' | b')' => out.push(byte as char),
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
+/// The `alert-id` header's value: the alert's id when it is printable ASCII (every id the
+/// worker makes is), else a digest of it, since a header value must be ASCII.
+pub fn header_id(body: &Value) -> Option<String> {
+    let id = body["alert_id"].as_str()?;
+    Some(match id.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        true => id.to_string(),
+        false => crate::operation::alert::hashed_id(id),
+    })
+}
+
+/// The readable line every chat format sends: what happened, to what, why, and where to look
+/// (`dashboard`: the page about it, from [`page_link`]).
 pub fn line(body: &Value, dashboard: Option<&str>) -> String {
     let head = match Action::of(body) {
         Action::Trigger => "ALERT",
@@ -177,19 +229,21 @@ fn clipped(text: &str, max: usize) -> String {
 
 /// The body the sink receives for the worker's alert `body`.
 pub fn render(sink: Sink<'_>, body: &Value) -> Value {
+    let link = sink.dashboard.map(|d| page_link(body, d));
+    let link = link.as_deref();
     match sink.format {
-        AlertFormat::Json => json_form(body, sink.dashboard),
-        AlertFormat::Slack => slack(body, sink.dashboard),
+        AlertFormat::Json => json_form(body, link),
+        AlertFormat::Slack => slack(body, link),
         AlertFormat::Discord => json!({
-            "content": clipped(&line(body, sink.dashboard), DISCORD_CONTENT_MAX_CHARS),
+            "content": clipped(&line(body, link), DISCORD_CONTENT_MAX_CHARS),
             // Text from outside (an operation's name, a destination's answer) pings nobody.
             "allowed_mentions": {"parse": []},
         }),
-        AlertFormat::PagerDuty => pagerduty(body, sink),
+        AlertFormat::PagerDuty => pagerduty(body, sink.routing_key, link),
     }
 }
 
-/// The worker's own JSON, with the dashboard's address when one is configured.
+/// The worker's own JSON, with the link to its dashboard page when one is configured.
 fn json_form(body: &Value, dashboard: Option<&str>) -> Value {
     let mut out = body.clone();
     if let (Some(url), Some(map)) = (dashboard, out.as_object_mut()) {
@@ -215,17 +269,17 @@ fn slack(body: &Value, dashboard: Option<&str>) -> Value {
     ];
     if let Some(url) = dashboard {
         blocks.push(json!({"type": "context", "elements": [
-            {"type": "mrkdwn", "text": format!("<{url}|Open the dashboard>")}
+            {"type": "mrkdwn", "text": format!("<{url}|Open it in the dashboard>")}
         ]}));
     }
     json!({"text": slack_escaped(&line(body, dashboard)), "blocks": blocks})
 }
 
 /// PagerDuty Events API v2: a trigger with its payload, or a resolve naming the same key.
-fn pagerduty(body: &Value, sink: Sink<'_>) -> Value {
+fn pagerduty(body: &Value, routing_key: Option<&str>, link: Option<&str>) -> Value {
     let resolve = Action::of(body) == Action::Resolve;
     let mut event = json!({
-        "routing_key": sink.routing_key.unwrap_or(""),
+        "routing_key": routing_key.unwrap_or(""),
         "event_action": if resolve { "resolve" } else { "trigger" },
         "dedup_key": dedup_key(body),
     });
@@ -240,7 +294,7 @@ fn pagerduty(body: &Value, sink: Sink<'_>) -> Value {
         "class": condition(body),
         "custom_details": body,
     });
-    if let Some(url) = sink.dashboard {
+    if let Some(url) = link {
         event["links"] = json!([{"href": url, "text": "gemini-once dashboard"}]);
     }
     event
@@ -263,7 +317,7 @@ mod tests {
     }
 
     fn open() -> Value {
-        json!({"alert": "destination_open", "alert_id": "destination-open:EFFECT_URL: https://d:1",
+        json!({"alert": "destination_open", "alert_id": "alert_d1",
                "key": "EFFECT_URL: https://d", "destination": "EFFECT_URL: https://d",
                "age_seconds": 0, "text": "Destination EFFECT_URL: https://d is failing"})
     }
@@ -328,7 +382,10 @@ mod tests {
             dashboard: Some("https://d/dashboard"),
             ..sink
         };
-        assert_eq!(render(linked, &stuck())["dashboard"], "https://d/dashboard");
+        assert_eq!(
+            render(linked, &stuck())["dashboard"],
+            "https://d/dashboard#op/batches%2Fa"
+        );
     }
 
     #[test]
@@ -344,7 +401,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.ends_with("dashboard: https://once.example/dashboard"),
+            text.ends_with("dashboard: https://once.example/dashboard#op/batches%2Fa"),
             "{text}"
         );
         assert_eq!(out["blocks"][0]["type"], "section");
@@ -388,7 +445,10 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("batches/a"));
-        assert_eq!(out["links"][0]["href"], "https://once.example/dashboard");
+        assert_eq!(
+            out["links"][0]["href"],
+            "https://once.example/dashboard#op/batches%2Fa"
+        );
         let mut long = stuck();
         long["text"] = json!("x".repeat(5_000));
         let summary = render(PD, &long)["payload"]["summary"]
@@ -418,12 +478,71 @@ mod tests {
     }
 
     #[test]
+    fn each_alert_links_to_the_page_about_it() {
+        let d = "https://once.example/dashboard#overview";
+        assert_eq!(
+            page_link(&stuck(), d),
+            "https://once.example/dashboard#op/batches%2Fa"
+        );
+        let mut odd = stuck();
+        odd["key"] = json!("batches/caf\u{e9} x&y");
+        assert_eq!(
+            page_link(&odd, d),
+            "https://once.example/dashboard#op/batches%2Fcaf%C3%A9%20x%26y"
+        );
+        for body in [open(), recovered()] {
+            assert_eq!(
+                page_link(&body, d),
+                "https://once.example/dashboard#issues?destination=default"
+            );
+        }
+        let mut routed = open();
+        routed["key"] = json!("route py: http://127.0.0.1:9/\u{2026}");
+        routed["destination"] = routed["key"].clone();
+        assert_eq!(
+            page_link(&routed, d),
+            "https://once.example/dashboard#issues?destination=py"
+        );
+        let webhook = json!({"alert": "webhook_disabled", "key": null, "name": "webhooks/w"});
+        assert_eq!(page_link(&webhook, d), "https://once.example/dashboard");
+        // An operation's alert names its destination too: it still links to the operation.
+        let mut with_destination = stuck();
+        with_destination["destination"] = json!("EFFECT_URL: https://d");
+        assert!(page_link(&with_destination, d).ends_with("#op/batches%2Fa"));
+    }
+
+    #[test]
+    fn the_alert_id_header_is_printable_ascii() {
+        assert_eq!(header_id(&stuck()).as_deref(), Some("alert_1"));
+        let mut odd = open();
+        odd["alert_id"] = json!("destination-open:EFFECT_URL: https://d/\u{2026}:1");
+        let id = header_id(&odd).unwrap();
+        assert!(id.starts_with("alert_"), "{id}");
+        assert!(id.bytes().all(|b| (0x20..0x7f).contains(&b)), "{id}");
+        assert_eq!(header_id(&odd), Some(id), "the same on every retry");
+        assert_eq!(header_id(&json!({"alert": "webhook_disabled"})), None);
+    }
+
+    #[test]
+    fn a_parked_results_file_is_an_error_that_its_reading_resolves() {
+        let parked = json!({"alert": "results_file_parked", "key": "batches/a"});
+        let read = json!({"alert": "results_file_read", "resolves": "results_file_parked",
+                          "key": "batches/a"});
+        let trigger = render(PD, &parked);
+        assert_eq!(trigger["payload"]["severity"], "error");
+        let resolve = render(PD, &read);
+        assert_eq!(resolve["event_action"], "resolve");
+        assert_eq!(resolve["dedup_key"], trigger["dedup_key"]);
+    }
+
+    #[test]
     fn every_condition_has_a_documented_severity() {
         for kind in [
             "alarm_failing",
             "effect_failing",
             "stuck",
             "webhook_reenabled",
+            "results_file_parked",
             "other",
         ] {
             let s = severity(&json!({"alert": kind}));

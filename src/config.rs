@@ -17,6 +17,7 @@ use thiserror::Error;
 
 use crate::alert_format::{AlertFormat, FORMAT_NAMES, PAGERDUTY_EVENTS_URL};
 use crate::destination::protocol::{DeskSettings, Pace};
+use crate::destination_label::destination_parts;
 use crate::operator::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::signature::{Secret, SecretError};
 
@@ -865,6 +866,14 @@ impl Config {
         }
     }
 
+    /// The short name of the destination an operation of `kind` goes to: its route's kind,
+    /// or `default` for `EFFECT_URL` (what `/metrics` labels and the dashboard's links use).
+    pub fn destination_name(&self, kind: Option<&str>) -> String {
+        destination_parts(&self.destination_label(kind))
+            .0
+            .to_string()
+    }
+
     /// The pace of the destination an operation of `kind` goes to (unlimited unless set).
     pub fn pace_for(&self, kind: Option<&str>) -> Pace {
         let route = kind.filter(|k| self.effect_routes.iter().any(|(r, _)| r == k));
@@ -1429,6 +1438,34 @@ mod tests {
         let other = c.destination_label(Some("other"));
         assert_eq!(other, "EFFECT_URL: http://127.0.0.1:9/\u{2026}");
         assert_eq!(c.destination_label(None), other);
+    }
+
+    #[test]
+    fn a_destination_label_splits_into_a_short_name_and_a_host() {
+        use crate::destination_label::destination_host;
+        let mut vars = base();
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"billing":"https://user:pw@billing.example:8443/hook","a: b":"queue:Q"}"#.into(),
+        );
+        let c = parse(&vars).unwrap();
+        let split = |kind: Option<&str>| {
+            let label = c.destination_label(kind);
+            let (name, shown) = destination_parts(&label);
+            (name.to_string(), destination_host(shown).to_string())
+        };
+        assert_eq!(split(None), ("default".into(), "127.0.0.1:9".into()));
+        assert_eq!(
+            split(Some("other")),
+            ("default".into(), "127.0.0.1:9".into())
+        );
+        assert_eq!(
+            split(Some("billing")),
+            ("billing".into(), "billing.example:8443".into())
+        );
+        assert_eq!(split(Some("a: b")), ("a: b".into(), "queue:Q".into()));
+        assert_eq!(c.destination_name(Some("billing")), "billing");
+        assert_eq!(destination_parts("something else"), ("something else", ""));
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod body_cap;
 pub mod bounds;
 pub mod config;
 pub mod destination;
+pub mod destination_label;
 pub mod operator;
 pub mod redirect;
 pub mod refusal;

@@ -1,5 +1,5 @@
 // Alert formats and resolutions, against the built worker in workerd and local stand-ins for
-// each sink: PagerDuty's Events API v2 (a trigger, then a resolve under the same dedup_key, for
+// each sink (and a raw TCP sink that parses each request's bytes as strictly as HTTP asks): PagerDuty's Events API v2 (a trigger, then a resolve under the same dedup_key, for
 // a destination that opens then recovers and for a stuck operation that settles), Slack's and
 // Discord's incoming webhooks (a parked effect, then its delivery after an operator's retry),
 // and the default JSON, checked against docs/alert.schema.json. Each sink checks every body it
@@ -7,6 +7,7 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
+import { createServer as createTcpServer } from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import Ajv2020 from "ajv/dist/2020.js";
@@ -153,7 +154,8 @@ describe("PagerDuty: a trigger, then a resolve under the same dedup_key", () => 
     assert.match(trigger.dedup_key, /^gemini-once:destination_open:EFFECT_URL: http:\/\/127\.0\.0\.1:\d+\/…$/);
     assert.equal(trigger.payload.severity, "error");
     assert.doesNotMatch(trigger.dedup_key, /\/effects/, "the label carries the origin only");
-    assert.deepEqual(trigger.links, [{ href: "https://once.example/dashboard", text: "gemini-once dashboard" }]);
+    assert.deepEqual(trigger.links, [{ href: "https://once.example/dashboard#issues?destination=default", text: "gemini-once dashboard" }]);
+    assert.match(trigger.payload.summary, /^\[ALERT\] gemini-once destination_open: default \(destination\) http:\/\/127\.0\.0\.1:\d+\/… is failing \(/);
     await eventually(async () => {
       const views = await Promise.all(keys.map((k) => w.inspect(k)));
       return views.every((v) => v.body.effect_done);
@@ -228,7 +230,7 @@ for (const [format, validate, field] of [["slack", SLACK, "text"], ["discord", D
       const [alert, resolved] = lines;
       assert.match(alert, /^\[ALERT\] gemini-once effect_failing: batches\/\S+ \(unregistered kind\) succeeded but its side effect was refused and parked: 422/);
       assert.match(alert, /\(destination: EFFECT_URL: http:\/\/127\.0\.0\.1:\d+\/…\)/, "the origin, the path only as …");
-      assert.match(alert, /dashboard: https:\/\/once\.example\/dashboard$/);
+      assert.match(alert, /dashboard: https:\/\/once\.example\/dashboard#op\/batches%2F\S+-parked$/, "a link to the operation's page");
       assert.match(resolved, /^\[RESOLVED\] gemini-once effect_recovered: /);
       if (format === "discord") {
         assert.deepEqual(sink.bodies()[0].allowed_mentions, { parse: [] }, "text from outside pings nobody");
@@ -296,5 +298,140 @@ describe("json, the default: today's body, plus the resolution's form", () => {
     await eventually(async () => (await w.inspect(parked)).body.alerts_pending.length === 0, { what: "the alert sent once the sink is back", timeoutMs: 30_000, everyMs: 500 });
     const ids = new Set(sink.requests.filter((r) => JSON.parse(r.body).key === parked).map((r) => r.headers["alert-id"]));
     assert.equal(ids.size, 1, "one alert-id across the retries");
+  });
+});
+
+/**
+ * A sink that reads each request's bytes itself (no HTTP library to forgive anything): the
+ * request line and every header line must be printable ASCII (a header value must be, by RFC
+ * 9110), each header a token, a colon and a value; the body is read by its content-length or
+ * its chunks. Answers 200 and keeps each request's headers (names in lower case) and body.
+ */
+async function startStrictSink() {
+  const requests = [];
+  const violations = [];
+  const server = createTcpServer((socket) => {
+    let buf = Buffer.alloc(0);
+    socket.on("data", (chunk) => {
+      buf = Buffer.concat([buf, chunk]);
+      for (;;) {
+        const end = buf.indexOf("\r\n\r\n");
+        if (end < 0) return;
+        const head = buf.subarray(0, end);
+        const lines = [];
+        let start = 0;
+        for (let i = 0; i + 1 < head.length + 2; i++) {
+          if (i === head.length || (head[i] === 0x0d && head[i + 1] === 0x0a)) {
+            lines.push(head.subarray(start, i));
+            start = i + 2;
+            i++;
+          }
+        }
+        const headers = {};
+        lines.forEach((line, n) => {
+          const bad = [...line].findIndex((b) => b < 0x20 || b > 0x7e);
+          if (bad >= 0) violations.push(`line ${n} byte ${bad} is 0x${line[bad].toString(16)}: ${JSON.stringify(line.toString("latin1"))}`);
+          if (n === 0) return;
+          const text = line.toString("latin1");
+          const m = /^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*?)[ \t]*$/.exec(text);
+          if (!m) violations.push(`not a header line: ${JSON.stringify(text)}`);
+          else headers[m[1].toLowerCase()] = m[2];
+        });
+        let rest = buf.subarray(end + 4);
+        let body;
+        if (headers["transfer-encoding"]?.toLowerCase() === "chunked") {
+          const parts = [];
+          let at = 0;
+          for (;;) {
+            const lineEnd = rest.indexOf("\r\n", at);
+            if (lineEnd < 0) return; // wait for more bytes
+            const size = parseInt(rest.subarray(at, lineEnd).toString("latin1"), 16);
+            if (rest.length < lineEnd + 2 + size + 2) return;
+            parts.push(rest.subarray(lineEnd + 2, lineEnd + 2 + size));
+            at = lineEnd + 2 + size + 2;
+            if (size === 0) break;
+          }
+          body = Buffer.concat(parts);
+          rest = rest.subarray(at);
+        } else {
+          const length = Number(headers["content-length"] ?? 0);
+          if (rest.length < length) return;
+          body = rest.subarray(0, length);
+          rest = rest.subarray(length);
+        }
+        buf = rest;
+        requests.push({ requestLine: lines[0].toString("latin1"), headers, body: body.toString("utf8") });
+        socket.write("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok");
+      }
+    });
+    socket.on("error", () => {});
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    requests,
+    violations,
+    bodies: () => requests.map((r) => JSON.parse(r.body)),
+    close: () => new Promise((r) => server.close(r)),
+  };
+}
+
+describe("every alert's request is ASCII where HTTP asks, and links to the page about it", () => {
+  let sink, dest, w;
+  let downUntil = Infinity;
+  const refusing = new Set();
+  before(async () => {
+    sink = await startStrictSink();
+    dest = await startDestination((req) => {
+      if (refusing.has(req.headers["idempotency-key"])) return { status: 422 };
+      return req.url.startsWith("/py") && Date.now() < downUntil ? { status: 503 } : { status: 200 };
+    });
+    w = await startWorker({
+      EFFECT_URL: `${dest.url}/effects`,
+      EFFECT_ROUTES: JSON.stringify({ py: `${dest.url}/py/hook?token=not-shown` }),
+      ALERT_URL: `${sink.url}/alerts`,
+      ALERT_DASHBOARD_URL: "https://once.example/dashboard",
+      DESTINATION_OPEN_AFTER: "2",
+      UNREGISTERED_HOLD_SECONDS: "0",
+    });
+  });
+  after(async () => {
+    await w?.dispose();
+    await dest?.close();
+    await sink?.close();
+  });
+
+  it("a destination's alerts and an operation's: printable ASCII headers, the documented line, a link to the page", async () => {
+    downUntil = Date.now() + 6_000;
+    const keys = ["batches/strict-py-1", "batches/strict-py-2", "batches/strict-py-3"];
+    for (const k of keys) {
+      assert.equal((await w.register(k, "py")).status, 201);
+      assert.equal((await w.deliver("batch.succeeded", k)).status, 200);
+    }
+    const parked = "batches/strict-parked";
+    refusing.add(parked);
+    await w.deliver("batch.succeeded", parked);
+    const find = (alert) => sink.bodies().find((b) => b.alert === alert);
+    await eventually(() => find("destination_open") && find("destination_recovered") && find("effect_failing"), {
+      what: "destination_open, destination_recovered and effect_failing", timeoutMs: 60_000, everyMs: 500,
+    });
+    assert.deepEqual(sink.violations, [], "every request line and header is printable ASCII");
+    for (const r of sink.requests) {
+      const body = JSON.parse(r.body);
+      assert.match(r.headers["alert-id"], /^alert_[0-9a-f]{24}$/, `${body.alert}'s alert-id`);
+      assert.equal(r.headers["alert-id"], body.alert_id, "the header is the body's id");
+      assert.ok(ALERT_SCHEMA(body), JSON.stringify(ALERT_SCHEMA.errors));
+    }
+    const open = find("destination_open");
+    assert.match(open.text, /^gemini-once destination_open: py \(destination\) http:\/\/127\.0\.0\.1:\d+\/… is failing \(\d+ failures in a row, last: /);
+    assert.doesNotMatch(open.text, /token|not-shown/, "never a credential");
+    assert.equal(open.name, "py");
+    assert.equal(open.dashboard, "https://once.example/dashboard#issues?destination=py");
+    const recovered = find("destination_recovered");
+    assert.match(recovered.text, /^gemini-once destination_recovered: py \(destination\) http:\/\/127\.0\.0\.1:\d+\/… recovered after \d+ s/);
+    assert.equal(recovered.dashboard, open.dashboard);
+    const failing = find("effect_failing");
+    assert.match(failing.text, /^gemini-once effect_failing: batches\/strict-parked \(unregistered kind\) succeeded but its side effect was refused and parked: 422/);
+    assert.equal(failing.dashboard, "https://once.example/dashboard#op/batches%2Fstrict-parked");
   });
 });

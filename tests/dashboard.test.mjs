@@ -13,7 +13,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { inflateSync } from "node:zlib";
 import { chromium } from "playwright-core";
-import { startWorker, startServer, ADMIN_TOKEN, eventually } from "./helpers.mjs";
+import { startWorker, startServer, ADMIN_TOKEN, REGISTER_TOKEN, eventually } from "./helpers.mjs";
 
 const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 const SHOTS = process.env.DASHBOARD_SCREENSHOTS;
@@ -457,12 +457,52 @@ describe("dashboard", () => {
     await w.scheduled();
     await eventually(() => effectsFor(PAGES).length === 1, { timeoutMs: 30_000, what: "the job's effect, after its results" });
     await go("op/" + encodeURIComponent(PAGES));
-    assert.match(await page.locator('#op-record dd[data-field="results_progress"]').textContent(), /^6 read: 4 delivered, 1 errors, 2 parked; read/);
+    assert.match(await page.locator('#op-record dd[data-field="results_progress"]').textContent(), /^6 read \(1 of them carries an error from Gemini\); effects: 4 delivered, 2 parked; read/);
     const parked = await page.locator('#op-record dd[data-field="parked_results"]').textContent();
     assert.match(parked, /^page-2 \(#1, 1 attempts\): [^;]*422[^;]*; page-5 \(#4, 1 attempts\): [^;]*422/);
     // An operation without results shows neither.
     await go("op/" + encodeURIComponent(DONE));
     assert.equal(await page.locator('#op-record dd[data-field="results_progress"]').count(), 0);
     assert.equal(await page.locator('#op-record dd[data-field="parked_results"]').count(), 0);
+  });
+  it("says a time ahead is ahead, and which token registered an operation", async () => {
+    const inAnHour = await page.evaluate(() => when(new Date(Date.now() + 3_600_000).toISOString()));
+    assert.match(inAnHour, / UTC \(in (1h 0m|59m 59s)\)$/);
+    const ago = await page.evaluate(() => when(new Date(Date.now() - 65_000).toISOString()));
+    assert.match(ago, / UTC \(1m [45]s ago\)$/);
+    // Registered by the code that submits jobs (a register token), then completed with an
+    // envelope whose time is an hour ahead of this machine's clock.
+    const AHEAD = "batches/clock-ahead-1";
+    assert.equal((await w.as(REGISTER_TOKEN).register(AHEAD, "nightly-review")).status, 201);
+    const ahead = new Date(Date.now() + 3_600_000).toISOString();
+    assert.equal((await w.deliver("batch.succeeded", AHEAD, {}, { timestamp: ahead })).status, 200);
+    await go("op/" + encodeURIComponent(AHEAD));
+    const field = (name) => page.locator(`#op-record dd[data-field="${name}"]`).textContent();
+    assert.match(await field("registered"), /^yes, by your code \(register token [0-9a-f]+\)$/);
+    const update = await field("update_time");
+    assert.match(update, /\(in (1h 0m|59m \d+s): ahead of this browser's clock\)$/, update);
+    assert.doesNotMatch(update, /ago/);
+    await go("op/" + encodeURIComponent(DONE));
+    assert.match(await field("registered"), /^yes, by an operator \(admin token [0-9a-f]+\)$/);
+  });
+  it("opens the page an alert links to, from the link's fragment, after signing in", async () => {
+    const fresh = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    try {
+      await fresh.goto(`${w.url}/dashboard#op/${encodeURIComponent(PARKED)}`);
+      assert.equal(await fresh.locator("#login").isVisible(), true, "a new tab asks for the token");
+      await fresh.fill("#token", ADMIN_TOKEN);
+      await fresh.click("#signin");
+      await fresh.waitForFunction(() => document.getElementById("status").dataset.loaded === "true");
+      assert.equal(await fresh.locator("#view-operation").isVisible(), true);
+      assert.match(await fresh.locator("#op-title").textContent(), new RegExp("^" + PARKED));
+      // A destination's alert links to its row on the issues page.
+      await fresh.evaluate(() => { location.hash = "issues?destination=default"; });
+      await fresh.waitForFunction(() => document.querySelector("#destinations tr[data-focus]"));
+      const focused = await fresh.locator("#destinations tr[data-focus]").evaluate((tr) => [tr.dataset.name, tr.dataset.label]);
+      assert.equal(focused[0], "default");
+      assert.match(focused[1], /^EFFECT_URL: http:\/\/127\.0\.0\.1:\d+/);
+    } finally {
+      await fresh.close();
+    }
   });
 });

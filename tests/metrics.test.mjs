@@ -9,13 +9,13 @@
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { generateKeyPairSync, sign as rsaSign } from "node:crypto";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { startWorker, startDestination, startServer, startStatusApi, eventually, READ_TOKEN, REGISTER_TOKEN } from "./helpers.mjs";
+import { startWorker, startDestination, startServer, startStatusApi, eventually, sleep, READ_TOKEN, REGISTER_TOKEN } from "./helpers.mjs";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const RULES = path.join(root, "docs/prometheus-rules.yml");
@@ -156,8 +156,21 @@ describe("GET /metrics", () => {
     await expect("gemini_once_reconcile_passes_completed_total", 1);
     // By destination: the two delivered went to the default route, the park to billing.
     const byDest = await query("gemini_once_effects_by_destination_total");
-    const seen = byDest.map((s) => `${s.metric.result} ${s.metric.destination.split(":")[0]} ${s.value}`).sort();
-    assert.deepEqual(seen, ["delivered EFFECT_URL 2", "parked route billing 1"], JSON.stringify(byDest));
+    const seen = byDest.map((s) => `${s.metric.result} ${s.metric.destination} ${s.value}`).sort();
+    assert.deepEqual(seen, ["delivered default 2", "parked billing 1"], JSON.stringify(byDest));
+    // A query can name a destination by its short name; its host is in an info series.
+    await expect('sum(gemini_once_effects_by_destination_total{destination="default"})', 2);
+    const info = await query("gemini_once_destination_info");
+    const hosts = info.map((s) => `${s.metric.destination} ${s.metric.host} ${s.value}`).sort();
+    const host = new URL(dest.url).host;
+    assert.deepEqual(hosts, [`billing ${host} 1`, `default ${host} 1`], JSON.stringify(info));
+    await expect(`gemini_once_effects_by_destination_total{result="parked"} * on(destination) group_left(host) gemini_once_destination_info{host="${host}"}`, 1);
+    // Which build serves the page: Cargo.toml's version and the commit it was built from.
+    const version = /^version = "([^"]+)"/m.exec(readFileSync(path.join(root, "Cargo.toml"), "utf8"))[1];
+    const build = await query("gemini_once_build_info");
+    assert.equal(build.length, 1, JSON.stringify(build));
+    assert.equal(build[0].metric.version, version);
+    assert.match(build[0].metric.commit, /^([0-9a-f]{7,40}(\+modified)?|unknown)$/);
     // The time from settlement to acceptance: both accepted effects, within the day bucket.
     await expect("gemini_once_effect_acceptance_seconds_count", 2);
     await expect('gemini_once_effect_acceptance_seconds_bucket{le="86400"}', 2);
@@ -169,7 +182,7 @@ describe("GET /metrics", () => {
     const healthy = await query('gemini_once_destination_state{state="healthy"}');
     assert.equal(healthy.length, 2, JSON.stringify(healthy));
     assert.ok(healthy.every((s) => s.value === 1), JSON.stringify(healthy));
-    assert.ok(healthy.some((s) => s.metric.destination.includes("billing")), JSON.stringify(healthy));
+    assert.deepEqual(healthy.map((s) => s.metric.destination).sort(), ["billing", "default"], JSON.stringify(healthy));
     const lastComplete = await query("time() - gemini_once_reconcile_last_complete_pass_timestamp_seconds");
     assert.ok(lastComplete.length === 1 && lastComplete[0].value >= 0 && lastComplete[0].value < 300, JSON.stringify(lastComplete));
   });
@@ -217,6 +230,7 @@ describe("GET /metrics", () => {
     const page = await res.text();
     assert.match(page, /^gemini_once_effects_total\{result="parked"\} 1$/m);
     assert.doesNotMatch(page, /batches\/metrics/, "no operation's name in any label");
+    assert.doesNotMatch(page, /destination="[^"]*[ :…/]/, "a destination label is a short name");
     const check = spawnSync("promtool", ["check", "metrics"], { input: page, encoding: "utf8" });
     assert.equal(check.status, 0, check.stdout + check.stderr);
     assert.equal((check.stdout + check.stderr).trim(), "", "no lint finding");
@@ -236,5 +250,38 @@ describe("GET /metrics", () => {
     assert.equal((await register.json()).needs, "read");
     const post = await w.fetch("/metrics", { method: "POST", headers: { authorization: `Bearer ${READ_TOKEN}` } });
     assert.equal(post.status, 403, "a POST is an action");
+  });
+});
+
+describe("GET /metrics when traffic stops", () => {
+  let quiet, sink;
+  before(async () => {
+    sink = await startDestination();
+    // The tests' flush window: 1 s (STATS_FLUSH_SECONDS), so the documented lag is 2 s.
+    quiet = await startWorker({ EFFECT_URL: `${sink.url}/effects`, STATS_FLUSH_SECONDS: "1" });
+  });
+  after(async () => {
+    await quiet?.dispose();
+    await sink?.close();
+  });
+
+  it("what the edge counted arrives within twice the flush window though no request follows", async () => {
+    const key = "batches/metrics-quiet";
+    assert.equal((await quiet.deliver("batch.succeeded", key)).status, 200);
+    await quiet.ledger(key, (m) => m.effect_done);
+    // Duplicates of a settled outcome and forgeries, answered at the edge in a burst, within
+    // one window: only the first of the window could be flushed by its own request.
+    for (let i = 0; i < 5; i++) {
+      assert.equal((await quiet.deliver("batch.succeeded", key)).status, 200);
+      assert.equal((await quiet.deliver("batch.succeeded", key, {}, { signature: "v1,Zm9yZ2Vk" })).status, 401);
+    }
+    // No request at all for the documented lag (twice the window) and some slack for a busy
+    // machine, then one read: a read is itself a request, and polling would flush the counts
+    // the old way (after the next request), hiding what this checks.
+    await sleep(2 * 1_000 + 3_000);
+    const { status, body } = await quiet.admin("/v1/stats");
+    assert.equal(status, 200);
+    assert.equal(body.total.duplicates_skipped, 5, JSON.stringify(body.total));
+    assert.equal(body.total.rejected_signature_invalid, 5, JSON.stringify(body.total));
   });
 });

@@ -4,7 +4,8 @@
 // an operator's retry then reads again from where reading stopped; our API key never reaches
 // another origin when a download or a status answer redirects there; a results file name that
 // fails the filter, or a status answer that names no results, parks the results with an alert
-// instead of meaning zero of them; a file missing 48 hours after the batch ended is parked at
+// instead of meaning zero of them (resolved by a results_file_read alert once an operator's
+// retry reads the file after all); a file missing 48 hours after the batch ended is parked at
 // once; and the results' status call draws from the one status budget and honours its
 // `Retry-After`.
 import { describe, it, before, after } from "node:test";
@@ -63,6 +64,11 @@ describe("reading a batch's results", () => {
       assert.equal(row.file_reread, true);
       assert.equal(row.reason, "storage fixed");
       assert.equal(row.by.scope, "admin");
+      // The file is read after all: its results_file_parked alert is resolved (PagerDuty
+      // closes the incident under the same dedup_key).
+      const read = await eventually(() => sink.requests.map((r) => JSON.parse(r.body)).find((a) => a.key === key && a.alert === "results_file_read"), { what: "the results_file_read resolution" });
+      assert.equal(read.resolves, "results_file_parked");
+      assert.equal(alertsFor(key).length, 1, "the trigger once");
     } finally {
       gemini.state.rangeFromZero = false;
       await w.dispose();

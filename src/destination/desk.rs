@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::destination::protocol::{DeskReply, DeskSettings, DeskView, Pace};
+use crate::destination_label::destination_parts;
+use crate::operation::alert::{hashed_id, text};
 use crate::retry::Backoff;
 
 /// The first wait between probes: short, so a blip is over in seconds.
@@ -366,19 +368,22 @@ impl Desk {
         self.probe = None;
         self.probe_wait_ms = PROBE_FIRST_MS;
         self.next_probe_ms = now + PROBE_FIRST_MS;
+        let label = self.label();
+        let what = format!(
+            "{} is failing ({} failures in a row, last: {}): its side effects wait and one probe at a time tries it",
+            destination_parts(&label).1,
+            self.failures_in_row,
+            self.last_error.as_deref().unwrap_or("?")
+        );
         self.owe(json!({
             "alert": "destination_open",
-            "alert_id": format!("destination-open:{}:{now}", self.label()),
-            "key": self.label(),
+            "alert_id": hashed_id(&format!("destination_open#{label}#{now}")),
+            "key": label,
+            "name": destination_parts(&label).0,
             "age_seconds": 0,
-            "destination": self.label(),
+            "destination": label,
             "last_error": self.last_error,
-            "text": format!(
-                "Destination {} is failing ({} failures in a row, last: {}): its side effects wait and one probe at a time tries it",
-                self.label(),
-                self.failures_in_row,
-                self.last_error.as_deref().unwrap_or("?")
-            ),
+            "text": text("destination_open", destination_parts(&label).0, "destination", &what),
         }));
     }
 
@@ -409,20 +414,23 @@ impl Desk {
         let secs = (now - opened) / 1_000;
         self.probe = None;
         self.waited = waited;
+        let label = self.label();
+        let (name, shown) = destination_parts(&label);
+        let what = format!(
+            "{shown} recovered after {secs} s; {} side effects waited and are being drained",
+            self.waited
+        );
         self.owe(json!({
             "alert": "destination_recovered",
             "resolves": "destination_open",
-            "alert_id": format!("destination-recovered:{}:{now}", self.label()),
-            "key": self.label(),
+            "alert_id": hashed_id(&format!("destination_recovered#{label}#{now}")),
+            "key": label,
+            "name": name,
             "age_seconds": secs,
-            "destination": self.label(),
+            "destination": label,
             "waited": self.waited,
             "outage_seconds": secs,
-            "text": format!(
-                "Destination {} recovered after {secs} s; {} side effects waited and are being drained",
-                self.label(),
-                self.waited
-            ),
+            "text": text("destination_recovered", name, "destination", &what),
         }));
     }
 

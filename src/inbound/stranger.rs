@@ -188,7 +188,7 @@ pub fn alert_body(tally: &StrangerTally) -> Value {
         "count": tally.window_unknown,
         "since": since,
         "text": format!(
-            "gemini-once stranger_nudges: at least {} dynamic-webhook nudges since {since} named operations this worker does not hold open; nothing was stored or asked for them. A dynamic-webhook job must be registered (POST /v1/operations) to be tracked: register yours as you submit them. If they are someone else's jobs pointed at this worker, nothing is needed; set DYNAMIC_WEBHOOKS=false if you use only the static webhook.",
+            "gemini-once stranger_nudges: dynamic webhooks (nudges) at least {} since {since} named operations this worker does not hold open; nothing was stored or asked for them. A dynamic-webhook job must be registered (POST /v1/operations) to be tracked: register yours as you submit them. If they are someone else's jobs pointed at this worker, nothing is needed; set DYNAMIC_WEBHOOKS=false if you use only the static webhook.",
             tally.window_unknown
         ),
     })
@@ -221,6 +221,10 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("POST /v1/operations"));
+        // The documented line: `gemini-once <alert>: <name> (<kind>) <what>`.
+        assert!(body["text"].as_str().unwrap().starts_with(
+            "gemini-once stranger_nudges: dynamic webhooks (nudges) at least 2 since "
+        ));
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub enum AlertKind {
     /// A `"results": "each"` batch's results file is gone for good or unreadable: its unread
     /// results are parked, and the job's effect says `results.file_parked`.
     ResultsFileParked,
+    /// A parked results file was read after all (an operator's retry): the resolution of
+    /// `results_file_parked`.
+    ResultsFileRead,
 }
 
 impl AlertKind {
@@ -57,6 +60,17 @@ impl AlertKind {
             AlertKind::StuckSettled => "stuck_settled",
             AlertKind::EffectRecovered => "effect_recovered",
             AlertKind::ResultsFileParked => "results_file_parked",
+            AlertKind::ResultsFileRead => "results_file_read",
+        }
+    }
+
+    /// What an alert's line says in place of a kind its subject has none of: a webhook's
+    /// alerts are about the webhook, a failing alarm may not have read its record.
+    fn unnamed_kind(self) -> &'static str {
+        match self {
+            AlertKind::WebhookDisabled | AlertKind::WebhookReenabled => "webhook",
+            AlertKind::AlarmFailing => "kind not read",
+            _ => "unregistered kind",
         }
     }
 
@@ -66,6 +80,7 @@ impl AlertKind {
             AlertKind::StuckSettled => Some(AlertKind::Stuck),
             AlertKind::EffectRecovered => Some(AlertKind::EffectFailing),
             AlertKind::WebhookReenabled => Some(AlertKind::WebhookDisabled),
+            AlertKind::ResultsFileRead => Some(AlertKind::ResultsFileParked),
             _ => None,
         }
     }
@@ -76,6 +91,7 @@ impl AlertKind {
         match self {
             AlertKind::Stuck => Some(AlertKind::StuckSettled),
             AlertKind::EffectFailing => Some(AlertKind::EffectRecovered),
+            AlertKind::ResultsFileParked => Some(AlertKind::ResultsFileRead),
             _ => None,
         }
     }
@@ -84,7 +100,13 @@ impl AlertKind {
 /// The `alert-id` of an alert: the same on every retry of one alert, so a sink can drop
 /// repeats (alerts are sent at least once).
 pub fn alert_id(key: &str, kind: AlertKind, generation: u32) -> String {
-    let digest = Sha256::digest(format!("{key}#{}#{generation}", kind.as_str()).as_bytes());
+    hashed_id(&format!("{key}#{}#{generation}", kind.as_str()))
+}
+
+/// `alert_<24 hex digits>` for what tells one alert from every other: ASCII whatever the
+/// text (an `alert-id` header must be; a destination's label holds a `…`).
+pub fn hashed_id(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
     let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
     format!("alert_{hex}")
 }
@@ -118,12 +140,18 @@ pub fn body(
         "name": name,
         "kind": kind,
         "age_seconds": age_seconds,
-        "text": format!("gemini-once {}: {name} ({}) {what}", alert.as_str(), kind.unwrap_or("unregistered kind")),
+        "text": text(alert.as_str(), name, kind.unwrap_or(alert.unnamed_kind()), what),
     });
     if let Some(condition) = alert.resolves() {
         body["resolves"] = json!(condition.as_str());
     }
     body
+}
+
+/// An alert's readable line: `gemini-once <alert>: <name> (<kind>) <what>` (for a
+/// destination, its short name and `destination`).
+pub fn text(alert: &str, name: &str, kind: &str, what: &str) -> String {
+    format!("gemini-once {alert}: {name} ({kind}) {what}")
 }
 
 /// The alert that Gemini's webhook `name` is in `state` (not `enabled`) and was left so:
@@ -192,8 +220,13 @@ mod tests {
             AlertKind::WebhookReenabled,
             AlertKind::StuckSettled,
             AlertKind::EffectRecovered,
+            AlertKind::ResultsFileParked,
+            AlertKind::ResultsFileRead,
         ] {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+            if let Some(resolution) = kind.resolution() {
+                assert_eq!(resolution.resolves(), Some(kind), "{kind:?}");
+            }
         }
     }
 
@@ -210,7 +243,7 @@ mod tests {
         assert_eq!(body["name"], "webhooks/gemini-once");
         let text = body["text"].as_str().unwrap();
         assert!(
-            text.starts_with("gemini-once webhook_disabled: webhooks/gemini-once"),
+            text.starts_with("gemini-once webhook_disabled: webhooks/gemini-once (webhook) is "),
             "{text}"
         );
         assert!(text.contains("disabled_due_to_failed_deliveries"), "{text}");

@@ -20,7 +20,12 @@ use crate::operation::{Actor, OpEvent};
 #[serde(tag = "what", rename_all = "snake_case")]
 pub enum HistoryEntry {
     /// Registered through the admin API.
-    Registered { kind: Option<String> },
+    Registered {
+        kind: Option<String>,
+        /// Whose token registered it (rows before it was kept lack it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     /// A registration filled in the kind of an operation its completion created.
     KindFilled { kind: Option<String> },
     /// An event the reducer applied.
@@ -275,7 +280,10 @@ mod tests {
     fn every_entry_keeps_its_stored_shape() {
         let cases = [
             (
-                HistoryEntry::Registered { kind: None },
+                HistoryEntry::Registered {
+                    kind: None,
+                    by: None,
+                },
                 json!({"what": "registered", "kind": null}),
             ),
             (

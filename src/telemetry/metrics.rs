@@ -4,9 +4,10 @@
 //!
 //! Guarantees: every family has `# HELP` and `# TYPE`, a name prefixed [`PREFIX`], and a
 //! counter's samples end in `_total`; label values are escaped (backslash, quote, newline);
-//! labels are of bounded cardinality: a destination's label (its route's name and origin, from
-//! the configuration), a state, a result, or a reason or counter name the code defines, never
-//! an operation's name. Counters are the shards' all-time totals (hour -1, the sum of every
+//! labels are of bounded cardinality: a destination's short name (its route's kind, or
+//! `default` for `EFFECT_URL`; its host is in `destination_info`), a state, a result, or a
+//! reason or counter name the code defines, never an operation's name. `build_info` says which
+//! version and commit serve the page. Counters are the shards' all-time totals (hour -1, the sum of every
 //! pruned bucket, plus the buckets kept: see [`crate::telemetry::shard_store`]), never a
 //! window, so pruning never moves one back; the lease's completed passes are stored with the
 //! lease. Rendering is pure: the stats value in, the page out.
@@ -16,6 +17,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
+use crate::destination_label::{destination_host, destination_parts};
 use crate::telemetry::counters::{status_call, AskedBy, StatusCallAnswer};
 use crate::telemetry::counters::{
     ACCEPTANCE_BUCKETS_SECS, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM, ALERTS,
@@ -26,6 +28,14 @@ use crate::telemetry::counters::{
 
 /// Every family's name starts with this.
 pub const PREFIX: &str = "gemini_once_";
+/// The version this worker was built as (Cargo.toml's).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit it was built from, as `scripts/build.sh` passes it (`GEMINI_ONCE_COMMIT`: the
+/// commit's short hash, `+modified` when sources differed from it); `unknown` otherwise.
+pub const COMMIT: &str = match option_env!("GEMINI_ONCE_COMMIT") {
+    Some(commit) => commit,
+    None => "unknown",
+};
 /// The prefix of a rejected request's counter (`rejected_<reason>`).
 const REJECTED_PREFIX: &str = "rejected_";
 /// The states a destination's desk reports (`DeskView::state`), and `unknown` for a desk that
@@ -162,7 +172,8 @@ fn counter_help(family: &str) -> &'static str {
 /// The page for `stats`, the value `/v1/stats` answers (its `total`, `destinations`,
 /// `reconcile` and `gemini_webhook`; anything missing is served as nothing counted).
 pub fn render(stats: &Value, format: Format) -> String {
-    let mut families = counter_families(&stats["total"]);
+    let mut families = vec![build_info()];
+    families.extend(counter_families(&stats["total"]));
     families.extend(destination_families(&stats["destinations"]));
     families.extend(reconcile_families(&stats["reconcile"]));
     families.extend(webhook_family(&stats["gemini_webhook"]));
@@ -174,6 +185,29 @@ pub fn render(stats: &Value, format: Format) -> String {
         page.push_str("# EOF\n");
     }
     page
+}
+
+/// Which build serves the page: always 1, labelled by version and commit (join on it to see
+/// what a change of behaviour came with).
+fn build_info() -> Family {
+    Family::new(
+        "build_info",
+        Kind::Gauge,
+        "The worker's version and the commit it was built from (always 1).",
+    )
+    .with(
+        vec![
+            ("version", VERSION.to_string()),
+            ("commit", COMMIT.to_string()),
+        ],
+        1.0,
+    )
+}
+
+/// A destination's label as `/metrics` labels it: its short name (the route's kind, or
+/// `default`), which a query can name (`{destination="default"}`).
+pub fn destination_name(label: &str) -> String {
+    destination_parts(label).0.to_string()
 }
 
 /// The shards' totals: the fixed counters, then drops and rejections by reason, then any
@@ -193,7 +227,8 @@ fn counter_families(total: &Value) -> Vec<Family> {
     }
     let mut dropped = Family::counter("dropped");
     let mut rejected = Family::counter("rejected");
-    let mut by_destination = Family::counter("effects_by_destination");
+    // By result and short name: two labels of one name (its URL changed) are one series.
+    let mut by_destination: BTreeMap<(String, String), f64> = BTreeMap::new();
     let mut by_kind = Family::counter("alerts_by_kind");
     // Any name this version does not describe.
     let mut other = Family::counter("events");
@@ -213,11 +248,8 @@ fn counter_families(total: &Value) -> Vec<Family> {
             .strip_prefix(EFFECT_TO_PREFIX)
             .and_then(|rest| rest.split_once(':'))
         {
-            let labels = vec![
-                ("result", result.to_string()),
-                ("destination", destination.to_string()),
-            ];
-            by_destination.push(labels, n);
+            let series = (result.to_string(), destination_name(destination));
+            *by_destination.entry(series).or_default() += n;
             continue;
         }
         let (family, label, value) = if let Some(kind) = name.strip_prefix(ALERTS_BY_KIND_PREFIX) {
@@ -231,7 +263,12 @@ fn counter_families(total: &Value) -> Vec<Family> {
         };
         family.push(vec![(label, value.to_string())], n);
     }
-    families.extend([by_destination, by_kind, acceptance_histogram(total)]);
+    let mut by_destination_family = Family::counter("effects_by_destination");
+    for ((result, destination), n) in by_destination {
+        let labels = vec![("result", result), ("destination", destination)];
+        by_destination_family.push(labels, n);
+    }
+    families.extend([by_destination_family, by_kind, acceptance_histogram(total)]);
     families.push(status_call_family(total));
     families.extend([dropped, rejected, other]);
     families
@@ -288,8 +325,9 @@ fn acceptance_histogram(total: &Value) -> Family {
     family
 }
 
-/// Each configured destination's state (one series per state, 1 for the current), waiting
-/// effects, paced attempts in flight and failures in a row, labelled by its label.
+/// Each configured destination's host (`destination_info`), state (one series per state, 1
+/// for the current), waiting effects, paced attempts in flight and failures in a row,
+/// labelled by its short name.
 fn destination_families(destinations: &Value) -> Vec<Family> {
     let mut state = Family::new(
         "destination_state",
@@ -311,8 +349,22 @@ fn destination_families(destinations: &Value) -> Vec<Family> {
         Kind::Gauge,
         "A destination's failed attempts since its last success.",
     );
+    let mut info = Family::new(
+        "destination_info",
+        Kind::Gauge,
+        "A destination's short name (the route's kind, or default for EFFECT_URL) and the host it sends to (queue:<binding> or service:<binding> for a binding): always 1.",
+    );
     for d in destinations.as_array().into_iter().flatten() {
-        let label = d["label"].as_str().unwrap_or_default().to_string();
+        let full = d["label"].as_str().unwrap_or_default();
+        let (name, shown) = destination_parts(full);
+        let label = name.to_string();
+        info.push(
+            vec![
+                ("destination", label.clone()),
+                ("host", destination_host(shown).to_string()),
+            ],
+            1.0,
+        );
         let now = d["state"].as_str().unwrap_or("unknown");
         for s in DESTINATION_STATES {
             let labels = vec![("destination", label.clone()), ("state", s.to_string())];
@@ -324,7 +376,7 @@ fn destination_families(destinations: &Value) -> Vec<Family> {
         in_flight = in_flight.with(by(), gauge("in_flight"));
         failures = failures.with(by(), gauge("failures_in_row"));
     }
-    vec![state, waiting, in_flight, failures]
+    vec![info, state, waiting, in_flight, failures]
 }
 
 /// The reconciliation passes: completed passes (a counter the lease stores), when the last
@@ -481,6 +533,7 @@ mod tests {
                 "effect_successes": 2, "effect_parks": 1, "dropped_stale_update_time": 2,
                 "rejected_signature_invalid": 5, "stranger_nudges": 1, "new_counter": 7,
                 "effect_to:delivered:EFFECT_URL: http://127.0.0.1:9/…": 2,
+                "effect_to:delivered:EFFECT_URL: http://old.example/…": 1,
                 "effect_to:parked:route billing: https://b.example/…": 1,
                 "acceptance_le:0.5": 1, "acceptance_le:60": 1, "acceptance_le:+Inf": 1,
                 "acceptance_ms_sum": 90_000_250u64, "alerts_by_kind:effect_failing": 1,
@@ -488,8 +541,9 @@ mod tests {
                 "status_calls:nudge:unanswered": 2
             },
             "destinations": [
-                {"label": "EFFECT_URL http://127.0.0.1:9", "state": "open", "waiting": 3,
+                {"label": "EFFECT_URL: http://127.0.0.1:9/…", "state": "open", "waiting": 3,
                  "in_flight": 0, "failures_in_row": 4, "last_error": "503"},
+                {"label": "route py: queue:PY", "state": "healthy"},
                 {"label": "odd \"name\"\\x\ny", "state": "unknown", "last_error": "no desk"}
             ],
             "reconcile": {
@@ -536,8 +590,8 @@ mod tests {
         let page = render(&stats(), Format::Text);
         let l = lines(&page);
         for want in [
-            "gemini_once_effects_by_destination_total{result=\"delivered\",destination=\"EFFECT_URL: http://127.0.0.1:9/…\"} 2",
-            "gemini_once_effects_by_destination_total{result=\"parked\",destination=\"route billing: https://b.example/…\"} 1",
+            "gemini_once_effects_by_destination_total{result=\"delivered\",destination=\"default\"} 3",
+            "gemini_once_effects_by_destination_total{result=\"parked\",destination=\"billing\"} 1",
             "gemini_once_alerts_by_kind_total{kind=\"effect_failing\"} 1",
             "gemini_once_effects_retried_after_asked_total 3",
         ] {
@@ -604,10 +658,10 @@ mod tests {
     }
 
     #[test]
-    fn destinations_are_labelled_by_label_with_one_series_per_state() {
+    fn destinations_are_labelled_by_short_name_with_one_series_per_state() {
         let page = render(&stats(), Format::Text);
         let l = lines(&page);
-        let d = "EFFECT_URL http://127.0.0.1:9";
+        let d = "default";
         for s in DESTINATION_STATES {
             let want = format!(
                 "gemini_once_destination_state{{destination=\"{d}\",state=\"{s}\"}} {}",
@@ -615,8 +669,41 @@ mod tests {
             );
             assert!(l.contains(&want.as_str()), "{want}");
         }
-        assert!(l.contains(&"gemini_once_destination_waiting_effects{destination=\"EFFECT_URL http://127.0.0.1:9\"} 3"));
-        assert!(l.contains(&"gemini_once_destination_failures_in_row{destination=\"EFFECT_URL http://127.0.0.1:9\"} 4"));
+        assert!(l.contains(&"gemini_once_destination_waiting_effects{destination=\"default\"} 3"));
+        assert!(l.contains(&"gemini_once_destination_failures_in_row{destination=\"default\"} 4"));
+        for want in [
+            "gemini_once_destination_info{destination=\"default\",host=\"127.0.0.1:9\"} 1",
+            "gemini_once_destination_info{destination=\"py\",host=\"queue:PY\"} 1",
+        ] {
+            assert!(l.contains(&want), "{want} missing from\n{page}");
+        }
+        // Every configured label but the odd one becomes a name a query can write.
+        for line in l.iter().filter(|line| line.contains("destination=\"")) {
+            let value = line
+                .split("destination=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next();
+            let value = value.unwrap();
+            assert!(
+                value.starts_with("odd") || !value.contains(['…', ':', ' ', '/']),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_build_is_a_series_of_its_own() {
+        let page = render(&json!({}), Format::OpenMetrics);
+        let want =
+            format!("gemini_once_build_info{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1\n");
+        assert!(
+            page.contains("# TYPE gemini_once_build_info gauge\n"),
+            "{page}"
+        );
+        assert!(page.contains(&want), "{page}");
+        assert_eq!(VERSION, env!("CARGO_PKG_VERSION"));
     }
 
     #[test]

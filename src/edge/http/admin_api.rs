@@ -163,6 +163,7 @@ async fn register(
         results: reg.results_or_default(&config.results.each_kinds),
         kind: reg.kind,
         user_metadata: reg.user_metadata,
+        by: Some(caller.actor()),
     };
     match call_gate(env, &reg.key.key, &command).await? {
         GateReply::Created { operation } => {

@@ -14,6 +14,7 @@ use worker::{js_sys, web_sys, Env};
 
 use crate::config::Config;
 use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings};
+use crate::destination_label::destination_parts;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
@@ -70,19 +71,22 @@ pub async fn call_lease(
 }
 
 /// Each configured destination's health, as `/v1/stats` shows it: one desk call each (the
-/// routes are known from the configuration), all at once. A desk that cannot be reached is
-/// shown as `unknown` with why.
+/// routes are known from the configuration), all at once, with its short `name` (what
+/// `/metrics` and the dashboard's links call it). A desk that cannot be reached is shown as
+/// `unknown` with why.
 pub async fn destinations_health(env: &Env, config: &Config) -> Value {
     let desks = config.destinations();
     let views = join_all(desks.iter().map(|settings| async move {
         let command = DeskCommand::Status {
             settings: settings.clone(),
         };
-        match call_desk(env, settings, &command).await {
+        let mut view = match call_desk(env, settings, &command).await {
             Ok(DeskReply::View(view)) => json!(view),
             Ok(other) => json!({"label": settings.label, "state": "unknown", "last_error": format!("{other:?}")}),
             Err(e) => json!({"label": settings.label, "state": "unknown", "last_error": e.to_string()}),
-        }
+        };
+        view["name"] = destination_parts(&settings.label).0.into();
+        view
     }))
     .await;
     Value::Array(views)

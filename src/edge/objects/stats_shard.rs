@@ -64,32 +64,48 @@ pub fn count_rejected(reason: &str) -> bool {
     EDGE_COUNTS.with(|t| t.borrow_mut().add(&name, now_ms(), 1) == 1)
 }
 
-/// Flushes this isolate's edge counts in the background, at most every `flush_ms` (capped at
-/// [`EDGE_FLUSH_MAX_MS`], at least a second); rejections are logged as one summary line.
+/// Flushes this isolate's edge counts in the background, once per `flush_ms` window (capped at
+/// [`EDGE_FLUSH_MAX_MS`], at least 1 s): now when the window has passed, else by one timer in
+/// this request's `waitUntil` for its end (if none is set), so counts reach the shards whether
+/// or not another request comes; the answer never waits for it.
 pub fn flush_edge_counts_later(env: &Env, ctx: &Context, now_ms: i64, flush_ms: i64) {
     let every = flush_ms.clamp(1_000, EDGE_FLUSH_MAX_MS);
-    let Some(batch) = take_edge_counts(now_ms, every) else {
-        return;
-    };
-    let env = env.clone();
-    ctx.wait_until(async move { send_tally(&env, &EDGE_COUNTS, batch, now_ms).await });
+    let (env, due) = (env.clone(), take_edge_counts(now_ms, every));
+    if let Some(batch) = due {
+        ctx.wait_until(async move { send_tally(&env, &EDGE_COUNTS, batch, now_ms).await });
+    } else if let Some(delay) = EDGE_COUNTS.with(|t| t.borrow_mut().schedule(now_ms, every)) {
+        ctx.wait_until(send_later(env, &EDGE_COUNTS, delay));
+    }
+}
+
+/// Waits `delay_ms`, then sends what `tally` still holds (a due send may have taken it all).
+async fn send_later(env: Env, tally: &'static LocalKey<RefCell<IsolateTally>>, delay_ms: i64) {
+    Delay::from(Duration::from_millis(delay_ms.max(0) as u64)).await;
+    let now = now_ms();
+    let batch = tally.with(|t| t.borrow_mut().take_scheduled(now));
+    if !batch.is_empty() {
+        log_rejected(&batch);
+        send_tally(&env, tally, batch, now).await;
+    }
 }
 
 /// Sends this isolate's edge counts now, whatever the window: the end of a cron pass or of a
-/// queue batch, whose status calls are counted here. They run seldom (a pass a cron interval,
-/// a batch of fan-out messages at most every few seconds), so waiting for a window would
-/// leave their counts in memory until some later request of this isolate; one shard call
-/// each is a small share of their own calls.
+/// queue batch (seldom: one shard call each is a small share of their own status calls).
 pub async fn flush_edge_counts_now(env: &Env, now_ms: i64) {
     if let Some(batch) = take_edge_counts(now_ms, 0) {
         send_tally(env, &EDGE_COUNTS, batch, now_ms).await;
     }
 }
 
-/// The edge counts to send, when the window `every_ms` since the last send has passed;
-/// rejections among them are logged as one summary line.
+/// The edge counts to send, when the window `every_ms` since the last send has passed.
 fn take_edge_counts(now_ms: i64, every_ms: i64) -> Option<Vec<StatEvent>> {
     let batch = EDGE_COUNTS.with(|t| t.borrow_mut().take_due(now_ms, every_ms))?;
+    log_rejected(&batch);
+    Some(batch)
+}
+
+/// Logs the rejections among a batch of edge counts as one `rejected_summary` line.
+fn log_rejected(batch: &[StatEvent]) {
     let mut rejected = Tally::new();
     for e in batch.iter().filter(|e| e.name.starts_with("rejected_")) {
         *rejected.entry(e.name.clone()).or_default() += e.count;
@@ -97,7 +113,6 @@ fn take_edge_counts(now_ms: i64, every_ms: i64) -> Option<Vec<StatEvent>> {
     if !rejected.is_empty() {
         log(WorkerLog::RejectedSummary { counts: rejected }.to_value());
     }
-    Some(batch)
 }
 
 /// What a hand-over did, for the caller's meter.
@@ -137,15 +152,7 @@ pub async fn hand_over(
     let mut done = HandedOver::default();
     if let Some(delay) = GATE_COUNTS.with(|t| t.borrow_mut().schedule(now_ms, every_ms)) {
         done.held_ms = delay.max(0) as u64;
-        let env = env.clone();
-        state.wait_until(async move {
-            Delay::from(Duration::from_millis(delay as u64)).await;
-            let now = crate::edge::runtime::now_ms();
-            let batch = GATE_COUNTS.with(|t| t.borrow_mut().take_scheduled(now));
-            if !batch.is_empty() {
-                send_tally(&env, &GATE_COUNTS, batch, now).await;
-            }
-        });
+        state.wait_until(send_later(env.clone(), &GATE_COUNTS, delay));
     }
     done
 }

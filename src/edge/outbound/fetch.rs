@@ -27,7 +27,7 @@ use worker::{
     RequestRedirect, Response,
 };
 
-use crate::alert_format::{render, Sink};
+use crate::alert_format::{header_id, render, Sink};
 use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, TooLarge};
 use crate::config::{Config, Destination};
 use crate::operation::effect::EffectRequest;
@@ -228,8 +228,8 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
         return true;
     };
     let mut headers = vec![("content-type", "application/json".to_string())];
-    if let Some(id) = body["alert_id"].as_str() {
-        headers.push(("alert-id", id.to_string()));
+    if let Some(id) = header_id(body) {
+        headers.push(("alert-id", id));
     }
     let sink = Sink {
         format: config.alert_format,

@@ -46,11 +46,12 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             kind,
             user_metadata,
             results,
+            by,
         } => match record {
             Some(op) => {
                 registration::register_again(op, kind.as_deref(), user_metadata, results, now)
             }
-            None => registration::register_new(&key, &name, kind, user_metadata, results, now),
+            None => registration::register_new(&key, &name, kind, user_metadata, results, by, now),
         },
         GateCommand::Deliver {
             key,

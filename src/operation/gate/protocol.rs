@@ -29,6 +29,9 @@ pub enum GateCommand {
         /// `"results"` as asked (or the kind's default); `None` states nothing.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         results: Option<ResultsMode>,
+        /// Whose token registered it (its scope and fingerprint), kept in the history row.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     /// Offer an event (from a webhook or the status API) to the reducer, then run any side
     /// effect it makes due.

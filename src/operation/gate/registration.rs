@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::operation::gate::protocol::GateReply;
 use crate::operation::history::HistoryEntry;
-use crate::operation::{KindFill, Operation, ResultsMode};
+use crate::operation::{Actor, KindFill, Operation, ResultsMode};
 
 use super::decision::Step;
 
@@ -25,6 +25,7 @@ pub(super) fn register_new(
     kind: Option<String>,
     user_metadata: Option<Value>,
     results: Option<ResultsMode>,
+    by: Option<Actor>,
     now: i64,
 ) -> Step {
     let mut op = Operation::register(key, name, kind, now);
@@ -36,7 +37,7 @@ pub(super) fn register_new(
     let kind = op.kind().map(str::to_string);
     Step::new(Some(op), reply)
         .durable()
-        .row(HistoryEntry::Registered { kind })
+        .row(HistoryEntry::Registered { kind, by })
 }
 
 /// A registration of an operation the gate holds. The completion may have come first (short
@@ -106,12 +107,22 @@ mod tests {
                 kind: Some("k".into()),
                 user_metadata: None,
                 results: None,
+                by: Some(crate::operation::Actor {
+                    scope: "register".into(),
+                    fingerprint: "0a1b2c3d".into(),
+                }),
             },
             5,
         );
         assert!(matches!(s.reply, GateReply::Created { .. }));
         assert_eq!(s.save, Save::Durable);
         assert_eq!(whats(&s), ["registered"]);
+        let row = s.history[0].to_value();
+        assert_eq!(
+            row["by"],
+            json!({"scope": "register", "fingerprint": "0a1b2c3d"}),
+            "the history says whose token registered it"
+        );
         assert_eq!(s.record.unwrap().status(), &Status::Pending);
     }
 
@@ -123,6 +134,7 @@ mod tests {
             kind: None,
             user_metadata: None,
             results,
+            by: None,
         };
         let op = step(None, reg(Some(ResultsMode::Each)), 5).record.unwrap();
         assert_eq!(op.results_mode(), ResultsMode::Each);
@@ -153,6 +165,7 @@ mod tests {
             kind: Some(kind.into()),
             user_metadata: None,
             results: None,
+            by: None,
         };
         let s = step(Some(unregistered), reg("billing"), 5);
         assert!(matches!(
@@ -189,6 +202,7 @@ mod tests {
             kind: None,
             user_metadata: Some(meta),
             results: None,
+            by: None,
         };
         let op = step(None, register(json!({"tenant": "ours"})), 1).record;
         // A second registration does not replace the first's.
@@ -235,6 +249,7 @@ mod tests {
             kind: Some(kind.into()),
             user_metadata: Some(json!({ "tenant": tenant })),
             results: None,
+            by: None,
         }
     }
 
@@ -288,6 +303,7 @@ mod tests {
             kind: None,
             user_metadata: None,
             results: None,
+            by: None,
         };
         assert!(matches!(
             step(Some(op.clone()), bare, 3).reply,
@@ -335,6 +351,7 @@ mod tests {
                 kind: Some("billing".into()),
                 user_metadata: None,
                 results: None,
+                by: None,
             },
             2_000,
         );
@@ -381,6 +398,7 @@ mod tests {
                 kind: Some("billing".into()),
                 user_metadata: None,
                 results: None,
+                by: None,
             },
             30,
         );

@@ -80,6 +80,7 @@ fn register(key: &str, name: &str, kind: &str, tenant: &str) -> GateCommand {
         kind: Some(kind.into()),
         user_metadata: Some(json!({ "tenant": tenant })),
         results: None,
+        by: None,
     }
 }
 

@@ -85,6 +85,9 @@ impl Operation {
             AlertKind::ResultsFileParked => {
                 format!("{status}: its results file could not be read; its results are parked")
             }
+            AlertKind::ResultsFileRead => {
+                format!("{status}: its parked results file was read after all")
+            }
         };
         crate::operation::alert::body(
             kind,

@@ -12,6 +12,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::Status;
 use crate::operation::Operation;
 
@@ -97,6 +98,11 @@ impl Operation {
     pub fn results_settled(&mut self, counts: Value, now_ms: i64) {
         if self.results_owed() {
             self.effect.next_attempt_ms = now_ms;
+        }
+        // Every result was read (none left parked with the file): a `results_file_parked`
+        // raised before (an operator's retry read the file after all) has ended.
+        if counts["file_parked"].is_null() {
+            self.resolve_alert(AlertKind::ResultsFileParked, now_ms);
         }
         self.results_counts = Some(counts);
         self.results_retry_at_ms = None;
@@ -267,6 +273,27 @@ mod tests {
         assert!(op.destination_ready(false, 200));
         assert_eq!(op.results_due_ms(), Some(200));
         assert_eq!(op.effect().next_attempt_ms(), 200);
+    }
+
+    #[test]
+    fn a_parked_results_file_resolves_once_its_results_are_read() {
+        let kinds = |op: &Operation| -> Vec<AlertKind> {
+            op.due_alerts(i64::MAX).iter().map(|a| a.kind).collect()
+        };
+        let mut op = succeeded(ResultsMode::Each);
+        assert!(op.raise_alert(AlertKind::ResultsFileParked, 0, 20));
+        op.alert_delivered(AlertKind::ResultsFileParked);
+        op.results_settled(json!({"total": 0, "file_parked": "404"}), 30);
+        assert_eq!(kinds(&op), vec![], "still parked: nothing resolved");
+        op.results_retried(40);
+        op.results_settled(json!({"total": 2, "delivered": 2}), 50);
+        assert_eq!(kinds(&op), vec![AlertKind::ResultsFileRead]);
+        let body = op.alert_body(AlertKind::ResultsFileRead, "alert_x", 0);
+        assert_eq!(body["resolves"], "results_file_parked");
+        op.alert_delivered(AlertKind::ResultsFileRead);
+        op.results_retried(60);
+        op.results_settled(json!({"total": 2, "delivered": 2}), 70);
+        assert_eq!(kinds(&op), vec![], "resolved once");
     }
 
     #[test]
