@@ -890,6 +890,23 @@ impl Config {
         }
     }
 
+    /// The desk settings of the destination an operator names: a route by its kind, else
+    /// `default` for `EFFECT_URL` (a route named `default` takes the name); `None` for a name
+    /// no destination has.
+    pub fn destination_named(&self, name: &str) -> Option<DeskSettings> {
+        if let Some((kind, _)) = self.effect_routes.iter().find(|(k, _)| k == name) {
+            return Some(self.desk_settings(Some(kind)));
+        }
+        (name == crate::destination::pause::DEFAULT_DESTINATION).then(|| self.desk_settings(None))
+    }
+
+    /// The names [`Config::destination_named`] knows: `default`, then each route's kind.
+    pub fn destination_names(&self) -> Vec<String> {
+        std::iter::once(crate::destination::pause::DEFAULT_DESTINATION.to_string())
+            .chain(self.effect_routes.iter().map(|(k, _)| k.clone()))
+            .collect()
+    }
+
     /// Every configured destination's desk settings: `EFFECT_URL`'s, then each route's, in
     /// order (what `/v1/stats` asks about).
     pub fn destinations(&self) -> Vec<DeskSettings> {
@@ -1429,6 +1446,33 @@ mod tests {
         let other = c.destination_label(Some("other"));
         assert_eq!(other, "EFFECT_URL: http://127.0.0.1:9/\u{2026}");
         assert_eq!(c.destination_label(None), other);
+    }
+
+    #[test]
+    fn an_operator_names_a_destination_by_its_route_or_default() {
+        let mut vars = base();
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"billing":"queue:BILLING_EFFECTS","video":"https://v.example/e"}"#.into(),
+        );
+        let c = parse(&vars).unwrap();
+        assert_eq!(c.destination_names(), ["default", "billing", "video"]);
+        assert_eq!(
+            c.destination_named("default").unwrap().label,
+            c.destination_label(None)
+        );
+        assert_eq!(
+            c.destination_named("video").unwrap().label,
+            c.destination_label(Some("video"))
+        );
+        assert_eq!(c.destination_named("nope"), None);
+        vars.insert("EFFECT_ROUTES", r#"{"default":"https://d.example/e"}"#.into());
+        let c = parse(&vars).unwrap();
+        assert_eq!(
+            c.destination_named("default").unwrap().label,
+            c.destination_label(Some("default")),
+            "a route named default takes the name"
+        );
     }
 
     #[test]
