@@ -1466,7 +1466,10 @@ mod tests {
             c.destination_label(Some("video"))
         );
         assert_eq!(c.destination_named("nope"), None);
-        vars.insert("EFFECT_ROUTES", r#"{"default":"https://d.example/e"}"#.into());
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"default":"https://d.example/e"}"#.into(),
+        );
         let c = parse(&vars).unwrap();
         assert_eq!(
             c.destination_named("default").unwrap().label,

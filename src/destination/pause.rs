@@ -123,7 +123,12 @@ mod tests {
 
     #[test]
     fn a_body_of_another_shape_is_refused_with_the_shape() {
-        for bad in [&b"[1]"[..], b"{\"reason\": 3}", b"{\"dryrun\": true}", b"nope"] {
+        for bad in [
+            &b"[1]"[..],
+            b"{\"reason\": 3}",
+            b"{\"dryrun\": true}",
+            b"nope",
+        ] {
             assert!(parse(bad, false).unwrap_err().contains("body must be"));
         }
     }

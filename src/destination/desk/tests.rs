@@ -574,7 +574,10 @@ fn by() -> Value {
 fn a_pause_holds_every_ask_and_report_in_its_place_and_releases_nothing() {
     let mut d = desk(Pace::default());
     assert!(d.pause(by(), "planned outage".into(), 100));
-    assert!(!d.pause(by(), "again".into(), 200), "a pause already set stands");
+    assert!(
+        !d.pause(by(), "again".into(), 200),
+        "a pause already set stands"
+    );
     assert_eq!(d.paused.as_ref().unwrap().reason, "planned outage");
     // A first attempt's check must ask; its ask is queued, with no alarm to release it.
     assert_eq!(d.check(), DeskReply::Checked { ask: true });
@@ -689,24 +692,33 @@ fn a_probe_rotates_so_four_throttled_keys_do_not_hold_ten_good_ones() {
             .chain((0..10).map(|i| (format!("good-{i}"), 100 + i)))
             .collect(),
     };
+    let owed: std::collections::HashMap<String, i64> = q.waiting.iter().cloned().collect();
     let throttled = |k: &str| k.starts_with("throttled");
     let (mut now, mut probes) = (1_000, Vec::new());
     while d.is_open() && now < 600_000 {
         if d.wake(q.facts(), now) == Wake::Probe {
             let key = q.soonest();
             d.released(&key, true, now);
-            let due = q.waiting.len() as i64; // its own due: owed long ago
             let report = match throttled(&key) {
                 true => d.report(&key, Some("429".into()), Some(4_000), q.facts(), now + 50),
                 false => d.report(&key, None, None, q.facts(), now + 50),
             };
-            q.apply(&key, due.min(3), &report);
+            // The gate reports the time its effect became owed (long before now).
+            let owed_ms = owed[&key];
+            q.apply(&key, owed_ms, &report);
             probes.push(key);
         }
         now += 100;
     }
-    assert!(!d.is_open(), "a good key was probed and closed it: {probes:?}");
-    assert_eq!(probes.len(), 5, "each throttled key once, then a good one: {probes:?}");
+    assert!(
+        !d.is_open(),
+        "a good key was probed and closed it: {probes:?}"
+    );
+    assert_eq!(
+        probes.len(),
+        5,
+        "each throttled key once, then a good one: {probes:?}"
+    );
     for pair in probes.windows(2) {
         assert_ne!(pair[0], pair[1], "no key is probed twice in a row");
     }
@@ -724,7 +736,11 @@ fn a_throttled_key_goes_behind_every_key_that_waited_before_it() {
     d.released("a", true, at);
     let failed = d.report("a", Some("429".into()), Some(4_000), facts(2, 0), at + 10);
     assert!(failed.enqueue);
-    assert_eq!(failed.queue_at_ms, Some(at + 10), "due at the failure, not when owed");
+    assert_eq!(
+        failed.queue_at_ms,
+        Some(at + 10),
+        "due at the failure, not when owed"
+    );
     // An attempt's failure that is not the probe keeps its own place.
     let other = fail(&mut d, "b", at + 20);
     assert!(other.enqueue);
@@ -732,7 +748,15 @@ fn a_throttled_key_goes_behind_every_key_that_waited_before_it() {
     // A probe whose chunk was mixed goes behind too, and the probe is over.
     assert_eq!(d.wake(facts(3, 0), d.next_probe_ms), Wake::Probe);
     d.released("c", true, d.next_probe_ms);
-    let mixed = d.report_many("c", 4, 2, Some("429".into()), None, facts(2, 0), d.next_probe_ms);
+    let mixed = d.report_many(
+        "c",
+        4,
+        2,
+        Some("429".into()),
+        None,
+        facts(2, 0),
+        d.next_probe_ms,
+    );
     assert!(mixed.enqueue);
     assert!(mixed.queue_at_ms.is_some());
     assert!(d.probe.is_none());
@@ -747,12 +771,23 @@ fn a_key_that_cannot_send_leaves_the_queue_and_the_next_is_probed_at_once() {
     let wait_before = d.probe_wait_ms;
     // Its release found nothing to send (its results file missing, a download refused).
     let none = d.report_many("batch", 0, 0, None, None, facts(2, 0), at + 10);
-    assert_eq!(none.reply, DeskReply::OwnSchedule, "its own schedule: it asks again when it can");
+    assert_eq!(
+        none.reply,
+        DeskReply::OwnSchedule,
+        "its own schedule: it asks again when it can"
+    );
     assert!(!none.enqueue, "it leaves the queue");
     assert_eq!(none.alarm_at_ms, Some(at + 10));
     assert!(d.probe.is_none());
-    assert_eq!(d.probe_wait_ms, wait_before, "not a failed probe: no longer backoff");
-    assert_eq!(d.wake(facts(2, 0), at + 10), Wake::Probe, "the next key, at once");
+    assert_eq!(
+        d.probe_wait_ms, wait_before,
+        "not a failed probe: no longer backoff"
+    );
+    assert_eq!(
+        d.wake(facts(2, 0), at + 10),
+        Wake::Probe,
+        "the next key, at once"
+    );
     // Keys that cannot send do not keep a recovered destination open: each leaves, and the
     // first key that can send closes it.
     d.released("batch-2", true, at + 10);

@@ -1724,7 +1724,9 @@ mod desk_turn_tests {
         // Its fallback comes before the resume: it asks again (a first attempt would go).
         assert_eq!(turn(&op, false, false), DeskTurn::Ask);
         // Asked again and told `Paused` again: still no attempt, the same wait.
-        let again = wait_on_destination(op, 8_100, &LIMITS, true).record.unwrap();
+        let again = wait_on_destination(op, 8_100, &LIMITS, true)
+            .record
+            .unwrap();
         assert_eq!(again.effect().attempts(), 0);
         assert!(again.held_by_pause());
         // Resumed: the release makes it due, and it may fail and alert as any effect.

@@ -226,7 +226,10 @@ impl Operation {
     /// Whether its destination's pause holds the effect (or the batch's results): they
     /// wait without attempts, and `effect_failing` is not raised.
     pub fn held_by_pause(&self) -> bool {
-        matches!(self.effect.desk, Some(DeskMark::Waiting { paused: true, .. }))
+        matches!(
+            self.effect.desk,
+            Some(DeskMark::Waiting { paused: true, .. })
+        )
     }
 
     /// The destination's desk released the effect: due now, same generation and
