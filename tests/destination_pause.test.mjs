@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { startWorker, startDestination, startServer, eventually, sleep, READ_TOKEN } from "./helpers.mjs";
+import { startWorker, startDestination, startServer, eventually, sleep, assertEffectValid, READ_TOKEN } from "./helpers.mjs";
 import { startGemini, succeeded, fileOf, split, untilJob, workerVars } from "./results_stub.mjs";
 
 let gemini;
@@ -23,7 +23,8 @@ const sentFor = (dest, key) => dest.requests.filter((r) => r.headers["idempotenc
 describe("a destination paused by hand", () => {
   let dest, sink, w;
   before(async () => {
-    dest = await startDestination(() => ({ status: 200 }));
+    // Job effects and a batch's results both arrive here (a result has its own body).
+    dest = await startServer(() => ({ status: 200 }));
     sink = await startServer(() => ({ status: 200 }));
     w = await startWorker({
       ...workerVars({ dest, gemini, sink }),
@@ -35,7 +36,10 @@ describe("a destination paused by hand", () => {
   after(async () => {
     await w?.dispose();
     await dest?.close();
-    dest?.assertAllValid();
+    for (const r of dest?.requests ?? []) {
+      const body = JSON.parse(r.body);
+      if (!("result_key" in body)) assertEffectValid(body);
+    }
     await sink?.close();
   });
 
@@ -115,6 +119,7 @@ describe("a destination paused by hand", () => {
     const dryResume = await post(w, "/v1/destinations/default/resume", { dry_run: true });
     assert.equal(dryResume.body.waiting, 51);
     assert.equal(dryResume.body.changed, false);
+    const resumedAt = Date.now();
     const resumed = await post(w, "/v1/destinations/default/resume", { reason: "migration done" });
     assert.equal(resumed.status, 200, JSON.stringify(resumed.body));
     assert.equal(resumed.body.changed, true);
@@ -122,6 +127,8 @@ describe("a destination paused by hand", () => {
 
     await eventually(async () => keys.every((k) => sentFor(dest, k).length > 0), { what: "every effect delivered", timeoutMs: 30_000, everyMs: 250 });
     const { results, jobs } = await untilJob(dest, batch, 30_000);
+    const drained = Math.max(...keys.map((k) => sentFor(dest, k)[0].at), ...results.map((r) => r.at)) - resumedAt;
+    console.log(`# resumed: 50 effects and 5 results delivered within ${drained} ms`);
     for (const k of keys) assert.equal(sentFor(dest, k).length, 1, `${k} exactly once`);
     assert.equal(results.length, 5, "each result exactly once");
     assert.equal(new Set(results.map((r) => r.id)).size, 5);
