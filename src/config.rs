@@ -110,6 +110,8 @@ const DAY_SECS: i64 = 86_400;
 pub const DEFAULT_RESULTS_FILE_WAIT_SECS: i64 = crate::results::progress::FILE_WAIT_MS / 1_000;
 /// Five failures in a row: one blip (a deploy, a restart) does not open a destination, a
 /// real outage does within seconds of traffic.
+/// The name an operator gives `EFFECT_URL`'s destination (a route has its kind's name).
+pub const DEFAULT_DESTINATION: &str = "default";
 pub const DEFAULT_DESTINATION_OPEN_AFTER: i64 = 5;
 /// Probes every 15 s at most: a destination back from an outage is found within that (so
 /// what waited is all delivered within 20 s of its recovery at the drain rate), at 240
@@ -897,12 +899,12 @@ impl Config {
         if let Some((kind, _)) = self.effect_routes.iter().find(|(k, _)| k == name) {
             return Some(self.desk_settings(Some(kind)));
         }
-        (name == crate::destination::pause::DEFAULT_DESTINATION).then(|| self.desk_settings(None))
+        (name == DEFAULT_DESTINATION).then(|| self.desk_settings(None))
     }
 
     /// The names [`Config::destination_named`] knows: `default`, then each route's kind.
     pub fn destination_names(&self) -> Vec<String> {
-        std::iter::once(crate::destination::pause::DEFAULT_DESTINATION.to_string())
+        std::iter::once(DEFAULT_DESTINATION.to_string())
             .chain(self.effect_routes.iter().map(|(k, _)| k.clone()))
             .collect()
     }

@@ -4,11 +4,9 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariant 8): [`desk`] is a pure state machine (time is an
 //! input), so every decision has a host test; [`protocol`] holds the messages between a gate and
-//! its destination's desk; [`pause`] an operator's pause by hand as the admin API takes it.
-//! Nothing here knows an operation's record: a desk only holds keys, their due times and
-//! counts, and never changes an effect's `webhook-id` (the gate does not change it for any of
-//! this either).
+//! its destination's desk. Nothing here knows an operation's record: a desk only holds keys,
+//! their due times and counts, and never changes an effect's `webhook-id` (the gate does not
+//! change it for any of this either).
 
 pub mod desk;
-pub mod pause;
 pub mod protocol;

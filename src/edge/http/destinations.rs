@@ -4,16 +4,16 @@
 //!
 //! Guarantees: `{name}` is a route's kind or `default` (percent-encoded or not); an unknown
 //! name is 404 naming the known ones; one call to the destination's desk, which keeps the
-//! pause with who asked and why ([`crate::destination::pause`]).
+//! pause with who asked and why ([`crate::operator::pause`]).
 
 use percent_encoding::percent_decode_str;
 use serde_json::json;
 use worker::{Env, Method, Request, Response};
 
 use crate::config::Config;
-use crate::destination::pause::{answer, parse};
 use crate::destination::protocol::{DeskCommand, DeskReply};
 use crate::operation::Actor;
+use crate::operator::pause::{answer, parse};
 use crate::refusal::Refusal;
 
 use crate::edge::http::admin_body::read_body;

@@ -138,28 +138,8 @@ impl DestinationDesk {
             DeskCommand::Status { .. } | DeskCommand::Check { .. } => {
                 return Ok((DeskReply::View(desk.view(facts)), None))
             }
-            DeskCommand::Pause {
-                by,
-                reason,
-                dry_run,
-                ..
-            } => {
-                let changed = !dry_run && desk.pause(by, reason, now);
-                if changed {
-                    self.save(&desk)?;
-                }
-                let view = desk.view(facts);
-                return Ok((DeskReply::PauseSet { changed, view }, None));
-            }
-            DeskCommand::Resume { dry_run, .. } => {
-                let changed = !dry_run && desk.resume();
-                if changed {
-                    self.save(&desk)?;
-                }
-                // What waited is released from the next alarm run, soonest first.
-                let alarm = (changed && facts.waiting > 0).then_some(now);
-                let view = desk.view(facts);
-                return Ok((DeskReply::PauseSet { changed, view }, alarm));
+            DeskCommand::Pause { .. } | DeskCommand::Resume { .. } => {
+                return self.pause_or_resume(desk, command, facts, now)
             }
             DeskCommand::Ask { key, due_ms, .. } => (key, due_ms, desk.ask(facts, now), false),
             DeskCommand::AskMany {
@@ -205,6 +185,33 @@ impl DestinationDesk {
         }
         self.save(&desk)?;
         Ok((decision.reply, decision.alarm_at_ms))
+    }
+
+    /// An operator's pause or resume (a dry run changes nothing); a resume sets the alarm, so
+    /// what waited is released from its next run, soonest first.
+    fn pause_or_resume(
+        &self,
+        mut desk: Desk,
+        command: DeskCommand,
+        facts: Facts,
+        now: i64,
+    ) -> Result<(DeskReply, Option<i64>)> {
+        let changed = match command {
+            DeskCommand::Pause {
+                by,
+                reason,
+                dry_run: false,
+                ..
+            } => desk.pause(by, reason, now),
+            DeskCommand::Resume { dry_run: false, .. } => desk.resume(),
+            _ => false,
+        };
+        if changed {
+            self.save(&desk)?;
+        }
+        let alarm = (changed && desk.paused.is_none() && facts.waiting > 0).then_some(now);
+        let view = desk.view(facts);
+        Ok((DeskReply::PauseSet { changed, view }, alarm))
     }
 
     /// Sends the owed alerts, oldest first, until the sink refuses one (tried again

@@ -16,9 +16,6 @@ use crate::destination::protocol::{DeskView, CLEAR_MEMORY_MS};
 use crate::operator::listing::kept_reason;
 use crate::timestamp::format_rfc3339;
 
-/// The name of `EFFECT_URL`'s destination in the route (a route has its kind's name).
-pub const DEFAULT_DESTINATION: &str = "default";
-
 /// A pause or a resume, as asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PauseRequest {
