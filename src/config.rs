@@ -111,6 +111,8 @@ const DAY_SECS: i64 = 86_400;
 pub const DEFAULT_RESULTS_FILE_WAIT_SECS: i64 = crate::results::progress::FILE_WAIT_MS / 1_000;
 /// Five failures in a row: one blip (a deploy, a restart) does not open a destination, a
 /// real outage does within seconds of traffic.
+/// The name an operator gives `EFFECT_URL`'s destination (a route has its kind's name).
+pub const DEFAULT_DESTINATION: &str = "default";
 pub const DEFAULT_DESTINATION_OPEN_AFTER: i64 = 5;
 /// Probes every 15 s at most: a destination back from an outage is found within that (so
 /// what waited is all delivered within 20 s of its recovery at the drain rate), at 240
@@ -899,6 +901,23 @@ impl Config {
         }
     }
 
+    /// The desk settings of the destination an operator names: a route by its kind, else
+    /// `default` for `EFFECT_URL` (a route named `default` takes the name); `None` for a name
+    /// no destination has.
+    pub fn destination_named(&self, name: &str) -> Option<DeskSettings> {
+        if let Some((kind, _)) = self.effect_routes.iter().find(|(k, _)| k == name) {
+            return Some(self.desk_settings(Some(kind)));
+        }
+        (name == DEFAULT_DESTINATION).then(|| self.desk_settings(None))
+    }
+
+    /// The names [`Config::destination_named`] knows: `default`, then each route's kind.
+    pub fn destination_names(&self) -> Vec<String> {
+        std::iter::once(DEFAULT_DESTINATION.to_string())
+            .chain(self.effect_routes.iter().map(|(k, _)| k.clone()))
+            .collect()
+    }
+
     /// Every configured destination's desk settings: `EFFECT_URL`'s, then each route's, in
     /// order (what `/v1/stats` asks about).
     pub fn destinations(&self) -> Vec<DeskSettings> {
@@ -1466,6 +1485,36 @@ mod tests {
         assert_eq!(split(Some("a: b")), ("a: b".into(), "queue:Q".into()));
         assert_eq!(c.destination_name(Some("billing")), "billing");
         assert_eq!(destination_parts("something else"), ("something else", ""));
+    }
+
+    #[test]
+    fn an_operator_names_a_destination_by_its_route_or_default() {
+        let mut vars = base();
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"billing":"queue:BILLING_EFFECTS","video":"https://v.example/e"}"#.into(),
+        );
+        let c = parse(&vars).unwrap();
+        assert_eq!(c.destination_names(), ["default", "billing", "video"]);
+        assert_eq!(
+            c.destination_named("default").unwrap().label,
+            c.destination_label(None)
+        );
+        assert_eq!(
+            c.destination_named("video").unwrap().label,
+            c.destination_label(Some("video"))
+        );
+        assert_eq!(c.destination_named("nope"), None);
+        vars.insert(
+            "EFFECT_ROUTES",
+            r#"{"default":"https://d.example/e"}"#.into(),
+        );
+        let c = parse(&vars).unwrap();
+        assert_eq!(
+            c.destination_named("default").unwrap().label,
+            c.destination_label(Some("default")),
+            "a route named default takes the name"
+        );
     }
 
     #[test]

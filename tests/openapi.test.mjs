@@ -345,6 +345,25 @@ describe("docs/openapi.yaml against the worker's answers", () => {
     await call(w, "POST", retry, `/v1/operations/${key}/results/retry`, { body: oversized(ADMIN_CAP), expect: 413 });
   });
 
+  it("POST /v1/destinations/{name}/pause and /resume", async () => {
+    const pause = "/v1/destinations/{name}/pause";
+    const resume = "/v1/destinations/{name}/resume";
+    const dry = await call(w, "POST", pause, "/v1/destinations/default/pause", { body: { reason: "check", dry_run: true }, expect: 200 });
+    assert.equal(dry.body.changed, false);
+    const paused = await call(w, "POST", pause, "/v1/destinations/default/pause", { body: { reason: "planned outage" }, expect: 200 });
+    assert.equal(paused.body.state, "paused");
+    await call(w, "POST", pause, "/v1/destinations/default/pause", { body: {}, expect: 400 });
+    await call(w, "POST", pause, "/v1/destinations/nope/pause", { body: { reason: "x" }, expect: 404 });
+    await call(w, "POST", pause, "/v1/destinations/default/pause", { token: false, expect: 401 });
+    await call(w, "POST", pause, "/v1/destinations/default/pause", { body: oversized(ADMIN_CAP), expect: 413 });
+    const resumed = await call(w, "POST", resume, "/v1/destinations/default/resume", { body: { reason: "done" }, expect: 200 });
+    assert.equal(resumed.body.changed, true);
+    await call(w, "POST", resume, "/v1/destinations/default/resume", { body: "not json", expect: 400 });
+    await call(w, "POST", resume, "/v1/destinations/nope/resume", { expect: 404 });
+    await call(w, "POST", resume, "/v1/destinations/default/resume", { token: false, expect: 401 });
+    await call(w, "POST", resume, "/v1/destinations/default/resume", { body: oversized(ADMIN_CAP), expect: 413 });
+  });
+
   it("POST /v1/operations/{name}/redeliver", async () => {
     const route = "/v1/operations/{name}/redeliver";
     await settled("batches/oa-redeliver");
@@ -551,6 +570,8 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       "POST /v1/operations/{name}/forget": () => ({ url: `/v1/operations/${key}/forget`, body: { reason: "walk" } }),
       "POST /v1/operations/{name}/repair": () => ({ url: `/v1/operations/${key}/repair`, body: { reason: "walk" } }),
       "POST /v1/operations/{name}/settle": () => ({ url: `/v1/operations/${key}/settle`, body: { status: "failed", reason: "walk" } }),
+      "POST /v1/destinations/{name}/pause": () => ({ url: "/v1/destinations/default/pause", body: { reason: "walk", dry_run: true } }),
+      "POST /v1/destinations/{name}/resume": () => ({ url: "/v1/destinations/default/resume", body: { dry_run: true } }),
       "POST /v1/bulk/retry": () => ({ url: "/v1/bulk/retry", body: none }),
       "POST /v1/bulk/redeliver": () => ({ url: "/v1/bulk/redeliver", body: { ...none, reason: "walk", sent_before: new Date().toISOString() } }),
       "GET /v1/stats": () => ({ url: "/v1/stats" }),
@@ -614,6 +635,8 @@ describe("docs/openapi.yaml against the worker's answers", () => {
       ["GET", "/v1/config", "/v1/config", {}],
       ["POST", "/v1/bulk/retry", "/v1/bulk/retry", {}],
       ["POST", "/v1/bulk/redeliver", "/v1/bulk/redeliver", {}],
+      ["POST", "/v1/destinations/{name}/pause", "/v1/destinations/default/pause", {}],
+      ["POST", "/v1/destinations/{name}/resume", "/v1/destinations/default/resume", {}],
     ];
     for (const [method, route, url, opts] of requests) {
       const res = await call(broken, method, route, url, { ...opts, expect: 503 });

@@ -14,6 +14,17 @@
 //! - A paced route's releases follow a token bucket (`per_second`, [`Pace::burst`] tokens) and
 //!   its attempts in flight stay within `concurrency`; each slot lapses after
 //!   [`DeskSettings::slot_ttl_ms`], so a gate that died never holds one.
+//! - A probe rotates over the waiting keys: a probe that fails queues its key behind every key
+//!   that waited before it (due at the failure), so one throttled or refused key is not
+//!   probed twice in a row while others wait. A key that could not send (its release found
+//!   nothing to send: a results file missing, a download refused) leaves the queue, and is
+//!   not a failed probe: it asks again, on its own schedule, when it can send, and the next
+//!   key is probed at once.
+//! - An operator may **pause** it by hand ([`Desk::pause`], stored with who and why): every
+//!   ask and report is then answered [`DeskReply::Paused`] and its key queued in its place,
+//!   nothing is released and no probe goes until [`Desk::resume`], which drains what waited
+//!   soonest first. A pause is not health: it never opens the desk nor closes it, counts no
+//!   failure, raises no alert, and drops nothing.
 //! - One alert when it opens, one when it recovers (its resolution: `resolves`
 //!   `destination_open`); both are kept until the sink takes them, at most
 //!   [`MAX_OWED_ALERTS`] (beyond that the oldest is dropped and counted), and a sink that
@@ -26,7 +37,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::destination::protocol::{DeskReply, DeskSettings, DeskView, Pace};
+use crate::destination::protocol::{DeskReply, DeskSettings, DeskView, Pace, PauseNote};
 use crate::destination_label::destination_parts;
 use crate::operation::alert::{hashed_id, text};
 use crate::retry::Backoff;
@@ -58,6 +69,9 @@ pub struct Decision {
     pub reply: DeskReply,
     /// Queue the key (keeping the sooner due if it is already queued).
     pub enqueue: bool,
+    /// Queue it due at this time rather than when it became owed: a failed probe's key goes
+    /// behind every key that waited before it.
+    pub queue_at_ms: Option<i64>,
     /// Take this many slots for the key until `slot_ttl_ms` from now (one for an effect, one
     /// a result for a batch's chunk).
     pub slots: u32,
@@ -70,6 +84,7 @@ impl Decision {
         Decision {
             reply,
             enqueue: false,
+            queue_at_ms: None,
             slots: 0,
             alarm_at_ms: None,
         }
@@ -124,6 +139,9 @@ pub struct Desk {
     /// happy path's first attempt makes none).
     #[serde(default)]
     pub calls: u64,
+    /// A pause an operator set by hand: nothing is released until it is resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<PauseNote>,
 }
 
 impl Desk {
@@ -184,6 +202,9 @@ impl Desk {
     /// [`PACED_SPREAD_MS`] (a slot each, each result sent when its token is due), and the
     /// batch waits its turn when none is free now.
     pub fn ask_many(&mut self, wanted: u32, facts: Facts, now: i64) -> Decision {
+        if self.paused.is_some() {
+            return Self::hold();
+        }
         if self.is_open() || facts.waiting > 0 {
             return self.wait(now);
         }
@@ -211,6 +232,14 @@ impl Desk {
                 slots: n,
                 ..Decision::reply(DeskReply::Granted { n, after_ms })
             },
+        }
+    }
+
+    /// Paused: the key is queued in its place; only a resume releases it (no alarm).
+    fn hold() -> Decision {
+        Decision {
+            enqueue: true,
+            ..Decision::reply(DeskReply::Paused)
         }
     }
 
@@ -264,9 +293,10 @@ impl Desk {
     /// order, so "in a row" is read as "all of them". When every one was a health failure,
     /// each counts (a chunk that fails whole opens the destination); when none was, it is a
     /// success; a chunk of both says neither (its failures back off on their own, and a run
-    /// of failures the job's effects built stands). A chunk that sent nothing says nothing of
-    /// health: a probe that sent nothing is a missed one, and while the destination is open
-    /// the batch is queued again.
+    /// of failures the job's effects built stands). A chunk that sent nothing could not send (a
+    /// results file missing, a download refused): it says nothing of health and leaves the
+    /// queue until it can (it asks again then); a probe that sent nothing is not a failed one,
+    /// and the next key is probed at once.
     #[allow(clippy::too_many_arguments)]
     pub fn report_many(
         &mut self,
@@ -278,13 +308,33 @@ impl Desk {
         facts: Facts,
         now: i64,
     ) -> Decision {
-        let mixed = failures > 0 && failures < sent;
-        if sent == 0 || mixed {
-            if sent == 0 && self.probe.as_ref().is_some_and(|p| p.key == key) {
-                self.probe_missed(now);
+        let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
+        if sent == 0 {
+            // It could not send: it leaves the queue until it can (it asks again then), and
+            // says nothing of the destination, so the next key is probed at once.
+            if was_probe {
+                self.probe = None;
             }
+            return Decision {
+                alarm_at_ms: Some(now),
+                ..Decision::reply(DeskReply::OwnSchedule)
+            };
+        }
+        if self.paused.is_some() {
+            return self.held_report(key);
+        }
+        let mixed = failures > 0 && failures < sent;
+        if mixed {
             if self.is_open() {
-                return self.wait(now);
+                // A probe that was neither: it is over, and its key goes behind the rest.
+                let queue_at_ms = was_probe.then_some(now);
+                if was_probe {
+                    self.probe = None;
+                }
+                return Decision {
+                    queue_at_ms,
+                    ..self.wait(now)
+                };
             }
             // The chunk's slots are freed: what waits may go.
             return Decision {
@@ -305,15 +355,31 @@ impl Desk {
         facts: Facts,
         now: i64,
     ) -> Decision {
+        if self.paused.is_some() {
+            return self.held_report(key);
+        }
         let decision = self.report_inner(key, failed, facts, now);
         if let Some(asked) = asked_wait_ms.filter(|_| self.is_open()) {
             let cap = self.settings.as_ref().map_or(3_600_000, |s| s.asked_max_ms);
             self.next_probe_ms = self.next_probe_ms.max(now + asked.clamp(0, cap.max(0)));
             if decision.enqueue {
-                return self.wait(now);
+                return Decision {
+                    queue_at_ms: decision.queue_at_ms,
+                    ..self.wait(now)
+                };
             }
         }
         decision
+    }
+
+    /// A report while paused says nothing of health (a pause is not a failure, nor is an
+    /// answer a recovery): the key waits in its place for the resume, and a probe out when
+    /// the pause came is over.
+    fn held_report(&mut self, key: &str) -> Decision {
+        if self.probe.as_ref().is_some_and(|p| p.key == key) {
+            self.probe = None;
+        }
+        Self::hold()
     }
 
     fn report_inner(
@@ -348,9 +414,13 @@ impl Desk {
         self.failures_in_row = self.failures_in_row.saturating_add(count);
         self.last_error = Some(error);
         if was_probe {
+            // Behind every key that waited before it: the next probe tries another.
             self.probe = None;
             self.probe_failed(now);
-            return self.wait(now);
+            return Decision {
+                queue_at_ms: Some(now),
+                ..self.wait(now)
+            };
         }
         if self.is_open() {
             return self.wait(now);
@@ -438,7 +508,7 @@ impl Desk {
     /// backoff is over and no probe is out, or the one out lapsed), else as many as the pace
     /// allows. Takes the tokens it hands out.
     pub fn wake(&mut self, facts: Facts, now: i64) -> Wake {
-        if facts.waiting == 0 || facts.next_due_ms > now {
+        if self.paused.is_some() || facts.waiting == 0 || facts.next_due_ms > now {
             return Wake::Idle;
         }
         if self.is_open() {
@@ -521,7 +591,7 @@ impl Desk {
     }
 
     fn release_alarm_ms(&self, facts: Facts, now: i64) -> Option<i64> {
-        if facts.waiting == 0 {
+        if facts.waiting == 0 || self.paused.is_some() {
             return None;
         }
         if !self.is_open() && self.pace().concurrency.is_some() && !self.pace_has_room(facts) {
@@ -541,12 +611,40 @@ impl Desk {
             .is_none_or(|c| facts.in_flight < u64::from(c))
     }
 
+    /// A check before a first attempt: it must ask while the destination is paused or open.
+    pub fn check(&self) -> DeskReply {
+        DeskReply::Checked {
+            ask: self.paused.is_some() || self.is_open(),
+        }
+    }
+
+    /// An operator pauses the destination: stored with who and why (a pause already set
+    /// stands, with its first author). True when this changed it.
+    pub fn pause(&mut self, by: Value, reason: String, now: i64) -> bool {
+        if self.paused.is_some() {
+            return false;
+        }
+        self.paused = Some(PauseNote {
+            by,
+            reason,
+            at_ms: now,
+        });
+        true
+    }
+
+    /// An operator resumes it: what waited is released from the next alarm, soonest first
+    /// (a probe first, if it was open before the pause). True when it was paused.
+    pub fn resume(&mut self) -> bool {
+        self.paused.take().is_some()
+    }
+
     /// The view `/v1/stats` shows.
     pub fn view(&self, facts: Facts) -> DeskView {
-        let state = match (self.is_open(), facts.waiting) {
-            (true, _) => "open",
-            (false, 0) => "healthy",
-            (false, _) => "draining",
+        let state = match (self.paused.is_some(), self.is_open(), facts.waiting) {
+            (true, _, _) => "paused",
+            (false, true, _) => "open",
+            (false, false, 0) => "healthy",
+            (false, false, _) => "draining",
         };
         DeskView {
             label: self.label(),
@@ -558,6 +656,7 @@ impl Desk {
             opened_at_ms: self.opened_at_ms,
             pace: self.pace(),
             calls: self.calls,
+            paused: self.paused.clone(),
         }
     }
 }

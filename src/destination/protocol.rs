@@ -6,6 +6,7 @@
 //! spoke to it last (every isolate parses the same variables), and needs none of its own.
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::retry::PeerAnswer;
 
@@ -103,6 +104,27 @@ pub enum DeskCommand {
     },
     /// The desk's state, for `/v1/stats`.
     Status { settings: DeskSettings },
+    /// Must a first attempt ask? Read only (no write, not counted in `calls`): an isolate
+    /// that has not heard from the desk lately checks before a first attempt, so a pause
+    /// holds effects that would otherwise never speak to the desk.
+    Check { settings: DeskSettings },
+    /// An operator pauses the destination by hand (`by`: who, as the admin API names the
+    /// caller), or, with `dry_run`, only asks what a pause would hold.
+    Pause {
+        by: Value,
+        reason: String,
+        #[serde(default)]
+        dry_run: bool,
+        settings: DeskSettings,
+    },
+    /// An operator resumes a paused destination: what waited is released in order.
+    Resume {
+        by: Value,
+        reason: String,
+        #[serde(default)]
+        dry_run: bool,
+        settings: DeskSettings,
+    },
 }
 
 impl DeskCommand {
@@ -113,7 +135,10 @@ impl DeskCommand {
             | DeskCommand::AskMany { settings, .. }
             | DeskCommand::Report { settings, .. }
             | DeskCommand::ReportMany { settings, .. }
-            | DeskCommand::Status { settings } => settings,
+            | DeskCommand::Status { settings }
+            | DeskCommand::Check { settings }
+            | DeskCommand::Pause { settings, .. }
+            | DeskCommand::Resume { settings, .. } => settings,
         }
     }
 }
@@ -134,12 +159,21 @@ pub enum DeskReply {
     },
     /// Wait: the key is queued and the desk will make it due (`DestinationReady`).
     Wait,
+    /// Wait: the destination is paused by hand; the key is queued (in its place, soonest
+    /// due first) and made due when an operator resumes it. Nothing of it is a failure.
+    Paused,
+    /// A check's answer: whether a first attempt must ask (the destination is paused or
+    /// open) or may go.
+    Checked { ask: bool },
     /// Keep the effect's own backoff: the destination is not open.
     OwnSchedule,
     /// Recorded.
     Noted,
     /// The desk's state.
     View(DeskView),
+    /// A pause or resume: whether it changed the desk (a dry run changes nothing), and the
+    /// desk as it now stands (its `waiting`: what the pause holds, or the resume releases).
+    PauseSet { changed: bool, view: DeskView },
 }
 
 /// A destination's health as `/v1/stats` shows it.
@@ -160,6 +194,19 @@ pub struct DeskView {
     /// Asks and reports this desk received.
     #[serde(default)]
     pub calls: u64,
+    /// The pause an operator set, if any (`state` is then `paused`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<PauseNote>,
+}
+
+/// A pause by hand: who set it, why, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseNote {
+    /// Who paused it, as the admin API names a caller (scope and token fingerprint).
+    pub by: Value,
+    pub reason: String,
+    /// Unix ms.
+    pub at_ms: i64,
 }
 
 /// Whether an attempt's answer says the destination itself is failing: a timeout, a network
@@ -177,24 +224,48 @@ pub fn health_failure(answer: &PeerAnswer) -> bool {
 /// call each for at most a minute after this isolate last heard `Wait`.
 pub const OPEN_MEMORY_MS: i64 = 60_000;
 
-/// What a desk's reply tells an isolate's memory of open destinations.
+/// How long an isolate trusts a desk's word that its destination is neither open nor paused:
+/// a first attempt after that checks ([`DeskCommand::Check`], one read, no write) before it
+/// goes. So a pause holds every first attempt that starts this long after it, and a busy
+/// isolate pays one check per destination per this long, not one per effect.
+pub const CLEAR_MEMORY_MS: i64 = 10_000;
+
+/// What a desk's reply tells an isolate's memory of its destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Remember {
-    /// It is open (or drains what waited): first attempts ask until then.
+    /// It is open (or drains what waited) or paused: first attempts ask until then.
     OpenUntil(i64),
-    /// It let an attempt go, or a success was noted: first attempts go again.
-    Closed,
+    /// It let an attempt go, or a success was noted, or a check found it neither open nor
+    /// paused: first attempts go without asking until then.
+    ClearUntil(i64),
     /// Nothing new.
     Keep,
 }
 
 impl DeskReply {
-    /// What this reply teaches an isolate's memory of open destinations at `now`.
+    /// What this reply teaches an isolate's memory of its destination at `now`.
     pub fn remembered(&self, now: i64) -> Remember {
         match self {
-            DeskReply::Wait => Remember::OpenUntil(now + OPEN_MEMORY_MS),
-            DeskReply::Go | DeskReply::Granted { .. } | DeskReply::Noted => Remember::Closed,
-            DeskReply::OwnSchedule | DeskReply::View(_) => Remember::Keep,
+            DeskReply::Wait | DeskReply::Paused | DeskReply::Checked { ask: true } => {
+                Remember::OpenUntil(now + OPEN_MEMORY_MS)
+            }
+            DeskReply::Go
+            | DeskReply::Granted { .. }
+            | DeskReply::Noted
+            | DeskReply::Checked { ask: false } => Remember::ClearUntil(now + CLEAR_MEMORY_MS),
+            DeskReply::OwnSchedule | DeskReply::View(_) | DeskReply::PauseSet { .. } => {
+                Remember::Keep
+            }
+        }
+    }
+
+    /// Whether the desk queued the key: the effect (or the batch) waits for its release, and
+    /// `Some(true)` when that is a pause's (no failure: no attempt, no alert while it holds).
+    pub fn waits(&self) -> Option<bool> {
+        match self {
+            DeskReply::Wait => Some(false),
+            DeskReply::Paused => Some(true),
+            _ => None,
         }
     }
 }
@@ -209,9 +280,22 @@ mod tests {
             DeskReply::Wait.remembered(100),
             Remember::OpenUntil(100 + OPEN_MEMORY_MS)
         );
-        assert_eq!(DeskReply::Go.remembered(100), Remember::Closed);
-        assert_eq!(DeskReply::Noted.remembered(100), Remember::Closed);
+        assert_eq!(
+            DeskReply::Paused.remembered(100),
+            Remember::OpenUntil(100 + OPEN_MEMORY_MS)
+        );
+        assert_eq!(
+            DeskReply::Checked { ask: true }.remembered(100),
+            Remember::OpenUntil(100 + OPEN_MEMORY_MS)
+        );
+        let clear = Remember::ClearUntil(100 + CLEAR_MEMORY_MS);
+        assert_eq!(DeskReply::Go.remembered(100), clear);
+        assert_eq!(DeskReply::Noted.remembered(100), clear);
+        assert_eq!(DeskReply::Checked { ask: false }.remembered(100), clear);
         assert_eq!(DeskReply::OwnSchedule.remembered(100), Remember::Keep);
+        assert_eq!(DeskReply::Wait.waits(), Some(false));
+        assert_eq!(DeskReply::Paused.waits(), Some(true));
+        assert_eq!(DeskReply::OwnSchedule.waits(), None);
     }
 
     #[test]

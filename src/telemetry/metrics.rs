@@ -40,7 +40,7 @@ pub const COMMIT: &str = match option_env!("GEMINI_ONCE_COMMIT") {
 const REJECTED_PREFIX: &str = "rejected_";
 /// The states a destination's desk reports (`DeskView::state`), and `unknown` for a desk that
 /// could not be asked: each is a series of the state gauge, 1 for the current one.
-pub const DESTINATION_STATES: [&str; 4] = ["healthy", "open", "draining", "unknown"];
+pub const DESTINATION_STATES: [&str; 5] = ["healthy", "open", "draining", "paused", "unknown"];
 
 /// Which exposition format to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,7 +332,7 @@ fn destination_families(destinations: &Value) -> Vec<Family> {
     let mut state = Family::new(
         "destination_state",
         Kind::Gauge,
-        "A destination's state: 1 for the current one (healthy, open, draining; unknown when its desk could not be asked).",
+        "A destination's state: 1 for the current one (healthy, open, draining, paused by hand; unknown when its desk could not be asked).",
     );
     let mut waiting = Family::new(
         "destination_waiting_effects",

@@ -553,14 +553,9 @@ fn a_chunk_that_sent_nothing_frees_its_slots_and_says_nothing_of_health() {
     assert_eq!(d.wake(facts(1, 0), at), Wake::Probe);
     d.released("b", true, at);
     let none = d.report_many("b", 0, 0, None, None, facts(0, 0), at + 10);
-    assert_eq!(none.reply, DeskReply::Wait, "the batch is queued again");
-    assert!(none.enqueue);
     assert!(d.is_open(), "an empty chunk does not close it");
-    assert!(
-        d.probe.is_none(),
-        "the probe is missed, and another follows its backoff"
-    );
-    assert!(d.next_probe_ms > at + 10);
+    assert!(!none.enqueue, "it leaves the queue until it can send");
+    assert!(d.probe.is_none(), "the probe is over, not failed");
     let mut d = desk(paced(5, None));
     let empty = d.report_many("b", 0, 0, None, None, facts(1, 0), 10);
     assert_eq!(empty.reply, DeskReply::OwnSchedule);
@@ -569,4 +564,240 @@ fn a_chunk_that_sent_nothing_frees_its_slots_and_says_nothing_of_health() {
         Some(10),
         "its slots are free for what waits"
     );
+}
+
+fn by() -> Value {
+    serde_json::json!({"scope": "admin", "fingerprint": "1a2b3c4d"})
+}
+
+#[test]
+fn a_pause_holds_every_ask_and_report_in_its_place_and_releases_nothing() {
+    let mut d = desk(Pace::default());
+    assert!(d.pause(by(), "planned outage".into(), 100));
+    assert!(
+        !d.pause(by(), "again".into(), 200),
+        "a pause already set stands"
+    );
+    assert_eq!(d.paused.as_ref().unwrap().reason, "planned outage");
+    // A first attempt's check must ask; its ask is queued, with no alarm to release it.
+    assert_eq!(d.check(), DeskReply::Checked { ask: true });
+    let ask = d.ask(facts(0, 0), 300);
+    assert_eq!(ask.reply, DeskReply::Paused);
+    assert!(ask.enqueue);
+    assert_eq!(ask.queue_at_ms, None, "in its place: when it became owed");
+    assert_eq!(ask.alarm_at_ms, None);
+    let chunk = d.ask_many(40, facts(1, 0), 301);
+    assert_eq!(chunk.reply, DeskReply::Paused);
+    assert!(chunk.enqueue);
+    // Nothing is released however long it holds, and the alarm is not set for releases.
+    for now in [400, 60_000, 86_400_000] {
+        assert_eq!(d.wake(facts(50, 0), now), Wake::Idle);
+        assert_eq!(d.next_alarm_ms(facts(50, 0), now), None);
+    }
+    assert_eq!(d.view(facts(50, 0)).state, "paused");
+    assert_eq!(d.view(facts(50, 0)).paused.unwrap().by, by());
+}
+
+#[test]
+fn a_pause_is_not_health_it_never_opens_closes_nor_alerts() {
+    let mut d = desk(Pace::default());
+    d.pause(by(), "planned outage".into(), 0);
+    // Failures reported while paused (attempts in flight when it came) count for nothing.
+    for (i, k) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+        let r = fail(&mut d, k, i as i64);
+        assert_eq!(r.reply, DeskReply::Paused);
+        assert!(r.enqueue, "the failed attempt waits for the resume");
+    }
+    let whole = d.report_many("b", 40, 40, Some("503".into()), None, facts(5, 0), 9);
+    assert_eq!(whole.reply, DeskReply::Paused);
+    assert!(!d.is_open());
+    assert_eq!(d.failures_in_row, 0);
+    assert!(d.alerts.is_empty(), "no alert for a pause");
+    // A success says nothing either: an open desk stays open through a pause.
+    let mut d = opened();
+    d.pause(by(), "planned outage".into(), 10);
+    let ok = d.report("a", None, None, facts(3, 0), 11);
+    assert_eq!(ok.reply, DeskReply::Paused);
+    assert!(d.is_open());
+    assert!(d.alerts.is_empty());
+}
+
+#[test]
+fn a_resume_drains_what_waited_soonest_first_and_an_open_desk_probes_again() {
+    let mut d = desk(Pace::default());
+    d.pause(by(), "planned outage".into(), 0);
+    d.ask(facts(0, 0), 1);
+    assert!(d.resume());
+    assert!(!d.resume(), "resuming twice changes nothing");
+    assert_eq!(d.check(), DeskReply::Checked { ask: false });
+    assert_eq!(d.next_alarm_ms(facts(50, 0), 1_000), Some(1_010));
+    assert_eq!(d.wake(facts(50, 0), 1_000), Wake::Drain(50));
+    assert!(d.alerts.is_empty(), "no alert for a resume");
+    // Open before the pause: open after it, and probed on its backoff.
+    let mut d = opened();
+    d.pause(by(), "x".into(), 10);
+    assert_eq!(d.wake(facts(3, 0), 100_000), Wake::Idle);
+    d.resume();
+    assert_eq!(d.wake(facts(3, 0), 100_000), Wake::Probe);
+}
+
+#[test]
+fn a_pause_survives_the_desks_restart() {
+    let mut d = desk(Pace::default());
+    d.pause(by(), "planned outage".into(), 5);
+    let stored = serde_json::to_string(&d).unwrap();
+    let loaded: Desk = serde_json::from_str(&stored).unwrap();
+    assert_eq!(loaded, d);
+    assert_eq!(loaded.paused.unwrap().at_ms, 5);
+    // A desk stored before pauses existed loads unpaused.
+    let old = serde_json::to_value(desk(Pace::default())).unwrap();
+    assert!(old.get("paused").is_none());
+    assert_eq!(serde_json::from_value::<Desk>(old).unwrap().paused, None);
+}
+
+/// A queue the way the desk object keeps it (`waiting(key, due_ms)`, released soonest due
+/// first, a key queued at the decision's `queue_at_ms` or its own due), driven by the desk's
+/// decisions: which keys its probes release.
+struct Queue {
+    waiting: Vec<(String, i64)>,
+}
+
+impl Queue {
+    fn soonest(&mut self) -> String {
+        self.waiting.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        self.waiting.remove(0).0
+    }
+
+    fn apply(&mut self, key: &str, due_ms: i64, decision: &Decision) {
+        if decision.enqueue {
+            let at = decision.queue_at_ms.unwrap_or(due_ms);
+            self.waiting.retain(|(k, _)| k != key);
+            self.waiting.push((key.to_string(), at));
+        }
+    }
+
+    fn facts(&self) -> Facts {
+        facts(self.waiting.len() as u64, 0)
+    }
+}
+
+#[test]
+fn a_probe_rotates_so_four_throttled_keys_do_not_hold_ten_good_ones() {
+    // The case: 4 keys the destination keeps answering 429 (Retry-After: 4 s),
+    // owed first, then 10 it would accept; the desk is open.
+    let mut d = opened();
+    let mut q = Queue {
+        waiting: (0..4)
+            .map(|i| (format!("throttled-{i}"), i))
+            .chain((0..10).map(|i| (format!("good-{i}"), 100 + i)))
+            .collect(),
+    };
+    let owed: std::collections::HashMap<String, i64> = q.waiting.iter().cloned().collect();
+    let throttled = |k: &str| k.starts_with("throttled");
+    let (mut now, mut probes) = (1_000, Vec::new());
+    while d.is_open() && now < 600_000 {
+        if d.wake(q.facts(), now) == Wake::Probe {
+            let key = q.soonest();
+            d.released(&key, true, now);
+            let report = match throttled(&key) {
+                true => d.report(&key, Some("429".into()), Some(4_000), q.facts(), now + 50),
+                false => d.report(&key, None, None, q.facts(), now + 50),
+            };
+            // The gate reports the time its effect became owed (long before now).
+            let owed_ms = owed[&key];
+            q.apply(&key, owed_ms, &report);
+            probes.push(key);
+        }
+        now += 100;
+    }
+    assert!(
+        !d.is_open(),
+        "a good key was probed and closed it: {probes:?}"
+    );
+    assert_eq!(
+        probes.len(),
+        5,
+        "each throttled key once, then a good one: {probes:?}"
+    );
+    for pair in probes.windows(2) {
+        assert_ne!(pair[0], pair[1], "no key is probed twice in a row");
+    }
+    assert!(probes[..4].iter().all(|k| throttled(k)));
+    assert!(!throttled(&probes[4]));
+    // The drain then releases every other key, the good ones with them.
+    assert_eq!(d.wake(q.facts(), now), Wake::Drain(13));
+}
+
+#[test]
+fn a_throttled_key_goes_behind_every_key_that_waited_before_it() {
+    let mut d = opened();
+    let at = 2 + PROBE_FIRST_MS;
+    assert_eq!(d.wake(facts(3, 0), at), Wake::Probe);
+    d.released("a", true, at);
+    let failed = d.report("a", Some("429".into()), Some(4_000), facts(2, 0), at + 10);
+    assert!(failed.enqueue);
+    assert_eq!(
+        failed.queue_at_ms,
+        Some(at + 10),
+        "due at the failure, not when owed"
+    );
+    // An attempt's failure that is not the probe keeps its own place.
+    let other = fail(&mut d, "b", at + 20);
+    assert!(other.enqueue);
+    assert_eq!(other.queue_at_ms, None);
+    // A probe whose chunk was mixed goes behind too, and the probe is over.
+    assert_eq!(d.wake(facts(3, 0), d.next_probe_ms), Wake::Probe);
+    d.released("c", true, d.next_probe_ms);
+    let mixed = d.report_many(
+        "c",
+        4,
+        2,
+        Some("429".into()),
+        None,
+        facts(2, 0),
+        d.next_probe_ms,
+    );
+    assert!(mixed.enqueue);
+    assert!(mixed.queue_at_ms.is_some());
+    assert!(d.probe.is_none());
+}
+
+#[test]
+fn a_key_that_cannot_send_leaves_the_queue_and_the_next_is_probed_at_once() {
+    let mut d = opened();
+    let at = 2 + PROBE_FIRST_MS;
+    assert_eq!(d.wake(facts(3, 0), at), Wake::Probe);
+    d.released("batch", true, at);
+    let wait_before = d.probe_wait_ms;
+    // Its release found nothing to send (its results file missing, a download refused).
+    let none = d.report_many("batch", 0, 0, None, None, facts(2, 0), at + 10);
+    assert_eq!(
+        none.reply,
+        DeskReply::OwnSchedule,
+        "its own schedule: it asks again when it can"
+    );
+    assert!(!none.enqueue, "it leaves the queue");
+    assert_eq!(none.alarm_at_ms, Some(at + 10));
+    assert!(d.probe.is_none());
+    assert_eq!(
+        d.probe_wait_ms, wait_before,
+        "not a failed probe: no longer backoff"
+    );
+    assert_eq!(
+        d.wake(facts(2, 0), at + 10),
+        Wake::Probe,
+        "the next key, at once"
+    );
+    // Keys that cannot send do not keep a recovered destination open: each leaves, and the
+    // first key that can send closes it.
+    d.released("batch-2", true, at + 10);
+    d.report_many("batch-2", 0, 0, None, None, facts(1, 0), at + 20);
+    assert_eq!(d.wake(facts(1, 0), at + 20), Wake::Probe);
+    d.released("effect", true, at + 20);
+    d.report("effect", None, None, facts(0, 0), at + 30);
+    assert!(!d.is_open());
+    // Paused, a key that cannot send leaves the queue too (it asks again when it can).
+    let mut d = desk(Pace::default());
+    d.pause(by(), "x".into(), 0);
+    assert!(!d.report_many("b", 0, 0, None, None, facts(0, 0), 1).enqueue);
 }

@@ -6,7 +6,8 @@
 //! read: an unknown token is 401, a known one of the wrong scope 403 naming the scope it
 //! needs; a request body (the bulk routes' too) is held to a cap (`admin_body.rs`); every change
 //! goes through the operation's gate (register, retry, redeliver, forget, repair, settle; one
-//! at a time, `one_operation.rs`, or in bulk, `bulk.rs`), carrying who asked (scope and fingerprint) into its
+//! at a time, `one_operation.rs`, or in bulk, `bulk.rs`) or a destination's desk (a pause by
+//! hand and its resume, `destinations.rs`), carrying who asked (scope and fingerprint) into its
 //! history row and log line, and every action request is logged with it (`admin_action`);
 //! listing and search read the ledger's metadata only (`listing.rs`); `/v1/config` shows no
 //! secret.
@@ -101,6 +102,9 @@ async fn serve(
     let by = caller.actor();
     if let Some(action) = path.strip_prefix("/v1/bulk/") {
         return super::bulk::handle(&mut req, method, action, env, config, by).await;
+    }
+    if let Some(rest) = path.strip_prefix("/v1/destinations/") {
+        return super::destinations::serve(&mut req, method, rest, env, config, by).await;
     }
     if path == "/v1/whoami" {
         // The caller's own scope and fingerprint: the dashboard shows actions to admin only.

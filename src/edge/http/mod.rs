@@ -6,6 +6,7 @@ pub mod admin_api;
 pub mod admin_body;
 pub mod bulk;
 pub mod dashboard;
+pub mod destinations;
 pub mod dynamic_webhook;
 pub mod health;
 pub mod json_answer;

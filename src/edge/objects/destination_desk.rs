@@ -1,7 +1,9 @@
 //! The DestinationDesk Durable Object: one per destination (named by its label), performing
 //! what [`crate::destination::desk::Desk`] decides.
 //!
-//! Storage (SQLite): `desk(id = 1, body)` holds the [`Desk`] as JSON; `waiting(key PRIMARY
+//! Storage (SQLite): `desk(id = 1, body)` holds the [`Desk`] as JSON (its health, pace,
+//! owed alerts, and an operator's pause with who and why, so a pause outlives the object's
+//! restart); `waiting(key PRIMARY
 //! KEY, due_ms)`, indexed by `(due_ms, key)`, the effects waiting for their release (so ten
 //! thousand of them cost one row each, and the soonest are read first by the index);
 //! `slots(key PRIMARY KEY, expires_ms)` a paced route's attempts in flight (an effect's under
@@ -11,8 +13,10 @@
 //! Guarantees: every command is read-decide-write with no await in between; the alarm takes
 //! the keys it releases out of `waiting` before it calls their gates and puts back those
 //! whose gate could not be reached (a probe's by that key's own backoff), so a key is
-//! released once; a gate that answers that nothing is owed drops its key. The alarm sends the owed alerts and sets itself again while
-//! anything waits or an alert is owed, so it never relies on the runtime's retries.
+//! released once; a gate that answers that nothing is owed drops its key. The alarm sends the
+//! owed alerts and sets itself again while anything waits (and is not paused) or an alert is
+//! owed, so it never relies on the runtime's retries. A check ([`DeskCommand::Check`]) reads
+//! the desk's row and writes nothing.
 
 use serde::Deserialize;
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
@@ -112,6 +116,10 @@ impl DestinationDesk {
     /// spoke last runs the desk with its settings.
     fn command(&self, command: DeskCommand, now: i64) -> Result<(DeskReply, Option<i64>)> {
         let mut desk = self.load()?;
+        // A check before a first attempt reads the one row and writes nothing.
+        if let DeskCommand::Check { .. } = command {
+            return Ok((desk.check(), None));
+        }
         desk.settings = Some(command.settings().clone());
         // A report frees the slot its attempt held (a batch's chunk, one a result: `{key}#{i}`).
         match &command {
@@ -127,7 +135,12 @@ impl DestinationDesk {
         }
         let facts = self.facts(now)?;
         let (key, due_ms, decision, many) = match command {
-            DeskCommand::Status { .. } => return Ok((DeskReply::View(desk.view(facts)), None)),
+            DeskCommand::Status { .. } | DeskCommand::Check { .. } => {
+                return Ok((DeskReply::View(desk.view(facts)), None))
+            }
+            DeskCommand::Pause { .. } | DeskCommand::Resume { .. } => {
+                return self.pause_or_resume(desk, command, facts, now)
+            }
             DeskCommand::Ask { key, due_ms, .. } => (key, due_ms, desk.ask(facts, now), false),
             DeskCommand::AskMany {
                 key,
@@ -161,7 +174,7 @@ impl DestinationDesk {
         };
         desk.calls += 1;
         if decision.enqueue {
-            self.enqueue(&key, due_ms)?;
+            self.enqueue(&key, decision.queue_at_ms.unwrap_or(due_ms))?;
         }
         for i in 0..decision.slots {
             let slot = match many {
@@ -172,6 +185,33 @@ impl DestinationDesk {
         }
         self.save(&desk)?;
         Ok((decision.reply, decision.alarm_at_ms))
+    }
+
+    /// An operator's pause or resume (a dry run changes nothing); a resume sets the alarm, so
+    /// what waited is released from its next run, soonest first.
+    fn pause_or_resume(
+        &self,
+        mut desk: Desk,
+        command: DeskCommand,
+        facts: Facts,
+        now: i64,
+    ) -> Result<(DeskReply, Option<i64>)> {
+        let changed = match command {
+            DeskCommand::Pause {
+                by,
+                reason,
+                dry_run: false,
+                ..
+            } => desk.pause(by, reason, now),
+            DeskCommand::Resume { dry_run: false, .. } => desk.resume(),
+            _ => false,
+        };
+        if changed {
+            self.save(&desk)?;
+        }
+        let alarm = (changed && desk.paused.is_none() && facts.waiting > 0).then_some(now);
+        let view = desk.view(facts);
+        Ok((DeskReply::PauseSet { changed, view }, alarm))
     }
 
     /// Sends the owed alerts, oldest first, until the sink refuses one (tried again

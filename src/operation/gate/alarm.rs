@@ -742,11 +742,13 @@ pub fn turn(op: &Operation, paced: bool, open: bool) -> DeskTurn {
 }
 
 /// The turn of attempts (an effect's, or a batch's results') given the record's `mark`: a
-/// release lets them go; a `retry`, a paced route or a destination remembered `open` asks;
-/// else nothing.
+/// release lets them go; a `retry`, a paced route, a destination remembered `open` or an
+/// effect still marked waiting (its fallback came before a release: the desk may be paused,
+/// so it asks again rather than go) asks; else nothing.
 pub fn desk_turn(mark: Option<DeskMark>, paced: bool, open: bool, retry: bool) -> DeskTurn {
     match mark {
         Some(DeskMark::Released { probe }) => DeskTurn::Released { probe },
+        Some(DeskMark::Waiting { .. }) => DeskTurn::Ask,
         _ if paced || open || retry => DeskTurn::Ask,
         _ => DeskTurn::None,
     }
@@ -763,13 +765,20 @@ pub fn reports(turn: DeskTurn, paced: bool, health_failure: bool) -> bool {
         || (paced && turn != DeskTurn::None)
 }
 
-/// The desk said `Wait`: the effect waits for its release, with `EFFECT_RETRY_MAX_SECONDS` as
-/// the fallback. Nothing changes when it is no longer owed or a live claim holds it.
-pub fn wait_on_destination(mut op: Operation, now: i64, limits: &GateLimits) -> Step<AlarmDone> {
+/// The desk said `Wait` (or `Paused`: `paused`): the effect waits for its release, with
+/// `EFFECT_RETRY_MAX_SECONDS` as the fallback (when it asks again). Nothing changes when it is
+/// no longer owed or a live claim holds it. A pause's wait raises no `effect_failing`.
+pub fn wait_on_destination(
+    mut op: Operation,
+    now: i64,
+    limits: &GateLimits,
+    paused: bool,
+) -> Step<AlarmDone> {
     let fallback = limits.retry.max_ms;
     if !op.wait_on_destination(now, fallback) {
         return Step::new(Some(op), AlarmDone::WaitsOnDestination(false));
     }
+    op.mark_wait_paused(paused);
     Step::new(Some(op), AlarmDone::WaitsOnDestination(true)).durable()
 }
 
@@ -1656,7 +1665,7 @@ mod desk_turn_tests {
         assert_eq!(turn(&owed(), false, true), DeskTurn::Ask);
         // A release still goes without asking, whatever the memory says.
         let released = step(
-            wait_on_destination(failed_once(), 30, &LIMITS).record,
+            wait_on_destination(failed_once(), 30, &LIMITS, false).record,
             GateCommand::DestinationReady { probe: true },
             40,
         )
@@ -1683,19 +1692,81 @@ mod desk_turn_tests {
     fn a_wait_keeps_the_generation_holds_no_claim_and_falls_back_to_the_cap() {
         let op = failed_once();
         let generation = op.effect().generation();
-        let s = wait_on_destination(op, 30, &LIMITS);
+        let s = wait_on_destination(op, 30, &LIMITS, false);
         assert_eq!(s.save, Save::Durable);
         let op = s.record.unwrap();
         assert_eq!(op.effect().next_attempt_ms(), 30 + 8_000);
         assert_eq!(op.effect().generation(), generation);
         assert!(op.effect().claim().is_none());
-        assert_eq!(op.effect().desk(), Some(DeskMark::Waiting { since_ms: 30 }));
+        assert_eq!(
+            op.effect().desk(),
+            Some(DeskMark::Waiting {
+                since_ms: 30,
+                paused: false
+            })
+        );
         assert_eq!(op.view()["waiting_on_destination"], true);
     }
 
     #[test]
+    fn a_pauses_wait_makes_no_attempt_raises_no_effect_failing_and_asks_again_at_its_fallback() {
+        // A first attempt told `Paused` by its check's ask: no claim, no attempt counted.
+        let op = owed();
+        let s = wait_on_destination(op, 30, &LIMITS, true);
+        let mut op = s.record.unwrap();
+        assert!(op.held_by_pause());
+        assert_eq!(op.view()["paused_at_destination"], true);
+        assert_eq!(op.effect().attempts(), 0);
+        assert_eq!(op.effect().failures_in_row(), 0);
+        // The cron's alert past EFFECT_ALERT_AFTER_SECONDS is refused while it holds.
+        assert!(!op.raise_alert(AlertKind::EffectFailing, 99_999, 40));
+        assert!(op.alerts_raised().is_empty());
+        // Its fallback comes before the resume: it asks again (a first attempt would go).
+        assert_eq!(turn(&op, false, false), DeskTurn::Ask);
+        // Asked again and told `Paused` again: still no attempt, the same wait.
+        let again = wait_on_destination(op, 8_100, &LIMITS, true)
+            .record
+            .unwrap();
+        assert_eq!(again.effect().attempts(), 0);
+        assert!(again.held_by_pause());
+        // Resumed: the release makes it due, and it may fail and alert as any effect.
+        let released = step(
+            Some(again),
+            GateCommand::DestinationReady { probe: false },
+            9_000,
+        )
+        .record
+        .unwrap();
+        assert!(!released.held_by_pause());
+        assert_eq!(released.effect().next_attempt_ms(), 9_000);
+        assert_eq!(
+            turn(&released, false, false),
+            DeskTurn::Released { probe: false }
+        );
+    }
+
+    #[test]
+    fn a_wait_for_health_after_a_pause_is_no_longer_a_pauses() {
+        let paused = wait_on_destination(failed_once(), 30, &LIMITS, true)
+            .record
+            .unwrap();
+        assert!(paused.held_by_pause());
+        let open = wait_on_destination(paused, 40, &LIMITS, false)
+            .record
+            .unwrap();
+        assert!(!open.held_by_pause());
+        assert_eq!(
+            open.effect().desk(),
+            Some(DeskMark::Waiting {
+                since_ms: 30,
+                paused: false
+            })
+        );
+    }
+
+    #[test]
     fn a_release_makes_it_due_now_and_its_attempt_goes_without_asking() {
-        let waiting = wait_on_destination(failed_once(), 30, &LIMITS).record;
+        let waiting = wait_on_destination(failed_once(), 30, &LIMITS, false).record;
         let s = step(waiting, GateCommand::DestinationReady { probe: true }, 40);
         assert_eq!(
             s.reply,
@@ -1728,7 +1799,7 @@ mod desk_turn_tests {
             }
         );
         assert_eq!(s.save, Save::Unchanged);
-        let s = wait_on_destination(settled(), 40, &LIMITS);
+        let s = wait_on_destination(settled(), 40, &LIMITS, false);
         assert_eq!(s.reply, AlarmDone::WaitsOnDestination(false));
     }
 }

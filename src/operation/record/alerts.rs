@@ -114,6 +114,10 @@ impl Operation {
         if kind == AlertKind::EffectFailing && self.results_owed() {
             return false;
         }
+        // Its destination is paused by hand: it waits, it is not failing.
+        if kind == AlertKind::EffectFailing && self.held_by_pause() {
+            return false;
+        }
         if !self.mark_alert(kind) {
             return false;
         }

@@ -26,6 +26,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// A side effect the destination refused for good.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Parked {
@@ -61,9 +65,14 @@ pub struct Effect {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "desk", rename_all = "snake_case")]
 pub enum DeskMark {
-    /// The desk queued it (the destination is open, or over its pace) and will make it due;
-    /// until then `next_attempt_ms` is a far fallback, in case the desk is lost.
-    Waiting { since_ms: i64 },
+    /// The desk queued it (the destination is open, over its pace, or `paused` by hand) and
+    /// will make it due; until then `next_attempt_ms` is a far fallback, in case the desk is
+    /// lost. While a pause holds it, it is not failing: no `effect_failing` alert is raised.
+    Waiting {
+        since_ms: i64,
+        #[serde(default, skip_serializing_if = "is_false")]
+        paused: bool,
+    },
     /// The desk released it: its next attempt goes without asking, and reports back.
     Released { probe: bool },
 }
@@ -193,11 +202,34 @@ impl Operation {
     pub(super) fn mark_waiting(&mut self, now_ms: i64) -> bool {
         let since_ms = match self.effect.desk {
             Some(DeskMark::Released { .. }) => return false,
-            Some(DeskMark::Waiting { since_ms }) => since_ms,
+            Some(DeskMark::Waiting { since_ms, .. }) => since_ms,
             None => now_ms,
         };
-        self.effect.desk = Some(DeskMark::Waiting { since_ms });
+        self.effect.desk = Some(DeskMark::Waiting {
+            since_ms,
+            paused: false,
+        });
         true
+    }
+
+    /// The wait just marked is a pause's (`paused`) or the destination's health or pace: a
+    /// pause's wait is not a failure ([`Operation::held_by_pause`]).
+    pub fn mark_wait_paused(&mut self, paused: bool) {
+        if let Some(DeskMark::Waiting { paused: p, .. }) = self.effect.desk.as_mut() {
+            if *p != paused {
+                *p = paused;
+                self.changed();
+            }
+        }
+    }
+
+    /// Whether its destination's pause holds the effect (or the batch's results): they
+    /// wait without attempts, and `effect_failing` is not raised.
+    pub fn held_by_pause(&self) -> bool {
+        matches!(
+            self.effect.desk,
+            Some(DeskMark::Waiting { paused: true, .. })
+        )
     }
 
     /// The destination's desk released the effect: due now, same generation and

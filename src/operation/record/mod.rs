@@ -578,6 +578,7 @@ impl Operation {
             "next_attempt_at": (self.effect_owed()).then(|| format_rfc3339(self.effect.next_attempt_ms)),
             "last_error": self.effect.last_error,
             "waiting_on_destination": matches!(self.effect.desk, Some(DeskMark::Waiting { .. })),
+            "paused_at_destination": self.held_by_pause(),
             "details": self.details,
             "alerts": self.alerts,
             "unusable_status": self.notes.unusable_status,

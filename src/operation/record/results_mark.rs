@@ -223,7 +223,10 @@ mod tests {
         assert!(op.results_wait_on_destination(100, hour));
         assert_eq!(
             op.effect().desk(),
-            Some(DeskMark::Waiting { since_ms: 100 })
+            Some(DeskMark::Waiting {
+                since_ms: 100,
+                paused: false
+            })
         );
         assert_eq!(wakes(&mut op), Some(100 + hour));
         assert!(op.destination_ready(true, 200));

@@ -28,7 +28,7 @@ use crate::telemetry::counters;
 
 use crate::edge::objects::call::call_lease;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
-use crate::edge::objects::gate::{ask_desk, desk_due_ms, OPEN_UNTIL};
+use crate::edge::objects::gate::{ask_desk, desk_due_ms, first_attempt_check, remembered_open};
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{self, post_alert};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
@@ -169,9 +169,14 @@ impl<'a> Run<'a> {
         let config = self.config;
         let settings = config.desk_settings(op.kind());
         let paced = settings.pace.limits();
-        let open =
-            OPEN_UNTIL.with_borrow(|m| m.get(&settings.label).is_some_and(|u| *u > now_ms()));
-        let turn = alarm::turn(&op, paced, open);
+        let turn = alarm::turn(&op, paced, remembered_open(&settings.label));
+        // A first attempt from an isolate that has not heard from the desk lately checks it
+        // (read only): a pause holds it too.
+        let checked = first_attempt_check(self.env, self.storage, &settings, turn).await;
+        let turn = match checked {
+            Some(true) => DeskTurn::Ask,
+            _ => turn,
+        };
         let (op, claim, step) = match turn {
             DeskTurn::Ask => {
                 let ask = DeskCommand::Ask {
@@ -181,11 +186,19 @@ impl<'a> Run<'a> {
                 };
                 // A desk that cannot be reached lets the attempt go: the effect's own backoff
                 // still bounds it, and an unreachable desk must never strand an effect.
-                if ask_desk(self.env, self.storage, &settings, &ask).await == Some(DeskReply::Wait)
-                {
-                    return self.wait_on_destination(op).await;
+                let reply = ask_desk(self.env, self.storage, &settings, &ask).await;
+                if let Some(paused) = reply.as_ref().and_then(DeskReply::waits) {
+                    return self.wait_on_destination(op, paused).await;
                 }
                 // Commands may have run during the call: the claim is taken afresh.
+                let current = self.storage.load()?.unwrap_or(op);
+                match alarm::begin_attempt(current.clone(), now_ms(), &self.limits) {
+                    Some((claim, step)) => (current, claim, step),
+                    None => return Ok(current),
+                }
+            }
+            // The check awaited: commands may have run, so the claim is taken afresh.
+            _ if checked.is_some() => {
                 let current = self.storage.load()?.unwrap_or(op);
                 match alarm::begin_attempt(current.clone(), now_ms(), &self.limits) {
                     Some((claim, step)) => (current, claim, step),
@@ -205,9 +218,10 @@ impl<'a> Run<'a> {
             asked_wait_ms,
             settings: settings.clone(),
         };
-        match ask_desk(self.env, self.storage, &settings, &report).await {
-            Some(DeskReply::Wait) => self.wait_on_destination(op).await,
-            _ => Ok(op),
+        let reply = ask_desk(self.env, self.storage, &settings, &report).await;
+        match reply.as_ref().and_then(DeskReply::waits) {
+            Some(paused) => self.wait_on_destination(op, paused).await,
+            None => Ok(op),
         }
     }
 
@@ -218,10 +232,11 @@ impl<'a> Run<'a> {
         call_lease(self.env, &command).await.ok()
     }
 
-    /// The desk queued the effect: stores that it waits (for its release, or the fallback).
-    async fn wait_on_destination(&self, op: Operation) -> Result<Operation> {
+    /// The desk queued the effect: stores that it waits (for its release, or the fallback),
+    /// and whether a pause holds it.
+    async fn wait_on_destination(&self, op: Operation, paused: bool) -> Result<Operation> {
         let current = self.storage.load()?.unwrap_or(op);
-        let step = alarm::wait_on_destination(current.clone(), now_ms(), &self.limits);
+        let step = alarm::wait_on_destination(current.clone(), now_ms(), &self.limits, paused);
         self.apply(step, current, Alarm::Sync).await
     }
 

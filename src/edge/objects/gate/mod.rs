@@ -42,6 +42,7 @@ use std::{cell::RefCell, collections::HashMap};
 
 use crate::config::Config;
 use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings, Remember};
+use crate::operation::gate::alarm::DeskTurn;
 use crate::operation::gate::alarm_failure;
 use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
@@ -58,14 +59,40 @@ use crate::edge::runtime::{load_config, log, now_ms, random_unit};
 use storage::{Alarm, GateStorage};
 
 thread_local! {
-    /// Until when a desk said each destination (by label) is open.
+    /// Until when a desk said each destination (by label) is open or paused.
     static OPEN_UNTIL: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
+    /// Until when a desk said each destination is neither open nor paused.
+    static CLEAR_UNTIL: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
 }
 
 /// Whether a desk said, within [`crate::destination::protocol::OPEN_MEMORY_MS`], that the
-/// destination `label` is open.
+/// destination `label` is open (or paused).
 fn remembered_open(label: &str) -> bool {
     OPEN_UNTIL.with_borrow(|m| m.get(label).is_some_and(|u| *u > now_ms()))
+}
+
+/// Whether attempts that would go without asking (`turn`, as
+/// [`crate::operation::gate::alarm::desk_turn`] decided from memory) must ask first: when
+/// this isolate has not heard within [`crate::destination::protocol::CLEAR_MEMORY_MS`] that
+/// the destination is neither open nor paused, one read-only check asks its desk (so a pause
+/// holds first attempts too). `None` when no check was made (nothing awaited); a desk that
+/// cannot be reached lets them go (`Some(false)`), as an unreachable desk never strands an
+/// effect.
+async fn first_attempt_check(
+    env: &Env,
+    storage: &GateStorage,
+    settings: &DeskSettings,
+    turn: DeskTurn,
+) -> Option<bool> {
+    let clear = CLEAR_UNTIL.with_borrow(|m| m.get(&settings.label).is_some_and(|u| *u > now_ms()));
+    if turn != DeskTurn::None || clear {
+        return None;
+    }
+    let check = DeskCommand::Check {
+        settings: settings.clone(),
+    };
+    let reply = ask_desk(env, storage, settings, &check).await;
+    Some(matches!(reply, Some(DeskReply::Checked { ask: true })))
 }
 
 /// One call to a destination's desk (`None` when it could not be reached); its reply teaches
@@ -78,11 +105,18 @@ async fn ask_desk(
 ) -> Option<DeskReply> {
     storage.meter().add(|u| u.object_calls += 1);
     let reply = call_desk(env, settings, command).await.ok()?;
-    OPEN_UNTIL.with_borrow_mut(|m| match reply.remembered(now_ms()) {
-        Remember::OpenUntil(until) => m.insert(settings.label.clone(), until),
-        Remember::Closed => m.remove(&settings.label),
-        Remember::Keep => None,
-    });
+    let label = &settings.label;
+    match reply.remembered(now_ms()) {
+        Remember::OpenUntil(until) => {
+            OPEN_UNTIL.with_borrow_mut(|m| m.insert(label.clone(), until));
+            CLEAR_UNTIL.with_borrow_mut(|m| m.remove(label));
+        }
+        Remember::ClearUntil(until) => {
+            OPEN_UNTIL.with_borrow_mut(|m| m.remove(label));
+            CLEAR_UNTIL.with_borrow_mut(|m| m.insert(label.clone(), until));
+        }
+        Remember::Keep => {}
+    }
     Some(reply)
 }
 

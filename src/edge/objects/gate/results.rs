@@ -36,8 +36,6 @@ mod sends;
 
 use sends::{Sent, Turn};
 
-use crate::operation::gate::alarm::DeskTurn;
-
 /// What a step performs with.
 struct Driver<'a> {
     env: &'a Env,
@@ -98,15 +96,15 @@ impl Driver<'_> {
         }
         let turn = match step.sends() {
             Some((ready, retry)) => match self.turn(&op, ready as u32, retry).await? {
-                Some(turn) => turn,
-                None => return self.wait_on_destination(op),
+                Ok(turn) => turn,
+                Err(paused) => return self.wait_on_destination(op, paused),
             },
             None => Turn::nothing(),
         };
         // An operator's retry of parked results may have run during the desk's call.
-        let progress = match turn.turn {
-            DeskTurn::Ask => self.store.fresh(progress)?,
-            _ => progress,
+        let progress = match turn.awaited {
+            true => self.store.fresh(progress)?,
+            false => progress,
         };
         match step {
             Step::WaitUntil(at) => self.due_at(op, at),

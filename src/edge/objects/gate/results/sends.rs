@@ -21,7 +21,7 @@ use crate::results::body::{build_result_request, ResultHead};
 use crate::results::item::ResultItem;
 use crate::results::turn::{goes_now, granted};
 
-use crate::edge::objects::gate::{ask_desk, desk_due_ms, remembered_open};
+use crate::edge::objects::gate::{ask_desk, desk_due_ms, first_attempt_check, remembered_open};
 use crate::edge::outbound::fetch;
 use crate::edge::runtime::now_ms;
 
@@ -31,6 +31,8 @@ use super::Driver;
 #[derive(Debug, Clone)]
 pub(super) struct Turn {
     pub(super) turn: DeskTurn,
+    /// The desk was called before the sends (an ask, or a check): commands may have run.
+    pub(super) awaited: bool,
     pub(super) paced: bool,
     /// Results that may go now.
     pub(super) n: u32,
@@ -54,6 +56,7 @@ impl Turn {
     pub(super) fn nothing() -> Turn {
         Turn {
             turn: DeskTurn::None,
+            awaited: false,
             paced: false,
             n: 0,
             after_ms: Vec::new(),
@@ -63,19 +66,30 @@ impl Turn {
 
 impl Driver<'_> {
     /// The step's turn at its destination's desk for `ready` results (invariant 8, as for the
-    /// job's effect, [`crate::results::turn`]): how many may go now, or `None` when the desk
-    /// queued the batch. A release or a grant is spent by the step that uses it.
+    /// job's effect, [`crate::results::turn`]): how many may go now, or `Err(paused)` when the
+    /// desk queued the batch (`paused`: a pause holds it). A release or a grant is spent by
+    /// the step that uses it.
     pub(super) async fn turn(
         &self,
         op: &Operation,
         ready: u32,
         retry: bool,
-    ) -> Result<Option<Turn>> {
+    ) -> Result<std::result::Result<Turn, bool>> {
         let settings = self.config.desk_settings(op.kind());
         let paced = settings.pace.limits();
         let mark = op.effect().desk();
         let retry = retry || matches!(mark, Some(DeskMark::Waiting { .. }));
         let turn = desk_turn(mark, paced, remembered_open(&settings.label), retry);
+        // A pause holds a step that would go without asking too (one read-only check when
+        // this isolate has not heard from the desk lately).
+        let checked = match ready {
+            0 => None,
+            _ => first_attempt_check(self.env, self.storage, &settings, turn).await,
+        };
+        let turn = match checked {
+            Some(true) => DeskTurn::Ask,
+            _ => turn,
+        };
         let (n, after_ms) = match (ready, goes_now(turn, paced, ready)) {
             (0, _) => (0, Vec::new()),
             (_, Some(n)) => (n, Vec::new()),
@@ -87,7 +101,8 @@ impl Driver<'_> {
                     settings: settings.clone(),
                 };
                 match ask_desk(self.env, self.storage, &settings, &ask).await {
-                    Some(DeskReply::Wait) => return Ok(None),
+                    Some(DeskReply::Wait) => return Ok(Err(false)),
+                    Some(DeskReply::Paused) => return Ok(Err(true)),
                     Some(DeskReply::Granted { n, after_ms }) => (granted(ready, Some(n)), after_ms),
                     // A desk that cannot be reached never strands results.
                     _ => (granted(ready, None), Vec::new()),
@@ -100,8 +115,9 @@ impl Driver<'_> {
                 self.storage.save(&current)?;
             }
         }
-        Ok(Some(Turn {
+        Ok(Ok(Turn {
             turn,
+            awaited: turn == DeskTurn::Ask || checked.is_some(),
             paced,
             n,
             after_ms,
@@ -109,10 +125,11 @@ impl Driver<'_> {
     }
 
     /// The desk queued the batch: the record waits for its release (or the fallback,
-    /// `EFFECT_RETRY_MAX_SECONDS`, should the desk be lost).
-    pub(super) fn wait_on_destination(&self, op: Operation) -> Result<Operation> {
+    /// `EFFECT_RETRY_MAX_SECONDS`, should the desk be lost), and says whether a pause holds it.
+    pub(super) fn wait_on_destination(&self, op: Operation, paused: bool) -> Result<Operation> {
         let mut op = self.storage.load()?.unwrap_or(op);
         if op.results_wait_on_destination(now_ms(), self.config.retry_max_secs * 1_000) {
+            op.mark_wait_paused(paused);
             self.storage.save(&op)?;
         }
         Ok(op)
@@ -136,8 +153,9 @@ impl Driver<'_> {
             asked_wait_ms: None,
             settings: settings.clone(),
         };
-        if ask_desk(self.env, self.storage, &settings, &report).await == Some(DeskReply::Wait) {
-            return self.wait_on_destination(op);
+        let reply = ask_desk(self.env, self.storage, &settings, &report).await;
+        if let Some(paused) = reply.as_ref().and_then(DeskReply::waits) {
+            return self.wait_on_destination(op, paused);
         }
         self.due_at(op, at)
     }
@@ -205,8 +223,9 @@ impl Driver<'_> {
                 asked_wait_ms: sent.asked_wait_ms,
                 settings: settings.clone(),
             };
-            if ask_desk(self.env, self.storage, &settings, &report).await == Some(DeskReply::Wait) {
-                return self.wait_on_destination(op);
+            let reply = ask_desk(self.env, self.storage, &settings, &report).await;
+            if let Some(paused) = reply.as_ref().and_then(DeskReply::waits) {
+                return self.wait_on_destination(op, paused);
             }
         }
         match sent.asked_wait_ms {
