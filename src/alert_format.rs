@@ -137,7 +137,8 @@ pub fn dedup_key(body: &Value) -> String {
 pub fn severity(body: &Value) -> &'static str {
     match condition(body) {
         "alarm_failing" => "critical",
-        "effect_failing" | "destination_open" | "webhook_disabled" | "record_unreadable" => "error",
+        "effect_failing" | "destination_open" | "webhook_disabled" | "record_unreadable"
+        | "results_failing" => "error",
         "stuck" | "unknown_to_gemini" | "status_unusable" | "stranger_nudges" => "warning",
         _ => "info",
     }

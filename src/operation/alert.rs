@@ -40,6 +40,9 @@ pub enum AlertKind {
     /// A `"results": "each"` batch's results file is gone for good or unreadable: its unread
     /// results are parked, and the job's effect says `results.file_parked`.
     ResultsFileParked,
+    /// Results of a `"results": "each"` batch kept failing past `EFFECT_ALERT_AFTER_SECONDS`:
+    /// they are parked (an operator retries them), and the job's effect counts them parked.
+    ResultsFailing,
 }
 
 impl AlertKind {
@@ -57,6 +60,7 @@ impl AlertKind {
             AlertKind::StuckSettled => "stuck_settled",
             AlertKind::EffectRecovered => "effect_recovered",
             AlertKind::ResultsFileParked => "results_file_parked",
+            AlertKind::ResultsFailing => "results_failing",
         }
     }
 

@@ -86,11 +86,17 @@ pub fn past_the_end(status: u16, offset: u64) -> bool {
 }
 
 /// The progress's tunables from the configuration's seconds.
-pub fn limits(file_wait_secs: i64, retry_base_secs: i64, retry_max_secs: i64) -> Limits {
+pub fn limits(
+    file_wait_secs: i64,
+    retry_base_secs: i64,
+    retry_max_secs: i64,
+    alert_after_secs: i64,
+) -> Limits {
     Limits {
         file_wait_ms: file_wait_secs * 1_000,
         retry_base_secs,
         retry_max_secs,
+        alert_after_ms: alert_after_secs * 1_000,
     }
 }
 

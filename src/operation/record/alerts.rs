@@ -85,6 +85,13 @@ impl Operation {
             AlertKind::ResultsFileParked => {
                 format!("{status}: its results file could not be read; its results are parked")
             }
+            AlertKind::ResultsFailing => format!(
+                "{status}: {} of its results kept failing for {} and are parked; list them with GET /v1/operations/{}/results?state=parked, send them again with POST /v1/operations/{}/results/retry",
+                self.results_gave_up,
+                human_age(age_seconds),
+                self.key,
+                self.key
+            ),
         };
         crate::operation::alert::body(
             kind,

@@ -24,7 +24,9 @@ use crate::operation::{DeskMark, Operation};
 use crate::reconciliation::status::status_url;
 use crate::results::item::{from_inline, from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Phase, Progress, Step};
+use crate::operation::AttemptOutcome;
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Phase, Progress, Step};
+use crate::telemetry::counters::{labelled, RESULT_TO_PREFIX};
 use crate::results::source::{self, file_of_details, found_in_status, Found};
 
 use crate::edge::objects::gate::results_store::ResultsStore;
@@ -37,6 +39,14 @@ mod sends;
 use sends::{Sent, Turn};
 
 use crate::operation::gate::alarm::DeskTurn;
+
+/// How many of a step's answers were failures to retry.
+fn failed_among(answers: &[(ResultItem, AttemptOutcome)]) -> u64 {
+    answers
+        .iter()
+        .filter(|(_, outcome)| matches!(outcome, AttemptOutcome::Retry(_)))
+        .count() as u64
+}
 
 /// What a step performs with.
 struct Driver<'a> {
@@ -63,6 +73,7 @@ pub(super) async fn step(
         config.results.file_wait_secs,
         config.retry_base_secs,
         config.retry_max_secs,
+        config.effect_alert_after_secs,
     );
     let driver = Driver {
         env,
@@ -112,6 +123,7 @@ impl Driver<'_> {
             Step::ResendChunk(claim) => self.resend(op, progress, claim, turn).await,
             Step::RetryRows(indexes) => self.retry_rows(op, progress, indexes, turn).await,
             Step::Alert(reason) => self.alert(op, progress, &reason),
+            Step::AlertFailing(n) => self.alert_failing(op, progress, n),
             Step::Settled(counts) => self.settled(op, counts),
         }
     }
@@ -277,10 +289,13 @@ impl Driver<'_> {
     ) -> Result<Operation> {
         let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
+        let (before, failed) = (progress.counts, failed_among(&answers));
         let (now, limits) = (now_ms(), &self.limits);
         let writes =
             progress.commit_through(claim.chunk, reached, answers, now, limits, random_unit());
+        let metered = progress.meter(before, failed);
         self.store.save(&progress, writes.unwrap_or_default())?;
+        let op = self.count(op, metered)?;
         self.after_sends(op, turn, sent).await
     }
 
@@ -301,6 +316,7 @@ impl Driver<'_> {
         self.store.save(&progress, Vec::new())?;
         let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
+        let (before, failed) = (progress.counts, failed_among(&answers));
         let now = now_ms();
         let writes = answers
             .iter()
@@ -308,8 +324,43 @@ impl Driver<'_> {
                 progress.finish_row(item.index, outcome, now, &self.limits, random_unit())
             })
             .collect();
+        let metered = progress.meter(before, failed);
         self.store.save(&progress, writes)?;
+        let op = self.count(op, metered)?;
         self.after_sends(op, turn, sent).await
+    }
+
+    /// Counts what the progress metered for `/metrics` (`results_by_destination`), by
+    /// destination, in the record: stored with the commit (no await between, one write),
+    /// flushed by the alarm's upkeep.
+    fn count(&self, op: Operation, metered: Option<Metered>) -> Result<Operation> {
+        let Some(m) = metered else {
+            return Ok(op);
+        };
+        let mut op = self.storage.load()?.unwrap_or(op);
+        let to = self.config.destination_label(op.kind());
+        let now = now_ms();
+        let ended = [
+            ("delivered", m.delivered),
+            ("failed", m.failed),
+            ("parked", m.parked),
+        ];
+        for (result, n) in ended.into_iter().filter(|(_, n)| *n > 0) {
+            op.count_by(labelled(RESULT_TO_PREFIX, &format!("{result}:{to}")), n, now);
+        }
+        self.storage.save(&op)?;
+        Ok(op)
+    }
+
+    /// Results kept failing past the alert threshold and were parked: the batch's one
+    /// `results_failing` alert, naming how many, through the record's alerts.
+    fn alert_failing(&self, op: Operation, mut progress: Progress, n: u64) -> Result<Operation> {
+        let mut op = self.storage.load()?.unwrap_or(op);
+        op.results_gave_up(n, self.limits.alert_after_ms / 1_000, now_ms());
+        self.storage.save(&op)?;
+        progress.failing_alert_raised();
+        self.store.save(&progress, Vec::new())?;
+        Ok(op)
     }
 
     /// The file is parked: one `results_file_parked` alert, through the record's alerts
@@ -331,10 +382,14 @@ impl Driver<'_> {
         Ok(op)
     }
 
-    /// Every result is settled: the counts go on the record, and the job's effect is due.
+    /// Every result is settled: the counts go on the record, and the job's effect is due
+    /// (after it went out, as a new generation when the counts changed).
     fn settled(&self, op: Operation, counts: Value) -> Result<Operation> {
         let mut op = self.storage.load()?.unwrap_or(op);
-        op.results_settled(counts, now_ms());
+        if let Some(generation) = op.results_settled(counts, now_ms()) {
+            let key = op.key().to_string();
+            log(GateLog::ResultsRecounted { key, generation }.to_value());
+        }
         self.storage.save(&op)?;
         Ok(op)
     }
