@@ -192,7 +192,11 @@ mod tests {
         let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         let request = build_request(&failed_batch(), &secret, 1_700_000_000);
         let message: Value = serde_json::from_str(&queue_message(&request).unwrap()).unwrap();
-        assert_eq!(message["raw_body"], request.body.as_str(), "the bytes signed");
+        assert_eq!(
+            message["raw_body"],
+            request.body.as_str(),
+            "the bytes signed"
+        );
         assert!(message.get("body").is_none(), "the body once");
         assert_eq!(message["headers"]["idempotency-key"], "batches/b");
         // A body of 100 KB fits once (it did not twice); one past the limit is refused.

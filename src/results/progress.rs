@@ -183,9 +183,7 @@ impl Step {
             Step::ReadChunk { .. } => Some((CHUNK_RESULTS, false)),
             Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
             Step::RetryRows(rows) => Some(((rows.len() as u64).min(CHUNK_RESULTS), true)),
-            Step::WaitUntil(_) | Step::Alert(_) | Step::AlertFailing(_) | Step::Settled(_) => {
-                None
-            }
+            Step::WaitUntil(_) | Step::Alert(_) | Step::AlertFailing(_) | Step::Settled(_) => None,
         }
     }
 }

@@ -548,13 +548,18 @@ fn the_stored_progress_is_bounded_whatever_the_keys_sizes() {
             .collect();
         let writes = p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
         // The whole key stays in the result kept to be sent again.
-        assert!(writes.iter().all(|w| matches!(w, Write::KeepResult(i) if i.result_key.len() > 60 * 1024)));
+        assert!(writes
+            .iter()
+            .all(|w| matches!(w, Write::KeepResult(i) if i.result_key.len() > 60 * 1024)));
     }
     assert!(p.rows.len() >= MAX_WAITING);
     let stored = serde_json::to_string(&p).unwrap();
     assert!(stored.len() < 512 * 1024, "{} bytes", stored.len());
     let row = &p.rows[&0];
-    assert!(row.result_key.starts_with("0-kkk") && row.result_key.chars().count() == KEY_SHOWN_CHARS + 1);
+    assert!(
+        row.result_key.starts_with("0-kkk")
+            && row.result_key.chars().count() == KEY_SHOWN_CHARS + 1
+    );
     assert!(row.last_error.chars().count() <= ERROR_KEPT_CHARS + 1);
 }
 
@@ -594,14 +599,21 @@ fn a_result_failing_past_the_alert_threshold_is_parked_and_alerted_once() {
             Step::WaitUntil(at) => clock = at,
             _ => break,
         }
-        assert!(clock < 60_000, "parked within the threshold and one backoff");
+        assert!(
+            clock < 60_000,
+            "parked within the threshold and one backoff"
+        );
     }
     assert!(clock >= 10_000, "not before the threshold");
     assert_eq!(parked.len(), 2);
     let Write::Park(row) = &parked[0] else {
         panic!("parked")
     };
-    assert!(row.last_error.starts_with("failing for"), "{}", row.last_error);
+    assert!(
+        row.last_error.starts_with("failing for"),
+        "{}",
+        row.last_error
+    );
     assert!(row.last_error.contains("503"));
     assert_eq!(p.next(clock), Step::AlertFailing(2));
     p.failing_alert_raised();
@@ -622,7 +634,11 @@ fn a_result_failing_past_the_alert_threshold_is_parked_and_alerted_once() {
     assert!(p.rows.values().all(|r| r.failing_since_ms.is_none()));
     assert!(matches!(p.next(clock), Step::RetryRows(_)));
     assert!(p.begin_row(0));
-    assert_eq!(p.finish_row(0, &busy, clock + 1, &limits, 0.0), None, "retried, not parked");
+    assert_eq!(
+        p.finish_row(0, &busy, clock + 1, &limits, 0.0),
+        None,
+        "retried, not parked"
+    );
 }
 
 /// `/metrics` hears of delivered results a thousand at a time on the happy path (one record

@@ -296,4 +296,3 @@ async fn to_queue(env: &Env, binding: &str, request: &EffectRequest) -> PeerAnsw
         Err(e) => PeerAnswer::Network(format!("queue {binding}: {}", js_error(&e))),
     }
 }
-

@@ -31,7 +31,10 @@ pub enum GateLog {
     /// An operator's retry of parked results settled them with other counts than the job's
     /// effect carried: the job's effect goes again as this new generation (a new
     /// `webhook-id`), since one id has one body.
-    ResultsRecounted { key: String, generation: u32 },
+    ResultsRecounted {
+        key: String,
+        generation: u32,
+    },
     ForgottenByOperator {
         key: String,
         reason: String,

@@ -305,17 +305,26 @@ mod tests {
             (id.unwrap().1.clone(), request.body)
         };
         let mut op = succeeded(ResultsMode::Each);
-        assert_eq!(op.results_settled(json!({"total": 2, "parked": 1}), 20), None);
+        assert_eq!(
+            op.results_settled(json!({"total": 2, "parked": 1}), 20),
+            None
+        );
         let first = id(&op);
         let claim = op.claim(20, 1_000).unwrap();
         op.finish(claim.token, &AttemptOutcome::Delivered, 30, 0);
         // A retry that parks the result again: the same counts, nothing new to send.
         op.results_retried(40);
-        assert_eq!(op.results_settled(json!({"total": 2, "parked": 1}), 50), None);
+        assert_eq!(
+            op.results_settled(json!({"total": 2, "parked": 1}), 50),
+            None
+        );
         assert!(op.effect().done() && op.effect().generation() == 1);
         // A retry that delivers it: a new generation, due now, under a new id.
         op.results_retried(60);
-        assert_eq!(op.results_settled(json!({"total": 2, "parked": 0}), 70), Some(2));
+        assert_eq!(
+            op.results_settled(json!({"total": 2, "parked": 0}), 70),
+            Some(2)
+        );
         assert!(op.effect_owed() && op.effect().next_attempt_ms() == 70);
         let second = id(&op);
         assert_ne!(second.0, first.0, "a new body, a new webhook-id");
@@ -329,7 +338,11 @@ mod tests {
         op.results_retried(1_100);
         assert_eq!(op.results_settled(json!({"total": 3}), 1_200), Some(3));
         let late = op.finish_attempt(&in_flight, &AttemptOutcome::Delivered, 1_300, 0);
-        assert_eq!(late, Finished::Fenced, "the old generation's 2xx is not the new one's");
+        assert_eq!(
+            late,
+            Finished::Fenced,
+            "the old generation's 2xx is not the new one's"
+        );
         assert!(op.effect_owed() && op.effect().generation() == 3);
         assert_ne!(id(&op).0, second.0);
     }
@@ -340,7 +353,11 @@ mod tests {
         op.results_settled(json!({"parked": 1}), 20);
         op.results_retried(30);
         assert_eq!(op.results_settled(json!({"parked": 0}), 40), None);
-        assert_eq!(op.effect().generation(), 1, "nothing was sent under the first id");
+        assert_eq!(
+            op.effect().generation(),
+            1,
+            "nothing was sent under the first id"
+        );
         assert_eq!(op.results_counts(), Some(&json!({"parked": 0})));
     }
 

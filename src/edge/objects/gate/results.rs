@@ -20,14 +20,14 @@ use crate::config::Config;
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::log::GateLog;
 use crate::operation::key::Collection;
+use crate::operation::AttemptOutcome;
 use crate::operation::{DeskMark, Operation};
 use crate::reconciliation::status::status_url;
 use crate::results::item::{from_inline, from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::operation::AttemptOutcome;
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Phase, Progress, Step};
-use crate::telemetry::counters::{labelled, RESULT_TO_PREFIX};
 use crate::results::source::{self, file_of_details, found_in_status, Found};
+use crate::telemetry::counters::{labelled, RESULT_TO_PREFIX};
 
 use crate::edge::objects::gate::results_store::ResultsStore;
 use crate::edge::objects::gate::storage::GateStorage;
@@ -346,7 +346,11 @@ impl Driver<'_> {
             ("parked", m.parked),
         ];
         for (result, n) in ended.into_iter().filter(|(_, n)| *n > 0) {
-            op.count_by(labelled(RESULT_TO_PREFIX, &format!("{result}:{to}")), n, now);
+            op.count_by(
+                labelled(RESULT_TO_PREFIX, &format!("{result}:{to}")),
+                n,
+                now,
+            );
         }
         self.storage.save(&op)?;
         Ok(op)

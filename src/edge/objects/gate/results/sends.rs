@@ -172,7 +172,10 @@ impl Driver<'_> {
         self.storage
             .meter()
             .add(|u| u.outbound_fetches += items.len() as u64);
-        let answers: Vec<_> = stream::iter(calls).buffered(SENDS_IN_FLIGHT).collect().await;
+        let answers: Vec<_> = stream::iter(calls)
+            .buffered(SENDS_IN_FLIGHT)
+            .collect()
+            .await;
         let now = now_ms();
         let failed: Vec<_> = answers.iter().filter(|a| health_failure(a)).collect();
         let sent = Sent {
