@@ -9,44 +9,37 @@
 //! due time stays in the past, so the alarm the run sets last fires again at once; a wait (a
 //! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
 //! moves it, and holds while the alarm runs for other work. How many results a step sends is
-//! its turn at the destination's desk (`results/sends.rs`). Commands (a duplicate delivery, a
-//! poll, an operator's redeliver) never start a step: only the alarm does, one run at a time,
-//! from the stored progress; a desk's release only makes it due.
+//! its turn at the destination's desk (`results/sends.rs`); what it writes on the record
+//! besides its due time (the settled counts, an alert, `/metrics`' counts) is
+//! `results/marks.rs`. Commands (a duplicate delivery, a poll, an operator's redeliver) never
+//! start a step: only the alarm does, one run at a time, from the stored progress; a desk's
+//! release only makes it due.
 
-use serde_json::Value;
 use worker::{Env, Result};
 
 use crate::config::Config;
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::log::GateLog;
 use crate::operation::key::Collection;
-use crate::operation::AttemptOutcome;
 use crate::operation::{DeskMark, Operation};
 use crate::reconciliation::status::status_url;
 use crate::results::item::{from_inline, from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Phase, Progress, Step};
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Phase, Progress, Step};
 use crate::results::source::{self, file_of_details, found_in_status, Found};
-use crate::telemetry::counters::{labelled, RESULT_TO_PREFIX};
 
 use crate::edge::objects::gate::results_store::ResultsStore;
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::outbound::results_file::{read_chunk, status_answer};
 use crate::edge::runtime::{log, now_ms, random_unit};
 
+mod marks;
 mod sends;
 
+use marks::failed_among;
 use sends::{Sent, Turn};
 
 use crate::operation::gate::alarm::DeskTurn;
-
-/// How many of a step's answers were failures to retry.
-fn failed_among(answers: &[(ResultItem, AttemptOutcome)]) -> u64 {
-    answers
-        .iter()
-        .filter(|(_, outcome)| matches!(outcome, AttemptOutcome::Retry(_)))
-        .count() as u64
-}
 
 /// What a step performs with.
 struct Driver<'a> {
@@ -330,43 +323,6 @@ impl Driver<'_> {
         self.after_sends(op, turn, sent).await
     }
 
-    /// Counts what the progress metered for `/metrics` (`results_by_destination`), by
-    /// destination, in the record: stored with the commit (no await between, one write),
-    /// flushed by the alarm's upkeep.
-    fn count(&self, op: Operation, metered: Option<Metered>) -> Result<Operation> {
-        let Some(m) = metered else {
-            return Ok(op);
-        };
-        let mut op = self.storage.load()?.unwrap_or(op);
-        let to = self.config.destination_label(op.kind());
-        let now = now_ms();
-        let ended = [
-            ("delivered", m.delivered),
-            ("failed", m.failed),
-            ("parked", m.parked),
-        ];
-        for (result, n) in ended.into_iter().filter(|(_, n)| *n > 0) {
-            op.count_by(
-                labelled(RESULT_TO_PREFIX, &format!("{result}:{to}")),
-                n,
-                now,
-            );
-        }
-        self.storage.save(&op)?;
-        Ok(op)
-    }
-
-    /// Results kept failing past the alert threshold and were parked: the batch's one
-    /// `results_failing` alert, naming how many, through the record's alerts.
-    fn alert_failing(&self, op: Operation, mut progress: Progress, n: u64) -> Result<Operation> {
-        let mut op = self.storage.load()?.unwrap_or(op);
-        op.results_gave_up(n, self.limits.alert_after_ms / 1_000, now_ms());
-        self.storage.save(&op)?;
-        progress.failing_alert_raised();
-        self.store.save(&progress, Vec::new())?;
-        Ok(op)
-    }
-
     /// The file is parked: one `results_file_parked` alert, through the record's alerts
     /// (raised once per operation, sent by this run's alert stage).
     fn alert(&self, op: Operation, mut progress: Progress, reason: &str) -> Result<Operation> {
@@ -383,18 +339,6 @@ impl Driver<'_> {
         log(line.to_value());
         progress.alert_raised();
         self.store.save(&progress, Vec::new())?;
-        Ok(op)
-    }
-
-    /// Every result is settled: the counts go on the record, and the job's effect is due
-    /// (after it went out, as a new generation when the counts changed).
-    fn settled(&self, op: Operation, counts: Value) -> Result<Operation> {
-        let mut op = self.storage.load()?.unwrap_or(op);
-        if let Some(generation) = op.results_settled(counts, now_ms()) {
-            let key = op.key().to_string();
-            log(GateLog::ResultsRecounted { key, generation }.to_value());
-        }
-        self.storage.save(&op)?;
         Ok(op)
     }
 }
