@@ -142,7 +142,8 @@ pub fn severity(body: &Value) -> &'static str {
         | "destination_open"
         | "webhook_disabled"
         | "record_unreadable"
-        | "results_file_parked" => "error",
+        | "results_file_parked"
+        | "results_failing" => "error",
         "stuck" | "unknown_to_gemini" | "status_unusable" | "stranger_nudges" => "warning",
         _ => "info",
     }
@@ -190,7 +191,7 @@ pub fn header_id(body: &Value) -> Option<String> {
     let id = body["alert_id"].as_str()?;
     Some(match id.bytes().all(|b| (0x20..0x7f).contains(&b)) {
         true => id.to_string(),
-        false => crate::operation::alert::hashed_id(id),
+        false => crate::alert_line::hashed_id(id),
     })
 }
 

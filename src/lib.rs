@@ -22,6 +22,7 @@ pub mod results;
 pub mod telemetry;
 
 pub mod alert_format;
+pub mod alert_line;
 pub mod body_cap;
 pub mod bounds;
 pub mod config;

@@ -57,8 +57,9 @@ after(async () => {
   dest?.assertAllValid();
 });
 
-/** What the sink got at `path` for `key`: queue messages carry the effect under `body`. */
-const at = (path, key) => sink.requests.filter((r) => r.url === path && (path === "/queue" ? JSON.parse(r.body).body?.key : JSON.parse(r.body).key) === key);
+/** What the sink got at `path` for `key`: queue messages carry the effect once, as the bytes
+ * signed, under `raw_body`. */
+const at = (path, key) => sink.requests.filter((r) => r.url === path && (path === "/queue" ? JSON.parse(JSON.parse(r.body).raw_body ?? "{}").key : JSON.parse(r.body).key) === key);
 
 describe("Cloudflare-native destinations", () => {
   it("sends to a Queue: a successful send is done, and the message carries the signed headers beside the body", async () => {
@@ -68,8 +69,9 @@ describe("Cloudflare-native destinations", () => {
     await eventually(async () => (await w.inspect(key)).body.effect_done, { what: "the queue send to count as done" });
     const [message] = await eventually(() => at("/queue", key).length && at("/queue", key), { what: "the consumer to receive it" });
     const m = JSON.parse(message.body);
-    assertEffectValid(m.body);
-    assert.equal(m.body.kind, "billing");
+    assert.deepEqual(Object.keys(m).sort(), ["headers", "raw_body"], "the body once, as the bytes signed");
+    const body = assertEffectValid(JSON.parse(m.raw_body));
+    assert.equal(body.kind, "billing");
     assert.equal(m.headers["idempotency-key"], key, "the consumer dedupes by the key the message carries");
     const verified = new Webhook(EFFECT_SECRET).verify(m.raw_body, {
       "webhook-id": m.headers["webhook-id"],

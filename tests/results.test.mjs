@@ -152,11 +152,17 @@ describe("each result of a batch, its own side effect", () => {
       const before = dest.requests.length;
       const retry = await w.admin(`/v1/operations/${encodeURIComponent(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed" }) });
       assert.equal(retry.body.retried, 3);
-      await eventually(() => dest.requests.slice(before).filter((r) => JSON.parse(r.body).key === key).length >= 3, { timeoutMs: 30_000, what: "the parked results again" });
+      await eventually(() => dest.requests.slice(before).filter((r) => JSON.parse(r.body).key === key).length >= 4, { timeoutMs: 30_000, what: "the parked results again, then the job's effect" });
       await sleep(1_500);
       const again = dest.requests.slice(before).map((r) => ({ id: r.headers["webhook-id"], body: JSON.parse(r.body) })).filter((r) => r.body.key === key);
-      assert.deepEqual(again.map((r) => r.body.result_key).sort(), ["k45", "k5", "k85"], "each parked result once, no job effect again");
-      for (const r of again) assert.equal(r.id, idOf(r.body.result_key), "under its first webhook-id");
+      const resent = again.filter((r) => "result_key" in r.body);
+      assert.deepEqual(resent.map((r) => r.body.result_key).sort(), ["k45", "k5", "k85"], "each parked result once");
+      for (const r of resent) assert.equal(r.id, idOf(r.body.result_key), "under its first webhook-id");
+      // The counts changed: the job's effect goes again, once, as a new generation (one body per id).
+      const job = again.filter((r) => !("result_key" in r.body));
+      assert.equal(job.length, 1);
+      assert.notEqual(job[0].id, jobs[0].id, "a new body, a new webhook-id");
+      assert.deepEqual(job[0].body.results, { total: 100, delivered: 100, errors: 0, parked: 0 });
       const op = await w.inspect(key);
       assert.deepEqual(op.body.results_counts, { total: 100, delivered: 100, errors: 0, parked: 0 });
     } finally {

@@ -37,9 +37,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::alert_line::{hashed_id, text};
 use crate::destination::protocol::{DeskReply, DeskSettings, DeskView, Pace, PauseNote};
 use crate::destination_label::destination_parts;
-use crate::operation::alert::{hashed_id, text};
 use crate::retry::Backoff;
 
 /// The first wait between probes: short, so a blip is over in seconds.

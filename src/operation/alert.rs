@@ -5,9 +5,9 @@
 //! mark) and sent at least once: it stays queued in the record until the sink accepts it,
 //! under an `alert_id` that is the same on every retry.
 
+use crate::alert_line::{hashed_id, text};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 /// What an alert is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +43,9 @@ pub enum AlertKind {
     /// A parked results file was read after all (an operator's retry): the resolution of
     /// `results_file_parked`.
     ResultsFileRead,
+    /// Results of a `"results": "each"` batch kept failing past `EFFECT_ALERT_AFTER_SECONDS`:
+    /// they are parked (an operator retries them), and the job's effect counts them parked.
+    ResultsFailing,
 }
 
 impl AlertKind {
@@ -61,6 +64,7 @@ impl AlertKind {
             AlertKind::EffectRecovered => "effect_recovered",
             AlertKind::ResultsFileParked => "results_file_parked",
             AlertKind::ResultsFileRead => "results_file_read",
+            AlertKind::ResultsFailing => "results_failing",
         }
     }
 
@@ -103,14 +107,6 @@ pub fn alert_id(key: &str, kind: AlertKind, generation: u32) -> String {
     hashed_id(&format!("{key}#{}#{generation}", kind.as_str()))
 }
 
-/// `alert_<24 hex digits>` for what tells one alert from every other: ASCII whatever the
-/// text (an `alert-id` header must be; a destination's label holds a `…`).
-pub fn hashed_id(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
-    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
-    format!("alert_{hex}")
-}
-
 /// Renders a duration as `2h 5m`, `3m 20s` or `45s`.
 pub fn human_age(seconds: i64) -> String {
     let s = seconds.max(0);
@@ -146,12 +142,6 @@ pub fn body(
         body["resolves"] = json!(condition.as_str());
     }
     body
-}
-
-/// An alert's readable line: `gemini-once <alert>: <name> (<kind>) <what>` (for a
-/// destination, its short name and `destination`).
-pub fn text(alert: &str, name: &str, kind: &str, what: &str) -> String {
-    format!("gemini-once {alert}: {name} ({kind}) {what}")
 }
 
 /// The alert that Gemini's webhook `name` is in `state` (not `enabled`) and was left so:

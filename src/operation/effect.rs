@@ -101,6 +101,30 @@ pub fn signed_request(
     EffectRequest { headers, body }
 }
 
+/// The largest queue message Cloudflare Queues accept: 128 KB (counted as 128,000 bytes, the
+/// smaller reading). The local runtime does not refuse a larger one; production does, every
+/// time.
+pub const QUEUE_MESSAGE_MAX_BYTES: usize = 128_000;
+
+/// The message a queue destination receives for `request`, as JSON text:
+/// `{"headers": {...the same headers...}, "raw_body": "..."}`. The body goes once, as the
+/// exact bytes signed (a consumer verifies them, then parses them). `Err` says why it is not
+/// sent: a message over [`QUEUE_MESSAGE_MAX_BYTES`] would be refused every time.
+pub fn queue_message(request: &EffectRequest) -> Result<String, String> {
+    let headers: serde_json::Map<String, Value> = request
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
+        .collect();
+    let message = json!({"headers": headers, "raw_body": request.body}).to_string();
+    match message.len() {
+        n if n > QUEUE_MESSAGE_MAX_BYTES => Err(format!(
+            "a queue message of {n} bytes is over the queue's limit of {QUEUE_MESSAGE_MAX_BYTES} bytes: not sent"
+        )),
+        _ => Ok(message),
+    }
+}
+
 /// What the destination's answer to an attempt means for the side effect: its class
 /// ([`PeerAnswer::class`]) decides, its summary is kept for the operator (a timeout says how long
 /// it waited). An attempt keeps an excerpt, which is never refused for its size.
@@ -161,6 +185,28 @@ mod tests {
         };
         op.apply(&event, 1_000);
         effect_body(&op)
+    }
+
+    #[test]
+    fn a_queue_message_carries_the_body_once_and_one_over_the_limit_is_not_sent() {
+        let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let request = build_request(&failed_batch(), &secret, 1_700_000_000);
+        let message: Value = serde_json::from_str(&queue_message(&request).unwrap()).unwrap();
+        assert_eq!(
+            message["raw_body"],
+            request.body.as_str(),
+            "the bytes signed"
+        );
+        assert!(message.get("body").is_none(), "the body once");
+        assert_eq!(message["headers"]["idempotency-key"], "batches/b");
+        // A body of 100 KB fits once (it did not twice); one past the limit is refused.
+        let big = |n: usize| EffectRequest {
+            body: json!({"x": "y".repeat(n)}).to_string(),
+            ..request.clone()
+        };
+        assert!(queue_message(&big(100_000)).is_ok());
+        let refused = queue_message(&big(QUEUE_MESSAGE_MAX_BYTES)).unwrap_err();
+        assert!(refused.contains("over the queue's limit"), "{refused}");
     }
 
     #[test]

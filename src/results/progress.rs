@@ -9,15 +9,20 @@
 //! destination); a kill after the commit sends none of them again, but those kept as rows.
 //! Only failed and parked results take a row; delivered ones are counted, never stored, so
 //! state does not grow with the file. A failed result is retried with the job's backoff
-//! ([`crate::retry::Backoff`]); a refusal parks it. A results file missing right after
-//! `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`], unless the batch
-//! ended more than [`FILE_KEPT_MS`] ago (then it is gone for good); a file gone for good or
-//! unreadable parks the results with the reason and raises one alert. The job's own
+//! ([`crate::retry::Backoff`]); a refusal parks it, and so does failing past
+//! [`Limits::alert_after_ms`] (`EFFECT_ALERT_AFTER_SECONDS`), with one alert for the batch
+//! naming how many ([`Step::AlertFailing`]): the job's effect then goes, as after any park. A
+//! results file missing right after `SUCCEEDED` is asked for again with backoff for
+//! [`Limits::file_wait_ms`], unless the batch ended more than [`FILE_KEPT_MS`] ago (then it is
+//! gone for good); a file gone for good or unreadable parks the results with the reason and
+//! raises one alert. The job's own
 //! effect is owed once the file is read (or parked) and no result is waiting.
 //!
-//! Memory: the value holds the results waiting for a retry (a few hundred bytes each, at most
-//! [`MAX_WAITING`] before reading stops until they drain), never a result's body, and never a
-//! delivered or parked result. Storage, in the batch's Durable Object: this value without its
+//! Memory: the value holds the results waiting for a retry (at most [`MAX_WAITING`] before
+//! reading stops until they drain), never a result's body, and never a delivered or parked
+//! result. A waiting row keeps at most [`KEY_SHOWN_CHARS`] of its key and [`ERROR_KEPT_CHARS`]
+//! of its last error (the whole key is in the kept result, which is what is sent), so the
+//! stored value stays far below SQLite's 2 MB row whatever the keys' sizes. Storage, in the batch's Durable Object: this value without its
 //! rows as one row; one row per waiting or parked result (its [`Row`], and its result, at most a
 //! line's cap), by its index. Each transition's [`Write`]s are stored in one transaction with
 //! the value.
@@ -46,8 +51,32 @@ pub const MAX_WAITING: usize = 400;
 /// Results per chunk: each one is a subrequest, and the download is one more; 40 stays within
 /// the Free plan's 50 subrequests per invocation.
 pub const CHUNK_RESULTS: u64 = 40;
+/// Results sent at once, per invocation: production allows 6 simultaneous outgoing
+/// connections per invocation (workerd does not enforce it locally), and a request past them
+/// waits for one inside the runtime, its own `EFFECT_TIMEOUT_MS` running. So a chunk goes 6
+/// at a time, each next one leaving as one ends.
+pub const SENDS_IN_FLIGHT: usize = 6;
+/// Delivered results counted for `/metrics` at a time on the happy path: the count goes in the
+/// operation's record, one more write, so it is written once per 1,000 results (25 chunks),
+/// with a failure or a park, and when the results are all settled; never once per chunk.
+pub const METER_EVERY: u64 = 1_000;
 /// Bytes of lines per chunk: the chunk is held while it is sent, so this bounds memory.
 pub const CHUNK_BYTES: u64 = 8 << 20;
+/// Characters of a result's key a row keeps, to show it: a key may be as long as its line
+/// (1 MiB), and [`MAX_WAITING`] rows of whole keys would pass SQLite's 2 MB row, failing the
+/// commit after the sends (the same ids sent again for ever). The whole key is in the kept
+/// result.
+pub const KEY_SHOWN_CHARS: usize = 256;
+/// Characters of an attempt's answer a row keeps (an answer's summary is about 200).
+pub const ERROR_KEPT_CHARS: usize = 300;
+
+/// `text`, cut to `max` characters (marked `…` when cut).
+fn clipped(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
 
 /// The tunables, with the job's backoff.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,6 +84,9 @@ pub struct Limits {
     pub file_wait_ms: i64,
     pub retry_base_secs: i64,
     pub retry_max_secs: i64,
+    /// A result failing this long (`EFFECT_ALERT_AFTER_SECONDS`) is parked at its next
+    /// failure (after one retry at least), and the batch alerts once.
+    pub alert_after_ms: i64,
 }
 
 impl Limits {
@@ -113,6 +145,9 @@ pub struct Row {
     /// An attempt was begun and not finished: it may have reached the destination.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_doubt: bool,
+    /// When its first failure was answered (since its last operator's retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since_ms: Option<i64>,
 }
 
 /// What the edge stores with the value, in the same transaction.
@@ -139,6 +174,9 @@ pub enum Step {
     RetryRows(Vec<u64>),
     /// Raise the one alert for a parked file.
     Alert(String),
+    /// Raise the one alert for results parked after failing past the alert threshold: how
+    /// many so far.
+    AlertFailing(u64),
     /// Every result is settled: the job's effect is owed with these counts.
     Settled(Value),
 }
@@ -151,7 +189,7 @@ impl Step {
             Step::ReadChunk { .. } => Some((CHUNK_RESULTS, false)),
             Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
             Step::RetryRows(rows) => Some(((rows.len() as u64).min(CHUNK_RESULTS), true)),
-            Step::WaitUntil(_) | Step::Alert(_) | Step::Settled(_) => None,
+            Step::WaitUntil(_) | Step::Alert(_) | Step::AlertFailing(_) | Step::Settled(_) => None,
         }
     }
 }
@@ -180,6 +218,28 @@ pub struct Progress {
     /// not parked, the step asks it again before anything else.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unlocated: bool,
+    /// Results parked for failing past the alert threshold.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gave_up: u64,
+    /// Their one alert was raised.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failing_alerted: bool,
+    /// Results delivered and not yet counted for `/metrics` ([`Progress::meter`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unmetered: u64,
+}
+
+/// What a commit adds to `/metrics`' results by destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Metered {
+    pub delivered: u64,
+    /// Failed attempts (retried later).
+    pub failed: u64,
+    pub parked: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Why a download did not give the file.
@@ -214,6 +274,9 @@ impl Progress {
             since_ms: now_ms,
             ended_ms: None,
             alerted: false,
+            gave_up: 0,
+            failing_alerted: false,
+            unmetered: 0,
             unlocated: false,
         }
     }
@@ -228,6 +291,9 @@ impl Progress {
             if !self.alerted {
                 return Step::Alert(reason.clone());
             }
+        }
+        if self.gave_up > 0 && !self.failing_alerted {
+            return Step::AlertFailing(self.gave_up);
         }
         let due: Vec<u64> = self
             .rows
@@ -314,6 +380,11 @@ impl Progress {
         self.alerted = true;
     }
 
+    /// The one alert for results that kept failing was raised.
+    pub fn failing_alert_raised(&mut self) {
+        self.failing_alerted = true;
+    }
+
     /// Claims the chunk just read (`to` is where reading stopped): store this before sending.
     pub fn claim(&mut self, to: Checkpoint, last: bool) -> ChunkClaim {
         let claim = ChunkClaim {
@@ -359,12 +430,13 @@ impl Progress {
             self.counts.total += 1;
             self.counts.errors += u64::from(item.payload.is_error());
             let row = Row {
-                result_key: item.result_key.clone(),
+                result_key: clipped(&item.result_key, KEY_SHOWN_CHARS),
                 index: item.index,
                 attempts: 0,
                 last_error: String::new(),
                 next_at_ms: None,
                 in_doubt: false,
+                failing_since_ms: None,
             };
             if outcome != AttemptOutcome::Delivered {
                 writes.push(Write::KeepResult(item));
@@ -404,21 +476,56 @@ impl Progress {
         match outcome {
             AttemptOutcome::Delivered => {
                 self.counts.delivered += 1;
+                self.unmetered += 1;
                 was_row.then_some(Write::Forget(key))
             }
             AttemptOutcome::Retry(why) => {
-                row.last_error = why.clone();
+                let since = *row.failing_since_ms.get_or_insert(now_ms);
+                let failing_ms = now_ms - since;
+                // At least one retry first, whatever the threshold (0 alerts a job at once).
+                if failing_ms >= limits.alert_after_ms && row.attempts > 1 {
+                    // It keeps failing: parked (an operator retries it), so the job's effect
+                    // goes, and the batch alerts once.
+                    let age = crate::operation::alert::human_age(failing_ms / 1_000);
+                    let why = format!("failing for {age}, {} attempts; last: {why}", row.attempts);
+                    self.gave_up += 1;
+                    return self.park(row, &why);
+                }
+                row.last_error = clipped(why, ERROR_KEPT_CHARS);
                 row.next_at_ms = Some(now_ms + limits.backoff().jittered(row.attempts, jitter));
                 self.rows.insert(key, row);
                 None
             }
-            AttemptOutcome::Park(why) => {
-                row.last_error = why.clone();
-                row.next_at_ms = None;
-                self.counts.parked += 1;
-                Some(Write::Park(row))
-            }
+            AttemptOutcome::Park(why) => self.park(row, why),
         }
+    }
+
+    /// Parks a result: counted, and its row moves to the parked ones.
+    fn park(&mut self, mut row: Row, why: &str) -> Option<Write> {
+        row.last_error = clipped(why, ERROR_KEPT_CHARS);
+        row.next_at_ms = None;
+        self.counts.parked += 1;
+        Some(Write::Park(row))
+    }
+
+    /// What a commit (from counts `before`, with `failed` attempts among its answers) adds to
+    /// `/metrics`, when it is time to write it (stored with the commit): at once with a
+    /// failure or a park, else once [`METER_EVERY`] delivered wait, or when nothing is left to
+    /// send. `None`: nothing to write yet (the delivered are kept in the count).
+    pub fn meter(&mut self, before: Counts, failed: u64) -> Option<Metered> {
+        let parked = self.counts.parked.saturating_sub(before.parked);
+        let all_sent = self.claim.is_none()
+            && self.rows.is_empty()
+            && matches!(self.phase, Phase::Read | Phase::FileParked { .. });
+        let due = failed > 0 || parked > 0 || self.unmetered >= METER_EVERY || all_sent;
+        if !due || failed + parked + self.unmetered == 0 {
+            return None;
+        }
+        Some(Metered {
+            delivered: std::mem::take(&mut self.unmetered),
+            failed,
+            parked,
+        })
     }
 
     /// Begins a row's attempt: store this before sending its stored result. `false` when the
@@ -456,6 +563,7 @@ impl Progress {
         for mut row in parked {
             row.next_at_ms = Some(now_ms);
             row.in_doubt = false;
+            row.failing_since_ms = None;
             self.rows.insert(row.index, row);
         }
         self.counts.parked = self.counts.parked.saturating_sub(n);

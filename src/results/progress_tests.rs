@@ -16,6 +16,7 @@ const LIMITS: Limits = Limits {
     file_wait_ms: FILE_WAIT_MS,
     retry_base_secs: 30,
     retry_max_secs: 3_600,
+    alert_after_ms: 3_600_000,
 };
 /// A small chunk, so a short file spans several.
 const CHUNK: usize = 7;
@@ -223,6 +224,10 @@ impl World {
             }
             Step::Alert(_) => {
                 p.alert_raised();
+                self.store(&p, Vec::new())?;
+            }
+            Step::AlertFailing(_) => {
+                p.failing_alert_raised();
                 self.store(&p, Vec::new())?;
             }
             Step::Settled(results) => {
@@ -595,4 +600,172 @@ fn a_destination_failing_everything_stops_the_reading_not_the_memory() {
     assert!(p.rows.len() >= MAX_WAITING && p.rows.len() < MAX_WAITING + CHUNK_RESULTS as usize);
     assert!(matches!(p.next(0), Step::WaitUntil(_)));
     assert!(matches!(p.next(i64::MAX / 2), Step::RetryRows(_)));
+}
+
+/// Finding 3 of issue 48: a waiting row keeps a bounded part of its key, so the stored value
+/// stays far below SQLite's 2 MB row with every row waiting on keys of 60 KB (whole, 400 of
+/// them were 24 MB: the commit failed after the sends, and the same ids went again for ever).
+#[test]
+fn the_stored_progress_is_bounded_whatever_the_keys_sizes() {
+    let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
+    let long = |i: u64| format!("{i}-{}", "k".repeat(60 * 1024));
+    let long_error = AttemptOutcome::Retry(format!("network: {}", "e".repeat(10_000)));
+    while let Step::ReadChunk { .. } = p.next(0) {
+        let from = p.done_through;
+        let to = Checkpoint {
+            offset: from.offset + 100,
+            index: from.index + CHUNK_RESULTS,
+        };
+        let claim = p.claim(to, false);
+        let answers = failed(from.index..to.index)
+            .into_iter()
+            .map(|(mut item, _)| {
+                item.result_key = long(item.index);
+                (item, long_error.clone())
+            })
+            .collect();
+        let writes = p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+        // The whole key stays in the result kept to be sent again.
+        assert!(writes
+            .iter()
+            .all(|w| matches!(w, Write::KeepResult(i) if i.result_key.len() > 60 * 1024)));
+    }
+    assert!(p.rows.len() >= MAX_WAITING);
+    let stored = serde_json::to_string(&p).unwrap();
+    assert!(stored.len() < 512 * 1024, "{} bytes", stored.len());
+    let row = &p.rows[&0];
+    assert!(
+        row.result_key.starts_with("0-kkk")
+            && row.result_key.chars().count() == KEY_SHOWN_CHARS + 1
+    );
+    assert!(row.last_error.chars().count() <= ERROR_KEPT_CHARS + 1);
+}
+
+/// Finding 4 of issue 48: a result that keeps failing is parked at its first failure past
+/// the alert threshold, the batch alerts once naming how many, and the job's effect goes
+/// with them counted parked; an operator's retry gives them a whole window again.
+#[test]
+fn a_result_failing_past_the_alert_threshold_is_parked_and_alerted_once() {
+    let limits = Limits {
+        alert_after_ms: 10_000,
+        retry_base_secs: 1,
+        retry_max_secs: 2,
+        ..LIMITS
+    };
+    let mut p = Progress::begin(Source::Inline, 0);
+    let claim = p.claim(
+        Checkpoint {
+            offset: 0,
+            index: 3,
+        },
+        true,
+    );
+    let mut answers = failed(0..3);
+    answers[2].1 = AttemptOutcome::Delivered;
+    p.commit(claim.chunk, answers, 0, &limits, 0.0).unwrap();
+    let busy = AttemptOutcome::Retry("503".into());
+    let mut clock = 0;
+    let mut parked = Vec::new();
+    loop {
+        match p.next(clock) {
+            Step::RetryRows(due) => {
+                for index in due {
+                    assert!(p.begin_row(index));
+                    parked.extend(p.finish_row(index, &busy, clock, &limits, 0.0));
+                }
+            }
+            Step::WaitUntil(at) => clock = at,
+            _ => break,
+        }
+        assert!(
+            clock < 60_000,
+            "parked within the threshold and one backoff"
+        );
+    }
+    assert!(clock >= 10_000, "not before the threshold");
+    assert_eq!(parked.len(), 2);
+    let Write::Park(row) = &parked[0] else {
+        panic!("parked")
+    };
+    assert!(
+        row.last_error.starts_with("failing for"),
+        "{}",
+        row.last_error
+    );
+    assert!(row.last_error.contains("503"));
+    assert_eq!(p.next(clock), Step::AlertFailing(2));
+    p.failing_alert_raised();
+    let Step::Settled(results) = p.next(clock) else {
+        panic!("the job's effect goes")
+    };
+    assert_eq!(results["parked"], 2);
+    assert_eq!(results["delivered"], 1);
+    // An operator's retry: a whole window again, and no second alert.
+    let rows = parked
+        .into_iter()
+        .map(|w| match w {
+            Write::Park(row) => row,
+            _ => unreachable!(),
+        })
+        .collect();
+    p.retry_parked(rows, clock);
+    assert!(p.rows.values().all(|r| r.failing_since_ms.is_none()));
+    assert!(matches!(p.next(clock), Step::RetryRows(_)));
+    assert!(p.begin_row(0));
+    assert_eq!(
+        p.finish_row(0, &busy, clock + 1, &limits, 0.0),
+        None,
+        "retried, not parked"
+    );
+}
+
+/// `/metrics` hears of delivered results a thousand at a time on the happy path (one record
+/// write, not one per chunk), of a failure or a park with its commit, and of the rest when
+/// nothing is left to send.
+#[test]
+fn the_results_are_metered_in_bulk_on_the_happy_path_and_at_once_off_it() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    let mut metered = Vec::new();
+    let total = 2 * METER_EVERY + 3 * CHUNK_RESULTS;
+    while let Step::ReadChunk { .. } = p.next(0) {
+        let from = p.done_through;
+        let to = Checkpoint {
+            offset: 0,
+            index: from.index + CHUNK_RESULTS,
+        };
+        let claim = p.claim(to, to.index == total);
+        let before = p.counts;
+        let mut answers = failed(from.index..to.index);
+        for (_, outcome) in answers.iter_mut() {
+            *outcome = AttemptOutcome::Delivered;
+        }
+        p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+        metered.extend(p.meter(before, 0));
+    }
+    let delivered: Vec<u64> = metered.iter().map(|m| m.delivered).collect();
+    assert_eq!(delivered, vec![METER_EVERY, METER_EVERY, 3 * CHUNK_RESULTS]);
+    assert_eq!(p.unmetered, 0);
+    // Off the happy path: a failure and a park are counted with their commit.
+    let mut p = Progress::begin(Source::Inline, 0);
+    let claim = p.claim(
+        Checkpoint {
+            offset: 0,
+            index: 3,
+        },
+        false,
+    );
+    let mut answers = failed(0..3);
+    answers[0].1 = AttemptOutcome::Delivered;
+    answers[1].1 = AttemptOutcome::Park("400".into());
+    let before = p.counts;
+    p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+    assert_eq!(
+        p.meter(before, 1),
+        Some(Metered {
+            delivered: 1,
+            failed: 1,
+            parked: 1
+        })
+    );
+    assert_eq!(p.meter(p.counts, 0), None, "nothing new");
 }

@@ -216,11 +216,17 @@ pub fn unlocated(
 }
 
 /// The progress's tunables from the configuration's seconds.
-pub fn limits(file_wait_secs: i64, retry_base_secs: i64, retry_max_secs: i64) -> Limits {
+pub fn limits(
+    file_wait_secs: i64,
+    retry_base_secs: i64,
+    retry_max_secs: i64,
+    alert_after_secs: i64,
+) -> Limits {
     Limits {
         file_wait_ms: file_wait_secs * 1_000,
         retry_base_secs,
         retry_max_secs,
+        alert_after_ms: alert_after_secs * 1_000,
     }
 }
 
@@ -345,6 +351,7 @@ mod tests {
         file_wait_ms: 60_000,
         retry_base_secs: 1,
         retry_max_secs: 2,
+        alert_after_ms: 3_600_000,
     };
 
     #[test]

@@ -22,7 +22,7 @@ use crate::telemetry::counters::{status_call, AskedBy, StatusCallAnswer};
 use crate::telemetry::counters::{
     ACCEPTANCE_BUCKETS_SECS, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM, ALERTS,
     ALERTS_BY_KIND_PREFIX, DELIVERIES, DROPPED_PREFIX, DUPLICATES, EFFECT_FAILURES, EFFECT_PARKS,
-    EFFECT_RETRY_AFTER, EFFECT_SUCCESSES, EFFECT_TO_PREFIX, PINGS, REDELIVERIES,
+    EFFECT_RETRY_AFTER, EFFECT_SUCCESSES, EFFECT_TO_PREFIX, PINGS, REDELIVERIES, RESULT_TO_PREFIX,
     SETTLED_BY_RECONCILE, SETTLED_BY_WEBHOOK, STRANGER_NUDGES,
 };
 
@@ -161,6 +161,7 @@ fn counter_help(family: &str) -> &'static str {
         "alerts" => "Alerts the gates sent to ALERT_URL.",
         "alerts_by_kind" => "Alerts the gates sent to ALERT_URL, by kind.",
         "effects_by_destination" => "Side-effect attempts by result (delivered, failed, parked) and destination.",
+        "results_by_destination" => "A batch's results (results \"each\") by how they ended (delivered: accepted; failed: an attempt to retry; parked) and destination.",
         "effects_retried_after_asked" => "Failed side-effect attempts retried no sooner than the destination's Retry-After asked.",
         "dropped" => "Deliveries and status answers not applied, by the reducer's reason.",
         "rejected" => "Requests refused before reaching a gate, by reason.",
@@ -229,6 +230,7 @@ fn counter_families(total: &Value) -> Vec<Family> {
     let mut rejected = Family::counter("rejected");
     // By result and short name: two labels of one name (its URL changed) are one series.
     let mut by_destination: BTreeMap<(String, String), f64> = BTreeMap::new();
+    let mut results_by_destination: BTreeMap<(String, String), f64> = BTreeMap::new();
     let mut by_kind = Family::counter("alerts_by_kind");
     // Any name this version does not describe.
     let mut other = Family::counter("events");
@@ -244,12 +246,18 @@ fn counter_families(total: &Value) -> Vec<Family> {
         {
             continue;
         }
-        if let Some((result, destination)) = name
-            .strip_prefix(EFFECT_TO_PREFIX)
-            .and_then(|rest| rest.split_once(':'))
+        let mut by_prefix = [
+            (EFFECT_TO_PREFIX, &mut by_destination),
+            (RESULT_TO_PREFIX, &mut results_by_destination),
+        ];
+        if let Some((result, destination, sums)) =
+            by_prefix.iter_mut().find_map(|(prefix, sums)| {
+                let (result, destination) = name.strip_prefix(*prefix)?.split_once(':')?;
+                Some((result, destination, sums))
+            })
         {
             let series = (result.to_string(), destination_name(destination));
-            *by_destination.entry(series).or_default() += n;
+            *sums.entry(series).or_default() += n;
             continue;
         }
         let (family, label, value) = if let Some(kind) = name.strip_prefix(ALERTS_BY_KIND_PREFIX) {
@@ -263,12 +271,20 @@ fn counter_families(total: &Value) -> Vec<Family> {
         };
         family.push(vec![(label, value.to_string())], n);
     }
-    let mut by_destination_family = Family::counter("effects_by_destination");
-    for ((result, destination), n) in by_destination {
-        let labels = vec![("result", result), ("destination", destination)];
-        by_destination_family.push(labels, n);
-    }
-    families.extend([by_destination_family, by_kind, acceptance_histogram(total)]);
+    let by_result_and_destination =
+        |family: &'static str, sums: BTreeMap<(String, String), f64>| {
+            let mut family = Family::counter(family);
+            for ((result, destination), n) in sums {
+                family.push(vec![("result", result), ("destination", destination)], n);
+            }
+            family
+        };
+    families.extend([
+        by_result_and_destination("effects_by_destination", by_destination),
+        by_result_and_destination("results_by_destination", results_by_destination),
+        by_kind,
+        acceptance_histogram(total),
+    ]);
     families.push(status_call_family(total));
     families.extend([dropped, rejected, other]);
     families
@@ -535,6 +551,7 @@ mod tests {
                 "effect_to:delivered:EFFECT_URL: http://127.0.0.1:9/…": 2,
                 "effect_to:delivered:EFFECT_URL: http://old.example/…": 1,
                 "effect_to:parked:route billing: https://b.example/…": 1,
+                "result_to:failed:EFFECT_URL: http://127.0.0.1:9/…": 4,
                 "acceptance_le:0.5": 1, "acceptance_le:60": 1, "acceptance_le:+Inf": 1,
                 "acceptance_ms_sum": 90_000_250u64, "alerts_by_kind:effect_failing": 1,
                 "effect_retry_after": 3, "status_calls:pass:answered": 4,
@@ -594,6 +611,7 @@ mod tests {
             "gemini_once_effects_by_destination_total{result=\"parked\",destination=\"billing\"} 1",
             "gemini_once_alerts_by_kind_total{kind=\"effect_failing\"} 1",
             "gemini_once_effects_retried_after_asked_total 3",
+            "gemini_once_results_by_destination_total{result=\"failed\",destination=\"default\"} 4",
         ] {
             assert!(l.contains(&want), "{want} missing from\n{page}");
         }

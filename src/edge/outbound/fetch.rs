@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use futures_util::future::{select, Either};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use worker::wasm_bindgen::{JsCast, JsValue};
 use worker::wasm_bindgen_futures::JsFuture;
 use worker::{
@@ -30,7 +30,7 @@ use worker::{
 use crate::alert_format::{header_id, render, Sink};
 use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, TooLarge};
 use crate::config::{Config, Destination};
-use crate::operation::effect::EffectRequest;
+use crate::operation::effect::{queue_message, EffectRequest};
 use crate::redirect::{next_hop, KEY_HEADER, MAX_REDIRECTS};
 use crate::retry::{class_of_status, Class, PeerAnswer};
 use crate::telemetry::worker_log::WorkerLog;
@@ -307,9 +307,21 @@ async fn to_service(env: &Env, binding: &str, request: &EffectRequest) -> PeerAn
         .unwrap_or_else(|e| PeerAnswer::Network(e.to_string()))
 }
 
-/// Sends `{"headers": {...}, "body": {...}}` to a queue: the same fields a URL receives.
+/// Sends `{"headers": {...}, "raw_body": "..."}` to a queue ([`queue_message`]): the same
+/// headers and bytes a URL receives.
 async fn to_queue(env: &Env, binding: &str, request: &EffectRequest) -> PeerAnswer {
-    let message = queue_message(request);
+    let message = match queue_message(request) {
+        Ok(message) => message,
+        // The queue would refuse it every time: a refusal (parked), never a retry. It was
+        // not sent, so no destination's health is judged by it.
+        Err(why) => {
+            return PeerAnswer::Http {
+                status: 413,
+                body: why,
+                retry_after: None,
+            }
+        }
+    };
     let call = async {
         let queue = js_sys::Reflect::get(env, &JsValue::from_str(binding))?;
         if queue.is_undefined() {
@@ -318,7 +330,7 @@ async fn to_queue(env: &Env, binding: &str, request: &EffectRequest) -> PeerAnsw
         let send: js_sys::Function = js_sys::Reflect::get(&queue, &JsValue::from_str("send"))?
             .dyn_into()
             .map_err(|_| JsValue::from_str("not a queue producer"))?;
-        let body = js_sys::JSON::parse(&message.to_string())?;
+        let body = js_sys::JSON::parse(&message)?;
         let promise: js_sys::Promise = send.call1(&queue, &body)?.dyn_into()?;
         JsFuture::from(promise).await
     };
@@ -330,20 +342,4 @@ async fn to_queue(env: &Env, binding: &str, request: &EffectRequest) -> PeerAnsw
         },
         Err(e) => PeerAnswer::Network(format!("queue {binding}: {}", js_error(&e))),
     }
-}
-
-/// The queue message of an effect request: its headers as fields, its body as JSON.
-fn queue_message(request: &EffectRequest) -> Value {
-    let headers: Map<String, Value> = request
-        .headers
-        .iter()
-        .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
-        .collect();
-    let body: Value =
-        serde_json::from_str(&request.body).unwrap_or(Value::String(request.body.clone()));
-    let mut message = Map::new();
-    message.insert("headers".into(), Value::Object(headers));
-    message.insert("body".into(), body);
-    message.insert("raw_body".into(), Value::String(request.body.clone()));
-    Value::Object(message)
 }

@@ -28,6 +28,13 @@ pub enum GateLog {
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
+    /// An operator's retry of parked results settled them with other counts than the job's
+    /// effect carried: the job's effect goes again as this new generation (a new
+    /// `webhook-id`), since one id has one body.
+    ResultsRecounted {
+        key: String,
+        generation: u32,
+    },
     ForgottenByOperator {
         key: String,
         reason: String,

@@ -88,6 +88,13 @@ impl Operation {
             AlertKind::ResultsFileRead => {
                 format!("{status}: its parked results file was read after all")
             }
+            AlertKind::ResultsFailing => format!(
+                "{status}: {} of its results kept failing for {} and are parked; list them with GET /v1/operations/{}/results?state=parked, send them again with POST /v1/operations/{}/results/retry",
+                self.results_gave_up,
+                human_age(age_seconds),
+                self.key,
+                self.key
+            ),
         };
         crate::operation::alert::body(
             kind,

@@ -341,6 +341,19 @@ impl Operation {
         if !self.effect.done {
             return Err(OperatorRefusal::NotDone);
         }
+        self.next_generation(now_ms);
+        self.notes.redeliveries.push(OperatorNote {
+            at_ms: now_ms,
+            reason: reason.to_string(),
+        });
+        Ok(self.effect.generation)
+    }
+
+    /// A new generation of the side effect, due now: a new `webhook-id` (and
+    /// `effect-generation`) for a body that is not the one sent before, whether the previous
+    /// generation was done, failing or parked. A live claim belongs to the previous
+    /// generation; its commit is fenced off (a late 2xx of it marks nothing done).
+    pub(super) fn next_generation(&mut self, now_ms: i64) {
         self.effect.generation += 1;
         self.effect.done = false;
         self.effect.done_at_ms = None;
@@ -349,15 +362,9 @@ impl Operation {
         self.effect.next_attempt_ms = now_ms;
         self.effect.last_error = None;
         self.effect.desk = None;
-        // A live claim belongs to the previous generation; its commit is fenced off.
         self.effect.claim = None;
         self.alerts.retain(|a| *a != AlertKind::EffectFailing);
-        self.notes.redeliveries.push(OperatorNote {
-            at_ms: now_ms,
-            reason: reason.to_string(),
-        });
         self.changed();
-        Ok(self.effect.generation)
     }
 
     /// Whether the side effect was sent at or after `cutoff_ms` (a bulk redelivery run's

@@ -152,6 +152,14 @@ pub struct Operation {
     /// step is due.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     results_retry_at_ms: Option<i64>,
+    /// Results parked for failing past the alert threshold, as the `results_failing` alert
+    /// names them.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    results_gave_up: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Operation {
@@ -185,6 +193,7 @@ impl Operation {
             results: ResultsMode::None,
             results_counts: None,
             results_retry_at_ms: None,
+            results_gave_up: 0,
         }
     }
 

@@ -93,11 +93,19 @@ impl Operation {
             || (self.results_retry_at_ms.is_some() && self.notes.forgotten.is_none())
     }
 
-    /// Every result is delivered or parked: the counts are kept, and while the job's effect
-    /// is owed it is due now with them (after it, an operator's retry only updates them).
-    pub fn results_settled(&mut self, counts: Value, now_ms: i64) {
+    /// Every result is delivered or parked: the counts are kept, and the job's effect is
+    /// built with them. While it is owed it is due now. After it went out (an operator's retry
+    /// of parked results settled again), counts that changed are a new body, so they go as a
+    /// new generation under a new `webhook-id` (one body per id, invariant 3), whether the
+    /// previous generation was done, failing or parked; counts that did not change send
+    /// nothing. Returns the new generation, when one began.
+    pub fn results_settled(&mut self, counts: Value, now_ms: i64) -> Option<u32> {
+        let mut generation = None;
         if self.results_owed() {
             self.effect.next_attempt_ms = now_ms;
+        } else if self.effect.attempts > 0 && self.results_counts.as_ref() != Some(&counts) {
+            self.next_generation(now_ms);
+            generation = Some(self.effect.generation);
         }
         // Every result was read (none left parked with the file): a `results_file_parked`
         // raised before (an operator's retry read the file after all) has ended.
@@ -107,6 +115,18 @@ impl Operation {
         self.results_counts = Some(counts);
         self.results_retry_at_ms = None;
         self.changed();
+        generation
+    }
+
+    /// `n` results kept failing past the alert threshold and were parked: the batch's one
+    /// `results_failing` alert names how many, `age_seconds` after their first failures.
+    /// Returns whether it was raised now.
+    pub fn results_gave_up(&mut self, n: u64, age_seconds: i64, now_ms: i64) -> bool {
+        if self.results_gave_up != n {
+            self.results_gave_up = n;
+            self.changed();
+        }
+        self.raise_alert(AlertKind::ResultsFailing, age_seconds, now_ms)
     }
 
     /// An operator put parked results back: the results' progress runs again now.
@@ -276,6 +296,77 @@ mod tests {
         assert!(op.destination_ready(false, 200));
         assert_eq!(op.results_due_ms(), Some(200));
         assert_eq!(op.effect().next_attempt_ms(), 200);
+    }
+
+    /// Invariant 3: one body per `webhook-id`. The job's effect is built once, when every
+    /// result is delivered or parked; an operator's retry that changes the counts sends a new
+    /// generation, and one that changes nothing sends nothing.
+    #[test]
+    fn counts_changed_after_the_jobs_effect_went_out_go_as_a_new_generation() {
+        use crate::operation::effect::{build_request, effect_body};
+        use crate::operation::{AttemptOutcome, Finished};
+        use crate::signature::Secret;
+        let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let id = |op: &Operation| {
+            let request = build_request(op, &secret, 0);
+            let id = request.headers.iter().find(|(k, _)| *k == "webhook-id");
+            (id.unwrap().1.clone(), request.body)
+        };
+        let mut op = succeeded(ResultsMode::Each);
+        assert_eq!(
+            op.results_settled(json!({"total": 2, "parked": 1}), 20),
+            None
+        );
+        let first = id(&op);
+        let claim = op.claim(20, 1_000).unwrap();
+        op.finish(claim.token, &AttemptOutcome::Delivered, 30, 0);
+        // A retry that parks the result again: the same counts, nothing new to send.
+        op.results_retried(40);
+        assert_eq!(
+            op.results_settled(json!({"total": 2, "parked": 1}), 50),
+            None
+        );
+        assert!(op.effect().done() && op.effect().generation() == 1);
+        // A retry that delivers it: a new generation, due now, under a new id.
+        op.results_retried(60);
+        assert_eq!(
+            op.results_settled(json!({"total": 2, "parked": 0}), 70),
+            Some(2)
+        );
+        assert!(op.effect_owed() && op.effect().next_attempt_ms() == 70);
+        let second = id(&op);
+        assert_ne!(second.0, first.0, "a new body, a new webhook-id");
+        assert_eq!(effect_body(&op)["results"]["parked"], 0);
+        // While the job's effect is failing, the failing generation keeps its body and id;
+        // changed counts go as the next generation, and its in-flight attempt is fenced off.
+        let claim = op.claim(70, 1_000).unwrap();
+        op.finish(claim.token, &AttemptOutcome::Retry("503".into()), 80, 1_000);
+        assert_eq!(id(&op), second, "a retry keeps its body under its id");
+        let in_flight = op.claim(1_080, 1_000).unwrap();
+        op.results_retried(1_100);
+        assert_eq!(op.results_settled(json!({"total": 3}), 1_200), Some(3));
+        let late = op.finish_attempt(&in_flight, &AttemptOutcome::Delivered, 1_300, 0);
+        assert_eq!(
+            late,
+            Finished::Fenced,
+            "the old generation's 2xx is not the new one's"
+        );
+        assert!(op.effect_owed() && op.effect().generation() == 3);
+        assert_ne!(id(&op).0, second.0);
+    }
+
+    #[test]
+    fn counts_settled_again_before_the_jobs_effect_went_out_change_it_in_place() {
+        let mut op = succeeded(ResultsMode::Each);
+        op.results_settled(json!({"parked": 1}), 20);
+        op.results_retried(30);
+        assert_eq!(op.results_settled(json!({"parked": 0}), 40), None);
+        assert_eq!(
+            op.effect().generation(),
+            1,
+            "nothing was sent under the first id"
+        );
+        assert_eq!(op.results_counts(), Some(&json!({"parked": 0})));
     }
 
     #[test]

@@ -10,11 +10,11 @@
 //! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
 //! moves it, and holds while the alarm runs for other work. How many results a step sends is
 //! its turn at the destination's desk (`results/sends.rs`); where the results are is asked in
-//! `results/locate.rs`. Commands (a duplicate delivery, a
-//! poll, an operator's redeliver) never start a step: only the alarm does, one run at a time,
-//! from the stored progress; a desk's release only makes it due.
+//! `results/locate.rs`; what a step writes on the record besides its due time (the settled
+//! counts, an alert, `/metrics`' counts) is `results/marks.rs`. Commands (a duplicate
+//! delivery, a poll, an operator's redeliver) never start a step: only the alarm does, one
+//! run at a time, from the stored progress; a desk's release only makes it due.
 
-use serde_json::Value;
 use worker::{Env, Result};
 
 use crate::config::Config;
@@ -32,8 +32,10 @@ use crate::edge::outbound::results_file::read_chunk;
 use crate::edge::runtime::{log, now_ms, random_unit};
 
 mod locate;
+mod marks;
 mod sends;
 
+use marks::failed_among;
 use sends::{Sent, Turn};
 
 /// What a step performs with.
@@ -61,6 +63,7 @@ pub(super) async fn step(
         config.results.file_wait_secs,
         config.retry_base_secs,
         config.retry_max_secs,
+        config.effect_alert_after_secs,
     );
     let driver = Driver {
         env,
@@ -112,6 +115,7 @@ impl Driver<'_> {
             Step::ResendChunk(claim) => self.resend(op, progress, claim, turn).await,
             Step::RetryRows(indexes) => self.retry_rows(op, progress, indexes, turn).await,
             Step::Alert(reason) => self.alert(op, progress, &reason),
+            Step::AlertFailing(n) => self.alert_failing(op, progress, n),
             Step::Settled(counts) => self.settled(op, counts),
         }
     }
@@ -227,10 +231,13 @@ impl Driver<'_> {
     ) -> Result<Operation> {
         let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
+        let (before, failed) = (progress.counts, failed_among(&answers));
         let (now, limits) = (now_ms(), &self.limits);
         let writes =
             progress.commit_through(claim.chunk, reached, answers, now, limits, random_unit());
+        let metered = progress.meter(before, failed);
         self.store.save(&progress, writes.unwrap_or_default())?;
+        let op = self.count(op, metered)?;
         self.after_sends(op, turn, sent).await
     }
 
@@ -251,6 +258,7 @@ impl Driver<'_> {
         self.store.save(&progress, Vec::new())?;
         let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
+        let (before, failed) = (progress.counts, failed_among(&answers));
         let now = now_ms();
         let writes = answers
             .iter()
@@ -258,7 +266,9 @@ impl Driver<'_> {
                 progress.finish_row(item.index, outcome, now, &self.limits, random_unit())
             })
             .collect();
+        let metered = progress.meter(before, failed);
         self.store.save(&progress, writes)?;
+        let op = self.count(op, metered)?;
         self.after_sends(op, turn, sent).await
     }
 
@@ -278,14 +288,6 @@ impl Driver<'_> {
         log(line.to_value());
         progress.alert_raised();
         self.store.save(&progress, Vec::new())?;
-        Ok(op)
-    }
-
-    /// Every result is settled: the counts go on the record, and the job's effect is due.
-    fn settled(&self, op: Operation, counts: Value) -> Result<Operation> {
-        let mut op = self.storage.load()?.unwrap_or(op);
-        op.results_settled(counts, now_ms());
-        self.storage.save(&op)?;
         Ok(op)
     }
 }

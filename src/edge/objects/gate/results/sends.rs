@@ -3,14 +3,15 @@
 //!
 //! Guarantees: a step asks the desk once for its results ([`DeskCommand::AskMany`]) when it
 //! must, and sends no more than the desk granted, each no sooner than its token on a paced
-//! route; a release or a grant is spent by the step that uses it; the sends go at once (or at
-//! their tokens' times), and the desk hears of them in one report
+//! route; a release or a grant is spent by the step that uses it; the sends go at most
+//! [`SENDS_IN_FLIGHT`] at a time (production's 6 connections per invocation; on a paced route
+//! each at its token's time), and the desk hears of them in one report
 //! ([`DeskCommand::ReportMany`]) when it needs to (a health failure, an asked turn, a probe,
 //! a paced route's slots). A desk's `Wait` makes the record wait for its release.
 
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::stream::{self, StreamExt};
 use worker::{Delay, Result};
 
 use crate::destination::protocol::{health_failure, DeskCommand, DeskReply};
@@ -19,6 +20,7 @@ use crate::operation::gate::alarm::{desk_turn, reports, DeskTurn};
 use crate::operation::{AttemptOutcome, DeskMark, Operation};
 use crate::results::body::{build_result_request, ResultHead};
 use crate::results::item::ResultItem;
+use crate::results::progress::SENDS_IN_FLIGHT;
 use crate::results::turn::{goes_now, granted};
 
 use crate::edge::objects::gate::{ask_desk, desk_due_ms, first_attempt_check, remembered_open};
@@ -160,8 +162,9 @@ impl Driver<'_> {
         self.due_at(op, at)
     }
 
-    /// Sends the results at once (they are independent), each no sooner than its time in
-    /// `after_ms` on a paced route, and returns each one's outcome, and how the sends went.
+    /// Sends the results (they are independent), at most [`SENDS_IN_FLIGHT`] at once, each
+    /// no sooner than its time in `after_ms` on a paced route, and returns each one's outcome,
+    /// in order, and how the sends went.
     pub(super) async fn send(
         &self,
         op: &Operation,
@@ -187,7 +190,10 @@ impl Driver<'_> {
         self.storage
             .meter()
             .add(|u| u.outbound_fetches += items.len() as u64);
-        let answers = join_all(calls).await;
+        let answers: Vec<_> = stream::iter(calls)
+            .buffered(SENDS_IN_FLIGHT)
+            .collect()
+            .await;
         let now = now_ms();
         let failed: Vec<_> = answers.iter().filter(|a| health_failure(a)).collect();
         let sent = Sent {

@@ -1,0 +1,275 @@
+// Sending a batch's results, against the built worker in workerd (a local stand-in for Gemini
+// serves the results file; local destinations count every request by its `webhook-id`):
+// one body per `webhook-id` when an operator's retry changes the job effect's counts (a new
+// generation); a result that keeps failing is parked and alerted once, and `/metrics` counts
+// the results by destination; a queue destination gets each body once and parks one over the
+// queue's message limit; 60 KB keys to a failing destination keep the stored progress within
+// a row (each send committed, no `alarm_failing`); at most 6 sends in flight per invocation.
+import { describe, it, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { createServer } from "node:http";
+import { Webhook } from "standardwebhooks";
+import { startWorker, startServer, eventually, sleep, assertEffectValid, EFFECT_SECRET, READ_TOKEN } from "./helpers.mjs";
+import { startGemini, succeeded, fileOf, split, distinct, untilJob, workerVars } from "./results_stub.mjs";
+
+const enc = encodeURIComponent;
+
+/** Every `webhook-id` the destination saw for `key`, with the distinct bodies sent under it. */
+function bodiesById(dest, key) {
+  const byId = new Map();
+  for (const r of dest.requests) {
+    if (JSON.parse(r.body).key !== key) continue;
+    const id = r.headers["webhook-id"];
+    byId.set(id, (byId.get(id) ?? new Set()).add(r.body));
+  }
+  return byId;
+}
+
+describe("sending a batch's results", () => {
+  let gemini, dest, sink;
+  const refuse = new Set(), failing = new Set(), jobFails = new Set();
+  const vars = (extra = {}) => ({
+    ...workerVars({ dest, gemini, sink }),
+    DESTINATION_OPEN_AFTER: "1000",
+    STATS_FLUSH_SECONDS: "0",
+    ...extra,
+  });
+  before(async () => {
+    gemini = await startGemini();
+    sink = await startServer(() => ({ status: 200 }));
+    dest = await startServer((req) => {
+      const body = JSON.parse(req.body);
+      if (body.result_key && refuse.has(body.result_key)) return { status: 422 };
+      if (body.result_key && failing.has(body.result_key)) return { status: 503 };
+      if (!body.result_key && jobFails.has(body.key)) return { status: 503 };
+      return { status: 200 };
+    });
+  });
+  after(async () => { await gemini.close(); await dest.close(); await sink.close(); });
+
+  it("one body per webhook-id: a retry that changes the counts sends the job's effect as a new generation, never a new body under its id", { timeout: 120_000 }, async () => {
+    const w = await startWorker(vars());
+    const key = "batches/recount1";
+    try {
+      gemini.files.set("files/recount1", fileOf(20));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/recount1" }));
+      refuse.add("k5");
+      jobFails.add(key);
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const { jobs } = await untilJob(dest, key);
+      assert.deepEqual(jobs[0].body.results, { total: 20, delivered: 19, errors: 0, parked: 1 });
+      // The job's effect keeps failing (retried under its id) while an operator retries the
+      // refused result, which the destination now accepts.
+      await eventually(() => split(dest, key).jobs.length >= 2, { timeoutMs: 30_000, what: "a retry of the job's effect" });
+      refuse.delete("k5");
+      const retry = await w.admin(`/v1/operations/${enc(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed" }) });
+      assert.equal(retry.body.retried, 1);
+      const recounted = await eventually(async () => {
+        const op = (await w.inspect(key)).body;
+        return op.results_counts?.parked === 0 && op;
+      }, { timeoutMs: 30_000, what: "the results settled again" });
+      assert.equal(recounted.generation, 2, "a new generation of the job's effect");
+      jobFails.delete(key);
+      await eventually(async () => (await w.inspect(key)).body.effect_done, { timeoutMs: 30_000, what: "the new generation delivered" });
+      // Every id the destination saw carried one body.
+      for (const [id, bodies] of bodiesById(dest, key)) assert.equal(bodies.size, 1, `one body under ${id}`);
+      const all = split(dest, key);
+      const jobIds = [...new Set(all.jobs.map((j) => j.id))];
+      assert.equal(jobIds.length, 2, "the first generation, then the second");
+      assert.deepEqual(all.jobs.find((j) => j.id === jobIds[0]).body.results.parked, 1);
+      const second = all.jobs.filter((j) => j.id === jobIds[1]);
+      assert.deepEqual(second[0].body.results, { total: 20, delivered: 20, errors: 0, parked: 0 });
+      assert.ok(all.jobs.findIndex((j) => j.id === jobIds[1]) > all.jobs.findLastIndex((j) => j.id === jobIds[0]), "the first generation is not sent after the second began");
+      const gen = dest.requests.filter((r) => r.headers["webhook-id"] === jobIds[1]).map((r) => r.headers["effect-generation"]);
+      assert.ok(gen.every((g) => g === "2"), gen.join());
+      // Each result once by id, k5 twice under its one id (refused, then accepted).
+      assert.equal(distinct(all.results.map((r) => r.id)), 20);
+      assert.equal(all.results.filter((r) => r.body.result_key === "k5").length, 2);
+    } finally {
+      refuse.clear();
+      jobFails.clear();
+      await w.dispose();
+    }
+  });
+
+  it("a result that keeps failing is parked past EFFECT_ALERT_AFTER_SECONDS, alerted once naming the batch and how many; the job's effect goes; /metrics counts the results by destination", { timeout: 120_000 }, async () => {
+    const w = await startWorker(vars({ EFFECT_ALERT_AFTER_SECONDS: "3" }));
+    const key = "batches/failing1";
+    try {
+      gemini.files.set("files/failing1", fileOf(20));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/failing1" }));
+      failing.add("k7");
+      await w.register(key, "other", { results: "each" });
+      const started = Date.now();
+      await w.deliver("batch.succeeded", key);
+      const { jobs } = await untilJob(dest, key, 60_000);
+      assert.ok(Date.now() - started >= 3_000, "not before the threshold");
+      assert.deepEqual(jobs[0].body.results, { total: 20, delivered: 19, errors: 0, parked: 1 });
+      const sent = split(dest, key).results.filter((r) => r.body.result_key === "k7");
+      assert.ok(sent.length >= 2 && distinct(sent.map((r) => r.id)) === 1, "retried under its one id, then parked");
+      const parked = await w.admin(`/v1/operations/${enc(key)}/results?state=parked`);
+      assert.deepEqual(parked.body.results.map((r) => r.result_key), ["k7"]);
+      assert.match(parked.body.results[0].last_error, /^failing for .*503/);
+      const alerts = await eventually(() => {
+        const a = sink.requests.map((r) => JSON.parse(r.body)).filter((b) => b.key === key);
+        return a.length > 0 && a;
+      }, { what: "the alert" });
+      await sleep(1_500);
+      const again = sink.requests.map((r) => JSON.parse(r.body)).filter((b) => b.key === key);
+      assert.deepEqual(again.map((a) => a.alert), ["results_failing"], "one alert");
+      assert.equal(alerts[0].name, key);
+      assert.match(alerts[0].text, /1 of its results kept failing/);
+      // /metrics: the results by how they ended and where they went.
+      const metric = (result) => async () => {
+        const page = await (await w.fetch("/metrics", { headers: { authorization: `Bearer ${READ_TOKEN}` } })).text();
+        const line = page.split("\n").find((l) => l.startsWith(`gemini_once_results_by_destination_total{result="${result}",destination="default"}`));
+        return line ? Number(line.split(" ").pop()) : 0;
+      };
+      await eventually(async () => (await metric("delivered")()) === 19, { timeoutMs: 20_000, what: "19 delivered" });
+      await eventually(async () => (await metric("parked")()) === 1, { timeoutMs: 20_000, what: "1 parked" });
+      assert.equal(await metric("failed")(), sent.length, "each failed attempt");
+    } finally {
+      failing.clear();
+      await w.dispose();
+    }
+  });
+
+  it("40 results with 60 KB keys to a failing destination: every send committed (bounded, counted), no alarm_failing; all delivered once it recovers", { timeout: 120_000 }, async () => {
+    const w = await startWorker(vars());
+    const key = "batches/longkeys1";
+    try {
+      const keyOf = (i) => `${i}-${"k".repeat(60 * 1024)}`;
+      const lines = Array.from({ length: 40 }, (_, i) => JSON.stringify({ key: keyOf(i), response: { n: i } }));
+      gemini.files.set("files/longkeys1", Buffer.from(lines.join("\n") + "\n"));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/longkeys1" }));
+      for (let i = 0; i < 40; i++) failing.add(keyOf(i));
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      await eventually(() => {
+        const { results } = split(dest, key);
+        return results.length >= 120;
+      }, { timeoutMs: 60_000, what: "three rounds of sends" });
+      // Each send was committed: the stored rows count the attempts the destination saw (a
+      // round may be in flight), with the key shown cut.
+      const waiting = await w.admin(`/v1/operations/${enc(key)}/results?state=waiting`);
+      assert.equal(waiting.body.results.length, 40);
+      const sends = new Map();
+      for (const r of split(dest, key).results) sends.set(r.id, (sends.get(r.id) ?? 0) + 1);
+      assert.equal(sends.size, 40, "one id each");
+      const stored = waiting.body.results.reduce((n, r) => n + r.attempts, 0);
+      const seen = [...sends.values()].reduce((n, c) => n + c, 0);
+      assert.ok(seen >= stored && seen <= stored + 40, `sent ${seen}, committed ${stored}`);
+      assert.ok(waiting.body.results.every((r) => r.attempts >= 2 && r.result_key.length <= 257), "each committed, its key shown cut");
+      assert.ok([...sends.values()].every((c) => c <= 12), "each id a bounded number of times");
+      failing.clear();
+      const { jobs } = await untilJob(dest, key, 60_000);
+      assert.deepEqual(jobs[0].body.results, { total: 40, delivered: 40, errors: 0, parked: 0 });
+      assert.equal(distinct(split(dest, key).results.map((r) => r.id)), 40);
+      const alarmFailing = sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.alert === "alarm_failing");
+      assert.equal(alarmFailing.length, 0);
+    } finally {
+      failing.clear();
+      await w.dispose();
+    }
+  });
+});
+
+describe("sends in flight", () => {
+  it("a chunk goes at most 6 requests at a time (production's outgoing connections per invocation)", { timeout: 90_000 }, async () => {
+    const gemini = await startGemini();
+    const sink = await startServer(() => ({ status: 200 }));
+    let inFlight = 0, most = 0;
+    const seen = [];
+    const server = createServer((req, res) => {
+      inFlight++;
+      most = Math.max(most, inFlight);
+      const chunks = [];
+      req.on("data", (c) => chunks.push(c));
+      req.on("end", () => setTimeout(() => {
+        seen.push({ id: req.headers["webhook-id"], body: JSON.parse(Buffer.concat(chunks).toString()) });
+        inFlight--;
+        res.writeHead(200).end("{}");
+      }, 150));
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    const dest = { url: `http://127.0.0.1:${server.address().port}` };
+    const w = await startWorker(workerVars({ dest, gemini, sink }));
+    try {
+      const key = "batches/inflight1";
+      gemini.files.set("files/inflight1", fileOf(80));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/inflight1" }));
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      await eventually(() => seen.some((r) => r.body.key === key && !("result_key" in r.body)), { timeoutMs: 60_000, what: "the job effect" });
+      assert.equal(new Set(seen.filter((r) => r.body.result_key).map((r) => r.id)).size, 80);
+      assert.ok(most <= 6, `at most 6 in flight: ${most}`);
+      assert.ok(most >= 2, `several in flight: ${most}`);
+    } finally {
+      await w.dispose();
+      await new Promise((r) => { server.closeAllConnections(); server.close(r); });
+      await gemini.close();
+      await sink.close();
+    }
+  });
+});
+
+// A queue consumer: forwards each message as it came, then acknowledges it.
+const CONSUMER = `export default {
+  async queue(batch, env) {
+    for (const m of batch.messages) {
+      await fetch(env.SINK + "/queue", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(m.body) });
+      m.ack();
+    }
+  },
+};`;
+
+describe("results to a queue", () => {
+  it("each body once (a 100 KB result fits), and one over the queue's 128 KB message limit is parked with the reason", { timeout: 90_000 }, async () => {
+    const gemini = await startGemini();
+    const sink = await startServer(() => ({ status: 200 }));
+    const dest = await startServer(() => ({ status: 200 }));
+    const w = await startWorker(
+      { ...workerVars({ dest, gemini, sink }), EFFECT_ROUTES: JSON.stringify({ billing: "queue:BILLING_EFFECTS" }) },
+      {
+        main: { queueProducers: { BILLING_EFFECTS: "billing-effects" } },
+        workers: [{ name: "billing-consumer", modules: true, script: CONSUMER, compatibilityDate: "2026-04-01", bindings: { SINK: sink.url }, queueConsumers: { "billing-effects": { maxBatchTimeout: 0 } } }],
+      },
+    );
+    try {
+      const key = "batches/queued-results1";
+      const lines = [
+        { key: "small", response: { text: "s" } },
+        { key: "fits", response: { text: "f".repeat(100_000) } },
+        { key: "over", response: { text: "o".repeat(140_000) } },
+      ].map((l) => JSON.stringify(l));
+      gemini.files.set("files/queued-results1", Buffer.from(lines.join("\n") + "\n"));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/queued-results1" }));
+      await w.register(key, "billing", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const messages = () => sink.requests.filter((r) => r.url === "/queue").map((r) => JSON.parse(r.body)).filter((m) => JSON.parse(m.raw_body).key === key);
+      const job = await eventually(() => messages().find((m) => !("result_key" in JSON.parse(m.raw_body))), { timeoutMs: 60_000, what: "the job effect on the queue" });
+      for (const m of messages()) {
+        assert.deepEqual(Object.keys(m).sort(), ["headers", "raw_body"], "the body once");
+        const verified = new Webhook(EFFECT_SECRET).verify(m.raw_body, {
+          "webhook-id": m.headers["webhook-id"],
+          "webhook-timestamp": m.headers["webhook-timestamp"],
+          "webhook-signature": m.headers["webhook-signature"],
+        });
+        assert.equal(verified.key, key);
+      }
+      const results = messages().map((m) => JSON.parse(m.raw_body)).filter((b) => b.result_key);
+      assert.deepEqual(results.map((b) => b.result_key).sort(), ["fits", "small"]);
+      assert.deepEqual(assertEffectValid(JSON.parse(job.raw_body)).results, { total: 3, delivered: 2, errors: 0, parked: 1 });
+      const parked = await w.admin(`/v1/operations/${enc(key)}/results?state=parked`);
+      assert.deepEqual(parked.body.results.map((r) => r.result_key), ["over"]);
+      assert.match(parked.body.results[0].last_error, /^413: a queue message of \d+ bytes is over the queue's limit of 128000 bytes: not sent/);
+      assert.equal(parked.body.results[0].attempts, 1, "refused at once, never retried");
+    } finally {
+      await w.dispose();
+      await gemini.close();
+      await sink.close();
+      await dest.close();
+    }
+  });
+});
