@@ -82,7 +82,7 @@ describe("npm run deploy -- --dry-run", () => {
     assert.equal(code, 0, out);
     // No Cloudflare here: it says it could not ask, and how to log in.
     assert.match(out, /could not ask Cloudflare which secrets the worker has .*wrangler login.*CLOUDFLARE_API_TOKEN/);
-    for (const binding of ["env.OPERATION_GATE (OperationGate)", "env.RECONCILE_LEASE (ReconcileLease)", "env.STATS (StatsShard)", "env.DESTINATION_DESK (DestinationDesk)", "env.STRANGER_WATCH (StrangerWatch)", "env.OPS_KV"]) {
+    for (const binding of ["env.OPERATION_GATE (OperationGate)", "env.RECONCILE_LEASE (ReconcileLease)", "env.STATS (StatsShard)", "env.DESTINATION_DESK (DestinationDesk)", "env.STRANGER_WATCH (StrangerWatch)", "env.RETIRED_NAMES (RetiredNames)", "env.OPS_KV"]) {
       assert.ok(out.includes(binding), `${binding} missing from:\n${out}`);
     }
     assert.match(out, /--dry-run: exiting now/);
