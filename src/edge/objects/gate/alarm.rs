@@ -20,14 +20,13 @@ use crate::operation::gate::alarm::{
 };
 use crate::operation::gate::{GateLimits, Step};
 use crate::operation::ledger::IndexWrite;
-use crate::operation::retired_names::{RetiredCommand, RetiredName, RetiredReply};
 use crate::operation::{Claim, Operation, PendingAlert};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 use crate::retry::PeerAnswer;
 use crate::telemetry::counters;
 
-use crate::edge::objects::call::{call_lease, call_retired};
+use crate::edge::objects::call::call_lease;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::gate::{ask_desk, desk_due_ms, OPEN_UNTIL};
 use crate::edge::objects::stats_shard;
@@ -79,73 +78,6 @@ impl<'a> Run<'a> {
             };
         }
         Response::ok("ok")
-    }
-
-    /// Ends retention: keeps the name in its retired names' shard, then deletes the gate's
-    /// storage. A shard that cannot be reached fails the run, so nothing is deleted and the
-    /// alarm tries again with backoff (`alarm_failed`); a run that dies between the two leaves
-    /// the whole record, and its alarm retires it again (keeping a name twice writes nothing).
-    async fn retire(&self, op: &Operation, step: Step<AlarmDone>) -> Result<Response> {
-        let name = RetiredName::of(op.key());
-        match self
-            .retired_names(name, &RetiredCommand::Keep { name })
-            .await
-        {
-            Ok(RetiredReply::Kept) => {}
-            Ok(other) => {
-                return Err(worker::Error::RustError(format!(
-                    "retired names: {other:?}"
-                )))
-            }
-            Err(e) => return Err(worker::Error::RustError(format!("retired names: {e}"))),
-        }
-        self.storage.commit(step, &self.limits, Alarm::Sync).await?;
-        Ok(Response::ok("retention expired"))
-    }
-
-    /// For a record a signed delivery created, asks the retired names' shard first, before
-    /// anything of it runs or leaves: a retired name's record is deleted with nothing run
-    /// (`None`). A shard that cannot be reached fails the run: nothing is claimed, and the
-    /// alarm asks again with backoff. Told the name is new, the record goes on, the answer
-    /// stored with its next write (the claim's).
-    async fn ask_retired(&self, op: Operation) -> Result<Option<Operation>> {
-        if !op.retired_unasked() {
-            return Ok(Some(op));
-        }
-        let name = RetiredName::of(op.key());
-        let retired = match self
-            .retired_names(name, &RetiredCommand::Ask { name })
-            .await
-        {
-            Ok(RetiredReply::Retired(retired)) => retired,
-            Ok(other) => {
-                return Err(worker::Error::RustError(format!(
-                    "retired names: {other:?}"
-                )))
-            }
-            Err(e) => return Err(worker::Error::RustError(format!("retired names: {e}"))),
-        };
-        // Commands may have run during the call: the record is read afresh.
-        let mut current = self.storage.load()?.unwrap_or(op);
-        if retired {
-            self.storage
-                .commit(alarm::refuse_retired(&current), &self.limits, Alarm::Sync)
-                .await?;
-            return Ok(None);
-        }
-        current.retired_asked();
-        self.storage.keep_in_memory(&current);
-        Ok(Some(current))
-    }
-
-    /// One call to the retired names' shard that holds `name`.
-    async fn retired_names(
-        &self,
-        name: RetiredName,
-        command: &RetiredCommand,
-    ) -> std::result::Result<RetiredReply, Refusal> {
-        self.storage.meter().add(|u| u.object_calls += 1);
-        call_retired(self.env, name, command).await
     }
 
     /// Commits an alarm step and returns the record (or `fallback` if the step left none).

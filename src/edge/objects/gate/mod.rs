@@ -31,6 +31,7 @@ mod repair;
 mod results;
 mod results_admin;
 mod results_store;
+mod retirement;
 mod storage;
 mod tables;
 
@@ -46,13 +47,12 @@ use crate::operation::gate::alarm_failure;
 use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::gate::GateLimits;
-use crate::operation::retired_names::{RetiredCommand, RetiredName, RetiredReply};
 use crate::operation::Operation;
 use crate::refusal::Refusal;
 use crate::retry::Backoff;
 use crate::telemetry::usage::Invocation;
 
-use crate::edge::objects::call::{call_desk, call_retired};
+use crate::edge::objects::call::call_desk;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms, random_unit};
 
@@ -151,7 +151,7 @@ impl DurableObject for OperationGate {
         if let Some(reply) = results_admin::answer(&self.storage, &command, &config).await? {
             return Response::from_json(&reply);
         }
-        if let Some(answer) = self.registration_retired(&command).await? {
+        if let Some(answer) = retirement::registration(&self.env, &self.storage, &command).await? {
             self.end(Invocation::Fetch, started);
             return answer;
         }
@@ -274,39 +274,6 @@ impl OperationGate {
             }
         }
         Response::ok("alarm failed; set again")
-    }
-
-    /// A registration that finds no record (or only one a signed delivery created, whose
-    /// first alarm has not asked yet) asks the retired names' shard once: a name whose
-    /// retention ended is answered 409 `retired` and nothing is created; a shard that cannot
-    /// be reached is a 503, which the caller retries. `None`: go on with the step.
-    async fn registration_retired(
-        &self,
-        command: &GateCommand,
-    ) -> Result<Option<Result<Response>>> {
-        let GateCommand::Register { key, name, .. } = command else {
-            return Ok(None);
-        };
-        if self.storage.load()?.is_some_and(|op| !op.retired_unasked()) {
-            return Ok(None);
-        }
-        let retired = RetiredName::of(key);
-        self.storage.meter().add(|u| u.object_calls += 1);
-        let ask = RetiredCommand::Ask { name: retired };
-        match call_retired(&self.env, retired, &ask).await {
-            Ok(RetiredReply::Retired(false)) => Ok(None),
-            Ok(RetiredReply::Retired(true)) => {
-                // Nothing of it is left but its name.
-                let operation = serde_json::json!({"key": key, "name": name});
-                Ok(Some(Response::from_json(&GateReply::Retired { operation })))
-            }
-            Ok(other) => Ok(Some(
-                Refusal::Unavailable(format!("retired names: {other:?}")).into_response(),
-            )),
-            Err(e) => Ok(Some(
-                Refusal::Unavailable(format!("retired names: {e}")).into_response(),
-            )),
-        }
     }
 
     /// Logs what this invocation used, when `USAGE_LOG` is on.
