@@ -151,14 +151,20 @@ describe("nothing runs twice after retention", () => {
     await eventually(() => w.events("retention_expired").some((l) => l.key === "batches/late"), { what: "retention to end" });
     assert.equal((await w.inspect("batches/late")).status, 404, "nothing left in the gate");
     // The captured delivery replayed (re-signed: a fresh webhook-timestamp, as Gemini's own
-    // retry would be), and a different outcome of the same time: each answered, and a record
-    // either creates is deleted by its first alarm, which finds the name retired. The same
-    // outcome may be answered from this isolate's memory of it (a fact that never changes).
+    // retry would be) and a different outcome of the same time create nothing: the event is
+    // older than retention (`ignored_too_old`), or the same outcome is answered from this
+    // isolate's memory of it (a fact that never changes). A different outcome signed now
+    // creates a record, which its first alarm deletes on finding the name retired.
     const replay = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body, { webhookId: "msg_late_2" }), body });
     assert.equal(replay.status, 200);
-    const other = await w.deliver("batch.failed", "batches/late", {}, { timestamp: sent });
-    assert.equal(other.status, 200);
-    await eventually(() => w.events("retired_name_refused").some((l) => l.key === "batches/late"), { what: "the replay's record refused", timeoutMs: 60_000 });
+    assert.notEqual(replay.body.outcome, "applied", JSON.stringify(replay.body));
+    const old = await w.deliver("batch.failed", "batches/late", {}, { timestamp: sent });
+    assert.equal(old.status, 200);
+    assert.equal(old.body.outcome, "ignored_too_old", JSON.stringify(old.body));
+    const fresh = await w.deliver("batch.failed", "batches/late", {});
+    assert.equal(fresh.status, 200);
+    assert.equal(fresh.body.outcome, "applied", "answered as for a new name: nothing on the answer path asks");
+    await eventually(() => w.events("retired_name_refused").some((l) => l.key === "batches/late"), { what: "the fresh delivery's record refused", timeoutMs: 60_000 });
     await eventually(async () => (await w.inspect("batches/late")).status === 404, { what: "the gate empty again", timeoutMs: 60_000 });
     await sleep(1500);
     assert.equal(effectsFor("batches/late").length, 1, "nothing ran again");
