@@ -14,9 +14,10 @@
 // 4. Deploys with the secrets it was given (--set, or GEMINI_API_KEY from the environment) and
 //    generated, in one `wrangler deploy --secrets-file` (secrets already set stay).
 // 5. Checks GET /healthz on the deployed worker.
-// `--dry-run` makes the same checks and bundles without deploying: it fails where the deploy
-// would fail. It asks Cloudflare which secrets the worker has when wrangler is logged in, and
-// otherwise judges as for a worker that has none (and says so).
+// `--dry-run` makes the same checks, with the same words, and bundles without uploading
+// anything: it fails wherever the deploy would fail. Like the deploy, it asks Cloudflare which
+// secrets the worker has (`wrangler secret list`), so it needs wrangler logged in
+// (`npx wrangler login` once, or CLOUDFLARE_API_TOKEN), and stops at once when it is not.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -28,7 +29,10 @@ const HELP = `usage: npm run deploy -- [--set NAME=value ...] [--dry-run] [--url
   --set NAME=value   a setting to upload as a worker secret (repeat it), e.g.
                      --set EFFECT_URL=https://your.app/hooks/gemini --set ALERT_URL=https://hooks.slack.com/...
                      GEMINI_API_KEY is also taken from the environment
-  --dry-run          check and bundle without contacting Cloudflare
+  --dry-run          every check the deploy makes, then bundle; nothing is uploaded or created.
+                     It fails wherever the deploy would, with the same words: like the
+                     deploy, it asks Cloudflare which secrets the worker has, so it needs
+                     wrangler logged in (npx wrangler login once, or CLOUDFLARE_API_TOKEN)
   --url URL          where to check /healthz (default: the workers.dev address wrangler prints)
   --config FILE      another wrangler configuration (wrangler.toml)
 Other arguments go to wrangler deploy (e.g. --outdir DIR).`;
@@ -123,11 +127,8 @@ let remote = null;
 try {
   remote = (await remoteSecretNames()) ?? new Set();
 } catch (e) {
-  if (!args.dryRun) fail(`${e.message}\n(${LOGIN})`);
-  // The dry run judges as the deploy would for a worker with no secrets, so it fails where the
-  // deploy would fail, and says it could not ask.
-  notes.push(`could not ask Cloudflare which secrets the worker has (not logged in? ${LOGIN}): checked as for a worker that has none`);
-  remote = new Set();
+  // The dry run stops here too, with the deploy's words: it passes only where the deploy would.
+  fail(`${e.message}\n(${LOGIN})`);
 }
 /** Where the worker gets `name` from, or null: given now, wrangler.toml, or set on the worker. */
 const source = (name) => (args.set[name] !== undefined ? "given" : config.vars.has(name) ? "wrangler.toml" : remote?.has(name) ? "the worker" : null);

@@ -6,12 +6,32 @@ import path from "node:path";
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
-/** Where `npm start` runs the demo destination: the default EFFECT_URL of .dev.vars.example. */
+/** The default EFFECT_URL of .dev.vars.example, where `npm start` runs the demo destination unless told otherwise. */
 export const DEMO_EFFECT_URL = "http://127.0.0.1:8788/effects";
 /** Where `npm run gemini-stub` listens by default. */
 export const GEMINI_STUB_URL = "http://127.0.0.1:8789";
 /** Where `wrangler dev` listens unless told otherwise. */
 export const LOCAL_WORKER_URL = "http://127.0.0.1:8787";
+/**
+ * Where `npm start` writes the address its worker listens on (`{"url", "pid"}`) once it
+ * answers, and removes it when it stops: the local commands' default worker. Under .wrangler/,
+ * which git ignores and `wrangler dev` already owns.
+ */
+export const LOCAL_WORKER_FILE = process.env.GEMINI_ONCE_LOCAL_WORKER_FILE || path.join(ROOT, ".wrangler", "local-worker.json");
+
+/**
+ * The local worker the commands reach without `--url`: the one a running `npm start` wrote in
+ * LOCAL_WORKER_FILE, else LOCAL_WORKER_URL. `from` says which, for messages.
+ */
+export function localWorker(file = LOCAL_WORKER_FILE) {
+  try {
+    const { url, pid } = JSON.parse(readFileSync(file, "utf8"));
+    // A file left by an npm start that was killed outright names a worker that is gone.
+    process.kill(pid, 0);
+    if (typeof url === "string" && url.startsWith("http")) return { url, from: `npm start (${path.relative(ROOT, file)})` };
+  } catch { /* no npm start running: the default */ }
+  return { url: LOCAL_WORKER_URL, from: "the default" };
+}
 
 /** NAME=value lines of `file` (quotes stripped, comments and blank lines skipped); {} if absent. */
 export function devVars(file = path.join(ROOT, ".dev.vars")) {

@@ -8,8 +8,8 @@
 //
 //   npm run receive -- [--port 8788] [--secret whsec_...]
 //
-// The secret defaults to EFFECT_SIGNING_SECRET in .dev.vars. `npm start` runs it at the
-// default EFFECT_URL (http://127.0.0.1:8788/effects) by itself.
+// The secret defaults to EFFECT_SIGNING_SECRET in .dev.vars. `npm start` runs it by itself at
+// EFFECT_URL when that is on this machine (http://127.0.0.1:8788/effects by default).
 //
 // What a real receiver must do the same way:
 // - verify the raw body before parsing it (any Standard Webhooks library; here `standardwebhooks`);

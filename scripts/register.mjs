@@ -8,7 +8,8 @@
 // effect goes to EFFECT_URL. --user-metadata (a JSON object) becomes the side effect's verified
 // `user_metadata`. --results each (a batch) gives each of the batch's results its own side
 // effect, then the job's effect with the counts; without it the worker's default for the kind
-// holds (`none`: the job's effect alone). The URL defaults to the local worker (http://127.0.0.1:8787). The token is a register token
+// holds (`none`: the job's effect alone). The URL defaults to the local worker: the address a
+// running `npm start` wrote (.wrangler/local-worker.json), else http://127.0.0.1:8787. The token is a register token
 // (it may register and read one operation back, nothing else): --token, else
 // GEMINI_ONCE_REGISTER_TOKEN from the environment, else the first of REGISTER_TOKENS in
 // .dev.vars (ADMIN_TOKEN there, with a note, when it has none). Prints the answer; exits 0
@@ -18,7 +19,7 @@
 // CF_ACCESS_CLIENT_SECRET set, it sends them (a worker behind Cloudflare Access).
 import { fileURLToPath } from "node:url";
 import path from "node:path";
-import { accessHeaders, devVars, LOCAL_WORKER_URL } from "./dev_vars.mjs";
+import { accessHeaders, devVars, localWorker } from "./dev_vars.mjs";
 
 const USAGE = "usage: npm run register -- NAME [--kind KIND] [--user-metadata JSON] [--results each|none] [--url URL] [--token REGISTER_TOKEN]";
 
@@ -41,7 +42,8 @@ function fail(message) {
 }
 
 function parseArgs(argv) {
-  const opts = { url: LOCAL_WORKER_URL };
+  const local = localWorker();
+  const opts = { url: local.url, urlFrom: local.from };
   const positional = [];
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
@@ -55,7 +57,7 @@ function parseArgs(argv) {
       opts.results = value();
       if (!["each", "none"].includes(opts.results)) fail("--results is each or none");
     }
-    else if (arg === "--url") opts.url = value();
+    else if (arg === "--url") { opts.url = value(); opts.urlFrom = "--url"; }
     else if (arg === "--token") opts.token = value();
     else if (arg === "-h" || arg === "--help") { console.log(USAGE); process.exit(0); }
     else if (arg.startsWith("--")) fail(`unknown option ${arg}`);
@@ -89,7 +91,7 @@ async function main() {
       body: JSON.stringify({ name: opts.name, kind: opts.kind, user_metadata: opts.userMetadata, results: opts.results }),
     });
   } catch (e) {
-    console.error(`register: no answer from ${url} (${e.cause?.code ?? e.message}); is the worker running (npm start)?`);
+    console.error(`register: no answer from ${url} (${e.cause?.code ?? e.message}); is the worker running (npm start)? (the address is ${opts.urlFrom}; --url URL gives another)`);
     process.exit(1);
   }
   const text = await res.text();

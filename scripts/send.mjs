@@ -18,7 +18,7 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
-import { accessHeaders, devVars, isLoopback, DEMO_EFFECT_URL } from "./dev_vars.mjs";
+import { accessHeaders, devVars, isLoopback, localWorker, DEMO_EFFECT_URL } from "./dev_vars.mjs";
 
 const USAGE = "usage: npm run send -- <event-type> <operation-name> [--url URL] [--secret whsec_...] [--data JSON] [--repeat N] [--concurrency N] [--fresh-ids] [--token TOKEN]";
 
@@ -28,7 +28,8 @@ function fail(message) {
 }
 
 function parseArgs(argv) {
-  const opts = { url: "http://127.0.0.1:8787/webhooks/gemini", repeat: 1, concurrency: 1, freshIds: false, data: {} };
+  // The local worker: the address a running `npm start` wrote, else http://127.0.0.1:8787.
+  const opts = { url: `${localWorker().url}/webhooks/gemini`, repeat: 1, concurrency: 1, freshIds: false, data: {} };
   const positional = [];
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
@@ -58,14 +59,28 @@ function parseArgs(argv) {
   return opts;
 }
 
-const NO_DESTINATION_HINT = `hint: is anything listening at EFFECT_URL? npm start runs a demo destination at ${DEMO_EFFECT_URL} when .dev.vars has that EFFECT_URL; npm run receive runs it alone`;
+const NO_DESTINATION_HINT = `hint: is anything listening at EFFECT_URL? npm start runs a demo destination there when it is on this machine (${DEMO_EFFECT_URL} by default); npm run receive runs it alone`;
 
 /**
  * What became of the side effect, as lines for the user: `effects` are the answers' `effect`
- * fields. With a token, the record is read until its first attempt has an outcome
- * (the worker may answer before the attempt, then `effect` is "scheduled").
+ * fields, `outcomes` their `outcome`s. With a token, the record is read until its first
+ * attempt has an outcome (the worker may answer before the attempt, then `effect` is
+ * "scheduled"). When no answer applied the completion (each `dropped`: a duplicate of one the
+ * worker had already applied, as with `--fresh-ids` after a first send), the effect's state is
+ * that earlier delivery's, and the lines say so.
  */
-export async function effectReport(opts, effects) {
+export async function effectReport(opts, effects, outcomes = []) {
+  const earlier = outcomes.length > 0 && !outcomes.includes("applied") && outcomes.includes("dropped");
+  if (earlier) {
+    const lines = await effectState(opts, effects);
+    const note = "this send applied nothing: the worker had already applied this completion (each answer: dropped), so it sends the destination nothing new";
+    return [note, ...lines.map((l) => l.replace(/^effect: delivered to the destination/, "effect: delivered to the destination earlier, not by this send"))];
+  }
+  return effectState(opts, effects);
+}
+
+/** The side effect's state as lines: from the answers, else from the record. */
+async function effectState(opts, effects) {
   if (effects.includes("delivered")) return ["effect: delivered to the destination"];
   const failed = effects.includes("retry_scheduled") || effects.includes("parked");
   let op;
@@ -105,6 +120,7 @@ async function main() {
   let next = 0;
   const tally = new Map();
   const effects = [];
+  const outcomes = [];
   async function sendOne(n) {
     const id = opts.freshIds ? `msg_${randomBytes(12).toString("hex")}` : sharedId;
     const started = Date.now();
@@ -113,7 +129,7 @@ async function main() {
       const text = await res.text();
       tally.set(res.status, (tally.get(res.status) ?? 0) + 1);
       console.log(`#${n} ${res.status} ${Date.now() - started}ms ${id} ${text}`);
-      try { effects.push(JSON.parse(text).effect); } catch { /* not JSON: no effect to report */ }
+      try { const answer = JSON.parse(text); effects.push(answer.effect); outcomes.push(answer.outcome); } catch { /* not JSON: no effect to report */ }
     } catch (e) {
       tally.set("error", (tally.get("error") ?? 0) + 1);
       console.log(`#${n} error ${e.cause?.code ?? e.message}`);
@@ -123,7 +139,7 @@ async function main() {
     while (next < opts.repeat) await sendOne(++next);
   }));
   const summary = [...tally].map(([k, v]) => `${k}=${v}`).join(" ");
-  if (tally.has(200)) for (const line of await effectReport(opts, effects)) console.error(line);
+  if (tally.has(200)) for (const line of await effectReport(opts, effects, outcomes)) console.error(line);
   console.log(`sent ${opts.repeat} ${opts.type} for ${opts.name} to ${opts.url}: ${summary}`);
   process.exit(tally.has("error") || [...tally.keys()].some((k) => k >= 400) ? 1 : 0);
 }

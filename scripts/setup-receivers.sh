@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Python example receiver's pinned dependencies (examples/receivers/python/
-# requirements.txt) into .venv-receivers/ for tests/receivers.test.mjs, if they are not there
-# yet: a venv of its own, so the machine's Python stays as it is. Idempotent; fast when done.
+# requirements.txt) into examples/receivers/python/.venv, with the commands its README gives
+# (`python3 -m venv .venv`, `.venv/bin/pip install -r requirements.txt`), if they are not there
+# yet: tests/receivers.test.mjs then runs the README's commands as written, and they find them
+# installed. A venv of its own, so the machine's Python stays as it is. Idempotent; fast when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=.venv-receivers
-requirements=examples/receivers/python/requirements.txt
+cd examples/receivers/python
+venv=.venv
+requirements=requirements.txt
 stamp="$venv/.requirements"
 if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp"; then
   exit 0
@@ -22,7 +25,7 @@ if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
     apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
   fi
 fi
-echo "setup-receivers: installing the Python receiver's dependencies into $venv (once)" >&2
+echo "setup-receivers: installing the Python receiver's dependencies into examples/receivers/python/$venv (once)" >&2
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"

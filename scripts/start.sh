@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Worker (skipped when build/ is the build of the current sources) and runs it
 # locally with wrangler dev (local KV and Durable Object state under .wrangler/state unless
-# --persist-to says otherwise), beside the demo destination when EFFECT_URL is its default
-# address and the Gemini stub when GEMINI_API_BASE is its (scripts/start.mjs). Arguments go to
+# --persist-to says otherwise), beside the demo destination when EFFECT_URL is on this machine
+# and the Gemini stub when GEMINI_API_BASE is its address (scripts/start.mjs), on 8787 unless
+# --port says otherwise (a taken port stops it; it says so). Arguments go to
 # `wrangler dev`, e.g. `npm start -- --port 8790 --ip 127.0.0.1 --persist-to DIR`, except
 # `--fresh`, which first removes the local state (scripts/start.mjs).
 set -euo pipefail

@@ -27,6 +27,7 @@ pub mod bounds;
 pub mod config;
 pub mod destination;
 pub mod operator;
+pub mod redirect;
 pub mod refusal;
 pub mod retry;
 pub mod signature;

@@ -1,8 +1,10 @@
-// `npm run deploy`. The dry run is the real one (wrangler bundles and checks the bindings of
-// this checkout's wrangler.toml without contacting Cloudflare, which these machines cannot
-// reach). The deploy itself runs with a stand-in for the wrangler CLI that records what it is
-// asked and remembers the secrets it was given, as a Cloudflare account would; the script's
-// checks, generation and /healthz check are the real ones, against the built worker.
+// `npm run deploy`. It runs with a stand-in for the wrangler CLI that records what it is asked
+// and remembers the secrets it was given, as a logged-in Cloudflare account would; a dry run's
+// bundling is the real wrangler's (it checks the bindings of this checkout's wrangler.toml
+// without contacting Cloudflare, which these machines cannot reach). The script's checks,
+// generation and /healthz check are the real ones, against the built worker. Logged out is the
+// real wrangler too, with a configuration directory of its own that holds no login: offline and
+// non-interactive, it fails at once, and the dry run fails with the deploy's words.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -36,6 +38,10 @@ if (args[0] === "secret" && args[1] === "list") {
   state.queues = state.queues || [];
   if (state.queues.includes(args[2])) { console.error("X [ERROR] A request to the Cloudflare API failed. Queue name already taken [code: 11009]"); code = 1; }
   else state.queues.push(args[2]);
+} else if (args[0] === "deploy" && args.includes("--dry-run")) {
+  // The bundling is the project's wrangler's: it contacts nothing for a dry run.
+  const r = require("child_process").spawnSync(process.env.REAL_WRANGLER, args, { stdio: "inherit" });
+  code = r.status ?? 1;
 } else if (args[0] === "deploy") {
   const i = args.indexOf("--secrets-file");
   if (i >= 0) { entry.secretsFile = args[i + 1]; entry.secrets = JSON.parse(fs.readFileSync(args[i + 1], "utf8")); Object.assign(state.secrets, entry.secrets); }
@@ -48,6 +54,11 @@ process.exit(code);
 `);
 chmodSync(fake, 0o755);
 
+// No login anywhere: no token in the environment, and a wrangler configuration directory
+// (where `wrangler login` keeps its credentials) that is empty.
+const loggedOutEnv = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^CLOUDFLARE_/.test(k)));
+loggedOutEnv.XDG_CONFIG_HOME = path.join(dir, "config");
+
 const calls = () => (existsSync(log) ? readFileSync(log, "utf8").trim().split("\n").filter(Boolean).map((l) => JSON.parse(l)) : []);
 const reset = () => rmSync(log, { force: true }) || rmSync(state, { force: true }) || rmSync(deployVars, { force: true });
 
@@ -55,7 +66,7 @@ const reset = () => rmSync(log, { force: true }) || rmSync(state, { force: true 
 async function deploy(args, env = {}) {
   try {
     const { stdout, stderr } = await run(process.execPath, ["scripts/deploy.mjs", ...args], {
-      env: { ...process.env, GEMINI_API_KEY: "", CI: "true", GEMINI_ONCE_WRANGLER: fake, GEMINI_ONCE_DEPLOY_VARS: deployVars, FAKE_LOG: log, FAKE_STATE: state, ...env },
+      env: { ...loggedOutEnv, GEMINI_API_KEY: "", CI: "true", GEMINI_ONCE_WRANGLER: fake, REAL_WRANGLER: path.resolve("node_modules/.bin/wrangler"), GEMINI_ONCE_DEPLOY_VARS: deployVars, FAKE_LOG: log, FAKE_STATE: state, ...env },
       maxBuffer: 16 * 1024 * 1024,
       timeout: 600_000,
     });
@@ -76,16 +87,19 @@ after(async () => {
 });
 
 describe("npm run deploy -- --dry-run", () => {
-  it("passes on this checkout's wrangler.toml as it is, and says what is missing", async () => {
+  it("passes on this checkout's wrangler.toml as it is, logged in, and says what is missing", async () => {
+    reset();
     const outdir = path.join(dir, "bundle");
-    const { code, out } = await deploy(["--dry-run", "--outdir", outdir, "--set", "EFFECT_URL=https://dest.example/hooks/gemini"], { GEMINI_ONCE_WRANGLER: "" });
+    const { code, out } = await deploy(["--dry-run", "--outdir", outdir, "--set", "EFFECT_URL=https://dest.example/hooks/gemini"]);
     assert.equal(code, 0, out);
-    // No Cloudflare here: it says it could not ask, and how to log in.
-    assert.match(out, /could not ask Cloudflare which secrets the worker has .*wrangler login.*CLOUDFLARE_API_TOKEN/);
+    // It asked Cloudflare which secrets the worker has, as the deploy does, and uploaded nothing.
+    assert.deepEqual(calls().map((c) => c.args.slice(0, 2)), [["secret", "list"], ["deploy", "--config"]]);
+    assert.ok(calls()[1].args.includes("--dry-run") && !calls()[1].args.includes("--secrets-file"));
     for (const binding of ["env.OPERATION_GATE (OperationGate)", "env.RECONCILE_LEASE (ReconcileLease)", "env.STATS (StatsShard)", "env.DESTINATION_DESK (DestinationDesk)", "env.STRANGER_WATCH (StrangerWatch)", "env.RETIRED_NAMES (RetiredNames)", "env.OPS_KV"]) {
       assert.ok(out.includes(binding), `${binding} missing from:\n${out}`);
     }
     assert.match(out, /--dry-run: exiting now/);
+    assert.match(out, /dry run passed: nothing was uploaded/);
     assert.match(out, /OPS_KV: no id in wrangler.toml, so wrangler creates the namespace/);
     assert.match(out, /npm run connect/);
     assert.match(out, /advised: ALERT_URL/);
@@ -97,11 +111,38 @@ describe("npm run deploy -- --dry-run", () => {
   });
 
   it("fails where the deploy would: no EFFECT_URL is refused, not passed", async () => {
-    const { code, out } = await deploy(["--dry-run"], { GEMINI_ONCE_WRANGLER: "" });
+    reset();
+    const { code, out } = await deploy(["--dry-run"]);
     assert.equal(code, 1, out);
     assert.match(out, /EFFECT_URL is not set/);
     assert.match(out, /not deploying: 1 problem/);
     assert.doesNotMatch(out, /dry run passed/);
+  });
+
+  it("fails logged out, with the words the deploy fails with, as --help, OPERATIONS.md and the README say", async () => {
+    // The real wrangler, logged out: offline and non-interactive, it fails at once.
+    const args = ["--set", "EFFECT_URL=https://dest.example/hooks/gemini"];
+    const dry = await deploy(["--dry-run", ...args], { GEMINI_ONCE_WRANGLER: "" });
+    const real = await deploy(args, { GEMINI_ONCE_WRANGLER: "" });
+    assert.equal(dry.code, 1, dry.out);
+    assert.equal(real.code, 1, real.out);
+    assert.doesNotMatch(dry.out, /dry run passed/);
+    // wrangler names a log file of its own each run; the rest is word for word the same.
+    const words = (out) => out.replace(/wrangler-[\w.-]+\.log/g, "wrangler-LOG.log").trim();
+    assert.equal(words(dry.out), words(real.out));
+    assert.match(dry.out, /^deploy: wrangler secret list failed \(1\): /m);
+    assert.match(dry.out, /\(npx wrangler login once, or CLOUDFLARE_API_TOKEN in the environment\)$/m);
+    // What the docs say about it.
+    const { stdout: help } = await run(process.execPath, ["scripts/deploy.mjs", "--help"]);
+    const said = /fails wherever the deploy would/;
+    assert.match(help.replace(/\s+/g, " "), said);
+    assert.match(help.replace(/\s+/g, " "), /needs wrangler logged in/);
+    for (const doc of ["docs/OPERATIONS.md", "README.md"]) {
+      const text = readFileSync(doc, "utf8").replace(/\s+/g, " ");
+      assert.match(text, said, doc);
+      assert.match(text, /--dry-run[^.]*needs wrangler logged in|needs wrangler logged in[^.]*--dry-run|dry run[^.]*needs wrangler logged in/, doc);
+      assert.doesNotMatch(text, /could not ask Cloudflare|judges as for a worker that has none|without contacting Cloudflare/, doc);
+    }
   });
 
   it("refuses a placeholder KV id before running wrangler", async () => {

@@ -18,8 +18,9 @@
 // that cron (tests/start.test.mjs calls the route itself, under `npm start`).
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFile, spawn } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { execFile, spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
@@ -250,6 +251,10 @@ describe("the README's loop, run as written", () => {
     const answer = JSON.parse(resent.out.split("\n").find((l) => /^#1 /.test(l)).replace(/^[^{]*/, ""));
     assert.deepEqual([answer.outcome, answer.reason], ["dropped", "duplicate"], resent.out);
     assert.ok(!resent.out.includes(sent.out.match(/ (msg_\w+) /)[1]), "a new webhook-id");
+    // It says the effect went out earlier, not that this send delivered it.
+    assert.match(resent.err, /^this send applied nothing: the worker had already applied this completion/m, resent.err);
+    assert.match(resent.err, /^effect: delivered to the destination earlier, not by this send/m, resent.err);
+    assert.doesNotMatch(resent.err, /^effect: delivered to the destination(?! earlier)/m, resent.err);
     await new Promise((resolve) => setTimeout(resolve, 500));
     assert.equal(effectsFor("batches/demo1").length, 1, "no second effect");
   });
@@ -414,5 +419,194 @@ describe("every command in the README", () => {
       }
       assert.ok(routes.some((r) => r.method === method && r.pattern.test(url.pathname)), `${method} ${url.pathname} is a route of docs/openapi.yaml (${command})`);
     }
+  });
+});
+
+/** Processes whose command line names `needle` (this run's state directory). */
+function processesNaming(needle) {
+  const found = [];
+  for (const pid of readdirSync("/proc").filter((p) => /^\d+$/.test(p))) {
+    try {
+      const cmd = readFileSync(`/proc/${pid}/cmdline`, "utf8").replaceAll("\0", " ");
+      if (cmd.includes(needle)) found.push(Number(pid));
+    } catch { /* gone meanwhile */ }
+  }
+  return found;
+}
+
+/**
+ * What a newcomer meets beyond the loop, walked as written: `npm start` with 8787 taken, with
+ * EFFECT_URL moved to another port, beside the Python receiver started by its README, and the
+ * deploy's dry run logged out. What running "as written" changes here: the worker's port is a
+ * free one (`--port`), its settings are `.dev.vars.example`'s with the EFFECT_URL under test
+ * (`--env-file`, which wrangler dev reads in place of .dev.vars, so the checkout's own stays as
+ * it is), its state a directory of its own (`--persist-to`), and npm start writes its address
+ * to a file of the test's (GEMINI_ONCE_LOCAL_WORKER_FILE), where register and send read it.
+ */
+describe("a newcomer's first hour, walked", () => {
+  const scratch = mkdtempSync(path.join(os.tmpdir(), "gemini-once-newcomer-"));
+  const addressFile = path.join(scratch, "local-worker.json");
+  const env = { ...process.env, GEMINI_ONCE_LOCAL_WORKER_FILE: addressFile, WRANGLER_SEND_METRICS: "false" };
+  delete env.GEMINI_ONCE_REGISTER_TOKEN;
+  after(() => rmSync(scratch, { recursive: true, force: true }));
+
+  /** `npm start -- args`, its output as lines; `stop()` ends it and everything it started. */
+  function npmStart(args) {
+    const child = spawn("npm", ["start", "--", ...args], { cwd: root, env, stdio: ["ignore", "pipe", "pipe"] });
+    const lines = [];
+    eachLine(child.stdout, (l) => lines.push(l));
+    eachLine(child.stderr, (l) => lines.push(l));
+    const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
+    const state = args[args.indexOf("--persist-to") + 1];
+    return {
+      lines,
+      exited,
+      async stop() {
+        child.kill("SIGTERM");
+        await exited;
+        await eventually(() => processesNaming(state).length === 0, { timeoutMs: 20_000, what: "no process of this npm start left" }).catch((e) => {
+          for (const pid of processesNaming(state)) process.kill(pid, "SIGTERM");
+          throw e;
+        });
+        child.stdout.destroy();
+        child.stderr.destroy();
+      },
+    };
+  }
+
+  /** .dev.vars.example with `EFFECT_URL` set to `url`, as a file for `--env-file`. */
+  function settingsWith(url, name) {
+    const file = path.join(scratch, name);
+    writeFileSync(file, read(".dev.vars.example").replace(/^EFFECT_URL=.*$/m, `EFFECT_URL="${url}"`));
+    assert.equal(devVars(file).EFFECT_URL, url);
+    return file;
+  }
+
+  /** An npm command as a user types it, with the test's env; resolves to {code, out, err}. */
+  async function npm(command) {
+    try {
+      const { stdout, stderr } = await run("bash", ["-c", command], { cwd: root, env, timeout: 60_000 });
+      return { code: 0, out: stdout, err: stderr };
+    } catch (e) {
+      return { code: e.code, out: e.stdout ?? "", err: `${e.stderr ?? ""}${e.message}` };
+    }
+  }
+
+  /** Starts npm start with `settings`, waits for the address it prints; returns it and the run. */
+  async function startWith(settings) {
+    const port = await freePort();
+    const state = mkdtempSync(path.join(scratch, "state-"));
+    const started = npmStart(["--port", String(port), "--ip", "127.0.0.1", "--persist-to", state, "--env-file", settings]);
+    const url = `http://127.0.0.1:${port}`;
+    try {
+      await eventually(() => started.lines.some((l) => l.includes(`start: the worker listens at ${url} `)), { timeoutMs: 200_000, everyMs: 500, what: `npm start to say where the worker listens:\n${started.lines.join("\n")}` });
+    } catch (e) {
+      await started.stop();
+      throw e;
+    }
+    assert.deepEqual(JSON.parse(readFileSync(addressFile, "utf8")).url, url, "written where register and send read it");
+    return { url, started };
+  }
+
+  it("a taken 8787: npm start stops before starting anything and says so, naming --port", { timeout: 240_000 }, async () => {
+    let holder = null;
+    try {
+      holder = await listen((req, res) => res.end("not gemini-once"), 8787);
+    } catch (e) {
+      // Something else holds 8787 already: the same case.
+      assert.equal(e.code, "EADDRINUSE");
+    }
+    try {
+      const state = mkdtempSync(path.join(scratch, "state-"));
+      writeFileSync(path.join(state, "kept"), "x");
+      const started = npmStart(["--fresh", "--persist-to", state]);
+      const code = await started.exited;
+      const out = started.lines.join("\n");
+      assert.equal(code, 1, out);
+      assert.match(out, /^start: not starting: port 8787 on 127\.0\.0\.1 is taken \(something already listens there; another npm start\?\)\. Stop what holds it, or choose another port: npm start -- --port 8790 \(register, send and results then find the worker there/m);
+      assert.doesNotMatch(out, /Ready on|the worker listens at/);
+      assert.ok(existsSync(path.join(state, "kept")), "--fresh removed nothing: it stopped first");
+      assert.equal(processesNaming(state).length, 0, "no wrangler started");
+      // The README says the same.
+      assert.match(readme.replace(/\s+/g, " "), /If 8787 is taken, `npm start` stops and says so/);
+    } finally {
+      await new Promise((r) => (holder ? holder.close(r) : r()));
+    }
+  });
+
+  it("a moved EFFECT_URL: the demo destination follows it, and register and send reach the worker npm start names", { timeout: 300_000 }, async () => {
+    const effectPort = await freePort();
+    const effectUrl = `http://127.0.0.1:${effectPort}/hooks/gemini`;
+    const { url, started } = await startWith(settingsWith(effectUrl, "moved.env"));
+    try {
+      assert.ok(started.lines.includes(`start: demo destination at ${effectUrl} (prints each side effect; EFFECT_URL in .dev.vars)`), started.lines.join("\n"));
+      // No --url: both read the address npm start wrote.
+      const registered = await npm(`npm run register -- batches/moved1 --kind nightly-review --token ${firstOf(example.REGISTER_TOKENS)}`);
+      assert.equal(registered.code, 0, registered.err);
+      assert.match(registered.out, /201 registered batches\/moved1/);
+      const sent = await npm(`npm run send -- batch.succeeded batches/moved1 --secret ${firstOf(example.GEMINI_WEBHOOK_SECRETS)} --token ${firstOf(example.READ_TOKENS)}`);
+      assert.equal(sent.code, 0, sent.err);
+      assert.ok(sent.out.includes(`to ${url}/webhooks/gemini`), sent.out);
+      assert.match(sent.err, /^effect: delivered to the destination/m);
+      await eventually(() => started.lines.some((l) => l.startsWith("receive: verified new key=batches/moved1 ")), { what: "the demo destination at the moved EFFECT_URL to print the effect" });
+    } finally {
+      await started.stop();
+    }
+    assert.equal(existsSync(addressFile), false, "npm start removes its address when it stops");
+  });
+
+  it("the Python receiver's README, beside npm start: the effect goes to it, once", { timeout: 400_000 }, async () => {
+    const pythonDir = path.join(root, "examples/receivers/python");
+    const guide = readFileSync(path.join(pythonDir, "README.md"), "utf8");
+    const commands = (guide.match(/```sh\n([\s\S]*?)```/)?.[1] ?? assert.fail("the README's commands")).trim().split("\n");
+    const install = spawnSync("bash", ["-c", commands.slice(0, -1).join(" && ")], { cwd: root, encoding: "utf8", timeout: 300_000 });
+    assert.equal(install.status, 0, `${install.stdout}${install.stderr}`);
+    // As written, on a free port for 8795, with the example's secret and a database of its own.
+    const receiverPort = await freePort();
+    const serve = commands.at(-1).replace("whsec_...", example.EFFECT_SIGNING_SECRET).replace("RECEIVER_DB=effects.sqlite3", `RECEIVER_DB=${path.join(scratch, "effects.sqlite3")}`).replace("--port 8795", `--port ${receiverPort}`);
+    const [, effectUrl] = guide.match(/^EFFECT_URL=(http:\/\/127\.0\.0\.1:8795\/effects)$/m) ?? assert.fail("the EFFECT_URL the README sets");
+    const receiverLines = [];
+    // A process group of its own: the shell and the uvicorn it starts stop together.
+    const receiver = spawn("bash", ["-c", `${commands[0]} && ${serve}`], { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    eachLine(receiver.stdout, (l) => receiverLines.push(l));
+    eachLine(receiver.stderr, (l) => receiverLines.push(l));
+    try {
+      await eventually(() => receiverLines.some((l) => l.includes("Uvicorn running on")), { timeoutMs: 30_000, what: `uvicorn to listen:\n${receiverLines.join("\n")}` });
+      const moved = effectUrl.replace(":8795/", `:${receiverPort}/`);
+      const { started } = await startWith(settingsWith(moved, "python.env"));
+      try {
+        assert.ok(started.lines.includes(`start: EFFECT_URL is ${moved}: something already listens there (your receiver?); side effects go to it (no demo destination)`), started.lines.join("\n"));
+        const registered = await npm(`npm run register -- batches/py1 --token ${firstOf(example.REGISTER_TOKENS)}`);
+        assert.equal(registered.code, 0, registered.err);
+        const sent = await npm(`npm run send -- batch.succeeded batches/py1 --repeat 3 --secret ${firstOf(example.GEMINI_WEBHOOK_SECRETS)} --token ${firstOf(example.READ_TOKENS)}`);
+        assert.equal(sent.code, 0, sent.err);
+        assert.match(sent.err, /^effect: delivered to the destination/m);
+        const ran = await eventually(() => { const l = receiverLines.filter((x) => / key=batches\/py1 /.test(x)); return l.length > 0 && l; }, { what: "the receiver to run the effect" });
+        assert.equal(ran.length, 1, ran.join("\n"));
+        assert.match(ran[0], /^processed webhook-id=msg_\w+ key=batches\/py1 generation=1 status=succeeded$/);
+      } finally {
+        await started.stop();
+      }
+    } finally {
+      try { process.kill(-receiver.pid, "SIGTERM"); } catch { /* already gone */ }
+    }
+  });
+
+  it("the deploy's dry run, logged out: it fails, as the deploy would, naming the login", { timeout: 120_000 }, async () => {
+    const deployEnv = Object.fromEntries(Object.entries(env).filter(([k]) => !/^CLOUDFLARE_/.test(k)));
+    // No login: a wrangler configuration directory of its own, empty; non-interactive.
+    Object.assign(deployEnv, { XDG_CONFIG_HOME: path.join(scratch, "config"), CI: "true", GEMINI_ONCE_DEPLOY_VARS: path.join(scratch, ".deploy.vars") });
+    let result;
+    try {
+      const { stdout, stderr } = await run("bash", ["-c", "npm run deploy -- --dry-run --set EFFECT_URL=https://your.app/hooks/gemini"], { cwd: root, env: deployEnv, timeout: 110_000 });
+      result = { code: 0, out: stdout + stderr };
+    } catch (e) {
+      result = { code: e.code, out: `${e.stdout}${e.stderr}` };
+    }
+    assert.equal(result.code, 1, result.out);
+    assert.match(result.out, /deploy: wrangler secret list failed/);
+    assert.match(result.out, /\(npx wrangler login once, or CLOUDFLARE_API_TOKEN in the environment\)/);
+    assert.doesNotMatch(result.out, /dry run passed/);
+    assert.equal(existsSync(path.join(scratch, ".deploy.vars")), false, "nothing generated");
   });
 });

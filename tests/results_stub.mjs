@@ -6,12 +6,22 @@ import { createServer } from "node:http";
 import { eventually } from "./helpers.mjs";
 
 /** A stand-in for Gemini: status answers by batch key, results files by name (honouring
- * `Range` unless `ignoreRange`), each file answering `fileStatus(name, n)` first when set. */
+ * `Range` with a 206 and its `Content-Range`, unless `ignoreRange`; from byte 0 whatever was
+ * asked when `rangeFromZero`), each file answering `fileStatus(name, n)` first when set. A
+ * file or a status named in `redirects` answers 302 to that URL instead; a status whose
+ * `statusFails(n)` gives `{status, headers}` on its n-th call answers that. Every request's
+ * path, `x-goog-api-key` and time are kept in `requests`. */
 export async function startGemini() {
-  const state = { status: new Map(), files: new Map(), fileStatus: new Map(), ignoreRange: false, downloads: [] };
+  const state = { status: new Map(), files: new Map(), fileStatus: new Map(), redirects: new Map(), statusFails: new Map(), ignoreRange: false, rangeFromZero: false, downloads: [], requests: [] };
   const server = createServer((req, res) => {
     const url = new URL(req.url, "http://x");
+    state.requests.push({ path: url.pathname, key: req.headers["x-goog-api-key"], at: Date.now() });
     const download = url.pathname.match(/^\/download\/v1beta\/(files\/[^:]+):download$/);
+    const redirect = state.redirects.get(download ? download[1] : url.pathname.replace(/^\/v1beta\//, ""));
+    if (redirect) {
+      res.writeHead(302, { location: redirect });
+      return res.end();
+    }
     if (download) {
       const name = download[1];
       state.downloads.push({ name, range: req.headers.range, key: req.headers["x-goog-api-key"] });
@@ -23,13 +33,15 @@ export async function startGemini() {
         return res.end(JSON.stringify({ error: { code: forced ?? 404 } }));
       }
       const range = !state.ignoreRange && req.headers.range?.match(/^bytes=(\d+)-$/);
-      const from = range ? Number(range[1]) : 0;
+      const from = range && !state.rangeFromZero ? Number(range[1]) : 0;
       if (range && from >= file.length) {
         // As HTTP says (and Google's storage answers): a range past the end is not satisfiable.
         res.writeHead(416, { "content-range": `bytes */${file.length}` });
         return res.end();
       }
-      res.writeHead(range ? 206 : 200, { "content-type": "application/jsonl" });
+      const headers = { "content-type": "application/jsonl" };
+      if (range) headers["content-range"] = `bytes ${from}-${file.length - 1}/${file.length}`;
+      res.writeHead(range ? 206 : 200, headers);
       // In pieces, as a network would: the worker stops reading once its chunk is full.
       const body = file.subarray(from);
       let at = 0;
@@ -44,7 +56,14 @@ export async function startGemini() {
       res.on("error", () => {});
       return pump();
     }
-    const status = state.status.get(url.pathname.replace(/^\/v1beta\//, ""));
+    const name = url.pathname.replace(/^\/v1beta\//, "");
+    const n = state.requests.filter((r) => r.path === url.pathname).length;
+    const failed = state.statusFails.get(name)?.(n);
+    if (failed) {
+      res.writeHead(failed.status, failed.headers ?? {});
+      return res.end(JSON.stringify({ error: { code: failed.status } }));
+    }
+    const status = state.status.get(name);
     const answer = typeof status === "function" ? status() : status;
     res.writeHead(answer ? 200 : 404, { "content-type": "application/json" });
     res.end(JSON.stringify(answer ?? { error: { code: 404 } }));

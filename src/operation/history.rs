@@ -56,6 +56,15 @@ pub enum HistoryEntry {
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
+    /// An operator's retry of a batch's parked results: `taken` parked results put back, and
+    /// the results file read again when `file_reread`.
+    ResultsRetried {
+        taken: u64,
+        file_reread: bool,
+        reason: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     /// Retention ended: only a tombstone remains.
     Retired,
     /// The status API does not know the operation a nudge named.
@@ -340,6 +349,15 @@ mod tests {
                     by: None,
                 },
                 json!({"what": "retry_now", "generation": 1, "reason": "r"}),
+            ),
+            (
+                HistoryEntry::ResultsRetried {
+                    taken: 2,
+                    file_reread: true,
+                    reason: "r".into(),
+                    by: None,
+                },
+                json!({"what": "results_retried", "taken": 2, "file_reread": true, "reason": "r"}),
             ),
             (HistoryEntry::Retired, json!({"what": "retired"})),
             (

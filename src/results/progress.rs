@@ -10,8 +10,9 @@
 //! Only failed and parked results take a row; delivered ones are counted, never stored, so
 //! state does not grow with the file. A failed result is retried with the job's backoff
 //! ([`crate::retry::Backoff`]); a refusal parks it. A results file missing right after
-//! `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`]; a file gone for
-//! good or unreadable parks the results with the reason and raises one alert. The job's own
+//! `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`], unless the batch
+//! ended more than [`FILE_KEPT_MS`] ago (then it is gone for good); a file gone for good or
+//! unreadable parks the results with the reason and raises one alert. The job's own
 //! effect is owed once the file is read (or parked) and no result is waiting.
 //!
 //! Memory: the value holds the results waiting for a retry (a few hundred bytes each, at most
@@ -35,6 +36,10 @@ use crate::retry::Backoff;
 /// report `SUCCEEDED` shortly before the file can be downloaded; half an hour is far past the
 /// delays reported, and far inside the file's 48 hours.
 pub const FILE_WAIT_MS: i64 = 30 * 60 * 1_000;
+/// How long Gemini keeps a batch's results file after the batch ended: a file that answers 404
+/// past this is gone for good, so it is parked at once rather than asked for during
+/// [`FILE_WAIT_MS`].
+pub const FILE_KEPT_MS: i64 = 48 * 60 * 60 * 1_000;
 /// Results waiting for a retry before no new chunk is read: a destination that fails
 /// everything stops the reading instead of filling the object with rows.
 pub const MAX_WAITING: usize = 400;
@@ -165,8 +170,16 @@ pub struct Progress {
     pub rows: BTreeMap<u64, Row>,
     /// When the results became owed (the operation's `SUCCEEDED`).
     pub since_ms: i64,
+    /// When the batch ended, by Gemini's clock (its `endTime`, else its `updateTime`), when
+    /// known: a file missing [`FILE_KEPT_MS`] after it is gone for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub alerted: bool,
+    /// The status answer could not say where the results are (the source is not known): once
+    /// not parked, the step asks it again before anything else.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unlocated: bool,
 }
 
 /// Why a download did not give the file.
@@ -199,7 +212,9 @@ impl Progress {
             counts: Counts::default(),
             rows: BTreeMap::new(),
             since_ms: now_ms,
+            ended_ms: None,
             alerted: false,
+            unlocated: false,
         }
     }
 
@@ -271,8 +286,16 @@ impl Progress {
             _ => 1,
         };
         let over = now_ms - self.since_ms >= limits.file_wait_ms;
+        let expired = self
+            .ended_ms
+            .is_some_and(|ended| now_ms - ended >= FILE_KEPT_MS);
         let reason = match trouble {
             FileTrouble::Unreadable(why) => Some(why),
+            FileTrouble::Missing if expired => Some(
+                "results file not found (404): the batch ended more than 48 hours ago, \
+                 and Gemini keeps results files 48 hours"
+                    .to_string(),
+            ),
             FileTrouble::Missing if over => Some("results file not found (404)".to_string()),
             FileTrouble::Unavailable(why) if over => Some(why),
             _ => None,
@@ -425,9 +448,10 @@ impl Progress {
 
     /// An operator's retry of parked results, a page at a time (the edge reads at most the room
     /// left below [`MAX_WAITING`] and takes them out of the parked ones in the same
-    /// transaction): each is due now, under its first `webhook-id`. A parked file is asked for
-    /// again from where reading stopped. Returns how many were taken.
-    pub fn retry_parked(&mut self, parked: Vec<Row>, now_ms: i64) -> u64 {
+    /// transaction): each is due now, under its first `webhook-id`. A parked file is read
+    /// again ([`Progress::reopen_file`]). Returns how many results were taken, and whether the
+    /// file was.
+    pub fn retry_parked(&mut self, parked: Vec<Row>, now_ms: i64) -> (u64, bool) {
         let n = parked.len() as u64;
         for mut row in parked {
             row.next_at_ms = Some(now_ms);
@@ -435,10 +459,30 @@ impl Progress {
             self.rows.insert(row.index, row);
         }
         self.counts.parked = self.counts.parked.saturating_sub(n);
-        if matches!(self.phase, Phase::FileParked { .. }) {
-            self.phase = Phase::Reading;
+        (n, self.reopen_file(now_ms))
+    }
+
+    /// A parked file is asked for again now, from where reading stopped (its status answer
+    /// first, when it never said where the results are), with its wait started anew, so a file
+    /// that is back is read and one still gone is parked again, with its reason. `false` when
+    /// the file was not parked.
+    pub fn reopen_file(&mut self, now_ms: i64) -> bool {
+        if !matches!(self.phase, Phase::FileParked { .. }) {
+            return false;
         }
-        n
+        self.phase = Phase::WaitingForFile {
+            failures: 0,
+            next_at_ms: now_ms,
+        };
+        self.since_ms = now_ms;
+        self.alerted = false;
+        true
+    }
+
+    /// Whether the step must ask the status answer where the results are before anything
+    /// else: it could not say, and the results are not parked for it.
+    pub fn wants_locating(&self) -> bool {
+        self.unlocated && !matches!(self.phase, Phase::FileParked { .. })
     }
 
     /// Room for parked rows an operator's retry may take now.

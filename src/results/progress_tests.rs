@@ -354,6 +354,37 @@ fn a_file_gone_past_the_wait_parks_alerts_once_and_the_job_says_so() {
 }
 
 #[test]
+fn a_file_missing_48_hours_after_the_batch_ended_parks_at_once() {
+    let now = 100 * 3_600_000;
+    let mut p = Progress::begin(Source::File { name: FILE.into() }, now);
+    p.ended_ms = Some(now - FILE_KEPT_MS);
+    p.file_failed(FileTrouble::Missing, now, &LIMITS, 0.0);
+    let Step::Alert(reason) = p.next(now) else {
+        panic!("parked at once, with its alert")
+    };
+    assert!(reason.contains("more than 48 hours ago"), "{reason}");
+    // A server's trouble is not the file's age: it is asked for again.
+    let mut p = Progress::begin(Source::File { name: FILE.into() }, now);
+    p.ended_ms = Some(now - FILE_KEPT_MS);
+    p.file_failed(FileTrouble::Unavailable("503".into()), now, &LIMITS, 0.0);
+    assert!(matches!(p.phase, Phase::WaitingForFile { failures: 1, .. }));
+}
+
+#[test]
+fn a_file_missing_within_48_hours_of_the_batchs_end_is_waited_for() {
+    let now = 100 * 3_600_000;
+    for ended in [Some(now - FILE_KEPT_MS + 1), None] {
+        let mut p = Progress::begin(Source::File { name: FILE.into() }, now);
+        p.ended_ms = ended;
+        p.file_failed(FileTrouble::Missing, now, &LIMITS, 0.0);
+        assert!(
+            matches!(p.phase, Phase::WaitingForFile { failures: 1, .. }),
+            "{ended:?}"
+        );
+    }
+}
+
+#[test]
 fn an_unreadable_file_parks_at_once_and_a_server_error_waits() {
     let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
     p.file_failed(FileTrouble::Unavailable("503".into()), 0, &LIMITS, 0.0);
@@ -370,6 +401,53 @@ fn an_unreadable_file_parks_at_once_and_a_server_error_waits() {
             reason: "403: denied".into()
         }
     );
+}
+
+#[test]
+fn an_operators_retry_reads_a_parked_file_again_from_where_it_stopped() {
+    let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
+    let at = Checkpoint {
+        offset: 4_096,
+        index: 40,
+    };
+    p.claim(at, false);
+    p.commit(0, Vec::new(), 0, &LIMITS, 0.0);
+    p.file_failed(
+        FileTrouble::Unreadable("206 from byte 0".into()),
+        5,
+        &LIMITS,
+        0.0,
+    );
+    assert_eq!(p.next(5), Step::Alert("206 from byte 0".into()));
+    p.alert_raised();
+    let later = FILE_WAIT_MS * 10;
+    assert_eq!(
+        p.retry_parked(Vec::new(), later),
+        (0, true),
+        "the file is taken"
+    );
+    assert_eq!(
+        p.next(later),
+        Step::ReadChunk { chunk: 1, from: at },
+        "read again from where it stopped"
+    );
+    // The wait starts anew: a server's trouble right after the retry is asked for again.
+    p.file_failed(FileTrouble::Unavailable("503".into()), later, &LIMITS, 0.0);
+    assert!(matches!(p.phase, Phase::WaitingForFile { .. }));
+    assert_eq!(p.job_results()["file_parked"], Value::Null);
+    assert!(!p.reopen_file(later), "a file not parked is not taken");
+}
+
+#[test]
+fn a_retry_of_results_whose_source_was_never_found_asks_for_it_again() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    p.unlocated = true;
+    p.phase = Phase::FileParked {
+        reason: "status answer: 404".into(),
+    };
+    assert!(!p.wants_locating(), "parked: nothing is asked");
+    assert_eq!(p.retry_parked(Vec::new(), 9), (0, true));
+    assert!(p.wants_locating());
 }
 
 #[test]
@@ -405,7 +483,7 @@ fn parked_results_retried_by_an_operator_go_once_under_their_first_id() {
         .take(p.room())
         .cloned()
         .collect();
-    assert_eq!(p.retry_parked(page, world.clock), 2);
+    assert_eq!(p.retry_parked(page, world.clock), (2, false));
     let Step::RetryRows(keys) = p.next(world.clock) else {
         panic!("rows due")
     };

@@ -4,13 +4,15 @@
 //!
 //! Guarantees: pure; a results file is named by its `files/...` name only (never a URL a
 //! status answer could point elsewhere), so the download always goes to `GEMINI_API_BASE` with
-//! our key; a status answer with neither a file nor inline responses is no results (zero of
-//! them), never a stop.
+//! our key; a status answer with neither a usable file name nor inline responses is why the
+//! results cannot be read (they are parked with an alert), never zero results.
 
 use serde_json::{json, Map, Value};
 
 use crate::operation::details::OUTPUT_FILE_URI;
+use crate::operation::observation::{transient, StatusError};
 use crate::results::progress::{FileTrouble, Limits, Phase, Progress};
+use crate::timestamp::parse_rfc3339_ms;
 
 /// What a status answer says about a batch's results.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,16 +23,23 @@ pub enum Found {
     Inline(Vec<Value>),
 }
 
-/// A `files/...` name, the only form a results file is downloaded by.
-fn file_name(value: Option<&Value>) -> Option<String> {
-    let name = value?.as_str()?.trim();
-    let ok = name.starts_with("files/")
+/// Longest part of a refused name quoted in the reason.
+const QUOTED_CHARS: usize = 120;
+
+/// Whether `name` is a `files/...` name, the only form a results file is downloaded by.
+fn is_file_name(name: &str) -> bool {
+    name.starts_with("files/")
         && name.len() > 6
         && !name.contains("..")
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b));
-    ok.then(|| name.to_string())
+            .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
+}
+
+/// A `files/...` name, the only form a results file is downloaded by.
+fn file_name(value: Option<&Value>) -> Option<String> {
+    let name = value?.as_str()?.trim();
+    is_file_name(name).then(|| name.to_string())
 }
 
 /// The results file an outcome's details already name (the status API's `responsesFile`,
@@ -40,20 +49,59 @@ pub fn file_of_details(details: &Map<String, Value>) -> Option<String> {
 }
 
 /// What a batch's status answer says about its results (`response` first, then
-/// `metadata.output`); `None` when it names neither a file nor inline responses.
-pub fn found_in_status(answer: &Value) -> Option<Found> {
+/// `metadata.output`): a file, or the inline responses. Anything else is why the results
+/// cannot be read, never zero results: a `responsesFile` that is not a `files/...` name, inline
+/// responses that are not a list, or an answer that names neither.
+pub fn found_in_status(answer: &Value) -> Result<Found, String> {
     for output in ["/response", "/metadata/output"] {
-        if let Some(name) = file_name(answer.pointer(&format!("{output}/responsesFile"))) {
-            return Some(Found::File(name));
+        if let Some(file) = answer.pointer(&format!("{output}/responsesFile")) {
+            return match file_name(Some(file)) {
+                Some(name) => Ok(Found::File(name)),
+                None => {
+                    let shown: String = match file.as_str() {
+                        Some(text) => text.chars().take(QUOTED_CHARS).collect(),
+                        None => format!("a JSON {}", json_kind(file)),
+                    };
+                    Err(format!(
+                        "status answer: responsesFile {shown:?} is not a files/... name"
+                    ))
+                }
+            };
         }
         for inline in ["inlinedResponses", "inlinedEmbedContentResponses"] {
-            let items = answer.pointer(&format!("{output}/{inline}/inlinedResponses"));
-            if let Some(Value::Array(items)) = items {
-                return Some(Found::Inline(items.clone()));
+            match answer.pointer(&format!("{output}/{inline}/inlinedResponses")) {
+                Some(Value::Array(items)) => return Ok(Found::Inline(items.clone())),
+                Some(other) => {
+                    return Err(format!(
+                        "status answer: {inline}.inlinedResponses is a JSON {}, not a list",
+                        json_kind(other)
+                    ))
+                }
+                None => {}
             }
         }
     }
-    None
+    Err("status answer names neither a results file nor inline responses".to_string())
+}
+
+/// The kind of a JSON value, to say what was found instead of what was expected.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "list",
+        Value::Object(_) => "object",
+    }
+}
+
+/// When the batch ended, by its status answer: `metadata.endTime`, else `metadata.updateTime`
+/// (Unix ms); `None` when it says neither.
+pub fn ended_in_status(answer: &Value) -> Option<i64> {
+    ["/metadata/endTime", "/metadata/updateTime"]
+        .iter()
+        .find_map(|at| answer.pointer(at)?.as_str().and_then(parse_rfc3339_ms))
 }
 
 /// Where a results file is downloaded (../shared/GEMINI_WEBHOOKS.md §3c).
@@ -78,11 +126,93 @@ pub fn trouble_of_status(status: u16) -> Option<FileTrouble> {
     }
 }
 
+/// Where a download's body starts, for a request from `asked`: byte 0 for a 200 (a server that
+/// ignored the `Range`: the bytes before `asked` are skipped), `asked` for a 206 whose
+/// `Content-Range` (`bytes START-END/SIZE`) starts there. A 206 from anywhere else, or without
+/// a `Content-Range`, is not used: its lines would be read under other indexes, so other
+/// `webhook-id`s. It is retried like a server's trouble.
+pub fn body_start(
+    status: u16,
+    content_range: Option<&str>,
+    asked: u64,
+) -> Result<u64, FileTrouble> {
+    if status != 206 {
+        return Ok(0);
+    }
+    let start = content_range
+        .and_then(|r| r.trim().strip_prefix("bytes "))
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(start, _)| start.trim().parse::<u64>().ok());
+    match start {
+        Some(start) if start == asked => Ok(asked),
+        Some(start) => Err(FileTrouble::Unavailable(format!(
+            "206 from byte {start}, asked from byte {asked}"
+        ))),
+        None => Err(FileTrouble::Unavailable(
+            "206 without a usable Content-Range".to_string(),
+        )),
+    }
+}
+
 /// Whether a download's answer says the checkpoint is the file's end: a `Range` from a
 /// positive offset answered 416 (Range Not Satisfiable). A chunk that ended on the file's
 /// last line did not see the end, so the next one asks from the file's size.
 pub fn past_the_end(status: u16, offset: u64) -> bool {
     status == 416 && offset > 0
+}
+
+/// Why the results' status call gave no answer: the trouble, and, for an HTTP answer, its
+/// status and `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusTrouble {
+    pub trouble: FileTrouble,
+    pub http_status: Option<u16>,
+    pub retry_after: Option<String>,
+}
+
+/// What the results do when their status call gave no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unlocated {
+    /// Ask again then (a slot of the budget is taken again first).
+    AskAt(i64),
+    /// Gemini cannot say where the results are: parked with this reason (and alerted).
+    Park(String),
+}
+
+/// What a results' status call that gave no answer means at `now`, for results owed since
+/// `since`: when to ask again or why to park, and until when every status call of the project
+/// backs off (a 429 or 5xx: its `Retry-After`, else the default, as the pass and a nudge's
+/// confirmation read it). A 429 is the budget's business, never the results': it waits and
+/// never parks them. A 5xx, a timeout or a network error is asked again within the file's
+/// wait, never sooner than the `Retry-After`; past it, or on a 404 or another 4xx, the
+/// results are parked.
+pub fn unlocated(
+    answer: &StatusTrouble,
+    now: i64,
+    since: i64,
+    limits: &Limits,
+) -> (Unlocated, Option<i64>) {
+    let backoff_until = match answer.http_status {
+        Some(429 | 500..=599) => match transient(answer.retry_after.as_deref()) {
+            StatusError::Transient { retry_after_secs } => Some(now + retry_after_secs * 1_000),
+            _ => None,
+        },
+        _ => None,
+    };
+    let ask_at = backoff_until
+        .unwrap_or(0)
+        .max(now + limits.retry_base_secs * 1_000);
+    let next = match &answer.trouble {
+        _ if answer.http_status == Some(429) => Unlocated::AskAt(ask_at),
+        FileTrouble::Unavailable(_) if now - since < limits.file_wait_ms => {
+            Unlocated::AskAt(ask_at)
+        }
+        FileTrouble::Missing => Unlocated::Park("status answer: 404".to_string()),
+        FileTrouble::Unavailable(why) | FileTrouble::Unreadable(why) => {
+            Unlocated::Park(why.clone())
+        }
+    };
+    (next, backoff_until)
 }
 
 /// The progress's tunables from the configuration's seconds.
@@ -119,6 +249,7 @@ pub fn view(p: &Progress) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operation::observation::DEFAULT_RETRY_AFTER_SECS;
     use crate::results::item::Source;
 
     #[test]
@@ -126,17 +257,61 @@ mod tests {
         let file = json!({"response": {"responsesFile": "files/out-1"}});
         assert_eq!(
             found_in_status(&file),
-            Some(Found::File("files/out-1".into()))
+            Ok(Found::File("files/out-1".into()))
         );
         let meta = json!({"metadata": {"output": {"responsesFile": "files/x"}}});
-        assert_eq!(found_in_status(&meta), Some(Found::File("files/x".into())));
+        assert_eq!(found_in_status(&meta), Ok(Found::File("files/x".into())));
         let inline =
             json!({"response": {"inlinedResponses": {"inlinedResponses": [{"response": {}}]}}});
         assert_eq!(
             found_in_status(&inline),
-            Some(Found::Inline(vec![json!({"response": {}})]))
+            Ok(Found::Inline(vec![json!({"response": {}})]))
         );
-        assert_eq!(found_in_status(&json!({"response": {}})), None);
+        let none = json!({"response": {"inlinedResponses": {"inlinedResponses": []}}});
+        assert_eq!(
+            found_in_status(&none),
+            Ok(Found::Inline(vec![])),
+            "an empty list is none"
+        );
+    }
+
+    #[test]
+    fn a_name_that_fails_the_filter_or_another_shape_is_a_reason_never_zero_results() {
+        let gs = json!({"response": {"responsesFile": "gs://bucket/out"}});
+        assert_eq!(
+            found_in_status(&gs),
+            Err(r#"status answer: responsesFile "gs://bucket/out" is not a files/... name"#.into())
+        );
+        let number = json!({"metadata": {"output": {"responsesFile": 7}}});
+        assert!(found_in_status(&number)
+            .unwrap_err()
+            .contains("a JSON number"));
+        let object = json!({"response": {"inlinedResponses": {"inlinedResponses": {"a": 1}}}});
+        assert!(found_in_status(&object).unwrap_err().contains("not a list"));
+        for neither in [json!({"response": {}}), json!({"done": true}), json!([])] {
+            assert_eq!(
+                found_in_status(&neither),
+                Err("status answer names neither a results file nor inline responses".into())
+            );
+        }
+        let long = json!({"response": {"responsesFile": "x".repeat(10_000)}});
+        assert!(
+            found_in_status(&long).unwrap_err().len() < 200,
+            "a long name is cut"
+        );
+    }
+
+    #[test]
+    fn the_batchs_end_is_its_end_time_else_its_update_time() {
+        let both = json!({"metadata": {"endTime": "2026-01-02T00:00:00Z",
+            "updateTime": "2026-01-03T00:00:00Z"}});
+        assert_eq!(ended_in_status(&both), Some(1_767_312_000_000));
+        let update = json!({"metadata": {"updateTime": "2026-01-03T00:00:00Z"}});
+        assert_eq!(ended_in_status(&update), Some(1_767_398_400_000));
+        assert_eq!(
+            ended_in_status(&json!({"metadata": {"endTime": "soon"}})),
+            None
+        );
     }
 
     #[test]
@@ -151,6 +326,93 @@ mod tests {
             download_url("http://h/", "files/a"),
             "http://h/download/v1beta/files/a:download?alt=media"
         );
+    }
+
+    fn trouble(status: Option<u16>, retry_after: Option<&str>) -> StatusTrouble {
+        let trouble = match status {
+            Some(404) => FileTrouble::Missing,
+            Some(403) => FileTrouble::Unreadable("403 from the download".into()),
+            _ => FileTrouble::Unavailable("from the status API".into()),
+        };
+        StatusTrouble {
+            trouble,
+            http_status: status,
+            retry_after: retry_after.map(str::to_string),
+        }
+    }
+
+    const WAIT: Limits = Limits {
+        file_wait_ms: 60_000,
+        retry_base_secs: 1,
+        retry_max_secs: 2,
+    };
+
+    #[test]
+    fn a_throttled_status_call_waits_its_retry_after_and_backs_off_the_budget() {
+        let (next, backoff) = unlocated(&trouble(Some(429), Some("30")), 1_000, 0, &WAIT);
+        assert_eq!(next, Unlocated::AskAt(31_000));
+        assert_eq!(
+            backoff,
+            Some(31_000),
+            "every status call of the project waits"
+        );
+        // Past the file's wait, a 429 still never parks the results.
+        let (next, _) = unlocated(&trouble(Some(429), None), 600_000, 0, &WAIT);
+        assert_eq!(
+            next,
+            Unlocated::AskAt(600_000 + DEFAULT_RETRY_AFTER_SECS * 1_000)
+        );
+    }
+
+    #[test]
+    fn a_server_error_is_asked_again_within_the_wait_then_parks() {
+        let (next, backoff) = unlocated(&trouble(Some(503), Some("5")), 1_000, 0, &WAIT);
+        assert_eq!((next, backoff), (Unlocated::AskAt(6_000), Some(6_000)));
+        let (next, backoff) = unlocated(&trouble(None, None), 1_000, 0, &WAIT);
+        assert_eq!(
+            (next, backoff),
+            (Unlocated::AskAt(2_000), None),
+            "a timeout"
+        );
+        let (next, _) = unlocated(&trouble(Some(503), None), 60_000, 0, &WAIT);
+        assert_eq!(next, Unlocated::Park("from the status API".into()));
+    }
+
+    #[test]
+    fn a_404_or_another_4xx_parks_at_once() {
+        let (next, backoff) = unlocated(&trouble(Some(404), None), 1_000, 0, &WAIT);
+        assert_eq!(
+            (next, backoff),
+            (Unlocated::Park("status answer: 404".into()), None)
+        );
+        let (next, _) = unlocated(&trouble(Some(403), None), 1_000, 0, &WAIT);
+        assert_eq!(next, Unlocated::Park("403 from the download".into()));
+    }
+
+    #[test]
+    fn a_206_is_used_only_from_where_it_was_asked() {
+        assert_eq!(
+            body_start(206, Some("bytes 4096-8191/8192"), 4096),
+            Ok(4096)
+        );
+        assert_eq!(body_start(206, Some("bytes 0-99/*"), 0), Ok(0));
+        assert_eq!(
+            body_start(200, None, 4096),
+            Ok(0),
+            "a 200 is read from byte 0"
+        );
+        assert!(matches!(
+            body_start(206, Some("bytes 0-8191/8192"), 4096),
+            Err(FileTrouble::Unavailable(why)) if why == "206 from byte 0, asked from byte 4096"
+        ));
+        assert!(matches!(
+            body_start(206, None, 4096),
+            Err(FileTrouble::Unavailable(_))
+        ));
+        assert!(matches!(
+            body_start(206, Some("bytes */8192"), 4096),
+            Err(FileTrouble::Unavailable(_))
+        ));
     }
 
     #[test]

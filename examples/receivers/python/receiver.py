@@ -1,17 +1,21 @@
 """A gemini-once destination in Python: FastAPI, the official `standardwebhooks` verifier, and
-SQLite as the record of every `webhook-id` handled. A starting point to copy (docs/EFFECTS.md).
+SQLite as the record of every `webhook-id` handled. A starting point to copy (docs/EFFECTS.md);
+README.md beside it gives the commands that run it.
 
-    EFFECT_SIGNING_SECRET=whsec_... RECEIVER_DB=effects.sqlite3 \
-        uvicorn receiver:app --host 127.0.0.1 --port 8788
+It takes both bodies the worker sends (docs/effect.schema.json): a job's effect (`status`:
+succeeded, failed, cancelled, expired) and, for a batch registered with `"results": "each"`,
+each result's own effect (`result_key`, `index`, and one of `response`, `error`,
+`unreadable`; no `status`).
 
 What it guarantees, and why:
 - Nothing unverified runs: the raw body's Standard Webhooks signature is checked (with the
   worker's EFFECT_SIGNING_SECRET) before the body is parsed; a bad or stale one answers 401,
   which the worker parks (a real misconfiguration should not be retried forever).
-- Each `webhook-id` runs once. The id's row and your side effect's own writes commit in one
-  SQLite transaction, taken with BEGIN IMMEDIATE so two copies of one id (a retry that overtook
-  a slow first attempt) run one after the other: the second finds the row and is answered 2xx
-  without running again. The 2xx goes out only after the commit, so an answer the worker never
+- Each `webhook-id` runs once. The id's row is inserted first (INSERT OR IGNORE: the claim),
+  and your side effect runs only when that insert added it; the row and the effect's own
+  writes commit in one SQLite transaction, taken with BEGIN IMMEDIATE so two copies of one id
+  (a retry that overtook a slow first attempt) run one after the other: the second finds the
+  row and is answered 2xx without running anything. The 2xx goes out only after the commit, so an answer the worker never
   received (the receiver crashed, the connection dropped) brings a retry that is dropped here.
 - A failure answers 500 and commits nothing: the worker retries the same `webhook-id` later.
 - A redelivery an operator asked for is a new generation with a new `webhook-id` and runs
@@ -38,10 +42,25 @@ def connect() -> sqlite3.Connection:
     db = sqlite3.connect(DB_PATH, isolation_level=None, timeout=30)
     db.execute(
         "CREATE TABLE IF NOT EXISTS effects (webhook_id TEXT PRIMARY KEY,"
-        " idempotency_key TEXT NOT NULL, generation INTEGER NOT NULL, status TEXT NOT NULL,"
-        " body TEXT NOT NULL, received_at REAL NOT NULL)"
+        " idempotency_key TEXT NOT NULL, generation INTEGER NOT NULL, result_key TEXT,"
+        " outcome TEXT NOT NULL, body TEXT NOT NULL, received_at REAL NOT NULL)"
     )
     return db
+
+
+def outcome(effect: dict) -> str:
+    """What the effect says happened: a job's `status`, or which of `response`, `error` and
+    `unreadable` a result carries (a result has no `status`)."""
+    if "result_key" in effect:
+        return next((k for k in ("response", "error", "unreadable") if k in effect), "unknown")
+    return str(effect.get("status"))
+
+
+def describe(effect: dict) -> str:
+    """The effect's fields worth a log line: a result's key and index, or a job's status."""
+    if "result_key" in effect:
+        return f"result_key={effect['result_key']} index={effect.get('index')} outcome={outcome(effect)}"
+    return f"status={outcome(effect)}"
 
 
 def apply_effect(db: sqlite3.Connection, effect: dict, webhook_id: str, generation: int) -> None:
@@ -50,7 +69,7 @@ def apply_effect(db: sqlite3.Connection, effect: dict, webhook_id: str, generati
     dies before the commit: pass it `webhook_id` as its own idempotency key."""
     print(
         f"processed webhook-id={webhook_id} key={effect['key']} generation={generation}"
-        f" status={effect['status']}",
+        f" {describe(effect)}",
         flush=True,
     )
 
@@ -63,9 +82,9 @@ def handle(raw: bytes, effect: dict, headers: dict) -> bool:
     try:
         db.execute("BEGIN IMMEDIATE")
         inserted = db.execute(
-            "INSERT OR IGNORE INTO effects VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO effects VALUES (?, ?, ?, ?, ?, ?, ?)",
             (webhook_id, headers.get("idempotency-key", effect["key"]), generation,
-             effect["status"], raw.decode(), time.time()),
+             effect.get("result_key"), outcome(effect), raw.decode(), time.time()),
         ).rowcount
         if inserted:
             apply_effect(db, effect, webhook_id, generation)

@@ -23,13 +23,15 @@ use serde_json::{Map, Value};
 use worker::wasm_bindgen::{JsCast, JsValue};
 use worker::wasm_bindgen_futures::JsFuture;
 use worker::{
-    js_sys, AbortController, Delay, Env, Fetch, Headers, Method, Request, RequestInit, Response,
+    js_sys, AbortController, AbortSignal, Delay, Env, Fetch, Headers, Method, Request, RequestInit,
+    RequestRedirect, Response,
 };
 
 use crate::alert_format::{render, Sink};
 use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, TooLarge};
 use crate::config::{Config, Destination};
 use crate::operation::effect::EffectRequest;
+use crate::redirect::{next_hop, KEY_HEADER, MAX_REDIRECTS};
 use crate::retry::{class_of_status, Class, PeerAnswer};
 use crate::telemetry::worker_log::WorkerLog;
 
@@ -111,14 +113,10 @@ pub async fn send(
     timeout_ms: i64,
     keep: Keep,
 ) -> PeerAnswer {
-    let request = match build(method, url, headers, body) {
-        Ok(r) => r,
-        Err(e) => return PeerAnswer::Network(e.to_string()),
-    };
     let controller = AbortController::default();
     let signal = controller.signal();
     let call = async move {
-        let response = Fetch::Request(request).send_with_signal(&signal).await?;
+        let response = fetch(method, url, headers, body, &signal).await?;
         Ok::<_, worker::Error>(kept_answer(&response, keep).await)
     };
     let outcome = within(timeout_ms, call).await;
@@ -144,11 +142,51 @@ pub(super) async fn within<T>(
     }
 }
 
+/// Sends one request and answers its response (its body unread). A request that carries our
+/// Gemini API key ([`KEY_HEADER`]) does not follow redirects blindly: it is sent with
+/// `redirect: "manual"` and each 3xx followed as [`next_hop`] says, the key only ever going to
+/// the origin the call was first made to. Any other request follows redirects as fetch does.
+pub(super) async fn fetch(
+    method: Method,
+    url: &str,
+    headers: &[(&str, String)],
+    body: Option<&str>,
+    signal: &AbortSignal,
+) -> worker::Result<Response> {
+    let keyed = headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case(KEY_HEADER));
+    let request = build(method.clone(), url, headers, body, keyed)?;
+    let mut response = Fetch::Request(request).send_with_signal(signal).await?;
+    if !keyed || method != Method::Get {
+        return Ok(response);
+    }
+    let (mut current, mut with_key) = (url.to_string(), true);
+    for _ in 0..MAX_REDIRECTS {
+        let location = response.headers().get("location")?;
+        let Some(hop) = next_hop(url, &current, response.status_code(), location.as_deref()) else {
+            break;
+        };
+        with_key &= hop.same_origin;
+        let sent: Vec<(&str, String)> = headers
+            .iter()
+            .filter(|(n, _)| with_key || !n.eq_ignore_ascii_case(KEY_HEADER))
+            .cloned()
+            .collect();
+        let request = build(Method::Get, &hop.url, &sent, None, true)?;
+        response = Fetch::Request(request).send_with_signal(signal).await?;
+        current = hop.url;
+    }
+    Ok(response)
+}
+
+/// A request; with `manual`, one that answers a redirect as it is instead of following it.
 pub(super) fn build(
     method: Method,
     url: &str,
     headers: &[(&str, String)],
     body: Option<&str>,
+    manual: bool,
 ) -> worker::Result<Request> {
     let h = Headers::new();
     for (name, value) in headers {
@@ -156,6 +194,9 @@ pub(super) fn build(
     }
     let mut init = RequestInit::new();
     init.with_method(method).with_headers(h);
+    if manual {
+        init.with_redirect(RequestRedirect::Manual);
+    }
     if let Some(body) = body {
         init.with_body(Some(JsValue::from_str(body)));
     }
@@ -252,7 +293,13 @@ async fn to_service(env: &Env, binding: &str, request: &EffectRequest) -> PeerAn
     };
     let call = async {
         let url = "https://effects.internal/effects";
-        let req = build(Method::Post, url, &request.headers, Some(&request.body))?;
+        let req = build(
+            Method::Post,
+            url,
+            &request.headers,
+            Some(&request.body),
+            false,
+        )?;
         let response = fetcher.fetch_request(req).await?;
         Ok::<_, worker::Error>(kept_answer(&response, Keep::Excerpt(EXCERPT_CHARS)).await)
     };

@@ -6,24 +6,30 @@
 //! ([`crate::results::lines`]) and the stream is cancelled as soon as the chunk is full, so
 //! memory is one chunk of results plus one line under its cap, whatever the file's size; a
 //! server that ignores `Range` (200 instead of 206) is read from byte 0 with the bytes before
-//! the checkpoint discarded unread; the headers must come within [`HEAD_TIMEOUT_MS`] and the
+//! the checkpoint discarded unread, and a 206 is used only when its `Content-Range` starts at
+//! the checkpoint (any other is a [`FileTrouble::Unavailable`], retried, never lines read under
+//! other indexes); our key goes only to `GEMINI_API_BASE`'s origin, whatever a redirect says
+//! ([`crate::redirect`]); the headers must come within [`HEAD_TIMEOUT_MS`] and the
 //! chunk within [`BODY_TIMEOUT_MS`] more, and every way the call ends is a chunk or a
 //! [`FileTrouble`].
 
 use std::time::Duration;
 
 use futures_util::future::{select, Either};
-use worker::{AbortController, Delay, Fetch, Headers, Request, RequestInit, ResponseBody};
+use worker::{AbortController, Delay, Method, ResponseBody};
 
 use crate::body_cap::Read;
 use crate::config::Config;
+use crate::redirect::KEY_HEADER;
 use crate::results::item::LINE_CAP;
 use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter, Piece};
 use crate::results::progress::{FileTrouble, CHUNK_BYTES};
-use crate::results::source::{download_url, past_the_end, trouble_of_status};
+use crate::results::source::{
+    body_start, download_url, past_the_end, trouble_of_status, StatusTrouble,
+};
 
 use crate::edge::capped_read::each_chunk;
-use crate::edge::outbound::fetch::{send, Keep};
+use crate::edge::outbound::fetch::{fetch, send, Keep};
 use crate::edge::runtime::js_error;
 
 /// The download's headers get this long.
@@ -46,11 +52,11 @@ pub async fn read_chunk(
     from: Checkpoint,
     max_results: usize,
 ) -> Result<Chunk, FileTrouble> {
-    let request = request(config, file, from).map_err(|e| unavailable(&e.to_string()))?;
+    let url = download_url(&config.gemini_api_base, file);
+    let headers = request_headers(config, from);
     let controller = AbortController::default();
     let signal = controller.signal();
-    let fetch = Fetch::Request(request);
-    let head = fetch.send_with_signal(&signal);
+    let head = fetch(Method::Get, &url, &headers, None, &signal);
     let deadline = Delay::from(Duration::from_millis(HEAD_TIMEOUT_MS));
     let response = match select(Box::pin(head), Box::pin(deadline)).await {
         Either::Left((Ok(r), _)) => r,
@@ -69,8 +75,16 @@ pub async fn read_chunk(
         controller.abort();
         return Err(trouble);
     }
-    // 206: the stream starts at the checkpoint; 200: at byte 0, the done part discarded.
-    let stream_start = if status == 206 { from.offset } else { 0 };
+    // 206: the stream starts at the checkpoint (its `Content-Range` says so, or the answer
+    // is not used); 200: at byte 0, the done part discarded.
+    let content_range = response.headers().get("content-range").ok().flatten();
+    let stream_start = match body_start(status, content_range.as_deref(), from.offset) {
+        Ok(start) => start,
+        Err(trouble) => {
+            controller.abort();
+            return Err(trouble);
+        }
+    };
     let read = async move {
         let mut splitter = LineSplitter::resume(LINE_CAP, from, stream_start);
         let mut fill = ChunkFill::new(max_results, CHUNK_BYTES);
@@ -110,26 +124,24 @@ fn unavailable(why: &str) -> FileTrouble {
     FileTrouble::Unavailable(why.to_string())
 }
 
-/// The download's GET: our key, and a `Range` from the checkpoint (none from byte 0).
-fn request(config: &Config, file: &str, from: Checkpoint) -> worker::Result<Request> {
-    let headers = Headers::new();
+/// The download's headers: our key, and a `Range` from the checkpoint (none from byte 0).
+fn request_headers(config: &Config, from: Checkpoint) -> Vec<(&'static str, String)> {
+    let mut headers = Vec::new();
     if let Some(key) = &config.gemini_api_key {
-        headers.set("x-goog-api-key", &key.0)?;
+        headers.push((KEY_HEADER, key.0.clone()));
     }
     if from.offset > 0 {
-        headers.set("range", &format!("bytes={}-", from.offset))?;
+        headers.push(("range", format!("bytes={}-", from.offset)));
     }
-    let mut init = RequestInit::new();
-    init.with_headers(headers);
-    Request::new_with_init(&download_url(&config.gemini_api_base, file), &init)
+    headers
 }
 
 /// The operation's status answer, whole (under [`INLINE_MAX_BYTES`]), to find its results:
-/// the JSON, or why it could not be had.
-pub async fn status_answer(config: &Config, url: &str) -> Result<serde_json::Value, FileTrouble> {
+/// the JSON, or why it could not be had (with the HTTP status and `Retry-After` of an answer).
+pub async fn status_answer(config: &Config, url: &str) -> Result<serde_json::Value, StatusTrouble> {
     let mut headers = vec![("accept", "application/json".to_string())];
     if let Some(key) = &config.gemini_api_key {
-        headers.push(("x-goog-api-key", key.0.clone()));
+        headers.push((KEY_HEADER, key.0.clone()));
     }
     let answer = send(
         worker::Method::Get,
@@ -140,12 +152,23 @@ pub async fn status_answer(config: &Config, url: &str) -> Result<serde_json::Val
         Keep::Whole(INLINE_MAX_BYTES),
     )
     .await;
+    let failed = |trouble, http_status, retry_after| StatusTrouble {
+        trouble,
+        http_status,
+        retry_after,
+    };
     match answer {
-        crate::retry::PeerAnswer::Http { status, body, .. } => match trouble_of_status(status) {
-            Some(trouble) => Err(trouble),
-            None => serde_json::from_str(&body)
-                .map_err(|e| FileTrouble::Unreadable(format!("status answer is not JSON: {e}"))),
+        crate::retry::PeerAnswer::Http {
+            status,
+            body,
+            retry_after,
+        } => match trouble_of_status(status) {
+            Some(trouble) => Err(failed(trouble, Some(status), retry_after)),
+            None => serde_json::from_str(&body).map_err(|e| {
+                let why = format!("status answer is not JSON: {e}");
+                failed(FileTrouble::Unreadable(why), Some(status), None)
+            }),
         },
-        other => Err(unavailable(&other.summary())),
+        other => Err(failed(unavailable(&other.summary()), None, None)),
     }
 }

@@ -12,7 +12,7 @@
 //! A WebhookService call (a listing page, the PATCH enabling the webhook) gets the same
 //! deadline and its 2xx body is read whole up to 256 KiB, refused past it.
 
-use worker::{AbortController, Fetch, Method};
+use worker::{AbortController, Method};
 
 use crate::body_cap::Read;
 use crate::config::Config;
@@ -25,7 +25,7 @@ use crate::telemetry::counters::StatusCallAnswer;
 use crate::telemetry::worker_log::{StatusRead, WorkerLog};
 
 use crate::edge::capped_read::each_chunk;
-use crate::edge::outbound::fetch::{build, send, within, Keep};
+use crate::edge::outbound::fetch::{fetch, send, within, Keep};
 use crate::edge::runtime::{js_error, log};
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
@@ -138,14 +138,9 @@ async fn get_skimmed(
     head_timeout_ms: i64,
     body_timeout_ms: i64,
 ) -> (StatusAnswer, i64) {
-    let request = match build(Method::Get, url, headers, None) {
-        Ok(r) => r,
-        Err(e) => return (PeerAnswer::Network(e.to_string()), 0),
-    };
     let controller = AbortController::default();
     let signal = controller.signal();
-    let fetch = Fetch::Request(request);
-    let head = fetch.send_with_signal(&signal);
+    let head = fetch(Method::Get, url, headers, None, &signal);
     let response = match within(head_timeout_ms, head).await {
         Some(Ok(r)) => r,
         Some(Err(e)) => return (PeerAnswer::Network(e.to_string()), 0),

@@ -32,6 +32,7 @@ mod retired_tests;
 
 pub use decision::{effect_report, GateLimits, Save, Step};
 pub(crate) use deliveries::count_delivery;
+pub use operator::ResultsTaken;
 
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::Operation;
@@ -110,6 +111,21 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         | GateCommand::RetryResults { .. }
         | GateCommand::Repair { .. }) => held(record, |op| operator_action(op, action, now)),
     }
+}
+
+/// An operator's retry of a batch's parked results, once the object took `taken` of them out
+/// of its results tables: the record's part, decided here like every operator action (a
+/// history row, a log line, the results due now).
+pub fn results_retried(
+    record: Option<Operation>,
+    taken: ResultsTaken,
+    reason: String,
+    by: Option<crate::operation::Actor>,
+    now: i64,
+) -> Step {
+    held(record, |op| {
+        operator::results_retried(op, taken, reason, by, now)
+    })
 }
 
 /// An operator's command on a held record.

@@ -105,6 +105,54 @@ pub(super) fn settle(
     }
 }
 
+/// What an operator's retry of a batch's parked results took, once the object moved them out
+/// of its results tables (`results_admin.rs`, deciding with
+/// [`crate::results::progress::Progress::retry_parked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResultsTaken {
+    /// Parked results put back, each to be sent again under its first `webhook-id`.
+    pub taken: u64,
+    /// Whether the parked results file is read again.
+    pub file_reread: bool,
+    /// Parked results left (beyond the page taken).
+    pub parked_left: u64,
+}
+
+/// An operator's retry of a batch's parked results: when it took any (or the file), the
+/// results run again now (the alarm is set for it before the answer), with a history row and a
+/// log line; when it took none, nothing changes.
+pub(super) fn results_retried(
+    mut op: Operation,
+    taken: ResultsTaken,
+    reason: String,
+    by: Option<Actor>,
+    now: i64,
+) -> Step {
+    let key = op.key().to_string();
+    let answer = serde_json::json!({"key": key, "retried": taken.taken,
+        "file_reread": taken.file_reread, "parked": taken.parked_left});
+    let reply = GateReply::ResultsAnswer { answer };
+    if taken.taken == 0 && !taken.file_reread {
+        return Step::new(Some(op), reply);
+    }
+    op.results_retried(now);
+    op.results_due_at(now);
+    Step::new(Some(op), reply)
+        .durable()
+        .row(HistoryEntry::ResultsRetried {
+            taken: taken.taken,
+            file_reread: taken.file_reread,
+            reason: reason.clone(),
+            by: by.clone(),
+        })
+        .log(GateLog::ResultsRetried {
+            key,
+            taken: taken.taken,
+            reason,
+            by,
+        })
+}
+
 /// Inspect (and the answer to a repair, done by the object before this step): the record,
 /// with the stored history the object attaches.
 pub(super) fn inspect(op: Operation) -> Step {
@@ -259,6 +307,29 @@ mod tests {
         );
         assert_eq!(events(&s), ["retry_now"]);
         assert!(s.reset_alarm);
+    }
+
+    #[test]
+    fn an_operators_retry_of_results_runs_them_now_with_a_history_row() {
+        let taken = |taken, file_reread| super::ResultsTaken {
+            taken,
+            file_reread,
+            parked_left: 0,
+        };
+        let by = Some(actor());
+        let s = super::results_retried(settled(), taken(0, true), "back".into(), by.clone(), 40);
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(whats(&s), ["results_retried"]);
+        assert_eq!(events(&s), ["results_retried"]);
+        let op = s.record.as_ref().unwrap();
+        assert_eq!(op.results_due_ms(), Some(40), "the results run now");
+        let GateReply::ResultsAnswer { answer } = &s.reply else {
+            panic!("{:?}", s.reply)
+        };
+        assert_eq!(answer["file_reread"], true);
+        let none = super::results_retried(settled(), taken(0, false), "x".into(), None, 40);
+        assert_eq!(none.save, Save::Unchanged);
+        assert!(none.history.is_empty() && none.logs.is_empty());
     }
 
     #[test]

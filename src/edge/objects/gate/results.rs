@@ -9,7 +9,8 @@
 //! due time stays in the past, so the alarm the run sets last fires again at once; a wait (a
 //! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
 //! moves it, and holds while the alarm runs for other work. How many results a step sends is
-//! its turn at the destination's desk (`results/sends.rs`). Commands (a duplicate delivery, a
+//! its turn at the destination's desk (`results/sends.rs`); where the results are is asked in
+//! `results/locate.rs`. Commands (a duplicate delivery, a
 //! poll, an operator's redeliver) never start a step: only the alarm does, one run at a time,
 //! from the stored progress; a desk's release only makes it due.
 
@@ -19,19 +20,18 @@ use worker::{Env, Result};
 use crate::config::Config;
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::log::GateLog;
-use crate::operation::key::Collection;
 use crate::operation::{DeskMark, Operation};
-use crate::reconciliation::status::status_url;
-use crate::results::item::{from_inline, from_piece, ResultItem, Source};
+use crate::results::item::{from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Phase, Progress, Step};
-use crate::results::source::{self, file_of_details, found_in_status, Found};
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Progress, Step};
+use crate::results::source;
 
 use crate::edge::objects::gate::results_store::ResultsStore;
 use crate::edge::objects::gate::storage::GateStorage;
-use crate::edge::outbound::results_file::{read_chunk, status_answer};
+use crate::edge::outbound::results_file::read_chunk;
 use crate::edge::runtime::{log, now_ms, random_unit};
 
+mod locate;
 mod sends;
 
 use sends::{Sent, Turn};
@@ -77,12 +77,14 @@ pub(super) async fn step(
 impl Driver<'_> {
     async fn step(&self, op: Operation) -> Result<Operation> {
         let now = now_ms();
-        let progress = match self.store.load()? {
+        let stored = self.store.load()?;
+        let since = stored.as_ref().map(|p| p.since_ms);
+        let progress = match stored.filter(|p| !p.wants_locating()) {
             Some(p) => p,
-            None => match self.begin(&op, now).await? {
-                Some(p) => p,
-                // The status API could not say where the results are: ask again later.
-                None => return self.due_at(op, now + self.config.retry_base_secs * 1_000),
+            None => match self.begin(&op, now, since).await? {
+                Ok(p) => p,
+                // No status call yet (the budget said wait), or no answer: ask again then.
+                Err(at) => return self.due_at(op, at),
             },
         };
         let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
@@ -114,56 +116,6 @@ impl Driver<'_> {
             Step::Alert(reason) => self.alert(op, progress, &reason),
             Step::Settled(counts) => self.settled(op, counts),
         }
-    }
-
-    /// Where the results are: the outcome's `responsesFile`, else the status answer's file or
-    /// inline items (stored once, in their stable order). `None` when the status API cannot
-    /// be reached yet (asked again later, within the file's wait).
-    async fn begin(&self, op: &Operation, now: i64) -> Result<Option<Progress>> {
-        let since = op.settled_at_ms().unwrap_or(now);
-        let mut progress = Progress::begin(Source::Inline, since);
-        match file_of_details(op.details()) {
-            Some(name) => progress.source = Source::File { name },
-            None => match self.source_in_status(op).await? {
-                Ok(source) => progress.source = source,
-                Err(FileTrouble::Unavailable(_)) if now - since < self.limits.file_wait_ms => {
-                    return Ok(None)
-                }
-                // Gemini cannot say where the results are: they are parked, with the reason.
-                Err(trouble) => {
-                    let reason = match trouble {
-                        FileTrouble::Missing => "status answer: 404".to_string(),
-                        FileTrouble::Unavailable(why) | FileTrouble::Unreadable(why) => why,
-                    };
-                    progress.phase = Phase::FileParked { reason };
-                }
-            },
-        }
-        self.store.save(&progress, Vec::new())?;
-        Ok(Some(progress))
-    }
-
-    /// The status answer's results: a file, or inline items stored here.
-    async fn source_in_status(
-        &self,
-        op: &Operation,
-    ) -> Result<std::result::Result<Source, FileTrouble>> {
-        let base = &self.config.gemini_api_base;
-        let url = status_url(base, Collection::Batches, op.key(), op.name());
-        self.storage.meter().add(|u| u.outbound_fetches += 1);
-        let answer = match status_answer(self.config, &url).await {
-            Ok(answer) => answer,
-            Err(trouble) => return Ok(Err(trouble)),
-        };
-        Ok(Ok(match found_in_status(&answer) {
-            Some(Found::File(name)) => Source::File { name },
-            Some(Found::Inline(items)) => {
-                self.store.put_inline(&from_inline(&items))?;
-                Source::Inline
-            }
-            // A succeeded batch that names no results has none.
-            None => Source::Inline,
-        }))
     }
 
     /// The results' next step is due at `at`: the record's due time (stored when it moved).

@@ -5,20 +5,24 @@
 //! Guarantees: a listing reads at most one page; delivered results are not stored, so
 //! `delivered` answers their count only; a retry takes at most the room left below
 //! `MAX_WAITING` (a page), out of the parked rows and into the progress in one storage write,
-//! each then sent by the alarm under its first `webhook-id`; a dry run changes nothing.
+//! each then sent by the alarm under its first `webhook-id`, and a parked results file is read
+//! again (its status answer first, when that never said where the results are); the record's
+//! part (a history row, the results due now, the alarm) is the gate's step; a dry run changes
+//! nothing.
 
 use serde_json::{json, Value};
 use worker::Result;
 
 use crate::config::Config;
-use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
+use crate::operation::gate::{results_retried, ResultsTaken};
+use crate::results::progress::Phase;
 use crate::results::source;
 
 use super::limits;
 use crate::edge::objects::gate::results_store::ResultsStore;
-use crate::edge::objects::gate::storage::GateStorage;
-use crate::edge::runtime::{log, now_ms};
+use crate::edge::objects::gate::storage::{Alarm, GateStorage};
+use crate::edge::runtime::now_ms;
 
 /// Results listed a page.
 const PAGE: usize = 100;
@@ -89,7 +93,12 @@ fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> Result<Gate
     ))
 }
 
-/// Puts a page of parked results back (or counts them, for a dry run).
+/// Puts a page of parked results back, and a parked file to be read again (or counts them,
+/// for a dry run). The progress decides what is taken
+/// ([`crate::results::progress::Progress::retry_parked`]) and the
+/// gate's step the record's part ([`crate::operation::gate::results_retried`]: a history row,
+/// the results due now, the alarm set); the tables and the record are stored with no await in
+/// between, so as one.
 async fn retry(
     storage: &GateStorage,
     config: &Config,
@@ -97,7 +106,7 @@ async fn retry(
     dry_run: bool,
     by: Option<crate::operation::Actor>,
 ) -> Result<GateReply> {
-    let Some(mut op) = storage.load()? else {
+    let Some(op) = storage.load()? else {
         return Ok(GateReply::NotFound);
     };
     let store = ResultsStore::new(storage);
@@ -108,28 +117,23 @@ async fn retry(
     };
     let parked = store.parked(None, progress.room())?;
     if dry_run {
+        let file = matches!(progress.phase, Phase::FileParked { .. });
         return Ok(results_answer(json!({"key": op.key(), "dry_run": true,
-            "would_retry": parked.len(), "parked": progress.counts.parked})));
+            "would_retry": parked.len(), "would_reread_file": file,
+            "parked": progress.counts.parked})));
     }
     let now = now_ms();
     store.unpark(&parked)?;
-    let taken = progress.retry_parked(parked, now);
+    let (taken, file_reread) = progress.retry_parked(parked, now);
     store.save(&progress, Vec::new())?;
-    if taken > 0 {
-        op.results_retried(now);
-        op.results_due_at(now);
-        storage.save(&op)?;
-        storage.sync_alarm(&op, &limits(config)).await?;
-    }
-    log(GateLog::ResultsRetried {
-        key: op.key().to_string(),
+    let taken = ResultsTaken {
         taken,
-        reason: reason.to_string(),
-        by,
-    }
-    .to_value());
-    Ok(results_answer(json!({"key": op.key(), "retried": taken,
-        "parked": progress.counts.parked})))
+        file_reread,
+        parked_left: progress.counts.parked,
+    };
+    let step = results_retried(Some(op), taken, reason.to_string(), by, now);
+    let (_, reply) = storage.commit(step, &limits(config), Alarm::Sync).await?;
+    Ok(reply)
 }
 
 /// Adds where the results stand to a record's view (`results_progress`), when they began.

@@ -1,0 +1,135 @@
+//! Where a batch's results are, asked once when they begin (and again after an operator's
+//! retry when it could not be said): the outcome's `responsesFile`, else the status answer's
+//! file or inline items.
+//!
+//! Guarantees: the status call takes a slot of the project's one status budget from the
+//! reconciliation lease first (as a nudge's confirmation does), and a 429 or 5xx backs every
+//! status call off for its `Retry-After` ([`crate::results::source::unlocated`] decides); an
+//! answer that names no results in a usable form parks them with the reason, never zero
+//! results; inline items are stored once, in their stable order.
+
+use worker::Result;
+
+use crate::operation::gate::alarm::slot_wait;
+use crate::operation::key::Collection;
+use crate::operation::Operation;
+use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
+use crate::reconciliation::status::status_url;
+use crate::results::item::{from_inline, Source};
+use crate::results::progress::{FileTrouble, Phase, Progress};
+use crate::results::source::{
+    ended_in_status, file_of_details, found_in_status, unlocated, Found, StatusTrouble, Unlocated,
+};
+
+use crate::edge::objects::call::call_lease;
+use crate::edge::outbound::results_file::status_answer;
+use crate::edge::runtime::{now_ms, random_unit};
+
+use super::Driver;
+
+/// What the results' status call said.
+enum Located {
+    /// The results' source, and when the batch ended (when the answer says).
+    Found(Source, Option<i64>),
+    /// The status budget said to wait until then: nothing was asked.
+    WaitForSlot(i64),
+    /// No usable answer.
+    Failed(StatusTrouble),
+}
+
+impl Driver<'_> {
+    /// Where the results are: the outcome's `responsesFile`, else the status answer's file or
+    /// inline items (stored once, in their stable order). `Err(at)` when the status API is to be
+    /// asked again then: its budget said wait, or it gave no answer yet (within the file's wait;
+    /// counted from `since`, an operator's retry, when it is asked again after one).
+    pub(super) async fn begin(
+        &self,
+        op: &Operation,
+        now: i64,
+        since: Option<i64>,
+    ) -> Result<std::result::Result<Progress, i64>> {
+        let since = since.unwrap_or_else(|| op.settled_at_ms().unwrap_or(now));
+        let mut progress = Progress::begin(Source::Inline, since);
+        progress.ended_ms = Some(op.update_time_ms()).filter(|&t| t > 0);
+        match file_of_details(op.details()) {
+            Some(name) => progress.source = Source::File { name },
+            None => match self.source_in_status(op).await? {
+                Located::Found(source, ended) => {
+                    progress.source = source;
+                    progress.ended_ms = ended.or(progress.ended_ms);
+                }
+                Located::WaitForSlot(at) => return Ok(Err(at)),
+                Located::Failed(trouble) => {
+                    match unlocated(&trouble, now_ms(), since, &self.limits) {
+                        (Unlocated::AskAt(at), backoff) => {
+                            self.back_off_status(backoff).await;
+                            return Ok(Err(at));
+                        }
+                        // Gemini cannot say where the results are: they are parked, with the reason.
+                        (Unlocated::Park(reason), backoff) => {
+                            self.back_off_status(backoff).await;
+                            progress.phase = Phase::FileParked { reason };
+                            progress.unlocated = true;
+                        }
+                    }
+                }
+            },
+        }
+        self.store.save(&progress, Vec::new())?;
+        Ok(Ok(progress))
+    }
+
+    /// The status answer's results (a file, or inline items stored here) and when the batch
+    /// ended, asked in a slot of the project's one status budget (the reconciliation lease's,
+    /// as a nudge's confirmation takes one). An answer that names neither in a usable form is
+    /// unreadable (parked, alerted).
+    async fn source_in_status(&self, op: &Operation) -> Result<Located> {
+        let slot = LeaseCommand::Slot {
+            rate_per_s: self.config.reconcile_poll_rate,
+        };
+        self.storage.meter().add(|u| u.object_calls += 1);
+        let slot = match call_lease(self.env, &slot).await {
+            Ok(LeaseReply::Slot { answer }) => Some(answer),
+            _ => None,
+        };
+        let gate_limits = crate::edge::objects::gate::limits(self.config);
+        if let Some(at) = slot_wait(slot, now_ms(), &gate_limits, random_unit()) {
+            return Ok(Located::WaitForSlot(at));
+        }
+        let base = &self.config.gemini_api_base;
+        let url = status_url(base, Collection::Batches, op.key(), op.name());
+        self.storage.meter().add(|u| u.outbound_fetches += 1);
+        let answer = match status_answer(self.config, &url).await {
+            Ok(answer) => answer,
+            Err(trouble) => return Ok(Located::Failed(trouble)),
+        };
+        let source = match found_in_status(&answer) {
+            Ok(Found::File(name)) => Source::File { name },
+            Ok(Found::Inline(items)) => {
+                self.store.put_inline(&from_inline(&items))?;
+                Source::Inline
+            }
+            Err(why) => {
+                return Ok(Located::Failed(StatusTrouble {
+                    trouble: FileTrouble::Unreadable(why),
+                    http_status: None,
+                    retry_after: None,
+                }))
+            }
+        };
+        Ok(Located::Found(source, ended_in_status(&answer)))
+    }
+
+    /// A 429 or 5xx from the status API backs off every status call of the project until
+    /// `until` (told to the lease, as the pass and a nudge's confirmation tell it).
+    async fn back_off_status(&self, until: Option<i64>) {
+        if let Some(until_ms) = until {
+            self.storage.meter().add(|u| u.object_calls += 1);
+            let backoff = LeaseCommand::Backoff {
+                until_ms,
+                fed_until_ms: 0,
+            };
+            let _ = call_lease(self.env, &backoff).await;
+        }
+    }
+}
