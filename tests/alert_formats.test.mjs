@@ -248,7 +248,15 @@ describe("json, the default: today's body, plus the resolution's form", () => {
   before(async () => {
     sink = await startSink(ALERT_SCHEMA, () => (sinkDown ? { status: 503, body: "down" } : { status: 200 }));
     dest = await startDestination((req) => (refusing.has(req.headers["idempotency-key"]) ? { status: 422 } : { status: 200 }));
-    w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, ALERT_URL: `${sink.url}/alerts`, UNREGISTERED_HOLD_SECONDS: "0" });
+    // An alert the sink refused is sent again after the effects' backoff: bounded to 2 s
+    // here, so "the sink is back" is seen on the next retry however many sends failed.
+    w = await startWorker({
+      EFFECT_URL: `${dest.url}/effects`,
+      ALERT_URL: `${sink.url}/alerts`,
+      UNREGISTERED_HOLD_SECONDS: "0",
+      EFFECT_RETRY_BASE_SECONDS: "1",
+      EFFECT_RETRY_MAX_SECONDS: "2",
+    });
   });
   after(async () => {
     await w?.dispose();
@@ -295,7 +303,7 @@ describe("json, the default: today's body, plus the resolution's form", () => {
     const attempt = dest.requests.find((r) => r.headers["idempotency-key"] === parked);
     assert.ok(attempt.at <= refused[0].at, "the side effect went before its alert");
     sinkDown = false;
-    await eventually(async () => (await w.inspect(parked)).body.alerts_pending.length === 0, { what: "the alert sent once the sink is back", timeoutMs: 30_000, everyMs: 500 });
+    await eventually(async () => (await w.inspect(parked)).body.alerts_pending.length === 0, { what: "the alert sent once the sink is back", timeoutMs: 120_000, everyMs: 250 });
     const ids = new Set(sink.requests.filter((r) => JSON.parse(r.body).key === parked).map((r) => r.headers["alert-id"]));
     assert.equal(ids.size, 1, "one alert-id across the retries");
   });

@@ -1,7 +1,7 @@
 // A smoke run of the benchmark (scripts/bench/main.mjs --quick) against the built worker: every row
 // of the report is there, the reconciliation pass spends nothing on settled, done entries, and
-// the cost section's counts add up (one effect, the expected KV writes, every gate left with
-// its tombstone alone at retention's end, whose bytes the bill keeps for good).
+// the cost section's counts add up (one effect, the expected KV writes, every gate left empty
+// at retention's end, its name kept in its retired names' shard: bytes the bill keeps for good).
 // It asserts no timing: the figures of a shared CI machine mean nothing.
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -86,11 +86,15 @@ test("npm run bench -- --quick reports every row", { timeout: 300_000 }, () => {
     assert.equal(f.cron.settled, 5, "the cron recovered every completion the webhook never brought");
     assert.equal(f.duplicate.effects_per_op, 0);
     assert.equal(f.retirement.retired, 5, "every operation retired");
-    assert.equal(f.retirement.tombstones, 5, "every retired gate keeps its tombstone alone");
-    assert.ok(f.retirement.tombstone_bytes_median > 100 && f.retirement.tombstone_bytes_median < 1_000, "a small record");
+    assert.equal(f.retirement.purged, 5, "every retired gate keeps nothing");
+    assert.equal(f.retirement.tombstones, 0);
+    assert.equal(f.retirement.registered_again_refused, 5, "a retired name registered again is 409 retired");
+    assert.equal(f.retirement.objects["retired_names.fetch"]?.invocations, 1, "one shard call a retirement");
+    assert.equal(f.retirement.objects["retired_names.fetch"]?.rows_written, 1, "one row a retired name");
+    assert.equal(f.webhook.objects["retired_names.fetch"]?.invocations, 1, "an unregistered completion asks its shard once, from its first alarm");
     const kept = r.cost.bill.stored_per_completion;
-    assert.ok(kept.do_bytes_retired > 0 && kept.do_bytes_retired < kept.do_bytes_kept, "its database, smaller than a live gate's, billed for good");
-    for (const p of Object.values(r.cost.bill.profiles)) assert.ok(p.months.every((m) => m[`total_month_12`] >= m.total), "month 12 bills at least what month 1 does");
+    assert.ok(kept.do_bytes_retired > 0 && kept.do_bytes_retired <= 40, "a name's row, billed for good");
+    for (const p of Object.values(r.cost.bill.profiles)) assert.ok(p.months.every((m) => m.total_month_12 >= m.total && m.total_month_36 >= m.total_month_12), "later months bill at least what month 1 does");
     for (const p of Object.values(r.cost.bill.profiles)) assert.equal(p.months.length, 3);
     // The shape's floor: the object-per-op minimum metered and priced the same way.
     const s = r.cost.shape.flows;

@@ -95,7 +95,8 @@ fn gate_lines() -> Vec<Value> {
         SettledByOperator { key: key(), status: "failed".into(), reason: r(), by: None },
         RetryNow { key: key(), generation: 1, reason: r(), by: None },
         Redeliver { key: key(), generation: 2, reason: r(), by: None },
-        RetentionExpired { key: key(), tombstone_bytes: 500 },
+        RetentionExpired { key: key() },
+        RetiredNameRefused { key: key() },
         Confirmed { key: key(), status: "succeeded".into(), verdict: "applied", still_confirming: false },
         StatusUnknownState { key: key(), state: "odd".into() },
         StatusNotFound { key: key(), path: "confirmation" },
@@ -166,6 +167,7 @@ fn worker_lines() -> Vec<Value> {
         LeaseSchemaError { error: e() },
         DeskSchemaError { error: e() },
         WatchSchemaError { error: e() },
+        RetiredSchemaError { error: e() },
     })
 }
 

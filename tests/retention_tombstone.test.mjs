@@ -1,16 +1,19 @@
-// After retention nothing runs twice, whoever asks: a batch and a video, each registered with
-// its metadata, settled and its effect delivered once, then purged at retention
-// (LEDGER_RETENTION_SECONDS), keep a tombstone in their gate. Registered again with other
-// metadata (409 `retired`, nothing created), polled by a cron pass (a stale index entry, which
-// the pass deletes), nudged with a valid dynamic-webhook token, and delivered again with a
-// valid, fresh HMAC signature (a current webhook-timestamp and envelope timestamp), the
-// destination still holds exactly one effect. Before retention, a second registration with
+// After retention nothing runs twice, whoever asks, and the gate keeps nothing: a batch and a
+// video, each registered with its metadata, settled and its effect delivered once, then
+// purged at retention (LEDGER_RETENTION_SECONDS): their name is kept in its retired names'
+// shard and their gate deletes everything. Registered again with other metadata (409
+// `retired`, nothing created), polled by a cron pass (a stale index entry, which the pass
+// deletes), nudged with a valid dynamic-webhook token, and delivered again with a valid,
+// fresh HMAC signature (a current webhook-timestamp and envelope timestamp: its record asks
+// the shard in its first alarm and is deleted with nothing run), the destination still holds
+// exactly one effect and the gate holds nothing. Before retention, a second registration with
 // other metadata is 409 `conflict` with what is recorded, and the effect carries the first
 // registration's metadata.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { generateKeyPairSync, sign as rsaSign } from "node:crypto";
 import { startWorker, startServer, startDestination, eventually, sleep, signedHeaders } from "./helpers.mjs";
+import { startGemini, succeeded, fileOf, split, untilJob, workerVars } from "./results_stub.mjs";
 
 const { privateKey, publicKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
 const jwk = { ...publicKey.export({ format: "jwk" }), kid: "k1", alg: "RS256", use: "sig" };
@@ -115,51 +118,116 @@ describe("after retention nothing runs twice, whoever asks", () => {
       assert.deepEqual(effectsFor(c.key)[0].user_metadata, { tenant: "ours" });
       assert.equal(effectsFor(c.key)[0].kind, c.kind);
 
-      // Retention ends: the gate keeps its tombstone alone.
+      // Retention ends: the gate keeps nothing; the name is its shard's.
       await eventually(() => w.events("retention_expired").some((l) => l.key === c.key), { what: "retention to end" });
-      const tomb = await w.inspect(c.name);
-      assert.equal(tomb.status, 200);
-      assert.ok(tomb.body.retired_at, JSON.stringify(tomb.body));
-      assert.equal(tomb.body.status, "succeeded");
-      assert.equal(tomb.body.effect_done, true);
+      assert.equal((await w.inspect(c.name)).status, 404, "nothing left in the gate");
 
       // Registered again, with other metadata or the same: 409 `retired`, nothing created.
       for (const tenant of ["attacker", "ours"]) {
         const again = await w.register(c.name, c.kind, { user_metadata: { tenant } });
         assert.equal(again.status, 409, JSON.stringify(again.body));
         assert.equal(again.body.error, "retired");
-        assert.ok(again.body.operation.retired_at);
+        assert.equal(again.body.operation.key, c.key);
       }
+      assert.equal((await w.inspect(c.name)).status, 404, "the registration created nothing");
       assert.equal((await w.kvList(`open:${c.key}`)).length, 0, "nothing opened for the pass");
 
       // Polled: an index entry left behind makes a cron pass ask Gemini (terminal, with or
-      // without a time); the tombstone runs nothing and the pass deletes the entry.
+      // without a time); the empty gate creates nothing and the pass deletes the entry.
       const callsBefore = statusCalls(c.name).length;
       await (await w.kv()).put(`open:${c.key}`, "", { metadata: pending });
       await w.scheduled();
       await eventually(() => statusCalls(c.name).length > callsBefore, { what: "the pass's poll" });
       await eventually(async () => (await w.kvList(`open:${c.key}`)).length === 0, { what: "the stale index entry deleted" });
+      assert.equal((await w.inspect(c.name)).status, 404, "the poll created nothing");
       const callsAfterPoll = statusCalls(c.name).length;
 
-      // Nudged with a valid token: answered from the tombstone, nothing asked of Gemini.
+      // Nudged with a valid token: the gate holds nothing, so nothing is asked of Gemini.
       const nudged = await nudge(w, c.name, c.type);
       assert.equal(nudged.status, 200);
-      assert.equal(nudged.body.outcome, "dropped", JSON.stringify(nudged.body));
+      assert.notEqual(nudged.body.outcome, "applied", JSON.stringify(nudged.body));
+      assert.equal((await w.inspect(c.name)).status, 404, "the nudge created nothing");
 
-      // Delivered again with a fresh, valid signature (current timestamps, a new webhook-id).
+      // Delivered again with a fresh, valid signature (current timestamps, a new webhook-id):
+      // answered, then its record's first alarm finds the name retired and deletes it.
+      const refusedBefore = w.events("retired_name_refused").filter((l) => l.key === c.key).length;
       const b2 = body();
       const resigned = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(b2), body: b2 });
-      assert.equal(resigned.status, 200);
-      assert.equal(resigned.body.outcome, "dropped", JSON.stringify(resigned.body));
+      assert.equal(resigned.status, 200, JSON.stringify(resigned.body));
+      if (resigned.body.outcome === "applied") {
+        await eventually(() => w.events("retired_name_refused").filter((l) => l.key === c.key).length > refusedBefore, { what: "the first alarm to find the name retired", timeoutMs: 60_000 });
+      }
+      await eventually(async () => (await w.inspect(c.name)).status === 404, { what: "the gate empty again", timeoutMs: 60_000 });
       // And a second pass, with nothing left to poll.
       await w.scheduled();
 
       await sleep(2000);
       assert.equal(effectsFor(c.key).length, 1, "nothing ran again");
-      assert.equal(statusCalls(c.name).length, callsAfterPoll, "the nudge asked nothing");
-      const after = await w.inspect(c.name);
-      assert.equal(after.body.retired_at, tomb.body.retired_at, "the same tombstone");
-      assert.equal(after.body.generation, tomb.body.generation);
+      assert.equal(statusCalls(c.name).length, callsAfterPoll, "neither the nudge nor the delivery asked anything");
+      assert.equal((await w.inspect(c.name)).status, 404, "nothing kept but the name in its shard");
     });
   }
+});
+
+// Retirement ends a batch's results as it ends the job: an operator retries a parked result
+// whose destination keeps failing, and retention ends meanwhile. Nothing of the batch stays
+// due: no results' due time, no results tables, nothing wakes; a signed duplicate later asks
+// Gemini nothing, downloads nothing and sends no result again.
+describe("retention during an operator's retry of a batch's results", () => {
+  let gemini, dest, sink, w;
+  const refuse = new Map();
+  before(async () => {
+    gemini = await startGemini();
+    sink = await startServer(() => ({ status: 200 }));
+    dest = await startServer((req) => {
+      const status = refuse.get(JSON.parse(req.body).result_key);
+      return { status: status ?? 200 };
+    });
+    w = await startWorker({ ...workerVars({ dest, gemini, sink }), LEDGER_RETENTION_SECONDS: "6", RESULTS_FILE_WAIT_SECONDS: "3" });
+  });
+  after(async () => {
+    await w?.dispose();
+    for (const s of [gemini, dest, sink]) await s?.close();
+  });
+
+  it("retires the batch with its results: nothing wakes, and a signed duplicate runs nothing", { timeout: 180_000 }, async () => {
+    const key = `batches/ret-results-${run}`;
+    gemini.files.set(`files/${run}-r10`, fileOf(10));
+    gemini.status.set(key, succeeded(key, { responsesFile: `files/${run}-r10` }));
+    refuse.set("k3", 422);
+    assert.equal((await w.register(key, "other", { results: "each" })).status, 201);
+    assert.equal((await w.deliver("batch.succeeded", key)).status, 200);
+    const { jobs } = await untilJob(dest, key, 90_000);
+    assert.equal(jobs[0].body.results.parked, 1, "k3 parked");
+
+    // The operator retries k3 while its destination now fails it: the results are due again.
+    refuse.set("k3", 503);
+    const sentBefore = split(dest, key).results.length;
+    const retry = await w.admin(`/v1/operations/${encodeURIComponent(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed" }) });
+    assert.equal(retry.status, 200, JSON.stringify(retry.body));
+    assert.equal(retry.body.retried, 1);
+    await eventually(() => split(dest, key).results.length > sentBefore, { what: "the retried result tried again", timeoutMs: 60_000 });
+
+    // Retention ends during the retry: the gate keeps nothing, its results included.
+    await eventually(() => w.events("retention_expired").some((l) => l.key === key), { what: "retention to end", timeoutMs: 60_000 });
+    assert.equal((await w.inspect(key)).status, 404, "nothing left in the gate");
+    const quiet = async () => {
+      const before = { sent: dest.requests.length, downloads: gemini.downloads.length };
+      await sleep(4_000);
+      return { sent: dest.requests.length - before.sent, downloads: gemini.downloads.length - before.downloads };
+    };
+    assert.deepEqual(await quiet(), { sent: 0, downloads: 0 }, "nothing wakes after retirement");
+
+    // A signed duplicate, fresh: its record's first alarm finds the name retired.
+    const sent = dest.requests.length;
+    const downloads = gemini.downloads.length;
+    assert.equal((await w.deliver("batch.succeeded", key)).status, 200);
+    await eventually(async () => (await w.inspect(key)).status === 404, { what: "the gate empty again", timeoutMs: 60_000 });
+    await sleep(3_000);
+    assert.equal(dest.requests.length, sent, "no result and no job effect sent again");
+    assert.equal(gemini.downloads.length, downloads, "no download");
+    assert.equal((await w.inspect(key)).status, 404, "no results tables recreated");
+    const results = await w.admin(`/v1/operations/${encodeURIComponent(key)}/results`);
+    assert.equal(results.status, 404, JSON.stringify(results.body));
+  });
 });

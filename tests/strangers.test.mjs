@@ -3,7 +3,8 @@
 // for any other name (whatever Gemini's status API, a local stand-in, would say of it) makes no
 // status call and leaves nothing open, no record, no Durable Object storage and no KV entry,
 // pages nobody per name, and raises one aggregated alert. A token's claims never reach a side
-// effect as verified; nothing runs twice after retention (the gate's tombstone absorbs it),
+// effect as verified; nothing runs twice after retention (the gate keeps nothing, its name is
+// kept in its retired names' shard),
 // however late a nudge, a poll or a signed delivery comes; a registered job whose nudge beat its registration still settles once.
 // Beside them: a repeated nudge writes nothing, forget stops everything, a late registration
 // with routes, and the warning for REQUIRE_REGISTRATION without GEMINI_API_KEY. Tokens are
@@ -201,27 +202,32 @@ describe("nothing runs twice after retention", () => {
       assert.equal((await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body), body })).status, 200);
       await eventually(() => effectsFor(key).length === 1, { what: "the effect" });
       await eventually(() => w.events("retention_expired").some((l) => l.key === key), { what: "retention to end" });
-      const tomb = await w.inspect(key);
-      assert.ok(tomb.status === 200 && tomb.body.retired_at, "the gate keeps its tombstone alone");
+      assert.equal((await w.inspect(key)).status, 404, "the gate keeps nothing");
       const callsBefore = statusCalls(name).length;
-      // A nudge, however valid its token: the tombstone absorbs it, nothing asked.
+      // A nudge, however valid its token: the gate holds nothing, nothing asked or created.
       const nudged = await nudge(w, name, jwt(), "video.generated");
-      assert.equal(nudged.body.outcome, "dropped");
+      assert.notEqual(nudged.body.outcome, "applied", JSON.stringify(nudged.body));
       assert.equal(statusCalls(name).length, callsBefore, "no status call");
+      assert.equal((await w.inspect(key)).status, 404, "the nudge created nothing");
       // A poll: an index entry left behind (a lost delete) makes the pass ask Gemini, whose
-      // answer (no time) reaches the tombstone.
+      // answer (no time) finds no record and creates none.
       const kv = await w.kv();
       await kv.put(`open:${key}`, "", { metadata: pending });
       await w.scheduled();
       await eventually(() => statusCalls(name).length > callsBefore, { what: "the pass's poll" });
       await eventually(async () => (await w.kvList(`open:${key}`)).length === 0, { what: "the stale index entry deleted" });
-      // The captured delivery, re-signed as Gemini's own retry would be.
+      assert.equal((await w.inspect(key)).status, 404, "the poll created nothing");
+      const callsAfterPoll = statusCalls(name).length;
+      // The captured delivery, re-signed as Gemini's own retry would be: its record's first
+      // alarm finds the name retired and deletes it, nothing run.
       const again = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body), body });
       assert.equal(again.status, 200);
-      assert.ok(["ignored_too_old", "dropped"].includes(again.body.outcome), JSON.stringify(again.body));
+      assert.ok(["ignored_too_old", "dropped", "applied"].includes(again.body.outcome), JSON.stringify(again.body));
+      await eventually(async () => (await w.inspect(key)).status === 404, { what: "the gate empty again", timeoutMs: 60_000 });
       await sleep(2000);
       assert.equal(effectsFor(key).length, 1, "nothing ran again");
-      assert.equal((await w.inspect(key)).body.version, tomb.body.version, "and nothing was stored");
+      assert.equal(statusCalls(name).length, callsAfterPoll, "nothing asked");
+      assert.equal((await w.inspect(key)).status, 404, "and nothing was stored");
     } finally {
       await w.dispose();
     }

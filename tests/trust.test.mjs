@@ -1,8 +1,8 @@
 // What an attacker can and cannot do at the edge, against the built worker in workerd: bodies
 // capped while they stream (an upload held open is refused before it ends, a delivery's or an
 // admin request's; a declared length ends the body however much follows), headers refused
-// before a body is read, nothing run twice after retention (absorbed by the tombstone the gate
-// keeps when its storage is deleted), alerts
+// before a body is read, nothing run twice after retention (the gate keeps nothing; the
+// name kept in its retired names' shard refuses a replay's record), alerts
 // delivered at least once with a stable id. docs/SECURITY.md lists each case with its test.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -141,34 +141,36 @@ describe("bodies are capped while they stream", () => {
 });
 
 describe("nothing runs twice after retention", () => {
-  it("keeps only a tombstone at retention's end, and a replay after it runs nothing", async () => {
+  it("keeps nothing in the gate at retention's end, and a replay after it runs nothing", async () => {
     const sent = new Date().toISOString();
     const body = JSON.stringify({ type: "batch.succeeded", version: "v1", timestamp: sent, data: { id: "batches/late", output_file_uri: "gs://b/o" } });
     const headers = signedHeaders(body, { webhookId: "msg_late_1" });
     assert.equal((await w.json("/webhooks/gemini", { method: "POST", headers, body })).status, 200);
     await eventually(() => effectsFor("batches/late").length === 1, { what: "the effect" });
-    // Retention (2 s here) ends: the gate deletes everything but its tombstone.
+    // Retention (2 s here) ends: the name goes to its shard, the gate deletes everything.
     await eventually(() => w.events("retention_expired").some((l) => l.key === "batches/late"), { what: "retention to end" });
-    const gone = await w.inspect("batches/late");
-    assert.equal(gone.status, 200);
-    assert.ok(gone.body.retired_at, "only the tombstone is left in the gate");
-    assert.deepEqual(gone.body.details, {}, "without the outcome's details");
+    assert.equal((await w.inspect("batches/late")).status, 404, "nothing left in the gate");
     // The captured delivery replayed (re-signed: a fresh webhook-timestamp, as Gemini's own
-    // retry would be), and a different outcome of the same time: each absorbed by the
-    // tombstone (terminal, its effect done). The same outcome may be answered from this
-    // isolate's memory of it (a fact that never changes); a different one goes to the gate.
+    // retry would be) and a different outcome of the same time create nothing: the event is
+    // older than retention (`ignored_too_old`), or the same outcome is answered from this
+    // isolate's memory of it (a fact that never changes). A different outcome signed now
+    // creates a record, which its first alarm deletes on finding the name retired.
     const replay = await w.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body, { webhookId: "msg_late_2" }), body });
     assert.equal(replay.status, 200);
-    assert.equal(replay.body.reason, "duplicate", JSON.stringify(replay.body));
-    const other = await w.deliver("batch.failed", "batches/late", {}, { timestamp: sent });
-    assert.equal(other.status, 200);
-    assert.deepEqual([other.body.outcome, other.body.reason], ["dropped", "conflicting_terminal"]);
+    assert.notEqual(replay.body.outcome, "applied", JSON.stringify(replay.body));
+    const old = await w.deliver("batch.failed", "batches/late", {}, { timestamp: sent });
+    assert.equal(old.status, 200);
+    assert.equal(old.body.outcome, "ignored_too_old", JSON.stringify(old.body));
+    const fresh = await w.deliver("batch.failed", "batches/late", {});
+    assert.equal(fresh.status, 200);
+    assert.equal(fresh.body.outcome, "applied", "answered as for a new name: nothing on the answer path asks");
+    await eventually(() => w.events("retired_name_refused").some((l) => l.key === "batches/late"), { what: "the fresh delivery's record refused", timeoutMs: 60_000 });
+    await eventually(async () => (await w.inspect("batches/late")).status === 404, { what: "the gate empty again", timeoutMs: 60_000 });
     await sleep(1500);
     assert.equal(effectsFor("batches/late").length, 1, "nothing ran again");
-    const kept = (await w.inspect("batches/late")).body;
-    assert.deepEqual([kept.status, kept.effect_done, kept.generation], ["succeeded", true, gone.body.generation], "the tombstone as it was");
+    assert.equal((await w.inspect("batches/late")).status, 404, "nothing kept");
     const redeliver = await w.admin(`/v1/operations/${encodeURIComponent("batches/late")}/redeliver`, { method: "POST", body: "{}" });
-    assert.equal(redeliver.status, 409, "an operator cannot redeliver it");
+    assert.equal(redeliver.status, 404, "an operator finds nothing to redeliver");
   });
 });
 
@@ -180,11 +182,11 @@ describe("alerts are delivered at least once", () => {
     const sent = await eventually(() => {
       const mine = sink.requests.filter((r) => JSON.parse(r.body).key === "batches/stuck1");
       return mine.length >= 2 && mine;
-    }, { what: "the alert's retry" });
+    }, { what: "the alert's retry (EFFECT_RETRY_MAX_SECONDS=1 bounds its wait)", timeoutMs: 120_000 });
     assert.equal(JSON.parse(sent[0].body).alert, "stuck");
     assert.ok(sent[0].headers["alert-id"], "an alert-id header");
     assert.equal(sent[1].headers["alert-id"], sent[0].headers["alert-id"], "stable across retries");
-    await eventually(async () => (await w.inspect("batches/stuck1")).body.alerts_pending.length === 0, { what: "the queue to empty" });
+    await eventually(async () => (await w.inspect("batches/stuck1")).body.alerts_pending.length === 0, { what: "the queue to empty", timeoutMs: 120_000 });
     await w.scheduled();
     await sleep(500);
     assert.equal(sink.requests.filter((r) => JSON.parse(r.body).key === "batches/stuck1").length, 2, "raised once");

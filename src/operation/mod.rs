@@ -17,6 +17,7 @@ pub mod lifecycle;
 pub mod observation;
 mod record;
 pub mod recovery;
+pub mod retired_names;
 
 pub use record::{
     Actor, AttemptOutcome, Claim, Confirmation, DeskMark, Effect, Finished, KindFill, OpEvent,

@@ -87,6 +87,8 @@ pub enum WorkerLog {
     DeskSchemaError { error: String },
     /// The strangers' watch could not create its table.
     WatchSchemaError { error: String },
+    /// A retired names' shard could not create its table.
+    RetiredSchemaError { error: String },
 }
 
 /// Why a known token's request was refused: what it asked, and what it needed.

@@ -1,6 +1,6 @@
 //! How the rest of the worker calls a Durable Object: the stub of a named object, one JSON
-//! command posted to it and its JSON reply, a command to an operation's gate, and one to a
-//! destination's desk.
+//! command posted to it and its JSON reply, a command to an operation's gate, one to a
+//! destination's desk, and one to a retired names' shard.
 //!
 //! Guarantees: a missing binding, a failed call, an answer other than 200 and a reply that
 //! does not decode are all [`Refusal::Unavailable`] (a 503 to whoever waits, who retries);
@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings};
 use crate::destination_label::destination_parts;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
+use crate::operation::retired_names::{RetiredCommand, RetiredName, RetiredReply, RETIRED_BINDING};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 
@@ -68,6 +69,15 @@ pub async fn call_lease(
     command: &LeaseCommand,
 ) -> std::result::Result<LeaseReply, Refusal> {
     post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
+}
+
+/// Asks (or tells) the retired names' shard that holds `name`.
+pub async fn call_retired(
+    env: &Env,
+    name: RetiredName,
+    command: &RetiredCommand,
+) -> std::result::Result<RetiredReply, Refusal> {
+    post_json(&stub_for(env, RETIRED_BINDING, &name.shard())?, command).await
 }
 
 /// Each configured destination's health, as `/v1/stats` shows it: one desk call each (the

@@ -220,26 +220,29 @@ fn retention_over(op: &Operation, now: i64, limits: &GateLimits) -> bool {
 }
 
 /// Ends retention if it is over: the gate's whole storage is deleted (record, history,
-/// quarantine, alarm) and only the tombstone is stored again ([`Operation::retire`]: key,
-/// name, kind, final status, whether the effect ran), which never wakes and is never
-/// projected. It is what makes a name settled before retention run nothing again, whoever
-/// asks: a registration is refused (`Retired`), a signed delivery or a poll is a duplicate of
-/// a terminal outcome, a nudge finds it terminal, and an operator's action is refused; an
-/// answer without a time (a video's) needs no age to be judged by.
+/// quarantine, results, alarm) and nothing is stored again; the object keeps the name in its
+/// retired names' shard first ([`crate::operation::retired_names`]), and deletes nothing if it
+/// cannot. A name retired runs nothing again, whoever asks: a registration is refused
+/// (`Retired`), a signed delivery's record asks the shard in its first alarm and is deleted
+/// with nothing run, a nudge or a poll finds no record and creates none, an operator's action
+/// finds nothing; an answer without a time (a video's) needs no age to be judged by.
 pub fn retire_if_over(op: &Operation, now: i64, limits: &GateLimits) -> Option<Step<AlarmDone>> {
     if !retention_over(op, now, limits) {
         return None;
     }
     let key = op.key().to_string();
-    let mut tombstone = op.clone();
-    tombstone.retire(now);
-    let tombstone_bytes = serde_json::to_string(&tombstone).map_or(0, |t| t.len());
-    let mut step = Step::new(Some(tombstone), AlarmDone::Retired).log(GateLog::RetentionExpired {
-        key,
-        tombstone_bytes,
-    });
+    let mut step = Step::new(None, AlarmDone::Retired).log(GateLog::RetentionExpired { key });
     step.purge = true;
     Some(step)
+}
+
+/// The first alarm of a record a signed delivery created, its name found retired by the shard:
+/// everything is deleted and nothing runs (no claim, no projection, no count).
+pub fn refuse_retired(op: &Operation) -> Step<AlarmDone> {
+    let key = op.key().to_string();
+    let mut step = Step::new(None, AlarmDone::Retired).log(GateLog::RetiredNameRefused { key });
+    step.purge = true;
+    step
 }
 
 /// Applies a confirmation's answer (what the status API said when asked, or why nothing was
@@ -867,9 +870,10 @@ mod tests {
             Some(AlarmWork::Retire(s)) => {
                 assert_eq!(s.reply, AlarmDone::Retired);
                 assert!(s.purge);
-                let tombstone = s.record.as_ref().expect("the tombstone is stored again");
-                assert_eq!(tombstone.retired_at_ms(), Some(over));
-                assert_eq!(tombstone.wake_at_ms(LIMITS.retention_ms, 0), None);
+                assert!(
+                    s.record.is_none(),
+                    "nothing is stored again: the name is the shard's"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -1178,15 +1182,27 @@ mod feeder_tests {
         let s = retire_if_over(&op, 20 + LIMITS.retention_ms, &LIMITS).unwrap();
         assert!(s.purge);
         assert_eq!(events(&s), ["retention_expired"]);
-        let tombstone = s.record.as_ref().unwrap();
-        assert!(tombstone.retired_at_ms().is_some() && tombstone.is_settled());
-        assert!(
-            tombstone.details().is_empty(),
-            "only what judges a late arrival is kept"
-        );
+        assert!(s.record.is_none(), "the gate keeps nothing");
         assert!(
             s.history.is_empty(),
             "no row: the history goes with the rest"
+        );
+    }
+
+    #[test]
+    fn a_retired_name_found_by_the_first_alarm_leaves_nothing() {
+        let s = step(None, deliver(Status::Succeeded), 10);
+        let op = s.record.unwrap();
+        assert!(
+            op.retired_unasked(),
+            "a record a delivery created asks first"
+        );
+        let s = refuse_retired(&op);
+        assert!(s.purge && s.record.is_none() && s.history.is_empty());
+        assert_eq!(events(&s), ["retired_name_refused"]);
+        assert!(
+            !registered().retired_unasked(),
+            "a registration asked already"
         );
     }
 

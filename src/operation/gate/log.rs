@@ -70,11 +70,15 @@ pub enum GateLog {
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
-    /// Retention ended: everything deleted but the tombstone, whose record is
-    /// `tombstone_bytes` of JSON (the row it keeps for good; docs/PERFORMANCE.md counts it).
+    /// Retention ended: the name is kept in its retired names' shard and the gate's storage
+    /// is deleted, all of it.
     RetentionExpired {
         key: String,
-        tombstone_bytes: usize,
+    },
+    /// The first alarm of a record a signed delivery created found the name retired: the
+    /// gate's storage is deleted and nothing ran.
+    RetiredNameRefused {
+        key: String,
     },
     /// A confirmation's answer applied (or dropped) by the reducer.
     Confirmed {

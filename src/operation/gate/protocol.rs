@@ -227,8 +227,9 @@ pub enum GateReply {
         operation: Value,
         fields: Vec<String>,
     },
-    /// A registration for a name whose retention ended: its gate keeps only the tombstone
-    /// (`operation`), and nothing was created.
+    /// A registration for a name whose retention ended, and nothing was created: `operation`
+    /// is its key and name (found in its retired names' shard), or the tombstone a gate an
+    /// earlier version retired keeps.
     Retired {
         operation: Value,
     },

@@ -7,8 +7,10 @@
 //! changes nothing ([`Operation::registration_conflicts`]); a record that exists (its
 //! completion may have come first) only gains the kind or metadata it lacks (see
 //! [`Operation::fill_kind`]), and is stored only when it gained something; a name whose
-//! retention ended (its gate keeps the tombstone) is answered [`GateReply::Retired`] and
-//! nothing is created, so a name settled before retention never runs again.
+//! retention ended is answered [`GateReply::Retired`] and nothing is created, so a name settled
+//! before retention never runs again: the gate, finding no record, asks the retired names'
+//! shard before this step (`src/edge/objects/gate/mod.rs`), and a tombstone an earlier version
+//! kept answers it here.
 
 use serde_json::Value;
 

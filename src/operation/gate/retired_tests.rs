@@ -1,7 +1,7 @@
-//! Host tests of what a gate whose retention ended decides, whoever asks: its tombstone
-//! ([`crate::operation::gate::alarm::retire_if_over`]) runs nothing again for a registration, a
-//! poll, a nudge, a signed delivery or an operator, for a batch (whose answers carry a time)
-//! and a video (whose answers carry none).
+//! Host tests of what a gate an earlier version retired decides, whoever asks: the tombstone it
+//! kept ([`Operation::retire`]; retention's end now keeps only the name, in its retired names'
+//! shard) runs nothing again for a registration, a poll, a nudge, a signed delivery or an
+//! operator, for a batch (whose answers carry a time) and a video (whose answers carry none).
 
 use serde_json::{json, Map};
 
@@ -17,7 +17,8 @@ const KEYS: [(&str, &str); 2] = [
     ("operations/v", "models/veo-3/operations/v"),
 ];
 
-/// A settled operation (effect done at 20) past its retention: the tombstone the alarm leaves.
+/// A settled operation (effect done at 20) past its retention: the tombstone an earlier
+/// version's alarm left.
 fn tombstone(key: &str, name: &str) -> Operation {
     let mut op = settled();
     // The fixture's key is a batch's; a video's gate holds its own name.
@@ -41,9 +42,14 @@ fn tombstone(key: &str, name: &str) -> Operation {
         .record
         .unwrap();
     }
-    let retired = retire_if_over(&op, 20 + LIMITS.retention_ms, &LIMITS).expect("retention over");
-    assert!(retired.purge, "everything else is deleted");
-    retired.record.expect("the tombstone is kept")
+    let over = 20 + LIMITS.retention_ms;
+    let retired = retire_if_over(&op, over, &LIMITS).expect("retention over");
+    assert!(
+        retired.purge && retired.record.is_none(),
+        "now everything is deleted"
+    );
+    op.retire(over);
+    op
 }
 
 fn deliver_as(key: &str, name: &str, status: Status, update_time_ms: i64) -> GateCommand {

@@ -156,6 +156,11 @@ pub struct Operation {
     /// names them.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     results_gave_up: u64,
+    /// Created by a signed delivery, and the retired names' shard not yet asked whether the
+    /// name's retention ended before: the first alarm asks before anything else runs
+    /// ([`crate::operation::retired_names`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    retired_unasked: bool,
 }
 
 fn is_zero_u64(n: &u64) -> bool {
@@ -194,6 +199,7 @@ impl Operation {
             results_counts: None,
             results_retry_at_ms: None,
             results_gave_up: 0,
+            retired_unasked: false,
         }
     }
 
@@ -201,8 +207,21 @@ impl Operation {
     pub fn unregistered(key: &str, name: &str, now_ms: i64) -> Operation {
         Operation {
             registered: false,
+            retired_unasked: true,
             ..Operation::register(key, name, None, now_ms)
         }
+    }
+
+    /// Whether the retired names' shard must be asked about this name before anything of
+    /// it runs (a record a signed delivery created, not yet asked).
+    pub fn retired_unasked(&self) -> bool {
+        self.retired_unasked
+    }
+
+    /// The shard said the name was never retired: nothing more to ask. Kept in memory and
+    /// stored with the record's next write (the claim's); asking again costs one call.
+    pub fn retired_asked(&mut self) {
+        self.retired_unasked = false;
     }
 
     /// Records a change: the version the ledger projection follows grows by one. Every

@@ -66,6 +66,7 @@ impl Operation {
         op.confirmation = serde_json::from_value(v["confirmation"].clone()).ok();
         op.notes.forgotten = serde_json::from_value::<OperatorNote>(v["forgotten"].clone()).ok();
         op.retired_at_ms = int(&v["retired_at_ms"]);
+        op.retired_unasked = v["retired_unasked"].as_bool().unwrap_or(false);
         // The ledger may hold an `open:` entry: the next projection puts or deletes it.
         op.ledger.indexed = true;
         if op.effect_owed() {

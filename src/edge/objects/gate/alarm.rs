@@ -50,16 +50,21 @@ impl<'a> Run<'a> {
         let Some(op) = self.storage.load()? else {
             return Response::ok("empty");
         };
+        // Retention's end comes before anything else, a batch's results included: nothing of
+        // a retired operation runs again or stays due.
+        if let Some(step) = alarm::retire_if_over(&op, now_ms(), &self.limits) {
+            return self.retire(&op, step).await;
+        }
+        let Some(op) = self.ask_retired(op).await? else {
+            return Response::ok("retired name: nothing ran");
+        };
         let mut op = super::results::step(self.env, self.storage, config, op).await?;
         let limits = &self.limits;
         let status_api = config.gemini_api_key.is_some();
         let mut plan = alarm::plan(&op, now_ms(), limits);
         while let Some(work) = plan.next(&op, now_ms(), limits, status_api) {
             op = match work {
-                AlarmWork::Retire(step) => {
-                    self.storage.commit(*step, limits, Alarm::Sync).await?;
-                    return Response::ok("retention expired");
-                }
+                AlarmWork::Retire(step) => return self.retire(&op, *step).await,
                 AlarmWork::Confirm(ask) => self.confirm(op, ask).await?,
                 AlarmWork::SendAlert { alert, body } => self.send_alert(op, &alert, &body).await?,
                 AlarmWork::Effect { claim, step } => self.run_effect(op, claim, *step).await?,

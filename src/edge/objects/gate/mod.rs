@@ -31,6 +31,7 @@ mod repair;
 mod results;
 mod results_admin;
 mod results_store;
+mod retirement;
 mod storage;
 mod tables;
 
@@ -183,6 +184,10 @@ impl DurableObject for OperationGate {
         };
         if let Some(reply) = results_admin::answer(&self.storage, &command, &config).await? {
             return Response::from_json(&reply);
+        }
+        if let Some(answer) = retirement::registration(&self.env, &self.storage, &command).await? {
+            self.end(Invocation::Fetch, started);
+            return answer;
         }
         let now = now_ms();
         command.limit_new_records(now - config.retention_ms());
