@@ -226,6 +226,11 @@ pub const V1A: &str = "v1a";
 const V1_LEN: usize = 32;
 /// Length of an Ed25519 signature.
 const V1A_LEN: usize = 64;
+/// The most `v1a,` entries of one header that are checked. Each check hashes the whole body
+/// once per key (SHA-512 inside Ed25519), so an unbounded header would let anyone with a fresh
+/// timestamp buy hundreds of full-body hashes with one request; a sender signs with one key
+/// per entry and rotates through two or three, so four is room to spare.
+pub const MAX_V1A_ENTRIES: usize = 4;
 
 impl CheckedHeaders<'_> {
     /// True when the header holds an entry tagged `version`.
@@ -264,7 +269,8 @@ impl CheckedHeaders<'_> {
         Err(SignatureError::Invalid)
     }
 
-    /// What a `v1a,` check needs: the signed bytes and every well-formed Ed25519 entry.
+    /// What a `v1a,` check needs: the signed bytes and the first [`MAX_V1A_ENTRIES`]
+    /// well-formed Ed25519 entries.
     /// `None` when there is no such entry (none, or each empty, undecodable or not 64 bytes):
     /// that delivery is refused without looking at a key set.
     pub fn v1a_message(&self, body: &[u8]) -> Option<V1aMessage> {
@@ -272,6 +278,7 @@ impl CheckedHeaders<'_> {
             .entries(V1A, V1A_LEN)
             .iter()
             .filter_map(|s| ed25519_compact::Signature::from_slice(s).ok())
+            .take(MAX_V1A_ENTRIES)
             .collect();
         if signatures.is_empty() {
             return None;
@@ -602,6 +609,29 @@ mod tests {
 
     fn checked(signature: &str) -> CheckedHeaders<'_> {
         check_headers(headers(signature), NOW, 300).unwrap()
+    }
+
+    #[test]
+    fn only_the_first_v1a_entries_reach_a_key() {
+        // Well-formed but wrong entries (signed over another body) fill the cap ...
+        let wrong = v1a(ID, TS, b"another body");
+        let valid = v1a(ID, TS, BODY);
+        let padded = |n: usize| {
+            let mut entries = vec![wrong.clone(); n];
+            entries.push(valid.clone());
+            entries.join(" ")
+        };
+        let h = padded(MAX_V1A_ENTRIES - 1);
+        let message = checked(&h).v1a_message(BODY).unwrap();
+        assert!(
+            message.verify(&[rfc_key(0)]),
+            "within the cap, the valid entry counts"
+        );
+        // ... and more push the valid entry past it: 200 entries cost four checks a key.
+        let h = padded(200);
+        let message = checked(&h).v1a_message(BODY).unwrap();
+        assert_eq!(message.signatures.len(), MAX_V1A_ENTRIES);
+        assert!(!message.verify(&[rfc_key(0)]));
     }
 
     #[test]

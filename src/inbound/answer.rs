@@ -42,7 +42,8 @@ pub enum Answer {
         key: String,
     },
     /// A nudge named an operation this worker does not hold open (never registered, nor
-    /// opened by a signed delivery; or gone with retention): nothing was stored or asked.
+    /// opened by a signed delivery; or gone with retention): nothing was stored, and nothing
+    /// asked but, for a `v1a`-signed body, the status API once (it said the job is not ours).
     NotHeld {
         key: String,
     },

@@ -449,9 +449,10 @@ impl<'a> Intake<'a> {
     /// asked, this isolate was told a moment ago that it is not ours). Answered for it with
     /// our key, the job is ours: the answer is delivered to its gate as a proven event, with
     /// the signed body's `user_metadata` as the job's own, and creates the record as an
-    /// unregistered operation's would be. Not known to our project (404, or any other
-    /// refusal): a stranger's, tallied, nothing stored. No usable answer now: 503, so Gemini
-    /// retries.
+    /// unregistered operation's would be. Not known to our project (404, or 403: another
+    /// project's): a stranger's, tallied, nothing stored. No usable answer now, or another
+    /// refusal (a 401 says our key is wrong, not that the job is someone else's): 503, so
+    /// Gemini retries.
     pub fn status_answered(&mut self, answer: Option<Result<Observation, StatusError>>) -> Need {
         let Stage::Status { unheld, event_type } = std::mem::replace(&mut self.stage, Stage::Over)
         else {
@@ -461,7 +462,7 @@ impl<'a> Intake<'a> {
             Some(Ok(observation)) if !matches!(observation.status, Status::Unknown(_)) => {
                 observation
             }
-            None | Some(Err(StatusError::NotFound | StatusError::Refused(_))) => {
+            None | Some(Err(StatusError::NotFound | StatusError::Refused(403))) => {
                 self.stage = Stage::Tally {
                     key: unheld.key.key,
                     event_type,
@@ -1345,6 +1346,9 @@ mod tests {
                 STATUS_RETRY_AFTER_SECS,
             ),
             (Err(StatusError::Malformed("x".into())), 60),
+            // Our key refused (rotated, revoked): the job may well be ours.
+            (Err(StatusError::Refused(401)), 60),
+            (Err(StatusError::Refused(400)), 60),
             (Ok(observation(Status::Unknown("NEW".into()))), 60),
         ] {
             let mut intake = v1a_at_the_gate(SETTINGS);

@@ -51,15 +51,18 @@ impl NotOurs {
             .is_some_and(|at| (0..NOT_OURS_MS).contains(&(now_ms - at)))
     }
 
-    /// What the status API said about `key` at `now_ms`: a 404 or another refusal is
-    /// remembered; any other answer (ours, or no usable answer) is not.
+    /// What the status API said about `key` at `now_ms`: a 404 or a 403 (another project's)
+    /// is remembered; any other answer (ours, our key refused, or no usable answer) is not.
     pub fn answered(
         &mut self,
         key: &str,
         answer: &Result<crate::operation::observation::Observation, StatusError>,
         now_ms: i64,
     ) {
-        if !matches!(answer, Err(StatusError::NotFound | StatusError::Refused(_))) {
+        if !matches!(
+            answer,
+            Err(StatusError::NotFound | StatusError::Refused(403))
+        ) {
             return;
         }
         if self.told.len() >= NOT_OURS_MAX {
@@ -308,6 +311,8 @@ mod tests {
             }),
             Err(StatusError::Malformed("x".into())),
             Err(StatusError::NoApiKey),
+            // Our key refused: says nothing of whose the job is.
+            Err(StatusError::Refused(401)),
         ] {
             memory.answered("batches/z", &answer, 1_000);
             assert!(!memory.knows("batches/z", 1_000), "{answer:?}");

@@ -70,7 +70,8 @@ pub enum HistoryEntry {
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
-    /// Retention ended: only a tombstone remains.
+    /// Retention ended (kept only by a tombstone of an earlier version; now the gate keeps
+    /// nothing and the name is a row in its retired-names shard).
     Retired,
     /// The status API does not know the operation a nudge named.
     ConfirmNotFound,
