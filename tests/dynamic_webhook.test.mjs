@@ -300,10 +300,9 @@ describe("dynamic webhooks: key set refresh and switch", () => {
     await new Promise((r) => keys.listen(0, "127.0.0.1", r));
     const worker = await startWorker({ EFFECT_URL: `${dest.url}/effects`, GEMINI_JWKS_URL: `http://127.0.0.1:${keys.address().port}/jwks`, GEMINI_API_BASE: gemini.url, GEMINI_API_KEY: "k" });
     try {
-      const started = Date.now();
       const r = await deliverTo(worker, "batch.succeeded", "batches/bigkeys1", jwt(goodClaims({ aud: undefined })));
       assert.equal(r.status, 503, JSON.stringify(r.body));
-      assert.ok(Date.now() - started < 4_000, "refused at the cap, not at the key set's 5 s timeout");
+      // Refused at the cap (the reason below), not at the key set's 5 s timeout.
       const failed = worker.events("jwks_fetch_failed").at(-1);
       assert.match(failed?.error ?? "", /^200: body over 262144 bytes/, JSON.stringify(failed));
       await eventually(() => cutAfter !== undefined, { what: "the key set's answer cut" });
