@@ -553,6 +553,18 @@ impl Progress {
         self.settle(row, outcome, now_ms, limits, jitter)
     }
 
+    /// Its destination's pause holds the batch. A pause is not the destination failing, so
+    /// each waiting result's failing clock starts again at its first failure after the resume
+    /// (else a pause longer than `EFFECT_ALERT_AFTER_SECONDS` parks every waiting result at its
+    /// first failure after it). True when a clock was running, so there is something to store.
+    pub fn held_by_pause(&mut self) -> bool {
+        let mut stopped = false;
+        for row in self.rows.values_mut() {
+            stopped |= row.failing_since_ms.take().is_some();
+        }
+        stopped
+    }
+
     /// An operator's retry of parked results, a page at a time (the edge reads at most the room
     /// left below [`MAX_WAITING`] and takes them out of the parked ones in the same
     /// transaction): each is due now, under its first `webhook-id`. A parked file is read

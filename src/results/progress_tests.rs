@@ -769,3 +769,60 @@ fn the_results_are_metered_in_bulk_on_the_happy_path_and_at_once_off_it() {
     );
     assert_eq!(p.meter(p.counts, 0), None, "nothing new");
 }
+
+/// A pause is not the destination failing: a result that failed before its destination was
+/// paused for longer than the alert threshold is not parked at its first failure after the
+/// resume, but gets a whole window again.
+#[test]
+fn a_pause_longer_than_the_alert_threshold_parks_nothing_after_the_resume() {
+    let limits = Limits {
+        alert_after_ms: 10_000,
+        retry_base_secs: 1,
+        retry_max_secs: 2,
+        ..LIMITS
+    };
+    let mut p = Progress::begin(Source::Inline, 0);
+    let claim = p.claim(
+        Checkpoint {
+            offset: 0,
+            index: 1,
+        },
+        true,
+    );
+    p.commit(claim.chunk, failed(0..1), 0, &limits, 0.0)
+        .unwrap();
+    let busy = AttemptOutcome::Retry("503".into());
+    // A second failure a second later: its clock runs from the first.
+    assert!(p.begin_row(0));
+    assert_eq!(p.finish_row(0, &busy, 1_000, &limits, 0.0), None);
+    assert!(p.rows[&0].failing_since_ms.is_some());
+    // Paused for an hour: the clock stops (once: nothing more to store after that).
+    assert!(p.held_by_pause());
+    assert!(!p.held_by_pause());
+    // Resumed an hour later, and the destination still answers 503: retried, not parked.
+    let resumed = 3_600_000;
+    assert!(p.begin_row(0));
+    assert_eq!(
+        p.finish_row(0, &busy, resumed, &limits, 0.0),
+        None,
+        "retried, not parked"
+    );
+    // Without the pause, the same failure would have parked it.
+    let mut q = Progress::begin(Source::Inline, 0);
+    let claim = q.claim(
+        Checkpoint {
+            offset: 0,
+            index: 1,
+        },
+        true,
+    );
+    q.commit(claim.chunk, failed(0..1), 0, &limits, 0.0)
+        .unwrap();
+    assert!(q.begin_row(0));
+    assert_eq!(q.finish_row(0, &busy, 1_000, &limits, 0.0), None);
+    assert!(q.begin_row(0));
+    assert!(matches!(
+        q.finish_row(0, &busy, resumed, &limits, 0.0),
+        Some(Write::Park(_))
+    ));
+}

@@ -100,7 +100,16 @@ impl Driver<'_> {
         let turn = match step.sends() {
             Some((ready, retry)) => match self.turn(&op, ready as u32, retry).await? {
                 Ok(turn) => turn,
-                Err(paused) => return self.wait_on_destination(op, paused),
+                Err(paused) => {
+                    // A pause's wait is no failure: the results' failing clocks stop.
+                    if paused {
+                        let mut progress = self.store.fresh(progress)?;
+                        if progress.held_by_pause() {
+                            self.store.save(&progress, Vec::new())?;
+                        }
+                    }
+                    return self.wait_on_destination(op, paused);
+                }
             },
             None => Turn::nothing(),
         };
