@@ -17,7 +17,7 @@ use thiserror::Error;
 
 use crate::alert_format::{AlertFormat, FORMAT_NAMES, PAGERDUTY_EVENTS_URL};
 use crate::destination::protocol::{DeskSettings, Pace};
-use crate::destination_label::destination_parts;
+use crate::destination_label::{destination_parts, DEFAULT_DESTINATION};
 use crate::operator::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::signature::{Secret, SecretError};
 
@@ -111,8 +111,6 @@ const DAY_SECS: i64 = 86_400;
 pub const DEFAULT_RESULTS_FILE_WAIT_SECS: i64 = crate::results::progress::FILE_WAIT_MS / 1_000;
 /// Five failures in a row: one blip (a deploy, a restart) does not open a destination, a
 /// real outage does within seconds of traffic.
-/// The name an operator gives `EFFECT_URL`'s destination (a route has its kind's name).
-pub const DEFAULT_DESTINATION: &str = "default";
 pub const DEFAULT_DESTINATION_OPEN_AFTER: i64 = 5;
 /// Probes every 15 s at most: a destination back from an outage is found within that (so
 /// what waited is all delivered within 20 s of its recovery at the drain rate), at 240
@@ -563,6 +561,14 @@ fn parse_routes(name: &'static str, text: &str) -> Result<Vec<Route>, ConfigErro
         .map_err(|_| err(name, "must be a JSON object from kind to URL"))?;
     let mut routes = Vec::new();
     for (kind, target) in parsed {
+        if kind == DEFAULT_DESTINATION {
+            // `default` names EFFECT_URL's destination (in /metrics, alerts and the pause
+            // routes): a route of that name could be neither paused nor counted apart.
+            return Err(err(
+                name,
+                "a route may not be named default: that name is EFFECT_URL's destination",
+            ));
+        }
         let (target, pace) = match target {
             Value::String(target) => (target, Pace::default()),
             Value::Object(fields) => parse_paced_route(name, &kind, fields)?,
@@ -902,8 +908,8 @@ impl Config {
     }
 
     /// The desk settings of the destination an operator names: a route by its kind, else
-    /// `default` for `EFFECT_URL` (a route named `default` takes the name); `None` for a name
-    /// no destination has.
+    /// `default` for `EFFECT_URL` (no route may take that name); `None` for a name no
+    /// destination has.
     pub fn destination_named(&self, name: &str) -> Option<DeskSettings> {
         if let Some((kind, _)) = self.effect_routes.iter().find(|(k, _)| k == name) {
             return Some(self.desk_settings(Some(kind)));
@@ -1509,12 +1515,8 @@ mod tests {
             "EFFECT_ROUTES",
             r#"{"default":"https://d.example/e"}"#.into(),
         );
-        let c = parse(&vars).unwrap();
-        assert_eq!(
-            c.destination_named("default").unwrap().label,
-            c.destination_label(Some("default")),
-            "a route named default takes the name"
-        );
+        let refused = parse(&vars).unwrap_err().to_string();
+        assert!(refused.contains("may not be named default"), "{refused}");
     }
 
     #[test]
