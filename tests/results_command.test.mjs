@@ -85,11 +85,18 @@ describe("npm run results", () => {
     const retried = await results(["retry", key, "--reason", "destination fixed", "--url", w.url, "--token", ADMIN_TOKEN]);
     assert.equal(retried.code, 0, retried.err);
     assert.match(retried.out, /retried 2, each due at once under its first webhook-id$/m);
-    await eventually(() => dest.requests.length >= before + 2, { timeoutMs: 30_000, what: "the parked results again" });
-    await sleep(1_500);
-    const again = dest.requests.slice(before).map((r) => ({ id: r.headers["webhook-id"], body: JSON.parse(r.body) })).filter((r) => r.body.key === key);
-    assert.deepEqual(again.map((r) => r.body.result_key).sort(), ["k3", "k7"], "each once, and no job effect again");
+    // The two results again, then (the counts changed: parked 2 -> 0) the job's effect as a
+    // new generation under a new webhook-id, never the old id with another body.
+    const after = await eventually(() => {
+      const s = split(dest, key);
+      return s.results.length >= 12 && s.jobs.length >= 2 && s;
+    }, { timeoutMs: 60_000, what: "the parked results again, then the job's new generation" });
+    const again = after.results.slice(10);
+    assert.deepEqual(again.map((r) => r.body.result_key).sort(), ["k3", "k7"], "each once");
     for (const r of again) assert.equal(r.id, firstIds[r.body.result_key], "under its first webhook-id");
+    assert.equal(after.jobs.length, 2, "one new job effect");
+    assert.notEqual(after.jobs[1].id, after.jobs[0].id, "under a new webhook-id");
+    assert.deepEqual(after.jobs[1].body.results, { total: 10, delivered: 10, errors: 0, parked: 0 });
     const none = await results(["list", key, "--url", w.url, "--token", READ_TOKEN]);
     assert.match(none.out, new RegExp(`^results: ${key}: 0 parked$`, "m"), none.out);
   });
