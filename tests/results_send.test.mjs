@@ -2,7 +2,8 @@
 // serves the results file; local destinations count every request by its `webhook-id`):
 // one body per `webhook-id` when an operator's retry changes the job effect's counts (a new
 // generation); a result that keeps failing is parked and alerted once, and `/metrics` counts
-// the results by destination; a queue destination gets each body once and parks one over the
+// the results by destination; that alert resolves once an operator's retry settles them, and
+// a later spell alerts again; a queue destination gets each body once and parks one over the
 // queue's message limit; 60 KB keys to a failing destination keep the stored progress within
 // a row (each send committed, no `alarm_failing`); at most 6 sends in flight per invocation.
 import { describe, it, before, after } from "node:test";
@@ -131,6 +132,58 @@ describe("sending a batch's results", () => {
       assert.equal(await metric("failed")(), sent.length, "each failed attempt");
     } finally {
       failing.clear();
+      await w.dispose();
+    }
+  });
+
+  it("results_failing resolves (results_recovered) once an operator's retry settles them with none parked for failing; a later spell that fails past the threshold alerts again", { timeout: 150_000 }, async () => {
+    const w = await startWorker(vars({ EFFECT_ALERT_AFTER_SECONDS: "3" }));
+    const key = "batches/failing2";
+    const alerts = () => sink.requests.map((r) => JSON.parse(r.body)).filter((b) => b.key === key);
+    const retry = async () => {
+      const r = await w.admin(`/v1/operations/${enc(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed" }) });
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      return r.body;
+    };
+    try {
+      gemini.files.set("files/failing2", fileOf(10));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/failing2" }));
+      // k3 keeps failing (parked for it, alerted); k4 is refused (parked, not failing).
+      failing.add("k3");
+      refuse.add("k4");
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      await eventually(() => alerts().some((a) => a.alert === "results_failing"), { timeoutMs: 60_000, what: "the first results_failing" });
+      const first = alerts().find((a) => a.alert === "results_failing");
+      assert.match(first.text, /1 of its results kept failing/);
+      await untilJob(dest, key, 60_000);
+      // The destination takes k3 now; k4 is still refused: none parked for failing.
+      failing.delete("k3");
+      assert.equal((await retry()).retried, 2);
+      const recovered = await eventually(() => alerts().find((a) => a.alert === "results_recovered"), { timeoutMs: 30_000, what: "the results_recovered resolution" });
+      assert.equal(recovered.resolves, "results_failing");
+      let op = (await w.inspect(key)).body;
+      assert.deepEqual(op.results_counts, { total: 10, delivered: 9, errors: 0, parked: 1 });
+      assert.ok(op.history.some((h) => h.what === "results_settled" && h.counts.parked === 1), JSON.stringify(op.history.map((h) => h.what)));
+      // A second spell: k4 now fails instead of being refused, past the threshold again.
+      refuse.delete("k4");
+      failing.add("k4");
+      assert.equal((await retry()).retried, 1);
+      const failings = await eventually(() => {
+        const f = alerts().filter((a) => a.alert === "results_failing");
+        return f.length === 2 && f;
+      }, { timeoutMs: 60_000, what: "a second results_failing" });
+      assert.notEqual(failings[1].alert_id, failings[0].alert_id, "a new alert, not a repeat of the first");
+      assert.deepEqual(alerts().map((a) => a.alert), ["results_failing", "results_recovered", "results_failing"]);
+      op = (await w.inspect(key)).body;
+      assert.ok(op.history.filter((h) => h.what === "results_gave_up").length === 2, JSON.stringify(op.history.map((h) => h.what)));
+      // Delivered at last: resolved again.
+      failing.delete("k4");
+      assert.equal((await retry()).retried, 1);
+      await eventually(() => alerts().filter((a) => a.alert === "results_recovered").length === 2, { timeoutMs: 30_000, what: "the second resolution" });
+    } finally {
+      failing.clear();
+      refuse.clear();
       await w.dispose();
     }
   });

@@ -46,6 +46,9 @@ pub enum AlertKind {
     /// Results of a `"results": "each"` batch kept failing past `EFFECT_ALERT_AFTER_SECONDS`:
     /// they are parked (an operator retries them), and the job's effect counts them parked.
     ResultsFailing,
+    /// Results alerted `results_failing` were retried by an operator and settled with none
+    /// parked for failing: the resolution of `results_failing`.
+    ResultsRecovered,
 }
 
 impl AlertKind {
@@ -65,6 +68,7 @@ impl AlertKind {
             AlertKind::ResultsFileParked => "results_file_parked",
             AlertKind::ResultsFileRead => "results_file_read",
             AlertKind::ResultsFailing => "results_failing",
+            AlertKind::ResultsRecovered => "results_recovered",
         }
     }
 
@@ -85,6 +89,7 @@ impl AlertKind {
             AlertKind::EffectRecovered => Some(AlertKind::EffectFailing),
             AlertKind::WebhookReenabled => Some(AlertKind::WebhookDisabled),
             AlertKind::ResultsFileRead => Some(AlertKind::ResultsFileParked),
+            AlertKind::ResultsRecovered => Some(AlertKind::ResultsFailing),
             _ => None,
         }
     }
@@ -96,6 +101,7 @@ impl AlertKind {
             AlertKind::Stuck => Some(AlertKind::StuckSettled),
             AlertKind::EffectFailing => Some(AlertKind::EffectRecovered),
             AlertKind::ResultsFileParked => Some(AlertKind::ResultsFileRead),
+            AlertKind::ResultsFailing => Some(AlertKind::ResultsRecovered),
             _ => None,
         }
     }
@@ -212,6 +218,8 @@ mod tests {
             AlertKind::EffectRecovered,
             AlertKind::ResultsFileParked,
             AlertKind::ResultsFileRead,
+            AlertKind::ResultsFailing,
+            AlertKind::ResultsRecovered,
         ] {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
             if let Some(resolution) = kind.resolution() {

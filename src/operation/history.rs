@@ -70,6 +70,17 @@ pub enum HistoryEntry {
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
+    /// A batch's results file is gone or unreadable: its unread results are parked.
+    ResultsFileParked { reason: String },
+    /// `parked` results kept failing past the alert threshold and were parked (this spell).
+    ResultsGaveUp { parked: u64 },
+    /// Every result is delivered or parked: the job's effect carries these counts (as a new
+    /// `generation` when it went out before with others).
+    ResultsSettled {
+        counts: Value,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        generation: Option<u32>,
+    },
     /// Retention ended (kept only by a tombstone of an earlier version; now the gate keeps
     /// nothing and the name is a row in its retired-names shard).
     Retired,
@@ -367,6 +378,17 @@ mod tests {
                     by: None,
                 },
                 json!({"what": "results_retried", "taken": 2, "file_reread": true, "reason": "r"}),
+            ),
+            (
+                HistoryEntry::ResultsSettled {
+                    counts: json!({"total": 2}),
+                    generation: Some(2),
+                },
+                json!({"what": "results_settled", "counts": {"total": 2}, "generation": 2}),
+            ),
+            (
+                HistoryEntry::ResultsGaveUp { parked: 3 },
+                json!({"what": "results_gave_up", "parked": 3}),
             ),
             (HistoryEntry::Retired, json!({"what": "retired"})),
             (

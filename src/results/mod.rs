@@ -14,6 +14,7 @@ pub mod body;
 pub mod item;
 pub mod keys;
 pub mod lines;
+pub mod marks;
 pub mod progress;
 pub mod source;
 pub mod turn;

@@ -218,7 +218,7 @@ pub struct Progress {
     /// not parked, the step asks it again before anything else.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unlocated: bool,
-    /// Results parked for failing past the alert threshold.
+    /// Results parked for failing past the alert threshold (since the last operator's retry).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub gave_up: u64,
     /// Their one alert was raised.
@@ -568,10 +568,15 @@ impl Progress {
     /// An operator's retry of parked results, a page at a time (the edge reads at most the room
     /// left below [`MAX_WAITING`] and takes them out of the parked ones in the same
     /// transaction): each is due now, under its first `webhook-id`. A parked file is read
-    /// again ([`Progress::reopen_file`]). Returns how many results were taken, and whether the
-    /// file was.
+    /// again ([`Progress::reopen_file`]). Taking any begins a new spell of failures: none is
+    /// counted as given up, so results that fail past the threshold again alert again. Returns
+    /// how many results were taken, and whether the file was.
     pub fn retry_parked(&mut self, parked: Vec<Row>, now_ms: i64) -> (u64, bool) {
         let n = parked.len() as u64;
+        if n > 0 {
+            self.gave_up = 0;
+            self.failing_alerted = false;
+        }
         for mut row in parked {
             row.next_at_ms = Some(now_ms);
             row.in_doubt = false;

@@ -95,6 +95,9 @@ impl Operation {
                 self.key,
                 self.key
             ),
+            AlertKind::ResultsRecovered => format!(
+                "{status}: its results that kept failing were sent again and none is parked for failing now"
+            ),
         };
         crate::operation::alert::body(
             kind,

@@ -98,8 +98,15 @@ impl Operation {
     /// of parked results settled again), counts that changed are a new body, so they go as a
     /// new generation under a new `webhook-id` (one body per id, invariant 3), whether the
     /// previous generation was done, failing or parked; counts that did not change send
-    /// nothing. Returns the new generation, when one began.
-    pub fn results_settled(&mut self, counts: Value, now_ms: i64) -> Option<u32> {
+    /// nothing. `failing_parked`: results parked since the last operator's retry for failing
+    /// past the alert threshold; none resolves an open `results_failing` (an operator's retry
+    /// sent them after all). Returns the new generation, when one began.
+    pub fn results_settled(
+        &mut self,
+        counts: Value,
+        failing_parked: u64,
+        now_ms: i64,
+    ) -> Option<u32> {
         let mut generation = None;
         if self.results_owed() {
             self.effect.next_attempt_ms = now_ms;
@@ -111,6 +118,9 @@ impl Operation {
         // raised before (an operator's retry read the file after all) has ended.
         if counts["file_parked"].is_null() {
             self.resolve_alert(AlertKind::ResultsFileParked, now_ms);
+        }
+        if failing_parked == 0 {
+            self.resolve_alert(AlertKind::ResultsFailing, now_ms);
         }
         self.results_counts = Some(counts);
         self.results_retry_at_ms = None;
@@ -129,8 +139,15 @@ impl Operation {
         self.raise_alert(AlertKind::ResultsFailing, age_seconds, now_ms)
     }
 
-    /// An operator put parked results back: the results' progress runs again now.
+    /// An operator put parked results back: the results' progress runs again now, and a
+    /// new spell of failures alerts `results_failing` again (as an operator's retry of the
+    /// job's effect lets `effect_failing` alert again); the one open stays open until the
+    /// results settle with none parked for failing.
     pub fn results_retried(&mut self, now_ms: i64) {
+        if self.alerts.contains(&AlertKind::ResultsFailing) {
+            self.alerts.retain(|a| *a != AlertKind::ResultsFailing);
+            self.changed();
+        }
         if !self.results_owed() {
             self.results_retry_at_ms = Some(now_ms);
             self.changed();
@@ -217,7 +234,7 @@ mod tests {
             op.claim(10, 1_000).is_none(),
             "the job waits for its results"
         );
-        op.results_settled(json!({"total": 2}), 20);
+        op.results_settled(json!({"total": 2}), 0, 20);
         assert!(!op.results_owed() && !op.results_running());
         assert!(op.claim(20, 1_000).is_some());
         op.results_retried(30);
@@ -259,7 +276,7 @@ mod tests {
         assert_eq!(op.effect().desk(), None);
         assert!(!op.results_desk_spent(), "spent once");
         // After the job's effect, an operator's retry of parked results waits the same way.
-        op.results_settled(json!({"total": 2}), 300);
+        op.results_settled(json!({"total": 2}), 0, 300);
         let claim = op.claim(300, 1_000).unwrap();
         op.finish(claim.token, &AttemptOutcome::Delivered, 310, 0);
         assert!(!op.destination_ready(false, 320), "nothing is owed");
@@ -275,7 +292,7 @@ mod tests {
         use crate::operation::AttemptOutcome;
         let hour = 3_600_000;
         let mut op = succeeded(ResultsMode::Each);
-        op.results_settled(json!({"total": 2, "parked": 1}), 20);
+        op.results_settled(json!({"total": 2, "parked": 1}), 0, 20);
         let claim = op.claim(20, 1_000).unwrap();
         op.finish(claim.token, &AttemptOutcome::Retry("503".into()), 30, 5_000);
         let job_retry = op.effect().next_attempt_ms();
@@ -314,7 +331,7 @@ mod tests {
         };
         let mut op = succeeded(ResultsMode::Each);
         assert_eq!(
-            op.results_settled(json!({"total": 2, "parked": 1}), 20),
+            op.results_settled(json!({"total": 2, "parked": 1}), 0, 20),
             None
         );
         let first = id(&op);
@@ -323,14 +340,14 @@ mod tests {
         // A retry that parks the result again: the same counts, nothing new to send.
         op.results_retried(40);
         assert_eq!(
-            op.results_settled(json!({"total": 2, "parked": 1}), 50),
+            op.results_settled(json!({"total": 2, "parked": 1}), 0, 50),
             None
         );
         assert!(op.effect().done() && op.effect().generation() == 1);
         // A retry that delivers it: a new generation, due now, under a new id.
         op.results_retried(60);
         assert_eq!(
-            op.results_settled(json!({"total": 2, "parked": 0}), 70),
+            op.results_settled(json!({"total": 2, "parked": 0}), 0, 70),
             Some(2)
         );
         assert!(op.effect_owed() && op.effect().next_attempt_ms() == 70);
@@ -344,7 +361,7 @@ mod tests {
         assert_eq!(id(&op), second, "a retry keeps its body under its id");
         let in_flight = op.claim(1_080, 1_000).unwrap();
         op.results_retried(1_100);
-        assert_eq!(op.results_settled(json!({"total": 3}), 1_200), Some(3));
+        assert_eq!(op.results_settled(json!({"total": 3}), 0, 1_200), Some(3));
         let late = op.finish_attempt(&in_flight, &AttemptOutcome::Delivered, 1_300, 0);
         assert_eq!(
             late,
@@ -358,9 +375,9 @@ mod tests {
     #[test]
     fn counts_settled_again_before_the_jobs_effect_went_out_change_it_in_place() {
         let mut op = succeeded(ResultsMode::Each);
-        op.results_settled(json!({"parked": 1}), 20);
+        op.results_settled(json!({"parked": 1}), 0, 20);
         op.results_retried(30);
-        assert_eq!(op.results_settled(json!({"parked": 0}), 40), None);
+        assert_eq!(op.results_settled(json!({"parked": 0}), 0, 40), None);
         assert_eq!(
             op.effect().generation(),
             1,
@@ -377,16 +394,16 @@ mod tests {
         let mut op = succeeded(ResultsMode::Each);
         assert!(op.raise_alert(AlertKind::ResultsFileParked, 0, 20));
         op.alert_delivered(AlertKind::ResultsFileParked);
-        op.results_settled(json!({"total": 0, "file_parked": "404"}), 30);
+        op.results_settled(json!({"total": 0, "file_parked": "404"}), 0, 30);
         assert_eq!(kinds(&op), vec![], "still parked: nothing resolved");
         op.results_retried(40);
-        op.results_settled(json!({"total": 2, "delivered": 2}), 50);
+        op.results_settled(json!({"total": 2, "delivered": 2}), 0, 50);
         assert_eq!(kinds(&op), vec![AlertKind::ResultsFileRead]);
         let body = op.alert_body(AlertKind::ResultsFileRead, "alert_x", 0);
         assert_eq!(body["resolves"], "results_file_parked");
         op.alert_delivered(AlertKind::ResultsFileRead);
         op.results_retried(60);
-        op.results_settled(json!({"total": 2, "delivered": 2}), 70);
+        op.results_settled(json!({"total": 2, "delivered": 2}), 0, 70);
         assert_eq!(kinds(&op), vec![], "resolved once");
     }
 

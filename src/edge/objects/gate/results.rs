@@ -18,18 +18,18 @@
 use worker::{Env, Result};
 
 use crate::config::Config;
-use crate::operation::alert::AlertKind;
-use crate::operation::gate::log::GateLog;
+use crate::operation::gate::GateLimits;
 use crate::operation::{DeskMark, Operation};
 use crate::results::item::{from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Progress, Step};
+use crate::results::marks as on_record;
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress, Step};
 use crate::results::source;
 
 use crate::edge::objects::gate::results_store::ResultsStore;
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::outbound::results_file::read_chunk;
-use crate::edge::runtime::{log, now_ms, random_unit};
+use crate::edge::runtime::{now_ms, random_unit};
 
 mod locate;
 mod marks;
@@ -45,6 +45,7 @@ struct Driver<'a> {
     config: &'a Config,
     store: ResultsStore<'a>,
     limits: Limits,
+    gate: GateLimits,
 }
 
 /// One step of the results of `op`, when they are running; `op` as it then stands.
@@ -71,6 +72,7 @@ pub(super) async fn step(
         config,
         store: ResultsStore::new(storage),
         limits,
+        gate: super::limits(config),
     };
     driver.step(op).await
 }
@@ -85,7 +87,7 @@ impl Driver<'_> {
             None => match self.begin(&op, now, since).await? {
                 Ok(p) => p,
                 // No status call yet (the budget said wait), or no answer: ask again then.
-                Err(at) => return self.due_at(op, at),
+                Err(at) => return self.due_at(op, at).await,
             },
         };
         let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
@@ -108,7 +110,7 @@ impl Driver<'_> {
                             self.store.save(&progress, Vec::new())?;
                         }
                     }
-                    return self.wait_on_destination(op, paused);
+                    return self.wait_on_destination(op, paused).await;
                 }
             },
             None => Turn::nothing(),
@@ -119,23 +121,23 @@ impl Driver<'_> {
             false => progress,
         };
         match step {
-            Step::WaitUntil(at) => self.due_at(op, at),
+            Step::WaitUntil(at) => self.due_at(op, at).await,
             Step::ReadChunk { from, .. } => self.read_and_send(op, progress, from, turn).await,
             Step::ResendChunk(claim) => self.resend(op, progress, claim, turn).await,
             Step::RetryRows(indexes) => self.retry_rows(op, progress, indexes, turn).await,
-            Step::Alert(reason) => self.alert(op, progress, &reason),
-            Step::AlertFailing(n) => self.alert_failing(op, progress, n),
-            Step::Settled(counts) => self.settled(op, counts),
+            Step::Alert(reason) => self.alert(op, progress, &reason).await,
+            Step::AlertFailing(n) => self.alert_failing(op, progress, n).await,
+            Step::Settled(counts) => {
+                let failing = progress.gave_up;
+                let decide = |op| on_record::settled(op, counts, failing, now_ms());
+                self.mark(op, decide).await
+            }
         }
     }
 
     /// The results' next step is due at `at`: the record's due time (stored when it moved).
-    fn due_at(&self, op: Operation, at: i64) -> Result<Operation> {
-        let mut op = self.storage.load()?.unwrap_or(op);
-        if op.results_due_at(at) {
-            self.storage.save(&op)?;
-        }
-        Ok(op)
+    async fn due_at(&self, op: Operation, at: i64) -> Result<Operation> {
+        self.mark(op, |op| on_record::due_at(op, at)).await
     }
 
     /// Reads the chunk that starts at `from`: its results, where it ends, and whether it is
@@ -246,7 +248,7 @@ impl Driver<'_> {
             progress.commit_through(claim.chunk, reached, answers, now, limits, random_unit());
         let metered = progress.meter(before, failed);
         self.store.save(&progress, writes.unwrap_or_default())?;
-        let op = self.count(op, metered)?;
+        let op = self.count(op, metered).await?;
         self.after_sends(op, turn, sent).await
     }
 
@@ -277,26 +279,34 @@ impl Driver<'_> {
             .collect();
         let metered = progress.meter(before, failed);
         self.store.save(&progress, writes)?;
-        let op = self.count(op, metered)?;
+        let op = self.count(op, metered).await?;
         self.after_sends(op, turn, sent).await
     }
 
-    /// The file is parked: one `results_file_parked` alert, through the record's alerts
-    /// (raised once per operation, sent by this run's alert stage).
-    fn alert(&self, op: Operation, mut progress: Progress, reason: &str) -> Result<Operation> {
-        let mut op = self.storage.load()?.unwrap_or(op);
-        let now = now_ms();
-        let age = (now - op.settled_at_ms().unwrap_or(now)) / 1_000;
-        if op.raise_alert(AlertKind::ResultsFileParked, age, now) {
-            self.storage.save(&op)?;
-        }
-        let line = GateLog::ResultsFileUnread {
-            key: op.key().to_string(),
-            reason: reason.to_string(),
-        };
-        log(line.to_value());
-        progress.alert_raised();
-        self.store.save(&progress, Vec::new())?;
+    /// The file is parked: its one `results_file_parked` alert, raised on the record, and
+    /// marked on the progress in the same write.
+    async fn alert(&self, op: Operation, mut p: Progress, reason: &str) -> Result<Operation> {
+        let decide = |op| on_record::file_parked(op, &mut p, reason, now_ms());
+        let op = self.mark(op, decide).await?;
+        self.store.save(&p, Vec::new())?;
         Ok(op)
+    }
+
+    /// Results kept failing past the alert threshold and were parked: the batch's one
+    /// `results_failing` alert of this spell, naming how many.
+    async fn alert_failing(&self, op: Operation, mut p: Progress, n: u64) -> Result<Operation> {
+        let age = self.limits.alert_after_ms / 1_000;
+        let op = self
+            .mark(op, |op| on_record::gave_up(op, &mut p, n, age, now_ms()))
+            .await?;
+        self.store.save(&p, Vec::new())?;
+        Ok(op)
+    }
+
+    /// `/metrics`' count of the results, as the progress metered them, by destination.
+    async fn count(&self, op: Operation, metered: Option<Metered>) -> Result<Operation> {
+        let to = self.config.destination_label(op.kind());
+        let decide = |op| on_record::metered(op, metered, &to, now_ms());
+        self.mark(op, decide).await
     }
 }

@@ -20,6 +20,7 @@ use crate::operation::gate::alarm::{desk_turn, reports, DeskTurn};
 use crate::operation::{AttemptOutcome, DeskMark, Operation};
 use crate::results::body::{build_result_request, ResultHead};
 use crate::results::item::ResultItem;
+use crate::results::marks as on_record;
 use crate::results::progress::SENDS_IN_FLIGHT;
 use crate::results::turn::{goes_now, granted};
 
@@ -112,10 +113,7 @@ impl Driver<'_> {
             }
         };
         if mark.is_some() && n > 0 {
-            let mut current = self.storage.load()?.unwrap_or_else(|| op.clone());
-            if current.results_desk_spent() {
-                self.storage.save(&current)?;
-            }
+            self.mark(op.clone(), on_record::desk_spent).await?;
         }
         Ok(Ok(Turn {
             turn,
@@ -128,23 +126,21 @@ impl Driver<'_> {
 
     /// The desk queued the batch: the record waits for its release (or the fallback,
     /// `EFFECT_RETRY_MAX_SECONDS`, should the desk be lost), and says whether a pause holds it.
-    pub(super) fn wait_on_destination(&self, op: Operation, paused: bool) -> Result<Operation> {
-        let mut op = self.storage.load()?.unwrap_or(op);
-        if op.results_wait_on_destination(now_ms(), self.config.retry_max_secs * 1_000) {
-            op.mark_wait_paused(paused);
-            self.storage.save(&op)?;
-        }
-        Ok(op)
+    pub(super) async fn wait_on_destination(
+        &self,
+        op: Operation,
+        paused: bool,
+    ) -> Result<Operation> {
+        let fallback = self.config.retry_max_secs * 1_000;
+        let decide = |op| on_record::wait_on_destination(op, paused, fallback, now_ms());
+        self.mark(op, decide).await
     }
 
     /// A release of the desk found nothing to send (the file is not there yet): it is spent,
     /// and the desk hears at once (`sent: 0`: its slot freed, a probe missed) and, while the
     /// destination is open, queues the batch again, due when the step is (`at`).
     pub(super) async fn release_unused(&self, op: Operation, at: i64) -> Result<Operation> {
-        let mut op = self.storage.load()?.unwrap_or(op);
-        if op.results_desk_spent() {
-            self.storage.save(&op)?;
-        }
+        let op = self.mark(op, on_record::desk_spent).await?;
         let settings = self.config.desk_settings(op.kind());
         let report = DeskCommand::ReportMany {
             key: op.key().to_string(),
@@ -157,9 +153,9 @@ impl Driver<'_> {
         };
         let reply = ask_desk(self.env, self.storage, &settings, &report).await;
         if let Some(paused) = reply.as_ref().and_then(DeskReply::waits) {
-            return self.wait_on_destination(op, paused);
+            return self.wait_on_destination(op, paused).await;
         }
-        self.due_at(op, at)
+        self.due_at(op, at).await
     }
 
     /// Sends the results (they are independent), at most [`SENDS_IN_FLIGHT`] at once, each
@@ -231,11 +227,14 @@ impl Driver<'_> {
             };
             let reply = ask_desk(self.env, self.storage, &settings, &report).await;
             if let Some(paused) = reply.as_ref().and_then(DeskReply::waits) {
-                return self.wait_on_destination(op, paused);
+                return self.wait_on_destination(op, paused).await;
             }
         }
         match sent.asked_wait_ms {
-            Some(wait) => self.due_at(op, now_ms() + wait.min(self.config.retry_max_secs * 1_000)),
+            Some(wait) => {
+                let at = now_ms() + wait.min(self.config.retry_max_secs * 1_000);
+                self.due_at(op, at).await
+            }
             None => Ok(self.storage.load()?.unwrap_or(op)),
         }
     }

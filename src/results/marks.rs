@@ -1,0 +1,257 @@
+//! What a results step writes on the operation's record, decided: each function takes the
+//! record as stored and returns the gate's [`Step`] (what to store, its history row, its log
+//! line), and marks on the [`Progress`] what goes with it; the edge stores the progress and
+//! commits the step with no await between, so as one write.
+//!
+//! Guarantees: the events an operator reads later (the results file parked, results parked
+//! for failing, the results settled with their counts) each leave a history row; the
+//! bookkeeping a step does every time (its due time, the desk's mark, a wait on the desk,
+//! `/metrics`' counts) leaves none, so the history's newest rows stay worth reading. A step
+//! that changes nothing is [`crate::operation::gate::Save::Unchanged`] (no write).
+
+use serde_json::Value;
+
+use crate::operation::alert::AlertKind;
+use crate::operation::gate::log::GateLog;
+use crate::operation::gate::Step;
+use crate::operation::history::HistoryEntry;
+use crate::operation::Operation;
+use crate::results::progress::{Metered, Progress};
+use crate::telemetry::counters::{labelled, RESULT_TO_PREFIX};
+
+/// The record after a step that stores it when `changed`.
+fn stored(op: Operation, changed: bool) -> Step<()> {
+    let step = Step::new(Some(op), ());
+    match changed {
+        true => step.durable(),
+        false => step,
+    }
+}
+
+/// `/metrics`' results by destination (`to`), as the progress metered them: counted in the
+/// record, flushed by the alarm's upkeep.
+pub fn metered(mut op: Operation, metered: Option<Metered>, to: &str, now: i64) -> Step<()> {
+    let Some(m) = metered else {
+        return stored(op, false);
+    };
+    let ended = [
+        ("delivered", m.delivered),
+        ("failed", m.failed),
+        ("parked", m.parked),
+    ];
+    for (result, n) in ended.into_iter().filter(|(_, n)| *n > 0) {
+        op.count_by(
+            labelled(RESULT_TO_PREFIX, &format!("{result}:{to}")),
+            n,
+            now,
+        );
+    }
+    stored(op, true)
+}
+
+/// The results file is parked: its one `results_file_parked` alert, through the record's
+/// alerts (sent by this run's alert stage), with a history row and a log line naming why.
+pub fn file_parked(mut op: Operation, progress: &mut Progress, reason: &str, now: i64) -> Step<()> {
+    let age = (now - op.settled_at_ms().unwrap_or(now)) / 1_000;
+    op.raise_alert(AlertKind::ResultsFileParked, age, now);
+    progress.alert_raised();
+    let key = op.key().to_string();
+    let reason = reason.to_string();
+    stored(op, true)
+        .row(HistoryEntry::ResultsFileParked {
+            reason: reason.clone(),
+        })
+        .log(GateLog::ResultsFileUnread { key, reason })
+}
+
+/// `n` results kept failing past the alert threshold (`age_seconds`) and were parked: the
+/// batch's one `results_failing` alert of this spell, naming how many, with a history row.
+pub fn gave_up(
+    mut op: Operation,
+    progress: &mut Progress,
+    n: u64,
+    age_seconds: i64,
+    now: i64,
+) -> Step<()> {
+    op.results_gave_up(n, age_seconds, now);
+    progress.failing_alert_raised();
+    stored(op, true).row(HistoryEntry::ResultsGaveUp { parked: n })
+}
+
+/// Every result is settled: the counts go on the record and the job's effect is due (after it
+/// went out, as a new generation when the counts changed); none parked for failing in this
+/// spell (`failing_parked`) resolves an open `results_failing`. A history row names the
+/// counts, and the generation when one began.
+pub fn settled(mut op: Operation, counts: Value, failing_parked: u64, now: i64) -> Step<()> {
+    let generation = op.results_settled(counts.clone(), failing_parked, now);
+    let key = op.key().to_string();
+    let step = stored(op, true).row(HistoryEntry::ResultsSettled { counts, generation });
+    match generation {
+        Some(generation) => step.log(GateLog::ResultsRecounted { key, generation }),
+        None => step,
+    }
+}
+
+/// The destination's desk queued the batch: the record waits for its release, or for
+/// `fallback_ms` should the desk be lost, and says whether a pause holds it.
+pub fn wait_on_destination(
+    mut op: Operation,
+    paused: bool,
+    fallback_ms: i64,
+    now: i64,
+) -> Step<()> {
+    let waits = op.results_wait_on_destination(now, fallback_ms);
+    if waits {
+        op.mark_wait_paused(paused);
+    }
+    stored(op, waits)
+}
+
+/// The results' next step is due at `at`.
+pub fn due_at(mut op: Operation, at: i64) -> Step<()> {
+    let changed = op.results_due_at(at);
+    stored(op, changed)
+}
+
+/// A step used the desk's release (or its grant ended a wait): the mark is spent.
+pub fn desk_spent(mut op: Operation) -> Step<()> {
+    let changed = op.results_desk_spent();
+    stored(op, changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::operation::gate::Save;
+    use crate::operation::lifecycle::{Source as EventSource, Status};
+    use crate::operation::{AttemptOutcome, OpEvent, ResultsMode};
+    use crate::results::item::Source;
+    use crate::results::progress::{Row, Step as Next};
+
+    fn succeeded() -> Operation {
+        let mut op = Operation::register("batches/r", "batches/r", None, 0);
+        op.fill_results_mode(ResultsMode::Each);
+        let event = OpEvent {
+            status: Status::Succeeded,
+            update_time_ms: 1,
+            source: EventSource::Webhook,
+            details: Default::default(),
+            delivery_id: None,
+        };
+        op.apply(&event, 10);
+        op
+    }
+
+    fn what(step: &Step<()>) -> Vec<String> {
+        let whats = step.history.iter().map(|h| h.to_value()["what"].clone());
+        whats
+            .map(|w| w.as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    /// The alerts queued on the record, by kind.
+    fn queued(op: &Operation) -> Vec<&'static str> {
+        op.due_alerts(i64::MAX)
+            .iter()
+            .map(|a| a.kind.as_str())
+            .collect()
+    }
+
+    fn row(index: u64) -> Row {
+        Row {
+            result_key: format!("k{index}"),
+            index,
+            attempts: 3,
+            last_error: "failing for 3s".into(),
+            next_at_ms: None,
+            in_doubt: false,
+            failing_since_ms: Some(0),
+        }
+    }
+
+    /// A results spell that fails past the threshold alerts; an operator's retry that
+    /// delivers them resolves it; a second spell that fails alerts again, and only its
+    /// delivery resolves it again.
+    #[test]
+    fn results_failing_resolves_once_retried_results_settle_and_alerts_again_next_spell() {
+        let mut p = Progress::begin(Source::Inline, 10);
+        p.gave_up = 1;
+        assert_eq!(p.next(20), Next::AlertFailing(1));
+        let s = gave_up(succeeded(), &mut p, 1, 3, 20);
+        assert_eq!(
+            (s.save, what(&s)),
+            (Save::Durable, vec!["results_gave_up".into()])
+        );
+        let op = s.record.unwrap();
+        assert_eq!(queued(&op), ["results_failing"]);
+        assert_ne!(p.next(20), Next::AlertFailing(1), "alerted once");
+        // The job's effect goes with it parked; the alert is not resolved by that.
+        let counts = json!({"total": 1, "parked": 1});
+        let mut op = settled(op, counts, p.gave_up, 30).record.unwrap();
+        assert_eq!(queued(&op), ["results_failing"]);
+        op.alert_delivered(AlertKind::ResultsFailing);
+        let claim = op.claim(30, 1_000).unwrap();
+        op.finish(claim.token, &AttemptOutcome::Delivered, 40, 0);
+        // An operator's retry: a new spell, then delivered: resolved.
+        assert_eq!(p.retry_parked(vec![row(0)], 50), (1, false));
+        op.results_retried(50);
+        assert_eq!((p.gave_up, p.failing_alerted), (0, false));
+        let s = settled(op, json!({"total": 1, "delivered": 1}), p.gave_up, 60);
+        assert_eq!(what(&s), ["results_settled"]);
+        let mut op = s.record.unwrap();
+        assert_eq!(queued(&op), ["results_recovered"]);
+        op.alert_delivered(AlertKind::ResultsRecovered);
+        // A second retry whose results fail past the threshold again: alerted again.
+        p.retry_parked(vec![row(0)], 70);
+        op.results_retried(70);
+        p.gave_up = 1;
+        let op = gave_up(op, &mut p, 1, 3, 80).record.unwrap();
+        assert_eq!(queued(&op), ["results_failing"], "a second spell alerts");
+        let op = settled(op, json!({"total": 1, "parked": 1}), 1, 90)
+            .record
+            .unwrap();
+        assert_eq!(
+            queued(&op),
+            ["results_failing"],
+            "not resolved while parked"
+        );
+    }
+
+    #[test]
+    fn a_parked_file_alerts_once_with_a_history_row_and_its_reading_resolves_it() {
+        let mut p = Progress::begin(Source::Inline, 10);
+        let s = file_parked(succeeded(), &mut p, "404", 20);
+        assert_eq!(what(&s), ["results_file_parked"]);
+        assert!(p.alerted);
+        let op = s.record.unwrap();
+        assert_eq!(queued(&op), ["results_file_parked"]);
+        let op = settled(op, json!({"total": 2}), 0, 30).record.unwrap();
+        assert_eq!(queued(&op), ["results_file_parked", "results_file_read"]);
+    }
+
+    #[test]
+    fn bookkeeping_stores_only_what_changed_and_leaves_no_history_row() {
+        let s = due_at(succeeded(), 500);
+        assert_eq!(s.save, Save::Durable, "the effect's due time moved");
+        let s = due_at(s.record.unwrap(), 500);
+        assert_eq!(s.save, Save::Unchanged);
+        assert_eq!(desk_spent(succeeded()).save, Save::Unchanged, "no mark");
+        let s = wait_on_destination(succeeded(), true, 1_000, 20);
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(s.record.unwrap().results_due_ms(), Some(1_020));
+        let none = metered(succeeded(), None, "default", 20);
+        assert_eq!(none.save, Save::Unchanged);
+        let m = Metered {
+            delivered: 2,
+            failed: 0,
+            parked: 1,
+        };
+        let s = metered(succeeded(), Some(m), "default", 20);
+        assert_eq!(s.save, Save::Durable);
+        assert!([&s]
+            .iter()
+            .all(|s| s.history.is_empty() && s.logs.is_empty()));
+    }
+}
