@@ -525,15 +525,20 @@ mod tests {
     }
 
     #[test]
-    fn a_parked_results_file_is_an_error_that_its_reading_resolves() {
-        let parked = json!({"alert": "results_file_parked", "key": "batches/a"});
-        let read = json!({"alert": "results_file_read", "resolves": "results_file_parked",
-                          "key": "batches/a"});
-        let trigger = render(PD, &parked);
-        assert_eq!(trigger["payload"]["severity"], "error");
-        let resolve = render(PD, &read);
-        assert_eq!(resolve["event_action"], "resolve");
-        assert_eq!(resolve["dedup_key"], trigger["dedup_key"]);
+    fn the_results_alerts_are_errors_that_their_resolutions_close() {
+        for (condition, resolution) in [
+            ("results_file_parked", "results_file_read"),
+            ("results_failing", "results_recovered"),
+        ] {
+            let trigger = render(PD, &json!({"alert": condition, "key": "batches/a"}));
+            assert_eq!(trigger["payload"]["severity"], "error");
+            let resolve = render(
+                PD,
+                &json!({"alert": resolution, "resolves": condition, "key": "batches/a"}),
+            );
+            assert_eq!(resolve["event_action"], "resolve");
+            assert_eq!(resolve["dedup_key"], trigger["dedup_key"]);
+        }
     }
 
     #[test]
