@@ -170,7 +170,8 @@ describe("after retention nothing runs twice, whoever asks", () => {
 });
 
 // Retirement ends a batch's results as it ends the job: an operator retries a parked result
-// whose destination keeps failing, and retention ends meanwhile. Nothing of the batch stays
+// whose destination keeps failing; retention waits for the accepted retry, and ends once the
+// results settle again. Nothing of the batch stays
 // due: no results' due time, no results tables, nothing wakes; a signed duplicate later asks
 // Gemini nothing, downloads nothing and sends no result again.
 describe("retention during an operator's retry of a batch's results", () => {
@@ -208,7 +209,14 @@ describe("retention during an operator's retry of a batch's results", () => {
     assert.equal(retry.body.retried, 1);
     await eventually(() => split(dest, key).results.length > sentBefore, { what: "the retried result tried again", timeoutMs: 60_000 });
 
-    // Retention ends during the retry: the gate keeps nothing, its results included.
+    // Retention waits for the accepted retry while it runs (it is never dropped)...
+    await sleep(7_000);
+    assert.ok(!w.events("retention_expired").some((l) => l.key === key), "held by the retry");
+    const held = await w.admin(`/v1/operations/${encodeURIComponent(key)}/results?state=waiting`);
+    assert.deepEqual(held.body.results.map((r) => r.result_key), ["k3"], "the retry still runs");
+    // ...and ends once the results settle again (k3 refused: parked): the gate keeps nothing,
+    // its results included.
+    refuse.set("k3", 422);
     await eventually(() => w.events("retention_expired").some((l) => l.key === key), { what: "retention to end", timeoutMs: 60_000 });
     assert.equal((await w.inspect(key)).status, 404, "nothing left in the gate");
     const quiet = async () => {

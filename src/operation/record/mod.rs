@@ -512,9 +512,12 @@ impl Operation {
             || (self.status.is_terminal() && (self.effect.done || self.effect.parked.is_some()))
     }
 
-    /// When the gate's storage may be dropped: retention after the operation closed.
+    /// When the gate's storage may be dropped: retention after the operation closed. An
+    /// operator's retry of parked results that is running holds it: an accepted retry is
+    /// never dropped by retention; retention ends once the results settle again.
     pub fn expires_at_ms(&self, retention_ms: i64) -> Option<i64> {
-        if !self.is_closed() || self.retired_at_ms.is_some() || self.ledger.indexed {
+        let retry_runs = self.results_running();
+        if !self.is_closed() || self.retired_at_ms.is_some() || self.ledger.indexed || retry_runs {
             // An index entry may still exist: the pending projection deletes it first (a
             // closed, indexed record always has one pending, see `index_written`).
             return None;

@@ -246,6 +246,27 @@ mod tests {
         );
     }
 
+    /// An operator's retry of parked results accepted just before retention ends holds it
+    /// until the results settle again: retention never drops an accepted retry.
+    #[test]
+    fn a_running_results_retry_holds_retention_until_the_results_settle() {
+        use crate::operation::AttemptOutcome;
+        let mut op = succeeded(ResultsMode::Each);
+        op.results_settled(json!({"total": 2, "parked": 1}), 0, 20);
+        let claim = op.claim(20, 1_000).unwrap();
+        op.finish(claim.token, &AttemptOutcome::Delivered, 30, 0);
+        op.projection_written(op.version(), 0);
+        assert_eq!(op.expires_at_ms(1_000), Some(1_030));
+        op.results_retried(1_029);
+        assert_eq!(op.expires_at_ms(1_000), None, "held while the retry runs");
+        op.results_settled(json!({"total": 2, "parked": 1}), 0, 5_000);
+        assert_eq!(
+            op.expires_at_ms(1_000),
+            Some(1_030),
+            "the same counts: over at once"
+        );
+    }
+
     #[test]
     fn results_wait_on_their_destination_and_a_release_makes_them_due() {
         use crate::operation::{AttemptOutcome, DeskMark};

@@ -20,6 +20,7 @@ use crate::refusal::Refusal;
 use crate::edge::objects::call::call_retired;
 use crate::edge::objects::gate::alarm::Run;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
+use crate::edge::runtime::now_ms;
 
 /// A registration that finds no record (or only one a signed delivery created, whose first
 /// alarm has not asked yet) asks the retired names' shard once: a name whose retention ended
@@ -81,12 +82,21 @@ impl Run<'_> {
     /// storage. A shard that cannot be reached fails the run, so nothing is deleted and the
     /// alarm tries again with backoff (`alarm_failed`); a run that dies between the two leaves
     /// the whole record, and its alarm retires it again (keeping a name twice writes nothing).
+    /// A command that ran during the shard's call and holds retention (an operator's retry of
+    /// parked results, accepted) is kept: nothing is deleted, the alarm follows the record, and
+    /// the name kept early changes nothing for a record that exists.
     pub(super) async fn retire(&self, op: &Operation, step: Step<AlarmDone>) -> Result<Response> {
         let name = RetiredName::of(op.key());
         match call(self.env, self.storage, name, &RetiredCommand::Keep { name }).await {
             Ok(RetiredReply::Kept) => {}
             Ok(other) => return Err(failed(format!("{other:?}"))),
             Err(e) => return Err(failed(e)),
+        }
+        let current = self.storage.load()?;
+        let over = |op: &Operation| alarm::retire_if_over(op, now_ms(), &self.limits).is_some();
+        if let Some(current) = current.filter(|op| !over(op)) {
+            self.storage.sync_alarm(&current, &self.limits).await?;
+            return Response::ok("retention held by a command that ran meanwhile");
         }
         self.storage.commit(step, &self.limits, Alarm::Sync).await?;
         Response::ok("retention expired")
