@@ -1,7 +1,8 @@
 //! A `"results": "each"` batch's results, driven by its gate's alarm: one step of
 //! [`crate::results::progress::Progress`] per run, performed here.
 //!
-//! Guarantees: nothing here decides (the progress does); a chunk's claim is stored before any
+//! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] what
+//! goes on the record, committed through the gate's step); a chunk's claim is stored before any
 //! of its results is sent, and its commit (the counts and the rows of the results not
 //! delivered) after every answer, each in one storage write; a row's attempt is stored as
 //! begun before it is sent. Each result is sent signed like every effect under its one
@@ -10,8 +11,8 @@
 //! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
 //! moves it, and holds while the alarm runs for other work. How many results a step sends is
 //! its turn at the destination's desk (`results/sends.rs`); where the results are is asked in
-//! `results/locate.rs`; what a step writes on the record besides its due time (the settled
-//! counts, an alert, `/metrics`' counts) is `results/marks.rs`. Commands (a duplicate
+//! `results/locate.rs`; how a step commits what it writes on the record (its due time, the
+//! settled counts, an alert, `/metrics`' counts) is `results/marks.rs`. Commands (a duplicate
 //! delivery, a poll, an operator's redeliver) never start a step: only the alarm does, one
 //! run at a time, from the stored progress; a desk's release only makes it due.
 
