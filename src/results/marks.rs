@@ -13,10 +13,10 @@ use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::log::GateLog;
-use crate::operation::gate::Step;
+use crate::operation::gate::{results_retried, ResultsTaken, Step};
 use crate::operation::history::HistoryEntry;
-use crate::operation::Operation;
-use crate::results::progress::{Metered, Progress};
+use crate::operation::{Actor, Operation};
+use crate::results::progress::{Metered, Progress, Row};
 use crate::telemetry::counters::{labelled, RESULT_TO_PREFIX};
 
 /// The record after a step that stores it when `changed`.
@@ -92,6 +92,27 @@ pub fn settled(mut op: Operation, counts: Value, failing_parked: u64, now: i64) 
     }
 }
 
+/// An operator's retry of parked results: the progress takes `parked` (a page the edge read,
+/// at most its room, taken out of the parked rows in the same write) and reads a parked file
+/// again; the record's part is the gate's step ([`results_retried`]: a history row, the
+/// results due now, and the answer).
+pub fn retried(
+    op: Operation,
+    progress: &mut Progress,
+    parked: Vec<Row>,
+    (reason, by): (String, Option<Actor>),
+    now: i64,
+) -> Step {
+    let (taken, file_reread) = progress.retry_parked(parked, now);
+    let parked_left = progress.counts.parked;
+    let taken = ResultsTaken {
+        taken,
+        file_reread,
+        parked_left,
+    };
+    results_retried(Some(op), taken, reason, by, now)
+}
+
 /// The destination's desk queued the batch: the record waits for its release, or for
 /// `fallback_ms` should the desk be lost, and says whether a pause holds it.
 pub fn wait_on_destination(
@@ -128,7 +149,7 @@ mod tests {
     use crate::operation::lifecycle::{Source as EventSource, Status};
     use crate::operation::{AttemptOutcome, OpEvent, ResultsMode};
     use crate::results::item::Source;
-    use crate::results::progress::{Row, Step as Next};
+    use crate::results::progress::Step as Next;
 
     fn succeeded() -> Operation {
         let mut op = Operation::register("batches/r", "batches/r", None, 0);
@@ -144,7 +165,7 @@ mod tests {
         op
     }
 
-    fn what(step: &Step<()>) -> Vec<String> {
+    fn what<R>(step: &Step<R>) -> Vec<String> {
         let whats = step.history.iter().map(|h| h.to_value()["what"].clone());
         whats
             .map(|w| w.as_str().unwrap_or("").to_string())
@@ -195,17 +216,33 @@ mod tests {
         let claim = op.claim(30, 1_000).unwrap();
         op.finish(claim.token, &AttemptOutcome::Delivered, 40, 0);
         // An operator's retry: a new spell, then delivered: resolved.
-        assert_eq!(p.retry_parked(vec![row(0)], 50), (1, false));
-        op.results_retried(50);
+        let s = retried(op, &mut p, vec![row(0)], ("fixed".into(), None), 50);
+        assert_eq!(
+            (s.save, what(&s)),
+            (Save::Durable, vec!["results_retried".into()])
+        );
         assert_eq!((p.gave_up, p.failing_alerted), (0, false));
+        let op = s.record.unwrap();
         let s = settled(op, json!({"total": 1, "delivered": 1}), p.gave_up, 60);
         assert_eq!(what(&s), ["results_settled"]);
         let mut op = s.record.unwrap();
         assert_eq!(queued(&op), ["results_recovered"]);
         op.alert_delivered(AlertKind::ResultsRecovered);
         // A second retry whose results fail past the threshold again: alerted again.
-        p.retry_parked(vec![row(0)], 70);
-        op.results_retried(70);
+        let op = retried(op, &mut p, vec![row(0)], ("again".into(), None), 70);
+        let none = retried(
+            op.record.clone().unwrap(),
+            &mut p,
+            vec![],
+            ("x".into(), None),
+            75,
+        );
+        assert_eq!(
+            (none.save, none.history.len()),
+            (Save::Unchanged, 0),
+            "nothing taken"
+        );
+        let op = op.record.unwrap();
         p.gave_up = 1;
         let op = gave_up(op, &mut p, 1, 3, 80).record.unwrap();
         assert_eq!(queued(&op), ["results_failing"], "a second spell alerts");

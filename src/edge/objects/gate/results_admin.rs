@@ -15,7 +15,7 @@ use worker::Result;
 
 use crate::config::Config;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
-use crate::operation::gate::{results_retried, ResultsTaken};
+use crate::results::marks as on_record;
 use crate::results::progress::Phase;
 use crate::results::source;
 
@@ -94,11 +94,9 @@ fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> Result<Gate
 }
 
 /// Puts a page of parked results back, and a parked file to be read again (or counts them,
-/// for a dry run). The progress decides what is taken
-/// ([`crate::results::progress::Progress::retry_parked`]) and the
-/// gate's step the record's part ([`crate::operation::gate::results_retried`]: a history row,
-/// the results due now, the alarm set); the tables and the record are stored with no await in
-/// between, so as one.
+/// for a dry run), as [`crate::results::marks::retried`] decides (a history row, the results
+/// due now, the alarm set); the tables and the record are stored with no await in between
+/// (the alarm's call comes last), so as one.
 async fn retry(
     storage: &GateStorage,
     config: &Config,
@@ -122,16 +120,15 @@ async fn retry(
             "would_retry": parked.len(), "would_reread_file": file,
             "parked": progress.counts.parked})));
     }
-    let now = now_ms();
     store.unpark(&parked)?;
-    let (taken, file_reread) = progress.retry_parked(parked, now);
+    let step = on_record::retried(
+        op,
+        &mut progress,
+        parked,
+        (reason.to_string(), by),
+        now_ms(),
+    );
     store.save(&progress, Vec::new())?;
-    let taken = ResultsTaken {
-        taken,
-        file_reread,
-        parked_left: progress.counts.parked,
-    };
-    let step = results_retried(Some(op), taken, reason.to_string(), by, now);
     let (_, reply) = storage.commit(step, &limits(config), Alarm::Sync).await?;
     Ok(reply)
 }
