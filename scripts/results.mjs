@@ -87,6 +87,7 @@ function refused({ status, body }) {
 }
 
 const line = (r) => [`index=${r.index}`, `result_key=${r.result_key}`, `attempts=${r.attempts}`,
+  r.last_attempt_ms != null ? `last_attempt=${new Date(r.last_attempt_ms).toISOString()}` : null,
   r.next_attempt_ms != null ? `due=${new Date(r.next_attempt_ms).toISOString()}` : null, `last_error=${JSON.stringify(r.last_error)}`].filter(Boolean).join(" ");
 
 async function list(opts) {

@@ -148,6 +148,11 @@ pub struct Row {
     /// When its first failure was answered (since its last operator's retry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failing_since_ms: Option<i64>,
+    /// When its last attempt was answered (`last_error` is what answered): stored in the
+    /// write that stores the failure, so it costs no write of its own. `None` in a row stored
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ms: Option<i64>,
 }
 
 /// What the edge stores with the value, in the same transaction.
@@ -437,6 +442,7 @@ impl Progress {
                 next_at_ms: None,
                 in_doubt: false,
                 failing_since_ms: None,
+                last_attempt_ms: None,
             };
             if outcome != AttemptOutcome::Delivered {
                 writes.push(Write::KeepResult(item));
@@ -471,6 +477,7 @@ impl Progress {
     ) -> Option<Write> {
         row.attempts += 1;
         row.in_doubt = false;
+        row.last_attempt_ms = Some(now_ms);
         let key = row.index;
         let was_row = self.rows.remove(&key).is_some();
         match outcome {

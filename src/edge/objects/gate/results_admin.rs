@@ -1,5 +1,6 @@
 //! The results' commands, answered by the gate object from its results tables: the listing
-//! of one state (`parked`, `waiting`, `delivered`) with a cursor, an operator's retry of
+//! of one state (`parked`, `waiting`, `delivered`) with a cursor (each row's attempts, what
+//! answered its last one and when), an operator's retry of
 //! parked results, and the progress shown on the operation's record.
 //!
 //! Guarantees: a listing reads at most one page; delivered results are not stored, so
@@ -84,7 +85,8 @@ fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> Result<Gate
         .iter()
         .map(|r| {
             json!({"result_key": r.result_key, "index": r.index, "attempts": r.attempts,
-            "last_error": r.last_error, "next_attempt_ms": r.next_at_ms})
+            "last_error": r.last_error, "last_attempt_ms": r.last_attempt_ms,
+            "next_attempt_ms": r.next_at_ms})
         })
         .collect();
     Ok(results_answer(
