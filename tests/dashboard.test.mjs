@@ -40,6 +40,7 @@ const CHAPTERS_FILE = ["chapter-1", "chapter-2", "chapter-3"]
   .map((key, i) => JSON.stringify({ key, response: { candidates: [{ content: { parts: [{ text: `chapter ${i + 1}` }] } }] } }))
   .join("\n") + "\n";
 let chapterTwoUp = false;
+let chapterThreeUp = false;
 
 let w, dest, gemini, browser, page;
 let billingUp = false;
@@ -55,7 +56,7 @@ before(async () => {
   dest = await startServer(async (req) => {
     const key = req.headers["idempotency-key"];
     if (REFUSED_PAGES.some((k) => req.body.includes(`"result_key":"${k}"`))) return { status: 422, body: { error: "page template missing" } };
-    if (req.body.includes(`"result_key":"chapter-3"`)) return { status: 422, body: { error: "chapter template missing" } };
+    if (req.body.includes(`"result_key":"chapter-3"`) && !chapterThreeUp) return { status: 422, body: { error: "chapter template missing" } };
     if (req.body.includes(`"result_key":"chapter-2"`) && !chapterTwoUp) return { status: 503, body: { error: "renderer overloaded" } };
     if (key === PARKED) return billingUp ? { status: 200 } : { status: 400, body: { error: "unknown account" } };
     if (REFUNDS.includes(key)) return refundsUp ? { status: 200 } : { status: 400, body: { error: "refunds API misconfigured" } };
@@ -512,6 +513,10 @@ describe("dashboard", () => {
     assert.deepEqual([parked.key, parked.state, parked.attempts, parked.http], ["chapter-3", "parked", "1", "422"]);
     assert.match(parked.answered, /^422: .*chapter template missing/);
     assert.ok(parked.lastAttempt !== "", "a parked result says when it was answered");
+    // The job's effect waits for them: no "Retry now" that would send nothing, but what happens.
+    assert.equal(await page.locator("#act-retry").count(), 0);
+    assert.match(await page.locator("#op-actions").textContent(), /The job's effect waits for its results/);
+    assert.equal(await page.locator("#act-results-retry").count(), 1, "the parked one can be sent again");
     await shoot("dashboard-results.png");
     // Kept while it waits: the page's own refresh shows its later attempts, the last one later.
     const seen = Number(waiting.attempts);
@@ -524,6 +529,27 @@ describe("dashboard", () => {
     await eventually(() => effectsFor(CHAPTERS).length === 1, { timeoutMs: 30_000, what: "the job's effect, after its results" });
     await go("op/" + encodeURIComponent(CHAPTERS));
     assert.deepEqual((await resultRows()).map((r) => [r.key, r.state]), [["chapter-3", "parked"]]);
+    // Its template fixed, an operator sends the parked result again from the page: once, under
+    // its first webhook-id; the counts changed, so the job's effect goes again as a new
+    // generation under a new webhook-id.
+    chapterThreeUp = true;
+    const chapterThree = () => dest.requests.filter((r) => r.body.includes(`"result_key":"chapter-3"`));
+    const refusedId = chapterThree()[0].headers["webhook-id"];
+    await page.fill("#results-retry-reason", "template fixed");
+    await page.click("#act-results-retry");
+    await page.waitForFunction(() => /Sending/.test(document.getElementById("action-message")?.textContent));
+    assert.match(await page.locator("#action-message").textContent(), /^Sending 1 parked result of batches\/chapters-0903 again, each under its first webhook-id\.$/);
+    await eventually(() => chapterThree().length === 2, { timeoutMs: 30_000, what: "chapter-3 sent again" });
+    assert.equal(chapterThree()[1].headers["webhook-id"], refusedId);
+    await eventually(async () => (await w.inspect(CHAPTERS)).body.results_progress?.counts.delivered === 3, { what: "chapter-3 counted delivered" });
+    await go("op/" + encodeURIComponent(CHAPTERS));
+    assert.equal(await page.locator("#op-results-box").isVisible(), false, "nothing waits or is parked");
+    assert.equal(await page.locator("#act-results-retry").count(), 0);
+    await eventually(() => effectsFor(CHAPTERS).length === 2, { timeoutMs: 30_000, what: "the job's new generation" });
+    const [firstJob, newJob] = effectsFor(CHAPTERS);
+    assert.notEqual(newJob.headers["webhook-id"], firstJob.headers["webhook-id"]);
+    assert.equal(newJob.headers["effect-generation"], "2");
+    assert.deepEqual(JSON.parse(newJob.body).results, { total: 3, delivered: 3, errors: 0, parked: 0 });
   });
   it("says a time ahead is ahead, and which token registered an operation", async () => {
     const inAnHour = await page.evaluate(() => when(new Date(Date.now() + 3_600_000).toISOString()));
