@@ -516,7 +516,7 @@ describe("dashboard", () => {
     // The job's effect waits for them: no "Retry now" that would send nothing, but what happens.
     assert.equal(await page.locator("#act-retry").count(), 0);
     assert.match(await page.locator("#op-actions").textContent(), /The job's effect waits for its results/);
-    assert.equal(await page.locator("#act-results-retry").count(), 1, "the parked one can be sent again");
+    assert.equal(await page.locator("#act-results-retry").count(), 1, "the waiting and parked ones can be sent now");
     await shoot("dashboard-results.png");
     // Kept while it waits: the page's own refresh shows its later attempts, the last one later.
     const seen = Number(waiting.attempts);
@@ -538,7 +538,7 @@ describe("dashboard", () => {
     await page.fill("#results-retry-reason", "template fixed");
     await page.click("#act-results-retry");
     await page.waitForFunction(() => /Sending/.test(document.getElementById("action-message")?.textContent));
-    assert.match(await page.locator("#action-message").textContent(), /^Sending 1 parked result of batches\/chapters-0903 again, each under its first webhook-id\.$/);
+    assert.match(await page.locator("#action-message").textContent(), /^Sending 1 parked result again for batches\/chapters-0903, each under its first webhook-id\.$/);
     await eventually(() => chapterThree().length === 2, { timeoutMs: 30_000, what: "chapter-3 sent again" });
     assert.equal(chapterThree()[1].headers["webhook-id"], refusedId);
     await eventually(async () => (await w.inspect(CHAPTERS)).body.results_progress?.counts.delivered === 3, { what: "chapter-3 counted delivered" });

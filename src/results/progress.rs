@@ -589,6 +589,26 @@ impl Progress {
         (n, self.reopen_file(now_ms))
     }
 
+    /// An operator's retry also sends the results waiting for a retry now, rather than at the
+    /// end of their backoff (the destination is back, say): each keeps its `webhook-id` and
+    /// its attempts. A row whose attempt is in flight is left as it is. Returns how many.
+    pub fn hurry_waiting(&mut self, now_ms: i64) -> u64 {
+        let mut hurried = 0;
+        for row in self.rows.values_mut() {
+            if !row.in_doubt && row.next_at_ms.is_some_and(|at| at > now_ms) {
+                row.next_at_ms = Some(now_ms);
+                hurried += 1;
+            }
+        }
+        hurried
+    }
+
+    /// Waiting results an operator's retry would send now ([`Progress::hurry_waiting`]).
+    pub fn waiting_later(&self, now_ms: i64) -> u64 {
+        let later = |r: &&Row| !r.in_doubt && r.next_at_ms.is_some_and(|at| at > now_ms);
+        self.rows.values().filter(later).count() as u64
+    }
+
     /// A parked file is asked for again now, from where reading stopped (its status answer
     /// first, when it never said where the results are), with its wait started anew, so a file
     /// that is back is read and one still gone is parked again, with its reason. `false` when

@@ -583,6 +583,21 @@ fn a_parked_row_keeps_when_it_was_last_answered_through_an_operators_retry() {
     p.retry_parked(vec![row], 9_000);
     assert_eq!(p.rows[&0].last_attempt_ms, Some(7_000));
     assert_eq!(p.rows[&0].next_at_ms, Some(9_000));
+    // An operator's retry sends a waiting row now, keeping its attempts and last answer.
+    p.rows.get_mut(&0).unwrap().next_at_ms = Some(60_000);
+    assert_eq!(p.waiting_later(10_000), 1);
+    assert_eq!(p.hurry_waiting(10_000), 1);
+    assert_eq!(p.next(10_000), Step::RetryRows(vec![0]));
+    assert_eq!(
+        (p.rows[&0].attempts, p.rows[&0].last_attempt_ms),
+        (1, Some(7_000))
+    );
+    assert!(p.begin_row(0));
+    assert_eq!(
+        p.hurry_waiting(10_000),
+        0,
+        "an attempt in flight is left alone"
+    );
     // A row stored before the field was kept reads as not known.
     let old: Row = serde_json::from_value(
         json!({"result_key": "a", "index": 0, "attempts": 1, "last_error": "503", "next_at_ms": 5}),

@@ -5,7 +5,8 @@
 //!
 //! Guarantees: a listing reads at most one page; delivered results are not stored, so
 //! `delivered` answers their count only; a retry takes at most the room left below
-//! `MAX_WAITING` (a page), out of the parked rows and into the progress in one storage write,
+//! `MAX_WAITING` (a page), out of the parked rows and into the progress in one storage write
+//! (the results waiting for a retry made due now in the same write),
 //! each then sent by the alarm under its first `webhook-id`, and a parked results file is read
 //! again (its status answer first, when that never said where the results are); the record's
 //! part (a history row, the results due now, the alarm) is the gate's step; a dry run changes
@@ -118,20 +119,22 @@ async fn retry(
         ));
     };
     let parked = store.parked(None, progress.room())?;
+    let now = now_ms();
     if dry_run {
         let file = matches!(progress.phase, Phase::FileParked { .. });
         return Ok(results_answer(json!({"key": op.key(), "dry_run": true,
             "would_retry": parked.len(), "would_reread_file": file,
-            "parked": progress.counts.parked})));
+            "parked": progress.counts.parked, "would_hurry": progress.waiting_later(now)})));
     }
-    let now = now_ms();
     store.unpark(&parked)?;
+    let hurried = progress.hurry_waiting(now);
     let (taken, file_reread) = progress.retry_parked(parked, now);
     store.save(&progress, Vec::new())?;
     let taken = ResultsTaken {
         taken,
         file_reread,
         parked_left: progress.counts.parked,
+        hurried,
     };
     let step = results_retried(Some(op), taken, reason.to_string(), by, now);
     let (_, reply) = storage.commit(step, &limits(config), Alarm::Sync).await?;
