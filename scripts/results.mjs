@@ -9,7 +9,8 @@
 // by default; `waiting`: failed and due again; `delivered`: only their count, as the worker
 // keeps no row for them), following every page. `retry` (POST .../results/retry) puts parked
 // results back, due at once under their first webhook-id, a page at a time as the worker
-// takes them (it says how many stay parked: run it again for more); `--dry-run` counts what
+// takes them (it says how many stay parked: run it again for more), and sends those waiting
+// for a retry now rather than at the end of their backoff; `--dry-run` counts what
 // it would take and changes nothing. A parked results file is asked for again.
 //
 // The URL defaults to the local worker (the address a running `npm start` wrote, else
@@ -87,6 +88,7 @@ function refused({ status, body }) {
 }
 
 const line = (r) => [`index=${r.index}`, `result_key=${r.result_key}`, `attempts=${r.attempts}`,
+  r.last_attempt_ms != null ? `last_attempt=${new Date(r.last_attempt_ms).toISOString()}` : null,
   r.next_attempt_ms != null ? `due=${new Date(r.next_attempt_ms).toISOString()}` : null, `last_error=${JSON.stringify(r.last_error)}`].filter(Boolean).join(" ");
 
 async function list(opts) {
@@ -112,11 +114,13 @@ async function list(opts) {
 async function retry(opts) {
   const answer = await call(opts, "/results/retry", { method: "POST", body: JSON.stringify({ reason: opts.reason ?? "npm run results -- retry", dry_run: opts.dryRun }) });
   if (answer.status !== 200) refused(answer);
-  const { retried = 0, would_retry: would = 0, parked = 0 } = answer.body;
+  const { retried = 0, would_retry: would = 0, parked = 0, hurried = 0, would_hurry: wouldHurry = 0 } = answer.body;
   const more = parked > 0 ? `; ${parked} stay parked: run it again for more` : "";
+  // Results waiting for a retry go now too, rather than at the end of their backoff.
+  const waiting = opts.dryRun ? (wouldHurry ? `; would send the ${wouldHurry} waiting for a retry now` : "") : hurried ? `; ${hurried} waiting for a retry sent now` : "";
   // A dry run's `parked` is how many are parked now; a retry's, how many stay after its page.
-  if (opts.dryRun) console.log(`results: ${opts.name}: dry run: would retry ${would} of the ${parked} parked now${would < parked ? " (a page at a time: run retry again for the rest)" : ""}; nothing changed`);
-  else console.log(`results: ${opts.name}: retried ${retried}, each due at once under its first webhook-id${more}`);
+  if (opts.dryRun) console.log(`results: ${opts.name}: dry run: would retry ${would} of the ${parked} parked now${would < parked ? " (a page at a time: run retry again for the rest)" : ""}${waiting}; nothing changed`);
+  else console.log(`results: ${opts.name}: retried ${retried}, each due at once under its first webhook-id${more}${waiting}`);
 }
 
 async function main() {

@@ -34,6 +34,13 @@ const PAGES_FILE = ["page-1", "page-2", "page-3", "page-4", "page-5", "page-6"]
   .map((key, i) => JSON.stringify(i === 3 ? { key, error: { code: 3, message: "no input" } } : { key, response: { candidates: [{ content: { parts: [{ text: `page ${i + 1}` }] } }] } }))
   .join("\n") + "\n";
 const REFUSED_PAGES = ["page-2", "page-5"];
+// A second one: chapter-2 fails (503) until the test lets it through, chapter-3 is refused.
+const CHAPTERS = "batches/chapters-0903";
+const CHAPTERS_FILE = ["chapter-1", "chapter-2", "chapter-3"]
+  .map((key, i) => JSON.stringify({ key, response: { candidates: [{ content: { parts: [{ text: `chapter ${i + 1}` }] } }] } }))
+  .join("\n") + "\n";
+let chapterTwoUp = false;
+let chapterThreeUp = false;
 
 let w, dest, gemini, browser, page;
 let billingUp = false;
@@ -49,6 +56,8 @@ before(async () => {
   dest = await startServer(async (req) => {
     const key = req.headers["idempotency-key"];
     if (REFUSED_PAGES.some((k) => req.body.includes(`"result_key":"${k}"`))) return { status: 422, body: { error: "page template missing" } };
+    if (req.body.includes(`"result_key":"chapter-3"`) && !chapterThreeUp) return { status: 422, body: { error: "chapter template missing" } };
+    if (req.body.includes(`"result_key":"chapter-2"`) && !chapterTwoUp) return { status: 503, body: { error: "renderer overloaded" } };
     if (key === PARKED) return billingUp ? { status: 200 } : { status: 400, body: { error: "unknown account" } };
     if (REFUNDS.includes(key)) return refundsUp ? { status: 200 } : { status: 400, body: { error: "refunds API misconfigured" } };
     if (key === FLAKY) return effectsFor(FLAKY).length === 1 ? { status: 503 } : { status: 200 };
@@ -58,6 +67,8 @@ before(async () => {
   gemini = await startServer((req) => {
     if (req.url.startsWith(`/download/v1beta/files/${PAGES.split("/")[1]}:download`)) return { status: 200, body: PAGES_FILE };
     if (req.url === `/v1beta/${PAGES}`) return { status: 200, body: { name: PAGES, done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", updateTime: new Date().toISOString() }, response: { responsesFile: `files/${PAGES.split("/")[1]}` } } };
+    if (req.url.startsWith(`/download/v1beta/files/${CHAPTERS.split("/")[1]}:download`)) return { status: 200, body: CHAPTERS_FILE };
+    if (req.url === `/v1beta/${CHAPTERS}`) return { status: 200, body: { name: CHAPTERS, done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", updateTime: new Date().toISOString() }, response: { responsesFile: `files/${CHAPTERS.split("/")[1]}` } } };
     const p = req.url.replace(/^\/v1beta\//, "");
     if (p.startsWith("webhooks")) {
       // Disabled by a person: the pass leaves it so (one disabled for failed deliveries it would
@@ -80,6 +91,9 @@ before(async () => {
     // A claim shorter than the timeout plus the runtime's grace: works, and is warned about.
     EFFECT_TIMEOUT_MS: "20000",
     CLAIM_TTL_SECONDS: "40",
+    // A result failing every second stays waiting (its row shown) rather than opening the
+    // destination for the other tests' effects.
+    DESTINATION_OPEN_AFTER: "1000",
   }, { http: true });
   browser = await chromium.launch({
     executablePath: CHROMIUM,
@@ -170,6 +184,12 @@ function go(hash) {
   }, hash));
 }
 const click = (selector) => andLoad(() => page.click(selector));
+/** The operation page's waiting and parked results, as shown. */
+const resultRows = () => page.locator("#op-results tbody tr:not(.empty)").evaluateAll((trs) => trs.map((tr) => {
+  const cells = [...tr.children].map((td) => td.textContent);
+  return { key: cells[0], index: tr.dataset.index, state: tr.dataset.state, attempts: tr.dataset.attempts, http: tr.dataset.http,
+    answered: cells[5], last: cells[6], next: cells[7], lastAttempt: tr.dataset.lastAttempt, nextAttempt: tr.dataset.nextAttempt };
+}));
 
 describe("dashboard", () => {
   it("asks for the token, refuses a wrong one, and holds no data without it", async () => {
@@ -457,13 +477,79 @@ describe("dashboard", () => {
     await w.scheduled();
     await eventually(() => effectsFor(PAGES).length === 1, { timeoutMs: 30_000, what: "the job's effect, after its results" });
     await go("op/" + encodeURIComponent(PAGES));
-    assert.match(await page.locator('#op-record dd[data-field="results_progress"]').textContent(), /^6 read \(1 of them carries an error from Gemini\); effects: 4 delivered, 2 parked; read/);
-    const parked = await page.locator('#op-record dd[data-field="parked_results"]').textContent();
-    assert.match(parked, /^page-2 \(#1, 1 attempts\): [^;]*422[^;]*; page-5 \(#4, 1 attempts\): [^;]*422/);
+    // Errors are counted within what was read, apart from how their effects ended.
+    assert.equal(await page.locator('#op-record dd[data-field="results_progress"]').textContent(),
+      "6 read (1 of them carries an error from Gemini); effects: 4 delivered, 2 parked; every result read");
+    const rows = await resultRows();
+    assert.deepEqual(rows.map((r) => [r.key, r.index, r.state, r.attempts, r.http]),
+      [["page-2", "1", "parked", "1", "422"], ["page-5", "4", "parked", "1", "422"]]);
+    for (const r of rows) {
+      assert.match(r.answered, /^422: .*page template missing/);
+      assert.match(r.last, /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+m \d+s ago\)$/, r.last);
+      assert.ok(Number(r.lastAttempt) <= Date.now() && Number(r.lastAttempt) > Date.now() - 120_000, "answered during this test");
+      assert.match(r.next, /^parked/);
+    }
     // An operation without results shows neither.
     await go("op/" + encodeURIComponent(DONE));
     assert.equal(await page.locator('#op-record dd[data-field="results_progress"]').count(), 0);
-    assert.equal(await page.locator('#op-record dd[data-field="parked_results"]').count(), 0);
+    assert.equal(await page.locator("#op-results-box").isVisible(), false);
+  });
+  it("shows each waiting and parked result's attempts: what answered, when, and when it goes again", async () => {
+    assert.equal((await w.register(CHAPTERS, "chapters", { results: "each" })).status, 201);
+    await w.ledger(CHAPTERS);
+    await w.scheduled();
+    const chapterTwo = () => dest.requests.filter((r) => r.body.includes(`"result_key":"chapter-2"`));
+    await eventually(() => chapterTwo().length >= 2, { timeoutMs: 30_000, what: "chapter-2 failing and retried" });
+    await go("op/" + encodeURIComponent(CHAPTERS));
+    assert.match(await page.locator('#op-record dd[data-field="results_progress"]').textContent(),
+      /^3 read; effects: 1 delivered, 1 parked, 1 waiting for a retry; every result read$/);
+    const [waiting, parked] = await resultRows();
+    assert.deepEqual([waiting.key, waiting.index, waiting.state, waiting.http], ["chapter-2", "1", "waiting", "503"]);
+    assert.ok(Number(waiting.attempts) >= 1, waiting.attempts);
+    assert.match(waiting.answered, /^503: .*renderer overloaded/);
+    assert.match(waiting.last, / UTC \(\d+m \d+s ago\)$/, waiting.last);
+    assert.match(waiting.next, /^(due now|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(in \d+m \d+s\))$/, waiting.next);
+    assert.ok(Number(waiting.nextAttempt) >= Number(waiting.lastAttempt), "due again after its last answer");
+    assert.deepEqual([parked.key, parked.state, parked.attempts, parked.http], ["chapter-3", "parked", "1", "422"]);
+    assert.match(parked.answered, /^422: .*chapter template missing/);
+    assert.ok(parked.lastAttempt !== "", "a parked result says when it was answered");
+    // The job's effect waits for them: no "Retry now" that would send nothing, but what happens.
+    assert.equal(await page.locator("#act-retry").count(), 0);
+    assert.match(await page.locator("#op-actions").textContent(), /The job's effect waits for its results/);
+    assert.equal(await page.locator("#act-results-retry").count(), 1, "the waiting and parked ones can be sent now");
+    await shoot("dashboard-results.png");
+    // Kept while it waits: the page's own refresh shows its later attempts, the last one later.
+    const seen = Number(waiting.attempts);
+    await page.waitForFunction((n) => Number(document.querySelector('#op-results tr[data-state="waiting"]')?.dataset.attempts) > n, seen, { timeout: 30_000 });
+    const [later] = await resultRows();
+    assert.equal(later.state, "waiting");
+    assert.ok(Number(later.lastAttempt) > Number(waiting.lastAttempt), "its last attempt moved on");
+    // Delivered at last: the waiting row goes, the parked one stays, and the job's effect goes.
+    chapterTwoUp = true;
+    await eventually(() => effectsFor(CHAPTERS).length === 1, { timeoutMs: 30_000, what: "the job's effect, after its results" });
+    await go("op/" + encodeURIComponent(CHAPTERS));
+    assert.deepEqual((await resultRows()).map((r) => [r.key, r.state]), [["chapter-3", "parked"]]);
+    // Its template fixed, an operator sends the parked result again from the page: once, under
+    // its first webhook-id; the counts changed, so the job's effect goes again as a new
+    // generation under a new webhook-id.
+    chapterThreeUp = true;
+    const chapterThree = () => dest.requests.filter((r) => r.body.includes(`"result_key":"chapter-3"`));
+    const refusedId = chapterThree()[0].headers["webhook-id"];
+    await page.fill("#results-retry-reason", "template fixed");
+    await page.click("#act-results-retry");
+    await page.waitForFunction(() => /Sending/.test(document.getElementById("action-message")?.textContent));
+    assert.match(await page.locator("#action-message").textContent(), /^Sending 1 parked result again for batches\/chapters-0903, each under its first webhook-id\.$/);
+    await eventually(() => chapterThree().length === 2, { timeoutMs: 30_000, what: "chapter-3 sent again" });
+    assert.equal(chapterThree()[1].headers["webhook-id"], refusedId);
+    await eventually(async () => (await w.inspect(CHAPTERS)).body.results_progress?.counts.delivered === 3, { what: "chapter-3 counted delivered" });
+    await go("op/" + encodeURIComponent(CHAPTERS));
+    assert.equal(await page.locator("#op-results-box").isVisible(), false, "nothing waits or is parked");
+    assert.equal(await page.locator("#act-results-retry").count(), 0);
+    await eventually(() => effectsFor(CHAPTERS).length === 2, { timeoutMs: 30_000, what: "the job's new generation" });
+    const [firstJob, newJob] = effectsFor(CHAPTERS);
+    assert.notEqual(newJob.headers["webhook-id"], firstJob.headers["webhook-id"]);
+    assert.equal(newJob.headers["effect-generation"], "2");
+    assert.deepEqual(JSON.parse(newJob.body).results, { total: 3, delivered: 3, errors: 0, parked: 0 });
   });
   it("says a time ahead is ahead, and which token registered an operation", async () => {
     const inAnHour = await page.evaluate(() => when(new Date(Date.now() + 3_600_000).toISOString()));
@@ -504,5 +590,21 @@ describe("dashboard", () => {
     } finally {
       await fresh.close();
     }
+  });
+  it("shows who paused a destination by hand, when and why, and its resume", async () => {
+    const post = (p, body) => w.admin(p, { method: "POST", body: JSON.stringify(body) });
+    const paused = await post("/v1/destinations/default/pause", { reason: "database migration until 14:00" });
+    assert.equal(paused.status, 200, JSON.stringify(paused.body));
+    const fingerprint = paused.body.paused.by.fingerprint;
+    await go("issues");
+    const desk = page.locator('#destinations tr[data-name="default"]');
+    assert.equal(await desk.getAttribute("data-state"), "paused");
+    assert.equal(await desk.getAttribute("data-paused-by"), fingerprint);
+    const text = await desk.textContent();
+    assert.match(text, new RegExp(`paused by admin ${fingerprint} at \\d{4}-\\d\\d-\\d\\dT[\\d:.]+Z: database migration until 14:00`), text);
+    assert.equal((await post("/v1/destinations/default/resume", { reason: "migration done" })).status, 200);
+    await go("issues");
+    assert.notEqual(await desk.getAttribute("data-state"), "paused");
+    assert.equal(await desk.getAttribute("data-paused-by"), null);
   });
 });

@@ -62,7 +62,7 @@ describe("npm run results", () => {
     assert.equal(listed.code, 0, listed.err);
     const lines = listed.out.trim().split("\n");
     assert.deepEqual(lines.slice(0, -1).map((l) => l.match(/result_key=(\S+)/)[1]), ["k3", "k7"], listed.out);
-    for (const l of lines.slice(0, -1)) assert.match(l, /^index=\d+ result_key=k\d attempts=1 last_error=".*422/);
+    for (const l of lines.slice(0, -1)) assert.match(l, /^index=\d+ result_key=k\d attempts=1 last_attempt=\d{4}-\d\d-\d\dT[\d:.]+Z last_error=".*422/);
     assert.match(lines.at(-1), new RegExp(`^results: ${key}: 2 parked; send them again: npm run results -- retry ${key}`));
 
     const delivered = await results(["list", key, "--state", "delivered", "--url", w.url, "--token", READ_TOKEN]);

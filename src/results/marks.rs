@@ -93,8 +93,8 @@ pub fn settled(mut op: Operation, counts: Value, failing_parked: u64, now: i64) 
 }
 
 /// An operator's retry of parked results: the progress takes `parked` (a page the edge read,
-/// at most its room, taken out of the parked rows in the same write) and reads a parked file
-/// again; the record's part is the gate's step ([`results_retried`]: a history row, the
+/// at most its room, taken out of the parked rows in the same write), makes the waiting ones
+/// due now, and reads a parked file again; the record's part is the gate's step ([`results_retried`]: a history row, the
 /// results due now, and the answer).
 pub fn retried(
     op: Operation,
@@ -103,12 +103,14 @@ pub fn retried(
     (reason, by): (String, Option<Actor>),
     now: i64,
 ) -> Step {
+    let hurried = progress.hurry_waiting(now);
     let (taken, file_reread) = progress.retry_parked(parked, now);
     let parked_left = progress.counts.parked;
     let taken = ResultsTaken {
         taken,
         file_reread,
         parked_left,
+        hurried,
     };
     results_retried(Some(op), taken, reason, by, now)
 }

@@ -148,6 +148,11 @@ pub struct Row {
     /// When its first failure was answered (since its last operator's retry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failing_since_ms: Option<i64>,
+    /// When its last attempt was answered (`last_error` is what answered): stored in the
+    /// write that stores the failure, so it costs no write of its own. `None` in a row stored
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ms: Option<i64>,
 }
 
 /// What the edge stores with the value, in the same transaction.
@@ -437,6 +442,7 @@ impl Progress {
                 next_at_ms: None,
                 in_doubt: false,
                 failing_since_ms: None,
+                last_attempt_ms: None,
             };
             if outcome != AttemptOutcome::Delivered {
                 writes.push(Write::KeepResult(item));
@@ -471,6 +477,7 @@ impl Progress {
     ) -> Option<Write> {
         row.attempts += 1;
         row.in_doubt = false;
+        row.last_attempt_ms = Some(now_ms);
         let key = row.index;
         let was_row = self.rows.remove(&key).is_some();
         match outcome {
@@ -585,6 +592,26 @@ impl Progress {
         }
         self.counts.parked = self.counts.parked.saturating_sub(n);
         (n, self.reopen_file(now_ms))
+    }
+
+    /// An operator's retry also sends the results waiting for a retry now, rather than at the
+    /// end of their backoff (the destination is back, say): each keeps its `webhook-id` and
+    /// its attempts. A row whose attempt is in flight is left as it is. Returns how many.
+    pub fn hurry_waiting(&mut self, now_ms: i64) -> u64 {
+        let mut hurried = 0;
+        for row in self.rows.values_mut() {
+            if !row.in_doubt && row.next_at_ms.is_some_and(|at| at > now_ms) {
+                row.next_at_ms = Some(now_ms);
+                hurried += 1;
+            }
+        }
+        hurried
+    }
+
+    /// Waiting results an operator's retry would send now ([`Progress::hurry_waiting`]).
+    pub fn waiting_later(&self, now_ms: i64) -> u64 {
+        let later = |r: &&Row| !r.in_doubt && r.next_at_ms.is_some_and(|at| at > now_ms);
+        self.rows.values().filter(later).count() as u64
     }
 
     /// A parked file is asked for again now, from where reading stopped (its status answer

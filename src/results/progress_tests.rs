@@ -535,11 +535,75 @@ fn a_row_retry_waits_the_jobs_backoff() {
     assert_eq!(writes, Some(vec![Write::KeepResult(item)]));
     let wait = LIMITS.backoff().after(1);
     assert_eq!(p.next(1_000), Step::WaitUntil(1_000 + wait));
+    // When it was answered is kept with what answered, in the row the failure writes anyway.
+    assert_eq!(p.rows[&0].last_attempt_ms, Some(1_000));
     assert!(p.begin_row(0));
+    assert_eq!(
+        p.rows[&0].last_attempt_ms,
+        Some(1_000),
+        "an attempt begun has not answered yet"
+    );
     p.finish_row(0, &busy, 2_000, &LIMITS, 1.0);
     let wait = LIMITS.backoff().after(2);
     assert_eq!(p.next(2_000), Step::WaitUntil(2_000 + wait));
     assert_eq!(p.rows[&0].attempts, 2);
+    assert_eq!(p.rows[&0].last_attempt_ms, Some(2_000));
+    assert_eq!(p.rows[&0].last_error, "503");
+}
+
+#[test]
+fn a_parked_row_keeps_when_it_was_last_answered_through_an_operators_retry() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    let claim = p.claim(
+        Checkpoint {
+            offset: 0,
+            index: 1,
+        },
+        true,
+    );
+    let refused = AttemptOutcome::Park("422: page template missing".into());
+    let writes = p
+        .commit(
+            claim.chunk,
+            failed(0..1)
+                .into_iter()
+                .map(|(i, _)| (i, refused.clone()))
+                .collect(),
+            7_000,
+            &LIMITS,
+            0.0,
+        )
+        .unwrap();
+    let Some(Write::Park(row)) = writes.last().cloned() else {
+        panic!("parked: {writes:?}")
+    };
+    assert_eq!(row.last_attempt_ms, Some(7_000));
+    assert_eq!((row.attempts, row.next_at_ms), (1, None));
+    // Waiting again after an operator's retry, it still says when it was last answered.
+    p.retry_parked(vec![row], 9_000);
+    assert_eq!(p.rows[&0].last_attempt_ms, Some(7_000));
+    assert_eq!(p.rows[&0].next_at_ms, Some(9_000));
+    // An operator's retry sends a waiting row now, keeping its attempts and last answer.
+    p.rows.get_mut(&0).unwrap().next_at_ms = Some(60_000);
+    assert_eq!(p.waiting_later(10_000), 1);
+    assert_eq!(p.hurry_waiting(10_000), 1);
+    assert_eq!(p.next(10_000), Step::RetryRows(vec![0]));
+    assert_eq!(
+        (p.rows[&0].attempts, p.rows[&0].last_attempt_ms),
+        (1, Some(7_000))
+    );
+    assert!(p.begin_row(0));
+    assert_eq!(
+        p.hurry_waiting(10_000),
+        0,
+        "an attempt in flight is left alone"
+    );
+    // A row stored before the field was kept reads as not known.
+    let old: Row = serde_json::from_value(
+        json!({"result_key": "a", "index": 0, "attempts": 1, "last_error": "503", "next_at_ms": 5}),
+    )
+    .unwrap();
+    assert_eq!(old.last_attempt_ms, None);
 }
 
 /// Results `indexes`, each answered 503 by the destination.

@@ -116,6 +116,8 @@ pub struct ResultsTaken {
     pub file_reread: bool,
     /// Parked results left (beyond the page taken).
     pub parked_left: u64,
+    /// Results waiting for a retry, sent now rather than at the end of their backoff.
+    pub hurried: u64,
 }
 
 /// An operator's retry of a batch's parked results: when it took any (or the file), the
@@ -130,9 +132,9 @@ pub(super) fn results_retried(
 ) -> Step {
     let key = op.key().to_string();
     let answer = serde_json::json!({"key": key, "retried": taken.taken,
-        "file_reread": taken.file_reread, "parked": taken.parked_left});
+        "file_reread": taken.file_reread, "parked": taken.parked_left, "hurried": taken.hurried});
     let reply = GateReply::ResultsAnswer { answer };
-    if taken.taken == 0 && !taken.file_reread {
+    if taken.taken == 0 && !taken.file_reread && taken.hurried == 0 {
         return Step::new(Some(op), reply);
     }
     op.results_retried(now);
@@ -315,6 +317,7 @@ mod tests {
             taken,
             file_reread,
             parked_left: 0,
+            hurried: 0,
         };
         let by = Some(actor());
         let s = super::results_retried(settled(), taken(0, true), "back".into(), by.clone(), 40);
@@ -330,6 +333,18 @@ mod tests {
         let none = super::results_retried(settled(), taken(0, false), "x".into(), None, 40);
         assert_eq!(none.save, Save::Unchanged);
         assert!(none.history.is_empty() && none.logs.is_empty());
+        // Only waiting results sent now: the results run now too.
+        let hurried = super::ResultsTaken {
+            hurried: 2,
+            ..taken(0, false)
+        };
+        let s = super::results_retried(settled(), hurried, "back".into(), None, 50);
+        assert_eq!(s.save, Save::Durable);
+        assert_eq!(s.record.as_ref().unwrap().results_due_ms(), Some(50));
+        let GateReply::ResultsAnswer { answer } = &s.reply else {
+            panic!("{:?}", s.reply)
+        };
+        assert_eq!(answer["hurried"], 2);
     }
 
     #[test]

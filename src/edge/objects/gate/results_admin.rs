@@ -1,10 +1,12 @@
 //! The results' commands, answered by the gate object from its results tables: the listing
-//! of one state (`parked`, `waiting`, `delivered`) with a cursor, an operator's retry of
+//! of one state (`parked`, `waiting`, `delivered`) with a cursor (each row's attempts, what
+//! answered its last one and when), an operator's retry of
 //! parked results, and the progress shown on the operation's record.
 //!
 //! Guarantees: a listing reads at most one page; delivered results are not stored, so
 //! `delivered` answers their count only; a retry takes at most the room left below
-//! `MAX_WAITING` (a page), out of the parked rows and into the progress in one storage write,
+//! `MAX_WAITING` (a page), out of the parked rows and into the progress in one storage write
+//! (the results waiting for a retry made due now in the same write),
 //! each then sent by the alarm under its first `webhook-id`, and a parked results file is read
 //! again (its status answer first, when that never said where the results are); the record's
 //! part (a history row, the results due now, the alarm) is the gate's step; a dry run changes
@@ -84,7 +86,8 @@ fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> Result<Gate
         .iter()
         .map(|r| {
             json!({"result_key": r.result_key, "index": r.index, "attempts": r.attempts,
-            "last_error": r.last_error, "next_attempt_ms": r.next_at_ms})
+            "last_error": r.last_error, "last_attempt_ms": r.last_attempt_ms,
+            "next_attempt_ms": r.next_at_ms})
         })
         .collect();
     Ok(results_answer(
@@ -114,11 +117,12 @@ async fn retry(
         ));
     };
     let parked = store.parked(None, progress.room())?;
+    let now = now_ms();
     if dry_run {
         let file = matches!(progress.phase, Phase::FileParked { .. });
         return Ok(results_answer(json!({"key": op.key(), "dry_run": true,
             "would_retry": parked.len(), "would_reread_file": file,
-            "parked": progress.counts.parked})));
+            "parked": progress.counts.parked, "would_hurry": progress.waiting_later(now)})));
     }
     store.unpark(&parked)?;
     let step = on_record::retried(
@@ -126,7 +130,7 @@ async fn retry(
         &mut progress,
         parked,
         (reason.to_string(), by),
-        now_ms(),
+        now,
     );
     store.save(&progress, Vec::new())?;
     let (_, reply) = storage.commit(step, &limits(config), Alarm::Sync).await?;
