@@ -191,6 +191,7 @@ mod tests {
             next_at_ms: None,
             in_doubt: false,
             failing_since_ms: Some(0),
+            last_attempt_ms: None,
         }
     }
 
