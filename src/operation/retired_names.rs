@@ -65,7 +65,8 @@ pub const PUT: &str = "INSERT INTO names (bucket, part, hashes) VALUES (?, ?, ?)
 /// Asks the table of shards written before the packing: one row read when kept there.
 pub const LEGACY_ASK: &str = "SELECT 1 AS kept FROM retired WHERE hash = ?";
 
-/// A retired name as the shards hold it: 16 bytes of the SHA-256 of its normalized key.
+/// A retired name on the wire: 16 bytes of the SHA-256 of its normalized key (the shards keep
+/// its first 12: [`RetiredName::entry`]; the old table, all 16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetiredName(#[serde(with = "hex16")] pub [u8; 16]);
 
