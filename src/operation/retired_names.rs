@@ -1,19 +1,29 @@
-//! The names whose retention ended: kept for good as 16-byte rows in a few shared objects,
-//! never as an object's database per name (docs/DESIGN.md, invariant 12).
+//! The names whose retention ended: kept for good, packed many to a row in a few shared
+//! objects, never as an object's database per name (docs/DESIGN.md, invariant 12).
 //!
-//! Guarantees: a name is known by the first 16 bytes of the SHA-256 of its normalized key
-//! ([`RetiredName::of`]), the same whichever path names it (invariant 6); its first byte picks
-//! one of [`SHARDS`] objects (`retired-00` to `retired-ff`), so each shard holds 1/256 of the
-//! names and no object is a global bottleneck. A shard's one table is `retired(hash BLOB
-//! PRIMARY KEY) WITHOUT ROWID` ([`DDL`]): one row a name, no second index, about 24 bytes a
-//! name on disk (`stored_bytes_per_name` below measures it); keeping a name writes one row
-//! once (a second keep of the same name writes nothing), asking reads one row.
+//! Guarantees: a name is known by the first 12 bytes of the SHA-256 of its normalized key
+//! ([`RetiredName::of`]; the wire carries 16, of which the shards keep 12), the same whichever
+//! path names it (invariant 6); its first byte picks one of [`SHARDS`] objects (`retired-00`
+//! to `retired-ff`), so each shard holds 1/256 of the names and no object is a global
+//! bottleneck. In its shard a name is an [`ENTRY_BYTES`]-byte entry (the 11 bytes after the
+//! first) in the row of its bucket ([`BUCKETS`] a shard, by its second byte): `names(bucket,
+//! part, hashes) WITHOUT ROWID` ([`DDL`]), each row's `hashes` the sorted concatenation of at
+//! most [`PART_NAMES`] entries, so a name costs its 11 bytes on disk and a few more
+//! (`stored_bytes_per_name` below measures it); keeping a name reads its bucket's last row
+//! and rewrites it (one row read, one written; a second keep writes nothing, [`plan_keep`]),
+//! asking reads its bucket's rows (one per [`PART_NAMES`] names in it) and finds the entry by
+//! binary search ([`holds`]).
+//!
+//! Shards written before the packing keep their `retired(hash)` rows of 16 bytes
+//! ([`LEGACY_DDL`]): both are read, so a name retired before an upgrade stays retired; new
+//! names go to the packed rows only.
 //!
 //! Who asks: a gate retiring its operation keeps the name ([`RetiredCommand::Keep`]) before
 //! it deletes its storage; a registration that finds an empty gate, and the first alarm of a
 //! record a signed delivery created, ask ([`RetiredCommand::Ask`]). Nothing else creates a
-//! record, so nothing else needs to ask. Two keys that share their 16 bytes would make the
-//! second one retired too: at 2^-128 per pair, not a risk at any volume a worker sees.
+//! record, so nothing else needs to ask. Two keys that share their 12 bytes would make the
+//! second one retired too: with n names kept, the odds that any two share them are about
+//! n²/2^97, 6·10^-10 at ten billion names.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -24,14 +34,39 @@ pub const SHARDS: usize = 256;
 /// The shard objects' binding.
 pub const RETIRED_BINDING: &str = "RETIRED_NAMES";
 
-/// The shard's one table: one row a name, keyed by its hash, with no rowid (no second index).
-pub const DDL: &str = "CREATE TABLE IF NOT EXISTS retired (hash BLOB PRIMARY KEY) WITHOUT ROWID";
-/// Keeps a name: one row written the first time, none after.
-pub const KEEP: &str = "INSERT INTO retired (hash) VALUES (?) ON CONFLICT DO NOTHING";
-/// Asks for a name: one row read when kept, none otherwise.
-pub const ASK: &str = "SELECT 1 AS kept FROM retired WHERE hash = ?";
+/// Bytes a shard keeps of a name: the hash's 2nd to 12th (the 1st is the shard's name).
+pub const ENTRY_BYTES: usize = 11;
 
-/// A retired name as the shards hold it: 16 bytes of the SHA-256 of its normalized key.
+/// One name as its shard keeps it.
+pub type Entry = [u8; ENTRY_BYTES];
+
+/// Buckets a shard's names are spread over (by the top 6 bits of the hash's second byte):
+/// enough that a bucket stays a few rows at 100 M names a month for years, few enough that a
+/// bucket's row is large (overflow pages are full; small rows leave leaf pages part empty).
+pub const BUCKETS: u8 = 64;
+
+/// Entries a row holds at most (45 KB): a keep rewrites one row of at most this, an ask reads
+/// a bucket's rows, one per [`PART_NAMES`] names in it.
+pub const PART_NAMES: usize = 4_096;
+
+/// The shard's tables: the packed names, and the one-row-a-name table of shards written before
+/// the packing (read, never written; empty in a shard created since).
+pub const DDL: &str = "CREATE TABLE IF NOT EXISTS names (bucket INTEGER NOT NULL, part INTEGER NOT NULL, hashes BLOB NOT NULL, PRIMARY KEY (bucket, part)) WITHOUT ROWID";
+/// The table of shards written before the packing: a 16-byte hash a row.
+pub const LEGACY_DDL: &str =
+    "CREATE TABLE IF NOT EXISTS retired (hash BLOB PRIMARY KEY) WITHOUT ROWID";
+/// A bucket's rows, in order (what an ask reads).
+pub const PARTS: &str = "SELECT part, hashes FROM names WHERE bucket = ? ORDER BY part";
+/// A bucket's last row (what a keep reads: one row).
+pub const LAST_PART: &str =
+    "SELECT part, hashes FROM names WHERE bucket = ? ORDER BY part DESC LIMIT 1";
+/// Stores a bucket's row: one row written.
+pub const PUT: &str = "INSERT INTO names (bucket, part, hashes) VALUES (?, ?, ?) ON CONFLICT (bucket, part) DO UPDATE SET hashes = excluded.hashes";
+/// Asks the table of shards written before the packing: one row read when kept there.
+pub const LEGACY_ASK: &str = "SELECT 1 AS kept FROM retired WHERE hash = ?";
+
+/// A retired name on the wire: 16 bytes of the SHA-256 of its normalized key (the shards keep
+/// its first 12: [`RetiredName::entry`]; the old table, all 16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetiredName(#[serde(with = "hex16")] pub [u8; 16]);
 
@@ -47,6 +82,80 @@ impl RetiredName {
     /// The name of the shard object that holds it.
     pub fn shard(&self) -> String {
         format!("retired-{:02x}", self.0[0])
+    }
+
+    /// Its bucket in its shard.
+    pub fn bucket(&self) -> i64 {
+        i64::from(self.0[1] / (256 / BUCKETS as u16) as u8)
+    }
+
+    /// Its entry in its bucket's rows.
+    pub fn entry(&self) -> Entry {
+        let mut entry = [0u8; ENTRY_BYTES];
+        entry.copy_from_slice(&self.0[1..=ENTRY_BYTES]);
+        entry
+    }
+}
+
+/// Whether a row's sorted `hashes` hold `entry` (binary search; a trailing partial entry,
+/// which no keep writes, is ignored).
+pub fn holds(hashes: &[u8], entry: &Entry) -> bool {
+    let n = hashes.len() / ENTRY_BYTES;
+    let at = |i: usize| &hashes[i * ENTRY_BYTES..(i + 1) * ENTRY_BYTES];
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match at(mid).cmp(&entry[..]) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => return true,
+        }
+    }
+    false
+}
+
+/// `hashes` with `entry` inserted in order (it must not be there).
+fn inserted(hashes: &[u8], entry: &Entry) -> Vec<u8> {
+    let whole = hashes.len() / ENTRY_BYTES * ENTRY_BYTES;
+    let at = hashes[..whole]
+        .chunks_exact(ENTRY_BYTES)
+        .position(|e| e > &entry[..])
+        .map_or(whole, |i| i * ENTRY_BYTES);
+    let mut out = Vec::with_capacity(whole + ENTRY_BYTES);
+    out.extend_from_slice(&hashes[..at]);
+    out.extend_from_slice(entry);
+    out.extend_from_slice(&hashes[at..whole]);
+    out
+}
+
+/// What keeping a name in its bucket takes, given the bucket's last row (`part`, `hashes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeepPlan {
+    /// The last row already holds it: nothing to write.
+    Held,
+    /// Store this row (one row written): the last one with the entry added, or a new one
+    /// after it when the last is full.
+    Put { part: i64, hashes: Vec<u8> },
+}
+
+/// The one write that keeps `entry` in the bucket whose last row is `last`. Only the last row
+/// is read: a keep comes again only when its gate died between the keep and its delete, so a
+/// name is at most kept twice when a new row began in between (11 bytes more, still found).
+pub fn plan_keep(last: Option<&(i64, Vec<u8>)>, entry: &Entry) -> KeepPlan {
+    match last {
+        Some((_, hashes)) if holds(hashes, entry) => KeepPlan::Held,
+        Some((part, hashes)) if hashes.len() / ENTRY_BYTES < PART_NAMES => KeepPlan::Put {
+            part: *part,
+            hashes: inserted(hashes, entry),
+        },
+        Some((part, _)) => KeepPlan::Put {
+            part: part + 1,
+            hashes: entry.to_vec(),
+        },
+        None => KeepPlan::Put {
+            part: 0,
+            hashes: entry.to_vec(),
+        },
     }
 }
 
@@ -133,32 +242,182 @@ mod tests {
         );
     }
 
-    /// The statements on a real SQLite: a name kept is found, kept twice is one row, and the
-    /// table costs about 24 bytes a name on disk (23.2 measured) (what docs/PERFORMANCE.md's bill counts).
+    /// `n` names of the shard whose first byte is `byte` (hashes of distinct keys, their first
+    /// byte set to it: what the shard would see, without hashing 256 times as many keys).
+    fn names_in(byte: u8, n: usize) -> Vec<RetiredName> {
+        (0..n)
+            .map(|i| {
+                let mut name = RetiredName::of(&format!("batches/bench-{i}"));
+                name.0[0] = byte;
+                name
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_bucket_keeps_its_entries_sorted_and_each_once() {
+        let names = names_in(7, 3_000);
+        let mut parts: Vec<(i64, Vec<u8>)> = Vec::new();
+        for name in &names {
+            if let KeepPlan::Put { part, hashes } = plan_keep(parts.last(), &name.entry()) {
+                match parts.iter_mut().find(|(p, _)| *p == part) {
+                    Some(row) => row.1 = hashes,
+                    None => parts.push((part, hashes)),
+                }
+            }
+        }
+        // Everything in one list here (one bucket's rule, all buckets mixed: still sorted).
+        let all = &parts[0].1;
+        assert_eq!(all.len(), 3_000 * ENTRY_BYTES);
+        assert!(all.chunks_exact(ENTRY_BYTES).is_sorted());
+        assert!(names.iter().all(|n| holds(all, &n.entry())));
+        assert_eq!(plan_keep(parts.last(), &names[5].entry()), KeepPlan::Held);
+        assert!(!holds(all, &RetiredName::of("batches/never").entry()));
+        assert!(!holds(&[], &names[0].entry()));
+        // A trailing partial entry is ignored, never read as a name.
+        let mut torn = all.clone();
+        torn.extend_from_slice(&[0xff; 5]);
+        assert!(holds(&torn, &names[0].entry()));
+    }
+
+    #[test]
+    fn a_full_row_starts_the_next_part() {
+        let full: Vec<u8> = (0..PART_NAMES as u32)
+            .flat_map(|i| {
+                let mut e = [0u8; ENTRY_BYTES];
+                e[..4].copy_from_slice(&i.to_be_bytes());
+                e
+            })
+            .collect();
+        let entry = [0xee; ENTRY_BYTES];
+        assert_eq!(
+            plan_keep(Some(&(0, full)), &entry),
+            KeepPlan::Put {
+                part: 1,
+                hashes: entry.to_vec()
+            }
+        );
+        assert_eq!(
+            plan_keep(Some(&(1, entry.to_vec())), &entry),
+            KeepPlan::Held
+        );
+        assert_eq!(
+            plan_keep(None, &entry),
+            KeepPlan::Put {
+                part: 0,
+                hashes: entry.to_vec()
+            }
+        );
+    }
+
+    #[test]
+    fn buckets_spread_a_shards_names() {
+        let buckets: std::collections::BTreeSet<i64> =
+            names_in(3, 2_000).iter().map(RetiredName::bucket).collect();
+        assert_eq!(buckets.len(), usize::from(BUCKETS));
+        assert_eq!(*buckets.last().unwrap(), i64::from(BUCKETS) - 1);
+    }
+
+    /// Keeps `name` in `db` as the shard does (its bucket's last row read, one row written).
+    fn keep(db: &rusqlite::Connection, name: &RetiredName) -> usize {
+        let mut read = db.prepare_cached(LAST_PART).unwrap();
+        let last: Option<(i64, Vec<u8>)> = read
+            .query_map([name.bucket()], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .next();
+        match plan_keep(last.as_ref(), &name.entry()) {
+            KeepPlan::Held => 0,
+            KeepPlan::Put { part, hashes } => db
+                .execute(PUT, rusqlite::params![name.bucket(), part, hashes])
+                .unwrap(),
+        }
+    }
+
+    fn asks(db: &rusqlite::Connection, name: &RetiredName) -> bool {
+        let mut read = db.prepare_cached(PARTS).unwrap();
+        let packed = read
+            .query_map([name.bucket()], |r| r.get::<_, Vec<u8>>(1))
+            .unwrap()
+            .any(|h| holds(&h.unwrap(), &name.entry()));
+        packed
+            || db
+                .prepare(LEGACY_ASK)
+                .unwrap()
+                .exists([name.0.to_vec()])
+                .unwrap()
+    }
+
+    fn bytes(db: &rusqlite::Connection) -> i64 {
+        let pages: i64 = db.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
+        let size: i64 = db.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+        pages * size
+    }
+
+    /// Bytes a name in `db`: the whole file, and without its free pages (`(all, used)`).
+    fn per_name(db: &rusqlite::Connection, empty: i64, names: usize) -> (f64, f64) {
+        let free: i64 = db
+            .query_row("PRAGMA freelist_count", [], |r| r.get(0))
+            .unwrap();
+        let size: i64 = db.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+        let all = (bytes(db) - empty) as f64 / names as f64;
+        (all, all - (free * size) as f64 / names as f64)
+    }
+
+    /// Keeps `months` × `a_month` names of one shard one by one, reporting the bytes a name
+    /// after each month in `report_at`.
+    fn simulate(a_month: usize, months: usize, report_at: &[usize]) -> Vec<(usize, f64, f64)> {
+        let db = rusqlite::Connection::open_in_memory().unwrap();
+        db.execute(DDL, []).unwrap();
+        db.execute(LEGACY_DDL, []).unwrap();
+        let empty = bytes(&db);
+        let names = names_in(0x2a, a_month * months);
+        let mut report = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(keep(&db, name), 1);
+            let month = (i + 1) / a_month;
+            if (i + 1) % a_month == 0 && report_at.contains(&month) {
+                let (all, used) = per_name(&db, empty, i + 1);
+                report.push((month, all, used));
+            }
+        }
+        report
+    }
+
+    /// The statements on a real SQLite: a name kept is found, kept twice writes nothing, a
+    /// name in the table of shards written before the packing is found too, and the packed
+    /// rows cost a few bytes more than the entry's 11 on disk (a shard's month at 1 M
+    /// completions a month is about 3,900 names; `a_shard_for_three_years` runs 36 of them).
     #[test]
     fn stored_bytes_per_name() {
         let db = rusqlite::Connection::open_in_memory().unwrap();
         db.execute(DDL, []).unwrap();
-        let n = 200_000u32;
-        let tx = db.unchecked_transaction().unwrap();
-        for i in 0..n {
-            let name = RetiredName::of(&format!("batches/bench-{i}"));
-            assert_eq!(tx.execute(KEEP, [name.0.to_vec()]).unwrap(), 1);
+        db.execute(LEGACY_DDL, []).unwrap();
+        let empty = bytes(&db);
+        let old = RetiredName::of("batches/retired-before-the-packing");
+        db.execute("INSERT INTO retired (hash) VALUES (?)", [old.0.to_vec()])
+            .unwrap();
+        let names = names_in(0x2a, 3_900);
+        for name in &names {
+            assert_eq!(keep(&db, name), 1);
         }
-        tx.commit().unwrap();
-        let again = RetiredName::of("batches/bench-7");
-        assert_eq!(
-            db.execute(KEEP, [again.0.to_vec()]).unwrap(),
-            0,
-            "kept once"
-        );
-        let found = |name: RetiredName| db.prepare(ASK).unwrap().exists([name.0.to_vec()]).unwrap();
-        assert!(found(again));
-        assert!(!found(RetiredName::of("batches/never")));
-        let pages: i64 = db.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
-        let size: i64 = db.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
-        let per_name = (pages * size) as f64 / f64::from(n);
-        println!("retired names: {per_name:.1} bytes a name ({pages} pages of {size})");
-        assert!((20.0..=40.0).contains(&per_name), "{per_name} bytes a name");
+        assert_eq!(keep(&db, &names[7]), 0, "kept once");
+        assert!(asks(&db, &names[7]) && asks(&db, &names[3_899]));
+        assert!(asks(&db, &old), "a name kept before the packing");
+        assert!(!asks(&db, &RetiredName::of("batches/never")));
+        let (all, used) = per_name(&db, empty, names.len());
+        println!("retired names: {all:.1} bytes a name ({used:.1} without free pages)");
+        assert!((11.0..=16.0).contains(&all), "{all} bytes a name");
+    }
+
+    /// The bytes a name of one shard at 1 M completions a month (3,900 names a month), one by
+    /// one, after months 1, 12 and 36 (docs/PERFORMANCE.md's bill): slow unoptimized, so run
+    /// with `cargo test --release -- --ignored a_shard_for_three_years --nocapture`.
+    #[test]
+    #[ignore]
+    fn a_shard_for_three_years() {
+        let report = simulate(3_900, 36, &[1, 12, 36]);
+        println!("retired names (month, bytes a name, without free pages): {report:?}");
+        assert!(report.iter().all(|&(_, all, _)| all <= 16.0), "{report:?}");
     }
 }

@@ -59,6 +59,19 @@ impl Meter {
         Ok(rows)
     }
 
+    /// Runs a query and reads every row as its columns' values (blobs as bytes), counting it.
+    pub fn values(
+        &self,
+        sql: &SqlStorage,
+        query: &str,
+        bindings: impl Into<Option<Vec<SqlStorageValue>>>,
+    ) -> Result<Vec<Vec<SqlStorageValue>>> {
+        let cursor = sql.exec(query, bindings)?;
+        let rows = cursor.raw().collect::<Result<Vec<_>>>()?;
+        self.count(&cursor);
+        Ok(rows)
+    }
+
     fn count(&self, cursor: &SqlCursor) {
         if self.on.get() {
             self.usage
