@@ -8,4 +8,5 @@ pub mod lease_protocol;
 pub mod lease_state;
 pub mod pass;
 pub mod skim;
+pub mod skim_each;
 pub mod status;

@@ -20,6 +20,8 @@
 
 use thiserror::Error;
 
+use crate::reconciliation::skim_each::{Elements, Event};
+
 /// Largest status answer read: far above what Gemini documents for an inline batch (its
 /// requests are capped at 20 MB; results are of the same order), and at the skimmer's
 /// measured pace (a few ns a byte) well inside a Worker's CPU budget. A larger body is
@@ -60,12 +62,15 @@ pub enum Rule {
     Keep(&'static str),
     /// An array's element count in its place (any other value is kept).
     Count(&'static str),
+    /// An array's element count in its place, and each of its elements handed out
+    /// ([`Skim::take_events`], [`crate::reconciliation::skim_each`]).
+    Each(&'static str),
 }
 
 impl Rule {
     fn path(self) -> &'static str {
         match self {
-            Rule::Keep(p) | Rule::Count(p) => p,
+            Rule::Keep(p) | Rule::Count(p) | Rule::Each(p) => p,
         }
     }
 }
@@ -81,6 +86,8 @@ enum Fate {
     /// Keep everything in it.
     Keep,
     Count,
+    /// Counted, and each element handed out: the rule's index.
+    Each(usize),
     Drop,
 }
 
@@ -167,6 +174,8 @@ enum Lex {
         count: bool,
         commas: u64,
         any: bool,
+        /// The [`Rule::Each`] whose array this is (its index), when its elements are handed out.
+        each: Option<usize>,
     },
 }
 
@@ -188,6 +197,8 @@ pub struct Skim {
     truncated: u64,
     max_chunk: usize,
     failed: Option<SkimError>,
+    /// What [`Rule::Each`] hands out, and the element being read.
+    each: Elements,
 }
 
 fn is_ws(b: u8) -> bool {
@@ -205,6 +216,18 @@ impl Skim {
             rules,
             ..Skim::default()
         }
+    }
+
+    /// Hands out the elements of the [`Rule::Each`] arrays ([`Skim::take_events`]): whole
+    /// within `cap` bytes, else their size, hash and what `over_rules` keep of them.
+    pub fn with_elements(mut self, cap: usize, over_rules: &'static [Rule]) -> Self {
+        self.each = Elements::new(cap, over_rules);
+        self
+    }
+
+    /// What the [`Rule::Each`] arrays held since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        self.each.take()
     }
 
     /// Bytes read so far.
@@ -359,7 +382,7 @@ impl Skim {
             Container::Array => b"*",
         };
         let mut fate = Fate::Drop;
-        for rule in self.rules {
+        for (at, rule) in self.rules.iter().enumerate() {
             let mut segments = rule.path().split('.');
             let on_path = self
                 .path
@@ -373,6 +396,7 @@ impl Skim {
             match (segments.next().is_none(), rule) {
                 (true, Rule::Keep(_)) => return Fate::Keep,
                 (true, Rule::Count(_)) => return Fate::Count,
+                (true, Rule::Each(_)) => return Fate::Each(at),
                 (false, _) => fate = Fate::Filter,
             }
         }
@@ -387,6 +411,15 @@ impl Skim {
             (Fate::Count, b'[') => {
                 self.counted += 1;
                 self.start_skip(true, false);
+                return Ok(());
+            }
+            (Fate::Each(rule), b'[') => {
+                self.counted += 1;
+                self.each.array(rule);
+                self.start_skip(true, false);
+                if let Lex::Skip { each, .. } = &mut self.lex {
+                    *each = Some(rule);
+                }
                 return Ok(());
             }
             (Fate::Drop, b'{' | b'[' | b'"') => {
@@ -544,6 +577,7 @@ impl Skim {
             count,
             commas: 0,
             any: false,
+            each: None,
         };
     }
 
@@ -556,10 +590,14 @@ impl Skim {
             count,
             mut commas,
             mut any,
+            each,
         } = self.lex
         else {
             return;
         };
+        if let Some(rule) = each {
+            self.each.byte(rule, b, depth, in_str);
+        }
         if in_str {
             if escaped {
                 escaped = false;
@@ -610,6 +648,7 @@ impl Skim {
             count,
             commas,
             any,
+            each,
         };
     }
 }
