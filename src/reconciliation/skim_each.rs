@@ -179,7 +179,10 @@ mod tests {
             events.extend(s.take_events());
             at = p;
         }
-        (events, s.finish().map(|d| d.json).map_err(|e| e.to_string()))
+        (
+            events,
+            s.finish().map(|d| d.json).map_err(|e| e.to_string()),
+        )
     }
 
     fn wholes(events: &[Event]) -> Vec<Value> {
@@ -203,7 +206,10 @@ mod tests {
         assert_eq!(events[0], Event::Array { rule: 1 });
         assert_eq!(Value::Array(wholes(&events)), items);
         let doc: Value = serde_json::from_str(&doc.unwrap()).unwrap();
-        assert_eq!(doc, json!({"done": true, "response": {"list": 5, "other": null}}));
+        assert_eq!(
+            doc,
+            json!({"done": true, "response": {"list": 5, "other": null}})
+        );
     }
 
     #[test]
@@ -211,7 +217,11 @@ mod tests {
         let big = json!({"metadata": {"key": "img"}, "response": {"data": "é".repeat(200_000)}});
         let text = big.to_string();
         let body = format!(r#"{{"metadata":{{"list":[{text}, {{"response":{{}}}}]}}}}"#);
-        for cuts in [vec![], vec![7, 9, 1_000, 250_001], (0..400).map(|i| i * 997).collect()] {
+        for cuts in [
+            vec![],
+            vec![7, 9, 1_000, 250_001],
+            (0..400).map(|i| i * 997).collect(),
+        ] {
             let (events, _) = read(body.as_bytes(), &cuts, 1_000);
             let Event::Element {
                 rule: 2,

@@ -127,7 +127,10 @@ impl InlineRead {
                 Event::Array { rule } => {
                     let list = &mut self.lists[rule - FIRST_LIST];
                     if list.array {
-                        return Err(format!("status answer repeats {}", INLINE_LISTS[rule - FIRST_LIST]));
+                        return Err(format!(
+                            "status answer repeats {}",
+                            INLINE_LISTS[rule - FIRST_LIST]
+                        ));
                     }
                     list.array = true;
                 }
@@ -162,14 +165,16 @@ impl InlineRead {
             hash,
             payload,
         };
-        self.places.push(Place::new(&entry.base(), &entry.hash, seq));
+        self.places
+            .push(Place::new(&entry.base(), &entry.hash, seq));
         Ok(Some(entry))
     }
 
     /// The answer ended: where its results are, or why they cannot be read.
     pub fn finish(self) -> Result<Located, String> {
         let skimmed = self.skim.finish().map_err(not_json)?;
-        let doc: Value = serde_json::from_str(&skimmed.json).map_err(|e| not_json(e.to_string()))?;
+        let doc: Value =
+            serde_json::from_str(&skimmed.json).map_err(|e| not_json(e.to_string()))?;
         let ended_ms = ended_in_status(&doc);
         let found = found_in_status(&doc)?;
         let Found::Inline { list, count } = found else {
@@ -191,12 +196,10 @@ impl InlineRead {
         let places = match (count, same) {
             (0, _) => Vec::new(),
             (_, true) => self.places,
-            (_, false) => {
-                return Err(format!(
-                    "status answer's inline lists disagree: {} holds {} items, not the ones read first",
-                    INLINE_LISTS[list], seen.count
-                ))
-            }
+            (_, false) => return Err(format!(
+                "status answer's inline lists disagree: {} holds {} items, not the ones read first",
+                INLINE_LISTS[list], seen.count
+            )),
         };
         Ok(Located {
             found,
@@ -213,7 +216,8 @@ fn not_json(e: impl std::fmt::Display) -> String {
 /// An item as a result: its `metadata.key`, its content hash, and its payload (`response` or
 /// `error` taken out of it, never copied).
 fn read_item(seq: u64, body: Body) -> Result<(Option<String>, String, Payload), String> {
-    let unreadable = |why: &str, size: u64| Payload::Unreadable(json!({"reason": why, "size": size}));
+    let unreadable =
+        |why: &str, size: u64| Payload::Unreadable(json!({"reason": why, "size": size}));
     match body {
         Body::Whole(bytes) => {
             let mut item: Value = serde_json::from_slice(&bytes)
@@ -239,7 +243,11 @@ fn read_item(seq: u64, body: Body) -> Result<(Option<String>, String, Payload), 
             let key = key_text(kept.pointer("/metadata/key"));
             // Kept whole it would pass a stored row's 2 MB; the destination can read it from
             // the batch's status answer by its key.
-            Ok((key, hex8(&sha256), unreadable("item over the size cap", size)))
+            Ok((
+                key,
+                hex8(&sha256),
+                unreadable("item over the size cap", size),
+            ))
         }
     }
 }
@@ -306,7 +314,10 @@ mod tests {
             Payload::Error(json!({"code": 3, "message": "bad 1"}))
         );
         assert_eq!(entries[2].key, None);
-        assert_eq!(entries[2].hash, item_hash(&json!({"response": {"text": "same"}})));
+        assert_eq!(
+            entries[2].hash,
+            item_hash(&json!({"response": {"text": "same"}}))
+        );
     }
 
     #[test]
@@ -336,10 +347,22 @@ mod tests {
     #[test]
     fn malformed_answers_are_refused_with_a_reason() {
         for (body, why) in [
-            (r#"{"response":{"inlinedResponses":{"inlinedResponses":[{"response":{}},{"response":]}}}"#, "inline item 1"),
-            (r#"{"response":{"inlinedResponses":{"inlinedResponses":[{"response":{}},]}}}"#, "inline item 1"),
-            (r#"{"response":{"inlinedResponses":{"inlinedResponses":[{"response":{}}]}}"#, "not JSON"),
-            (r#"{"response":{"inlinedResponses":{"inlinedResponses":[{"response":"\x"}]}}}"#, "inline item 0"),
+            (
+                r#"{"response":{"inlinedResponses":{"inlinedResponses":[{"response":{}},{"response":]}}}"#,
+                "inline item 1",
+            ),
+            (
+                r#"{"response":{"inlinedResponses":{"inlinedResponses":[{"response":{}},]}}}"#,
+                "inline item 1",
+            ),
+            (
+                r#"{"response":{"inlinedResponses":{"inlinedResponses":[{"response":{}}]}}"#,
+                "not JSON",
+            ),
+            (
+                r#"{"response":{"inlinedResponses":{"inlinedResponses":[{"response":"\x"}]}}}"#,
+                "inline item 0",
+            ),
             ("<html>", "not JSON"),
         ] {
             let (_, located) = read(body.as_bytes(), &[]);
@@ -356,12 +379,18 @@ mod tests {
         let body = json!({"metadata": {"output": {"inlinedResponses": {"inlinedResponses": a}}},
             "response": {"inlinedResponses": {"inlinedResponses": b}}})
         .to_string();
-        assert!(read(body.as_bytes(), &[]).1.is_ok(), "the same items in another order");
+        assert!(
+            read(body.as_bytes(), &[]).1.is_ok(),
+            "the same items in another order"
+        );
         let c = json!([{"response": {"t": 2}}, {"response": {"t": 3}}]);
         let body = json!({"metadata": {"output": {"inlinedResponses": {"inlinedResponses": a}}},
             "response": {"inlinedResponses": {"inlinedResponses": c}}})
         .to_string();
-        assert!(read(body.as_bytes(), &[]).1.unwrap_err().contains("disagree"));
+        assert!(read(body.as_bytes(), &[])
+            .1
+            .unwrap_err()
+            .contains("disagree"));
     }
 
     #[test]

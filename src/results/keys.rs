@@ -175,7 +175,10 @@ mod tests {
         let names: BTreeSet<&str> = first.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names.len(), 5, "distinct");
         assert!(names.contains("k") && names.contains("k#2"));
-        assert!(names.contains("k#2#2"), "a suffix never takes a request's key");
+        assert!(
+            names.contains("k#2#2"),
+            "a suffix never takes a request's key"
+        );
         assert!(names.contains("inline-00000000000000a1#2"));
         let indexes: BTreeSet<u64> = first.iter().map(|(_, i)| *i).collect();
         assert_eq!(indexes, (0..5).collect());
@@ -186,7 +189,10 @@ mod tests {
         let a: Value = serde_json::from_str(r#"{"b":1,"a":[2]}"#).unwrap();
         let b: Value = serde_json::from_str(r#"{ "a" : [2], "b" : 1 }"#).unwrap();
         assert_eq!(item_hash(&a), item_hash(&b));
-        assert_eq!(item_hash(&a), hex8(&Sha256::digest(a.to_string().as_bytes())));
+        assert_eq!(
+            item_hash(&a),
+            hex8(&Sha256::digest(a.to_string().as_bytes()))
+        );
     }
 
     #[test]

@@ -162,7 +162,11 @@ pub async fn status_results(
         Some(Err(e)) => return Err(failed(unavailable(&e.to_string()), None, None)),
         None => {
             controller.abort();
-            return Err(failed(unavailable("timeout waiting for the status API"), None, None));
+            return Err(failed(
+                unavailable("timeout waiting for the status API"),
+                None,
+                None,
+            ));
         }
     };
     let status = response.status_code();
@@ -179,9 +183,8 @@ pub async fn status_results(
         if let ResponseBody::Stream(stream) = response.body() {
             each_chunk(stream, |chunk| {
                 let stored = match reader.feed(chunk) {
-                    Ok(entries) => store(entries).map_err(|e| {
-                        unavailable(&format!("storing the inline results: {e}"))
-                    }),
+                    Ok(entries) => store(entries)
+                        .map_err(|e| unavailable(&format!("storing the inline results: {e}"))),
                     Err(why) => Err(FileTrouble::Unreadable(why)),
                 };
                 match stored {
@@ -205,6 +208,10 @@ pub async fn status_results(
     match outcome {
         Some(Ok(located)) => Ok(located),
         Some(Err(trouble)) => Err(failed(trouble, None, None)),
-        None => Err(failed(unavailable("timeout reading the status answer"), None, None)),
+        None => Err(failed(
+            unavailable("timeout reading the status answer"),
+            None,
+            None,
+        )),
     }
 }

@@ -65,7 +65,11 @@ impl Inline {
             place.insert("index".into(), self.idx.into());
         }
         Ok(ResultItem {
-            result_key: format!("{}{}", inline_base(self.key.as_deref(), &self.hash), self.suffix),
+            result_key: format!(
+                "{}{}",
+                inline_base(self.key.as_deref(), &self.hash),
+                self.suffix
+            ),
             index: self.idx as u64,
             payload,
         })
@@ -198,7 +202,9 @@ impl<'a> ResultsStore<'a> {
                 vec![(seq as i64).into()],
             )?;
             let row = rows.into_iter().next();
-            Ok::<_, worker::Error>(row.map_or_else(String::new, |r| inline_base(r.key.as_deref(), &r.hash)))
+            Ok::<_, worker::Error>(
+                row.map_or_else(String::new, |r| inline_base(r.key.as_deref(), &r.hash)),
+            )
         })?;
         for (idx, (seq, suffix)) in order.into_iter().enumerate() {
             self.meter.exec(

@@ -18,9 +18,7 @@ use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::status::status_url;
 use crate::results::item::Source;
 use crate::results::progress::{Phase, Progress};
-use crate::results::source::{
-    file_of_details, unlocated, Found, StatusTrouble, Unlocated,
-};
+use crate::results::source::{file_of_details, unlocated, Found, StatusTrouble, Unlocated};
 
 use crate::edge::objects::call::call_lease;
 use crate::edge::outbound::results_file::status_results;
