@@ -16,11 +16,11 @@
 
 use serde_json::{json, Value};
 
-use crate::reconciliation::skim::{Rule, Skim};
-use crate::reconciliation::skim_each::{Body, Event};
 use crate::results::item::{Payload, LINE_CAP};
 use crate::results::keys::{hex8, inline_base, item_hash, key_text, Place};
 use crate::results::source::{ended_in_status, found_in_status, Found, INLINE_LISTS};
+use crate::skim::{Body, Event};
+use crate::skim::{Rule, Skim};
 
 /// Largest status answer read for its inline results: Gemini caps an inline batch's requests
 /// at 20 MB, and its answer holds the responses twice (`response` and `metadata.output`). A
@@ -196,10 +196,12 @@ impl InlineRead {
         let places = match (count, same) {
             (0, _) => Vec::new(),
             (_, true) => self.places,
-            (_, false) => return Err(format!(
+            (_, false) => {
+                return Err(format!(
                 "status answer's inline lists disagree: {} holds {} items, not the ones read first",
                 INLINE_LISTS[list], seen.count
-            )),
+            ))
+            }
         };
         Ok(Located {
             found,
