@@ -6,8 +6,9 @@
 //! told apart by their `index` (unique in a file, and part of each result's `webhook-id`), so
 //! reading a file needs no memory of the keys before. An inline batch's result keys are the
 //! same however its items are ordered on a later read, and distinct: items sharing a key are
-//! ranked by their content and take `#<rank>`, since an inline item's index is its place in
-//! the order of its key.
+//! ranked by their content and take `#<rank>`, and an item's index is its place in the order
+//! of (its key's hash, its content hash) ([`inline_order`], which holds 32 bytes an item, never
+//! the keys).
 
 use std::collections::BTreeSet;
 
