@@ -33,6 +33,7 @@ pub mod redirect;
 pub mod refusal;
 pub mod retry;
 pub mod signature;
+pub mod skim;
 pub mod timestamp;
 
 #[cfg(target_arch = "wasm32")]

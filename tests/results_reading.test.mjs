@@ -7,7 +7,7 @@
 // instead of meaning zero of them (resolved by a results_file_read alert once an operator's
 // retry reads the file after all); a file missing 48 hours after the batch ended is parked at
 // once; and the results' status call draws from the one status budget and honours its
-// `Retry-After`.
+// `Retry-After`; and a large inline answer is read as a stream, each of its results once.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startWorker, startServer, eventually, sleep, assertEffectValid } from "./helpers.mjs";
@@ -131,6 +131,49 @@ describe("reading a batch's results", () => {
       }
       await sleep(1_000);
       for (const key of Object.keys(cases)) assert.equal(alertsFor(key).length, 1, `one alert for ${key}`);
+    } finally {
+      await w.dispose();
+    }
+  });
+
+  it("a large inline answer (its list in response and in metadata.output, as Gemini writes it) is read as a stream: each result once, under ids that hold on a read in another order, an item over the cap unreadable with its key and size", { timeout: 120_000 }, async () => {
+    const w = await startWorker(vars());
+    try {
+      const key = "batches/inline-large";
+      const text = (i) => `${"é😀\\\"".repeat(i % 7)}answer ${i} ${"x".repeat(1_800)}`;
+      const items = Array.from({ length: 2_000 }, (_, i) =>
+        i % 50 === 7 ? { response: { text: "the same" } }
+          : i % 10 === 3 ? { error: { code: 3, message: `bad ${i}` }, metadata: { key: `req-${i}` } }
+            : { response: { candidates: [{ content: { parts: [{ text: text(i) }] } }] }, metadata: { key: `req-${i}` } });
+      items.push({ response: { inlineData: "A".repeat(1_200_000) }, metadata: { key: "big" } });
+      let reads = 0;
+      gemini.status.set(key, () => {
+        reads++;
+        const order = [...items];
+        for (let i = 0; i < reads * 13; i++) order.push(order.shift());
+        const output = { inlinedResponses: { inlinedResponses: order } };
+        return { ...succeeded(key, output), response: { "@type": "type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatchOutput", ...output } };
+      });
+      assert.ok(JSON.stringify(gemini.status.get(key)()).length > 9_000_000, "a few MB, twice");
+      reads = 0;
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const { jobs } = await untilJob(dest, key, 100_000);
+      const { results } = split(dest, key);
+      assert.equal(results.length, items.length, "each result once");
+      assert.equal(distinct(results.map((r) => r.id)), items.length);
+      assert.equal(distinct(results.map((r) => r.body.result_key)), items.length);
+      assert.deepEqual(results.map((r) => r.body.index).sort((a, b) => a - b), items.map((_, i) => i));
+      const byKey = new Map(results.map((r) => [r.body.result_key, r.body]));
+      assert.deepEqual(byKey.get("req-1").response, items[1].response, "a response as Gemini wrote it");
+      assert.deepEqual(byKey.get("req-3").error, items[3].error);
+      const big = byKey.get("big");
+      assert.equal(big.unreadable.reason, "item over the size cap");
+      assert.equal(big.unreadable.size, JSON.stringify(items.at(-1)).length);
+      assert.equal(big.unreadable.index, big.index);
+      assert.equal(results.filter((r) => r.body.result_key.startsWith("inline-")).length, 40, "keyless items ranked by content");
+      assert.deepEqual(jobs[0].body.results, { total: items.length, delivered: items.length, errors: items.filter((i) => i.error).length + 1, parked: 0 });
+      assert.equal(reads, 1, "read once");
     } finally {
       await w.dispose();
     }

@@ -19,7 +19,7 @@ function jwt() {
   return `${input}.${rsaSign("sha256", Buffer.from(input), privateKey).toString("base64url")}`;
 }
 
-// What the worker keeps of one answer at most (src/reconciliation/skim.rs, MAX_KEPT_BYTES).
+// What the worker keeps of one answer at most (src/skim.rs, MAX_KEPT_BYTES).
 const MAX_KEPT_BYTES = 256 * 1024;
 
 /**

@@ -25,6 +25,10 @@
 //                                        a batch's results file of N lines (about 1 KB each)
 //                                        delivered one effect per line, at each destination delay
 //                                        (--results-timeout minutes per cell, default 20)
+//   npm run bench -- --only results --results-inline-mb 20 --results-dest-ms 0
+//                                        instead, the batch's results inline in a status answer
+//                                        of about 20 MB (the list twice, as Gemini writes it):
+//                                        the isolate's peak memory while it is read and sent
 //   npm run bench -- --peer DIR          also the side-by-side section ("side"): the simple
 //                                        design in DIR (DIR/src/index.ts, DIR/wrangler.toml)
 //                                        against gemini-once; `--only side` runs only it
@@ -125,6 +129,7 @@ function parseArgs(argv) {
     else if (v === "--results-lines") a.resultsLines = argv[++i].split(",").map(Number);
     else if (v === "--results-dest-ms") a.resultsDestMs = argv[++i].split(",").map(Number);
     else if (v === "--results-timeout") a.resultsTimeout = Number(argv[++i]);
+    else if (v === "--results-inline-mb") a.resultsInlineMb = Number(argv[++i]);
     else if (v === "--side-conc") a.sideConc = argv[++i].split(",").map(Number);
     else if (v === "--idle") a.idle = Number(argv[++i]);
     else if (v === "--dest-ms") {
@@ -165,6 +170,7 @@ async function main() {
       destMs: args.resultsDestMs ?? (quick ? [0] : [0, 100]),
       lineBytes: 1024,
       timeoutMs: (args.resultsTimeout ?? (quick ? 3 : 20)) * 60_000,
+      inlineMb: args.resultsInlineMb ?? null,
     },
   };
   if (plan.results.sizes.some((n) => !Number.isInteger(n) || n < 1) || plan.results.destMs.some((ms) => !Number.isInteger(ms) || ms < 0 || ms > MAX_DEST_MS)) throw new Error("--results-lines takes whole numbers of lines, --results-dest-ms whole milliseconds");

@@ -28,7 +28,7 @@ import { freePort, sampleIsolate } from "./heap.mjs";
 const COUNTS = ["rows_read", "rows_written", "alarm_writes", "outbound_fetches", "wall_ms", "held_ms", "sql_statements"];
 
 /** Gemini's status API and download for one batch, and the destination, counting what they see. */
-async function startStandIns(name, lines, lineBytes) {
+async function startStandIns(name, lines, lineBytes, inline = null) {
   const file = generatedFile({ lines, lineBytes, prefix: "req-", errorEvery: 100 });
   const fileName = `files/${name.split("/")[1]}-results`;
   const s = { polls: 0, downloads: 0, ranged: 0, results: new Set(), repeats: 0, firstAt: null, lastAt: null, job: null, jobAt: null, jobEffects: 0, delayMs: 0, other: 0 };
@@ -40,6 +40,7 @@ async function startStandIns(name, lines, lineBytes) {
       const t = new Date().toISOString();
       const output = { responsesFile: fileName };
       res.writeHead(200, { "content-type": "application/json" });
+      if (inline) return res.end(inline);
       return res.end(JSON.stringify({ name, done: true, metadata: { state: "BATCH_STATE_SUCCEEDED", createTime: t, updateTime: t, endTime: t, output }, response: output }));
     }
     if (req.method === "GET" && decodeURIComponent(url.pathname) === `/download/v1beta/${fileName}:download`) {
@@ -119,10 +120,32 @@ function usageTotals(w, from) {
   return t;
 }
 
-/** One cell: `lines` results, the destination answering after `destMs`, in a fresh worker. */
-async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
-  const name = `batches/bench-results-${lines}-${destMs}-${Date.now().toString(36)}`;
-  const s = await startStandIns(name, lines, lineBytes);
+/**
+ * A status answer of about `mb` MB holding a batch's results inline, as Gemini writes it: the
+ * list twice (`metadata.output` and `response`), items of about `itemBytes` (keys `req-<i>`,
+ * one in 100 an error). Returns the answer's bytes and its item count.
+ */
+export function inlineAnswer(name, mb, itemBytes) {
+  const item = (i) => {
+    const head = i % 100 === 0 ? { error: { code: 3, message: "bad request" } } : { response: { candidates: [{ content: { parts: [{ text: "" }] } }] } };
+    const bare = JSON.stringify({ ...head, metadata: { key: `req-${i}` } });
+    if (head.error) return bare;
+    head.response.candidates[0].content.parts[0].text = `answer ${i} `.padEnd(Math.max(0, itemBytes - bare.length), "x");
+    return JSON.stringify({ ...head, metadata: { key: `req-${i}` } });
+  };
+  const n = Math.floor((mb * 1_000_000) / 2 / itemBytes);
+  const list = `{"inlinedResponses":[${Array.from({ length: n }, (_, i) => item(i)).join(",")}]}`;
+  const t = new Date().toISOString();
+  const body = `{"name":${JSON.stringify(name)},"done":true,"metadata":{"@type":"type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatch","state":"BATCH_STATE_SUCCEEDED","createTime":"${t}","updateTime":"${t}","endTime":"${t}","output":{"inlinedResponses":${list}}},"response":{"@type":"type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatchOutput","inlinedResponses":${list}}}`;
+  return { body: Buffer.from(body), items: n };
+}
+
+/** One cell: `lines` results (or an inline answer of `inlineMb` MB), the destination answering after `destMs`, in a fresh worker. */
+async function cell(dir, { lines, destMs, lineBytes, timeoutMs, inlineMb = null }) {
+  const name = `batches/bench-results-${inlineMb ? `inline${inlineMb}` : lines}-${destMs}-${Date.now().toString(36)}`;
+  const inline = inlineMb ? inlineAnswer(name, inlineMb, lineBytes) : null;
+  if (inline) lines = inline.items;
+  const s = await startStandIns(name, lines, lineBytes, inline?.body);
   s.delayMs = destMs;
   const inspectorPort = await freePort();
   const w = await startWorker(dir, {
@@ -142,7 +165,8 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
     await sleep(1_500); // the registration's projection puts its `open:` entry
     const rssBefore = rssOf(w.pid);
     // The isolate's own memory (what Workers' 128 MB counts), beside workerd's RSS.
-    const isolate = await sampleIsolate(inspectorPort, { now });
+    // An inline answer is read within a second or two: sample it often.
+    const isolate = await sampleIsolate(inspectorPort, inline ? { now, everyMs: 100, liveEvery: 5 } : { now });
     const cpu0 = cpuMsOf(w.pid);
     const usage0 = w.count("usage");
     const worker = await w.mf.getWorker();
@@ -176,6 +200,7 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
     const per = (x) => (delivered ? round(x / delivered, 4) : null);
     return {
       lines,
+      inline_answer_bytes: inline?.body.length ?? null,
       line_bytes: lineBytes,
       file_bytes: s.fileBytes,
       destination_ms: destMs,
@@ -219,9 +244,16 @@ async function cell(dir, { lines, destMs, lineBytes, timeoutMs }) {
 }
 
 /** The section: every size at every destination delay. */
-export async function benchResults(dir, { sizes, destMs, lineBytes, timeoutMs }) {
+export async function benchResults(dir, { sizes, destMs, lineBytes, timeoutMs, inlineMb = null }) {
   const cells = [];
   for (const ms of destMs) {
+    if (inlineMb) {
+      process.stderr.write(`  results: an inline answer of ${inlineMb} MB, items of ${lineBytes} bytes, destination ${ms} ms\n`);
+      const c = await cell(dir, { lines: 0, destMs: ms, lineBytes, timeoutMs, inlineMb });
+      process.stderr.write(`  results: ${c.delivered}/${c.lines} delivered (${c.repeats} repeats) from ${c.inline_answer_bytes} bytes, isolate ${c.isolate_before_mb} -> ${c.isolate_peak_mb} MB (live ${c.isolate_live_first_mb} -> ${c.isolate_live_peak_mb} MB), Wasm memory ${c.wasm_memory_mb.before} -> ${c.wasm_memory_mb.after} MB\n`);
+      cells.push(c);
+      continue;
+    }
     for (const lines of sizes) {
       process.stderr.write(`  results: ${lines} lines of ${lineBytes} bytes, destination ${ms} ms\n`);
       const c = await cell(dir, { lines, destMs: ms, lineBytes, timeoutMs });

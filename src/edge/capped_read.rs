@@ -1,7 +1,7 @@
 //! Reading a stream from outside chunk by chunk, under a cap: the one reading loop behind every
 //! body the worker takes from outside (a delivery's, an admin or bulk request's, an outbound
 //! call's answer, and a status answer through its skimmer). What to keep and when to stop is
-//! the pure core's ([`crate::body_cap`], [`crate::reconciliation::skim`]).
+//! the pure core's ([`crate::body_cap`], [`crate::skim`]).
 //!
 //! Guarantees: each chunk is handed over as the runtime delivers it, and as soon as the taker
 //! has enough the rest of the stream is cancelled, never read; so memory is what the taker

@@ -7,5 +7,4 @@ pub mod entry_decision;
 pub mod lease_protocol;
 pub mod lease_state;
 pub mod pass;
-pub mod skim;
 pub mod status;

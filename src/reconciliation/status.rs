@@ -9,7 +9,7 @@
 //! [`Status::Unknown`] and are never applied (the cron logs them); a 404, a
 //! transient error (a timeout, 408, 409, 429, 5xx: [`crate::retry`]; `Retry-After` honoured) and a malformed answer are values,
 //! never panics, and none of them settles anything. An answer read through the skimmer
-//! ([`crate::reconciliation::skim`], [`interpret_skimmed`]) reads like the whole document: a counted array
+//! ([`crate::skim`], [`interpret_skimmed`]) reads like the whole document: a counted array
 //! gives the same count as the array, and a body the skimmer refused is malformed, with its
 //! reason.
 
@@ -20,8 +20,8 @@ use crate::operation::details::{Outcome, USER_METADATA};
 use crate::operation::key::Collection;
 use crate::operation::lifecycle::Status;
 use crate::operation::observation::{transient, Observation, StatusError};
-use crate::reconciliation::skim::{Rule, SkimError, Skimmed};
 use crate::retry::{class_of_status, Class, PeerAnswer};
+use crate::skim::{Rule, SkimError, Skimmed};
 use crate::telemetry::counters::StatusCallAnswer;
 use crate::timestamp::parse_rfc3339_ms;
 
@@ -60,7 +60,7 @@ pub fn interpret(
     }
 }
 
-/// Every path of an answer this module reads, for the skimmer ([`crate::reconciliation::skim`]), whatever
+/// Every path of an answer this module reads, for the skimmer ([`crate::skim`]), whatever
 /// the collection: a body skimmed with these reads exactly like the whole body (a test
 /// holds every reader to it). Inline results are counted, never kept; everything else
 /// (an echo of the inline requests, an interaction's input and outputs) is dropped.
@@ -86,7 +86,7 @@ pub const READ: &[Rule] = &[
 ];
 
 /// A status call's answer: its body is streamed through the skimmer
-/// ([`crate::reconciliation::skim`]) with [`READ`], and is `None` when it was not read (not a
+/// ([`crate::skim`]) with [`READ`], and is `None` when it was not read (not a
 /// 2xx).
 pub type StatusAnswer = PeerAnswer<Option<Result<Skimmed, SkimError>>>;
 
@@ -560,7 +560,7 @@ mod tests {
         };
         let big = body(1_100);
         assert!(big.len() > 20_000_000);
-        let skimmed = crate::reconciliation::skim::skim(READ, big.as_bytes());
+        let skimmed = crate::skim::skim(READ, big.as_bytes());
         let from_skim = interpret_skimmed(Batches, &answered(200, Some(skimmed.clone()))).unwrap();
         assert_eq!(from_skim.status, Status::Succeeded);
         assert_eq!(from_skim.details["provider"]["inlined_responses"], 1_100);
@@ -623,7 +623,7 @@ mod tests {
         ];
         for (collection, body) in cases {
             let whole = interpret(collection, 200, None, body);
-            let skimmed = crate::reconciliation::skim::skim(READ, body.as_bytes());
+            let skimmed = crate::skim::skim(READ, body.as_bytes());
             assert_eq!(
                 interpret_skimmed(collection, &answered(200, Some(skimmed.clone()))),
                 whole,
@@ -634,7 +634,7 @@ mod tests {
 
     #[test]
     fn a_refused_body_is_unusable_with_its_reason_and_errors_need_no_body() {
-        let refused = Err(crate::reconciliation::skim::SkimError::KeptTooLarge);
+        let refused = Err(crate::skim::SkimError::KeptTooLarge);
         match interpret_skimmed(Batches, &answered(200, Some(refused.clone()))) {
             Err(StatusError::Malformed(reason)) => assert!(reason.contains("larger than")),
             other => panic!("{other:?}"),
@@ -1058,7 +1058,7 @@ mod tests {
             #[test]
             fn every_reader_reads_any_skimmed_answer_like_the_whole_one(answer in arb_answer()) {
                 let body = answer.to_string();
-                let skimmed = crate::reconciliation::skim::skim(READ, body.as_bytes());
+                let skimmed = crate::skim::skim(READ, body.as_bytes());
                 for collection in [Batches, Operations, Interactions] {
                     prop_assert_eq!(
                         interpret_skimmed(collection, &answered(200, Some(skimmed.clone()))),

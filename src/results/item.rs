@@ -9,11 +9,12 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::results::keys::{file_result_key, inline_keys, item_hash, key_text};
+use crate::results::keys::{file_result_key, key_text};
 use crate::results::lines::Piece;
 
 /// A line's (or an inline item's) cap: larger ones are not loaded, their result says where
-/// they are. Below a Durable Object SQLite row's 2 MB, so a failed result's row always fits.
+/// they are. Below a Durable Object SQLite row's 2 MB, so a failed result's row always fits;
+/// an inline item over it is never held ([`crate::results::inline`]).
 pub const LINE_CAP: usize = 1 << 20;
 
 /// What a result carries to its destination.
@@ -95,41 +96,6 @@ pub fn from_piece(piece: &Piece, file: &str) -> ResultItem {
     }
 }
 
-/// An inline batch's items as results, ordered by result key; an item's index is its
-/// position in that order, so both are the same however the items came back.
-pub fn from_inline(items: &[Value]) -> Vec<ResultItem> {
-    let named: Vec<(Option<String>, String)> = items
-        .iter()
-        .map(|item| {
-            let key = key_text(item.get("metadata").and_then(|m| m.get("key")));
-            (key, item_hash(item))
-        })
-        .collect();
-    let keys = inline_keys(&named);
-    let mut results: Vec<(String, &Value)> = keys.into_iter().zip(items).collect();
-    results.sort_by(|a, b| a.0.cmp(&b.0));
-    results
-        .into_iter()
-        .enumerate()
-        .map(|(index, (result_key, item))| {
-            let locate =
-                |why: &str, size: usize| json!({"reason": why, "index": index, "size": size});
-            let size = item.to_string().len();
-            let payload = match size > LINE_CAP {
-                // Kept whole it would pass a stored row's 2 MB; the destination can read it
-                // from the batch's status answer by its key.
-                true => Payload::Unreadable(locate("item over the size cap", size)),
-                false => payload_of(item, |why| locate(why, size)),
-            };
-            ResultItem {
-                payload,
-                result_key,
-                index: index as u64,
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,45 +168,4 @@ mod tests {
         );
         assert_eq!(r.result_key, "line-7");
     }
-
-    #[test]
-    fn inline_results_are_the_same_in_any_order() {
-        let items = vec![
-            json!({"response": {"text": "x"}}),
-            json!({"response": {"text": "y"}, "metadata": {"key": "req-2"}}),
-            json!({"error": {"code": 8}}),
-            json!({"response": {"text": "x"}}),
-            json!({"surprise": true}),
-        ];
-        let first = from_inline(&items);
-        let mut shuffled = items.clone();
-        shuffled.rotate_left(2);
-        shuffled.swap(0, 3);
-        assert_eq!(from_inline(&shuffled), first);
-        assert_eq!(first.len(), 5);
-        let keys: BTreeSet<&str> = first.iter().map(|r| r.result_key.as_str()).collect();
-        assert_eq!(keys.len(), 5);
-        assert!(keys.contains("req-2"));
-        assert_eq!(first.iter().filter(|r| r.payload.is_error()).count(), 2);
-    }
-
-    #[test]
-    fn an_inline_item_over_the_cap_says_where_it_is_and_is_not_kept_whole() {
-        let big =
-            json!({"response": {"inlineData": "x".repeat(LINE_CAP)}, "metadata": {"key": "img"}});
-        let items = vec![big, json!({"response": {"text": "small"}})];
-        let results = from_inline(&items);
-        let img = results.iter().find(|r| r.result_key == "img").unwrap();
-        let Payload::Unreadable(place) = &img.payload else {
-            panic!("{:?}", img.payload)
-        };
-        assert_eq!(place["reason"], "item over the size cap");
-        assert!(place["size"].as_u64().unwrap() > LINE_CAP as u64);
-        assert!(serde_json::to_string(img).unwrap().len() < 1_000);
-        assert!(results
-            .iter()
-            .any(|r| r.payload == Payload::Response(json!({"text": "small"}))));
-    }
-
-    use std::collections::BTreeSet;
 }

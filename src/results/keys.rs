@@ -6,8 +6,9 @@
 //! told apart by their `index` (unique in a file, and part of each result's `webhook-id`), so
 //! reading a file needs no memory of the keys before. An inline batch's result keys are the
 //! same however its items are ordered on a later read, and distinct: items sharing a key are
-//! ranked by their content and take `#<rank>`, since an inline item's index is its place in
-//! the order of its key.
+//! ranked by their content and take `#<rank>`, and an item's index is its place in the order
+//! of (its key's hash, its content hash) ([`inline_order`], which holds 32 bytes an item, never
+//! the keys).
 
 use std::collections::BTreeSet;
 
@@ -33,45 +34,90 @@ pub fn key_text(value: Option<&Value>) -> Option<String> {
 }
 
 /// The hash of an inline item's canonical JSON (keys sorted), in hex: the same whatever
-/// position the item came back in.
+/// position the item came back in. Written into the hash, never into a string.
 pub fn item_hash(item: &Value) -> String {
-    let digest = Sha256::digest(item.to_string().as_bytes());
+    let mut hasher = Sha256::new();
+    // Writing into a hasher cannot fail.
+    let _ = serde_json::to_writer(&mut hasher, item);
+    hex8(&hasher.finalize())
+}
+
+/// The first 8 bytes of a digest in hex: an item's hash as its key shows it.
+pub fn hex8(digest: &[u8]) -> String {
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// Result keys for an inline batch's items, in the items' order: `metadata.key` when given,
-/// else `inline-{hash}`; items sharing a key are ranked by their content hash, so the ranks
-/// (and the `#n` suffixes) do not depend on the order the items came in. Equal items are
-/// interchangeable, so which of them takes which rank does not matter.
-pub fn inline_keys(items: &[(Option<String>, String)]) -> Vec<String> {
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    let base = |i: usize| -> String {
-        let (key, hash) = &items[i];
-        key.clone().unwrap_or_else(|| format!("inline-{hash}"))
-    };
-    order.sort_by(|a, b| (base(*a), &items[*a].1).cmp(&(base(*b), &items[*b].1)));
-    let mut taken = BTreeSet::new();
-    let mut keys = vec![String::new(); items.len()];
-    let mut rank = 0;
-    let mut previous: Option<String> = None;
-    for i in order {
-        let mut candidate = base(i);
-        rank = if previous.as_deref() == Some(candidate.as_str()) {
-            rank + 1
-        } else {
-            1
-        };
-        previous = Some(candidate.clone());
-        if taken.contains(&candidate) {
-            candidate = format!("{candidate}#{rank}");
-        }
-        while taken.contains(&candidate) {
-            candidate = format!("{candidate}#{rank}");
-        }
-        taken.insert(candidate.clone());
-        keys[i] = candidate;
+/// An inline item's key before it is made distinct: the request's key, else `inline-{hash}`.
+pub fn inline_base(key: Option<&str>, hash: &str) -> String {
+    match key {
+        Some(k) => k.to_string(),
+        None => format!("inline-{hash}"),
     }
-    keys
+}
+
+/// Where an inline item goes in the results' order, in 32 bytes, so a batch's whole order is
+/// held without its keys: the hash of its base key ([`inline_base`]), its content hash, and
+/// where its item is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Place {
+    pub base_hash: [u8; 16],
+    pub hash: u64,
+    pub seq: u64,
+}
+
+impl Place {
+    /// The place of the item stored at `seq` with this base key and content hash (hex).
+    pub fn new(base: &str, hash: &str, seq: u64) -> Place {
+        Place {
+            base_hash: base_hash(base),
+            hash: u64::from_str_radix(hash, 16).unwrap_or_default(),
+            seq,
+        }
+    }
+}
+
+fn base_hash(base: &str) -> [u8; 16] {
+    let digest = Sha256::digest(base.as_bytes());
+    let mut out = [0; 16];
+    out.copy_from_slice(&digest[..16]);
+    out
+}
+
+/// An inline batch's order: for each index, the stored item's `seq` and the suffix its key
+/// takes (`""`, or `#<rank>`, repeated while the key is taken). Items are ordered by (base
+/// key's hash, content hash), never by how they came back, so index and key are the same on
+/// every read; items sharing a base key are ranked by content. A suffixed key is distinct
+/// from every base key and every other suffixed key. Equal items are interchangeable, so
+/// which of them takes which rank does not matter. `base_of(seq)` gives a stored item's base
+/// key (asked only for an item whose base repeats).
+pub fn inline_order<E>(
+    mut places: Vec<Place>,
+    mut base_of: impl FnMut(u64) -> Result<String, E>,
+) -> Result<Vec<(u64, String)>, E> {
+    places.sort_unstable();
+    let mut suffixed = BTreeSet::new();
+    let mut out = Vec::with_capacity(places.len());
+    let mut rank = 0;
+    for (i, place) in places.iter().enumerate() {
+        let repeated = i > 0 && places[i - 1].base_hash == place.base_hash;
+        rank = if repeated { rank + 1 } else { 1 };
+        if rank == 1 {
+            out.push((place.seq, String::new()));
+            continue;
+        }
+        let base = base_of(place.seq)?;
+        let mut suffix = format!("#{rank}");
+        loop {
+            let h = base_hash(&format!("{base}{suffix}"));
+            let is_base = places.binary_search_by(|p| p.base_hash.cmp(&h)).is_ok();
+            if !is_base && suffixed.insert(h) {
+                break;
+            }
+            suffix.push_str(&format!("#{rank}"));
+        }
+        out.push((place.seq, suffix));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -89,28 +135,65 @@ mod tests {
         assert_eq!(file_result_key(Some("a"), 0), file_result_key(Some("a"), 7));
     }
 
+    /// The keys of `items` (base key, content hash) in their order, as a map seq -> key.
+    fn keys(items: &[(Option<&str>, &str)]) -> Vec<(String, u64)> {
+        let places = items
+            .iter()
+            .enumerate()
+            .map(|(seq, (k, h))| Place::new(&inline_base(*k, h), h, seq as u64))
+            .collect();
+        let order = inline_order(places, |seq| {
+            let (k, h) = items[seq as usize];
+            Ok::<_, ()>(inline_base(k, h))
+        })
+        .unwrap();
+        order
+            .into_iter()
+            .enumerate()
+            .map(|(index, (seq, suffix))| {
+                let (k, h) = items[seq as usize];
+                (format!("{}{suffix}", inline_base(k, h)), index as u64)
+            })
+            .collect()
+    }
+
     #[test]
-    fn inline_keys_do_not_depend_on_order() {
-        let items = vec![
-            (None, "h1".to_string()),
-            (Some("k".to_string()), "h2".to_string()),
-            (None, "h1".to_string()),
-            (Some("k".to_string()), "h3".to_string()),
+    fn inline_keys_and_indexes_do_not_depend_on_order() {
+        let items = [
+            (None, "00000000000000a1"),
+            (Some("k"), "00000000000000a2"),
+            (None, "00000000000000a1"),
+            (Some("k"), "00000000000000a3"),
+            (Some("k#2"), "00000000000000a4"),
         ];
-        let keys = inline_keys(&items);
-        let mut reversed = items.clone();
+        let mut first = keys(&items);
+        let mut reversed = items;
         reversed.reverse();
-        let mut again = inline_keys(&reversed);
-        again.reverse();
-        assert_eq!(keys[1], again[1]);
-        assert_eq!(keys[3], again[3]);
-        assert_eq!(keys[1], "k");
-        assert_eq!(keys[3], "k#2");
-        let mut equal = [keys[0].clone(), keys[2].clone()];
-        equal.sort();
-        assert_eq!(equal, ["inline-h1", "inline-h1#2"]);
-        let distinct: BTreeSet<&String> = keys.iter().collect();
-        assert_eq!(distinct.len(), 4);
+        let mut again = keys(&reversed);
+        first.sort();
+        again.sort();
+        assert_eq!(first, again, "the same keys at the same indexes");
+        let names: BTreeSet<&str> = first.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names.len(), 5, "distinct");
+        assert!(names.contains("k") && names.contains("k#2"));
+        assert!(
+            names.contains("k#2#2"),
+            "a suffix never takes a request's key"
+        );
+        assert!(names.contains("inline-00000000000000a1#2"));
+        let indexes: BTreeSet<u64> = first.iter().map(|(_, i)| *i).collect();
+        assert_eq!(indexes, (0..5).collect());
+    }
+
+    #[test]
+    fn an_items_hash_is_its_canonical_json() {
+        let a: Value = serde_json::from_str(r#"{"b":1,"a":[2]}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{ "a" : [2], "b" : 1 }"#).unwrap();
+        assert_eq!(item_hash(&a), item_hash(&b));
+        assert_eq!(
+            item_hash(&a),
+            hex8(&Sha256::digest(a.to_string().as_bytes()))
+        );
     }
 
     #[test]

@@ -19,9 +19,18 @@ use crate::timestamp::parse_rfc3339_ms;
 pub enum Found {
     /// A results file, by its `files/...` name.
     File(String),
-    /// The inline responses, as Gemini returned them.
-    Inline(Vec<Value>),
+    /// Inline responses: which list ([`INLINE_LISTS`]' index) and how many (the skimmed
+    /// answer holds a list's count in its place, [`crate::results::inline`]).
+    Inline { list: usize, count: u64 },
 }
+
+/// Where inline responses can be, in the order they are preferred.
+pub const INLINE_LISTS: [&str; 4] = [
+    "response.inlinedResponses.inlinedResponses",
+    "response.inlinedEmbedContentResponses.inlinedResponses",
+    "metadata.output.inlinedResponses.inlinedResponses",
+    "metadata.output.inlinedEmbedContentResponses.inlinedResponses",
+];
 
 /// Longest part of a refused name quoted in the reason.
 const QUOTED_CHARS: usize = 120;
@@ -49,9 +58,10 @@ pub fn file_of_details(details: &Map<String, Value>) -> Option<String> {
 }
 
 /// What a batch's status answer says about its results (`response` first, then
-/// `metadata.output`): a file, or the inline responses. Anything else is why the results
-/// cannot be read, never zero results: a `responsesFile` that is not a `files/...` name, inline
-/// responses that are not a list, or an answer that names neither.
+/// `metadata.output`): a file, or the inline responses (a list, or its count where the
+/// skimmer counted it). Anything else is why the results cannot be read, never zero results: a
+/// `responsesFile` that is not a `files/...` name, inline responses that are not a list, or an
+/// answer that names neither.
 pub fn found_in_status(answer: &Value) -> Result<Found, String> {
     for output in ["/response", "/metadata/output"] {
         if let Some(file) = answer.pointer(&format!("{output}/responsesFile")) {
@@ -69,8 +79,20 @@ pub fn found_in_status(answer: &Value) -> Result<Found, String> {
             };
         }
         for inline in ["inlinedResponses", "inlinedEmbedContentResponses"] {
-            match answer.pointer(&format!("{output}/{inline}/inlinedResponses")) {
-                Some(Value::Array(items)) => return Ok(Found::Inline(items.clone())),
+            let path = format!("{output}/{inline}/inlinedResponses");
+            let list = INLINE_LISTS
+                .iter()
+                .position(|l| format!("/{}", l.replace('.', "/")) == path)
+                .unwrap_or_default();
+            match answer.pointer(&path) {
+                Some(Value::Array(items)) => {
+                    let count = items.len() as u64;
+                    return Ok(Found::Inline { list, count });
+                }
+                Some(Value::Number(n)) if n.is_u64() => {
+                    let count = n.as_u64().unwrap_or_default();
+                    return Ok(Found::Inline { list, count });
+                }
                 Some(other) => {
                     return Err(format!(
                         "status answer: {inline}.inlinedResponses is a JSON {}, not a list",
@@ -271,12 +293,12 @@ mod tests {
             json!({"response": {"inlinedResponses": {"inlinedResponses": [{"response": {}}]}}});
         assert_eq!(
             found_in_status(&inline),
-            Ok(Found::Inline(vec![json!({"response": {}})]))
+            Ok(Found::Inline { list: 0, count: 1 })
         );
         let none = json!({"response": {"inlinedResponses": {"inlinedResponses": []}}});
         assert_eq!(
             found_in_status(&none),
-            Ok(Found::Inline(vec![])),
+            Ok(Found::Inline { list: 0, count: 0 }),
             "an empty list is none"
         );
     }
@@ -292,6 +314,13 @@ mod tests {
         assert!(found_in_status(&number)
             .unwrap_err()
             .contains("a JSON number"));
+        let counted = json!({"metadata": {"output": {"inlinedEmbedContentResponses":
+            {"inlinedResponses": 3}}}});
+        assert_eq!(
+            found_in_status(&counted),
+            Ok(Found::Inline { list: 3, count: 3 }),
+            "a skimmed answer holds a list's count"
+        );
         let object = json!({"response": {"inlinedResponses": {"inlinedResponses": {"a": 1}}}});
         assert!(found_in_status(&object).unwrap_err().contains("not a list"));
         for neither in [json!({"response": {}}), json!({"done": true}), json!([])] {

@@ -1,6 +1,7 @@
-//! Reading one chunk of a batch's results: from the results file (downloaded with our key from
-//! `GEMINI_API_BASE`, from the chunk's checkpoint with an HTTP `Range`), or from the status
-//! answer's inline responses (read whole, once, under a cap).
+//! Reading one chunk of a batch's results from the results file (downloaded with our key from
+//! `GEMINI_API_BASE`, from the chunk's checkpoint with an HTTP `Range`), and the status answer
+//! that says where the results are, its inline responses stored as they stream in
+//! ([`status_results`], under [`crate::results::inline::INLINE_MAX_BYTES`]).
 //!
 //! Guarantees: the file is streamed chunk by chunk through the splitter
 //! ([`crate::results::lines`]) and the stream is cancelled as soon as the chunk is full, so
@@ -21,6 +22,7 @@ use worker::{AbortController, Delay, Method, ResponseBody};
 use crate::body_cap::Read;
 use crate::config::Config;
 use crate::redirect::KEY_HEADER;
+use crate::results::inline::{Entry, InlineRead, Located};
 use crate::results::item::LINE_CAP;
 use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter, Piece};
 use crate::results::progress::{FileTrouble, CHUNK_BYTES};
@@ -29,7 +31,7 @@ use crate::results::source::{
 };
 
 use crate::edge::capped_read::each_chunk;
-use crate::edge::outbound::fetch::{fetch, send, Keep};
+use crate::edge::outbound::fetch::{fetch, within};
 use crate::edge::runtime::js_error;
 
 /// The download's headers get this long.
@@ -37,9 +39,6 @@ const HEAD_TIMEOUT_MS: u64 = 10_000;
 /// A chunk's bytes get this long once the headers came: 8 MiB at a slow 1 MB/s, and the
 /// discarded prefix of a server that ignores `Range` on a file of some hundreds of MB.
 const BODY_TIMEOUT_MS: u64 = 25_000;
-/// Longest status answer read for its inline responses: Gemini caps an inline batch's
-/// requests at 20 MB; its responses are read whole once, then kept in the object.
-pub const INLINE_MAX_BYTES: usize = 64 << 20;
 
 /// One chunk of the file: its lines, where the next chunk starts, and whether this one ends
 /// the file.
@@ -136,39 +135,83 @@ fn request_headers(config: &Config, from: Checkpoint) -> Vec<(&'static str, Stri
     headers
 }
 
-/// The operation's status answer, whole (under [`INLINE_MAX_BYTES`]), to find its results:
-/// the JSON, or why it could not be had (with the HTTP status and `Retry-After` of an answer).
-pub async fn status_answer(config: &Config, url: &str) -> Result<serde_json::Value, StatusTrouble> {
-    let mut headers = vec![("accept", "application/json".to_string())];
-    if let Some(key) = &config.gemini_api_key {
-        headers.push((KEY_HEADER, key.0.clone()));
-    }
-    let answer = send(
-        worker::Method::Get,
-        url,
-        &headers,
-        None,
-        (HEAD_TIMEOUT_MS + BODY_TIMEOUT_MS) as i64,
-        Keep::Whole(INLINE_MAX_BYTES),
-    )
-    .await;
+/// The operation's status answer, read as a stream for its results ([`InlineRead`]): each
+/// inline item is handed to `store` as soon as it is read, so the answer is never held (one
+/// chunk, one item under its cap, and 32 bytes an item for their order). Where the results
+/// are, or why the answer gave none: the HTTP status and `Retry-After` of an answer that was
+/// not a 2xx, or the reason an answer cannot be read (parked, never zero results).
+pub async fn status_results(
+    config: &Config,
+    url: &str,
+    mut store: impl FnMut(Vec<Entry>) -> worker::Result<()>,
+) -> Result<Located, StatusTrouble> {
     let failed = |trouble, http_status, retry_after| StatusTrouble {
         trouble,
         http_status,
         retry_after,
     };
-    match answer {
-        crate::retry::PeerAnswer::Http {
-            status,
-            body,
-            retry_after,
-        } => match trouble_of_status(status) {
-            Some(trouble) => Err(failed(trouble, Some(status), retry_after)),
-            None => serde_json::from_str(&body).map_err(|e| {
-                let why = format!("status answer is not JSON: {e}");
-                failed(FileTrouble::Unreadable(why), Some(status), None)
-            }),
-        },
-        other => Err(failed(unavailable(&other.summary()), None, None)),
+    let mut headers = vec![("accept", "application/json".to_string())];
+    if let Some(key) = &config.gemini_api_key {
+        headers.push((KEY_HEADER, key.0.clone()));
+    }
+    let controller = AbortController::default();
+    let signal = controller.signal();
+    let head = fetch(Method::Get, url, &headers, None, &signal);
+    let response = match within(HEAD_TIMEOUT_MS as i64, head).await {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return Err(failed(unavailable(&e.to_string()), None, None)),
+        None => {
+            controller.abort();
+            return Err(failed(
+                unavailable("timeout waiting for the status API"),
+                None,
+                None,
+            ));
+        }
+    };
+    let status = response.status_code();
+    let retry_after = response.headers().get("retry-after").ok().flatten();
+    if let Some(trouble) = trouble_of_status(status).or_else(|| {
+        (status != 200).then(|| FileTrouble::Unreadable(format!("{status} from the status API")))
+    }) {
+        controller.abort();
+        return Err(failed(trouble, Some(status), retry_after));
+    }
+    let read = async {
+        let mut reader = InlineRead::new();
+        let mut refused: Option<FileTrouble> = None;
+        if let ResponseBody::Stream(stream) = response.body() {
+            each_chunk(stream, |chunk| {
+                let stored = match reader.feed(chunk) {
+                    Ok(entries) => store(entries)
+                        .map_err(|e| unavailable(&format!("storing the inline results: {e}"))),
+                    Err(why) => Err(FileTrouble::Unreadable(why)),
+                };
+                match stored {
+                    Ok(()) => Read::More,
+                    Err(trouble) => {
+                        refused = Some(trouble);
+                        Read::Enough
+                    }
+                }
+            })
+            .await
+            .map_err(|e| unavailable(&js_error(&e)))?;
+        }
+        match refused {
+            Some(trouble) => Err(trouble),
+            None => reader.finish().map_err(FileTrouble::Unreadable),
+        }
+    };
+    let outcome = within(BODY_TIMEOUT_MS as i64, read).await;
+    controller.abort();
+    match outcome {
+        Some(Ok(located)) => Ok(located),
+        Some(Err(trouble)) => Err(failed(trouble, None, None)),
+        None => Err(failed(
+            unavailable("timeout reading the status answer"),
+            None,
+            None,
+        )),
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! Guarantees: one bounded GET (headers within [`STATUS_TIMEOUT_MS`], a 2xx body within
 //! [`STATUS_BODY_TIMEOUT_MS`] more); the body is streamed through the skimmer
-//! ([`crate::reconciliation::skim`]), so an answer of any size Gemini sends is read with bounded memory (one
-//! chunk plus at most [`crate::reconciliation::skim::MAX_KEPT_BYTES`] kept) and a large one is logged with
+//! ([`crate::skim`]), so an answer of any size Gemini sends is read with bounded memory (one
+//! chunk plus at most [`crate::skim::MAX_KEPT_BYTES`] kept) and a large one is logged with
 //! what it cost; every way it can end (an answer, a timeout, a network error) is the pure
 //! core's [`StatusAnswer`], which the gate and the cron read the same way
 //! ([`interpret_skimmed`]: an [`Observation`] or a [`StatusError`]); a timeout or network error
@@ -18,9 +18,9 @@ use crate::body_cap::Read;
 use crate::config::Config;
 use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
-use crate::reconciliation::skim::Skim;
 use crate::reconciliation::status::{call_answer, interpret_skimmed, status_url, StatusAnswer};
 use crate::retry::{class_of_status, Class, PeerAnswer};
+use crate::skim::Skim;
 use crate::telemetry::counters::StatusCallAnswer;
 use crate::telemetry::worker_log::{StatusRead, WorkerLog};
 
@@ -130,7 +130,7 @@ pub async fn ask(
 /// One GET whose headers must come within `head_timeout_ms` and whose 2xx body is then
 /// streamed, chunk by chunk, through a [`Skim`] within `body_timeout_ms` more. Memory: one
 /// chunk as the runtime hands it over, plus what the skimmer keeps (bounded by
-/// [`crate::reconciliation::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
+/// [`crate::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
 /// Also says how long reading the body took (0 when it was not read).
 async fn get_skimmed(
     url: &str,

@@ -11,9 +11,9 @@ use crate::operation::ledger::{LedgerMeta, OpenCounts};
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::{Audit, AuditProgress, MAX_INDEX_PAGES};
-use crate::reconciliation::skim::skim;
 use crate::reconciliation::status::{StatusAnswer, READ};
 use crate::retry::PeerAnswer;
+use crate::skim::skim;
 
 /// The clock at the start of each pass (ms); entries were submitted at 1,000 s.
 const NOW: i64 = 10_000_000;

@@ -4,8 +4,12 @@
 //! Tables, created by the first write of a `"results": "each"` batch:
 //! `results_progress(id = 1, body)` the [`Progress`] as JSON (its waiting rows included, at
 //! most `MAX_WAITING`); `results_kept(idx, item)` the result of each row waiting or parked;
-//! `results_parked(idx, row)` the parked rows; `results_inline(idx, item)` an inline batch's
-//! results, stored once in their stable order, so a chunk is a range of rows.
+//! `results_parked(idx, row)` the parked rows; an inline batch's results, stored as its status
+//! answer streams in: `results_inline_items(seq, key, hash, payload)` each item at its place
+//! in the answer (its `metadata.key`, content hash, and `response`, `error` or `unreadable`),
+//! then `results_inline_order(idx, seq, suffix)` their stable order (a row an item: the
+//! answer cannot be held to order it first), so a chunk is a range of rows;
+//! `results_inline(idx, item)` is the form an earlier build stored, still read.
 //!
 //! Guarantees: a progress and the writes its transition made are stored with no await in
 //! between, so the runtime commits them as one (a Durable Object's writes between two awaits
@@ -15,13 +19,15 @@
 use serde::Deserialize;
 use worker::{Result, SqlStorage};
 
-use crate::results::item::ResultItem;
+use crate::results::inline::Entry;
+use crate::results::item::{Payload, ResultItem};
+use crate::results::keys::{inline_base, inline_order, Place};
 use crate::results::progress::{Progress, Row, Write};
 
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::usage_meter::Meter;
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS results_progress (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_kept (idx INTEGER PRIMARY KEY, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_parked (idx INTEGER PRIMARY KEY, row TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline (idx INTEGER PRIMARY KEY, item TEXT NOT NULL)";
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS results_progress (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_kept (idx INTEGER PRIMARY KEY, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_parked (idx INTEGER PRIMARY KEY, row TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline (idx INTEGER PRIMARY KEY, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_items (seq INTEGER PRIMARY KEY, key TEXT, hash TEXT NOT NULL, payload TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_order (idx INTEGER PRIMARY KEY, seq INTEGER NOT NULL, suffix TEXT NOT NULL)";
 
 /// One gate's results tables.
 pub(super) struct ResultsStore<'a> {
@@ -32,6 +38,42 @@ pub(super) struct ResultsStore<'a> {
 #[derive(Deserialize)]
 struct Text {
     body: String,
+}
+
+/// An inline item's base key, as stored.
+#[derive(Deserialize)]
+struct Base {
+    key: Option<String>,
+    hash: String,
+}
+
+/// An inline result as stored: its index, its key's parts, its payload.
+#[derive(Deserialize)]
+struct Inline {
+    idx: i64,
+    suffix: String,
+    key: Option<String>,
+    hash: String,
+    payload: String,
+}
+
+impl Inline {
+    fn item(self) -> Result<ResultItem> {
+        let mut payload: Payload = serde_json::from_str(&self.payload).map_err(json_error)?;
+        // Where an unreadable item is, by its index (known once the order is).
+        if let Payload::Unreadable(serde_json::Value::Object(place)) = &mut payload {
+            place.insert("index".into(), self.idx.into());
+        }
+        Ok(ResultItem {
+            result_key: format!(
+                "{}{}",
+                inline_base(self.key.as_deref(), &self.hash),
+                self.suffix
+            ),
+            index: self.idx as u64,
+            payload,
+        })
+    }
 }
 
 fn json_error(e: serde_json::Error) -> worker::Error {
@@ -127,14 +169,48 @@ impl<'a> ResultsStore<'a> {
             .transpose()
     }
 
-    /// Stores an inline batch's results, once, before its progress begins.
-    pub(super) fn put_inline(&self, items: &[ResultItem]) -> Result<()> {
+    /// Before an inline answer is read: what an interrupted read stored is dropped (a
+    /// delete of empty tables writes nothing).
+    pub(super) fn clear_inline(&self) -> Result<()> {
         self.meter.exec(&self.sql, SCHEMA, None)?;
-        for item in items {
+        self.meter
+            .exec(&self.sql, "DELETE FROM results_inline_items", None)?;
+        self.meter
+            .exec(&self.sql, "DELETE FROM results_inline_order", None)?;
+        Ok(())
+    }
+
+    /// Stores inline items as they are read: a row each.
+    pub(super) fn put_entries(&self, entries: Vec<Entry>) -> Result<()> {
+        for e in entries {
+            let key = e.key.map_or(worker::SqlStorageValue::Null, Into::into);
             self.meter.exec(
                 &self.sql,
-                "INSERT OR REPLACE INTO results_inline (idx, item) VALUES (?, ?)",
-                vec![(item.index as i64).into(), text(item)?.into()],
+                "INSERT OR REPLACE INTO results_inline_items (seq, key, hash, payload) VALUES (?, ?, ?, ?)",
+                vec![(e.seq as i64).into(), key, e.hash.into(), text(&e.payload)?.into()],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Stores the inline items' order, once they are all stored: a row an index.
+    pub(super) fn put_order(&self, places: Vec<Place>) -> Result<()> {
+        let order = inline_order(places, |seq| {
+            let rows: Vec<Base> = self.meter.rows(
+                &self.sql,
+                "SELECT key, hash FROM results_inline_items WHERE seq = ?",
+                vec![(seq as i64).into()],
+            )?;
+            let row = rows.into_iter().next();
+            Ok::<_, worker::Error>(
+                row.map_or_else(String::new, |r| inline_base(r.key.as_deref(), &r.hash)),
+            )
+        })?;
+        for (idx, (seq, suffix)) in order.into_iter().enumerate() {
+            self.meter.exec(
+                &self.sql,
+                "INSERT OR REPLACE INTO results_inline_order (idx, seq, suffix) VALUES (?, ?, ?)",
+                vec![(idx as i64).into(), (seq as i64).into(), suffix.into()],
             )?;
         }
         Ok(())
@@ -142,16 +218,32 @@ impl<'a> ResultsStore<'a> {
 
     /// Up to `n` inline results from `from` on, and whether they reach the last one.
     pub(super) fn inline_chunk(&self, from: u64, n: u64) -> Result<(Vec<ResultItem>, bool)> {
-        let rows: Vec<Text> = self.meter.rows(
+        let legacy: Vec<Text> = self.meter.rows(
             &self.sql,
             "SELECT item AS body FROM results_inline WHERE idx >= ? ORDER BY idx LIMIT ?",
             vec![(from as i64).into(), (n as i64 + 1).into()],
         )?;
+        let rows: Vec<Inline> = match legacy.is_empty() {
+            true => self.meter.rows(
+                &self.sql,
+                "SELECT o.idx AS idx, o.suffix AS suffix, i.key AS key, i.hash AS hash, i.payload AS payload FROM results_inline_order o JOIN results_inline_items i ON i.seq = o.seq WHERE o.idx >= ? ORDER BY o.idx LIMIT ?",
+                vec![(from as i64).into(), (n as i64 + 1).into()],
+            )?,
+            false => {
+                let last = legacy.len() as u64 <= n;
+                let items = legacy
+                    .iter()
+                    .take(n as usize)
+                    .map(|r| serde_json::from_str(&r.body).map_err(json_error))
+                    .collect::<Result<Vec<ResultItem>>>()?;
+                return Ok((items, last));
+            }
+        };
         let last = rows.len() as u64 <= n;
         let items = rows
-            .iter()
+            .into_iter()
             .take(n as usize)
-            .map(|r| serde_json::from_str(&r.body).map_err(json_error))
+            .map(Inline::item)
             .collect::<Result<Vec<ResultItem>>>()?;
         Ok((items, last))
     }

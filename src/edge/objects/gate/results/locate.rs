@@ -6,7 +6,8 @@
 //! reconciliation lease first (as a nudge's confirmation does), and a 429 or 5xx backs every
 //! status call off for its `Retry-After` ([`crate::results::source::unlocated`] decides); an
 //! answer that names no results in a usable form parks them with the reason, never zero
-//! results; inline items are stored once, in their stable order.
+//! results; inline items are stored as the answer streams in (never held whole), then their
+//! stable order, once.
 
 use worker::Result;
 
@@ -15,14 +16,12 @@ use crate::operation::key::Collection;
 use crate::operation::Operation;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::status::status_url;
-use crate::results::item::{from_inline, Source};
-use crate::results::progress::{FileTrouble, Phase, Progress};
-use crate::results::source::{
-    ended_in_status, file_of_details, found_in_status, unlocated, Found, StatusTrouble, Unlocated,
-};
+use crate::results::item::Source;
+use crate::results::progress::{Phase, Progress};
+use crate::results::source::{file_of_details, unlocated, Found, StatusTrouble, Unlocated};
 
 use crate::edge::objects::call::call_lease;
-use crate::edge::outbound::results_file::status_answer;
+use crate::edge::outbound::results_file::status_results;
 use crate::edge::runtime::{now_ms, random_unit};
 
 use super::Driver;
@@ -99,25 +98,21 @@ impl Driver<'_> {
         let base = &self.config.gemini_api_base;
         let url = status_url(base, Collection::Batches, op.key(), op.name());
         self.storage.meter().add(|u| u.outbound_fetches += 1);
-        let answer = match status_answer(self.config, &url).await {
-            Ok(answer) => answer,
+        // Inline items are stored as the answer streams in, never held whole.
+        self.store.clear_inline()?;
+        let store = |entries| self.store.put_entries(entries);
+        let located = match status_results(self.config, &url, store).await {
+            Ok(located) => located,
             Err(trouble) => return Ok(Located::Failed(trouble)),
         };
-        let source = match found_in_status(&answer) {
-            Ok(Found::File(name)) => Source::File { name },
-            Ok(Found::Inline(items)) => {
-                self.store.put_inline(&from_inline(&items))?;
+        let source = match located.found {
+            Found::File(name) => Source::File { name },
+            Found::Inline { .. } => {
+                self.store.put_order(located.places)?;
                 Source::Inline
             }
-            Err(why) => {
-                return Ok(Located::Failed(StatusTrouble {
-                    trouble: FileTrouble::Unreadable(why),
-                    http_status: None,
-                    retry_after: None,
-                }))
-            }
         };
-        Ok(Located::Found(source, ended_in_status(&answer)))
+        Ok(Located::Found(source, located.ended_ms))
     }
 
     /// A 429 or 5xx from the status API backs off every status call of the project until
