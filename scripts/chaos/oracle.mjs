@@ -29,6 +29,8 @@
 //   counts. A result accepted again under its same id is counted (repeats), as the job's
 //   duplicates are: a destination that dedups by `webhook-id` drops it. `kills_mid_file`
 //   counts the kills that came while a batch had some of its results accepted and not all.
+// - late_jobs (on the chaos-results line): operations whose job effect was first accepted more
+//   than LATE_AFTER_MS (5 minutes) after the load phase's end, or never.
 // Extra checks (also fail the run, printed on the chaos-detail lines): an accepted side effect
 // whose status differs from the truth, a final status different from the truth, effect_done
 // false at the end, side effects for unknown keys, side effects failing signature checks, a

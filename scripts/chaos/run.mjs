@@ -286,7 +286,7 @@ export async function runChaos(options = {}) {
     const loadTimer = setInterval(() => load.push(os.loadavg()[0]), 5000);
     timers.add(loadTimer);
     progress = setInterval(() => {
-      const keys = new Set(dest.requests.filter((r) => r.accepted).map((r) => r.key));
+      const keys = new Set(dest.requests.filter((r) => r.accepted && !r.webhookId?.startsWith("res_")).map((r) => r.key));
       say(`chaos: +${Math.round(since() / 1000)}s deliveries acked ${deliveryStats.acked}/${deliveryStats.planned}, effects for ${keys.size}/${ops.length} ops, passes ${events.reconcile_pass}, kills ${kills.length}, observations ${counters.observations}`);
     }, 10_000);
 
