@@ -656,8 +656,8 @@ fn a_pause_survives_the_desks_restart() {
 }
 
 /// A queue the way the desk object keeps it (`waiting(key, due_ms)`, released soonest due
-/// first, a key placed by [`queue_place`]), driven by the desk's decisions: which keys its
-/// probes release.
+/// first, a key placed by [`Desk::queue_place`]), driven by the desk's decisions: which keys
+/// its probes release.
 struct Queue {
     waiting: Vec<(String, i64)>,
 }
@@ -668,9 +668,9 @@ impl Queue {
         self.waiting.remove(0).0
     }
 
-    fn apply(&mut self, key: &str, due_ms: i64, decision: &Decision) {
-        let now = self.waiting.iter().find(|(k, _)| k == key).map(|w| w.1);
-        if let Some(at) = queue_place(now, due_ms, decision) {
+    fn apply(&mut self, d: &Desk, key: &str, due_ms: i64, decision: &Decision, now: i64) {
+        let waiting = self.waiting.iter().find(|(k, _)| k == key).map(|w| w.1);
+        if let Some(at) = d.queue_place(key, waiting, due_ms, decision, now) {
             self.waiting.retain(|(k, _)| k != key);
             self.waiting.push((key.to_string(), at));
         }
@@ -705,7 +705,7 @@ fn a_probe_rotates_so_four_throttled_keys_do_not_hold_ten_good_ones() {
             };
             // The gate reports the time its effect became owed (long before now).
             let owed_ms = owed[&key];
-            q.apply(&key, owed_ms, &report);
+            q.apply(&d, &key, owed_ms, &report, now + 50);
             probes.push(key);
         }
         now += 100;
@@ -805,6 +805,7 @@ fn a_key_that_cannot_send_leaves_the_queue_and_the_next_is_probed_at_once() {
 
 #[test]
 fn a_key_keeps_its_place_behind_when_its_gate_asks_again() {
+    let mut d = opened();
     let failed = Decision {
         enqueue: true,
         queue_at_ms: Some(500),
@@ -815,16 +816,19 @@ fn a_key_keeps_its_place_behind_when_its_gate_asks_again() {
         ..Decision::reply(DeskReply::Wait)
     };
     // First queued when it became owed; a failure while open moves it behind.
-    assert_eq!(queue_place(None, 10, &ask), Some(10));
-    assert_eq!(queue_place(Some(10), 10, &failed), Some(500));
+    assert_eq!(d.queue_place("k", None, 10, &ask, 400), Some(10));
+    assert_eq!(d.queue_place("k", Some(10), 10, &failed, 500), Some(500));
     // Its gate's next ask (the fallback, a pass's retry) says "owed at 10": it stays behind.
-    assert_eq!(queue_place(Some(500), 10, &ask), Some(500));
+    assert_eq!(d.queue_place("k", Some(500), 10, &ask, 600), Some(500));
     // Released (out of the queue), it asks again: back in at when it became owed.
-    assert_eq!(queue_place(None, 10, &ask), Some(10));
-    assert_eq!(
-        queue_place(Some(10), 10, &Decision::reply(DeskReply::Go)),
-        None
-    );
+    assert_eq!(d.queue_place("k", None, 10, &ask, 700), Some(10));
+    let go = Decision::reply(DeskReply::Go);
+    assert_eq!(d.queue_place("k", Some(10), 10, &go, 700), None);
+    // Out as the probe, its ask (its release and its fallback crossed) goes behind: the
+    // probe's report says how it went.
+    d.released("k", true, 800);
+    assert_eq!(d.queue_place("k", None, 10, &ask, 900), Some(900));
+    assert_eq!(d.queue_place("other", None, 20, &ask, 900), Some(20));
 }
 
 #[test]
@@ -847,12 +851,12 @@ fn a_key_that_keeps_failing_is_not_probed_again_while_its_gate_asks_between_prob
                 "k-0" => d.report(&key, Some("timeout".into()), None, q.facts(), now + 50),
                 _ => d.report(&key, None, None, q.facts(), now + 50),
             };
-            q.apply(&key, owed[&key], &report);
+            q.apply(&d, &key, owed[&key], &report, now + 50);
             probes.push(key.clone());
             // Its gate's fallback asks again before the next probe.
             let ask = d.ask(q.facts(), now + 100);
             if key == "k-0" {
-                q.apply(&key, owed[&key], &ask);
+                q.apply(&d, &key, owed[&key], &ask, now + 100);
             }
         }
         now += 100;

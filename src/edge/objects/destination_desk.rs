@@ -12,7 +12,7 @@
 //!
 //! Guarantees: every command is read-decide-write with no await in between; a key keeps its
 //! place in `waiting` when its gate asks again, and only a failure while open moves it behind
-//! ([`queue_place`]); the alarm takes
+//! ([`Desk::queue_place`]); the alarm takes
 //! the keys it releases out of `waiting` before it calls their gates and puts back those
 //! whose gate could not be reached (a probe's by that key's own backoff), so a key is
 //! released once; a gate that answers that nothing is owed drops its key. The alarm sends the
@@ -23,7 +23,7 @@
 use serde::Deserialize;
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
-use crate::destination::desk::{queue_place, Desk, Facts, Wake, ALERT_RETRY_MS};
+use crate::destination::desk::{Desk, Facts, Wake, ALERT_RETRY_MS};
 use crate::destination::protocol::{DeskCommand, DeskReply};
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
@@ -175,7 +175,7 @@ impl DestinationDesk {
             }
         };
         desk.calls += 1;
-        if let Some(at) = queue_place(self.waiting_due(&key)?, due_ms, &decision) {
+        if let Some(at) = desk.queue_place(&key, self.waiting_due(&key)?, due_ms, &decision, now) {
             self.enqueue(&key, at)?;
         }
         for i in 0..decision.slots {
@@ -287,7 +287,7 @@ impl DestinationDesk {
         Ok(rows.first().map(|r| r.n))
     }
 
-    /// Queues `key` due at `due_ms` (where [`queue_place`] put it, or its own backoff).
+    /// Queues `key` due at `due_ms` (where [`Desk::queue_place`] put it, or its own backoff).
     fn enqueue(&self, key: &str, due_ms: i64) -> Result<()> {
         self.exec(
             "INSERT INTO waiting (key, due_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET due_ms = excluded.due_ms",
