@@ -114,7 +114,7 @@ export function checkResults(ops, requests, kills) {
  * [`LATE_AFTER_MS`] after the load phase's end, or never; and when the last first acceptance
  * came, in seconds after that end.
  */
-export function lateJobs(ops, requests, loadEndAt) {
+export function lateJobs(ops, requests, loadEndAt, lateAfterMs = LATE_AFTER_MS) {
   const first = new Map();
   for (const q of requests) {
     if (!q.accepted || q.webhookId?.startsWith("res_")) continue;
@@ -125,7 +125,7 @@ export function lateJobs(ops, requests, loadEndAt) {
   for (const op of ops) {
     const at = first.get(op.key);
     if (at !== undefined) last = Math.max(last, at);
-    if (at === undefined || (loadEndAt && at > loadEndAt + LATE_AFTER_MS)) keys.push(op.key);
+    if (at === undefined || (loadEndAt && at > loadEndAt + lateAfterMs)) keys.push(op.key);
   }
   const lastAfterLoadS = loadEndAt && Number.isFinite(last) ? Math.round((last - loadEndAt) / 100) / 10 : null;
   return { count: keys.length, keys, lastAfterLoadS };
@@ -267,8 +267,9 @@ export function check({ o, t0, ops, byKey, dest, api, kills, observations, final
   if (kills.length < o.kills) problems.push(`only ${kills.length} of ${o.kills} kills happened`);
   const results = checkResults(ops, dest.requests, kills);
   problems.push(...results.problems);
-  const late = lateJobs(ops, dest.requests, loadEndAt);
-  if (late.count) problems.push(`${late.count} job effects not accepted within ${LATE_AFTER_MS / 1000} s of the load's end: ${late.keys.slice(0, 10).join(", ")}`);
+  const lateAfterMs = o.lateAfterMs ?? LATE_AFTER_MS;
+  const late = lateJobs(ops, dest.requests, loadEndAt, lateAfterMs);
+  if (late.count) problems.push(`${late.count} job effects not accepted within ${lateAfterMs / 1000} s of the load's end: ${late.keys.slice(0, 10).join(", ")}`);
   const ok = lost === 0 && regressions === 0 && unsettled === 0 && duplicates === explained && extraBad === 0 && kills.length >= o.kills && results.ok && late.count === 0;
   const stats = {
     schedule: {

@@ -18,7 +18,7 @@ import { check } from "./oracle.mjs";
 export const activeCleanups = new Set();
 
 export async function runChaos(options = {}) {
-  const o = { seed: 1, ops: 500, kills: 2, resultsShare: 0, build: true, keep: false, quiet: false, json: null, ...options };
+  const o = { seed: 1, ops: 500, kills: 2, resultsShare: 0, lateAfterMs: LATE_AFTER_MS, build: true, keep: false, quiet: false, json: null, ...options };
   const say = o.quiet ? () => {} : (...a) => console.error(...a);
   const out = o.print ?? ((line) => console.log(line));
   const wallStart = Date.now();
@@ -97,7 +97,7 @@ export async function runChaos(options = {}) {
 
     run.t0 = Date.now();
     const since = () => Date.now() - run.t0;
-    const hardDeadline = run.t0 + schedule.loadMs + 60_000 + LATE_AFTER_MS + o.ops * 400;
+    const hardDeadline = run.t0 + schedule.loadMs + 60_000 + o.lateAfterMs + o.ops * 400;
 
     // ---- observations: every admin answer about an operation, with send and receive times.
     const observations = new Map(ops.map((op) => [op.key, []]));
@@ -300,7 +300,7 @@ export async function runChaos(options = {}) {
     say(`chaos: +${Math.round(loadEnd / 1000)}s load phase over; settling`);
 
     // ---- settle: cron passes until everything is terminal and done, or the deadline passes:
-    // LATE_AFTER_MS after the load phase's end (an effect accepted later is late), or longer
+    // o.lateAfterMs after the load phase's end (an effect accepted later is late), or longer
     // for a large run.
     const kvList = async () => {
       try {
@@ -321,7 +321,7 @@ export async function runChaos(options = {}) {
       }));
       return views;
     };
-    const settleDeadline = Date.now() + Math.max(60_000 + o.ops * 200, LATE_AFTER_MS + 5_000);
+    const settleDeadline = Date.now() + Math.max(60_000 + o.ops * 200, o.lateAfterMs + 5_000);
     let settled = false, settleRounds = 0;
     for (let round = 0; round < 10_000 && Date.now() < settleDeadline && !stopAll; round++) {
       await trigger();
@@ -361,7 +361,7 @@ export async function runChaos(options = {}) {
     // written before the check, so a check that throws leaves it too. Kept on a failure or --keep.
     const evidenceFile = path.join(tmp, "evidence.json");
     fs.writeFileSync(evidenceFile, JSON.stringify({
-      o: { seed: o.seed, ops: o.ops, kills: o.kills, resultsShare: o.resultsShare }, t0: run.t0, loadEndAt, kills,
+      o: { seed: o.seed, ops: o.ops, kills: o.kills, resultsShare: o.resultsShare, lateAfterMs: o.lateAfterMs }, t0: run.t0, loadEndAt, kills,
       dest: { stats: dest.stats, requests: dest.requests }, api: { stats: api.stats },
       observations: [...observations], finalViews: [...finalViews], finalKv: [...finalKv],
     }));
