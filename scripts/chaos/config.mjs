@@ -32,6 +32,9 @@ export const WORKER_VARS = {
   RECONCILE_POLL_RATE: "200",
 };
 export const CRON = "*/5 * * * *";
+// By default, a side effect first accepted later than this after the load phase's end is late
+// (and the settle phase waits this long at most for the last one); --late-after S sets it.
+export const LATE_AFTER_MS = 300_000;
 
 // Fault rates.
 export const STATUS_429 = 0.05;

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The chaos run: `npm run chaos -- [--seed N] [--ops N] [--kills N] [--no-build]
+// The chaos run: `npm run chaos -- [--seed N] [--ops N] [--kills N] [--results-share F] [--late-after S] [--no-build]
 // [--keep] [--json FILE]`; `node scripts/chaos.mjs --recheck DIR/evidence.json` re-checks a kept run.
 //
 // Builds the worker (unless --no-build), copies build/ into a fresh temporary directory and runs
@@ -19,7 +19,10 @@
 // ops counts the --ops operations and the batches registered with `"results":"each"` (one per
 // kill, plus one; each succeeds with a file of a few hundred lines served by the stand-in, the
 // first ones a few seconds before a kill so that it comes while the file is read); the line
-// before it (`chaos-results: ...`) says whether every result arrived once under its id.
+// before it (`chaos-results: ...`) says whether every result arrived once under its id, and
+// `late_jobs`: the operations whose first side effect was not accepted within 5 minutes (or
+// --late-after S) of the load phase's end. --results-share F also registers that share of the succeeded batches among
+// the --ops operations with `"results":"each"` (a file of 50 to 150 lines each).
 //
 // It exits 0 only when lost, regressions and unsettled are 0, every duplicate is explained
 // (X = Y), and the extra checks (oracle.mjs) found nothing.
@@ -47,7 +50,7 @@ import { workerChild } from "./supervisor.mjs";
 import { SELF, ROOT } from "./config.mjs";
 
 export function parseArgs(argv) {
-  const o = { seed: null, ops: 500, kills: 2, build: true, keep: false, json: null };
+  const o = { seed: null, ops: 500, kills: 2, resultsShare: 0, lateAfterMs: 300_000, build: true, keep: false, json: null };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     const value = () => {
@@ -63,6 +66,12 @@ export function parseArgs(argv) {
     if (a === "--seed") o.seed = int(value(), 0);
     else if (a === "--ops") o.ops = int(value(), 1);
     else if (a === "--kills") o.kills = int(value(), 0);
+    else if (a === "--late-after") o.lateAfterMs = int(value(), 1) * 1000;
+    else if (a === "--results-share") {
+      const v = Number(value());
+      if (!(v >= 0 && v <= 1)) throw new Error(`${a} must be a number from 0 to 1`);
+      o.resultsShare = v;
+    }
     else if (a === "--no-build") o.build = false;
     else if (a === "--keep") o.keep = true;
     else if (a === "--json") o.json = value();
@@ -79,18 +88,18 @@ async function main() {
   try {
     o = parseArgs(process.argv.slice(2));
   } catch (e) {
-    console.error(`chaos: ${e.message}\nusage: npm run chaos -- [--seed N] [--ops N] [--kills N] [--no-build] [--keep] [--json FILE] | --recheck EVIDENCE.json`);
+    console.error(`chaos: ${e.message}\nusage: npm run chaos -- [--seed N] [--ops N] [--kills N] [--results-share F] [--late-after S] [--no-build] [--keep] [--json FILE] | --recheck EVIDENCE.json`);
     process.exit(2);
   }
   if (o.help) {
-    console.log("usage: npm run chaos -- [--seed N] [--ops N] [--kills N] [--no-build] [--keep] [--json FILE] | --recheck EVIDENCE.json");
+    console.log("usage: npm run chaos -- [--seed N] [--ops N] [--kills N] [--results-share F] [--late-after S] [--no-build] [--keep] [--json FILE] | --recheck EVIDENCE.json");
     return;
   }
   if (o.recheck) {
     // Re-runs the check on a kept evidence.json (the schedule is rebuilt from its seed).
     const e = JSON.parse(fs.readFileSync(o.recheck, "utf8"));
-    const schedule = buildSchedule(e.o.seed, e.o.ops, e.o.kills);
-    const r = check({ o: e.o, t0: e.t0, ops: schedule.ops, byKey: new Map(schedule.ops.map((op) => [op.key, op])), dest: e.dest, api: e.api, kills: e.kills, observations: new Map(e.observations), finalViews: new Map(e.finalViews), finalKv: new Map(e.finalKv) });
+    const schedule = buildSchedule(e.o.seed, e.o.ops, e.o.kills, e.o.kills + 1, e.o.resultsShare ?? 0);
+    const r = check({ o: e.o, t0: e.t0, ops: schedule.ops, byKey: new Map(schedule.ops.map((op) => [op.key, op])), dest: e.dest, api: e.api, kills: e.kills, observations: new Map(e.observations), finalViews: new Map(e.finalViews), finalKv: new Map(e.finalKv), loadEndAt: e.loadEndAt });
     for (const line of r.problems.slice(0, 40)) console.log(`chaos-problem: ${line}`);
     console.log(`chaos-detail: duplicates_by_cause=${JSON.stringify(r.causes)}`);
     console.log(r.line);

@@ -29,12 +29,14 @@
 //   counts. A result accepted again under its same id is counted (repeats), as the job's
 //   duplicates are: a destination that dedups by `webhook-id` drops it. `kills_mid_file`
 //   counts the kills that came while a batch had some of its results accepted and not all.
+// - late_jobs (on the chaos-results line): operations whose job effect was first accepted more
+//   than LATE_AFTER_MS (5 minutes) after the load phase's end, or never.
 // Extra checks (also fail the run, printed on the chaos-detail lines): an accepted side effect
 // whose status differs from the truth, a final status different from the truth, effect_done
 // false at the end, side effects for unknown keys, side effects failing signature checks, a
 // harness delivery refused with 400/401/413.
 import { createHash } from "node:crypto";
-import { EFFECT_TIMEOUT_MS, TERMINAL, rank } from "./config.mjs";
+import { EFFECT_TIMEOUT_MS, LATE_AFTER_MS, TERMINAL, rank } from "./config.mjs";
 import { iso } from "./standins.mjs";
 
 /** A result's `webhook-id`, as src/results/body.rs makes it. */
@@ -96,7 +98,7 @@ export function checkResults(ops, requests, kills) {
     const job = requests.filter((q) => q.accepted && q.key === op.key && !q.webhookId?.startsWith("res_")).sort((a, b) => a.arrivedAt - b.arrivedAt)[0];
     const last = Math.max(...got.map((q) => q.arrivedAt));
     if (job && !missing.length && job.arrivedAt >= last) r.job_after_results++;
-    else problems.push(`${op.key}: the job's effect ${job ? `arrived at ${iso(job.arrivedAt)}, the last result at ${iso(last)}` : "never accepted"}`);
+    else problems.push(`${op.key}: the job's effect ${job ? `arrived at ${iso(job.arrivedAt)}, the last result at ${got.length ? iso(last) : "none"}` : "never accepted"}`);
     const errors = want.filter((w) => w.kind !== "response").length;
     const c = job?.bodyResults;
     if (c && c.total === want.length && c.delivered === want.length && c.errors === errors && c.parked === 0 && !c.file_parked) r.counts_right++;
@@ -107,7 +109,29 @@ export function checkResults(ops, requests, kills) {
   return { ...r, ok: problems.length === 0, problems };
 }
 
-export function check({ o, t0, ops, byKey, dest, api, kills, observations, finalViews, finalKv }) {
+/**
+ * The operations whose job effect (not a result's) was first accepted more than
+ * [`LATE_AFTER_MS`] after the load phase's end, or never; and when the last first acceptance
+ * came, in seconds after that end.
+ */
+export function lateJobs(ops, requests, loadEndAt, lateAfterMs = LATE_AFTER_MS) {
+  const first = new Map();
+  for (const q of requests) {
+    if (!q.accepted || q.webhookId?.startsWith("res_")) continue;
+    if (!first.has(q.key) || q.arrivedAt < first.get(q.key)) first.set(q.key, q.arrivedAt);
+  }
+  const keys = [];
+  let last = -Infinity;
+  for (const op of ops) {
+    const at = first.get(op.key);
+    if (at !== undefined) last = Math.max(last, at);
+    if (at === undefined || (loadEndAt && at > loadEndAt + lateAfterMs)) keys.push(op.key);
+  }
+  const lastAfterLoadS = loadEndAt && Number.isFinite(last) ? Math.round((last - loadEndAt) / 100) / 10 : null;
+  return { count: keys.length, keys, lastAfterLoadS };
+}
+
+export function check({ o, t0, ops, byKey, dest, api, kills, observations, finalViews, finalKv, loadEndAt }) {
   const problems = [];
   const checks = { wrong_effect_status: 0, unknown_keys: 0, final_wrong_status: 0, effect_not_done: 0, version_rollbacks: 0, done_rollbacks: 0 };
   const accepted = new Map();
@@ -243,7 +267,10 @@ export function check({ o, t0, ops, byKey, dest, api, kills, observations, final
   if (kills.length < o.kills) problems.push(`only ${kills.length} of ${o.kills} kills happened`);
   const results = checkResults(ops, dest.requests, kills);
   problems.push(...results.problems);
-  const ok = lost === 0 && regressions === 0 && unsettled === 0 && duplicates === explained && extraBad === 0 && kills.length >= o.kills && results.ok;
+  const lateAfterMs = o.lateAfterMs ?? LATE_AFTER_MS;
+  const late = lateJobs(ops, dest.requests, loadEndAt, lateAfterMs);
+  if (late.count) problems.push(`${late.count} job effects not accepted within ${lateAfterMs / 1000} s of the load's end: ${late.keys.slice(0, 10).join(", ")}`);
+  const ok = lost === 0 && regressions === 0 && unsettled === 0 && duplicates === explained && extraBad === 0 && kills.length >= o.kills && results.ok && late.count === 0;
   const stats = {
     schedule: {
       ops: ops.length,
@@ -265,7 +292,7 @@ export function check({ o, t0, ops, byKey, dest, api, kills, observations, final
     effect_keys: accepted.size,
     settled_by: settledBy,
   };
-  return { line, ok, causes, faults, checks, problems, stats, silentLatency, duplicateDetails, silentDetails, results };
+  return { line, ok, causes, faults, checks, problems, stats, silentLatency, duplicateDetails, silentDetails, results, late };
 }
 
 function brief(view) {

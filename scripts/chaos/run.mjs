@@ -9,7 +9,7 @@ import { performance } from "node:perf_hooks";
 import { sign } from "../send.mjs";
 import { workerLayout } from "../local_worker.mjs";
 
-import { ADMIN_TOKEN, CRON, EFFECT_SECRET, GEMINI_API_KEY, GEMINI_SECRETS, ROOT, TERMINAL, WORKER_VARS, httpJson, percentile, sleep } from "./config.mjs";
+import { ADMIN_TOKEN, CRON, EFFECT_SECRET, GEMINI_API_KEY, GEMINI_SECRETS, LATE_AFTER_MS, ROOT, TERMINAL, WORKER_VARS, httpJson, percentile, sleep } from "./config.mjs";
 import { buildSchedule, makeRng } from "./schedule.mjs";
 import { iso, startDestination, startStatusApi } from "./standins.mjs";
 import { WorkerSupervisor } from "./supervisor.mjs";
@@ -18,12 +18,12 @@ import { check } from "./oracle.mjs";
 export const activeCleanups = new Set();
 
 export async function runChaos(options = {}) {
-  const o = { seed: 1, ops: 500, kills: 2, build: true, keep: false, quiet: false, json: null, ...options };
+  const o = { seed: 1, ops: 500, kills: 2, resultsShare: 0, lateAfterMs: LATE_AFTER_MS, build: true, keep: false, quiet: false, json: null, ...options };
   const say = o.quiet ? () => {} : (...a) => console.error(...a);
   const out = o.print ?? ((line) => console.log(line));
   const wallStart = Date.now();
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), `gemini-once-chaos-s${o.seed}-`));
-  say(`chaos: seed=${o.seed} ops=${o.ops} kills=${o.kills}; state and logs in ${tmp}`);
+  say(`chaos: seed=${o.seed} ops=${o.ops} kills=${o.kills} results_share=${o.resultsShare}; state and logs in ${tmp}`);
 
   if (o.build) {
     say("chaos: building the worker (bash scripts/build.sh)");
@@ -34,7 +34,7 @@ export async function runChaos(options = {}) {
   fs.cpSync(path.join(ROOT, "build"), path.join(tmp, "build"), { recursive: true });
   const layout = await workerLayout();
 
-  const schedule = buildSchedule(o.seed, o.ops, o.kills);
+  const schedule = buildSchedule(o.seed, o.ops, o.kills, o.kills + 1, o.resultsShare);
   const run = { seed: o.seed, schedule, t0: 0 };
   const ops = schedule.ops;
   const byKey = new Map(ops.map((op) => [op.key, op]));
@@ -97,7 +97,7 @@ export async function runChaos(options = {}) {
 
     run.t0 = Date.now();
     const since = () => Date.now() - run.t0;
-    const hardDeadline = run.t0 + schedule.loadMs + 60_000 + 120_000 + o.ops * 400;
+    const hardDeadline = run.t0 + schedule.loadMs + 60_000 + o.lateAfterMs + o.ops * 400;
 
     // ---- observations: every admin answer about an operation, with send and receive times.
     const observations = new Map(ops.map((op) => [op.key, []]));
@@ -286,7 +286,7 @@ export async function runChaos(options = {}) {
     const loadTimer = setInterval(() => load.push(os.loadavg()[0]), 5000);
     timers.add(loadTimer);
     progress = setInterval(() => {
-      const keys = new Set(dest.requests.filter((r) => r.accepted).map((r) => r.key));
+      const keys = new Set(dest.requests.filter((r) => r.accepted && !r.webhookId?.startsWith("res_")).map((r) => r.key));
       say(`chaos: +${Math.round(since() / 1000)}s deliveries acked ${deliveryStats.acked}/${deliveryStats.planned}, effects for ${keys.size}/${ops.length} ops, passes ${events.reconcile_pass}, kills ${kills.length}, observations ${counters.observations}`);
     }, 10_000);
 
@@ -299,8 +299,9 @@ export async function runChaos(options = {}) {
     const loadEnd = since();
     say(`chaos: +${Math.round(loadEnd / 1000)}s load phase over; settling`);
 
-    // ---- settle: cron passes until everything is terminal and done, nothing changes, or the
-    // deadline passes.
+    // ---- settle: cron passes until everything is terminal and done, or the deadline passes:
+    // o.lateAfterMs after the load phase's end (an effect accepted later is late), or longer
+    // for a large run.
     const kvList = async () => {
       try {
         const r = await httpJson(`${worker.control}/kv?prefix=op:`, {}, 30_000);
@@ -320,9 +321,8 @@ export async function runChaos(options = {}) {
       }));
       return views;
     };
-    const settleDeadline = Date.now() + 60_000 + o.ops * 200;
-    const quietMs = 30_000;
-    let lastFingerprint = "", lastChange = Date.now(), settled = false, settleRounds = 0;
+    const settleDeadline = Date.now() + Math.max(60_000 + o.ops * 200, o.lateAfterMs + 5_000);
+    let settled = false, settleRounds = 0;
     for (let round = 0; round < 10_000 && Date.now() < settleDeadline && !stopAll; round++) {
       await trigger();
       await sleep(500);
@@ -337,10 +337,7 @@ export async function runChaos(options = {}) {
         const meta = kv?.get(op.key);
         if (v && TERMINAL.has(v.status) && v.effect_done && meta && TERMINAL.has(meta.status) && meta.effect_done && acceptedKeys.has(op.key)) done++;
       }
-      const fingerprint = `${done}/${dest.requests.length}/${[...views.values()].map((v) => `${v?.status}:${v?.version}`).join(",")}`;
-      if (fingerprint !== lastFingerprint) { lastFingerprint = fingerprint; lastChange = Date.now(); }
       if (done === ops.length) { settled = true; break; }
-      if (Date.now() - lastChange > quietMs) break;
     }
     const settleEnd = since();
     // A quiet tail longer than the claim TTL: any stray retry would show up now.
@@ -351,23 +348,24 @@ export async function runChaos(options = {}) {
     await Promise.all(pollers);
     clearInterval(progress);
     clearInterval(loadTimer);
-    say(`chaos: +${Math.round(since() / 1000)}s settle ${settled ? "complete" : "stopped (deadline or no change)"}; checking`);
+    say(`chaos: +${Math.round(since() / 1000)}s settle ${settled ? "complete" : "stopped at the deadline"}; checking`);
 
     // ---- final state: every record with its history, and the KV ledger.
     const finalViews = await snapshot();
     const finalKv = (await kvList()) ?? new Map();
     await worker.stop();
 
-    const evidence = { o, t0: run.t0, ops, byKey, dest, api, kills, observations, finalViews, finalKv };
+    const loadEndAt = run.t0 + loadEnd;
+    const evidence = { o, t0: run.t0, ops, byKey, dest, api, kills, observations, finalViews, finalKv, loadEndAt };
+    // Everything the check sees, to re-run it offline (node scripts/chaos.mjs --recheck FILE);
+    // written before the check, so a check that throws leaves it too. Kept on a failure or --keep.
+    const evidenceFile = path.join(tmp, "evidence.json");
+    fs.writeFileSync(evidenceFile, JSON.stringify({
+      o: { seed: o.seed, ops: o.ops, kills: o.kills, resultsShare: o.resultsShare, lateAfterMs: o.lateAfterMs }, t0: run.t0, loadEndAt, kills,
+      dest: { stats: dest.stats, requests: dest.requests }, api: { stats: api.stats },
+      observations: [...observations], finalViews: [...finalViews], finalKv: [...finalKv],
+    }));
     result = check(evidence);
-    if (!result.ok || o.keep) {
-      // Everything the check saw, to re-run it offline: node scripts/chaos.mjs --recheck FILE
-      fs.writeFileSync(path.join(tmp, "evidence.json"), JSON.stringify({
-        o: { seed: o.seed, ops: o.ops, kills: o.kills }, t0: run.t0, kills,
-        dest: { stats: dest.stats, requests: dest.requests }, api: { stats: api.stats },
-        observations: [...observations], finalViews: [...finalViews], finalKv: [...finalKv],
-      }));
-    }
     Object.assign(result.stats, {
       elapsed_s: Math.round((Date.now() - wallStart) / 1000),
       load_phase_s: Math.round(loadEnd / 1000),
@@ -402,7 +400,7 @@ export async function runChaos(options = {}) {
   out(`chaos-detail: effects requests=${s.destination.requests} accepted=${s.destination.accepted} keys=${s.effect_keys} duplicates_by_cause=${JSON.stringify(result.causes)} bad_signatures=${s.destination.bad_signature} wrong_effect_status=${result.checks.wrong_effect_status} unknown_keys=${result.checks.unknown_keys} settled_by=${JSON.stringify(s.settled_by)}`);
   out(`chaos-detail: checks final_wrong_status=${result.checks.final_wrong_status} effect_not_done=${result.checks.effect_not_done} version_rollbacks=${result.checks.version_rollbacks} done_rollbacks=${result.checks.done_rollbacks} observations=${s.observations} silent_settle_latency_ms p50=${s.silent_latency_p50} max=${s.silent_latency_max} elapsed_s=${s.elapsed_s} (load phase ${s.load_phase_s}, settle ${s.settle_s}, settled=${s.settled_before_deadline}) loadavg_1m mean=${s.loadavg_1m.mean} max=${s.loadavg_1m.max} cpus=${s.loadavg_1m.cpus}`);
   const rs = result.results;
-  out(`chaos-results: batches=${rs.batches} results=${rs.expected} delivered=${rs.delivered} missing=${rs.missing} unknown_ids=${rs.unknown} repeats=${rs.repeats} job_after_results=${rs.job_after_results}/${rs.batches} counts_right=${rs.counts_right}/${rs.batches} kills_mid_file=${rs.kills_mid_file} downloads=${s.status_api.downloads} ranged=${s.status_api.ranged} file_not_yet=${s.status_api.file_not_yet} file_503=${s.status_api.file_503} file_cut=${s.status_api.file_cut}`);
+  out(`chaos-results: batches=${rs.batches} results=${rs.expected} delivered=${rs.delivered} missing=${rs.missing} unknown_ids=${rs.unknown} repeats=${rs.repeats} job_after_results=${rs.job_after_results}/${rs.batches} counts_right=${rs.counts_right}/${rs.batches} late_jobs=${result.late.count} last_job_after_load_s=${result.late.lastAfterLoadS} kills_mid_file=${rs.kills_mid_file} downloads=${s.status_api.downloads} ranged=${s.status_api.ranged} file_not_yet=${s.status_api.file_not_yet} file_503=${s.status_api.file_503} file_cut=${s.status_api.file_cut}`);
   for (const line of result.problems.slice(0, 40)) out(`chaos-problem: ${line}`);
   if (o.json) fs.writeFileSync(o.json, JSON.stringify({ line: result.line, ok: result.ok, causes: result.causes, faults: result.faults, checks: result.checks, problems: result.problems, stats: result.stats, duplicates: result.duplicateDetails, silent: result.silentDetails }, null, 2));
   if (result.ok && !o.keep) fs.rmSync(tmp, { recursive: true, force: true });

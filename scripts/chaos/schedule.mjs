@@ -124,7 +124,28 @@ function resultsBatches(seed, count, killAt, loadMs) {
   return ops;
 }
 
-export function buildSchedule(seed, n, kills, results = kills + 1) {
+/**
+ * Registers a `share` (0 to 1) of the succeeded batches among the operations registered before
+ * they complete with `"results":"each"`, each with a file of 50 to 150 lines, the webhook's
+ * `output_file_uri` naming it (a silent one is found by the cron, its status answer naming it).
+ * From its own generator, and after the rest is drawn: the seed's schedule is otherwise what it
+ * was. A batch delivered before it is registered keeps plain (its registration comes after the
+ * completion).
+ */
+function shareResults(seed, ops, share) {
+  if (!(share > 0)) return;
+  const rng = makeRng(seed ^ 0x5ea7e5);
+  for (const op of ops) {
+    if (op.family !== "batch" || op.outcome !== "succeeded" || op.registerAt === null) continue;
+    if (!rng.chance(share)) continue;
+    op.results = { file: `files/${op.id}-out`, lines: resultLines(op.id, rng.int(50, 150)), slowMs: 0 };
+    for (const m of Object.values(op.messages ?? {})) {
+      m.body = m.body.replace(`"gs://chaos-out/${op.id}.jsonl"`, JSON.stringify(op.results.file));
+    }
+  }
+}
+
+export function buildSchedule(seed, n, kills, results = kills + 1, share = 0) {
   const rng = makeRng(seed);
   const loadMs = loadMsFor(n);
   const classes = [];
@@ -222,6 +243,7 @@ export function buildSchedule(seed, n, kills, results = kills + 1) {
   // generator so the rest of a seed's schedule is what it was before outages existed.
   const o = makeRng(seed ^ 0x07a9e);
   const outage = { at: loadMs * o.uniform(0.25, 0.55), ms: o.uniform(8_000, 15_000) };
+  shareResults(seed, ops, share);
   ops.push(...resultsBatches(seed, results, killAt, loadMs));
   return { seed, loadMs, ops, killAt, outage };
 }

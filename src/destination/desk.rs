@@ -14,9 +14,11 @@
 //! - A paced route's releases follow a token bucket (`per_second`, [`Pace::burst`] tokens) and
 //!   its attempts in flight stay within `concurrency`; each slot lapses after
 //!   [`DeskSettings::slot_ttl_ms`], so a gate that died never holds one.
-//! - A probe rotates over the waiting keys: a probe that fails queues its key behind every key
-//!   that waited before it (due at the failure), so one throttled or refused key is not
-//!   probed twice in a row while others wait. A key that could not send (its release found
+//! - A probe rotates over the waiting keys: a probe that fails (or any attempt that fails while
+//!   the destination is open, a lapsed probe's late report included) queues its key behind
+//!   every key that waited before it (due at the failure), and a key keeps that place when its
+//!   gate asks again ([`Desk::queue_place`]), so one throttled or refused key is not probed twice in
+//!   a row while others wait. A key that could not send (its release found
 //!   nothing to send: a results file missing, a download refused) leaves the queue, and is
 //!   not a failed probe: it asks again, on its own schedule, when it can send, and the next
 //!   key is probed at once.
@@ -69,8 +71,9 @@ pub struct Decision {
     pub reply: DeskReply,
     /// Queue the key (keeping the sooner due if it is already queued).
     pub enqueue: bool,
-    /// Queue it due at this time rather than when it became owed: a failed probe's key goes
-    /// behind every key that waited before it.
+    /// Queue it due at this time rather than when it became owed: a key whose attempt failed
+    /// while the destination is open goes behind every key that waited before it (and stays
+    /// there, [`Desk::queue_place`]).
     pub queue_at_ms: Option<i64>,
     /// Take this many slots for the key until `slot_ttl_ms` from now (one for an effect, one
     /// a result for a batch's chunk).
@@ -326,13 +329,12 @@ impl Desk {
         let mixed = failures > 0 && failures < sent;
         if mixed {
             if self.is_open() {
-                // A probe that was neither: it is over, and its key goes behind the rest.
-                let queue_at_ms = was_probe.then_some(now);
+                // A chunk that was neither (a probe's or not): its key goes behind the rest.
                 if was_probe {
                     self.probe = None;
                 }
                 return Decision {
-                    queue_at_ms,
+                    queue_at_ms: Some(now),
                     ..self.wait(now)
                 };
             }
@@ -423,7 +425,12 @@ impl Desk {
             };
         }
         if self.is_open() {
-            return self.wait(now);
+            // Not the probe (a probe that lapsed and reported late, an attempt that was in
+            // flight when it opened): it failed all the same, and goes behind as a probe would.
+            return Decision {
+                queue_at_ms: Some(now),
+                ..self.wait(now)
+            };
         }
         let open_after = self.settings.as_ref().map_or(5, |s| s.open_after);
         if self.failures_in_row >= open_after {
@@ -543,6 +550,30 @@ impl Desk {
             0 => Wake::Idle,
             n => Wake::Drain(n),
         }
+    }
+
+    /// Where `key` goes in the queue (its `due_ms`, soonest released first) after `decision`,
+    /// given where it waits now (`waiting`, if it does) and when its effect became owed
+    /// (`owed_ms`, what the gate sends). A key keeps its place: an ask (a gate's fallback, a
+    /// pass's retry) never moves it ahead of where it waits. Only a failure while open moves
+    /// it, behind every key that waited before (`queue_at_ms`); and a key out as the probe
+    /// that asks again (its release and its own fallback crossed) goes behind too, its probe
+    /// judged by its report. So a key that keeps failing is not probed again while others
+    /// wait, however often its gate asks. `None`: it is not queued.
+    pub fn queue_place(
+        &self,
+        key: &str,
+        waiting: Option<i64>,
+        owed_ms: i64,
+        decision: &Decision,
+        now: i64,
+    ) -> Option<i64> {
+        if !decision.enqueue {
+            return None;
+        }
+        let out = self.probe.as_ref().is_some_and(|p| p.key == key);
+        let owed = if out { now } else { owed_ms };
+        Some(decision.queue_at_ms.or(waiting).unwrap_or(owed))
     }
 
     /// A key the alarm released was made due by its gate; a probe is remembered until it

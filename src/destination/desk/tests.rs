@@ -656,8 +656,8 @@ fn a_pause_survives_the_desks_restart() {
 }
 
 /// A queue the way the desk object keeps it (`waiting(key, due_ms)`, released soonest due
-/// first, a key queued at the decision's `queue_at_ms` or its own due), driven by the desk's
-/// decisions: which keys its probes release.
+/// first, a key placed by [`Desk::queue_place`]), driven by the desk's decisions: which keys
+/// its probes release.
 struct Queue {
     waiting: Vec<(String, i64)>,
 }
@@ -668,9 +668,9 @@ impl Queue {
         self.waiting.remove(0).0
     }
 
-    fn apply(&mut self, key: &str, due_ms: i64, decision: &Decision) {
-        if decision.enqueue {
-            let at = decision.queue_at_ms.unwrap_or(due_ms);
+    fn apply(&mut self, d: &Desk, key: &str, due_ms: i64, decision: &Decision, now: i64) {
+        let waiting = self.waiting.iter().find(|(k, _)| k == key).map(|w| w.1);
+        if let Some(at) = d.queue_place(key, waiting, due_ms, decision, now) {
             self.waiting.retain(|(k, _)| k != key);
             self.waiting.push((key.to_string(), at));
         }
@@ -705,7 +705,7 @@ fn a_probe_rotates_so_four_throttled_keys_do_not_hold_ten_good_ones() {
             };
             // The gate reports the time its effect became owed (long before now).
             let owed_ms = owed[&key];
-            q.apply(&key, owed_ms, &report);
+            q.apply(&d, &key, owed_ms, &report, now + 50);
             probes.push(key);
         }
         now += 100;
@@ -741,10 +741,11 @@ fn a_throttled_key_goes_behind_every_key_that_waited_before_it() {
         Some(at + 10),
         "due at the failure, not when owed"
     );
-    // An attempt's failure that is not the probe keeps its own place.
+    // An attempt's failure that is not the probe (a lapsed probe's late report, an attempt in
+    // flight when it opened) goes behind too.
     let other = fail(&mut d, "b", at + 20);
     assert!(other.enqueue);
-    assert_eq!(other.queue_at_ms, None);
+    assert_eq!(other.queue_at_ms, Some(at + 20));
     // A probe whose chunk was mixed goes behind too, and the probe is over.
     assert_eq!(d.wake(facts(3, 0), d.next_probe_ms), Wake::Probe);
     d.released("c", true, d.next_probe_ms);
@@ -800,4 +801,70 @@ fn a_key_that_cannot_send_leaves_the_queue_and_the_next_is_probed_at_once() {
     let mut d = desk(Pace::default());
     d.pause(by(), "x".into(), 0);
     assert!(!d.report_many("b", 0, 0, None, None, facts(0, 0), 1).enqueue);
+}
+
+#[test]
+fn a_key_keeps_its_place_behind_when_its_gate_asks_again() {
+    let mut d = opened();
+    let failed = Decision {
+        enqueue: true,
+        queue_at_ms: Some(500),
+        ..Decision::reply(DeskReply::Wait)
+    };
+    let ask = Decision {
+        enqueue: true,
+        ..Decision::reply(DeskReply::Wait)
+    };
+    // First queued when it became owed; a failure while open moves it behind.
+    assert_eq!(d.queue_place("k", None, 10, &ask, 400), Some(10));
+    assert_eq!(d.queue_place("k", Some(10), 10, &failed, 500), Some(500));
+    // Its gate's next ask (the fallback, a pass's retry) says "owed at 10": it stays behind.
+    assert_eq!(d.queue_place("k", Some(500), 10, &ask, 600), Some(500));
+    // Released (out of the queue), it asks again: back in at when it became owed.
+    assert_eq!(d.queue_place("k", None, 10, &ask, 700), Some(10));
+    let go = Decision::reply(DeskReply::Go);
+    assert_eq!(d.queue_place("k", Some(10), 10, &go, 700), None);
+    // Out as the probe, its ask (its release and its fallback crossed) goes behind: the
+    // probe's report says how it went.
+    d.released("k", true, 800);
+    assert_eq!(d.queue_place("k", None, 10, &ask, 900), Some(900));
+    assert_eq!(d.queue_place("other", None, 20, &ask, 900), Some(20));
+}
+
+#[test]
+fn a_key_that_keeps_failing_is_not_probed_again_while_its_gate_asks_between_probes() {
+    // The chaos run's strand: the soonest owed key times out at every probe, and between two
+    // probes its gate asks again (its fallback, EFFECT_RETRY_MAX_SECONDS, shorter than the
+    // probes' backoff), saying when it became owed. The keys behind it must still be probed,
+    // and the first that succeeds closes the destination.
+    let mut d = opened();
+    let mut q = Queue {
+        waiting: (0..5).map(|i| (format!("k-{i}"), i)).collect(),
+    };
+    let owed: std::collections::HashMap<String, i64> = q.waiting.iter().cloned().collect();
+    let (mut now, mut probes) = (1_000, Vec::new());
+    while d.is_open() && now < 600_000 {
+        if d.wake(q.facts(), now) == Wake::Probe {
+            let key = q.soonest();
+            d.released(&key, true, now);
+            let report = match key.as_str() {
+                "k-0" => d.report(&key, Some("timeout".into()), None, q.facts(), now + 50),
+                _ => d.report(&key, None, None, q.facts(), now + 50),
+            };
+            q.apply(&d, &key, owed[&key], &report, now + 50);
+            probes.push(key.clone());
+            // Its gate's fallback asks again before the next probe.
+            let ask = d.ask(q.facts(), now + 100);
+            if key == "k-0" {
+                q.apply(&d, &key, owed[&key], &ask, now + 100);
+            }
+        }
+        now += 100;
+    }
+    assert_eq!(
+        probes,
+        ["k-0", "k-1"],
+        "the failing key once, then the next closed it"
+    );
+    assert!(!d.is_open());
 }

@@ -10,7 +10,9 @@
 //! its key, a batch's chunk's one a result, `{key}#{i}`, all freed by the chunk's report);
 //! `misses(key PRIMARY KEY, n)` how many probes in a row could not reach a key's gate.
 //!
-//! Guarantees: every command is read-decide-write with no await in between; the alarm takes
+//! Guarantees: every command is read-decide-write with no await in between; a key keeps its
+//! place in `waiting` when its gate asks again, and only a failure while open moves it behind
+//! ([`Desk::queue_place`]); the alarm takes
 //! the keys it releases out of `waiting` before it calls their gates and puts back those
 //! whose gate could not be reached (a probe's by that key's own backoff), so a key is
 //! released once; a gate that answers that nothing is owed drops its key. The alarm sends the
@@ -173,8 +175,8 @@ impl DestinationDesk {
             }
         };
         desk.calls += 1;
-        if decision.enqueue {
-            self.enqueue(&key, decision.queue_at_ms.unwrap_or(due_ms))?;
+        if let Some(at) = desk.queue_place(&key, self.waiting_due(&key)?, due_ms, &decision, now) {
+            self.enqueue(&key, at)?;
         }
         for i in 0..decision.slots {
             let slot = match many {
@@ -271,10 +273,24 @@ impl DestinationDesk {
         Ok(rows.first().map_or(0, |r| r.n.max(0) as u64))
     }
 
-    /// Queues `key`, keeping the sooner due if it already waits.
+    /// Where `key` waits now, if it does.
+    fn waiting_due(&self, key: &str) -> Result<Option<i64>> {
+        let rows: Vec<CountRow> = self
+            .state
+            .storage()
+            .sql()
+            .exec(
+                "SELECT due_ms AS n FROM waiting WHERE key = ?",
+                Some(vec![key.into()]),
+            )?
+            .to_array()?;
+        Ok(rows.first().map(|r| r.n))
+    }
+
+    /// Queues `key` due at `due_ms` (where [`Desk::queue_place`] put it, or its own backoff).
     fn enqueue(&self, key: &str, due_ms: i64) -> Result<()> {
         self.exec(
-            "INSERT INTO waiting (key, due_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET due_ms = MIN(due_ms, excluded.due_ms)",
+            "INSERT INTO waiting (key, due_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET due_ms = excluded.due_ms",
             vec![key.into(), (due_ms as f64).into()],
         )
     }
