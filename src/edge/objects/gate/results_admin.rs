@@ -125,13 +125,7 @@ async fn retry(
             "parked": progress.counts.parked, "would_hurry": progress.waiting_later(now)})));
     }
     store.unpark(&parked)?;
-    let step = on_record::retried(
-        op,
-        &mut progress,
-        parked,
-        (reason.to_string(), by),
-        now,
-    );
+    let step = on_record::retried(op, &mut progress, parked, (reason.to_string(), by), now);
     store.save(&progress, Vec::new())?;
     let (_, reply) = storage.commit(step, &limits(config), Alarm::Sync).await?;
     Ok(reply)
