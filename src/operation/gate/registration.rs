@@ -67,10 +67,13 @@ pub(super) fn register_again(
         let fields = fields.into_iter().map(str::to_string).collect();
         return Step::new(Some(op), GateReply::Conflict { operation, fields });
     }
+    // Read before the kind's fill, which marks the record registered, so a first registration
+    // naming a kind and `"results": "each"` fills both.
+    let first = !op.registered();
     let fill = op.fill_kind(kind, now);
     // A record its completion created takes the registration's `results` while no effect
     // went out.
-    let filled_results = !op.registered() && results.is_some_and(|r| op.fill_results_mode(r));
+    let filled_results = first && results.is_some_and(|r| op.fill_results_mode(r));
     let filled_metadata = op.fill_user_metadata(user_metadata) | filled_results;
     if filled_metadata {
         op.note_registration();
@@ -156,6 +159,31 @@ mod tests {
         let first = Operation::unregistered("batches/r", "batches/r", 0);
         let filled = step(Some(first), reg(Some(ResultsMode::Each)), 8);
         assert_eq!(filled.record.unwrap().results_mode(), ResultsMode::Each);
+    }
+
+    #[test]
+    fn a_first_registration_after_the_completion_fills_its_kind_and_its_results() {
+        let unregistered = Operation::unregistered("batches/k", "batches/k", 0);
+        let s = step(
+            Some(unregistered),
+            GateCommand::Register {
+                key: "batches/k".into(),
+                name: "batches/k".into(),
+                kind: Some("billing".into()),
+                user_metadata: None,
+                results: Some(ResultsMode::Each),
+                by: None,
+            },
+            5,
+        );
+        assert_eq!(whats(&s), ["kind_filled"]);
+        let op = s.record.unwrap();
+        assert_eq!(op.kind(), Some("billing"));
+        assert_eq!(
+            op.results_mode(),
+            ResultsMode::Each,
+            "the kind's fill must not hide the results' fill"
+        );
     }
 
     #[test]
