@@ -58,6 +58,28 @@ describe("each result of a batch, its own side effect", () => {
     }
   });
 
+  it("a completion that comes before its registration (kind and \"results\": \"each\"): the registration fills both, and each result goes before the job", { timeout: 120_000 }, async () => {
+    // EFFECT_ROUTES makes an unregistered completion's effect wait UNREGISTERED_HOLD_SECONDS for
+    // a late registration's kind; the hour's hold means only the registration can end it.
+    const w = await startWorker({ ...vars(), EFFECT_ROUTES: JSON.stringify({ billing: `${dest.url}/billing` }), UNREGISTERED_HOLD_SECONDS: "3600" });
+    try {
+      const key = "batches/late-reg";
+      gemini.files.set("files/late-reg", fileOf(30, {}));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/late-reg" }));
+      assert.equal((await w.deliver("batch.succeeded", key)).status, 200);
+      await eventually(async () => (await w.inspect(key)).body.status === "succeeded", { what: "the completion stored" });
+      const reg = await w.register(key, "billing", { results: "each" });
+      assert.equal(reg.status, 200, JSON.stringify(reg.body));
+      assert.equal(reg.body.results, "each", "the registration's results fill the record its completion created");
+      const { jobs } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 60_000, what: "the job effect" });
+      assert.equal(distinct(split(dest, key).results.map((r) => r.id)), 30, "each result once");
+      const job = assertEffectValid(jobs[0].body);
+      assert.deepEqual(job.results, { total: 30, delivered: 30, errors: 0, parked: 0 });
+    } finally {
+      await w.dispose();
+    }
+  });
+
   it("a 500-line file: 500 result effects, a malformed line one error result, then one job effect with counts", { timeout: 120_000 }, async () => {
     const w = await startWorker(vars());
     try {
