@@ -22,6 +22,9 @@ before(async () => {
     }),
     ALERT_URL: `${alerts.url}/alerts`,
     UNREGISTERED_HOLD_SECONDS: "0",
+    // The destinations answer at once: an attempt past the default 5 s is a starved machine,
+    // and its "timeout" would stand where the test reads the destination's 503.
+    EFFECT_TIMEOUT_MS: "60000",
   });
 });
 after(async () => {

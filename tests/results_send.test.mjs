@@ -1,7 +1,7 @@
 // Sending a batch's results, against the built worker in workerd (a local stand-in for Gemini
 // serves the results file; local destinations count every request by its `webhook-id`):
 // one body per `webhook-id` when an operator's retry changes the job effect's counts (a new
-// generation); a result that keeps failing is parked and alerted once, and `/metrics` counts
+// generation); retry now on a job's effect that waits for its results is refused; a result that keeps failing is parked and alerted once, and `/metrics` counts
 // the results by destination; that alert resolves once an operator's retry settles them, and
 // a later spell alerts again; a queue destination gets each body once and parks one over the
 // queue's message limit; 60 KB keys to a failing destination keep the stored progress within
@@ -90,6 +90,36 @@ describe("sending a batch's results", () => {
     } finally {
       refuse.clear();
       jobFails.clear();
+      await w.dispose();
+    }
+  });
+
+  it("retry now on a job's effect that waits for its results is refused (409, naming the results' retry) and changes nothing; the results' retry moves them", { timeout: 120_000 }, async () => {
+    const w = await startWorker(vars());
+    const key = "batches/owed1";
+    try {
+      gemini.files.set("files/owed1", fileOf(5));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/owed1" }));
+      failing.add("k2");
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      // k2 failed once and waits for its retry (EFFECT_ALERT_AFTER_SECONDS is an hour): the
+      // job's effect waits for it.
+      await eventually(() => split(dest, key).results.some((r) => r.body.result_key === "k2"), { what: "k2 tried" });
+      const refused = await w.admin(`/v1/operations/${enc(key)}/retry`, { method: "POST", body: JSON.stringify({ reason: "impatient" }) });
+      assert.equal(refused.status, 409, JSON.stringify(refused.body));
+      assert.match(refused.body.error, /waits for the batch's results.*results\/retry/);
+      const after = (await w.inspect(key)).body;
+      assert.ok(!after.history.some((h) => h.what === "retry_now"), "no retry recorded");
+      assert.equal(after.effect_done, false);
+      assert.equal(split(dest, key).jobs.length, 0, "the job's effect did not go");
+      failing.delete("k2");
+      const retry = await w.admin(`/v1/operations/${enc(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed" }) });
+      assert.equal(retry.status, 200, JSON.stringify(retry.body));
+      const { jobs } = await untilJob(dest, key);
+      assert.deepEqual(jobs[0].body.results, { total: 5, delivered: 5, errors: 0, parked: 0 });
+    } finally {
+      failing.clear();
       await w.dispose();
     }
   });

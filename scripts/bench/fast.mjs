@@ -116,6 +116,10 @@ export async function benchFast(dir, stubs, plan) {
   const w = await startWorker(dir, {
     EFFECT_URL: `${stubs.url}/effects`,
     GEMINI_API_BASE: stubs.url,
+    // The smoke run checks that no effect goes out twice. Its destination answers at once, so
+    // an attempt past the default 5 s is a starved machine, not the worker, and its retry
+    // (same idempotency key, as designed) would read as a repeat: give it the time.
+    ...(plan.quick ? { EFFECT_TIMEOUT_MS: "60000" } : {}),
   }, {}, { probe: true, probeDest: `${stubs.url}/probe-effects` });
   try {
     const base = w.url;

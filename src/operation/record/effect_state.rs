@@ -382,7 +382,8 @@ impl Operation {
     /// The operator's "retry now" on an effect not yet done: the same generation (so the same
     /// `webhook-id`: an attempt that timed out on our side may have reached the destination,
     /// which then drops the repeat), due now, un-parked. Refused while an attempt holds a
-    /// live claim, and for a done effect (that is a deliberate redelivery).
+    /// live claim, for a done effect (that is a deliberate redelivery), and while the effect
+    /// waits for its batch's results (it is built once they settle, and nothing would go).
     pub fn retry_now(&mut self, now_ms: i64) -> Result<(), OperatorRefusal> {
         if self.retired_at_ms.is_some() {
             return Err(OperatorRefusal::Retired);
@@ -395,6 +396,9 @@ impl Operation {
         }
         if self.effect.done {
             return Err(OperatorRefusal::AlreadyDone);
+        }
+        if self.results_owed() {
+            return Err(OperatorRefusal::ResultsOwed);
         }
         if self.effect.claim.is_some_and(|c| c.expires_ms > now_ms) {
             return Err(OperatorRefusal::InFlight);

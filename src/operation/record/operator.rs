@@ -62,6 +62,9 @@ pub enum OperatorRefusal {
     AlreadySettled,
     /// A bulk redelivery run's cut-off: the effect was sent at or after it.
     SentSinceCutoff,
+    /// Retry-now on a job's effect that waits for its batch's results: it is built once they
+    /// settle, so nothing would go; the results' own retry is what moves them.
+    ResultsOwed,
 }
 
 impl OperatorRefusal {
@@ -85,6 +88,9 @@ impl OperatorRefusal {
             }
             OperatorRefusal::SentSinceCutoff => {
                 "the side effect was sent at or after this run's sent_before; a run with a later sent_before sends it again"
+            }
+            OperatorRefusal::ResultsOwed => {
+                "the side effect waits for the batch's results; send them again with POST /v1/operations/{name}/results/retry"
             }
         }
     }

@@ -209,6 +209,7 @@ mod tests {
     use super::*;
     use crate::operation::lifecycle::Source;
     use crate::operation::OpEvent;
+    use crate::operation::OperatorRefusal;
 
     fn succeeded(mode: ResultsMode) -> Operation {
         let mut op = Operation::register("batches/r", "batches/r", None, 0);
@@ -248,6 +249,20 @@ mod tests {
 
     /// An operator's retry of parked results accepted just before retention ends holds it
     /// until the results settle again: retention never drops an accepted retry.
+    #[test]
+    fn retry_now_is_refused_while_the_job_effect_waits_for_its_results() {
+        let mut op = succeeded(ResultsMode::Each);
+        let before = op.clone();
+        assert_eq!(op.retry_now(50), Err(OperatorRefusal::ResultsOwed));
+        assert_eq!(op, before, "a refused retry changes nothing");
+        op.results_settled(json!({"total": 2}), 0, 60);
+        assert_eq!(
+            op.retry_now(70),
+            Ok(()),
+            "once settled, the job's effect is retried"
+        );
+    }
+
     #[test]
     fn a_running_results_retry_holds_retention_until_the_results_settle() {
         use crate::operation::AttemptOutcome;
