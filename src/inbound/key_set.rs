@@ -36,37 +36,19 @@ pub struct KeySet {
     durable_read: bool,
 }
 
-/// What a miss needs, whichever kind of key was missed.
-enum Miss {
-    ReadDurableCopy,
-    Fetch,
-    Refuse(Rejection),
-}
-
-/// What finding a `kid`'s key needs next.
+/// What finding a key needs next: a `kid`'s RS256 key for a token ([`KeySet::lookup`]), or
+/// the Ed25519 key that verifies a `v1a` message ([`KeySet::check_v1a`]).
 #[derive(Debug, Clone, PartialEq)]
-pub enum KeyLookup {
-    Found(RsaJwk),
+pub enum Lookup<T> {
+    /// Found (for `v1a`: a cached key verifies the message).
+    Found(T),
     /// Read the durable copy once, give it to [`KeySet::durable_copy`], and look again.
     ReadDurableCopy,
-    /// Fetch the set and give the answer to [`KeySet::fetched`].
+    /// Fetch the set, give the answer to [`KeySet::fetched`], then look once more
+    /// ([`KeySet::after_fetch`], [`KeySet::after_fetch_v1a`]).
     Fetch,
-    /// Refuse the token: its `kid` is not in a fresh set (401), or the set cannot be
-    /// refreshed just now (503).
-    Refuse(Rejection),
-}
-
-/// What checking a `v1a` message needs next.
-#[derive(Debug, Clone, PartialEq)]
-pub enum V1aLookup {
-    /// A cached Ed25519 key verifies it.
-    Verified,
-    /// Read the durable copy once, give it to [`KeySet::durable_copy`], and check again.
-    ReadDurableCopy,
-    /// Fetch the set, give the answer to [`KeySet::fetched`], then [`KeySet::after_fetch_v1a`].
-    Fetch,
-    /// Refuse the delivery: no key of a fresh set verifies it (401), or the set cannot be
-    /// refreshed just now (503).
+    /// Refuse: the key is not in a fresh set (401), or the set cannot be refreshed just now
+    /// (503).
     Refuse(Rejection),
 }
 
@@ -106,27 +88,19 @@ impl KeySet {
     }
 
     /// What finding `kid`'s key needs at `now_ms`.
-    pub fn lookup(&mut self, kid: &str, now_ms: i64) -> KeyLookup {
-        if let Some(key) = self.cached(kid) {
-            return KeyLookup::Found(key);
-        }
-        match self.miss(now_ms, Rejection::Token(JwtError::UnknownKid)) {
-            Miss::ReadDurableCopy => KeyLookup::ReadDurableCopy,
-            Miss::Fetch => KeyLookup::Fetch,
-            Miss::Refuse(rejection) => KeyLookup::Refuse(rejection),
+    pub fn lookup(&mut self, kid: &str, now_ms: i64) -> Lookup<RsaJwk> {
+        match self.cached(kid) {
+            Some(key) => Lookup::Found(key),
+            None => self.miss(now_ms, Rejection::Token(JwtError::UnknownKid)),
         }
     }
 
     /// What checking a `v1a` message needs at `now_ms`.
-    pub fn check_v1a(&mut self, message: &V1aMessage, now_ms: i64) -> V1aLookup {
+    pub fn check_v1a(&mut self, message: &V1aMessage, now_ms: i64) -> Lookup<()> {
         if message.verify(&self.ed25519) {
-            return V1aLookup::Verified;
+            return Lookup::Found(());
         }
-        match self.miss(now_ms, Rejection::Signature(SignatureError::V1aInvalid)) {
-            Miss::ReadDurableCopy => V1aLookup::ReadDurableCopy,
-            Miss::Fetch => V1aLookup::Fetch,
-            Miss::Refuse(rejection) => V1aLookup::Refuse(rejection),
-        }
+        self.miss(now_ms, Rejection::Signature(SignatureError::V1aInvalid))
     }
 
     /// After a fetch: whether a key of the set verifies `message`, or the refusal.
@@ -140,10 +114,10 @@ impl KeySet {
 
     /// A key the cache lacks: one read of the durable copy per isolate, then one fetch a
     /// [`REFETCH_MS`] at most (`unknown` refuses meanwhile), none for a while after one failed.
-    fn miss(&mut self, now_ms: i64, unknown: Rejection) -> Miss {
+    fn miss<T>(&mut self, now_ms: i64, unknown: Rejection) -> Lookup<T> {
         if !self.durable_read {
             self.durable_read = true;
-            return Miss::ReadDurableCopy;
+            return Lookup::ReadDurableCopy;
         }
         if let Some(failed) = self
             .failed_ms
@@ -151,11 +125,11 @@ impl KeySet {
         {
             let secs = (failed + RETRY_FAILED_FETCH_MS - now_ms + 999) / 1_000;
             let retry_after = secs.clamp(1, 60) as u32;
-            return Miss::Refuse(Rejection::KeysUnavailable { retry_after });
+            return Lookup::Refuse(Rejection::KeysUnavailable { retry_after });
         }
         match self.fetched_ms {
-            Some(t) if now_ms - t < REFETCH_MS => Miss::Refuse(unknown),
-            _ => Miss::Fetch,
+            Some(t) if now_ms - t < REFETCH_MS => Lookup::Refuse(unknown),
+            _ => Lookup::Fetch,
         }
     }
 
@@ -223,26 +197,26 @@ mod tests {
     }
 
     fn found(set: &mut KeySet, kid: &str, now: i64) -> bool {
-        matches!(set.lookup(kid, now), KeyLookup::Found(k) if k.kid == kid)
+        matches!(set.lookup(kid, now), Lookup::Found(k) if k.kid == kid)
     }
 
     #[test]
     fn a_cold_isolate_reads_the_durable_copy_once_before_it_fetches() {
         let mut set = KeySet::default();
-        assert_eq!(set.lookup("k1", 0), KeyLookup::ReadDurableCopy);
+        assert_eq!(set.lookup("k1", 0), Lookup::ReadDurableCopy);
         set.durable_copy(Some(&jwks(&["k1"])));
         assert!(found(&mut set, "k1", 0));
         // The copy lacks k2: the set is fetched, the copy is not read again.
-        assert_eq!(set.lookup("k2", 0), KeyLookup::Fetch);
+        assert_eq!(set.lookup("k2", 0), Lookup::Fetch);
     }
 
     #[test]
     fn an_unreadable_or_absent_durable_copy_leads_to_a_fetch() {
         for copy in [None, Some("not json")] {
             let mut set = KeySet::default();
-            assert_eq!(set.lookup("k1", 0), KeyLookup::ReadDurableCopy);
+            assert_eq!(set.lookup("k1", 0), Lookup::ReadDurableCopy);
             set.durable_copy(copy);
-            assert_eq!(set.lookup("k1", 0), KeyLookup::Fetch);
+            assert_eq!(set.lookup("k1", 0), Lookup::Fetch);
         }
     }
 
@@ -263,9 +237,9 @@ mod tests {
         );
         assert_eq!(
             set.lookup("other", 1_000 + REFETCH_MS - 1),
-            KeyLookup::Refuse(Rejection::Token(JwtError::UnknownKid))
+            Lookup::Refuse(Rejection::Token(JwtError::UnknownKid))
         );
-        assert_eq!(set.lookup("other", 1_000 + REFETCH_MS), KeyLookup::Fetch);
+        assert_eq!(set.lookup("other", 1_000 + REFETCH_MS), Lookup::Fetch);
     }
 
     #[test]
@@ -279,12 +253,12 @@ mod tests {
         );
         assert_eq!(
             set.lookup("k2", REFETCH_MS + 1_500),
-            KeyLookup::Refuse(Rejection::KeysUnavailable { retry_after: 4 })
+            Lookup::Refuse(Rejection::KeysUnavailable { retry_after: 4 })
         );
         assert!(found(&mut set, "k1", REFETCH_MS + 1_500));
         assert_eq!(
             set.lookup("k2", REFETCH_MS + RETRY_FAILED_FETCH_MS),
-            KeyLookup::Fetch
+            Lookup::Fetch
         );
         assert_eq!(
             set.fetched(Ok("{}"), REFETCH_MS + RETRY_FAILED_FETCH_MS),
@@ -364,7 +338,7 @@ mod tests {
         let mut set = KeySet::default();
         set.fetched(Ok(&okp_set(&[1, 2, 3])), 0);
         for n in [1, 2, 3] {
-            assert_eq!(set.check_v1a(&signed_by(n), 0), V1aLookup::Verified);
+            assert_eq!(set.check_v1a(&signed_by(n), 0), Lookup::Found(()));
         }
         // The set's RS256 key still serves tokens.
         assert!(found(&mut set, "k1", 0));
@@ -373,9 +347,9 @@ mod tests {
     #[test]
     fn a_key_added_to_the_set_is_picked_up_on_a_miss_at_most_once_a_minute() {
         let mut set = KeySet::default();
-        assert_eq!(set.check_v1a(&signed_by(2), 0), V1aLookup::ReadDurableCopy);
+        assert_eq!(set.check_v1a(&signed_by(2), 0), Lookup::ReadDurableCopy);
         set.durable_copy(Some(&okp_set(&[1])));
-        assert_eq!(set.check_v1a(&signed_by(2), 0), V1aLookup::Fetch);
+        assert_eq!(set.check_v1a(&signed_by(2), 0), Lookup::Fetch);
         assert_eq!(
             set.fetched(Ok(&okp_set(&[1])), 0),
             Fetched::Keys {
@@ -387,9 +361,9 @@ mod tests {
         // Google adds key 2: within a minute of the last fetch a miss is refused unfetched.
         assert_eq!(
             set.check_v1a(&signed_by(2), REFETCH_MS - 1),
-            V1aLookup::Refuse(INVALID)
+            Lookup::Refuse(INVALID)
         );
-        assert_eq!(set.check_v1a(&signed_by(2), REFETCH_MS), V1aLookup::Fetch);
+        assert_eq!(set.check_v1a(&signed_by(2), REFETCH_MS), Lookup::Fetch);
         assert_eq!(
             set.fetched(Ok(&okp_set(&[1, 2])), REFETCH_MS),
             Fetched::Keys {
@@ -400,7 +374,7 @@ mod tests {
         assert_eq!(set.after_fetch_v1a(&signed_by(2)), Ok(()));
         assert_eq!(
             set.check_v1a(&signed_by(2), REFETCH_MS + 1),
-            V1aLookup::Verified
+            Lookup::Found(())
         );
     }
 
@@ -412,18 +386,18 @@ mod tests {
         // A forgery (key 9 is not in the set) right after the fetch: refused, nothing fetched.
         assert_eq!(
             set.check_v1a(&signed_by(9), 10_000),
-            V1aLookup::Refuse(INVALID)
+            Lookup::Refuse(INVALID)
         );
-        assert_eq!(set.check_v1a(&signed_by(9), REFETCH_MS), V1aLookup::Fetch);
+        assert_eq!(set.check_v1a(&signed_by(9), REFETCH_MS), Lookup::Fetch);
         set.fetched(Ok(&okp_set(&[1])), REFETCH_MS);
         // That fetch also counts for an unknown kid.
         assert_eq!(
             set.lookup("kX", REFETCH_MS + 1),
-            KeyLookup::Refuse(Rejection::Token(JwtError::UnknownKid))
+            Lookup::Refuse(Rejection::Token(JwtError::UnknownKid))
         );
         assert_eq!(
             set.check_v1a(&signed_by(9), 2 * REFETCH_MS - 1),
-            V1aLookup::Refuse(INVALID)
+            Lookup::Refuse(INVALID)
         );
     }
 
@@ -435,11 +409,11 @@ mod tests {
         set.fetched(Err("503".into()), REFETCH_MS);
         assert_eq!(
             set.check_v1a(&signed_by(2), REFETCH_MS + 1_000),
-            V1aLookup::Refuse(Rejection::KeysUnavailable { retry_after: 4 })
+            Lookup::Refuse(Rejection::KeysUnavailable { retry_after: 4 })
         );
         assert_eq!(
             set.check_v1a(&signed_by(1), REFETCH_MS + 1_000),
-            V1aLookup::Verified
+            Lookup::Found(())
         );
     }
 
@@ -467,9 +441,6 @@ mod tests {
         // Without kid or alg, a well-formed key serves.
         let plain = format!(r#"{{"keys":[{{"kty":"OKP","crv":"Ed25519","x":"{x}"}}]}}"#);
         set.fetched(Ok(&plain), REFETCH_MS);
-        assert_eq!(
-            set.check_v1a(&signed_by(1), REFETCH_MS),
-            V1aLookup::Verified
-        );
+        assert_eq!(set.check_v1a(&signed_by(1), REFETCH_MS), Lookup::Found(()));
     }
 }

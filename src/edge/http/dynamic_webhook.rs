@@ -23,7 +23,7 @@ use worker::{Env, Method};
 use crate::config::Config;
 use crate::inbound::classify::Rejection;
 use crate::inbound::jwt::{JwtError, RsaJwk, Token};
-use crate::inbound::key_set::{Fetched, KeyLookup, KeySet, V1aLookup};
+use crate::inbound::key_set::{Fetched, KeySet, Lookup};
 use crate::inbound::route_log::RouteLog;
 use crate::retry::{Class, PeerAnswer};
 use crate::signature::V1aMessage;
@@ -82,19 +82,8 @@ pub async fn verify_v1a(
     message: &V1aMessage,
     now_ms: i64,
 ) -> Result<(), Rejection> {
-    loop {
-        match KEYS.with(|k| k.borrow_mut().check_v1a(message, now_ms)) {
-            V1aLookup::Verified => return Ok(()),
-            V1aLookup::Refuse(rejection) => return Err(rejection),
-            V1aLookup::Fetch => break,
-            V1aLookup::ReadDurableCopy => read_durable_copy(env).await,
-        }
-    }
-    if fetch_set(env, config, now_ms).await {
-        KEYS.with(|k| k.borrow().after_fetch_v1a(message))
-    } else {
-        Err(KeySet::unavailable())
-    }
+    let look = |k: &mut KeySet| k.check_v1a(message, now_ms);
+    resolve(env, config, now_ms, look, |k| k.after_fetch_v1a(message)).await
 }
 
 /// Gives the key set the durable copy (none when KV cannot be read).
@@ -106,18 +95,31 @@ async fn read_durable_copy(env: &Env) {
     KEYS.with(|k| k.borrow_mut().durable_copy(body.as_deref()));
 }
 
-/// Performs the key set's lookup: the durable copy, then the endpoint, as [`KeySet`] says.
+/// Finds `kid`'s RS256 key: the cached ones, then the durable copy, then a fetch.
 async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<RsaJwk, Rejection> {
+    let look = |k: &mut KeySet| k.lookup(kid, now_ms);
+    resolve(env, config, now_ms, look, |k| k.after_fetch(kid)).await
+}
+
+/// Performs a key set's [`Lookup`] (`look`) until it is found or refused: the durable copy
+/// when it says so, then a fetch, after which `after_fetch` looks once more.
+async fn resolve<T>(
+    env: &Env,
+    config: &Config,
+    now_ms: i64,
+    look: impl Fn(&mut KeySet) -> Lookup<T>,
+    after_fetch: impl Fn(&KeySet) -> Result<T, Rejection>,
+) -> Result<T, Rejection> {
     loop {
-        match KEYS.with(|k| k.borrow_mut().lookup(kid, now_ms)) {
-            KeyLookup::Found(key) => return Ok(key),
-            KeyLookup::Refuse(rejection) => return Err(rejection),
-            KeyLookup::Fetch => break,
-            KeyLookup::ReadDurableCopy => read_durable_copy(env).await,
+        match KEYS.with(|k| look(&mut k.borrow_mut())) {
+            Lookup::Found(found) => return Ok(found),
+            Lookup::Refuse(rejection) => return Err(rejection),
+            Lookup::Fetch => break,
+            Lookup::ReadDurableCopy => read_durable_copy(env).await,
         }
     }
     if fetch_set(env, config, now_ms).await {
-        KEYS.with(|k| k.borrow().after_fetch(kid))
+        KEYS.with(|k| after_fetch(&k.borrow()))
     } else {
         Err(KeySet::unavailable())
     }
