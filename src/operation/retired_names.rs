@@ -9,10 +9,16 @@
 //! first) in the row of its bucket ([`BUCKETS`] a shard, by its second byte): `names(bucket,
 //! part, hashes) WITHOUT ROWID` ([`DDL`]), each row's `hashes` the sorted concatenation of at
 //! most [`PART_NAMES`] entries, so a name costs its 11 bytes on disk and a few more
-//! (`stored_bytes_per_name` below measures it); keeping a name reads its bucket's last row
-//! and rewrites it (one row read, one written; a second keep writes nothing, [`plan_keep`]),
-//! asking reads its bucket's rows (one per [`PART_NAMES`] names in it) and finds the entry by
-//! binary search ([`holds`]).
+//! (`stored_bytes_per_name` below measures it); keeping a batch of names reads each of their
+//! buckets' last row and rewrites it (one row read and one written a bucket, whatever the
+//! batch's size, and one more written each time a row fills: [`plan_keeps`]; a second keep
+//! writes nothing), asking reads its bucket's rows (one per [`PART_NAMES`] names in it) and
+//! finds the entry by binary search ([`holds`]).
+//!
+//! When: a gate retires at the first moment of its name's bucket at or after its retention's
+//! end ([`RetiredName::moment`]: one a day a bucket, spread over the day), so a bucket's names
+//! whose retention ends the same day reach their shard together and share one write (about
+//! 200 at 100 M completions a month); retention is never shorter, and less than a day longer.
 //!
 //! Shards written before the packing keep their `retired(hash)` rows of 16 bytes
 //! ([`LEGACY_DDL`]): both are read, so a name retired before an upgrade stays retired; new
@@ -142,7 +148,11 @@ pub fn plan_keep(last: Option<&(i64, Vec<u8>)>, entry: &Entry) -> KeepPlan {
 /// in between (11 bytes more, still found).
 pub fn plan_keeps(last: Option<&(i64, Vec<u8>)>, entries: &[Entry]) -> Vec<(i64, Vec<u8>)> {
     let held = last.map_or(&[][..], |(_, hashes)| hashes.as_slice());
-    let mut new: Vec<Entry> = entries.iter().filter(|e| !holds(held, e)).copied().collect();
+    let mut new: Vec<Entry> = entries
+        .iter()
+        .filter(|e| !holds(held, e))
+        .copied()
+        .collect();
     new.sort_unstable();
     new.dedup();
     if new.is_empty() {
@@ -153,7 +163,9 @@ pub fn plan_keeps(last: Option<&(i64, Vec<u8>)>, entries: &[Entry]) -> Vec<(i64,
     let mut rest = &new[..];
     let mut part = last.map_or(0, |(part, _)| *part);
     if last.is_some() {
-        let room = PART_NAMES.saturating_sub(whole / ENTRY_BYTES).min(rest.len());
+        let room = PART_NAMES
+            .saturating_sub(whole / ENTRY_BYTES)
+            .min(rest.len());
         if room > 0 {
             let (now, later) = rest.split_at(room);
             let mut merged: Vec<Entry> = held[..whole]
@@ -387,7 +399,10 @@ mod tests {
         assert_eq!(all.len(), 300 * ENTRY_BYTES);
         assert!(all.chunks_exact(ENTRY_BYTES).is_sorted());
         assert!(entries.iter().all(|e| holds(all, e)));
-        assert!(plan_keeps(rows.first(), &entries[..10]).is_empty(), "held: nothing written");
+        assert!(
+            plan_keeps(rows.first(), &entries[..10]).is_empty(),
+            "held: nothing written"
+        );
     }
 
     #[test]
@@ -396,37 +411,56 @@ mod tests {
         let entries: Vec<Entry> = names.iter().map(RetiredName::entry).collect();
         let last = plan_keeps(None, &entries[..PART_NAMES - 10]).remove(0);
         let rows = plan_keeps(Some(&last), &entries[PART_NAMES - 10..]);
-        let sizes: Vec<(i64, usize)> = rows.iter().map(|(p, h)| (*p, h.len() / ENTRY_BYTES)).collect();
+        let sizes: Vec<(i64, usize)> = rows
+            .iter()
+            .map(|(p, h)| (*p, h.len() / ENTRY_BYTES))
+            .collect();
         assert_eq!(sizes, vec![(0, PART_NAMES), (1, PART_NAMES), (2, 500)]);
         for (_, hashes) in &rows {
             assert_eq!(hashes.len() % ENTRY_BYTES, 0);
             assert!(hashes.chunks_exact(ENTRY_BYTES).is_sorted());
         }
-        assert!(entries.iter().all(|e| rows.iter().any(|(_, h)| holds(h, e))));
+        assert!(entries
+            .iter()
+            .all(|e| rows.iter().any(|(_, h)| holds(h, e))));
         // A full last row is left as it is: the batch begins the next part.
         let full = rows[0].clone();
         let more = [[0xab; ENTRY_BYTES], [0x01; ENTRY_BYTES]];
-        assert_eq!(plan_keeps(Some(&full), &more), vec![(1, [more[1], more[0]].concat())]);
+        assert_eq!(
+            plan_keeps(Some(&full), &more),
+            vec![(1, [more[1], more[0]].concat())]
+        );
     }
 
     #[test]
     fn a_moment_is_its_buckets_first_at_or_after_retentions_end() {
         const DAY: i64 = MOMENT_PERIOD_MAX_MS;
         assert_eq!(moment_period_ms(14 * DAY), DAY);
-        assert_eq!(moment_period_ms(2_000), 2_000, "shorter retention: its own length");
+        assert_eq!(
+            moment_period_ms(2_000),
+            2_000,
+            "shorter retention: its own length"
+        );
         let names = names_in(5, 2_000);
         let end = 1_700_000_000_123;
         for name in &names {
             let at = name.moment(end, DAY);
             assert!((end..end + DAY).contains(&at), "later by less than a day");
             assert_eq!(name.moment(at, DAY), at, "a moment is its own");
-            assert_eq!(name.moment(at + 1, DAY), at + DAY, "the next is a day later");
+            assert_eq!(
+                name.moment(at + 1, DAY),
+                at + DAY,
+                "the next is a day later"
+            );
             assert_eq!(name.moment(end, 0), end);
         }
         // A bucket's names retire at one moment whenever in a period their retention ends;
         // other buckets' moments are elsewhere in the day.
         let a = names[0];
-        let twin = names.iter().find(|n| n.bucket() == a.bucket() && n.0 != a.0).unwrap();
+        let twin = names
+            .iter()
+            .find(|n| n.bucket() == a.bucket() && n.0 != a.0)
+            .unwrap();
         let at = a.moment(end, DAY);
         assert_eq!(twin.moment(at - DAY + 1, DAY), at);
         let moments: std::collections::BTreeSet<i64> =

@@ -860,7 +860,11 @@ mod tests {
     #[test]
     fn marks_are_kept_the_retention_and_at_least_two_days_after_their_flush() {
         let retention = 14 * DAY_MS;
-        assert_eq!(marks_keep_ms(retention), retention + DAY_MS, "and a moment's period");
+        assert_eq!(
+            marks_keep_ms(retention),
+            retention + DAY_MS,
+            "and a moment's period"
+        );
         assert_eq!(
             marks_keep_ms(5_000),
             MARKS_KEEP_FLOOR_MS,

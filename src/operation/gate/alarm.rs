@@ -1182,7 +1182,10 @@ mod feeder_tests {
         let op = settled();
         let end = 20 + LIMITS.retention_ms;
         let moment = op.retires_at_ms(LIMITS.retention_ms).unwrap();
-        assert!((end..end + LIMITS.retention_ms).contains(&moment), "{moment}");
+        assert!(
+            (end..end + LIMITS.retention_ms).contains(&moment),
+            "{moment}"
+        );
         assert!(retire_if_over(&op, moment - 1, &LIMITS).is_none());
         let s = retire_if_over(&op, moment, &LIMITS).unwrap();
         assert!(s.purge);
