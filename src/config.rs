@@ -85,6 +85,11 @@ pub const DEFAULT_STATS_FLUSH_SECS: i64 = 10;
 /// Longest flush window: held counts wait in memory (a gate's, an isolate's), and an idle
 /// object is evicted after about a minute, so a longer window would routinely lose them.
 pub const MAX_STATS_FLUSH_SECS: i64 = 60;
+/// How long a retired names' shard holds the first keep of a batch before storing it: the
+/// keeps of one bucket's retirement moment that arrive meanwhile join it and are stored in one
+/// row write (src/operation/retired_names.rs). Long enough for alarms set for one millisecond
+/// to reach the shard from their gates, short since every gate waiting is billed duration.
+pub const DEFAULT_RETIRED_KEEP_WAIT_MS: i64 = 50;
 /// The official samples' key set for dynamic webhooks.
 pub const DEFAULT_GEMINI_JWKS_URL: &str =
     "https://generativelanguage.googleapis.com/.well-known/jwks.json";
@@ -257,6 +262,7 @@ pub const VARIABLES: &[Variable] = {
         V::plain("EFFECT_RETRY_MAX_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_MAX_SECS), "backoff cap"),
         V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long, then the gate's storage is deleted but its tombstone (never less than 48 h of a run + 24 h of Gemini's retries + 2 x the signature tolerance + 10 min)"),
         V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention: a first delivery older than it is refused); KV keeps entries at least 60 s, its minimum TTL"),
+        V::plain("RETIRED_KEEP_WAIT_MS", Whole { min: 0, max: 10_000 }, Number(DEFAULT_RETIRED_KEEP_WAIT_MS), "a retired names' shard stores the keeps that arrive within this of a batch's first in one row write, answering each once it is stored"),
         V::plain("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
         V::plain("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),
         V::plain("USAGE_LOG", Flag, Bool(false), "true: each Durable Object invocation logs a usage line (SQLite rows, alarm and KV writes, calls, wall time)"),
@@ -319,6 +325,8 @@ pub struct Config {
     /// `LEDGER_RETENTION_SECONDS`, when set: overrides the days (for trying retention and
     /// tombstones without waiting days).
     pub retention_secs_override: Option<i64>,
+    /// `RETIRED_KEEP_WAIT_MS`: how long a retired names' shard gathers keeps into one write.
+    pub retired_keep_wait_ms: i64,
     /// `DYNAMIC_WEBHOOKS`: false refuses every JWT-signed delivery (static webhook only).
     pub dynamic_webhooks: bool,
     /// `USAGE_LOG`: each Durable Object invocation logs what it used (see [`crate::telemetry::usage`]).
@@ -980,6 +988,7 @@ impl Config {
             claim_ttl_secs,
             retention_days: s.value("LEDGER_RETENTION_DAYS", Setting::whole)?,
             retention_secs_override: s.optional("LEDGER_RETENTION_SECONDS", Setting::whole)?,
+            retired_keep_wait_ms: s.value("RETIRED_KEEP_WAIT_MS", Setting::whole)?,
             dynamic_webhooks: s.value("DYNAMIC_WEBHOOKS", Setting::flag)?,
             usage_log: s.value("USAGE_LOG", Setting::flag)?,
             require_registration: s.value("REQUIRE_REGISTRATION", Setting::flag)?,

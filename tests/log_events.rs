@@ -168,6 +168,7 @@ fn worker_lines() -> Vec<Value> {
         DeskSchemaError { error: e() },
         WatchSchemaError { error: e() },
         RetiredSchemaError { error: e() },
+        RetiredNamesKept { names: 3, rows: 1 },
     })
 }
 

@@ -233,7 +233,7 @@ export async function benchCost(dir, stubs, plan) {
     await r.dispose();
   }
   const shape = await benchShapeCost(stubs, n, run, plan.quick ? 5_000 : 30_000);
-  return { plan: plan.cost, flows, bill: bill(flows), shape: { flows: shape, bill: bill(shape) } };
+  return { plan: plan.cost, flows, bill: bill(flows, { moments: true }), shape: { flows: shape, bill: bill(shape) } };
 }
 
 /**
@@ -316,6 +316,39 @@ export function askExtraRows(v, m) {
 /** Days a closed operation's ledger entry and gate are kept (`LEDGER_RETENTION_DAYS`' default). */
 export const RETENTION_DAYS = 14;
 
+/**
+ * Days a gate is kept past its retention on average: it retires at its name's bucket's next
+ * moment, less than a day later, uniformly (its retention's end falls anywhere in the day).
+ */
+export const MOMENT_DELAY_DAYS = 0.5;
+
+/**
+ * The names that reach a shard at one bucket's moment: each of the RETIRED_BUCKETS buckets
+ * has one moment a day, so a day's retirements (a month's completions / 30) are spread over
+ * them; at least one. About 203 at 100 M a month, 2.03 at 1 M, one at 10,000.
+ *
+ * The assumption the bill rests on (the local runtime cannot show it, its bench retires a few
+ * names of thousands of buckets): the keeps of one moment reach their shard within
+ * `RETIRED_KEEP_WAIT_MS` of the first, so they share one write. Cloudflare fires alarms set
+ * for the same millisecond within that of each other; a moment whose keeps straddle more
+ * windows writes once per window (10 windows at 100 M would be $5 a month instead of $0.50).
+ */
+export function keepsPerWrite(v) {
+  return Math.max(1, v / 30 / RETIRED_BUCKETS);
+}
+
+/**
+ * The share of one measured keep's shard work (the row read and written, the shard's wall
+ * time) a name pays at `v` a month: a batch of keepsPerWrite(v) names reads and writes its
+ * bucket's last row once, plus a new row each time the row fills past RETIRED_PART_NAMES.
+ * Each keep is still one object call, and each gate still waits for its batch (its own wall
+ * time, measured with the wait, unchanged).
+ */
+export function keepShare(v) {
+  const k = keepsPerWrite(v);
+  return (1 + k / RETIRED_PART_NAMES) / k;
+}
+
 /** The simple design's units per completion: one request, one KV read, one KV write. */
 const SIMPLE = { worker_requests: 1, kv_reads: 1, kv_writes: 1 };
 
@@ -328,7 +361,7 @@ const SIMPLE = { worker_requests: 1, kv_reads: 1, kv_writes: 1 };
  * Worker's CPU is workerd's whole CPU here (the objects' included: an upper bound); duration
  * is the objects' measured wall time. Beside them, the simple design's bill.
  */
-export function bill(flows) {
+export function bill(flows, { moments = false } = {}) {
   const units = (fs) => {
     const sum = (f) => fs.reduce((a, x) => a + (x ? f(x) ?? 0 : 0), 0);
     return {
@@ -346,6 +379,11 @@ export function bill(flows) {
   // release (docs/PERFORMANCE.md, "Reconciliation at scale").
   const fixed = { worker_requests: CRON_PASSES_PER_MONTH, do_requests: 2 * CRON_PASSES_PER_MONTH, kv_lists: CRON_PASSES_PER_MONTH };
   const held = RETENTION_DAYS / 30;
+  // A gate is kept to its bucket's moment (gemini-once), the floor's to its retention.
+  const heldGate = moments ? (RETENTION_DAYS + MOMENT_DELAY_DAYS) / 30 : held;
+  // The shard's keep, as measured: one keep, one batch. At volume a batch holds
+  // keepsPerWrite(v) names (gemini-once only: the floor keeps no names).
+  const keep = moments ? flows.retirement?.objects?.["retired_names.fetch"] : undefined;
   const stored = {
     // A gate's database while the operation is kept, then whatever its retirement leaves.
     do_bytes_kept: flows.webhook.gate_db_bytes_median ?? 0,
@@ -360,7 +398,7 @@ export function bill(flows) {
   // Bytes held per completion of a month, in month `m` of steady volume: the last
   // RETENTION_DAYS of completions kept, and every earlier one as its retirement left it.
   const heldIn = (m) => ({
-    do_bytes: held * stored.do_bytes_kept + Math.max(0, m - held) * stored.do_bytes_retired,
+    do_bytes: heldGate * stored.do_bytes_kept + Math.max(0, m - heldGate) * stored.do_bytes_retired,
     kv_bytes: held * stored.kv_bytes,
   });
   const profiles = {
@@ -369,7 +407,21 @@ export function bill(flows) {
   };
   // "Steady": every later month within 2 % of month 1 (what is kept for good stays small).
   // In month m an ask also reads its bucket's rows beyond the first (none in the bench's run).
-  const inMonth = (u, v, m) => ({ ...u, rows_read: u.rows_read + askExtraRows(v, m) });
+  // The keep's row read and written and the shard's wall time are shared by a batch's names.
+  const coalesced = (u, v) => {
+    if (!keep) return u;
+    const saved = 1 - keepShare(v);
+    return {
+      ...u,
+      rows_read: u.rows_read - saved * keep.rows_read,
+      rows_written: u.rows_written - saved * keep.rows_written,
+      do_wall_ms: u.do_wall_ms - saved * keep.wall_ms,
+    };
+  };
+  const inMonth = (u, v, m) => {
+    const c = coalesced(u, v);
+    return { ...c, rows_read: c.rows_read + askExtraRows(v, m) };
+  };
   const months = (u, f) => VOLUMES.map((v) => {
     const first = monthlyBill(v, inMonth(u, v, 1), f, heldIn(1));
     const later = Object.fromEntries(STEADY_MONTHS.map((m) => [`total_month_${m}`, monthlyBill(v, inMonth(u, v, m), f, heldIn(m)).total]));
@@ -379,6 +431,8 @@ export function bill(flows) {
   return {
     rates: RATES,
     retention_days: RETENTION_DAYS,
+    moment_delay_days: moments ? MOMENT_DELAY_DAYS : 0,
+    keeps_per_write: moments ? VOLUMES.map((v) => ({ completions: v, keeps_per_write: round(keepsPerWrite(v), 2), keep_share: round(keepShare(v), 4) })) : null,
     stored_per_completion: stored,
     fixed_per_month: fixed,
     profiles: Object.fromEntries(Object.entries(profiles).map(([k, u]) => [k, { per_completion: u, months: months(u, fixed) }])),

@@ -9,10 +9,16 @@
 //! first) in the row of its bucket ([`BUCKETS`] a shard, by its second byte): `names(bucket,
 //! part, hashes) WITHOUT ROWID` ([`DDL`]), each row's `hashes` the sorted concatenation of at
 //! most [`PART_NAMES`] entries, so a name costs its 11 bytes on disk and a few more
-//! (`stored_bytes_per_name` below measures it); keeping a name reads its bucket's last row
-//! and rewrites it (one row read, one written; a second keep writes nothing, [`plan_keep`]),
-//! asking reads its bucket's rows (one per [`PART_NAMES`] names in it) and finds the entry by
-//! binary search ([`holds`]).
+//! (`stored_bytes_per_name` below measures it); keeping a batch of names reads each of their
+//! buckets' last row and rewrites it (one row read and one written a bucket, whatever the
+//! batch's size, and one more written each time a row fills: [`plan_keeps`]; a second keep
+//! writes nothing), asking reads its bucket's rows (one per [`PART_NAMES`] names in it) and
+//! finds the entry by binary search ([`holds`]).
+//!
+//! When: a gate retires at the first moment of its name's bucket at or after its retention's
+//! end ([`RetiredName::moment`]: one a day a bucket, spread over the day), so a bucket's names
+//! whose retention ends the same day reach their shard together and share one write (about
+//! 200 at 100 M completions a month); retention is never shorter, and less than a day longer.
 //!
 //! Shards written before the packing keep their `retired(hash)` rows of 16 bytes
 //! ([`LEGACY_DDL`]): both are read, so a name retired before an upgrade stays retired; new
@@ -114,20 +120,6 @@ pub fn holds(hashes: &[u8], entry: &Entry) -> bool {
     false
 }
 
-/// `hashes` with `entry` inserted in order (it must not be there).
-fn inserted(hashes: &[u8], entry: &Entry) -> Vec<u8> {
-    let whole = hashes.len() / ENTRY_BYTES * ENTRY_BYTES;
-    let at = hashes[..whole]
-        .chunks_exact(ENTRY_BYTES)
-        .position(|e| e > &entry[..])
-        .map_or(whole, |i| i * ENTRY_BYTES);
-    let mut out = Vec::with_capacity(whole + ENTRY_BYTES);
-    out.extend_from_slice(&hashes[..at]);
-    out.extend_from_slice(entry);
-    out.extend_from_slice(&hashes[at..whole]);
-    out
-}
-
 /// What keeping a name in its bucket takes, given the bucket's last row (`part`, `hashes`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeepPlan {
@@ -138,24 +130,96 @@ pub enum KeepPlan {
     Put { part: i64, hashes: Vec<u8> },
 }
 
-/// The one write that keeps `entry` in the bucket whose last row is `last`. Only the last row
-/// is read: a keep comes again only when its gate died between the keep and its delete, so a
-/// name is at most kept twice when a new row began in between (11 bytes more, still found).
+/// The one write that keeps `entry` in the bucket whose last row is `last` ([`plan_keeps`] for
+/// one name).
 pub fn plan_keep(last: Option<&(i64, Vec<u8>)>, entry: &Entry) -> KeepPlan {
-    match last {
-        Some((_, hashes)) if holds(hashes, entry) => KeepPlan::Held,
-        Some((part, hashes)) if hashes.len() / ENTRY_BYTES < PART_NAMES => KeepPlan::Put {
-            part: *part,
-            hashes: inserted(hashes, entry),
-        },
-        Some((part, _)) => KeepPlan::Put {
-            part: part + 1,
-            hashes: entry.to_vec(),
-        },
-        None => KeepPlan::Put {
-            part: 0,
-            hashes: entry.to_vec(),
-        },
+    match plan_keeps(last, &[*entry]).pop() {
+        None => KeepPlan::Held,
+        Some((part, hashes)) => KeepPlan::Put { part, hashes },
+    }
+}
+
+/// The rows (`part`, `hashes`) to store so that the bucket whose last row is `last` keeps
+/// every one of `entries` (a batch of keeps that arrived together, in any order, repeats
+/// allowed): the last row with as many of them merged in as fit under [`PART_NAMES`], then
+/// new rows after it of at most [`PART_NAMES`] each, every row sorted. Empty when the last row
+/// already holds them all. Only the last row is read: a keep comes again only when its gate
+/// died between the keep and its delete, so a name is at most kept twice when a new row began
+/// in between (11 bytes more, still found).
+pub fn plan_keeps(last: Option<&(i64, Vec<u8>)>, entries: &[Entry]) -> Vec<(i64, Vec<u8>)> {
+    let held = last.map_or(&[][..], |(_, hashes)| hashes.as_slice());
+    let mut new: Vec<Entry> = entries
+        .iter()
+        .filter(|e| !holds(held, e))
+        .copied()
+        .collect();
+    new.sort_unstable();
+    new.dedup();
+    if new.is_empty() {
+        return Vec::new();
+    }
+    let whole = held.len() / ENTRY_BYTES * ENTRY_BYTES;
+    let mut rows = Vec::new();
+    let mut rest = &new[..];
+    let mut part = last.map_or(0, |(part, _)| *part);
+    if last.is_some() {
+        let room = PART_NAMES
+            .saturating_sub(whole / ENTRY_BYTES)
+            .min(rest.len());
+        if room > 0 {
+            let (now, later) = rest.split_at(room);
+            let mut merged: Vec<Entry> = held[..whole]
+                .chunks_exact(ENTRY_BYTES)
+                .map(|e| e.try_into().expect("an entry's bytes"))
+                .chain(now.iter().copied())
+                .collect();
+            merged.sort_unstable();
+            rows.push((part, merged.concat()));
+            rest = later;
+        }
+        part += 1;
+    }
+    for chunk in rest.chunks(PART_NAMES) {
+        rows.push((part, chunk.concat()));
+        part += 1;
+    }
+    rows
+}
+
+/// The longest a bucket's retirement moments are apart: a day.
+pub const MOMENT_PERIOD_MAX_MS: i64 = 86_400_000;
+
+/// How far apart a bucket's retirement moments are for a retention of `retention_ms`: a day,
+/// or the retention itself when that is shorter (`LEDGER_RETENTION_SECONDS`, for trying), so
+/// a moment moves retention's end later by less than a day, and never more than doubles it.
+pub fn moment_period_ms(retention_ms: i64) -> i64 {
+    retention_ms.min(MOMENT_PERIOD_MAX_MS)
+}
+
+impl RetiredName {
+    /// Its bucket among all shards' (`SHARDS` × `BUCKETS`), numbered so that consecutive
+    /// buckets are in different shards: consecutive moments go to different objects.
+    pub fn global_bucket(&self) -> i64 {
+        self.bucket() * SHARDS as i64 + i64::from(self.0[0])
+    }
+
+    /// The first retirement moment of its bucket at or after `not_before_ms`: each bucket has
+    /// one moment per `period_ms` ([`moment_period_ms`]), the buckets' moments spread evenly
+    /// over it, so the names of a bucket whose retention ends within one period retire at the
+    /// same moment and reach their shard together ([`plan_keeps`] stores them in one write).
+    /// Never earlier than `not_before_ms`, and less than `period_ms` later.
+    pub fn moment(&self, not_before_ms: i64, period_ms: i64) -> i64 {
+        if period_ms <= 0 {
+            return not_before_ms;
+        }
+        let all = SHARDS as i64 * i64::from(BUCKETS);
+        let offset = self.global_bucket() * period_ms / all;
+        let since = (not_before_ms - offset).rem_euclid(period_ms);
+        if since == 0 {
+            not_before_ms
+        } else {
+            not_before_ms + period_ms - since
+        }
     }
 }
 
@@ -316,6 +380,95 @@ mod tests {
             names_in(3, 2_000).iter().map(RetiredName::bucket).collect();
         assert_eq!(buckets.len(), usize::from(BUCKETS));
         assert_eq!(*buckets.last().unwrap(), i64::from(BUCKETS) - 1);
+    }
+
+    #[test]
+    fn a_batch_is_merged_into_its_buckets_last_row_in_one_write() {
+        let names = names_in(9, 300);
+        let entries: Vec<Entry> = names.iter().map(RetiredName::entry).collect();
+        let first = plan_keeps(None, &entries[..100]);
+        assert_eq!(first.len(), 1, "100 names, one row written");
+        assert_eq!(first[0].0, 0);
+        // Another batch, with repeats of the first and within itself: one write, each once.
+        let mut again: Vec<Entry> = entries[50..300].to_vec();
+        again.extend_from_slice(&entries[250..260]);
+        let rows = plan_keeps(first.first(), &again);
+        assert_eq!(rows.len(), 1);
+        let (part, all) = &rows[0];
+        assert_eq!(*part, 0);
+        assert_eq!(all.len(), 300 * ENTRY_BYTES);
+        assert!(all.chunks_exact(ENTRY_BYTES).is_sorted());
+        assert!(entries.iter().all(|e| holds(all, e)));
+        assert!(
+            plan_keeps(rows.first(), &entries[..10]).is_empty(),
+            "held: nothing written"
+        );
+    }
+
+    #[test]
+    fn a_batch_that_fills_the_row_spills_into_new_rows() {
+        let names = names_in(11, PART_NAMES * 2 + 500);
+        let entries: Vec<Entry> = names.iter().map(RetiredName::entry).collect();
+        let last = plan_keeps(None, &entries[..PART_NAMES - 10]).remove(0);
+        let rows = plan_keeps(Some(&last), &entries[PART_NAMES - 10..]);
+        let sizes: Vec<(i64, usize)> = rows
+            .iter()
+            .map(|(p, h)| (*p, h.len() / ENTRY_BYTES))
+            .collect();
+        assert_eq!(sizes, vec![(0, PART_NAMES), (1, PART_NAMES), (2, 500)]);
+        for (_, hashes) in &rows {
+            assert_eq!(hashes.len() % ENTRY_BYTES, 0);
+            assert!(hashes.chunks_exact(ENTRY_BYTES).is_sorted());
+        }
+        assert!(entries
+            .iter()
+            .all(|e| rows.iter().any(|(_, h)| holds(h, e))));
+        // A full last row is left as it is: the batch begins the next part.
+        let full = rows[0].clone();
+        let more = [[0xab; ENTRY_BYTES], [0x01; ENTRY_BYTES]];
+        assert_eq!(
+            plan_keeps(Some(&full), &more),
+            vec![(1, [more[1], more[0]].concat())]
+        );
+    }
+
+    #[test]
+    fn a_moment_is_its_buckets_first_at_or_after_retentions_end() {
+        const DAY: i64 = MOMENT_PERIOD_MAX_MS;
+        assert_eq!(moment_period_ms(14 * DAY), DAY);
+        assert_eq!(
+            moment_period_ms(2_000),
+            2_000,
+            "shorter retention: its own length"
+        );
+        let names = names_in(5, 2_000);
+        let end = 1_700_000_000_123;
+        for name in &names {
+            let at = name.moment(end, DAY);
+            assert!((end..end + DAY).contains(&at), "later by less than a day");
+            assert_eq!(name.moment(at, DAY), at, "a moment is its own");
+            assert_eq!(
+                name.moment(at + 1, DAY),
+                at + DAY,
+                "the next is a day later"
+            );
+            assert_eq!(name.moment(end, 0), end);
+        }
+        // A bucket's names retire at one moment whenever in a period their retention ends;
+        // other buckets' moments are elsewhere in the day.
+        let a = names[0];
+        let twin = names
+            .iter()
+            .find(|n| n.bucket() == a.bucket() && n.0 != a.0)
+            .unwrap();
+        let at = a.moment(end, DAY);
+        assert_eq!(twin.moment(at - DAY + 1, DAY), at);
+        let moments: std::collections::BTreeSet<i64> =
+            names.iter().map(|n| n.moment(end, DAY)).collect();
+        assert_eq!(moments.len(), usize::from(BUCKETS), "one moment a bucket");
+        let other = RetiredName([6; 16]);
+        assert_ne!(other.global_bucket(), a.global_bucket());
+        assert_eq!(RetiredName([0xff; 16]).global_bucket(), 16_383);
     }
 
     /// Keeps `name` in `db` as the shard does (its bucket's last row read, one row written).

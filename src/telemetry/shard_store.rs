@@ -16,10 +16,12 @@
 //! per mark deleted, as much again as writing it) and scans nothing.
 //!
 //! How long a mark is kept ([`marks_keep_ms`], [`marks_expired`]): at least the retention
-//! (`LEDGER_RETENTION_DAYS`, read from the same configuration as the gates) and never less
-//! than [`MARKS_KEEP_FLOOR_MS`], after the flush that wrote it, and at most a day more (the
-//! day's table goes when its last mark is due). A gate deletes its storage at its close plus
-//! the retention, and every flush of a closed gate happens before that, so a mark outlives
+//! (`LEDGER_RETENTION_DAYS`, read from the same configuration as the gates) plus a retirement
+//! moment's period (a day, or the retention when shorter) and never less than
+//! [`MARKS_KEEP_FLOOR_MS`], after the flush that wrote it, and at most a day more (the day's
+//! table goes when its last mark is due). A gate deletes its storage at its close plus the
+//! retention, moved to its name's bucket's next moment (less than that period later:
+//! `crate::operation::retired_names`), and every flush of a closed gate happens before that, so a mark outlives
 //! every flush its gate can still send: a closed gate's retry is never counted twice. An open
 //! gate sends a flush it saw no answer to again within seconds while its alarm runs; the
 //! floor covers an alarm stalled for two days. A gate created again for the same key after
@@ -62,10 +64,12 @@ const LAYOUT: i64 = 4;
 const MARKS_PREFIX: &str = "marks_";
 
 /// How long a dedupe mark must be kept after the flush that wrote it, given the retention of
-/// the gates' storage (see the module's doc): the retention, never less than
-/// [`MARKS_KEEP_FLOOR_MS`].
+/// the gates' storage (see the module's doc): the retention and the period of the retirement
+/// moments (a day, or the retention when shorter), never less than [`MARKS_KEEP_FLOOR_MS`].
 pub fn marks_keep_ms(retention_ms: i64) -> i64 {
-    retention_ms.max(MARKS_KEEP_FLOOR_MS)
+    retention_ms
+        .saturating_add(retention_ms.min(DAY_MS))
+        .max(MARKS_KEEP_FLOOR_MS)
 }
 
 /// The marks table of a time's UTC day.
@@ -856,7 +860,11 @@ mod tests {
     #[test]
     fn marks_are_kept_the_retention_and_at_least_two_days_after_their_flush() {
         let retention = 14 * DAY_MS;
-        assert_eq!(marks_keep_ms(retention), retention);
+        assert_eq!(
+            marks_keep_ms(retention),
+            retention + DAY_MS,
+            "and a moment's period"
+        );
         assert_eq!(
             marks_keep_ms(5_000),
             MARKS_KEEP_FLOOR_MS,

@@ -89,6 +89,8 @@ pub enum WorkerLog {
     WatchSchemaError { error: String },
     /// A retired names' shard could not create its table.
     RetiredSchemaError { error: String },
+    /// A retired names' shard stored a batch of keeps: how many names, in how many row writes.
+    RetiredNamesKept { names: usize, rows: usize },
 }
 
 /// Why a known token's request was refused: what it asked, and what it needed.

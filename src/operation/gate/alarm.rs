@@ -215,7 +215,7 @@ fn confirm_ask(op: &Operation, status_api: bool) -> ConfirmAsk {
 }
 
 fn retention_over(op: &Operation, now: i64, limits: &GateLimits) -> bool {
-    op.expires_at_ms(limits.retention_ms)
+    op.retires_at_ms(limits.retention_ms)
         .is_some_and(|t| t <= now)
 }
 
@@ -862,7 +862,9 @@ mod tests {
         };
         let done = attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5);
         let op = kept(done.record.unwrap(), 30);
-        let over = 20 + LIMITS.retention_ms;
+        // Retention ends 20 + retention; the gate retires at its bucket's next moment.
+        let over = op.retires_at_ms(LIMITS.retention_ms).unwrap();
+        assert!(over >= 20 + LIMITS.retention_ms);
         assert_eq!(plan(&op, over - 1, &LIMITS).stages(), FULL_RUN);
         let mut run = plan(&op, over, &LIMITS);
         assert_eq!(run.stages(), [Stage::Retire]);
@@ -1178,8 +1180,14 @@ mod feeder_tests {
     #[test]
     fn retirement_comes_only_when_retention_is_over() {
         let op = settled();
-        assert!(retire_if_over(&op, 20 + LIMITS.retention_ms - 1, &LIMITS).is_none());
-        let s = retire_if_over(&op, 20 + LIMITS.retention_ms, &LIMITS).unwrap();
+        let end = 20 + LIMITS.retention_ms;
+        let moment = op.retires_at_ms(LIMITS.retention_ms).unwrap();
+        assert!(
+            (end..end + LIMITS.retention_ms).contains(&moment),
+            "{moment}"
+        );
+        assert!(retire_if_over(&op, moment - 1, &LIMITS).is_none());
+        let s = retire_if_over(&op, moment, &LIMITS).unwrap();
         assert!(s.purge);
         assert_eq!(events(&s), ["retention_expired"]);
         assert!(s.record.is_none(), "the gate keeps nothing");

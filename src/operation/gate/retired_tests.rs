@@ -42,7 +42,7 @@ fn tombstone(key: &str, name: &str) -> Operation {
         .record
         .unwrap();
     }
-    let over = 20 + LIMITS.retention_ms;
+    let over = op.retires_at_ms(LIMITS.retention_ms).unwrap();
     let retired = retire_if_over(&op, over, &LIMITS).expect("retention over");
     assert!(
         retired.purge && retired.record.is_none(),

@@ -23,6 +23,7 @@ use serde_json::{json, Map, Value};
 use crate::operation::alert::AlertKind;
 use crate::operation::details::{normalize_details, USER_METADATA};
 use crate::operation::lifecycle::{reduce, Position, Source, Status, Verdict};
+use crate::operation::retired_names::{moment_period_ms, RetiredName};
 use crate::telemetry::counters::StatEvent;
 use crate::timestamp::format_rfc3339;
 
@@ -532,6 +533,16 @@ impl Operation {
         Some(closed + retention_ms)
     }
 
+    /// When the gate retires: the first moment of its name's bucket at or after
+    /// [`Self::expires_at_ms`] ([`RetiredName::moment`]), so the names of a bucket whose
+    /// retention ends within a day reach their shard together and are kept in one write.
+    /// Never earlier than retention's end, and less than a day later (less than the retention
+    /// itself when that is shorter).
+    pub fn retires_at_ms(&self, retention_ms: i64) -> Option<i64> {
+        let end = self.expires_at_ms(retention_ms)?;
+        Some(RetiredName::of(&self.key).moment(end, moment_period_ms(retention_ms)))
+    }
+
     /// When the gate must wake next: a lapsed claim, a due retry, a deferred projection,
     /// counted events to flush (`stats_delay_ms` after the oldest, so a burst of duplicates
     /// is flushed as one) or the end of retention. `None` when nothing is pending.
@@ -558,7 +569,7 @@ impl Operation {
         }
         times.extend(self.confirmation.as_ref().map(|c| c.due_ms));
         times.extend(self.pending_alerts.iter().map(|a| a.due_ms));
-        times.extend(self.expires_at_ms(retention_ms));
+        times.extend(self.retires_at_ms(retention_ms));
         times.extend(self.results_retry_at_ms);
         times.into_iter().min()
     }
