@@ -22,6 +22,7 @@ import path from "node:path";
 import { devVars, isLoopback, ROOT, GEMINI_STUB_URL, LOCAL_WORKER_FILE, LOCAL_WORKER_URL } from "./dev_vars.mjs";
 import { effectReceiver, listen } from "./receive.mjs";
 import { geminiStub } from "./gemini_stub.mjs";
+import { keepQuiet } from "./quiet_inspector.mjs";
 
 const argv = process.argv.slice(2);
 // wrangler dev reads its settings from .dev.vars, or only from the files `--env-file` names
@@ -33,6 +34,17 @@ function option(name) {
   const at = argv.findIndex((a) => a === name || a.startsWith(`${name}=`));
   if (at < 0) return undefined;
   return argv[at].includes("=") ? argv[at].slice(name.length + 1) : argv[at + 1];
+}
+
+/** A port free on 127.0.0.1 now. */
+function freePort() {
+  return new Promise((resolve) => {
+    const probe = net.createServer();
+    probe.listen(0, "127.0.0.1", () => {
+      const { port: free } = probe.address();
+      probe.close(() => resolve(free));
+    });
+  });
 }
 
 /** Resolves to the reason `port` cannot be listened on at `host`, or null when it can. */
@@ -64,6 +76,10 @@ if (argv.includes("--fresh")) {
   console.log(`start: --fresh: ${had ? `removed ${path.relative(ROOT, state) || state}` : "no local state yet"}; the worker starts with no operations, ledger or counters`);
 }
 if (option("--port") === undefined) argv.push("--port", String(port));
+// wrangler's inspector proxy, on a port known here: its flood of Network events is turned off
+// once the worker answers (scripts/quiet_inspector.mjs).
+const inspectorPort = Number(option("--inspector-port") ?? (await freePort()));
+if (option("--inspector-port") === undefined) argv.push("--inspector-port", String(inspectorPort));
 const workerUrl = `http://${ip && ip !== "0.0.0.0" && ip !== "localhost" ? (ip.includes(":") ? `[${ip}]` : ip) : "127.0.0.1"}:${port}`;
 
 const standOut = process.stdout.isTTY ? (line) => `\n\x1b[1m${line}\x1b[0m` : (line) => `\n${line}`;
@@ -141,6 +157,10 @@ wrangler.on("exit", (code, signal) => {
       mkdirSync(path.dirname(LOCAL_WORKER_FILE), { recursive: true });
       writeFileSync(LOCAL_WORKER_FILE, JSON.stringify({ url: workerUrl, pid: process.pid }) + "\n");
       console.log(standOut(`start: the worker listens at ${workerUrl} (npm run register, send and results go there: ${path.relative(ROOT, LOCAL_WORKER_FILE)})`));
+      keepQuiet(inspectorPort, {
+        stopped: () => stopping,
+        onFirst: (how) => console.log(`start: wrangler's inspector at 127.0.0.1:${inspectorPort}: ${how === "quiet" ? "its per-subrequest Network events turned off while no DevTools is open (scripts/quiet_inspector.mjs)" : "a DevTools is attached; its Network events left on"}`),
+      });
       return;
     }
     await new Promise((r) => setTimeout(r, 500));
