@@ -11,7 +11,10 @@
 // instead. Once the worker answers, it prints its address and writes it to
 // .wrangler/local-worker.json, where `register`, `send` and `results` find it (removed on exit).
 // `--fresh` first removes the local state (the `--persist-to` directory, else .wrangler/state):
-// operations, ledger, counters, so the quick start's demo runs as the first time. The demo
+// operations, ledger, counters, so the quick start's demo runs as the first time. Once the
+// worker answers, wrangler's inspector (on `--inspector-port`, a free port unless given) is
+// kept from relaying a flood of Network events while no DevTools is open
+// (scripts/quiet_inspector.mjs: it halved a batch's results rate). The demo
 // destination's lines are set apart from the worker's JSON log lines (a blank line before,
 // bold on a terminal), so they can be found among them.
 import { spawn } from "node:child_process";
