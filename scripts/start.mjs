@@ -11,7 +11,10 @@
 // instead. Once the worker answers, it prints its address and writes it to
 // .wrangler/local-worker.json, where `register`, `send` and `results` find it (removed on exit).
 // `--fresh` first removes the local state (the `--persist-to` directory, else .wrangler/state):
-// operations, ledger, counters, so the quick start's demo runs as the first time. The demo
+// operations, ledger, counters, so the quick start's demo runs as the first time. Once the
+// worker answers, wrangler's inspector (on `--inspector-port`, a free port unless given) is
+// kept from relaying a flood of Network events while no DevTools is open
+// (scripts/quiet_inspector.mjs: it halved a batch's results rate). The demo
 // destination's lines are set apart from the worker's JSON log lines (a blank line before,
 // bold on a terminal), so they can be found among them.
 import { spawn } from "node:child_process";
@@ -22,6 +25,7 @@ import path from "node:path";
 import { devVars, isLoopback, ROOT, GEMINI_STUB_URL, LOCAL_WORKER_FILE, LOCAL_WORKER_URL } from "./dev_vars.mjs";
 import { effectReceiver, listen } from "./receive.mjs";
 import { geminiStub } from "./gemini_stub.mjs";
+import { keepQuiet } from "./quiet_inspector.mjs";
 
 const argv = process.argv.slice(2);
 // wrangler dev reads its settings from .dev.vars, or only from the files `--env-file` names
@@ -33,6 +37,17 @@ function option(name) {
   const at = argv.findIndex((a) => a === name || a.startsWith(`${name}=`));
   if (at < 0) return undefined;
   return argv[at].includes("=") ? argv[at].slice(name.length + 1) : argv[at + 1];
+}
+
+/** A port free on 127.0.0.1 now. */
+function freePort() {
+  return new Promise((resolve) => {
+    const probe = net.createServer();
+    probe.listen(0, "127.0.0.1", () => {
+      const { port: free } = probe.address();
+      probe.close(() => resolve(free));
+    });
+  });
 }
 
 /** Resolves to the reason `port` cannot be listened on at `host`, or null when it can. */
@@ -64,6 +79,10 @@ if (argv.includes("--fresh")) {
   console.log(`start: --fresh: ${had ? `removed ${path.relative(ROOT, state) || state}` : "no local state yet"}; the worker starts with no operations, ledger or counters`);
 }
 if (option("--port") === undefined) argv.push("--port", String(port));
+// wrangler's inspector proxy, on a port known here: its flood of Network events is turned off
+// once the worker answers (scripts/quiet_inspector.mjs).
+const inspectorPort = Number(option("--inspector-port") ?? (await freePort()));
+if (option("--inspector-port") === undefined) argv.push("--inspector-port", String(inspectorPort));
 const workerUrl = `http://${ip && ip !== "0.0.0.0" && ip !== "localhost" ? (ip.includes(":") ? `[${ip}]` : ip) : "127.0.0.1"}:${port}`;
 
 const standOut = process.stdout.isTTY ? (line) => `\n\x1b[1m${line}\x1b[0m` : (line) => `\n${line}`;
@@ -141,6 +160,10 @@ wrangler.on("exit", (code, signal) => {
       mkdirSync(path.dirname(LOCAL_WORKER_FILE), { recursive: true });
       writeFileSync(LOCAL_WORKER_FILE, JSON.stringify({ url: workerUrl, pid: process.pid }) + "\n");
       console.log(standOut(`start: the worker listens at ${workerUrl} (npm run register, send and results go there: ${path.relative(ROOT, LOCAL_WORKER_FILE)})`));
+      keepQuiet(inspectorPort, {
+        stopped: () => stopping,
+        onFirst: (how) => console.log(`start: wrangler's inspector at 127.0.0.1:${inspectorPort}: ${how === "quiet" ? "its per-subrequest Network events turned off while no DevTools is open (scripts/quiet_inspector.mjs)" : "a DevTools is attached; its Network events left on"}`),
+      });
       return;
     }
     await new Promise((r) => setTimeout(r, 500));

@@ -29,6 +29,10 @@
 //                                        instead, the batch's results inline in a status answer
 //                                        of about 20 MB (the list twice, as Gemini writes it):
 //                                        the isolate's peak memory while it is read and sent
+//   node scripts/bench/start_results.mjs --lines 10000 --via start,miniflare
+//                                        a results batch through `npm start` (wrangler dev),
+//                                        then in Miniflare: lines a second, what runs between
+//                                        chunks, the CPU of each process (a script of its own)
 //   npm run bench -- --peer DIR          also the side-by-side section ("side"): the simple
 //                                        design in DIR (DIR/src/index.ts, DIR/wrangler.toml)
 //                                        against gemini-once; `--only side` runs only it

@@ -28,7 +28,7 @@ import { freePort, sampleIsolate } from "./heap.mjs";
 const COUNTS = ["rows_read", "rows_written", "alarm_writes", "outbound_fetches", "wall_ms", "held_ms", "sql_statements"];
 
 /** Gemini's status API and download for one batch, and the destination, counting what they see. */
-async function startStandIns(name, lines, lineBytes, inline = null) {
+export async function startStandIns(name, lines, lineBytes, inline = null) {
   const file = generatedFile({ lines, lineBytes, prefix: "req-", errorEvery: 100 });
   const fileName = `files/${name.split("/")[1]}-results`;
   const s = { polls: 0, downloads: 0, ranged: 0, results: new Set(), repeats: 0, firstAt: null, lastAt: null, job: null, jobAt: null, jobEffects: 0, delayMs: 0, other: 0 };
@@ -46,6 +46,9 @@ async function startStandIns(name, lines, lineBytes, inline = null) {
     if (req.method === "GET" && decodeURIComponent(url.pathname) === `/download/v1beta/${fileName}:download`) {
       req.resume();
       s.downloads++;
+      (s.downloadAt ??= []).push(now());
+      // How long after the last result's answer this chunk's read began: what ran between chunks.
+      if (s.answeredAt !== undefined) (s.idleBeforeDownload ??= []).push(now() - s.answeredAt);
       if (req.headers.range) s.ranged++;
       return serveFile(req, res, file);
     }
@@ -57,6 +60,7 @@ async function startStandIns(name, lines, lineBytes, inline = null) {
         const answer = () => {
           res.writeHead(200, { "content-type": "application/json" });
           res.end('{"ok":true}');
+          s.answeredAt = now();
         };
         if (id.startsWith("res_")) {
           if (s.results.has(id)) s.repeats++;
