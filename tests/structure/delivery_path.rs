@@ -2,22 +2,28 @@
 //! destination's POST"): which calls a signed first delivery crosses from one file of `src/`
 //! into another, from the Worker's fetch handler to the destination's POST.
 //!
-//! Guarantees: the count is the code's. From each invocation's entry, every call written in a
-//! function's body (`name(`, `x.name(`, `Path::name(`, `name::<T>(`) that names a production
-//! function of `src/` is followed: into the caller's own file when it defines that name (a
-//! file's own business, not counted), else into each other file that defines it and that the
-//! caller's file names (its imports and paths, a parent's through `super::`; for a method, also a file
-//! whose `impl` blocks hold it for a type the caller's file names). A crossing is a pair of
-//! files, counted once in each invocation, as DESIGN.md's rule says. Only the calls in
-//! [`STOPS`] are not followed, each with its reason, and a stop that no longer matches a call
-//! fails, so the list cannot hide a layer that came back.
+//! Guarantees: the count is the code's, read by one stated rule. From each invocation's
+//! entry ([`INVOCATIONS`]), every call written in a function's body (`name(`, `x.name(`,
+//! `Path::name(`, `name::<T>(`) that names a production function of `src/` is followed:
+//! into the caller's own file when it defines that name (a file's own business, not
+//! counted); else, for `Type::name(`, into the files holding `name` in an `impl Type`; for
+//! `.name(`, into the files holding it in an `impl` of a type the caller's file mentions; for
+//! a bare `name(` the file imports, where its `use` says; for `module::name(` or another
+//! bare call, into the files the caller's file names whose module is that one. A crossing is
+//! a pair of files, counted once in each invocation, as DESIGN.md's rule says. Not followed:
+//! the files of [`OUTSIDE`] and the callees of [`LABELS`] (what the rule leaves out), and the
+//! calls of [`STOPS`], each with its reason; a stop that no longer matches a call fails, so
+//! the list cannot hide a layer that came back. DESIGN.md shows the crossings as read, and a
+//! test fails when they differ.
 //!
-//! Limits: it reads text, not types. A function passed as a value (`map(f)`), a closure's
-//! body called elsewhere, a trait object or a macro's expansion is not seen as a call; a
-//! method name defined in several files the caller names counts each (an over-count, never an
-//! under-count for what it sees). The branch a delivery takes is stated by the stops, not
-//! proven: a stop that cuts a call the delivery does make hides it, which is why each says
-//! why the delivery does not go there.
+//! Limits: it reads text, not types. A function passed as a value (`map(f)`), a trait
+//! object or a macro's expansion is not seen as a call (a closure's body is read where it is
+//! written); a method is matched by its name and the types the caller's file mentions, so a
+//! name std shares (`parse`, `is_none`) can be read as ours: such calls are stopped by name,
+//! with the reason. The branch a delivery takes is stated by the stops, not proven: a stop
+//! that cuts a call the delivery does make hides it, which is why each says why the delivery
+//! does not go there. The path ends at the destination's POST: what follows (its answer's
+//! step, the upkeep) is stopped.
 
 use std::collections::BTreeSet;
 
