@@ -15,6 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
+#[path = "structure/delivery_path.rs"]
+mod delivery_path;
+
 /// Longest file under `src/edge/`.
 const MAX_EDGE_FILE_LINES: usize = 350;
 /// Longest production function anywhere in `src/`.
@@ -904,7 +907,7 @@ fn the_parser_reads_what_the_checks_rely_on() {
 /// invocations: (caller's file, caller, callee's file, callee). Each row holds while the
 /// caller's body calls the callee by name and the callee's file defines it, so a layer put
 /// back between two of them (a wrapper, a step that only forwards) breaks its row.
-const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
+pub const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
     // The Worker's fetch.
     (
         "edge/mod.rs",
@@ -1026,8 +1029,24 @@ const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
 ];
 
 /// At most this many crossings over at most this many files (issue 37).
-const MAX_PATH_CALLS: usize = 20;
-const MAX_PATH_FILES: usize = 20;
+pub const MAX_PATH_CALLS: usize = 20;
+pub const MAX_PATH_FILES: usize = 20;
+
+/// The bodies of every production function named `name` in `code` (several `impl`s may
+/// each define one).
+fn body_of_all(code: &str, name: &str) -> Vec<String> {
+    let chars: Vec<char> = code.chars().collect();
+    let words = words(code);
+    words
+        .windows(2)
+        .filter(|w| w[0].1 == "fn" && w[1].1 == name)
+        .map(|w| {
+            let end = item_end(&chars, w[1].0);
+            chars[w[1].0..end].iter().collect::<String>()
+        })
+        .filter(|body| body.trim_end().ends_with('}'))
+        .collect()
+}
 
 /// The body of the production function `name` in `code`, if it defines one.
 fn body_of(code: &str, name: &str) -> Option<String> {
