@@ -3,7 +3,7 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariant 8, as for the job's effect): a batch's results are
 //! one key at the desk, so they wait as one while the destination is open and take one place
-//! in its queue. A step asks ([`crate::destination::protocol::DeskCommand::AskMany`]) on a
+//! in its queue. A step asks ([`crate::destination::protocol::DeskCommand::Ask`]) on a
 //! paced route, when this isolate remembers the destination open, before retrying results and
 //! while the record says they wait; the desk grants a number. A release goes without asking:
 //! as the probe, one result; on a paced route, one (the release took one token); else the

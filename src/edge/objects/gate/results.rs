@@ -19,6 +19,7 @@
 use worker::{Env, Result};
 
 use crate::config::Config;
+use crate::destination::protocol::Sent;
 use crate::operation::gate::GateLimits;
 use crate::operation::{DeskMark, Operation};
 use crate::results::item::{from_piece, ResultItem, Source};
@@ -37,7 +38,7 @@ mod marks;
 mod sends;
 
 use marks::failed_among;
-use sends::{Sent, Turn};
+use sends::Turn;
 
 /// What a step performs with.
 struct Driver<'a> {
