@@ -20,8 +20,8 @@
 //!   gate asks again ([`Desk::queue_place`]), so one throttled or refused key is not probed twice in
 //!   a row while others wait. A key that could not send (its release found
 //!   nothing to send: a results file missing, a download refused) leaves the queue, and is
-//!   not a failed probe: it asks again, on its own schedule, when it can send, and the next
-//!   key is probed at once.
+//!   not a failed probe: it asks again, on its own schedule, once it can send (its gate tries
+//!   the file first, [`crate::results::turn::reads_first`]), and the next key is probed at once.
 //! - An operator may **pause** it by hand ([`Desk::pause`], stored with who and why): every
 //!   ask and report is then answered [`DeskReply::Paused`] and its key queued in its place,
 //!   nothing is released and no probe goes until [`Desk::resume`], which drains what waited
@@ -320,18 +320,6 @@ impl Desk {
             };
         }
         let failed = failure.filter(|_| failures > 0).map(|f| (f, failures));
-        self.report_counted(key, failed, asked_wait_ms, facts, now)
-    }
-
-    /// A report of `failed`: a health failure and how many attempts it stands for, or `None`.
-    fn report_counted(
-        &mut self,
-        key: &str,
-        failed: Option<(String, u32)>,
-        asked_wait_ms: Option<i64>,
-        facts: Facts,
-        now: i64,
-    ) -> Decision {
         let decision = self.report_inner(key, failed, facts, now);
         if let Some(asked) = asked_wait_ms.filter(|_| self.is_open()) {
             let cap = self.settings.as_ref().map_or(3_600_000, |s| s.asked_max_ms);
