@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::alert_format::{AlertFormat, FORMAT_NAMES, PAGERDUTY_EVENTS_URL};
+use crate::destination::desk::PROBE_LAPSE_MS;
 use crate::destination::protocol::{DeskSettings, Pace};
 use crate::destination_label::{destination_parts, DEFAULT_DESTINATION};
 use crate::operator::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
@@ -915,6 +916,19 @@ impl Config {
         }
     }
 
+    /// How long an effect (or a batch's results) its destination's desk queued waits before
+    /// its gate asks again, should the desk be lost: `EFFECT_RETRY_MAX_SECONDS`, never less
+    /// than the desk's probe lapse ([`PROBE_LAPSE_MS`], a minute). Every release comes from
+    /// the desk's alarm, which re-arms itself, and an ask again is only told to wait in the
+    /// same place ([`crate::destination::desk::Desk::queue_place`]), so a shorter fallback
+    /// buys nothing but a desk call and a record write per waiting key each time: with every
+    /// waiting key asking every 2 s, the one desk's calls crowd out its own releases.
+    pub fn desk_fallback_ms(&self) -> i64 {
+        self.retry_max_secs
+            .saturating_mul(1_000)
+            .max(PROBE_LAPSE_MS)
+    }
+
     /// The desk settings of the destination an operator names: a route by its kind, else
     /// `default` for `EFFECT_URL` (no route may take that name); `None` for a name no
     /// destination has.
@@ -1560,6 +1574,16 @@ mod tests {
         vars.insert("EFFECT_RETRY_BASE_SECONDS", "60".into());
         vars.insert("EFFECT_RETRY_MAX_SECONDS", "30".into());
         assert_eq!(parse(&vars).unwrap_err().var, "EFFECT_RETRY_MAX_SECONDS");
+    }
+
+    #[test]
+    fn a_key_waiting_at_its_desk_asks_again_after_the_retry_cap_a_minute_at_least() {
+        let mut vars = base();
+        vars.insert("EFFECT_RETRY_BASE_SECONDS", "1".into());
+        vars.insert("EFFECT_RETRY_MAX_SECONDS", "2".into());
+        assert_eq!(parse(&vars).unwrap().desk_fallback_ms(), PROBE_LAPSE_MS);
+        vars.insert("EFFECT_RETRY_MAX_SECONDS", "3600".into());
+        assert_eq!(parse(&vars).unwrap().desk_fallback_ms(), 3_600_000);
     }
 
     #[test]

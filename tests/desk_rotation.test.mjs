@@ -1,7 +1,9 @@
-// A key its destination keeps refusing does not hold the keys behind it, even when its effect
-// asks the desk again between two probes (its fallback, EFFECT_RETRY_MAX_SECONDS, shorter than
-// the probes' backoff): the chaos run with results batches left job effects waiting minutes
-// behind the one key every probe went to. Against the built worker in workerd.
+// A key its destination keeps refusing does not hold the keys behind it: a probe that fails
+// puts its key behind every key that waited before it, and an ask again keeps that place
+// (`Desk::queue_place`, host-tested with a fallback shorter than the probes' backoff, which a
+// worker no longer has: the fallback is a minute at least). The chaos run with results
+// batches left job effects waiting minutes behind the one key every probe went to. Against the
+// built worker in workerd.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startWorker, startDestination, eventually } from "./helpers.mjs";

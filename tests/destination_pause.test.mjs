@@ -92,8 +92,8 @@ describe("a destination paused by hand", () => {
     }, { what: "every operation held by the pause", timeoutMs: 30_000, everyMs: 500 });
 
     // The hold itself (the spec): 30 s, with the cron running meanwhile (it would raise
-    // `effect_failing` for each: EFFECT_ALERT_AFTER_SECONDS is 0), and each effect's fallback
-    // (EFFECT_RETRY_MAX_SECONDS, 2 s) asking again and told to wait again.
+    // `effect_failing` for each: EFFECT_ALERT_AFTER_SECONDS is 0; each effect's fallback, a
+    // minute at least, asks again only after the hold).
     const heldFrom = Date.now();
     while (Date.now() - heldFrom < 30_000) {
       await w.scheduled();

@@ -23,6 +23,7 @@ const LIMITS: GateLimits = GateLimits {
     retry: Backoff::new(1_000, 8_000),
     unregistered_hold_ms: 0,
     confirm_interval_ms: 0,
+    desk_fallback_ms: 60_000,
 };
 
 /// `levels` nested objects as JSON text, built as text.

@@ -4,7 +4,9 @@
 // destination that fails only on results opens (one `destination_open` alert, `/v1/stats`
 // says open), is probed rather than hammered while open, and once it answers again recovers
 // (one `destination_recovered` alert) with every result answered 200 once under its one
-// `webhook-id`; a result's 429 with `Retry-After: 2` holds the next results at least 2 s.
+// `webhook-id`; a result's 429 with `Retry-After: 2` holds the next results at least 2 s; a
+// batch whose file is missing never waits in an open destination's queue: it asks for its
+// file on its own schedule and takes a turn at the desk only once it can send.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startWorker, startServer, eventually, sleep, assertEffectValid } from "./helpers.mjs";
@@ -157,6 +159,38 @@ describe("a batch's results at the destination's desk", () => {
       assert.equal(assertOneIdPerResult(results), n);
       assert.equal(distinct(results.filter((r) => r.answered === 200).map((r) => r.id)), n);
       assert.deepEqual(jobs[0].body.results, { total: n, delivered: n, errors: 0, parked: 0 });
+    } finally {
+      await t.close();
+    }
+  });
+
+  it("a batch whose file is missing takes no turn at an open destination's desk: it asks for its file on its own schedule, never queued", { timeout: 150_000 }, async () => {
+    let failing = false;
+    const t = await setup(
+      { DESTINATION_OPEN_AFTER: "1", EFFECT_RETRY_BASE_SECONDS: "1", EFFECT_RETRY_MAX_SECONDS: "120" },
+      (req, body) => (failing && !("result_key" in body) ? { status: 503, headers: { "retry-after": "120" }, body: { error: "down" } } : { status: 200 }),
+    );
+    try {
+      // The batch's file is not there: its first read (the destination healthy) answers 404.
+      const key = "batches/missing-file";
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/missing-file" }));
+      assert.equal((await t.w.register(key, "other", { results: "each" })).status, 201);
+      assert.equal((await t.w.deliver("batch.succeeded", key)).status, 200);
+      const downloads = () => gemini.downloads.filter((d) => d.name === "files/missing-file").length;
+      await eventually(() => downloads() >= 1, { what: "the file's first download, answered 404" });
+      // A job effect opens the destination, with Retry-After: 120: its next probe is two
+      // minutes away, and this isolate remembers it open.
+      failing = true;
+      assert.equal((await t.w.deliver("batch.succeeded", "batches/opens-it")).status, 200);
+      await eventually(async () => (await t.desk("EFFECT_URL:"))?.state === "open", { what: "the destination open", timeoutMs: 60_000, everyMs: 250 });
+      const from = downloads();
+      // Queued behind the probe, the batch would not ask for its file again for two minutes.
+      await eventually(() => downloads() >= from + 2, { what: "two more downloads while the destination is open", timeoutMs: 60_000, everyMs: 250 });
+      const view = await t.desk("EFFECT_URL:");
+      console.log(`# ${downloads() - from} downloads of the missing file while open; the desk: ${view.waiting} waiting, ${view.calls} calls`);
+      assert.equal(view.state, "open");
+      assert.equal(view.waiting, 1, "only the job effect waits at the desk");
+      assert.equal((await t.w.inspect(key)).body.waiting_on_destination, false);
     } finally {
       await t.close();
     }

@@ -20,8 +20,8 @@
 //!   gate asks again ([`Desk::queue_place`]), so one throttled or refused key is not probed twice in
 //!   a row while others wait. A key that could not send (its release found
 //!   nothing to send: a results file missing, a download refused) leaves the queue, and is
-//!   not a failed probe: it asks again, on its own schedule, when it can send, and the next
-//!   key is probed at once.
+//!   not a failed probe: it asks again, on its own schedule, once it can send (its gate tries
+//!   the file first, [`crate::results::turn::reads_first`]), and the next key is probed at once.
 //! - An operator may **pause** it by hand ([`Desk::pause`], stored with who and why): every
 //!   ask and report is then answered [`DeskReply::Paused`] and its key queued in its place,
 //!   nothing is released and no probe goes until [`Desk::resume`], which drains what waited
@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::alert_line::{hashed_id, text};
-use crate::destination::protocol::{DeskReply, DeskSettings, DeskView, Pace, PauseNote};
+use crate::destination::protocol::{DeskReply, DeskSettings, DeskView, Pace, PauseNote, Sent};
 use crate::destination_label::destination_parts;
 use crate::retry::Backoff;
 
@@ -188,23 +188,12 @@ impl Desk {
         Some(next.max(now))
     }
 
-    /// An effect asks to be attempted: it waits while the destination is open or others wait
-    /// before it, and on a paced route until a token and a slot are free (a batch's ask for
-    /// one, its token due now).
-    pub fn ask(&mut self, facts: Facts, now: i64) -> Decision {
-        let mut decision = self.ask_many(1, facts, now);
-        if let DeskReply::Granted { .. } = decision.reply {
-            decision.reply = DeskReply::Go;
-        }
-        decision
-    }
-
-    /// A batch asks for up to `wanted` of its results at once: they wait as one key (queued
-    /// like an effect) while the destination is open or others wait before it; an unpaced
-    /// route lets them all go; a paced one as many as its slots allow and its tokens within
-    /// [`PACED_SPREAD_MS`] (a slot each, each result sent when its token is due), and the
-    /// batch waits its turn when none is free now.
-    pub fn ask_many(&mut self, wanted: u32, facts: Facts, now: i64) -> Decision {
+    /// A key asks for `n` attempts (a job's effect for one, a batch's step for its
+    /// results): they wait as one key (queued, soonest owed first) while the destination is
+    /// open or others wait before it; an unpaced route lets them all go; a paced one as many as
+    /// its slots allow and its tokens within [`PACED_SPREAD_MS`] (a slot each, each attempt
+    /// made when its token is due), and the key waits its turn when none is free now.
+    pub fn ask(&mut self, n: u32, facts: Facts, now: i64) -> Decision {
         if self.paused.is_some() {
             return Self::hold();
         }
@@ -214,15 +203,15 @@ impl Desk {
         let pace = self.pace();
         if !pace.limits() {
             return Decision::reply(DeskReply::Granted {
-                n: wanted.max(1),
+                n: n.max(1),
                 after_ms: Vec::new(),
             });
         }
         let mut after_ms = Vec::new();
-        let in_flight = |n: usize| facts.in_flight + n as u64;
+        let in_flight = |taken: usize| facts.in_flight + taken as u64;
         // The first token must be due now: a batch ahead of its turn waits in the queue.
         let mut by = now;
-        while after_ms.len() < wanted as usize {
+        while after_ms.len() < n as usize {
             let Some(at) = self.take_token_by(pace, in_flight(after_ms.len()), now, by) else {
                 break;
             };
@@ -231,9 +220,12 @@ impl Desk {
         }
         match after_ms.len() as u32 {
             0 => self.wait(now),
-            n => Decision {
-                slots: n,
-                ..Decision::reply(DeskReply::Granted { n, after_ms })
+            granted => Decision {
+                slots: granted,
+                ..Decision::reply(DeskReply::Granted {
+                    n: granted,
+                    after_ms,
+                })
             },
         }
     }
@@ -276,41 +268,24 @@ impl Desk {
         self.settings.as_ref().map_or(600_000, |s| s.slot_ttl_ms)
     }
 
-    /// An attempt ended: `failure` is a health failure in a few words, `None` an answer that
-    /// says the destination is up. Its slot (if any) is freed by the edge. An answer that asked
-    /// for a wait (`asked_wait_ms`, from `Retry-After`) holds the next probe, once open, no
-    /// sooner than that (up to [`DeskSettings::asked_max_ms`]).
-    pub fn report(
-        &mut self,
-        key: &str,
-        failure: Option<String>,
-        asked_wait_ms: Option<i64>,
-        facts: Facts,
-        now: i64,
-    ) -> Decision {
-        let failed = failure.map(|f| (f, 1));
-        self.report_counted(key, failed, asked_wait_ms, facts, now)
-    }
-
-    /// A chunk of a batch's results ended: `sent` attempts went at once and came back in no
-    /// order, so "in a row" is read as "all of them". When every one was a health failure,
-    /// each counts (a chunk that fails whole opens the destination); when none was, it is a
-    /// success; a chunk of both says neither (its failures back off on their own, and a run
-    /// of failures the job's effects built stands). A chunk that sent nothing could not send (a
-    /// results file missing, a download refused): it says nothing of health and leaves the
-    /// queue until it can (it asks again then); a probe that sent nothing is not a failed one,
-    /// and the next key is probed at once.
-    #[allow(clippy::too_many_arguments)]
-    pub fn report_many(
-        &mut self,
-        key: &str,
-        sent: u32,
-        failures: u32,
-        failure: Option<String>,
-        asked_wait_ms: Option<i64>,
-        facts: Facts,
-        now: i64,
-    ) -> Decision {
+    /// The attempts the desk let go for `key` ended ([`Sent`]: one, a job's effect; a
+    /// step's, a batch's results, sent at once and back in no order, so "in a row" is read as
+    /// "all of them"). Its slots (if any) are freed by the edge. When every one was a health
+    /// failure, each counts (a chunk that fails whole opens the destination); when none was,
+    /// it is a success; a chunk of both says neither (its failures back off on their own, and
+    /// a run of failures the job's effects built stands). None sent: it could not send (a
+    /// results file missing, a download refused), says nothing of health and leaves the queue
+    /// until it can (it asks again then); a probe that sent nothing is not a failed one, and
+    /// the next key is probed at once. An answer that asked for a wait (`asked_wait_ms`, from
+    /// `Retry-After`) holds the next probe, once open, no sooner than that (up to
+    /// [`DeskSettings::asked_max_ms`]).
+    pub fn report(&mut self, key: &str, sent: Sent, facts: Facts, now: i64) -> Decision {
+        let Sent {
+            sent,
+            failures,
+            failure,
+            asked_wait_ms,
+        } = sent;
         let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
         if sent == 0 {
             // It could not send: it leaves the queue until it can (it asks again then), and
@@ -345,21 +320,6 @@ impl Desk {
             };
         }
         let failed = failure.filter(|_| failures > 0).map(|f| (f, failures));
-        self.report_counted(key, failed, asked_wait_ms, facts, now)
-    }
-
-    /// A report of `failed`: a health failure and how many attempts it stands for, or `None`.
-    fn report_counted(
-        &mut self,
-        key: &str,
-        failed: Option<(String, u32)>,
-        asked_wait_ms: Option<i64>,
-        facts: Facts,
-        now: i64,
-    ) -> Decision {
-        if self.paused.is_some() {
-            return self.held_report(key);
-        }
         let decision = self.report_inner(key, failed, facts, now);
         if let Some(asked) = asked_wait_ms.filter(|_| self.is_open()) {
             let cap = self.settings.as_ref().map_or(3_600_000, |s| s.asked_max_ms);

@@ -63,43 +63,23 @@ fn default_asked_max_ms() -> i64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum DeskCommand {
-    /// May the effect of `key` (owed since `due_ms`) be attempted now? Asked before a retry,
-    /// and before every attempt on a paced route.
+    /// May `n` attempts for `key` (owed since `due_ms`) go now? A job's effect asks for one,
+    /// a batch's step for its results. Asked before a retry, and before every attempt on a
+    /// paced route.
     Ask {
         key: String,
         due_ms: i64,
+        n: u32,
         settings: DeskSettings,
     },
-    /// How an attempt ended: after a failure that says something about the destination's
-    /// health, and after every attempt the desk let go (asked, probed or released).
+    /// How the attempts the desk let go (asked, probed or released) ended: after a failure
+    /// that says something about the destination's health, and after every attempt the desk
+    /// let go.
     Report {
         key: String,
         due_ms: i64,
-        /// The failure, in a few words; `None`: the destination answered (not a health failure).
-        failure: Option<String>,
-        /// The wait the destination asked for (a 429 or 503's `Retry-After`), in ms.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        asked_wait_ms: Option<i64>,
-        settings: DeskSettings,
-    },
-    /// May up to `wanted` of a batch's results (the batch's `key`) be attempted now? One call
-    /// for a chunk of results, where an effect asks once for itself.
-    AskMany {
-        key: String,
-        due_ms: i64,
-        wanted: u32,
-        settings: DeskSettings,
-    },
-    /// How a chunk of a batch's results ended: `sent` attempts at once, `failures` of them
-    /// health failures (`failure`, the last in a few words); the longest wait one asked for.
-    ReportMany {
-        key: String,
-        due_ms: i64,
-        sent: u32,
-        failures: u32,
-        failure: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        asked_wait_ms: Option<i64>,
+        #[serde(flatten)]
+        sent: Sent,
         settings: DeskSettings,
     },
     /// The desk's state, for `/v1/stats`.
@@ -132,9 +112,7 @@ impl DeskCommand {
     pub fn settings(&self) -> &DeskSettings {
         match self {
             DeskCommand::Ask { settings, .. }
-            | DeskCommand::AskMany { settings, .. }
             | DeskCommand::Report { settings, .. }
-            | DeskCommand::ReportMany { settings, .. }
             | DeskCommand::Status { settings }
             | DeskCommand::Check { settings }
             | DeskCommand::Pause { settings, .. }
@@ -147,11 +125,9 @@ impl DeskCommand {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum DeskReply {
-    /// Attempt now (on a paced route, a slot is taken until the report).
-    Go,
-    /// Attempt this many of the results asked for (at least one; on a paced route, a slot
-    /// each is taken until the chunk's report), the `i`th no sooner than `after_ms[i]` from
-    /// now (none given: all at once).
+    /// Attempt this many of those asked for (at least one; on a paced route, a slot each is
+    /// taken until the report), the `i`th no sooner than `after_ms[i]` from now (none given:
+    /// all at once).
     Granted {
         n: u32,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -174,6 +150,35 @@ pub enum DeskReply {
     /// A pause or resume: whether it changed the desk (a dry run changes nothing), and the
     /// desk as it now stands (its `waiting`: what the pause holds, or the resume releases).
     PauseSet { changed: bool, view: DeskView },
+}
+
+/// How the attempts one report stands for ended: one for a job's effect, a step's for a
+/// batch's results (sent at once, back in no order).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sent {
+    /// Attempts that went (0: it could not send, a results file missing, a download refused).
+    pub sent: u32,
+    /// Health failures among them ([`health_failure`]), the last in a few words.
+    pub failures: u32,
+    pub failure: Option<String>,
+    /// The longest wait the destination asked for (a 429 or 503's `Retry-After`), in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked_wait_ms: Option<i64>,
+}
+
+impl Sent {
+    /// How the answers `answers` (at `now`) went.
+    pub fn of<'a>(answers: impl IntoIterator<Item = &'a PeerAnswer>, now: i64) -> Sent {
+        answers.into_iter().fold(Sent::default(), |mut s, a| {
+            s.sent += 1;
+            if health_failure(a) {
+                s.failures += 1;
+                s.failure = Some(a.summary());
+            }
+            s.asked_wait_ms = s.asked_wait_ms.max(a.asked_wait_ms(now));
+            s
+        })
+    }
 }
 
 /// A destination's health as `/v1/stats` shows it.
@@ -249,10 +254,9 @@ impl DeskReply {
             DeskReply::Wait | DeskReply::Paused | DeskReply::Checked { ask: true } => {
                 Remember::OpenUntil(now + OPEN_MEMORY_MS)
             }
-            DeskReply::Go
-            | DeskReply::Granted { .. }
-            | DeskReply::Noted
-            | DeskReply::Checked { ask: false } => Remember::ClearUntil(now + CLEAR_MEMORY_MS),
+            DeskReply::Granted { .. } | DeskReply::Noted | DeskReply::Checked { ask: false } => {
+                Remember::ClearUntil(now + CLEAR_MEMORY_MS)
+            }
             DeskReply::OwnSchedule | DeskReply::View(_) | DeskReply::PauseSet { .. } => {
                 Remember::Keep
             }
@@ -289,7 +293,11 @@ mod tests {
             Remember::OpenUntil(100 + OPEN_MEMORY_MS)
         );
         let clear = Remember::ClearUntil(100 + CLEAR_MEMORY_MS);
-        assert_eq!(DeskReply::Go.remembered(100), clear);
+        let go = DeskReply::Granted {
+            n: 1,
+            after_ms: Vec::new(),
+        };
+        assert_eq!(go.remembered(100), clear);
         assert_eq!(DeskReply::Noted.remembered(100), clear);
         assert_eq!(DeskReply::Checked { ask: false }.remembered(100), clear);
         assert_eq!(DeskReply::OwnSchedule.remembered(100), Remember::Keep);
@@ -341,5 +349,46 @@ mod tests {
         let v = serde_json::to_value(&c).unwrap();
         assert_eq!(v["command"], "status");
         assert_eq!(serde_json::from_value::<DeskCommand>(v).unwrap(), c);
+        // One report each way, its attempts' counts beside the key.
+        let report = DeskCommand::Report {
+            key: "batches/b".into(),
+            due_ms: 5,
+            sent: Sent {
+                sent: 40,
+                failures: 2,
+                failure: Some("503: down".into()),
+                asked_wait_ms: Some(4_000),
+            },
+            settings: c.settings().clone(),
+        };
+        let v = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            (&v["command"], &v["sent"], &v["failures"]),
+            (&"report".into(), &40.into(), &2.into())
+        );
+        assert_eq!(serde_json::from_value::<DeskCommand>(v).unwrap(), report);
+    }
+
+    #[test]
+    fn a_report_counts_what_went_its_health_failures_the_last_of_them_and_the_longest_wait() {
+        let http = |status, retry_after: Option<&str>| PeerAnswer::Http {
+            status,
+            body: String::new(),
+            retry_after: retry_after.map(Into::into),
+        };
+        let answers = [
+            http(429, Some("4")),
+            http(200, None),
+            http(503, Some("9")),
+            http(400, None),
+        ];
+        let sent = Sent::of(&answers, 0);
+        assert_eq!((sent.sent, sent.failures), (4, 2));
+        assert_eq!(sent.failure.as_deref(), Some("503: "));
+        assert_eq!(sent.asked_wait_ms, Some(9_000));
+        // A job's effect: one attempt.
+        assert_eq!(Sent::of([&PeerAnswer::Timeout], 0).failures, 1);
+        assert_eq!(Sent::of([&http(200, None)], 0).failure, None);
+        assert_eq!(Sent::of([], 0), Sent::default());
     }
 }

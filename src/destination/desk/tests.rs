@@ -35,15 +35,47 @@ fn paced(per_second: u32, concurrency: Option<u32>) -> Pace {
     }
 }
 
+/// What one attempt (a job's effect) reports: a health failure, and the wait it asked for.
+fn one(failure: Option<String>, asked_wait_ms: Option<i64>) -> Sent {
+    chunk(1, u32::from(failure.is_some()), failure, asked_wait_ms)
+}
+
+/// What a step of a batch's results reports: `sent` attempts, `failures` of them health
+/// failures (the last `failure`), the longest wait asked for.
+fn chunk(sent: u32, failures: u32, failure: Option<String>, asked_wait_ms: Option<i64>) -> Sent {
+    Sent {
+        sent,
+        failures,
+        failure,
+        asked_wait_ms,
+    }
+}
+
+/// A grant of one attempt, all at once: what a job's effect's ask is answered when it may go.
+fn go() -> DeskReply {
+    DeskReply::Granted {
+        n: 1,
+        after_ms: Vec::new(),
+    }
+}
+
+/// A paced route's grant of one attempt, its token due now.
+fn go_paced() -> DeskReply {
+    DeskReply::Granted {
+        n: 1,
+        after_ms: vec![0],
+    }
+}
+
 fn fail(d: &mut Desk, key: &str, now: i64) -> Decision {
-    d.report(key, Some("503".into()), None, facts(0, 0), now)
+    d.report(key, one(Some("503".into()), None), facts(0, 0), now)
 }
 
 #[test]
 fn a_healthy_unpaced_destination_lets_a_retry_go() {
     let mut d = desk(Pace::default());
-    assert_eq!(d.ask(facts(0, 0), 0).reply, DeskReply::Go);
-    assert_eq!(d.ask(facts(0, 0), 0).slots, 0);
+    assert_eq!(d.ask(1, facts(0, 0), 0).reply, go());
+    assert_eq!(d.ask(1, facts(0, 0), 0).slots, 0);
 }
 
 #[test]
@@ -78,7 +110,7 @@ fn a_success_between_failures_resets_the_count() {
     let mut d = desk(Pace::default());
     fail(&mut d, "a", 0);
     fail(&mut d, "b", 1);
-    d.report("x", None, None, facts(0, 0), 2);
+    d.report("x", one(None, None), facts(0, 0), 2);
     assert_eq!(fail(&mut d, "c", 3).reply, DeskReply::OwnSchedule);
 }
 
@@ -94,7 +126,7 @@ fn opened() -> Desk {
 #[test]
 fn while_open_an_ask_waits() {
     let mut d = opened();
-    let ask = d.ask(facts(3, 0), 10);
+    let ask = d.ask(1, facts(3, 0), 10);
     assert_eq!(ask.reply, DeskReply::Wait);
     assert!(ask.enqueue);
 }
@@ -143,7 +175,7 @@ fn a_probe_success_closes_it_alerts_recovery_and_starts_the_drain() {
     let at = 2 + PROBE_FIRST_MS;
     d.wake(facts(60, 0), at);
     d.released("a", true, at);
-    let ok = d.report("a", None, None, facts(59, 0), at + 10_000);
+    let ok = d.report("a", one(None, None), facts(59, 0), at + 10_000);
     assert_eq!(ok.reply, DeskReply::Noted);
     assert_eq!(ok.alarm_at_ms, Some(at + 10_000));
     assert!(!d.is_open());
@@ -161,16 +193,16 @@ fn a_probe_success_closes_it_alerts_recovery_and_starts_the_drain() {
 #[test]
 fn while_draining_a_new_ask_queues_behind_the_waiting() {
     let mut d = desk(Pace::default());
-    assert_eq!(d.ask(facts(4, 0), 0).reply, DeskReply::Wait);
+    assert_eq!(d.ask(1, facts(4, 0), 0).reply, DeskReply::Wait);
 }
 
 #[test]
 fn a_paced_route_lets_one_go_per_interval_and_queues_the_rest() {
     let mut d = desk(paced(5, None));
-    let first = d.ask(facts(0, 0), 1_000);
-    assert_eq!(first.reply, DeskReply::Go);
+    let first = d.ask(1, facts(0, 0), 1_000);
+    assert_eq!(first.reply, go_paced());
     assert_eq!(first.slots, 1);
-    let second = d.ask(facts(0, 1), 1_050);
+    let second = d.ask(1, facts(0, 1), 1_050);
     assert_eq!(second.reply, DeskReply::Wait);
     assert_eq!(second.alarm_at_ms, Some(1_200));
     assert_eq!(d.wake(facts(1, 1), 1_199), Wake::Idle);
@@ -202,12 +234,12 @@ fn concurrency_holds_releases_until_a_slot_frees() {
         per_second: None,
         concurrency: Some(2),
     });
-    assert_eq!(d.ask(facts(0, 0), 0).reply, DeskReply::Go);
-    assert_eq!(d.ask(facts(0, 1), 0).reply, DeskReply::Go);
-    assert_eq!(d.ask(facts(0, 2), 0).reply, DeskReply::Wait);
+    assert_eq!(d.ask(1, facts(0, 0), 0).reply, go_paced());
+    assert_eq!(d.ask(1, facts(0, 1), 0).reply, go_paced());
+    assert_eq!(d.ask(1, facts(0, 2), 0).reply, DeskReply::Wait);
     assert_eq!(d.wake(facts(1, 2), 5), Wake::Idle);
     assert_eq!(d.next_alarm_ms(facts(1, 2), 5), Some(5 + 30_000));
-    let done = d.report("a", None, None, facts(1, 1), 6);
+    let done = d.report("a", one(None, None), facts(1, 1), 6);
     assert_eq!(done.alarm_at_ms, Some(6));
     assert_eq!(d.wake(facts(1, 1), 6), Wake::Drain(1));
 }
@@ -293,8 +325,7 @@ fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
     for i in 0..60 {
         if d.report(
             &format!("k{i}"),
-            Some("503".into()),
-            None,
+            one(Some("503".into()), None),
             facts(waiting, 0),
             i,
         )
@@ -311,7 +342,9 @@ fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
             if now >= sent + 50 {
                 probe_out = None;
                 let failure = (sent < up_at).then(|| "503".to_string());
-                if d.report("p", failure, None, facts(waiting, 0), now).enqueue {
+                if d.report("p", one(failure, None), facts(waiting, 0), now)
+                    .enqueue
+                {
                     waiting += 1;
                 }
             }
@@ -343,7 +376,7 @@ fn sixty_effects_down_thirty_seconds_drain_within_twenty_seconds_of_recovery() {
 }
 
 fn fail_asking(d: &mut Desk, key: &str, asked: i64, now: i64) -> Decision {
-    d.report(key, Some("429".into()), Some(asked), facts(0, 0), now)
+    d.report(key, one(Some("429".into()), Some(asked)), facts(0, 0), now)
 }
 
 #[test]
@@ -450,13 +483,13 @@ fn spaced(reply: &DeskReply, now: i64) -> Vec<i64> {
 #[test]
 fn a_batchs_chunk_goes_whole_to_an_unpaced_route_and_spaced_at_the_pace_to_a_paced_one() {
     let mut d = desk(Pace::default());
-    let go = d.ask_many(40, facts(0, 0), 0);
+    let go = d.ask(40, facts(0, 0), 0);
     assert_eq!(spaced(&go.reply, 0), vec![0; 40], "all at once");
     assert_eq!(go.slots, 0, "an unpaced route keeps no slots");
     // 50 a second bursts 5: the 5 tokens there are at once, then one every 20 ms, the whole
     // chunk within PACED_SPREAD_MS, a slot each.
     let mut d = desk(paced(50, None));
-    let go = d.ask_many(40, facts(0, 0), 1_000);
+    let go = d.ask(40, facts(0, 0), 1_000);
     let times = spaced(&go.reply, 1_000);
     assert_eq!(times.len(), 40);
     assert_eq!(go.slots, 40);
@@ -464,16 +497,16 @@ fn a_batchs_chunk_goes_whole_to_an_unpaced_route_and_spaced_at_the_pace_to_a_pac
     assert_eq!(times[39], 1_000 + 35 * 20);
     // Taken ahead, the tokens hold the rest back: the next batch waits its turn as one key,
     // and so does an effect.
-    let wait = d.ask_many(40, facts(0, 40), 1_001);
+    let wait = d.ask(40, facts(0, 40), 1_001);
     assert_eq!(wait.reply, DeskReply::Wait);
     assert!(wait.enqueue);
-    assert_eq!(d.ask(facts(0, 0), 1_100).reply, DeskReply::Wait);
+    assert_eq!(d.ask(1, facts(0, 0), 1_100).reply, DeskReply::Wait);
     // 10 a second: 40 results over 4 s, never more than 11 in any second.
     let mut d = desk(paced(10, None));
     let mut sent = Vec::new();
     let mut now = 0;
     while sent.len() < 120 {
-        let ask = d.ask_many(40, facts(0, 0), now);
+        let ask = d.ask(40, facts(0, 0), now);
         if ask.reply != DeskReply::Wait {
             sent.extend(spaced(&ask.reply, now));
         }
@@ -495,23 +528,23 @@ fn a_batchs_chunk_goes_whole_to_an_unpaced_route_and_spaced_at_the_pace_to_a_pac
         per_second: None,
         concurrency: Some(3),
     });
-    let go = d.ask_many(40, facts(0, 1), 0);
+    let go = d.ask(40, facts(0, 1), 0);
     assert_eq!(spaced(&go.reply, 0), vec![0, 0]);
 }
 
 #[test]
 fn a_batchs_chunk_waits_while_the_destination_is_open_or_others_wait() {
     let mut d = opened();
-    assert!(d.ask_many(40, facts(0, 0), 10).enqueue);
+    assert!(d.ask(40, facts(0, 0), 10).enqueue);
     let mut d = desk(Pace::default());
-    assert_eq!(d.ask_many(40, facts(2, 0), 10).reply, DeskReply::Wait);
+    assert_eq!(d.ask(40, facts(2, 0), 10).reply, DeskReply::Wait);
 }
 
 #[test]
 fn a_chunk_that_fails_whole_opens_the_destination_and_a_mixed_one_says_neither() {
     let mut d = desk(Pace::default());
     fail(&mut d, "job", 0);
-    let mixed = d.report_many("b", 40, 39, Some("503".into()), None, facts(0, 0), 0);
+    let mixed = d.report("b", chunk(40, 39, Some("503".into()), None), facts(0, 0), 0);
     assert_eq!(
         mixed.reply,
         DeskReply::OwnSchedule,
@@ -519,10 +552,10 @@ fn a_chunk_that_fails_whole_opens_the_destination_and_a_mixed_one_says_neither()
     );
     assert_eq!(d.failures_in_row, 1, "the job's run of failures stands");
     assert!(!d.is_open());
-    let ok = d.report_many("b", 40, 0, None, None, facts(0, 0), 0);
+    let ok = d.report("b", chunk(40, 0, None, None), facts(0, 0), 0);
     assert_eq!(ok.reply, DeskReply::Noted);
     assert_eq!(d.failures_in_row, 0, "a chunk of answers ends the run");
-    let whole = d.report_many("b", 40, 40, Some("503".into()), None, facts(0, 0), 1);
+    let whole = d.report("b", chunk(40, 40, Some("503".into()), None), facts(0, 0), 1);
     assert_eq!(whole.reply, DeskReply::Wait);
     assert!(whole.enqueue, "the batch waits for its release");
     assert!(d.is_open());
@@ -530,7 +563,7 @@ fn a_chunk_that_fails_whole_opens_the_destination_and_a_mixed_one_says_neither()
     assert_eq!(d.alerts.len(), 1);
     // Two failures out of two (below the threshold of three) keep their own schedule.
     let mut d = desk(Pace::default());
-    let two = d.report_many("b", 2, 2, Some("503".into()), None, facts(0, 0), 0);
+    let two = d.report("b", chunk(2, 2, Some("503".into()), None), facts(0, 0), 0);
     assert_eq!(two.reply, DeskReply::OwnSchedule);
 }
 
@@ -540,7 +573,7 @@ fn a_batch_released_as_the_probe_closes_the_destination_with_one_answer() {
     let at = 2 + PROBE_FIRST_MS;
     assert_eq!(d.wake(facts(1, 0), at), Wake::Probe);
     d.released("b", true, at);
-    let ok = d.report_many("b", 1, 0, None, None, facts(0, 0), at + 10);
+    let ok = d.report("b", chunk(1, 0, None, None), facts(0, 0), at + 10);
     assert_eq!(ok.reply, DeskReply::Noted);
     assert!(!d.is_open());
     assert!(d.probe.is_none());
@@ -552,12 +585,12 @@ fn a_chunk_that_sent_nothing_frees_its_slots_and_says_nothing_of_health() {
     let at = 2 + PROBE_FIRST_MS;
     assert_eq!(d.wake(facts(1, 0), at), Wake::Probe);
     d.released("b", true, at);
-    let none = d.report_many("b", 0, 0, None, None, facts(0, 0), at + 10);
+    let none = d.report("b", chunk(0, 0, None, None), facts(0, 0), at + 10);
     assert!(d.is_open(), "an empty chunk does not close it");
     assert!(!none.enqueue, "it leaves the queue until it can send");
     assert!(d.probe.is_none(), "the probe is over, not failed");
     let mut d = desk(paced(5, None));
-    let empty = d.report_many("b", 0, 0, None, None, facts(1, 0), 10);
+    let empty = d.report("b", chunk(0, 0, None, None), facts(1, 0), 10);
     assert_eq!(empty.reply, DeskReply::OwnSchedule);
     assert_eq!(
         empty.alarm_at_ms,
@@ -581,12 +614,12 @@ fn a_pause_holds_every_ask_and_report_in_its_place_and_releases_nothing() {
     assert_eq!(d.paused.as_ref().unwrap().reason, "planned outage");
     // A first attempt's check must ask; its ask is queued, with no alarm to release it.
     assert_eq!(d.check(), DeskReply::Checked { ask: true });
-    let ask = d.ask(facts(0, 0), 300);
+    let ask = d.ask(1, facts(0, 0), 300);
     assert_eq!(ask.reply, DeskReply::Paused);
     assert!(ask.enqueue);
     assert_eq!(ask.queue_at_ms, None, "in its place: when it became owed");
     assert_eq!(ask.alarm_at_ms, None);
-    let chunk = d.ask_many(40, facts(1, 0), 301);
+    let chunk = d.ask(40, facts(1, 0), 301);
     assert_eq!(chunk.reply, DeskReply::Paused);
     assert!(chunk.enqueue);
     // Nothing is released however long it holds, and the alarm is not set for releases.
@@ -608,7 +641,7 @@ fn a_pause_is_not_health_it_never_opens_closes_nor_alerts() {
         assert_eq!(r.reply, DeskReply::Paused);
         assert!(r.enqueue, "the failed attempt waits for the resume");
     }
-    let whole = d.report_many("b", 40, 40, Some("503".into()), None, facts(5, 0), 9);
+    let whole = d.report("b", chunk(40, 40, Some("503".into()), None), facts(5, 0), 9);
     assert_eq!(whole.reply, DeskReply::Paused);
     assert!(!d.is_open());
     assert_eq!(d.failures_in_row, 0);
@@ -616,7 +649,7 @@ fn a_pause_is_not_health_it_never_opens_closes_nor_alerts() {
     // A success says nothing either: an open desk stays open through a pause.
     let mut d = opened();
     d.pause(by(), "planned outage".into(), 10);
-    let ok = d.report("a", None, None, facts(3, 0), 11);
+    let ok = d.report("a", one(None, None), facts(3, 0), 11);
     assert_eq!(ok.reply, DeskReply::Paused);
     assert!(d.is_open());
     assert!(d.alerts.is_empty());
@@ -626,7 +659,7 @@ fn a_pause_is_not_health_it_never_opens_closes_nor_alerts() {
 fn a_resume_drains_what_waited_soonest_first_and_an_open_desk_probes_again() {
     let mut d = desk(Pace::default());
     d.pause(by(), "planned outage".into(), 0);
-    d.ask(facts(0, 0), 1);
+    d.ask(1, facts(0, 0), 1);
     assert!(d.resume());
     assert!(!d.resume(), "resuming twice changes nothing");
     assert_eq!(d.check(), DeskReply::Checked { ask: false });
@@ -700,8 +733,13 @@ fn a_probe_rotates_so_four_throttled_keys_do_not_hold_ten_good_ones() {
             let key = q.soonest();
             d.released(&key, true, now);
             let report = match throttled(&key) {
-                true => d.report(&key, Some("429".into()), Some(4_000), q.facts(), now + 50),
-                false => d.report(&key, None, None, q.facts(), now + 50),
+                true => d.report(
+                    &key,
+                    one(Some("429".into()), Some(4_000)),
+                    q.facts(),
+                    now + 50,
+                ),
+                false => d.report(&key, one(None, None), q.facts(), now + 50),
             };
             // The gate reports the time its effect became owed (long before now).
             let owed_ms = owed[&key];
@@ -734,7 +772,12 @@ fn a_throttled_key_goes_behind_every_key_that_waited_before_it() {
     let at = 2 + PROBE_FIRST_MS;
     assert_eq!(d.wake(facts(3, 0), at), Wake::Probe);
     d.released("a", true, at);
-    let failed = d.report("a", Some("429".into()), Some(4_000), facts(2, 0), at + 10);
+    let failed = d.report(
+        "a",
+        one(Some("429".into()), Some(4_000)),
+        facts(2, 0),
+        at + 10,
+    );
     assert!(failed.enqueue);
     assert_eq!(
         failed.queue_at_ms,
@@ -749,12 +792,9 @@ fn a_throttled_key_goes_behind_every_key_that_waited_before_it() {
     // A probe whose chunk was mixed goes behind too, and the probe is over.
     assert_eq!(d.wake(facts(3, 0), d.next_probe_ms), Wake::Probe);
     d.released("c", true, d.next_probe_ms);
-    let mixed = d.report_many(
+    let mixed = d.report(
         "c",
-        4,
-        2,
-        Some("429".into()),
-        None,
+        chunk(4, 2, Some("429".into()), None),
         facts(2, 0),
         d.next_probe_ms,
     );
@@ -771,7 +811,7 @@ fn a_key_that_cannot_send_leaves_the_queue_and_the_next_is_probed_at_once() {
     d.released("batch", true, at);
     let wait_before = d.probe_wait_ms;
     // Its release found nothing to send (its results file missing, a download refused).
-    let none = d.report_many("batch", 0, 0, None, None, facts(2, 0), at + 10);
+    let none = d.report("batch", chunk(0, 0, None, None), facts(2, 0), at + 10);
     assert_eq!(
         none.reply,
         DeskReply::OwnSchedule,
@@ -792,15 +832,18 @@ fn a_key_that_cannot_send_leaves_the_queue_and_the_next_is_probed_at_once() {
     // Keys that cannot send do not keep a recovered destination open: each leaves, and the
     // first key that can send closes it.
     d.released("batch-2", true, at + 10);
-    d.report_many("batch-2", 0, 0, None, None, facts(1, 0), at + 20);
+    d.report("batch-2", chunk(0, 0, None, None), facts(1, 0), at + 20);
     assert_eq!(d.wake(facts(1, 0), at + 20), Wake::Probe);
     d.released("effect", true, at + 20);
-    d.report("effect", None, None, facts(0, 0), at + 30);
+    d.report("effect", one(None, None), facts(0, 0), at + 30);
     assert!(!d.is_open());
     // Paused, a key that cannot send leaves the queue too (it asks again when it can).
     let mut d = desk(Pace::default());
     d.pause(by(), "x".into(), 0);
-    assert!(!d.report_many("b", 0, 0, None, None, facts(0, 0), 1).enqueue);
+    assert!(
+        !d.report("b", chunk(0, 0, None, None), facts(0, 0), 1)
+            .enqueue
+    );
 }
 
 #[test]
@@ -822,7 +865,7 @@ fn a_key_keeps_its_place_behind_when_its_gate_asks_again() {
     assert_eq!(d.queue_place("k", Some(500), 10, &ask, 600), Some(500));
     // Released (out of the queue), it asks again: back in at when it became owed.
     assert_eq!(d.queue_place("k", None, 10, &ask, 700), Some(10));
-    let go = Decision::reply(DeskReply::Go);
+    let go = Decision::reply(go());
     assert_eq!(d.queue_place("k", Some(10), 10, &go, 700), None);
     // Out as the probe, its ask (its release and its fallback crossed) goes behind: the
     // probe's report says how it went.
@@ -848,13 +891,13 @@ fn a_key_that_keeps_failing_is_not_probed_again_while_its_gate_asks_between_prob
             let key = q.soonest();
             d.released(&key, true, now);
             let report = match key.as_str() {
-                "k-0" => d.report(&key, Some("timeout".into()), None, q.facts(), now + 50),
-                _ => d.report(&key, None, None, q.facts(), now + 50),
+                "k-0" => d.report(&key, one(Some("timeout".into()), None), q.facts(), now + 50),
+                _ => d.report(&key, one(None, None), q.facts(), now + 50),
             };
             q.apply(&d, &key, owed[&key], &report, now + 50);
             probes.push(key.clone());
             // Its gate's fallback asks again before the next probe.
-            let ask = d.ask(q.facts(), now + 100);
+            let ask = d.ask(1, q.facts(), now + 100);
             if key == "k-0" {
                 q.apply(&d, &key, owed[&key], &ask, now + 100);
             }

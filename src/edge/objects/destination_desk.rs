@@ -6,8 +6,8 @@
 //! restart); `waiting(key PRIMARY
 //! KEY, due_ms)`, indexed by `(due_ms, key)`, the effects waiting for their release (so ten
 //! thousand of them cost one row each, and the soonest are read first by the index);
-//! `slots(key PRIMARY KEY, expires_ms)` a paced route's attempts in flight (an effect's under
-//! its key, a batch's chunk's one a result, `{key}#{i}`, all freed by the chunk's report);
+//! `slots(key PRIMARY KEY, expires_ms)` a paced route's attempts in flight (those an ask
+//! was granted, `{key}#{i}`, a drained key's under its key, all freed by its report);
 //! `misses(key PRIMARY KEY, n)` how many probes in a row could not reach a key's gate.
 //!
 //! Guarantees: every command is read-decide-write with no await in between; a key keeps its
@@ -123,55 +123,28 @@ impl DestinationDesk {
             return Ok((desk.check(), None));
         }
         desk.settings = Some(command.settings().clone());
-        // A report frees the slot its attempt held (a batch's chunk, one a result: `{key}#{i}`).
-        match &command {
-            DeskCommand::Report { key, .. } => self.forget("slots", key)?,
-            DeskCommand::ReportMany { key, .. } => {
-                self.forget("slots", key)?;
-                self.exec(
-                    "DELETE FROM slots WHERE key >= ? AND key < ?",
-                    vec![format!("{key}#").into(), format!("{key}$").into()],
-                )?;
-            }
-            _ => {}
+        // A report frees the slots its attempts held (`{key}#{i}`, and a drained key's own).
+        if let DeskCommand::Report { key, .. } = &command {
+            self.forget("slots", key)?;
+            self.exec(
+                "DELETE FROM slots WHERE key >= ? AND key < ?",
+                vec![format!("{key}#").into(), format!("{key}$").into()],
+            )?;
         }
         let facts = self.facts(now)?;
-        let (key, due_ms, decision, many) = match command {
+        let (key, due_ms, decision) = match command {
             DeskCommand::Status { .. } | DeskCommand::Check { .. } => {
                 return Ok((DeskReply::View(desk.view(facts)), None))
             }
             DeskCommand::Pause { .. } | DeskCommand::Resume { .. } => {
                 return self.pause_or_resume(desk, command, facts, now)
             }
-            DeskCommand::Ask { key, due_ms, .. } => (key, due_ms, desk.ask(facts, now), false),
-            DeskCommand::AskMany {
-                key,
-                due_ms,
-                wanted,
-                ..
-            } => (key, due_ms, desk.ask_many(wanted, facts, now), true),
+            DeskCommand::Ask { key, due_ms, n, .. } => (key, due_ms, desk.ask(n, facts, now)),
             DeskCommand::Report {
-                key,
-                due_ms,
-                failure,
-                asked_wait_ms,
-                ..
+                key, due_ms, sent, ..
             } => {
-                let decision = desk.report(&key, failure, asked_wait_ms, facts, now);
-                (key, due_ms, decision, false)
-            }
-            DeskCommand::ReportMany {
-                key,
-                due_ms,
-                sent,
-                failures,
-                failure,
-                asked_wait_ms,
-                ..
-            } => {
-                let decision =
-                    desk.report_many(&key, sent, failures, failure, asked_wait_ms, facts, now);
-                (key, due_ms, decision, true)
+                let decision = desk.report(&key, sent, facts, now);
+                (key, due_ms, decision)
             }
         };
         desk.calls += 1;
@@ -179,11 +152,7 @@ impl DestinationDesk {
             self.enqueue(&key, at)?;
         }
         for i in 0..decision.slots {
-            let slot = match many {
-                true => format!("{key}#{i}"),
-                false => key.clone(),
-            };
-            self.take_slot(&slot, &desk, now)?;
+            self.take_slot(&format!("{key}#{i}"), &desk, now)?;
         }
         self.save(&desk)?;
         Ok((decision.reply, decision.alarm_at_ms))

@@ -17,7 +17,7 @@
 //! [`crate::destination::protocol::OPEN_MEMORY_MS`] that the destination is open: then it
 //! asks, and waits with the rest; an effect told to wait keeps its generation and
 //! `webhook-id`, holds no claim, and is due again at the desk's word or, should the desk be
-//! lost, after `EFFECT_RETRY_MAX_SECONDS`.
+//! lost, after `EFFECT_RETRY_MAX_SECONDS` (a minute at least).
 
 use std::collections::VecDeque;
 
@@ -769,7 +769,7 @@ pub fn reports(turn: DeskTurn, paced: bool, health_failure: bool) -> bool {
 }
 
 /// The desk said `Wait` (or `Paused`: `paused`): the effect waits for its release, with
-/// `EFFECT_RETRY_MAX_SECONDS` as the fallback (when it asks again). Nothing changes when it is
+/// [`GateLimits::desk_fallback_ms`] as the fallback (when it asks again). Nothing changes when it is
 /// no longer owed or a live claim holds it. A pause's wait raises no `effect_failing`.
 pub fn wait_on_destination(
     mut op: Operation,
@@ -777,8 +777,7 @@ pub fn wait_on_destination(
     limits: &GateLimits,
     paused: bool,
 ) -> Step<AlarmDone> {
-    let fallback = limits.retry.max_ms;
-    if !op.wait_on_destination(now, fallback) {
+    if !op.wait_on_destination(now, limits.desk_fallback_ms) {
         return Step::new(Some(op), AlarmDone::WaitsOnDestination(false));
     }
     op.mark_wait_paused(paused);
@@ -1713,13 +1712,13 @@ mod desk_turn_tests {
     }
 
     #[test]
-    fn a_wait_keeps_the_generation_holds_no_claim_and_falls_back_to_the_cap() {
+    fn a_wait_keeps_the_generation_holds_no_claim_and_falls_back_after_the_desks_fallback() {
         let op = failed_once();
         let generation = op.effect().generation();
         let s = wait_on_destination(op, 30, &LIMITS, false);
         assert_eq!(s.save, Save::Durable);
         let op = s.record.unwrap();
-        assert_eq!(op.effect().next_attempt_ms(), 30 + 8_000);
+        assert_eq!(op.effect().next_attempt_ms(), 30 + LIMITS.desk_fallback_ms);
         assert_eq!(op.effect().generation(), generation);
         assert!(op.effect().claim().is_none());
         assert_eq!(

@@ -25,6 +25,9 @@ pub struct GateLimits {
     pub unregistered_hold_ms: i64,
     /// `CONFIRM_INTERVAL_SECONDS` in ms: least time between a confirmation's questions.
     pub confirm_interval_ms: i64,
+    /// How long an effect (or a batch's results) its desk queued waits before asking again,
+    /// should the desk be lost ([`crate::config::Config::desk_fallback_ms`]).
+    pub desk_fallback_ms: i64,
 }
 
 /// How the record is kept after a step.

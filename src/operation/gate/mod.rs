@@ -178,6 +178,7 @@ pub(crate) mod fixtures {
         retry: Backoff::new(1_000, 8_000),
         unregistered_hold_ms: 0,
         confirm_interval_ms: 0,
+        desk_fallback_ms: 60_000,
     };
 
     pub(crate) fn event(status: Status, source: Source) -> OpEvent {

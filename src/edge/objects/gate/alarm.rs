@@ -13,7 +13,7 @@
 use worker::{Env, Response, Result};
 
 use crate::config::Config;
-use crate::destination::protocol::{health_failure, DeskCommand, DeskReply};
+use crate::destination::protocol::{DeskCommand, DeskReply, Sent};
 use crate::operation::effect::{build_request, effect_message_id, outcome};
 use crate::operation::gate::alarm::{
     self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, DeskTurn, Upkeep,
@@ -187,6 +187,7 @@ impl<'a> Run<'a> {
                 let ask = DeskCommand::Ask {
                     key: op.key().to_string(),
                     due_ms: desk_due_ms(&op),
+                    n: 1,
                     settings: settings.clone(),
                 };
                 // A desk that cannot be reached lets the attempt go: the effect's own backoff
@@ -212,15 +213,14 @@ impl<'a> Run<'a> {
             }
             _ => (op, claim, step),
         };
-        let (op, health_failure, asked_wait_ms) = self.attempt(op, claim, step).await?;
-        if !alarm::reports(turn, paced, health_failure.is_some()) {
+        let (op, sent) = self.attempt(op, claim, step).await?;
+        if !alarm::reports(turn, paced, sent.failures > 0) {
             return Ok(op);
         }
         let report = DeskCommand::Report {
             key: op.key().to_string(),
             due_ms: desk_due_ms(&op),
-            failure: health_failure,
-            asked_wait_ms,
+            sent,
             settings: settings.clone(),
         };
         let reply = ask_desk(self.env, self.storage, &settings, &report).await;
@@ -246,14 +246,13 @@ impl<'a> Run<'a> {
     }
 
     /// The attempt itself: stores the claim, calls the destination, commits the answer.
-    /// Returns the record, the failure when the answer says the destination is failing, and
-    /// the wait it asked for.
+    /// Returns the record and how the attempt went, as its desk hears it.
     async fn attempt(
         &self,
         op: Operation,
         claim: Claim,
         step: Step<AlarmDone>,
-    ) -> Result<(Operation, Option<String>, Option<i64>)> {
+    ) -> Result<(Operation, Sent)> {
         let config = self.config;
         let op = self.apply(step, op, Alarm::Sync).await?;
         let destination = config.destination_for(op.kind());
@@ -285,9 +284,8 @@ impl<'a> Run<'a> {
             true => Alarm::Sync,
             false => Alarm::Deferred,
         };
-        let failure = health_failure(&answer).then(|| answer.summary());
-        let asked = attempt.asked_wait_ms;
-        Ok((self.apply(step, current, alarm).await?, failure, asked))
+        let sent = Sent::of([&answer], attempt.finished_ms);
+        Ok((self.apply(step, current, alarm).await?, sent))
     }
 
     /// Last: hands the sealed events to the counters and projects the record to the ledger,

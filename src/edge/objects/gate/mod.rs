@@ -139,6 +139,7 @@ fn limits(config: &Config) -> GateLimits {
         ),
         unregistered_hold_ms: config.unregistered_hold_ms(),
         confirm_interval_ms: config.confirm_interval_secs * 1_000,
+        desk_fallback_ms: config.desk_fallback_ms(),
     }
 }
 

@@ -19,6 +19,7 @@
 use worker::{Env, Result};
 
 use crate::config::Config;
+use crate::destination::protocol::Sent;
 use crate::operation::gate::GateLimits;
 use crate::operation::{DeskMark, Operation};
 use crate::results::item::{from_piece, ResultItem, Source};
@@ -26,6 +27,7 @@ use crate::results::lines::Checkpoint;
 use crate::results::marks as on_record;
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress, Step};
 use crate::results::source;
+use crate::results::turn::reads_first;
 
 use crate::edge::objects::gate::results_store::ResultsStore;
 use crate::edge::objects::gate::storage::GateStorage;
@@ -37,7 +39,7 @@ mod marks;
 mod sends;
 
 use marks::failed_among;
-use sends::{Sent, Turn};
+use sends::Turn;
 
 /// What a step performs with.
 struct Driver<'a> {
@@ -100,6 +102,15 @@ impl Driver<'_> {
             let at = *at;
             return self.release_unused(op, at).await;
         }
+        // A file the last read could not give is tried first: a batch that cannot send takes
+        // no turn at the desk (no place in its queue, no probe) until it can.
+        let progress = match reads_first(&step, &progress.phase, released) {
+            Some(from) => match self.file_check(progress, from).await? {
+                Some(progress) => progress,
+                None => return Ok(self.storage.load()?.unwrap_or(op)),
+            },
+            None => progress,
+        };
         let turn = match step.sends() {
             Some((ready, retry)) => match self.turn(&op, ready as u32, retry).await? {
                 Ok(turn) => turn,
@@ -167,6 +178,21 @@ impl Driver<'_> {
                 Ok(Ok((items, to, last)))
             }
         }
+    }
+
+    /// Reads the first line of a file the last read could not give, before any turn at the
+    /// desk: the progress as it then stands when the line came; `None` when it did not (the
+    /// failure stored as a chunk's read would store it: the file is asked for again on its
+    /// backoff, and the desk hears nothing).
+    async fn file_check(&self, progress: Progress, from: Checkpoint) -> Result<Option<Progress>> {
+        let read = self.read(&progress.source.clone(), from, 1).await?;
+        let mut progress = self.store.fresh(progress)?;
+        let Err(trouble) = read else {
+            return Ok(Some(progress));
+        };
+        progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
+        self.store.save(&progress, Vec::new())?;
+        Ok(None)
     }
 
     /// Reads the next chunk (as many results as the desk let go), claims it (stored), sends

@@ -1,12 +1,12 @@
 //! A results step's sends and their turn at the destination's desk (invariant 8, as for the
 //! job's effect; what goes when is [`crate::results::turn`]'s).
 //!
-//! Guarantees: a step asks the desk once for its results ([`DeskCommand::AskMany`]) when it
+//! Guarantees: a step asks the desk once for its results ([`DeskCommand::Ask`]) when it
 //! must, and sends no more than the desk granted, each no sooner than its token on a paced
 //! route; a release or a grant is spent by the step that uses it; the sends go at most
 //! [`SENDS_IN_FLIGHT`] at a time (production's 6 connections per invocation; on a paced route
 //! each at its token's time), and the desk hears of them in one report
-//! ([`DeskCommand::ReportMany`]) when it needs to (a health failure, an asked turn, a probe,
+//! ([`DeskCommand::Report`]) when it needs to (a health failure, an asked turn, a probe,
 //! a paced route's slots). A desk's `Wait` makes the record wait for its release.
 
 use std::time::Duration;
@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures_util::stream::{self, StreamExt};
 use worker::{Delay, Result};
 
-use crate::destination::protocol::{health_failure, DeskCommand, DeskReply};
+use crate::destination::protocol::{DeskCommand, DeskReply, Sent};
 use crate::operation::effect::outcome;
 use crate::operation::gate::alarm::{desk_turn, reports, DeskTurn};
 use crate::operation::{AttemptOutcome, DeskMark, Operation};
@@ -41,17 +41,6 @@ pub(super) struct Turn {
     pub(super) n: u32,
     /// When each may leave, in ms from the grant, on a paced route (empty: all at once).
     pub(super) after_ms: Vec<i64>,
-}
-
-/// How a step's sends went, as the desk hears it (by default: nothing went).
-#[derive(Default)]
-pub(super) struct Sent {
-    sent: u32,
-    /// Health failures among them ([`health_failure`]), the last in a few words.
-    failures: u32,
-    failure: Option<String>,
-    /// The longest wait a destination asked for.
-    asked_wait_ms: Option<i64>,
 }
 
 impl Turn {
@@ -97,10 +86,10 @@ impl Driver<'_> {
             (0, _) => (0, Vec::new()),
             (_, Some(n)) => (n, Vec::new()),
             (_, None) => {
-                let ask = DeskCommand::AskMany {
+                let ask = DeskCommand::Ask {
                     key: op.key().to_string(),
                     due_ms: desk_due_ms(op),
-                    wanted: ready,
+                    n: ready,
                     settings: settings.clone(),
                 };
                 match ask_desk(self.env, self.storage, &settings, &ask).await {
@@ -125,13 +114,13 @@ impl Driver<'_> {
     }
 
     /// The desk queued the batch: the record waits for its release (or the fallback,
-    /// `EFFECT_RETRY_MAX_SECONDS`, should the desk be lost), and says whether a pause holds it.
+    /// [`GateLimits::desk_fallback_ms`], should the desk be lost), and says whether a pause holds it.
     pub(super) async fn wait_on_destination(
         &self,
         op: Operation,
         paused: bool,
     ) -> Result<Operation> {
-        let fallback = self.config.retry_max_secs * 1_000;
+        let fallback = self.gate.desk_fallback_ms;
         let decide = |op| on_record::wait_on_destination(op, paused, fallback, now_ms());
         self.mark(op, decide).await
     }
@@ -142,13 +131,10 @@ impl Driver<'_> {
     pub(super) async fn release_unused(&self, op: Operation, at: i64) -> Result<Operation> {
         let op = self.mark(op, on_record::desk_spent).await?;
         let settings = self.config.desk_settings(op.kind());
-        let report = DeskCommand::ReportMany {
+        let report = DeskCommand::Report {
             key: op.key().to_string(),
             due_ms: at,
-            sent: 0,
-            failures: 0,
-            failure: None,
-            asked_wait_ms: None,
+            sent: Sent::default(),
             settings: settings.clone(),
         };
         let reply = ask_desk(self.env, self.storage, &settings, &report).await;
@@ -190,14 +176,7 @@ impl Driver<'_> {
             .buffered(SENDS_IN_FLIGHT)
             .collect()
             .await;
-        let now = now_ms();
-        let failed: Vec<_> = answers.iter().filter(|a| health_failure(a)).collect();
-        let sent = Sent {
-            sent: answers.len() as u32,
-            failures: failed.len() as u32,
-            failure: failed.last().map(|a| a.summary()),
-            asked_wait_ms: answers.iter().filter_map(|a| a.asked_wait_ms(now)).max(),
-        };
+        let sent = Sent::of(&answers, now_ms());
         let outcomes = items
             .into_iter()
             .zip(answers.iter().map(|a| outcome(a, timeout)))
@@ -216,13 +195,10 @@ impl Driver<'_> {
     ) -> Result<Operation> {
         if reports(turn.turn, turn.paced, sent.failures > 0) {
             let settings = self.config.desk_settings(op.kind());
-            let report = DeskCommand::ReportMany {
+            let report = DeskCommand::Report {
                 key: op.key().to_string(),
                 due_ms: desk_due_ms(&op),
-                sent: sent.sent,
-                failures: sent.failures,
-                failure: sent.failure,
-                asked_wait_ms: sent.asked_wait_ms,
+                sent: sent.clone(),
                 settings: settings.clone(),
             };
             let reply = ask_desk(self.env, self.storage, &settings, &report).await;
