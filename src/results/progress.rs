@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::operation::AttemptOutcome;
+use crate::results::fanout::WAVE_RESULTS;
 use crate::results::item::{ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::retry::Backoff;
@@ -191,9 +192,9 @@ impl Step {
     /// destination's desk first); `None` when it sends none.
     pub fn sends(&self) -> Option<(u64, bool)> {
         match self {
-            Step::ReadChunk { .. } => Some((CHUNK_RESULTS, false)),
+            Step::ReadChunk { .. } => Some((WAVE_RESULTS, false)),
             Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
-            Step::RetryRows(rows) => Some(((rows.len() as u64).min(CHUNK_RESULTS), true)),
+            Step::RetryRows(rows) => Some(((rows.len() as u64).min(WAVE_RESULTS), true)),
             Step::WaitUntil(_) | Step::Alert(_) | Step::AlertFailing(_) | Step::Settled(_) => None,
         }
     }
