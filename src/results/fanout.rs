@@ -211,7 +211,10 @@ mod tests {
             let lens: Vec<usize> = g.iter().map(|r| r.len()).collect();
             let (min, max) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
             assert!(max - min <= 1, "{n}: {lens:?}");
-            assert!(*max <= CHUNK_RESULTS as usize, "{n}: a chunk a sender at most");
+            assert!(
+                *max <= CHUNK_RESULTS as usize,
+                "{n}: a chunk a sender at most"
+            );
             assert!(*min >= 1);
         }
         // A full wave: a chunk for each sender, 6 at a time in each (7 round trips).
@@ -224,7 +227,14 @@ mod tests {
     fn a_request_comes_back_from_its_sender_as_the_gate_signed_it() {
         let secret = Secret::parse("whsec_c2VjcmV0").unwrap();
         let extra = Some(("effect-generation", "2".to_string()));
-        let request = signed_request(&secret, "res_1".into(), "res_1".into(), extra, 7, "{}".into());
+        let request = signed_request(
+            &secret,
+            "res_1".into(),
+            "res_1".into(),
+            extra,
+            7,
+            "{}".into(),
+        );
         let wire = WireSend::of(&request, 30);
         let json = serde_json::to_string(&wire).unwrap();
         let back: WireSend = serde_json::from_str(&json).unwrap();
@@ -248,7 +258,10 @@ mod tests {
                 body: String::new(),
                 retry_after: None,
             },
-            PeerAnswer::TooLarge { status: 200, cap: 9 },
+            PeerAnswer::TooLarge {
+                status: 200,
+                cap: 9,
+            },
             PeerAnswer::Timeout,
             PeerAnswer::Network("reset".into()),
         ];

@@ -24,8 +24,8 @@ use crate::results::marks as on_record;
 use crate::results::progress::SENDS_IN_FLIGHT;
 use crate::results::turn::{goes_now, granted};
 
-use crate::edge::objects::result_sender::send_through_senders;
 use crate::edge::objects::gate::{ask_desk, desk_due_ms, first_attempt_check, remembered_open};
+use crate::edge::objects::result_sender::send_through_senders;
 use crate::edge::outbound::fetch;
 use crate::edge::runtime::now_ms;
 
@@ -183,8 +183,14 @@ impl Driver<'_> {
         self.storage
             .meter()
             .add(|u| u.outbound_fetches += items.len() as u64);
-        let fanned =
-            send_through_senders(self.env, op.key(), &destination, timeout, &requests, after_ms);
+        let fanned = send_through_senders(
+            self.env,
+            op.key(),
+            &destination,
+            timeout,
+            &requests,
+            after_ms,
+        );
         let answers = match fanned.await {
             Some(answers) => answers,
             None => {
@@ -195,10 +201,16 @@ impl Driver<'_> {
                         if wait > 0 {
                             Delay::from(Duration::from_millis(wait)).await;
                         }
-                        (fetch::deliver(self.env, destination, request, timeout).await, true)
+                        (
+                            fetch::deliver(self.env, destination, request, timeout).await,
+                            true,
+                        )
                     }
                 });
-                stream::iter(calls).buffered(SENDS_IN_FLIGHT).collect().await
+                stream::iter(calls)
+                    .buffered(SENDS_IN_FLIGHT)
+                    .collect()
+                    .await
             }
         };
         let now = now_ms();
