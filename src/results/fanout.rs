@@ -19,15 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::operation::effect::EffectRequest;
 use crate::results::progress::{CHUNK_RESULTS, SENDS_IN_FLIGHT};
+pub use crate::results::progress::{SENDERS, WAVE_RESULTS};
 use crate::retry::PeerAnswer;
-
-/// Result senders a step calls at once: each call is counted as one of the gate's own 6
-/// connections (the platform's documented limit counts `fetch()` and its kin; an object call
-/// is counted here too, so the bound holds either way).
-pub const SENDERS: usize = 6;
-/// Results a step reads, claims and sends at most: a chunk for each sender, claimed and
-/// committed together (one claim write and one commit write for all of them).
-pub const WAVE_RESULTS: u64 = CHUNK_RESULTS * SENDERS as u64;
 
 /// The groups `n` results go in, one a sender, as ranges of their order; empty when the gate
 /// sends them itself (no more than one round trip's worth).

@@ -1,6 +1,6 @@
 //! The results' progress: a pure state machine the batch's gate and its alarm drive, one
 //! claim of results at a time (a wave: a chunk for each of the result senders it fans out to,
-//! [`crate::results::fanout`]), from durable state alone.
+//! `results::fanout`), from durable state alone.
 //!
 //! Guarantees: a result's side effect is sent under one `webhook-id` only
 //! ([`crate::results::body::result_message_id`]), so a repeat after a kill reaches the
@@ -34,7 +34,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::operation::AttemptOutcome;
-use crate::results::fanout::WAVE_RESULTS;
 use crate::results::item::{ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::retry::Backoff;
@@ -52,8 +51,15 @@ pub const FILE_KEPT_MS: i64 = 48 * 60 * 60 * 1_000;
 pub const MAX_WAITING: usize = 400;
 /// Results per chunk, the most one result sender is given: each one is a subrequest of the
 /// sender's invocation; 40 stays within the Free plan's 50 subrequests per invocation. A step
-/// claims up to [`crate::results::fanout::WAVE_RESULTS`], a chunk for each sender.
+/// claims up to [`WAVE_RESULTS`], a chunk for each sender.
 pub const CHUNK_RESULTS: u64 = 40;
+/// Result senders a step calls at once (`results::fanout`): each call is counted as one of
+/// the gate's own 6 connections (the platform's documented limit counts `fetch()` and its kin;
+/// an object call is counted here too, so the bound holds either way).
+pub const SENDERS: usize = 6;
+/// Results a step reads, claims and sends at most: a chunk for each sender, claimed and
+/// committed together (one claim write and one commit write for all of them).
+pub const WAVE_RESULTS: u64 = CHUNK_RESULTS * SENDERS as u64;
 /// Results sent at once, per invocation: production allows 6 simultaneous outgoing
 /// connections per invocation (workerd does not enforce it locally), and a request past them
 /// waits for one inside the runtime, its own `EFFECT_TIMEOUT_MS` running. So every invocation
@@ -176,7 +182,7 @@ pub enum Step {
     /// Nothing until then.
     WaitUntil(i64),
     /// Open the file at `from` and read the next wave (claim number `chunk`, at most
-    /// [`crate::results::fanout::WAVE_RESULTS`] results), then claim it.
+    /// [`WAVE_RESULTS`] results), then claim it.
     ReadChunk { chunk: u64, from: Checkpoint },
     /// Read the claimed chunk again and send its results, then commit it.
     ResendChunk(ChunkClaim),
