@@ -95,7 +95,7 @@ describe("npm run deploy -- --dry-run", () => {
     // It asked Cloudflare which secrets the worker has, as the deploy does, and uploaded nothing.
     assert.deepEqual(calls().map((c) => c.args.slice(0, 2)), [["secret", "list"], ["deploy", "--config"]]);
     assert.ok(calls()[1].args.includes("--dry-run") && !calls()[1].args.includes("--secrets-file"));
-    for (const binding of ["env.OPERATION_GATE (OperationGate)", "env.RECONCILE_LEASE (ReconcileLease)", "env.STATS (StatsShard)", "env.DESTINATION_DESK (DestinationDesk)", "env.STRANGER_WATCH (StrangerWatch)", "env.RETIRED_NAMES (RetiredNames)", "env.OPS_KV"]) {
+    for (const binding of ["env.OPERATION_GATE (OperationGate)", "env.RECONCILE_LEASE (ReconcileLease)", "env.STATS (StatsShard)", "env.DESTINATION_DESK (DestinationDesk)", "env.STRANGER_WATCH (StrangerWatch)", "env.RETIRED_NAMES (RetiredNames)", "env.RESULT_SENDER (ResultSender)", "env.OPS_KV"]) {
       assert.ok(out.includes(binding), `${binding} missing from:\n${out}`);
     }
     assert.match(out, /--dry-run: exiting now/);

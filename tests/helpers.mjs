@@ -65,6 +65,7 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
         DESTINATION_DESK: { className: "DestinationDesk", useSQLite: true },
         STRANGER_WATCH: { className: "StrangerWatch", useSQLite: true },
         RETIRED_NAMES: { className: "RetiredNames", useSQLite: true },
+        RESULT_SENDER: { className: "ResultSender", useSQLite: true },
       },
       // The fan-out queue, produced and consumed by the worker itself, as wrangler.toml says.
       queueProducers: { RECONCILE_QUEUE: { queueName: "gemini-once-polls" } },

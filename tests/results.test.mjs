@@ -287,7 +287,8 @@ describe("a worker killed mid-file", () => {
       const indexes = new Set(results.map((r) => r.body.index));
       assert.equal(indexes.size, 1_000);
       console.log(`# killed after ${atKill} of 1000 results; ${results.length - ids.size} sent again under their first id`);
-      assert.ok(results.length - ids.size <= 40, `repeats at most one chunk: ${results.length - ids.size}`);
+      // The claim in doubt at the kill is one wave: 240 results, a chunk for each of 6 senders.
+      assert.ok(results.length - ids.size <= 240, `repeats at most one wave: ${results.length - ids.size}`);
       assert.deepEqual(jobs[0].body.results, { total: 1_000, delivered: 1_000, errors: 0, parked: 0 });
       assert.equal(jobs.length, 1);
     } finally {

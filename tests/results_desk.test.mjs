@@ -109,7 +109,7 @@ describe("a batch's results at the destination's desk", () => {
       assert.equal(view.state, "open", JSON.stringify(view));
       assert.match(view.last_error ?? "", /503/);
       // While open, one probe at a time (2 s apart at DESTINATION_PROBE_MAX_SECONDS=2), not a
-      // chunk of 40 each retry.
+      // wave of retries each time.
       const windowMs = 5_000;
       await sleep(windowMs + 500);
       const inWindow = split(t.dest, key).results.filter((r) => r.at >= opened.at && r.at < opened.at + windowMs);
@@ -143,13 +143,14 @@ describe("a batch's results at the destination's desk", () => {
       return { status: 429, headers: { "retry-after": "2" }, body: { error: "slow down" } };
     });
     try {
-      const n = 100;
-      const key = await complete(t.w, "slow100", n);
+      const n = 300;
+      const key = await complete(t.w, "slow300", n);
       const { jobs } = await untilJob(t.dest, key);
       const { results } = split(t.dest, key);
-      // The first chunk (40 results) went at once with the refused one; every later request
-      // (a later chunk, or the refused result again) waited for the Retry-After.
-      const later = results.filter((r) => r.body.index >= 40 || (r.id === refused.id && r.answered === 200));
+      // The first wave (240 results, fanned out to 6 senders) went at once with the refused
+      // one; every later request (the next wave, or the refused result again) waited for the
+      // Retry-After.
+      const later = results.filter((r) => r.body.index >= 240 || (r.id === refused.id && r.answered === 200));
       const next = later.reduce((a, b) => (b.at < a.at ? b : a));
       const gap = next.at - refused.at;
       const which = next.id === refused.id ? "the refused result again" : `result ${next.body.index}`;

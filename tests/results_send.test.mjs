@@ -259,7 +259,7 @@ describe("sending a batch's results", () => {
 });
 
 describe("sends in flight", () => {
-  it("a chunk goes at most 6 requests at a time (production's outgoing connections per invocation)", { timeout: 90_000 }, async () => {
+  it("a step fans its results out to 6 senders, each sending at most 6 at a time (production's outgoing connections per invocation)", { timeout: 90_000 }, async () => {
     const gemini = await startGemini();
     const sink = await startServer(() => ({ status: 200 }));
     let inFlight = 0, most = 0;
@@ -286,12 +286,56 @@ describe("sends in flight", () => {
       await w.deliver("batch.succeeded", key);
       await eventually(() => seen.some((r) => r.body.key === key && !("result_key" in r.body)), { timeoutMs: 60_000, what: "the job effect" });
       assert.equal(new Set(seen.filter((r) => r.body.result_key).map((r) => r.id)).size, 80);
-      assert.ok(most <= 6, `at most 6 in flight: ${most}`);
-      assert.ok(most >= 2, `several in flight: ${most}`);
+      // 80 results: 6 groups of 13 or 14, each sent by its own invocation at most 6 at a time.
+      assert.ok(most <= 36, `at most 6 senders of 6 in flight: ${most}`);
+      assert.ok(most > 6, `more than one invocation's 6 in flight: ${most}`);
     } finally {
       await w.dispose();
       await new Promise((r) => { server.closeAllConnections(); server.close(r); });
       await gemini.close();
+      await sink.close();
+    }
+  });
+});
+
+describe("a fanned-out batch", () => {
+  it("delivers every result exactly once, under one webhook-id each, through several waves of senders", { timeout: 180_000 }, async () => {
+    const gemini = await startGemini();
+    const sink = await startServer(() => ({ status: 200 }));
+    // Each result's first attempt fails (503) for one key in 50: its group's other results
+    // are committed delivered, and it goes again under its same id, never doubled.
+    const tries = new Map(), accepted = new Map();
+    const dest = await startServer((req) => {
+      const body = JSON.parse(req.body);
+      const id = req.headers["webhook-id"];
+      tries.set(id, (tries.get(id) ?? 0) + 1);
+      if (body.result_key && Number(body.result_key.slice(1)) % 50 === 0 && tries.get(id) === 1) return { status: 503 };
+      if (body.result_key) accepted.set(id, (accepted.get(id) ?? 0) + 1);
+      return { status: 200 };
+    });
+    const w = await startWorker(workerVars({ dest, gemini, sink }));
+    try {
+      const key = "batches/fanout1";
+      const lines = 600;
+      gemini.files.set("files/fanout1", fileOf(lines));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/fanout1" }));
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const { jobs } = await untilJob(dest, key, 150_000);
+      assert.deepEqual(jobs[0].body.results, { total: lines, delivered: lines, errors: 0, parked: 0 });
+      const { results } = split(dest, key);
+      assert.equal(distinct(results.map((r) => r.id)), lines, "one webhook-id per result");
+      assert.equal(distinct(results.map((r) => r.body.result_key)), lines);
+      assert.equal(accepted.size, lines, "every result accepted");
+      assert.ok([...accepted.values()].every((n) => n === 1), "none accepted twice");
+      // The failed ones went again under their first id, with the same body.
+      const failedIds = [...tries].filter(([, n]) => n > 1).map(([id]) => id);
+      assert.ok(failedIds.length >= 1);
+      for (const id of failedIds) assert.equal(new Set(results.filter((r) => r.id === id).map((r) => JSON.stringify(r.body))).size, 1, `one body under ${id}`);
+    } finally {
+      await w.dispose();
+      await gemini.close();
+      await dest.close();
       await sink.close();
     }
   });

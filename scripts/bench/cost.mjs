@@ -442,18 +442,20 @@ export function bill(flows, { moments = false } = {}) {
 }
 
 /**
- * A batch's results, counted from the design (docs/DESIGN.md, "Results of a batch"): results
- * go `CHUNK_RESULTS` (40) to a chunk, and a chunk is one alarm run of the batch's gate (one DO
- * request) that stores its claim (the progress row) before sending and its commit (the progress
- * row and the chunk's counts: 2 rows) after, then sets the alarm for the next chunk (billed as
- * a row written). A delivered result leaves no row; the subrequests (the download, the sends)
- * are free. The wall time a chunk holds its object is the 40 sends' round trips, a parameter
- * here (`chunkWallMs`) and measured by the results section.
+ * A batch's results, counted from the design (docs/DESIGN.md, "Results of a batch"): a step
+ * claims a wave of `WAVE_RESULTS` (240: `CHUNK_RESULTS`, 40, for each of 6 result senders),
+ * and a step is one alarm run of the batch's gate (one DO request) that stores its claim (the
+ * progress row) before sending and its commit (the progress row and the counts: 2 rows) after,
+ * then sets the alarm for the next wave (billed as a row written); the wave's results go
+ * through 6 ResultSender objects (6 DO requests, no storage). A delivered result leaves no row;
+ * the subrequests (the download, the sends) are free. The wall time the objects are held is
+ * the sends' round trips, a parameter here (`chunkWallMs`, the gate's and the senders' per
+ * wave) and measured by the results section.
  */
-export const RESULTS_DESIGN = { chunk_results: 40, do_requests: 1, rows_written: 3, alarm_writes: 1, rows_read: 2 };
+export const RESULTS_DESIGN = { chunk_results: 240, do_requests: 7, rows_written: 3, alarm_writes: 1, rows_read: 2 };
 
 /** Units per result from the design, with a chunk holding its object `chunkWallMs`. */
-export function resultsDesignUnits(chunkWallMs = 250) {
+export function resultsDesignUnits(chunkWallMs = 7 * 1_000) {
   const d = RESULTS_DESIGN;
   return {
     do_requests: d.do_requests / d.chunk_results,

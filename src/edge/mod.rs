@@ -29,6 +29,7 @@ mod runtime;
 pub use objects::destination_desk::DestinationDesk;
 pub use objects::gate::OperationGate;
 pub use objects::lease_object::ReconcileLease;
+pub use objects::result_sender::ResultSender;
 pub use objects::retired_shard::RetiredNames;
 pub use objects::stats_shard::StatsShard;
 pub use objects::stranger_watch::StrangerWatch;

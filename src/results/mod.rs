@@ -11,6 +11,7 @@
 //! and the classification of an attempt) and `signature`; nothing in `operation` uses it.
 
 pub mod body;
+pub mod fanout;
 pub mod inline;
 pub mod item;
 pub mod keys;

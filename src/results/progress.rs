@@ -1,5 +1,6 @@
 //! The results' progress: a pure state machine the batch's gate and its alarm drive, one
-//! chunk of results at a time, from durable state alone.
+//! claim of results at a time (a wave: a chunk for each of the result senders it fans out to,
+//! `results::fanout`), from durable state alone.
 //!
 //! Guarantees: a result's side effect is sent under one `webhook-id` only
 //! ([`crate::results::body::result_message_id`]), so a repeat after a kill reaches the
@@ -48,19 +49,28 @@ pub const FILE_KEPT_MS: i64 = 48 * 60 * 60 * 1_000;
 /// Results waiting for a retry before no new chunk is read: a destination that fails
 /// everything stops the reading instead of filling the object with rows.
 pub const MAX_WAITING: usize = 400;
-/// Results per chunk: each one is a subrequest, and the download is one more; 40 stays within
-/// the Free plan's 50 subrequests per invocation.
+/// Results per chunk, the most one result sender is given: each one is a subrequest of the
+/// sender's invocation; 40 stays within the Free plan's 50 subrequests per invocation. A step
+/// claims up to [`WAVE_RESULTS`], a chunk for each sender.
 pub const CHUNK_RESULTS: u64 = 40;
+/// Result senders a step calls at once (`results::fanout`): each call is counted as one of
+/// the gate's own 6 connections (the platform's documented limit counts `fetch()` and its kin;
+/// an object call is counted here too, so the bound holds either way).
+pub const SENDERS: usize = 6;
+/// Results a step reads, claims and sends at most: a chunk for each sender, claimed and
+/// committed together (one claim write and one commit write for all of them).
+pub const WAVE_RESULTS: u64 = CHUNK_RESULTS * SENDERS as u64;
 /// Results sent at once, per invocation: production allows 6 simultaneous outgoing
 /// connections per invocation (workerd does not enforce it locally), and a request past them
-/// waits for one inside the runtime, its own `EFFECT_TIMEOUT_MS` running. So a chunk goes 6
-/// at a time, each next one leaving as one ends.
+/// waits for one inside the runtime, its own `EFFECT_TIMEOUT_MS` running. So every invocation
+/// that sends (the gate, each result sender) sends 6 at a time, each next one leaving as one
+/// ends.
 pub const SENDS_IN_FLIGHT: usize = 6;
 /// Delivered results counted for `/metrics` at a time on the happy path: the count goes in the
 /// operation's record, one more write, so it is written once per 1,000 results (25 chunks),
 /// with a failure or a park, and when the results are all settled; never once per chunk.
 pub const METER_EVERY: u64 = 1_000;
-/// Bytes of lines per chunk: the chunk is held while it is sent, so this bounds memory.
+/// Bytes of lines a step reads (its wave): held while it is sent, so this bounds memory.
 pub const CHUNK_BYTES: u64 = 8 << 20;
 /// Characters of a result's key a row keeps, to show it: a key may be as long as its line
 /// (1 MiB), and [`MAX_WAITING`] rows of whole keys would pass SQLite's 2 MB row, failing the
@@ -171,7 +181,8 @@ pub enum Write {
 pub enum Step {
     /// Nothing until then.
     WaitUntil(i64),
-    /// Open the file at `from` and read the next chunk (number `chunk`), then claim it.
+    /// Open the file at `from` and read the next wave (claim number `chunk`, at most
+    /// [`WAVE_RESULTS`] results), then claim it.
     ReadChunk { chunk: u64, from: Checkpoint },
     /// Read the claimed chunk again and send its results, then commit it.
     ResendChunk(ChunkClaim),
@@ -191,9 +202,9 @@ impl Step {
     /// destination's desk first); `None` when it sends none.
     pub fn sends(&self) -> Option<(u64, bool)> {
         match self {
-            Step::ReadChunk { .. } => Some((CHUNK_RESULTS, false)),
+            Step::ReadChunk { .. } => Some((WAVE_RESULTS, false)),
             Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
-            Step::RetryRows(rows) => Some(((rows.len() as u64).min(CHUNK_RESULTS), true)),
+            Step::RetryRows(rows) => Some(((rows.len() as u64).min(WAVE_RESULTS), true)),
             Step::WaitUntil(_) | Step::Alert(_) | Step::AlertFailing(_) | Step::Settled(_) => None,
         }
     }

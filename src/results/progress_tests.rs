@@ -67,6 +67,12 @@ struct World {
     kill_at: Option<usize>,
     /// A claimed chunk sent again goes this many results at a time (the desk's grants).
     resend_part: Option<usize>,
+    /// Steps read as many results as they ask for ([`Step::sends`]: a wave of several chunks)
+    /// and send them as the fanned-out groups do, all in flight at once (interleaved), rather
+    /// than [`CHUNK`] one after another.
+    wave: bool,
+    /// The points that were stores (the rest are sends).
+    store_points: BTreeSet<usize>,
 }
 
 impl World {
@@ -85,6 +91,8 @@ impl World {
             points: 0,
             kill_at,
             resend_part: None,
+            wave: false,
+            store_points: BTreeSet::new(),
         }
     }
 
@@ -113,7 +121,8 @@ impl World {
                 }
             }
         }
-        assert!(progress.rows.len() <= MAX_WAITING + CHUNK);
+        assert!(progress.rows.len() <= MAX_WAITING + self.chunk());
+        self.store_points.insert(self.points + 1);
         self.point()
     }
 
@@ -136,10 +145,32 @@ impl World {
         Ok(outcome)
     }
 
+    /// Results a step reads at most.
+    fn chunk(&self) -> usize {
+        match self.wave {
+            true => WAVE_RESULTS as usize,
+            false => CHUNK,
+        }
+    }
+
     /// Reads the chunk starting at `from` as the edge would: no `Range`, so the stream starts
     /// at byte 0 and the done part is discarded.
     fn read(&self, from: Checkpoint) -> (Vec<ResultItem>, Checkpoint, bool) {
-        self.read_n(from, CHUNK)
+        self.read_n(from, self.chunk())
+    }
+
+    /// The order the results of a step reach the destination: one after another, or, fanned
+    /// out, a result of each group in turn (every group in flight at once).
+    fn in_flight_order(&self, items: Vec<ResultItem>) -> Vec<ResultItem> {
+        let groups = crate::results::fanout::groups(items.len());
+        if !self.wave || groups.is_empty() {
+            return items;
+        }
+        let longest = groups.iter().map(|g| g.len()).max().unwrap_or(0);
+        (0..longest)
+            .flat_map(|i| groups.iter().filter_map(move |g| g.clone().nth(i)))
+            .map(|i| items[i].clone())
+            .collect()
     }
 
     /// Reads at most `n` results from `from`.
@@ -166,10 +197,11 @@ impl World {
             "a re-read ends where it did"
         );
         let mut answers = Vec::new();
-        for item in items {
+        for item in self.in_flight_order(items) {
             let outcome = self.send(&item)?;
             answers.push((item, outcome));
         }
+        answers.sort_by_key(|(item, _)| item.index);
         let writes = p.commit(claim.chunk, answers, self.clock, &LIMITS, 0.5);
         self.store(p, writes.unwrap())
     }
@@ -199,9 +231,17 @@ impl World {
     /// One step of the alarm, as the edge would perform it.
     fn step(&mut self) -> Result<bool, Killed> {
         let mut p: Progress = serde_json::from_str(&self.stored).unwrap();
-        match p.next(self.clock) {
+        let step = p.next(self.clock);
+        if let (true, Some((n, _))) = (self.wave, step.sends()) {
+            assert!(n <= WAVE_RESULTS, "a step sends a wave at most");
+        }
+        match step {
             Step::WaitUntil(at) => self.clock = at,
             Step::ReadChunk { from, .. } => {
+                assert_eq!(
+                    Step::ReadChunk { chunk: 0, from }.sends(),
+                    Some((WAVE_RESULTS, false))
+                );
                 let (_, to, last) = self.read(from);
                 self.point()?;
                 let claim = p.claim(to, last);
@@ -889,4 +929,37 @@ fn a_pause_longer_than_the_alert_threshold_parks_nothing_after_the_resume() {
         q.finish_row(0, &busy, resumed, &limits, 0.0),
         Some(Write::Park(_))
     ));
+}
+
+/// Several chunks in flight at once (a wave fanned out to the senders, interleaved), killed at
+/// every point: every result is accepted, no result goes under a new id, and only the wave in
+/// doubt (or one row) goes again.
+#[test]
+fn a_wave_of_chunks_in_flight_at_once_killed_anywhere_sends_only_the_wave_again() {
+    let n = WAVE_RESULTS as usize + 45;
+    let mut clean = World::new(n, None);
+    clean.wave = true;
+    clean.run();
+    let ids: BTreeSet<String> = clean.sent.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(ids.len(), n, "every result its own webhook-id");
+    let by_id: BTreeMap<String, String> = clean.sent.iter().cloned().collect();
+    // Every storage point, and every fifth send (each wave's sends interleave its groups).
+    let kills = (1..=clean.points).filter(|p| clean.store_points.contains(p) || p % 5 == 0);
+    for kill_at in kills {
+        let mut world = World::new(n, Some(kill_at));
+        world.wave = true;
+        world.run();
+        assert_eq!(world.settled, clean.settled, "kill at {kill_at}");
+        let sent: BTreeSet<String> = world.sent.iter().map(|(id, _)| id.clone()).collect();
+        assert_eq!(sent, ids, "no new id after a kill at {kill_at}");
+        for (id, key) in &world.sent {
+            assert_eq!(&by_id[id], key, "one id, one result");
+        }
+        assert!(world.accepted.values().all(|n| *n >= 1));
+        let again: u32 = world.accepted.values().map(|n| n - 1).sum();
+        assert!(
+            again as usize <= WAVE_RESULTS as usize,
+            "kill at {kill_at}: {again} sent again"
+        );
+    }
 }

@@ -25,6 +25,7 @@ use crate::results::progress::SENDS_IN_FLIGHT;
 use crate::results::turn::{goes_now, granted};
 
 use crate::edge::objects::gate::{ask_desk, desk_due_ms, first_attempt_check, remembered_open};
+use crate::edge::objects::result_sender::send_through_senders;
 use crate::edge::outbound::fetch;
 use crate::edge::runtime::now_ms;
 
@@ -144,9 +145,12 @@ impl Driver<'_> {
         self.due_at(op, at).await
     }
 
-    /// Sends the results (they are independent), at most [`SENDS_IN_FLIGHT`] at once, each
-    /// no sooner than its time in `after_ms` on a paced route, and returns each one's outcome,
-    /// in order, and how the sends went.
+    /// Sends the results (they are independent), each no sooner than its time in `after_ms`
+    /// on a paced route, and returns each one's outcome, in order, and how the sends went.
+    /// More than one round trip's worth go through the gate's result senders, each its own
+    /// invocation with its own 6 connections ([`send_through_senders`]); else from here, at
+    /// most [`SENDS_IN_FLIGHT`] at once. A result whose sender failed is retried under its
+    /// same id, and is not a failure of the destination the desk hears of.
     pub(super) async fn send(
         &self,
         op: &Operation,
@@ -158,28 +162,50 @@ impl Driver<'_> {
         let secret = &self.config.effect_signing_secret;
         let now_secs = now_ms() / 1_000;
         let head = ResultHead::of(op);
-        let calls = items.iter().enumerate().map(|(i, item)| {
-            let request = build_result_request(&head, item, secret, now_secs);
-            let destination = &destination;
-            let wait = after_ms.get(i).map_or(0, |ms| (*ms).max(0) as u64);
-            async move {
-                if wait > 0 {
-                    Delay::from(Duration::from_millis(wait)).await;
-                }
-                fetch::deliver(self.env, destination, &request, timeout).await
-            }
-        });
+        let requests: Vec<_> = items
+            .iter()
+            .map(|item| build_result_request(&head, item, secret, now_secs))
+            .collect();
         self.storage
             .meter()
             .add(|u| u.outbound_fetches += items.len() as u64);
-        let answers: Vec<_> = stream::iter(calls)
-            .buffered(SENDS_IN_FLIGHT)
-            .collect()
-            .await;
-        let sent = Sent::of(&answers, now_ms());
+        let fanned = send_through_senders(
+            self.env,
+            op.key(),
+            &destination,
+            timeout,
+            &requests,
+            after_ms,
+        );
+        let answers = match fanned.await {
+            Some(answers) => answers,
+            None => {
+                let calls = requests.iter().enumerate().map(|(i, request)| {
+                    let destination = &destination;
+                    let wait = after_ms.get(i).map_or(0, |ms| (*ms).max(0) as u64);
+                    async move {
+                        if wait > 0 {
+                            Delay::from(Duration::from_millis(wait)).await;
+                        }
+                        (
+                            fetch::deliver(self.env, destination, request, timeout).await,
+                            true,
+                        )
+                    }
+                });
+                stream::iter(calls)
+                    .buffered(SENDS_IN_FLIGHT)
+                    .collect()
+                    .await
+            }
+        };
+        // A sender call that failed is not the destination's answer: the desk hears only of
+        // the answers the destination gave.
+        let judged = answers.iter().filter(|(_, judged)| *judged).map(|(a, _)| a);
+        let sent = Sent::of(judged, now_ms());
         let outcomes = items
             .into_iter()
-            .zip(answers.iter().map(|a| outcome(a, timeout)))
+            .zip(answers.iter().map(|(a, _)| outcome(a, timeout)))
             .collect();
         (outcomes, sent)
     }
