@@ -115,7 +115,7 @@ impl Driver<'_> {
     }
 
     /// The desk queued the batch: the record waits for its release (or the fallback,
-    /// [`GateLimits::desk_fallback_ms`], should the desk be lost), and says whether a pause holds it.
+    /// [`crate::operation::gate::GateLimits::desk_fallback_ms`], should the desk be lost), and says whether a pause holds it.
     pub(super) async fn wait_on_destination(
         &self,
         op: Operation,
