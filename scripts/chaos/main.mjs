@@ -99,7 +99,7 @@ async function main() {
     // Re-runs the check on a kept evidence.json (the schedule is rebuilt from its seed).
     const e = JSON.parse(fs.readFileSync(o.recheck, "utf8"));
     const schedule = buildSchedule(e.o.seed, e.o.ops, e.o.kills, e.o.kills + 1, e.o.resultsShare ?? 0);
-    const r = check({ o: e.o, t0: e.t0, ops: schedule.ops, byKey: new Map(schedule.ops.map((op) => [op.key, op])), dest: e.dest, api: e.api, kills: e.kills, observations: new Map(e.observations), finalViews: new Map(e.finalViews), finalKv: new Map(e.finalKv), loadEndAt: e.loadEndAt });
+    const r = check({ o: e.o, t0: e.t0, ops: schedule.ops, byKey: new Map(schedule.ops.map((op) => [op.key, op])), dest: e.dest, api: e.api, kills: e.kills, observations: new Map(e.observations), finalViews: new Map(e.finalViews), finalKv: new Map(e.finalKv), loadEndAt: e.loadEndAt, tooLate: e.tooLate ?? [] });
     for (const line of r.problems.slice(0, 40)) console.log(`chaos-problem: ${line}`);
     console.log(`chaos-detail: duplicates_by_cause=${JSON.stringify(r.causes)}`);
     console.log(r.line);

@@ -29,6 +29,9 @@
 //   counts. A result accepted again under its same id is counted (repeats), as the job's
 //   duplicates are: a destination that dedups by `webhook-id` drops it. `kills_mid_file`
 //   counts the kills that came while a batch had some of its results accepted and not all.
+//   A batch whose registration a kill delayed past its job's first attempt is answered
+//   `kind_change: "too_late"` and owes no results (that attempt's body has none): counted as
+//   `registered_too_late`, checked against its record (an attempt claimed before the answer).
 // - late_jobs (on the chaos-results line): operations whose job effect was first accepted more
 //   than LATE_AFTER_MS (5 minutes) after the load phase's end, or never.
 // Extra checks (also fail the run, printed on the chaos-detail lines): an accepted side effect
@@ -62,10 +65,18 @@ export function expectedResults(key, lines) {
 }
 
 /** The results batches' check (see the header). */
-export function checkResults(ops, requests, kills) {
-  const batches = ops.filter((op) => op.results);
+export function checkResults(ops, requests, kills, tooLate = [], finalViews = new Map()) {
+  // A registration answered "too_late" came after the job's first attempt (a kill delayed it
+  // past the completion): that attempt's body has no results, so none are owed. The worker's
+  // answer is checked against the record: an attempt must have been claimed before it.
+  const late = new Map(tooLate);
   const problems = [];
-  const r = { batches: batches.length, expected: 0, delivered: 0, missing: 0, unknown: 0, repeats: 0, job_after_results: 0, counts_right: 0, kills_mid_file: 0 };
+  for (const [key, answeredAt] of late) {
+    const claimed = (finalViews.get(key)?.history ?? []).filter((h) => h.what === "claimed").map((h) => Date.parse(h.at));
+    if (!claimed.some((at) => at <= answeredAt)) problems.push(`${key}: its registration was answered too_late at ${iso(answeredAt)}, but no attempt of its effect was claimed before`);
+  }
+  const batches = ops.filter((op) => op.results && !late.has(op.key));
+  const r = { batches: batches.length, registered_too_late: ops.filter((op) => op.results && late.has(op.key)).length, expected: 0, delivered: 0, missing: 0, unknown: 0, repeats: 0, job_after_results: 0, counts_right: 0, kills_mid_file: 0 };
   const expectedIds = new Map();
   const spans = [];
   for (const op of batches) {
@@ -131,7 +142,7 @@ export function lateJobs(ops, requests, loadEndAt, lateAfterMs = LATE_AFTER_MS) 
   return { count: keys.length, keys, lastAfterLoadS };
 }
 
-export function check({ o, t0, ops, byKey, dest, api, kills, observations, finalViews, finalKv, loadEndAt }) {
+export function check({ o, t0, ops, byKey, dest, api, kills, observations, finalViews, finalKv, loadEndAt, tooLate = [] }) {
   const problems = [];
   const checks = { wrong_effect_status: 0, unknown_keys: 0, final_wrong_status: 0, effect_not_done: 0, version_rollbacks: 0, done_rollbacks: 0 };
   const accepted = new Map();
@@ -265,7 +276,7 @@ export function check({ o, t0, ops, byKey, dest, api, kills, observations, final
   const line = `chaos: seed=${o.seed} ops=${ops.length} deliveries=${deliveries} faults=${faultTotal} effects=${effects} duplicate_effects=${duplicates} explained=${explained} lost=${lost} regressions=${regressions} unsettled=${unsettled}`;
   const extraBad = checks.wrong_effect_status + checks.unknown_keys + checks.final_wrong_status + checks.effect_not_done + checks.version_rollbacks + checks.done_rollbacks + dest.stats.bad_signature;
   if (kills.length < o.kills) problems.push(`only ${kills.length} of ${o.kills} kills happened`);
-  const results = checkResults(ops, dest.requests, kills);
+  const results = checkResults(ops, dest.requests, kills, tooLate, finalViews);
   problems.push(...results.problems);
   const lateAfterMs = o.lateAfterMs ?? LATE_AFTER_MS;
   const late = lateJobs(ops, dest.requests, loadEndAt, lateAfterMs);

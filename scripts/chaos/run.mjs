@@ -184,6 +184,7 @@ export async function runChaos(options = {}) {
       return null;
     };
     const registrationStats = { sent: 0, created: 0, existed: 0, retried: 0, failed: 0 };
+    const tooLate = []; // [key, answered at]: the registrations answered "too_late"
     const register = async (op) => {
       started.add(op.key);
       registrationStats.sent++;
@@ -191,9 +192,19 @@ export async function runChaos(options = {}) {
         if (attempt > 0) registrationStats.retried++;
         try {
           const r = await httpJson(`${worker.base}/v1/operations`, { method: "POST", headers: adminHeaders, body: JSON.stringify({ name: op.name, kind: `chaos-${op.family}`, ...(op.results ? { results: "each" } : {}) }) });
-          if (r.status === 201) { registrationStats.created++; return; }
-          if (r.status === 200) { registrationStats.existed++; return; }
-          if (r.status === 400 || r.status === 401) break;
+          // Only the worker's own answer counts: between a kill and the restart the old port
+          // is free, and another process on this machine may be listening there by then.
+          const ours = r.body?.name === op.name;
+          if (r.status === 201 && ours) { registrationStats.created++; return; }
+          if (r.status === 200 && ours) {
+            registrationStats.existed++;
+            // A registration that lands after the job's first attempt (a kill delayed it past
+            // the completion) cannot change that attempt's body: the worker keeps it plain.
+            if (r.body.kind_change === "too_late") tooLate.push([op.key, Date.now()]);
+            return;
+          }
+          if ((r.status === 400 || r.status === 401) && typeof r.body?.error === "string") break;
+          if (!ours && r.status < 500) say(`chaos: a registration of ${op.name} was answered ${r.status} by something other than the worker; sent again`);
         } catch {}
         await sleep(Math.min(3000, 200 * 2 ** Math.min(attempt, 4)));
       }
@@ -356,14 +367,14 @@ export async function runChaos(options = {}) {
     await worker.stop();
 
     const loadEndAt = run.t0 + loadEnd;
-    const evidence = { o, t0: run.t0, ops, byKey, dest, api, kills, observations, finalViews, finalKv, loadEndAt };
+    const evidence = { o, t0: run.t0, ops, byKey, dest, api, kills, observations, finalViews, finalKv, loadEndAt, tooLate };
     // Everything the check sees, to re-run it offline (node scripts/chaos.mjs --recheck FILE);
     // written before the check, so a check that throws leaves it too. Kept on a failure or --keep.
     const evidenceFile = path.join(tmp, "evidence.json");
     fs.writeFileSync(evidenceFile, JSON.stringify({
       o: { seed: o.seed, ops: o.ops, kills: o.kills, resultsShare: o.resultsShare, lateAfterMs: o.lateAfterMs }, t0: run.t0, loadEndAt, kills,
       dest: { stats: dest.stats, requests: dest.requests }, api: { stats: api.stats },
-      observations: [...observations], finalViews: [...finalViews], finalKv: [...finalKv],
+      observations: [...observations], finalViews: [...finalViews], finalKv: [...finalKv], tooLate,
     }));
     result = check(evidence);
     Object.assign(result.stats, {
@@ -400,7 +411,7 @@ export async function runChaos(options = {}) {
   out(`chaos-detail: effects requests=${s.destination.requests} accepted=${s.destination.accepted} keys=${s.effect_keys} duplicates_by_cause=${JSON.stringify(result.causes)} bad_signatures=${s.destination.bad_signature} wrong_effect_status=${result.checks.wrong_effect_status} unknown_keys=${result.checks.unknown_keys} settled_by=${JSON.stringify(s.settled_by)}`);
   out(`chaos-detail: checks final_wrong_status=${result.checks.final_wrong_status} effect_not_done=${result.checks.effect_not_done} version_rollbacks=${result.checks.version_rollbacks} done_rollbacks=${result.checks.done_rollbacks} observations=${s.observations} silent_settle_latency_ms p50=${s.silent_latency_p50} max=${s.silent_latency_max} elapsed_s=${s.elapsed_s} (load phase ${s.load_phase_s}, settle ${s.settle_s}, settled=${s.settled_before_deadline}) loadavg_1m mean=${s.loadavg_1m.mean} max=${s.loadavg_1m.max} cpus=${s.loadavg_1m.cpus}`);
   const rs = result.results;
-  out(`chaos-results: batches=${rs.batches} results=${rs.expected} delivered=${rs.delivered} missing=${rs.missing} unknown_ids=${rs.unknown} repeats=${rs.repeats} job_after_results=${rs.job_after_results}/${rs.batches} counts_right=${rs.counts_right}/${rs.batches} late_jobs=${result.late.count} last_job_after_load_s=${result.late.lastAfterLoadS} kills_mid_file=${rs.kills_mid_file} downloads=${s.status_api.downloads} ranged=${s.status_api.ranged} file_not_yet=${s.status_api.file_not_yet} file_503=${s.status_api.file_503} file_cut=${s.status_api.file_cut}`);
+  out(`chaos-results: batches=${rs.batches} registered_too_late=${rs.registered_too_late} results=${rs.expected} delivered=${rs.delivered} missing=${rs.missing} unknown_ids=${rs.unknown} repeats=${rs.repeats} job_after_results=${rs.job_after_results}/${rs.batches} counts_right=${rs.counts_right}/${rs.batches} late_jobs=${result.late.count} last_job_after_load_s=${result.late.lastAfterLoadS} kills_mid_file=${rs.kills_mid_file} downloads=${s.status_api.downloads} ranged=${s.status_api.ranged} file_not_yet=${s.status_api.file_not_yet} file_503=${s.status_api.file_503} file_cut=${s.status_api.file_cut}`);
   for (const line of result.problems.slice(0, 40)) out(`chaos-problem: ${line}`);
   if (o.json) fs.writeFileSync(o.json, JSON.stringify({ line: result.line, ok: result.ok, causes: result.causes, faults: result.faults, checks: result.checks, problems: result.problems, stats: result.stats, duplicates: result.duplicateDetails, silent: result.silentDetails }, null, 2));
   if (result.ok && !o.keep) fs.rmSync(tmp, { recursive: true, force: true });
