@@ -194,7 +194,7 @@ export async function runChaos(options = {}) {
           const r = await httpJson(`${worker.base}/v1/operations`, { method: "POST", headers: adminHeaders, body: JSON.stringify({ name: op.name, kind: `chaos-${op.family}`, ...(op.results ? { results: "each" } : {}) }) });
           // Only the worker's own answer counts: between a kill and the restart the old port
           // is free, and another process on this machine may be listening there by then.
-          const ours = r.body?.name === op.name;
+          const ours = r.body?.key === op.key;
           if (r.status === 201 && ours) { registrationStats.created++; return; }
           if (r.status === 200 && ours) {
             registrationStats.existed++;
