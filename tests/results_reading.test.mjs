@@ -29,18 +29,20 @@ describe("reading a batch's results", () => {
     const w = await startWorker(vars());
     try {
       const key = "batches/range0";
-      gemini.files.set("files/range0", fileOf(100));
+      gemini.files.set("files/range0", fileOf(300));
       gemini.status.set(key, succeeded(key, { responsesFile: "files/range0" }));
       gemini.state.rangeFromZero = true;
       await w.register(key, "other", { results: "each" });
       await w.deliver("batch.succeeded", key);
       const { jobs } = await untilJob(dest, key);
       const first = split(dest, key).results;
-      assert.equal(first.length, 40, "the first chunk only");
-      assert.equal(distinct(first.map((r) => r.body.result_key)), 40, "no line came back under another index");
-      assert.equal(distinct(first.map((r) => r.id)), 40);
+      // A step claims a wave of 240 results: the first wave is read from byte 0, the next asks
+      // a Range from its checkpoint, and the server answers 206 from byte 0.
+      assert.equal(first.length, 240, "the first wave only");
+      assert.equal(distinct(first.map((r) => r.body.result_key)), 240, "no line came back under another index");
+      assert.equal(distinct(first.map((r) => r.id)), 240);
       const job = assertEffectValid(jobs[0].body);
-      assert.equal(job.results.total, 40);
+      assert.equal(job.results.total, 240);
       assert.match(job.results.file_parked, /^206 from byte 0, asked from byte \d+$/);
       await eventually(() => alertsFor(key).length === 1, { what: "the results_file_parked alert" });
       assert.ok(gemini.downloads.filter((d) => d.name === "files/range0" && d.range).length >= 2, "asked again before it was parked");
@@ -53,12 +55,12 @@ describe("reading a batch's results", () => {
       assert.equal(retry.status, 200);
       assert.equal(retry.body.retried, 0);
       assert.equal(retry.body.file_reread, true);
-      await eventually(() => split(dest, key).results.length >= 100, { timeoutMs: 60_000, what: "the rest of the file" });
-      const op = await eventually(async () => { const op = (await w.inspect(key)).body; return op.results_counts?.total === 100 && op; }, { what: "the counts of the whole file" });
+      await eventually(() => split(dest, key).results.length >= 300, { timeoutMs: 60_000, what: "the rest of the file" });
+      const op = await eventually(async () => { const op = (await w.inspect(key)).body; return op.results_counts?.total === 300 && op; }, { what: "the counts of the whole file" });
       const all = split(dest, key).results;
-      assert.equal(all.length, 100, "each result once");
-      assert.equal(distinct(all.map((r) => r.body.result_key)), 100);
-      assert.deepEqual(op.results_counts, { total: 100, delivered: 100, errors: 0, parked: 0 });
+      assert.equal(all.length, 300, "each result once");
+      assert.equal(distinct(all.map((r) => r.body.result_key)), 300);
+      assert.deepEqual(op.results_counts, { total: 300, delivered: 300, errors: 0, parked: 0 });
       const row = op.history.find((h) => h.what === "results_retried");
       assert.ok(row, "the operator's retry has its history row");
       assert.equal(row.file_reread, true);
