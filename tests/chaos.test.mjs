@@ -40,7 +40,7 @@ test("chaos: seed 7, 100 operations and two results batches, one kill: nothing l
   assert.equal(unsettled, 0, `unsettled${report}`);
   assert.equal(explained, duplicates, `every duplicate explained${report}`);
   assert.match(stdout, /kills=1 /, "one hard kill happened");
-  const results = /^chaos-results: batches=2 results=(\d+) delivered=(\d+) missing=0 unknown_ids=0 repeats=\d+ job_after_results=2\/2 counts_right=2\/2 /m.exec(stdout);
+  const results = /^chaos-results: batches=2 registered_too_late=0 results=(\d+) delivered=(\d+) missing=0 unknown_ids=0 repeats=\d+ job_after_results=2\/2 counts_right=2\/2 /m.exec(stdout);
   assert.ok(results && results[1] === results[2], `every result of both batches delivered once under its id, then the job with its counts${report}`);
   assert.equal(code, 0, `driver exit code${report}\n${stderr.slice(-3000)}`);
 });
