@@ -34,12 +34,16 @@ pub fn class_of_status(status: u16) -> Class {
 /// How an outbound call ended. `B` is the body as the call kept it: an excerpt, or a 2xx body
 /// wanted whole (`String`); a status answer's body as the skimmer read it
 /// ([`crate::reconciliation::status::StatusAnswer`]).
-#[derive(Debug, Clone, PartialEq)]
+///
+/// It is plain JSON too: a result sender hands the gate its destination's answers as they are.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PeerAnswer<B = String> {
     /// The peer answered: its status, its body as kept, its Retry-After.
     Http {
         status: u16,
         body: B,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_after: Option<String>,
     },
     /// A 2xx body wanted whole ran past `cap` bytes: refused, and read no further.

@@ -86,24 +86,6 @@ pub struct SendOrder {
     pub sends: Vec<WireSend>,
 }
 
-/// A destination's answer, as a sender reports it (one a send, in order).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WireAnswer {
-    Http {
-        status: u16,
-        body: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        retry_after: Option<String>,
-    },
-    TooLarge {
-        status: u16,
-        cap: usize,
-    },
-    Timeout,
-    Network(String),
-}
-
 impl WireSend {
     /// The request as the gate built it, to go at `after_ms`.
     pub fn of(request: &EffectRequest, after_ms: u64) -> WireSend {
@@ -133,44 +115,6 @@ impl WireSend {
             headers,
             body: self.body,
         })
-    }
-}
-
-impl From<PeerAnswer> for WireAnswer {
-    fn from(answer: PeerAnswer) -> WireAnswer {
-        match answer {
-            PeerAnswer::Http {
-                status,
-                body,
-                retry_after,
-            } => WireAnswer::Http {
-                status,
-                body,
-                retry_after,
-            },
-            PeerAnswer::TooLarge { status, cap } => WireAnswer::TooLarge { status, cap },
-            PeerAnswer::Timeout => WireAnswer::Timeout,
-            PeerAnswer::Network(e) => WireAnswer::Network(e),
-        }
-    }
-}
-
-impl From<WireAnswer> for PeerAnswer {
-    fn from(answer: WireAnswer) -> PeerAnswer {
-        match answer {
-            WireAnswer::Http {
-                status,
-                body,
-                retry_after,
-            } => PeerAnswer::Http {
-                status,
-                body,
-                retry_after,
-            },
-            WireAnswer::TooLarge { status, cap } => PeerAnswer::TooLarge { status, cap },
-            WireAnswer::Timeout => PeerAnswer::Timeout,
-            WireAnswer::Network(e) => PeerAnswer::Network(e),
-        }
     }
 }
 
@@ -259,10 +203,9 @@ mod tests {
             PeerAnswer::Network("reset".into()),
         ];
         for answer in answers {
-            let wire = WireAnswer::from(answer.clone());
-            let json = serde_json::to_string(&wire).unwrap();
-            let back: WireAnswer = serde_json::from_str(&json).unwrap();
-            assert_eq!(PeerAnswer::from(back), answer);
+            let json = serde_json::to_string(&answer).unwrap();
+            let back: PeerAnswer = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, answer);
         }
         let failed = sender_failed(3, "object answered 500");
         assert_eq!(failed.len(), 3);

@@ -20,7 +20,7 @@ use crate::config::Destination;
 use crate::operation::effect::EffectRequest;
 use crate::refusal::Refusal;
 use crate::results::fanout::{
-    groups, sender_failed, SendOrder, WireAnswer, WireDestination, WireSend, SENDERS,
+    groups, sender_failed, SendOrder, WireDestination, WireSend, SENDERS,
 };
 use crate::results::progress::SENDS_IN_FLIGHT;
 use crate::retry::PeerAnswer;
@@ -75,9 +75,8 @@ impl DurableObject for ResultSender {
                 fetch::deliver(&self.env, destination, &request, timeout).await
             }
         });
-        let answers: Vec<WireAnswer> = stream::iter(calls)
+        let answers: Vec<PeerAnswer> = stream::iter(calls)
             .buffered(SENDS_IN_FLIGHT)
-            .map(WireAnswer::from)
             .collect()
             .await;
         self.meter.end(
@@ -125,12 +124,12 @@ pub async fn send_through_senders(
         async move {
             let stub = stub_for(env, SENDER_BINDING, &format!("{key}#{slot}"));
             let reply = match stub {
-                Ok(stub) => post_json::<_, Vec<WireAnswer>>(&stub, &order).await,
+                Ok(stub) => post_json::<_, Vec<PeerAnswer>>(&stub, &order).await,
                 Err(refusal) => Err(refusal),
             };
             match reply {
                 Ok(answers) if answers.len() == n => {
-                    answers.into_iter().map(|a| (a.into(), true)).collect()
+                    answers.into_iter().map(|a| (a, true)).collect()
                 }
                 Ok(answers) => failed(n, &format!("{} answers for {n}", answers.len())),
                 Err(refusal) => failed(n, &refusal.to_string()),
