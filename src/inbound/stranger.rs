@@ -72,14 +72,26 @@ impl NotOurs {
     }
 }
 
-/// The longest an edge waits, within the request, for a slot of the status budget before it
-/// asks again (once): slots are `1 / RECONCILE_POLL_RATE` apart (50 ms at the default), so
-/// two signed deliveries arriving together both get theirs; a longer wait (Gemini's back-off)
-/// is Gemini's to wait, through a 503.
+/// The longest an edge waits, in all, within the request for a slot of the status budget:
+/// slots are `1 / RECONCILE_POLL_RATE` apart (50 ms at the default), so two signed deliveries
+/// arriving together both get theirs; a longer wait (Gemini's back-off, a pass holding the
+/// lease) is Gemini's to wait, through a 503.
 pub const SLOT_WAIT_MAX_MS: i64 = 1_000;
 
+/// The most answers an edge asks of the status budget for one delivery. More than two, because
+/// the slot a first answer names can be a millisecond away again when asked (the keeper's clock
+/// and the edge's timer are not one), and a refusal then would be a 503 for a wait of nothing.
+pub const SLOT_ASKS_MAX: u32 = 3;
+
+/// How long an edge has waited for a slot so far, and how many answers it had.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotWaited {
+    pub asks: u32,
+    pub ms: i64,
+}
+
 /// What an edge about to ask about a `v1a`-signed body's unheld operation does with the
-/// status budget's answer (`asked_again`: this is its second answer).
+/// status budget's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotStep {
     /// The slot is taken: ask the status API.
@@ -91,8 +103,10 @@ pub enum SlotStep {
     Refuse(StatusError),
 }
 
-/// The step after the status budget's answer at `now_ms` (`None`: its keeper did not answer).
-pub fn slot_step(answer: Option<SlotAnswer>, now_ms: i64, asked_again: bool) -> SlotStep {
+/// The step after the status budget's answer at `now_ms` (`None`: its keeper did not answer),
+/// given what was waited before it; a `Wait` is counted into `waited`.
+pub fn slot_step(answer: Option<SlotAnswer>, now_ms: i64, waited: &mut SlotWaited) -> SlotStep {
+    waited.asks += 1;
     let until_ms = match answer {
         Some(SlotAnswer::Granted) => return SlotStep::Ask,
         Some(SlotAnswer::WaitUntil { until_ms }) => until_ms,
@@ -103,7 +117,8 @@ pub fn slot_step(answer: Option<SlotAnswer>, now_ms: i64, asked_again: bool) -> 
         }
     };
     let wait = (until_ms - now_ms).max(1);
-    if !asked_again && wait <= SLOT_WAIT_MAX_MS {
+    if waited.asks < SLOT_ASKS_MAX && waited.ms + wait <= SLOT_WAIT_MAX_MS {
+        waited.ms += wait;
         return SlotStep::Wait(wait);
     }
     SlotStep::Refuse(StatusError::Transient {
@@ -322,32 +337,50 @@ mod tests {
     #[test]
     fn no_status_call_leaves_outside_the_budget() {
         let wait = |until_ms| Some(SlotAnswer::WaitUntil { until_ms });
+        let step =
+            |answer, now_ms, asks, ms| slot_step(answer, now_ms, &mut SlotWaited { asks, ms });
+        assert_eq!(step(Some(SlotAnswer::Granted), 0, 0, 0), SlotStep::Ask);
+        assert_eq!(step(Some(SlotAnswer::Granted), 0, 2, 900), SlotStep::Ask);
+        // A slot a moment away: waited for.
+        assert_eq!(step(wait(1_050), 1_000, 0, 0), SlotStep::Wait(50));
         assert_eq!(
-            slot_step(Some(SlotAnswer::Granted), 0, false),
-            SlotStep::Ask
-        );
-        assert_eq!(slot_step(Some(SlotAnswer::Granted), 0, true), SlotStep::Ask);
-        // A slot a moment away: waited for, once.
-        assert_eq!(slot_step(wait(1_050), 1_000, false), SlotStep::Wait(50));
-        assert_eq!(
-            slot_step(wait(1_000 + SLOT_WAIT_MAX_MS), 1_000, false),
+            step(wait(1_000 + SLOT_WAIT_MAX_MS), 1_000, 0, 0),
             SlotStep::Wait(SLOT_WAIT_MAX_MS)
         );
+        // Asked again at the named moment and told it is a millisecond away: waited again.
+        let mut waited = SlotWaited::default();
         assert_eq!(
-            slot_step(wait(1_050), 1_000, true),
+            slot_step(wait(1_050), 1_000, &mut waited),
+            SlotStep::Wait(50)
+        );
+        assert_eq!(
+            slot_step(wait(1_050), 1_050, &mut waited),
+            SlotStep::Wait(1)
+        );
+        assert_eq!(waited, SlotWaited { asks: 2, ms: 51 });
+        // The third answer is the last: it is a slot or a 503.
+        assert_eq!(
+            slot_step(wait(1_052), 1_051, &mut waited),
+            SlotStep::Refuse(StatusError::Transient {
+                retry_after_secs: 1
+            })
+        );
+        // Waits add up to at most SLOT_WAIT_MAX_MS (a pass holding the lease for a second).
+        assert_eq!(
+            step(wait(2_000), 1_000, 1, 50),
             SlotStep::Refuse(StatusError::Transient {
                 retry_after_secs: 1
             })
         );
         // Gemini's back-off, or no answer from the budget: Gemini retries.
         assert_eq!(
-            slot_step(wait(31_000), 1_000, false),
+            step(wait(31_000), 1_000, 0, 0),
             SlotStep::Refuse(StatusError::Transient {
                 retry_after_secs: 30
             })
         );
         assert_eq!(
-            slot_step(None, 0, false),
+            step(None, 0, 0, 0),
             SlotStep::Refuse(StatusError::Transient {
                 retry_after_secs: 60
             })

@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::inbound::classify::Policy;
 use crate::inbound::intake::{DeliveryEnd, Headers, Intake, Need, Settings, TerminalMemory};
 use crate::inbound::stranger::{
-    slot_step, AlertLimits, CountNudge, NotOurs, NudgeCounted, SlotStep,
+    slot_step, AlertLimits, CountNudge, NotOurs, NudgeCounted, SlotStep, SlotWaited,
 };
 use crate::operation::gate::alarm::status_backoff_until;
 use crate::operation::key::Collection;
@@ -124,9 +124,9 @@ pub async fn receive(
 }
 
 /// Asks the status API about an operation only a `v1a`-signed body names, in a slot of the
-/// status budget (one lease call, two when the slot is a moment away), unless this isolate was told a moment ago that it is not
-/// ours (`None`: not asked); a 429 or 5xx is reported to the lease, so every status call
-/// backs off.
+/// status budget (one lease call, up to [`crate::inbound::stranger::SLOT_ASKS_MAX`] when the
+/// slot is a moment away), unless this isolate was told a moment ago that it is not ours
+/// (`None`: not asked); a 429 or 5xx is reported to the lease, so every status call backs off.
 async fn ask_unheld(
     env: &Env,
     config: &Config,
@@ -140,17 +140,21 @@ async fn ask_unheld(
     let slot = LeaseCommand::Slot {
         rate_per_s: config.reconcile_poll_rate,
     };
-    let mut asked_again = false;
+    let mut waited = SlotWaited::default();
     loop {
         let answer = match call_lease(env, &slot).await {
             Ok(LeaseReply::Slot { answer }) => Some(answer),
             _ => None,
         };
-        match slot_step(answer, now_ms(), asked_again) {
+        match slot_step(answer, now_ms(), &mut waited) {
             SlotStep::Ask => break,
             SlotStep::Wait(ms) => {
                 Delay::from(Duration::from_millis(ms as u64)).await;
-                asked_again = true;
+                // A delivery of the same name that held the slot before may have learnt
+                // meanwhile that it is not ours.
+                if NOT_OURS.with(|m| m.borrow().knows(key, now_ms())) {
+                    return None;
+                }
             }
             SlotStep::Refuse(refused) => return Some(Err(refused)),
         }
