@@ -13,6 +13,9 @@
 //! ([`crate::retry::Backoff`]); a refusal parks it, and so does failing past
 //! [`Limits::alert_after_ms`] (`EFFECT_ALERT_AFTER_SECONDS`), with one alert for the batch
 //! naming how many ([`Step::AlertFailing`]): the job's effect then goes, as after any park. A
+//! result whose sender answered nothing ([`Sending::Unanswered`]) is kept and sent again with
+//! the same backoff under its id, but it is no failure of the destination: it is never parked
+//! for it and starts no failing clock. A
 //! results file missing right after `SUCCEEDED` is asked for again with backoff for
 //! [`Limits::file_wait_ms`], unless the batch ended more than [`FILE_KEPT_MS`] ago (then it is
 //! gone for good); a file gone for good or unreadable parks the results with the reason and
