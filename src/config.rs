@@ -297,6 +297,7 @@ pub const VARIABLES: &[Variable] = {
         // A batch's results, each its own side effect.
         V::plain("RESULTS_EACH_KINDS", FreeText, Nothing, "kinds (comma-separated) whose batches default to \"results\": \"each\" when registered without results: each result becomes its own side effect"),
         V::plain("RESULTS_FILE_WAIT_SECONDS", Whole { min: 0, max: 2 * DAY_SECS }, Number(DEFAULT_RESULTS_FILE_WAIT_SECS), "a results file that answers 404 (or cannot be reached) after SUCCEEDED is asked for again with backoff this long, then its results are parked and alerted"),
+        V::plain("RESULTS_SENDER_TIMEOUT_MS", Whole { min: 1, max: 600_000 }, Nothing, "the longest a gate waits for a result sender's answer before it sends that group again later under the same ids (unset: as long as its sends can take, their rounds of EFFECT_TIMEOUT_MS and their pacing, plus 5 s); it only shortens that wait"),
     ]
 };
 
@@ -387,6 +388,9 @@ pub struct ResultsSettings {
     pub each_kinds: Vec<String>,
     /// `RESULTS_FILE_WAIT_SECONDS`: how long a missing results file is asked for again.
     pub file_wait_secs: i64,
+    /// `RESULTS_SENDER_TIMEOUT_MS`, when set: the most a gate waits for a result sender
+    /// (`results::fanout::call_bound_ms`).
+    pub sender_timeout_ms: Option<i64>,
 }
 
 /// A key sent to a service (Gemini's API key, PagerDuty's routing key); `Debug` hides it.
@@ -711,13 +715,14 @@ impl Settings {
         .map_err(|overlap| err(overlap.setting.setting(), overlap.to_string()))
     }
 
-    /// `RESULTS_EACH_KINDS` and `RESULTS_FILE_WAIT_SECONDS`.
+    /// `RESULTS_EACH_KINDS`, `RESULTS_FILE_WAIT_SECONDS` and `RESULTS_SENDER_TIMEOUT_MS`.
     fn results(&self) -> Result<ResultsSettings, ConfigError> {
         Ok(ResultsSettings {
             each_kinds: self
                 .optional("RESULTS_EACH_KINDS", Setting::list)?
                 .unwrap_or_default(),
             file_wait_secs: self.value("RESULTS_FILE_WAIT_SECONDS", Setting::whole)?,
+            sender_timeout_ms: self.optional("RESULTS_SENDER_TIMEOUT_MS", Setting::whole)?,
         })
     }
 

@@ -5,7 +5,9 @@
 // the results by destination; that alert resolves once an operator's retry settles them, and
 // a later spell alerts again; a queue destination gets each body once and parks one over the
 // queue's message limit; 60 KB keys to a failing destination keep the stored progress within
-// a row (each send committed, no `alarm_failing`); at most 6 sends in flight per invocation.
+// a row (each send committed, no `alarm_failing`); at most 6 sends in flight per invocation;
+// a result sender cut off by the gate's bound (`RESULTS_SENDER_TIMEOUT_MS`) loses nothing: its
+// group is sent again under the same ids, and the destination is not counted as failing.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
@@ -336,6 +338,72 @@ describe("a fanned-out batch", () => {
       await w.dispose();
       await gemini.close();
       await dest.close();
+      await sink.close();
+    }
+  });
+});
+
+describe("a result sender that answers too late", () => {
+  it("its group is sent again under the same ids (a repeat only of what left), the other groups are committed, nothing counts as the destination failing, and the batch finishes", { timeout: 120_000 }, async () => {
+    const gemini = await startGemini();
+    const sink = await startServer(() => ({ status: 200 }));
+    // The destination holds k13's first copy 4 s (inside EFFECT_TIMEOUT_MS, 5 s, so the
+    // sender gets its 200), past the gate's 2 s wait for that sender: the gate gives up on the
+    // sender that carries it. Every other request is answered at once.
+    const seen = [];
+    let held = 0;
+    const server = createServer((req, res) => {
+      const chunks = [];
+      req.on("data", (c) => chunks.push(c));
+      req.on("end", () => {
+        const body = Buffer.concat(chunks).toString();
+        const id = req.headers["webhook-id"];
+        seen.push({ id, body: JSON.parse(body), raw: body });
+        const first = JSON.parse(body).result_key === "k13" && held++ === 0;
+        setTimeout(() => res.writeHead(200).end("{}"), first ? 4_000 : 0);
+      });
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    const dest = { url: `http://127.0.0.1:${server.address().port}` };
+    const w = await startWorker({ ...workerVars({ dest, gemini, sink }), RESULTS_SENDER_TIMEOUT_MS: "2000", STATS_FLUSH_SECONDS: "0" });
+    const key = "batches/latesender1";
+    const lines = 80;
+    try {
+      gemini.files.set("files/latesender1", fileOf(lines));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/latesender1" }));
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const job = await eventually(() => seen.find((r) => r.body.key === key && !("result_key" in r.body)), { timeoutMs: 60_000, what: "the job effect" });
+      assert.deepEqual(job.body.results, { total: lines, delivered: lines, errors: 0, parked: 0 });
+      await eventually(async () => (await w.inspect(key)).body.effect_done, { timeoutMs: 30_000, what: "the batch finished" });
+      const results = seen.filter((r) => r.body.key === key && r.body.result_key);
+      const byId = new Map();
+      for (const r of results) byId.set(r.id, [...(byId.get(r.id) ?? []), r]);
+      assert.equal(byId.size, lines, "every result arrived, under one id each");
+      for (const [id, copies] of byId) assert.equal(new Set(copies.map((c) => c.raw)).size, 1, `one body under ${id}`);
+      assert.equal(new Set(results.map((r) => r.body.result_key)).size, lines);
+      // k13's sender was cut off: k13 went again under its id, and so did the results its
+      // sender had sent (they left: a repeat the id makes harmless); a group whose sender
+      // answered in time was committed, not sent again.
+      const k13 = results.filter((r) => r.body.result_key === "k13");
+      assert.ok(k13.length >= 2 && new Set(k13.map((r) => r.id)).size === 1, `k13 sent again under its id: ${k13.length}`);
+      const repeated = [...byId.values()].filter((c) => c.length > 1).map((c) => c[0].body.result_key);
+      assert.ok(repeated.length < lines, `not every group was sent again: ${repeated.length}`);
+      // Not the destination's failure: no result failed, parked or alerted for it.
+      const metric = async (result) => {
+        const page = await (await w.fetch("/metrics", { headers: { authorization: `Bearer ${READ_TOKEN}` } })).text();
+        const line = page.split("\n").find((l) => l.startsWith(`gemini_once_results_by_destination_total{result="${result}",destination="default"}`));
+        return line ? Number(line.split(" ").pop()) : 0;
+      };
+      await eventually(async () => (await metric("delivered")) === lines, { timeoutMs: 20_000, what: "every result counted delivered" });
+      assert.equal(await metric("failed"), 0, "a sender's trouble is no failed attempt");
+      assert.equal(await metric("parked"), 0);
+      const alerts = sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.key === key);
+      assert.deepEqual(alerts, [], "nothing alerted");
+    } finally {
+      await w.dispose();
+      await new Promise((r) => { server.closeAllConnections(); server.close(r); });
+      await gemini.close();
       await sink.close();
     }
   });

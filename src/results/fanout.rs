@@ -12,6 +12,13 @@
 //! to its sender and comes back unchanged: the same headers (so the same `webhook-id` and
 //! signature), the same body; the gate alone claims and commits (`progress`), so a sender
 //! holds no state and a kill anywhere is the gate's claim sent again.
+//!
+//! The gate waits for a sender no longer than [`call_bound_ms`]: as long as its sends can take
+//! (their rounds of `EFFECT_TIMEOUT_MS`, after its last pacing delay) and a margin
+//! ([`SENDER_MARGIN_MS`]). A sender that fails, answers something else or passes its bound
+//! answers nothing for its group ([`group_answers`]): those results were not judged (the
+//! destination's health and the desk hear nothing of them) and are sent again later under
+//! their same ids, while the other groups' answers are committed.
 
 use std::ops::Range;
 
@@ -40,6 +47,43 @@ pub fn groups(n: usize) -> Vec<Range<usize>> {
             start += len;
             range
         })
+        .collect()
+}
+
+/// What a sender's call may take past its sends' own deadlines: the way there and back and a
+/// sender's cold start (its wasm compiled) take well under this, so a sender that answers
+/// later than its sends can take has failed (stopped, or cut off), and its group is sent
+/// again rather than holding the gate's alarm for as long as the runtime allows.
+pub const SENDER_MARGIN_MS: i64 = 5_000;
+
+/// How long the gate waits for a sender's answer to a group of `n` sends: each leaves no
+/// sooner than its `after_ms` from the sender's start (the latest, `last_after_ms`) and at
+/// most [`SENDS_IN_FLIGHT`] are in flight, each bounded by `timeout_ms`, so the sends end
+/// within `last_after_ms` and one `timeout_ms` a round; then [`SENDER_MARGIN_MS`]. `cap`
+/// (`RESULT_SENDER_TIMEOUT_MS`, when set) shortens it, never lengthens it.
+pub fn call_bound_ms(n: usize, timeout_ms: i64, last_after_ms: u64, cap: Option<i64>) -> i64 {
+    let rounds = n.div_ceil(SENDS_IN_FLIGHT) as i64;
+    let bound = (last_after_ms as i64)
+        .saturating_add(rounds.saturating_mul(timeout_ms.max(1)))
+        .saturating_add(SENDER_MARGIN_MS);
+    cap.map_or(bound, |cap| bound.min(cap.max(1)))
+}
+
+/// A group's answers, one a send, from its sender's reply (`Err`: the call failed or passed
+/// its bound, saying why): the destination's answer for each send, or `Err` for each (its
+/// sender answered nothing usable: a sender may have sent before failing, so each result is
+/// sent again under its same `webhook-id`, and none is a failure of the destination).
+pub fn group_answers(
+    reply: Result<Vec<PeerAnswer>, String>,
+    n: usize,
+) -> Vec<Result<PeerAnswer, String>> {
+    let why = match reply {
+        Ok(answers) if answers.len() == n => return answers.into_iter().map(Ok).collect(),
+        Ok(answers) => format!("{} answers for {n} sends", answers.len()),
+        Err(why) => why,
+    };
+    (0..n)
+        .map(|_| Err(format!("result sender: {why}")))
         .collect()
 }
 
@@ -116,15 +160,6 @@ impl WireSend {
             body: self.body,
         })
     }
-}
-
-/// The answers of a group whose sender could not be called or answered something else than
-/// one answer a send: each may have reached the destination (a sender may have sent before
-/// failing), so each is a network failure, retried under its same `webhook-id`.
-pub fn sender_failed(n: usize, why: &str) -> Vec<PeerAnswer> {
-    (0..n)
-        .map(|_| PeerAnswer::Network(format!("result sender: {why}")))
-        .collect()
 }
 
 #[cfg(test)]
@@ -207,10 +242,51 @@ mod tests {
             let back: PeerAnswer = serde_json::from_str(&json).unwrap();
             assert_eq!(back, answer);
         }
-        let failed = sender_failed(3, "object answered 500");
-        assert_eq!(failed.len(), 3);
-        assert!(failed
-            .iter()
-            .all(|a| a.class() == crate::retry::Class::Retry));
+    }
+
+    #[test]
+    fn a_sender_that_fails_or_answers_otherwise_answers_nothing_for_its_group() {
+        let ok = PeerAnswer::Http {
+            status: 200,
+            body: String::new(),
+            retry_after: None,
+        };
+        let answers = group_answers(Ok(vec![ok.clone(), PeerAnswer::Timeout]), 2);
+        assert_eq!(answers, vec![Ok(ok.clone()), Ok(PeerAnswer::Timeout)]);
+        for reply in [Err("no answer within 40000 ms".to_string()), Ok(vec![ok])] {
+            let answers = group_answers(reply, 3);
+            assert_eq!(answers.len(), 3, "one a send");
+            assert!(answers
+                .iter()
+                .all(|a| matches!(a, Err(why) if why.starts_with("result sender: "))));
+        }
+    }
+
+    #[test]
+    fn the_gate_waits_for_a_sender_as_long_as_its_sends_can_take_and_a_margin() {
+        // A chunk: 7 rounds of 6, each up to the timeout.
+        let chunk = CHUNK_RESULTS as usize;
+        assert_eq!(
+            call_bound_ms(chunk, 5_000, 0, None),
+            7 * 5_000 + SENDER_MARGIN_MS
+        );
+        // A paced group leaves at its tokens: the last one's delay comes first.
+        assert_eq!(
+            call_bound_ms(7, 1_000, 2_500, None),
+            2_500 + 2 * 1_000 + SENDER_MARGIN_MS
+        );
+        // Whatever the sends, never less than they can take.
+        for n in 1..=chunk {
+            for timeout in [1, 300, 5_000, 600_000] {
+                let rounds = n.div_ceil(SENDS_IN_FLIGHT) as i64;
+                assert!(call_bound_ms(n, timeout, 0, None) > rounds * timeout);
+            }
+        }
+        // RESULT_SENDER_TIMEOUT_MS shortens it, never lengthens it.
+        assert_eq!(call_bound_ms(chunk, 5_000, 0, Some(2_000)), 2_000);
+        assert_eq!(
+            call_bound_ms(6, 5_000, 0, Some(60_000)),
+            5_000 + SENDER_MARGIN_MS
+        );
     }
 }

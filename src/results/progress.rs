@@ -13,6 +13,9 @@
 //! ([`crate::retry::Backoff`]); a refusal parks it, and so does failing past
 //! [`Limits::alert_after_ms`] (`EFFECT_ALERT_AFTER_SECONDS`), with one alert for the batch
 //! naming how many ([`Step::AlertFailing`]): the job's effect then goes, as after any park. A
+//! result whose sender answered nothing ([`Sending::Unanswered`]) is kept and sent again with
+//! the same backoff under its id, but it is no failure of the destination: it is never parked
+//! for it and starts no failing clock. A
 //! results file missing right after `SUCCEEDED` is asked for again with backoff for
 //! [`Limits::file_wait_ms`], unless the batch ended more than [`FILE_KEPT_MS`] ago (then it is
 //! gone for good); a file gone for good or unreadable parks the results with the reason and
@@ -269,6 +272,39 @@ pub enum FileTrouble {
     Unreadable(String),
 }
 
+/// How a result's send ended, as a step commits it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sending {
+    /// What the destination's answer means (a timeout or a network failure on the way to it
+    /// included): its health and its desk hear of it.
+    Answered(AttemptOutcome),
+    /// The result sender that carried it answered nothing usable (its call failed or passed
+    /// its bound, `results::fanout`), saying why: the result may have reached the destination
+    /// (a sender may have sent before failing), so it is sent again under its same
+    /// `webhook-id`, but the destination was not judged: it is not counted as failed, and it
+    /// neither starts the result's failing clock nor parks it.
+    Unanswered(String),
+}
+
+impl From<AttemptOutcome> for Sending {
+    fn from(outcome: AttemptOutcome) -> Sending {
+        Sending::Answered(outcome)
+    }
+}
+
+impl From<&AttemptOutcome> for Sending {
+    fn from(outcome: &AttemptOutcome) -> Sending {
+        Sending::Answered(outcome.clone())
+    }
+}
+
+impl Sending {
+    /// A failure of the destination, to retry: what `/metrics` counts as failed.
+    pub fn failed(&self) -> bool {
+        matches!(self, Sending::Answered(AttemptOutcome::Retry(_)))
+    }
+}
+
 /// Whether an attempt may have reached the destination: every answer but a 2xx or a refusal
 /// leaves that open (a timeout or a reset may come after the destination acted), so the
 /// result is retried under its same `webhook-id`, never a new one.
@@ -417,10 +453,10 @@ impl Progress {
     /// Commits the claimed chunk with each result's answer: counts move, and the results not
     /// delivered are kept. A commit for another chunk than the one claimed is ignored (a stale
     /// run's): `None`.
-    pub fn commit(
+    pub fn commit<O: Into<Sending>>(
         &mut self,
         chunk: u64,
-        answers: Vec<(ResultItem, AttemptOutcome)>,
+        answers: Vec<(ResultItem, O)>,
         now_ms: i64,
         limits: &Limits,
         jitter: f64,
@@ -431,11 +467,11 @@ impl Progress {
 
     /// Commits the claimed chunk's results before `reached` (a claimed chunk sent again in
     /// parts, as its destination's desk lets them go): the rest stays claimed, from there.
-    pub fn commit_through(
+    pub fn commit_through<O: Into<Sending>>(
         &mut self,
         chunk: u64,
         reached: Checkpoint,
-        answers: Vec<(ResultItem, AttemptOutcome)>,
+        answers: Vec<(ResultItem, O)>,
         now_ms: i64,
         limits: &Limits,
         jitter: f64,
@@ -443,6 +479,7 @@ impl Progress {
         let claim = self.claim.filter(|c| c.chunk == chunk)?;
         let mut writes = Vec::new();
         for (item, outcome) in answers {
+            let outcome = outcome.into();
             self.counts.total += 1;
             self.counts.errors += u64::from(item.payload.is_error());
             let row = Row {
@@ -455,7 +492,7 @@ impl Progress {
                 failing_since_ms: None,
                 last_attempt_ms: None,
             };
-            if outcome != AttemptOutcome::Delivered {
+            if outcome != Sending::Answered(AttemptOutcome::Delivered) {
                 writes.push(Write::KeepResult(item));
             }
             writes.extend(self.settle(row, &outcome, now_ms, limits, jitter));
@@ -481,7 +518,7 @@ impl Progress {
     fn settle(
         &mut self,
         mut row: Row,
-        outcome: &AttemptOutcome,
+        outcome: &Sending,
         now_ms: i64,
         limits: &Limits,
         jitter: f64,
@@ -491,6 +528,17 @@ impl Progress {
         row.last_attempt_ms = Some(now_ms);
         let key = row.index;
         let was_row = self.rows.remove(&key).is_some();
+        let outcome = match outcome {
+            Sending::Answered(outcome) => outcome,
+            Sending::Unanswered(why) => {
+                // Not the destination's failure: sent again after the backoff, its failing
+                // clock as it was (a running one runs on, none starts), never parked for it.
+                row.last_error = clipped(why, ERROR_KEPT_CHARS);
+                row.next_at_ms = Some(now_ms + limits.backoff().jittered(row.attempts, jitter));
+                self.rows.insert(key, row);
+                return None;
+            }
+        };
         match outcome {
             AttemptOutcome::Delivered => {
                 self.counts.delivered += 1;
@@ -562,13 +610,13 @@ impl Progress {
     pub fn finish_row(
         &mut self,
         index: u64,
-        outcome: &AttemptOutcome,
+        outcome: impl Into<Sending>,
         now_ms: i64,
         limits: &Limits,
         jitter: f64,
     ) -> Option<Write> {
         let row = self.rows.get(&index).filter(|r| r.in_doubt).cloned()?;
-        self.settle(row, outcome, now_ms, limits, jitter)
+        self.settle(row, &outcome.into(), now_ms, limits, jitter)
     }
 
     /// Its destination's pause holds the batch. A pause is not the destination failing, so

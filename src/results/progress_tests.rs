@@ -73,6 +73,9 @@ struct World {
     wave: bool,
     /// The points that were stores (the rest are sends).
     store_points: BTreeSet<usize>,
+    /// In a wave, the sender of this group answers nothing for the next this many waves: it
+    /// sends the first half of its group (they reach the destination) and is cut off.
+    failing_sender: Option<(usize, u32)>,
 }
 
 impl World {
@@ -93,6 +96,7 @@ impl World {
             resend_part: None,
             wave: false,
             store_points: BTreeSet::new(),
+            failing_sender: None,
         }
     }
 
@@ -196,14 +200,41 @@ impl World {
             (claim.to, claim.last),
             "a re-read ends where it did"
         );
+        let cut = self.cut_off(&items);
         let mut answers = Vec::new();
         for item in self.in_flight_order(items) {
-            let outcome = self.send(&item)?;
-            answers.push((item, outcome));
+            let sending = match cut.get(&item.index) {
+                Some(true) => {
+                    self.send(&item)?;
+                    Sending::Unanswered("result sender: no answer within 40000 ms".into())
+                }
+                Some(false) => Sending::Unanswered("result sender: no answer".into()),
+                None => Sending::Answered(self.send(&item)?),
+            };
+            answers.push((item, sending));
         }
         answers.sort_by_key(|(item, _)| item.index);
         let writes = p.commit(claim.chunk, answers, self.clock, &LIMITS, 0.5);
         self.store(p, writes.unwrap())
+    }
+
+    /// The results of a wave whose sender answers nothing (each with whether it left before
+    /// the sender was cut off), when one fails this wave.
+    fn cut_off(&mut self, items: &[ResultItem]) -> BTreeMap<u64, bool> {
+        let groups = crate::results::fanout::groups(items.len());
+        let Some((slot, waves)) = self.failing_sender.filter(|(_, n)| *n > 0) else {
+            return BTreeMap::new();
+        };
+        let Some(group) = groups.get(slot) else {
+            return BTreeMap::new();
+        };
+        self.failing_sender = Some((slot, waves - 1));
+        let half = group.len() / 2;
+        group
+            .clone()
+            .enumerate()
+            .map(|(i, at)| (items[at].index, i < half))
+            .collect()
     }
 
     /// Sends the first `part` results of a claimed chunk again and commits them alone.
@@ -456,7 +487,7 @@ fn an_operators_retry_reads_a_parked_file_again_from_where_it_stopped() {
         index: 40,
     };
     p.claim(at, false);
-    p.commit(0, Vec::new(), 0, &LIMITS, 0.0);
+    p.commit(0, Vec::<(ResultItem, Sending)>::new(), 0, &LIMITS, 0.0);
     p.file_failed(
         FileTrouble::Unreadable("206 from byte 0".into()),
         5,
@@ -506,7 +537,9 @@ fn a_stale_commit_for_another_chunk_changes_nothing() {
         true,
     );
     let before = p.clone();
-    assert!(p.commit(5, Vec::new(), 0, &LIMITS, 0.0).is_none());
+    assert!(p
+        .commit(5, Vec::<(ResultItem, Sending)>::new(), 0, &LIMITS, 0.0)
+        .is_none());
     assert_eq!(p, before);
 }
 
@@ -962,4 +995,119 @@ fn a_wave_of_chunks_in_flight_at_once_killed_anywhere_sends_only_the_wave_again(
             "kill at {kill_at}: {again} sent again"
         );
     }
+}
+
+#[test]
+fn a_group_whose_sender_answered_nothing_is_kept_to_send_again_and_the_others_are_committed() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    let claim = p.claim(
+        Checkpoint {
+            offset: 0,
+            index: 12,
+        },
+        true,
+    );
+    // Two groups of 6: the first's sender answered, the second's did not.
+    let mut answers: Vec<(ResultItem, Sending)> = failed(0..12)
+        .into_iter()
+        .map(|(item, _)| (item, Sending::Answered(AttemptOutcome::Delivered)))
+        .collect();
+    for (_, sending) in answers.iter_mut().skip(6) {
+        *sending = Sending::Unanswered("result sender: no answer within 40000 ms".into());
+    }
+    assert!(
+        answers.iter().all(|(_, s)| !s.failed()),
+        "none is the destination's failure"
+    );
+    let before = p.counts;
+    let writes = p.commit(claim.chunk, answers, 1_000, &LIMITS, 0.5).unwrap();
+    // The chunk is committed: its answered group delivered, the other kept to send again.
+    assert_eq!(p.claim, None);
+    assert_eq!(
+        (p.counts.total, p.counts.delivered, p.counts.parked),
+        (12, 6, 0)
+    );
+    let kept: Vec<u64> = writes
+        .iter()
+        .map(|w| match w {
+            Write::KeepResult(item) => item.index,
+            other => panic!("only kept results: {other:?}"),
+        })
+        .collect();
+    assert_eq!(kept, (6..12).collect::<Vec<_>>());
+    assert_eq!(p.rows.keys().copied().collect::<Vec<_>>(), kept);
+    for row in p.rows.values() {
+        assert_eq!(row.failing_since_ms, None, "no failing clock starts");
+        assert_eq!(row.attempts, 1, "it may have left");
+        assert!(
+            row.next_at_ms.is_some_and(|at| at > 1_000),
+            "after the backoff"
+        );
+        assert!(row.last_error.starts_with("result sender: "));
+    }
+    assert_eq!(p.meter(before, 0), None, "nothing failed to count");
+    assert!(matches!(p.next(1_000), Step::WaitUntil(_)));
+    // Long past EFFECT_ALERT_AFTER_SECONDS, a sender that answers nothing again parks nothing.
+    let late = 1_000 + LIMITS.alert_after_ms * 3;
+    let Step::RetryRows(due) = p.next(late) else {
+        panic!("the rows are due");
+    };
+    assert_eq!(due, kept);
+    for index in &due {
+        assert!(p.begin_row(*index));
+        let unanswered = Sending::Unanswered("result sender: object answered 500".into());
+        assert_eq!(p.finish_row(*index, unanswered, late, &LIMITS, 0.5), None);
+    }
+    assert_eq!((p.gave_up, p.counts.parked, p.rows.len()), (0, 0, 6));
+    assert!(p
+        .rows
+        .values()
+        .all(|r| r.attempts == 2 && r.failing_since_ms.is_none()));
+    // Then sent and answered: delivered, forgotten, settled.
+    for index in &due {
+        assert!(p.begin_row(*index));
+        let write = p.finish_row(*index, &AttemptOutcome::Delivered, late + 1, &LIMITS, 0.5);
+        assert_eq!(write, Some(Write::Forget(*index)));
+    }
+    assert_eq!(
+        p.next(late + 1),
+        Step::Settled(json!({"total": 12, "delivered": 12, "errors": 0, "parked": 0}))
+    );
+}
+
+#[test]
+fn a_sender_that_answers_nothing_for_its_group_loses_nothing_and_sends_no_new_id() {
+    let mut clean = World::new(600, None);
+    clean.wave = true;
+    clean.run();
+    let mut world = World::new(600, None);
+    world.wave = true;
+    world.failing_sender = Some((2, 2));
+    world.run();
+    assert_eq!(
+        world.failing_sender,
+        Some((2, 0)),
+        "two waves' sender was cut off"
+    );
+    assert_eq!(world.settled, clean.settled, "the same counts");
+    let ids = |w: &World| {
+        w.sent
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(ids(&world), ids(&clean), "no new id");
+    assert_eq!(
+        world.accepted.keys().collect::<Vec<_>>(),
+        clean.accepted.keys().collect::<Vec<_>>(),
+        "every result accepted"
+    );
+    // Only a send that left before its sender was cut off reaches the destination twice.
+    let repeats = world
+        .accepted
+        .iter()
+        .filter(|(id, n)| **n > clean.accepted[*id])
+        .count();
+    assert!(repeats > 0 && repeats <= 2 * WAVE_RESULTS as usize / SENDERS / 2);
+    assert!(world.accepted.values().all(|n| *n <= 2));
 }

@@ -5,22 +5,24 @@
 //! Guarantees: a sender stores nothing and decides nothing: it sends each request it is given
 //! as the gate signed it (same headers, same body, same `webhook-id`), at most
 //! [`SENDS_IN_FLIGHT`] at a time (production's 6 connections per invocation, which workerd does
-//! not enforce locally), each no sooner than its `after_ms`, and answers each send's answer in
-//! order. The gate calls at most [`SENDERS`] senders at once (each call one of its own 6), one
-//! object per slot of a gate (`<key>#<slot>`), so an object has one call in flight. A call that
-//! fails answers each of its results as a network failure: the gate keeps them to send again
-//! under their same ids, and its desk is not told the destination failed.
+//! not enforce locally), each no sooner than its `after_ms` from the sender's start, and
+//! answers each send's answer in order. The gate calls at most [`SENDERS`] senders at once
+//! (each call one of its own 6), one object per slot of a gate (`<key>#<slot>`), and waits for
+//! each no longer than [`call_bound_ms`] (its sends' own deadlines and a margin). A call that
+//! fails or passes its bound answers nothing for its group ([`group_answers`]): the gate
+//! keeps those results to send again under their same ids, and neither the desk nor the
+//! destination's counts hear of them; the other groups' answers are committed.
 
 use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
-use worker::{durable_object, Delay, DurableObject, Env, Request, Response, Result, State};
+use worker::{durable_object, Date, Delay, DurableObject, Env, Request, Response, Result, State};
 
 use crate::config::Destination;
 use crate::operation::effect::EffectRequest;
 use crate::refusal::Refusal;
 use crate::results::fanout::{
-    groups, sender_failed, SendOrder, WireDestination, WireSend, SENDERS,
+    call_bound_ms, group_answers, groups, SendOrder, WireDestination, WireSend, SENDERS,
 };
 use crate::results::progress::SENDS_IN_FLIGHT;
 use crate::retry::PeerAnswer;
@@ -28,7 +30,7 @@ use crate::telemetry::usage::Invocation;
 
 use crate::edge::objects::call::{post_json, stub_for};
 use crate::edge::objects::usage_meter::Meter;
-use crate::edge::outbound::fetch;
+use crate::edge::outbound::fetch::{self, within};
 use crate::edge::runtime::load_config;
 
 /// The senders' binding.
@@ -61,14 +63,19 @@ impl DurableObject for ResultSender {
             WireDestination::Service(binding) => Destination::Service(binding),
         };
         let timeout = order.timeout_ms;
+        // `after_ms` counts from here, not from when a send's turn among the 6 comes, so the
+        // gate's bound on this call holds (`call_bound_ms`).
+        let begun = Date::now().as_millis();
         let calls = order.sends.into_iter().map(|send| {
             let destination = &destination;
             async move {
-                let wait = send.after_ms;
+                let after = send.after_ms;
                 let request = match send.request() {
                     Ok(request) => request,
                     Err(why) => return PeerAnswer::Network(why),
                 };
+                let elapsed = Date::now().as_millis().saturating_sub(begun);
+                let wait = after.saturating_sub(elapsed);
                 if wait > 0 {
                     Delay::from(Duration::from_millis(wait)).await;
                 }
@@ -90,17 +97,18 @@ impl DurableObject for ResultSender {
 }
 
 /// Sends `requests` (in order, each at its `after_ms`) through the senders of the gate of
-/// `key`, at most [`SENDERS`] calls at once, when there are more than one round trip's worth;
-/// `None` when the gate sends them itself. Each answer comes with whether a sender gave it
-/// (`false`: its sender failed, the destination was not judged).
+/// `key`, at most [`SENDERS`] calls at once, each waited for at most [`call_bound_ms`] (`cap`:
+/// `RESULT_SENDER_TIMEOUT_MS`), when there are more than one round trip's worth; `None` when
+/// the gate sends them itself. Each is the destination's answer, or `Err` when its sender
+/// answered nothing usable (the destination was not judged).
 pub async fn send_through_senders(
     env: &Env,
     key: &str,
     destination: &Destination,
-    timeout_ms: i64,
+    (timeout_ms, cap): (i64, Option<i64>),
     requests: &[EffectRequest],
     after_ms: &[i64],
-) -> Option<Vec<(PeerAnswer, bool)>> {
+) -> Option<Vec<std::result::Result<PeerAnswer, String>>> {
     let split = groups(requests.len());
     if split.is_empty() {
         return None;
@@ -121,29 +129,22 @@ pub async fn send_through_senders(
                 .collect(),
         };
         let n = range.len();
+        let last_after = order.sends.iter().map(|s| s.after_ms).max().unwrap_or(0);
+        let bound = call_bound_ms(n, timeout_ms, last_after, cap);
         async move {
-            let stub = stub_for(env, SENDER_BINDING, &format!("{key}#{slot}"));
-            let reply = match stub {
-                Ok(stub) => post_json::<_, Vec<PeerAnswer>>(&stub, &order).await,
-                Err(refusal) => Err(refusal),
+            let call = async {
+                let stub = stub_for(env, SENDER_BINDING, &format!("{key}#{slot}"))?;
+                post_json::<_, Vec<PeerAnswer>>(&stub, &order).await
             };
-            match reply {
-                Ok(answers) if answers.len() == n => {
-                    answers.into_iter().map(|a| (a, true)).collect()
-                }
-                Ok(answers) => failed(n, &format!("{} answers for {n}", answers.len())),
-                Err(refusal) => failed(n, &refusal.to_string()),
-            }
+            let reply = match within(bound, call).await {
+                Some(reply) => reply.map_err(|refusal| refusal.to_string()),
+                // The call is left behind, not cancelled: its sends may still leave, which
+                // the ids make harmless.
+                None => Err(format!("no answer within {bound} ms")),
+            };
+            group_answers(reply, n)
         }
     });
-    let answers: Vec<Vec<(PeerAnswer, bool)>> =
-        stream::iter(calls).buffered(SENDERS).collect().await;
+    let answers: Vec<Vec<_>> = stream::iter(calls).buffered(SENDERS).collect().await;
     Some(answers.into_iter().flatten().collect())
-}
-
-fn failed(n: usize, why: &str) -> Vec<(PeerAnswer, bool)> {
-    sender_failed(n, why)
-        .into_iter()
-        .map(|a| (a, false))
-        .collect()
 }

@@ -131,10 +131,7 @@ pub async fn send(
 }
 
 /// What `call` ends with, or `None` when `timeout_ms` passed first.
-pub(super) async fn within<T>(
-    timeout_ms: i64,
-    call: impl std::future::Future<Output = T>,
-) -> Option<T> {
+pub async fn within<T>(timeout_ms: i64, call: impl std::future::Future<Output = T>) -> Option<T> {
     let deadline = Delay::from(Duration::from_millis(timeout_ms.max(1) as u64));
     match select(Box::pin(call), Box::pin(deadline)).await {
         Either::Left((answer, _)) => Some(answer),

@@ -301,7 +301,13 @@ impl Driver<'_> {
         let writes = answers
             .iter()
             .filter_map(|(item, outcome)| {
-                progress.finish_row(item.index, outcome, now, &self.limits, random_unit())
+                progress.finish_row(
+                    item.index,
+                    outcome.clone(),
+                    now,
+                    &self.limits,
+                    random_unit(),
+                )
             })
             .collect();
         let metered = progress.meter(before, failed);

@@ -10,18 +10,20 @@
 use worker::Result;
 
 use crate::operation::gate::Step;
-use crate::operation::{AttemptOutcome, Operation};
+use crate::operation::Operation;
 use crate::results::item::ResultItem;
+use crate::results::progress::Sending;
 
 use crate::edge::objects::gate::storage::Alarm;
 
 use super::Driver;
 
-/// How many of a step's answers were failures to retry.
-pub(super) fn failed_among(answers: &[(ResultItem, AttemptOutcome)]) -> u64 {
+/// How many of a step's answers were failures of the destination to retry (a result whose
+/// sender answered nothing is none).
+pub(super) fn failed_among(answers: &[(ResultItem, Sending)]) -> u64 {
     answers
         .iter()
-        .filter(|(_, outcome)| matches!(outcome, AttemptOutcome::Retry(_)))
+        .filter(|(_, sending)| sending.failed())
         .count() as u64
 }
 

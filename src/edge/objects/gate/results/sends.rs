@@ -17,11 +17,11 @@ use worker::{Delay, Result};
 use crate::destination::protocol::{DeskCommand, DeskReply, Sent};
 use crate::operation::effect::outcome;
 use crate::operation::gate::alarm::{desk_turn, reports, DeskTurn};
-use crate::operation::{AttemptOutcome, DeskMark, Operation};
+use crate::operation::{DeskMark, Operation};
 use crate::results::body::{build_result_request, ResultHead};
 use crate::results::item::ResultItem;
 use crate::results::marks as on_record;
-use crate::results::progress::SENDS_IN_FLIGHT;
+use crate::results::progress::{Sending, SENDS_IN_FLIGHT};
 use crate::results::turn::{goes_now, granted};
 
 use crate::edge::objects::gate::{ask_desk, desk_due_ms, first_attempt_check, remembered_open};
@@ -149,14 +149,15 @@ impl Driver<'_> {
     /// on a paced route, and returns each one's outcome, in order, and how the sends went.
     /// More than one round trip's worth go through the gate's result senders, each its own
     /// invocation with its own 6 connections ([`send_through_senders`]); else from here, at
-    /// most [`SENDS_IN_FLIGHT`] at once. A result whose sender failed is retried under its
-    /// same id, and is not a failure of the destination the desk hears of.
+    /// most [`SENDS_IN_FLIGHT`] at once. A result whose sender answered nothing is
+    /// [`Sending::Unanswered`]: retried under its same id, and no failure of the destination
+    /// (neither its desk nor its counts hear of it).
     pub(super) async fn send(
         &self,
         op: &Operation,
         items: Vec<ResultItem>,
         after_ms: &[i64],
-    ) -> (Vec<(ResultItem, AttemptOutcome)>, Sent) {
+    ) -> (Vec<(ResultItem, Sending)>, Sent) {
         let destination = self.config.destination_for(op.kind());
         let timeout = self.config.effect_timeout_ms;
         let secret = &self.config.effect_signing_secret;
@@ -173,7 +174,7 @@ impl Driver<'_> {
             self.env,
             op.key(),
             &destination,
-            timeout,
+            (timeout, self.config.results.sender_timeout_ms),
             &requests,
             after_ms,
         );
@@ -187,10 +188,7 @@ impl Driver<'_> {
                         if wait > 0 {
                             Delay::from(Duration::from_millis(wait)).await;
                         }
-                        (
-                            fetch::deliver(self.env, destination, request, timeout).await,
-                            true,
-                        )
+                        Ok(fetch::deliver(self.env, destination, request, timeout).await)
                     }
                 });
                 stream::iter(calls)
@@ -201,13 +199,12 @@ impl Driver<'_> {
         };
         // A sender call that failed is not the destination's answer: the desk hears only of
         // the answers the destination gave.
-        let judged = answers.iter().filter(|(_, judged)| *judged).map(|(a, _)| a);
-        let sent = Sent::of(judged, now_ms());
-        let outcomes = items
-            .into_iter()
-            .zip(answers.iter().map(|(a, _)| outcome(a, timeout)))
-            .collect();
-        (outcomes, sent)
+        let sent = Sent::of(answers.iter().flatten(), now_ms());
+        let outcomes = answers.into_iter().map(|answer| match answer {
+            Ok(answer) => Sending::Answered(outcome(&answer, timeout)),
+            Err(why) => Sending::Unanswered(why),
+        });
+        (items.into_iter().zip(outcomes).collect(), sent)
     }
 
     /// After the sends: the desk hears what it needs to (as an effect's attempt reports: a
