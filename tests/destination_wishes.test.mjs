@@ -36,7 +36,7 @@ describe("an open destination's Retry-After", () => {
     const opened = await eventually(async () => {
       const view = await deskOf(w);
       return view?.state === "open" && view;
-    }, { what: "the destination open", timeoutMs: 20_000 });
+    }, { what: "the destination open", timeoutMs: 60_000 });
     assert.match(opened.last_error ?? "", /429/);
     // A completion after it opened: its first attempt asks the desk (this isolate heard `Wait`)
     // and waits with the rest.

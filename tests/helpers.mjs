@@ -276,8 +276,12 @@ export async function startStatusApi(answers) {
   return { ...server, callsFor: (path) => server.requests.filter((r) => r.url === `/v1beta/${path}`) };
 }
 
-/** Polls `check` until it returns a truthy value or `timeoutMs` passes. */
-export async function eventually(check, { timeoutMs = 15000, everyMs = 100, what = "condition" } = {}) {
+/**
+ * Polls `check` until it returns a truthy value or `timeoutMs` passes. The default is long:
+ * it bounds how long a failing test waits, never how fast a passing one must be (a busy
+ * machine may take many times a quiet one's seconds).
+ */
+export async function eventually(check, { timeoutMs = 60_000, everyMs = 100, what = "condition" } = {}) {
   const deadline = Date.now() + timeoutMs;
   let last;
   while (Date.now() < deadline) {

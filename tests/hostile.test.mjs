@@ -644,8 +644,8 @@ describe(at("after the run"), () => {
     await eventually(async () => {
       const have = await opKeys();
       return [...expectedKeys].every((k) => have.has(k));
-    }, { timeoutMs: 20000, what: "every expected key in the ledger" });
-    await eventually(() => [...terminalKeys].every((k) => effectsFor(k).length >= 1), { timeoutMs: 20000, what: "every terminal key's side effect" });
+    }, { timeoutMs: 60_000, what: "every expected key in the ledger" });
+    await eventually(() => [...terminalKeys].every((k) => effectsFor(k).length >= 1), { timeoutMs: 60_000, what: "every terminal key's side effect" });
     await sleep(1500); // let any stray write land before looking for one
     const have = await opKeys();
     const unexpected = [...have].filter((k) => !expectedKeys.has(k) && !maybeKeys.has(k));

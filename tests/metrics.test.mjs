@@ -67,7 +67,7 @@ async function query(expr) {
 const expect = (expr, value) => eventually(async () => {
   const r = await query(expr);
   return r.length === 1 && r[0].value === value;
-}, { timeoutMs: 20000, what: `${expr} == ${value}` });
+}, { timeoutMs: 60_000, what: `${expr} == ${value}` });
 
 before(async () => {
   dest = await startDestination((req) => (req.url === "/bill" ? { status: 400, body: { error: "unknown account" } } : { status: 200 }));
@@ -211,7 +211,7 @@ describe("GET /metrics", () => {
       const body = await (await fetch(`${promUrl}/api/v1/alerts`)).json();
       const names = body.data.alerts.filter((a) => a.state === "firing").map((a) => a.labels.alertname);
       return names.includes("GeminiOnceEffectsParked") && names;
-    }, { timeoutMs: 20000, what: "the parked alert firing" });
+    }, { timeoutMs: 60_000, what: "the parked alert firing" });
     assert.ok(!alerts.includes("GeminiOnceDown"), JSON.stringify(alerts));
     // Absent before the first pass, the complete-pass rule was pending; once the pass has run
     // it is neither pending nor firing, and nothing else is.
@@ -219,7 +219,7 @@ describe("GET /metrics", () => {
       const body = await (await fetch(`${promUrl}/api/v1/alerts`)).json();
       const names = body.data.alerts.map((a) => a.labels.alertname);
       return ["GeminiOnceNoCompleteReconcilePass", "GeminiOnceDestinationOpen", "GeminiOnceDown", "GeminiOnceGeminiWebhookNotOk", "GeminiOnceStuckOperations"].every((n) => !names.includes(n));
-    }, { timeoutMs: 20000, what: "no alert but the park's" });
+    }, { timeoutMs: 60_000, what: "no alert but the park's" });
   });
 
   it("promtool check metrics accepts the page; OpenMetrics is served when asked", async () => {
