@@ -133,9 +133,20 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
       const body = opts.rawBody ?? JSON.stringify({ type, version: "v1", timestamp: opts.timestamp ?? new Date().toISOString(), data: { id, ...data } });
       return worker.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body, opts), body });
     },
+    /**
+     * Runs the cron handler, then waits (10 s at most, silently) until its line is among the
+     * logs (`reconcile_pass`, or `reconcile_error`): workerd writes it before it answers, but
+     * its output and its answer reach this process apart, and a test reads the line next.
+     */
     async scheduled(cron = "*/5 * * * *") {
+      const from = logs.length;
+      const ended = () => logs.slice(from).some((l) => /"event":"reconcile_(pass|error)"/.test(l));
       const w = await mf.getWorker();
-      return w.scheduled({ cron, scheduledTime: new Date() });
+      const result = await w.scheduled({ cron, scheduledTime: new Date() });
+      for (const deadline = Date.now() + 10_000; !ended() && Date.now() < deadline;) {
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      return result;
     },
     async kvList(prefix) {
       const kv = await mf.getKVNamespace("OPS_KV");
