@@ -174,6 +174,7 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
           const { metadata } = await kv.getWithMetadata(`op:${key}`);
           return metadata && check(metadata) && metadata;
         }, { what: `ledger entry of ${key}` }));
+        await indexAgrees(kv, key);
       }
       return Array.isArray(keys) ? metas : metas[0];
     },
@@ -185,6 +186,26 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
     dispose: () => mf.dispose(),
   };
   return worker;
+}
+
+const TERMINAL = new Set(["succeeded", "failed", "cancelled", "expired"]);
+/** Whether a ledger entry's operation belongs in the `open:` index (src/operation/ledger.rs, `may_need_work`). */
+function mayNeedWork(m) {
+  if (m.forgotten) return false;
+  if (TERMINAL.has(m.status)) return !m.effect_done && (!m.parked || !(m.alerts ?? []).includes("effect_failing"));
+  return ["pending", "running", "requires_action"].includes(m.status);
+}
+
+/**
+ * Waits (5 s at most, silently) until `open:<key>` agrees with `op:<key>`: the gate writes the
+ * two side by side, so a test that saw the entry could run a pass before the index held it.
+ */
+async function indexAgrees(kv, key) {
+  for (const deadline = Date.now() + 5_000; Date.now() < deadline;) {
+    const [{ metadata: op }, { metadata: open }] = await Promise.all([kv.getWithMetadata(`op:${key}`), kv.getWithMetadata(`open:${key}`)]);
+    if (!op || (mayNeedWork(op) ? open?.version === op.version : !open)) return;
+    await new Promise((r) => setTimeout(r, 20));
+  }
 }
 
 let counter = 0;
