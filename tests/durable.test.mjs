@@ -370,8 +370,10 @@ describe("a configuration broken for longer than the runtime's alarm retries", (
       EFFECT_RETRY_BASE_SECONDS: "1",
       EFFECT_RETRY_MAX_SECONDS: "1",
       // The effect is retried every second, so a restart may cut an attempt short after it
-      // left: its claim then holds the effect until it expires (10 minutes by default).
+      // left: its claim then holds the effect until it expires (10 minutes by default). The
+      // claim must outlast the attempt's timeout: the worker's default 5 s here.
       CLAIM_TTL_SECONDS: "8",
+      EFFECT_TIMEOUT_MS: "5000",
     };
     let w;
     try {

@@ -24,8 +24,8 @@ export const READ_TOKEN = "test-read-token-0123456789";
 
 /**
  * Starts the built worker with `vars` on top of a working test configuration (ADMIN_TOKEN,
- * REGISTER_TOKENS and READ_TOKENS set to the tokens above; a var set to `undefined` is
- * unset). With
+ * REGISTER_TOKENS and READ_TOKENS set to the tokens above, EFFECT_TIMEOUT_MS 60 s; a var set
+ * to `undefined` is unset). With
  * `{ http: true }` it also listens on a loopback port (`worker.url`), for real HTTP clients.
  * With `{ persist: dir }` its KV and Durable Object state live in `dir` (a worker started
  * again on the same `dir` finds them); otherwise in memory.
@@ -47,6 +47,10 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
       // Counters are batched in each gate before going to a stats shard; 1 s instead of the
       // default 10 keeps the batching path under test without slowing the suite.
       STATS_FLUSH_SECONDS: "1",
+      // The stand-in destinations answer at once: an attempt past the default 5 s is a starved
+      // machine (every object of a test shares one isolate), and its retry a second request
+      // where a test counts one. A test of the timeout itself sets its own.
+      EFFECT_TIMEOUT_MS: "60000",
       ...vars,
       ...more,
     };
