@@ -96,7 +96,9 @@ async function effectState(opts, effects) {
   let op;
   if (opts.token) {
     const url = opts.url.replace(/\/webhooks\/gemini$/, `/v1/operations/${encodeURIComponent(opts.name)}`);
-    const deadline = Date.now() + 7000;
+    // Until the attempt has an outcome, which is at once on a healthy machine; a busy one
+    // (or a worker under load) can take several seconds to make it.
+    const deadline = Date.now() + 30_000;
     while (Date.now() < deadline) {
       try {
         const res = await fetch(url, { headers: { authorization: `Bearer ${opts.token}`, ...accessHeaders() } });

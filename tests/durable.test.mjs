@@ -293,7 +293,6 @@ describe("a parked effect, a video's video_uri, a short retention", () => {
     w = await startWorker({
       EFFECT_URL: `${dest.url}/effects`,
       ALERT_URL: `${sink.url}/alerts`,
-      LEDGER_RETENTION_SECONDS: "2",
       // No cron pass runs in this test; this would make one alert at once too.
       EFFECT_ALERT_AFTER_SECONDS: "86400",
     });
@@ -335,12 +334,19 @@ describe("a parked effect, a video's video_uri, a short retention", () => {
   });
 
   it("with LEDGER_RETENTION_SECONDS under KV's minimum TTL, a dead letter is still kept", async () => {
-    const body = `{"type":"batch.succeeded","data":{}}`;
-    const headers = signedHeaders(body, { webhookId: "msg_dead_short_retention" });
-    const r = await w.json("/webhooks/gemini", { method: "POST", headers, body });
-    assert.equal(r.status, 400, JSON.stringify(r.body));
-    const kv = await w.kv();
-    assert.ok(await kv.get("dead:msg_dead_short_retention"), "kept");
+    // A worker of its own: with a 2 s retention, the parked record above could be retired
+    // before a busy machine's test had read it.
+    const short = await startWorker({ EFFECT_URL: `${dest.url}/effects`, LEDGER_RETENTION_SECONDS: "2" });
+    try {
+      const body = `{"type":"batch.succeeded","data":{}}`;
+      const headers = signedHeaders(body, { webhookId: "msg_dead_short_retention" });
+      const r = await short.json("/webhooks/gemini", { method: "POST", headers, body });
+      assert.equal(r.status, 400, JSON.stringify(r.body));
+      const kv = await short.kv();
+      assert.ok(await kv.get("dead:msg_dead_short_retention"), "kept");
+    } finally {
+      await short.dispose();
+    }
   });
 });
 
@@ -364,8 +370,10 @@ describe("a configuration broken for longer than the runtime's alarm retries", (
       EFFECT_RETRY_BASE_SECONDS: "1",
       EFFECT_RETRY_MAX_SECONDS: "1",
       // The effect is retried every second, so a restart may cut an attempt short after it
-      // left: its claim then holds the effect until it expires (10 minutes by default).
+      // left: its claim then holds the effect until it expires (10 minutes by default). The
+      // claim must outlast the attempt's timeout: the worker's default 5 s here.
       CLAIM_TTL_SECONDS: "8",
+      EFFECT_TIMEOUT_MS: "5000",
     };
     let w;
     try {

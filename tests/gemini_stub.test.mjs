@@ -68,7 +68,7 @@ describe("npm run gemini-stub", () => {
     await eventually(async () => {
       await w.scheduled();
       return OPS.every(([, key]) => effectsFor(key).length > 0);
-    }, { timeoutMs: 20000, everyMs: 500, what: "every side effect at the destination" });
+    }, { timeoutMs: 60_000, everyMs: 500, what: "every side effect at the destination" });
 
     for (const [name, key, , status, field] of OPS) {
       const op = (await w.inspect(key)).body;
@@ -141,7 +141,7 @@ describe("npm run gemini-stub: a batch's results", () => {
   it("answers the file 404 for --file-after seconds after done, then serves it", async () => {
     await done("batches/res4", "--file-after", "1");
     assert.equal((await download("files/res4-results")).status, 404);
-    await eventually(async () => (await download("files/res4-results")).status === 200, { timeoutMs: 5000, what: "the file to appear" });
+    await eventually(async () => (await download("files/res4-results")).status === 200, { timeoutMs: 60_000, what: "the file to appear" });
   });
 
   it("--inline carries the results in the status answer, in another order on every read", async () => {

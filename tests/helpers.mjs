@@ -24,8 +24,8 @@ export const READ_TOKEN = "test-read-token-0123456789";
 
 /**
  * Starts the built worker with `vars` on top of a working test configuration (ADMIN_TOKEN,
- * REGISTER_TOKENS and READ_TOKENS set to the tokens above; a var set to `undefined` is
- * unset). With
+ * REGISTER_TOKENS and READ_TOKENS set to the tokens above, EFFECT_TIMEOUT_MS 60 s; a var set
+ * to `undefined` is unset). With
  * `{ http: true }` it also listens on a loopback port (`worker.url`), for real HTTP clients.
  * With `{ persist: dir }` its KV and Durable Object state live in `dir` (a worker started
  * again on the same `dir` finds them); otherwise in memory.
@@ -47,6 +47,10 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
       // Counters are batched in each gate before going to a stats shard; 1 s instead of the
       // default 10 keeps the batching path under test without slowing the suite.
       STATS_FLUSH_SECONDS: "1",
+      // The stand-in destinations answer at once: an attempt past the default 5 s is a starved
+      // machine (every object of a test shares one isolate), and its retry a second request
+      // where a test counts one. A test of the timeout itself sets its own.
+      EFFECT_TIMEOUT_MS: "60000",
       ...vars,
       ...more,
     };
@@ -133,9 +137,20 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
       const body = opts.rawBody ?? JSON.stringify({ type, version: "v1", timestamp: opts.timestamp ?? new Date().toISOString(), data: { id, ...data } });
       return worker.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body, opts), body });
     },
+    /**
+     * Runs the cron handler, then waits (10 s at most, silently) until its line is among the
+     * logs (`reconcile_pass`, or `reconcile_error`): workerd writes it before it answers, but
+     * its output and its answer reach this process apart, and a test reads the line next.
+     */
     async scheduled(cron = "*/5 * * * *") {
+      const from = logs.length;
+      const ended = () => logs.slice(from).some((l) => /"event":"reconcile_(pass|error)"/.test(l));
       const w = await mf.getWorker();
-      return w.scheduled({ cron, scheduledTime: new Date() });
+      const result = await w.scheduled({ cron, scheduledTime: new Date() });
+      for (const deadline = Date.now() + 10_000; !ended() && Date.now() < deadline;) {
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      return result;
     },
     async kvList(prefix) {
       const kv = await mf.getKVNamespace("OPS_KV");
@@ -163,6 +178,7 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
           const { metadata } = await kv.getWithMetadata(`op:${key}`);
           return metadata && check(metadata) && metadata;
         }, { what: `ledger entry of ${key}` }));
+        await indexAgrees(kv, key);
       }
       return Array.isArray(keys) ? metas : metas[0];
     },
@@ -174,6 +190,26 @@ export async function startWorker(vars = {}, { http = false, persist, main = {},
     dispose: () => mf.dispose(),
   };
   return worker;
+}
+
+const TERMINAL = new Set(["succeeded", "failed", "cancelled", "expired"]);
+/** Whether a ledger entry's operation belongs in the `open:` index (src/operation/ledger.rs, `may_need_work`). */
+function mayNeedWork(m) {
+  if (m.forgotten) return false;
+  if (TERMINAL.has(m.status)) return !m.effect_done && (!m.parked || !(m.alerts ?? []).includes("effect_failing"));
+  return ["pending", "running", "requires_action"].includes(m.status);
+}
+
+/**
+ * Waits (5 s at most, silently) until `open:<key>` agrees with `op:<key>`: the gate writes the
+ * two side by side, so a test that saw the entry could run a pass before the index held it.
+ */
+async function indexAgrees(kv, key) {
+  for (const deadline = Date.now() + 5_000; Date.now() < deadline;) {
+    const [{ metadata: op }, { metadata: open }] = await Promise.all([kv.getWithMetadata(`op:${key}`), kv.getWithMetadata(`open:${key}`)]);
+    if (!op || (mayNeedWork(op) ? open?.version === op.version : !open)) return;
+    await new Promise((r) => setTimeout(r, 20));
+  }
 }
 
 let counter = 0;
@@ -276,8 +312,12 @@ export async function startStatusApi(answers) {
   return { ...server, callsFor: (path) => server.requests.filter((r) => r.url === `/v1beta/${path}`) };
 }
 
-/** Polls `check` until it returns a truthy value or `timeoutMs` passes. */
-export async function eventually(check, { timeoutMs = 15000, everyMs = 100, what = "condition" } = {}) {
+/**
+ * Polls `check` until it returns a truthy value or `timeoutMs` passes. The default is long:
+ * it bounds how long a failing test waits, never how fast a passing one must be (a busy
+ * machine may take many times a quiet one's seconds).
+ */
+export async function eventually(check, { timeoutMs = 60_000, everyMs = 100, what = "condition" } = {}) {
   const deadline = Date.now() + timeoutMs;
   let last;
   while (Date.now() < deadline) {

@@ -161,7 +161,9 @@ before(async () => {
     GEMINI_API_KEY,
     GEMINI_API_BASE: `${jwks.url}/gemini`,
     GEMINI_JWKS_URL: `${jwks.url}/jwks`,
-    EFFECT_TIMEOUT_MS: "3000",
+    // The destination answers at once: an attempt that timed out would be a starved machine,
+    // and its retry a second side effect where the end of the run counts one a key.
+    EFFECT_TIMEOUT_MS: "60000",
     SIGNATURE_TOLERANCE_SECONDS: String(TOLERANCE),
   });
   const health = await send("healthz before", "/healthz");
@@ -324,15 +326,31 @@ describe(at("hostile requests"), () => {
 
   it("accepts timestamps at ±300 s and refuses ±301 s; malformed timestamps are refused", async () => {
     for (const skew of [300, -300, 301, -301]) {
-      const key = freshKey();
-      const body = envelope("batch.succeeded", key);
-      await startOfSecond();
-      const h = signed(body, { ts: nowSecs() + skew });
-      if (Math.abs(skew) <= TOLERANCE) {
-        const r = await signedPost(`timestamp ${skew}`, body, { id: h["webhook-id"], headers: h, candidateKey: key, allowed: [200] });
-        assert.equal(r.body.outcome, "applied", at(`timestamp ${skew}: ${r.text}`));
-      } else {
-        await refused(`timestamp ${skew}`, WEBHOOK, { method: "POST", headers: h, body });
+      const label = `timestamp ${skew}`;
+      // Judged in the second it was signed, or it proves nothing about the boundary: a busy
+      // machine's request can reach the worker's clock in the next second (±1 s off). Such a
+      // try may have been applied or refused, both allowed; the case is tried again.
+      for (let attempt = 1; ; attempt++) {
+        const key = freshKey();
+        const body = envelope("batch.succeeded", key);
+        await startOfSecond();
+        const second = nowSecs();
+        const h = signed(body, { ts: second + skew });
+        const r = await send(label, WEBHOOK, { method: "POST", headers: h, body });
+        if (nowSecs() !== second) {
+          maybeKeys.add(key);
+          assert.ok(attempt < 5, at(`${label}: ${attempt} tries, none judged within its second`));
+          continue;
+        }
+        if (Math.abs(skew) <= TOLERANCE) {
+          assert.equal(r.status, 200, at(`${label}: ${r.text.slice(0, 300)}`));
+          assert.equal(r.body.outcome, "applied", at(`${label}: ${r.text}`));
+          expectedKeys.add(r.body.key);
+          if (TERMINAL.has(r.body.status)) terminalKeys.add(r.body.key);
+        } else {
+          assert.equal(r.status, 401, at(`${label}: expected 401, got ${r.status} ${r.text.slice(0, 200)}`));
+        }
+        break;
       }
     }
     for (const ts of ["", "abc", "1.5e9", `${nowSecs()}.0`, `0x${nowSecs().toString(16)}`, "-1", "0", "99999999999999999999", "9223372036854775807", "-9223372036854775808", `${nowSecs()}${nowSecs()}`]) {
@@ -642,8 +660,8 @@ describe(at("after the run"), () => {
     await eventually(async () => {
       const have = await opKeys();
       return [...expectedKeys].every((k) => have.has(k));
-    }, { timeoutMs: 20000, what: "every expected key in the ledger" });
-    await eventually(() => [...terminalKeys].every((k) => effectsFor(k).length >= 1), { timeoutMs: 20000, what: "every terminal key's side effect" });
+    }, { timeoutMs: 60_000, what: "every expected key in the ledger" });
+    await eventually(() => [...terminalKeys].every((k) => effectsFor(k).length >= 1), { timeoutMs: 60_000, what: "every terminal key's side effect" });
     await sleep(1500); // let any stray write land before looking for one
     const have = await opKeys();
     const unexpected = [...have].filter((k) => !expectedKeys.has(k) && !maybeKeys.has(k));

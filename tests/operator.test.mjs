@@ -146,7 +146,9 @@ describe("operator API", () => {
       await fresh.json("/webhooks/gemini", { method: "POST", headers: signedHeaders(body, { signature: "v1,AAAA" }), body });
       const stats = await eventually(async () => {
         const s = await fresh.admin("/v1/stats");
-        return s.body.total?.deliveries === 5 && s.body.total?.effect_successes === 2 && s;
+        // Counted by the gates and at the edge, flushed by each on its own: wait for all.
+        const t = s.body.total ?? {};
+        return t.deliveries === 5 && t.effect_successes === 2 && t.duplicates_skipped === 2 && t.dropped_regress_from_terminal === 1 && t.settled_by_webhook === 2 && s;
       }, { what: "counters flushed" });
       assert.equal(stats.body.total.duplicates_skipped, 2);
       assert.equal(stats.body.total.dropped_regress_from_terminal, 1);
@@ -165,8 +167,10 @@ describe("operator API", () => {
   it("sends many operations' counts in a few shard calls, the last ones when the window ends", async () => {
     // Gates hand their counts to the isolate's tally: one shard call per STATS_FLUSH_SECONDS,
     // not one per completion. Nothing is sent after the burst, so the trailing counts arrive
-    // only by the send the tally scheduled for the window's end.
-    const fresh = await startWorker({ EFFECT_URL: `${dest.url}/effects`, STATS_FLUSH_SECONDS: "3", USAGE_LOG: "true" });
+    // only by the send the tally scheduled for the window's end. The window is 10 s (the
+    // edge's longest): the burst's work fits in one however busy the machine, so the bound on
+    // shard calls below does not depend on how fast the gates went.
+    const fresh = await startWorker({ EFFECT_URL: `${dest.url}/effects`, STATS_FLUSH_SECONDS: "10", USAGE_LOG: "true" });
     try {
       const n = 12;
       const answers = await Promise.all(Array.from({ length: n }, (_, i) => fresh.deliver("batch.succeeded", `batches/tally${i}`)));
@@ -176,14 +180,14 @@ describe("operator API", () => {
         reads++;
         const s = (await fresh.admin("/v1/stats")).body.total ?? {};
         return s.deliveries === n && s.effect_successes === n && s.settled_by_webhook === n;
-      }, { what: "every count sent", timeoutMs: 20_000, everyMs: 250 });
+      }, { what: "every count sent", timeoutMs: 60_000, everyMs: 250 });
       // A read of /v1/stats is one call to each of the 8 shards; the rest are sends (the
       // reads' usage lines may still be on their way from workerd's stdout).
       const shardCalls = () => fresh.events("usage").filter((l) => l.object === "stats_shard").length;
       await eventually(() => shardCalls() > 8 * reads, { what: "the usage lines of every shard call" });
       const sends = shardCalls() - 8 * reads;
       assert.ok(sends >= 1 && sends <= 4, `${n} completions' counts in ${sends} shard calls`);
-      await sleep(3_500);
+      await sleep(10_500);
       const again = (await fresh.admin("/v1/stats")).body.total;
       assert.equal(again.deliveries, n, "nothing sent twice");
     } finally {

@@ -14,6 +14,14 @@ const acceptedFor = (key) => effectsFor(key).filter((r) => r.answered >= 200 && 
 const statusCallsFor = (path) => api.callsFor(path);
 const alertsFor = (key) => sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.key === key);
 const lastPass = (w) => w.events("reconcile_pass").at(-1);
+/** Two more passes, a second apart, then time for anything they sent to arrive. */
+async function passesThenSettle(w) {
+  for (let i = 0; i < 2; i++) {
+    await sleep(1100);
+    await w.scheduled();
+  }
+  await sleep(1000);
+}
 
 function batch(state, updateTime = new Date().toISOString(), extra = {}) {
   return { status: 200, body: { name: "batches/x", metadata: { state, updateTime }, ...extra } };
@@ -101,12 +109,13 @@ describe("reconciliation", () => {
       ...keys.map((key) => w.deliver("batch.succeeded", key)),
       w.scheduled(),
     ]);
+    // Each effect goes from its gate's alarm, after the race: wait for each to be done.
+    for (const key of keys) await eventually(async () => (await w.inspect(key)).body.effect_done, { what: `the effect of ${key}`, timeoutMs: 60_000 });
+    // A later pass runs none of them again.
     await sleep(1200);
     await w.scheduled();
-    for (const key of keys) {
-      assert.equal(effectsFor(key).length, 1, key);
-      assert.equal((await w.inspect(key)).body.effect_done, true);
-    }
+    await sleep(500);
+    for (const key of keys) assert.equal(effectsFor(key).length, 1, key);
   });
 
   it("drops a stale RUNNING from the status API after the webhook's SUCCEEDED", async () => {
@@ -228,13 +237,18 @@ describe("reconciliation", () => {
   });
 
   it("settles nothing on 404, 429 and 500 from the status API", async () => {
-    const keys = { "batches/e404": null, "batches/e429": { status: 429, headers: { "retry-after": "1" }, body: { error: { code: 429 } } }, "batches/e500": { status: 500, body: "oops" } };
+    const keys = { "batches/e404": null, "batches/e429": { status: 429, headers: { "retry-after": "5" }, body: { error: { code: 429 } } }, "batches/e500": { status: 500, body: "oops" } };
     for (const [key, answer] of Object.entries(keys)) {
       await w.register(key, "k");
       if (answer) gemini.set(key, answer);
     }
     await w.ledger(Object.keys(keys));
     await w.scheduled();
+    // Retry-After is honoured: the pass right after (well inside the 5 s it asks for) polls
+    // nothing, a later one polls again.
+    const before429 = statusCallsFor("batches/e429").length + statusCallsFor("batches/e500").length;
+    await w.scheduled();
+    assert.equal(statusCallsFor("batches/e429").length + statusCallsFor("batches/e500").length, before429);
     for (const key of Object.keys(keys)) {
       const op = await w.inspect(key);
       assert.equal(op.body.status, "pending", key);
@@ -242,13 +256,10 @@ describe("reconciliation", () => {
     }
     await eventually(() => alertsFor("batches/e404").length === 1, { what: "unknown_to_gemini alert" });
     assert.equal(alertsFor("batches/e404")[0].alert, "unknown_to_gemini");
-    // Retry-After is honoured: the pass right after polls nothing, a later one polls again.
-    const before429 = statusCallsFor("batches/e429").length + statusCallsFor("batches/e500").length;
-    await w.scheduled();
-    assert.equal(statusCallsFor("batches/e429").length + statusCallsFor("batches/e500").length, before429);
-    await sleep(1100);
-    await w.scheduled();
-    assert.ok(statusCallsFor("batches/e429").length + statusCallsFor("batches/e500").length > before429);
+    await eventually(async () => {
+      await w.scheduled();
+      return statusCallsFor("batches/e429").length + statusCallsFor("batches/e500").length > before429;
+    }, { what: "a pass after the Retry-After to poll again", everyMs: 1000, timeoutMs: 60_000 });
     await w.scheduled();
     assert.equal(alertsFor("batches/e404").length, 1, "404 alerts once");
     assert.equal((await w.inspect("batches/e404")).body.status, "pending");
@@ -273,11 +284,12 @@ describe("reconciliation alerts", () => {
     const key = "batches/stuck1";
     await w.register(key, "nightly");
     gemini.set(key, batch("BATCH_STATE_RUNNING", "2026-11-22T12:00:00Z"));
+    // A pass sees it once its registration is in the ledger; it is stuck a second later.
+    await w.ledger(key);
     await sleep(1100);
-    for (let i = 0; i < 3; i++) {
-      await w.scheduled();
-      await sleep(1100);
-    }
+    // Passes until its alert arrives (sent from its gate after the pass), then two more.
+    await eventually(async () => { await w.scheduled(); return alertsFor(key).length > 0; }, { what: "the stuck alert", everyMs: 1100, timeoutMs: 60_000 });
+    await passesThenSettle(w);
     const alerts = alertsFor(key);
     assert.equal(alerts.length, 1);
     assert.equal(alerts[0].alert, "stuck");
@@ -316,10 +328,9 @@ describe("reconciliation alerts", () => {
     const key = "batches/parked1";
     plans.set(key, () => ({ status: 410, body: "gone" }));
     await w.deliver("batch.succeeded", key);
-    for (let i = 0; i < 3; i++) {
-      await w.scheduled();
-      await sleep(1100);
-    }
+    await eventually(async () => (await w.inspect(key)).body.effect_parked, { what: "the park" });
+    await eventually(async () => { await w.scheduled(); return alertsFor(key).length > 0; }, { what: "the parked effect's alert", everyMs: 1100, timeoutMs: 60_000 });
+    await passesThenSettle(w);
     const alerts = alertsFor(key);
     assert.equal(alerts.length, 1);
     assert.equal(alerts[0].alert, "effect_failing");
@@ -332,8 +343,11 @@ describe("reconciliation cost", () => {
   it("spends nothing on entries that are terminal and done", async () => {
     const w = await startWorker({ EFFECT_URL: `${dest.url}/effects`, GEMINI_API_BASE: api.url, RECONCILE_GRACE_SECONDS: "0" });
     try {
-      for (let i = 0; i < 20; i++) await w.deliver("batch.succeeded", `batches/done${i}`);
-      await sleep(1100); // let the last projections (one write a second per key) land
+      const keys = Array.from({ length: 20 }, (_, i) => `batches/done${i}`);
+      for (const key of keys) await w.deliver("batch.succeeded", key);
+      // The last projections (one write a second per key): each entry done, none left open.
+      await w.ledger(keys, (m) => m.effect_done);
+      await eventually(async () => (await w.kvList("open:")).length === 0, { what: "no open: entry left" });
       // The first pass also audits the whole ledger (the first audit is due at once).
       await w.scheduled();
       const audit = lastPass(w);

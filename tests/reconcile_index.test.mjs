@@ -111,7 +111,11 @@ describe("the open: index", () => {
       assert.equal(audit.audit_listed, 43, "the audit lists the whole ledger");
       assert.equal(audit.audit_found, 0, "and finds nothing the index lacks");
       assert.equal(audit.reindexed, 0);
-      await sleep(1100); // the projections of `running` (one write a second per key)
+      // The projections of `running` (one write a second per key): the ledger follows each record.
+      for (const key of open) {
+        const { version } = (await w.inspect(key)).body;
+        await w.ledger(key, (m) => m.version === version);
+      }
       const p = await pass(w);
       assert.equal(p.audit, false);
       assert.equal(p.kv_lists, 1, "one list call");

@@ -137,7 +137,7 @@ describe("lease heartbeat", () => {
       const n = passes(w).length;
       const long = w.scheduled();
       // Once the pass is on its second hung call, well past one TTL, another cron run comes.
-      await eventually(() => statusCallsFor("batches/hb2").length === 1, { what: "the second hung call", timeoutMs: 20_000 });
+      await eventually(() => statusCallsFor("batches/hb2").length === 1, { what: "the second hung call", timeoutMs: 60_000 });
       const overlapping = await pass(w);
       assert.equal(overlapping.lease_busy, true, "the heartbeat kept the lease");
       await long;

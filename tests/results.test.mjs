@@ -248,9 +248,12 @@ describe("each result of a batch, its own side effect", () => {
       assert.equal(jobs[0].body.results.total, 0);
       assert.match(jobs[0].body.results.file_parked, /404/);
       assertEffectValid(jobs[0].body);
+      // The alert goes from the gate's alarm, not necessarily before the job's effect: wait
+      // for it, then for any second one.
+      const parkedAlerts = () => sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.key === key && a.alert === "results_file_parked");
+      await eventually(() => parkedAlerts().length > 0, { what: "the results_file_parked alert", timeoutMs: 60_000 });
       await sleep(1_000);
-      const alerts = sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.key === key && a.alert === "results_file_parked");
-      assert.equal(alerts.length, 1);
+      assert.equal(parkedAlerts().length, 1);
     } finally {
       await w.dispose();
     }

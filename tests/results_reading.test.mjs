@@ -205,7 +205,9 @@ describe("reading a batch's results", () => {
       const key = "batches/busy1";
       gemini.files.set("files/busy1", fileOf(5));
       gemini.status.set(key, succeeded(key, { responsesFile: "files/busy1" }));
-      gemini.statusFails.set(key, (n) => (n === 1 ? { status: 429, headers: { "retry-after": "8" } } : null));
+      // A Retry-After of 15 s: the held pass must come inside it, which a busy machine's passes
+      // (each waited for in turn) do with room to spare.
+      gemini.statusFails.set(key, (n) => (n === 1 ? { status: 429, headers: { "retry-after": "15" } } : null));
       // An open operation the pass would poll.
       const open = "batches/busy-open";
       gemini.status.set(open, { name: open, metadata: { state: "BATCH_STATE_RUNNING", updateTime: new Date().toISOString() } });
@@ -220,12 +222,12 @@ describe("reading a batch's results", () => {
         await w.scheduled();
         const line = await eventually(() => w.events("reconcile_pass")[n], { what: "the pass's log line" });
         return line.stopped === "held_for_backoff" && line;
-      }, { timeoutMs: 7_000, what: "a pass held by the results' 429" });
+      }, { timeoutMs: 14_000, what: "a pass held by the results' 429" });
       assert.equal(held.stopped, "held_for_backoff");
       const { jobs } = await untilJob(dest, key);
       assert.equal(jobs[0].body.results.total, 5);
       const [first, second] = calls();
-      assert.ok(second.at - first.at >= 8_000, `asked again ${second.at - first.at} ms after a Retry-After of 8 s`);
+      assert.ok(second.at - first.at >= 15_000, `asked again ${second.at - first.at} ms after a Retry-After of 15 s`);
     } finally {
       await w.dispose();
     }

@@ -159,8 +159,8 @@ describe("sending a batch's results", () => {
         const line = page.split("\n").find((l) => l.startsWith(`gemini_once_results_by_destination_total{result="${result}",destination="default"}`));
         return line ? Number(line.split(" ").pop()) : 0;
       };
-      await eventually(async () => (await metric("delivered")()) === 19, { timeoutMs: 20_000, what: "19 delivered" });
-      await eventually(async () => (await metric("parked")()) === 1, { timeoutMs: 20_000, what: "1 parked" });
+      await eventually(async () => (await metric("delivered")()) === 19, { timeoutMs: 60_000, what: "19 delivered" });
+      await eventually(async () => (await metric("parked")()) === 1, { timeoutMs: 60_000, what: "1 parked" });
       assert.equal(await metric("failed")(), sent.length, "each failed attempt");
     } finally {
       failing.clear();

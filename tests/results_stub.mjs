@@ -107,4 +107,8 @@ export const workerVars = ({ dest, gemini, sink }) => ({
   ALERT_URL: `${sink.url}/alerts`,
   EFFECT_RETRY_BASE_SECONDS: "1",
   EFFECT_RETRY_MAX_SECONDS: "2",
+  // The stand-in destinations answer at once (or within a second): hundreds of sends in one
+  // isolate on a starved machine can pass the default 5 s, and a timed-out send goes again,
+  // a second request where the tests count each result once.
+  EFFECT_TIMEOUT_MS: "60000",
 });

@@ -20,7 +20,10 @@ before(async () => {
   w = await startWorker({
     EFFECT_URL: `${dest.url}/effects`,
     EFFECT_ROUTES: JSON.stringify({ billing: `${billing.url}/bill` }),
-    EFFECT_TIMEOUT_MS: "3000",
+    // The first test needs an attempt to time out (its destination holds the answer); every
+    // other attempt is answered at once, and with retries an hour apart one that timed out on
+    // a starved machine would never be done: 30 s is a wait only the held attempt reaches.
+    EFFECT_TIMEOUT_MS: "30000",
     // Failed attempts wait an hour: every retry in these tests is an operator's.
     EFFECT_RETRY_BASE_SECONDS: "3600",
     EFFECT_RETRY_MAX_SECONDS: "3600",
@@ -56,7 +59,7 @@ describe("retry now and redeliver", () => {
     const failed = await eventually(async () => {
       const { body } = await w.inspect(key);
       return body.last_error && body;
-    }, { what: "the attempt to time out on our side" });
+    }, { what: "the attempt to time out on our side", timeoutMs: 120_000 });
     assert.match(failed.last_error, /timeout/);
     assert.equal(failed.effect_done, false);
     const r = await action(key, "retry", { reason: "destination looks fine" });
@@ -176,7 +179,9 @@ describe("a destination's answer is read only as far as its excerpt", () => {
       });
     });
     await new Promise((r) => endless.listen(0, "127.0.0.1", r));
-    const timeoutMs = 20_000;
+    // Far beyond what a starved machine takes for two answers: only a worker that waited for
+    // the end of an endless body would reach it (and the test then fails at half of it).
+    const timeoutMs = 120_000;
     const worker = await startWorker({
       EFFECT_URL: `http://127.0.0.1:${endless.address().port}/effects`,
       EFFECT_TIMEOUT_MS: String(timeoutMs),

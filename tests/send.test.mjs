@@ -8,7 +8,7 @@ import { createServer } from "node:http";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { startWorker, startServer, eventually, GEMINI_SECRET, ADMIN_TOKEN, READ_TOKEN } from "./helpers.mjs";
+import { startWorker, startServer, eventually, sleep, GEMINI_SECRET, ADMIN_TOKEN, READ_TOKEN } from "./helpers.mjs";
 import { freePort } from "../scripts/local_worker.mjs";
 import { geminiStub } from "../scripts/gemini_stub.mjs";
 import { localKeys } from "../scripts/gemini_keys.mjs";
@@ -33,7 +33,12 @@ describe("npm run send", () => {
     assert.equal(lines.filter((l) => / 200 /.test(l)).length, 6, stdout);
     assert.match(lines.at(-1), /^sent 6 batch\.succeeded for batches\/sent1 .*: 200=6$/);
     assert.equal(new Set(lines.slice(0, -1).map((l) => l.split(" ")[3])).size, 1, "one webhook-id: Gemini-style retries");
-    const effects = dest.requests.filter((r) => r.headers["idempotency-key"] === "batches/sent1");
+    // Without a token, send cannot wait for the effect: it goes from the gate's alarm, after
+    // the answers. Wait for it, then for any second one.
+    const sentFor = () => dest.requests.filter((r) => r.headers["idempotency-key"] === "batches/sent1");
+    await eventually(() => sentFor().length > 0, { what: "the side effect" });
+    await sleep(500);
+    const effects = sentFor();
     assert.equal(effects.length, 1);
     assert.equal(JSON.parse(effects[0].body).output_file_uri, "gs://b/o.jsonl");
   });
