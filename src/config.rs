@@ -18,7 +18,7 @@ use thiserror::Error;
 use crate::alert_format::{AlertFormat, FORMAT_NAMES, PAGERDUTY_EVENTS_URL};
 use crate::destination::desk::PROBE_LAPSE_MS;
 use crate::destination::protocol::{DeskSettings, Pace};
-use crate::destination_label::{destination_parts, DEFAULT_DESTINATION};
+use crate::destination_label::DEFAULT_DESTINATION;
 use crate::operator::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::signature::{Secret, SecretError};
 
@@ -883,14 +883,6 @@ impl Config {
         }
     }
 
-    /// The short name of the destination an operation of `kind` goes to: its route's kind,
-    /// or `default` for `EFFECT_URL` (what `/metrics` labels and the dashboard's links use).
-    pub fn destination_name(&self, kind: Option<&str>) -> String {
-        destination_parts(&self.destination_label(kind))
-            .0
-            .to_string()
-    }
-
     /// The pace of the destination an operation of `kind` goes to (unlimited unless set).
     pub fn pace_for(&self, kind: Option<&str>) -> Pace {
         let route = kind.filter(|k| self.effect_routes.iter().any(|(r, _)| r == k));
@@ -1073,6 +1065,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::destination_label::destination_parts;
 
     /// The value `/v1/config` shows for the setting `name`.
     fn setting_value(view: &Value, name: &str) -> Value {
@@ -1512,7 +1505,6 @@ mod tests {
             ("billing".into(), "billing.example:8443".into())
         );
         assert_eq!(split(Some("a: b")), ("a: b".into(), "queue:Q".into()));
-        assert_eq!(c.destination_name(Some("billing")), "billing");
         assert_eq!(destination_parts("something else"), ("something else", ""));
     }
 

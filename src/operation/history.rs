@@ -254,12 +254,9 @@ impl HistoryLog {
             .collect()
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.rows.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
     }
 }
 
@@ -483,7 +480,7 @@ mod tests {
         assert_eq!(log.len(), HISTORY_LIMIT);
         assert_eq!(log.view()[0]["at"], crate::timestamp::format_rfc3339(3_005));
         assert!(
-            HistoryLog::decode("not json").is_empty(),
+            HistoryLog::decode("not json").rows.is_empty(),
             "only the history is lost"
         );
         let rows = (0..(HISTORY_LIMIT as i64 + 1))

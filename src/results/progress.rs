@@ -272,6 +272,7 @@ pub enum FileTrouble {
 /// Whether an attempt may have reached the destination: every answer but a 2xx or a refusal
 /// leaves that open (a timeout or a reset may come after the destination acted), so the
 /// result is retried under its same `webhook-id`, never a new one.
+#[cfg(test)]
 pub fn may_have_reached(outcome: &AttemptOutcome) -> bool {
     matches!(outcome, AttemptOutcome::Retry(_))
 }
@@ -417,6 +418,7 @@ impl Progress {
     /// Commits the claimed chunk with each result's answer: counts move, and the results not
     /// delivered are kept. A commit for another chunk than the one claimed is ignored (a stale
     /// run's): `None`.
+    #[cfg(test)]
     pub fn commit(
         &mut self,
         chunk: u64,
