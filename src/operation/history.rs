@@ -253,11 +253,6 @@ impl HistoryLog {
             })
             .collect()
     }
-
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.rows.len()
-    }
 }
 
 #[cfg(test)]
@@ -477,7 +472,7 @@ mod tests {
         for i in 0..(HISTORY_LIMIT as i64 + 5) {
             log.append(3_000 + i, vec![HistoryEntry::ConfirmNotFound]);
         }
-        assert_eq!(log.len(), HISTORY_LIMIT);
+        assert_eq!(log.rows.len(), HISTORY_LIMIT);
         assert_eq!(log.view()[0]["at"], crate::timestamp::format_rfc3339(3_005));
         assert!(
             HistoryLog::decode("not json").rows.is_empty(),
@@ -486,6 +481,6 @@ mod tests {
         let rows = (0..(HISTORY_LIMIT as i64 + 1))
             .map(|i| (i, r#"{"what":"retired"}"#.to_string()))
             .collect();
-        assert_eq!(HistoryLog::from_rows(rows).len(), HISTORY_LIMIT);
+        assert_eq!(HistoryLog::from_rows(rows).rows.len(), HISTORY_LIMIT);
     }
 }
