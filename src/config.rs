@@ -217,12 +217,10 @@ impl Variable {
         default: Fallback,
         meaning: &'static str,
     ) -> Self {
+        let plain = Variable::plain(name, kind, default, meaning);
         Variable {
-            name,
-            kind,
-            default,
             secret: true,
-            meaning,
+            ..plain
         }
     }
 }
@@ -419,6 +417,18 @@ pub enum Destination {
     Service(String),
 }
 
+impl Destination {
+    /// As the operator sees it: a URL's origin only (it may carry a credential), or the
+    /// binding.
+    fn shown(&self) -> String {
+        match self {
+            Destination::Url(url) => origin_only(url),
+            Destination::Queue(binding) => format!("queue:{binding}"),
+            Destination::Service(binding) => format!("service:{binding}"),
+        }
+    }
+}
+
 fn is_binding_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars
@@ -533,11 +543,7 @@ impl Variable {
             Setting::Routes(routes) => routes
                 .iter()
                 .map(|route| {
-                    let shown = match &route.destination {
-                        Destination::Url(url) => origin_only(url),
-                        Destination::Queue(binding) => format!("queue:{binding}"),
-                        Destination::Service(binding) => format!("service:{binding}"),
-                    };
+                    let shown = route.destination.shown();
                     let shown = match route.pace.limits() {
                         false => json!(shown),
                         true => json!({
@@ -749,19 +755,24 @@ impl Settings {
     }
 }
 
+/// `Setting`'s readers, one a variant: the value when the setting is of that kind.
+macro_rules! readers {
+    ($($reader:ident: $variant:ident -> $value:ty),*) => {
+        impl Setting {
+            $(fn $reader(&self) -> Option<$value> {
+                match self {
+                    Setting::$variant(v) => Some(v.clone()),
+                    _ => None,
+                }
+            })*
+        }
+    };
+}
+
+readers!(whole: Whole -> i64, flag: Flag -> bool, secret: Secret -> Secret,
+    secrets: Secrets -> Vec<Secret>, tokens: Tokens -> Vec<String>, routes: Routes -> Vec<Route>);
+
 impl Setting {
-    fn whole(&self) -> Option<i64> {
-        match self {
-            Setting::Whole(n) => Some(*n),
-            _ => None,
-        }
-    }
-    fn flag(&self) -> Option<bool> {
-        match self {
-            Setting::Flag(b) => Some(*b),
-            _ => None,
-        }
-    }
     fn text(&self) -> Option<String> {
         match self {
             Setting::Url(s) | Setting::Text(s) => Some(s.clone()),
@@ -773,30 +784,6 @@ impl Setting {
         let text = self.text()?;
         let words = text.split(',').map(str::trim).filter(|w| !w.is_empty());
         Some(words.map(str::to_string).collect())
-    }
-    fn secret(&self) -> Option<Secret> {
-        match self {
-            Setting::Secret(s) => Some(s.clone()),
-            _ => None,
-        }
-    }
-    fn secrets(&self) -> Option<Vec<Secret>> {
-        match self {
-            Setting::Secrets(s) => Some(s.clone()),
-            _ => None,
-        }
-    }
-    fn tokens(&self) -> Option<Vec<String>> {
-        match self {
-            Setting::Tokens(t) => Some(t.clone()),
-            _ => None,
-        }
-    }
-    fn routes(&self) -> Option<Vec<Route>> {
-        match self {
-            Setting::Routes(r) => Some(r.clone()),
-            _ => None,
-        }
     }
 }
 
@@ -872,11 +859,7 @@ impl Config {
     /// credential a URL may carry.
     pub fn destination_label(&self, kind: Option<&str>) -> String {
         let route = kind.filter(|k| self.effect_routes.iter().any(|(r, _)| r == k));
-        let shown = match self.destination_for(kind) {
-            Destination::Url(url) => origin_only(&url),
-            Destination::Queue(binding) => format!("queue:{binding}"),
-            Destination::Service(binding) => format!("service:{binding}"),
-        };
+        let shown = self.destination_for(kind).shown();
         match route {
             Some(k) => format!("route {k}: {shown}"),
             None => format!("EFFECT_URL: {shown}"),
