@@ -18,6 +18,7 @@ use thiserror::Error;
 use crate::alert_format::{AlertFormat, FORMAT_NAMES, PAGERDUTY_EVENTS_URL};
 use crate::destination::desk::PROBE_LAPSE_MS;
 use crate::destination::protocol::{DeskSettings, Pace};
+pub use crate::destination_label::Destination;
 use crate::destination_label::DEFAULT_DESTINATION;
 use crate::operator::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::signature::{Secret, SecretError};
@@ -403,18 +404,6 @@ impl std::fmt::Debug for ApiKey {
 pub struct ConfigError {
     pub var: &'static str,
     pub problem: String,
-}
-
-/// Where a side effect goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Destination {
-    /// POSTed over HTTPS (or HTTP locally), signed the Standard Webhooks way.
-    Url(String),
-    /// Sent to a Cloudflare Queue through this producer binding: a successful send is done
-    /// (the queue is durable; its consumer dedupes by the idempotency key the message carries).
-    Queue(String),
-    /// POSTed to another Worker through this service binding, signed like an HTTPS one.
-    Service(String),
 }
 
 impl Destination {
