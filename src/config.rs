@@ -299,7 +299,8 @@ pub const VARIABLES: &[Variable] = {
     ]
 };
 
-/// The worker's configuration.
+/// The worker's configuration: each field is the variable of [`VARIABLES`] its name says
+/// (the table says what it means), or the few read together.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub webhook_secrets: Vec<Secret>,
@@ -310,9 +311,7 @@ pub struct Config {
     pub route_paces: Vec<(String, Pace)>,
     /// `EFFECT_URL`'s pace (`EFFECT_PER_SECOND`, `EFFECT_CONCURRENCY`).
     pub effect_pace: Pace,
-    /// `DESTINATION_OPEN_AFTER`.
     pub destination_open_after: u32,
-    /// `DESTINATION_PROBE_MAX_SECONDS`.
     pub destination_probe_max_secs: i64,
     pub effect_signing_secret: Secret,
     /// `ADMIN_TOKEN`, `REGISTER_TOKENS` and `READ_TOKENS`: who may call the admin API, and
@@ -325,11 +324,8 @@ pub struct Config {
     /// `LEDGER_RETENTION_SECONDS`, when set: overrides the days (for trying retention and
     /// tombstones without waiting days).
     pub retention_secs_override: Option<i64>,
-    /// `RETIRED_KEEP_WAIT_MS`: how long a retired names' shard gathers keeps into one write.
     pub retired_keep_wait_ms: i64,
-    /// `DYNAMIC_WEBHOOKS`: false refuses every JWT-signed delivery (static webhook only).
     pub dynamic_webhooks: bool,
-    /// `USAGE_LOG`: each Durable Object invocation logs what it used (see [`crate::telemetry::usage`]).
     pub usage_log: bool,
     pub require_registration: bool,
     pub max_body_bytes: usize,
@@ -339,14 +335,10 @@ pub struct Config {
     pub stuck_after_secs: i64,
     pub effect_alert_after_secs: i64,
     pub reconcile_budget: u32,
-    /// `RECONCILE_POLL_RATE`: the fan-out's status calls a second.
     pub reconcile_poll_rate: u32,
-    /// `RECONCILE_FANOUT_ABOVE`: the backlog a pass fans out rather than polls.
     pub reconcile_fanout_above: usize,
     pub reconcile_lease_secs: i64,
     pub reconcile_deadline_secs: i64,
-    /// `RECONCILE_AUDIT_SECONDS`: how often a pass also walks the whole `op:` ledger (0: every
-    /// pass, as before the index).
     pub reconcile_audit_secs: i64,
     pub stats_flush_secs: i64,
     pub gemini_api_base: String,
@@ -354,22 +346,15 @@ pub struct Config {
     pub alert_url: Option<String>,
     /// `ALERT_FORMAT`, or the format `ALERT_URL` implies.
     pub alert_format: AlertFormat,
-    /// `ALERT_ROUTING_KEY`: PagerDuty's routing key (always set with the pagerduty format).
+    /// `ALERT_ROUTING_KEY`: always set with the pagerduty format.
     pub alert_routing_key: Option<ApiKey>,
-    /// `ALERT_DASHBOARD_URL`: linked from every alert.
     pub alert_dashboard_url: Option<String>,
-    /// The Gemini webhook whose state each cron pass checks (id or name), if any.
     pub gemini_webhook_name: Option<String>,
-    /// `GEMINI_WEBHOOK_AUTO_ENABLE`: a pass re-enables that webhook when Gemini disabled it
-    /// for failed deliveries.
     pub gemini_webhook_auto_enable: bool,
-    /// Where dynamic webhooks' signing keys are published.
     pub gemini_jwks_url: String,
-    /// Required `aud` of dynamic-webhook tokens, when set.
     pub gemini_jwt_audience: Option<String>,
     pub stranger_alert_threshold: u32,
     pub stranger_alert_window_secs: i64,
-    /// `CONFIRM_INTERVAL_SECONDS`: least time between a held operation's confirmation questions.
     pub confirm_interval_secs: i64,
     pub unregistered_hold_secs: i64,
     /// A batch's results, each its own side effect.
