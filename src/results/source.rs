@@ -84,23 +84,18 @@ pub fn found_in_status(answer: &Value) -> Result<Found, String> {
                 .iter()
                 .position(|l| format!("/{}", l.replace('.', "/")) == path)
                 .unwrap_or_default();
-            match answer.pointer(&path) {
-                Some(Value::Array(items)) => {
-                    let count = items.len() as u64;
-                    return Ok(Found::Inline { list, count });
-                }
-                Some(Value::Number(n)) if n.is_u64() => {
-                    let count = n.as_u64().unwrap_or_default();
-                    return Ok(Found::Inline { list, count });
-                }
+            let count = match answer.pointer(&path) {
+                None => continue,
+                Some(Value::Array(items)) => items.len() as u64,
+                Some(Value::Number(n)) if n.is_u64() => n.as_u64().unwrap_or_default(),
                 Some(other) => {
                     return Err(format!(
                         "status answer: {inline}.inlinedResponses is a JSON {}, not a list",
                         json_kind(other)
                     ))
                 }
-                None => {}
-            }
+            };
+            return Ok(Found::Inline { list, count });
         }
     }
     Err("status answer names neither a results file nor inline responses".to_string())
