@@ -88,22 +88,15 @@ fn clipped(text: &str, max: usize) -> String {
     }
 }
 
-/// The tunables, with the job's backoff.
+/// The tunables.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
     pub file_wait_ms: i64,
-    pub retry_base_secs: i64,
-    pub retry_max_secs: i64,
+    /// The job's backoff (the gate's [`crate::operation::gate::GateLimits::retry`]).
+    pub retry: Backoff,
     /// A result failing this long (`EFFECT_ALERT_AFTER_SECONDS`) is parked at its next
     /// failure (after one retry at least), and the batch alerts once.
     pub alert_after_ms: i64,
-}
-
-impl Limits {
-    /// The job's retries take the one backoff formula.
-    fn backoff(&self) -> Backoff {
-        Backoff::new(self.retry_base_secs * 1_000, self.retry_max_secs * 1_000)
-    }
 }
 
 /// Where the results stand.
@@ -387,7 +380,7 @@ impl Progress {
             Some(reason) => Phase::FileParked { reason },
             None => Phase::WaitingForFile {
                 failures,
-                next_at_ms: now_ms + limits.backoff().jittered(failures, jitter),
+                next_at_ms: now_ms + limits.retry.jittered(failures, jitter),
             },
         };
     }
@@ -512,7 +505,7 @@ impl Progress {
                     return self.park(row, &why);
                 }
                 row.last_error = clipped(why, ERROR_KEPT_CHARS);
-                row.next_at_ms = Some(now_ms + limits.backoff().jittered(row.attempts, jitter));
+                row.next_at_ms = Some(now_ms + limits.retry.jittered(row.attempts, jitter));
                 self.rows.insert(key, row);
                 None
             }

@@ -216,9 +216,7 @@ pub fn unlocated(
         },
         _ => None,
     };
-    let ask_at = backoff_until
-        .unwrap_or(0)
-        .max(now + limits.retry_base_secs * 1_000);
+    let ask_at = backoff_until.unwrap_or(0).max(now + limits.retry.first_ms);
     let next = match &answer.trouble {
         _ if answer.http_status == Some(429) => Unlocated::AskAt(ask_at),
         FileTrouble::Unavailable(_) if now - since < limits.file_wait_ms => {
@@ -230,21 +228,6 @@ pub fn unlocated(
         }
     };
     (next, backoff_until)
-}
-
-/// The progress's tunables from the configuration's seconds.
-pub fn limits(
-    file_wait_secs: i64,
-    retry_base_secs: i64,
-    retry_max_secs: i64,
-    alert_after_secs: i64,
-) -> Limits {
-    Limits {
-        file_wait_ms: file_wait_secs * 1_000,
-        retry_base_secs,
-        retry_max_secs,
-        alert_after_ms: alert_after_secs * 1_000,
-    }
 }
 
 /// Where the results stand, as the operation's record shows it: the counts, the phase, the
@@ -373,8 +356,7 @@ mod tests {
 
     const WAIT: Limits = Limits {
         file_wait_ms: 60_000,
-        retry_base_secs: 1,
-        retry_max_secs: 2,
+        retry: crate::retry::Backoff::new(1_000, 2_000),
         alert_after_ms: 3_600_000,
     };
 

@@ -26,7 +26,6 @@ use crate::results::item::{from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::results::marks as on_record;
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress, Step};
-use crate::results::source;
 use crate::results::turn::reads_first;
 
 use crate::edge::objects::gate::results_store::ResultsStore;
@@ -63,19 +62,19 @@ pub(super) async fn step(
     if op.results_due_ms().is_none_or(|at| at > now_ms()) {
         return Ok(op);
     }
-    let limits = source::limits(
-        config.results.file_wait_secs,
-        config.retry_base_secs,
-        config.retry_max_secs,
-        config.effect_alert_after_secs,
-    );
+    let gate = super::limits(config);
+    let limits = Limits {
+        file_wait_ms: config.results.file_wait_secs * 1_000,
+        retry: gate.retry,
+        alert_after_ms: config.effect_alert_after_secs * 1_000,
+    };
     let driver = Driver {
         env,
         storage,
         config,
         store: ResultsStore::new(storage),
         limits,
-        gate: super::limits(config),
+        gate,
     };
     driver.step(op).await
 }
