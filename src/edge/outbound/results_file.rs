@@ -178,7 +178,7 @@ pub async fn status_results(
         return Err(failed(trouble, Some(status), retry_after));
     }
     let read = async {
-        let mut reader = InlineRead::new();
+        let mut reader = InlineRead::default();
         let mut refused: Option<FileTrouble> = None;
         if let ResponseBody::Stream(stream) = response.body() {
             each_chunk(stream, |chunk| {
