@@ -145,10 +145,7 @@ pub async fn status_results(
         http_status,
         retry_after,
     };
-    let mut headers = vec![("accept", "application/json".to_string())];
-    if let Some(key) = &config.gemini_api_key {
-        headers.push((KEY_HEADER, key.0.clone()));
-    }
+    let headers = super::status_api::headers(config);
     let controller = AbortController::default();
     let signal = controller.signal();
     let head = fetch(Method::Get, url, &headers, None, &signal);
