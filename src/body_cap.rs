@@ -78,6 +78,7 @@ impl CappedBody {
     }
 
     /// Whether the body went past the cap (an excerpt then lacks its end).
+    #[cfg(test)]
     pub fn over(&self) -> bool {
         self.over
     }

@@ -18,7 +18,8 @@ use thiserror::Error;
 use crate::alert_format::{AlertFormat, FORMAT_NAMES, PAGERDUTY_EVENTS_URL};
 use crate::destination::desk::PROBE_LAPSE_MS;
 use crate::destination::protocol::{DeskSettings, Pace};
-use crate::destination_label::{destination_parts, DEFAULT_DESTINATION};
+pub use crate::destination_label::Destination;
+use crate::destination_label::DEFAULT_DESTINATION;
 use crate::operator::access::{parse_list, Tokens, MIN_TOKEN_CHARS};
 use crate::signature::{Secret, SecretError};
 
@@ -217,12 +218,10 @@ impl Variable {
         default: Fallback,
         meaning: &'static str,
     ) -> Self {
+        let plain = Variable::plain(name, kind, default, meaning);
         Variable {
-            name,
-            kind,
-            default,
             secret: true,
-            meaning,
+            ..plain
         }
     }
 }
@@ -301,7 +300,8 @@ pub const VARIABLES: &[Variable] = {
     ]
 };
 
-/// The worker's configuration.
+/// The worker's configuration: each field is the variable of [`VARIABLES`] its name says
+/// (the table says what it means), or the few read together.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub webhook_secrets: Vec<Secret>,
@@ -312,9 +312,7 @@ pub struct Config {
     pub route_paces: Vec<(String, Pace)>,
     /// `EFFECT_URL`'s pace (`EFFECT_PER_SECOND`, `EFFECT_CONCURRENCY`).
     pub effect_pace: Pace,
-    /// `DESTINATION_OPEN_AFTER`.
     pub destination_open_after: u32,
-    /// `DESTINATION_PROBE_MAX_SECONDS`.
     pub destination_probe_max_secs: i64,
     pub effect_signing_secret: Secret,
     /// `ADMIN_TOKEN`, `REGISTER_TOKENS` and `READ_TOKENS`: who may call the admin API, and
@@ -327,11 +325,8 @@ pub struct Config {
     /// `LEDGER_RETENTION_SECONDS`, when set: overrides the days (for trying retention and
     /// tombstones without waiting days).
     pub retention_secs_override: Option<i64>,
-    /// `RETIRED_KEEP_WAIT_MS`: how long a retired names' shard gathers keeps into one write.
     pub retired_keep_wait_ms: i64,
-    /// `DYNAMIC_WEBHOOKS`: false refuses every JWT-signed delivery (static webhook only).
     pub dynamic_webhooks: bool,
-    /// `USAGE_LOG`: each Durable Object invocation logs what it used (see [`crate::telemetry::usage`]).
     pub usage_log: bool,
     pub require_registration: bool,
     pub max_body_bytes: usize,
@@ -341,14 +336,10 @@ pub struct Config {
     pub stuck_after_secs: i64,
     pub effect_alert_after_secs: i64,
     pub reconcile_budget: u32,
-    /// `RECONCILE_POLL_RATE`: the fan-out's status calls a second.
     pub reconcile_poll_rate: u32,
-    /// `RECONCILE_FANOUT_ABOVE`: the backlog a pass fans out rather than polls.
     pub reconcile_fanout_above: usize,
     pub reconcile_lease_secs: i64,
     pub reconcile_deadline_secs: i64,
-    /// `RECONCILE_AUDIT_SECONDS`: how often a pass also walks the whole `op:` ledger (0: every
-    /// pass, as before the index).
     pub reconcile_audit_secs: i64,
     pub stats_flush_secs: i64,
     pub gemini_api_base: String,
@@ -356,22 +347,15 @@ pub struct Config {
     pub alert_url: Option<String>,
     /// `ALERT_FORMAT`, or the format `ALERT_URL` implies.
     pub alert_format: AlertFormat,
-    /// `ALERT_ROUTING_KEY`: PagerDuty's routing key (always set with the pagerduty format).
+    /// `ALERT_ROUTING_KEY`: always set with the pagerduty format.
     pub alert_routing_key: Option<ApiKey>,
-    /// `ALERT_DASHBOARD_URL`: linked from every alert.
     pub alert_dashboard_url: Option<String>,
-    /// The Gemini webhook whose state each cron pass checks (id or name), if any.
     pub gemini_webhook_name: Option<String>,
-    /// `GEMINI_WEBHOOK_AUTO_ENABLE`: a pass re-enables that webhook when Gemini disabled it
-    /// for failed deliveries.
     pub gemini_webhook_auto_enable: bool,
-    /// Where dynamic webhooks' signing keys are published.
     pub gemini_jwks_url: String,
-    /// Required `aud` of dynamic-webhook tokens, when set.
     pub gemini_jwt_audience: Option<String>,
     pub stranger_alert_threshold: u32,
     pub stranger_alert_window_secs: i64,
-    /// `CONFIRM_INTERVAL_SECONDS`: least time between a held operation's confirmation questions.
     pub confirm_interval_secs: i64,
     pub unregistered_hold_secs: i64,
     /// A batch's results, each its own side effect.
@@ -411,16 +395,16 @@ pub struct ConfigError {
     pub problem: String,
 }
 
-/// Where a side effect goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Destination {
-    /// POSTed over HTTPS (or HTTP locally), signed the Standard Webhooks way.
-    Url(String),
-    /// Sent to a Cloudflare Queue through this producer binding: a successful send is done
-    /// (the queue is durable; its consumer dedupes by the idempotency key the message carries).
-    Queue(String),
-    /// POSTed to another Worker through this service binding, signed like an HTTPS one.
-    Service(String),
+impl Destination {
+    /// As the operator sees it: a URL's origin only (it may carry a credential), or the
+    /// binding.
+    fn shown(&self) -> String {
+        match self {
+            Destination::Url(url) => origin_only(url),
+            Destination::Queue(binding) => format!("queue:{binding}"),
+            Destination::Service(binding) => format!("service:{binding}"),
+        }
+    }
 }
 
 fn is_binding_name(name: &str) -> bool {
@@ -537,11 +521,7 @@ impl Variable {
             Setting::Routes(routes) => routes
                 .iter()
                 .map(|route| {
-                    let shown = match &route.destination {
-                        Destination::Url(url) => origin_only(url),
-                        Destination::Queue(binding) => format!("queue:{binding}"),
-                        Destination::Service(binding) => format!("service:{binding}"),
-                    };
+                    let shown = route.destination.shown();
                     let shown = match route.pace.limits() {
                         false => json!(shown),
                         true => json!({
@@ -754,19 +734,24 @@ impl Settings {
     }
 }
 
+/// `Setting`'s readers, one a variant: the value when the setting is of that kind.
+macro_rules! readers {
+    ($($reader:ident: $variant:ident -> $value:ty),*) => {
+        impl Setting {
+            $(fn $reader(&self) -> Option<$value> {
+                match self {
+                    Setting::$variant(v) => Some(v.clone()),
+                    _ => None,
+                }
+            })*
+        }
+    };
+}
+
+readers!(whole: Whole -> i64, flag: Flag -> bool, secret: Secret -> Secret,
+    secrets: Secrets -> Vec<Secret>, tokens: Tokens -> Vec<String>, routes: Routes -> Vec<Route>);
+
 impl Setting {
-    fn whole(&self) -> Option<i64> {
-        match self {
-            Setting::Whole(n) => Some(*n),
-            _ => None,
-        }
-    }
-    fn flag(&self) -> Option<bool> {
-        match self {
-            Setting::Flag(b) => Some(*b),
-            _ => None,
-        }
-    }
     fn text(&self) -> Option<String> {
         match self {
             Setting::Url(s) | Setting::Text(s) => Some(s.clone()),
@@ -778,30 +763,6 @@ impl Setting {
         let text = self.text()?;
         let words = text.split(',').map(str::trim).filter(|w| !w.is_empty());
         Some(words.map(str::to_string).collect())
-    }
-    fn secret(&self) -> Option<Secret> {
-        match self {
-            Setting::Secret(s) => Some(s.clone()),
-            _ => None,
-        }
-    }
-    fn secrets(&self) -> Option<Vec<Secret>> {
-        match self {
-            Setting::Secrets(s) => Some(s.clone()),
-            _ => None,
-        }
-    }
-    fn tokens(&self) -> Option<Vec<String>> {
-        match self {
-            Setting::Tokens(t) => Some(t.clone()),
-            _ => None,
-        }
-    }
-    fn routes(&self) -> Option<Vec<Route>> {
-        match self {
-            Setting::Routes(r) => Some(r.clone()),
-            _ => None,
-        }
     }
 }
 
@@ -877,23 +838,11 @@ impl Config {
     /// credential a URL may carry.
     pub fn destination_label(&self, kind: Option<&str>) -> String {
         let route = kind.filter(|k| self.effect_routes.iter().any(|(r, _)| r == k));
-        let shown = match self.destination_for(kind) {
-            Destination::Url(url) => origin_only(&url),
-            Destination::Queue(binding) => format!("queue:{binding}"),
-            Destination::Service(binding) => format!("service:{binding}"),
-        };
+        let shown = self.destination_for(kind).shown();
         match route {
             Some(k) => format!("route {k}: {shown}"),
             None => format!("EFFECT_URL: {shown}"),
         }
-    }
-
-    /// The short name of the destination an operation of `kind` goes to: its route's kind,
-    /// or `default` for `EFFECT_URL` (what `/metrics` labels and the dashboard's links use).
-    pub fn destination_name(&self, kind: Option<&str>) -> String {
-        destination_parts(&self.destination_label(kind))
-            .0
-            .to_string()
     }
 
     /// The pace of the destination an operation of `kind` goes to (unlimited unless set).
@@ -1078,6 +1027,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::destination_label::destination_parts;
 
     /// The value `/v1/config` shows for the setting `name`.
     fn setting_value(view: &Value, name: &str) -> Value {
@@ -1517,7 +1467,6 @@ mod tests {
             ("billing".into(), "billing.example:8443".into())
         );
         assert_eq!(split(Some("a: b")), ("a: b".into(), "queue:Q".into()));
-        assert_eq!(c.destination_name(Some("billing")), "billing");
         assert_eq!(destination_parts("something else"), ("something else", ""));
     }
 

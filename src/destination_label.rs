@@ -1,10 +1,24 @@
-//! A destination's label, as the configuration writes it (`EFFECT_URL: <origin>`, `route
+//! Where a side effect goes ([`Destination`], as configured and as a result sender is told),
+//! and a destination's label, as the configuration writes it (`EFFECT_URL: <origin>`, `route
 //! <kind>: <origin>`; see `Config::destination_label`), read back into the short name that
 //! `/metrics` labels and the dashboard's links use, and the host it shows.
 //!
 //! Guarantees: the short name is the route's kind, or [`DEFAULT_DESTINATION`] for
 //! `EFFECT_URL`; neither it nor the host holds a path, a query or a credential (the label never
 //! held one). Pure.
+
+/// Where a side effect goes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Destination {
+    /// POSTed over HTTPS (or HTTP locally), signed the Standard Webhooks way.
+    Url(String),
+    /// Sent to a Cloudflare Queue through this producer binding: a successful send is done
+    /// (the queue is durable; its consumer dedupes by the idempotency key the message carries).
+    Queue(String),
+    /// POSTed to another Worker through this service binding, signed like an HTTPS one.
+    Service(String),
+}
 
 /// The name `EFFECT_URL`'s destination goes by in `/metrics` and the dashboard's links.
 pub const DEFAULT_DESTINATION: &str = "default";

@@ -77,6 +77,7 @@ impl Rule {
 }
 
 /// Keeps the whole document (only the size limits apply).
+#[cfg(test)]
 pub const EVERYTHING: &[Rule] = &[Rule::Keep("")];
 
 /// What to do with a value, from its path.
@@ -655,6 +656,7 @@ impl Skim {
 }
 
 /// Skims a whole body at once (the host tests' shortcut).
+#[cfg(test)]
 pub fn skim(rules: &'static [Rule], body: &[u8]) -> Result<Skimmed, SkimError> {
     let mut s = Skim::new(rules);
     s.feed(body)?;

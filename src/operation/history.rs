@@ -253,14 +253,6 @@ impl HistoryLog {
             })
             .collect()
     }
-
-    pub fn len(&self) -> usize {
-        self.rows.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -480,15 +472,15 @@ mod tests {
         for i in 0..(HISTORY_LIMIT as i64 + 5) {
             log.append(3_000 + i, vec![HistoryEntry::ConfirmNotFound]);
         }
-        assert_eq!(log.len(), HISTORY_LIMIT);
+        assert_eq!(log.rows.len(), HISTORY_LIMIT);
         assert_eq!(log.view()[0]["at"], crate::timestamp::format_rfc3339(3_005));
         assert!(
-            HistoryLog::decode("not json").is_empty(),
+            HistoryLog::decode("not json").rows.is_empty(),
             "only the history is lost"
         );
         let rows = (0..(HISTORY_LIMIT as i64 + 1))
             .map(|i| (i, r#"{"what":"retired"}"#.to_string()))
             .collect();
-        assert_eq!(HistoryLog::from_rows(rows).len(), HISTORY_LIMIT);
+        assert_eq!(HistoryLog::from_rows(rows).rows.len(), HISTORY_LIMIT);
     }
 }

@@ -42,9 +42,6 @@ pub enum Scope {
 }
 
 impl Scope {
-    /// Every scope, narrowest first.
-    pub const ALL: [Scope; 3] = [Scope::Register, Scope::Read, Scope::Admin];
-
     /// The scope's name in answers, logs and the OpenAPI document.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -24,6 +24,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
+use crate::destination_label::Destination;
 use crate::operation::effect::EffectRequest;
 use crate::results::progress::{CHUNK_RESULTS, SENDS_IN_FLIGHT};
 pub use crate::results::progress::{SENDERS, WAVE_RESULTS};
@@ -99,15 +100,6 @@ pub const HEADER_NAMES: [&str; 7] = [
     "webhook-signature",
 ];
 
-/// Where a sender sends (the route's destination, as configured).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WireDestination {
-    Url(String),
-    Queue(String),
-    Service(String),
-}
-
 /// One result's request, signed by the gate, and when it may leave (ms from the sender's
 /// start: a paced route's token).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,7 +117,7 @@ fn is_zero(n: &u64) -> bool {
 /// What the gate asks a sender: send these, to there, each within `timeout_ms`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SendOrder {
-    pub to: WireDestination,
+    pub to: Destination,
     pub timeout_ms: i64,
     pub sends: Vec<WireSend>,
 }

@@ -107,10 +107,6 @@ impl Default for InlineRead {
 }
 
 impl InlineRead {
-    pub fn new() -> InlineRead {
-        InlineRead::default()
-    }
-
     /// Takes the next chunk of the answer: the items it completed, to store now; or why the
     /// answer cannot be read (stop reading).
     pub fn feed(&mut self, chunk: &[u8]) -> Result<Vec<Entry>, String> {
@@ -261,7 +257,7 @@ mod tests {
 
     /// Reads `body` in pieces cut at `cuts`: the entries, then where the results are.
     fn read(body: &[u8], cuts: &[usize]) -> (Vec<Entry>, Result<Located, String>) {
-        let mut r = InlineRead::new();
+        let mut r = InlineRead::default();
         let mut entries = Vec::new();
         let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
         points.sort_unstable();
@@ -411,7 +407,7 @@ mod tests {
 
     #[test]
     fn the_caps_park_with_their_reason() {
-        let mut r = InlineRead::new();
+        let mut r = InlineRead::default();
         r.feed(b"[").unwrap();
         let filler = vec![b' '; 1 << 20];
         let mut last = Ok(Vec::new());

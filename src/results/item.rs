@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::results::keys::{file_result_key, key_text};
-use crate::results::lines::Piece;
+use crate::results::lines::{Checkpoint, Piece};
 
 /// A line's (or an inline item's) cap: larger ones are not loaded, their result says where
 /// they are. Below a Durable Object SQLite row's 2 MB, so a failed result's row always fits;
@@ -67,11 +67,7 @@ fn payload_of(value: &Value, locate: impl Fn(&str) -> Value) -> Payload {
 
 /// A file's line as a result.
 pub fn from_piece(piece: &Piece, file: &str) -> ResultItem {
-    let (index, offset) = match piece {
-        Piece::Line { index, offset, .. } | Piece::TooLarge { index, offset, .. } => {
-            (*index, *offset)
-        }
-    };
+    let Checkpoint { index, offset } = piece.start();
     let locate = |reason: &str, size: usize| json!({"reason": reason, "file": file, "index": index, "byte_offset": offset, "size": size});
     let (key, payload) = match piece {
         Piece::TooLarge { size, .. } => (

@@ -18,10 +18,7 @@ use sha2::{Digest, Sha256};
 /// The result key of the file's line at `index` whose request key is `key`: the key as it
 /// is, or `line-<index>` for a line without one.
 pub fn file_result_key(key: Option<&str>, index: u64) -> String {
-    match key {
-        Some(k) => k.to_string(),
-        None => format!("line-{index}"),
-    }
+    key.map_or_else(|| format!("line-{index}"), str::to_string)
 }
 
 /// A request key as a string: a JSON string as it is, any other value (but null) as its JSON.
@@ -49,10 +46,7 @@ pub fn hex8(digest: &[u8]) -> String {
 
 /// An inline item's key before it is made distinct: the request's key, else `inline-{hash}`.
 pub fn inline_base(key: Option<&str>, hash: &str) -> String {
-    match key {
-        Some(k) => k.to_string(),
-        None => format!("inline-{hash}"),
-    }
+    key.map_or_else(|| format!("inline-{hash}"), str::to_string)
 }
 
 /// Where an inline item goes in the results' order, in 32 bytes, so a batch's whole order is

@@ -91,22 +91,15 @@ fn clipped(text: &str, max: usize) -> String {
     }
 }
 
-/// The tunables, with the job's backoff.
+/// The tunables.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
     pub file_wait_ms: i64,
-    pub retry_base_secs: i64,
-    pub retry_max_secs: i64,
+    /// The job's backoff (the gate's [`crate::operation::gate::GateLimits::retry`]).
+    pub retry: Backoff,
     /// A result failing this long (`EFFECT_ALERT_AFTER_SECONDS`) is parked at its next
     /// failure (after one retry at least), and the batch alerts once.
     pub alert_after_ms: i64,
-}
-
-impl Limits {
-    /// The job's retries take the one backoff formula.
-    fn backoff(&self) -> Backoff {
-        Backoff::new(self.retry_base_secs * 1_000, self.retry_max_secs * 1_000)
-    }
 }
 
 /// Where the results stand.
@@ -308,6 +301,7 @@ impl Sending {
 /// Whether an attempt may have reached the destination: every answer but a 2xx or a refusal
 /// leaves that open (a timeout or a reset may come after the destination acted), so the
 /// result is retried under its same `webhook-id`, never a new one.
+#[cfg(test)]
 pub fn may_have_reached(outcome: &AttemptOutcome) -> bool {
     matches!(outcome, AttemptOutcome::Retry(_))
 }
@@ -422,7 +416,7 @@ impl Progress {
             Some(reason) => Phase::FileParked { reason },
             None => Phase::WaitingForFile {
                 failures,
-                next_at_ms: now_ms + limits.backoff().jittered(failures, jitter),
+                next_at_ms: now_ms + limits.retry.jittered(failures, jitter),
             },
         };
     }
@@ -453,6 +447,7 @@ impl Progress {
     /// Commits the claimed chunk with each result's answer: counts move, and the results not
     /// delivered are kept. A commit for another chunk than the one claimed is ignored (a stale
     /// run's): `None`.
+    #[cfg(test)]
     pub fn commit<O: Into<Sending>>(
         &mut self,
         chunk: u64,
@@ -534,7 +529,7 @@ impl Progress {
                 // Not the destination's failure: sent again after the backoff, its failing
                 // clock as it was (a running one runs on, none starts), never parked for it.
                 row.last_error = clipped(why, ERROR_KEPT_CHARS);
-                row.next_at_ms = Some(now_ms + limits.backoff().jittered(row.attempts, jitter));
+                row.next_at_ms = Some(now_ms + limits.retry.jittered(row.attempts, jitter));
                 self.rows.insert(key, row);
                 return None;
             }
@@ -558,7 +553,7 @@ impl Progress {
                     return self.park(row, &why);
                 }
                 row.last_error = clipped(why, ERROR_KEPT_CHARS);
-                row.next_at_ms = Some(now_ms + limits.backoff().jittered(row.attempts, jitter));
+                row.next_at_ms = Some(now_ms + limits.retry.jittered(row.attempts, jitter));
                 self.rows.insert(key, row);
                 None
             }

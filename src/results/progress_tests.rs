@@ -14,8 +14,7 @@ const OP: &str = "batches/b";
 const FILE: &str = "files/out";
 const LIMITS: Limits = Limits {
     file_wait_ms: FILE_WAIT_MS,
-    retry_base_secs: 30,
-    retry_max_secs: 3_600,
+    retry: Backoff::new(30_000, 3_600_000),
     alert_after_ms: 3_600_000,
 };
 /// A small chunk, so a short file spans several.
@@ -606,7 +605,7 @@ fn a_row_retry_waits_the_jobs_backoff() {
         1.0,
     );
     assert_eq!(writes, Some(vec![Write::KeepResult(item)]));
-    let wait = LIMITS.backoff().after(1);
+    let wait = LIMITS.retry.after(1);
     assert_eq!(p.next(1_000), Step::WaitUntil(1_000 + wait));
     // When it was answered is kept with what answered, in the row the failure writes anyway.
     assert_eq!(p.rows[&0].last_attempt_ms, Some(1_000));
@@ -617,7 +616,7 @@ fn a_row_retry_waits_the_jobs_backoff() {
         "an attempt begun has not answered yet"
     );
     p.finish_row(0, &busy, 2_000, &LIMITS, 1.0);
-    let wait = LIMITS.backoff().after(2);
+    let wait = LIMITS.retry.after(2);
     assert_eq!(p.next(2_000), Step::WaitUntil(2_000 + wait));
     assert_eq!(p.rows[&0].attempts, 2);
     assert_eq!(p.rows[&0].last_attempt_ms, Some(2_000));
@@ -785,8 +784,7 @@ fn the_stored_progress_is_bounded_whatever_the_keys_sizes() {
 fn a_result_failing_past_the_alert_threshold_is_parked_and_alerted_once() {
     let limits = Limits {
         alert_after_ms: 10_000,
-        retry_base_secs: 1,
-        retry_max_secs: 2,
+        retry: Backoff::new(1_000, 2_000),
         ..LIMITS
     };
     let mut p = Progress::begin(Source::Inline, 0);
@@ -914,8 +912,7 @@ fn the_results_are_metered_in_bulk_on_the_happy_path_and_at_once_off_it() {
 fn a_pause_longer_than_the_alert_threshold_parks_nothing_after_the_resume() {
     let limits = Limits {
         alert_after_ms: 10_000,
-        retry_base_secs: 1,
-        retry_max_secs: 2,
+        retry: Backoff::new(1_000, 2_000),
         ..LIMITS
     };
     let mut p = Progress::begin(Source::Inline, 0);

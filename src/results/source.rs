@@ -84,23 +84,18 @@ pub fn found_in_status(answer: &Value) -> Result<Found, String> {
                 .iter()
                 .position(|l| format!("/{}", l.replace('.', "/")) == path)
                 .unwrap_or_default();
-            match answer.pointer(&path) {
-                Some(Value::Array(items)) => {
-                    let count = items.len() as u64;
-                    return Ok(Found::Inline { list, count });
-                }
-                Some(Value::Number(n)) if n.is_u64() => {
-                    let count = n.as_u64().unwrap_or_default();
-                    return Ok(Found::Inline { list, count });
-                }
+            let count = match answer.pointer(&path) {
+                None => continue,
+                Some(Value::Array(items)) => items.len() as u64,
+                Some(Value::Number(n)) if n.is_u64() => n.as_u64().unwrap_or_default(),
                 Some(other) => {
                     return Err(format!(
                         "status answer: {inline}.inlinedResponses is a JSON {}, not a list",
                         json_kind(other)
                     ))
                 }
-                None => {}
-            }
+            };
+            return Ok(Found::Inline { list, count });
         }
     }
     Err("status answer names neither a results file nor inline responses".to_string())
@@ -221,9 +216,7 @@ pub fn unlocated(
         },
         _ => None,
     };
-    let ask_at = backoff_until
-        .unwrap_or(0)
-        .max(now + limits.retry_base_secs * 1_000);
+    let ask_at = backoff_until.unwrap_or(0).max(now + limits.retry.first_ms);
     let next = match &answer.trouble {
         _ if answer.http_status == Some(429) => Unlocated::AskAt(ask_at),
         FileTrouble::Unavailable(_) if now - since < limits.file_wait_ms => {
@@ -235,21 +228,6 @@ pub fn unlocated(
         }
     };
     (next, backoff_until)
-}
-
-/// The progress's tunables from the configuration's seconds.
-pub fn limits(
-    file_wait_secs: i64,
-    retry_base_secs: i64,
-    retry_max_secs: i64,
-    alert_after_secs: i64,
-) -> Limits {
-    Limits {
-        file_wait_ms: file_wait_secs * 1_000,
-        retry_base_secs,
-        retry_max_secs,
-        alert_after_ms: alert_after_secs * 1_000,
-    }
 }
 
 /// Where the results stand, as the operation's record shows it: the counts, the phase, the
@@ -378,8 +356,7 @@ mod tests {
 
     const WAIT: Limits = Limits {
         file_wait_ms: 60_000,
-        retry_base_secs: 1,
-        retry_max_secs: 2,
+        retry: crate::retry::Backoff::new(1_000, 2_000),
         alert_after_ms: 3_600_000,
     };
 

@@ -106,35 +106,25 @@ async fn serve(
     if let Some(rest) = path.strip_prefix("/v1/destinations/") {
         return super::destinations::serve(&mut req, method, rest, env, config, by).await;
     }
+    let read_only = matches!(path, "/v1/whoami" | "/v1/stats" | METRICS | "/v1/config");
+    if read_only && method != Method::Get {
+        return Err(Refusal::MethodNotAllowed);
+    }
     if path == "/v1/whoami" {
         // The caller's own scope and fingerprint: the dashboard shows actions to admin only.
-        return match method {
-            Method::Get => {
-                ok_json(&json!({"scope": caller.scope, "fingerprint": caller.fingerprint}))
-            }
-            _ => Err(Refusal::MethodNotAllowed),
-        };
+        return ok_json(&json!({"scope": caller.scope, "fingerprint": caller.fingerprint}));
     }
     if path == "/v1/stats" || path == METRICS {
-        return match method {
-            Method::Get => {
-                let mut stats =
-                    stats_shard::read(env, config.gemini_webhook_name.as_deref()).await?;
-                stats["destinations"] = call::destinations_health(env, config).await;
-                if path == METRICS {
-                    return metrics::answer(&req, &stats);
-                }
-                ok_json(&stats)
-            }
-            _ => Err(Refusal::MethodNotAllowed),
-        };
+        let mut stats = stats_shard::read(env, config.gemini_webhook_name.as_deref()).await?;
+        stats["destinations"] = call::destinations_health(env, config).await;
+        if path == METRICS {
+            return metrics::answer(&req, &stats);
+        }
+        return ok_json(&stats);
     }
     if path == "/v1/config" {
         // Names and non-secret values only (secrets are "set" / "not set"), and the warnings.
-        return match method {
-            Method::Get => ok_json(&config.public_view()),
-            _ => Err(Refusal::MethodNotAllowed),
-        };
+        return ok_json(&config.public_view());
     }
     let Some(rest) = path.strip_prefix(OPERATIONS) else {
         return Err(Refusal::NotFound);

@@ -53,7 +53,8 @@ pub async fn verify(
     token: &Token,
     now_ms: i64,
 ) -> Result<(), Rejection> {
-    let jwk = find_key(env, config, &token.kid, now_ms).await?;
+    let look = |k: &mut KeySet| k.lookup(&token.kid, now_ms);
+    let jwk = resolve(env, config, now_ms, look, |k| k.after_fetch(&token.kid)).await?;
     let key = import(&jwk).await.map_err(|e| {
         log_line(RouteLog::JwksImportFailed {
             kid: jwk.kid.clone(),
@@ -61,13 +62,10 @@ pub async fn verify(
         });
         Rejection::Token(JwtError::KeysUnavailable)
     })?;
-    let valid = webcrypto_verify(&key, &token.signature, token.signing_input.as_bytes())
-        .await
-        .map_err(|_| Rejection::Token(JwtError::Signature))?;
-    if !valid {
-        return Err(Rejection::Token(JwtError::Signature));
+    match webcrypto_verify(&key, &token.signature, token.signing_input.as_bytes()).await {
+        Ok(true) => Ok(()),
+        Ok(false) | Err(_) => Err(Rejection::Token(JwtError::Signature)),
     }
-    Ok(())
 }
 
 fn log_line(line: RouteLog) {
@@ -93,12 +91,6 @@ async fn read_durable_copy(env: &Env) {
         Err(_) => None,
     };
     KEYS.with(|k| k.borrow_mut().durable_copy(body.as_deref()));
-}
-
-/// Finds `kid`'s RS256 key: the cached ones, then the durable copy, then a fetch.
-async fn find_key(env: &Env, config: &Config, kid: &str, now_ms: i64) -> Result<RsaJwk, Rejection> {
-    let look = |k: &mut KeySet| k.lookup(kid, now_ms);
-    resolve(env, config, now_ms, look, |k| k.after_fetch(kid)).await
 }
 
 /// Performs a key set's [`Lookup`] (`look`) until it is found or refused: the durable copy
@@ -173,11 +165,11 @@ fn subtle() -> Result<JsValue, JsValue> {
     Reflect::get(&crypto, &"subtle".into())
 }
 
-fn algorithm() -> Result<Object, JsValue> {
+fn algorithm() -> Result<JsValue, JsValue> {
     let algo = Object::new();
     Reflect::set(&algo, &"name".into(), &"RSASSA-PKCS1-v1_5".into())?;
     Reflect::set(&algo, &"hash".into(), &"SHA-256".into())?;
-    Ok(algo)
+    Ok(algo.into())
 }
 
 async fn call(method: &str, args: &Array) -> Result<JsValue, JsValue> {
@@ -197,22 +189,15 @@ async fn import(jwk: &RsaJwk) -> Result<JsValue, JsValue> {
     Reflect::set(&data, &"e".into(), &jwk.e.as_str().into())?;
     Reflect::set(&data, &"alg".into(), &"RS256".into())?;
     Reflect::set(&data, &"ext".into(), &JsValue::TRUE)?;
-    let args = Array::new();
-    args.push(&"jwk".into());
-    args.push(&data);
-    args.push(&algorithm()?.into());
-    args.push(&JsValue::FALSE);
-    args.push(&Array::of1(&"verify".into()));
+    let (format, usages) = (JsValue::from("jwk"), Array::of1(&"verify".into()));
+    let args = Array::of5(&format, &data, &algorithm()?, &JsValue::FALSE, &usages);
     let key = call("importKey", &args).await?;
     IMPORTED.with(|i| i.borrow_mut().insert(jwk.kid.clone(), key.clone()));
     Ok(key)
 }
 
 async fn webcrypto_verify(key: &JsValue, signature: &[u8], data: &[u8]) -> Result<bool, JsValue> {
-    let args = Array::new();
-    args.push(&algorithm()?.into());
-    args.push(key);
-    args.push(&Uint8Array::from(signature));
-    args.push(&Uint8Array::from(data));
+    let (signature, data) = (Uint8Array::from(signature), Uint8Array::from(data));
+    let args = Array::of4(&algorithm()?, key, &signature, &data);
     Ok(call("verify", &args).await?.as_bool().unwrap_or(false))
 }

@@ -5,17 +5,16 @@
 //! form of the name; every action is one call to the operation's gate carrying who asked,
 //! and the gate's reply is the answer (a refusal 409, an unknown operation 404).
 
-use percent_encoding::percent_decode_str;
 use serde_json::json;
 use worker::{Env, Method, Request, Response};
 
 use crate::operation::gate::protocol::{GateCommand, GateReply};
-use crate::operation::key::{normalize, OperationKey};
+use crate::operation::key::OperationKey;
 use crate::operation::Actor;
 use crate::operator::listing::parse_settle;
 use crate::refusal::Refusal;
 
-use crate::edge::http::admin_body::{read_body, read_reason};
+use crate::edge::http::admin_body::{operation_key, read_body, read_reason};
 use crate::edge::http::json_answer::ok_json;
 use crate::edge::objects::call::call_gate;
 
@@ -39,10 +38,7 @@ pub async fn serve(
         (Method::Get, _) => (rest, None),
         _ => return Err(Refusal::MethodNotAllowed),
     };
-    let name = percent_decode_str(name)
-        .decode_utf8()
-        .map_err(|_| Refusal::BadRequest("name is not UTF-8".into()))?;
-    let key = normalize(&name, None).map_err(|e| Refusal::BadRequest(format!("name: {e}")))?;
+    let key = operation_key(name)?;
     let command = command(req, action, &key, by).await?;
     answer(&key, call_gate(env, &key.key, &command).await?)
 }

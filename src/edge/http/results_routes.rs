@@ -6,16 +6,14 @@
 //! Guarantees: one call to the operation's gate, which answers from its results tables; an
 //! unknown operation is 404, a state it does not know 400.
 
-use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 use worker::{Env, Method, Request, Response};
 
 use crate::operation::gate::protocol::{GateCommand, GateReply};
-use crate::operation::key::normalize;
 use crate::operation::Actor;
 use crate::refusal::Refusal;
 
-use crate::edge::http::admin_body::read_body;
+use crate::edge::http::admin_body::{operation_key, read_body};
 use crate::edge::http::json_answer::ok_json;
 use crate::edge::objects::call::call_gate;
 
@@ -50,10 +48,7 @@ async fn answer(
     env: &Env,
     by: &Actor,
 ) -> Result<Response, Refusal> {
-    let name = percent_decode_str(name)
-        .decode_utf8()
-        .map_err(|_| Refusal::BadRequest("name is not UTF-8".into()))?;
-    let key = normalize(&name, None).map_err(|e| Refusal::BadRequest(format!("name: {e}")))?;
+    let key = operation_key(name)?;
     let command = if retry {
         let body = read_body(req).await?;
         let parsed: RetryBody = match body.iter().all(u8::is_ascii_whitespace) {

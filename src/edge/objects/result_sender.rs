@@ -21,9 +21,7 @@ use worker::{durable_object, Date, Delay, DurableObject, Env, Request, Response,
 use crate::config::Destination;
 use crate::operation::effect::EffectRequest;
 use crate::refusal::Refusal;
-use crate::results::fanout::{
-    call_bound_ms, group_answers, groups, SendOrder, WireDestination, WireSend, SENDERS,
-};
+use crate::results::fanout::{call_bound_ms, group_answers, groups, SendOrder, WireSend, SENDERS};
 use crate::results::progress::SENDS_IN_FLIGHT;
 use crate::retry::PeerAnswer;
 use crate::telemetry::usage::Invocation;
@@ -57,17 +55,12 @@ impl DurableObject for ResultSender {
             Ok(order) => order,
             Err(e) => return Refusal::BadRequest(format!("bad send order: {e}")).into_response(),
         };
-        let destination = match order.to {
-            WireDestination::Url(url) => Destination::Url(url),
-            WireDestination::Queue(binding) => Destination::Queue(binding),
-            WireDestination::Service(binding) => Destination::Service(binding),
-        };
         let timeout = order.timeout_ms;
         // `after_ms` counts from here, not from when a send's turn among the 6 comes, so the
         // gate's bound on this call holds (`call_bound_ms`).
         let begun = Date::now().as_millis();
         let calls = order.sends.into_iter().map(|send| {
-            let destination = &destination;
+            let destination = &order.to;
             async move {
                 let after = send.after_ms;
                 let request = match send.request() {
@@ -113,15 +106,10 @@ pub async fn send_through_senders(
     if split.is_empty() {
         return None;
     }
-    let to = match destination {
-        Destination::Url(url) => WireDestination::Url(url.clone()),
-        Destination::Queue(binding) => WireDestination::Queue(binding.clone()),
-        Destination::Service(binding) => WireDestination::Service(binding.clone()),
-    };
     let calls = split.into_iter().enumerate().map(|(slot, range)| {
         let wait = |i: usize| after_ms.get(i).map_or(0, |ms| (*ms).max(0) as u64);
         let order = SendOrder {
-            to: to.clone(),
+            to: destination.clone(),
             timeout_ms,
             sends: range
                 .clone()

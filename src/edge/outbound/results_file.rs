@@ -14,10 +14,7 @@
 //! chunk within [`BODY_TIMEOUT_MS`] more, and every way the call ends is a chunk or a
 //! [`FileTrouble`].
 
-use std::time::Duration;
-
-use futures_util::future::{select, Either};
-use worker::{AbortController, Delay, Method, ResponseBody};
+use worker::{AbortController, Method, ResponseBody};
 
 use crate::body_cap::Read;
 use crate::config::Config;
@@ -35,10 +32,10 @@ use crate::edge::outbound::fetch::{fetch, within};
 use crate::edge::runtime::js_error;
 
 /// The download's headers get this long.
-const HEAD_TIMEOUT_MS: u64 = 10_000;
+const HEAD_TIMEOUT_MS: i64 = 10_000;
 /// A chunk's bytes get this long once the headers came: 8 MiB at a slow 1 MB/s, and the
 /// discarded prefix of a server that ignores `Range` on a file of some hundreds of MB.
-const BODY_TIMEOUT_MS: u64 = 25_000;
+const BODY_TIMEOUT_MS: i64 = 25_000;
 
 /// One chunk of the file: its lines, where the next chunk starts, and whether this one ends
 /// the file.
@@ -56,11 +53,10 @@ pub async fn read_chunk(
     let controller = AbortController::default();
     let signal = controller.signal();
     let head = fetch(Method::Get, &url, &headers, None, &signal);
-    let deadline = Delay::from(Duration::from_millis(HEAD_TIMEOUT_MS));
-    let response = match select(Box::pin(head), Box::pin(deadline)).await {
-        Either::Left((Ok(r), _)) => r,
-        Either::Left((Err(e), _)) => return Err(unavailable(&e.to_string())),
-        Either::Right(_) => {
+    let response = match within(HEAD_TIMEOUT_MS, head).await {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return Err(unavailable(&e.to_string())),
+        None => {
             controller.abort();
             return Err(unavailable("timeout waiting for the download"));
         }
@@ -102,13 +98,12 @@ pub async fn read_chunk(
         }
         Ok::<_, String>((splitter, fill, full))
     };
-    let deadline = Delay::from(Duration::from_millis(BODY_TIMEOUT_MS));
-    let outcome = select(Box::pin(read), Box::pin(deadline)).await;
+    let outcome = within(BODY_TIMEOUT_MS, read).await;
     controller.abort();
     let (splitter, mut fill, full) = match outcome {
-        Either::Left((Ok(read), _)) => read,
-        Either::Left((Err(e), _)) => return Err(unavailable(&e)),
-        Either::Right(_) => return Err(unavailable("timeout reading the results file")),
+        Some(Ok(read)) => read,
+        Some(Err(e)) => return Err(unavailable(&e)),
+        None => return Err(unavailable("timeout reading the results file")),
     };
     if full {
         let at = splitter.checkpoint();
@@ -150,14 +145,11 @@ pub async fn status_results(
         http_status,
         retry_after,
     };
-    let mut headers = vec![("accept", "application/json".to_string())];
-    if let Some(key) = &config.gemini_api_key {
-        headers.push((KEY_HEADER, key.0.clone()));
-    }
+    let headers = super::status_api::headers(config);
     let controller = AbortController::default();
     let signal = controller.signal();
     let head = fetch(Method::Get, url, &headers, None, &signal);
-    let response = match within(HEAD_TIMEOUT_MS as i64, head).await {
+    let response = match within(HEAD_TIMEOUT_MS, head).await {
         Some(Ok(r)) => r,
         Some(Err(e)) => return Err(failed(unavailable(&e.to_string()), None, None)),
         None => {
@@ -178,7 +170,7 @@ pub async fn status_results(
         return Err(failed(trouble, Some(status), retry_after));
     }
     let read = async {
-        let mut reader = InlineRead::new();
+        let mut reader = InlineRead::default();
         let mut refused: Option<FileTrouble> = None;
         if let ResponseBody::Stream(stream) = response.body() {
             each_chunk(stream, |chunk| {
@@ -203,7 +195,7 @@ pub async fn status_results(
             None => reader.finish().map_err(FileTrouble::Unreadable),
         }
     };
-    let outcome = within(BODY_TIMEOUT_MS as i64, read).await;
+    let outcome = within(BODY_TIMEOUT_MS, read).await;
     controller.abort();
     match outcome {
         Some(Ok(located)) => Ok(located),

@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
 use crate::reconciliation::status::{call_answer, interpret_skimmed, status_url, StatusAnswer};
+use crate::redirect::KEY_HEADER;
 use crate::retry::{class_of_status, Class, PeerAnswer};
 use crate::skim::Skim;
 use crate::telemetry::counters::StatusCallAnswer;
@@ -42,10 +43,11 @@ const GET_MAX_BYTES: usize = 256 * 1024;
 /// An answer at least this large is logged (`status_read`) with the bytes read and kept.
 const LOG_READ_FROM_BYTES: u64 = 256 * 1024;
 
-fn headers(config: &Config) -> Vec<(&'static str, String)> {
+/// A call to Gemini's API: JSON asked for, with our key when one is configured.
+pub(super) fn headers(config: &Config) -> Vec<(&'static str, String)> {
     let mut headers = vec![("accept", "application/json".to_string())];
     if let Some(api_key) = &config.gemini_api_key {
-        headers.push(("x-goog-api-key", api_key.0.clone()));
+        headers.push((KEY_HEADER, api_key.0.clone()));
     }
     headers
 }

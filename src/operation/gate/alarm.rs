@@ -137,7 +137,7 @@ pub fn plan(op: &Operation, now: i64, limits: &GateLimits) -> AlarmPlan {
 }
 
 impl AlarmPlan {
-    /// The stages still to run, in order.
+    #[cfg(test)]
     pub fn stages(&self) -> Vec<Stage> {
         self.stages.iter().copied().collect()
     }

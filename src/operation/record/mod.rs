@@ -82,18 +82,6 @@ pub enum KindFill {
     TooLate,
 }
 
-impl KindFill {
-    /// The spelling in the registration's answer.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KindFill::Filled => "filled",
-            KindFill::Unchanged => "unchanged",
-            KindFill::Conflict => "conflict",
-            KindFill::TooLate => "too_late",
-        }
-    }
-}
-
 /// The record the gate keeps for one operation, declared once: its stored form (the gate's
 /// SQLite row, one flat JSON object) is derived from this definition, field by field in this
 /// order, with each part's fields (notes, outbox, ledger mark) flattened in place. A field
@@ -293,11 +281,13 @@ impl Operation {
     }
 
     /// Alerts raised and not yet accepted by the sink.
+    #[cfg(test)]
     pub fn pending_alerts(&self) -> &[PendingAlert] {
         &self.pending_alerts
     }
 
     /// Why the last unusable status-API answer could not be used.
+    #[cfg(test)]
     pub fn unusable_status(&self) -> Option<&str> {
         self.notes.unusable_status.as_deref()
     }
@@ -308,6 +298,7 @@ impl Operation {
     }
 
     /// Deliberate redeliveries an operator asked for, newest last.
+    #[cfg(test)]
     pub fn redeliveries(&self) -> &[OperatorNote] {
         &self.notes.redeliveries
     }
@@ -318,6 +309,7 @@ impl Operation {
     }
 
     /// Events up to this sequence are sealed (may be on their way to a shard).
+    #[cfg(test)]
     pub fn stats_sealed_seq(&self) -> u64 {
         self.outbox.sealed_seq
     }

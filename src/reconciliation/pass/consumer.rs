@@ -16,7 +16,7 @@ use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use super::entry::{Books, EntryRun, Step};
 use super::fanout::{JobEntry, PollJob, QueuedJob};
 use super::lines::JobDrop;
-use super::{Intent, Limits, Machine, PassLog, PassReport, Performed};
+use super::{Intent, Limits, Machine, PassLog, Performed};
 
 #[cfg(doc)]
 use super::fanout::{JOB_ENTRIES, JOB_MAX_AGE_MS};
@@ -138,8 +138,8 @@ impl Consumer {
         }
     }
 
-    /// What the consumer has done so far (all of it once [`Intent::Done`]).
-    pub fn report(&self) -> &PassReport {
+    #[cfg(test)]
+    pub fn report(&self) -> &super::PassReport {
         &self.books.report
     }
 

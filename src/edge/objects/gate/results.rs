@@ -26,7 +26,6 @@ use crate::results::item::{from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::results::marks as on_record;
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress, Step};
-use crate::results::source;
 use crate::results::turn::reads_first;
 
 use crate::edge::objects::gate::results_store::ResultsStore;
@@ -63,19 +62,19 @@ pub(super) async fn step(
     if op.results_due_ms().is_none_or(|at| at > now_ms()) {
         return Ok(op);
     }
-    let limits = source::limits(
-        config.results.file_wait_secs,
-        config.retry_base_secs,
-        config.retry_max_secs,
-        config.effect_alert_after_secs,
-    );
+    let gate = super::limits(config);
+    let limits = Limits {
+        file_wait_ms: config.results.file_wait_secs * 1_000,
+        retry: gate.retry,
+        alert_after_ms: config.effect_alert_after_secs * 1_000,
+    };
     let driver = Driver {
         env,
         storage,
         config,
         store: ResultsStore::new(storage),
         limits,
-        gate: super::limits(config),
+        gate,
     };
     driver.step(op).await
 }
@@ -134,8 +133,8 @@ impl Driver<'_> {
         };
         match step {
             Step::WaitUntil(at) => self.due_at(op, at).await,
-            Step::ReadChunk { from, .. } => self.read_and_send(op, progress, from, turn).await,
-            Step::ResendChunk(claim) => self.resend(op, progress, claim, turn).await,
+            Step::ReadChunk { from, .. } => self.chunk(op, progress, from, None, turn).await,
+            Step::ResendChunk(c) => self.chunk(op, progress, c.from, Some(c), turn).await,
             Step::RetryRows(indexes) => self.retry_rows(op, progress, indexes, turn).await,
             Step::Alert(reason) => self.alert(op, progress, &reason).await,
             Step::AlertFailing(n) => self.alert_failing(op, progress, n).await,
@@ -195,66 +194,51 @@ impl Driver<'_> {
         Ok(None)
     }
 
-    /// Reads the next chunk (as many results as the desk let go), claims it (stored), sends
-    /// its results and commits them.
-    async fn read_and_send(
+    /// Reads a chunk from `from` (as many results as the desk let go), sends its results and
+    /// commits them: the next chunk, claimed (stored) first; or the chunk `claimed`, found
+    /// stored (a kill came between claim and commit), whose results are sent again under
+    /// their same ids (in parts, when the desk lets fewer go than it holds: the rest stays
+    /// claimed).
+    async fn chunk(
         &self,
         op: Operation,
         progress: Progress,
         from: Checkpoint,
+        claimed: Option<ChunkClaim>,
         turn: Turn,
     ) -> Result<Operation> {
         let read = self.read(&progress.source.clone(), from, turn.n).await?;
         let mut progress = self.store.fresh(progress)?;
-        match read {
+        let (items, to, last) = match read {
             Err(trouble) => {
                 progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
                 self.store.save(&progress, Vec::new())?;
-                self.after_sends(op, turn, Sent::default()).await
+                return self.after_sends(op, turn, Sent::default()).await;
             }
-            Ok((items, to, last)) => {
+            Ok(read) => read,
+        };
+        let (claim, items, reached) = match claimed {
+            None => {
                 let claim = progress.claim(to, last);
                 self.store.save(&progress, Vec::new())?;
-                self.send_and_commit(op, progress, claim, to, items, turn)
-                    .await
+                (claim, items, to)
             }
-        }
-    }
-
-    /// A claim found stored: a kill came between claim and commit, so the chunk is read again
-    /// and each of its results sent again under its same id (in parts, when the desk lets
-    /// fewer go than the chunk holds: the rest stays claimed).
-    async fn resend(
-        &self,
-        op: Operation,
-        progress: Progress,
-        claim: ChunkClaim,
-        turn: Turn,
-    ) -> Result<Operation> {
-        let read = self
-            .read(&progress.source.clone(), claim.from, turn.n)
-            .await?;
-        let mut progress = self.store.fresh(progress)?;
-        match read {
-            Err(trouble) => {
-                progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
-                self.store.save(&progress, Vec::new())?;
-                self.after_sends(op, turn, Sent::default()).await
+            Some(claim) => {
+                let before_end = |i: &ResultItem| i.index < claim.to.index;
+                let items = items.into_iter().filter(before_end).collect();
+                (
+                    claim,
+                    items,
+                    if to.index >= claim.to.index {
+                        claim.to
+                    } else {
+                        to
+                    },
+                )
             }
-            Ok((items, to, _)) => {
-                let items = items
-                    .into_iter()
-                    .filter(|i| i.index < claim.to.index)
-                    .collect();
-                let reached = if to.index >= claim.to.index {
-                    claim.to
-                } else {
-                    to
-                };
-                self.send_and_commit(op, progress, claim, reached, items, turn)
-                    .await
-            }
-        }
+        };
+        self.send_and_commit(op, progress, claim, reached, items, turn)
+            .await
     }
 
     /// Sends the claimed chunk's results before `reached` and commits them.

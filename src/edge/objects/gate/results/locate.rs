@@ -59,14 +59,12 @@ impl Driver<'_> {
                 }
                 Located::WaitForSlot(at) => return Ok(Err(at)),
                 Located::Failed(trouble) => {
-                    match unlocated(&trouble, now_ms(), since, &self.limits) {
-                        (Unlocated::AskAt(at), backoff) => {
-                            self.back_off_status(backoff).await;
-                            return Ok(Err(at));
-                        }
+                    let (next, backoff) = unlocated(&trouble, now_ms(), since, &self.limits);
+                    self.back_off_status(backoff).await;
+                    match next {
+                        Unlocated::AskAt(at) => return Ok(Err(at)),
                         // Gemini cannot say where the results are: they are parked, with the reason.
-                        (Unlocated::Park(reason), backoff) => {
-                            self.back_off_status(backoff).await;
+                        Unlocated::Park(reason) => {
                             progress.phase = Phase::FileParked { reason };
                             progress.unlocated = true;
                         }
@@ -91,8 +89,7 @@ impl Driver<'_> {
             Ok(LeaseReply::Slot { answer }) => Some(answer),
             _ => None,
         };
-        let gate_limits = crate::edge::objects::gate::limits(self.config);
-        if let Some(at) = slot_wait(slot, now_ms(), &gate_limits, random_unit()) {
+        if let Some(at) = slot_wait(slot, now_ms(), &self.gate, random_unit()) {
             return Ok(Located::WaitForSlot(at));
         }
         let base = &self.config.gemini_api_base;
