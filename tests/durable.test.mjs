@@ -5,7 +5,9 @@
 // under a configuration broken for longer than the runtime's retries sets itself again, and the
 // work resumes once the configuration is fixed; a parked effect alerts at once; a video's
 // `video_uri` is its output location; a retention under KV's minimum TTL still keeps dead letters;
-// a parked effect's alert whose send was cut short is sent again without waiting for the claim.
+// a parked effect's alert whose send was cut short is sent again without waiting for the claim;
+// a success's ledger mark, kept in memory only, lost to a restart: the gate still retires as
+// stored, and a late duplicate only writes the ledger entry again.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
@@ -455,6 +457,55 @@ describe("an alarm run cut short after a failed attempt", () => {
     } finally {
       await w.dispose();
       await Promise.all([dest.close(), sink.close()]);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("a success's upkeep kept in memory only", () => {
+  // A first unregistered delivery whose effect succeeds at once: its alarm stores the claim and
+  // the commit (its counts leave with the commit's write) and marks the ledger entry written in
+  // memory only. A restart then loses the mark: the gate still retires at its moment, and a
+  // late duplicate before that writes the same entry again and runs nothing.
+  it("stores two rows in its alarm; after a restart it retires as stored, and a late duplicate only writes the ledger again", { timeout: 180_000 }, async () => {
+    const dir = tempDir("upkeep");
+    const dest = await startDestination(() => ({ status: 200 }));
+    const vars = { EFFECT_URL: `${dest.url}/effects`, USAGE_LOG: "true", LEDGER_RETENTION_SECONDS: "30" };
+    let w = await startWorker(vars, { persist: dir });
+    const gateAlarms = (from) => w.events("usage").slice(from).filter((u) => u.object === "gate" && u.invocation === "alarm");
+    try {
+      const [quiet, duplicated] = ["batches/upkeep-quiet", "batches/upkeep-dup"];
+      for (const key of [quiet, duplicated]) {
+        const applied = await w.deliver("batch.succeeded", key, { output_file_uri: `gs://o/${key}` }, { webhookId: `msg_${key}` });
+        assert.equal(applied.body.outcome, "applied", JSON.stringify(applied.body));
+      }
+      await w.ledger([quiet, duplicated], (m) => m.effect_done === true);
+      // Each gate's first alarm run: the effect and the upkeep.
+      const runs = await eventually(() => gateAlarms(0).length >= 2 && gateAlarms(0).slice(0, 2), { what: "both alarm runs' usage lines" });
+      for (const run of runs) {
+        assert.equal(run.rows_written, 2, `the claim and the commit only: ${JSON.stringify(run)}`);
+        assert.equal(run.alarm_writes, 2, `the claim's expiry and retention: ${JSON.stringify(run)}`);
+        assert.equal(run.kv_writes, 1, JSON.stringify(run));
+      }
+      assert.equal(w.events("retention_expired").length, 0, "the restart comes before retention");
+
+      // A restart: every record is read again as the commit stored it.
+      await w.dispose();
+      w = await startWorker(vars, { persist: dir });
+      const dup = await w.deliver("batch.succeeded", duplicated, { output_file_uri: `gs://o/${duplicated}` }, { webhookId: `msg_${duplicated}_again` });
+      assert.equal(dup.body.reason, "duplicate", JSON.stringify(dup.body));
+      const again = await eventually(() => gateAlarms(0).find((u) => u.kv_writes > 0), { what: "the duplicate's alarm run" });
+      assert.equal(again.kv_writes, 1, `the same entry written again: ${JSON.stringify(again)}`);
+      assert.equal(again.outbound_fetches, 0, "nothing sent");
+
+      for (const key of [quiet, duplicated]) {
+        await eventually(() => w.events("retention_expired").some((l) => l.key === key), { what: `${key} retired`, timeoutMs: 120_000, everyMs: 500 });
+        assert.equal((await w.inspect(key)).status, 404, `${key}: nothing left in the gate`);
+        assert.equal(dest.requests.filter((r) => r.headers["idempotency-key"] === key).length, 1, `${key}: one effect`);
+      }
+    } finally {
+      await w.dispose();
+      await dest.close();
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });

@@ -624,6 +624,12 @@ pub fn attempt_finished(
         .log(line);
     if finished != Finished::Fenced {
         step.save = Save::Durable;
+        // The commit's write takes its counts (and any still pending) out of the record and
+        // the object hands them to its isolate's tally: the upkeep that follows has nothing
+        // of theirs to flush, so a success's upkeep needs no write of its own.
+        if let Some(op) = step.record.as_mut() {
+            step.tally = op.take_stats_for_tally();
+        }
     }
     step
 }
@@ -680,6 +686,15 @@ pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &GateLimits) -> Upkeep 
 /// Records how the upkeep went: flushed events are dropped; a failed flush keeps them for the
 /// alarm to send again a little later; a failed ledger write backs off (the gate stays the
 /// truth).
+///
+/// Stored only when something in it must outlive this instance: events flushed from the
+/// record (a new instance must not send them again), a failure's backoff, or a change of the
+/// index mark (retention waits for it). A ledger write that succeeded and changed nothing else
+/// is marked in memory only ([`Save::MemoryOnly`]), as a success's upkeep is (its commit
+/// handed its counts over): the record as stored still says that version is not projected,
+/// so a new instance that runs the alarm before retention writes the same entry again (one
+/// KV write then, instead of a row written for every completion now), and one that does not
+/// retires it as it is.
 pub fn upkeep_done(
     mut op: Operation,
     upkeep: &Upkeep,
@@ -688,6 +703,8 @@ pub fn upkeep_done(
     now: i64,
 ) -> Step<AlarmDone> {
     let key = op.key().to_string();
+    let indexed = op.indexed();
+    let mut stored = upkeep.sealed.is_some() || matches!(flushed, Some(Err(_)));
     let mut logs = Vec::new();
     match (upkeep.sealed, flushed) {
         (Some(last), Some(Ok(()))) => op.drop_flushed_stats(last),
@@ -705,6 +722,7 @@ pub fn upkeep_done(
         match result {
             Ok(()) => op.projection_written(projection.metadata.version, now),
             Err(e) => {
+                stored = true;
                 op.projection_failed(now);
                 logs.push(GateLog::LedgerWriteFailed {
                     key,
@@ -714,7 +732,13 @@ pub fn upkeep_done(
             }
         }
     }
-    let mut step = Step::new(Some(op), AlarmDone::UpkeepDone).durable();
+    stored |= op.indexed() != indexed;
+    let mut step = Step::new(Some(op), AlarmDone::UpkeepDone);
+    step.save = if stored {
+        Save::Durable
+    } else {
+        Save::MemoryOnly
+    };
     step.logs = logs;
     step
 }
@@ -1103,7 +1127,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(kinds(&run.next(&op, 30, &LIMITS, true)), "upkeep");
+        // The park's counts left with its write; the ledger waits out its spacing.
+        assert!(!parked.tally.is_empty());
+        assert_eq!(kinds(&run.next(&op, 30, &LIMITS, true)), "set_alarm");
         assert_eq!(kinds(&run.next(&op, 30, &LIMITS, true)), "none");
     }
 
@@ -1567,6 +1593,119 @@ mod feeder_tests {
             .all(|e| e.at_ms >= 2_000 + STATS_RETRY_MS));
         assert_eq!(op.projection_failures(), 1);
         assert!(op.projection_due_ms() > 2_000);
+    }
+
+    /// A name nobody registered, its first delivery's effect claimed and delivered at 20:
+    /// the commit's step.
+    fn first_success() -> Step<AlarmDone> {
+        let first = step(None, deliver(Status::Succeeded), 10).record.unwrap();
+        let (claim, s) = begin_attempt(first, 10, &LIMITS).unwrap();
+        let attempt = Attempt {
+            claim,
+            outcome: AttemptOutcome::Delivered,
+            started_ms: 10,
+            finished_ms: 20,
+            asked_wait_ms: None,
+            target: Default::default(),
+        };
+        attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
+    }
+
+    #[test]
+    fn a_commit_takes_its_counts_and_the_deliverys_out_of_the_record_for_the_tally() {
+        let done = first_success();
+        assert_eq!(done.save, Save::Durable);
+        let names: Vec<&str> = done.tally.iter().map(|e| e.name.as_str()).collect();
+        assert!(names.contains(&"effect_successes"), "{names:?}");
+        assert!(names.contains(&"deliveries"), "{names:?}");
+        let op = done.record.unwrap();
+        assert!(op.pending_stats().is_empty());
+        let last = done.tally.iter().map(|e| e.seq).max().unwrap();
+        assert_eq!(
+            op.stats_sealed_seq(),
+            last,
+            "nothing merges into them again"
+        );
+    }
+
+    #[test]
+    fn counts_with_a_drop_stay_in_the_record_for_the_named_send_and_a_fenced_answer_takes_none() {
+        let first = step(None, deliver(Status::Succeeded), 10).record.unwrap();
+        let dropped = step(Some(first), deliver(Status::Running), 11);
+        assert!(crate::telemetry::counters::sent_named(
+            dropped.record.as_ref().unwrap().pending_stats()
+        ));
+        let (claim, s) = begin_attempt(dropped.record.unwrap(), 12, &LIMITS).unwrap();
+        let attempt = |claim: Claim| Attempt {
+            claim,
+            outcome: AttemptOutcome::Delivered,
+            started_ms: 12,
+            finished_ms: 20,
+            asked_wait_ms: None,
+            target: Default::default(),
+        };
+        let op = s.record.unwrap();
+        let done = attempt_finished(op.clone(), &attempt(claim), &LIMITS, 0.5);
+        assert!(done.tally.is_empty());
+        assert!(crate::telemetry::counters::sent_named(
+            done.record.unwrap().pending_stats()
+        ));
+        let stale = Claim {
+            token: claim.token + 1,
+            ..claim
+        };
+        let fenced = attempt_finished(op, &attempt(stale), &LIMITS, 0.5);
+        assert!(fenced.tally.is_empty());
+    }
+
+    #[test]
+    fn a_successs_upkeep_is_kept_in_memory_and_the_record_as_stored_still_retires() {
+        let stored = first_success().record.unwrap();
+        let mut op = stored.clone();
+        let upkeep = plan_upkeep(&mut op, 1_100, &LIMITS);
+        assert_eq!(upkeep.sealed, None, "the commit handed its counts over");
+        let (projection, index) = upkeep.projection.clone().unwrap();
+        assert_eq!(index, IndexWrite::None, "closed in its first projection");
+        let done = upkeep_done(op, &upkeep, None, Some(Ok(())), 1_100);
+        assert_eq!(done.save, Save::MemoryOnly);
+        let kept = done.record.unwrap();
+        assert_eq!(kept.projected_version(), projection.metadata.version);
+        // The alarm follows the record in memory: retention, nothing before it.
+        let retires = kept.retires_at_ms(LIMITS.retention_ms).unwrap();
+        assert_eq!(kept.wake_at_ms(LIMITS.retention_ms, 0), Some(retires));
+        // A new instance reads the commit's row: the projection looks owed, and retention
+        // ends at the same moment, before anything else runs.
+        let loaded = stored.as_loaded();
+        assert!(loaded.projected_version() < loaded.version());
+        assert_eq!(loaded.retires_at_ms(LIMITS.retention_ms), Some(retires));
+        assert!(retire_if_over(&loaded, retires, &LIMITS).is_some());
+        assert_eq!(plan(&loaded, retires, &LIMITS).stages(), [Stage::Retire]);
+    }
+
+    #[test]
+    fn an_upkeep_is_stored_when_it_flushed_stored_counts_failed_or_moved_the_index() {
+        let op = first_success().record.unwrap();
+        // Counts from the record, flushed: a new instance must not send them again.
+        let mut counted = op.clone();
+        counted.count(Counter::Duplicates, 1_050);
+        let upkeep = plan_upkeep(&mut counted, 1_100, &LIMITS);
+        assert!(upkeep.sealed.is_some());
+        let s = upkeep_done(counted, &upkeep, Some(Ok(())), Some(Ok(())), 1_100);
+        assert_eq!(s.save, Save::Durable);
+        // A ledger write that failed: its backoff.
+        let mut failing = op.clone();
+        let upkeep = plan_upkeep(&mut failing, 1_100, &LIMITS);
+        let s = upkeep_done(failing, &upkeep, None, Some(Err("KV down".into())), 1_100);
+        assert_eq!(s.save, Save::Durable);
+        // An open operation's first projection puts its index entry: retention waits on the mark.
+        let mut open = step(Some(registered()), deliver(Status::Running), 10)
+            .record
+            .unwrap();
+        open.take_stats_for_tally();
+        let upkeep = plan_upkeep(&mut open, 2_000, &LIMITS);
+        assert_eq!(upkeep.projection.as_ref().unwrap().1, IndexWrite::Put);
+        let s = upkeep_done(open, &upkeep, None, Some(Ok(())), 2_000);
+        assert_eq!(s.save, Save::Durable);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::operation::gate::protocol::{EffectReport, GateReply};
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
 use crate::retry::Backoff;
+use crate::telemetry::counters::StatEvent;
 
 /// The settings a step needs, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,8 +36,9 @@ pub struct GateLimits {
 pub enum Save {
     /// Nothing changed.
     Unchanged,
-    /// Only counts changed, of an operation nothing can change: kept in memory and stored
-    /// with the next write or flush (a restart loses counts, never state).
+    /// Kept in memory and stored with the next write or flush: only counts changed, of an
+    /// operation nothing can change (a restart loses counts, never state), or only the mark of
+    /// a ledger write that succeeded (a restart finds it not written, and writes it again).
     MemoryOnly,
     /// Stored before the answer (and before anything outbound is awaited).
     Durable,
@@ -61,6 +63,10 @@ pub struct Step<R = GateReply> {
     /// Delete all of the object's storage, its alarm included, then store `record` alone (the
     /// tombstone, with no history) if there is one (retention ended).
     pub purge: bool,
+    /// Counted events the step took out of the record
+    /// ([`Operation::take_stats_for_tally`]): the object hands them to its isolate's tally
+    /// once the record is stored without them.
+    pub tally: Vec<StatEvent>,
 }
 
 impl<R> Step<R> {
@@ -74,6 +80,7 @@ impl<R> Step<R> {
             attach_history: false,
             reset_alarm: false,
             purge: false,
+            tally: Vec::new(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The stats outbox: events counted in the record, in the same write as the decision they
-//! count, until a stats shard has them.
+//! count, until a stats shard has them, or until a write takes them out to hand them to the
+//! isolate's tally ([`Operation::take_stats_for_tally`]: an attempt's commit does).
 //!
 //! Guarantees: every event has a sequence number that only grows; events up to the sealed
 //! sequence may be on their way to a shard and are never changed again, so the shard's
@@ -12,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::operation::record::Operation;
 use crate::telemetry::counters::{
-    hour_of, status_call, AskedBy, Counter, StatEvent, StatusCallAnswer,
+    hour_of, sent_named, status_call, AskedBy, Counter, StatEvent, StatusCallAnswer,
 };
 
 /// Counted events not yet flushed, and the last sequence issued and sealed.
@@ -133,5 +134,18 @@ impl Operation {
     /// Forgets counted events up to `seq`, once a shard has them.
     pub fn drop_flushed_stats(&mut self, seq: u64) {
         self.outbox.drop_through(seq);
+    }
+
+    /// Takes every pending event out of the record, sealed, for the isolate's tally: the
+    /// write that stores the record without them hands them over, with no await between
+    /// (so the upkeep has nothing of theirs to flush, and no write of its own to record that
+    /// it did). None when they include a drop: those go to the shard named, from the upkeep,
+    /// whose send can fail and is retried from the record.
+    pub fn take_stats_for_tally(&mut self) -> Vec<StatEvent> {
+        if sent_named(&self.outbox.pending) {
+            return Vec::new();
+        }
+        self.outbox.seal();
+        std::mem::take(&mut self.outbox.pending)
     }
 }

@@ -24,7 +24,7 @@ use crate::operation::{Claim, Operation, PendingAlert};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 use crate::retry::PeerAnswer;
-use crate::telemetry::counters;
+use crate::telemetry::counters::{self, StatEvent};
 
 use crate::edge::objects::call::call_lease;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
@@ -80,15 +80,31 @@ impl<'a> Run<'a> {
         Response::ok("ok")
     }
 
-    /// Commits an alarm step and returns the record (or `fallback` if the step left none).
+    /// Commits an alarm step and returns the record (or `fallback` if the step left none);
+    /// the counts it took out of the record then go to the isolate's tally.
     async fn apply(
         &self,
-        step: Step<AlarmDone>,
+        mut step: Step<AlarmDone>,
         fallback: Operation,
         alarm: Alarm,
     ) -> Result<Operation> {
+        let tally = std::mem::take(&mut step.tally);
         let (op, _) = self.storage.commit(step, &self.limits, alarm).await?;
+        if !tally.is_empty() {
+            self.hand_over(&tally).await;
+        }
         Ok(op.unwrap_or(fallback))
+    }
+
+    /// Hands counted events to the isolate's tally ([`stats_shard::hand_over`]).
+    async fn hand_over(&self, events: &[StatEvent]) {
+        let every_ms = self.config.stats_flush_secs * 1_000;
+        let state = self.storage.state();
+        let done = stats_shard::hand_over(state, self.env, events, now_ms(), every_ms).await;
+        self.storage.meter().add(|u| {
+            u.object_calls += u64::from(done.sent);
+            u.held_ms += done.held_ms;
+        });
     }
 
     /// Asks Gemini's status API about a nudge waiting for confirmation (unless the plan
@@ -289,12 +305,10 @@ impl<'a> Run<'a> {
     }
 
     /// Last: hands the sealed events to the counters and projects the record to the ledger,
-    /// both at once, then stores how that went (and sets the alarm). Events with a drop go to
-    /// this operation's shard themselves, named, since the shard lists each drop by its key
-    /// (and counts a named batch once by sequence); the rest join the isolate's tally
-    /// ([`stats_shard::hand_over`]), so most completions make no shard call of their own.
+    /// both at once, then keeps how that went (and sets the alarm). Events with a drop go to
+    /// this operation's shard, named (it lists each drop by its key, and counts a named batch
+    /// once by sequence); the rest join the isolate's tally.
     async fn settle_storage(&self, op: Operation, upkeep: Upkeep) -> Result<Operation> {
-        let config = self.config;
         if upkeep.sealed.is_some() {
             // In memory only: commands during the flush must see the seal; a new instance
             // seals whatever it loads (`Operation::as_loaded`), so nothing is stored for it.
@@ -302,23 +316,14 @@ impl<'a> Run<'a> {
         }
         let flush = async {
             upkeep.sealed?;
-            let events = &upkeep.events;
-            if !counters::sent_named(events) {
-                let every_ms = config.stats_flush_secs * 1_000;
-                let env = self.env;
-                let done =
-                    stats_shard::hand_over(self.storage.state(), env, events, now_ms(), every_ms)
-                        .await;
-                self.storage.meter().add(|u| {
-                    u.object_calls += u64::from(done.sent);
-                    u.held_ms += done.held_ms;
-                });
+            if !counters::sent_named(&upkeep.events) {
+                self.hand_over(&upkeep.events).await;
                 return Some(Ok(()));
             }
             self.storage.meter().add(|u| u.object_calls += 1);
             let shard = counters::shard_of(op.key());
             let key = Some(op.key().to_string());
-            Some(stats_shard::add(self.env, shard, key, events.clone()).await)
+            Some(stats_shard::add(self.env, shard, key, upkeep.events.clone()).await)
         };
         let write = async {
             let (p, index) = upkeep.projection.as_ref()?;
