@@ -61,7 +61,7 @@ pub const SENDER_MARGIN_MS: i64 = 5_000;
 /// sooner than its `after_ms` from the sender's start (the latest, `last_after_ms`) and at
 /// most [`SENDS_IN_FLIGHT`] are in flight, each bounded by `timeout_ms`, so the sends end
 /// within `last_after_ms` and one `timeout_ms` a round; then [`SENDER_MARGIN_MS`]. `cap`
-/// (`RESULT_SENDER_TIMEOUT_MS`, when set) shortens it, never lengthens it.
+/// (`RESULTS_SENDER_TIMEOUT_MS`, when set) shortens it, never lengthens it.
 pub fn call_bound_ms(n: usize, timeout_ms: i64, last_after_ms: u64, cap: Option<i64>) -> i64 {
     let rounds = n.div_ceil(SENDS_IN_FLIGHT) as i64;
     let bound = (last_after_ms as i64)
@@ -274,7 +274,7 @@ mod tests {
                 assert!(call_bound_ms(n, timeout, 0, None) > rounds * timeout);
             }
         }
-        // RESULT_SENDER_TIMEOUT_MS shortens it, never lengthens it.
+        // RESULTS_SENDER_TIMEOUT_MS shortens it, never lengthens it.
         assert_eq!(call_bound_ms(chunk, 5_000, 0, Some(2_000)), 2_000);
         assert_eq!(
             call_bound_ms(6, 5_000, 0, Some(60_000)),

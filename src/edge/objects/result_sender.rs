@@ -91,7 +91,7 @@ impl DurableObject for ResultSender {
 
 /// Sends `requests` (in order, each at its `after_ms`) through the senders of the gate of
 /// `key`, at most [`SENDERS`] calls at once, each waited for at most [`call_bound_ms`] (`cap`:
-/// `RESULT_SENDER_TIMEOUT_MS`), when there are more than one round trip's worth; `None` when
+/// `RESULTS_SENDER_TIMEOUT_MS`), when there are more than one round trip's worth; `None` when
 /// the gate sends them itself. Each is the destination's answer, or `Err` when its sender
 /// answered nothing usable (the destination was not judged).
 pub async fn send_through_senders(
