@@ -874,16 +874,7 @@ mod tests {
     #[test]
     fn a_record_past_retention_is_retired_and_nothing_else_runs() {
         let op = deliver(registered("batches/a"), Status::Succeeded, 10);
-        let (claim, s) = begin_attempt(op, 10, &LIMITS).unwrap();
-        let attempt = Attempt {
-            claim,
-            outcome: AttemptOutcome::Delivered,
-            started_ms: 10,
-            finished_ms: 20,
-            asked_wait_ms: None,
-            target: Default::default(),
-        };
-        let done = attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5);
+        let done = crate::operation::gate::fixtures::delivered_at_20(op);
         let op = kept(done.record.unwrap(), 30);
         // Retention ends 20 + retention; the gate retires at its bucket's next moment.
         let over = op.retires_at_ms(LIMITS.retention_ms).unwrap();
@@ -1598,17 +1589,7 @@ mod feeder_tests {
     /// A name nobody registered, its first delivery's effect claimed and delivered at 20:
     /// the commit's step.
     fn first_success() -> Step<AlarmDone> {
-        let first = step(None, deliver(Status::Succeeded), 10).record.unwrap();
-        let (claim, s) = begin_attempt(first, 10, &LIMITS).unwrap();
-        let attempt = Attempt {
-            claim,
-            outcome: AttemptOutcome::Delivered,
-            started_ms: 10,
-            finished_ms: 20,
-            asked_wait_ms: None,
-            target: Default::default(),
-        };
-        attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
+        delivered_at_20(step(None, deliver(Status::Succeeded), 10).record.unwrap())
     }
 
     #[test]

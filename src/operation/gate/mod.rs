@@ -162,7 +162,7 @@ fn held(record: Option<Operation>, command: impl FnOnce(Operation) -> Step) -> S
 pub(crate) mod fixtures {
     use serde_json::Map;
 
-    use crate::operation::gate::alarm::{attempt_finished, begin_attempt, Attempt};
+    use crate::operation::gate::alarm::{attempt_finished, begin_attempt, AlarmDone, Attempt};
     use crate::operation::gate::protocol::GateCommand;
     use crate::operation::lifecycle::{Source, Status};
     use crate::operation::observation::{Observation, StatusError};
@@ -220,7 +220,12 @@ pub(crate) mod fixtures {
     /// A terminal operation whose effect is done.
     pub(crate) fn settled() -> Operation {
         let s = step(Some(registered()), deliver(Status::Succeeded), 10);
-        let (claim, s) = begin_attempt(s.record.unwrap(), 10, &LIMITS).unwrap();
+        delivered_at_20(s.record.unwrap()).record.unwrap()
+    }
+
+    /// `op`'s effect claimed at 10 and delivered at 20: the commit's step.
+    pub(crate) fn delivered_at_20(op: Operation) -> Step<AlarmDone> {
+        let (claim, s) = begin_attempt(op, 10, &LIMITS).unwrap();
         let attempt = Attempt {
             claim,
             outcome: AttemptOutcome::Delivered,
@@ -230,8 +235,6 @@ pub(crate) mod fixtures {
             target: Default::default(),
         };
         attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
-            .record
-            .unwrap()
     }
 
     pub(crate) fn whats<R>(step: &Step<R>) -> Vec<String> {
