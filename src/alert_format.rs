@@ -143,7 +143,8 @@ pub fn severity(body: &Value) -> &'static str {
         | "webhook_disabled"
         | "record_unreadable"
         | "results_file_parked"
-        | "results_failing" => "error",
+        | "results_failing"
+        | "results_sender_failing" => "error",
         "stuck" | "unknown_to_gemini" | "status_unusable" | "stranger_nudges" => "warning",
         _ => "info",
     }
@@ -529,6 +530,7 @@ mod tests {
         for (condition, resolution) in [
             ("results_file_parked", "results_file_read"),
             ("results_failing", "results_recovered"),
+            ("results_sender_failing", "results_sender_recovered"),
         ] {
             let trigger = render(PD, &json!({"alert": condition, "key": "batches/a"}));
             assert_eq!(trigger["payload"]["severity"], "error");

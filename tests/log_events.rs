@@ -89,6 +89,7 @@ fn gate_lines() -> Vec<Value> {
     one_of_each!(GateLog {
         ResultsFileUnread { key: key(), reason: r() },
         ResultsRetried { key: key(), taken: 3, reason: r(), by: None },
+        ResultSendersSilent { key: key(), waiting: 40, silent_ms: 9 },
         ResultsRecounted { key: key(), generation: 2 },
         ForgottenByOperator { key: key(), reason: r(), by: None },
         Reindexed { key: key(), status: "pending".into() },

@@ -49,6 +49,12 @@ pub enum AlertKind {
     /// Results alerted `results_failing` were retried by an operator and settled with none
     /// parked for failing: the resolution of `results_failing`.
     ResultsRecovered,
+    /// A `"results": "each"` batch's result senders answered nothing past
+    /// `EFFECT_ALERT_AFTER_SECONDS`: its results wait, sent again with backoff, not parked.
+    ResultsSenderFailing,
+    /// A result sender answered again, or nothing waits for one: the resolution of
+    /// `results_sender_failing`.
+    ResultsSenderRecovered,
 }
 
 impl AlertKind {
@@ -69,6 +75,8 @@ impl AlertKind {
             AlertKind::ResultsFileRead => "results_file_read",
             AlertKind::ResultsFailing => "results_failing",
             AlertKind::ResultsRecovered => "results_recovered",
+            AlertKind::ResultsSenderFailing => "results_sender_failing",
+            AlertKind::ResultsSenderRecovered => "results_sender_recovered",
         }
     }
 
@@ -90,6 +98,7 @@ impl AlertKind {
             AlertKind::WebhookReenabled => Some(AlertKind::WebhookDisabled),
             AlertKind::ResultsFileRead => Some(AlertKind::ResultsFileParked),
             AlertKind::ResultsRecovered => Some(AlertKind::ResultsFailing),
+            AlertKind::ResultsSenderRecovered => Some(AlertKind::ResultsSenderFailing),
             _ => None,
         }
     }
@@ -102,6 +111,7 @@ impl AlertKind {
             AlertKind::EffectFailing => Some(AlertKind::EffectRecovered),
             AlertKind::ResultsFileParked => Some(AlertKind::ResultsFileRead),
             AlertKind::ResultsFailing => Some(AlertKind::ResultsRecovered),
+            AlertKind::ResultsSenderFailing => Some(AlertKind::ResultsSenderRecovered),
             _ => None,
         }
     }
@@ -220,6 +230,8 @@ mod tests {
             AlertKind::ResultsFileRead,
             AlertKind::ResultsFailing,
             AlertKind::ResultsRecovered,
+            AlertKind::ResultsSenderFailing,
+            AlertKind::ResultsSenderRecovered,
         ] {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
             if let Some(resolution) = kind.resolution() {

@@ -74,6 +74,10 @@ pub enum HistoryEntry {
     ResultsFileParked { reason: String },
     /// `parked` results kept failing past the alert threshold and were parked (this spell).
     ResultsGaveUp { parked: u64 },
+    /// The result senders answered nothing for `silent_ms` while `waiting` results wait.
+    ResultSendersSilent { waiting: u64, silent_ms: i64 },
+    /// A result sender answered again, or nothing waits for one.
+    ResultSendersBack,
     /// Every result is delivered or parked: the job's effect carries these counts (as a new
     /// `generation` when it went out before with others).
     ResultsSettled {
@@ -381,6 +385,17 @@ mod tests {
             (
                 HistoryEntry::ResultsGaveUp { parked: 3 },
                 json!({"what": "results_gave_up", "parked": 3}),
+            ),
+            (
+                HistoryEntry::ResultSendersSilent {
+                    waiting: 40,
+                    silent_ms: 9,
+                },
+                json!({"what": "result_senders_silent", "waiting": 40, "silent_ms": 9}),
+            ),
+            (
+                HistoryEntry::ResultSendersBack,
+                json!({"what": "result_senders_back"}),
             ),
             (HistoryEntry::Retired, json!({"what": "retired"})),
             (

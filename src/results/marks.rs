@@ -38,6 +38,7 @@ pub fn metered(mut op: Operation, metered: Option<Metered>, to: &str, now: i64) 
         ("delivered", m.delivered),
         ("failed", m.failed),
         ("parked", m.parked),
+        ("unanswered", m.unanswered),
     ];
     for (result, n) in ended.into_iter().filter(|(_, n)| *n > 0) {
         op.count_by(
@@ -76,6 +77,27 @@ pub fn gave_up(
     op.results_gave_up(n, age_seconds, now);
     progress.failing_alert_raised();
     stored(op, true).row(HistoryEntry::ResultsGaveUp { parked: n })
+}
+
+/// The batch's result senders answered nothing past the alert threshold while `waiting`
+/// results wait (`Some`): its one `results_sender_failing` alert, with a history row and a log
+/// line; or a sender answers again, or nothing waits (`None`): resolved, with a history row.
+pub fn senders(mut op: Operation, p: &mut Progress, waiting: Option<u64>, now: i64) -> Step<()> {
+    p.senders_alert_marked(waiting.is_some());
+    let Some(waiting) = waiting else {
+        op.results_senders_back(now);
+        return stored(op, true).row(HistoryEntry::ResultSendersBack);
+    };
+    let silent_ms = now - p.unanswered_since_ms.unwrap_or(now);
+    op.results_senders_failing(waiting, silent_ms / 1_000, now);
+    let key = op.key().to_string();
+    stored(op, true)
+        .row(HistoryEntry::ResultSendersSilent { waiting, silent_ms })
+        .log(GateLog::ResultSendersSilent {
+            key,
+            waiting,
+            silent_ms,
+        })
 }
 
 /// Every result is settled: the counts go on the record and the job's effect is due (after it
@@ -259,6 +281,43 @@ mod tests {
         );
     }
 
+    /// Senders that answer nothing: one `results_sender_failing` naming how many wait, with a
+    /// history row and a log line; its resolution when a sender answers; a later spell alerts
+    /// again.
+    #[test]
+    fn silent_senders_alert_with_a_row_and_a_line_and_resolve_then_alert_again() {
+        let mut p = Progress::begin(Source::Inline, 10);
+        p.unanswered_since_ms = Some(10);
+        let s = senders(succeeded(), &mut p, Some(40), 5_010);
+        assert_eq!(what(&s), ["result_senders_silent"]);
+        assert_eq!(s.logs.len(), 1);
+        let op = s.record.unwrap();
+        assert_eq!(queued(&op), ["results_sender_failing"]);
+        let text = op.alert_body(AlertKind::ResultsSenderFailing, "a", 5)["text"].clone();
+        assert!(
+            text.as_str().unwrap().contains("40 of its results wait"),
+            "{text}"
+        );
+        assert_eq!(
+            p.next(5_010),
+            Next::ReadChunk {
+                chunk: 0,
+                from: Default::default()
+            }
+        );
+        let s = senders(op, &mut p, None, 6_000);
+        assert_eq!(what(&s), ["result_senders_back"]);
+        let mut op = s.record.unwrap();
+        assert_eq!(
+            queued(&op),
+            ["results_sender_failing", "results_sender_recovered"]
+        );
+        op.alert_delivered(AlertKind::ResultsSenderFailing);
+        op.alert_delivered(AlertKind::ResultsSenderRecovered);
+        let op = senders(op, &mut p, Some(3), 9_000).record.unwrap();
+        assert_eq!(queued(&op), ["results_sender_failing"], "a second spell");
+    }
+
     #[test]
     fn a_parked_file_alerts_once_with_a_history_row_and_its_reading_resolves_it() {
         let mut p = Progress::begin(Source::Inline, 10);
@@ -287,6 +346,7 @@ mod tests {
             delivered: 2,
             failed: 0,
             parked: 1,
+            unanswered: 0,
         };
         let s = metered(succeeded(), Some(m), "default", 20);
         assert_eq!(s.save, Save::Durable);

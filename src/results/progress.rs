@@ -15,7 +15,10 @@
 //! naming how many ([`Step::AlertFailing`]): the job's effect then goes, as after any park. A
 //! result whose sender answered nothing ([`Sending::Unanswered`]) is kept and sent again with
 //! the same backoff under its id, but it is no failure of the destination: it is never parked
-//! for it and starts no failing clock. A
+//! for it and starts no failing clock. It starts the senders' clock instead: result senders
+//! that answer nothing past [`Limits::alert_after_ms`] raise one alert for the batch naming how
+//! many results wait ([`Step::AlertSenders`]), resolved once a sender answers again, or once
+//! nothing waits ([`Step::SendersBack`]); the results keep being sent meanwhile. A
 //! results file missing right after `SUCCEEDED` is asked for again with backoff for
 //! [`Limits::file_wait_ms`], unless the batch ended more than [`FILE_KEPT_MS`] ago (then it is
 //! gone for good); a file gone for good or unreadable parks the results with the reason and
@@ -189,6 +192,11 @@ pub enum Step {
     /// Raise the one alert for results parked after failing past the alert threshold: how
     /// many so far.
     AlertFailing(u64),
+    /// Raise the alert that the result senders answered nothing past the alert threshold:
+    /// how many results wait.
+    AlertSenders(u64),
+    /// Resolve that alert: a sender answered again, or nothing waits.
+    SendersBack,
     /// Every result is settled: the job's effect is owed with these counts.
     Settled(Value),
 }
@@ -202,6 +210,7 @@ impl Step {
             Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
             Step::RetryRows(rows) => Some(((rows.len() as u64).min(WAVE_RESULTS), true)),
             Step::WaitUntil(_) | Step::Alert(_) | Step::AlertFailing(_) | Step::Settled(_) => None,
+            Step::AlertSenders(_) | Step::SendersBack => None,
         }
     }
 }
@@ -239,6 +248,35 @@ pub struct Progress {
     /// Results delivered and not yet counted for `/metrics` ([`Progress::meter`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unmetered: u64,
+    /// Results whose sender answered nothing, not yet counted for `/metrics`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unanswered: u64,
+    /// When the result senders began answering nothing: the first result a sender left
+    /// unanswered since a sender last answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unanswered_since_ms: Option<i64>,
+    /// Where the senders' alert stands.
+    #[serde(default, skip_serializing_if = "SendersAlert::is_quiet")]
+    pub senders_alert: SendersAlert,
+}
+
+/// The alert that a batch's result senders answer nothing (`results_sender_failing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SendersAlert {
+    #[default]
+    Quiet,
+    /// Past the threshold: to raise.
+    Due,
+    Raised,
+    /// Raised, and a sender answered since: to resolve.
+    Resolve,
+}
+
+impl SendersAlert {
+    fn is_quiet(&self) -> bool {
+        *self == SendersAlert::Quiet
+    }
 }
 
 /// What a commit adds to `/metrics`' results by destination.
@@ -248,6 +286,8 @@ pub struct Metered {
     /// Failed attempts (retried later).
     pub failed: u64,
     pub parked: u64,
+    /// Results whose sender answered nothing (sent again later).
+    pub unanswered: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -271,6 +311,9 @@ pub enum Sending {
     /// What the destination's answer means (a timeout or a network failure on the way to it
     /// included): its health and its desk hear of it.
     Answered(AttemptOutcome),
+    /// The destination's answer, brought back by a result sender: as `Answered`, and the
+    /// senders answer.
+    Carried(AttemptOutcome),
     /// The result sender that carried it answered nothing usable (its call failed or passed
     /// its bound, `results::fanout`), saying why: the result may have reached the destination
     /// (a sender may have sent before failing), so it is sent again under its same
@@ -294,7 +337,15 @@ impl From<&AttemptOutcome> for Sending {
 impl Sending {
     /// A failure of the destination, to retry: what `/metrics` counts as failed.
     pub fn failed(&self) -> bool {
-        matches!(self, Sending::Answered(AttemptOutcome::Retry(_)))
+        matches!(self.answer(), Some(AttemptOutcome::Retry(_)))
+    }
+
+    /// The destination's answer, when one came back.
+    fn answer(&self) -> Option<&AttemptOutcome> {
+        match self {
+            Sending::Answered(outcome) | Sending::Carried(outcome) => Some(outcome),
+            Sending::Unanswered(_) => None,
+        }
     }
 }
 
@@ -324,6 +375,9 @@ impl Progress {
             failing_alerted: false,
             unmetered: 0,
             unlocated: false,
+            unanswered: 0,
+            unanswered_since_ms: None,
+            senders_alert: SendersAlert::Quiet,
         }
     }
 
@@ -340,6 +394,14 @@ impl Progress {
         }
         if self.gave_up > 0 && !self.failing_alerted {
             return Step::AlertFailing(self.gave_up);
+        }
+        match self.senders_alert {
+            // Past the threshold with results waiting (none: the gate sent them itself).
+            SendersAlert::Due if !self.rows.is_empty() => {
+                return Step::AlertSenders(self.rows.len() as u64)
+            }
+            SendersAlert::Resolve => return Step::SendersBack,
+            _ => {}
         }
         let due: Vec<u64> = self
             .rows
@@ -365,6 +427,8 @@ impl Progress {
                 from: self.done_through,
             },
             (_, Some(at)) => Step::WaitUntil(at),
+            // Nothing waits for a sender any more: the senders' alert ends first.
+            (_, None) if self.senders_alert == SendersAlert::Raised => Step::SendersBack,
             (_, None) => Step::Settled(self.job_results()),
         }
     }
@@ -431,6 +495,14 @@ impl Progress {
         self.failing_alerted = true;
     }
 
+    /// The senders' alert was raised (`raised`), or resolved.
+    pub fn senders_alert_marked(&mut self, raised: bool) {
+        self.senders_alert = match raised {
+            true => SendersAlert::Raised,
+            false => SendersAlert::Quiet,
+        };
+    }
+
     /// Claims the chunk just read (`to` is where reading stopped): store this before sending.
     pub fn claim(&mut self, to: Checkpoint, last: bool) -> ChunkClaim {
         let claim = ChunkClaim {
@@ -487,7 +559,7 @@ impl Progress {
                 failing_since_ms: None,
                 last_attempt_ms: None,
             };
-            if outcome != Sending::Answered(AttemptOutcome::Delivered) {
+            if outcome.answer() != Some(&AttemptOutcome::Delivered) {
                 writes.push(Write::KeepResult(item));
             }
             writes.extend(self.settle(row, &outcome, now_ms, limits, jitter));
@@ -525,9 +597,25 @@ impl Progress {
         let was_row = self.rows.remove(&key).is_some();
         let outcome = match outcome {
             Sending::Answered(outcome) => outcome,
+            Sending::Carried(outcome) => {
+                self.unanswered_since_ms = None;
+                self.senders_alert = match self.senders_alert {
+                    SendersAlert::Raised | SendersAlert::Resolve => SendersAlert::Resolve,
+                    SendersAlert::Quiet | SendersAlert::Due => SendersAlert::Quiet,
+                };
+                outcome
+            }
             Sending::Unanswered(why) => {
                 // Not the destination's failure: sent again after the backoff, its failing
                 // clock as it was (a running one runs on, none starts), never parked for it.
+                // The senders' clock runs; past the threshold (after one retry at least, as a
+                // failing result), the batch alerts.
+                self.unanswered += 1;
+                let since = *self.unanswered_since_ms.get_or_insert(now_ms);
+                let over = now_ms - since >= limits.alert_after_ms && row.attempts > 1;
+                if over && self.senders_alert == SendersAlert::Quiet {
+                    self.senders_alert = SendersAlert::Due;
+                }
                 row.last_error = clipped(why, ERROR_KEPT_CHARS);
                 row.next_at_ms = Some(now_ms + limits.retry.jittered(row.attempts, jitter));
                 self.rows.insert(key, row);
@@ -571,21 +659,23 @@ impl Progress {
 
     /// What a commit (from counts `before`, with `failed` attempts among its answers) adds to
     /// `/metrics`, when it is time to write it (stored with the commit): at once with a
-    /// failure or a park, else once [`METER_EVERY`] delivered wait, or when nothing is left to
-    /// send. `None`: nothing to write yet (the delivered are kept in the count).
+    /// failure, a park or a result a sender left unanswered, else once [`METER_EVERY`]
+    /// delivered wait, or when nothing is left to send. `None`: nothing to write yet (the
+    /// delivered are kept in the count).
     pub fn meter(&mut self, before: Counts, failed: u64) -> Option<Metered> {
         let parked = self.counts.parked.saturating_sub(before.parked);
         let all_sent = self.claim.is_none()
             && self.rows.is_empty()
             && matches!(self.phase, Phase::Read | Phase::FileParked { .. });
-        let due = failed > 0 || parked > 0 || self.unmetered >= METER_EVERY || all_sent;
-        if !due || failed + parked + self.unmetered == 0 {
+        let due = failed + parked + self.unanswered > 0 || self.unmetered >= METER_EVERY;
+        if !(due || all_sent) || failed + parked + self.unmetered + self.unanswered == 0 {
             return None;
         }
         Some(Metered {
             delivered: std::mem::take(&mut self.unmetered),
             failed,
             parked,
+            unanswered: std::mem::take(&mut self.unanswered),
         })
     }
 
@@ -617,9 +707,10 @@ impl Progress {
     /// Its destination's pause holds the batch. A pause is not the destination failing, so
     /// each waiting result's failing clock starts again at its first failure after the resume
     /// (else a pause longer than `EFFECT_ALERT_AFTER_SECONDS` parks every waiting result at its
-    /// first failure after it). True when a clock was running, so there is something to store.
+    /// first failure after it; the senders' clock stops too). True when a clock was running,
+    /// so there is something to store.
     pub fn held_by_pause(&mut self) -> bool {
-        let mut stopped = false;
+        let mut stopped = self.unanswered_since_ms.take().is_some();
         for row in self.rows.values_mut() {
             stopped |= row.failing_since_ms.take().is_some();
         }
@@ -637,6 +728,11 @@ impl Progress {
         if n > 0 {
             self.gave_up = 0;
             self.failing_alerted = false;
+            // A clock left from before the results settled: the senders are tried anew.
+            self.unanswered_since_ms = None;
+            if self.senders_alert == SendersAlert::Due {
+                self.senders_alert = SendersAlert::Quiet;
+            }
         }
         for mut row in parked {
             row.next_at_ms = Some(now_ms);

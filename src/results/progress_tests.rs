@@ -300,6 +300,10 @@ impl World {
                 p.failing_alert_raised();
                 self.store(&p, Vec::new())?;
             }
+            Step::AlertSenders(_) | Step::SendersBack => {
+                p.senders_alert_marked(matches!(step, Step::AlertSenders(_)));
+                self.store(&p, Vec::new())?;
+            }
             Step::Settled(results) => {
                 self.settled = Some(results);
                 return Ok(false);
@@ -899,7 +903,8 @@ fn the_results_are_metered_in_bulk_on_the_happy_path_and_at_once_off_it() {
         Some(Metered {
             delivered: 1,
             failed: 1,
-            parked: 1
+            parked: 1,
+            unanswered: 0,
         })
     );
     assert_eq!(p.meter(p.counts, 0), None, "nothing new");
@@ -1042,7 +1047,17 @@ fn a_group_whose_sender_answered_nothing_is_kept_to_send_again_and_the_others_ar
         );
         assert!(row.last_error.starts_with("result sender: "));
     }
-    assert_eq!(p.meter(before, 0), None, "nothing failed to count");
+    let counted = Metered {
+        delivered: 6,
+        failed: 0,
+        parked: 0,
+        unanswered: 6,
+    };
+    assert_eq!(
+        p.meter(before, 0),
+        Some(counted),
+        "none failed; 6 unanswered"
+    );
     assert!(matches!(p.next(1_000), Step::WaitUntil(_)));
     // Long past EFFECT_ALERT_AFTER_SECONDS, a sender that answers nothing again parks nothing.
     let late = 1_000 + LIMITS.alert_after_ms * 3;
@@ -1107,4 +1122,126 @@ fn a_sender_that_answers_nothing_for_its_group_loses_nothing_and_sends_no_new_id
         .count();
     assert!(repeats > 0 && repeats <= 2 * WAVE_RESULTS as usize / SENDERS / 2);
     assert!(world.accepted.values().all(|n| *n <= 2));
+}
+
+/// Rows a fanned-out step sends, committed with the same `sending` each (a wave's results
+/// whose senders all answered nothing, or all answered): the waiting results at `now`.
+fn fanned(p: &mut Progress, sending: Sending, now: i64) {
+    let due: Vec<u64> = p.rows.keys().copied().collect();
+    for index in due {
+        assert!(p.begin_row(index));
+        p.finish_row(index, sending.clone(), now, &LIMITS, 0.5);
+    }
+}
+
+/// A wave of 12 results whose senders answered nothing, committed at `now`.
+fn unanswered_wave(now: i64) -> Progress {
+    let mut p = Progress::begin(Source::Inline, now);
+    let to = Checkpoint {
+        offset: 0,
+        index: 12,
+    };
+    let claim = p.claim(to, true);
+    let answers = failed(0..12).into_iter().map(|(item, _)| (item, silent()));
+    p.commit(claim.chunk, answers.collect(), now, &LIMITS, 0.5);
+    p
+}
+
+fn silent() -> Sending {
+    Sending::Unanswered("result sender: no answer within 1 ms".into())
+}
+
+/// Senders that answer nothing past `EFFECT_ALERT_AFTER_SECONDS` raise one alert naming how
+/// many results wait, park nothing, and keep sending; a sender's answer resolves it, and a
+/// later spell alerts again.
+#[test]
+fn senders_answering_nothing_past_the_threshold_alert_once_and_resolve_when_one_answers() {
+    let after = LIMITS.alert_after_ms;
+    let mut p = unanswered_wave(0);
+    assert_eq!(p.unanswered_since_ms, Some(0));
+    assert_eq!(p.meter(Counts::default(), 0).unwrap().unanswered, 12);
+    // Within the threshold, and past it at the first attempt only: no alert.
+    fanned(&mut p, silent(), after - 1);
+    assert!(matches!(p.next(after), Step::WaitUntil(_)));
+    fanned(&mut p, silent(), after);
+    assert_eq!(p.next(after), Step::AlertSenders(12));
+    p.senders_alert_marked(true);
+    assert!(!matches!(p.next(after), Step::AlertSenders(_)), "once");
+    fanned(&mut p, silent(), 3 * after);
+    assert!(!matches!(p.next(3 * after), Step::AlertSenders(_)));
+    // Nothing parked, nothing failed, and they are sent again after the backoff.
+    assert_eq!((p.counts.parked, p.gave_up, p.rows.len()), (0, 0, 12));
+    assert!(p.rows.values().all(|r| r.failing_since_ms.is_none()));
+    assert_eq!(p.meter(p.counts, 0).unwrap().failed, 0);
+    // The gate's own sends (no sender) say nothing of the senders.
+    let index = *p.rows.keys().next().unwrap();
+    assert!(p.begin_row(index));
+    let retry = Sending::Answered(AttemptOutcome::Retry("503".into()));
+    p.finish_row(index, retry, 3 * after, &LIMITS, 0.5);
+    assert_eq!(p.unanswered_since_ms, Some(0));
+    // A sender answers: resolved, once.
+    let carried = Sending::Carried(AttemptOutcome::Retry("503".into()));
+    fanned(&mut p, carried, 3 * after + 1);
+    assert_eq!(p.unanswered_since_ms, None);
+    assert_eq!(p.next(3 * after + 1), Step::SendersBack);
+    p.senders_alert_marked(false);
+    assert!(matches!(p.next(3 * after + 1), Step::WaitUntil(_)));
+    // A later spell alerts again.
+    let t = 4 * after;
+    fanned(&mut p, silent(), t);
+    fanned(&mut p, silent(), 2 * t);
+    assert_eq!(p.next(2 * t), Step::AlertSenders(12));
+}
+
+/// A sender's answer before the threshold stops the clock: no alert. One that begins answering
+/// nothing again starts it anew.
+#[test]
+fn a_sender_answering_before_the_threshold_clears_the_clock() {
+    let after = LIMITS.alert_after_ms;
+    let mut p = unanswered_wave(0);
+    fanned(&mut p, silent(), after / 2);
+    let carried = Sending::Carried(AttemptOutcome::Retry("503".into()));
+    let index = *p.rows.keys().next().unwrap();
+    assert!(p.begin_row(index));
+    p.finish_row(index, carried, after / 2 + 1, &LIMITS, 0.5);
+    assert_eq!(p.unanswered_since_ms, None);
+    fanned(&mut p, silent(), after + 1);
+    assert_eq!(p.unanswered_since_ms, Some(after + 1));
+    assert!(!matches!(p.next(after + 1), Step::AlertSenders(_)));
+}
+
+/// An alert raised while results waited for senders resolves before the job's effect once
+/// nothing waits (the gate sent them itself); a pause stops the clock.
+#[test]
+fn the_senders_alert_resolves_once_nothing_waits_and_a_pause_stops_the_clock() {
+    let after = LIMITS.alert_after_ms;
+    let mut p = unanswered_wave(0);
+    assert!(p.held_by_pause(), "the clock stopped: stored");
+    assert_eq!(p.unanswered_since_ms, None);
+    fanned(&mut p, silent(), after);
+    assert!(!matches!(p.next(after), Step::AlertSenders(_)), "paused");
+    fanned(&mut p, silent(), 2 * after);
+    assert_eq!(p.next(2 * after), Step::AlertSenders(12));
+    p.senders_alert_marked(true);
+    fanned(&mut p, AttemptOutcome::Delivered.into(), 2 * after);
+    assert_eq!(p.next(2 * after), Step::SendersBack);
+    p.senders_alert_marked(false);
+    assert!(matches!(p.next(2 * after), Step::Settled(_)));
+}
+
+/// A progress stored by the earlier build reads, and the new fields are not stored while
+/// quiet.
+#[test]
+fn the_senders_clock_is_not_stored_while_quiet() {
+    let p = Progress::begin(Source::Inline, 0);
+    let text = serde_json::to_string(&p).unwrap();
+    assert!(
+        !text.contains("unanswered") && !text.contains("senders"),
+        "{text}"
+    );
+    assert_eq!(serde_json::from_str::<Progress>(&text).unwrap(), p);
+    let mut p = unanswered_wave(0);
+    p.senders_alert_marked(true);
+    let back: Progress = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
 }

@@ -20,6 +20,13 @@ pub enum GateLog {
         key: String,
         reason: String,
     },
+    /// A batch's result senders answered nothing for `silent_ms` while `waiting` results wait
+    /// (one alert; the results are sent again with backoff).
+    ResultSendersSilent {
+        key: String,
+        waiting: u64,
+        silent_ms: i64,
+    },
     /// An operator put parked results back, to be sent again under their first ids.
     ResultsRetried {
         key: String,

@@ -145,6 +145,10 @@ pub struct Operation {
     /// names them.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     results_gave_up: u64,
+    /// Results waiting while the result senders answer nothing, as the
+    /// `results_sender_failing` alert names them.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    results_unanswered: u64,
     /// Created by a signed delivery, and the retired names' shard not yet asked whether the
     /// name's retention ended before: the first alarm asks before anything else runs
     /// ([`crate::operation::retired_names`]).
@@ -188,6 +192,7 @@ impl Operation {
             results_counts: None,
             results_retry_at_ms: None,
             results_gave_up: 0,
+            results_unanswered: 0,
             retired_unasked: false,
         }
     }

@@ -139,6 +139,23 @@ impl Operation {
         self.raise_alert(AlertKind::ResultsFailing, age_seconds, now_ms)
     }
 
+    /// The batch's result senders answered nothing for `age_seconds` while `waiting` results
+    /// wait: its `results_sender_failing` alert names how many. Returns whether it was raised.
+    pub fn results_senders_failing(&mut self, waiting: u64, age_seconds: i64, now_ms: i64) -> bool {
+        self.results_unanswered = waiting;
+        self.changed();
+        self.raise_alert(AlertKind::ResultsSenderFailing, age_seconds, now_ms)
+    }
+
+    /// A result sender answered again, or nothing waits for one: `results_sender_failing`
+    /// resolves, and a later spell alerts again.
+    pub fn results_senders_back(&mut self, now_ms: i64) {
+        self.alerts
+            .retain(|a| *a != AlertKind::ResultsSenderFailing);
+        self.resolve_alert(AlertKind::ResultsSenderFailing, now_ms);
+        self.changed();
+    }
+
     /// An operator put parked results back: the results' progress runs again now, and a
     /// new spell of failures alerts `results_failing` again (as an operator's retry of the
     /// job's effect lets `effect_failing` alert again); the one open stays open until the

@@ -138,6 +138,8 @@ impl Driver<'_> {
             Step::RetryRows(indexes) => self.retry_rows(op, progress, indexes, turn).await,
             Step::Alert(reason) => self.alert(op, progress, &reason).await,
             Step::AlertFailing(n) => self.alert_failing(op, progress, n).await,
+            Step::AlertSenders(n) => self.senders(op, progress, Some(n)).await,
+            Step::SendersBack => self.senders(op, progress, None).await,
             Step::Settled(counts) => {
                 let failing = progress.gave_up;
                 let decide = |op| on_record::settled(op, counts, failing, now_ms());
@@ -316,6 +318,16 @@ impl Driver<'_> {
         let op = self
             .mark(op, |op| on_record::gave_up(op, &mut p, n, age, now_ms()))
             .await?;
+        self.store.save(&p, Vec::new())?;
+        Ok(op)
+    }
+
+    /// The result senders answer nothing past the alert threshold (`Some`: how many results
+    /// wait), or answer again: their alert raised or resolved on the record, marked on the
+    /// progress in the same write.
+    async fn senders(&self, op: Operation, mut p: Progress, n: Option<u64>) -> Result<Operation> {
+        let decide = |op| on_record::senders(op, &mut p, n, now_ms());
+        let op = self.mark(op, decide).await?;
         self.store.save(&p, Vec::new())?;
         Ok(op)
     }

@@ -178,8 +178,8 @@ impl Driver<'_> {
             &requests,
             after_ms,
         );
-        let answers = match fanned.await {
-            Some(answers) => answers,
+        let (answers, carried) = match fanned.await {
+            Some(answers) => (answers, true),
             None => {
                 let calls = requests.iter().enumerate().map(|(i, request)| {
                     let destination = &destination;
@@ -191,16 +191,15 @@ impl Driver<'_> {
                         Ok(fetch::deliver(self.env, destination, request, timeout).await)
                     }
                 });
-                stream::iter(calls)
-                    .buffered(SENDS_IN_FLIGHT)
-                    .collect()
-                    .await
+                let answers = stream::iter(calls).buffered(SENDS_IN_FLIGHT);
+                (answers.collect().await, false)
             }
         };
         // A sender call that failed is not the destination's answer: the desk hears only of
         // the answers the destination gave.
         let sent = Sent::of(answers.iter().flatten(), now_ms());
         let outcomes = answers.into_iter().map(|answer| match answer {
+            Ok(answer) if carried => Sending::Carried(outcome(&answer, timeout)),
             Ok(answer) => Sending::Answered(outcome(&answer, timeout)),
             Err(why) => Sending::Unanswered(why),
         });
