@@ -7,7 +7,9 @@
 // queue's message limit; 60 KB keys to a failing destination keep the stored progress within
 // a row (each send committed, no `alarm_failing`); at most 6 sends in flight per invocation;
 // a result sender cut off by the gate's bound (`RESULTS_SENDER_TIMEOUT_MS`) loses nothing: its
-// group is sent again under the same ids, and the destination is not counted as failing.
+// group is sent again under the same ids, and the destination is not counted as failing;
+// result senders that answer nothing past the alert threshold alert once, park nothing, and
+// the alert resolves once a sender answers again.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
@@ -400,6 +402,81 @@ describe("a result sender that answers too late", () => {
       assert.equal(await metric("parked"), 0);
       const alerts = sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.key === key);
       assert.deepEqual(alerts, [], "nothing alerted");
+    } finally {
+      await w.dispose();
+      await new Promise((r) => { server.closeAllConnections(); server.close(r); });
+      await gemini.close();
+      await sink.close();
+    }
+  });
+});
+
+describe("result senders that answer nothing for ever", () => {
+  it("alert results_sender_failing once past EFFECT_ALERT_AFTER_SECONDS (naming how many wait), park nothing, count them unanswered in /metrics; once a sender answers, every result arrives under one id, the batch finishes and results_sender_recovered resolves it", { timeout: 180_000 }, async () => {
+    const gemini = await startGemini();
+    const sink = await startServer(() => ({ status: 200 }));
+    // While `holding`, the destination answers each request 200 after 4 s: past the gate's
+    // 2 s wait for a result sender (RESULTS_SENDER_TIMEOUT_MS), so every sender's call is cut
+    // off (its sends still arrive: repeats under their ids); the gate's own sends (a few rows
+    // due at once) wait for their 200, so nothing is the destination failing. Once released,
+    // it answers at once and the senders answer in time.
+    const seen = [];
+    let holding = true;
+    const server = createServer((req, res) => {
+      const chunks = [];
+      req.on("data", (c) => chunks.push(c));
+      req.on("end", () => {
+        const raw = Buffer.concat(chunks).toString();
+        seen.push({ id: req.headers["webhook-id"], body: JSON.parse(raw), raw });
+        setTimeout(() => res.writeHead(200).end("{}"), holding ? 4_000 : 0);
+      });
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    const dest = { url: `http://127.0.0.1:${server.address().port}` };
+    const w = await startWorker({ ...workerVars({ dest, gemini, sink }), RESULTS_SENDER_TIMEOUT_MS: "2000", EFFECT_ALERT_AFTER_SECONDS: "3", STATS_FLUSH_SECONDS: "0" });
+    const key = "batches/silentsenders1";
+    const lines = 120;
+    const alerts = () => sink.requests.map((r) => JSON.parse(r.body)).filter((a) => a.key === key);
+    const metric = async (result) => {
+      const page = await (await w.fetch("/metrics", { headers: { authorization: `Bearer ${READ_TOKEN}` } })).text();
+      const line = page.split("\n").find((l) => l.startsWith(`gemini_once_results_by_destination_total{result="${result}",destination="default"}`));
+      return line ? Number(line.split(" ").pop()) : 0;
+    };
+    try {
+      gemini.files.set("files/silentsenders1", fileOf(lines));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/silentsenders1" }));
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const alert = await eventually(() => alerts().find((a) => a.alert === "results_sender_failing"), { timeoutMs: 90_000, what: "results_sender_failing" });
+      assert.match(alert.text, /result senders have answered nothing for .*; \d+ of its results wait/);
+      assert.equal(alert.name, key);
+      // Nothing parked, nothing failed: the results wait, sent again with backoff.
+      const parked = await w.admin(`/v1/operations/${enc(key)}/results?state=parked`);
+      assert.deepEqual(parked.body.results, []);
+      await eventually(async () => (await metric("unanswered")) > 0, { timeoutMs: 30_000, what: "unanswered results counted" });
+      assert.equal(await metric("failed"), 0, "a sender answering nothing is no failed attempt");
+      let op = (await w.inspect(key)).body;
+      assert.equal(op.effect_done, false, "the batch waits");
+      assert.ok(op.history.some((h) => h.what === "result_senders_silent" && h.waiting > 0), JSON.stringify(op.history.map((h) => h.what)));
+      holding = false;
+      const recovered = await eventually(() => alerts().find((a) => a.alert === "results_sender_recovered"), { timeoutMs: 60_000, what: "results_sender_recovered" });
+      assert.equal(recovered.resolves, "results_sender_failing");
+      const job = await eventually(() => seen.find((r) => r.body.key === key && !("result_key" in r.body)), { timeoutMs: 60_000, what: "the job effect" });
+      assert.deepEqual(job.body.results, { total: lines, delivered: lines, errors: 0, parked: 0 });
+      await eventually(async () => (await w.inspect(key)).body.effect_done, { timeoutMs: 30_000, what: "the batch finished" });
+      // Every result arrived, each under one id with one body (a sender cut off had sent
+      // some already: repeats under their ids, which receivers drop).
+      const results = seen.filter((r) => r.body.key === key && r.body.result_key);
+      const byKey = new Map();
+      for (const r of results) byKey.set(r.body.result_key, [...(byKey.get(r.body.result_key) ?? []), r]);
+      assert.equal(byKey.size, lines, "every result arrived");
+      for (const [k, copies] of byKey) {
+        assert.equal(new Set(copies.map((c) => c.id)).size, 1, `one id for ${k}`);
+        assert.equal(new Set(copies.map((c) => c.raw)).size, 1, `one body for ${k}`);
+      }
+      assert.deepEqual(alerts().map((a) => a.alert), ["results_sender_failing", "results_sender_recovered"], "one alert, one resolution");
+      op = (await w.inspect(key)).body;
+      assert.deepEqual(op.results_counts, { total: lines, delivered: lines, errors: 0, parked: 0 });
     } finally {
       await w.dispose();
       await new Promise((r) => { server.closeAllConnections(); server.close(r); });

@@ -42,8 +42,8 @@ pub const PINGS: &str = "pings";
 /// (`alerts_by_kind:<kind>`).
 pub const EFFECT_TO_PREFIX: &str = "effect_to:";
 /// A batch's results (`"results": "each"`) by how they ended and destination
-/// (`result_to:<delivered|failed|parked>:<destination label>`): results delivered, failed
-/// attempts, results parked.
+/// (`result_to:<delivered|failed|parked|unanswered>:<destination label>`): results delivered,
+/// failed attempts, results parked, results a result sender answered nothing for.
 pub const RESULT_TO_PREFIX: &str = "result_to:";
 pub const ACCEPTANCE_BUCKET_PREFIX: &str = "acceptance_le:";
 pub const ALERTS_BY_KIND_PREFIX: &str = "alerts_by_kind:";

@@ -161,7 +161,7 @@ fn counter_help(family: &str) -> &'static str {
         "alerts" => "Alerts the gates sent to ALERT_URL.",
         "alerts_by_kind" => "Alerts the gates sent to ALERT_URL, by kind.",
         "effects_by_destination" => "Side-effect attempts by result (delivered, failed, parked) and destination.",
-        "results_by_destination" => "A batch's results (results \"each\") by how they ended (delivered: accepted; failed: an attempt to retry; parked) and destination.",
+        "results_by_destination" => "A batch's results (results \"each\") by how they ended (delivered: accepted; failed: an attempt to retry; parked; unanswered: its result sender answered nothing, sent again later) and destination.",
         "effects_retried_after_asked" => "Failed side-effect attempts retried no sooner than the destination's Retry-After asked.",
         "dropped" => "Deliveries and status answers not applied, by the reducer's reason.",
         "rejected" => "Requests refused before reaching a gate, by reason.",
