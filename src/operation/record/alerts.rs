@@ -99,13 +99,10 @@ impl Operation {
                 "{status}: its results that kept failing were sent again and none is parked for failing now"
             ),
             AlertKind::ResultsSenderFailing => format!(
-                "{status}: its result senders have answered nothing for {}; {} of its results wait, sent again with backoff under their ids (none parked for it)",
-                human_age(age_seconds),
-                self.results_unanswered,
+                "{status}: its result senders have answered nothing for {age}; {} of its results wait, sent again with backoff under their ids (none parked for it)",
+                self.results_unanswered
             ),
-            AlertKind::ResultsSenderRecovered => {
-                format!("{status}: its result senders answer again, or none of its results waits for one")
-            }
+            AlertKind::ResultsSenderRecovered => format!("{status}: no result waits on a silent sender"),
         };
         crate::operation::alert::body(
             kind,
