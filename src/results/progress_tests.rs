@@ -200,6 +200,8 @@ impl World {
             "a re-read ends where it did"
         );
         let cut = self.cut_off(&items);
+        // A fanned-out wave's answers come back through its senders.
+        let fanned = self.wave && !crate::results::fanout::groups(items.len()).is_empty();
         let mut answers = Vec::new();
         for item in self.in_flight_order(items) {
             let sending = match cut.get(&item.index) {
@@ -208,6 +210,7 @@ impl World {
                     Sending::Unanswered("result sender: no answer within 40000 ms".into())
                 }
                 Some(false) => Sending::Unanswered("result sender: no answer".into()),
+                None if fanned => Sending::Carried(self.send(&item)?),
                 None => Sending::Answered(self.send(&item)?),
             };
             answers.push((item, sending));
