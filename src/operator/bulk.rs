@@ -276,9 +276,7 @@ struct Body {
 
 #[derive(Serialize, Deserialize)]
 struct BulkCursor {
-    #[serde(default)]
     c: Option<String>,
-    #[serde(default)]
     a: Option<String>,
     f: String,
     #[serde(default)]
