@@ -61,15 +61,12 @@ fn resolve(base: &str, location: &str) -> Option<String> {
 
 /// Whether `location` starts with a scheme (`name:`), so is absolute whatever follows.
 fn has_scheme(location: &str) -> bool {
-    match location.split_once(':') {
-        Some((scheme, _)) => {
-            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-                && scheme
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
-        }
-        None => false,
-    }
+    location.split_once(':').is_some_and(|(scheme, _)| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    })
 }
 
 /// An URL's origin: its scheme and its host with its port (the scheme's default when none),
@@ -88,10 +85,9 @@ fn origin(url: &str) -> Option<String> {
     if host_port.is_empty() {
         return None;
     }
-    let has_port = match host_port.rfind(':') {
-        Some(i) => !host_port[i..].contains(']'),
-        None => false,
-    };
+    let has_port = host_port
+        .rfind(':')
+        .is_some_and(|i| !host_port[i..].contains(']'));
     Some(match has_port {
         true => format!("{scheme}://{host_port}"),
         false => format!("{scheme}://{host_port}:{default_port}"),

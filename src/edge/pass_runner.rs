@@ -24,14 +24,12 @@ use worker::{
 
 use crate::config::Config;
 use crate::reconciliation::entry_decision::Thresholds;
-use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::pass::{
     Consumer, Fanout, Intent, Limits, Machine, Pass, PassLog, PassReport, Performed, PollJob,
     QueuedJob,
 };
 
-use crate::edge::objects::call::{call_gate, post_json, stub_for};
-use crate::edge::objects::lease_object::{LEASE_BINDING, LEASE_NAME};
+use crate::edge::objects::call::{call_gate, call_lease};
 use crate::edge::objects::stats_shard::count_at_edge;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
@@ -39,7 +37,6 @@ use crate::edge::outbound::status_api;
 use crate::edge::runtime::{log, now_ms, random_unit};
 use crate::operation::ledger::open_key;
 use crate::reconciliation::status::call_answer;
-use crate::refusal::Refusal;
 use crate::telemetry::counters::{status_call, AskedBy};
 
 /// The fan-out queue's producer binding; without it every pass polls by itself.
@@ -201,7 +198,7 @@ impl<M: Machine> Io<'_, M> {
     async fn perform(&self, intent: Intent) -> Intent {
         let performed = match intent {
             Intent::Lease(command) => Performed::Lease(
-                lease_call(self.env, &command)
+                call_lease(self.env, &command)
                     .await
                     .map_err(|e| e.to_string()),
             ),
@@ -260,7 +257,7 @@ impl Io<'_, Pass> {
             let Some(renew) = self.machine.borrow_mut().on_heartbeat() else {
                 return;
             };
-            let reply = lease_call(self.env, &renew).await;
+            let reply = call_lease(self.env, &renew).await;
             let mut pass = self.machine.borrow_mut();
             let go_on = pass.on_renewed(reply.map_err(|e| e.to_string()), now_ms());
             flush(&mut *pass);
@@ -276,8 +273,4 @@ fn flush(machine: &mut impl Machine) {
     for line in machine.drain_logs() {
         log(line.to_value());
     }
-}
-
-async fn lease_call(env: &Env, command: &LeaseCommand) -> Result<LeaseReply, Refusal> {
-    post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
 }

@@ -121,6 +121,7 @@ pub fn holds(hashes: &[u8], entry: &Entry) -> bool {
 }
 
 /// What keeping a name in its bucket takes, given the bucket's last row (`part`, `hashes`).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeepPlan {
     /// The last row already holds it: nothing to write.
@@ -132,6 +133,7 @@ pub enum KeepPlan {
 
 /// The one write that keeps `entry` in the bucket whose last row is `last` ([`plan_keeps`] for
 /// one name).
+#[cfg(test)]
 pub fn plan_keep(last: Option<&(i64, Vec<u8>)>, entry: &Entry) -> KeepPlan {
     match plan_keeps(last, &[*entry]).pop() {
         None => KeepPlan::Held,

@@ -149,24 +149,21 @@ pub fn command_result(reply: &GateReply) -> CommandResult {
             ..
         } => CommandResult::Redelivered,
         GateReply::Refused { reason } => {
-            let of = |r: OperatorRefusal| r.as_str() == reason.as_str();
-            CommandResult::Skipped(if of(OperatorRefusal::AlreadyDone) {
-                SkipReason::Done
-            } else if of(OperatorRefusal::NotDone) {
-                SkipReason::NotDone
-            } else if of(OperatorRefusal::InFlight) {
-                SkipReason::InFlight
-            } else if of(OperatorRefusal::Forgotten) {
-                SkipReason::Forgotten
-            } else if of(OperatorRefusal::NotTerminal) {
-                SkipReason::NoOutcome
-            } else if of(OperatorRefusal::Retired) {
-                SkipReason::Gone
-            } else if of(OperatorRefusal::SentSinceCutoff) {
-                SkipReason::SentSinceCutoff
-            } else {
-                SkipReason::Refused
-            })
+            let skip = [
+                (OperatorRefusal::AlreadyDone, SkipReason::Done),
+                (OperatorRefusal::NotDone, SkipReason::NotDone),
+                (OperatorRefusal::InFlight, SkipReason::InFlight),
+                (OperatorRefusal::Forgotten, SkipReason::Forgotten),
+                (OperatorRefusal::NotTerminal, SkipReason::NoOutcome),
+                (OperatorRefusal::Retired, SkipReason::Gone),
+                (
+                    OperatorRefusal::SentSinceCutoff,
+                    SkipReason::SentSinceCutoff,
+                ),
+            ]
+            .into_iter()
+            .find(|(refusal, _)| refusal.as_str() == reason.as_str());
+            CommandResult::Skipped(skip.map_or(SkipReason::Refused, |(_, skip)| skip))
         }
         GateReply::NotFound => CommandResult::Skipped(SkipReason::Gone),
         other => CommandResult::Failed(format!("unexpected gate reply {other:?}")),
@@ -175,19 +172,14 @@ pub fn command_result(reply: &GateReply) -> CommandResult {
 
 /// A run's counts: of this request, or of the whole run so far (carried in the cursor).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Counts {
-    #[serde(default)]
     pub matched: u64,
     /// Dry run: matched entries the action applies to, by their metadata.
-    #[serde(default)]
     pub eligible: u64,
-    #[serde(default)]
     pub retried: u64,
-    #[serde(default)]
     pub redelivered: u64,
-    #[serde(default)]
     pub skipped: BTreeMap<SkipReason, u64>,
-    #[serde(default)]
     pub failed: u64,
 }
 
@@ -284,9 +276,7 @@ struct Body {
 
 #[derive(Serialize, Deserialize)]
 struct BulkCursor {
-    #[serde(default)]
     c: Option<String>,
-    #[serde(default)]
     a: Option<String>,
     f: String,
     #[serde(default)]

@@ -100,10 +100,10 @@ pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError
         Some(meta @ serde_json::Value::Object(_)) => Some(crate::bounds::bound(meta)),
         Some(_) => return Err(RegistrationError::MetadataNotObject),
     };
-    let results = match parsed.results.as_deref() {
-        None => None,
-        Some(text) => Some(ResultsMode::parse(text.trim()).ok_or(RegistrationError::BadResults)?),
-    };
+    let results = parsed
+        .results
+        .map(|text| ResultsMode::parse(text.trim()).ok_or(RegistrationError::BadResults))
+        .transpose()?;
     let collection = Collection::of_key(&key.key);
     if results == Some(ResultsMode::Each) && collection != Some(Collection::Batches) {
         let what = collection.map_or("operation", |c| c.as_str());
@@ -339,18 +339,9 @@ impl ListQuery {
             && self.stuck.is_none_or(|want| want == stuck)
             && self.parked.is_none_or(|p| p == meta.parked)
             && self.forgotten.is_none_or(|f| f == meta.forgotten)
-            && self
-                .kind
-                .as_ref()
-                .is_none_or(|k| meta.kind.as_ref() == Some(k))
-            && self
-                .settled_by
-                .as_ref()
-                .is_none_or(|s| meta.settled_by.as_ref() == Some(s))
-            && self
-                .error
-                .as_ref()
-                .is_none_or(|e| meta.error.as_ref() == Some(e))
+            && (self.kind.is_none() || self.kind == meta.kind)
+            && (self.settled_by.is_none() || self.settled_by == meta.settled_by)
+            && (self.error.is_none() || self.error == meta.error)
             && within(
                 Some(meta.submitted_at),
                 self.submitted_after,

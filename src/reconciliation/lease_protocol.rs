@@ -42,7 +42,6 @@ pub enum LeaseCommand {
         /// When the pass checked the Gemini webhook: the state now alerted on, if any.
         #[serde(default)]
         webhook_checked: bool,
-        #[serde(default)]
         webhook_alerted_state: Option<String>,
         /// How far this pass's audit got, if it audited.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -75,7 +74,6 @@ pub enum LeaseReply {
     Granted {
         resume: LedgerCursor,
         status_backoff_until_ms: i64,
-        #[serde(default)]
         webhook_alerted_state: Option<String>,
         /// The audit's state: the pass decides with its configured interval whether it is due.
         #[serde(default)]

@@ -39,16 +39,14 @@ pub fn audit_reserve(total: i64) -> i64 {
 /// The audit's state, kept in the lease: where the audit in progress resumes over `op:`, and
 /// when the last one finished.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Audit {
     /// Set while an audit is in progress (a pass ran out of budget or time inside it).
-    #[serde(default)]
     pub resume: Option<LedgerCursor>,
     /// When the last audit reached the end of `op:`.
-    #[serde(default)]
     pub last_completed_ms: i64,
     /// Audits that reached the end (0: never, so the first pass audits, which also indexes
     /// operations opened before the index existed).
-    #[serde(default)]
     pub completed: u64,
 }
 
@@ -100,7 +98,6 @@ pub struct Lease {
     #[serde(default)]
     pub last_complete_ms: i64,
     /// The Gemini webhook state last alerted on (not `enabled`), so it alerts once.
-    #[serde(default)]
     pub webhook_alerted_state: Option<String>,
     /// The audit over `op:`, with its own cursor.
     #[serde(default)]

@@ -109,6 +109,10 @@ impl Family {
         }
     }
 
+    fn gauge(name: &'static str, help: &'static str) -> Family {
+        Family::new(name, Kind::Gauge, help)
+    }
+
     /// A counter family, described by [`counter_help`].
     fn counter(name: &'static str) -> Family {
         Family::new(name, Kind::Counter, counter_help(name))
@@ -191,9 +195,8 @@ pub fn render(stats: &Value, format: Format) -> String {
 /// Which build serves the page: always 1, labelled by version and commit (join on it to see
 /// what a change of behaviour came with).
 fn build_info() -> Family {
-    Family::new(
+    Family::gauge(
         "build_info",
-        Kind::Gauge,
         "The worker's version and the commit it was built from (always 1).",
     )
     .with(
@@ -345,29 +348,24 @@ fn acceptance_histogram(total: &Value) -> Family {
 /// for the current), waiting effects, paced attempts in flight and failures in a row,
 /// labelled by its short name.
 fn destination_families(destinations: &Value) -> Vec<Family> {
-    let mut state = Family::new(
+    let mut state = Family::gauge(
         "destination_state",
-        Kind::Gauge,
         "A destination's state: 1 for the current one (healthy, open, draining, paused by hand; unknown when its desk could not be asked).",
     );
-    let mut waiting = Family::new(
+    let mut waiting = Family::gauge(
         "destination_waiting_effects",
-        Kind::Gauge,
         "Side effects waiting for a destination's release (while it is open or over its pace).",
     );
-    let mut in_flight = Family::new(
+    let mut in_flight = Family::gauge(
         "destination_in_flight_effects",
-        Kind::Gauge,
         "A paced destination's attempts holding a slot.",
     );
-    let mut failures = Family::new(
+    let mut failures = Family::gauge(
         "destination_failures_in_row",
-        Kind::Gauge,
         "A destination's failed attempts since its last success.",
     );
-    let mut info = Family::new(
+    let mut info = Family::gauge(
         "destination_info",
-        Kind::Gauge,
         "A destination's short name (the route's kind, or default for EFFECT_URL) and the host it sends to (queue:<binding> or service:<binding> for a binding): always 1.",
     );
     for d in destinations.as_array().into_iter().flatten() {
@@ -412,9 +410,8 @@ fn reconcile_families(reconcile: &Value) -> Vec<Family> {
     };
     if let Some(at) = seconds(&reconcile["last_complete"]) {
         families.push(
-            Family::new(
+            Family::gauge(
                 "reconcile_last_complete_pass_timestamp_seconds",
-                Kind::Gauge,
                 "When the newest pass that reached the end of the open index started (Unix seconds).",
             )
             .with(vec![], at),
@@ -425,15 +422,13 @@ fn reconcile_families(reconcile: &Value) -> Vec<Family> {
         let report = &last["report"];
         let n = |field: &str| report[field].as_u64().unwrap_or(0) as f64;
         families.extend([
-            Family::new(
+            Family::gauge(
                 "reconcile_last_pass_timestamp_seconds",
-                Kind::Gauge,
                 "When the newest pass that released the lease started (Unix seconds).",
             )
             .with(vec![], at),
-            Family::new(
+            Family::gauge(
                 "reconcile_last_pass_status_calls",
-                Kind::Gauge,
                 "Status-API calls the newest pass made, by answer (answered, unanswered: timed out or unreachable).",
             )
             .with(
@@ -441,9 +436,8 @@ fn reconcile_families(reconcile: &Value) -> Vec<Family> {
                 (n("status_calls") - n("status_unanswered")).max(0.0),
             )
             .with(vec![("answer", "unanswered".into())], n("status_unanswered")),
-            Family::new(
+            Family::gauge(
                 "reconcile_last_pass_errors",
-                Kind::Gauge,
                 "Errors in the newest pass.",
             )
             .with(vec![], n("errors")),
@@ -469,7 +463,7 @@ fn open_families(open: &Value) -> Vec<Family> {
     OPEN.iter()
         .map(|(name, field, help)| {
             let n = open[field].as_u64().unwrap_or(0) as f64;
-            Family::new(name, Kind::Gauge, help).with(vec![], n)
+            Family::gauge(name, help).with(vec![], n)
         })
         .collect()
 }
@@ -479,9 +473,8 @@ fn webhook_family(webhook: &Value) -> Option<Family> {
     let name = webhook["name"].as_str()?;
     let ok = webhook["alerted_state"].is_null();
     Some(
-        Family::new(
+        Family::gauge(
             "gemini_webhook_ok",
-            Kind::Gauge,
             "1 unless the reconcile passes found the Gemini webhook disabled or missing (and alerted).",
         )
         .with(vec![("webhook", name.to_string())], f64::from(u8::from(ok))),

@@ -30,11 +30,10 @@ pub async fn serve(
         return answer;
     }
     let (name, action) = match (method, rest.rsplit_once('/')) {
-        (Method::Post, Some((name, "redeliver"))) => (name, Some("redeliver")),
-        (Method::Post, Some((name, "retry"))) => (name, Some("retry")),
-        (Method::Post, Some((name, "forget"))) => (name, Some("forget")),
-        (Method::Post, Some((name, "repair"))) => (name, Some("repair")),
-        (Method::Post, Some((name, "settle"))) => (name, Some("settle")),
+        (
+            Method::Post,
+            Some((name, action @ ("redeliver" | "retry" | "forget" | "repair" | "settle"))),
+        ) => (name, Some(action)),
         (Method::Get, _) => (rest, None),
         _ => return Err(Refusal::MethodNotAllowed),
     };

@@ -34,7 +34,7 @@ pub async fn serve(
     Some(answer(req, name, retry, env, by).await)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct RetryBody {
     reason: Option<String>,
     #[serde(default)]
@@ -52,10 +52,7 @@ async fn answer(
     let command = if retry {
         let body = read_body(req).await?;
         let parsed: RetryBody = match body.iter().all(u8::is_ascii_whitespace) {
-            true => RetryBody {
-                reason: None,
-                dry_run: false,
-            },
+            true => RetryBody::default(),
             false => serde_json::from_slice(&body).map_err(|_| {
                 Refusal::BadRequest("body must be {\"reason\": \"...\", \"dry_run\": bool}".into())
             })?,

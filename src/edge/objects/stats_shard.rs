@@ -27,7 +27,7 @@ use crate::telemetry::isolate_tally::IsolateTally;
 use crate::telemetry::shard_store::{self, MarkDays, Param, Prune, Row, Sql, RECENT_DROPS};
 use crate::telemetry::worker_log::WorkerLog;
 
-use crate::edge::objects::call::{post_json, stub_for, ObjectStub};
+use crate::edge::objects::call::{call_lease, post_json, stub_for, ObjectStub};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::{load_config, log, now_ms};
 use crate::refusal::Refusal;
@@ -211,14 +211,7 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
         .iter()
         .map(|d| json!({"at": crate::timestamp::format_rfc3339(d.at_ms), "key": d.key, "reason": d.reason}))
         .collect();
-    let lease = stub_for(
-        env,
-        crate::edge::objects::lease_object::LEASE_BINDING,
-        crate::edge::objects::lease_object::LEASE_NAME,
-    )?;
-    let (last_pass, webhook) = match post_json::<_, LeaseReply>(&lease, &LeaseCommand::Status)
-        .await?
-    {
+    let (last_pass, webhook) = match call_lease(env, &LeaseCommand::Status).await? {
         LeaseReply::State { last_pass, lease } => (
             json!({"last": last_pass, "completed_passes": lease.completed_passes,
                 "last_complete": (lease.last_complete_ms > 0)

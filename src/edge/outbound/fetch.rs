@@ -38,15 +38,12 @@ use crate::telemetry::worker_log::WorkerLog;
 use crate::edge::capped_read::read_answer;
 use crate::edge::runtime::{js_error, log};
 
-/// Longest part of a destination's answer kept in the record and logs.
+/// Longest part of an answer kept in the record and logs: a destination's, an alert sink's, or
+/// a non-2xx answer to a call that wants its 2xx body whole.
 const EXCERPT_CHARS: usize = 300;
 
 /// Alert sinks get this long to answer.
 const ALERT_TIMEOUT_MS: i64 = 5_000;
-/// Characters kept of an alert sink's answer.
-const ALERT_EXCERPT_CHARS: usize = 300;
-/// Characters kept of a non-2xx answer to a call that wants its 2xx body whole.
-const ERROR_EXCERPT_CHARS: usize = 300;
 
 /// How much of an answer's body a call keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +61,7 @@ impl Keep {
     fn body_for(self, status: u16) -> CappedBody {
         match self {
             Keep::Whole(cap) if class_of_status(status) == Class::Success => CappedBody::whole(cap),
-            Keep::Whole(_) => CappedBody::excerpt(excerpt_bytes(ERROR_EXCERPT_CHARS)),
+            Keep::Whole(_) => CappedBody::excerpt(excerpt_bytes(EXCERPT_CHARS)),
             Keep::Excerpt(chars) => CappedBody::excerpt(excerpt_bytes(chars)),
         }
     }
@@ -73,7 +70,7 @@ impl Keep {
     fn answer(self, status: u16, retry_after: Option<String>, body: CappedBody) -> PeerAnswer {
         let chars = match self {
             Keep::Excerpt(chars) => chars,
-            Keep::Whole(_) => ERROR_EXCERPT_CHARS,
+            Keep::Whole(_) => EXCERPT_CHARS,
         };
         let whole = matches!(self, Keep::Whole(_)) && class_of_status(status) == Class::Success;
         match body.finish() {
@@ -239,7 +236,7 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
         &headers,
         Some(&render(sink, &with_destination(config, body)).to_string()),
         ALERT_TIMEOUT_MS,
-        Keep::Excerpt(ALERT_EXCERPT_CHARS),
+        Keep::Excerpt(EXCERPT_CHARS),
     )
     .await;
     if answer.class() == Class::Success {
