@@ -370,8 +370,10 @@ impl Operation {
                     self.details.insert(USER_METADATA.into(), metadata);
                 }
                 self.effect.next_attempt_ms = now_ms;
-                // Stuck means without an outcome: that condition has ended.
-                self.resolve_alert(AlertKind::Stuck, now_ms);
+                // Stuck means without an outcome: that condition, when alerted, has ended.
+                if self.open_alerts.contains(&AlertKind::Stuck) {
+                    self.resolve_alert(AlertKind::Stuck, now_ms);
+                }
             }
             self.changed();
         }
