@@ -86,6 +86,7 @@ pub const STOPS: &[&str] = &[
     "inbound/intake.rs bad_operation_id: a refusal",
     "edge/objects/gate/alarm.rs outcome: after the POST: its answer",
     "edge/objects/gate/alarm.rs attempt_finished: after the POST: its answer's step",
+    "edge/objects/gate/alarm.rs asked_wait_ms: after the POST: its answer's `Retry-After`",
     "operation/gate/mod.rs retry_effect: reconciliation's command",
     "operation/gate/mod.rs destination_ready: a desk's command",
     "operation/gate/mod.rs alert: reconciliation's command",
@@ -214,7 +215,12 @@ fn impl_blocks(code: &str) -> Vec<((usize, usize), String)> {
         }
         let end = super::item_end(&chars, *at);
         let head: String = chars[*at..end].iter().take_while(|c| **c != '{').collect();
-        let after_for = head.split(" for ").nth(1).unwrap_or(&head[4..]).to_string();
+        // `impl<R> Step<R>`: the type follows the impl's own generics.
+        let own = match head[4..].trim_start().strip_prefix('<') {
+            Some(rest) => skip_generics(rest),
+            None => &head[4..],
+        };
+        let after_for = head.split(" for ").nth(1).unwrap_or(own).to_string();
         let ty = super::words(&after_for)
             .into_iter()
             .map(|(_, w)| w)
@@ -224,6 +230,22 @@ fn impl_blocks(code: &str) -> Vec<((usize, usize), String)> {
         }
     }
     out
+}
+
+/// What follows the generics `<…>` whose `<` was just read.
+fn skip_generics(text: &str) -> &str {
+    let mut depth = 1;
+    for (i, c) in text.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 {
+            return &text[i + 1..];
+        }
+    }
+    ""
 }
 
 impl Crate {
