@@ -63,12 +63,9 @@ pub const STOPS: &[&str] = &[
     "edge/http/webhook/mod.rs answer: the shaping of the answer to the sender",
     "edge/objects/gate/mod.rs repair: an operator's `Repair`",
     "edge/objects/gate/mod.rs annotate: a found operation's reply",
-    "edge/objects/gate/results_admin.rs list: a batch's results listing (a delivery returns at the match)",
-    "edge/objects/gate/results_admin.rs retry: an operator's retry of results (a delivery returns at the match)",
-    "edge/objects/gate/retirement.rs registration>load: a `Register` (a delivery returns at the first line)",
-    "edge/objects/gate/retirement.rs registration>of: a `Register` (a delivery returns at the first line)",
-    "edge/objects/gate/retirement.rs registration>call: a `Register` (a delivery returns at the first line)",
-    "edge/objects/gate/retirement.rs registration>retired_unasked: a `Register` (a delivery returns at the first line)",
+    "edge/objects/gate/mod.rs fetch>list: a results command's listing (the fetch dispatches by command)",
+    "edge/objects/gate/mod.rs fetch>retry: an operator's retry of results (the fetch dispatches by command)",
+    "edge/objects/gate/mod.rs fetch>registration: a `Register` (the fetch dispatches by command)",
     "edge/objects/gate/mod.rs first_attempt_check>ask_desk: a desk's check, made when this isolate has not heard from the destination's desk lately; the drawn delivery's has",
     "edge/objects/gate/storage.rs recover: a stored record that does not parse",
     "operation/gate/mod.rs register_again: a `Register`",
@@ -80,6 +77,7 @@ pub const STOPS: &[&str] = &[
     "inbound/intake.rs dead_key: a refused body's dead letter",
     "edge/objects/gate/mod.rs limit_new_records: a configuration value the command threads",
     "edge/objects/gate/mod.rs meter: metering",
+    "operation/record/mod.rs apply>resolve_alert: an open `stuck` alert: the record the delivery creates has none",
     "operation/record/mod.rs is_none: `Option::is_none` (read by name as `ResultsMode::is_none`)",
     "inbound/intake.rs vouch: a token's claims: the delivery is HMAC-signed",
     "inbound/intake.rs nudge: a token-signed nudge",
@@ -88,6 +86,7 @@ pub const STOPS: &[&str] = &[
     "inbound/intake.rs bad_operation_id: a refusal",
     "edge/objects/gate/alarm.rs outcome: after the POST: its answer",
     "edge/objects/gate/alarm.rs attempt_finished: after the POST: its answer's step",
+    "edge/objects/gate/alarm.rs asked_wait_ms: after the POST: its answer's `Retry-After`",
     "operation/gate/mod.rs retry_effect: reconciliation's command",
     "operation/gate/mod.rs destination_ready: a desk's command",
     "operation/gate/mod.rs alert: reconciliation's command",
@@ -101,6 +100,10 @@ pub const STOPS: &[&str] = &[
     "edge/outbound/fetch.rs to_queue: a queue destination; the drawn one is a URL",
     "edge/outbound/fetch.rs to_service: a service binding; the drawn one is a URL",
     "edge/outbound/fetch.rs kept_answer: after the POST: its answer",
+    "edge/outbound/fetch.rs next_hop: after the POST: a redirect, followed only for a keyed `GET` to Gemini",
+    "operation/record/mod.rs retires_at_ms>of: retention's end, of a closed operation: up to the POST the delivery's effect is owed, so `expires_at_ms` is none",
+    "operation/record/mod.rs retires_at_ms>moment: retention's end, of a closed operation (as `of`)",
+    "operation/record/mod.rs retires_at_ms>moment_period_ms: retention's end, of a closed operation (as `of`)",
     "edge/objects/gate/mod.rs alarm_failed: a run that failed",
     "edge/objects/gate/mod.rs alarm_recovered: a run after failed ones",
     "edge/objects/gate/alarm.rs retire: retention's end",
@@ -212,7 +215,12 @@ fn impl_blocks(code: &str) -> Vec<((usize, usize), String)> {
         }
         let end = super::item_end(&chars, *at);
         let head: String = chars[*at..end].iter().take_while(|c| **c != '{').collect();
-        let after_for = head.split(" for ").nth(1).unwrap_or(&head[4..]).to_string();
+        // `impl<R> Step<R>`: the type follows the impl's own generics.
+        let own = match head[4..].trim_start().strip_prefix('<') {
+            Some(rest) => skip_generics(rest),
+            None => &head[4..],
+        };
+        let after_for = head.split(" for ").nth(1).unwrap_or(own).to_string();
         let ty = super::words(&after_for)
             .into_iter()
             .map(|(_, w)| w)
@@ -222,6 +230,22 @@ fn impl_blocks(code: &str) -> Vec<((usize, usize), String)> {
         }
     }
     out
+}
+
+/// What follows the generics `<…>` whose `<` was just read.
+fn skip_generics(text: &str) -> &str {
+    let mut depth = 1;
+    for (i, c) in text.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 {
+            return &text[i + 1..];
+        }
+    }
+    ""
 }
 
 impl Crate {

@@ -1,13 +1,13 @@
 //! What one decision of the gate is: the record after it, how the object keeps it, the history
-//! rows, log lines and answer it carries ([`Step`]); the settings decisions read ([`GateLimits`]);
-//! and where a side effect stands as an answer reports it ([`effect_report`]).
+//! rows, log lines and answer it carries ([`Step`]); and the settings decisions read
+//! ([`GateLimits`]).
 //!
 //! Guarantees: a decision is a value, nothing more; the gate's Durable Object stores it as
 //! [`Save`] says before it answers. The commands' steps and the alarm's pieces
 //! ([`crate::operation::gate::alarm`]) both decide in this shape.
 
 use crate::operation::gate::log::GateLog;
-use crate::operation::gate::protocol::{EffectReport, GateReply};
+use crate::operation::gate::protocol::GateReply;
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
 use crate::retry::Backoff;
@@ -105,24 +105,5 @@ impl<R> Step<R> {
         self.record
             .as_ref()
             .and_then(|op| op.wake_at_ms(limits.retention_ms, limits.stats_delay_ms))
-    }
-}
-
-/// Where the side effect stands, without running it (the alarm runs it).
-pub fn effect_report(op: &Operation, now: i64) -> EffectReport {
-    if !op.effect_owed() {
-        if op.effect().done() {
-            EffectReport::Delivered
-        } else if op.effect().parked().is_some() {
-            EffectReport::Parked
-        } else {
-            EffectReport::NotOwed
-        }
-    } else if op.effect().claim().is_some_and(|c| c.expires_ms > now) {
-        EffectReport::InFlight
-    } else if op.effect().next_attempt_ms() <= now {
-        EffectReport::Scheduled
-    } else {
-        EffectReport::RetryScheduled
     }
 }

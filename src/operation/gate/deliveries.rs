@@ -16,7 +16,7 @@ use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, 
 use crate::operation::{OpEvent, Operation};
 use crate::telemetry::counters::Counter;
 
-use super::decision::{effect_report, Save, Step};
+use super::decision::{Save, Step};
 
 #[cfg(doc)]
 use crate::operation::gate::protocol::GateCommand;
@@ -63,7 +63,7 @@ pub(super) fn deliver(mut op: Operation, event: &OpEvent, hold_ms: i64, now: i64
     }
     count_delivery(&mut op, event, verdict, now, true);
     let status = op.status().clone();
-    let effect = effect_report(&op, now);
+    let effect = op.effect_report(now);
     if verdict == Verdict::Drop(DropReason::Duplicate) && op.is_settled() {
         // Nothing can change a settled operation: the answer is the stored state, and the
         // count waits in memory. No history row: the worker logs the duplicate with its
@@ -168,7 +168,7 @@ fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
     let reply = GateReply::Dropped {
         reason,
         status: op.status().clone(),
-        effect: effect_report(&op, now),
+        effect: op.effect_report(now),
     };
     let mut step = Step::new(Some(op), reply);
     step.save = if settled_duplicate {

@@ -30,7 +30,7 @@ mod registration;
 #[cfg(test)]
 mod retired_tests;
 
-pub use decision::{effect_report, GateLimits, Save, Step};
+pub use decision::{GateLimits, Save, Step};
 pub(crate) use deliveries::count_delivery;
 pub use operator::ResultsTaken;
 

@@ -14,7 +14,7 @@ use crate::operation::lifecycle::Status;
 use crate::operation::{Actor, Operation, OperatorRefusal};
 use crate::telemetry::counters::Counter;
 
-use super::decision::{effect_report, Step};
+use super::decision::Step;
 
 /// Redeliver: retry an effect not done, or send a done one again as a new generation, unless
 /// `sent_before_ms` (a bulk run's cut-off) says this run sent it already.
@@ -83,7 +83,7 @@ pub(super) fn settle(
     match op.settle_by_operator(Status::parse(status), &reason, now) {
         Ok(event) => {
             let key = op.key().to_string();
-            let (status, effect) = (op.status().clone(), effect_report(&op, now));
+            let (status, effect) = (op.status().clone(), op.effect_report(now));
             let row = HistoryEntry::settled_by_operator(&event, &reason, by.clone());
             Step::new(
                 Some(op),
@@ -191,7 +191,7 @@ fn operator_acted(
             by: by.clone(),
         },
     };
-    let effect = effect_report(&op, now);
+    let effect = op.effect_report(now);
     let mut step = Step::new(
         Some(op),
         GateReply::Redelivered {

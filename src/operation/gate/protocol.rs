@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{DropReason, Status};
+pub use crate::operation::record::EffectReport;
 use crate::operation::{Actor, KindFill, OpEvent, ResultsMode};
 
 /// A request to the gate of one operation.
@@ -154,26 +155,6 @@ pub enum GateCommand {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
-}
-
-/// Where a side effect stands when the gate answers. The gate never runs an attempt while a
-/// command waits: every attempt runs from its alarm (one runner), so an answer never waits on
-/// the destination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EffectReport {
-    /// Nothing owed (not terminal, or forgotten).
-    NotOwed,
-    /// Owed and due: the alarm that runs it is durably set.
-    Scheduled,
-    /// Accepted downstream (by an earlier attempt).
-    Delivered,
-    /// An attempt failed; the next is durably scheduled after its backoff.
-    RetryScheduled,
-    /// The destination refused for good.
-    Parked,
-    /// An attempt holds a live claim.
-    InFlight,
 }
 
 impl GateCommand {

@@ -15,7 +15,7 @@ use crate::operation::gate::protocol::{EffectReport, GateReply};
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
 
-use super::decision::{effect_report, Step};
+use super::decision::Step;
 
 #[cfg(doc)]
 use crate::operation::gate::protocol::GateCommand;
@@ -23,7 +23,7 @@ use crate::operation::gate::protocol::GateCommand;
 /// The alarm runs the effect if due: the backoff stands; setting the alarm again repairs a
 /// lost one.
 pub(super) fn retry_effect(op: Operation, now: i64) -> Step {
-    let effect = effect_report(&op, now);
+    let effect = op.effect_report(now);
     let mut step = Step::new(Some(op), GateReply::Effect { effect });
     step.reset_alarm = true;
     step
@@ -33,12 +33,12 @@ pub(super) fn retry_effect(op: Operation, now: i64) -> Step {
 /// an effect no longer owed changes nothing, and its answer says so.
 pub(super) fn destination_ready(mut op: Operation, probe: bool, now: i64) -> Step {
     if !op.destination_ready(probe, now) {
-        let effect = effect_report(&op, now);
+        let effect = op.effect_report(now);
         return Step::new(Some(op), GateReply::Effect { effect });
     }
     // Results an operator retried after the job's effect are owed, though the effect is not.
     let effect = match op.effect_owed() {
-        true => effect_report(&op, now),
+        true => op.effect_report(now),
         false => EffectReport::Scheduled,
     };
     let mut step = Step::new(Some(op), GateReply::Effect { effect }).durable();

@@ -1,5 +1,6 @@
 //! The side effect's state in the record: claims with a fencing token, attempts, retries,
-//! parking, and the operator's retry and redelivery.
+//! parking, the operator's retry and redelivery, and where it stands as the gate's answers
+//! report it ([`EffectReport`]).
 //!
 //! Guarantees (docs/DESIGN.md, invariant 2): a claim carries a token that only grows, and only
 //! the holder of the current token may finish it; a failed attempt never marks done; a done
@@ -9,6 +10,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::operation::alert::AlertKind;
 use crate::operation::record::{Operation, OperatorNote, OperatorRefusal};
+
+/// Where a side effect stands when the gate answers. The gate never runs an attempt while a
+/// command waits: every attempt runs from its alarm (one runner), so an answer never waits on
+/// the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectReport {
+    /// Nothing owed (not terminal, or forgotten).
+    NotOwed,
+    /// Owed and due: the alarm that runs it is durably set.
+    Scheduled,
+    /// Accepted downstream (by an earlier attempt).
+    Delivered,
+    /// An attempt failed; the next is durably scheduled after its backoff.
+    RetryScheduled,
+    /// The destination refused for good.
+    Parked,
+    /// An attempt holds a live claim.
+    InFlight,
+}
 
 /// A held claim on the side effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,6 +178,26 @@ pub enum Finished {
 }
 
 impl Operation {
+    /// Where the side effect stands, without running it (the alarm runs it): what an answer
+    /// of the gate reports.
+    pub fn effect_report(&self, now: i64) -> EffectReport {
+        if !self.effect_owed() {
+            if self.effect.done {
+                EffectReport::Delivered
+            } else if self.effect.parked.is_some() {
+                EffectReport::Parked
+            } else {
+                EffectReport::NotOwed
+            }
+        } else if self.effect.claim.is_some_and(|c| c.expires_ms > now) {
+            EffectReport::InFlight
+        } else if self.effect.next_attempt_ms <= now {
+            EffectReport::Scheduled
+        } else {
+            EffectReport::RetryScheduled
+        }
+    }
+
     /// Claims the side effect if it is owed, due, and not held by a live claim.
     pub fn claim(&mut self, now_ms: i64, ttl_ms: i64) -> Option<Claim> {
         // A batch's results go first: the job's effect then carries their counts.

@@ -11,7 +11,9 @@
 //! The record is split by concern, each part in its own module with the transitions that
 //! touch it: the side effect ([`effect_state`]), alerts ([`alerts`]), a nudge's confirmation
 //! ([`confirmation`]), operators' notes ([`operator`]), the stats outbox ([`outbox`]), the
-//! ledger projection and its bookkeeping ([`ledger_mark`]). It is stored as one flat JSON
+//! ledger projection and its bookkeeping ([`ledger_mark`]). What the side effect's claim and
+//! the gate's wake time read of the whole record (whether the effect or a batch's results are
+//! owed) is here, beside [`Operation::apply`]. It is stored as one flat JSON
 //! object derived from [`Operation`]'s one definition, whose field names never change, so
 //! every stored record still loads.
 //! Its fields are private: readers outside use accessors, and the version is bumped in one
@@ -42,7 +44,7 @@ mod tests;
 
 pub use alerts::PendingAlert;
 pub use confirmation::{Confirmation, MAX_CONFIRM_ATTEMPTS};
-pub use effect_state::{AttemptOutcome, Claim, DeskMark, Effect, Finished, Parked};
+pub use effect_state::{AttemptOutcome, Claim, DeskMark, Effect, EffectReport, Finished, Parked};
 pub use ledger_mark::{PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS};
 pub use operator::{Actor, OperatorNote, OperatorRefusal};
 pub use results_mark::ResultsMode;
@@ -373,8 +375,10 @@ impl Operation {
                     self.details.insert(USER_METADATA.into(), metadata);
                 }
                 self.effect.next_attempt_ms = now_ms;
-                // Stuck means without an outcome: that condition has ended.
-                self.resolve_alert(AlertKind::Stuck, now_ms);
+                // Stuck means without an outcome: that condition, when alerted, has ended.
+                if self.open_alerts.contains(&AlertKind::Stuck) {
+                    self.resolve_alert(AlertKind::Stuck, now_ms);
+                }
             }
             self.changed();
         }
@@ -387,6 +391,30 @@ impl Operation {
             && !self.effect.done
             && self.effect.parked.is_none()
             && self.notes.forgotten.is_none()
+    }
+
+    /// True while the results' side effects are owed: a `"results": "each"` batch that
+    /// succeeded, whose effect is owed and not yet tried, and whose results are not settled.
+    /// The job's effect waits meanwhile; its `next_attempt_ms` is when the results' next step
+    /// is due (the gate's alarm follows it).
+    pub fn results_owed(&self) -> bool {
+        self.results == ResultsMode::Each
+            && self.status == Status::Succeeded
+            && self.effect_owed()
+            && self.effect.attempts == 0
+            && self.results_counts.is_none()
+    }
+
+    /// True while the results' progress has work: owed before the job's effect, or an
+    /// operator's retry of parked results after it (not once the operation is forgotten).
+    pub fn results_running(&self) -> bool {
+        self.results_owed()
+            || (self.results_retry_at_ms.is_some() && self.notes.forgotten.is_none())
+    }
+
+    /// The counts the job's effect carries as `results`, once every result is settled.
+    pub fn results_counts(&self) -> Option<&Value> {
+        self.results_counts.as_ref()
     }
 
     /// True when nothing can change the operation any more: terminal (which absorbs every

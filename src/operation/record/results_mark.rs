@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
-use crate::operation::lifecycle::Status;
 use crate::operation::Operation;
 
 /// What a registration asked for the batch's results.
@@ -57,23 +56,6 @@ impl Operation {
         self.results
     }
 
-    /// The counts the job's effect carries as `results`, once every result is settled.
-    pub fn results_counts(&self) -> Option<&Value> {
-        self.results_counts.as_ref()
-    }
-
-    /// True while the results' side effects are owed: a `"results": "each"` batch that
-    /// succeeded, whose effect is owed and not yet tried, and whose results are not settled.
-    /// The job's effect waits meanwhile; its `next_attempt_ms` is when the results' next step
-    /// is due (the gate's alarm follows it).
-    pub fn results_owed(&self) -> bool {
-        self.results == ResultsMode::Each
-            && self.status == Status::Succeeded
-            && self.effect_owed()
-            && self.effect.attempts == 0
-            && self.results_counts.is_none()
-    }
-
     /// A registration's `results` for a record that has none recorded: taken only while no
     /// side effect of the job went out (one `webhook-id` means one body, and results begin
     /// before the job's effect). Returns whether the record changed.
@@ -84,13 +66,6 @@ impl Operation {
         self.results = mode;
         self.changed();
         true
-    }
-
-    /// True while the results' progress has work: owed before the job's effect, or an
-    /// operator's retry of parked results after it (not once the operation is forgotten).
-    pub fn results_running(&self) -> bool {
-        self.results_owed()
-            || (self.results_retry_at_ms.is_some() && self.notes.forgotten.is_none())
     }
 
     /// Every result is delivered or parked: the counts are kept, and the job's effect is
@@ -224,7 +199,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::operation::lifecycle::Source;
+    use crate::operation::lifecycle::{Source, Status};
     use crate::operation::OpEvent;
     use crate::operation::OperatorRefusal;
 

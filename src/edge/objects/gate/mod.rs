@@ -183,12 +183,31 @@ impl DurableObject for OperationGate {
             ),
             _ => None,
         };
-        if let Some(reply) = results_admin::answer(&self.storage, &command, &config).await? {
-            return Response::from_json(&reply);
-        }
-        if let Some(answer) = retirement::registration(&self.env, &self.storage, &command).await? {
-            self.end(Invocation::Fetch, started);
-            return answer;
+        // Dispatched by command: a results command is answered from the results tables, and
+        // only a registration may ask the retired names' shard; every other command (a
+        // delivery among them) goes straight to its step.
+        match &command {
+            GateCommand::Results { state, cursor } => {
+                let reply = results_admin::list(&self.storage, state, cursor.as_deref())?;
+                return Response::from_json(&reply);
+            }
+            GateCommand::RetryResults {
+                reason,
+                dry_run,
+                by,
+            } => {
+                let (storage, by) = (&self.storage, by.clone());
+                let reply = results_admin::retry(storage, &config, reason, *dry_run, by).await?;
+                return Response::from_json(&reply);
+            }
+            GateCommand::Register { key, name, .. } => {
+                let asked = retirement::registration(&self.env, &self.storage, key, name).await?;
+                if let Some(answer) = asked {
+                    self.end(Invocation::Fetch, started);
+                    return answer;
+                }
+            }
+            _ => {}
         }
         let now = now_ms();
         command.limit_new_records(now - config.retention_ms());

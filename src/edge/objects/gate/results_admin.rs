@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use worker::Result;
 
 use crate::config::Config;
-use crate::operation::gate::protocol::{GateCommand, GateReply};
+use crate::operation::gate::protocol::GateReply;
 use crate::results::marks as on_record;
 use crate::results::progress::Phase;
 use crate::results::source;
@@ -29,30 +29,12 @@ use crate::edge::runtime::now_ms;
 /// Results listed a page.
 const PAGE: usize = 100;
 
-/// The answer to a results command, or `None` for any other command.
-pub(super) async fn answer(
-    storage: &GateStorage,
-    command: &GateCommand,
-    config: &Config,
-) -> Result<Option<GateReply>> {
-    let reply = match command {
-        GateCommand::Results { state, cursor } => list(storage, state, cursor.as_deref())?,
-        GateCommand::RetryResults {
-            reason,
-            dry_run,
-            by,
-        } => retry(storage, config, reason, *dry_run, by.clone()).await?,
-        _ => return Ok(None),
-    };
-    Ok(Some(reply))
-}
-
 fn results_answer(answer: Value) -> GateReply {
     GateReply::ResultsAnswer { answer }
 }
 
 /// One page of the results in `state`.
-fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> Result<GateReply> {
+pub(super) fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> Result<GateReply> {
     let Some(op) = storage.load()? else {
         return Ok(GateReply::NotFound);
     };
@@ -100,7 +82,7 @@ fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> Result<Gate
 /// for a dry run), as [`crate::results::marks::retried`] decides (a history row, the results
 /// due now, the alarm set); the tables and the record are stored with no await in between
 /// (the alarm's call comes last), so as one.
-async fn retry(
+pub(super) async fn retry(
     storage: &GateStorage,
     config: &Config,
     reason: &str,

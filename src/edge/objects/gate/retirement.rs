@@ -11,7 +11,7 @@
 use worker::{Env, Response, Result};
 
 use crate::operation::gate::alarm::{self, AlarmDone};
-use crate::operation::gate::protocol::{GateCommand, GateReply};
+use crate::operation::gate::protocol::GateReply;
 use crate::operation::gate::Step;
 use crate::operation::retired_names::{RetiredCommand, RetiredName, RetiredReply};
 use crate::operation::Operation;
@@ -29,11 +29,9 @@ use crate::edge::runtime::now_ms;
 pub(super) async fn registration(
     env: &Env,
     storage: &GateStorage,
-    command: &GateCommand,
+    key: &str,
+    name: &str,
 ) -> Result<Option<Result<Response>>> {
-    let GateCommand::Register { key, name, .. } = command else {
-        return Ok(None);
-    };
     if storage.load()?.is_some_and(|op| !op.retired_unasked()) {
         return Ok(None);
     }
