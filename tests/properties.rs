@@ -1064,7 +1064,7 @@ fn http_status_strategy() -> impl Strategy<Value = u16> {
     prop_oneof![
         4 => Just(200u16),
         1 => 200u16..300,
-        1 => prop::sample::select(vec![404u16, 429, 500, 502, 503, 504, 599, 400, 401, 403, 301, 100]),
+        1 => prop::sample::select(vec![404u16, 408, 409, 429, 500, 502, 503, 504, 599, 400, 401, 403, 301, 100]),
         1 => any::<u16>(),
     ]
 }
@@ -1108,7 +1108,8 @@ proptest! {
                 Err(other) => return Err(TestCaseError::fail(format!("2xx gave {other:?}"))),
             },
             404 => prop_assert_eq!(result, Err(StatusError::NotFound)),
-            429 | 500..=599 => {
+            // As `retry::class_of_status` classes them: worth asking again.
+            408 | 409 | 429 | 500..=599 => {
                 let Err(StatusError::Transient { retry_after_secs }) = result else {
                     return Err(TestCaseError::fail(format!("{http} gave {result:?}")));
                 };
