@@ -30,7 +30,9 @@
 //! ([`World::interleave`]): a duplicate, a stale or out-of-order delivery, a poll, an
 //! operator's redelivery. A kill in a command makes its sender send it again (Gemini retries
 //! what was not answered 2xx, an operator's bulk run resumes); a kill in an alarm run makes the
-//! runtime run the alarm again. The desk lets every attempt go (its waits are its own tests').
+//! runtime run the alarm again. The desk lets every attempt go, or (with
+//! [`World::desk_waits`]) says `Wait` to an ask or a report and releases the key later
+//! through `DestinationReady`, as a desk that found the destination open does.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -223,6 +225,8 @@ pub(super) struct World {
     alarm_known: Option<i64>,
     pub(super) desk_clear: bool,
     // Outside.
+    /// Whether the desk may say `Wait` (and release later).
+    pub(super) desk_waits: bool,
     pub(super) clock: i64,
     pub(super) dest: Destination,
     pub(super) alerts_sent: Vec<String>,
@@ -251,6 +255,7 @@ impl World {
             cache: None,
             alarm_known: None,
             desk_clear: false,
+            desk_waits: false,
             clock: 0,
             dest: Destination::new(seed, refuses),
             alerts_sent: Vec::new(),
@@ -416,6 +421,7 @@ impl World {
 
     /// Runs commands and alarms in time order until nothing is due before [`QUIET_AFTER`].
     pub(super) fn run(&mut self) {
+        let mut same_time = (0, 0);
         for _ in 0..20_000 {
             let command_at = self.commands.front().map(|(at, _)| *at);
             let alarm_at = self.alarm.filter(|at| *at < QUIET_AFTER);
@@ -430,6 +436,13 @@ impl World {
                 }
                 (_, a) => {
                     self.clock = self.clock.max(a.expect("an alarm comes first"));
+                    // A run that sets the alarm at once again must be making progress.
+                    same_time = match same_time.0 == self.clock {
+                        true => (self.clock, same_time.1 + 1),
+                        false => (self.clock, 1),
+                    };
+                    let at = self.clock;
+                    assert!(same_time.1 < 100, "the alarm fires again and again at {at}");
                     if self.alarm_run().is_err() {
                         self.killed(true);
                     }
@@ -496,9 +509,12 @@ impl World {
     fn run_effect(&mut self, op: Operation, claim: Claim, step: Step<AlarmDone>) -> Run<Operation> {
         let turn = alarm::turn(&op, false, false);
         let checked = turn == DeskTurn::None && !self.desk_clear;
-        if checked || turn == DeskTurn::Ask {
+        if checked {
             self.desk_clear = true;
             self.interleave()?;
+        }
+        if turn == DeskTurn::Ask && self.desk_says_wait()? {
+            return self.wait_on_destination(op);
         }
         let (op, claim, step) = match turn == DeskTurn::Ask || checked {
             true => {
@@ -511,10 +527,32 @@ impl World {
             false => (op, claim, step),
         };
         let (op, sent) = self.attempt(op, claim, step)?;
-        if alarm::reports(turn, false, sent.failures > 0) {
-            self.interleave()?;
+        if alarm::reports(turn, false, sent.failures > 0) && self.desk_says_wait()? {
+            return self.wait_on_destination(op);
         }
         Ok(op)
+    }
+
+    /// A call to the destination's desk (an ask or a report): an await, after which it says
+    /// `Wait` one time in three when [`World::desk_waits`], and releases the key (a probe or
+    /// not) within half a minute, as `DestinationReady`.
+    pub(super) fn desk_says_wait(&mut self) -> Run<bool> {
+        self.desk_clear = true;
+        self.interleave()?;
+        if !self.desk_waits || self.rng.below(3) != 0 {
+            return Ok(false);
+        }
+        let at = self.clock + 1_000 + self.rng.below(30_000) as i64;
+        let probe = self.rng.below(2) == 0;
+        self.send_at(at, GateCommand::DestinationReady { probe });
+        Ok(true)
+    }
+
+    /// `Run::wait_on_destination`.
+    fn wait_on_destination(&mut self, op: Operation) -> Run<Operation> {
+        let current = self.load().unwrap_or(op);
+        let step = alarm::wait_on_destination(current.clone(), self.clock, &LIMITS, false);
+        self.apply(step, current, Alarm::Sync)
     }
 
     /// `Run::attempt`: the claim stored with its alarm, the call, the answer committed.
@@ -759,8 +797,13 @@ pub(super) fn killed_everywhere(
 fn a_job_killed_at_every_storage_point_is_accepted_under_one_id_with_one_body() {
     let mut points = 0;
     for seed in 1..=8 {
+        // Unregistered (the webhook first) one time in four; the desk may say wait with odd
+        // seeds.
         let registered = seed % 4 != 0;
-        let scenario = |w: &mut World| completion(w, registered, ResultsMode::None);
+        let scenario = |w: &mut World| {
+            w.desk_waits = seed % 2 == 1;
+            completion(w, registered, ResultsMode::None)
+        };
         let check = |w: &World, label: &str| job_kept_its_promises(w, &[1], label);
         points += killed_everywhere(seed, false, scenario, check);
     }
@@ -770,7 +813,10 @@ fn a_job_killed_at_every_storage_point_is_accepted_under_one_id_with_one_body() 
 #[test]
 fn a_job_its_destination_may_refuse_killed_anywhere_ends_accepted_or_parked_and_alerted() {
     for seed in 0..=6 {
-        let scenario = |w: &mut World| completion(w, true, ResultsMode::None);
+        let scenario = |w: &mut World| {
+            w.desk_waits = seed % 3 == 0;
+            completion(w, true, ResultsMode::None)
+        };
         let check = |w: &World, label: &str| job_kept_its_promises(w, &[1], label);
         killed_everywhere(seed, true, scenario, check);
     }
@@ -800,6 +846,41 @@ fn an_operator_redelivery_killed_anywhere_adds_exactly_one_generation() {
         let check = |w: &World, label: &str| job_kept_its_promises(w, &[1, 2], label);
         killed_everywhere(seed, false, scenario, check);
     }
+}
+
+/// A claim whose attempt died lapses; the desk then says wait (a retry asks it): the gate must
+/// sleep until the desk's release or its fallback, not wake again and again at the lapsed
+/// claim's expiry, now past (an alarm run and an alarm write each time, for as long as the
+/// wait lasts: a minute, or an operator's pause).
+#[test]
+fn a_lapsed_claim_told_to_wait_by_the_desk_does_not_wake_the_gate_at_once() {
+    let s = gate_step(None, register(ResultsMode::None), 0);
+    let s = gate_step(
+        s.record,
+        deliver(Status::Succeeded, 200, Source::Webhook),
+        10,
+    );
+    let (claim, s) = alarm::begin_attempt(s.record.unwrap(), 10, &LIMITS).unwrap();
+    // The instance died during the call: the claim is stored, its answer lost.
+    let lapsed = claim.expires_ms;
+    let op = s.record.unwrap();
+    assert_eq!(
+        alarm::turn(&op, false, false),
+        DeskTurn::Ask,
+        "a retry asks the desk"
+    );
+    let s = alarm::wait_on_destination(op, lapsed, &LIMITS, false);
+    assert_eq!(s.reply, AlarmDone::WaitsOnDestination(true));
+    // The run's upkeep (counts, the ledger) done, the alarm is what the effect waits for.
+    let mut op = s.record.unwrap();
+    let upkeep = alarm::plan_upkeep(&mut op, lapsed, &LIMITS);
+    let s = alarm::upkeep_done(op, &upkeep, Some(Ok(())), Some(Ok(())), lapsed);
+    let wake = s.wake_at(&LIMITS).unwrap();
+    assert_eq!(
+        wake,
+        lapsed + LIMITS.desk_fallback_ms,
+        "woken at {wake} (now {lapsed})"
+    );
 }
 
 #[test]
