@@ -160,8 +160,15 @@ impl World {
         };
         let turn = match step.sends() {
             Some((ready, retry)) => match self.turn(&op, ready as u32, retry)? {
-                Some(turn) => turn,
-                None => return self.results_wait(op),
+                Ok(turn) => turn,
+                Err(paused) => {
+                    // A pause's wait is no failure: the results' failing clocks stop.
+                    let mut progress = self.fresh(progress);
+                    if paused && progress.held_by_pause() {
+                        self.store_progress(&progress, Vec::new())?;
+                    }
+                    return self.results_wait(op, paused);
+                }
             },
             None => Turn {
                 turn: DeskTurn::None,
@@ -214,8 +221,8 @@ impl World {
     }
 
     /// `Driver::turn`: a fresh isolate checks the desk before a step that sends; a retry asks
-    /// it, and the desk grants all or says wait (`None`).
-    fn turn(&mut self, op: &Operation, ready: u32, retry: bool) -> Run<Option<Turn>> {
+    /// it, and the desk grants all or says wait (`Err(paused)`).
+    fn turn(&mut self, op: &Operation, ready: u32, retry: bool) -> Run<Result<Turn, bool>> {
         let mark = op.effect().desk();
         let retry = retry || matches!(mark, Some(DeskMark::Waiting { .. }));
         let turn = desk_turn(mark, false, false, retry);
@@ -228,14 +235,14 @@ impl World {
             (0, _) => 0,
             (_, Some(n)) => n,
             (_, None) => match self.desk_says_wait()? {
-                true => return Ok(None),
-                false => granted(ready, Some(ready)),
+                Some(paused) => return Ok(Err(paused)),
+                None => granted(ready, Some(ready)),
             },
         };
         if mark.is_some() && n > 0 {
             self.mark(op.clone(), on_record::desk_spent)?;
         }
-        Ok(Some(Turn {
+        Ok(Ok(Turn {
             turn,
             awaited: turn == DeskTurn::Ask || checked,
             n,
@@ -244,10 +251,10 @@ impl World {
 
     /// `Driver::wait_on_destination`: the record waits for the desk's release (or its
     /// fallback).
-    fn results_wait(&mut self, op: Operation) -> Run<Operation> {
+    fn results_wait(&mut self, op: Operation, paused: bool) -> Run<Operation> {
         let (fallback, now) = (LIMITS.desk_fallback_ms, self.clock);
         self.mark(op, |op| {
-            on_record::wait_on_destination(op, false, fallback, now)
+            on_record::wait_on_destination(op, paused, fallback, now)
         })
     }
 
@@ -255,8 +262,8 @@ impl World {
     /// hears at once.
     fn release_unused(&mut self, op: Operation, at: i64) -> Run<Operation> {
         let op = self.mark(op, on_record::desk_spent)?;
-        if self.desk_says_wait()? {
-            return self.results_wait(op);
+        if let Some(paused) = self.desk_says_wait()? {
+            return self.results_wait(op, paused);
         }
         self.mark(op, |op| on_record::due_at(op, at))
     }
@@ -409,8 +416,10 @@ impl World {
     /// `Driver::after_sends`: the desk's report when it needs one; a `Retry-After` holds the
     /// next step.
     fn after_sends(&mut self, op: Operation, turn: Turn, sent: Sent) -> Run<Operation> {
-        if reports(turn.turn, false, sent.failures > 0) && self.desk_says_wait()? {
-            return self.results_wait(op);
+        if reports(turn.turn, false, sent.failures > 0) {
+            if let Some(paused) = self.desk_says_wait()? {
+                return self.results_wait(op, paused);
+            }
         }
         match sent.asked_wait_ms {
             Some(wait) => {

@@ -513,8 +513,10 @@ impl World {
             self.desk_clear = true;
             self.interleave()?;
         }
-        if turn == DeskTurn::Ask && self.desk_says_wait()? {
-            return self.wait_on_destination(op);
+        if turn == DeskTurn::Ask {
+            if let Some(paused) = self.desk_says_wait()? {
+                return self.wait_on_destination(op, paused);
+            }
         }
         let (op, claim, step) = match turn == DeskTurn::Ask || checked {
             true => {
@@ -527,31 +529,35 @@ impl World {
             false => (op, claim, step),
         };
         let (op, sent) = self.attempt(op, claim, step)?;
-        if alarm::reports(turn, false, sent.failures > 0) && self.desk_says_wait()? {
-            return self.wait_on_destination(op);
+        if !alarm::reports(turn, false, sent.failures > 0) {
+            return Ok(op);
         }
-        Ok(op)
+        match self.desk_says_wait()? {
+            Some(paused) => self.wait_on_destination(op, paused),
+            None => Ok(op),
+        }
     }
 
     /// A call to the destination's desk (an ask or a report): an await, after which it says
-    /// `Wait` one time in three when [`World::desk_waits`], and releases the key (a probe or
-    /// not) within half a minute, as `DestinationReady`.
-    pub(super) fn desk_says_wait(&mut self) -> Run<bool> {
+    /// `Wait` (`Some(false)`) or `Paused` (`Some(true)`) one time in three when
+    /// [`World::desk_waits`], and releases the key (a probe or not) within half a minute (the
+    /// destination recovered, or an operator resumed it), as `DestinationReady`.
+    pub(super) fn desk_says_wait(&mut self) -> Run<Option<bool>> {
         self.desk_clear = true;
         self.interleave()?;
         if !self.desk_waits || self.rng.below(3) != 0 {
-            return Ok(false);
+            return Ok(None);
         }
         let at = self.clock + 1_000 + self.rng.below(30_000) as i64;
         let probe = self.rng.below(2) == 0;
         self.send_at(at, GateCommand::DestinationReady { probe });
-        Ok(true)
+        Ok(Some(self.rng.below(4) == 0))
     }
 
     /// `Run::wait_on_destination`.
-    fn wait_on_destination(&mut self, op: Operation) -> Run<Operation> {
+    fn wait_on_destination(&mut self, op: Operation, paused: bool) -> Run<Operation> {
         let current = self.load().unwrap_or(op);
-        let step = alarm::wait_on_destination(current.clone(), self.clock, &LIMITS, false);
+        let step = alarm::wait_on_destination(current.clone(), self.clock, &LIMITS, paused);
         self.apply(step, current, Alarm::Sync)
     }
 
