@@ -23,8 +23,9 @@ use crate::operation::effect::outcome;
 use crate::operation::gate::alarm::{desk_turn, reports, DeskTurn};
 use crate::operation::gate::kill_tests::{
     completion, job_kept_its_promises, job_requests, killed_everywhere, one_body_per_id,
-    resent_after_2xx, secret, Answer, Run, World, KEY, LIMITS, TIMEOUT_MS,
+    resent_after_2xx, secret, Alarm, Answer, Run, World, KEY, LIMITS, TIMEOUT_MS,
 };
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::gate::Step as GateStep;
 use crate::operation::{DeskMark, Operation, ResultsMode};
 use crate::results::body::{build_result_request, result_message_id, ResultHead};
@@ -92,9 +93,14 @@ impl World {
         self.progress().unwrap_or(stale)
     }
 
-    /// `ResultsStore::save`: the progress and its writes, in one write; what it has done
-    /// never moves back.
+    /// `ResultsStore::save`: the progress and its writes, in one write (a point).
     fn store_progress(&mut self, progress: &Progress, writes: Vec<Write>) -> Run<()> {
+        self.write_progress(progress, writes);
+        self.point()
+    }
+
+    /// The progress and its writes as stored; what it has done never moves back.
+    fn write_progress(&mut self, progress: &Progress, writes: Vec<Write>) {
         if let Some(before) = self.progress() {
             assert!(progress.done_through.index >= before.done_through.index);
             assert!(progress.chunks_done >= before.chunks_done);
@@ -116,7 +122,26 @@ impl World {
                 }
             }
         }
-        self.point()
+    }
+
+    /// `results_admin::retry`: a page of parked results taken out of the parked rows into
+    /// the progress, and the record's step committed, with no await between (one write).
+    pub(super) fn retry_results(&mut self, reason: String) -> Run<GateReply> {
+        let Some(op) = self.load() else {
+            return Ok(GateReply::NotFound);
+        };
+        let Some(mut progress) = self.progress() else {
+            return Ok(GateReply::NotFound);
+        };
+        let parked = self.tables.parked.values().take(progress.room());
+        let parked: Vec<Row> = parked.map(|t| serde_json::from_str(t).unwrap()).collect();
+        for row in &parked {
+            self.tables.parked.remove(&row.index);
+        }
+        let step = on_record::retried(op, &mut progress, parked, (reason, None), self.clock);
+        self.write_progress(&progress, Vec::new());
+        let (_, reply) = self.commit(step, Alarm::Sync)?;
+        Ok(reply)
     }
 
     /// `Driver::mark`: what `decide` makes of the record as stored now, committed without
@@ -128,7 +153,7 @@ impl World {
     ) -> Run<Operation> {
         let current = self.load().unwrap_or(op);
         let step = decide(current.clone());
-        let (stored, ()) = self.commit(step, super::kill_tests::Alarm::Deferred)?;
+        let (stored, ()) = self.commit(step, Alarm::Deferred)?;
         Ok(stored.unwrap_or(current))
     }
 
@@ -443,26 +468,10 @@ fn batch(world: &mut World, n: usize, missing: u32) {
     completion(world, true, ResultsMode::Each);
 }
 
-/// Each result went under its one id, every request of it with one body, and ended accepted
-/// or parked; the job's effect went after the last result's request, once accepted (or
-/// parked), with the counts of what became of them.
-fn batch_kept_its_promises(world: &World, label: &str) {
-    one_body_per_id(world, label);
+/// What became of each result, as the destination last answered it: the job's counts, and
+/// how many were parked.
+fn final_counts(world: &World, label: &str) -> Value {
     let items = all_results(&world.file);
-    let ids: BTreeSet<String> = items
-        .iter()
-        .map(|i| result_message_id(KEY, &i.result_key, i.index))
-        .collect();
-    let requested: BTreeSet<&String> = world.dest.requests.iter().map(|(id, _)| id).collect();
-    let results: BTreeSet<String> = requested
-        .iter()
-        .filter(|id| id.starts_with("res_"))
-        .map(|id| id.to_string())
-        .collect();
-    assert_eq!(
-        results, ids,
-        "{label}: each result under its one id, none under a new one"
-    );
     let parked: BTreeSet<u64> = world
         .tables
         .parked
@@ -481,32 +490,86 @@ fn batch_kept_its_promises(world: &World, label: &str) {
             other => panic!("{label}: {id} left at {other:?}"),
         }
     }
-    let last_result = world
+    let errors = items.iter().filter(|i| i.payload.is_error()).count();
+    json!({"total": items.len(), "delivered": delivered, "errors": errors,
+        "parked": parked.len()})
+}
+
+/// Each result went under its one id, and none under another.
+fn each_result_under_its_id(world: &World, label: &str) {
+    let items = all_results(&world.file);
+    let ids: BTreeSet<String> = items
+        .iter()
+        .map(|i| result_message_id(KEY, &i.result_key, i.index))
+        .collect();
+    let results: BTreeSet<String> = world
         .dest
         .requests
         .iter()
-        .rposition(|(id, _)| id.starts_with("res_"));
-    let first_job = world
-        .dest
-        .requests
-        .iter()
-        .position(|(id, _)| id.starts_with("msg_"));
+        .filter(|(id, _)| id.starts_with("res_"))
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert_eq!(
+        results, ids,
+        "{label}: each result under its one id, none under a new one"
+    );
+}
+
+/// The body of the job's effect of `generation`.
+fn job_body(world: &World, generation: u32) -> Option<Value> {
+    let id = crate::operation::effect::effect_message_id(KEY, generation);
+    let bodies = job_requests(world).remove(&id)?;
+    Some(serde_json::from_str(bodies.first().unwrap()).unwrap())
+}
+
+/// An operator's retry of the parked results a day after the batch: the retried results go
+/// under their first ids; counts it changed go as the job's generation 2 (after the last
+/// result), counts it did not change send nothing more.
+fn retried_batch_kept_its_promises(world: &World, label: &str) {
+    one_body_per_id(world, label);
+    each_result_under_its_id(world, label);
+    let counts = final_counts(world, label);
+    let op = world.stored_record().unwrap();
+    assert_eq!(op.results_counts(), Some(&counts), "{label}");
+    let generation = op.effect().generation();
+    let first = job_body(world, 1).expect("the job's first effect");
+    assert_eq!(generation == 2, first["results"] != counts, "{label}");
+    assert!(generation <= 2, "{label}: generation {generation}");
+    if generation == 2 {
+        let second = job_body(world, 2).expect("the new counts sent");
+        assert_eq!(second["results"], counts, "{label}");
+        let id = crate::operation::effect::effect_message_id(KEY, 2);
+        let requests = &world.dest.requests;
+        let last_result = requests.iter().rposition(|(id, _)| id.starts_with("res_"));
+        let first_job = requests.iter().position(|(i, _)| *i == id);
+        assert!(
+            first_job > last_result,
+            "{label}: generation 2 before the results"
+        );
+    }
+    let generations: Vec<u32> = (1..=generation).collect();
+    job_kept_its_promises(world, &generations, label);
+}
+
+/// Each result went under its one id, every request of it with one body, and ended accepted
+/// or parked; the job's effect went after the last result's request, once accepted (or
+/// parked), with the counts of what became of them.
+fn batch_kept_its_promises(world: &World, label: &str) {
+    one_body_per_id(world, label);
+    each_result_under_its_id(world, label);
+    let counts = final_counts(world, label);
+    let requests = &world.dest.requests;
+    let last_result = requests.iter().rposition(|(id, _)| id.starts_with("res_"));
+    let first_job = requests.iter().position(|(id, _)| id.starts_with("msg_"));
     assert!(
         first_job > last_result,
         "{label}: the job went before its results"
     );
     job_kept_its_promises(world, &[1], label);
-    let errors = items.iter().filter(|i| i.payload.is_error()).count();
-    let counts = json!({"total": items.len(), "delivered": delivered, "errors": errors,
-        "parked": parked.len()});
-    let bodies = job_requests(world);
-    let body: Value =
-        serde_json::from_str(bodies.values().next().unwrap().first().unwrap()).unwrap();
+    let body = job_body(world, 1).expect("the job's effect");
     assert_eq!(body["results"], counts, "{label}: the job's counts");
-    assert_eq!(
-        world.stored_record().unwrap().results_counts(),
-        Some(&counts)
-    );
+    let op = world.stored_record().unwrap();
+    assert_eq!(op.results_counts(), Some(&counts));
 }
 
 #[test]
@@ -524,6 +587,29 @@ fn a_results_batch_killed_at_every_storage_point_sends_each_result_once_then_the
         points += killed_everywhere(seed, refuses, scenario, batch_kept_its_promises);
     }
     assert!(points > 4 * 60, "{points} points");
+}
+
+#[test]
+fn an_operators_retry_of_parked_results_killed_anywhere_sends_new_counts_once_under_a_new_id() {
+    let mut retried = 0;
+    for seed in [2, 4, 6] {
+        let scenario = |w: &mut World| {
+            w.desk_waits = seed == 6;
+            batch(w, 14, 0);
+            let retry = GateCommand::RetryResults {
+                reason: "fixed".into(),
+                dry_run: false,
+                by: None,
+            };
+            w.send_at(86_400_000, retry);
+        };
+        killed_everywhere(seed, true, scenario, retried_batch_kept_its_promises);
+        let mut clean = World::new(seed, true, None);
+        scenario(&mut clean);
+        clean.run();
+        retried += usize::from(clean.stored_record().unwrap().effect().generation() == 2);
+    }
+    assert!(retried >= 1, "a retry changed the counts at least once");
 }
 
 /// Clean, a batch's steps store only per chunk and per failure: the counts are exact, and a

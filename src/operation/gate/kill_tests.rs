@@ -379,6 +379,11 @@ impl World {
     /// `OperationGate::fetch` for a command.
     fn command(&mut self, command: GateCommand) -> Run<GateReply> {
         self.in_flight = Some(command.clone());
+        if let GateCommand::RetryResults { reason, .. } = &command {
+            let reply = self.retry_results(reason.clone())?;
+            self.in_flight = None;
+            return Ok(reply);
+        }
         let mut command = command;
         command.limit_new_records(self.clock - LIMITS.retention_ms);
         let record = self.load();
@@ -410,7 +415,10 @@ impl World {
         self.cache = None;
         self.alarm_known = None;
         self.desk_clear = false;
-        if let Some(command) = self.in_flight.take() {
+        // An operator's retry of results whose answer was lost is not sent again: sent twice,
+        // it is two retries (each may take what the other's sends parked again).
+        let command = self.in_flight.take();
+        if let Some(command) = command.filter(|c| !matches!(c, GateCommand::RetryResults { .. })) {
             self.send_at(self.clock + SENDER_RETRY_MS, command);
         }
         if in_alarm {
