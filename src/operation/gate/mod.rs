@@ -22,6 +22,10 @@ pub mod alarm;
 pub mod alarm_failure;
 mod decision;
 mod deliveries;
+#[cfg(test)]
+mod kill_results_tests;
+#[cfg(test)]
+mod kill_tests;
 pub mod log;
 mod operator;
 pub mod protocol;

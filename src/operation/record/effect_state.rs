@@ -232,6 +232,11 @@ impl Operation {
         if !self.mark_waiting(now_ms) {
             return false;
         }
+        // A lapsed claim (its attempt died before it committed) ends here. Kept, its expiry,
+        // now past, would stay the gate's wake time (`wake_at_ms` follows a claim first) and
+        // fire the alarm again and again, doing nothing, for as long as the wait lasts. Its
+        // late answer is fenced as if the next claim had replaced it (`finish_attempt`).
+        self.effect.claim = None;
         self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(now_ms + fallback_ms);
         self.changed();
         true
