@@ -227,11 +227,22 @@ impl World {
                 self.store_progress(&p, Vec::new())?;
                 Ok(op)
             }
+            Step::AlertSenders(n) => self.senders(op, p, Some(n)),
+            Step::SendersBack => self.senders(op, p, None),
             Step::Settled(counts) => {
                 let failing = p.gave_up;
                 self.mark(op, |op| on_record::settled(op, counts, failing, now))
             }
         }
+    }
+
+    /// `Driver::senders`: the senders' alert raised (`Some`: how many wait) or resolved, the
+    /// progress stored after the record.
+    fn senders(&mut self, op: Operation, mut p: Progress, n: Option<u64>) -> Run<Operation> {
+        let now = self.clock;
+        let op = self.mark(op, |op| on_record::senders(op, &mut p, n, now))?;
+        self.store_progress(&p, Vec::new())?;
+        Ok(op)
     }
 
     /// `Driver::begin`: the outcome names the file; the progress is stored.
