@@ -31,7 +31,7 @@ use crate::operation::gate::{GateLimits, Save, Step};
 use crate::operation::history::{HistoryEntry, HistoryLog};
 use crate::operation::{recovery, Operation};
 
-use crate::edge::objects::gate::tables::{self, BodyRow, Layout, StoredHistory, StoredRow};
+use crate::edge::objects::gate::tables::{self, BodyRow, Layout};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::{log, now_ms};
 
@@ -102,18 +102,10 @@ impl GateStorage {
         Ok(self.layout.get())
     }
 
-    /// The stored record's row, as text, with its history decoded; none when the gate never
-    /// wrote one.
+    /// The stored record's row, as text, with its history; none when the gate never wrote
+    /// one.
     pub(super) fn stored_body(&self) -> Result<Vec<BodyRow>> {
-        let rows = tables::stored_rows(self.layout()?, &self.meter, &self.sql())?;
-        let row = |r: StoredRow| BodyRow {
-            body: r.body,
-            history: match r.history {
-                StoredHistory::Text(text) => HistoryLog::decode(&text),
-                StoredHistory::Rows(rows) => HistoryLog::from_rows(rows),
-            },
-        };
-        Ok(rows.into_iter().map(row).collect())
+        tables::stored_rows(self.layout()?, &self.meter, &self.sql())
     }
 
     /// The object's state (for work it runs in the background).

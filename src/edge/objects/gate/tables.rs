@@ -39,25 +39,10 @@ pub(super) enum Layout {
     Current,
 }
 
-/// A stored record's text and its history ([`super::storage::GateStorage::stored_body`]
-/// decodes the history, as it parses the record).
+/// A stored record's text and its history.
 pub(super) struct BodyRow {
     pub(super) body: String,
     pub(super) history: HistoryLog,
-}
-
-/// A stored record's text and its history's, as the tables hold them.
-pub(super) struct StoredRow {
-    pub(super) body: String,
-    pub(super) history: StoredHistory,
-}
-
-/// A history as stored: one JSON array ([`HistoryLog::decode`]'s form) in `record`, or an
-/// earlier version's rows of its `history` table, oldest first.
-#[derive(Clone)]
-pub(super) enum StoredHistory {
-    Text(String),
-    Rows(Vec<(i64, String)>),
 }
 
 /// Which tables hold the record, from `sqlite_master` (a read that cannot fail on a new
@@ -81,12 +66,8 @@ pub(super) fn layout(meter: &Meter, sql: &SqlStorage) -> Result<Layout> {
     })
 }
 
-/// The stored record's row, as text, with its history's; none when the gate never wrote one.
-pub(super) fn stored_rows(
-    layout: Layout,
-    meter: &Meter,
-    sql: &SqlStorage,
-) -> Result<Vec<StoredRow>> {
+/// The stored record's row, as text, with its history; none when the gate never wrote one.
+pub(super) fn stored_rows(layout: Layout, meter: &Meter, sql: &SqlStorage) -> Result<Vec<BodyRow>> {
     match layout {
         Layout::Empty | Layout::Unknown => Ok(Vec::new()),
         Layout::Current => {
@@ -99,9 +80,9 @@ pub(super) fn stored_rows(
                 meter.rows(sql, "SELECT body, history FROM record WHERE id = 1", None)?;
             Ok(rows
                 .into_iter()
-                .map(|r| StoredRow {
+                .map(|r| BodyRow {
                     body: r.body,
-                    history: StoredHistory::Text(r.history),
+                    history: HistoryLog::decode(&r.history),
                 })
                 .collect())
         }
@@ -115,10 +96,10 @@ pub(super) fn stored_rows(
             if rows.is_empty() {
                 return Ok(Vec::new());
             }
-            let history = StoredHistory::Rows(legacy_history(meter, sql)?);
+            let history = HistoryLog::from_rows(legacy_history(meter, sql)?);
             Ok(rows
                 .into_iter()
-                .map(|r| StoredRow {
+                .map(|r| BodyRow {
                     body: r.body,
                     history: history.clone(),
                 })
