@@ -603,7 +603,9 @@ impl Operation {
     /// status, whether the effect was done or parked, settled time, generation), which objects
     /// retired then still hold: a delivery that comes later is a duplicate and runs nothing,
     /// and it is never projected again. Retention's end now deletes the gate's storage
-    /// instead ([`crate::operation::gate::alarm::retire_if_over`]).
+    /// instead ([`crate::operation::gate::alarm::retire_if_over`]); tests build such a
+    /// tombstone with this.
+    #[cfg(test)]
     pub fn retire(&mut self, now_ms: i64) {
         self.details = Map::new();
         self.alerts.clear();
