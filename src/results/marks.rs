@@ -81,7 +81,8 @@ pub fn gave_up(
 
 /// The batch's result senders answered nothing past the alert threshold while `waiting`
 /// results wait (`Some`): its one `results_sender_failing` alert, with a history row and a log
-/// line; or a sender answers again, or nothing waits (`None`): resolved, with a history row.
+/// line; or a sender answers again, or no result waits on one (`None`): resolved, with a
+/// history row.
 pub fn senders(mut op: Operation, p: &mut Progress, waiting: Option<u64>, now: i64) -> Step<()> {
     p.senders_alert_marked(waiting.is_some());
     let Some(waiting) = waiting else {
@@ -214,6 +215,7 @@ mod tests {
             in_doubt: false,
             failing_since_ms: Some(0),
             last_attempt_ms: None,
+            unanswered: false,
         }
     }
 

@@ -18,7 +18,7 @@
 //! for it and starts no failing clock. It starts the senders' clock instead: result senders
 //! that answer nothing past [`Limits::alert_after_ms`] raise one alert for the batch naming how
 //! many results wait ([`Step::AlertSenders`]), resolved once a sender answers again, or once
-//! nothing waits ([`Step::SendersBack`]); the results keep being sent meanwhile. A
+//! no result waits on one ([`Step::SendersBack`]); the results keep being sent meanwhile. A
 //! results file missing right after `SUCCEEDED` is asked for again with backoff for
 //! [`Limits::file_wait_ms`], unless the batch ended more than [`FILE_KEPT_MS`] ago (then it is
 //! gone for good); a file gone for good or unreadable parks the results with the reason and
@@ -162,6 +162,10 @@ pub struct Row {
     /// before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempt_ms: Option<i64>,
+    /// Its last send went through a result sender that answered nothing: it waits on the
+    /// senders, whose clock ([`Progress::unanswered_since_ms`]) runs while any such row waits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unanswered: bool,
 }
 
 /// What the edge stores with the value, in the same transaction.
@@ -195,7 +199,7 @@ pub enum Step {
     /// Raise the alert that the result senders answered nothing past the alert threshold:
     /// how many results wait.
     AlertSenders(u64),
-    /// Resolve that alert: a sender answered again, or nothing waits.
+    /// Resolve that alert: a sender answered again, or no result waits on one.
     SendersBack,
     /// Every result is settled: the job's effect is owed with these counts.
     Settled(Value),
@@ -558,6 +562,7 @@ impl Progress {
                 in_doubt: false,
                 failing_since_ms: None,
                 last_attempt_ms: None,
+                unanswered: false,
             };
             if outcome.answer() != Some(&AttemptOutcome::Delivered) {
                 writes.push(Write::KeepResult(item));
@@ -593,16 +598,21 @@ impl Progress {
         row.attempts += 1;
         row.in_doubt = false;
         row.last_attempt_ms = Some(now_ms);
+        row.unanswered = false;
         let key = row.index;
         let was_row = self.rows.remove(&key).is_some();
         let outcome = match outcome {
-            Sending::Answered(outcome) => outcome,
+            Sending::Answered(outcome) => {
+                // The gate sent it itself: the senders' silence ends only when no result
+                // waits on it any more (else an old spell's clock, left running, would date a
+                // later silence from it).
+                if !self.rows.values().any(|r| r.unanswered) {
+                    self.senders_heard();
+                }
+                outcome
+            }
             Sending::Carried(outcome) => {
-                self.unanswered_since_ms = None;
-                self.senders_alert = match self.senders_alert {
-                    SendersAlert::Raised | SendersAlert::Resolve => SendersAlert::Resolve,
-                    SendersAlert::Quiet | SendersAlert::Due => SendersAlert::Quiet,
-                };
+                self.senders_heard();
                 outcome
             }
             Sending::Unanswered(why) => {
@@ -611,6 +621,7 @@ impl Progress {
                 // The senders' clock runs; past the threshold (after one retry at least, as a
                 // failing result), the batch alerts.
                 self.unanswered += 1;
+                row.unanswered = true;
                 let since = *self.unanswered_since_ms.get_or_insert(now_ms);
                 let over = now_ms - since >= limits.alert_after_ms && row.attempts > 1;
                 if over && self.senders_alert == SendersAlert::Quiet {
@@ -647,6 +658,16 @@ impl Progress {
             }
             AttemptOutcome::Park(why) => self.park(row, why),
         }
+    }
+
+    /// The senders are heard from (one carried an answer back), or no result waits on them:
+    /// their clock stops, an alert not yet raised is dropped, and a raised one resolves.
+    fn senders_heard(&mut self) {
+        self.unanswered_since_ms = None;
+        self.senders_alert = match self.senders_alert {
+            SendersAlert::Raised | SendersAlert::Resolve => SendersAlert::Resolve,
+            SendersAlert::Quiet | SendersAlert::Due => SendersAlert::Quiet,
+        };
     }
 
     /// Parks a result: counted, and its row moves to the parked ones.

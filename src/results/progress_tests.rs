@@ -1206,6 +1206,34 @@ fn a_sender_answering_before_the_threshold_clears_the_clock() {
     assert!(!matches!(p.next(after + 1), Step::AlertSenders(_)));
 }
 
+/// Once no result waits on a silent sender (the gate answered each itself), the senders' clock
+/// stops: a later silence is timed from its own start, not from the old spell's.
+#[test]
+fn the_senders_clock_stops_once_no_result_waits_on_a_sender() {
+    let after = LIMITS.alert_after_ms;
+    let mut p = unanswered_wave(0);
+    let indexes: Vec<u64> = p.rows.keys().copied().collect();
+    let (delivered, failing) = indexes.split_at(6);
+    for (i, index) in indexes.iter().enumerate() {
+        assert!(p.begin_row(*index));
+        let answer = match delivered.contains(index) {
+            true => AttemptOutcome::Delivered,
+            false => AttemptOutcome::Retry("503".into()),
+        };
+        p.finish_row(*index, Sending::Answered(answer), 10, &LIMITS, 0.5);
+        let last = i + 1 == indexes.len();
+        assert_eq!(p.unanswered_since_ms.is_none(), last, "after {}", i + 1);
+    }
+    // The results the destination failed go through silent senders, long after the old
+    // spell began: their silence has just begun.
+    fanned(&mut p, silent(), 2 * after);
+    assert_eq!(p.rows.len(), failing.len());
+    assert_eq!(p.unanswered_since_ms, Some(2 * after));
+    assert!(!matches!(p.next(2 * after), Step::AlertSenders(_)));
+    fanned(&mut p, silent(), 3 * after);
+    assert_eq!(p.next(3 * after), Step::AlertSenders(6));
+}
+
 /// An alert raised while results waited for senders resolves before the job's effect once
 /// nothing waits (the gate sent them itself); a pause stops the clock.
 #[test]
