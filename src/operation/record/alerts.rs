@@ -163,13 +163,22 @@ impl Operation {
     }
 
     fn queue_alert(&mut self, kind: AlertKind, age_seconds: i64, now_ms: i64) {
+        // A resolution is not due before its trigger still queued (a failed send waits its
+        // backoff): the sink hears a condition's start, then its end, never the other way.
+        let trigger_due = kind.resolves().and_then(|trigger| self.due_of(trigger));
         self.pending_alerts.push(PendingAlert {
             kind,
             id: crate::operation::alert::alert_id(&self.key, kind, self.effect.generation),
             age_seconds,
             attempts: 0,
-            due_ms: now_ms,
+            due_ms: trigger_due.map_or(now_ms, |at| at.max(now_ms)),
         });
+    }
+
+    /// When the queued alert of `kind` due last is due.
+    fn due_of(&self, kind: AlertKind) -> Option<i64> {
+        let queued = self.pending_alerts.iter().filter(|a| a.kind == kind);
+        queued.map(|a| a.due_ms).max()
     }
 
     /// The sink accepted the alert of `kind`.
@@ -181,13 +190,20 @@ impl Operation {
         }
     }
 
-    /// Sending the alert of `kind` failed: try again in `retry_in_ms`.
+    /// Sending the alert of `kind` failed: try again in `retry_in_ms`. Its resolution, if
+    /// queued, waits as long (it goes after its trigger).
     pub fn alert_failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) {
         let mut changed = false;
-        for alert in self.pending_alerts.iter_mut().filter(|a| a.kind == kind) {
-            alert.attempts += 1;
-            alert.due_ms = now_ms + retry_in_ms;
-            changed = true;
+        let due_ms = now_ms + retry_in_ms;
+        for alert in self.pending_alerts.iter_mut() {
+            if alert.kind == kind {
+                alert.attempts += 1;
+                alert.due_ms = due_ms;
+                changed = true;
+            } else if kind.resolution() == Some(alert.kind) && alert.due_ms < due_ms {
+                alert.due_ms = due_ms;
+                changed = true;
+            }
         }
         if changed {
             self.changed();

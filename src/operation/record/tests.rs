@@ -679,6 +679,31 @@ fn alerts_stay_queued_until_the_sink_accepts_them() {
     assert_eq!(op.alerts, vec![AlertKind::Stuck]);
 }
 
+/// A resolution never goes before its trigger: queued while the trigger waits its backoff,
+/// or queued before the trigger's send failed, it is due when the trigger is, after it.
+#[test]
+fn a_resolution_waits_for_its_trigger_still_queued() {
+    let mut op = Operation::register("batches/a", "batches/a", None, 0);
+    assert!(op.raise_alert(AlertKind::EffectFailing, 60, 1_000));
+    op.alert_failed(AlertKind::EffectFailing, 1_000, 5_000);
+    assert!(op.resolve_alert(AlertKind::EffectFailing, 2_000));
+    assert!(op.due_alerts(2_000).is_empty(), "the resolution waits");
+    op.ledger.version = u64::MAX;
+    assert_eq!(op.wake_at_ms(1, 0), Some(6_000), "not before the trigger");
+    let kinds = |due: Vec<PendingAlert>| due.into_iter().map(|a| a.kind).collect::<Vec<_>>();
+    let both = vec![AlertKind::EffectFailing, AlertKind::EffectRecovered];
+    assert_eq!(kinds(op.due_alerts(6_000)), both);
+    // Both due, the trigger's send fails: the resolution waits again with it.
+    op.alert_failed(AlertKind::EffectFailing, 6_000, 5_000);
+    assert!(op.due_alerts(10_000).is_empty());
+    assert_eq!(kinds(op.due_alerts(11_000)), both);
+    op.alert_delivered(AlertKind::EffectFailing);
+    assert_eq!(
+        kinds(op.due_alerts(11_000)),
+        vec![AlertKind::EffectRecovered]
+    );
+}
+
 #[test]
 fn retirement_keeps_a_tombstone_that_absorbs_late_deliveries() {
     let mut op = settled();
