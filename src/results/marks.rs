@@ -178,7 +178,7 @@ mod tests {
 
     fn succeeded() -> Operation {
         let mut op = Operation::register("batches/r", "batches/r", None, 0);
-        op.fill_results_mode(ResultsMode::Each);
+        op.fill_results_mode(ResultsMode::Each, 0);
         let event = OpEvent {
             status: Status::Succeeded,
             update_time_ms: 1,

@@ -122,7 +122,7 @@ pub struct ResultsTaken {
 
 /// An operator's retry of a batch's parked results: when it took any (or the file), the
 /// results run again now (the alarm is set for it before the answer), with a history row and a
-/// log line; when it took none, nothing changes.
+/// log line; when it took none, or the operation is forgotten or retired, nothing changes.
 pub(super) fn results_retried(
     mut op: Operation,
     taken: ResultsTaken,
@@ -134,11 +134,10 @@ pub(super) fn results_retried(
     let answer = serde_json::json!({"key": key, "retried": taken.taken,
         "file_reread": taken.file_reread, "parked": taken.parked_left, "hurried": taken.hurried});
     let reply = GateReply::ResultsAnswer { answer };
-    if taken.taken == 0 && !taken.file_reread && taken.hurried == 0 {
+    let nothing = taken.taken == 0 && !taken.file_reread && taken.hurried == 0;
+    if nothing || !op.results_retried(now) {
         return Step::new(Some(op), reply);
     }
-    op.results_retried(now);
-    op.results_due_at(now);
     Step::new(Some(op), reply)
         .durable()
         .row(HistoryEntry::ResultsRetried {

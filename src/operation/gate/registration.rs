@@ -32,7 +32,7 @@ pub(super) fn register_new(
 ) -> Step {
     let mut op = Operation::register(key, name, kind, now);
     op.fill_user_metadata(user_metadata);
-    op.fill_results_mode(results.unwrap_or_default());
+    op.fill_results_mode(results.unwrap_or_default(), now);
     let reply = GateReply::Created {
         operation: op.view(),
     };
@@ -73,7 +73,7 @@ pub(super) fn register_again(
     let fill = op.fill_kind(kind, now);
     // A record its completion created takes the registration's `results` while no effect
     // went out.
-    let filled_results = first && results.is_some_and(|r| op.fill_results_mode(r));
+    let filled_results = first && results.is_some_and(|r| op.fill_results_mode(r, now));
     let filled_metadata = op.fill_user_metadata(user_metadata) | filled_results;
     if filled_metadata {
         op.note_registration();

@@ -248,3 +248,45 @@ fn an_operator_cannot_send_a_tombstones_effect_again() {
         );
     }
 }
+
+/// Retirement ends the results as it ends the job: a tombstone an earlier version left while
+/// an operator's retry of parked results ran kept the results' due time, and never wakes for
+/// it (a late signed delivery and an operator's retry of its results included); the
+/// tombstone this version's tests build drops it.
+#[test]
+fn a_tombstone_never_wakes_for_its_results() {
+    let mut stored = serde_json::to_value(tombstone("batches/a", "batches/a")).unwrap();
+    stored["results"] = json!("each");
+    stored["results_counts"] = json!({"total": 2, "parked": 1});
+    stored["results_retry_at_ms"] = json!(LATE / 2);
+    let op: Operation = serde_json::from_value(stored).unwrap();
+    // (A late delivery's count still wakes the gate to hand it over; nothing else does.)
+    let quiet = |op: &Operation| {
+        assert_eq!(op.results_due_ms(), None);
+        let counted = op.pending_stats().first().map(|e| e.at_ms);
+        assert_eq!(op.wake_at_ms(LIMITS.retention_ms, 0), counted, "{op:?}");
+    };
+    quiet(&op);
+    let late = step(
+        Some(op.clone()),
+        deliver_as("batches/a", "batches/a", Status::Succeeded, LATE),
+        LATE,
+    );
+    quiet(late.record.as_ref().unwrap());
+    let taken = crate::operation::gate::ResultsTaken {
+        taken: 1,
+        file_reread: false,
+        parked_left: 0,
+        hurried: 0,
+    };
+    let retried = crate::operation::gate::results_retried(Some(op), taken, "r".into(), None, LATE);
+    quiet(retried.record.as_ref().unwrap());
+    // Retiring a record whose results run (the tombstone's constructor) clears their due time.
+    let mut running = settled();
+    running.results_retried(30);
+    assert_eq!(running.results_due_ms(), Some(30));
+    running.retire(40);
+    let text = serde_json::to_string(&running).unwrap();
+    assert!(!text.contains("results_retry_at_ms"), "{text}");
+    quiet(&running);
+}

@@ -201,7 +201,7 @@ impl Operation {
     /// Claims the side effect if it is owed, due, and not held by a live claim.
     pub fn claim(&mut self, now_ms: i64, ttl_ms: i64) -> Option<Claim> {
         // A batch's results go first: the job's effect then carries their counts.
-        if !self.effect_owed() || now_ms < self.effect.next_attempt_ms || self.results_owed() {
+        if self.job_due_ms().is_none_or(|due| now_ms < due) {
             return None;
         }
         if matches!(self.effect.claim, Some(c) if c.expires_ms > now_ms) {
@@ -280,20 +280,18 @@ impl Operation {
 
     /// The destination's desk released the effect: due now, same generation and
     /// `webhook-id`. False when nothing is owed any more (the desk drops the key). A batch's
-    /// results take the same release: while they are owed the effect's due time is theirs;
-    /// after the job's effect (an operator's retry of parked results) their own due time
-    /// moves too.
+    /// results take the same release: their own due time moves too.
     pub fn destination_ready(&mut self, probe: bool, now_ms: i64) -> bool {
-        let results_after = self.results_running() && !self.results_owed();
-        if !self.effect_owed() && !results_after {
+        let results = self.results_due_ms();
+        if !self.effect_owed() && results.is_none() {
             return false;
         }
         self.effect.desk = Some(DeskMark::Released { probe });
         if self.effect_owed() {
             self.effect.next_attempt_ms = self.effect.next_attempt_ms.min(now_ms);
         }
-        if let Some(due) = self.results_retry_at_ms.as_mut().filter(|_| results_after) {
-            *due = (*due).min(now_ms);
+        if let Some(due) = results {
+            self.results_due_ms = Some(due.min(now_ms));
         }
         self.changed();
         true

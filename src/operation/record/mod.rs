@@ -139,10 +139,12 @@ pub struct Operation {
     /// The results' counts once every result is settled: the job's effect carries them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     results_counts: Option<Value>,
-    /// An operator's retry of parked results after the job's effect: when the results' next
-    /// step is due.
+    /// When the results' next step is due, while they run ([`Operation::results_due_ms`]):
+    /// stored under the name of its first use (an operator's retry), so records store back
+    /// as they were.
+    #[serde(rename = "results_retry_at_ms")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    results_retry_at_ms: Option<i64>,
+    results_due_ms: Option<i64>,
     /// Results parked for failing past the alert threshold, as the `results_failing` alert
     /// names them.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
@@ -192,7 +194,7 @@ impl Operation {
             open_alerts: Vec::new(),
             results: ResultsMode::None,
             results_counts: None,
-            results_retry_at_ms: None,
+            results_due_ms: None,
             results_gave_up: 0,
             results_unanswered: 0,
             retired_unasked: false,
@@ -375,6 +377,7 @@ impl Operation {
                     self.details.insert(USER_METADATA.into(), metadata);
                 }
                 self.effect.next_attempt_ms = now_ms;
+                self.results_due_ms = self.results_owed().then_some(now_ms);
                 // Stuck means without an outcome: that condition, when alerted, has ended.
                 if self.open_alerts.contains(&AlertKind::Stuck) {
                     self.resolve_alert(AlertKind::Stuck, now_ms);
@@ -395,8 +398,7 @@ impl Operation {
 
     /// True while the results' side effects are owed: a `"results": "each"` batch that
     /// succeeded, whose effect is owed and not yet tried, and whose results are not settled.
-    /// The job's effect waits meanwhile; its `next_attempt_ms` is when the results' next step
-    /// is due (the gate's alarm follows it).
+    /// The job's effect waits meanwhile ([`Operation::job_due_ms`] is none).
     pub fn results_owed(&self) -> bool {
         self.results == ResultsMode::Each
             && self.status == Status::Succeeded
@@ -405,11 +407,10 @@ impl Operation {
             && self.results_counts.is_none()
     }
 
-    /// True while the results' progress has work: owed before the job's effect, or an
-    /// operator's retry of parked results after it (not once the operation is forgotten).
-    pub fn results_running(&self) -> bool {
-        self.results_owed()
-            || (self.results_retry_at_ms.is_some() && self.notes.forgotten.is_none())
+    /// When the job's effect may be claimed next: `None` while it is not owed or waits for
+    /// its batch's results (the results' due time is their own).
+    pub fn job_due_ms(&self) -> Option<i64> {
+        (self.effect_owed() && !self.results_owed()).then_some(self.effect.next_attempt_ms)
     }
 
     /// The counts the job's effect carries as `results`, once every result is settled.
@@ -542,7 +543,7 @@ impl Operation {
     /// operator's retry of parked results that is running holds it: an accepted retry is
     /// never dropped by retention; retention ends once the results settle again.
     pub fn expires_at_ms(&self, retention_ms: i64) -> Option<i64> {
-        let retry_runs = self.results_running();
+        let retry_runs = self.results_due_ms().is_some();
         if !self.is_closed() || self.retired_at_ms.is_some() || self.ledger.indexed || retry_runs {
             // An index entry may still exist: the pending projection deletes it first (a
             // closed, indexed record always has one pending, see `index_written`).
@@ -568,7 +569,8 @@ impl Operation {
         Some(RetiredName::of(&self.key).moment(end, moment_period_ms(retention_ms)))
     }
 
-    /// When the gate must wake next: a lapsed claim, a due retry, a deferred projection,
+    /// When the gate must wake next: a lapsed claim, the job effect's due attempt, the
+    /// results' next step ([`Operation::results_due_ms`]), a deferred projection,
     /// counted events to flush (`stats_delay_ms` after the oldest, so a burst of duplicates
     /// is flushed as one) or the end of retention. `None` when nothing is pending.
     ///
@@ -582,9 +584,7 @@ impl Operation {
         if let Some(c) = self.effect.claim {
             times.push(c.expires_ms);
         } else {
-            if self.effect_owed() {
-                times.push(self.effect.next_attempt_ms);
-            }
+            times.extend(self.job_due_ms());
             if self.ledger.version < self.version {
                 times.push(self.projection_due_ms());
             }
@@ -595,7 +595,7 @@ impl Operation {
         times.extend(self.confirmation.as_ref().map(|c| c.due_ms));
         times.extend(self.pending_alerts.iter().map(|a| a.due_ms));
         times.extend(self.retires_at_ms(retention_ms));
-        times.extend(self.results_retry_at_ms);
+        times.extend(self.results_due_ms());
         times.into_iter().min()
     }
 
@@ -613,6 +613,7 @@ impl Operation {
         self.notes.redeliveries.clear();
         self.outbox.pending.clear();
         self.confirmation = None;
+        self.results_due_ms = None;
         self.effect.claim = None;
         self.effect.last_error = None;
         if let Some(parked) = &mut self.effect.parked {
@@ -644,7 +645,8 @@ impl Operation {
             "parked_answer": self.effect.parked.as_ref().map(|p| p.answer.clone()),
             "attempts": self.effect.attempts,
             "generation": self.effect.generation,
-            "next_attempt_at": (self.effect_owed()).then(|| format_rfc3339(self.effect.next_attempt_ms)),
+            "next_attempt_at": self.job_due_ms().map(format_rfc3339),
+            "results_due_at": self.results_due_ms().map(format_rfc3339),
             "last_error": self.effect.last_error,
             "waiting_on_destination": matches!(self.effect.desk, Some(DeskMark::Waiting { .. })),
             "paused_at_destination": self.held_by_pause(),

@@ -3,11 +3,13 @@
 //!
 //! Guarantees: while a `"results": "each"` batch's results are owed
 //! ([`Operation::results_owed`]), the job's own side effect is not claimed, so it is sent after
-//! every result, with the counts ([`Operation::results_counts`]); both fields read with their
-//! default from a record stored before they existed and are not stored while default, so such
-//! records store back byte for byte. The results' own progress is not here: it lives in the
-//! gate's tables (`src/edge/objects/gate/results.rs`), so this record is not rewritten per
-//! chunk.
+//! every result, with the counts ([`Operation::results_counts`]). The results' next step has
+//! its own due time ([`Operation::results_due_ms`]): their waits never move the job effect's
+//! `next_attempt_ms`, nor its backoff theirs, and a forgotten or retired operation runs none of
+//! them. These fields read with their default from a record stored before they existed and are
+//! not stored while default, so such records store back byte for byte. The results' own
+//! progress is not here: it lives in the gate's tables (`src/edge/objects/gate/results.rs`),
+//! so this record is not rewritten per chunk.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -58,12 +60,14 @@ impl Operation {
 
     /// A registration's `results` for a record that has none recorded: taken only while no
     /// side effect of the job went out (one `webhook-id` means one body, and results begin
-    /// before the job's effect). Returns whether the record changed.
-    pub fn fill_results_mode(&mut self, mode: ResultsMode) -> bool {
+    /// before the job's effect); results owed by then are due at `now_ms`. Returns whether the
+    /// record changed.
+    pub fn fill_results_mode(&mut self, mode: ResultsMode, now_ms: i64) -> bool {
         if mode == self.results || self.effect.attempts > 0 || self.effect.done {
             return false;
         }
         self.results = mode;
+        self.results_due_ms = self.results_owed().then_some(now_ms);
         self.changed();
         true
     }
@@ -98,7 +102,7 @@ impl Operation {
             self.resolve_alert(AlertKind::ResultsFailing, now_ms);
         }
         self.results_counts = Some(counts);
-        self.results_retry_at_ms = None;
+        self.results_due_ms = None;
         self.changed();
         generation
     }
@@ -134,41 +138,47 @@ impl Operation {
     /// An operator put parked results back: the results' progress runs again now, and a
     /// new spell of failures alerts `results_failing` again (as an operator's retry of the
     /// job's effect lets `effect_failing` alert again); the one open stays open until the
-    /// results settle with none parked for failing.
-    pub fn results_retried(&mut self, now_ms: i64) {
-        if self.alerts.contains(&AlertKind::ResultsFailing) {
-            self.alerts.retain(|a| *a != AlertKind::ResultsFailing);
-            self.changed();
+    /// results settle with none parked for failing. False, and nothing changes, once the
+    /// operation is forgotten or retired: nothing of it runs again.
+    pub fn results_retried(&mut self, now_ms: i64) -> bool {
+        if self.results_stopped() {
+            return false;
         }
-        if !self.results_owed() {
-            self.results_retry_at_ms = Some(now_ms);
-            self.changed();
-        }
+        self.alerts.retain(|a| *a != AlertKind::ResultsFailing);
+        self.results_due_ms = Some(now_ms);
+        self.changed();
+        true
     }
 
-    /// When the results' next step is due (`None` when they are not running): a wait the
-    /// step chose (a destination's `Retry-After`, the desk's queue, rows backing off) holds
-    /// while the alarm runs for other work.
+    /// Forgotten or retired: the results run no more, whatever due time is stored.
+    fn results_stopped(&self) -> bool {
+        self.notes.forgotten.is_some() || self.retired_at_ms.is_some()
+    }
+
+    /// When the results' next step is due (`None` when they are not running: settled, or the
+    /// operation forgotten or retired): a wait the step chose (a destination's `Retry-After`,
+    /// the desk's queue, rows backing off) holds while the alarm runs for other work. A record
+    /// stored while its results were owed by a version that kept their due time in the job
+    /// effect's `next_attempt_ms` is read from there until a step stores their own.
     pub fn results_due_ms(&self) -> Option<i64> {
-        match self.results_owed() {
-            true => Some(self.effect.next_attempt_ms),
-            false => self.results_retry_at_ms.filter(|_| self.results_running()),
+        if self.results_stopped() {
+            return None;
         }
+        let stored_before = || self.results_owed().then_some(self.effect.next_attempt_ms);
+        self.results_due_ms.or_else(stored_before)
     }
 
     /// The destination's desk queued the batch's results: they wait for its release, or for
     /// `fallback_ms` (a lost desk never strands them); their own due time moves, never the job
     /// effect's retry. False when they are not running, or a release is marked (it stands).
     pub fn results_wait_on_destination(&mut self, now_ms: i64, fallback_ms: i64) -> bool {
-        if !self.results_running() || !self.mark_waiting(now_ms) {
+        let Some(due) = self.results_due_ms() else {
+            return false;
+        };
+        if !self.mark_waiting(now_ms) {
             return false;
         }
-        let at = now_ms + fallback_ms;
-        let due = match self.results_owed() {
-            true => &mut self.effect.next_attempt_ms,
-            false => self.results_retry_at_ms.get_or_insert(at),
-        };
-        *due = (*due).max(at);
+        self.results_due_ms = Some(due.max(now_ms + fallback_ms));
         self.changed();
         true
     }
@@ -183,14 +193,11 @@ impl Operation {
     /// The results' next step is due at `at_ms` (the alarm wakes then). Returns whether the
     /// record changed; the version does not move (nothing the ledger shows changed).
     pub fn results_due_at(&mut self, at_ms: i64) -> bool {
-        let slot = if self.results_owed() {
-            &mut self.effect.next_attempt_ms
-        } else {
-            self.results_retry_at_ms.get_or_insert(at_ms)
-        };
-        let changed = *slot != at_ms;
-        *slot = at_ms;
-        changed
+        if self.results_due_ms().is_none_or(|due| due == at_ms) {
+            return false;
+        }
+        self.results_due_ms = Some(at_ms);
+        true
     }
 }
 
@@ -205,7 +212,7 @@ mod tests {
 
     fn succeeded(mode: ResultsMode) -> Operation {
         let mut op = Operation::register("batches/r", "batches/r", None, 0);
-        op.fill_results_mode(mode);
+        op.fill_results_mode(mode, 0);
         op.apply(
             &OpEvent {
                 status: Status::Succeeded,
@@ -228,10 +235,10 @@ mod tests {
             "the job waits for its results"
         );
         op.results_settled(json!({"total": 2}), 0, 20);
-        assert!(!op.results_owed() && !op.results_running());
+        assert!(!op.results_owed() && op.results_due_ms().is_none());
         assert!(op.claim(20, 1_000).is_some());
         op.results_retried(30);
-        assert!(op.results_running());
+        assert!(op.results_due_ms().is_some());
         assert_eq!(
             op.wake_at_ms(1_000_000, 0),
             Some(30),
@@ -341,6 +348,37 @@ mod tests {
         assert!(op.destination_ready(false, 200));
         assert_eq!(op.results_due_ms(), Some(200));
         assert_eq!(op.effect().next_attempt_ms(), 200);
+    }
+
+    /// The results' due time and the job effect's are two fields: a wait of the results
+    /// never moves the job's, and the job's never wakes the gate nor shows as the next
+    /// attempt while it waits for them.
+    #[test]
+    fn the_results_due_time_is_their_own() {
+        let hour = 3_600_000;
+        let mut op = succeeded(ResultsMode::Each);
+        assert_eq!(op.results_due_ms(), Some(10), "owed from the outcome");
+        assert!(op.results_wait_on_destination(100, hour));
+        assert!(op.results_due_at(200 + hour));
+        assert_eq!(op.results_due_ms(), Some(200 + hour));
+        assert_eq!(op.effect().next_attempt_ms(), 10, "the job's own time");
+        assert_eq!(op.job_due_ms(), None);
+        op.projection_written(op.version(), 0);
+        assert_eq!(op.wake_at_ms(i64::MAX / 4, 0), Some(200 + hour));
+        let view = op.view();
+        assert_eq!(view["next_attempt_at"], Value::Null);
+        assert_eq!(
+            view["results_due_at"],
+            crate::timestamp::format_rfc3339(200 + hour)
+        );
+        // A registration that asks for the results after the outcome: due at once.
+        let mut late = succeeded(ResultsMode::None);
+        assert_eq!(late.results_due_ms(), None);
+        assert!(late.fill_results_mode(ResultsMode::Each, 50));
+        assert_eq!(late.results_due_ms(), Some(50));
+        // Forgotten: nothing of the results runs or wakes the gate.
+        assert!(op.forget(300, "by hand"));
+        assert_eq!(op.results_due_ms(), None);
     }
 
     /// Invariant 3: one body per `webhook-id`. The job's effect is built once, when every

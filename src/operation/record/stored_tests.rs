@@ -18,6 +18,10 @@ const OLDEST: &str = r#"{"key":"batches/o","name":"batches/o","kind":null,"statu
 /// A `stuck` alert raised and its condition still open (`open_alerts`, the newest field).
 const STUCK_OPEN: &str = r#"{"key":"batches/s","name":"batches/s","kind":"nightly","status":"running","update_time_ms":1700000000500,"version":4,"registered":true,"submitted_at_ms":1700000000000,"settled_at_ms":null,"settled_by":null,"details":{},"effect":{"done":false,"done_at_ms":null,"parked":null,"attempts":0,"failures_in_row":0,"generation":1,"fence":0,"claim":null,"next_attempt_ms":0,"last_error":null},"alerts":["stuck"],"stats_seq":0,"stats_sealed_seq":0,"projected_version":4,"projected_at_ms":1700021600500,"projection_failures":0,"projection_retry_at_ms":0,"open_alerts":["stuck"]}"#;
 
+/// A batch's results owed and waiting on their destination's desk, as a version that kept
+/// their due time in the job effect's `next_attempt_ms` stored it (no `results_retry_at_ms`).
+const RESULTS_OWED_WAITING: &str = r#"{"key":"batches/r","name":"projects/p/batches/r","kind":"pages","status":"succeeded","update_time_ms":1700000000500,"version":4,"registered":true,"submitted_at_ms":1700000000000,"settled_at_ms":1700000001000,"settled_by":"webhook","details":{"error_code":null,"error_message":null,"output_file_uri":"files/out","output_file_uris":["files/out"],"provider":{}},"effect":{"done":false,"done_at_ms":null,"parked":null,"attempts":0,"failures_in_row":0,"generation":1,"fence":0,"claim":null,"next_attempt_ms":1700003602000,"last_error":null,"desk":{"desk":"waiting","since_ms":1700000002000}},"stats_seq":0,"stats_sealed_seq":0,"projected_version":4,"projected_at_ms":1700000002100,"projection_failures":0,"projection_retry_at_ms":0,"results":"each"}"#;
+
 #[test]
 fn records_stored_before_load_and_store_back_unchanged() {
     for stored in [
@@ -26,6 +30,7 @@ fn records_stored_before_load_and_store_back_unchanged() {
         TOMBSTONE,
         CLAIMED,
         STUCK_OPEN,
+        RESULTS_OWED_WAITING,
     ] {
         let op: Operation = serde_json::from_str(stored).unwrap();
         assert_eq!(serde_json::to_string(&op).unwrap(), stored);
@@ -70,4 +75,36 @@ fn a_stored_open_condition_is_resolved_when_it_ends() {
     let mut op: Operation = serde_json::from_str(STUCK_OPEN).unwrap();
     assert!(op.resolve_alert(AlertKind::Stuck, 1_700_021_700_000));
     assert_eq!(op.pending_alerts()[0].kind, AlertKind::StuckSettled);
+}
+
+/// After a deploy, results a record stored as owed, with their due time in the job effect's
+/// `next_attempt_ms`, go on from it: the wait stored holds, the desk's release or a step moves
+/// their own due time from then on, and once they settle the job's effect is due.
+#[test]
+fn results_stored_owed_go_on_from_the_due_time_the_jobs_effect_kept() {
+    let mut op: Operation = serde_json::from_str(RESULTS_OWED_WAITING).unwrap();
+    let due = 1_700_003_602_000;
+    assert_eq!(op.results_due_ms(), Some(due), "the stored wait holds");
+    assert_eq!(op.wake_at_ms(i64::MAX / 4, 0), Some(due));
+    assert_eq!(
+        op.job_due_ms(),
+        None,
+        "the job's effect waits for its results"
+    );
+    assert!(op.claim(due, 1_000).is_none());
+    let now = 1_700_000_010_000;
+    assert!(op.destination_ready(false, now));
+    assert_eq!(op.results_due_ms(), Some(now));
+    let stored = serde_json::to_string(&op).unwrap();
+    assert!(
+        stored.contains(r#""results_retry_at_ms":1700000010000"#),
+        "{stored}"
+    );
+    assert!(op.results_due_at(now + 5_000));
+    op.projection_written(op.version(), now);
+    assert_eq!(op.wake_at_ms(i64::MAX / 4, 0), Some(now + 5_000));
+    op.results_settled(serde_json::json!({"total": 1}), 0, now + 6_000);
+    assert_eq!(op.results_due_ms(), None);
+    assert_eq!(op.job_due_ms(), Some(now + 6_000));
+    assert!(op.claim(now + 6_000, 1_000).is_some());
 }
