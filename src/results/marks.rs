@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn bookkeeping_stores_only_what_changed_and_leaves_no_history_row() {
         let s = due_at(succeeded(), 500);
-        assert_eq!(s.save, Save::Durable, "the effect's due time moved");
+        assert_eq!(s.save, Save::Durable, "the results' due time moved");
         let s = due_at(s.record.unwrap(), 500);
         assert_eq!(s.save, Save::Unchanged);
         assert_eq!(desk_spent(succeeded()).save, Save::Unchanged, "no mark");

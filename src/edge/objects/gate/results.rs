@@ -6,7 +6,7 @@
 //! of its results is sent, and its commit (the counts and the rows of the results not
 //! delivered) after every answer, each in one storage write; a row's attempt is stored as
 //! begun before it is sent. Each result is sent signed like every effect under its one
-//! `webhook-id` ([`crate::results::body::result_message_id`]). While work remains the record's
+//! `webhook-id` ([`crate::results::body::result_message_id`]). While work remains the results'
 //! due time stays in the past, so the alarm the run sets last fires again at once; a wait (a
 //! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
 //! moves it, and holds while the alarm runs for other work. How many results a step sends is
@@ -148,7 +148,7 @@ impl Driver<'_> {
         }
     }
 
-    /// The results' next step is due at `at`: the record's due time (stored when it moved).
+    /// The results' next step is due at `at` (their own due time, stored when it moved).
     async fn due_at(&self, op: Operation, at: i64) -> Result<Operation> {
         self.mark(op, |op| on_record::due_at(op, at)).await
     }
