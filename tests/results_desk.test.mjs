@@ -191,7 +191,13 @@ describe("a batch's results at the destination's desk", () => {
       console.log(`# ${downloads() - from} downloads of the missing file while open; the desk: ${view.waiting} waiting, ${view.calls} calls`);
       assert.equal(view.state, "open");
       assert.equal(view.waiting, 1, "only the job effect waits at the desk");
-      assert.equal((await t.w.inspect(key)).body.waiting_on_destination, false);
+      // The batch's results keep their own due time; the job effect's is the job's alone.
+      const batch = (await t.w.inspect(key)).body;
+      assert.equal(batch.waiting_on_destination, false);
+      assert.equal(batch.next_attempt_at, null, "the job's effect waits for its results");
+      assert.ok(Date.parse(batch.results_due_at) > 0, `the results' next step: ${batch.results_due_at}`);
+      const job = (await t.w.inspect("batches/opens-it")).body;
+      assert.ok(Date.parse(job.next_attempt_at) > 0 && job.results_due_at === null, JSON.stringify(job));
     } finally {
       await t.close();
     }
