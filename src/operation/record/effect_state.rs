@@ -201,7 +201,7 @@ impl Operation {
     /// Claims the side effect if it is owed, due, and not held by a live claim.
     pub fn claim(&mut self, now_ms: i64, ttl_ms: i64) -> Option<Claim> {
         // A batch's results go first: the job's effect then carries their counts.
-        if self.job_due_ms().is_none_or(|due| now_ms < due) {
+        if !self.effect_owed() || now_ms < self.effect.next_attempt_ms || self.results_owed() {
             return None;
         }
         if matches!(self.effect.claim, Some(c) if c.expires_ms > now_ms) {

@@ -13,7 +13,7 @@
 //! ([`confirmation`]), operators' notes ([`operator`]), the stats outbox ([`outbox`]), the
 //! ledger projection and its bookkeeping ([`ledger_mark`]). What the side effect's claim and
 //! the gate's wake time read of the whole record (whether the effect or a batch's results are
-//! owed) is here, beside [`Operation::apply`]. It is stored as one flat JSON
+//! owed, and when each is due: two fields, one each) is here, beside [`Operation::apply`]. It is stored as one flat JSON
 //! object derived from [`Operation`]'s one definition, whose field names never change, so
 //! every stored record still loads.
 //! Its fields are private: readers outside use accessors, and the version is bumped in one
@@ -411,6 +411,24 @@ impl Operation {
     /// its batch's results (the results' due time is their own).
     pub fn job_due_ms(&self) -> Option<i64> {
         (self.effect_owed() && !self.results_owed()).then_some(self.effect.next_attempt_ms)
+    }
+
+    /// Forgotten or retired: the results run no more, whatever due time is stored.
+    fn results_stopped(&self) -> bool {
+        self.notes.forgotten.is_some() || self.retired_at_ms.is_some()
+    }
+
+    /// When the results' next step is due (`None` when they are not running: settled, or the
+    /// operation forgotten or retired): a wait the step chose (a destination's `Retry-After`,
+    /// the desk's queue, rows backing off) holds while the alarm runs for other work. A record
+    /// stored while its results were owed by a version that kept their due time in the job
+    /// effect's `next_attempt_ms` is read from there until a step stores their own.
+    pub fn results_due_ms(&self) -> Option<i64> {
+        if self.results_stopped() {
+            return None;
+        }
+        let stored_before = || self.results_owed().then_some(self.effect.next_attempt_ms);
+        self.results_due_ms.or_else(stored_before)
     }
 
     /// The counts the job's effect carries as `results`, once every result is settled.

@@ -150,24 +150,6 @@ impl Operation {
         true
     }
 
-    /// Forgotten or retired: the results run no more, whatever due time is stored.
-    fn results_stopped(&self) -> bool {
-        self.notes.forgotten.is_some() || self.retired_at_ms.is_some()
-    }
-
-    /// When the results' next step is due (`None` when they are not running: settled, or the
-    /// operation forgotten or retired): a wait the step chose (a destination's `Retry-After`,
-    /// the desk's queue, rows backing off) holds while the alarm runs for other work. A record
-    /// stored while its results were owed by a version that kept their due time in the job
-    /// effect's `next_attempt_ms` is read from there until a step stores their own.
-    pub fn results_due_ms(&self) -> Option<i64> {
-        if self.results_stopped() {
-            return None;
-        }
-        let stored_before = || self.results_owed().then_some(self.effect.next_attempt_ms);
-        self.results_due_ms.or_else(stored_before)
-    }
-
     /// The destination's desk queued the batch's results: they wait for its release, or for
     /// `fallback_ms` (a lost desk never strands them); their own due time moves, never the job
     /// effect's retry. False when they are not running, or a release is marked (it stands).
