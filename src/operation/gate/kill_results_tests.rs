@@ -600,6 +600,21 @@ fn a_results_batch_killed_at_every_storage_point_sends_each_result_once_then_the
     assert!(points > 4 * 60, "{points} points");
 }
 
+/// A deploy at any storage point of a batch whose results are owed: each instance after a
+/// kill reads the record as the build that kept the results' due time in the job effect's
+/// `next_attempt_ms` stored it, and every result still goes once, then the job.
+#[test]
+fn results_stored_by_the_build_before_go_on_after_a_deploy_at_every_storage_point() {
+    for seed in [1, 3] {
+        let scenario = |w: &mut World| {
+            w.stored_before = true;
+            w.desk_waits = seed == 3;
+            batch(w, 14, 1);
+        };
+        killed_everywhere(seed, false, scenario, batch_kept_its_promises);
+    }
+}
+
 #[test]
 fn an_operators_retry_of_parked_results_killed_anywhere_sends_new_counts_once_under_a_new_id() {
     let mut retried = 0;

@@ -242,6 +242,26 @@ pub(super) struct World {
     pub(super) kills: usize,
     /// Every status the stored record held, in order.
     pub(super) statuses: Vec<Status>,
+    /// Each new instance reads the record as the build before the results' own due time
+    /// stored it (a deploy at every kill): [`as_stored_before`].
+    pub(super) stored_before: bool,
+}
+
+/// A record as the build before the results' own due time stored it: results owed kept their
+/// due time in the job effect's `next_attempt_ms`, and `results_retry_at_ms` only for an
+/// operator's retry after the job's effect.
+fn as_stored_before(text: &str) -> String {
+    let mut v: Value = serde_json::from_str(text).unwrap();
+    let owed = serde_json::from_str::<Operation>(text)
+        .unwrap()
+        .results_owed();
+    if let (true, Some(due)) = (
+        owed,
+        v.as_object_mut().unwrap().remove("results_retry_at_ms"),
+    ) {
+        v["effect"]["next_attempt_ms"] = due;
+    }
+    v.to_string()
 }
 
 impl World {
@@ -268,6 +288,7 @@ impl World {
             kill_at,
             kills: 0,
             statuses: Vec::new(),
+            stored_before: false,
         }
     }
 
@@ -289,8 +310,16 @@ impl World {
 
     /// The record as stored, as a new instance reads it.
     pub(super) fn stored_record(&self) -> Option<Operation> {
-        let text = self.stored.as_ref()?;
-        Some(serde_json::from_str::<Operation>(text).unwrap().as_loaded())
+        let text = self.stored.clone()?;
+        let text = match self.stored_before {
+            true => as_stored_before(&text),
+            false => text,
+        };
+        Some(
+            serde_json::from_str::<Operation>(&text)
+                .unwrap()
+                .as_loaded(),
+        )
     }
 
     /// `GateStorage::load`: read once, then from memory.
