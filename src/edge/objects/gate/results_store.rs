@@ -21,6 +21,7 @@
 //! result.
 //! They go with the rest of the object's storage when retention ends (`deleteAll`).
 
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use worker::{Result, SqlStorage};
 
@@ -89,6 +90,8 @@ fn text<T: serde::Serialize>(value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(json_error)
 }
 
+type Bindings = Option<Vec<worker::SqlStorageValue>>;
+
 impl<'a> ResultsStore<'a> {
     pub(super) fn new(storage: &'a GateStorage) -> ResultsStore<'a> {
         ResultsStore {
@@ -109,29 +112,24 @@ impl<'a> ResultsStore<'a> {
         if !tables.iter().any(|t| t.body == "results_progress") {
             return Ok(None);
         }
-        let rows: Vec<Text> = self.meter.rows(
-            &self.sql,
-            "SELECT body FROM results_progress WHERE id = 1",
-            None,
-        )?;
-        let Some(row) = rows.first() else {
+        let query = "SELECT body FROM results_progress WHERE id = 1";
+        let Some(mut progress) = self.parsed::<Progress>(query, None)?.pop() else {
             return Ok(None);
         };
-        let mut progress: Progress = serde_json::from_str(&row.body).map_err(json_error)?;
         if tables.iter().any(|t| t.body == "results_kept") {
             self.move_earlier_layout(&progress)?;
         }
-        let rows: Vec<Text> = self.meter.rows(
-            &self.sql,
-            "SELECT row AS body FROM results_failures WHERE parked = 0",
-            None,
-        )?;
-        progress.rows = rows
-            .iter()
-            .map(|r| serde_json::from_str::<Row>(&r.body).map(|row| (row.index, row)))
-            .collect::<serde_json::Result<_>>()
-            .map_err(json_error)?;
+        let query = "SELECT row AS body FROM results_failures WHERE parked = 0";
+        let rows = self.parsed::<Row>(query, None)?.into_iter();
+        progress.rows = rows.map(|row| (row.index, row)).collect();
         Ok(Some(progress))
+    }
+
+    /// The `body` of each row `query` returns, read as JSON.
+    fn parsed<T: DeserializeOwned>(&self, query: &str, bindings: Bindings) -> Result<Vec<T>> {
+        let rows: Vec<Text> = self.meter.rows(&self.sql, query, bindings)?;
+        let parse = |r: &Text| serde_json::from_str(&r.body).map_err(json_error);
+        rows.iter().map(parse).collect()
     }
 
     /// An earlier build's layout, moved to the failure rows with no await (one write, once):
@@ -190,14 +188,8 @@ impl<'a> ResultsStore<'a> {
 
     /// The kept result at `index` (a waiting or parked row's).
     pub(super) fn kept(&self, index: u64) -> Result<Option<ResultItem>> {
-        let rows: Vec<Text> = self.meter.rows(
-            &self.sql,
-            "SELECT item AS body FROM results_failures WHERE idx = ?",
-            vec![(index as i64).into()],
-        )?;
-        rows.first()
-            .map(|r| serde_json::from_str(&r.body).map_err(json_error))
-            .transpose()
+        let query = "SELECT item AS body FROM results_failures WHERE idx = ?";
+        Ok(self.parsed(query, Some(vec![(index as i64).into()]))?.pop())
     }
 
     /// Before an inline answer is read: what an interrupted read stored is dropped (a
@@ -249,10 +241,9 @@ impl<'a> ResultsStore<'a> {
 
     /// Up to `n` inline results from `from` on, and whether they reach the last one.
     pub(super) fn inline_chunk(&self, from: u64, n: u64) -> Result<(Vec<ResultItem>, bool)> {
-        let legacy: Vec<Text> = self.meter.rows(
-            &self.sql,
+        let mut legacy: Vec<ResultItem> = self.parsed(
             "SELECT item AS body FROM results_inline WHERE idx >= ? ORDER BY idx LIMIT ?",
-            vec![(from as i64).into(), (n as i64 + 1).into()],
+            Some(vec![(from as i64).into(), (n as i64 + 1).into()]),
         )?;
         let rows: Vec<Inline> = match legacy.is_empty() {
             true => self.meter.rows(
@@ -262,12 +253,8 @@ impl<'a> ResultsStore<'a> {
             )?,
             false => {
                 let last = legacy.len() as u64 <= n;
-                let items = legacy
-                    .iter()
-                    .take(n as usize)
-                    .map(|r| serde_json::from_str(&r.body).map_err(json_error))
-                    .collect::<Result<Vec<ResultItem>>>()?;
-                return Ok((items, last));
+                legacy.truncate(n as usize);
+                return Ok((legacy, last));
             }
         };
         let last = rows.len() as u64 <= n;
@@ -281,13 +268,9 @@ impl<'a> ResultsStore<'a> {
 
     /// Up to `n` parked rows after the index `after`, by index (once the progress loaded).
     pub(super) fn parked(&self, after: Option<u64>, n: usize) -> Result<Vec<Row>> {
-        let rows: Vec<Text> = self.meter.rows(
-            &self.sql,
+        self.parsed(
             "SELECT row AS body FROM results_failures WHERE parked = 1 AND idx > ? ORDER BY idx LIMIT ?",
-            vec![after.map_or(-1, |a| a as i64).into(), (n as i64).into()],
-        )?;
-        rows.iter()
-            .map(|r| serde_json::from_str(&r.body).map_err(json_error))
-            .collect()
+            Some(vec![after.map_or(-1, |a| a as i64).into(), (n as i64).into()]),
+        )
     }
 }
