@@ -858,7 +858,8 @@ fn the_results_are_metered_in_bulk_on_the_happy_path_and_at_once_off_it() {
         for (_, outcome) in answers.iter_mut() {
             *outcome = AttemptOutcome::Delivered;
         }
-        p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+        let writes = p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+        assert!(writes.is_empty(), "a delivered result takes no row");
         metered.extend(p.meter(before, 0));
     }
     let delivered: Vec<u64> = metered.iter().map(|m| m.delivered).collect();
@@ -877,7 +878,19 @@ fn the_results_are_metered_in_bulk_on_the_happy_path_and_at_once_off_it() {
     answers[0].1 = AttemptOutcome::Delivered;
     answers[1].1 = AttemptOutcome::Park("400".into());
     let before = p.counts;
-    p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+    let writes = p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
+    let kept: Vec<(u64, bool)> = writes
+        .iter()
+        .map(|w| match w {
+            Write::Keep(row, _) => (row.index, row.parked()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        [(1, true), (2, false)],
+        "a row each, parked or waiting"
+    );
     assert_eq!(
         p.meter(before, 1),
         Some(Metered {
