@@ -6,12 +6,15 @@
 // parked while the rest go on, and an operator's retry sends each parked one once under its
 // first id; a worker killed (SIGKILL) mid-file and restarted on its storage misses none and
 // sends none under a new id; a file that answers 404 for a while is read once it appears; a
-// file gone for good alerts once and the job's effect says so.
+// file gone for good alerts once and the job's effect says so; a batch an earlier build stored
+// (its waiting rows in the progress, `results_kept`, `results_parked`) lists the same results
+// after the deploy, is moved to one failure row per result, and finishes.
 import { describe, it, before, after } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { execFileSync } from "node:child_process";
 import { startWorker, startServer, eventually, sleep, assertEffectValid, workerdChildren } from "./helpers.mjs";
 import { startGemini, succeeded, fileOf, split, distinct, workerVars } from "./results_stub.mjs";
 
@@ -298,6 +301,81 @@ describe("a worker killed mid-file", () => {
       await w?.dispose();
       await gemini.close();
       await dest.close();
+    }
+  });
+});
+
+describe("a batch an earlier build stored", () => {
+  // An earlier build kept a result's state in two places: its waiting rows in the progress's
+  // JSON (`rows`), each result in `results_kept(idx, item)` and the parked rows in
+  // `results_parked(idx, row)`. Its storage is written back into that layout with the sqlite3
+  // command while the worker is stopped; the worker started again on it lists the same
+  // results, moves them to one failure row each, and finishes the batch.
+  it("lists the same waiting and parked results after the deploy, moves them to one failure row each, and an operator's retry finishes the batch", { timeout: 180_000 }, async (t) => {
+    try {
+      execFileSync("sqlite3", ["-version"]);
+    } catch {
+      t.skip("needs the sqlite3 command to write the tables an earlier build stored");
+      return;
+    }
+    const gemini = await startGemini();
+    const sink = await startServer(() => ({ status: 200 }));
+    const refuse = new Set(["k3", "k8"]), failing = new Set(["k5"]);
+    const dest = await startServer((req) => {
+      const rk = JSON.parse(req.body).result_key;
+      return { status: refuse.has(rk) ? 422 : failing.has(rk) ? 503 : 200 };
+    });
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gemini-once-results-layout-"));
+    const key = "batches/layout1";
+    const list = async (w, state) => (await w.admin(`/v1/operations/${encodeURIComponent(key)}/results?state=${state}`)).body.results;
+    let w;
+    try {
+      gemini.files.set("files/layout1", fileOf(12));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/layout1" }));
+      w = await startWorker(workerVars({ dest, gemini, sink }), { persist: dir });
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      const parked = await eventually(async () => { const p = await list(w, "parked"); return p.length === 2 && p; }, { what: "k3 and k8 parked" });
+      await eventually(async () => (await list(w, "waiting")).some((r) => r.result_key === "k5" && r.attempts >= 2), { what: "k5 waiting, retried" });
+      const id = (await w.mf.getDurableObjectNamespace("OPERATION_GATE")).idFromName(key).toString();
+      await w.dispose();
+      w = null;
+      const file = fs.readdirSync(dir, { recursive: true }).find((f) => String(f).endsWith(`${id}.sqlite`));
+      const sql = (q) => execFileSync("sqlite3", [path.join(dir, String(file)), q], { encoding: "utf8" }).trim();
+      const waiting = JSON.parse(sql("SELECT json_group_array(json(row)) FROM results_failures WHERE parked = 0"));
+      assert.deepEqual(waiting.map((r) => r.result_key), ["k5"]);
+      sql(`CREATE TABLE results_kept (idx INTEGER PRIMARY KEY, item TEXT NOT NULL);
+           CREATE TABLE results_parked (idx INTEGER PRIMARY KEY, row TEXT NOT NULL);
+           INSERT INTO results_kept SELECT idx, item FROM results_failures;
+           INSERT INTO results_parked SELECT idx, row FROM results_failures WHERE parked = 1;
+           UPDATE results_progress SET body = json_set(body, '$.rows', (SELECT json_group_object(idx, json(row)) FROM results_failures WHERE parked = 0));
+           DROP TABLE results_failures;`);
+      assert.match(sql("SELECT body FROM results_progress"), /"rows":\{"5":\{"result_key":"k5"/);
+
+      w = await startWorker(workerVars({ dest, gemini, sink }), { persist: dir });
+      assert.deepEqual(await list(w, "parked"), parked, "the parked rows, as listed before");
+      const still = await list(w, "waiting");
+      assert.deepEqual(still.map((r) => [r.result_key, r.index]), [["k5", 5]]);
+      assert.ok(still[0].attempts >= waiting[0].attempts, "its attempts kept");
+      const progress = (await w.inspect(key)).body.results_progress;
+      assert.deepEqual([progress.waiting, progress.counts.parked], [1, 2]);
+      const firstIds = new Map(split(dest, key).results.map((r) => [r.body.result_key, r.id]));
+      refuse.clear();
+      failing.clear();
+      const retry = await w.admin(`/v1/operations/${encodeURIComponent(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed" }) });
+      assert.equal(retry.body.retried, 2, JSON.stringify(retry.body));
+      const { jobs, results } = await eventually(() => { const s = split(dest, key); return s.jobs.length > 0 && s; }, { timeoutMs: 60_000, what: "the job effect" });
+      assert.deepEqual(jobs[0].body.results, { total: 12, delivered: 12, errors: 0, parked: 0 });
+      assert.equal(distinct(results.map((r) => r.id)), 12, "each result under one id");
+      for (const r of results) assert.equal(r.id, firstIds.get(r.body.result_key), `${r.body.result_key} under its first id`);
+      await w.dispose();
+      w = null;
+      assert.equal(sql("SELECT group_concat(name) FROM sqlite_master WHERE type = 'table' AND name IN ('results_kept', 'results_parked', 'results_failures')"), "results_failures", "moved to one table");
+      assert.doesNotMatch(sql("SELECT body FROM results_progress"), /"rows"/, "the progress stored without rows");
+    } finally {
+      await w?.dispose();
+      await Promise.all([gemini.close(), dest.close(), sink.close()]);
+      fs.rmSync(dir, { recursive: true, force: true });
     }
   });
 });

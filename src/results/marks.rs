@@ -16,7 +16,7 @@ use crate::operation::gate::log::GateLog;
 use crate::operation::gate::{results_retried, ResultsTaken, Step};
 use crate::operation::history::HistoryEntry;
 use crate::operation::{Actor, Operation};
-use crate::results::progress::{Metered, Progress, Row};
+use crate::results::progress::{Metered, Progress, Row, Write};
 use crate::telemetry::counters::{labelled, RESULT_TO_PREFIX};
 
 /// The record after a step that stores it when `changed`.
@@ -116,26 +116,27 @@ pub fn settled(mut op: Operation, counts: Value, failing_parked: u64, now: i64) 
 }
 
 /// An operator's retry of parked results: the progress takes `parked` (a page the edge read,
-/// at most its room, taken out of the parked rows in the same write), makes the waiting ones
-/// due now, and reads a parked file again; the record's part is the gate's step ([`results_retried`]: a history row, the
-/// results due now, and the answer).
+/// at most its room), makes the waiting ones due now, and reads a parked file again, the rows
+/// it moved stored with it; the record's part is the gate's step ([`results_retried`]: a
+/// history row, the results due now, and the answer).
 pub fn retried(
     op: Operation,
     progress: &mut Progress,
     parked: Vec<Row>,
     (reason, by): (String, Option<Actor>),
     now: i64,
-) -> Step {
-    let hurried = progress.hurry_waiting(now);
-    let (taken, file_reread) = progress.retry_parked(parked, now);
-    let parked_left = progress.counts.parked;
+) -> (Step, Vec<Write>) {
+    let mut writes = progress.hurry_waiting(now);
+    let hurried = writes.len() as u64;
+    let (taken_rows, file_reread) = progress.retry_parked(parked, now);
     let taken = ResultsTaken {
-        taken,
+        taken: taken_rows.len() as u64,
         file_reread,
-        parked_left,
+        parked_left: progress.counts.parked,
         hurried,
     };
-    results_retried(Some(op), taken, reason, by, now)
+    writes.extend(taken_rows);
+    (results_retried(Some(op), taken, reason, by, now), writes)
 }
 
 /// The destination's desk queued the batch: the record waits for its release, or for
@@ -212,7 +213,6 @@ mod tests {
             attempts: 3,
             last_error: "failing for 3s".into(),
             next_at_ms: None,
-            in_doubt: false,
             failing_since_ms: Some(0),
             last_attempt_ms: None,
             unanswered: false,
@@ -243,11 +243,17 @@ mod tests {
         let claim = op.claim(30, 1_000).unwrap();
         op.finish(claim.token, &AttemptOutcome::Delivered, 40, 0);
         // An operator's retry: a new spell, then delivered: resolved.
-        let s = retried(op, &mut p, vec![row(0)], ("fixed".into(), None), 50);
+        let (s, writes) = retried(op, &mut p, vec![row(0)], ("fixed".into(), None), 50);
         assert_eq!(
             (s.save, what(&s)),
             (Save::Durable, vec!["results_retried".into()])
         );
+        assert_eq!(
+            writes,
+            [Write::Update(p.rows[&0].clone())],
+            "waiting, due now"
+        );
+        assert_eq!(p.rows[&0].next_at_ms, Some(50));
         assert_eq!((p.gave_up, p.failing_alerted), (0, false));
         let op = s.record.unwrap();
         let s = settled(op, json!({"total": 1, "delivered": 1}), p.gave_up, 60);
@@ -256,8 +262,8 @@ mod tests {
         assert_eq!(queued(&op), ["results_recovered"]);
         op.alert_delivered(AlertKind::ResultsRecovered);
         // A second retry whose results fail past the threshold again: alerted again.
-        let op = retried(op, &mut p, vec![row(0)], ("again".into(), None), 70);
-        let none = retried(
+        let (op, _) = retried(op, &mut p, vec![row(0)], ("again".into(), None), 70);
+        let (none, writes) = retried(
             op.record.clone().unwrap(),
             &mut p,
             vec![],
@@ -269,6 +275,7 @@ mod tests {
             (Save::Unchanged, 0),
             "nothing taken"
         );
+        assert!(writes.is_empty());
         let op = op.record.unwrap();
         p.gave_up = 1;
         let op = gave_up(op, &mut p, 1, 3, 80).record.unwrap();

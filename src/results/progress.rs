@@ -25,14 +25,16 @@
 //! raises one alert. The job's own
 //! effect is owed once the file is read (or parked) and no result is waiting.
 //!
-//! Memory: the value holds the results waiting for a retry (at most [`MAX_WAITING`] before
-//! reading stops until they drain), never a result's body, and never a delivered or parked
-//! result. A waiting row keeps at most [`KEY_SHOWN_CHARS`] of its key and [`ERROR_KEPT_CHARS`]
-//! of its last error (the whole key is in the kept result, which is what is sent), so the
-//! stored value stays far below SQLite's 2 MB row whatever the keys' sizes. Storage, in the batch's Durable Object: this value without its
-//! rows as one row; one row per waiting or parked result (its [`Row`], and its result, at most a
-//! line's cap), by its index. Each transition's [`Write`]s are stored in one transaction with
-//! the value.
+//! Memory and storage, in the batch's Durable Object: this value as one row, bounded whatever
+//! the keys' sizes (phase, counts, claim, clocks; never a result's key), and one failure row
+//! per result not delivered (waiting or parked): its [`Row`] beside its result, at most a
+//! line's cap. Only failures take a row, never a delivered result. The waiting rows are loaded
+//! into the value ([`Progress::rows`], at most [`MAX_WAITING`] before reading stops until they
+//! drain, plus a wave) and never stored in it; a row keeps at most [`KEY_SHOWN_CHARS`] of its
+//! key and [`ERROR_KEPT_CHARS`] of its last error (the whole key is in the kept result, which is
+//! what is sent). Each transition returns its rows' [`Write`]s, stored in one transaction with
+//! the value. A value an earlier build stored with its waiting rows reads them into
+//! [`Progress::rows`]; the edge moves them to their failure rows.
 
 use std::collections::BTreeMap;
 
@@ -142,18 +144,16 @@ pub struct ChunkClaim {
     pub last: bool,
 }
 
-/// A failed or parked result, kept to be retried or shown; its result is stored beside it.
+/// A result not delivered, its failure row: waiting to be retried, or parked (listed, retried
+/// by an operator); its result is stored beside it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     pub result_key: String,
     pub index: u64,
     pub attempts: u32,
     pub last_error: String,
-    /// When it may be sent again; `None` once parked.
+    /// When it may be sent again; `None` once parked (`last_error` says why).
     pub next_at_ms: Option<i64>,
-    /// An attempt was begun and not finished: it may have reached the destination.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub in_doubt: bool,
     /// When its first failure was answered (since its last operator's retry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failing_since_ms: Option<i64>,
@@ -168,15 +168,22 @@ pub struct Row {
     pub unanswered: bool,
 }
 
-/// What the edge stores with the value, in the same transaction.
+impl Row {
+    /// Whether it is parked (else it waits for a retry).
+    pub fn parked(&self) -> bool {
+        self.next_at_ms.is_none()
+    }
+}
+
+/// A change to the failure rows, stored with the value in the same transaction.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Write {
-    /// A result not delivered: keep it to send again.
-    KeepResult(ResultItem),
-    /// A result delivered after a retry: its stored result and row go (by index).
+    /// A result not delivered at its first attempt: its row, and its result to send again.
+    Keep(Row, ResultItem),
+    /// A row's new state (failed again, parked, waiting again); its result stays.
+    Update(Row),
+    /// A result delivered after a retry: its row and its result go (by index).
     Forget(u64),
-    /// A result parked: its row moves to the parked ones (listed, retried by an operator).
-    Park(Row),
 }
 
 /// What the edge does next.
@@ -189,7 +196,7 @@ pub enum Step {
     ReadChunk { chunk: u64, from: Checkpoint },
     /// Read the claimed chunk again and send its results, then commit it.
     ResendChunk(ChunkClaim),
-    /// Send these rows' stored results again (begin each, then finish it), by index.
+    /// Send these rows' stored results again (then finish each), by index.
     RetryRows(Vec<u64>),
     /// Raise the one alert for a parked file.
     Alert(String),
@@ -229,7 +236,10 @@ pub struct Progress {
     pub chunks_done: u64,
     pub claim: Option<ChunkClaim>,
     pub counts: Counts,
-    /// The results waiting for a retry, by index (unique: a file's keys may repeat).
+    /// The results waiting for a retry, by index (unique: a file's keys may repeat): loaded
+    /// from their failure rows, never stored in the value (a value an earlier build stored
+    /// with them reads them here).
+    #[serde(default, skip_serializing)]
     pub rows: BTreeMap<u64, Row>,
     /// When the results became owed (the operation's `SUCCEEDED`).
     pub since_ms: i64,
@@ -559,15 +569,13 @@ impl Progress {
                 attempts: 0,
                 last_error: String::new(),
                 next_at_ms: None,
-                in_doubt: false,
                 failing_since_ms: None,
                 last_attempt_ms: None,
                 unanswered: false,
             };
-            if outcome.answer() != Some(&AttemptOutcome::Delivered) {
-                writes.push(Write::KeepResult(item));
+            if let Some(row) = self.settle(row, &outcome, now_ms, limits, jitter) {
+                writes.push(Write::Keep(row, item));
             }
-            writes.extend(self.settle(row, &outcome, now_ms, limits, jitter));
         }
         if reached.index < claim.to.index {
             self.claim = Some(ChunkClaim {
@@ -586,7 +594,8 @@ impl Progress {
         Some(writes)
     }
 
-    /// Records an attempt's answer for a result (a new one, or a row's).
+    /// Records an attempt's answer for a result (a new one, or a row's): the row as it then
+    /// stands (waiting or parked), `None` once delivered.
     fn settle(
         &mut self,
         mut row: Row,
@@ -594,13 +603,11 @@ impl Progress {
         now_ms: i64,
         limits: &Limits,
         jitter: f64,
-    ) -> Option<Write> {
+    ) -> Option<Row> {
         row.attempts += 1;
-        row.in_doubt = false;
         row.last_attempt_ms = Some(now_ms);
         row.unanswered = false;
-        let key = row.index;
-        let was_row = self.rows.remove(&key).is_some();
+        self.rows.remove(&row.index);
         let outcome = match outcome {
             Sending::Answered(outcome) => {
                 // The gate sent it itself: the senders' silence ends only when no result
@@ -627,17 +634,14 @@ impl Progress {
                 if over && self.senders_alert == SendersAlert::Quiet {
                     self.senders_alert = SendersAlert::Due;
                 }
-                row.last_error = clipped(why, ERROR_KEPT_CHARS);
-                row.next_at_ms = Some(now_ms + limits.retry.jittered(row.attempts, jitter));
-                self.rows.insert(key, row);
-                return None;
+                return Some(self.wait(row, why, now_ms, limits, jitter));
             }
         };
         match outcome {
             AttemptOutcome::Delivered => {
                 self.counts.delivered += 1;
                 self.unmetered += 1;
-                was_row.then_some(Write::Forget(key))
+                None
             }
             AttemptOutcome::Retry(why) => {
                 let since = *row.failing_since_ms.get_or_insert(now_ms);
@@ -649,15 +653,20 @@ impl Progress {
                     let age = crate::operation::alert::human_age(failing_ms / 1_000);
                     let why = format!("failing for {age}, {} attempts; last: {why}", row.attempts);
                     self.gave_up += 1;
-                    return self.park(row, &why);
+                    return Some(self.park(row, &why));
                 }
-                row.last_error = clipped(why, ERROR_KEPT_CHARS);
-                row.next_at_ms = Some(now_ms + limits.retry.jittered(row.attempts, jitter));
-                self.rows.insert(key, row);
-                None
+                Some(self.wait(row, why, now_ms, limits, jitter))
             }
-            AttemptOutcome::Park(why) => self.park(row, why),
+            AttemptOutcome::Park(why) => Some(self.park(row, why)),
         }
+    }
+
+    /// A row waits for its retry, after the backoff.
+    fn wait(&mut self, mut row: Row, why: &str, now_ms: i64, limits: &Limits, jitter: f64) -> Row {
+        row.last_error = clipped(why, ERROR_KEPT_CHARS);
+        row.next_at_ms = Some(now_ms + limits.retry.jittered(row.attempts, jitter));
+        self.rows.insert(row.index, row.clone());
+        row
     }
 
     /// The senders are heard from (one carried an answer back), or no result waits on them:
@@ -670,12 +679,12 @@ impl Progress {
         };
     }
 
-    /// Parks a result: counted, and its row moves to the parked ones.
-    fn park(&mut self, mut row: Row, why: &str) -> Option<Write> {
+    /// Parks a result: counted, and no longer waiting.
+    fn park(&mut self, mut row: Row, why: &str) -> Row {
         row.last_error = clipped(why, ERROR_KEPT_CHARS);
         row.next_at_ms = None;
         self.counts.parked += 1;
-        Some(Write::Park(row))
+        row
     }
 
     /// What a commit (from counts `before`, with `failed` attempts among its answers) adds to
@@ -700,19 +709,8 @@ impl Progress {
         })
     }
 
-    /// Begins a row's attempt: store this before sending its stored result. `false` when the
-    /// row is not waiting (settled meanwhile).
-    pub fn begin_row(&mut self, index: u64) -> bool {
-        match self.rows.get_mut(&index) {
-            Some(row) => {
-                row.in_doubt = true;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Finishes a row's attempt with its answer.
+    /// Finishes a waiting row's attempt with its answer: its row's new state, or its
+    /// forgetting once delivered; `None` when the row does not wait (settled meanwhile).
     pub fn finish_row(
         &mut self,
         index: u64,
@@ -721,21 +719,25 @@ impl Progress {
         limits: &Limits,
         jitter: f64,
     ) -> Option<Write> {
-        let row = self.rows.get(&index).filter(|r| r.in_doubt).cloned()?;
-        self.settle(row, &outcome.into(), now_ms, limits, jitter)
+        let row = self.rows.get(&index).cloned()?;
+        let settled = self.settle(row, &outcome.into(), now_ms, limits, jitter);
+        Some(settled.map_or(Write::Forget(index), Write::Update))
     }
 
     /// Its destination's pause holds the batch. A pause is not the destination failing, so
     /// each waiting result's failing clock starts again at its first failure after the resume
     /// (else a pause longer than `EFFECT_ALERT_AFTER_SECONDS` parks every waiting result at its
-    /// first failure after it; the senders' clock stops too). True when a clock was running,
-    /// so there is something to store.
-    pub fn held_by_pause(&mut self) -> bool {
-        let mut stopped = self.unanswered_since_ms.take().is_some();
+    /// first failure after it; the senders' clock stops too). `Some` (the rows whose clock
+    /// stopped) when a clock was running, so there is something to store.
+    pub fn held_by_pause(&mut self) -> Option<Vec<Write>> {
+        let stopped = self.unanswered_since_ms.take().is_some();
+        let mut writes = Vec::new();
         for row in self.rows.values_mut() {
-            stopped |= row.failing_since_ms.take().is_some();
+            if row.failing_since_ms.take().is_some() {
+                writes.push(Write::Update(row.clone()));
+            }
         }
-        stopped
+        (stopped || !writes.is_empty()).then_some(writes)
     }
 
     /// An operator's retry of parked results, a page at a time (the edge reads at most the room
@@ -743,8 +745,8 @@ impl Progress {
     /// transaction): each is due now, under its first `webhook-id`. A parked file is read
     /// again ([`Progress::reopen_file`]). Taking any begins a new spell of failures: none is
     /// counted as given up, so results that fail past the threshold again alert again. Returns
-    /// how many results were taken, and whether the file was.
-    pub fn retry_parked(&mut self, parked: Vec<Row>, now_ms: i64) -> (u64, bool) {
+    /// the rows taken, waiting again, and whether the file was taken.
+    pub fn retry_parked(&mut self, parked: Vec<Row>, now_ms: i64) -> (Vec<Write>, bool) {
         let n = parked.len() as u64;
         if n > 0 {
             self.gave_up = 0;
@@ -755,33 +757,36 @@ impl Progress {
                 self.senders_alert = SendersAlert::Quiet;
             }
         }
+        let mut writes = Vec::new();
         for mut row in parked {
             row.next_at_ms = Some(now_ms);
-            row.in_doubt = false;
             row.failing_since_ms = None;
-            self.rows.insert(row.index, row);
+            self.rows.insert(row.index, row.clone());
+            writes.push(Write::Update(row));
         }
         self.counts.parked = self.counts.parked.saturating_sub(n);
-        (n, self.reopen_file(now_ms))
+        (writes, self.reopen_file(now_ms))
     }
 
     /// An operator's retry also sends the results waiting for a retry now, rather than at the
     /// end of their backoff (the destination is back, say): each keeps its `webhook-id` and
-    /// its attempts. A row whose attempt is in flight is left as it is. Returns how many.
-    pub fn hurry_waiting(&mut self, now_ms: i64) -> u64 {
-        let mut hurried = 0;
-        for row in self.rows.values_mut() {
-            if !row.in_doubt && row.next_at_ms.is_some_and(|at| at > now_ms) {
-                row.next_at_ms = Some(now_ms);
-                hurried += 1;
-            }
+    /// its attempts (one in flight is due already). Returns the rows it moved.
+    pub fn hurry_waiting(&mut self, now_ms: i64) -> Vec<Write> {
+        let mut writes = Vec::new();
+        for row in self
+            .rows
+            .values_mut()
+            .filter(|r| r.next_at_ms > Some(now_ms))
+        {
+            row.next_at_ms = Some(now_ms);
+            writes.push(Write::Update(row.clone()));
         }
-        hurried
+        writes
     }
 
     /// Waiting results an operator's retry would send now ([`Progress::hurry_waiting`]).
     pub fn waiting_later(&self, now_ms: i64) -> u64 {
-        let later = |r: &&Row| !r.in_doubt && r.next_at_ms.is_some_and(|at| at > now_ms);
+        let later = |r: &&Row| r.next_at_ms > Some(now_ms);
         self.rows.values().filter(later).count() as u64
     }
 
@@ -811,6 +816,60 @@ impl Progress {
     /// Room for parked rows an operator's retry may take now.
     pub fn room(&self) -> usize {
         MAX_WAITING.saturating_sub(self.rows.len())
+    }
+}
+
+/// The stored value and its failure rows held in memory, as the edge stores them
+/// (`results_store.rs`), for the host tests that drive the machine through kills.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub struct Stored {
+    pub value: Option<String>,
+    pub failures: BTreeMap<u64, (Row, ResultItem)>,
+}
+
+#[cfg(test)]
+impl Stored {
+    /// Stores the value and its writes, as one.
+    pub fn save(&mut self, progress: &Progress, writes: Vec<Write>) {
+        self.value = Some(serde_json::to_string(progress).unwrap());
+        for write in writes {
+            match write {
+                Write::Keep(row, item) => {
+                    self.failures.insert(row.index, (row, item));
+                }
+                Write::Update(row) => {
+                    let index = row.index;
+                    self.failures.get_mut(&index).unwrap().0 = row;
+                }
+                Write::Forget(index) => {
+                    self.failures.remove(&index).unwrap();
+                }
+            }
+        }
+    }
+
+    /// The stored value with its waiting rows, as the edge loads it.
+    pub fn load(&self) -> Option<Progress> {
+        let mut progress: Progress = serde_json::from_str(self.value.as_ref()?).unwrap();
+        assert!(progress.rows.is_empty(), "the rows are never in the value");
+        let rows = self.failures.values().map(|(row, _)| row);
+        progress.rows = rows
+            .filter(|r| !r.parked())
+            .map(|r| (r.index, r.clone()))
+            .collect();
+        Some(progress)
+    }
+
+    /// Up to `n` parked rows, by index.
+    pub fn parked(&self, n: usize) -> Vec<Row> {
+        let rows = self.failures.values().map(|(row, _)| row);
+        rows.filter(|r| r.parked()).take(n).cloned().collect()
+    }
+
+    /// The kept result at `index`.
+    pub fn item(&self, index: u64) -> Option<ResultItem> {
+        self.failures.get(&index).map(|(_, item)| item.clone())
     }
 }
 

@@ -7,9 +7,9 @@
 //!
 //! Storage points of a results step, besides the record's (`World::commit` through the
 //! gate's steps, [`on_record`]): [`World::store_progress`] stands for `ResultsStore::save` (the
-//! progress and its transition's writes in one write: the claim before a chunk's sends, its
-//! commit after them, a row begun before it is sent again, its finish, a failed read, a raised
-//! alert); each send is a point too (the request reached the destination). The file is read
+//! progress and its transition's writes to the failure rows in one write: the claim before a
+//! chunk's sends, its commit after them, the rows' answers after they are sent again, a failed
+//! read, a raised alert); each send is a point too (the request reached the destination). The file is read
 //! as the edge reads it without `Range` (from byte 0, the done part discarded), at most
 //! [`CHUNK`] results a read (a download ends a chunk early at its byte cap, so a chunk may
 //! hold fewer than the desk granted).
@@ -33,7 +33,7 @@ use crate::results::item::{from_piece, ResultItem, Source, LINE_CAP};
 use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter};
 use crate::results::marks as on_record;
 use crate::results::progress::{
-    ChunkClaim, FileTrouble, Limits, Progress, Row, Sending, Step, Write, CHUNK_BYTES,
+    ChunkClaim, FileTrouble, Limits, Progress, Sending, Step, Write, CHUNK_BYTES,
 };
 use crate::results::source::file_of_details;
 use crate::results::turn::{goes_now, granted, reads_first};
@@ -84,8 +84,7 @@ fn all_results(file: &[u8]) -> Vec<ResultItem> {
 
 impl World {
     fn progress(&self) -> Option<Progress> {
-        let text = self.tables.progress.as_ref()?;
-        Some(serde_json::from_str(text).unwrap())
+        self.tables.load()
     }
 
     /// `ResultsStore::fresh`.
@@ -106,26 +105,16 @@ impl World {
             assert!(progress.chunks_done >= before.chunks_done);
             assert!(progress.counts.delivered >= before.counts.delivered);
         }
-        self.tables.progress = Some(serde_json::to_string(progress).unwrap());
-        for write in writes {
-            match write {
-                Write::KeepResult(item) => {
-                    let text = serde_json::to_string(&item).unwrap();
-                    self.tables.kept.insert(item.index, text);
-                }
-                Write::Forget(index) => {
-                    self.tables.kept.remove(&index);
-                }
-                Write::Park(row) => {
-                    let text = serde_json::to_string(&row).unwrap();
-                    self.tables.parked.insert(row.index, text);
-                }
-            }
-        }
+        self.tables.save(progress, writes);
+        let stored = self.tables.load().unwrap();
+        assert_eq!(
+            stored.rows, progress.rows,
+            "its writes store its waiting rows"
+        );
     }
 
-    /// `results_admin::retry`: a page of parked results taken out of the parked rows into
-    /// the progress, and the record's step committed, with no await between (one write).
+    /// `results_admin::retry`: a page of parked results waiting again with the progress, and
+    /// the record's step committed, with no await between (one write).
     pub(super) fn retry_results(&mut self, reason: String) -> Run<GateReply> {
         let Some(op) = self.load() else {
             return Ok(GateReply::NotFound);
@@ -133,13 +122,10 @@ impl World {
         let Some(mut progress) = self.progress() else {
             return Ok(GateReply::NotFound);
         };
-        let parked = self.tables.parked.values().take(progress.room());
-        let parked: Vec<Row> = parked.map(|t| serde_json::from_str(t).unwrap()).collect();
-        for row in &parked {
-            self.tables.parked.remove(&row.index);
-        }
-        let step = on_record::retried(op, &mut progress, parked, (reason, None), self.clock);
-        self.write_progress(&progress, Vec::new());
+        let parked = self.tables.parked(progress.room());
+        let retried = on_record::retried(op, &mut progress, parked, (reason, None), self.clock);
+        let (step, writes) = retried;
+        self.write_progress(&progress, writes);
         let (_, reply) = self.commit(step, Alarm::Sync)?;
         Ok(reply)
     }
@@ -189,8 +175,8 @@ impl World {
                 Err(paused) => {
                     // A pause's wait is no failure: the results' failing clocks stop.
                     let mut progress = self.fresh(progress);
-                    if paused && progress.held_by_pause() {
-                        self.store_progress(&progress, Vec::new())?;
+                    if let Some(writes) = progress.held_by_pause().filter(|_| paused) {
+                        self.store_progress(&progress, writes)?;
                     }
                     return self.results_wait(op, paused);
                 }
@@ -393,23 +379,16 @@ impl World {
         self.after_sends(op, turn, sent)
     }
 
-    /// `Driver::retry_rows`: each row begun (stored) before it is sent again.
+    /// `Driver::retry_rows`: the rows' kept results sent again, then their answers stored.
     fn retry_rows(
         &mut self,
         op: Operation,
-        mut progress: Progress,
+        progress: Progress,
         indexes: Vec<u64>,
         turn: Turn,
     ) -> Run<Operation> {
-        let mut items = Vec::new();
-        for index in indexes.into_iter().take(turn.n as usize) {
-            let kept = self.tables.kept.get(&index);
-            let kept = kept.map(|t| serde_json::from_str::<ResultItem>(t).unwrap());
-            if let (true, Some(item)) = (progress.begin_row(index), kept) {
-                items.push(item);
-            }
-        }
-        self.store_progress(&progress, Vec::new())?;
+        let indexes = indexes.into_iter().take(turn.n as usize);
+        let items = indexes.filter_map(|i| self.tables.item(i)).collect();
         let (answers, sent) = self.send(&op, items)?;
         let mut progress = self.fresh(progress);
         let (before, failed) = (progress.counts, failed_among(&answers));
@@ -483,12 +462,8 @@ fn batch(world: &mut World, n: usize, missing: u32) {
 /// how many were parked.
 fn final_counts(world: &World, label: &str) -> Value {
     let items = all_results(&world.file);
-    let parked: BTreeSet<u64> = world
-        .tables
-        .parked
-        .values()
-        .map(|r| serde_json::from_str::<Row>(r).unwrap().index)
-        .collect();
+    let parked = world.tables.parked(usize::MAX).into_iter();
+    let parked: BTreeSet<u64> = parked.map(|r| r.index).collect();
     let mut delivered = 0;
     for item in &items {
         let id = result_message_id(KEY, &item.result_key, item.index);

@@ -45,6 +45,7 @@ use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::gate::{step as gate_step, GateLimits, Save, Step};
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::{Claim, OpEvent, Operation, PendingAlert, ResultsMode};
+use crate::results::progress::Stored;
 use crate::retry::{Backoff, PeerAnswer};
 use crate::signature::Secret;
 
@@ -203,14 +204,6 @@ pub(super) enum Alarm {
     Deferred,
 }
 
-/// The results' tables, as stored (JSON rows).
-#[derive(Default)]
-pub(super) struct Tables {
-    pub(super) progress: Option<String>,
-    pub(super) kept: BTreeMap<u64, String>,
-    pub(super) parked: BTreeMap<u64, String>,
-}
-
 /// The world outside the gate's steps.
 pub(super) struct World {
     // Storage: survives a kill.
@@ -219,7 +212,8 @@ pub(super) struct World {
     stored_op: Option<Operation>,
     history_rows: usize,
     alarm: Option<i64>,
-    pub(super) tables: Tables,
+    /// The results' tables: the progress and its failure rows.
+    pub(super) tables: Stored,
     // The instance: lost on a kill.
     cache: Option<Option<Operation>>,
     alarm_known: Option<i64>,
@@ -271,7 +265,7 @@ impl World {
             stored_op: None,
             history_rows: 0,
             alarm: None,
-            tables: Tables::default(),
+            tables: Stored::default(),
             cache: None,
             alarm_known: None,
             desk_clear: false,

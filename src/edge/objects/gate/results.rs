@@ -4,9 +4,10 @@
 //! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] what
 //! goes on the record, committed through the gate's step); a chunk's claim is stored before any
 //! of its results is sent, and its commit (the counts and the rows of the results not
-//! delivered) after every answer, each in one storage write; a row's attempt is stored as
-//! begun before it is sent. Each result is sent signed like every effect under its one
-//! `webhook-id` ([`crate::results::body::result_message_id`]). While work remains the results'
+//! delivered) after every answer, each in one storage write; a waiting row is sent again
+//! as it is stored (a kill before its answer is stored sends it again). Each result is sent
+//! signed like every effect under its one `webhook-id`
+//! ([`crate::results::body::result_message_id`]). While work remains the results'
 //! due time stays in the past, so the alarm the run sets last fires again at once; a wait (a
 //! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
 //! moves it, and holds while the alarm runs for other work. How many results a step sends is
@@ -117,8 +118,8 @@ impl Driver<'_> {
                     // A pause's wait is no failure: the results' failing clocks stop.
                     if paused {
                         let mut progress = self.store.fresh(progress)?;
-                        if progress.held_by_pause() {
-                            self.store.save(&progress, Vec::new())?;
+                        if let Some(writes) = progress.held_by_pause() {
+                            self.store.save(&progress, writes)?;
                         }
                     }
                     return self.wait_on_destination(op, paused).await;
@@ -265,21 +266,19 @@ impl Driver<'_> {
         self.after_sends(op, turn, sent).await
     }
 
-    /// Sends the due rows again (as many as the desk let go), each begun (stored) first.
+    /// Sends the due rows again (as many as the desk let go): each waits under its id, so a
+    /// kill before their answers are stored sends them again.
     async fn retry_rows(
         &self,
         op: Operation,
-        mut progress: Progress,
+        progress: Progress,
         indexes: Vec<u64>,
         turn: Turn,
     ) -> Result<Operation> {
         let mut items = Vec::new();
         for index in indexes.into_iter().take(turn.n as usize) {
-            if let (true, Some(item)) = (progress.begin_row(index), self.store.kept(index)?) {
-                items.push(item);
-            }
+            items.extend(self.store.kept(index)?);
         }
-        self.store.save(&progress, Vec::new())?;
         let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
         let (before, failed) = (progress.counts, failed_among(&answers));

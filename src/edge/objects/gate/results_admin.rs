@@ -5,8 +5,8 @@
 //!
 //! Guarantees: a listing reads at most one page; delivered results are not stored, so
 //! `delivered` answers their count only; a retry takes at most the room left below
-//! `MAX_WAITING` (a page), out of the parked rows and into the progress in one storage write
-//! (the results waiting for a retry made due now in the same write),
+//! `MAX_WAITING` (a page) of the parked rows back to waiting, with the progress in one storage
+//! write (the results waiting for a retry made due now in the same write),
 //! each then sent by the alarm under its first `webhook-id`, and a parked results file is read
 //! again (its status answer first, when that never said where the results are); the record's
 //! part (a history row, the results due now, the alarm) is the gate's step; a dry run changes
@@ -42,6 +42,7 @@ pub(super) fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> 
     let progress = store.load()?;
     let after: Option<u64> = cursor.and_then(|c| c.parse().ok());
     let rows = match state {
+        "parked" if progress.is_none() => Vec::new(),
         "parked" => store.parked(after, PAGE)?,
         "waiting" => progress
             .iter()
@@ -106,9 +107,9 @@ pub(super) async fn retry(
             "would_retry": parked.len(), "would_reread_file": file,
             "parked": progress.counts.parked, "would_hurry": progress.waiting_later(now)})));
     }
-    store.unpark(&parked)?;
-    let step = on_record::retried(op, &mut progress, parked, (reason.to_string(), by), now);
-    store.save(&progress, Vec::new())?;
+    let (step, writes) =
+        on_record::retried(op, &mut progress, parked, (reason.to_string(), by), now);
+    store.save(&progress, writes)?;
     let (_, reply) = storage.commit(step, &limits(config), Alarm::Sync).await?;
     Ok(reply)
 }

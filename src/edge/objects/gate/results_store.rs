@@ -1,10 +1,14 @@
-//! The gate's tables of a batch's results (beside `tables.rs`'s record): the progress, the
-//! results kept to be sent again, the parked rows, and an inline batch's items.
+//! The gate's tables of a batch's results (beside `tables.rs`'s record): the progress, a
+//! failure row per result not delivered, and an inline batch's items.
 //!
 //! Tables, created by the first write of a `"results": "each"` batch:
-//! `results_progress(id = 1, body)` the [`Progress`] as JSON (its waiting rows included, at
-//! most `MAX_WAITING`); `results_kept(idx, item)` the result of each row waiting or parked;
-//! `results_parked(idx, row)` the parked rows; an inline batch's results, stored as its status
+//! `results_progress(id = 1, body)` the [`Progress`] as JSON, without its rows;
+//! `results_failures(idx, parked, row, item)` each result not delivered, waiting or parked: its
+//! [`Row`] (its state) and its result (the waiting rows are loaded with the progress, at most
+//! `MAX_WAITING` and a wave; `item` last, so that reading the rows never reads a result). An
+//! earlier build's layout (the waiting rows in the progress, `results_kept(idx, item)` and
+//! `results_parked(idx, row)`) is moved to `results_failures` by the first load, in one write,
+//! its tables dropped. An inline batch's results, stored as its status
 //! answer streams in: `results_inline_items(seq, key, hash, payload)` each item at its place
 //! in the answer (its `metadata.key`, content hash, and `response`, `error` or `unreadable`),
 //! then `results_inline_order(idx, seq, suffix)` their stable order (a row an item: the
@@ -13,9 +17,11 @@
 //!
 //! Guarantees: a progress and the writes its transition made are stored with no await in
 //! between, so the runtime commits them as one (a Durable Object's writes between two awaits
-//! are atomic); a row is written per result kept (a failure), never per delivered result.
+//! are atomic); a row is written per change of a result not delivered, never per delivered
+//! result.
 //! They go with the rest of the object's storage when retention ends (`deleteAll`).
 
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use worker::{Result, SqlStorage};
 
@@ -27,7 +33,7 @@ use crate::results::progress::{Progress, Row, Write};
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::usage_meter::Meter;
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS results_progress (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_kept (idx INTEGER PRIMARY KEY, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_parked (idx INTEGER PRIMARY KEY, row TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline (idx INTEGER PRIMARY KEY, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_items (seq INTEGER PRIMARY KEY, key TEXT, hash TEXT NOT NULL, payload TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_order (idx INTEGER PRIMARY KEY, seq INTEGER NOT NULL, suffix TEXT NOT NULL)";
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS results_progress (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_failures (idx INTEGER PRIMARY KEY, parked INTEGER NOT NULL, row TEXT NOT NULL, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline (idx INTEGER PRIMARY KEY, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_items (seq INTEGER PRIMARY KEY, key TEXT, hash TEXT NOT NULL, payload TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_order (idx INTEGER PRIMARY KEY, seq INTEGER NOT NULL, suffix TEXT NOT NULL)";
 
 /// One gate's results tables.
 pub(super) struct ResultsStore<'a> {
@@ -84,6 +90,8 @@ fn text<T: serde::Serialize>(value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(json_error)
 }
 
+type Bindings = Option<Vec<worker::SqlStorageValue>>;
+
 impl<'a> ResultsStore<'a> {
     pub(super) fn new(storage: &'a GateStorage) -> ResultsStore<'a> {
         ResultsStore {
@@ -92,30 +100,55 @@ impl<'a> ResultsStore<'a> {
         }
     }
 
-    /// Whether the tables exist (a read that cannot fail on an object that has none).
-    fn exists(&self) -> Result<bool> {
-        let rows: Vec<serde_json::Value> = self.meter.rows(
+    /// The stored progress with its waiting rows, if the results have begun (read from
+    /// `sqlite_master` first: a read that cannot fail on an object that has no tables). An
+    /// earlier build's layout is moved to the failure rows first.
+    pub(super) fn load(&self) -> Result<Option<Progress>> {
+        let tables: Vec<Text> = self.meter.rows(
             &self.sql,
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'results_progress'",
+            "SELECT name AS body FROM sqlite_master WHERE type = 'table' AND name IN ('results_progress', 'results_kept')",
             None,
         )?;
-        Ok(!rows.is_empty())
-    }
-
-    /// The stored progress, if the results have begun.
-    pub(super) fn load(&self) -> Result<Option<Progress>> {
-        if !self.exists()? {
+        if !tables.iter().any(|t| t.body == "results_progress") {
             return Ok(None);
         }
-        let rows: Vec<Text> = self.meter.rows(
+        let query = "SELECT body FROM results_progress WHERE id = 1";
+        let Some(mut progress) = self.parsed::<Progress>(query, None)?.pop() else {
+            return Ok(None);
+        };
+        if tables.iter().any(|t| t.body == "results_kept") {
+            self.move_earlier_layout(&progress)?;
+        }
+        let query = "SELECT row AS body FROM results_failures WHERE parked = 0";
+        let rows = self.parsed::<Row>(query, None)?.into_iter();
+        progress.rows = rows.map(|row| (row.index, row)).collect();
+        Ok(Some(progress))
+    }
+
+    /// The `body` of each row `query` returns, read as JSON.
+    fn parsed<T: DeserializeOwned>(&self, query: &str, bindings: Bindings) -> Result<Vec<T>> {
+        let rows: Vec<Text> = self.meter.rows(&self.sql, query, bindings)?;
+        let parse = |r: &Text| serde_json::from_str(&r.body).map_err(json_error);
+        rows.iter().map(parse).collect()
+    }
+
+    /// An earlier build's layout, moved to the failure rows with no await (one write, once):
+    /// the waiting rows the value held and the parked rows, each with its kept result.
+    fn move_earlier_layout(&self, progress: &Progress) -> Result<()> {
+        self.meter.exec(&self.sql, SCHEMA, None)?;
+        for row in progress.rows.values() {
+            self.meter.exec(
+                &self.sql,
+                "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) SELECT idx, 0, ?, item FROM results_kept WHERE idx = ?",
+                vec![text(row)?.into(), (row.index as i64).into()],
+            )?;
+        }
+        self.meter.exec(
             &self.sql,
-            "SELECT body FROM results_progress WHERE id = 1",
+            "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) SELECT p.idx, 1, p.row, k.item FROM results_parked p JOIN results_kept k ON k.idx = p.idx; DROP TABLE results_parked; DROP TABLE results_kept",
             None,
         )?;
-        match rows.first() {
-            Some(row) => Ok(Some(serde_json::from_str(&row.body).map_err(json_error)?)),
-            None => Ok(None),
-        }
+        self.save(progress, Vec::new())
     }
 
     /// The progress as stored now (else `stale`): a step reads it afresh after every await,
@@ -134,39 +167,29 @@ impl<'a> ResultsStore<'a> {
             vec![text(progress)?.into()],
         )?;
         for write in writes {
-            match write {
-                Write::KeepResult(item) => self.meter.exec(
-                    &self.sql,
-                    "INSERT OR REPLACE INTO results_kept (idx, item) VALUES (?, ?)",
-                    vec![(item.index as i64).into(), text(&item)?.into()],
-                )?,
-                Write::Forget(index) => self.meter.exec(
-                    &self.sql,
-                    "DELETE FROM results_kept WHERE idx = ?",
+            let (query, bindings) = match write {
+                Write::Keep(row, item) => (
+                    "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) VALUES (?, ?, ?, ?)",
+                    vec![(row.index as i64).into(), i64::from(row.parked()).into(), text(&row)?.into(), text(&item)?.into()],
+                ),
+                Write::Update(row) => (
+                    "UPDATE results_failures SET parked = ?, row = ? WHERE idx = ?",
+                    vec![i64::from(row.parked()).into(), text(&row)?.into(), (row.index as i64).into()],
+                ),
+                Write::Forget(index) => (
+                    "DELETE FROM results_failures WHERE idx = ?",
                     vec![(index as i64).into()],
-                )?,
-                Write::Park(row) => self.meter.exec(
-                    &self.sql,
-                    "INSERT OR REPLACE INTO results_parked (idx, row) VALUES (?, ?)",
-                    vec![(row.index as i64).into(), text(&row)?.into()],
-                )?,
+                ),
             };
+            self.meter.exec(&self.sql, query, bindings)?;
         }
         Ok(())
     }
 
     /// The kept result at `index` (a waiting or parked row's).
     pub(super) fn kept(&self, index: u64) -> Result<Option<ResultItem>> {
-        self.one("SELECT item AS body FROM results_kept WHERE idx = ?", index)
-    }
-
-    fn one<T: serde::de::DeserializeOwned>(&self, query: &str, index: u64) -> Result<Option<T>> {
-        let rows: Vec<Text> = self
-            .meter
-            .rows(&self.sql, query, vec![(index as i64).into()])?;
-        rows.first()
-            .map(|r| serde_json::from_str(&r.body).map_err(json_error))
-            .transpose()
+        let query = "SELECT item AS body FROM results_failures WHERE idx = ?";
+        Ok(self.parsed(query, Some(vec![(index as i64).into()]))?.pop())
     }
 
     /// Before an inline answer is read: what an interrupted read stored is dropped (a
@@ -218,10 +241,9 @@ impl<'a> ResultsStore<'a> {
 
     /// Up to `n` inline results from `from` on, and whether they reach the last one.
     pub(super) fn inline_chunk(&self, from: u64, n: u64) -> Result<(Vec<ResultItem>, bool)> {
-        let legacy: Vec<Text> = self.meter.rows(
-            &self.sql,
+        let mut legacy: Vec<ResultItem> = self.parsed(
             "SELECT item AS body FROM results_inline WHERE idx >= ? ORDER BY idx LIMIT ?",
-            vec![(from as i64).into(), (n as i64 + 1).into()],
+            Some(vec![(from as i64).into(), (n as i64 + 1).into()]),
         )?;
         let rows: Vec<Inline> = match legacy.is_empty() {
             true => self.meter.rows(
@@ -231,12 +253,8 @@ impl<'a> ResultsStore<'a> {
             )?,
             false => {
                 let last = legacy.len() as u64 <= n;
-                let items = legacy
-                    .iter()
-                    .take(n as usize)
-                    .map(|r| serde_json::from_str(&r.body).map_err(json_error))
-                    .collect::<Result<Vec<ResultItem>>>()?;
-                return Ok((items, last));
+                legacy.truncate(n as usize);
+                return Ok((legacy, last));
             }
         };
         let last = rows.len() as u64 <= n;
@@ -248,31 +266,11 @@ impl<'a> ResultsStore<'a> {
         Ok((items, last))
     }
 
-    /// Up to `n` parked rows after the index `after`, by index.
+    /// Up to `n` parked rows after the index `after`, by index (once the progress loaded).
     pub(super) fn parked(&self, after: Option<u64>, n: usize) -> Result<Vec<Row>> {
-        if !self.exists()? {
-            return Ok(Vec::new());
-        }
-        let rows: Vec<Text> = self.meter.rows(
-            &self.sql,
-            "SELECT row AS body FROM results_parked WHERE idx > ? ORDER BY idx LIMIT ?",
-            vec![after.map_or(-1, |a| a as i64).into(), (n as i64).into()],
-        )?;
-        rows.iter()
-            .map(|r| serde_json::from_str(&r.body).map_err(json_error))
-            .collect()
-    }
-
-    /// Takes these parked rows out of the parked ones (an operator's retry, stored with the
-    /// progress that now holds them).
-    pub(super) fn unpark(&self, rows: &[Row]) -> Result<()> {
-        for row in rows {
-            self.meter.exec(
-                &self.sql,
-                "DELETE FROM results_parked WHERE idx = ?",
-                vec![(row.index as i64).into()],
-            )?;
-        }
-        Ok(())
+        self.parsed(
+            "SELECT row AS body FROM results_failures WHERE parked = 1 AND idx > ? ORDER BY idx LIMIT ?",
+            Some(vec![after.map_or(-1, |a| a as i64).into(), (n as i64).into()]),
+        )
     }
 }
