@@ -118,14 +118,24 @@ pub fn settled(mut op: Operation, counts: Value, failing_parked: u64, now: i64) 
 /// An operator's retry of parked results: the progress takes `parked` (a page the edge read,
 /// at most its room), makes the waiting ones due now, and reads a parked file again, the rows
 /// it moved stored with it; the record's part is the gate's step ([`results_retried`]: a
-/// history row, the results due now, and the answer).
+/// history row, the results due now, and the answer). A forgotten or retired operation runs
+/// nothing again: its progress takes nothing and nothing is stored (`None`).
 pub fn retried(
     op: Operation,
     progress: &mut Progress,
     parked: Vec<Row>,
     (reason, by): (String, Option<Actor>),
     now: i64,
-) -> (Step, Vec<Write>) {
+) -> (Step, Option<Vec<Write>>) {
+    if op.results_stopped() {
+        let none = ResultsTaken {
+            taken: 0,
+            file_reread: false,
+            parked_left: progress.counts.parked,
+            hurried: 0,
+        };
+        return (results_retried(Some(op), none, reason, by, now), None);
+    }
     let mut writes = progress.hurry_waiting(now);
     let hurried = writes.len() as u64;
     let (taken_rows, file_reread) = progress.retry_parked(parked, now);
@@ -136,7 +146,10 @@ pub fn retried(
         hurried,
     };
     writes.extend(taken_rows);
-    (results_retried(Some(op), taken, reason, by, now), writes)
+    (
+        results_retried(Some(op), taken, reason, by, now),
+        Some(writes),
+    )
 }
 
 /// The destination's desk queued the batch: the record waits for its release, or for
@@ -219,6 +232,20 @@ mod tests {
         }
     }
 
+    /// A forgotten operation runs nothing again: an operator's retry of its results takes no
+    /// parked row, hurries no waiting one, stores nothing and wakes nothing.
+    #[test]
+    fn a_retry_of_a_forgotten_operations_results_takes_nothing() {
+        let mut p = Progress::begin(Source::Inline, 10);
+        p.counts.parked = 1;
+        let mut op = succeeded();
+        assert!(op.forget(15, "gone"));
+        let before = p.clone();
+        let (s, writes) = retried(op, &mut p, vec![row(0)], ("x".into(), None), 20);
+        assert_eq!((writes, &p), (None, &before));
+        assert_eq!((s.save, s.history.len()), (Save::Unchanged, 0));
+    }
+
     /// A results spell that fails past the threshold alerts; an operator's retry that
     /// delivers them resolves it; a second spell that fails alerts again, and only its
     /// delivery resolves it again.
@@ -249,7 +276,7 @@ mod tests {
             (Save::Durable, vec!["results_retried".into()])
         );
         assert_eq!(
-            writes,
+            writes.unwrap(),
             [Write::Update(p.rows[&0].clone())],
             "waiting, due now"
         );
@@ -275,7 +302,7 @@ mod tests {
             (Save::Unchanged, 0),
             "nothing taken"
         );
-        assert!(writes.is_empty());
+        assert_eq!(writes, Some(vec![]));
         let op = op.record.unwrap();
         p.gave_up = 1;
         let op = gave_up(op, &mut p, 1, 3, 80).record.unwrap();

@@ -125,7 +125,9 @@ impl World {
         let parked = self.tables.parked(progress.room());
         let retried = on_record::retried(op, &mut progress, parked, (reason, None), self.clock);
         let (step, writes) = retried;
-        self.write_progress(&progress, writes);
+        if let Some(writes) = writes {
+            self.write_progress(&progress, writes);
+        }
         let (_, reply) = self.commit(step, Alarm::Sync)?;
         Ok(reply)
     }

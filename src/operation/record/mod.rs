@@ -414,7 +414,7 @@ impl Operation {
     }
 
     /// Forgotten or retired: the results run no more, whatever due time is stored.
-    fn results_stopped(&self) -> bool {
+    pub fn results_stopped(&self) -> bool {
         self.notes.forgotten.is_some() || self.retired_at_ms.is_some()
     }
 

@@ -109,7 +109,9 @@ pub(super) async fn retry(
     }
     let (step, writes) =
         on_record::retried(op, &mut progress, parked, (reason.to_string(), by), now);
-    store.save(&progress, writes)?;
+    if let Some(writes) = writes {
+        store.save(&progress, writes)?;
+    }
     let (_, reply) = storage.commit(step, &limits(config), Alarm::Sync).await?;
     Ok(reply)
 }
