@@ -35,6 +35,7 @@ use crate::operation::observation::{Observation, StatusError};
 use crate::operation::{
     AttemptOutcome, Claim, DeskMark, Finished, OpEvent, Operation, PendingAlert,
 };
+use crate::retry::{Heard, Run};
 use crate::telemetry::counters::{
     acceptance_bucket, labelled, Counter, StatEvent, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM,
     ALERTS_BY_KIND_PREFIX, EFFECT_RETRY_AFTER, EFFECT_TO_PREFIX,
@@ -559,18 +560,17 @@ pub fn attempt_finished(
     limits: &GateLimits,
     jitter: f64,
 ) -> Step<AlarmDone> {
-    // A destination that said when to come back is not asked sooner, within
-    // EFFECT_RETRY_MAX_SECONDS.
-    let backoff =
-        limits
-            .retry
-            .next_wait_ms(op.effect().failures_in_row(), attempt.asked_wait_ms, jitter);
-    let finished = op.finish_attempt(
-        &attempt.claim,
-        &attempt.outcome,
-        attempt.finished_ms,
-        backoff,
-    );
+    // The decision every result takes too; a job's effect is never given up (invariant 3):
+    // nothing waits behind it, and its `effect_failing` comes from the pass.
+    let run = Run {
+        attempts: op.effect().failures_in_row(),
+        failing_since_ms: None,
+    };
+    let heard = Heard::Answer(&attempt.outcome, attempt.asked_wait_ms);
+    let next = limits
+        .retry
+        .decide(heard, run, None, attempt.finished_ms, jitter);
+    let finished = op.finish_attempt(&attempt.claim, &next, attempt.finished_ms);
     let stat = match &finished {
         Finished::Done | Finished::LateDone => Some(Counter::EffectSuccesses),
         Finished::RetryAt(_) => Some(Counter::EffectFailures),
