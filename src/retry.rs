@@ -2,10 +2,8 @@
 //! one answer type ([`PeerAnswer`]) and classification ([`Class`]) of every call to a peer (a
 //! destination, Gemini's status API and webhook listing, an alert sink, the key-set endpoint).
 //! When: the one backoff formula ([`Backoff`]) that effects, alerts, confirmations, ledger
-//! writes, a failed alarm and a desk's probes all take. What next: the one decision ([`Backoff::decide`])
-//! of what an attempt's answer means for the item it sent, the job's effect or one result
-//! alike: delivered, sent again at a time (its backoff, or the `Retry-After` when longer),
-//! parked on a refusal, or given up once its failing clock passes its threshold.
+//! writes, a failed alarm and a desk's probes all take. What next: the one decision of what an
+//! attempt's answer means for the item it sent, the job's effect or a result ([`Next`]).
 //!
 //! Guarantees: a 2xx is a success; a timeout, a network error, 408, 409, 429 and any 5xx are
 //! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer,
@@ -169,7 +167,7 @@ pub struct Run {
     pub failing_since_ms: Option<i64>,
 }
 
-/// What happens next to the item an attempt sent.
+/// What happens next to the item an attempt sent: accepted, sent again, or parked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Next {
     Delivered,
@@ -203,31 +201,23 @@ impl Backoff {
         now_ms: i64,
         jitter: f64,
     ) -> Next {
-        let wait = self.jittered(run.attempts, jitter);
-        let (outcome, asked) = match heard {
-            Heard::Answer(outcome, asked) => (outcome, asked),
-            Heard::Nothing(why) => {
-                let (failing_since_ms, why) = (run.failing_since_ms, why.to_string());
-                let at_ms = now_ms + wait;
-                return Next::RetryAt {
-                    at_ms,
-                    failing_since_ms,
-                    why,
-                };
+        let (why, since, asked) = match heard {
+            Heard::Nothing(why) => (why, run.failing_since_ms, None),
+            Heard::Answer(AttemptOutcome::Delivered, _) => return Next::Delivered,
+            Heard::Answer(AttemptOutcome::Park(why), _) => return Next::Park(why.clone()),
+            Heard::Answer(AttemptOutcome::Retry(why), asked) => {
+                let since = run.failing_since_ms.unwrap_or(now_ms);
+                let failing_ms = now_ms - since;
+                if give_up_after_ms.is_some_and(|after| failing_ms >= after && run.attempts > 1) {
+                    let why = why.clone();
+                    return Next::GaveUp { failing_ms, why };
+                }
+                (why.as_str(), Some(since), asked)
             }
         };
-        let why = match outcome {
-            AttemptOutcome::Delivered => return Next::Delivered,
-            AttemptOutcome::Park(why) => return Next::Park(why.clone()),
-            AttemptOutcome::Retry(why) => why.clone(),
-        };
-        let since = run.failing_since_ms.unwrap_or(now_ms);
-        let failing_ms = now_ms - since;
-        if give_up_after_ms.is_some_and(|after| failing_ms >= after && run.attempts > 1) {
-            return Next::GaveUp { failing_ms, why };
-        }
+        let wait = self.jittered(run.attempts, jitter);
         let wait = asked.map_or(wait, |asked| wait.max(asked.min(self.max_ms)));
-        let (at_ms, failing_since_ms) = (now_ms + wait, Some(since));
+        let (at_ms, failing_since_ms, why) = (now_ms + wait, since, why.to_string());
         Next::RetryAt {
             at_ms,
             failing_since_ms,

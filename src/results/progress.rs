@@ -321,10 +321,7 @@ pub enum Sending {
     /// senders answer.
     Carried(AttemptOutcome),
     /// The result sender that carried it answered nothing usable (its call failed or passed
-    /// its bound, `results::fanout`), saying why: the result may have reached the destination
-    /// (a sender may have sent before failing), so it is sent again under its same
-    /// `webhook-id`, but the destination was not judged: it is not counted as failed, and it
-    /// neither starts the result's failing clock nor parks it.
+    /// its bound, `results::fanout`), saying why: [`Heard::Nothing`], not counted as failed.
     Unanswered(String),
 }
 
@@ -624,7 +621,6 @@ impl Progress {
             }
             Next::Park(why) => self.park(row, &why),
             Next::GaveUp { failing_ms, why } => {
-                row.failing_since_ms = Some(now_ms - failing_ms);
                 let age = crate::operation::alert::human_age(failing_ms / 1_000);
                 let why = format!("failing for {age}, {} attempts; last: {why}", row.attempts);
                 self.gave_up += 1;
@@ -641,20 +637,8 @@ impl Progress {
         now_ms: i64,
         limits: &Limits,
     ) -> Heard<'a> {
-        match outcome {
-            Sending::Answered(outcome) => {
-                // The gate sent it itself: the senders' silence ends only when no result
-                // waits on it any more (else an old spell's clock, left running, would date a
-                // later silence from it).
-                if !self.rows.values().any(|r| r.unanswered) {
-                    self.senders_heard();
-                }
-                Heard::Answer(outcome, None)
-            }
-            Sending::Carried(outcome) => {
-                self.senders_heard();
-                Heard::Answer(outcome, None)
-            }
+        let answer = match outcome {
+            Sending::Answered(answer) | Sending::Carried(answer) => answer,
             Sending::Unanswered(why) => {
                 // Not the destination's failure ([`Heard::Nothing`]). The senders' clock
                 // runs; past the threshold (after one retry at least, as a failing result),
@@ -666,9 +650,17 @@ impl Progress {
                 if over && self.senders_alert == SendersAlert::Quiet {
                     self.senders_alert = SendersAlert::Due;
                 }
-                Heard::Nothing(why)
+                return Heard::Nothing(why);
             }
+        };
+        // A sender carried it back: the senders answer. The gate sent it itself: their silence
+        // ends only when no result waits on them any more (else an old spell's clock, left
+        // running, would date a later silence from it).
+        let carried = matches!(outcome, Sending::Carried(_));
+        if carried || !self.rows.values().any(|r| r.unanswered) {
+            self.senders_heard();
         }
+        Heard::Answer(answer, None)
     }
 
     /// The senders are heard from (one carried an answer back), or no result waits on them:
