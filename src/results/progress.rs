@@ -619,6 +619,8 @@ impl Progress {
                 self.rows.insert(key, row);
                 None
             }
+            // No alert of its own, unlike the job's refusal: the job's effect counts it for its
+            // receiver (`results.parked`); the batch's one alert is for results given up.
             Next::Park(why) => self.park(row, &why),
             Next::GaveUp { failing_ms, why } => {
                 let age = crate::operation::alert::human_age(failing_ms / 1_000);

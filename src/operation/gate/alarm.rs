@@ -560,8 +560,11 @@ pub fn attempt_finished(
     limits: &GateLimits,
     jitter: f64,
 ) -> Step<AlarmDone> {
-    // The decision every result takes too; a job's effect is never given up (invariant 3):
-    // nothing waits behind it, and its `effect_failing` comes from the pass.
+    // The decision every result takes too, but a job's effect is never given up (invariant
+    // 3): nothing waits behind it, and its `effect_failing` comes from the pass, which dates
+    // it from settlement (the ledger has no failure time), so it keeps no failing clock. Its
+    // attempts count from their claims, so a lapsed claim backs off too (a result's count at
+    // its answer: a chunk cut short is sent again at once under its ids).
     let run = Run {
         attempts: op.effect().failures_in_row(),
         failing_since_ms: None,
