@@ -288,8 +288,8 @@ impl Operation {
         true
     }
 
-    /// Records what the attempt under `token` decided ([`crate::retry::Backoff::decide`]): done, a
-    /// retry at its time, or parked (a job's effect is never given up: it has no threshold).
+    /// Records what the attempt under `token` decided ([`crate::retry::Backoff::decide`]):
+    /// done, a retry at its time, or parked (a job's effect has no threshold to give up at).
     pub fn finish(&mut self, token: u64, next: &Next, now_ms: i64) -> Finished {
         match self.effect.claim {
             Some(c) if c.token == token => {}
