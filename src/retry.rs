@@ -2,7 +2,8 @@
 //! one answer type ([`PeerAnswer`]) and classification ([`Class`]) of every call to a peer (a
 //! destination, Gemini's status API and webhook listing, an alert sink, the key-set endpoint).
 //! When: the one backoff formula ([`Backoff`]) that effects, alerts, confirmations, ledger
-//! writes, a failed alarm and a desk's probes all take, and how a `Retry-After` moves it.
+//! writes, a failed alarm and a desk's probes all take. What next: the one decision of what an
+//! attempt's answer means for the item it sent, the job's effect or a result ([`Next`]).
 //!
 //! Guarantees: a 2xx is a success; a timeout, a network error, 408, 409, 429 and any 5xx are
 //! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer,
@@ -129,18 +130,112 @@ impl Backoff {
         (self.after(failures) as f64 * (0.75 + 0.25 * jitter.clamp(0.0, 1.0))) as i64
     }
 
-    /// When the next attempt is due: the jittered backoff, or the wait the peer asked for when
-    /// longer, within the cap (a `Retry-After` of a day holds nothing past `max_ms`).
-    pub fn next_wait_ms(self, failures: u32, asked_wait_ms: Option<i64>, jitter: f64) -> i64 {
-        let backoff = self.jittered(failures, jitter);
-        asked_wait_ms.map_or(backoff, |asked| backoff.max(asked.min(self.max_ms)))
-    }
-
     /// The step after `wait_ms` (one this backoff gave, or 0), for a caller that keeps its
     /// last wait rather than its count of failures.
     pub fn following(self, wait_ms: i64) -> i64 {
         let steps = (1..32).find(|&n| self.after(n) >= wait_ms).unwrap_or(32);
         self.after(steps + 1)
+    }
+}
+
+/// How one attempt ended, as its sender saw it: the class of the destination's answer
+/// ([`Class`]), with the answer in a few words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Delivered,
+    Retry(String),
+    Park(String),
+}
+
+/// What the sender of an attempt heard back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard<'a> {
+    /// The destination's answer, and the wait it asked for ([`PeerAnswer::asked_wait_ms`]).
+    Answer(&'a AttemptOutcome, Option<i64>),
+    /// Nothing, and why (a result sender's call failed): the item may have reached the
+    /// destination, which was not judged, so it is never parked for it and its failing clock
+    /// stays as it was (a running one runs on, none starts).
+    Nothing(&'a str),
+}
+
+/// An item's run of failures (the job's effect, or one result), as its record keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Run {
+    /// Attempts in the run, the one just answered included: the backoff's step.
+    pub attempts: u32,
+    /// When the run's first failure was answered: `None` before it, or where none is kept.
+    pub failing_since_ms: Option<i64>,
+}
+
+/// What happens next to the item an attempt sent: accepted, sent again, or parked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    Delivered,
+    /// Sent again no sooner than `at_ms` (`why`: what answered), with the run's clock.
+    RetryAt {
+        at_ms: i64,
+        failing_since_ms: Option<i64>,
+        why: String,
+    },
+    /// Refused for good: parked, with the answer.
+    Park(String),
+    /// Failing `failing_ms`, past its threshold: parked, and an alert is owed.
+    GaveUp {
+        failing_ms: i64,
+        why: String,
+    },
+}
+
+impl Backoff {
+    /// The one decision, for the job's effect and each result: what the answer `heard` at
+    /// `now_ms` to an attempt of an item (its `run`) means next. A retry waits the jittered
+    /// backoff, or the wait the destination asked for when longer, within the cap (a
+    /// `Retry-After` of a day holds nothing past `max_ms`). A run failing `give_up_after_ms`
+    /// (after one retry at least) is given up at its next failure; `None`: retried until done
+    /// or refused.
+    pub fn decide(
+        self,
+        heard: Heard,
+        run: Run,
+        give_up_after_ms: Option<i64>,
+        now_ms: i64,
+        jitter: f64,
+    ) -> Next {
+        let (why, since, asked) = match heard {
+            Heard::Nothing(why) => (why, run.failing_since_ms, None),
+            Heard::Answer(AttemptOutcome::Delivered, _) => return Next::Delivered,
+            Heard::Answer(AttemptOutcome::Park(why), _) => return Next::Park(why.clone()),
+            Heard::Answer(AttemptOutcome::Retry(why), asked) => {
+                let since = run.failing_since_ms.unwrap_or(now_ms);
+                let failing_ms = now_ms - since;
+                if give_up_after_ms.is_some_and(|after| failing_ms >= after && run.attempts > 1) {
+                    let why = why.clone();
+                    return Next::GaveUp { failing_ms, why };
+                }
+                (why.as_str(), Some(since), asked)
+            }
+        };
+        let wait = self.jittered(run.attempts, jitter);
+        let wait = asked.map_or(wait, |asked| wait.max(asked.min(self.max_ms)));
+        let (at_ms, failing_since_ms, why) = (now_ms + wait, since, why.to_string());
+        Next::RetryAt {
+            at_ms,
+            failing_since_ms,
+            why,
+        }
+    }
+}
+
+#[cfg(test)]
+impl Next {
+    /// A retry at `at_ms` after `why`, with no clock kept (a job's effect).
+    pub fn retry(why: String, at_ms: i64) -> Next {
+        let failing_since_ms = None;
+        Next::RetryAt {
+            at_ms,
+            failing_since_ms,
+            why,
+        }
     }
 }
 
@@ -241,10 +336,25 @@ mod tests {
         assert_eq!(probe.following(15_000), 15_000);
     }
 
+    const B: Backoff = Backoff::new(1_000, 60_000);
+    /// The job's effect: never given up.
+    const JOB: Option<i64> = None;
+    /// A result's: given up after failing 10 s.
+    const RESULT: Option<i64> = Some(10_000);
+
+    fn retry_at(at_ms: i64, since: Option<i64>, why: &str) -> Next {
+        let why = why.to_string();
+        Next::RetryAt {
+            at_ms,
+            failing_since_ms: since,
+            why,
+        }
+    }
+
     #[test]
     fn a_peers_asked_wait_moves_the_next_attempt_within_the_cap() {
-        let b = Backoff::new(1_000, 60_000);
-        // failures, asked wait, the next attempt's wait (no jitter).
+        let busy = AttemptOutcome::Retry("503".into());
+        // attempts, asked wait, the next attempt's wait (no jitter).
         let table = [
             (1, None, 1_000),
             (3, None, 4_000),
@@ -253,12 +363,13 @@ mod tests {
             (3, Some(86_400_000), 60_000),
             (20, Some(0), 60_000),
         ];
-        for (failures, asked, wait) in table {
-            assert_eq!(
-                b.next_wait_ms(failures, asked, 1.0),
-                wait,
-                "{failures} {asked:?}"
-            );
+        for (attempts, asked, wait) in table {
+            let run = Run {
+                attempts,
+                failing_since_ms: None,
+            };
+            let next = B.decide(Heard::Answer(&busy, asked), run, JOB, 0, 1.0);
+            assert_eq!(next, retry_at(wait, Some(0), "503"), "{attempts} {asked:?}");
         }
     }
 
@@ -269,7 +380,6 @@ mod tests {
             body: String::new(),
             retry_after: retry_after.map(str::to_string),
         };
-        let b = Backoff::new(1_000, 60_000);
         // answer, whether it is retried, the wait before the next attempt after 2 failures.
         let table: [(PeerAnswer, Class, Option<i64>); 6] = [
             (http(204, None), Class::Success, None),
@@ -279,11 +389,144 @@ mod tests {
             (http(503, Some("7200")), Class::Retry, Some(60_000)),
             (PeerAnswer::Timeout, Class::Retry, Some(2_000)),
         ];
+        let run = Run {
+            attempts: 2,
+            failing_since_ms: None,
+        };
         for (answer, class, wait) in table {
             assert_eq!(answer.class(), class, "{answer:?}");
-            let next =
-                (class == Class::Retry).then(|| b.next_wait_ms(2, answer.asked_wait_ms(0), 1.0));
+            let outcome = match class {
+                Class::Success => AttemptOutcome::Delivered,
+                Class::Retry => AttemptOutcome::Retry("x".into()),
+                Class::Refused => AttemptOutcome::Park("x".into()),
+            };
+            let heard = Heard::Answer(&outcome, answer.asked_wait_ms(0));
+            let next = match B.decide(heard, run, JOB, 0, 1.0) {
+                Next::RetryAt { at_ms, .. } => Some(at_ms),
+                _ => None,
+            };
             assert_eq!(next, wait, "{answer:?}");
         }
+    }
+
+    /// One row per branch of [`Backoff::decide`], for the job's effect (no threshold) and a result (10 s).
+    #[test]
+    fn what_an_answer_means_next_for_the_job_and_a_result_alike() {
+        let ok = AttemptOutcome::Delivered;
+        let busy = AttemptOutcome::Retry("503".into());
+        let no = AttemptOutcome::Park("400".into());
+        let run = |attempts, failing_since_ms| Run {
+            attempts,
+            failing_since_ms,
+        };
+        let given_up = |failing_ms| Next::GaveUp {
+            failing_ms,
+            why: "503".into(),
+        };
+        // case, what was heard at 100_000, the run, the patience, what comes next.
+        let table: Vec<(&str, Heard, Run, Option<i64>, Next)> = vec![
+            (
+                "a 2xx",
+                Heard::Answer(&ok, None),
+                run(3, Some(0)),
+                RESULT,
+                Next::Delivered,
+            ),
+            (
+                "a refusal parks at once",
+                Heard::Answer(&no, None),
+                run(1, None),
+                RESULT,
+                Next::Park("400".into()),
+            ),
+            (
+                "a refusal past the threshold is still a refusal",
+                Heard::Answer(&no, None),
+                run(9, Some(0)),
+                RESULT,
+                Next::Park("400".into()),
+            ),
+            (
+                "a first failure starts the clock",
+                Heard::Answer(&busy, None),
+                run(1, None),
+                RESULT,
+                retry_at(101_000, Some(100_000), "503"),
+            ),
+            (
+                "the clock runs on, the backoff doubles",
+                Heard::Answer(&busy, None),
+                run(3, Some(95_000)),
+                RESULT,
+                retry_at(104_000, Some(95_000), "503"),
+            ),
+            (
+                "a Retry-After longer than the backoff",
+                Heard::Answer(&busy, Some(20_000)),
+                run(1, None),
+                RESULT,
+                retry_at(120_000, Some(100_000), "503"),
+            ),
+            (
+                "failing past the threshold gives up",
+                Heard::Answer(&busy, None),
+                run(2, Some(90_000)),
+                RESULT,
+                given_up(10_000),
+            ),
+            (
+                "past the threshold, one retry first",
+                Heard::Answer(&busy, None),
+                run(1, Some(0)),
+                RESULT,
+                retry_at(101_000, Some(0), "503"),
+            ),
+            (
+                "the job's effect is never given up",
+                Heard::Answer(&busy, None),
+                run(9, Some(0)),
+                JOB,
+                retry_at(160_000, Some(0), "503"),
+            ),
+            (
+                "a threshold of 0 gives up at the first retry's failure",
+                Heard::Answer(&busy, None),
+                run(2, None),
+                Some(0),
+                given_up(0),
+            ),
+            (
+                "no answer keeps no clock it did not have",
+                Heard::Nothing("sender failed"),
+                run(2, None),
+                RESULT,
+                retry_at(102_000, None, "sender failed"),
+            ),
+            (
+                "no answer is never given up",
+                Heard::Nothing("sender failed"),
+                run(9, Some(0)),
+                RESULT,
+                retry_at(160_000, Some(0), "sender failed"),
+            ),
+        ];
+        for (case, heard, run, give_up, next) in table {
+            assert_eq!(B.decide(heard, run, give_up, 100_000, 1.0), next, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_retry_is_jittered_down_by_a_quarter_at_most() {
+        let busy = AttemptOutcome::Retry("503".into());
+        let heard = Heard::Answer(&busy, None);
+        let at = |jitter| match B.decide(heard, Run::default(), JOB, 0, jitter) {
+            Next::RetryAt { at_ms, .. } => at_ms,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((at(0.0), at(1.0)), (750, 1_000));
+        // An asked wait is not shortened.
+        let asked = Heard::Answer(&busy, Some(5_000));
+        let next = B.decide(asked, Run::default(), JOB, 0, 0.0);
+        assert_eq!(next, retry_at(5_000, Some(0), "503"));
     }
 }

@@ -25,6 +25,7 @@ use gemini_once::operation::observation::{StatusError, DEFAULT_RETRY_AFTER_SECS}
 use gemini_once::operation::{AttemptOutcome, Finished, OpEvent, Operation};
 use gemini_once::operator::access::Scope;
 use gemini_once::reconciliation::status;
+use gemini_once::retry::Next;
 use gemini_once::signature::{self, Secret, SignatureError, SignedHeaders};
 
 /// `PROPERTIES_SCALE=10 cargo test --test properties` runs ten times as many cases.
@@ -374,7 +375,12 @@ proptest! {
                         TokenPick::Arbitrary(t) => *t,
                     };
                     let current = matches!(before.effect().claim(), Some(c) if c.token == token);
-                    let result = op.finish(token, outcome, *now, *backoff);
+                    let next = match outcome {
+                        AttemptOutcome::Delivered => Next::Delivered,
+                        AttemptOutcome::Retry(why) => Next::RetryAt { at_ms: now + backoff, failing_since_ms: None, why: why.clone() },
+                        AttemptOutcome::Park(why) => Next::Park(why.clone()),
+                    };
+                    let result = op.finish(token, &next, *now);
                     if !current {
                         prop_assert_eq!(result, Finished::Fenced);
                         prop_assert_eq!(&op, &before, "a fenced finish changed the record");

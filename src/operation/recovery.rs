@@ -175,7 +175,8 @@ mod tests {
     use super::*;
     use crate::operation::alert::AlertKind;
     use crate::operation::lifecycle::{Source, Status};
-    use crate::operation::{AttemptOutcome, OpEvent};
+    use crate::operation::OpEvent;
+    use crate::retry::Next;
     use serde_json::{json, Map};
 
     /// A record as an older version could store it: the nudge's metadata nested `levels`
@@ -244,7 +245,7 @@ mod tests {
         };
         op.apply(&event, 2_000);
         let c = op.claim(2_000, 600_000).unwrap();
-        op.finish(c.token, &AttemptOutcome::Retry("503".into()), 3_000, 1_000);
+        op.finish(c.token, &Next::retry("503".into(), 3_000 + 1_000), 3_000);
         let mut v = serde_json::to_value(&op).unwrap();
         v["effect"]["attempts"] = json!("three"); // a field that no longer reads as its type
         v["pending_stats"] = json!({"not": "a list"});

@@ -186,7 +186,7 @@ mod tests {
     use super::*;
     use crate::operation::gate::Save;
     use crate::operation::lifecycle::{Source as EventSource, Status};
-    use crate::operation::{AttemptOutcome, OpEvent, ResultsMode};
+    use crate::operation::{OpEvent, ResultsMode};
     use crate::results::item::Source;
     use crate::results::progress::Step as Next;
 
@@ -268,7 +268,7 @@ mod tests {
         assert_eq!(queued(&op), ["results_failing"]);
         op.alert_delivered(AlertKind::ResultsFailing);
         let claim = op.claim(30, 1_000).unwrap();
-        op.finish(claim.token, &AttemptOutcome::Delivered, 40, 0);
+        op.finish(claim.token, &crate::retry::Next::Delivered, 40);
         // An operator's retry: a new spell, then delivered: resolved.
         let (s, writes) = retried(op, &mut p, vec![row(0)], ("fixed".into(), None), 50);
         assert_eq!(

@@ -9,13 +9,12 @@
 //! between resends the chunk's results under their same ids (they may have reached the
 //! destination); a kill after the commit sends none of them again, but those kept as rows.
 //! Only failed and parked results take a row; delivered ones are counted, never stored, so
-//! state does not grow with the file. A failed result is retried with the job's backoff
-//! ([`crate::retry::Backoff`]); a refusal parks it, and so does failing past
-//! [`Limits::alert_after_ms`] (`EFFECT_ALERT_AFTER_SECONDS`), with one alert for the batch
-//! naming how many ([`Step::AlertFailing`]): the job's effect then goes, as after any park. A
-//! result whose sender answered nothing ([`Sending::Unanswered`]) is kept and sent again with
-//! the same backoff under its id, but it is no failure of the destination: it is never parked
-//! for it and starts no failing clock. It starts the senders' clock instead: result senders
+//! state does not grow with the file. An answer means for a result what it means for the
+//! job's effect ([`crate::retry::Backoff::decide`]), but a result failing past
+//! [`Limits::alert_after_ms`] (`EFFECT_ALERT_AFTER_SECONDS`) is given up: parked, with one
+//! alert for the batch naming how many ([`Step::AlertFailing`]), so the job's effect goes. A
+//! result whose sender answered nothing ([`Sending::Unanswered`]) starts no failing clock but
+//! the senders' clock: result senders
 //! that answer nothing past [`Limits::alert_after_ms`] raise one alert for the batch naming how
 //! many results wait ([`Step::AlertSenders`]), resolved once a sender answers again, or once
 //! no result waits on one ([`Step::SendersBack`]); the results keep being sent meanwhile. A
@@ -44,7 +43,7 @@ use serde_json::{json, Value};
 use crate::operation::AttemptOutcome;
 use crate::results::item::{ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::retry::Backoff;
+use crate::retry::{Backoff, Heard, Next, Run};
 
 /// How long a results file that answers 404 after `SUCCEEDED` is asked for again: Gemini can
 /// report `SUCCEEDED` shortly before the file can be downloaded; half an hour is far past the
@@ -265,6 +264,9 @@ pub struct Progress {
     /// Results whose sender answered nothing, not yet counted for `/metrics`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unanswered: u64,
+    /// Attempts the destination failed (retried, or given up), not yet counted for `/metrics`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed: u64,
     /// When the result senders began answering nothing: the first result a sender left
     /// unanswered since a sender last answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -329,37 +331,21 @@ pub enum Sending {
     /// senders answer.
     Carried(AttemptOutcome),
     /// The result sender that carried it answered nothing usable (its call failed or passed
-    /// its bound, `results::fanout`), saying why: the result may have reached the destination
-    /// (a sender may have sent before failing), so it is sent again under its same
-    /// `webhook-id`, but the destination was not judged: it is not counted as failed, and it
-    /// neither starts the result's failing clock nor parks it.
+    /// its bound, `results::fanout`), saying why: [`Heard::Nothing`], not counted as failed.
     Unanswered(String),
 }
 
+#[cfg(test)]
 impl From<AttemptOutcome> for Sending {
     fn from(outcome: AttemptOutcome) -> Sending {
         Sending::Answered(outcome)
     }
 }
 
+#[cfg(test)]
 impl From<&AttemptOutcome> for Sending {
     fn from(outcome: &AttemptOutcome) -> Sending {
         Sending::Answered(outcome.clone())
-    }
-}
-
-impl Sending {
-    /// A failure of the destination, to retry: what `/metrics` counts as failed.
-    pub fn failed(&self) -> bool {
-        matches!(self.answer(), Some(AttemptOutcome::Retry(_)))
-    }
-
-    /// The destination's answer, when one came back.
-    fn answer(&self) -> Option<&AttemptOutcome> {
-        match self {
-            Sending::Answered(outcome) | Sending::Carried(outcome) => Some(outcome),
-            Sending::Unanswered(_) => None,
-        }
     }
 }
 
@@ -390,6 +376,7 @@ impl Progress {
             unmetered: 0,
             unlocated: false,
             unanswered: 0,
+            failed: 0,
             unanswered_since_ms: None,
             senders_alert: SendersAlert::Quiet,
         }
@@ -608,25 +595,59 @@ impl Progress {
         row.last_attempt_ms = Some(now_ms);
         row.unanswered = false;
         self.rows.remove(&row.index);
-        let outcome = match outcome {
-            Sending::Answered(outcome) => {
-                // The gate sent it itself: the senders' silence ends only when no result
-                // waits on it any more (else an old spell's clock, left running, would date a
-                // later silence from it).
-                if !self.rows.values().any(|r| r.unanswered) {
-                    self.senders_heard();
-                }
-                outcome
+        let heard = self.hear(&mut row, outcome, now_ms, limits);
+        self.failed += u64::from(matches!(heard, Heard::Answer(AttemptOutcome::Retry(_), _)));
+        let run = Run {
+            attempts: row.attempts,
+            failing_since_ms: row.failing_since_ms,
+        };
+        // A result is given up past the threshold (parked, and the batch alerts once): the
+        // job's effect waits behind it. Its `Retry-After` holds the whole batch instead
+        // (`after_sends`), since only a batch's step sends a row again.
+        let give_up = Some(limits.alert_after_ms);
+        match limits.retry.decide(heard, run, give_up, now_ms, jitter) {
+            Next::Delivered => {
+                self.counts.delivered += 1;
+                self.unmetered += 1;
+                None
             }
-            Sending::Carried(outcome) => {
-                self.senders_heard();
-                outcome
+            Next::RetryAt {
+                at_ms,
+                failing_since_ms,
+                why,
+            } => {
+                row.failing_since_ms = failing_since_ms;
+                row.last_error = clipped(&why, ERROR_KEPT_CHARS);
+                row.next_at_ms = Some(at_ms);
+                self.rows.insert(row.index, row.clone());
+                Some(row)
             }
+            // No alert of its own, unlike the job's refusal: the job's effect counts it for its
+            // receiver (`results.parked`); the batch's one alert is for results given up.
+            Next::Park(why) => Some(self.park(row, &why)),
+            Next::GaveUp { failing_ms, why } => {
+                let age = crate::operation::alert::human_age(failing_ms / 1_000);
+                let why = format!("failing for {age}, {} attempts; last: {why}", row.attempts);
+                self.gave_up += 1;
+                Some(self.park(row, &why))
+            }
+        }
+    }
+
+    /// What the senders' clock makes of how a result's send ended, and what was heard.
+    fn hear<'a>(
+        &mut self,
+        row: &mut Row,
+        outcome: &'a Sending,
+        now_ms: i64,
+        limits: &Limits,
+    ) -> Heard<'a> {
+        let answer = match outcome {
+            Sending::Answered(answer) | Sending::Carried(answer) => answer,
             Sending::Unanswered(why) => {
-                // Not the destination's failure: sent again after the backoff, its failing
-                // clock as it was (a running one runs on, none starts), never parked for it.
-                // The senders' clock runs; past the threshold (after one retry at least, as a
-                // failing result), the batch alerts.
+                // Not the destination's failure ([`Heard::Nothing`]). The senders' clock
+                // runs; past the threshold (after one retry at least, as a failing result),
+                // the batch alerts.
                 self.unanswered += 1;
                 row.unanswered = true;
                 let since = *self.unanswered_since_ms.get_or_insert(now_ms);
@@ -634,39 +655,17 @@ impl Progress {
                 if over && self.senders_alert == SendersAlert::Quiet {
                     self.senders_alert = SendersAlert::Due;
                 }
-                return Some(self.wait(row, why, now_ms, limits, jitter));
+                return Heard::Nothing(why);
             }
         };
-        match outcome {
-            AttemptOutcome::Delivered => {
-                self.counts.delivered += 1;
-                self.unmetered += 1;
-                None
-            }
-            AttemptOutcome::Retry(why) => {
-                let since = *row.failing_since_ms.get_or_insert(now_ms);
-                let failing_ms = now_ms - since;
-                // At least one retry first, whatever the threshold (0 alerts a job at once).
-                if failing_ms >= limits.alert_after_ms && row.attempts > 1 {
-                    // It keeps failing: parked (an operator retries it), so the job's effect
-                    // goes, and the batch alerts once.
-                    let age = crate::operation::alert::human_age(failing_ms / 1_000);
-                    let why = format!("failing for {age}, {} attempts; last: {why}", row.attempts);
-                    self.gave_up += 1;
-                    return Some(self.park(row, &why));
-                }
-                Some(self.wait(row, why, now_ms, limits, jitter))
-            }
-            AttemptOutcome::Park(why) => Some(self.park(row, why)),
+        // A sender carried it back: the senders answer. The gate sent it itself: their silence
+        // ends only when no result waits on them any more (else an old spell's clock, left
+        // running, would date a later silence from it).
+        let carried = matches!(outcome, Sending::Carried(_));
+        if carried || !self.rows.values().any(|r| r.unanswered) {
+            self.senders_heard();
         }
-    }
-
-    /// A row waits for its retry, after the backoff.
-    fn wait(&mut self, mut row: Row, why: &str, now_ms: i64, limits: &Limits, jitter: f64) -> Row {
-        row.last_error = clipped(why, ERROR_KEPT_CHARS);
-        row.next_at_ms = Some(now_ms + limits.retry.jittered(row.attempts, jitter));
-        self.rows.insert(row.index, row.clone());
-        row
+        Heard::Answer(answer, None)
     }
 
     /// The senders are heard from (one carried an answer back), or no result waits on them:
@@ -687,12 +686,13 @@ impl Progress {
         row
     }
 
-    /// What a commit (from counts `before`, with `failed` attempts among its answers) adds to
+    /// What a commit (from counts `before`) adds to
     /// `/metrics`, when it is time to write it (stored with the commit): at once with a
     /// failure, a park or a result a sender left unanswered, else once [`METER_EVERY`]
     /// delivered wait, or when nothing is left to send. `None`: nothing to write yet (the
     /// delivered are kept in the count).
-    pub fn meter(&mut self, before: Counts, failed: u64) -> Option<Metered> {
+    pub fn meter(&mut self, before: Counts) -> Option<Metered> {
+        let failed = std::mem::take(&mut self.failed);
         let parked = self.counts.parked.saturating_sub(before.parked);
         let all_sent = self.claim.is_none()
             && self.rows.is_empty()

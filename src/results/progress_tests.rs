@@ -860,7 +860,7 @@ fn the_results_are_metered_in_bulk_on_the_happy_path_and_at_once_off_it() {
         }
         let writes = p.commit(claim.chunk, answers, 0, &LIMITS, 0.0).unwrap();
         assert!(writes.is_empty(), "a delivered result takes no row");
-        metered.extend(p.meter(before, 0));
+        metered.extend(p.meter(before));
     }
     let delivered: Vec<u64> = metered.iter().map(|m| m.delivered).collect();
     assert_eq!(delivered, vec![METER_EVERY, METER_EVERY, 3 * CHUNK_RESULTS]);
@@ -892,7 +892,7 @@ fn the_results_are_metered_in_bulk_on_the_happy_path_and_at_once_off_it() {
         "a row each, parked or waiting"
     );
     assert_eq!(
-        p.meter(before, 1),
+        p.meter(before),
         Some(Metered {
             delivered: 1,
             failed: 1,
@@ -900,7 +900,7 @@ fn the_results_are_metered_in_bulk_on_the_happy_path_and_at_once_off_it() {
             unanswered: 0,
         })
     );
-    assert_eq!(p.meter(p.counts, 0), None, "nothing new");
+    assert_eq!(p.meter(p.counts), None, "nothing new");
 }
 
 /// A pause is not the destination failing: a result that failed before its destination was
@@ -1009,10 +1009,6 @@ fn a_group_whose_sender_answered_nothing_is_kept_to_send_again_and_the_others_ar
     for (_, sending) in answers.iter_mut().skip(6) {
         *sending = Sending::Unanswered("result sender: no answer within 40000 ms".into());
     }
-    assert!(
-        answers.iter().all(|(_, s)| !s.failed()),
-        "none is the destination's failure"
-    );
     let before = p.counts;
     let writes = p.commit(claim.chunk, answers, 1_000, &LIMITS, 0.5).unwrap();
     // The chunk is committed: its answered group delivered, the other kept to send again.
@@ -1040,7 +1036,7 @@ fn a_group_whose_sender_answered_nothing_is_kept_to_send_again_and_the_others_ar
         assert!(row.last_error.starts_with("result sender: "));
     }
     let counted = p
-        .meter(before, 0)
+        .meter(before)
         .map(|m| (m.delivered, m.failed, m.unanswered));
     assert_eq!(counted, Some((6, 0, 6)), "none failed; 6 unanswered");
     assert!(matches!(p.next(1_000), Step::WaitUntil(_)));
@@ -1144,7 +1140,7 @@ fn senders_answering_nothing_past_the_threshold_alert_once_and_resolve_when_one_
     let after = LIMITS.alert_after_ms;
     let mut p = unanswered_wave(0);
     assert_eq!(p.unanswered_since_ms, Some(0));
-    assert_eq!(p.meter(Counts::default(), 0).unwrap().unanswered, 12);
+    assert_eq!(p.meter(Counts::default()).unwrap().unanswered, 12);
     // Within the threshold, and past it at the first attempt only: no alert.
     fanned(&mut p, silent(), after - 1);
     assert!(matches!(p.next(after), Step::WaitUntil(_)));
@@ -1157,7 +1153,7 @@ fn senders_answering_nothing_past_the_threshold_alert_once_and_resolve_when_one_
     // Nothing parked, nothing failed, and they are sent again after the backoff.
     assert_eq!((p.counts.parked, p.gave_up, p.rows.len()), (0, 0, 12));
     assert!(p.rows.values().all(|r| r.failing_since_ms.is_none()));
-    assert_eq!(p.meter(p.counts, 0).unwrap().failed, 0);
+    assert_eq!(p.meter(p.counts).unwrap().failed, 0);
     // The gate's own sends (no sender) say nothing of the senders.
     let index = *p.rows.keys().next().unwrap();
     let retry = Sending::Answered(AttemptOutcome::Retry("503".into()));

@@ -372,10 +372,10 @@ impl World {
         };
         let (answers, sent) = self.send(&op, items)?;
         let mut progress = self.fresh(progress);
-        let (before, failed) = (progress.counts, failed_among(&answers));
+        let before = progress.counts;
         let now = self.clock;
         let writes = progress.commit_through(claim.chunk, reached, answers, now, &RESULTS, 0.5);
-        let metered = progress.meter(before, failed);
+        let metered = progress.meter(before);
         self.store_progress(&progress, writes.unwrap_or_default())?;
         let op = self.mark(op, |op| on_record::metered(op, metered, "to", now))?;
         self.after_sends(op, turn, sent)
@@ -393,7 +393,7 @@ impl World {
         let items = indexes.filter_map(|i| self.tables.item(i)).collect();
         let (answers, sent) = self.send(&op, items)?;
         let mut progress = self.fresh(progress);
-        let (before, failed) = (progress.counts, failed_among(&answers));
+        let before = progress.counts;
         let now = self.clock;
         let writes = answers
             .iter()
@@ -401,7 +401,7 @@ impl World {
                 progress.finish_row(item.index, sending.clone(), now, &RESULTS, 0.5)
             })
             .collect();
-        let metered = progress.meter(before, failed);
+        let metered = progress.meter(before);
         self.store_progress(&progress, writes)?;
         let op = self.mark(op, |op| on_record::metered(op, metered, "to", now))?;
         self.after_sends(op, turn, sent)
@@ -446,10 +446,6 @@ impl World {
             None => Ok(self.load().unwrap_or(op)),
         }
     }
-}
-
-fn failed_among(answers: &[(ResultItem, Sending)]) -> u64 {
-    answers.iter().filter(|(_, s)| s.failed()).count() as u64
 }
 
 /// A batch of `n` results registered `"results": "each"`, its file missing for the first

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::operation::alert::AlertKind;
 use crate::operation::record::{Operation, OperatorNote, OperatorRefusal};
+use crate::retry::Next;
 
 /// Where a side effect stands when the gate answers. The gate never runs an attempt while a
 /// command waits: every attempt runs from its alarm (one runner), so an answer never waits on
@@ -151,18 +152,6 @@ impl Effect {
     }
 }
 
-/// How one side-effect attempt ended, as the runner saw it: the class of the destination's
-/// answer ([`crate::operation::effect::outcome`]), with the answer in a few words.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AttemptOutcome {
-    /// [`crate::retry::Class::Success`].
-    Delivered,
-    /// [`crate::retry::Class::Retry`]: worth retrying.
-    Retry(String),
-    /// [`crate::retry::Class::Refused`]: the destination will refuse again.
-    Park(String),
-}
-
 /// What [`Operation::finish`] did with an attempt's outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finished {
@@ -297,15 +286,9 @@ impl Operation {
         true
     }
 
-    /// Records how the attempt under `token` ended. `backoff_ms` is the wait before the next
-    /// attempt should this one have failed (see [`crate::retry::Backoff::next_wait_ms`]).
-    pub fn finish(
-        &mut self,
-        token: u64,
-        outcome: &AttemptOutcome,
-        now_ms: i64,
-        backoff_ms: i64,
-    ) -> Finished {
+    /// Records what the attempt under `token` decided ([`crate::retry::Backoff::decide`]):
+    /// done, a retry at its time, or parked (a job's effect has no threshold to give up at).
+    pub fn finish(&mut self, token: u64, next: &Next, now_ms: i64) -> Finished {
         match self.effect.claim {
             Some(c) if c.token == token => {}
             _ => return Finished::Fenced,
@@ -317,20 +300,17 @@ impl Operation {
         }
         self.effect.claim = None;
         self.changed();
-        match outcome {
-            AttemptOutcome::Delivered => {
-                self.effect.done = true;
-                self.effect.done_at_ms = Some(now_ms);
-                self.effect.last_error = None;
-                self.resolve_alert(AlertKind::EffectFailing, now_ms);
+        match next {
+            Next::Delivered => {
+                self.mark_done(now_ms);
                 Finished::Done
             }
-            AttemptOutcome::Retry(why) => {
+            Next::RetryAt { at_ms, why, .. } => {
                 self.effect.last_error = Some(why.clone());
-                self.effect.next_attempt_ms = now_ms + backoff_ms;
-                Finished::RetryAt(self.effect.next_attempt_ms)
+                self.effect.next_attempt_ms = *at_ms;
+                Finished::RetryAt(*at_ms)
             }
-            AttemptOutcome::Park(answer) => {
+            Next::Park(answer) | Next::GaveUp { why: answer, .. } => {
                 self.effect.last_error = Some(answer.clone());
                 self.effect.parked = Some(Parked {
                     at_ms: now_ms,
@@ -341,31 +321,29 @@ impl Operation {
         }
     }
 
-    /// Records how the attempt under `claim` ended, as [`Operation::finish`] does; an answer
-    /// under a token no longer current is discarded, unless it is a 2xx for the generation
-    /// still owed, which the destination now has (`Finished::LateDone`). The newer claim (if
-    /// any) is left as it is; its own answer then changes nothing.
-    pub fn finish_attempt(
-        &mut self,
-        claim: &Claim,
-        outcome: &AttemptOutcome,
-        now_ms: i64,
-        backoff_ms: i64,
-    ) -> Finished {
+    /// Records what the attempt under `claim` decided, as [`Operation::finish`] does; an
+    /// answer under a token no longer current is discarded, unless it is a 2xx for the
+    /// generation still owed, which the destination now has (`Finished::LateDone`). The newer
+    /// claim (if any) is left as it is; its own answer then changes nothing.
+    pub fn finish_attempt(&mut self, claim: &Claim, next: &Next, now_ms: i64) -> Finished {
         if self.effect.claim.is_some_and(|c| c.token == claim.token) {
-            return self.finish(claim.token, outcome, now_ms, backoff_ms);
+            return self.finish(claim.token, next, now_ms);
         }
         let current = claim.generation != 0 && claim.generation == self.effect.generation;
-        if *outcome != AttemptOutcome::Delivered || !current || !self.effect_owed() {
+        if *next != Next::Delivered || !current || !self.effect_owed() {
             return Finished::Fenced;
         }
+        self.effect.desk = None;
+        self.mark_done(now_ms);
+        self.changed();
+        Finished::LateDone
+    }
+
+    fn mark_done(&mut self, now_ms: i64) {
         self.effect.done = true;
         self.effect.done_at_ms = Some(now_ms);
         self.effect.last_error = None;
-        self.effect.desk = None;
         self.resolve_alert(AlertKind::EffectFailing, now_ms);
-        self.changed();
-        Finished::LateDone
     }
 
     /// Starts a deliberate redelivery of a done effect: a new generation (so `webhook-id` and

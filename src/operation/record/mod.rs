@@ -42,9 +42,10 @@ mod stored_tests;
 #[cfg(test)]
 mod tests;
 
+pub use crate::retry::AttemptOutcome;
 pub use alerts::PendingAlert;
 pub use confirmation::{Confirmation, MAX_CONFIRM_ATTEMPTS};
-pub use effect_state::{AttemptOutcome, Claim, DeskMark, Effect, EffectReport, Finished, Parked};
+pub use effect_state::{Claim, DeskMark, Effect, EffectReport, Finished, Parked};
 pub use ledger_mark::{PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS};
 pub use operator::{Actor, OperatorNote, OperatorRefusal};
 pub use results_mark::ResultsMode;

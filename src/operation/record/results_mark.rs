@@ -246,11 +246,11 @@ mod tests {
 
     #[test]
     fn a_running_results_retry_holds_retention_until_the_results_settle() {
-        use crate::operation::AttemptOutcome;
+        use crate::retry::Next;
         let mut op = succeeded(ResultsMode::Each);
         op.results_settled(json!({"total": 2, "parked": 1}), 0, 20);
         let claim = op.claim(20, 1_000).unwrap();
-        op.finish(claim.token, &AttemptOutcome::Delivered, 30, 0);
+        op.finish(claim.token, &Next::Delivered, 30);
         op.projection_written(op.version(), 0);
         assert_eq!(op.expires_at_ms(1_000), Some(1_030));
         op.results_retried(1_029);
@@ -265,7 +265,8 @@ mod tests {
 
     #[test]
     fn results_wait_on_their_destination_and_a_release_makes_them_due() {
-        use crate::operation::{AttemptOutcome, DeskMark};
+        use crate::operation::DeskMark;
+        use crate::retry::Next;
         let hour = 3_600_000;
         // When the gate wakes for the results (the ledger's projection aside).
         let wakes = |op: &mut Operation| {
@@ -295,7 +296,7 @@ mod tests {
         // After the job's effect, an operator's retry of parked results waits the same way.
         op.results_settled(json!({"total": 2}), 0, 300);
         let claim = op.claim(300, 1_000).unwrap();
-        op.finish(claim.token, &AttemptOutcome::Delivered, 310, 0);
+        op.finish(claim.token, &Next::Delivered, 310);
         assert!(!op.destination_ready(false, 320), "nothing is owed");
         op.results_retried(400);
         assert!(op.results_wait_on_destination(400, hour));
@@ -306,12 +307,12 @@ mod tests {
 
     #[test]
     fn retried_results_waiting_on_the_desk_leave_the_failing_jobs_retry_alone() {
-        use crate::operation::AttemptOutcome;
+        use crate::retry::Next;
         let hour = 3_600_000;
         let mut op = succeeded(ResultsMode::Each);
         op.results_settled(json!({"total": 2, "parked": 1}), 0, 20);
         let claim = op.claim(20, 1_000).unwrap();
-        op.finish(claim.token, &AttemptOutcome::Retry("503".into()), 30, 5_000);
+        op.finish(claim.token, &Next::retry("503".into(), 30 + 5_000), 30);
         let job_retry = op.effect().next_attempt_ms();
         op.results_retried(100);
         assert_eq!(op.results_due_ms(), Some(100));
@@ -369,7 +370,8 @@ mod tests {
     #[test]
     fn counts_changed_after_the_jobs_effect_went_out_go_as_a_new_generation() {
         use crate::operation::effect::{build_request, effect_body};
-        use crate::operation::{AttemptOutcome, Finished};
+        use crate::operation::Finished;
+        use crate::retry::Next;
         use crate::signature::Secret;
         let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         let id = |op: &Operation| {
@@ -384,7 +386,7 @@ mod tests {
         );
         let first = id(&op);
         let claim = op.claim(20, 1_000).unwrap();
-        op.finish(claim.token, &AttemptOutcome::Delivered, 30, 0);
+        op.finish(claim.token, &Next::Delivered, 30);
         // A retry that parks the result again: the same counts, nothing new to send.
         op.results_retried(40);
         assert_eq!(
@@ -405,12 +407,12 @@ mod tests {
         // While the job's effect is failing, the failing generation keeps its body and id;
         // changed counts go as the next generation, and its in-flight attempt is fenced off.
         let claim = op.claim(70, 1_000).unwrap();
-        op.finish(claim.token, &AttemptOutcome::Retry("503".into()), 80, 1_000);
+        op.finish(claim.token, &Next::retry("503".into(), 80 + 1_000), 80);
         assert_eq!(id(&op), second, "a retry keeps its body under its id");
         let in_flight = op.claim(1_080, 1_000).unwrap();
         op.results_retried(1_100);
         assert_eq!(op.results_settled(json!({"total": 3}), 0, 1_200), Some(3));
-        let late = op.finish_attempt(&in_flight, &AttemptOutcome::Delivered, 1_300, 0);
+        let late = op.finish_attempt(&in_flight, &Next::Delivered, 1_300);
         assert_eq!(
             late,
             Finished::Fenced,

@@ -38,7 +38,6 @@ mod locate;
 mod marks;
 mod sends;
 
-use marks::failed_among;
 use sends::Turn;
 
 /// What a step performs with.
@@ -256,11 +255,11 @@ impl Driver<'_> {
     ) -> Result<Operation> {
         let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
-        let (before, failed) = (progress.counts, failed_among(&answers));
+        let before = progress.counts;
         let (now, limits) = (now_ms(), &self.limits);
         let writes =
             progress.commit_through(claim.chunk, reached, answers, now, limits, random_unit());
-        let metered = progress.meter(before, failed);
+        let metered = progress.meter(before);
         self.store.save(&progress, writes.unwrap_or_default())?;
         let op = self.count(op, metered).await?;
         self.after_sends(op, turn, sent).await
@@ -281,7 +280,7 @@ impl Driver<'_> {
         }
         let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
-        let (before, failed) = (progress.counts, failed_among(&answers));
+        let before = progress.counts;
         let now = now_ms();
         let writes = answers
             .iter()
@@ -295,7 +294,7 @@ impl Driver<'_> {
                 )
             })
             .collect();
-        let metered = progress.meter(before, failed);
+        let metered = progress.meter(before);
         self.store.save(&progress, writes)?;
         let op = self.count(op, metered).await?;
         self.after_sends(op, turn, sent).await

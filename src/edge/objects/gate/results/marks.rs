@@ -11,21 +11,10 @@ use worker::Result;
 
 use crate::operation::gate::Step;
 use crate::operation::Operation;
-use crate::results::item::ResultItem;
-use crate::results::progress::Sending;
 
 use crate::edge::objects::gate::storage::Alarm;
 
 use super::Driver;
-
-/// How many of a step's answers were failures of the destination to retry (a result whose
-/// sender answered nothing is none).
-pub(super) fn failed_among(answers: &[(ResultItem, Sending)]) -> u64 {
-    answers
-        .iter()
-        .filter(|(_, sending)| sending.failed())
-        .count() as u64
-}
 
 impl Driver<'_> {
     /// Commits what `decide` makes of the record as stored now (else `op`), and returns it.
