@@ -125,8 +125,7 @@ impl Operation {
     /// A result sender answered again, or nothing waits for one: `results_sender_failing`
     /// resolves, and a later spell alerts again.
     pub fn results_senders_back(&mut self, now_ms: i64) {
-        self.alerts
-            .retain(|a| *a != AlertKind::ResultsSenderFailing);
+        self.rearm_alert(AlertKind::ResultsSenderFailing);
         self.resolve_alert(AlertKind::ResultsSenderFailing, now_ms);
         self.changed();
     }
@@ -136,10 +135,7 @@ impl Operation {
     /// job's effect lets `effect_failing` alert again); the one open stays open until the
     /// results settle with none parked for failing.
     pub fn results_retried(&mut self, now_ms: i64) {
-        if self.alerts.contains(&AlertKind::ResultsFailing) {
-            self.alerts.retain(|a| *a != AlertKind::ResultsFailing);
-            self.changed();
-        }
+        self.rearm_alert(AlertKind::ResultsFailing);
         if !self.results_owed() {
             self.results_retry_at_ms = Some(now_ms);
             self.changed();
@@ -421,7 +417,7 @@ mod tests {
         };
         let mut op = succeeded(ResultsMode::Each);
         assert!(op.raise_alert(AlertKind::ResultsFileParked, 0, 20));
-        op.alert_delivered(AlertKind::ResultsFileParked);
+        op.alert_delivered(&op.queued_id(AlertKind::ResultsFileParked));
         op.results_settled(json!({"total": 0, "file_parked": "404"}), 0, 30);
         assert_eq!(kinds(&op), vec![], "still parked: nothing resolved");
         op.results_retried(40);
@@ -429,7 +425,7 @@ mod tests {
         assert_eq!(kinds(&op), vec![AlertKind::ResultsFileRead]);
         let body = op.alert_body(AlertKind::ResultsFileRead, "alert_x", 0);
         assert_eq!(body["resolves"], "results_file_parked");
-        op.alert_delivered(AlertKind::ResultsFileRead);
+        op.alert_delivered(&op.queued_id(AlertKind::ResultsFileRead));
         op.results_retried(60);
         op.results_settled(json!({"total": 2, "delivered": 2}), 0, 70);
         assert_eq!(kinds(&op), vec![], "resolved once");
