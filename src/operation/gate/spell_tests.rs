@@ -183,3 +183,24 @@ fn a_spells_alerts_keep_their_ids_across_retries() {
         "only the one accepted leaves"
     );
 }
+
+/// The spells ended are stored (nothing while there were none) and read back, so a spell
+/// raised after the record was loaded again does not take an earlier spell's id.
+#[test]
+fn the_spells_ended_are_stored_and_read_back() {
+    let mut op = settled();
+    let none = serde_json::to_string(&op).unwrap();
+    assert!(
+        !none.contains("alert_spells"),
+        "nothing stored while none ended"
+    );
+    assert!(op.results_senders_failing(40, 60, 1_000));
+    let first = op.pending_alerts()[0].id.clone();
+    op.results_senders_back(1_200);
+    let stored = serde_json::to_string(&op).unwrap();
+    assert!(stored.contains(r#""alert_spells":{"results_sender_failing":1}"#));
+    let mut back: Operation = serde_json::from_str(&stored).unwrap();
+    assert_eq!(back, op);
+    assert!(back.results_senders_failing(40, 60, 1_300));
+    assert_ne!(back.pending_alerts()[2].id, first);
+}
