@@ -1189,7 +1189,7 @@ mod feeder_tests {
     use crate::operation::gate::fixtures::*;
     use crate::operation::gate::protocol::GateCommand;
     use crate::operation::gate::step;
-    use crate::operation::MAX_CONFIRM_ATTEMPTS;
+    use crate::operation::record::confirmation::MAX_CONFIRM_ATTEMPTS;
 
     #[test]
     fn retirement_comes_only_when_retention_is_over() {

@@ -45,9 +45,8 @@ mod stored_tests;
 mod tests;
 
 pub use alerts::PendingAlert;
-pub use confirmation::{Confirmation, MAX_CONFIRM_ATTEMPTS};
+pub use confirmation::Confirmation;
 pub use effect_state::{AttemptOutcome, Claim, DeskMark, Effect, EffectReport, Finished, Parked};
-pub use ledger_mark::{PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS};
 pub use operator::{Actor, OperatorNote, OperatorRefusal};
 pub use results_mark::ResultsMode;
 

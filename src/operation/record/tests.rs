@@ -1,5 +1,7 @@
 //! The record's transitions, one behaviour per test.
 
+use super::confirmation::MAX_CONFIRM_ATTEMPTS;
+use super::ledger_mark::PROJECTION_RETRY_MAX_MS;
 use super::*;
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{Source, Status, Verdict};
