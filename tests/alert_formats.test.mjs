@@ -99,7 +99,7 @@ async function startSink(validate, answer = { status: 200 }) {
   const server = await startServer((req) => {
     const body = JSON.parse(req.body);
     if (!validate(body)) invalid.push({ body, errors: validate.errors });
-    return typeof answer === "function" ? answer() : answer;
+    return typeof answer === "function" ? answer(req) : answer;
   });
   return {
     ...server,
@@ -248,8 +248,13 @@ describe("json, the default: today's body, plus the resolution's form", () => {
   let sink, dest, w;
   let sinkDown = false;
   const refusing = new Set();
+  const accepted = [];
   before(async () => {
-    sink = await startSink(ALERT_SCHEMA, () => (sinkDown ? { status: 503, body: "down" } : { status: 200 }));
+    sink = await startSink(ALERT_SCHEMA, (req) => {
+      if (sinkDown) return { status: 503, body: "down" };
+      accepted.push(req);
+      return { status: 200 };
+    });
     dest = await startDestination((req) => (refusing.has(req.headers["idempotency-key"]) ? { status: 422 } : { status: 200 }));
     // An alert the sink refused is sent again after the effects' backoff: bounded to 2 s
     // here, so "the sink is back" is seen on the next retry however many sends failed.
@@ -309,6 +314,31 @@ describe("json, the default: today's body, plus the resolution's form", () => {
     await eventually(async () => (await w.inspect(parked)).body.alerts_pending.length === 0, { what: "the alert sent once the sink is back", timeoutMs: 120_000, everyMs: 250 });
     const ids = new Set(sink.requests.filter((r) => JSON.parse(r.body).key === parked).map((r) => r.headers["alert-id"]));
     assert.equal(ids.size, 1, "one alert-id across the retries");
+  });
+
+  it("a sink down across two spells: each trigger and the resolution arrive once, in order, each under its own id", async () => {
+    sinkDown = true;
+    const key = "batches/json-two-spells";
+    const pending = async () => (await w.inspect(key)).body.alerts_pending;
+    const retryNow = async () => {
+      const retried = await w.admin(`/v1/operations/${key}/redeliver`, { method: "POST", body: JSON.stringify({ reason: "try again" }) });
+      assert.equal(retried.status, 200, JSON.stringify(retried.body));
+    };
+    refusing.add(key);
+    await w.deliver("batch.succeeded", key);
+    await eventually(() => sink.requests.some((r) => JSON.parse(r.body).key === key), { what: "the first spell's alert refused" });
+    // Retried by hand and refused again: a second spell, while the first one's alert waits.
+    await retryNow();
+    await eventually(async () => (await pending()).length === 2, { what: "the second spell's alert queued" });
+    refusing.delete(key);
+    await retryNow();
+    await eventually(async () => (await w.inspect(key)).body.effect_done, { what: "the effect delivered" });
+    assert.deepEqual(await pending(), ["effect_failing", "effect_failing", "effect_recovered"]);
+    sinkDown = false;
+    await eventually(async () => (await pending()).length === 0, { what: "every alert sent once the sink is back", timeoutMs: 120_000, everyMs: 250 });
+    const heard = accepted.filter((r) => JSON.parse(r.body).key === key).map((r) => JSON.parse(r.body));
+    assert.deepEqual(heard.map((b) => b.alert), ["effect_failing", "effect_failing", "effect_recovered"]);
+    assert.equal(new Set(heard.map((b) => b.alert_id)).size, 3, "each its own alert_id: none dropped as a repeat");
   });
 });
 

@@ -1,16 +1,17 @@
 //! Alerts: the JSON an operator's alert sink receives, with a `text` fit for Slack or Discord.
 //!
 //! Guarantees: the body names the alert kind ([`AlertKind`]), the operation (key, name, kind)
-//! and its age; it never contains a secret. Each kind is raised once per operation (the gate keeps that
-//! mark) and sent at least once: it stays queued in the record until the sink accepts it,
-//! under an `alert_id` that is the same on every retry.
+//! and its age; it never contains a secret. Each kind is raised once per operation, or once per
+//! spell of a condition that begins again (the gate keeps that mark), and sent at least once:
+//! it stays queued in the record until the sink accepts it, under an `alert_id` that is the
+//! same on every retry and its own (each spell's differs).
 
 use crate::alert_line::{hashed_id, text};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// What an alert is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AlertKind {
     /// Not terminal past the stuck threshold. The receiver never closes it by itself.
@@ -118,9 +119,13 @@ impl AlertKind {
 }
 
 /// The `alert-id` of an alert: the same on every retry of one alert, so a sink can drop
-/// repeats (alerts are sent at least once).
-pub fn alert_id(key: &str, kind: AlertKind, generation: u32) -> String {
-    hashed_id(&format!("{key}#{}#{generation}", kind.as_str()))
+/// repeats (alerts are sent at least once), and another for each spell of its condition
+/// (`spell` counts the earlier ones; the first spell's id names none, as it always did).
+pub fn alert_id(key: &str, kind: AlertKind, generation: u32, spell: u32) -> String {
+    match spell {
+        0 => hashed_id(&format!("{key}#{}#{generation}", kind.as_str())),
+        _ => hashed_id(&format!("{key}#{}#{generation}#{spell}", kind.as_str())),
+    }
 }
 
 /// Renders a duration as `2h 5m`, `3m 20s` or `45s`.
@@ -197,23 +202,20 @@ mod tests {
     }
 
     #[test]
-    fn alert_ids_are_stable_per_operation_kind_and_generation() {
-        assert_eq!(
-            alert_id("batches/a", AlertKind::Stuck, 1),
-            alert_id("batches/a", AlertKind::Stuck, 1)
-        );
+    fn alert_ids_are_stable_per_operation_kind_generation_and_spell() {
+        let id = |key, kind, generation, spell| alert_id(key, kind, generation, spell);
+        let first = id("batches/a", AlertKind::Stuck, 1, 0);
+        assert_eq!(first, id("batches/a", AlertKind::Stuck, 1, 0));
+        assert_ne!(first, id("batches/b", AlertKind::Stuck, 1, 0));
+        assert_ne!(first, id("batches/a", AlertKind::EffectFailing, 1, 0));
+        assert_ne!(first, id("batches/a", AlertKind::Stuck, 2, 0));
+        assert_ne!(first, id("batches/a", AlertKind::Stuck, 1, 1));
         assert_ne!(
-            alert_id("batches/a", AlertKind::Stuck, 1),
-            alert_id("batches/b", AlertKind::Stuck, 1)
+            id("batches/a", AlertKind::Stuck, 1, 2),
+            id("batches/a", AlertKind::Stuck, 1, 1)
         );
-        assert_ne!(
-            alert_id("batches/a", AlertKind::Stuck, 1),
-            alert_id("batches/a", AlertKind::EffectFailing, 1)
-        );
-        assert_ne!(
-            alert_id("batches/a", AlertKind::Stuck, 1),
-            alert_id("batches/a", AlertKind::Stuck, 2)
-        );
+        // The first spell keeps the id earlier versions gave (a queued alert stored then).
+        assert_eq!(first, hashed_id("batches/a#stuck#1"));
     }
 
     #[test]

@@ -20,7 +20,6 @@ pub mod recovery;
 pub mod retired_names;
 
 pub use record::{
-    Actor, AttemptOutcome, Claim, Confirmation, DeskMark, Effect, Finished, KindFill, OpEvent,
-    Operation, OperatorNote, OperatorRefusal, Parked, PendingAlert, ResultsMode,
-    MAX_CONFIRM_ATTEMPTS, PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS,
+    Actor, AttemptOutcome, Claim, DeskMark, Finished, KindFill, OpEvent, Operation,
+    OperatorRefusal, PendingAlert, ResultsMode,
 };

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::destination_label::Destination;
 use crate::operation::effect::EffectRequest;
+pub use crate::results::progress::SENDERS;
 use crate::results::progress::{CHUNK_RESULTS, SENDS_IN_FLIGHT};
-pub use crate::results::progress::{SENDERS, WAVE_RESULTS};
 use crate::retry::PeerAnswer;
 
 /// The groups `n` results go in, one a sender, as ranges of their order; empty when the gate
@@ -158,6 +158,7 @@ impl WireSend {
 mod tests {
     use super::*;
     use crate::operation::effect::signed_request;
+    use crate::results::progress::WAVE_RESULTS;
     use crate::signature::Secret;
 
     #[test]

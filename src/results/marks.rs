@@ -266,7 +266,7 @@ mod tests {
         let counts = json!({"total": 1, "parked": 1});
         let mut op = settled(op, counts, p.gave_up, 30).record.unwrap();
         assert_eq!(queued(&op), ["results_failing"]);
-        op.alert_delivered(AlertKind::ResultsFailing);
+        op.alert_delivered(&op.queued_id(AlertKind::ResultsFailing));
         let claim = op.claim(30, 1_000).unwrap();
         op.finish(claim.token, &crate::retry::Next::Delivered, 40);
         // An operator's retry: a new spell, then delivered: resolved.
@@ -287,7 +287,7 @@ mod tests {
         assert_eq!(what(&s), ["results_settled"]);
         let mut op = s.record.unwrap();
         assert_eq!(queued(&op), ["results_recovered"]);
-        op.alert_delivered(AlertKind::ResultsRecovered);
+        op.alert_delivered(&op.queued_id(AlertKind::ResultsRecovered));
         // A second retry whose results fail past the threshold again: alerted again.
         let (op, _) = retried(op, &mut p, vec![row(0)], ("again".into(), None), 70);
         let (none, writes) = retried(
@@ -348,8 +348,8 @@ mod tests {
             queued(&op),
             ["results_sender_failing", "results_sender_recovered"]
         );
-        op.alert_delivered(AlertKind::ResultsSenderFailing);
-        op.alert_delivered(AlertKind::ResultsSenderRecovered);
+        op.alert_delivered(&op.queued_id(AlertKind::ResultsSenderFailing));
+        op.alert_delivered(&op.queued_id(AlertKind::ResultsSenderRecovered));
         let op = senders(op, &mut p, Some(3), 9_000).record.unwrap();
         assert_eq!(queued(&op), ["results_sender_failing"], "a second spell");
     }

@@ -211,7 +211,8 @@ impl RetiredNames {
     }
 }
 
-/// A shard's failure, answered 500 (the gate retries).
-fn failed(what: impl std::fmt::Display) -> worker::Error {
+/// A failure about the retired names: a shard's is answered 500, a gate's (a reply other than
+/// the one asked for, or none) fails its alarm's run; the gate retries either.
+pub(crate) fn failed(what: impl std::fmt::Display) -> worker::Error {
     worker::Error::RustError(format!("retired names: {what}"))
 }

@@ -68,10 +68,9 @@ pub enum AlarmDone {
 pub enum Stage {
     Retire,
     Confirm,
-    /// Take the alerts due now into the queue.
+    /// Send the alerts due, one at a time, in queue order: each once in a run, and one of a
+    /// condition whose earlier alert failed waits with it.
     Alerts,
-    /// Send the queued alerts, one at a time.
-    QueuedAlerts,
     Effect,
     Upkeep,
 }
@@ -83,7 +82,8 @@ pub enum Stage {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AlarmPlan {
     stages: VecDeque<Stage>,
-    queued: VecDeque<PendingAlert>,
+    /// The alerts this run sent (their ids): one the sink refused is not sent again in it.
+    sent: Vec<String>,
 }
 
 /// What the status API is to be asked for a confirmation.
@@ -133,7 +133,7 @@ pub fn plan(op: &Operation, now: i64, limits: &GateLimits) -> AlarmPlan {
     };
     AlarmPlan {
         stages: stages.iter().copied().collect(),
-        queued: VecDeque::new(),
+        sent: Vec::new(),
     }
 }
 
@@ -164,12 +164,10 @@ impl AlarmPlan {
                 }
                 Stage::Confirm => {}
                 Stage::Alerts => {
-                    self.queued = op.due_alerts(now).into();
-                    self.stages.push_front(Stage::QueuedAlerts);
-                }
-                Stage::QueuedAlerts => {
-                    if let Some(alert) = self.queued.pop_front() {
-                        self.stages.push_front(Stage::QueuedAlerts);
+                    let mut due = op.due_alerts(now).into_iter();
+                    if let Some(alert) = due.find(|a| !self.sent.contains(&a.id)) {
+                        self.sent.push(alert.id.clone());
+                        self.stages.push_front(Stage::Alerts);
                         let body = op.alert_body(alert.kind, &alert.id, alert.age_seconds);
                         return Some(AlarmWork::SendAlert { alert, body });
                     }
@@ -464,7 +462,7 @@ pub fn alert_sent(
     jitter: f64,
 ) -> Step<AlarmDone> {
     if sent {
-        op.alert_delivered(alert.kind);
+        op.alert_delivered(&alert.id);
         op.count(Counter::Alerts, now);
         op.count_by(labelled(ALERTS_BY_KIND_PREFIX, alert.kind.as_str()), 1, now);
         Step::new(Some(op), AlarmDone::AlertSent(true))
@@ -475,7 +473,7 @@ pub fn alert_sent(
             })
     } else {
         let wait = limits.retry.jittered(alert.attempts + 1, jitter);
-        op.alert_failed(alert.kind, now, wait);
+        op.alert_failed(&alert.id, now, wait);
         Step::new(Some(op), AlarmDone::AlertSent(false)).durable()
     }
 }
@@ -1198,7 +1196,7 @@ mod feeder_tests {
     use crate::operation::gate::fixtures::*;
     use crate::operation::gate::protocol::GateCommand;
     use crate::operation::gate::step;
-    use crate::operation::MAX_CONFIRM_ATTEMPTS;
+    use crate::operation::record::confirmation::MAX_CONFIRM_ATTEMPTS;
 
     #[test]
     fn retirement_comes_only_when_retention_is_over() {

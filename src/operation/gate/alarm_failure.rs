@@ -35,6 +35,7 @@ pub fn alert(
         subject,
         crate::operation::alert::AlertKind::AlarmFailing,
         streak.failures,
+        0,
     );
     crate::operation::alert::body(
         crate::operation::alert::AlertKind::AlarmFailing,

@@ -33,6 +33,8 @@ mod reconciling;
 mod registration;
 #[cfg(test)]
 mod retired_tests;
+#[cfg(test)]
+mod spell_tests;
 
 pub use decision::{GateLimits, Save, Step};
 pub(crate) use deliveries::count_delivery;

@@ -1,8 +1,11 @@
-//! The record's alerts: which kinds were raised (each once per operation) and the queue of
-//! those the sink has not accepted yet.
+//! The record's alerts: which kinds were raised (each once per spell of its condition) and
+//! the queue of those the sink has not accepted yet.
 //!
 //! Guarantees: an alert stays queued in the record until the sink accepts it, so an object
-//! that dies while sending it sends it later, under the same id (at least once).
+//! that dies while sending it sends it later, under the same id (at least once); each spell's
+//! alerts have their own ids, and one accepted takes only itself off the queue. The alerts of
+//! one condition go in the order they were queued (a trigger, its resolution, the next
+//! spell's trigger), each only after the one before it.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -11,7 +14,8 @@ use crate::operation::alert::{human_age, AlertKind};
 use crate::operation::record::Operation;
 
 /// An alert raised and not yet accepted by the sink: kept in the record, so an object that
-/// dies while sending it sends it later (at least once; `id` lets the sink drop repeats).
+/// dies while sending it sends it later (at least once; `id`, its own in the queue, lets the
+/// sink drop repeats).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingAlert {
     pub kind: AlertKind,
@@ -162,55 +166,87 @@ impl Operation {
         true
     }
 
+    /// The spell of `kind` raised last ends: a later raise is a new spell, alerted again under
+    /// its own id (a sink that drops repeats by id keeps it).
+    pub(super) fn rearm_alert(&mut self, kind: AlertKind) {
+        if self.alerts.contains(&kind) {
+            self.alerts.retain(|a| *a != kind);
+            *self.alert_spells.entry(kind).or_default() += 1;
+            self.changed();
+        }
+    }
+
+    /// The spell of condition `kind` raised last (0 for the first): its trigger's and its
+    /// resolution's ids both name it, so each is distinct from every other spell's.
+    fn spell(&self, kind: AlertKind) -> u32 {
+        let ended = self.alert_spells.get(&kind).copied().unwrap_or(0);
+        match self.alerts.contains(&kind) {
+            true => ended,
+            false => ended.saturating_sub(1),
+        }
+    }
+
     fn queue_alert(&mut self, kind: AlertKind, age_seconds: i64, now_ms: i64) {
-        // A resolution is not due before its trigger still queued (a failed send waits its
-        // backoff): the sink hears a condition's start, then its end, never the other way.
-        let trigger_due = kind.resolves().and_then(|trigger| self.due_of(trigger));
+        let spell = self.spell(kind.resolves().unwrap_or(kind));
+        let generation = self.effect.generation;
         self.pending_alerts.push(PendingAlert {
             kind,
-            id: crate::operation::alert::alert_id(&self.key, kind, self.effect.generation),
+            id: crate::operation::alert::alert_id(&self.key, kind, generation, spell),
             age_seconds,
             attempts: 0,
-            due_ms: trigger_due.map_or(now_ms, |at| at.max(now_ms)),
+            due_ms: now_ms,
         });
+        self.keep_in_order();
     }
 
-    /// When the queued alert of `kind` due last is due.
-    fn due_of(&self, kind: AlertKind) -> Option<i64> {
-        let queued = self.pending_alerts.iter().filter(|a| a.kind == kind);
-        queued.map(|a| a.due_ms).max()
-    }
-
-    /// The sink accepted the alert of `kind`.
-    pub fn alert_delivered(&mut self, kind: AlertKind) {
-        let before = self.pending_alerts.len();
-        self.pending_alerts.retain(|a| a.kind != kind);
-        if self.pending_alerts.len() != before {
-            self.changed();
-        }
-    }
-
-    /// Sending the alert of `kind` failed: try again in `retry_in_ms`. Its resolution, if
-    /// queued, waits as long (it goes after its trigger).
-    pub fn alert_failed(&mut self, kind: AlertKind, now_ms: i64, retry_in_ms: i64) {
-        let mut changed = false;
-        let due_ms = now_ms + retry_in_ms;
-        for alert in self.pending_alerts.iter_mut() {
-            if alert.kind == kind {
-                alert.attempts += 1;
-                alert.due_ms = due_ms;
-                changed = true;
-            } else if kind.resolution() == Some(alert.kind) && alert.due_ms < due_ms {
-                alert.due_ms = due_ms;
-                changed = true;
+    /// Holds each queued alert until the alerts of its condition queued before it are due (a
+    /// trigger whose send failed holds its resolution, and a resolution the next spell's
+    /// trigger): the run sends them in queue order, and one that fails holds the rest of its
+    /// condition. PagerDuty pairs a trigger and its resolution by one `dedup_key` per
+    /// condition, in the order they come: a resolution first would leave the incident open,
+    /// one after the next spell's trigger would close that spell's.
+    fn keep_in_order(&mut self) {
+        let mut ahead: Vec<(AlertKind, i64)> = Vec::new();
+        for alert in &mut self.pending_alerts {
+            let condition = alert.kind.resolves().unwrap_or(alert.kind);
+            match ahead.iter_mut().find(|(c, _)| *c == condition) {
+                Some((_, at)) => {
+                    alert.due_ms = alert.due_ms.max(*at);
+                    *at = alert.due_ms;
+                }
+                None => ahead.push((condition, alert.due_ms)),
             }
         }
-        if changed {
+    }
+
+    /// The sink accepted the queued alert `id`: it alone leaves the queue (another spell's
+    /// alert of its kind still goes).
+    pub fn alert_delivered(&mut self, id: &str) {
+        if let Some(at) = self.pending_alerts.iter().position(|a| a.id == id) {
+            self.pending_alerts.remove(at);
             self.changed();
         }
     }
 
-    /// Alerts whose time to be sent has come.
+    /// Sending the queued alert `id` failed: try again in `retry_in_ms`; the alerts of its
+    /// condition queued after it wait as long.
+    pub fn alert_failed(&mut self, id: &str, now_ms: i64, retry_in_ms: i64) {
+        if let Some(alert) = self.pending_alerts.iter_mut().find(|a| a.id == id) {
+            alert.attempts += 1;
+            alert.due_ms = now_ms + retry_in_ms;
+            self.keep_in_order();
+            self.changed();
+        }
+    }
+
+    /// The id of the first queued alert of `kind` (tests tell the record what the sink did).
+    #[cfg(test)]
+    pub fn queued_id(&self, kind: AlertKind) -> String {
+        let queued = self.pending_alerts.iter().find(|a| a.kind == kind);
+        queued.map(|a| a.id.clone()).unwrap_or_default()
+    }
+
+    /// Alerts whose time to be sent has come, in queue order.
     pub fn due_alerts(&self, now_ms: i64) -> Vec<PendingAlert> {
         self.pending_alerts
             .iter()

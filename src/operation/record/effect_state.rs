@@ -385,7 +385,7 @@ impl Operation {
         self.effect.last_error = None;
         self.effect.desk = None;
         self.effect.claim = None;
-        self.alerts.retain(|a| *a != AlertKind::EffectFailing);
+        self.rearm_alert(AlertKind::EffectFailing);
         self.changed();
     }
 
@@ -429,7 +429,7 @@ impl Operation {
         self.effect.failures_in_row = 0;
         self.effect.next_attempt_ms = now_ms;
         self.effect.desk = None;
-        self.alerts.retain(|a| *a != AlertKind::EffectFailing);
+        self.rearm_alert(AlertKind::EffectFailing);
         self.changed();
         Ok(())
     }

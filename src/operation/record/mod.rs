@@ -19,6 +19,8 @@
 //! Its fields are private: readers outside use accessors, and the version is bumped in one
 //! place (`Operation::changed`).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -44,9 +46,8 @@ mod tests;
 
 pub use crate::retry::AttemptOutcome;
 pub use alerts::PendingAlert;
-pub use confirmation::{Confirmation, MAX_CONFIRM_ATTEMPTS};
+pub use confirmation::Confirmation;
 pub use effect_state::{Claim, DeskMark, Effect, EffectReport, Finished, Parked};
-pub use ledger_mark::{PROJECTION_RETRY_MAX_MS, PROJECTION_SPACING_MS};
 pub use operator::{Actor, OperatorNote, OperatorRefusal};
 pub use results_mark::ResultsMode;
 
@@ -133,6 +134,10 @@ pub struct Operation {
     /// ended yet: their end is alerted once each time ([`AlertKind::resolution`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     open_alerts: Vec<AlertKind>,
+    /// How many spells of each condition ended before (its alert un-marked so a later spell
+    /// alerts again): each spell's alerts go under their own ids ([`alerts`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    alert_spells: BTreeMap<AlertKind, u32>,
     /// `"results": "each"`: each result of the batch is its own side effect
     /// ([`results_mark`]).
     #[serde(default, skip_serializing_if = "ResultsMode::is_none")]
@@ -193,6 +198,7 @@ impl Operation {
             retired_at_ms: None,
             confirm_asked_ms: None,
             open_alerts: Vec::new(),
+            alert_spells: BTreeMap::new(),
             results: ResultsMode::None,
             results_counts: None,
             results_due_ms: None,

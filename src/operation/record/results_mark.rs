@@ -129,8 +129,7 @@ impl Operation {
     /// A result sender answered again, or nothing waits for one: `results_sender_failing`
     /// resolves, and a later spell alerts again.
     pub fn results_senders_back(&mut self, now_ms: i64) {
-        self.alerts
-            .retain(|a| *a != AlertKind::ResultsSenderFailing);
+        self.rearm_alert(AlertKind::ResultsSenderFailing);
         self.resolve_alert(AlertKind::ResultsSenderFailing, now_ms);
         self.changed();
     }
@@ -144,7 +143,7 @@ impl Operation {
         if self.results_stopped() {
             return false;
         }
-        self.alerts.retain(|a| *a != AlertKind::ResultsFailing);
+        self.rearm_alert(AlertKind::ResultsFailing);
         self.results_due_ms = Some(now_ms);
         self.changed();
         true
@@ -443,7 +442,7 @@ mod tests {
         };
         let mut op = succeeded(ResultsMode::Each);
         assert!(op.raise_alert(AlertKind::ResultsFileParked, 0, 20));
-        op.alert_delivered(AlertKind::ResultsFileParked);
+        op.alert_delivered(&op.queued_id(AlertKind::ResultsFileParked));
         op.results_settled(json!({"total": 0, "file_parked": "404"}), 0, 30);
         assert_eq!(kinds(&op), vec![], "still parked: nothing resolved");
         op.results_retried(40);
@@ -451,7 +450,7 @@ mod tests {
         assert_eq!(kinds(&op), vec![AlertKind::ResultsFileRead]);
         let body = op.alert_body(AlertKind::ResultsFileRead, "alert_x", 0);
         assert_eq!(body["resolves"], "results_file_parked");
-        op.alert_delivered(AlertKind::ResultsFileRead);
+        op.alert_delivered(&op.queued_id(AlertKind::ResultsFileRead));
         op.results_retried(60);
         op.results_settled(json!({"total": 2, "delivered": 2}), 0, 70);
         assert_eq!(kinds(&op), vec![], "resolved once");

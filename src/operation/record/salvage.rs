@@ -62,6 +62,8 @@ impl Operation {
             }
             Err(_) => op.alerts.clear(),
         }
+        // A spell raised again goes under the id it had, never under an earlier spell's.
+        op.alert_spells = serde_json::from_value(v["alert_spells"].clone()).unwrap_or_default();
         // A nudge waiting for its confirmation keeps its metadata and is asked about again.
         op.confirmation = serde_json::from_value(v["confirmation"].clone()).ok();
         op.notes.forgotten = serde_json::from_value::<OperatorNote>(v["forgotten"].clone()).ok();

@@ -1,5 +1,7 @@
 //! The record's transitions, one behaviour per test.
 
+use super::confirmation::MAX_CONFIRM_ATTEMPTS;
+use super::ledger_mark::PROJECTION_RETRY_MAX_MS;
 use super::*;
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{Source, Status, Verdict};
@@ -30,8 +32,8 @@ fn settled() -> Operation {
 fn transitions_that_change_nothing_keep_the_version() {
     let mut op = settled();
     let version = op.version;
-    op.alert_delivered(AlertKind::Stuck);
-    op.alert_failed(AlertKind::Stuck, 5, 5);
+    op.alert_delivered("none queued");
+    op.alert_failed("none queued", 5, 5);
     op.confirmation_failed(5, 5);
     op.confirmation_gone();
     assert!(!op.request_confirmation(5, Map::new(), None, 0), "terminal");
@@ -665,13 +667,13 @@ fn alerts_stay_queued_until_the_sink_accepts_them() {
     let due = op.due_alerts(1_000);
     assert_eq!(due.len(), 1);
     let id = due[0].id.clone();
-    op.alert_failed(AlertKind::Stuck, 1_000, 5_000);
+    op.alert_failed(&op.queued_id(AlertKind::Stuck), 1_000, 5_000);
     assert!(op.due_alerts(2_000).is_empty());
     assert_eq!(op.wake_at_ms(1, 0), Some(6_000), "the alarm retries it");
     let retry = op.due_alerts(6_000);
     assert_eq!(retry[0].id, id, "the same alert id on every retry");
     assert_eq!(retry[0].attempts, 1);
-    op.alert_delivered(AlertKind::Stuck);
+    op.alert_delivered(&op.queued_id(AlertKind::Stuck));
     assert!(op.pending_alerts.is_empty());
     assert_eq!(op.alerts, vec![AlertKind::Stuck]);
 }
@@ -682,7 +684,7 @@ fn alerts_stay_queued_until_the_sink_accepts_them() {
 fn a_resolution_waits_for_its_trigger_still_queued() {
     let mut op = Operation::register("batches/a", "batches/a", None, 0);
     assert!(op.raise_alert(AlertKind::EffectFailing, 60, 1_000));
-    op.alert_failed(AlertKind::EffectFailing, 1_000, 5_000);
+    op.alert_failed(&op.queued_id(AlertKind::EffectFailing), 1_000, 5_000);
     assert!(op.resolve_alert(AlertKind::EffectFailing, 2_000));
     assert!(op.due_alerts(2_000).is_empty(), "the resolution waits");
     op.ledger.version = u64::MAX;
@@ -691,10 +693,10 @@ fn a_resolution_waits_for_its_trigger_still_queued() {
     let both = vec![AlertKind::EffectFailing, AlertKind::EffectRecovered];
     assert_eq!(kinds(op.due_alerts(6_000)), both);
     // Both due, the trigger's send fails: the resolution waits again with it.
-    op.alert_failed(AlertKind::EffectFailing, 6_000, 5_000);
+    op.alert_failed(&op.queued_id(AlertKind::EffectFailing), 6_000, 5_000);
     assert!(op.due_alerts(10_000).is_empty());
     assert_eq!(kinds(op.due_alerts(11_000)), both);
-    op.alert_delivered(AlertKind::EffectFailing);
+    op.alert_delivered(&op.queued_id(AlertKind::EffectFailing));
     assert_eq!(
         kinds(op.due_alerts(11_000)),
         vec![AlertKind::EffectRecovered]
@@ -806,7 +808,7 @@ fn a_parked_effect_delivered_after_a_retry_resolves_its_alert() {
     let c = op.claim(2_000, 600_000).unwrap();
     op.finish(c.token, &Next::Park("400".into()), 2_100);
     assert!(op.raise_alert(AlertKind::EffectFailing, 1, 2_100));
-    op.alert_delivered(AlertKind::EffectFailing);
+    op.alert_delivered(&op.queued_id(AlertKind::EffectFailing));
     assert_eq!(op.retry_now(3_000), Ok(()));
     let c = op.claim(3_000, 600_000).unwrap();
     assert_eq!(op.finish(c.token, &Next::Delivered, 3_500), Finished::Done);

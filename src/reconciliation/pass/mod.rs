@@ -58,10 +58,8 @@ use crate::reconciliation::status::StatusAnswer;
 
 use stop::{past_deadline, Stop};
 
-pub use consumer::{Consumer, JobOutcome};
-pub use fanout::{
-    Fanout, JobEntry, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES, JOB_MAX_AGE_MS,
-};
+pub use consumer::Consumer;
+pub use fanout::{Fanout, PollJob, QueuedJob, CONSUMER_BATCH_MESSAGES, JOB_ENTRIES};
 pub use lines::{JobDrop, PassLog, PassReport};
 
 #[cfg(doc)]

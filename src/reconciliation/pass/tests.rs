@@ -3,6 +3,8 @@
 
 use serde_json::{json, Value};
 
+use super::consumer::JobOutcome;
+use super::fanout::{JobEntry, JOB_MAX_AGE_MS};
 use super::stop::{Stop, UNANSWERED_BACKOFF_MS};
 use super::*;
 use crate::operation::alert::AlertKind;

@@ -20,6 +20,7 @@ use crate::refusal::Refusal;
 use crate::edge::objects::call::call_retired;
 use crate::edge::objects::gate::alarm::Run;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
+use crate::edge::objects::retired_shard::failed;
 use crate::edge::runtime::now_ms;
 
 /// A registration that finds no record (or only one a signed delivery created, whose first
@@ -68,11 +69,6 @@ async fn call(
 ) -> std::result::Result<RetiredReply, Refusal> {
     storage.meter().add(|u| u.object_calls += 1);
     call_retired(env, name, command).await
-}
-
-/// A reply other than the one asked for, or none: the alarm's run fails (and is retried).
-fn failed(what: impl std::fmt::Display) -> worker::Error {
-    worker::Error::RustError(format!("retired names: {what}"))
 }
 
 impl Run<'_> {
