@@ -110,7 +110,7 @@ impl Operation {
 
     /// Applies what the status API said in answer to a confirmation, as an event from the
     /// webhook path carrying the nudge's metadata. The confirmation ends once the operation
-    /// is terminal or after [`MAX_CONFIRM_ATTEMPTS`]; otherwise it is asked again in
+    /// is terminal or after `MAX_CONFIRM_ATTEMPTS`; otherwise it is asked again in
     /// `retry_in_ms` (Gemini may answer a moment behind its own webhook).
     pub fn confirm_with(&mut self, mut event: OpEvent, now_ms: i64, retry_in_ms: i64) -> Verdict {
         let Some(mut confirmation) = self.confirmation.take() else {
@@ -139,7 +139,7 @@ impl Operation {
     }
 
     /// The status API could not answer, or not usably (no key, 429, 5xx, timeout, an
-    /// unusable body): ask again later, at most [`MAX_CONFIRM_ATTEMPTS`] questions in all,
+    /// unusable body): ask again later, at most `MAX_CONFIRM_ATTEMPTS` questions in all,
     /// then leave the operation to the cron (which polls it) and its alerts.
     pub fn confirmation_failed(&mut self, now_ms: i64, retry_in_ms: i64) {
         if let Some(c) = &mut self.confirmation {

@@ -155,7 +155,7 @@ impl Operation {
     }
 
     /// A ledger write failed at `now_ms`: the next waits 1 s, 2 s, 4 s, ... up to
-    /// [`PROJECTION_RETRY_MAX_MS`].
+    /// `PROJECTION_RETRY_MAX_MS`.
     pub fn projection_failed(&mut self, now_ms: i64) {
         self.ledger.failed(now_ms);
     }

@@ -70,7 +70,7 @@ pub struct Fanout {
 
 /// One queue message: index entries as listed (name and metadata), the first one's slot, and
 /// the rate that spaces the rest; with the slot its pass first gave it and the times it was
-/// sent back, which bound its life ([`JOB_MAX_AGE_MS`]).
+/// sent back, which bound its life (`JOB_MAX_AGE_MS`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PollJob {
     pub entries: Vec<JobEntry>,

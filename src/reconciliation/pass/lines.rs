@@ -69,7 +69,7 @@ pub struct PassReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobDrop {
-    /// [`JOB_MAX_AGE_MS`](super::JOB_MAX_AGE_MS) past the message's first slot, or its wait would end there.
+    /// `JOB_MAX_AGE_MS` past the message's first slot, or its wait would end there.
     Expired,
     /// They were to be sent back, but the lease could not record where their slots end.
     LeaseUnreachable,
