@@ -378,4 +378,82 @@ describe("a batch an earlier build stored", () => {
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });
+
+  it("moves 450 parked results a page a load, lists every one in order meanwhile, and an operator's retries deliver them all under their first ids", { timeout: 240_000 }, async (t) => {
+    try {
+      execFileSync("sqlite3", ["-version"]);
+    } catch {
+      t.skip("needs the sqlite3 command to write the tables an earlier build stored");
+      return;
+    }
+    const gemini = await startGemini();
+    const sink = await startServer(() => ({ status: 200 }));
+    let refuse = true;
+    const dest = await startServer((req) => ({ status: refuse && "result_key" in JSON.parse(req.body) ? 422 : 200 }));
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gemini-once-results-layout-"));
+    const key = "batches/layout450";
+    const page = async (w, cursor) => (await w.admin(`/v1/operations/${encodeURIComponent(key)}/results?state=parked${cursor ? `&cursor=${cursor}` : ""}`)).body;
+    let w;
+    try {
+      gemini.files.set("files/layout450", fileOf(450));
+      gemini.status.set(key, succeeded(key, { responsesFile: "files/layout450" }));
+      w = await startWorker(workerVars({ dest, gemini, sink }), { persist: dir });
+      await w.register(key, "other", { results: "each" });
+      await w.deliver("batch.succeeded", key);
+      await eventually(() => split(dest, key).jobs.length > 0, { timeoutMs: 90_000, what: "the job effect, every result parked" });
+      const id = (await w.mf.getDurableObjectNamespace("OPERATION_GATE")).idFromName(key).toString();
+      await w.dispose();
+      w = null;
+      const file = fs.readdirSync(dir, { recursive: true }).find((f) => String(f).endsWith(`${id}.sqlite`));
+      const sql = (q) => execFileSync("sqlite3", [path.join(dir, String(file)), q], { encoding: "utf8" }).trim();
+      assert.equal(sql("SELECT count(*) FROM results_failures WHERE parked = 1"), "450");
+      sql(`CREATE TABLE results_kept (idx INTEGER PRIMARY KEY, item TEXT NOT NULL);
+           CREATE TABLE results_parked (idx INTEGER PRIMARY KEY, row TEXT NOT NULL);
+           INSERT INTO results_kept SELECT idx, item FROM results_failures;
+           INSERT INTO results_parked SELECT idx, row FROM results_failures WHERE parked = 1;
+           DROP TABLE results_failures;`);
+
+      w = await startWorker(workerVars({ dest, gemini, sink }), { persist: dir });
+      // Each listing's load moves a page of parked rows first, so pages read in order of index
+      // are whole while the move is under way.
+      const first = await page(w, null);
+      await w.dispose();
+      w = null;
+      assert.equal(sql("SELECT count(*) FROM results_parked"), "50", "a load moves 400 parked rows, not all");
+      w = await startWorker(workerVars({ dest, gemini, sink }), { persist: dir });
+      const listed = first.results.map((r) => r.index);
+      let cursor = first.cursor;
+      do {
+        const body = await page(w, cursor);
+        listed.push(...body.results.map((r) => r.index));
+        cursor = body.cursor;
+      } while (cursor);
+      assert.deepEqual(listed, Array.from({ length: 450 }, (_, i) => i), "every parked result, once, in order");
+      refuse = false;
+      const firstIds = new Map(split(dest, key).results.map((r) => [r.body.result_key, r.id]));
+      const retry = async () => (await w.admin(`/v1/operations/${encodeURIComponent(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed" }) })).body;
+      let retried = 0;
+      await eventually(async () => {
+        retried += (await retry()).retried;
+        return retried === 450;
+      }, { timeoutMs: 120_000, what: "every parked result retried" });
+      const { results } = await eventually(() => {
+        const s = split(dest, key);
+        return s.jobs.some((j) => j.body.results.delivered === 450) && s;
+      }, { timeoutMs: 120_000, what: "the job effect with 450 delivered" });
+      const accepted = new Map();
+      for (const r of results) {
+        assert.equal(r.id, firstIds.get(r.body.result_key), `${r.body.result_key} under its first id`);
+        accepted.set(r.body.result_key, r.id);
+      }
+      assert.equal(accepted.size, 450);
+      await w.dispose();
+      w = null;
+      assert.equal(sql("SELECT group_concat(name) FROM sqlite_master WHERE type = 'table' AND name IN ('results_kept', 'results_parked', 'results_failures')"), "results_failures", "the old tables dropped once moved");
+    } finally {
+      await w?.dispose();
+      await Promise.all([gemini.close(), dest.close(), sink.close()]);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
 });

@@ -5,10 +5,13 @@
 //! `results_progress(id = 1, body)` the [`Progress`] as JSON, without its rows;
 //! `results_failures(idx, parked, row, item)` each result not delivered, waiting or parked: its
 //! [`Row`] (its state) and its result (the waiting rows are loaded with the progress, at most
-//! `MAX_WAITING` and a wave; `item` last, so that reading the rows never reads a result). An
+//! `MAX_WAITING` and a wave, through the partial index `results_waiting`, so a load never
+//! reads the parked ones; `item` last, so that reading the rows never reads a result). An
 //! earlier build's layout (the waiting rows in the progress, `results_kept(idx, item)` and
-//! `results_parked(idx, row)`) is moved to `results_failures` by the first load, in one write,
-//! its tables dropped. An inline batch's results, stored as its status
+//! `results_parked(idx, row)`) is moved to `results_failures` by the loads that follow the
+//! deploy: the waiting rows at the first, the parked ones [`MOVED_PER_LOAD`] a load in order
+//! of index (a load's work stays bounded whatever the number parked), the old tables dropped
+//! once empty. An inline batch's results, stored as its status
 //! answer streams in: `results_inline_items(seq, key, hash, payload)` each item at its place
 //! in the answer (its `metadata.key`, content hash, and `response`, `error` or `unreadable`),
 //! then `results_inline_order(idx, seq, suffix)` their stable order (a row an item: the
@@ -28,12 +31,17 @@ use worker::{Result, SqlStorage};
 use crate::results::inline::Entry;
 use crate::results::item::{Payload, ResultItem};
 use crate::results::keys::{inline_base, inline_order, Place};
-use crate::results::progress::{Progress, Row, Write};
+use crate::results::progress::{Progress, Row, Write, MAX_WAITING};
 
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::objects::usage_meter::Meter;
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS results_progress (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_failures (idx INTEGER PRIMARY KEY, parked INTEGER NOT NULL, row TEXT NOT NULL, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline (idx INTEGER PRIMARY KEY, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_items (seq INTEGER PRIMARY KEY, key TEXT, hash TEXT NOT NULL, payload TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_order (idx INTEGER PRIMARY KEY, seq INTEGER NOT NULL, suffix TEXT NOT NULL)";
+/// Parked rows of an earlier build's layout moved by a load: bounded, so no load's write grows
+/// with the number parked, and no fewer than a listing's page or a retry's room, so the rows
+/// those read next (in order of index) were moved before them.
+const MOVED_PER_LOAD: usize = MAX_WAITING;
+
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS results_progress (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_failures (idx INTEGER PRIMARY KEY, parked INTEGER NOT NULL, row TEXT NOT NULL, item TEXT NOT NULL); CREATE INDEX IF NOT EXISTS results_waiting ON results_failures (idx) WHERE parked = 0; CREATE TABLE IF NOT EXISTS results_inline (idx INTEGER PRIMARY KEY, item TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_items (seq INTEGER PRIMARY KEY, key TEXT, hash TEXT NOT NULL, payload TEXT NOT NULL); CREATE TABLE IF NOT EXISTS results_inline_order (idx INTEGER PRIMARY KEY, seq INTEGER NOT NULL, suffix TEXT NOT NULL)";
 
 /// One gate's results tables.
 pub(super) struct ResultsStore<'a> {
@@ -132,23 +140,46 @@ impl<'a> ResultsStore<'a> {
         rows.iter().map(parse).collect()
     }
 
-    /// An earlier build's layout, moved to the failure rows with no await (one write, once):
-    /// the waiting rows the value held and the parked rows, each with its kept result.
+    /// An earlier build's layout, moved to the failure rows with no await: the waiting rows
+    /// the value held (at most `MAX_WAITING`, each with its kept result) and the value without
+    /// them, then [`MOVED_PER_LOAD`] parked rows with theirs, the old tables dropped once no
+    /// parked row is left in them.
     fn move_earlier_layout(&self, progress: &Progress) -> Result<()> {
         self.meter.exec(&self.sql, SCHEMA, None)?;
         for row in progress.rows.values() {
+            let index = (row.index as i64).into();
             self.meter.exec(
                 &self.sql,
                 "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) SELECT idx, 0, ?, item FROM results_kept WHERE idx = ?",
-                vec![text(row)?.into(), (row.index as i64).into()],
+                vec![text(row)?.into(), index],
             )?;
+            let index = (row.index as i64).into();
+            let forget = "DELETE FROM results_kept WHERE idx = ?";
+            self.meter.exec(&self.sql, forget, Some(vec![index]))?;
         }
+        if !progress.rows.is_empty() {
+            self.save(progress, Vec::new())?;
+        }
+        let page = || Some(vec![(MOVED_PER_LOAD as i64).into()]);
         self.meter.exec(
             &self.sql,
-            "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) SELECT p.idx, 1, p.row, k.item FROM results_parked p JOIN results_kept k ON k.idx = p.idx; DROP TABLE results_parked; DROP TABLE results_kept",
+            "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) SELECT p.idx, 1, p.row, k.item FROM results_parked p JOIN results_kept k ON k.idx = p.idx ORDER BY p.idx LIMIT ?",
+            page(),
+        )?;
+        for table in ["results_kept", "results_parked"] {
+            let query = format!("DELETE FROM {table} WHERE idx IN (SELECT idx FROM results_parked ORDER BY idx LIMIT ?)");
+            self.meter.exec(&self.sql, &query, page())?;
+        }
+        let left: Vec<Text> = self.meter.rows(
+            &self.sql,
+            "SELECT 'parked' AS body FROM results_parked LIMIT 1",
             None,
         )?;
-        self.save(progress, Vec::new())
+        if left.is_empty() {
+            let drop = "DROP TABLE results_parked; DROP TABLE results_kept";
+            self.meter.exec(&self.sql, drop, None)?;
+        }
+        Ok(())
     }
 
     /// The progress as stored now (else `stale`): a step reads it afresh after every await,
