@@ -306,18 +306,33 @@ describe("a worker killed mid-file", () => {
 });
 
 describe("a batch an earlier build stored", () => {
+  const noSqlite = (t) => {
+    try {
+      execFileSync("sqlite3", ["-version"]);
+      return false;
+    } catch {
+      t.skip("needs the sqlite3 command to write the tables an earlier build stored");
+      return true;
+    }
+  };
+  // The sqlite3 command on the storage of `key`'s gate under `dir` (run while the worker is stopped).
+  const gateSql = async (w, dir, key) => {
+    const id = (await w.mf.getDurableObjectNamespace("OPERATION_GATE")).idFromName(key).toString();
+    const file = fs.readdirSync(dir, { recursive: true }).find((f) => String(f).endsWith(`${id}.sqlite`));
+    return (q) => execFileSync("sqlite3", [path.join(dir, String(file)), q], { encoding: "utf8" }).trim();
+  };
+  // The failure rows written back as the earlier build's two tables (before `results_failures` is dropped).
+  const EARLIER_TABLES = `CREATE TABLE results_kept (idx INTEGER PRIMARY KEY, item TEXT NOT NULL);
+           CREATE TABLE results_parked (idx INTEGER PRIMARY KEY, row TEXT NOT NULL);
+           INSERT INTO results_kept SELECT idx, item FROM results_failures;
+           INSERT INTO results_parked SELECT idx, row FROM results_failures WHERE parked = 1;`;
   // An earlier build kept a result's state in two places: its waiting rows in the progress's
   // JSON (`rows`), each result in `results_kept(idx, item)` and the parked rows in
   // `results_parked(idx, row)`. Its storage is written back into that layout with the sqlite3
   // command while the worker is stopped; the worker started again on it lists the same
   // results, moves them to one failure row each, and finishes the batch.
   it("lists the same waiting and parked results after the deploy, moves them to one failure row each, and an operator's retry finishes the batch", { timeout: 180_000 }, async (t) => {
-    try {
-      execFileSync("sqlite3", ["-version"]);
-    } catch {
-      t.skip("needs the sqlite3 command to write the tables an earlier build stored");
-      return;
-    }
+    if (noSqlite(t)) return;
     const gemini = await startGemini();
     const sink = await startServer(() => ({ status: 200 }));
     const refuse = new Set(["k3", "k8"]), failing = new Set(["k5"]);
@@ -337,17 +352,12 @@ describe("a batch an earlier build stored", () => {
       await w.deliver("batch.succeeded", key);
       const parked = await eventually(async () => { const p = await list(w, "parked"); return p.length === 2 && p; }, { what: "k3 and k8 parked" });
       await eventually(async () => (await list(w, "waiting")).some((r) => r.result_key === "k5" && r.attempts >= 2), { what: "k5 waiting, retried" });
-      const id = (await w.mf.getDurableObjectNamespace("OPERATION_GATE")).idFromName(key).toString();
+      const sql = await gateSql(w, dir, key);
       await w.dispose();
       w = null;
-      const file = fs.readdirSync(dir, { recursive: true }).find((f) => String(f).endsWith(`${id}.sqlite`));
-      const sql = (q) => execFileSync("sqlite3", [path.join(dir, String(file)), q], { encoding: "utf8" }).trim();
       const waiting = JSON.parse(sql("SELECT json_group_array(json(row)) FROM results_failures WHERE parked = 0"));
       assert.deepEqual(waiting.map((r) => r.result_key), ["k5"]);
-      sql(`CREATE TABLE results_kept (idx INTEGER PRIMARY KEY, item TEXT NOT NULL);
-           CREATE TABLE results_parked (idx INTEGER PRIMARY KEY, row TEXT NOT NULL);
-           INSERT INTO results_kept SELECT idx, item FROM results_failures;
-           INSERT INTO results_parked SELECT idx, row FROM results_failures WHERE parked = 1;
+      sql(`${EARLIER_TABLES}
            UPDATE results_progress SET body = json_set(body, '$.rows', (SELECT json_group_object(idx, json(row)) FROM results_failures WHERE parked = 0));
            DROP TABLE results_failures;`);
       assert.match(sql("SELECT body FROM results_progress"), /"rows":\{"5":\{"result_key":"k5"/);
@@ -380,12 +390,7 @@ describe("a batch an earlier build stored", () => {
   });
 
   it("moves 450 parked results a page a load, lists every one in order meanwhile, and an operator's retries deliver them all under their first ids", { timeout: 240_000 }, async (t) => {
-    try {
-      execFileSync("sqlite3", ["-version"]);
-    } catch {
-      t.skip("needs the sqlite3 command to write the tables an earlier build stored");
-      return;
-    }
+    if (noSqlite(t)) return;
     const gemini = await startGemini();
     const sink = await startServer(() => ({ status: 200 }));
     let refuse = true;
@@ -401,16 +406,11 @@ describe("a batch an earlier build stored", () => {
       await w.register(key, "other", { results: "each" });
       await w.deliver("batch.succeeded", key);
       await eventually(() => split(dest, key).jobs.length > 0, { timeoutMs: 90_000, what: "the job effect, every result parked" });
-      const id = (await w.mf.getDurableObjectNamespace("OPERATION_GATE")).idFromName(key).toString();
+      const sql = await gateSql(w, dir, key);
       await w.dispose();
       w = null;
-      const file = fs.readdirSync(dir, { recursive: true }).find((f) => String(f).endsWith(`${id}.sqlite`));
-      const sql = (q) => execFileSync("sqlite3", [path.join(dir, String(file)), q], { encoding: "utf8" }).trim();
       assert.equal(sql("SELECT count(*) FROM results_failures WHERE parked = 1"), "450");
-      sql(`CREATE TABLE results_kept (idx INTEGER PRIMARY KEY, item TEXT NOT NULL);
-           CREATE TABLE results_parked (idx INTEGER PRIMARY KEY, row TEXT NOT NULL);
-           INSERT INTO results_kept SELECT idx, item FROM results_failures;
-           INSERT INTO results_parked SELECT idx, row FROM results_failures WHERE parked = 1;
+      sql(`${EARLIER_TABLES}
            DROP TABLE results_failures;`);
 
       w = await startWorker(workerVars({ dest, gemini, sink }), { persist: dir });
