@@ -16,7 +16,7 @@ use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, 
 use crate::operation::{OpEvent, Operation};
 use crate::telemetry::counters::Counter;
 
-use super::decision::{Save, Step};
+use super::{Save, Step};
 
 #[cfg(doc)]
 use crate::operation::gate::protocol::GateCommand;

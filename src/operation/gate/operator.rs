@@ -14,7 +14,7 @@ use crate::operation::lifecycle::Status;
 use crate::operation::{Actor, Operation, OperatorRefusal};
 use crate::telemetry::counters::Counter;
 
-use super::decision::Step;
+use super::Step;
 
 /// Redeliver: retry an effect not done, or send a done one again as a new generation, unless
 /// `sent_before_ms` (a bulk run's cut-off) says this run sent it already.

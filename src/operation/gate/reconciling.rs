@@ -15,7 +15,7 @@ use crate::operation::gate::protocol::{EffectReport, GateReply};
 use crate::operation::history::HistoryEntry;
 use crate::operation::Operation;
 
-use super::decision::Step;
+use super::Step;
 
 #[cfg(doc)]
 use crate::operation::gate::protocol::GateCommand;

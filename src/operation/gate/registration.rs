@@ -18,7 +18,7 @@ use crate::operation::gate::protocol::GateReply;
 use crate::operation::history::HistoryEntry;
 use crate::operation::{Actor, KindFill, Operation, ResultsMode};
 
-use super::decision::Step;
+use super::Step;
 
 /// A registration for a name the gate holds no record of: a pending operation.
 pub(super) fn register_new(

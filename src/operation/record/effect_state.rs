@@ -1,6 +1,6 @@
 //! The side effect's state in the record: claims with a fencing token, attempts, retries,
-//! parking, the operator's retry and redelivery, and where it stands as the gate's answers
-//! report it ([`EffectReport`]).
+//! parking, the operator's retry and redelivery, and the values the gate's answers report it
+//! by ([`EffectReport`]; which one applies reads the whole record: `record/mod.rs`).
 //!
 //! Guarantees (docs/DESIGN.md, invariant 2): a claim carries a token that only grows, and only
 //! the holder of the current token may finish it; a failed attempt never marks done; a done
@@ -167,26 +167,6 @@ pub enum Finished {
 }
 
 impl Operation {
-    /// Where the side effect stands, without running it (the alarm runs it): what an answer
-    /// of the gate reports.
-    pub fn effect_report(&self, now: i64) -> EffectReport {
-        if !self.effect_owed() {
-            if self.effect.done {
-                EffectReport::Delivered
-            } else if self.effect.parked.is_some() {
-                EffectReport::Parked
-            } else {
-                EffectReport::NotOwed
-            }
-        } else if self.effect.claim.is_some_and(|c| c.expires_ms > now) {
-            EffectReport::InFlight
-        } else if self.effect.next_attempt_ms <= now {
-            EffectReport::Scheduled
-        } else {
-            EffectReport::RetryScheduled
-        }
-    }
-
     /// Claims the side effect if it is owed, due, and not held by a live claim.
     pub fn claim(&mut self, now_ms: i64, ttl_ms: i64) -> Option<Claim> {
         // A batch's results go first: the job's effect then carries their counts.

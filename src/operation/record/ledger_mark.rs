@@ -42,11 +42,6 @@ pub const PROJECTION_SPACING_MS: i64 = 1_000;
 pub const PROJECTION_RETRY_MAX_MS: i64 = 300_000;
 
 impl LedgerMark {
-    /// When the next write may be tried.
-    fn due_ms(&self) -> i64 {
-        (self.at_ms + PROJECTION_SPACING_MS).max(self.retry_at_ms)
-    }
-
     /// A write of `version` succeeded at `now_ms`: the backoff resets.
     fn written(&mut self, version: u64, now_ms: i64) {
         self.version = self.version.max(version);
@@ -120,12 +115,6 @@ impl Operation {
                 .is_closed()
                 .then(|| (retention_secs.max(0) as u64).max(MIN_TTL_SECS)),
         }
-    }
-
-    /// When the next ledger write may be tried: one second after the last (KV's per-key write
-    /// rate), or later after failures.
-    pub fn projection_due_ms(&self) -> i64 {
-        self.ledger.due_ms()
     }
 
     /// A ledger write of `version` succeeded at `now_ms`.

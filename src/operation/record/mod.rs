@@ -11,9 +11,10 @@
 //! The record is split by concern, each part in its own module with the transitions that
 //! touch it: the side effect ([`effect_state`]), alerts ([`alerts`]), a nudge's confirmation
 //! ([`confirmation`]), operators' notes ([`operator`]), the stats outbox ([`outbox`]), the
-//! ledger projection and its bookkeeping ([`ledger_mark`]). What the side effect's claim and
-//! the gate's wake time read of the whole record (whether the effect or a batch's results are
-//! owed, and when each is due: two fields, one each) is here, beside [`Operation::apply`]. It is stored as one flat JSON
+//! ledger projection and its bookkeeping ([`ledger_mark`]). What the side effect's claim, the
+//! gate's answers and its wake time read of the whole record (whether the effect or a batch's
+//! results are owed, where the effect stands, and when each is due: the ledger write's
+//! included) is here, beside [`Operation::apply`]. It is stored as one flat JSON
 //! object derived from [`Operation`]'s one definition, whose field names never change, so
 //! every stored record still loads.
 //! Its fields are private: readers outside use accessors, and the version is bumped in one
@@ -51,7 +52,7 @@ pub use effect_state::{Claim, DeskMark, Effect, EffectReport, Finished, Parked};
 pub use operator::{Actor, OperatorNote, OperatorRefusal};
 pub use results_mark::ResultsMode;
 
-use ledger_mark::LedgerMark;
+use ledger_mark::{LedgerMark, PROJECTION_SPACING_MS};
 use operator::OperatorNotes;
 use outbox::Outbox;
 
@@ -403,6 +404,26 @@ impl Operation {
             && self.notes.forgotten.is_none()
     }
 
+    /// Where the side effect stands, without running it (the alarm runs it): what an answer
+    /// of the gate reports.
+    pub fn effect_report(&self, now: i64) -> EffectReport {
+        if !self.effect_owed() {
+            if self.effect.done {
+                EffectReport::Delivered
+            } else if self.effect.parked.is_some() {
+                EffectReport::Parked
+            } else {
+                EffectReport::NotOwed
+            }
+        } else if self.effect.claim.is_some_and(|c| c.expires_ms > now) {
+            EffectReport::InFlight
+        } else if self.effect.next_attempt_ms <= now {
+            EffectReport::Scheduled
+        } else {
+            EffectReport::RetryScheduled
+        }
+    }
+
     /// True while the results' side effects are owed: a `"results": "each"` batch that
     /// succeeded, whose effect is owed and not yet tried, and whose results are not settled.
     /// The job's effect waits meanwhile ([`Operation::job_due_ms`] is none).
@@ -592,6 +613,12 @@ impl Operation {
     pub fn retires_at_ms(&self, retention_ms: i64) -> Option<i64> {
         let end = self.expires_at_ms(retention_ms)?;
         Some(RetiredName::of(&self.key).moment(end, moment_period_ms(retention_ms)))
+    }
+
+    /// When the next ledger write may be tried: one second after the last (KV's per-key write
+    /// rate), or later after failures (the ledger mark's backoff, [`ledger_mark`]).
+    pub fn projection_due_ms(&self) -> i64 {
+        (self.ledger.at_ms + PROJECTION_SPACING_MS).max(self.ledger.retry_at_ms)
     }
 
     /// When the gate must wake next: a lapsed claim, the job effect's due attempt, the
