@@ -24,7 +24,6 @@ pub mod telemetry;
 pub mod alert_format;
 pub mod alert_line;
 pub mod body_cap;
-pub mod bounds;
 pub mod config;
 pub mod destination;
 pub mod destination_label;

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Map, Value};
 
-use gemini_once::bounds;
+use gemini_once::operation::details;
 use gemini_once::operation::details::normalize_details;
 use gemini_once::operation::effect::effect_body;
 use gemini_once::operation::key::Collection;
@@ -173,7 +173,7 @@ fn outside_values_are_bounded_on_the_way_in() {
     assert_eq!(w["user_metadata"]["truncated"], true);
     assert_eq!(w["user_metadata"]["reason"], "too_deep");
     assert_eq!(w["provider"]["extra"]["reason"], "too_deep");
-    assert!(w["error_message"].as_str().unwrap().len() <= bounds::MAX_BYTES);
+    assert!(w["error_message"].as_str().unwrap().len() <= details::MAX_BYTES);
     // The body reads back, and normalizing again changes nothing.
     let text = w.to_string();
     let back: Value = serde_json::from_str(&text).unwrap();

@@ -5,8 +5,8 @@
 
 use serde_json::{json, Map, Value};
 
-use gemini_once::bounds::{self, MAX_BYTES, MAX_DEPTH};
 use gemini_once::inbound::envelope;
+use gemini_once::operation::details::{self, MAX_BYTES, MAX_DEPTH};
 use gemini_once::operation::gate::alarm;
 use gemini_once::operation::gate::protocol::{GateCommand, GateReply};
 use gemini_once::operation::gate::{self, GateLimits};
@@ -47,9 +47,9 @@ fn reads_back<T: serde::Serialize + serde::de::DeserializeOwned + PartialEq + st
 
 fn assert_bounded(v: &Value, what: &str) {
     assert!(
-        bounds::depth(v) <= MAX_DEPTH,
+        details::depth(v) <= MAX_DEPTH,
         "{what} depth {}",
-        bounds::depth(v)
+        details::depth(v)
     );
     let size = v.as_str().map_or_else(|| v.to_string().len(), str::len);
     assert!(size <= MAX_BYTES, "{what} size");
@@ -120,7 +120,7 @@ fn a_nudge_at_the_limits_gives_a_record_that_reads_back_before_and_after_confirm
         ),
         (
             "user_metadata",
-            bounds::bound(claims["user_metadata"].clone()),
+            details::bound(claims["user_metadata"].clone()),
         ),
     ] {
         let mut metadata = Map::new();
@@ -176,7 +176,7 @@ fn a_status_answer_at_the_limits_gives_details_that_read_back() {
     );
     reads_back("the record", &op);
     let provider = op.details()["provider"].as_object().unwrap();
-    assert!(Value::Object(provider.clone()).to_string().len() <= bounds::PROVIDER_MAX_BYTES);
+    assert!(Value::Object(provider.clone()).to_string().len() <= details::PROVIDER_MAX_BYTES);
     for (k, v) in provider {
         assert_bounded(v, k);
     }

@@ -1,12 +1,12 @@
 //! What the webhook route answers a delivery the gate (or this isolate) handled.
 //!
 //! Guarantees: every 2xx body the route sends is an [`Answer`], serialized with its `outcome`
-//! tag (when an isolate may answer a duplicate itself is
-//! [`crate::inbound::intake::TerminalMemory`]'s).
+//! tag (which answer a gate's reply becomes, [`Answer::from_gate`], and when an isolate may
+//! answer a duplicate itself, [`crate::inbound::intake::TerminalMemory`], are the intake's).
 
 use serde::{Serialize, Serializer};
 
-use crate::operation::gate::protocol::{EffectReport, GateReply};
+use crate::operation::gate::protocol::EffectReport;
 use crate::operation::lifecycle::{DropReason, Status};
 
 /// A 2xx body of `POST /webhooks/gemini`.
@@ -68,40 +68,11 @@ fn effect_or_not_asked<S: Serializer>(
     }
 }
 
-impl Answer {
-    /// The answer for what the gate of `key` replied to a delivery or a nudge; `None` for a
-    /// reply no delivery can get (answered 503).
-    pub fn from_gate(key: &str, reply: &GateReply) -> Option<Answer> {
-        let key = key.to_string();
-        Some(match reply.clone() {
-            GateReply::Applied { status, effect } => Answer::Applied {
-                key,
-                status,
-                effect,
-            },
-            GateReply::Dropped {
-                reason,
-                status,
-                effect,
-            } => Answer::Dropped {
-                reason,
-                key,
-                status,
-                effect: Some(effect),
-            },
-            GateReply::Confirming { status } => Answer::Confirming { key, status },
-            GateReply::IgnoredUnregistered => Answer::IgnoredUnregistered { key },
-            GateReply::IgnoredTooOld => Answer::IgnoredTooOld { key },
-            GateReply::Forgotten { .. } => Answer::IgnoredForgotten { key },
-            _ => return None,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::inbound::intake::TerminalMemory;
+    use crate::operation::gate::protocol::GateReply;
     use serde_json::json;
 
     fn learn(memory: &mut TerminalMemory, key: &str, reply: &GateReply) {

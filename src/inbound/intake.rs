@@ -591,6 +591,36 @@ impl<'a> Intake<'a> {
     }
 }
 
+impl Answer {
+    /// The answer for what the gate of `key` replied to a delivery or a nudge; `None` for a
+    /// reply no delivery can get (answered 503).
+    pub fn from_gate(key: &str, reply: &GateReply) -> Option<Answer> {
+        let key = key.to_string();
+        Some(match reply.clone() {
+            GateReply::Applied { status, effect } => Answer::Applied {
+                key,
+                status,
+                effect,
+            },
+            GateReply::Dropped {
+                reason,
+                status,
+                effect,
+            } => Answer::Dropped {
+                reason,
+                key,
+                status,
+                effect: Some(effect),
+            },
+            GateReply::Confirming { status } => Answer::Confirming { key, status },
+            GateReply::IgnoredUnregistered => Answer::IgnoredUnregistered { key },
+            GateReply::IgnoredTooOld => Answer::IgnoredTooOld { key },
+            GateReply::Forgotten { .. } => Answer::IgnoredForgotten { key },
+            _ => return None,
+        })
+    }
+}
+
 /// What the headers alone decide, at `now_ms`: a declared body over the cap (413), then the
 /// signature headers. A `webhook-signature` shaped like a JWT is a dynamic webhook's token;
 /// anything else is a Standard Webhooks HMAC header.
@@ -784,7 +814,7 @@ fn nudge_metadata(
     // did); the body's was bounded when the envelope was parsed.
     let claimed = claims
         .remove(USER_METADATA)
-        .map(crate::bounds::bound)
+        .map(crate::operation::details::bound)
         .or_else(|| details.get(USER_METADATA).cloned());
     if let Some(unverified) = claimed {
         metadata.insert(UNVERIFIED_USER_METADATA.into(), unverified);

@@ -13,14 +13,14 @@
 
 use serde_json::Value;
 
-use crate::bounds;
+use crate::operation::details;
 use crate::operation::gate::log::GateLog;
 use crate::operation::history::HistoryEntry;
 use crate::operation::{Actor, Operation};
 
 /// Depth, from the record's top, past which the scan replaces a value with a marker: the
-/// record's own fields nest a few levels, its outside values up to [`bounds::MAX_DEPTH`] more.
-pub const SCAN_DEPTH: usize = bounds::MAX_DEPTH + 8;
+/// record's own fields nest a few levels, its outside values up to [`details::MAX_DEPTH`] more.
+pub const SCAN_DEPTH: usize = details::MAX_DEPTH + 8;
 
 /// How a record that did not load was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +61,9 @@ pub fn prune_depth(text: &str, max_depth: usize) -> String {
                 let end = skip_container(bytes, i);
                 out.push_str(&text[copied..i]);
                 let skipped = &text[i..end];
-                out.push_str(&bounds::marker("too_deep", None, skipped.len(), skipped).to_string());
+                out.push_str(
+                    &details::marker("too_deep", None, skipped.len(), skipped).to_string(),
+                );
                 copied = end;
                 i = end;
                 continue;
@@ -145,7 +147,7 @@ pub fn mark_recovered(
     by: Option<Actor>,
 ) -> (HistoryEntry, GateLog) {
     op.mark_recovered(now_ms);
-    let excerpt = bounds::bound_string(raw.chars().take(4_096).collect());
+    let excerpt = details::bound_string(raw.chars().take(4_096).collect());
     let row = HistoryEntry::RecordRecovered {
         how: how.as_str(),
         error: error.to_string(),
@@ -224,7 +226,7 @@ mod tests {
         assert_eq!(op.key(), "batches/d");
         assert_eq!(op.kind(), Some("k"));
         let meta = &op.confirmation().unwrap().metadata["unverified_user_metadata"];
-        assert!(bounds::is_marker(meta), "{meta}");
+        assert!(details::is_marker(meta), "{meta}");
         // Stored again, it loads.
         let again: Operation = serde_json::from_str(&serde_json::to_string(&op).unwrap()).unwrap();
         assert_eq!(again, op);

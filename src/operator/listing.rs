@@ -97,7 +97,7 @@ pub fn parse_registration(body: &[u8]) -> Result<Registration, RegistrationError
     }
     let user_metadata = match parsed.user_metadata {
         None | Some(serde_json::Value::Null) => None,
-        Some(meta @ serde_json::Value::Object(_)) => Some(crate::bounds::bound(meta)),
+        Some(meta @ serde_json::Value::Object(_)) => Some(crate::operation::details::bound(meta)),
         Some(_) => return Err(RegistrationError::MetadataNotObject),
     };
     let results = parsed

@@ -15,8 +15,7 @@
 
 use serde_json::{json, Value};
 
-use crate::bounds;
-use crate::operation::details::{Outcome, USER_METADATA};
+use crate::operation::details::{bound, Outcome, USER_METADATA};
 use crate::operation::key::Collection;
 use crate::operation::lifecycle::Status;
 use crate::operation::observation::{transient, Observation, StatusError};
@@ -321,7 +320,7 @@ fn interaction(value: &Value) -> Result<Observation, StatusError> {
         .pointer("/webhook_config/user_metadata")
         .filter(|m| m.is_object())
     {
-        details.insert(USER_METADATA.into(), bounds::bound(meta.clone()));
+        details.insert(USER_METADATA.into(), bound(meta.clone()));
     }
     Ok(Observation {
         status: interaction_state(raw),

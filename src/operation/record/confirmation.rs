@@ -62,7 +62,7 @@ impl Operation {
             return false;
         }
         // Metadata enters the record here: bounded, so the record always loads again.
-        let metadata = crate::bounds::bound_members(metadata);
+        let metadata = crate::operation::details::bound_members(metadata);
         match &mut self.confirmation {
             Some(waiting) => {
                 let mut gained = false;

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::operation::alert::AlertKind;
-use crate::operation::details::{normalize_details, USER_METADATA};
+use crate::operation::details::{bound, normalize_details, USER_METADATA};
 use crate::operation::lifecycle::{reduce, Position, Source, Status, Verdict};
 use crate::operation::retired_names::{moment_period_ms, RetiredName};
 use crate::telemetry::counters::StatEvent;
@@ -517,7 +517,7 @@ impl Operation {
             (self.registered, metadata, self.details.get(USER_METADATA))
         {
             // Compared as it would be stored (bounded), so the same registration again agrees.
-            if &crate::bounds::bound(asked.clone()) != have {
+            if &bound(asked.clone()) != have {
                 fields.push("user_metadata");
             }
         }
@@ -556,8 +556,7 @@ impl Operation {
                 && self.details.get(USER_METADATA) != Some(&metadata)
         };
         if changed {
-            self.details
-                .insert(USER_METADATA.into(), crate::bounds::bound(metadata));
+            self.details.insert(USER_METADATA.into(), bound(metadata));
             self.changed();
         }
         changed

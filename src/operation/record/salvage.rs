@@ -8,9 +8,8 @@
 
 use serde_json::Value;
 
-use crate::bounds;
 use crate::operation::alert::AlertKind;
-use crate::operation::details::normalize_details;
+use crate::operation::details::{bound_members, normalize_details};
 use crate::operation::lifecycle::{Source, Status};
 use crate::operation::record::{Operation, OperatorNote, Parked};
 
@@ -110,7 +109,7 @@ impl Operation {
     pub(crate) fn normalized(mut self) -> Operation {
         self.details = normalize_details(&self.details);
         if let Some(c) = &mut self.confirmation {
-            c.metadata = bounds::bound_members(std::mem::take(&mut c.metadata));
+            c.metadata = bound_members(std::mem::take(&mut c.metadata));
         }
         self
     }
