@@ -25,28 +25,26 @@ pub(super) fn repair(
     reason: &str,
     by: Option<&Actor>,
 ) -> Result<Option<bool>> {
-    let rows = storage.stored_body()?;
-    let Some(row) = rows.first() else {
+    let Some(body) = storage.stored_body()? else {
         return Ok(None);
     };
-    storage.history.replace(row.history.clone());
-    let Err(error) = serde_json::from_str::<Operation>(&row.body) else {
+    let Err(error) = serde_json::from_str::<Operation>(&body) else {
         return Ok(Some(false));
     };
     storage.cached.replace(Cached::Unread);
-    if recovery::recover(&row.body).is_some() {
+    if recovery::recover(&body).is_some() {
         storage.load()?;
         return Ok(Some(true));
     }
     let now = worker::Date::now().as_millis() as i64;
     let error = error.to_string();
-    tables::quarantine(storage.meter(), &storage.sql(), &row.body, &error, now)?;
+    tables::quarantine(storage.meter(), &storage.sql(), &body, &error, now)?;
     let mut op = recovery::rebuild(key, name, reason, now);
     let (entry, line) = recovery::mark_recovered(
         &mut op,
         recovery::Recovery::Rebuilt,
         &error,
-        &row.body,
+        &body,
         now,
         by.cloned(),
     );

@@ -31,7 +31,7 @@ use crate::operation::gate::{GateLimits, Save, Step};
 use crate::operation::history::{HistoryEntry, HistoryLog};
 use crate::operation::{recovery, Operation};
 
-use crate::edge::objects::gate::tables::{self, BodyRow, Layout};
+use crate::edge::objects::gate::tables::{self, Layout, StoredHistory};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::{log, now_ms};
 
@@ -73,7 +73,7 @@ pub struct GateStorage {
     meter: Meter,
     pub(super) cached: RefCell<Cached>,
     /// The history as stored (with the rows appended since), once the record was read.
-    pub(super) history: RefCell<HistoryLog>,
+    history: RefCell<HistoryLog>,
     layout: Cell<Layout>,
     /// A record was recovered by this instance and its alarm not yet set for it.
     recovered: Cell<bool>,
@@ -102,10 +102,17 @@ impl GateStorage {
         Ok(self.layout.get())
     }
 
-    /// The stored record's row, as text, with its history; none when the gate never wrote
-    /// one.
-    pub(super) fn stored_body(&self) -> Result<Vec<BodyRow>> {
-        tables::stored_rows(self.layout()?, &self.meter, &self.sql())
+    /// The stored record's text, none when the gate never wrote one; its history is read
+    /// into memory with it.
+    pub(super) fn stored_body(&self) -> Result<Option<String>> {
+        let Some(row) = tables::stored_row(self.layout()?, &self.meter, &self.sql())? else {
+            return Ok(None);
+        };
+        self.history.replace(match row.history {
+            StoredHistory::Encoded(text) => HistoryLog::decode(&text),
+            StoredHistory::Rows(rows) => HistoryLog::from_rows(rows),
+        });
+        Ok(Some(row.body))
     }
 
     /// The object's state (for work it runs in the background).
@@ -175,15 +182,11 @@ impl GateStorage {
             Cached::Present(op) => return Ok(Some((**op).clone())),
             Cached::Unread => {}
         }
-        let rows = self.stored_body()?;
-        if let Some(row) = rows.first() {
-            self.history.replace(row.history.clone());
-        }
-        let op: Option<Operation> = match rows.first() {
+        let op: Option<Operation> = match self.stored_body()? {
             None => None,
-            Some(row) => Some(match serde_json::from_str::<Operation>(&row.body) {
+            Some(body) => Some(match serde_json::from_str::<Operation>(&body) {
                 Ok(op) => op.as_loaded(),
-                Err(e) => self.recover(&row.body, &e.to_string())?.as_loaded(),
+                Err(e) => self.recover(&body, &e.to_string())?.as_loaded(),
             }),
         };
         self.cached.replace(Cached::of(op.clone()));

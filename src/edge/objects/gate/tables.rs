@@ -15,6 +15,7 @@
 use serde::Deserialize;
 use worker::{Result, SqlStorage};
 
+#[cfg(doc)]
 use crate::operation::history::HistoryLog;
 
 use crate::edge::objects::usage_meter::Meter;
@@ -39,10 +40,17 @@ pub(super) enum Layout {
     Current,
 }
 
-/// A stored record's text and its history.
+/// A stored record's text and its history as stored.
 pub(super) struct BodyRow {
     pub(super) body: String,
-    pub(super) history: HistoryLog,
+    pub(super) history: StoredHistory,
+}
+
+/// A record's history as stored: the `record` row's one JSON array ([`HistoryLog`]'s
+/// encoding), or an earlier version's rows, oldest first.
+pub(super) enum StoredHistory {
+    Encoded(String),
+    Rows(Vec<(i64, String)>),
 }
 
 /// Which tables hold the record, from `sqlite_master` (a read that cannot fail on a new
@@ -67,9 +75,13 @@ pub(super) fn layout(meter: &Meter, sql: &SqlStorage) -> Result<Layout> {
 }
 
 /// The stored record's row, as text, with its history; none when the gate never wrote one.
-pub(super) fn stored_rows(layout: Layout, meter: &Meter, sql: &SqlStorage) -> Result<Vec<BodyRow>> {
+pub(super) fn stored_row(
+    layout: Layout,
+    meter: &Meter,
+    sql: &SqlStorage,
+) -> Result<Option<BodyRow>> {
     match layout {
-        Layout::Empty | Layout::Unknown => Ok(Vec::new()),
+        Layout::Empty | Layout::Unknown => Ok(None),
         Layout::Current => {
             #[derive(Deserialize)]
             struct Row {
@@ -78,13 +90,10 @@ pub(super) fn stored_rows(layout: Layout, meter: &Meter, sql: &SqlStorage) -> Re
             }
             let rows: Vec<Row> =
                 meter.rows(sql, "SELECT body, history FROM record WHERE id = 1", None)?;
-            Ok(rows
-                .into_iter()
-                .map(|r| BodyRow {
-                    body: r.body,
-                    history: HistoryLog::decode(&r.history),
-                })
-                .collect())
+            Ok(rows.into_iter().next().map(|r| BodyRow {
+                body: r.body,
+                history: StoredHistory::Encoded(r.history),
+            }))
         }
         Layout::Legacy => {
             #[derive(Deserialize)]
@@ -93,17 +102,13 @@ pub(super) fn stored_rows(layout: Layout, meter: &Meter, sql: &SqlStorage) -> Re
             }
             let rows: Vec<Row> =
                 meter.rows(sql, "SELECT body FROM operation WHERE id = 1", None)?;
-            if rows.is_empty() {
-                return Ok(Vec::new());
-            }
-            let history = HistoryLog::from_rows(legacy_history(meter, sql)?);
-            Ok(rows
-                .into_iter()
-                .map(|r| BodyRow {
-                    body: r.body,
-                    history: history.clone(),
-                })
-                .collect())
+            let Some(row) = rows.into_iter().next() else {
+                return Ok(None);
+            };
+            Ok(Some(BodyRow {
+                body: row.body,
+                history: StoredHistory::Rows(legacy_history(meter, sql)?),
+            }))
         }
     }
 }
