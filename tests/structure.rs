@@ -955,12 +955,6 @@ pub const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "operation/gate/mod.rs",
-        "step",
-        "operation/gate/deliveries.rs",
-        "deliver",
-    ),
-    (
-        "operation/gate/deliveries.rs",
         "deliver",
         "operation/record/mod.rs",
         "apply",
@@ -999,7 +993,7 @@ pub const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
     (
         "operation/gate/alarm.rs",
         "begin_attempt",
-        "operation/record/effect_state.rs",
+        "operation/record/mod.rs",
         "claim",
     ),
     (

@@ -92,7 +92,7 @@ pub const STOPS: &[&str] = &[
     "operation/gate/mod.rs alert: reconciliation's command",
     "operation/gate/mod.rs status_unusable: reconciliation's command",
     "operation/gate/mod.rs operator_action: an operator's command",
-    "operation/gate/deliveries.rs count_delivery: counters",
+    "operation/gate/mod.rs count_delivery: counters",
     "edge/objects/gate/alarm.rs wait_on_destination: a destination its desk holds",
     "edge/objects/gate/alarm.rs desk_due_ms: a paced destination's desk",
     "edge/objects/gate/alarm.rs of: after the POST: its answer, for the desk",

@@ -11,18 +11,25 @@
 //! (`src/edge/objects/gate/`) only loads, calls a step, performs the I/O the alarm
 //! needs and saves. Time and jitter are parameters.
 //!
-//! [`step`] sends each command to its family: a registration (`registration.rs`),
-//! deliveries and nudges (`deliveries.rs`), what the reconciliation pass asks
-//! (`reconciling.rs`), an operator's actions (`operator.rs`). What a step is ([`Step`]: a
-//! value, nothing more, stored as [`Save`] says before the answer; the commands' steps and
-//! the alarm's pieces both decide in this shape) and the settings steps read
-//! ([`GateLimits`]) are here, beside [`step`]. The rest of the gate lives here too: the messages to it (`protocol.rs`),
+//! Deliveries (invariants 2 and 4): an event from a signed webhook or a status-API poll
+//! changes state only through the reducer, its decision and count stored in one write; a
+//! duplicate of a settled operation is answered from memory; a poll, a nudge, or a signed
+//! event older than retention never creates a record; a nudge never shapes an operation, it
+//! only schedules a confirmation on the alarm.
+//!
+//! [`step`] decides a delivery and a nudge here, the commands every operation gets; it sends
+//! the others to their family: a registration (`registration.rs`), what the reconciliation
+//! pass asks (`reconciling.rs`), an operator's actions (`operator.rs`). What a step is
+//! ([`Step`]: a value, nothing more, stored as [`Save`] says before the answer; the commands'
+//! steps and the alarm's pieces both decide in this shape) and the settings steps read
+//! ([`GateLimits`]) are here too. The rest of the gate: the messages to it (`protocol.rs`),
 //! its log lines (`log.rs`), the alarm's plan with an attempt's turn at its destination's
 //! desk (`alarm.rs`) and what a failed alarm run does (`alarm_failure.rs`).
 
 pub mod alarm;
 pub mod alarm_failure;
-mod deliveries;
+#[cfg(test)]
+mod deliveries_tests;
 #[cfg(test)]
 mod kill_results_tests;
 #[cfg(test)]
@@ -37,15 +44,17 @@ mod retired_tests;
 #[cfg(test)]
 mod spell_tests;
 
-pub(crate) use deliveries::count_delivery;
 pub use operator::ResultsTaken;
+
+use serde_json::{Map, Value};
 
 use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::history::HistoryEntry;
-use crate::operation::Operation;
+use crate::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
+use crate::operation::{OpEvent, Operation};
 use crate::retry::Backoff;
-use crate::telemetry::counters::StatEvent;
+use crate::telemetry::counters::{Counter, StatEvent};
 
 /// The settings a step needs, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -166,7 +175,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             hold_ms,
             new_not_before_ms,
         } => {
-            let receiver = deliveries::receiver(
+            let receiver = receiver(
                 record,
                 &key,
                 &name,
@@ -176,7 +185,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
                 now,
             );
             match receiver {
-                Ok(op) => deliveries::deliver(op, &event, hold_ms, now),
+                Ok(op) => deliver(op, &event, hold_ms, now),
                 Err(reply) => Step::new(None, reply),
             }
         }
@@ -186,7 +195,7 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
             delivery_id,
             confirm_interval_ms,
             ..
-        } => deliveries::nudge(
+        } => nudge(
             record,
             claimed,
             metadata,
@@ -216,6 +225,197 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         | GateCommand::Results { .. }
         | GateCommand::RetryResults { .. }
         | GateCommand::Repair { .. }) => held(record, |op| operator_action(op, action, now)),
+    }
+}
+
+/// The record a delivery is offered to: the gate's own, or a new unregistered one; `Err` is
+/// the answer, with no record, when none may be created for it.
+fn receiver(
+    record: Option<Operation>,
+    key: &str,
+    name: &str,
+    event: &OpEvent,
+    require_registration: bool,
+    new_not_before_ms: i64,
+    now: i64,
+) -> Result<Operation, GateReply> {
+    match record {
+        // A poll only visits what the ledger lists open, and a tombstone is never listed: the
+        // index entry outlived the operation, and this answer has the pass delete it. Any
+        // other delivery meets the tombstone, which absorbs it (terminal, effect closed).
+        Some(op) if op.retired_at_ms().is_some() && event.source == Source::Reconcile => {
+            Err(GateReply::Unregistered)
+        }
+        Some(op) => Ok(op),
+        None if require_registration => Err(GateReply::IgnoredUnregistered),
+        // A poll only visits what the ledger lists open, whose gate holds a record: a gate
+        // without one was purged at retention since (or never held it), and a status answer
+        // may carry no time to judge its age by. It creates nothing.
+        None if event.source == Source::Reconcile => Err(GateReply::Unregistered),
+        // A replay after the operation's storage ended with retention (an event with no time
+        // is judged by the signature's window alone).
+        None if event.update_time_ms > 0 && event.update_time_ms < new_not_before_ms => {
+            Err(GateReply::IgnoredTooOld)
+        }
+        None => Ok(Operation::unregistered(key, name, now)),
+    }
+}
+
+/// Offers `event` to the reducer; an unregistered operation's first attempt waits `hold_ms`
+/// for a late registration.
+fn deliver(mut op: Operation, event: &OpEvent, hold_ms: i64, now: i64) -> Step {
+    let verdict = op.apply(event, now);
+    if verdict == Verdict::Apply {
+        op.hold_for_registration(hold_ms, now);
+    }
+    count_delivery(&mut op, event, verdict, now, true);
+    let status = op.status().clone();
+    let effect = op.effect_report(now);
+    if verdict == Verdict::Drop(DropReason::Duplicate) && op.is_settled() {
+        // Nothing can change a settled operation: the answer is the stored state, and the
+        // count waits in memory. No history row: the worker logs the duplicate with its
+        // webhook-id. This is what lets a duplicate cost a round trip and no durable write
+        // (docs/PERFORMANCE.md).
+        let mut step = Step::new(
+            Some(op),
+            GateReply::Dropped {
+                reason: DropReason::Duplicate,
+                status,
+                effect,
+            },
+        );
+        step.save = Save::MemoryOnly;
+        return step;
+    }
+    // The decision and its count in one write; a side effect now owed is scheduled on the
+    // alarm, set before the answer.
+    let reply = match verdict {
+        Verdict::Apply => GateReply::Applied { status, effect },
+        Verdict::Drop(reason) => GateReply::Dropped {
+            reason,
+            status,
+            effect,
+        },
+    };
+    Step::new(Some(op), reply)
+        .durable()
+        .row(HistoryEntry::of_event(event, verdict))
+}
+
+/// A nudge: the gate asks the status API (from its alarm) about an operation it holds open.
+/// A token proves only that Google sent something (anyone can obtain one by pointing a job of
+/// their own here), so a nudge only hastens what this gate already holds: it never creates,
+/// resurrects or shapes an operation.
+fn nudge(
+    record: Option<Operation>,
+    claimed: String,
+    metadata: Map<String, Value>,
+    delivery_id: String,
+    interval_ms: i64,
+    now: i64,
+) -> Step {
+    let Some(mut op) = record else {
+        return Step::new(None, GateReply::Unregistered);
+    };
+    op.count(Counter::Deliveries, now);
+    let version = op.version();
+    if op.forgotten().is_some() {
+        // An operator stopped tracking it: nothing is asked or alerted for it again.
+        let mut step = Step::new(Some(op), GateReply::Forgotten { changed: false });
+        step.save = Save::MemoryOnly;
+        return step;
+    }
+    if !op.request_confirmation(now, metadata, Some(delivery_id.clone()), interval_ms) {
+        // Terminal already: it absorbs, so no answer from Gemini could change it.
+        return nudged_terminal(op, &claimed, now);
+    }
+    let status = op.status().clone();
+    if op.version() == version {
+        // The same nudge again while its confirmation waits, or any nudge within the
+        // confirmation interval of the last question: nothing changed, so nothing is written
+        // (no version, no history row, no ledger projection); the count waits in memory.
+        let mut step = Step::new(Some(op), GateReply::Confirming { status });
+        step.save = Save::MemoryOnly;
+        return step;
+    }
+    Step::new(Some(op), GateReply::Confirming { status })
+        .durable()
+        .row(HistoryEntry::Nudged {
+            claimed,
+            delivery_id,
+        })
+}
+
+/// A nudge for a terminal operation: dropped for the reason the reducer gives the state it
+/// claims. A nudge's claim is unproven and changes nothing, so nothing is written for it,
+/// whatever it claims: the count waits in memory (a stream of nudges claiming another state
+/// costs no durable write).
+fn nudged_terminal(op: Operation, claimed: &str, now: i64) -> Step {
+    let claimed = Position {
+        status: Status::parse(claimed),
+        update_time_ms: 0,
+    };
+    let reason = match reduce(&position(&op), &claimed) {
+        Verdict::Drop(reason) => reason,
+        Verdict::Apply => DropReason::Duplicate,
+    };
+    let mut step = dropped(op, reason, now);
+    step.save = Save::MemoryOnly;
+    step
+}
+
+/// A delivery that changes nothing on a terminal operation, counted. A settled operation
+/// stores nothing for it: its count waits in memory.
+fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
+    match reason {
+        DropReason::Duplicate => op.count(Counter::Duplicates, now),
+        other => op.count(Counter::Dropped(other.as_str()), now),
+    }
+    let settled_duplicate = reason == DropReason::Duplicate && op.is_settled();
+    let reply = GateReply::Dropped {
+        reason,
+        status: op.status().clone(),
+        effect: op.effect_report(now),
+    };
+    let mut step = Step::new(Some(op), reply);
+    step.save = if settled_duplicate {
+        Save::MemoryOnly
+    } else {
+        Save::Durable
+    };
+    step
+}
+
+fn position(op: &Operation) -> Position {
+    Position {
+        status: op.status().clone(),
+        update_time_ms: op.update_time_ms(),
+    }
+}
+
+/// Counts a delivery's outcome in the record, exactly once (same write as the decision).
+/// `arrived` is false for a confirmation, whose delivery was counted when it arrived.
+pub(crate) fn count_delivery(
+    op: &mut Operation,
+    event: &OpEvent,
+    verdict: Verdict,
+    now: i64,
+    arrived: bool,
+) {
+    if arrived && event.source == Source::Webhook {
+        op.count(Counter::Deliveries, now);
+    }
+    match verdict {
+        Verdict::Drop(DropReason::Duplicate) => op.count(Counter::Duplicates, now),
+        Verdict::Drop(reason) => op.count(Counter::Dropped(reason.as_str()), now),
+        Verdict::Apply if op.status().is_terminal() => op.count(
+            match event.source {
+                Source::Reconcile => Counter::SettledByReconcile,
+                _ => Counter::SettledByWebhook,
+            },
+            now,
+        ),
+        Verdict::Apply => {}
     }
 }
 

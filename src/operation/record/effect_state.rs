@@ -1,4 +1,5 @@
-//! The side effect's state in the record: claims with a fencing token, attempts, retries,
+//! The side effect's state in the record: claims with a fencing token (taken by
+//! [`Operation::claim`], which reads the whole record: `record/mod.rs`), attempts, retries,
 //! parking, the operator's retry and redelivery, and the values the gate's answers report it
 //! by ([`EffectReport`]; which one applies reads the whole record: `record/mod.rs`).
 //!
@@ -167,30 +168,6 @@ pub enum Finished {
 }
 
 impl Operation {
-    /// Claims the side effect if it is owed, due, and not held by a live claim.
-    pub fn claim(&mut self, now_ms: i64, ttl_ms: i64) -> Option<Claim> {
-        // A batch's results go first: the job's effect then carries their counts.
-        if !self.effect_owed() || now_ms < self.effect.next_attempt_ms || self.results_owed() {
-            return None;
-        }
-        if matches!(self.effect.claim, Some(c) if c.expires_ms > now_ms) {
-            return None;
-        }
-        self.effect.fence += 1;
-        let claim = Claim {
-            token: self.effect.fence,
-            expires_ms: now_ms + ttl_ms,
-            generation: self.effect.generation,
-        };
-        self.effect.claim = Some(claim);
-        self.effect.attempts += 1;
-        self.effect.failures_in_row += 1;
-        // A release is spent by the attempt it let go.
-        self.effect.desk = None;
-        self.changed();
-        Some(claim)
-    }
-
     /// The destination's desk queued the effect: it waits for the desk to make it due, or
     /// for `fallback_ms` (so a lost desk never strands it). False when nothing is owed or an
     /// attempt holds a live claim (the desk's answer came too late to matter).

@@ -424,6 +424,30 @@ impl Operation {
         }
     }
 
+    /// Claims the side effect if it is owed, due, and not held by a live claim.
+    pub fn claim(&mut self, now_ms: i64, ttl_ms: i64) -> Option<Claim> {
+        // A batch's results go first: the job's effect then carries their counts.
+        if !self.effect_owed() || now_ms < self.effect.next_attempt_ms || self.results_owed() {
+            return None;
+        }
+        if matches!(self.effect.claim, Some(c) if c.expires_ms > now_ms) {
+            return None;
+        }
+        self.effect.fence += 1;
+        let claim = Claim {
+            token: self.effect.fence,
+            expires_ms: now_ms + ttl_ms,
+            generation: self.effect.generation,
+        };
+        self.effect.claim = Some(claim);
+        self.effect.attempts += 1;
+        self.effect.failures_in_row += 1;
+        // A release is spent by the attempt it let go.
+        self.effect.desk = None;
+        self.changed();
+        Some(claim)
+    }
+
     /// True while the results' side effects are owed: a `"results": "each"` batch that
     /// succeeded, whose effect is owed and not yet tried, and whose results are not settled.
     /// The job's effect waits meanwhile ([`Operation::job_due_ms`] is none).
