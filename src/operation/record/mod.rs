@@ -639,7 +639,7 @@ impl Operation {
     }
 
     /// When the next ledger write may be tried: one second after the last (KV's per-key write
-    /// rate), or later after failures (the ledger mark's backoff, [`ledger_mark`]).
+    /// rate), or later after failures (the ledger mark's backoff, `ledger_mark.rs`).
     pub fn projection_due_ms(&self) -> i64 {
         (self.ledger.at_ms + PROJECTION_SPACING_MS).max(self.ledger.retry_at_ms)
     }
