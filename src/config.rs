@@ -226,11 +226,6 @@ impl Variable {
     }
 }
 
-/// The variable called `name`, if the worker reads one.
-pub fn variable(name: &str) -> Option<&'static Variable> {
-    VARIABLES.iter().find(|v| v.name == name)
-}
-
 /// Every variable the worker reads, in the order of `docs/CONFIGURATION.md`'s table,
 /// `.dev.vars.example` and `/v1/config`. A new variable is one row here (and, when it has a
 /// reasoned default, a constant above); parsing, the fuzzing and the documentation check
@@ -306,10 +301,8 @@ pub const VARIABLES: &[Variable] = {
 pub struct Config {
     pub webhook_secrets: Vec<Secret>,
     pub effect_url: String,
-    /// `kind` → destination overrides of `effect_url` (EFFECT_ROUTES).
-    pub effect_routes: Vec<(String, Destination)>,
-    /// `kind` → the route's pace, for the routes that have one (EFFECT_ROUTES' object form).
-    pub route_paces: Vec<(String, Pace)>,
+    /// `EFFECT_ROUTES`: each `kind`'s destination overriding `effect_url`, and its pace.
+    routes: Vec<Route>,
     /// `EFFECT_URL`'s pace (`EFFECT_PER_SECOND`, `EFFECT_CONCURRENCY`).
     pub effect_pace: Pace,
     pub destination_open_after: u32,
@@ -435,8 +428,9 @@ enum Setting {
     Text(String),
 }
 
-/// One entry of `EFFECT_ROUTES`: its kind, destination and pace.
-#[derive(Clone)]
+/// One entry of `EFFECT_ROUTES`: its kind, destination and pace (unlimited unless its object
+/// form sets one).
+#[derive(Debug, Clone)]
 struct Route {
     kind: String,
     destination: Destination,
@@ -818,18 +812,23 @@ impl Config {
     /// How long an unregistered operation's first side-effect attempt waits for a late
     /// registration: only when routes could change its destination.
     pub fn unregistered_hold_ms(&self) -> i64 {
-        if self.effect_routes.is_empty() {
+        if self.routes.is_empty() {
             0
         } else {
             self.unregistered_hold_secs * 1_000
         }
     }
 
+    /// The route operations of `kind` take, if one is configured.
+    fn route(&self, kind: Option<&str>) -> Option<&Route> {
+        kind.and_then(|k| self.routes.iter().find(|r| r.kind == k))
+    }
+
     /// Where the side effect of an operation of `kind` goes.
     pub fn destination_for(&self, kind: Option<&str>) -> Destination {
-        kind.and_then(|k| self.effect_routes.iter().find(|(route, _)| route == k))
-            .map_or(Destination::Url(self.effect_url.clone()), |(_, d)| {
-                d.clone()
+        self.route(kind)
+            .map_or(Destination::Url(self.effect_url.clone()), |r| {
+                r.destination.clone()
             })
     }
 
@@ -837,25 +836,16 @@ impl Config {
     /// it: the route's name (or `EFFECT_URL`) and the URL's origin or the binding, never a
     /// credential a URL may carry.
     pub fn destination_label(&self, kind: Option<&str>) -> String {
-        let route = kind.filter(|k| self.effect_routes.iter().any(|(r, _)| r == k));
         let shown = self.destination_for(kind).shown();
-        match route {
-            Some(k) => format!("route {k}: {shown}"),
+        match self.route(kind) {
+            Some(r) => format!("route {}: {shown}", r.kind),
             None => format!("EFFECT_URL: {shown}"),
         }
     }
 
     /// The pace of the destination an operation of `kind` goes to (unlimited unless set).
     pub fn pace_for(&self, kind: Option<&str>) -> Pace {
-        let route = kind.filter(|k| self.effect_routes.iter().any(|(r, _)| r == k));
-        match route {
-            Some(k) => self
-                .route_paces
-                .iter()
-                .find(|(r, _)| r == k)
-                .map_or(Pace::default(), |(_, p)| *p),
-            None => self.effect_pace,
-        }
+        self.route(kind).map_or(self.effect_pace, |r| r.pace)
     }
 
     /// What the desk of the destination an operation of `kind` goes to runs by.
@@ -887,8 +877,8 @@ impl Config {
     /// `default` for `EFFECT_URL` (no route may take that name); `None` for a name no
     /// destination has.
     pub fn destination_named(&self, name: &str) -> Option<DeskSettings> {
-        if let Some((kind, _)) = self.effect_routes.iter().find(|(k, _)| k == name) {
-            return Some(self.desk_settings(Some(kind)));
+        if let Some(route) = self.route(Some(name)) {
+            return Some(self.desk_settings(Some(&route.kind)));
         }
         (name == DEFAULT_DESTINATION).then(|| self.desk_settings(None))
     }
@@ -896,7 +886,7 @@ impl Config {
     /// The names [`Config::destination_named`] knows: `default`, then each route's kind.
     pub fn destination_names(&self) -> Vec<String> {
         std::iter::once(DEFAULT_DESTINATION.to_string())
-            .chain(self.effect_routes.iter().map(|(k, _)| k.clone()))
+            .chain(self.routes.iter().map(|r| r.kind.clone()))
             .collect()
     }
 
@@ -904,7 +894,7 @@ impl Config {
     /// order (what `/v1/stats` asks about).
     pub fn destinations(&self) -> Vec<DeskSettings> {
         std::iter::once(None)
-            .chain(self.effect_routes.iter().map(|(k, _)| Some(k.as_str())))
+            .chain(self.routes.iter().map(|r| Some(r.kind.as_str())))
             .map(|kind| self.desk_settings(kind))
             .collect()
     }
@@ -924,9 +914,6 @@ impl Config {
         // The table's ranges keep these inside their types.
         let max_body_bytes = s.value("MAX_BODY_BYTES", Setting::whole)? as usize;
         let reconcile_budget = s.value("RECONCILE_BUDGET", Setting::whole)? as u32;
-        let routes = s
-            .optional("EFFECT_ROUTES", Setting::routes)?
-            .unwrap_or_default();
         let pace_of = |name| {
             s.optional(name, Setting::whole)
                 .map(|n| n.map(|n| n as u32))
@@ -934,15 +921,9 @@ impl Config {
         Ok(Config {
             webhook_secrets: s.value("GEMINI_WEBHOOK_SECRETS", Setting::secrets)?,
             effect_url: s.value("EFFECT_URL", Setting::text)?,
-            effect_routes: routes
-                .iter()
-                .map(|r| (r.kind.clone(), r.destination.clone()))
-                .collect(),
-            route_paces: routes
-                .iter()
-                .filter(|r| r.pace.limits())
-                .map(|r| (r.kind.clone(), r.pace))
-                .collect(),
+            routes: s
+                .optional("EFFECT_ROUTES", Setting::routes)?
+                .unwrap_or_default(),
             effect_pace: Pace {
                 per_second: pace_of("EFFECT_PER_SECOND")?,
                 concurrency: pace_of("EFFECT_CONCURRENCY")?,
@@ -1077,7 +1058,6 @@ mod tests {
                 "{}",
                 v.name
             );
-            assert_eq!(variable(v.name), Some(v));
         }
     }
 
@@ -1222,9 +1202,14 @@ mod tests {
         );
         let c = parse(&vars).unwrap();
         use crate::operator::access::Scope;
+        let scope = |token: &str| c.tokens.identify(Some(&format!("Bearer {token}")));
         assert_eq!(
-            [Scope::Admin, Scope::Register, Scope::Read].map(|s| c.tokens.count(s)),
-            [2, 2, 0]
+            scope("t0ken-for-the-admin-api-next").map(|c| c.scope),
+            Some(Scope::Admin)
+        );
+        assert_eq!(
+            scope("t0ken-for-registering-next").map(|c| c.scope),
+            Some(Scope::Register)
         );
         let view = c.public_view();
         let value = |name: &str| setting_value(&view, name);

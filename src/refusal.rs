@@ -78,6 +78,12 @@ impl Refusal {
         }
     }
 
+    /// A reply from an object (`peer`: a gate, a desk) that the route has no answer for:
+    /// unavailable, the reply in the log face only.
+    pub fn unexpected(peer: &str, reply: &impl fmt::Debug) -> Refusal {
+        Refusal::Unavailable(format!("unexpected {peer} reply {reply:?}"))
+    }
+
     /// The `Retry-After` seconds the answer carries, if any.
     pub fn retry_after(&self) -> Option<u32> {
         match self {

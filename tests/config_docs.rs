@@ -11,7 +11,12 @@
 
 use std::path::Path;
 
-use gemini_once::config::{variable, Fallback, VARIABLES};
+use gemini_once::config::{Fallback, Variable, VARIABLES};
+
+/// The row of [`VARIABLES`] called `name`, if the worker reads one.
+fn variable(name: &str) -> Option<&'static Variable> {
+    VARIABLES.iter().find(|v| v.name == name)
+}
 
 fn read(file: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);

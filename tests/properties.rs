@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config as PtConfig;
 use serde_json::{json, Map, Value};
 
-use gemini_once::config::{variable, Config, Fallback, Kind, Variable, VARIABLES};
+use gemini_once::config::{Config, Fallback, Kind, Variable, VARIABLES};
 use gemini_once::inbound::envelope::{self, EnvelopeError};
 use gemini_once::operation::details::normalize_details;
 use gemini_once::operation::key::{normalize, Collection, KeyError, MAX_NAME_BYTES};
@@ -27,6 +27,22 @@ use gemini_once::operator::access::Scope;
 use gemini_once::reconciliation::status;
 use gemini_once::retry::Next;
 use gemini_once::signature::{self, Secret, SignatureError, SignedHeaders};
+
+/// The row of [`VARIABLES`] called `name`, if the worker reads one.
+fn variable(name: &str) -> Option<&'static Variable> {
+    VARIABLES.iter().find(|v| v.name == name)
+}
+
+/// One delivery checked as the intake checks it: its headers, then its body.
+fn verify(
+    headers: SignedHeaders<'_>,
+    body: &[u8],
+    secrets: &[Secret],
+    now_secs: i64,
+    tolerance_secs: i64,
+) -> Result<(), SignatureError> {
+    signature::check_headers(headers, now_secs, tolerance_secs)?.verify(body, secrets)
+}
 
 /// `PROPERTIES_SCALE=10 cargo test --test properties` runs ten times as many cases.
 fn cfg(cases: u32) -> PtConfig {
@@ -756,7 +772,7 @@ proptest! {
     ) {
         let all = if with_secrets { secrets() } else { Vec::new() };
         let headers = SignedHeaders { id: id.as_deref(), timestamp: ts.as_deref(), signature: sig.as_deref() };
-        let result = signature::verify(headers, &body, &all, now, tolerance);
+        let result = verify(headers, &body, &all, now, tolerance);
         let e = match result {
             Ok(()) => return Err(TestCaseError::fail(format!("junk accepted: id={:?} ts={:?} sig={:?}", id.map(|s| s.chars().take(50).collect::<String>()), ts, sig.map(|s| s.chars().take(50).collect::<String>())))),
             Err(e) => e,
@@ -796,33 +812,33 @@ proptest! {
         }
         let headers = |sig| signed(&id, &ts_text, sig);
         let header = [junk_before.clone(), vec![good.clone()], junk_after.clone()].concat().join(" ");
-        prop_assert_eq!(signature::verify(headers(&header), &body, &all, now, 300), Ok(()));
+        prop_assert_eq!(verify(headers(&header), &body, &all, now, 300), Ok(()));
         // Outside the tolerance by one second either way.
-        prop_assert_eq!(signature::verify(headers(&good), &body, &all, ts + 301, 300), Err(SignatureError::TooOld));
-        prop_assert_eq!(signature::verify(headers(&good), &body, &all, ts - 301, 300), Err(SignatureError::TooNew));
+        prop_assert_eq!(verify(headers(&good), &body, &all, ts + 301, 300), Err(SignatureError::TooOld));
+        prop_assert_eq!(verify(headers(&good), &body, &all, ts - 301, 300), Err(SignatureError::TooNew));
         // Not with a secret that did not sign it.
-        prop_assert!(signature::verify(headers(&good), &body, &all[1 - which..2 - which], now, 300).is_err());
+        prop_assert!(verify(headers(&good), &body, &all[1 - which..2 - which], now, 300).is_err());
         // Tampered body.
         if !body.is_empty() {
             let mut tampered = body.clone();
             let i = flip.index(tampered.len());
             tampered[i] ^= 1 << bit;
-            prop_assert_eq!(signature::verify(headers(&good), &tampered, &all, now, 300), Err(SignatureError::Invalid));
+            prop_assert_eq!(verify(headers(&good), &tampered, &all, now, 300), Err(SignatureError::Invalid));
         }
         let mut longer = body.clone();
         longer.push(b' ');
-        prop_assert_eq!(signature::verify(headers(&good), &longer, &all, now, 300), Err(SignatureError::Invalid));
+        prop_assert_eq!(verify(headers(&good), &longer, &all, now, 300), Err(SignatureError::Invalid));
         // Tampered id.
         let other_id = format!("{id}x");
         let h = SignedHeaders { id: Some(&other_id), timestamp: Some(&ts_text), signature: Some(&good) };
-        prop_assert_eq!(signature::verify(h, &body, &all, now, 300), Err(SignatureError::Invalid));
+        prop_assert_eq!(verify(h, &body, &all, now, 300), Err(SignatureError::Invalid));
         // A signature of any other length: a prefix of the right MAC, or the MAC plus bytes.
         let mac = STANDARD.decode(good.strip_prefix("v1,").unwrap()).unwrap();
         let wrong: Vec<u8> = if len < 32 { mac[..len].to_vec() } else { [mac.clone(), extra[..len - 32].to_vec()].concat() };
         let wrong_header = format!("v1,{}", STANDARD.encode(&wrong));
-        prop_assert_eq!(signature::verify(headers(&wrong_header), &body, &all, now, 300), Err(SignatureError::Invalid), "{} bytes", len);
+        prop_assert_eq!(verify(headers(&wrong_header), &body, &all, now, 300), Err(SignatureError::Invalid), "{} bytes", len);
         let unpadded = wrong_header.trim_end_matches('=').to_string();
-        prop_assert_eq!(signature::verify(headers(&unpadded), &body, &all, now, 300), Err(SignatureError::Invalid), "{} bytes, unpadded", len);
+        prop_assert_eq!(verify(headers(&unpadded), &body, &all, now, 300), Err(SignatureError::Invalid), "{} bytes, unpadded", len);
     }
 }
 
@@ -1525,7 +1541,13 @@ proptest! {
                     prop_assert!(url.starts_with("http://") || url.starts_with("https://"), "{}", url);
                     prop_assert!(!url.ends_with('/'));
                 }
-                prop_assert!(c.tokens.count(Scope::Admin) >= 1);
+                // Every token ADMIN_TOKEN lists (at least one) is an admin's.
+                let admins = tokens_in(value_of("ADMIN_TOKEN").as_deref()).len();
+                prop_assert!(admins >= 1);
+                for t in tokens_in(value_of("ADMIN_TOKEN").as_deref()) {
+                    let caller = c.tokens.identify(Some(&format!("Bearer {t}")));
+                    prop_assert_eq!(caller.map(|c| c.scope), Some(Scope::Admin));
+                }
                 // A token has one scope: an accepted configuration holds none in two lists.
                 let lists = ["ADMIN_TOKEN", "REGISTER_TOKENS", "READ_TOKENS"].map(value_of);
                 for (i, a) in lists.iter().enumerate() {

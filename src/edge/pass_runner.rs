@@ -19,7 +19,8 @@ use std::time::Duration;
 use futures_util::future::{select, Either};
 use worker::wasm_bindgen::JsValue;
 use worker::{
-    Delay, Env, KvStore, MessageBatch, MessageExt, Queue, QueueContentType, RawMessageBuilder,
+    Delay, Env, KvStore, MessageBatch, MessageExt, Method, Queue, QueueContentType,
+    RawMessageBuilder,
 };
 
 use crate::config::Config;
@@ -33,7 +34,7 @@ use crate::edge::objects::call::{call_gate, call_lease};
 use crate::edge::objects::stats_shard::count_at_edge;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::outbound::ledger_kv::{list_page, KV_BINDING};
-use crate::edge::outbound::status_api;
+use crate::edge::outbound::status_api::{self, webhook_call};
 use crate::edge::runtime::{log, now_ms, random_unit};
 use crate::operation::ledger::open_key;
 use crate::reconciliation::status::call_answer;
@@ -203,11 +204,11 @@ impl<M: Machine> Io<'_, M> {
                     .map_err(|e| e.to_string()),
             ),
             Intent::ListWebhooks { url } => {
-                Performed::WebhookPage(status_api::get(self.config, &url).await)
+                Performed::WebhookPage(webhook_call(self.config, Method::Get, &url, None).await)
             }
-            Intent::EnableWebhook { url, body } => {
-                Performed::WebhookEnabled(status_api::patch_webhook(self.config, &url, &body).await)
-            }
+            Intent::EnableWebhook { url, body } => Performed::WebhookEnabled(
+                webhook_call(self.config, Method::Patch, &url, Some(&body)).await,
+            ),
             Intent::PostAlert(body) => Performed::AlertPosted(post_alert(self.config, &body).await),
             Intent::List { prefix, cursor } => Performed::Listed(match self.kv.as_ref() {
                 Some(kv) => list_page(kv, prefix, cursor)

@@ -187,8 +187,6 @@ async fn register(
         GateReply::Retired { operation } => {
             json_response(&json!({"error": "retired", "operation": operation}), 409)
         }
-        other => Err(Refusal::Unavailable(format!(
-            "unexpected gate reply {other:?}"
-        ))),
+        other => Err(Refusal::unexpected("gate", &other)),
     }
 }

@@ -44,9 +44,7 @@ pub async fn handle(
     // 413 for a declared length over the cap, or as soon as the streamed bytes pass it.
     let body = read_body(req).await?;
     let request = parse_bulk(action, &body).map_err(|e| Refusal::BadRequest(e.to_string()))?;
-    let kv = env
-        .kv(KV_BINDING)
-        .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+    let kv = env.kv(KV_BINDING)?;
     let pause = Duration::from_millis(request.pause_ms());
     let mut walk =
         BulkWalk::new(request, now_ms()).map_err(|e| Refusal::BadRequest(e.to_string()))?;

@@ -14,19 +14,11 @@ const DASHBOARD: &str = include_str!("dashboard.html");
 /// `GET /dashboard`.
 pub fn page() -> std::result::Result<web_sys::Response, Refusal> {
     let headers = Headers::new();
-    let set = |k: &str, v: &str| {
-        headers
-            .set(k, v)
-            .map_err(|e| Refusal::Unavailable(e.to_string()))
-    };
-    set("content-type", "text/html; charset=utf-8")?;
-    set(
+    headers.set("content-type", "text/html; charset=utf-8")?;
+    headers.set(
         "content-security-policy",
         "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'",
     )?;
-    set("cache-control", "no-store")?;
-    Ok(Response::ok(DASHBOARD)
-        .map_err(|e| Refusal::Unavailable(e.to_string()))?
-        .with_headers(headers)
-        .into())
+    headers.set("cache-control", "no-store")?;
+    Ok(Response::ok(DASHBOARD)?.with_headers(headers).into())
 }

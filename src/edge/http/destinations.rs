@@ -66,8 +66,6 @@ pub async fn serve(
     };
     match call_desk(env, &settings, &command).await? {
         DeskReply::PauseSet { changed, view } => ok_json(&answer(&name, dry_run, changed, &view)),
-        other => Err(Refusal::Unavailable(format!(
-            "unexpected desk reply {other:?}"
-        ))),
+        other => Err(Refusal::unexpected("desk", &other)),
     }
 }

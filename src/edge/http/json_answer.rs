@@ -17,7 +17,5 @@ pub fn ok_json(body: &Value) -> std::result::Result<Response, Refusal> {
 
 /// A JSON answer with `status`.
 pub fn json_response(body: &Value, status: u16) -> std::result::Result<Response, Refusal> {
-    Response::from_json(body)
-        .map(|r| r.with_status(status))
-        .map_err(|e| Refusal::Unavailable(e.to_string()))
+    Ok(Response::from_json(body)?.with_status(status))
 }

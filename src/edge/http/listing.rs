@@ -29,9 +29,7 @@ pub async fn list(req: &Request, env: &Env, config: &Config) -> Result<Response,
         .collect();
     let query = ListQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .map_err(|e| Refusal::BadRequest(e.to_string()))?;
-    let kv = env
-        .kv(KV_BINDING)
-        .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+    let kv = env.kv(KV_BINDING)?;
     let now_secs = now_ms().div_euclid(1_000);
     // A key prefix narrows the listing itself; every other filter reads metadata.
     let prefix = format!("{OP_PREFIX}{}", query.prefix.as_deref().unwrap_or(""));

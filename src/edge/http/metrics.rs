@@ -16,14 +16,9 @@ use crate::telemetry::metrics::{render, Format};
 pub fn answer(req: &Request, stats: &Value) -> Result<Response, Refusal> {
     let accept = req.headers().get("accept").ok().flatten();
     let format = Format::from_accept(accept.as_deref());
-    let unavailable = |e: worker::Error| Refusal::Unavailable(e.to_string());
-    let mut response = Response::ok(render(stats, format)).map_err(unavailable)?;
+    let mut response = Response::ok(render(stats, format))?;
     let headers = response.headers_mut();
-    headers
-        .set("content-type", format.content_type())
-        .map_err(unavailable)?;
-    headers
-        .set("cache-control", "no-store")
-        .map_err(unavailable)?;
+    headers.set("content-type", format.content_type())?;
+    headers.set("cache-control", "no-store")?;
     Ok(response)
 }

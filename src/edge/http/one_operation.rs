@@ -118,8 +118,6 @@ fn answer(key: &OperationKey, reply: GateReply) -> Result<Response, Refusal> {
         ),
         GateReply::Refused { reason } => Err(Refusal::Conflict(reason)),
         GateReply::NotFound => Err(Refusal::NotFound),
-        other => Err(Refusal::Unavailable(format!(
-            "unexpected gate reply {other:?}"
-        ))),
+        other => Err(Refusal::unexpected("gate", &other)),
     }
 }

@@ -80,8 +80,6 @@ async fn answer(
         ),
         GateReply::ResultsAnswer { answer } => ok_json(&answer),
         GateReply::NotFound => Err(Refusal::NotFound),
-        other => Err(Refusal::Unavailable(format!(
-            "unexpected gate reply {other:?}"
-        ))),
+        other => Err(Refusal::unexpected("gate", &other)),
     }
 }

@@ -65,13 +65,6 @@ pub struct RetiredNames {
     batch: RefCell<Option<Batch>>,
 }
 
-/// A row `LEGACY_ASK` found.
-#[derive(serde::Deserialize)]
-struct Kept {
-    #[allow(dead_code)]
-    kept: i64,
-}
-
 /// Fails the gathered batch's keeps if the keep that gathers it is dropped before it stores
 /// (its senders dropped: each waiting keep sees its batch was never stored).
 struct Gathering<'a>(&'a RefCell<Option<Batch>>);
@@ -206,7 +199,8 @@ impl RetiredNames {
     /// read; none in a shard created since).
     fn legacy_holds(&self, sql: &SqlStorage, name: &RetiredName) -> Result<bool> {
         let hash = vec![SqlStorageValue::Blob(name.0.to_vec())];
-        let rows: Vec<Kept> = self.meter.rows(sql, LEGACY_ASK, hash)?;
+        // Only whether a row came back matters, not what it holds.
+        let rows: Vec<serde_json::Value> = self.meter.rows(sql, LEGACY_ASK, hash)?;
         Ok(!rows.is_empty())
     }
 }

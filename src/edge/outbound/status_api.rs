@@ -37,8 +37,8 @@ pub const STATUS_TIMEOUT_MS: i64 = 5_000;
 /// results answers with all of them (tens of MB): at the tens of MB a second a Worker reads
 /// and skims, 20 s covers a few hundred MB; the skimmer's byte cap comes first.
 pub const STATUS_BODY_TIMEOUT_MS: i64 = 20_000;
-/// Longest 2xx answer read by [`get`] (webhook listings: a few KB); a longer one is refused
-/// as it streams ([`PeerAnswer::TooLarge`]).
+/// Longest 2xx answer read by [`webhook_call`] (webhook listings: a few KB); a longer one is
+/// refused as it streams ([`PeerAnswer::TooLarge`]).
 const GET_MAX_BYTES: usize = 256 * 1024;
 /// An answer at least this large is logged (`status_read`) with the bytes read and kept.
 const LOG_READ_FROM_BYTES: u64 = 256 * 1024;
@@ -52,20 +52,15 @@ pub(super) fn headers(config: &Config) -> Vec<(&'static str, String)> {
     headers
 }
 
-/// One GET to Gemini's API (`url`), with the API key when one is configured, for a small answer
-/// such as a page of the webhook listing: a 2xx body is read whole up to 256 KiB, and refused
-/// past it.
-pub async fn get(config: &Config, url: &str) -> PeerAnswer {
-    small_call(config, Method::Get, url, None).await
-}
-
-/// The WebhookService call a pass asks for to enable the webhook again (`PATCH url` with the
-/// JSON `body`), read as the pass reads a page of the listing: a 2xx body whole up to 256 KiB.
-pub async fn patch_webhook(config: &Config, url: &str, body: &str) -> PeerAnswer {
-    small_call(config, Method::Patch, url, Some(body)).await
-}
-
-async fn small_call(config: &Config, method: Method, url: &str, body: Option<&str>) -> PeerAnswer {
+/// One WebhookService call a pass makes to Gemini's API (`url`), with the API key when one is
+/// configured: a GET of a page of the webhook listing, or the PATCH with the JSON `body` that
+/// enables the webhook again. A 2xx body is read whole up to 256 KiB, and refused past it.
+pub async fn webhook_call(
+    config: &Config,
+    method: Method,
+    url: &str,
+    body: Option<&str>,
+) -> PeerAnswer {
     let mut headers = headers(config);
     if body.is_some() {
         headers.push(("content-type", "application/json".to_string()));
@@ -77,42 +72,27 @@ async fn small_call(config: &Config, method: Method, url: &str, body: Option<&st
 /// One status GET for the operation `key` at `url`, its body skimmed. A large body is
 /// logged with the bytes read and kept, the largest chunk and how long it took.
 pub async fn read(config: &Config, key: &str, url: &str) -> StatusAnswer {
-    let (answer, read_ms) = get_skimmed(
-        url,
-        &headers(config),
-        STATUS_TIMEOUT_MS,
-        STATUS_BODY_TIMEOUT_MS,
-    )
-    .await;
-    if let PeerAnswer::Http {
-        body: Some(body), ..
-    } = &answer
-    {
-        match body {
-            Ok(s) if s.bytes_read >= LOG_READ_FROM_BYTES => log(WorkerLog::StatusRead {
-                key: key.to_string(),
-                read: StatusRead::Kept {
-                    bytes_read: s.bytes_read,
-                    bytes_kept: s.bytes_kept,
-                    max_chunk: s.max_chunk,
-                    arrays_counted: s.counted,
-                    values_dropped: s.dropped,
-                    strings_cut: s.truncated,
-                },
-                read_ms,
-            }
-            .to_value()),
-            Err(e) => log(WorkerLog::StatusRead {
-                key: key.to_string(),
-                read: StatusRead::Refused {
-                    refused: e.to_string(),
-                },
-                read_ms,
-            }
-            .to_value()),
-            Ok(_) => {}
-        }
-    }
+    let (answer, read_ms) = get_skimmed(url, &headers(config)).await;
+    let read = match &answer {
+        PeerAnswer::Http {
+            body: Some(Ok(s)), ..
+        } if s.bytes_read >= LOG_READ_FROM_BYTES => StatusRead::Kept {
+            bytes_read: s.bytes_read,
+            bytes_kept: s.bytes_kept,
+            max_chunk: s.max_chunk,
+            arrays_counted: s.counted,
+            values_dropped: s.dropped,
+            strings_cut: s.truncated,
+        },
+        PeerAnswer::Http {
+            body: Some(Err(e)), ..
+        } => StatusRead::Refused {
+            refused: e.to_string(),
+        },
+        _ => return answer,
+    };
+    let key = key.to_string();
+    log(WorkerLog::StatusRead { key, read, read_ms }.to_value());
     answer
 }
 
@@ -129,21 +109,16 @@ pub async fn ask(
     (interpret_skimmed(collection, &answer), call_answer(&answer))
 }
 
-/// One GET whose headers must come within `head_timeout_ms` and whose 2xx body is then
-/// streamed, chunk by chunk, through a [`Skim`] within `body_timeout_ms` more. Memory: one
+/// One GET whose headers must come within [`STATUS_TIMEOUT_MS`] and whose 2xx body is then
+/// streamed, chunk by chunk, through a [`Skim`] within [`STATUS_BODY_TIMEOUT_MS`] more. Memory: one
 /// chunk as the runtime hands it over, plus what the skimmer keeps (bounded by
 /// [`crate::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
 /// Also says how long reading the body took (0 when it was not read).
-async fn get_skimmed(
-    url: &str,
-    headers: &[(&str, String)],
-    head_timeout_ms: i64,
-    body_timeout_ms: i64,
-) -> (StatusAnswer, i64) {
+async fn get_skimmed(url: &str, headers: &[(&str, String)]) -> (StatusAnswer, i64) {
     let controller = AbortController::default();
     let signal = controller.signal();
     let head = fetch(Method::Get, url, headers, None, &signal);
-    let response = match within(head_timeout_ms, head).await {
+    let response = match within(STATUS_TIMEOUT_MS, head).await {
         Some(Ok(r)) => r,
         Some(Err(e)) => return (PeerAnswer::Network(e.to_string()), 0),
         None => {
@@ -176,7 +151,7 @@ async fn get_skimmed(
         }
         Ok::<_, worker::Error>(skim.finish())
     };
-    let outcome = within(body_timeout_ms, read).await;
+    let outcome = within(STATUS_BODY_TIMEOUT_MS, read).await;
     // Stops a refused body's download, or one the deadline cut; harmless after the end.
     controller.abort();
     let answer = match outcome {
