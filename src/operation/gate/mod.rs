@@ -15,13 +15,14 @@
 //! deliveries and nudges (`deliveries.rs`), what the reconciliation pass asks
 //! (`reconciling.rs`), an operator's actions (`operator.rs`); what a step is, in
 //! `decision.rs`. The rest of the gate lives here too: the messages to it (`protocol.rs`),
-//! its log lines (`log.rs`), the alarm's plan with an attempt's turn at its destination's
-//! desk (`alarm.rs`) and what a failed alarm run does (`alarm_failure.rs`).
+//! its log lines (`log.rs`), the alarm's plan (`alarm.rs`), a key's turn at its destination's
+//! desk, for the job's effect and a batch's results alike (`desk_turn.rs`) and what a failed alarm run does (`alarm_failure.rs`).
 
 pub mod alarm;
 pub mod alarm_failure;
 mod decision;
 mod deliveries;
+pub mod desk_turn;
 #[cfg(test)]
 mod kill_results_tests;
 #[cfg(test)]

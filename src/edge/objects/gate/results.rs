@@ -29,6 +29,7 @@ use crate::results::marks as on_record;
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress, Step};
 use crate::results::turn::reads_first;
 
+use crate::edge::objects::gate::desk_turn::Turn;
 use crate::edge::objects::gate::results_store::ResultsStore;
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::outbound::results_file::read_chunk;
@@ -37,8 +38,6 @@ use crate::edge::runtime::{now_ms, random_unit};
 mod locate;
 mod marks;
 mod sends;
-
-use sends::Turn;
 
 /// What a step performs with.
 struct Driver<'a> {
@@ -124,7 +123,7 @@ impl Driver<'_> {
                     return self.wait_on_destination(op, paused).await;
                 }
             },
-            None => Turn::nothing(),
+            None => Turn::default(),
         };
         // An operator's retry of parked results may have run during the desk's call.
         let progress = match turn.awaited {
