@@ -23,7 +23,8 @@
 //! The order of stores and awaits is the edge's: a command (`OperationGate::fetch`) is `step`
 //! then `commit(Alarm::Sync)`; an alarm run (`alarm.rs`' `Run::perform`) spends the alarm,
 //! asks the retired names (`ask_retired`), takes one results step, then works through
-//! [`alarm::plan`]: an effect (`run_effect`: the desk's check or ask, `attempt`: the claim
+//! [`alarm::plan`]: an effect (`run_effect`: its turn at the desk, [`World::desk_turn`], the
+//! one the results take too: a check or an ask, `attempt`: the claim
 //! committed with its alarm, the call, the answer committed under the token, the desk's
 //! report), alerts (`send_alert`), the upkeep (`settle_storage`), the alarm last. At every
 //! outbound await (desk, destination, sink, ledger, counters, the file) a command may run

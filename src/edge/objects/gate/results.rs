@@ -11,7 +11,8 @@
 //! due time stays in the past, so the alarm the run sets last fires again at once; a wait (a
 //! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
 //! moves it, and holds while the alarm runs for other work. How many results a step sends is
-//! its turn at the destination's desk (`results/sends.rs`); where the results are is asked in
+//! its turn at the destination's desk, the job's effect's own (`desk_turn.rs`, with the sends
+//! in `results/sends.rs`); where the results are is asked in
 //! `results/locate.rs`; how a step commits what it writes on the record (its due time, the
 //! settled counts, an alert, `/metrics`' counts) is `results/marks.rs`. Commands (a duplicate
 //! delivery, a poll, an operator's redeliver) never start a step: only the alarm does, one
