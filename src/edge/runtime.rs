@@ -1,5 +1,5 @@
-//! What the edge reads from the runtime: the clock, randomness, the configuration from vars
-//! and secrets, the log, and a JS exception as text.
+//! What the edge reads from the runtime: the clock (and a deadline on it), randomness, the
+//! configuration from vars and secrets, the log, and a JS exception as text.
 //!
 //! Guarantees: the clock and randomness are read here and passed into the pure core as
 //! values, never read by it; the configuration is parsed once per isolate and an error is
@@ -7,10 +7,12 @@
 //! JSON object.
 
 use std::rc::Rc;
+use std::time::Duration;
 
+use futures_util::future::{select, Either};
 use serde_json::Value;
 use worker::wasm_bindgen::{JsCast, JsValue};
-use worker::{js_sys, Env};
+use worker::{js_sys, Delay, Env};
 
 use crate::config::{Config, ConfigError};
 use crate::telemetry::worker_log::WorkerLog;
@@ -23,6 +25,15 @@ pub fn log(line: Value) {
 /// The clock, read once per request at the edge and passed in.
 pub fn now_ms() -> i64 {
     worker::Date::now().as_millis() as i64
+}
+
+/// What `call` ends with, or `None` when `timeout_ms` passed first.
+pub async fn within<T>(timeout_ms: i64, call: impl std::future::Future<Output = T>) -> Option<T> {
+    let deadline = Delay::from(Duration::from_millis(timeout_ms.max(1) as u64));
+    match select(Box::pin(call), Box::pin(deadline)).await {
+        Either::Left((answer, _)) => Some(answer),
+        Either::Right(_) => None,
+    }
 }
 
 /// A random number in [0, 1), for backoff jitter.

@@ -66,7 +66,9 @@ pub const STOPS: &[&str] = &[
     "edge/objects/gate/mod.rs fetch>list: a results command's listing (the fetch dispatches by command)",
     "edge/objects/gate/mod.rs fetch>retry: an operator's retry of results (the fetch dispatches by command)",
     "edge/objects/gate/mod.rs fetch>registration: a `Register` (the fetch dispatches by command)",
-    "edge/objects/gate/mod.rs first_attempt_check>ask_desk: a desk's check, made when this isolate has not heard from the destination's desk lately; the drawn delivery's has",
+    "edge/objects/gate/desk_turn.rs check>call: a desk's check, made when this isolate has not heard from the destination's desk lately; the drawn delivery's has",
+    "edge/objects/gate/desk_turn.rs turn>call: an ask: a retry, a paced route or a destination remembered open",
+    "edge/objects/gate/desk_turn.rs report>tell: a report: a first attempt's success to an unpaced destination makes none",
     "edge/objects/gate/storage.rs recover: a stored record that does not parse",
     "operation/gate/mod.rs register_again: a `Register`",
     "operation/gate/mod.rs register_new: a `Register`",
@@ -94,8 +96,7 @@ pub const STOPS: &[&str] = &[
     "operation/gate/mod.rs operator_action: an operator's command",
     "operation/gate/mod.rs count_delivery: counters",
     "edge/objects/gate/alarm.rs wait_on_destination: a destination its desk holds",
-    "edge/objects/gate/alarm.rs desk_due_ms: a paced destination's desk",
-    "edge/objects/gate/alarm.rs of: after the POST: its answer, for the desk",
+    "edge/objects/gate/alarm.rs Sent::of: after the POST: its answer, for the desk",
     "edge/objects/gate/alarm.rs generation: after the POST: its log line",
     "edge/outbound/fetch.rs to_queue: a queue destination; the drawn one is a URL",
     "edge/outbound/fetch.rs to_service: a service binding; the drawn one is a URL",
@@ -112,8 +113,6 @@ pub const STOPS: &[&str] = &[
     "edge/objects/gate/alarm.rs confirm: a nudge's confirmation",
     "edge/objects/gate/alarm.rs send_alert: an alert",
     "edge/objects/gate/alarm.rs settle_storage: the ledger's upkeep after the effect",
-    "edge/objects/gate/alarm.rs ask_desk: a paced destination's desk",
-    "edge/objects/gate/alarm.rs remembered_open: a paced destination's desk",
 ];
 
 /// A stop's caller's file and callee.

@@ -3,8 +3,8 @@
 //! ([`crate::results::fanout`] decides the groups and what travels).
 //!
 //! Guarantees: a sender stores nothing and decides nothing: it sends each request it is given
-//! as the gate signed it (same headers, same body, same `webhook-id`), at most
-//! [`SENDS_IN_FLIGHT`] at a time (production's 6 connections per invocation, which workerd does
+//! as the gate signed it (same headers, same body, same `webhook-id`), as the gate sends its
+//! own ([`fetch::deliver`]): at most [`crate::results::progress::SENDS_IN_FLIGHT`] at a time (production's 6 connections per invocation, which workerd does
 //! not enforce locally), each no sooner than its `after_ms` from the sender's start, and
 //! answers each send's answer in order. The gate calls at most [`SENDERS`] senders at once
 //! (each call one of its own 6), one object per slot of a gate (`<key>#<slot>`), and waits for
@@ -13,23 +13,20 @@
 //! keeps those results to send again under their same ids, and neither the desk nor the
 //! destination's counts hear of them; the other groups' answers are committed.
 
-use std::time::Duration;
-
 use futures_util::stream::{self, StreamExt};
-use worker::{durable_object, Date, Delay, DurableObject, Env, Request, Response, Result, State};
+use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 use crate::config::Destination;
 use crate::operation::effect::EffectRequest;
 use crate::refusal::Refusal;
 use crate::results::fanout::{call_bound_ms, group_answers, groups, SendOrder, WireSend, SENDERS};
-use crate::results::progress::SENDS_IN_FLIGHT;
 use crate::retry::PeerAnswer;
 use crate::telemetry::usage::Invocation;
 
 use crate::edge::objects::call::{post_json, stub_for};
 use crate::edge::objects::usage_meter::Meter;
-use crate::edge::outbound::fetch::{self, within};
-use crate::edge::runtime::load_config;
+use crate::edge::outbound::fetch;
+use crate::edge::runtime::{load_config, within};
 
 /// The senders' binding.
 pub const SENDER_BINDING: &str = "RESULT_SENDER";
@@ -55,30 +52,17 @@ impl DurableObject for ResultSender {
             Ok(order) => order,
             Err(e) => return Refusal::BadRequest(format!("bad send order: {e}")).into_response(),
         };
-        let timeout = order.timeout_ms;
-        // `after_ms` counts from here, not from when a send's turn among the 6 comes, so the
-        // gate's bound on this call holds (`call_bound_ms`).
-        let begun = Date::now().as_millis();
-        let calls = order.sends.into_iter().map(|send| {
-            let destination = &order.to;
-            async move {
-                let after = send.after_ms;
-                let request = match send.request() {
-                    Ok(request) => request,
-                    Err(why) => return PeerAnswer::Network(why),
-                };
-                let elapsed = Date::now().as_millis().saturating_sub(begun);
-                let wait = after.saturating_sub(elapsed);
-                if wait > 0 {
-                    Delay::from(Duration::from_millis(wait)).await;
-                }
-                fetch::deliver(&self.env, destination, &request, timeout).await
+        let after_ms: Vec<i64> = order.sends.iter().map(|s| s.after_ms as i64).collect();
+        let n = after_ms.len();
+        let requests: std::result::Result<Vec<_>, String> =
+            order.sends.into_iter().map(WireSend::request).collect();
+        let answers = match requests {
+            Ok(requests) => {
+                let group = (&requests[..], &after_ms[..]);
+                fetch::deliver(&self.env, &order.to, group, order.timeout_ms).await
             }
-        });
-        let answers: Vec<PeerAnswer> = stream::iter(calls)
-            .buffered(SENDS_IN_FLIGHT)
-            .collect()
-            .await;
+            Err(why) => vec![PeerAnswer::Network(why); n],
+        };
         self.meter.end(
             "result_sender",
             Invocation::Fetch,

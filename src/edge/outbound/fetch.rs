@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use futures_util::future::{select, Either};
+use futures_util::stream::{self, StreamExt};
 use serde_json::Value;
 use worker::wasm_bindgen::{JsCast, JsValue};
 use worker::wasm_bindgen_futures::JsFuture;
@@ -32,11 +32,12 @@ use crate::body_cap::{excerpt_bytes, excerpt_text, CappedBody, TooLarge};
 use crate::config::{Config, Destination};
 use crate::operation::effect::{queue_message, EffectRequest};
 use crate::redirect::{next_hop, KEY_HEADER, MAX_REDIRECTS};
+use crate::results::progress::SENDS_IN_FLIGHT;
 use crate::retry::{class_of_status, Class, PeerAnswer};
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::capped_read::read_answer;
-use crate::edge::runtime::{js_error, log};
+use crate::edge::runtime::{js_error, log, now_ms, within};
 
 /// Longest part of an answer kept in the record and logs: a destination's, an alert sink's, or
 /// a non-2xx answer to a call that wants its 2xx body whole.
@@ -124,15 +125,6 @@ pub async fn send(
         Some(Ok(answer)) => answer,
         Some(Err(e)) => PeerAnswer::Network(e.to_string()),
         None => PeerAnswer::Timeout,
-    }
-}
-
-/// What `call` ends with, or `None` when `timeout_ms` passed first.
-pub async fn within<T>(timeout_ms: i64, call: impl std::future::Future<Output = T>) -> Option<T> {
-    let deadline = Delay::from(Duration::from_millis(timeout_ms.max(1) as u64));
-    match select(Box::pin(call), Box::pin(deadline)).await {
-        Either::Left((answer, _)) => Some(answer),
-        Either::Right(_) => None,
     }
 }
 
@@ -251,32 +243,46 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     false
 }
 
-/// Sends `request` to `destination`, waiting at most `timeout_ms`.
+/// Sends `requests` (they are independent) to `destination`, at most [`SENDS_IN_FLIGHT`] at
+/// once (production's 6 connections per invocation), each no sooner than its `after_ms` from
+/// now (a paced route's tokens, counted from the grant, not from when its turn among the 6
+/// comes) and waiting at most `timeout_ms`; answers each one's answer, in order.
 pub async fn deliver(
     env: &Env,
     destination: &Destination,
-    request: &EffectRequest,
+    (requests, after_ms): (&[EffectRequest], &[i64]),
     timeout_ms: i64,
-) -> PeerAnswer {
-    match destination {
-        Destination::Url(url) => {
-            send(
-                Method::Post,
-                url,
-                &request.headers,
-                Some(&request.body),
-                timeout_ms,
-                Keep::Excerpt(EXCERPT_CHARS),
-            )
-            .await
+) -> Vec<PeerAnswer> {
+    let begun = now_ms();
+    let sends = requests.iter().enumerate().map(|(i, request)| async move {
+        let wait = begun + after_ms.get(i).copied().unwrap_or(0) - now_ms();
+        if wait > 0 {
+            Delay::from(Duration::from_millis(wait as u64)).await;
         }
-        Destination::Service(binding) => within(timeout_ms, to_service(env, binding, request))
-            .await
-            .unwrap_or(PeerAnswer::Timeout),
-        Destination::Queue(binding) => within(timeout_ms, to_queue(env, binding, request))
-            .await
-            .unwrap_or(PeerAnswer::Timeout),
-    }
+        match destination {
+            Destination::Url(url) => {
+                send(
+                    Method::Post,
+                    url,
+                    &request.headers,
+                    Some(&request.body),
+                    timeout_ms,
+                    Keep::Excerpt(EXCERPT_CHARS),
+                )
+                .await
+            }
+            Destination::Service(binding) => within(timeout_ms, to_service(env, binding, request))
+                .await
+                .unwrap_or(PeerAnswer::Timeout),
+            Destination::Queue(binding) => within(timeout_ms, to_queue(env, binding, request))
+                .await
+                .unwrap_or(PeerAnswer::Timeout),
+        }
+    });
+    stream::iter(sends)
+        .buffered(SENDS_IN_FLIGHT)
+        .collect()
+        .await
 }
 
 /// POSTs the signed request to another Worker (the URL's host is the binding's, unused).

@@ -28,8 +28,8 @@ use crate::results::source::{
 };
 
 use crate::edge::capped_read::each_chunk;
-use crate::edge::outbound::fetch::{fetch, within};
-use crate::edge::runtime::js_error;
+use crate::edge::outbound::fetch::fetch;
+use crate::edge::runtime::{js_error, within};
 
 /// The download's headers get this long.
 const HEAD_TIMEOUT_MS: i64 = 10_000;

@@ -26,8 +26,8 @@ use crate::telemetry::counters::StatusCallAnswer;
 use crate::telemetry::worker_log::{StatusRead, WorkerLog};
 
 use crate::edge::capped_read::each_chunk;
-use crate::edge::outbound::fetch::{fetch, send, within, Keep};
-use crate::edge::runtime::{js_error, log};
+use crate::edge::outbound::fetch::{fetch, send, Keep};
+use crate::edge::runtime::{js_error, log, within};
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
 /// room for a slow moment, while a hanging call costs a cron pass a twelfth of its default

@@ -10,14 +10,10 @@
 //! [`attempt_finished`], [`upkeep_done`]), whose answer is an [`AlarmDone`], never a
 //! command's reply. The Durable Object only performs the work and stores the steps.
 //!
-//! An attempt's turn at its destination's desk (invariant 8: [`turn`], [`reports`],
-//! [`wait_on_destination`]): a first attempt to an unpaced destination neither asks nor (when
-//! it succeeds) reports, so the happy path makes no extra object call and no extra write,
-//! unless this isolate heard from the desk in the last
-//! [`crate::destination::protocol::OPEN_MEMORY_MS`] that the destination is open: then it
-//! asks, and waits with the rest; an effect told to wait keeps its generation and
-//! `webhook-id`, holds no claim, and is due again at the desk's word or, should the desk be
-//! lost, after `EFFECT_RETRY_MAX_SECONDS` (a minute at least).
+//! An attempt's turn at its destination's desk is [`crate::operation::gate::desk_turn`]'s, as
+//! for a batch's results (invariant 8); an effect the desk told to wait ([`wait_on_destination`])
+//! keeps its generation and `webhook-id`, holds no claim, and is due again at the desk's word
+//! or, should the desk be lost, after `EFFECT_RETRY_MAX_SECONDS` (a minute at least).
 
 use std::collections::VecDeque;
 
@@ -113,6 +109,10 @@ pub enum AlarmWork {
     Effect {
         claim: Claim,
         step: Box<Step<AlarmDone>>,
+        /// What its turn at the destination's desk starts from: the record's desk mark, and
+        /// whether the attempt is a retry ([`crate::operation::gate::desk_turn::desk_turn`]).
+        mark: Option<DeskMark>,
+        retry: bool,
     },
     /// Keep `record` (it carries the seal) in memory, flush `upkeep.events` and write
     /// `upkeep.projection`, both at once, then feed the results to [`upkeep_done`].
@@ -177,6 +177,8 @@ impl AlarmPlan {
                         return Some(AlarmWork::Effect {
                             claim,
                             step: Box::new(step),
+                            mark: op.effect().desk(),
+                            retry: op.effect().failures_in_row() > 0,
                         });
                     }
                 }
@@ -750,53 +752,6 @@ pub fn upkeep_done(
 
 /// A failed counter flush is sent again this much later.
 pub(crate) const STATS_RETRY_MS: i64 = 5_000;
-/// What an attempt owes the desk before it leaves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeskTurn {
-    /// Nothing: a first attempt to an unpaced destination (the happy path).
-    None,
-    /// Ask: a retry, or any attempt on a paced route.
-    Ask,
-    /// The desk released it: it goes, and reports back.
-    Released { probe: bool },
-}
-
-/// The turn of the attempt the alarm is about to run for `op` (the record before its claim);
-/// `paced` says whether its route has a pace, `open` whether this isolate remembers its
-/// destination open.
-pub fn turn(op: &Operation, paced: bool, open: bool) -> DeskTurn {
-    desk_turn(
-        op.effect().desk(),
-        paced,
-        open,
-        op.effect().failures_in_row() > 0,
-    )
-}
-
-/// The turn of attempts (an effect's, or a batch's results') given the record's `mark`: a
-/// release lets them go; a `retry`, a paced route, a destination remembered `open` or an
-/// effect still marked waiting (its fallback came before a release: the desk may be paused,
-/// so it asks again rather than go) asks; else nothing.
-pub fn desk_turn(mark: Option<DeskMark>, paced: bool, open: bool, retry: bool) -> DeskTurn {
-    match mark {
-        Some(DeskMark::Released { probe }) => DeskTurn::Released { probe },
-        Some(DeskMark::Waiting { .. }) => DeskTurn::Ask,
-        _ if paced || open || retry => DeskTurn::Ask,
-        _ => DeskTurn::None,
-    }
-}
-
-/// Whether the attempt reports its end to the desk: every health failure (the desk counts
-/// them), an asked retry (its success ends a run of failures: first attempts that succeed
-/// say nothing), a probe (its success closes the destination), and any attempt that holds a
-/// slot of a paced route (its end frees it). A drained, unpaced attempt that succeeds does
-/// not: the probe already showed the destination up.
-pub fn reports(turn: DeskTurn, paced: bool, health_failure: bool) -> bool {
-    health_failure
-        || matches!(turn, DeskTurn::Ask | DeskTurn::Released { probe: true })
-        || (paced && turn != DeskTurn::None)
-}
-
 /// The desk said `Wait` (or `Paused`: `paused`): the effect waits for its release, with
 /// [`GateLimits::desk_fallback_ms`] as the fallback (when it asks again). Nothing changes when it is
 /// no longer owed or a live claim holds it. A pause's wait raises no `effect_failing`.
@@ -927,7 +882,7 @@ mod tests {
                         .record
                         .unwrap()
                 }
-                AlarmWork::Effect { claim, step } => {
+                AlarmWork::Effect { claim, step, .. } => {
                     let attempt = Attempt {
                         claim,
                         outcome: AttemptOutcome::Delivered,
@@ -1025,7 +980,7 @@ mod tests {
         );
         let owed = deliver(open, Status::Succeeded, 10);
         let (claim, step) = match plan(&owed, 20, &LIMITS).next(&owed, 20, &LIMITS, true) {
-            Some(AlarmWork::Effect { claim, step }) => (claim, step),
+            Some(AlarmWork::Effect { claim, step, .. }) => (claim, step),
             other => panic!("{other:?}"),
         };
         assert_eq!(claim.token, 1);
@@ -1068,7 +1023,7 @@ mod tests {
     fn an_attempt_row_names_its_destination_id_and_status() {
         let op = kept(deliver(registered("batches/a"), Status::Succeeded, 10), 10);
         let mut run = plan(&op, 20, &LIMITS);
-        let Some(AlarmWork::Effect { claim, step }) = run.next(&op, 20, &LIMITS, true) else {
+        let Some(AlarmWork::Effect { claim, step, .. }) = run.next(&op, 20, &LIMITS, true) else {
             panic!("the effect is due");
         };
         let attempt = Attempt {
@@ -1103,7 +1058,7 @@ mod tests {
     fn an_alert_the_attempt_queued_is_sent_in_the_same_run() {
         let op = kept(deliver(registered("batches/a"), Status::Succeeded, 10), 10);
         let mut run = plan(&op, 20, &LIMITS);
-        let Some(AlarmWork::Effect { claim, step }) = run.next(&op, 20, &LIMITS, true) else {
+        let Some(AlarmWork::Effect { claim, step, .. }) = run.next(&op, 20, &LIMITS, true) else {
             panic!("the effect is due");
         };
         let attempt = Attempt {
@@ -1770,11 +1725,19 @@ mod feeder_tests {
 #[cfg(test)]
 mod desk_turn_tests {
     use super::*;
+    use crate::operation::gate::desk_turn::{desk_turn, reports, DeskTurn};
     use crate::operation::gate::fixtures::*;
     use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::gate::{step, Save};
     use crate::operation::lifecycle::Status;
     use crate::operation::AttemptOutcome;
+    use crate::operation::DeskMark;
+
+    /// The turn the edge takes for the effect of `op` (the record before its claim).
+    fn turn(op: &Operation, paced: bool, open: bool) -> DeskTurn {
+        let retry = op.effect().failures_in_row() > 0;
+        desk_turn(op.effect().desk(), paced, open, retry)
+    }
 
     fn owed() -> Operation {
         step(Some(registered()), deliver(Status::Succeeded), 10)

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use crate::destination::protocol::Sent;
 use crate::operation::effect::outcome;
-use crate::operation::gate::alarm::{desk_turn, reports, DeskTurn};
+use crate::operation::gate::desk_turn::{reports, DeskTurn};
 use crate::operation::gate::kill_tests::{
     completion, job_kept_its_promises, job_requests, killed_everywhere, one_body_per_id,
     resent_after_2xx, secret, Alarm, Answer, Run, World, KEY, LIMITS, TIMEOUT_MS,
@@ -36,7 +36,7 @@ use crate::results::progress::{
     ChunkClaim, FileTrouble, Limits, Progress, Sending, Step, Write, CHUNK_BYTES,
 };
 use crate::results::source::file_of_details;
-use crate::results::turn::{goes_now, granted, reads_first};
+use crate::results::turn::reads_first;
 
 const FILE: &str = "files/out";
 /// Results a read gives at most.
@@ -244,33 +244,18 @@ impl World {
         Ok(progress)
     }
 
-    /// `Driver::turn`: a fresh isolate checks the desk before a step that sends; a retry asks
-    /// it, and the desk grants all or says wait (`Err(paused)`).
+    /// `Driver::turn`: the batch's turn (`World::desk_turn`, as the job's effect takes it);
+    /// a release or a grant is spent.
     fn turn(&mut self, op: &Operation, ready: u32, retry: bool) -> Run<Result<Turn, bool>> {
         let mark = op.effect().desk();
-        let retry = retry || matches!(mark, Some(DeskMark::Waiting { .. }));
-        let turn = desk_turn(mark, false, false, retry);
-        let checked = ready > 0 && turn == DeskTurn::None && !self.desk_clear;
-        if checked {
-            self.desk_clear = true;
-            self.interleave()?;
-        }
-        let n = match (ready, goes_now(turn, false, ready)) {
-            (0, _) => 0,
-            (_, Some(n)) => n,
-            (_, None) => match self.desk_says_wait()? {
-                Some(paused) => return Ok(Err(paused)),
-                None => granted(ready, Some(ready)),
-            },
+        let (turn, awaited, n) = match self.desk_turn(mark, ready, retry)? {
+            Ok(turn) => turn,
+            Err(paused) => return Ok(Err(paused)),
         };
         if mark.is_some() && n > 0 {
             self.mark(op.clone(), on_record::desk_spent)?;
         }
-        Ok(Ok(Turn {
-            turn,
-            awaited: turn == DeskTurn::Ask || checked,
-            n,
-        }))
+        Ok(Ok(Turn { turn, awaited, n }))
     }
 
     /// `Driver::wait_on_destination`: the record waits for the desk's release (or its

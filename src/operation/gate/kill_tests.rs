@@ -23,7 +23,8 @@
 //! The order of stores and awaits is the edge's: a command (`OperationGate::fetch`) is `step`
 //! then `commit(Alarm::Sync)`; an alarm run (`alarm.rs`' `Run::perform`) spends the alarm,
 //! asks the retired names (`ask_retired`), takes one results step, then works through
-//! [`alarm::plan`]: an effect (`run_effect`: the desk's check or ask, `attempt`: the claim
+//! [`alarm::plan`]: an effect (`run_effect`: its turn at the desk, [`World::desk_turn`], the
+//! one the results take too: a check or an ask, `attempt`: the claim
 //! committed with its alarm, the call, the answer committed under the token, the desk's
 //! report), alerts (`send_alert`), the upkeep (`settle_storage`), the alarm last. At every
 //! outbound await (desk, destination, sink, ledger, counters, the file) a command may run
@@ -40,11 +41,12 @@ use serde_json::{json, Map, Value};
 
 use crate::destination::protocol::Sent;
 use crate::operation::effect::{build_request, effect_message_id, outcome, EffectRequest};
-use crate::operation::gate::alarm::{self, AlarmDone, AlarmWork, Attempt, DeskTurn, Upkeep};
+use crate::operation::gate::alarm::{self, AlarmDone, AlarmWork, Attempt, Upkeep};
+use crate::operation::gate::desk_turn::{desk_turn, goes_now, granted, reports, DeskTurn};
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::gate::{step as gate_step, GateLimits, Save, Step};
 use crate::operation::lifecycle::{Source, Status};
-use crate::operation::{Claim, OpEvent, Operation, PendingAlert, ResultsMode};
+use crate::operation::{Claim, DeskMark, OpEvent, Operation, PendingAlert, ResultsMode};
 use crate::results::progress::Stored;
 use crate::retry::{Backoff, PeerAnswer};
 use crate::signature::Secret;
@@ -499,7 +501,12 @@ impl World {
             op = match work {
                 AlarmWork::Retire(_) | AlarmWork::Confirm(_) => unreachable!("not in these runs"),
                 AlarmWork::SendAlert { alert, .. } => self.send_alert(op, &alert)?,
-                AlarmWork::Effect { claim, step } => self.run_effect(op, claim, *step)?,
+                AlarmWork::Effect {
+                    claim,
+                    step,
+                    mark,
+                    retry,
+                } => self.run_effect(op, (claim, *step), mark, retry)?,
                 AlarmWork::Upkeep { record, upkeep } => self.upkeep(*record, *upkeep)?,
                 AlarmWork::SetAlarm => {
                     self.sync_alarm(&op)?;
@@ -535,21 +542,47 @@ impl World {
         self.apply(step, current, Alarm::Deferred)
     }
 
-    /// `Run::run_effect`: the desk's check (a fresh isolate's first attempt) or ask (a retry)
-    /// is an await, after which the claim is taken afresh; the desk lets it go.
-    fn run_effect(&mut self, op: Operation, claim: Claim, step: Step<AlarmDone>) -> Run<Operation> {
-        let turn = alarm::turn(&op, false, false);
-        let checked = turn == DeskTurn::None && !self.desk_clear;
+    /// `Desk::turn` (`desk_turn.rs`), the one turn of the job's effect (`ready`: 1) and a
+    /// batch's results: a fresh isolate's first send checks the desk, a retry asks it (an
+    /// await either way), and the desk grants all or says wait (`Err(paused)`). Returns the
+    /// turn, whether the desk was called, and how many go.
+    pub(super) fn desk_turn(
+        &mut self,
+        mark: Option<DeskMark>,
+        ready: u32,
+        retry: bool,
+    ) -> Run<Result<(DeskTurn, bool, u32), bool>> {
+        let turn = desk_turn(mark, false, false, retry);
+        let checked = ready > 0 && turn == DeskTurn::None && !self.desk_clear;
         if checked {
             self.desk_clear = true;
             self.interleave()?;
         }
-        if turn == DeskTurn::Ask {
-            if let Some(paused) = self.desk_says_wait()? {
-                return self.wait_on_destination(op, paused);
-            }
-        }
-        let (op, claim, step) = match turn == DeskTurn::Ask || checked {
+        let n = match (ready, goes_now(turn, false, ready)) {
+            (0, _) => 0,
+            (_, Some(n)) => n,
+            (_, None) => match self.desk_says_wait()? {
+                Some(paused) => return Ok(Err(paused)),
+                None => granted(ready, Some(ready)),
+            },
+        };
+        Ok(Ok((turn, turn == DeskTurn::Ask || checked, n)))
+    }
+
+    /// `Run::run_effect`: the effect's turn (a batch of one), after which, when the desk was
+    /// called, the claim is taken afresh.
+    fn run_effect(
+        &mut self,
+        op: Operation,
+        (claim, step): (Claim, Step<AlarmDone>),
+        mark: Option<DeskMark>,
+        retry: bool,
+    ) -> Run<Operation> {
+        let turn = match self.desk_turn(mark, 1, retry)? {
+            Ok((turn, awaited, _)) => (turn, awaited),
+            Err(paused) => return self.wait_on_destination(op, paused),
+        };
+        let (op, claim, step) = match turn.1 {
             true => {
                 let current = self.load().unwrap_or(op);
                 match alarm::begin_attempt(current.clone(), self.clock, &LIMITS) {
@@ -560,7 +593,7 @@ impl World {
             false => (op, claim, step),
         };
         let (op, sent) = self.attempt(op, claim, step)?;
-        if !alarm::reports(turn, false, sent.failures > 0) {
+        if !reports(turn.0, false, sent.failures > 0) {
             return Ok(op);
         }
         match self.desk_says_wait()? {
@@ -901,8 +934,9 @@ fn a_lapsed_claim_told_to_wait_by_the_desk_does_not_wake_the_gate_at_once() {
     // The instance died during the call: the claim is stored, its answer lost.
     let lapsed = claim.expires_ms;
     let op = s.record.unwrap();
+    let retry = op.effect().failures_in_row() > 0;
     assert_eq!(
-        alarm::turn(&op, false, false),
+        desk_turn(op.effect().desk(), false, false, retry),
         DeskTurn::Ask,
         "a retry asks the desk"
     );

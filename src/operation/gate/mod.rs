@@ -23,13 +23,15 @@
 //! ([`Step`]: a value, nothing more, stored as [`Save`] says before the answer; the commands'
 //! steps and the alarm's pieces both decide in this shape) and the settings steps read
 //! ([`GateLimits`]) are here too. The rest of the gate: the messages to it (`protocol.rs`),
-//! its log lines (`log.rs`), the alarm's plan with an attempt's turn at its destination's
-//! desk (`alarm.rs`) and what a failed alarm run does (`alarm_failure.rs`).
+//! its log lines (`log.rs`), the alarm's plan (`alarm.rs`), a key's turn at its destination's
+//! desk, for the job's effect and a batch's results alike (`desk_turn.rs`), and what a
+//! failed alarm run does (`alarm_failure.rs`).
 
 pub mod alarm;
 pub mod alarm_failure;
 #[cfg(test)]
 mod deliveries_tests;
+pub mod desk_turn;
 #[cfg(test)]
 mod kill_results_tests;
 #[cfg(test)]

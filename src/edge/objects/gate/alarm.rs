@@ -5,30 +5,29 @@
 //! is followed by a fresh read of the record, so commands that ran meanwhile are kept; the
 //! claim is stored (and the alarm set at its expiry) before the side-effect call leaves, and
 //! the fencing token decides whether its answer commits; the alarm is set last, by the
-//! upkeep, for the record as it then stands. This isolate remembers the destinations a desk
-//! said are open (memory only; what and for how long is [`DeskReply::remembered`]'s), so a
-//! first attempt to one asks its desk instead of going: a stale entry costs one desk call; an
-//! isolate without one lets a first attempt go, and its report's answer makes it wait.
+//! upkeep, for the record as it then stands. The effect's turn at its destination's desk and
+//! its send are the one machine a batch's results use too (`desk_turn.rs`): the job's effect
+//! is a batch of one.
 
 use worker::{Env, Response, Result};
 
 use crate::config::Config;
-use crate::destination::protocol::{DeskCommand, DeskReply, Sent};
+use crate::destination::protocol::Sent;
 use crate::operation::effect::{build_request, effect_message_id, outcome};
 use crate::operation::gate::alarm::{
-    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, DeskTurn, Upkeep,
+    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, Upkeep,
 };
 use crate::operation::gate::{GateLimits, Step};
 use crate::operation::ledger::IndexWrite;
-use crate::operation::{Claim, Operation, PendingAlert};
+use crate::operation::{Claim, DeskMark, Operation, PendingAlert};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 use crate::retry::PeerAnswer;
 use crate::telemetry::counters::{self, StatEvent};
 
 use crate::edge::objects::call::call_lease;
+use crate::edge::objects::gate::desk_turn::KeyAtDesk;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
-use crate::edge::objects::gate::{ask_desk, desk_due_ms, first_attempt_check, remembered_open};
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{self, post_alert};
 use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
@@ -67,7 +66,12 @@ impl<'a> Run<'a> {
                 AlarmWork::Retire(step) => return self.retire(&op, *step).await,
                 AlarmWork::Confirm(ask) => self.confirm(op, ask).await?,
                 AlarmWork::SendAlert { alert, body } => self.send_alert(op, &alert, &body).await?,
-                AlarmWork::Effect { claim, step } => self.run_effect(op, claim, *step).await?,
+                AlarmWork::Effect {
+                    claim,
+                    step,
+                    mark,
+                    retry,
+                } => self.run_effect(op, (claim, *step), mark, retry).await?,
                 AlarmWork::Upkeep { record, upkeep } => {
                     self.settle_storage(*record, *upkeep).await?
                 }
@@ -178,69 +182,34 @@ impl<'a> Run<'a> {
         self.apply(step, current, Alarm::Deferred).await
     }
 
-    /// Asks the destination's desk first when the attempt needs it (a retry, a paced route),
+    /// Takes the effect's turn at its destination's desk (a batch of one, `desk_turn.rs`),
     /// stores the claim (and the alarm at its expiry), runs the side effect, commits its
     /// answer under the claim's fencing token, and reports to the desk what it needs to know.
     async fn run_effect(
         &self,
         op: Operation,
-        claim: Claim,
-        step: Step<AlarmDone>,
+        (claim, step): (Claim, Step<AlarmDone>),
+        mark: Option<DeskMark>,
+        retry: bool,
     ) -> Result<Operation> {
-        let config = self.config;
-        let settings = config.desk_settings(op.kind());
-        let paced = settings.pace.limits();
-        let turn = alarm::turn(&op, paced, remembered_open(&settings.label));
-        // A first attempt from an isolate that has not heard from the desk lately checks it
-        // (read only): a pause holds it too.
-        let checked = first_attempt_check(self.env, self.storage, &settings, turn).await;
-        let turn = match checked {
-            Some(true) => DeskTurn::Ask,
-            _ => turn,
+        let desk = KeyAtDesk::of(self.env, self.storage, self.config, &op);
+        let turn = match desk.turn(mark, 1, retry).await {
+            Ok(turn) => turn,
+            Err(paused) => return self.wait_on_destination(op, paused).await,
         };
-        let (op, claim, step) = match turn {
-            DeskTurn::Ask => {
-                let ask = DeskCommand::Ask {
-                    key: op.key().to_string(),
-                    due_ms: desk_due_ms(&op),
-                    n: 1,
-                    settings: settings.clone(),
-                };
-                // A desk that cannot be reached lets the attempt go: the effect's own backoff
-                // still bounds it, and an unreachable desk must never strand an effect.
-                let reply = ask_desk(self.env, self.storage, &settings, &ask).await;
-                if let Some(paused) = reply.as_ref().and_then(DeskReply::waits) {
-                    return self.wait_on_destination(op, paused).await;
-                }
-                // Commands may have run during the call: the claim is taken afresh.
+        // The desk was called: commands may have run, so the claim is taken afresh.
+        let (op, claim, step) = match turn.awaited {
+            true => {
                 let current = self.storage.load()?.unwrap_or(op);
                 match alarm::begin_attempt(current.clone(), now_ms(), &self.limits) {
                     Some((claim, step)) => (current, claim, step),
                     None => return Ok(current),
                 }
             }
-            // The check awaited: commands may have run, so the claim is taken afresh.
-            _ if checked.is_some() => {
-                let current = self.storage.load()?.unwrap_or(op);
-                match alarm::begin_attempt(current.clone(), now_ms(), &self.limits) {
-                    Some((claim, step)) => (current, claim, step),
-                    None => return Ok(current),
-                }
-            }
-            _ => (op, claim, step),
+            false => (op, claim, step),
         };
         let (op, sent) = self.attempt(op, claim, step).await?;
-        if !alarm::reports(turn, paced, sent.failures > 0) {
-            return Ok(op);
-        }
-        let report = DeskCommand::Report {
-            key: op.key().to_string(),
-            due_ms: desk_due_ms(&op),
-            sent,
-            settings: settings.clone(),
-        };
-        let reply = ask_desk(self.env, self.storage, &settings, &report).await;
-        match reply.as_ref().and_then(DeskReply::waits) {
+        match desk.report(&turn, &sent).await {
             Some(paused) => self.wait_on_destination(op, paused).await,
             None => Ok(op),
         }
@@ -275,8 +244,9 @@ impl<'a> Run<'a> {
         let request = build_request(&op, &config.effect_signing_secret, now_ms() / 1_000);
         let started_ms = now_ms();
         self.storage.meter().add(|u| u.outbound_fetches += 1);
-        let answer =
-            fetch::deliver(self.env, &destination, &request, config.effect_timeout_ms).await;
+        let timeout = config.effect_timeout_ms;
+        let answers = fetch::deliver(self.env, &destination, (&[request], &[]), timeout).await;
+        let answer = answers.into_iter().next().unwrap_or(PeerAnswer::Timeout);
         let target = AttemptTarget {
             destination: config.destination_label(op.kind()),
             webhook_id: effect_message_id(op.key(), op.effect().generation()),

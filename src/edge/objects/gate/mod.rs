@@ -27,6 +27,7 @@
 //! gates' counts in one shard call.
 
 mod alarm;
+pub(crate) mod desk_turn;
 mod repair;
 mod results;
 mod results_admin;
@@ -39,93 +40,19 @@ use std::cell::Cell;
 
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
-use std::{cell::RefCell, collections::HashMap};
-
 use crate::config::Config;
-use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings, Remember};
-use crate::operation::gate::alarm::DeskTurn;
 use crate::operation::gate::alarm_failure;
 use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::gate::GateLimits;
-use crate::operation::Operation;
 use crate::refusal::Refusal;
 use crate::retry::Backoff;
 use crate::telemetry::usage::Invocation;
 
-use crate::edge::objects::call::call_desk;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms, random_unit};
 
 use storage::{Alarm, GateStorage};
-
-thread_local! {
-    /// Until when a desk said each destination (by label) is open or paused.
-    static OPEN_UNTIL: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
-    /// Until when a desk said each destination is neither open nor paused.
-    static CLEAR_UNTIL: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
-}
-
-/// Whether a desk said, within [`crate::destination::protocol::OPEN_MEMORY_MS`], that the
-/// destination `label` is open (or paused).
-fn remembered_open(label: &str) -> bool {
-    OPEN_UNTIL.with_borrow(|m| m.get(label).is_some_and(|u| *u > now_ms()))
-}
-
-/// Whether attempts that would go without asking (`turn`, as
-/// [`crate::operation::gate::alarm::desk_turn`] decided from memory) must ask first: when
-/// this isolate has not heard within [`crate::destination::protocol::CLEAR_MEMORY_MS`] that
-/// the destination is neither open nor paused, one read-only check asks its desk (so a pause
-/// holds first attempts too). `None` when no check was made (nothing awaited); a desk that
-/// cannot be reached lets them go (`Some(false)`), as an unreachable desk never strands an
-/// effect.
-async fn first_attempt_check(
-    env: &Env,
-    storage: &GateStorage,
-    settings: &DeskSettings,
-    turn: DeskTurn,
-) -> Option<bool> {
-    let clear = CLEAR_UNTIL.with_borrow(|m| m.get(&settings.label).is_some_and(|u| *u > now_ms()));
-    if turn != DeskTurn::None || clear {
-        return None;
-    }
-    let check = DeskCommand::Check {
-        settings: settings.clone(),
-    };
-    let reply = ask_desk(env, storage, settings, &check).await;
-    Some(matches!(reply, Some(DeskReply::Checked { ask: true })))
-}
-
-/// One call to a destination's desk (`None` when it could not be reached); its reply teaches
-/// this isolate's memory of open destinations ([`DeskReply::remembered`]).
-async fn ask_desk(
-    env: &Env,
-    storage: &GateStorage,
-    settings: &DeskSettings,
-    command: &DeskCommand,
-) -> Option<DeskReply> {
-    storage.meter().add(|u| u.object_calls += 1);
-    let reply = call_desk(env, settings, command).await.ok()?;
-    let label = &settings.label;
-    match reply.remembered(now_ms()) {
-        Remember::OpenUntil(until) => {
-            OPEN_UNTIL.with_borrow_mut(|m| m.insert(label.clone(), until));
-            CLEAR_UNTIL.with_borrow_mut(|m| m.remove(label));
-        }
-        Remember::ClearUntil(until) => {
-            OPEN_UNTIL.with_borrow_mut(|m| m.remove(label));
-            CLEAR_UNTIL.with_borrow_mut(|m| m.insert(label.clone(), until));
-        }
-        Remember::Keep => {}
-    }
-    Some(reply)
-}
-
-/// When the operation's effect (or its results) became owed: its place in a desk's queue,
-/// soonest first.
-fn desk_due_ms(op: &Operation) -> i64 {
-    op.settled_at_ms().unwrap_or(op.submitted_at_ms())
-}
 
 /// What the gate's steps need of the configuration.
 fn limits(config: &Config) -> GateLimits {

@@ -11,7 +11,8 @@
 //! due time stays in the past, so the alarm the run sets last fires again at once; a wait (a
 //! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
 //! moves it, and holds while the alarm runs for other work. How many results a step sends is
-//! its turn at the destination's desk (`results/sends.rs`); where the results are is asked in
+//! its turn at the destination's desk, the job's effect's own (`desk_turn.rs`, with the sends
+//! in `results/sends.rs`); where the results are is asked in
 //! `results/locate.rs`; how a step commits what it writes on the record (its due time, the
 //! settled counts, an alert, `/metrics`' counts) is `results/marks.rs`. Commands (a duplicate
 //! delivery, a poll, an operator's redeliver) never start a step: only the alarm does, one
@@ -29,6 +30,7 @@ use crate::results::marks as on_record;
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress, Step};
 use crate::results::turn::reads_first;
 
+use crate::edge::objects::gate::desk_turn::Turn;
 use crate::edge::objects::gate::results_store::ResultsStore;
 use crate::edge::objects::gate::storage::GateStorage;
 use crate::edge::outbound::results_file::read_chunk;
@@ -37,8 +39,6 @@ use crate::edge::runtime::{now_ms, random_unit};
 mod locate;
 mod marks;
 mod sends;
-
-use sends::Turn;
 
 /// What a step performs with.
 struct Driver<'a> {
@@ -124,7 +124,7 @@ impl Driver<'_> {
                     return self.wait_on_destination(op, paused).await;
                 }
             },
-            None => Turn::nothing(),
+            None => Turn::default(),
         };
         // An operator's retry of parked results may have run during the desk's call.
         let progress = match turn.awaited {

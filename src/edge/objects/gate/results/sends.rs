@@ -1,117 +1,47 @@
-//! A results step's sends and their turn at the destination's desk (invariant 8, as for the
-//! job's effect; what goes when is [`crate::results::turn`]'s).
+//! A results step's sends and their turn at the destination's desk: the one machine the job's
+//! effect uses too (`desk_turn.rs`), with what the results store around it.
 //!
-//! Guarantees: a step asks the desk once for its results ([`DeskCommand::Ask`]) when it
-//! must, and sends no more than the desk granted, each no sooner than its token on a paced
-//! route; a release or a grant is spent by the step that uses it; the sends go at most
-//! [`SENDS_IN_FLIGHT`] at a time (production's 6 connections per invocation; on a paced route
-//! each at its token's time), and the desk hears of them in one report
-//! ([`DeskCommand::Report`]) when it needs to (a health failure, an asked turn, a probe,
-//! a paced route's slots). A desk's `Wait` makes the record wait for its release.
+//! Guarantees: a release or a grant is spent by the step that uses it; more than one round
+//! trip's worth of results go through the gate's result senders, else from the gate itself;
+//! a desk's `Wait` makes the record wait for its release.
 
-use std::time::Duration;
+use worker::Result;
 
-use futures_util::stream::{self, StreamExt};
-use worker::{Delay, Result};
-
-use crate::destination::protocol::{DeskCommand, DeskReply, Sent};
+use crate::destination::protocol::Sent;
 use crate::operation::effect::outcome;
-use crate::operation::gate::alarm::{desk_turn, reports, DeskTurn};
-use crate::operation::{DeskMark, Operation};
+use crate::operation::Operation;
 use crate::results::body::{build_result_request, ResultHead};
 use crate::results::item::ResultItem;
 use crate::results::marks as on_record;
-use crate::results::progress::{Sending, SENDS_IN_FLIGHT};
-use crate::results::turn::{goes_now, granted};
+use crate::results::progress::Sending;
 
-use crate::edge::objects::gate::{ask_desk, desk_due_ms, first_attempt_check, remembered_open};
+use crate::edge::objects::gate::desk_turn::{KeyAtDesk, Turn};
 use crate::edge::objects::result_sender::send_through_senders;
 use crate::edge::outbound::fetch;
 use crate::edge::runtime::now_ms;
 
 use super::Driver;
 
-/// What the destination's desk let a step send, and whether the step reports back.
-#[derive(Debug, Clone)]
-pub(super) struct Turn {
-    pub(super) turn: DeskTurn,
-    /// The desk was called before the sends (an ask, or a check): commands may have run.
-    pub(super) awaited: bool,
-    pub(super) paced: bool,
-    /// Results that may go now.
-    pub(super) n: u32,
-    /// When each may leave, in ms from the grant, on a paced route (empty: all at once).
-    pub(super) after_ms: Vec<i64>,
-}
-
-impl Turn {
-    /// A step that sends nothing.
-    pub(super) fn nothing() -> Turn {
-        Turn {
-            turn: DeskTurn::None,
-            awaited: false,
-            paced: false,
-            n: 0,
-            after_ms: Vec::new(),
-        }
-    }
-}
-
 impl Driver<'_> {
-    /// The step's turn at its destination's desk for `ready` results (invariant 8, as for the
-    /// job's effect, [`crate::results::turn`]): how many may go now, or `Err(paused)` when the
-    /// desk queued the batch (`paused`: a pause holds it). A release or a grant is spent by
-    /// the step that uses it.
+    /// The step's turn at its destination's desk for `ready` results (a `retry` asks first):
+    /// how many may go now, or `Err(paused)` when the desk queued the batch. A release or a
+    /// grant is spent by the step that uses it.
     pub(super) async fn turn(
         &self,
         op: &Operation,
         ready: u32,
         retry: bool,
     ) -> Result<std::result::Result<Turn, bool>> {
-        let settings = self.config.desk_settings(op.kind());
-        let paced = settings.pace.limits();
         let mark = op.effect().desk();
-        let retry = retry || matches!(mark, Some(DeskMark::Waiting { .. }));
-        let turn = desk_turn(mark, paced, remembered_open(&settings.label), retry);
-        // A pause holds a step that would go without asking too (one read-only check when
-        // this isolate has not heard from the desk lately).
-        let checked = match ready {
-            0 => None,
-            _ => first_attempt_check(self.env, self.storage, &settings, turn).await,
+        let desk = KeyAtDesk::of(self.env, self.storage, self.config, op);
+        let turn = match desk.turn(mark, ready, retry).await {
+            Ok(turn) => turn,
+            Err(paused) => return Ok(Err(paused)),
         };
-        let turn = match checked {
-            Some(true) => DeskTurn::Ask,
-            _ => turn,
-        };
-        let (n, after_ms) = match (ready, goes_now(turn, paced, ready)) {
-            (0, _) => (0, Vec::new()),
-            (_, Some(n)) => (n, Vec::new()),
-            (_, None) => {
-                let ask = DeskCommand::Ask {
-                    key: op.key().to_string(),
-                    due_ms: desk_due_ms(op),
-                    n: ready,
-                    settings: settings.clone(),
-                };
-                match ask_desk(self.env, self.storage, &settings, &ask).await {
-                    Some(DeskReply::Wait) => return Ok(Err(false)),
-                    Some(DeskReply::Paused) => return Ok(Err(true)),
-                    Some(DeskReply::Granted { n, after_ms }) => (granted(ready, Some(n)), after_ms),
-                    // A desk that cannot be reached never strands results.
-                    _ => (granted(ready, None), Vec::new()),
-                }
-            }
-        };
-        if mark.is_some() && n > 0 {
+        if mark.is_some() && turn.n > 0 {
             self.mark(op.clone(), on_record::desk_spent).await?;
         }
-        Ok(Ok(Turn {
-            turn,
-            awaited: turn == DeskTurn::Ask || checked.is_some(),
-            paced,
-            n,
-            after_ms,
-        }))
+        Ok(Ok(turn))
     }
 
     /// The desk queued the batch: the record waits for its release (or the fallback,
@@ -131,27 +61,19 @@ impl Driver<'_> {
     /// destination is open, queues the batch again, due when the step is (`at`).
     pub(super) async fn release_unused(&self, op: Operation, at: i64) -> Result<Operation> {
         let op = self.mark(op, on_record::desk_spent).await?;
-        let settings = self.config.desk_settings(op.kind());
-        let report = DeskCommand::Report {
-            key: op.key().to_string(),
-            due_ms: at,
-            sent: Sent::default(),
-            settings: settings.clone(),
-        };
-        let reply = ask_desk(self.env, self.storage, &settings, &report).await;
-        if let Some(paused) = reply.as_ref().and_then(DeskReply::waits) {
+        let desk = KeyAtDesk::of(self.env, self.storage, self.config, &op);
+        if let Some(paused) = desk.tell(at, Sent::default()).await {
             return self.wait_on_destination(op, paused).await;
         }
         self.due_at(op, at).await
     }
 
-    /// Sends the results (they are independent), each no sooner than its time in `after_ms`
-    /// on a paced route, and returns each one's outcome, in order, and how the sends went.
-    /// More than one round trip's worth go through the gate's result senders, each its own
-    /// invocation with its own 6 connections ([`send_through_senders`]); else from here, at
-    /// most [`SENDS_IN_FLIGHT`] at once. A result whose sender answered nothing is
-    /// [`Sending::Unanswered`]: retried under its same id, and no failure of the destination
-    /// (neither its desk nor its counts hear of it).
+    /// Sends the results, each no sooner than its time in `after_ms` on a paced route, and
+    /// returns each one's outcome, in order, and how the sends went. More than one round
+    /// trip's worth go through the gate's result senders, each its own invocation with its
+    /// own 6 connections ([`send_through_senders`]); else from here ([`fetch::deliver`]). A result whose
+    /// sender answered nothing is [`Sending::Unanswered`]: retried under its same id, and no
+    /// failure of the destination (neither its desk nor its counts hear of it).
     pub(super) async fn send(
         &self,
         op: &Operation,
@@ -181,18 +103,9 @@ impl Driver<'_> {
         let (answers, carried) = match fanned.await {
             Some(answers) => (answers, true),
             None => {
-                let calls = requests.iter().enumerate().map(|(i, request)| {
-                    let destination = &destination;
-                    let wait = after_ms.get(i).map_or(0, |ms| (*ms).max(0) as u64);
-                    async move {
-                        if wait > 0 {
-                            Delay::from(Duration::from_millis(wait)).await;
-                        }
-                        Ok(fetch::deliver(self.env, destination, request, timeout).await)
-                    }
-                });
-                let answers = stream::iter(calls).buffered(SENDS_IN_FLIGHT);
-                (answers.collect().await, false)
+                let group = (&requests[..], after_ms);
+                let answers = fetch::deliver(self.env, &destination, group, timeout).await;
+                (answers.into_iter().map(Ok).collect(), false)
             }
         };
         // A sender call that failed is not the destination's answer: the desk hears only of
@@ -206,27 +119,17 @@ impl Driver<'_> {
         (items.into_iter().zip(outcomes).collect(), sent)
     }
 
-    /// After the sends: the desk hears what it needs to (as an effect's attempt reports: a
-    /// health failure, an asked or released turn, a paced route's slots), and a destination
-    /// that asked for a wait (`Retry-After`) is not sent more before it.
+    /// After the sends: the desk hears what it needs to (as the job's effect reports), and a
+    /// destination that asked for a wait (`Retry-After`) is not sent more before it.
     pub(super) async fn after_sends(
         &self,
         op: Operation,
         turn: Turn,
         sent: Sent,
     ) -> Result<Operation> {
-        if reports(turn.turn, turn.paced, sent.failures > 0) {
-            let settings = self.config.desk_settings(op.kind());
-            let report = DeskCommand::Report {
-                key: op.key().to_string(),
-                due_ms: desk_due_ms(&op),
-                sent: sent.clone(),
-                settings: settings.clone(),
-            };
-            let reply = ask_desk(self.env, self.storage, &settings, &report).await;
-            if let Some(paused) = reply.as_ref().and_then(DeskReply::waits) {
-                return self.wait_on_destination(op, paused).await;
-            }
+        let desk = KeyAtDesk::of(self.env, self.storage, self.config, &op);
+        if let Some(paused) = desk.report(&turn, &sent).await {
+            return self.wait_on_destination(op, paused).await;
         }
         match sent.asked_wait_ms {
             Some(wait) => {
