@@ -52,17 +52,31 @@ impl DurableObject for ResultSender {
             Ok(order) => order,
             Err(e) => return Refusal::BadRequest(format!("bad send order: {e}")).into_response(),
         };
-        let after_ms: Vec<i64> = order.sends.iter().map(|s| s.after_ms as i64).collect();
-        let n = after_ms.len();
-        let requests: std::result::Result<Vec<_>, String> =
-            order.sends.into_iter().map(WireSend::request).collect();
-        let answers = match requests {
-            Ok(requests) => {
-                let group = (&requests[..], &after_ms[..]);
-                fetch::deliver(&self.env, &order.to, group, order.timeout_ms).await
+        // A send whose request cannot be rebuilt answers alone; the others still go.
+        let (mut requests, mut after_ms, mut unsent) = (Vec::new(), Vec::new(), Vec::new());
+        for send in order.sends {
+            let after = send.after_ms as i64;
+            match send.request() {
+                Ok(request) => {
+                    requests.push(request);
+                    after_ms.push(after);
+                    unsent.push(None);
+                }
+                Err(why) => unsent.push(Some(PeerAnswer::Network(why))),
             }
-            Err(why) => vec![PeerAnswer::Network(why); n],
-        };
+        }
+        let group = (&requests[..], &after_ms[..]);
+        let mut sent = fetch::deliver(&self.env, &order.to, group, order.timeout_ms)
+            .await
+            .into_iter();
+        let answers: Vec<PeerAnswer> = unsent
+            .into_iter()
+            .map(|answer| {
+                answer
+                    .or_else(|| sent.next())
+                    .unwrap_or(PeerAnswer::Timeout)
+            })
+            .collect();
         self.meter.end(
             "result_sender",
             Invocation::Fetch,

@@ -542,7 +542,7 @@ impl World {
         self.apply(step, current, Alarm::Deferred)
     }
 
-    /// `Desk::turn` (`desk_turn.rs`), the one turn of the job's effect (`ready`: 1) and a
+    /// `KeyAtDesk::turn` (`desk_turn.rs`), the one turn of the job's effect (`ready`: 1) and a
     /// batch's results: a fresh isolate's first send checks the desk, a retry asks it (an
     /// await either way), and the desk grants all or says wait (`Err(paused)`). Returns the
     /// turn, whether the desk was called, and how many go.

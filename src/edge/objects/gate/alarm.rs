@@ -208,7 +208,7 @@ impl<'a> Run<'a> {
             }
             false => (op, claim, step),
         };
-        let (op, sent) = self.attempt(op, claim, step).await?;
+        let (op, sent) = self.attempt(op, (claim, step), &turn.after_ms).await?;
         match desk.report(&turn, &sent).await {
             Some(paused) => self.wait_on_destination(op, paused).await,
             None => Ok(op),
@@ -232,11 +232,12 @@ impl<'a> Run<'a> {
 
     /// The attempt itself: stores the claim, calls the destination, commits the answer.
     /// Returns the record and how the attempt went, as its desk hears it.
+    /// On a paced route it leaves no sooner than its token (`after_ms`, from the grant).
     async fn attempt(
         &self,
         op: Operation,
-        claim: Claim,
-        step: Step<AlarmDone>,
+        (claim, step): (Claim, Step<AlarmDone>),
+        after_ms: &[i64],
     ) -> Result<(Operation, Sent)> {
         let config = self.config;
         let op = self.apply(step, op, Alarm::Sync).await?;
@@ -245,7 +246,8 @@ impl<'a> Run<'a> {
         let started_ms = now_ms();
         self.storage.meter().add(|u| u.outbound_fetches += 1);
         let timeout = config.effect_timeout_ms;
-        let answers = fetch::deliver(self.env, &destination, (&[request], &[]), timeout).await;
+        let group = (&[request][..], after_ms);
+        let answers = fetch::deliver(self.env, &destination, group, timeout).await;
         let answer = answers.into_iter().next().unwrap_or(PeerAnswer::Timeout);
         let target = AttemptTarget {
             destination: config.destination_label(op.kind()),

@@ -1,14 +1,14 @@
 //! A key's turn at its destination's desk and the sends it lets go, one machine for the job's
 //! effect and a batch's results (the job's effect is a batch of one; what goes when is
 //! [`crate::operation::gate::desk_turn`]'s). What a wait, a claim or a commit stores stays
-//! each caller's own: this only talks to the desk and sends.
+//! each caller's own, as is the send (`fetch::deliver`, a group): this only talks to the desk.
 //!
 //! Guarantees (docs/DESIGN.md, invariant 8): a turn asks the desk at most once
 //! ([`DeskCommand::Ask`], for all its ready sends) and only when it must; when this isolate
 //! has not heard within [`crate::destination::protocol::CLEAR_MEMORY_MS`] that the
 //! destination is neither open nor paused, a turn that would go without asking checks its
 //! desk once, read only ([`DeskCommand::Check`]), so a pause holds first attempts too. The
-//! sends go at most [`SENDS_IN_FLIGHT`] at a time (production's 6 connections per
+//! sends go at most [`crate::results::progress::SENDS_IN_FLIGHT`] at a time (production's 6 connections per
 //! invocation), each no sooner than its token on a paced route, and the desk hears of them
 //! in one report ([`DeskCommand::Report`]) when it needs to. A desk that cannot be reached
 //! lets the sends go. This isolate remembers the destinations a desk said are open (memory
