@@ -351,12 +351,7 @@ impl Operation {
     /// duplicate; `idempotency-key` stays the key), due now. An effect not yet done is never
     /// given a new generation (its last attempt may have arrived): see [`Operation::retry_now`].
     pub fn redeliver(&mut self, now_ms: i64, reason: &str) -> Result<u32, OperatorRefusal> {
-        if self.retired_at_ms.is_some() {
-            return Err(OperatorRefusal::Retired);
-        }
-        if self.notes.forgotten.is_some() {
-            return Err(OperatorRefusal::Forgotten);
-        }
+        self.refuse_untracked()?;
         if !self.status.is_terminal() {
             return Err(OperatorRefusal::NotTerminal);
         }
@@ -407,12 +402,7 @@ impl Operation {
     /// live claim, for a done effect (that is a deliberate redelivery), and while the effect
     /// waits for its batch's results (it is built once they settle, and nothing would go).
     pub fn retry_now(&mut self, now_ms: i64) -> Result<(), OperatorRefusal> {
-        if self.retired_at_ms.is_some() {
-            return Err(OperatorRefusal::Retired);
-        }
-        if self.notes.forgotten.is_some() {
-            return Err(OperatorRefusal::Forgotten);
-        }
+        self.refuse_untracked()?;
         if !self.status.is_terminal() {
             return Err(OperatorRefusal::NotTerminal);
         }
