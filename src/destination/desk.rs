@@ -153,11 +153,13 @@ impl Desk {
         self.opened_at_ms.is_some()
     }
 
-    fn pace(&self) -> Pace {
+    /// The route's pace (none before the first command names it).
+    pub fn pace(&self) -> Pace {
         self.settings.as_ref().map(|s| s.pace).unwrap_or_default()
     }
 
-    fn label(&self) -> String {
+    /// The destination's label (empty before the first command names it).
+    pub fn label(&self) -> String {
         self.settings
             .as_ref()
             .map(|s| s.label.clone())
@@ -264,7 +266,8 @@ impl Desk {
         self.slot_ttl_ms().min(PROBE_LAPSE_MS)
     }
 
-    fn slot_ttl_ms(&self) -> i64 {
+    /// How long a slot the desk hands out is held without its report.
+    pub fn slot_ttl_ms(&self) -> i64 {
         self.settings.as_ref().map_or(600_000, |s| s.slot_ttl_ms)
     }
 

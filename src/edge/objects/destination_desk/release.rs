@@ -100,7 +100,7 @@ impl DestinationDesk {
         let desk = self.load()?;
         for row in &rows {
             self.forget("waiting", &row.key)?;
-            if desk.settings.as_ref().is_some_and(|s| s.pace.limits()) {
+            if desk.pace().limits() {
                 self.take_slot(&row.key, &desk, now)?;
             }
         }
