@@ -520,17 +520,18 @@ pub struct AttemptTarget {
     pub http_status: Option<u16>,
 }
 
-/// An attempt's counts that carry a label: by result and destination, the bucket of an
-/// acceptance's time since settlement (and its sum), and a failure whose `Retry-After` was
-/// honoured. A fenced answer changed nothing and counts nothing.
-fn count_labelled(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
+/// An attempt's counts: its result, then those that carry a label: by result and
+/// destination, the bucket of an acceptance's time since settlement (and its sum), and a
+/// failure whose `Retry-After` was honoured. A fenced answer changed nothing and counts nothing.
+fn count_attempt(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
     let at = attempt.finished_ms;
-    let result = match finished {
-        Finished::Done | Finished::LateDone => "delivered",
-        Finished::RetryAt(_) => "failed",
-        Finished::Parked => "parked",
+    let (result, counter) = match finished {
+        Finished::Done | Finished::LateDone => ("delivered", Counter::EffectSuccesses),
+        Finished::RetryAt(_) => ("failed", Counter::EffectFailures),
+        Finished::Parked => ("parked", Counter::EffectParks),
         Finished::Fenced => return,
     };
+    op.count(counter, at);
     let to = format!("{result}:{}", attempt.target.destination);
     op.count_by(labelled(EFFECT_TO_PREFIX, &to), 1, at);
     match (result, op.settled_at_ms()) {
@@ -576,16 +577,7 @@ pub fn attempt_finished(
 ) -> Step<AlarmDone> {
     let next = decided(&op, attempt, limits, jitter);
     let finished = op.finish_attempt(&attempt.claim, &next, attempt.finished_ms);
-    let stat = match &finished {
-        Finished::Done | Finished::LateDone => Some(Counter::EffectSuccesses),
-        Finished::RetryAt(_) => Some(Counter::EffectFailures),
-        Finished::Parked => Some(Counter::EffectParks),
-        Finished::Fenced => None,
-    };
-    if let Some(stat) = stat {
-        op.count(stat, attempt.finished_ms);
-    }
-    count_labelled(&mut op, &finished, attempt);
+    count_attempt(&mut op, &finished, attempt);
     if finished == Finished::Parked {
         // A refusal the destination will repeat needs a person now: the alert is queued here
         // and sent by this alarm, not left for the next cron pass.
