@@ -370,13 +370,7 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
                 _ => wait,
             };
             op.confirmation_failed(now, wait);
-            Step::new(Some(op), AlarmDone::Confirmed)
-                .durable()
-                .log(GateLog::ConfirmWaiting {
-                    key,
-                    error: format!("{e:?}"),
-                    retry_in_ms: wait,
-                })
+            confirm_waiting(op, format!("{e:?}"), wait)
         }
     }
 }
@@ -415,31 +409,29 @@ pub fn status_backoff_until(answer: &Result<Observation, StatusError>, now: i64)
 /// The budget said wait (or could not be asked): the confirmation is due again at `until`,
 /// for its slot. Nothing was asked, so it is not one of its tries.
 pub fn confirm_waits_for_slot(mut op: Operation, until: i64, now: i64) -> Step<AlarmDone> {
-    let key = op.key().to_string();
     let wait = (until - now).max(1);
     op.confirmation_deferred(now + wait);
-    Step::new(Some(op), AlarmDone::Confirmed)
-        .durable()
-        .log(GateLog::ConfirmWaiting {
-            key,
-            error: "status budget: waiting for a slot".into(),
-            retry_in_ms: wait,
-        })
+    confirm_waiting(op, "status budget: waiting for a slot".into(), wait)
 }
 
 /// Nothing could be asked (`GEMINI_API_KEY` is not set). Not a try, so no try count grows its
 /// backoff: the wait is the time waited so far, which doubles the total at each wake, within
 /// the limits.
 fn confirm_without_key(mut op: Operation, now: i64, limits: &GateLimits) -> Step<AlarmDone> {
-    let key = op.key().to_string();
     let waited = op.confirmation().map_or(0, |c| now - c.requested_at_ms);
     let wait = waited.min(limits.retry.max_ms).max(limits.retry.first_ms);
     op.confirmation_waits(now, wait);
+    confirm_waiting(op, "GEMINI_API_KEY is not set".into(), wait)
+}
+
+/// The confirmation asks again in `wait` ms: the record stored, and a line saying why.
+fn confirm_waiting(op: Operation, why: String, wait: i64) -> Step<AlarmDone> {
+    let key = op.key().to_string();
     Step::new(Some(op), AlarmDone::Confirmed)
         .durable()
         .log(GateLog::ConfirmWaiting {
             key,
-            error: "GEMINI_API_KEY is not set".into(),
+            error: why,
             retry_in_ms: wait,
         })
 }
