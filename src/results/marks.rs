@@ -134,7 +134,7 @@ pub fn retried(
             parked_left: progress.counts.parked,
             hurried: 0,
         };
-        return (results_retried(Some(op), none, reason, by, now), None);
+        return (results_retried(op, none, reason, by, now), None);
     }
     let mut writes = progress.hurry_waiting(now);
     let hurried = writes.len() as u64;
@@ -146,10 +146,7 @@ pub fn retried(
         hurried,
     };
     writes.extend(taken_rows);
-    (
-        results_retried(Some(op), taken, reason, by, now),
-        Some(writes),
-    )
+    (results_retried(op, taken, reason, by, now), Some(writes))
 }
 
 /// The destination's desk queued the batch: the record waits for its release, or for

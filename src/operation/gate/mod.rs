@@ -38,7 +38,7 @@ mod spell_tests;
 
 pub use decision::{GateLimits, Save, Step};
 pub(crate) use deliveries::count_delivery;
-pub use operator::ResultsTaken;
+pub use operator::{results_retried, ResultsTaken};
 
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::Operation;
@@ -118,21 +118,6 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         | GateCommand::RetryResults { .. }
         | GateCommand::Repair { .. }) => held(record, |op| operator_action(op, action, now)),
     }
-}
-
-/// An operator's retry of a batch's parked results, once the object took `taken` of them out
-/// of its results tables: the record's part, decided here like every operator action (a
-/// history row, a log line, the results due now).
-pub fn results_retried(
-    record: Option<Operation>,
-    taken: ResultsTaken,
-    reason: String,
-    by: Option<crate::operation::Actor>,
-    now: i64,
-) -> Step {
-    held(record, |op| {
-        operator::results_retried(op, taken, reason, by, now)
-    })
 }
 
 /// An operator's command on a held record.
