@@ -302,7 +302,13 @@ impl Desk {
             };
         }
         if self.paused.is_some() {
-            return self.held_report(key);
+            // A report while paused says nothing of health (a pause is not a failure, nor is
+            // an answer a recovery): the key waits in its place for the resume, and a probe
+            // out when the pause came is over.
+            if was_probe {
+                self.probe = None;
+            }
+            return Self::hold();
         }
         let mixed = failures > 0 && failures < sent;
         if mixed {
@@ -335,16 +341,6 @@ impl Desk {
             }
         }
         decision
-    }
-
-    /// A report while paused says nothing of health (a pause is not a failure, nor is an
-    /// answer a recovery): the key waits in its place for the resume, and a probe out when
-    /// the pause came is over.
-    fn held_report(&mut self, key: &str) -> Decision {
-        if self.probe.as_ref().is_some_and(|p| p.key == key) {
-            self.probe = None;
-        }
-        Self::hold()
     }
 
     fn report_inner(
