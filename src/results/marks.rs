@@ -55,7 +55,7 @@ pub fn metered(mut op: Operation, metered: Option<Metered>, to: &str, now: i64) 
 pub fn file_parked(mut op: Operation, progress: &mut Progress, reason: &str, now: i64) -> Step<()> {
     let age = (now - op.settled_at_ms().unwrap_or(now)) / 1_000;
     op.raise_alert(AlertKind::ResultsFileParked, age, now);
-    progress.alert_raised();
+    progress.alerted = true;
     let key = op.key().to_string();
     let reason = reason.to_string();
     stored(op, true)
@@ -75,7 +75,7 @@ pub fn gave_up(
     now: i64,
 ) -> Step<()> {
     op.results_gave_up(n, age_seconds, now);
-    progress.failing_alert_raised();
+    progress.failing_alerted = true;
     stored(op, true).row(HistoryEntry::ResultsGaveUp { parked: n })
 }
 
