@@ -240,15 +240,13 @@ impl DestinationDesk {
 
     /// Where `key` waits now, if it does.
     fn waiting_due(&self, key: &str) -> Result<Option<i64>> {
-        let rows: Vec<CountRow> = self
-            .state
-            .storage()
-            .sql()
-            .exec(
-                "SELECT due_ms AS n FROM waiting WHERE key = ?",
-                Some(vec![key.into()]),
-            )?
-            .to_array()?;
+        self.n_of_key("SELECT due_ms AS n FROM waiting WHERE key = ?", key)
+    }
+
+    /// The `n` of the row `query` reads for `key`, if there is one.
+    fn n_of_key(&self, query: &str, key: &str) -> Result<Option<i64>> {
+        let sql = self.state.storage().sql();
+        let rows: Vec<CountRow> = sql.exec(query, Some(vec![key.into()]))?.to_array()?;
         Ok(rows.first().map(|r| r.n))
     }
 
