@@ -307,7 +307,8 @@ pub struct Metered {
     pub unanswered: u64,
 }
 
-fn is_zero(n: &u64) -> bool {
+/// A count left at zero is not stored (it reads back as its default).
+pub(crate) fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 

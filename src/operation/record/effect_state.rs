@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::operation::alert::AlertKind;
-use crate::operation::record::{Operation, OperatorNote, OperatorRefusal};
+use crate::operation::record::{is_zero, Operation, OperatorNote, OperatorRefusal};
 use crate::retry::Next;
 
 /// Where a side effect stands when the gate answers. The gate never runs an attempt while a
@@ -42,14 +42,6 @@ pub struct Claim {
     /// generation, never a newer redelivery (0 in claims stored before it was kept).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub generation: u32,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
 }
 
 /// A side effect the destination refused for good.
@@ -92,7 +84,7 @@ pub enum DeskMark {
     /// lost. While a pause holds it, it is not failing: no `effect_failing` alert is raised.
     Waiting {
         since_ms: i64,
-        #[serde(default, skip_serializing_if = "is_false")]
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         paused: bool,
     },
     /// The desk released it: its next attempt goes without asking, and reports back.
