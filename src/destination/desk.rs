@@ -153,11 +153,13 @@ impl Desk {
         self.opened_at_ms.is_some()
     }
 
-    fn pace(&self) -> Pace {
+    /// The route's pace (none before the first command names it).
+    pub fn pace(&self) -> Pace {
         self.settings.as_ref().map(|s| s.pace).unwrap_or_default()
     }
 
-    fn label(&self) -> String {
+    /// The destination's label (empty before the first command names it).
+    pub fn label(&self) -> String {
         self.settings
             .as_ref()
             .map(|s| s.label.clone())
@@ -264,7 +266,8 @@ impl Desk {
         self.slot_ttl_ms().min(PROBE_LAPSE_MS)
     }
 
-    fn slot_ttl_ms(&self) -> i64 {
+    /// How long a slot the desk hands out is held without its report.
+    pub fn slot_ttl_ms(&self) -> i64 {
         self.settings.as_ref().map_or(600_000, |s| s.slot_ttl_ms)
     }
 
@@ -299,7 +302,13 @@ impl Desk {
             };
         }
         if self.paused.is_some() {
-            return self.held_report(key);
+            // A report while paused says nothing of health (a pause is not a failure, nor is
+            // an answer a recovery): the key waits in its place for the resume, and a probe
+            // out when the pause came is over.
+            if was_probe {
+                self.probe = None;
+            }
+            return Self::hold();
         }
         let mixed = failures > 0 && failures < sent;
         if mixed {
@@ -332,16 +341,6 @@ impl Desk {
             }
         }
         decision
-    }
-
-    /// A report while paused says nothing of health (a pause is not a failure, nor is an
-    /// answer a recovery): the key waits in its place for the resume, and a probe out when
-    /// the pause came is over.
-    fn held_report(&mut self, key: &str) -> Decision {
-        if self.probe.as_ref().is_some_and(|p| p.key == key) {
-            self.probe = None;
-        }
-        Self::hold()
     }
 
     fn report_inner(

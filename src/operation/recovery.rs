@@ -29,7 +29,7 @@ pub enum Recovery {
     Pruned,
     /// Rebuilt from the fields that could be read; an owed effect is parked.
     Salvaged,
-    /// Nothing could be read: rebuilt by an operator from the name alone ([`rebuild`]).
+    /// Nothing could be read: rebuilt by an operator from the name alone ([`Operation::rebuild`]).
     Rebuilt,
 }
 
@@ -124,15 +124,6 @@ pub fn recover(raw: &str) -> Option<(Operation, Recovery)> {
     }
     let value: Value = serde_json::from_str(&pruned).ok()?;
     Operation::salvage(&value).map(|op| (op, Recovery::Salvaged))
-}
-
-/// The record an operator's repair writes when not even the key and state of the stored one
-/// can be read: the operation as registered and pending (so the cron asks Gemini about it
-/// again), its side effect parked before it is owed (whether it already ran is unknown: once
-/// the outcome is known, an operator retries or forgets it; the park alerts), and a fencing
-/// token above any issued before (tokens count attempts; this is the time in ms).
-pub fn rebuild(key: &str, name: &str, reason: &str, now_ms: i64) -> Operation {
-    Operation::rebuild(key, name, reason, now_ms)
 }
 
 /// Marks a recovered record: raises the `record_unreadable` alert (once per operation) and
@@ -315,7 +306,7 @@ mod tests {
 
     #[test]
     fn a_rebuilt_record_is_polled_and_never_runs_its_effect_unasked() {
-        let mut op = rebuild("batches/r", "projects/p/batches/r", "unreadable", 50_000);
+        let mut op = Operation::rebuild("batches/r", "projects/p/batches/r", "unreadable", 50_000);
         assert_eq!(op.status(), &Status::Pending);
         assert!(op.registered(), "the cron polls it");
         assert_eq!(op.effect().fence(), 50_000);

@@ -106,18 +106,8 @@ impl RetiredName {
 /// Whether a row's sorted `hashes` hold `entry` (binary search; a trailing partial entry,
 /// which no keep writes, is ignored).
 pub fn holds(hashes: &[u8], entry: &Entry) -> bool {
-    let n = hashes.len() / ENTRY_BYTES;
-    let at = |i: usize| &hashes[i * ENTRY_BYTES..(i + 1) * ENTRY_BYTES];
-    let (mut lo, mut hi) = (0, n);
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        match at(mid).cmp(&entry[..]) {
-            std::cmp::Ordering::Less => lo = mid + 1,
-            std::cmp::Ordering::Greater => hi = mid,
-            std::cmp::Ordering::Equal => return true,
-        }
-    }
-    false
+    let (entries, _partial) = hashes.as_chunks::<ENTRY_BYTES>();
+    entries.binary_search(entry).is_ok()
 }
 
 /// What keeping a name in its bucket takes, given the bucket's last row (`part`, `hashes`).

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::destination_label::Destination;
 use crate::operation::effect::EffectRequest;
 pub use crate::results::progress::SENDERS;
-use crate::results::progress::{CHUNK_RESULTS, SENDS_IN_FLIGHT};
+use crate::results::progress::{is_zero, CHUNK_RESULTS, SENDS_IN_FLIGHT};
 use crate::retry::PeerAnswer;
 
 /// The groups `n` results go in, one a sender, as ranges of their order; empty when the gate
@@ -108,10 +108,6 @@ pub struct WireSend {
     pub body: String,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub after_ms: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 /// What the gate asks a sender: send these, to there, each within `timeout_ms`.

@@ -55,7 +55,7 @@ pub fn metered(mut op: Operation, metered: Option<Metered>, to: &str, now: i64) 
 pub fn file_parked(mut op: Operation, progress: &mut Progress, reason: &str, now: i64) -> Step<()> {
     let age = (now - op.settled_at_ms().unwrap_or(now)) / 1_000;
     op.raise_alert(AlertKind::ResultsFileParked, age, now);
-    progress.alert_raised();
+    progress.alerted = true;
     let key = op.key().to_string();
     let reason = reason.to_string();
     stored(op, true)
@@ -75,7 +75,7 @@ pub fn gave_up(
     now: i64,
 ) -> Step<()> {
     op.results_gave_up(n, age_seconds, now);
-    progress.failing_alert_raised();
+    progress.failing_alerted = true;
     stored(op, true).row(HistoryEntry::ResultsGaveUp { parked: n })
 }
 
@@ -134,7 +134,7 @@ pub fn retried(
             parked_left: progress.counts.parked,
             hurried: 0,
         };
-        return (results_retried(Some(op), none, reason, by, now), None);
+        return (results_retried(op, none, reason, by, now), None);
     }
     let mut writes = progress.hurry_waiting(now);
     let hurried = writes.len() as u64;
@@ -146,10 +146,7 @@ pub fn retried(
         hurried,
     };
     writes.extend(taken_rows);
-    (
-        results_retried(Some(op), taken, reason, by, now),
-        Some(writes),
-    )
+    (results_retried(op, taken, reason, by, now), Some(writes))
 }
 
 /// The destination's desk queued the batch: the record waits for its release, or for

@@ -246,6 +246,7 @@ pub struct Progress {
     /// known: a file missing [`FILE_KEPT_MS`] after it is gone for good.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<i64>,
+    /// The one alert for a parked file was raised.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub alerted: bool,
     /// The status answer could not say where the results are (the source is not known): once
@@ -306,7 +307,8 @@ pub struct Metered {
     pub unanswered: u64,
 }
 
-fn is_zero(n: &u64) -> bool {
+/// A count left at zero is not stored (it reads back as its default).
+pub(crate) fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
@@ -484,16 +486,6 @@ impl Progress {
                 next_at_ms: now_ms + limits.retry.jittered(failures, jitter),
             },
         };
-    }
-
-    /// The one alert for a parked file was raised.
-    pub fn alert_raised(&mut self) {
-        self.alerted = true;
-    }
-
-    /// The one alert for results that kept failing was raised.
-    pub fn failing_alert_raised(&mut self) {
-        self.failing_alerted = true;
     }
 
     /// The senders' alert was raised (`raised`), or resolved.

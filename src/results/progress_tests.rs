@@ -287,11 +287,11 @@ impl World {
                 }
             }
             Step::Alert(_) => {
-                p.alert_raised();
+                p.alerted = true;
                 self.store(&p, Vec::new())?;
             }
             Step::AlertFailing(_) => {
-                p.failing_alert_raised();
+                p.failing_alerted = true;
                 self.store(&p, Vec::new())?;
             }
             Step::AlertSenders(_) | Step::SendersBack => {
@@ -418,7 +418,7 @@ fn a_file_gone_past_the_wait_parks_alerts_once_and_the_job_says_so() {
         p.next(FILE_WAIT_MS),
         Step::Alert("results file not found (404)".into())
     );
-    p.alert_raised();
+    p.alerted = true;
     let Step::Settled(results) = p.next(FILE_WAIT_MS) else {
         panic!("settled")
     };
@@ -492,7 +492,7 @@ fn an_operators_retry_reads_a_parked_file_again_from_where_it_stopped() {
         0.0,
     );
     assert_eq!(p.next(5), Step::Alert("206 from byte 0".into()));
-    p.alert_raised();
+    p.alerted = true;
     let later = FILE_WAIT_MS * 10;
     assert_eq!(
         p.retry_parked(Vec::new(), later),
@@ -815,7 +815,7 @@ fn a_result_failing_past_the_alert_threshold_is_parked_and_alerted_once() {
     );
     assert!(row.last_error.contains("503"));
     assert_eq!(p.next(clock), Step::AlertFailing(2));
-    p.failing_alert_raised();
+    p.failing_alerted = true;
     let Step::Settled(results) = p.next(clock) else {
         panic!("the job's effect goes")
     };

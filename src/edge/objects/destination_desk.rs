@@ -191,11 +191,7 @@ impl DestinationDesk {
         let mut desk = self.load()?;
         if desk.alerts_dropped > 0 {
             log(WorkerLog::AlertDropped {
-                owner: desk
-                    .settings
-                    .as_ref()
-                    .map(|s| s.label.clone())
-                    .unwrap_or_default(),
+                owner: desk.label(),
                 dropped: std::mem::take(&mut desk.alerts_dropped),
             }
             .to_value());
@@ -244,15 +240,13 @@ impl DestinationDesk {
 
     /// Where `key` waits now, if it does.
     fn waiting_due(&self, key: &str) -> Result<Option<i64>> {
-        let rows: Vec<CountRow> = self
-            .state
-            .storage()
-            .sql()
-            .exec(
-                "SELECT due_ms AS n FROM waiting WHERE key = ?",
-                Some(vec![key.into()]),
-            )?
-            .to_array()?;
+        self.n_of_key("SELECT due_ms AS n FROM waiting WHERE key = ?", key)
+    }
+
+    /// The `n` of the row `query` reads for `key`, if there is one.
+    fn n_of_key(&self, query: &str, key: &str) -> Result<Option<i64>> {
+        let sql = self.state.storage().sql();
+        let rows: Vec<CountRow> = sql.exec(query, Some(vec![key.into()]))?.to_array()?;
         Ok(rows.first().map(|r| r.n))
     }
 
@@ -265,10 +259,9 @@ impl DestinationDesk {
     }
 
     fn take_slot(&self, key: &str, desk: &Desk, now: i64) -> Result<()> {
-        let ttl = desk.settings.as_ref().map_or(600_000, |s| s.slot_ttl_ms);
         self.exec(
             "INSERT INTO slots (key, expires_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET expires_ms = excluded.expires_ms",
-            vec![key.into(), ((now + ttl) as f64).into()],
+            vec![key.into(), ((now + desk.slot_ttl_ms()) as f64).into()],
         )
     }
 

@@ -64,12 +64,12 @@ impl DurableObject for StrangerWatch {
         let now = Date::now().as_millis() as i64;
         let (alert, tally) = self.with_tally(|t| (t.count(now, &limits), t.clone()));
         // The window's one alert is stored with its state (so a restart neither loses it nor
-        // raises it twice) and sent by the alarm.
+        // raises it twice) and sent by the alarm, set for now (an offset of 0 ms).
         if alert {
             let mut owed = self.owed_alerts();
             owe(&mut owed, alert_body(&tally));
             self.store(&json!(tally), owed)?;
-            self.set_alarm_in(0).await?;
+            self.state.storage().set_alarm(0).await?;
         }
         Response::from_json(&NudgeCounted { alert })
     }
@@ -118,7 +118,7 @@ impl StrangerWatch {
         }
         // The alarm that woke us is spent: set the retry before anything leaves, so a run cut
         // short mid-send (an eviction, a deploy) still wakes the watch to send again.
-        self.set_alarm_in(ALERT_RETRY_MS).await?;
+        self.state.storage().set_alarm(ALERT_RETRY_MS).await?;
         let sent = match load_config(&self.env) {
             Ok(config) => {
                 let mut sent = 0;
@@ -153,15 +153,5 @@ impl StrangerWatch {
             self.state.storage().delete_alarm().await?;
         }
         Ok(())
-    }
-
-    /// Sets this object's alarm `ms` from now.
-    async fn set_alarm_in(&self, ms: i64) -> Result<()> {
-        let at = Date::now().as_millis() as f64 + ms as f64;
-        let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(at));
-        self.state
-            .storage()
-            .set_alarm(worker::ScheduledTime::new(date))
-            .await
     }
 }

@@ -372,13 +372,7 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
                 _ => wait,
             };
             op.confirmation_failed(now, wait);
-            Step::new(Some(op), AlarmDone::Confirmed)
-                .durable()
-                .log(GateLog::ConfirmWaiting {
-                    key,
-                    error: format!("{e:?}"),
-                    retry_in_ms: wait,
-                })
+            confirm_waiting(op, format!("{e:?}"), wait)
         }
     }
 }
@@ -417,31 +411,29 @@ pub fn status_backoff_until(answer: &Result<Observation, StatusError>, now: i64)
 /// The budget said wait (or could not be asked): the confirmation is due again at `until`,
 /// for its slot. Nothing was asked, so it is not one of its tries.
 pub fn confirm_waits_for_slot(mut op: Operation, until: i64, now: i64) -> Step<AlarmDone> {
-    let key = op.key().to_string();
     let wait = (until - now).max(1);
     op.confirmation_deferred(now + wait);
-    Step::new(Some(op), AlarmDone::Confirmed)
-        .durable()
-        .log(GateLog::ConfirmWaiting {
-            key,
-            error: "status budget: waiting for a slot".into(),
-            retry_in_ms: wait,
-        })
+    confirm_waiting(op, "status budget: waiting for a slot".into(), wait)
 }
 
 /// Nothing could be asked (`GEMINI_API_KEY` is not set). Not a try, so no try count grows its
 /// backoff: the wait is the time waited so far, which doubles the total at each wake, within
 /// the limits.
 fn confirm_without_key(mut op: Operation, now: i64, limits: &GateLimits) -> Step<AlarmDone> {
-    let key = op.key().to_string();
     let waited = op.confirmation().map_or(0, |c| now - c.requested_at_ms);
     let wait = waited.min(limits.retry.max_ms).max(limits.retry.first_ms);
     op.confirmation_waits(now, wait);
+    confirm_waiting(op, "GEMINI_API_KEY is not set".into(), wait)
+}
+
+/// The confirmation asks again in `wait` ms: the record stored, and a line saying why.
+fn confirm_waiting(op: Operation, why: String, wait: i64) -> Step<AlarmDone> {
+    let key = op.key().to_string();
     Step::new(Some(op), AlarmDone::Confirmed)
         .durable()
         .log(GateLog::ConfirmWaiting {
             key,
-            error: "GEMINI_API_KEY is not set".into(),
+            error: why,
             retry_in_ms: wait,
         })
 }
@@ -522,17 +514,18 @@ pub struct AttemptTarget {
     pub http_status: Option<u16>,
 }
 
-/// An attempt's counts that carry a label: by result and destination, the bucket of an
-/// acceptance's time since settlement (and its sum), and a failure whose `Retry-After` was
-/// honoured. A fenced answer changed nothing and counts nothing.
-fn count_labelled(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
+/// An attempt's counts: its result, then those that carry a label: by result and
+/// destination, the bucket of an acceptance's time since settlement (and its sum), and a
+/// failure whose `Retry-After` was honoured. A fenced answer changed nothing and counts nothing.
+fn count_attempt(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
     let at = attempt.finished_ms;
-    let result = match finished {
-        Finished::Done | Finished::LateDone => "delivered",
-        Finished::RetryAt(_) => "failed",
-        Finished::Parked => "parked",
+    let (result, counter) = match finished {
+        Finished::Done | Finished::LateDone => ("delivered", Counter::EffectSuccesses),
+        Finished::RetryAt(_) => ("failed", Counter::EffectFailures),
+        Finished::Parked => ("parked", Counter::EffectParks),
         Finished::Fenced => return,
     };
+    op.count(counter, at);
     let to = format!("{result}:{}", attempt.target.destination);
     op.count_by(labelled(EFFECT_TO_PREFIX, &to), 1, at);
     match (result, op.settled_at_ms()) {
@@ -578,16 +571,7 @@ pub fn attempt_finished(
 ) -> Step<AlarmDone> {
     let next = decided(&op, attempt, limits, jitter);
     let finished = op.finish_attempt(&attempt.claim, &next, attempt.finished_ms);
-    let stat = match &finished {
-        Finished::Done | Finished::LateDone => Some(Counter::EffectSuccesses),
-        Finished::RetryAt(_) => Some(Counter::EffectFailures),
-        Finished::Parked => Some(Counter::EffectParks),
-        Finished::Fenced => None,
-    };
-    if let Some(stat) = stat {
-        op.count(stat, attempt.finished_ms);
-    }
-    count_labelled(&mut op, &finished, attempt);
+    count_attempt(&mut op, &finished, attempt);
     if finished == Finished::Parked {
         // A refusal the destination will repeat needs a person now: the alert is queued here
         // and sent by this alarm, not left for the next cron pass.

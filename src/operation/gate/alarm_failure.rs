@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::operation::alert::{alert_id, body, human_age, AlertKind};
 use crate::retry::Backoff;
 
 /// A failing alarm's runs: 2 s after the first failure of a streak, doubling to 60 s, how long
@@ -31,21 +32,16 @@ pub fn alert(
 ) -> serde_json::Value {
     let subject = key.unwrap_or(object_id);
     let age_seconds = (now.saturating_sub(streak.first_at_ms) / 1_000).max(0);
-    let id = crate::operation::alert::alert_id(
-        subject,
-        crate::operation::alert::AlertKind::AlarmFailing,
-        streak.failures,
-        0,
-    );
-    crate::operation::alert::body(
-        crate::operation::alert::AlertKind::AlarmFailing,
+    let id = alert_id(subject, AlertKind::AlarmFailing, streak.failures, 0);
+    body(
+        AlertKind::AlarmFailing,
         Some(&id),
         (key, subject, None),
         age_seconds,
         &format!(
             "its gate's alarm has failed {} times in a row for {} (work resumes once this clears; a record that cannot be read needs POST /v1/operations/{{name}}/repair): {}",
             streak.failures,
-            crate::operation::alert::human_age(age_seconds),
+            human_age(age_seconds),
             streak.error
         ),
     )

@@ -46,7 +46,7 @@ mod retired_tests;
 #[cfg(test)]
 mod spell_tests;
 
-pub use operator::ResultsTaken;
+pub use operator::{results_retried, ResultsTaken};
 
 use serde_json::{Map, Value};
 
@@ -419,21 +419,6 @@ pub(crate) fn count_delivery(
         ),
         Verdict::Apply => {}
     }
-}
-
-/// An operator's retry of a batch's parked results, once the object took `taken` of them out
-/// of its results tables: the record's part, decided here like every operator action (a
-/// history row, a log line, the results due now).
-pub fn results_retried(
-    record: Option<Operation>,
-    taken: ResultsTaken,
-    reason: String,
-    by: Option<crate::operation::Actor>,
-    now: i64,
-) -> Step {
-    held(record, |op| {
-        operator::results_retried(op, taken, reason, by, now)
-    })
 }
 
 /// An operator's command on a held record.

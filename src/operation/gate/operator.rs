@@ -120,10 +120,12 @@ pub struct ResultsTaken {
     pub hurried: u64,
 }
 
-/// An operator's retry of a batch's parked results: when it took any (or the file), the
-/// results run again now (the alarm is set for it before the answer), with a history row and a
-/// log line; when it took none, or the operation is forgotten or retired, nothing changes.
-pub(super) fn results_retried(
+/// An operator's retry of a batch's parked results, once the object took `taken` of them out
+/// of its results tables: the record's part, decided here like every operator action. When it
+/// took any (or the file), the results run again now (the alarm is set for it before the
+/// answer), with a history row and a log line; when it took none, or the operation is
+/// forgotten or retired, nothing changes.
+pub fn results_retried(
     mut op: Operation,
     taken: ResultsTaken,
     reason: String,

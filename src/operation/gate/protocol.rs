@@ -146,7 +146,7 @@ pub enum GateCommand {
     },
     /// An operator's repair of a stored record that does not load (the object handles it
     /// before loading): recovered as a load would, or rebuilt from this key and name
-    /// ([`crate::operation::recovery::rebuild`]); then answered as [`GateCommand::Inspect`].
+    /// ([`crate::operation::Operation::rebuild`]); then answered as [`GateCommand::Inspect`].
     Repair {
         key: String,
         name: String,

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::operation::alert::AlertKind;
-use crate::operation::record::{Operation, OperatorNote, OperatorRefusal};
+use crate::operation::record::{is_zero, Operation, OperatorNote, OperatorRefusal};
 use crate::retry::Next;
 
 /// Where a side effect stands when the gate answers. The gate never runs an attempt while a
@@ -43,14 +43,6 @@ pub struct Claim {
     /// generation, never a newer redelivery (0 in claims stored before it was kept).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub generation: u32,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
 }
 
 /// A side effect the destination refused for good.
@@ -93,7 +85,7 @@ pub enum DeskMark {
     /// lost. While a pause holds it, it is not failing: no `effect_failing` alert is raised.
     Waiting {
         since_ms: i64,
-        #[serde(default, skip_serializing_if = "is_false")]
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         paused: bool,
     },
     /// The desk released it: its next attempt goes without asking, and reports back.
@@ -308,12 +300,7 @@ impl Operation {
     /// duplicate; `idempotency-key` stays the key), due now. An effect not yet done is never
     /// given a new generation (its last attempt may have arrived): see [`Operation::retry_now`].
     pub fn redeliver(&mut self, now_ms: i64, reason: &str) -> Result<u32, OperatorRefusal> {
-        if self.retired_at_ms.is_some() {
-            return Err(OperatorRefusal::Retired);
-        }
-        if self.notes.forgotten.is_some() {
-            return Err(OperatorRefusal::Forgotten);
-        }
+        self.refuse_untracked()?;
         if !self.status.is_terminal() {
             return Err(OperatorRefusal::NotTerminal);
         }
@@ -364,12 +351,7 @@ impl Operation {
     /// live claim, for a done effect (that is a deliberate redelivery), and while the effect
     /// waits for its batch's results (it is built once they settle, and nothing would go).
     pub fn retry_now(&mut self, now_ms: i64) -> Result<(), OperatorRefusal> {
-        if self.retired_at_ms.is_some() {
-            return Err(OperatorRefusal::Retired);
-        }
-        if self.notes.forgotten.is_some() {
-            return Err(OperatorRefusal::Forgotten);
-        }
+        self.refuse_untracked()?;
         if !self.status.is_terminal() {
             return Err(OperatorRefusal::NotTerminal);
         }

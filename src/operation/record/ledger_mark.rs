@@ -41,34 +41,6 @@ pub const PROJECTION_SPACING_MS: i64 = 1_000;
 /// daily write quota spent): the gate stays the truth meanwhile.
 pub const PROJECTION_RETRY_MAX_MS: i64 = 300_000;
 
-impl LedgerMark {
-    /// A write of `version` succeeded at `now_ms`: the backoff resets.
-    fn written(&mut self, version: u64, now_ms: i64) {
-        self.version = self.version.max(version);
-        self.at_ms = now_ms;
-        self.failures = 0;
-        self.retry_at_ms = 0;
-    }
-
-    /// A write failed at `now_ms`: the next waits twice as long as the last, capped.
-    fn failed(&mut self, now_ms: i64) {
-        self.failures = self.failures.saturating_add(1);
-        let wait =
-            Backoff::new(PROJECTION_SPACING_MS, PROJECTION_RETRY_MAX_MS).after(self.failures);
-        self.at_ms = now_ms;
-        self.retry_at_ms = now_ms + wait;
-    }
-
-    /// Whether an index entry may exist after `write` ended `ok` or not.
-    fn index_written(&mut self, write: IndexWrite, ok: bool) {
-        match (write, ok) {
-            (IndexWrite::Put, _) => self.indexed = true,
-            (IndexWrite::Delete, true) => self.indexed = false,
-            _ => {}
-        }
-    }
-}
-
 impl Operation {
     /// The ledger write that mirrors this record.
     pub fn projection(&self, retention_secs: i64) -> Projection {
@@ -117,9 +89,13 @@ impl Operation {
         }
     }
 
-    /// A ledger write of `version` succeeded at `now_ms`.
+    /// A ledger write of `version` succeeded at `now_ms`: the backoff resets.
     pub fn projection_written(&mut self, version: u64, now_ms: i64) {
-        self.ledger.written(version, now_ms);
+        let ledger = &mut self.ledger;
+        ledger.version = ledger.version.max(version);
+        ledger.at_ms = now_ms;
+        ledger.failures = 0;
+        ledger.retry_at_ms = 0;
     }
 
     /// The index write that went with a projection was `write`, and it succeeded (`ok`) or
@@ -127,7 +103,11 @@ impl Operation {
     /// the mark; no write leaves it as it stands (a [`Operation::reindex`] may have set it
     /// while the write was in flight).
     pub fn index_written(&mut self, write: IndexWrite, ok: bool) {
-        self.ledger.index_written(write, ok);
+        match (write, ok) {
+            (IndexWrite::Put, _) => self.ledger.indexed = true,
+            (IndexWrite::Delete, true) => self.ledger.indexed = false,
+            _ => {}
+        }
     }
 
     /// The reconciliation audit found the KV index out of step with this record (missing, or
@@ -143,10 +123,15 @@ impl Operation {
         true
     }
 
-    /// A ledger write failed at `now_ms`: the next waits 1 s, 2 s, 4 s, ... up to
-    /// `PROJECTION_RETRY_MAX_MS`.
+    /// A ledger write failed at `now_ms`: the next waits twice as long as the last, 1 s,
+    /// 2 s, 4 s, ... up to `PROJECTION_RETRY_MAX_MS`.
     pub fn projection_failed(&mut self, now_ms: i64) {
-        self.ledger.failed(now_ms);
+        let ledger = &mut self.ledger;
+        ledger.failures = ledger.failures.saturating_add(1);
+        let wait =
+            Backoff::new(PROJECTION_SPACING_MS, PROJECTION_RETRY_MAX_MS).after(ledger.failures);
+        ledger.at_ms = now_ms;
+        ledger.retry_at_ms = now_ms + wait;
     }
 }
 

@@ -154,11 +154,11 @@ pub struct Operation {
     results_due_ms: Option<i64>,
     /// Results parked for failing past the alert threshold, as the `results_failing` alert
     /// names them.
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     results_gave_up: u64,
     /// Results waiting while the result senders answer nothing, as the
     /// `results_sender_failing` alert names them.
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     results_unanswered: u64,
     /// Created by a signed delivery, and the retired names' shard not yet asked whether the
     /// name's retention ended before: the first alarm asks before anything else runs
@@ -167,8 +167,9 @@ pub struct Operation {
     retired_unasked: bool,
 }
 
-fn is_zero_u64(n: &u64) -> bool {
-    *n == 0
+/// A number left at zero is not stored (it reads back as its default).
+pub(super) fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 impl Operation {

@@ -97,6 +97,18 @@ impl OperatorRefusal {
 }
 
 impl Operation {
+    /// Refuses an operator's command on a tombstone, then on a forgotten operation: nothing
+    /// runs for either any more.
+    pub(super) fn refuse_untracked(&self) -> Result<(), OperatorRefusal> {
+        if self.retired_at_ms.is_some() {
+            return Err(OperatorRefusal::Retired);
+        }
+        if self.notes.forgotten.is_some() {
+            return Err(OperatorRefusal::Forgotten);
+        }
+        Ok(())
+    }
+
     /// Stops tracking the operation (recorded, not erased). Idempotent.
     /// Nothing runs for it afterwards: a waiting confirmation and queued alerts are dropped,
     /// and no nudge asks the status API again or raises an alert.
@@ -145,12 +157,7 @@ impl Operation {
         reason: &str,
         now_ms: i64,
     ) -> Result<OpEvent, OperatorRefusal> {
-        if self.retired_at_ms.is_some() {
-            return Err(OperatorRefusal::Retired);
-        }
-        if self.notes.forgotten.is_some() {
-            return Err(OperatorRefusal::Forgotten);
-        }
+        self.refuse_untracked()?;
         if self.status.is_terminal() || !status.is_terminal() {
             return Err(OperatorRefusal::AlreadySettled);
         }

@@ -69,18 +69,6 @@ impl Outbox {
         self.sealed_seq = last;
         Some(last)
     }
-
-    /// Pending events wait until `retry_at_ms`.
-    fn delay(&mut self, retry_at_ms: i64) {
-        for event in &mut self.pending {
-            event.at_ms = event.at_ms.max(retry_at_ms);
-        }
-    }
-
-    /// Drops events up to `seq`.
-    fn drop_through(&mut self, seq: u64) {
-        self.pending.retain(|e| e.seq > seq);
-    }
 }
 
 impl Operation {
@@ -128,12 +116,14 @@ impl Operation {
 
     /// A flush failed: its events wait until `retry_at_ms` (the wake time follows the oldest).
     pub fn stats_flush_failed(&mut self, retry_at_ms: i64) {
-        self.outbox.delay(retry_at_ms);
+        for event in &mut self.outbox.pending {
+            event.at_ms = event.at_ms.max(retry_at_ms);
+        }
     }
 
     /// Forgets counted events up to `seq`, once a shard has them.
     pub fn drop_flushed_stats(&mut self, seq: u64) {
-        self.outbox.drop_through(seq);
+        self.outbox.pending.retain(|e| e.seq > seq);
     }
 
     /// Takes every pending event out of the record, sealed, for the isolate's tally: the

@@ -90,7 +90,7 @@ impl Operation {
     /// again), its side effect parked before it is owed (whether it already ran is unknown: once
     /// the outcome is known, an operator retries or forgets it; the park alerts), and a fencing
     /// token above any issued before (tokens count attempts; this is the time in ms).
-    pub(crate) fn rebuild(key: &str, name: &str, reason: &str, now_ms: i64) -> Operation {
+    pub fn rebuild(key: &str, name: &str, reason: &str, now_ms: i64) -> Operation {
         let mut op = Operation::register(key, name, None, now_ms);
         op.effect.fence = now_ms.max(0) as u64;
         op.effect.parked = Some(Parked {

@@ -16,7 +16,7 @@ use crate::edge::objects::call::call_gate;
 
 use serde::Deserialize;
 
-use super::{CountRow, DestinationDesk};
+use super::DestinationDesk;
 
 #[derive(Deserialize)]
 struct KeyRow {
@@ -71,13 +71,8 @@ impl DestinationDesk {
             "INSERT INTO misses (key, n) VALUES (?, 1) ON CONFLICT(key) DO UPDATE SET n = n + 1",
             vec![key.into()],
         )?;
-        let rows: Vec<CountRow> = self
-            .state
-            .storage()
-            .sql()
-            .exec("SELECT n FROM misses WHERE key = ?", Some(vec![key.into()]))?
-            .to_array()?;
-        let misses = rows.first().map_or(1, |r| r.n.clamp(1, 64) as u32);
+        let misses = self.n_of_key("SELECT n FROM misses WHERE key = ?", key)?;
+        let misses = misses.map_or(1, |n| n.clamp(1, 64) as u32);
         self.enqueue(key, now + desk.probe_backoff().after(misses))
     }
 
@@ -100,7 +95,7 @@ impl DestinationDesk {
         let desk = self.load()?;
         for row in &rows {
             self.forget("waiting", &row.key)?;
-            if desk.settings.as_ref().is_some_and(|s| s.pace.limits()) {
+            if desk.pace().limits() {
                 self.take_slot(&row.key, &desk, now)?;
             }
         }

@@ -1,6 +1,6 @@
 //! An operator's repair of a gate whose record does not load: recovered as a load would
 //! recover it, or, when not even its key and state can be read, rebuilt from the key and name
-//! the operator gives ([`crate::operation::recovery::rebuild`]).
+//! the operator gives ([`Operation::rebuild`]).
 //!
 //! Guarantees: a record that does not load is never lost: its raw text stays in `quarantine`
 //! until retention ends; a record that loads is left as it is; a rebuilt record's
@@ -16,7 +16,7 @@ use crate::edge::objects::gate::tables;
 /// `None` when there is no record; `Some(false)` when it loads as it is (nothing done);
 /// `Some(true)` when it did not: recovered as [`GateStorage::load`] would, or, when not even
 /// its key and state can be read, kept in `quarantine` and replaced by
-/// [`recovery::rebuild`] of `key` and `name`, with its alert queued and `by` (the operator)
+/// [`Operation::rebuild`] of `key` and `name`, with its alert queued and `by` (the operator)
 /// in its history row.
 pub(super) fn repair(
     storage: &GateStorage,
@@ -39,7 +39,7 @@ pub(super) fn repair(
     let now = worker::Date::now().as_millis() as i64;
     let error = error.to_string();
     tables::quarantine(storage.meter(), &storage.sql(), &body, &error, now)?;
-    let mut op = recovery::rebuild(key, name, reason, now);
+    let mut op = Operation::rebuild(key, name, reason, now);
     let (entry, line) = recovery::mark_recovered(
         &mut op,
         recovery::Recovery::Rebuilt,
