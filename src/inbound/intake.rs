@@ -806,17 +806,14 @@ fn nudge_metadata(
     mut claims: Map<String, Value>,
     details: &Map<String, Value>,
 ) -> Map<String, Value> {
-    let mut metadata = Map::new();
     // Bounded before it travels to the gate (the command nests it deeper than the token
     // did); the body's was bounded when the envelope was parsed.
     let claimed = claims
         .remove(USER_METADATA)
         .map(crate::operation::details::bound)
         .or_else(|| details.get(USER_METADATA).cloned());
-    if let Some(unverified) = claimed {
-        metadata.insert(UNVERIFIED_USER_METADATA.into(), unverified);
-    }
-    metadata
+    let unverified = claimed.map(|claimed| (UNVERIFIED_USER_METADATA.to_string(), claimed));
+    unverified.into_iter().collect()
 }
 
 /// A `v1a`-signed body's `user_metadata`: Google signed it, for whichever project ran the
@@ -824,11 +821,9 @@ fn nudge_metadata(
 /// once the status API, asked with our key, answered for the operation
 /// ([`crate::operation::Operation::confirm_with`]).
 fn signed_metadata(details: &Map<String, Value>) -> Map<String, Value> {
-    let mut metadata = Map::new();
-    if let Some(signed) = details.get(USER_METADATA) {
-        metadata.insert(SIGNED_USER_METADATA.into(), signed.clone());
-    }
-    metadata
+    let signed = details.get(USER_METADATA);
+    let signed = signed.map(|signed| (SIGNED_USER_METADATA.to_string(), signed.clone()));
+    signed.into_iter().collect()
 }
 
 /// Keys remembered per isolate by default; past this the memory starts over (a miss costs
