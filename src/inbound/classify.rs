@@ -4,20 +4,14 @@
 //! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): every trust decision about a delivery
 //! is made here, and every delivery turned away is a [`Rejection`]: its logged reason, and the
 //! [`Reply`] it gets (a [`Refusal`], whose status is decided in one place).
-//! The decisions themselves run in [`crate::inbound::intake`], in the order the route can
-//! afford them: [`screen`](crate::inbound::intake::screen) refuses from the headers alone (a declared oversized body, then
-//! the signature headers: for HMAC the id and the timestamp window of [`crate::signature`];
-//! for a JWT whether dynamic webhooks are on, the same timestamp window, and the token's
-//! shape), before a byte of the body is read; the edge then checks a token's RS256 signature
-//! with WebCrypto and [`vouch`](crate::inbound::intake::vouch) checks its claims (their time window is
-//! [`crate::inbound::jwt`]'s); [`classify`](crate::inbound::intake::classify) checks the HMAC over the raw body and says what
-//! the body is, and when no `v1,` entry matches but `v1a,` entries are there, the edge checks
-//! them against Google's Ed25519 keys. An HMAC-proven body becomes a [`DeliveryKind::Event`];
-//! a JWT-signed body proves only its sender, so it becomes a [`DeliveryKind::Nudge`] whose
-//! metadata is never verified; a `v1a`-signed body proves Google sent this very body, not
-//! that the job is ours (Google's keys serve every project), so it too becomes a nudge, whose
-//! `user_metadata` is trusted only once the status API, asked with our key, has confirmed the
-//! operation. Time is a parameter.
+//! The decisions run in [`crate::inbound::intake`], in the order its header states: the
+//! headers before a byte of the body, a token's signature (the edge's WebCrypto) before
+//! its claims, our HMAC before any `v1a,` entry. An HMAC-proven body becomes a
+//! [`DeliveryKind::Event`]; a JWT-signed body proves only its sender, so it becomes a
+//! [`DeliveryKind::Nudge`] whose metadata is never verified; a `v1a`-signed body proves Google
+//! sent this very body, not that the job is ours (Google's keys serve every project), so it
+//! too becomes a nudge, whose `user_metadata` is trusted only once the status API, asked with
+//! our key, has confirmed the operation. Time is a parameter.
 
 use serde_json::{Map, Value};
 
