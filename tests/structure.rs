@@ -930,13 +930,13 @@ pub const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
     ("inbound/intake.rs", "classify", "signature.rs", "verify"),
     (
         "inbound/intake.rs",
-        "signed",
+        "read",
         "inbound/envelope.rs",
         "parse",
     ),
     (
         "inbound/intake.rs",
-        "usable",
+        "read",
         "operation/key.rs",
         "normalize",
     ),

@@ -24,14 +24,14 @@ use sha2::{Digest, Sha256};
 use crate::inbound::answer::Answer;
 use crate::inbound::classify::{
     bad_operation_id, not_envelope, unknown_type, DeliveryKind, Oversize, Policy, Proof, Rejection,
-    Reply, Screened,
+    Reply, Screened, Unusable,
 };
-use crate::inbound::envelope::{meaning, parse, Envelope, EnvelopeError, Meaning};
+use crate::inbound::envelope::{meaning, parse, Envelope, Meaning};
 use crate::inbound::jwt::{self, Token};
 use crate::inbound::route_log::{Handled, RouteLog};
 use crate::operation::details::{SIGNED_USER_METADATA, UNVERIFIED_USER_METADATA, USER_METADATA};
 use crate::operation::gate::protocol::{GateCommand, GateReply};
-use crate::operation::key::{normalize, Collection, KeyError, OperationKey};
+use crate::operation::key::{normalize, Collection, OperationKey};
 use crate::operation::ledger::dead_key;
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::operation::observation::{Observation, StatusError};
@@ -720,14 +720,6 @@ pub fn classify(
     }
 }
 
-/// Why a proven body names no operation: kept as a dead letter when our HMAC proved it,
-/// refused when only Google vouches for it.
-enum Unusable {
-    NotEnvelope(EnvelopeError),
-    UnknownType(String),
-    BadId(KeyError),
-}
-
 /// The envelope of a proven body, what its type says its operation reached, and its key.
 /// A ping's type (it names no operation) is an unknown type here: a token-signed test
 /// delivery proves nothing and needs no answer but 2xx.
@@ -769,33 +761,22 @@ fn signed(body: &[u8], delivery_id: &str) -> DeliveryKind {
 /// A body only Google vouches for (a token's `claims`, or `None`: a `v1a` signature over the
 /// body): a nudge, or a refusal (never stored: it is not proven ours).
 fn nudge(body: &[u8], claims: Option<Map<String, Value>>, delivery_id: String) -> DeliveryKind {
-    let refusal = match read(body) {
-        Ok((envelope, claimed, key)) => {
-            return DeliveryKind::Nudge {
-                key,
-                claimed,
-                metadata: match claims {
-                    Some(claims) => nudge_metadata(claims, &envelope.details),
-                    None => signed_metadata(&envelope.details),
-                },
-                event_type: envelope.event_type,
-                delivery_id,
-            }
-        }
-        Err(Unusable::NotEnvelope(problem)) => Rejection::NudgeNotEnvelope {
-            problem,
+    match read(body) {
+        Ok((envelope, claimed, key)) => DeliveryKind::Nudge {
+            key,
+            claimed,
+            metadata: match claims {
+                Some(claims) => nudge_metadata(claims, &envelope.details),
+                None => signed_metadata(&envelope.details),
+            },
+            event_type: envelope.event_type,
             delivery_id,
         },
-        Err(Unusable::UnknownType(event_type)) => Rejection::NudgeUnknownType {
-            event_type,
+        Err(unusable) => DeliveryKind::Rejected(Rejection::Nudge {
+            unusable,
             delivery_id,
-        },
-        Err(Unusable::BadId(problem)) => Rejection::NudgeBadOperationId {
-            problem,
-            delivery_id,
-        },
-    };
-    DeliveryKind::Rejected(refusal)
+        }),
+    }
 }
 
 /// Nothing binds a token's claims to the operation its body names (Gemini documents no such
