@@ -198,12 +198,7 @@ impl Fallback {
 }
 
 impl Variable {
-    const fn plain(
-        name: &'static str,
-        kind: Kind,
-        default: Fallback,
-        meaning: &'static str,
-    ) -> Self {
+    const fn new(name: &'static str, kind: Kind, default: Fallback, meaning: &'static str) -> Self {
         Variable {
             name,
             kind,
@@ -212,16 +207,12 @@ impl Variable {
             meaning,
         }
     }
-    const fn secret(
-        name: &'static str,
-        kind: Kind,
-        default: Fallback,
-        meaning: &'static str,
-    ) -> Self {
-        let plain = Variable::plain(name, kind, default, meaning);
+
+    /// The same variable, shown by `/v1/config` only as `set` or `not set`.
+    const fn secret(self) -> Self {
         Variable {
             secret: true,
-            ..plain
+            ..self
         }
     }
 }
@@ -237,61 +228,61 @@ pub const VARIABLES: &[Variable] = {
     use Variable as V;
     &[
         // Required.
-        V::secret("GEMINI_WEBHOOK_SECRETS", SigningSecrets, Required, "Gemini's webhook signing secrets; all are accepted (rotation)"),
-        V::plain("EFFECT_URL", Url, Required, "where side effects are POSTed"),
-        V::secret("EFFECT_SIGNING_SECRET", SigningSecret, Required, "signs side effects the Standard Webhooks way"),
-        V::secret("ADMIN_TOKEN", Tokens, Required, "bearer tokens (space-separated) that may do everything: the admin API's actions and the dashboard's"),
+        V::new("GEMINI_WEBHOOK_SECRETS", SigningSecrets, Required, "Gemini's webhook signing secrets; all are accepted (rotation)").secret(),
+        V::new("EFFECT_URL", Url, Required, "where side effects are POSTed"),
+        V::new("EFFECT_SIGNING_SECRET", SigningSecret, Required, "signs side effects the Standard Webhooks way").secret(),
+        V::new("ADMIN_TOKEN", Tokens, Required, "bearer tokens (space-separated) that may do everything: the admin API's actions and the dashboard's").secret(),
         // Narrower tokens (crate::operator::access): a token has one scope.
-        V::secret("REGISTER_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may only register operations and read one back: for the code that submits jobs"),
-        V::secret("READ_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may read everything and change nothing: the dashboard without its actions"),
+        V::new("REGISTER_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may only register operations and read one back: for the code that submits jobs").secret(),
+        V::new("READ_TOKENS", Tokens, Nothing, "bearer tokens (space-separated) that may read everything and change nothing: the dashboard without its actions").secret(),
         // The fast path.
-        V::plain("EFFECT_ROUTES", Routes, Nothing, "per-kind destinations overriding EFFECT_URL: a URL, queue:BINDING or service:BINDING, or {\"url\": ..., \"per_second\": n, \"concurrency\": n} for a paced one"),
-        V::plain("EFFECT_PER_SECOND", Whole { min: 1, max: MAX_PACE }, Nothing, "EFFECT_URL's pace: side effects released a second at most (unset: unlimited)"),
-        V::plain("EFFECT_CONCURRENCY", Whole { min: 1, max: MAX_PACE }, Nothing, "EFFECT_URL's pace: side-effect attempts in flight at most (unset: unlimited)"),
-        V::plain("DESTINATION_OPEN_AFTER", Whole { min: 1, max: 1_000 }, Number(DEFAULT_DESTINATION_OPEN_AFTER), "health failures in a row (timeouts, network errors, 5xx, 429) after which a destination is open: its side effects wait and one probe at a time tries it"),
-        V::plain("DESTINATION_PROBE_MAX_SECONDS", Whole { min: 1, max: 3_600 }, Number(DEFAULT_DESTINATION_PROBE_MAX_SECS), "longest wait between probes of an open destination (from 2 s, doubling)"),
-        V::plain("SIGNATURE_TOLERANCE_SECONDS", Whole { min: 0, max: DAY_SECS }, Number(DEFAULT_TOLERANCE_SECS), "accepted skew of webhook-timestamp, either way"),
-        V::plain("EFFECT_TIMEOUT_MS", Whole { min: 1, max: 600_000 }, Number(DEFAULT_EFFECT_TIMEOUT_MS), "a side-effect attempt slower than this is retried"),
-        V::plain("CLAIM_TTL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CLAIM_TTL_SECS), "a claim not committed by then may be taken over"),
-        V::plain("EFFECT_RETRY_BASE_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_BASE_SECS), "first retry of a failed side effect; doubles per attempt"),
-        V::plain("EFFECT_RETRY_MAX_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_MAX_SECS), "backoff cap"),
-        V::plain("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long, then the gate's storage is deleted but its tombstone (never less than 48 h of a run + 24 h of Gemini's retries + 2 x the signature tolerance + 10 min)"),
-        V::plain("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention: a first delivery older than it is refused); KV keeps entries at least 60 s, its minimum TTL"),
-        V::plain("RETIRED_KEEP_WAIT_MS", Whole { min: 0, max: 10_000 }, Number(DEFAULT_RETIRED_KEEP_WAIT_MS), "a retired names' shard stores the keeps that arrive within this of a batch's first in one row write, answering each once it is stored"),
-        V::plain("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
-        V::plain("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),
-        V::plain("USAGE_LOG", Flag, Bool(false), "true: each Durable Object invocation logs a usage line (SQLite rows, alarm and KV writes, calls, wall time)"),
-        V::plain("STATS_FLUSH_SECONDS", Whole { min: 0, max: MAX_STATS_FLUSH_SECS }, Number(DEFAULT_STATS_FLUSH_SECS), "the counters' window: each isolate sends its gates' counts to a stats shard at most once per window"),
+        V::new("EFFECT_ROUTES", Routes, Nothing, "per-kind destinations overriding EFFECT_URL: a URL, queue:BINDING or service:BINDING, or {\"url\": ..., \"per_second\": n, \"concurrency\": n} for a paced one"),
+        V::new("EFFECT_PER_SECOND", Whole { min: 1, max: MAX_PACE }, Nothing, "EFFECT_URL's pace: side effects released a second at most (unset: unlimited)"),
+        V::new("EFFECT_CONCURRENCY", Whole { min: 1, max: MAX_PACE }, Nothing, "EFFECT_URL's pace: side-effect attempts in flight at most (unset: unlimited)"),
+        V::new("DESTINATION_OPEN_AFTER", Whole { min: 1, max: 1_000 }, Number(DEFAULT_DESTINATION_OPEN_AFTER), "health failures in a row (timeouts, network errors, 5xx, 429) after which a destination is open: its side effects wait and one probe at a time tries it"),
+        V::new("DESTINATION_PROBE_MAX_SECONDS", Whole { min: 1, max: 3_600 }, Number(DEFAULT_DESTINATION_PROBE_MAX_SECS), "longest wait between probes of an open destination (from 2 s, doubling)"),
+        V::new("SIGNATURE_TOLERANCE_SECONDS", Whole { min: 0, max: DAY_SECS }, Number(DEFAULT_TOLERANCE_SECS), "accepted skew of webhook-timestamp, either way"),
+        V::new("EFFECT_TIMEOUT_MS", Whole { min: 1, max: 600_000 }, Number(DEFAULT_EFFECT_TIMEOUT_MS), "a side-effect attempt slower than this is retried"),
+        V::new("CLAIM_TTL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CLAIM_TTL_SECS), "a claim not committed by then may be taken over"),
+        V::new("EFFECT_RETRY_BASE_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_BASE_SECS), "first retry of a failed side effect; doubles per attempt"),
+        V::new("EFFECT_RETRY_MAX_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_RETRY_MAX_SECS), "backoff cap"),
+        V::new("LEDGER_RETENTION_DAYS", Whole { min: 1, max: 3_650 }, Number(DEFAULT_RETENTION_DAYS), "closed operations and dead letters are kept this long, then the gate's storage is deleted but its tombstone (never less than 48 h of a run + 24 h of Gemini's retries + 2 x the signature tolerance + 10 min)"),
+        V::new("LEDGER_RETENTION_SECONDS", Whole { min: 1, max: 3_650 * DAY_SECS }, Nothing, "overrides the days (to try retention: a first delivery older than it is refused); KV keeps entries at least 60 s, its minimum TTL"),
+        V::new("RETIRED_KEEP_WAIT_MS", Whole { min: 0, max: 10_000 }, Number(DEFAULT_RETIRED_KEEP_WAIT_MS), "a retired names' shard stores the keeps that arrive within this of a batch's first in one row write, answering each once it is stored"),
+        V::new("REQUIRE_REGISTRATION", Flag, Bool(false), "true: completions of unregistered operations are ignored"),
+        V::new("MAX_BODY_BYTES", Whole { min: 1_024, max: 100 * 1024 * 1024 }, Number(DEFAULT_MAX_BODY_BYTES as i64), "larger deliveries are answered 413"),
+        V::new("USAGE_LOG", Flag, Bool(false), "true: each Durable Object invocation logs a usage line (SQLite rows, alarm and KV writes, calls, wall time)"),
+        V::new("STATS_FLUSH_SECONDS", Whole { min: 0, max: MAX_STATS_FLUSH_SECS }, Number(DEFAULT_STATS_FLUSH_SECS), "the counters' window: each isolate sends its gates' counts to a stats shard at most once per window"),
         // Reconciliation.
-        V::plain("RECONCILE_GRACE_SECONDS", Whole { min: 0, max: 30 * DAY_SECS }, Number(DEFAULT_RECONCILE_GRACE_SECS), "poll Gemini only for operations registered longer ago"),
-        V::plain("STUCK_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_STUCK_AFTER_SECS), "alert (once) when not terminal after this long"),
-        V::plain("EFFECT_ALERT_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_EFFECT_ALERT_AFTER_SECS), "alert (once) when a side effect is still not done"),
-        V::plain("RECONCILE_BUDGET", Whole { min: 5, max: 10_000 }, Number(DEFAULT_RECONCILE_BUDGET as i64), "subrequests per cron pass"),
-        V::plain("RECONCILE_POLL_RATE", Whole { min: 1, max: 1_000 }, Number(DEFAULT_RECONCILE_POLL_RATE as i64), "status calls a second from the fan-out queue's consumers and nudges' confirmations, all together; a 429 or 5xx pauses them until its Retry-After"),
-        V::plain("RECONCILE_FANOUT_ABOVE", Whole { min: 1, max: 10_000_000 }, Number(DEFAULT_RECONCILE_FANOUT_ABOVE as i64), "with the RECONCILE_QUEUE binding, a pass with at least this many open operations left to visit schedules their polls on the queue instead of polling them itself"),
-        V::plain("RECONCILE_LEASE_SECONDS", Whole { min: MIN_RECONCILE_LEASE_SECS, max: MAX_RECONCILE_LEASE_SECS }, Number(DEFAULT_RECONCILE_LEASE_SECS), "TTL of the reconciliation lease, renewed every quarter of it"),
-        V::plain("RECONCILE_DEADLINE_SECONDS", Whole { min: 1, max: MAX_RECONCILE_DEADLINE_SECS }, Number(DEFAULT_RECONCILE_DEADLINE_SECS), "a pass starts no entry after this long and saves its cursor"),
-        V::plain("RECONCILE_AUDIT_SECONDS", Whole { min: 0, max: MAX_RECONCILE_AUDIT_SECS }, Number(DEFAULT_RECONCILE_AUDIT_SECS), "a pass also walks the whole op: ledger this long after the last audit (0: every pass)"),
-        V::plain("GEMINI_API_BASE", PublicUrl, Text(DEFAULT_GEMINI_API_BASE), "Gemini's status API"),
-        V::secret("GEMINI_API_KEY", FreeText, Nothing, "sent as x-goog-api-key to the status API"),
-        V::plain("ALERT_URL", Url, Nothing, "alerts are POSTed here (as ALERT_FORMAT says); without it, log lines only (with ALERT_FORMAT=pagerduty: PagerDuty's Events API v2)"),
-        V::plain("ALERT_FORMAT", Choice(&FORMAT_NAMES), Nothing, "the alerts' shape: json, slack, discord or pagerduty (unset: slack or discord for such a webhook URL, else json)"),
-        V::secret("ALERT_ROUTING_KEY", FreeText, Nothing, "PagerDuty's integration (routing) key; required with ALERT_FORMAT=pagerduty"),
-        V::plain("ALERT_DASHBOARD_URL", PublicUrl, Nothing, "the dashboard's address, linked from every alert"),
-        V::plain("GEMINI_WEBHOOK_NAME", FreeText, Nothing, "the Gemini webhook whose own state each cron pass checks"),
-        V::plain("GEMINI_WEBHOOK_AUTO_ENABLE", Flag, Bool(true), "true: a cron pass that finds that webhook disabled_due_to_failed_deliveries re-enables it, alerts, and sweeps every open operation on the fan-out queue; false: it only alerts"),
+        V::new("RECONCILE_GRACE_SECONDS", Whole { min: 0, max: 30 * DAY_SECS }, Number(DEFAULT_RECONCILE_GRACE_SECS), "poll Gemini only for operations registered longer ago"),
+        V::new("STUCK_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_STUCK_AFTER_SECS), "alert (once) when not terminal after this long"),
+        V::new("EFFECT_ALERT_AFTER_SECONDS", Whole { min: 0, max: 365 * DAY_SECS }, Number(DEFAULT_EFFECT_ALERT_AFTER_SECS), "alert (once) when a side effect is still not done"),
+        V::new("RECONCILE_BUDGET", Whole { min: 5, max: 10_000 }, Number(DEFAULT_RECONCILE_BUDGET as i64), "subrequests per cron pass"),
+        V::new("RECONCILE_POLL_RATE", Whole { min: 1, max: 1_000 }, Number(DEFAULT_RECONCILE_POLL_RATE as i64), "status calls a second from the fan-out queue's consumers and nudges' confirmations, all together; a 429 or 5xx pauses them until its Retry-After"),
+        V::new("RECONCILE_FANOUT_ABOVE", Whole { min: 1, max: 10_000_000 }, Number(DEFAULT_RECONCILE_FANOUT_ABOVE as i64), "with the RECONCILE_QUEUE binding, a pass with at least this many open operations left to visit schedules their polls on the queue instead of polling them itself"),
+        V::new("RECONCILE_LEASE_SECONDS", Whole { min: MIN_RECONCILE_LEASE_SECS, max: MAX_RECONCILE_LEASE_SECS }, Number(DEFAULT_RECONCILE_LEASE_SECS), "TTL of the reconciliation lease, renewed every quarter of it"),
+        V::new("RECONCILE_DEADLINE_SECONDS", Whole { min: 1, max: MAX_RECONCILE_DEADLINE_SECS }, Number(DEFAULT_RECONCILE_DEADLINE_SECS), "a pass starts no entry after this long and saves its cursor"),
+        V::new("RECONCILE_AUDIT_SECONDS", Whole { min: 0, max: MAX_RECONCILE_AUDIT_SECS }, Number(DEFAULT_RECONCILE_AUDIT_SECS), "a pass also walks the whole op: ledger this long after the last audit (0: every pass)"),
+        V::new("GEMINI_API_BASE", PublicUrl, Text(DEFAULT_GEMINI_API_BASE), "Gemini's status API"),
+        V::new("GEMINI_API_KEY", FreeText, Nothing, "sent as x-goog-api-key to the status API").secret(),
+        V::new("ALERT_URL", Url, Nothing, "alerts are POSTed here (as ALERT_FORMAT says); without it, log lines only (with ALERT_FORMAT=pagerduty: PagerDuty's Events API v2)"),
+        V::new("ALERT_FORMAT", Choice(&FORMAT_NAMES), Nothing, "the alerts' shape: json, slack, discord or pagerduty (unset: slack or discord for such a webhook URL, else json)"),
+        V::new("ALERT_ROUTING_KEY", FreeText, Nothing, "PagerDuty's integration (routing) key; required with ALERT_FORMAT=pagerduty").secret(),
+        V::new("ALERT_DASHBOARD_URL", PublicUrl, Nothing, "the dashboard's address, linked from every alert"),
+        V::new("GEMINI_WEBHOOK_NAME", FreeText, Nothing, "the Gemini webhook whose own state each cron pass checks"),
+        V::new("GEMINI_WEBHOOK_AUTO_ENABLE", Flag, Bool(true), "true: a cron pass that finds that webhook disabled_due_to_failed_deliveries re-enables it, alerts, and sweeps every open operation on the fan-out queue; false: it only alerts"),
         // Dynamic (per-job) webhooks.
-        V::plain("DYNAMIC_WEBHOOKS", Flag, Bool(true), "false: every JWT-signed delivery is answered 401"),
-        V::plain("GEMINI_JWKS_URL", PublicUrl, Text(DEFAULT_GEMINI_JWKS_URL), "key set for dynamic webhooks: its Ed25519 keys verify `v1a,` signatures, its RS256 keys tokens"),
-        V::plain("GEMINI_JWT_AUDIENCE", FreeText, Nothing, "when set, a dynamic webhook's token must carry it in aud"),
-        V::plain("STRANGER_ALERT_THRESHOLD", Whole { min: 1, max: 1_000_000 }, Number(DEFAULT_STRANGER_ALERT_THRESHOLD), "dynamic-webhook nudges for operations the worker does not hold (not registered), within the window, that raise one aggregated alert"),
-        V::plain("STRANGER_ALERT_WINDOW_SECONDS", Whole { min: 60, max: 7 * DAY_SECS }, Number(DEFAULT_STRANGER_ALERT_WINDOW_SECS), "at most one alert about such nudges per window"),
-        V::plain("CONFIRM_INTERVAL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CONFIRM_INTERVAL_SECS), "least time between two status questions a held operation's nudges cause (its confirmation's questions included): bounds the status calls anyone with a token can cause per held name"),
-        V::plain("UNREGISTERED_HOLD_SECONDS", Whole { min: 0, max: 3_600 }, Number(DEFAULT_UNREGISTERED_HOLD_SECS), "with EFFECT_ROUTES set, an unregistered operation's first side-effect attempt waits this long for a late registration's kind"),
+        V::new("DYNAMIC_WEBHOOKS", Flag, Bool(true), "false: every JWT-signed delivery is answered 401"),
+        V::new("GEMINI_JWKS_URL", PublicUrl, Text(DEFAULT_GEMINI_JWKS_URL), "key set for dynamic webhooks: its Ed25519 keys verify `v1a,` signatures, its RS256 keys tokens"),
+        V::new("GEMINI_JWT_AUDIENCE", FreeText, Nothing, "when set, a dynamic webhook's token must carry it in aud"),
+        V::new("STRANGER_ALERT_THRESHOLD", Whole { min: 1, max: 1_000_000 }, Number(DEFAULT_STRANGER_ALERT_THRESHOLD), "dynamic-webhook nudges for operations the worker does not hold (not registered), within the window, that raise one aggregated alert"),
+        V::new("STRANGER_ALERT_WINDOW_SECONDS", Whole { min: 60, max: 7 * DAY_SECS }, Number(DEFAULT_STRANGER_ALERT_WINDOW_SECS), "at most one alert about such nudges per window"),
+        V::new("CONFIRM_INTERVAL_SECONDS", Whole { min: 1, max: DAY_SECS }, Number(DEFAULT_CONFIRM_INTERVAL_SECS), "least time between two status questions a held operation's nudges cause (its confirmation's questions included): bounds the status calls anyone with a token can cause per held name"),
+        V::new("UNREGISTERED_HOLD_SECONDS", Whole { min: 0, max: 3_600 }, Number(DEFAULT_UNREGISTERED_HOLD_SECS), "with EFFECT_ROUTES set, an unregistered operation's first side-effect attempt waits this long for a late registration's kind"),
         // A batch's results, each its own side effect.
-        V::plain("RESULTS_EACH_KINDS", FreeText, Nothing, "kinds (comma-separated) whose batches default to \"results\": \"each\" when registered without results: each result becomes its own side effect"),
-        V::plain("RESULTS_FILE_WAIT_SECONDS", Whole { min: 0, max: 2 * DAY_SECS }, Number(DEFAULT_RESULTS_FILE_WAIT_SECS), "a results file that answers 404 (or cannot be reached) after SUCCEEDED is asked for again with backoff this long, then its results are parked and alerted"),
-        V::plain("RESULTS_SENDER_TIMEOUT_MS", Whole { min: 1, max: 600_000 }, Nothing, "the longest a gate waits for a result sender's answer before it sends that group again later under the same ids (unset: as long as its sends can take, their rounds of EFFECT_TIMEOUT_MS and their pacing, plus 5 s); it only shortens that wait"),
+        V::new("RESULTS_EACH_KINDS", FreeText, Nothing, "kinds (comma-separated) whose batches default to \"results\": \"each\" when registered without results: each result becomes its own side effect"),
+        V::new("RESULTS_FILE_WAIT_SECONDS", Whole { min: 0, max: 2 * DAY_SECS }, Number(DEFAULT_RESULTS_FILE_WAIT_SECS), "a results file that answers 404 (or cannot be reached) after SUCCEEDED is asked for again with backoff this long, then its results are parked and alerted"),
+        V::new("RESULTS_SENDER_TIMEOUT_MS", Whole { min: 1, max: 600_000 }, Nothing, "the longest a gate waits for a result sender's answer before it sends that group again later under the same ids (unset: as long as its sends can take, their rounds of EFFECT_TIMEOUT_MS and their pacing, plus 5 s); it only shortens that wait"),
     ]
 };
 

@@ -62,10 +62,7 @@ impl Secret {
 
     fn mac(&self, id: &str, timestamp: &str, body: &[u8]) -> [u8; 32] {
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.as_bytes());
-        mac.update(b".");
+        mac.update(format!("{id}.{timestamp}.").as_bytes());
         mac.update(body);
         mac.finalize().into_bytes().into()
     }
@@ -189,20 +186,15 @@ pub fn check_timestamp(
 /// Checks what can be checked before the body is read: the three headers are present, the
 /// timestamp is within `now ± tolerance`, and the signature header holds at least one `v1,`
 /// or `v1a,` entry. A delivery that fails here is refused without reading its body.
-pub fn check_headers(
-    headers: SignedHeaders<'_>,
+pub fn check_headers<'a>(
+    headers: SignedHeaders<'a>,
     now_secs: i64,
     tolerance_secs: i64,
-) -> Result<CheckedHeaders<'_>, SignatureError> {
-    let id = headers
-        .id
-        .ok_or(SignatureError::MissingHeader("webhook-id"))?;
-    let timestamp = headers
-        .timestamp
-        .ok_or(SignatureError::MissingHeader("webhook-timestamp"))?;
-    let signature = headers
-        .signature
-        .ok_or(SignatureError::MissingHeader("webhook-signature"))?;
+) -> Result<CheckedHeaders<'a>, SignatureError> {
+    let present = |value: Option<&'a str>, name| value.ok_or(SignatureError::MissingHeader(name));
+    let id = present(headers.id, "webhook-id")?;
+    let timestamp = present(headers.timestamp, "webhook-timestamp")?;
+    let signature = present(headers.signature, "webhook-signature")?;
     check_timestamp(timestamp, now_secs, tolerance_secs)?;
     if looks_like_jwt(signature) {
         return Err(SignatureError::JwtUnsupported);
@@ -261,12 +253,13 @@ impl CheckedHeaders<'_> {
             .iter()
             .map(|s| s.mac(self.id, self.timestamp, body))
             .collect();
-        for given in self.entries(V1, V1_LEN) {
-            if expected.iter().any(|mac| bool::from(mac.ct_eq(&given[..]))) {
-                return Ok(());
-            }
-        }
-        Err(SignatureError::Invalid)
+        let entries = self.entries(V1, V1_LEN);
+        let matches = |given: &Vec<u8>| expected.iter().any(|mac| bool::from(mac.ct_eq(given)));
+        entries
+            .iter()
+            .any(matches)
+            .then_some(())
+            .ok_or(SignatureError::Invalid)
     }
 
     /// What a `v1a,` check needs: the signed bytes and the first [`MAX_V1A_ENTRIES`]
@@ -283,11 +276,9 @@ impl CheckedHeaders<'_> {
         if signatures.is_empty() {
             return None;
         }
-        let mut message = Vec::with_capacity(self.id.len() + self.timestamp.len() + 2 + body.len());
-        message.extend_from_slice(self.id.as_bytes());
-        message.push(b'.');
-        message.extend_from_slice(self.timestamp.as_bytes());
-        message.push(b'.');
+        let signed = format!("{}.{}.", self.id, self.timestamp);
+        let mut message = Vec::with_capacity(signed.len() + body.len());
+        message.extend_from_slice(signed.as_bytes());
         message.extend_from_slice(body);
         Some(V1aMessage {
             message,

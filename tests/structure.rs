@@ -928,18 +928,8 @@ pub const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
         "read_capped",
     ),
     ("inbound/intake.rs", "classify", "signature.rs", "verify"),
-    (
-        "inbound/intake.rs",
-        "signed",
-        "inbound/envelope.rs",
-        "parse",
-    ),
-    (
-        "inbound/intake.rs",
-        "usable",
-        "operation/key.rs",
-        "normalize",
-    ),
+    ("inbound/intake.rs", "read", "inbound/envelope.rs", "parse"),
+    ("inbound/intake.rs", "read", "operation/key.rs", "normalize"),
     (
         "edge/http/webhook/mod.rs",
         "receive",

@@ -6,7 +6,7 @@
 //! [`Refusal::into_raw`] and nowhere else; the detail of an upstream failure
 //! ([`Refusal::Unavailable`]) is logged here, once, and never sent.
 
-use worker::{Headers, Response};
+use worker::Response;
 
 use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
@@ -15,10 +15,11 @@ use crate::edge::raw_response;
 use crate::edge::runtime::log;
 
 impl Refusal {
-    /// The client face (status, body and the `Retry-After` seconds, if any); the log face of
-    /// an unavailable peer or store is logged here.
-    fn client_face(&self) -> (u16, serde_json::Value, Option<u32>) {
-        if let Refusal::Unavailable(detail) = self {
+    /// The answer as the runtime's own `Response`: the worker's routes, where every request
+    /// pays for building it (`edge/raw_response.rs`). The log face of an unavailable peer or
+    /// store is logged here.
+    pub fn into_raw(self) -> worker::Result<worker::web_sys::Response> {
+        if let Refusal::Unavailable(detail) = &self {
             log(WorkerLog::Unavailable {
                 error: detail.clone(),
                 key: None,
@@ -26,29 +27,12 @@ impl Refusal {
             }
             .to_value());
         }
-        (self.status(), self.body(), self.retry_after())
+        raw_response::json_text(self.status(), &self.body().to_string(), self.retry_after())
     }
 
-    /// The answer as worker-rs's `Response` (the Durable Objects' handlers return those).
+    /// The same answer as worker-rs's `Response` (the Durable Objects' handlers return those).
     pub fn into_response(self) -> worker::Result<Response> {
-        let (status, body, retry_after) = self.client_face();
-        let response = Response::from_json(&body)?.with_status(status);
-        Ok(match retry_after {
-            Some(secs) => {
-                let headers = Headers::new();
-                headers.set("content-type", "application/json")?;
-                headers.set("retry-after", &secs.to_string())?;
-                response.with_headers(headers)
-            }
-            None => response,
-        })
-    }
-
-    /// The answer as the runtime's own `Response`: the worker's routes, where every request
-    /// pays for building it (`edge/raw_response.rs`).
-    pub fn into_raw(self) -> worker::Result<worker::web_sys::Response> {
-        let (status, body, retry_after) = self.client_face();
-        raw_response::json_text(status, &body.to_string(), retry_after)
+        self.into_raw().map(Response::from)
     }
 }
 

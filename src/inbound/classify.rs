@@ -4,20 +4,14 @@
 //! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): every trust decision about a delivery
 //! is made here, and every delivery turned away is a [`Rejection`]: its logged reason, and the
 //! [`Reply`] it gets (a [`Refusal`], whose status is decided in one place).
-//! The decisions themselves run in [`crate::inbound::intake`], in the order the route can
-//! afford them: [`screen`](crate::inbound::intake::screen) refuses from the headers alone (a declared oversized body, then
-//! the signature headers: for HMAC the id and the timestamp window of [`crate::signature`];
-//! for a JWT whether dynamic webhooks are on, the same timestamp window, and the token's
-//! shape), before a byte of the body is read; the edge then checks a token's RS256 signature
-//! with WebCrypto and [`vouch`](crate::inbound::intake::vouch) checks its claims (their time window is
-//! [`crate::inbound::jwt`]'s); [`classify`](crate::inbound::intake::classify) checks the HMAC over the raw body and says what
-//! the body is, and when no `v1,` entry matches but `v1a,` entries are there, the edge checks
-//! them against Google's Ed25519 keys. An HMAC-proven body becomes a [`DeliveryKind::Event`];
-//! a JWT-signed body proves only its sender, so it becomes a [`DeliveryKind::Nudge`] whose
-//! metadata is never verified; a `v1a`-signed body proves Google sent this very body, not
-//! that the job is ours (Google's keys serve every project), so it too becomes a nudge, whose
-//! `user_metadata` is trusted only once the status API, asked with our key, has confirmed the
-//! operation. Time is a parameter.
+//! The decisions run in [`crate::inbound::intake`], in the order its header states: the
+//! headers before a byte of the body, a token's signature (the edge's WebCrypto) before
+//! its claims, our HMAC before any `v1a,` entry. An HMAC-proven body becomes a
+//! [`DeliveryKind::Event`]; a JWT-signed body proves only its sender, so it becomes a
+//! [`DeliveryKind::Nudge`] whose metadata is never verified; a `v1a`-signed body proves Google
+//! sent this very body, not that the job is ours (Google's keys serve every project), so it
+//! too becomes a nudge, whose `user_metadata` is trusted only once the status API, asked with
+//! our key, has confirmed the operation. Time is a parameter.
 
 use serde_json::{Map, Value};
 
@@ -130,21 +124,21 @@ pub enum Rejection {
     /// and the status API cannot be asked now whether it is ours (no `GEMINI_API_KEY`, no
     /// slot in the status budget, a 429 or 5xx): Gemini retries.
     StatusUnavailable { retry_after: u32 },
-    /// 400 `jwt_body_not_envelope` (unproven, so only counted and logged).
-    NudgeNotEnvelope {
-        problem: EnvelopeError,
+    /// A nudge's body that names no operation (unproven, so only counted and logged): 400
+    /// `jwt_body_not_envelope`, 200 `jwt_unknown_event_type`, 400 `jwt_bad_operation_id`.
+    Nudge {
+        unusable: Unusable,
         delivery_id: String,
     },
-    /// 200 `jwt_unknown_event_type`.
-    NudgeUnknownType {
-        event_type: String,
-        delivery_id: String,
-    },
-    /// 400 `jwt_bad_operation_id`.
-    NudgeBadOperationId {
-        problem: KeyError,
-        delivery_id: String,
-    },
+}
+
+/// Why a proven body names no operation: kept as a dead letter when our HMAC proved it,
+/// refused when only Google vouches for it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unusable {
+    NotEnvelope(EnvelopeError),
+    UnknownType(String),
+    BadId(KeyError),
 }
 
 impl Rejection {
@@ -158,9 +152,11 @@ impl Rejection {
             Rejection::Token(e) => e.label(),
             Rejection::KeysUnavailable { .. } => JwtError::KeysUnavailable.label(),
             Rejection::StatusUnavailable { .. } => "v1a_status_unavailable",
-            Rejection::NudgeNotEnvelope { .. } => "jwt_body_not_envelope",
-            Rejection::NudgeUnknownType { .. } => "jwt_unknown_event_type",
-            Rejection::NudgeBadOperationId { .. } => "jwt_bad_operation_id",
+            Rejection::Nudge { unusable, .. } => match unusable {
+                Unusable::NotEnvelope(_) => "jwt_body_not_envelope",
+                Unusable::UnknownType(_) => "jwt_unknown_event_type",
+                Unusable::BadId(_) => "jwt_bad_operation_id",
+            },
         }
     }
 
@@ -176,9 +172,11 @@ impl Rejection {
             | Rejection::StatusUnavailable { retry_after } => {
                 Err(Refusal::RetryLater(*retry_after))
             }
-            Rejection::NudgeNotEnvelope { problem, .. } => not_envelope(problem),
-            Rejection::NudgeUnknownType { event_type, .. } => unknown_type(event_type),
-            Rejection::NudgeBadOperationId { problem, .. } => bad_operation_id(problem),
+            Rejection::Nudge { unusable, .. } => match unusable {
+                Unusable::NotEnvelope(problem) => not_envelope(problem),
+                Unusable::UnknownType(event_type) => unknown_type(event_type),
+                Unusable::BadId(problem) => bad_operation_id(problem),
+            },
         }
     }
 
@@ -203,22 +201,16 @@ impl Rejection {
                 | Rejection::StatusUnavailable { retry_after: secs } => {
                     *retry_after = Some(i64::from(*secs))
                 }
-                Rejection::NudgeNotEnvelope {
-                    problem: p,
+                Rejection::Nudge {
+                    unusable,
                     delivery_id: d,
                 } => {
-                    *problem = Some(p.label());
                     *delivery_id = Some(d.clone());
-                }
-                Rejection::NudgeUnknownType {
-                    event_type: t,
-                    delivery_id: d,
-                } => {
-                    *event_type = Some(t.clone());
-                    *delivery_id = Some(d.clone());
-                }
-                Rejection::NudgeBadOperationId { delivery_id: d, .. } => {
-                    *delivery_id = Some(d.clone())
+                    match unusable {
+                        Unusable::NotEnvelope(p) => *problem = Some(p.label()),
+                        Unusable::UnknownType(t) => *event_type = Some(t.clone()),
+                        Unusable::BadId(_) => {}
+                    }
                 }
                 _ => {}
             }
@@ -476,24 +468,24 @@ mod tests {
                 401,
             ),
             (
-                Rejection::NudgeNotEnvelope {
-                    problem: EnvelopeError::NotJson,
+                Rejection::Nudge {
+                    unusable: Unusable::NotEnvelope(EnvelopeError::NotJson),
                     delivery_id: id(),
                 },
                 "jwt_body_not_envelope",
                 400,
             ),
             (
-                Rejection::NudgeUnknownType {
-                    event_type: "x".into(),
+                Rejection::Nudge {
+                    unusable: Unusable::UnknownType("x".into()),
                     delivery_id: id(),
                 },
                 "jwt_unknown_event_type",
                 200,
             ),
             (
-                Rejection::NudgeBadOperationId {
-                    problem: KeyError::Empty,
+                Rejection::Nudge {
+                    unusable: Unusable::BadId(KeyError::Empty),
                     delivery_id: id(),
                 },
                 "jwt_bad_operation_id",

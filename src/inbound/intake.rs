@@ -24,14 +24,14 @@ use sha2::{Digest, Sha256};
 use crate::inbound::answer::Answer;
 use crate::inbound::classify::{
     bad_operation_id, not_envelope, unknown_type, DeliveryKind, Oversize, Policy, Proof, Rejection,
-    Reply, Screened,
+    Reply, Screened, Unusable,
 };
 use crate::inbound::envelope::{meaning, parse, Envelope, Meaning};
 use crate::inbound::jwt::{self, Token};
 use crate::inbound::route_log::{Handled, RouteLog};
 use crate::operation::details::{SIGNED_USER_METADATA, UNVERIFIED_USER_METADATA, USER_METADATA};
 use crate::operation::gate::protocol::{GateCommand, GateReply};
-use crate::operation::key::{normalize, Collection, KeyError, OperationKey};
+use crate::operation::key::{normalize, Collection, OperationKey};
 use crate::operation::ledger::dead_key;
 use crate::operation::lifecycle::{DropReason, Source, Status};
 use crate::operation::observation::{Observation, StatusError};
@@ -369,6 +369,11 @@ impl<'a> Intake<'a> {
                 ..DeliveryEnd::answered(answer, line)
             });
         }
+        self.deliver(key, event, event_type)
+    }
+
+    /// A proven event goes to the gate of `key`.
+    fn deliver(&mut self, key: OperationKey, event: OpEvent, event_type: String) -> Need {
         let command = GateCommand::Deliver {
             key: key.key.clone(),
             name: key.name,
@@ -469,17 +474,16 @@ impl<'a> Intake<'a> {
                 };
                 return Need::Tally;
             }
-            Some(Err(StatusError::Transient { retry_after_secs })) => {
-                let retry_after =
-                    retry_after_secs.clamp(1, i64::from(STATUS_RETRY_AFTER_SECS)) as u32;
+            Some(other) => {
+                let retry_after = match other {
+                    Err(StatusError::Transient { retry_after_secs }) => {
+                        retry_after_secs.clamp(1, i64::from(STATUS_RETRY_AFTER_SECS)) as u32
+                    }
+                    _ => STATUS_RETRY_AFTER_SECS,
+                };
                 return self.finish(DeliveryEnd::refused(Rejection::StatusUnavailable {
                     retry_after,
                 }));
-            }
-            Some(_) => {
-                return self.finish(DeliveryEnd::refused(Rejection::StatusUnavailable {
-                    retry_after: STATUS_RETRY_AFTER_SECS,
-                }))
             }
         };
         let mut details = observation.details;
@@ -493,15 +497,7 @@ impl<'a> Intake<'a> {
             details,
             delivery_id: Some(self.delivery_id()),
         };
-        let command = GateCommand::Deliver {
-            key: unheld.key.key.clone(),
-            name: unheld.key.name,
-            event,
-            require_registration: self.settings.require_registration,
-            hold_ms: self.settings.hold_ms,
-            new_not_before_ms: 0,
-        };
-        self.call_gate(unheld.key.key, command, event_type, None)
+        self.deliver(unheld.key, event, event_type)
     }
 
     /// The tally counted a nudge for an operation not held: `Some(true)` when it raised the
@@ -724,71 +720,49 @@ pub fn classify(
     }
 }
 
-/// A body the HMAC proved: an event, or a dead letter.
+/// The envelope of a proven body, what its type says its operation reached, and its key.
+/// A ping's type (it names no operation) is an unknown type here: a token-signed test
+/// delivery proves nothing and needs no answer but 2xx.
+fn read(body: &[u8]) -> Result<(Envelope, Status, OperationKey), Unusable> {
+    let envelope = parse(body).map_err(Unusable::NotEnvelope)?;
+    let Meaning::Status { status, collection } = meaning(&envelope.event_type) else {
+        return Err(Unusable::UnknownType(envelope.event_type));
+    };
+    let key = normalize(&envelope.id, Some(collection)).map_err(Unusable::BadId)?;
+    Ok((envelope, status, key))
+}
+
+/// A body the HMAC proved: an event, a ping, or a dead letter.
 fn signed(body: &[u8], delivery_id: &str) -> DeliveryKind {
-    let envelope = match parse(body) {
-        Ok(e) => e,
-        Err(e) => {
-            return DeliveryKind::DeadLetter {
-                reason: e.label(),
-                reply: not_envelope(&e),
+    let (reason, reply) = match read(body) {
+        Ok((envelope, status, key)) => {
+            return DeliveryKind::Event {
+                key,
+                event: OpEvent {
+                    status,
+                    update_time_ms: envelope.timestamp_ms,
+                    source: Source::Webhook,
+                    details: envelope.details,
+                    delivery_id: Some(delivery_id.to_string()),
+                },
+                event_type: envelope.event_type,
             }
         }
+        Err(Unusable::UnknownType(event_type)) if meaning(&event_type) == Meaning::Ping => {
+            return DeliveryKind::Ping { event_type }
+        }
+        Err(Unusable::NotEnvelope(e)) => (e.label(), not_envelope(&e)),
+        Err(Unusable::UnknownType(t)) => ("unknown_event_type", unknown_type(&t)),
+        Err(Unusable::BadId(e)) => ("bad_operation_id", bad_operation_id(&e)),
     };
-    if meaning(&envelope.event_type) == Meaning::Ping {
-        return DeliveryKind::Ping {
-            event_type: envelope.event_type,
-        };
-    }
-    let Some((status, key)) = usable(&envelope) else {
-        return DeliveryKind::DeadLetter {
-            reason: "unknown_event_type",
-            reply: unknown_type(&envelope.event_type),
-        };
-    };
-    match key {
-        Err(e) => DeliveryKind::DeadLetter {
-            reason: "bad_operation_id",
-            reply: bad_operation_id(&e),
-        },
-        Ok(key) => DeliveryKind::Event {
-            key,
-            event: OpEvent {
-                status,
-                update_time_ms: envelope.timestamp_ms,
-                source: Source::Webhook,
-                details: envelope.details,
-                delivery_id: Some(delivery_id.to_string()),
-            },
-            event_type: envelope.event_type,
-        },
-    }
+    DeliveryKind::DeadLetter { reason, reply }
 }
 
 /// A body only Google vouches for (a token's `claims`, or `None`: a `v1a` signature over the
 /// body): a nudge, or a refusal (never stored: it is not proven ours).
 fn nudge(body: &[u8], claims: Option<Map<String, Value>>, delivery_id: String) -> DeliveryKind {
-    let envelope = match parse(body) {
-        Ok(e) => e,
-        Err(problem) => {
-            return DeliveryKind::Rejected(Rejection::NudgeNotEnvelope {
-                problem,
-                delivery_id,
-            })
-        }
-    };
-    let Some((claimed, key)) = usable(&envelope) else {
-        return DeliveryKind::Rejected(Rejection::NudgeUnknownType {
-            event_type: envelope.event_type,
-            delivery_id,
-        });
-    };
-    match key {
-        Err(problem) => DeliveryKind::Rejected(Rejection::NudgeBadOperationId {
-            problem,
-            delivery_id,
-        }),
-        Ok(key) => DeliveryKind::Nudge {
+    match read(body) {
+        Ok((envelope, claimed, key)) => DeliveryKind::Nudge {
             key,
             claimed,
             metadata: match claims {
@@ -798,6 +772,10 @@ fn nudge(body: &[u8], claims: Option<Map<String, Value>>, delivery_id: String) -
             event_type: envelope.event_type,
             delivery_id,
         },
+        Err(unusable) => DeliveryKind::Rejected(Rejection::Nudge {
+            unusable,
+            delivery_id,
+        }),
     }
 }
 
@@ -809,17 +787,14 @@ fn nudge_metadata(
     mut claims: Map<String, Value>,
     details: &Map<String, Value>,
 ) -> Map<String, Value> {
-    let mut metadata = Map::new();
     // Bounded before it travels to the gate (the command nests it deeper than the token
     // did); the body's was bounded when the envelope was parsed.
     let claimed = claims
         .remove(USER_METADATA)
         .map(crate::operation::details::bound)
         .or_else(|| details.get(USER_METADATA).cloned());
-    if let Some(unverified) = claimed {
-        metadata.insert(UNVERIFIED_USER_METADATA.into(), unverified);
-    }
-    metadata
+    let unverified = claimed.map(|claimed| (UNVERIFIED_USER_METADATA.to_string(), claimed));
+    unverified.into_iter().collect()
 }
 
 /// A `v1a`-signed body's `user_metadata`: Google signed it, for whichever project ran the
@@ -827,23 +802,9 @@ fn nudge_metadata(
 /// once the status API, asked with our key, answered for the operation
 /// ([`crate::operation::Operation::confirm_with`]).
 fn signed_metadata(details: &Map<String, Value>) -> Map<String, Value> {
-    let mut metadata = Map::new();
-    if let Some(signed) = details.get(USER_METADATA) {
-        metadata.insert(SIGNED_USER_METADATA.into(), signed.clone());
-    }
-    metadata
-}
-
-/// What an envelope's type means, and its operation's key: `None` for an unknown type.
-fn usable(envelope: &Envelope) -> Option<(Status, Result<OperationKey, KeyError>)> {
-    match meaning(&envelope.event_type) {
-        Meaning::Status { status, collection } => {
-            Some((status, normalize(&envelope.id, Some(collection))))
-        }
-        // A token-signed test delivery proves nothing and needs no answer but 2xx: it is an
-        // unknown type on that path.
-        Meaning::Ping | Meaning::Unknown => None,
-    }
+    let signed = details.get(USER_METADATA);
+    let signed = signed.map(|signed| (SIGNED_USER_METADATA.to_string(), signed.clone()));
+    signed.into_iter().collect()
 }
 
 /// Keys remembered per isolate by default; past this the memory starts over (a miss costs

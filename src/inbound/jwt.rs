@@ -164,16 +164,13 @@ pub fn parse_jwks(body: &str) -> Result<Vec<RsaJwk>, JwtError> {
         .ok_or(JwtError::KeysUnavailable)?;
     Ok(keys
         .iter()
-        .filter(|k| k.get("kty").and_then(Value::as_str) == Some("RSA"))
         .filter(|k| {
-            k.get("alg")
-                .and_then(Value::as_str)
-                .is_none_or(|a| a == "RS256")
-        })
-        .filter(|k| {
-            k.get("use")
-                .and_then(Value::as_str)
-                .is_none_or(|u| u == "sig")
+            let absent_or = |name: &str, wanted: &str| {
+                k.get(name)
+                    .and_then(Value::as_str)
+                    .is_none_or(|v| v == wanted)
+            };
+            k["kty"] == "RSA" && absent_or("alg", "RS256") && absent_or("use", "sig")
         })
         .filter_map(|k| {
             let field = |name: &str| k.get(name).and_then(Value::as_str).map(str::to_string);

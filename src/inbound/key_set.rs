@@ -105,11 +105,8 @@ impl KeySet {
 
     /// After a fetch: whether a key of the set verifies `message`, or the refusal.
     pub fn after_fetch_v1a(&self, message: &V1aMessage) -> Result<(), Rejection> {
-        if message.verify(&self.ed25519) {
-            Ok(())
-        } else {
-            Err(Rejection::Signature(SignatureError::V1aInvalid))
-        }
+        let verified = message.verify(&self.ed25519).then_some(());
+        verified.ok_or(Rejection::Signature(SignatureError::V1aInvalid))
     }
 
     /// A key the cache lacks: one read of the durable copy per isolate, then one fetch a
@@ -143,11 +140,7 @@ impl KeySet {
 
     /// The fetch's outcome at `now_ms`: the answer's body on success, else why it failed.
     pub fn fetched(&mut self, answer: Result<&str, String>, now_ms: i64) -> Fetched {
-        let keys = match answer {
-            Ok(body) => parse_set(body).ok_or_else(|| "unreadable key set".to_string()),
-            Err(reason) => Err(reason),
-        };
-        match keys {
+        match answer.and_then(|body| parse_set(body).ok_or_else(|| "unreadable key set".into())) {
             Ok((keys, ed25519)) => {
                 self.fetched_ms = Some(now_ms);
                 self.failed_ms = None;
