@@ -47,8 +47,7 @@ pub fn interpret(
         (_, Class::Retry) => return Err(transient(retry_after)),
         (other, Class::Refused) => return Err(StatusError::Refused(other)),
     }
-    let value: Value =
-        serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
+    let value = json_of(body)?;
     if !value.is_object() {
         return Err(StatusError::Malformed("not a JSON object".into()));
     }
@@ -134,6 +133,11 @@ pub fn interpret_skimmed(
         Some(Err(e)) => Err(StatusError::Malformed(e.to_string())),
         None => Err(StatusError::Malformed("body not read".into())),
     }
+}
+
+/// A body as JSON; malformed when it is not.
+fn json_of(body: &str) -> Result<Value, StatusError> {
+    serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))
 }
 
 fn time_at(value: &Value, pointer: &str) -> i64 {
@@ -342,8 +346,7 @@ pub struct WebhookPage {
 /// Reads a webhook listing. The envelope is undocumented: items are taken from `webhooks`,
 /// the token from `next_page_token` or `nextPageToken`.
 pub fn find_webhook(body: &str, wanted: &str) -> Result<WebhookPage, StatusError> {
-    let value: Value =
-        serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
+    let value = json_of(body)?;
     let bare = |s: &str| s.trim().trim_start_matches("webhooks/").to_string();
     let wanted = bare(wanted);
     let found = value
@@ -401,9 +404,7 @@ pub fn enable_webhook_call(api_base: &str, id: &str) -> (String, String) {
 /// is enabled when the body says `enabled`, or says no state at all (all but `id` and `uri`
 /// are optional); a body naming another state, or not JSON, is not taken as enabled.
 pub fn webhook_enabled(body: &str) -> Result<(), StatusError> {
-    let value: Value =
-        serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
-    match value.get("state").and_then(Value::as_str) {
+    match json_of(body)?.get("state").and_then(Value::as_str) {
         None | Some("enabled") => Ok(()),
         Some(other) => Err(StatusError::Malformed(format!(
             "answered with the webhook {other}"

@@ -269,9 +269,8 @@ impl EntryRun {
             (Some(Owed::Gate(after)), Performed::Gate(reply)) => self.on_gate(books, after, reply),
             // A failed delete: the next coverage finds the entry again.
             (Some(Owed::IndexDelete), Performed::IndexDeleted(Err(error))) => {
-                books.report.errors += 1;
                 let key = Some(self.key.clone());
-                books.log(PassLog::ReconcileError { key, error });
+                books.error(PassLog::ReconcileError { key, error });
             }
             (Some(Owed::IndexDelete), Performed::IndexDeleted(Ok(()))) => {}
             (Some(Owed::Sleep), Performed::Slept) => {}
@@ -286,7 +285,6 @@ impl EntryRun {
     /// them says the API's: the cursor moves past it and the next coverage of the ledger asks
     /// again.
     fn status_unanswered(&mut self, books: &mut Books, answer: StatusAnswer, now_ms: i64) {
-        books.report.errors += 1;
         books.report.status_unanswered += 1;
         let backoff = books.health.unanswered(now_ms);
         if let Some(until) = backoff {
@@ -298,7 +296,7 @@ impl EntryRun {
             PeerAnswer::Network(e) => e,
             _ => "timeout".to_string(),
         };
-        books.log(PassLog::StatusUnanswered {
+        books.error(PassLog::StatusUnanswered {
             key: self.key.clone(),
             answer,
             backoff_secs: backoff.map(|until| (until - now_ms).div_euclid(1_000)),
@@ -328,11 +326,10 @@ impl EntryRun {
             StatusError::Transient { retry_after_secs } => {
                 // A queue consumer sends the entry back with the entries it skips.
                 self.skipped_poll = true;
-                books.report.errors += 1;
                 books.status_backoff_until_ms = books
                     .status_backoff_until_ms
                     .max(started + retry_after_secs * 1_000);
-                books.log(PassLog::StatusTransient {
+                books.error(PassLog::StatusTransient {
                     key,
                     retry_after_secs,
                     answer,

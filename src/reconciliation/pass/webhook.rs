@@ -224,7 +224,11 @@ impl Pass {
         });
         // Enabled: nothing is outstanding, so a later disabling alerts again.
         self.webhook = Some(None);
-        self.sweep = Some(Sweep::new(check.name, was));
+        self.sweep = Some(Sweep {
+            webhook: check.name,
+            was,
+            announced: false,
+        });
         // The walk keeps one subrequest for the alert (the release's is kept already).
         self.books.budget_limit = self.books.budget_limit.saturating_sub(1);
         self.phase = Phase::Index(if swept {
