@@ -208,12 +208,6 @@ fn build_info() -> Family {
     )
 }
 
-/// A destination's label as `/metrics` labels it: its short name (the route's kind, or
-/// `default`), which a query can name (`{destination="default"}`).
-pub fn destination_name(label: &str) -> String {
-    destination_parts(label).0.to_string()
-}
-
 /// The shards' totals: the fixed counters, then drops and rejections by reason, then any
 /// other name as `events_total{name}` (so a counter added later is served before it is
 /// described here).
@@ -259,7 +253,12 @@ fn counter_families(total: &Value) -> Vec<Family> {
                 Some((result, destination, sums))
             })
         {
-            let series = (result.to_string(), destination_name(destination));
+            // A destination's short name (the route's kind, or `default`), which a query can
+            // name (`{destination="default"}`).
+            let series = (
+                result.to_string(),
+                destination_parts(destination).0.to_string(),
+            );
             *sums.entry(series).or_default() += n;
             continue;
         }
