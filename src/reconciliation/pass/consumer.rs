@@ -291,9 +291,10 @@ impl Consumer {
             age_ms: now_ms - job.first_slot(),
             keys: entries
                 .into_iter()
-                .map(|e| match e.name.strip_prefix(OPEN_PREFIX) {
-                    Some(key) => key.to_string(),
-                    None => e.name,
+                .map(|e| {
+                    e.name
+                        .strip_prefix(OPEN_PREFIX)
+                        .map_or(e.name.clone(), str::to_string)
                 })
                 .collect(),
         });

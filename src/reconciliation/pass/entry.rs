@@ -309,19 +309,11 @@ impl EntryRun {
     fn status_failed(&mut self, books: &mut Books, error: StatusError, answer: u16, started: i64) {
         let key = self.key.clone();
         let age_seconds = started.div_euclid(1_000) - self.meta.submitted_at;
-        let unraised = |kind: AlertKind| !self.meta.alerts.contains(&kind);
-        match error {
+        let (alert, command) = match error {
             StatusError::NotFound => {
-                let ask = unraised(AlertKind::UnknownToGemini);
                 books.log(PassLog::StatusNotFound { key });
-                if ask {
-                    let command = GateCommand::Alert {
-                        alert: AlertKind::UnknownToGemini,
-                        age_seconds,
-                    };
-                    self.steps
-                        .push_front(Step::Gate(command, AfterGate::CountAlert));
-                }
+                let alert = AlertKind::UnknownToGemini;
+                (alert, GateCommand::Alert { alert, age_seconds })
             }
             StatusError::Transient { retry_after_secs } => {
                 // A queue consumer sends the entry back with the entries it skips.
@@ -329,35 +321,33 @@ impl EntryRun {
                 books.status_backoff_until_ms = books
                     .status_backoff_until_ms
                     .max(started + retry_after_secs * 1_000);
-                books.error(PassLog::StatusTransient {
+                let line = PassLog::StatusTransient {
                     key,
                     retry_after_secs,
                     answer,
-                });
+                };
+                return books.error(line);
             }
             StatusError::Malformed(reason) => {
                 // The answer will not get better by asking again: alert once, with the reason,
                 // so a person can settle it (the gate keeps the mark; the ledger carries it).
-                let ask = unraised(AlertKind::StatusUnusable);
-                books.error(PassLog::StatusUnusable {
-                    key,
-                    error: reason.clone(),
-                });
-                if ask {
-                    let command = GateCommand::StatusUnusable {
-                        reason,
-                        age_seconds,
-                    };
-                    self.steps
-                        .push_front(Step::Gate(command, AfterGate::CountAlert));
-                }
+                let error = reason.clone();
+                books.error(PassLog::StatusUnusable { key, error });
+                let command = GateCommand::StatusUnusable {
+                    reason,
+                    age_seconds,
+                };
+                (AlertKind::StatusUnusable, command)
             }
             e => {
-                books.error(PassLog::StatusUnusable {
-                    key,
-                    error: format!("{e:?}"),
-                });
+                let error = format!("{e:?}");
+                return books.error(PassLog::StatusUnusable { key, error });
             }
+        };
+        // Each only while the ledger shows it unraised.
+        if !self.meta.alerts.contains(&alert) {
+            self.steps
+                .push_front(Step::Gate(command, AfterGate::CountAlert));
         }
     }
 

@@ -251,9 +251,8 @@ impl Pass {
         self.books.report.index_kv_lists += 1;
         self.books.report.index_listed += page.keys.len() as u64;
         walk.pages += 1;
-        for key in &page.keys {
-            walk.entries.push((key.name.clone(), meta_of(key)));
-        }
+        let listed = page.keys.iter().map(|key| (key.name.clone(), meta_of(key)));
+        walk.entries.extend(listed);
         if page.list_complete || page.cursor.is_none() {
             walk.listed = true;
         } else {
