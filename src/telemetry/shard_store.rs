@@ -200,19 +200,6 @@ fn add_hours(sql: &impl Sql, add: BTreeMap<i64, Counts>) -> Result<(), String> {
     Ok(())
 }
 
-/// Which of `names` exist as tables.
-fn tables(sql: &impl Sql, names: &[&str]) -> Result<Vec<String>, String> {
-    let marks = vec!["?"; names.len()].join(", ");
-    Ok(sql
-        .run(
-            &format!("SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({marks})"),
-            names.iter().map(|n| Param::Text(n.to_string())).collect(),
-        )?
-        .iter()
-        .map(|r| text(r, "name"))
-        .collect())
-}
-
 /// Creates the tables if needed and migrates a shard of an earlier layout (once); `now_ms`
 /// names the day table an earlier layout's marks become.
 pub fn open(sql: &impl Sql, now_ms: i64) -> Result<(), String> {
@@ -231,7 +218,14 @@ pub fn open(sql: &impl Sql, now_ms: i64) -> Result<(), String> {
         return Ok(());
     }
     // Nothing awaits between these statements at the edge, so they are stored together.
-    let old = tables(sql, &["counts", "seen", "marks"])?;
+    let old: Vec<String> = sql
+        .run(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('counts', 'seen', 'marks')",
+            vec![],
+        )?
+        .iter()
+        .map(|r| text(r, "name"))
+        .collect();
     if old.iter().any(|t| t == "counts") {
         if layout.is_none() {
             // Layout 1 added every count to hour -1 and to its bucket: what hour -1 holds
