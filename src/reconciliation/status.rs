@@ -109,29 +109,41 @@ pub fn interpret_skimmed(
     collection: Collection,
     answer: &StatusAnswer,
 ) -> Result<Observation, StatusError> {
-    let (status, retry_after, body) = match answer {
+    if let PeerAnswer::Http { status: 404, .. } = answer {
+        return Err(StatusError::NotFound);
+    }
+    // A 2xx: `interpret` reads any 2xx alike. A body past its cap is refused by the skimmer
+    // itself, so `TooLarge` is never a skimmed body's.
+    read_answer(answer, "body", |body| match body {
+        Some(Ok(skimmed)) => interpret(collection, 200, None, &skimmed.json),
+        Some(Err(e)) => Err(StatusError::Malformed(e.to_string())),
+        None => Err(StatusError::Malformed("body not read".into())),
+    })
+}
+
+/// An answer (`what`, said when it is too large): a 2xx's body read by `read`; anything else
+/// by its class ([`crate::retry`]), no answer at all (a timeout, a network error) transient.
+pub fn read_answer<B, T>(
+    answer: &PeerAnswer<B>,
+    what: &str,
+    read: impl FnOnce(&B) -> Result<T, StatusError>,
+) -> Result<T, StatusError> {
+    match answer {
         PeerAnswer::Http {
             status,
             body,
             retry_after,
-        } => (*status, retry_after.as_deref(), body),
-        // Never a skimmed body's: the skimmer refuses one past its cap itself.
+        } => match class_of_status(*status) {
+            Class::Success => read(body),
+            Class::Refused => Err(StatusError::Refused(*status)),
+            Class::Retry => Err(transient(retry_after.as_deref())),
+        },
         PeerAnswer::TooLarge { cap, .. } => {
-            return Err(StatusError::Malformed(format!("body over {cap} bytes")))
+            Err(StatusError::Malformed(format!("{what} over {cap} bytes")))
         }
-        PeerAnswer::Timeout | PeerAnswer::Network(_) => {
-            return Err(StatusError::Transient {
-                retry_after_secs: 0,
-            })
-        }
-    };
-    if class_of_status(status) != Class::Success {
-        return interpret(collection, status, retry_after, "");
-    }
-    match body {
-        Some(Ok(skimmed)) => interpret(collection, status, retry_after, &skimmed.json),
-        Some(Err(e)) => Err(StatusError::Malformed(e.to_string())),
-        None => Err(StatusError::Malformed("body not read".into())),
+        PeerAnswer::Timeout | PeerAnswer::Network(_) => Err(StatusError::Transient {
+            retry_after_secs: 0,
+        }),
     }
 }
 
