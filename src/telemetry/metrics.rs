@@ -225,9 +225,9 @@ fn counter_families(total: &Value) -> Vec<Family> {
     }
     let mut dropped = Family::counter("dropped");
     let mut rejected = Family::counter("rejected");
-    // By result and short name: two labels of one name (its URL changed) are one series.
-    let mut by_destination: BTreeMap<(String, String), f64> = BTreeMap::new();
-    let mut results_by_destination: BTreeMap<(String, String), f64> = BTreeMap::new();
+    // Effects (0) and results (1) by result and short name: two labels of one name (its URL
+    // changed) are one series.
+    let mut by_destination: BTreeMap<(usize, String, String), f64> = BTreeMap::new();
     let mut by_kind = Family::counter("alerts_by_kind");
     // Any name this version does not describe.
     let mut other = Family::counter("events");
@@ -243,23 +243,17 @@ fn counter_families(total: &Value) -> Vec<Family> {
         {
             continue;
         }
-        let mut by_prefix = [
-            (EFFECT_TO_PREFIX, &mut by_destination),
-            (RESULT_TO_PREFIX, &mut results_by_destination),
-        ];
-        if let Some((result, destination, sums)) =
-            by_prefix.iter_mut().find_map(|(prefix, sums)| {
-                let (result, destination) = name.strip_prefix(*prefix)?.split_once(':')?;
-                Some((result, destination, sums))
-            })
-        {
+        let prefixed = [EFFECT_TO_PREFIX, RESULT_TO_PREFIX]
+            .iter()
+            .enumerate()
+            .find_map(|(i, prefix)| Some((i, name.strip_prefix(prefix)?.split_once(':')?)));
+        if let Some((i, (result, destination))) = prefixed {
             // A destination's short name (the route's kind, or `default`), which a query can
             // name (`{destination="default"}`).
-            let series = (
-                result.to_string(),
-                destination_parts(destination).0.to_string(),
-            );
-            *sums.entry(series).or_default() += n;
+            let short = destination_parts(destination).0.to_string();
+            *by_destination
+                .entry((i, result.to_string(), short))
+                .or_default() += n;
             continue;
         }
         let (family, label, value) = if let Some(kind) = name.strip_prefix(ALERTS_BY_KIND_PREFIX) {
@@ -273,20 +267,13 @@ fn counter_families(total: &Value) -> Vec<Family> {
         };
         family.push(vec![(label, value.to_string())], n);
     }
-    let by_result_and_destination =
-        |family: &'static str, sums: BTreeMap<(String, String), f64>| {
-            let mut family = Family::counter(family);
-            for ((result, destination), n) in sums {
-                family.push(vec![("result", result), ("destination", destination)], n);
-            }
-            family
-        };
-    families.extend([
-        by_result_and_destination("effects_by_destination", by_destination),
-        by_result_and_destination("results_by_destination", results_by_destination),
-        by_kind,
-        acceptance_histogram(total),
-    ]);
+    let mut per_destination =
+        ["effects_by_destination", "results_by_destination"].map(Family::counter);
+    for ((i, result, destination), n) in by_destination {
+        per_destination[i].push(vec![("result", result), ("destination", destination)], n);
+    }
+    families.extend(per_destination);
+    families.extend([by_kind, acceptance_histogram(total)]);
     families.push(status_call_family(total));
     families.extend([dropped, rejected, other]);
     families
