@@ -504,16 +504,13 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
 /// Escapes a label value (`quotes`) or a help text: backslash and newline, and the double
 /// quote where the format asks (label values; OpenMetrics' help too).
 fn escape(text: &str, quotes: bool) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '"' if quotes => out.push_str("\\\""),
-            c => out.push(c),
-        }
+    // Backslashes first, so the ones added after are not doubled.
+    let out = text.replace('\\', "\\\\").replace('\n', "\\n");
+    if quotes {
+        out.replace('"', "\\\"")
+    } else {
+        out
     }
-    out
 }
 
 #[cfg(test)]
