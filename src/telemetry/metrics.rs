@@ -75,8 +75,9 @@ impl Format {
     }
 }
 
-/// A family's type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A family's type, serialized as its `# TYPE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 enum Kind {
     Counter,
     Gauge,
@@ -478,11 +479,7 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
         Format::Text => &sample_name,
         Format::OpenMetrics => &full,
     };
-    let kind = match family.kind {
-        Kind::Counter => "counter",
-        Kind::Gauge => "gauge",
-        Kind::Histogram => "histogram",
-    };
+    let kind = crate::telemetry::log_event::name_of(&family.kind);
     let help = escape(family.help, format == Format::OpenMetrics);
     let _ = writeln!(page, "# HELP {family_name} {help}");
     let _ = writeln!(page, "# TYPE {family_name} {kind}");
