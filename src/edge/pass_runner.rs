@@ -87,13 +87,10 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
     );
     let queue = env.queue(QUEUE_BINDING).ok();
     let mut pass = Pass::new(limits(config, queue.as_ref()), holder, started);
-    let kv = match env.kv(KV_BINDING) {
-        Ok(kv) => Some(kv),
-        Err(e) => {
-            pass.on_kv_unbound(e.to_string());
-            None
-        }
-    };
+    let kv = env
+        .kv(KV_BINDING)
+        .map_err(|e| pass.on_kv_unbound(e.to_string()))
+        .ok();
     let io = Io {
         env,
         config,
@@ -151,7 +148,7 @@ pub async fn consume(batch: MessageBatch<JsValue>, env: &Env, config: &Config) {
         let first = io.next();
         io.perform_while(first, |i| *i != Intent::Done).await;
         // Its entries are polled, dropped, or sent back (after the lease recorded them): done.
-        if io.machine.borrow().outcome().retry {
+        if io.machine.borrow().retry() {
             message.retry();
         } else {
             message.ack();

@@ -101,30 +101,20 @@ pub enum SkipReason {
     Refused,
 }
 
-/// What to do with one matching entry, from its metadata alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
-    Act,
-    Skip(SkipReason),
-}
-
-/// Decides from the ledger's metadata whether the action applies to an entry. The metadata
-/// may lag the gate; the gate decides again on its own record.
-pub fn plan(action: BulkAction, meta: &LedgerMeta, now_secs: i64) -> Plan {
-    if meta.forgotten {
-        return Plan::Skip(SkipReason::Forgotten);
-    }
-    if !meta.status.is_terminal() {
-        return Plan::Skip(SkipReason::NoOutcome);
-    }
-    match action {
-        BulkAction::Retry if meta.effect_done => Plan::Skip(SkipReason::Done),
+/// Decides from the ledger's metadata whether the action applies to an entry: why it is
+/// skipped, or `None` to act. The metadata may lag the gate; the gate decides again on its
+/// own record.
+pub fn skip_reason(action: BulkAction, meta: &LedgerMeta, now_secs: i64) -> Option<SkipReason> {
+    Some(match action {
+        _ if meta.forgotten => SkipReason::Forgotten,
+        _ if !meta.status.is_terminal() => SkipReason::NoOutcome,
+        BulkAction::Retry if meta.effect_done => SkipReason::Done,
         BulkAction::Retry if meta.claim_expires.is_some_and(|e| e > now_secs) => {
-            Plan::Skip(SkipReason::InFlight)
+            SkipReason::InFlight
         }
-        BulkAction::Redeliver if !meta.effect_done => Plan::Skip(SkipReason::NotDone),
-        _ => Plan::Act,
-    }
+        BulkAction::Redeliver if !meta.effect_done => SkipReason::NotDone,
+        _ => return None,
+    })
 }
 
 /// What the gate did with one command.
@@ -467,17 +457,12 @@ impl BulkRun {
     /// Counts a matching entry; true when its gate is to be called now (never in a dry run).
     pub fn take(&mut self, meta: &LedgerMeta, now_secs: i64) -> bool {
         self.counts.matched += 1;
-        match plan(self.request.action, meta, now_secs) {
-            Plan::Skip(reason) => {
-                *self.counts.skipped.entry(reason).or_default() += 1;
-                false
-            }
-            Plan::Act if self.request.dry_run => {
-                self.counts.eligible += 1;
-                false
-            }
-            Plan::Act => true,
+        match skip_reason(self.request.action, meta, now_secs) {
+            Some(reason) => *self.counts.skipped.entry(reason).or_default() += 1,
+            None if self.request.dry_run => self.counts.eligible += 1,
+            None => return true,
         }
+        false
     }
 
     /// Records what the gate did with an operation this run acted on.
@@ -759,39 +744,39 @@ mod tests {
     #[test]
     fn retry_acts_on_terminal_effects_not_done() {
         let r = BulkAction::Retry;
-        assert_eq!(plan(r, &meta("succeeded", false), 10), Plan::Act);
-        assert_eq!(plan(r, &meta("failed", false), 10), Plan::Act);
+        assert_eq!(skip_reason(r, &meta("succeeded", false), 10), None);
+        assert_eq!(skip_reason(r, &meta("failed", false), 10), None);
         assert_eq!(
-            plan(r, &meta("succeeded", true), 10),
-            Plan::Skip(SkipReason::Done)
+            skip_reason(r, &meta("succeeded", true), 10),
+            Some(SkipReason::Done)
         );
         assert_eq!(
-            plan(r, &meta("running", false), 10),
-            Plan::Skip(SkipReason::NoOutcome)
+            skip_reason(r, &meta("running", false), 10),
+            Some(SkipReason::NoOutcome)
         );
         let mut claimed = meta("succeeded", false);
         claimed.claim_expires = Some(11);
-        assert_eq!(plan(r, &claimed, 10), Plan::Skip(SkipReason::InFlight));
-        assert_eq!(plan(r, &claimed, 11), Plan::Act, "a lapsed claim");
+        assert_eq!(skip_reason(r, &claimed, 10), Some(SkipReason::InFlight));
+        assert_eq!(skip_reason(r, &claimed, 11), None, "a lapsed claim");
         let mut forgotten = meta("succeeded", false);
         forgotten.forgotten = true;
-        assert_eq!(plan(r, &forgotten, 10), Plan::Skip(SkipReason::Forgotten));
+        assert_eq!(skip_reason(r, &forgotten, 10), Some(SkipReason::Forgotten));
         let mut parked = meta("expired", false);
         parked.parked = true;
-        assert_eq!(plan(r, &parked, 10), Plan::Act, "parked is retried");
+        assert_eq!(skip_reason(r, &parked, 10), None, "parked is retried");
     }
 
     #[test]
     fn redeliver_acts_on_done_effects_only() {
         let r = BulkAction::Redeliver;
-        assert_eq!(plan(r, &meta("succeeded", true), 10), Plan::Act);
+        assert_eq!(skip_reason(r, &meta("succeeded", true), 10), None);
         assert_eq!(
-            plan(r, &meta("succeeded", false), 10),
-            Plan::Skip(SkipReason::NotDone)
+            skip_reason(r, &meta("succeeded", false), 10),
+            Some(SkipReason::NotDone)
         );
         assert_eq!(
-            plan(r, &meta("pending", false), 10),
-            Plan::Skip(SkipReason::NoOutcome)
+            skip_reason(r, &meta("pending", false), 10),
+            Some(SkipReason::NoOutcome)
         );
     }
 

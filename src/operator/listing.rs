@@ -266,6 +266,11 @@ impl ListQuery {
             _ => Err(ListError::Bool(name)),
         };
         let time = |name: &'static str, v: &str| parse_rfc3339_ms(v).ok_or(ListError::Time(name));
+        // A text filter: not empty, at most `max` bytes.
+        let text = |name: &'static str, v: &str, max: usize| {
+            let fits = !v.is_empty() && v.len() <= max;
+            fits.then(|| v.to_string()).ok_or(ListError::Search(name))
+        };
         let mut q = ListQuery {
             limit: DEFAULT_LIST_LIMIT,
             ..ListQuery::default()
@@ -280,35 +285,16 @@ impl ListQuery {
                 "stuck" => q.stuck = Some(boolean("stuck", value)?),
                 "parked" => q.parked = Some(boolean("parked", value)?),
                 "forgotten" => q.forgotten = Some(boolean("forgotten", value)?),
-                "kind" => {
-                    if value.is_empty() || value.len() > MAX_KIND_BYTES {
-                        return Err(ListError::Search("kind"));
-                    }
-                    q.kind = Some(value.to_string());
-                }
-                "error" => {
-                    if value.is_empty() || value.len() > MAX_META_ERROR_BYTES {
-                        return Err(ListError::Search("error"));
-                    }
-                    q.error = Some(value.to_string());
-                }
+                "kind" => q.kind = Some(text("kind", value, MAX_KIND_BYTES)?),
+                "error" => q.error = Some(text("error", value, MAX_META_ERROR_BYTES)?),
                 "settled_by" => {
                     if !SETTLED_BY.contains(&value) {
                         return Err(ListError::SettledBy);
                     }
                     q.settled_by = Some(value.to_string());
                 }
-                "prefix" | "q" => {
-                    let text = value.trim();
-                    if text.is_empty() || text.len() > MAX_SEARCH_BYTES {
-                        return Err(ListError::Search(if name == "q" { "q" } else { "prefix" }));
-                    }
-                    if name == "q" {
-                        q.q = Some(text.to_lowercase());
-                    } else {
-                        q.prefix = Some(text.to_string());
-                    }
-                }
+                "prefix" => q.prefix = Some(text("prefix", value.trim(), MAX_SEARCH_BYTES)?),
+                "q" => q.q = Some(text("q", value.trim(), MAX_SEARCH_BYTES)?.to_lowercase()),
                 "submitted_after" => q.submitted_after = Some(time("submitted_after", value)?),
                 "submitted_before" => q.submitted_before = Some(time("submitted_before", value)?),
                 "settled_after" => q.settled_after = Some(time("settled_after", value)?),

@@ -109,8 +109,7 @@ pub fn audit_verdict(
 ) -> AuditVerdict {
     let open = may_need_work(meta);
     match (open, index_whole, indexed_version) {
-        (true, false, _) => AuditVerdict::Missed,
-        (true, true, None) => AuditVerdict::Missed,
+        (true, false, _) | (true, true, None) => AuditVerdict::Missed,
         (false, true, Some(v)) if v < meta.version => AuditVerdict::Stale,
         _ => AuditVerdict::Fine,
     }

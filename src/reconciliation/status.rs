@@ -47,8 +47,7 @@ pub fn interpret(
         (_, Class::Retry) => return Err(transient(retry_after)),
         (other, Class::Refused) => return Err(StatusError::Refused(other)),
     }
-    let value: Value =
-        serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
+    let value = json_of(body)?;
     if !value.is_object() {
         return Err(StatusError::Malformed("not a JSON object".into()));
     }
@@ -110,30 +109,47 @@ pub fn interpret_skimmed(
     collection: Collection,
     answer: &StatusAnswer,
 ) -> Result<Observation, StatusError> {
-    let (status, retry_after, body) = match answer {
+    if let PeerAnswer::Http { status: 404, .. } = answer {
+        return Err(StatusError::NotFound);
+    }
+    // A 2xx: `interpret` reads any 2xx alike. A body past its cap is refused by the skimmer
+    // itself, so `TooLarge` is never a skimmed body's.
+    read_answer(answer, "body", |body| match body {
+        Some(Ok(skimmed)) => interpret(collection, 200, None, &skimmed.json),
+        Some(Err(e)) => Err(StatusError::Malformed(e.to_string())),
+        None => Err(StatusError::Malformed("body not read".into())),
+    })
+}
+
+/// An answer (`what`, said when it is too large): a 2xx's body read by `read`; anything else
+/// by its class ([`crate::retry`]), no answer at all (a timeout, a network error) transient.
+pub fn read_answer<B, T>(
+    answer: &PeerAnswer<B>,
+    what: &str,
+    read: impl FnOnce(&B) -> Result<T, StatusError>,
+) -> Result<T, StatusError> {
+    match answer {
         PeerAnswer::Http {
             status,
             body,
             retry_after,
-        } => (*status, retry_after.as_deref(), body),
-        // Never a skimmed body's: the skimmer refuses one past its cap itself.
+        } => match class_of_status(*status) {
+            Class::Success => read(body),
+            Class::Refused => Err(StatusError::Refused(*status)),
+            Class::Retry => Err(transient(retry_after.as_deref())),
+        },
         PeerAnswer::TooLarge { cap, .. } => {
-            return Err(StatusError::Malformed(format!("body over {cap} bytes")))
+            Err(StatusError::Malformed(format!("{what} over {cap} bytes")))
         }
-        PeerAnswer::Timeout | PeerAnswer::Network(_) => {
-            return Err(StatusError::Transient {
-                retry_after_secs: 0,
-            })
-        }
-    };
-    if class_of_status(status) != Class::Success {
-        return interpret(collection, status, retry_after, "");
+        PeerAnswer::Timeout | PeerAnswer::Network(_) => Err(StatusError::Transient {
+            retry_after_secs: 0,
+        }),
     }
-    match body {
-        Some(Ok(skimmed)) => interpret(collection, status, retry_after, &skimmed.json),
-        Some(Err(e)) => Err(StatusError::Malformed(e.to_string())),
-        None => Err(StatusError::Malformed("body not read".into())),
-    }
+}
+
+/// A body as JSON; malformed when it is not.
+fn json_of(body: &str) -> Result<Value, StatusError> {
+    serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))
 }
 
 fn time_at(value: &Value, pointer: &str) -> i64 {
@@ -342,8 +358,7 @@ pub struct WebhookPage {
 /// Reads a webhook listing. The envelope is undocumented: items are taken from `webhooks`,
 /// the token from `next_page_token` or `nextPageToken`.
 pub fn find_webhook(body: &str, wanted: &str) -> Result<WebhookPage, StatusError> {
-    let value: Value =
-        serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
+    let value = json_of(body)?;
     let bare = |s: &str| s.trim().trim_start_matches("webhooks/").to_string();
     let wanted = bare(wanted);
     let found = value
@@ -401,9 +416,7 @@ pub fn enable_webhook_call(api_base: &str, id: &str) -> (String, String) {
 /// is enabled when the body says `enabled`, or says no state at all (all but `id` and `uri`
 /// are optional); a body naming another state, or not JSON, is not taken as enabled.
 pub fn webhook_enabled(body: &str) -> Result<(), StatusError> {
-    let value: Value =
-        serde_json::from_str(body).map_err(|e| StatusError::Malformed(format!("not JSON: {e}")))?;
-    match value.get("state").and_then(Value::as_str) {
+    match json_of(body)?.get("state").and_then(Value::as_str) {
         None | Some("enabled") => Ok(()),
         Some(other) => Err(StatusError::Malformed(format!(
             "answered with the webhook {other}"

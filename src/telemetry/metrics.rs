@@ -75,8 +75,9 @@ impl Format {
     }
 }
 
-/// A family's type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A family's type, serialized as its `# TYPE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 enum Kind {
     Counter,
     Gauge,
@@ -208,12 +209,6 @@ fn build_info() -> Family {
     )
 }
 
-/// A destination's label as `/metrics` labels it: its short name (the route's kind, or
-/// `default`), which a query can name (`{destination="default"}`).
-pub fn destination_name(label: &str) -> String {
-    destination_parts(label).0.to_string()
-}
-
 /// The shards' totals: the fixed counters, then drops and rejections by reason, then any
 /// other name as `events_total{name}` (so a counter added later is served before it is
 /// described here).
@@ -231,9 +226,9 @@ fn counter_families(total: &Value) -> Vec<Family> {
     }
     let mut dropped = Family::counter("dropped");
     let mut rejected = Family::counter("rejected");
-    // By result and short name: two labels of one name (its URL changed) are one series.
-    let mut by_destination: BTreeMap<(String, String), f64> = BTreeMap::new();
-    let mut results_by_destination: BTreeMap<(String, String), f64> = BTreeMap::new();
+    // Effects (0) and results (1) by result and short name: two labels of one name (its URL
+    // changed) are one series.
+    let mut by_destination: BTreeMap<(usize, String, String), f64> = BTreeMap::new();
     let mut by_kind = Family::counter("alerts_by_kind");
     // Any name this version does not describe.
     let mut other = Family::counter("events");
@@ -249,18 +244,17 @@ fn counter_families(total: &Value) -> Vec<Family> {
         {
             continue;
         }
-        let mut by_prefix = [
-            (EFFECT_TO_PREFIX, &mut by_destination),
-            (RESULT_TO_PREFIX, &mut results_by_destination),
-        ];
-        if let Some((result, destination, sums)) =
-            by_prefix.iter_mut().find_map(|(prefix, sums)| {
-                let (result, destination) = name.strip_prefix(*prefix)?.split_once(':')?;
-                Some((result, destination, sums))
-            })
-        {
-            let series = (result.to_string(), destination_name(destination));
-            *sums.entry(series).or_default() += n;
+        let prefixed = [EFFECT_TO_PREFIX, RESULT_TO_PREFIX]
+            .iter()
+            .enumerate()
+            .find_map(|(i, prefix)| Some((i, name.strip_prefix(prefix)?.split_once(':')?)));
+        if let Some((i, (result, destination))) = prefixed {
+            // A destination's short name (the route's kind, or `default`), which a query can
+            // name (`{destination="default"}`).
+            let short = destination_parts(destination).0.to_string();
+            *by_destination
+                .entry((i, result.to_string(), short))
+                .or_default() += n;
             continue;
         }
         let (family, label, value) = if let Some(kind) = name.strip_prefix(ALERTS_BY_KIND_PREFIX) {
@@ -274,20 +268,13 @@ fn counter_families(total: &Value) -> Vec<Family> {
         };
         family.push(vec![(label, value.to_string())], n);
     }
-    let by_result_and_destination =
-        |family: &'static str, sums: BTreeMap<(String, String), f64>| {
-            let mut family = Family::counter(family);
-            for ((result, destination), n) in sums {
-                family.push(vec![("result", result), ("destination", destination)], n);
-            }
-            family
-        };
-    families.extend([
-        by_result_and_destination("effects_by_destination", by_destination),
-        by_result_and_destination("results_by_destination", results_by_destination),
-        by_kind,
-        acceptance_histogram(total),
-    ]);
+    let mut per_destination =
+        ["effects_by_destination", "results_by_destination"].map(Family::counter);
+    for ((i, result, destination), n) in by_destination {
+        per_destination[i].push(vec![("result", result), ("destination", destination)], n);
+    }
+    families.extend(per_destination);
+    families.extend([by_kind, acceptance_histogram(total)]);
     families.push(status_call_family(total));
     families.extend([dropped, rejected, other]);
     families
@@ -492,11 +479,7 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
         Format::Text => &sample_name,
         Format::OpenMetrics => &full,
     };
-    let kind = match family.kind {
-        Kind::Counter => "counter",
-        Kind::Gauge => "gauge",
-        Kind::Histogram => "histogram",
-    };
+    let kind = crate::telemetry::log_event::name_of(&family.kind);
     let help = escape(family.help, format == Format::OpenMetrics);
     let _ = writeln!(page, "# HELP {family_name} {help}");
     let _ = writeln!(page, "# TYPE {family_name} {kind}");
@@ -518,16 +501,13 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
 /// Escapes a label value (`quotes`) or a help text: backslash and newline, and the double
 /// quote where the format asks (label values; OpenMetrics' help too).
 fn escape(text: &str, quotes: bool) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '"' if quotes => out.push_str("\\\""),
-            c => out.push(c),
-        }
+    // Backslashes first, so the ones added after are not doubled.
+    let out = text.replace('\\', "\\\\").replace('\n', "\\n");
+    if quotes {
+        out.replace('"', "\\\"")
+    } else {
+        out
     }
-    out
 }
 
 #[cfg(test)]

@@ -122,17 +122,6 @@ fn marked_seq(sql: &impl Sql, days: &[i64], gate: &str) -> Result<u64, String> {
     Ok(highest)
 }
 
-fn create_marks(sql: &impl Sql, day: i64) -> Result<(), String> {
-    sql.run(
-        &format!(
-            "CREATE TABLE IF NOT EXISTS {} (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID",
-            marks_table(day)
-        ),
-        vec![],
-    )?;
-    Ok(())
-}
-
 /// A value bound to a statement.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Param {
@@ -190,16 +179,6 @@ fn load_hours(sql: &impl Sql, hours: Option<&[i64]>) -> Result<BTreeMap<i64, Cou
         .collect())
 }
 
-/// Stores one hour's row (one row written).
-fn store_hour(sql: &impl Sql, hour: i64, counts: &Counts) -> Result<(), String> {
-    let body = serde_json::to_string(counts).map_err(|e| e.to_string())?;
-    sql.run(
-        "INSERT INTO tally (hour, body) VALUES (?, ?) ON CONFLICT(hour) DO UPDATE SET body = excluded.body",
-        vec![Param::Int(hour), Param::Text(body)],
-    )?;
-    Ok(())
-}
-
 /// Adds `add` into the stored rows of its hours: one row written per hour.
 fn add_hours(sql: &impl Sql, add: BTreeMap<i64, Counts>) -> Result<(), String> {
     if add.is_empty() {
@@ -212,22 +191,13 @@ fn add_hours(sql: &impl Sql, add: BTreeMap<i64, Counts>) -> Result<(), String> {
         for (name, n) in counts {
             *row.entry(name).or_default() += n;
         }
-        store_hour(sql, hour, row)?;
+        let body = serde_json::to_string(row).map_err(|e| e.to_string())?;
+        sql.run(
+            "INSERT INTO tally (hour, body) VALUES (?, ?) ON CONFLICT(hour) DO UPDATE SET body = excluded.body",
+            vec![Param::Int(hour), Param::Text(body)],
+        )?;
     }
     Ok(())
-}
-
-/// Which of `names` exist as tables.
-fn tables(sql: &impl Sql, names: &[&str]) -> Result<Vec<String>, String> {
-    let marks = vec!["?"; names.len()].join(", ");
-    Ok(sql
-        .run(
-            &format!("SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({marks})"),
-            names.iter().map(|n| Param::Text(n.to_string())).collect(),
-        )?
-        .iter()
-        .map(|r| text(r, "name"))
-        .collect())
 }
 
 /// Creates the tables if needed and migrates a shard of an earlier layout (once); `now_ms`
@@ -248,7 +218,14 @@ pub fn open(sql: &impl Sql, now_ms: i64) -> Result<(), String> {
         return Ok(());
     }
     // Nothing awaits between these statements at the edge, so they are stored together.
-    let old = tables(sql, &["counts", "seen", "marks"])?;
+    let old: Vec<String> = sql
+        .run(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('counts', 'seen', 'marks')",
+            vec![],
+        )?
+        .iter()
+        .map(|r| text(r, "name"))
+        .collect();
     if old.iter().any(|t| t == "counts") {
         if layout.is_none() {
             // Layout 1 added every count to hour -1 and to its bucket: what hour -1 holds
@@ -322,10 +299,7 @@ pub fn add(
     prune: Option<Prune>,
 ) -> Result<(), String> {
     // Taken while the statements run: a failure leaves it unknown, read again next time.
-    let mut days = match known.0.take() {
-        Some(days) => days,
-        None => mark_days(sql)?,
-    };
+    let mut days = known.0.take().map_or_else(|| mark_days(sql), Ok)?;
     if count(sql, &days, gate, events, now_ms)? {
         days.push(day_of(now_ms));
     }
@@ -347,10 +321,7 @@ fn count(
     events: &[StatEvent],
     now_ms: i64,
 ) -> Result<bool, String> {
-    let seen = match gate {
-        Some(g) => Some(marked_seq(sql, days, g)?),
-        None => None,
-    };
+    let seen = gate.map(|g| marked_seq(sql, days, g)).transpose()?;
     let mut counts: BTreeMap<i64, Counts> = BTreeMap::new();
     let mut drops = Vec::new();
     let mut highest = seen.unwrap_or(0);
@@ -383,7 +354,13 @@ fn count(
     if let (Some(g), true) = (gate, highest > seen.unwrap_or(0)) {
         let today = day_of(now_ms);
         if !days.contains(&today) {
-            create_marks(sql, today)?;
+            sql.run(
+                &format!(
+                    "CREATE TABLE IF NOT EXISTS {} (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID",
+                    marks_table(today)
+                ),
+                vec![],
+            )?;
             created = true;
         }
         sql.run(

@@ -172,9 +172,14 @@ impl RetiredNames {
             .parts(sql, PARTS, *name)?
             .iter()
             .any(|(_, hashes)| holds(hashes, &entry));
-        Ok(RetiredReply::Retired(
-            packed || self.legacy_holds(sql, name)?,
-        ))
+        if packed {
+            return Ok(RetiredReply::Retired(true));
+        }
+        // The table of shards written before the packing (at most one row read; none in a
+        // shard created since): only whether a row came back matters.
+        let hash = vec![SqlStorageValue::Blob(name.0.to_vec())];
+        let rows: Vec<serde_json::Value> = self.meter.rows(sql, LEGACY_ASK, hash)?;
+        Ok(RetiredReply::Retired(!rows.is_empty()))
     }
 
     /// The rows of `name`'s bucket `query` reads (`part`, `hashes`).
@@ -193,15 +198,6 @@ impl RetiredNames {
                 other => Err(failed(format!("a bucket's row is {other:?}"))),
             })
             .collect()
-    }
-
-    /// Whether the table of shards written before the packing holds `name` (at most one row
-    /// read; none in a shard created since).
-    fn legacy_holds(&self, sql: &SqlStorage, name: &RetiredName) -> Result<bool> {
-        let hash = vec![SqlStorageValue::Blob(name.0.to_vec())];
-        // Only whether a row came back matters, not what it holds.
-        let rows: Vec<serde_json::Value> = self.meter.rows(sql, LEGACY_ASK, hash)?;
-        Ok(!rows.is_empty())
     }
 }
 

@@ -30,7 +30,9 @@ pub struct Consumer {
     awaiting: Option<Owed>,
     /// The entry in hand, its run.
     entry: Option<EntryRun>,
-    outcome: JobOutcome,
+    /// The entries to send back could not be sent: the message is left to the queue's retries
+    /// instead of being acknowledged.
+    retry: bool,
 }
 
 #[derive(Debug)]
@@ -72,14 +74,6 @@ struct SendBack {
     job: Option<PollJob>,
     /// Whether the lease has been told (or could not be).
     reported: bool,
-}
-
-/// How a consumer's message ended.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct JobOutcome {
-    /// The entries to send back could not be sent: the message is left to the queue's retries
-    /// instead of being acknowledged.
-    pub retry: bool,
 }
 
 impl Machine for Consumer {
@@ -134,7 +128,7 @@ impl Consumer {
             }),
             awaiting: None,
             entry: None,
-            outcome: JobOutcome::default(),
+            retry: false,
         }
     }
 
@@ -143,9 +137,10 @@ impl Consumer {
         &self.books.report
     }
 
-    /// How the message ended (once [`Intent::Done`]).
-    pub fn outcome(&self) -> JobOutcome {
-        self.outcome.clone()
+    /// Whether the message is left to the queue's retries rather than acknowledged (once
+    /// [`Intent::Done`]).
+    pub fn retry(&self) -> bool {
+        self.retry
     }
 
     /// Takes the owed answer if it is `owed`.
@@ -296,9 +291,10 @@ impl Consumer {
             age_ms: now_ms - job.first_slot(),
             keys: entries
                 .into_iter()
-                .map(|e| match e.name.strip_prefix(OPEN_PREFIX) {
-                    Some(key) => key.to_string(),
-                    None => e.name,
+                .map(|e| {
+                    e.name
+                        .strip_prefix(OPEN_PREFIX)
+                        .map_or(e.name.clone(), str::to_string)
                 })
                 .collect(),
         });
@@ -309,7 +305,7 @@ impl Consumer {
     fn on_sent_back(&mut self, sent: Result<(), String>) {
         if let Err(e) = sent {
             self.books.error(PassLog::error(format!("queue send: {e}")));
-            self.outcome.retry = true;
+            self.retry = true;
         }
     }
 

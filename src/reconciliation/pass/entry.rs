@@ -269,9 +269,8 @@ impl EntryRun {
             (Some(Owed::Gate(after)), Performed::Gate(reply)) => self.on_gate(books, after, reply),
             // A failed delete: the next coverage finds the entry again.
             (Some(Owed::IndexDelete), Performed::IndexDeleted(Err(error))) => {
-                books.report.errors += 1;
                 let key = Some(self.key.clone());
-                books.log(PassLog::ReconcileError { key, error });
+                books.error(PassLog::ReconcileError { key, error });
             }
             (Some(Owed::IndexDelete), Performed::IndexDeleted(Ok(()))) => {}
             (Some(Owed::Sleep), Performed::Slept) => {}
@@ -286,7 +285,6 @@ impl EntryRun {
     /// them says the API's: the cursor moves past it and the next coverage of the ledger asks
     /// again.
     fn status_unanswered(&mut self, books: &mut Books, answer: StatusAnswer, now_ms: i64) {
-        books.report.errors += 1;
         books.report.status_unanswered += 1;
         let backoff = books.health.unanswered(now_ms);
         if let Some(until) = backoff {
@@ -298,7 +296,7 @@ impl EntryRun {
             PeerAnswer::Network(e) => e,
             _ => "timeout".to_string(),
         };
-        books.log(PassLog::StatusUnanswered {
+        books.error(PassLog::StatusUnanswered {
             key: self.key.clone(),
             answer,
             backoff_secs: backoff.map(|until| (until - now_ms).div_euclid(1_000)),
@@ -311,56 +309,45 @@ impl EntryRun {
     fn status_failed(&mut self, books: &mut Books, error: StatusError, answer: u16, started: i64) {
         let key = self.key.clone();
         let age_seconds = started.div_euclid(1_000) - self.meta.submitted_at;
-        let unraised = |kind: AlertKind| !self.meta.alerts.contains(&kind);
-        match error {
+        let (alert, command) = match error {
             StatusError::NotFound => {
-                let ask = unraised(AlertKind::UnknownToGemini);
                 books.log(PassLog::StatusNotFound { key });
-                if ask {
-                    let command = GateCommand::Alert {
-                        alert: AlertKind::UnknownToGemini,
-                        age_seconds,
-                    };
-                    self.steps
-                        .push_front(Step::Gate(command, AfterGate::CountAlert));
-                }
+                let alert = AlertKind::UnknownToGemini;
+                (alert, GateCommand::Alert { alert, age_seconds })
             }
             StatusError::Transient { retry_after_secs } => {
                 // A queue consumer sends the entry back with the entries it skips.
                 self.skipped_poll = true;
-                books.report.errors += 1;
                 books.status_backoff_until_ms = books
                     .status_backoff_until_ms
                     .max(started + retry_after_secs * 1_000);
-                books.log(PassLog::StatusTransient {
+                let line = PassLog::StatusTransient {
                     key,
                     retry_after_secs,
                     answer,
-                });
+                };
+                return books.error(line);
             }
             StatusError::Malformed(reason) => {
                 // The answer will not get better by asking again: alert once, with the reason,
                 // so a person can settle it (the gate keeps the mark; the ledger carries it).
-                let ask = unraised(AlertKind::StatusUnusable);
-                books.error(PassLog::StatusUnusable {
-                    key,
-                    error: reason.clone(),
-                });
-                if ask {
-                    let command = GateCommand::StatusUnusable {
-                        reason,
-                        age_seconds,
-                    };
-                    self.steps
-                        .push_front(Step::Gate(command, AfterGate::CountAlert));
-                }
+                let error = reason.clone();
+                books.error(PassLog::StatusUnusable { key, error });
+                let command = GateCommand::StatusUnusable {
+                    reason,
+                    age_seconds,
+                };
+                (AlertKind::StatusUnusable, command)
             }
             e => {
-                books.error(PassLog::StatusUnusable {
-                    key,
-                    error: format!("{e:?}"),
-                });
+                let error = format!("{e:?}");
+                return books.error(PassLog::StatusUnusable { key, error });
             }
+        };
+        // Each only while the ledger shows it unraised.
+        if !self.meta.alerts.contains(&alert) {
+            self.steps
+                .push_front(Step::Gate(command, AfterGate::CountAlert));
         }
     }
 

@@ -160,16 +160,6 @@ pub(super) struct Fed {
 }
 
 impl Pass {
-    /// Whether the walk fans this window out: a queue is bound and at least `above` entries
-    /// are left to visit.
-    pub(super) fn fans_out(&self, left: usize) -> bool {
-        self.books
-            .limits
-            .fanout
-            .as_ref()
-            .is_some_and(|f| left >= f.above)
-    }
-
     /// Schedules the next messages of the window on the queue, or ends the walk.
     pub(super) fn feed_step(&mut self, mut walk: IndexWalk, now_ms: i64) -> Option<Intent> {
         let Some(fanout) = self.books.limits.fanout.clone() else {

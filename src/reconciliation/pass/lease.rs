@@ -3,7 +3,6 @@
 //! summary, or none once the lease is lost.
 
 use crate::operation::ledger::OPEN_PREFIX;
-use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::{audit_reserve, lease_presumed_lapsed};
 
@@ -34,7 +33,12 @@ impl Pass {
             }) => {
                 self.books.status_backoff_until_ms = status_backoff_until_ms;
                 self.fed_until_ms = fed_until_ms;
-                let resume = start_of_index(resume);
+                // A cursor saved before the index existed points into `op:`: the index starts
+                // over.
+                let in_index = |k: &str| k.starts_with(OPEN_PREFIX);
+                let resume = Some(resume)
+                    .filter(|r| r.after_key.as_deref().is_none_or(in_index))
+                    .unwrap_or_default();
                 self.checkpoint = (resume.clone(), status_backoff_until_ms);
                 let audit_from = audit.due(self.started_ms, self.books.limits.audit_interval_ms);
                 if audit_from.is_some() {
@@ -185,18 +189,5 @@ impl Pass {
             .log(PassLog::ReconcilePass(self.books.report.clone()));
         self.phase = Phase::Done;
         None
-    }
-}
-
-/// A cursor saved before the index existed points into `op:`: the index starts over.
-fn start_of_index(resume: LedgerCursor) -> LedgerCursor {
-    if resume
-        .after_key
-        .as_deref()
-        .is_some_and(|k| !k.starts_with(OPEN_PREFIX))
-    {
-        LedgerCursor::default()
-    } else {
-        resume
     }
 }

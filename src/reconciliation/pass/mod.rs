@@ -23,13 +23,10 @@
 //! together, keeping one for the release) and resumes where it stopped on the next run; it
 //! starts no entry after `RECONCILE_DEADLINE_SECONDS`; a heartbeat renews its short lease
 //! every quarter of the TTL, saving its position each time, and a refused renewal stops the
-//! pass without a release, so it never saves a cursor over the new holder's. A 429 or 5xx from
-//! the status API stops polling until its Retry-After has passed and settles nothing, and the
-//! next pass resumes at the first entry skipped for it (if the wait ends within a cron
-//! interval); a status call that gets no answer skips only its entry, and three in a row back
-//! off every status call like a 429; a 404 asks the gate for an `unknown_to_gemini` alert
-//! unless the ledger shows it raised; a malformed answer asks for a `status_unusable` alert
-//! once; an answer whose status the ledger already shows costs no gate call.
+//! pass without a release, so it never saves a cursor over the new holder's. What each status
+//! answer leads to is the entry run's (`entry.rs`; unanswered calls: `stop.rs`); after a 429
+//! or 5xx the next pass resumes at the first entry skipped for it (if the wait ends within a
+//! cron interval).
 
 mod consumer;
 mod entry;

@@ -102,31 +102,20 @@ pub(super) fn swept_text(fanout: Option<&Fanout>, fed: u64, stop: Option<Stop>) 
 /// A webhook this pass enabled again, and its sweep.
 #[derive(Debug)]
 pub(super) struct Sweep {
-    webhook: String,
-    was: String,
+    pub(super) webhook: String,
+    /// The state it was in.
+    pub(super) was: String,
     /// Whether its alert has been asked for.
-    announced: bool,
-}
-
-impl Sweep {
-    /// Webhook `webhook`, which was `was`, is enabled again.
-    pub(super) fn new(webhook: String, was: String) -> Sweep {
-        Sweep {
-            webhook,
-            was,
-            announced: false,
-        }
-    }
+    pub(super) announced: bool,
 }
 
 impl Pass {
     /// Whether this pass shows the worker answering (see the module documentation): it holds
     /// the lease by now, and its configuration parsed, or it would not run; KV must be bound.
     pub(super) fn answering(&self) -> Result<(), String> {
-        match &self.kv_unbound {
-            Some(e) => Err(format!("KV: {e}")),
-            None => Ok(()),
-        }
+        self.kv_unbound
+            .as_ref()
+            .map_or(Ok(()), |e| Err(format!("KV: {e}")))
     }
 
     /// Whether the routine walk sweeps: a webhook was enabled again and a queue is bound.

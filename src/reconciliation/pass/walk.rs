@@ -251,9 +251,8 @@ impl Pass {
         self.books.report.index_kv_lists += 1;
         self.books.report.index_listed += page.keys.len() as u64;
         walk.pages += 1;
-        for key in &page.keys {
-            walk.entries.push((key.name.clone(), meta_of(key)));
-        }
+        let listed = page.keys.iter().map(|key| (key.name.clone(), meta_of(key)));
+        walk.entries.extend(listed);
         if page.list_complete || page.cursor.is_none() {
             walk.listed = true;
         } else {
@@ -286,7 +285,11 @@ impl Pass {
         // A sweep after the webhook was enabled again goes to the queue whatever its size, and
         // does not wait for copies still queued (`restore.rs`).
         let sweeping = self.sweeping();
-        walk.feeding = sweeping || self.fans_out(walk.entries.len().saturating_sub(walk.at));
+        // Otherwise the window fans out when a queue is bound and at least `above` entries
+        // are left to visit.
+        let left = walk.entries.len().saturating_sub(walk.at);
+        let fanout = self.books.limits.fanout.as_ref();
+        walk.feeding = sweeping || fanout.is_some_and(|f| left >= f.above);
         walk.after_queued = !sweeping && fresh && self.fed_until_ms > 0;
     }
 

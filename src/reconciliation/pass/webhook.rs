@@ -7,10 +7,9 @@
 //! check that could not be made leaves the mark the lease keeps as it was; an
 //! alert that could not be sent leaves it too, so the next pass tries again.
 
-use crate::operation::observation::{transient, StatusError};
-use crate::reconciliation::status::{enable_webhook_call, webhook_enabled};
+use crate::reconciliation::status::{enable_webhook_call, read_answer, webhook_enabled};
 use crate::reconciliation::status::{find_webhook, webhook_alert};
-use crate::retry::{class_of_status, Class, PeerAnswer};
+use crate::retry::PeerAnswer;
 
 use super::restore::{verdict, Sweep, Verdict};
 use super::{walk::IndexWalk, Awaiting, Intent, Pass, PassLog, Phase, MAX_WEBHOOK_PAGES};
@@ -42,33 +41,6 @@ impl Check {
             then,
             ..Check::default()
         }
-    }
-}
-
-/// A WebhookService answer (`what`, said when it is too large): a 2xx's body read by `read`;
-/// anything else by its class.
-fn read_answer<T>(
-    answer: &PeerAnswer,
-    what: &str,
-    read: impl FnOnce(&str) -> Result<T, StatusError>,
-) -> Result<T, StatusError> {
-    match answer {
-        PeerAnswer::Http {
-            status,
-            body,
-            retry_after,
-        } => match class_of_status(*status) {
-            Class::Success => read(body),
-            Class::Refused => Err(StatusError::Refused(*status)),
-            // Said in the log line, so an operator sees how long Gemini asked to wait.
-            Class::Retry => Err(transient(retry_after.as_deref())),
-        },
-        PeerAnswer::TooLarge { cap, .. } => {
-            Err(StatusError::Malformed(format!("{what} over {cap} bytes")))
-        }
-        PeerAnswer::Timeout | PeerAnswer::Network(_) => Err(StatusError::Transient {
-            retry_after_secs: 0,
-        }),
     }
 }
 
@@ -204,7 +176,7 @@ impl Pass {
         };
         let was = check.state.clone().unwrap_or_default();
         // Enabled: a 2xx whose body does not name another state.
-        if let Err(e) = read_answer(&answer, "an answer", webhook_enabled) {
+        if let Err(e) = read_answer(&answer, "an answer", |body| webhook_enabled(body)) {
             self.books.error(PassLog::WebhookEnableFailed {
                 webhook: check.name.clone(),
                 error: format!("{e:?}"),
@@ -224,7 +196,11 @@ impl Pass {
         });
         // Enabled: nothing is outstanding, so a later disabling alerts again.
         self.webhook = Some(None);
-        self.sweep = Some(Sweep::new(check.name, was));
+        self.sweep = Some(Sweep {
+            webhook: check.name,
+            was,
+            announced: false,
+        });
         // The walk keeps one subrequest for the alert (the release's is kept already).
         self.books.budget_limit = self.books.budget_limit.saturating_sub(1);
         self.phase = Phase::Index(if swept {
