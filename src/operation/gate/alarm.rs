@@ -232,16 +232,19 @@ pub fn retire_if_over(op: &Operation, now: i64, limits: &GateLimits) -> Option<S
         return None;
     }
     let key = op.key().to_string();
-    let mut step = Step::new(None, AlarmDone::Retired).log(GateLog::RetentionExpired { key });
-    step.purge = true;
-    Some(step)
+    Some(purged(GateLog::RetentionExpired { key }))
 }
 
 /// The first alarm of a record a signed delivery created, its name found retired by the shard:
 /// everything is deleted and nothing runs (no claim, no projection, no count).
 pub fn refuse_retired(op: &Operation) -> Step<AlarmDone> {
     let key = op.key().to_string();
-    let mut step = Step::new(None, AlarmDone::Retired).log(GateLog::RetiredNameRefused { key });
+    purged(GateLog::RetiredNameRefused { key })
+}
+
+/// The gate's whole storage deleted, with `line` saying why.
+fn purged(line: GateLog) -> Step<AlarmDone> {
+    let mut step = Step::new(None, AlarmDone::Retired).log(line);
     step.purge = true;
     step
 }
@@ -724,14 +727,14 @@ pub fn upkeep_done(
         }
     }
     stored |= op.indexed() != indexed;
-    let mut step = Step::new(Some(op), AlarmDone::UpkeepDone);
-    step.save = if stored {
-        Save::Durable
-    } else {
-        Save::MemoryOnly
+    let save = match stored {
+        true => Save::Durable,
+        false => Save::MemoryOnly,
     };
-    step.logs = logs;
-    step
+    Step {
+        logs,
+        ..Step::new(Some(op), AlarmDone::UpkeepDone).saved(save)
+    }
 }
 
 /// A failed counter flush is sent again this much later.
