@@ -232,19 +232,16 @@ pub fn retire_if_over(op: &Operation, now: i64, limits: &GateLimits) -> Option<S
         return None;
     }
     let key = op.key().to_string();
-    Some(purged(GateLog::RetentionExpired { key }))
+    let mut step = Step::new(None, AlarmDone::Retired).log(GateLog::RetentionExpired { key });
+    step.purge = true;
+    Some(step)
 }
 
 /// The first alarm of a record a signed delivery created, its name found retired by the shard:
 /// everything is deleted and nothing runs (no claim, no projection, no count).
 pub fn refuse_retired(op: &Operation) -> Step<AlarmDone> {
     let key = op.key().to_string();
-    purged(GateLog::RetiredNameRefused { key })
-}
-
-/// The gate's whole storage deleted, with `line` saying why.
-fn purged(line: GateLog) -> Step<AlarmDone> {
-    let mut step = Step::new(None, AlarmDone::Retired).log(line);
+    let mut step = Step::new(None, AlarmDone::Retired).log(GateLog::RetiredNameRefused { key });
     step.purge = true;
     step
 }
