@@ -92,16 +92,12 @@ impl DestinationDesk {
         let now = now_ms();
         let mut desk = self.load()?;
         let facts = self.facts(now)?;
-        match desk.wake(facts, now) {
-            Wake::Probe => {
-                self.save(&desk)?;
-                self.probe(now).await?;
-            }
-            Wake::Drain(n) => {
-                self.save(&desk)?;
-                self.drain(n, now).await?;
-            }
-            Wake::Idle => self.save(&desk)?,
+        let wake = desk.wake(facts, now);
+        self.save(&desk)?;
+        match wake {
+            Wake::Probe => self.probe(now).await?,
+            Wake::Drain(n) => self.drain(n, now).await?,
+            Wake::Idle => {}
         }
         let desk = self.load()?;
         let now = now_ms();
