@@ -69,23 +69,17 @@ impl Keep {
 
     /// The answer with `status`, once its body was read into `body`.
     fn answer(self, status: u16, retry_after: Option<String>, body: CappedBody) -> PeerAnswer {
-        let chars = match self {
-            Keep::Excerpt(chars) => chars,
-            Keep::Whole(_) => EXCERPT_CHARS,
+        let success = class_of_status(status) == Class::Success;
+        let body = match (self, body.finish()) {
+            (_, Err(TooLarge { cap })) => return PeerAnswer::TooLarge { status, cap },
+            (Keep::Whole(_), Ok(bytes)) if success => String::from_utf8_lossy(&bytes).into_owned(),
+            (Keep::Whole(_), Ok(bytes)) => excerpt_text(&bytes, EXCERPT_CHARS),
+            (Keep::Excerpt(chars), Ok(bytes)) => excerpt_text(&bytes, chars),
         };
-        let whole = matches!(self, Keep::Whole(_)) && class_of_status(status) == Class::Success;
-        match body.finish() {
-            Err(TooLarge { cap }) => PeerAnswer::TooLarge { status, cap },
-            Ok(bytes) if whole => PeerAnswer::Http {
-                status,
-                body: String::from_utf8_lossy(&bytes).into_owned(),
-                retry_after,
-            },
-            Ok(bytes) => PeerAnswer::Http {
-                status,
-                body: excerpt_text(&bytes, chars),
-                retry_after,
-            },
+        PeerAnswer::Http {
+            status,
+            body,
+            retry_after,
         }
     }
 }
