@@ -31,9 +31,12 @@ pub const DESK_BINDING: &str = "DESTINATION_DESK";
 /// A Durable Object stub, as the runtime hands it out.
 pub type ObjectStub = worker::worker_sys::DurableObject;
 
+/// An object's reply, or why there is none.
+type Called<T> = std::result::Result<T, Refusal>;
+
 /// The stub of the Durable Object named `name` in namespace `binding`. Uses the runtime's
 /// `getByName` directly: one call where worker-rs makes two.
-pub fn stub_for(env: &Env, binding: &str, name: &str) -> std::result::Result<ObjectStub, Refusal> {
+pub fn stub_for(env: &Env, binding: &str, name: &str) -> Called<ObjectStub> {
     let namespace = js_sys::Reflect::get(env, &JsValue::from_str(binding))
         .ok()
         .filter(|ns| !ns.is_undefined())
@@ -45,11 +48,7 @@ pub fn stub_for(env: &Env, binding: &str, name: &str) -> std::result::Result<Obj
 }
 
 /// Sends a command to the gate of `key` and returns its reply.
-pub async fn call_gate(
-    env: &Env,
-    key: &str,
-    command: &GateCommand,
-) -> std::result::Result<GateReply, Refusal> {
+pub async fn call_gate(env: &Env, key: &str, command: &GateCommand) -> Called<GateReply> {
     post_json(&stub_for(env, GATE_BINDING, key)?, command).await
 }
 
@@ -58,16 +57,13 @@ pub async fn call_desk(
     env: &Env,
     settings: &DeskSettings,
     command: &DeskCommand,
-) -> std::result::Result<DeskReply, Refusal> {
+) -> Called<DeskReply> {
     post_json(&stub_for(env, DESK_BINDING, &settings.label)?, command).await
 }
 
 /// Sends a command to the reconciliation lease (the pass's lease, and the project's status
 /// budget).
-pub async fn call_lease(
-    env: &Env,
-    command: &LeaseCommand,
-) -> std::result::Result<LeaseReply, Refusal> {
+pub async fn call_lease(env: &Env, command: &LeaseCommand) -> Called<LeaseReply> {
     post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
 }
 
@@ -76,7 +72,7 @@ pub async fn call_retired(
     env: &Env,
     name: RetiredName,
     command: &RetiredCommand,
-) -> std::result::Result<RetiredReply, Refusal> {
+) -> Called<RetiredReply> {
     post_json(&stub_for(env, RETIRED_BINDING, &name.shard())?, command).await
 }
 
@@ -108,7 +104,7 @@ pub async fn destinations_health(env: &Env, config: &Config) -> Value {
 pub async fn post_json<C: serde::Serialize, R: serde::de::DeserializeOwned>(
     stub: &ObjectStub,
     command: &C,
-) -> std::result::Result<R, Refusal> {
+) -> Called<R> {
     let body = serde_json::to_string(command).map_err(|e| Refusal::Unavailable(e.to_string()))?;
     let init = web_sys::RequestInit::new();
     init.set_method("POST");
