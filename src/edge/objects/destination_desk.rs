@@ -29,7 +29,7 @@ use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::objects::row;
-use crate::edge::outbound::fetch::post_alert;
+use crate::edge::outbound::fetch::post_alerts;
 use crate::edge::runtime::{load_config, log, now_ms};
 
 /// One destination's health and pace.
@@ -196,13 +196,7 @@ impl DestinationDesk {
         let Ok(config) = load_config(&self.env) else {
             return Ok(());
         };
-        let mut sent = 0;
-        for alert in &desk.alerts {
-            if !post_alert(&config, alert).await {
-                break;
-            }
-            sent += 1;
-        }
+        let sent = post_alerts(&config, &desk.alerts).await;
         let refused = sent < desk.alerts.len();
         let mut desk = self.load()?;
         desk.alerts_tried(sent, refused, now);

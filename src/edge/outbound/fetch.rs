@@ -237,6 +237,16 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     false
 }
 
+/// Posts `alerts` oldest first until the sink refuses one ([`post_alert`]): how many went.
+pub async fn post_alerts(config: &Config, alerts: &[Value]) -> usize {
+    for (sent, alert) in alerts.iter().enumerate() {
+        if !post_alert(config, alert).await {
+            return sent;
+        }
+    }
+    alerts.len()
+}
+
 /// Sends `requests` (they are independent) to `destination`, at most [`SENDS_IN_FLIGHT`] at
 /// once (production's 6 connections per invocation), each no sooner than its `after_ms` from
 /// now (a paced route's tokens, counted from the grant, not from when its turn among the 6
