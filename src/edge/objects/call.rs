@@ -16,11 +16,13 @@ use crate::config::Config;
 use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings};
 use crate::destination_label::destination_parts;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
+use crate::operation::observation::SlotAnswer;
 use crate::operation::retired_names::{RetiredCommand, RetiredName, RetiredReply, RETIRED_BINDING};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 
 use crate::edge::objects::lease_object::{LEASE_BINDING, LEASE_NAME};
+use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::js_error;
 
 /// The Durable Object binding.
@@ -65,6 +67,27 @@ pub async fn call_desk(
 /// budget).
 pub async fn call_lease(env: &Env, command: &LeaseCommand) -> Called<LeaseReply> {
     post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
+}
+
+/// A slot of the one status budget, from the lease (one object call, on `meter`): `None`
+/// when the lease could not be reached.
+pub async fn status_slot(env: &Env, meter: &Meter, rate_per_s: u32) -> Option<SlotAnswer> {
+    meter.add(|u| u.object_calls += 1);
+    match call_lease(env, &LeaseCommand::Slot { rate_per_s }).await {
+        Ok(LeaseReply::Slot { answer }) => Some(answer),
+        _ => None,
+    }
+}
+
+/// Tells the lease that every status call waits until `until_ms` (a 429 or 5xx answered one),
+/// so the pass and its consumers back off too; best effort.
+pub async fn status_backoff(env: &Env, meter: &Meter, until_ms: i64) {
+    meter.add(|u| u.object_calls += 1);
+    let backoff = LeaseCommand::Backoff {
+        until_ms,
+        fed_until_ms: 0,
+    };
+    let _ = call_lease(env, &backoff).await;
 }
 
 /// Asks (or tells) the retired names' shard that holds `name`.

@@ -20,12 +20,11 @@ use crate::operation::gate::alarm::{
 use crate::operation::gate::{GateLimits, Step};
 use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, DeskMark, Operation, PendingAlert};
-use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 use crate::retry::PeerAnswer;
 use crate::telemetry::counters::{self, StatEvent};
 
-use crate::edge::objects::call::call_lease;
+use crate::edge::objects::call::{status_backoff, status_slot};
 use crate::edge::objects::gate::desk_turn::KeyAtDesk;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
@@ -136,13 +135,8 @@ impl<'a> Run<'a> {
                 key,
                 name,
             } => {
-                let slot = LeaseCommand::Slot {
-                    rate_per_s: config.reconcile_poll_rate,
-                };
-                let slot = match self.lease(slot).await {
-                    Some(LeaseReply::Slot { answer }) => Some(answer),
-                    _ => None,
-                };
+                let meter = self.storage.meter();
+                let slot = status_slot(self.env, meter, config.reconcile_poll_rate).await;
                 if let Some(until) = alarm::slot_wait(slot, now_ms(), &self.limits, random_unit()) {
                     let wait = |op| alarm::confirm_waits_for_slot(op, until, now_ms());
                     return self.decide(op, Alarm::Deferred, wait).await;
@@ -150,11 +144,7 @@ impl<'a> Run<'a> {
                 self.storage.meter().add(|u| u.outbound_fetches += 1);
                 let (answer, asked) = status_api::ask(config, collection, &key, &name).await;
                 if let Some(until_ms) = alarm::status_backoff_until(&answer, now_ms()) {
-                    self.lease(LeaseCommand::Backoff {
-                        until_ms,
-                        fed_until_ms: 0,
-                    })
-                    .await;
+                    status_backoff(self.env, meter, until_ms).await;
                 }
                 (answer, Some(asked))
             }
@@ -216,13 +206,6 @@ impl<'a> Run<'a> {
             Some(paused) => self.wait_on_destination(op, paused).await,
             None => Ok(op),
         }
-    }
-
-    /// One call to the reconciliation lease, keeper of the status budget (`None` when it
-    /// could not be reached).
-    async fn lease(&self, command: LeaseCommand) -> Option<LeaseReply> {
-        self.storage.meter().add(|u| u.object_calls += 1);
-        call_lease(self.env, &command).await.ok()
     }
 
     /// The desk queued the effect: stores that it waits (for its release, or the fallback),
