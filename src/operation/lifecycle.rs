@@ -11,9 +11,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Where an operation stands. `Unknown` carries whatever the wire said.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
+    #[default]
     Pending,
     Running,
     RequiresAction,
