@@ -248,6 +248,22 @@ impl Desk {
         }
     }
 
+    /// Wait, queued behind every key that waited before (due now).
+    fn behind(&mut self, now: i64) -> Decision {
+        Decision {
+            queue_at_ms: Some(now),
+            ..self.wait(now)
+        }
+    }
+
+    /// Keep its own backoff; the alarm runs now (a freed slot or probe lets the next go).
+    fn own_schedule_now(now: i64) -> Decision {
+        Decision {
+            alarm_at_ms: Some(now),
+            ..Decision::reply(DeskReply::OwnSchedule)
+        }
+    }
+
     /// When the alarm should next run while keys wait.
     fn next_wake_ms(&self, now: i64) -> i64 {
         if self.is_open() {
@@ -289,47 +305,31 @@ impl Desk {
             failure,
             asked_wait_ms,
         } = sent;
+        // Whatever it says, a probe that reports is over (a failed one backs off below).
         let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
+        if was_probe {
+            self.probe = None;
+        }
         if sent == 0 {
             // It could not send: it leaves the queue until it can (it asks again then), and
             // says nothing of the destination, so the next key is probed at once.
-            if was_probe {
-                self.probe = None;
-            }
-            return Decision {
-                alarm_at_ms: Some(now),
-                ..Decision::reply(DeskReply::OwnSchedule)
-            };
+            return Self::own_schedule_now(now);
         }
         if self.paused.is_some() {
             // A report while paused says nothing of health (a pause is not a failure, nor is
-            // an answer a recovery): the key waits in its place for the resume, and a probe
-            // out when the pause came is over.
-            if was_probe {
-                self.probe = None;
-            }
+            // an answer a recovery): the key waits in its place for the resume.
             return Self::hold();
         }
-        let mixed = failures > 0 && failures < sent;
-        if mixed {
-            if self.is_open() {
-                // A chunk that was neither (a probe's or not): its key goes behind the rest.
-                if was_probe {
-                    self.probe = None;
-                }
-                return Decision {
-                    queue_at_ms: Some(now),
-                    ..self.wait(now)
-                };
-            }
-            // The chunk's slots are freed: what waits may go.
-            return Decision {
-                alarm_at_ms: Some(now),
-                ..Decision::reply(DeskReply::OwnSchedule)
+        if failures > 0 && failures < sent {
+            // A chunk that was neither (a probe's or not): while open its key goes behind the
+            // rest; else its slots are freed, and what waits may go.
+            return match self.is_open() {
+                true => self.behind(now),
+                false => Self::own_schedule_now(now),
             };
         }
         let failed = failure.filter(|_| failures > 0).map(|f| (f, failures));
-        let decision = self.report_inner(key, failed, facts, now);
+        let decision = self.report_inner(was_probe, failed, facts, now);
         if let Some(asked) = asked_wait_ms.filter(|_| self.is_open()) {
             let cap = self.settings.as_ref().map_or(3_600_000, |s| s.asked_max_ms);
             self.next_probe_ms = self.next_probe_ms.max(now + asked.clamp(0, cap.max(0)));
@@ -345,20 +345,16 @@ impl Desk {
 
     fn report_inner(
         &mut self,
-        key: &str,
+        was_probe: bool,
         failed: Option<(String, u32)>,
         facts: Facts,
         now: i64,
     ) -> Decision {
-        let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
         let Some((error, count)) = failed else {
             self.failures_in_row = 0;
             if self.is_open() {
                 // What waited: the queue, and the probe (or other attempt) that just succeeded.
                 self.close(facts.waiting + 1, now);
-            }
-            if was_probe {
-                self.probe = None;
             }
             // Closing starts the drain; a freed slot lets the next waiting key go.
             return Decision {
@@ -376,20 +372,13 @@ impl Desk {
         self.last_error = Some(error);
         if was_probe {
             // Behind every key that waited before it: the next probe tries another.
-            self.probe = None;
             self.probe_failed(now);
-            return Decision {
-                queue_at_ms: Some(now),
-                ..self.wait(now)
-            };
+            return self.behind(now);
         }
         if self.is_open() {
             // Not the probe (a probe that lapsed and reported late, an attempt that was in
             // flight when it opened): it failed all the same, and goes behind as a probe would.
-            return Decision {
-                queue_at_ms: Some(now),
-                ..self.wait(now)
-            };
+            return self.behind(now);
         }
         let open_after = self.settings.as_ref().map_or(5, |s| s.open_after);
         if self.failures_in_row >= open_after {

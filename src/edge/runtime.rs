@@ -62,10 +62,8 @@ pub fn load_config(env: &Env) -> std::result::Result<Rc<Config>, ConfigError> {
         }
         let config = Config::from_lookup(|name| env.var(name).ok().map(|v| v.to_string()))?;
         for warning in config.warnings() {
-            log(WorkerLog::ConfigWarning {
-                warning: warning.to_string(),
-            }
-            .to_value());
+            let warning = warning.to_string();
+            log(WorkerLog::ConfigWarning { warning }.to_value());
         }
         Ok(cell.get_or_init(|| Rc::new(config)).clone())
     })
@@ -73,10 +71,10 @@ pub fn load_config(env: &Env) -> std::result::Result<Rc<Config>, ConfigError> {
 
 /// A JS exception as text.
 pub fn js_error(e: &JsValue) -> String {
+    let message = e
+        .dyn_ref::<js_sys::Error>()
+        .map(|e| String::from(e.message()));
     e.as_string()
-        .or_else(|| {
-            e.dyn_ref::<js_sys::Error>()
-                .map(|e| String::from(e.message()))
-        })
+        .or(message)
         .unwrap_or_else(|| format!("{e:?}"))
 }

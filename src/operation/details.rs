@@ -75,8 +75,8 @@ impl Outcome {
         let Value::Object(error) = error else { return };
         for (k, v) in error {
             match k.as_str() {
-                "code" => self.set_error_code(v),
-                "message" => self.set_error_message(v),
+                "code" => self.set_error(ERROR_CODE, v),
+                "message" => self.set_error(ERROR_MESSAGE, v),
                 "details" => {
                     self.provider.entry("error_details").or_insert(v.clone());
                 }
@@ -89,29 +89,18 @@ impl Outcome {
         }
     }
 
-    /// A string or number code is kept as given; anything else is provider detail.
-    fn set_error_code(&mut self, code: &Value) {
-        if self.error_code.is_some() {
-            return;
-        }
-        match code {
-            Value::String(_) | Value::Number(_) => self.error_code = Some(code.clone()),
-            Value::Null => {}
-            other => {
-                self.provider.insert(ERROR_CODE.into(), other.clone());
-            }
-        }
-    }
-
-    fn set_error_message(&mut self, message: &Value) {
-        if self.error_message.is_some() {
-            return;
-        }
-        match message {
+    /// The error's `field` ([`ERROR_CODE`] or [`ERROR_MESSAGE`]) unless one is known: a
+    /// string (or a code's number) is kept as given; anything else is provider detail.
+    fn set_error(&mut self, field: &str, value: &Value) {
+        let code = field == ERROR_CODE;
+        match value {
+            _ if code && self.error_code.is_some() => {}
+            _ if !code && self.error_message.is_some() => {}
+            Value::String(_) | Value::Number(_) if code => self.error_code = Some(value.clone()),
             Value::String(m) => self.error_message = Some(m.clone()),
             Value::Null => {}
             other => {
-                self.provider.insert(ERROR_MESSAGE.into(), other.clone());
+                self.provider.insert(field.into(), other.clone());
             }
         }
     }
@@ -125,28 +114,20 @@ impl Outcome {
             let earlier = provider.get(URIS_OMITTED).and_then(Value::as_u64);
             provider.insert(URIS_OMITTED.into(), json!(earlier.unwrap_or(0) + omitted));
         }
-        let mut details = Map::new();
-        details.insert(
-            OUTPUT_FILE_URI.into(),
-            uris.first()
-                .map_or(Value::Null, |u| Value::String(u.clone())),
-        );
-        details.insert(
-            OUTPUT_FILE_URIS.into(),
-            Value::Array(uris.into_iter().map(Value::String).collect()),
-        );
         let code = match self.error_code {
             Some(Value::String(s)) => Value::String(bound_string(s)),
             other => other.unwrap_or(Value::Null),
         };
-        details.insert(ERROR_CODE.into(), code);
-        details.insert(
-            ERROR_MESSAGE.into(),
-            self.error_message
-                .map_or(Value::Null, |m| Value::String(bound_string(m))),
-        );
-        details.insert(PROVIDER.into(), Value::Object(bound_provider(provider)));
-        details
+        Map::from_iter([
+            (OUTPUT_FILE_URI.into(), json!(uris.first())),
+            (OUTPUT_FILE_URIS.into(), json!(uris)),
+            (ERROR_CODE.into(), code),
+            (
+                ERROR_MESSAGE.into(),
+                json!(self.error_message.map(bound_string)),
+            ),
+            (PROVIDER.into(), Value::Object(bound_provider(provider))),
+        ])
     }
 }
 
@@ -169,11 +150,10 @@ pub fn normalize_details(raw: &Map<String, Value>) -> Map<String, Value> {
             outcome.add_output(uri);
         }
     }
-    if let Some(code) = raw.get(ERROR_CODE) {
-        outcome.set_error_code(code);
-    }
-    if let Some(message) = raw.get(ERROR_MESSAGE) {
-        outcome.set_error_message(message);
+    for field in [ERROR_CODE, ERROR_MESSAGE] {
+        if let Some(value) = raw.get(field) {
+            outcome.set_error(field, value);
+        }
     }
     for (k, v) in raw {
         match k.as_str() {
@@ -183,11 +163,9 @@ pub fn normalize_details(raw: &Map<String, Value>) -> Map<String, Value> {
                 passthrough.insert(k.clone(), bound(v.clone()));
             }
             PROVIDER if v.is_object() => {
-                if let Value::Object(p) = v {
-                    for (pk, pv) in p {
-                        outcome.provider.insert(pk.clone(), pv.clone());
-                    }
-                }
+                outcome
+                    .provider
+                    .extend(v.as_object().cloned().unwrap_or_default());
             }
             "error" => outcome.take_error(v),
             "errors" => {

@@ -11,6 +11,8 @@
 //! fields, then the record's details in the one shape every path's details are normalized to
 //! ([`normalize_details`]); details never override a fixed field.
 
+use std::collections::BTreeMap;
+
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -111,11 +113,7 @@ pub const QUEUE_MESSAGE_MAX_BYTES: usize = 128_000;
 /// exact bytes signed (a consumer verifies them, then parses them). `Err` says why it is not
 /// sent: a message over [`QUEUE_MESSAGE_MAX_BYTES`] would be refused every time.
 pub fn queue_message(request: &EffectRequest) -> Result<String, String> {
-    let headers: serde_json::Map<String, Value> = request
-        .headers
-        .iter()
-        .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
-        .collect();
+    let headers: BTreeMap<_, _> = request.headers.iter().cloned().collect();
     let message = json!({"headers": headers, "raw_body": request.body}).to_string();
     match message.len() {
         n if n > QUEUE_MESSAGE_MAX_BYTES => Err(format!(

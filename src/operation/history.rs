@@ -223,19 +223,12 @@ impl HistoryLog {
 
     /// The stored form: `[[at_ms, entry], ...]`, each entry's JSON as it was written.
     pub fn encode(&self) -> String {
-        let mut out = String::from("[");
-        for (i, (at, entry)) in self.rows.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            out.push('[');
-            out.push_str(&at.to_string());
-            out.push(',');
-            out.push_str(entry);
-            out.push(']');
-        }
-        out.push(']');
-        out
+        let rows: Vec<String> = self
+            .rows
+            .iter()
+            .map(|(at, e)| format!("[{at},{e}]"))
+            .collect();
+        format!("[{}]", rows.join(","))
     }
 
     /// The rows as the admin API shows them, oldest first: each entry with its time as `at`.

@@ -11,9 +11,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Where an operation stands. `Unknown` carries whatever the wire said.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
+    #[default]
     Pending,
     Running,
     RequiresAction,
@@ -57,16 +58,8 @@ impl Status {
 
     /// Parses our own spelling (as in the ledger and the API); anything else is `Unknown`.
     pub fn parse(s: &str) -> Status {
-        match s {
-            "pending" => Status::Pending,
-            "running" => Status::Running,
-            "requires_action" => Status::RequiresAction,
-            "succeeded" => Status::Succeeded,
-            "failed" => Status::Failed,
-            "cancelled" => Status::Cancelled,
-            "expired" => Status::Expired,
-            other => Status::Unknown(other.to_string()),
-        }
+        // The serde spelling is `as_str`'s, and any other string is `Unknown` (untagged).
+        serde_json::from_value(s.into()).unwrap_or_else(|_| Status::Unknown(s.to_string()))
     }
 }
 

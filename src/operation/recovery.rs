@@ -48,31 +48,40 @@ impl Recovery {
 pub fn prune_depth(text: &str, max_depth: usize) -> String {
     let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len());
-    let mut depth = 0usize;
-    let mut copied = 0usize;
-    let mut i = 0usize;
+    let (mut depth, mut copied, mut i) = (0usize, 0usize, 0usize);
+    // Where the container being replaced opened, while one is.
+    let mut cut_from = None;
+    let mut cut = |out: &mut String, from: usize, end: usize| {
+        out.push_str(&text[copied..from]);
+        let skipped = &text[from..end];
+        out.push_str(&details::marker("too_deep", None, skipped.len(), skipped).to_string());
+        copied = end;
+    };
     while i < bytes.len() {
         match bytes[i] {
             b'"' => {
                 i = past_string(bytes, i);
                 continue;
             }
-            b'{' | b'[' if depth >= max_depth => {
-                let end = skip_container(bytes, i);
-                out.push_str(&text[copied..i]);
-                let skipped = &text[i..end];
-                out.push_str(
-                    &details::marker("too_deep", None, skipped.len(), skipped).to_string(),
-                );
-                copied = end;
-                i = end;
-                continue;
+            b'{' | b'[' => {
+                if depth == max_depth && cut_from.is_none() {
+                    cut_from = Some(i);
+                }
+                depth += 1;
             }
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if let Some(from) = cut_from.filter(|_| depth == max_depth) {
+                    cut(&mut out, from, i + 1);
+                    cut_from = None;
+                }
+            }
             _ => {}
         }
         i += 1;
+    }
+    if let Some(from) = cut_from {
+        cut(&mut out, from, bytes.len());
     }
     out.push_str(&text[copied..]);
     out
@@ -87,30 +96,6 @@ fn past_string(bytes: &[u8], start: usize) -> usize {
             b'"' => return i + 1,
             _ => i += 1,
         }
-    }
-    bytes.len()
-}
-
-/// The index just past the container opening at `start` (or the end of the text).
-fn skip_container(bytes: &[u8], start: usize) -> usize {
-    let mut depth = 0usize;
-    let mut i = start;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'"' => {
-                i = past_string(bytes, i);
-                continue;
-            }
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth -= 1;
-                if depth == 0 {
-                    return i + 1;
-                }
-            }
-            _ => {}
-        }
-        i += 1;
     }
     bytes.len()
 }

@@ -16,11 +16,13 @@ use crate::config::Config;
 use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings};
 use crate::destination_label::destination_parts;
 use crate::operation::gate::protocol::{GateCommand, GateReply};
+use crate::operation::observation::SlotAnswer;
 use crate::operation::retired_names::{RetiredCommand, RetiredName, RetiredReply, RETIRED_BINDING};
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 
 use crate::edge::objects::lease_object::{LEASE_BINDING, LEASE_NAME};
+use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::js_error;
 
 /// The Durable Object binding.
@@ -31,9 +33,12 @@ pub const DESK_BINDING: &str = "DESTINATION_DESK";
 /// A Durable Object stub, as the runtime hands it out.
 pub type ObjectStub = worker::worker_sys::DurableObject;
 
+/// An object's reply, or why there is none.
+type Called<T> = std::result::Result<T, Refusal>;
+
 /// The stub of the Durable Object named `name` in namespace `binding`. Uses the runtime's
 /// `getByName` directly: one call where worker-rs makes two.
-pub fn stub_for(env: &Env, binding: &str, name: &str) -> std::result::Result<ObjectStub, Refusal> {
+pub fn stub_for(env: &Env, binding: &str, name: &str) -> Called<ObjectStub> {
     let namespace = js_sys::Reflect::get(env, &JsValue::from_str(binding))
         .ok()
         .filter(|ns| !ns.is_undefined())
@@ -45,11 +50,7 @@ pub fn stub_for(env: &Env, binding: &str, name: &str) -> std::result::Result<Obj
 }
 
 /// Sends a command to the gate of `key` and returns its reply.
-pub async fn call_gate(
-    env: &Env,
-    key: &str,
-    command: &GateCommand,
-) -> std::result::Result<GateReply, Refusal> {
+pub async fn call_gate(env: &Env, key: &str, command: &GateCommand) -> Called<GateReply> {
     post_json(&stub_for(env, GATE_BINDING, key)?, command).await
 }
 
@@ -58,17 +59,35 @@ pub async fn call_desk(
     env: &Env,
     settings: &DeskSettings,
     command: &DeskCommand,
-) -> std::result::Result<DeskReply, Refusal> {
+) -> Called<DeskReply> {
     post_json(&stub_for(env, DESK_BINDING, &settings.label)?, command).await
 }
 
 /// Sends a command to the reconciliation lease (the pass's lease, and the project's status
 /// budget).
-pub async fn call_lease(
-    env: &Env,
-    command: &LeaseCommand,
-) -> std::result::Result<LeaseReply, Refusal> {
+pub async fn call_lease(env: &Env, command: &LeaseCommand) -> Called<LeaseReply> {
     post_json(&stub_for(env, LEASE_BINDING, LEASE_NAME)?, command).await
+}
+
+/// A slot of the one status budget, from the lease (one object call, on `meter`): `None`
+/// when the lease could not be reached.
+pub async fn status_slot(env: &Env, meter: &Meter, rate_per_s: u32) -> Option<SlotAnswer> {
+    meter.add(|u| u.object_calls += 1);
+    match call_lease(env, &LeaseCommand::Slot { rate_per_s }).await {
+        Ok(LeaseReply::Slot { answer }) => Some(answer),
+        _ => None,
+    }
+}
+
+/// Tells the lease that every status call waits until `until_ms` (a 429 or 5xx answered one),
+/// so the pass and its consumers back off too; best effort.
+pub async fn status_backoff(env: &Env, meter: &Meter, until_ms: i64) {
+    meter.add(|u| u.object_calls += 1);
+    let backoff = LeaseCommand::Backoff {
+        until_ms,
+        fed_until_ms: 0,
+    };
+    let _ = call_lease(env, &backoff).await;
 }
 
 /// Asks (or tells) the retired names' shard that holds `name`.
@@ -76,7 +95,7 @@ pub async fn call_retired(
     env: &Env,
     name: RetiredName,
     command: &RetiredCommand,
-) -> std::result::Result<RetiredReply, Refusal> {
+) -> Called<RetiredReply> {
     post_json(&stub_for(env, RETIRED_BINDING, &name.shard())?, command).await
 }
 
@@ -108,7 +127,7 @@ pub async fn destinations_health(env: &Env, config: &Config) -> Value {
 pub async fn post_json<C: serde::Serialize, R: serde::de::DeserializeOwned>(
     stub: &ObjectStub,
     command: &C,
-) -> std::result::Result<R, Refusal> {
+) -> Called<R> {
     let body = serde_json::to_string(command).map_err(|e| Refusal::Unavailable(e.to_string()))?;
     let init = web_sys::RequestInit::new();
     init.set_method("POST");

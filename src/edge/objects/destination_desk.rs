@@ -29,7 +29,7 @@ use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::objects::row;
-use crate::edge::outbound::fetch::post_alert;
+use crate::edge::outbound::fetch::post_alerts;
 use crate::edge::runtime::{load_config, log, now_ms};
 
 /// One destination's health and pace.
@@ -92,16 +92,12 @@ impl DestinationDesk {
         let now = now_ms();
         let mut desk = self.load()?;
         let facts = self.facts(now)?;
-        match desk.wake(facts, now) {
-            Wake::Probe => {
-                self.save(&desk)?;
-                self.probe(now).await?;
-            }
-            Wake::Drain(n) => {
-                self.save(&desk)?;
-                self.drain(n, now).await?;
-            }
-            Wake::Idle => self.save(&desk)?,
+        let wake = desk.wake(facts, now);
+        self.save(&desk)?;
+        match wake {
+            Wake::Probe => self.probe(now).await?,
+            Wake::Drain(n) => self.drain(n, now).await?,
+            Wake::Idle => {}
         }
         let desk = self.load()?;
         let now = now_ms();
@@ -200,13 +196,7 @@ impl DestinationDesk {
         let Ok(config) = load_config(&self.env) else {
             return Ok(());
         };
-        let mut sent = 0;
-        for alert in &desk.alerts {
-            if !post_alert(&config, alert).await {
-                break;
-            }
-            sent += 1;
-        }
+        let sent = post_alerts(&config, &desk.alerts).await;
         let refused = sent < desk.alerts.len();
         let mut desk = self.load()?;
         desk.alerts_tried(sent, refused, now);

@@ -77,12 +77,9 @@ impl DurableObject for ResultSender {
                     .unwrap_or(PeerAnswer::Timeout)
             })
             .collect();
-        self.meter.end(
-            "result_sender",
-            Invocation::Fetch,
-            started,
-            &self.state.storage().sql(),
-        );
+        let sql = self.state.storage().sql();
+        self.meter
+            .end("result_sender", Invocation::Fetch, started, &sql);
         Response::from_json(&answers)
     }
 }

@@ -20,7 +20,7 @@ use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::objects::row;
-use crate::edge::outbound::fetch::post_alert;
+use crate::edge::outbound::fetch::post_alerts;
 use crate::edge::runtime::{load_config, log};
 
 /// How soon the alarm tries an alert sink again after a failure.
@@ -120,16 +120,7 @@ impl StrangerWatch {
         // short mid-send (an eviction, a deploy) still wakes the watch to send again.
         self.state.storage().set_alarm(ALERT_RETRY_MS).await?;
         let sent = match load_config(&self.env) {
-            Ok(config) => {
-                let mut sent = 0;
-                for alert in &owed {
-                    if !post_alert(&config, alert).await {
-                        break;
-                    }
-                    sent += 1;
-                }
-                sent
-            }
+            Ok(config) => post_alerts(&config, &owed).await,
             Err(e) => {
                 log(WorkerLog::AlertFailed {
                     alert: json!("stranger_nudges"),

@@ -69,23 +69,17 @@ impl Keep {
 
     /// The answer with `status`, once its body was read into `body`.
     fn answer(self, status: u16, retry_after: Option<String>, body: CappedBody) -> PeerAnswer {
-        let chars = match self {
-            Keep::Excerpt(chars) => chars,
-            Keep::Whole(_) => EXCERPT_CHARS,
+        let success = class_of_status(status) == Class::Success;
+        let body = match (self, body.finish()) {
+            (_, Err(TooLarge { cap })) => return PeerAnswer::TooLarge { status, cap },
+            (Keep::Whole(_), Ok(bytes)) if success => String::from_utf8_lossy(&bytes).into_owned(),
+            (Keep::Whole(_), Ok(bytes)) => excerpt_text(&bytes, EXCERPT_CHARS),
+            (Keep::Excerpt(chars), Ok(bytes)) => excerpt_text(&bytes, chars),
         };
-        let whole = matches!(self, Keep::Whole(_)) && class_of_status(status) == Class::Success;
-        match body.finish() {
-            Err(TooLarge { cap }) => PeerAnswer::TooLarge { status, cap },
-            Ok(bytes) if whole => PeerAnswer::Http {
-                status,
-                body: String::from_utf8_lossy(&bytes).into_owned(),
-                retry_after,
-            },
-            Ok(bytes) => PeerAnswer::Http {
-                status,
-                body: excerpt_text(&bytes, chars),
-                retry_after,
-            },
+        PeerAnswer::Http {
+            status,
+            body,
+            retry_after,
         }
     }
 }
@@ -241,6 +235,16 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     }
     .to_value());
     false
+}
+
+/// Posts `alerts` oldest first until the sink refuses one ([`post_alert`]): how many went.
+pub async fn post_alerts(config: &Config, alerts: &[Value]) -> usize {
+    for (sent, alert) in alerts.iter().enumerate() {
+        if !post_alert(config, alert).await {
+            return sent;
+        }
+    }
+    alerts.len()
 }
 
 /// Sends `requests` (they are independent) to `destination`, at most [`SENDS_IN_FLIGHT`] at

@@ -724,14 +724,14 @@ pub fn upkeep_done(
         }
     }
     stored |= op.indexed() != indexed;
-    let mut step = Step::new(Some(op), AlarmDone::UpkeepDone);
-    step.save = if stored {
-        Save::Durable
-    } else {
-        Save::MemoryOnly
+    let save = match stored {
+        true => Save::Durable,
+        false => Save::MemoryOnly,
     };
-    step.logs = logs;
-    step
+    Step {
+        logs,
+        ..Step::new(Some(op), AlarmDone::UpkeepDone).saved(save)
+    }
 }
 
 /// A failed counter flush is sent again this much later.

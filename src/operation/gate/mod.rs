@@ -129,8 +129,12 @@ impl<R> Step<R> {
         }
     }
 
-    pub(crate) fn durable(mut self) -> Step<R> {
-        self.save = Save::Durable;
+    pub(crate) fn durable(self) -> Step<R> {
+        self.saved(Save::Durable)
+    }
+
+    pub(crate) fn saved(mut self, save: Save) -> Step<R> {
+        self.save = save;
         self
     }
 
@@ -278,16 +282,12 @@ fn deliver(mut op: Operation, event: &OpEvent, hold_ms: i64, now: i64) -> Step {
         // count waits in memory. No history row: the worker logs the duplicate with its
         // webhook-id. This is what lets a duplicate cost a round trip and no durable write
         // (docs/PERFORMANCE.md).
-        let mut step = Step::new(
-            Some(op),
-            GateReply::Dropped {
-                reason: DropReason::Duplicate,
-                status,
-                effect,
-            },
-        );
-        step.save = Save::MemoryOnly;
-        return step;
+        let reply = GateReply::Dropped {
+            reason: DropReason::Duplicate,
+            status,
+            effect,
+        };
+        return Step::new(Some(op), reply).saved(Save::MemoryOnly);
     }
     // The decision and its count in one write; a side effect now owed is scheduled on the
     // alarm, set before the answer.
@@ -323,9 +323,8 @@ fn nudge(
     let version = op.version();
     if op.forgotten().is_some() {
         // An operator stopped tracking it: nothing is asked or alerted for it again.
-        let mut step = Step::new(Some(op), GateReply::Forgotten { changed: false });
-        step.save = Save::MemoryOnly;
-        return step;
+        return Step::new(Some(op), GateReply::Forgotten { changed: false })
+            .saved(Save::MemoryOnly);
     }
     if !op.request_confirmation(now, metadata, Some(delivery_id.clone()), interval_ms) {
         // Terminal already: it absorbs, so no answer from Gemini could change it.
@@ -336,9 +335,7 @@ fn nudge(
         // The same nudge again while its confirmation waits, or any nudge within the
         // confirmation interval of the last question: nothing changed, so nothing is written
         // (no version, no history row, no ledger projection); the count waits in memory.
-        let mut step = Step::new(Some(op), GateReply::Confirming { status });
-        step.save = Save::MemoryOnly;
-        return step;
+        return Step::new(Some(op), GateReply::Confirming { status }).saved(Save::MemoryOnly);
     }
     Step::new(Some(op), GateReply::Confirming { status })
         .durable()
@@ -361,9 +358,7 @@ fn nudged_terminal(op: Operation, claimed: &str, now: i64) -> Step {
         Verdict::Drop(reason) => reason,
         Verdict::Apply => DropReason::Duplicate,
     };
-    let mut step = dropped(op, reason, now);
-    step.save = Save::MemoryOnly;
-    step
+    dropped(op, reason, now).saved(Save::MemoryOnly)
 }
 
 /// A delivery that changes nothing on a terminal operation, counted. A settled operation
@@ -379,13 +374,11 @@ fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
         status: op.status().clone(),
         effect: op.effect_report(now),
     };
-    let mut step = Step::new(Some(op), reply);
-    step.save = if settled_duplicate {
-        Save::MemoryOnly
-    } else {
-        Save::Durable
+    let save = match settled_duplicate {
+        true => Save::MemoryOnly,
+        false => Save::Durable,
     };
-    step
+    Step::new(Some(op), reply).saved(save)
 }
 
 fn position(op: &Operation) -> Position {

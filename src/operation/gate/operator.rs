@@ -85,21 +85,14 @@ pub(super) fn settle(
             let key = op.key().to_string();
             let (status, effect) = (op.status().clone(), op.effect_report(now));
             let row = HistoryEntry::settled_by_operator(&event, &reason, by.clone());
-            Step::new(
-                Some(op),
-                GateReply::Applied {
-                    status: status.clone(),
-                    effect,
-                },
-            )
-            .durable()
-            .row(row)
-            .log(GateLog::SettledByOperator {
+            let line = GateLog::SettledByOperator {
                 key,
                 status: status.as_str().to_string(),
                 reason,
                 by,
-            })
+            };
+            let reply = GateReply::Applied { status, effect };
+            Step::new(Some(op), reply).durable().row(row).log(line)
         }
         Err(refusal) => refused(op, refusal.as_str()),
     }
@@ -193,39 +186,33 @@ fn operator_acted(
         },
     };
     let effect = op.effect_report(now);
-    let mut step = Step::new(
-        Some(op),
-        GateReply::Redelivered {
-            generation,
-            action,
-            effect,
-        },
-    )
-    .durable()
-    .row(match action {
-        OperatorAction::RetryNow => HistoryEntry::RetryNow {
-            generation,
-            reason,
-            by,
-        },
-        OperatorAction::Redeliver => HistoryEntry::Redeliver {
-            generation,
-            reason,
-            by,
-        },
-    })
-    .log(line);
+    let reply = GateReply::Redelivered {
+        generation,
+        action,
+        effect,
+    };
+    let mut step = Step::new(Some(op), reply)
+        .durable()
+        .row(match action {
+            OperatorAction::RetryNow => HistoryEntry::RetryNow {
+                generation,
+                reason,
+                by,
+            },
+            OperatorAction::Redeliver => HistoryEntry::Redeliver {
+                generation,
+                reason,
+                by,
+            },
+        })
+        .log(line);
     step.reset_alarm = true;
     step
 }
 
 fn refused(op: Operation, reason: &str) -> Step {
-    Step::new(
-        Some(op),
-        GateReply::Refused {
-            reason: reason.to_string(),
-        },
-    )
+    let reason = reason.to_string();
+    Step::new(Some(op), GateReply::Refused { reason })
 }
 
 #[cfg(test)]

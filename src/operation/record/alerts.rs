@@ -129,12 +129,9 @@ impl Operation {
         if self.notes.forgotten.is_some() || (kind == AlertKind::Stuck && not_stuck) {
             return false;
         }
-        // A batch's results are still being sent: the job's effect waits, it is not failing.
-        if kind == AlertKind::EffectFailing && self.results_owed() {
-            return false;
-        }
-        // Its destination is paused by hand: it waits, it is not failing.
-        if kind == AlertKind::EffectFailing && self.held_by_pause() {
+        // A batch's results are still being sent, or its destination is paused by hand: the
+        // job's effect waits, it is not failing.
+        if kind == AlertKind::EffectFailing && (self.results_owed() || self.held_by_pause()) {
             return false;
         }
         if !self.mark_alert(kind) {

@@ -55,24 +55,18 @@ impl Operation {
         delivery_id: Option<String>,
         interval_ms: i64,
     ) -> bool {
-        if self.status.is_terminal()
-            || self.retired_at_ms.is_some()
-            || self.notes.forgotten.is_some()
-        {
+        if self.status.is_terminal() || self.refuse_untracked().is_err() {
             return false;
         }
         // Metadata enters the record here: bounded, so the record always loads again.
         let metadata = crate::operation::details::bound_members(metadata);
         match &mut self.confirmation {
             Some(waiting) => {
-                let mut gained = false;
+                let before = waiting.metadata.len();
                 for (k, v) in metadata {
-                    if let serde_json::map::Entry::Vacant(e) = waiting.metadata.entry(k) {
-                        e.insert(v);
-                        gained = true;
-                    }
+                    waiting.metadata.entry(k).or_insert(v);
                 }
-                if !gained {
+                if waiting.metadata.len() == before {
                     return true;
                 }
             }

@@ -93,7 +93,7 @@ pub enum KindFill {
 /// added later must read with its default, so every record stored before still loads
 /// (`record/tests.rs` holds records as earlier versions stored them, and checks they load and
 /// store back byte for byte).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Operation {
     key: String,
     name: String,
@@ -175,38 +175,20 @@ pub(super) fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
 impl Operation {
     /// A newly registered, pending operation.
     pub fn register(key: &str, name: &str, kind: Option<String>, now_ms: i64) -> Operation {
+        // Everything else starts empty: pending, nothing settled, raised or owed.
         Operation {
             key: key.to_string(),
             name: name.to_string(),
             kind,
-            status: Status::Pending,
-            update_time_ms: 0,
             version: 1,
             registered: true,
             submitted_at_ms: now_ms,
-            settled_at_ms: None,
-            settled_by: None,
-            details: Map::new(),
             effect: Effect {
                 generation: 1,
                 ..Effect::default()
             },
-            alerts: Vec::new(),
-            notes: OperatorNotes::default(),
             outbox: Outbox::starting_at(now_ms),
-            ledger: LedgerMark::default(),
-            confirmation: None,
-            pending_alerts: Vec::new(),
-            retired_at_ms: None,
-            confirm_asked_ms: None,
-            open_alerts: Vec::new(),
-            alert_spells: BTreeMap::new(),
-            results: ResultsMode::None,
-            results_counts: None,
-            results_due_ms: None,
-            results_gave_up: 0,
-            results_unanswered: 0,
-            retired_unasked: false,
+            ..Operation::default()
         }
     }
 

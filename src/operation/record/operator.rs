@@ -5,7 +5,7 @@
 //! a refused command changes nothing and says why ([`OperatorRefusal`]).
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::{json, Map};
 
 use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{Source, Status};
@@ -131,10 +131,7 @@ impl Operation {
     /// A status-API answer could not be used (`reason`: too large, not JSON): kept for the
     /// operator and alerted once (the alert says why). False when nothing changed.
     pub fn status_unusable(&mut self, reason: &str, age_seconds: i64, now_ms: i64) -> bool {
-        if self.status.is_terminal()
-            || self.notes.forgotten.is_some()
-            || self.retired_at_ms.is_some()
-        {
+        if self.status.is_terminal() || self.refuse_untracked().is_err() {
             return false;
         }
         let reason: String = reason.chars().take(300).collect();
@@ -161,13 +158,8 @@ impl Operation {
         if self.status.is_terminal() || !status.is_terminal() {
             return Err(OperatorRefusal::AlreadySettled);
         }
-        let mut provider = Map::new();
-        provider.insert("operator_reason".into(), Value::String(reason.to_string()));
-        let mut details = Map::new();
-        details.insert(
-            crate::operation::details::PROVIDER.into(),
-            Value::Object(provider),
-        );
+        let provider = json!({"operator_reason": reason});
+        let details = Map::from_iter([(crate::operation::details::PROVIDER.into(), provider)]);
         let event = OpEvent {
             status,
             update_time_ms: self.update_time_ms,

@@ -78,14 +78,9 @@ impl DestinationDesk {
 
     /// Up to `n` waiting keys due by `now`, soonest first.
     fn due(&self, now: i64, n: u32) -> Result<Vec<KeyRow>> {
-        self.state
-            .storage()
-            .sql()
-            .exec(
-                "SELECT key FROM waiting WHERE due_ms <= ? ORDER BY due_ms, key LIMIT ?",
-                vec![(now as f64).into(), f64::from(n).into()],
-            )?
-            .to_array()
+        let query = "SELECT key FROM waiting WHERE due_ms <= ? ORDER BY due_ms, key LIMIT ?";
+        let bindings = vec![(now as f64).into(), f64::from(n).into()];
+        self.state.storage().sql().exec(query, bindings)?.to_array()
     }
 
     /// Releases the `n` soonest due waiting keys at once (their tokens are taken); a key whose

@@ -20,12 +20,11 @@ use crate::operation::gate::alarm::{
 use crate::operation::gate::{GateLimits, Step};
 use crate::operation::ledger::IndexWrite;
 use crate::operation::{Claim, DeskMark, Operation, PendingAlert};
-use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 use crate::retry::PeerAnswer;
 use crate::telemetry::counters::{self, StatEvent};
 
-use crate::edge::objects::call::call_lease;
+use crate::edge::objects::call::{status_backoff, status_slot};
 use crate::edge::objects::gate::desk_turn::KeyAtDesk;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
@@ -100,6 +99,18 @@ impl<'a> Run<'a> {
         Ok(op.unwrap_or(fallback))
     }
 
+    /// Commits what `decide` makes of the record as it now stands (commands may have run
+    /// during the await before), `op` if there is none.
+    async fn decide(
+        &self,
+        op: Operation,
+        alarm: Alarm,
+        decide: impl FnOnce(Operation) -> Step<AlarmDone>,
+    ) -> Result<Operation> {
+        let current = self.storage.load()?.unwrap_or(op);
+        self.apply(decide(current.clone()), current, alarm).await
+    }
+
     /// Hands counted events to the isolate's tally ([`stats_shard::hand_over`]).
     async fn hand_over(&self, events: &[StatEvent]) {
         let every_ms = self.config.stats_flush_secs * 1_000;
@@ -124,26 +135,16 @@ impl<'a> Run<'a> {
                 key,
                 name,
             } => {
-                let slot = LeaseCommand::Slot {
-                    rate_per_s: config.reconcile_poll_rate,
-                };
-                let slot = match self.lease(slot).await {
-                    Some(LeaseReply::Slot { answer }) => Some(answer),
-                    _ => None,
-                };
+                let meter = self.storage.meter();
+                let slot = status_slot(self.env, meter, config.reconcile_poll_rate).await;
                 if let Some(until) = alarm::slot_wait(slot, now_ms(), &self.limits, random_unit()) {
-                    let current = self.storage.load()?.unwrap_or(op);
-                    let step = alarm::confirm_waits_for_slot(current.clone(), until, now_ms());
-                    return self.apply(step, current, Alarm::Deferred).await;
+                    let wait = |op| alarm::confirm_waits_for_slot(op, until, now_ms());
+                    return self.decide(op, Alarm::Deferred, wait).await;
                 }
                 self.storage.meter().add(|u| u.outbound_fetches += 1);
                 let (answer, asked) = status_api::ask(config, collection, &key, &name).await;
                 if let Some(until_ms) = alarm::status_backoff_until(&answer, now_ms()) {
-                    self.lease(LeaseCommand::Backoff {
-                        until_ms,
-                        fed_until_ms: 0,
-                    })
-                    .await;
+                    status_backoff(self.env, meter, until_ms).await;
                 }
                 (answer, Some(asked))
             }
@@ -170,16 +171,8 @@ impl<'a> Run<'a> {
         let config = self.config;
         self.storage.meter().add(|u| u.outbound_fetches += 1);
         let sent = post_alert(config, body).await;
-        let current = self.storage.load()?.unwrap_or(op);
-        let step = alarm::alert_sent(
-            current.clone(),
-            alert,
-            sent,
-            now_ms(),
-            &self.limits,
-            random_unit(),
-        );
-        self.apply(step, current, Alarm::Deferred).await
+        let step = |op| alarm::alert_sent(op, alert, sent, now_ms(), &self.limits, random_unit());
+        self.decide(op, Alarm::Deferred, step).await
     }
 
     /// Takes the effect's turn at its destination's desk (a batch of one, `desk_turn.rs`),
@@ -215,19 +208,11 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// One call to the reconciliation lease, keeper of the status budget (`None` when it
-    /// could not be reached).
-    async fn lease(&self, command: LeaseCommand) -> Option<LeaseReply> {
-        self.storage.meter().add(|u| u.object_calls += 1);
-        call_lease(self.env, &command).await.ok()
-    }
-
     /// The desk queued the effect: stores that it waits (for its release, or the fallback),
     /// and whether a pause holds it.
     async fn wait_on_destination(&self, op: Operation, paused: bool) -> Result<Operation> {
-        let current = self.storage.load()?.unwrap_or(op);
-        let step = alarm::wait_on_destination(current.clone(), now_ms(), &self.limits, paused);
-        self.apply(step, current, Alarm::Sync).await
+        let step = |op| alarm::wait_on_destination(op, now_ms(), &self.limits, paused);
+        self.decide(op, Alarm::Sync, step).await
     }
 
     /// The attempt itself: stores the claim, calls the destination, commits the answer.
@@ -309,14 +294,8 @@ impl<'a> Run<'a> {
         let (flushed, written) = futures_util::join!(flush, write);
         let text =
             |r: Option<std::result::Result<(), Refusal>>| r.map(|r| r.map_err(|e| e.to_string()));
-        let current = self.storage.load()?.unwrap_or(op);
-        let step = alarm::upkeep_done(
-            current.clone(),
-            &upkeep,
-            text(flushed),
-            text(written),
-            now_ms(),
-        );
-        self.apply(step, current, Alarm::Sync).await
+        let (flushed, written) = (text(flushed), text(written));
+        let step = |op| alarm::upkeep_done(op, &upkeep, flushed, written, now_ms());
+        self.decide(op, Alarm::Sync, step).await
     }
 }

@@ -208,13 +208,8 @@ impl DurableObject for OperationGate {
 impl OperationGate {
     /// The key of this gate's operation, when its record can be read (for log lines).
     fn key(&self) -> Option<String> {
-        self.storage.cached_key().or_else(|| {
-            self.storage
-                .load()
-                .ok()
-                .flatten()
-                .map(|op| op.key().to_string())
-        })
+        let loaded = || Some(self.storage.load().ok()??.key().to_string());
+        self.storage.cached_key().or_else(loaded)
     }
 
     /// Records a failed alarm run and sets the alarm again after the streak's backoff. Only
@@ -240,11 +235,8 @@ impl OperationGate {
             if let Ok(config) = load_config(&self.env) {
                 // The object's id names it when its record cannot be read.
                 let id = self.storage.state().id().to_string();
-                post_alert(
-                    &config,
-                    &alarm_failure::alert(&streak, key.as_deref(), &id, now),
-                )
-                .await;
+                let alert = alarm_failure::alert(&streak, key.as_deref(), &id, now);
+                post_alert(&config, &alert).await;
             }
         }
         if let Err(e) = self.storage.alarm_failed(&streak, retry_at).await {

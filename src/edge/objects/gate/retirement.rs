@@ -37,27 +37,20 @@ pub(super) async fn registration(
         return Ok(None);
     }
     let retired = RetiredName::of(key);
-    match call(
-        env,
-        storage,
-        retired,
-        &RetiredCommand::Ask { name: retired },
-    )
-    .await
-    {
-        Ok(RetiredReply::Retired(false)) => Ok(None),
+    let ask = RetiredCommand::Ask { name: retired };
+    let why = match call(env, storage, retired, &ask).await {
+        Ok(RetiredReply::Retired(false)) => return Ok(None),
         Ok(RetiredReply::Retired(true)) => {
             // Nothing of it is left but its name.
             let operation = serde_json::json!({"key": key, "name": name});
-            Ok(Some(Response::from_json(&GateReply::Retired { operation })))
+            return Ok(Some(Response::from_json(&GateReply::Retired { operation })));
         }
-        Ok(other) => Ok(Some(
-            Refusal::Unavailable(format!("retired names: {other:?}")).into_response(),
-        )),
-        Err(e) => Ok(Some(
-            Refusal::Unavailable(format!("retired names: {e}")).into_response(),
-        )),
-    }
+        Ok(other) => format!("{other:?}"),
+        Err(e) => e.to_string(),
+    };
+    Ok(Some(
+        Refusal::Unavailable(format!("retired names: {why}")).into_response(),
+    ))
 }
 
 /// One call to the retired names' shard that holds `name`, counted on the gate's meter.
@@ -106,8 +99,8 @@ impl Run<'_> {
             return Ok(Some(op));
         }
         let name = RetiredName::of(op.key());
-        let retired = match call(self.env, self.storage, name, &RetiredCommand::Ask { name }).await
-        {
+        let ask = RetiredCommand::Ask { name };
+        let retired = match call(self.env, self.storage, name, &ask).await {
             Ok(RetiredReply::Retired(retired)) => retired,
             Ok(other) => return Err(failed(format!("{other:?}"))),
             Err(e) => return Err(failed(e)),

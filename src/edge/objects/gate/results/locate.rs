@@ -14,13 +14,12 @@ use worker::Result;
 use crate::operation::gate::alarm::slot_wait;
 use crate::operation::key::Collection;
 use crate::operation::Operation;
-use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::status::status_url;
 use crate::results::item::Source;
 use crate::results::progress::{Phase, Progress};
 use crate::results::source::{file_of_details, unlocated, Found, StatusTrouble, Unlocated};
 
-use crate::edge::objects::call::call_lease;
+use crate::edge::objects::call::{status_backoff, status_slot};
 use crate::edge::outbound::results_file::status_results;
 use crate::edge::runtime::{now_ms, random_unit};
 
@@ -81,14 +80,8 @@ impl Driver<'_> {
     /// as a nudge's confirmation takes one). An answer that names neither in a usable form is
     /// unreadable (parked, alerted).
     async fn source_in_status(&self, op: &Operation) -> Result<Located> {
-        let slot = LeaseCommand::Slot {
-            rate_per_s: self.config.reconcile_poll_rate,
-        };
-        self.storage.meter().add(|u| u.object_calls += 1);
-        let slot = match call_lease(self.env, &slot).await {
-            Ok(LeaseReply::Slot { answer }) => Some(answer),
-            _ => None,
-        };
+        let meter = self.storage.meter();
+        let slot = status_slot(self.env, meter, self.config.reconcile_poll_rate).await;
         if let Some(at) = slot_wait(slot, now_ms(), &self.gate, random_unit()) {
             return Ok(Located::WaitForSlot(at));
         }
@@ -116,12 +109,7 @@ impl Driver<'_> {
     /// `until` (told to the lease, as the pass and a nudge's confirmation tell it).
     async fn back_off_status(&self, until: Option<i64>) {
         if let Some(until_ms) = until {
-            self.storage.meter().add(|u| u.object_calls += 1);
-            let backoff = LeaseCommand::Backoff {
-                until_ms,
-                fed_until_ms: 0,
-            };
-            let _ = call_lease(self.env, &backoff).await;
+            status_backoff(self.env, self.storage.meter(), until_ms).await;
         }
     }
 }
