@@ -45,12 +45,13 @@ pub struct ResultItem {
 }
 
 /// Where the results come from, for the unreadable ones' locations.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "type")]
 pub enum Source {
     /// A results file, by its `files/...` name.
     File { name: String },
     /// The status answer's inline responses.
+    #[default]
     Inline,
 }
 

@@ -107,12 +107,13 @@ pub struct Limits {
 }
 
 /// Where the results stand.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "phase")]
 pub enum Phase {
     /// The file answered 404 (or could not be reached) `failures` times; ask again then.
     WaitingForFile { failures: u32, next_at_ms: i64 },
     /// Chunks are being read and sent.
+    #[default]
     Reading,
     /// Every line has been read; rows may still be retried.
     Read,
@@ -145,7 +146,7 @@ pub struct ChunkClaim {
 
 /// A result not delivered, its failure row: waiting to be retried, or parked (listed, retried
 /// by an operator); its result is stored beside it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Row {
     pub result_key: String,
     pub index: u64,
@@ -219,14 +220,13 @@ impl Step {
             Step::ReadChunk { .. } => Some((WAVE_RESULTS, false)),
             Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
             Step::RetryRows(rows) => Some(((rows.len() as u64).min(WAVE_RESULTS), true)),
-            Step::WaitUntil(_) | Step::Alert(_) | Step::AlertFailing(_) | Step::Settled(_) => None,
-            Step::AlertSenders(_) | Step::SendersBack => None,
+            _ => None,
         }
     }
 }
 
 /// The results' progress for one operation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Progress {
     pub source: Source,
     pub phase: Phase,
@@ -364,23 +364,8 @@ impl Progress {
     pub fn begin(source: Source, now_ms: i64) -> Progress {
         Progress {
             source,
-            phase: Phase::Reading,
-            done_through: Checkpoint::default(),
-            chunks_done: 0,
-            claim: None,
-            counts: Counts::default(),
-            rows: BTreeMap::new(),
             since_ms: now_ms,
-            ended_ms: None,
-            alerted: false,
-            gave_up: 0,
-            failing_alerted: false,
-            unmetered: 0,
-            unlocated: false,
-            unanswered: 0,
-            failed: 0,
-            unanswered_since_ms: None,
-            senders_alert: SendersAlert::Quiet,
+            ..Progress::default()
         }
     }
 
@@ -545,12 +530,7 @@ impl Progress {
             let row = Row {
                 result_key: clipped(&item.result_key, KEY_SHOWN_CHARS),
                 index: item.index,
-                attempts: 0,
-                last_error: String::new(),
-                next_at_ms: None,
-                failing_since_ms: None,
-                last_attempt_ms: None,
-                unanswered: false,
+                ..Row::default()
             };
             if let Some(row) = self.settle(row, &outcome, now_ms, limits, jitter) {
                 writes.push(Write::Keep(row, item));
@@ -723,12 +703,14 @@ impl Progress {
     /// stopped) when a clock was running, so there is something to store.
     pub fn held_by_pause(&mut self) -> Option<Vec<Write>> {
         let stopped = self.unanswered_since_ms.take().is_some();
-        let mut writes = Vec::new();
-        for row in self.rows.values_mut() {
-            if row.failing_since_ms.take().is_some() {
-                writes.push(Write::Update(row.clone()));
-            }
-        }
+        let rows = self.rows.values_mut();
+        let writes: Vec<Write> = rows
+            .filter_map(|row| {
+                row.failing_since_ms
+                    .take()
+                    .map(|_| Write::Update(row.clone()))
+            })
+            .collect();
         (stopped || !writes.is_empty()).then_some(writes)
     }
 
@@ -749,13 +731,13 @@ impl Progress {
                 self.senders_alert = SendersAlert::Quiet;
             }
         }
-        let mut writes = Vec::new();
-        for mut row in parked {
+        let writes = parked.into_iter().map(|mut row| {
             row.next_at_ms = Some(now_ms);
             row.failing_since_ms = None;
             self.rows.insert(row.index, row.clone());
-            writes.push(Write::Update(row));
-        }
+            Write::Update(row)
+        });
+        let writes = writes.collect();
         self.counts.parked = self.counts.parked.saturating_sub(n);
         (writes, self.reopen_file(now_ms))
     }
@@ -764,16 +746,15 @@ impl Progress {
     /// end of their backoff (the destination is back, say): each keeps its `webhook-id` and
     /// its attempts (one in flight is due already). Returns the rows it moved.
     pub fn hurry_waiting(&mut self, now_ms: i64) -> Vec<Write> {
-        let mut writes = Vec::new();
-        for row in self
+        let later = self
             .rows
             .values_mut()
-            .filter(|r| r.next_at_ms > Some(now_ms))
-        {
+            .filter(|r| r.next_at_ms > Some(now_ms));
+        let hurry = |row: &mut Row| {
             row.next_at_ms = Some(now_ms);
-            writes.push(Write::Update(row.clone()));
-        }
-        writes
+            Write::Update(row.clone())
+        };
+        later.map(hurry).collect()
     }
 
     /// Waiting results an operator's retry would send now ([`Progress::hurry_waiting`]).
