@@ -410,28 +410,24 @@ impl Skim {
         let fate = self.fate();
         let container = matches!(b, b'{' | b'[');
         match (fate, b) {
-            (Fate::Count, b'[') => {
+            (Fate::Count | Fate::Each(_), b'[') => {
                 self.counted += 1;
-                self.start_skip(true, false);
-                return Ok(());
-            }
-            (Fate::Each(rule), b'[') => {
-                self.counted += 1;
-                self.each.array(rule);
-                self.start_skip(true, false);
-                if let Lex::Skip { each, .. } = &mut self.lex {
-                    *each = Some(rule);
-                }
+                let each = match fate {
+                    Fate::Each(rule) => Some(rule),
+                    _ => None,
+                };
+                each.inspect(|rule| self.each.array(*rule));
+                self.start_skip(true, false, each);
                 return Ok(());
             }
             (Fate::Drop, b'{' | b'[' | b'"') => {
                 self.dropped += 1;
-                self.start_skip(false, b == b'"');
+                self.start_skip(false, b == b'"', None);
                 return Ok(());
             }
             _ if container && self.stack.len() >= MAX_KEPT_DEPTH => {
                 self.dropped += 1;
-                self.start_skip(false, false);
+                self.start_skip(false, false, None);
                 return Ok(());
             }
             _ => {}
@@ -496,32 +492,34 @@ impl Skim {
     fn string(&mut self, b: u8) -> Result<(), SkimError> {
         let Lex::Str {
             key,
-            mut escape,
-            mut high_surrogate,
-            mut len,
-            mut cut,
-        } = self.lex
+            escape,
+            high_surrogate,
+            len,
+            cut,
+        } = &mut self.lex
         else {
             return Ok(());
         };
+        let malformed = |what| SkimError::Malformed(what, self.read);
         // A cut lands only where a character starts outside any escape, so the kept prefix
         // is valid JSON text on its own.
-        if !cut
-            && len >= MAX_STRING_BYTES
-            && escape == Escape::None
-            && !high_surrogate
+        if !*cut
+            && *len >= MAX_STRING_BYTES
+            && *escape == Escape::None
+            && !*high_surrogate
             && b & 0xC0 != 0x80
         {
-            cut = true;
+            *cut = true;
             self.truncated += 1;
         }
-        match escape {
+        match *escape {
             Escape::None => match b {
                 b'"' => {
-                    if cut {
+                    if *cut {
                         self.out.extend_from_slice(TRUNCATED_MARK.as_bytes());
                     }
                     self.out.push(b'"');
+                    let key = *key;
                     self.lex = Lex::Between;
                     if key {
                         self.expect = Expect::Colon;
@@ -530,48 +528,42 @@ impl Skim {
                     }
                     return Ok(());
                 }
-                b'\\' => escape = Escape::Backslash,
-                0..=0x1f => return Err(self.malformed("control character in a string")),
-                _ => high_surrogate = false,
+                b'\\' => *escape = Escape::Backslash,
+                0..=0x1f => return Err(malformed("control character in a string")),
+                _ => *high_surrogate = false,
             },
             Escape::Backslash => match b {
-                b'u' => escape = Escape::Hex(4, 0),
+                b'u' => *escape = Escape::Hex(4, 0),
                 b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
-                    escape = Escape::None;
-                    high_surrogate = false;
+                    *escape = Escape::None;
+                    *high_surrogate = false;
                 }
-                _ => return Err(self.malformed("bad escape")),
+                _ => return Err(malformed("bad escape")),
             },
             Escape::Hex(left, value) => {
-                let digit = hex(b).ok_or_else(|| self.malformed("bad \\u escape"))?;
+                let digit = hex(b).ok_or_else(|| malformed("bad \\u escape"))?;
                 let value = (value << 4) | digit;
                 if left == 1 {
-                    escape = Escape::None;
-                    high_surrogate = (0xD800..0xDC00).contains(&value);
+                    *escape = Escape::None;
+                    *high_surrogate = (0xD800..0xDC00).contains(&value);
                 } else {
-                    escape = Escape::Hex(left - 1, value);
+                    *escape = Escape::Hex(left - 1, value);
                 }
             }
         }
-        if !cut {
+        if !*cut {
             self.out.push(b);
-            len += 1;
-            if key && self.key.len() <= KEY_CAP {
+            *len += 1;
+            if *key && self.key.len() <= KEY_CAP {
                 self.key.push(b);
             }
         }
-        self.lex = Lex::Str {
-            key,
-            escape,
-            high_surrogate,
-            len,
-            cut,
-        };
         Ok(())
     }
 
-    /// Skips the value that starts here: a container, or a string (`string`).
-    fn start_skip(&mut self, count: bool, string: bool) {
+    /// Skips the value that starts here: a container, or a string (`string`); a counted array's
+    /// elements handed out for the [`Rule::Each`] at `each`.
+    fn start_skip(&mut self, count: bool, string: bool, each: Option<usize>) {
         self.lex = Lex::Skip {
             depth: u64::from(!string),
             in_str: string,
@@ -579,71 +571,13 @@ impl Skim {
             count,
             commas: 0,
             any: false,
-            each: None,
+            each,
         };
     }
 
     /// One byte of a dropped container: only strings and brackets matter.
     fn skip(&mut self, b: u8) {
         let Lex::Skip {
-            mut depth,
-            mut in_str,
-            mut escaped,
-            count,
-            mut commas,
-            mut any,
-            each,
-        } = self.lex
-        else {
-            return;
-        };
-        if let Some(rule) = each {
-            self.each.byte(rule, b, depth, in_str);
-        }
-        if in_str {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_str = false;
-                if depth == 0 {
-                    self.out.extend_from_slice(b"null");
-                    self.lex = Lex::Between;
-                    self.after_value();
-                    return;
-                }
-            }
-        } else if !is_ws(b) {
-            match b {
-                b']' | b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        let replacement = if count {
-                            (if any { commas + 1 } else { 0 }).to_string()
-                        } else {
-                            "null".to_string()
-                        };
-                        self.out.extend_from_slice(replacement.as_bytes());
-                        self.lex = Lex::Between;
-                        self.after_value();
-                        return;
-                    }
-                }
-                b',' if depth == 1 => commas += 1,
-                _ => {
-                    if depth == 1 {
-                        any = true;
-                    }
-                    match b {
-                        b'"' => in_str = true,
-                        b'[' | b'{' => depth += 1,
-                        _ => {}
-                    }
-                }
-            }
-        }
-        self.lex = Lex::Skip {
             depth,
             in_str,
             escaped,
@@ -651,7 +585,54 @@ impl Skim {
             commas,
             any,
             each,
+        } = &mut self.lex
+        else {
+            return;
         };
+        if let Some(rule) = *each {
+            self.each.byte(rule, b, *depth, *in_str);
+        }
+        let ended = match b {
+            _ if *in_str => {
+                if *escaped {
+                    *escaped = false;
+                } else if b == b'\\' {
+                    *escaped = true;
+                } else if b == b'"' {
+                    *in_str = false;
+                }
+                !*in_str && *depth == 0
+            }
+            _ if is_ws(b) => false,
+            b']' | b'}' => {
+                *depth -= 1;
+                *depth == 0
+            }
+            b',' if *depth == 1 => {
+                *commas += 1;
+                false
+            }
+            _ => {
+                *any |= *depth == 1;
+                match b {
+                    b'"' => *in_str = true,
+                    b'[' | b'{' => *depth += 1,
+                    _ => {}
+                }
+                false
+            }
+        };
+        if ended {
+            // A dropped value (a string, or a container) is `null`; a counted array its count.
+            let replacement = match (*count, *any) {
+                (true, true) => (*commas + 1).to_string(),
+                (true, false) => "0".to_string(),
+                (false, _) => "null".to_string(),
+            };
+            self.out.extend_from_slice(replacement.as_bytes());
+            self.lex = Lex::Between;
+            self.after_value();
+        }
     }
 }
 
