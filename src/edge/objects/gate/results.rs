@@ -27,7 +27,8 @@ use crate::operation::{DeskMark, Operation};
 use crate::results::item::{from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::results::marks as on_record;
-use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress, Step};
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress};
+use crate::results::progress::{Sending, Step, Write};
 use crate::results::turn::reads_first;
 
 use crate::edge::objects::gate::desk_turn::Turn;
@@ -227,42 +228,21 @@ impl Driver<'_> {
             }
             Some(claim) => {
                 let before_end = |i: &ResultItem| i.index < claim.to.index;
-                let items = items.into_iter().filter(before_end).collect();
+                let reached = std::cmp::min_by_key(claim.to, to, |c| c.index);
                 (
                     claim,
-                    items,
-                    if to.index >= claim.to.index {
-                        claim.to
-                    } else {
-                        to
-                    },
+                    items.into_iter().filter(before_end).collect(),
+                    reached,
                 )
             }
         };
-        self.send_and_commit(op, progress, claim, reached, items, turn)
+        let (chunk, limits) = (claim.chunk, &self.limits);
+        let commit = |p: &mut Progress, answers, now| {
+            let writes = p.commit_through(chunk, reached, answers, now, limits, random_unit());
+            writes.unwrap_or_default()
+        };
+        self.send_and_commit(op, progress, items, turn, commit)
             .await
-    }
-
-    /// Sends the claimed chunk's results before `reached` and commits them.
-    async fn send_and_commit(
-        &self,
-        op: Operation,
-        progress: Progress,
-        claim: ChunkClaim,
-        reached: Checkpoint,
-        items: Vec<ResultItem>,
-        turn: Turn,
-    ) -> Result<Operation> {
-        let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
-        let mut progress = self.store.fresh(progress)?;
-        let before = progress.counts;
-        let (now, limits) = (now_ms(), &self.limits);
-        let writes =
-            progress.commit_through(claim.chunk, reached, answers, now, limits, random_unit());
-        let metered = progress.meter(before);
-        self.store.save(&progress, writes.unwrap_or_default())?;
-        let op = self.count(op, metered).await?;
-        self.after_sends(op, turn, sent).await
     }
 
     /// Sends the due rows again (as many as the desk let go): each waits under its id, so a
@@ -278,22 +258,31 @@ impl Driver<'_> {
         for index in indexes.into_iter().take(turn.n as usize) {
             items.extend(self.store.kept(index)?);
         }
+        let finish = |p: &mut Progress, answers: Vec<(ResultItem, Sending)>, now| {
+            let finish = |(item, outcome): (ResultItem, _)| {
+                p.finish_row(item.index, outcome, now, &self.limits, random_unit())
+            };
+            answers.into_iter().filter_map(finish).collect()
+        };
+        self.send_and_commit(op, progress, items, turn, finish)
+            .await
+    }
+
+    /// Sends `items` and commits their answers as `settle` makes them (a claimed chunk's
+    /// commit, or each row's), on the progress as stored after the sends; then `/metrics`'
+    /// count on the record.
+    async fn send_and_commit(
+        &self,
+        op: Operation,
+        progress: Progress,
+        items: Vec<ResultItem>,
+        turn: Turn,
+        settle: impl FnOnce(&mut Progress, Vec<(ResultItem, Sending)>, i64) -> Vec<Write>,
+    ) -> Result<Operation> {
         let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
         let before = progress.counts;
-        let now = now_ms();
-        let writes = answers
-            .iter()
-            .filter_map(|(item, outcome)| {
-                progress.finish_row(
-                    item.index,
-                    outcome.clone(),
-                    now,
-                    &self.limits,
-                    random_unit(),
-                )
-            })
-            .collect();
+        let writes = settle(&mut progress, answers, now_ms());
         let metered = progress.meter(before);
         self.store.save(&progress, writes)?;
         let op = self.count(op, metered).await?;
