@@ -207,10 +207,6 @@ fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-fn hex(b: u8) -> Option<u16> {
-    (b as char).to_digit(16).map(|d| d as u16)
-}
-
 impl Skim {
     /// A skimmer keeping what `rules` name.
     pub fn new(rules: &'static [Rule]) -> Self {
@@ -541,8 +537,8 @@ impl Skim {
                 _ => return Err(malformed("bad escape")),
             },
             Escape::Hex(left, value) => {
-                let digit = hex(b).ok_or_else(|| malformed("bad \\u escape"))?;
-                let value = (value << 4) | digit;
+                let digit = (b as char).to_digit(16);
+                let value = (value << 4) | digit.ok_or_else(|| malformed("bad \\u escape"))? as u16;
                 if left == 1 {
                     *escape = Escape::None;
                     *high_surrogate = (0xD800..0xDC00).contains(&value);

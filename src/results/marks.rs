@@ -127,25 +127,20 @@ pub fn retried(
     (reason, by): (String, Option<Actor>),
     now: i64,
 ) -> (Step, Option<Vec<Write>>) {
+    let mut taken = ResultsTaken {
+        taken: 0,
+        file_reread: false,
+        parked_left: progress.counts.parked,
+        hurried: 0,
+    };
     if op.results_stopped() {
-        let none = ResultsTaken {
-            taken: 0,
-            file_reread: false,
-            parked_left: progress.counts.parked,
-            hurried: 0,
-        };
-        return (results_retried(op, none, reason, by, now), None);
+        return (results_retried(op, taken, reason, by, now), None);
     }
     let mut writes = progress.hurry_waiting(now);
-    let hurried = writes.len() as u64;
-    let (taken_rows, file_reread) = progress.retry_parked(parked, now);
-    let taken = ResultsTaken {
-        taken: taken_rows.len() as u64,
-        file_reread,
-        parked_left: progress.counts.parked,
-        hurried,
-    };
-    writes.extend(taken_rows);
+    let (rows, file_reread) = progress.retry_parked(parked, now);
+    (taken.hurried, taken.taken) = (writes.len() as u64, rows.len() as u64);
+    (taken.file_reread, taken.parked_left) = (file_reread, progress.counts.parked);
+    writes.extend(rows);
     (results_retried(op, taken, reason, by, now), Some(writes))
 }
 

@@ -42,13 +42,9 @@ impl ResultsMode {
         }
     }
 
-    /// Reads a registration's `results`.
+    /// Reads a registration's `results` (spelled as stored).
     pub fn parse(text: &str) -> Option<ResultsMode> {
-        match text {
-            "none" => Some(ResultsMode::None),
-            "each" => Some(ResultsMode::Each),
-            _ => None,
-        }
+        serde_json::from_value(text.into()).ok()
     }
 }
 

@@ -272,28 +272,23 @@ impl<'a> ResultsStore<'a> {
 
     /// Up to `n` inline results from `from` on, and whether they reach the last one.
     pub(super) fn inline_chunk(&self, from: u64, n: u64) -> Result<(Vec<ResultItem>, bool)> {
-        let mut legacy: Vec<ResultItem> = self.parsed(
+        let range = || Some(vec![(from as i64).into(), (n as i64 + 1).into()]);
+        let mut items: Vec<ResultItem> = self.parsed(
             "SELECT item AS body FROM results_inline WHERE idx >= ? ORDER BY idx LIMIT ?",
-            Some(vec![(from as i64).into(), (n as i64 + 1).into()]),
+            range(),
         )?;
-        let rows: Vec<Inline> = match legacy.is_empty() {
-            true => self.meter.rows(
+        let mut last = items.len() as u64 <= n;
+        if items.is_empty() {
+            let rows: Vec<Inline> = self.meter.rows(
                 &self.sql,
                 "SELECT o.idx AS idx, o.suffix AS suffix, i.key AS key, i.hash AS hash, i.payload AS payload FROM results_inline_order o JOIN results_inline_items i ON i.seq = o.seq WHERE o.idx >= ? ORDER BY o.idx LIMIT ?",
-                vec![(from as i64).into(), (n as i64 + 1).into()],
-            )?,
-            false => {
-                let last = legacy.len() as u64 <= n;
-                legacy.truncate(n as usize);
-                return Ok((legacy, last));
-            }
-        };
-        let last = rows.len() as u64 <= n;
-        let items = rows
-            .into_iter()
-            .take(n as usize)
-            .map(Inline::item)
-            .collect::<Result<Vec<ResultItem>>>()?;
+                range(),
+            )?;
+            last = rows.len() as u64 <= n;
+            let rows = rows.into_iter().take(n as usize);
+            items = rows.map(Inline::item).collect::<Result<_>>()?;
+        }
+        items.truncate(n as usize);
         Ok((items, last))
     }
 
