@@ -240,10 +240,7 @@ impl Skim {
         }
         self.max_chunk = self.max_chunk.max(chunk.len());
         let result = self.feed_inner(chunk);
-        if let Err(e) = &result {
-            self.failed = Some(e.clone());
-        }
-        result
+        result.inspect_err(|e| self.failed = Some(e.clone()))
     }
 
     fn feed_inner(&mut self, chunk: &[u8]) -> Result<(), SkimError> {

@@ -172,7 +172,7 @@ impl LineSplitter {
 
 /// One chunk's lines, gathered from the splitter's output: at most `max_results` lines and,
 /// past `max_bytes` of them, no more. What is not taken is read again by the next chunk.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ChunkFill {
     max_results: usize,
     max_bytes: u64,
@@ -188,9 +188,7 @@ impl ChunkFill {
         ChunkFill {
             max_results,
             max_bytes,
-            pieces: Vec::new(),
-            bytes: 0,
-            stop: None,
+            ..ChunkFill::default()
         }
     }
 

@@ -63,7 +63,7 @@ pub fn file_of_details(details: &Map<String, Value>) -> Option<String> {
 /// `responsesFile` that is not a `files/...` name, inline responses that are not a list, or an
 /// answer that names neither.
 pub fn found_in_status(answer: &Value) -> Result<Found, String> {
-    for output in ["/response", "/metadata/output"] {
+    for (at, output) in ["/response", "/metadata/output"].into_iter().enumerate() {
         if let Some(file) = answer.pointer(&format!("{output}/responsesFile")) {
             return match file_name(Some(file)) {
                 Some(name) => Ok(Found::File(name)),
@@ -78,12 +78,10 @@ pub fn found_in_status(answer: &Value) -> Result<Found, String> {
                 }
             };
         }
-        for inline in ["inlinedResponses", "inlinedEmbedContentResponses"] {
+        // `INLINE_LISTS`' order: each output's two lists.
+        let lists = ["inlinedResponses", "inlinedEmbedContentResponses"];
+        for (list, inline) in lists.into_iter().enumerate().map(|(k, l)| (2 * at + k, l)) {
             let path = format!("{output}/{inline}/inlinedResponses");
-            let list = INLINE_LISTS
-                .iter()
-                .position(|l| format!("/{}", l.replace('.', "/")) == path)
-                .unwrap_or_default();
             let count = match answer.pointer(&path) {
                 None => continue,
                 Some(Value::Array(items)) => items.len() as u64,
