@@ -2,21 +2,20 @@
 //! the elements of the lists it is told to hand out one by one ([`Rule::Each`]: a batch's
 //! inline results).
 //!
-//! Guarantees: fed the body's bytes in chunks of any size (the result does not depend on
-//! where the chunks split), it rebuilds a reduced JSON document that keeps the paths it is
-//! given ([`Rule`]s: [`crate::reconciliation::status::READ`] lists what the status reader uses), and never
-//! holds more than [`MAX_KEPT_BYTES`] of it plus O(1) state per kept nesting level. What it
-//! drops is marked, never silently wrong:
-//! - a member on no kept path (an echo of the inline requests, an interaction's input and
-//!   outputs, usage) becomes `null`;
-//! - an array at a [`Rule::Count`] path (a batch's inline results) becomes its element count
-//!   (a JSON number);
+//! Guarantees: fed the body's bytes in chunks of any size (where they split changes nothing),
+//! it rebuilds a reduced JSON document that keeps the paths it is given ([`Rule`]s:
+//! [`crate::reconciliation::status::READ`] lists what the status reader uses), holding at most
+//! [`MAX_KEPT_BYTES`] of it plus O(1) state per kept nesting level. What it drops is marked,
+//! never silently wrong:
+//! - a member on no kept path (an echo of the requests, an interaction's input and outputs,
+//!   usage) becomes `null`;
+//! - an array at a [`Rule::Count`] path (a batch's inline results) becomes its element count;
 //! - a kept string longer than [`MAX_STRING_BYTES`] keeps its first bytes (cut on a character
 //!   boundary, never inside an escape) followed by [`TRUNCATED_MARK`];
 //! - a kept object or array nested deeper than [`MAX_KEPT_DEPTH`] becomes `null`.
 //!
-//! Dropped values are skipped with O(1) state (a bracket depth and a string flag), so their
-//! size costs time, not memory; they are checked only as far as finding where they end. A body past [`MAX_BODY_BYTES`], a kept document past
+//! Dropped values are skipped with O(1) state (a bracket depth and a string flag), checked only
+//! as far as finding where they end. A body past [`MAX_BODY_BYTES`], a kept document past
 //! [`MAX_KEPT_BYTES`], or a body that is not one JSON value is refused with a reason
 //! ([`SkimError`]); the caller treats that answer as unusable.
 
@@ -342,11 +341,8 @@ impl Skim {
             }
             (Expect::CommaOrEnd, b',') => {
                 self.out.push(b);
-                self.expect = match self.stack.last() {
-                    Some(Frame {
-                        container: Container::Object,
-                        ..
-                    }) => Expect::Key,
+                self.expect = match self.stack.last().map(|f| f.container) {
+                    Some(Container::Object) => Expect::Key,
                     _ => Expect::Value,
                 };
                 Ok(())
@@ -436,13 +432,11 @@ impl Skim {
                     self.path.push(segment);
                 }
                 self.out.push(b);
-                let container = if b == b'{' {
-                    self.expect = Expect::KeyOrEnd;
-                    Container::Object
-                } else {
-                    self.expect = Expect::ValueOrEnd;
-                    Container::Array
+                let (container, expect) = match b {
+                    b'{' => (Container::Object, Expect::KeyOrEnd),
+                    _ => (Container::Array, Expect::ValueOrEnd),
                 };
+                self.expect = expect;
                 self.stack.push(Frame { container, filter });
                 Ok(())
             }

@@ -1,39 +1,31 @@
 //! The results' progress: a pure state machine the batch's gate and its alarm drive, one
-//! claim of results at a time (a wave: a chunk for each of the result senders it fans out to,
-//! `results::fanout`), from durable state alone.
+//! claim of results at a time (a wave: a chunk for each result sender, `results::fanout`),
+//! from durable state alone.
 //!
 //! Guarantees: a result's side effect is sent under one `webhook-id` only
-//! ([`crate::results::body::result_message_id`]), so a repeat after a kill reaches the
-//! destination as a repeat it can drop. A chunk is claimed (its byte range and index range
-//! stored) before any of its results is sent, and committed after its answers: a kill in
-//! between resends the chunk's results under their same ids (they may have reached the
-//! destination); a kill after the commit sends none of them again, but those kept as rows.
-//! Only failed and parked results take a row; delivered ones are counted, never stored, so
-//! state does not grow with the file. An answer means for a result what it means for the
-//! job's effect ([`crate::retry::Backoff::decide`]), but a result failing past
-//! [`Limits::alert_after_ms`] (`EFFECT_ALERT_AFTER_SECONDS`) is given up: parked, with one
-//! alert for the batch naming how many ([`Step::AlertFailing`]), so the job's effect goes. A
-//! result whose sender answered nothing ([`Sending::Unanswered`]) starts no failing clock but
-//! the senders' clock: result senders
-//! that answer nothing past [`Limits::alert_after_ms`] raise one alert for the batch naming how
-//! many results wait ([`Step::AlertSenders`]), resolved once a sender answers again, or once
-//! no result waits on one ([`Step::SendersBack`]); the results keep being sent meanwhile. A
-//! results file missing right after `SUCCEEDED` is asked for again with backoff for
-//! [`Limits::file_wait_ms`], unless the batch ended more than [`FILE_KEPT_MS`] ago (then it is
-//! gone for good); a file gone for good or unreadable parks the results with the reason and
-//! raises one alert. The job's own
-//! effect is owed once the file is read (or parked) and no result is waiting.
+//! ([`crate::results::body::result_message_id`]). A chunk is claimed (its byte and index
+//! ranges stored) before any of its results is sent, and committed after its answers: a kill
+//! in between resends its results under their same ids; a kill after the commit sends none of
+//! them again but those kept as rows. An answer means for a result what it means for the job's
+//! effect ([`crate::retry::Backoff::decide`]), but a result failing past
+//! [`Limits::alert_after_ms`] is parked, with one alert for the batch naming how many
+//! ([`Step::AlertFailing`]), so the job's effect goes. A result whose sender answered nothing
+//! ([`Sending::Unanswered`]) runs the senders' clock instead: past the same threshold, one
+//! alert for the batch naming how many wait ([`Step::AlertSenders`]), resolved once a sender
+//! answers or none waits on one ([`Step::SendersBack`]); the results keep being sent. A file
+//! missing after `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`],
+//! unless the batch ended more than [`FILE_KEPT_MS`] ago; a file gone for good or unreadable
+//! parks the results with the reason and one alert. The job's own effect is owed once the file
+//! is read (or parked) and no result is waiting.
 //!
-//! Memory and storage, in the batch's Durable Object: this value as one row, bounded whatever
-//! the keys' sizes (phase, counts, claim, clocks; never a result's key), and one failure row
-//! per result not delivered (waiting or parked): its [`Row`] beside its result, at most a
-//! line's cap. Only failures take a row, never a delivered result. The waiting rows are loaded
-//! into the value ([`Progress::rows`], at most [`MAX_WAITING`] before reading stops until they
-//! drain, plus a wave) and never stored in it; a row keeps at most [`KEY_SHOWN_CHARS`] of its
-//! key and [`ERROR_KEPT_CHARS`] of its last error (the whole key is in the kept result, which is
-//! what is sent). Each transition returns its rows' [`Write`]s, stored in one transaction with
-//! the value. A value an earlier build stored with its waiting rows reads them into
-//! [`Progress::rows`]; the edge moves them to their failure rows.
+//! Storage, in the batch's Durable Object: this value as one row, bounded whatever the keys'
+//! sizes (never a result's key), and a failure row per result not delivered (waiting or
+//! parked): its [`Row`] beside its result; a delivered result is counted, never stored. The
+//! waiting rows are loaded into [`Progress::rows`] (at most [`MAX_WAITING`] before reading
+//! stops until they drain, plus a wave), never stored in the value (one an earlier build stored
+//! with them reads them there); a row keeps at most [`KEY_SHOWN_CHARS`] of its key and
+//! [`ERROR_KEPT_CHARS`] of its error. Each transition returns its rows' [`Write`]s, stored in
+//! one transaction with the value.
 
 use std::collections::BTreeMap;
 
