@@ -38,12 +38,10 @@ use crate::results::lines::Checkpoint;
 use crate::retry::{Backoff, Heard, Next, Run};
 
 /// How long a results file that answers 404 after `SUCCEEDED` is asked for again: Gemini can
-/// report `SUCCEEDED` shortly before the file can be downloaded; half an hour is far past the
-/// delays reported, and far inside the file's 48 hours.
+/// report `SUCCEEDED` shortly before the file can be downloaded; far past the delays reported.
 pub const FILE_WAIT_MS: i64 = 30 * 60 * 1_000;
 /// How long Gemini keeps a batch's results file after the batch ended: a file that answers 404
-/// past this is gone for good, so it is parked at once rather than asked for during
-/// [`FILE_WAIT_MS`].
+/// past this is gone for good, parked at once rather than asked for during [`FILE_WAIT_MS`].
 pub const FILE_KEPT_MS: i64 = 48 * 60 * 60 * 1_000;
 /// Results waiting for a retry before no new chunk is read: a destination that fails
 /// everything stops the reading instead of filling the object with rows.
@@ -52,29 +50,25 @@ pub const MAX_WAITING: usize = 400;
 /// sender's invocation; 40 stays within the Free plan's 50 subrequests per invocation. A step
 /// claims up to [`WAVE_RESULTS`], a chunk for each sender.
 pub const CHUNK_RESULTS: u64 = 40;
-/// Result senders a step calls at once (`results::fanout`): each call is counted as one of
-/// the gate's own 6 connections (the platform's documented limit counts `fetch()` and its kin;
-/// an object call is counted here too, so the bound holds either way).
+/// Result senders a step calls at once (`results::fanout`): each call counted as one of the
+/// gate's own 6 connections, so the bound holds whether or not the platform counts it.
 pub const SENDERS: usize = 6;
 /// Results a step reads, claims and sends at most: a chunk for each sender, claimed and
 /// committed together (one claim write and one commit write for all of them).
 pub const WAVE_RESULTS: u64 = CHUNK_RESULTS * SENDERS as u64;
-/// Results sent at once, per invocation: production allows 6 simultaneous outgoing
-/// connections per invocation (workerd does not enforce it locally), and a request past them
-/// waits for one inside the runtime, its own `EFFECT_TIMEOUT_MS` running. So every invocation
-/// that sends (the gate, each result sender) sends 6 at a time, each next one leaving as one
-/// ends.
+/// Results sent at once, per invocation (the gate, each result sender): production allows 6
+/// simultaneous outgoing connections (workerd does not enforce it locally), and a request past
+/// them waits inside the runtime, its own `EFFECT_TIMEOUT_MS` running.
 pub const SENDS_IN_FLIGHT: usize = 6;
-/// Delivered results counted for `/metrics` at a time on the happy path: the count goes in the
-/// operation's record, one more write, so it is written once per 1,000 results (25 chunks),
-/// with a failure or a park, and when the results are all settled; never once per chunk.
+/// Delivered results counted for `/metrics` at a time on the happy path: the count is a write
+/// of the record, so it goes once per 1,000 results, with a failure or a park, and when all
+/// are settled; never once per chunk.
 pub const METER_EVERY: u64 = 1_000;
 /// Bytes of lines a step reads (its wave): held while it is sent, so this bounds memory.
 pub const CHUNK_BYTES: u64 = 8 << 20;
 /// Characters of a result's key a row keeps, to show it: a key may be as long as its line
 /// (1 MiB), and [`MAX_WAITING`] rows of whole keys would pass SQLite's 2 MB row, failing the
-/// commit after the sends (the same ids sent again for ever). The whole key is in the kept
-/// result.
+/// commit after the sends. The whole key is in the kept result.
 pub const KEY_SHOWN_CHARS: usize = 256;
 /// Characters of an attempt's answer a row keeps (an answer's summary is about 200).
 pub const ERROR_KEPT_CHARS: usize = 300;
@@ -650,11 +644,10 @@ impl Progress {
         row
     }
 
-    /// What a commit (from counts `before`) adds to
-    /// `/metrics`, when it is time to write it (stored with the commit): at once with a
-    /// failure, a park or a result a sender left unanswered, else once [`METER_EVERY`]
-    /// delivered wait, or when nothing is left to send. `None`: nothing to write yet (the
-    /// delivered are kept in the count).
+    /// What a commit (from counts `before`) adds to `/metrics`, when it is time to write it
+    /// (with the commit): at once with a failure, a park or a result a sender left unanswered,
+    /// else once [`METER_EVERY`] delivered wait, or when nothing is left to send. `None`:
+    /// nothing to write yet.
     pub fn meter(&mut self, before: Counts) -> Option<Metered> {
         let failed = std::mem::take(&mut self.failed);
         let parked = self.counts.parked.saturating_sub(before.parked);

@@ -129,15 +129,12 @@ pub fn download_url(api_base: &str, file: &str) -> String {
 
 /// What the download's HTTP status means: `None` for the file (200, or 206 for a `Range`).
 pub fn trouble_of_status(status: u16) -> Option<FileTrouble> {
+    let why = || format!("{status} from the download");
     match status {
         200 | 206 => None,
         404 => Some(FileTrouble::Missing),
-        408 | 429 | 500..=599 => Some(FileTrouble::Unavailable(format!(
-            "{status} from the download"
-        ))),
-        _ => Some(FileTrouble::Unreadable(format!(
-            "{status} from the download"
-        ))),
+        408 | 429 | 500..=599 => Some(FileTrouble::Unavailable(why())),
+        _ => Some(FileTrouble::Unreadable(why())),
     }
 }
 
