@@ -77,9 +77,7 @@ pub fn group_answers(
         Ok(answers) => format!("{} answers for {n} sends", answers.len()),
         Err(why) => why,
     };
-    (0..n)
-        .map(|_| Err(format!("result sender: {why}")))
-        .collect()
+    vec![Err(format!("result sender: {why}")); n]
 }
 
 /// The headers a side effect's request carries ([`crate::operation::effect::signed_request`]):

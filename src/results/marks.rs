@@ -1,13 +1,13 @@
 //! What a results step writes on the operation's record, decided: each function takes the
 //! record as stored and returns the gate's [`Step`] (what to store, its history row, its log
-//! line), and marks on the [`Progress`] what goes with it; the edge stores the progress and
-//! commits the step with no await between, so as one write.
+//! line), and marks on the [`Progress`] what goes with it; the edge stores both with no await
+//! between, so as one write.
 //!
-//! Guarantees: the events an operator reads later (the results file parked, results parked
-//! for failing, the results settled with their counts) each leave a history row; the
-//! bookkeeping a step does every time (its due time, the desk's mark, a wait on the desk,
-//! `/metrics`' counts) leaves none, so the history's newest rows stay worth reading. A step
-//! that changes nothing is [`crate::operation::gate::Save::Unchanged`] (no write).
+//! Guarantees: the events an operator reads later (the file parked, results parked for
+//! failing, the results settled with their counts) each leave a history row; a step's
+//! bookkeeping (its due time, the desk's mark, a wait on the desk, `/metrics`' counts) leaves
+//! none, so the history's newest rows stay worth reading. A step that changes nothing is
+//! [`crate::operation::gate::Save::Unchanged`] (no write).
 
 use serde_json::Value;
 
@@ -40,12 +40,9 @@ pub fn metered(mut op: Operation, metered: Option<Metered>, to: &str, now: i64) 
         ("parked", m.parked),
         ("unanswered", m.unanswered),
     ];
+    let label = |result| labelled(RESULT_TO_PREFIX, &format!("{result}:{to}"));
     for (result, n) in ended.into_iter().filter(|(_, n)| *n > 0) {
-        op.count_by(
-            labelled(RESULT_TO_PREFIX, &format!("{result}:{to}")),
-            n,
-            now,
-        );
+        op.count_by(label(result), n, now);
     }
     stored(op, true)
 }

@@ -6,10 +6,9 @@
 //! every result, with the counts ([`Operation::results_counts`]). The results' next step has
 //! its own due time ([`Operation::results_due_ms`]): their waits never move the job effect's
 //! `next_attempt_ms`, nor its backoff theirs, and a forgotten or retired operation runs none of
-//! them. These fields read with their default from a record stored before they existed and are
-//! not stored while default, so such records store back byte for byte. The results' own
-//! progress is not here: it lives in the gate's tables (`src/edge/objects/gate/results.rs`),
-//! so this record is not rewritten per chunk.
+//! them. These fields are not stored while default, so a record stored before them stores back
+//! byte for byte. The results' own progress lives in the gate's tables
+//! (`src/edge/objects/gate/results.rs`), so this record is not rewritten per chunk.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -95,8 +95,7 @@ impl Driver<'_> {
             true => progress.next_released(now),
             false => progress.next(now),
         };
-        if let (true, Step::WaitUntil(at)) = (released, &step) {
-            let at = *at;
+        if let (true, &Step::WaitUntil(at)) = (released, &step) {
             return self.release_unused(op, at).await;
         }
         // A file the last read could not give is tried first: a batch that cannot send takes
