@@ -633,15 +633,12 @@ pub fn skim(rules: &'static [Rule], body: &[u8]) -> Result<Skimmed, SkimError> {
 
 // ---- The elements of the arrays a [`Rule::Each`] names ----
 //
-// Handed out one by one as the skimmer reads past them: how a batch's inline results are read
-// from a status answer of any size without holding it. An element is handed out whole (its
-// bytes as they were written) when it is within the cap; past the cap it is never held: it is
-// handed out as its size, the SHA-256 of its bytes, and what a second skimmer keeps of it
-// ([`Elements::new`]'s rules), and the bytes held for it never pass the cap plus
-// [`FLUSH_BYTES`]. Where the chunks split (inside a string, an escape, a character) changes
-// nothing. Elements are found by brackets and strings only, so an element is not checked here:
-// its reader parses it, and an empty one (`[1,,2]`, `[1,]`) is handed out empty, for the reader
-// to refuse.
+// Handed out one by one as the skimmer reads past them, so a status answer of any size is
+// never held: whole (its bytes as written) within the cap; past it, its size, the SHA-256 of
+// its bytes and what a second skimmer keeps of it ([`Elements::new`]'s rules), never holding
+// more than the cap plus [`FLUSH_BYTES`]. Where the chunks split changes nothing. Elements are
+// found by brackets and strings only: the reader parses each, and refuses an empty one
+// (`[1,,2]`, `[1,]`), handed out empty.
 
 /// Bytes of an element over the cap gathered before they go to its hash and skimmer.
 pub const FLUSH_BYTES: usize = 64 * 1024;

@@ -361,10 +361,8 @@ impl Progress {
         if let Some(claim) = self.claim {
             return Step::ResendChunk(claim);
         }
-        if let Phase::FileParked { reason } = &self.phase {
-            if !self.alerted {
-                return Step::Alert(reason.clone());
-            }
+        if let (Phase::FileParked { reason }, false) = (&self.phase, self.alerted) {
+            return Step::Alert(reason.clone());
         }
         if self.gave_up > 0 && !self.failing_alerted {
             return Step::AlertFailing(self.gave_up);

@@ -67,14 +67,12 @@ impl Operation {
         true
     }
 
-    /// Every result is delivered or parked: the counts are kept, and the job's effect is
-    /// built with them. While it is owed it is due now. After it went out (an operator's retry
-    /// of parked results settled again), counts that changed are a new body, so they go as a
-    /// new generation under a new `webhook-id` (one body per id, invariant 3), whether the
-    /// previous generation was done, failing or parked; counts that did not change send
-    /// nothing. `failing_parked`: results parked since the last operator's retry for failing
-    /// past the alert threshold; none resolves an open `results_failing` (an operator's retry
-    /// sent them after all). Returns the new generation, when one began.
+    /// Every result is delivered or parked: the counts are kept, and the job's effect, built
+    /// with them, is due now while owed. After it went out (an operator's retry settled again),
+    /// changed counts are a new body, so a new generation under a new `webhook-id` (invariant
+    /// 3), whatever the previous one's state; unchanged counts send nothing. `failing_parked`
+    /// (results parked for failing since the last operator's retry): none resolves an open
+    /// `results_failing`. Returns the new generation, when one began.
     pub fn results_settled(
         &mut self,
         counts: Value,
