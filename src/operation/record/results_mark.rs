@@ -127,11 +127,10 @@ impl Operation {
         self.changed();
     }
 
-    /// An operator put parked results back: the results' progress runs again now, and a
-    /// new spell of failures alerts `results_failing` again (as an operator's retry of the
-    /// job's effect lets `effect_failing` alert again); the one open stays open until the
-    /// results settle with none parked for failing. False, and nothing changes, once the
-    /// operation is forgotten or retired: nothing of it runs again.
+    /// An operator put parked results back: the results run again now, and a new spell of
+    /// failures alerts `results_failing` again (the one open stays open until the results
+    /// settle with none parked for failing). False, and nothing changes, once the operation is
+    /// forgotten or retired.
     pub fn results_retried(&mut self, now_ms: i64) -> bool {
         if self.results_stopped() {
             return false;
