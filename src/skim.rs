@@ -2,21 +2,20 @@
 //! the elements of the lists it is told to hand out one by one ([`Rule::Each`]: a batch's
 //! inline results).
 //!
-//! Guarantees: fed the body's bytes in chunks of any size (the result does not depend on
-//! where the chunks split), it rebuilds a reduced JSON document that keeps the paths it is
-//! given ([`Rule`]s: [`crate::reconciliation::status::READ`] lists what the status reader uses), and never
-//! holds more than [`MAX_KEPT_BYTES`] of it plus O(1) state per kept nesting level. What it
-//! drops is marked, never silently wrong:
-//! - a member on no kept path (an echo of the inline requests, an interaction's input and
-//!   outputs, usage) becomes `null`;
-//! - an array at a [`Rule::Count`] path (a batch's inline results) becomes its element count
-//!   (a JSON number);
+//! Guarantees: fed the body's bytes in chunks of any size (where they split changes nothing),
+//! it rebuilds a reduced JSON document that keeps the paths it is given ([`Rule`]s:
+//! [`crate::reconciliation::status::READ`] lists what the status reader uses), holding at most
+//! [`MAX_KEPT_BYTES`] of it plus O(1) state per kept nesting level. What it drops is marked,
+//! never silently wrong:
+//! - a member on no kept path (an echo of the requests, an interaction's input and outputs,
+//!   usage) becomes `null`;
+//! - an array at a [`Rule::Count`] path (a batch's inline results) becomes its element count;
 //! - a kept string longer than [`MAX_STRING_BYTES`] keeps its first bytes (cut on a character
 //!   boundary, never inside an escape) followed by [`TRUNCATED_MARK`];
 //! - a kept object or array nested deeper than [`MAX_KEPT_DEPTH`] becomes `null`.
 //!
-//! Dropped values are skipped with O(1) state (a bracket depth and a string flag), so their
-//! size costs time, not memory; they are checked only as far as finding where they end. A body past [`MAX_BODY_BYTES`], a kept document past
+//! Dropped values are skipped with O(1) state (a bracket depth and a string flag), checked only
+//! as far as finding where they end. A body past [`MAX_BODY_BYTES`], a kept document past
 //! [`MAX_KEPT_BYTES`], or a body that is not one JSON value is refused with a reason
 //! ([`SkimError`]); the caller treats that answer as unusable.
 
@@ -207,10 +206,6 @@ fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-fn hex(b: u8) -> Option<u16> {
-    (b as char).to_digit(16).map(|d| d as u16)
-}
-
 impl Skim {
     /// A skimmer keeping what `rules` name.
     pub fn new(rules: &'static [Rule]) -> Self {
@@ -244,10 +239,7 @@ impl Skim {
         }
         self.max_chunk = self.max_chunk.max(chunk.len());
         let result = self.feed_inner(chunk);
-        if let Err(e) = &result {
-            self.failed = Some(e.clone());
-        }
-        result
+        result.inspect_err(|e| self.failed = Some(e.clone()))
     }
 
     fn feed_inner(&mut self, chunk: &[u8]) -> Result<(), SkimError> {
@@ -349,11 +341,8 @@ impl Skim {
             }
             (Expect::CommaOrEnd, b',') => {
                 self.out.push(b);
-                self.expect = match self.stack.last() {
-                    Some(Frame {
-                        container: Container::Object,
-                        ..
-                    }) => Expect::Key,
+                self.expect = match self.stack.last().map(|f| f.container) {
+                    Some(Container::Object) => Expect::Key,
                     _ => Expect::Value,
                 };
                 Ok(())
@@ -410,28 +399,24 @@ impl Skim {
         let fate = self.fate();
         let container = matches!(b, b'{' | b'[');
         match (fate, b) {
-            (Fate::Count, b'[') => {
+            (Fate::Count | Fate::Each(_), b'[') => {
                 self.counted += 1;
-                self.start_skip(true, false);
-                return Ok(());
-            }
-            (Fate::Each(rule), b'[') => {
-                self.counted += 1;
-                self.each.array(rule);
-                self.start_skip(true, false);
-                if let Lex::Skip { each, .. } = &mut self.lex {
-                    *each = Some(rule);
-                }
+                let each = match fate {
+                    Fate::Each(rule) => Some(rule),
+                    _ => None,
+                };
+                each.inspect(|rule| self.each.array(*rule));
+                self.start_skip(true, false, each);
                 return Ok(());
             }
             (Fate::Drop, b'{' | b'[' | b'"') => {
                 self.dropped += 1;
-                self.start_skip(false, b == b'"');
+                self.start_skip(false, b == b'"', None);
                 return Ok(());
             }
             _ if container && self.stack.len() >= MAX_KEPT_DEPTH => {
                 self.dropped += 1;
-                self.start_skip(false, false);
+                self.start_skip(false, false, None);
                 return Ok(());
             }
             _ => {}
@@ -447,13 +432,11 @@ impl Skim {
                     self.path.push(segment);
                 }
                 self.out.push(b);
-                let container = if b == b'{' {
-                    self.expect = Expect::KeyOrEnd;
-                    Container::Object
-                } else {
-                    self.expect = Expect::ValueOrEnd;
-                    Container::Array
+                let (container, expect) = match b {
+                    b'{' => (Container::Object, Expect::KeyOrEnd),
+                    _ => (Container::Array, Expect::ValueOrEnd),
                 };
+                self.expect = expect;
                 self.stack.push(Frame { container, filter });
                 Ok(())
             }
@@ -496,32 +479,34 @@ impl Skim {
     fn string(&mut self, b: u8) -> Result<(), SkimError> {
         let Lex::Str {
             key,
-            mut escape,
-            mut high_surrogate,
-            mut len,
-            mut cut,
-        } = self.lex
+            escape,
+            high_surrogate,
+            len,
+            cut,
+        } = &mut self.lex
         else {
             return Ok(());
         };
+        let malformed = |what| SkimError::Malformed(what, self.read);
         // A cut lands only where a character starts outside any escape, so the kept prefix
         // is valid JSON text on its own.
-        if !cut
-            && len >= MAX_STRING_BYTES
-            && escape == Escape::None
-            && !high_surrogate
+        if !*cut
+            && *len >= MAX_STRING_BYTES
+            && *escape == Escape::None
+            && !*high_surrogate
             && b & 0xC0 != 0x80
         {
-            cut = true;
+            *cut = true;
             self.truncated += 1;
         }
-        match escape {
+        match *escape {
             Escape::None => match b {
                 b'"' => {
-                    if cut {
+                    if *cut {
                         self.out.extend_from_slice(TRUNCATED_MARK.as_bytes());
                     }
                     self.out.push(b'"');
+                    let key = *key;
                     self.lex = Lex::Between;
                     if key {
                         self.expect = Expect::Colon;
@@ -530,48 +515,42 @@ impl Skim {
                     }
                     return Ok(());
                 }
-                b'\\' => escape = Escape::Backslash,
-                0..=0x1f => return Err(self.malformed("control character in a string")),
-                _ => high_surrogate = false,
+                b'\\' => *escape = Escape::Backslash,
+                0..=0x1f => return Err(malformed("control character in a string")),
+                _ => *high_surrogate = false,
             },
             Escape::Backslash => match b {
-                b'u' => escape = Escape::Hex(4, 0),
+                b'u' => *escape = Escape::Hex(4, 0),
                 b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
-                    escape = Escape::None;
-                    high_surrogate = false;
+                    *escape = Escape::None;
+                    *high_surrogate = false;
                 }
-                _ => return Err(self.malformed("bad escape")),
+                _ => return Err(malformed("bad escape")),
             },
             Escape::Hex(left, value) => {
-                let digit = hex(b).ok_or_else(|| self.malformed("bad \\u escape"))?;
-                let value = (value << 4) | digit;
+                let digit = (b as char).to_digit(16);
+                let value = (value << 4) | digit.ok_or_else(|| malformed("bad \\u escape"))? as u16;
                 if left == 1 {
-                    escape = Escape::None;
-                    high_surrogate = (0xD800..0xDC00).contains(&value);
+                    *escape = Escape::None;
+                    *high_surrogate = (0xD800..0xDC00).contains(&value);
                 } else {
-                    escape = Escape::Hex(left - 1, value);
+                    *escape = Escape::Hex(left - 1, value);
                 }
             }
         }
-        if !cut {
+        if !*cut {
             self.out.push(b);
-            len += 1;
-            if key && self.key.len() <= KEY_CAP {
+            *len += 1;
+            if *key && self.key.len() <= KEY_CAP {
                 self.key.push(b);
             }
         }
-        self.lex = Lex::Str {
-            key,
-            escape,
-            high_surrogate,
-            len,
-            cut,
-        };
         Ok(())
     }
 
-    /// Skips the value that starts here: a container, or a string (`string`).
-    fn start_skip(&mut self, count: bool, string: bool) {
+    /// Skips the value that starts here: a container, or a string (`string`); a counted array's
+    /// elements handed out for the [`Rule::Each`] at `each`.
+    fn start_skip(&mut self, count: bool, string: bool, each: Option<usize>) {
         self.lex = Lex::Skip {
             depth: u64::from(!string),
             in_str: string,
@@ -579,71 +558,13 @@ impl Skim {
             count,
             commas: 0,
             any: false,
-            each: None,
+            each,
         };
     }
 
     /// One byte of a dropped container: only strings and brackets matter.
     fn skip(&mut self, b: u8) {
         let Lex::Skip {
-            mut depth,
-            mut in_str,
-            mut escaped,
-            count,
-            mut commas,
-            mut any,
-            each,
-        } = self.lex
-        else {
-            return;
-        };
-        if let Some(rule) = each {
-            self.each.byte(rule, b, depth, in_str);
-        }
-        if in_str {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_str = false;
-                if depth == 0 {
-                    self.out.extend_from_slice(b"null");
-                    self.lex = Lex::Between;
-                    self.after_value();
-                    return;
-                }
-            }
-        } else if !is_ws(b) {
-            match b {
-                b']' | b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        let replacement = if count {
-                            (if any { commas + 1 } else { 0 }).to_string()
-                        } else {
-                            "null".to_string()
-                        };
-                        self.out.extend_from_slice(replacement.as_bytes());
-                        self.lex = Lex::Between;
-                        self.after_value();
-                        return;
-                    }
-                }
-                b',' if depth == 1 => commas += 1,
-                _ => {
-                    if depth == 1 {
-                        any = true;
-                    }
-                    match b {
-                        b'"' => in_str = true,
-                        b'[' | b'{' => depth += 1,
-                        _ => {}
-                    }
-                }
-            }
-        }
-        self.lex = Lex::Skip {
             depth,
             in_str,
             escaped,
@@ -651,7 +572,54 @@ impl Skim {
             commas,
             any,
             each,
+        } = &mut self.lex
+        else {
+            return;
         };
+        if let Some(rule) = *each {
+            self.each.byte(rule, b, *depth, *in_str);
+        }
+        let ended = match b {
+            _ if *in_str => {
+                if *escaped {
+                    *escaped = false;
+                } else if b == b'\\' {
+                    *escaped = true;
+                } else if b == b'"' {
+                    *in_str = false;
+                }
+                !*in_str && *depth == 0
+            }
+            _ if is_ws(b) => false,
+            b']' | b'}' => {
+                *depth -= 1;
+                *depth == 0
+            }
+            b',' if *depth == 1 => {
+                *commas += 1;
+                false
+            }
+            _ => {
+                *any |= *depth == 1;
+                match b {
+                    b'"' => *in_str = true,
+                    b'[' | b'{' => *depth += 1,
+                    _ => {}
+                }
+                false
+            }
+        };
+        if ended {
+            // A dropped value (a string, or a container) is `null`; a counted array its count.
+            let replacement = match (*count, *any) {
+                (true, true) => (*commas + 1).to_string(),
+                (true, false) => "0".to_string(),
+                (false, _) => "null".to_string(),
+            };
+            self.out.extend_from_slice(replacement.as_bytes());
+            self.lex = Lex::Between;
+            self.after_value();
+        }
     }
 }
 
@@ -665,15 +633,12 @@ pub fn skim(rules: &'static [Rule], body: &[u8]) -> Result<Skimmed, SkimError> {
 
 // ---- The elements of the arrays a [`Rule::Each`] names ----
 //
-// Handed out one by one as the skimmer reads past them: how a batch's inline results are read
-// from a status answer of any size without holding it. An element is handed out whole (its
-// bytes as they were written) when it is within the cap; past the cap it is never held: it is
-// handed out as its size, the SHA-256 of its bytes, and what a second skimmer keeps of it
-// ([`Elements::new`]'s rules), and the bytes held for it never pass the cap plus
-// [`FLUSH_BYTES`]. Where the chunks split (inside a string, an escape, a character) changes
-// nothing. Elements are found by brackets and strings only, so an element is not checked here:
-// its reader parses it, and an empty one (`[1,,2]`, `[1,]`) is handed out empty, for the reader
-// to refuse.
+// Handed out one by one as the skimmer reads past them, so a status answer of any size is
+// never held: whole (its bytes as written) within the cap; past it, its size, the SHA-256 of
+// its bytes and what a second skimmer keeps of it ([`Elements::new`]'s rules), never holding
+// more than the cap plus [`FLUSH_BYTES`]. Where the chunks split changes nothing. Elements are
+// found by brackets and strings only: the reader parses each, and refuses an empty one
+// (`[1,,2]`, `[1,]`), handed out empty.
 
 /// Bytes of an element over the cap gathered before they go to its hash and skimmer.
 pub const FLUSH_BYTES: usize = 64 * 1024;

@@ -2,23 +2,17 @@
 //! split among result senders (each its own invocation, with its own 6 connections), and what
 //! goes to a sender and comes back.
 //!
-//! Guarantees: a step of at most [`SENDS_IN_FLIGHT`] results goes from the gate itself (one
-//! round trip); a larger one is split into at most [`SENDERS`] groups of at most
-//! [`CHUNK_RESULTS`], in order, each covering its results once and the groups covering them
-//! all, sizes within one of each other so they end together. The gate calls at most
-//! [`SENDERS`] (6) senders at once, counting each call as one of its own 6 connections, and a
-//! sender sends its group at most [`SENDS_IN_FLIGHT`] at a time: every invocation that sends
-//! keeps production's limit, whether or not the platform counts an object call. A request goes
-//! to its sender and comes back unchanged: the same headers (so the same `webhook-id` and
-//! signature), the same body; the gate alone claims and commits (`progress`), so a sender
-//! holds no state and a kill anywhere is the gate's claim sent again.
-//!
-//! The gate waits for a sender no longer than [`call_bound_ms`]: as long as its sends can take
-//! (their rounds of `EFFECT_TIMEOUT_MS`, after its last pacing delay) and a margin
-//! ([`SENDER_MARGIN_MS`]). A sender that fails, answers something else or passes its bound
-//! answers nothing for its group ([`group_answers`]): those results were not judged (the
-//! destination's health and the desk hear nothing of them) and are sent again later under
-//! their same ids, while the other groups' answers are committed.
+//! Guarantees: a step of at most [`SENDS_IN_FLIGHT`] results goes from the gate itself; a
+//! larger one is split into at most [`SENDERS`] groups of at most [`CHUNK_RESULTS`], in order,
+//! covering each result once, sizes within one of each other so they end together. The gate
+//! calls at most [`SENDERS`] at once, each call one of its own 6 connections, and a sender
+//! sends at most [`SENDS_IN_FLIGHT`] at a time: every invocation keeps production's limit. A
+//! request comes back unchanged (the same headers, so the same `webhook-id` and signature, and
+//! body); the gate alone claims and commits (`progress`), so a sender holds no state and a kill
+//! anywhere is the gate's claim sent again. The gate waits for a sender no longer than
+//! [`call_bound_ms`]; a sender that fails, answers something else or passes its bound answers
+//! nothing for its group ([`group_answers`]): those results were not judged (the destination's
+//! health and the desk hear nothing) and are sent again later under their same ids.
 
 use std::ops::Range;
 
@@ -83,9 +77,7 @@ pub fn group_answers(
         Ok(answers) => format!("{} answers for {n} sends", answers.len()),
         Err(why) => why,
     };
-    (0..n)
-        .map(|_| Err(format!("result sender: {why}")))
-        .collect()
+    vec![Err(format!("result sender: {why}")); n]
 }
 
 /// The headers a side effect's request carries ([`crate::operation::effect::signed_request`]):

@@ -1,18 +1,16 @@
 //! A batch's inline results, read from its status answer as a stream: each item becomes a
 //! result to store as soon as it is read, and the answer is never held.
 //!
-//! Guarantees: fed the answer's bytes in chunks split anywhere (inside a string, an escape, a
-//! character), [`InlineRead`] hands out the same items, each once, with memory bounded by one
-//! item under [`LINE_CAP`], the chunk in hand, the skimmed document (the file's name, the
-//! batch's times, a list's count) and 32 bytes an item for their order
-//! ([`crate::results::keys::Place`]). An item is parsed on its own and its `response` or
-//! `error` taken, never cloned; an item over [`LINE_CAP`] is never held: its result is
-//! `unreadable` with its size, keyed by its `metadata.key` (else the hash of its bytes). Every
-//! way an answer cannot be read is a reason, never zero results: not JSON (an item included),
-//! over [`INLINE_MAX_BYTES`] or [`INLINE_MAX_ITEMS`], a list that is not a list, two lists of
-//! inline responses that disagree, or an answer that names no results. When an answer holds
-//! the same list twice (`response` and `metadata.output`, as Gemini writes it), the first one
-//! read is stored and the other is only checked to hold the same items.
+//! Guarantees: fed the answer in chunks split anywhere, [`InlineRead`] hands out the same
+//! items, each once, holding at most one item under [`LINE_CAP`], the chunk in hand, the
+//! skimmed document (the file's name, the batch's times, a list's count) and 32 bytes an item
+//! for their order ([`crate::results::keys::Place`]). An item is parsed on its own and its
+//! `response` or `error` taken, never cloned; an item over [`LINE_CAP`] is never held: its
+//! result is `unreadable` with its size, keyed by its `metadata.key` (else its bytes' hash).
+//! Every way an answer cannot be read is a reason, never zero results: not JSON (an item
+//! included), over [`INLINE_MAX_BYTES`] or [`INLINE_MAX_ITEMS`], a list that is not a list, two
+//! lists that disagree, or an answer that names no results. Of the same list held twice
+//! (`response` and `metadata.output`), the first read is stored, the other only checked.
 
 use serde_json::{json, Value};
 

@@ -1,10 +1,9 @@
 //! One result of a batch, from a file's line or an inline item.
 //!
-//! Guarantees: every line and every item is one result, whatever it holds: a line that is not
-//! JSON, or has neither `response` nor `error`, is a result whose payload says why it could not
-//! be read (never a stop), and a line over the cap is a result that says where it is (file,
-//! index, byte offset, size), an inline item over it where it is in the status answer (its
-//! key, index and size), so every stored result fits a row. `response` and `error` are kept as Gemini wrote them.
+//! Guarantees: every line and item is one result, whatever it holds: one that is not JSON, or
+//! has neither `response` nor `error`, says why it could not be read (never a stop); one over
+//! the cap says where it is (file, index, byte offset, size; an inline item its key, index and
+//! size), so every stored result fits a row. `response` and `error` are kept as written.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -45,12 +44,13 @@ pub struct ResultItem {
 }
 
 /// Where the results come from, for the unreadable ones' locations.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "type")]
 pub enum Source {
     /// A results file, by its `files/...` name.
     File { name: String },
     /// The status answer's inline responses.
+    #[default]
     Inline,
 }
 

@@ -1,14 +1,12 @@
 //! A result's `result_key`: the request's own key when it has one, a stable fallback when it
 //! has none.
 //!
-//! Guarantees: a file's result keys are the same on every read of the same file (its order is
-//! fixed), and are the keys as the requests wrote them: two lines with the same key keep it,
-//! told apart by their `index` (unique in a file, and part of each result's `webhook-id`), so
-//! reading a file needs no memory of the keys before. An inline batch's result keys are the
-//! same however its items are ordered on a later read, and distinct: items sharing a key are
-//! ranked by their content and take `#<rank>`, and an item's index is its place in the order
-//! of (its key's hash, its content hash) ([`inline_order`], which holds 32 bytes an item, never
-//! the keys).
+//! Guarantees: a file's result keys are the same on every read of the file, as the requests
+//! wrote them: two lines with the same key keep it, told apart by their `index` (unique in a
+//! file, and part of each `webhook-id`), so reading needs no memory of the keys before. An
+//! inline batch's keys are the same however its items come back, and distinct: items sharing a
+//! key are ranked by content and take `#<rank>`, an item's index its place in the order of (its
+//! key's hash, its content hash) ([`inline_order`]: 32 bytes an item, never the keys).
 
 use std::collections::BTreeSet;
 
@@ -72,9 +70,7 @@ impl Place {
 
 fn base_hash(base: &str) -> [u8; 16] {
     let digest = Sha256::digest(base.as_bytes());
-    let mut out = [0; 16];
-    out.copy_from_slice(&digest[..16]);
-    out
+    digest[..16].try_into().expect("16 of its 32 bytes")
 }
 
 /// An inline batch's order: for each index, the stored item's `seq` and the suffix its key

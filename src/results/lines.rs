@@ -1,14 +1,12 @@
 //! A results file's lines, read from a stream of byte chunks of any size, in bounded memory.
 //!
-//! Guarantees: at most `cap` bytes of one line are ever held, whatever the file's size; a
-//! line longer than `cap` is not buffered but reported as [`Piece::TooLarge`] with its index,
-//! byte offset and size, and reading goes on after its newline. Lines end at `\n`; a `\r`
-//! before it is dropped (CRLF files read like LF files); a last line without a newline is a
-//! line. A blank line (only whitespace) is skipped and is not a result: it takes no index, so a
-//! result's index is its position among the file's results, the same on every read of the
-//! same file. Reading can resume from a [`Checkpoint`]: from a stream that starts at the
-//! checkpoint (an honoured HTTP `Range`) or from one that starts at byte 0, whose bytes before
-//! the checkpoint are discarded unread.
+//! Guarantees: at most `cap` bytes of one line are ever held; a longer line is not buffered
+//! but reported as [`Piece::TooLarge`] with its index, byte offset and size, and reading goes
+//! on after its newline. Lines end at `\n` (a `\r` before it dropped); a last line without
+//! one is a line. A blank line is not a result and takes no index, so a result's index is its
+//! position among the file's results on every read. Reading resumes from a [`Checkpoint`],
+//! from a stream that starts there (an honoured `Range`) or at byte 0 (the bytes before the
+//! checkpoint discarded unread).
 
 use serde::{Deserialize, Serialize};
 
@@ -172,7 +170,7 @@ impl LineSplitter {
 
 /// One chunk's lines, gathered from the splitter's output: at most `max_results` lines and,
 /// past `max_bytes` of them, no more. What is not taken is read again by the next chunk.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ChunkFill {
     max_results: usize,
     max_bytes: u64,
@@ -188,9 +186,7 @@ impl ChunkFill {
         ChunkFill {
             max_results,
             max_bytes,
-            pieces: Vec::new(),
-            bytes: 0,
-            stop: None,
+            ..ChunkFill::default()
         }
     }
 

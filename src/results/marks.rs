@@ -1,13 +1,13 @@
 //! What a results step writes on the operation's record, decided: each function takes the
 //! record as stored and returns the gate's [`Step`] (what to store, its history row, its log
-//! line), and marks on the [`Progress`] what goes with it; the edge stores the progress and
-//! commits the step with no await between, so as one write.
+//! line), and marks on the [`Progress`] what goes with it; the edge stores both with no await
+//! between, so as one write.
 //!
-//! Guarantees: the events an operator reads later (the results file parked, results parked
-//! for failing, the results settled with their counts) each leave a history row; the
-//! bookkeeping a step does every time (its due time, the desk's mark, a wait on the desk,
-//! `/metrics`' counts) leaves none, so the history's newest rows stay worth reading. A step
-//! that changes nothing is [`crate::operation::gate::Save::Unchanged`] (no write).
+//! Guarantees: the events an operator reads later (the file parked, results parked for
+//! failing, the results settled with their counts) each leave a history row; a step's
+//! bookkeeping (its due time, the desk's mark, a wait on the desk, `/metrics`' counts) leaves
+//! none, so the history's newest rows stay worth reading. A step that changes nothing is
+//! [`crate::operation::gate::Save::Unchanged`] (no write).
 
 use serde_json::Value;
 
@@ -40,12 +40,9 @@ pub fn metered(mut op: Operation, metered: Option<Metered>, to: &str, now: i64) 
         ("parked", m.parked),
         ("unanswered", m.unanswered),
     ];
+    let label = |result| labelled(RESULT_TO_PREFIX, &format!("{result}:{to}"));
     for (result, n) in ended.into_iter().filter(|(_, n)| *n > 0) {
-        op.count_by(
-            labelled(RESULT_TO_PREFIX, &format!("{result}:{to}")),
-            n,
-            now,
-        );
+        op.count_by(label(result), n, now);
     }
     stored(op, true)
 }
@@ -127,25 +124,20 @@ pub fn retried(
     (reason, by): (String, Option<Actor>),
     now: i64,
 ) -> (Step, Option<Vec<Write>>) {
+    let mut taken = ResultsTaken {
+        taken: 0,
+        file_reread: false,
+        parked_left: progress.counts.parked,
+        hurried: 0,
+    };
     if op.results_stopped() {
-        let none = ResultsTaken {
-            taken: 0,
-            file_reread: false,
-            parked_left: progress.counts.parked,
-            hurried: 0,
-        };
-        return (results_retried(op, none, reason, by, now), None);
+        return (results_retried(op, taken, reason, by, now), None);
     }
     let mut writes = progress.hurry_waiting(now);
-    let hurried = writes.len() as u64;
-    let (taken_rows, file_reread) = progress.retry_parked(parked, now);
-    let taken = ResultsTaken {
-        taken: taken_rows.len() as u64,
-        file_reread,
-        parked_left: progress.counts.parked,
-        hurried,
-    };
-    writes.extend(taken_rows);
+    let (rows, file_reread) = progress.retry_parked(parked, now);
+    (taken.hurried, taken.taken) = (writes.len() as u64, rows.len() as u64);
+    (taken.file_reread, taken.parked_left) = (file_reread, progress.counts.parked);
+    writes.extend(rows);
     (results_retried(op, taken, reason, by, now), Some(writes))
 }
 

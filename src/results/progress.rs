@@ -1,39 +1,31 @@
 //! The results' progress: a pure state machine the batch's gate and its alarm drive, one
-//! claim of results at a time (a wave: a chunk for each of the result senders it fans out to,
-//! `results::fanout`), from durable state alone.
+//! claim of results at a time (a wave: a chunk for each result sender, `results::fanout`),
+//! from durable state alone.
 //!
 //! Guarantees: a result's side effect is sent under one `webhook-id` only
-//! ([`crate::results::body::result_message_id`]), so a repeat after a kill reaches the
-//! destination as a repeat it can drop. A chunk is claimed (its byte range and index range
-//! stored) before any of its results is sent, and committed after its answers: a kill in
-//! between resends the chunk's results under their same ids (they may have reached the
-//! destination); a kill after the commit sends none of them again, but those kept as rows.
-//! Only failed and parked results take a row; delivered ones are counted, never stored, so
-//! state does not grow with the file. An answer means for a result what it means for the
-//! job's effect ([`crate::retry::Backoff::decide`]), but a result failing past
-//! [`Limits::alert_after_ms`] (`EFFECT_ALERT_AFTER_SECONDS`) is given up: parked, with one
-//! alert for the batch naming how many ([`Step::AlertFailing`]), so the job's effect goes. A
-//! result whose sender answered nothing ([`Sending::Unanswered`]) starts no failing clock but
-//! the senders' clock: result senders
-//! that answer nothing past [`Limits::alert_after_ms`] raise one alert for the batch naming how
-//! many results wait ([`Step::AlertSenders`]), resolved once a sender answers again, or once
-//! no result waits on one ([`Step::SendersBack`]); the results keep being sent meanwhile. A
-//! results file missing right after `SUCCEEDED` is asked for again with backoff for
-//! [`Limits::file_wait_ms`], unless the batch ended more than [`FILE_KEPT_MS`] ago (then it is
-//! gone for good); a file gone for good or unreadable parks the results with the reason and
-//! raises one alert. The job's own
-//! effect is owed once the file is read (or parked) and no result is waiting.
+//! ([`crate::results::body::result_message_id`]). A chunk is claimed (its byte and index
+//! ranges stored) before any of its results is sent, and committed after its answers: a kill
+//! in between resends its results under their same ids; a kill after the commit sends none of
+//! them again but those kept as rows. An answer means for a result what it means for the job's
+//! effect ([`crate::retry::Backoff::decide`]), but a result failing past
+//! [`Limits::alert_after_ms`] is parked, with one alert for the batch naming how many
+//! ([`Step::AlertFailing`]), so the job's effect goes. A result whose sender answered nothing
+//! ([`Sending::Unanswered`]) runs the senders' clock instead: past the same threshold, one
+//! alert for the batch naming how many wait ([`Step::AlertSenders`]), resolved once a sender
+//! answers or none waits on one ([`Step::SendersBack`]); the results keep being sent. A file
+//! missing after `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`],
+//! unless the batch ended more than [`FILE_KEPT_MS`] ago; a file gone for good or unreadable
+//! parks the results with the reason and one alert. The job's own effect is owed once the file
+//! is read (or parked) and no result is waiting.
 //!
-//! Memory and storage, in the batch's Durable Object: this value as one row, bounded whatever
-//! the keys' sizes (phase, counts, claim, clocks; never a result's key), and one failure row
-//! per result not delivered (waiting or parked): its [`Row`] beside its result, at most a
-//! line's cap. Only failures take a row, never a delivered result. The waiting rows are loaded
-//! into the value ([`Progress::rows`], at most [`MAX_WAITING`] before reading stops until they
-//! drain, plus a wave) and never stored in it; a row keeps at most [`KEY_SHOWN_CHARS`] of its
-//! key and [`ERROR_KEPT_CHARS`] of its last error (the whole key is in the kept result, which is
-//! what is sent). Each transition returns its rows' [`Write`]s, stored in one transaction with
-//! the value. A value an earlier build stored with its waiting rows reads them into
-//! [`Progress::rows`]; the edge moves them to their failure rows.
+//! Storage, in the batch's Durable Object: this value as one row, bounded whatever the keys'
+//! sizes (never a result's key), and a failure row per result not delivered (waiting or
+//! parked): its [`Row`] beside its result; a delivered result is counted, never stored. The
+//! waiting rows are loaded into [`Progress::rows`] (at most [`MAX_WAITING`] before reading
+//! stops until they drain, plus a wave), never stored in the value (one an earlier build stored
+//! with them reads them there); a row keeps at most [`KEY_SHOWN_CHARS`] of its key and
+//! [`ERROR_KEPT_CHARS`] of its error. Each transition returns its rows' [`Write`]s, stored in
+//! one transaction with the value.
 
 use std::collections::BTreeMap;
 
@@ -46,12 +38,10 @@ use crate::results::lines::Checkpoint;
 use crate::retry::{Backoff, Heard, Next, Run};
 
 /// How long a results file that answers 404 after `SUCCEEDED` is asked for again: Gemini can
-/// report `SUCCEEDED` shortly before the file can be downloaded; half an hour is far past the
-/// delays reported, and far inside the file's 48 hours.
+/// report `SUCCEEDED` shortly before the file can be downloaded; far past the delays reported.
 pub const FILE_WAIT_MS: i64 = 30 * 60 * 1_000;
 /// How long Gemini keeps a batch's results file after the batch ended: a file that answers 404
-/// past this is gone for good, so it is parked at once rather than asked for during
-/// [`FILE_WAIT_MS`].
+/// past this is gone for good, parked at once rather than asked for during [`FILE_WAIT_MS`].
 pub const FILE_KEPT_MS: i64 = 48 * 60 * 60 * 1_000;
 /// Results waiting for a retry before no new chunk is read: a destination that fails
 /// everything stops the reading instead of filling the object with rows.
@@ -60,29 +50,25 @@ pub const MAX_WAITING: usize = 400;
 /// sender's invocation; 40 stays within the Free plan's 50 subrequests per invocation. A step
 /// claims up to [`WAVE_RESULTS`], a chunk for each sender.
 pub const CHUNK_RESULTS: u64 = 40;
-/// Result senders a step calls at once (`results::fanout`): each call is counted as one of
-/// the gate's own 6 connections (the platform's documented limit counts `fetch()` and its kin;
-/// an object call is counted here too, so the bound holds either way).
+/// Result senders a step calls at once (`results::fanout`): each call counted as one of the
+/// gate's own 6 connections, so the bound holds whether or not the platform counts it.
 pub const SENDERS: usize = 6;
 /// Results a step reads, claims and sends at most: a chunk for each sender, claimed and
 /// committed together (one claim write and one commit write for all of them).
 pub const WAVE_RESULTS: u64 = CHUNK_RESULTS * SENDERS as u64;
-/// Results sent at once, per invocation: production allows 6 simultaneous outgoing
-/// connections per invocation (workerd does not enforce it locally), and a request past them
-/// waits for one inside the runtime, its own `EFFECT_TIMEOUT_MS` running. So every invocation
-/// that sends (the gate, each result sender) sends 6 at a time, each next one leaving as one
-/// ends.
+/// Results sent at once, per invocation (the gate, each result sender): production allows 6
+/// simultaneous outgoing connections (workerd does not enforce it locally), and a request past
+/// them waits inside the runtime, its own `EFFECT_TIMEOUT_MS` running.
 pub const SENDS_IN_FLIGHT: usize = 6;
-/// Delivered results counted for `/metrics` at a time on the happy path: the count goes in the
-/// operation's record, one more write, so it is written once per 1,000 results (25 chunks),
-/// with a failure or a park, and when the results are all settled; never once per chunk.
+/// Delivered results counted for `/metrics` at a time on the happy path: the count is a write
+/// of the record, so it goes once per 1,000 results, with a failure or a park, and when all
+/// are settled; never once per chunk.
 pub const METER_EVERY: u64 = 1_000;
 /// Bytes of lines a step reads (its wave): held while it is sent, so this bounds memory.
 pub const CHUNK_BYTES: u64 = 8 << 20;
 /// Characters of a result's key a row keeps, to show it: a key may be as long as its line
 /// (1 MiB), and [`MAX_WAITING`] rows of whole keys would pass SQLite's 2 MB row, failing the
-/// commit after the sends (the same ids sent again for ever). The whole key is in the kept
-/// result.
+/// commit after the sends. The whole key is in the kept result.
 pub const KEY_SHOWN_CHARS: usize = 256;
 /// Characters of an attempt's answer a row keeps (an answer's summary is about 200).
 pub const ERROR_KEPT_CHARS: usize = 300;
@@ -107,12 +93,13 @@ pub struct Limits {
 }
 
 /// Where the results stand.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "phase")]
 pub enum Phase {
     /// The file answered 404 (or could not be reached) `failures` times; ask again then.
     WaitingForFile { failures: u32, next_at_ms: i64 },
     /// Chunks are being read and sent.
+    #[default]
     Reading,
     /// Every line has been read; rows may still be retried.
     Read,
@@ -145,7 +132,7 @@ pub struct ChunkClaim {
 
 /// A result not delivered, its failure row: waiting to be retried, or parked (listed, retried
 /// by an operator); its result is stored beside it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Row {
     pub result_key: String,
     pub index: u64,
@@ -219,14 +206,13 @@ impl Step {
             Step::ReadChunk { .. } => Some((WAVE_RESULTS, false)),
             Step::ResendChunk(claim) => Some((claim.to.index - claim.from.index, false)),
             Step::RetryRows(rows) => Some(((rows.len() as u64).min(WAVE_RESULTS), true)),
-            Step::WaitUntil(_) | Step::Alert(_) | Step::AlertFailing(_) | Step::Settled(_) => None,
-            Step::AlertSenders(_) | Step::SendersBack => None,
+            _ => None,
         }
     }
 }
 
 /// The results' progress for one operation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Progress {
     pub source: Source,
     pub phase: Phase,
@@ -364,23 +350,8 @@ impl Progress {
     pub fn begin(source: Source, now_ms: i64) -> Progress {
         Progress {
             source,
-            phase: Phase::Reading,
-            done_through: Checkpoint::default(),
-            chunks_done: 0,
-            claim: None,
-            counts: Counts::default(),
-            rows: BTreeMap::new(),
             since_ms: now_ms,
-            ended_ms: None,
-            alerted: false,
-            gave_up: 0,
-            failing_alerted: false,
-            unmetered: 0,
-            unlocated: false,
-            unanswered: 0,
-            failed: 0,
-            unanswered_since_ms: None,
-            senders_alert: SendersAlert::Quiet,
+            ..Progress::default()
         }
     }
 
@@ -390,10 +361,8 @@ impl Progress {
         if let Some(claim) = self.claim {
             return Step::ResendChunk(claim);
         }
-        if let Phase::FileParked { reason } = &self.phase {
-            if !self.alerted {
-                return Step::Alert(reason.clone());
-            }
+        if let (Phase::FileParked { reason }, false) = (&self.phase, self.alerted) {
+            return Step::Alert(reason.clone());
         }
         if self.gave_up > 0 && !self.failing_alerted {
             return Step::AlertFailing(self.gave_up);
@@ -545,12 +514,7 @@ impl Progress {
             let row = Row {
                 result_key: clipped(&item.result_key, KEY_SHOWN_CHARS),
                 index: item.index,
-                attempts: 0,
-                last_error: String::new(),
-                next_at_ms: None,
-                failing_since_ms: None,
-                last_attempt_ms: None,
-                unanswered: false,
+                ..Row::default()
             };
             if let Some(row) = self.settle(row, &outcome, now_ms, limits, jitter) {
                 writes.push(Write::Keep(row, item));
@@ -678,11 +642,10 @@ impl Progress {
         row
     }
 
-    /// What a commit (from counts `before`) adds to
-    /// `/metrics`, when it is time to write it (stored with the commit): at once with a
-    /// failure, a park or a result a sender left unanswered, else once [`METER_EVERY`]
-    /// delivered wait, or when nothing is left to send. `None`: nothing to write yet (the
-    /// delivered are kept in the count).
+    /// What a commit (from counts `before`) adds to `/metrics`, when it is time to write it
+    /// (with the commit): at once with a failure, a park or a result a sender left unanswered,
+    /// else once [`METER_EVERY`] delivered wait, or when nothing is left to send. `None`:
+    /// nothing to write yet.
     pub fn meter(&mut self, before: Counts) -> Option<Metered> {
         let failed = std::mem::take(&mut self.failed);
         let parked = self.counts.parked.saturating_sub(before.parked);
@@ -723,12 +686,14 @@ impl Progress {
     /// stopped) when a clock was running, so there is something to store.
     pub fn held_by_pause(&mut self) -> Option<Vec<Write>> {
         let stopped = self.unanswered_since_ms.take().is_some();
-        let mut writes = Vec::new();
-        for row in self.rows.values_mut() {
-            if row.failing_since_ms.take().is_some() {
-                writes.push(Write::Update(row.clone()));
-            }
-        }
+        let rows = self.rows.values_mut();
+        let writes: Vec<Write> = rows
+            .filter_map(|row| {
+                row.failing_since_ms
+                    .take()
+                    .map(|_| Write::Update(row.clone()))
+            })
+            .collect();
         (stopped || !writes.is_empty()).then_some(writes)
     }
 
@@ -749,13 +714,13 @@ impl Progress {
                 self.senders_alert = SendersAlert::Quiet;
             }
         }
-        let mut writes = Vec::new();
-        for mut row in parked {
+        let writes = parked.into_iter().map(|mut row| {
             row.next_at_ms = Some(now_ms);
             row.failing_since_ms = None;
             self.rows.insert(row.index, row.clone());
-            writes.push(Write::Update(row));
-        }
+            Write::Update(row)
+        });
+        let writes = writes.collect();
         self.counts.parked = self.counts.parked.saturating_sub(n);
         (writes, self.reopen_file(now_ms))
     }
@@ -764,16 +729,15 @@ impl Progress {
     /// end of their backoff (the destination is back, say): each keeps its `webhook-id` and
     /// its attempts (one in flight is due already). Returns the rows it moved.
     pub fn hurry_waiting(&mut self, now_ms: i64) -> Vec<Write> {
-        let mut writes = Vec::new();
-        for row in self
+        let later = self
             .rows
             .values_mut()
-            .filter(|r| r.next_at_ms > Some(now_ms))
-        {
+            .filter(|r| r.next_at_ms > Some(now_ms));
+        let hurry = |row: &mut Row| {
             row.next_at_ms = Some(now_ms);
-            writes.push(Write::Update(row.clone()));
-        }
-        writes
+            Write::Update(row.clone())
+        };
+        later.map(hurry).collect()
     }
 
     /// Waiting results an operator's retry would send now ([`Progress::hurry_waiting`]).

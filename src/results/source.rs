@@ -63,7 +63,7 @@ pub fn file_of_details(details: &Map<String, Value>) -> Option<String> {
 /// `responsesFile` that is not a `files/...` name, inline responses that are not a list, or an
 /// answer that names neither.
 pub fn found_in_status(answer: &Value) -> Result<Found, String> {
-    for output in ["/response", "/metadata/output"] {
+    for (at, output) in ["/response", "/metadata/output"].into_iter().enumerate() {
         if let Some(file) = answer.pointer(&format!("{output}/responsesFile")) {
             return match file_name(Some(file)) {
                 Some(name) => Ok(Found::File(name)),
@@ -78,12 +78,10 @@ pub fn found_in_status(answer: &Value) -> Result<Found, String> {
                 }
             };
         }
-        for inline in ["inlinedResponses", "inlinedEmbedContentResponses"] {
+        // `INLINE_LISTS`' order: each output's two lists.
+        let lists = ["inlinedResponses", "inlinedEmbedContentResponses"];
+        for (list, inline) in lists.into_iter().enumerate().map(|(k, l)| (2 * at + k, l)) {
             let path = format!("{output}/{inline}/inlinedResponses");
-            let list = INLINE_LISTS
-                .iter()
-                .position(|l| format!("/{}", l.replace('.', "/")) == path)
-                .unwrap_or_default();
             let count = match answer.pointer(&path) {
                 None => continue,
                 Some(Value::Array(items)) => items.len() as u64,
@@ -131,15 +129,12 @@ pub fn download_url(api_base: &str, file: &str) -> String {
 
 /// What the download's HTTP status means: `None` for the file (200, or 206 for a `Range`).
 pub fn trouble_of_status(status: u16) -> Option<FileTrouble> {
+    let why = || format!("{status} from the download");
     match status {
         200 | 206 => None,
         404 => Some(FileTrouble::Missing),
-        408 | 429 | 500..=599 => Some(FileTrouble::Unavailable(format!(
-            "{status} from the download"
-        ))),
-        _ => Some(FileTrouble::Unreadable(format!(
-            "{status} from the download"
-        ))),
+        408 | 429 | 500..=599 => Some(FileTrouble::Unavailable(why())),
+        _ => Some(FileTrouble::Unreadable(why())),
     }
 }
 

@@ -3,16 +3,14 @@
 //! that says where the results are, its inline responses stored as they stream in
 //! ([`status_results`], under [`crate::results::inline::INLINE_MAX_BYTES`]).
 //!
-//! Guarantees: the file is streamed chunk by chunk through the splitter
-//! ([`crate::results::lines`]) and the stream is cancelled as soon as the chunk is full, so
-//! memory is one chunk of results plus one line under its cap, whatever the file's size; a
-//! server that ignores `Range` (200 instead of 206) is read from byte 0 with the bytes before
-//! the checkpoint discarded unread, and a 206 is used only when its `Content-Range` starts at
-//! the checkpoint (any other is a [`FileTrouble::Unavailable`], retried, never lines read under
-//! other indexes); our key goes only to `GEMINI_API_BASE`'s origin, whatever a redirect says
-//! ([`crate::redirect`]); the headers must come within [`HEAD_TIMEOUT_MS`] and the
-//! chunk within [`BODY_TIMEOUT_MS`] more, and every way the call ends is a chunk or a
-//! [`FileTrouble`].
+//! Guarantees: the file is streamed through the splitter ([`crate::results::lines`]) and
+//! cancelled once the chunk is full, so memory is one chunk plus one line under its cap; a
+//! server that ignores `Range` (200) is read from byte 0 with the bytes before the checkpoint
+//! discarded, and a 206 is used only when its `Content-Range` starts at the checkpoint (else a
+//! [`FileTrouble::Unavailable`], retried); our key goes only to `GEMINI_API_BASE`'s origin,
+//! whatever a redirect says ([`crate::redirect`]); the headers come within
+//! [`HEAD_TIMEOUT_MS`] and the chunk within [`BODY_TIMEOUT_MS`] more, and every way the call
+//! ends is a chunk or a [`FileTrouble`].
 
 use worker::{AbortController, Method, ResponseBody};
 

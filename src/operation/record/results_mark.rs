@@ -6,10 +6,9 @@
 //! every result, with the counts ([`Operation::results_counts`]). The results' next step has
 //! its own due time ([`Operation::results_due_ms`]): their waits never move the job effect's
 //! `next_attempt_ms`, nor its backoff theirs, and a forgotten or retired operation runs none of
-//! them. These fields read with their default from a record stored before they existed and are
-//! not stored while default, so such records store back byte for byte. The results' own
-//! progress is not here: it lives in the gate's tables (`src/edge/objects/gate/results.rs`),
-//! so this record is not rewritten per chunk.
+//! them. These fields are not stored while default, so a record stored before them stores back
+//! byte for byte. The results' own progress lives in the gate's tables
+//! (`src/edge/objects/gate/results.rs`), so this record is not rewritten per chunk.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -42,13 +41,9 @@ impl ResultsMode {
         }
     }
 
-    /// Reads a registration's `results`.
+    /// Reads a registration's `results` (spelled as stored).
     pub fn parse(text: &str) -> Option<ResultsMode> {
-        match text {
-            "none" => Some(ResultsMode::None),
-            "each" => Some(ResultsMode::Each),
-            _ => None,
-        }
+        serde_json::from_value(text.into()).ok()
     }
 }
 
@@ -72,14 +67,12 @@ impl Operation {
         true
     }
 
-    /// Every result is delivered or parked: the counts are kept, and the job's effect is
-    /// built with them. While it is owed it is due now. After it went out (an operator's retry
-    /// of parked results settled again), counts that changed are a new body, so they go as a
-    /// new generation under a new `webhook-id` (one body per id, invariant 3), whether the
-    /// previous generation was done, failing or parked; counts that did not change send
-    /// nothing. `failing_parked`: results parked since the last operator's retry for failing
-    /// past the alert threshold; none resolves an open `results_failing` (an operator's retry
-    /// sent them after all). Returns the new generation, when one began.
+    /// Every result is delivered or parked: the counts are kept, and the job's effect, built
+    /// with them, is due now while owed. After it went out (an operator's retry settled again),
+    /// changed counts are a new body, so a new generation under a new `webhook-id` (invariant
+    /// 3), whatever the previous one's state; unchanged counts send nothing. `failing_parked`
+    /// (results parked for failing since the last operator's retry): none resolves an open
+    /// `results_failing`. Returns the new generation, when one began.
     pub fn results_settled(
         &mut self,
         counts: Value,
@@ -134,11 +127,10 @@ impl Operation {
         self.changed();
     }
 
-    /// An operator put parked results back: the results' progress runs again now, and a
-    /// new spell of failures alerts `results_failing` again (as an operator's retry of the
-    /// job's effect lets `effect_failing` alert again); the one open stays open until the
-    /// results settle with none parked for failing. False, and nothing changes, once the
-    /// operation is forgotten or retired: nothing of it runs again.
+    /// An operator put parked results back: the results run again now, and a new spell of
+    /// failures alerts `results_failing` again (the one open stays open until the results
+    /// settle with none parked for failing). False, and nothing changes, once the operation is
+    /// forgotten or retired.
     pub fn results_retried(&mut self, now_ms: i64) -> bool {
         if self.results_stopped() {
             return false;

@@ -4,19 +4,16 @@
 //! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] what
 //! goes on the record, committed through the gate's step); a chunk's claim is stored before any
 //! of its results is sent, and its commit (the counts and the rows of the results not
-//! delivered) after every answer, each in one storage write; a waiting row is sent again
-//! as it is stored (a kill before its answer is stored sends it again). Each result is sent
-//! signed like every effect under its one `webhook-id`
-//! ([`crate::results::body::result_message_id`]). While work remains the results'
-//! due time stays in the past, so the alarm the run sets last fires again at once; a wait (a
-//! file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
-//! moves it, and holds while the alarm runs for other work. How many results a step sends is
-//! its turn at the destination's desk, the job's effect's own (`desk_turn.rs`, with the sends
-//! in `results/sends.rs`); where the results are is asked in
-//! `results/locate.rs`; how a step commits what it writes on the record (its due time, the
-//! settled counts, an alert, `/metrics`' counts) is `results/marks.rs`. Commands (a duplicate
-//! delivery, a poll, an operator's redeliver) never start a step: only the alarm does, one
-//! run at a time, from the stored progress; a desk's release only makes it due.
+//! delivered) after every answer, each in one storage write; a waiting row is sent again as it
+//! is stored. Each result is signed under its one `webhook-id`
+//! ([`crate::results::body::result_message_id`]). While work remains the results' due time
+//! stays past, so the alarm fires again at once; a wait (a file not there yet, rows backing
+//! off, a destination that asked to wait, the desk's queue) moves it. How many a step sends is
+//! its turn at the destination's desk, the job's effect's own (`desk_turn.rs`; the sends in
+//! `results/sends.rs`); where the results are is asked in `results/locate.rs`; what a step
+//! commits on the record is `results/marks.rs`. Only the alarm starts a step (never a
+//! duplicate delivery, a poll or an operator's redeliver), one run at a time, from the stored
+//! progress; a desk's release only makes it due.
 
 use worker::{Env, Result};
 
@@ -27,7 +24,8 @@ use crate::operation::{DeskMark, Operation};
 use crate::results::item::{from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::results::marks as on_record;
-use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress, Step};
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress};
+use crate::results::progress::{Sending, Step, Write};
 use crate::results::turn::reads_first;
 
 use crate::edge::objects::gate::desk_turn::Turn;
@@ -97,8 +95,7 @@ impl Driver<'_> {
             true => progress.next_released(now),
             false => progress.next(now),
         };
-        if let (true, Step::WaitUntil(at)) = (released, &step) {
-            let at = *at;
+        if let (true, &Step::WaitUntil(at)) = (released, &step) {
             return self.release_unused(op, at).await;
         }
         // A file the last read could not give is tried first: a batch that cannot send takes
@@ -227,42 +224,21 @@ impl Driver<'_> {
             }
             Some(claim) => {
                 let before_end = |i: &ResultItem| i.index < claim.to.index;
-                let items = items.into_iter().filter(before_end).collect();
+                let reached = std::cmp::min_by_key(claim.to, to, |c| c.index);
                 (
                     claim,
-                    items,
-                    if to.index >= claim.to.index {
-                        claim.to
-                    } else {
-                        to
-                    },
+                    items.into_iter().filter(before_end).collect(),
+                    reached,
                 )
             }
         };
-        self.send_and_commit(op, progress, claim, reached, items, turn)
+        let (chunk, limits) = (claim.chunk, &self.limits);
+        let commit = |p: &mut Progress, answers, now| {
+            let writes = p.commit_through(chunk, reached, answers, now, limits, random_unit());
+            writes.unwrap_or_default()
+        };
+        self.send_and_commit(op, progress, items, turn, commit)
             .await
-    }
-
-    /// Sends the claimed chunk's results before `reached` and commits them.
-    async fn send_and_commit(
-        &self,
-        op: Operation,
-        progress: Progress,
-        claim: ChunkClaim,
-        reached: Checkpoint,
-        items: Vec<ResultItem>,
-        turn: Turn,
-    ) -> Result<Operation> {
-        let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
-        let mut progress = self.store.fresh(progress)?;
-        let before = progress.counts;
-        let (now, limits) = (now_ms(), &self.limits);
-        let writes =
-            progress.commit_through(claim.chunk, reached, answers, now, limits, random_unit());
-        let metered = progress.meter(before);
-        self.store.save(&progress, writes.unwrap_or_default())?;
-        let op = self.count(op, metered).await?;
-        self.after_sends(op, turn, sent).await
     }
 
     /// Sends the due rows again (as many as the desk let go): each waits under its id, so a
@@ -278,22 +254,31 @@ impl Driver<'_> {
         for index in indexes.into_iter().take(turn.n as usize) {
             items.extend(self.store.kept(index)?);
         }
+        let finish = |p: &mut Progress, answers: Vec<(ResultItem, Sending)>, now| {
+            let finish = |(item, outcome): (ResultItem, _)| {
+                p.finish_row(item.index, outcome, now, &self.limits, random_unit())
+            };
+            answers.into_iter().filter_map(finish).collect()
+        };
+        self.send_and_commit(op, progress, items, turn, finish)
+            .await
+    }
+
+    /// Sends `items` and commits their answers as `settle` makes them (a claimed chunk's
+    /// commit, or each row's), on the progress as stored after the sends; then `/metrics`'
+    /// count on the record.
+    async fn send_and_commit(
+        &self,
+        op: Operation,
+        progress: Progress,
+        items: Vec<ResultItem>,
+        turn: Turn,
+        settle: impl FnOnce(&mut Progress, Vec<(ResultItem, Sending)>, i64) -> Vec<Write>,
+    ) -> Result<Operation> {
         let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
         let mut progress = self.store.fresh(progress)?;
         let before = progress.counts;
-        let now = now_ms();
-        let writes = answers
-            .iter()
-            .filter_map(|(item, outcome)| {
-                progress.finish_row(
-                    item.index,
-                    outcome.clone(),
-                    now,
-                    &self.limits,
-                    random_unit(),
-                )
-            })
-            .collect();
+        let writes = settle(&mut progress, answers, now_ms());
         let metered = progress.meter(before);
         self.store.save(&progress, writes)?;
         let op = self.count(op, metered).await?;

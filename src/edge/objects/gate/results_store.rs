@@ -1,28 +1,23 @@
-//! The gate's tables of a batch's results (beside `tables.rs`'s record): the progress, a
-//! failure row per result not delivered, and an inline batch's items.
+//! The gate's tables of a batch's results (beside `tables.rs`'s record), created by the first
+//! write of a `"results": "each"` batch:
+//! - `results_progress(id = 1, body)`: the [`Progress`] as JSON, without its rows;
+//! - `results_failures(idx, parked, row, item)`: each result not delivered, its [`Row`] and its
+//!   result (`item` last, so reading the rows never reads a result); the waiting ones are
+//!   loaded with the progress through the partial index `results_waiting`, never the parked;
+//! - an inline batch's results, stored as its status answer streams in:
+//!   `results_inline_items(seq, key, hash, payload)` each item at its place in the answer, then
+//!   `results_inline_order(idx, seq, suffix)` their stable order (the answer cannot be held to
+//!   order it first), so a chunk is a range of rows; `results_inline(idx, item)` is the form an
+//!   earlier build stored, still read.
 //!
-//! Tables, created by the first write of a `"results": "each"` batch:
-//! `results_progress(id = 1, body)` the [`Progress`] as JSON, without its rows;
-//! `results_failures(idx, parked, row, item)` each result not delivered, waiting or parked: its
-//! [`Row`] (its state) and its result (the waiting rows are loaded with the progress, at most
-//! `MAX_WAITING` and a wave, through the partial index `results_waiting`, so a load never
-//! reads the parked ones; `item` last, so that reading the rows never reads a result). An
-//! earlier build's layout (the waiting rows in the progress, `results_kept(idx, item)` and
-//! `results_parked(idx, row)`) is moved to `results_failures` by the loads that follow the
-//! deploy: the waiting rows at the first, the parked ones [`MOVED_PER_LOAD`] a load in order
-//! of index (a load's work stays bounded whatever the number parked), the old tables dropped
-//! once empty. An inline batch's results, stored as its status
-//! answer streams in: `results_inline_items(seq, key, hash, payload)` each item at its place
-//! in the answer (its `metadata.key`, content hash, and `response`, `error` or `unreadable`),
-//! then `results_inline_order(idx, seq, suffix)` their stable order (a row an item: the
-//! answer cannot be held to order it first), so a chunk is a range of rows;
-//! `results_inline(idx, item)` is the form an earlier build stored, still read.
+//! An earlier build's layout (the waiting rows in the progress, `results_kept(idx, item)`,
+//! `results_parked(idx, row)`) is moved to `results_failures` by the loads after the deploy:
+//! the waiting rows at the first, the parked ones [`MOVED_PER_LOAD`] a load by index, the old
+//! tables dropped once empty.
 //!
-//! Guarantees: a progress and the writes its transition made are stored with no await in
-//! between, so the runtime commits them as one (a Durable Object's writes between two awaits
-//! are atomic); a row is written per change of a result not delivered, never per delivered
-//! result.
-//! They go with the rest of the object's storage when retention ends (`deleteAll`).
+//! Guarantees: a progress and its transition's writes are stored with no await between, so as
+//! one write; a row is written per change of a result not delivered, never per delivered
+//! result. The tables go with the object's storage when retention ends (`deleteAll`).
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -272,28 +267,23 @@ impl<'a> ResultsStore<'a> {
 
     /// Up to `n` inline results from `from` on, and whether they reach the last one.
     pub(super) fn inline_chunk(&self, from: u64, n: u64) -> Result<(Vec<ResultItem>, bool)> {
-        let mut legacy: Vec<ResultItem> = self.parsed(
+        let range = || Some(vec![(from as i64).into(), (n as i64 + 1).into()]);
+        let mut items: Vec<ResultItem> = self.parsed(
             "SELECT item AS body FROM results_inline WHERE idx >= ? ORDER BY idx LIMIT ?",
-            Some(vec![(from as i64).into(), (n as i64 + 1).into()]),
+            range(),
         )?;
-        let rows: Vec<Inline> = match legacy.is_empty() {
-            true => self.meter.rows(
+        let mut last = items.len() as u64 <= n;
+        if items.is_empty() {
+            let rows: Vec<Inline> = self.meter.rows(
                 &self.sql,
                 "SELECT o.idx AS idx, o.suffix AS suffix, i.key AS key, i.hash AS hash, i.payload AS payload FROM results_inline_order o JOIN results_inline_items i ON i.seq = o.seq WHERE o.idx >= ? ORDER BY o.idx LIMIT ?",
-                vec![(from as i64).into(), (n as i64 + 1).into()],
-            )?,
-            false => {
-                let last = legacy.len() as u64 <= n;
-                legacy.truncate(n as usize);
-                return Ok((legacy, last));
-            }
-        };
-        let last = rows.len() as u64 <= n;
-        let items = rows
-            .into_iter()
-            .take(n as usize)
-            .map(Inline::item)
-            .collect::<Result<Vec<ResultItem>>>()?;
+                range(),
+            )?;
+            last = rows.len() as u64 <= n;
+            let rows = rows.into_iter().take(n as usize);
+            items = rows.map(Inline::item).collect::<Result<_>>()?;
+        }
+        items.truncate(n as usize);
         Ok((items, last))
     }
 
