@@ -305,9 +305,11 @@ impl Desk {
             failure,
             asked_wait_ms,
         } = sent;
-        // Whatever it says, a probe that reports is over (a failed one backs off below).
+        // A probe that reports is over (a failed one backs off below), but for a chunk that
+        // was neither on a desk that is not open: that report leaves the desk as it stands.
         let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
-        if was_probe {
+        let mixed = failures > 0 && failures < sent;
+        if was_probe && (self.paused.is_some() || !mixed || self.is_open()) {
             self.probe = None;
         }
         if sent == 0 {
@@ -320,7 +322,7 @@ impl Desk {
             // an answer a recovery): the key waits in its place for the resume.
             return Self::hold();
         }
-        if failures > 0 && failures < sent {
+        if mixed {
             // A chunk that was neither (a probe's or not): while open its key goes behind the
             // rest; else its slots are freed, and what waits may go.
             return match self.is_open() {

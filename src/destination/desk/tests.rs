@@ -911,3 +911,18 @@ fn a_key_that_keeps_failing_is_not_probed_again_while_its_gate_asks_between_prob
     );
     assert!(!d.is_open());
 }
+
+#[test]
+fn a_mixed_chunk_ends_a_probe_while_open_and_leaves_a_closed_desk_as_it_stands() {
+    // Open: the probe's mixed chunk is over, and its key goes behind the rest.
+    let mut d = opened();
+    d.released("b", true, 10);
+    d.report("b", chunk(3, 1, Some("503".into()), None), facts(2, 0), 20);
+    assert!(d.probe.is_none());
+    // Closed (a probe released while a success closed it): the report changes nothing of it.
+    let mut d = desk(Pace::default());
+    d.released("b", true, 10);
+    let decision = d.report("b", chunk(3, 1, Some("503".into()), None), facts(2, 0), 20);
+    assert_eq!(d.probe.as_ref().map(|p| p.key.as_str()), Some("b"));
+    assert!(!decision.enqueue);
+}
