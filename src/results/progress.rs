@@ -13,10 +13,11 @@
 //! ([`Sending::Unanswered`]) runs the senders' clock instead: past the same threshold, one
 //! alert for the batch naming how many wait ([`Step::AlertSenders`]), resolved once a sender
 //! answers or none waits on one ([`Step::SendersBack`]); the results keep being sent. A file
-//! missing after `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`],
-//! unless the batch ended more than [`FILE_KEPT_MS`] ago; a file gone for good or unreadable
-//! parks the results with the reason and one alert. The job's own effect is owed once the file
-//! is read (or parked) and no result is waiting.
+//! missing after `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`]
+//! (once some of it was read, from its first trouble in a row), unless the batch ended more than
+//! [`FILE_KEPT_MS`] ago; a file gone for good or unreadable parks the results with the reason
+//! and one alert. The job's own effect is owed once the file is read (or parked) and no result
+//! is waiting.
 //!
 //! Storage, in the batch's Durable Object: this value as one row, bounded whatever the keys'
 //! sizes (never a result's key), and a failure row per result not delivered (waiting or
@@ -226,7 +227,9 @@ pub struct Progress {
     /// with them reads them here).
     #[serde(default, skip_serializing)]
     pub rows: BTreeMap<u64, Row>,
-    /// When the results became owed (the operation's `SUCCEEDED`).
+    /// When the results became owed (the operation's `SUCCEEDED`) or an operator reopened the
+    /// file; once some of it was read, when its current run of troubles began: what
+    /// [`Limits::file_wait_ms`] is counted from.
     pub since_ms: i64,
     /// When the batch ended, by Gemini's clock (its `endTime`, else its `updateTime`), when
     /// known: a file missing [`FILE_KEPT_MS`] after it is gone for good.
@@ -429,8 +432,14 @@ impl Progress {
 
     /// The download did not give the file: wait and ask again, or park the results.
     pub fn file_failed(&mut self, trouble: FileTrouble, now_ms: i64, limits: &Limits, jitter: f64) {
+        // Once some of the file was read, the wait runs from the first trouble in a row: a
+        // file that fails after a long read is asked for again, not parked at once.
         let failures = match self.phase {
             Phase::WaitingForFile { failures, .. } => failures + 1,
+            _ if self.chunks_done > 0 => {
+                self.since_ms = now_ms;
+                1
+            }
             _ => 1,
         };
         let over = now_ms - self.since_ms >= limits.file_wait_ms;

@@ -1273,3 +1273,38 @@ fn a_value_stored_with_its_rows_by_an_earlier_build_reads_them_and_is_stored_wit
     let stored = serde_json::to_string(&read).unwrap();
     assert!(!stored.contains("\"rows\""), "{stored}");
 }
+
+#[test]
+fn a_file_that_fails_after_a_long_read_is_waited_for_from_its_first_trouble() {
+    let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
+    let at = Checkpoint {
+        offset: 4_096,
+        index: 40,
+    };
+    p.claim(at, false);
+    p.commit(0, Vec::<(ResultItem, Sending)>::new(), 0, &LIMITS, 0.0);
+    // The read went on for longer than the wait; then the server fails once.
+    let late = 2 * FILE_WAIT_MS;
+    p.file_failed(FileTrouble::Unavailable("503".into()), late, &LIMITS, 0.0);
+    assert!(matches!(p.phase, Phase::WaitingForFile { failures: 1, .. }));
+    p.file_failed(
+        FileTrouble::Unavailable("503".into()),
+        late + FILE_WAIT_MS - 1,
+        &LIMITS,
+        0.0,
+    );
+    assert!(matches!(p.phase, Phase::WaitingForFile { failures: 2, .. }));
+    // Past the wait counted from that first trouble, the results are parked.
+    p.file_failed(
+        FileTrouble::Unavailable("503".into()),
+        late + FILE_WAIT_MS,
+        &LIMITS,
+        0.0,
+    );
+    assert_eq!(
+        p.phase,
+        Phase::FileParked {
+            reason: "503".into()
+        }
+    );
+}
