@@ -1,17 +1,18 @@
 //! One inbound classification: what a delivery to `POST /webhooks/gemini` is, decided from
 //! its headers, its body, the time and the configuration.
 //!
-//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): every trust decision about a delivery
-//! is made here, and every delivery turned away is a [`Rejection`]: its logged reason, and the
-//! [`Reply`] it gets (a [`Refusal`], whose status is decided in one place).
-//! The decisions run in [`crate::inbound::intake`], in the order its header states: the
-//! headers before a byte of the body, a token's signature (the edge's WebCrypto) before
-//! its claims, our HMAC before any `v1a,` entry. An HMAC-proven body becomes a
-//! [`DeliveryKind::Event`]; a JWT-signed body proves only its sender, so it becomes a
-//! [`DeliveryKind::Nudge`] whose metadata is never verified; a `v1a`-signed body proves Google
-//! sent this very body, not that the job is ours (Google's keys serve every project), so it
-//! too becomes a nudge, whose `user_metadata` is trusted only once the status API, asked with
-//! our key, has confirmed the operation. Time is a parameter.
+//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): every trust decision about a delivery is
+//! made here, and every delivery turned away is a [`Rejection`]: its logged reason, and the
+//! [`Reply`] it gets (a [`Refusal`], whose status is decided in one place). The decisions run in
+//! [`crate::inbound::intake`], in the order its header states: the headers before a byte of the
+//! body (a declared oversized body first; for a JWT, whether dynamic webhooks are on, the timestamp
+//! window, then the token's shape), a token's signature (the edge's WebCrypto) before its claims,
+//! our HMAC before any `v1a,` entry. An HMAC-proven body becomes a [`DeliveryKind::Event`]; a
+//! JWT-signed body proves only its sender, so it becomes a [`DeliveryKind::Nudge`] whose metadata
+//! is never verified; a `v1a`-signed body proves Google sent this very body, not that the job is
+//! ours (Google's keys serve every project), so it too becomes a nudge, whose `user_metadata` is
+//! trusted only once the status API, asked with our key, has confirmed the operation. Time is a
+//! parameter.
 
 use serde_json::{Map, Value};
 

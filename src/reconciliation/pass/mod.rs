@@ -24,9 +24,9 @@
 //! starts no entry after `RECONCILE_DEADLINE_SECONDS`; a heartbeat renews its short lease
 //! every quarter of the TTL, saving its position each time, and a refused renewal stops the
 //! pass without a release, so it never saves a cursor over the new holder's. What each status
-//! answer leads to is the entry run's (`entry.rs`; unanswered calls: `stop.rs`); after a 429
-//! or 5xx the next pass resumes at the first entry skipped for it (if the wait ends within a
-//! cron interval).
+//! answer leads to is the entry run's (`entry.rs`; unanswered calls: `stop.rs`); a 429 or 5xx
+//! stops polling until its Retry-After has passed and settles nothing, and the next pass
+//! resumes at the first entry skipped for it (if the wait ends within a cron interval).
 
 mod consumer;
 mod entry;

@@ -1,19 +1,19 @@
 //! A `"results": "each"` batch's results, driven by its gate's alarm: one step of
 //! [`crate::results::progress::Progress`] per run, performed here.
 //!
-//! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] what
-//! goes on the record, committed through the gate's step); a chunk's claim is stored before any
-//! of its results is sent, and its commit (the counts and the rows of the results not
-//! delivered) after every answer, each in one storage write; a waiting row is sent again as it
-//! is stored. Each result is signed under its one `webhook-id`
-//! ([`crate::results::body::result_message_id`]). While work remains the results' due time
-//! stays past, so the alarm fires again at once; a wait (a file not there yet, rows backing
-//! off, a destination that asked to wait, the desk's queue) moves it. How many a step sends is
-//! its turn at the destination's desk, the job's effect's own (`desk_turn.rs`; the sends in
-//! `results/sends.rs`); where the results are is asked in `results/locate.rs`; what a step
-//! commits on the record is `results/marks.rs`. Only the alarm starts a step (never a
-//! duplicate delivery, a poll or an operator's redeliver), one run at a time, from the stored
-//! progress; a desk's release only makes it due.
+//! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] what goes on
+//! the record, committed through the gate's step); a chunk's claim is stored before any of its
+//! results is sent, and its commit (the counts and the rows of the results not delivered) after
+//! every answer, each in one storage write; a waiting row is sent again as it is stored (a kill
+//! before its answer is stored sends it again). Each result is signed under its one `webhook-id`
+//! ([`crate::results::body::result_message_id`]). While work remains the results' due time stays
+//! past, so the alarm fires again at once; a wait (a file not there yet, rows backing off, a
+//! destination that asked to wait, the desk's queue) moves it. How many a step sends is its turn at
+//! the destination's desk, the job's effect's own (`desk_turn.rs`; the sends in
+//! `results/sends.rs`); where the results are is asked in `results/locate.rs`; what a step commits
+//! on the record is `results/marks.rs`. Only the alarm starts a step (never a duplicate delivery, a
+//! poll or an operator's redeliver), one run at a time, from the stored progress; a desk's release
+//! only makes it due.
 
 use worker::{Env, Result};
 
