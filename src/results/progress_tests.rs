@@ -476,8 +476,8 @@ fn an_unreadable_file_parks_at_once_and_a_server_error_waits() {
     );
 }
 
-#[test]
-fn an_operators_retry_reads_a_parked_file_again_from_where_it_stopped() {
+/// A file's progress whose first chunk (40 results, to byte 4,096) was read and committed at 0.
+fn first_chunk_read() -> (Progress, Checkpoint) {
     let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
     let at = Checkpoint {
         offset: 4_096,
@@ -485,6 +485,12 @@ fn an_operators_retry_reads_a_parked_file_again_from_where_it_stopped() {
     };
     p.claim(at, false);
     p.commit(0, Vec::<(ResultItem, Sending)>::new(), 0, &LIMITS, 0.0);
+    (p, at)
+}
+
+#[test]
+fn an_operators_retry_reads_a_parked_file_again_from_where_it_stopped() {
+    let (mut p, at) = first_chunk_read();
     p.file_failed(
         FileTrouble::Unreadable("206 from byte 0".into()),
         5,
@@ -1276,13 +1282,7 @@ fn a_value_stored_with_its_rows_by_an_earlier_build_reads_them_and_is_stored_wit
 
 #[test]
 fn a_file_that_fails_after_a_long_read_is_waited_for_from_its_first_trouble() {
-    let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
-    let at = Checkpoint {
-        offset: 4_096,
-        index: 40,
-    };
-    p.claim(at, false);
-    p.commit(0, Vec::<(ResultItem, Sending)>::new(), 0, &LIMITS, 0.0);
+    let (mut p, _) = first_chunk_read();
     // The read went on for longer than the wait; then the server fails once.
     let late = 2 * FILE_WAIT_MS;
     p.file_failed(FileTrouble::Unavailable("503".into()), late, &LIMITS, 0.0);
