@@ -53,15 +53,11 @@ pub struct Audit {
 impl Audit {
     /// Where the audit starts in a pass at `now_ms`, if one is in progress or due.
     pub fn due(&self, now_ms: i64, interval_ms: i64) -> Option<LedgerCursor> {
-        match &self.resume {
-            Some(r) => Some(r.clone()),
-            None if self.completed == 0
-                || now_ms >= self.last_completed_ms.saturating_add(interval_ms) =>
-            {
-                Some(LedgerCursor::default())
-            }
-            None => None,
-        }
+        let due =
+            self.completed == 0 || now_ms >= self.last_completed_ms.saturating_add(interval_ms);
+        self.resume
+            .clone()
+            .or_else(|| due.then(LedgerCursor::default))
     }
 
     /// Records how far the audit got: `complete` when it reached the end of `op:`.

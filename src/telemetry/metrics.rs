@@ -55,13 +55,8 @@ impl Format {
     /// OpenMetrics when `Accept` names `application/openmetrics-text` (as Prometheus itself
     /// asks first), the text format otherwise.
     pub fn from_accept(accept: Option<&str>) -> Format {
-        match accept {
-            Some(a)
-                if a.to_ascii_lowercase()
-                    .contains("application/openmetrics-text") =>
-            {
-                Format::OpenMetrics
-            }
+        match accept.map(str::to_ascii_lowercase) {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
             _ => Format::Text,
         }
     }

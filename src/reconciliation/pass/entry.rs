@@ -122,25 +122,6 @@ enum Owed {
     Sleep,
 }
 
-impl EntryRun {
-    pub(super) fn new(name: &str, key: &str, meta: LedgerMeta, steps: Vec<Step>) -> EntryRun {
-        EntryRun {
-            name: name.to_string(),
-            key: key.to_string(),
-            meta,
-            steps: steps.into(),
-            polled: true,
-            skipped_poll: false,
-            owed: None,
-        }
-    }
-
-    /// Whether the run owes an answer.
-    pub(super) fn owes(&self) -> bool {
-        self.owed.is_some()
-    }
-}
-
 /// One thing left to do for the entry.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Step {
@@ -167,6 +148,23 @@ pub(super) enum AfterGate {
 }
 
 impl EntryRun {
+    pub(super) fn new(name: &str, key: &str, meta: LedgerMeta, steps: Vec<Step>) -> EntryRun {
+        EntryRun {
+            name: name.to_string(),
+            key: key.to_string(),
+            meta,
+            steps: steps.into(),
+            polled: true,
+            skipped_poll: false,
+            owed: None,
+        }
+    }
+
+    /// Whether the run owes an answer.
+    pub(super) fn owes(&self) -> bool {
+        self.owed.is_some()
+    }
+
     /// The next intent for the entry; `None` when nothing is left to do for it.
     pub(super) fn step(&mut self, books: &mut Books, now_ms: i64) -> Option<Intent> {
         loop {
@@ -356,11 +354,8 @@ impl EntryRun {
     fn status_observed(&mut self, books: &mut Books, observation: Observation) {
         let key = self.key.clone();
         if let Status::Unknown(raw) = &observation.status {
-            books.log(PassLog::StatusUnknownState {
-                key,
-                state: raw.clone(),
-            });
-            return;
+            let state = raw.clone();
+            return books.log(PassLog::StatusUnknownState { key, state });
         }
         if observation.status == self.meta.status {
             return; // nothing new for the gate: save the round trip
@@ -403,19 +398,14 @@ impl EntryRun {
         let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
-                books.error(PassLog::ReconcileError {
-                    key: Some(key),
-                    error,
-                });
-                return;
+                let key = Some(key);
+                return books.error(PassLog::ReconcileError { key, error });
             }
         };
         match after {
             AfterGate::Nothing => {}
             AfterGate::CountAlert => {
-                if reply == (GateReply::AlertSent { sent: true }) {
-                    books.report.alerts += 1;
-                }
+                books.report.alerts += u64::from(reply == GateReply::AlertSent { sent: true });
             }
             AfterGate::ReindexIfDone => self.reindex_if_done(books, &reply),
             // A poll reached a gate that holds no record (it creates none from a status

@@ -107,11 +107,8 @@ impl Pass {
             Err(e) => {
                 self.books
                     .error(PassLog::error(format!("lease renewal: {e}")));
-                if lease_presumed_lapsed(
-                    now_ms,
-                    self.last_renewed_ms,
-                    self.books.limits.lease_ttl_ms,
-                ) {
+                let ttl_ms = self.books.limits.lease_ttl_ms;
+                if lease_presumed_lapsed(now_ms, self.last_renewed_ms, ttl_ms) {
                     self.heartbeat_stop = Some(Stop::LeaseLapsed);
                     return false;
                 }
@@ -132,9 +129,8 @@ impl Pass {
         self.books.report.stopped = Some(stop);
         self.books.report.complete = stop == Stop::Complete;
         if !stop.releases() {
-            self.books.log(PassLog::ReconcileLeaseLost {
-                holder: self.holder.clone(),
-            });
+            let holder = self.holder.clone();
+            self.books.log(PassLog::ReconcileLeaseLost { holder });
             self.phase = Phase::Finish;
             return None;
         }
@@ -166,10 +162,9 @@ impl Pass {
             Ok(other) => self
                 .books
                 .log(PassLog::error(format!("lease release refused: {other:?}"))),
-            Err(e) => {
-                self.books
-                    .error(PassLog::error(format!("lease release: {e}")));
-            }
+            Err(e) => self
+                .books
+                .error(PassLog::error(format!("lease release: {e}"))),
         }
     }
 

@@ -43,15 +43,13 @@ mod tests;
 
 use serde_json::Value;
 
-use crate::operation::gate::protocol::GateCommand;
-use crate::operation::gate::protocol::GateReply;
+use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::ledger_walk::LedgerCursor;
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::audit_reserve;
-use crate::retry::PeerAnswer;
-
 use crate::reconciliation::status::StatusAnswer;
+use crate::retry::PeerAnswer;
 
 use stop::{past_deadline, Stop};
 

@@ -154,9 +154,7 @@ impl Pass {
     /// Whether the `webhook_reenabled` alert was sent (once, best effort: the
     /// `webhook_enabled` line says it all the same).
     pub(super) fn on_announced(&mut self, sent: bool) {
-        if sent {
-            self.books.report.alerts += 1;
-        }
+        self.books.report.alerts += u64::from(sent);
         self.phase = match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Announce(next) => *next,
             other => other,

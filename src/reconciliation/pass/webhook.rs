@@ -54,10 +54,8 @@ impl Pass {
             self.phase = Phase::Index(check.then);
             return None;
         }
-        let mut url = format!(
-            "{}/v1beta/webhooks?page_size=1000",
-            self.books.limits.api_base
-        );
+        let base = &self.books.limits.api_base;
+        let mut url = format!("{base}/v1beta/webhooks?page_size=1000");
         if let Some(t) = &check.token {
             url.push_str(&format!(
                 "&page_token={}",
@@ -156,11 +154,8 @@ impl Pass {
         };
         self.phase = Phase::Index(check.then);
     }
-}
 
-/// Enabling the webhook again (what is restored, and what follows: `restore.rs`).
-impl Pass {
-    /// Enables webhook `id` again.
+    /// Enables webhook `id` again (what is restored, and what follows: `restore.rs`).
     pub(super) fn restore_step(&mut self, check: Check, id: &str) -> Option<Intent> {
         let (url, body) = enable_webhook_call(&self.books.limits.api_base, id);
         self.books.spend(1);
