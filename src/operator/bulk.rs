@@ -537,10 +537,8 @@ pub struct BulkWalk {
 impl BulkWalk {
     /// Starts a request at `now_ms` (the edge's clock; see [`BulkRun::new`]).
     pub fn new(request: BulkRequest, now_ms: i64) -> Result<BulkWalk, BulkError> {
-        let prefix = format!(
-            "{OP_PREFIX}{}",
-            request.filter.prefix.as_deref().unwrap_or("")
-        );
+        let prefix = request.filter.prefix.as_deref().unwrap_or("");
+        let prefix = format!("{OP_PREFIX}{prefix}");
         let walk = LedgerWalk::new(request.resume.clone(), MAX_BULK_PAGES);
         Ok(BulkWalk {
             run: BulkRun::new(request, now_ms)?,

@@ -353,11 +353,8 @@ impl ListQuery {
 /// Whether a time in Unix seconds lies in `[after, before)` (bounds in Unix ms); with a bound
 /// given, an absent time never does.
 fn within(secs: Option<i64>, after_ms: Option<i64>, before_ms: Option<i64>) -> bool {
-    if after_ms.is_none() && before_ms.is_none() {
-        return true;
-    }
     let Some(ms) = secs.map(|s| s.saturating_mul(1_000)) else {
-        return false;
+        return after_ms.is_none() && before_ms.is_none();
     };
     after_ms.is_none_or(|a| ms >= a) && before_ms.is_none_or(|b| ms < b)
 }

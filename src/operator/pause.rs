@@ -26,7 +26,7 @@ pub struct PauseRequest {
 /// Reads the body of a pause (`pausing`) or a resume. A pause needs a reason; a resume's is
 /// optional (`operator` when none is given).
 pub fn parse(body: &[u8], pausing: bool) -> Result<PauseRequest, String> {
-    #[derive(Deserialize)]
+    #[derive(Deserialize, Default)]
     #[serde(deny_unknown_fields)]
     struct Body {
         reason: Option<String>,
@@ -35,10 +35,7 @@ pub fn parse(body: &[u8], pausing: bool) -> Result<PauseRequest, String> {
     }
     let shape = "body must be {\"reason\": \"...\", \"dry_run\": true|false}";
     let parsed: Body = match body.iter().all(u8::is_ascii_whitespace) {
-        true => Body {
-            reason: None,
-            dry_run: false,
-        },
+        true => Body::default(),
         false => serde_json::from_slice(body).map_err(|_| shape.to_string())?,
     };
     let reason = kept_reason(parsed.reason);

@@ -60,10 +60,8 @@ impl IsolateTally {
     /// Everything, as a batch to send now, when the window since the last send has passed
     /// (always with `every_ms` 0); `None` when empty or not yet due.
     pub fn take_due(&mut self, now_ms: i64, every_ms: i64) -> Option<Vec<StatEvent>> {
-        if self.counts.is_empty() || now_ms - self.sent_at_ms < every_ms {
-            return None;
-        }
-        Some(self.take(now_ms))
+        let due = !self.counts.is_empty() && now_ms - self.sent_at_ms >= every_ms;
+        due.then(|| self.take(now_ms))
     }
 
     /// How long until a delayed send is due, when one should be scheduled now: there are

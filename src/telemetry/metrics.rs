@@ -211,9 +211,7 @@ fn counter_families(total: &Value) -> Vec<Family> {
     let count = |name: &str| total.get(name).and_then(Value::as_u64).unwrap_or(0) as f64;
     let mut families: Vec<Family> = Vec::new();
     for (name, family, label) in FIXED {
-        let labels = label
-            .map(|(k, v)| vec![(k, v.to_string())])
-            .unwrap_or_default();
+        let labels = Vec::from_iter(label.map(|(k, v)| (k, v.to_string())));
         match families.iter_mut().find(|f| f.name == family) {
             Some(f) => f.push(labels, count(name)),
             None => families.push(Family::counter(family).with(labels, count(name))),

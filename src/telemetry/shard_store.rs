@@ -181,9 +181,6 @@ fn load_hours(sql: &impl Sql, hours: Option<&[i64]>) -> Result<BTreeMap<i64, Cou
 
 /// Adds `add` into the stored rows of its hours: one row written per hour.
 fn add_hours(sql: &impl Sql, add: BTreeMap<i64, Counts>) -> Result<(), String> {
-    if add.is_empty() {
-        return Ok(());
-    }
     let hours: Vec<i64> = add.keys().copied().collect();
     let mut stored = load_hours(sql, Some(&hours))?;
     for (hour, counts) in add {

@@ -195,12 +195,10 @@ impl Pass {
     /// Every entry of the window is visited: the next pass lists the next window, or the
     /// index from its start.
     pub(super) fn window_done(&mut self, mut walk: IndexWalk) -> Option<Intent> {
-        let stop = match walk.next_window {
-            None => Stop::Complete,
-            Some(_) => Stop::Window,
-        };
+        let next = walk.next_window.take();
+        let stop = next.as_ref().map_or(Stop::Complete, |_| Stop::Window);
         walk.position = LedgerCursor::default();
-        walk.position.cursor = walk.next_window.take();
+        walk.position.cursor = next;
         self.walk_ended(walk, stop)
     }
 
