@@ -1103,7 +1103,7 @@ mod tests {
             PeerAnswer::Network("reset".into()),
         ]
         .iter()
-        .map(|a| call_answer(a).label())
+        .map(|a| crate::telemetry::log_event::name_of(&call_answer(a)))
         .collect();
         assert_eq!(
             classes,

@@ -81,11 +81,6 @@ pub enum AskedBy {
 
 impl AskedBy {
     pub const ALL: [AskedBy; 3] = [AskedBy::Pass, AskedBy::Queue, AskedBy::Nudge];
-
-    /// The label value.
-    pub fn label(self) -> String {
-        name_of(&self)
-    }
 }
 
 /// How a status call ended, as the pass and the gate tell answers apart
@@ -109,20 +104,12 @@ impl StatusCallAnswer {
         StatusCallAnswer::Refused,
         StatusCallAnswer::Unanswered,
     ];
-
-    /// The label value.
-    pub fn label(self) -> String {
-        name_of(&self)
-    }
 }
 
 /// The counter of a status call asked by `asked_by` that ended as `answer`.
 pub fn status_call(asked_by: AskedBy, answer: StatusCallAnswer) -> String {
-    format!(
-        "{STATUS_CALLS_PREFIX}{}:{}",
-        asked_by.label(),
-        answer.label()
-    )
+    let (asked_by, answer) = (name_of(&asked_by), name_of(&answer));
+    format!("{STATUS_CALLS_PREFIX}{asked_by}:{answer}")
 }
 
 /// The bucket an acceptance `ms` after settlement falls in: its upper bound as `/metrics`

@@ -25,6 +25,7 @@ use crate::telemetry::counters::{
     EFFECT_RETRY_AFTER, EFFECT_SUCCESSES, EFFECT_TO_PREFIX, PINGS, REDELIVERIES, RESULT_TO_PREFIX,
     SETTLED_BY_RECONCILE, SETTLED_BY_WEBHOOK, STRANGER_NUDGES,
 };
+use crate::telemetry::log_event::name_of;
 
 /// Every family's name starts with this.
 pub const PREFIX: &str = "gemini_once_";
@@ -285,7 +286,7 @@ fn status_call_family(total: &Value) -> Family {
     let mut family = Family::counter("status_calls");
     for (asked, answer, name) in status_calls() {
         let n = total.get(&name).and_then(Value::as_u64).unwrap_or(0) as f64;
-        let labels = vec![("asked_by", asked.label()), ("answer", answer.label())];
+        let labels = vec![("asked_by", name_of(&asked)), ("answer", name_of(&answer))];
         family.push(labels, n);
     }
     family
@@ -472,7 +473,7 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
         Format::Text => &sample_name,
         Format::OpenMetrics => &full,
     };
-    let kind = crate::telemetry::log_event::name_of(&family.kind);
+    let kind = name_of(&family.kind);
     let help = escape(family.help, format == Format::OpenMetrics);
     let _ = writeln!(page, "# HELP {family_name} {help}");
     let _ = writeln!(page, "# TYPE {family_name} {kind}");

@@ -229,15 +229,13 @@ impl Pass {
             return self.window_done(walk);
         }
         let queued = jobs.iter().map(|j| QueuedJob::of(j, now_ms)).collect();
-        self.books.spend(1);
         self.books.report.queue_sends += 1;
-        self.awaiting = Some(Awaiting::Enqueue(Fed {
+        let owed = Awaiting::Enqueue(Fed {
             last_name: last_name.unwrap_or_default(),
             until_ms: schedule,
             entries: fed,
-        }));
-        self.phase = Phase::Index(walk);
-        Some(Intent::Enqueue { jobs: queued })
+        });
+        self.call(Phase::Index(walk), owed, Intent::Enqueue { jobs: queued })
     }
 
     /// The queue's answer to [`Intent::Enqueue`] (`Err`: the send failed; the walk then stops

@@ -13,12 +13,11 @@ use super::{walked, webhook, Awaiting, Intent, Pass, PassLog, Phase};
 
 impl Pass {
     pub(super) fn acquire(&mut self) -> Option<Intent> {
-        self.books.spend(1);
-        self.awaiting = Some(Awaiting::Acquire);
-        Some(Intent::Lease(LeaseCommand::Acquire {
+        let acquire = LeaseCommand::Acquire {
             holder: self.holder.clone(),
             ttl_ms: self.books.limits.lease_ttl_ms,
-        }))
+        };
+        self.call(Phase::Acquire, Awaiting::Acquire, Intent::Lease(acquire))
     }
 
     /// The lease object's answer (`Err`: the call failed) to [`Intent::Lease`], at `now_ms`.

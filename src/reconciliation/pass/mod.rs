@@ -269,6 +269,14 @@ impl Pass {
         crate::reconciliation::lease_state::heartbeat_interval_ms(self.books.limits.lease_ttl_ms)
     }
 
+    /// Spends a subrequest on `intent`, whose answer is owed as `awaiting`; `phase` goes on.
+    fn call(&mut self, phase: Phase, awaiting: Awaiting, intent: Intent) -> Option<Intent> {
+        self.books.spend(1);
+        self.phase = phase;
+        self.awaiting = Some(awaiting);
+        Some(intent)
+    }
+
     /// The next intent of the entry in hand; `None` when nothing is left to do for it.
     fn entry_step(&mut self, now_ms: i64) -> Option<Intent> {
         self.entry.as_mut()?.step(&mut self.books, now_ms)
@@ -303,10 +311,7 @@ impl Machine for Pass {
                 return Intent::Done;
             }
             let flow = match std::mem::replace(&mut self.phase, Phase::Done) {
-                Phase::Acquire => {
-                    self.phase = Phase::Acquire;
-                    self.acquire()
-                }
+                Phase::Acquire => self.acquire(),
                 Phase::Webhook(check) => self.webhook_step(check),
                 Phase::Announce(then) => self.announce_step(*then),
                 Phase::Index(walk) => self.index_step(walk, now_ms),

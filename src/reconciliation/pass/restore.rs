@@ -144,11 +144,8 @@ impl Pass {
             self.books.report.fed,
             stop,
         );
-        let body = webhook_reenabled(&sweep.webhook, &sweep.was, &done);
-        self.books.spend(1);
-        self.phase = Phase::Announce(Box::new(next));
-        self.awaiting = Some(Awaiting::Announce);
-        Some(Intent::PostAlert(body))
+        let alert = Intent::PostAlert(webhook_reenabled(&sweep.webhook, &sweep.was, &done));
+        self.call(Phase::Announce(Box::new(next)), Awaiting::Announce, alert)
     }
 
     /// Whether the `webhook_reenabled` alert was sent (once, best effort: the

@@ -62,11 +62,9 @@ impl Pass {
                 percent_encoding::utf8_percent_encode(t, percent_encoding::NON_ALPHANUMERIC)
             ));
         }
-        self.books.spend(1);
         check.pages += 1;
-        self.phase = Phase::Webhook(check);
-        self.awaiting = Some(Awaiting::WebhookPage);
-        Some(Intent::ListWebhooks { url })
+        let list = Intent::ListWebhooks { url };
+        self.call(Phase::Webhook(check), Awaiting::WebhookPage, list)
     }
 
     /// A page of the webhook listing, as asked by [`Intent::ListWebhooks`].
@@ -158,10 +156,8 @@ impl Pass {
     /// Enables webhook `id` again (what is restored, and what follows: `restore.rs`).
     pub(super) fn restore_step(&mut self, check: Check, id: &str) -> Option<Intent> {
         let (url, body) = enable_webhook_call(&self.books.limits.api_base, id);
-        self.books.spend(1);
-        self.phase = Phase::Webhook(check);
-        self.awaiting = Some(Awaiting::WebhookEnable);
-        Some(Intent::EnableWebhook { url, body })
+        let enable = Intent::EnableWebhook { url, body };
+        self.call(Phase::Webhook(check), Awaiting::WebhookEnable, enable)
     }
 
     /// The WebhookService's answer to [`Intent::EnableWebhook`].
