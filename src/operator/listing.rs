@@ -44,10 +44,7 @@ impl Registration {
     /// `results` as given, else `each` when the kind is one of `each_kinds`
     /// (`RESULTS_EACH_KINDS`) and the operation is a batch (only a batch has results).
     pub fn results_or_default(&self, each_kinds: &[String]) -> Option<ResultsMode> {
-        let listed = self
-            .kind
-            .as_ref()
-            .is_some_and(|k| each_kinds.iter().any(|e| e == k));
+        let listed = each_kinds.iter().any(|e| self.kind.as_ref() == Some(e));
         let batch = Collection::of_key(&self.key.key) == Some(Collection::Batches);
         self.results
             .or((listed && batch).then_some(ResultsMode::Each))

@@ -146,12 +146,11 @@ pub fn decide(lease: &mut Lease, command: LeaseCommand, now: i64) -> LeaseTurn {
         } => {
             let progress = Some((resume, status_backoff_until_ms));
             let accepted = lease.renew(&holder, now, ttl_ms, progress);
-            if accepted {
-                if let Some(progress) = audit {
-                    lease.record_audit(&holder, progress, now);
-                }
-                lease.record_fed(&holder, fed_until_ms);
+            // Fenced like the renewal: refused with it.
+            if let Some(progress) = audit {
+                lease.record_audit(&holder, progress, now);
             }
+            lease.record_fed(&holder, fed_until_ms);
             turn(LeaseReply::Renewed { accepted }, accepted)
         }
         release @ LeaseCommand::Release { .. } => released(lease, release, now),

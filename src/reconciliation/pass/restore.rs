@@ -92,7 +92,7 @@ pub(super) fn swept_text(fanout: Option<&Fanout>, fed: u64, stop: Option<Stop>) 
         Some(Stop::Scheduled) => " The rest, past one cron interval of polls, is scheduled by the next passes.".to_string(),
         Some(other) => format!(
             " The pass stopped early ({}): the next passes go on from where it stopped.",
-            other.label()
+            crate::telemetry::log_event::name_of(&other)
         ),
         None => String::new(),
     };

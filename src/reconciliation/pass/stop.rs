@@ -46,11 +46,6 @@ pub enum Stop {
 }
 
 impl Stop {
-    /// The log label: its name in the `reconcile_pass` line.
-    pub fn label(self) -> String {
-        crate::telemetry::log_event::name_of(&self)
-    }
-
     /// Whether the audit, when due, runs after the routine walk stopped this way: not after a
     /// lost or lapsed lease, or a KV error. After the routine walk's budget or deadline (its
     /// two thirds) it runs on the third kept for it.
@@ -125,7 +120,7 @@ mod tests {
             Stop::LeaseLapsed,
             Stop::Error,
         ] {
-            assert!(stop.releases(), "{}", stop.label());
+            assert!(stop.releases(), "{stop:?}");
         }
         assert!(!Stop::LeaseLost.releases());
     }
