@@ -223,10 +223,8 @@ fn batch(value: &Value) -> Result<Observation, StatusError> {
         outcome.provider.insert("state".into(), json!(raw));
     }
     for output in ["/metadata/output", "/response"] {
-        if let Some(file) = value
-            .pointer(&format!("{output}/responsesFile"))
-            .and_then(Value::as_str)
-        {
+        let file = value.pointer(&format!("{output}/responsesFile"));
+        if let Some(file) = file.and_then(Value::as_str) {
             outcome.add_output(file);
         }
         // Small batches carry results inline, with no file: say how many, never carry them
@@ -265,14 +263,9 @@ fn video(value: &Value) -> Result<Observation, StatusError> {
         }
     };
     let response = value.pointer("/response/generateVideoResponse");
-    if let Some(samples) = response
-        .and_then(|r| r.get("generatedSamples"))
-        .and_then(Value::as_array)
-    {
-        for uri in samples
-            .iter()
-            .filter_map(|s| s.pointer("/video/uri").and_then(Value::as_str))
-        {
+    let samples = response.and_then(|r| r.get("generatedSamples"));
+    if let Some(samples) = samples.and_then(Value::as_array) {
+        for uri in samples.iter().filter_map(|s| s["video"]["uri"].as_str()) {
             outcome.add_output(uri);
         }
         outcome
@@ -310,10 +303,8 @@ fn interaction_state(raw: &str) -> Status {
 
 fn interaction(value: &Value) -> Result<Observation, StatusError> {
     let mut outcome = Outcome::default();
-    let raw = value
-        .get("status")
-        .and_then(Value::as_str)
-        .ok_or_else(|| StatusError::Malformed("no status".into()))?;
+    let raw = value["status"].as_str();
+    let raw = raw.ok_or_else(|| StatusError::Malformed("no status".into()))?;
     // Interactions report `errors: [{code, message}]` (code a string); take the first and
     // keep the whole list when there are more.
     if let Some(errors) = value.get("errors").and_then(Value::as_array) {
@@ -332,10 +323,8 @@ fn interaction(value: &Value) -> Result<Observation, StatusError> {
     let mut details = outcome.into_details();
     // The job's own metadata, echoed by Gemini to a call made with our key: verified, unlike
     // a dynamic webhook token's claims (a registration's still wins, in the record).
-    if let Some(meta) = value
-        .pointer("/webhook_config/user_metadata")
-        .filter(|m| m.is_object())
-    {
+    let meta = value.pointer("/webhook_config/user_metadata");
+    if let Some(meta) = meta.filter(|m| m.is_object()) {
         details.insert(USER_METADATA.into(), bound(meta.clone()));
     }
     Ok(Observation {
@@ -361,18 +350,13 @@ pub fn find_webhook(body: &str, wanted: &str) -> Result<WebhookPage, StatusError
     let value = json_of(body)?;
     let bare = |s: &str| s.trim().trim_start_matches("webhooks/").to_string();
     let wanted = bare(wanted);
+    let named = |w: &Value, field: &str| w[field].as_str().is_some_and(|v| bare(v) == wanted);
     let found = value
         .get("webhooks")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .find(|w| {
-            ["name", "id"].iter().any(|field| {
-                w.get(*field)
-                    .and_then(Value::as_str)
-                    .is_some_and(|v| bare(v) == wanted)
-            })
-        });
+        .find(|w| named(w, "name") || named(w, "id"));
     let field = |name: &str| found.and_then(|w| w.get(name)).and_then(Value::as_str);
     let state = field("state").map(str::to_string);
     // A `name` is an id only in the `webhooks/{id}` form; otherwise it is a display name.

@@ -316,9 +316,8 @@ impl EntryRun {
             StatusError::Transient { retry_after_secs } => {
                 // A queue consumer sends the entry back with the entries it skips.
                 self.skipped_poll = true;
-                books.status_backoff_until_ms = books
-                    .status_backoff_until_ms
-                    .max(started + retry_after_secs * 1_000);
+                let until = started + retry_after_secs * 1_000;
+                books.status_backoff_until_ms = books.status_backoff_until_ms.max(until);
                 let line = PassLog::StatusTransient {
                     key,
                     retry_after_secs,

@@ -111,9 +111,12 @@ impl Pass {
                 let answering = self.answering();
                 let auto_enable = self.books.limits.webhook_auto_enable;
                 let why = match verdict(&state, check.id.as_deref(), auto_enable, answering) {
-                    // The call, and the alert saying what it did.
+                    // The call (what is restored, and what follows: `restore.rs`), and the alert
+                    // saying what it did.
                     Verdict::Restore { id } if self.books.affords(2) => {
-                        return self.restore_step(check, &id)
+                        let (url, body) = enable_webhook_call(&self.books.limits.api_base, &id);
+                        let enable = Intent::EnableWebhook { url, body };
+                        return self.call(Phase::Webhook(check), Awaiting::WebhookEnable, enable);
                     }
                     Verdict::Restore { .. } => {
                         "Left disabled: this pass has no budget left to enable it; the next tries."
@@ -151,13 +154,6 @@ impl Pass {
             Some(self.webhook_alerted_state.clone())
         };
         self.phase = Phase::Index(check.then);
-    }
-
-    /// Enables webhook `id` again (what is restored, and what follows: `restore.rs`).
-    pub(super) fn restore_step(&mut self, check: Check, id: &str) -> Option<Intent> {
-        let (url, body) = enable_webhook_call(&self.books.limits.api_base, id);
-        let enable = Intent::EnableWebhook { url, body };
-        self.call(Phase::Webhook(check), Awaiting::WebhookEnable, enable)
     }
 
     /// The WebhookService's answer to [`Intent::EnableWebhook`].
