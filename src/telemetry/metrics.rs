@@ -192,17 +192,12 @@ pub fn render(stats: &Value, format: Format) -> String {
 /// Which build serves the page: always 1, labelled by version and commit (join on it to see
 /// what a change of behaviour came with).
 fn build_info() -> Family {
+    let (version, commit) = (VERSION.to_string(), COMMIT.to_string());
     Family::gauge(
         "build_info",
         "The worker's version and the commit it was built from (always 1).",
     )
-    .with(
-        vec![
-            ("version", VERSION.to_string()),
-            ("commit", COMMIT.to_string()),
-        ],
-        1.0,
-    )
+    .with(vec![("version", version), ("commit", commit)], 1.0)
 }
 
 /// The shards' totals: the fixed counters, then drops and rejections by reason, then any
@@ -353,13 +348,8 @@ fn destination_families(destinations: &Value) -> Vec<Family> {
         let full = d["label"].as_str().unwrap_or_default();
         let (name, shown) = destination_parts(full);
         let label = name.to_string();
-        info.push(
-            vec![
-                ("destination", label.clone()),
-                ("host", destination_host(shown).to_string()),
-            ],
-            1.0,
-        );
+        let host = destination_host(shown).to_string();
+        info.push(vec![("destination", label.clone()), ("host", host)], 1.0);
         let now = d["state"].as_str().unwrap_or("unknown");
         for s in DESTINATION_STATES {
             let labels = vec![("destination", label.clone()), ("state", s.to_string())];

@@ -233,12 +233,8 @@ impl EntryRun {
         }
         books.last_poll_ms = Some(now_ms);
         let collection = Collection::of_key(&self.key)?;
-        let url = status_url(
-            &books.limits.api_base,
-            collection,
-            &self.key,
-            &self.meta.name,
-        );
+        let base = &books.limits.api_base;
+        let url = status_url(base, collection, &self.key, &self.meta.name);
         books.report.status_calls += 1;
         books.spend(1);
         self.owed = Some(Owed::Status((now_ms, collection)));

@@ -139,11 +139,8 @@ impl Pass {
             return None;
         };
         let stop = super::walked(&next).map(|w| w.end.1);
-        let done = swept_text(
-            self.books.limits.fanout.as_ref(),
-            self.books.report.fed,
-            stop,
-        );
+        let fanout = self.books.limits.fanout.as_ref();
+        let done = swept_text(fanout, self.books.report.fed, stop);
         let alert = Intent::PostAlert(webhook_reenabled(&sweep.webhook, &sweep.was, &done));
         self.call(Phase::Announce(Box::new(next)), Awaiting::Announce, alert)
     }

@@ -57,10 +57,8 @@ impl Pass {
         let base = &self.books.limits.api_base;
         let mut url = format!("{base}/v1beta/webhooks?page_size=1000");
         if let Some(t) = &check.token {
-            url.push_str(&format!(
-                "&page_token={}",
-                percent_encoding::utf8_percent_encode(t, percent_encoding::NON_ALPHANUMERIC)
-            ));
+            let t = percent_encoding::utf8_percent_encode(t, percent_encoding::NON_ALPHANUMERIC);
+            url.push_str(&format!("&page_token={t}"));
         }
         check.pages += 1;
         let list = Intent::ListWebhooks { url };
