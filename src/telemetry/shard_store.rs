@@ -110,13 +110,8 @@ fn marked_seq(sql: &impl Sql, days: &[i64], gate: &str) -> Result<u64, String> {
             .map(|d| format!("SELECT seq FROM {} WHERE gate = ?", marks_table(*d)))
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
-        let rows = sql.run(
-            &format!("SELECT MAX(seq) AS seq FROM ({query})"),
-            chunk
-                .iter()
-                .map(|_| Param::Text(gate.to_string()))
-                .collect(),
-        )?;
+        let params = vec![Param::Text(gate.to_string()); chunk.len()];
+        let rows = sql.run(&format!("SELECT MAX(seq) AS seq FROM ({query})"), params)?;
         highest = highest.max(rows.first().map_or(0, |r| int(r, "seq").max(0) as u64));
     }
     Ok(highest)
@@ -350,18 +345,16 @@ fn count(
     let mut created = false;
     if let (Some(g), true) = (gate, highest > seen.unwrap_or(0)) {
         let today = day_of(now_ms);
+        let table = marks_table(today);
         if !days.contains(&today) {
             sql.run(
-                &format!(
-                    "CREATE TABLE IF NOT EXISTS {} (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID",
-                    marks_table(today)
-                ),
+                &format!("CREATE TABLE IF NOT EXISTS {table} (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID"),
                 vec![],
             )?;
             created = true;
         }
         sql.run(
-            &format!("INSERT INTO {} (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms", marks_table(today)),
+            &format!("INSERT INTO {table} (gate, seq, at_ms) VALUES (?, ?, ?) ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq), at_ms = excluded.at_ms"),
             vec![Param::Text(g.to_string()), Param::Int(highest as i64), Param::Int(now_ms)],
         )?;
     }
@@ -399,10 +392,8 @@ fn prune_old(sql: &impl Sql, days: &[i64], now_ms: i64, prune: Prune) -> Result<
     }
     if let Some(keep) = prune.marks_keep_ms {
         for day in days.iter().filter(|d| marks_expired(**d, now_ms, keep)) {
-            sql.run(
-                &format!("DROP TABLE IF EXISTS {}", marks_table(*day)),
-                vec![],
-            )?;
+            let table = marks_table(*day);
+            sql.run(&format!("DROP TABLE IF EXISTS {table}"), vec![])?;
         }
     }
     Ok(())

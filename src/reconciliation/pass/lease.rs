@@ -121,10 +121,8 @@ impl Pass {
     pub(super) fn release(&mut self, walked: Walked, now_ms: i64) -> Option<Intent> {
         let (resume, stop) = walked.end;
         // A lost lease wins over whatever stopped the walk.
-        let stop = match self.heartbeat_stop {
-            Some(Stop::LeaseLost) => Stop::LeaseLost,
-            _ => stop,
-        };
+        let lost = self.heartbeat_stop == Some(Stop::LeaseLost);
+        let stop = if lost { Stop::LeaseLost } else { stop };
         self.books.report.stopped = Some(stop);
         self.books.report.complete = stop == Stop::Complete;
         if !stop.releases() {
