@@ -284,13 +284,11 @@ impl Tokens {
             return Admission::Unknown;
         };
         let route = Route::of(method, path);
+        let needs = route.needs();
         if caller.scope.may(route) {
             Admission::Admitted(caller)
         } else {
-            Admission::Forbidden {
-                caller,
-                needs: route.needs(),
-            }
+            Admission::Forbidden { caller, needs }
         }
     }
 }

@@ -242,9 +242,8 @@ impl Consumer {
         self.books.report.queue_sends += 1;
         self.awaiting = Some(Owed::SendBack);
         self.phase = Phase::SendBack(back);
-        Some(Intent::Enqueue {
-            jobs: vec![QueuedJob::of(&job, now_ms)],
-        })
+        let jobs = vec![QueuedJob::of(&job, now_ms)];
+        Some(Intent::Enqueue { jobs })
     }
 
     /// The lease's answer to a consumer's [`LeaseCommand::Backoff`], at `now_ms`: entries to

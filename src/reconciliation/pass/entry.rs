@@ -88,10 +88,8 @@ impl Books {
     /// An index entry whose metadata does not parse: an error, and the entry is passed over
     /// (the audit finds the operation through its `op:` entry).
     pub(super) fn unreadable_metadata(&mut self, key: &str) {
-        self.error(PassLog::ReconcileError {
-            key: Some(key.to_string()),
-            error: "unreadable index metadata".into(),
-        });
+        let (key, error) = (Some(key.to_string()), "unreadable index metadata".into());
+        self.error(PassLog::ReconcileError { key, error });
     }
 }
 
@@ -238,10 +236,8 @@ impl EntryRun {
         books.report.status_calls += 1;
         books.spend(1);
         self.owed = Some(Owed::Status((now_ms, collection)));
-        Some(Intent::Poll {
-            key: self.key.clone(),
-            url,
-        })
+        let key = self.key.clone();
+        Some(Intent::Poll { key, url })
     }
 
     /// What performing the run's last intent got, at `now_ms`.
@@ -415,10 +411,8 @@ impl EntryRun {
                 if let GateReply::Applied { status, .. } = &reply {
                     if status.is_terminal() {
                         books.report.settled += 1;
-                        books.log(PassLog::SettledByReconcile {
-                            key,
-                            status: status.clone(),
-                        });
+                        let status = status.clone();
+                        books.log(PassLog::SettledByReconcile { key, status });
                     }
                 }
                 self.reindex_if_done(books, &reply);

@@ -177,10 +177,8 @@ impl PassLog {
 
     /// A pass-level failure (no operation named).
     pub(crate) fn error(error: impl Into<String>) -> PassLog {
-        PassLog::ReconcileError {
-            key: None,
-            error: error.into(),
-        }
+        let error = error.into();
+        PassLog::ReconcileError { key: None, error }
     }
 }
 

@@ -409,16 +409,14 @@ impl Pass {
         if verdict == AuditVerdict::Missed {
             self.books.report.audit_found += 1;
             if seen.whole {
-                self.books.log(PassLog::IndexMissed {
-                    key: key.to_string(),
-                });
+                let key = key.to_string();
+                self.books.log(PassLog::IndexMissed { key });
             }
         }
         let mut steps: Vec<Step> = actions.into_iter().map(Step::Act).collect();
         if reindex {
-            steps.push(Step::Reindex {
-                stale: verdict == AuditVerdict::Stale,
-            });
+            let stale = verdict == AuditVerdict::Stale;
+            steps.push(Step::Reindex { stale });
         }
         match meta {
             Some(meta) if !steps.is_empty() => {
