@@ -238,9 +238,7 @@ impl Lease {
         self.expires_ms = 0;
         self.resume = resume;
         self.status_backoff_until_ms = self.status_backoff_until_ms.max(status_backoff_until_ms);
-        if complete {
-            self.completed_passes += 1;
-        }
+        self.completed_passes += u64::from(complete);
         true
     }
 }

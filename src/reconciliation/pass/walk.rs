@@ -218,9 +218,7 @@ impl Pass {
 
     /// A KV list page asked by [`Intent::List`] (`Err`: the list failed).
     pub(super) fn on_listed(&mut self, page: Result<ListedPage, String>) {
-        if let Ok(page) = &page {
-            self.books.report.listed += page.keys.len() as u64;
-        }
+        self.books.report.listed += page.as_ref().map_or(0, |p| p.keys.len() as u64);
         match mem::replace(&mut self.phase, Phase::Done) {
             Phase::Index(walk) => self.on_index_page(walk, page),
             Phase::Audit(walk) => self.on_audit_page(walk, page),
