@@ -376,6 +376,19 @@ fn drive<M: Driven>(mut m: M, mut w: World) -> Outcome {
             .extend(m.drain_logs().iter().map(PassLog::to_value));
     }
     (out.report, out.retry) = m.ended();
+    // Every intent but a sleep and the end is a call that leaves the Worker, as is each of
+    // the heartbeat's renewals: each is counted against the budget.
+    let calls = out
+        .intents
+        .iter()
+        .filter(|i| !matches!(i, Intent::Sleep { .. } | Intent::Done));
+    let calls = calls.count() as u64 + out.report.lease_renewals;
+    assert_eq!(
+        u64::from(out.report.subrequests),
+        calls,
+        "{:?}",
+        out.intents
+    );
     let line = out.logs.last().expect("the pass's line");
     assert_eq!(line["event"], M::LINE, "the line comes last");
     let mut report = out.report.to_value();

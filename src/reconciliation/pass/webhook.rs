@@ -134,9 +134,12 @@ impl Pass {
         let left = check.left.as_deref().unwrap_or_default();
         let body = crate::operation::alert::webhook_disabled(&check.name, &state, left);
         check.alerting = Some(mark);
-        self.phase = Phase::Webhook(check);
-        self.awaiting = Some(Awaiting::WebhookAlert);
-        Some(Intent::PostAlert(body))
+        // The alert's post is a subrequest like any other call: counted against the budget.
+        self.call(
+            Phase::Webhook(check),
+            Awaiting::WebhookAlert,
+            Intent::PostAlert(body),
+        )
     }
 
     /// Whether the alert of [`Intent::PostAlert`] was sent.
