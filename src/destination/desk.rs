@@ -133,10 +133,10 @@ pub struct Desk {
     #[serde(default)]
     pub alerts: Vec<Value>,
     /// Owed alerts dropped (the oldest, past [`MAX_OWED_ALERTS`]) and not yet logged.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub alerts_dropped: u64,
     /// When the owed alerts may be tried again (after the sink refused one).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub alerts_due_ms: i64,
     /// Asks and reports received: what the destination's health and pace cost in calls (the
     /// happy path's first attempt makes none).
@@ -164,11 +164,6 @@ impl Desk {
             .as_ref()
             .map(|s| s.label.clone())
             .unwrap_or_default()
-    }
-
-    /// Whether one release may leave now under the route's pace (and takes its token if so).
-    fn take_token(&mut self, pace: Pace, in_flight: u64, now: i64) -> bool {
-        self.take_token_by(pace, in_flight, now, now).is_some()
     }
 
     /// Takes the route's next token if it falls due by `by`: when it may be used (`now` at the
@@ -299,20 +294,15 @@ impl Desk {
     /// `Retry-After`) holds the next probe, once open, no sooner than that (up to
     /// [`DeskSettings::asked_max_ms`]).
     pub fn report(&mut self, key: &str, sent: Sent, facts: Facts, now: i64) -> Decision {
-        let Sent {
-            sent,
-            failures,
-            failure,
-            asked_wait_ms,
-        } = sent;
+        let failures = sent.failures;
         // A probe that reports is over (a failed one backs off below), but for a chunk that
         // was neither on a desk that is not open: that report leaves the desk as it stands.
         let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
-        let mixed = failures > 0 && failures < sent;
+        let mixed = failures > 0 && failures < sent.sent;
         if was_probe && (self.paused.is_some() || !mixed || self.is_open()) {
             self.probe = None;
         }
-        if sent == 0 {
+        if sent.sent == 0 {
             // It could not send: it leaves the queue until it can (it asks again then), and
             // says nothing of the destination, so the next key is probed at once.
             return Self::own_schedule_now(now);
@@ -330,9 +320,9 @@ impl Desk {
                 false => Self::own_schedule_now(now),
             };
         }
-        let failed = failure.filter(|_| failures > 0).map(|f| (f, failures));
+        let failed = sent.failure.filter(|_| failures > 0).map(|f| (f, failures));
         let decision = self.report_inner(was_probe, failed, facts, now);
-        if let Some(asked) = asked_wait_ms.filter(|_| self.is_open()) {
+        if let Some(asked) = sent.asked_wait_ms.filter(|_| self.is_open()) {
             let cap = self.settings.as_ref().map_or(3_600_000, |s| s.asked_max_ms);
             self.next_probe_ms = self.next_probe_ms.max(now + asked.clamp(0, cap.max(0)));
             if decision.enqueue {
@@ -493,7 +483,8 @@ impl Desk {
             return Wake::Drain(cap);
         }
         let mut n = 0;
-        while n < cap && self.take_token(pace, facts.in_flight + u64::from(n), now) {
+        let in_flight = |n: u32| facts.in_flight + u64::from(n);
+        while n < cap && self.take_token_by(pace, in_flight(n), now, now).is_some() {
             n += 1;
         }
         match n {
@@ -575,7 +566,8 @@ impl Desk {
         if facts.waiting == 0 || self.paused.is_some() {
             return None;
         }
-        if !self.is_open() && self.pace().concurrency.is_some() && !self.pace_has_room(facts) {
+        let full = |c| facts.in_flight >= u64::from(c);
+        if !self.is_open() && self.pace().concurrency.is_some_and(full) {
             // Slots free on reports (which set the alarm); a lapsed one frees with its TTL.
             return Some(now + self.slot_ttl_ms().min(ALERT_RETRY_MS));
         }
@@ -584,12 +576,6 @@ impl Desk {
                 .max(facts.next_due_ms)
                 .max(now + MIN_ALARM_GAP_MS),
         )
-    }
-
-    fn pace_has_room(&self, facts: Facts) -> bool {
-        self.pace()
-            .concurrency
-            .is_none_or(|c| facts.in_flight < u64::from(c))
     }
 
     /// A check before a first attempt: it must ask while the destination is paused or open.
@@ -655,10 +641,6 @@ pub const PROBE_LAPSE_MS: i64 = 60_000;
 pub const ALERT_RETRY_MS: i64 = 30_000;
 /// Alerts a desk keeps for a sink that is down: ten outages, each opened and recovered.
 pub const MAX_OWED_ALERTS: usize = 20;
-
-fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
-    *n == T::default()
-}
 
 /// The shortest wait between alarm runs that release nothing (no spin on a clock edge).
 const MIN_ALARM_GAP_MS: i64 = 10;

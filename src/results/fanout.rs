@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::destination_label::Destination;
 use crate::operation::effect::EffectRequest;
 pub use crate::results::progress::SENDERS;
-use crate::results::progress::{is_zero, CHUNK_RESULTS, SENDS_IN_FLIGHT};
+use crate::results::progress::{CHUNK_RESULTS, SENDS_IN_FLIGHT};
 use crate::retry::PeerAnswer;
 
 /// The groups `n` results go in, one a sender, as ranges of their order; empty when the gate
@@ -98,7 +98,7 @@ pub const HEADER_NAMES: [&str; 7] = [
 pub struct WireSend {
     pub headers: Vec<(String, String)>,
     pub body: String,
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub after_ms: u64,
 }
 
