@@ -42,3 +42,12 @@ pub mod edge;
 pub(crate) fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
 }
+
+/// The first `bytes` bytes of `digest` in lowercase hex.
+pub fn hex(digest: &[u8], bytes: usize) -> String {
+    digest
+        .iter()
+        .take(bytes)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

@@ -15,10 +15,9 @@
 use serde_json::{json, Value};
 
 use crate::results::item::{Payload, LINE_CAP};
-use crate::results::keys::{hex8, inline_base, item_hash, key_text, Place};
+use crate::results::keys::{inline_base, item_hash, key_text, Place};
 use crate::results::source::{ended_in_status, found_in_status, Found, INLINE_LISTS};
-use crate::skim::{Body, Event};
-use crate::skim::{Rule, Skim};
+use crate::skim::{Body, Event, Rule, Skim};
 
 /// Largest status answer read for its inline results: Gemini caps an inline batch's requests
 /// at 20 MB, and its answer holds the responses twice (`response` and `metadata.output`). A
@@ -241,7 +240,7 @@ fn read_item(seq: u64, body: Body) -> Result<(Option<String>, String, Payload), 
             // the batch's status answer by its key.
             Ok((
                 key,
-                hex8(&sha256),
+                crate::hex(&sha256, 8),
                 unreadable("item over the size cap", size),
             ))
         }
