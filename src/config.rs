@@ -654,16 +654,14 @@ impl Settings {
             None => AlertFormat::inferred(url.as_deref()),
         };
         let routing_key = self.optional("ALERT_ROUTING_KEY", Setting::text)?;
-        if format != AlertFormat::PagerDuty {
-            return Ok((url, format, routing_key.map(ApiKey)));
-        }
-        if routing_key.is_none() {
+        let pagerduty = format == AlertFormat::PagerDuty;
+        if pagerduty && routing_key.is_none() {
             return Err(err(
                 "ALERT_ROUTING_KEY",
                 "is required when ALERT_FORMAT is pagerduty (the integration key of a PagerDuty Events API v2 service)",
             ));
         }
-        let url = url.or_else(|| Some(PAGERDUTY_EVENTS_URL.to_string()));
+        let url = url.or_else(|| pagerduty.then(|| PAGERDUTY_EVENTS_URL.to_string()));
         Ok((url, format, routing_key.map(ApiKey)))
     }
 
