@@ -444,6 +444,7 @@ impl Variable {
 
     fn parse(&self, text: &str) -> Result<Setting, ConfigError> {
         let name = self.name;
+        let problem = |e: &dyn std::fmt::Display| err(name, e.to_string());
         Ok(match self.kind {
             Kind::Whole { min, max } => match text.trim().parse::<i64>() {
                 Ok(n) if (min..=max).contains(&n) => Setting::Whole(n),
@@ -460,19 +461,15 @@ impl Variable {
                 _ => return Err(err(name, "must be true or false")),
             },
             Kind::Url | Kind::PublicUrl => Setting::Url(parse_url(name, text)?),
-            Kind::SigningSecret => {
-                Setting::Secret(Secret::parse(text).map_err(|e| err(name, e.to_string()))?)
-            }
+            Kind::SigningSecret => Setting::Secret(Secret::parse(text).map_err(|e| problem(&e))?),
             Kind::SigningSecrets => Setting::Secrets(
                 text.split(|c: char| c == ',' || c.is_whitespace())
                     .filter(|s| !s.is_empty())
                     .map(Secret::parse)
                     .collect::<Result<Vec<_>, SecretError>>()
-                    .map_err(|e| err(name, e.to_string()))?,
+                    .map_err(|e| problem(&e))?,
             ),
-            Kind::Tokens => {
-                Setting::Tokens(parse_list(text).map_err(|e| err(name, e.to_string()))?)
-            }
+            Kind::Tokens => Setting::Tokens(parse_list(text).map_err(|e| problem(&e))?),
             Kind::Routes => Setting::Routes(parse_routes(name, text)?),
             Kind::FreeText => Setting::Text(text.trim().to_string()),
             Kind::Choice(words) => {

@@ -251,11 +251,11 @@ impl Desk {
         }
     }
 
-    /// Keep its own backoff; the alarm runs now (a freed slot or probe lets the next go).
-    fn own_schedule_now(now: i64) -> Decision {
+    /// `reply`, and the alarm runs now (a freed slot or probe lets the next go).
+    fn alarm_now(reply: DeskReply, now: i64) -> Decision {
         Decision {
             alarm_at_ms: Some(now),
-            ..Decision::reply(DeskReply::OwnSchedule)
+            ..Decision::reply(reply)
         }
     }
 
@@ -305,7 +305,7 @@ impl Desk {
         if sent.sent == 0 {
             // It could not send: it leaves the queue until it can (it asks again then), and
             // says nothing of the destination, so the next key is probed at once.
-            return Self::own_schedule_now(now);
+            return Self::alarm_now(DeskReply::OwnSchedule, now);
         }
         if self.paused.is_some() {
             // A report while paused says nothing of health (a pause is not a failure, nor is
@@ -317,7 +317,7 @@ impl Desk {
             // rest; else its slots are freed, and what waits may go.
             return match self.is_open() {
                 true => self.behind(now),
-                false => Self::own_schedule_now(now),
+                false => Self::alarm_now(DeskReply::OwnSchedule, now),
             };
         }
         let failed = sent.failure.filter(|_| failures > 0).map(|f| (f, failures));
@@ -349,10 +349,7 @@ impl Desk {
                 self.close(facts.waiting + 1, now);
             }
             // Closing starts the drain; a freed slot lets the next waiting key go.
-            return Decision {
-                alarm_at_ms: Some(now),
-                ..Decision::reply(DeskReply::Noted)
-            };
+            return Self::alarm_now(DeskReply::Noted, now);
         };
         // First attempts that succeed are never reported (the happy path pays nothing), so
         // "in a row" also means close together: a failure long after the last starts a new run.
