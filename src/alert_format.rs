@@ -199,10 +199,8 @@ pub fn line(body: &Value, dashboard: Option<&str>) -> String {
         Action::Trigger => "ALERT",
         Action::Resolve => "RESOLVED",
     };
-    let mut text = format!(
-        "[{head}] {}",
-        body["text"].as_str().unwrap_or("gemini-once alert")
-    );
+    let what = body["text"].as_str().unwrap_or("gemini-once alert");
+    let mut text = format!("[{head}] {what}");
     if let Some(destination) = body["destination"]
         .as_str()
         .filter(|_| body["key"] != body["destination"])

@@ -431,8 +431,7 @@ impl Desk {
         let label = self.label();
         let (name, shown) = destination_parts(&label);
         let what = format!(
-            "{shown} recovered after {secs} s; {} side effects waited and are being drained",
-            self.waited
+            "{shown} recovered after {secs} s; {waited} side effects waited and are being drained"
         );
         self.owe(json!({
             "alert": "destination_recovered",
@@ -461,8 +460,7 @@ impl Desk {
                     return Wake::Idle;
                 }
                 // A probe that never reported counts as a failed one.
-                self.probe = None;
-                self.probe_failed(now);
+                self.probe_missed(now);
             }
             return match now >= self.next_probe_ms {
                 true => Wake::Probe,

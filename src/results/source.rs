@@ -113,10 +113,8 @@ pub fn ended_in_status(answer: &Value) -> Option<i64> {
 
 /// Where a results file is downloaded (../shared/GEMINI_WEBHOOKS.md §3c).
 pub fn download_url(api_base: &str, file: &str) -> String {
-    format!(
-        "{}/download/v1beta/{file}:download?alt=media",
-        api_base.trim_end_matches('/')
-    )
+    let base = api_base.trim_end_matches('/');
+    format!("{base}/download/v1beta/{file}:download?alt=media")
 }
 
 /// What the download's HTTP status means: `None` for the file (200, or 206 for a `Range`).
