@@ -150,19 +150,15 @@ pub fn severity(body: &Value) -> &'static str {
     }
 }
 
-/// Whether the alert is about a destination (a desk's `destination_open` or
-/// `destination_recovered`: its key is the destination's label), not about an operation.
-fn about_destination(body: &Value) -> bool {
-    body["destination"].is_string() && body["key"] == body["destination"]
-}
-
 /// The dashboard's page about the alert's subject: the operation's (`#op/<key>`), the
 /// destination's row on the issues page (`#issues?destination=<name>`), else the dashboard.
 /// Whatever was configured after a `#` is replaced; the subject is percent-encoded, so the
 /// link is ASCII.
 pub fn page_link(body: &Value, dashboard: &str) -> String {
     let base = dashboard.split('#').next().unwrap_or(dashboard);
-    if about_destination(body) {
+    // About a destination (a desk's `destination_open` or `destination_recovered`: its key is
+    // the destination's label), not about an operation.
+    if body["destination"].is_string() && body["key"] == body["destination"] {
         let label = body["destination"].as_str().unwrap_or_default();
         let (name, _) = crate::destination_label::destination_parts(label);
         return format!("{base}#issues?destination={}", uri_component(name));
@@ -203,10 +199,8 @@ pub fn line(body: &Value, dashboard: Option<&str>) -> String {
         Action::Trigger => "ALERT",
         Action::Resolve => "RESOLVED",
     };
-    let mut text = format!(
-        "[{head}] {}",
-        body["text"].as_str().unwrap_or("gemini-once alert")
-    );
+    let what = body["text"].as_str().unwrap_or("gemini-once alert");
+    let mut text = format!("[{head}] {what}");
     if let Some(destination) = body["destination"]
         .as_str()
         .filter(|_| body["key"] != body["destination"])
@@ -254,14 +248,6 @@ fn json_form(body: &Value, dashboard: Option<&str>) -> Value {
     out
 }
 
-/// Slack's escaping of `&`, `<` and `>`: text from outside (a name, a destination's answer)
-/// can then neither mention `<!channel>` nor forge a link.
-fn slack_escaped(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 /// Slack: `text` (required, and what notifications show; escaped, since Slack reads it as
 /// markup) and a plain-text section block, with the dashboard's link in a context block.
 fn slack(body: &Value, dashboard: Option<&str>) -> Value {
@@ -274,7 +260,13 @@ fn slack(body: &Value, dashboard: Option<&str>) -> Value {
             {"type": "mrkdwn", "text": format!("<{url}|Open it in the dashboard>")}
         ]}));
     }
-    json!({"text": slack_escaped(&line(body, dashboard)), "blocks": blocks})
+    // Escaped (`&`, `<`, `>`): text from outside (a name, a destination's answer) can then
+    // neither mention `<!channel>` nor forge a link.
+    let text = line(body, dashboard)
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    json!({"text": text, "blocks": blocks})
 }
 
 /// PagerDuty Events API v2: a trigger with its payload, or a resolve naming the same key.

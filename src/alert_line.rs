@@ -14,6 +14,5 @@ pub fn text(alert: &str, name: &str, kind: &str, what: &str) -> String {
 /// text (an `alert-id` header must be; a destination's label holds a `…`).
 pub fn hashed_id(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
-    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
-    format!("alert_{hex}")
+    format!("alert_{}", crate::hex(&digest, 12))
 }

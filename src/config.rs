@@ -444,6 +444,7 @@ impl Variable {
 
     fn parse(&self, text: &str) -> Result<Setting, ConfigError> {
         let name = self.name;
+        let problem = |e: &dyn std::fmt::Display| err(name, e.to_string());
         Ok(match self.kind {
             Kind::Whole { min, max } => match text.trim().parse::<i64>() {
                 Ok(n) if (min..=max).contains(&n) => Setting::Whole(n),
@@ -460,19 +461,15 @@ impl Variable {
                 _ => return Err(err(name, "must be true or false")),
             },
             Kind::Url | Kind::PublicUrl => Setting::Url(parse_url(name, text)?),
-            Kind::SigningSecret => {
-                Setting::Secret(Secret::parse(text).map_err(|e| err(name, e.to_string()))?)
-            }
+            Kind::SigningSecret => Setting::Secret(Secret::parse(text).map_err(|e| problem(&e))?),
             Kind::SigningSecrets => Setting::Secrets(
                 text.split(|c: char| c == ',' || c.is_whitespace())
                     .filter(|s| !s.is_empty())
                     .map(Secret::parse)
                     .collect::<Result<Vec<_>, SecretError>>()
-                    .map_err(|e| err(name, e.to_string()))?,
+                    .map_err(|e| problem(&e))?,
             ),
-            Kind::Tokens => {
-                Setting::Tokens(parse_list(text).map_err(|e| err(name, e.to_string()))?)
-            }
+            Kind::Tokens => Setting::Tokens(parse_list(text).map_err(|e| problem(&e))?),
             Kind::Routes => Setting::Routes(parse_routes(name, text)?),
             Kind::FreeText => Setting::Text(text.trim().to_string()),
             Kind::Choice(words) => {
@@ -654,16 +651,14 @@ impl Settings {
             None => AlertFormat::inferred(url.as_deref()),
         };
         let routing_key = self.optional("ALERT_ROUTING_KEY", Setting::text)?;
-        if format != AlertFormat::PagerDuty {
-            return Ok((url, format, routing_key.map(ApiKey)));
-        }
-        if routing_key.is_none() {
+        let pagerduty = format == AlertFormat::PagerDuty;
+        if pagerduty && routing_key.is_none() {
             return Err(err(
                 "ALERT_ROUTING_KEY",
                 "is required when ALERT_FORMAT is pagerduty (the integration key of a PagerDuty Events API v2 service)",
             ));
         }
-        let url = url.or_else(|| Some(PAGERDUTY_EVENTS_URL.to_string()));
+        let url = url.or_else(|| pagerduty.then(|| PAGERDUTY_EVENTS_URL.to_string()));
         Ok((url, format, routing_key.map(ApiKey)))
     }
 
@@ -678,17 +673,6 @@ impl Settings {
                 .unwrap_or_default(),
         )
         .map_err(|overlap| err(overlap.setting.setting(), overlap.to_string()))
-    }
-
-    /// `RESULTS_EACH_KINDS`, `RESULTS_FILE_WAIT_SECONDS` and `RESULTS_SENDER_TIMEOUT_MS`.
-    fn results(&self) -> Result<ResultsSettings, ConfigError> {
-        Ok(ResultsSettings {
-            each_kinds: self
-                .optional("RESULTS_EACH_KINDS", Setting::list)?
-                .unwrap_or_default(),
-            file_wait_secs: self.value("RESULTS_FILE_WAIT_SECONDS", Setting::whole)?,
-            sender_timeout_ms: self.optional("RESULTS_SENDER_TIMEOUT_MS", Setting::whole)?,
-        })
     }
 
     /// `name`'s value as `pick` takes it, `None` when unset. A name not in the table, or a
@@ -868,10 +852,8 @@ impl Config {
     /// `default` for `EFFECT_URL` (no route may take that name); `None` for a name no
     /// destination has.
     pub fn destination_named(&self, name: &str) -> Option<DeskSettings> {
-        if let Some(route) = self.route(Some(name)) {
-            return Some(self.desk_settings(Some(&route.kind)));
-        }
-        (name == DEFAULT_DESTINATION).then(|| self.desk_settings(None))
+        let known = name == DEFAULT_DESTINATION || self.route(Some(name)).is_some();
+        known.then(|| self.desk_settings(Some(name)))
     }
 
     /// The names [`Config::destination_named`] knows: `default`, then each route's kind.
@@ -893,18 +875,13 @@ impl Config {
     /// Reads every variable of [`VARIABLES`] through `lookup` (absent and empty are the
     /// same), in table order, then checks the rules that tie two variables together.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let mut settings = Vec::with_capacity(VARIABLES.len());
-        for variable in VARIABLES {
-            settings.push((variable, variable.read(&lookup)?));
-        }
-        let s = Settings(settings);
+        let read = |variable| Ok((variable, Variable::read(variable, &lookup)?));
+        let s = Settings(VARIABLES.iter().map(read).collect::<Result<_, _>>()?);
         let (effect_timeout_ms, claim_ttl_secs) = s.attempt_timing()?;
         let (retry_base_secs, retry_max_secs) = s.retry_range()?;
         let tokens = s.tokens()?;
         let (alert_url, alert_format, alert_routing_key) = s.alert_sink()?;
-        // The table's ranges keep these inside their types.
-        let max_body_bytes = s.value("MAX_BODY_BYTES", Setting::whole)? as usize;
-        let reconcile_budget = s.value("RECONCILE_BUDGET", Setting::whole)? as u32;
+        // The table's ranges keep the numbers below inside their types.
         let pace_of = |name| {
             s.optional(name, Setting::whole)
                 .map(|n| n.map(|n| n as u32))
@@ -932,13 +909,13 @@ impl Config {
             dynamic_webhooks: s.value("DYNAMIC_WEBHOOKS", Setting::flag)?,
             usage_log: s.value("USAGE_LOG", Setting::flag)?,
             require_registration: s.value("REQUIRE_REGISTRATION", Setting::flag)?,
-            max_body_bytes,
+            max_body_bytes: s.value("MAX_BODY_BYTES", Setting::whole)? as usize,
             retry_base_secs,
             retry_max_secs,
             reconcile_grace_secs: s.value("RECONCILE_GRACE_SECONDS", Setting::whole)?,
             stuck_after_secs: s.value("STUCK_AFTER_SECONDS", Setting::whole)?,
             effect_alert_after_secs: s.value("EFFECT_ALERT_AFTER_SECONDS", Setting::whole)?,
-            reconcile_budget,
+            reconcile_budget: s.value("RECONCILE_BUDGET", Setting::whole)? as u32,
             reconcile_poll_rate: s.value("RECONCILE_POLL_RATE", Setting::whole)? as u32,
             reconcile_fanout_above: s.value("RECONCILE_FANOUT_ABOVE", Setting::whole)? as usize,
             reconcile_lease_secs: s.value("RECONCILE_LEASE_SECONDS", Setting::whole)?,
@@ -959,8 +936,29 @@ impl Config {
             stranger_alert_window_secs: s.value("STRANGER_ALERT_WINDOW_SECONDS", Setting::whole)?,
             confirm_interval_secs: s.value("CONFIRM_INTERVAL_SECONDS", Setting::whole)?,
             unregistered_hold_secs: s.value("UNREGISTERED_HOLD_SECONDS", Setting::whole)?,
-            results: s.results()?,
+            results: ResultsSettings {
+                each_kinds: s
+                    .optional("RESULTS_EACH_KINDS", Setting::list)?
+                    .unwrap_or_default(),
+                file_wait_secs: s.value("RESULTS_FILE_WAIT_SECONDS", Setting::whole)?,
+                sender_timeout_ms: s.optional("RESULTS_SENDER_TIMEOUT_MS", Setting::whole)?,
+            },
             shown: s.0.iter().map(|(v, setting)| v.shown(setting)).collect(),
+        })
+    }
+
+    /// The configuration in force as the operator's page shows it (`GET /v1/config`): every
+    /// variable of [`VARIABLES`], in table order, with its value, except that secrets are only
+    /// `set` or `not set` and URLs that may carry a credential show their origin only. Never a
+    /// secret's bytes.
+    pub fn public_view(&self) -> Value {
+        json!({
+            "settings": VARIABLES
+                .iter()
+                .zip(&self.shown)
+                .map(|(v, value)| json!({"name": v.name, "value": value, "secret": v.secret}))
+                .collect::<Vec<_>>(),
+            "warnings": self.warnings(),
         })
     }
 }
@@ -977,23 +975,6 @@ fn origin_only(url: &str) -> String {
     let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     let rest = if end < url.len() { "/\u{2026}" } else { "" };
     format!("{}{host}{rest}", &url[..after_scheme])
-}
-
-impl Config {
-    /// The configuration in force as the operator's page shows it (`GET /v1/config`): every
-    /// variable of [`VARIABLES`], in table order, with its value, except that secrets are only
-    /// `set` or `not set` and URLs that may carry a credential show their origin only. Never a
-    /// secret's bytes.
-    pub fn public_view(&self) -> Value {
-        json!({
-            "settings": VARIABLES
-                .iter()
-                .zip(&self.shown)
-                .map(|(v, value)| json!({"name": v.name, "value": value, "secret": v.secret}))
-                .collect::<Vec<_>>(),
-            "warnings": self.warnings(),
-        })
-    }
 }
 
 #[cfg(test)]

@@ -32,13 +32,10 @@ pub fn destination_parts(label: &str) -> (&str, &str) {
         return (DEFAULT_DESTINATION, shown);
     }
     // A shown target never holds ": " (an origin, or a binding's name), a route's kind may.
-    match label
+    label
         .strip_prefix("route ")
         .and_then(|rest| rest.rsplit_once(": "))
-    {
-        Some((kind, shown)) => (kind, shown),
-        None => (label, ""),
-    }
+        .unwrap_or((label, ""))
 }
 
 /// The host a shown target names (`https://user@h:8443/…` gives `h:8443`); a binding as it

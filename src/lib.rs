@@ -37,3 +37,17 @@ pub mod timestamp;
 
 #[cfg(target_arch = "wasm32")]
 pub mod edge;
+
+/// A value left at its default is not stored (it reads back as its default).
+pub(crate) fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+/// The first `bytes` bytes of `digest` in lowercase hex.
+pub fn hex(digest: &[u8], bytes: usize) -> String {
+    digest
+        .iter()
+        .take(bytes)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

@@ -99,10 +99,8 @@ fn forbidden(scope: Scope, needs: Scope) -> String {
         Scope::Admin => "an admin token".to_string(),
         other => format!("a {} token (or an admin token)", other.as_str()),
     };
-    format!(
-        "forbidden: a {} token may not do this; it needs {needs}",
-        scope.as_str()
-    )
+    let scope = scope.as_str();
+    format!("forbidden: a {scope} token may not do this; it needs {needs}")
 }
 
 /// The log face.

@@ -216,12 +216,10 @@ impl Backoff {
             }
         };
         let wait = self.jittered(run.attempts, jitter);
-        let wait = asked.map_or(wait, |asked| wait.max(asked.min(self.max_ms)));
-        let (at_ms, failing_since_ms, why) = (now_ms + wait, since, why.to_string());
         Next::RetryAt {
-            at_ms,
-            failing_since_ms,
-            why,
+            at_ms: now_ms + asked.map_or(wait, |asked| wait.max(asked.min(self.max_ms))),
+            failing_since_ms: since,
+            why: why.to_string(),
         }
     }
 }

@@ -218,13 +218,17 @@ impl Skim {
     /// Hands out the elements of the [`Rule::Each`] arrays ([`Skim::take_events`]): whole
     /// within `cap` bytes, else their size, hash and what `over_rules` keep of them.
     pub fn with_elements(mut self, cap: usize, over_rules: &'static [Rule]) -> Self {
-        self.each = Elements::new(cap, over_rules);
+        self.each = Elements {
+            cap,
+            over_rules,
+            ..Elements::default()
+        };
         self
     }
 
     /// What the [`Rule::Each`] arrays held since the last call, in order.
     pub fn take_events(&mut self) -> Vec<Event> {
-        self.each.take()
+        std::mem::take(&mut self.each.events)
     }
 
     /// Bytes read so far.
@@ -635,7 +639,7 @@ pub fn skim(rules: &'static [Rule], body: &[u8]) -> Result<Skimmed, SkimError> {
 //
 // Handed out one by one as the skimmer reads past them, so a status answer of any size is
 // never held: whole (its bytes as written) within the cap; past it, its size, the SHA-256 of
-// its bytes and what a second skimmer keeps of it ([`Elements::new`]'s rules), never holding
+// its bytes and what a second skimmer keeps of it ([`Skim::with_elements`]' rules), never holding
 // more than the cap plus [`FLUSH_BYTES`]. Where the chunks split changes nothing. Elements are
 // found by brackets and strings only: the reader parses each, and refuses an empty one
 // (`[1,,2]`, `[1,]`), handed out empty.
@@ -682,6 +686,7 @@ struct Capture {
 }
 
 /// The skimmer's side for [`Rule::Each`]: the events not yet taken, the element being read.
+/// Elements within `cap` bytes are handed out whole; larger ones skimmed with `over_rules`.
 #[derive(Debug, Clone, Default)]
 pub struct Elements {
     cap: usize,
@@ -693,20 +698,6 @@ pub struct Elements {
 }
 
 impl Elements {
-    /// Elements within `cap` bytes handed out whole; larger ones skimmed with `over_rules`.
-    pub fn new(cap: usize, over_rules: &'static [Rule]) -> Elements {
-        Elements {
-            cap,
-            over_rules,
-            ..Elements::default()
-        }
-    }
-
-    /// What was met since the last call.
-    pub fn take(&mut self) -> Vec<Event> {
-        std::mem::take(&mut self.events)
-    }
-
     /// An array at the rule's path starts.
     pub(crate) fn array(&mut self, rule: usize) {
         self.events.push(Event::Array { rule });

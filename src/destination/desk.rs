@@ -133,10 +133,10 @@ pub struct Desk {
     #[serde(default)]
     pub alerts: Vec<Value>,
     /// Owed alerts dropped (the oldest, past [`MAX_OWED_ALERTS`]) and not yet logged.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub alerts_dropped: u64,
     /// When the owed alerts may be tried again (after the sink refused one).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub alerts_due_ms: i64,
     /// Asks and reports received: what the destination's health and pace cost in calls (the
     /// happy path's first attempt makes none).
@@ -164,11 +164,6 @@ impl Desk {
             .as_ref()
             .map(|s| s.label.clone())
             .unwrap_or_default()
-    }
-
-    /// Whether one release may leave now under the route's pace (and takes its token if so).
-    fn take_token(&mut self, pace: Pace, in_flight: u64, now: i64) -> bool {
-        self.take_token_by(pace, in_flight, now, now).is_some()
     }
 
     /// Takes the route's next token if it falls due by `by`: when it may be used (`now` at the
@@ -256,11 +251,11 @@ impl Desk {
         }
     }
 
-    /// Keep its own backoff; the alarm runs now (a freed slot or probe lets the next go).
-    fn own_schedule_now(now: i64) -> Decision {
+    /// `reply`, and the alarm runs now (a freed slot or probe lets the next go).
+    fn alarm_now(reply: DeskReply, now: i64) -> Decision {
         Decision {
             alarm_at_ms: Some(now),
-            ..Decision::reply(DeskReply::OwnSchedule)
+            ..Decision::reply(reply)
         }
     }
 
@@ -299,23 +294,18 @@ impl Desk {
     /// `Retry-After`) holds the next probe, once open, no sooner than that (up to
     /// [`DeskSettings::asked_max_ms`]).
     pub fn report(&mut self, key: &str, sent: Sent, facts: Facts, now: i64) -> Decision {
-        let Sent {
-            sent,
-            failures,
-            failure,
-            asked_wait_ms,
-        } = sent;
+        let failures = sent.failures;
         // A probe that reports is over (a failed one backs off below), but for a chunk that
         // was neither on a desk that is not open: that report leaves the desk as it stands.
         let was_probe = self.probe.as_ref().is_some_and(|p| p.key == key);
-        let mixed = failures > 0 && failures < sent;
+        let mixed = failures > 0 && failures < sent.sent;
         if was_probe && (self.paused.is_some() || !mixed || self.is_open()) {
             self.probe = None;
         }
-        if sent == 0 {
+        if sent.sent == 0 {
             // It could not send: it leaves the queue until it can (it asks again then), and
             // says nothing of the destination, so the next key is probed at once.
-            return Self::own_schedule_now(now);
+            return Self::alarm_now(DeskReply::OwnSchedule, now);
         }
         if self.paused.is_some() {
             // A report while paused says nothing of health (a pause is not a failure, nor is
@@ -327,12 +317,12 @@ impl Desk {
             // rest; else its slots are freed, and what waits may go.
             return match self.is_open() {
                 true => self.behind(now),
-                false => Self::own_schedule_now(now),
+                false => Self::alarm_now(DeskReply::OwnSchedule, now),
             };
         }
-        let failed = failure.filter(|_| failures > 0).map(|f| (f, failures));
+        let failed = sent.failure.filter(|_| failures > 0).map(|f| (f, failures));
         let decision = self.report_inner(was_probe, failed, facts, now);
-        if let Some(asked) = asked_wait_ms.filter(|_| self.is_open()) {
+        if let Some(asked) = sent.asked_wait_ms.filter(|_| self.is_open()) {
             let cap = self.settings.as_ref().map_or(3_600_000, |s| s.asked_max_ms);
             self.next_probe_ms = self.next_probe_ms.max(now + asked.clamp(0, cap.max(0)));
             if decision.enqueue {
@@ -359,10 +349,7 @@ impl Desk {
                 self.close(facts.waiting + 1, now);
             }
             // Closing starts the drain; a freed slot lets the next waiting key go.
-            return Decision {
-                alarm_at_ms: Some(now),
-                ..Decision::reply(DeskReply::Noted)
-            };
+            return Self::alarm_now(DeskReply::Noted, now);
         };
         // First attempts that succeed are never reported (the happy path pays nothing), so
         // "in a row" also means close together: a failure long after the last starts a new run.
@@ -444,8 +431,7 @@ impl Desk {
         let label = self.label();
         let (name, shown) = destination_parts(&label);
         let what = format!(
-            "{shown} recovered after {secs} s; {} side effects waited and are being drained",
-            self.waited
+            "{shown} recovered after {secs} s; {waited} side effects waited and are being drained"
         );
         self.owe(json!({
             "alert": "destination_recovered",
@@ -474,8 +460,7 @@ impl Desk {
                     return Wake::Idle;
                 }
                 // A probe that never reported counts as a failed one.
-                self.probe = None;
-                self.probe_failed(now);
+                self.probe_missed(now);
             }
             return match now >= self.next_probe_ms {
                 true => Wake::Probe,
@@ -493,7 +478,8 @@ impl Desk {
             return Wake::Drain(cap);
         }
         let mut n = 0;
-        while n < cap && self.take_token(pace, facts.in_flight + u64::from(n), now) {
+        let in_flight = |n: u32| facts.in_flight + u64::from(n);
+        while n < cap && self.take_token_by(pace, in_flight(n), now, now).is_some() {
             n += 1;
         }
         match n {
@@ -575,7 +561,8 @@ impl Desk {
         if facts.waiting == 0 || self.paused.is_some() {
             return None;
         }
-        if !self.is_open() && self.pace().concurrency.is_some() && !self.pace_has_room(facts) {
+        let full = |c| facts.in_flight >= u64::from(c);
+        if !self.is_open() && self.pace().concurrency.is_some_and(full) {
             // Slots free on reports (which set the alarm); a lapsed one frees with its TTL.
             return Some(now + self.slot_ttl_ms().min(ALERT_RETRY_MS));
         }
@@ -584,12 +571,6 @@ impl Desk {
                 .max(facts.next_due_ms)
                 .max(now + MIN_ALARM_GAP_MS),
         )
-    }
-
-    fn pace_has_room(&self, facts: Facts) -> bool {
-        self.pace()
-            .concurrency
-            .is_none_or(|c| facts.in_flight < u64::from(c))
     }
 
     /// A check before a first attempt: it must ask while the destination is paused or open.
@@ -655,10 +636,6 @@ pub const PROBE_LAPSE_MS: i64 = 60_000;
 pub const ALERT_RETRY_MS: i64 = 30_000;
 /// Alerts a desk keeps for a sink that is down: ten outages, each opened and recovered.
 pub const MAX_OWED_ALERTS: usize = 20;
-
-fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
-    *n == T::default()
-}
 
 /// The shortest wait between alarm runs that release nothing (no spin on a clock edge).
 const MIN_ALARM_GAP_MS: i64 = 10;

@@ -173,11 +173,7 @@ impl Rejection {
             | Rejection::StatusUnavailable { retry_after } => {
                 Err(Refusal::RetryLater(*retry_after))
             }
-            Rejection::Nudge { unusable, .. } => match unusable {
-                Unusable::NotEnvelope(problem) => not_envelope(problem),
-                Unusable::UnknownType(event_type) => unknown_type(event_type),
-                Unusable::BadId(problem) => bad_operation_id(problem),
-            },
+            Rejection::Nudge { unusable, .. } => unusable.reply(),
         }
     }
 
@@ -220,18 +216,19 @@ impl Rejection {
     }
 }
 
-pub(super) fn not_envelope(e: &EnvelopeError) -> Reply {
-    Err(Refusal::BadRequest(format!("not a Gemini envelope: {e}")))
-}
-
-pub(super) fn unknown_type(event_type: &str) -> Reply {
-    Ok(Answer::IgnoredUnknownType {
-        event_type: event_type.to_string(),
-    })
-}
-
-pub(super) fn bad_operation_id(e: &KeyError) -> Reply {
-    Err(Refusal::BadRequest(format!("data.id: {e}")))
+impl Unusable {
+    /// How the body is answered, whether it is kept as a dead letter or refused.
+    pub(super) fn reply(&self) -> Reply {
+        match self {
+            Unusable::NotEnvelope(e) => {
+                Err(Refusal::BadRequest(format!("not a Gemini envelope: {e}")))
+            }
+            Unusable::UnknownType(event_type) => Ok(Answer::IgnoredUnknownType {
+                event_type: event_type.clone(),
+            }),
+            Unusable::BadId(e) => Err(Refusal::BadRequest(format!("data.id: {e}"))),
+        }
+    }
 }
 
 /// What the classification's tests and the intake's share: a secret, a time, a body, and

@@ -23,8 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::inbound::answer::Answer;
 use crate::inbound::classify::{
-    bad_operation_id, not_envelope, unknown_type, DeliveryKind, Oversize, Policy, Proof, Rejection,
-    Reply, Screened, Unusable,
+    DeliveryKind, Oversize, Policy, Proof, Rejection, Reply, Screened, Unusable,
 };
 use crate::inbound::envelope::{meaning, parse, Envelope, Meaning};
 use crate::inbound::jwt::{self, Token};
@@ -751,9 +750,9 @@ fn signed(body: &[u8], delivery_id: &str) -> DeliveryKind {
         Err(Unusable::UnknownType(event_type)) if meaning(&event_type) == Meaning::Ping => {
             return DeliveryKind::Ping { event_type }
         }
-        Err(Unusable::NotEnvelope(e)) => (e.label(), not_envelope(&e)),
-        Err(Unusable::UnknownType(t)) => ("unknown_event_type", unknown_type(&t)),
-        Err(Unusable::BadId(e)) => ("bad_operation_id", bad_operation_id(&e)),
+        Err(ref e @ Unusable::NotEnvelope(ref problem)) => (problem.label(), e.reply()),
+        Err(e @ Unusable::UnknownType(_)) => ("unknown_event_type", e.reply()),
+        Err(e @ Unusable::BadId(_)) => ("bad_operation_id", e.reply()),
     };
     DeliveryKind::DeadLetter { reason, reply }
 }

@@ -26,7 +26,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::operation::observation::{SlotAnswer, StatusError};
+use crate::operation::observation::{Observation, SlotAnswer, StatusError};
 
 /// How long an isolate remembers that the status API said a name is not ours (404, or any
 /// other refusal): the default `CONFIRM_INTERVAL_SECONDS`, so a name is asked about at most
@@ -53,12 +53,7 @@ impl NotOurs {
 
     /// What the status API said about `key` at `now_ms`: a 404 or a 403 (another project's)
     /// is remembered; any other answer (ours, our key refused, or no usable answer) is not.
-    pub fn answered(
-        &mut self,
-        key: &str,
-        answer: &Result<crate::operation::observation::Observation, StatusError>,
-        now_ms: i64,
-    ) {
+    pub fn answered(&mut self, key: &str, answer: &Result<Observation, StatusError>, now_ms: i64) {
         if !matches!(
             answer,
             Err(StatusError::NotFound | StatusError::Refused(403))

@@ -31,8 +31,7 @@ pub fn result_message_id(key: &str, result_key: &str, index: u64) -> String {
     // The zero byte cannot occur in an operation key, so no (key, result key, index) hashes
     // the same text as another.
     let digest = Sha256::digest(format!("{key}\u{0}{result_key}\u{0}{index}").as_bytes());
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    format!("res_{hex}")
+    format!("res_{}", crate::hex(&digest, 16))
 }
 
 /// What every result of an operation repeats of the job's body, built once for a chunk

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::destination_label::Destination;
 use crate::operation::effect::EffectRequest;
 pub use crate::results::progress::SENDERS;
-use crate::results::progress::{is_zero, CHUNK_RESULTS, SENDS_IN_FLIGHT};
+use crate::results::progress::{CHUNK_RESULTS, SENDS_IN_FLIGHT};
 use crate::retry::PeerAnswer;
 
 /// The groups `n` results go in, one a sender, as ranges of their order; empty when the gate
@@ -33,16 +33,10 @@ pub fn groups(n: usize) -> Vec<Range<usize>> {
     let by_size = n.div_ceil(CHUNK_RESULTS as usize);
     let by_time = n.div_ceil(SENDS_IN_FLIGHT).min(SENDERS);
     let g = by_size.max(by_time);
+    // The first `extra` groups take one more.
     let (base, extra) = (n / g, n % g);
-    let mut start = 0;
-    (0..g)
-        .map(|i| {
-            let len = base + usize::from(i < extra);
-            let range = start..start + len;
-            start += len;
-            range
-        })
-        .collect()
+    let start = |i: usize| i * base + i.min(extra);
+    (0..g).map(|i| start(i)..start(i + 1)).collect()
 }
 
 /// What a sender's call may take past its sends' own deadlines: the way there and back and a
@@ -98,7 +92,7 @@ pub const HEADER_NAMES: [&str; 7] = [
 pub struct WireSend {
     pub headers: Vec<(String, String)>,
     pub body: String,
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub after_ms: u64,
 }
 

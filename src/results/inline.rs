@@ -15,10 +15,9 @@
 use serde_json::{json, Value};
 
 use crate::results::item::{Payload, LINE_CAP};
-use crate::results::keys::{hex8, inline_base, item_hash, key_text, Place};
+use crate::results::keys::{inline_base, item_hash, key_text, Place};
 use crate::results::source::{ended_in_status, found_in_status, Found, INLINE_LISTS};
-use crate::skim::{Body, Event};
-use crate::skim::{Rule, Skim};
+use crate::skim::{Body, Event, Rule, Skim};
 
 /// Largest status answer read for its inline results: Gemini caps an inline batch's requests
 /// at 20 MB, and its answer holds the responses twice (`response` and `metadata.output`). A
@@ -121,10 +120,8 @@ impl InlineRead {
                 Event::Array { rule } => {
                     let list = &mut self.lists[rule - FIRST_LIST];
                     if list.array {
-                        return Err(format!(
-                            "status answer repeats {}",
-                            INLINE_LISTS[rule - FIRST_LIST]
-                        ));
+                        let name = INLINE_LISTS[rule - FIRST_LIST];
+                        return Err(format!("status answer repeats {name}"));
                     }
                     list.array = true;
                 }
@@ -169,39 +166,31 @@ impl InlineRead {
         let skimmed = self.skim.finish().map_err(not_json)?;
         let doc: Value =
             serde_json::from_str(&skimmed.json).map_err(|e| not_json(e.to_string()))?;
-        let ended_ms = ended_in_status(&doc);
-        let found = found_in_status(&doc)?;
-        let Found::Inline { list, count } = found else {
-            return Ok(Located {
-                found,
-                ended_ms,
-                places: Vec::new(),
-            });
+        let mut located = Located {
+            ended_ms: ended_in_status(&doc),
+            found: found_in_status(&doc)?,
+            places: Vec::new(),
         };
-        let seen = self.lists[list];
+        let Found::Inline { list, count } = located.found else {
+            return Ok(located);
+        };
+        let (seen, name) = (self.lists[list], INLINE_LISTS[list]);
         if !seen.array {
-            return Err(format!(
-                "status answer: {} is a number, not a list",
-                INLINE_LISTS[list]
-            ));
+            return Err(format!("status answer: {name} is a number, not a list"));
         }
         let stored = self.stored.map(|s| self.lists[s]);
         let same = stored.is_some_and(|s| (s.count, s.digest) == (seen.count, seen.digest));
-        let places = match (count, same) {
-            (0, _) => Vec::new(),
-            (_, true) => self.places,
+        match (count, same) {
+            (0, _) => {}
+            (_, true) => located.places = self.places,
             (_, false) => {
                 return Err(format!(
-                "status answer's inline lists disagree: {} holds {} items, not the ones read first",
-                INLINE_LISTS[list], seen.count
+                "status answer's inline lists disagree: {name} holds {} items, not the ones read first",
+                seen.count
             ))
             }
-        };
-        Ok(Located {
-            found,
-            ended_ms,
-            places,
-        })
+        }
+        Ok(located)
     }
 }
 
@@ -241,7 +230,7 @@ fn read_item(seq: u64, body: Body) -> Result<(Option<String>, String, Payload), 
             // the batch's status answer by its key.
             Ok((
                 key,
-                hex8(&sha256),
+                crate::hex(&sha256, 8),
                 unreadable("item over the size cap", size),
             ))
         }

@@ -55,34 +55,29 @@ pub enum Source {
 }
 
 /// The payload of a parsed line or item: `response`, else `error`, else unreadable.
-fn payload_of(value: &Value, locate: impl Fn(&str) -> Value) -> Payload {
+fn payload_of(value: &Value, unreadable: impl Fn(&str) -> Payload) -> Payload {
     if let Some(response) = value.get("response") {
         Payload::Response(response.clone())
     } else if let Some(error) = value.get("error") {
         Payload::Error(error.clone())
     } else {
-        Payload::Unreadable(locate("neither response nor error"))
+        unreadable("neither response nor error")
     }
 }
 
 /// A file's line as a result.
 pub fn from_piece(piece: &Piece, file: &str) -> ResultItem {
     let Checkpoint { index, offset } = piece.start();
-    let locate = |reason: &str, size: usize| json!({"reason": reason, "file": file, "index": index, "byte_offset": offset, "size": size});
+    let locate = |reason: &str, size| json!({"reason": reason, "file": file, "index": index, "byte_offset": offset, "size": size});
+    let unreadable = |reason: &str, size: u64| Payload::Unreadable(locate(reason, size));
     let (key, payload) = match piece {
-        Piece::TooLarge { size, .. } => (
-            None,
-            Payload::Unreadable(locate("line over the size cap", *size as usize)),
-        ),
+        Piece::TooLarge { size, .. } => (None, unreadable("line over the size cap", *size)),
         Piece::Line { bytes, .. } => match serde_json::from_slice::<Value>(bytes) {
             Ok(value) if value.is_object() => (
                 key_text(value.get("key")),
-                payload_of(&value, |why| locate(why, bytes.len())),
+                payload_of(&value, |why| unreadable(why, bytes.len() as u64)),
             ),
-            _ => (
-                None,
-                Payload::Unreadable(locate("not a JSON object", bytes.len())),
-            ),
+            _ => (None, unreadable("not a JSON object", bytes.len() as u64)),
         },
     };
     ResultItem {

@@ -34,12 +34,7 @@ pub fn item_hash(item: &Value) -> String {
     let mut hasher = Sha256::new();
     // Writing into a hasher cannot fail.
     let _ = serde_json::to_writer(&mut hasher, item);
-    hex8(&hasher.finalize())
-}
-
-/// The first 8 bytes of a digest in hex: an item's hash as its key shows it.
-pub fn hex8(digest: &[u8]) -> String {
-    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    crate::hex(&hasher.finalize(), 8)
 }
 
 /// An inline item's key before it is made distinct: the request's key, else `inline-{hash}`.
@@ -182,7 +177,7 @@ mod tests {
         assert_eq!(item_hash(&a), item_hash(&b));
         assert_eq!(
             item_hash(&a),
-            hex8(&Sha256::digest(a.to_string().as_bytes()))
+            crate::hex(&Sha256::digest(a.to_string().as_bytes()), 8)
         );
     }
 

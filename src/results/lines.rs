@@ -34,13 +34,10 @@ pub enum Piece {
 impl Piece {
     /// Where this line starts: the checkpoint to resume at when a chunk ends before it.
     pub fn start(&self) -> Checkpoint {
-        match self {
-            Piece::Line { index, offset, .. } | Piece::TooLarge { index, offset, .. } => {
-                Checkpoint {
-                    offset: *offset,
-                    index: *index,
-                }
-            }
+        let (Piece::Line { index, offset, .. } | Piece::TooLarge { index, offset, .. }) = self;
+        Checkpoint {
+            offset: *offset,
+            index: *index,
         }
     }
 }

@@ -243,26 +243,26 @@ pub struct Progress {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unlocated: bool,
     /// Results parked for failing past the alert threshold (since the last operator's retry).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub gave_up: u64,
     /// Their one alert was raised.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub failing_alerted: bool,
     /// Results delivered and not yet counted for `/metrics` ([`Progress::meter`]).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub unmetered: u64,
     /// Results whose sender answered nothing, not yet counted for `/metrics`.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub unanswered: u64,
     /// Attempts the destination failed (retried, or given up), not yet counted for `/metrics`.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub failed: u64,
     /// When the result senders began answering nothing: the first result a sender left
     /// unanswered since a sender last answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unanswered_since_ms: Option<i64>,
     /// Where the senders' alert stands.
-    #[serde(default, skip_serializing_if = "SendersAlert::is_quiet")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub senders_alert: SendersAlert,
 }
 
@@ -279,12 +279,6 @@ pub enum SendersAlert {
     Resolve,
 }
 
-impl SendersAlert {
-    fn is_quiet(&self) -> bool {
-        *self == SendersAlert::Quiet
-    }
-}
-
 /// What a commit adds to `/metrics`' results by destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Metered {
@@ -294,11 +288,6 @@ pub struct Metered {
     pub parked: u64,
     /// Results whose sender answered nothing (sent again later).
     pub unanswered: u64,
-}
-
-/// A count left at zero is not stored (it reads back as its default).
-pub(crate) fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 /// Why a download did not give the file.

@@ -35,20 +35,12 @@ pub const INLINE_LISTS: [&str; 4] = [
 /// Longest part of a refused name quoted in the reason.
 const QUOTED_CHARS: usize = 120;
 
-/// Whether `name` is a `files/...` name, the only form a results file is downloaded by.
-fn is_file_name(name: &str) -> bool {
-    name.starts_with("files/")
-        && name.len() > 6
-        && !name.contains("..")
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
-}
-
 /// A `files/...` name, the only form a results file is downloaded by.
 fn file_name(value: Option<&Value>) -> Option<String> {
     let name = value?.as_str()?.trim();
-    is_file_name(name).then(|| name.to_string())
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"/-_.".contains(&b);
+    let ok = name.starts_with("files/") && name.len() > 6 && !name.contains("..");
+    (ok && name.bytes().all(allowed)).then(|| name.to_string())
 }
 
 /// The results file an outcome's details already name (the status API's `responsesFile`,
@@ -121,10 +113,8 @@ pub fn ended_in_status(answer: &Value) -> Option<i64> {
 
 /// Where a results file is downloaded (../shared/GEMINI_WEBHOOKS.md §3c).
 pub fn download_url(api_base: &str, file: &str) -> String {
-    format!(
-        "{}/download/v1beta/{file}:download?alt=media",
-        api_base.trim_end_matches('/')
-    )
+    let base = api_base.trim_end_matches('/');
+    format!("{base}/download/v1beta/{file}:download?alt=media")
 }
 
 /// What the download's HTTP status means: `None` for the file (200, or 206 for a `Range`).
