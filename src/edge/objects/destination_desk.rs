@@ -30,7 +30,7 @@ use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::objects::row;
 use crate::edge::outbound::fetch::post_alerts;
-use crate::edge::runtime::{load_config, log, now_ms};
+use crate::edge::runtime::{load_config, log, now_ms, set_alarm};
 
 /// One destination's health and pace.
 #[durable_object]
@@ -79,7 +79,7 @@ impl DurableObject for DestinationDesk {
     async fn alarm(&self) -> Result<Response> {
         let run = self.run_alarm().await;
         if run.is_err() {
-            self.set_alarm(now_ms() + ALERT_RETRY_MS).await?;
+            set_alarm(&self.state.storage(), now_ms() + ALERT_RETRY_MS).await?;
         }
         run
     }
@@ -102,7 +102,7 @@ impl DestinationDesk {
         let desk = self.load()?;
         let now = now_ms();
         if let Some(at) = desk.next_alarm_ms(self.facts(now)?, now) {
-            self.set_alarm(at).await?;
+            set_alarm(&self.state.storage(), at).await?;
         }
         if desk.alerts_due(now) {
             self.send_alerts(now).await?;
@@ -282,14 +282,6 @@ impl DestinationDesk {
         if current.is_some_and(|c| c <= at) {
             return Ok(());
         }
-        self.set_alarm(at).await
-    }
-
-    async fn set_alarm(&self, at: i64) -> Result<()> {
-        let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(at as f64));
-        self.state
-            .storage()
-            .set_alarm(worker::ScheduledTime::new(date))
-            .await
+        set_alarm(&self.state.storage(), at).await
     }
 }

@@ -12,7 +12,7 @@
 //! confirmation takes its slot here ([`crate::reconciliation::lease_state::Lease::take_slot`],
 //! read-decide-write like the rest), after the pass's schedule and Gemini's back-off.
 
-use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
+use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 use crate::reconciliation::lease_protocol::{decide, LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::Lease;
@@ -20,6 +20,7 @@ use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::objects::row;
+use crate::edge::runtime::now_ms;
 
 /// The lease object's binding.
 pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
@@ -51,8 +52,7 @@ impl DurableObject for ReconcileLease {
                 return Refusal::BadRequest(format!("bad lease command: {e}")).into_response()
             }
         };
-        let now = Date::now().as_millis() as i64;
-        Response::from_json(&self.lease_command(command, now)?)
+        Response::from_json(&self.lease_command(command, now_ms())?)
     }
 }
 

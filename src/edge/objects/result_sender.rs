@@ -26,7 +26,7 @@ use crate::telemetry::usage::Invocation;
 use crate::edge::objects::call::{post_json, stub_for};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::outbound::fetch;
-use crate::edge::runtime::{load_config, within};
+use crate::edge::runtime::{load_config, now_ms, within};
 
 /// The senders' binding.
 pub const SENDER_BINDING: &str = "RESULT_SENDER";
@@ -47,7 +47,7 @@ impl DurableObject for ResultSender {
     }
 
     async fn fetch(&self, mut req: Request) -> Result<Response> {
-        let started = self.meter.start();
+        let started = now_ms();
         let order: SendOrder = match req.json().await {
             Ok(order) => order,
             Err(e) => return Refusal::BadRequest(format!("bad send order: {e}")).into_response(),

@@ -42,7 +42,7 @@ use crate::telemetry::worker_log::WorkerLog;
 
 use crate::edge::objects::row;
 use crate::edge::objects::usage_meter::Meter;
-use crate::edge::runtime::{load_config, log};
+use crate::edge::runtime::{load_config, log, now_ms};
 
 /// What a batch's write said, sent to each of its keeps.
 type Stored = std::result::Result<(), String>;
@@ -95,7 +95,7 @@ impl DurableObject for RetiredNames {
     }
 
     async fn fetch(&self, mut req: Request) -> Result<Response> {
-        let started = self.meter.start();
+        let started = now_ms();
         let command: RetiredCommand = match req.json().await {
             Ok(c) => c,
             Err(e) => {

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use worker::{
-    durable_object, Context, Date, Delay, DurableObject, Env, Request, Response, Result,
-    SqlStorage, SqlStorageValue, State,
+    durable_object, Context, Delay, DurableObject, Env, Request, Response, Result, SqlStorage,
+    SqlStorageValue, State,
 };
 
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
@@ -279,7 +279,7 @@ impl DurableObject for StatsShard {
             mark_days: RefCell::default(),
             meter,
         };
-        if let Err(e) = shard_store::open(&shard.db(), Date::now().as_millis() as i64) {
+        if let Err(e) = shard_store::open(&shard.db(), now_ms()) {
             log(WorkerLog::StatsSchemaError {
                 error: e.to_string(),
             }
@@ -289,7 +289,7 @@ impl DurableObject for StatsShard {
     }
 
     async fn fetch(&self, req: Request) -> Result<Response> {
-        let started = self.meter.start();
+        let started = now_ms();
         let answer = self.handle(req).await;
         self.meter.end(
             "stats_shard",
@@ -316,7 +316,7 @@ impl StatsShard {
                 return Refusal::BadRequest(format!("bad stats command: {e}")).into_response()
             }
         };
-        let now = Date::now().as_millis() as i64;
+        let now = now_ms();
         let db = self.db();
         let answer = match command {
             ShardCommand::Add { gate, events } => {

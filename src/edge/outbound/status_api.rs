@@ -27,7 +27,7 @@ use crate::telemetry::worker_log::{StatusRead, WorkerLog};
 
 use crate::edge::capped_read::each_chunk;
 use crate::edge::outbound::fetch::{fetch, send, Keep};
-use crate::edge::runtime::{js_error, log, within};
+use crate::edge::runtime::{js_error, log, now_ms, within};
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
 /// room for a slow moment, while a hanging call costs a cron pass a twelfth of its default
@@ -137,7 +137,7 @@ async fn get_skimmed(url: &str, headers: &[(&str, String)]) -> (StatusAnswer, i6
         };
         return (answer, 0);
     }
-    let started = worker::Date::now().as_millis() as i64;
+    let started = now_ms();
     let read = async {
         let mut skim = Skim::new(crate::reconciliation::status::READ);
         // No body at all reads as an empty one (and is refused as such).
@@ -163,5 +163,5 @@ async fn get_skimmed(url: &str, headers: &[(&str, String)]) -> (StatusAnswer, i6
         Some(Err(e)) => PeerAnswer::Network(e.to_string()),
         None => PeerAnswer::Timeout,
     };
-    (answer, worker::Date::now().as_millis() as i64 - started)
+    (answer, now_ms() - started)
 }

@@ -22,8 +22,7 @@
 use std::cell::{Cell, RefCell};
 
 use serde_json::Value;
-use worker::wasm_bindgen::JsValue;
-use worker::{Result, ScheduledTime, State};
+use worker::{Result, State};
 
 use crate::operation::gate::alarm_failure::AlarmFailures;
 use crate::operation::gate::log::GateLog;
@@ -33,7 +32,7 @@ use crate::operation::{recovery, Operation};
 
 use crate::edge::objects::gate::tables::{self, Layout, StoredHistory};
 use crate::edge::objects::usage_meter::Meter;
-use crate::edge::runtime::{log, now_ms};
+use crate::edge::runtime::{log, now_ms, set_alarm};
 
 /// The key, in the object's key-value storage, of the alarm's failure streak (see
 /// [`crate::operation::gate::alarm_failure`]).
@@ -164,10 +163,7 @@ impl GateStorage {
         // Forgotten first: if the call fails, the next one sets the alarm again.
         self.alarm_at.set(None);
         match wake {
-            Some(at) => {
-                let date = worker::js_sys::Date::new(&JsValue::from_f64(at as f64));
-                storage.set_alarm(ScheduledTime::new(date)).await?;
-            }
+            Some(at) => set_alarm(&storage, at).await?,
             None => storage.delete_alarm().await?,
         }
         self.meter.add(|u| u.alarm_writes += 1);
@@ -216,11 +212,7 @@ impl GateStorage {
     pub async fn alarm_failed(&self, streak: &AlarmFailures, retry_at: i64) -> Result<()> {
         let stored = self.state.storage().put(ALARM_FAILURES, streak).await;
         self.alarm_at.set(None);
-        let date = worker::js_sys::Date::new(&JsValue::from_f64(retry_at as f64));
-        self.state
-            .storage()
-            .set_alarm(ScheduledTime::new(date))
-            .await?;
+        set_alarm(&self.state.storage(), retry_at).await?;
         self.alarm_at.set(Some(retry_at));
         stored
     }
@@ -275,7 +267,7 @@ impl GateStorage {
                 "stored record unreadable: {error}"
             )));
         };
-        let now = worker::Date::now().as_millis() as i64;
+        let now = now_ms();
         tables::quarantine(&self.meter, &self.sql(), raw, error, now)?;
         let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now, None);
         self.store_recovered(&op, row, line, now)?;
