@@ -115,28 +115,21 @@ fn log_rejected(batch: &[StatEvent]) {
     }
 }
 
-/// What a hand-over did, for the caller's meter.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct HandedOver {
-    /// A shard call was made (and awaited).
-    pub sent: bool,
-    /// A send was scheduled this far ahead: the object stays in memory until then.
-    pub held_ms: u64,
-}
-
 /// Hands a gate's counted events (stored in its record until now) to this isolate's tally,
 /// which sends the counts of every gate here in one shard call per `every_ms`: at once
 /// (awaited) when the window since the last send has passed, else by one send scheduled in
 /// `state`'s background for the window's end (if none is). The gate's record forgets them
 /// either way: from here they are as exact as the isolate's life (see
-/// [`crate::telemetry::isolate_tally`]).
+/// [`crate::telemetry::isolate_tally`]). The gate's `meter` counts the shard call, or how long
+/// a scheduled send holds the object in memory.
 pub async fn hand_over(
     state: &State,
+    meter: &Meter,
     env: &Env,
     events: &[StatEvent],
     now_ms: i64,
     every_ms: i64,
-) -> HandedOver {
+) {
     let due = GATE_COUNTS.with(|t| {
         let mut t = t.borrow_mut();
         t.add_events(events);
@@ -144,17 +137,12 @@ pub async fn hand_over(
     });
     if let Some(batch) = due {
         send_tally(env, &GATE_COUNTS, batch, now_ms).await;
-        return HandedOver {
-            sent: true,
-            held_ms: 0,
-        };
+        return meter.add(|u| u.object_calls += 1);
     }
-    let mut done = HandedOver::default();
     if let Some(delay) = GATE_COUNTS.with(|t| t.borrow_mut().schedule(now_ms, every_ms)) {
-        done.held_ms = delay.max(0) as u64;
+        meter.add(|u| u.held_ms += delay.max(0) as u64);
         state.wait_until(send_later(env.clone(), &GATE_COUNTS, delay));
     }
-    done
 }
 
 /// Sends a tally's batch to a shard (any: an isolate's counts are not one operation's); a

@@ -114,12 +114,8 @@ impl<'a> Run<'a> {
     /// Hands counted events to the isolate's tally ([`stats_shard::hand_over`]).
     async fn hand_over(&self, events: &[StatEvent]) {
         let every_ms = self.config.stats_flush_secs * 1_000;
-        let state = self.storage.state();
-        let done = stats_shard::hand_over(state, self.env, events, now_ms(), every_ms).await;
-        self.storage.meter().add(|u| {
-            u.object_calls += u64::from(done.sent);
-            u.held_ms += done.held_ms;
-        });
+        let (state, meter) = (self.storage.state(), self.storage.meter());
+        stats_shard::hand_over(state, meter, self.env, events, now_ms(), every_ms).await;
     }
 
     /// Asks Gemini's status API about a nudge waiting for confirmation (unless the plan
@@ -143,9 +139,8 @@ impl<'a> Run<'a> {
                 }
                 self.storage.meter().add(|u| u.outbound_fetches += 1);
                 let (answer, asked) = status_api::ask(config, collection, &key, &name).await;
-                if let Some(until_ms) = alarm::status_backoff_until(&answer, now_ms()) {
-                    status_backoff(self.env, meter, until_ms).await;
-                }
+                let until = alarm::status_backoff_until(&answer, now_ms());
+                status_backoff(self.env, meter, until).await;
                 (answer, Some(asked))
             }
         };
