@@ -36,7 +36,7 @@ use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
 use crate::edge::objects::stranger_watch::{WATCH_BINDING, WATCH_NAME};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::outbound::analytics;
-use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
+use crate::edge::outbound::ledger_kv::write_dead_letter;
 use crate::edge::outbound::status_api;
 use crate::edge::raw_response;
 use crate::edge::runtime::{log, now_ms};
@@ -108,10 +108,7 @@ pub async fn receive(
             } => intake.status_answered(ask_unheld(env, config, &key, &name, collection).await),
             Need::Tally => intake.tallied(tally(env, config).await),
             Need::DeadLetter { key, value } => {
-                let kept = match env.kv(KV_BINDING) {
-                    Ok(kv) => write_dead_letter(&kv, &key, &value, config.kv_ttl_secs()).await,
-                    Err(e) => Err(Refusal::from(e)),
-                };
+                let kept = write_dead_letter(env, &key, &value, config.kv_ttl_secs()).await;
                 intake.dead_letter_kept(kept.map_err(|e| e.to_string()))
             }
             Need::Done(finished) => return answer(finished, env, now_ms() - received_ms),

@@ -29,7 +29,7 @@ use crate::edge::objects::gate::desk_turn::KeyAtDesk;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{self, post_alert};
-use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
+use crate::edge::outbound::ledger_kv::write_projection;
 use crate::edge::outbound::{analytics, status_api};
 use crate::edge::runtime::{now_ms, random_unit};
 
@@ -281,10 +281,7 @@ impl<'a> Run<'a> {
             let (p, index) = upkeep.projection.as_ref()?;
             let writes = if *index == IndexWrite::None { 1 } else { 2 };
             self.storage.meter().add(|u| u.kv_writes += writes);
-            Some(match self.env.kv(KV_BINDING) {
-                Ok(kv) => write_projection(&kv, p, *index).await,
-                Err(e) => Err(Refusal::from(e)),
-            })
+            Some(write_projection(self.env, p, *index).await)
         };
         let (flushed, written) = futures_util::join!(flush, write);
         let text =

@@ -57,12 +57,6 @@ pub(super) enum Cached {
     Present(Box<Operation>),
 }
 
-impl Cached {
-    fn of(op: Option<Operation>) -> Cached {
-        op.map_or(Cached::Absent, |op| Cached::Present(Box::new(op)))
-    }
-}
-
 /// One gate's tables, cache and alarm.
 pub struct GateStorage {
     state: State,
@@ -178,15 +172,17 @@ impl GateStorage {
             Cached::Present(op) => return Ok(Some((**op).clone())),
             Cached::Unread => {}
         }
-        let op: Option<Operation> = match self.stored_body()? {
-            None => None,
-            Some(body) => Some(match serde_json::from_str::<Operation>(&body) {
-                Ok(op) => op.as_loaded(),
-                Err(e) => self.recover(&body, &e.to_string())?.as_loaded(),
-            }),
+        let Some(body) = self.stored_body()? else {
+            self.cached.replace(Cached::Absent);
+            return Ok(None);
         };
-        self.cached.replace(Cached::of(op.clone()));
-        Ok(op)
+        let op = match serde_json::from_str::<Operation>(&body) {
+            Ok(op) => op,
+            Err(e) => self.recover(&body, &e.to_string())?,
+        };
+        let op = op.as_loaded();
+        self.cached.replace(Cached::Present(Box::new(op.clone())));
+        Ok(Some(op))
     }
 
     /// The key of the record in memory, if one is.
