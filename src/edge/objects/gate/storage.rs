@@ -98,14 +98,15 @@ impl GateStorage {
     /// The stored record's text, none when the gate never wrote one; its history is read
     /// into memory with it.
     pub(super) fn stored_body(&self) -> Result<Option<String>> {
-        let Some(row) = tables::stored_row(self.layout()?, &self.meter, &self.sql())? else {
+        let Some((body, history)) = tables::stored_row(self.layout()?, &self.meter, &self.sql())?
+        else {
             return Ok(None);
         };
-        self.history.replace(match row.history {
+        self.history.replace(match history {
             StoredHistory::Encoded(text) => HistoryLog::decode(&text),
             StoredHistory::Rows(rows) => HistoryLog::from_rows(rows),
         });
-        Ok(Some(row.body))
+        Ok(Some(body))
     }
 
     /// The object's state (for work it runs in the background).
