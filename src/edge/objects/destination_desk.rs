@@ -212,10 +212,8 @@ impl DestinationDesk {
     }
 
     fn facts(&self, now: i64) -> Result<Facts> {
-        self.exec(
-            "DELETE FROM slots WHERE expires_ms <= ?",
-            vec![(now as f64).into()],
-        )?;
+        let query = "DELETE FROM slots WHERE expires_ms <= ?";
+        self.exec(query, vec![(now as f64).into()])?;
         Ok(Facts {
             waiting: self.count("SELECT COUNT(*) AS n FROM waiting")?,
             in_flight: self.count("SELECT COUNT(*) AS n FROM slots")?,
@@ -242,10 +240,8 @@ impl DestinationDesk {
 
     /// Queues `key` due at `due_ms` (where [`Desk::queue_place`] put it, or its own backoff).
     fn enqueue(&self, key: &str, due_ms: i64) -> Result<()> {
-        self.exec(
-            "INSERT INTO waiting (key, due_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET due_ms = excluded.due_ms",
-            vec![key.into(), (due_ms as f64).into()],
-        )
+        let query = "INSERT INTO waiting (key, due_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET due_ms = excluded.due_ms";
+        self.exec(query, vec![key.into(), (due_ms as f64).into()])
     }
 
     fn take_slot(&self, key: &str, desk: &Desk, now: i64) -> Result<()> {

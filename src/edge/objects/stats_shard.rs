@@ -279,12 +279,9 @@ impl DurableObject for StatsShard {
     async fn fetch(&self, req: Request) -> Result<Response> {
         let started = now_ms();
         let answer = self.handle(req).await;
-        self.meter.end(
-            "stats_shard",
-            Invocation::Fetch,
-            started,
-            &self.state.storage().sql(),
-        );
+        let sql = self.state.storage().sql();
+        self.meter
+            .end("stats_shard", Invocation::Fetch, started, &sql);
         answer
     }
 }
@@ -321,9 +318,7 @@ impl StatsShard {
             ShardCommand::Read => shard_store::read(&db, now, TREND_HOURS)
                 .and_then(|counts| serde_json::to_value(counts).map_err(|e| e.to_string())),
         };
-        match answer {
-            Ok(body) => Response::from_json(&body),
-            Err(e) => Err(worker::Error::RustError(format!("stats shard: {e}"))),
-        }
+        let body = answer.map_err(|e| worker::Error::RustError(format!("stats shard: {e}")))?;
+        Response::from_json(&body)
     }
 }

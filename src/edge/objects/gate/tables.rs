@@ -54,11 +54,9 @@ pub(super) fn layout(meter: &Meter, sql: &SqlStorage) -> Result<Layout> {
     struct Name {
         name: String,
     }
-    let names: Vec<Name> = meter.rows(
-        sql,
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('record', 'operation')",
-        None,
-    )?;
+    let query =
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('record', 'operation')";
+    let names: Vec<Name> = meter.rows(sql, query, None)?;
     Ok(if names.iter().any(|n| n.name == "record") {
         Layout::Current
     } else if names.iter().any(|n| n.name == "operation") {
@@ -129,17 +127,11 @@ pub(super) fn write(
     body: String,
     history: String,
 ) -> Result<()> {
-    meter.exec(
-        sql,
-        "INSERT INTO record (id, body, history) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body, history = excluded.history",
-        vec![body.into(), history.into()],
-    )?;
+    let query = "INSERT INTO record (id, body, history) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body, history = excluded.history";
+    meter.exec(sql, query, vec![body.into(), history.into()])?;
     if layout == Layout::Legacy {
-        meter.exec(
-            sql,
-            "DROP TABLE IF EXISTS operation; DROP TABLE IF EXISTS history",
-            None,
-        )?;
+        let query = "DROP TABLE IF EXISTS operation; DROP TABLE IF EXISTS history";
+        meter.exec(sql, query, None)?;
     }
     Ok(())
 }
@@ -153,10 +145,7 @@ pub(super) fn quarantine(
     now: i64,
 ) -> Result<()> {
     meter.exec(sql, QUARANTINE_SCHEMA, None)?;
-    meter.exec(
-        sql,
-        "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)",
-        vec![now.into(), error.into(), raw.into()],
-    )?;
+    let query = "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)";
+    meter.exec(sql, query, vec![now.into(), error.into(), raw.into()])?;
     Ok(())
 }
