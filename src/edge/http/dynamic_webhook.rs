@@ -122,15 +122,8 @@ async fn resolve<T>(
 async fn fetch_set(env: &Env, config: &Config, now_ms: i64) -> bool {
     let kv = env.kv(KV_BINDING).ok();
     let headers = [("accept", "application/json".to_string())];
-    let answer = send(
-        Method::Get,
-        &config.gemini_jwks_url,
-        &headers,
-        None,
-        FETCH_TIMEOUT_MS,
-        Keep::Whole(MAX_JWKS_BYTES),
-    )
-    .await;
+    let (url, keep) = (&config.gemini_jwks_url, Keep::Whole(MAX_JWKS_BYTES));
+    let answer = send(Method::Get, url, &headers, None, FETCH_TIMEOUT_MS, keep).await;
     let body = match (&answer, answer.class()) {
         (PeerAnswer::Http { body, .. }, Class::Success) => Ok(body.as_str()),
         _ => Err(answer.summary()),

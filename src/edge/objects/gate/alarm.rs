@@ -146,13 +146,8 @@ impl<'a> Run<'a> {
         };
         let mut current = self.storage.load()?.unwrap_or(op);
         current.count_status_call(counters::AskedBy::Nudge, asked, now_ms());
-        let step = alarm::confirmed(
-            current.clone(),
-            answer,
-            now_ms(),
-            &self.limits,
-            random_unit(),
-        );
+        let now = now_ms();
+        let step = alarm::confirmed(current.clone(), answer, now, &self.limits, random_unit());
         self.apply(step, current, Alarm::Deferred).await
     }
 

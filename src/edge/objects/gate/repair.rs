@@ -41,14 +41,8 @@ pub(super) fn repair(
     let error = error.to_string();
     tables::quarantine(storage.meter(), &storage.sql(), &body, &error, now)?;
     let mut op = Operation::rebuild(key, name, reason, now);
-    let (entry, line) = recovery::mark_recovered(
-        &mut op,
-        recovery::Recovery::Rebuilt,
-        &error,
-        &body,
-        now,
-        by.cloned(),
-    );
+    let rebuilt = recovery::Recovery::Rebuilt;
+    let (entry, line) = recovery::mark_recovered(&mut op, rebuilt, &error, &body, now, by.cloned());
     storage.store_recovered(&op, entry, line, now)?;
     Ok(Some(true))
 }

@@ -73,12 +73,9 @@ impl Inline {
         if let Payload::Unreadable(serde_json::Value::Object(place)) = &mut payload {
             place.insert("index".into(), self.idx.into());
         }
+        let base = inline_base(self.key.as_deref(), &self.hash);
         Ok(ResultItem {
-            result_key: format!(
-                "{}{}",
-                inline_base(self.key.as_deref(), &self.hash),
-                self.suffix
-            ),
+            result_key: format!("{base}{}", self.suffix),
             index: self.idx as u64,
             payload,
         })
