@@ -71,11 +71,7 @@ impl DurableObject for ResultSender {
             .into_iter();
         let answers: Vec<PeerAnswer> = unsent
             .into_iter()
-            .map(|answer| {
-                answer
-                    .or_else(|| sent.next())
-                    .unwrap_or(PeerAnswer::Timeout)
-            })
+            .map(|a| a.or_else(|| sent.next()).unwrap_or(PeerAnswer::Timeout))
             .collect();
         let sql = self.state.storage().sql();
         self.meter

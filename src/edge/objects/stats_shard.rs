@@ -212,10 +212,9 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
         _ => (Value::Null, None),
     };
     let hourly = hourly_series(&hourly, now_ms());
-    Ok(
-        json!({"total": total, "last_24h": day, "hourly": hourly, "recent_drops": drops,
-        "reconcile": last_pass, "gemini_webhook": webhook}),
-    )
+    let stats = json!({"total": total, "last_24h": day, "hourly": hourly, "recent_drops": drops,
+        "reconcile": last_pass, "gemini_webhook": webhook});
+    Ok(stats)
 }
 
 /// One of [`SHARDS`] counter objects.

@@ -251,8 +251,7 @@ impl OperationGate {
 
     /// Logs what this invocation used, when `USAGE_LOG` is on.
     fn end(&self, invocation: Invocation, started: i64) {
-        self.storage
-            .meter()
-            .end("gate", invocation, started, &self.storage.sql());
+        let sql = self.storage.sql();
+        self.storage.meter().end("gate", invocation, started, &sql);
     }
 }

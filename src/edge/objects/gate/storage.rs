@@ -216,11 +216,8 @@ impl GateStorage {
 
     /// A run succeeded after failures: the streak is over.
     pub async fn alarm_recovered(&self) -> Result<()> {
-        self.state
-            .storage()
-            .delete(ALARM_FAILURES)
-            .await
-            .map(|_| ())
+        self.state.storage().delete(ALARM_FAILURES).await?;
+        Ok(())
     }
 
     /// Stores the record with its history (one statement; an object an earlier version
