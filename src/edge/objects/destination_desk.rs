@@ -144,7 +144,9 @@ impl DestinationDesk {
             }
         };
         desk.calls += 1;
-        if let Some(at) = desk.queue_place(&key, self.waiting_due(&key)?, due_ms, &decision, now) {
+        // Where `key` waits now, if it does.
+        let waiting = self.n_of_key("SELECT due_ms AS n FROM waiting WHERE key = ?", &key)?;
+        if let Some(at) = desk.queue_place(&key, waiting, due_ms, &decision, now) {
             self.enqueue(&key, at)?;
         }
         for i in 0..decision.slots {
@@ -224,11 +226,6 @@ impl DestinationDesk {
     fn count(&self, query: &str) -> Result<u64> {
         let rows: Vec<CountRow> = self.state.storage().sql().exec(query, None)?.to_array()?;
         Ok(rows.first().map_or(0, |r| r.n.max(0) as u64))
-    }
-
-    /// Where `key` waits now, if it does.
-    fn waiting_due(&self, key: &str) -> Result<Option<i64>> {
-        self.n_of_key("SELECT due_ms AS n FROM waiting WHERE key = ?", key)
     }
 
     /// The `n` of the row `query` reads for `key`, if there is one.

@@ -169,23 +169,16 @@ async fn tally(env: &Env, config: &Config) -> Option<bool> {
 
 /// Counts, logs and remembers what a finished delivery says (and writes its Analytics Engine
 /// point when that is bound), and answers it.
-fn answer(finished: DeliveryEnd, env: &Env, ms: i64) -> Result<web_sys::Response, Refusal> {
-    let DeliveryEnd {
-        reply,
-        counts,
-        rejected,
-        line,
-        remember,
-    } = finished;
-    for name in counts {
+fn answer(end: DeliveryEnd, env: &Env, ms: i64) -> Result<web_sys::Response, Refusal> {
+    for name in end.counts {
         count_at_edge(name);
     }
     // A refusal's line is logged for the first of its reason in a flush window only.
-    let log_it = rejected.is_none_or(count_rejected);
-    if let (Some(dataset), Some(line)) = (analytics::dataset(env), &line) {
+    let log_it = end.rejected.is_none_or(count_rejected);
+    if let (Some(dataset), Some(line)) = (analytics::dataset(env), &end.line) {
         analytics::write(&dataset, delivery_point(&line.to_value(), ms));
     }
-    if let (true, Some(line)) = (log_it, line) {
+    if let (true, Some(line)) = (log_it, end.line) {
         // Serialized straight to text: no JSON tree is built for the line every delivery
         // writes (a duplicate's included).
         match serde_json::to_string(&line) {
@@ -193,8 +186,9 @@ fn answer(finished: DeliveryEnd, env: &Env, ms: i64) -> Result<web_sys::Response
             Err(_) => log(line.to_value()),
         }
     }
-    if let Some((key, status)) = remember {
+    if let Some((key, status)) = end.remember {
         TERMINAL.with(|t| t.borrow_mut().remember(&key, status));
     }
-    reply.and_then(|answer| raw_response::json(200, &answer).map_err(Refusal::from))
+    end.reply
+        .and_then(|answer| raw_response::json(200, &answer).map_err(Refusal::from))
 }
