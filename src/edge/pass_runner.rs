@@ -81,10 +81,8 @@ struct Io<'a, M> {
 /// Runs one pass and logs its lines. Never panics; errors are counted and logged.
 pub async fn run(env: &Env, config: &Config) {
     let started = now_ms();
-    let holder = format!(
-        "pass-{started}-{:08x}",
-        (random_unit() * f64::from(u32::MAX)) as u32
-    );
+    let tag = (random_unit() * f64::from(u32::MAX)) as u32;
+    let holder = format!("pass-{started}-{tag:08x}");
     let queue = env.queue(QUEUE_BINDING).ok();
     let mut pass = Pass::new(limits(config, queue.as_ref()), holder, started);
     let kv = env
