@@ -25,9 +25,9 @@ use worker::{durable_object, DurableObject, Env, Request, Response, Result, Stat
 
 use crate::destination::desk::{Desk, Facts, Wake, ALERT_RETRY_MS};
 use crate::destination::protocol::{DeskCommand, DeskReply};
-use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::row;
 use crate::edge::outbound::fetch::post_alerts;
 use crate::edge::runtime::{load_config, log, now_ms, set_alarm};
@@ -64,7 +64,7 @@ impl DurableObject for DestinationDesk {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let command: DeskCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => return Refusal::BadRequest(format!("bad desk command: {e}")).into_response(),
+            Err(e) => return bad_command("desk command", e),
         };
         let now = now_ms();
         let (reply, alarm_at) = self.command(command, now)?;

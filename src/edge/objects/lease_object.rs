@@ -16,9 +16,9 @@ use worker::{durable_object, DurableObject, Env, Request, Response, Result, Stat
 
 use crate::reconciliation::lease_protocol::{decide, LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::Lease;
-use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::row;
 use crate::edge::runtime::now_ms;
 
@@ -48,9 +48,7 @@ impl DurableObject for ReconcileLease {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let command: LeaseCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => {
-                return Refusal::BadRequest(format!("bad lease command: {e}")).into_response()
-            }
+            Err(e) => return bad_command("lease command", e),
         };
         Response::from_json(&self.lease_command(command, now_ms())?)
     }

@@ -18,11 +18,11 @@ use worker::{durable_object, DurableObject, Env, Request, Response, Result, Stat
 
 use crate::config::Destination;
 use crate::operation::effect::EffectRequest;
-use crate::refusal::Refusal;
 use crate::results::fanout::{call_bound_ms, group_answers, groups, SendOrder, WireSend, SENDERS};
 use crate::retry::PeerAnswer;
 use crate::telemetry::usage::Invocation;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::call::{post_json, stub_for};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::outbound::fetch;
@@ -50,7 +50,7 @@ impl DurableObject for ResultSender {
         let started = now_ms();
         let order: SendOrder = match req.json().await {
             Ok(order) => order,
-            Err(e) => return Refusal::BadRequest(format!("bad send order: {e}")).into_response(),
+            Err(e) => return bad_command("send order", e),
         };
         // A send whose request cannot be rebuilt answers alone; the others still go.
         let (mut requests, mut after_ms, mut unsent) = (Vec::new(), Vec::new(), Vec::new());

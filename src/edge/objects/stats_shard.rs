@@ -27,6 +27,7 @@ use crate::telemetry::isolate_tally::IsolateTally;
 use crate::telemetry::shard_store::{self, MarkDays, Param, Prune, Row, Sql, RECENT_DROPS};
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::call::{call_lease, post_json, stub_for, ObjectStub};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::{load_config, log, now_ms};
@@ -296,9 +297,7 @@ impl StatsShard {
     async fn handle(&self, mut req: Request) -> Result<Response> {
         let command: ShardCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => {
-                return Refusal::BadRequest(format!("bad stats command: {e}")).into_response()
-            }
+            Err(e) => return bad_command("stats command", e),
         };
         let now = now_ms();
         let db = self.db();

@@ -16,9 +16,9 @@ use serde_json::{json, Value};
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 use crate::inbound::stranger::{alert_body, owe, CountNudge, NudgeCounted, StrangerTally};
-use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::row;
 use crate::edge::outbound::fetch::post_alerts;
 use crate::edge::runtime::{load_config, log, now_ms};
@@ -57,9 +57,7 @@ impl DurableObject for StrangerWatch {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let CountNudge { limits } = match req.json().await {
             Ok(c) => c,
-            Err(e) => {
-                return Refusal::BadRequest(format!("bad tally command: {e}")).into_response()
-            }
+            Err(e) => return bad_command("tally command", e),
         };
         let now = now_ms();
         let (alert, tally) = self.with_tally(|t| (t.count(now, &limits), t.clone()));
