@@ -81,14 +81,13 @@ pub async fn request_body(req: &Request, cap: usize) -> Result<Vec<u8>, Refusal>
     if declared_over(declared, cap) {
         return Err(Refusal::TooLarge);
     }
-    match read_capped(req.inner(), cap, declared).await {
-        Ok(Some(body)) => Ok(body),
-        Ok(None) => Err(Refusal::TooLarge),
-        Err(e) => Err(Refusal::BadRequest(format!(
-            "unreadable body: {}",
-            js_error(&e)
-        ))),
-    }
+    let body = read_capped(req.inner(), cap, declared).await;
+    body.map_err(|e| unreadable(&e))?.ok_or(Refusal::TooLarge)
+}
+
+/// A body that could not be read: 400.
+pub fn unreadable(e: &JsValue) -> Refusal {
+    Refusal::BadRequest(format!("unreadable body: {}", js_error(e)))
 }
 
 /// Reads `response`'s body into `body` as far as it wants: chunk by chunk, the rest cancelled

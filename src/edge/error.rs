@@ -36,6 +36,12 @@ impl Refusal {
     }
 }
 
+/// A Durable Object's answer to a request whose body is not the command it takes: 400
+/// naming `what` it is.
+pub fn bad_command(what: &str, e: impl std::fmt::Display) -> worker::Result<Response> {
+    Refusal::BadRequest(format!("bad {what}: {e}")).into_response()
+}
+
 /// A runtime failure (storage, a binding, serialization) is ours, and worth retrying.
 impl From<worker::Error> for Refusal {
     fn from(e: worker::Error) -> Self {

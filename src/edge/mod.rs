@@ -13,10 +13,6 @@
 //! Durable Object; `error.rs`: a refusal's response; `raw_response.rs`: the runtime's own
 //! answers).
 
-// Grouped on disk by role: HTTP routes (`http/`), the Durable Objects (`objects/`), calls
-// that leave the worker (`outbound/`), the cron pass; and what every room shares: what the
-// runtime gives (`runtime.rs`), a refusal's response and the runtime's own answers
-// (`error.rs`, `raw_response.rs`), and the capped reading of streams from outside.
 mod capped_read;
 mod error;
 mod http;
@@ -52,10 +48,7 @@ fn start() {
 /// API, which needs its helpers, pays it.
 #[event(fetch)]
 async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys::Response> {
-    let answer = match route(req, &env).await {
-        Ok(response) => Ok(response),
-        Err(e) => e.into_raw(),
-    };
+    let answer = route(req, &env).await.or_else(Refusal::into_raw);
     let flush_ms = load_config(&env).map_or(10_000, |c| c.stats_flush_secs * 1_000);
     objects::stats_shard::flush_edge_counts_later(&env, &ctx, now_ms(), flush_ms);
     answer

@@ -26,8 +26,7 @@ use worker::{
 use crate::config::Config;
 use crate::reconciliation::entry_decision::Thresholds;
 use crate::reconciliation::pass::{
-    Consumer, Fanout, Intent, Limits, Machine, Pass, PassLog, PassReport, Performed, PollJob,
-    QueuedJob,
+    Consumer, Fanout, Intent, Limits, Machine, Pass, PassLog, Performed, PollJob, QueuedJob,
 };
 
 use crate::edge::objects::call::{call_gate, call_lease};
@@ -38,6 +37,7 @@ use crate::edge::outbound::status_api::{self, webhook_call};
 use crate::edge::runtime::{log, now_ms, random_unit};
 use crate::operation::ledger::open_key;
 use crate::reconciliation::status::call_answer;
+use crate::refusal::Refusal;
 use crate::telemetry::counters::{status_call, AskedBy};
 
 /// The fan-out queue's producer binding; without it every pass polls by itself.
@@ -79,12 +79,10 @@ struct Io<'a, M> {
 }
 
 /// Runs one pass and logs its lines. Never panics; errors are counted and logged.
-pub async fn run(env: &Env, config: &Config) -> PassReport {
+pub async fn run(env: &Env, config: &Config) {
     let started = now_ms();
-    let holder = format!(
-        "pass-{started}-{:08x}",
-        (random_unit() * f64::from(u32::MAX)) as u32
-    );
+    let tag = (random_unit() * f64::from(u32::MAX)) as u32;
+    let holder = format!("pass-{started}-{tag:08x}");
     let queue = env.queue(QUEUE_BINDING).ok();
     let mut pass = Pass::new(limits(config, queue.as_ref()), holder, started);
     let kv = env
@@ -112,8 +110,6 @@ pub async fn run(env: &Env, config: &Config) -> PassReport {
         };
     }
     io.perform_while(intent, |i| *i != Intent::Done).await;
-    let report = io.machine.borrow().report().clone();
-    report
 }
 
 /// Works through a batch of the fan-out queue's messages, one after the other.
@@ -195,11 +191,7 @@ impl<M: Machine> Io<'_, M> {
     /// Performs one intent, hands what it got to the machine, and returns the next intent.
     async fn perform(&self, intent: Intent) -> Intent {
         let performed = match intent {
-            Intent::Lease(command) => Performed::Lease(
-                call_lease(self.env, &command)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
+            Intent::Lease(command) => Performed::Lease(text(call_lease(self.env, &command).await)),
             Intent::ListWebhooks { url } => {
                 Performed::WebhookPage(webhook_call(self.config, Method::Get, &url, None).await)
             }
@@ -208,9 +200,7 @@ impl<M: Machine> Io<'_, M> {
             ),
             Intent::PostAlert(body) => Performed::AlertPosted(post_alert(self.config, &body).await),
             Intent::List { prefix, cursor } => Performed::Listed(match self.kv.as_ref() {
-                Some(kv) => list_page(kv, prefix, cursor)
-                    .await
-                    .map_err(|e| e.to_string()),
+                Some(kv) => text(list_page(kv, prefix, cursor).await),
                 None => Err(format!("{KV_BINDING}: not bound")),
             }),
             Intent::Poll { key, url } => {
@@ -218,11 +208,9 @@ impl<M: Machine> Io<'_, M> {
                 count_at_edge(&status_call(self.asked_by, call_answer(&answer)));
                 Performed::Status(answer)
             }
-            Intent::CallGate { key, command } => Performed::Gate(
-                call_gate(self.env, &key, &command)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
+            Intent::CallGate { key, command } => {
+                Performed::Gate(text(call_gate(self.env, &key, &command).await))
+            }
             Intent::DeleteIndex { key } => Performed::IndexDeleted(match self.kv.as_ref() {
                 Some(kv) => kv
                     .delete(&open_key(&key))
@@ -255,15 +243,20 @@ impl Io<'_, Pass> {
             let Some(renew) = self.machine.borrow_mut().on_heartbeat() else {
                 return;
             };
-            let reply = call_lease(self.env, &renew).await;
+            let reply = text(call_lease(self.env, &renew).await);
             let mut pass = self.machine.borrow_mut();
-            let go_on = pass.on_renewed(reply.map_err(|e| e.to_string()), now_ms());
+            let go_on = pass.on_renewed(reply, now_ms());
             flush(&mut *pass);
             if !go_on {
                 return;
             }
         }
     }
+}
+
+/// A call's failure as the machine reads it: text.
+fn text<T>(called: Result<T, Refusal>) -> Result<T, String> {
+    called.map_err(|e| e.to_string())
 }
 
 /// Logs the machine's lines written since the last flush.

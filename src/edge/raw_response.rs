@@ -7,7 +7,6 @@
 //! `Response` is a measurable share of the cheapest request (docs/PERFORMANCE.md).
 
 use worker::js_sys::{Object, Reflect};
-use worker::wasm_bindgen::JsValue;
 use worker::web_sys;
 
 use crate::edge::runtime::js_error;
@@ -19,17 +18,12 @@ thread_local! {
 
 fn headers(retry_after: Option<u32>) -> Object {
     let headers = Object::new();
-    let _ = Reflect::set(
-        &headers,
-        &JsValue::from_str("content-type"),
-        &JsValue::from_str("application/json"),
-    );
+    let set = |name: &str, value: &str| {
+        let _ = Reflect::set(&headers, &name.into(), &value.into());
+    };
+    set("content-type", "application/json");
     if let Some(secs) = retry_after {
-        let _ = Reflect::set(
-            &headers,
-            &JsValue::from_str("retry-after"),
-            &JsValue::from_str(&secs.to_string()),
-        );
+        set("retry-after", &secs.to_string());
     }
     headers
 }

@@ -39,10 +39,15 @@ pub async fn within<T>(timeout_ms: i64, call: impl std::future::Future<Output = 
 /// A random number in [0, 1), for backoff jitter.
 pub fn random_unit() -> f64 {
     let mut bytes = [0u8; 4];
-    match getrandom::fill(&mut bytes) {
-        Ok(()) => f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0),
-        Err(_) => 0.5,
-    }
+    getrandom::fill(&mut bytes).map_or(0.5, |()| {
+        f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0)
+    })
+}
+
+/// Sets a Durable Object's alarm at `at_ms` (ms since the epoch, not an offset).
+pub async fn set_alarm(storage: &worker::Storage, at_ms: i64) -> worker::Result<()> {
+    let date = js_sys::Date::new(&JsValue::from_f64(at_ms as f64));
+    storage.set_alarm(worker::ScheduledTime::new(date)).await
 }
 
 thread_local! {

@@ -42,10 +42,8 @@ pub async fn serve(
         .map_err(|_| Refusal::BadRequest("name is not UTF-8".into()))?;
     let Some(settings) = config.destination_named(&name) else {
         let known = config.destination_names();
-        return json_response(
-            &json!({"error": "no destination has this name", "destinations": known}),
-            404,
-        );
+        let body = json!({"error": "no destination has this name", "destinations": known});
+        return json_response(&body, 404);
     };
     let body = read_body(req).await?;
     let asked = parse(&body, pausing).map_err(Refusal::BadRequest)?;

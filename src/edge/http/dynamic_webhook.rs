@@ -56,20 +56,17 @@ pub async fn verify(
     let look = |k: &mut KeySet| k.lookup(&token.kid, now_ms);
     let jwk = resolve(env, config, now_ms, look, |k| k.after_fetch(&token.kid)).await?;
     let key = import(&jwk).await.map_err(|e| {
-        log_line(RouteLog::JwksImportFailed {
+        log(RouteLog::JwksImportFailed {
             kid: jwk.kid.clone(),
             error: format!("{e:?}"),
-        });
+        }
+        .to_value());
         Rejection::Token(JwtError::KeysUnavailable)
     })?;
     match webcrypto_verify(&key, &token.signature, token.signing_input.as_bytes()).await {
         Ok(true) => Ok(()),
         Ok(false) | Err(_) => Err(Rejection::Token(JwtError::Signature)),
     }
-}
-
-fn log_line(line: RouteLog) {
-    log(line.to_value());
 }
 
 /// Verifies a delivery's `v1a,` entries with the key set's Ed25519 keys: the cached ones,
@@ -122,15 +119,8 @@ async fn resolve<T>(
 async fn fetch_set(env: &Env, config: &Config, now_ms: i64) -> bool {
     let kv = env.kv(KV_BINDING).ok();
     let headers = [("accept", "application/json".to_string())];
-    let answer = send(
-        Method::Get,
-        &config.gemini_jwks_url,
-        &headers,
-        None,
-        FETCH_TIMEOUT_MS,
-        Keep::Whole(MAX_JWKS_BYTES),
-    )
-    .await;
+    let (url, keep) = (&config.gemini_jwks_url, Keep::Whole(MAX_JWKS_BYTES));
+    let answer = send(Method::Get, url, &headers, None, FETCH_TIMEOUT_MS, keep).await;
     let body = match (&answer, answer.class()) {
         (PeerAnswer::Http { body, .. }, Class::Success) => Ok(body.as_str()),
         _ => Err(answer.summary()),
@@ -147,14 +137,14 @@ async fn fetch_set(env: &Env, config: &Config, now_ms: i64) -> bool {
                     Err(e) => Err(format!("{e:?}")),
                 };
                 if let Err(e) = stored {
-                    log_line(RouteLog::JwksCacheWriteFailed { error: e });
+                    log(RouteLog::JwksCacheWriteFailed { error: e }.to_value());
                 }
             }
-            log_line(RouteLog::JwksFetched { changed, keys });
+            log(RouteLog::JwksFetched { changed, keys }.to_value());
             true
         }
         Fetched::Failed(error) => {
-            log_line(RouteLog::JwksFetchFailed { error });
+            log(RouteLog::JwksFetchFailed { error }.to_value());
             false
         }
     }

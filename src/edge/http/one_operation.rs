@@ -52,13 +52,14 @@ async fn command(
     let Some(action) = action else {
         return Ok(GateCommand::Inspect);
     };
+    let by = Some(by);
     if action == "settle" {
         let body = read_body(req).await?;
         let settle = parse_settle(&body).map_err(|e| Refusal::BadRequest(e.to_string()))?;
         return Ok(GateCommand::Settle {
             status: settle.status.as_str().to_string(),
             reason: settle.reason,
-            by: Some(by),
+            by,
         });
     }
     let reason = read_reason(req).await?;
@@ -66,22 +67,16 @@ async fn command(
         "redeliver" => GateCommand::Redeliver {
             reason,
             sent_before_ms: None,
-            by: Some(by),
+            by,
         },
-        "retry" => GateCommand::RetryNow {
-            reason,
-            by: Some(by),
-        },
+        "retry" => GateCommand::RetryNow { reason, by },
         "repair" => GateCommand::Repair {
             key: key.key.clone(),
             name: key.name.clone(),
             reason,
-            by: Some(by),
+            by,
         },
-        _ => GateCommand::Forget {
-            reason,
-            by: Some(by),
-        },
+        _ => GateCommand::Forget { reason, by },
     })
 }
 

@@ -79,9 +79,10 @@ pub async fn status_slot(env: &Env, meter: &Meter, rate_per_s: u32) -> Option<Sl
     }
 }
 
-/// Tells the lease that every status call waits until `until_ms` (a 429 or 5xx answered one),
-/// so the pass and its consumers back off too; best effort.
-pub async fn status_backoff(env: &Env, meter: &Meter, until_ms: i64) {
+/// Tells the lease that every status call waits until `until` (a 429 or 5xx answered one),
+/// so the pass and its consumers back off too; best effort. Nothing when `until` is `None`.
+pub async fn status_backoff(env: &Env, meter: &Meter, until: Option<i64>) {
+    let Some(until_ms) = until else { return };
     meter.add(|u| u.object_calls += 1);
     let backoff = LeaseCommand::Backoff {
         until_ms,

@@ -25,12 +25,12 @@ use worker::{durable_object, DurableObject, Env, Request, Response, Result, Stat
 
 use crate::destination::desk::{Desk, Facts, Wake, ALERT_RETRY_MS};
 use crate::destination::protocol::{DeskCommand, DeskReply};
-use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::row;
 use crate::edge::outbound::fetch::post_alerts;
-use crate::edge::runtime::{load_config, log, now_ms};
+use crate::edge::runtime::{load_config, log, now_ms, set_alarm};
 
 /// One destination's health and pace.
 #[durable_object]
@@ -64,7 +64,7 @@ impl DurableObject for DestinationDesk {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let command: DeskCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => return Refusal::BadRequest(format!("bad desk command: {e}")).into_response(),
+            Err(e) => return bad_command("desk command", e),
         };
         let now = now_ms();
         let (reply, alarm_at) = self.command(command, now)?;
@@ -79,7 +79,7 @@ impl DurableObject for DestinationDesk {
     async fn alarm(&self) -> Result<Response> {
         let run = self.run_alarm().await;
         if run.is_err() {
-            self.set_alarm(now_ms() + ALERT_RETRY_MS).await?;
+            set_alarm(&self.state.storage(), now_ms() + ALERT_RETRY_MS).await?;
         }
         run
     }
@@ -102,7 +102,7 @@ impl DestinationDesk {
         let desk = self.load()?;
         let now = now_ms();
         if let Some(at) = desk.next_alarm_ms(self.facts(now)?, now) {
-            self.set_alarm(at).await?;
+            set_alarm(&self.state.storage(), at).await?;
         }
         if desk.alerts_due(now) {
             self.send_alerts(now).await?;
@@ -144,7 +144,9 @@ impl DestinationDesk {
             }
         };
         desk.calls += 1;
-        if let Some(at) = desk.queue_place(&key, self.waiting_due(&key)?, due_ms, &decision, now) {
+        // Where `key` waits now, if it does.
+        let waiting = self.n_of_key("SELECT due_ms AS n FROM waiting WHERE key = ?", &key)?;
+        if let Some(at) = desk.queue_place(&key, waiting, due_ms, &decision, now) {
             self.enqueue(&key, at)?;
         }
         for i in 0..decision.slots {
@@ -212,10 +214,8 @@ impl DestinationDesk {
     }
 
     fn facts(&self, now: i64) -> Result<Facts> {
-        self.exec(
-            "DELETE FROM slots WHERE expires_ms <= ?",
-            vec![(now as f64).into()],
-        )?;
+        let query = "DELETE FROM slots WHERE expires_ms <= ?";
+        self.exec(query, vec![(now as f64).into()])?;
         Ok(Facts {
             waiting: self.count("SELECT COUNT(*) AS n FROM waiting")?,
             in_flight: self.count("SELECT COUNT(*) AS n FROM slots")?,
@@ -228,11 +228,6 @@ impl DestinationDesk {
         Ok(rows.first().map_or(0, |r| r.n.max(0) as u64))
     }
 
-    /// Where `key` waits now, if it does.
-    fn waiting_due(&self, key: &str) -> Result<Option<i64>> {
-        self.n_of_key("SELECT due_ms AS n FROM waiting WHERE key = ?", key)
-    }
-
     /// The `n` of the row `query` reads for `key`, if there is one.
     fn n_of_key(&self, query: &str, key: &str) -> Result<Option<i64>> {
         let sql = self.state.storage().sql();
@@ -242,10 +237,8 @@ impl DestinationDesk {
 
     /// Queues `key` due at `due_ms` (where [`Desk::queue_place`] put it, or its own backoff).
     fn enqueue(&self, key: &str, due_ms: i64) -> Result<()> {
-        self.exec(
-            "INSERT INTO waiting (key, due_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET due_ms = excluded.due_ms",
-            vec![key.into(), (due_ms as f64).into()],
-        )
+        let query = "INSERT INTO waiting (key, due_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET due_ms = excluded.due_ms";
+        self.exec(query, vec![key.into(), (due_ms as f64).into()])
     }
 
     fn take_slot(&self, key: &str, desk: &Desk, now: i64) -> Result<()> {
@@ -282,14 +275,6 @@ impl DestinationDesk {
         if current.is_some_and(|c| c <= at) {
             return Ok(());
         }
-        self.set_alarm(at).await
-    }
-
-    async fn set_alarm(&self, at: i64) -> Result<()> {
-        let date = worker::js_sys::Date::new(&worker::wasm_bindgen::JsValue::from_f64(at as f64));
-        self.state
-            .storage()
-            .set_alarm(worker::ScheduledTime::new(date))
-            .await
+        set_alarm(&self.state.storage(), at).await
     }
 }

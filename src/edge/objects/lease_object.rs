@@ -12,14 +12,15 @@
 //! confirmation takes its slot here ([`crate::reconciliation::lease_state::Lease::take_slot`],
 //! read-decide-write like the rest), after the pass's schedule and Gemini's back-off.
 
-use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
+use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 use crate::reconciliation::lease_protocol::{decide, LeaseCommand, LeaseReply};
 use crate::reconciliation::lease_state::Lease;
-use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::row;
+use crate::edge::runtime::now_ms;
 
 /// The lease object's binding.
 pub const LEASE_BINDING: &str = "RECONCILE_LEASE";
@@ -47,12 +48,9 @@ impl DurableObject for ReconcileLease {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let command: LeaseCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => {
-                return Refusal::BadRequest(format!("bad lease command: {e}")).into_response()
-            }
+            Err(e) => return bad_command("lease command", e),
         };
-        let now = Date::now().as_millis() as i64;
-        Response::from_json(&self.lease_command(command, now)?)
+        Response::from_json(&self.lease_command(command, now_ms())?)
     }
 }
 

@@ -18,15 +18,15 @@ use worker::{durable_object, DurableObject, Env, Request, Response, Result, Stat
 
 use crate::config::Destination;
 use crate::operation::effect::EffectRequest;
-use crate::refusal::Refusal;
 use crate::results::fanout::{call_bound_ms, group_answers, groups, SendOrder, WireSend, SENDERS};
 use crate::retry::PeerAnswer;
 use crate::telemetry::usage::Invocation;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::call::{post_json, stub_for};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::outbound::fetch;
-use crate::edge::runtime::{load_config, within};
+use crate::edge::runtime::{load_config, now_ms, within};
 
 /// The senders' binding.
 pub const SENDER_BINDING: &str = "RESULT_SENDER";
@@ -47,10 +47,10 @@ impl DurableObject for ResultSender {
     }
 
     async fn fetch(&self, mut req: Request) -> Result<Response> {
-        let started = self.meter.start();
+        let started = now_ms();
         let order: SendOrder = match req.json().await {
             Ok(order) => order,
-            Err(e) => return Refusal::BadRequest(format!("bad send order: {e}")).into_response(),
+            Err(e) => return bad_command("send order", e),
         };
         // A send whose request cannot be rebuilt answers alone; the others still go.
         let (mut requests, mut after_ms, mut unsent) = (Vec::new(), Vec::new(), Vec::new());
@@ -71,11 +71,7 @@ impl DurableObject for ResultSender {
             .into_iter();
         let answers: Vec<PeerAnswer> = unsent
             .into_iter()
-            .map(|answer| {
-                answer
-                    .or_else(|| sent.next())
-                    .unwrap_or(PeerAnswer::Timeout)
-            })
+            .map(|a| a.or_else(|| sent.next()).unwrap_or(PeerAnswer::Timeout))
             .collect();
         let sql = self.state.storage().sql();
         self.meter

@@ -36,13 +36,13 @@ use crate::operation::retired_names::{
     holds, plan_keeps, RetiredCommand, RetiredName, RetiredReply, DDL, LAST_PART, LEGACY_ASK,
     LEGACY_DDL, PARTS, PUT,
 };
-use crate::refusal::Refusal;
 use crate::telemetry::usage::Invocation;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::row;
 use crate::edge::objects::usage_meter::Meter;
-use crate::edge::runtime::{load_config, log};
+use crate::edge::runtime::{load_config, log, now_ms};
 
 /// What a batch's write said, sent to each of its keeps.
 type Stored = std::result::Result<(), String>;
@@ -95,13 +95,10 @@ impl DurableObject for RetiredNames {
     }
 
     async fn fetch(&self, mut req: Request) -> Result<Response> {
-        let started = self.meter.start();
+        let started = now_ms();
         let command: RetiredCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => {
-                return Refusal::BadRequest(format!("bad retired-names command: {e}"))
-                    .into_response()
-            }
+            Err(e) => return bad_command("retired-names command", e),
         };
         let sql = self.state.storage().sql();
         let reply = match command {

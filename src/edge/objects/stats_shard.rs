@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use worker::{
-    durable_object, Context, Date, Delay, DurableObject, Env, Request, Response, Result,
-    SqlStorage, SqlStorageValue, State,
+    durable_object, Context, Delay, DurableObject, Env, Request, Response, Result, SqlStorage,
+    SqlStorageValue, State,
 };
 
 use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
@@ -27,6 +27,7 @@ use crate::telemetry::isolate_tally::IsolateTally;
 use crate::telemetry::shard_store::{self, MarkDays, Param, Prune, Row, Sql, RECENT_DROPS};
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::call::{call_lease, post_json, stub_for, ObjectStub};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::{load_config, log, now_ms};
@@ -115,28 +116,21 @@ fn log_rejected(batch: &[StatEvent]) {
     }
 }
 
-/// What a hand-over did, for the caller's meter.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct HandedOver {
-    /// A shard call was made (and awaited).
-    pub sent: bool,
-    /// A send was scheduled this far ahead: the object stays in memory until then.
-    pub held_ms: u64,
-}
-
 /// Hands a gate's counted events (stored in its record until now) to this isolate's tally,
 /// which sends the counts of every gate here in one shard call per `every_ms`: at once
 /// (awaited) when the window since the last send has passed, else by one send scheduled in
 /// `state`'s background for the window's end (if none is). The gate's record forgets them
 /// either way: from here they are as exact as the isolate's life (see
-/// [`crate::telemetry::isolate_tally`]).
+/// [`crate::telemetry::isolate_tally`]). The gate's `meter` counts the shard call, or how long
+/// a scheduled send holds the object in memory.
 pub async fn hand_over(
     state: &State,
+    meter: &Meter,
     env: &Env,
     events: &[StatEvent],
     now_ms: i64,
     every_ms: i64,
-) -> HandedOver {
+) {
     let due = GATE_COUNTS.with(|t| {
         let mut t = t.borrow_mut();
         t.add_events(events);
@@ -144,17 +138,12 @@ pub async fn hand_over(
     });
     if let Some(batch) = due {
         send_tally(env, &GATE_COUNTS, batch, now_ms).await;
-        return HandedOver {
-            sent: true,
-            held_ms: 0,
-        };
+        return meter.add(|u| u.object_calls += 1);
     }
-    let mut done = HandedOver::default();
     if let Some(delay) = GATE_COUNTS.with(|t| t.borrow_mut().schedule(now_ms, every_ms)) {
-        done.held_ms = delay.max(0) as u64;
+        meter.add(|u| u.held_ms += delay.max(0) as u64);
         state.wait_until(send_later(env.clone(), &GATE_COUNTS, delay));
     }
-    done
 }
 
 /// Sends a tally's batch to a shard (any: an isolate's counts are not one operation's); a
@@ -224,10 +213,9 @@ pub async fn read(env: &Env, webhook_name: Option<&str>) -> std::result::Result<
         _ => (Value::Null, None),
     };
     let hourly = hourly_series(&hourly, now_ms());
-    Ok(
-        json!({"total": total, "last_24h": day, "hourly": hourly, "recent_drops": drops,
-        "reconcile": last_pass, "gemini_webhook": webhook}),
-    )
+    let stats = json!({"total": total, "last_24h": day, "hourly": hourly, "recent_drops": drops,
+        "reconcile": last_pass, "gemini_webhook": webhook});
+    Ok(stats)
 }
 
 /// One of [`SHARDS`] counter objects.
@@ -279,7 +267,7 @@ impl DurableObject for StatsShard {
             mark_days: RefCell::default(),
             meter,
         };
-        if let Err(e) = shard_store::open(&shard.db(), Date::now().as_millis() as i64) {
+        if let Err(e) = shard_store::open(&shard.db(), now_ms()) {
             log(WorkerLog::StatsSchemaError {
                 error: e.to_string(),
             }
@@ -289,14 +277,11 @@ impl DurableObject for StatsShard {
     }
 
     async fn fetch(&self, req: Request) -> Result<Response> {
-        let started = self.meter.start();
+        let started = now_ms();
         let answer = self.handle(req).await;
-        self.meter.end(
-            "stats_shard",
-            Invocation::Fetch,
-            started,
-            &self.state.storage().sql(),
-        );
+        let sql = self.state.storage().sql();
+        self.meter
+            .end("stats_shard", Invocation::Fetch, started, &sql);
         answer
     }
 }
@@ -312,11 +297,9 @@ impl StatsShard {
     async fn handle(&self, mut req: Request) -> Result<Response> {
         let command: ShardCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => {
-                return Refusal::BadRequest(format!("bad stats command: {e}")).into_response()
-            }
+            Err(e) => return bad_command("stats command", e),
         };
-        let now = Date::now().as_millis() as i64;
+        let now = now_ms();
         let db = self.db();
         let answer = match command {
             ShardCommand::Add { gate, events } => {
@@ -333,9 +316,7 @@ impl StatsShard {
             ShardCommand::Read => shard_store::read(&db, now, TREND_HOURS)
                 .and_then(|counts| serde_json::to_value(counts).map_err(|e| e.to_string())),
         };
-        match answer {
-            Ok(body) => Response::from_json(&body),
-            Err(e) => Err(worker::Error::RustError(format!("stats shard: {e}"))),
-        }
+        let body = answer.map_err(|e| worker::Error::RustError(format!("stats shard: {e}")))?;
+        Response::from_json(&body)
     }
 }

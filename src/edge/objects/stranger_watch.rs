@@ -13,15 +13,15 @@
 use std::cell::RefCell;
 
 use serde_json::{json, Value};
-use worker::{durable_object, Date, DurableObject, Env, Request, Response, Result, State};
+use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 use crate::inbound::stranger::{alert_body, owe, CountNudge, NudgeCounted, StrangerTally};
-use crate::refusal::Refusal;
 use crate::telemetry::worker_log::WorkerLog;
 
+use crate::edge::error::bad_command;
 use crate::edge::objects::row;
 use crate::edge::outbound::fetch::post_alerts;
-use crate::edge::runtime::{load_config, log};
+use crate::edge::runtime::{load_config, log, now_ms};
 
 /// How soon the alarm tries an alert sink again after a failure.
 const ALERT_RETRY_MS: i64 = 30_000;
@@ -57,11 +57,9 @@ impl DurableObject for StrangerWatch {
     async fn fetch(&self, mut req: Request) -> Result<Response> {
         let CountNudge { limits } = match req.json().await {
             Ok(c) => c,
-            Err(e) => {
-                return Refusal::BadRequest(format!("bad tally command: {e}")).into_response()
-            }
+            Err(e) => return bad_command("tally command", e),
         };
-        let now = Date::now().as_millis() as i64;
+        let now = now_ms();
         let (alert, tally) = self.with_tally(|t| (t.count(now, &limits), t.clone()));
         // The window's one alert is stored with its state (so a restart neither loses it nor
         // raises it twice) and sent by the alarm, set for now (an offset of 0 ms).

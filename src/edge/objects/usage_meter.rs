@@ -8,11 +8,11 @@
 use std::cell::{Cell, RefCell};
 
 use serde::de::DeserializeOwned;
-use worker::{Date, Result, SqlCursor, SqlStorage, SqlStorageValue};
+use worker::{Result, SqlCursor, SqlStorage, SqlStorageValue};
 
 use crate::telemetry::usage::{Invocation, Usage};
 
-use crate::edge::runtime::log;
+use crate::edge::runtime::{log, now_ms};
 
 /// One object's counter.
 #[derive(Default)]
@@ -25,13 +25,7 @@ impl Meter {
     /// Starts an invocation: counting is on when configured; returns its start time.
     pub fn begin(&self, on: bool) -> i64 {
         self.on.set(on);
-        self.start()
-    }
-
-    /// Starts an invocation counting as the last one did (objects that read no configuration
-    /// per call); returns its start time.
-    pub fn start(&self) -> i64 {
-        Date::now().as_millis() as i64
+        now_ms()
     }
 
     /// Runs a statement that returns no rows the caller reads, counting it.
@@ -93,7 +87,7 @@ impl Meter {
             return;
         }
         let usage = self.usage.take();
-        let wall_ms = Date::now().as_millis() as i64 - started_ms;
+        let wall_ms = now_ms() - started_ms;
         log(usage.line(object, invocation, wall_ms, sql.database_size() as u64));
     }
 }

@@ -265,15 +265,8 @@ pub async fn deliver(
         }
         match destination {
             Destination::Url(url) => {
-                send(
-                    Method::Post,
-                    url,
-                    &request.headers,
-                    Some(&request.body),
-                    timeout_ms,
-                    Keep::Excerpt(EXCERPT_CHARS),
-                )
-                .await
+                let (body, keep) = (Some(request.body.as_str()), Keep::Excerpt(EXCERPT_CHARS));
+                send(Method::Post, url, &request.headers, body, timeout_ms, keep).await
             }
             Destination::Service(binding) => within(timeout_ms, to_service(env, binding, request))
                 .await
@@ -297,13 +290,8 @@ async fn to_service(env: &Env, binding: &str, request: &EffectRequest) -> PeerAn
     };
     let call = async {
         let url = "https://effects.internal/effects";
-        let req = build(
-            Method::Post,
-            url,
-            &request.headers,
-            Some(&request.body),
-            false,
-        )?;
+        let body = Some(request.body.as_str());
+        let req = build(Method::Post, url, &request.headers, body, false)?;
         let response = fetcher.fetch_request(req).await?;
         Ok::<_, worker::Error>(kept_answer(&response, Keep::Excerpt(EXCERPT_CHARS)).await)
     };

@@ -7,7 +7,7 @@
 //! work, one delete when it closes); the two go out together.
 
 use serde_json::Value;
-use worker::KvStore;
+use worker::{Env, KvStore};
 
 use crate::operation::ledger::{IndexWrite, Projection};
 use crate::operation::ledger_walk::{ListedKey, ListedPage};
@@ -45,12 +45,9 @@ pub async fn list_page(
 
 /// Writes one projection (value, metadata and, for closed operations, its TTL) and the index
 /// write that goes with it; an error if either failed (both are safe to repeat).
-pub async fn write_projection(
-    kv: &KvStore,
-    p: &Projection,
-    index: IndexWrite,
-) -> Result<(), Refusal> {
-    let (entry, index) = futures_util::join!(write_entry(kv, p), write_index(kv, p, index));
+pub async fn write_projection(env: &Env, p: &Projection, index: IndexWrite) -> Result<(), Refusal> {
+    let kv = env.kv(KV_BINDING)?;
+    let (entry, index) = futures_util::join!(write_entry(&kv, p), write_index(&kv, p, index));
     entry.and(index)
 }
 
@@ -88,12 +85,13 @@ async fn write_entry(kv: &KvStore, p: &Projection) -> Result<(), Refusal> {
 
 /// Keeps a signed delivery that could not be used, for `ttl_secs`.
 pub async fn write_dead_letter(
-    kv: &KvStore,
+    env: &Env,
     key: &str,
     value: &Value,
     ttl_secs: u64,
 ) -> Result<(), Refusal> {
-    kv.put(key, value.to_string())
+    env.kv(KV_BINDING)?
+        .put(key, value.to_string())
         .map_err(Refusal::from)?
         .expiration_ttl(ttl_secs)
         .execute()

@@ -12,7 +12,7 @@
 //! [`HEAD_TIMEOUT_MS`] and the chunk within [`BODY_TIMEOUT_MS`] more, and every way the call
 //! ends is a chunk or a [`FileTrouble`].
 
-use worker::{AbortController, Method, ResponseBody};
+use worker::ResponseBody;
 
 use crate::body_cap::Read;
 use crate::config::Config;
@@ -26,7 +26,7 @@ use crate::results::source::{
 };
 
 use crate::edge::capped_read::each_chunk;
-use crate::edge::outbound::fetch::fetch;
+use crate::edge::outbound::status_api::get_head;
 use crate::edge::runtime::{js_error, within};
 
 /// The download's headers get this long.
@@ -48,16 +48,10 @@ pub async fn read_chunk(
 ) -> Result<Chunk, FileTrouble> {
     let url = download_url(&config.gemini_api_base, file);
     let headers = request_headers(config, from);
-    let controller = AbortController::default();
-    let signal = controller.signal();
-    let head = fetch(Method::Get, &url, &headers, None, &signal);
-    let response = match within(HEAD_TIMEOUT_MS, head).await {
-        Some(Ok(r)) => r,
+    let (response, controller) = match get_head(&url, &headers, HEAD_TIMEOUT_MS).await {
+        Some(Ok(head)) => head,
         Some(Err(e)) => return Err(unavailable(&e.to_string())),
-        None => {
-            controller.abort();
-            return Err(unavailable("timeout waiting for the download"));
-        }
+        None => return Err(unavailable("timeout waiting for the download")),
     };
     let status = response.status_code();
     if past_the_end(status, from.offset) {
@@ -143,21 +137,12 @@ pub async fn status_results(
         http_status,
         retry_after,
     };
+    let lost = |why: &str| failed(unavailable(why), None, None);
     let headers = super::status_api::headers(config);
-    let controller = AbortController::default();
-    let signal = controller.signal();
-    let head = fetch(Method::Get, url, &headers, None, &signal);
-    let response = match within(HEAD_TIMEOUT_MS, head).await {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => return Err(failed(unavailable(&e.to_string()), None, None)),
-        None => {
-            controller.abort();
-            return Err(failed(
-                unavailable("timeout waiting for the status API"),
-                None,
-                None,
-            ));
-        }
+    let (response, controller) = match get_head(url, &headers, HEAD_TIMEOUT_MS).await {
+        Some(Ok(head)) => head,
+        Some(Err(e)) => return Err(lost(&e.to_string())),
+        None => return Err(lost("timeout waiting for the status API")),
     };
     let status = response.status_code();
     let retry_after = response.headers().get("retry-after").ok().flatten();
@@ -198,10 +183,6 @@ pub async fn status_results(
     match outcome {
         Some(Ok(located)) => Ok(located),
         Some(Err(trouble)) => Err(failed(trouble, None, None)),
-        None => Err(failed(
-            unavailable("timeout reading the status answer"),
-            None,
-            None,
-        )),
+        None => Err(lost("timeout reading the status answer")),
     }
 }

@@ -12,7 +12,7 @@
 //! A WebhookService call (a listing page, the PATCH enabling the webhook) gets the same
 //! deadline and its 2xx body is read whole up to 256 KiB, refused past it.
 
-use worker::{AbortController, Method};
+use worker::{AbortController, Method, Response};
 
 use crate::body_cap::Read;
 use crate::config::Config;
@@ -27,7 +27,7 @@ use crate::telemetry::worker_log::{StatusRead, WorkerLog};
 
 use crate::edge::capped_read::each_chunk;
 use crate::edge::outbound::fetch::{fetch, send, Keep};
-use crate::edge::runtime::{js_error, log, within};
+use crate::edge::runtime::{js_error, log, now_ms, within};
 
 /// Status API calls get this long. A status GET answers in well under a second; 5 s leaves
 /// room for a slow moment, while a hanging call costs a cron pass a twelfth of its default
@@ -109,22 +109,35 @@ pub async fn ask(
     (interpret_skimmed(collection, &answer), call_answer(&answer))
 }
 
+/// A GET ([`fetch`]: a status call's, the results file's) whose headers came within
+/// `timeout_ms`: its response, and the controller that aborts the rest of it; `None` when they
+/// did not come, the call then aborted.
+pub(super) async fn get_head(
+    url: &str,
+    headers: &[(&str, String)],
+    timeout_ms: i64,
+) -> Option<worker::Result<(Response, AbortController)>> {
+    let controller = AbortController::default();
+    let signal = controller.signal();
+    match within(timeout_ms, fetch(Method::Get, url, headers, None, &signal)).await {
+        Some(head) => Some(head.map(|response| (response, controller))),
+        None => {
+            controller.abort();
+            None
+        }
+    }
+}
+
 /// One GET whose headers must come within [`STATUS_TIMEOUT_MS`] and whose 2xx body is then
 /// streamed, chunk by chunk, through a [`Skim`] within [`STATUS_BODY_TIMEOUT_MS`] more. Memory: one
 /// chunk as the runtime hands it over, plus what the skimmer keeps (bounded by
 /// [`crate::skim::MAX_KEPT_BYTES`]); a body the skimmer refuses is not read further.
 /// Also says how long reading the body took (0 when it was not read).
 async fn get_skimmed(url: &str, headers: &[(&str, String)]) -> (StatusAnswer, i64) {
-    let controller = AbortController::default();
-    let signal = controller.signal();
-    let head = fetch(Method::Get, url, headers, None, &signal);
-    let response = match within(STATUS_TIMEOUT_MS, head).await {
-        Some(Ok(r)) => r,
+    let (response, controller) = match get_head(url, headers, STATUS_TIMEOUT_MS).await {
+        Some(Ok(head)) => head,
         Some(Err(e)) => return (PeerAnswer::Network(e.to_string()), 0),
-        None => {
-            controller.abort();
-            return (PeerAnswer::Timeout, 0);
-        }
+        None => return (PeerAnswer::Timeout, 0),
     };
     let status = response.status_code();
     let retry_after = response.headers().get("retry-after").ok().flatten();
@@ -137,7 +150,7 @@ async fn get_skimmed(url: &str, headers: &[(&str, String)]) -> (StatusAnswer, i6
         };
         return (answer, 0);
     }
-    let started = worker::Date::now().as_millis() as i64;
+    let started = now_ms();
     let read = async {
         let mut skim = Skim::new(crate::reconciliation::status::READ);
         // No body at all reads as an empty one (and is refused as such).
@@ -163,5 +176,5 @@ async fn get_skimmed(url: &str, headers: &[(&str, String)]) -> (StatusAnswer, i6
         Some(Err(e)) => PeerAnswer::Network(e.to_string()),
         None => PeerAnswer::Timeout,
     };
-    (answer, worker::Date::now().as_millis() as i64 - started)
+    (answer, now_ms() - started)
 }

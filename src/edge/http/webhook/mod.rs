@@ -26,20 +26,20 @@ use crate::inbound::stranger::{
 use crate::operation::gate::alarm::status_backoff_until;
 use crate::operation::key::Collection;
 use crate::operation::observation::{Observation, StatusError};
-use crate::reconciliation::lease_protocol::{LeaseCommand, LeaseReply};
 use crate::refusal::Refusal;
 use crate::telemetry::analytics::delivery as delivery_point;
 
-use crate::edge::capped_read::read_capped;
+use crate::edge::capped_read::{read_capped, unreadable};
 use crate::edge::http::dynamic_webhook;
-use crate::edge::objects::call::{call_gate, call_lease, post_json, stub_for};
+use crate::edge::objects::call::{call_gate, post_json, status_backoff, status_slot, stub_for};
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
 use crate::edge::objects::stranger_watch::{WATCH_BINDING, WATCH_NAME};
+use crate::edge::objects::usage_meter::Meter;
 use crate::edge::outbound::analytics;
-use crate::edge::outbound::ledger_kv::{write_dead_letter, KV_BINDING};
+use crate::edge::outbound::ledger_kv::write_dead_letter;
 use crate::edge::outbound::status_api;
 use crate::edge::raw_response;
-use crate::edge::runtime::{js_error, log, now_ms};
+use crate::edge::runtime::{log, now_ms};
 
 thread_local! {
     /// The terminal states this isolate has seen gates answer with (see [`TerminalMemory`]).
@@ -92,15 +92,11 @@ pub async fn receive(
                 let checked = dynamic_webhook::verify_v1a(env, config, &message, now_ms()).await;
                 intake.v1a_checked(checked)
             }
-            Need::Body { cap, declared } => match read_capped(&req, cap, declared).await {
-                Ok(body) => TERMINAL.with(|t| intake.body_read(body, &t.borrow())),
-                Err(e) => {
-                    return Err(Refusal::BadRequest(format!(
-                        "unreadable body: {}",
-                        js_error(&e)
-                    )))
-                }
-            },
+            Need::Body { cap, declared } => {
+                let body = read_capped(&req, cap, declared).await;
+                let body = body.map_err(|e| unreadable(&e))?;
+                TERMINAL.with(|t| intake.body_read(body, &t.borrow()))
+            }
             Need::Gate { key, command } => {
                 let reply = call_gate(env, &key, &command).await;
                 intake.gate_answered(reply.map_err(|e| e.to_string()), now_ms())
@@ -112,10 +108,7 @@ pub async fn receive(
             } => intake.status_answered(ask_unheld(env, config, &key, &name, collection).await),
             Need::Tally => intake.tallied(tally(env, config).await),
             Need::DeadLetter { key, value } => {
-                let kept = match env.kv(KV_BINDING) {
-                    Ok(kv) => write_dead_letter(&kv, &key, &value, config.kv_ttl_secs()).await,
-                    Err(e) => Err(Refusal::from(e)),
-                };
+                let kept = write_dead_letter(env, &key, &value, config.kv_ttl_secs()).await;
                 intake.dead_letter_kept(kept.map_err(|e| e.to_string()))
             }
             Need::Done(finished) => return answer(finished, env, now_ms() - received_ms),
@@ -137,15 +130,11 @@ async fn ask_unheld(
     if NOT_OURS.with(|m| m.borrow().knows(key, now_ms())) {
         return None;
     }
-    let slot = LeaseCommand::Slot {
-        rate_per_s: config.reconcile_poll_rate,
-    };
+    // The worker's routes have no usage meter: these calls go on one that counts nothing.
+    let unmetered = Meter::default();
     let mut waited = SlotWaited::default();
     loop {
-        let answer = match call_lease(env, &slot).await {
-            Ok(LeaseReply::Slot { answer }) => Some(answer),
-            _ => None,
-        };
+        let answer = status_slot(env, &unmetered, config.reconcile_poll_rate).await;
         match slot_step(answer, now_ms(), &mut waited) {
             SlotStep::Ask => break,
             SlotStep::Wait(ms) => {
@@ -160,13 +149,8 @@ async fn ask_unheld(
         }
     }
     let (answer, _) = status_api::ask(config, collection, key, name).await;
-    if let Some(until_ms) = status_backoff_until(&answer, now_ms()) {
-        let backoff = LeaseCommand::Backoff {
-            until_ms,
-            fed_until_ms: 0,
-        };
-        let _ = call_lease(env, &backoff).await;
-    }
+    let until = status_backoff_until(&answer, now_ms());
+    status_backoff(env, &unmetered, until).await;
     NOT_OURS.with(|m| m.borrow_mut().answered(key, &answer, now_ms()));
     Some(answer)
 }
@@ -185,23 +169,16 @@ async fn tally(env: &Env, config: &Config) -> Option<bool> {
 
 /// Counts, logs and remembers what a finished delivery says (and writes its Analytics Engine
 /// point when that is bound), and answers it.
-fn answer(finished: DeliveryEnd, env: &Env, ms: i64) -> Result<web_sys::Response, Refusal> {
-    let DeliveryEnd {
-        reply,
-        counts,
-        rejected,
-        line,
-        remember,
-    } = finished;
-    for name in counts {
+fn answer(end: DeliveryEnd, env: &Env, ms: i64) -> Result<web_sys::Response, Refusal> {
+    for name in end.counts {
         count_at_edge(name);
     }
     // A refusal's line is logged for the first of its reason in a flush window only.
-    let log_it = rejected.is_none_or(count_rejected);
-    if let (Some(dataset), Some(line)) = (analytics::dataset(env), &line) {
+    let log_it = end.rejected.is_none_or(count_rejected);
+    if let (Some(dataset), Some(line)) = (analytics::dataset(env), &end.line) {
         analytics::write(&dataset, delivery_point(&line.to_value(), ms));
     }
-    if let (true, Some(line)) = (log_it, line) {
+    if let (true, Some(line)) = (log_it, end.line) {
         // Serialized straight to text: no JSON tree is built for the line every delivery
         // writes (a duplicate's included).
         match serde_json::to_string(&line) {
@@ -209,8 +186,9 @@ fn answer(finished: DeliveryEnd, env: &Env, ms: i64) -> Result<web_sys::Response
             Err(_) => log(line.to_value()),
         }
     }
-    if let Some((key, status)) = remember {
+    if let Some((key, status)) = end.remember {
         TERMINAL.with(|t| t.borrow_mut().remember(&key, status));
     }
-    reply.and_then(|answer| raw_response::json(200, &answer).map_err(Refusal::from))
+    end.reply
+        .and_then(|answer| raw_response::json(200, &answer).map_err(Refusal::from))
 }

@@ -67,10 +67,9 @@ impl DestinationDesk {
     /// Counts one more release that could not reach `key`'s gate, and queues the key again
     /// after its own backoff.
     fn missed(&self, key: &str, desk: &Desk, now: i64) -> Result<()> {
-        self.exec(
-            "INSERT INTO misses (key, n) VALUES (?, 1) ON CONFLICT(key) DO UPDATE SET n = n + 1",
-            vec![key.into()],
-        )?;
+        let query =
+            "INSERT INTO misses (key, n) VALUES (?, 1) ON CONFLICT(key) DO UPDATE SET n = n + 1";
+        self.exec(query, vec![key.into()])?;
         let misses = self.n_of_key("SELECT n FROM misses WHERE key = ?", key)?;
         let misses = misses.map_or(1, |n| n.clamp(1, 64) as u32);
         self.enqueue(key, now + desk.probe_backoff().after(misses))

@@ -29,7 +29,7 @@ use crate::edge::objects::gate::desk_turn::KeyAtDesk;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::{self, post_alert};
-use crate::edge::outbound::ledger_kv::{write_projection, KV_BINDING};
+use crate::edge::outbound::ledger_kv::write_projection;
 use crate::edge::outbound::{analytics, status_api};
 use crate::edge::runtime::{now_ms, random_unit};
 
@@ -114,12 +114,8 @@ impl<'a> Run<'a> {
     /// Hands counted events to the isolate's tally ([`stats_shard::hand_over`]).
     async fn hand_over(&self, events: &[StatEvent]) {
         let every_ms = self.config.stats_flush_secs * 1_000;
-        let state = self.storage.state();
-        let done = stats_shard::hand_over(state, self.env, events, now_ms(), every_ms).await;
-        self.storage.meter().add(|u| {
-            u.object_calls += u64::from(done.sent);
-            u.held_ms += done.held_ms;
-        });
+        let (state, meter) = (self.storage.state(), self.storage.meter());
+        stats_shard::hand_over(state, meter, self.env, events, now_ms(), every_ms).await;
     }
 
     /// Asks Gemini's status API about a nudge waiting for confirmation (unless the plan
@@ -143,21 +139,15 @@ impl<'a> Run<'a> {
                 }
                 self.storage.meter().add(|u| u.outbound_fetches += 1);
                 let (answer, asked) = status_api::ask(config, collection, &key, &name).await;
-                if let Some(until_ms) = alarm::status_backoff_until(&answer, now_ms()) {
-                    status_backoff(self.env, meter, until_ms).await;
-                }
+                let until = alarm::status_backoff_until(&answer, now_ms());
+                status_backoff(self.env, meter, until).await;
                 (answer, Some(asked))
             }
         };
         let mut current = self.storage.load()?.unwrap_or(op);
         current.count_status_call(counters::AskedBy::Nudge, asked, now_ms());
-        let step = alarm::confirmed(
-            current.clone(),
-            answer,
-            now_ms(),
-            &self.limits,
-            random_unit(),
-        );
+        let now = now_ms();
+        let step = alarm::confirmed(current.clone(), answer, now, &self.limits, random_unit());
         self.apply(step, current, Alarm::Deferred).await
     }
 
@@ -286,10 +276,7 @@ impl<'a> Run<'a> {
             let (p, index) = upkeep.projection.as_ref()?;
             let writes = if *index == IndexWrite::None { 1 } else { 2 };
             self.storage.meter().add(|u| u.kv_writes += writes);
-            Some(match self.env.kv(KV_BINDING) {
-                Ok(kv) => write_projection(&kv, p, *index).await,
-                Err(e) => Err(Refusal::from(e)),
-            })
+            Some(write_projection(self.env, p, *index).await)
         };
         let (flushed, written) = futures_util::join!(flush, write);
         let text =

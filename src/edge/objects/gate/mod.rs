@@ -49,6 +49,7 @@ use crate::refusal::Refusal;
 use crate::retry::Backoff;
 use crate::telemetry::usage::Invocation;
 
+use crate::edge::error::bad_command;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::runtime::{load_config, log, now_ms, random_unit};
 
@@ -96,7 +97,7 @@ impl DurableObject for OperationGate {
         let started = self.storage.meter().begin(config.usage_log);
         let mut command: GateCommand = match req.json().await {
             Ok(c) => c,
-            Err(e) => return Refusal::BadRequest(format!("bad gate command: {e}")).into_response(),
+            Err(e) => return bad_command("gate command", e),
         };
         // An operator's repair runs before the record is loaded: loading is what it repairs.
         let repaired = match &command {
@@ -251,8 +252,7 @@ impl OperationGate {
 
     /// Logs what this invocation used, when `USAGE_LOG` is on.
     fn end(&self, invocation: Invocation, started: i64) {
-        self.storage
-            .meter()
-            .end("gate", invocation, started, &self.storage.sql());
+        let sql = self.storage.sql();
+        self.storage.meter().end("gate", invocation, started, &sql);
     }
 }

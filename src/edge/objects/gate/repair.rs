@@ -12,6 +12,7 @@ use crate::operation::{recovery, Actor, Operation};
 
 use crate::edge::objects::gate::storage::{Cached, GateStorage};
 use crate::edge::objects::gate::tables;
+use crate::edge::runtime::now_ms;
 
 /// `None` when there is no record; `Some(false)` when it loads as it is (nothing done);
 /// `Some(true)` when it did not: recovered as [`GateStorage::load`] would, or, when not even
@@ -36,18 +37,12 @@ pub(super) fn repair(
         storage.load()?;
         return Ok(Some(true));
     }
-    let now = worker::Date::now().as_millis() as i64;
+    let now = now_ms();
     let error = error.to_string();
     tables::quarantine(storage.meter(), &storage.sql(), &body, &error, now)?;
     let mut op = Operation::rebuild(key, name, reason, now);
-    let (entry, line) = recovery::mark_recovered(
-        &mut op,
-        recovery::Recovery::Rebuilt,
-        &error,
-        &body,
-        now,
-        by.cloned(),
-    );
+    let rebuilt = recovery::Recovery::Rebuilt;
+    let (entry, line) = recovery::mark_recovered(&mut op, rebuilt, &error, &body, now, by.cloned());
     storage.store_recovered(&op, entry, line, now)?;
     Ok(Some(true))
 }

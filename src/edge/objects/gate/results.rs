@@ -133,10 +133,10 @@ impl Driver<'_> {
             Step::ReadChunk { from, .. } => self.chunk(op, progress, from, None, turn).await,
             Step::ResendChunk(c) => self.chunk(op, progress, c.from, Some(c), turn).await,
             Step::RetryRows(indexes) => self.retry_rows(op, progress, indexes, turn).await,
-            Step::Alert(reason) => self.alert(op, progress, &reason).await,
-            Step::AlertFailing(n) => self.alert_failing(op, progress, n).await,
-            Step::AlertSenders(n) => self.senders(op, progress, Some(n)).await,
-            Step::SendersBack => self.senders(op, progress, None).await,
+            alert @ (Step::Alert(_)
+            | Step::AlertFailing(_)
+            | Step::AlertSenders(_)
+            | Step::SendersBack) => self.alert(op, progress, alert).await,
             Step::Settled(counts) => {
                 let failing = progress.gave_up;
                 let decide = |op| on_record::settled(op, counts, failing, now_ms());
@@ -285,31 +285,19 @@ impl Driver<'_> {
         self.after_sends(op, turn, sent).await
     }
 
-    /// The file is parked: its one `results_file_parked` alert, raised on the record, and
-    /// marked on the progress in the same write.
-    async fn alert(&self, op: Operation, mut p: Progress, reason: &str) -> Result<Operation> {
-        let decide = |op| on_record::file_parked(op, &mut p, reason, now_ms());
-        let op = self.mark(op, decide).await?;
-        self.store.save(&p, Vec::new())?;
-        Ok(op)
-    }
-
-    /// Results kept failing past the alert threshold and were parked: the batch's one
-    /// `results_failing` alert of this spell, naming how many.
-    async fn alert_failing(&self, op: Operation, mut p: Progress, n: u64) -> Result<Operation> {
+    /// An alert raised or resolved on the record, marked on the progress in the same write:
+    /// the file is parked (its one `results_file_parked`); results kept failing past the alert
+    /// threshold and were parked (the batch's one `results_failing` of this spell, naming how
+    /// many); the result senders answer nothing past the threshold (naming how many results
+    /// wait), or answer again (`SendersBack`, the one other step handed here).
+    async fn alert(&self, op: Operation, mut p: Progress, alert: Step) -> Result<Operation> {
         let age = self.limits.alert_after_ms / 1_000;
-        let op = self
-            .mark(op, |op| on_record::gave_up(op, &mut p, n, age, now_ms()))
-            .await?;
-        self.store.save(&p, Vec::new())?;
-        Ok(op)
-    }
-
-    /// The result senders answer nothing past the alert threshold (`Some`: how many results
-    /// wait), or answer again: their alert raised or resolved on the record, marked on the
-    /// progress in the same write.
-    async fn senders(&self, op: Operation, mut p: Progress, n: Option<u64>) -> Result<Operation> {
-        let decide = |op| on_record::senders(op, &mut p, n, now_ms());
+        let decide = |op| match alert {
+            Step::Alert(reason) => on_record::file_parked(op, &mut p, &reason, now_ms()),
+            Step::AlertFailing(n) => on_record::gave_up(op, &mut p, n, age, now_ms()),
+            Step::AlertSenders(n) => on_record::senders(op, &mut p, Some(n), now_ms()),
+            _ => on_record::senders(op, &mut p, None, now_ms()),
+        };
         let op = self.mark(op, decide).await?;
         self.store.save(&p, Vec::new())?;
         Ok(op)

@@ -29,8 +29,8 @@ use crate::edge::runtime::now_ms;
 /// Results listed a page.
 const PAGE: usize = 100;
 
-fn results_answer(answer: Value) -> GateReply {
-    GateReply::ResultsAnswer { answer }
+fn results_answer(answer: Value) -> Result<GateReply> {
+    Ok(GateReply::ResultsAnswer { answer })
 }
 
 /// One page of the results in `state`.
@@ -53,16 +53,11 @@ pub(super) fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> 
             .collect(),
         "delivered" => {
             let count = progress.as_ref().map_or(0, |p| p.counts.delivered);
-            return Ok(results_answer(
-                json!({"key": op.key(), "state": state, "count": count,
-                "note": "delivered results are not stored: their count only"}),
-            ));
+            let note = "delivered results are not stored: their count only";
+            let answer = json!({"key": op.key(), "state": state, "count": count, "note": note});
+            return results_answer(answer);
         }
-        _ => {
-            return Ok(results_answer(
-                json!({"error": "state must be parked, waiting or delivered"}),
-            ))
-        }
+        _ => return results_answer(json!({"error": "state must be parked, waiting or delivered"})),
     };
     let next = (rows.len() == PAGE).then(|| rows.last().map(|r| r.index.to_string()));
     let results: Vec<Value> = rows
@@ -73,10 +68,8 @@ pub(super) fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> 
             "next_attempt_ms": r.next_at_ms})
         })
         .collect();
-    Ok(results_answer(
-        json!({"key": op.key(), "state": state, "results": results,
-        "cursor": next.flatten()}),
-    ))
+    let cursor = next.flatten();
+    results_answer(json!({"key": op.key(), "state": state, "results": results, "cursor": cursor}))
 }
 
 /// Puts a page of parked results back, and a parked file to be read again (or counts them,
@@ -95,17 +88,15 @@ pub(super) async fn retry(
     };
     let store = ResultsStore::new(storage);
     let Some(mut progress) = store.load()? else {
-        return Ok(results_answer(
-            json!({"key": op.key(), "retried": 0, "would_retry": 0}),
-        ));
+        return results_answer(json!({"key": op.key(), "retried": 0, "would_retry": 0}));
     };
     let parked = store.parked(None, progress.room())?;
     let now = now_ms();
     if dry_run {
         let file = matches!(progress.phase, Phase::FileParked { .. });
-        return Ok(results_answer(json!({"key": op.key(), "dry_run": true,
+        return results_answer(json!({"key": op.key(), "dry_run": true,
             "would_retry": parked.len(), "would_reread_file": file,
-            "parked": progress.counts.parked, "would_hurry": progress.waiting_later(now)})));
+            "parked": progress.counts.parked, "would_hurry": progress.waiting_later(now)}));
     }
     let (step, writes) =
         on_record::retried(op, &mut progress, parked, (reason.to_string(), by), now);

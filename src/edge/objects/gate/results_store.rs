@@ -73,12 +73,9 @@ impl Inline {
         if let Payload::Unreadable(serde_json::Value::Object(place)) = &mut payload {
             place.insert("index".into(), self.idx.into());
         }
+        let base = inline_base(self.key.as_deref(), &self.hash);
         Ok(ResultItem {
-            result_key: format!(
-                "{}{}",
-                inline_base(self.key.as_deref(), &self.hash),
-                self.suffix
-            ),
+            result_key: format!("{base}{}", self.suffix),
             index: self.idx as u64,
             payload,
         })
@@ -107,11 +104,8 @@ impl<'a> ResultsStore<'a> {
     /// `sqlite_master` first: a read that cannot fail on an object that has no tables). An
     /// earlier build's layout is moved to the failure rows first.
     pub(super) fn load(&self) -> Result<Option<Progress>> {
-        let tables: Vec<Text> = self.meter.rows(
-            &self.sql,
-            "SELECT name AS body FROM sqlite_master WHERE type = 'table' AND name IN ('results_progress', 'results_kept')",
-            None,
-        )?;
+        let query = "SELECT name AS body FROM sqlite_master WHERE type = 'table' AND name IN ('results_progress', 'results_kept')";
+        let tables: Vec<Text> = self.meter.rows(&self.sql, query, None)?;
         if !tables.iter().any(|t| t.body == "results_progress") {
             return Ok(None);
         }
@@ -143,11 +137,9 @@ impl<'a> ResultsStore<'a> {
         self.meter.exec(&self.sql, SCHEMA, None)?;
         for row in progress.rows.values() {
             let index = (row.index as i64).into();
-            self.meter.exec(
-                &self.sql,
-                "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) SELECT idx, 0, ?, item FROM results_kept WHERE idx = ?",
-                vec![text(row)?.into(), index],
-            )?;
+            let query = "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) SELECT idx, 0, ?, item FROM results_kept WHERE idx = ?";
+            self.meter
+                .exec(&self.sql, query, vec![text(row)?.into(), index])?;
             let index = (row.index as i64).into();
             let forget = "DELETE FROM results_kept WHERE idx = ?";
             self.meter.exec(&self.sql, forget, Some(vec![index]))?;
@@ -156,20 +148,14 @@ impl<'a> ResultsStore<'a> {
             self.save(progress, Vec::new())?;
         }
         let page = || Some(vec![(MOVED_PER_LOAD as i64).into()]);
-        self.meter.exec(
-            &self.sql,
-            "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) SELECT p.idx, 1, p.row, k.item FROM results_parked p JOIN results_kept k ON k.idx = p.idx ORDER BY p.idx LIMIT ?",
-            page(),
-        )?;
+        let query = "INSERT OR REPLACE INTO results_failures (idx, parked, row, item) SELECT p.idx, 1, p.row, k.item FROM results_parked p JOIN results_kept k ON k.idx = p.idx ORDER BY p.idx LIMIT ?";
+        self.meter.exec(&self.sql, query, page())?;
         for table in ["results_kept", "results_parked"] {
             let query = format!("DELETE FROM {table} WHERE idx IN (SELECT idx FROM results_parked ORDER BY idx LIMIT ?)");
             self.meter.exec(&self.sql, &query, page())?;
         }
-        let left: Vec<Text> = self.meter.rows(
-            &self.sql,
-            "SELECT 'parked' AS body FROM results_parked LIMIT 1",
-            None,
-        )?;
+        let query = "SELECT 'parked' AS body FROM results_parked LIMIT 1";
+        let left: Vec<Text> = self.meter.rows(&self.sql, query, None)?;
         if left.is_empty() {
             let drop = "DROP TABLE results_parked; DROP TABLE results_kept";
             self.meter.exec(&self.sql, drop, None)?;
@@ -187,11 +173,9 @@ impl<'a> ResultsStore<'a> {
     /// Stores the progress and its transition's writes, as one.
     pub(super) fn save(&self, progress: &Progress, writes: Vec<Write>) -> Result<()> {
         self.meter.exec(&self.sql, SCHEMA, None)?;
-        self.meter.exec(
-            &self.sql,
-            "INSERT INTO results_progress (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body",
-            vec![text(progress)?.into()],
-        )?;
+        let query = "INSERT INTO results_progress (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body";
+        self.meter
+            .exec(&self.sql, query, vec![text(progress)?.into()])?;
         for write in writes {
             let (query, bindings) = match write {
                 Write::Keep(row, item) => (
@@ -245,11 +229,10 @@ impl<'a> ResultsStore<'a> {
     /// Stores the inline items' order, once they are all stored: a row an index.
     pub(super) fn put_order(&self, places: Vec<Place>) -> Result<()> {
         let order = inline_order(places, |seq| {
-            let rows: Vec<Base> = self.meter.rows(
-                &self.sql,
-                "SELECT key, hash FROM results_inline_items WHERE seq = ?",
-                vec![(seq as i64).into()],
-            )?;
+            let query = "SELECT key, hash FROM results_inline_items WHERE seq = ?";
+            let rows: Vec<Base> = self
+                .meter
+                .rows(&self.sql, query, vec![(seq as i64).into()])?;
             let row = rows.into_iter().next();
             Ok::<_, worker::Error>(
                 row.map_or_else(String::new, |r| inline_base(r.key.as_deref(), &r.hash)),
@@ -268,17 +251,12 @@ impl<'a> ResultsStore<'a> {
     /// Up to `n` inline results from `from` on, and whether they reach the last one.
     pub(super) fn inline_chunk(&self, from: u64, n: u64) -> Result<(Vec<ResultItem>, bool)> {
         let range = || Some(vec![(from as i64).into(), (n as i64 + 1).into()]);
-        let mut items: Vec<ResultItem> = self.parsed(
-            "SELECT item AS body FROM results_inline WHERE idx >= ? ORDER BY idx LIMIT ?",
-            range(),
-        )?;
+        let query = "SELECT item AS body FROM results_inline WHERE idx >= ? ORDER BY idx LIMIT ?";
+        let mut items: Vec<ResultItem> = self.parsed(query, range())?;
         let mut last = items.len() as u64 <= n;
         if items.is_empty() {
-            let rows: Vec<Inline> = self.meter.rows(
-                &self.sql,
-                "SELECT o.idx AS idx, o.suffix AS suffix, i.key AS key, i.hash AS hash, i.payload AS payload FROM results_inline_order o JOIN results_inline_items i ON i.seq = o.seq WHERE o.idx >= ? ORDER BY o.idx LIMIT ?",
-                range(),
-            )?;
+            let query = "SELECT o.idx AS idx, o.suffix AS suffix, i.key AS key, i.hash AS hash, i.payload AS payload FROM results_inline_order o JOIN results_inline_items i ON i.seq = o.seq WHERE o.idx >= ? ORDER BY o.idx LIMIT ?";
+            let rows: Vec<Inline> = self.meter.rows(&self.sql, query, range())?;
             last = rows.len() as u64 <= n;
             let rows = rows.into_iter().take(n as usize);
             items = rows.map(Inline::item).collect::<Result<_>>()?;

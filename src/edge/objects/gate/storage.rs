@@ -22,8 +22,7 @@
 use std::cell::{Cell, RefCell};
 
 use serde_json::Value;
-use worker::wasm_bindgen::JsValue;
-use worker::{Result, ScheduledTime, State};
+use worker::{Result, State};
 
 use crate::operation::gate::alarm_failure::AlarmFailures;
 use crate::operation::gate::log::GateLog;
@@ -33,7 +32,7 @@ use crate::operation::{recovery, Operation};
 
 use crate::edge::objects::gate::tables::{self, Layout, StoredHistory};
 use crate::edge::objects::usage_meter::Meter;
-use crate::edge::runtime::{log, now_ms};
+use crate::edge::runtime::{log, now_ms, set_alarm};
 
 /// The key, in the object's key-value storage, of the alarm's failure streak (see
 /// [`crate::operation::gate::alarm_failure`]).
@@ -56,12 +55,6 @@ pub(super) enum Cached {
     Unread,
     Absent,
     Present(Box<Operation>),
-}
-
-impl Cached {
-    fn of(op: Option<Operation>) -> Cached {
-        op.map_or(Cached::Absent, |op| Cached::Present(Box::new(op)))
-    }
 }
 
 /// One gate's tables, cache and alarm.
@@ -105,14 +98,15 @@ impl GateStorage {
     /// The stored record's text, none when the gate never wrote one; its history is read
     /// into memory with it.
     pub(super) fn stored_body(&self) -> Result<Option<String>> {
-        let Some(row) = tables::stored_row(self.layout()?, &self.meter, &self.sql())? else {
+        let Some((body, history)) = tables::stored_row(self.layout()?, &self.meter, &self.sql())?
+        else {
             return Ok(None);
         };
-        self.history.replace(match row.history {
+        self.history.replace(match history {
             StoredHistory::Encoded(text) => HistoryLog::decode(&text),
             StoredHistory::Rows(rows) => HistoryLog::from_rows(rows),
         });
-        Ok(Some(row.body))
+        Ok(Some(body))
     }
 
     /// The object's state (for work it runs in the background).
@@ -164,10 +158,7 @@ impl GateStorage {
         // Forgotten first: if the call fails, the next one sets the alarm again.
         self.alarm_at.set(None);
         match wake {
-            Some(at) => {
-                let date = worker::js_sys::Date::new(&JsValue::from_f64(at as f64));
-                storage.set_alarm(ScheduledTime::new(date)).await?;
-            }
+            Some(at) => set_alarm(&storage, at).await?,
             None => storage.delete_alarm().await?,
         }
         self.meter.add(|u| u.alarm_writes += 1);
@@ -182,15 +173,17 @@ impl GateStorage {
             Cached::Present(op) => return Ok(Some((**op).clone())),
             Cached::Unread => {}
         }
-        let op: Option<Operation> = match self.stored_body()? {
-            None => None,
-            Some(body) => Some(match serde_json::from_str::<Operation>(&body) {
-                Ok(op) => op.as_loaded(),
-                Err(e) => self.recover(&body, &e.to_string())?.as_loaded(),
-            }),
+        let Some(body) = self.stored_body()? else {
+            self.cached.replace(Cached::Absent);
+            return Ok(None);
         };
-        self.cached.replace(Cached::of(op.clone()));
-        Ok(op)
+        let op = match serde_json::from_str::<Operation>(&body) {
+            Ok(op) => op,
+            Err(e) => self.recover(&body, &e.to_string())?,
+        };
+        let op = op.as_loaded();
+        self.cached.replace(Cached::Present(Box::new(op.clone())));
+        Ok(Some(op))
     }
 
     /// The key of the record in memory, if one is.
@@ -216,22 +209,15 @@ impl GateStorage {
     pub async fn alarm_failed(&self, streak: &AlarmFailures, retry_at: i64) -> Result<()> {
         let stored = self.state.storage().put(ALARM_FAILURES, streak).await;
         self.alarm_at.set(None);
-        let date = worker::js_sys::Date::new(&JsValue::from_f64(retry_at as f64));
-        self.state
-            .storage()
-            .set_alarm(ScheduledTime::new(date))
-            .await?;
+        set_alarm(&self.state.storage(), retry_at).await?;
         self.alarm_at.set(Some(retry_at));
         stored
     }
 
     /// A run succeeded after failures: the streak is over.
     pub async fn alarm_recovered(&self) -> Result<()> {
-        self.state
-            .storage()
-            .delete(ALARM_FAILURES)
-            .await
-            .map(|_| ())
+        self.state.storage().delete(ALARM_FAILURES).await?;
+        Ok(())
     }
 
     /// Stores the record with its history (one statement; an object an earlier version
@@ -275,7 +261,7 @@ impl GateStorage {
                 "stored record unreadable: {error}"
             )));
         };
-        let now = worker::Date::now().as_millis() as i64;
+        let now = now_ms();
         tables::quarantine(&self.meter, &self.sql(), raw, error, now)?;
         let (row, line) = recovery::mark_recovered(&mut op, how, error, raw, now, None);
         self.store_recovered(&op, row, line, now)?;

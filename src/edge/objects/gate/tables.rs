@@ -40,12 +40,6 @@ pub(super) enum Layout {
     Current,
 }
 
-/// A stored record's text and its history as stored.
-pub(super) struct BodyRow {
-    pub(super) body: String,
-    pub(super) history: StoredHistory,
-}
-
 /// A record's history as stored: the `record` row's one JSON array ([`HistoryLog`]'s
 /// encoding), or an earlier version's rows, oldest first.
 pub(super) enum StoredHistory {
@@ -60,11 +54,9 @@ pub(super) fn layout(meter: &Meter, sql: &SqlStorage) -> Result<Layout> {
     struct Name {
         name: String,
     }
-    let names: Vec<Name> = meter.rows(
-        sql,
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('record', 'operation')",
-        None,
-    )?;
+    let query =
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('record', 'operation')";
+    let names: Vec<Name> = meter.rows(sql, query, None)?;
     Ok(if names.iter().any(|n| n.name == "record") {
         Layout::Current
     } else if names.iter().any(|n| n.name == "operation") {
@@ -74,43 +66,32 @@ pub(super) fn layout(meter: &Meter, sql: &SqlStorage) -> Result<Layout> {
     })
 }
 
-/// The stored record's row, as text, with its history; none when the gate never wrote one.
+/// The stored record's text, with its history as stored; none when the gate never wrote one.
 pub(super) fn stored_row(
     layout: Layout,
     meter: &Meter,
     sql: &SqlStorage,
-) -> Result<Option<BodyRow>> {
-    match layout {
-        Layout::Empty | Layout::Unknown => Ok(None),
-        Layout::Current => {
-            #[derive(Deserialize)]
-            struct Row {
-                body: String,
-                history: String,
-            }
-            let rows: Vec<Row> =
-                meter.rows(sql, "SELECT body, history FROM record WHERE id = 1", None)?;
-            Ok(rows.into_iter().next().map(|r| BodyRow {
-                body: r.body,
-                history: StoredHistory::Encoded(r.history),
-            }))
-        }
-        Layout::Legacy => {
-            #[derive(Deserialize)]
-            struct Row {
-                body: String,
-            }
-            let rows: Vec<Row> =
-                meter.rows(sql, "SELECT body FROM operation WHERE id = 1", None)?;
-            let Some(row) = rows.into_iter().next() else {
-                return Ok(None);
-            };
-            Ok(Some(BodyRow {
-                body: row.body,
-                history: StoredHistory::Rows(legacy_history(meter, sql)?),
-            }))
-        }
+) -> Result<Option<(String, StoredHistory)>> {
+    #[derive(Deserialize)]
+    struct Row {
+        body: String,
+        /// `record`'s (NOT NULL); an earlier version's `operation` has none.
+        history: Option<String>,
     }
+    let query = match layout {
+        Layout::Empty | Layout::Unknown => return Ok(None),
+        Layout::Current => "SELECT body, history FROM record WHERE id = 1",
+        Layout::Legacy => "SELECT body FROM operation WHERE id = 1",
+    };
+    let rows: Vec<Row> = meter.rows(sql, query, None)?;
+    let Some(row) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    let history = match row.history {
+        Some(text) => StoredHistory::Encoded(text),
+        None => StoredHistory::Rows(legacy_history(meter, sql)?),
+    };
+    Ok(Some((row.body, history)))
 }
 
 /// The rows of an earlier version's `history` table, oldest first.
@@ -146,17 +127,11 @@ pub(super) fn write(
     body: String,
     history: String,
 ) -> Result<()> {
-    meter.exec(
-        sql,
-        "INSERT INTO record (id, body, history) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body, history = excluded.history",
-        vec![body.into(), history.into()],
-    )?;
+    let query = "INSERT INTO record (id, body, history) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body, history = excluded.history";
+    meter.exec(sql, query, vec![body.into(), history.into()])?;
     if layout == Layout::Legacy {
-        meter.exec(
-            sql,
-            "DROP TABLE IF EXISTS operation; DROP TABLE IF EXISTS history",
-            None,
-        )?;
+        let query = "DROP TABLE IF EXISTS operation; DROP TABLE IF EXISTS history";
+        meter.exec(sql, query, None)?;
     }
     Ok(())
 }
@@ -170,10 +145,7 @@ pub(super) fn quarantine(
     now: i64,
 ) -> Result<()> {
     meter.exec(sql, QUARANTINE_SCHEMA, None)?;
-    meter.exec(
-        sql,
-        "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)",
-        vec![now.into(), error.into(), raw.into()],
-    )?;
+    let query = "INSERT INTO quarantine (at_ms, error, body) VALUES (?, ?, ?)";
+    meter.exec(sql, query, vec![now.into(), error.into(), raw.into()])?;
     Ok(())
 }

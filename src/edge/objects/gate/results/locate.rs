@@ -59,7 +59,7 @@ impl Driver<'_> {
                 Located::WaitForSlot(at) => return Ok(Err(at)),
                 Located::Failed(trouble) => {
                     let (next, backoff) = unlocated(&trouble, now_ms(), since, &self.limits);
-                    self.back_off_status(backoff).await;
+                    status_backoff(self.env, self.storage.meter(), backoff).await;
                     match next {
                         Unlocated::AskAt(at) => return Ok(Err(at)),
                         // Gemini cannot say where the results are: they are parked, with the reason.
@@ -103,13 +103,5 @@ impl Driver<'_> {
             }
         };
         Ok(Located::Found(source, located.ended_ms))
-    }
-
-    /// A 429 or 5xx from the status API backs off every status call of the project until
-    /// `until` (told to the lease, as the pass and a nudge's confirmation tell it).
-    async fn back_off_status(&self, until: Option<i64>) {
-        if let Some(until_ms) = until {
-            status_backoff(self.env, self.storage.meter(), until_ms).await;
-        }
     }
 }

@@ -89,17 +89,11 @@ impl Driver<'_> {
             .iter()
             .map(|item| build_result_request(&head, item, secret, now_secs))
             .collect();
-        self.storage
-            .meter()
-            .add(|u| u.outbound_fetches += items.len() as u64);
-        let fanned = send_through_senders(
-            self.env,
-            op.key(),
-            &destination,
-            (timeout, self.config.results.sender_timeout_ms),
-            &requests,
-            after_ms,
-        );
+        let sends = items.len() as u64;
+        self.storage.meter().add(|u| u.outbound_fetches += sends);
+        let (key, timeouts) = (op.key(), (timeout, self.config.results.sender_timeout_ms));
+        let fanned =
+            send_through_senders(self.env, key, &destination, timeouts, &requests, after_ms);
         let (answers, carried) = match fanned.await {
             Some(answers) => (answers, true),
             None => {
