@@ -663,10 +663,7 @@ pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &GateLimits) -> Upkeep 
             let index = p.index_write(op.indexed());
             (p, index)
         });
-    let events = match sealed {
-        Some(_) => op.pending_stats().to_vec(),
-        None => Vec::new(),
-    };
+    let events = sealed.map_or(Vec::new(), |_| op.pending_stats().to_vec());
     Upkeep {
         sealed,
         events,

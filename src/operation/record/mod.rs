@@ -339,7 +339,7 @@ impl Operation {
         self.retired_at_ms
     }
 
-    fn position(&self) -> Position {
+    pub(crate) fn position(&self) -> Position {
         Position {
             status: self.status.clone(),
             update_time_ms: self.update_time_ms,
@@ -553,10 +553,7 @@ impl Operation {
             return false;
         };
         let changed = if !self.status.is_terminal() {
-            if self.details.contains_key(USER_METADATA) {
-                return false;
-            }
-            true
+            !self.details.contains_key(USER_METADATA)
         } else {
             self.effect.attempts == 0
                 && !self.effect.done
