@@ -570,7 +570,7 @@ pub fn attempt_finished(
     jitter: f64,
 ) -> Step<AlarmDone> {
     let next = decided(&op, attempt, limits, jitter);
-    let finished = op.finish_attempt(&attempt.claim, &next, attempt.finished_ms);
+    let finished = op.finish(&attempt.claim, &next, attempt.finished_ms);
     count_attempt(&mut op, &finished, attempt);
     if finished == Finished::Parked {
         // A refusal the destination will repeat needs a person now: the alert is queued here

@@ -183,14 +183,14 @@ mod tests {
         succeeded(&mut op);
         let c = op.claim(5_000, 600_000).unwrap();
         assert_eq!(op.projection(100).metadata.claim_expires, Some(605));
-        op.finish(c.token, &Next::Delivered, 6_000);
+        op.finish(&c, &Next::Delivered, 6_000);
         assert_eq!(op.projection(1_209_600).ttl_secs, Some(1_209_600));
         assert_eq!(op.projection(1).ttl_secs, Some(MIN_TTL_SECS));
 
         let mut parked = Operation::register("batches/p", "batches/p", None, 1_000);
         succeeded(&mut parked);
         let c = parked.claim(5_000, 600_000).unwrap();
-        parked.finish(c.token, &Next::Park("400".into()), 6_000);
+        parked.finish(&c, &Next::Park("400".into()), 6_000);
         let p = parked.projection(1_209_600);
         assert!(p.metadata.parked);
         assert_eq!(p.ttl_secs, Some(1_209_600));
@@ -213,7 +213,7 @@ mod tests {
         }
         succeeded(&mut op);
         let c = op.claim(5_000, 600_000).unwrap();
-        op.finish(c.token, &Next::retry("\"".repeat(300), 5_000), 5_000);
+        op.finish(&c, &Next::retry("\"".repeat(300), 5_000), 5_000);
         op.claim(5_000, 600_000);
         let meta = serde_json::to_string(&op.projection(1).metadata).unwrap();
         assert!(meta.contains(r#""settled_by":"webhook""#), "{meta}");
@@ -231,7 +231,7 @@ mod tests {
         succeeded(&mut op);
         let c = op.claim(5_000, 600_000).unwrap();
         assert!(op.projection(100).open, "terminal, effect in flight");
-        op.finish(c.token, &Next::Delivered, 6_000);
+        op.finish(&c, &Next::Delivered, 6_000);
         let p = op.projection(100);
         assert!(!p.open);
         assert_eq!(p.index_write(true), IndexWrite::Delete);
@@ -262,14 +262,14 @@ mod tests {
         let mut op = Operation::register("batches/p", "batches/p", None, 1_000);
         succeeded(&mut op);
         let c = op.claim(5_000, 600_000).unwrap();
-        op.finish(c.token, &Next::retry("503: down".into(), 6_000), 6_000);
+        op.finish(&c, &Next::retry("503: down".into(), 6_000), 6_000);
         assert_eq!(
             op.projection(1).metadata.error.as_deref(),
             Some("503: down")
         );
         let c = op.claim(7_000, 600_000).unwrap();
         let long = format!("400: {}", "\"\n\u{e9}".repeat(100));
-        op.finish(c.token, &Next::Park(long), 8_000);
+        op.finish(&c, &Next::Park(long), 8_000);
         let error = op.projection(1).metadata.error.unwrap();
         assert!(error.starts_with("400: \" \u{e9}"), "{error}");
         assert!(error.len() <= MAX_META_ERROR_BYTES);
@@ -278,7 +278,7 @@ mod tests {
         let mut done = Operation::register("batches/d", "batches/d", None, 1_000);
         succeeded(&mut done);
         let c = done.claim(5_000, 600_000).unwrap();
-        done.finish(c.token, &Next::Delivered, 6_000);
+        done.finish(&c, &Next::Delivered, 6_000);
         assert_eq!(
             done.projection(1).metadata.error,
             None,
