@@ -135,10 +135,6 @@ impl Effect {
         self.next_attempt_ms
     }
 
-    pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
-    }
-
     /// Its standing with its destination's desk, if it has one.
     pub fn desk(&self) -> Option<DeskMark> {
         self.desk

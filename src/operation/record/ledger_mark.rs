@@ -63,15 +63,11 @@ impl Operation {
                 .map(str::to_string)
                 .filter(|k| !k.chars().any(char::is_control)),
             settled_by: self.settled_by().map(|s| s.as_str().to_string()),
-            error: (!self.effect().done())
-                .then(|| {
-                    self.effect()
-                        .parked()
-                        .map(|p| p.answer.as_str())
-                        .or(self.effect().last_error())
-                })
-                .flatten()
-                .map(meta_error),
+            error: match &self.effect.parked {
+                _ if self.effect.done => None,
+                Some(p) => Some(meta_error(&p.answer)),
+                None => self.effect.last_error.as_deref().map(meta_error),
+            },
             effect_ms: self
                 .effect()
                 .done_at_ms()
