@@ -56,7 +56,7 @@ pub enum WalkStep {
 }
 
 /// A walk over the ledger from a cursor, listing at most `max_pages` pages.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LedgerWalk {
     at: LedgerCursor,
     page: Option<ListedPage>,
@@ -69,10 +69,8 @@ impl LedgerWalk {
     pub fn new(from: LedgerCursor, max_pages: usize) -> LedgerWalk {
         LedgerWalk {
             at: from,
-            page: None,
-            next_in_page: 0,
-            pages: 0,
             max_pages,
+            ..LedgerWalk::default()
         }
     }
 
