@@ -333,10 +333,10 @@ fn confirmed_unknown_state(
 /// anything else waits `wait`, or longer if Gemini asked.
 fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) -> Step<AlarmDone> {
     let key = op.key().to_string();
+    let age = (now - op.submitted_at_ms()).div_euclid(1_000);
     match error {
         StatusError::NotFound => {
             op.confirmation_gone();
-            let age = (now - op.submitted_at_ms()).div_euclid(1_000);
             op.raise_alert(AlertKind::UnknownToGemini, age, now);
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
@@ -349,7 +349,6 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
         StatusError::Malformed(reason) => {
             // Asking again is bounded; the cron keeps polling and the alert asks a person.
             op.confirmation_failed(now, wait);
-            let age = (now - op.submitted_at_ms()).div_euclid(1_000);
             op.status_unusable(&reason, age, now);
             let still = op.confirmation().is_some();
             Step::new(Some(op), AlarmDone::Confirmed)
