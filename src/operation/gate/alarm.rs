@@ -306,7 +306,10 @@ fn confirmed_state(
         .log(GateLog::Confirmed {
             key,
             status: event.status.as_str().to_string(),
-            verdict: verdict_label(verdict),
+            verdict: match verdict {
+                Verdict::Apply => "applied",
+                Verdict::Drop(reason) => reason.as_str(),
+            },
             still_confirming: still,
         })
 }
@@ -435,13 +438,6 @@ fn confirm_waiting(op: Operation, why: String, wait: i64) -> Step<AlarmDone> {
             error: why,
             retry_in_ms: wait,
         })
-}
-
-fn verdict_label(verdict: Verdict) -> &'static str {
-    match verdict {
-        Verdict::Apply => "applied",
-        Verdict::Drop(reason) => reason.as_str(),
-    }
 }
 
 /// Records how sending a queued alert ended: the sink's acceptance takes it off the queue; a
