@@ -60,6 +60,9 @@ impl Operation {
         }
         // Metadata enters the record here: bounded, so the record always loads again.
         let metadata = crate::operation::details::bound_members(metadata);
+        let recent = self
+            .confirm_asked_ms
+            .is_some_and(|asked| now_ms < asked.saturating_add(interval_ms));
         match &mut self.confirmation {
             Some(waiting) => {
                 let before = waiting.metadata.len();
@@ -70,12 +73,7 @@ impl Operation {
                     return true;
                 }
             }
-            None if self
-                .confirm_asked_ms
-                .is_some_and(|asked| now_ms < asked.saturating_add(interval_ms)) =>
-            {
-                return true;
-            }
+            None if recent => return true,
             None => {
                 self.confirmation = Some(Confirmation {
                     requested_at_ms: now_ms,
