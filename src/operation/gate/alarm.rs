@@ -402,12 +402,10 @@ pub fn slot_wait(
 /// When a confirmation's answer asks every status call to wait (a 429 or 5xx): the time to
 /// report to the lease, so the pass and its consumers back off too.
 pub fn status_backoff_until(answer: &Result<Observation, StatusError>, now: i64) -> Option<i64> {
-    match answer {
-        Err(StatusError::Transient { retry_after_secs }) => {
-            Some(now.saturating_add(retry_after_secs.saturating_mul(1_000)))
-        }
-        _ => None,
-    }
+    let Err(StatusError::Transient { retry_after_secs }) = answer else {
+        return None;
+    };
+    Some(now.saturating_add(retry_after_secs.saturating_mul(1_000)))
 }
 
 /// The budget said wait (or could not be asked): the confirmation is due again at `until`,
