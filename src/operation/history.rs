@@ -188,11 +188,9 @@ impl HistoryLog {
     /// loses only the history, never the record.
     pub fn decode(text: &str) -> HistoryLog {
         let rows: Vec<(i64, Value)> = serde_json::from_str(text).unwrap_or_default();
+        let rows = rows.into_iter().map(|(at, e)| (at, e.to_string()));
         HistoryLog {
-            rows: rows
-                .into_iter()
-                .map(|(at, entry)| (at, entry.to_string()))
-                .collect(),
+            rows: rows.collect(),
         }
     }
 
@@ -208,11 +206,9 @@ impl HistoryLog {
         if entries.is_empty() {
             return false;
         }
-        self.rows.extend(
-            entries
-                .into_iter()
-                .map(|e| (at_ms, e.to_value().to_string())),
-        );
+        for e in entries {
+            self.rows.push((at_ms, e.to_value().to_string()));
+        }
         self.trim();
         true
     }
@@ -224,12 +220,8 @@ impl HistoryLog {
 
     /// The stored form: `[[at_ms, entry], ...]`, each entry's JSON as it was written.
     pub fn encode(&self) -> String {
-        let rows: Vec<String> = self
-            .rows
-            .iter()
-            .map(|(at, e)| format!("[{at},{e}]"))
-            .collect();
-        format!("[{}]", rows.join(","))
+        let rows = self.rows.iter().map(|(at, e)| format!("[{at},{e}]"));
+        format!("[{}]", rows.collect::<Vec<_>>().join(","))
     }
 
     /// The rows as the admin API shows them, oldest first: each entry with its time as `at`.
