@@ -157,11 +157,8 @@ pub fn plan_keep(last: Option<&(i64, Vec<u8>)>, entry: &Entry) -> KeepPlan {
 /// in between (11 bytes more, still found).
 pub fn plan_keeps(last: Option<&(i64, Vec<u8>)>, entries: &[Entry]) -> Vec<(i64, Vec<u8>)> {
     let held = last.map_or(&[][..], |(_, hashes)| hashes.as_slice());
-    let mut new: Vec<Entry> = entries
-        .iter()
-        .filter(|e| !holds(held, e))
-        .copied()
-        .collect();
+    let mut new = entries.to_vec();
+    new.retain(|e| !holds(held, e));
     new.sort_unstable();
     new.dedup();
     if new.is_empty() {
