@@ -22,9 +22,7 @@ pub struct LedgerCursor {
 impl LedgerCursor {
     /// True for an entry of the resumed page that was already done (at or before `after_key`).
     pub fn already_done(&self, entry: &str) -> bool {
-        self.after_key
-            .as_deref()
-            .is_some_and(|after| entry <= after)
+        matches!(self.after_key.as_deref(), Some(after) if entry <= after)
     }
 }
 
@@ -113,11 +111,8 @@ impl LedgerWalk {
 
     /// Moves past the entry last handed out.
     pub fn pass(&mut self) {
-        if let Some(entry) = self
-            .page
-            .as_ref()
-            .and_then(|p| p.keys.get(self.next_in_page))
-        {
+        let page = self.page.as_ref();
+        if let Some(entry) = page.and_then(|p| p.keys.get(self.next_in_page)) {
             self.at.after_key = Some(entry.name.clone());
             self.next_in_page += 1;
         }

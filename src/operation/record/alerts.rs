@@ -239,10 +239,7 @@ impl Operation {
 
     /// Alerts whose time to be sent has come, in queue order.
     pub fn due_alerts(&self, now_ms: i64) -> Vec<PendingAlert> {
-        self.pending_alerts
-            .iter()
-            .filter(|a| a.due_ms <= now_ms)
-            .cloned()
-            .collect()
+        let due = self.pending_alerts.iter().filter(|a| a.due_ms <= now_ms);
+        due.cloned().collect()
     }
 }

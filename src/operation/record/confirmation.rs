@@ -95,9 +95,7 @@ impl Operation {
 
     /// True when a confirmation is waiting and due.
     pub fn confirmation_due(&self, now_ms: i64) -> bool {
-        self.confirmation
-            .as_ref()
-            .is_some_and(|c| c.due_ms <= now_ms)
+        matches!(&self.confirmation, Some(c) if c.due_ms <= now_ms)
     }
 
     /// Applies what the status API said in answer to a confirmation, as an event from the
