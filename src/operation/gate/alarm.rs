@@ -260,10 +260,8 @@ pub fn confirmed(
 ) -> Step<AlarmDone> {
     let attempts = op.confirmation().map_or(0, |c| c.attempts);
     // Each question waits at least the confirmation interval after the last, whoever nudges.
-    let wait = limits
-        .retry
-        .jittered(attempts + 1, jitter)
-        .max(limits.confirm_interval_ms);
+    let wait = limits.retry.jittered(attempts + 1, jitter);
+    let wait = wait.max(limits.confirm_interval_ms);
     let mut op = op;
     if !matches!(answer, Err(StatusError::NoApiKey)) {
         op.confirmation_asked(now);

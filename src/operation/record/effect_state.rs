@@ -326,10 +326,8 @@ impl Operation {
     /// also has).
     pub fn sent_since(&self, cutoff_ms: i64) -> bool {
         let redelivered = self.notes.redeliveries.last().map(|r| r.at_ms);
-        self.effect
-            .done_at_ms
-            .max(redelivered)
-            .is_some_and(|at| at >= cutoff_ms)
+        let sent = self.effect.done_at_ms.max(redelivered);
+        sent.is_some_and(|at| at >= cutoff_ms)
     }
 
     /// The operator's "retry now" on an effect not yet done: the same generation (so the same

@@ -45,6 +45,7 @@ impl Operation {
     /// The ledger write that mirrors this record.
     pub fn projection(&self, retention_secs: i64) -> Projection {
         let secs = |ms: i64| ms.div_euclid(1_000);
+        let (done, settled) = (self.effect.done_at_ms, self.settled_at_ms);
         let metadata = LedgerMeta {
             status: self.status().clone(),
             name: self.name().to_string(),
@@ -68,11 +69,7 @@ impl Operation {
                 Some(p) => Some(meta_error(&p.answer)),
                 None => self.effect.last_error.as_deref().map(meta_error),
             },
-            effect_ms: self
-                .effect()
-                .done_at_ms()
-                .zip(self.settled_at_ms())
-                .map(|(done, settled)| (done - settled).max(0)),
+            effect_ms: done.zip(settled).map(|(d, s)| (d - s).max(0)),
         };
         Projection {
             kv_key: op_key(self.key()),
