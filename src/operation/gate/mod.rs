@@ -413,10 +413,7 @@ fn operator_action(op: Operation, command: GateCommand, now: i64) -> Step {
 
 /// A command that needs a record: `NotFound` when the gate holds none.
 fn held(record: Option<Operation>, command: impl FnOnce(Operation) -> Step) -> Step {
-    match record {
-        Some(op) => command(op),
-        None => Step::new(None, GateReply::NotFound),
-    }
+    record.map_or_else(|| Step::new(None, GateReply::NotFound), command)
 }
 
 /// Records and commands the gate's and the alarm's tests share.
