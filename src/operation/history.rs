@@ -135,9 +135,10 @@ pub struct EventRow {
     pub by: Option<Actor>,
 }
 
-impl EventRow {
-    fn of(event: &OpEvent, reason: Option<&str>) -> EventRow {
-        EventRow {
+impl HistoryEntry {
+    /// The row for `event`, applied or dropped as `verdict` says.
+    pub fn of_event(event: &OpEvent, verdict: Verdict) -> HistoryEntry {
+        let row = |reason: Option<&str>| EventRow {
             reason: reason.map(str::to_string),
             status: event.status.as_str().to_string(),
             source: event.source.as_str(),
@@ -145,26 +146,24 @@ impl EventRow {
             delivery_id: event.delivery_id.clone(),
             settled_by: None,
             by: None,
-        }
-    }
-}
-
-impl HistoryEntry {
-    /// The row for `event`, applied or dropped as `verdict` says.
-    pub fn of_event(event: &OpEvent, verdict: Verdict) -> HistoryEntry {
+        };
         match verdict {
-            Verdict::Apply => HistoryEntry::Applied(EventRow::of(event, None)),
-            Verdict::Drop(r) => HistoryEntry::Dropped(EventRow::of(event, Some(r.as_str()))),
+            Verdict::Apply => HistoryEntry::Applied(row(None)),
+            Verdict::Drop(r) => HistoryEntry::Dropped(row(Some(r.as_str()))),
         }
     }
 
     /// The row for an outcome an operator (`by`) gave, with their reason.
     pub fn settled_by_operator(event: &OpEvent, reason: &str, by: Option<Actor>) -> HistoryEntry {
-        HistoryEntry::Applied(EventRow {
-            settled_by: Some(Source::Operator.as_str()),
-            by,
-            ..EventRow::of(event, Some(reason))
-        })
+        match HistoryEntry::of_event(event, Verdict::Apply) {
+            HistoryEntry::Applied(row) => HistoryEntry::Applied(EventRow {
+                reason: Some(reason.to_string()),
+                settled_by: Some(Source::Operator.as_str()),
+                by,
+                ..row
+            }),
+            other => other,
+        }
     }
 
     /// The row as stored.
