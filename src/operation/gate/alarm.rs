@@ -522,11 +522,8 @@ fn count_attempt(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
     match (result, op.settled_at_ms()) {
         ("delivered", Some(settled)) => {
             let ms = (at - settled).max(0);
-            op.count_by(
-                labelled(ACCEPTANCE_BUCKET_PREFIX, &acceptance_bucket(ms)),
-                1,
-                at,
-            );
+            let bucket = labelled(ACCEPTANCE_BUCKET_PREFIX, &acceptance_bucket(ms));
+            op.count_by(bucket, 1, at);
             op.count_by(ACCEPTANCE_MS_SUM.to_string(), ms as u64, at);
         }
         ("failed", _) if attempt.asked_wait_ms.is_some() => {
