@@ -229,11 +229,9 @@ impl HistoryLog {
             .iter()
             .map(|(at, entry)| {
                 let mut entry: Value = serde_json::from_str(entry).unwrap_or(Value::Null);
+                let at = Value::String(crate::timestamp::format_rfc3339(*at));
                 if let Value::Object(map) = &mut entry {
-                    map.insert(
-                        "at".into(),
-                        Value::String(crate::timestamp::format_rfc3339(*at)),
-                    );
+                    map.insert("at".into(), at);
                 }
                 entry
             })
