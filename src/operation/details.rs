@@ -305,11 +305,9 @@ pub fn bound_provider(map: Map<String, Value>) -> Map<String, Value> {
         kept.insert(k, v);
     }
     if omitted + earlier > 0 {
-        kept.insert(
-            PROVIDER_TRUNCATED.into(),
-            json!({"truncated": true, "reason": "too_large", "omitted_fields": omitted + earlier,
-                "max_bytes": PROVIDER_MAX_BYTES}),
-        );
+        let marker = json!({"truncated": true, "reason": "too_large",
+            "omitted_fields": omitted + earlier, "max_bytes": PROVIDER_MAX_BYTES});
+        kept.insert(PROVIDER_TRUNCATED.into(), marker);
     }
     kept
 }
