@@ -104,13 +104,8 @@ impl Operation {
             ),
             AlertKind::ResultsSenderRecovered => format!("{status}: no result waits on a silent sender"),
         };
-        crate::operation::alert::body(
-            kind,
-            Some(alert_id),
-            (Some(&self.key), &self.name, self.kind.as_deref()),
-            age_seconds,
-            &what,
-        )
+        let subject = (Some(key.as_str()), self.name.as_str(), self.kind.as_deref());
+        crate::operation::alert::body(kind, Some(alert_id), subject, age_seconds, &what)
     }
 
     /// Raises an alert of `kind` once per operation: marked, and queued until the sink
