@@ -22,7 +22,7 @@ use gemini_once::operation::details::normalize_details;
 use gemini_once::operation::key::{normalize, Collection, KeyError, MAX_NAME_BYTES};
 use gemini_once::operation::lifecycle::{reduce, DropReason, Position, Source, Status, Verdict};
 use gemini_once::operation::observation::{StatusError, DEFAULT_RETRY_AFTER_SECS};
-use gemini_once::operation::{AttemptOutcome, Finished, OpEvent, Operation};
+use gemini_once::operation::{AttemptOutcome, Claim, Finished, OpEvent, Operation};
 use gemini_once::operator::access::Scope;
 use gemini_once::reconciliation::status;
 use gemini_once::retry::Next;
@@ -396,7 +396,10 @@ proptest! {
                         AttemptOutcome::Retry(why) => Next::RetryAt { at_ms: now + backoff, failing_since_ms: None, why: why.clone() },
                         AttemptOutcome::Park(why) => Next::Park(why.clone()),
                     };
-                    let result = op.finish(token, &next, *now);
+                    // Generation 0 (a claim stored before claims kept theirs) is never current, so
+                    // an answer under a stale token is fenced whatever it says (no late 2xx).
+                    let claim = Claim { token, expires_ms: 0, generation: 0 };
+                    let result = op.finish(&claim, &next, *now);
                     if !current {
                         prop_assert_eq!(result, Finished::Fenced);
                         prop_assert_eq!(&op, &before, "a fenced finish changed the record");

@@ -168,25 +168,17 @@ pub fn body(
 /// The alert that Gemini's webhook `name` is in `state` (not `enabled`) and was left so:
 /// `left` says why and what to do.
 pub fn webhook_disabled(name: &str, state: &str, left: &str) -> Value {
-    body(
-        AlertKind::WebhookDisabled,
-        None,
-        (None, name, None),
-        0,
-        &format!("is {state}; completions now arrive only through reconciliation. {left}"),
-    )
+    let what = format!("is {state}; completions now arrive only through reconciliation. {left}");
+    let subject = (None, name, None);
+    body(AlertKind::WebhookDisabled, None, subject, 0, &what)
 }
 
 /// The alert that a pass enabled Gemini's webhook `name` again (it was `was`): `done` says
 /// what the pass did about the completions missed meanwhile.
 pub fn webhook_reenabled(name: &str, was: &str, done: &str) -> Value {
-    body(
-        AlertKind::WebhookReenabled,
-        None,
-        (None, name, None),
-        0,
-        &format!("was {was}: re-enabled by a cron pass (PATCH v1beta/webhooks/{{id}}?update_mask=state, as npm run connect does). {done}"),
-    )
+    let what = format!("was {was}: re-enabled by a cron pass (PATCH v1beta/webhooks/{{id}}?update_mask=state, as npm run connect does). {done}");
+    let subject = (None, name, None);
+    body(AlertKind::WebhookReenabled, None, subject, 0, &what)
 }
 
 #[cfg(test)]

@@ -247,25 +247,15 @@ pub fn marker(reason: &str, found_depth: Option<usize>, bytes: usize, text: &str
     marker
 }
 
-/// Cuts `s` to at most `max` bytes on a character boundary.
-fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
 /// A string of at most [`MAX_BYTES`]: a longer one is cut and ends with a note of its length.
 pub fn bound_string(s: String) -> String {
     if s.len() <= MAX_BYTES {
         return s;
     }
     let note = format!("\u{2026} [truncated: {} bytes]", s.len());
-    format!("{}{note}", cut(&s, MAX_BYTES - note.len()))
+    // Cut on a character boundary.
+    let end = s.floor_char_boundary(MAX_BYTES - note.len());
+    format!("{}{note}", &s[..end])
 }
 
 /// One outside value within the bounds: itself if it fits, a cut string, or a marker.
@@ -315,11 +305,9 @@ pub fn bound_provider(map: Map<String, Value>) -> Map<String, Value> {
         kept.insert(k, v);
     }
     if omitted + earlier > 0 {
-        kept.insert(
-            PROVIDER_TRUNCATED.into(),
-            json!({"truncated": true, "reason": "too_large", "omitted_fields": omitted + earlier,
-                "max_bytes": PROVIDER_MAX_BYTES}),
-        );
+        let marker = json!({"truncated": true, "reason": "too_large",
+            "omitted_fields": omitted + earlier, "max_bytes": PROVIDER_MAX_BYTES});
+        kept.insert(PROVIDER_TRUNCATED.into(), marker);
     }
     kept
 }

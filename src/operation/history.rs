@@ -187,11 +187,9 @@ impl HistoryLog {
     /// loses only the history, never the record.
     pub fn decode(text: &str) -> HistoryLog {
         let rows: Vec<(i64, Value)> = serde_json::from_str(text).unwrap_or_default();
+        let rows = rows.into_iter().map(|(at, e)| (at, e.to_string()));
         HistoryLog {
-            rows: rows
-                .into_iter()
-                .map(|(at, entry)| (at, entry.to_string()))
-                .collect(),
+            rows: rows.collect(),
         }
     }
 
@@ -207,11 +205,9 @@ impl HistoryLog {
         if entries.is_empty() {
             return false;
         }
-        self.rows.extend(
-            entries
-                .into_iter()
-                .map(|e| (at_ms, e.to_value().to_string())),
-        );
+        for e in entries {
+            self.rows.push((at_ms, e.to_value().to_string()));
+        }
         self.trim();
         true
     }
@@ -223,12 +219,8 @@ impl HistoryLog {
 
     /// The stored form: `[[at_ms, entry], ...]`, each entry's JSON as it was written.
     pub fn encode(&self) -> String {
-        let rows: Vec<String> = self
-            .rows
-            .iter()
-            .map(|(at, e)| format!("[{at},{e}]"))
-            .collect();
-        format!("[{}]", rows.join(","))
+        let rows = self.rows.iter().map(|(at, e)| format!("[{at},{e}]"));
+        format!("[{}]", rows.collect::<Vec<_>>().join(","))
     }
 
     /// The rows as the admin API shows them, oldest first: each entry with its time as `at`.
@@ -237,11 +229,9 @@ impl HistoryLog {
             .iter()
             .map(|(at, entry)| {
                 let mut entry: Value = serde_json::from_str(entry).unwrap_or(Value::Null);
+                let at = Value::String(crate::timestamp::format_rfc3339(*at));
                 if let Value::Object(map) = &mut entry {
-                    map.insert(
-                        "at".into(),
-                        Value::String(crate::timestamp::format_rfc3339(*at)),
-                    );
+                    map.insert("at".into(), at);
                 }
                 entry
             })

@@ -98,29 +98,24 @@ pub fn normalize(raw: &str, implied: Option<Collection>) -> Result<OperationKey,
             return Err(KeyError::BadCharacter);
         }
     }
-    let name = segments.join("/");
     // The last collection segment that has an id after it.
     let pair = (0..segments.len().saturating_sub(1))
         .rev()
         .find_map(|i| Collection::from_segment(segments[i]).map(|c| (c, segments[i + 1])));
-    if let Some((collection, id)) = pair {
-        return Ok(OperationKey {
-            key: format!("{}/{}", collection.as_str(), id),
-            name,
-            collection,
-        });
-    }
-    match (segments.as_slice(), implied) {
-        ([id], Some(collection)) if Collection::from_segment(id).is_none() => {
-            let key = format!("{}/{}", collection.as_str(), id);
-            Ok(OperationKey {
-                name: key.clone(),
-                key,
-                collection,
-            })
+    let (collection, id, name) = match (pair, segments.as_slice(), implied) {
+        (Some((collection, id)), _, _) => (collection, id, Some(segments.join("/"))),
+        // A bare id: its name is its key.
+        (None, [id], Some(collection)) if Collection::from_segment(id).is_none() => {
+            (collection, *id, None)
         }
-        _ => Err(KeyError::NoCollection),
-    }
+        _ => return Err(KeyError::NoCollection),
+    };
+    let key = format!("{}/{}", collection.as_str(), id);
+    Ok(OperationKey {
+        name: name.unwrap_or_else(|| key.clone()),
+        key,
+        collection,
+    })
 }
 
 #[cfg(test)]

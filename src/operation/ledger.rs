@@ -190,11 +190,10 @@ pub fn may_need_work(meta: &LedgerMeta) -> bool {
     if meta.forgotten {
         return false;
     }
-    let status = meta.status.clone();
-    if status.is_terminal() {
+    if meta.status.is_terminal() {
         !meta.effect_done && (!meta.parked || !meta.alerts.contains(&AlertKind::EffectFailing))
     } else {
-        status.rank() >= 0
+        meta.status.rank() >= 0
     }
 }
 

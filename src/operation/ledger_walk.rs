@@ -22,9 +22,7 @@ pub struct LedgerCursor {
 impl LedgerCursor {
     /// True for an entry of the resumed page that was already done (at or before `after_key`).
     pub fn already_done(&self, entry: &str) -> bool {
-        self.after_key
-            .as_deref()
-            .is_some_and(|after| entry <= after)
+        matches!(self.after_key.as_deref(), Some(after) if entry <= after)
     }
 }
 
@@ -56,7 +54,7 @@ pub enum WalkStep {
 }
 
 /// A walk over the ledger from a cursor, listing at most `max_pages` pages.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LedgerWalk {
     at: LedgerCursor,
     page: Option<ListedPage>,
@@ -69,10 +67,8 @@ impl LedgerWalk {
     pub fn new(from: LedgerCursor, max_pages: usize) -> LedgerWalk {
         LedgerWalk {
             at: from,
-            page: None,
-            next_in_page: 0,
-            pages: 0,
             max_pages,
+            ..LedgerWalk::default()
         }
     }
 
@@ -115,11 +111,8 @@ impl LedgerWalk {
 
     /// Moves past the entry last handed out.
     pub fn pass(&mut self) {
-        if let Some(entry) = self
-            .page
-            .as_ref()
-            .and_then(|p| p.keys.get(self.next_in_page))
-        {
+        let page = self.page.as_ref();
+        if let Some(entry) = page.and_then(|p| p.keys.get(self.next_in_page)) {
             self.at.after_key = Some(entry.name.clone());
             self.next_in_page += 1;
         }

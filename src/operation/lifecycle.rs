@@ -8,6 +8,8 @@
 //! counts as the epoch and loses ties). Every drop is a [`DropReason`] value, never silence.
 //! The reducer is a pure function of the current state and the event.
 
+use std::cmp::Ordering;
+
 use serde::{Deserialize, Serialize};
 
 /// Where an operation stands. `Unknown` carries whatever the wire said.
@@ -147,16 +149,11 @@ pub fn reduce(current: &Position, incoming: &Position) -> Verdict {
             DropReason::RegressFromTerminal
         });
     }
-    if want > have {
-        return Verdict::Apply;
-    }
-    if want < have {
-        return Verdict::Drop(DropReason::Regression);
-    }
-    if incoming.update_time_ms > current.update_time_ms {
-        Verdict::Apply
-    } else {
-        Verdict::Drop(DropReason::StaleUpdateTime)
+    match want.cmp(&have) {
+        Ordering::Greater => Verdict::Apply,
+        Ordering::Less => Verdict::Drop(DropReason::Regression),
+        Ordering::Equal if incoming.update_time_ms > current.update_time_ms => Verdict::Apply,
+        Ordering::Equal => Verdict::Drop(DropReason::StaleUpdateTime),
     }
 }
 

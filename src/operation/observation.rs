@@ -41,10 +41,8 @@ pub const DEFAULT_RETRY_AFTER_SECS: i64 = 60;
 /// A 429 or 5xx from Gemini's API: back off for its `Retry-After` seconds (capped at a day),
 /// or [`DEFAULT_RETRY_AFTER_SECS`] without a usable one.
 pub fn transient(retry_after: Option<&str>) -> StatusError {
-    let secs = retry_after
-        .and_then(|v| v.trim().parse::<i64>().ok())
-        .filter(|s| *s >= 0)
-        .unwrap_or(DEFAULT_RETRY_AFTER_SECS);
+    let secs = retry_after.and_then(|v| v.trim().parse::<i64>().ok());
+    let secs = secs.filter(|s| *s >= 0).unwrap_or(DEFAULT_RETRY_AFTER_SECS);
     StatusError::Transient {
         retry_after_secs: secs.min(86_400),
     }

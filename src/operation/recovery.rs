@@ -223,7 +223,7 @@ mod tests {
         };
         op.apply(&event, 2_000);
         let c = op.claim(2_000, 600_000).unwrap();
-        op.finish(c.token, &Next::retry("503".into(), 3_000 + 1_000), 3_000);
+        op.finish(&c, &Next::retry("503".into(), 3_000 + 1_000), 3_000);
         let mut v = serde_json::to_value(&op).unwrap();
         v["effect"]["attempts"] = json!("three"); // a field that no longer reads as its type
         v["pending_stats"] = json!({"not": "a list"});

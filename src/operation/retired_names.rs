@@ -80,9 +80,7 @@ impl RetiredName {
     /// The name of the operation whose normalized key is `key`.
     pub fn of(key: &str) -> RetiredName {
         let digest = Sha256::digest(key.as_bytes());
-        let mut hash = [0u8; 16];
-        hash.copy_from_slice(&digest[..16]);
-        RetiredName(hash)
+        RetiredName(std::array::from_fn(|i| digest[i]))
     }
 
     /// The name of the shard object that holds it.
@@ -97,9 +95,28 @@ impl RetiredName {
 
     /// Its entry in its bucket's rows.
     pub fn entry(&self) -> Entry {
-        let mut entry = [0u8; ENTRY_BYTES];
-        entry.copy_from_slice(&self.0[1..=ENTRY_BYTES]);
-        entry
+        std::array::from_fn(|i| self.0[i + 1])
+    }
+
+    /// Its bucket among all shards' (`SHARDS` × `BUCKETS`), numbered so that consecutive
+    /// buckets are in different shards: consecutive moments go to different objects.
+    pub fn global_bucket(&self) -> i64 {
+        self.bucket() * SHARDS as i64 + i64::from(self.0[0])
+    }
+
+    /// The first retirement moment of its bucket at or after `not_before_ms`: each bucket has
+    /// one moment per `period_ms` ([`moment_period_ms`]), the buckets' moments spread evenly
+    /// over it, so the names of a bucket whose retention ends within one period retire at the
+    /// same moment and reach their shard together ([`plan_keeps`] stores them in one write).
+    /// Never earlier than `not_before_ms`, and less than `period_ms` later.
+    pub fn moment(&self, not_before_ms: i64, period_ms: i64) -> i64 {
+        if period_ms <= 0 {
+            return not_before_ms;
+        }
+        let all = SHARDS as i64 * i64::from(BUCKETS);
+        let offset = self.global_bucket() * period_ms / all;
+        let since = (not_before_ms - offset).rem_euclid(period_ms);
+        not_before_ms + (period_ms - since) % period_ms
     }
 }
 
@@ -140,31 +157,22 @@ pub fn plan_keep(last: Option<&(i64, Vec<u8>)>, entry: &Entry) -> KeepPlan {
 /// in between (11 bytes more, still found).
 pub fn plan_keeps(last: Option<&(i64, Vec<u8>)>, entries: &[Entry]) -> Vec<(i64, Vec<u8>)> {
     let held = last.map_or(&[][..], |(_, hashes)| hashes.as_slice());
-    let mut new: Vec<Entry> = entries
-        .iter()
-        .filter(|e| !holds(held, e))
-        .copied()
-        .collect();
+    let mut new = entries.to_vec();
+    new.retain(|e| !holds(held, e));
     new.sort_unstable();
     new.dedup();
     if new.is_empty() {
         return Vec::new();
     }
-    let whole = held.len() / ENTRY_BYTES * ENTRY_BYTES;
+    let (held, _partial) = held.as_chunks::<ENTRY_BYTES>();
     let mut rows = Vec::new();
     let mut rest = &new[..];
     let mut part = last.map_or(0, |(part, _)| *part);
     if last.is_some() {
-        let room = PART_NAMES
-            .saturating_sub(whole / ENTRY_BYTES)
-            .min(rest.len());
+        let room = PART_NAMES.saturating_sub(held.len()).min(rest.len());
         if room > 0 {
             let (now, later) = rest.split_at(room);
-            let mut merged: Vec<Entry> = held[..whole]
-                .chunks_exact(ENTRY_BYTES)
-                .map(|e| e.try_into().expect("an entry's bytes"))
-                .chain(now.iter().copied())
-                .collect();
+            let mut merged: Vec<Entry> = held.iter().chain(now).copied().collect();
             merged.sort_unstable();
             rows.push((part, merged.concat()));
             rest = later;
@@ -186,33 +194,6 @@ pub const MOMENT_PERIOD_MAX_MS: i64 = 86_400_000;
 /// a moment moves retention's end later by less than a day, and never more than doubles it.
 pub fn moment_period_ms(retention_ms: i64) -> i64 {
     retention_ms.min(MOMENT_PERIOD_MAX_MS)
-}
-
-impl RetiredName {
-    /// Its bucket among all shards' (`SHARDS` × `BUCKETS`), numbered so that consecutive
-    /// buckets are in different shards: consecutive moments go to different objects.
-    pub fn global_bucket(&self) -> i64 {
-        self.bucket() * SHARDS as i64 + i64::from(self.0[0])
-    }
-
-    /// The first retirement moment of its bucket at or after `not_before_ms`: each bucket has
-    /// one moment per `period_ms` ([`moment_period_ms`]), the buckets' moments spread evenly
-    /// over it, so the names of a bucket whose retention ends within one period retire at the
-    /// same moment and reach their shard together ([`plan_keeps`] stores them in one write).
-    /// Never earlier than `not_before_ms`, and less than `period_ms` later.
-    pub fn moment(&self, not_before_ms: i64, period_ms: i64) -> i64 {
-        if period_ms <= 0 {
-            return not_before_ms;
-        }
-        let all = SHARDS as i64 * i64::from(BUCKETS);
-        let offset = self.global_bucket() * period_ms / all;
-        let since = (not_before_ms - offset).rem_euclid(period_ms);
-        if since == 0 {
-            not_before_ms
-        } else {
-            not_before_ms + period_ms - since
-        }
-    }
 }
 
 /// A command to a shard.

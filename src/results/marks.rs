@@ -257,7 +257,7 @@ mod tests {
         assert_eq!(queued(&op), ["results_failing"]);
         op.alert_delivered(&op.queued_id(AlertKind::ResultsFailing));
         let claim = op.claim(30, 1_000).unwrap();
-        op.finish(claim.token, &crate::retry::Next::Delivered, 40);
+        op.finish(&claim, &crate::retry::Next::Delivered, 40);
         // An operator's retry: a new spell, then delivered: resolved.
         let (s, writes) = retried(op, &mut p, vec![row(0)], ("fixed".into(), None), 50);
         assert_eq!(

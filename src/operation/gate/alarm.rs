@@ -260,10 +260,8 @@ pub fn confirmed(
 ) -> Step<AlarmDone> {
     let attempts = op.confirmation().map_or(0, |c| c.attempts);
     // Each question waits at least the confirmation interval after the last, whoever nudges.
-    let wait = limits
-        .retry
-        .jittered(attempts + 1, jitter)
-        .max(limits.confirm_interval_ms);
+    let wait = limits.retry.jittered(attempts + 1, jitter);
+    let wait = wait.max(limits.confirm_interval_ms);
     let mut op = op;
     if !matches!(answer, Err(StatusError::NoApiKey)) {
         op.confirmation_asked(now);
@@ -306,7 +304,10 @@ fn confirmed_state(
         .log(GateLog::Confirmed {
             key,
             status: event.status.as_str().to_string(),
-            verdict: verdict_label(verdict),
+            verdict: match verdict {
+                Verdict::Apply => "applied",
+                Verdict::Drop(reason) => reason.as_str(),
+            },
             still_confirming: still,
         })
 }
@@ -333,10 +334,10 @@ fn confirmed_unknown_state(
 /// anything else waits `wait`, or longer if Gemini asked.
 fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) -> Step<AlarmDone> {
     let key = op.key().to_string();
+    let age = (now - op.submitted_at_ms()).div_euclid(1_000);
     match error {
         StatusError::NotFound => {
             op.confirmation_gone();
-            let age = (now - op.submitted_at_ms()).div_euclid(1_000);
             op.raise_alert(AlertKind::UnknownToGemini, age, now);
             Step::new(Some(op), AlarmDone::Confirmed)
                 .durable()
@@ -349,7 +350,6 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
         StatusError::Malformed(reason) => {
             // Asking again is bounded; the cron keeps polling and the alert asks a person.
             op.confirmation_failed(now, wait);
-            let age = (now - op.submitted_at_ms()).div_euclid(1_000);
             op.status_unusable(&reason, age, now);
             let still = op.confirmation().is_some();
             Step::new(Some(op), AlarmDone::Confirmed)
@@ -400,12 +400,10 @@ pub fn slot_wait(
 /// When a confirmation's answer asks every status call to wait (a 429 or 5xx): the time to
 /// report to the lease, so the pass and its consumers back off too.
 pub fn status_backoff_until(answer: &Result<Observation, StatusError>, now: i64) -> Option<i64> {
-    match answer {
-        Err(StatusError::Transient { retry_after_secs }) => {
-            Some(now.saturating_add(retry_after_secs.saturating_mul(1_000)))
-        }
-        _ => None,
-    }
+    let Err(StatusError::Transient { retry_after_secs }) = answer else {
+        return None;
+    };
+    Some(now.saturating_add(retry_after_secs.saturating_mul(1_000)))
 }
 
 /// The budget said wait (or could not be asked): the confirmation is due again at `until`,
@@ -436,13 +434,6 @@ fn confirm_waiting(op: Operation, why: String, wait: i64) -> Step<AlarmDone> {
             error: why,
             retry_in_ms: wait,
         })
-}
-
-fn verdict_label(verdict: Verdict) -> &'static str {
-    match verdict {
-        Verdict::Apply => "applied",
-        Verdict::Drop(reason) => reason.as_str(),
-    }
 }
 
 /// Records how sending a queued alert ended: the sink's acceptance takes it off the queue; a
@@ -531,11 +522,8 @@ fn count_attempt(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
     match (result, op.settled_at_ms()) {
         ("delivered", Some(settled)) => {
             let ms = (at - settled).max(0);
-            op.count_by(
-                labelled(ACCEPTANCE_BUCKET_PREFIX, &acceptance_bucket(ms)),
-                1,
-                at,
-            );
+            let bucket = labelled(ACCEPTANCE_BUCKET_PREFIX, &acceptance_bucket(ms));
+            op.count_by(bucket, 1, at);
             op.count_by(ACCEPTANCE_MS_SUM.to_string(), ms as u64, at);
         }
         ("failed", _) if attempt.asked_wait_ms.is_some() => {
@@ -570,7 +558,7 @@ pub fn attempt_finished(
     jitter: f64,
 ) -> Step<AlarmDone> {
     let next = decided(&op, attempt, limits, jitter);
-    let finished = op.finish_attempt(&attempt.claim, &next, attempt.finished_ms);
+    let finished = op.finish(&attempt.claim, &next, attempt.finished_ms);
     count_attempt(&mut op, &finished, attempt);
     if finished == Finished::Parked {
         // A refusal the destination will repeat needs a person now: the alert is queued here
@@ -663,10 +651,7 @@ pub fn plan_upkeep(op: &mut Operation, now: i64, limits: &GateLimits) -> Upkeep 
             let index = p.index_write(op.indexed());
             (p, index)
         });
-    let events = match sealed {
-        Some(_) => op.pending_stats().to_vec(),
-        None => Vec::new(),
-    };
+    let events = sealed.map_or(Vec::new(), |_| op.pending_stats().to_vec());
     Upkeep {
         sealed,
         events,

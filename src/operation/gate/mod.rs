@@ -277,20 +277,6 @@ fn deliver(mut op: Operation, event: &OpEvent, hold_ms: i64, now: i64) -> Step {
     count_delivery(&mut op, event, verdict, now, true);
     let status = op.status().clone();
     let effect = op.effect_report(now);
-    if verdict == Verdict::Drop(DropReason::Duplicate) && op.is_settled() {
-        // Nothing can change a settled operation: the answer is the stored state, and the
-        // count waits in memory. No history row: the worker logs the duplicate with its
-        // webhook-id. This is what lets a duplicate cost a round trip and no durable write
-        // (docs/PERFORMANCE.md).
-        let reply = GateReply::Dropped {
-            reason: DropReason::Duplicate,
-            status,
-            effect,
-        };
-        return Step::new(Some(op), reply).saved(Save::MemoryOnly);
-    }
-    // The decision and its count in one write; a side effect now owed is scheduled on the
-    // alarm, set before the answer.
     let reply = match verdict {
         Verdict::Apply => GateReply::Applied { status, effect },
         Verdict::Drop(reason) => GateReply::Dropped {
@@ -299,6 +285,15 @@ fn deliver(mut op: Operation, event: &OpEvent, hold_ms: i64, now: i64) -> Step {
             effect,
         },
     };
+    if verdict == Verdict::Drop(DropReason::Duplicate) && op.is_settled() {
+        // Nothing can change a settled operation: the answer is the stored state, and the
+        // count waits in memory. No history row: the worker logs the duplicate with its
+        // webhook-id. This is what lets a duplicate cost a round trip and no durable write
+        // (docs/PERFORMANCE.md).
+        return Step::new(Some(op), reply).saved(Save::MemoryOnly);
+    }
+    // The decision and its count in one write; a side effect now owed is scheduled on the
+    // alarm, set before the answer.
     Step::new(Some(op), reply)
         .durable()
         .row(HistoryEntry::of_event(event, verdict))
@@ -346,46 +341,28 @@ fn nudge(
 }
 
 /// A nudge for a terminal operation: dropped for the reason the reducer gives the state it
-/// claims. A nudge's claim is unproven and changes nothing, so nothing is written for it,
-/// whatever it claims: the count waits in memory (a stream of nudges claiming another state
-/// costs no durable write).
-fn nudged_terminal(op: Operation, claimed: &str, now: i64) -> Step {
+/// claims, and counted. A nudge's claim is unproven and changes nothing, so nothing is written
+/// for it, whatever it claims: the count waits in memory (a stream of nudges claiming another
+/// state costs no durable write).
+fn nudged_terminal(mut op: Operation, claimed: &str, now: i64) -> Step {
     let claimed = Position {
         status: Status::parse(claimed),
         update_time_ms: 0,
     };
-    let reason = match reduce(&position(&op), &claimed) {
+    let reason = match reduce(&op.position(), &claimed) {
         Verdict::Drop(reason) => reason,
         Verdict::Apply => DropReason::Duplicate,
     };
-    dropped(op, reason, now).saved(Save::MemoryOnly)
-}
-
-/// A delivery that changes nothing on a terminal operation, counted. A settled operation
-/// stores nothing for it: its count waits in memory.
-fn dropped(mut op: Operation, reason: DropReason, now: i64) -> Step {
     match reason {
         DropReason::Duplicate => op.count(Counter::Duplicates, now),
         other => op.count(Counter::Dropped(other.as_str()), now),
     }
-    let settled_duplicate = reason == DropReason::Duplicate && op.is_settled();
     let reply = GateReply::Dropped {
         reason,
         status: op.status().clone(),
         effect: op.effect_report(now),
     };
-    let save = match settled_duplicate {
-        true => Save::MemoryOnly,
-        false => Save::Durable,
-    };
-    Step::new(Some(op), reply).saved(save)
-}
-
-fn position(op: &Operation) -> Position {
-    Position {
-        status: op.status().clone(),
-        update_time_ms: op.update_time_ms(),
-    }
+    Step::new(Some(op), reply).saved(Save::MemoryOnly)
 }
 
 /// Counts a delivery's outcome in the record, exactly once (same write as the decision).
@@ -436,10 +413,7 @@ fn operator_action(op: Operation, command: GateCommand, now: i64) -> Step {
 
 /// A command that needs a record: `NotFound` when the gate holds none.
 fn held(record: Option<Operation>, command: impl FnOnce(Operation) -> Step) -> Step {
-    match record {
-        Some(op) => command(op),
-        None => Step::new(None, GateReply::NotFound),
-    }
+    record.map_or_else(|| Step::new(None, GateReply::NotFound), command)
 }
 
 /// Records and commands the gate's and the alarm's tests share.

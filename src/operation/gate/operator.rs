@@ -36,9 +36,9 @@ pub(super) fn redeliver(
         return retry_now(op, reason, by, now);
     }
     match op.redeliver(now, reason) {
-        Ok(generation) => {
+        Ok(_) => {
             op.count(Counter::Redeliveries, now);
-            operator_acted(op, OperatorAction::Redeliver, generation, reason, by, now)
+            operator_acted(op, OperatorAction::Redeliver, reason, by, now)
         }
         Err(refusal) => refused(op, refusal.as_str()),
     }
@@ -47,10 +47,7 @@ pub(super) fn redeliver(
 /// Retry now: an effect that is not done is due at once, under the same generation.
 pub(super) fn retry_now(mut op: Operation, reason: &str, by: Option<Actor>, now: i64) -> Step {
     match op.retry_now(now) {
-        Ok(()) => {
-            let generation = op.effect().generation();
-            operator_acted(op, OperatorAction::RetryNow, generation, reason, by, now)
-        }
+        Ok(()) => operator_acted(op, OperatorAction::RetryNow, reason, by, now),
         Err(refusal) => refused(op, refusal.as_str()),
     }
 }
@@ -161,14 +158,15 @@ pub(super) fn inspect(op: Operation) -> Step {
     step
 }
 
+/// An operator's action that went ahead, under the effect's generation (a redelivery's new one).
 fn operator_acted(
     op: Operation,
     action: OperatorAction,
-    generation: u32,
     reason: &str,
     by: Option<Actor>,
     now: i64,
 ) -> Step {
+    let generation = op.effect().generation();
     let key = op.key().to_string();
     let reason = reason.to_string();
     let line = match action {

@@ -33,9 +33,8 @@ pub(super) fn register_new(
     let mut op = Operation::register(key, name, kind, now);
     op.fill_user_metadata(user_metadata);
     op.fill_results_mode(results.unwrap_or_default(), now);
-    let reply = GateReply::Created {
-        operation: op.view(),
-    };
+    let operation = op.view();
+    let reply = GateReply::Created { operation };
     let kind = op.kind().map(str::to_string);
     Step::new(Some(op), reply)
         .durable()

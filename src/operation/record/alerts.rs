@@ -39,7 +39,9 @@ impl Operation {
     /// The body of an alert of `kind` about this operation, `age_seconds` old.
     pub fn alert_body(&self, kind: AlertKind, alert_id: &str, age_seconds: i64) -> Value {
         let age = human_age(age_seconds);
-        let status = self.status.as_str();
+        let (status, key) = (self.status.as_str(), &self.key);
+        let unusable = self.notes.unusable_status.as_deref();
+        let unusable = unusable.unwrap_or("unknown reason");
         let what = match kind {
             // Raised while it had no outcome, sent after it got one (a retried send).
             AlertKind::Stuck if self.status.is_terminal() => {
@@ -72,13 +74,10 @@ impl Operation {
             ),
             // Sent after an operator settled it (queued before): say so, not "still".
             AlertKind::StatusUnusable if self.status.is_terminal() => format!(
-                "{status}: Gemini's status answer could not be used ({}); it has an outcome now",
-                self.notes.unusable_status.as_deref().unwrap_or("unknown reason"),
+                "{status}: Gemini's status answer could not be used ({unusable}); it has an outcome now"
             ),
             AlertKind::StatusUnusable => format!(
-                "still {status}: Gemini's status answer cannot be used ({}); settle it by hand (POST /v1/operations/{}/settle) once its outcome is known",
-                self.notes.unusable_status.as_deref().unwrap_or("unknown reason"),
-                self.key
+                "still {status}: Gemini's status answer cannot be used ({unusable}); settle it by hand (POST /v1/operations/{key}/settle) once its outcome is known"
             ),
             AlertKind::AlarmFailing => format!("{status}: its gate's alarm keeps failing"),
             AlertKind::StuckSettled => format!("has an outcome now: {status}, after {age}"),
@@ -93,11 +92,8 @@ impl Operation {
                 format!("{status}: its parked results file was read after all")
             }
             AlertKind::ResultsFailing => format!(
-                "{status}: {} of its results kept failing for {} and are parked; list them with GET /v1/operations/{}/results?state=parked, send them again with POST /v1/operations/{}/results/retry",
-                self.results_gave_up,
-                human_age(age_seconds),
-                self.key,
-                self.key
+                "{status}: {} of its results kept failing for {age} and are parked; list them with GET /v1/operations/{key}/results?state=parked, send them again with POST /v1/operations/{key}/results/retry",
+                self.results_gave_up
             ),
             AlertKind::ResultsRecovered => format!(
                 "{status}: its results that kept failing were sent again and none is parked for failing now"
@@ -108,13 +104,8 @@ impl Operation {
             ),
             AlertKind::ResultsSenderRecovered => format!("{status}: no result waits on a silent sender"),
         };
-        crate::operation::alert::body(
-            kind,
-            Some(alert_id),
-            (Some(&self.key), &self.name, self.kind.as_deref()),
-            age_seconds,
-            &what,
-        )
+        let subject = (Some(key.as_str()), self.name.as_str(), self.kind.as_deref());
+        crate::operation::alert::body(kind, Some(alert_id), subject, age_seconds, &what)
     }
 
     /// Raises an alert of `kind` once per operation: marked, and queued until the sink
@@ -150,12 +141,10 @@ impl Operation {
     /// not close it) and queued like any alert, so the sink hears the end at least once,
     /// after the trigger (the queue keeps their order). False when the condition is not open.
     pub fn resolve_alert(&mut self, kind: AlertKind, now_ms: i64) -> bool {
-        let Some(resolution) = kind.resolution() else {
+        let open = self.open_alerts.contains(&kind);
+        let Some(resolution) = kind.resolution().filter(|_| open) else {
             return false;
         };
-        if !self.open_alerts.contains(&kind) {
-            return false;
-        }
         self.open_alerts.retain(|a| *a != kind);
         self.changed();
         let age_seconds = (now_ms - self.submitted_at_ms()).max(0) / 1_000;
@@ -245,10 +234,7 @@ impl Operation {
 
     /// Alerts whose time to be sent has come, in queue order.
     pub fn due_alerts(&self, now_ms: i64) -> Vec<PendingAlert> {
-        self.pending_alerts
-            .iter()
-            .filter(|a| a.due_ms <= now_ms)
-            .cloned()
-            .collect()
+        let due = self.pending_alerts.iter().filter(|a| a.due_ms <= now_ms);
+        due.cloned().collect()
     }
 }

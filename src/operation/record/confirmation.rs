@@ -60,6 +60,9 @@ impl Operation {
         }
         // Metadata enters the record here: bounded, so the record always loads again.
         let metadata = crate::operation::details::bound_members(metadata);
+        let recent = self
+            .confirm_asked_ms
+            .is_some_and(|asked| now_ms < asked.saturating_add(interval_ms));
         match &mut self.confirmation {
             Some(waiting) => {
                 let before = waiting.metadata.len();
@@ -70,12 +73,7 @@ impl Operation {
                     return true;
                 }
             }
-            None if self
-                .confirm_asked_ms
-                .is_some_and(|asked| now_ms < asked.saturating_add(interval_ms)) =>
-            {
-                return true;
-            }
+            None if recent => return true,
             None => {
                 self.confirmation = Some(Confirmation {
                     requested_at_ms: now_ms,
@@ -97,9 +95,7 @@ impl Operation {
 
     /// True when a confirmation is waiting and due.
     pub fn confirmation_due(&self, now_ms: i64) -> bool {
-        self.confirmation
-            .as_ref()
-            .is_some_and(|c| c.due_ms <= now_ms)
+        matches!(&self.confirmation, Some(c) if c.due_ms <= now_ms)
     }
 
     /// Applies what the status API said in answer to a confirmation, as an event from the

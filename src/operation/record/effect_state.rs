@@ -135,10 +135,6 @@ impl Effect {
         self.next_attempt_ms
     }
 
-    pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
-    }
-
     /// Its standing with its destination's desk, if it has one.
     pub fn desk(&self) -> Option<DeskMark> {
         self.desk
@@ -173,7 +169,7 @@ impl Operation {
         // A lapsed claim (its attempt died before it committed) ends here. Kept, its expiry,
         // now past, would stay the gate's wake time (`wake_at_ms` follows a claim first) and
         // fire the alarm again and again, doing nothing, for as long as the wait lasts. Its
-        // late answer is fenced as if the next claim had replaced it (`finish_attempt`).
+        // late answer is fenced as if the next claim had replaced it (`finish`).
         self.effect.claim = None;
         self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(now_ms + fallback_ms);
         self.changed();
@@ -235,12 +231,21 @@ impl Operation {
         true
     }
 
-    /// Records what the attempt under `token` decided ([`crate::retry::Backoff::decide`]):
+    /// Records what the attempt under `claim` decided ([`crate::retry::Backoff::decide`]):
     /// done, a retry at its time, or parked (a job's effect has no threshold to give up at).
-    pub fn finish(&mut self, token: u64, next: &Next, now_ms: i64) -> Finished {
-        match self.effect.claim {
-            Some(c) if c.token == token => {}
-            _ => return Finished::Fenced,
+    /// An answer under a token no longer current is discarded, unless it is a 2xx for the
+    /// generation still owed, which the destination now has (`Finished::LateDone`). The newer
+    /// claim (if any) is left as it is; its own answer then changes nothing.
+    pub fn finish(&mut self, claim: &Claim, next: &Next, now_ms: i64) -> Finished {
+        if self.effect.claim.is_none_or(|c| c.token != claim.token) {
+            let current = claim.generation != 0 && claim.generation == self.effect.generation;
+            if *next != Next::Delivered || !current || !self.effect_owed() {
+                return Finished::Fenced;
+            }
+            self.effect.desk = None;
+            self.mark_done(now_ms);
+            self.changed();
+            return Finished::LateDone;
         }
         if self.effect.done {
             // A lapsed claim's 2xx already marked this generation done: a later answer under
@@ -268,24 +273,6 @@ impl Operation {
                 Finished::Parked
             }
         }
-    }
-
-    /// Records what the attempt under `claim` decided, as [`Operation::finish`] does; an
-    /// answer under a token no longer current is discarded, unless it is a 2xx for the
-    /// generation still owed, which the destination now has (`Finished::LateDone`). The newer
-    /// claim (if any) is left as it is; its own answer then changes nothing.
-    pub fn finish_attempt(&mut self, claim: &Claim, next: &Next, now_ms: i64) -> Finished {
-        if self.effect.claim.is_some_and(|c| c.token == claim.token) {
-            return self.finish(claim.token, next, now_ms);
-        }
-        let current = claim.generation != 0 && claim.generation == self.effect.generation;
-        if *next != Next::Delivered || !current || !self.effect_owed() {
-            return Finished::Fenced;
-        }
-        self.effect.desk = None;
-        self.mark_done(now_ms);
-        self.changed();
-        Finished::LateDone
     }
 
     fn mark_done(&mut self, now_ms: i64) {
@@ -339,10 +326,8 @@ impl Operation {
     /// also has).
     pub fn sent_since(&self, cutoff_ms: i64) -> bool {
         let redelivered = self.notes.redeliveries.last().map(|r| r.at_ms);
-        self.effect
-            .done_at_ms
-            .max(redelivered)
-            .is_some_and(|at| at >= cutoff_ms)
+        let sent = self.effect.done_at_ms.max(redelivered);
+        sent.is_some_and(|at| at >= cutoff_ms)
     }
 
     /// The operator's "retry now" on an effect not yet done: the same generation (so the same

@@ -45,6 +45,7 @@ impl Operation {
     /// The ledger write that mirrors this record.
     pub fn projection(&self, retention_secs: i64) -> Projection {
         let secs = |ms: i64| ms.div_euclid(1_000);
+        let (done, settled) = (self.effect.done_at_ms, self.settled_at_ms);
         let metadata = LedgerMeta {
             status: self.status().clone(),
             name: self.name().to_string(),
@@ -63,20 +64,12 @@ impl Operation {
                 .map(str::to_string)
                 .filter(|k| !k.chars().any(char::is_control)),
             settled_by: self.settled_by().map(|s| s.as_str().to_string()),
-            error: (!self.effect().done())
-                .then(|| {
-                    self.effect()
-                        .parked()
-                        .map(|p| p.answer.as_str())
-                        .or(self.effect().last_error())
-                })
-                .flatten()
-                .map(meta_error),
-            effect_ms: self
-                .effect()
-                .done_at_ms()
-                .zip(self.settled_at_ms())
-                .map(|(done, settled)| (done - settled).max(0)),
+            error: match &self.effect.parked {
+                _ if self.effect.done => None,
+                Some(p) => Some(meta_error(&p.answer)),
+                None => self.effect.last_error.as_deref().map(meta_error),
+            },
+            effect_ms: done.zip(settled).map(|(d, s)| (d - s).max(0)),
         };
         Projection {
             kv_key: op_key(self.key()),
@@ -183,14 +176,14 @@ mod tests {
         succeeded(&mut op);
         let c = op.claim(5_000, 600_000).unwrap();
         assert_eq!(op.projection(100).metadata.claim_expires, Some(605));
-        op.finish(c.token, &Next::Delivered, 6_000);
+        op.finish(&c, &Next::Delivered, 6_000);
         assert_eq!(op.projection(1_209_600).ttl_secs, Some(1_209_600));
         assert_eq!(op.projection(1).ttl_secs, Some(MIN_TTL_SECS));
 
         let mut parked = Operation::register("batches/p", "batches/p", None, 1_000);
         succeeded(&mut parked);
         let c = parked.claim(5_000, 600_000).unwrap();
-        parked.finish(c.token, &Next::Park("400".into()), 6_000);
+        parked.finish(&c, &Next::Park("400".into()), 6_000);
         let p = parked.projection(1_209_600);
         assert!(p.metadata.parked);
         assert_eq!(p.ttl_secs, Some(1_209_600));
@@ -213,7 +206,7 @@ mod tests {
         }
         succeeded(&mut op);
         let c = op.claim(5_000, 600_000).unwrap();
-        op.finish(c.token, &Next::retry("\"".repeat(300), 5_000), 5_000);
+        op.finish(&c, &Next::retry("\"".repeat(300), 5_000), 5_000);
         op.claim(5_000, 600_000);
         let meta = serde_json::to_string(&op.projection(1).metadata).unwrap();
         assert!(meta.contains(r#""settled_by":"webhook""#), "{meta}");
@@ -231,7 +224,7 @@ mod tests {
         succeeded(&mut op);
         let c = op.claim(5_000, 600_000).unwrap();
         assert!(op.projection(100).open, "terminal, effect in flight");
-        op.finish(c.token, &Next::Delivered, 6_000);
+        op.finish(&c, &Next::Delivered, 6_000);
         let p = op.projection(100);
         assert!(!p.open);
         assert_eq!(p.index_write(true), IndexWrite::Delete);
@@ -262,14 +255,14 @@ mod tests {
         let mut op = Operation::register("batches/p", "batches/p", None, 1_000);
         succeeded(&mut op);
         let c = op.claim(5_000, 600_000).unwrap();
-        op.finish(c.token, &Next::retry("503: down".into(), 6_000), 6_000);
+        op.finish(&c, &Next::retry("503: down".into(), 6_000), 6_000);
         assert_eq!(
             op.projection(1).metadata.error.as_deref(),
             Some("503: down")
         );
         let c = op.claim(7_000, 600_000).unwrap();
         let long = format!("400: {}", "\"\n\u{e9}".repeat(100));
-        op.finish(c.token, &Next::Park(long), 8_000);
+        op.finish(&c, &Next::Park(long), 8_000);
         let error = op.projection(1).metadata.error.unwrap();
         assert!(error.starts_with("400: \" \u{e9}"), "{error}");
         assert!(error.len() <= MAX_META_ERROR_BYTES);
@@ -278,7 +271,7 @@ mod tests {
         let mut done = Operation::register("batches/d", "batches/d", None, 1_000);
         succeeded(&mut done);
         let c = done.claim(5_000, 600_000).unwrap();
-        done.finish(c.token, &Next::Delivered, 6_000);
+        done.finish(&c, &Next::Delivered, 6_000);
         assert_eq!(
             done.projection(1).metadata.error,
             None,

@@ -339,7 +339,7 @@ impl Operation {
         self.retired_at_ms
     }
 
-    fn position(&self) -> Position {
+    pub(crate) fn position(&self) -> Position {
         Position {
             status: self.status.clone(),
             update_time_ms: self.update_time_ms,
@@ -390,14 +390,12 @@ impl Operation {
     /// Where the side effect stands, without running it (the alarm runs it): what an answer
     /// of the gate reports.
     pub fn effect_report(&self, now: i64) -> EffectReport {
-        if !self.effect_owed() {
-            if self.effect.done {
-                EffectReport::Delivered
-            } else if self.effect.parked.is_some() {
-                EffectReport::Parked
-            } else {
-                EffectReport::NotOwed
-            }
+        if self.effect.done {
+            EffectReport::Delivered
+        } else if self.effect.parked.is_some() {
+            EffectReport::Parked
+        } else if !self.effect_owed() {
+            EffectReport::NotOwed
         } else if self.effect.claim.is_some_and(|c| c.expires_ms > now) {
             EffectReport::InFlight
         } else if self.effect.next_attempt_ms <= now {
@@ -515,18 +513,13 @@ impl Operation {
         metadata: Option<&Value>,
     ) -> Vec<&'static str> {
         let mut fields = Vec::new();
-        if let (Some(asked), Some(have)) = (kind, self.kind.as_deref()) {
-            if asked != have {
-                fields.push("kind");
-            }
+        if matches!((kind, self.kind.as_deref()), (Some(asked), Some(have)) if asked != have) {
+            fields.push("kind");
         }
-        if let (true, Some(asked), Some(have)) =
-            (self.registered, metadata, self.details.get(USER_METADATA))
-        {
-            // Compared as it would be stored (bounded), so the same registration again agrees.
-            if &bound(asked.clone()) != have {
-                fields.push("user_metadata");
-            }
+        let have = self.details.get(USER_METADATA).filter(|_| self.registered);
+        // Compared as it would be stored (bounded), so the same registration again agrees.
+        if matches!((metadata, have), (Some(asked), Some(have)) if &bound(asked.clone()) != have) {
+            fields.push("user_metadata");
         }
         fields
     }
@@ -553,10 +546,7 @@ impl Operation {
             return false;
         };
         let changed = if !self.status.is_terminal() {
-            if self.details.contains_key(USER_METADATA) {
-                return false;
-            }
-            true
+            !self.details.contains_key(USER_METADATA)
         } else {
             self.effect.attempts == 0
                 && !self.effect.done
@@ -643,12 +633,10 @@ impl Operation {
             times.push(c.expires_ms);
         } else {
             times.extend(self.job_due_ms());
-            if self.ledger.version < self.version {
-                times.push(self.projection_due_ms());
-            }
-            if let Some(first) = self.outbox.pending.first() {
-                times.push(first.at_ms + stats_delay_ms);
-            }
+            let projection = self.ledger.version < self.version;
+            times.extend(projection.then(|| self.projection_due_ms()));
+            let oldest = self.outbox.pending.first();
+            times.extend(oldest.map(|e| e.at_ms + stats_delay_ms));
         }
         times.extend(self.confirmation.as_ref().map(|c| c.due_ms));
         times.extend(self.pending_alerts.iter().map(|a| a.due_ms));

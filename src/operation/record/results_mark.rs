@@ -241,7 +241,7 @@ mod tests {
         let mut op = succeeded(ResultsMode::Each);
         op.results_settled(json!({"total": 2, "parked": 1}), 0, 20);
         let claim = op.claim(20, 1_000).unwrap();
-        op.finish(claim.token, &Next::Delivered, 30);
+        op.finish(&claim, &Next::Delivered, 30);
         op.projection_written(op.version(), 0);
         assert_eq!(op.expires_at_ms(1_000), Some(1_030));
         op.results_retried(1_029);
@@ -287,7 +287,7 @@ mod tests {
         // After the job's effect, an operator's retry of parked results waits the same way.
         op.results_settled(json!({"total": 2}), 0, 300);
         let claim = op.claim(300, 1_000).unwrap();
-        op.finish(claim.token, &Next::Delivered, 310);
+        op.finish(&claim, &Next::Delivered, 310);
         assert!(!op.destination_ready(false, 320), "nothing is owed");
         op.results_retried(400);
         assert!(op.results_wait_on_destination(400, hour));
@@ -303,7 +303,7 @@ mod tests {
         let mut op = succeeded(ResultsMode::Each);
         op.results_settled(json!({"total": 2, "parked": 1}), 0, 20);
         let claim = op.claim(20, 1_000).unwrap();
-        op.finish(claim.token, &Next::retry("503".into(), 30 + 5_000), 30);
+        op.finish(&claim, &Next::retry("503".into(), 30 + 5_000), 30);
         let job_retry = op.effect().next_attempt_ms();
         op.results_retried(100);
         assert_eq!(op.results_due_ms(), Some(100));
@@ -377,7 +377,7 @@ mod tests {
         );
         let first = id(&op);
         let claim = op.claim(20, 1_000).unwrap();
-        op.finish(claim.token, &Next::Delivered, 30);
+        op.finish(&claim, &Next::Delivered, 30);
         // A retry that parks the result again: the same counts, nothing new to send.
         op.results_retried(40);
         assert_eq!(
@@ -398,12 +398,12 @@ mod tests {
         // While the job's effect is failing, the failing generation keeps its body and id;
         // changed counts go as the next generation, and its in-flight attempt is fenced off.
         let claim = op.claim(70, 1_000).unwrap();
-        op.finish(claim.token, &Next::retry("503".into(), 80 + 1_000), 80);
+        op.finish(&claim, &Next::retry("503".into(), 80 + 1_000), 80);
         assert_eq!(id(&op), second, "a retry keeps its body under its id");
         let in_flight = op.claim(1_080, 1_000).unwrap();
         op.results_retried(1_100);
         assert_eq!(op.results_settled(json!({"total": 3}), 0, 1_200), Some(3));
-        let late = op.finish_attempt(&in_flight, &Next::Delivered, 1_300);
+        let late = op.finish(&in_flight, &Next::Delivered, 1_300);
         assert_eq!(
             late,
             Finished::Fenced,

@@ -21,23 +21,22 @@ impl Operation {
         if status.rank() < 0 {
             return None;
         }
-        let int = |v: &Value| v.as_i64();
         let name = v["name"].as_str().unwrap_or(key);
         let kind = v["kind"].as_str().map(str::to_string);
-        let submitted = int(&v["submitted_at_ms"]).unwrap_or(0);
+        let submitted = v["submitted_at_ms"].as_i64().unwrap_or(0);
         let mut op = Operation::register(key, name, kind, submitted);
         op.registered = v["registered"].as_bool().unwrap_or(true);
         op.status = status;
-        op.update_time_ms = int(&v["update_time_ms"]).unwrap_or(0);
+        op.update_time_ms = v["update_time_ms"].as_i64().unwrap_or(0);
         op.version = v["version"].as_u64().unwrap_or(1) + 1;
-        op.settled_at_ms = int(&v["settled_at_ms"]);
+        op.settled_at_ms = v["settled_at_ms"].as_i64();
         op.settled_by = serde_json::from_value::<Source>(v["settled_by"].clone()).ok();
         if let Value::Object(details) = &v["details"] {
             op.details = normalize_details(details);
         }
         let e = &v["effect"];
         op.effect.done = e["done"].as_bool().unwrap_or(false);
-        op.effect.done_at_ms = int(&e["done_at_ms"]);
+        op.effect.done_at_ms = e["done_at_ms"].as_i64();
         // Saturating, not wrapping: a wrapped generation could reuse a `webhook-id`.
         let small = |v: &Value, default: u64| {
             u32::try_from(v.as_u64().unwrap_or(default)).unwrap_or(u32::MAX)
@@ -49,14 +48,10 @@ impl Operation {
         op.effect.parked = serde_json::from_value::<Parked>(e["parked"].clone()).ok();
         // Alerts are sent at least once: one queued but not yet accepted by the sink must still go.
         // When the queue cannot be read, forget which kinds were raised, so each can be raised
-        // again (a repeat alert, never a lost one).
-        let pending = match &v["pending_alerts"] {
-            Value::Null => Ok(Vec::new()), // not stored when empty
-            queued => serde_json::from_value(queued.clone()),
-        };
-        match pending {
+        // again (a repeat alert, never a lost one). An empty queue is not stored (null).
+        match serde_json::from_value::<Option<_>>(v["pending_alerts"].clone()) {
             Ok(pending) => {
-                op.pending_alerts = pending;
+                op.pending_alerts = pending.unwrap_or_default();
                 op.alerts = serde_json::from_value(v["alerts"].clone()).unwrap_or_default();
             }
             Err(_) => op.alerts.clear(),
@@ -66,7 +61,7 @@ impl Operation {
         // A nudge waiting for its confirmation keeps its metadata and is asked about again.
         op.confirmation = serde_json::from_value(v["confirmation"].clone()).ok();
         op.notes.forgotten = serde_json::from_value::<OperatorNote>(v["forgotten"].clone()).ok();
-        op.retired_at_ms = int(&v["retired_at_ms"]);
+        op.retired_at_ms = v["retired_at_ms"].as_i64();
         op.retired_unasked = v["retired_unasked"].as_bool().unwrap_or(false);
         // The ledger may hold an `open:` entry: the next projection puts or deletes it.
         op.ledger.indexed = true;

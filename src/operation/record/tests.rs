@@ -64,7 +64,7 @@ fn settled_means_terminal_with_nothing_owed() {
     assert!(!op.is_settled(), "terminal, effect owed");
     let c = op.claim(2_000, 600_000).unwrap();
     assert!(!op.is_settled(), "terminal, effect in flight");
-    op.finish(c.token, &Next::Delivered, 2_500);
+    op.finish(&c, &Next::Delivered, 2_500);
     assert!(op.is_settled(), "terminal, effect done");
     op.redeliver(3_000, "again").unwrap();
     assert!(
@@ -73,7 +73,7 @@ fn settled_means_terminal_with_nothing_owed() {
     );
     let mut parked = settled();
     let c = parked.claim(2_000, 600_000).unwrap();
-    parked.finish(c.token, &Next::Park("410".into()), 2_500);
+    parked.finish(&c, &Next::Park("410".into()), 2_500);
     assert!(parked.is_settled(), "terminal, effect parked");
     let mut forgotten = settled();
     forgotten.forget(3_000, "by hand");
@@ -112,17 +112,15 @@ fn lapsed_claim_can_be_taken_over_with_a_higher_token() {
     let first = op.claim(2_000, 1_000).unwrap();
     let second = op.claim(3_000, 1_000).unwrap();
     assert!(second.token > first.token);
-    // The first holder's late answer is fenced off and changes nothing.
+    // The first holder's late refusal is fenced off and changes nothing (its late 2xx:
+    // `a_lapsed_claims_2xx_for_the_current_generation_marks_it_done`).
     let before = op.clone();
     assert_eq!(
-        op.finish(first.token, &Next::Delivered, 3_100),
+        op.finish(&first, &Next::Park("400".into()), 3_100),
         Finished::Fenced
     );
     assert_eq!(op, before);
-    assert_eq!(
-        op.finish(second.token, &Next::Delivered, 3_200),
-        Finished::Done
-    );
+    assert_eq!(op.finish(&second, &Next::Delivered, 3_200), Finished::Done);
     assert!(op.effect.done);
 }
 
@@ -132,7 +130,7 @@ fn a_lapsed_claims_2xx_for_the_current_generation_marks_it_done() {
     let first = op.claim(2_000, 1_000).unwrap();
     let second = op.claim(3_000, 1_000).unwrap();
     assert_eq!(
-        op.finish_attempt(&first, &Next::Delivered, 3_100),
+        op.finish(&first, &Next::Delivered, 3_100),
         Finished::LateDone
     );
     assert!(op.effect.done);
@@ -143,7 +141,7 @@ fn a_lapsed_claims_2xx_for_the_current_generation_marks_it_done() {
     // whatever it got.
     let before = op.clone();
     assert_eq!(
-        op.finish_attempt(&second, &Next::Park("400".into()), 3_200),
+        op.finish(&second, &Next::Park("400".into()), 3_200),
         Finished::Fenced
     );
     assert_eq!(op, before);
@@ -154,11 +152,11 @@ fn a_lapsed_claims_2xx_for_an_older_generation_never_marks_a_redelivery_done() {
     let mut op = settled();
     let old = op.claim(2_000, 1_000).unwrap();
     let newer = op.claim(3_000, 1_000).unwrap();
-    op.finish(newer.token, &Next::Delivered, 3_100);
+    op.finish(&newer, &Next::Delivered, 3_100);
     assert_eq!(op.redeliver(4_000, "again"), Ok(2));
     let before = op.clone();
     assert_eq!(
-        op.finish_attempt(&old, &Next::Delivered, 4_100),
+        op.finish(&old, &Next::Delivered, 4_100),
         Finished::Fenced,
         "generation 1's answer says nothing about generation 2"
     );
@@ -171,7 +169,7 @@ fn a_lapsed_claims_2xx_for_an_older_generation_never_marks_a_redelivery_done() {
     };
     op.claim(6_000, 1_000).unwrap();
     assert_eq!(
-        op.finish_attempt(&legacy, &Next::Delivered, 6_100),
+        op.finish(&legacy, &Next::Delivered, 6_100),
         Finished::Fenced
     );
 }
@@ -181,7 +179,7 @@ fn failure_never_marks_done_and_schedules_a_retry() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
     assert_eq!(
-        op.finish(c.token, &Next::retry("503".into(), 2_500 + 30_000), 2_500),
+        op.finish(&c, &Next::retry("503".into(), 2_500 + 30_000), 2_500),
         Finished::RetryAt(32_500)
     );
     assert!(!op.effect.done);
@@ -195,7 +193,7 @@ fn refusal_parks_and_stops_retries() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
     assert_eq!(
-        op.finish(c.token, &Next::Park("400: no".into()), 2_500),
+        op.finish(&c, &Next::Park("400: no".into()), 2_500),
         Finished::Parked
     );
     assert!(!op.effect.done);
@@ -216,7 +214,7 @@ fn non_terminal_operation_has_no_effect_to_claim() {
 fn done_effect_is_never_claimed_again() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
-    op.finish(c.token, &Next::Delivered, 2_100);
+    op.finish(&c, &Next::Delivered, 2_100);
     assert!(op.claim(99_999_999, 600_000).is_none());
     assert_eq!(op.effect.attempts, 1);
 }
@@ -225,13 +223,13 @@ fn done_effect_is_never_claimed_again() {
 fn redelivery_of_a_done_effect_starts_a_new_generation() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
-    op.finish(c.token, &Next::Delivered, 2_100);
+    op.finish(&c, &Next::Delivered, 2_100);
     assert_eq!(op.redeliver(3_000, "downstream lost it"), Ok(2));
     assert!(op.effect_owed());
     assert_eq!(op.notes.redeliveries[0].reason, "downstream lost it");
     let c2 = op.claim(3_000, 600_000).unwrap();
     assert!(c2.token > c.token);
-    assert_eq!(op.finish(c2.token, &Next::Delivered, 3_100), Finished::Done);
+    assert_eq!(op.finish(&c2, &Next::Delivered, 3_100), Finished::Done);
     assert_eq!(op.effect.generation, 2);
 }
 
@@ -240,14 +238,14 @@ fn an_effect_is_sent_since_its_acceptance_or_its_newest_redelivery() {
     let mut op = settled();
     assert!(!op.sent_since(0), "never accepted nor redelivered");
     let c = op.claim(2_000, 600_000).unwrap();
-    op.finish(c.token, &Next::Delivered, 2_100);
+    op.finish(&c, &Next::Delivered, 2_100);
     assert!(op.sent_since(2_100), "accepted at the cut-off");
     assert!(!op.sent_since(2_101));
     op.redeliver(3_000, "lost").unwrap();
     assert!(op.sent_since(3_000), "redelivered, not yet accepted");
     assert!(!op.sent_since(3_001));
     let c = op.claim(3_000, 600_000).unwrap();
-    op.finish(c.token, &Next::Delivered, 3_200);
+    op.finish(&c, &Next::Delivered, 3_200);
     assert!(op.sent_since(3_200) && !op.sent_since(3_201));
 }
 
@@ -255,11 +253,7 @@ fn an_effect_is_sent_since_its_acceptance_or_its_newest_redelivery() {
 fn an_effect_not_done_never_gets_a_new_generation() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
-    op.finish(
-        c.token,
-        &Next::retry("timeout".into(), 7_000 + 30_000),
-        7_000,
-    );
+    op.finish(&c, &Next::retry("timeout".into(), 7_000 + 30_000), 7_000);
     assert_eq!(op.redeliver(8_000, "x"), Err(OperatorRefusal::NotDone));
     assert_eq!(op.effect.generation, 1);
 }
@@ -268,7 +262,7 @@ fn an_effect_not_done_never_gets_a_new_generation() {
 fn retry_now_keeps_the_generation_unparks_and_is_due_at_once() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
-    op.finish(c.token, &Next::Park("400".into()), 2_100);
+    op.finish(&c, &Next::Park("400".into()), 2_100);
     op.mark_alert(AlertKind::EffectFailing);
     assert_eq!(op.retry_now(3_000), Ok(()));
     assert!(op.effect_owed());
@@ -295,18 +289,14 @@ fn retry_now_is_refused_while_an_attempt_is_in_flight_or_once_done() {
     );
     let mut done = settled();
     let c2 = done.claim(2_000, 10_000).unwrap();
-    done.finish(c2.token, &Next::Delivered, 2_100);
+    done.finish(&c2, &Next::Delivered, 2_100);
     assert_eq!(done.retry_now(3_000), Err(OperatorRefusal::AlreadyDone));
-    // The retried claim's late answer is fenced off by the token, as ever.
+    // The retried claim's late failure is fenced off by the token, as ever (its late 2xx
+    // would mark this generation done: `finish`).
     let again = op.claim(12_000, 10_000).unwrap();
-    assert_eq!(
-        op.finish(c.token, &Next::Delivered, 12_500),
-        Finished::Fenced
-    );
-    assert_eq!(
-        op.finish(again.token, &Next::Delivered, 12_600),
-        Finished::Done
-    );
+    let late = Next::retry("503".into(), 20_000);
+    assert_eq!(op.finish(&c, &late, 12_500), Finished::Fenced);
+    assert_eq!(op.finish(&again, &Next::Delivered, 12_600), Finished::Done);
 }
 
 #[test]
@@ -398,7 +388,7 @@ fn wake_time_follows_what_is_pending() {
         Some(602_000),
         "claim expiry: projection and flush wait for the commit"
     );
-    op.finish(c.token, &Next::Delivered, 2_500);
+    op.finish(&c, &Next::Delivered, 2_500);
     assert_eq!(
         op.wake_at_ms(retention, 0),
         Some(1_000),
@@ -509,7 +499,7 @@ fn retention_waits_for_the_index_entry_to_be_deleted() {
     use crate::operation::ledger::IndexWrite;
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
-    op.finish(c.token, &Next::Delivered, 3_000);
+    op.finish(&c, &Next::Delivered, 3_000);
     op.index_written(IndexWrite::Put, true);
     assert!(op.is_closed());
     assert_eq!(op.expires_at_ms(1_000), None, "index entry may exist");
@@ -707,7 +697,7 @@ fn a_resolution_waits_for_its_trigger_still_queued() {
 fn retirement_keeps_a_tombstone_that_absorbs_late_deliveries() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
-    op.finish(c.token, &Next::Delivered, 2_500);
+    op.finish(&c, &Next::Delivered, 2_500);
     op.ledger.version = op.version;
     assert_eq!(op.expires_at_ms(10_000), Some(12_500));
     op.retire(12_500);
@@ -742,7 +732,7 @@ fn tombstone_is_small() {
         1_700_000_100_500,
     );
     let c = op.claim(1_700_000_100_500, 600_000).unwrap();
-    op.finish(c.token, &Next::Delivered, 1_700_000_101_000);
+    op.finish(&c, &Next::Delivered, 1_700_000_101_000);
     let before = serde_json::to_string(&op).unwrap().len();
     op.retire(1_701_209_701_000);
     let after = serde_json::to_string(&op).unwrap().len();
@@ -806,12 +796,12 @@ fn a_stuck_operation_that_settles_queues_the_resolution_after_the_trigger() {
 fn a_parked_effect_delivered_after_a_retry_resolves_its_alert() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
-    op.finish(c.token, &Next::Park("400".into()), 2_100);
+    op.finish(&c, &Next::Park("400".into()), 2_100);
     assert!(op.raise_alert(AlertKind::EffectFailing, 1, 2_100));
     op.alert_delivered(&op.queued_id(AlertKind::EffectFailing));
     assert_eq!(op.retry_now(3_000), Ok(()));
     let c = op.claim(3_000, 600_000).unwrap();
-    assert_eq!(op.finish(c.token, &Next::Delivered, 3_500), Finished::Done);
+    assert_eq!(op.finish(&c, &Next::Delivered, 3_500), Finished::Done);
     let queued: Vec<AlertKind> = op.due_alerts(3_500).iter().map(|a| a.kind).collect();
     assert_eq!(queued, [AlertKind::EffectRecovered]);
     let body = op.alert_body(AlertKind::EffectRecovered, "alert_z", 1);
@@ -822,7 +812,7 @@ fn a_parked_effect_delivered_after_a_retry_resolves_its_alert() {
 fn an_effect_delivered_without_an_alert_resolves_nothing() {
     let mut op = settled();
     let c = op.claim(2_000, 600_000).unwrap();
-    op.finish(c.token, &Next::Delivered, 2_100);
+    op.finish(&c, &Next::Delivered, 2_100);
     assert!(op.pending_alerts.is_empty());
 }
 
