@@ -160,6 +160,10 @@ pub struct Operation {
     /// `results_sender_failing` alert names them.
     #[serde(default, skip_serializing_if = "is_zero")]
     results_unanswered: u64,
+    /// When the batch's results last made the job's effect due: its `effect_failing` is dated
+    /// from then, not from the outcome ([`Operation::effect_due_after_results_ms`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    effect_due_after_results_ms: Option<i64>,
     /// Created by a signed delivery, and the retired names' shard not yet asked whether the
     /// name's retention ended before: the first alarm asks before anything else runs
     /// ([`crate::operation::retired_names`]).

@@ -6,9 +6,11 @@
 //! every result, with the counts ([`Operation::results_counts`]). The results' next step has
 //! its own due time ([`Operation::results_due_ms`]): their waits never move the job effect's
 //! `next_attempt_ms`, nor its backoff theirs, and a forgotten or retired operation runs none of
-//! them. These fields are not stored while default, so a record stored before them stores back
-//! byte for byte. The results' own progress lives in the gate's tables
-//! (`src/edge/objects/gate/results.rs`), so this record is not rewritten per chunk.
+//! them. When the results make the job's effect due is kept, and the gate dates the job's
+//! `effect_failing` from it ([`Operation::effect_due_after_results_ms`]). These fields are not
+//! stored while default, so a record stored before them stores back byte for byte. The
+//! results' own progress lives in the gate's tables (`src/edge/objects/gate/results.rs`), so
+//! this record is not rewritten per chunk.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -72,7 +74,8 @@ impl Operation {
     /// changed counts are a new body, so a new generation under a new `webhook-id` (invariant
     /// 3), whatever the previous one's state; unchanged counts send nothing. `failing_parked`
     /// (results parked for failing since the last operator's retry): none resolves an open
-    /// `results_failing`. Returns the new generation, when one began.
+    /// `results_failing`. Whenever this makes the job's effect due, the time is kept
+    /// ([`Operation::effect_due_after_results_ms`]). Returns the new generation, when one began.
     pub fn results_settled(
         &mut self,
         counts: Value,
@@ -82,8 +85,10 @@ impl Operation {
         let mut generation = None;
         if self.results_owed() {
             self.effect.next_attempt_ms = now_ms;
+            self.effect_due_after_results_ms = Some(now_ms);
         } else if self.effect.attempts > 0 && self.results_counts.as_ref() != Some(&counts) {
             self.next_generation(now_ms);
+            self.effect_due_after_results_ms = Some(now_ms);
             generation = Some(self.effect.generation);
         }
         // Every result was read (none left parked with the file): a `results_file_parked`
@@ -98,6 +103,13 @@ impl Operation {
         self.results_due_ms = None;
         self.changed();
         generation
+    }
+
+    /// When the batch's results last made the job's effect due (settled first, or settled
+    /// again with other counts after it went out): `None` for a job without results. The job's
+    /// effect could not fail before then, so its `effect_failing` waits the threshold from it.
+    pub fn effect_due_after_results_ms(&self) -> Option<i64> {
+        self.effect_due_after_results_ms
     }
 
     /// `n` results kept failing past the alert threshold and were parked: the batch's one
@@ -411,6 +423,29 @@ mod tests {
         );
         assert!(op.effect_owed() && op.effect().generation() == 3);
         assert_ne!(id(&op).0, second.0);
+    }
+
+    /// The job's effect is due from when its results settle, and again from a new generation
+    /// an operator's retry of its results began; results settled again with the same counts,
+    /// or before the effect went out, leave it due from when it was.
+    #[test]
+    fn the_time_the_results_made_the_jobs_effect_due_is_kept() {
+        use crate::retry::Next;
+        let mut op = succeeded(ResultsMode::Each);
+        assert_eq!(op.effect_due_after_results_ms(), None, "owed, not settled");
+        op.results_settled(json!({"total": 2, "parked": 1}), 0, 20);
+        assert_eq!(op.effect_due_after_results_ms(), Some(20));
+        op.results_retried(25);
+        op.results_settled(json!({"total": 2, "parked": 0}), 0, 26);
+        assert_eq!(op.effect_due_after_results_ms(), Some(20), "not sent yet");
+        let claim = op.claim(30, 1_000).unwrap();
+        op.finish(&claim, &Next::Delivered, 40);
+        op.results_retried(50);
+        op.results_settled(json!({"total": 2, "parked": 0}), 0, 60);
+        assert_eq!(op.effect_due_after_results_ms(), Some(20), "nothing new");
+        op.results_retried(70);
+        assert_eq!(op.results_settled(json!({"total": 3}), 0, 80), Some(2));
+        assert_eq!(op.effect_due_after_results_ms(), Some(80));
     }
 
     #[test]

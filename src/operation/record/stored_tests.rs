@@ -104,7 +104,23 @@ fn results_stored_owed_go_on_from_the_due_time_the_jobs_effect_kept() {
     op.projection_written(op.version(), now);
     assert_eq!(op.wake_at_ms(i64::MAX / 4, 0), Some(now + 5_000));
     op.results_settled(serde_json::json!({"total": 1}), 0, now + 6_000);
+    assert_eq!(op.effect_due_after_results_ms(), Some(now + 6_000));
     assert_eq!(op.results_due_ms(), None);
     assert_eq!(op.job_due_ms(), Some(now + 6_000));
     assert!(op.claim(now + 6_000, 1_000).is_some());
+}
+
+/// When a batch's results made its job's effect due is a field later than every record
+/// above: a record that never had results never stores it, whatever it went through.
+#[test]
+fn a_record_without_results_stores_no_time_its_results_made_its_effect_due() {
+    use crate::retry::Next;
+    let mut op: Operation = serde_json::from_str(CLAIMED).unwrap();
+    let claim = op.effect().claim().unwrap();
+    op.finish(&claim, &Next::retry("503".into(), 2_000), 1_000);
+    let claim = op.claim(2_000, 1_000).unwrap();
+    op.finish(&claim, &Next::Delivered, 2_100);
+    assert_eq!(op.effect_due_after_results_ms(), None);
+    let stored = serde_json::to_string(&op).unwrap();
+    assert!(!stored.contains("results"), "{stored}");
 }
