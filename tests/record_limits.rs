@@ -24,6 +24,7 @@ const LIMITS: GateLimits = GateLimits {
     unregistered_hold_ms: 0,
     confirm_interval_ms: 0,
     desk_fallback_ms: 60_000,
+    effect_alert_after_ms: 3_600_000,
 };
 
 /// `levels` nested objects as JSON text, built as text.

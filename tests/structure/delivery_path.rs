@@ -78,6 +78,7 @@ pub const STOPS: &[&str] = &[
     "inbound/intake.rs declared_length>parse: `str::parse` of the declared length (read by name as `Status::parse`)",
     "inbound/intake.rs dead_key: a refused body's dead letter",
     "edge/objects/gate/mod.rs limit_new_records: a configuration value the command threads",
+    "edge/objects/gate/mod.rs limit_alerts: a configuration value the command threads",
     "edge/objects/gate/mod.rs meter: metering",
     "operation/record/mod.rs apply>resolve_alert: an open `stuck` alert: the record the delivery creates has none",
     "operation/record/mod.rs is_none: `Option::is_none` (read by name as `ResultsMode::is_none`)",

@@ -1330,6 +1330,7 @@ mod feeder_tests {
             GateCommand::Alert {
                 alert: AlertKind::Stuck,
                 age_seconds: 1,
+                effect_alert_after_ms: 0,
             },
             10,
         )

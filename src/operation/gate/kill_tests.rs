@@ -61,6 +61,7 @@ pub(super) const LIMITS: GateLimits = GateLimits {
     unregistered_hold_ms: 0,
     confirm_interval_ms: 0,
     desk_fallback_ms: 60_000,
+    effect_alert_after_ms: 3_600_000,
 };
 pub(super) const TIMEOUT_MS: i64 = 5_000;
 /// The runtime runs an alarm whose run died again about this much later.
@@ -411,6 +412,7 @@ impl World {
         }
         let mut command = command;
         command.limit_new_records(self.clock - LIMITS.retention_ms);
+        command.limit_alerts(LIMITS.effect_alert_after_ms);
         let record = self.load();
         let step = gate_step(record, command, self.clock);
         let (_, reply) = self.commit(step, Alarm::Sync)?;

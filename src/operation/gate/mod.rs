@@ -74,6 +74,8 @@ pub struct GateLimits {
     /// How long an effect (or a batch's results) its desk queued waits before asking again,
     /// should the desk be lost ([`crate::config::Config::desk_fallback_ms`]).
     pub desk_fallback_ms: i64,
+    /// `EFFECT_ALERT_AFTER_SECONDS` in ms (see [`GateCommand::limit_alerts`]).
+    pub effect_alert_after_ms: i64,
 }
 
 /// How the record is kept after a step.
@@ -213,9 +215,13 @@ pub fn step(record: Option<Operation>, command: GateCommand, now: i64) -> Step {
         GateCommand::DestinationReady { probe } => {
             held(record, |op| reconciling::destination_ready(op, probe, now))
         }
-        GateCommand::Alert { alert, age_seconds } => {
-            held(record, |op| reconciling::alert(op, alert, age_seconds, now))
-        }
+        GateCommand::Alert {
+            alert,
+            age_seconds,
+            effect_alert_after_ms,
+        } => held(record, |op| {
+            reconciling::alert(op, alert, age_seconds, effect_alert_after_ms, now)
+        }),
         GateCommand::StatusUnusable {
             reason,
             age_seconds,
@@ -438,6 +444,7 @@ pub(crate) mod fixtures {
         unregistered_hold_ms: 0,
         confirm_interval_ms: 0,
         desk_fallback_ms: 60_000,
+        effect_alert_after_ms: 3_600_000,
     };
 
     pub(crate) fn event(status: Status, source: Source) -> OpEvent {

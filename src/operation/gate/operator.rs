@@ -251,6 +251,7 @@ mod tests {
             GateCommand::Alert {
                 alert: AlertKind::Stuck,
                 age_seconds: 1,
+                effect_alert_after_ms: 0,
             },
             13,
         );

@@ -80,7 +80,15 @@ pub enum GateCommand {
     DestinationReady { probe: bool },
     /// Raise an alert of this kind once per operation: queued, and sent (at least once) by
     /// the gate's alarm.
-    Alert { alert: AlertKind, age_seconds: i64 },
+    Alert {
+        alert: AlertKind,
+        age_seconds: i64,
+        /// `EFFECT_ALERT_AFTER_SECONDS` in ms: a job's `effect_failing` waits it from when its
+        /// batch's results made its effect due. The gate sets it from its own configuration
+        /// ([`GateCommand::limit_alerts`]), never the sender, so it is not on the wire.
+        #[serde(skip)]
+        effect_alert_after_ms: i64,
+    },
     /// The operator's action on the side effect: retry now under the same generation when it
     /// is not done (refused while an attempt is in flight); a new generation when it is done.
     Redeliver {
@@ -171,6 +179,18 @@ impl GateCommand {
         } = self
         {
             *new_not_before_ms = not_before_ms;
+        }
+    }
+
+    /// An alert's command waits `after_ms` to raise a job's `effect_failing` once its batch's
+    /// results made its effect due ([`GateCommand::Alert`]).
+    pub fn limit_alerts(&mut self, after_ms: i64) {
+        if let GateCommand::Alert {
+            effect_alert_after_ms: at,
+            ..
+        } = self
+        {
+            *at = after_ms;
         }
     }
 

@@ -6,8 +6,9 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariants 5 and 7): nothing here runs anything outbound: an
 //! alert is queued in the record for the alarm, the one runner of alerts, and raised once per
-//! operation; a retry keeps the effect's backoff and only sets the alarm again (repairing a
-//! lost one); a re-index changes no state.
+//! operation (a job's `effect_failing` no sooner than the threshold after its effect was due);
+//! a retry keeps the effect's backoff and only sets the alarm again (repairing a lost one); a
+//! re-index changes no state.
 
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::log::GateLog;
@@ -48,8 +49,22 @@ pub(super) fn destination_ready(mut op: Operation, probe: bool, now: i64) -> Ste
 
 /// Queued in the record and sent by the alarm, the one runner of alerts: if the object dies
 /// during the send, the next alarm sends it again, under one id.
-pub(super) fn alert(mut op: Operation, alert: AlertKind, age_seconds: i64, now: i64) -> Step {
-    if !op.raise_alert(alert, age_seconds, now) {
+///
+/// The pass dates `effect_failing` from the outcome, but a job whose batch's results made its
+/// effect due later could not fail before then: refused (nothing stored; the pass asks again
+/// while the ledger shows it unsent) until `after_ms` from then, and its age counted from
+/// then. A parked effect needs a person at once.
+pub(super) fn alert(
+    mut op: Operation,
+    alert: AlertKind,
+    age_seconds: i64,
+    after_ms: i64,
+    now: i64,
+) -> Step {
+    let failing = alert == AlertKind::EffectFailing && op.effect().parked().is_none();
+    let due = op.effect_due_after_results_ms().filter(|_| failing);
+    let age_seconds = due.map_or(age_seconds, |due| (now - due) / 1_000);
+    if due.is_some_and(|due| now - due < after_ms) || !op.raise_alert(alert, age_seconds, now) {
         return Step::new(Some(op), GateReply::AlertSent { sent: false });
     }
     Step::new(Some(op), GateReply::AlertSent { sent: true }).durable()
@@ -86,13 +101,17 @@ pub(super) fn reindex(mut op: Operation) -> Step {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use crate::operation::alert::AlertKind;
-    use crate::operation::gate::alarm::confirmed;
+    use crate::operation::gate::alarm::{attempt_finished, begin_attempt, confirmed, Attempt};
     use crate::operation::gate::fixtures::*;
     use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
-    use crate::operation::gate::{step, Save};
+    use crate::operation::gate::{step, Save, Step};
     use crate::operation::lifecycle::Status;
     use crate::operation::observation::StatusError;
+    use crate::operation::{AttemptOutcome, Operation, ResultsMode};
+    use crate::retry::Next;
 
     #[test]
     fn an_operation_gemini_does_not_know_alerts_once_not_stuck_on_top() {
@@ -102,6 +121,7 @@ mod tests {
             GateCommand::Alert {
                 alert: AlertKind::Stuck,
                 age_seconds: 99_999,
+                effect_alert_after_ms: 0,
             },
             30,
         );
@@ -120,6 +140,7 @@ mod tests {
             GateCommand::Alert {
                 alert: AlertKind::Stuck,
                 age_seconds: 99_999,
+                effect_alert_after_ms: 0,
             },
             11,
         );
@@ -151,6 +172,7 @@ mod tests {
         let raise = || GateCommand::Alert {
             alert: AlertKind::Stuck,
             age_seconds: 60,
+            effect_alert_after_ms: 0,
         };
         let s = step(Some(registered()), raise(), 10);
         assert_eq!(s.reply, GateReply::AlertSent { sent: true });
@@ -176,6 +198,107 @@ mod tests {
             step(None, GateCommand::Reindex, 5).reply,
             GateReply::NotFound
         );
+    }
+
+    const HOUR: i64 = 3_600_000;
+
+    /// The pass's `effect_failing` at `now`, dated from the outcome as the pass dates it, with
+    /// the threshold the gate fills in.
+    fn effect_failing(op: Operation, now: i64) -> Step {
+        let age_seconds = (now - op.settled_at_ms().unwrap()) / 1_000;
+        let mut command = GateCommand::Alert {
+            alert: AlertKind::EffectFailing,
+            age_seconds,
+            effect_alert_after_ms: 0,
+        };
+        command.limit_alerts(LIMITS.effect_alert_after_ms);
+        step(Some(op), command, now)
+    }
+
+    /// A job succeeded at 10 whose effect became due at `due` (a `"results": "each"` batch's
+    /// 100,000 results settled then, when `results`), and whose first attempt answered
+    /// `outcome` a second later, committed as the alarm commits it.
+    fn tried_once(results: bool, due: i64, outcome: AttemptOutcome) -> Operation {
+        let mut op = registered();
+        if results {
+            op.fill_results_mode(ResultsMode::Each, 0);
+        }
+        let mut op = step(Some(op), deliver(Status::Succeeded), 10)
+            .record
+            .unwrap();
+        if results {
+            op.results_settled(json!({"total": 100_000}), 0, due);
+        }
+        let (claim, s) = begin_attempt(op, due, &LIMITS).unwrap();
+        let attempt = Attempt {
+            claim,
+            outcome,
+            started_ms: due,
+            finished_ms: due + 1_000,
+            asked_wait_ms: None,
+            target: Default::default(),
+        };
+        attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
+            .record
+            .unwrap()
+    }
+
+    /// A batch whose results took two hours: its job's effect could not fail before they
+    /// settled, so one failed attempt since is not `effect_failing` (the pass dates it from
+    /// the outcome, two hours back): the gate refuses it, storing nothing, until the
+    /// threshold has passed since the results settled, and dates it from then.
+    #[test]
+    fn a_batch_whose_results_settled_late_alerts_effect_failing_a_threshold_after_them() {
+        let op = tried_once(true, 2 * HOUR, AttemptOutcome::Retry("503".into()));
+        let next_pass = effect_failing(op, 2 * HOUR + 300_000);
+        assert_eq!(next_pass.reply, GateReply::AlertSent { sent: false });
+        assert_eq!(next_pass.save, Save::Unchanged);
+        assert!(next_pass.history.is_empty() && next_pass.logs.is_empty());
+        let op = next_pass.record.unwrap();
+        assert!(op.alerts_raised().is_empty() && op.pending_alerts().is_empty());
+        let early = effect_failing(op.clone(), 3 * HOUR - 1);
+        assert_eq!(early.reply, GateReply::AlertSent { sent: false });
+        let s = effect_failing(op, 3 * HOUR);
+        assert_eq!(s.reply, GateReply::AlertSent { sent: true });
+        assert_eq!(s.save, Save::Durable);
+        let op = s.record.unwrap();
+        assert_eq!(op.alerts_raised(), [AlertKind::EffectFailing]);
+        assert_eq!(op.pending_alerts()[0].age_seconds, 3_600, "since due");
+    }
+
+    /// A refusal the destination will repeat needs a person at once, however recently the
+    /// results made the effect due: the alarm raises it as it parks, and a pass that asks for
+    /// a parked effect's alert is not held back either.
+    #[test]
+    fn a_parked_job_effect_after_its_results_alerts_at_once() {
+        let op = tried_once(true, 2 * HOUR, AttemptOutcome::Park("400: bad".into()));
+        assert_eq!(op.alerts_raised(), [AlertKind::EffectFailing]);
+        let mut op = registered();
+        op.fill_results_mode(ResultsMode::Each, 0);
+        let mut op = step(Some(op), deliver(Status::Succeeded), 10)
+            .record
+            .unwrap();
+        op.results_settled(json!({"total": 2}), 0, 2 * HOUR);
+        let claim = op.claim(2 * HOUR, 1_000).unwrap();
+        op.finish(&claim, &Next::Park("400: bad".into()), 2 * HOUR + 1_000);
+        let s = effect_failing(op, 2 * HOUR + 300_000);
+        assert_eq!(s.reply, GateReply::AlertSent { sent: true });
+        assert_eq!(
+            s.record.unwrap().pending_alerts()[0].age_seconds,
+            7_499,
+            "as asked"
+        );
+    }
+
+    /// A job without results: the gate raises what the pass asks for, dated as the pass
+    /// dates it (the pass asks once the threshold has passed since the outcome).
+    #[test]
+    fn a_job_without_results_alerts_effect_failing_as_the_pass_asks() {
+        let op = tried_once(false, 10, AttemptOutcome::Retry("503".into()));
+        assert_eq!(op.effect_due_after_results_ms(), None);
+        let s = effect_failing(op, 10 + HOUR);
+        assert_eq!(s.reply, GateReply::AlertSent { sent: true });
+        assert_eq!(s.record.unwrap().pending_alerts()[0].age_seconds, 3_600);
     }
 
     #[test]

@@ -176,6 +176,7 @@ impl EntryRun {
                     let command = GateCommand::Alert {
                         alert: kind,
                         age_seconds: age_secs,
+                        effect_alert_after_ms: 0, // the gate's own, not on the wire
                     };
                     Some(self.gate(books, command, AfterGate::CountAlert))
                 }
@@ -303,7 +304,12 @@ impl EntryRun {
             StatusError::NotFound => {
                 books.log(PassLog::StatusNotFound { key });
                 let alert = AlertKind::UnknownToGemini;
-                (alert, GateCommand::Alert { alert, age_seconds })
+                let command = GateCommand::Alert {
+                    alert,
+                    age_seconds,
+                    effect_alert_after_ms: 0,
+                };
+                (alert, command)
             }
             StatusError::Transient { retry_after_secs } => {
                 // A queue consumer sends the entry back with the entries it skips.

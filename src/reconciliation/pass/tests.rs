@@ -825,7 +825,8 @@ fn a_404_asks_for_unknown_to_gemini_unless_the_ledger_shows_it_raised() {
             "batches/n",
             &GateCommand::Alert {
                 alert: AlertKind::UnknownToGemini,
-                age_seconds: NOW / 1_000 - 1_000
+                age_seconds: NOW / 1_000 - 1_000,
+                effect_alert_after_ms: 0,
             }
         )]
     );

@@ -68,6 +68,7 @@ fn limits(config: &Config) -> GateLimits {
         unregistered_hold_ms: config.unregistered_hold_ms(),
         confirm_interval_ms: config.confirm_interval_secs * 1_000,
         desk_fallback_ms: config.desk_fallback_ms(),
+        effect_alert_after_ms: config.effect_alert_after_secs * 1_000,
     }
 }
 
@@ -137,11 +138,11 @@ impl DurableObject for OperationGate {
             }
             _ => {}
         }
-        let now = now_ms();
+        let (now, limits) = (now_ms(), limits(&config));
         command.limit_new_records(now - config.retention_ms());
+        command.limit_alerts(limits.effect_alert_after_ms);
         let step = crate::operation::gate::step(self.storage.load()?, command, now);
         let attach_history = step.attach_history;
-        let limits = limits(&config);
         let (_, mut reply) = self.storage.commit(step, &limits, Alarm::Sync).await?;
         if let (true, GateReply::Found { history, .. }) = (attach_history, &mut reply) {
             *history = self.storage.history()?;
