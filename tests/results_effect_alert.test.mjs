@@ -80,7 +80,10 @@ describe("effect_failing for a batch whose results took long", () => {
     // Still failing the threshold after the results settled: raised, its age from then.
     await eventually(async () => { await w.scheduled(); return (await w.inspect(key)).body.alerts.includes("effect_failing"); }, { what: "effect_failing", timeoutMs: 60_000, everyMs: 2_000 });
     const raisedAt = Date.now();
-    assert.ok(raisedAt - dueAt >= THRESHOLD_S * 1_000, `raised ${raisedAt - dueAt} ms after its effect was due`);
+    // `dueAt` is when the destination saw the attempt, a moment after the results settled (the
+    // gate's own due time): a second's slack keeps that moment out of the check, which a
+    // raise dated from the outcome still fails by the threshold.
+    assert.ok(raisedAt - dueAt >= (THRESHOLD_S - 1) * 1_000, `raised ${raisedAt - dueAt} ms after its effect was due`);
     const [alert] = await eventually(() => alerts().length > 0 && alerts(), { what: "the alert sent" });
     assert.ok(alert.age_seconds < (raisedAt - outcomeAt) / 1_000 - 2, `age ${alert.age_seconds} s: from the outcome, not from when the effect was due`);
     assert.ok(alert.age_seconds >= THRESHOLD_S, `age ${alert.age_seconds} s`);
