@@ -74,8 +74,8 @@ pub(super) fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> 
 
 /// Puts a page of parked results back, and a parked file to be read again (or counts them,
 /// for a dry run), as [`crate::results::marks::retried`] decides (a history row, the results
-/// due now, the alarm set); the tables and the record are stored with no await in between
-/// (the alarm's call comes last), so as one.
+/// due now, the alarm set); the progress rides the gate's commit, with the record in one
+/// write (the alarm's call comes last).
 pub(super) async fn retry(
     storage: &GateStorage,
     config: &Config,
@@ -98,11 +98,7 @@ pub(super) async fn retry(
             "would_retry": parked.len(), "would_reread_file": file,
             "parked": progress.counts.parked, "would_hurry": progress.waiting_later(now)}));
     }
-    let (step, writes) =
-        on_record::retried(op, &mut progress, parked, (reason.to_string(), by), now);
-    if let Some(writes) = writes {
-        store.save(&progress, writes)?;
-    }
+    let step = on_record::retried(op, &mut progress, parked, (reason.to_string(), by), now);
     let (_, reply) = storage.commit(step, &limits(config), Alarm::Sync).await?;
     Ok(reply)
 }
