@@ -5,12 +5,11 @@
 //!
 //! Guarantees: a listing reads at most one page; delivered results are not stored, so
 //! `delivered` answers their count only; a retry takes at most the room left below
-//! `MAX_WAITING` (a page) of the parked rows back to waiting, with the progress in one storage
-//! write (the results waiting for a retry made due now in the same write),
-//! each then sent by the alarm under its first `webhook-id`, and a parked results file is read
-//! again (its status answer first, when that never said where the results are); the record's
-//! part (a history row, the results due now, the alarm) is the gate's step; a dry run changes
-//! nothing.
+//! `MAX_WAITING` (a page) of the parked rows back to waiting (the results waiting for a retry
+//! made due now), each then sent by the alarm under its first `webhook-id`, and a parked results
+//! file is read again (its status answer first, when that never said where the results are);
+//! the progress and the record's part (a history row, the results due now) are one gate step,
+//! stored in one storage write, the alarm set after; a dry run changes nothing.
 
 use serde_json::{json, Value};
 use worker::Result;

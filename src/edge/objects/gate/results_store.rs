@@ -18,7 +18,9 @@
 //! Guarantees: a progress and its transition's writes are stored only by the gate's commit
 //! (`GateStorage::commit`, through [`Beside`]), with the record and no await between, so as
 //! one write (the layout's move in a load is the one other writer); a row is written per change
-//! of a result not delivered, never per delivered result. The tables go with the object's storage when retention ends (`deleteAll`).
+//! of a result not delivered, never per delivered result. The tables go with the object's
+//! storage when retention ends (`deleteAll`). The inline items and their order are a staging
+//! written as the status answer streams in, outside the commit (`results/locate.rs`).
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
