@@ -41,16 +41,11 @@ pub fn progress(op: Operation, write: ProgressWrite) -> Marked {
 
 /// `/metrics`' results by destination (`to`), as the progress metered them (`w`: the commit
 /// that metered them, stored with them): counted in the record, flushed by the alarm's upkeep.
-pub fn metered(
-    mut op: Operation,
-    m: Option<Metered>,
-    to: &str,
-    now: i64,
-    w: ProgressWrite,
-) -> Marked {
+pub fn metered(op: Operation, m: Option<Metered>, to: &str, now: i64, w: ProgressWrite) -> Marked {
     let Some(m) = m else {
         return progress(op, w);
     };
+    let mut op = op;
     let ended = [
         ("delivered", m.delivered),
         ("failed", m.failed),
