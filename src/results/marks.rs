@@ -1,7 +1,8 @@
 //! What a results step writes on the operation's record, decided: each function takes the
 //! record as stored and returns the gate's [`Step`] (what to store, its history row, its log
-//! line), and marks on the [`Progress`] what goes with it; the edge stores both with no await
-//! between, so as one write.
+//! line) with the step's [`ProgressWrite`] when it has one (an alert marked on the [`Progress`],
+//! a commit, a pause, a retry, or the progress alone: [`progress`]); the gate's commit stores
+//! both in one write, the progress also when the record is unchanged.
 //!
 //! Guarantees: the events an operator reads later (the file parked, results parked for
 //! failing, the results settled with their counts) each leave a history row; a step's
@@ -13,27 +14,38 @@ use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
 use crate::operation::gate::log::GateLog;
+use crate::operation::gate::protocol::GateReply;
 use crate::operation::gate::{results_retried, ResultsTaken, Step};
 use crate::operation::history::HistoryEntry;
 use crate::operation::{Actor, Operation};
-use crate::results::progress::{Metered, Progress, Row, Write};
+use crate::results::progress::{Metered, Progress, ProgressWrite, Row};
 use crate::telemetry::counters::{labelled, RESULT_TO_PREFIX};
 
-/// The record after a step that stores it when `changed`.
-fn stored(op: Operation, changed: bool) -> Step<()> {
-    let step = Step::new(Some(op), ());
+/// A results step's decision: the record, and the progress stored with it.
+pub type Marked = Step<(), ProgressWrite>;
+
+/// The record after a step that stores it when `changed`, with the progress `write`.
+fn stored(op: Operation, changed: bool, write: Option<ProgressWrite>) -> Marked {
+    let step = Step::new(Some(op), ()).carrying(write);
     match changed {
         true => step.durable(),
         false => step,
     }
 }
 
-/// `/metrics`' results by destination (`to`), as the progress metered them: counted in the
-/// record, flushed by the alarm's upkeep.
-pub fn metered(mut op: Operation, metered: Option<Metered>, to: &str, now: i64) -> Step<()> {
-    let Some(m) = metered else {
-        return stored(op, false);
+/// A step that stores the progress alone (a claim, a failed read, where the results are): the
+/// record is unchanged.
+pub fn progress(op: Operation, write: ProgressWrite) -> Marked {
+    stored(op, false, Some(write))
+}
+
+/// `/metrics`' results by destination (`to`), as the progress metered them (`w`: the commit
+/// that metered them, stored with them): counted in the record, flushed by the alarm's upkeep.
+pub fn metered(op: Operation, m: Option<Metered>, to: &str, now: i64, w: ProgressWrite) -> Marked {
+    let Some(m) = m else {
+        return progress(op, w);
     };
+    let mut op = op;
     let ended = [
         ("delivered", m.delivered),
         ("failed", m.failed),
@@ -44,18 +56,19 @@ pub fn metered(mut op: Operation, metered: Option<Metered>, to: &str, now: i64) 
     for (result, n) in ended.into_iter().filter(|(_, n)| *n > 0) {
         op.count_by(label(result), n, now);
     }
-    stored(op, true)
+    stored(op, true, Some(w))
 }
 
 /// The results file is parked: its one `results_file_parked` alert, through the record's
-/// alerts (sent by this run's alert stage), with a history row and a log line naming why.
-pub fn file_parked(mut op: Operation, progress: &mut Progress, reason: &str, now: i64) -> Step<()> {
+/// alerts (sent by this run's alert stage), with a history row and a log line naming why; the
+/// progress marked alerted goes with it (as do the other alerts').
+pub fn file_parked(mut op: Operation, progress: &mut Progress, reason: &str, now: i64) -> Marked {
     let age = (now - op.settled_at_ms().unwrap_or(now)) / 1_000;
     op.raise_alert(AlertKind::ResultsFileParked, age, now);
     progress.alerted = true;
     let key = op.key().to_string();
     let reason = reason.to_string();
-    stored(op, true)
+    stored(op, true, Some(ProgressWrite::of(progress.clone())))
         .row(HistoryEntry::ResultsFileParked {
             reason: reason.clone(),
         })
@@ -70,26 +83,28 @@ pub fn gave_up(
     n: u64,
     age_seconds: i64,
     now: i64,
-) -> Step<()> {
+) -> Marked {
     op.results_gave_up(n, age_seconds, now);
     progress.failing_alerted = true;
-    stored(op, true).row(HistoryEntry::ResultsGaveUp { parked: n })
+    let write = Some(ProgressWrite::of(progress.clone()));
+    stored(op, true, write).row(HistoryEntry::ResultsGaveUp { parked: n })
 }
 
 /// The batch's result senders answered nothing past the alert threshold while `waiting`
 /// results wait (`Some`): its one `results_sender_failing` alert, with a history row and a log
 /// line; or a sender answers again, or no result waits on one (`None`): resolved, with a
 /// history row.
-pub fn senders(mut op: Operation, p: &mut Progress, waiting: Option<u64>, now: i64) -> Step<()> {
+pub fn senders(mut op: Operation, p: &mut Progress, waiting: Option<u64>, now: i64) -> Marked {
     p.senders_alert_marked(waiting.is_some());
+    let write = Some(ProgressWrite::of(p.clone()));
     let Some(waiting) = waiting else {
         op.results_senders_back(now);
-        return stored(op, true).row(HistoryEntry::ResultSendersBack);
+        return stored(op, true, write).row(HistoryEntry::ResultSendersBack);
     };
     let silent_ms = now - p.unanswered_since_ms.unwrap_or(now);
     op.results_senders_failing(waiting, silent_ms / 1_000, now);
     let key = op.key().to_string();
-    stored(op, true)
+    stored(op, true, write)
         .row(HistoryEntry::ResultSendersSilent { waiting, silent_ms })
         .log(GateLog::ResultSendersSilent {
             key,
@@ -102,10 +117,10 @@ pub fn senders(mut op: Operation, p: &mut Progress, waiting: Option<u64>, now: i
 /// went out, as a new generation when the counts changed); none parked for failing in this
 /// spell (`failing_parked`) resolves an open `results_failing`. A history row names the
 /// counts, and the generation when one began.
-pub fn settled(mut op: Operation, counts: Value, failing_parked: u64, now: i64) -> Step<()> {
+pub fn settled(mut op: Operation, counts: Value, failing_parked: u64, now: i64) -> Marked {
     let generation = op.results_settled(counts.clone(), failing_parked, now);
     let key = op.key().to_string();
-    let step = stored(op, true).row(HistoryEntry::ResultsSettled { counts, generation });
+    let step = stored(op, true, None).row(HistoryEntry::ResultsSettled { counts, generation });
     match generation {
         Some(generation) => step.log(GateLog::ResultsRecounted { key, generation }),
         None => step,
@@ -114,16 +129,16 @@ pub fn settled(mut op: Operation, counts: Value, failing_parked: u64, now: i64) 
 
 /// An operator's retry of parked results: the progress takes `parked` (a page the edge read,
 /// at most its room), makes the waiting ones due now, and reads a parked file again, the rows
-/// it moved stored with it; the record's part is the gate's step ([`results_retried`]: a
-/// history row, the results due now, and the answer). A forgotten or retired operation runs
-/// nothing again: its progress takes nothing and nothing is stored (`None`).
+/// it moved stored with it (the step's [`ProgressWrite`]); the record's part is the gate's step
+/// ([`results_retried`]: a history row, the results due now, and the answer). A forgotten or
+/// retired operation runs nothing again: its progress takes nothing and nothing is stored.
 pub fn retried(
     op: Operation,
     progress: &mut Progress,
     parked: Vec<Row>,
     (reason, by): (String, Option<Actor>),
     now: i64,
-) -> (Step, Option<Vec<Write>>) {
+) -> Step<GateReply, ProgressWrite> {
     let mut taken = ResultsTaken {
         taken: 0,
         file_reread: false,
@@ -131,41 +146,44 @@ pub fn retried(
         hurried: 0,
     };
     if op.results_stopped() {
-        return (results_retried(op, taken, reason, by, now), None);
+        return results_retried(op, taken, reason, by, now).carrying(None);
     }
     let mut writes = progress.hurry_waiting(now);
     let (rows, file_reread) = progress.retry_parked(parked, now);
     (taken.hurried, taken.taken) = (writes.len() as u64, rows.len() as u64);
     (taken.file_reread, taken.parked_left) = (file_reread, progress.counts.parked);
     writes.extend(rows);
-    (results_retried(op, taken, reason, by, now), Some(writes))
+    let mut write = ProgressWrite::of(progress.clone());
+    write.writes = writes;
+    results_retried(op, taken, reason, by, now).carrying(Some(write))
 }
 
 /// The destination's desk queued the batch: the record waits for its release, or for
-/// `fallback_ms` should the desk be lost, and says whether a pause holds it.
+/// `fallback_ms` should the desk be lost, and says whether a pause holds it; `held`: the
+/// progress whose failing clocks a pause stopped, stored with it.
 pub fn wait_on_destination(
     mut op: Operation,
-    paused: bool,
+    (paused, held): (bool, Option<ProgressWrite>),
     fallback_ms: i64,
     now: i64,
-) -> Step<()> {
+) -> Marked {
     let waits = op.results_wait_on_destination(now, fallback_ms);
     if waits {
         op.mark_wait_paused(paused);
     }
-    stored(op, waits)
+    stored(op, waits, held)
 }
 
 /// The results' next step is due at `at`.
-pub fn due_at(mut op: Operation, at: i64) -> Step<()> {
+pub fn due_at(mut op: Operation, at: i64) -> Marked {
     let changed = op.results_due_at(at);
-    stored(op, changed)
+    stored(op, changed, None)
 }
 
 /// A step used the desk's release (or its grant ended a wait): the mark is spent.
-pub fn desk_spent(mut op: Operation) -> Step<()> {
+pub fn desk_spent(mut op: Operation) -> Marked {
     let changed = op.results_desk_spent();
-    stored(op, changed)
+    stored(op, changed, None)
 }
 
 #[cfg(test)]
@@ -177,7 +195,7 @@ mod tests {
     use crate::operation::lifecycle::{Source as EventSource, Status};
     use crate::operation::{OpEvent, ResultsMode};
     use crate::results::item::Source;
-    use crate::results::progress::Step as Next;
+    use crate::results::progress::{Step as Next, Write};
 
     fn succeeded() -> Operation {
         let mut op = Operation::register("batches/r", "batches/r", None, 0);
@@ -193,7 +211,7 @@ mod tests {
         op
     }
 
-    fn what<R>(step: &Step<R>) -> Vec<String> {
+    fn what<R>(step: &Step<R, ProgressWrite>) -> Vec<String> {
         let whats = step.history.iter().map(|h| h.to_value()["what"].clone());
         whats
             .map(|w| w.as_str().unwrap_or("").to_string())
@@ -230,8 +248,8 @@ mod tests {
         let mut op = succeeded();
         assert!(op.forget(15, "gone"));
         let before = p.clone();
-        let (s, writes) = retried(op, &mut p, vec![row(0)], ("x".into(), None), 20);
-        assert_eq!((writes, &p), (None, &before));
+        let s = retried(op, &mut p, vec![row(0)], ("x".into(), None), 20);
+        assert_eq!((s.results.clone(), &p), (None, &before));
         assert_eq!((s.save, s.history.len()), (Save::Unchanged, 0));
     }
 
@@ -259,13 +277,13 @@ mod tests {
         let claim = op.claim(30, 1_000).unwrap();
         op.finish(&claim, &crate::retry::Next::Delivered, 40);
         // An operator's retry: a new spell, then delivered: resolved.
-        let (s, writes) = retried(op, &mut p, vec![row(0)], ("fixed".into(), None), 50);
+        let s = retried(op, &mut p, vec![row(0)], ("fixed".into(), None), 50);
         assert_eq!(
             (s.save, what(&s)),
             (Save::Durable, vec!["results_retried".into()])
         );
         assert_eq!(
-            writes.unwrap(),
+            s.results.clone().unwrap().writes,
             [Write::Update(p.rows[&0].clone())],
             "waiting, due now"
         );
@@ -278,8 +296,8 @@ mod tests {
         assert_eq!(queued(&op), ["results_recovered"]);
         op.alert_delivered(&op.queued_id(AlertKind::ResultsRecovered));
         // A second retry whose results fail past the threshold again: alerted again.
-        let (op, _) = retried(op, &mut p, vec![row(0)], ("again".into(), None), 70);
-        let (none, writes) = retried(
+        let op = retried(op, &mut p, vec![row(0)], ("again".into(), None), 70);
+        let none = retried(
             op.record.clone().unwrap(),
             &mut p,
             vec![],
@@ -291,7 +309,7 @@ mod tests {
             (Save::Unchanged, 0),
             "nothing taken"
         );
-        assert_eq!(writes, Some(vec![]));
+        assert_eq!(none.results.map(|w| w.writes), Some(vec![]));
         let op = op.record.unwrap();
         p.gave_up = 1;
         let op = gave_up(op, &mut p, 1, 3, 80).record.unwrap();
@@ -362,10 +380,11 @@ mod tests {
         let s = due_at(s.record.unwrap(), 500);
         assert_eq!(s.save, Save::Unchanged);
         assert_eq!(desk_spent(succeeded()).save, Save::Unchanged, "no mark");
-        let s = wait_on_destination(succeeded(), true, 1_000, 20);
+        let s = wait_on_destination(succeeded(), (true, None), 1_000, 20);
         assert_eq!(s.save, Save::Durable);
         assert_eq!(s.record.unwrap().results_due_ms(), Some(1_020));
-        let none = metered(succeeded(), None, "default", 20);
+        let w = ProgressWrite::of(Progress::begin(Source::Inline, 10));
+        let none = metered(succeeded(), None, "default", 20, w.clone());
         assert_eq!(none.save, Save::Unchanged);
         let m = Metered {
             delivered: 2,
@@ -373,10 +392,35 @@ mod tests {
             parked: 1,
             unanswered: 0,
         };
-        let s = metered(succeeded(), Some(m), "default", 20);
+        let s = metered(succeeded(), Some(m), "default", 20, w);
         assert_eq!(s.save, Save::Durable);
         assert!([&s]
             .iter()
             .all(|s| s.history.is_empty() && s.logs.is_empty()));
+    }
+
+    /// A step's progress goes with it when the record is unchanged too: the gate's commit
+    /// stores it whatever the record's save.
+    #[test]
+    fn a_steps_progress_write_is_carried_when_the_record_is_unchanged() {
+        let mut p = Progress::begin(Source::Inline, 10);
+        p.claim(Default::default(), false);
+        let w = ProgressWrite::of(p);
+        let steps = [
+            progress(succeeded(), w.clone()),
+            metered(succeeded(), None, "default", 20, w.clone()),
+        ];
+        for s in steps {
+            assert_eq!((s.save, s.history.len()), (Save::Unchanged, 0));
+            assert_eq!(
+                s.results.as_ref(),
+                Some(&w),
+                "the progress goes with the step"
+            );
+        }
+        let mut op = succeeded();
+        op.results_wait_on_destination(20, 1_000);
+        let s = wait_on_destination(op, (true, Some(w.clone())), 1_000, 20);
+        assert_eq!(s.results, Some(w));
     }
 }

@@ -212,6 +212,28 @@ impl Step {
     }
 }
 
+/// A step's progress and its transition's writes to the failure rows: stored by the gate's
+/// commit beside the record, in the same write (`Step::results`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgressWrite {
+    pub progress: Progress,
+    pub writes: Vec<Write>,
+}
+
+impl ProgressWrite {
+    /// The progress alone, with no write to the failure rows.
+    pub fn of(progress: Progress) -> ProgressWrite {
+        let writes = Vec::new();
+        ProgressWrite { progress, writes }
+    }
+
+    /// The progress with the failing clocks a pause stops, if any ran.
+    pub fn held_by_pause(mut progress: Progress) -> Option<ProgressWrite> {
+        let writes = progress.held_by_pause()?;
+        Some(ProgressWrite { progress, writes })
+    }
+}
+
 /// The results' progress for one operation.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Progress {

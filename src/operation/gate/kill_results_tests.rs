@@ -5,11 +5,12 @@
 //! accepted or parked; the job's effect goes once every result is settled, once, with their
 //! counts; nothing goes under a new id after a kill.
 //!
-//! Storage points of a results step, besides the record's (`World::commit` through the
-//! gate's steps, [`on_record`]): [`World::store_progress`] stands for `ResultsStore::save` (the
-//! progress and its transition's writes to the failure rows in one write: the claim before a
-//! chunk's sends, its commit after them, the rows' answers after they are sent again, a failed
-//! read, a raised alert); each send is a point too (the request reached the destination). The file is read
+//! Storage points of a results step: the record's (`World::commit` through the gate's steps,
+//! [`on_record`]), which alone stores the progress and its transition's writes to the failure
+//! rows ([`ProgressWrite`], the step's, in the record's write, also when the record is
+//! unchanged: the claim before a chunk's sends, its commit with `/metrics`' count after them,
+//! the rows' answers after they are sent again, a failed read, a raised alert, where the results
+//! are); each send is a point too (the request reached the destination). The file is read
 //! as the edge reads it without `Range` (from byte 0, the done part discarded), at most
 //! [`CHUNK`] results a read (a download ends a chunk early at its byte cap, so a chunk may
 //! hold fewer than the desk granted).
@@ -23,17 +24,16 @@ use crate::operation::effect::outcome;
 use crate::operation::gate::desk_turn::{reports, DeskTurn};
 use crate::operation::gate::kill_tests::{
     completion, job_kept_its_promises, job_requests, killed_everywhere, one_body_per_id,
-    resent_after_2xx, secret, Alarm, Answer, Run, World, KEY, LIMITS, TIMEOUT_MS,
+    resent_after_2xx, secret, Alarm, Answer, Beside, Run, World, KEY, LIMITS, TIMEOUT_MS,
 };
 use crate::operation::gate::protocol::{GateCommand, GateReply};
-use crate::operation::gate::Step as GateStep;
 use crate::operation::{DeskMark, Operation, ResultsMode};
 use crate::results::body::{build_result_request, result_message_id, ResultHead};
 use crate::results::item::{from_piece, ResultItem, Source, LINE_CAP};
 use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter};
-use crate::results::marks as on_record;
+use crate::results::marks::{self as on_record, Marked};
 use crate::results::progress::{
-    ChunkClaim, FileTrouble, Limits, Progress, Sending, Step, Write, CHUNK_BYTES,
+    ChunkClaim, FileTrouble, Limits, Progress, ProgressWrite, Sending, Step, Write, CHUNK_BYTES,
 };
 use crate::results::source::file_of_details;
 use crate::results::turn::reads_first;
@@ -92,10 +92,10 @@ impl World {
         self.progress().unwrap_or(stale)
     }
 
-    /// `ResultsStore::save`: the progress and its writes, in one write (a point).
-    fn store_progress(&mut self, progress: &Progress, writes: Vec<Write>) -> Run<()> {
-        self.write_progress(progress, writes);
-        self.point()
+    /// `Driver::store_progress`: the progress alone, committed (the record unchanged).
+    fn store_progress(&mut self, op: Operation, progress: Progress) -> Run<Operation> {
+        let write = ProgressWrite::of(progress);
+        self.mark(op, |op| on_record::progress(op, write))
     }
 
     /// The progress and its writes as stored; what it has done never moves back.
@@ -113,8 +113,8 @@ impl World {
         );
     }
 
-    /// `results_admin::retry`: a page of parked results waiting again with the progress, and
-    /// the record's step committed, with no await between (one write).
+    /// `results_admin::retry`: a page of parked results waiting again with the progress, in
+    /// the record's step, committed (one write).
     pub(super) fn retry_results(&mut self, reason: String) -> Run<GateReply> {
         let Some(op) = self.load() else {
             return Ok(GateReply::NotFound);
@@ -123,22 +123,14 @@ impl World {
             return Ok(GateReply::NotFound);
         };
         let parked = self.tables.parked(progress.room());
-        let retried = on_record::retried(op, &mut progress, parked, (reason, None), self.clock);
-        let (step, writes) = retried;
-        if let Some(writes) = writes {
-            self.write_progress(&progress, writes);
-        }
+        let step = on_record::retried(op, &mut progress, parked, (reason, None), self.clock);
         let (_, reply) = self.commit(step, Alarm::Sync)?;
         Ok(reply)
     }
 
     /// `Driver::mark`: what `decide` makes of the record as stored now, committed without
     /// setting the alarm (the run's upkeep sets it last).
-    fn mark(
-        &mut self,
-        op: Operation,
-        decide: impl FnOnce(Operation) -> GateStep<()>,
-    ) -> Run<Operation> {
+    fn mark(&mut self, op: Operation, decide: impl FnOnce(Operation) -> Marked) -> Run<Operation> {
         let current = self.load().unwrap_or(op);
         let step = decide(current.clone());
         let (stored, ()) = self.commit(step, Alarm::Deferred)?;
@@ -166,8 +158,8 @@ impl World {
         }
         let progress = match reads_first(&step, &progress.phase, released) {
             Some(from) => match self.file_check(progress, from)? {
-                Some(progress) => progress,
-                None => return Ok(self.load().unwrap_or(op)),
+                (progress, true) => progress,
+                (failed, false) => return self.store_progress(op, failed),
             },
             None => progress,
         };
@@ -176,11 +168,11 @@ impl World {
                 Ok(turn) => turn,
                 Err(paused) => {
                     // A pause's wait is no failure: the results' failing clocks stop.
-                    let mut progress = self.fresh(progress);
-                    if let Some(writes) = progress.held_by_pause().filter(|_| paused) {
-                        self.store_progress(&progress, writes)?;
-                    }
-                    return self.results_wait(op, paused);
+                    let held = match paused {
+                        true => ProgressWrite::held_by_pause(self.fresh(progress)),
+                        false => None,
+                    };
+                    return self.results_wait(op, (paused, held));
                 }
             },
             None => Turn {
@@ -205,15 +197,11 @@ impl World {
             Step::RetryRows(indexes) => self.retry_rows(op, p, indexes, turn),
             Step::Alert(reason) => {
                 let mut p = p;
-                let op = self.mark(op, |op| on_record::file_parked(op, &mut p, &reason, now))?;
-                self.store_progress(&p, Vec::new())?;
-                Ok(op)
+                self.mark(op, |op| on_record::file_parked(op, &mut p, &reason, now))
             }
             Step::AlertFailing(n) => {
                 let mut p = p;
-                let op = self.mark(op, |op| on_record::gave_up(op, &mut p, n, 1, now))?;
-                self.store_progress(&p, Vec::new())?;
-                Ok(op)
+                self.mark(op, |op| on_record::gave_up(op, &mut p, n, 1, now))
             }
             Step::AlertSenders(n) => self.senders(op, p, Some(n)),
             Step::SendersBack => self.senders(op, p, None),
@@ -224,23 +212,21 @@ impl World {
         }
     }
 
-    /// `Driver::senders`: the senders' alert raised (`Some`: how many wait) or resolved, the
-    /// progress stored after the record.
+    /// `Driver::alert`: the senders' alert raised (`Some`: how many wait) or resolved, the
+    /// progress stored with the record.
     fn senders(&mut self, op: Operation, mut p: Progress, n: Option<u64>) -> Run<Operation> {
         let now = self.clock;
-        let op = self.mark(op, |op| on_record::senders(op, &mut p, n, now))?;
-        self.store_progress(&p, Vec::new())?;
-        Ok(op)
+        self.mark(op, |op| on_record::senders(op, &mut p, n, now))
     }
 
-    /// `Driver::begin`: the outcome names the file; the progress is stored.
+    /// `Driver::begin`: the outcome names the file; the progress is committed alone.
     fn begin(&mut self, op: &Operation) -> Run<Progress> {
         let since = op.settled_at_ms().unwrap_or(self.clock);
         let mut progress = Progress::begin(Source::Inline, since);
         progress.ended_ms = Some(op.update_time_ms()).filter(|&t| t > 0);
         let name = file_of_details(op.details()).expect("the outcome names its file");
         progress.source = Source::File { name };
-        self.store_progress(&progress, Vec::new())?;
+        self.store_progress(op.clone(), progress.clone())?;
         Ok(progress)
     }
 
@@ -260,7 +246,11 @@ impl World {
 
     /// `Driver::wait_on_destination`: the record waits for the desk's release (or its
     /// fallback).
-    fn results_wait(&mut self, op: Operation, paused: bool) -> Run<Operation> {
+    fn results_wait(
+        &mut self,
+        op: Operation,
+        paused: (bool, Option<ProgressWrite>),
+    ) -> Run<Operation> {
         let (fallback, now) = (LIMITS.desk_fallback_ms, self.clock);
         self.mark(op, |op| {
             on_record::wait_on_destination(op, paused, fallback, now)
@@ -272,7 +262,7 @@ impl World {
     fn release_unused(&mut self, op: Operation, at: i64) -> Run<Operation> {
         let op = self.mark(op, on_record::desk_spent)?;
         if let Some(paused) = self.desk_says_wait()? {
-            return self.results_wait(op, paused);
+            return self.results_wait(op, (paused, None));
         }
         self.mark(op, |op| on_record::due_at(op, at))
     }
@@ -308,15 +298,14 @@ impl World {
     }
 
     /// `Driver::file_check`.
-    fn file_check(&mut self, progress: Progress, from: Checkpoint) -> Run<Option<Progress>> {
+    fn file_check(&mut self, progress: Progress, from: Checkpoint) -> Run<(Progress, bool)> {
         let read = self.read(from, 1)?;
         let mut progress = self.fresh(progress);
-        let Err(trouble) = read else {
-            return Ok(Some(progress));
-        };
-        progress.file_failed(trouble, self.clock, &RESULTS, 0.5);
-        self.store_progress(&progress, Vec::new())?;
-        Ok(None)
+        if let Err(trouble) = read {
+            progress.file_failed(trouble, self.clock, &RESULTS, 0.5);
+            return Ok((progress, false));
+        }
+        Ok((progress, true))
     }
 
     /// `Driver::chunk`: the next chunk claimed (stored) before its sends, or the claimed one
@@ -334,7 +323,7 @@ impl World {
         let (items, to, last) = match read {
             Err(trouble) => {
                 progress.file_failed(trouble, self.clock, &RESULTS, 0.5);
-                self.store_progress(&progress, Vec::new())?;
+                let op = self.store_progress(op, progress)?;
                 return self.after_sends(op, turn, Sent::default());
             }
             Ok(read) => read,
@@ -342,7 +331,7 @@ impl World {
         let (claim, items, reached) = match claimed {
             None => {
                 let claim = progress.claim(to, last);
-                self.store_progress(&progress, Vec::new())?;
+                self.store_progress(op.clone(), progress.clone())?;
                 (claim, items, to)
             }
             Some(claim) => {
@@ -361,8 +350,9 @@ impl World {
         let now = self.clock;
         let writes = progress.commit_through(claim.chunk, reached, answers, now, &RESULTS, 0.5);
         let metered = progress.meter(before);
-        self.store_progress(&progress, writes.unwrap_or_default())?;
-        let op = self.mark(op, |op| on_record::metered(op, metered, "to", now))?;
+        let writes = writes.unwrap_or_default();
+        let write = ProgressWrite { progress, writes };
+        let op = self.mark(op, |op| on_record::metered(op, metered, "to", now, write))?;
         self.after_sends(op, turn, sent)
     }
 
@@ -387,8 +377,8 @@ impl World {
             })
             .collect();
         let metered = progress.meter(before);
-        self.store_progress(&progress, writes)?;
-        let op = self.mark(op, |op| on_record::metered(op, metered, "to", now))?;
+        let write = ProgressWrite { progress, writes };
+        let op = self.mark(op, |op| on_record::metered(op, metered, "to", now, write))?;
         self.after_sends(op, turn, sent)
     }
 
@@ -420,7 +410,7 @@ impl World {
     fn after_sends(&mut self, op: Operation, turn: Turn, sent: Sent) -> Run<Operation> {
         if reports(turn.turn, false, sent.failures > 0) {
             if let Some(paused) = self.desk_says_wait()? {
-                return self.results_wait(op, paused);
+                return self.results_wait(op, (paused, None));
             }
         }
         match sent.asked_wait_ms {
@@ -430,6 +420,14 @@ impl World {
             }
             None => Ok(self.load().unwrap_or(op)),
         }
+    }
+}
+
+/// `results_store::Beside`: the step's progress and its writes, stored by the commit.
+impl Beside for ProgressWrite {
+    fn store(self, world: &mut World) -> bool {
+        world.write_progress(&self.progress, self.writes);
+        true
     }
 }
 
@@ -616,4 +614,27 @@ fn a_clean_batch_sends_a_result_again_only_after_an_answer_that_was_not_a_2xx() 
         4,
         "accepted, failed, lost and throttled: {kinds:?}"
     );
+}
+
+/// The commit is the progress's one writer: a step whose record is unchanged (a claim) stores
+/// its progress all the same, as a point of its own, and the record stays as it was.
+#[test]
+fn a_step_whose_record_is_unchanged_stores_its_progress_as_its_own_point() {
+    let mut world = World::new(1, false, None);
+    let op = Operation::register(KEY, KEY, None, 0);
+    let mut progress = Progress::begin(Source::Inline, 0);
+    let claim = progress.claim(
+        Checkpoint {
+            offset: 9,
+            index: 3,
+        },
+        false,
+    );
+    let step = on_record::progress(op.clone(), ProgressWrite::of(progress.clone()));
+    assert_eq!(step.save, crate::operation::gate::Save::Unchanged);
+    world.commit(step, Alarm::Deferred).unwrap();
+    assert_eq!(world.points, 1, "the claim is a storage point");
+    assert_eq!(world.progress(), Some(progress));
+    assert_eq!(world.progress().unwrap().claim, Some(claim));
+    assert_eq!(world.stored_record(), None, "the record is not written");
 }

@@ -17,8 +17,10 @@
 //! - [`Destination::call`] (a point after each): the request reached the destination
 //!   (`fetch::deliver` in `edge/objects/gate/alarm.rs`'s `attempt`, `results/sends.rs`' `send`):
 //!   a kill there loses its answer, whatever the destination did with it.
-//! - the results' tables (`kill_results_tests.rs`): `ResultsStore::save`, the progress with its
-//!   transition's writes, in one write.
+//! - the results' tables (`kill_results_tests.rs`): written by [`World::commit`] alone, as by
+//!   `GateStorage::commit`: a step's progress with its transition's writes
+//!   ([`crate::operation::gate::Step::results`]), in the record's write, a point also when the
+//!   record is unchanged.
 //!
 //! The order of stores and awaits is the edge's: a command (`OperationGate::fetch`) is `step`
 //! then `commit(Alarm::Sync)`; an alarm run (`alarm.rs`' `Run::perform`) spends the alarm,
@@ -200,6 +202,18 @@ pub(super) fn webhook_id(request: &EffectRequest) -> String {
     id.map(|(_, v)| v.clone()).expect("a webhook-id")
 }
 
+/// What a step stores beside the record (`results_store::Beside`): nothing, or a batch's
+/// results' progress (`kill_results_tests.rs`); true when it stored something.
+pub(super) trait Beside {
+    fn store(self, world: &mut World) -> bool;
+}
+
+impl Beside for () {
+    fn store(self, _: &mut World) -> bool {
+        false
+    }
+}
+
 /// Whether a committed step sets the alarm (`storage::Alarm`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Alarm {
@@ -364,10 +378,16 @@ impl World {
     /// are written with no await between them (the SQL write is synchronous and `setAlarm`
     /// is issued right after it), so the runtime commits them as one: a kill keeps both or
     /// neither.
-    pub(super) fn commit<R>(&mut self, step: Step<R>, alarm: Alarm) -> Run<(Option<Operation>, R)> {
+    pub(super) fn commit<R, P: Beside>(
+        &mut self,
+        step: Step<R, P>,
+        alarm: Alarm,
+    ) -> Run<(Option<Operation>, R)> {
         assert!(!step.purge, "retention never ends in these runs");
         let rows = !step.history.is_empty();
         self.history_rows += step.history.len();
+        // The results' progress, in the same write, whatever the record's save.
+        let progress = step.results.is_some_and(|results| results.store(self));
         let mut wrote = true;
         match (&step.record, step.save) {
             (Some(op), Save::Durable) => self.save(op),
@@ -385,7 +405,7 @@ impl World {
         if let (Some(op), true, Alarm::Sync) = (&step.record, changed, alarm) {
             wrote |= self.set_alarm(op);
         }
-        if wrote {
+        if wrote || progress {
             self.point()?;
         }
         Ok((step.record, step.reply))

@@ -92,9 +92,10 @@ pub enum Save {
 }
 
 /// What one step decided. `R` is its answer: a [`GateReply`] for a command, an
-/// [`crate::operation::gate::alarm::AlarmDone`] for a piece of the alarm's work.
+/// [`crate::operation::gate::alarm::AlarmDone`] for a piece of the alarm's work; `P` what it
+/// stores beside the record (a batch's results' progress).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Step<R = GateReply> {
+pub struct Step<R = GateReply, P = ()> {
     /// The record after the step (`None`: there is none).
     pub record: Option<Operation>,
     pub save: Save,
@@ -114,10 +115,13 @@ pub struct Step<R = GateReply> {
     /// ([`Operation::take_stats_for_tally`]): the object hands them to its isolate's tally
     /// once the record is stored without them.
     pub tally: Vec<StatEvent>,
+    /// Stored beside the record in the record's own write, also when the record is unchanged;
+    /// a purge drops it.
+    pub results: Option<P>,
 }
 
-impl<R> Step<R> {
-    pub(crate) fn new(record: Option<Operation>, reply: R) -> Step<R> {
+impl<R, P> Step<R, P> {
+    pub(crate) fn new(record: Option<Operation>, reply: R) -> Step<R, P> {
         Step {
             record,
             save: Save::Unchanged,
@@ -128,25 +132,31 @@ impl<R> Step<R> {
             reset_alarm: false,
             purge: false,
             tally: Vec::new(),
+            results: None,
         }
     }
 
-    pub(crate) fn durable(self) -> Step<R> {
+    pub(crate) fn durable(self) -> Step<R, P> {
         self.saved(Save::Durable)
     }
 
-    pub(crate) fn saved(mut self, save: Save) -> Step<R> {
+    pub(crate) fn saved(mut self, save: Save) -> Step<R, P> {
         self.save = save;
         self
     }
 
-    pub(crate) fn row(mut self, entry: HistoryEntry) -> Step<R> {
+    pub(crate) fn row(mut self, entry: HistoryEntry) -> Step<R, P> {
         self.history.push(entry);
         self
     }
 
-    pub(crate) fn log(mut self, line: GateLog) -> Step<R> {
+    pub(crate) fn log(mut self, line: GateLog) -> Step<R, P> {
         self.logs.push(line);
+        self
+    }
+
+    pub(crate) fn carrying(mut self, results: Option<P>) -> Step<R, P> {
+        self.results = results;
         self
     }
 

@@ -115,13 +115,13 @@ pub struct ResultsTaken {
 /// took any (or the file), the results run again now (the alarm is set for it before the
 /// answer), with a history row and a log line; when it took none, or the operation is
 /// forgotten or retired, nothing changes.
-pub fn results_retried(
+pub fn results_retried<P>(
     mut op: Operation,
     taken: ResultsTaken,
     reason: String,
     by: Option<Actor>,
     now: i64,
-) -> Step {
+) -> Step<GateReply, P> {
     let key = op.key().to_string();
     let answer = serde_json::json!({"key": key, "retried": taken.taken,
         "file_reread": taken.file_reread, "parked": taken.parked_left, "hurried": taken.hurried});
@@ -317,7 +317,7 @@ mod tests {
             panic!("{:?}", s.reply)
         };
         assert_eq!(answer["file_reread"], true);
-        let none = super::results_retried(settled(), taken(0, false), "x".into(), None, 40);
+        let none = super::results_retried::<()>(settled(), taken(0, false), "x".into(), None, 40);
         assert_eq!(none.save, Save::Unchanged);
         assert!(none.history.is_empty() && none.logs.is_empty());
         // Only waiting results sent now: the results run now too.
@@ -325,7 +325,7 @@ mod tests {
             hurried: 2,
             ..taken(0, false)
         };
-        let s = super::results_retried(settled(), hurried, "back".into(), None, 50);
+        let s = super::results_retried::<()>(settled(), hurried, "back".into(), None, 50);
         assert_eq!(s.save, Save::Durable);
         assert_eq!(s.record.as_ref().unwrap().results_due_ms(), Some(50));
         let GateReply::ResultsAnswer { answer } = &s.reply else {

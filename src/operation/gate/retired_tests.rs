@@ -279,7 +279,7 @@ fn a_tombstone_never_wakes_for_its_results() {
         parked_left: 0,
         hurried: 0,
     };
-    let retried = crate::operation::gate::results_retried(op, taken, "r".into(), None, LATE);
+    let retried = crate::operation::gate::results_retried::<()>(op, taken, "r".into(), None, LATE);
     quiet(retried.record.as_ref().unwrap());
     // Retiring a record whose results run (the tombstone's constructor) clears their due time.
     let mut running = settled();

@@ -2,9 +2,10 @@
 //! [`crate::results::progress::Progress`] per run, performed here.
 //!
 //! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] what goes on
-//! the record, committed through the gate's step); a chunk's claim is stored before any of its
-//! results is sent, and its commit (the counts and the rows of the results not delivered) after
-//! every answer, each in one storage write; a waiting row is sent again as it is stored (a kill
+//! the record); every write of the progress is a gate step's, committed with the record in one
+//! storage write (the record unchanged when only the progress moved): a chunk's claim is stored
+//! before any of its results is sent, and its commit (the counts and the rows of the results not
+//! delivered, with `/metrics`' count) after every answer; a waiting row is sent again as it is stored (a kill
 //! before its answer is stored sends it again). Each result is signed under its one `webhook-id`
 //! ([`crate::results::body::result_message_id`]). While work remains the results' due time stays
 //! past, so the alarm fires again at once; a wait (a file not there yet, rows backing off, a
@@ -24,8 +25,8 @@ use crate::operation::{DeskMark, Operation};
 use crate::results::item::{from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::results::marks as on_record;
-use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress};
-use crate::results::progress::{Sending, Step, Write};
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Progress};
+use crate::results::progress::{ProgressWrite, Sending, Step, Write};
 use crate::results::turn::reads_first;
 
 use crate::edge::objects::gate::desk_turn::Turn;
@@ -102,8 +103,8 @@ impl Driver<'_> {
         // no turn at the desk (no place in its queue, no probe) until it can.
         let progress = match reads_first(&step, &progress.phase, released) {
             Some(from) => match self.file_check(progress, from).await? {
-                Some(progress) => progress,
-                None => return Ok(self.storage.load()?.unwrap_or(op)),
+                (progress, true) => progress,
+                (failed, false) => return self.store_progress(op, failed).await,
             },
             None => progress,
         };
@@ -112,13 +113,11 @@ impl Driver<'_> {
                 Ok(turn) => turn,
                 Err(paused) => {
                     // A pause's wait is no failure: the results' failing clocks stop.
-                    if paused {
-                        let mut progress = self.store.fresh(progress)?;
-                        if let Some(writes) = progress.held_by_pause() {
-                            self.store.save(&progress, writes)?;
-                        }
-                    }
-                    return self.wait_on_destination(op, paused).await;
+                    let held = match paused {
+                        true => ProgressWrite::held_by_pause(self.store.fresh(progress)?),
+                        false => None,
+                    };
+                    return self.wait_on_destination(op, (paused, held)).await;
                 }
             },
             None => Turn::default(),
@@ -179,18 +178,23 @@ impl Driver<'_> {
     }
 
     /// Reads the first line of a file the last read could not give, before any turn at the
-    /// desk: the progress as it then stands when the line came; `None` when it did not (the
-    /// failure stored as a chunk's read would store it: the file is asked for again on its
-    /// backoff, and the desk hears nothing).
-    async fn file_check(&self, progress: Progress, from: Checkpoint) -> Result<Option<Progress>> {
+    /// desk: the progress as it then stands, and whether the line came (when it did not, the
+    /// failure is marked as a chunk's read marks it, for the caller to store: the file is asked
+    /// for again on its backoff, and the desk hears nothing).
+    async fn file_check(&self, progress: Progress, from: Checkpoint) -> Result<(Progress, bool)> {
         let read = self.read(&progress.source.clone(), from, 1).await?;
         let mut progress = self.store.fresh(progress)?;
-        let Err(trouble) = read else {
-            return Ok(Some(progress));
-        };
-        progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
-        self.store.save(&progress, Vec::new())?;
-        Ok(None)
+        if let Err(trouble) = read {
+            progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
+            return Ok((progress, false));
+        }
+        Ok((progress, true))
+    }
+
+    /// Commits the progress alone (the record unchanged).
+    async fn store_progress(&self, op: Operation, progress: Progress) -> Result<Operation> {
+        let write = ProgressWrite::of(progress);
+        self.mark(op, |op| on_record::progress(op, write)).await
     }
 
     /// Reads a chunk from `from` (as many results as the desk let go), sends its results and
@@ -211,7 +215,7 @@ impl Driver<'_> {
         let (items, to, last) = match read {
             Err(trouble) => {
                 progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
-                self.store.save(&progress, Vec::new())?;
+                let op = self.store_progress(op, progress).await?;
                 return self.after_sends(op, turn, Sent::default()).await;
             }
             Ok(read) => read,
@@ -219,7 +223,7 @@ impl Driver<'_> {
         let (claim, items, reached) = match claimed {
             None => {
                 let claim = progress.claim(to, last);
-                self.store.save(&progress, Vec::new())?;
+                self.store_progress(op.clone(), progress.clone()).await?;
                 (claim, items, to)
             }
             Some(claim) => {
@@ -265,7 +269,7 @@ impl Driver<'_> {
     }
 
     /// Sends `items` and commits their answers as `settle` makes them (a claimed chunk's
-    /// commit, or each row's), on the progress as stored after the sends; then `/metrics`'
+    /// commit, or each row's), on the progress as stored after the sends, with `/metrics`'
     /// count on the record.
     async fn send_and_commit(
         &self,
@@ -279,9 +283,11 @@ impl Driver<'_> {
         let mut progress = self.store.fresh(progress)?;
         let before = progress.counts;
         let writes = settle(&mut progress, answers, now_ms());
-        let metered = progress.meter(before);
-        self.store.save(&progress, writes)?;
-        let op = self.count(op, metered).await?;
+        // `/metrics`' count of the results, by destination, with the progress that metered them.
+        let (metered, write) = (progress.meter(before), ProgressWrite { progress, writes });
+        let to = self.config.destination_label(op.kind());
+        let decide = |op| on_record::metered(op, metered, &to, now_ms(), write);
+        let op = self.mark(op, decide).await?;
         self.after_sends(op, turn, sent).await
     }
 
@@ -298,15 +304,6 @@ impl Driver<'_> {
             Step::AlertSenders(n) => on_record::senders(op, &mut p, Some(n), now_ms()),
             _ => on_record::senders(op, &mut p, None, now_ms()),
         };
-        let op = self.mark(op, decide).await?;
-        self.store.save(&p, Vec::new())?;
-        Ok(op)
-    }
-
-    /// `/metrics`' count of the results, as the progress metered them, by destination.
-    async fn count(&self, op: Operation, metered: Option<Metered>) -> Result<Operation> {
-        let to = self.config.destination_label(op.kind());
-        let decide = |op| on_record::metered(op, metered, &to, now_ms());
         self.mark(op, decide).await
     }
 }

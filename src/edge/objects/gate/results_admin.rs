@@ -5,12 +5,11 @@
 //!
 //! Guarantees: a listing reads at most one page; delivered results are not stored, so
 //! `delivered` answers their count only; a retry takes at most the room left below
-//! `MAX_WAITING` (a page) of the parked rows back to waiting, with the progress in one storage
-//! write (the results waiting for a retry made due now in the same write),
-//! each then sent by the alarm under its first `webhook-id`, and a parked results file is read
-//! again (its status answer first, when that never said where the results are); the record's
-//! part (a history row, the results due now, the alarm) is the gate's step; a dry run changes
-//! nothing.
+//! `MAX_WAITING` (a page) of the parked rows back to waiting (the results waiting for a retry
+//! made due now), each then sent by the alarm under its first `webhook-id`, and a parked results
+//! file is read again (its status answer first, when that never said where the results are);
+//! the progress and the record's part (a history row, the results due now) are one gate step,
+//! stored in one storage write, the alarm set after; a dry run changes nothing.
 
 use serde_json::{json, Value};
 use worker::Result;
@@ -74,8 +73,8 @@ pub(super) fn list(storage: &GateStorage, state: &str, cursor: Option<&str>) -> 
 
 /// Puts a page of parked results back, and a parked file to be read again (or counts them,
 /// for a dry run), as [`crate::results::marks::retried`] decides (a history row, the results
-/// due now, the alarm set); the tables and the record are stored with no await in between
-/// (the alarm's call comes last), so as one.
+/// due now, the alarm set); the progress rides the gate's commit, with the record in one
+/// write (the alarm's call comes last).
 pub(super) async fn retry(
     storage: &GateStorage,
     config: &Config,
@@ -98,11 +97,7 @@ pub(super) async fn retry(
             "would_retry": parked.len(), "would_reread_file": file,
             "parked": progress.counts.parked, "would_hurry": progress.waiting_later(now)}));
     }
-    let (step, writes) =
-        on_record::retried(op, &mut progress, parked, (reason.to_string(), by), now);
-    if let Some(writes) = writes {
-        store.save(&progress, writes)?;
-    }
+    let step = on_record::retried(op, &mut progress, parked, (reason.to_string(), by), now);
     let (_, reply) = storage.commit(step, &limits(config), Alarm::Sync).await?;
     Ok(reply)
 }

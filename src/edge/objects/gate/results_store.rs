@@ -15,9 +15,12 @@
 //! the waiting rows at the first, the parked ones [`MOVED_PER_LOAD`] a load by index, the old
 //! tables dropped once empty.
 //!
-//! Guarantees: a progress and its transition's writes are stored with no await between, so as
-//! one write; a row is written per change of a result not delivered, never per delivered
-//! result. The tables go with the object's storage when retention ends (`deleteAll`).
+//! Guarantees: a progress and its transition's writes are stored only by the gate's commit
+//! (`GateStorage::commit`, through [`Beside`]), with the record and no await between, so as
+//! one write (the layout's move in a load is the one other writer); a row is written per change
+//! of a result not delivered, never per delivered result. The tables go with the object's
+//! storage when retention ends (`deleteAll`). The inline items and their order are a staging
+//! written as the status answer streams in, outside the commit (`results/locate.rs`).
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -26,9 +29,10 @@ use worker::{Result, SqlStorage};
 use crate::results::inline::Entry;
 use crate::results::item::{Payload, ResultItem};
 use crate::results::keys::{inline_base, inline_order, Place};
-use crate::results::progress::{Progress, Row, Write, MAX_WAITING};
+use crate::results::progress::{Progress, ProgressWrite, Row, Write, MAX_WAITING};
 
 use crate::edge::objects::gate::storage::GateStorage;
+use crate::edge::objects::gate::tables::Beside;
 use crate::edge::objects::usage_meter::Meter;
 
 /// Parked rows of an earlier build's layout moved by a load: bounded, so no load's write grows
@@ -91,6 +95,13 @@ fn text<T: serde::Serialize>(value: &T) -> Result<String> {
 }
 
 type Bindings = Option<Vec<worker::SqlStorageValue>>;
+
+/// A step's progress, stored by the gate's commit beside the record.
+impl Beside for ProgressWrite {
+    fn store(self, meter: &Meter, sql: SqlStorage) -> Result<()> {
+        ResultsStore { meter, sql }.save(&self.progress, self.writes)
+    }
+}
 
 impl<'a> ResultsStore<'a> {
     pub(super) fn new(storage: &'a GateStorage) -> ResultsStore<'a> {
@@ -171,7 +182,7 @@ impl<'a> ResultsStore<'a> {
     }
 
     /// Stores the progress and its transition's writes, as one.
-    pub(super) fn save(&self, progress: &Progress, writes: Vec<Write>) -> Result<()> {
+    fn save(&self, progress: &Progress, writes: Vec<Write>) -> Result<()> {
         self.meter.exec(&self.sql, SCHEMA, None)?;
         let query = "INSERT INTO results_progress (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body";
         self.meter

@@ -15,7 +15,8 @@
 //! it and stores the tombstone alone again.
 //!
 //! [`GateStorage::commit`] stores what a step decided ([`crate::operation::gate::Step`]): its
-//! record and history rows in one write, its log lines, and the alarm for the record it leaves;
+//! record and history rows, with a batch's results' progress when it carries one (also when the
+//! record is unchanged), in one write; its log lines; and the alarm for the record it leaves;
 //! a step that changed nothing costs no storage call (not even for the alarm, unless it asks to
 //! repair one). Nothing here decides: the step did.
 
@@ -30,7 +31,7 @@ use crate::operation::gate::{GateLimits, Save, Step};
 use crate::operation::history::{HistoryEntry, HistoryLog};
 use crate::operation::{recovery, Operation};
 
-use crate::edge::objects::gate::tables::{self, Layout, StoredHistory};
+use crate::edge::objects::gate::tables::{self, Beside, Layout, StoredHistory};
 use crate::edge::objects::usage_meter::Meter;
 use crate::edge::runtime::{log, now_ms, set_alarm};
 
@@ -289,19 +290,19 @@ impl GateStorage {
         self.recovered.replace(false)
     }
 
-    /// Stores what a step decided (its record, history rows, logs), sets the alarm for the
-    /// record as it now stands (unless `alarm` defers it), and returns the record and the
-    /// answer.
-    pub(super) async fn commit<R>(
+    /// Stores what a step decided (its record, history rows, results' progress, logs), sets the
+    /// alarm for the record as it now stands (unless `alarm` defers it), and returns the record
+    /// and the answer.
+    pub(super) async fn commit<R, P: Beside>(
         &self,
-        step: Step<R>,
+        step: Step<R, P>,
         limits: &GateLimits,
         alarm: Alarm,
     ) -> Result<(Option<Operation>, R)> {
         if step.purge {
             self.purge().await?;
-            // The tombstone alone, with no history row; it never wakes (`deleteAll` deleted
-            // the alarm), so no alarm call follows.
+            // The tombstone alone, with no history row nor results' progress; it never wakes
+            // (`deleteAll` deleted the alarm), so no alarm call follows.
             if let Some(tombstone) = &step.record {
                 self.save(tombstone)?;
             }
@@ -311,6 +312,10 @@ impl GateStorage {
         // History rows ride in the record's own write; a step that has rows but no write of
         // its own stores the record as it stands with them.
         let rows = self.history.borrow_mut().append(now_ms(), step.history);
+        // The results' progress, whatever the record's save: no await until the record's.
+        if let Some(results) = step.results {
+            results.store(&self.meter, self.sql())?;
+        }
         match (&step.record, step.save) {
             (Some(op), Save::Durable) => self.save(op)?,
             (Some(op), Save::MemoryOnly | Save::Unchanged) if rows => self.save(op)?,

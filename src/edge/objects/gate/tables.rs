@@ -27,6 +27,18 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS record (id INTEGER PRIMARY KEY 
 /// when one is needed).
 const QUARANTINE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS quarantine (seq INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, error TEXT NOT NULL, body TEXT NOT NULL)";
 
+/// What a step stores beside the record, in the record's write (`GateStorage::commit`):
+/// nothing, or a batch's results' progress (`results_store.rs`).
+pub(super) trait Beside {
+    fn store(self, meter: &Meter, sql: SqlStorage) -> Result<()>;
+}
+
+impl Beside for () {
+    fn store(self, _: &Meter, _: SqlStorage) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// Which tables hold this object's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Layout {

@@ -71,7 +71,8 @@ impl Driver<'_> {
                 }
             },
         }
-        self.store.save(&progress, Vec::new())?;
+        // A step whose record is unchanged (no await since the inline order was stored).
+        self.store_progress(op.clone(), progress.clone()).await?;
         Ok(Ok(progress))
     }
 
@@ -88,7 +89,9 @@ impl Driver<'_> {
         let base = &self.config.gemini_api_base;
         let url = status_url(base, Collection::Batches, op.key(), op.name());
         self.storage.meter().add(|u| u.outbound_fetches += 1);
-        // Inline items are stored as the answer streams in, never held whole.
+        // Inline items are stored as the answer streams in, never held whole: a staging outside
+        // the gate's commit, cleared before every read and read only once a committed progress
+        // names `Source::Inline`.
         self.store.clear_inline()?;
         let store = |entries| self.store.put_entries(entries);
         let located = match status_results(self.config, &url, store).await {

@@ -4,13 +4,12 @@
 //!
 //! Guarantees: a decision is made on the record as stored now (commands may have run during
 //! the step's awaits); its commit does not wait for the alarm (the alarm's upkeep sets it
-//! last), so it does not await, and what the step stores on the progress right after it goes
-//! in the same write.
+//! last), so it does not await, and stores the step's progress with the record in one write.
 
 use worker::Result;
 
-use crate::operation::gate::Step;
 use crate::operation::Operation;
+use crate::results::marks::Marked;
 
 use crate::edge::objects::gate::storage::Alarm;
 
@@ -21,7 +20,7 @@ impl Driver<'_> {
     pub(super) async fn mark(
         &self,
         op: Operation,
-        decide: impl FnOnce(Operation) -> Step<()>,
+        decide: impl FnOnce(Operation) -> Marked,
     ) -> Result<Operation> {
         let current = self.storage.load()?.unwrap_or(op);
         let step = decide(current.clone());

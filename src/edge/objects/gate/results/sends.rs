@@ -13,7 +13,7 @@ use crate::operation::Operation;
 use crate::results::body::{build_result_request, ResultHead};
 use crate::results::item::ResultItem;
 use crate::results::marks as on_record;
-use crate::results::progress::Sending;
+use crate::results::progress::{ProgressWrite, Sending};
 
 use crate::edge::objects::gate::desk_turn::{KeyAtDesk, Turn};
 use crate::edge::objects::result_sender::send_through_senders;
@@ -45,11 +45,12 @@ impl Driver<'_> {
     }
 
     /// The desk queued the batch: the record waits for its release (or the fallback,
-    /// [`crate::operation::gate::GateLimits::desk_fallback_ms`], should the desk be lost), and says whether a pause holds it.
+    /// [`crate::operation::gate::GateLimits::desk_fallback_ms`], should the desk be lost), and says whether a pause holds it
+    /// (`held`: the progress whose failing clocks the pause stopped, stored with it).
     pub(super) async fn wait_on_destination(
         &self,
         op: Operation,
-        paused: bool,
+        paused: (bool, Option<ProgressWrite>),
     ) -> Result<Operation> {
         let fallback = self.gate.desk_fallback_ms;
         let decide = |op| on_record::wait_on_destination(op, paused, fallback, now_ms());
@@ -63,7 +64,7 @@ impl Driver<'_> {
         let op = self.mark(op, on_record::desk_spent).await?;
         let desk = KeyAtDesk::of(self.env, self.storage, self.config, &op);
         if let Some(paused) = desk.tell(at, Sent::default()).await {
-            return self.wait_on_destination(op, paused).await;
+            return self.wait_on_destination(op, (paused, None)).await;
         }
         self.due_at(op, at).await
     }
@@ -123,7 +124,7 @@ impl Driver<'_> {
     ) -> Result<Operation> {
         let desk = KeyAtDesk::of(self.env, self.storage, self.config, &op);
         if let Some(paused) = desk.report(&turn, &sent).await {
-            return self.wait_on_destination(op, paused).await;
+            return self.wait_on_destination(op, (paused, None)).await;
         }
         match sent.asked_wait_ms {
             Some(wait) => {
