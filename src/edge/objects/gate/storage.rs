@@ -17,8 +17,8 @@
 //! [`GateStorage::commit`] stores what a step decided ([`crate::operation::gate::Step`]): its
 //! record and history rows, with a batch's results' progress when it carries one (also when the
 //! record is unchanged), in one write; its log lines; and the alarm for the record it leaves;
-//! a step that changed nothing costs no storage call (not even for the alarm, unless it asks to
-//! repair one). Nothing here decides: the step did.
+//! a step that changed nothing (no record, row nor progress) costs no storage call (not even
+//! for the alarm, unless it asks to repair one). Nothing here decides: the step did.
 
 use std::cell::{Cell, RefCell};
 
@@ -309,13 +309,14 @@ impl GateStorage {
             step.logs.iter().for_each(|line| log(line.to_value()));
             return Ok((step.record, step.reply));
         }
-        // History rows ride in the record's own write; a step that has rows but no write of
-        // its own stores the record as it stands with them.
-        let rows = self.history.borrow_mut().append(now_ms(), step.history);
         // The results' progress, whatever the record's save: no await until the record's.
+        // First, so that a progress that cannot be stored leaves no history row in memory.
         if let Some(results) = step.results {
             results.store(&self.meter, self.sql())?;
         }
+        // History rows ride in the record's own write; a step that has rows but no write of
+        // its own stores the record as it stands with them.
+        let rows = self.history.borrow_mut().append(now_ms(), step.history);
         match (&step.record, step.save) {
             (Some(op), Save::Durable) => self.save(op)?,
             (Some(op), Save::MemoryOnly | Save::Unchanged) if rows => self.save(op)?,
