@@ -1716,18 +1716,8 @@ mod desk_turn_tests {
     }
 
     fn failed_once() -> Operation {
-        let (claim, s) = begin_attempt(owed(), 10, &LIMITS).unwrap();
-        let attempt = Attempt {
-            claim,
-            outcome: AttemptOutcome::Retry("503".into()),
-            started_ms: 10,
-            finished_ms: 20,
-            asked_wait_ms: None,
-            target: Default::default(),
-        };
-        attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
-            .record
-            .unwrap()
+        let failed = AttemptOutcome::Retry("503".into());
+        answered(owed(), 10, 20, failed).record.unwrap()
     }
 
     #[test]

@@ -501,12 +501,23 @@ pub(crate) mod fixtures {
 
     /// `op`'s effect claimed at 10 and delivered at 20: the commit's step.
     pub(crate) fn delivered_at_20(op: Operation) -> Step<AlarmDone> {
-        let (claim, s) = begin_attempt(op, 10, &LIMITS).unwrap();
+        answered(op, 10, 20, AttemptOutcome::Delivered)
+    }
+
+    /// `op`'s effect claimed at `started_ms` and answered `outcome` at `finished_ms`, committed
+    /// as the alarm commits it: the commit's step.
+    pub(crate) fn answered(
+        op: Operation,
+        started_ms: i64,
+        finished_ms: i64,
+        outcome: AttemptOutcome,
+    ) -> Step<AlarmDone> {
+        let (claim, s) = begin_attempt(op, started_ms, &LIMITS).unwrap();
         let attempt = Attempt {
             claim,
-            outcome: AttemptOutcome::Delivered,
-            started_ms: 10,
-            finished_ms: 20,
+            outcome,
+            started_ms,
+            finished_ms,
             asked_wait_ms: None,
             target: Default::default(),
         };

@@ -104,7 +104,7 @@ mod tests {
     use serde_json::json;
 
     use crate::operation::alert::AlertKind;
-    use crate::operation::gate::alarm::{attempt_finished, begin_attempt, confirmed, Attempt};
+    use crate::operation::gate::alarm::confirmed;
     use crate::operation::gate::fixtures::*;
     use crate::operation::gate::protocol::{EffectReport, GateCommand, GateReply};
     use crate::operation::gate::{step, Save, Step};
@@ -229,18 +229,7 @@ mod tests {
         if results {
             op.results_settled(json!({"total": 100_000}), 0, due);
         }
-        let (claim, s) = begin_attempt(op, due, &LIMITS).unwrap();
-        let attempt = Attempt {
-            claim,
-            outcome,
-            started_ms: due,
-            finished_ms: due + 1_000,
-            asked_wait_ms: None,
-            target: Default::default(),
-        };
-        attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
-            .record
-            .unwrap()
+        answered(op, due, due + 1_000, outcome).record.unwrap()
     }
 
     /// A batch whose results took two hours: its job's effect could not fail before they

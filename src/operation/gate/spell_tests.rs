@@ -5,9 +5,7 @@
 
 use crate::alert_format::{dedup_key, Action};
 use crate::operation::alert::AlertKind;
-use crate::operation::gate::alarm::{
-    alert_sent, attempt_finished, begin_attempt, plan, AlarmWork, Attempt,
-};
+use crate::operation::gate::alarm::{alert_sent, plan, AlarmWork};
 use crate::operation::gate::fixtures::*;
 use crate::operation::gate::step;
 use crate::operation::lifecycle::Status;
@@ -71,18 +69,7 @@ impl Sink {
 
 /// The job's effect answered at `at` with `outcome` (claimed then).
 fn attempt(op: Operation, at: i64, outcome: AttemptOutcome) -> Operation {
-    let (claim, s) = begin_attempt(op, at, &LIMITS).unwrap();
-    let attempt = Attempt {
-        claim,
-        outcome,
-        started_ms: at,
-        finished_ms: at,
-        asked_wait_ms: None,
-        target: Default::default(),
-    };
-    attempt_finished(s.record.unwrap(), &attempt, &LIMITS, 0.5)
-        .record
-        .unwrap()
+    answered(op, at, at, outcome).record.unwrap()
 }
 
 #[test]
