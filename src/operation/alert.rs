@@ -44,11 +44,12 @@ pub enum AlertKind {
     /// A parked results file was read after all (an operator's retry): the resolution of
     /// `results_file_parked`.
     ResultsFileRead,
-    /// Results of a `"results": "each"` batch kept failing past `EFFECT_ALERT_AFTER_SECONDS`:
-    /// they are parked (an operator retries them), and the job's effect counts them parked.
+    /// Results of a `"results": "each"` batch were refused by their destination, or kept
+    /// failing past `EFFECT_ALERT_AFTER_SECONDS`: they are parked (an operator retries them),
+    /// and the job's effect counts them parked. One alert per spell, naming how many.
     ResultsFailing,
     /// Results alerted `results_failing` were retried by an operator and settled with none
-    /// parked for failing: the resolution of `results_failing`.
+    /// parked (refused or failing) in that spell: the resolution of `results_failing`.
     ResultsRecovered,
     /// A `"results": "each"` batch's result senders answered nothing past
     /// `EFFECT_ALERT_AFTER_SECONDS`: its results wait, sent again with backoff, not parked.

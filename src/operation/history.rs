@@ -72,7 +72,8 @@ pub enum HistoryEntry {
     },
     /// A batch's results file is gone or unreadable: its unread results are parked.
     ResultsFileParked { reason: String },
-    /// `parked` results kept failing past the alert threshold and were parked (this spell).
+    /// `parked` results were parked in this spell, refused or failing past the alert threshold
+    /// (the `results_failing` alert).
     ResultsGaveUp { parked: u64 },
     /// The result senders answered nothing for `silent_ms` while `waiting` results wait.
     ResultSendersSilent { waiting: u64, silent_ms: i64 },

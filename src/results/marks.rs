@@ -75,7 +75,7 @@ pub fn file_parked(mut op: Operation, progress: &mut Progress, reason: &str, now
         .log(GateLog::ResultsFileUnread { key, reason })
 }
 
-/// `n` results kept failing past the alert threshold (`age_seconds`) and were parked: the
+/// `n` results were parked, refused or failing past the alert threshold (`age_seconds`): the
 /// batch's one `results_failing` alert of this spell, naming how many, with a history row.
 pub fn gave_up(
     mut op: Operation,
@@ -114,8 +114,8 @@ pub fn senders(mut op: Operation, p: &mut Progress, waiting: Option<u64>, now: i
 }
 
 /// Every result is settled: the counts go on the record and the job's effect is due (after it
-/// went out, as a new generation when the counts changed); none parked for failing in this
-/// spell (`failing_parked`) resolves an open `results_failing`. A history row names the
+/// went out, as a new generation when the counts changed); none parked (refused or failing)
+/// in this spell (`failing_parked`) resolves an open `results_failing`. A history row names the
 /// counts, and the generation when one began.
 pub fn settled(mut op: Operation, counts: Value, failing_parked: u64, now: i64) -> Marked {
     let generation = op.results_settled(counts.clone(), failing_parked, now);

@@ -8,8 +8,10 @@
 //! in between resends its results under their same ids; a kill after the commit sends none of
 //! them again but those kept as rows. An answer means for a result what it means for the job's
 //! effect ([`crate::retry::Backoff::decide`]), but a result failing past
-//! [`Limits::alert_after_ms`] is parked, with one alert for the batch naming how many
-//! ([`Step::AlertFailing`]), so the job's effect goes. A result whose sender answered nothing
+//! [`Limits::alert_after_ms`] is parked, so the job's effect goes. A result parked (refused, at
+//! once; or failing past the threshold) counts toward the batch's one alert of the spell (until
+//! an operator's retry), raised at the next step and naming how many ([`Step::AlertFailing`]),
+//! never one per result. A result whose sender answered nothing
 //! ([`Sending::Unanswered`]) runs the senders' clock instead: past the same threshold, one
 //! alert for the batch naming how many wait ([`Step::AlertSenders`]), resolved once a sender
 //! answers or none waits on one ([`Step::SendersBack`]); the results keep being sent. A file
@@ -187,8 +189,8 @@ pub enum Step {
     RetryRows(Vec<u64>),
     /// Raise the one alert for a parked file.
     Alert(String),
-    /// Raise the one alert for results parked after failing past the alert threshold: how
-    /// many so far.
+    /// Raise the spell's one alert for results parked (refused, or failing past the alert
+    /// threshold): how many so far.
     AlertFailing(u64),
     /// Raise the alert that the result senders answered nothing past the alert threshold:
     /// how many results wait.
@@ -264,7 +266,8 @@ pub struct Progress {
     /// not parked, the step asks it again before anything else.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unlocated: bool,
-    /// Results parked for failing past the alert threshold (since the last operator's retry).
+    /// Results parked in this spell (since the last operator's retry): refused, or failing
+    /// past the alert threshold; what the batch's one `results_failing` names.
     #[serde(default, skip_serializing_if = "crate::is_default")]
     pub gave_up: u64,
     /// Their one alert was raised.
@@ -577,9 +580,9 @@ impl Progress {
             attempts: row.attempts,
             failing_since_ms: row.failing_since_ms,
         };
-        // A result is given up past the threshold (parked, and the batch alerts once): the
-        // job's effect waits behind it. Its `Retry-After` holds the whole batch instead
-        // (`after_sends`), since only a batch's step sends a row again.
+        // A result is given up past the threshold (parked, and the batch alerts once) rather
+        // than the job's effect waiting behind it. Its `Retry-After` holds the whole batch
+        // instead (`after_sends`), since only a batch's step sends a row again.
         let give_up = Some(limits.alert_after_ms);
         match limits.retry.decide(heard, run, give_up, now_ms, jitter) {
             Next::Delivered => {
@@ -598,13 +601,13 @@ impl Progress {
                 self.rows.insert(row.index, row.clone());
                 Some(row)
             }
-            // No alert of its own, unlike the job's refusal: the job's effect counts it for its
-            // receiver (`results.parked`); the batch's one alert is for results given up.
+            // Refused: parked at once, and counted toward the batch's one `results_failing`
+            // of this spell, raised at the next step, as the job's refused effect alerts at
+            // once; one alert for the spell however many are refused, never one per result.
             Next::Park(why) => Some(self.park(row, &why)),
             Next::GaveUp { failing_ms, why } => {
                 let age = crate::operation::alert::human_age(failing_ms / 1_000);
                 let why = format!("failing for {age}, {} attempts; last: {why}", row.attempts);
-                self.gave_up += 1;
                 Some(self.park(row, &why))
             }
         }
@@ -654,11 +657,13 @@ impl Progress {
         };
     }
 
-    /// Parks a result: counted, and no longer waiting.
+    /// Parks a result (refused, or given up past the alert threshold): counted, no longer
+    /// waiting, and counted toward the batch's one `results_failing` of this spell.
     fn park(&mut self, mut row: Row, why: &str) -> Row {
         row.last_error = clipped(why, ERROR_KEPT_CHARS);
         row.next_at_ms = None;
         self.counts.parked += 1;
+        self.gave_up += 1;
         row
     }
 
@@ -721,8 +726,8 @@ impl Progress {
     /// left below [`MAX_WAITING`] and takes them out of the parked ones in the same
     /// transaction): each is due now, under its first `webhook-id`. A parked file is read
     /// again ([`Progress::reopen_file`]). Taking any begins a new spell of failures: none is
-    /// counted as given up, so results that fail past the threshold again alert again. Returns
-    /// the rows taken, waiting again, and whether the file was taken.
+    /// counted as parked in it, so results refused or failing past the threshold again alert
+    /// again. Returns the rows taken, waiting again, and whether the file was taken.
     pub fn retry_parked(&mut self, parked: Vec<Row>, now_ms: i64) -> (Vec<Write>, bool) {
         let n = parked.len() as u64;
         if n > 0 {

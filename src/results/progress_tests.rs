@@ -844,6 +844,200 @@ fn a_result_failing_past_the_alert_threshold_is_parked_and_alerted_once() {
     );
 }
 
+/// Results `indexes` claimed in one chunk (the last) and committed at `now` with `answers`
+/// (a 503 for each result past them).
+fn committed(
+    p: &mut Progress,
+    indexes: std::ops::Range<u64>,
+    answers: &[AttemptOutcome],
+    now: i64,
+) {
+    let claim = p.claim(
+        Checkpoint {
+            offset: 0,
+            index: indexes.end,
+        },
+        true,
+    );
+    let mut items = failed(indexes);
+    for ((_, outcome), answer) in items.iter_mut().zip(answers) {
+        *outcome = answer.clone();
+    }
+    p.commit(claim.chunk, items, now, &LIMITS, 0.0).unwrap();
+}
+
+/// A refused result (a 400, a 410, a body over a queue's limit) is parked at once, and the
+/// batch's one `results_failing` of the spell is raised at the next step, long before the
+/// threshold, as the job's refused effect alerts at once; it is not sent again, and a second
+/// refusal after the alert raises nothing more in that spell. A refusal of a waiting row's
+/// retry alerts the same way.
+#[test]
+fn a_refused_result_is_parked_and_alerted_at_the_next_step_and_never_sent_again() {
+    let mut p = Progress::begin(Source::Inline, 0);
+    let refused = AttemptOutcome::Park("400: bad request".into());
+    let busy = AttemptOutcome::Retry("503".into());
+    let answers = [AttemptOutcome::Delivered, refused, busy];
+    committed(&mut p, 0..3, &answers, 1_000);
+    assert_eq!(
+        p.rows.keys().collect::<Vec<_>>(),
+        [&2],
+        "the refused one does not wait"
+    );
+    assert_eq!(
+        p.next(1_000),
+        Step::AlertFailing(1),
+        "at once, not after the threshold"
+    );
+    p.failing_alerted = true;
+    // The waiting one is refused at its retry: counted in the spell, no second alert, and
+    // the refused ones are never sent again.
+    let at = p.rows[&2].next_at_ms.unwrap();
+    assert_eq!(p.next(1_000), Step::WaitUntil(at));
+    assert_eq!(p.next(at), Step::RetryRows(vec![2]));
+    let gone = AttemptOutcome::Park("410: gone".into());
+    let write = p.finish_row(2, &gone, at, &LIMITS, 0.0);
+    assert!(
+        matches!(write, Some(Write::Update(r)) if r.parked()),
+        "parked"
+    );
+    assert_eq!(p.gave_up, 2, "counted in the spell");
+    let Step::Settled(results) = p.next(at) else {
+        panic!("no second alert in the spell: the job's effect goes")
+    };
+    assert_eq!(
+        (&results["parked"], &results["delivered"]),
+        (&json!(2), &json!(1))
+    );
+    // A refusal of a retry, in a spell not yet alerted: alerted at the next step.
+    let mut p = Progress::begin(Source::Inline, 0);
+    committed(&mut p, 0..1, &[], 0);
+    let at = p.rows[&0].next_at_ms.unwrap();
+    p.finish_row(0, &gone, at, &LIMITS, 0.0).unwrap();
+    assert_eq!(p.next(at), Step::AlertFailing(1));
+}
+
+/// Refused results and results given up past the threshold in one spell: one alert, naming
+/// them all (never one per result).
+#[test]
+fn refusals_and_results_given_up_in_one_spell_raise_one_alert_naming_them_all() {
+    let limits = Limits {
+        alert_after_ms: 10_000,
+        ..LIMITS
+    };
+    let mut p = Progress::begin(Source::Inline, 0);
+    let busy = AttemptOutcome::Retry("503".into());
+    committed(&mut p, 0..5, &[], 0);
+    assert_eq!(p.rows.len(), 5, "all waiting");
+    // One step retries all five past the threshold: two fail again, three are refused.
+    let clock = 20_000;
+    for row in p.rows.values_mut() {
+        row.next_at_ms = Some(clock);
+    }
+    assert_eq!(p.next(clock), Step::RetryRows(vec![0, 1, 2, 3, 4]));
+    for index in 0..5 {
+        let answer = match index {
+            0 | 1 => busy.clone(),
+            _ => AttemptOutcome::Park("422: no".into()),
+        };
+        let write = p.finish_row(index, &answer, clock, &limits, 0.0);
+        assert!(
+            matches!(write, Some(Write::Update(r)) if r.parked()),
+            "{index} parked"
+        );
+    }
+    assert_eq!(p.next(clock), Step::AlertFailing(5));
+    p.failing_alerted = true;
+    let Step::Settled(results) = p.next(clock) else {
+        panic!("the job's effect goes")
+    };
+    assert_eq!(results["parked"], 5);
+}
+
+/// The spell's `results_failing` raised for a refusal resolves as for results given up: not
+/// when the job's effect goes, and not when an operator's retry is refused again (that new
+/// spell alerts again), but once a retry's spell parks none (`results_recovered`).
+#[test]
+fn a_refusals_alert_resolves_once_an_operators_retry_parks_none() {
+    use crate::operation::alert::AlertKind;
+    use crate::operation::lifecycle::{Source as EventSource, Status};
+    use crate::operation::{OpEvent, Operation, ResultsMode};
+    use crate::results::marks::{gave_up, retried, settled};
+
+    let queued = |op: &Operation| -> Vec<&'static str> {
+        let alerts = op.due_alerts(i64::MAX);
+        alerts.iter().map(|a| a.kind.as_str()).collect()
+    };
+    let mut op = Operation::register(OP, OP, None, 0);
+    op.fill_results_mode(ResultsMode::Each, 0);
+    let event = OpEvent {
+        status: Status::Succeeded,
+        update_time_ms: 1,
+        source: EventSource::Webhook,
+        details: Default::default(),
+        delivery_id: None,
+    };
+    op.apply(&event, 10);
+    let mut p = Progress::begin(Source::Inline, 10);
+    let refused = AttemptOutcome::Park("400: bad request".into());
+    committed(
+        &mut p,
+        0..2,
+        &[AttemptOutcome::Delivered, refused.clone()],
+        20,
+    );
+    let Step::AlertFailing(n) = p.next(20) else {
+        panic!("alerted at once")
+    };
+    let mut op = gave_up(op, &mut p, n, 3_600, 20).record.unwrap();
+    assert_eq!(queued(&op), ["results_failing"]);
+    op.alert_delivered(&op.queued_id(AlertKind::ResultsFailing));
+    let Step::Settled(counts) = p.next(20) else {
+        panic!("the job's effect goes")
+    };
+    let op = settled(op, counts, p.gave_up, 30).record.unwrap();
+    assert!(queued(&op).is_empty(), "not resolved by the job's effect");
+    // An operator's retry, refused again: a new spell, alerted again, not resolved.
+    let parked = || Row {
+        result_key: "r1".into(),
+        index: 1,
+        attempts: 1,
+        last_error: "400: bad request".into(),
+        ..Row::default()
+    };
+    let row = parked();
+    let op = retried(op, &mut p, vec![row], ("fixed".into(), None), 40)
+        .record
+        .unwrap();
+    assert_eq!(p.next(40), Step::RetryRows(vec![1]));
+    p.finish_row(1, &refused, 40, &LIMITS, 0.0).unwrap();
+    assert_eq!(
+        p.next(40),
+        Step::AlertFailing(1),
+        "a new spell alerts again"
+    );
+    let mut op = gave_up(op, &mut p, 1, 3_600, 40).record.unwrap();
+    assert_eq!(queued(&op), ["results_failing"]);
+    op.alert_delivered(&op.queued_id(AlertKind::ResultsFailing));
+    let Step::Settled(counts) = p.next(40) else {
+        panic!("settled again")
+    };
+    let op = settled(op, counts, p.gave_up, 45).record.unwrap();
+    assert!(queued(&op).is_empty(), "still open: refused again");
+    // A retry whose spell parks none: resolved.
+    let row = parked();
+    let op = retried(op, &mut p, vec![row], ("fixed".into(), None), 50)
+        .record
+        .unwrap();
+    p.finish_row(1, AttemptOutcome::Delivered, 50, &LIMITS, 0.0)
+        .unwrap();
+    let Step::Settled(counts) = p.next(50) else {
+        panic!("settled, none parked")
+    };
+    assert_eq!(counts["parked"], 0);
+    let op = settled(op, counts, p.gave_up, 60).record.unwrap();
+    assert_eq!(queued(&op), ["results_recovered"]);
+}
+
 /// `/metrics` hears of delivered results a thousand at a time on the happy path (one record
 /// write, not one per chunk), of a failure or a park with its commit, and of the rest when
 /// nothing is left to send.

@@ -92,11 +92,11 @@ impl Operation {
                 format!("{status}: its parked results file was read after all")
             }
             AlertKind::ResultsFailing => format!(
-                "{status}: {} of its results kept failing for {age} and are parked; list them with GET /v1/operations/{key}/results?state=parked, send them again with POST /v1/operations/{key}/results/retry",
+                "{status}: {} of its results are parked, refused by their destination or still failing after {age}; list them with GET /v1/operations/{key}/results?state=parked, send them again with POST /v1/operations/{key}/results/retry",
                 self.results_gave_up
             ),
             AlertKind::ResultsRecovered => format!(
-                "{status}: its results that kept failing were sent again and none is parked for failing now"
+                "{status}: its parked results were sent again and none was refused or kept failing this time"
             ),
             AlertKind::ResultsSenderFailing => format!(
                 "{status}: its result senders have answered nothing for {age}; {} of its results wait, sent again with backoff under their ids (none parked for it)",

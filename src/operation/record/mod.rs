@@ -152,8 +152,8 @@ pub struct Operation {
     #[serde(rename = "results_retry_at_ms")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     results_due_ms: Option<i64>,
-    /// Results parked for failing past the alert threshold, as the `results_failing` alert
-    /// names them.
+    /// Results parked in the spell (refused, or failing past the alert threshold), as the
+    /// `results_failing` alert names them.
     #[serde(default, skip_serializing_if = "is_zero")]
     results_gave_up: u64,
     /// Results waiting while the result senders answer nothing, as the

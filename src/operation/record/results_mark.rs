@@ -73,8 +73,8 @@ impl Operation {
     /// with them, is due now while owed. After it went out (an operator's retry settled again),
     /// changed counts are a new body, so a new generation under a new `webhook-id` (invariant
     /// 3), whatever the previous one's state; unchanged counts send nothing. `failing_parked`
-    /// (results parked for failing since the last operator's retry): none resolves an open
-    /// `results_failing`. Whenever this makes the job's effect due, the time is kept
+    /// (results parked, refused or failing, since the last operator's retry): none resolves an
+    /// open `results_failing`. Whenever this makes the job's effect due, the time is kept
     /// ([`Operation::effect_due_after_results_ms`]). Returns the new generation, when one began.
     pub fn results_settled(
         &mut self,
@@ -112,8 +112,8 @@ impl Operation {
         self.effect_due_after_results_ms
     }
 
-    /// `n` results kept failing past the alert threshold and were parked: the batch's one
-    /// `results_failing` alert names how many, `age_seconds` after their first failures.
+    /// `n` results were parked, refused or failing past the alert threshold (`age_seconds`):
+    /// the batch's one `results_failing` alert of the spell names how many.
     /// Returns whether it was raised now.
     pub fn results_gave_up(&mut self, n: u64, age_seconds: i64, now_ms: i64) -> bool {
         if self.results_gave_up != n {
@@ -141,8 +141,8 @@ impl Operation {
 
     /// An operator put parked results back: the results run again now, and a new spell of
     /// failures alerts `results_failing` again (the one open stays open until the results
-    /// settle with none parked for failing). False, and nothing changes, once the operation is
-    /// forgotten or retired.
+    /// settle with none parked, refused or failing, in a spell). False, and nothing changes,
+    /// once the operation is forgotten or retired.
     pub fn results_retried(&mut self, now_ms: i64) -> bool {
         if self.results_stopped() {
             return false;
