@@ -2,8 +2,8 @@
 // serves the results file; local destinations count every request by its `webhook-id`):
 // one body per `webhook-id` when an operator's retry changes the job effect's counts (a new
 // generation); retry now on a job's effect that waits for its results is refused; a result that keeps failing is parked and alerted once, and `/metrics` counts
-// the results by destination; that alert resolves once an operator's retry settles them, and
-// a later spell alerts again; a queue destination gets each body once and parks one over the
+// the results by destination; results refused or failing past the threshold alert once per
+// spell, each operator's retry a new spell, and the alert resolves once a spell parks none; a queue destination gets each body once and parks one over the
 // queue's message limit; 60 KB keys to a failing destination keep the stored progress within
 // a row (each send committed, no `alarm_failing`); at most 6 sends in flight per invocation;
 // a result sender cut off by the gate's bound (`RESULTS_SENDER_TIMEOUT_MS`) loses nothing: its
@@ -154,7 +154,7 @@ describe("sending a batch's results", () => {
       const again = sink.requests.map((r) => JSON.parse(r.body)).filter((b) => b.key === key);
       assert.deepEqual(again.map((a) => a.alert), ["results_failing"], "one alert");
       assert.equal(alerts[0].name, key);
-      assert.match(alerts[0].text, /1 of its results kept failing/);
+      assert.match(alerts[0].text, /1 of its results are parked, refused by their destination or still failing after/);
       // /metrics: the results by how they ended and where they went.
       const metric = (result) => async () => {
         const page = await (await w.fetch("/metrics", { headers: { authorization: `Bearer ${READ_TOKEN}` } })).text();
@@ -170,51 +170,61 @@ describe("sending a batch's results", () => {
     }
   });
 
-  it("results_failing resolves (results_recovered) once an operator's retry settles them with none parked for failing; a later spell that fails past the threshold alerts again", { timeout: 150_000 }, async () => {
+  it("results_failing: one per spell for results refused or failing past the threshold; an operator's retry begins a new spell that alerts again; it resolves (results_recovered) once a spell parks none", { timeout: 150_000 }, async () => {
     const w = await startWorker(vars({ EFFECT_ALERT_AFTER_SECONDS: "3" }));
     const key = "batches/failing2";
     const alerts = () => sink.requests.map((r) => JSON.parse(r.body)).filter((b) => b.key === key);
+    const failingAlerts = () => alerts().filter((a) => a.alert === "results_failing");
     const retry = async () => {
       const r = await w.admin(`/v1/operations/${enc(key)}/results/retry`, { method: "POST", body: JSON.stringify({ reason: "fixed" }) });
       assert.equal(r.status, 200, JSON.stringify(r.body));
       return r.body;
     };
+    /** Waits for the results to settle the `spell`th time with these counts, every alert sent. */
+    const settledWith = (spell, counts) => eventually(async () => {
+      const op = (await w.inspect(key)).body;
+      const settledRows = op.history.filter((h) => h.what === "results_settled").length;
+      const same = Object.keys(counts).every((k) => op.results_counts?.[k] === counts[k]);
+      return settledRows === spell && same && op.alerts_pending?.length === 0 && op;
+    }, { timeoutMs: 60_000, what: `spell ${spell} settled with ${JSON.stringify(counts)}` });
     try {
       gemini.files.set("files/failing2", fileOf(10));
       gemini.status.set(key, succeeded(key, { responsesFile: "files/failing2" }));
-      // k3 keeps failing (parked for it, alerted); k4 is refused (parked, not failing).
+      // k3 keeps failing (parked past the threshold); k4 is refused (parked at once): one
+      // alert for the spell.
       failing.add("k3");
       refuse.add("k4");
       await w.register(key, "other", { results: "each" });
       await w.deliver("batch.succeeded", key);
-      await eventually(() => alerts().some((a) => a.alert === "results_failing"), { timeoutMs: 60_000, what: "the first results_failing" });
-      const first = alerts().find((a) => a.alert === "results_failing");
-      assert.match(first.text, /1 of its results kept failing/);
       await untilJob(dest, key, 60_000);
-      // The destination takes k3 now; k4 is still refused: none parked for failing.
+      await settledWith(1, { total: 10, delivered: 8, errors: 0, parked: 2 });
+      assert.deepEqual(alerts().map((a) => a.alert), ["results_failing"], "one alert for the spell");
+      assert.match(failingAlerts()[0].text, /of its results are parked, refused by their destination or still failing after/);
+      // The destination takes k3 now; k4 is still refused: a new spell, alerted again, and
+      // nothing resolved.
       failing.delete("k3");
       assert.equal((await retry()).retried, 2);
-      const recovered = await eventually(() => alerts().find((a) => a.alert === "results_recovered"), { timeoutMs: 30_000, what: "the results_recovered resolution" });
-      assert.equal(recovered.resolves, "results_failing");
-      let op = (await w.inspect(key)).body;
-      assert.deepEqual(op.results_counts, { total: 10, delivered: 9, errors: 0, parked: 1 });
-      assert.ok(op.history.some((h) => h.what === "results_settled" && h.counts.parked === 1), JSON.stringify(op.history.map((h) => h.what)));
-      // A second spell: k4 now fails instead of being refused, past the threshold again.
+      await settledWith(2, { total: 10, delivered: 9, errors: 0, parked: 1 });
+      const failings = failingAlerts();
+      assert.deepEqual(alerts().map((a) => a.alert), ["results_failing", "results_failing"]);
+      assert.match(failings[1].text, /1 of its results are parked/);
+      assert.notEqual(failings[1].alert_id, failings[0].alert_id, "a new alert, not a repeat of the first");
+      // A third spell: k4 now fails instead of being refused, past the threshold again.
       refuse.delete("k4");
       failing.add("k4");
       assert.equal((await retry()).retried, 1);
-      const failings = await eventually(() => {
-        const f = alerts().filter((a) => a.alert === "results_failing");
-        return f.length === 2 && f;
-      }, { timeoutMs: 60_000, what: "a second results_failing" });
-      assert.notEqual(failings[1].alert_id, failings[0].alert_id, "a new alert, not a repeat of the first");
-      assert.deepEqual(alerts().map((a) => a.alert), ["results_failing", "results_recovered", "results_failing"]);
-      op = (await w.inspect(key)).body;
-      assert.ok(op.history.filter((h) => h.what === "results_gave_up").length === 2, JSON.stringify(op.history.map((h) => h.what)));
-      // Delivered at last: resolved again.
+      await eventually(() => failingAlerts().length === 3, { timeoutMs: 60_000, what: "a third results_failing" });
+      let op = await settledWith(3, { total: 10, delivered: 9, errors: 0, parked: 1 });
+      assert.equal(distinct(failingAlerts().map((a) => a.alert_id)), 3);
+      assert.ok(op.history.filter((h) => h.what === "results_gave_up").length === 3, JSON.stringify(op.history.map((h) => h.what)));
+      // Delivered at last: a spell that parks none resolves it.
       failing.delete("k4");
       assert.equal((await retry()).retried, 1);
-      await eventually(() => alerts().filter((a) => a.alert === "results_recovered").length === 2, { timeoutMs: 30_000, what: "the second resolution" });
+      const recovered = await eventually(() => alerts().find((a) => a.alert === "results_recovered"), { timeoutMs: 30_000, what: "the results_recovered resolution" });
+      assert.equal(recovered.resolves, "results_failing");
+      op = await settledWith(4, { total: 10, delivered: 10, errors: 0, parked: 0 });
+      assert.deepEqual(alerts().map((a) => a.alert), ["results_failing", "results_failing", "results_failing", "results_recovered"]);
+      assert.ok(op.history.some((h) => h.what === "results_settled" && h.counts.parked === 0), JSON.stringify(op.history.map((h) => h.what)));
     } finally {
       failing.clear();
       refuse.clear();
