@@ -8,8 +8,10 @@
 
 use worker::Result;
 
+use crate::operation::gate::Step;
 use crate::operation::Operation;
 use crate::results::marks::Marked;
+use crate::results::progress::ProgressWrite;
 
 use crate::edge::objects::gate::storage::Alarm;
 
@@ -22,12 +24,21 @@ impl Driver<'_> {
         op: Operation,
         decide: impl FnOnce(Operation) -> Marked,
     ) -> Result<Operation> {
+        Ok(self.decide(op, decide).await?.0)
+    }
+
+    /// As [`Driver::mark`], with the step's answer (a claim's: the chunk it claimed).
+    pub(super) async fn decide<R>(
+        &self,
+        op: Operation,
+        decide: impl FnOnce(Operation) -> Step<R, ProgressWrite>,
+    ) -> Result<(Operation, R)> {
         let current = self.storage.load()?.unwrap_or(op);
         let step = decide(current.clone());
-        let (stored, ()) = self
+        let (stored, answer) = self
             .storage
             .commit(step, &self.gate, Alarm::Deferred)
             .await?;
-        Ok(stored.unwrap_or(current))
+        Ok((stored.unwrap_or(current), answer))
     }
 }

@@ -114,8 +114,9 @@ impl Driver<'_> {
         (items.into_iter().zip(outcomes).collect(), sent)
     }
 
-    /// After the sends: the desk hears what it needs to (as the job's effect reports), and a
-    /// destination that asked for a wait (`Retry-After`) is not sent more before it.
+    /// After the sends and their commit (which held the results for a destination's
+    /// `Retry-After`): the desk hears what it needs to (as the job's effect reports), and a
+    /// desk that queues the batch makes the record wait for its release, committed after.
     pub(super) async fn after_sends(
         &self,
         op: Operation,
@@ -126,12 +127,6 @@ impl Driver<'_> {
         if let Some(paused) = desk.report(&turn, &sent).await {
             return self.wait_on_destination(op, (paused, None)).await;
         }
-        match sent.asked_wait_ms {
-            Some(wait) => {
-                let at = now_ms() + wait.min(self.config.retry_max_secs * 1_000);
-                self.due_at(op, at).await
-            }
-            None => Ok(self.storage.load()?.unwrap_or(op)),
-        }
+        Ok(self.storage.load()?.unwrap_or(op))
     }
 }
