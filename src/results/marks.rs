@@ -1,14 +1,19 @@
-//! What a results step writes on the operation's record, decided: each function takes the
-//! record as stored and returns the gate's [`Step`] (what to store, its history row, its log
-//! line) with the step's [`ProgressWrite`] when it has one (an alert marked on the [`Progress`],
-//! a commit, a pause, a retry, or the progress alone: [`progress`]); the gate's commit stores
-//! both in one write, the progress also when the record is unchanged.
+//! What a results step writes, decided: each function takes the record and the progress as
+//! stored and returns the gate's [`Step`] (what to store, its history row, its log line) with
+//! the step's [`ProgressWrite`] when it has one (a chunk [`claimed`] before its sends, its
+//! answers [`committed`] after them, a [`read_failed`], an alert marked on the [`Progress`], a
+//! pause, a retry, or the progress alone: [`progress`]); the gate's commit stores both in one
+//! write, the progress also when the record is unchanged. Time and jitter are arguments: the
+//! edge and the host tests that kill it at every storage point commit the same decisions.
 //!
 //! Guarantees: the events an operator reads later (the file parked, results parked for
 //! failing, the results settled with their counts) each leave a history row; a step's
 //! bookkeeping (its due time, the desk's mark, a wait on the desk, `/metrics`' counts) leaves
 //! none, so the history's newest rows stay worth reading. A step that changes nothing is
-//! [`crate::operation::gate::Save::Unchanged`] (no write).
+//! [`crate::operation::gate::Save::Unchanged`] (no write). A step's answers and what they owe
+//! the record (`/metrics`' count, a destination's `Retry-After` hold) are one step, one
+//! write; a step that waits (for the file, after a failed read; for a `Retry-After`) moves the
+//! results' due time in it, so the alarm is set for the wait and no run only stores it.
 
 use serde_json::Value;
 

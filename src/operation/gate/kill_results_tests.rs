@@ -8,9 +8,12 @@
 //! Storage points of a results step: the record's (`World::commit` through the gate's steps,
 //! [`on_record`]), which alone stores the progress and its transition's writes to the failure
 //! rows ([`ProgressWrite`], the step's, in the record's write, also when the record is
-//! unchanged: the claim before a chunk's sends, its commit with `/metrics`' count after them,
-//! the rows' answers after they are sent again, a failed read, a raised alert, where the results
-//! are); each send is a point too (the request reached the destination). The file is read
+//! unchanged: the claim before a chunk's sends, its commit with `/metrics`' count and a
+//! `Retry-After` hold after them, the rows' answers after they are sent again, a failed read
+//! with the results' next due time, a raised alert, where the results are); each send is a point
+//! too (the request reached the destination). Every write is decided by the functions the edge
+//! calls ([`on_record::claimed`], [`on_record::committed`], [`on_record::read_failed`] and the
+//! rest), so these kills drive the edge's own decisions. The file is read
 //! as the edge reads it without `Range` (from byte 0, the done part discarded), at most
 //! [`CHUNK`] results a read (a download ends a chunk early at its byte cap, so a chunk may
 //! hold fewer than the desk granted).

@@ -1,16 +1,18 @@
 //! A `"results": "each"` batch's results, driven by its gate's alarm: one step of
 //! [`crate::results::progress::Progress`] per run, performed here.
 //!
-//! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] what goes on
-//! the record); every write of the progress is a gate step's (but the move of one an earlier
-//! version stored, `results_store.rs`), committed with the record in one storage write (the record
-//! unchanged when only the progress moved): a chunk's claim is stored before any of its results is
-//! sent, and its commit (the counts and the rows of the results not delivered, with `/metrics`'
-//! count) after every answer; a waiting row is sent again as it is stored (a kill before its answer
-//! is stored sends it again). Each result is signed under its one `webhook-id`
-//! ([`crate::results::body::result_message_id`]). While work remains the results' due time stays
-//! past, so the alarm fires again at once; a wait (a file not there yet, rows backing off, a
-//! destination that asked to wait, the desk's queue) moves it. How many a step sends is its turn at
+//! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] each write:
+//! a chunk's claim, its or the rows' commit, a failed read, what goes on the record); this reads,
+//! sends, and commits what those return. Every write of the progress is a gate step's (but the
+//! move of one an earlier version stored, `results_store.rs`), committed with the record in one
+//! storage write (the record unchanged when only the progress moved): a chunk's claim is stored
+//! before any of its results is sent, and its commit (the counts and the rows of the results not
+//! delivered, with `/metrics`' count and a destination's `Retry-After` hold) after every answer; a
+//! waiting row is sent again as it is stored (a kill before its answer is stored sends it again).
+//! Each result is signed under its one `webhook-id` ([`crate::results::body::result_message_id`]).
+//! While work remains the results' due time stays past, so the alarm fires again at once; a wait
+//! (a file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
+//! moves it, in the step's own commit. How many a step sends is its turn at
 //! the destination's desk, the job's effect's own (`desk_turn.rs`; the sends in
 //! `results/sends.rs`); where the results are is asked in `results/locate.rs`; what a step commits
 //! on the record is `results/marks.rs`. Only the alarm starts a step (never a duplicate delivery, a

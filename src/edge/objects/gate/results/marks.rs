@@ -1,6 +1,7 @@
-//! How a results step stores what it decided on the operation's record
-//! ([`crate::results::marks`]: the settled counts, an alert, `/metrics`' counts, its due time,
-//! a wait on the desk): through the gate's commit, its history rows with the record's write.
+//! How a results step stores what it decided ([`crate::results::marks`]: a claim, a commit, a
+//! failed read, the settled counts, an alert, its due time, a wait on the desk): through the
+//! gate's commit, its history rows with the record's write; a step that answers something (a
+//! claim: the chunk it claimed) hands it back.
 //!
 //! Guarantees: a decision is made on the record as stored now (commands may have run during
 //! the step's awaits); its commit does not wait for the alarm (the alarm's upkeep sets it

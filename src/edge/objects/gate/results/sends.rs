@@ -3,7 +3,8 @@
 //!
 //! Guarantees: a release or a grant is spent by the step that uses it; more than one round
 //! trip's worth of results go through the gate's result senders, else from the gate itself;
-//! a desk's `Wait` makes the record wait for its release.
+//! a desk's `Wait` makes the record wait for its release, committed after the sends' commit (which
+//! holds the results for a destination's `Retry-After`), so the desk's wait wins.
 
 use worker::Result;
 
