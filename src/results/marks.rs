@@ -82,7 +82,7 @@ pub enum Answers {
 /// ([`crate::retry::Backoff::max_ms`]): only a batch's step sends a row again, so the hold is
 /// the whole batch's.
 pub fn committed(
-    op: Operation,
+    mut op: Operation,
     mut progress: Progress,
     answers: Answers,
     asked_wait_ms: Option<i64>,
@@ -107,13 +107,10 @@ pub fn committed(
             })
             .collect(),
     };
-    let m = progress.meter(before);
-    let mut step = metered(op, m, to, now, ProgressWrite { progress, writes });
-    let hold = asked_wait_ms.map(|wait| now + wait.min(limits.retry.max_ms));
-    let held = match (hold, step.record.as_mut()) {
-        (Some(at), Some(op)) => op.results_due_at(at),
-        _ => false,
-    };
+    let hold = |wait: i64| op.results_due_at(now + wait.min(limits.retry.max_ms));
+    let held = asked_wait_ms.is_some_and(hold);
+    let (m, write) = (progress.meter(before), ProgressWrite { progress, writes });
+    let step = metered(op, m, to, now, write);
     match held {
         true => step.durable(),
         false => step,

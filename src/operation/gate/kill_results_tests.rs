@@ -173,8 +173,8 @@ impl World {
         }
         let progress = match reads_first(&step, &progress.phase, released) {
             Some(from) => match self.file_check(progress, from)? {
-                Ok(progress) => progress,
-                Err((failed, trouble)) => return self.read_failed(op, failed, trouble),
+                (progress, None) => progress,
+                (failed, Some(trouble)) => return self.read_failed(op, failed, trouble),
             },
             None => progress,
         };
@@ -315,15 +315,11 @@ impl World {
     /// `Driver::file_check`.
     fn file_check(
         &mut self,
-        progress: Progress,
+        p: Progress,
         from: Checkpoint,
-    ) -> Run<Result<Progress, (Progress, FileTrouble)>> {
+    ) -> Run<(Progress, Option<FileTrouble>)> {
         let read = self.read(from, 1)?;
-        let progress = self.fresh(progress);
-        Ok(match read {
-            Ok(_) => Ok(progress),
-            Err(trouble) => Err((progress, trouble)),
-        })
+        Ok((self.fresh(p), read.err()))
     }
 
     /// `Driver::read_failed`.

@@ -106,8 +106,8 @@ impl Driver<'_> {
         // no turn at the desk (no place in its queue, no probe) until it can.
         let progress = match reads_first(&step, &progress.phase, released) {
             Some(from) => match self.file_check(progress, from).await? {
-                Ok(progress) => progress,
-                Err((failed, trouble)) => return self.read_failed(op, failed, trouble).await,
+                (progress, None) => progress,
+                (failed, Some(trouble)) => return self.read_failed(op, failed, trouble).await,
             },
             None => progress,
         };
@@ -181,19 +181,15 @@ impl Driver<'_> {
     }
 
     /// Reads the first line of a file the last read could not give, before any turn at the
-    /// desk: the progress as it then stands, or, when the line did not come, the progress and
-    /// why, for the caller to commit as a chunk's failed read is (the desk hears nothing).
+    /// desk: the progress as it then stands, and why the line did not come, when it did not,
+    /// for the caller to commit as a chunk's failed read is (the desk hears nothing).
     async fn file_check(
         &self,
-        progress: Progress,
+        p: Progress,
         from: Checkpoint,
-    ) -> Result<std::result::Result<Progress, (Progress, FileTrouble)>> {
-        let read = self.read(&progress.source.clone(), from, 1).await?;
-        let progress = self.store.fresh(progress)?;
-        Ok(match read {
-            Ok(_) => Ok(progress),
-            Err(trouble) => Err((progress, trouble)),
-        })
+    ) -> Result<(Progress, Option<FileTrouble>)> {
+        let read = self.read(&p.source.clone(), from, 1).await?;
+        Ok((self.store.fresh(p)?, read.err()))
     }
 
     /// Commits what a read that did not give the file decides ([`on_record::read_failed`]:
