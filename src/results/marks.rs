@@ -1,14 +1,19 @@
-//! What a results step writes on the operation's record, decided: each function takes the
-//! record as stored and returns the gate's [`Step`] (what to store, its history row, its log
-//! line) with the step's [`ProgressWrite`] when it has one (an alert marked on the [`Progress`],
-//! a commit, a pause, a retry, or the progress alone: [`progress`]); the gate's commit stores
-//! both in one write, the progress also when the record is unchanged.
+//! What a results step writes, decided: each function takes the record and the progress as
+//! stored and returns the gate's [`Step`] (what to store, its history row, its log line) with
+//! the step's [`ProgressWrite`] when it has one (a chunk [`claimed`] before its sends, its
+//! answers [`committed`] after them, a [`read_failed`], an alert marked on the [`Progress`], a
+//! pause, a retry, or the progress alone: [`progress`]); the gate's commit stores both in one
+//! write, the progress also when the record is unchanged. Time and jitter are arguments: the
+//! edge and the host tests that kill it at every storage point commit the same decisions.
 //!
 //! Guarantees: the events an operator reads later (the file parked, results parked for
 //! failing, the results settled with their counts) each leave a history row; a step's
 //! bookkeeping (its due time, the desk's mark, a wait on the desk, `/metrics`' counts) leaves
 //! none, so the history's newest rows stay worth reading. A step that changes nothing is
-//! [`crate::operation::gate::Save::Unchanged`] (no write).
+//! [`crate::operation::gate::Save::Unchanged`] (no write). A step's answers and what they owe
+//! the record (`/metrics`' count, a destination's `Retry-After` hold) are one step, one
+//! write; a step that waits (for the file, after a failed read; for a `Retry-After`) moves the
+//! results' due time in it, so the alarm is set for the wait and no run only stores it.
 
 use serde_json::Value;
 
@@ -17,8 +22,11 @@ use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::GateReply;
 use crate::operation::gate::{results_retried, ResultsTaken, Step};
 use crate::operation::history::HistoryEntry;
-use crate::operation::{Actor, Operation};
-use crate::results::progress::{Metered, Progress, ProgressWrite, Row};
+use crate::operation::{Actor, DeskMark, Operation};
+use crate::results::item::ResultItem;
+use crate::results::lines::Checkpoint;
+use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress};
+use crate::results::progress::{ProgressWrite, Row, Sending, Step as Next};
 use crate::telemetry::counters::{labelled, RESULT_TO_PREFIX};
 
 /// A results step's decision: the record, and the progress stored with it.
@@ -37,6 +45,98 @@ fn stored(op: Operation, changed: bool, write: Option<ProgressWrite>) -> Marked 
 /// record is unchanged.
 pub fn progress(op: Operation, write: ProgressWrite) -> Marked {
     stored(op, false, Some(write))
+}
+
+/// The chunk just read (to `to`; `last`: the end of the file) is claimed, its progress stored
+/// before any of its results is sent (the record unchanged); the step answers the claim, for
+/// its commit ([`committed`]) after the sends.
+pub fn claimed(
+    op: Operation,
+    mut progress: Progress,
+    to: Checkpoint,
+    last: bool,
+) -> Step<ChunkClaim, ProgressWrite> {
+    let claim = progress.claim(to, last);
+    Step::new(Some(op), claim).carrying(Some(ProgressWrite::of(progress)))
+}
+
+/// A step's answers, as its commit settles them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answers {
+    /// The results of claim number `chunk` before `reached` (where its read stopped): counted,
+    /// those not delivered kept; the rest of the claim, if any, stays claimed from there.
+    Chunk {
+        chunk: u64,
+        reached: Checkpoint,
+        answers: Vec<(ResultItem, Sending)>,
+    },
+    /// Waiting rows' results, sent again: each row's new state, or its forgetting.
+    Rows(Vec<(ResultItem, Sending)>),
+}
+
+/// A step's answers committed, after every send, in one step on the progress as stored now:
+/// the progress settles them (each failure's backoff drawn with `jitter`), `/metrics`' count
+/// goes on the record when it is due ([`Progress::meter`], by destination `to`: [`metered`]),
+/// and a destination that asked to wait (`asked_wait_ms`, its longest `Retry-After`) holds the
+/// results' next step that long, within the backoff's longest
+/// ([`crate::retry::Backoff::max_ms`]): only a batch's step sends a row again, so the hold is
+/// the whole batch's.
+pub fn committed(
+    mut op: Operation,
+    mut progress: Progress,
+    answers: Answers,
+    asked_wait_ms: Option<i64>,
+    to: &str,
+    limits: &Limits,
+    (now, mut jitter): (i64, impl FnMut() -> f64),
+) -> Marked {
+    let before = progress.counts;
+    let writes = match answers {
+        Answers::Chunk {
+            chunk,
+            reached,
+            answers,
+        } => {
+            let writes = progress.commit_through(chunk, reached, answers, now, limits, jitter());
+            writes.unwrap_or_default()
+        }
+        Answers::Rows(answers) => answers
+            .into_iter()
+            .filter_map(|(item, sending)| {
+                progress.finish_row(item.index, sending, now, limits, jitter())
+            })
+            .collect(),
+    };
+    let hold = |wait: i64| op.results_due_at(now + wait.min(limits.retry.max_ms));
+    let held = asked_wait_ms.is_some_and(hold);
+    let (m, write) = (progress.meter(before), ProgressWrite { progress, writes });
+    let step = metered(op, m, to, now, write);
+    match held {
+        true => step.durable(),
+        false => step,
+    }
+}
+
+/// A read did not give the file (a chunk's, or its first line's before the step's turn at the
+/// desk): the progress marks it ([`Progress::file_failed`]: asked for again on its backoff,
+/// drawn with `jitter`, or parked), and when its next step waits (for the file, or rows backing
+/// off) the results are due then, in the same commit, so the alarm is set for it. Else, or
+/// while the desk's release is marked (the next run spends it), the due time stays.
+pub fn read_failed(
+    op: Operation,
+    mut progress: Progress,
+    trouble: FileTrouble,
+    limits: &Limits,
+    (now, jitter): (i64, f64),
+) -> Marked {
+    progress.file_failed(trouble, now, limits, jitter);
+    let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
+    let mut op = op;
+    let changed = match progress.next(now) {
+        Next::WaitUntil(at) if !released => op.results_due_at(at),
+        _ => false,
+    };
+    stored(op, changed, Some(ProgressWrite::of(progress)))
 }
 
 /// `/metrics`' results by destination (`to`), as the progress metered them (`w`: the commit
@@ -194,8 +294,15 @@ mod tests {
     use crate::operation::gate::Save;
     use crate::operation::lifecycle::{Source as EventSource, Status};
     use crate::operation::{OpEvent, ResultsMode};
-    use crate::results::item::Source;
-    use crate::results::progress::{Step as Next, Write};
+    use crate::results::item::{Payload, Source};
+    use crate::results::progress::{Phase, Write};
+    use crate::retry::{AttemptOutcome, Backoff};
+
+    const LIMITS: Limits = Limits {
+        file_wait_ms: 30 * 60 * 1_000,
+        retry: Backoff::new(1_000, 60_000),
+        alert_after_ms: 86_400_000,
+    };
 
     fn succeeded() -> Operation {
         let mut op = Operation::register("batches/r", "batches/r", None, 0);
@@ -422,5 +529,145 @@ mod tests {
         op.results_wait_on_destination(20, 1_000);
         let s = wait_on_destination(op, (true, Some(w.clone())), 1_000, 20);
         assert_eq!(s.results, Some(w));
+    }
+
+    fn item(index: u64) -> ResultItem {
+        let payload = Payload::Response(json!({"n": index}));
+        let result_key = format!("k{index}");
+        ResultItem {
+            result_key,
+            index,
+            payload,
+        }
+    }
+
+    fn at(index: u64) -> Checkpoint {
+        Checkpoint { offset: 0, index }
+    }
+
+    /// A claim is stored before the sends as the progress alone (the record unchanged), and
+    /// answers the claim its commit settles.
+    #[test]
+    fn a_claim_stores_the_progress_alone_and_answers_the_claim() {
+        let p = Progress::begin(Source::Inline, 10);
+        let s = claimed(succeeded(), p, at(3), true);
+        assert_eq!((s.save, s.history.len()), (Save::Unchanged, 0));
+        let claim = s.reply;
+        assert_eq!((claim.chunk, claim.from, claim.to), (0, at(0), at(3)));
+        assert_eq!(s.results.unwrap().progress.claim, Some(claim));
+    }
+
+    /// A chunk's answers in one step: the claim settles, the one not delivered is kept, and
+    /// `/metrics`' count goes on the record (a failure is counted at once); a `Retry-After`
+    /// holds the results, within the backoff's longest.
+    #[test]
+    fn a_commit_settles_meters_and_holds_for_a_retry_after_in_one_step() {
+        let mut p = Progress::begin(Source::Inline, 10);
+        let claim = p.claim(at(2), true);
+        let retry = Sending::Answered(AttemptOutcome::Retry("503".into()));
+        let answers = vec![
+            (item(0), Sending::Answered(AttemptOutcome::Delivered)),
+            (item(1), retry),
+        ];
+        let chunk = Answers::Chunk {
+            chunk: claim.chunk,
+            reached: at(2),
+            answers,
+        };
+        let (label, clock) = ("default", (20, || 0.5));
+        let s = committed(
+            succeeded(),
+            p.clone(),
+            chunk.clone(),
+            None,
+            label,
+            &LIMITS,
+            clock,
+        );
+        assert_eq!((s.save, s.history.len()), (Save::Durable, 0), "counted");
+        let w = s.results.clone().unwrap();
+        assert_eq!((w.progress.claim, w.progress.counts.delivered), (None, 1));
+        assert!(matches!(&w.writes[..], [Write::Keep(row, _)] if row.index == 1));
+        let op = s.record.unwrap();
+        assert_eq!(op.results_due_ms(), Some(10), "no hold: due as it was");
+        let held = committed(
+            succeeded(),
+            p.clone(),
+            chunk.clone(),
+            Some(5_000),
+            label,
+            &LIMITS,
+            clock,
+        );
+        assert_eq!(held.record.unwrap().results_due_ms(), Some(5_020));
+        assert_eq!(held.results, Some(w), "the same commit");
+        let capped = committed(succeeded(), p, chunk, Some(600_000), label, &LIMITS, clock);
+        assert_eq!(capped.record.unwrap().results_due_ms(), Some(60_020));
+    }
+
+    /// Rows sent again: each row's answer, each with its own draw of the jitter.
+    #[test]
+    fn a_rows_commit_finishes_each_row_with_its_own_jitter() {
+        let mut p = Progress::begin(Source::Inline, 10);
+        p.claim(at(2), true);
+        let fail = || Sending::Answered(AttemptOutcome::Retry("503".into()));
+        let answers = vec![(item(0), fail()), (item(1), fail())];
+        let chunk = Answers::Chunk {
+            chunk: 0,
+            reached: at(2),
+            answers,
+        };
+        let p = committed(succeeded(), p, chunk, None, "d", &LIMITS, (20, || 0.5));
+        let p = p.results.unwrap().progress;
+        let mut draws = [0.0, 1.0].into_iter();
+        let answers = vec![(item(0), fail()), (item(1), fail())];
+        let clock = (5_000, move || draws.next().unwrap());
+        let s = committed(
+            succeeded(),
+            p,
+            Answers::Rows(answers),
+            None,
+            "d",
+            &LIMITS,
+            clock,
+        );
+        let w = s.results.unwrap();
+        assert_eq!(w.writes.len(), 2);
+        let (a, b) = (&w.progress.rows[&0], &w.progress.rows[&1]);
+        assert_eq!((a.attempts, b.attempts), (2, 2));
+        assert!(a.next_at_ms < b.next_at_ms, "{a:?} {b:?}");
+    }
+
+    /// A read that did not give the file: the progress waits for it, and the results are due
+    /// when it is asked for again, in the same step (the alarm is set for it); a parked file
+    /// (its alert next) and a release the next run spends keep the due time.
+    #[test]
+    fn a_failed_read_makes_the_results_due_at_the_files_retry() {
+        let p = Progress::begin(Source::Inline, 10);
+        let clock = (20, 0.5);
+        let s = read_failed(succeeded(), p.clone(), FileTrouble::Missing, &LIMITS, clock);
+        let w = s.results.clone().unwrap();
+        let Phase::WaitingForFile { next_at_ms, .. } = w.progress.phase else {
+            panic!("{:?}", w.progress.phase);
+        };
+        assert!(next_at_ms > 20);
+        assert_eq!((s.save, s.history.len()), (Save::Durable, 0));
+        assert_eq!(s.record.unwrap().results_due_ms(), Some(next_at_ms));
+        let gone = FileTrouble::Unreadable("400".into());
+        let s = read_failed(succeeded(), p.clone(), gone, &LIMITS, clock);
+        let parked = s.results.as_ref().unwrap().progress.phase.clone();
+        assert!(matches!(parked, Phase::FileParked { .. }));
+        assert_eq!(
+            (s.save, s.record.unwrap().results_due_ms()),
+            (Save::Unchanged, Some(10))
+        );
+        let mut released = succeeded();
+        assert!(released.destination_ready(false, 15));
+        let s = read_failed(released, p, FileTrouble::Missing, &LIMITS, clock);
+        assert_eq!(
+            s.record.unwrap().results_due_ms(),
+            Some(10),
+            "the release stands"
+        );
     }
 }

@@ -582,7 +582,7 @@ impl Progress {
         };
         // A result is given up past the threshold (parked, and the batch alerts once) rather
         // than the job's effect waiting behind it. Its `Retry-After` holds the whole batch
-        // instead (`after_sends`), since only a batch's step sends a row again.
+        // instead (`results::marks::committed`), since only a batch's step sends a row again.
         let give_up = Some(limits.alert_after_ms);
         match limits.retry.decide(heard, run, give_up, now_ms, jitter) {
             Next::Delivered => {

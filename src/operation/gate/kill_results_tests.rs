@@ -8,9 +8,12 @@
 //! Storage points of a results step: the record's (`World::commit` through the gate's steps,
 //! [`on_record`]), which alone stores the progress and its transition's writes to the failure
 //! rows ([`ProgressWrite`], the step's, in the record's write, also when the record is
-//! unchanged: the claim before a chunk's sends, its commit with `/metrics`' count after them,
-//! the rows' answers after they are sent again, a failed read, a raised alert, where the results
-//! are); each send is a point too (the request reached the destination). The file is read
+//! unchanged: the claim before a chunk's sends, its commit with `/metrics`' count and a
+//! `Retry-After` hold after them, the rows' answers after they are sent again, a failed read
+//! with the results' next due time, a raised alert, where the results are); each send is a point
+//! too (the request reached the destination). Every write is decided by the functions the edge
+//! calls ([`on_record::claimed`], [`on_record::committed`], [`on_record::read_failed`] and the
+//! rest), so these kills drive the edge's own decisions. The file is read
 //! as the edge reads it without `Range` (from byte 0, the done part discarded), at most
 //! [`CHUNK`] results a read (a download ends a chunk early at its byte cap, so a chunk may
 //! hold fewer than the desk granted).
@@ -23,17 +26,20 @@ use crate::destination::protocol::Sent;
 use crate::operation::effect::outcome;
 use crate::operation::gate::desk_turn::{reports, DeskTurn};
 use crate::operation::gate::kill_tests::{
-    completion, job_kept_its_promises, job_requests, killed_everywhere, one_body_per_id,
-    resent_after_2xx, secret, Alarm, Answer, Beside, Run, World, KEY, LIMITS, TIMEOUT_MS,
+    completion, deliver, job_kept_its_promises, job_requests, killed_everywhere, one_body_per_id,
+    register, resent_after_2xx, secret, Alarm, Answer, Beside, Run, World, KEY, LIMITS, TIMEOUT_MS,
 };
 use crate::operation::gate::protocol::{GateCommand, GateReply};
+use crate::operation::gate::{step as gate_step, Step as GateStep};
+use crate::operation::lifecycle::{Source as EventSource, Status};
 use crate::operation::{DeskMark, Operation, ResultsMode};
 use crate::results::body::{build_result_request, result_message_id, ResultHead};
 use crate::results::item::{from_piece, ResultItem, Source, LINE_CAP};
 use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter};
-use crate::results::marks::{self as on_record, Marked};
+use crate::results::marks::{self as on_record, Answers, Marked};
 use crate::results::progress::{
-    ChunkClaim, FileTrouble, Limits, Progress, ProgressWrite, Sending, Step, Write, CHUNK_BYTES,
+    ChunkClaim, FileTrouble, Limits, Phase, Progress, ProgressWrite, Sending, Step, Write,
+    CHUNK_BYTES,
 };
 use crate::results::source::file_of_details;
 use crate::results::turn::reads_first;
@@ -131,10 +137,19 @@ impl World {
     /// `Driver::mark`: what `decide` makes of the record as stored now, committed without
     /// setting the alarm (the run's upkeep sets it last).
     fn mark(&mut self, op: Operation, decide: impl FnOnce(Operation) -> Marked) -> Run<Operation> {
+        Ok(self.decide(op, decide)?.0)
+    }
+
+    /// `Driver::decide`: as `mark`, with the step's answer (a claim's: the chunk it claimed).
+    fn decide<R>(
+        &mut self,
+        op: Operation,
+        decide: impl FnOnce(Operation) -> GateStep<R, ProgressWrite>,
+    ) -> Run<(Operation, R)> {
         let current = self.load().unwrap_or(op);
         let step = decide(current.clone());
-        let (stored, ()) = self.commit(step, Alarm::Deferred)?;
-        Ok(stored.unwrap_or(current))
+        let (stored, answer) = self.commit(step, Alarm::Deferred)?;
+        Ok((stored.unwrap_or(current), answer))
     }
 
     /// `results::step` and `Driver::step`: one step of the results, when they are due.
@@ -158,8 +173,8 @@ impl World {
         }
         let progress = match reads_first(&step, &progress.phase, released) {
             Some(from) => match self.file_check(progress, from)? {
-                (progress, true) => progress,
-                (failed, false) => return self.store_progress(op, failed),
+                (progress, None) => progress,
+                (failed, Some(trouble)) => return self.read_failed(op, failed, trouble),
             },
             None => progress,
         };
@@ -298,14 +313,21 @@ impl World {
     }
 
     /// `Driver::file_check`.
-    fn file_check(&mut self, progress: Progress, from: Checkpoint) -> Run<(Progress, bool)> {
+    fn file_check(
+        &mut self,
+        p: Progress,
+        from: Checkpoint,
+    ) -> Run<(Progress, Option<FileTrouble>)> {
         let read = self.read(from, 1)?;
-        let mut progress = self.fresh(progress);
-        if let Err(trouble) = read {
-            progress.file_failed(trouble, self.clock, &RESULTS, 0.5);
-            return Ok((progress, false));
-        }
-        Ok((progress, true))
+        Ok((self.fresh(p), read.err()))
+    }
+
+    /// `Driver::read_failed`.
+    fn read_failed(&mut self, op: Operation, p: Progress, t: FileTrouble) -> Run<Operation> {
+        let now = self.clock;
+        self.mark(op, |op| {
+            on_record::read_failed(op, p, t, &RESULTS, (now, 0.5))
+        })
     }
 
     /// `Driver::chunk`: the next chunk claimed (stored) before its sends, or the claimed one
@@ -319,19 +341,18 @@ impl World {
         turn: Turn,
     ) -> Run<Operation> {
         let read = self.read(from, turn.n)?;
-        let mut progress = self.fresh(progress);
+        let progress = self.fresh(progress);
         let (items, to, last) = match read {
             Err(trouble) => {
-                progress.file_failed(trouble, self.clock, &RESULTS, 0.5);
-                let op = self.store_progress(op, progress)?;
+                let op = self.read_failed(op, progress, trouble)?;
                 return self.after_sends(op, turn, Sent::default());
             }
             Ok(read) => read,
         };
         let (claim, items, reached) = match claimed {
             None => {
-                let claim = progress.claim(to, last);
-                self.store_progress(op.clone(), progress.clone())?;
+                let decide = |op| on_record::claimed(op, progress.clone(), to, last);
+                let (_, claim) = self.decide(op.clone(), decide)?;
                 (claim, items, to)
             }
             Some(claim) => {
@@ -344,16 +365,13 @@ impl World {
                 (claim, items.collect(), reached)
             }
         };
-        let (answers, sent) = self.send(&op, items)?;
-        let mut progress = self.fresh(progress);
-        let before = progress.counts;
-        let now = self.clock;
-        let writes = progress.commit_through(claim.chunk, reached, answers, now, &RESULTS, 0.5);
-        let metered = progress.meter(before);
-        let writes = writes.unwrap_or_default();
-        let write = ProgressWrite { progress, writes };
-        let op = self.mark(op, |op| on_record::metered(op, metered, "to", now, write))?;
-        self.after_sends(op, turn, sent)
+        let chunk = claim.chunk;
+        let answers = |answers| Answers::Chunk {
+            chunk,
+            reached,
+            answers,
+        };
+        self.send_and_commit(op, progress, items, turn, answers)
     }
 
     /// `Driver::retry_rows`: the rows' kept results sent again, then their answers stored.
@@ -366,19 +384,25 @@ impl World {
     ) -> Run<Operation> {
         let indexes = indexes.into_iter().take(turn.n as usize);
         let items = indexes.filter_map(|i| self.tables.item(i)).collect();
-        let (answers, sent) = self.send(&op, items)?;
-        let mut progress = self.fresh(progress);
-        let before = progress.counts;
-        let now = self.clock;
-        let writes = answers
-            .iter()
-            .filter_map(|(item, sending)| {
-                progress.finish_row(item.index, sending.clone(), now, &RESULTS, 0.5)
-            })
-            .collect();
-        let metered = progress.meter(before);
-        let write = ProgressWrite { progress, writes };
-        let op = self.mark(op, |op| on_record::metered(op, metered, "to", now, write))?;
+        self.send_and_commit(op, progress, items, turn, Answers::Rows)
+    }
+
+    /// `Driver::send_and_commit`: the sends, then what their answers decide, committed.
+    fn send_and_commit(
+        &mut self,
+        op: Operation,
+        progress: Progress,
+        items: Vec<ResultItem>,
+        turn: Turn,
+        answers: impl FnOnce(Vec<(ResultItem, Sending)>) -> Answers,
+    ) -> Run<Operation> {
+        let (sent_answers, sent) = self.send(&op, items)?;
+        let progress = self.fresh(progress);
+        let (answers, wait) = (answers(sent_answers), sent.asked_wait_ms);
+        let clock = (self.clock, || 0.5);
+        let op = self.mark(op, |op| {
+            on_record::committed(op, progress, answers, wait, "to", &RESULTS, clock)
+        })?;
         self.after_sends(op, turn, sent)
     }
 
@@ -405,21 +429,15 @@ impl World {
         Ok((items.into_iter().zip(outcomes).collect(), sent))
     }
 
-    /// `Driver::after_sends`: the desk's report when it needs one; a `Retry-After` holds the
-    /// next step.
+    /// `Driver::after_sends`: the desk's report when it needs one (the commit held the
+    /// results for a `Retry-After`); a desk that queues the batch wins, committed after.
     fn after_sends(&mut self, op: Operation, turn: Turn, sent: Sent) -> Run<Operation> {
         if reports(turn.turn, false, sent.failures > 0) {
             if let Some(paused) = self.desk_says_wait()? {
                 return self.results_wait(op, (paused, None));
             }
         }
-        match sent.asked_wait_ms {
-            Some(wait) => {
-                let at = self.clock + wait.min(LIMITS.retry.max_ms);
-                self.mark(op, |op| on_record::due_at(op, at))
-            }
-            None => Ok(self.load().unwrap_or(op)),
-        }
+        Ok(self.load().unwrap_or(op))
     }
 }
 
@@ -637,4 +655,45 @@ fn a_step_whose_record_is_unchanged_stores_its_progress_as_its_own_point() {
     assert_eq!(world.progress(), Some(progress));
     assert_eq!(world.progress().unwrap().claim, Some(claim));
     assert_eq!(world.stored_record(), None, "the record is not written");
+}
+
+/// A read that did not give the file (a chunk's, then the first line's before the desk) sets
+/// the results' next due time to the file's retry in the same commit, so the alarm is set for
+/// it: no run after it only stores the due time.
+#[test]
+fn a_failed_read_makes_the_results_due_when_the_file_is_asked_for_again() {
+    let mut world = World::new(1, false, None);
+    (world.file, world.file_missing) = (file(14), 2);
+    let registered = gate_step(None, register(ResultsMode::Each), 0);
+    let succeeded = deliver(Status::Succeeded, 200, EventSource::Webhook);
+    let succeeded = gate_step(registered.record, succeeded, 20);
+    world.commit(succeeded, Alarm::Sync).unwrap();
+    world.clock = 30;
+    for failures in 1..=2 {
+        let op = world.load().unwrap();
+        assert!(op.results_due_ms().is_some_and(|at| at <= world.clock));
+        world.results_step(op).unwrap();
+        let progress = world.progress().unwrap();
+        let Phase::WaitingForFile { next_at_ms, .. } = progress.phase else {
+            panic!("{:?}", progress.phase);
+        };
+        assert_eq!(
+            progress.phase,
+            Phase::WaitingForFile {
+                failures,
+                next_at_ms
+            }
+        );
+        assert!(next_at_ms > world.clock);
+        let op = world.stored_record().unwrap();
+        assert_eq!(op.results_due_ms(), Some(next_at_ms), "read {failures}");
+        world.clock = next_at_ms;
+    }
+    let op = world.load().unwrap();
+    world.results_step(op).unwrap();
+    assert_eq!(
+        world.progress().unwrap().phase,
+        Phase::Reading,
+        "read at last"
+    );
 }

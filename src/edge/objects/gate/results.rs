@@ -1,16 +1,18 @@
 //! A `"results": "each"` batch's results, driven by its gate's alarm: one step of
 //! [`crate::results::progress::Progress`] per run, performed here.
 //!
-//! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] what goes on
-//! the record); every write of the progress is a gate step's (but the move of one an earlier
-//! version stored, `results_store.rs`), committed with the record in one storage write (the record
-//! unchanged when only the progress moved): a chunk's claim is stored before any of its results is
-//! sent, and its commit (the counts and the rows of the results not delivered, with `/metrics`'
-//! count) after every answer; a waiting row is sent again as it is stored (a kill before its answer
-//! is stored sends it again). Each result is signed under its one `webhook-id`
-//! ([`crate::results::body::result_message_id`]). While work remains the results' due time stays
-//! past, so the alarm fires again at once; a wait (a file not there yet, rows backing off, a
-//! destination that asked to wait, the desk's queue) moves it. How many a step sends is its turn at
+//! Guarantees: nothing here decides (the progress does, and [`crate::results::marks`] each write:
+//! a chunk's claim, its or the rows' commit, a failed read, what goes on the record); this reads,
+//! sends, and commits what those return. Every write of the progress is a gate step's (but the
+//! move of one an earlier version stored, `results_store.rs`), committed with the record in one
+//! storage write (the record unchanged when only the progress moved): a chunk's claim is stored
+//! before any of its results is sent, and its commit (the counts and the rows of the results not
+//! delivered, with `/metrics`' count and a destination's `Retry-After` hold) after every answer; a
+//! waiting row is sent again as it is stored (a kill before its answer is stored sends it again).
+//! Each result is signed under its one `webhook-id` ([`crate::results::body::result_message_id`]).
+//! While work remains the results' due time stays past, so the alarm fires again at once; a wait
+//! (a file not there yet, rows backing off, a destination that asked to wait, the desk's queue)
+//! moves it, in the step's own commit. How many a step sends is its turn at
 //! the destination's desk, the job's effect's own (`desk_turn.rs`; the sends in
 //! `results/sends.rs`); where the results are is asked in `results/locate.rs`; what a step commits
 //! on the record is `results/marks.rs`. Only the alarm starts a step (never a duplicate delivery, a
@@ -25,9 +27,9 @@ use crate::operation::gate::GateLimits;
 use crate::operation::{DeskMark, Operation};
 use crate::results::item::{from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::results::marks as on_record;
+use crate::results::marks::{self as on_record, Answers};
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Progress};
-use crate::results::progress::{ProgressWrite, Sending, Step, Write};
+use crate::results::progress::{ProgressWrite, Sending, Step};
 use crate::results::turn::reads_first;
 
 use crate::edge::objects::gate::desk_turn::Turn;
@@ -104,8 +106,8 @@ impl Driver<'_> {
         // no turn at the desk (no place in its queue, no probe) until it can.
         let progress = match reads_first(&step, &progress.phase, released) {
             Some(from) => match self.file_check(progress, from).await? {
-                (progress, true) => progress,
-                (failed, false) => return self.store_progress(op, failed).await,
+                (progress, None) => progress,
+                (failed, Some(trouble)) => return self.read_failed(op, failed, trouble).await,
             },
             None => progress,
         };
@@ -179,17 +181,23 @@ impl Driver<'_> {
     }
 
     /// Reads the first line of a file the last read could not give, before any turn at the
-    /// desk: the progress as it then stands, and whether the line came (when it did not, the
-    /// failure is marked as a chunk's read marks it, for the caller to store: the file is asked
-    /// for again on its backoff, and the desk hears nothing).
-    async fn file_check(&self, progress: Progress, from: Checkpoint) -> Result<(Progress, bool)> {
-        let read = self.read(&progress.source.clone(), from, 1).await?;
-        let mut progress = self.store.fresh(progress)?;
-        if let Err(trouble) = read {
-            progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
-            return Ok((progress, false));
-        }
-        Ok((progress, true))
+    /// desk: the progress as it then stands, and why the line did not come, when it did not,
+    /// for the caller to commit as a chunk's failed read is (the desk hears nothing).
+    async fn file_check(
+        &self,
+        p: Progress,
+        from: Checkpoint,
+    ) -> Result<(Progress, Option<FileTrouble>)> {
+        let read = self.read(&p.source.clone(), from, 1).await?;
+        Ok((self.store.fresh(p)?, read.err()))
+    }
+
+    /// Commits what a read that did not give the file decides ([`on_record::read_failed`]:
+    /// the file asked for again on its backoff, the results due then; or parked).
+    async fn read_failed(&self, op: Operation, p: Progress, t: FileTrouble) -> Result<Operation> {
+        let limits = &self.limits;
+        let decide = |op| on_record::read_failed(op, p, t, limits, (now_ms(), random_unit()));
+        self.mark(op, decide).await
     }
 
     /// Commits the progress alone (the record unchanged).
@@ -212,19 +220,18 @@ impl Driver<'_> {
         turn: Turn,
     ) -> Result<Operation> {
         let read = self.read(&progress.source.clone(), from, turn.n).await?;
-        let mut progress = self.store.fresh(progress)?;
+        let progress = self.store.fresh(progress)?;
         let (items, to, last) = match read {
             Err(trouble) => {
-                progress.file_failed(trouble, now_ms(), &self.limits, random_unit());
-                let op = self.store_progress(op, progress).await?;
+                let op = self.read_failed(op, progress, trouble).await?;
                 return self.after_sends(op, turn, Sent::default()).await;
             }
             Ok(read) => read,
         };
         let (claim, items, reached) = match claimed {
             None => {
-                let claim = progress.claim(to, last);
-                self.store_progress(op.clone(), progress.clone()).await?;
+                let decide = |op| on_record::claimed(op, progress.clone(), to, last);
+                let (_, claim) = self.decide(op.clone(), decide).await?;
                 (claim, items, to)
             }
             Some(claim) => {
@@ -237,12 +244,13 @@ impl Driver<'_> {
                 )
             }
         };
-        let (chunk, limits) = (claim.chunk, &self.limits);
-        let commit = |p: &mut Progress, answers, now| {
-            let writes = p.commit_through(chunk, reached, answers, now, limits, random_unit());
-            writes.unwrap_or_default()
+        let chunk = claim.chunk;
+        let answers = |answers| Answers::Chunk {
+            chunk,
+            reached,
+            answers,
         };
-        self.send_and_commit(op, progress, items, turn, commit)
+        self.send_and_commit(op, progress, items, turn, answers)
             .await
     }
 
@@ -259,35 +267,29 @@ impl Driver<'_> {
         for index in indexes.into_iter().take(turn.n as usize) {
             items.extend(self.store.kept(index)?);
         }
-        let finish = |p: &mut Progress, answers: Vec<(ResultItem, Sending)>, now| {
-            let finish = |(item, outcome): (ResultItem, _)| {
-                p.finish_row(item.index, outcome, now, &self.limits, random_unit())
-            };
-            answers.into_iter().filter_map(finish).collect()
-        };
-        self.send_and_commit(op, progress, items, turn, finish)
+        self.send_and_commit(op, progress, items, turn, Answers::Rows)
             .await
     }
 
-    /// Sends `items` and commits their answers as `settle` makes them (a claimed chunk's
-    /// commit, or each row's), on the progress as stored after the sends, with `/metrics`'
-    /// count on the record.
+    /// Sends `items` and commits what their answers decide ([`on_record::committed`]: a
+    /// claimed chunk's or the rows', as `answers` names them), on the progress as stored after
+    /// the sends, with `/metrics`' count and a destination's `Retry-After` on the record.
     async fn send_and_commit(
         &self,
         op: Operation,
         progress: Progress,
         items: Vec<ResultItem>,
         turn: Turn,
-        settle: impl FnOnce(&mut Progress, Vec<(ResultItem, Sending)>, i64) -> Vec<Write>,
+        answers: impl FnOnce(Vec<(ResultItem, Sending)>) -> Answers,
     ) -> Result<Operation> {
-        let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
-        let mut progress = self.store.fresh(progress)?;
-        let before = progress.counts;
-        let writes = settle(&mut progress, answers, now_ms());
-        // `/metrics`' count of the results, by destination, with the progress that metered them.
-        let (metered, write) = (progress.meter(before), ProgressWrite { progress, writes });
-        let to = self.config.destination_label(op.kind());
-        let decide = |op| on_record::metered(op, metered, &to, now_ms(), write);
+        let (sent_answers, sent) = self.send(&op, items, &turn.after_ms).await;
+        let progress = self.store.fresh(progress)?;
+        let (answers, wait) = (answers(sent_answers), sent.asked_wait_ms);
+        let (to, limits) = (self.config.destination_label(op.kind()), &self.limits);
+        let decide = |op| {
+            let clock = (now_ms(), random_unit);
+            on_record::committed(op, progress, answers, wait, &to, limits, clock)
+        };
         let op = self.mark(op, decide).await?;
         self.after_sends(op, turn, sent).await
     }

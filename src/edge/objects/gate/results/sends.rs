@@ -3,7 +3,8 @@
 //!
 //! Guarantees: a release or a grant is spent by the step that uses it; more than one round
 //! trip's worth of results go through the gate's result senders, else from the gate itself;
-//! a desk's `Wait` makes the record wait for its release.
+//! a desk's `Wait` makes the record wait for its release, committed after the sends' commit (which
+//! holds the results for a destination's `Retry-After`), so the desk's wait wins.
 
 use worker::Result;
 
@@ -114,8 +115,9 @@ impl Driver<'_> {
         (items.into_iter().zip(outcomes).collect(), sent)
     }
 
-    /// After the sends: the desk hears what it needs to (as the job's effect reports), and a
-    /// destination that asked for a wait (`Retry-After`) is not sent more before it.
+    /// After the sends and their commit (which held the results for a destination's
+    /// `Retry-After`): the desk hears what it needs to (as the job's effect reports), and a
+    /// desk that queues the batch makes the record wait for its release, committed after.
     pub(super) async fn after_sends(
         &self,
         op: Operation,
@@ -126,12 +128,6 @@ impl Driver<'_> {
         if let Some(paused) = desk.report(&turn, &sent).await {
             return self.wait_on_destination(op, (paused, None)).await;
         }
-        match sent.asked_wait_ms {
-            Some(wait) => {
-                let at = now_ms() + wait.min(self.config.retry_max_secs * 1_000);
-                self.due_at(op, at).await
-            }
-            None => Ok(self.storage.load()?.unwrap_or(op)),
-        }
+        Ok(self.storage.load()?.unwrap_or(op))
     }
 }
