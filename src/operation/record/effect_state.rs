@@ -167,27 +167,33 @@ impl Operation {
     /// The destination's desk queued the effect (or the batch's results: `queued`): it waits
     /// for the desk's release, or for `fallback_ms` (so a lost desk never strands it), its
     /// own due time moved (the effect's retry, or the results' due time: never the other's),
-    /// and a pause's wait (`paused`) is marked as one. False, and nothing changes, when it is
-    /// not owed (the results not running), an attempt holds a live claim (the desk's answer
-    /// came too late to matter), or a release is marked (it stands).
+    /// since it first waited, and a pause's wait (`paused`) is no failure
+    /// ([`Operation::held_by_pause`]). False, and nothing changes, when it is not owed (the
+    /// results not running), an attempt holds a live claim (the desk's answer came too late to
+    /// matter), or a release is marked: the desk released it while its `Wait` travelled back
+    /// (an attempt that asked never holds a release), so the release is newer and stands.
     pub fn wait_on_desk(
         &mut self,
         queued: Queued,
-        now_ms: i64,
+        now: i64,
         fallback_ms: i64,
         paused: bool,
     ) -> bool {
         let results_due = self.results_due_ms();
         let waitable = match queued {
             Queued::Effect => {
-                self.effect_owed() && self.effect.claim.is_none_or(|c| c.expires_ms <= now_ms)
+                self.effect_owed() && self.effect.claim.is_none_or(|c| c.expires_ms <= now)
             }
             Queued::Results => results_due.is_some(),
         };
-        if !waitable || !self.mark_waiting(now_ms) {
-            return false;
-        }
-        let fallback = now_ms + fallback_ms;
+        let since_ms = match self.effect.desk {
+            _ if !waitable => return false,
+            Some(DeskMark::Released { .. }) => return false,
+            Some(DeskMark::Waiting { since_ms, .. }) => since_ms,
+            None => now,
+        };
+        self.effect.desk = Some(DeskMark::Waiting { since_ms, paused });
+        let fallback = now + fallback_ms;
         match queued {
             // A lapsed claim (its attempt died before it committed) ends here. Kept, its
             // expiry, now past, would stay the gate's wake time (`wake_at_ms` follows a claim
@@ -199,36 +205,12 @@ impl Operation {
             }
             Queued::Results => self.results_due_ms = results_due.map(|due| due.max(fallback)),
         }
+        // The version moves for the wait, and once more for a pause's (as it always has).
         self.changed();
-        self.mark_wait_paused(paused);
-        true
-    }
-
-    /// Marks the effect (or the batch's results) waiting on the desk, since when it first
-    /// waited. False when a release is marked: the desk released it while its `Wait` travelled
-    /// back (an attempt that asked never holds a release), so the release is newer and stands.
-    fn mark_waiting(&mut self, now_ms: i64) -> bool {
-        let since_ms = match self.effect.desk {
-            Some(DeskMark::Released { .. }) => return false,
-            Some(DeskMark::Waiting { since_ms, .. }) => since_ms,
-            None => now_ms,
-        };
-        self.effect.desk = Some(DeskMark::Waiting {
-            since_ms,
-            paused: false,
-        });
-        true
-    }
-
-    /// The wait just marked is a pause's (`paused`) or the destination's health or pace: a
-    /// pause's wait is not a failure ([`Operation::held_by_pause`]).
-    fn mark_wait_paused(&mut self, paused: bool) {
-        if let Some(DeskMark::Waiting { paused: p, .. }) = self.effect.desk.as_mut() {
-            if *p != paused {
-                *p = paused;
-                self.changed();
-            }
+        if paused {
+            self.changed();
         }
+        true
     }
 
     /// Whether its destination's pause holds the effect (or the batch's results): they
