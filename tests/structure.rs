@@ -1007,6 +1007,12 @@ pub const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
     (
         "edge/objects/gate/alarm.rs",
         "attempt",
+        "edge/objects/gate/desk_turn.rs",
+        "send",
+    ),
+    (
+        "edge/objects/gate/desk_turn.rs",
+        "send",
         "edge/outbound/fetch.rs",
         "deliver",
     ),

@@ -1,4 +1,5 @@
-//! The side effect: what is sent downstream for a terminal outcome, and what its answer means.
+//! The side effect: what is sent downstream for a terminal outcome (what its answer means is
+//! [`crate::destination::sending::outcome`]'s, as for a batch's results).
 //!
 //! Guarantees (docs/DESIGN.md, invariant 3): the body and the `webhook-id` are the same on
 //! every retry of one generation, and `idempotency-key` is the operation key on every
@@ -17,8 +18,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::operation::details::normalize_details;
-use crate::operation::{AttemptOutcome, Operation};
-use crate::retry::{Class, PeerAnswer};
+use crate::operation::Operation;
 use crate::signature::{sign, Secret};
 use crate::timestamp::format_rfc3339;
 
@@ -120,21 +120,6 @@ pub fn queue_message(request: &EffectRequest) -> Result<String, String> {
             "a queue message of {n} bytes is over the queue's limit of {QUEUE_MESSAGE_MAX_BYTES} bytes: not sent"
         )),
         _ => Ok(message),
-    }
-}
-
-/// What the destination's answer to an attempt means for the side effect: its class
-/// ([`PeerAnswer::class`]) decides, its summary is kept for the operator (a timeout says how long
-/// it waited). An attempt keeps an excerpt, which is never refused for its size.
-pub fn outcome(answer: &PeerAnswer, timeout_ms: i64) -> AttemptOutcome {
-    let said = match answer {
-        PeerAnswer::Timeout => format!("timeout after {timeout_ms} ms"),
-        _ => answer.summary(),
-    };
-    match answer.class() {
-        Class::Success => AttemptOutcome::Delivered,
-        Class::Retry => AttemptOutcome::Retry(said),
-        Class::Refused => AttemptOutcome::Park(said),
     }
 }
 
@@ -357,40 +342,6 @@ mod tests {
         assert_ne!(
             effect_message_id("batches/b", 1),
             effect_message_id("batches/c", 1)
-        );
-    }
-
-    #[test]
-    fn answers_are_classified() {
-        let http = |status: u16, body: &str| PeerAnswer::Http {
-            status,
-            body: body.to_string(),
-            retry_after: None,
-        };
-        let classify = |status, body| outcome(&http(status, body), 10_000);
-        assert_eq!(classify(200, ""), AttemptOutcome::Delivered);
-        assert_eq!(classify(204, ""), AttemptOutcome::Delivered);
-        for s in [408, 409, 429, 500, 502, 503, 599] {
-            assert!(matches!(classify(s, ""), AttemptOutcome::Retry(_)), "{s}");
-        }
-        for s in [300, 400, 401, 403, 404, 410, 422] {
-            assert!(matches!(classify(s, ""), AttemptOutcome::Park(_)), "{s}");
-        }
-        assert_eq!(
-            classify(400, "bad request"),
-            AttemptOutcome::Park("400: bad request".into())
-        );
-        assert_eq!(
-            classify(503, &"é".repeat(300)),
-            AttemptOutcome::Retry(format!("503: {}", "é".repeat(200)))
-        );
-        assert_eq!(
-            outcome(&PeerAnswer::Timeout, 10_000),
-            AttemptOutcome::Retry("timeout after 10000 ms".into())
-        );
-        assert_eq!(
-            outcome(&PeerAnswer::Network("reset".into()), 10_000),
-            AttemptOutcome::Retry("network: reset".into())
         );
     }
 }

@@ -21,5 +21,5 @@ pub mod retired_names;
 
 pub use record::{
     Actor, AttemptOutcome, Claim, DeskMark, Finished, KindFill, OpEvent, Operation,
-    OperatorRefusal, PendingAlert, ResultsMode,
+    OperatorRefusal, PendingAlert, Queued, ResultsMode,
 };

@@ -22,7 +22,7 @@ use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::GateReply;
 use crate::operation::gate::{results_retried, ResultsTaken, Step};
 use crate::operation::history::HistoryEntry;
-use crate::operation::{Actor, DeskMark, Operation};
+use crate::operation::{Actor, DeskMark, Operation, Queued};
 use crate::results::item::ResultItem;
 use crate::results::lines::Checkpoint;
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress};
@@ -267,10 +267,7 @@ pub fn wait_on_destination(
     fallback_ms: i64,
     now: i64,
 ) -> Marked {
-    let waits = op.results_wait_on_destination(now, fallback_ms);
-    if waits {
-        op.mark_wait_paused(paused);
-    }
+    let waits = op.wait_on_desk(Queued::Results, now, fallback_ms, paused);
     stored(op, waits, held)
 }
 
@@ -526,7 +523,7 @@ mod tests {
             );
         }
         let mut op = succeeded();
-        op.results_wait_on_destination(20, 1_000);
+        op.wait_on_desk(Queued::Results, 20, 1_000, false);
         let s = wait_on_destination(op, (true, Some(w.clone())), 1_000, 20);
         assert_eq!(s.results, Some(w));
     }

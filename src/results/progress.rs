@@ -40,6 +40,9 @@ use crate::results::item::{ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::retry::{Backoff, Heard, Next, Run};
 
+/// How a result's send ended ([`crate::destination::sending`]: the job's effect's too).
+pub use crate::destination::sending::Sending;
+
 /// How long a results file that answers 404 after `SUCCEEDED` is asked for again: Gemini can
 /// report `SUCCEEDED` shortly before the file can be downloaded; far past the delays reported.
 pub const FILE_WAIT_MS: i64 = 30 * 60 * 1_000;
@@ -324,34 +327,6 @@ pub enum FileTrouble {
     Unavailable(String),
     /// It will not get better (another 4xx, not a results file).
     Unreadable(String),
-}
-
-/// How a result's send ended, as a step commits it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Sending {
-    /// What the destination's answer means (a timeout or a network failure on the way to it
-    /// included): its health and its desk hear of it.
-    Answered(AttemptOutcome),
-    /// The destination's answer, brought back by a result sender: as `Answered`, and the
-    /// senders answer.
-    Carried(AttemptOutcome),
-    /// The result sender that carried it answered nothing usable (its call failed or passed
-    /// its bound, `results::fanout`), saying why: [`Heard::Nothing`], not counted as failed.
-    Unanswered(String),
-}
-
-#[cfg(test)]
-impl From<AttemptOutcome> for Sending {
-    fn from(outcome: AttemptOutcome) -> Sending {
-        Sending::Answered(outcome)
-    }
-}
-
-#[cfg(test)]
-impl From<&AttemptOutcome> for Sending {
-    fn from(outcome: &AttemptOutcome) -> Sending {
-        Sending::Answered(outcome.clone())
-    }
 }
 
 /// Whether an attempt may have reached the destination: every answer but a 2xx or a refusal

@@ -29,7 +29,7 @@ use crate::operation::lifecycle::{Source, Status, Verdict};
 use crate::operation::observation::SlotAnswer;
 use crate::operation::observation::{Observation, StatusError};
 use crate::operation::{
-    AttemptOutcome, Claim, DeskMark, Finished, OpEvent, Operation, PendingAlert,
+    AttemptOutcome, Claim, DeskMark, Finished, OpEvent, Operation, PendingAlert, Queued,
 };
 use crate::retry::{Heard, Next, Run};
 use crate::telemetry::counters::{
@@ -730,11 +730,12 @@ pub fn wait_on_destination(
     limits: &GateLimits,
     paused: bool,
 ) -> Step<AlarmDone> {
-    if !op.wait_on_destination(now, limits.desk_fallback_ms) {
-        return Step::new(Some(op), AlarmDone::WaitsOnDestination(false));
+    let waits = op.wait_on_desk(Queued::Effect, now, limits.desk_fallback_ms, paused);
+    let step = Step::new(Some(op), AlarmDone::WaitsOnDestination(waits));
+    match waits {
+        true => step.durable(),
+        false => step,
     }
-    op.mark_wait_paused(paused);
-    Step::new(Some(op), AlarmDone::WaitsOnDestination(true)).durable()
 }
 
 #[cfg(test)]

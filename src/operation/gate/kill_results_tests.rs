@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use serde_json::{json, Value};
 
 use crate::destination::protocol::Sent;
-use crate::operation::effect::outcome;
+use crate::destination::sending::outcome;
 use crate::operation::gate::desk_turn::{reports, DeskTurn};
 use crate::operation::gate::kill_tests::{
     completion, deliver, job_kept_its_promises, job_requests, killed_everywhere, one_body_per_id,

@@ -42,7 +42,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde_json::{json, Map, Value};
 
 use crate::destination::protocol::Sent;
-use crate::operation::effect::{build_request, effect_message_id, outcome, EffectRequest};
+use crate::destination::sending::outcome;
+use crate::operation::effect::{build_request, effect_message_id, EffectRequest};
 use crate::operation::gate::alarm::{self, AlarmDone, AlarmWork, Attempt, Upkeep};
 use crate::operation::gate::desk_turn::{desk_turn, goes_now, granted, reports, DeskTurn};
 use crate::operation::gate::protocol::{GateCommand, GateReply};

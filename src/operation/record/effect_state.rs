@@ -33,6 +33,14 @@ pub enum EffectReport {
     InFlight,
 }
 
+/// What the destination's desk queued ([`Operation::wait_on_desk`]): the job's effect, or the
+/// batch's results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queued {
+    Effect,
+    Results,
+}
+
 /// A held claim on the side effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
@@ -156,51 +164,53 @@ pub enum Finished {
 }
 
 impl Operation {
-    /// The destination's desk queued the effect: it waits for the desk to make it due, or
-    /// for `fallback_ms` (so a lost desk never strands it). False when nothing is owed or an
-    /// attempt holds a live claim (the desk's answer came too late to matter).
-    pub fn wait_on_destination(&mut self, now_ms: i64, fallback_ms: i64) -> bool {
-        if !self.effect_owed() || self.effect.claim.is_some_and(|c| c.expires_ms > now_ms) {
-            return false;
-        }
-        if !self.mark_waiting(now_ms) {
-            return false;
-        }
-        // A lapsed claim (its attempt died before it committed) ends here. Kept, its expiry,
-        // now past, would stay the gate's wake time (`wake_at_ms` follows a claim first) and
-        // fire the alarm again and again, doing nothing, for as long as the wait lasts. Its
-        // late answer is fenced as if the next claim had replaced it (`finish`).
-        self.effect.claim = None;
-        self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(now_ms + fallback_ms);
-        self.changed();
-        true
-    }
-
-    /// Marks the effect (or the batch's results) waiting on the desk, since when it first
-    /// waited. False when a release is marked: the desk released it while its `Wait` travelled
-    /// back (an attempt that asked never holds a release), so the release is newer and stands.
-    pub(super) fn mark_waiting(&mut self, now_ms: i64) -> bool {
+    /// The destination's desk queued the effect (or the batch's results: `queued`): it waits
+    /// for the desk's release, or for `fallback_ms` (so a lost desk never strands it), its
+    /// own due time moved (the effect's retry, or the results' due time: never the other's),
+    /// since it first waited, and a pause's wait (`paused`) is no failure
+    /// ([`Operation::held_by_pause`]). False, and nothing changes, when it is not owed (the
+    /// results not running), an attempt holds a live claim (the desk's answer came too late to
+    /// matter), or a release is marked: the desk released it while its `Wait` travelled back
+    /// (an attempt that asked never holds a release), so the release is newer and stands.
+    pub fn wait_on_desk(
+        &mut self,
+        queued: Queued,
+        now: i64,
+        fallback_ms: i64,
+        paused: bool,
+    ) -> bool {
+        let results_due = self.results_due_ms();
+        let waitable = match queued {
+            Queued::Effect => {
+                self.effect_owed() && self.effect.claim.is_none_or(|c| c.expires_ms <= now)
+            }
+            Queued::Results => results_due.is_some(),
+        };
         let since_ms = match self.effect.desk {
+            _ if !waitable => return false,
             Some(DeskMark::Released { .. }) => return false,
             Some(DeskMark::Waiting { since_ms, .. }) => since_ms,
-            None => now_ms,
+            None => now,
         };
-        self.effect.desk = Some(DeskMark::Waiting {
-            since_ms,
-            paused: false,
-        });
-        true
-    }
-
-    /// The wait just marked is a pause's (`paused`) or the destination's health or pace: a
-    /// pause's wait is not a failure ([`Operation::held_by_pause`]).
-    pub fn mark_wait_paused(&mut self, paused: bool) {
-        if let Some(DeskMark::Waiting { paused: p, .. }) = self.effect.desk.as_mut() {
-            if *p != paused {
-                *p = paused;
-                self.changed();
+        self.effect.desk = Some(DeskMark::Waiting { since_ms, paused });
+        let fallback = now + fallback_ms;
+        match queued {
+            // A lapsed claim (its attempt died before it committed) ends here. Kept, its
+            // expiry, now past, would stay the gate's wake time (`wake_at_ms` follows a claim
+            // first) and fire the alarm again and again, doing nothing, for as long as the wait
+            // lasts. Its late answer is fenced as if the next claim had replaced it (`finish`).
+            Queued::Effect => {
+                self.effect.claim = None;
+                self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(fallback);
             }
+            Queued::Results => self.results_due_ms = results_due.map(|due| due.max(fallback)),
         }
+        // The version moves for the wait, and once more for a pause's (as it always has).
+        self.changed();
+        if paused {
+            self.changed();
+        }
+        true
     }
 
     /// Whether its destination's pause holds the effect (or the batch's results): they

@@ -48,7 +48,7 @@ mod tests;
 pub use crate::retry::AttemptOutcome;
 pub use alerts::PendingAlert;
 pub use confirmation::Confirmation;
-pub use effect_state::{Claim, DeskMark, Effect, EffectReport, Finished, Parked};
+pub use effect_state::{Claim, DeskMark, Effect, EffectReport, Finished, Parked, Queued};
 pub use operator::{Actor, OperatorNote, OperatorRefusal};
 pub use results_mark::ResultsMode;
 

@@ -153,21 +153,6 @@ impl Operation {
         true
     }
 
-    /// The destination's desk queued the batch's results: they wait for its release, or for
-    /// `fallback_ms` (a lost desk never strands them); their own due time moves, never the job
-    /// effect's retry. False when they are not running, or a release is marked (it stands).
-    pub fn results_wait_on_destination(&mut self, now_ms: i64, fallback_ms: i64) -> bool {
-        let Some(due) = self.results_due_ms() else {
-            return false;
-        };
-        if !self.mark_waiting(now_ms) {
-            return false;
-        }
-        self.results_due_ms = Some(due.max(now_ms + fallback_ms));
-        self.changed();
-        true
-    }
-
     /// A results step used the desk's release (or its grant ended a wait): the mark is spent.
     /// Returns whether the record changed; the version does not move (the ledger shows no
     /// mark).
@@ -193,7 +178,7 @@ mod tests {
     use super::*;
     use crate::operation::lifecycle::{Source, Status};
     use crate::operation::OpEvent;
-    use crate::operation::OperatorRefusal;
+    use crate::operation::{OperatorRefusal, Queued};
 
     fn succeeded(mode: ResultsMode) -> Operation {
         let mut op = Operation::register("batches/r", "batches/r", None, 0);
@@ -278,7 +263,7 @@ mod tests {
         };
         // Owed before the job's effect: the effect's mark and due time are the results'.
         let mut op = succeeded(ResultsMode::Each);
-        assert!(op.results_wait_on_destination(100, hour));
+        assert!(op.wait_on_desk(Queued::Results, 100, hour, false));
         assert_eq!(
             op.effect().desk(),
             Some(DeskMark::Waiting {
@@ -290,7 +275,7 @@ mod tests {
         assert!(op.destination_ready(true, 200));
         assert_eq!(wakes(&mut op), Some(200));
         // A `Wait` that crossed the release on its way back does not undo it.
-        assert!(!op.results_wait_on_destination(210, hour));
+        assert!(!op.wait_on_desk(Queued::Results, 210, hour, false));
         assert_eq!(op.effect().desk(), Some(DeskMark::Released { probe: true }));
         assert_eq!(wakes(&mut op), Some(200));
         assert!(op.results_desk_spent());
@@ -302,7 +287,7 @@ mod tests {
         op.finish(&claim, &Next::Delivered, 310);
         assert!(!op.destination_ready(false, 320), "nothing is owed");
         op.results_retried(400);
-        assert!(op.results_wait_on_destination(400, hour));
+        assert!(op.wait_on_desk(Queued::Results, 400, hour, false));
         assert_eq!(wakes(&mut op), Some(400 + hour));
         assert!(op.destination_ready(false, 500));
         assert_eq!(wakes(&mut op), Some(500));
@@ -319,7 +304,7 @@ mod tests {
         let job_retry = op.effect().next_attempt_ms();
         op.results_retried(100);
         assert_eq!(op.results_due_ms(), Some(100));
-        assert!(op.results_wait_on_destination(100, hour));
+        assert!(op.wait_on_desk(Queued::Results, 100, hour, false));
         assert_eq!(
             op.results_due_ms(),
             Some(100 + hour),
@@ -344,7 +329,7 @@ mod tests {
         let hour = 3_600_000;
         let mut op = succeeded(ResultsMode::Each);
         assert_eq!(op.results_due_ms(), Some(10), "owed from the outcome");
-        assert!(op.results_wait_on_destination(100, hour));
+        assert!(op.wait_on_desk(Queued::Results, 100, hour, false));
         assert!(op.results_due_at(200 + hour));
         assert_eq!(op.results_due_ms(), Some(200 + hour));
         assert_eq!(op.effect().next_attempt_ms(), 10, "the job's own time");
@@ -498,5 +483,66 @@ mod tests {
         let back: Operation = serde_json::from_str(&serde_json::to_string(&op).unwrap()).unwrap();
         assert_eq!(back.results_mode(), ResultsMode::Each);
         assert_eq!(op.view()["results"], "each");
+    }
+
+    /// The desk's wait, as the effect and the results take it.
+    fn wait(op: &mut Operation, queued: Queued, now: i64, fallback: i64, paused: bool) -> bool {
+        op.wait_on_desk(queued, now, fallback, paused)
+    }
+
+    /// The effect's wait on its desk and the results' are one ([`Operation::wait_on_desk`]):
+    /// the same mark (first since, a pause's flag), each its own due time moved to the
+    /// fallback, the version moved once and once more for a pause's wait, as each did before
+    /// they were one; a live claim, results not running or a release marked leave the record
+    /// as it was.
+    #[test]
+    fn the_effects_wait_on_its_desk_and_the_results_are_one() {
+        use crate::operation::DeskMark;
+        let hour = 3_600_000;
+        let mark = |since_ms, paused| Some(DeskMark::Waiting { since_ms, paused });
+        for queued in [Queued::Effect, Queued::Results] {
+            let (mut op, due): (Operation, fn(&Operation) -> Option<i64>) = match queued {
+                Queued::Effect => (succeeded(ResultsMode::None), |op| {
+                    Some(op.effect().next_attempt_ms())
+                }),
+                Queued::Results => (succeeded(ResultsMode::Each), |op| op.results_due_ms()),
+            };
+            if queued == Queued::Effect {
+                op.claim(20, 50).unwrap();
+                let live = op.clone();
+                assert!(!wait(&mut op, queued, 60, hour, true), "a live claim");
+                assert_eq!(op, live);
+            }
+            let (v, others) = (
+                op.version(),
+                (op.results_due_ms(), op.effect().next_attempt_ms()),
+            );
+            assert!(wait(&mut op, queued, 100, hour, true));
+            assert_eq!(
+                (op.effect().desk(), due(&op)),
+                (mark(100, true), Some(100 + hour))
+            );
+            assert_eq!((op.version(), op.effect().claim()), (v + 2, None));
+            assert!(wait(&mut op, queued, 200, hour, false));
+            assert_eq!(
+                (op.effect().desk(), due(&op)),
+                (mark(100, false), Some(200 + hour))
+            );
+            assert_eq!(op.version(), v + 3);
+            let others_now = (op.results_due_ms(), op.effect().next_attempt_ms());
+            match queued {
+                Queued::Effect => assert_eq!(others_now.0, others.0, "the results' stands"),
+                Queued::Results => assert_eq!(others_now.1, others.1, "the job's stands"),
+            }
+            assert!(op.destination_ready(false, 300));
+            let released = op.clone();
+            assert!(!wait(&mut op, queued, 310, hour, true), "a release stands");
+            assert_eq!(op, released);
+            if queued == Queued::Results {
+                let mut stopped = succeeded(ResultsMode::None);
+                assert!(!wait(&mut stopped, queued, 100, hour, false), "not running");
+                assert_eq!(stopped, succeeded(ResultsMode::None));
+            }
+        }
     }
 }

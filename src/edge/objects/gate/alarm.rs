@@ -13,7 +13,8 @@ use worker::{Env, Response, Result};
 
 use crate::config::Config;
 use crate::destination::protocol::Sent;
-use crate::operation::effect::{build_request, effect_message_id, outcome};
+use crate::destination::sending::{outcome, Sending};
+use crate::operation::effect::{build_request, effect_message_id};
 use crate::operation::gate::alarm::{
     self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, Upkeep,
 };
@@ -28,7 +29,7 @@ use crate::edge::objects::call::{status_backoff, status_slot};
 use crate::edge::objects::gate::desk_turn::KeyAtDesk;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
-use crate::edge::outbound::fetch::{self, post_alert};
+use crate::edge::outbound::fetch::post_alert;
 use crate::edge::outbound::ledger_kv::write_projection;
 use crate::edge::outbound::{analytics, status_api};
 use crate::edge::runtime::{now_ms, random_unit};
@@ -205,9 +206,10 @@ impl<'a> Run<'a> {
         self.decide(op, Alarm::Sync, step).await
     }
 
-    /// The attempt itself: stores the claim, calls the destination, commits the answer.
-    /// Returns the record and how the attempt went, as its desk hears it.
-    /// On a paced route it leaves no sooner than its token (`after_ms`, from the grant).
+    /// The attempt itself: stores the claim, calls the destination through its desk's one
+    /// send (a batch of one: [`KeyAtDesk::send`]), commits the answer. Returns the record and
+    /// how the attempt went, as its desk hears it. On a paced route it leaves no sooner than
+    /// its token (`after_ms`, from the grant).
     async fn attempt(
         &self,
         op: Operation,
@@ -216,28 +218,27 @@ impl<'a> Run<'a> {
     ) -> Result<(Operation, Sent)> {
         let config = self.config;
         let op = self.apply(step, op, Alarm::Sync).await?;
-        let destination = config.destination_for(op.kind());
         let request = build_request(&op, &config.effect_signing_secret, now_ms() / 1_000);
         let started_ms = now_ms();
-        self.storage.meter().add(|u| u.outbound_fetches += 1);
-        let timeout = config.effect_timeout_ms;
-        let group = (&[request][..], after_ms);
-        let answers = fetch::deliver(self.env, &destination, group, timeout).await;
-        let answer = answers.into_iter().next().unwrap_or(PeerAnswer::Timeout);
+        // The record as claimed names the destination (a kind filled meanwhile included).
+        let desk = KeyAtDesk::of(self.env, self.storage, config, &op);
+        let mut answered = desk.send(&[request], after_ms).await;
+        let outcome = match answered.outcomes.pop() {
+            Some(Sending::Answered(outcome)) => outcome,
+            // Never: one request sent from here has one answer.
+            _ => outcome(&PeerAnswer::Timeout, config.effect_timeout_ms),
+        };
         let target = AttemptTarget {
-            destination: config.destination_label(op.kind()),
+            destination: desk.label().to_string(),
             webhook_id: effect_message_id(op.key(), op.effect().generation()),
-            http_status: match &answer {
-                PeerAnswer::Http { status, .. } => Some(*status),
-                _ => None,
-            },
+            http_status: answered.statuses.pop().flatten(),
         };
         let attempt = Attempt {
             claim,
-            outcome: outcome(&answer, config.effect_timeout_ms),
+            outcome,
             started_ms,
-            asked_wait_ms: answer.asked_wait_ms(now_ms()),
-            finished_ms: now_ms(),
+            asked_wait_ms: answered.sent.asked_wait_ms,
+            finished_ms: answered.at_ms,
             target,
         };
         analytics::attempt(self.env, &attempt, &op);
@@ -247,8 +248,7 @@ impl<'a> Run<'a> {
             true => Alarm::Sync,
             false => Alarm::Deferred,
         };
-        let sent = Sent::of([&answer], attempt.finished_ms);
-        Ok((self.apply(step, current, alarm).await?, sent))
+        Ok((self.apply(step, current, alarm).await?, answered.sent))
     }
 
     /// Last: hands the sealed events to the counters and projects the record to the ledger,

@@ -1,7 +1,9 @@
 //! A key's turn at its destination's desk and the sends it lets go, one machine for the job's
 //! effect and a batch's results (the job's effect is a batch of one; what goes when is
-//! [`crate::operation::gate::desk_turn`]'s). What a wait, a claim or a commit stores stays
-//! each caller's own, as is the send (`fetch::deliver`, a group): this only talks to the desk.
+//! [`crate::operation::gate::desk_turn`]'s), and their one send ([`KeyAtDesk::send`]: a
+//! job's one request, a step's results), whose answers
+//! [`crate::destination::sending::answered`] reads for both. What a wait, a claim or a commit
+//! stores stays each caller's own.
 //!
 //! Guarantees (docs/DESIGN.md, invariant 8): a turn asks the desk at most once
 //! ([`DeskCommand::Ask`], for all its ready sends) and only when it must; when this isolate
@@ -9,7 +11,8 @@
 //! destination is neither open nor paused, a turn that would go without asking checks its
 //! desk once, read only ([`DeskCommand::Check`]), so a pause holds first attempts too. The
 //! sends go at most [`crate::results::progress::SENDS_IN_FLIGHT`] at a time (production's 6 connections per
-//! invocation), each no sooner than its token on a paced route, and the desk hears of them
+//! invocation), more than that through the gate's result senders (a job's one request never),
+//! each no sooner than its token on a paced route, and the desk hears of them
 //! in one report ([`DeskCommand::Report`]) when it needs to. A desk that cannot be reached
 //! lets the sends go. This isolate remembers the destinations a desk said are open (memory
 //! only; what and for how long is [`DeskReply::remembered`]'s), so a first attempt to one asks
@@ -22,11 +25,16 @@ use worker::Env;
 
 use crate::config::Config;
 use crate::destination::protocol::{DeskCommand, DeskReply, DeskSettings, Remember, Sent};
+use crate::destination::sending::{answered, Answered};
+use crate::operation::effect::EffectRequest;
 use crate::operation::gate::desk_turn::{desk_turn, goes_now, granted, reports, DeskTurn};
 use crate::operation::{DeskMark, Operation};
+use crate::results::progress::SENDS_IN_FLIGHT;
 
 use crate::edge::objects::call::call_desk;
 use crate::edge::objects::gate::storage::GateStorage;
+use crate::edge::objects::result_sender::send_through_senders;
+use crate::edge::outbound::fetch;
 use crate::edge::runtime::now_ms;
 
 thread_local! {
@@ -52,8 +60,10 @@ pub(super) struct Turn {
 pub(super) struct KeyAtDesk<'a> {
     env: &'a Env,
     storage: &'a GateStorage,
+    config: &'a Config,
     settings: DeskSettings,
     key: String,
+    kind: Option<String>,
     /// When the operation's effect (or its results) became owed: its place in the desk's
     /// queue, soonest first.
     due_ms: i64,
@@ -64,14 +74,16 @@ impl<'a> KeyAtDesk<'a> {
     pub(super) fn of(
         env: &'a Env,
         storage: &'a GateStorage,
-        config: &Config,
+        config: &'a Config,
         op: &Operation,
     ) -> Self {
         KeyAtDesk {
             env,
             storage,
+            config,
             settings: config.desk_settings(op.kind()),
             key: op.key().to_string(),
+            kind: op.kind().map(str::to_string),
             due_ms: op.settled_at_ms().unwrap_or(op.submitted_at_ms()),
         }
     }
@@ -133,6 +145,37 @@ impl<'a> KeyAtDesk<'a> {
         Some(matches!(reply, Some(DeskReply::Checked { ask: true })))
     }
 
+    /// Sends `requests` (a job's effect: its one; a step's results), each no sooner than its
+    /// time in `after_ms` on a paced route, and reads their answers ([`answered`]). More than
+    /// one round trip's worth go through the gate's result senders, each its own invocation
+    /// with its own 6 connections ([`send_through_senders`]); else from here
+    /// ([`fetch::deliver`]), as a job's one request always does.
+    pub(super) async fn send(&self, requests: &[EffectRequest], after_ms: &[i64]) -> Answered {
+        let destination = self.config.destination_for(self.kind.as_deref());
+        let timeout = self.config.effect_timeout_ms;
+        let sends = requests.len() as u64;
+        self.storage.meter().add(|u| u.outbound_fetches += sends);
+        let (key, timeouts) = (&self.key, (timeout, self.config.results.sender_timeout_ms));
+        // No more than one round trip's worth (a job's one request) go from here, as
+        // `send_through_senders` would say (`results::fanout::groups`).
+        let fanned = match requests.len() > SENDS_IN_FLIGHT {
+            true => {
+                send_through_senders(self.env, key, &destination, timeouts, requests, after_ms)
+                    .await
+            }
+            false => None,
+        };
+        let (answers, carried) = match fanned {
+            Some(answers) => (answers, true),
+            None => {
+                let group = (requests, after_ms);
+                let answers = fetch::deliver(self.env, &destination, group, timeout).await;
+                (answers.into_iter().map(Ok).collect(), false)
+            }
+        };
+        answered(answers, carried, timeout, now_ms())
+    }
+
     /// After the sends: the desk hears how they went when it needs to ([`reports`]);
     /// `Some(paused)` when it queued the key.
     pub(super) async fn report(&self, turn: &Turn, sent: &Sent) -> Option<bool> {
@@ -164,6 +207,11 @@ impl<'a> KeyAtDesk<'a> {
             HEARD.with_borrow_mut(|m| m.insert(self.settings.label.clone(), heard));
         }
         Some(reply)
+    }
+
+    /// The destination's name, as its desk and the history know it.
+    pub(super) fn label(&self) -> &str {
+        &self.settings.label
     }
 
     /// What a desk last said of this destination (until when it holds is the caller's test).

@@ -1,15 +1,15 @@
 //! A results step's sends and their turn at the destination's desk: the one machine the job's
 //! effect uses too (`desk_turn.rs`), with what the results store around it.
 //!
-//! Guarantees: a release or a grant is spent by the step that uses it; more than one round
-//! trip's worth of results go through the gate's result senders, else from the gate itself;
-//! a desk's `Wait` makes the record wait for its release, committed after the sends' commit (which
-//! holds the results for a destination's `Retry-After`), so the desk's wait wins.
+//! Guarantees: a release or a grant is spent by the step that uses it; the results go through
+//! the job's effect's one send (`KeyAtDesk::send`: more than one round trip's worth through
+//! the gate's result senders, else from the gate itself); a desk's `Wait` makes the record
+//! wait for its release, committed after the sends' commit (which holds the results for a
+//! destination's `Retry-After`), so the desk's wait wins.
 
 use worker::Result;
 
 use crate::destination::protocol::Sent;
-use crate::operation::effect::outcome;
 use crate::operation::Operation;
 use crate::results::body::{build_result_request, ResultHead};
 use crate::results::item::ResultItem;
@@ -17,8 +17,6 @@ use crate::results::marks as on_record;
 use crate::results::progress::{ProgressWrite, Sending};
 
 use crate::edge::objects::gate::desk_turn::{KeyAtDesk, Turn};
-use crate::edge::objects::result_sender::send_through_senders;
-use crate::edge::outbound::fetch;
 use crate::edge::runtime::now_ms;
 
 use super::Driver;
@@ -70,20 +68,18 @@ impl Driver<'_> {
         self.due_at(op, at).await
     }
 
-    /// Sends the results, each no sooner than its time in `after_ms` on a paced route, and
-    /// returns each one's outcome, in order, and how the sends went. More than one round
-    /// trip's worth go through the gate's result senders, each its own invocation with its
-    /// own 6 connections ([`send_through_senders`]); else from here ([`fetch::deliver`]). A result whose
-    /// sender answered nothing is [`Sending::Unanswered`]: retried under its same id, and no
-    /// failure of the destination (neither its desk nor its counts hear of it).
+    /// Sends the results, each no sooner than its time in `after_ms` on a paced route, through
+    /// the one send the job's effect takes too ([`KeyAtDesk::send`]: the gate's result senders
+    /// past one round trip's worth), and returns each one's outcome, in order, and how the
+    /// sends went. A result whose sender answered nothing is [`Sending::Unanswered`]: retried
+    /// under its same id, and no failure of the destination (neither its desk nor its counts
+    /// hear of it).
     pub(super) async fn send(
         &self,
         op: &Operation,
         items: Vec<ResultItem>,
         after_ms: &[i64],
     ) -> (Vec<(ResultItem, Sending)>, Sent) {
-        let destination = self.config.destination_for(op.kind());
-        let timeout = self.config.effect_timeout_ms;
         let secret = &self.config.effect_signing_secret;
         let now_secs = now_ms() / 1_000;
         let head = ResultHead::of(op);
@@ -91,28 +87,12 @@ impl Driver<'_> {
             .iter()
             .map(|item| build_result_request(&head, item, secret, now_secs))
             .collect();
-        let sends = items.len() as u64;
-        self.storage.meter().add(|u| u.outbound_fetches += sends);
-        let (key, timeouts) = (op.key(), (timeout, self.config.results.sender_timeout_ms));
-        let fanned =
-            send_through_senders(self.env, key, &destination, timeouts, &requests, after_ms);
-        let (answers, carried) = match fanned.await {
-            Some(answers) => (answers, true),
-            None => {
-                let group = (&requests[..], after_ms);
-                let answers = fetch::deliver(self.env, &destination, group, timeout).await;
-                (answers.into_iter().map(Ok).collect(), false)
-            }
-        };
-        // A sender call that failed is not the destination's answer: the desk hears only of
-        // the answers the destination gave.
-        let sent = Sent::of(answers.iter().flatten(), now_ms());
-        let outcomes = answers.into_iter().map(|answer| match answer {
-            Ok(answer) if carried => Sending::Carried(outcome(&answer, timeout)),
-            Ok(answer) => Sending::Answered(outcome(&answer, timeout)),
-            Err(why) => Sending::Unanswered(why),
-        });
-        (items.into_iter().zip(outcomes).collect(), sent)
+        let desk = KeyAtDesk::of(self.env, self.storage, self.config, op);
+        let answered = desk.send(&requests, after_ms).await;
+        (
+            items.into_iter().zip(answered.outcomes).collect(),
+            answered.sent,
+        )
     }
 
     /// After the sends and their commit (which held the results for a destination's
