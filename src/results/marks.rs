@@ -41,8 +41,8 @@ fn stored(op: Operation, changed: bool, write: Option<ProgressWrite>) -> Marked 
     }
 }
 
-/// A step that stores the progress alone (a claim, a failed read, where the results are): the
-/// record is unchanged.
+/// A step that stores the progress alone (where the results are, or a commit that owes the
+/// record nothing): the record is unchanged.
 pub fn progress(op: Operation, write: ProgressWrite) -> Marked {
     stored(op, false, Some(write))
 }
@@ -80,7 +80,7 @@ pub enum Answers {
 /// and a destination that asked to wait (`asked_wait_ms`, its longest `Retry-After`) holds the
 /// results' next step that long, within the backoff's longest
 /// ([`crate::retry::Backoff::max_ms`]): only a batch's step sends a row again, so the hold is
-/// the whole batch's.
+/// the whole batch's; a release the desk marked meanwhile is not held.
 pub fn committed(
     mut op: Operation,
     mut progress: Progress,
@@ -107,8 +107,10 @@ pub fn committed(
             })
             .collect(),
     };
+    // A release the desk marked during the sends is the next run's to spend: no hold delays it.
+    let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
     let hold = |wait: i64| op.results_due_at(now + wait.min(limits.retry.max_ms));
-    let held = asked_wait_ms.is_some_and(hold);
+    let held = !released && asked_wait_ms.is_some_and(hold);
     let (m, write) = (progress.meter(before), ProgressWrite { progress, writes });
     let step = metered(op, m, to, now, write);
     match held {
@@ -598,8 +600,27 @@ mod tests {
         );
         assert_eq!(held.record.unwrap().results_due_ms(), Some(5_020));
         assert_eq!(held.results, Some(w), "the same commit");
-        let capped = committed(succeeded(), p, chunk, Some(600_000), label, &LIMITS, clock);
+        let capped = committed(
+            succeeded(),
+            p.clone(),
+            chunk.clone(),
+            Some(600_000),
+            label,
+            &LIMITS,
+            clock,
+        );
         assert_eq!(capped.record.unwrap().results_due_ms(), Some(60_020));
+        // The desk released the batch during the sends: the release is the next run's, no
+        // hold delays it.
+        let mut released = succeeded();
+        assert!(released.destination_ready(false, 15));
+        let due = released.results_due_ms();
+        let s = committed(released, p, chunk, Some(5_000), label, &LIMITS, clock);
+        assert_eq!(
+            s.record.unwrap().results_due_ms(),
+            due,
+            "the release stands"
+        );
     }
 
     /// Rows sent again: each row's answer, each with its own draw of the jitter.
