@@ -6,7 +6,9 @@
 //! ([`crate::results::body::result_message_id`]). A chunk is claimed (its byte and index
 //! ranges stored) before any of its results is sent, and committed after its answers: a kill
 //! in between resends its results under their same ids; a kill after the commit sends none of
-//! them again but those kept as rows. An answer means for a result what it means for the job's
+//! them again but those kept as rows. A claim whose file fails waits on the file's backoff as
+//! a read does; a file parked drops it, so an operator's retry reads its results again from
+//! its start, under their same ids. An answer means for a result what it means for the job's
 //! effect ([`crate::retry::Backoff::decide`]), but a result failing past
 //! [`Limits::alert_after_ms`] is parked, so the job's effect goes. A result parked (refused, at
 //! once; or failing past the threshold) counts toward the batch's one alert of the spell (until
@@ -348,9 +350,13 @@ impl Progress {
     }
 
     /// What to do next at `now_ms`: a claimed chunk first (it may have reached the
-    /// destination), then the rows that are due, then the next chunk while few rows wait.
+    /// destination), then the rows that are due, then the next chunk while few rows wait. A
+    /// claim whose file failed waits on the file's backoff as a read does (else the step reads
+    /// again at once, over and over).
     pub fn next(&self, now_ms: i64) -> Step {
-        if let Some(claim) = self.claim {
+        let file_later =
+            matches!(self.phase, Phase::WaitingForFile { next_at_ms, .. } if next_at_ms > now_ms);
+        if let Some(claim) = self.claim.filter(|_| !file_later) {
             return Step::ResendChunk(claim);
         }
         if let (Phase::FileParked { reason }, false) = (&self.phase, self.alerted) {
@@ -446,6 +452,10 @@ impl Progress {
             FileTrouble::Unavailable(why) if over => Some(why),
             _ => None,
         };
+        // A claim's results were never committed: parking drops it, and an operator's retry
+        // reads the file again from `done_through`, the claim's start, sending them again
+        // under their same ids (neither skipped nor sent under new ones).
+        self.claim = self.claim.filter(|_| reason.is_none());
         self.phase = match reason {
             Some(reason) => Phase::FileParked { reason },
             None => Phase::WaitingForFile {
