@@ -350,9 +350,8 @@ impl Progress {
     }
 
     /// What to do next at `now_ms`: a claimed chunk first (it may have reached the
-    /// destination), then the rows that are due, then the next chunk while few rows wait. A
-    /// claim whose file failed waits on the file's backoff as a read does (else the step reads
-    /// again at once, over and over).
+    /// destination) unless its file waits for a retry, then the rows that are due, then the
+    /// next chunk while few rows wait.
     pub fn next(&self, now_ms: i64) -> Step {
         let file_later =
             matches!(self.phase, Phase::WaitingForFile { next_at_ms, .. } if next_at_ms > now_ms);
@@ -452,9 +451,8 @@ impl Progress {
             FileTrouble::Unavailable(why) if over => Some(why),
             _ => None,
         };
-        // A claim's results were never committed: parking drops it, and an operator's retry
-        // reads the file again from `done_through`, the claim's start, sending them again
-        // under their same ids (neither skipped nor sent under new ones).
+        // Parked: a claim's results, never committed, are read again from `done_through` (its
+        // start) by an operator's retry, under their same ids.
         self.claim = self.claim.filter(|_| reason.is_none());
         self.phase = match reason {
             Some(reason) => Phase::FileParked { reason },
