@@ -6,7 +6,9 @@
 //! ([`crate::results::body::result_message_id`]). A chunk is claimed (its byte and index
 //! ranges stored) before any of its results is sent, and committed after its answers: a kill
 //! in between resends its results under their same ids; a kill after the commit sends none of
-//! them again but those kept as rows. An answer means for a result what it means for the job's
+//! them again but those kept as rows. A claim whose file fails waits on the file's backoff as
+//! a read does; a file parked drops it, so an operator's retry reads its results again from
+//! its start, under their same ids. An answer means for a result what it means for the job's
 //! effect ([`crate::retry::Backoff::decide`]), but a result failing past
 //! [`Limits::alert_after_ms`] is parked, so the job's effect goes. A result parked (refused, at
 //! once; or failing past the threshold) counts toward the batch's one alert of the spell (until
@@ -348,9 +350,12 @@ impl Progress {
     }
 
     /// What to do next at `now_ms`: a claimed chunk first (it may have reached the
-    /// destination), then the rows that are due, then the next chunk while few rows wait.
+    /// destination) unless its file waits for a retry, then the rows that are due, then the
+    /// next chunk while few rows wait.
     pub fn next(&self, now_ms: i64) -> Step {
-        if let Some(claim) = self.claim {
+        let file_later =
+            matches!(self.phase, Phase::WaitingForFile { next_at_ms, .. } if next_at_ms > now_ms);
+        if let Some(claim) = self.claim.filter(|_| !file_later) {
             return Step::ResendChunk(claim);
         }
         if let (Phase::FileParked { reason }, false) = (&self.phase, self.alerted) {
@@ -446,6 +451,9 @@ impl Progress {
             FileTrouble::Unavailable(why) if over => Some(why),
             _ => None,
         };
+        // Parked: a claim's results, never committed, are read again from `done_through` (its
+        // start) by an operator's retry, under their same ids.
+        self.claim = self.claim.filter(|_| reason.is_none());
         self.phase = match reason {
             Some(reason) => Phase::FileParked { reason },
             None => Phase::WaitingForFile {

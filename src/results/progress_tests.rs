@@ -1502,3 +1502,76 @@ fn a_file_that_fails_after_a_long_read_is_waited_for_from_its_first_trouble() {
         }
     );
 }
+
+/// A claimed chunk whose read fails waits on the file's backoff (a waiting row still goes on
+/// its own time), not sent again at once, over and over; past the wait the file is parked and
+/// the claim dropped: one alert, the batch settles, and an operator's retry reads again from
+/// the claim's start under its same chunk number, so none of its results is skipped.
+#[test]
+fn a_claimed_chunk_whose_file_fails_waits_its_backoff_then_parks_once() {
+    let mut p = Progress::begin(Source::File { name: FILE.into() }, 0);
+    p.claim(
+        Checkpoint {
+            offset: 100,
+            index: 1,
+        },
+        false,
+    );
+    p.commit(0, failed(0..1), 0, &LIMITS, 0.0).unwrap();
+    let row_at = p.rows[&0].next_at_ms.unwrap();
+    let end = Checkpoint {
+        offset: 900,
+        index: 9,
+    };
+    let claim = p.claim(end, true);
+    // A part of the claim goes again and is committed; the read of the rest fails.
+    let reached = Checkpoint {
+        offset: 400,
+        index: 4,
+    };
+    let none = Vec::<(ResultItem, Sending)>::new();
+    p.commit_through(1, reached, none, 5, &LIMITS, 0.0).unwrap();
+    let rest = ChunkClaim {
+        from: reached,
+        ..claim
+    };
+    assert_eq!(
+        p.done_through, rest.from,
+        "a claim starts where the done part ends"
+    );
+    p.file_failed(FileTrouble::Unavailable("503".into()), 10, &LIMITS, 0.0);
+    let Phase::WaitingForFile { next_at_ms, .. } = p.phase else {
+        panic!("{:?}", p.phase);
+    };
+    assert!(next_at_ms > row_at && row_at > 10);
+    assert_eq!(p.next(10), Step::WaitUntil(row_at), "no later than the row");
+    assert_eq!(p.next_released(10), Step::RetryRows(vec![0]));
+    assert_eq!(p.next(row_at), Step::RetryRows(vec![0]));
+    let delivered = p.finish_row(0, &AttemptOutcome::Delivered, row_at, &LIMITS, 0.0);
+    assert_eq!(delivered, Some(Write::Forget(0)));
+    assert_eq!(p.next(row_at), Step::WaitUntil(next_at_ms));
+    assert_eq!(p.next_released(row_at), Step::WaitUntil(next_at_ms));
+    assert_eq!(
+        p.next(next_at_ms),
+        Step::ResendChunk(rest),
+        "read again then"
+    );
+    // Still failing past the wait: parked, the claim dropped, one alert, then settled.
+    let over = 10 + FILE_WAIT_MS;
+    p.file_failed(FileTrouble::Unavailable("503".into()), over, &LIMITS, 0.0);
+    assert_eq!(p.claim, None);
+    assert_eq!(p.next(over), Step::Alert("503".into()));
+    p.alerted = true;
+    let Step::Settled(counts) = p.next(over + 1) else {
+        panic!("{:?}", p.next(over + 1));
+    };
+    assert_eq!(counts["file_parked"], "503");
+    // An operator's retry reads from the claim's start, as the same chunk.
+    assert!(p.retry_parked(Vec::new(), over + 2).1, "the file is taken");
+    let again = Step::ReadChunk {
+        chunk: claim.chunk,
+        from: rest.from,
+    };
+    assert_eq!(p.next(over + 2), again);
+    assert_eq!(p.claim(end, true), rest);
+}

@@ -697,3 +697,95 @@ fn a_failed_read_makes_the_results_due_when_the_file_is_asked_for_again() {
         "read at last"
     );
 }
+
+/// A kill between a chunk's claim and its commit (some of its results sent), then the file
+/// fails: the step waits on the file's backoff (the results due then, not read again at once,
+/// over and over); past the wait the file is parked (the claim dropped): one alert, the batch
+/// settles and the job's effect counts the file parked. An operator's retry reads again from
+/// the claim's start: each result of the claimed range goes again under its same id, and is
+/// counted once.
+#[test]
+fn a_claimed_chunk_whose_file_then_fails_waits_is_parked_once_and_a_retry_sends_it_again() {
+    let mut world = World::new(1, false, None);
+    world.file = file(14);
+    let registered = gate_step(None, register(ResultsMode::Each), 0);
+    let succeeded = deliver(Status::Succeeded, 200, EventSource::Webhook);
+    let succeeded = gate_step(registered.record, succeeded, 20);
+    world.commit(succeeded, Alarm::Sync).unwrap();
+    world.clock = 30;
+    // The first chunk is read, sent and committed; the second is claimed and three of its
+    // results reach the destination before the kill.
+    let op = world.load().unwrap();
+    let op = world.results_step(op).unwrap();
+    assert_eq!(world.progress().unwrap().chunks_done, 1);
+    let progress = world.progress().unwrap();
+    let read = world.read(progress.done_through, CHUNK as u32).unwrap();
+    let (items, to, last) = read.unwrap();
+    let decide = |op| on_record::claimed(op, progress, to, last);
+    let (op, claim) = world.decide(op, decide).unwrap();
+    world.send(&op, items[..3].to_vec()).unwrap();
+    world.kills += 1;
+    world.file_missing = u32::MAX;
+    let reads = |w: &World| u32::MAX - w.file_missing;
+    // The runs after the kill, each when the results are due (a throttle or the rows may hold
+    // them; the rows go meanwhile), until the file's backoff is over: it is read once.
+    let mut file_at = None;
+    for _ in 0..100 {
+        let op = world.load().unwrap();
+        world.clock = world.clock.max(op.results_due_ms().unwrap());
+        if file_at.is_some_and(|at| world.clock >= at) {
+            break;
+        }
+        world.results_step(op).unwrap();
+        let progress = world.progress().unwrap();
+        let waits = (progress.claim, reads(&world));
+        assert_eq!(
+            waits,
+            (Some(claim), 1),
+            "the claim waits on the file's backoff"
+        );
+        let Phase::WaitingForFile { next_at_ms, .. } = progress.phase else {
+            panic!("{:?}", progress.phase);
+        };
+        file_at = Some(next_at_ms);
+    }
+    assert!(file_at.is_some_and(|at| world.clock >= at));
+    // The alarm runs on until the file is parked and the batch settles.
+    world.sync_alarm(&world.stored_record().unwrap()).unwrap();
+    world.run();
+    let parked = |w: &World| {
+        let alerts = w.alerts_sent.iter();
+        alerts.filter(|a| *a == "results_file_parked").count()
+    };
+    assert_eq!(parked(&world), 1, "one alert: {:?}", world.alerts_sent);
+    let progress = world.progress().unwrap();
+    assert_eq!((progress.claim, progress.chunks_done), (None, 1));
+    let first = job_body(&world, 1).expect("the job's effect");
+    assert_eq!(
+        first["results"]["file_parked"],
+        "results file not found (404)"
+    );
+    assert_eq!(first["results"]["total"], CHUNK);
+    // The file is back; an operator's retry reads it from the claim's start.
+    world.file_missing = 0;
+    let before = world.dest.requests.len();
+    let retry = GateCommand::RetryResults {
+        reason: "file back".into(),
+        dry_run: false,
+        by: None,
+    };
+    world.send_at(world.clock + 86_400_000, retry);
+    world.run();
+    let after: BTreeSet<&String> = world.dest.requests[before..]
+        .iter()
+        .map(|(id, _)| id)
+        .collect();
+    for item in all_results(&world.file) {
+        let id = result_message_id(KEY, &item.result_key, item.index);
+        let claimed = (claim.from.index..claim.to.index).contains(&item.index);
+        assert_eq!(after.contains(&id), claimed, "{id} at {}", item.index);
+    }
+    retried_batch_kept_its_promises(&world, "retried after the claim's file was parked");
+    assert_eq!(world.stored_record().unwrap().effect().generation(), 2);
+    assert_eq!(parked(&world), 1, "no new alert");
+}
