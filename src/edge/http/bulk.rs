@@ -71,7 +71,7 @@ pub async fn handle(
                     }
                     .to_value());
                 }
-                walk.on_gate(&done);
+                walk.run.record(&done);
             }
             BulkStep::Answer(body) => return ok_json(&body),
         }
