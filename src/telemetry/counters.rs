@@ -9,6 +9,7 @@
 //! way (never a storage round trip on the rejected path). Counters are spread over
 //! [`SHARDS`] objects, so there is no global lock.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -151,8 +152,8 @@ pub fn sent_named(events: &[StatEvent]) -> bool {
 
 impl Counter {
     /// The counter's name.
-    pub fn name(self) -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed(match self {
+    pub fn name(self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
             Counter::Deliveries => DELIVERIES,
             Counter::Duplicates => DUPLICATES,
             Counter::SettledByWebhook => SETTLED_BY_WEBHOOK,
@@ -162,9 +163,7 @@ impl Counter {
             Counter::EffectParks => EFFECT_PARKS,
             Counter::Alerts => ALERTS,
             Counter::Redeliveries => REDELIVERIES,
-            Counter::Dropped(reason) => {
-                return std::borrow::Cow::Owned(format!("{DROPPED_PREFIX}{reason}"))
-            }
+            Counter::Dropped(reason) => return Cow::Owned(format!("{DROPPED_PREFIX}{reason}")),
         })
     }
 
