@@ -487,11 +487,10 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
 fn escape(text: &str, quotes: bool) -> String {
     // Backslashes first, so the ones added after are not doubled.
     let out = text.replace('\\', "\\\\").replace('\n', "\\n");
-    if quotes {
-        out.replace('"', "\\\"")
-    } else {
-        out
+    if !quotes {
+        return out;
     }
+    out.replace('"', "\\\"")
 }
 
 #[cfg(test)]

@@ -107,11 +107,10 @@ async fn resolve<T>(
             Lookup::ReadDurableCopy => read_durable_copy(env).await,
         }
     }
-    if fetch_set(env, config, now_ms).await {
-        KEYS.with(|k| after_fetch(&k.borrow()))
-    } else {
-        Err(KeySet::unavailable())
+    if !fetch_set(env, config, now_ms).await {
+        return Err(KeySet::unavailable());
     }
+    KEYS.with(|k| after_fetch(&k.borrow()))
 }
 
 /// Fetches the key set and gives the answer to [`KeySet::fetched`]; a set that changed is
