@@ -522,11 +522,10 @@ impl Variable {
 
 fn parse_url(name: &'static str, text: &str) -> Result<String, ConfigError> {
     let v = text.trim();
-    if v.starts_with("https://") || v.starts_with("http://") {
-        Ok(v.trim_end_matches('/').to_string())
-    } else {
-        Err(err(name, "must be an http:// or https:// URL"))
+    if !v.starts_with("https://") && !v.starts_with("http://") {
+        return Err(err(name, "must be an http:// or https:// URL"));
     }
+    Ok(v.trim_end_matches('/').to_string())
 }
 
 fn parse_routes(name: &'static str, text: &str) -> Result<Vec<Route>, ConfigError> {

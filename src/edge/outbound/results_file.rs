@@ -80,10 +80,9 @@ pub async fn read_chunk(
             each_chunk(stream, |bytes| {
                 full = fill.offer(splitter.push(bytes));
                 if full {
-                    Read::Enough
-                } else {
-                    Read::More
+                    return Read::Enough;
                 }
+                Read::More
             })
             .await
             .map_err(|e| js_error(&e))?;
