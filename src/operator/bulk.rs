@@ -385,7 +385,6 @@ impl BulkRequest {
             .max(1)
     }
 
-    /// The wait between two gate calls.
     pub fn pause_ms(&self) -> u64 {
         1_000 / u64::from(self.per_second)
     }

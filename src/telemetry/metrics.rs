@@ -62,7 +62,6 @@ impl Format {
         }
     }
 
-    /// The answer's `Content-Type`.
     pub fn content_type(self) -> &'static str {
         match self {
             Format::Text => "text/plain; version=0.0.4; charset=utf-8",
