@@ -131,12 +131,9 @@ async fn fetch_set(env: &Env, config: &Config, now_ms: i64) -> bool {
             }
             // KV allows one write a second per key and bills each: only a new set is kept.
             if let (true, Some(kv), Ok(body)) = (changed, &kv, body) {
-                let stored = match kv.put(KV_CACHE_KEY, body) {
-                    Ok(put) => put.execute().await.map_err(|e| format!("{e:?}")),
-                    Err(e) => Err(format!("{e:?}")),
-                };
-                if let Err(e) = stored {
-                    log(RouteLog::JwksCacheWriteFailed { error: e }.to_value());
+                if let Err(e) = async { kv.put(KV_CACHE_KEY, body)?.execute().await }.await {
+                    let error = format!("{e:?}");
+                    log(RouteLog::JwksCacheWriteFailed { error }.to_value());
                 }
             }
             log(RouteLog::JwksFetched { changed, keys }.to_value());
