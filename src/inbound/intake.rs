@@ -325,10 +325,7 @@ impl<'a> Intake<'a> {
             return self.out_of_order();
         };
         match checked {
-            Ok(()) => {
-                let kind = nudge(&self.body, None, self.delivery_id());
-                self.nudge(kind, true)
-            }
+            Ok(()) => self.nudge(nudge(&self.body, None, self.delivery_id()), true),
             Err(refusal) => self.finish(DeliveryEnd::refused(refusal)),
         }
     }
