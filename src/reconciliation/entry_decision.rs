@@ -103,8 +103,7 @@ pub fn audit_verdict(
     index_whole: bool,
     indexed_version: Option<u64>,
 ) -> AuditVerdict {
-    let open = may_need_work(meta);
-    match (open, index_whole, indexed_version) {
+    match (may_need_work(meta), index_whole, indexed_version) {
         (true, false, _) | (true, true, None) => AuditVerdict::Missed,
         (false, true, Some(v)) if v < meta.version => AuditVerdict::Stale,
         _ => AuditVerdict::Fine,

@@ -344,8 +344,7 @@ fn destination_families(destinations: &Value) -> Vec<Family> {
         "A destination's short name (the route's kind, or default for EFFECT_URL) and the host it sends to (queue:<binding> or service:<binding> for a binding): always 1.",
     );
     for d in destinations.as_array().into_iter().flatten() {
-        let full = d["label"].as_str().unwrap_or_default();
-        let (name, shown) = destination_parts(full);
+        let (name, shown) = destination_parts(d["label"].as_str().unwrap_or_default());
         let label = name.to_string();
         let host = destination_host(shown).to_string();
         info.push(vec![("destination", label.clone()), ("host", host)], 1.0);

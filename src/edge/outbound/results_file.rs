@@ -97,8 +97,7 @@ pub async fn read_chunk(
         None => return Err(unavailable("timeout reading the results file")),
     };
     if full {
-        let at = splitter.checkpoint();
-        return Ok(fill.close(at, false));
+        return Ok(fill.close(splitter.checkpoint(), false));
     }
     let (tail, end) = splitter.finish();
     fill.offer(tail);
