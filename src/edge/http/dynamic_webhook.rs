@@ -81,15 +81,6 @@ pub async fn verify_v1a(
     resolve(env, config, now_ms, look, |k| k.after_fetch_v1a(message)).await
 }
 
-/// Gives the key set the durable copy (none when KV cannot be read).
-async fn read_durable_copy(env: &Env) {
-    let body = match env.kv(KV_BINDING) {
-        Ok(kv) => kv.get(KV_CACHE_KEY).text().await.ok().flatten(),
-        Err(_) => None,
-    };
-    KEYS.with(|k| k.borrow_mut().durable_copy(body.as_deref()));
-}
-
 /// Performs a key set's [`Lookup`] (`look`) until it is found or refused: the durable copy
 /// when it says so, then a fetch, after which `after_fetch` looks once more.
 async fn resolve<T>(
@@ -104,7 +95,14 @@ async fn resolve<T>(
             Lookup::Found(found) => return Ok(found),
             Lookup::Refuse(rejection) => return Err(rejection),
             Lookup::Fetch => break,
-            Lookup::ReadDurableCopy => read_durable_copy(env).await,
+            // The durable copy (none when KV cannot be read).
+            Lookup::ReadDurableCopy => {
+                let body = match env.kv(KV_BINDING) {
+                    Ok(kv) => kv.get(KV_CACHE_KEY).text().await.ok().flatten(),
+                    Err(_) => None,
+                };
+                KEYS.with(|k| k.borrow_mut().durable_copy(body.as_deref()));
+            }
         }
     }
     if !fetch_set(env, config, now_ms).await {
