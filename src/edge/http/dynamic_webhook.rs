@@ -144,11 +144,6 @@ async fn fetch_set(env: &Env, config: &Config, now_ms: i64) -> bool {
     }
 }
 
-fn subtle() -> Result<JsValue, JsValue> {
-    let crypto = Reflect::get(&js_sys::global(), &"crypto".into())?;
-    Reflect::get(&crypto, &"subtle".into())
-}
-
 fn algorithm() -> Result<JsValue, JsValue> {
     let algo = Object::new();
     Reflect::set(&algo, &"name".into(), &"RSASSA-PKCS1-v1_5".into())?;
@@ -157,7 +152,8 @@ fn algorithm() -> Result<JsValue, JsValue> {
 }
 
 async fn call(method: &str, args: &Array) -> Result<JsValue, JsValue> {
-    let subtle = subtle()?;
+    let crypto = Reflect::get(&js_sys::global(), &"crypto".into())?;
+    let subtle = Reflect::get(&crypto, &"subtle".into())?;
     let function: Function = Reflect::get(&subtle, &method.into())?.dyn_into()?;
     let promise: Promise = function.apply(&subtle, args)?.dyn_into()?;
     JsFuture::from(promise).await
