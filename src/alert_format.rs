@@ -228,7 +228,14 @@ pub fn render(sink: Sink<'_>, body: &Value) -> Value {
     let link = sink.dashboard.map(|d| page_link(body, d));
     let link = link.as_deref();
     match sink.format {
-        AlertFormat::Json => json_form(body, link),
+        // The worker's own JSON, with the link to its dashboard page when one is configured.
+        AlertFormat::Json => {
+            let mut out = body.clone();
+            if let (Some(url), Some(map)) = (link, out.as_object_mut()) {
+                map.insert("dashboard".into(), json!(url));
+            }
+            out
+        }
         AlertFormat::Slack => slack(body, link),
         AlertFormat::Discord => json!({
             "content": clipped(&line(body, link), DISCORD_CONTENT_MAX_CHARS),
@@ -237,15 +244,6 @@ pub fn render(sink: Sink<'_>, body: &Value) -> Value {
         }),
         AlertFormat::PagerDuty => pagerduty(body, sink.routing_key, link),
     }
-}
-
-/// The worker's own JSON, with the link to its dashboard page when one is configured.
-fn json_form(body: &Value, dashboard: Option<&str>) -> Value {
-    let mut out = body.clone();
-    if let (Some(url), Some(map)) = (dashboard, out.as_object_mut()) {
-        map.insert("dashboard".into(), json!(url));
-    }
-    out
 }
 
 /// Slack: `text` (required, and what notifications show; escaped, since Slack reads it as

@@ -107,10 +107,9 @@ pub fn excerpt_bytes(max_chars: usize) -> usize {
 /// shows what it was.
 pub fn excerpt_text(bytes: &[u8], max_chars: usize) -> String {
     let whole = match std::str::from_utf8(bytes) {
-        Ok(_) => bytes,
         // Only an incomplete character at the very end: drop it.
         Err(e) if e.error_len().is_none() => &bytes[..e.valid_up_to()],
-        Err(_) => bytes,
+        _ => bytes,
     };
     String::from_utf8_lossy(whole)
         .chars()

@@ -197,26 +197,6 @@ impl Fallback {
     }
 }
 
-impl Variable {
-    const fn new(name: &'static str, kind: Kind, default: Fallback, meaning: &'static str) -> Self {
-        Variable {
-            name,
-            kind,
-            default,
-            secret: false,
-            meaning,
-        }
-    }
-
-    /// The same variable, shown by `/v1/config` only as `set` or `not set`.
-    const fn secret(self) -> Self {
-        Variable {
-            secret: true,
-            ..self
-        }
-    }
-}
-
 /// Every variable the worker reads, in the order of `docs/CONFIGURATION.md`'s table,
 /// `.dev.vars.example` and `/v1/config`. A new variable is one row here (and, when it has a
 /// reasoned default, a constant above); parsing, the fuzzing and the documentation check
@@ -429,6 +409,24 @@ struct Route {
 }
 
 impl Variable {
+    const fn new(name: &'static str, kind: Kind, default: Fallback, meaning: &'static str) -> Self {
+        Variable {
+            name,
+            kind,
+            default,
+            secret: false,
+            meaning,
+        }
+    }
+
+    /// The same variable, shown by `/v1/config` only as `set` or `not set`.
+    const fn secret(self) -> Self {
+        Variable {
+            secret: true,
+            ..self
+        }
+    }
+
     /// Reads this variable through `lookup`; absent and blank are the same, and mean the
     /// default, read as if it had been written (so a default is held to its own range).
     fn read(&self, lookup: &impl Fn(&str) -> Option<String>) -> Result<Setting, ConfigError> {
@@ -524,11 +522,10 @@ impl Variable {
 
 fn parse_url(name: &'static str, text: &str) -> Result<String, ConfigError> {
     let v = text.trim();
-    if v.starts_with("https://") || v.starts_with("http://") {
-        Ok(v.trim_end_matches('/').to_string())
-    } else {
-        Err(err(name, "must be an http:// or https:// URL"))
+    if !v.starts_with("https://") && !v.starts_with("http://") {
+        return Err(err(name, "must be an http:// or https:// URL"));
     }
+    Ok(v.trim_end_matches('/').to_string())
 }
 
 fn parse_routes(name: &'static str, text: &str) -> Result<Vec<Route>, ConfigError> {
@@ -788,10 +785,9 @@ impl Config {
     /// registration: only when routes could change its destination.
     pub fn unregistered_hold_ms(&self) -> i64 {
         if self.routes.is_empty() {
-            0
-        } else {
-            self.unregistered_hold_secs * 1_000
+            return 0;
         }
+        self.unregistered_hold_secs * 1_000
     }
 
     /// The route operations of `kind` take, if one is configured.

@@ -136,6 +136,42 @@ impl Backoff {
         let steps = (1..32).find(|&n| self.after(n) >= wait_ms).unwrap_or(32);
         self.after(steps + 1)
     }
+
+    /// The one decision, for the job's effect and each result: what the answer `heard` at
+    /// `now_ms` to an attempt of an item (its `run`) means next. A retry waits the jittered
+    /// backoff, or the wait the destination asked for when longer, within the cap (a
+    /// `Retry-After` of a day holds nothing past `max_ms`). A run failing `give_up_after_ms`
+    /// (after one retry at least) is given up at its next failure; `None`: retried until done
+    /// or refused.
+    pub fn decide(
+        self,
+        heard: Heard,
+        run: Run,
+        give_up_after_ms: Option<i64>,
+        now_ms: i64,
+        jitter: f64,
+    ) -> Next {
+        let (why, since, asked) = match heard {
+            Heard::Nothing(why) => (why, run.failing_since_ms, None),
+            Heard::Answer(AttemptOutcome::Delivered, _) => return Next::Delivered,
+            Heard::Answer(AttemptOutcome::Park(why), _) => return Next::Park(why.clone()),
+            Heard::Answer(AttemptOutcome::Retry(why), asked) => {
+                let since = run.failing_since_ms.unwrap_or(now_ms);
+                let failing_ms = now_ms - since;
+                if give_up_after_ms.is_some_and(|after| failing_ms >= after && run.attempts > 1) {
+                    let why = why.clone();
+                    return Next::GaveUp { failing_ms, why };
+                }
+                (why.as_str(), Some(since), asked)
+            }
+        };
+        let wait = self.jittered(run.attempts, jitter);
+        Next::RetryAt {
+            at_ms: now_ms + asked.map_or(wait, |asked| wait.max(asked.min(self.max_ms))),
+            failing_since_ms: since,
+            why: why.to_string(),
+        }
+    }
 }
 
 /// How one attempt ended, as its sender saw it: the class of the destination's answer
@@ -184,44 +220,6 @@ pub enum Next {
         failing_ms: i64,
         why: String,
     },
-}
-
-impl Backoff {
-    /// The one decision, for the job's effect and each result: what the answer `heard` at
-    /// `now_ms` to an attempt of an item (its `run`) means next. A retry waits the jittered
-    /// backoff, or the wait the destination asked for when longer, within the cap (a
-    /// `Retry-After` of a day holds nothing past `max_ms`). A run failing `give_up_after_ms`
-    /// (after one retry at least) is given up at its next failure; `None`: retried until done
-    /// or refused.
-    pub fn decide(
-        self,
-        heard: Heard,
-        run: Run,
-        give_up_after_ms: Option<i64>,
-        now_ms: i64,
-        jitter: f64,
-    ) -> Next {
-        let (why, since, asked) = match heard {
-            Heard::Nothing(why) => (why, run.failing_since_ms, None),
-            Heard::Answer(AttemptOutcome::Delivered, _) => return Next::Delivered,
-            Heard::Answer(AttemptOutcome::Park(why), _) => return Next::Park(why.clone()),
-            Heard::Answer(AttemptOutcome::Retry(why), asked) => {
-                let since = run.failing_since_ms.unwrap_or(now_ms);
-                let failing_ms = now_ms - since;
-                if give_up_after_ms.is_some_and(|after| failing_ms >= after && run.attempts > 1) {
-                    let why = why.clone();
-                    return Next::GaveUp { failing_ms, why };
-                }
-                (why.as_str(), Some(since), asked)
-            }
-        };
-        let wait = self.jittered(run.attempts, jitter);
-        Next::RetryAt {
-            at_ms: now_ms + asked.map_or(wait, |asked| wait.max(asked.min(self.max_ms))),
-            failing_since_ms: since,
-            why: why.to_string(),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -231,7 +231,6 @@ impl Skim {
         std::mem::take(&mut self.each.events)
     }
 
-    /// Bytes read so far.
     pub fn bytes_read(&self) -> u64 {
         self.read
     }
@@ -716,11 +715,8 @@ impl Elements {
                 self.separated = true;
                 self.close(rule);
             }
-            b']' | b'}' => {
-                if self.open.is_some() || self.separated {
-                    self.close(rule);
-                }
-            }
+            b']' | b'}' if self.open.is_some() || self.separated => self.close(rule),
+            b']' | b'}' => {}
             b' ' | b'\t' | b'\n' | b'\r' if self.open.is_none() => {}
             _ => self.keep(b),
         }

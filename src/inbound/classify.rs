@@ -179,40 +179,38 @@ impl Rejection {
 
     /// The `rejected` log line.
     pub fn log_line(&self) -> RouteLog {
-        let mut line = RouteLog::rejected(self.reason());
-        if let RouteLog::Rejected {
+        let (mut bytes, mut retry_after, mut problem) = (None, None, None);
+        let (mut delivery_id, mut event_type) = (None, None);
+        match self {
+            Rejection::BodyTooLarge(Oversize::Declared(n)) => bytes = Some(Bytes::Count(*n)),
+            Rejection::BodyTooLarge(Oversize::Streamed { cap }) => {
+                bytes = Some(Bytes::Over(format!("> {cap}")))
+            }
+            Rejection::KeysUnavailable { retry_after: secs }
+            | Rejection::StatusUnavailable { retry_after: secs } => {
+                retry_after = Some(i64::from(*secs))
+            }
+            Rejection::Nudge {
+                unusable,
+                delivery_id: d,
+            } => {
+                delivery_id = Some(d.clone());
+                match unusable {
+                    Unusable::NotEnvelope(p) => problem = Some(p.label()),
+                    Unusable::UnknownType(t) => event_type = Some(t.clone()),
+                    Unusable::BadId(_) => {}
+                }
+            }
+            _ => {}
+        }
+        RouteLog::Rejected {
+            reason: self.reason(),
             bytes,
             retry_after,
             problem,
             delivery_id,
             event_type,
-            ..
-        } = &mut line
-        {
-            match self {
-                Rejection::BodyTooLarge(Oversize::Declared(n)) => *bytes = Some(Bytes::Count(*n)),
-                Rejection::BodyTooLarge(Oversize::Streamed { cap }) => {
-                    *bytes = Some(Bytes::Over(format!("> {cap}")))
-                }
-                Rejection::KeysUnavailable { retry_after: secs }
-                | Rejection::StatusUnavailable { retry_after: secs } => {
-                    *retry_after = Some(i64::from(*secs))
-                }
-                Rejection::Nudge {
-                    unusable,
-                    delivery_id: d,
-                } => {
-                    *delivery_id = Some(d.clone());
-                    match unusable {
-                        Unusable::NotEnvelope(p) => *problem = Some(p.label()),
-                        Unusable::UnknownType(t) => *event_type = Some(t.clone()),
-                        Unusable::BadId(_) => {}
-                    }
-                }
-                _ => {}
-            }
         }
-        line
     }
 }
 

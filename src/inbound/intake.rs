@@ -288,14 +288,32 @@ impl<'a> Intake<'a> {
                 };
                 Need::DeadLetter { key, value }
             }
+            // A duplicate of the terminal status this isolate knows its key settled at is
+            // answered without the gate.
             DeliveryKind::Event {
                 key,
                 event_type,
                 event,
-            } => {
-                let known = memory.knows(&key.key, &event.status);
-                self.event(key, event_type, event, known)
+            } if memory.knows(&key.key, &event.status) => {
+                let answer = TerminalMemory::duplicate_answer(&key.key, &event.status);
+                let line = RouteLog::handled(Handled {
+                    answer: answer.clone(),
+                    event_type,
+                    webhook_id: delivery_id,
+                    ms: None,
+                    answered_by: Some("edge"),
+                    alert: None,
+                });
+                self.finish(DeliveryEnd {
+                    counts: vec![counters::DELIVERIES, counters::DUPLICATES],
+                    ..DeliveryEnd::answered(answer, line)
+                })
             }
+            DeliveryKind::Event {
+                key,
+                event_type,
+                event,
+            } => self.deliver(key, event, event_type),
             nudge @ DeliveryKind::Nudge { .. } => self.nudge(nudge, false),
         }
     }
@@ -307,10 +325,7 @@ impl<'a> Intake<'a> {
             return self.out_of_order();
         };
         match checked {
-            Ok(()) => {
-                let kind = nudge(&self.body, None, self.delivery_id());
-                self.nudge(kind, true)
-            }
+            Ok(()) => self.nudge(nudge(&self.body, None, self.delivery_id()), true),
             Err(refusal) => self.finish(DeliveryEnd::refused(refusal)),
         }
     }
@@ -342,33 +357,6 @@ impl<'a> Intake<'a> {
             DeliveryKind::Rejected(refusal) => self.finish(DeliveryEnd::refused(refusal)),
             _ => self.out_of_order(),
         }
-    }
-
-    /// An HMAC event: a duplicate answered without the gate when this isolate `known`s its key
-    /// settled at its status, else the gate is asked.
-    fn event(
-        &mut self,
-        key: OperationKey,
-        event_type: String,
-        event: OpEvent,
-        known: bool,
-    ) -> Need {
-        if known {
-            let answer = TerminalMemory::duplicate_answer(&key.key, &event.status);
-            let line = RouteLog::handled(Handled {
-                answer: answer.clone(),
-                event_type,
-                webhook_id: self.delivery_id(),
-                ms: None,
-                answered_by: Some("edge"),
-                alert: None,
-            });
-            return self.finish(DeliveryEnd {
-                counts: vec![counters::DELIVERIES, counters::DUPLICATES],
-                ..DeliveryEnd::answered(answer, line)
-            });
-        }
-        self.deliver(key, event, event_type)
     }
 
     /// A proven event goes to the gate of `key`.
@@ -419,10 +407,7 @@ impl<'a> Intake<'a> {
                 }
                 // Not held: nothing was stored and nothing is asked; the tally may raise the
                 // window's one alert.
-                _ => {
-                    self.stage = Stage::Tally { key, event_type };
-                    return Need::Tally;
-                }
+                _ => return self.tally(key, event_type),
             }
         }
         let Some(answer) = Answer::from_gate(&key, &reply) else {
@@ -467,11 +452,7 @@ impl<'a> Intake<'a> {
                 observation
             }
             None | Some(Err(StatusError::NotFound | StatusError::Refused(403))) => {
-                self.stage = Stage::Tally {
-                    key: unheld.key.key,
-                    event_type,
-                };
-                return Need::Tally;
+                return self.tally(unheld.key.key, event_type)
             }
             Some(other) => {
                 let retry_after = match other {
@@ -570,6 +551,11 @@ impl<'a> Intake<'a> {
             unheld,
         };
         Need::Gate { key, command }
+    }
+
+    fn tally(&mut self, key: String, event_type: String) -> Need {
+        self.stage = Stage::Tally { key, event_type };
+        Need::Tally
     }
 
     fn finish(&mut self, finished: DeliveryEnd) -> Need {

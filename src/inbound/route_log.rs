@@ -89,18 +89,6 @@ pub enum RouteLog {
 }
 
 impl RouteLog {
-    /// A `rejected` line with only its reason.
-    pub fn rejected(reason: &'static str) -> RouteLog {
-        RouteLog::Rejected {
-            reason,
-            bytes: None,
-            retry_after: None,
-            problem: None,
-            delivery_id: None,
-            event_type: None,
-        }
-    }
-
     /// The line for a handled delivery (its event follows from the answer); `None` for an
     /// unknown type, which the route logs as a dead letter or a refusal instead.
     pub fn handled(handled: Handled) -> Option<RouteLog> {

@@ -285,11 +285,10 @@ impl Tokens {
         };
         let route = Route::of(method, path);
         let needs = route.needs();
-        if caller.scope.may(route) {
-            Admission::Admitted(caller)
-        } else {
-            Admission::Forbidden { caller, needs }
+        if !caller.scope.may(route) {
+            return Admission::Forbidden { caller, needs };
         }
+        Admission::Admitted(caller)
     }
 }
 

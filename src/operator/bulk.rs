@@ -385,7 +385,6 @@ impl BulkRequest {
             .max(1)
     }
 
-    /// The wait between two gate calls.
     pub fn pause_ms(&self) -> u64 {
         1_000 / u64::from(self.per_second)
     }
@@ -517,7 +516,7 @@ pub enum BulkStep {
         cursor: Option<String>,
     },
     /// Send [`BulkRun::command`] to `key`'s gate, first waiting [`BulkRequest::pause_ms`]
-    /// unless it is the request's first call; then [`BulkWalk::on_gate`].
+    /// unless it is the request's first call; then [`BulkRun::record`] of `run`.
     CallGate { key: String, pause_first: bool },
     /// Answer with this body.
     Answer(Value),
@@ -589,11 +588,6 @@ impl BulkWalk {
     pub fn on_page(&mut self, page: ListedPage) {
         self.walk.on_page(page);
     }
-
-    /// What the gate asked by [`BulkStep::CallGate`] did (or that it could not be reached).
-    pub fn on_gate(&mut self, outcome: &CommandResult) {
-        self.run.record(outcome);
-    }
 }
 
 #[cfg(test)]
@@ -656,7 +650,7 @@ mod tests {
                 }
                 BulkStep::CallGate { key, pause_first } => {
                     calls.push((key, pause_first));
-                    walk.on_gate(reply);
+                    walk.run.record(reply);
                 }
                 BulkStep::Answer(answer) => return (lists, calls, answer),
             }

@@ -313,11 +313,10 @@ impl ListQuery {
     /// Whether a ledger entry passes the filters. Stuck means not terminal and older than
     /// `stuck_after_secs` since registration, as reconciliation judges it.
     pub fn matches(&self, meta: &LedgerMeta, now_secs: i64, stuck_after_secs: i64) -> bool {
-        let status = meta.status.clone();
-        let stuck = !status.is_terminal()
+        let stuck = !meta.status.is_terminal()
             && !meta.forgotten
             && now_secs - meta.submitted_at >= stuck_after_secs;
-        self.status.as_ref().is_none_or(|s| *s == status)
+        self.status.as_ref().is_none_or(|s| *s == meta.status)
             && self.effect_done.is_none_or(|d| d == meta.effect_done)
             && self.stuck.is_none_or(|want| want == stuck)
             && self.parked.is_none_or(|p| p == meta.parked)

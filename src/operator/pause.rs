@@ -44,11 +44,9 @@ pub fn parse(body: &[u8], pausing: bool) -> Result<PauseRequest, String> {
             "a pause needs a reason, shown with it on the dashboard: {shape}"
         ));
     }
+    let reason = Some(reason).filter(|r| !r.is_empty());
     Ok(PauseRequest {
-        reason: match reason.is_empty() {
-            true => "operator".to_string(),
-            false => reason,
-        },
+        reason: reason.unwrap_or_else(|| "operator".to_string()),
         dry_run: parsed.dry_run,
     })
 }

@@ -44,16 +44,12 @@ impl Action {
 
 /// Decides what an entry needs at `now_secs`.
 pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
-    let status = meta.status.clone();
     let alerted = |kind: AlertKind| meta.alerts.contains(&kind);
     let mut actions = Vec::new();
-    if meta.forgotten {
+    if meta.forgotten || (meta.status.is_terminal() && meta.effect_done) {
         return actions;
     }
-    if status.is_terminal() {
-        if meta.effect_done {
-            return actions;
-        }
+    if meta.status.is_terminal() {
         let settled_age = now_secs - meta.settled_at.unwrap_or(meta.submitted_at);
         if !meta.parked && meta.claim_expires.is_none_or(|t| t <= now_secs) {
             actions.push(Action::RetryEffect);
@@ -66,7 +62,7 @@ pub fn decide(meta: &LedgerMeta, now_secs: i64, t: &Thresholds) -> Vec<Action> {
                 age_secs: settled_age,
             });
         }
-    } else if status.rank() >= 0 {
+    } else if meta.status.rank() >= 0 {
         let age = now_secs - meta.submitted_at;
         if age >= t.grace_secs {
             actions.push(Action::Poll);
@@ -107,8 +103,7 @@ pub fn audit_verdict(
     index_whole: bool,
     indexed_version: Option<u64>,
 ) -> AuditVerdict {
-    let open = may_need_work(meta);
-    match (open, index_whole, indexed_version) {
+    match (may_need_work(meta), index_whole, indexed_version) {
         (true, false, _) | (true, true, None) => AuditVerdict::Missed,
         (false, true, Some(v)) if v < meta.version => AuditVerdict::Stale,
         _ => AuditVerdict::Fine,

@@ -9,6 +9,7 @@
 //! way (never a storage round trip on the rejected path). Counters are spread over
 //! [`SHARDS`] objects, so there is no global lock.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -150,9 +151,8 @@ pub fn sent_named(events: &[StatEvent]) -> bool {
 }
 
 impl Counter {
-    /// The counter's name.
-    pub fn name(self) -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed(match self {
+    pub fn name(self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
             Counter::Deliveries => DELIVERIES,
             Counter::Duplicates => DUPLICATES,
             Counter::SettledByWebhook => SETTLED_BY_WEBHOOK,
@@ -162,9 +162,7 @@ impl Counter {
             Counter::EffectParks => EFFECT_PARKS,
             Counter::Alerts => ALERTS,
             Counter::Redeliveries => REDELIVERIES,
-            Counter::Dropped(reason) => {
-                return std::borrow::Cow::Owned(format!("{DROPPED_PREFIX}{reason}"))
-            }
+            Counter::Dropped(reason) => return Cow::Owned(format!("{DROPPED_PREFIX}{reason}")),
         })
     }
 
@@ -238,7 +236,6 @@ pub fn hourly_series(buckets: &Hourly, now_ms: i64) -> Vec<HourPoint> {
         .collect()
 }
 
-/// Adds `other`'s hourly buckets into `into`.
 pub fn merge_hourly(into: &mut Hourly, other: &Hourly) {
     for (hour, tally) in other {
         merge(into.entry(*hour).or_default(), tally);
@@ -254,7 +251,6 @@ pub fn prune_due(now_ms: i64, last_ms: i64) -> bool {
     now_ms.saturating_sub(last_ms) >= PRUNE_EVERY_MS
 }
 
-/// The hour bucket of a time.
 pub fn hour_of(ms: i64) -> i64 {
     ms.div_euclid(3_600_000)
 }
@@ -265,7 +261,6 @@ pub fn shard_of(key: &str) -> u32 {
     u32::from_le_bytes([digest[0], digest[1], digest[2], digest[3]]) % SHARDS
 }
 
-/// Adds `other` into `into`.
 pub fn merge(into: &mut Tally, other: &Tally) {
     for (name, n) in other {
         *into.entry(name.clone()).or_default() += n;

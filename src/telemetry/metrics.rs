@@ -62,7 +62,6 @@ impl Format {
         }
     }
 
-    /// The answer's `Content-Type`.
     pub fn content_type(self) -> &'static str {
         match self {
             Format::Text => "text/plain; version=0.0.4; charset=utf-8",
@@ -345,8 +344,7 @@ fn destination_families(destinations: &Value) -> Vec<Family> {
         "A destination's short name (the route's kind, or default for EFFECT_URL) and the host it sends to (queue:<binding> or service:<binding> for a binding): always 1.",
     );
     for d in destinations.as_array().into_iter().flatten() {
-        let full = d["label"].as_str().unwrap_or_default();
-        let (name, shown) = destination_parts(full);
+        let (name, shown) = destination_parts(d["label"].as_str().unwrap_or_default());
         let label = name.to_string();
         let host = destination_host(shown).to_string();
         info.push(vec![("destination", label.clone()), ("host", host)], 1.0);
@@ -487,11 +485,10 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
 fn escape(text: &str, quotes: bool) -> String {
     // Backslashes first, so the ones added after are not doubled.
     let out = text.replace('\\', "\\\\").replace('\n', "\\n");
-    if quotes {
-        out.replace('"', "\\\"")
-    } else {
-        out
+    if !quotes {
+        return out;
     }
+    out.replace('"', "\\\"")
 }
 
 #[cfg(test)]

@@ -50,8 +50,7 @@ pub async fn handle(
         BulkWalk::new(request, now_ms()).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let command = walk.run.command().by(by);
     loop {
-        let now_secs = now_ms().div_euclid(1_000);
-        match walk.step(now_secs, config.stuck_after_secs) {
+        match walk.step(now_ms().div_euclid(1_000), config.stuck_after_secs) {
             BulkStep::List { prefix, cursor } => {
                 walk.on_page(list_page(&kv, &prefix, cursor).await?);
             }
@@ -71,7 +70,7 @@ pub async fn handle(
                     }
                     .to_value());
                 }
-                walk.on_gate(&done);
+                walk.run.record(&done);
             }
             BulkStep::Answer(body) => return ok_json(&body),
         }

@@ -81,15 +81,6 @@ pub async fn verify_v1a(
     resolve(env, config, now_ms, look, |k| k.after_fetch_v1a(message)).await
 }
 
-/// Gives the key set the durable copy (none when KV cannot be read).
-async fn read_durable_copy(env: &Env) {
-    let body = match env.kv(KV_BINDING) {
-        Ok(kv) => kv.get(KV_CACHE_KEY).text().await.ok().flatten(),
-        Err(_) => None,
-    };
-    KEYS.with(|k| k.borrow_mut().durable_copy(body.as_deref()));
-}
-
 /// Performs a key set's [`Lookup`] (`look`) until it is found or refused: the durable copy
 /// when it says so, then a fetch, after which `after_fetch` looks once more.
 async fn resolve<T>(
@@ -104,14 +95,20 @@ async fn resolve<T>(
             Lookup::Found(found) => return Ok(found),
             Lookup::Refuse(rejection) => return Err(rejection),
             Lookup::Fetch => break,
-            Lookup::ReadDurableCopy => read_durable_copy(env).await,
+            // The durable copy (none when KV cannot be read).
+            Lookup::ReadDurableCopy => {
+                let body = match env.kv(KV_BINDING) {
+                    Ok(kv) => kv.get(KV_CACHE_KEY).text().await.ok().flatten(),
+                    Err(_) => None,
+                };
+                KEYS.with(|k| k.borrow_mut().durable_copy(body.as_deref()));
+            }
         }
     }
-    if fetch_set(env, config, now_ms).await {
-        KEYS.with(|k| after_fetch(&k.borrow()))
-    } else {
-        Err(KeySet::unavailable())
+    if !fetch_set(env, config, now_ms).await {
+        return Err(KeySet::unavailable());
     }
+    KEYS.with(|k| after_fetch(&k.borrow()))
 }
 
 /// Fetches the key set and gives the answer to [`KeySet::fetched`]; a set that changed is
@@ -132,12 +129,9 @@ async fn fetch_set(env: &Env, config: &Config, now_ms: i64) -> bool {
             }
             // KV allows one write a second per key and bills each: only a new set is kept.
             if let (true, Some(kv), Ok(body)) = (changed, &kv, body) {
-                let stored = match kv.put(KV_CACHE_KEY, body) {
-                    Ok(put) => put.execute().await.map_err(|e| format!("{e:?}")),
-                    Err(e) => Err(format!("{e:?}")),
-                };
-                if let Err(e) = stored {
-                    log(RouteLog::JwksCacheWriteFailed { error: e }.to_value());
+                if let Err(e) = async { kv.put(KV_CACHE_KEY, body)?.execute().await }.await {
+                    let error = format!("{e:?}");
+                    log(RouteLog::JwksCacheWriteFailed { error }.to_value());
                 }
             }
             log(RouteLog::JwksFetched { changed, keys }.to_value());
@@ -150,11 +144,6 @@ async fn fetch_set(env: &Env, config: &Config, now_ms: i64) -> bool {
     }
 }
 
-fn subtle() -> Result<JsValue, JsValue> {
-    let crypto = Reflect::get(&js_sys::global(), &"crypto".into())?;
-    Reflect::get(&crypto, &"subtle".into())
-}
-
 fn algorithm() -> Result<JsValue, JsValue> {
     let algo = Object::new();
     Reflect::set(&algo, &"name".into(), &"RSASSA-PKCS1-v1_5".into())?;
@@ -163,7 +152,8 @@ fn algorithm() -> Result<JsValue, JsValue> {
 }
 
 async fn call(method: &str, args: &Array) -> Result<JsValue, JsValue> {
-    let subtle = subtle()?;
+    let crypto = Reflect::get(&js_sys::global(), &"crypto".into())?;
+    let subtle = Reflect::get(&crypto, &"subtle".into())?;
     let function: Function = Reflect::get(&subtle, &method.into())?.dyn_into()?;
     let promise: Promise = function.apply(&subtle, args)?.dyn_into()?;
     JsFuture::from(promise).await

@@ -12,11 +12,9 @@ use crate::refusal::Refusal;
 
 /// `GET` or `HEAD /healthz`.
 pub fn answer(env: &Env) -> std::result::Result<web_sys::Response, Refusal> {
-    let config = load_config(env).map_err(Refusal::Config)?;
-    let warnings = config.warnings();
+    let warnings = load_config(env).map_err(Refusal::Config)?.warnings();
     if warnings.is_empty() {
-        raw_response::json_text(200, r#"{"ok":true}"#, None).map_err(Refusal::from)
-    } else {
-        raw_response::json(200, &json!({"ok": true, "warnings": warnings})).map_err(Refusal::from)
+        return raw_response::json_text(200, r#"{"ok":true}"#, None).map_err(Refusal::from);
     }
+    raw_response::json(200, &json!({"ok": true, "warnings": warnings})).map_err(Refusal::from)
 }

@@ -14,8 +14,7 @@ use crate::telemetry::metrics::{render, Format};
 
 /// The exposition page for `stats`, in the format the request's `Accept` asks for.
 pub fn answer(req: &Request, stats: &Value) -> Result<Response, Refusal> {
-    let accept = req.headers().get("accept").ok().flatten();
-    let format = Format::from_accept(accept.as_deref());
+    let format = Format::from_accept(req.headers().get("accept").ok().flatten().as_deref());
     let mut response = Response::ok(render(stats, format))?;
     let headers = response.headers_mut();
     headers.set("content-type", format.content_type())?;

@@ -57,10 +57,8 @@ async fn write_index(kv: &KvStore, p: &Projection, index: IndexWrite) -> Result<
     match index {
         IndexWrite::None => Ok(()),
         IndexWrite::Put => kv
-            .put(&p.open_key(), "")
-            .map_err(Refusal::from)?
-            .metadata(&p.metadata)
-            .map_err(Refusal::from)?
+            .put(&p.open_key(), "")?
+            .metadata(&p.metadata)?
             .execute()
             .await
             .map_err(|e| Refusal::Unavailable(format!("index put: {e:?}"))),
@@ -72,11 +70,7 @@ async fn write_index(kv: &KvStore, p: &Projection, index: IndexWrite) -> Result<
 }
 
 async fn write_entry(kv: &KvStore, p: &Projection) -> Result<(), Refusal> {
-    let mut put = kv
-        .put(&p.kv_key, p.value.clone())
-        .map_err(Refusal::from)?
-        .metadata(&p.metadata)
-        .map_err(Refusal::from)?;
+    let mut put = kv.put(&p.kv_key, p.value.clone())?.metadata(&p.metadata)?;
     if let Some(ttl) = p.ttl_secs {
         put = put.expiration_ttl(ttl);
     }
@@ -91,8 +85,7 @@ pub async fn write_dead_letter(
     ttl_secs: u64,
 ) -> Result<(), Refusal> {
     env.kv(KV_BINDING)?
-        .put(key, value.to_string())
-        .map_err(Refusal::from)?
+        .put(key, value.to_string())?
         .expiration_ttl(ttl_secs)
         .execute()
         .await

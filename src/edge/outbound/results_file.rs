@@ -47,7 +47,14 @@ pub async fn read_chunk(
     max_results: usize,
 ) -> Result<Chunk, FileTrouble> {
     let url = download_url(&config.gemini_api_base, file);
-    let headers = request_headers(config, from);
+    // Our key, and a `Range` from the checkpoint (none from byte 0).
+    let mut headers = Vec::new();
+    if let Some(key) = &config.gemini_api_key {
+        headers.push((KEY_HEADER, key.0.clone()));
+    }
+    if from.offset > 0 {
+        headers.push(("range", format!("bytes={}-", from.offset)));
+    }
     let (response, controller) = match get_head(&url, &headers, HEAD_TIMEOUT_MS).await {
         Some(Ok(head)) => head,
         Some(Err(e)) => return Err(unavailable(&e.to_string())),
@@ -80,10 +87,9 @@ pub async fn read_chunk(
             each_chunk(stream, |bytes| {
                 full = fill.offer(splitter.push(bytes));
                 if full {
-                    Read::Enough
-                } else {
-                    Read::More
+                    return Read::Enough;
                 }
+                Read::More
             })
             .await
             .map_err(|e| js_error(&e))?;
@@ -98,8 +104,7 @@ pub async fn read_chunk(
         None => return Err(unavailable("timeout reading the results file")),
     };
     if full {
-        let at = splitter.checkpoint();
-        return Ok(fill.close(at, false));
+        return Ok(fill.close(splitter.checkpoint(), false));
     }
     let (tail, end) = splitter.finish();
     fill.offer(tail);
@@ -108,18 +113,6 @@ pub async fn read_chunk(
 
 fn unavailable(why: &str) -> FileTrouble {
     FileTrouble::Unavailable(why.to_string())
-}
-
-/// The download's headers: our key, and a `Range` from the checkpoint (none from byte 0).
-fn request_headers(config: &Config, from: Checkpoint) -> Vec<(&'static str, String)> {
-    let mut headers = Vec::new();
-    if let Some(key) = &config.gemini_api_key {
-        headers.push((KEY_HEADER, key.0.clone()));
-    }
-    if from.offset > 0 {
-        headers.push(("range", format!("bytes={}-", from.offset)));
-    }
-    headers
 }
 
 /// The operation's status answer, read as a stream for its results ([`InlineRead`]): each

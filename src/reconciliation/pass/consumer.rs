@@ -99,7 +99,12 @@ impl Machine for Consumer {
             Performed::Lease(reply) if self.owes(Owed::Backoff) => {
                 self.on_backed_off(reply, now_ms)
             }
-            Performed::Enqueued(sent) if self.owes(Owed::SendBack) => self.on_sent_back(sent),
+            // A failed send back leaves the message to the queue's retries.
+            Performed::Enqueued(Err(e)) if self.owes(Owed::SendBack) => {
+                self.books.error(PassLog::error(format!("queue send: {e}")));
+                self.retry = true;
+            }
+            Performed::Enqueued(Ok(())) if self.owes(Owed::SendBack) => {}
             Performed::Slept if self.owes(Owed::Slot) => {}
             other => match self.entry.as_mut() {
                 Some(run) => run.answer(&mut self.books, other, now_ms),
@@ -154,8 +159,7 @@ impl Consumer {
                 self.phase = Phase::Walk(walk);
                 return Some(intent);
             }
-            let entry = self.entry.take().expect("an entry in hand");
-            if entry.skipped_poll {
+            if self.entry.take().expect("an entry in hand").skipped_poll {
                 walk.skipped.push(walk.job.entries[walk.at - 1].clone());
             }
         }
@@ -297,15 +301,6 @@ impl Consumer {
                 })
                 .collect(),
         });
-    }
-
-    /// The queue's answer to the send back (`Err`: the send failed; the message is left to
-    /// the queue's retries).
-    fn on_sent_back(&mut self, sent: Result<(), String>) {
-        if let Err(e) = sent {
-            self.books.error(PassLog::error(format!("queue send: {e}")));
-            self.retry = true;
-        }
     }
 
     /// The consumer's line, and the end.

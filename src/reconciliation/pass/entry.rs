@@ -158,7 +158,6 @@ impl EntryRun {
         }
     }
 
-    /// Whether the run owes an answer.
     pub(super) fn owes(&self) -> bool {
         self.owed.is_some()
     }

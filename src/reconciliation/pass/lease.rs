@@ -167,11 +167,10 @@ impl Pass {
 
     /// How far this pass scheduled polls on the fan-out queue, for the lease (0: nothing).
     fn fed_sent(&self) -> i64 {
-        if self.books.report.fed > 0 {
-            self.fed_until_ms
-        } else {
-            0
+        if self.books.report.fed == 0 {
+            return 0;
         }
+        self.fed_until_ms
     }
 
     /// The pass's line, and the end.

@@ -89,12 +89,11 @@ impl StatusHealth {
     /// wait for, when this makes a run long enough to mean the API itself is in trouble.
     pub fn unanswered(&mut self, now_ms: i64) -> Option<i64> {
         self.consecutive_unanswered += 1;
-        if self.consecutive_unanswered >= UNANSWERED_BEFORE_BACKOFF {
-            self.consecutive_unanswered = 0;
-            Some(now_ms + UNANSWERED_BACKOFF_MS)
-        } else {
-            None
+        if self.consecutive_unanswered < UNANSWERED_BEFORE_BACKOFF {
+            return None;
         }
+        self.consecutive_unanswered = 0;
+        Some(now_ms + UNANSWERED_BACKOFF_MS)
     }
 }
 

@@ -331,8 +331,7 @@ impl Pass {
                 self.phase = Phase::Audit(walk);
                 return Some(intent);
             }
-            let entry = self.entry.take().expect("an entry in hand");
-            walk.resume.after_key = Some(entry.name);
+            walk.resume.after_key = Some(self.entry.take().expect("an entry in hand").name);
             walk.walked.audit = Some(stopped(walk.resume.clone()));
         }
         let Some((page, mut at)) = walk.page.take() else {

@@ -149,8 +149,7 @@ async fn ask_unheld(
         }
     }
     let (answer, _) = status_api::ask(config, collection, key, name).await;
-    let until = status_backoff_until(&answer, now_ms());
-    status_backoff(env, &unmetered, until).await;
+    status_backoff(env, &unmetered, status_backoff_until(&answer, now_ms())).await;
     NOT_OURS.with(|m| m.borrow_mut().answered(key, &answer, now_ms()));
     Some(answer)
 }
