@@ -731,11 +731,7 @@ pub fn wait_on_destination(
     paused: bool,
 ) -> Step<AlarmDone> {
     let waits = op.wait_on_desk(Queued::Effect, now, limits.desk_fallback_ms, paused);
-    let step = Step::new(Some(op), AlarmDone::WaitsOnDestination(waits));
-    match waits {
-        true => step.durable(),
-        false => step,
-    }
+    Step::new(Some(op), AlarmDone::WaitsOnDestination(waits)).durable_if(waits)
 }
 
 #[cfg(test)]

@@ -140,6 +140,12 @@ impl<R, P> Step<R, P> {
         self.saved(Save::Durable)
     }
 
+    /// Durable when `changed`; else as it was.
+    pub(crate) fn durable_if(mut self, changed: bool) -> Step<R, P> {
+        self.save = if changed { Save::Durable } else { self.save };
+        self
+    }
+
     pub(crate) fn saved(mut self, save: Save) -> Step<R, P> {
         self.save = save;
         self
