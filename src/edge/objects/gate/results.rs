@@ -237,11 +237,8 @@ impl Driver<'_> {
             Some(claim) => {
                 let before_end = |i: &ResultItem| i.index < claim.to.index;
                 let reached = std::cmp::min_by_key(claim.to, to, |c| c.index);
-                (
-                    claim,
-                    items.into_iter().filter(before_end).collect(),
-                    reached,
-                )
+                let items = items.into_iter().filter(before_end).collect();
+                (claim, items, reached)
             }
         };
         let chunk = claim.chunk;
