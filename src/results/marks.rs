@@ -232,10 +232,8 @@ pub fn retried(
     now: i64,
 ) -> Step<GateReply, ProgressWrite> {
     let mut taken = ResultsTaken {
-        taken: 0,
-        file_reread: false,
         parked_left: progress.counts.parked,
-        hurried: 0,
+        ..ResultsTaken::default()
     };
     if op.results_stopped() {
         return results_retried(op, taken, reason, by, now).carrying(None);

@@ -98,7 +98,7 @@ pub(super) fn settle(
 /// What an operator's retry of a batch's parked results took, once the object moved them out
 /// of its results tables (`results_admin.rs`, deciding with
 /// [`crate::results::progress::Progress::retry_parked`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ResultsTaken {
     /// Parked results put back, each to be sent again under its first `webhook-id`.
     pub taken: u64,
