@@ -144,9 +144,8 @@ impl InlineRead {
             ));
         }
         let (key, hash, payload) = read_item(seq, body)?;
-        list.digest = list
-            .digest
-            .wrapping_add(u64::from_str_radix(&hash, 16).unwrap_or_default());
+        let summed = u64::from_str_radix(&hash, 16).unwrap_or_default();
+        list.digest = list.digest.wrapping_add(summed);
         if *self.stored.get_or_insert(at) != at {
             return Ok(None);
         }
@@ -211,14 +210,11 @@ fn read_item(seq: u64, body: Body) -> Result<(Option<String>, String, Payload), 
             let hash = item_hash(&item);
             let size = bytes.len() as u64;
             drop(bytes);
-            let payload = match item.as_object_mut() {
-                Some(o) if o.contains_key("response") => {
-                    Payload::Response(o.remove("response").unwrap_or_default())
-                }
-                Some(o) if o.contains_key("error") => {
-                    Payload::Error(o.remove("error").unwrap_or_default())
-                }
-                _ => unreadable("neither response nor error", size),
+            let mut take = |k| item.as_object_mut().and_then(|o| o.remove(k));
+            let payload = match (take("response"), take("error")) {
+                (Some(response), _) => Payload::Response(response),
+                (None, Some(error)) => Payload::Error(error),
+                (None, None) => unreadable("neither response nor error", size),
             };
             Ok((key, hash, payload))
         }
@@ -228,11 +224,8 @@ fn read_item(seq: u64, body: Body) -> Result<(Option<String>, String, Payload), 
             let key = key_text(kept.pointer("/metadata/key"));
             // Kept whole it would pass a stored row's 2 MB; the destination can read it from
             // the batch's status answer by its key.
-            Ok((
-                key,
-                crate::hex(&sha256, 8),
-                unreadable("item over the size cap", size),
-            ))
+            let payload = unreadable("item over the size cap", size);
+            Ok((key, crate::hex(&sha256, 8), payload))
         }
     }
 }
