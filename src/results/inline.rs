@@ -14,7 +14,7 @@
 
 use serde_json::{json, Value};
 
-use crate::results::item::{Payload, LINE_CAP};
+use crate::results::item::{payload_of, Payload, LINE_CAP};
 use crate::results::keys::{inline_base, item_hash, key_text, Place};
 use crate::results::source::{ended_in_status, found_in_status, Found, INLINE_LISTS};
 use crate::skim::{Body, Event, Rule, Skim};
@@ -204,18 +204,13 @@ fn read_item(seq: u64, body: Body) -> Result<(Option<String>, String, Payload), 
         |why: &str, size: u64| Payload::Unreadable(json!({"reason": why, "size": size}));
     match body {
         Body::Whole(bytes) => {
-            let mut item: Value = serde_json::from_slice(&bytes)
+            let item: Value = serde_json::from_slice(&bytes)
                 .map_err(|e| not_json(format!("inline item {seq}: {e}")))?;
             let key = key_text(item.get("metadata").and_then(|m| m.get("key")));
             let hash = item_hash(&item);
             let size = bytes.len() as u64;
             drop(bytes);
-            let mut take = |k| item.as_object_mut().and_then(|o| o.remove(k));
-            let payload = match (take("response"), take("error")) {
-                (Some(response), _) => Payload::Response(response),
-                (None, Some(error)) => Payload::Error(error),
-                (None, None) => unreadable("neither response nor error", size),
-            };
+            let payload = payload_of(item, |why| unreadable(why, size));
             Ok((key, hash, payload))
         }
         Body::TooLarge { size, sha256, kept } => {
