@@ -160,10 +160,8 @@ impl Desk {
 
     /// The destination's label (empty before the first command names it).
     pub fn label(&self) -> String {
-        self.settings
-            .as_ref()
-            .map(|s| s.label.clone())
-            .unwrap_or_default()
+        let settings = self.settings.as_ref();
+        settings.map(|s| s.label.clone()).unwrap_or_default()
     }
 
     /// Takes the route's next token if it falls due by `by`: when it may be used (`now` at the

@@ -77,9 +77,6 @@ impl Outcome {
             match k.as_str() {
                 "code" => self.set_error(ERROR_CODE, v),
                 "message" => self.set_error(ERROR_MESSAGE, v),
-                "details" => {
-                    self.provider.entry("error_details").or_insert(v.clone());
-                }
                 other => {
                     self.provider
                         .entry(format!("error_{other}"))
@@ -118,14 +115,12 @@ impl Outcome {
             Some(Value::String(s)) => Value::String(bound_string(s)),
             other => other.unwrap_or(Value::Null),
         };
+        let message = json!(self.error_message.map(bound_string));
         Map::from_iter([
             (OUTPUT_FILE_URI.into(), json!(uris.first())),
             (OUTPUT_FILE_URIS.into(), json!(uris)),
             (ERROR_CODE.into(), code),
-            (
-                ERROR_MESSAGE.into(),
-                json!(self.error_message.map(bound_string)),
-            ),
+            (ERROR_MESSAGE.into(), message),
             (PROVIDER.into(), Value::Object(bound_provider(provider))),
         ])
     }
@@ -163,9 +158,8 @@ pub fn normalize_details(raw: &Map<String, Value>) -> Map<String, Value> {
                 passthrough.insert(k.clone(), bound(v.clone()));
             }
             PROVIDER if v.is_object() => {
-                outcome
-                    .provider
-                    .extend(v.as_object().cloned().unwrap_or_default());
+                let members = v.as_object().cloned().unwrap_or_default();
+                outcome.provider.extend(members);
             }
             "error" => outcome.take_error(v),
             "errors" => {
@@ -286,10 +280,8 @@ pub fn bound_members(map: Map<String, Value>) -> Map<String, Value> {
 /// [`PROVIDER_TRUNCATED`] (whose count adds to one already there).
 pub fn bound_provider(map: Map<String, Value>) -> Map<String, Value> {
     let budget = PROVIDER_MAX_BYTES - PROVIDER_MARKER_ROOM;
-    let mut kept = Map::new();
-    let mut used = 2;
-    let mut omitted = 0u64;
-    let mut earlier = 0u64;
+    let (mut kept, mut used) = (Map::new(), 2);
+    let (mut omitted, mut earlier) = (0u64, 0u64);
     for (k, v) in map {
         if k == PROVIDER_TRUNCATED && is_marker(&v) {
             earlier = v["omitted_fields"].as_u64().unwrap_or(0);
@@ -315,9 +307,7 @@ pub fn bound_provider(map: Map<String, Value>) -> Map<String, Value> {
 /// Output locations kept in order while they fit in [`MAX_BYTES`] together; returns them and
 /// how many were left out.
 pub fn bound_uris(uris: Vec<String>) -> (Vec<String>, u64) {
-    let mut kept = Vec::new();
-    let mut used = 2;
-    let mut omitted = 0;
+    let (mut kept, mut used, mut omitted) = (Vec::new(), 2, 0);
     for uri in uris {
         let size = uri.len() + 3;
         if used + size > MAX_BYTES {

@@ -14,7 +14,7 @@
 
 use serde_json::{json, Value};
 
-use crate::results::item::{Payload, LINE_CAP};
+use crate::results::item::{payload_of, Payload, LINE_CAP};
 use crate::results::keys::{inline_base, item_hash, key_text, Place};
 use crate::results::source::{ended_in_status, found_in_status, Found, INLINE_LISTS};
 use crate::skim::{Body, Event, Rule, Skim};
@@ -144,9 +144,8 @@ impl InlineRead {
             ));
         }
         let (key, hash, payload) = read_item(seq, body)?;
-        list.digest = list
-            .digest
-            .wrapping_add(u64::from_str_radix(&hash, 16).unwrap_or_default());
+        let summed = u64::from_str_radix(&hash, 16).unwrap_or_default();
+        list.digest = list.digest.wrapping_add(summed);
         if *self.stored.get_or_insert(at) != at {
             return Ok(None);
         }
@@ -205,21 +204,13 @@ fn read_item(seq: u64, body: Body) -> Result<(Option<String>, String, Payload), 
         |why: &str, size: u64| Payload::Unreadable(json!({"reason": why, "size": size}));
     match body {
         Body::Whole(bytes) => {
-            let mut item: Value = serde_json::from_slice(&bytes)
+            let item: Value = serde_json::from_slice(&bytes)
                 .map_err(|e| not_json(format!("inline item {seq}: {e}")))?;
             let key = key_text(item.get("metadata").and_then(|m| m.get("key")));
             let hash = item_hash(&item);
             let size = bytes.len() as u64;
             drop(bytes);
-            let payload = match item.as_object_mut() {
-                Some(o) if o.contains_key("response") => {
-                    Payload::Response(o.remove("response").unwrap_or_default())
-                }
-                Some(o) if o.contains_key("error") => {
-                    Payload::Error(o.remove("error").unwrap_or_default())
-                }
-                _ => unreadable("neither response nor error", size),
-            };
+            let payload = payload_of(item, |why| unreadable(why, size));
             Ok((key, hash, payload))
         }
         Body::TooLarge { size, sha256, kept } => {
@@ -228,11 +219,8 @@ fn read_item(seq: u64, body: Body) -> Result<(Option<String>, String, Payload), 
             let key = key_text(kept.pointer("/metadata/key"));
             // Kept whole it would pass a stored row's 2 MB; the destination can read it from
             // the batch's status answer by its key.
-            Ok((
-                key,
-                crate::hex(&sha256, 8),
-                unreadable("item over the size cap", size),
-            ))
+            let payload = unreadable("item over the size cap", size);
+            Ok((key, crate::hex(&sha256, 8), payload))
         }
     }
 }

@@ -54,12 +54,14 @@ pub enum Source {
     Inline,
 }
 
-/// The payload of a parsed line or item: `response`, else `error`, else unreadable.
-fn payload_of(value: &Value, unreadable: impl Fn(&str) -> Payload) -> Payload {
-    if let Some(response) = value.get("response") {
-        Payload::Response(response.clone())
-    } else if let Some(error) = value.get("error") {
-        Payload::Error(error.clone())
+/// The payload of a parsed line or item: `response`, else `error` (taken out of it, never
+/// copied), else unreadable.
+pub fn payload_of(mut value: Value, unreadable: impl Fn(&str) -> Payload) -> Payload {
+    let mut take = |k| value.as_object_mut().and_then(|o| o.remove(k));
+    if let Some(response) = take("response") {
+        Payload::Response(response)
+    } else if let Some(error) = take("error") {
+        Payload::Error(error)
     } else {
         unreadable("neither response nor error")
     }
@@ -75,7 +77,7 @@ pub fn from_piece(piece: &Piece, file: &str) -> ResultItem {
         Piece::Line { bytes, .. } => match serde_json::from_slice::<Value>(bytes) {
             Ok(value) if value.is_object() => (
                 key_text(value.get("key")),
-                payload_of(&value, |why| unreadable(why, bytes.len() as u64)),
+                payload_of(value, |why| unreadable(why, bytes.len() as u64)),
             ),
             _ => (None, unreadable("not a JSON object", bytes.len() as u64)),
         },

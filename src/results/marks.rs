@@ -34,11 +34,7 @@ pub type Marked = Step<(), ProgressWrite>;
 
 /// The record after a step that stores it when `changed`, with the progress `write`.
 fn stored(op: Operation, changed: bool, write: Option<ProgressWrite>) -> Marked {
-    let step = Step::new(Some(op), ()).carrying(write);
-    match changed {
-        true => step.durable(),
-        false => step,
-    }
+    Step::new(Some(op), ()).carrying(write).durable_if(changed)
 }
 
 /// A step that stores the progress alone (where the results are, or a commit that owes the
@@ -96,10 +92,9 @@ pub fn committed(
             chunk,
             reached,
             answers,
-        } => {
-            let writes = progress.commit_through(chunk, reached, answers, now, limits, jitter());
-            writes.unwrap_or_default()
-        }
+        } => progress
+            .commit_through(chunk, reached, answers, now, limits, jitter())
+            .unwrap_or_default(),
         Answers::Rows(answers) => answers
             .into_iter()
             .filter_map(|(item, sending)| {
@@ -112,11 +107,7 @@ pub fn committed(
     let hold = |wait: i64| op.results_due_at(now + wait.min(limits.retry.max_ms));
     let held = !released && asked_wait_ms.is_some_and(hold);
     let (m, write) = (progress.meter(before), ProgressWrite { progress, writes });
-    let step = metered(op, m, to, now, write);
-    match held {
-        true => step.durable(),
-        false => step,
-    }
+    metered(op, m, to, now, write).durable_if(held)
 }
 
 /// A read did not give the file (a chunk's, or its first line's before the step's turn at the
@@ -125,7 +116,7 @@ pub fn committed(
 /// off) the results are due then, in the same commit, so the alarm is set for it. Else, or
 /// while the desk's release is marked (the next run spends it), the due time stays.
 pub fn read_failed(
-    op: Operation,
+    mut op: Operation,
     mut progress: Progress,
     trouble: FileTrouble,
     limits: &Limits,
@@ -133,7 +124,6 @@ pub fn read_failed(
 ) -> Marked {
     progress.file_failed(trouble, now, limits, jitter);
     let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
-    let mut op = op;
     let changed = match progress.next(now) {
         Next::WaitUntil(at) if !released => op.results_due_at(at),
         _ => false,
@@ -242,10 +232,8 @@ pub fn retried(
     now: i64,
 ) -> Step<GateReply, ProgressWrite> {
     let mut taken = ResultsTaken {
-        taken: 0,
-        file_reread: false,
         parked_left: progress.counts.parked,
-        hurried: 0,
+        ..ResultsTaken::default()
     };
     if op.results_stopped() {
         return results_retried(op, taken, reason, by, now).carrying(None);

@@ -145,15 +145,12 @@ pub fn body_start(
         .and_then(|r| r.trim().strip_prefix("bytes "))
         .and_then(|r| r.split_once('-'))
         .and_then(|(start, _)| start.trim().parse::<u64>().ok());
-    match start {
-        Some(start) if start == asked => Ok(asked),
-        Some(start) => Err(FileTrouble::Unavailable(format!(
-            "206 from byte {start}, asked from byte {asked}"
-        ))),
-        None => Err(FileTrouble::Unavailable(
-            "206 without a usable Content-Range".to_string(),
-        )),
-    }
+    let why = match start {
+        Some(start) if start == asked => return Ok(asked),
+        Some(start) => format!("206 from byte {start}, asked from byte {asked}"),
+        None => "206 without a usable Content-Range".to_string(),
+    };
+    Err(FileTrouble::Unavailable(why))
 }
 
 /// Whether a download's answer says the checkpoint is the file's end: a `Range` from a
@@ -194,11 +191,9 @@ pub fn unlocated(
     since: i64,
     limits: &Limits,
 ) -> (Unlocated, Option<i64>) {
-    let backoff_until = match answer.http_status {
-        Some(429 | 500..=599) => match transient(answer.retry_after.as_deref()) {
-            StatusError::Transient { retry_after_secs } => Some(now + retry_after_secs * 1_000),
-            _ => None,
-        },
+    let busy = matches!(answer.http_status, Some(429 | 500..=599));
+    let backoff_until = match transient(answer.retry_after.as_deref()) {
+        StatusError::Transient { retry_after_secs } if busy => Some(now + retry_after_secs * 1_000),
         _ => None,
     };
     let ask_at = backoff_until.unwrap_or(0).max(now + limits.retry.first_ms);

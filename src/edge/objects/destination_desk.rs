@@ -122,26 +122,21 @@ impl DestinationDesk {
         // A report frees the slots its attempts held (`{key}#{i}`, and a drained key's own).
         if let DeskCommand::Report { key, .. } = &command {
             self.forget("slots", key)?;
-            self.exec(
-                "DELETE FROM slots WHERE key >= ? AND key < ?",
-                vec![format!("{key}#").into(), format!("{key}$").into()],
-            )?;
+            let range = vec![format!("{key}#").into(), format!("{key}$").into()];
+            self.exec("DELETE FROM slots WHERE key >= ? AND key < ?", range)?;
         }
         let facts = self.facts(now)?;
-        let (key, due_ms, decision) = match command {
+        let (decision, key, due_ms) = match command {
             DeskCommand::Status { .. } | DeskCommand::Check { .. } => {
                 return Ok((DeskReply::View(desk.view(facts)), None))
             }
             DeskCommand::Pause { .. } | DeskCommand::Resume { .. } => {
                 return self.pause_or_resume(desk, command, facts, now)
             }
-            DeskCommand::Ask { key, due_ms, n, .. } => (key, due_ms, desk.ask(n, facts, now)),
+            DeskCommand::Ask { key, due_ms, n, .. } => (desk.ask(n, facts, now), key, due_ms),
             DeskCommand::Report {
                 key, due_ms, sent, ..
-            } => {
-                let decision = desk.report(&key, sent, facts, now);
-                (key, due_ms, decision)
-            }
+            } => (desk.report(&key, sent, facts, now), key, due_ms),
         };
         desk.calls += 1;
         // Where `key` waits now, if it does.
@@ -242,18 +237,15 @@ impl DestinationDesk {
     }
 
     fn take_slot(&self, key: &str, desk: &Desk, now: i64) -> Result<()> {
-        self.exec(
-            "INSERT INTO slots (key, expires_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET expires_ms = excluded.expires_ms",
-            vec![key.into(), ((now + desk.slot_ttl_ms()) as f64).into()],
-        )
+        let query = "INSERT INTO slots (key, expires_ms) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET expires_ms = excluded.expires_ms";
+        let expires = ((now + desk.slot_ttl_ms()) as f64).into();
+        self.exec(query, vec![key.into(), expires])
     }
 
     /// Deletes `key`'s row of `table` (`waiting`, `slots` or `misses`).
     fn forget(&self, table: &str, key: &str) -> Result<()> {
-        self.exec(
-            &format!("DELETE FROM {table} WHERE key = ?"),
-            vec![key.into()],
-        )
+        let query = format!("DELETE FROM {table} WHERE key = ?");
+        self.exec(&query, vec![key.into()])
     }
 
     fn exec(&self, query: &str, bindings: Vec<worker::SqlStorageValue>) -> Result<()> {

@@ -30,17 +30,14 @@ pub fn create(sql: &SqlStorage, ddl: &[&str], failed: fn(String) -> WorkerLog) {
 pub fn read<T: DeserializeOwned>(sql: &SqlStorage, table: &str) -> Result<Option<T>> {
     let query = format!("SELECT body FROM {table} WHERE id = 1");
     let rows: Vec<BodyRow> = sql.exec(&query, None)?.to_array()?;
-    Ok(rows
-        .first()
-        .and_then(|r| serde_json::from_str(&r.body).ok()))
+    let row = rows.first();
+    Ok(row.and_then(|r| serde_json::from_str(&r.body).ok()))
 }
 
 /// Stores `value` as the row of `table`.
 pub fn write(sql: &SqlStorage, table: &str, value: &impl Serialize) -> Result<()> {
     let body = serde_json::to_string(value).map_err(|e| worker::Error::RustError(e.to_string()))?;
-    sql.exec(
-        &format!("INSERT INTO {table} (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body"),
-        vec![body.into()],
-    )?;
+    let query = format!("INSERT INTO {table} (id, body) VALUES (1, ?) ON CONFLICT(id) DO UPDATE SET body = excluded.body");
+    sql.exec(&query, vec![body.into()])?;
     Ok(())
 }

@@ -298,8 +298,7 @@ fn confirmed_state(
     }
     count_delivery(&mut op, &event, verdict, now, false);
     let still = op.confirmation().is_some();
-    Step::new(Some(op), AlarmDone::Confirmed)
-        .durable()
+    Step::stored(op, AlarmDone::Confirmed)
         .row(HistoryEntry::of_event(&event, verdict))
         .log(GateLog::Confirmed {
             key,
@@ -321,12 +320,10 @@ fn confirmed_unknown_state(
 ) -> Step<AlarmDone> {
     let key = op.key().to_string();
     op.confirmation_failed(now, wait);
-    Step::new(Some(op), AlarmDone::Confirmed)
-        .durable()
-        .log(GateLog::StatusUnknownState {
-            key,
-            state: observation.status.as_str().to_string(),
-        })
+    Step::stored(op, AlarmDone::Confirmed).log(GateLog::StatusUnknownState {
+        key,
+        state: observation.status.as_str().to_string(),
+    })
 }
 
 /// No state from the status API: a 404 ends the confirmation and raises
@@ -339,8 +336,7 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
         StatusError::NotFound => {
             op.confirmation_gone();
             op.raise_alert(AlertKind::UnknownToGemini, age, now);
-            Step::new(Some(op), AlarmDone::Confirmed)
-                .durable()
+            Step::stored(op, AlarmDone::Confirmed)
                 .row(HistoryEntry::ConfirmNotFound)
                 .log(GateLog::StatusNotFound {
                     key,
@@ -352,8 +348,7 @@ fn confirm_failed(mut op: Operation, error: StatusError, now: i64, wait: i64) ->
             op.confirmation_failed(now, wait);
             op.status_unusable(&reason, age, now);
             let still = op.confirmation().is_some();
-            Step::new(Some(op), AlarmDone::Confirmed)
-                .durable()
+            Step::stored(op, AlarmDone::Confirmed)
                 .row(HistoryEntry::StatusUnusable {
                     reason: reason.clone(),
                 })
@@ -427,13 +422,11 @@ fn confirm_without_key(mut op: Operation, now: i64, limits: &GateLimits) -> Step
 /// The confirmation asks again in `wait` ms: the record stored, and a line saying why.
 fn confirm_waiting(op: Operation, why: String, wait: i64) -> Step<AlarmDone> {
     let key = op.key().to_string();
-    Step::new(Some(op), AlarmDone::Confirmed)
-        .durable()
-        .log(GateLog::ConfirmWaiting {
-            key,
-            error: why,
-            retry_in_ms: wait,
-        })
+    Step::stored(op, AlarmDone::Confirmed).log(GateLog::ConfirmWaiting {
+        key,
+        error: why,
+        retry_in_ms: wait,
+    })
 }
 
 /// Records how sending a queued alert ended: the sink's acceptance takes it off the queue; a
@@ -450,16 +443,14 @@ pub fn alert_sent(
         op.alert_delivered(&alert.id);
         op.count(Counter::Alerts, now);
         op.count_by(labelled(ALERTS_BY_KIND_PREFIX, alert.kind.as_str()), 1, now);
-        Step::new(Some(op), AlarmDone::AlertSent(true))
-            .durable()
-            .row(HistoryEntry::Alert {
-                alert: alert.kind,
-                alert_id: alert.id.clone(),
-            })
+        Step::stored(op, AlarmDone::AlertSent(true)).row(HistoryEntry::Alert {
+            alert: alert.kind,
+            alert_id: alert.id.clone(),
+        })
     } else {
         let wait = limits.retry.jittered(alert.attempts + 1, jitter);
         op.alert_failed(&alert.id, now, wait);
-        Step::new(Some(op), AlarmDone::AlertSent(false)).durable()
+        Step::stored(op, AlarmDone::AlertSent(false))
     }
 }
 
@@ -472,12 +463,10 @@ pub fn begin_attempt(
 ) -> Option<(Claim, Step<AlarmDone>)> {
     let claim = op.claim(now, limits.claim_ttl_ms)?;
     let attempt = op.effect().attempts();
-    let step = Step::new(Some(op), AlarmDone::Claimed)
-        .durable()
-        .row(HistoryEntry::Claimed {
-            token: claim.token,
-            attempt,
-        });
+    let step = Step::stored(op, AlarmDone::Claimed).row(HistoryEntry::Claimed {
+        token: claim.token,
+        attempt,
+    });
     Some((claim, step))
 }
 
@@ -731,11 +720,7 @@ pub fn wait_on_destination(
     paused: bool,
 ) -> Step<AlarmDone> {
     let waits = op.wait_on_desk(Queued::Effect, now, limits.desk_fallback_ms, paused);
-    let step = Step::new(Some(op), AlarmDone::WaitsOnDestination(waits));
-    match waits {
-        true => step.durable(),
-        false => step,
-    }
+    Step::new(Some(op), AlarmDone::WaitsOnDestination(waits)).durable_if(waits)
 }
 
 #[cfg(test)]

@@ -136,8 +136,19 @@ impl<R, P> Step<R, P> {
         }
     }
 
+    /// A step that stores `op` before its answer `reply`.
+    pub(crate) fn stored(op: Operation, reply: R) -> Step<R, P> {
+        Step::new(Some(op), reply).durable()
+    }
+
     pub(crate) fn durable(self) -> Step<R, P> {
         self.saved(Save::Durable)
+    }
+
+    /// Durable when `changed`; else as it was.
+    pub(crate) fn durable_if(mut self, changed: bool) -> Step<R, P> {
+        self.save = if changed { Save::Durable } else { self.save };
+        self
     }
 
     pub(crate) fn saved(mut self, save: Save) -> Step<R, P> {
@@ -310,9 +321,7 @@ fn deliver(mut op: Operation, event: &OpEvent, hold_ms: i64, now: i64) -> Step {
     }
     // The decision and its count in one write; a side effect now owed is scheduled on the
     // alarm, set before the answer.
-    Step::new(Some(op), reply)
-        .durable()
-        .row(HistoryEntry::of_event(event, verdict))
+    Step::stored(op, reply).row(HistoryEntry::of_event(event, verdict))
 }
 
 /// A nudge: the gate asks the status API (from its alarm) about an operation it holds open.
@@ -348,12 +357,10 @@ fn nudge(
         // (no version, no history row, no ledger projection); the count waits in memory.
         return Step::new(Some(op), GateReply::Confirming { status }).saved(Save::MemoryOnly);
     }
-    Step::new(Some(op), GateReply::Confirming { status })
-        .durable()
-        .row(HistoryEntry::Nudged {
-            claimed,
-            delivery_id,
-        })
+    Step::stored(op, GateReply::Confirming { status }).row(HistoryEntry::Nudged {
+        claimed,
+        delivery_id,
+    })
 }
 
 /// A nudge for a terminal operation: dropped for the reason the reducer gives the state it

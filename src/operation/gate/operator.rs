@@ -89,7 +89,7 @@ pub(super) fn settle(
                 by,
             };
             let reply = GateReply::Applied { status, effect };
-            Step::new(Some(op), reply).durable().row(row).log(line)
+            Step::stored(op, reply).row(row).log(line)
         }
         Err(refusal) => refused(op, refusal.as_str()),
     }
@@ -98,7 +98,7 @@ pub(super) fn settle(
 /// What an operator's retry of a batch's parked results took, once the object moved them out
 /// of its results tables (`results_admin.rs`, deciding with
 /// [`crate::results::progress::Progress::retry_parked`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ResultsTaken {
     /// Parked results put back, each to be sent again under its first `webhook-id`.
     pub taken: u64,
@@ -130,8 +130,7 @@ pub fn results_retried<P>(
     if nothing || !op.results_retried(now) {
         return Step::new(Some(op), reply);
     }
-    Step::new(Some(op), reply)
-        .durable()
+    Step::stored(op, reply)
         .row(HistoryEntry::ResultsRetried {
             taken: taken.taken,
             file_reread: taken.file_reread,
@@ -189,8 +188,7 @@ fn operator_acted(
         action,
         effect,
     };
-    let mut step = Step::new(Some(op), reply)
-        .durable()
+    let mut step = Step::stored(op, reply)
         .row(match action {
             OperatorAction::RetryNow => HistoryEntry::RetryNow {
                 generation,

@@ -42,7 +42,7 @@ pub(super) fn destination_ready(mut op: Operation, probe: bool, now: i64) -> Ste
         true => op.effect_report(now),
         false => EffectReport::Scheduled,
     };
-    let mut step = Step::new(Some(op), GateReply::Effect { effect }).durable();
+    let mut step = Step::stored(op, GateReply::Effect { effect });
     step.reset_alarm = true;
     step
 }
@@ -67,7 +67,7 @@ pub(super) fn alert(
     if due.is_some_and(|due| now - due < after_ms) || !op.raise_alert(alert, age_seconds, now) {
         return Step::new(Some(op), GateReply::AlertSent { sent: false });
     }
-    Step::new(Some(op), GateReply::AlertSent { sent: true }).durable()
+    Step::stored(op, GateReply::AlertSent { sent: true })
 }
 
 /// The status API's answer could not be used: kept in the record, alerted once.
@@ -82,8 +82,7 @@ pub(super) fn status_unusable(
         return Step::new(Some(op), GateReply::AlertSent { sent: false });
     }
     let raised = op.alerts_raised().len() > raised_before;
-    Step::new(Some(op), GateReply::AlertSent { sent: raised })
-        .durable()
+    Step::stored(op, GateReply::AlertSent { sent: raised })
         .row(HistoryEntry::StatusUnusable { reason })
 }
 

@@ -36,9 +36,7 @@ pub(super) fn register_new(
     let operation = op.view();
     let reply = GateReply::Created { operation };
     let kind = op.kind().map(str::to_string);
-    Step::new(Some(op), reply)
-        .durable()
-        .row(HistoryEntry::Registered { kind, by })
+    Step::stored(op, reply).row(HistoryEntry::Registered { kind, by })
 }
 
 /// A registration of an operation the gate holds. The completion may have come first (short

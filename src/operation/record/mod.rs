@@ -530,14 +530,12 @@ impl Operation {
 
     /// A registration recorded something (a kind or its metadata) on a record its completion
     /// created: from now on a registration that differs from it is a conflict
-    /// ([`Operation::registration_conflicts`]). Returns whether the record changed.
-    pub fn note_registration(&mut self) -> bool {
-        if self.registered {
-            return false;
+    /// ([`Operation::registration_conflicts`]).
+    pub fn note_registration(&mut self) {
+        if !self.registered {
+            self.registered = true;
+            self.changed();
         }
-        self.registered = true;
-        self.changed();
-        true
     }
 
     /// A registration's `user_metadata` (authenticated, so verified): the side effect carries

@@ -171,11 +171,8 @@ impl Driver<'_> {
             }
             Source::Inline => {
                 let (items, last) = self.store.inline_chunk(from.index, u64::from(max))?;
-                let to = Checkpoint {
-                    offset: 0,
-                    index: from.index + items.len() as u64,
-                };
-                Ok(Ok((items, to, last)))
+                let index = from.index + items.len() as u64;
+                Ok(Ok((items, Checkpoint { offset: 0, index }, last)))
             }
         }
     }
@@ -237,16 +234,12 @@ impl Driver<'_> {
             Some(claim) => {
                 let before_end = |i: &ResultItem| i.index < claim.to.index;
                 let reached = std::cmp::min_by_key(claim.to, to, |c| c.index);
-                (
-                    claim,
-                    items.into_iter().filter(before_end).collect(),
-                    reached,
-                )
+                let items = items.into_iter().filter(before_end).collect();
+                (claim, items, reached)
             }
         };
-        let chunk = claim.chunk;
         let answers = |answers| Answers::Chunk {
-            chunk,
+            chunk: claim.chunk,
             reached,
             answers,
         };
@@ -263,10 +256,9 @@ impl Driver<'_> {
         indexes: Vec<u64>,
         turn: Turn,
     ) -> Result<Operation> {
-        let mut items = Vec::new();
-        for index in indexes.into_iter().take(turn.n as usize) {
-            items.extend(self.store.kept(index)?);
-        }
+        let indexes = indexes.into_iter().take(turn.n as usize);
+        let kept: Vec<_> = indexes.map(|i| self.store.kept(i)).collect::<Result<_>>()?;
+        let items = kept.into_iter().flatten().collect();
         self.send_and_commit(op, progress, items, turn, Answers::Rows)
             .await
     }

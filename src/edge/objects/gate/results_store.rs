@@ -250,11 +250,10 @@ impl<'a> ResultsStore<'a> {
             )
         })?;
         for (idx, (seq, suffix)) in order.into_iter().enumerate() {
-            self.meter.exec(
-                &self.sql,
-                "INSERT OR REPLACE INTO results_inline_order (idx, seq, suffix) VALUES (?, ?, ?)",
-                vec![(idx as i64).into(), (seq as i64).into(), suffix.into()],
-            )?;
+            let query =
+                "INSERT OR REPLACE INTO results_inline_order (idx, seq, suffix) VALUES (?, ?, ?)";
+            let row = vec![(idx as i64).into(), (seq as i64).into(), suffix.into()];
+            self.meter.exec(&self.sql, query, row)?;
         }
         Ok(())
     }
@@ -278,9 +277,8 @@ impl<'a> ResultsStore<'a> {
 
     /// Up to `n` parked rows after the index `after`, by index (once the progress loaded).
     pub(super) fn parked(&self, after: Option<u64>, n: usize) -> Result<Vec<Row>> {
-        self.parsed(
-            "SELECT row AS body FROM results_failures WHERE parked = 1 AND idx > ? ORDER BY idx LIMIT ?",
-            Some(vec![after.map_or(-1, |a| a as i64).into(), (n as i64).into()]),
-        )
+        let query = "SELECT row AS body FROM results_failures WHERE parked = 1 AND idx > ? ORDER BY idx LIMIT ?";
+        let page = vec![after.map_or(-1, |a| a as i64).into(), (n as i64).into()];
+        self.parsed(query, Some(page))
     }
 }

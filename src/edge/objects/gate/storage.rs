@@ -178,11 +178,10 @@ impl GateStorage {
             self.cached.replace(Cached::Absent);
             return Ok(None);
         };
-        let op = match serde_json::from_str::<Operation>(&body) {
-            Ok(op) => op,
-            Err(e) => self.recover(&body, &e.to_string())?,
-        };
-        let op = op.as_loaded();
+        let parsed = serde_json::from_str::<Operation>(&body);
+        let op = parsed
+            .or_else(|e| self.recover(&body, &e.to_string()))?
+            .as_loaded();
         self.cached.replace(Cached::Present(Box::new(op.clone())));
         Ok(Some(op))
     }

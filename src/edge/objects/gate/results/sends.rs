@@ -33,14 +33,11 @@ impl Driver<'_> {
     ) -> Result<std::result::Result<Turn, bool>> {
         let mark = op.effect().desk();
         let desk = KeyAtDesk::of(self.env, self.storage, self.config, op);
-        let turn = match desk.turn(mark, ready, retry).await {
-            Ok(turn) => turn,
-            Err(paused) => return Ok(Err(paused)),
-        };
-        if mark.is_some() && turn.n > 0 {
+        let turn = desk.turn(mark, ready, retry).await;
+        if mark.is_some() && turn.as_ref().is_ok_and(|turn| turn.n > 0) {
             self.mark(op.clone(), on_record::desk_spent).await?;
         }
-        Ok(Ok(turn))
+        Ok(turn)
     }
 
     /// The desk queued the batch: the record waits for its release (or the fallback,
@@ -89,10 +86,8 @@ impl Driver<'_> {
             .collect();
         let desk = KeyAtDesk::of(self.env, self.storage, self.config, op);
         let answered = desk.send(&requests, after_ms).await;
-        (
-            items.into_iter().zip(answered.outcomes).collect(),
-            answered.sent,
-        )
+        let outcomes = items.into_iter().zip(answered.outcomes).collect();
+        (outcomes, answered.sent)
     }
 
     /// After the sends and their commit (which held the results for a destination's
