@@ -274,7 +274,7 @@ pub fn desk_spent(mut op: Operation) -> Marked {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;
@@ -291,7 +291,8 @@ mod tests {
         alert_after_ms: 86_400_000,
     };
 
-    fn succeeded() -> Operation {
+    /// A `"results": "each"` batch that succeeded at 10.
+    pub(crate) fn succeeded() -> Operation {
         let mut op = Operation::register("batches/r", "batches/r", None, 0);
         op.fill_results_mode(ResultsMode::Each, 0);
         let event = OpEvent {

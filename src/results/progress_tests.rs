@@ -959,24 +959,14 @@ fn refusals_and_results_given_up_in_one_spell_raise_one_alert_naming_them_all() 
 #[test]
 fn a_refusals_alert_resolves_once_an_operators_retry_parks_none() {
     use crate::operation::alert::AlertKind;
-    use crate::operation::lifecycle::{Source as EventSource, Status};
-    use crate::operation::{OpEvent, Operation, ResultsMode};
-    use crate::results::marks::{gave_up, retried, settled};
+    use crate::operation::Operation;
+    use crate::results::marks::{gave_up, retried, settled, tests::succeeded};
 
     let queued = |op: &Operation| -> Vec<&'static str> {
         let alerts = op.due_alerts(i64::MAX);
         alerts.iter().map(|a| a.kind.as_str()).collect()
     };
-    let mut op = Operation::register(OP, OP, None, 0);
-    op.fill_results_mode(ResultsMode::Each, 0);
-    let event = OpEvent {
-        status: Status::Succeeded,
-        update_time_ms: 1,
-        source: EventSource::Webhook,
-        details: Default::default(),
-        delivery_id: None,
-    };
-    op.apply(&event, 10);
+    let op = succeeded();
     let mut p = Progress::begin(Source::Inline, 10);
     let refused = AttemptOutcome::Park("400: bad request".into());
     committed(
