@@ -22,7 +22,7 @@ use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::GateReply;
 use crate::operation::gate::{results_retried, ResultsTaken, Step};
 use crate::operation::history::HistoryEntry;
-use crate::operation::{Actor, DeskMark, Operation, Queued};
+use crate::operation::{Actor, Operation, Queued};
 use crate::results::item::ResultItem;
 use crate::results::lines::Checkpoint;
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress};
@@ -103,7 +103,7 @@ pub fn committed(
             .collect(),
     };
     // A release the desk marked during the sends is the next run's to spend: no hold delays it.
-    let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
+    let released = op.effect().released();
     let hold = |wait: i64| op.results_due_at(now + wait.min(limits.retry.max_ms));
     let held = !released && asked_wait_ms.is_some_and(hold);
     let (m, write) = (progress.meter(before), ProgressWrite { progress, writes });
@@ -123,7 +123,7 @@ pub fn read_failed(
     (now, jitter): (i64, f64),
 ) -> Marked {
     progress.file_failed(trouble, now, limits, jitter);
-    let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
+    let released = op.effect().released();
     let changed = match progress.next(now) {
         Next::WaitUntil(at) if !released => op.results_due_at(at),
         _ => false,

@@ -147,6 +147,11 @@ impl Effect {
     pub fn desk(&self) -> Option<DeskMark> {
         self.desk
     }
+
+    /// The desk released it, and no run has spent the release yet.
+    pub fn released(&self) -> bool {
+        matches!(self.desk, Some(DeskMark::Released { .. }))
+    }
 }
 
 /// What [`Operation::finish`] did with an attempt's outcome.

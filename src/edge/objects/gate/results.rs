@@ -24,7 +24,7 @@ use worker::{Env, Result};
 use crate::config::Config;
 use crate::destination::protocol::Sent;
 use crate::operation::gate::GateLimits;
-use crate::operation::{DeskMark, Operation};
+use crate::operation::Operation;
 use crate::results::item::{from_piece, ResultItem, Source};
 use crate::results::lines::Checkpoint;
 use crate::results::marks::{self as on_record, Answers};
@@ -94,7 +94,7 @@ impl Driver<'_> {
                 Err(at) => return self.due_at(op, at).await,
             },
         };
-        let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
+        let released = op.effect().released();
         let step = match released {
             true => progress.next_released(now),
             false => progress.next(now),
