@@ -25,6 +25,7 @@ What it guarantees, and why:
 import json
 import os
 import sqlite3
+import sys
 import time
 
 from fastapi import FastAPI, Request
@@ -67,11 +68,12 @@ def apply_effect(db: sqlite3.Connection, effect: dict, webhook_id: str, generati
     """Your side effect goes here (publish, bill, notify). Writes made with `db` commit with the
     webhook-id's row, exactly once. A call outside this database may run again if the process
     dies before the commit: pass it `webhook_id` as its own idempotency key."""
-    print(
-        f"processed webhook-id={webhook_id} key={effect['key']} generation={generation}"
-        f" {describe(effect)}",
-        flush=True,
-    )
+    # One write, newline included: FastAPI runs this handler in a worker thread while
+    # uvicorn's access log writes to the same stdout, and print's separate write of its
+    # newline let that log land mid-line.
+    line = f"processed webhook-id={webhook_id} key={effect['key']} generation={generation}"
+    sys.stdout.write(f"{line} {describe(effect)}\n")
+    sys.stdout.flush()
 
 
 def handle(raw: bytes, effect: dict, headers: dict) -> bool:
