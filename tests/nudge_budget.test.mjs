@@ -138,6 +138,7 @@ describe("one budget for every status call", () => {
       states.set(`/v1beta/${key}`, "RUNNING");
       assert.equal((await w.register(key)).status, 201);
     }
+    await w.ledger(keys); // in the index, so the pass below polls each of them
     const from = Date.now();
     const token = jwt();
     // Ten confirmations want the status API at once, beside a pass fanning out every open

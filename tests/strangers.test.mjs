@@ -136,6 +136,9 @@ describe("nudges for operations the worker does not hold", () => {
     assert.equal(early.body.outcome, "not_held", "answered 2xx: Gemini does not retry it");
     assert.equal(statusCalls(key).length, 0);
     assert.equal((await w.register(key, "billing", { user_metadata: { tenant: "ours" } })).status, 201);
+    // The gate projects the registration to the ledger from its alarm, just after it answers:
+    // a pass that listed before that would not see it (the next pass would).
+    await w.ledger(key);
     await w.scheduled(); // RECONCILE_GRACE_SECONDS=0: the pass polls it now
     const [effect] = await eventually(() => effectsFor(key).length && effectsFor(key), { what: "the effect" });
     assert.equal(effect.settled_by, "reconcile");
