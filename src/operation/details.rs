@@ -1,8 +1,10 @@
 //! An outcome's details: the one shape every path's details are normalized to, whatever
 //! settled the outcome (docs/DESIGN.md, invariant 6; `docs/effect.schema.json`).
 //!
-//! Guarantees: every path (a webhook's `data`, a status-API answer, a record stored by an
-//! older version) goes through [`normalize_details`], so the details always have
+//! Guarantees: every path (a webhook's `data`, a status-API answer, an operator's settle, a
+//! confirmation's merge of a nudge's metadata, a record stored by an older version) goes
+//! through [`normalize_details`] where it enters (the record takes an event's details as
+//! they come: [`crate::operation::Operation::apply`]), so the details always have
 //! `output_file_uri`, `output_file_uris`, `error_code`, `error_message` and `provider` (null
 //! or empty when the path had nothing), and `user_metadata` / `unverified_user_metadata` only
 //! when given, passed through untouched within the bounds below (past them, a marker that

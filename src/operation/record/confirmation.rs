@@ -9,7 +9,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::operation::details::{SIGNED_USER_METADATA, UNVERIFIED_USER_METADATA, USER_METADATA};
+use crate::operation::details::{
+    normalize_details, SIGNED_USER_METADATA, UNVERIFIED_USER_METADATA, USER_METADATA,
+};
 use crate::operation::lifecycle::Verdict;
 use crate::operation::record::{OpEvent, Operation};
 
@@ -117,6 +119,8 @@ impl Operation {
             };
             event.details.entry(k.to_string()).or_insert(v.clone());
         }
+        // The merged metadata takes the details' one shape (an earlier version's key included).
+        event.details = normalize_details(&event.details);
         event.delivery_id = event.delivery_id.or(confirmation.delivery_id.clone());
         let verdict = self.apply(&event, now_ms);
         confirmation.attempts += 1;

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::operation::alert::AlertKind;
-use crate::operation::details::{bound, normalize_details, USER_METADATA};
+use crate::operation::details::{bound, USER_METADATA};
 use crate::operation::lifecycle::{reduce, Position, Source, Status, Verdict};
 use crate::operation::retired_names::{moment_period_ms, RetiredName};
 use crate::telemetry::counters::StatEvent;
@@ -63,7 +63,9 @@ pub struct OpEvent {
     /// Server update time in Unix ms; 0 when the server gave none (it then loses ties).
     pub update_time_ms: i64,
     pub source: Source,
-    /// Output file, error code and message, user metadata: carried to the side effect.
+    /// Output file, error code and message, user metadata: carried to the side effect, in
+    /// [`crate::operation::details::normalize_details`]'s shape, which whoever builds the
+    /// event gives it (the record takes them as they are).
     #[serde(default)]
     pub details: Map<String, Value>,
     /// The `webhook-id` of the delivery that carried it, for the history.
@@ -366,8 +368,10 @@ impl Operation {
                 // Before an outcome the details hold only what a registration gave
                 // (`fill_user_metadata`): it outlives the event's, whatever their source.
                 let registered = self.details.remove(USER_METADATA);
-                // Whatever path (or version) built the event, the record keeps one shape.
-                self.details = normalize_details(&event.details);
+                // Every path builds its event's details normalized where they enter (the
+                // envelope, a status answer's observation, an operator's settle, a
+                // confirmation's merge), so the record keeps one shape without a second pass.
+                self.details = event.details.clone();
                 if let Some(metadata) = registered {
                     self.details.insert(USER_METADATA.into(), metadata);
                 }

@@ -160,6 +160,7 @@ impl Operation {
         }
         let provider = json!({"operator_reason": reason});
         let details = Map::from_iter([(crate::operation::details::PROVIDER.into(), provider)]);
+        let details = crate::operation::details::normalize_details(&details);
         let event = OpEvent {
             status,
             update_time_ms: self.update_time_ms,

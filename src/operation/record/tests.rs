@@ -838,3 +838,35 @@ fn a_status_call_counts_in_the_record_and_a_call_not_made_counts_nothing() {
         ]
     );
 }
+
+/// The record takes an event's details as they come, so every path that builds an event
+/// outside the envelope and the status API's observation gives them the one shape itself: an
+/// operator's settle, and a confirmation's merge of the nudge's metadata (a key an earlier
+/// version kept included).
+#[test]
+fn an_operators_settle_and_a_confirmations_merge_keep_the_details_one_shape() {
+    use crate::operation::details::{normalize_details, ERROR_CODE, OUTPUT_FILE_URI, PROVIDER};
+    let mut op = Operation::register("batches/a", "batches/a", None, 0);
+    op.settle_by_operator(Status::Failed, "stuck upstream", 10)
+        .unwrap();
+    assert_eq!(op.details, normalize_details(&op.details));
+    assert_eq!(op.details[OUTPUT_FILE_URI], Value::Null);
+    assert_eq!(op.details[PROVIDER]["operator_reason"], "stuck upstream");
+
+    let mut op = Operation::register("batches/b", "batches/b", None, 0);
+    let mut meta = Map::new();
+    meta.insert("unverified_user_metadata".into(), json!({"job": 1}));
+    assert!(op.request_confirmation(100, meta, None, 0));
+    // An earlier version's confirmation may hold a key this one does not write.
+    let c = op.confirmation.as_mut().unwrap();
+    c.metadata.insert("gemini_state".into(), json!("DONE"));
+    let answer = OpEvent {
+        details: normalize_details(&Map::new()),
+        ..event(Status::Succeeded, 5)
+    };
+    assert_eq!(op.confirm_with(answer, 200, 1_000), Verdict::Apply);
+    assert_eq!(op.details, normalize_details(&op.details));
+    assert_eq!(op.details["unverified_user_metadata"], json!({"job": 1}));
+    assert_eq!(op.details[PROVIDER]["state"], "DONE");
+    assert_eq!(op.details[ERROR_CODE], Value::Null);
+}

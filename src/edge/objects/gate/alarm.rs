@@ -45,6 +45,8 @@ pub(super) struct Run<'a> {
 impl<'a> Run<'a> {
     /// The alarm's work, as the plan says, for the record as each piece leaves it.
     pub(super) async fn perform(&self) -> Result<Response> {
+        // The alarm that woke us is spent: whatever this run needs next must be set again.
+        self.storage.forget_alarm();
         let config = self.config;
         let Some(op) = self.storage.load()? else {
             return Response::ok("empty");

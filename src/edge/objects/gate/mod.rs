@@ -177,8 +177,6 @@ impl DurableObject for OperationGate {
     /// ([`crate::operation::gate::alarm_failure`]), so the work resumes once the fault clears,
     /// however long it lasted.
     async fn alarm(&self) -> Result<Response> {
-        // The alarm that woke us is spent: whatever this run needs next must be set again.
-        self.storage.forget_alarm();
         let run = match load_config(&self.env) {
             Ok(config) => {
                 let started = self.storage.meter().begin(config.usage_log);
