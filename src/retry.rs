@@ -3,13 +3,16 @@
 //! destination, Gemini's status API and webhook listing, an alert sink, the key-set endpoint).
 //! When: the one backoff formula ([`Backoff`]) that effects, alerts, confirmations, ledger
 //! writes, a failed alarm and a desk's probes all take. What next: the one decision of what an
-//! attempt's answer means for the item it sent, the job's effect or a result ([`Next`]).
+//! attempt's answer means for the item it sent, the job's effect or a result ([`Next`]), and
+//! the one way it is applied to that item ([`item`]).
 //!
 //! Guarantees: a 2xx is a success; a timeout, a network error, 408, 409, 429 and any 5xx are
 //! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer,
 //! and a body wanted whole that ran past its cap, is a refusal the peer will repeat. A wait
 //! doubles from its first step and never passes its cap, nor does an asked wait. It sits below
 //! `operation/` and `destination/`, so both call it rather than copy it. Jitter is a parameter.
+
+pub mod item;
 
 use crate::timestamp::parse_http_date_ms;
 

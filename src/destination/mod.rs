@@ -4,12 +4,11 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariant 8): [`desk`] is a pure state machine (time is an
 //! input), so every decision has a host test; [`protocol`] holds the messages between a gate and
-//! its destination's desk, [`sending`] what a send's answers mean and [`item`] how one is
-//! applied to what was sent (the job's effect's and a batch's results' alike). Nothing here knows an operation's record: a desk only holds keys,
+//! its destination's desk, [`sending`] what a send's answers mean (the job's effect's and a
+//! batch's results' alike). Nothing here knows an operation's record: a desk only holds keys,
 //! their due times and counts, and never changes an effect's `webhook-id` (the gate does not
 //! change it for any of this either).
 
 pub mod desk;
-pub mod item;
 pub mod protocol;
 pub mod sending;

@@ -9,7 +9,7 @@
 //! them again but those kept as rows. A claim whose file fails waits on the file's backoff as
 //! a read does; a file parked drops it, so an operator's retry reads its results again from
 //! its start, under their same ids. An answer means for a result what it means for the job's
-//! effect, applied as to it ([`crate::destination::item::apply`]), but a result failing past
+//! effect, applied as to it ([`crate::retry::item::apply`]), but a result failing past
 //! [`Limits::alert_after_ms`] is parked, so the job's effect goes. A result parked (refused, at
 //! once; or failing past the threshold) counts toward the batch's one alert of the spell (until
 //! an operator's retry), raised at the next step and naming how many ([`Step::AlertFailing`]),
@@ -37,10 +37,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::destination::item::{apply, Applied, Item, Policy};
 use crate::operation::AttemptOutcome;
 use crate::results::item::{ResultItem, Source};
 use crate::results::lines::Checkpoint;
+use crate::retry::item::{apply, Applied, Item, Policy};
 use crate::retry::{Backoff, Heard, Run};
 
 /// How a result's send ended ([`crate::destination::sending`]: the job's effect's too).
