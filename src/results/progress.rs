@@ -40,8 +40,8 @@ use serde_json::{json, Value};
 use crate::operation::AttemptOutcome;
 use crate::results::item::{ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::retry::item::{apply, Applied, Item, Policy};
-use crate::retry::{Backoff, Heard, Run};
+use crate::retry::item::{apply, Item, Policy};
+use crate::retry::{Backoff, Heard, Next, Run};
 
 /// How a result's send ended ([`crate::destination::sending`]: the job's effect's too).
 pub use crate::destination::sending::Sending;
@@ -600,19 +600,19 @@ impl Progress {
             give_up_after_ms: Some(limits.alert_after_ms),
         };
         match apply(&mut row, heard, policy, now_ms, jitter) {
-            Applied::Delivered => {
+            Next::Delivered => {
                 self.counts.delivered += 1;
                 self.unmetered += 1;
                 None
             }
-            Applied::RetryAt(_) => {
+            Next::RetryAt { .. } => {
                 self.rows.insert(row.index, row.clone());
                 Some(row)
             }
             // Parked (refused, at once; or given up): counted toward the batch's one
             // `results_failing` of this spell, raised at the next step, as the job's refused
             // effect alerts at once; one alert for the spell however many, never one per result.
-            Applied::Refused | Applied::GaveUp => {
+            Next::Park(_) | Next::GaveUp { .. } => {
                 self.counts.parked += 1;
                 self.gave_up += 1;
                 Some(row)

@@ -1,16 +1,15 @@
 //! How a destination's answer is applied to the thing that was sent, the job's effect or one
-//! result alike (the job's effect is a batch of one): [`apply`] decides once, by the one
-//! [`Backoff::decide`], whether the [`Item`] was delivered, is sent again at a time, is parked
-//! (refused), or is given up (failing past its [`Policy`]'s limit), and makes that one change.
+//! result alike (the job's effect is a batch of one): [`apply`] decides once whether the
+//! [`Item`] was delivered, is sent again at a time, is parked (refused), or is given up
+//! (failing past its [`Policy`]'s limit), and makes that one change.
 //!
-//! Guarantees: pure (time and jitter are inputs; the jitter is the backoff's alone); an answer
-//! changes an item through exactly one of [`Item::delivered`], [`Item::retry_at`],
-//! [`Item::park`] and [`Item::give_up`]; an item whose policy has no limit (the job's effect,
-//! docs/DESIGN.md invariant 3) is never given up, only parked on a refusal. Whether an answer
-//! still counts (a stale claim's, a late one, a row settled meanwhile) is checked by its caller
-//! first: what reaches [`apply`] is applied.
+//! Guarantees: pure (time and jitter are inputs); an answer changes an item through exactly
+//! one of [`Item::delivered`], [`Item::retry_at`], [`Item::park`] and [`Item::give_up`]; an
+//! item whose policy has no limit (the job's effect, docs/DESIGN.md invariant 3) is never given
+//! up, only parked on a refusal. Whether an answer still counts (a stale claim's, a late one, a
+//! row settled meanwhile) is its caller's to check first: what reaches [`apply`] is applied.
 
-use crate::retry::{Backoff, Heard, Next, Run};
+use crate::retry::{AttemptOutcome, Backoff, Heard, Next, Run};
 
 /// A thing sent to a destination, as an answer changes it.
 pub trait Item {
@@ -19,11 +18,11 @@ pub trait Item {
     /// The destination accepted it at `now_ms`.
     fn delivered(&mut self, now_ms: i64);
     /// It is sent again no sooner than `at_ms`, after `why`, its run failing since
-    /// `failing_since_ms` (when it keeps that clock).
+    /// `failing_since_ms` (for an item that keeps that clock).
     fn retry_at(&mut self, at_ms: i64, failing_since_ms: Option<i64>, why: &str);
     /// The destination refused it for good (`why`): parked at `now_ms`.
     fn park(&mut self, why: &str, now_ms: i64);
-    /// Failing `failing_ms`, past its policy's limit (`why`: the last answer): parked at
+    /// Failing `_failing_ms`, past its policy's limit (`why`: the last answer): parked at
     /// `now_ms`, by default as a refusal is.
     fn give_up(&mut self, _failing_ms: i64, why: &str, now_ms: i64) {
         self.park(why, now_ms);
@@ -38,54 +37,62 @@ pub struct Policy {
     pub give_up_after_ms: Option<i64>,
 }
 
-/// What an answer did to the item.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Applied {
-    Delivered,
-    RetryAt(i64),
-    /// Parked: refused.
-    Refused,
-    /// Parked: failing past the policy's limit.
-    GaveUp,
-}
-
-/// Applies what was `heard` at `now_ms` to `item` under `policy`.
-pub fn apply(
-    item: &mut impl Item,
-    heard: Heard,
-    policy: Policy,
-    now_ms: i64,
-    jitter: f64,
-) -> Applied {
-    let (run, give_up) = (item.run(), policy.give_up_after_ms);
-    match policy.backoff.decide(heard, run, give_up, now_ms, jitter) {
-        Next::Delivered => {
-            item.delivered(now_ms);
-            Applied::Delivered
-        }
+/// Applies what was `heard` at `now_ms` to `item` under `policy`, and says what it did. A
+/// retry waits the jittered backoff, or the wait the destination asked for when longer, within
+/// the cap (a `Retry-After` of a day holds nothing past `max_ms`). A run failing
+/// `give_up_after_ms` (after one retry at least) is given up at its next failure.
+pub fn apply(item: &mut impl Item, heard: Heard, policy: Policy, now_ms: i64, jitter: f64) -> Next {
+    let next = decide(heard, item.run(), policy, now_ms, jitter);
+    match &next {
+        Next::Delivered => item.delivered(now_ms),
         Next::RetryAt {
             at_ms,
-            failing_since_ms,
+            failing_since_ms: since,
             why,
-        } => {
-            item.retry_at(at_ms, failing_since_ms, &why);
-            Applied::RetryAt(at_ms)
+        } => item.retry_at(*at_ms, *since, why),
+        Next::Park(why) => item.park(why, now_ms),
+        Next::GaveUp { failing_ms, why } => item.give_up(*failing_ms, why, now_ms),
+    }
+    next
+}
+
+fn decide(heard: Heard, run: Run, policy: Policy, now_ms: i64, jitter: f64) -> Next {
+    let (why, since, asked) = match heard {
+        Heard::Nothing(why) => (why, run.failing_since_ms, None),
+        Heard::Answer(AttemptOutcome::Delivered, _) => return Next::Delivered,
+        Heard::Answer(AttemptOutcome::Park(why), _) => return Next::Park(why.clone()),
+        Heard::Answer(AttemptOutcome::Retry(why), asked) => {
+            let since = run.failing_since_ms.unwrap_or(now_ms);
+            let failing_ms = now_ms - since;
+            let over = |after| failing_ms >= after && run.attempts > 1;
+            if policy.give_up_after_ms.is_some_and(over) {
+                let why = why.clone();
+                return Next::GaveUp { failing_ms, why };
+            }
+            (why.as_str(), Some(since), asked)
         }
-        Next::Park(why) => {
-            item.park(&why, now_ms);
-            Applied::Refused
-        }
-        Next::GaveUp { failing_ms, why } => {
-            item.give_up(failing_ms, &why, now_ms);
-            Applied::GaveUp
-        }
+    };
+    let Policy { backoff, .. } = policy;
+    let wait = backoff.jittered(run.attempts, jitter);
+    Next::RetryAt {
+        at_ms: now_ms + asked.map_or(wait, |asked| wait.max(asked.min(backoff.max_ms))),
+        failing_since_ms: since,
+        why: why.to_string(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry::AttemptOutcome;
+
+    /// What an answer did, in short.
+    #[derive(Debug, PartialEq)]
+    enum Applied {
+        Delivered,
+        RetryAt(i64),
+        Refused,
+        GaveUp,
+    }
 
     /// An item that keeps its run and every change an answer made to it.
     #[derive(Debug, Default)]
@@ -139,7 +146,12 @@ mod tests {
             run,
             ..Sent::default()
         };
-        let applied = apply(&mut item, heard, policy, NOW, jitter);
+        let applied = match apply(&mut item, heard, policy, NOW, jitter) {
+            Next::Delivered => Applied::Delivered,
+            Next::RetryAt { at_ms, .. } => Applied::RetryAt(at_ms),
+            Next::Park(_) => Applied::Refused,
+            Next::GaveUp { .. } => Applied::GaveUp,
+        };
         assert_eq!(item.changes.len(), 1, "one change: {:?}", item.changes);
         (applied, item.changes.remove(0))
     }

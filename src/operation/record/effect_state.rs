@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::operation::alert::AlertKind;
 use crate::operation::record::{is_zero, Operation, OperatorNote, OperatorRefusal};
-use crate::retry::item::{apply, Applied, Item, Policy};
-use crate::retry::{AttemptOutcome, Backoff, Heard, Run};
+use crate::retry::item::{apply, Item, Policy};
+use crate::retry::{AttemptOutcome, Backoff, Heard, Next, Run};
 
 /// Where a side effect stands when the gate answers. The gate never runs an attempt while a
 /// command waits: every attempt runs from its alarm (one runner), so an answer never waits on
@@ -238,7 +238,8 @@ impl Operation {
             // A lapsed claim (its attempt died before it committed) ends here. Kept, its
             // expiry, now past, would stay the gate's wake time (`wake_at_ms` follows a claim
             // first) and fire the alarm again and again, doing nothing, for as long as the wait
-            // lasts. Its late answer is fenced as if the next claim had replaced it (`finish_attempt`).
+            // lasts. Its late answer is fenced as if the next claim had replaced it
+            // (`finish_attempt`).
             Queued::Effect => {
                 self.effect.claim = None;
                 self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(fallback);
@@ -317,9 +318,9 @@ impl Operation {
             give_up_after_ms: None,
         };
         match apply(&mut Attempted(self), heard, policy, now_ms, jitter) {
-            Applied::Delivered => Finished::Done,
-            Applied::RetryAt(at_ms) => Finished::RetryAt(at_ms),
-            Applied::Refused | Applied::GaveUp => Finished::Parked,
+            Next::Delivered => Finished::Done,
+            Next::RetryAt { at_ms, .. } => Finished::RetryAt(at_ms),
+            Next::Park(_) | Next::GaveUp { .. } => Finished::Parked,
         }
     }
 
@@ -411,8 +412,7 @@ impl Operation {
 impl Operation {
     /// A test's shorthand: finishes the attempt under `claim` with the answer that decides
     /// `next` ([`Operation::finish_attempt`]; a retry's whole wait is its backoff's step).
-    pub fn finish(&mut self, claim: &Claim, next: &crate::retry::Next, now_ms: i64) -> Finished {
-        use crate::retry::Next;
+    pub fn finish(&mut self, claim: &Claim, next: &Next, now_ms: i64) -> Finished {
         let (outcome, wait) = match next {
             Next::Delivered => (AttemptOutcome::Delivered, 0),
             Next::RetryAt { at_ms, why, .. } => {
