@@ -115,6 +115,10 @@ mod tests {
         fn park(&mut self, why: &str, now_ms: i64) {
             self.changes.push(format!("parked at {now_ms}: {why}"));
         }
+        fn give_up(&mut self, failing_ms: i64, why: &str, now_ms: i64) {
+            let change = format!("given up at {now_ms} after failing {failing_ms}: {why}");
+            self.changes.push(change);
+        }
     }
 
     const NOW: i64 = 100_000;
@@ -210,13 +214,45 @@ mod tests {
         let busy = AttemptOutcome::Retry("503".into());
         let heard = Heard::Answer(&busy, None);
         let got = applied(heard, (2, Some(90_000)), RESULT, 1.0);
-        assert_eq!(got, (Applied::GaveUp, "parked at 100000: 503".into()));
+        let change = "given up at 100000 after failing 10000: 503".to_string();
+        assert_eq!(got, (Applied::GaveUp, change));
         // Past the limit at its first attempt: one retry first.
         let first = applied(heard, (1, Some(0)), RESULT, 1.0);
         assert_eq!(first.0, Applied::RetryAt(101_000));
         // Within the limit: retried.
         let within = applied(heard, (2, Some(95_000)), RESULT, 1.0);
         assert_eq!(within.0, Applied::RetryAt(102_000));
+    }
+
+    /// An item with no way of its own to give up is parked as for a refusal.
+    #[test]
+    fn giving_up_parks_by_default() {
+        struct Parks(Vec<String>);
+        impl Item for Parks {
+            fn run(&self) -> Run {
+                Run {
+                    attempts: 2,
+                    failing_since_ms: Some(0),
+                }
+            }
+            fn delivered(&mut self, _: i64) {}
+            fn retry_at(&mut self, _: i64, _: Option<i64>, _: &str) {}
+            fn park(&mut self, why: &str, now_ms: i64) {
+                self.0.push(format!("parked at {now_ms}: {why}"));
+            }
+        }
+        let busy = AttemptOutcome::Retry("503".into());
+        let mut item = Parks(Vec::new());
+        let next = apply(&mut item, Heard::Answer(&busy, None), RESULT, NOW, 1.0);
+        let why = "503".to_string();
+        assert_eq!(
+            next,
+            Next::GaveUp {
+                failing_ms: NOW,
+                why
+            }
+        );
+        assert_eq!(item.0, ["parked at 100000: 503"]);
     }
 
     #[test]
