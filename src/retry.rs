@@ -3,13 +3,16 @@
 //! destination, Gemini's status API and webhook listing, an alert sink, the key-set endpoint).
 //! When: the one backoff formula ([`Backoff`]) that effects, alerts, confirmations, ledger
 //! writes, a failed alarm and a desk's probes all take. What next: the one decision of what an
-//! attempt's answer means for the item it sent, the job's effect or a result ([`Next`]).
+//! attempt's answer means for the item it sent, the job's effect or a result, applied to it
+//! ([`item::apply`]: [`Next`]).
 //!
 //! Guarantees: a 2xx is a success; a timeout, a network error, 408, 409, 429 and any 5xx are
 //! worth retrying later (with backoff, or after the peer's `Retry-After`); every other answer,
 //! and a body wanted whole that ran past its cap, is a refusal the peer will repeat. A wait
 //! doubles from its first step and never passes its cap, nor does an asked wait. It sits below
 //! `operation/` and `destination/`, so both call it rather than copy it. Jitter is a parameter.
+
+pub mod item;
 
 use crate::timestamp::parse_http_date_ms;
 
@@ -135,42 +138,6 @@ impl Backoff {
     pub fn following(self, wait_ms: i64) -> i64 {
         let steps = (1..32).find(|&n| self.after(n) >= wait_ms).unwrap_or(32);
         self.after(steps + 1)
-    }
-
-    /// The one decision, for the job's effect and each result: what the answer `heard` at
-    /// `now_ms` to an attempt of an item (its `run`) means next. A retry waits the jittered
-    /// backoff, or the wait the destination asked for when longer, within the cap (a
-    /// `Retry-After` of a day holds nothing past `max_ms`). A run failing `give_up_after_ms`
-    /// (after one retry at least) is given up at its next failure; `None`: retried until done
-    /// or refused.
-    pub fn decide(
-        self,
-        heard: Heard,
-        run: Run,
-        give_up_after_ms: Option<i64>,
-        now_ms: i64,
-        jitter: f64,
-    ) -> Next {
-        let (why, since, asked) = match heard {
-            Heard::Nothing(why) => (why, run.failing_since_ms, None),
-            Heard::Answer(AttemptOutcome::Delivered, _) => return Next::Delivered,
-            Heard::Answer(AttemptOutcome::Park(why), _) => return Next::Park(why.clone()),
-            Heard::Answer(AttemptOutcome::Retry(why), asked) => {
-                let since = run.failing_since_ms.unwrap_or(now_ms);
-                let failing_ms = now_ms - since;
-                if give_up_after_ms.is_some_and(|after| failing_ms >= after && run.attempts > 1) {
-                    let why = why.clone();
-                    return Next::GaveUp { failing_ms, why };
-                }
-                (why.as_str(), Some(since), asked)
-            }
-        };
-        let wait = self.jittered(run.attempts, jitter);
-        Next::RetryAt {
-            at_ms: now_ms + asked.map_or(wait, |asked| wait.max(asked.min(self.max_ms))),
-            failing_since_ms: since,
-            why: why.to_string(),
-        }
     }
 }
 
@@ -333,6 +300,25 @@ mod tests {
     }
 
     const B: Backoff = Backoff::new(1_000, 60_000);
+
+    /// A run as an item that keeps nothing: what an answer means next for it
+    /// ([`item::apply`], under the backoff `B` and the patience `give_up`).
+    impl item::Item for Run {
+        fn run(&self) -> Run {
+            *self
+        }
+        fn delivered(&mut self, _: i64) {}
+        fn retry_at(&mut self, _: i64, _: Option<i64>, _: &str) {}
+        fn park(&mut self, _: &str, _: i64) {}
+    }
+
+    fn decide(heard: Heard, run: Run, give_up: Option<i64>, now: i64, jitter: f64) -> Next {
+        let policy = item::Policy {
+            backoff: B,
+            give_up_after_ms: give_up,
+        };
+        item::apply(&mut run.clone(), heard, policy, now, jitter)
+    }
     /// The job's effect: never given up.
     const JOB: Option<i64> = None;
     /// A result's: given up after failing 10 s.
@@ -364,7 +350,7 @@ mod tests {
                 attempts,
                 failing_since_ms: None,
             };
-            let next = B.decide(Heard::Answer(&busy, asked), run, JOB, 0, 1.0);
+            let next = decide(Heard::Answer(&busy, asked), run, JOB, 0, 1.0);
             assert_eq!(next, retry_at(wait, Some(0), "503"), "{attempts} {asked:?}");
         }
     }
@@ -397,7 +383,7 @@ mod tests {
                 Class::Refused => AttemptOutcome::Park("x".into()),
             };
             let heard = Heard::Answer(&outcome, answer.asked_wait_ms(0));
-            let next = match B.decide(heard, run, JOB, 0, 1.0) {
+            let next = match decide(heard, run, JOB, 0, 1.0) {
                 Next::RetryAt { at_ms, .. } => Some(at_ms),
                 _ => None,
             };
@@ -405,7 +391,7 @@ mod tests {
         }
     }
 
-    /// One row per branch of [`Backoff::decide`], for the job's effect (no threshold) and a result (10 s).
+    /// One row per branch of [`item::apply`], for the job's effect (no threshold) and a result (10 s).
     #[test]
     fn what_an_answer_means_next_for_the_job_and_a_result_alike() {
         let ok = AttemptOutcome::Delivered;
@@ -507,7 +493,7 @@ mod tests {
             ),
         ];
         for (case, heard, run, give_up, next) in table {
-            assert_eq!(B.decide(heard, run, give_up, 100_000, 1.0), next, "{case}");
+            assert_eq!(decide(heard, run, give_up, 100_000, 1.0), next, "{case}");
         }
     }
 
@@ -515,14 +501,14 @@ mod tests {
     fn a_retry_is_jittered_down_by_a_quarter_at_most() {
         let busy = AttemptOutcome::Retry("503".into());
         let heard = Heard::Answer(&busy, None);
-        let at = |jitter| match B.decide(heard, Run::default(), JOB, 0, jitter) {
+        let at = |jitter| match decide(heard, Run::default(), JOB, 0, jitter) {
             Next::RetryAt { at_ms, .. } => at_ms,
             other => panic!("{other:?}"),
         };
         assert_eq!((at(0.0), at(1.0)), (750, 1_000));
         // An asked wait is not shortened.
         let asked = Heard::Answer(&busy, Some(5_000));
-        let next = B.decide(asked, Run::default(), JOB, 0, 0.0);
+        let next = decide(asked, Run::default(), JOB, 0, 0.0);
         assert_eq!(next, retry_at(5_000, Some(0), "503"));
     }
 }

@@ -25,7 +25,7 @@ use gemini_once::operation::observation::{StatusError, DEFAULT_RETRY_AFTER_SECS}
 use gemini_once::operation::{AttemptOutcome, Claim, Finished, OpEvent, Operation};
 use gemini_once::operator::access::Scope;
 use gemini_once::reconciliation::status;
-use gemini_once::retry::Next;
+use gemini_once::retry::{Backoff, Heard};
 use gemini_once::signature::{self, Secret, SignatureError, SignedHeaders};
 
 /// The row of [`VARIABLES`] called `name`, if the worker reads one.
@@ -392,15 +392,13 @@ proptest! {
                         TokenPick::Arbitrary(t) => *t,
                     };
                     let current = matches!(before.effect().claim(), Some(c) if c.token == token);
-                    let next = match outcome {
-                        AttemptOutcome::Delivered => Next::Delivered,
-                        AttemptOutcome::Retry(why) => Next::RetryAt { at_ms: now + backoff, failing_since_ms: None, why: why.clone() },
-                        AttemptOutcome::Park(why) => Next::Park(why.clone()),
-                    };
+                    // A backoff of one step, `backoff`, whatever the failures (no jitter).
+                    let heard = Heard::Answer(outcome, None);
+                    let backoff = Backoff::new(*backoff, *backoff);
                     // Generation 0 (a claim stored before claims kept theirs) is never current, so
                     // an answer under a stale token is fenced whatever it says (no late 2xx).
                     let claim = Claim { token, expires_ms: 0, generation: 0 };
-                    let result = op.finish(&claim, &next, *now);
+                    let result = op.finish_attempt(&claim, heard, backoff, *now, 1.0);
                     if !current {
                         prop_assert_eq!(result, Finished::Fenced);
                         prop_assert_eq!(&op, &before, "a fenced finish changed the record");
@@ -413,9 +411,9 @@ proptest! {
                                 prop_assert_eq!(op.effect().done_at_ms(), Some(*now));
                             }
                             AttemptOutcome::Retry(_) => {
-                                prop_assert_eq!(result, Finished::RetryAt(now + backoff));
+                                prop_assert_eq!(result, Finished::RetryAt(now + backoff.first_ms));
                                 prop_assert_eq!(op.effect().done(), before.effect().done());
-                                prop_assert_eq!(op.effect().next_attempt_ms(), now + backoff);
+                                prop_assert_eq!(op.effect().next_attempt_ms(), now + backoff.first_ms);
                             }
                             AttemptOutcome::Park(_) => {
                                 prop_assert_eq!(result, Finished::Parked);

@@ -9,7 +9,7 @@
 //! them again but those kept as rows. A claim whose file fails waits on the file's backoff as
 //! a read does; a file parked drops it, so an operator's retry reads its results again from
 //! its start, under their same ids. An answer means for a result what it means for the job's
-//! effect ([`crate::retry::Backoff::decide`]), but a result failing past
+//! effect, applied as to it ([`crate::retry::item::apply`]), but a result failing past
 //! [`Limits::alert_after_ms`] is parked, so the job's effect goes. A result parked (refused, at
 //! once; or failing past the threshold) counts toward the batch's one alert of the spell (until
 //! an operator's retry), raised at the next step and naming how many ([`Step::AlertFailing`]),
@@ -40,6 +40,7 @@ use serde_json::{json, Value};
 use crate::operation::AttemptOutcome;
 use crate::results::item::{ResultItem, Source};
 use crate::results::lines::Checkpoint;
+use crate::retry::item::{apply, Item, Policy};
 use crate::retry::{Backoff, Heard, Next, Run};
 
 /// How a result's send ended ([`crate::destination::sending`]: the job's effect's too).
@@ -166,6 +167,38 @@ impl Row {
     /// Whether it is parked (else it waits for a retry).
     pub fn parked(&self) -> bool {
         self.next_at_ms.is_none()
+    }
+}
+
+/// A result as an answer changes it ([`apply`]): it counts its attempts at its answers
+/// (a chunk cut short is sent again at once under its ids) and keeps its failing clock; a
+/// delivered one is forgotten, so nothing on it changes.
+impl Item for Row {
+    fn run(&self) -> Run {
+        let (attempts, failing_since_ms) = (self.attempts, self.failing_since_ms);
+        Run {
+            attempts,
+            failing_since_ms,
+        }
+    }
+
+    fn delivered(&mut self, _now_ms: i64) {}
+
+    fn retry_at(&mut self, at_ms: i64, failing_since_ms: Option<i64>, why: &str) {
+        self.failing_since_ms = failing_since_ms;
+        self.last_error = clipped(why, ERROR_KEPT_CHARS);
+        self.next_at_ms = Some(at_ms);
+    }
+
+    fn park(&mut self, why: &str, _now_ms: i64) {
+        self.last_error = clipped(why, ERROR_KEPT_CHARS);
+        self.next_at_ms = None;
+    }
+
+    fn give_up(&mut self, failing_ms: i64, why: &str, now_ms: i64) {
+        let age = crate::operation::alert::human_age(failing_ms / 1_000);
+        let why = format!("failing for {age}, {} attempts; last: {why}", self.attempts);
+        self.park(&why, now_ms);
     }
 }
 
@@ -559,39 +592,30 @@ impl Progress {
         self.rows.remove(&row.index);
         let heard = self.hear(&mut row, outcome, now_ms, limits);
         self.failed += u64::from(matches!(heard, Heard::Answer(AttemptOutcome::Retry(_), _)));
-        let run = Run {
-            attempts: row.attempts,
-            failing_since_ms: row.failing_since_ms,
-        };
         // A result is given up past the threshold (parked, and the batch alerts once) rather
         // than the job's effect waiting behind it. Its `Retry-After` holds the whole batch
         // instead (`results::marks::committed`), since only a batch's step sends a row again.
-        let give_up = Some(limits.alert_after_ms);
-        match limits.retry.decide(heard, run, give_up, now_ms, jitter) {
+        let policy = Policy {
+            backoff: limits.retry,
+            give_up_after_ms: Some(limits.alert_after_ms),
+        };
+        match apply(&mut row, heard, policy, now_ms, jitter) {
             Next::Delivered => {
                 self.counts.delivered += 1;
                 self.unmetered += 1;
                 None
             }
-            Next::RetryAt {
-                at_ms,
-                failing_since_ms,
-                why,
-            } => {
-                row.failing_since_ms = failing_since_ms;
-                row.last_error = clipped(&why, ERROR_KEPT_CHARS);
-                row.next_at_ms = Some(at_ms);
+            Next::RetryAt { .. } => {
                 self.rows.insert(row.index, row.clone());
                 Some(row)
             }
-            // Refused: parked at once, and counted toward the batch's one `results_failing`
-            // of this spell, raised at the next step, as the job's refused effect alerts at
-            // once; one alert for the spell however many are refused, never one per result.
-            Next::Park(why) => Some(self.park(row, &why)),
-            Next::GaveUp { failing_ms, why } => {
-                let age = crate::operation::alert::human_age(failing_ms / 1_000);
-                let why = format!("failing for {age}, {} attempts; last: {why}", row.attempts);
-                Some(self.park(row, &why))
+            // Parked (refused, at once; or given up): counted toward the batch's one
+            // `results_failing` of this spell, raised at the next step, as the job's refused
+            // effect alerts at once; one alert for the spell however many, never one per result.
+            Next::Park(_) | Next::GaveUp { .. } => {
+                self.counts.parked += 1;
+                self.gave_up += 1;
+                Some(row)
             }
         }
     }
@@ -638,16 +662,6 @@ impl Progress {
             SendersAlert::Raised | SendersAlert::Resolve => SendersAlert::Resolve,
             SendersAlert::Quiet | SendersAlert::Due => SendersAlert::Quiet,
         };
-    }
-
-    /// Parks a result (refused, or given up past the alert threshold): counted, no longer
-    /// waiting, and counted toward the batch's one `results_failing` of this spell.
-    fn park(&mut self, mut row: Row, why: &str) -> Row {
-        row.last_error = clipped(why, ERROR_KEPT_CHARS);
-        row.next_at_ms = None;
-        self.counts.parked += 1;
-        self.gave_up += 1;
-        row
     }
 
     /// What a commit (from counts `before`) adds to `/metrics`, when it is time to write it

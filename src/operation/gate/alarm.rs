@@ -31,7 +31,7 @@ use crate::operation::observation::{Observation, StatusError};
 use crate::operation::{
     AttemptOutcome, Claim, DeskMark, Finished, OpEvent, Operation, PendingAlert, Queued,
 };
-use crate::retry::{Heard, Next, Run};
+use crate::retry::Heard;
 use crate::telemetry::counters::{
     acceptance_bucket, labelled, Counter, StatEvent, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM,
     ALERTS_BY_KIND_PREFIX, EFFECT_RETRY_AFTER, EFFECT_TO_PREFIX,
@@ -522,22 +522,6 @@ fn count_attempt(op: &mut Operation, finished: &Finished, attempt: &Attempt) {
     }
 }
 
-/// What an attempt's answer means, decided as for every result, but a job's effect is never
-/// given up (invariant 3): nothing waits behind it, and its `effect_failing` comes from the
-/// pass, which dates it from settlement (the ledger has no failure time), so it keeps no failing
-/// clock. Its attempts count from their claims, so a lapsed claim backs off too (a result's
-/// count at its answer: a chunk cut short is sent again at once under its ids).
-fn decided(op: &Operation, attempt: &Attempt, limits: &GateLimits, jitter: f64) -> Next {
-    let run = Run {
-        attempts: op.effect().failures_in_row(),
-        failing_since_ms: None,
-    };
-    let heard = Heard::Answer(&attempt.outcome, attempt.asked_wait_ms);
-    limits
-        .retry
-        .decide(heard, run, None, attempt.finished_ms, jitter)
-}
-
 /// Commits an attempt under its claim's fencing token: done, a retry after backoff, or parked;
 /// an answer under a token no longer current changes nothing (another attempt took over).
 pub fn attempt_finished(
@@ -546,8 +530,9 @@ pub fn attempt_finished(
     limits: &GateLimits,
     jitter: f64,
 ) -> Step<AlarmDone> {
-    let next = decided(&op, attempt, limits, jitter);
-    let finished = op.finish(&attempt.claim, &next, attempt.finished_ms);
+    let heard = Heard::Answer(&attempt.outcome, attempt.asked_wait_ms);
+    let at = attempt.finished_ms;
+    let finished = op.finish_attempt(&attempt.claim, heard, limits.retry, at, jitter);
     count_attempt(&mut op, &finished, attempt);
     if finished == Finished::Parked {
         // A refusal the destination will repeat needs a person now: the alert is queued here

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::operation::alert::AlertKind;
 use crate::operation::record::{is_zero, Operation, OperatorNote, OperatorRefusal};
-use crate::retry::Next;
+use crate::retry::item::{apply, Item, Policy};
+use crate::retry::{AttemptOutcome, Backoff, Heard, Next, Run};
 
 /// Where a side effect stands when the gate answers. The gate never runs an attempt while a
 /// command waits: every attempt runs from its alarm (one runner), so an answer never waits on
@@ -154,7 +155,7 @@ impl Effect {
     }
 }
 
-/// What [`Operation::finish`] did with an attempt's outcome.
+/// What [`Operation::finish_attempt`] did with an attempt's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finished {
     Done,
@@ -166,6 +167,40 @@ pub enum Finished {
     /// the destination has this generation's effect, so it is done (a newer claim of the same
     /// generation still in flight carries the same `webhook-id`, a repeat a receiver drops).
     LateDone,
+}
+
+/// The job's effect as the item its attempt sent ([`apply`]). Its attempts count from its
+/// claims, so a lapsed claim backs off too (a result's count at its answer: a chunk cut short
+/// is sent again at once under its ids). It keeps no failing clock: its `effect_failing` comes
+/// from the pass, which dates it from settlement (the ledger has no failure time).
+struct Attempted<'a>(&'a mut Operation);
+
+impl Item for Attempted<'_> {
+    fn run(&self) -> Run {
+        let attempts = self.0.effect.failures_in_row;
+        Run {
+            attempts,
+            ..Run::default()
+        }
+    }
+
+    fn delivered(&mut self, now_ms: i64) {
+        self.0.mark_done(now_ms);
+    }
+
+    fn retry_at(&mut self, at_ms: i64, _failing_since_ms: Option<i64>, why: &str) {
+        self.0.effect.last_error = Some(why.to_string());
+        self.0.effect.next_attempt_ms = at_ms;
+    }
+
+    fn park(&mut self, why: &str, now_ms: i64) {
+        self.0.effect.last_error = Some(why.to_string());
+        let answer = why.to_string();
+        self.0.effect.parked = Some(Parked {
+            at_ms: now_ms,
+            answer,
+        });
+    }
 }
 
 impl Operation {
@@ -203,7 +238,8 @@ impl Operation {
             // A lapsed claim (its attempt died before it committed) ends here. Kept, its
             // expiry, now past, would stay the gate's wake time (`wake_at_ms` follows a claim
             // first) and fire the alarm again and again, doing nothing, for as long as the wait
-            // lasts. Its late answer is fenced as if the next claim had replaced it (`finish`).
+            // lasts. Its late answer is fenced as if the next claim had replaced it
+            // (`finish_attempt`).
             Queued::Effect => {
                 self.effect.claim = None;
                 self.effect.next_attempt_ms = self.effect.next_attempt_ms.max(fallback);
@@ -246,15 +282,23 @@ impl Operation {
         true
     }
 
-    /// Records what the attempt under `claim` decided ([`crate::retry::Backoff::decide`]):
-    /// done, a retry at its time, or parked (a job's effect has no threshold to give up at).
-    /// An answer under a token no longer current is discarded, unless it is a 2xx for the
-    /// generation still owed, which the destination now has (`Finished::LateDone`). The newer
-    /// claim (if any) is left as it is; its own answer then changes nothing.
-    pub fn finish(&mut self, claim: &Claim, next: &Next, now_ms: i64) -> Finished {
+    /// Applies the answer `heard` to the attempt under `claim` ([`apply`], the job's backoff
+    /// `backoff`; a job's effect is never given up: invariant 3): done, a retry at its time, or
+    /// parked. An answer under a token no longer current is discarded, unless it is a 2xx for
+    /// the generation still owed, which the destination now has (`Finished::LateDone`). The
+    /// newer claim (if any) is left as it is; its own answer then changes nothing.
+    pub fn finish_attempt(
+        &mut self,
+        claim: &Claim,
+        heard: Heard,
+        backoff: Backoff,
+        now_ms: i64,
+        jitter: f64,
+    ) -> Finished {
+        let delivered = matches!(heard, Heard::Answer(AttemptOutcome::Delivered, _));
         if self.effect.claim.is_none_or(|c| c.token != claim.token) {
             let current = claim.generation != 0 && claim.generation == self.effect.generation;
-            if *next != Next::Delivered || !current || !self.effect_owed() {
+            if !delivered || !current || !self.effect_owed() {
                 return Finished::Fenced;
             }
             self.effect.desk = None;
@@ -269,24 +313,14 @@ impl Operation {
         }
         self.effect.claim = None;
         self.changed();
-        match next {
-            Next::Delivered => {
-                self.mark_done(now_ms);
-                Finished::Done
-            }
-            Next::RetryAt { at_ms, why, .. } => {
-                self.effect.last_error = Some(why.clone());
-                self.effect.next_attempt_ms = *at_ms;
-                Finished::RetryAt(*at_ms)
-            }
-            Next::Park(answer) | Next::GaveUp { why: answer, .. } => {
-                self.effect.last_error = Some(answer.clone());
-                self.effect.parked = Some(Parked {
-                    at_ms: now_ms,
-                    answer: answer.clone(),
-                });
-                Finished::Parked
-            }
+        let policy = Policy {
+            backoff,
+            give_up_after_ms: None,
+        };
+        match apply(&mut Attempted(self), heard, policy, now_ms, jitter) {
+            Next::Delivered => Finished::Done,
+            Next::RetryAt { at_ms, .. } => Finished::RetryAt(at_ms),
+            Next::Park(_) | Next::GaveUp { .. } => Finished::Parked,
         }
     }
 
@@ -371,5 +405,22 @@ impl Operation {
         self.rearm_alert(AlertKind::EffectFailing);
         self.changed();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl Operation {
+    /// A test's shorthand: finishes the attempt under `claim` with the answer that decides
+    /// `next` ([`Operation::finish_attempt`]; a retry's whole wait is its backoff's step).
+    pub fn finish(&mut self, claim: &Claim, next: &Next, now_ms: i64) -> Finished {
+        let (outcome, wait) = match next {
+            Next::Delivered => (AttemptOutcome::Delivered, 0),
+            Next::RetryAt { at_ms, why, .. } => {
+                (AttemptOutcome::Retry(why.clone()), at_ms - now_ms)
+            }
+            Next::Park(why) | Next::GaveUp { why, .. } => (AttemptOutcome::Park(why.clone()), 0),
+        };
+        let heard = Heard::Answer(&outcome, None);
+        self.finish_attempt(claim, heard, Backoff::new(wait, wait), now_ms, 1.0)
     }
 }
