@@ -108,16 +108,9 @@ pub enum Seen {
     Told(Option<bool>),
 }
 
-/// Whose answers a step's sends carry, for their commit.
-#[derive(Debug, Clone, PartialEq)]
-enum Carries {
-    /// Claim number `chunk`'s, before `reached`.
-    Chunk {
-        chunk: u64,
-        reached: Checkpoint,
-    },
-    Rows,
-}
+/// The chunk a step's sends carry the answers of: claim number `chunk`'s, before `reached`
+/// (`None`: the rows').
+type Carries = Option<(u64, Checkpoint)>;
 
 /// Where the step stands: what it waits to be told, with what it holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,19 +155,19 @@ pub struct ResultsPlan {
 }
 
 impl ResultsPlan {
-    /// The step of `op`'s results at `now`; it does nothing unless they are due (the alarm
-    /// also runs for other work: a wait the results chose holds until it is over).
-    pub fn new(op: &Operation, now: i64, limits: Limits) -> ResultsPlan {
-        let due = op.results_due_ms().is_some_and(|at| at <= now);
-        ResultsPlan {
-            stage: if due { Stage::Start } else { Stage::Over },
+    /// The step of `op`'s results at `now`, when they are due (the alarm also runs for other
+    /// work: a wait the results chose holds until it is over).
+    pub fn new(op: &Operation, now: i64, limits: Limits) -> Option<ResultsPlan> {
+        op.results_due_ms().filter(|&at| at <= now)?;
+        Some(ResultsPlan {
+            stage: Stage::Start,
             now,
             limits,
             mark: op.effect().desk(),
             settled_ms: op.settled_at_ms(),
             updated_ms: op.update_time_ms(),
             file: file_of_details(op.details()),
-        }
+        })
     }
 
     /// The next piece of work, given what the last one gave (`Seen::Nothing` first) at `now`;
@@ -221,34 +214,18 @@ impl ResultsPlan {
                 self.read(fresh.unwrap_or(p), claimed, read)
             }
             (Stage::Claiming(p, items, to), Seen::Committed(Some(claim))) => {
-                let answers = Carries::Chunk {
-                    chunk: claim.chunk,
-                    reached: to,
-                };
-                self.then(Stage::Sending(p, answers), ResultsWork::Send(items))
+                let carries = Some((claim.chunk, to));
+                self.then(Stage::Sending(p, carries), ResultsWork::Send(items))
             }
             (Stage::Rows(p), Seen::Items(items)) => {
-                self.then(Stage::Sending(p, Carries::Rows), ResultsWork::Send(items))
+                self.then(Stage::Sending(p, None), ResultsWork::Send(items))
             }
-            (Stage::Sending(p, kind), Seen::Sent(answers, sent)) => {
-                let stage = Stage::SentThen(p, kind, answers, sent);
+            (Stage::Sending(p, carries), Seen::Sent(answers, sent)) => {
+                let stage = Stage::SentThen(p, carries, answers, sent);
                 self.then(stage, ResultsWork::LoadProgress)
             }
-            (Stage::SentThen(p, kind, answers, sent), Seen::Progress(fresh)) => {
-                let answers = match kind {
-                    Carries::Chunk { chunk, reached } => Answers::Chunk {
-                        chunk,
-                        reached,
-                        answers,
-                    },
-                    Carries::Rows => Answers::Rows(answers),
-                };
-                let committed = Marking::Committed {
-                    progress: fresh.unwrap_or(p),
-                    answers,
-                    asked_wait_ms: sent.asked_wait_ms,
-                };
-                self.commit(Stage::Reporting(sent), committed)
+            (Stage::SentThen(p, carries, answers, sent), Seen::Progress(fresh)) => {
+                self.answered(fresh.unwrap_or(p), carries, answers, sent)
             }
             (Stage::Reporting(sent), _) => self.then(Stage::Reported, ResultsWork::Report(sent)),
             (Stage::Reported, Seen::Told(Some(paused))) => {
@@ -446,16 +423,396 @@ impl ResultsPlan {
         };
         let items = items.into_iter().filter(|i| i.index < claim.to.index);
         let reached = std::cmp::min_by_key(claim.to, to, |c| c.index);
-        let answers = Carries::Chunk {
-            chunk: claim.chunk,
-            reached,
-        };
         let send = ResultsWork::Send(items.collect());
-        self.then(Stage::Sending(p, answers), send)
+        self.then(Stage::Sending(p, Some((claim.chunk, reached))), send)
+    }
+
+    /// The sends' answers, committed on the progress as stored after them, before the desk
+    /// hears of them.
+    fn answered(
+        &mut self,
+        progress: Progress,
+        carries: Carries,
+        answers: Vec<(ResultItem, Sending)>,
+        sent: Sent,
+    ) -> Option<ResultsWork> {
+        let answers = match carries {
+            Some((chunk, reached)) => Answers::Chunk {
+                chunk,
+                reached,
+                answers,
+            },
+            None => Answers::Rows(answers),
+        };
+        let committed = Marking::Committed {
+            progress,
+            answers,
+            asked_wait_ms: sent.asked_wait_ms,
+        };
+        self.commit(Stage::Reporting(sent), committed)
     }
 }
 
 /// The desk queued the batch.
 fn wait(paused: bool, held: Option<ProgressWrite>) -> Marking {
     Marking::Wait { paused, held }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::results::item::Payload;
+    use crate::results::marks::tests::succeeded;
+    use crate::retry::{AttemptOutcome, Backoff};
+
+    const NOW: i64 = 100;
+    const LIMITS: Limits = Limits {
+        file_wait_ms: 30 * 60 * 1_000,
+        retry: Backoff::new(1_000, 60_000),
+        alert_after_ms: 86_400_000,
+    };
+
+    fn at(index: u64) -> Checkpoint {
+        Checkpoint { offset: 0, index }
+    }
+
+    fn item(index: u64) -> ResultItem {
+        ResultItem {
+            result_key: format!("k{index}"),
+            index,
+            payload: Payload::Response(json!({"n": index})),
+        }
+    }
+
+    /// A file's progress, read to `done`.
+    fn reading(done: u64) -> Progress {
+        let name = "files/out".to_string();
+        let mut p = Progress::begin(Source::File { name }, 10);
+        p.done_through = at(done);
+        p
+    }
+
+    /// A file whose last read did not give it, asked for again at `next_at_ms`.
+    fn troubled(next_at_ms: i64) -> Progress {
+        let mut p = reading(0);
+        p.phase = Phase::WaitingForFile {
+            failures: 1,
+            next_at_ms,
+        };
+        p
+    }
+
+    /// What the world answers: the progress as `stored`, a read of three results from where
+    /// it starts, the desk's grant of all (no await), each result delivered, the desk silent.
+    fn world(stored: Progress) -> impl FnMut(&ResultsWork) -> Seen {
+        move |work| match work {
+            ResultsWork::LoadProgress => Seen::Progress(Some(stored.clone())),
+            ResultsWork::Read { from, max, .. } => {
+                let n = u64::from(*max).min(3);
+                let items = (from.index..from.index + n).map(item).collect();
+                Seen::Read(Ok((items, at(from.index + n), n < 3)))
+            }
+            ResultsWork::Turn { ready, .. } => Seen::Turn(Ok(Granted {
+                awaited: false,
+                n: *ready,
+            })),
+            ResultsWork::LoadRows(indexes) => {
+                Seen::Items(indexes.iter().map(|&i| item(i)).collect())
+            }
+            ResultsWork::Send(items) => {
+                let delivered = Sending::Answered(AttemptOutcome::Delivered);
+                let answers = items.iter().map(|i| (i.clone(), delivered.clone()));
+                Seen::Sent(answers.collect(), Sent::default())
+            }
+            ResultsWork::Commit(m) => match &**m {
+                Marking::Claimed { progress, to, last } => {
+                    Seen::Committed(Some(progress.clone().claim(*to, *last)))
+                }
+                _ => Seen::Committed(None),
+            },
+            ResultsWork::Report(_) | ResultsWork::Tell(_) => Seen::Told(None),
+            ResultsWork::Locate | ResultsWork::BackOff(_) | ResultsWork::LoadRecord => {
+                Seen::Nothing
+            }
+        }
+    }
+
+    /// The step of `op`, each work answered by `answer`: the works in order.
+    fn drive(op: &Operation, mut answer: impl FnMut(&ResultsWork) -> Seen) -> Vec<ResultsWork> {
+        let mut plan = ResultsPlan::new(op, NOW, LIMITS).expect("due");
+        let (mut works, mut seen) = (Vec::new(), Seen::Nothing);
+        while let Some(work) = plan.next(seen, NOW) {
+            seen = answer(&work);
+            works.push(work);
+            assert!(works.len() < 40, "{works:?}");
+        }
+        works
+    }
+
+    /// Each work by name (a commit by its marking's).
+    fn names(works: &[ResultsWork]) -> Vec<&'static str> {
+        let name = |w: &ResultsWork| match w {
+            ResultsWork::LoadProgress => "load",
+            ResultsWork::Locate => "locate",
+            ResultsWork::BackOff(_) => "back off",
+            ResultsWork::Read { max: 1, .. } => "check",
+            ResultsWork::Read { .. } => "read",
+            ResultsWork::Turn { .. } => "turn",
+            ResultsWork::LoadRows(_) => "rows",
+            ResultsWork::Send(_) => "send",
+            ResultsWork::Commit(m) => match **m {
+                Marking::Progress(_) => "progress",
+                Marking::Claimed { .. } => "claim",
+                Marking::Committed { .. } => "commit",
+                Marking::ReadFailed(..) => "read failed",
+                Marking::Wait { .. } => "wait",
+                Marking::DueAt(_) => "due",
+                Marking::DeskSpent => "spent",
+                _ => "alert or settled",
+            },
+            ResultsWork::Report(_) => "report",
+            ResultsWork::Tell(_) => "tell",
+            ResultsWork::LoadRecord => "record",
+        };
+        works.iter().map(name).collect()
+    }
+
+    fn last_marking(works: &[ResultsWork]) -> Marking {
+        match works.last() {
+            Some(ResultsWork::Commit(m)) => (**m).clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_step_that_is_not_due_does_nothing() {
+        let mut op = succeeded();
+        op.results_due_at(NOW + 1);
+        assert_eq!(ResultsPlan::new(&op, NOW, LIMITS), None);
+        assert!(ResultsPlan::new(&op, NOW + 1, LIMITS).is_some());
+    }
+
+    /// A chunk: claimed before any send, its answers committed after them (on the progress as
+    /// stored then) and before the desk's report, then the record read as stored.
+    #[test]
+    fn a_chunk_is_claimed_before_its_sends_and_committed_before_the_report() {
+        let works = drive(&succeeded(), world(reading(0)));
+        let happy = [
+            "load", "turn", "read", "load", "claim", "send", "load", "commit", "report", "record",
+        ];
+        assert_eq!(names(&works), happy);
+        let Marking::Committed { answers, .. } = works[7].as_marking() else {
+            panic!("{works:?}");
+        };
+        let Answers::Chunk {
+            chunk,
+            reached,
+            answers,
+        } = answers
+        else {
+            panic!("{answers:?}");
+        };
+        assert_eq!((chunk, reached, answers.len()), (0, at(3), 3));
+        // The desk queues the batch on the report: the wait is committed after the commit.
+        let mut answer = world(reading(0));
+        let queued = drive(&succeeded(), |w: &ResultsWork| match w {
+            ResultsWork::Report(_) => Seen::Told(Some(false)),
+            w => answer(w),
+        });
+        let tail = &names(&queued)[6..];
+        assert_eq!(tail, ["load", "commit", "report", "wait"]);
+    }
+
+    /// A claim found stored is sent again without a new claim: only its results, and its
+    /// commit reaches no further than its end.
+    #[test]
+    fn a_claimed_chunk_is_sent_again_without_a_new_claim() {
+        let mut p = reading(0);
+        let claim = p.claim(at(2), false);
+        let works = drive(&succeeded(), world(p));
+        let shape = [
+            "load", "turn", "read", "load", "send", "load", "commit", "report", "record",
+        ];
+        assert_eq!(names(&works), shape);
+        assert_eq!(works[4], ResultsWork::Send(vec![item(0), item(1)]));
+        let Marking::Committed { answers, .. } = works[6].as_marking() else {
+            panic!("{works:?}");
+        };
+        assert!(
+            matches!(answers, Answers::Chunk { chunk, reached, .. } if chunk == claim.chunk && reached == at(2))
+        );
+    }
+
+    /// A file the last read could not give is tried (its first line) before the desk's turn:
+    /// still missing, the failed read is committed and the desk hears nothing.
+    #[test]
+    fn the_file_is_checked_before_the_turn_and_a_failed_check_takes_no_turn() {
+        let mut answer = world(troubled(50));
+        let missing = drive(&succeeded(), |w: &ResultsWork| match w {
+            ResultsWork::Read { .. } => Seen::Read(Err(FileTrouble::Missing)),
+            w => answer(w),
+        });
+        assert_eq!(names(&missing), ["load", "check", "load", "read failed"]);
+        let works = drive(&succeeded(), world(troubled(50)));
+        assert_eq!(
+            names(&works)[..5],
+            ["load", "check", "load", "turn", "read"]
+        );
+    }
+
+    /// The desk queued the batch: a pause holds the failing clocks of the progress as stored
+    /// after the desk's call (an operator may have changed it), stored with the wait; a wait
+    /// that is no pause stores no progress.
+    #[test]
+    fn a_pause_holds_the_progress_as_stored_after_the_turn() {
+        let mut fresh = reading(4);
+        fresh.unanswered_since_ms = Some(20);
+        let mut loads = 0;
+        let mut answer = world(reading(0));
+        let paused = drive(&succeeded(), |w: &ResultsWork| match w {
+            ResultsWork::Turn { .. } => Seen::Turn(Err(true)),
+            ResultsWork::LoadProgress if loads > 0 => Seen::Progress(Some(fresh.clone())),
+            w => {
+                loads += 1;
+                answer(w)
+            }
+        });
+        assert_eq!(names(&paused), ["load", "turn", "load", "wait"]);
+        let held = ProgressWrite::held_by_pause(fresh.clone());
+        assert!(held
+            .as_ref()
+            .is_some_and(|h| h.progress.done_through == at(4)));
+        assert_eq!(last_marking(&paused), wait(true, held));
+        let mut answer = world(reading(0));
+        let waits = drive(&succeeded(), |w: &ResultsWork| match w {
+            ResultsWork::Turn { .. } => Seen::Turn(Err(false)),
+            w => answer(w),
+        });
+        assert_eq!(names(&waits), ["load", "turn", "wait"]);
+        assert_eq!(last_marking(&waits), wait(false, None));
+    }
+
+    /// The desk released the batch: its mark goes with the turn, and the release is spent
+    /// (committed) before the read and the sends it lets go; no mark, nothing to spend.
+    #[test]
+    fn a_release_is_spent_before_the_read() {
+        let mut op = succeeded();
+        assert!(op.destination_ready(true, 15));
+        let works = drive(&op, world(reading(0)));
+        assert_eq!(names(&works)[..4], ["load", "turn", "spent", "read"]);
+        let mark = Some(DeskMark::Released { probe: true });
+        assert!(matches!(works[1], ResultsWork::Turn { mark: m, .. } if m == mark));
+        let unmarked = drive(&succeeded(), world(reading(0)));
+        assert!(!names(&unmarked).contains(&"spent"));
+    }
+
+    /// A release that finds nothing to send (the file is not there yet) is spent, and the desk
+    /// hears at once (due when the step is); the desk may queue the batch again.
+    #[test]
+    fn a_release_with_nothing_to_send_is_spent_and_told() {
+        let mut op = succeeded();
+        assert!(op.destination_ready(false, 15));
+        let works = drive(&op, world(troubled(500)));
+        assert_eq!(names(&works), ["load", "spent", "tell", "due"]);
+        assert_eq!(works[2], ResultsWork::Tell(500));
+        assert_eq!(last_marking(&works), Marking::DueAt(500));
+        let mut answer = world(troubled(500));
+        let queued = drive(&op, |w: &ResultsWork| match w {
+            ResultsWork::Tell(_) => Seen::Told(Some(true)),
+            w => answer(w),
+        });
+        assert_eq!(last_marking(&queued), wait(true, None));
+    }
+
+    /// The step is chosen before the desk's call and kept after it: an operator's retry that
+    /// ran meanwhile (rows due now) changes the progress the chunk is claimed on, not the step.
+    #[test]
+    fn the_step_chosen_before_a_desk_await_is_kept_after_it() {
+        let mut fresh = reading(0);
+        fresh.rows.insert(9, row(9));
+        fresh.counts.parked = 7;
+        assert_eq!(
+            fresh.next(NOW),
+            Step::RetryRows(vec![9]),
+            "another step now"
+        );
+        let mut loads = 0;
+        let mut answer = world(reading(0));
+        let works = drive(&succeeded(), |w: &ResultsWork| match w {
+            ResultsWork::Turn { .. } => Seen::Turn(Ok(Granted {
+                awaited: true,
+                n: 2,
+            })),
+            ResultsWork::LoadProgress if loads > 0 => Seen::Progress(Some(fresh.clone())),
+            w => {
+                loads += 1;
+                answer(w)
+            }
+        });
+        assert_eq!(names(&works)[..5], ["load", "turn", "load", "read", "load"]);
+        let read = ResultsWork::Read {
+            source: reading(0).source,
+            from: at(0),
+            max: 2,
+        };
+        assert_eq!(works[3], read, "the chunk chosen first, as many as granted");
+        let Marking::Claimed { progress, .. } = works[5].as_marking() else {
+            panic!("{works:?}");
+        };
+        assert_eq!(
+            progress.counts.parked, 7,
+            "claimed on the progress as stored"
+        );
+    }
+
+    /// Waiting rows due: as many as the desk let go are loaded and sent, then committed as
+    /// rows.
+    #[test]
+    fn due_rows_go_as_many_as_the_desk_lets() {
+        let mut p = reading(0);
+        p.phase = Phase::Read;
+        for index in [3, 5, 8] {
+            p.rows.insert(index, row(index));
+        }
+        let mut answer = world(p.clone());
+        let works = drive(&succeeded(), |w: &ResultsWork| match w {
+            ResultsWork::Turn { ready, retry, .. } => {
+                assert_eq!((*ready, *retry), (3, true));
+                Seen::Turn(Ok(Granted {
+                    awaited: false,
+                    n: 2,
+                }))
+            }
+            w => answer(w),
+        });
+        assert_eq!(works[2], ResultsWork::LoadRows(vec![3, 5]));
+        let Marking::Committed { answers, .. } = works[5].as_marking() else {
+            panic!("{works:?}");
+        };
+        assert!(matches!(answers, Answers::Rows(a) if a.len() == 2));
+    }
+
+    fn row(index: u64) -> crate::results::progress::Row {
+        crate::results::progress::Row {
+            result_key: format!("k{index}"),
+            index,
+            attempts: 1,
+            last_error: "503".into(),
+            next_at_ms: Some(NOW),
+            failing_since_ms: Some(0),
+            last_attempt_ms: None,
+            unanswered: false,
+        }
+    }
+
+    impl ResultsWork {
+        fn as_marking(&self) -> Marking {
+            match self {
+                ResultsWork::Commit(m) => (**m).clone(),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 }

@@ -115,8 +115,13 @@ impl World {
     /// `results::step` and `Driver::step`: one step of the results, when they are due, the
     /// plan's work performed on this world, one piece at a time.
     pub(super) fn results_step(&mut self, op: Operation) -> Run<Operation> {
-        let mut plan = ResultsPlan::new(&op, self.clock, RESULTS);
-        let (mut op, mut turn, mut seen) = (op, DeskTurn::None, Seen::Nothing);
+        let Some(mut plan) = ResultsPlan::new(&op, self.clock, RESULTS) else {
+            return Ok(op);
+        };
+        // The sends are the record's as the step found it.
+        let found = op.clone();
+        let (mut turn, mut seen) = (DeskTurn::None, Seen::Nothing);
+        let mut op = op;
         while let Some(work) = plan.next(seen, self.clock) {
             seen = match work {
                 ResultsWork::LoadProgress => Seen::Progress(self.progress()),
@@ -139,7 +144,7 @@ impl World {
                     Seen::Items(items.collect())
                 }
                 ResultsWork::Send(items) => {
-                    let (answers, sent) = self.send(&op, items)?;
+                    let (answers, sent) = self.send(&found, items)?;
                     Seen::Sent(answers, sent)
                 }
                 ResultsWork::Commit(marking) => {

@@ -78,8 +78,13 @@ pub(super) async fn step(
 impl Driver<'_> {
     /// Performs the plan's work, one piece at a time, and tells it what each gave.
     async fn step(&self, op: Operation) -> Result<Operation> {
-        let mut plan = ResultsPlan::new(&op, now_ms(), self.limits);
-        let (mut op, mut turn, mut seen) = (op, Turn::default(), Seen::Nothing);
+        let Some(mut plan) = ResultsPlan::new(&op, now_ms(), self.limits) else {
+            return Ok(op);
+        };
+        // The desk's turn and the sends are the record's as the step found it.
+        let found = op.clone();
+        let (mut turn, mut seen) = (Turn::default(), Seen::Nothing);
+        let mut op = op;
         while let Some(work) = plan.next(seen, now_ms()) {
             seen = match work {
                 ResultsWork::LoadProgress => Seen::Progress(self.store.load()?),
@@ -92,7 +97,7 @@ impl Driver<'_> {
                     Seen::Read(self.read(&source, from, max).await?)
                 }
                 ResultsWork::Turn { mark, ready, retry } => {
-                    let desk = KeyAtDesk::of(self.env, self.storage, self.config, &op);
+                    let desk = KeyAtDesk::of(self.env, self.storage, self.config, &found);
                     let granted = desk.turn(mark, ready, retry).await.map(|t| {
                         let (awaited, n) = (t.awaited, t.n);
                         turn = t;
@@ -106,7 +111,7 @@ impl Driver<'_> {
                     Seen::Items(kept.into_iter().flatten().collect())
                 }
                 ResultsWork::Send(items) => {
-                    let (answers, sent) = self.send(&op, items, &turn.after_ms).await;
+                    let (answers, sent) = self.send(&found, items, &turn.after_ms).await;
                     Seen::Sent(answers, sent)
                 }
                 ResultsWork::Commit(marking) => {
