@@ -67,7 +67,8 @@ pub enum ResultsWork {
         max: u32,
     },
     /// The step's turn at the destination's desk for `ready` results, from the record's desk
-    /// `mark` (a `retry` asks first): [`Seen::Turn`].
+    /// `mark` (a `retry` asks first), at the desk of the record as the step found it:
+    /// [`Seen::Turn`].
     Turn {
         mark: Option<DeskMark>,
         ready: u32,
@@ -75,7 +76,8 @@ pub enum ResultsWork {
     },
     /// The waiting rows' kept results, by index: [`Seen::Items`].
     LoadRows(Vec<u64>),
-    /// Send these results, as the desk's turn lets them go: [`Seen::Sent`].
+    /// Send these results, as the desk's turn lets them go, with the head of the record as
+    /// the step found it: [`Seen::Sent`].
     Send(Vec<ResultItem>),
     /// Commit this write on the record as stored now: [`Seen::Committed`].
     Commit(Box<Marking>),
@@ -792,6 +794,53 @@ mod tests {
             panic!("{works:?}");
         };
         assert!(matches!(answers, Answers::Rows(a) if a.len() == 2));
+    }
+
+    /// Where the results are, asked when no progress is stored and the outcome names no
+    /// file: stored before the step goes on; the budget's wait or a busy answer's backoff
+    /// makes them due later; an answer that cannot say parks them (then the alert is the step).
+    #[test]
+    fn the_results_are_located_and_stored_before_the_step() {
+        let op = succeeded();
+        let locate = |located: Located| {
+            let mut answer = world(reading(0));
+            drive(&op, move |w: &ResultsWork| match w {
+                ResultsWork::LoadProgress => Seen::Progress(None),
+                ResultsWork::Locate => Seen::Located(located.clone()),
+                w => answer(w),
+            })
+        };
+        let found = locate(Located::Found(Source::Inline, Some(5)));
+        assert_eq!(names(&found)[..4], ["load", "locate", "progress", "turn"]);
+        let Marking::Progress(p) = found[2].as_marking() else {
+            panic!("{found:?}");
+        };
+        assert_eq!(
+            (p.source, p.ended_ms, p.since_ms),
+            (Source::Inline, Some(5), 10)
+        );
+        let slot = locate(Located::WaitForSlot(500));
+        assert_eq!(names(&slot), ["load", "locate", "due"]);
+        let busy = StatusTrouble {
+            trouble: FileTrouble::Unavailable("503".into()),
+            http_status: Some(503),
+            retry_after: Some("30".into()),
+        };
+        let busy = locate(Located::Failed(busy));
+        assert_eq!(names(&busy), ["load", "locate", "back off", "due"]);
+        assert_eq!(busy[2], ResultsWork::BackOff(NOW + 30_000));
+        let gone = StatusTrouble {
+            trouble: FileTrouble::Missing,
+            http_status: Some(404),
+            retry_after: None,
+        };
+        let gone = locate(Located::Failed(gone));
+        let parked = ["load", "locate", "progress", "alert or settled"];
+        assert_eq!(names(&gone), parked);
+        let Marking::Progress(p) = gone[2].as_marking() else {
+            panic!("{gone:?}");
+        };
+        assert!(p.unlocated && matches!(p.phase, Phase::FileParked { .. }));
     }
 
     fn row(index: u64) -> crate::results::progress::Row {
