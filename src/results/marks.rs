@@ -710,6 +710,56 @@ pub(crate) mod tests {
         );
     }
 
+    /// A named write decides as its function does: a claim answers the chunk it claimed (no
+    /// other write claims one); a failed read draws the jitter once; the clock is the commit's.
+    #[test]
+    fn a_marking_is_decided_by_its_function_on_the_record_as_stored() {
+        let cx = Context {
+            limits: &LIMITS,
+            desk_fallback_ms: 1_000,
+            to: "d",
+        };
+        let p = Progress::begin(Source::Inline, 10);
+        let claim = Marking::Claimed {
+            progress: p.clone(),
+            to: at(3),
+            last: true,
+        };
+        let (s, claimed) = decide(claim, succeeded(), &cx, (20, || 0.5));
+        assert_eq!(
+            (s.save, claimed.map(|c| c.to)),
+            (Save::Unchanged, Some(at(3)))
+        );
+        let (s, none) = decide(Marking::DueAt(500), succeeded(), &cx, (20, || 0.5));
+        assert_eq!((s.save, none), (Save::Durable, None));
+        let mut draws = 0;
+        let failed = Marking::ReadFailed(p, FileTrouble::Missing);
+        let jitter = || {
+            draws += 1;
+            0.5
+        };
+        let (s, _) = decide(failed, succeeded(), &cx, (20, jitter));
+        assert_eq!(draws, 1);
+        let w = read_failed(
+            succeeded(),
+            Progress::begin(Source::Inline, 10),
+            FileTrouble::Missing,
+            &LIMITS,
+            (20, 0.5),
+        );
+        assert_eq!(s.results, w.results);
+        let wait = Marking::Wait {
+            paused: true,
+            held: None,
+        };
+        let (s, _) = decide(wait, succeeded(), &cx, (20, || 0.5));
+        assert_eq!(
+            s.record.unwrap().results_due_ms(),
+            Some(1_020),
+            "the desk's fallback"
+        );
+    }
+
     /// Rows sent again: each row's answer, each with its own draw of the jitter.
     #[test]
     fn a_rows_commit_finishes_each_row_with_its_own_jitter() {
