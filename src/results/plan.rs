@@ -148,9 +148,10 @@ pub struct ResultsPlan {
     /// When the step started: its step is chosen then.
     now: i64,
     limits: Limits,
-    /// From the record as the step found it: its desk mark, when its results began, when the
-    /// batch ended, and the file its outcome names.
+    /// From the record as the step found it: its desk mark (and whether it is an unspent
+    /// release), when its results began, when the batch ended, and the file its outcome names.
     mark: Option<DeskMark>,
+    released: bool,
     settled_ms: Option<i64>,
     updated_ms: i64,
     file: Option<String>,
@@ -166,6 +167,7 @@ impl ResultsPlan {
             now,
             limits,
             mark: op.effect().desk(),
+            released: op.effect().released(),
             settled_ms: op.settled_at_ms(),
             updated_ms: op.update_time_ms(),
             file: file_of_details(op.details()),
@@ -306,7 +308,7 @@ impl ResultsPlan {
     /// The step chosen on the progress `p`: a release that finds nothing to send is spent and
     /// told; a file the last read could not give is tried first; else the desk's turn.
     fn chosen(&mut self, p: Progress) -> Option<ResultsWork> {
-        let released = matches!(self.mark, Some(DeskMark::Released { .. }));
+        let released = self.released;
         let step = match released {
             true => p.next_released(self.now),
             false => p.next(self.now),
