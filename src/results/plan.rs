@@ -400,8 +400,9 @@ impl ResultsPlan {
         self.commit(Stage::Over, marking)
     }
 
-    /// A chunk's read, on the progress as stored after it: a failed read committed (the desk
-    /// hears nothing went); the next chunk claimed before its sends; or the claimed one's
+    /// A chunk's read, on the progress as stored after it: a failed read committed (then the
+    /// desk hears, when its turn says it must, that nothing went); the next chunk claimed
+    /// before its sends; or the claimed one's
     /// results (those before its end) sent again under their same ids, in parts when the desk
     /// let fewer go than it holds (the rest stays claimed).
     fn read(
