@@ -3,8 +3,9 @@
 //! the step's [`ProgressWrite`] when it has one (a chunk [`claimed`] before its sends, its
 //! answers [`committed`] after them, a [`read_failed`], an alert marked on the [`Progress`], a
 //! pause, a retry, or the progress alone: [`progress`]); the gate's commit stores both in one
-//! write, the progress also when the record is unchanged. Time and jitter are arguments: the
-//! edge and the host tests that kill it at every storage point commit the same decisions.
+//! write, the progress also when the record is unchanged. A write the results' plan names (a
+//! [`Marking`]) is made one of these by [`decide`]. Time and jitter are arguments: the edge
+//! and the host tests that kill it at every storage point commit the same decisions.
 //!
 //! Guarantees: the events an operator reads later (the file parked, results parked for
 //! failing, the results settled with their counts) each leave a history row; a step's
@@ -51,9 +52,107 @@ pub fn claimed(
     mut progress: Progress,
     to: Checkpoint,
     last: bool,
-) -> Step<ChunkClaim, ProgressWrite> {
+) -> (Marked, ChunkClaim) {
     let claim = progress.claim(to, last);
-    Step::new(Some(op), claim).carrying(Some(ProgressWrite::of(progress)))
+    (stored(op, false, Some(ProgressWrite::of(progress))), claim)
+}
+
+/// A write a results step makes ([`crate::results::plan`] names it), on the record as stored
+/// when it is committed: [`decide`] makes it the gate's step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Marking {
+    /// The progress alone ([`progress`]): where the results are.
+    Progress(Progress),
+    /// The chunk just read claimed before its sends ([`claimed`]).
+    Claimed {
+        progress: Progress,
+        to: Checkpoint,
+        last: bool,
+    },
+    /// The sends' answers ([`committed`]), and the longest `Retry-After` they asked.
+    Committed {
+        progress: Progress,
+        answers: Answers,
+        asked_wait_ms: Option<i64>,
+    },
+    /// A read that did not give the file ([`read_failed`]).
+    ReadFailed(Progress, FileTrouble),
+    /// The parked file's alert ([`file_parked`]).
+    FileParked(Progress, String),
+    /// The alert for `n` results parked in this spell ([`gave_up`]).
+    GaveUp(Progress, u64),
+    /// The senders' alert raised (how many wait) or resolved ([`senders`]).
+    Senders(Progress, Option<u64>),
+    /// Every result settled, with the counts and how many were parked failing ([`settled`]).
+    Settled { counts: Value, failing_parked: u64 },
+    /// The desk queued the batch (`paused`: a pause holds it), with the progress a pause
+    /// held ([`wait_on_destination`]).
+    Wait {
+        paused: bool,
+        held: Option<ProgressWrite>,
+    },
+    /// The results' next step is due then ([`due_at`]).
+    DueAt(i64),
+    /// The desk's release or grant is spent ([`desk_spent`]).
+    DeskSpent,
+}
+
+/// What a results step's writes are decided with: the results' tunables, the desk's
+/// fallback ([`crate::operation::gate::GateLimits::desk_fallback_ms`]) and the destination's
+/// label (`/metrics`' count).
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub limits: &'a Limits,
+    pub desk_fallback_ms: i64,
+    pub to: &'a str,
+}
+
+/// The gate's step for `marking` on the record `op` as stored now, at `now` (each failure's
+/// backoff drawn with `jitter`), and the chunk claimed when it claims one.
+pub fn decide(
+    marking: Marking,
+    op: Operation,
+    cx: &Context,
+    (now, mut jitter): (i64, impl FnMut() -> f64),
+) -> (Marked, Option<ChunkClaim>) {
+    let age = cx.limits.alert_after_ms / 1_000;
+    let marked = match marking {
+        Marking::Progress(p) => progress(op, ProgressWrite::of(p)),
+        Marking::Claimed { progress, to, last } => {
+            let (step, claim) = claimed(op, progress, to, last);
+            return (step, Some(claim));
+        }
+        Marking::Committed {
+            progress,
+            answers,
+            asked_wait_ms,
+        } => {
+            let clock = (now, jitter);
+            committed(
+                op,
+                progress,
+                answers,
+                asked_wait_ms,
+                cx.to,
+                cx.limits,
+                clock,
+            )
+        }
+        Marking::ReadFailed(p, t) => read_failed(op, p, t, cx.limits, (now, jitter())),
+        Marking::FileParked(mut p, reason) => file_parked(op, &mut p, &reason, now),
+        Marking::GaveUp(mut p, n) => gave_up(op, &mut p, n, age, now),
+        Marking::Senders(mut p, waiting) => senders(op, &mut p, waiting, now),
+        Marking::Settled {
+            counts,
+            failing_parked,
+        } => settled(op, counts, failing_parked, now),
+        Marking::Wait { paused, held } => {
+            wait_on_destination(op, (paused, held), cx.desk_fallback_ms, now)
+        }
+        Marking::DueAt(at) => due_at(op, at),
+        Marking::DeskSpent => desk_spent(op),
+    };
+    (marked, None)
 }
 
 /// A step's answers, as its commit settles them.
@@ -538,9 +637,8 @@ pub(crate) mod tests {
     #[test]
     fn a_claim_stores_the_progress_alone_and_answers_the_claim() {
         let p = Progress::begin(Source::Inline, 10);
-        let s = claimed(succeeded(), p, at(3), true);
+        let (s, claim) = claimed(succeeded(), p, at(3), true);
         assert_eq!((s.save, s.history.len()), (Save::Unchanged, 0));
-        let claim = s.reply;
         assert_eq!((claim.chunk, claim.from, claim.to), (0, at(0), at(3)));
         assert_eq!(s.results.unwrap().progress.claim, Some(claim));
     }
@@ -609,6 +707,56 @@ pub(crate) mod tests {
             s.record.unwrap().results_due_ms(),
             due,
             "the release stands"
+        );
+    }
+
+    /// A named write decides as its function does: a claim answers the chunk it claimed (no
+    /// other write claims one); a failed read draws the jitter once; the clock is the commit's.
+    #[test]
+    fn a_marking_is_decided_by_its_function_on_the_record_as_stored() {
+        let cx = Context {
+            limits: &LIMITS,
+            desk_fallback_ms: 1_000,
+            to: "d",
+        };
+        let p = Progress::begin(Source::Inline, 10);
+        let claim = Marking::Claimed {
+            progress: p.clone(),
+            to: at(3),
+            last: true,
+        };
+        let (s, claimed) = decide(claim, succeeded(), &cx, (20, || 0.5));
+        assert_eq!(
+            (s.save, claimed.map(|c| c.to)),
+            (Save::Unchanged, Some(at(3)))
+        );
+        let (s, none) = decide(Marking::DueAt(500), succeeded(), &cx, (20, || 0.5));
+        assert_eq!((s.save, none), (Save::Durable, None));
+        let mut draws = 0;
+        let failed = Marking::ReadFailed(p, FileTrouble::Missing);
+        let jitter = || {
+            draws += 1;
+            0.5
+        };
+        let (s, _) = decide(failed, succeeded(), &cx, (20, jitter));
+        assert_eq!(draws, 1);
+        let w = read_failed(
+            succeeded(),
+            Progress::begin(Source::Inline, 10),
+            FileTrouble::Missing,
+            &LIMITS,
+            (20, 0.5),
+        );
+        assert_eq!(s.results, w.results);
+        let wait = Marking::Wait {
+            paused: true,
+            held: None,
+        };
+        let (s, _) = decide(wait, succeeded(), &cx, (20, || 0.5));
+        assert_eq!(
+            s.record.unwrap().results_due_ms(),
+            Some(1_020),
+            "the desk's fallback"
         );
     }
 

@@ -17,6 +17,7 @@ pub mod item;
 pub mod keys;
 pub mod lines;
 pub mod marks;
+pub mod plan;
 pub mod progress;
 pub mod source;
 pub mod turn;

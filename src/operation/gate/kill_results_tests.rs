@@ -1,9 +1,10 @@
 //! A `"results": "each"` batch driven on `kill_tests.rs`' world the way the gate's alarm drives
-//! it (`edge/objects/gate/results.rs` and `results/sends.rs`: one step of
-//! [`Progress`] per alarm run, before the plan), then its job's effect, with a kill at every
-//! storage point, results steps included: each result goes under its one id with one body, is
-//! accepted or parked; the job's effect goes once every result is settled, once, with their
-//! counts; nothing goes under a new id after a kill.
+//! it: one step of the results per alarm run, before the alarm's plan, each the edge's own
+//! [`ResultsPlan`] (`edge/objects/gate/results.rs` performs its work; this world performs the
+//! same work on its own storage, desk and destination), then its job's effect, with a kill at
+//! every storage point, results steps included: each result goes under its one id with one
+//! body, is accepted or parked; the job's effect goes once every result is settled, once, with
+//! their counts; nothing goes under a new id after a kill.
 //!
 //! Storage points of a results step: the record's (`World::commit` through the gate's steps,
 //! [`on_record`]), which alone stores the progress and its transition's writes to the failure
@@ -11,9 +12,9 @@
 //! unchanged: the claim before a chunk's sends, its commit with `/metrics`' count and a
 //! `Retry-After` hold after them, the rows' answers after they are sent again, a failed read
 //! with the results' next due time, a raised alert, where the results are); each send is a point
-//! too (the request reached the destination). Every write is decided by the functions the edge
-//! calls ([`on_record::claimed`], [`on_record::committed`], [`on_record::read_failed`] and the
-//! rest), so these kills drive the edge's own decisions. The file is read
+//! too (the request reached the destination). The order of the work and every write are the
+//! plan's ([`ResultsWork`], each commit's [`Marking`] decided by [`on_record::decide`], as the
+//! edge commits it), so these kills drive the edge's own order and decisions. The file is read
 //! as the edge reads it without `Range` (from byte 0, the done part discarded), at most
 //! [`CHUNK`] results a read (a download ends a chunk early at its byte cap, so a chunk may
 //! hold fewer than the desk granted).
@@ -30,19 +31,17 @@ use crate::operation::gate::kill_tests::{
     register, resent_after_2xx, secret, Alarm, Answer, Beside, Run, World, KEY, LIMITS, TIMEOUT_MS,
 };
 use crate::operation::gate::protocol::{GateCommand, GateReply};
-use crate::operation::gate::{step as gate_step, Step as GateStep};
+use crate::operation::gate::step as gate_step;
 use crate::operation::lifecycle::{Source as EventSource, Status};
-use crate::operation::{DeskMark, Operation, ResultsMode};
+use crate::operation::{Operation, ResultsMode};
 use crate::results::body::{build_result_request, result_message_id, ResultHead};
 use crate::results::item::{from_piece, ResultItem, Source, LINE_CAP};
 use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter};
-use crate::results::marks::{self as on_record, Answers, Marked};
+use crate::results::marks::{self as on_record, Context, Marking};
+use crate::results::plan::{Granted, Read, ResultsPlan, ResultsWork, Seen};
 use crate::results::progress::{
-    ChunkClaim, FileTrouble, Limits, Phase, Progress, ProgressWrite, Sending, Step, Write,
-    CHUNK_BYTES,
+    ChunkClaim, FileTrouble, Limits, Phase, Progress, ProgressWrite, Sending, Write, CHUNK_BYTES,
 };
-use crate::results::source::file_of_details;
-use crate::results::turn::reads_first;
 
 const FILE: &str = "files/out";
 /// Results a read gives at most.
@@ -52,16 +51,6 @@ const RESULTS: Limits = Limits {
     retry: LIMITS.retry,
     alert_after_ms: 86_400_000,
 };
-
-/// A read's results, where it stopped and whether that is the end; or why it gave nothing.
-type Read = Result<(Vec<ResultItem>, Checkpoint, bool), FileTrouble>;
-
-/// What the desk let a step send.
-struct Turn {
-    turn: DeskTurn,
-    awaited: bool,
-    n: u32,
-}
 
 /// A file of `n` results: keyed responses, a repeated key, an error, a line that is not JSON.
 fn file(n: usize) -> Vec<u8> {
@@ -91,17 +80,6 @@ fn all_results(file: &[u8]) -> Vec<ResultItem> {
 impl World {
     fn progress(&self) -> Option<Progress> {
         self.tables.load()
-    }
-
-    /// `ResultsStore::fresh`.
-    fn fresh(&self, stale: Progress) -> Progress {
-        self.progress().unwrap_or(stale)
-    }
-
-    /// `Driver::store_progress`: the progress alone, committed (the record unchanged).
-    fn store_progress(&mut self, op: Operation, progress: Progress) -> Run<Operation> {
-        let write = ProgressWrite::of(progress);
-        self.mark(op, |op| on_record::progress(op, write))
     }
 
     /// The progress and its writes as stored; what it has done never moves back.
@@ -134,152 +112,77 @@ impl World {
         Ok(reply)
     }
 
-    /// `Driver::mark`: what `decide` makes of the record as stored now, committed without
-    /// setting the alarm (the run's upkeep sets it last).
-    fn mark(&mut self, op: Operation, decide: impl FnOnce(Operation) -> Marked) -> Run<Operation> {
-        Ok(self.decide(op, decide)?.0)
-    }
-
-    /// `Driver::decide`: as `mark`, with the step's answer (a claim's: the chunk it claimed).
-    fn decide<R>(
-        &mut self,
-        op: Operation,
-        decide: impl FnOnce(Operation) -> GateStep<R, ProgressWrite>,
-    ) -> Run<(Operation, R)> {
-        let current = self.load().unwrap_or(op);
-        let step = decide(current.clone());
-        let (stored, answer) = self.commit(step, Alarm::Deferred)?;
-        Ok((stored.unwrap_or(current), answer))
-    }
-
-    /// `results::step` and `Driver::step`: one step of the results, when they are due.
+    /// `results::step` and `Driver::step`: one step of the results, when they are due, the
+    /// plan's work performed on this world, one piece at a time.
     pub(super) fn results_step(&mut self, op: Operation) -> Run<Operation> {
-        let now = self.clock;
-        if op.results_due_ms().is_none_or(|at| at > now) {
+        let Some(mut plan) = ResultsPlan::new(&op, self.clock, RESULTS) else {
             return Ok(op);
-        }
-        let progress = match self.progress().filter(|p| !p.wants_locating()) {
-            Some(p) => p,
-            None => self.begin(&op)?,
         };
-        let released = matches!(op.effect().desk(), Some(DeskMark::Released { .. }));
-        let step = match released {
-            true => progress.next_released(now),
-            false => progress.next(now),
-        };
-        if let (true, Step::WaitUntil(at)) = (released, &step) {
-            let at = *at;
-            return self.release_unused(op, at);
-        }
-        let progress = match reads_first(&step, &progress.phase, released) {
-            Some(from) => match self.file_check(progress, from)? {
-                (progress, None) => progress,
-                (failed, Some(trouble)) => return self.read_failed(op, failed, trouble),
-            },
-            None => progress,
-        };
-        let turn = match step.sends() {
-            Some((ready, retry)) => match self.turn(&op, ready as u32, retry)? {
-                Ok(turn) => turn,
-                Err(paused) => {
-                    // A pause's wait is no failure: the results' failing clocks stop.
-                    let held = match paused {
-                        true => ProgressWrite::held_by_pause(self.fresh(progress)),
-                        false => None,
-                    };
-                    return self.results_wait(op, (paused, held));
+        // The sends are the record's as the step found it.
+        let found = op.clone();
+        let (mut turn, mut seen) = (DeskTurn::None, Seen::Nothing);
+        let mut op = op;
+        while let Some(work) = plan.next(seen, self.clock) {
+            seen = match work {
+                ResultsWork::LoadProgress => Seen::Progress(self.progress()),
+                ResultsWork::Locate | ResultsWork::BackOff(_) => {
+                    unreachable!("the outcome names its file")
                 }
-            },
-            None => Turn {
-                turn: DeskTurn::None,
-                awaited: false,
-                n: 0,
-            },
-        };
-        let progress = match turn.awaited {
-            true => self.fresh(progress),
-            false => progress,
-        };
-        self.perform(op, progress, step, turn)
-    }
-
-    fn perform(&mut self, op: Operation, p: Progress, step: Step, turn: Turn) -> Run<Operation> {
-        let now = self.clock;
-        match step {
-            Step::WaitUntil(at) => self.mark(op, |op| on_record::due_at(op, at)),
-            Step::ReadChunk { from, .. } => self.chunk(op, p, from, None, turn),
-            Step::ResendChunk(c) => self.chunk(op, p, c.from, Some(c), turn),
-            Step::RetryRows(indexes) => self.retry_rows(op, p, indexes, turn),
-            Step::Alert(reason) => {
-                let mut p = p;
-                self.mark(op, |op| on_record::file_parked(op, &mut p, &reason, now))
-            }
-            Step::AlertFailing(n) => {
-                let mut p = p;
-                self.mark(op, |op| on_record::gave_up(op, &mut p, n, 1, now))
-            }
-            Step::AlertSenders(n) => self.senders(op, p, Some(n)),
-            Step::SendersBack => self.senders(op, p, None),
-            Step::Settled(counts) => {
-                let failing = p.gave_up;
-                self.mark(op, |op| on_record::settled(op, counts, failing, now))
-            }
+                ResultsWork::Read { source, from, max } => {
+                    assert!(matches!(source, Source::File { .. }), "{source:?}");
+                    Seen::Read(self.read(from, max)?)
+                }
+                ResultsWork::Turn { mark, ready, retry } => {
+                    let granted = self.desk_turn(mark, ready, retry)?;
+                    Seen::Turn(granted.map(|(t, awaited, n)| {
+                        turn = t;
+                        Granted { awaited, n }
+                    }))
+                }
+                ResultsWork::LoadRows(indexes) => {
+                    let items = indexes.into_iter().filter_map(|i| self.tables.item(i));
+                    Seen::Items(items.collect())
+                }
+                ResultsWork::Send(items) => {
+                    let (answers, sent) = self.send(&found, items)?;
+                    Seen::Sent(answers, sent)
+                }
+                ResultsWork::Commit(marking) => {
+                    let claim;
+                    (op, claim) = self.results_commit(op, *marking)?;
+                    Seen::Committed(claim)
+                }
+                ResultsWork::Report(sent) => match reports(turn, false, sent.failures > 0) {
+                    true => Seen::Told(self.desk_says_wait()?),
+                    false => Seen::Told(None),
+                },
+                ResultsWork::Tell(_) => Seen::Told(self.desk_says_wait()?),
+                ResultsWork::LoadRecord => {
+                    op = self.load().unwrap_or(op);
+                    Seen::Nothing
+                }
+            };
         }
+        Ok(op)
     }
 
-    /// `Driver::alert`: the senders' alert raised (`Some`: how many wait) or resolved, the
-    /// progress stored with the record.
-    fn senders(&mut self, op: Operation, mut p: Progress, n: Option<u64>) -> Run<Operation> {
-        let now = self.clock;
-        self.mark(op, |op| on_record::senders(op, &mut p, n, now))
-    }
-
-    /// `Driver::begin`: the outcome names the file; the progress is committed alone.
-    fn begin(&mut self, op: &Operation) -> Run<Progress> {
-        let since = op.settled_at_ms().unwrap_or(self.clock);
-        let mut progress = Progress::begin(Source::Inline, since);
-        progress.ended_ms = Some(op.update_time_ms()).filter(|&t| t > 0);
-        let name = file_of_details(op.details()).expect("the outcome names its file");
-        progress.source = Source::File { name };
-        self.store_progress(op.clone(), progress.clone())?;
-        Ok(progress)
-    }
-
-    /// `Driver::turn`: the batch's turn (`World::desk_turn`, as the job's effect takes it);
-    /// a release or a grant is spent.
-    fn turn(&mut self, op: &Operation, ready: u32, retry: bool) -> Run<Result<Turn, bool>> {
-        let mark = op.effect().desk();
-        let (turn, awaited, n) = match self.desk_turn(mark, ready, retry)? {
-            Ok(turn) => turn,
-            Err(paused) => return Ok(Err(paused)),
-        };
-        if mark.is_some() && n > 0 {
-            self.mark(op.clone(), on_record::desk_spent)?;
-        }
-        Ok(Ok(Turn { turn, awaited, n }))
-    }
-
-    /// `Driver::wait_on_destination`: the record waits for the desk's release (or its
-    /// fallback).
-    fn results_wait(
+    /// `Driver::commit`: what `marking` makes of the record as stored now, committed without
+    /// setting the alarm (the run's upkeep sets it last), and the chunk it claimed, if any.
+    fn results_commit(
         &mut self,
         op: Operation,
-        paused: (bool, Option<ProgressWrite>),
-    ) -> Run<Operation> {
-        let (fallback, now) = (LIMITS.desk_fallback_ms, self.clock);
-        self.mark(op, |op| {
-            on_record::wait_on_destination(op, paused, fallback, now)
-        })
-    }
-
-    /// `Driver::release_unused`: a release that found nothing to send is spent, and the desk
-    /// hears at once.
-    fn release_unused(&mut self, op: Operation, at: i64) -> Run<Operation> {
-        let op = self.mark(op, on_record::desk_spent)?;
-        if let Some(paused) = self.desk_says_wait()? {
-            return self.results_wait(op, (paused, None));
-        }
-        self.mark(op, |op| on_record::due_at(op, at))
+        marking: Marking,
+    ) -> Run<(Operation, Option<ChunkClaim>)> {
+        let current = self.load().unwrap_or(op);
+        let cx = Context {
+            limits: &RESULTS,
+            desk_fallback_ms: LIMITS.desk_fallback_ms,
+            to: "to",
+        };
+        let clock = (self.clock, || 0.5);
+        let (step, claim) = on_record::decide(marking, current.clone(), &cx, clock);
+        let (stored, ()) = self.commit(step, Alarm::Deferred)?;
+        Ok((stored.unwrap_or(current), claim))
     }
 
     /// `Driver::read`: at most `max` results (and [`CHUNK`]) from `from`, or a 404 while the
@@ -312,100 +215,6 @@ impl World {
         )))
     }
 
-    /// `Driver::file_check`.
-    fn file_check(
-        &mut self,
-        p: Progress,
-        from: Checkpoint,
-    ) -> Run<(Progress, Option<FileTrouble>)> {
-        let read = self.read(from, 1)?;
-        Ok((self.fresh(p), read.err()))
-    }
-
-    /// `Driver::read_failed`.
-    fn read_failed(&mut self, op: Operation, p: Progress, t: FileTrouble) -> Run<Operation> {
-        let now = self.clock;
-        self.mark(op, |op| {
-            on_record::read_failed(op, p, t, &RESULTS, (now, 0.5))
-        })
-    }
-
-    /// `Driver::chunk`: the next chunk claimed (stored) before its sends, or the claimed one
-    /// sent again.
-    fn chunk(
-        &mut self,
-        op: Operation,
-        progress: Progress,
-        from: Checkpoint,
-        claimed: Option<ChunkClaim>,
-        turn: Turn,
-    ) -> Run<Operation> {
-        let read = self.read(from, turn.n)?;
-        let progress = self.fresh(progress);
-        let (items, to, last) = match read {
-            Err(trouble) => {
-                let op = self.read_failed(op, progress, trouble)?;
-                return self.after_sends(op, turn, Sent::default());
-            }
-            Ok(read) => read,
-        };
-        let (claim, items, reached) = match claimed {
-            None => {
-                let decide = |op| on_record::claimed(op, progress.clone(), to, last);
-                let (_, claim) = self.decide(op.clone(), decide)?;
-                (claim, items, to)
-            }
-            Some(claim) => {
-                let items = items.into_iter().filter(|i| i.index < claim.to.index);
-                let reached = if to.index >= claim.to.index {
-                    claim.to
-                } else {
-                    to
-                };
-                (claim, items.collect(), reached)
-            }
-        };
-        let chunk = claim.chunk;
-        let answers = |answers| Answers::Chunk {
-            chunk,
-            reached,
-            answers,
-        };
-        self.send_and_commit(op, progress, items, turn, answers)
-    }
-
-    /// `Driver::retry_rows`: the rows' kept results sent again, then their answers stored.
-    fn retry_rows(
-        &mut self,
-        op: Operation,
-        progress: Progress,
-        indexes: Vec<u64>,
-        turn: Turn,
-    ) -> Run<Operation> {
-        let indexes = indexes.into_iter().take(turn.n as usize);
-        let items = indexes.filter_map(|i| self.tables.item(i)).collect();
-        self.send_and_commit(op, progress, items, turn, Answers::Rows)
-    }
-
-    /// `Driver::send_and_commit`: the sends, then what their answers decide, committed.
-    fn send_and_commit(
-        &mut self,
-        op: Operation,
-        progress: Progress,
-        items: Vec<ResultItem>,
-        turn: Turn,
-        answers: impl FnOnce(Vec<(ResultItem, Sending)>) -> Answers,
-    ) -> Run<Operation> {
-        let (sent_answers, sent) = self.send(&op, items)?;
-        let progress = self.fresh(progress);
-        let (answers, wait) = (answers(sent_answers), sent.asked_wait_ms);
-        let clock = (self.clock, || 0.5);
-        let op = self.mark(op, |op| {
-            on_record::committed(op, progress, answers, wait, "to", &RESULTS, clock)
-        })?;
-        self.after_sends(op, turn, sent)
-    }
-
     /// `Driver::send`: every result to the destination (each a point: it reached it), then
     /// their answers.
     fn send(
@@ -427,17 +236,6 @@ impl World {
             .iter()
             .map(|a| Sending::Answered(outcome(a, TIMEOUT_MS)));
         Ok((items.into_iter().zip(outcomes).collect(), sent))
-    }
-
-    /// `Driver::after_sends`: the desk's report when it needs one (the commit held the
-    /// results for a `Retry-After`); a desk that queues the batch wins, committed after.
-    fn after_sends(&mut self, op: Operation, turn: Turn, sent: Sent) -> Run<Operation> {
-        if reports(turn.turn, false, sent.failures > 0) {
-            if let Some(paused) = self.desk_says_wait()? {
-                return self.results_wait(op, (paused, None));
-            }
-        }
-        Ok(self.load().unwrap_or(op))
     }
 }
 
@@ -721,8 +519,8 @@ fn a_claimed_chunk_whose_file_then_fails_waits_is_parked_once_and_a_retry_sends_
     let progress = world.progress().unwrap();
     let read = world.read(progress.done_through, CHUNK as u32).unwrap();
     let (items, to, last) = read.unwrap();
-    let decide = |op| on_record::claimed(op, progress, to, last);
-    let (op, claim) = world.decide(op, decide).unwrap();
+    let (step, claim) = on_record::claimed(op.clone(), progress, to, last);
+    world.commit(step, Alarm::Deferred).unwrap();
     world.send(&op, items[..3].to_vec()).unwrap();
     world.kills += 1;
     world.file_missing = u32::MAX;

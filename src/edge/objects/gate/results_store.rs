@@ -174,13 +174,6 @@ impl<'a> ResultsStore<'a> {
         Ok(())
     }
 
-    /// The progress as stored now (else `stale`): a step reads it afresh after every await,
-    /// so what an operator's retry of parked results stored meanwhile is kept, never written
-    /// over.
-    pub(super) fn fresh(&self, stale: Progress) -> Result<Progress> {
-        Ok(self.load()?.unwrap_or(stale))
-    }
-
     /// Stores the progress and its transition's writes, as one.
     fn save(&self, progress: &Progress, writes: Vec<Write>) -> Result<()> {
         self.meter.exec(&self.sql, SCHEMA, None)?;
