@@ -411,7 +411,13 @@ fn reconcile_families(reconcile: &Value) -> Vec<Family> {
             )
             .with(vec![], n("errors")),
         ]);
-        families.extend(open_families(&report["open"]));
+        let open = &report["open"];
+        if open.is_object() {
+            families.extend(OPEN.iter().map(|(name, field, help)| {
+                let n = open[field].as_u64().unwrap_or(0) as f64;
+                Family::gauge(name, help).with(vec![], n)
+            }));
+        }
     }
     families
 }
@@ -424,18 +430,6 @@ const OPEN: [(&str, &str, &str); 3] = [
     ("stuck_operations", "stuck", "Operations not terminal and alerted stuck, in the open index as the newest pass listed it whole."),
     ("effects_not_done", "effects_not_done", "Terminal operations whose side effect is not done, in the open index as the newest pass listed it whole (a parked effect leaves the index as it parks)."),
 ];
-
-fn open_families(open: &Value) -> Vec<Family> {
-    if !open.is_object() {
-        return Vec::new();
-    }
-    OPEN.iter()
-        .map(|(name, field, help)| {
-            let n = open[field].as_u64().unwrap_or(0) as f64;
-            Family::gauge(name, help).with(vec![], n)
-        })
-        .collect()
-}
 
 /// With `GEMINI_WEBHOOK_NAME` set: 1 while no bad state of the Gemini webhook is alerted on.
 fn webhook_family(webhook: &Value) -> Option<Family> {

@@ -55,9 +55,7 @@ impl DurableObject for DestinationDesk {
             "CREATE TABLE IF NOT EXISTS slots (key TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL)",
             "CREATE TABLE IF NOT EXISTS misses (key TEXT PRIMARY KEY, n INTEGER NOT NULL)",
         ];
-        row::create(&state.storage().sql(), &ddl, |error| {
-            WorkerLog::DeskSchemaError { error }
-        });
+        row::create(&state, &ddl, |error| WorkerLog::DeskSchemaError { error });
         Self { state, env }
     }
 

@@ -77,7 +77,7 @@ impl Drop for Gathering<'_> {
 
 impl DurableObject for RetiredNames {
     fn new(state: State, env: Env) -> Self {
-        row::create(&state.storage().sql(), &[DDL, LEGACY_DDL], |error| {
+        row::create(&state, &[DDL, LEGACY_DDL], |error| {
             WorkerLog::RetiredSchemaError { error }
         });
         let config = load_config(&env).ok();

@@ -43,10 +43,8 @@ pub struct StrangerWatch {
 
 impl DurableObject for StrangerWatch {
     fn new(state: State, env: Env) -> Self {
-        let ddl = "CREATE TABLE IF NOT EXISTS watch (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)";
-        row::create(&state.storage().sql(), &[ddl], |error| {
-            WorkerLog::WatchSchemaError { error }
-        });
+        let ddl = ["CREATE TABLE IF NOT EXISTS watch (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)"];
+        row::create(&state, &ddl, |error| WorkerLog::WatchSchemaError { error });
         Self {
             state,
             env,
