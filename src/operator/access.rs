@@ -266,16 +266,13 @@ impl Tokens {
     /// them. Every configured token is compared, whichever matches.
     pub fn identify(&self, authorization: Option<&str>) -> Option<Caller> {
         let given = authorization?.strip_prefix("Bearer ")?;
-        let mut found = None;
-        for (scope, token) in &self.entries {
-            if token.matches(given) {
-                found = Some(Caller {
-                    scope: *scope,
-                    fingerprint: token.fingerprint.clone(),
-                });
-            }
-        }
-        found
+        let matching = self.entries.iter().filter(|(_, t)| t.matches(given));
+        // Every entry is compared (no early exit); the last match is the caller.
+        let (scope, token) = matching.fold(None, |_, m| Some(m))?;
+        Some(Caller {
+            scope: *scope,
+            fingerprint: token.fingerprint.clone(),
+        })
     }
 
     /// Whether a request (`method`, `path` under `/v1/`) with this `authorization` may go on.
