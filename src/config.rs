@@ -444,15 +444,11 @@ impl Variable {
         let name = self.name;
         let problem = |e: &dyn std::fmt::Display| err(name, e.to_string());
         Ok(match self.kind {
-            Kind::Whole { min, max } => match text.trim().parse::<i64>() {
-                Ok(n) if (min..=max).contains(&n) => Setting::Whole(n),
-                _ => {
-                    return Err(err(
-                        name,
-                        format!("must be a whole number from {min} to {max}"),
-                    ))
-                }
-            },
+            Kind::Whole { min, max } => {
+                let n = text.trim().parse::<i64>().ok();
+                let range = || err(name, format!("must be a whole number from {min} to {max}"));
+                Setting::Whole(n.filter(|n| (min..=max).contains(n)).ok_or_else(range)?)
+            }
             Kind::Flag => match text.trim() {
                 "true" => Setting::Flag(true),
                 "false" => Setting::Flag(false),

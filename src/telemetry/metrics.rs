@@ -87,12 +87,8 @@ struct Family {
     samples: Vec<Sample>,
 }
 
-struct Sample {
-    labels: Vec<(&'static str, String)>,
-    value: f64,
-    /// A histogram sample's suffix; empty otherwise.
-    suffix: &'static str,
-}
+/// A sample: its labels, its value, and a histogram sample's suffix (empty otherwise).
+struct Sample(Vec<(&'static str, String)>, f64, &'static str);
 
 impl Family {
     fn new(name: &'static str, kind: Kind, help: &'static str) -> Family {
@@ -119,11 +115,7 @@ impl Family {
     }
 
     fn push(&mut self, labels: Vec<(&'static str, String)>, value: f64) {
-        self.samples.push(Sample {
-            labels,
-            value,
-            suffix: "",
-        });
+        self.samples.push(Sample(labels, value, ""));
     }
 }
 
@@ -299,22 +291,13 @@ fn acceptance_histogram(total: &Value) -> Family {
     let mut cumulative = 0.0;
     for le in bounds.chain(["+Inf".to_string()]) {
         cumulative += count(&format!("{ACCEPTANCE_BUCKET_PREFIX}{le}"));
-        family.samples.push(Sample {
-            labels: vec![("le", le)],
-            value: cumulative,
-            suffix: "_bucket",
-        });
+        family
+            .samples
+            .push(Sample(vec![("le", le)], cumulative, "_bucket"));
     }
-    for (suffix, value) in [
-        ("_sum", count(ACCEPTANCE_MS_SUM) / 1_000.0),
-        ("_count", cumulative),
-    ] {
-        family.samples.push(Sample {
-            labels: vec![],
-            value,
-            suffix,
-        });
-    }
+    let sum = count(ACCEPTANCE_MS_SUM) / 1_000.0;
+    family.samples.push(Sample(vec![], sum, "_sum"));
+    family.samples.push(Sample(vec![], cumulative, "_count"));
     family
 }
 
@@ -458,18 +441,17 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
     let help = escape(family.help, format == Format::OpenMetrics);
     let _ = writeln!(page, "# HELP {family_name} {help}");
     let _ = writeln!(page, "# TYPE {family_name} {kind}");
-    for sample in &family.samples {
+    for Sample(labels, value, suffix) in &family.samples {
         page.push_str(&sample_name);
-        page.push_str(sample.suffix);
-        if !sample.labels.is_empty() {
-            let labels: Vec<String> = sample
-                .labels
+        page.push_str(suffix);
+        if !labels.is_empty() {
+            let labels: Vec<String> = labels
                 .iter()
                 .map(|(k, v)| format!("{k}=\"{}\"", escape(v, true)))
                 .collect();
             let _ = write!(page, "{{{}}}", labels.join(","));
         }
-        let _ = writeln!(page, " {}", sample.value);
+        let _ = writeln!(page, " {value}");
     }
 }
 
