@@ -380,10 +380,8 @@ fn is_binding_name(name: &str) -> bool {
 }
 
 fn err(var: &'static str, problem: impl Into<String>) -> ConfigError {
-    ConfigError {
-        var,
-        problem: problem.into(),
-    }
+    let problem = problem.into();
+    ConfigError { var, problem }
 }
 
 /// One variable's value as read.

@@ -236,20 +236,16 @@ struct CursorToken {
 
 /// Encodes where the next page starts as an opaque cursor.
 pub fn encode_cursor(resume: &LedgerCursor) -> String {
-    let token = CursorToken {
-        c: resume.cursor.clone(),
-        a: resume.after_key.clone(),
-    };
+    let (c, a) = (resume.cursor.clone(), resume.after_key.clone());
+    let token = CursorToken { c, a };
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default())
 }
 
 fn decode_cursor(text: &str) -> Option<LedgerCursor> {
     let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
     let token: CursorToken = serde_json::from_slice(&bytes).ok()?;
-    Some(LedgerCursor {
-        cursor: token.c,
-        after_key: token.a,
-    })
+    let (cursor, after_key) = (token.c, token.a);
+    Some(LedgerCursor { cursor, after_key })
 }
 
 impl ListQuery {

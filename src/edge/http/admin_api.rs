@@ -157,11 +157,8 @@ async fn register(
     };
     match call_gate(env, &reg.key.key, &command).await? {
         GateReply::Created { operation } => {
-            log(WorkerLog::Registered {
-                key: reg.key.key.clone(),
-                by: json!(caller.actor()),
-            }
-            .to_value());
+            let (key, by) = (reg.key.key.clone(), json!(caller.actor()));
+            log(WorkerLog::Registered { key, by }.to_value());
             json_response(&operation, 201)
         }
         GateReply::Exists {

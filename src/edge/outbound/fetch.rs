@@ -224,12 +224,9 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     if answer.class() == Class::Success {
         return true;
     }
-    log(WorkerLog::AlertFailed {
-        alert: body["alert"].clone(),
-        key: Some(body["key"].clone()),
-        answer: answer.summary(),
-    }
-    .to_value());
+    let (alert, key) = (body["alert"].clone(), Some(body["key"].clone()));
+    let answer = answer.summary();
+    log(WorkerLog::AlertFailed { alert, key, answer }.to_value());
     false
 }
 

@@ -84,10 +84,9 @@ impl Pass {
                 self.phase = Phase::Webhook(check);
             }
             Err(e) => {
-                self.books.error(PassLog::WebhookCheckFailed {
-                    webhook: check.name,
-                    error: format!("{e:?}"),
-                });
+                let (webhook, error) = (check.name, format!("{e:?}"));
+                self.books
+                    .error(PassLog::WebhookCheckFailed { webhook, error });
                 self.webhook = None;
                 self.phase = Phase::Index(check.then);
             }
@@ -160,10 +159,9 @@ impl Pass {
         let was = check.state.clone().unwrap_or_default();
         // Enabled: a 2xx whose body does not name another state.
         if let Err(e) = read_answer(&answer, "an answer", |body| webhook_enabled(body)) {
-            self.books.error(PassLog::WebhookEnableFailed {
-                webhook: check.name.clone(),
-                error: format!("{e:?}"),
-            });
+            let (webhook, error) = (check.name.clone(), format!("{e:?}"));
+            self.books
+                .error(PassLog::WebhookEnableFailed { webhook, error });
             // Alerted once per state, as any webhook left disabled; the next pass tries again.
             let left = format!("Enabling it failed ({e:?}); the next pass tries again.");
             check.left = Some(left);
