@@ -231,9 +231,8 @@ fn counter_families(total: &Value) -> Vec<Family> {
             // A destination's short name (the route's kind, or `default`), which a query can
             // name (`{destination="default"}`).
             let short = destination_parts(destination).0.to_string();
-            *by_destination
-                .entry((i, result.to_string(), short))
-                .or_default() += n;
+            let key = (i, result.to_string(), short);
+            *by_destination.entry(key).or_default() += n;
             continue;
         }
         let (family, label, value) = if let Some(kind) = name.strip_prefix(ALERTS_BY_KIND_PREFIX) {

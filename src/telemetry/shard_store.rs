@@ -202,10 +202,8 @@ pub fn open(sql: &impl Sql, now_ms: i64) -> Result<(), String> {
     ] {
         sql.run(ddl, vec![])?;
     }
-    let layout = sql
-        .run("SELECT v FROM meta WHERE k = 'layout'", vec![])?
-        .first()
-        .map(|r| int(r, "v"));
+    let rows = sql.run("SELECT v FROM meta WHERE k = 'layout'", vec![])?;
+    let layout = rows.first().map(|r| int(r, "v"));
     if layout.unwrap_or(0) >= LAYOUT {
         return Ok(());
     }
@@ -229,11 +227,8 @@ pub fn open(sql: &impl Sql, now_ms: i64) -> Result<(), String> {
         }
         let mut by_hour: BTreeMap<i64, Counts> = BTreeMap::new();
         for r in sql.run("SELECT hour, name, n FROM counts", vec![])? {
-            *by_hour
-                .entry(int(&r, "hour"))
-                .or_default()
-                .entry(text(&r, "name"))
-                .or_default() += int(&r, "n");
+            let hour = by_hour.entry(int(&r, "hour")).or_default();
+            *hour.entry(text(&r, "name")).or_default() += int(&r, "n");
         }
         add_hours(sql, by_hour)?;
         sql.run("DROP TABLE counts", vec![])?;
@@ -325,11 +320,8 @@ fn count(
                 Param::Text(reason.to_string()),
             ]);
         }
-        *counts
-            .entry(hour_of(e.at_ms))
-            .or_default()
-            .entry(e.name.clone())
-            .or_default() += e.count as i64;
+        let hour = counts.entry(hour_of(e.at_ms)).or_default();
+        *hour.entry(e.name.clone()).or_default() += e.count as i64;
         highest = highest.max(e.seq);
     }
     let any_drops = !drops.is_empty();

@@ -165,11 +165,8 @@ impl RetiredNames {
     /// Whether `name` was kept: its bucket's rows, then the old table.
     fn ask(&self, sql: &SqlStorage, name: &RetiredName) -> Result<RetiredReply> {
         let entry = name.entry();
-        let packed = self
-            .parts(sql, PARTS, *name)?
-            .iter()
-            .any(|(_, hashes)| holds(hashes, &entry));
-        if packed {
+        let parts = self.parts(sql, PARTS, *name)?;
+        if parts.iter().any(|(_, hashes)| holds(hashes, &entry)) {
             return Ok(RetiredReply::Retired(true));
         }
         // The table of shards written before the packing (at most one row read; none in a
