@@ -304,26 +304,17 @@ fn acceptance_histogram(total: &Value) -> Family {
 /// for the current), waiting effects, paced attempts in flight and failures in a row,
 /// labelled by its short name.
 fn destination_families(destinations: &Value) -> Vec<Family> {
-    let mut state = Family::gauge(
-        "destination_state",
-        "A destination's state: 1 for the current one (healthy, open, draining, paused by hand; unknown when its desk could not be asked).",
-    );
-    let mut waiting = Family::gauge(
-        "destination_waiting_effects",
-        "Side effects waiting for a destination's release (while it is open or over its pace).",
-    );
-    let mut in_flight = Family::gauge(
-        "destination_in_flight_effects",
-        "A paced destination's attempts holding a slot.",
-    );
-    let mut failures = Family::gauge(
-        "destination_failures_in_row",
-        "A destination's failed attempts since its last success.",
-    );
-    let mut info = Family::gauge(
-        "destination_info",
-        "A destination's short name (the route's kind, or default for EFFECT_URL) and the host it sends to (queue:<binding> or service:<binding> for a binding): always 1.",
-    );
+    let help = "A destination's state: 1 for the current one (healthy, open, draining, paused by hand; unknown when its desk could not be asked).";
+    let mut state = Family::gauge("destination_state", help);
+    let help =
+        "Side effects waiting for a destination's release (while it is open or over its pace).";
+    let mut waiting = Family::gauge("destination_waiting_effects", help);
+    let help = "A paced destination's attempts holding a slot.";
+    let mut in_flight = Family::gauge("destination_in_flight_effects", help);
+    let help = "A destination's failed attempts since its last success.";
+    let mut failures = Family::gauge("destination_failures_in_row", help);
+    let help = "A destination's short name (the route's kind, or default for EFFECT_URL) and the host it sends to (queue:<binding> or service:<binding> for a binding): always 1.";
+    let mut info = Family::gauge("destination_info", help);
     for d in destinations.as_array().into_iter().flatten() {
         let (name, shown) = destination_parts(d["label"].as_str().unwrap_or_default());
         let label = name.to_string();
