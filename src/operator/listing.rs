@@ -312,6 +312,7 @@ impl ListQuery {
         let stuck = !meta.status.is_terminal()
             && !meta.forgotten
             && now_secs - meta.submitted_at >= stuck_after_secs;
+        let submitted = Some(meta.submitted_at);
         self.status.as_ref().is_none_or(|s| *s == meta.status)
             && self.effect_done.is_none_or(|d| d == meta.effect_done)
             && self.stuck.is_none_or(|want| want == stuck)
@@ -320,11 +321,7 @@ impl ListQuery {
             && (self.kind.is_none() || self.kind == meta.kind)
             && (self.settled_by.is_none() || self.settled_by == meta.settled_by)
             && (self.error.is_none() || self.error == meta.error)
-            && within(
-                Some(meta.submitted_at),
-                self.submitted_after,
-                self.submitted_before,
-            )
+            && within(submitted, self.submitted_after, self.submitted_before)
             && within(meta.settled_at, self.settled_after, self.settled_before)
     }
 

@@ -183,11 +183,8 @@ pub fn render(stats: &Value, format: Format) -> String {
 /// what a change of behaviour came with).
 fn build_info() -> Family {
     let (version, commit) = (VERSION.to_string(), COMMIT.to_string());
-    Family::gauge(
-        "build_info",
-        "The worker's version and the commit it was built from (always 1).",
-    )
-    .with(vec![("version", version), ("commit", commit)], 1.0)
+    let help = "The worker's version and the commit it was built from (always 1).";
+    Family::gauge("build_info", help).with(vec![("version", version), ("commit", commit)], 1.0)
 }
 
 /// The shards' totals: the fixed counters, then drops and rejections by reason, then any
@@ -281,11 +278,9 @@ fn status_call_family(total: &Value) -> Family {
 /// every bound is served, 0 until counted.
 fn acceptance_histogram(total: &Value) -> Family {
     let count = |name: &str| total.get(name).and_then(Value::as_u64).unwrap_or(0) as f64;
-    let mut family = Family::new(
-        "effect_acceptance_seconds",
-        Kind::Histogram,
-        "Time from an operation's settlement to its side effect's acceptance by the destination.",
-    );
+    let help =
+        "Time from an operation's settlement to its side effect's acceptance by the destination.";
+    let mut family = Family::new("effect_acceptance_seconds", Kind::Histogram, help);
     let bounds = ACCEPTANCE_BUCKETS_SECS.iter().map(|b| b.to_string());
     let mut cumulative = 0.0;
     for le in bounds.chain(["+Inf".to_string()]) {
@@ -338,25 +333,19 @@ fn destination_families(destinations: &Value) -> Vec<Family> {
 /// pass and the last complete one started, and the last pass's status calls and errors.
 fn reconcile_families(reconcile: &Value) -> Vec<Family> {
     let completed = reconcile["completed_passes"].as_u64().unwrap_or(0) as f64;
-    let mut families = vec![Family::new(
-        "reconcile_passes_completed",
-        Kind::Counter,
-        "Reconcile passes that reached the end of the open index.",
-    )
-    .with(vec![], completed)];
+    let help = "Reconcile passes that reached the end of the open index.";
+    let passes = Family::new("reconcile_passes_completed", Kind::Counter, help);
+    let mut families = vec![passes.with(vec![], completed)];
     let seconds = |v: &Value| {
         v.as_str()
             .and_then(crate::timestamp::parse_rfc3339_ms)
             .map(|ms| ms as f64 / 1000.0)
     };
     if let Some(at) = seconds(&reconcile["last_complete"]) {
-        families.push(
-            Family::gauge(
-                "reconcile_last_complete_pass_timestamp_seconds",
-                "When the newest pass that reached the end of the open index started (Unix seconds).",
-            )
-            .with(vec![], at),
-        );
+        let help =
+            "When the newest pass that reached the end of the open index started (Unix seconds).";
+        let gauge = Family::gauge("reconcile_last_complete_pass_timestamp_seconds", help);
+        families.push(gauge.with(vec![], at));
     }
     let last = &reconcile["last"];
     if let Some(at) = seconds(&last["at"]) {
@@ -377,11 +366,8 @@ fn reconcile_families(reconcile: &Value) -> Vec<Family> {
                 (n("status_calls") - n("status_unanswered")).max(0.0),
             )
             .with(vec![("answer", "unanswered".into())], n("status_unanswered")),
-            Family::gauge(
-                "reconcile_last_pass_errors",
-                "Errors in the newest pass.",
-            )
-            .with(vec![], n("errors")),
+            Family::gauge("reconcile_last_pass_errors", "Errors in the newest pass.")
+                .with(vec![], n("errors")),
         ]);
         let open = &report["open"];
         if open.is_object() {
