@@ -351,23 +351,21 @@ fn reconcile_families(reconcile: &Value) -> Vec<Family> {
     if let Some(at) = seconds(&last["at"]) {
         let report = &last["report"];
         let n = |field: &str| report[field].as_u64().unwrap_or(0) as f64;
+        let help = "When the newest pass that released the lease started (Unix seconds).";
+        let started = Family::gauge("reconcile_last_pass_timestamp_seconds", help);
+        let help = "Status-API calls the newest pass made, by answer (answered, unanswered: timed out or unreachable).";
+        let calls = Family::gauge("reconcile_last_pass_status_calls", help);
+        let answered = (n("status_calls") - n("status_unanswered")).max(0.0);
+        let errors = Family::gauge("reconcile_last_pass_errors", "Errors in the newest pass.");
         families.extend([
-            Family::gauge(
-                "reconcile_last_pass_timestamp_seconds",
-                "When the newest pass that released the lease started (Unix seconds).",
-            )
-            .with(vec![], at),
-            Family::gauge(
-                "reconcile_last_pass_status_calls",
-                "Status-API calls the newest pass made, by answer (answered, unanswered: timed out or unreachable).",
-            )
-            .with(
-                vec![("answer", "answered".into())],
-                (n("status_calls") - n("status_unanswered")).max(0.0),
-            )
-            .with(vec![("answer", "unanswered".into())], n("status_unanswered")),
-            Family::gauge("reconcile_last_pass_errors", "Errors in the newest pass.")
-                .with(vec![], n("errors")),
+            started.with(vec![], at),
+            calls
+                .with(vec![("answer", "answered".into())], answered)
+                .with(
+                    vec![("answer", "unanswered".into())],
+                    n("status_unanswered"),
+                ),
+            errors.with(vec![], n("errors")),
         ]);
         let open = &report["open"];
         if open.is_object() {
@@ -392,14 +390,11 @@ const OPEN: [(&str, &str, &str); 3] = [
 /// With `GEMINI_WEBHOOK_NAME` set: 1 while no bad state of the Gemini webhook is alerted on.
 fn webhook_family(webhook: &Value) -> Option<Family> {
     let name = webhook["name"].as_str()?;
-    let ok = webhook["alerted_state"].is_null();
-    Some(
-        Family::gauge(
-            "gemini_webhook_ok",
-            "1 unless the reconcile passes found the Gemini webhook disabled or missing (and alerted).",
-        )
-        .with(vec![("webhook", name.to_string())], f64::from(u8::from(ok))),
-    )
+    let ok = f64::from(u8::from(webhook["alerted_state"].is_null()));
+    let help =
+        "1 unless the reconcile passes found the Gemini webhook disabled or missing (and alerted).";
+    let gauge = Family::gauge("gemini_webhook_ok", help);
+    Some(gauge.with(vec![("webhook", name.to_string())], ok))
 }
 
 fn write_family(page: &mut String, family: &Family, format: Format) {
