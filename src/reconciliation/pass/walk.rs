@@ -355,7 +355,7 @@ impl Pass {
             }
             match self.audit_turn(&walk.seen, key, listed, now_ms) {
                 AuditTurn::OutOfBudget => {
-                    return self.audit_ended(walk.walked, stopped(walk.resume))
+                    return self.audit_ended(walk.walked, stopped(walk.resume));
                 }
                 AuditTurn::Act(entry) => {
                     self.entry = Some(*entry);
