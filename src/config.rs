@@ -380,10 +380,8 @@ fn is_binding_name(name: &str) -> bool {
 }
 
 fn err(var: &'static str, problem: impl Into<String>) -> ConfigError {
-    ConfigError {
-        var,
-        problem: problem.into(),
-    }
+    let problem = problem.into();
+    ConfigError { var, problem }
 }
 
 /// One variable's value as read.
@@ -444,15 +442,11 @@ impl Variable {
         let name = self.name;
         let problem = |e: &dyn std::fmt::Display| err(name, e.to_string());
         Ok(match self.kind {
-            Kind::Whole { min, max } => match text.trim().parse::<i64>() {
-                Ok(n) if (min..=max).contains(&n) => Setting::Whole(n),
-                _ => {
-                    return Err(err(
-                        name,
-                        format!("must be a whole number from {min} to {max}"),
-                    ))
-                }
-            },
+            Kind::Whole { min, max } => {
+                let n = text.trim().parse::<i64>().ok();
+                let range = || err(name, format!("must be a whole number from {min} to {max}"));
+                Setting::Whole(n.filter(|n| (min..=max).contains(n)).ok_or_else(range)?)
+            }
             Kind::Flag => match text.trim() {
                 "true" => Setting::Flag(true),
                 "false" => Setting::Flag(false),
@@ -536,29 +530,23 @@ fn parse_routes(name: &'static str, text: &str) -> Result<Vec<Route>, ConfigErro
         if kind == DEFAULT_DESTINATION {
             // `default` names EFFECT_URL's destination (in /metrics, alerts and the pause
             // routes): a route of that name could be neither paused nor counted apart.
-            return Err(err(
-                name,
-                "a route may not be named default: that name is EFFECT_URL's destination",
-            ));
+            let why = "a route may not be named default: that name is EFFECT_URL's destination";
+            return Err(err(name, why));
         }
         let (target, pace) = match target {
             Value::String(target) => (target, Pace::default()),
             Value::Object(fields) => parse_paced_route(name, &kind, fields)?,
             _ => {
-                return Err(err(
-                    name,
-                    "every value must be a URL, queue:BINDING, service:BINDING or {\"url\": ..., \"per_second\": n, \"concurrency\": n}",
-                ))
+                let why = "every value must be a URL, queue:BINDING, service:BINDING or {\"url\": ..., \"per_second\": n, \"concurrency\": n}";
+                return Err(err(name, why));
             }
         };
         let destination = match target.trim().split_once(':') {
             Some(("queue", b)) if is_binding_name(b) => Destination::Queue(b.into()),
             Some(("service", b)) if is_binding_name(b) => Destination::Service(b.into()),
             Some(("queue" | "service", _)) => {
-                return Err(err(
-                    name,
-                    "a queue: or service: route must name a binding (letters, digits, _)",
-                ))
+                let why = "a queue: or service: route must name a binding (letters, digits, _)";
+                return Err(err(name, why));
             }
             _ => Destination::Url(parse_url(name, &target)?),
         };
@@ -615,10 +603,8 @@ impl Settings {
         let effect_timeout_ms = self.value("EFFECT_TIMEOUT_MS", Setting::whole)?;
         let claim_ttl_secs = self.value("CLAIM_TTL_SECONDS", Setting::whole)?;
         if claim_ttl_secs * 1_000 <= effect_timeout_ms {
-            return Err(err(
-                "CLAIM_TTL_SECONDS",
-                "must outlast EFFECT_TIMEOUT_MS (a claim that lapses mid-attempt lets a second attempt start beside it)",
-            ));
+            let why = "must outlast EFFECT_TIMEOUT_MS (a claim that lapses mid-attempt lets a second attempt start beside it)";
+            return Err(err("CLAIM_TTL_SECONDS", why));
         }
         Ok((effect_timeout_ms, claim_ttl_secs))
     }
@@ -628,10 +614,8 @@ impl Settings {
         let base = self.value("EFFECT_RETRY_BASE_SECONDS", Setting::whole)?;
         let max = self.value("EFFECT_RETRY_MAX_SECONDS", Setting::whole)?;
         if max < base {
-            return Err(err(
-                "EFFECT_RETRY_MAX_SECONDS",
-                "must not be less than EFFECT_RETRY_BASE_SECONDS",
-            ));
+            let why = "must not be less than EFFECT_RETRY_BASE_SECONDS";
+            return Err(err("EFFECT_RETRY_MAX_SECONDS", why));
         }
         Ok((base, max))
     }
@@ -650,10 +634,8 @@ impl Settings {
         let routing_key = self.optional("ALERT_ROUTING_KEY", Setting::text)?;
         let pagerduty = format == AlertFormat::PagerDuty;
         if pagerduty && routing_key.is_none() {
-            return Err(err(
-                "ALERT_ROUTING_KEY",
-                "is required when ALERT_FORMAT is pagerduty (the integration key of a PagerDuty Events API v2 service)",
-            ));
+            let why = "is required when ALERT_FORMAT is pagerduty (the integration key of a PagerDuty Events API v2 service)";
+            return Err(err("ALERT_ROUTING_KEY", why));
         }
         let url = url.or_else(|| pagerduty.then(|| PAGERDUTY_EVENTS_URL.to_string()));
         Ok((url, format, routing_key.map(ApiKey)))

@@ -203,10 +203,8 @@ pub struct Caller {
 impl Caller {
     /// The caller as the gate records it in a history row.
     pub fn actor(&self) -> Actor {
-        Actor {
-            scope: self.scope.as_str().to_string(),
-            fingerprint: self.fingerprint.clone(),
-        }
+        let (scope, fingerprint) = (self.scope.as_str().to_string(), self.fingerprint.clone());
+        Actor { scope, fingerprint }
     }
 }
 
@@ -238,10 +236,8 @@ impl Tokens {
         ] {
             for secret in list {
                 if let Some((other, _)) = entries.iter().find(|(_, t)| t.secret == secret) {
-                    return Err(Overlap {
-                        setting: scope,
-                        other: *other,
-                    });
+                    let (setting, other) = (scope, *other);
+                    return Err(Overlap { setting, other });
                 }
                 entries.push((scope, Token::new(secret)));
             }
@@ -266,16 +262,11 @@ impl Tokens {
     /// them. Every configured token is compared, whichever matches.
     pub fn identify(&self, authorization: Option<&str>) -> Option<Caller> {
         let given = authorization?.strip_prefix("Bearer ")?;
-        let mut found = None;
-        for (scope, token) in &self.entries {
-            if token.matches(given) {
-                found = Some(Caller {
-                    scope: *scope,
-                    fingerprint: token.fingerprint.clone(),
-                });
-            }
-        }
-        found
+        let matching = self.entries.iter().filter(|(_, t)| t.matches(given));
+        // Every entry is compared (no early exit); the last match is the caller.
+        let (scope, token) = matching.fold(None, |_, m| Some(m))?;
+        let (scope, fingerprint) = (*scope, token.fingerprint.clone());
+        Some(Caller { scope, fingerprint })
     }
 
     /// Whether a request (`method`, `path` under `/v1/`) with this `authorization` may go on.

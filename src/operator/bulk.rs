@@ -139,17 +139,15 @@ pub fn command_result(reply: &GateReply) -> CommandResult {
             ..
         } => CommandResult::Redelivered,
         GateReply::Refused { reason } => {
+            use OperatorRefusal as R;
             let skip = [
-                (OperatorRefusal::AlreadyDone, SkipReason::Done),
-                (OperatorRefusal::NotDone, SkipReason::NotDone),
-                (OperatorRefusal::InFlight, SkipReason::InFlight),
-                (OperatorRefusal::Forgotten, SkipReason::Forgotten),
-                (OperatorRefusal::NotTerminal, SkipReason::NoOutcome),
-                (OperatorRefusal::Retired, SkipReason::Gone),
-                (
-                    OperatorRefusal::SentSinceCutoff,
-                    SkipReason::SentSinceCutoff,
-                ),
+                (R::AlreadyDone, SkipReason::Done),
+                (R::NotDone, SkipReason::NotDone),
+                (R::InFlight, SkipReason::InFlight),
+                (R::Forgotten, SkipReason::Forgotten),
+                (R::NotTerminal, SkipReason::NoOutcome),
+                (R::Retired, SkipReason::Gone),
+                (R::SentSinceCutoff, SkipReason::SentSinceCutoff),
             ]
             .into_iter()
             .find(|(refusal, _)| refusal.as_str() == reason.as_str());

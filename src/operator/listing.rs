@@ -236,20 +236,16 @@ struct CursorToken {
 
 /// Encodes where the next page starts as an opaque cursor.
 pub fn encode_cursor(resume: &LedgerCursor) -> String {
-    let token = CursorToken {
-        c: resume.cursor.clone(),
-        a: resume.after_key.clone(),
-    };
+    let (c, a) = (resume.cursor.clone(), resume.after_key.clone());
+    let token = CursorToken { c, a };
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default())
 }
 
 fn decode_cursor(text: &str) -> Option<LedgerCursor> {
     let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
     let token: CursorToken = serde_json::from_slice(&bytes).ok()?;
-    Some(LedgerCursor {
-        cursor: token.c,
-        after_key: token.a,
-    })
+    let (cursor, after_key) = (token.c, token.a);
+    Some(LedgerCursor { cursor, after_key })
 }
 
 impl ListQuery {
@@ -316,6 +312,7 @@ impl ListQuery {
         let stuck = !meta.status.is_terminal()
             && !meta.forgotten
             && now_secs - meta.submitted_at >= stuck_after_secs;
+        let submitted = Some(meta.submitted_at);
         self.status.as_ref().is_none_or(|s| *s == meta.status)
             && self.effect_done.is_none_or(|d| d == meta.effect_done)
             && self.stuck.is_none_or(|want| want == stuck)
@@ -324,11 +321,7 @@ impl ListQuery {
             && (self.kind.is_none() || self.kind == meta.kind)
             && (self.settled_by.is_none() || self.settled_by == meta.settled_by)
             && (self.error.is_none() || self.error == meta.error)
-            && within(
-                Some(meta.submitted_at),
-                self.submitted_after,
-                self.submitted_before,
-            )
+            && within(submitted, self.submitted_after, self.submitted_before)
             && within(meta.settled_at, self.settled_after, self.settled_before)
     }
 

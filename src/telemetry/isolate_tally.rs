@@ -41,10 +41,8 @@ impl IsolateTally {
 
     /// Adds `n` occurrences of `name` at `at_ms`; returns its bucket's count now.
     pub fn add(&mut self, name: &str, at_ms: i64, n: u64) -> u64 {
-        let count = self
-            .counts
-            .entry((name.to_string(), hour_of(at_ms)))
-            .or_default();
+        let key = (name.to_string(), hour_of(at_ms));
+        let count = self.counts.entry(key).or_default();
         *count += n;
         *count
     }

@@ -11,10 +11,7 @@ use serde::Serialize;
 
 /// The `event` a typed line serializes with (empty for a value that is not a line).
 pub fn event_of(line: &impl Serialize) -> String {
-    serde_json::to_value(line)
-        .ok()
-        .and_then(|v| v.get("event")?.as_str().map(str::to_string))
-        .unwrap_or_default()
+    name_of(&serde_json::to_value(line).unwrap_or_default()["event"])
 }
 
 /// The name a unit variant serializes as: its one spelling, read for a label or a counter.

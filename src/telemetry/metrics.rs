@@ -18,12 +18,11 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use crate::destination_label::{destination_host, destination_parts};
-use crate::telemetry::counters::{status_call, AskedBy, StatusCallAnswer};
 use crate::telemetry::counters::{
-    ACCEPTANCE_BUCKETS_SECS, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM, ALERTS,
-    ALERTS_BY_KIND_PREFIX, DELIVERIES, DROPPED_PREFIX, DUPLICATES, EFFECT_FAILURES, EFFECT_PARKS,
-    EFFECT_RETRY_AFTER, EFFECT_SUCCESSES, EFFECT_TO_PREFIX, PINGS, REDELIVERIES, RESULT_TO_PREFIX,
-    SETTLED_BY_RECONCILE, SETTLED_BY_WEBHOOK, STRANGER_NUDGES,
+    status_call, AskedBy, StatusCallAnswer, ACCEPTANCE_BUCKETS_SECS, ACCEPTANCE_BUCKET_PREFIX,
+    ACCEPTANCE_MS_SUM, ALERTS, ALERTS_BY_KIND_PREFIX, DELIVERIES, DROPPED_PREFIX, DUPLICATES,
+    EFFECT_FAILURES, EFFECT_PARKS, EFFECT_RETRY_AFTER, EFFECT_SUCCESSES, EFFECT_TO_PREFIX, PINGS,
+    REDELIVERIES, RESULT_TO_PREFIX, SETTLED_BY_RECONCILE, SETTLED_BY_WEBHOOK, STRANGER_NUDGES,
 };
 use crate::telemetry::log_event::name_of;
 
@@ -88,12 +87,8 @@ struct Family {
     samples: Vec<Sample>,
 }
 
-struct Sample {
-    labels: Vec<(&'static str, String)>,
-    value: f64,
-    /// A histogram sample's suffix; empty otherwise.
-    suffix: &'static str,
-}
+/// A sample: its labels, its value, and a histogram sample's suffix (empty otherwise).
+struct Sample(Vec<(&'static str, String)>, f64, &'static str);
 
 impl Family {
     fn new(name: &'static str, kind: Kind, help: &'static str) -> Family {
@@ -120,11 +115,7 @@ impl Family {
     }
 
     fn push(&mut self, labels: Vec<(&'static str, String)>, value: f64) {
-        self.samples.push(Sample {
-            labels,
-            value,
-            suffix: "",
-        });
+        self.samples.push(Sample(labels, value, ""));
     }
 }
 
@@ -192,11 +183,8 @@ pub fn render(stats: &Value, format: Format) -> String {
 /// what a change of behaviour came with).
 fn build_info() -> Family {
     let (version, commit) = (VERSION.to_string(), COMMIT.to_string());
-    Family::gauge(
-        "build_info",
-        "The worker's version and the commit it was built from (always 1).",
-    )
-    .with(vec![("version", version), ("commit", commit)], 1.0)
+    let help = "The worker's version and the commit it was built from (always 1).";
+    Family::gauge("build_info", help).with(vec![("version", version), ("commit", commit)], 1.0)
 }
 
 /// The shards' totals: the fixed counters, then drops and rejections by reason, then any
@@ -240,9 +228,8 @@ fn counter_families(total: &Value) -> Vec<Family> {
             // A destination's short name (the route's kind, or `default`), which a query can
             // name (`{destination="default"}`).
             let short = destination_parts(destination).0.to_string();
-            *by_destination
-                .entry((i, result.to_string(), short))
-                .or_default() += n;
+            let key = (i, result.to_string(), short);
+            *by_destination.entry(key).or_default() += n;
             continue;
         }
         let (family, label, value) = if let Some(kind) = name.strip_prefix(ALERTS_BY_KIND_PREFIX) {
@@ -291,31 +278,20 @@ fn status_call_family(total: &Value) -> Family {
 /// every bound is served, 0 until counted.
 fn acceptance_histogram(total: &Value) -> Family {
     let count = |name: &str| total.get(name).and_then(Value::as_u64).unwrap_or(0) as f64;
-    let mut family = Family::new(
-        "effect_acceptance_seconds",
-        Kind::Histogram,
-        "Time from an operation's settlement to its side effect's acceptance by the destination.",
-    );
+    let help =
+        "Time from an operation's settlement to its side effect's acceptance by the destination.";
+    let mut family = Family::new("effect_acceptance_seconds", Kind::Histogram, help);
     let bounds = ACCEPTANCE_BUCKETS_SECS.iter().map(|b| b.to_string());
     let mut cumulative = 0.0;
     for le in bounds.chain(["+Inf".to_string()]) {
         cumulative += count(&format!("{ACCEPTANCE_BUCKET_PREFIX}{le}"));
-        family.samples.push(Sample {
-            labels: vec![("le", le)],
-            value: cumulative,
-            suffix: "_bucket",
-        });
+        family
+            .samples
+            .push(Sample(vec![("le", le)], cumulative, "_bucket"));
     }
-    for (suffix, value) in [
-        ("_sum", count(ACCEPTANCE_MS_SUM) / 1_000.0),
-        ("_count", cumulative),
-    ] {
-        family.samples.push(Sample {
-            labels: vec![],
-            value,
-            suffix,
-        });
-    }
+    let sum = count(ACCEPTANCE_MS_SUM) / 1_000.0;
+    family.samples.push(Sample(vec![], sum, "_sum"));
+    family.samples.push(Sample(vec![], cumulative, "_count"));
     family
 }
 
@@ -323,26 +299,17 @@ fn acceptance_histogram(total: &Value) -> Family {
 /// for the current), waiting effects, paced attempts in flight and failures in a row,
 /// labelled by its short name.
 fn destination_families(destinations: &Value) -> Vec<Family> {
-    let mut state = Family::gauge(
-        "destination_state",
-        "A destination's state: 1 for the current one (healthy, open, draining, paused by hand; unknown when its desk could not be asked).",
-    );
-    let mut waiting = Family::gauge(
-        "destination_waiting_effects",
-        "Side effects waiting for a destination's release (while it is open or over its pace).",
-    );
-    let mut in_flight = Family::gauge(
-        "destination_in_flight_effects",
-        "A paced destination's attempts holding a slot.",
-    );
-    let mut failures = Family::gauge(
-        "destination_failures_in_row",
-        "A destination's failed attempts since its last success.",
-    );
-    let mut info = Family::gauge(
-        "destination_info",
-        "A destination's short name (the route's kind, or default for EFFECT_URL) and the host it sends to (queue:<binding> or service:<binding> for a binding): always 1.",
-    );
+    let help = "A destination's state: 1 for the current one (healthy, open, draining, paused by hand; unknown when its desk could not be asked).";
+    let mut state = Family::gauge("destination_state", help);
+    let help =
+        "Side effects waiting for a destination's release (while it is open or over its pace).";
+    let mut waiting = Family::gauge("destination_waiting_effects", help);
+    let help = "A paced destination's attempts holding a slot.";
+    let mut in_flight = Family::gauge("destination_in_flight_effects", help);
+    let help = "A destination's failed attempts since its last success.";
+    let mut failures = Family::gauge("destination_failures_in_row", help);
+    let help = "A destination's short name (the route's kind, or default for EFFECT_URL) and the host it sends to (queue:<binding> or service:<binding> for a binding): always 1.";
+    let mut info = Family::gauge("destination_info", help);
     for d in destinations.as_array().into_iter().flatten() {
         let (name, shown) = destination_parts(d["label"].as_str().unwrap_or_default());
         let label = name.to_string();
@@ -366,52 +333,47 @@ fn destination_families(destinations: &Value) -> Vec<Family> {
 /// pass and the last complete one started, and the last pass's status calls and errors.
 fn reconcile_families(reconcile: &Value) -> Vec<Family> {
     let completed = reconcile["completed_passes"].as_u64().unwrap_or(0) as f64;
-    let mut families = vec![Family::new(
-        "reconcile_passes_completed",
-        Kind::Counter,
-        "Reconcile passes that reached the end of the open index.",
-    )
-    .with(vec![], completed)];
+    let help = "Reconcile passes that reached the end of the open index.";
+    let passes = Family::new("reconcile_passes_completed", Kind::Counter, help);
+    let mut families = vec![passes.with(vec![], completed)];
     let seconds = |v: &Value| {
         v.as_str()
             .and_then(crate::timestamp::parse_rfc3339_ms)
             .map(|ms| ms as f64 / 1000.0)
     };
     if let Some(at) = seconds(&reconcile["last_complete"]) {
-        families.push(
-            Family::gauge(
-                "reconcile_last_complete_pass_timestamp_seconds",
-                "When the newest pass that reached the end of the open index started (Unix seconds).",
-            )
-            .with(vec![], at),
-        );
+        let help =
+            "When the newest pass that reached the end of the open index started (Unix seconds).";
+        let gauge = Family::gauge("reconcile_last_complete_pass_timestamp_seconds", help);
+        families.push(gauge.with(vec![], at));
     }
     let last = &reconcile["last"];
     if let Some(at) = seconds(&last["at"]) {
         let report = &last["report"];
         let n = |field: &str| report[field].as_u64().unwrap_or(0) as f64;
+        let help = "When the newest pass that released the lease started (Unix seconds).";
+        let started = Family::gauge("reconcile_last_pass_timestamp_seconds", help);
+        let help = "Status-API calls the newest pass made, by answer (answered, unanswered: timed out or unreachable).";
+        let calls = Family::gauge("reconcile_last_pass_status_calls", help);
+        let answered = (n("status_calls") - n("status_unanswered")).max(0.0);
+        let errors = Family::gauge("reconcile_last_pass_errors", "Errors in the newest pass.");
         families.extend([
-            Family::gauge(
-                "reconcile_last_pass_timestamp_seconds",
-                "When the newest pass that released the lease started (Unix seconds).",
-            )
-            .with(vec![], at),
-            Family::gauge(
-                "reconcile_last_pass_status_calls",
-                "Status-API calls the newest pass made, by answer (answered, unanswered: timed out or unreachable).",
-            )
-            .with(
-                vec![("answer", "answered".into())],
-                (n("status_calls") - n("status_unanswered")).max(0.0),
-            )
-            .with(vec![("answer", "unanswered".into())], n("status_unanswered")),
-            Family::gauge(
-                "reconcile_last_pass_errors",
-                "Errors in the newest pass.",
-            )
-            .with(vec![], n("errors")),
+            started.with(vec![], at),
+            calls
+                .with(vec![("answer", "answered".into())], answered)
+                .with(
+                    vec![("answer", "unanswered".into())],
+                    n("status_unanswered"),
+                ),
+            errors.with(vec![], n("errors")),
         ]);
-        families.extend(open_families(&report["open"]));
+        let open = &report["open"];
+        if open.is_object() {
+            families.extend(OPEN.iter().map(|(name, field, help)| {
+                let n = open[field].as_u64().unwrap_or(0) as f64;
+                Family::gauge(name, help).with(vec![], n)
+            }));
+        }
     }
     families
 }
@@ -425,29 +387,14 @@ const OPEN: [(&str, &str, &str); 3] = [
     ("effects_not_done", "effects_not_done", "Terminal operations whose side effect is not done, in the open index as the newest pass listed it whole (a parked effect leaves the index as it parks)."),
 ];
 
-fn open_families(open: &Value) -> Vec<Family> {
-    if !open.is_object() {
-        return Vec::new();
-    }
-    OPEN.iter()
-        .map(|(name, field, help)| {
-            let n = open[field].as_u64().unwrap_or(0) as f64;
-            Family::gauge(name, help).with(vec![], n)
-        })
-        .collect()
-}
-
 /// With `GEMINI_WEBHOOK_NAME` set: 1 while no bad state of the Gemini webhook is alerted on.
 fn webhook_family(webhook: &Value) -> Option<Family> {
     let name = webhook["name"].as_str()?;
-    let ok = webhook["alerted_state"].is_null();
-    Some(
-        Family::gauge(
-            "gemini_webhook_ok",
-            "1 unless the reconcile passes found the Gemini webhook disabled or missing (and alerted).",
-        )
-        .with(vec![("webhook", name.to_string())], f64::from(u8::from(ok))),
-    )
+    let ok = f64::from(u8::from(webhook["alerted_state"].is_null()));
+    let help =
+        "1 unless the reconcile passes found the Gemini webhook disabled or missing (and alerted).";
+    let gauge = Family::gauge("gemini_webhook_ok", help);
+    Some(gauge.with(vec![("webhook", name.to_string())], ok))
 }
 
 fn write_family(page: &mut String, family: &Family, format: Format) {
@@ -465,18 +412,17 @@ fn write_family(page: &mut String, family: &Family, format: Format) {
     let help = escape(family.help, format == Format::OpenMetrics);
     let _ = writeln!(page, "# HELP {family_name} {help}");
     let _ = writeln!(page, "# TYPE {family_name} {kind}");
-    for sample in &family.samples {
+    for Sample(labels, value, suffix) in &family.samples {
         page.push_str(&sample_name);
-        page.push_str(sample.suffix);
-        if !sample.labels.is_empty() {
-            let labels: Vec<String> = sample
-                .labels
+        page.push_str(suffix);
+        if !labels.is_empty() {
+            let labels: Vec<String> = labels
                 .iter()
                 .map(|(k, v)| format!("{k}=\"{}\"", escape(v, true)))
                 .collect();
             let _ = write!(page, "{{{}}}", labels.join(","));
         }
-        let _ = writeln!(page, " {}", sample.value);
+        let _ = writeln!(page, " {value}");
     }
 }
 

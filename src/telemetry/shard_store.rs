@@ -89,11 +89,10 @@ fn marks_table(day: i64) -> String {
 
 /// The days that have a marks table, oldest first.
 fn mark_days(sql: &impl Sql) -> Result<Vec<i64>, String> {
+    let query =
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'marks\\_%' ESCAPE '\\'";
     let mut days: Vec<i64> = sql
-        .run(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'marks\\_%' ESCAPE '\\'",
-            vec![],
-        )?
+        .run(query, vec![])?
         .iter()
         .filter_map(|r| text(r, "name").strip_prefix(MARKS_PREFIX)?.parse().ok())
         .collect();
@@ -184,10 +183,8 @@ fn add_hours(sql: &impl Sql, add: BTreeMap<i64, Counts>) -> Result<(), String> {
             *row.entry(name).or_default() += n;
         }
         let body = serde_json::to_string(row).map_err(|e| e.to_string())?;
-        sql.run(
-            "INSERT INTO tally (hour, body) VALUES (?, ?) ON CONFLICT(hour) DO UPDATE SET body = excluded.body",
-            vec![Param::Int(hour), Param::Text(body)],
-        )?;
+        let query = "INSERT INTO tally (hour, body) VALUES (?, ?) ON CONFLICT(hour) DO UPDATE SET body = excluded.body";
+        sql.run(query, vec![Param::Int(hour), Param::Text(body)])?;
     }
     Ok(())
 }
@@ -202,38 +199,26 @@ pub fn open(sql: &impl Sql, now_ms: i64) -> Result<(), String> {
     ] {
         sql.run(ddl, vec![])?;
     }
-    let layout = sql
-        .run("SELECT v FROM meta WHERE k = 'layout'", vec![])?
-        .first()
-        .map(|r| int(r, "v"));
+    let rows = sql.run("SELECT v FROM meta WHERE k = 'layout'", vec![])?;
+    let layout = rows.first().map(|r| int(r, "v"));
     if layout.unwrap_or(0) >= LAYOUT {
         return Ok(());
     }
     // Nothing awaits between these statements at the edge, so they are stored together.
-    let old: Vec<String> = sql
-        .run(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('counts', 'seen', 'marks')",
-            vec![],
-        )?
-        .iter()
-        .map(|r| text(r, "name"))
-        .collect();
+    let query = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('counts', 'seen', 'marks')";
+    let rows = sql.run(query, vec![])?;
+    let old: Vec<String> = rows.iter().map(|r| text(r, "name")).collect();
     if old.iter().any(|t| t == "counts") {
         if layout.is_none() {
             // Layout 1 added every count to hour -1 and to its bucket: what hour -1 holds
             // beyond the buckets still here is what the prunes took.
-            sql.run(
-                "UPDATE counts SET n = n - (SELECT COALESCE(SUM(b.n), 0) FROM counts AS b WHERE b.hour >= 0 AND b.name = counts.name) WHERE hour = -1",
-                vec![],
-            )?;
+            let query = "UPDATE counts SET n = n - (SELECT COALESCE(SUM(b.n), 0) FROM counts AS b WHERE b.hour >= 0 AND b.name = counts.name) WHERE hour = -1";
+            sql.run(query, vec![])?;
         }
         let mut by_hour: BTreeMap<i64, Counts> = BTreeMap::new();
         for r in sql.run("SELECT hour, name, n FROM counts", vec![])? {
-            *by_hour
-                .entry(int(&r, "hour"))
-                .or_default()
-                .entry(text(&r, "name"))
-                .or_default() += int(&r, "n");
+            let hour = by_hour.entry(int(&r, "hour")).or_default();
+            *hour.entry(text(&r, "name")).or_default() += int(&r, "n");
         }
         add_hours(sql, by_hour)?;
         sql.run("DROP TABLE counts", vec![])?;
@@ -249,20 +234,17 @@ pub fn open(sql: &impl Sql, now_ms: i64) -> Result<(), String> {
         let mut today_exists = mark_days(sql)?.contains(&day_of(now_ms));
         for from in ["marks", "seen"].into_iter().filter(|t| has(t)) {
             if std::mem::replace(&mut today_exists, true) {
-                sql.run(
-                    &format!("INSERT INTO {today} (gate, seq, at_ms) SELECT gate, seq, at_ms FROM {from} WHERE true ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq)"),
-                    vec![],
-                )?;
+                let query = format!("INSERT INTO {today} (gate, seq, at_ms) SELECT gate, seq, at_ms FROM {from} WHERE true ON CONFLICT(gate) DO UPDATE SET seq = MAX(seq, excluded.seq)");
+                sql.run(&query, vec![])?;
                 sql.run(&format!("DROP TABLE {from}"), vec![])?;
             } else {
                 sql.run(&format!("ALTER TABLE {from} RENAME TO {today}"), vec![])?;
             }
         }
     }
-    sql.run(
-        "INSERT INTO meta (k, v) VALUES ('layout', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
-        vec![Param::Int(LAYOUT)],
-    )?;
+    let query =
+        "INSERT INTO meta (k, v) VALUES ('layout', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v";
+    sql.run(query, vec![Param::Int(LAYOUT)])?;
     Ok(())
 }
 
@@ -325,20 +307,15 @@ fn count(
                 Param::Text(reason.to_string()),
             ]);
         }
-        *counts
-            .entry(hour_of(e.at_ms))
-            .or_default()
-            .entry(e.name.clone())
-            .or_default() += e.count as i64;
+        let hour = counts.entry(hour_of(e.at_ms)).or_default();
+        *hour.entry(e.name.clone()).or_default() += e.count as i64;
         highest = highest.max(e.seq);
     }
     let any_drops = !drops.is_empty();
     for chunk in drops.chunks(MAX_BINDINGS / 3) {
         let rows = vec!["(?, ?, ?)"; chunk.len()].join(", ");
-        sql.run(
-            &format!("INSERT INTO recent (at_ms, gate, name) VALUES {rows}"),
-            chunk.iter().flatten().cloned().collect(),
-        )?;
+        let query = format!("INSERT INTO recent (at_ms, gate, name) VALUES {rows}");
+        sql.run(&query, chunk.iter().flatten().cloned().collect())?;
     }
     add_hours(sql, counts)?;
     // A flush of nothing new (a retry the shard had counted) writes no mark either.
@@ -347,10 +324,8 @@ fn count(
         let today = day_of(now_ms);
         let table = marks_table(today);
         if !days.contains(&today) {
-            sql.run(
-                &format!("CREATE TABLE IF NOT EXISTS {table} (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID"),
-                vec![],
-            )?;
+            let query = format!("CREATE TABLE IF NOT EXISTS {table} (gate TEXT PRIMARY KEY, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID");
+            sql.run(&query, vec![])?;
             created = true;
         }
         sql.run(
@@ -360,10 +335,8 @@ fn count(
     }
     if any_drops {
         // Cheap (the newest rows by primary key), and it keeps "recent" recent.
-        sql.run(
-            "DELETE FROM recent WHERE seq <= (SELECT MAX(seq) FROM recent) - ?",
-            vec![Param::Int(RECENT_DROPS)],
-        )?;
+        let query = "DELETE FROM recent WHERE seq <= (SELECT MAX(seq) FROM recent) - ?";
+        sql.run(query, vec![Param::Int(RECENT_DROPS)])?;
     }
     Ok(created)
 }
@@ -372,10 +345,8 @@ fn count(
 /// whose marks have been kept long enough.
 fn prune_old(sql: &impl Sql, days: &[i64], now_ms: i64, prune: Prune) -> Result<(), String> {
     let before = hour_of(now_ms) - KEEP_HOURS;
-    let old = sql.run(
-        "SELECT hour, body FROM tally WHERE hour >= 0 AND hour < ?",
-        vec![Param::Int(before)],
-    )?;
+    let query = "SELECT hour, body FROM tally WHERE hour >= 0 AND hour < ?";
+    let old = sql.run(query, vec![Param::Int(before)])?;
     if !old.is_empty() {
         let mut folded = Counts::new();
         for r in &old {
@@ -385,10 +356,8 @@ fn prune_old(sql: &impl Sql, days: &[i64], now_ms: i64, prune: Prune) -> Result<
         }
         // The fold and the delete go together (no await between them at the edge).
         add_hours(sql, BTreeMap::from([(-1, folded)]))?;
-        sql.run(
-            "DELETE FROM tally WHERE hour >= 0 AND hour < ?",
-            vec![Param::Int(before)],
-        )?;
+        let query = "DELETE FROM tally WHERE hour >= 0 AND hour < ?";
+        sql.run(query, vec![Param::Int(before)])?;
     }
     if let Some(keep) = prune.marks_keep_ms {
         for day in days.iter().filter(|d| marks_expired(**d, now_ms, keep)) {
@@ -417,11 +386,9 @@ pub fn read(sql: &impl Sql, now_ms: i64, trend_hours: i64) -> Result<ShardCounts
             }
         }
     }
+    let query = "SELECT at_ms, gate, name FROM recent ORDER BY seq DESC";
     let recent_drops = sql
-        .run(
-            "SELECT at_ms, gate, name FROM recent ORDER BY seq DESC",
-            vec![],
-        )?
+        .run(query, vec![])?
         .iter()
         .map(|r| RecentDrop {
             at_ms: int(r, "at_ms"),

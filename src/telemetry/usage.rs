@@ -34,16 +34,14 @@ pub struct Usage {
 
 /// The `usage` line (its tag is the event's name, as every line's is).
 #[derive(Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-enum UsageLog<'a> {
-    Usage {
-        object: &'a str,
-        invocation: Invocation,
-        wall_ms: i64,
-        db_bytes: u64,
-        #[serde(flatten)]
-        counts: &'a Usage,
-    },
+#[serde(tag = "event", rename = "usage")]
+struct UsageLog<'a> {
+    object: &'a str,
+    invocation: Invocation,
+    wall_ms: i64,
+    db_bytes: u64,
+    #[serde(flatten)]
+    counts: &'a Usage,
 }
 
 /// Which entry point of an object ran.
@@ -71,7 +69,7 @@ impl Usage {
         wall_ms: i64,
         db_bytes: u64,
     ) -> serde_json::Value {
-        let line = UsageLog::Usage {
+        let line = UsageLog {
             object,
             invocation,
             wall_ms: wall_ms.max(0),

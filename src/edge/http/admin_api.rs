@@ -44,32 +44,20 @@ pub async fn handle(
     let caller = match config.tokens.admit(auth.as_deref(), method.as_ref(), &path) {
         Admission::Admitted(caller) => caller,
         Admission::Unknown => {
-            if stats_shard::count_rejected("admin_unauthorized") {
-                log(WorkerLog::Rejected {
-                    reason: "admin_unauthorized",
-                    scope: None,
-                }
-                .to_value());
-            }
-            return Err(Refusal::Unauthorized);
+            return Err(rejected("admin_unauthorized", None, Refusal::Unauthorized))
         }
         Admission::Forbidden { caller, needs } => {
-            if stats_shard::count_rejected("admin_forbidden") {
-                log(WorkerLog::Rejected {
-                    reason: "admin_forbidden",
-                    scope: Some(ScopeRefused {
-                        method: method.to_string(),
-                        path,
-                        needs: needs.as_str(),
-                        by: json!(caller.actor()),
-                    }),
-                }
-                .to_value());
-            }
-            return Err(Refusal::Forbidden {
+            let scope = ScopeRefused {
+                method: method.to_string(),
+                path,
+                needs: needs.as_str(),
+                by: json!(caller.actor()),
+            };
+            let refusal = Refusal::Forbidden {
                 scope: caller.scope,
                 needs,
-            });
+            };
+            return Err(rejected("admin_forbidden", Some(scope), refusal));
         }
     };
     let acts = Route::of(method.as_ref(), &path) == Route::Act;
@@ -88,6 +76,14 @@ pub async fn handle(
         .to_value());
     }
     answer
+}
+
+/// Counts a refused request, logging it for the first of its reason in a flush window.
+fn rejected(reason: &'static str, scope: Option<ScopeRefused>, refusal: Refusal) -> Refusal {
+    if stats_shard::count_rejected(reason) {
+        log(WorkerLog::Rejected { reason, scope }.to_value());
+    }
+    refusal
 }
 
 /// A request the caller's scope may make.
@@ -161,11 +157,8 @@ async fn register(
     };
     match call_gate(env, &reg.key.key, &command).await? {
         GateReply::Created { operation } => {
-            log(WorkerLog::Registered {
-                key: reg.key.key.clone(),
-                by: json!(caller.actor()),
-            }
-            .to_value());
+            let (key, by) = (reg.key.key.clone(), json!(caller.actor()));
+            log(WorkerLog::Registered { key, by }.to_value());
             json_response(&operation, 201)
         }
         GateReply::Exists {

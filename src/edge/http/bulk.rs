@@ -63,12 +63,8 @@ pub async fn handle(
                     Err(e) => CommandResult::Failed(e.to_string()),
                 };
                 if let CommandResult::Failed(error) = &done {
-                    log(WorkerLog::Unavailable {
-                        error: error.clone(),
-                        key: Some(key),
-                        bulk: Some(action.as_str()),
-                    }
-                    .to_value());
+                    let (error, key, bulk) = (error.clone(), Some(key), Some(action.as_str()));
+                    log(WorkerLog::Unavailable { error, key, bulk }.to_value());
                 }
                 walk.run.record(&done);
             }

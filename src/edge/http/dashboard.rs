@@ -15,10 +15,8 @@ const DASHBOARD: &str = include_str!("dashboard.html");
 pub fn page() -> std::result::Result<web_sys::Response, Refusal> {
     let headers = Headers::new();
     headers.set("content-type", "text/html; charset=utf-8")?;
-    headers.set(
-        "content-security-policy",
-        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'",
-    )?;
+    let csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'";
+    headers.set("content-security-policy", csp)?;
     headers.set("cache-control", "no-store")?;
     Ok(Response::ok(DASHBOARD)?.with_headers(headers).into())
 }

@@ -56,11 +56,8 @@ pub async fn verify(
     let look = |k: &mut KeySet| k.lookup(&token.kid, now_ms);
     let jwk = resolve(env, config, now_ms, look, |k| k.after_fetch(&token.kid)).await?;
     let key = import(&jwk).await.map_err(|e| {
-        log(RouteLog::JwksImportFailed {
-            kid: jwk.kid.clone(),
-            error: format!("{e:?}"),
-        }
-        .to_value());
+        let (kid, error) = (jwk.kid.clone(), format!("{e:?}"));
+        log(RouteLog::JwksImportFailed { kid, error }.to_value());
         Rejection::Token(JwtError::KeysUnavailable)
     })?;
     match webcrypto_verify(&key, &token.signature, token.signing_input.as_bytes()).await {

@@ -69,10 +69,9 @@ async fn answer(
                 .find(|(n, _)| n == k)
                 .map(|(_, v)| v.into_owned())
         };
-        GateCommand::Results {
-            state: query("state").unwrap_or_else(|| "parked".into()),
-            cursor: query("cursor").filter(|c| !c.is_empty()),
-        }
+        let state = query("state").unwrap_or_else(|| "parked".into());
+        let cursor = query("cursor").filter(|c| !c.is_empty());
+        GateCommand::Results { state, cursor }
     };
     match call_gate(env, &key.key, &command).await? {
         GateReply::ResultsAnswer { answer } if answer.get("error").is_some() => Err(

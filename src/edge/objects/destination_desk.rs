@@ -55,9 +55,7 @@ impl DurableObject for DestinationDesk {
             "CREATE TABLE IF NOT EXISTS slots (key TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL)",
             "CREATE TABLE IF NOT EXISTS misses (key TEXT PRIMARY KEY, n INTEGER NOT NULL)",
         ];
-        row::create(&state.storage().sql(), &ddl, |error| {
-            WorkerLog::DeskSchemaError { error }
-        });
+        row::create(&state, &ddl, |error| WorkerLog::DeskSchemaError { error });
         Self { state, env }
     }
 
@@ -183,11 +181,8 @@ impl DestinationDesk {
     async fn send_alerts(&self, now: i64) -> Result<()> {
         let mut desk = self.load()?;
         if desk.alerts_dropped > 0 {
-            log(WorkerLog::AlertDropped {
-                owner: desk.label(),
-                dropped: std::mem::take(&mut desk.alerts_dropped),
-            }
-            .to_value());
+            let (owner, dropped) = (desk.label(), std::mem::take(&mut desk.alerts_dropped));
+            log(WorkerLog::AlertDropped { owner, dropped }.to_value());
             self.save(&desk)?;
         }
         let Ok(config) = load_config(&self.env) else {

@@ -39,9 +39,7 @@ impl DurableObject for ReconcileLease {
             "CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
             "CREATE TABLE IF NOT EXISTS last_pass (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
         ];
-        row::create(&state.storage().sql(), &ddl, |error| {
-            WorkerLog::LeaseSchemaError { error }
-        });
+        row::create(&state, &ddl, |error| WorkerLog::LeaseSchemaError { error });
         Self { state }
     }
 

@@ -77,7 +77,7 @@ impl Drop for Gathering<'_> {
 
 impl DurableObject for RetiredNames {
     fn new(state: State, env: Env) -> Self {
-        row::create(&state.storage().sql(), &[DDL, LEGACY_DDL], |error| {
+        row::create(&state, &[DDL, LEGACY_DDL], |error| {
             WorkerLog::RetiredSchemaError { error }
         });
         let config = load_config(&env).ok();
@@ -165,11 +165,8 @@ impl RetiredNames {
     /// Whether `name` was kept: its bucket's rows, then the old table.
     fn ask(&self, sql: &SqlStorage, name: &RetiredName) -> Result<RetiredReply> {
         let entry = name.entry();
-        let packed = self
-            .parts(sql, PARTS, *name)?
-            .iter()
-            .any(|(_, hashes)| holds(hashes, &entry));
-        if packed {
+        let parts = self.parts(sql, PARTS, *name)?;
+        if parts.iter().any(|(_, hashes)| holds(hashes, &entry)) {
             return Ok(RetiredReply::Retired(true));
         }
         // The table of shards written before the packing (at most one row read; none in a

@@ -7,7 +7,7 @@
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use worker::{Result, SqlStorage};
+use worker::{Result, SqlStorage, State};
 
 use crate::edge::runtime::log;
 use crate::telemetry::worker_log::WorkerLog;
@@ -18,7 +18,8 @@ struct BodyRow {
 }
 
 /// Runs each statement of `ddl`, logging a failure as `failed` words it.
-pub fn create(sql: &SqlStorage, ddl: &[&str], failed: fn(String) -> WorkerLog) {
+pub fn create(state: &State, ddl: &[&str], failed: fn(String) -> WorkerLog) {
+    let sql = state.storage().sql();
     for statement in ddl {
         if let Err(e) = sql.exec(statement, None) {
             log(failed(e.to_string()).to_value());

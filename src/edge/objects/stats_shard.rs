@@ -157,10 +157,8 @@ async fn send_tally(
     let shard = (now_ms.rem_euclid(i64::from(SHARDS))) as u32;
     if let Err(e) = add(env, shard, None, batch.clone()).await {
         tally.with(|t| t.borrow_mut().add_events(&batch));
-        log(WorkerLog::StatsFlushFailed {
-            error: e.to_string(),
-        }
-        .to_value());
+        let error = e.to_string();
+        log(WorkerLog::StatsFlushFailed { error }.to_value());
     }
 }
 
@@ -268,10 +266,8 @@ impl DurableObject for StatsShard {
             meter,
         };
         if let Err(e) = shard_store::open(&shard.db(), now_ms()) {
-            log(WorkerLog::StatsSchemaError {
-                error: e.to_string(),
-            }
-            .to_value());
+            let error = e.to_string();
+            log(WorkerLog::StatsSchemaError { error }.to_value());
         }
         shard
     }

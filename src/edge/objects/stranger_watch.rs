@@ -43,15 +43,10 @@ pub struct StrangerWatch {
 
 impl DurableObject for StrangerWatch {
     fn new(state: State, env: Env) -> Self {
-        let ddl = "CREATE TABLE IF NOT EXISTS watch (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)";
-        row::create(&state.storage().sql(), &[ddl], |error| {
-            WorkerLog::WatchSchemaError { error }
-        });
-        Self {
-            state,
-            env,
-            tally: RefCell::new(None),
-        }
+        let ddl = ["CREATE TABLE IF NOT EXISTS watch (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)"];
+        row::create(&state, &ddl, |error| WorkerLog::WatchSchemaError { error });
+        let tally = RefCell::new(None);
+        Self { state, env, tally }
     }
 
     async fn fetch(&self, mut req: Request) -> Result<Response> {

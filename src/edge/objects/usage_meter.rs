@@ -67,11 +67,7 @@ impl Meter {
     }
 
     fn count(&self, cursor: &SqlCursor) {
-        if self.on.get() {
-            self.usage
-                .borrow_mut()
-                .statement(cursor.rows_read() as u64, cursor.rows_written() as u64);
-        }
+        self.add(|u| u.statement(cursor.rows_read() as u64, cursor.rows_written() as u64));
     }
 
     /// Counts something other than a statement.

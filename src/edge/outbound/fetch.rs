@@ -58,15 +58,6 @@ pub enum Keep {
 }
 
 impl Keep {
-    /// How the body of an answer with `status` is read.
-    fn body_for(self, status: u16) -> CappedBody {
-        match self {
-            Keep::Whole(cap) if class_of_status(status) == Class::Success => CappedBody::whole(cap),
-            Keep::Whole(_) => CappedBody::excerpt(excerpt_bytes(EXCERPT_CHARS)),
-            Keep::Excerpt(chars) => CappedBody::excerpt(excerpt_bytes(chars)),
-        }
-    }
-
     /// The answer with `status`, once its body was read into `body`.
     fn answer(self, status: u16, retry_after: Option<String>, body: CappedBody) -> PeerAnswer {
         let success = class_of_status(status) == Class::Success;
@@ -89,7 +80,12 @@ impl Keep {
 async fn kept_answer(response: &Response, keep: Keep) -> PeerAnswer {
     let status = response.status_code();
     let retry_after = response.headers().get("retry-after").ok().flatten();
-    match read_answer(response, keep.body_for(status)).await {
+    let body = match keep {
+        Keep::Whole(cap) if class_of_status(status) == Class::Success => CappedBody::whole(cap),
+        Keep::Whole(_) => CappedBody::excerpt(excerpt_bytes(EXCERPT_CHARS)),
+        Keep::Excerpt(chars) => CappedBody::excerpt(excerpt_bytes(chars)),
+    };
+    match read_answer(response, body).await {
         Ok(body) => keep.answer(status, retry_after, body),
         Err(e) => PeerAnswer::Network(js_error(&e)),
     }
@@ -228,12 +224,9 @@ pub async fn post_alert(config: &Config, body: &Value) -> bool {
     if answer.class() == Class::Success {
         return true;
     }
-    log(WorkerLog::AlertFailed {
-        alert: body["alert"].clone(),
-        key: Some(body["key"].clone()),
-        answer: answer.summary(),
-    }
-    .to_value());
+    let (alert, key) = (body["alert"].clone(), Some(body["key"].clone()));
+    let answer = answer.summary();
+    log(WorkerLog::AlertFailed { alert, key, answer }.to_value());
     false
 }
 

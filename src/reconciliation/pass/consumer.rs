@@ -287,19 +287,16 @@ impl Consumer {
             return;
         }
         self.books.report.dropped += entries.len() as u64;
+        let keys = entries
+            .iter()
+            .map(|e| String::from(e.name.strip_prefix(OPEN_PREFIX).unwrap_or(&e.name)))
+            .collect();
         self.books.log(PassLog::ReconcileJobDropped {
             reason,
             entries: entries.len() as u64,
             hops: job.hops,
             age_ms: now_ms - job.first_slot(),
-            keys: entries
-                .into_iter()
-                .map(|e| {
-                    e.name
-                        .strip_prefix(OPEN_PREFIX)
-                        .map_or(e.name.clone(), str::to_string)
-                })
-                .collect(),
+            keys,
         });
     }
 

@@ -359,16 +359,9 @@ impl EntryRun {
         if observation.status.is_terminal() {
             // The stuck check follows the poll: an operation this answer settles is not stuck
             // (the gate refuses it too; this saves the call).
-            let stuck = |s: &Step| {
-                matches!(
-                    s,
-                    Step::Act(Action::Alert {
-                        kind: AlertKind::Stuck,
-                        ..
-                    })
-                )
-            };
-            self.steps.retain(|s| !stuck(s));
+            self.steps.retain(|s| {
+                !matches!(s, Step::Act(Action::Alert { kind, .. }) if *kind == AlertKind::Stuck)
+            });
         }
         let command = GateCommand::Deliver {
             key,
@@ -431,16 +424,10 @@ impl EntryRun {
     /// costs one trip, not one per pass. A pass-level race (closed since it was listed) costs
     /// at most one redundant projection.
     fn reindex_if_done(&mut self, books: &Books, reply: &GateReply) {
-        let done = matches!(
-            reply,
-            GateReply::Effect {
-                effect: EffectReport::Delivered
-            } | GateReply::Dropped {
-                effect: EffectReport::Delivered,
-                ..
-            }
-        );
-        if done && books.affords(1) {
+        let (GateReply::Effect { effect } | GateReply::Dropped { effect, .. }) = reply else {
+            return;
+        };
+        if *effect == EffectReport::Delivered && books.affords(1) {
             self.steps.push_front(Step::Reindex { stale: true });
         }
     }

@@ -142,10 +142,9 @@ impl QueuedJob {
     /// `job` for sending at `now_ms`: held until its first slot.
     pub fn of(job: &PollJob, now_ms: i64) -> QueuedJob {
         let delay = (job.not_before_ms - now_ms).div_euclid(1_000);
-        QueuedJob {
-            body: serde_json::to_string(job).unwrap_or_default(),
-            delay_secs: delay.clamp(0, MAX_DELAY_SECS) as u32,
-        }
+        let body = serde_json::to_string(job).unwrap_or_default();
+        let delay_secs = delay.clamp(0, MAX_DELAY_SECS) as u32;
+        QueuedJob { body, delay_secs }
     }
 }
 

@@ -13,10 +13,8 @@ use super::{walked, webhook, Awaiting, Intent, Pass, PassLog, Phase};
 
 impl Pass {
     pub(super) fn acquire(&mut self) -> Option<Intent> {
-        let acquire = LeaseCommand::Acquire {
-            holder: self.holder.clone(),
-            ttl_ms: self.books.limits.lease_ttl_ms,
-        };
+        let (holder, ttl_ms) = (self.holder.clone(), self.books.limits.lease_ttl_ms);
+        let acquire = LeaseCommand::Acquire { holder, ttl_ms };
         self.call(Phase::Acquire, Awaiting::Acquire, Intent::Lease(acquire))
     }
 

@@ -70,9 +70,10 @@ impl Pass {
         let Phase::Webhook(mut check) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
-        match read_answer(&answer, "a listing page", |body| {
+        let page = read_answer(&answer, "a listing page", |body| {
             find_webhook(body, &check.name)
-        }) {
+        });
+        match page {
             Ok(page) => {
                 if page.state.is_some() {
                     check.id = page.id;
@@ -83,10 +84,9 @@ impl Pass {
                 self.phase = Phase::Webhook(check);
             }
             Err(e) => {
-                self.books.error(PassLog::WebhookCheckFailed {
-                    webhook: check.name,
-                    error: format!("{e:?}"),
-                });
+                let (webhook, error) = (check.name, format!("{e:?}"));
+                self.books
+                    .error(PassLog::WebhookCheckFailed { webhook, error });
                 self.webhook = None;
                 self.phase = Phase::Index(check.then);
             }
@@ -96,10 +96,7 @@ impl Pass {
     /// The state is known: enable the webhook again, or alert (once per state) that it is
     /// left as it is. Reached again with `left` set when enabling it failed.
     fn webhook_conclude(&mut self, mut check: Check) -> Option<Intent> {
-        let state = check
-            .state
-            .get_or_insert_with(|| "not_found".to_string())
-            .clone();
+        let state = check.state.get_or_insert("not_found".into()).clone();
         if check.left.is_none() {
             self.books.log(PassLog::WebhookState {
                 webhook: check.name.clone(),
@@ -135,11 +132,8 @@ impl Pass {
         let body = crate::operation::alert::webhook_disabled(&check.name, &state, left);
         check.alerting = Some(mark);
         // The alert's post is a subrequest like any other call: counted against the budget.
-        self.call(
-            Phase::Webhook(check),
-            Awaiting::WebhookAlert,
-            Intent::PostAlert(body),
-        )
+        let alert = Intent::PostAlert(body);
+        self.call(Phase::Webhook(check), Awaiting::WebhookAlert, alert)
     }
 
     /// Whether the alert of [`Intent::PostAlert`] was sent.
@@ -165,14 +159,12 @@ impl Pass {
         let was = check.state.clone().unwrap_or_default();
         // Enabled: a 2xx whose body does not name another state.
         if let Err(e) = read_answer(&answer, "an answer", |body| webhook_enabled(body)) {
-            self.books.error(PassLog::WebhookEnableFailed {
-                webhook: check.name.clone(),
-                error: format!("{e:?}"),
-            });
+            let (webhook, error) = (check.name.clone(), format!("{e:?}"));
+            self.books
+                .error(PassLog::WebhookEnableFailed { webhook, error });
             // Alerted once per state, as any webhook left disabled; the next pass tries again.
-            check.left = Some(format!(
-                "Enabling it failed ({e:?}); the next pass tries again."
-            ));
+            let left = format!("Enabling it failed ({e:?}); the next pass tries again.");
+            check.left = Some(left);
             self.phase = Phase::Webhook(check);
             return;
         }

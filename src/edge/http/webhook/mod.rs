@@ -35,9 +35,7 @@ use crate::edge::objects::call::{call_gate, post_json, status_backoff, status_sl
 use crate::edge::objects::stats_shard::{count_at_edge, count_rejected};
 use crate::edge::objects::stranger_watch::{WATCH_BINDING, WATCH_NAME};
 use crate::edge::objects::usage_meter::Meter;
-use crate::edge::outbound::analytics;
-use crate::edge::outbound::ledger_kv::write_dead_letter;
-use crate::edge::outbound::status_api;
+use crate::edge::outbound::{analytics, ledger_kv::write_dead_letter, status_api};
 use crate::edge::raw_response;
 use crate::edge::runtime::{log, now_ms};
 
