@@ -213,15 +213,6 @@ impl ResultsPlan {
     pub fn next(&mut self, seen: Seen, now: i64) -> Option<ResultsWork> {
         let stage = std::mem::replace(&mut self.stage, Stage::Over);
         match (stage, seen) {
-            (
-                stage @ (Stage::Effect(_)
-                | Stage::EffectAtDesk
-                | Stage::EffectClaiming
-                | Stage::EffectSending
-                | Stage::EffectAnswered(_)
-                | Stage::EffectReported),
-                seen,
-            ) => self.effect(stage, seen),
             (Stage::Start, _) => self.then(Stage::Stored, ResultsWork::LoadProgress),
             (Stage::Stored, Seen::Progress(stored)) => self.stored(stored),
             (Stage::Locating(p), Seen::Located(located)) => self.located(p, located, now),
@@ -280,7 +271,8 @@ impl ResultsPlan {
             }
             (Stage::Reported, _) => self.then(Stage::Over, ResultsWork::LoadRecord),
             (Stage::Over, _) => None,
-            (stage, seen) => unreachable!("a results step at {stage:?} told {seen:?}"),
+            // The job's effect's stages.
+            (stage, seen) => self.effect(stage, seen),
         }
     }
 
@@ -315,7 +307,7 @@ impl ResultsPlan {
                 self.commit(Stage::Over, Marking::EffectWaits(paused))
             }
             (Stage::EffectReported, _) => None,
-            (stage, seen) => unreachable!("a job's effect at {stage:?} told {seen:?}"),
+            (stage, seen) => unreachable!("a step at {stage:?} told {seen:?}"),
         }
     }
 
