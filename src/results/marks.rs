@@ -19,11 +19,12 @@
 use serde_json::Value;
 
 use crate::operation::alert::AlertKind;
+use crate::operation::gate::alarm::{self, AlarmDone, Attempt};
 use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::GateReply;
-use crate::operation::gate::{results_retried, ResultsTaken, Step};
+use crate::operation::gate::{results_retried, GateLimits, ResultsTaken, Step};
 use crate::operation::history::HistoryEntry;
-use crate::operation::{Actor, Operation, Queued};
+use crate::operation::{Actor, Claim, Operation, Queued};
 use crate::results::item::ResultItem;
 use crate::results::lines::Checkpoint;
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Metered, Progress};
@@ -95,32 +96,79 @@ pub enum Marking {
     DueAt(i64),
     /// The desk's release or grant is spent ([`desk_spent`]).
     DeskSpent,
+    /// The job's effect claimed before its send, if it is still owed, due and free
+    /// ([`alarm::begin_attempt`]), with the alarm at the claim's expiry.
+    EffectClaim,
+    /// The job's attempt, committed under its claim's fencing token
+    /// ([`alarm::attempt_finished`]).
+    EffectAnswered(Box<Attempt>),
+    /// The desk queued the job's effect (`paused`: a pause holds it)
+    /// ([`alarm::wait_on_destination`]).
+    EffectWaits(bool),
 }
 
-/// What a results step's writes are decided with: the results' tunables, the desk's
-/// fallback ([`crate::operation::gate::GateLimits::desk_fallback_ms`]) and the destination's
-/// label (`/metrics`' count).
+/// What a commit claimed: a chunk of results, or the job's effect.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claimed {
+    Chunk(ChunkClaim),
+    Effect(Claim),
+}
+
+/// A [`Marking`] decided: the gate's step, what it claimed, and whether the alarm is set with
+/// its write (the job's claim, at its expiry; its answer, as [`alarm::sets_alarm_at_once`]
+/// says; its wait on the desk) or left to the run's end (a results step's writes).
+#[derive(Debug)]
+pub struct Decided {
+    pub step: Marked,
+    pub claimed: Option<Claimed>,
+    pub alarm_at_once: bool,
+}
+
+/// What a step's writes are decided with: the results' tunables, the gate's (the claim's
+/// lifetime, the job's backoff, the desk's fallback:
+/// [`crate::operation::gate::GateLimits::desk_fallback_ms`]) and the destination's label
+/// (`/metrics`' count).
 #[derive(Debug, Clone, Copy)]
 pub struct Context<'a> {
     pub limits: &'a Limits,
-    pub desk_fallback_ms: i64,
+    pub gate: &'a GateLimits,
     pub to: &'a str,
 }
 
 /// The gate's step for `marking` on the record `op` as stored now, at `now` (each failure's
-/// backoff drawn with `jitter`), and the chunk claimed when it claims one.
+/// backoff drawn with `jitter`), what it claimed, and whether it sets the alarm at once.
 pub fn decide(
     marking: Marking,
     op: Operation,
     cx: &Context,
     (now, mut jitter): (i64, impl FnMut() -> f64),
-) -> (Marked, Option<ChunkClaim>) {
+) -> Decided {
     let age = cx.limits.alert_after_ms / 1_000;
+    let decided = |step, claimed, alarm_at_once| Decided {
+        step,
+        claimed,
+        alarm_at_once,
+    };
     let marked = match marking {
         Marking::Progress(p) => progress(op, ProgressWrite::of(p)),
         Marking::Claimed { progress, to, last } => {
             let (step, claim) = claimed(op, progress, to, last);
-            return (step, Some(claim));
+            return decided(step, Some(Claimed::Chunk(claim)), false);
+        }
+        Marking::EffectClaim => {
+            return match alarm::begin_attempt(op.clone(), now, cx.gate) {
+                Some((claim, step)) => decided(of_alarm(step), Some(Claimed::Effect(claim)), true),
+                None => decided(Step::new(Some(op), ()), None, true),
+            };
+        }
+        Marking::EffectAnswered(attempt) => {
+            let step = alarm::attempt_finished(op, &attempt, cx.gate, jitter());
+            let at_once = alarm::sets_alarm_at_once(&step);
+            return decided(of_alarm(step), None, at_once);
+        }
+        Marking::EffectWaits(paused) => {
+            let step = alarm::wait_on_destination(op, now, cx.gate, paused);
+            return decided(of_alarm(step), None, true);
         }
         Marking::Committed {
             progress,
@@ -147,12 +195,29 @@ pub fn decide(
             failing_parked,
         } => settled(op, counts, failing_parked, now),
         Marking::Wait { paused, held } => {
-            wait_on_destination(op, (paused, held), cx.desk_fallback_ms, now)
+            wait_on_destination(op, (paused, held), cx.gate.desk_fallback_ms, now)
         }
         Marking::DueAt(at) => due_at(op, at),
         Marking::DeskSpent => desk_spent(op),
     };
-    (marked, None)
+    decided(marked, None, false)
+}
+
+/// A job's alarm step as a step's decision: the same record, rows, lines and counts handed
+/// over; no progress.
+fn of_alarm(step: Step<AlarmDone>) -> Marked {
+    Step {
+        record: step.record,
+        save: step.save,
+        history: step.history,
+        logs: step.logs,
+        reply: (),
+        attach_history: step.attach_history,
+        reset_alarm: step.reset_alarm,
+        purge: step.purge,
+        tally: step.tally,
+        results: None,
+    }
 }
 
 /// A step's answers, as its commit settles them.
@@ -714,9 +779,13 @@ pub(crate) mod tests {
     /// other write claims one); a failed read draws the jitter once; the clock is the commit's.
     #[test]
     fn a_marking_is_decided_by_its_function_on_the_record_as_stored() {
+        let gate = GateLimits {
+            desk_fallback_ms: 1_000,
+            ..crate::operation::gate::fixtures::LIMITS
+        };
         let cx = Context {
             limits: &LIMITS,
-            desk_fallback_ms: 1_000,
+            gate: &gate,
             to: "d",
         };
         let p = Progress::begin(Source::Inline, 10);
@@ -725,20 +794,24 @@ pub(crate) mod tests {
             to: at(3),
             last: true,
         };
-        let (s, claimed) = decide(claim, succeeded(), &cx, (20, || 0.5));
+        let d = decide(claim, succeeded(), &cx, (20, || 0.5));
+        let to = match d.claimed {
+            Some(Claimed::Chunk(c)) => Some(c.to),
+            _ => None,
+        };
         assert_eq!(
-            (s.save, claimed.map(|c| c.to)),
-            (Save::Unchanged, Some(at(3)))
+            (d.step.save, to, d.alarm_at_once),
+            (Save::Unchanged, Some(at(3)), false)
         );
-        let (s, none) = decide(Marking::DueAt(500), succeeded(), &cx, (20, || 0.5));
-        assert_eq!((s.save, none), (Save::Durable, None));
+        let d = decide(Marking::DueAt(500), succeeded(), &cx, (20, || 0.5));
+        assert_eq!((d.step.save, d.claimed), (Save::Durable, None));
         let mut draws = 0;
         let failed = Marking::ReadFailed(p, FileTrouble::Missing);
         let jitter = || {
             draws += 1;
             0.5
         };
-        let (s, _) = decide(failed, succeeded(), &cx, (20, jitter));
+        let s = decide(failed, succeeded(), &cx, (20, jitter)).step;
         assert_eq!(draws, 1);
         let w = read_failed(
             succeeded(),
@@ -752,12 +825,97 @@ pub(crate) mod tests {
             paused: true,
             held: None,
         };
-        let (s, _) = decide(wait, succeeded(), &cx, (20, || 0.5));
+        let s = decide(wait, succeeded(), &cx, (20, || 0.5)).step;
         assert_eq!(
             s.record.unwrap().results_due_ms(),
             Some(1_020),
             "the desk's fallback"
         );
+    }
+
+    /// The job's writes, decided on the record as stored: the claim (with its history row, the
+    /// alarm at its expiry) only while the effect is owed and free; the answer under the
+    /// claim's fencing token (a stale token changes nothing), the alarm at once when work is
+    /// left owed; a wait on the desk, with the alarm.
+    #[test]
+    fn the_jobs_writes_are_decided_as_the_alarm_decides_them() {
+        use crate::operation::gate::fixtures::{deliver, registered, LIMITS as GATE};
+        use crate::operation::gate::step as gate_step;
+        use crate::operation::Finished;
+        let cx = Context {
+            limits: &LIMITS,
+            gate: &GATE,
+            to: "d",
+        };
+        let owed = gate_step(Some(registered()), deliver(Status::Succeeded), 10);
+        let owed = owed.record.unwrap();
+        let d = decide(Marking::EffectClaim, registered(), &cx, (10, || 0.5));
+        assert_eq!(
+            (d.step.save, d.claimed),
+            (Save::Unchanged, None),
+            "not owed"
+        );
+        let d = decide(Marking::EffectClaim, owed.clone(), &cx, (10, || 0.5));
+        let Some(Claimed::Effect(claim)) = d.claimed else {
+            panic!("{:?}", d.claimed);
+        };
+        let (expected, _) = alarm::begin_attempt(owed.clone(), 10, &GATE).unwrap();
+        assert_eq!(
+            (claim, d.step.save, d.alarm_at_once),
+            (expected, Save::Durable, true)
+        );
+        assert_eq!(what(&d.step), ["claimed"]);
+        let claimed = d.step.record.unwrap();
+        let attempt = |claim, outcome| {
+            Box::new(Attempt {
+                claim,
+                outcome,
+                started_ms: 10,
+                finished_ms: 20,
+                asked_wait_ms: None,
+                target: Default::default(),
+            })
+        };
+        let done = Marking::EffectAnswered(attempt(claim, AttemptOutcome::Delivered));
+        let d = decide(done, claimed.clone(), &cx, (20, || 0.5));
+        assert!(claimed_done(&d), "committed under its token");
+        assert!(
+            !d.alarm_at_once,
+            "a success leaves the alarm to the run's end"
+        );
+        let retry = AttemptOutcome::Retry("503".into());
+        let d = decide(
+            Marking::EffectAnswered(attempt(claim, retry)),
+            claimed.clone(),
+            &cx,
+            (20, || 0.5),
+        );
+        assert!(d.alarm_at_once, "a retry moves the alarm at once");
+        // A claim no longer current (an older token): its failure changes nothing.
+        let stale = Claim {
+            token: claim.token - 1,
+            ..claim
+        };
+        let late = || attempt(stale, AttemptOutcome::Retry("503".into()));
+        let d = decide(
+            Marking::EffectAnswered(late()),
+            claimed.clone(),
+            &cx,
+            (20, || 0.5),
+        );
+        let expected = alarm::attempt_finished(claimed.clone(), &late(), &GATE, 0.5);
+        let fenced = alarm::AlarmDone::AttemptFinished(Finished::Fenced);
+        assert_eq!(expected.reply, fenced);
+        assert_eq!(
+            (d.step.save, d.step.record),
+            (expected.save, expected.record)
+        );
+        let d = decide(Marking::EffectWaits(true), owed, &cx, (20, || 0.5));
+        assert!(d.alarm_at_once && d.step.save == Save::Durable);
+    }
+
+    fn claimed_done(d: &Decided) -> bool {
+        d.step.record.as_ref().is_some_and(|op| op.effect().done())
     }
 
     /// Rows sent again: each row's answer, each with its own draw of the jitter.

@@ -18,10 +18,11 @@
 
 use crate::destination::protocol::Sent;
 use crate::destination::sending::Sending;
-use crate::operation::{DeskMark, Operation};
+use crate::operation::gate::alarm::Attempt;
+use crate::operation::{Claim, DeskMark, Operation};
 use crate::results::item::{ResultItem, Source};
 use crate::results::lines::Checkpoint;
-use crate::results::marks::{Answers, Marking};
+use crate::results::marks::{Answers, Claimed, Marking};
 use crate::results::progress::{ChunkClaim, FileTrouble, Limits, Phase, Progress};
 use crate::results::progress::{ProgressWrite, Step};
 use crate::results::source::{file_of_details, unlocated, StatusTrouble, Unlocated};
@@ -79,6 +80,9 @@ pub enum ResultsWork {
     /// Send these results, as the desk's turn lets them go, with the head of the record as
     /// the step found it: [`Seen::Sent`].
     Send(Vec<ResultItem>),
+    /// Send the job's effect under this claim, built from the record as claimed:
+    /// [`Seen::Attempted`].
+    SendEffect(Claim),
     /// Commit this write on the record as stored now: [`Seen::Committed`].
     Commit(Box<Marking>),
     /// The desk hears how the sends went, when its turn says it must: [`Seen::Told`].
@@ -104,8 +108,10 @@ pub enum Seen {
     Items(Vec<ResultItem>),
     /// Each result's answer, in order, and how the sends went.
     Sent(Vec<(ResultItem, Sending)>, Sent),
-    /// The commit's claim, when it claimed a chunk.
-    Committed(Option<ChunkClaim>),
+    /// How the job's attempt went, and how the send went (as its desk hears it).
+    Attempted(Box<Attempt>, Sent),
+    /// The commit's claim, when it claimed a chunk or the job's effect.
+    Committed(Option<Claimed>),
     /// `Some(paused)` when the desk queued the batch.
     Told(Option<bool>),
 }
@@ -138,6 +144,14 @@ enum Stage {
     SentThen(Progress, Carries, Vec<(ResultItem, Sending)>, Sent),
     Reporting(Sent),
     Reported,
+    /// The job's effect (a batch of one): its turn, its claim, its send, its answer's commit
+    /// and its report.
+    Effect(bool),
+    EffectAtDesk,
+    EffectClaiming,
+    EffectSending,
+    EffectAnswered(Sent),
+    EffectReported,
     Over,
 }
 
@@ -174,6 +188,26 @@ impl ResultsPlan {
         })
     }
 
+    /// The job's effect of `op`, a batch of one, when the alarm's plan finds it due
+    /// ([`crate::operation::gate::alarm::AlarmWork::Effect`]): its turn at the desk (a retry,
+    /// after a failure, asks first), its claim committed on the record as stored then (none when it is no
+    /// longer owed: the step ends), its send, its answer committed under the claim's fencing
+    /// token, then the desk's report; a desk that queued it makes it wait.
+    pub fn job(op: &Operation, limits: Limits) -> ResultsPlan {
+        let retry = op.effect().failures_in_row() > 0;
+        ResultsPlan {
+            stage: Stage::Effect(retry),
+            now: 0,
+            limits,
+            mark: op.effect().desk(),
+            // A batch's results' own: a job has none.
+            released: false,
+            settled_ms: None,
+            updated_ms: 0,
+            file: None,
+        }
+    }
+
     /// The next piece of work, given what the last one gave (`Seen::Nothing` first) at `now`;
     /// `None` when the step is over.
     pub fn next(&mut self, seen: Seen, now: i64) -> Option<ResultsWork> {
@@ -199,7 +233,7 @@ impl ResultsPlan {
                 let p = fresh.unwrap_or(p);
                 match trouble {
                     Some(t) => self.commit(Stage::Over, Marking::ReadFailed(p, t)),
-                    None => self.turn(p, step),
+                    None => self.ask_turn(p, step),
                 }
             }
             (Stage::AtDesk(p, step), Seen::Turn(turn)) => self.at_desk(p, step, turn),
@@ -217,7 +251,7 @@ impl ResultsPlan {
             (Stage::ReadThen(p, claimed, read), Seen::Progress(fresh)) => {
                 self.read(fresh.unwrap_or(p), claimed, read)
             }
-            (Stage::Claiming(p, items, to), Seen::Committed(Some(claim))) => {
+            (Stage::Claiming(p, items, to), Seen::Committed(Some(Claimed::Chunk(claim)))) => {
                 let carries = Some((claim.chunk, to));
                 self.then(Stage::Sending(p, carries), ResultsWork::Send(items))
             }
@@ -237,7 +271,43 @@ impl ResultsPlan {
             }
             (Stage::Reported, _) => self.then(Stage::Over, ResultsWork::LoadRecord),
             (Stage::Over, _) => None,
-            (stage, seen) => unreachable!("a results step at {stage:?} told {seen:?}"),
+            // The job's effect's stages.
+            (stage, seen) => self.effect(stage, seen),
+        }
+    }
+
+    /// The job's effect, a batch of one: its turn; a queued effect waits; its claim committed
+    /// on the record as stored (none: no longer owed, the step ends); its send under the
+    /// claim; its answer committed; the desk's report, which may make it wait.
+    fn effect(&mut self, stage: Stage, seen: Seen) -> Option<ResultsWork> {
+        match (stage, seen) {
+            (Stage::Effect(retry), _) => {
+                let (mark, ready) = (self.mark, 1);
+                let turn = ResultsWork::Turn { mark, ready, retry };
+                self.then(Stage::EffectAtDesk, turn)
+            }
+            (Stage::EffectAtDesk, Seen::Turn(Err(paused))) => {
+                self.commit(Stage::Over, Marking::EffectWaits(paused))
+            }
+            (Stage::EffectAtDesk, Seen::Turn(Ok(_))) => {
+                self.commit(Stage::EffectClaiming, Marking::EffectClaim)
+            }
+            (Stage::EffectClaiming, Seen::Committed(Some(Claimed::Effect(claim)))) => {
+                self.then(Stage::EffectSending, ResultsWork::SendEffect(claim))
+            }
+            (Stage::EffectClaiming, Seen::Committed(_)) => None,
+            (Stage::EffectSending, Seen::Attempted(attempt, sent)) => {
+                let answered = Marking::EffectAnswered(attempt);
+                self.commit(Stage::EffectAnswered(sent), answered)
+            }
+            (Stage::EffectAnswered(sent), _) => {
+                self.then(Stage::EffectReported, ResultsWork::Report(sent))
+            }
+            (Stage::EffectReported, Seen::Told(Some(paused))) => {
+                self.commit(Stage::Over, Marking::EffectWaits(paused))
+            }
+            (Stage::EffectReported, _) => None,
+            (stage, seen) => unreachable!("a step at {stage:?} told {seen:?}"),
         }
     }
 
@@ -326,12 +396,12 @@ impl ResultsPlan {
                 };
                 self.then(Stage::Checking(p, step), read)
             }
-            None => self.turn(p, step),
+            None => self.ask_turn(p, step),
         }
     }
 
     /// The desk's turn for the step's sends, if it sends any.
-    fn turn(&mut self, p: Progress, step: Step) -> Option<ResultsWork> {
+    fn ask_turn(&mut self, p: Progress, step: Step) -> Option<ResultsWork> {
         let Some((ready, retry)) = step.sends() else {
             return self.act(p, step, 0);
         };
@@ -533,10 +603,22 @@ mod tests {
             }
             ResultsWork::Commit(m) => match &**m {
                 Marking::Claimed { progress, to, last } => {
-                    Seen::Committed(Some(progress.clone().claim(*to, *last)))
+                    let claim = progress.clone().claim(*to, *last);
+                    Seen::Committed(Some(Claimed::Chunk(claim)))
                 }
                 _ => Seen::Committed(None),
             },
+            ResultsWork::SendEffect(claim) => Seen::Attempted(
+                Box::new(Attempt {
+                    claim: *claim,
+                    outcome: AttemptOutcome::Delivered,
+                    started_ms: NOW,
+                    finished_ms: NOW + 10,
+                    asked_wait_ms: None,
+                    target: Default::default(),
+                }),
+                Sent::default(),
+            ),
             ResultsWork::Report(_) | ResultsWork::Tell(_) => Seen::Told(None),
             ResultsWork::Locate | ResultsWork::BackOff(_) | ResultsWork::LoadRecord => {
                 Seen::Nothing
@@ -566,7 +648,7 @@ mod tests {
             ResultsWork::Read { .. } => "read",
             ResultsWork::Turn { .. } => "turn",
             ResultsWork::LoadRows(_) => "rows",
-            ResultsWork::Send(_) => "send",
+            ResultsWork::Send(_) | ResultsWork::SendEffect(_) => "send",
             ResultsWork::Commit(m) => match **m {
                 Marking::Progress(_) => "progress",
                 Marking::Claimed { .. } => "claim",
@@ -575,6 +657,9 @@ mod tests {
                 Marking::Wait { .. } => "wait",
                 Marking::DueAt(_) => "due",
                 Marking::DeskSpent => "spent",
+                Marking::EffectClaim => "claim effect",
+                Marking::EffectAnswered(_) => "commit effect",
+                Marking::EffectWaits(_) => "effect waits",
                 _ => "alert or settled",
             },
             ResultsWork::Report(_) => "report",
@@ -589,6 +674,117 @@ mod tests {
             Some(ResultsWork::Commit(m)) => (**m).clone(),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The job's effect of `op` (a batch of one), each work answered by `answer`, its claim's
+    /// commit claiming the effect when it is still `owed`: the works in order.
+    fn drive_job(
+        op: &Operation,
+        owed: bool,
+        mut answer: impl FnMut(&ResultsWork) -> Seen,
+    ) -> Vec<ResultsWork> {
+        let mut plan = ResultsPlan::job(op, LIMITS);
+        let (mut works, mut seen) = (Vec::new(), Seen::Nothing);
+        let claim = Claim {
+            token: 7,
+            expires_ms: NOW + 600_000,
+            generation: 1,
+        };
+        while let Some(work) = plan.next(seen, NOW) {
+            seen = match &work {
+                ResultsWork::Commit(m) if **m == Marking::EffectClaim => {
+                    Seen::Committed(owed.then_some(Claimed::Effect(claim)))
+                }
+                w => answer(w),
+            };
+            works.push(work);
+            assert!(works.len() < 20, "{works:?}");
+        }
+        works
+    }
+
+    /// A job whose effect failed once (its next attempt a retry).
+    fn failed_once() -> Operation {
+        use crate::operation::gate::fixtures::{answered, deliver, registered};
+        use crate::operation::gate::step as gate_step;
+        use crate::operation::lifecycle::Status;
+        let owed = gate_step(Some(registered()), deliver(Status::Succeeded), 10);
+        let retry = AttemptOutcome::Retry("503".into());
+        let failed = answered(owed.record.unwrap(), 10, 20, retry)
+            .record
+            .unwrap();
+        assert_eq!(failed.effect().failures_in_row(), 1);
+        failed
+    }
+
+    /// The job's effect through the plan: its turn (one send, a retry asks), the claim
+    /// committed before the send, the answer committed under that claim before the desk's
+    /// report; a desk that queues it on the report makes it wait after the answer's commit.
+    #[test]
+    fn a_jobs_effect_is_claimed_before_its_send_and_committed_before_the_report() {
+        let works = drive_job(&failed_once(), true, world(reading(0)));
+        let shape = ["turn", "claim effect", "send", "commit effect", "report"];
+        assert_eq!(names(&works), shape);
+        assert_eq!(
+            works[0],
+            ResultsWork::Turn {
+                mark: None,
+                ready: 1,
+                retry: true
+            }
+        );
+        let ResultsWork::SendEffect(claim) = works[2] else {
+            panic!("{works:?}");
+        };
+        let Marking::EffectAnswered(attempt) = works[3].as_marking() else {
+            panic!("{works:?}");
+        };
+        assert_eq!(
+            (attempt.claim, claim.token),
+            (claim, 7),
+            "under the claim's token"
+        );
+        let mut answer = world(reading(0));
+        let queued = drive_job(&succeeded(), true, |w: &ResultsWork| match w {
+            ResultsWork::Report(_) => Seen::Told(Some(true)),
+            w => answer(w),
+        });
+        assert_eq!(
+            &names(&queued)[3..],
+            ["commit effect", "report", "effect waits"]
+        );
+        assert_eq!(last_marking(&queued), Marking::EffectWaits(true));
+    }
+
+    /// A desk that queues the effect (a wait, or a pause) makes it wait: nothing is claimed or
+    /// sent.
+    #[test]
+    fn a_jobs_effect_the_desk_queues_waits_unclaimed() {
+        for paused in [false, true] {
+            let mut answer = world(reading(0));
+            let works = drive_job(&succeeded(), true, |w: &ResultsWork| match w {
+                ResultsWork::Turn { .. } => Seen::Turn(Err(paused)),
+                w => answer(w),
+            });
+            assert_eq!(names(&works), ["turn", "effect waits"]);
+            assert_eq!(last_marking(&works), Marking::EffectWaits(paused));
+        }
+    }
+
+    /// After a desk await the claim is the commit's, taken on the record as stored then
+    /// (`marks::decide`): a commit that claims nothing (no longer owed) ends the effect,
+    /// nothing sent, the desk not told.
+    #[test]
+    fn a_jobs_effect_no_longer_owed_after_the_desk_ends_unsent() {
+        let mut answer = world(reading(0));
+        let works = drive_job(&failed_once(), false, |w: &ResultsWork| match w {
+            ResultsWork::Turn { .. } => Seen::Turn(Ok(Granted {
+                awaited: true,
+                n: 1,
+            })),
+            w => answer(w),
+        });
+        assert_eq!(names(&works), ["turn", "claim effect"]);
     }
 
     #[test]

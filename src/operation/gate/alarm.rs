@@ -28,9 +28,7 @@ use crate::operation::ledger::{IndexWrite, Projection};
 use crate::operation::lifecycle::{Source, Status, Verdict};
 use crate::operation::observation::SlotAnswer;
 use crate::operation::observation::{Observation, StatusError};
-use crate::operation::{
-    AttemptOutcome, Claim, DeskMark, Finished, OpEvent, Operation, PendingAlert, Queued,
-};
+use crate::operation::{AttemptOutcome, Claim, Finished, OpEvent, Operation, PendingAlert, Queued};
 use crate::retry::Heard;
 use crate::telemetry::counters::{
     acceptance_bucket, labelled, Counter, StatEvent, ACCEPTANCE_BUCKET_PREFIX, ACCEPTANCE_MS_SUM,
@@ -104,16 +102,12 @@ pub enum AlarmWork {
     Confirm(ConfirmAsk),
     /// Post `body` to the alert sink, then feed the result to [`alert_sent`].
     SendAlert { alert: PendingAlert, body: Value },
-    /// Store `step` (the claim, with the alarm set at its expiry), call the destination, then
-    /// feed the answer to [`attempt_finished`].
-    Effect {
-        claim: Claim,
-        step: Box<Step<AlarmDone>>,
-        /// What its turn at the destination's desk starts from: the record's desk mark, and
-        /// whether the attempt is a retry ([`crate::operation::gate::desk_turn::desk_turn`]).
-        mark: Option<DeskMark>,
-        retry: bool,
-    },
+    /// The side effect is owed, due and free: its turn at the destination's desk, its claim
+    /// ([`begin_attempt`], stored with the alarm at its expiry, on the record as stored then),
+    /// its call, its answer ([`attempt_finished`]) and the desk's report, or its wait
+    /// ([`wait_on_destination`]), in the order the results' plan gives a batch of one
+    /// (`results/plan.rs`).
+    Effect,
     /// Keep `record` (it carries the seal) in memory, flush `upkeep.events` and write
     /// `upkeep.projection`, both at once, then feed the results to [`upkeep_done`].
     Upkeep {
@@ -173,13 +167,8 @@ impl AlarmPlan {
                     }
                 }
                 Stage::Effect => {
-                    if let Some((claim, step)) = begin_attempt(op.clone(), now, limits) {
-                        return Some(AlarmWork::Effect {
-                            claim,
-                            step: Box::new(step),
-                            mark: op.effect().desk(),
-                            retry: op.effect().failures_in_row() > 0,
-                        });
+                    if begin_attempt(op.clone(), now, limits).is_some() {
+                        return Some(AlarmWork::Effect);
                     }
                 }
                 Stage::Upkeep => {
@@ -765,7 +754,7 @@ mod tests {
             Some(AlarmWork::Retire(_)) => "retire",
             Some(AlarmWork::Confirm(_)) => "confirm",
             Some(AlarmWork::SendAlert { .. }) => "alert",
-            Some(AlarmWork::Effect { .. }) => "effect",
+            Some(AlarmWork::Effect) => "effect",
             Some(AlarmWork::Upkeep { .. }) => "upkeep",
             Some(AlarmWork::SetAlarm) => "set_alarm",
         }
@@ -822,7 +811,8 @@ mod tests {
                         .record
                         .unwrap()
                 }
-                AlarmWork::Effect { claim, step, .. } => {
+                AlarmWork::Effect => {
+                    let (claim, step) = begin_attempt(op, 20, &LIMITS).unwrap();
                     let attempt = Attempt {
                         claim,
                         outcome: AttemptOutcome::Delivered,
@@ -920,7 +910,7 @@ mod tests {
         );
         let owed = deliver(open, Status::Succeeded, 10);
         let (claim, step) = match plan(&owed, 20, &LIMITS).next(&owed, 20, &LIMITS, true) {
-            Some(AlarmWork::Effect { claim, step, .. }) => (claim, step),
+            Some(AlarmWork::Effect) => begin_attempt(owed.clone(), 20, &LIMITS).unwrap(),
             other => panic!("{other:?}"),
         };
         assert_eq!(claim.token, 1);
@@ -930,7 +920,7 @@ mod tests {
         assert!(
             !matches!(
                 plan(&held, 21, &LIMITS).next(&held, 21, &LIMITS, true),
-                Some(AlarmWork::Effect { .. })
+                Some(AlarmWork::Effect)
             ),
             "a live claim: not claimed again"
         );
@@ -949,13 +939,13 @@ mod tests {
         assert!(
             !matches!(
                 plan(&failed, due - 1, &LIMITS).next(&failed, due - 1, &LIMITS, true),
-                Some(AlarmWork::Effect { .. })
+                Some(AlarmWork::Effect)
             ),
             "owed but not due yet"
         );
         assert!(matches!(
             plan(&failed, due, &LIMITS).next(&failed, due, &LIMITS, true),
-            Some(AlarmWork::Effect { .. })
+            Some(AlarmWork::Effect)
         ));
     }
 
@@ -963,9 +953,10 @@ mod tests {
     fn an_attempt_row_names_its_destination_id_and_status() {
         let op = kept(deliver(registered("batches/a"), Status::Succeeded, 10), 10);
         let mut run = plan(&op, 20, &LIMITS);
-        let Some(AlarmWork::Effect { claim, step, .. }) = run.next(&op, 20, &LIMITS, true) else {
+        let Some(AlarmWork::Effect) = run.next(&op, 20, &LIMITS, true) else {
             panic!("the effect is due");
         };
+        let (claim, step) = begin_attempt(op.clone(), 20, &LIMITS).unwrap();
         let attempt = Attempt {
             claim,
             outcome: AttemptOutcome::Park("400: invalid payload".into()),
@@ -998,9 +989,10 @@ mod tests {
     fn an_alert_the_attempt_queued_is_sent_in_the_same_run() {
         let op = kept(deliver(registered("batches/a"), Status::Succeeded, 10), 10);
         let mut run = plan(&op, 20, &LIMITS);
-        let Some(AlarmWork::Effect { claim, step, .. }) = run.next(&op, 20, &LIMITS, true) else {
+        let Some(AlarmWork::Effect) = run.next(&op, 20, &LIMITS, true) else {
             panic!("the effect is due");
         };
+        let (claim, step) = begin_attempt(op.clone(), 20, &LIMITS).unwrap();
         let attempt = Attempt {
             claim,
             outcome: AttemptOutcome::Park("400: no".into()),

@@ -25,6 +25,8 @@ use serde_json::{json, Value};
 
 use crate::destination::protocol::Sent;
 use crate::destination::sending::outcome;
+use crate::operation::effect::build_request;
+use crate::operation::gate::alarm::Attempt;
 use crate::operation::gate::desk_turn::{reports, DeskTurn};
 use crate::operation::gate::kill_tests::{
     completion, deliver, job_kept_its_promises, job_requests, killed_everywhere, one_body_per_id,
@@ -33,14 +35,14 @@ use crate::operation::gate::kill_tests::{
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::gate::step as gate_step;
 use crate::operation::lifecycle::{Source as EventSource, Status};
-use crate::operation::{Operation, ResultsMode};
+use crate::operation::{Claim, Operation, ResultsMode};
 use crate::results::body::{build_result_request, result_message_id, ResultHead};
 use crate::results::item::{from_piece, ResultItem, Source, LINE_CAP};
 use crate::results::lines::{Checkpoint, ChunkFill, LineSplitter};
-use crate::results::marks::{self as on_record, Context, Marking};
+use crate::results::marks::{self as on_record, Claimed, Context, Marking};
 use crate::results::plan::{Granted, Read, ResultsPlan, ResultsWork, Seen};
 use crate::results::progress::{
-    ChunkClaim, FileTrouble, Limits, Phase, Progress, ProgressWrite, Sending, Write, CHUNK_BYTES,
+    FileTrouble, Limits, Phase, Progress, ProgressWrite, Sending, Write, CHUNK_BYTES,
 };
 
 const FILE: &str = "files/out";
@@ -112,12 +114,22 @@ impl World {
         Ok(reply)
     }
 
-    /// `results::step` and `Driver::step`: one step of the results, when they are due, the
-    /// plan's work performed on this world, one piece at a time.
+    /// `results::step`: one step of the results, when they are due.
     pub(super) fn results_step(&mut self, op: Operation) -> Run<Operation> {
-        let Some(mut plan) = ResultsPlan::new(&op, self.clock, RESULTS) else {
-            return Ok(op);
-        };
+        match ResultsPlan::new(&op, self.clock, RESULTS) {
+            Some(plan) => self.perform(plan, op),
+            None => Ok(op),
+        }
+    }
+
+    /// `results::effect`: the job's effect, a batch of one, through the same plan.
+    pub(super) fn effect_step(&mut self, op: Operation) -> Run<Operation> {
+        let plan = ResultsPlan::job(&op, RESULTS);
+        self.perform(plan, op)
+    }
+
+    /// `Driver::perform`: the plan's work performed on this world, one piece at a time.
+    fn perform(&mut self, mut plan: ResultsPlan, op: Operation) -> Run<Operation> {
         // The sends are the record's as the step found it.
         let found = op.clone();
         let (mut turn, mut seen) = (DeskTurn::None, Seen::Nothing);
@@ -147,6 +159,10 @@ impl World {
                     let (answers, sent) = self.send(&found, items)?;
                     Seen::Sent(answers, sent)
                 }
+                ResultsWork::SendEffect(claim) => {
+                    let (attempt, sent) = self.send_effect(&op, claim)?;
+                    Seen::Attempted(Box::new(attempt), sent)
+                }
                 ResultsWork::Commit(marking) => {
                     let claim;
                     (op, claim) = self.results_commit(op, *marking)?;
@@ -166,23 +182,48 @@ impl World {
         Ok(op)
     }
 
-    /// `Driver::commit`: what `marking` makes of the record as stored now, committed without
-    /// setting the alarm (the run's upkeep sets it last), and the chunk it claimed, if any.
+    /// `Driver::commit`: what `marking` makes of the record as stored now, committed with the
+    /// alarm when it says so (else the run's upkeep sets it last), and what it claimed, if
+    /// anything.
     fn results_commit(
         &mut self,
         op: Operation,
         marking: Marking,
-    ) -> Run<(Operation, Option<ChunkClaim>)> {
+    ) -> Run<(Operation, Option<Claimed>)> {
         let current = self.load().unwrap_or(op);
         let cx = Context {
             limits: &RESULTS,
-            desk_fallback_ms: LIMITS.desk_fallback_ms,
+            gate: &LIMITS,
             to: "to",
         };
         let clock = (self.clock, || 0.5);
-        let (step, claim) = on_record::decide(marking, current.clone(), &cx, clock);
-        let (stored, ()) = self.commit(step, Alarm::Deferred)?;
-        Ok((stored.unwrap_or(current), claim))
+        let decided = on_record::decide(marking, current.clone(), &cx, clock);
+        let alarm = match decided.alarm_at_once {
+            true => Alarm::Sync,
+            false => Alarm::Deferred,
+        };
+        let (stored, ()) = self.commit(decided.step, alarm)?;
+        Ok((stored.unwrap_or(current), decided.claimed))
+    }
+
+    /// `Driver::send_effect`: the job's one request, built from the record as claimed, reaches
+    /// the destination (a point), then its answer, as its commit and its desk hear it.
+    fn send_effect(&mut self, op: &Operation, claim: Claim) -> Run<(Attempt, Sent)> {
+        let request = build_request(op, &secret(), self.clock / 1_000);
+        let started_ms = self.clock;
+        let answer = self.dest.call(&request);
+        self.clock += 10;
+        self.point()?;
+        self.interleave()?;
+        let attempt = Attempt {
+            claim,
+            outcome: outcome(&answer, TIMEOUT_MS),
+            started_ms,
+            asked_wait_ms: answer.asked_wait_ms(self.clock),
+            finished_ms: self.clock,
+            target: Default::default(),
+        };
+        Ok((attempt, Sent::of([&answer], self.clock)))
     }
 
     /// `Driver::read`: at most `max` results (and [`CHUNK`]) from `from`, or a 404 while the

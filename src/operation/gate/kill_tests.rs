@@ -15,7 +15,7 @@
 //! - [`World::sync_alarm`]: the run's last `SetAlarm`, alone; skipped when this instance set
 //!   that time.
 //! - [`Destination::call`] (a point after each): the request reached the destination
-//!   (`fetch::deliver` in `edge/objects/gate/alarm.rs`'s `attempt`, `results/sends.rs`' `send`):
+//!   (`fetch::deliver` in `results/sends.rs`' `send_effect` and `send_results`):
 //!   a kill there loses its answer, whatever the destination did with it.
 //! - the results' tables (`kill_results_tests.rs`): written by [`World::commit`] alone, as by
 //!   `GateStorage::commit`: a step's progress with its transition's writes
@@ -25,10 +25,11 @@
 //! The order of stores and awaits is the edge's: a command (`OperationGate::fetch`) is `step`
 //! then `commit(Alarm::Sync)`; an alarm run (`alarm.rs`' `Run::perform`) spends the alarm,
 //! asks the retired names (`ask_retired`), takes one results step, then works through
-//! [`alarm::plan`]: an effect (`run_effect`: its turn at the desk, [`World::desk_turn`], the
-//! one the results take too: a check or an ask, `attempt`: the claim
-//! committed with its alarm, the call, the answer committed under the token, the desk's
-//! report), alerts (`send_alert`), the upkeep (`settle_storage`), the alarm last. At every
+//! [`alarm::plan`]: an effect (`results::effect`, a batch of one through the results' own
+//! plan, [`crate::results::plan::ResultsPlan::job`], performed as `kill_results_tests.rs`
+//! performs a batch's: its turn at the desk, [`World::desk_turn`], a check or an ask; the claim
+//! committed with its alarm on the record as stored; the call; the answer committed under the
+//! token; the desk's report), alerts (`send_alert`), the upkeep (`settle_storage`), the alarm last. At every
 //! outbound await (desk, destination, sink, ledger, counters, the file) a command may run
 //! ([`World::interleave`]): a duplicate, a stale or out-of-order delivery, a poll, an
 //! operator's redelivery. A kill in a command makes its sender send it again (Gemini retries
@@ -41,15 +42,13 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::{json, Map, Value};
 
-use crate::destination::protocol::Sent;
-use crate::destination::sending::outcome;
-use crate::operation::effect::{build_request, effect_message_id, EffectRequest};
-use crate::operation::gate::alarm::{self, AlarmDone, AlarmWork, Attempt, Upkeep};
-use crate::operation::gate::desk_turn::{desk_turn, goes_now, granted, reports, DeskTurn};
+use crate::operation::effect::{effect_message_id, EffectRequest};
+use crate::operation::gate::alarm::{self, AlarmDone, AlarmWork, Upkeep};
+use crate::operation::gate::desk_turn::{desk_turn, goes_now, granted, DeskTurn};
 use crate::operation::gate::protocol::{GateCommand, GateReply};
 use crate::operation::gate::{step as gate_step, GateLimits, Save, Step};
 use crate::operation::lifecycle::{Source, Status};
-use crate::operation::{Claim, DeskMark, OpEvent, Operation, PendingAlert, ResultsMode};
+use crate::operation::{DeskMark, OpEvent, Operation, PendingAlert, ResultsMode};
 use crate::results::progress::Stored;
 use crate::retry::{Backoff, PeerAnswer};
 use crate::signature::Secret;
@@ -524,12 +523,7 @@ impl World {
             op = match work {
                 AlarmWork::Retire(_) | AlarmWork::Confirm(_) => unreachable!("not in these runs"),
                 AlarmWork::SendAlert { alert, .. } => self.send_alert(op, &alert)?,
-                AlarmWork::Effect {
-                    claim,
-                    step,
-                    mark,
-                    retry,
-                } => self.run_effect(op, (claim, *step), mark, retry)?,
+                AlarmWork::Effect => self.effect_step(op)?,
                 AlarmWork::Upkeep { record, upkeep } => self.upkeep(*record, *upkeep)?,
                 AlarmWork::SetAlarm => {
                     self.sync_alarm(&op)?;
@@ -592,39 +586,6 @@ impl World {
         Ok(Ok((turn, turn == DeskTurn::Ask || checked, n)))
     }
 
-    /// `Run::run_effect`: the effect's turn (a batch of one), after which, when the desk was
-    /// called, the claim is taken afresh.
-    fn run_effect(
-        &mut self,
-        op: Operation,
-        (claim, step): (Claim, Step<AlarmDone>),
-        mark: Option<DeskMark>,
-        retry: bool,
-    ) -> Run<Operation> {
-        let turn = match self.desk_turn(mark, 1, retry)? {
-            Ok((turn, awaited, _)) => (turn, awaited),
-            Err(paused) => return self.wait_on_destination(op, paused),
-        };
-        let (op, claim, step) = match turn.1 {
-            true => {
-                let current = self.load().unwrap_or(op);
-                match alarm::begin_attempt(current.clone(), self.clock, &LIMITS) {
-                    Some((claim, step)) => (current, claim, step),
-                    None => return Ok(current),
-                }
-            }
-            false => (op, claim, step),
-        };
-        let (op, sent) = self.attempt(op, claim, step)?;
-        if !reports(turn.0, false, sent.failures > 0) {
-            return Ok(op);
-        }
-        match self.desk_says_wait()? {
-            Some(paused) => self.wait_on_destination(op, paused),
-            None => Ok(op),
-        }
-    }
-
     /// A call to the destination's desk (an ask or a report): an await, after which it says
     /// `Wait` (`Some(false)`) or `Paused` (`Some(true)`) one time in three when
     /// [`World::desk_waits`], and releases the key (a probe or not) within half a minute (the
@@ -639,45 +600,6 @@ impl World {
         let probe = self.rng.below(2) == 0;
         self.send_at(at, GateCommand::DestinationReady { probe });
         Ok(Some(self.rng.below(4) == 0))
-    }
-
-    /// `Run::wait_on_destination`.
-    fn wait_on_destination(&mut self, op: Operation, paused: bool) -> Run<Operation> {
-        let current = self.load().unwrap_or(op);
-        let step = alarm::wait_on_destination(current.clone(), self.clock, &LIMITS, paused);
-        self.apply(step, current, Alarm::Sync)
-    }
-
-    /// `Run::attempt`: the claim stored with its alarm, the call, the answer committed.
-    fn attempt(
-        &mut self,
-        op: Operation,
-        claim: Claim,
-        step: Step<AlarmDone>,
-    ) -> Run<(Operation, Sent)> {
-        let op = self.apply(step, op, Alarm::Sync)?;
-        let request = build_request(&op, &secret(), self.clock / 1_000);
-        let started_ms = self.clock;
-        let answer = self.dest.call(&request);
-        self.clock += 10;
-        self.point()?;
-        self.interleave()?;
-        let attempt = Attempt {
-            claim,
-            outcome: outcome(&answer, TIMEOUT_MS),
-            started_ms,
-            asked_wait_ms: answer.asked_wait_ms(self.clock),
-            finished_ms: self.clock,
-            target: Default::default(),
-        };
-        let current = self.load().unwrap_or(op);
-        let step = alarm::attempt_finished(current.clone(), &attempt, &LIMITS, 0.5);
-        let at_once = match alarm::sets_alarm_at_once(&step) {
-            true => Alarm::Sync,
-            false => Alarm::Deferred,
-        };
-        let sent = Sent::of([&answer], self.clock);
-        Ok((self.apply(step, current, at_once)?, sent))
     }
 
     /// `Run::settle_storage`: the flush and the ledger write (each fails one time in four).

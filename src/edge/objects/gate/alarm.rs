@@ -3,35 +3,29 @@
 //!
 //! Guarantees: nothing here decides what runs or in what order (the plan does); each await
 //! is followed by a fresh read of the record, so commands that ran meanwhile are kept; the
-//! claim is stored (and the alarm set at its expiry) before the side-effect call leaves, and
-//! the fencing token decides whether its answer commits; the alarm is set last, by the
-//! upkeep, for the record as it then stands. The effect's turn at its destination's desk and
-//! its send are the one machine a batch's results use too (`desk_turn.rs`): the job's effect
-//! is a batch of one.
+//! alarm is set last, by the upkeep, for the record as it then stands. The job's effect is a
+//! batch of one: `results.rs` performs it through the results' own plan
+//! ([`crate::results::plan::ResultsPlan::job`]: the desk's turn, the claim stored with the
+//! alarm at its expiry before the call leaves, the call, its answer committed under the
+//! claim's fencing token, the desk's report), on the machine a batch's results use
+//! (`desk_turn.rs`).
 
 use worker::{Env, Response, Result};
 
 use crate::config::Config;
-use crate::destination::protocol::Sent;
-use crate::destination::sending::{outcome, Sending};
-use crate::operation::effect::{build_request, effect_message_id};
-use crate::operation::gate::alarm::{
-    self, AlarmDone, AlarmWork, Attempt, AttemptTarget, ConfirmAsk, Upkeep,
-};
+use crate::operation::gate::alarm::{self, AlarmDone, AlarmWork, ConfirmAsk, Upkeep};
 use crate::operation::gate::{GateLimits, Step};
 use crate::operation::ledger::IndexWrite;
-use crate::operation::{Claim, DeskMark, Operation, PendingAlert};
+use crate::operation::{Operation, PendingAlert};
 use crate::refusal::Refusal;
-use crate::retry::PeerAnswer;
 use crate::telemetry::counters::{self, StatEvent};
 
 use crate::edge::objects::call::{status_backoff, status_slot};
-use crate::edge::objects::gate::desk_turn::KeyAtDesk;
 use crate::edge::objects::gate::storage::{Alarm, GateStorage};
 use crate::edge::objects::stats_shard;
 use crate::edge::outbound::fetch::post_alert;
 use crate::edge::outbound::ledger_kv::write_projection;
-use crate::edge::outbound::{analytics, status_api};
+use crate::edge::outbound::status_api;
 use crate::edge::runtime::{now_ms, random_unit};
 
 /// One run of a gate's alarm: what it performs with, for as long as it runs.
@@ -68,12 +62,9 @@ impl<'a> Run<'a> {
                 AlarmWork::Retire(step) => return self.retire(&op, *step).await,
                 AlarmWork::Confirm(ask) => self.confirm(op, ask).await?,
                 AlarmWork::SendAlert { alert, body } => self.send_alert(op, &alert, &body).await?,
-                AlarmWork::Effect {
-                    claim,
-                    step,
-                    mark,
-                    retry,
-                } => self.run_effect(op, (claim, *step), mark, retry).await?,
+                AlarmWork::Effect => {
+                    super::results::effect(self.env, self.storage, config, op).await?
+                }
                 AlarmWork::Upkeep { record, upkeep } => {
                     self.settle_storage(*record, *upkeep).await?
                 }
@@ -166,91 +157,6 @@ impl<'a> Run<'a> {
         let sent = post_alert(config, body).await;
         let step = |op| alarm::alert_sent(op, alert, sent, now_ms(), &self.limits, random_unit());
         self.decide(op, Alarm::Deferred, step).await
-    }
-
-    /// Takes the effect's turn at its destination's desk (a batch of one, `desk_turn.rs`),
-    /// stores the claim (and the alarm at its expiry), runs the side effect, commits its
-    /// answer under the claim's fencing token, and reports to the desk what it needs to know.
-    async fn run_effect(
-        &self,
-        op: Operation,
-        (claim, step): (Claim, Step<AlarmDone>),
-        mark: Option<DeskMark>,
-        retry: bool,
-    ) -> Result<Operation> {
-        let desk = KeyAtDesk::of(self.env, self.storage, self.config, &op);
-        let turn = match desk.turn(mark, 1, retry).await {
-            Ok(turn) => turn,
-            Err(paused) => return self.wait_on_destination(op, paused).await,
-        };
-        // The desk was called: commands may have run, so the claim is taken afresh.
-        let (op, claim, step) = match turn.awaited {
-            true => {
-                let current = self.storage.load()?.unwrap_or(op);
-                match alarm::begin_attempt(current.clone(), now_ms(), &self.limits) {
-                    Some((claim, step)) => (current, claim, step),
-                    None => return Ok(current),
-                }
-            }
-            false => (op, claim, step),
-        };
-        let (op, sent) = self.attempt(op, (claim, step), &turn.after_ms).await?;
-        match desk.report(&turn, &sent).await {
-            Some(paused) => self.wait_on_destination(op, paused).await,
-            None => Ok(op),
-        }
-    }
-
-    /// The desk queued the effect: stores that it waits (for its release, or the fallback),
-    /// and whether a pause holds it.
-    async fn wait_on_destination(&self, op: Operation, paused: bool) -> Result<Operation> {
-        let step = |op| alarm::wait_on_destination(op, now_ms(), &self.limits, paused);
-        self.decide(op, Alarm::Sync, step).await
-    }
-
-    /// The attempt itself: stores the claim, calls the destination through its desk's one
-    /// send (a batch of one: [`KeyAtDesk::send`]), commits the answer. Returns the record and
-    /// how the attempt went, as its desk hears it. On a paced route it leaves no sooner than
-    /// its token (`after_ms`, from the grant).
-    async fn attempt(
-        &self,
-        op: Operation,
-        (claim, step): (Claim, Step<AlarmDone>),
-        after_ms: &[i64],
-    ) -> Result<(Operation, Sent)> {
-        let config = self.config;
-        let op = self.apply(step, op, Alarm::Sync).await?;
-        let request = build_request(&op, &config.effect_signing_secret, now_ms() / 1_000);
-        let started_ms = now_ms();
-        // The record as claimed names the destination (a kind filled meanwhile included).
-        let desk = KeyAtDesk::of(self.env, self.storage, config, &op);
-        let mut answered = desk.send(&[request], after_ms).await;
-        let outcome = match answered.outcomes.pop() {
-            Some(Sending::Answered(outcome)) => outcome,
-            // Never: one request sent from here has one answer.
-            _ => outcome(&PeerAnswer::Timeout, config.effect_timeout_ms),
-        };
-        let target = AttemptTarget {
-            destination: desk.label().to_string(),
-            webhook_id: effect_message_id(op.key(), op.effect().generation()),
-            http_status: answered.statuses.pop().flatten(),
-        };
-        let attempt = Attempt {
-            claim,
-            outcome,
-            started_ms,
-            asked_wait_ms: answered.sent.asked_wait_ms,
-            finished_ms: answered.at_ms,
-            target,
-        };
-        analytics::attempt(self.env, &attempt, &op);
-        let current = self.storage.load()?.unwrap_or(op);
-        let step = alarm::attempt_finished(current.clone(), &attempt, &self.limits, random_unit());
-        let alarm = match alarm::sets_alarm_at_once(&step) {
-            true => Alarm::Sync,
-            false => Alarm::Deferred,
-        };
-        Ok((self.apply(step, current, alarm).await?, answered.sent))
     }
 
     /// Last: hands the sealed events to the counters and projects the record to the ledger,

@@ -1,5 +1,9 @@
 //! A `"results": "each"` batch's results, driven by its gate's alarm: one step of
-//! [`crate::results::progress::Progress`] per run, its order [`ResultsPlan`]'s, performed here.
+//! [`crate::results::progress::Progress`] per run, its order [`ResultsPlan`]'s, performed here;
+//! and the job's effect, a batch of one, through the same plan and this same loop
+//! ([`ResultsPlan::job`]: its turn, its claim stored with the alarm at its expiry before its
+//! one request leaves, `results/sends.rs`' `send_effect`, its answer committed under the
+//! claim's fencing token, then the desk's report).
 //!
 //! Guarantees: nothing here decides (the plan orders the work, [`crate::results::marks`]
 //! decides each write: a chunk's claim, its or the rows' commit, a failed read, what goes on
@@ -49,6 +53,8 @@ struct Driver<'a> {
     store: ResultsStore<'a>,
     limits: Limits,
     gate: GateLimits,
+    /// The job's effect (a batch of one), not a batch's results.
+    job: bool,
 }
 
 /// One step of the results of `op`, when they are running; `op` as it then stands.
@@ -58,30 +64,50 @@ pub(super) async fn step(
     config: &Config,
     op: Operation,
 ) -> Result<Operation> {
+    let driver = driver(env, storage, config, false);
+    match ResultsPlan::new(&op, now_ms(), driver.limits) {
+        Some(plan) => driver.perform(plan, op).await,
+        None => Ok(op),
+    }
+}
+
+/// The job's effect of `op`, due: a batch of one, through the same plan; `op` as it then
+/// stands.
+pub(super) async fn effect(
+    env: &Env,
+    storage: &GateStorage,
+    config: &Config,
+    op: Operation,
+) -> Result<Operation> {
+    let driver = driver(env, storage, config, true);
+    let plan = ResultsPlan::job(&op, driver.limits);
+    driver.perform(plan, op).await
+}
+
+/// What a step performs with (`job`: the job's effect).
+fn driver<'a>(env: &'a Env, storage: &'a GateStorage, config: &'a Config, job: bool) -> Driver<'a> {
     let gate = super::limits(config);
     let limits = Limits {
         file_wait_ms: config.results.file_wait_secs * 1_000,
         retry: gate.retry,
         alert_after_ms: config.effect_alert_after_secs * 1_000,
     };
-    let driver = Driver {
+    Driver {
         env,
         storage,
         config,
         store: ResultsStore::new(storage),
         limits,
         gate,
-    };
-    driver.step(op).await
+        job,
+    }
 }
 
 impl Driver<'_> {
     /// Performs the plan's work, one piece at a time, and tells it what each gave.
-    async fn step(&self, op: Operation) -> Result<Operation> {
-        let Some(mut plan) = ResultsPlan::new(&op, now_ms(), self.limits) else {
-            return Ok(op);
-        };
-        // The desk's turn and the sends are the record's as the step found it.
+    async fn perform(&self, mut plan: ResultsPlan, op: Operation) -> Result<Operation> {
+        // The desk's turn and the sends are the record's as the step found it (the job's
+        // report too; its send is the record's as claimed).
         let found = op.clone();
         let (mut turn, mut seen) = (Turn::default(), Seen::Nothing);
         let mut op = op;
@@ -111,8 +137,12 @@ impl Driver<'_> {
                     Seen::Items(kept.into_iter().flatten().collect())
                 }
                 ResultsWork::Send(items) => {
-                    let (answers, sent) = self.send(&found, items, &turn.after_ms).await;
+                    let (answers, sent) = self.send_results(&found, items, &turn.after_ms).await;
                     Seen::Sent(answers, sent)
+                }
+                ResultsWork::SendEffect(claim) => {
+                    let (attempt, sent) = self.send_effect(&op, claim, &turn.after_ms).await;
+                    Seen::Attempted(Box::new(attempt), sent)
                 }
                 ResultsWork::Commit(marking) => {
                     let claim;
@@ -120,7 +150,8 @@ impl Driver<'_> {
                     Seen::Committed(claim)
                 }
                 ResultsWork::Report(sent) => {
-                    let desk = KeyAtDesk::of(self.env, self.storage, self.config, &op);
+                    let on = if self.job { &found } else { &op };
+                    let desk = KeyAtDesk::of(self.env, self.storage, self.config, on);
                     Seen::Told(desk.report(&turn, &sent).await)
                 }
                 ResultsWork::Tell(at) => {
