@@ -232,9 +232,7 @@ impl<'a> Intake<'a> {
 
     /// The token's signature was checked (at `now_ms`): its claims decide next.
     pub fn signature_checked(&mut self, checked: Result<(), Rejection>, now_ms: i64) -> Need {
-        let Stage::Signature { token, token_hash } =
-            std::mem::replace(&mut self.stage, Stage::Over)
-        else {
+        let Stage::Signature { token, token_hash } = self.take() else {
             return self.out_of_order();
         };
         match checked.and_then(|()| vouch(token, token_hash, now_ms, &self.policy)) {
@@ -246,7 +244,7 @@ impl<'a> Intake<'a> {
     /// The body as read (`None` when it passed the cap while streaming), and what this
     /// isolate remembers of settled operations.
     pub fn body_read(&mut self, body: Option<Vec<u8>>, memory: &TerminalMemory) -> Need {
-        let Stage::Body(proof) = std::mem::replace(&mut self.stage, Stage::Over) else {
+        let Stage::Body(proof) = self.take() else {
             return self.out_of_order();
         };
         let Some(body) = body else {
@@ -321,7 +319,7 @@ impl<'a> Intake<'a> {
     /// The body's `v1a,` entries were checked against the key set: verified, it is a nudge
     /// (Google signed this body, which does not make the job ours); else the refusal.
     pub fn v1a_checked(&mut self, checked: Result<(), Rejection>) -> Need {
-        let Stage::V1a = std::mem::replace(&mut self.stage, Stage::Over) else {
+        let Stage::V1a = self.take() else {
             return self.out_of_order();
         };
         match checked {
@@ -379,7 +377,7 @@ impl<'a> Intake<'a> {
             nudge,
             event_type,
             unheld,
-        } = std::mem::replace(&mut self.stage, Stage::Over)
+        } = self.take()
         else {
             return self.out_of_order();
         };
@@ -443,8 +441,7 @@ impl<'a> Intake<'a> {
     /// refusal (a 401 says our key is wrong, not that the job is someone else's): 503, so
     /// Gemini retries.
     pub fn status_answered(&mut self, answer: Option<Result<Observation, StatusError>>) -> Need {
-        let Stage::Status { unheld, event_type } = std::mem::replace(&mut self.stage, Stage::Over)
-        else {
+        let Stage::Status { unheld, event_type } = self.take() else {
             return self.out_of_order();
         };
         let observation = match answer {
@@ -483,8 +480,7 @@ impl<'a> Intake<'a> {
     /// The tally counted a nudge for an operation not held: `Some(true)` when it raised the
     /// window's alert, `None` when the call failed (a count is lost, never a delivery).
     pub fn tallied(&mut self, alert: Option<bool>) -> Need {
-        let Stage::Tally { key, event_type } = std::mem::replace(&mut self.stage, Stage::Over)
-        else {
+        let Stage::Tally { key, event_type } = self.take() else {
             return self.out_of_order();
         };
         let answer = Answer::NotHeld { key };
@@ -505,9 +501,7 @@ impl<'a> Intake<'a> {
     /// The dead letter was kept (`Err`: it could not be, with why: 503, so Gemini retries
     /// and the delivery is never dropped unseen).
     pub fn dead_letter_kept(&mut self, kept: Result<(), String>) -> Need {
-        let Stage::DeadLetter { key, reason, reply } =
-            std::mem::replace(&mut self.stage, Stage::Over)
-        else {
+        let Stage::DeadLetter { key, reason, reply } = self.take() else {
             return self.out_of_order();
         };
         match kept {
@@ -527,6 +521,10 @@ impl<'a> Intake<'a> {
     /// in what classification builds).
     fn delivery_id(&self) -> String {
         self.headers.id.unwrap_or_default().to_string()
+    }
+
+    fn take(&mut self) -> Stage<'a> {
+        std::mem::replace(&mut self.stage, Stage::Over)
     }
 
     fn read_body(&mut self, proof: Proof<'a>) -> Need {

@@ -15,7 +15,8 @@ use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{Source, Verdict};
 use crate::operation::{Actor, OpEvent};
 
-/// One history row.
+/// One history row (an operator's `by`: who asked, when an operator did through the admin
+/// API; rows before it was kept lack it).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "what", rename_all = "snake_case")]
 pub enum HistoryEntry {
@@ -39,7 +40,6 @@ pub enum HistoryEntry {
     },
     Forgotten {
         reason: String,
-        /// Who asked, when an operator did through the admin API (rows before it was kept lack it).
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -49,7 +49,6 @@ pub enum HistoryEntry {
     Redeliver {
         generation: u32,
         reason: String,
-        /// Who asked, when an operator did through the admin API (rows before it was kept lack it).
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -57,7 +56,6 @@ pub enum HistoryEntry {
     RetryNow {
         generation: u32,
         reason: String,
-        /// Who asked, when an operator did through the admin API (rows before it was kept lack it).
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },

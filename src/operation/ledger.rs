@@ -175,8 +175,7 @@ pub fn dead_key(webhook_id: &str) -> String {
     if plain {
         format!("{DEAD_PREFIX}{webhook_id}")
     } else {
-        let digest = Sha256::digest(webhook_id.as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = crate::hex(&Sha256::digest(webhook_id.as_bytes()), 32);
         format!("{DEAD_PREFIX}sha256-{hex}")
     }
 }

@@ -221,7 +221,7 @@ mod hex16 {
     use serde::{de::Error, Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &[u8; 16], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        s.serialize_str(&crate::hex(bytes, 16))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 16], D::Error> {

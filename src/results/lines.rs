@@ -103,14 +103,10 @@ impl LineSplitter {
             let segment = &chunk[..newline.unwrap_or(chunk.len())];
             self.take(segment);
             self.position += segment.len() as u64;
-            match newline {
-                Some(at) => {
-                    self.position += 1;
-                    out.extend(self.end_line(self.position));
-                    chunk = &chunk[at + 1..];
-                }
-                None => break,
-            }
+            let Some(at) = newline else { break };
+            self.position += 1;
+            out.extend(self.end_line(self.position));
+            chunk = &chunk[at + 1..];
         }
         out
     }

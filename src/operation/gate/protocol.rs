@@ -13,7 +13,8 @@ use crate::operation::lifecycle::{DropReason, Status};
 pub use crate::operation::record::EffectReport;
 use crate::operation::{Actor, KindFill, OpEvent, ResultsMode};
 
-/// A request to the gate of one operation.
+/// A request to the gate of one operation. An operator's `by` is who asked (the admin API's
+/// caller), recorded in the history row and log line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum GateCommand {
@@ -99,21 +100,18 @@ pub enum GateCommand {
         /// redelivery and from commands sent before runs had one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sent_before_ms: Option<i64>,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
     /// Retry an effect that is not done now, under the same generation (never a new one).
     RetryNow {
         reason: String,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
     /// Stop tracking the operation (recorded, not erased).
     Forget {
         reason: String,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -124,7 +122,6 @@ pub enum GateCommand {
     Settle {
         status: String,
         reason: String,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -159,7 +156,6 @@ pub enum GateCommand {
         key: String,
         name: String,
         reason: String,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
