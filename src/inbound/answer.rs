@@ -58,11 +58,8 @@ pub enum Answer {
     },
 }
 
-fn effect_or_not_asked<S: Serializer>(
-    effect: &Option<EffectReport>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match effect {
+fn effect_or_not_asked<S: Serializer>(e: &Option<EffectReport>, s: S) -> Result<S::Ok, S::Error> {
+    match e {
         Some(e) => e.serialize(s),
         None => s.serialize_str("not_asked"),
     }

@@ -71,14 +71,9 @@ pub(super) fn alert(
 }
 
 /// The status API's answer could not be used: kept in the record, alerted once.
-pub(super) fn status_unusable(
-    mut op: Operation,
-    reason: String,
-    age_seconds: i64,
-    now: i64,
-) -> Step {
+pub(super) fn status_unusable(mut op: Operation, reason: String, age: i64, now: i64) -> Step {
     let raised_before = op.alerts_raised().len();
-    if !op.status_unusable(&reason, age_seconds, now) {
+    if !op.status_unusable(&reason, age, now) {
         return Step::new(Some(op), GateReply::AlertSent { sent: false });
     }
     let raised = op.alerts_raised().len() > raised_before;
