@@ -280,17 +280,16 @@ impl Desk {
         self.settings.as_ref().map_or(600_000, |s| s.slot_ttl_ms)
     }
 
-    /// The attempts the desk let go for `key` ended ([`Sent`]: one, a job's effect; a
-    /// step's, a batch's results, sent at once and back in no order, so "in a row" is read as
-    /// "all of them"). Its slots (if any) are freed by the edge. When every one was a health
-    /// failure, each counts (a chunk that fails whole opens the destination); when none was,
-    /// it is a success; a chunk of both says neither (its failures back off on their own, and
-    /// a run of failures the job's effects built stands). None sent: it could not send (a
-    /// results file missing, a download refused), says nothing of health and leaves the queue
-    /// until it can (it asks again then); a probe that sent nothing is not a failed one, and
-    /// the next key is probed at once. An answer that asked for a wait (`asked_wait_ms`, from
-    /// `Retry-After`) holds the next probe, once open, no sooner than that (up to
-    /// [`DeskSettings::asked_max_ms`]).
+    /// The attempts the desk let go for `key` ended ([`Sent`]: one, a job's effect; a step's, a
+    /// batch's results, sent at once and back in no order, so "in a row" is read as "all of them").
+    /// Its slots (if any) are freed by the edge. When every one was a health failure, each counts
+    /// (a chunk that fails whole opens the destination); when none was, it is a success; a chunk of
+    /// both says neither (its failures back off on their own, and a run of failures the job's
+    /// effects built stands). None sent: it could not send (a results file missing, a download
+    /// refused), says nothing of health and leaves the queue until it can (it asks again then); a
+    /// probe that sent nothing is not a failed one, and the next key is probed at once. An answer
+    /// that asked for a wait (`asked_wait_ms`, from `Retry-After`) holds the next probe, once open,
+    /// no sooner than that (up to [`DeskSettings::asked_max_ms`]).
     pub fn report(&mut self, key: &str, sent: Sent, facts: Facts, now: i64) -> Decision {
         let failures = sent.failures;
         // A probe that reports is over (a failed one backs off below), but for a chunk that
@@ -510,8 +509,7 @@ impl Desk {
         Some(decision.queue_at_ms.or(waiting).unwrap_or(owed))
     }
 
-    /// A key the alarm released was made due by its gate; a probe is remembered until it
-    /// reports.
+    /// A key the alarm released was made due by its gate; a probe is remembered until it reports.
     pub fn released(&mut self, key: &str, probe: bool, now: i64) {
         if probe {
             self.probe = Some(ProbeOut {

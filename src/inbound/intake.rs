@@ -1,20 +1,19 @@
 //! The intake of one delivery to `POST /webhooks/gemini`, as a plan the edge carries out.
 //!
-//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): the order of the work is decided here,
-//! as pure functions host-tested step by step, not in the edge's awaits. Each step answers
-//! with the next [`Need`]: the headers first ([`screen`]: nothing is read before they pass);
-//! a token's RS256 signature (the key set) before its claims ([`vouch`]); the body, read under
-//! its cap; what the body is ([`classify`]), its `v1,` entries first (our HMAC: a v1 delivery
-//! never waits on a key set) and, only when none matches, its `v1a,` entries against
-//! Google's Ed25519 keys; then at most one gate call, none for a duplicate
-//! this isolate remembers ([`TerminalMemory`]: one that repeats the very terminal status a
-//! gate answered this isolate with for a `Deliver` of the same key; terminal absorbs, so it
-//! cannot change anything); a nudge the gate does not hold costs one tally call and nothing
-//! outside the worker; a proven body that cannot be used is kept as a dead letter, else
-//! answered 503 so Gemini retries. Every delivery ends in one [`DeliveryEnd`]: its [`Reply`]
-//! (a 200 with its body, or a [`crate::refusal::Refusal`]), the counters it adds, its log line,
-//! and what this isolate may remember. The edge (`src/edge/http/webhook/`) only performs the
-//! steps. Time is a parameter.
+//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): the order of the work is decided here, as
+//! pure functions host-tested step by step, not in the edge's awaits. Each step answers with the
+//! next [`Need`]: the headers first ([`screen`]: nothing is read before they pass); a token's RS256
+//! signature (the key set) before its claims ([`vouch`]); the body, read under its cap; what the
+//! body is ([`classify`]), its `v1,` entries first (our HMAC: a v1 delivery never waits on a key
+//! set) and, only when none matches, its `v1a,` entries against Google's Ed25519 keys; then at most
+//! one gate call, none for a duplicate this isolate remembers ([`TerminalMemory`]: one that repeats
+//! the very terminal status a gate answered this isolate with for a `Deliver` of the same key;
+//! terminal absorbs, so it cannot change anything); a nudge the gate does not hold costs one tally
+//! call and nothing outside the worker; a proven body that cannot be used is kept as a dead letter,
+//! else answered 503 so Gemini retries. Every delivery ends in one [`DeliveryEnd`]: its [`Reply`]
+//! (a 200 with its body, or a [`crate::refusal::Refusal`]), the counters it adds, its log line, and
+//! what this isolate may remember. The edge (`src/edge/http/webhook/`) only performs the steps.
+//! Time is a parameter.
 
 use std::collections::HashMap;
 
@@ -85,8 +84,7 @@ pub enum Need {
     /// Read the body, refused past `cap` while it streams (`declared`: a `content-length`
     /// within the cap): [`Intake::body_read`], with this isolate's [`TerminalMemory`].
     Body { cap: usize, declared: Option<usize> },
-    /// Check the body's `v1a,` entries against the key set's Ed25519 keys:
-    /// [`Intake::v1a_checked`].
+    /// Check the body's `v1a,` entries against the key set's Ed25519 keys: [`Intake::v1a_checked`].
     V1a(V1aMessage),
     /// Hand `command` to the gate of `key`: [`Intake::gate_answered`].
     Gate { key: String, command: GateCommand },
@@ -99,8 +97,7 @@ pub enum Need {
         name: String,
         collection: Collection,
     },
-    /// Count one nudge for an operation not held on the worker-wide tally:
-    /// [`Intake::tallied`].
+    /// Count one nudge for an operation not held on the worker-wide tally: [`Intake::tallied`].
     Tally,
     /// Keep `value` in KV under `key` (a dead letter): [`Intake::dead_letter_kept`].
     DeadLetter { key: String, value: Value },
@@ -432,14 +429,13 @@ impl<'a> Intake<'a> {
         })
     }
 
-    /// What the status API said about a `v1a`-signed nudge's unheld operation (`None`: not
-    /// asked, this isolate was told a moment ago that it is not ours). Answered for it with
-    /// our key, the job is ours: the answer is delivered to its gate as a proven event, with
-    /// the signed body's `user_metadata` as the job's own, and creates the record as an
-    /// unregistered operation's would be. Not known to our project (404, or 403: another
-    /// project's): a stranger's, tallied, nothing stored. No usable answer now, or another
-    /// refusal (a 401 says our key is wrong, not that the job is someone else's): 503, so
-    /// Gemini retries.
+    /// What the status API said about a `v1a`-signed nudge's unheld operation (`None`: not asked,
+    /// this isolate was told a moment ago that it is not ours). Answered for it with our key, the
+    /// job is ours: the answer is delivered to its gate as a proven event, with the signed body's
+    /// `user_metadata` as the job's own, and creates the record as an unregistered operation's
+    /// would be. Not known to our project (404, or 403: another project's): a stranger's, tallied,
+    /// nothing stored. No usable answer now, or another refusal (a 401 says our key is wrong, not
+    /// that the job is someone else's): 503, so Gemini retries.
     pub fn status_answered(&mut self, answer: Option<Result<Observation, StatusError>>) -> Need {
         let Stage::Status { unheld, event_type } = self.take() else {
             return self.out_of_order();

@@ -1,12 +1,10 @@
-//! An operation's history rows: what the gate did, one typed entry per row, stored as JSON
-//! with its kind under `what` (the admin API's `history`, the chaos oracle and the dashboard
-//! read them).
+//! An operation's history rows: what the gate did, one typed entry per row, stored as JSON with its
+//! kind under `what` (the admin API's `history`, the chaos oracle and the dashboard read them).
 //!
-//! Guarantees: every row the gate stores is one of [`HistoryEntry`]'s variants, so its
-//! spelling is fixed here; the stored time (`at`) is added by the storage, not the entry.
-//! [`HistoryLog`] is how the rows are kept: inside the record's own SQLite row (the write the
-//! record makes anyway carries them, so a row costs no write of its own), newest
-//! [`HISTORY_LIMIT`] kept, in order.
+//! Guarantees: every row the gate stores is one of [`HistoryEntry`]'s variants, so its spelling is
+//! fixed here; the stored time (`at`) is added by the storage, not the entry. [`HistoryLog`] is how
+//! the rows are kept: inside the record's own SQLite row (the write the record makes anyway carries
+//! them, so a row costs no write of its own), newest [`HISTORY_LIMIT`] kept, in order.
 
 use serde::Serialize;
 use serde_json::Value;

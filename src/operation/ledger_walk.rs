@@ -48,8 +48,7 @@ pub enum WalkStep {
     List { cursor: Option<String> },
     /// The next entry: [`LedgerWalk::pass`] it to go on, or stop before it.
     Entry(ListedKey),
-    /// Nothing more in this request: resume from the cursor, or `None` at the end of the
-    /// ledger.
+    /// Nothing more in this request: resume from the cursor, or `None` at the end of the ledger.
     End(Option<LedgerCursor>),
 }
 

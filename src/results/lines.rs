@@ -1,12 +1,11 @@
 //! A results file's lines, read from a stream of byte chunks of any size, in bounded memory.
 //!
-//! Guarantees: at most `cap` bytes of one line are ever held; a longer line is not buffered
-//! but reported as [`Piece::TooLarge`] with its index, byte offset and size, and reading goes
-//! on after its newline. Lines end at `\n` (a `\r` before it dropped); a last line without
-//! one is a line. A blank line is not a result and takes no index, so a result's index is its
-//! position among the file's results on every read. Reading resumes from a [`Checkpoint`],
-//! from a stream that starts there (an honoured `Range`) or at byte 0 (the bytes before the
-//! checkpoint discarded unread).
+//! Guarantees: at most `cap` bytes of one line are ever held; a longer line is not buffered but
+//! reported as [`Piece::TooLarge`] with its index, byte offset and size, and reading goes on after
+//! its newline. Lines end at `\n` (a `\r` before it dropped); a last line without one is a line. A
+//! blank line is not a result and takes no index, so a result's index is its position among the
+//! file's results on every read. Reading resumes from a [`Checkpoint`], from a stream that starts
+//! there (an honoured `Range`) or at byte 0 (the bytes before the checkpoint discarded unread).
 
 use serde::{Deserialize, Serialize};
 

@@ -162,13 +162,12 @@ pub enum GateCommand {
 }
 
 impl GateCommand {
-    /// A delivery whose event is older than `not_before_ms` may not create a record. An
-    /// operation's storage is deleted when its retention ends, so an event for it arriving
-    /// later finds no record; the event is at least as old as the operation's close, which
-    /// was at least retention ago, while a genuine first delivery is never older than an
-    /// operation's longest run plus Gemini's 24 hours of retries plus the signature
-    /// tolerance (retention is never shorter than that, see
-    /// [`crate::signature::replay_floor_ms`]).
+    /// A delivery whose event is older than `not_before_ms` may not create a record. An operation's
+    /// storage is deleted when its retention ends, so an event for it arriving later finds no
+    /// record; the event is at least as old as the operation's close, which was at least retention
+    /// ago, while a genuine first delivery is never older than an operation's longest run plus
+    /// Gemini's 24 hours of retries plus the signature tolerance (retention is never shorter than
+    /// that, see [`crate::signature::replay_floor_ms`]).
     pub fn limit_new_records(&mut self, not_before_ms: i64) {
         if let GateCommand::Deliver {
             new_not_before_ms, ..
