@@ -166,19 +166,15 @@ pub fn replay_floor_ms(tolerance_secs: i64) -> i64 {
 
 /// The one time window for a `webhook-timestamp` (whatever signs the delivery): an integer
 /// number of seconds within `now ± tolerance`, saturating at the extremes.
-pub fn check_timestamp(
-    timestamp: &str,
-    now_secs: i64,
-    tolerance_secs: i64,
-) -> Result<(), SignatureError> {
-    let sent: i64 = timestamp
+pub fn check_timestamp(text: &str, now_secs: i64, tolerance: i64) -> Result<(), SignatureError> {
+    let sent: i64 = text
         .trim()
         .parse()
         .map_err(|_| SignatureError::BadTimestamp)?;
-    if sent < now_secs.saturating_sub(tolerance_secs) {
+    if sent < now_secs.saturating_sub(tolerance) {
         return Err(SignatureError::TooOld);
     }
-    if sent > now_secs.saturating_add(tolerance_secs) {
+    if sent > now_secs.saturating_add(tolerance) {
         return Err(SignatureError::TooNew);
     }
     Ok(())

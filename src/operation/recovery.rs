@@ -13,10 +13,9 @@
 
 use serde_json::Value;
 
-use crate::operation::details;
 use crate::operation::gate::log::GateLog;
 use crate::operation::history::HistoryEntry;
-use crate::operation::{Actor, Operation};
+use crate::operation::{details, Actor, Operation};
 
 /// Depth, from the record's top, past which the scan replaces a value with a marker: the
 /// record's own fields nest a few levels, its outside values up to [`details::MAX_DEPTH`] more.
