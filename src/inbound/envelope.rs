@@ -95,8 +95,7 @@ pub fn parse(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         Some(Value::String(t)) => parse_rfc3339_ms(t).unwrap_or(0),
         _ => 0,
     };
-    // A ping names no operation: whatever its `data` holds (if anything), it is only
-    // acknowledged.
+    // A ping names no operation: whatever its `data` holds (if anything), it is only acknowledged.
     if is_ping_type(&event_type) {
         return Ok(Envelope {
             event_type,

@@ -629,9 +629,8 @@ impl Progress {
         let answer = match outcome {
             Sending::Answered(answer) | Sending::Carried(answer) => answer,
             Sending::Unanswered(why) => {
-                // Not the destination's failure ([`Heard::Nothing`]). The senders' clock
-                // runs; past the threshold (after one retry at least, as a failing result),
-                // the batch alerts.
+                // Not the destination's failure ([`Heard::Nothing`]). The senders' clock runs; past
+                // the threshold (after one retry at least, as a failing result), the batch alerts.
                 self.unanswered += 1;
                 row.unanswered = true;
                 let since = *self.unanswered_since_ms.get_or_insert(now_ms);

@@ -67,8 +67,7 @@ pub(super) fn register_again(
     // naming a kind and `"results": "each"` fills both.
     let first = !op.registered();
     let fill = op.fill_kind(kind, now);
-    // A record its completion created takes the registration's `results` while no effect
-    // went out.
+    // A record its completion created takes the registration's `results` while no effect went out.
     let filled_results = first && results.is_some_and(|r| op.fill_results_mode(r, now));
     let filled_metadata = op.fill_user_metadata(user_metadata) | filled_results;
     if filled_metadata {
