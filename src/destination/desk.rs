@@ -571,9 +571,8 @@ impl Desk {
 
     /// A check before a first attempt: it must ask while the destination is paused or open.
     pub fn check(&self) -> DeskReply {
-        DeskReply::Checked {
-            ask: self.paused.is_some() || self.is_open(),
-        }
+        let ask = self.paused.is_some() || self.is_open();
+        DeskReply::Checked { ask }
     }
 
     /// An operator pauses the destination: stored with who and why (a pause already set

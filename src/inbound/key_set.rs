@@ -165,9 +165,8 @@ impl KeySet {
 
     /// The refusal after a failed fetch: come back once the next fetch may be tried.
     pub fn unavailable() -> Rejection {
-        Rejection::KeysUnavailable {
-            retry_after: (RETRY_FAILED_FETCH_MS / 1_000) as u32,
-        }
+        let retry_after = (RETRY_FAILED_FETCH_MS / 1_000) as u32;
+        Rejection::KeysUnavailable { retry_after }
     }
 }
 

@@ -105,9 +105,8 @@ pub fn slot_step(answer: Option<SlotAnswer>, now_ms: i64, waited: &mut SlotWaite
         Some(SlotAnswer::Granted) => return SlotStep::Ask,
         Some(SlotAnswer::WaitUntil { until_ms }) => until_ms,
         None => {
-            return SlotStep::Refuse(StatusError::Transient {
-                retry_after_secs: NOT_OURS_MS / 1_000,
-            })
+            let retry_after_secs = NOT_OURS_MS / 1_000;
+            return SlotStep::Refuse(StatusError::Transient { retry_after_secs });
         }
     };
     let wait = (until_ms - now_ms).max(1);
@@ -115,9 +114,8 @@ pub fn slot_step(answer: Option<SlotAnswer>, now_ms: i64, waited: &mut SlotWaite
         waited.ms += wait;
         return SlotStep::Wait(wait);
     }
-    SlotStep::Refuse(StatusError::Transient {
-        retry_after_secs: (wait + 999) / 1_000,
-    })
+    let retry_after_secs = (wait + 999) / 1_000;
+    SlotStep::Refuse(StatusError::Transient { retry_after_secs })
 }
 
 /// The worker-wide count of nudges for names the worker does not hold, kept by one object

@@ -185,9 +185,8 @@ impl HistoryLog {
     pub fn decode(text: &str) -> HistoryLog {
         let rows: Vec<(i64, Value)> = serde_json::from_str(text).unwrap_or_default();
         let rows = rows.into_iter().map(|(at, e)| (at, e.to_string()));
-        HistoryLog {
-            rows: rows.collect(),
-        }
+        let rows = rows.collect();
+        HistoryLog { rows }
     }
 
     /// A log of rows read one by one (an object that kept them in a table of their own).

@@ -79,9 +79,8 @@ impl LedgerWalk {
                 if self.pages >= self.max_pages {
                     return WalkStep::End(Some(self.at.clone()));
                 }
-                return WalkStep::List {
-                    cursor: self.at.cursor.clone(),
-                };
+                let cursor = self.at.cursor.clone();
+                return WalkStep::List { cursor };
             };
             if let Some(entry) = page.keys.get(self.next_in_page) {
                 if self.at.already_done(&entry.name) {
