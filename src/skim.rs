@@ -752,11 +752,8 @@ impl Elements {
                     .and_then(|_| over.kept.finish())
                     .map(|s| s.json)
                     .map_err(|e| e.to_string());
-                Body::TooLarge {
-                    size: capture.size,
-                    sha256: over.sha256.finalize().into(),
-                    kept,
-                }
+                let (size, sha256) = (capture.size, over.sha256.finalize().into());
+                Body::TooLarge { size, sha256, kept }
             }
         };
         self.events.push(Event::Element { rule, body });

@@ -197,10 +197,8 @@ impl Desk {
         }
         let pace = self.pace();
         if !pace.limits() {
-            return Decision::reply(DeskReply::Granted {
-                n: n.max(1),
-                after_ms: Vec::new(),
-            });
+            let (n, after_ms) = (n.max(1), Vec::new());
+            return Decision::reply(DeskReply::Granted { n, after_ms });
         }
         let mut after_ms = Vec::new();
         let in_flight = |taken: usize| facts.in_flight + taken as u64;
@@ -215,12 +213,9 @@ impl Desk {
         }
         match after_ms.len() as u32 {
             0 => self.wait(now),
-            granted => Decision {
-                slots: granted,
-                ..Decision::reply(DeskReply::Granted {
-                    n: granted,
-                    after_ms,
-                })
+            n => Decision {
+                slots: n,
+                ..Decision::reply(DeskReply::Granted { n, after_ms })
             },
         }
     }
@@ -510,12 +505,10 @@ impl Desk {
     }
 
     /// A key the alarm released was made due by its gate; a probe is remembered until it reports.
-    pub fn released(&mut self, key: &str, probe: bool, now: i64) {
+    pub fn released(&mut self, key: &str, probe: bool, sent_ms: i64) {
         if probe {
-            self.probe = Some(ProbeOut {
-                key: key.to_string(),
-                sent_ms: now,
-            });
+            let key = key.to_string();
+            self.probe = Some(ProbeOut { key, sent_ms });
         }
     }
 
@@ -577,15 +570,11 @@ impl Desk {
 
     /// An operator pauses the destination: stored with who and why (a pause already set
     /// stands, with its first author). True when this changed it.
-    pub fn pause(&mut self, by: Value, reason: String, now: i64) -> bool {
+    pub fn pause(&mut self, by: Value, reason: String, at_ms: i64) -> bool {
         if self.paused.is_some() {
             return false;
         }
-        self.paused = Some(PauseNote {
-            by,
-            reason,
-            at_ms: now,
-        });
+        self.paused = Some(PauseNote { by, reason, at_ms });
         true
     }
 

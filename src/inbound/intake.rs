@@ -654,10 +654,8 @@ pub fn vouch(
 ) -> Result<Proof<'static>, Rejection> {
     jwt::check_claims(&token.claims, now_ms.div_euclid(1_000), policy.audience)
         .map_err(Rejection::Token)?;
-    Ok(Proof::Jwt {
-        claims: token.claims,
-        token_hash,
-    })
+    let claims = token.claims;
+    Ok(Proof::Jwt { claims, token_hash })
 }
 
 /// A JWT delivery's id: a hash of the token, which is signed (the `webhook-id` header is not,
@@ -803,10 +801,8 @@ impl Default for TerminalMemory {
 
 impl TerminalMemory {
     pub fn with_capacity(cap: usize) -> TerminalMemory {
-        TerminalMemory {
-            known: HashMap::new(),
-            cap,
-        }
+        let known = HashMap::new();
+        TerminalMemory { known, cap }
     }
 
     /// The terminal status a gate's reply to a delivery states (applied or dropped): a fact

@@ -145,10 +145,8 @@ impl KeySet {
                 let changed = self.keys != keys || self.ed25519 != ed25519;
                 self.keys = keys;
                 self.ed25519 = ed25519;
-                Fetched::Keys {
-                    changed,
-                    keys: self.keys.len() + self.ed25519.len(),
-                }
+                let keys = self.keys.len() + self.ed25519.len();
+                Fetched::Keys { changed, keys }
             }
             Err(reason) => {
                 self.failed_ms = Some(now_ms);

@@ -141,10 +141,8 @@ pub fn mark_recovered(
 
 /// The line logged for a record that cannot be recovered.
 pub fn unrecoverable(error: &str, raw: &str) -> GateLog {
-    GateLog::RecordUnreadable {
-        error: error.to_string(),
-        raw_bytes: raw.len(),
-    }
+    let (error, raw_bytes) = (error.to_string(), raw.len());
+    GateLog::RecordUnreadable { error, raw_bytes }
 }
 
 #[cfg(test)]

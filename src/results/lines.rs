@@ -33,11 +33,8 @@ pub enum Piece {
 impl Piece {
     /// Where this line starts: the checkpoint to resume at when a chunk ends before it.
     pub fn start(&self) -> Checkpoint {
-        let (Piece::Line { index, offset, .. } | Piece::TooLarge { index, offset, .. }) = self;
-        Checkpoint {
-            offset: *offset,
-            index: *index,
-        }
+        let (Piece::Line { index, offset, .. } | Piece::TooLarge { index, offset, .. }) = *self;
+        Checkpoint { offset, index }
     }
 }
 
@@ -82,10 +79,8 @@ impl LineSplitter {
 
     /// Where reading stands: the start of the line being read, and its index.
     pub fn checkpoint(&self) -> Checkpoint {
-        Checkpoint {
-            offset: self.line_start,
-            index: self.next_index,
-        }
+        let (offset, index) = (self.line_start, self.next_index);
+        Checkpoint { offset, index }
     }
 
     /// Takes the next chunk; returns the lines it completed, in order.

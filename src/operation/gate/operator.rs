@@ -147,10 +147,8 @@ pub fn results_retried<P>(
 /// Inspect (and the answer to a repair, done by the object before this step): the record,
 /// with the stored history the object attaches.
 pub(super) fn inspect(op: Operation) -> Step {
-    let reply = GateReply::Found {
-        operation: op.view(),
-        history: Vec::new(),
-    };
+    let (operation, history) = (op.view(), Vec::new());
+    let reply = GateReply::Found { operation, history };
     let mut step = Step::new(Some(op), reply);
     step.attach_history = true;
     step
