@@ -217,11 +217,9 @@ impl<'a> Intake<'a> {
             Err(refusal) => intake.finish(DeliveryEnd::refused(refusal)),
             Ok(Screened::Hmac(checked)) => intake.read_body(Proof::Hmac(checked)),
             Ok(Screened::Jwt { token, token_hash }) => {
-                intake.stage = Stage::Signature {
-                    token: token.clone(),
-                    token_hash,
-                };
-                Need::Signature(token)
+                let need = Need::Signature(token.clone());
+                intake.stage = Stage::Signature { token, token_hash };
+                need
             }
         };
         (intake, need)
@@ -525,10 +523,8 @@ impl<'a> Intake<'a> {
 
     fn read_body(&mut self, proof: Proof<'a>) -> Need {
         self.stage = Stage::Body(proof);
-        Need::Body {
-            cap: self.policy.max_body_bytes,
-            declared: self.headers.declared_length(),
-        }
+        let (cap, declared) = (self.policy.max_body_bytes, self.headers.declared_length());
+        Need::Body { cap, declared }
     }
 
     fn call_gate(
@@ -623,13 +619,9 @@ pub fn screen<'a>(
                 _ => Rejection::TokenTimestampOutOfTolerance,
             })?;
         }
-        return match jwt::parse(token) {
-            Ok(parsed) => Ok(Screened::Jwt {
-                token: parsed,
-                token_hash: token_hash(token),
-            }),
-            Err(e) => Err(Rejection::Token(e)),
-        };
+        let parsed = jwt::parse(token).map_err(Rejection::Token)?;
+        let (token, token_hash) = (parsed, token_hash(token));
+        return Ok(Screened::Jwt { token, token_hash });
     }
     let signed = SignedHeaders {
         id: headers.id,
