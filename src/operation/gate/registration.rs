@@ -73,10 +73,8 @@ pub(super) fn register_again(
     if filled_metadata {
         op.note_registration();
     }
-    let reply = GateReply::Exists {
-        operation: op.view(),
-        kind: fill,
-    };
+    let (operation, kind) = (op.view(), fill);
+    let reply = GateReply::Exists { operation, kind };
     let kind = op.kind().map(str::to_string);
     let step = Step::new(Some(op), reply);
     match (fill, filled_metadata) {
