@@ -58,8 +58,11 @@ pub enum Answer {
     },
 }
 
-fn effect_or_not_asked<S: Serializer>(e: &Option<EffectReport>, s: S) -> Result<S::Ok, S::Error> {
-    match e {
+fn effect_or_not_asked<S: Serializer>(
+    effect: &Option<EffectReport>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match effect {
         Some(e) => e.serialize(s),
         None => s.serialize_str("not_asked"),
     }

@@ -752,13 +752,16 @@ fn nudge(body: &[u8], claims: Option<Map<String, Value>>, delivery_id: String) -
 /// claim, and anyone can obtain a valid token), so a nudge's metadata is never verified: the
 /// token's `user_metadata` claim, else the body's, travels as `unverified_user_metadata`.
 /// The verified `user_metadata` comes from a registration or the status API.
-fn nudge_metadata(mut claims: Map<String, Value>, body: &Map<String, Value>) -> Map<String, Value> {
+fn nudge_metadata(
+    mut claims: Map<String, Value>,
+    details: &Map<String, Value>,
+) -> Map<String, Value> {
     // Bounded before it travels to the gate (the command nests it deeper than the token
     // did); the body's was bounded when the envelope was parsed.
     let claimed = claims
         .remove(USER_METADATA)
         .map(crate::operation::details::bound)
-        .or_else(|| body.get(USER_METADATA).cloned());
+        .or_else(|| details.get(USER_METADATA).cloned());
     let unverified = claimed.map(|claimed| (UNVERIFIED_USER_METADATA.to_string(), claimed));
     unverified.into_iter().collect()
 }

@@ -132,11 +132,15 @@ pub fn trouble_of_status(status: u16) -> Option<FileTrouble> {
 /// `Content-Range` (`bytes START-END/SIZE`) starts there. A 206 from anywhere else, or without
 /// a `Content-Range`, is not used: its lines would be read under other indexes, so other
 /// `webhook-id`s. It is retried like a server's trouble.
-pub fn body_start(status: u16, range: Option<&str>, asked: u64) -> Result<u64, FileTrouble> {
+pub fn body_start(
+    status: u16,
+    content_range: Option<&str>,
+    asked: u64,
+) -> Result<u64, FileTrouble> {
     if status != 206 {
         return Ok(0);
     }
-    let start = range
+    let start = content_range
         .and_then(|r| r.trim().strip_prefix("bytes "))
         .and_then(|r| r.split_once('-'))
         .and_then(|(start, _)| start.trim().parse::<u64>().ok());

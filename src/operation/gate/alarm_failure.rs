@@ -7,7 +7,6 @@
 //! they must hold when the configuration itself is what fails. Time and jitter are parameters.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::operation::alert::{alert_id, body, human_age, AlertKind};
 use crate::retry::Backoff;
@@ -24,7 +23,12 @@ pub const ALERT_AFTER_FAILURES: u32 = 10;
 
 /// The `alarm_failing` alert for a streak, sent by the gate itself: `key` when its record can
 /// still be read (otherwise the object's id names it), with the error and how long it lasted.
-pub fn alert(streak: &AlarmFailures, key: Option<&str>, object_id: &str, now: i64) -> Value {
+pub fn alert(
+    streak: &AlarmFailures,
+    key: Option<&str>,
+    object_id: &str,
+    now: i64,
+) -> serde_json::Value {
     let subject = key.unwrap_or(object_id);
     let age_seconds = (now.saturating_sub(streak.first_at_ms) / 1_000).max(0);
     let id = alert_id(subject, AlertKind::AlarmFailing, streak.failures, 0);

@@ -65,9 +65,14 @@ pub(super) fn alert(mut op: Operation, alert: AlertKind, age: i64, after: i64, n
 }
 
 /// The status API's answer could not be used: kept in the record, alerted once.
-pub(super) fn status_unusable(mut op: Operation, reason: String, age: i64, now: i64) -> Step {
+pub(super) fn status_unusable(
+    mut op: Operation,
+    reason: String,
+    age_seconds: i64,
+    now: i64,
+) -> Step {
     let raised_before = op.alerts_raised().len();
-    if !op.status_unusable(&reason, age, now) {
+    if !op.status_unusable(&reason, age_seconds, now) {
         return Step::new(Some(op), GateReply::AlertSent { sent: false });
     }
     let raised = op.alerts_raised().len() > raised_before;

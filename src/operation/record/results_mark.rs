@@ -70,11 +70,16 @@ impl Operation {
     /// Every result is delivered or parked: the counts are kept, and the job's effect, built
     /// with them, is due now while owed. After it went out (an operator's retry settled again),
     /// changed counts are a new body, so a new generation under a new `webhook-id` (invariant
-    /// 3), whatever the previous one's state; unchanged counts send nothing. `failing`
+    /// 3), whatever the previous one's state; unchanged counts send nothing. `failing_parked`
     /// (results parked, refused or failing, since the last operator's retry): none resolves an
     /// open `results_failing`. Whenever this makes the job's effect due, the time is kept
     /// ([`Operation::effect_due_after_results_ms`]). Returns the new generation, when one began.
-    pub fn results_settled(&mut self, counts: Value, failing: u64, now_ms: i64) -> Option<u32> {
+    pub fn results_settled(
+        &mut self,
+        counts: Value,
+        failing_parked: u64,
+        now_ms: i64,
+    ) -> Option<u32> {
         let mut generation = None;
         if self.results_owed() {
             self.effect.next_attempt_ms = now_ms;
@@ -89,7 +94,7 @@ impl Operation {
         if counts["file_parked"].is_null() {
             self.resolve_alert(AlertKind::ResultsFileParked, now_ms);
         }
-        if failing == 0 {
+        if failing_parked == 0 {
             self.resolve_alert(AlertKind::ResultsFailing, now_ms);
         }
         self.results_counts = Some(counts);
