@@ -2,14 +2,13 @@
 //! at the edge (a delivery's body, an admin or bulk request's body, a destination's or an alert
 //! sink's answer, the dynamic-webhook key set, Gemini's webhook listing).
 //!
-//! Guarantees: a [`CappedBody`] is fed the chunks as they arrive and says after each one
-//! whether to read on ([`Read::More`]) or to stop and cancel the rest ([`Read::Enough`]); it
-//! never holds more than its cap. A [`CappedBody::whole`] body stops at the first chunk that
-//! passes the cap, which is not kept, and is refused ([`TooLarge`]); a [`CappedBody::excerpt`]
-//! stops once it holds its cap and keeps the first `cap` bytes (an answer read only to be
-//! quoted). A declared length over the cap is refused before a byte is read
-//! ([`declared_over`]). So the edge holds at most the cap plus the one chunk in hand, however
-//! long the body is or however long its sender keeps it open.
+//! Guarantees: a [`CappedBody`] is fed the chunks as they arrive and says after each one whether to
+//! read on ([`Read::More`]) or to stop and cancel the rest ([`Read::Enough`]); it never holds more
+//! than its cap. A [`CappedBody::whole`] body stops at the first chunk that passes the cap, which
+//! is not kept, and is refused ([`TooLarge`]); a [`CappedBody::excerpt`] stops once it holds its
+//! cap and keeps the first `cap` bytes (an answer read only to be quoted). A declared length over
+//! the cap is refused before a byte is read ([`declared_over`]). So the edge holds at most the cap
+//! plus the one chunk in hand, however long the body is or however long its sender keeps it open.
 
 /// What to do after a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,9 +101,8 @@ pub fn excerpt_bytes(max_chars: usize) -> usize {
     max_chars.saturating_mul(4)
 }
 
-/// The first `max_chars` characters of `bytes` as text. A character cut by the end of an
-/// excerpt is left out; bytes that are not UTF-8 become U+FFFD, so a binary answer still
-/// shows what it was.
+/// The first `max_chars` characters of `bytes` as text. A character cut by the end of an excerpt is
+/// left out; bytes that are not UTF-8 become U+FFFD, so a binary answer still shows what it was.
 pub fn excerpt_text(bytes: &[u8], max_chars: usize) -> String {
     let whole = match std::str::from_utf8(bytes) {
         // Only an incomplete character at the very end: drop it.

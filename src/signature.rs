@@ -153,33 +153,28 @@ pub const LONGEST_RUN_MS: i64 = 48 * 3_600_000;
 /// Slack for a gate's alarm firing late.
 const ALARM_SLACK_MS: i64 = 10 * 60_000;
 
-/// The shortest retention after which an operation's storage may be deleted without a
-/// genuine delivery of it arriving later, and after which an event is too old to be a first
-/// delivery: Gemini retries for at most [`SENDER_RETRY_WINDOW_MS`] after its first attempt,
-/// which precedes the operation's close, an event's time is at most [`LONGEST_RUN_MS`]
-/// before that attempt, and a delivery signed at the end of the window is accepted for
-/// `tolerance` more (twice, for a clock ahead by as much), plus slack for a late alarm. A
-/// captured delivery replayed later fails its `webhook-timestamp` window whatever the
-/// retention.
+/// The shortest retention after which an operation's storage may be deleted without a genuine
+/// delivery of it arriving later, and after which an event is too old to be a first delivery:
+/// Gemini retries for at most [`SENDER_RETRY_WINDOW_MS`] after its first attempt, which precedes
+/// the operation's close, an event's time is at most [`LONGEST_RUN_MS`] before that attempt, and a
+/// delivery signed at the end of the window is accepted for `tolerance` more (twice, for a clock
+/// ahead by as much), plus slack for a late alarm. A captured delivery replayed later fails its
+/// `webhook-timestamp` window whatever the retention.
 pub fn replay_floor_ms(tolerance_secs: i64) -> i64 {
     LONGEST_RUN_MS + SENDER_RETRY_WINDOW_MS + 2 * tolerance_secs * 1_000 + ALARM_SLACK_MS
 }
 
 /// The one time window for a `webhook-timestamp` (whatever signs the delivery): an integer
 /// number of seconds within `now ± tolerance`, saturating at the extremes.
-pub fn check_timestamp(
-    timestamp: &str,
-    now_secs: i64,
-    tolerance_secs: i64,
-) -> Result<(), SignatureError> {
-    let sent: i64 = timestamp
+pub fn check_timestamp(text: &str, now_secs: i64, tolerance: i64) -> Result<(), SignatureError> {
+    let sent: i64 = text
         .trim()
         .parse()
         .map_err(|_| SignatureError::BadTimestamp)?;
-    if sent < now_secs.saturating_sub(tolerance_secs) {
+    if sent < now_secs.saturating_sub(tolerance) {
         return Err(SignatureError::TooOld);
     }
-    if sent > now_secs.saturating_add(tolerance_secs) {
+    if sent > now_secs.saturating_add(tolerance) {
         return Err(SignatureError::TooNew);
     }
     Ok(())
@@ -263,10 +258,9 @@ impl CheckedHeaders<'_> {
         Err(SignatureError::Invalid)
     }
 
-    /// What a `v1a,` check needs: the signed bytes and the first [`MAX_V1A_ENTRIES`]
-    /// well-formed Ed25519 entries.
-    /// `None` when there is no such entry (none, or each empty, undecodable or not 64 bytes):
-    /// that delivery is refused without looking at a key set.
+    /// What a `v1a,` check needs: the signed bytes and the first [`MAX_V1A_ENTRIES`] well-formed
+    /// Ed25519 entries. `None` when there is no such entry (none, or each empty, undecodable or not
+    /// 64 bytes): that delivery is refused without looking at a key set.
     pub fn v1a_message(&self, body: &[u8]) -> Option<V1aMessage> {
         let signatures: Vec<ed25519_compact::Signature> = self
             .entries(V1A, V1A_LEN)

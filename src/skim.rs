@@ -22,10 +22,9 @@
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-/// Largest status answer read: far above what Gemini documents for an inline batch (its
-/// requests are capped at 20 MB; results are of the same order), and at the skimmer's
-/// measured pace (a few ns a byte) well inside a Worker's CPU budget. A larger body is
-/// refused unread past this point.
+/// Largest status answer read: far above what Gemini documents for an inline batch (its requests
+/// are capped at 20 MB; results are of the same order), and at the skimmer's measured pace (a few
+/// ns a byte) well inside a Worker's CPU budget. A larger body is refused unread past this point.
 pub const MAX_BODY_BYTES: u64 = 256 * 1024 * 1024;
 /// Largest reduced document kept: everything the worker reads is a few KB (state, times,
 /// output location, error, counts, batch stats).
@@ -753,11 +752,8 @@ impl Elements {
                     .and_then(|_| over.kept.finish())
                     .map(|s| s.json)
                     .map_err(|e| e.to_string());
-                Body::TooLarge {
-                    size: capture.size,
-                    sha256: over.sha256.finalize().into(),
-                    kept,
-                }
+                let (size, sha256) = (capture.size, over.sha256.finalize().into());
+                Body::TooLarge { size, sha256, kept }
             }
         };
         self.events.push(Event::Element { rule, body });

@@ -197,10 +197,8 @@ impl Desk {
         }
         let pace = self.pace();
         if !pace.limits() {
-            return Decision::reply(DeskReply::Granted {
-                n: n.max(1),
-                after_ms: Vec::new(),
-            });
+            let (n, after_ms) = (n.max(1), Vec::new());
+            return Decision::reply(DeskReply::Granted { n, after_ms });
         }
         let mut after_ms = Vec::new();
         let in_flight = |taken: usize| facts.in_flight + taken as u64;
@@ -215,12 +213,9 @@ impl Desk {
         }
         match after_ms.len() as u32 {
             0 => self.wait(now),
-            granted => Decision {
-                slots: granted,
-                ..Decision::reply(DeskReply::Granted {
-                    n: granted,
-                    after_ms,
-                })
+            n => Decision {
+                slots: n,
+                ..Decision::reply(DeskReply::Granted { n, after_ms })
             },
         }
     }
@@ -280,17 +275,16 @@ impl Desk {
         self.settings.as_ref().map_or(600_000, |s| s.slot_ttl_ms)
     }
 
-    /// The attempts the desk let go for `key` ended ([`Sent`]: one, a job's effect; a
-    /// step's, a batch's results, sent at once and back in no order, so "in a row" is read as
-    /// "all of them"). Its slots (if any) are freed by the edge. When every one was a health
-    /// failure, each counts (a chunk that fails whole opens the destination); when none was,
-    /// it is a success; a chunk of both says neither (its failures back off on their own, and
-    /// a run of failures the job's effects built stands). None sent: it could not send (a
-    /// results file missing, a download refused), says nothing of health and leaves the queue
-    /// until it can (it asks again then); a probe that sent nothing is not a failed one, and
-    /// the next key is probed at once. An answer that asked for a wait (`asked_wait_ms`, from
-    /// `Retry-After`) holds the next probe, once open, no sooner than that (up to
-    /// [`DeskSettings::asked_max_ms`]).
+    /// The attempts the desk let go for `key` ended ([`Sent`]: one, a job's effect; a step's, a
+    /// batch's results, sent at once and back in no order, so "in a row" is read as "all of them").
+    /// Its slots (if any) are freed by the edge. When every one was a health failure, each counts
+    /// (a chunk that fails whole opens the destination); when none was, it is a success; a chunk of
+    /// both says neither (its failures back off on their own, and a run of failures the job's
+    /// effects built stands). None sent: it could not send (a results file missing, a download
+    /// refused), says nothing of health and leaves the queue until it can (it asks again then); a
+    /// probe that sent nothing is not a failed one, and the next key is probed at once. An answer
+    /// that asked for a wait (`asked_wait_ms`, from `Retry-After`) holds the next probe, once open,
+    /// no sooner than that (up to [`DeskSettings::asked_max_ms`]).
     pub fn report(&mut self, key: &str, sent: Sent, facts: Facts, now: i64) -> Decision {
         let failures = sent.failures;
         // A probe that reports is over (a failed one backs off below), but for a chunk that
@@ -510,14 +504,11 @@ impl Desk {
         Some(decision.queue_at_ms.or(waiting).unwrap_or(owed))
     }
 
-    /// A key the alarm released was made due by its gate; a probe is remembered until it
-    /// reports.
-    pub fn released(&mut self, key: &str, probe: bool, now: i64) {
+    /// A key the alarm released was made due by its gate; a probe is remembered until it reports.
+    pub fn released(&mut self, key: &str, probe: bool, sent_ms: i64) {
         if probe {
-            self.probe = Some(ProbeOut {
-                key: key.to_string(),
-                sent_ms: now,
-            });
+            let key = key.to_string();
+            self.probe = Some(ProbeOut { key, sent_ms });
         }
     }
 
@@ -573,22 +564,17 @@ impl Desk {
 
     /// A check before a first attempt: it must ask while the destination is paused or open.
     pub fn check(&self) -> DeskReply {
-        DeskReply::Checked {
-            ask: self.paused.is_some() || self.is_open(),
-        }
+        let ask = self.paused.is_some() || self.is_open();
+        DeskReply::Checked { ask }
     }
 
     /// An operator pauses the destination: stored with who and why (a pause already set
     /// stands, with its first author). True when this changed it.
-    pub fn pause(&mut self, by: Value, reason: String, now: i64) -> bool {
+    pub fn pause(&mut self, by: Value, reason: String, at_ms: i64) -> bool {
         if self.paused.is_some() {
             return false;
         }
-        self.paused = Some(PauseNote {
-            by,
-            reason,
-            at_ms: now,
-        });
+        self.paused = Some(PauseNote { by, reason, at_ms });
         true
     }
 

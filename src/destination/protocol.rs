@@ -72,9 +72,8 @@ pub enum DeskCommand {
         n: u32,
         settings: DeskSettings,
     },
-    /// How the attempts the desk let go (asked, probed or released) ended: after a failure
-    /// that says something about the destination's health, and after every attempt the desk
-    /// let go.
+    /// How the attempts the desk let go (asked, probed or released) ended: after a failure that
+    /// says something about the destination's health, and after every attempt the desk let go.
     Report {
         key: String,
         due_ms: i64,

@@ -1,12 +1,11 @@
 //! Gemini webhook envelopes: `{"type", "version", "timestamp", "data": {"id", ...}}`.
 //!
-//! Guarantees: parsing happens only after the signature was verified on the raw bytes; a body
-//! that is not an envelope (not JSON, no `type`, no `data.id`) is an [`EnvelopeError`], never a
-//! panic; an unknown `type` is a value ([`Meaning::Unknown`]) so that it can be acknowledged and
-//! kept; a test delivery ([`Meaning::Ping`]) is recognized by its type alone, so it needs no
-//! `data.id` and is never mistaken for an unusable body; `batch.completed` (early docs) means
-//! `batch.succeeded`; everything in `data` except
-//! the id is carried to the side effect as details, normalized by
+//! Guarantees: parsing happens only after the signature was verified on the raw bytes; a body that
+//! is not an envelope (not JSON, no `type`, no `data.id`) is an [`EnvelopeError`], never a panic;
+//! an unknown `type` is a value ([`Meaning::Unknown`]) so that it can be acknowledged and kept; a
+//! test delivery ([`Meaning::Ping`]) is recognized by its type alone, so it needs no `data.id` and
+//! is never mistaken for an unusable body; `batch.completed` (early docs) means `batch.succeeded`;
+//! everything in `data` except the id is carried to the side effect as details, normalized by
 //! [`crate::operation::details::normalize_details`] into the shape a status-API answer also gives.
 
 use serde_json::{Map, Value};
@@ -96,8 +95,7 @@ pub fn parse(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         Some(Value::String(t)) => parse_rfc3339_ms(t).unwrap_or(0),
         _ => 0,
     };
-    // A ping names no operation: whatever its `data` holds (if anything), it is only
-    // acknowledged.
+    // A ping names no operation: whatever its `data` holds (if anything), it is only acknowledged.
     if is_ping_type(&event_type) {
         return Ok(Envelope {
             event_type,

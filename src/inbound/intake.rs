@@ -1,20 +1,19 @@
 //! The intake of one delivery to `POST /webhooks/gemini`, as a plan the edge carries out.
 //!
-//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): the order of the work is decided here,
-//! as pure functions host-tested step by step, not in the edge's awaits. Each step answers
-//! with the next [`Need`]: the headers first ([`screen`]: nothing is read before they pass);
-//! a token's RS256 signature (the key set) before its claims ([`vouch`]); the body, read under
-//! its cap; what the body is ([`classify`]), its `v1,` entries first (our HMAC: a v1 delivery
-//! never waits on a key set) and, only when none matches, its `v1a,` entries against
-//! Google's Ed25519 keys; then at most one gate call, none for a duplicate
-//! this isolate remembers ([`TerminalMemory`]: one that repeats the very terminal status a
-//! gate answered this isolate with for a `Deliver` of the same key; terminal absorbs, so it
-//! cannot change anything); a nudge the gate does not hold costs one tally call and nothing
-//! outside the worker; a proven body that cannot be used is kept as a dead letter, else
-//! answered 503 so Gemini retries. Every delivery ends in one [`DeliveryEnd`]: its [`Reply`]
-//! (a 200 with its body, or a [`crate::refusal::Refusal`]), the counters it adds, its log line,
-//! and what this isolate may remember. The edge (`src/edge/http/webhook/`) only performs the
-//! steps. Time is a parameter.
+//! Guarantees (docs/DESIGN.md, invariants 4, 5 and 7): the order of the work is decided here, as
+//! pure functions host-tested step by step, not in the edge's awaits. Each step answers with the
+//! next [`Need`]: the headers first ([`screen`]: nothing is read before they pass); a token's RS256
+//! signature (the key set) before its claims ([`vouch`]); the body, read under its cap; what the
+//! body is ([`classify`]), its `v1,` entries first (our HMAC: a v1 delivery never waits on a key
+//! set) and, only when none matches, its `v1a,` entries against Google's Ed25519 keys; then at most
+//! one gate call, none for a duplicate this isolate remembers ([`TerminalMemory`]: one that repeats
+//! the very terminal status a gate answered this isolate with for a `Deliver` of the same key;
+//! terminal absorbs, so it cannot change anything); a nudge the gate does not hold costs one tally
+//! call and nothing outside the worker; a proven body that cannot be used is kept as a dead letter,
+//! else answered 503 so Gemini retries. Every delivery ends in one [`DeliveryEnd`]: its [`Reply`]
+//! (a 200 with its body, or a [`crate::refusal::Refusal`]), the counters it adds, its log line, and
+//! what this isolate may remember. The edge (`src/edge/http/webhook/`) only performs the steps.
+//! Time is a parameter.
 
 use std::collections::HashMap;
 
@@ -85,8 +84,7 @@ pub enum Need {
     /// Read the body, refused past `cap` while it streams (`declared`: a `content-length`
     /// within the cap): [`Intake::body_read`], with this isolate's [`TerminalMemory`].
     Body { cap: usize, declared: Option<usize> },
-    /// Check the body's `v1a,` entries against the key set's Ed25519 keys:
-    /// [`Intake::v1a_checked`].
+    /// Check the body's `v1a,` entries against the key set's Ed25519 keys: [`Intake::v1a_checked`].
     V1a(V1aMessage),
     /// Hand `command` to the gate of `key`: [`Intake::gate_answered`].
     Gate { key: String, command: GateCommand },
@@ -99,8 +97,7 @@ pub enum Need {
         name: String,
         collection: Collection,
     },
-    /// Count one nudge for an operation not held on the worker-wide tally:
-    /// [`Intake::tallied`].
+    /// Count one nudge for an operation not held on the worker-wide tally: [`Intake::tallied`].
     Tally,
     /// Keep `value` in KV under `key` (a dead letter): [`Intake::dead_letter_kept`].
     DeadLetter { key: String, value: Value },
@@ -220,11 +217,9 @@ impl<'a> Intake<'a> {
             Err(refusal) => intake.finish(DeliveryEnd::refused(refusal)),
             Ok(Screened::Hmac(checked)) => intake.read_body(Proof::Hmac(checked)),
             Ok(Screened::Jwt { token, token_hash }) => {
-                intake.stage = Stage::Signature {
-                    token: token.clone(),
-                    token_hash,
-                };
-                Need::Signature(token)
+                let need = Need::Signature(token.clone());
+                intake.stage = Stage::Signature { token, token_hash };
+                need
             }
         };
         (intake, need)
@@ -232,9 +227,7 @@ impl<'a> Intake<'a> {
 
     /// The token's signature was checked (at `now_ms`): its claims decide next.
     pub fn signature_checked(&mut self, checked: Result<(), Rejection>, now_ms: i64) -> Need {
-        let Stage::Signature { token, token_hash } =
-            std::mem::replace(&mut self.stage, Stage::Over)
-        else {
+        let Stage::Signature { token, token_hash } = self.take() else {
             return self.out_of_order();
         };
         match checked.and_then(|()| vouch(token, token_hash, now_ms, &self.policy)) {
@@ -246,7 +239,7 @@ impl<'a> Intake<'a> {
     /// The body as read (`None` when it passed the cap while streaming), and what this
     /// isolate remembers of settled operations.
     pub fn body_read(&mut self, body: Option<Vec<u8>>, memory: &TerminalMemory) -> Need {
-        let Stage::Body(proof) = std::mem::replace(&mut self.stage, Stage::Over) else {
+        let Stage::Body(proof) = self.take() else {
             return self.out_of_order();
         };
         let Some(body) = body else {
@@ -321,7 +314,7 @@ impl<'a> Intake<'a> {
     /// The body's `v1a,` entries were checked against the key set: verified, it is a nudge
     /// (Google signed this body, which does not make the job ours); else the refusal.
     pub fn v1a_checked(&mut self, checked: Result<(), Rejection>) -> Need {
-        let Stage::V1a = std::mem::replace(&mut self.stage, Stage::Over) else {
+        let Stage::V1a = self.take() else {
             return self.out_of_order();
         };
         match checked {
@@ -379,7 +372,7 @@ impl<'a> Intake<'a> {
             nudge,
             event_type,
             unheld,
-        } = std::mem::replace(&mut self.stage, Stage::Over)
+        } = self.take()
         else {
             return self.out_of_order();
         };
@@ -434,17 +427,15 @@ impl<'a> Intake<'a> {
         })
     }
 
-    /// What the status API said about a `v1a`-signed nudge's unheld operation (`None`: not
-    /// asked, this isolate was told a moment ago that it is not ours). Answered for it with
-    /// our key, the job is ours: the answer is delivered to its gate as a proven event, with
-    /// the signed body's `user_metadata` as the job's own, and creates the record as an
-    /// unregistered operation's would be. Not known to our project (404, or 403: another
-    /// project's): a stranger's, tallied, nothing stored. No usable answer now, or another
-    /// refusal (a 401 says our key is wrong, not that the job is someone else's): 503, so
-    /// Gemini retries.
+    /// What the status API said about a `v1a`-signed nudge's unheld operation (`None`: not asked,
+    /// this isolate was told a moment ago that it is not ours). Answered for it with our key, the
+    /// job is ours: the answer is delivered to its gate as a proven event, with the signed body's
+    /// `user_metadata` as the job's own, and creates the record as an unregistered operation's
+    /// would be. Not known to our project (404, or 403: another project's): a stranger's, tallied,
+    /// nothing stored. No usable answer now, or another refusal (a 401 says our key is wrong, not
+    /// that the job is someone else's): 503, so Gemini retries.
     pub fn status_answered(&mut self, answer: Option<Result<Observation, StatusError>>) -> Need {
-        let Stage::Status { unheld, event_type } = std::mem::replace(&mut self.stage, Stage::Over)
-        else {
+        let Stage::Status { unheld, event_type } = self.take() else {
             return self.out_of_order();
         };
         let observation = match answer {
@@ -483,8 +474,7 @@ impl<'a> Intake<'a> {
     /// The tally counted a nudge for an operation not held: `Some(true)` when it raised the
     /// window's alert, `None` when the call failed (a count is lost, never a delivery).
     pub fn tallied(&mut self, alert: Option<bool>) -> Need {
-        let Stage::Tally { key, event_type } = std::mem::replace(&mut self.stage, Stage::Over)
-        else {
+        let Stage::Tally { key, event_type } = self.take() else {
             return self.out_of_order();
         };
         let answer = Answer::NotHeld { key };
@@ -505,9 +495,7 @@ impl<'a> Intake<'a> {
     /// The dead letter was kept (`Err`: it could not be, with why: 503, so Gemini retries
     /// and the delivery is never dropped unseen).
     pub fn dead_letter_kept(&mut self, kept: Result<(), String>) -> Need {
-        let Stage::DeadLetter { key, reason, reply } =
-            std::mem::replace(&mut self.stage, Stage::Over)
-        else {
+        let Stage::DeadLetter { key, reason, reply } = self.take() else {
             return self.out_of_order();
         };
         match kept {
@@ -529,12 +517,14 @@ impl<'a> Intake<'a> {
         self.headers.id.unwrap_or_default().to_string()
     }
 
+    fn take(&mut self) -> Stage<'a> {
+        std::mem::replace(&mut self.stage, Stage::Over)
+    }
+
     fn read_body(&mut self, proof: Proof<'a>) -> Need {
         self.stage = Stage::Body(proof);
-        Need::Body {
-            cap: self.policy.max_body_bytes,
-            declared: self.headers.declared_length(),
-        }
+        let (cap, declared) = (self.policy.max_body_bytes, self.headers.declared_length());
+        Need::Body { cap, declared }
     }
 
     fn call_gate(
@@ -629,13 +619,9 @@ pub fn screen<'a>(
                 _ => Rejection::TokenTimestampOutOfTolerance,
             })?;
         }
-        return match jwt::parse(token) {
-            Ok(parsed) => Ok(Screened::Jwt {
-                token: parsed,
-                token_hash: token_hash(token),
-            }),
-            Err(e) => Err(Rejection::Token(e)),
-        };
+        let parsed = jwt::parse(token).map_err(Rejection::Token)?;
+        let (token, token_hash) = (parsed, token_hash(token));
+        return Ok(Screened::Jwt { token, token_hash });
     }
     let signed = SignedHeaders {
         id: headers.id,
@@ -660,10 +646,8 @@ pub fn vouch(
 ) -> Result<Proof<'static>, Rejection> {
     jwt::check_claims(&token.claims, now_ms.div_euclid(1_000), policy.audience)
         .map_err(Rejection::Token)?;
-    Ok(Proof::Jwt {
-        claims: token.claims,
-        token_hash,
-    })
+    let claims = token.claims;
+    Ok(Proof::Jwt { claims, token_hash })
 }
 
 /// A JWT delivery's id: a hash of the token, which is signed (the `webhook-id` header is not,
@@ -812,10 +796,8 @@ impl Default for TerminalMemory {
 
 impl TerminalMemory {
     pub fn with_capacity(cap: usize) -> TerminalMemory {
-        TerminalMemory {
-            known: HashMap::new(),
-            cap,
-        }
+        let known = HashMap::new();
+        TerminalMemory { known, cap }
     }
 
     /// The terminal status a gate's reply to a delivery states (applied or dropped): a fact

@@ -1,13 +1,12 @@
 //! Dynamic-webhook signatures: compact RS256 JWTs in `webhook-signature`, keys from a JWKS.
 //!
-//! Guarantees (docs/DESIGN.md, invariant 4): everything but the RSA arithmetic is decided
-//! here, purely: the token must be three strict base64url parts; its header must say `alg:
-//! RS256` exactly (so `none`, HS256 with the public key as secret, and every other algorithm
-//! are refused before any key is touched) and carry a `kid`; `exp` is required and must be in
-//! the future, `nbf` and `iat` (when present) in the past, within [`LEEWAY_SECS`]; `aud` must
-//! contain the configured audience when one is configured. The edge verifies the signature
-//! over [`Token::signing_input`] with the key this module selected, through the runtime's
-//! WebCrypto.
+//! Guarantees (docs/DESIGN.md, invariant 4): everything but the RSA arithmetic is decided here,
+//! purely: the token must be three strict base64url parts; its header must say `alg: RS256` exactly
+//! (so `none`, HS256 with the public key as secret, and every other algorithm are refused before
+//! any key is touched) and carry a `kid`; `exp` is required and must be in the future, `nbf` and
+//! `iat` (when present) in the past, within [`LEEWAY_SECS`]; `aud` must contain the configured
+//! audience when one is configured. The edge verifies the signature over [`Token::signing_input`]
+//! with the key this module selected, through the runtime's WebCrypto.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;

@@ -2,15 +2,14 @@
 //! a token's `kid` names) and its Ed25519 keys (tried in turn for a `v1a,` entry), and when to
 //! read the durable copy or fetch the set again.
 //!
-//! Guarantees: a cold isolate reads the durable copy (KV's `jwks:cache`) once before it
-//! fetches; a miss (an unknown `kid`, or a `v1a` message no cached Ed25519 key verifies)
-//! fetches the set at most once a [`REFETCH_MS`], whatever kind of miss it was (a `kid` absent
-//! from a set that fresh is not Google's, nor a `v1a` signature none of its keys verifies:
-//! 401); after a failed fetch, a miss is answered 503 with `Retry-After` for
-//! [`RETRY_FAILED_FETCH_MS`], so Gemini retries and the endpoint is not hammered, while the
-//! cached keys keep serving; only a set that changed is written back to the durable copy. No
-//! I/O and no clock: the edge (`edge/http/dynamic_webhook.rs`) performs each step and passes
-//! the time in.
+//! Guarantees: a cold isolate reads the durable copy (KV's `jwks:cache`) once before it fetches; a
+//! miss (an unknown `kid`, or a `v1a` message no cached Ed25519 key verifies) fetches the set at
+//! most once a [`REFETCH_MS`], whatever kind of miss it was (a `kid` absent from a set that fresh
+//! is not Google's, nor a `v1a` signature none of its keys verifies: 401); after a failed fetch, a
+//! miss is answered 503 with `Retry-After` for [`RETRY_FAILED_FETCH_MS`], so Gemini retries and the
+//! endpoint is not hammered, while the cached keys keep serving; only a set that changed is written
+//! back to the durable copy. No I/O and no clock: the edge (`edge/http/dynamic_webhook.rs`)
+//! performs each step and passes the time in.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -47,8 +46,7 @@ pub enum Lookup<T> {
     /// Fetch the set, give the answer to [`KeySet::fetched`], then look once more
     /// ([`KeySet::after_fetch`], [`KeySet::after_fetch_v1a`]).
     Fetch,
-    /// Refuse: the key is not in a fresh set (401), or the set cannot be refreshed just now
-    /// (503).
+    /// Refuse: the key is not in a fresh set (401), or the set cannot be refreshed just now (503).
     Refuse(Rejection),
 }
 
@@ -147,10 +145,8 @@ impl KeySet {
                 let changed = self.keys != keys || self.ed25519 != ed25519;
                 self.keys = keys;
                 self.ed25519 = ed25519;
-                Fetched::Keys {
-                    changed,
-                    keys: self.keys.len() + self.ed25519.len(),
-                }
+                let keys = self.keys.len() + self.ed25519.len();
+                Fetched::Keys { changed, keys }
             }
             Err(reason) => {
                 self.failed_ms = Some(now_ms);
@@ -167,9 +163,8 @@ impl KeySet {
 
     /// The refusal after a failed fetch: come back once the next fetch may be tried.
     pub fn unavailable() -> Rejection {
-        Rejection::KeysUnavailable {
-            retry_after: (RETRY_FAILED_FETCH_MS / 1_000) as u32,
-        }
+        let retry_after = (RETRY_FAILED_FETCH_MS / 1_000) as u32;
+        Rejection::KeysUnavailable { retry_after }
     }
 }
 

@@ -1,18 +1,17 @@
 //! Nudges that name operations this worker does not hold open: what they leave behind, and
 //! the one aggregated alert about many of them.
 //!
-//! Anyone can obtain valid dynamic-webhook tokens (by running a job of their own pointed at
-//! this worker) and put any name in the body, so a nudge proves nothing and creates nothing:
-//! only an operation the worker already holds (registered, or opened by an HMAC-signed
-//! delivery) is hastened by one ([`crate::operation::gate::step`], `Nudge`).
-//! Guarantees: a nudge for any other name (never seen, purged at retention, forgotten by
-//! storage) makes no call outside the worker and stores nothing for the name (no record, no
-//! Durable Object storage, no KV entry); it is answered 2xx, counted and logged, and counted
-//! by a worker-wide [`StrangerTally`] whose crossing of `threshold` within an alert window
-//! raises one aggregated alert for that window (a user who forgot to register their
-//! dynamic-webhook jobs finds out). The tally lives in an object of its own (the
-//! `StrangerWatch`, spoken to with [`CountNudge`] and answering [`NudgeCounted`]), which keeps
-//! at most [`MAX_OWED_ALERTS`] alerts the sink has not accepted ([`owe`]). Time is a
+//! Anyone can obtain valid dynamic-webhook tokens (by running a job of their own pointed at this
+//! worker) and put any name in the body, so a nudge proves nothing and creates nothing: only an
+//! operation the worker already holds (registered, or opened by an HMAC-signed delivery) is
+//! hastened by one ([`crate::operation::gate::step`], `Nudge`). Guarantees: a nudge for any other
+//! name (never seen, purged at retention, forgotten by storage) makes no call outside the worker
+//! and stores nothing for the name (no record, no Durable Object storage, no KV entry); it is
+//! answered 2xx, counted and logged, and counted by a worker-wide [`StrangerTally`] whose crossing
+//! of `threshold` within an alert window raises one aggregated alert for that window (a user who
+//! forgot to register their dynamic-webhook jobs finds out). The tally lives in an object of its
+//! own (the `StrangerWatch`, spoken to with [`CountNudge`] and answering [`NudgeCounted`]), which
+//! keeps at most [`MAX_OWED_ALERTS`] alerts the sink has not accepted ([`owe`]). Time is a
 //! parameter.
 //!
 //! A `v1a`-signed body is Google's, but Google's keys serve every project: a body naming an
@@ -106,9 +105,8 @@ pub fn slot_step(answer: Option<SlotAnswer>, now_ms: i64, waited: &mut SlotWaite
         Some(SlotAnswer::Granted) => return SlotStep::Ask,
         Some(SlotAnswer::WaitUntil { until_ms }) => until_ms,
         None => {
-            return SlotStep::Refuse(StatusError::Transient {
-                retry_after_secs: NOT_OURS_MS / 1_000,
-            })
+            let retry_after_secs = NOT_OURS_MS / 1_000;
+            return SlotStep::Refuse(StatusError::Transient { retry_after_secs });
         }
     };
     let wait = (until_ms - now_ms).max(1);
@@ -116,9 +114,8 @@ pub fn slot_step(answer: Option<SlotAnswer>, now_ms: i64, waited: &mut SlotWaite
         waited.ms += wait;
         return SlotStep::Wait(wait);
     }
-    SlotStep::Refuse(StatusError::Transient {
-        retry_after_secs: (wait + 999) / 1_000,
-    })
+    let retry_after_secs = (wait + 999) / 1_000;
+    SlotStep::Refuse(StatusError::Transient { retry_after_secs })
 }
 
 /// The worker-wide count of nudges for names the worker does not hold, kept by one object

@@ -2,15 +2,14 @@
 //! settled the outcome (docs/DESIGN.md, invariant 6; `docs/effect.schema.json`).
 //!
 //! Guarantees: every path (a webhook's `data`, a status-API answer, an operator's settle, a
-//! confirmation's merge of a nudge's metadata, a record stored by an older version) goes
-//! through [`normalize_details`] where it enters (the record takes an event's details as
-//! they come: [`crate::operation::Operation::apply`]), so the details always have
-//! `output_file_uri`, `output_file_uris`, `error_code`, `error_message` and `provider` (null
-//! or empty when the path had nothing), and `user_metadata` / `unverified_user_metadata` only
-//! when given, passed through untouched within the bounds below (past them, a marker that
-//! says so). Anything else the provider said goes under `provider`, never loose at
-//! the top level. The side effect's body ([`crate::operation::effect`]) is these details under
-//! its fixed fields.
+//! confirmation's merge of a nudge's metadata, a record stored by an older version) goes through
+//! [`normalize_details`] where it enters (the record takes an event's details as they come:
+//! [`crate::operation::Operation::apply`]), so the details always have `output_file_uri`,
+//! `output_file_uris`, `error_code`, `error_message` and `provider` (null or empty when the path
+//! had nothing), and `user_metadata` / `unverified_user_metadata` only when given, passed through
+//! untouched within the bounds below (past them, a marker that says so). Anything else the provider
+//! said goes under `provider`, never loose at the top level. The side effect's body
+//! ([`crate::operation::effect`]) is these details under its fixed fields.
 //!
 //! The bounds, here too (on what a record keeps from outside: user metadata, verified or not,
 //! and whatever Gemini said: `provider` details, error texts, output locations): every value
@@ -44,11 +43,10 @@ pub const PROVIDER: &str = "provider";
 pub const USER_METADATA: &str = "user_metadata";
 /// Metadata that came only in an unverified body: a destination must not authorize on it.
 pub const UNVERIFIED_USER_METADATA: &str = "unverified_user_metadata";
-/// Where a `v1a`-signed body's `user_metadata` waits in a confirmation's metadata: Google
-/// signed that body, but its keys serve every project, so it is the job's own only once the
-/// status API, asked with our key, has answered for the operation; then it travels as
-/// `user_metadata` (a registration's still wins). A token's never does: nothing binds its
-/// claims to the operation.
+/// Where a `v1a`-signed body's `user_metadata` waits in a confirmation's metadata: Google signed
+/// that body, but its keys serve every project, so it is the job's own only once the status API,
+/// asked with our key, has answered for the operation; then it travels as `user_metadata` (a
+/// registration's still wins). A token's never does: nothing binds its claims to the operation.
 pub const SIGNED_USER_METADATA: &str = "signed_user_metadata";
 
 /// What one path learned about an outcome, before it becomes details.

@@ -104,8 +104,7 @@ pub fn signed_request(
 }
 
 /// The largest queue message Cloudflare Queues accept: 128 KB (counted as 128,000 bytes, the
-/// smaller reading). The local runtime does not refuse a larger one; production does, every
-/// time.
+/// smaller reading). The local runtime does not refuse a larger one; production does, every time.
 pub const QUEUE_MESSAGE_MAX_BYTES: usize = 128_000;
 
 /// The message a queue destination receives for `request`, as JSON text:

@@ -1,12 +1,10 @@
-//! An operation's history rows: what the gate did, one typed entry per row, stored as JSON
-//! with its kind under `what` (the admin API's `history`, the chaos oracle and the dashboard
-//! read them).
+//! An operation's history rows: what the gate did, one typed entry per row, stored as JSON with its
+//! kind under `what` (the admin API's `history`, the chaos oracle and the dashboard read them).
 //!
-//! Guarantees: every row the gate stores is one of [`HistoryEntry`]'s variants, so its
-//! spelling is fixed here; the stored time (`at`) is added by the storage, not the entry.
-//! [`HistoryLog`] is how the rows are kept: inside the record's own SQLite row (the write the
-//! record makes anyway carries them, so a row costs no write of its own), newest
-//! [`HISTORY_LIMIT`] kept, in order.
+//! Guarantees: every row the gate stores is one of [`HistoryEntry`]'s variants, so its spelling is
+//! fixed here; the stored time (`at`) is added by the storage, not the entry. [`HistoryLog`] is how
+//! the rows are kept: inside the record's own SQLite row (the write the record makes anyway carries
+//! them, so a row costs no write of its own), newest [`HISTORY_LIMIT`] kept, in order.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -15,7 +13,8 @@ use crate::operation::alert::AlertKind;
 use crate::operation::lifecycle::{Source, Verdict};
 use crate::operation::{Actor, OpEvent};
 
-/// One history row.
+/// One history row (an operator's `by`: who asked, when an operator did through the admin
+/// API; rows before it was kept lack it).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "what", rename_all = "snake_case")]
 pub enum HistoryEntry {
@@ -39,7 +38,6 @@ pub enum HistoryEntry {
     },
     Forgotten {
         reason: String,
-        /// Who asked, when an operator did through the admin API (rows before it was kept lack it).
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -49,7 +47,6 @@ pub enum HistoryEntry {
     Redeliver {
         generation: u32,
         reason: String,
-        /// Who asked, when an operator did through the admin API (rows before it was kept lack it).
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -57,7 +54,6 @@ pub enum HistoryEntry {
     RetryNow {
         generation: u32,
         reason: String,
-        /// Who asked, when an operator did through the admin API (rows before it was kept lack it).
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -189,9 +185,8 @@ impl HistoryLog {
     pub fn decode(text: &str) -> HistoryLog {
         let rows: Vec<(i64, Value)> = serde_json::from_str(text).unwrap_or_default();
         let rows = rows.into_iter().map(|(at, e)| (at, e.to_string()));
-        HistoryLog {
-            rows: rows.collect(),
-        }
+        let rows = rows.collect();
+        HistoryLog { rows }
     }
 
     /// A log of rows read one by one (an object that kept them in a table of their own).

@@ -1,18 +1,17 @@
 //! The KV ledger: a listing of operations for the reconciliation pass, never a source of truth.
 //!
-//! Layout: `op:<key>` holds the operation's public JSON view; its metadata ([`LedgerMeta`])
-//! holds what the pass decides on, so it reads no value for entries needing no work.
-//! `open:<key>` is the index of what may need work ([`may_need_work`]): an
-//! empty value with the same metadata, written with every projection while the operation may
-//! need work and deleted with the projection that closes it, so the routine pass lists open
-//! operations only. It is a hint like the rest: a lost put is found by the daily audit over
-//! `op:`, a lost delete costs a harmless trip through the gate (and is repaired by the audit).
-//! `dead:<webhook-id>` holds a signed delivery that could not be used, for inspection.
-//! Guarantees: metadata stays far under KV's 1024-byte limit (names are at most 400 bytes);
-//! an entry gets an expiration only once its operation is terminal and its side effect done
-//! or parked, so open records never expire. KV is eventually consistent and last-write-wins:
-//! the gate writes a projection tagged with its version, and a stale one only costs a
-//! redundant, harmless trip through the gate.
+//! Layout: `op:<key>` holds the operation's public JSON view; its metadata ([`LedgerMeta`]) holds
+//! what the pass decides on, so it reads no value for entries needing no work. `open:<key>` is the
+//! index of what may need work ([`may_need_work`]): an empty value with the same metadata, written
+//! with every projection while the operation may need work and deleted with the projection that
+//! closes it, so the routine pass lists open operations only. It is a hint like the rest: a lost
+//! put is found by the daily audit over `op:`, a lost delete costs a harmless trip through the gate
+//! (and is repaired by the audit). `dead:<webhook-id>` holds a signed delivery that could not be
+//! used, for inspection. Guarantees: metadata stays far under KV's 1024-byte limit (names are at
+//! most 400 bytes); an entry gets an expiration only once its operation is terminal and its side
+//! effect done or parked, so open records never expire. KV is eventually consistent and
+//! last-write-wins: the gate writes a projection tagged with its version, and a stale one only
+//! costs a redundant, harmless trip through the gate.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -175,8 +174,7 @@ pub fn dead_key(webhook_id: &str) -> String {
     if plain {
         format!("{DEAD_PREFIX}{webhook_id}")
     } else {
-        let digest = Sha256::digest(webhook_id.as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = crate::hex(&Sha256::digest(webhook_id.as_bytes()), 32);
         format!("{DEAD_PREFIX}sha256-{hex}")
     }
 }

@@ -48,8 +48,7 @@ pub enum WalkStep {
     List { cursor: Option<String> },
     /// The next entry: [`LedgerWalk::pass`] it to go on, or stop before it.
     Entry(ListedKey),
-    /// Nothing more in this request: resume from the cursor, or `None` at the end of the
-    /// ledger.
+    /// Nothing more in this request: resume from the cursor, or `None` at the end of the ledger.
     End(Option<LedgerCursor>),
 }
 
@@ -80,9 +79,8 @@ impl LedgerWalk {
                 if self.pages >= self.max_pages {
                     return WalkStep::End(Some(self.at.clone()));
                 }
-                return WalkStep::List {
-                    cursor: self.at.cursor.clone(),
-                };
+                let cursor = self.at.cursor.clone();
+                return WalkStep::List { cursor };
             };
             if let Some(entry) = page.keys.get(self.next_in_page) {
                 if self.at.already_done(&entry.name) {

@@ -43,9 +43,8 @@ pub const DEFAULT_RETRY_AFTER_SECS: i64 = 60;
 pub fn transient(retry_after: Option<&str>) -> StatusError {
     let secs = retry_after.and_then(|v| v.trim().parse::<i64>().ok());
     let secs = secs.filter(|s| *s >= 0).unwrap_or(DEFAULT_RETRY_AFTER_SECS);
-    StatusError::Transient {
-        retry_after_secs: secs.min(86_400),
-    }
+    let retry_after_secs = secs.min(86_400);
+    StatusError::Transient { retry_after_secs }
 }
 
 /// The project's status budget's answer to a gate about to ask the status API (the

@@ -13,10 +13,9 @@
 
 use serde_json::Value;
 
-use crate::operation::details;
 use crate::operation::gate::log::GateLog;
 use crate::operation::history::HistoryEntry;
-use crate::operation::{Actor, Operation};
+use crate::operation::{details, Actor, Operation};
 
 /// Depth, from the record's top, past which the scan replaces a value with a marker: the
 /// record's own fields nest a few levels, its outside values up to [`details::MAX_DEPTH`] more.
@@ -142,10 +141,8 @@ pub fn mark_recovered(
 
 /// The line logged for a record that cannot be recovered.
 pub fn unrecoverable(error: &str, raw: &str) -> GateLog {
-    GateLog::RecordUnreadable {
-        error: error.to_string(),
-        raw_bytes: raw.len(),
-    }
+    let (error, raw_bytes) = (error.to_string(), raw.len());
+    GateLog::RecordUnreadable { error, raw_bytes }
 }
 
 #[cfg(test)]

@@ -2,18 +2,17 @@
 //! objects, never as an object's database per name (docs/DESIGN.md, invariant 12).
 //!
 //! Guarantees: a name is known by the first 12 bytes of the SHA-256 of its normalized key
-//! ([`RetiredName::of`]; the wire carries 16, of which the shards keep 12), the same whichever
-//! path names it (invariant 6); its first byte picks one of [`SHARDS`] objects (`retired-00`
-//! to `retired-ff`), so each shard holds 1/256 of the names and no object is a global
-//! bottleneck. In its shard a name is an [`ENTRY_BYTES`]-byte entry (the 11 bytes after the
-//! first) in the row of its bucket ([`BUCKETS`] a shard, by its second byte): `names(bucket,
-//! part, hashes) WITHOUT ROWID` ([`DDL`]), each row's `hashes` the sorted concatenation of at
-//! most [`PART_NAMES`] entries, so a name costs its 11 bytes on disk and a few more
-//! (`stored_bytes_per_name` below measures it); keeping a batch of names reads each of their
-//! buckets' last row and rewrites it (one row read and one written a bucket, whatever the
-//! batch's size, and one more written each time a row fills: [`plan_keeps`]; a second keep
-//! writes nothing), asking reads its bucket's rows (one per [`PART_NAMES`] names in it) and
-//! finds the entry by binary search ([`holds`]).
+//! ([`RetiredName::of`]; the wire carries 16, of which the shards keep 12), the same whichever path
+//! names it (invariant 6); its first byte picks one of [`SHARDS`] objects (`retired-00` to
+//! `retired-ff`), so each shard holds 1/256 of the names and no object is a global bottleneck. In
+//! its shard a name is an [`ENTRY_BYTES`]-byte entry (the 11 bytes after the first) in the row of
+//! its bucket ([`BUCKETS`] a shard, by its second byte): `names(bucket, part, hashes) WITHOUT
+//! ROWID` ([`DDL`]), each row's `hashes` the sorted concatenation of at most [`PART_NAMES`]
+//! entries, so a name costs its 11 bytes on disk and a few more (`stored_bytes_per_name` below
+//! measures it); keeping a batch of names reads each of their buckets' last row and rewrites it
+//! (one row read and one written a bucket, whatever the batch's size, and one more written each
+//! time a row fills: [`plan_keeps`]; a second keep writes nothing), asking reads its bucket's rows
+//! (one per [`PART_NAMES`] names in it) and finds the entry by binary search ([`holds`]).
 //!
 //! When: a gate retires at the first moment of its name's bucket at or after its retention's
 //! end ([`RetiredName::moment`]: one a day a bucket, spread over the day), so a bucket's names
@@ -221,7 +220,7 @@ mod hex16 {
     use serde::{de::Error, Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &[u8; 16], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        s.serialize_str(&crate::hex(bytes, 16))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 16], D::Error> {

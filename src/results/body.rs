@@ -48,10 +48,8 @@ impl ResultHead {
             .iter()
             .filter_map(|f| job.get(*f).map(|v| (f.to_string(), v.clone())))
             .collect();
-        ResultHead {
-            key: op.key().to_string(),
-            fields,
-        }
+        let key = op.key().to_string();
+        ResultHead { key, fields }
     }
 }
 

@@ -129,10 +129,8 @@ impl WireSend {
                 None => Err(format!("a result sender sends no header {k:?}")),
             })
             .collect::<Result<_, _>>()?;
-        Ok(EffectRequest {
-            headers,
-            body: self.body,
-        })
+        let body = self.body;
+        Ok(EffectRequest { headers, body })
     }
 }
 

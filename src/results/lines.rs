@@ -1,12 +1,11 @@
 //! A results file's lines, read from a stream of byte chunks of any size, in bounded memory.
 //!
-//! Guarantees: at most `cap` bytes of one line are ever held; a longer line is not buffered
-//! but reported as [`Piece::TooLarge`] with its index, byte offset and size, and reading goes
-//! on after its newline. Lines end at `\n` (a `\r` before it dropped); a last line without
-//! one is a line. A blank line is not a result and takes no index, so a result's index is its
-//! position among the file's results on every read. Reading resumes from a [`Checkpoint`],
-//! from a stream that starts there (an honoured `Range`) or at byte 0 (the bytes before the
-//! checkpoint discarded unread).
+//! Guarantees: at most `cap` bytes of one line are ever held; a longer line is not buffered but
+//! reported as [`Piece::TooLarge`] with its index, byte offset and size, and reading goes on after
+//! its newline. Lines end at `\n` (a `\r` before it dropped); a last line without one is a line. A
+//! blank line is not a result and takes no index, so a result's index is its position among the
+//! file's results on every read. Reading resumes from a [`Checkpoint`], from a stream that starts
+//! there (an honoured `Range`) or at byte 0 (the bytes before the checkpoint discarded unread).
 
 use serde::{Deserialize, Serialize};
 
@@ -34,11 +33,8 @@ pub enum Piece {
 impl Piece {
     /// Where this line starts: the checkpoint to resume at when a chunk ends before it.
     pub fn start(&self) -> Checkpoint {
-        let (Piece::Line { index, offset, .. } | Piece::TooLarge { index, offset, .. }) = self;
-        Checkpoint {
-            offset: *offset,
-            index: *index,
-        }
+        let (Piece::Line { index, offset, .. } | Piece::TooLarge { index, offset, .. }) = *self;
+        Checkpoint { offset, index }
     }
 }
 
@@ -83,10 +79,8 @@ impl LineSplitter {
 
     /// Where reading stands: the start of the line being read, and its index.
     pub fn checkpoint(&self) -> Checkpoint {
-        Checkpoint {
-            offset: self.line_start,
-            index: self.next_index,
-        }
+        let (offset, index) = (self.line_start, self.next_index);
+        Checkpoint { offset, index }
     }
 
     /// Takes the next chunk; returns the lines it completed, in order.
@@ -103,14 +97,10 @@ impl LineSplitter {
             let segment = &chunk[..newline.unwrap_or(chunk.len())];
             self.take(segment);
             self.position += segment.len() as u64;
-            match newline {
-                Some(at) => {
-                    self.position += 1;
-                    out.extend(self.end_line(self.position));
-                    chunk = &chunk[at + 1..];
-                }
-                None => break,
-            }
+            let Some(at) = newline else { break };
+            self.position += 1;
+            out.extend(self.end_line(self.position));
+            chunk = &chunk[at + 1..];
         }
         out
     }

@@ -3,34 +3,32 @@
 //! from durable state alone.
 //!
 //! Guarantees: a result's side effect is sent under one `webhook-id` only
-//! ([`crate::results::body::result_message_id`]). A chunk is claimed (its byte and index
-//! ranges stored) before any of its results is sent, and committed after its answers: a kill
-//! in between resends its results under their same ids; a kill after the commit sends none of
-//! them again but those kept as rows. A claim whose file fails waits on the file's backoff as
-//! a read does; a file parked drops it, so an operator's retry reads its results again from
-//! its start, under their same ids. An answer means for a result what it means for the job's
-//! effect, applied as to it ([`crate::retry::item::apply`]), but a result failing past
-//! [`Limits::alert_after_ms`] is parked, so the job's effect goes. A result parked (refused, at
-//! once; or failing past the threshold) counts toward the batch's one alert of the spell (until
-//! an operator's retry), raised at the next step and naming how many ([`Step::AlertFailing`]),
-//! never one per result. A result whose sender answered nothing
-//! ([`Sending::Unanswered`]) runs the senders' clock instead: past the same threshold, one
-//! alert for the batch naming how many wait ([`Step::AlertSenders`]), resolved once a sender
-//! answers or none waits on one ([`Step::SendersBack`]); the results keep being sent. A file
-//! missing after `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`]
+//! ([`crate::results::body::result_message_id`]). A chunk is claimed (its byte and index ranges
+//! stored) before any of its results is sent, and committed after its answers: a kill in between
+//! resends its results under their same ids; a kill after the commit sends none of them again but
+//! those kept as rows. A claim whose file fails waits on the file's backoff as a read does; a file
+//! parked drops it, so an operator's retry reads its results again from its start, under their same
+//! ids. An answer means for a result what it means for the job's effect, applied as to it
+//! ([`crate::retry::item::apply`]), but a result failing past [`Limits::alert_after_ms`] is parked,
+//! so the job's effect goes. A result parked (refused, at once; or failing past the threshold)
+//! counts toward the batch's one alert of the spell (until an operator's retry), raised at the next
+//! step and naming how many ([`Step::AlertFailing`]), never one per result. A result whose sender
+//! answered nothing ([`Sending::Unanswered`]) runs the senders' clock instead: past the same
+//! threshold, one alert for the batch naming how many wait ([`Step::AlertSenders`]), resolved once
+//! a sender answers or none waits on one ([`Step::SendersBack`]); the results keep being sent. A
+//! file missing after `SUCCEEDED` is asked for again with backoff for [`Limits::file_wait_ms`]
 //! (once some of it was read, from its first trouble in a row), unless the batch ended more than
-//! [`FILE_KEPT_MS`] ago; a file gone for good or unreadable parks the results with the reason
-//! and one alert. The job's own effect is owed once the file is read (or parked) and no result
-//! is waiting.
+//! [`FILE_KEPT_MS`] ago; a file gone for good or unreadable parks the results with the reason and
+//! one alert. The job's own effect is owed once the file is read (or parked) and no result is
+//! waiting.
 //!
-//! Storage, in the batch's Durable Object: this value as one row, bounded whatever the keys'
-//! sizes (never a result's key), and a failure row per result not delivered (waiting or
-//! parked): its [`Row`] beside its result; a delivered result is counted, never stored. The
-//! waiting rows are loaded into [`Progress::rows`] (at most [`MAX_WAITING`] before reading
-//! stops until they drain, plus a wave), never stored in the value (one an earlier build stored
-//! with them reads them there); a row keeps at most [`KEY_SHOWN_CHARS`] of its key and
-//! [`ERROR_KEPT_CHARS`] of its error. Each transition returns its rows' [`Write`]s, stored in
-//! one transaction with the value.
+//! Storage, in the batch's Durable Object: this value as one row, bounded whatever the keys' sizes
+//! (never a result's key), and a failure row per result not delivered (waiting or parked): its
+//! [`Row`] beside its result; a delivered result is counted, never stored. The waiting rows are
+//! loaded into [`Progress::rows`] (at most [`MAX_WAITING`] before reading stops until they drain,
+//! plus a wave), never stored in the value (one an earlier build stored with them reads them
+//! there); a row keeps at most [`KEY_SHOWN_CHARS`] of its key and [`ERROR_KEPT_CHARS`] of its
+//! error. Each transition returns its rows' [`Write`]s, stored in one transaction with the value.
 
 use std::collections::BTreeMap;
 
@@ -631,9 +629,8 @@ impl Progress {
         let answer = match outcome {
             Sending::Answered(answer) | Sending::Carried(answer) => answer,
             Sending::Unanswered(why) => {
-                // Not the destination's failure ([`Heard::Nothing`]). The senders' clock
-                // runs; past the threshold (after one retry at least, as a failing result),
-                // the batch alerts.
+                // Not the destination's failure ([`Heard::Nothing`]). The senders' clock runs; past
+                // the threshold (after one retry at least, as a failing result), the batch alerts.
                 self.unanswered += 1;
                 row.unanswered = true;
                 let since = *self.unanswered_since_ms.get_or_insert(now_ms);

@@ -49,11 +49,10 @@ pub fn file_of_details(details: &Map<String, Value>) -> Option<String> {
     file_name(details.get(OUTPUT_FILE_URI))
 }
 
-/// What a batch's status answer says about its results (`response` first, then
-/// `metadata.output`): a file, or the inline responses (a list, or its count where the
-/// skimmer counted it). Anything else is why the results cannot be read, never zero results: a
-/// `responsesFile` that is not a `files/...` name, inline responses that are not a list, or an
-/// answer that names neither.
+/// What a batch's status answer says about its results (`response` first, then `metadata.output`):
+/// a file, or the inline responses (a list, or its count where the skimmer counted it). Anything
+/// else is why the results cannot be read, never zero results: a `responsesFile` that is not a
+/// `files/...` name, inline responses that are not a list, or an answer that names neither.
 pub fn found_in_status(answer: &Value) -> Result<Found, String> {
     for (at, output) in ["/response", "/metadata/output"].into_iter().enumerate() {
         if let Some(file) = answer.pointer(&format!("{output}/responsesFile")) {
@@ -178,13 +177,12 @@ pub enum Unlocated {
     Park(String),
 }
 
-/// What a results' status call that gave no answer means at `now`, for results owed since
-/// `since`: when to ask again or why to park, and until when every status call of the project
-/// backs off (a 429 or 5xx: its `Retry-After`, else the default, as the pass and a nudge's
-/// confirmation read it). A 429 is the budget's business, never the results': it waits and
-/// never parks them. A 5xx, a timeout or a network error is asked again within the file's
-/// wait, never sooner than the `Retry-After`; past it, or on a 404 or another 4xx, the
-/// results are parked.
+/// What a results' status call that gave no answer means at `now`, for results owed since `since`:
+/// when to ask again or why to park, and until when every status call of the project backs off (a
+/// 429 or 5xx: its `Retry-After`, else the default, as the pass and a nudge's confirmation read
+/// it). A 429 is the budget's business, never the results': it waits and never parks them. A 5xx, a
+/// timeout or a network error is asked again within the file's wait, never sooner than the
+/// `Retry-After`; past it, or on a 404 or another 4xx, the results are parked.
 pub fn unlocated(
     answer: &StatusTrouble,
     now: i64,

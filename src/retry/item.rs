@@ -72,10 +72,9 @@ fn decide(heard: Heard, run: Run, policy: Policy, now_ms: i64, jitter: f64) -> N
             (why.as_str(), Some(since), asked)
         }
     };
-    let Policy { backoff, .. } = policy;
-    let wait = backoff.jittered(run.attempts, jitter);
+    let wait = policy.backoff.jittered(run.attempts, jitter);
     Next::RetryAt {
-        at_ms: now_ms + asked.map_or(wait, |asked| wait.max(asked.min(backoff.max_ms))),
+        at_ms: now_ms + asked.map_or(wait, |asked| wait.max(asked.min(policy.backoff.max_ms))),
         failing_since_ms: since,
         why: why.to_string(),
     }

@@ -16,10 +16,9 @@ use crate::retry::Backoff;
 /// storage write.
 pub const ALARM_RETRY: Backoff = Backoff::new(2_000, 60_000);
 
-/// A streak this long (about six minutes of failing) alerts `alarm_failing`, and again each
-/// time it doubles (about 16 and 36 minutes, then every doubling), so a fault that nothing else
-/// can report (a record that cannot be read, a broken deploy) reaches a person, without an
-/// alert a minute.
+/// A streak this long (about six minutes of failing) alerts `alarm_failing`, and again each time it
+/// doubles (about 16 and 36 minutes, then every doubling), so a fault that nothing else can report
+/// (a record that cannot be read, a broken deploy) reaches a person, without an alert a minute.
 pub const ALERT_AFTER_FAILURES: u32 = 10;
 
 /// The `alarm_failing` alert for a streak, sent by the gate itself: `key` when its record can

@@ -27,10 +27,9 @@ pub enum DeskTurn {
     Released { probe: bool },
 }
 
-/// The turn of a key's sends given the record's `mark`: a release lets them go; a `retry`, a
-/// paced route, a destination remembered `open` or a key still marked waiting (its fallback
-/// came before a release: the desk may be paused, so it asks again rather than go) asks;
-/// else nothing.
+/// The turn of a key's sends given the record's `mark`: a release lets them go; a `retry`, a paced
+/// route, a destination remembered `open` or a key still marked waiting (its fallback came before a
+/// release: the desk may be paused, so it asks again rather than go) asks; else nothing.
 pub fn desk_turn(mark: Option<DeskMark>, paced: bool, open: bool, retry: bool) -> DeskTurn {
     match mark {
         Some(DeskMark::Released { probe }) => DeskTurn::Released { probe },

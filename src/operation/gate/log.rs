@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::operation::Actor;
 
-/// One gate log line.
+/// One gate log line (an operator's `by`: who asked, through the admin API).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum GateLog {
@@ -45,7 +45,6 @@ pub enum GateLog {
     ForgottenByOperator {
         key: String,
         reason: String,
-        /// Who asked, through the admin API.
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -57,7 +56,6 @@ pub enum GateLog {
         key: String,
         status: String,
         reason: String,
-        /// Who asked, through the admin API.
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -65,7 +63,6 @@ pub enum GateLog {
         key: String,
         generation: u32,
         reason: String,
-        /// Who asked, through the admin API.
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -73,7 +70,6 @@ pub enum GateLog {
         key: String,
         generation: u32,
         reason: String,
-        /// Who asked, through the admin API.
         #[serde(skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },

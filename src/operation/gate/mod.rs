@@ -4,12 +4,11 @@
 //!
 //! Guarantees (docs/DESIGN.md, invariants 1, 3 and 7): every change to an operation is decided
 //! here, through [`Operation`]'s transitions, and nowhere else; a command never runs anything
-//! outbound: it decides and schedules, and the Durable Object stores the record and sets the
-//! alarm (at [`Operation::wake_at_ms`]) before it answers, so no answer waits on a
-//! destination, the status API or an alert sink; a duplicate of a settled operation changes
-//! nothing durable ([`Save::MemoryOnly`]). The Durable Object
-//! (`src/edge/objects/gate/`) only loads, calls a step, performs the I/O the alarm
-//! needs and saves. Time and jitter are parameters.
+//! outbound: it decides and schedules, and the Durable Object stores the record and sets the alarm
+//! (at [`Operation::wake_at_ms`]) before it answers, so no answer waits on a destination, the
+//! status API or an alert sink; a duplicate of a settled operation changes nothing durable
+//! ([`Save::MemoryOnly`]). The Durable Object (`src/edge/objects/gate/`) only loads, calls a step,
+//! performs the I/O the alarm needs and saves. Time and jitter are parameters.
 //!
 //! Deliveries (invariants 2 and 4): an event from a signed webhook or a status-API poll
 //! changes state only through the reducer, its decision and count stored in one write; a
@@ -17,15 +16,14 @@
 //! event older than retention never creates a record; a nudge never shapes an operation, it
 //! only schedules a confirmation on the alarm.
 //!
-//! [`step`] decides a delivery and a nudge here, the commands every operation gets; it sends
-//! the others to their family: a registration (`registration.rs`), what the reconciliation
-//! pass asks (`reconciling.rs`), an operator's actions (`operator.rs`). What a step is
-//! ([`Step`]: a value, nothing more, stored as [`Save`] says before the answer; the commands'
-//! steps and the alarm's pieces both decide in this shape) and the settings steps read
-//! ([`GateLimits`]) are here too. The rest of the gate: the messages to it (`protocol.rs`),
-//! its log lines (`log.rs`), the alarm's plan (`alarm.rs`), a key's turn at its destination's
-//! desk, for the job's effect and a batch's results alike (`desk_turn.rs`), and what a
-//! failed alarm run does (`alarm_failure.rs`).
+//! [`step`] decides a delivery and a nudge here, the commands every operation gets; it sends the
+//! others to their family: a registration (`registration.rs`), what the reconciliation pass asks
+//! (`reconciling.rs`), an operator's actions (`operator.rs`). What a step is ([`Step`]: a value,
+//! nothing more, stored as [`Save`] says before the answer; the commands' steps and the alarm's
+//! pieces both decide in this shape) and the settings steps read ([`GateLimits`]) are here too. The
+//! rest of the gate: the messages to it (`protocol.rs`), its log lines (`log.rs`), the alarm's plan
+//! (`alarm.rs`), a key's turn at its destination's desk, for the job's effect and a batch's results
+//! alike (`desk_turn.rs`), and what a failed alarm run does (`alarm_failure.rs`).
 
 pub mod alarm;
 pub mod alarm_failure;

@@ -1,11 +1,10 @@
 //! An operator's commands from the admin API: redeliver, retry now, forget, settle by hand,
 //! and inspect (after a repair, if one was asked for).
 //!
-//! Guarantees (docs/DESIGN.md, invariant 3): an effect that is not done is retried under its
-//! own `webhook-id`, never given a new one; only a done effect is sent again, as a new
-//! generation, and a bulk run's cut-off keeps a run from sending anything twice; every action
-//! that changes the record is stored with its reason, in the history and the log; a refusal
-//! changes nothing.
+//! Guarantees (docs/DESIGN.md, invariant 3): an effect that is not done is retried under its own
+//! `webhook-id`, never given a new one; only a done effect is sent again, as a new generation, and
+//! a bulk run's cut-off keeps a run from sending anything twice; every action that changes the
+//! record is stored with its reason, in the history and the log; a refusal changes nothing.
 
 use crate::operation::gate::log::GateLog;
 use crate::operation::gate::protocol::{GateReply, OperatorAction};
@@ -148,10 +147,8 @@ pub fn results_retried<P>(
 /// Inspect (and the answer to a repair, done by the object before this step): the record,
 /// with the stored history the object attaches.
 pub(super) fn inspect(op: Operation) -> Step {
-    let reply = GateReply::Found {
-        operation: op.view(),
-        history: Vec::new(),
-    };
+    let (operation, history) = (op.view(), Vec::new());
+    let reply = GateReply::Found { operation, history };
     let mut step = Step::new(Some(op), reply);
     step.attach_history = true;
     step

@@ -13,7 +13,8 @@ use crate::operation::lifecycle::{DropReason, Status};
 pub use crate::operation::record::EffectReport;
 use crate::operation::{Actor, KindFill, OpEvent, ResultsMode};
 
-/// A request to the gate of one operation.
+/// A request to the gate of one operation. An operator's `by` is who asked (the admin API's
+/// caller), recorded in the history row and log line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum GateCommand {
@@ -99,21 +100,18 @@ pub enum GateCommand {
         /// redelivery and from commands sent before runs had one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sent_before_ms: Option<i64>,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
     /// Retry an effect that is not done now, under the same generation (never a new one).
     RetryNow {
         reason: String,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
     /// Stop tracking the operation (recorded, not erased).
     Forget {
         reason: String,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -124,7 +122,6 @@ pub enum GateCommand {
     Settle {
         status: String,
         reason: String,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
@@ -159,20 +156,18 @@ pub enum GateCommand {
         key: String,
         name: String,
         reason: String,
-        /// Who asked (the admin API's caller), recorded in the history row and log line.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
 }
 
 impl GateCommand {
-    /// A delivery whose event is older than `not_before_ms` may not create a record. An
-    /// operation's storage is deleted when its retention ends, so an event for it arriving
-    /// later finds no record; the event is at least as old as the operation's close, which
-    /// was at least retention ago, while a genuine first delivery is never older than an
-    /// operation's longest run plus Gemini's 24 hours of retries plus the signature
-    /// tolerance (retention is never shorter than that, see
-    /// [`crate::signature::replay_floor_ms`]).
+    /// A delivery whose event is older than `not_before_ms` may not create a record. An operation's
+    /// storage is deleted when its retention ends, so an event for it arriving later finds no
+    /// record; the event is at least as old as the operation's close, which was at least retention
+    /// ago, while a genuine first delivery is never older than an operation's longest run plus
+    /// Gemini's 24 hours of retries plus the signature tolerance (retention is never shorter than
+    /// that, see [`crate::signature::replay_floor_ms`]).
     pub fn limit_new_records(&mut self, not_before_ms: i64) {
         if let GateCommand::Deliver {
             new_not_before_ms, ..

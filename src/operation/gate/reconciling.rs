@@ -52,19 +52,13 @@ pub(super) fn destination_ready(mut op: Operation, probe: bool, now: i64) -> Ste
 ///
 /// The pass dates `effect_failing` from the outcome, but a job whose batch's results made its
 /// effect due later could not fail before then: refused (nothing stored; the pass asks again
-/// while the ledger shows it unsent) until `after_ms` from then, and its age counted from
+/// while the ledger shows it unsent) until `after` ms from then, and its age counted from
 /// then. A parked effect needs a person at once.
-pub(super) fn alert(
-    mut op: Operation,
-    alert: AlertKind,
-    age_seconds: i64,
-    after_ms: i64,
-    now: i64,
-) -> Step {
+pub(super) fn alert(mut op: Operation, alert: AlertKind, age: i64, after: i64, now: i64) -> Step {
     let failing = alert == AlertKind::EffectFailing && op.effect().parked().is_none();
     let due = op.effect_due_after_results_ms().filter(|_| failing);
-    let age_seconds = due.map_or(age_seconds, |due| (now - due) / 1_000);
-    if due.is_some_and(|due| now - due < after_ms) || !op.raise_alert(alert, age_seconds, now) {
+    let age = due.map_or(age, |due| (now - due) / 1_000);
+    if due.is_some_and(|due| now - due < after) || !op.raise_alert(alert, age, now) {
         return Step::new(Some(op), GateReply::AlertSent { sent: false });
     }
     Step::stored(op, GateReply::AlertSent { sent: true })

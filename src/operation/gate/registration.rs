@@ -2,15 +2,14 @@
 //! `user_metadata` ([`GateCommand::Register`](crate::operation::gate::protocol::GateCommand::Register)).
 //!
 //! Guarantees (docs/DESIGN.md, invariant 4): registering is idempotent; a gate with no record
-//! creates a pending one; a registration never changes what an earlier one recorded: one that
-//! names another kind or gives other `user_metadata` is answered [`GateReply::Conflict`] and
-//! changes nothing ([`Operation::registration_conflicts`]); a record that exists (its
-//! completion may have come first) only gains the kind or metadata it lacks (see
-//! [`Operation::fill_kind`]), and is stored only when it gained something; a name whose
-//! retention ended is answered [`GateReply::Retired`] and nothing is created, so a name settled
-//! before retention never runs again: the gate, finding no record, asks the retired names'
-//! shard before this step (`src/edge/objects/gate/mod.rs`), and a tombstone an earlier version
-//! kept answers it here.
+//! creates a pending one; a registration never changes what an earlier one recorded: one that names
+//! another kind or gives other `user_metadata` is answered [`GateReply::Conflict`] and changes
+//! nothing ([`Operation::registration_conflicts`]); a record that exists (its completion may have
+//! come first) only gains the kind or metadata it lacks (see [`Operation::fill_kind`]), and is
+//! stored only when it gained something; a name whose retention ended is answered
+//! [`GateReply::Retired`] and nothing is created, so a name settled before retention never runs
+//! again: the gate, finding no record, asks the retired names' shard before this step
+//! (`src/edge/objects/gate/mod.rs`), and a tombstone an earlier version kept answers it here.
 
 use serde_json::Value;
 
@@ -68,17 +67,14 @@ pub(super) fn register_again(
     // naming a kind and `"results": "each"` fills both.
     let first = !op.registered();
     let fill = op.fill_kind(kind, now);
-    // A record its completion created takes the registration's `results` while no effect
-    // went out.
+    // A record its completion created takes the registration's `results` while no effect went out.
     let filled_results = first && results.is_some_and(|r| op.fill_results_mode(r, now));
     let filled_metadata = op.fill_user_metadata(user_metadata) | filled_results;
     if filled_metadata {
         op.note_registration();
     }
-    let reply = GateReply::Exists {
-        operation: op.view(),
-        kind: fill,
-    };
+    let (operation, kind) = (op.view(), fill);
+    let reply = GateReply::Exists { operation, kind };
     let kind = op.kind().map(str::to_string);
     let step = Step::new(Some(op), reply);
     match (fill, filled_metadata) {

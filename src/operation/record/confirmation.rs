@@ -26,9 +26,8 @@ pub struct Confirmation {
     pub due_ms: i64,
     /// Status-API questions asked so far for this confirmation.
     pub attempts: u32,
-    /// `unverified_user_metadata` (the token's claim, else the body's), or a `v1a`-signed
-    /// body's [`SIGNED_USER_METADATA`], carried to the side effect with what the status API
-    /// says.
+    /// `unverified_user_metadata` (the token's claim, else the body's), or a `v1a`-signed body's
+    /// [`SIGNED_USER_METADATA`], carried to the side effect with what the status API says.
     #[serde(default)]
     pub metadata: Map<String, Value>,
     /// The delivery's id (a hash of its token), for the history.

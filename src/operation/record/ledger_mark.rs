@@ -103,10 +103,9 @@ impl Operation {
         }
     }
 
-    /// The reconciliation audit found the KV index out of step with this record (missing, or
-    /// left behind): project it again, and treat the index entry as possibly present, so a
-    /// closed record deletes it and an open one puts it back. A tombstone is never projected
-    /// again (false).
+    /// The reconciliation audit found the KV index out of step with this record (missing, or left
+    /// behind): project it again, and treat the index entry as possibly present, so a closed record
+    /// deletes it and an open one puts it back. A tombstone is never projected again (false).
     pub fn reindex(&mut self) -> bool {
         if self.retired_at_ms.is_some() {
             return false;

@@ -8,17 +8,16 @@
 //! of retrying forever. Reaching a terminal state (`status`) and finishing its side effect
 //! (`effect.done`) are separate facts. Time and jitter are parameters; nothing here does I/O.
 //!
-//! The record is split by concern, each part in its own module with the transitions that
-//! touch it: the side effect ([`effect_state`]), alerts ([`alerts`]), a nudge's confirmation
-//! ([`confirmation`]), operators' notes ([`operator`]), the stats outbox ([`outbox`]), the
-//! ledger projection and its bookkeeping ([`ledger_mark`]). What the side effect's claim, the
-//! gate's answers and its wake time read of the whole record (whether the effect or a batch's
-//! results are owed, where the effect stands, and when each is due: the ledger write's
-//! included) is here, beside [`Operation::apply`]. It is stored as one flat JSON
-//! object derived from [`Operation`]'s one definition, whose field names never change, so
-//! every stored record still loads.
-//! Its fields are private: readers outside use accessors, and the version is bumped in one
-//! place (`Operation::changed`).
+//! The record is split by concern, each part in its own module with the transitions that touch it:
+//! the side effect ([`effect_state`]), alerts ([`alerts`]), a nudge's confirmation
+//! ([`confirmation`]), operators' notes ([`operator`]), the stats outbox ([`outbox`]), the ledger
+//! projection and its bookkeeping ([`ledger_mark`]). What the side effect's claim, the gate's
+//! answers and its wake time read of the whole record (whether the effect or a batch's results are
+//! owed, where the effect stands, and when each is due: the ledger write's included) is here,
+//! beside [`Operation::apply`]. It is stored as one flat JSON object derived from [`Operation`]'s
+//! one definition, whose field names never change, so every stored record still loads. Its fields
+//! are private: readers outside use accessors, and the version is bumped in one place
+//! (`Operation::changed`).
 
 use std::collections::BTreeMap;
 

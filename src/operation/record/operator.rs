@@ -117,10 +117,8 @@ impl Operation {
         if self.notes.forgotten.is_some() || self.retired_at_ms.is_some() {
             return false;
         }
-        self.notes.forgotten = Some(OperatorNote {
-            at_ms: now_ms,
-            reason: reason.to_string(),
-        });
+        let (at_ms, reason) = (now_ms, reason.to_string());
+        self.notes.forgotten = Some(OperatorNote { at_ms, reason });
         self.effect.claim = None;
         self.confirmation = None;
         self.pending_alerts.clear();

@@ -87,16 +87,11 @@ impl Operation {
         self.outbox.add(name.into(), by, true, now_ms);
     }
 
-    /// Counts the status call `asked_by` made, by how it ended (`None`: no call was made, the
+    /// Counts the status call `by` made, by how it ended (`None`: no call was made, the
     /// answer was known without one), in the same write as what the answer decides.
-    pub fn count_status_call(
-        &mut self,
-        asked_by: AskedBy,
-        answer: Option<StatusCallAnswer>,
-        now_ms: i64,
-    ) {
+    pub fn count_status_call(&mut self, by: AskedBy, answer: Option<StatusCallAnswer>, now: i64) {
         if let Some(answer) = answer {
-            self.count_by(status_call(asked_by, answer), 1, now_ms);
+            self.count_by(status_call(by, answer), 1, now);
         }
     }
 

@@ -1,16 +1,15 @@
 //! Whether each result of an operation's batch gets its own side effect (`"results": "each"`),
 //! and the results' counts once every result is settled.
 //!
-//! Guarantees: while a `"results": "each"` batch's results are owed
-//! ([`Operation::results_owed`]), the job's own side effect is not claimed, so it is sent after
-//! every result, with the counts ([`Operation::results_counts`]). The results' next step has
-//! its own due time ([`Operation::results_due_ms`]): their waits never move the job effect's
-//! `next_attempt_ms`, nor its backoff theirs, and a forgotten or retired operation runs none of
-//! them. When the results make the job's effect due is kept, and the gate dates the job's
-//! `effect_failing` from it ([`Operation::effect_due_after_results_ms`]). These fields are not
-//! stored while default, so a record stored before them stores back byte for byte. The
-//! results' own progress lives in the gate's tables (`src/edge/objects/gate/results.rs`), so
-//! this record is not rewritten per chunk.
+//! Guarantees: while a `"results": "each"` batch's results are owed ([`Operation::results_owed`]),
+//! the job's own side effect is not claimed, so it is sent after every result, with the counts
+//! ([`Operation::results_counts`]). The results' next step has its own due time
+//! ([`Operation::results_due_ms`]): their waits never move the job effect's `next_attempt_ms`, nor
+//! its backoff theirs, and a forgotten or retired operation runs none of them. When the results
+//! make the job's effect due is kept, and the gate dates the job's `effect_failing` from it
+//! ([`Operation::effect_due_after_results_ms`]). These fields are not stored while default, so a
+//! record stored before them stores back byte for byte. The results' own progress lives in the
+//! gate's tables (`src/edge/objects/gate/results.rs`), so this record is not rewritten per chunk.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -55,10 +54,9 @@ impl Operation {
         self.results
     }
 
-    /// A registration's `results` for a record that has none recorded: taken only while no
-    /// side effect of the job went out (one `webhook-id` means one body, and results begin
-    /// before the job's effect); results owed by then are due at `now_ms`. Returns whether the
-    /// record changed.
+    /// A registration's `results` for a record that has none recorded: taken only while no side
+    /// effect of the job went out (one `webhook-id` means one body, and results begin before the
+    /// job's effect); results owed by then are due at `now_ms`. Returns whether the record changed.
     pub fn fill_results_mode(&mut self, mode: ResultsMode, now_ms: i64) -> bool {
         if mode == self.results || self.effect.attempts > 0 || self.effect.done {
             return false;
@@ -154,8 +152,7 @@ impl Operation {
     }
 
     /// A results step used the desk's release (or its grant ended a wait): the mark is spent.
-    /// Returns whether the record changed; the version does not move (the ledger shows no
-    /// mark).
+    /// Returns whether the record changed; the version does not move (the ledger shows no mark).
     pub fn results_desk_spent(&mut self) -> bool {
         self.effect.desk.take().is_some()
     }
