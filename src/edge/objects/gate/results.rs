@@ -53,8 +53,6 @@ struct Driver<'a> {
     store: ResultsStore<'a>,
     limits: Limits,
     gate: GateLimits,
-    /// The job's effect (a batch of one), not a batch's results.
-    job: bool,
 }
 
 /// One step of the results of `op`, when they are running; `op` as it then stands.
@@ -64,7 +62,7 @@ pub(super) async fn step(
     config: &Config,
     op: Operation,
 ) -> Result<Operation> {
-    let driver = driver(env, storage, config, false);
+    let driver = driver(env, storage, config);
     match ResultsPlan::new(&op, now_ms(), driver.limits) {
         Some(plan) => driver.perform(plan, op).await,
         None => Ok(op),
@@ -79,13 +77,13 @@ pub(super) async fn effect(
     config: &Config,
     op: Operation,
 ) -> Result<Operation> {
-    let driver = driver(env, storage, config, true);
+    let driver = driver(env, storage, config);
     let plan = ResultsPlan::job(&op, driver.limits);
     driver.perform(plan, op).await
 }
 
-/// What a step performs with (`job`: the job's effect).
-fn driver<'a>(env: &'a Env, storage: &'a GateStorage, config: &'a Config, job: bool) -> Driver<'a> {
+/// What a step performs with.
+fn driver<'a>(env: &'a Env, storage: &'a GateStorage, config: &'a Config) -> Driver<'a> {
     let gate = super::limits(config);
     let limits = Limits {
         file_wait_ms: config.results.file_wait_secs * 1_000,
@@ -99,16 +97,17 @@ fn driver<'a>(env: &'a Env, storage: &'a GateStorage, config: &'a Config, job: b
         store: ResultsStore::new(storage),
         limits,
         gate,
-        job,
     }
 }
 
 impl Driver<'_> {
     /// Performs the plan's work, one piece at a time, and tells it what each gave.
     async fn perform(&self, mut plan: ResultsPlan, op: Operation) -> Result<Operation> {
-        // The desk's turn and the sends are the record's as the step found it (the job's
-        // report too; its send is the record's as claimed).
+        // One desk for the step, the record's as the step found it: its turn, its report and
+        // a release's tell go to the desk that gave the turn; so do a batch's sends (the job's
+        // one request names the destination of the record as claimed: `send_effect`).
         let found = op.clone();
+        let desk = KeyAtDesk::of(self.env, self.storage, self.config, &found);
         let (mut turn, mut seen) = (Turn::default(), Seen::Nothing);
         let mut op = op;
         while let Some(work) = plan.next(seen, now_ms()) {
@@ -123,7 +122,6 @@ impl Driver<'_> {
                     Seen::Read(self.read(&source, from, max).await?)
                 }
                 ResultsWork::Turn { mark, ready, retry } => {
-                    let desk = KeyAtDesk::of(self.env, self.storage, self.config, &found);
                     let granted = desk.turn(mark, ready, retry).await.map(|t| {
                         let (awaited, n) = (t.awaited, t.n);
                         turn = t;
@@ -149,15 +147,8 @@ impl Driver<'_> {
                     (op, claim) = self.commit(op, marking).await?;
                     Seen::Committed(claim)
                 }
-                ResultsWork::Report(sent) => {
-                    let on = if self.job { &found } else { &op };
-                    let desk = KeyAtDesk::of(self.env, self.storage, self.config, on);
-                    Seen::Told(desk.report(&turn, &sent).await)
-                }
-                ResultsWork::Tell(at) => {
-                    let desk = KeyAtDesk::of(self.env, self.storage, self.config, &op);
-                    Seen::Told(desk.tell(at, Sent::default()).await)
-                }
+                ResultsWork::Report(sent) => Seen::Told(desk.report(&turn, &sent).await),
+                ResultsWork::Tell(at) => Seen::Told(desk.tell(at, Sent::default()).await),
                 ResultsWork::LoadRecord => {
                     op = self.storage.load()?.unwrap_or(op);
                     Seen::Nothing
