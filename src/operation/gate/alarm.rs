@@ -167,7 +167,7 @@ impl AlarmPlan {
                     }
                 }
                 Stage::Effect => {
-                    if begin_attempt(op.clone(), now, limits).is_some() {
+                    if op.claimable(now) {
                         return Some(AlarmWork::Effect);
                     }
                 }

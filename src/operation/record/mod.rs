@@ -412,13 +412,20 @@ impl Operation {
         }
     }
 
+    /// Whether an attempt of the side effect may be claimed at `now_ms` ([`Operation::claim`]):
+    /// owed and due, no live claim, and no batch's results ahead of it (they go first: the
+    /// job's effect then carries their counts).
+    pub fn claimable(&self, now_ms: i64) -> bool {
+        let live_claim = matches!(self.effect.claim, Some(c) if c.expires_ms > now_ms);
+        self.effect_owed()
+            && now_ms >= self.effect.next_attempt_ms
+            && !self.results_owed()
+            && !live_claim
+    }
+
     /// Claims the side effect if it is owed, due, and not held by a live claim.
     pub fn claim(&mut self, now_ms: i64, ttl_ms: i64) -> Option<Claim> {
-        // A batch's results go first: the job's effect then carries their counts.
-        if !self.effect_owed() || now_ms < self.effect.next_attempt_ms || self.results_owed() {
-            return None;
-        }
-        if matches!(self.effect.claim, Some(c) if c.expires_ms > now_ms) {
+        if !self.claimable(now_ms) {
             return None;
         }
         self.effect.fence += 1;
