@@ -14,7 +14,8 @@
 //! sends it lets go; a chunk's claim is committed before any of its results is sent, and its
 //! or the rows' commit after every answer, before the desk hears of them; a release that finds
 //! nothing to send is spent and told at once. Each write is a [`Marking`], decided on the
-//! record as stored when it is committed ([`crate::results::marks::decide`]).
+//! record as stored when it is committed ([`crate::results::marks::decide`]). It never panics:
+//! told what its stage does not expect, the step ends with [`Unexpected`], the alarm's error.
 
 use crate::destination::protocol::Sent;
 use crate::destination::sending::Sending;
@@ -209,10 +210,10 @@ impl ResultsPlan {
     }
 
     /// The next piece of work, given what the last one gave (`Seen::Nothing` first) at `now`;
-    /// `None` when the step is over.
-    pub fn next(&mut self, seen: Seen, now: i64) -> Option<ResultsWork> {
+    /// `None` when the step is over; [`Unexpected`] when told what its stage does not expect.
+    pub fn next(&mut self, seen: Seen, now: i64) -> Result<Option<ResultsWork>, Unexpected> {
         let stage = std::mem::replace(&mut self.stage, Stage::Over);
-        match (stage, seen) {
+        Ok(match (stage, seen) {
             (Stage::Start, _) => self.then(Stage::Stored, ResultsWork::LoadProgress),
             (Stage::Stored, Seen::Progress(stored)) => self.stored(stored),
             (Stage::Locating(p), Seen::Located(located)) => self.located(p, located, now),
@@ -272,15 +273,15 @@ impl ResultsPlan {
             (Stage::Reported, _) => self.then(Stage::Over, ResultsWork::LoadRecord),
             (Stage::Over, _) => None,
             // The job's effect's stages.
-            (stage, seen) => self.effect(stage, seen),
-        }
+            (stage, seen) => return self.effect(stage, seen),
+        })
     }
 
     /// The job's effect, a batch of one: its turn; a queued effect waits; its claim committed
     /// on the record as stored (none: no longer owed, the step ends); its send under the
     /// claim; its answer committed; the desk's report, which may make it wait.
-    fn effect(&mut self, stage: Stage, seen: Seen) -> Option<ResultsWork> {
-        match (stage, seen) {
+    fn effect(&mut self, stage: Stage, seen: Seen) -> Result<Option<ResultsWork>, Unexpected> {
+        Ok(match (stage, seen) {
             (Stage::Effect(retry), _) => {
                 let (mark, ready) = (self.mark, 1);
                 let turn = ResultsWork::Turn { mark, ready, retry };
@@ -307,8 +308,8 @@ impl ResultsPlan {
                 self.commit(Stage::Over, Marking::EffectWaits(paused))
             }
             (Stage::EffectReported, _) => None,
-            (stage, seen) => unreachable!("a step at {stage:?} told {seen:?}"),
-        }
+            (stage, seen) => return Err(Unexpected(variant(&stage), variant(&seen))),
+        })
     }
 
     fn then(&mut self, stage: Stage, work: ResultsWork) -> Option<ResultsWork> {
@@ -528,6 +529,18 @@ impl ResultsPlan {
     }
 }
 
+/// A step told what its stage does not expect, by their names (not what they hold: results):
+/// the alarm's error, counted and alerted as any failing alarm's, never a panic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a results step at {0} was told {1}")]
+pub struct Unexpected(String, String);
+
+/// A value's variant, by name: its `Debug` form up to its fields.
+fn variant(value: &impl std::fmt::Debug) -> String {
+    let debug = format!("{value:?}");
+    debug.split(['(', ' ', '{']).next().unwrap_or("").into()
+}
+
 /// The desk queued the batch.
 fn wait(paused: bool, held: Option<ProgressWrite>) -> Marking {
     Marking::Wait { paused, held }
@@ -630,7 +643,7 @@ mod tests {
     fn drive(op: &Operation, mut answer: impl FnMut(&ResultsWork) -> Seen) -> Vec<ResultsWork> {
         let mut plan = ResultsPlan::new(op, NOW, LIMITS).expect("due");
         let (mut works, mut seen) = (Vec::new(), Seen::Nothing);
-        while let Some(work) = plan.next(seen, NOW) {
+        while let Some(work) = plan.next(seen, NOW).expect("told what it expects") {
             seen = answer(&work);
             works.push(work);
             assert!(works.len() < 40, "{works:?}");
@@ -690,7 +703,7 @@ mod tests {
             expires_ms: NOW + 600_000,
             generation: 1,
         };
-        while let Some(work) = plan.next(seen, NOW) {
+        while let Some(work) = plan.next(seen, NOW).expect("told what it expects") {
             seen = match &work {
                 ResultsWork::Commit(m) if **m == Marking::EffectClaim => {
                     Seen::Committed(owed.then_some(Claimed::Effect(claim)))
@@ -785,6 +798,29 @@ mod tests {
             w => answer(w),
         });
         assert_eq!(names(&works), ["turn", "claim effect"]);
+    }
+
+    /// A plan told what its stage does not expect ends the step with an error naming both
+    /// (the alarm's `Err`), not a panic; nothing of what it was told is in it.
+    #[test]
+    fn a_plan_told_the_wrong_thing_returns_an_error() {
+        let mut job = ResultsPlan::job(&succeeded(), LIMITS);
+        let turn = job.next(Seen::Nothing, NOW);
+        assert!(
+            matches!(turn, Ok(Some(ResultsWork::Turn { .. }))),
+            "{turn:?}"
+        );
+        let told = job.next(Seen::Items(vec![item(0)]), NOW).unwrap_err();
+        let said = "a results step at EffectAtDesk was told Items";
+        assert_eq!(told.to_string(), said);
+        assert_eq!(job.next(Seen::Nothing, NOW), Ok(None), "the step is over");
+        let mut batch = ResultsPlan::new(&succeeded(), NOW, LIMITS).expect("due");
+        assert_eq!(
+            batch.next(Seen::Nothing, NOW),
+            Ok(Some(ResultsWork::LoadProgress))
+        );
+        let told = batch.next(Seen::Told(Some(true)), NOW).unwrap_err();
+        assert_eq!(told.to_string(), "a results step at Stored was told Told");
     }
 
     #[test]

@@ -110,7 +110,7 @@ impl Driver<'_> {
         let desk = KeyAtDesk::of(self.env, self.storage, self.config, &found);
         let (mut turn, mut seen) = (Turn::default(), Seen::Nothing);
         let mut op = op;
-        while let Some(work) = plan.next(seen, now_ms()) {
+        while let Some(work) = plan.next(seen, now_ms()).map_err(|e| e.to_string())? {
             seen = match work {
                 ResultsWork::LoadProgress => Seen::Progress(self.store.load()?),
                 ResultsWork::Locate => Seen::Located(self.source_in_status(&op).await?),
