@@ -124,11 +124,11 @@ type Carries = Option<(u64, Checkpoint)>;
 /// Where the step stands: what it waits to be told, with what it holds.
 #[derive(Debug, Clone, PartialEq)]
 enum Stage {
-    Start,
-    Stored,
-    Locating(Progress),
-    BackedOff(Progress, Unlocated),
-    Begun(Progress),
+    Start(Found),
+    Stored(Found),
+    Locating(Found, Progress),
+    BackedOff(Found, Progress, Unlocated),
+    Begun(Found, Progress),
     ReleaseSpent(i64),
     ReleaseTold(i64),
     Checking(Progress, Step),
@@ -160,15 +160,19 @@ enum Stage {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResultsPlan {
     stage: Stage,
-    /// When the step started: its step is chosen then.
-    now: i64,
     limits: Limits,
-    /// From the record as the step found it: its desk mark (and whether it is an unspent
-    /// release), when its results began, when the batch ended, and the file its outcome names.
+    /// The record's desk mark as the step found it (an unspent release, when it is one).
     mark: Option<DeskMark>,
-    released: bool,
-    settled_ms: Option<i64>,
-    updated_ms: i64,
+}
+
+/// A batch's own (a job's plan has none), from the record as its step found it: when the step
+/// started (its step is chosen then), when its results began (the batch's end, else the step's
+/// start) and ended as the outcome says, and the file it names.
+#[derive(Debug, Clone, PartialEq)]
+struct Found {
+    now: i64,
+    since_ms: i64,
+    ended_ms: Option<i64>,
     file: Option<String>,
 }
 
@@ -177,15 +181,16 @@ impl ResultsPlan {
     /// work: a wait the results chose holds until it is over).
     pub fn new(op: &Operation, now: i64, limits: Limits) -> Option<ResultsPlan> {
         op.results_due_ms().filter(|&at| at <= now)?;
-        Some(ResultsPlan {
-            stage: Stage::Start,
+        let found = Found {
             now,
+            since_ms: op.settled_at_ms().unwrap_or(now),
+            ended_ms: Some(op.update_time_ms()).filter(|&t| t > 0),
+            file: file_of_details(op.details()),
+        };
+        Some(ResultsPlan {
+            stage: Stage::Start(found),
             limits,
             mark: op.effect().desk(),
-            released: op.effect().released(),
-            settled_ms: op.settled_at_ms(),
-            updated_ms: op.update_time_ms(),
-            file: file_of_details(op.details()),
         })
     }
 
@@ -198,14 +203,8 @@ impl ResultsPlan {
         let retry = op.effect().failures_in_row() > 0;
         ResultsPlan {
             stage: Stage::Effect(retry),
-            now: 0,
             limits,
             mark: op.effect().desk(),
-            // A batch's results' own: a job has none.
-            released: false,
-            settled_ms: None,
-            updated_ms: 0,
-            file: None,
         }
     }
 
@@ -214,11 +213,11 @@ impl ResultsPlan {
     pub fn next(&mut self, seen: Seen, now: i64) -> Result<Option<ResultsWork>, Unexpected> {
         let stage = std::mem::replace(&mut self.stage, Stage::Over);
         Ok(match (stage, seen) {
-            (Stage::Start, _) => self.then(Stage::Stored, ResultsWork::LoadProgress),
-            (Stage::Stored, Seen::Progress(stored)) => self.stored(stored),
-            (Stage::Locating(p), Seen::Located(located)) => self.located(p, located, now),
-            (Stage::BackedOff(p, next), _) => self.unlocated(p, next),
-            (Stage::Begun(p), Seen::Committed(_)) => self.chosen(p),
+            (Stage::Start(f), _) => self.then(Stage::Stored(f), ResultsWork::LoadProgress),
+            (Stage::Stored(f), Seen::Progress(stored)) => self.stored(f, stored),
+            (Stage::Locating(f, p), Seen::Located(located)) => self.located(f, p, located, now),
+            (Stage::BackedOff(f, p, next), _) => self.unlocated(f, p, next),
+            (Stage::Begun(f, p), Seen::Committed(_)) => self.chosen(f, p),
             (Stage::ReleaseSpent(at), _) => {
                 self.then(Stage::ReleaseTold(at), ResultsWork::Tell(at))
             }
@@ -323,41 +322,40 @@ impl ResultsPlan {
 
     /// The progress as stored: the step goes on from it, or where the results are is asked
     /// first (the outcome's file, else the status answer), and stored.
-    fn stored(&mut self, stored: Option<Progress>) -> Option<ResultsWork> {
+    fn stored(&mut self, f: Found, stored: Option<Progress>) -> Option<ResultsWork> {
         let since = stored.as_ref().map(|p| p.since_ms);
         if let Some(p) = stored.filter(|p| !p.wants_locating()) {
-            return self.chosen(p);
+            return self.chosen(f, p);
         }
         // Counted from an operator's retry, when one asks again.
-        let since = since.unwrap_or_else(|| self.settled_ms.unwrap_or(self.now));
-        let mut p = Progress::begin(Source::Inline, since);
-        p.ended_ms = Some(self.updated_ms).filter(|&t| t > 0);
-        match self.file.clone() {
+        let mut p = Progress::begin(Source::Inline, since.unwrap_or(f.since_ms));
+        p.ended_ms = f.ended_ms;
+        match f.file.clone() {
             Some(name) => {
                 p.source = Source::File { name };
-                self.commit(Stage::Begun(p.clone()), Marking::Progress(p))
+                self.commit(Stage::Begun(f, p.clone()), Marking::Progress(p))
             }
-            None => self.then(Stage::Locating(p), ResultsWork::Locate),
+            None => self.then(Stage::Locating(f, p), ResultsWork::Locate),
         }
     }
 
     /// The status call's answer: the source stored; or the results due when it may be asked
     /// again (its budget said wait), or after its backoff ([`unlocated`] decides).
-    fn located(&mut self, mut p: Progress, located: Located, now: i64) -> Option<ResultsWork> {
-        match located {
+    fn located(&mut self, f: Found, mut p: Progress, l: Located, now: i64) -> Option<ResultsWork> {
+        match l {
             Located::Found(source, ended) => {
                 p.source = source;
                 p.ended_ms = ended.or(p.ended_ms);
-                self.commit(Stage::Begun(p.clone()), Marking::Progress(p))
+                self.commit(Stage::Begun(f, p.clone()), Marking::Progress(p))
             }
             Located::WaitForSlot(at) => self.commit(Stage::Over, Marking::DueAt(at)),
             Located::Failed(trouble) => {
                 let (next, backoff) = unlocated(&trouble, now, p.since_ms, &self.limits);
                 match backoff {
                     Some(until) => {
-                        self.then(Stage::BackedOff(p, next), ResultsWork::BackOff(until))
+                        self.then(Stage::BackedOff(f, p, next), ResultsWork::BackOff(until))
                     }
-                    None => self.unlocated(p, next),
+                    None => self.unlocated(f, p, next),
                 }
             }
         }
@@ -365,24 +363,24 @@ impl ResultsPlan {
 
     /// No answer: asked again then, or (Gemini cannot say where they are) the results are
     /// parked with the reason.
-    fn unlocated(&mut self, mut p: Progress, next: Unlocated) -> Option<ResultsWork> {
+    fn unlocated(&mut self, f: Found, mut p: Progress, next: Unlocated) -> Option<ResultsWork> {
         match next {
             Unlocated::AskAt(at) => self.commit(Stage::Over, Marking::DueAt(at)),
             Unlocated::Park(reason) => {
                 p.phase = Phase::FileParked { reason };
                 p.unlocated = true;
-                self.commit(Stage::Begun(p.clone()), Marking::Progress(p))
+                self.commit(Stage::Begun(f, p.clone()), Marking::Progress(p))
             }
         }
     }
 
     /// The step chosen on the progress `p`: a release that finds nothing to send is spent and
     /// told; a file the last read could not give is tried first; else the desk's turn.
-    fn chosen(&mut self, p: Progress) -> Option<ResultsWork> {
-        let released = self.released;
+    fn chosen(&mut self, f: Found, p: Progress) -> Option<ResultsWork> {
+        let released = matches!(self.mark, Some(DeskMark::Released { .. }));
         let step = match released {
-            true => p.next_released(self.now),
-            false => p.next(self.now),
+            true => p.next_released(f.now),
+            false => p.next(f.now),
         };
         if let (true, &Step::WaitUntil(at)) = (released, &step) {
             return self.commit(Stage::ReleaseSpent(at), Marking::DeskSpent);
