@@ -281,15 +281,22 @@ fn load() -> Crate {
     let root = src_dir();
     let mut paths = Vec::new();
     rust_files(&root, &mut paths);
-    let mut files = Vec::new();
-    let mut test_files = BTreeSet::new();
-    for path in paths {
+    let sources = paths.iter().map(|path| {
         let rel = path
             .strip_prefix(&root)
             .unwrap()
             .to_string_lossy()
             .replace('\\', "/");
-        let text = fs::read_to_string(&path).unwrap();
+        (rel, fs::read_to_string(path).unwrap())
+    });
+    crate_of(sources)
+}
+
+/// The crate made of `sources`: (path under `src/`, with `/`; its text).
+fn crate_of(sources: impl IntoIterator<Item = (String, String)>) -> Crate {
+    let mut files = Vec::new();
+    let mut test_files = BTreeSet::new();
+    for (rel, text) in sources {
         let (code, gated) = production(&code_only(&text));
         let module = module_of(&rel);
         let dir = if rel.ends_with("mod.rs") || rel == "lib.rs" {

@@ -6,7 +6,7 @@
 //! entry ([`INVOCATIONS`]), every call written in a function's body (`name(`, `x.name(`,
 //! `Path::name(`, `name::<T>(`) that names a production function of `src/` is followed:
 //! into the caller's own file when it defines that name (a file's own business, not
-//! counted); else, for `Type::name(`, into the files holding `name` in an `impl Type`; for
+//! counted; for `Type::name(`, only in an `impl Type` of its own); else, for `Type::name(`, into the files holding `name` in an `impl Type`; for
 //! `.name(`, into the files holding it in an `impl` of a type the caller's file mentions; for
 //! a bare `name(` the file imports, where its `use` says; for `module::name(` or another
 //! bare call, into the files the caller's file names whose module is that one. A crossing is
@@ -314,7 +314,7 @@ impl Crate {
     }
 
     /// Where a call written in file `from` goes (see the module's doc): `from` itself when it
-    /// defines the name; for `Type::name(` the files holding `name` in an `impl Type`; for
+    /// defines the name (for `Type::name(`, in an `impl Type`); for `Type::name(` the files holding `name` in an `impl Type`; for
     /// `.name(` the files holding it in an `impl` of a type `from` mentions; for `name(` and
     /// `module::name(` the files `from` names that define a free `name`.
     fn callees(
@@ -334,13 +334,18 @@ impl Crate {
                     }
             })
         };
-        if index.fns[from].iter().any(|(n, _)| n == name) {
-            return vec![from];
-        }
-        let reachable = |g: usize| index.named[from].contains(&g);
         let typed = qualifier
             .as_deref()
             .filter(|q| q.starts_with(char::is_uppercase) && *q != "Self");
+        // The file's own name; for `Type::name(`, only when an `impl Type` here holds it
+        // (`Box::new(` in a file with its own `new` is not that `new`).
+        let own = index.fns[from]
+            .iter()
+            .any(|(n, t)| n == name && typed.is_none_or(|ty| t.as_deref() == Some(ty)));
+        if own {
+            return vec![from];
+        }
+        let reachable = |g: usize| index.named[from].contains(&g);
         // A bare `name(` the file imports by name goes where its `use` says.
         let imported = (qualifier.is_none() && !method)
             .then(|| {
@@ -535,4 +540,37 @@ fn the_delivery_path_counted_from_the_code_is_at_most_20_calls_over_20_files() {
         "{calls} calls over {files} files:\n{}",
         path.drawing()
     );
+}
+
+/// A made-up crate of `(path under src/, text)` files.
+#[cfg(test)]
+fn made_up(files: &[(&str, &str)]) -> Crate {
+    super::crate_of(files.iter().map(|(r, t)| (r.to_string(), t.to_string())))
+}
+
+/// Where the reader takes `call` (as [`calls_in`] reads it) written in `from`: the files.
+#[cfg(test)]
+fn read_into(krate: &Crate, from: &str, call: &str) -> Vec<String> {
+    let index = krate.index();
+    let at = krate.files.iter().position(|f| f.rel == from).unwrap();
+    let call = calls_in(call).pop().unwrap();
+    let to = krate.callees(&index, at, &call);
+    to.into_iter().map(|g| krate.files[g].rel.clone()).collect()
+}
+
+/// `Box::new(` in a file with its own `new` (of another type) is std's, not the file's: it
+/// was read into the file's `new` and on through its calls.
+#[test]
+fn a_type_qualified_call_is_the_files_own_only_in_that_types_impl() {
+    let krate = made_up(&[
+        ("lib.rs", "mod plan;\n"),
+        (
+            "plan.rs",
+            "pub struct Plan;\nimpl Plan {\n    pub fn new() -> Plan { Plan }\n    fn again() -> Plan { Self::new() }\n}\n",
+        ),
+    ]);
+    assert!(read_into(&krate, "plan.rs", "Box::new(x)").is_empty());
+    assert_eq!(read_into(&krate, "plan.rs", "Plan::new()"), ["plan.rs"]);
+    assert_eq!(read_into(&krate, "plan.rs", "Self::new()"), ["plan.rs"]);
+    assert_eq!(read_into(&krate, "plan.rs", "new()"), ["plan.rs"]);
 }
