@@ -6,24 +6,27 @@
 //! entry ([`INVOCATIONS`]), every call written in a function's body (`name(`, `x.name(`,
 //! `Path::name(`, `name::<T>(`) that names a production function of `src/` is followed:
 //! into the caller's own file when it defines that name (a file's own business, not
-//! counted; for `Type::name(`, only in an `impl Type` of its own); else, for `Type::name(`, into the files holding `name` in an `impl Type`; for
-//! `.name(`, into the files holding it in an `impl` of a type the caller's file mentions; for
-//! a bare `name(` the file imports, where its `use` says; for `module::name(` or another
-//! bare call, into the files the caller's file names whose module is that one. A crossing is
-//! a pair of files, counted once in each invocation, as DESIGN.md's rule says. Not followed:
-//! the files of [`OUTSIDE`] and the callees of [`LABELS`] (what the rule leaves out), and the
-//! calls of [`STOPS`], each with its reason; a stop that no longer matches a call fails, so
-//! the list cannot hide a layer that came back. DESIGN.md shows the crossings as read, and a
-//! test fails when they differ.
+//! counted; for `Type::name(`, or `x.name(` with `x` a parameter declared of a type ours,
+//! only in an `impl` of that type of its own); else, for `Type::name(`, into the files
+//! holding `name` in an `impl Type`; for `x.name(`, into the files holding it in an `impl`
+//! of the type the parameter `x` declares when one holds it, else of any type the caller's
+//! file mentions; for a bare `name(` the file imports, where its `use` says; for
+//! `module::name(` or another bare call, into the files the caller's file names whose module
+//! is that one. A crossing is a pair of files, counted once in each invocation, as
+//! DESIGN.md's rule says. Not followed: the files of [`OUTSIDE`] and the callees of
+//! [`LABELS`] (what the rule leaves out), and the calls of [`STOPS`], each with its reason; a
+//! stop that no longer matches a call fails, so the list cannot hide a layer that came back.
+//! DESIGN.md shows the crossings as read, and a test fails when they differ.
 //!
 //! Limits: it reads text, not types. A function passed as a value (`map(f)`), a trait
 //! object or a macro's expansion is not seen as a call (a closure's body is read where it is
-//! written); a method is matched by its name and the types the caller's file mentions, so a
-//! name std shares (`parse`, `is_none`) can be read as ours: such calls are stopped by name,
-//! with the reason. The branch a delivery takes is stated by the stops, not proven: a stop
-//! that cuts a call the delivery does make hides it, which is why each says why the delivery
-//! does not go there. The path ends at the destination's POST: what follows (its answer's
-//! step, the upkeep) is stopped.
+//! written); a method on anything but a parameter (a field, a local, a call's value) is
+//! matched by its name and the types the caller's file mentions, so a name std shares
+//! (`parse`, `is_none`) can be read as ours: such calls are stopped by name, with the reason.
+//! The branch a delivery takes is stated by the stops, not proven: a stop that cuts a call
+//! the delivery does make hides it, which is why each says why the delivery does not go
+//! there. The path ends at the destination's POST: what follows (its answer's step, the
+//! upkeep) is stopped.
 
 use std::collections::BTreeSet;
 
@@ -146,16 +149,16 @@ fn stop(line: &str) -> (&str, &str) {
 }
 
 /// Whether a stop's callee (`name`, `module::name` or `caller>name`) is this call.
-fn stops_call(stopped: &str, caller: &str, call: &(String, Option<String>, bool)) -> bool {
+fn stops_call(stopped: &str, caller: &str, call: &Call) -> bool {
     let (by, callee) = match stopped.split_once('>') {
         Some((by, callee)) => (Some(by), callee),
         None => (None, stopped),
     };
-    let written = match &call.1 {
-        Some(q) => format!("{q}::{}", call.0),
-        None => call.0.clone(),
+    let written = match &call.qualifier {
+        Some(q) => format!("{q}::{}", call.name),
+        None => call.name.clone(),
     };
-    by.is_none_or(|by| by == caller) && (callee == call.0 || callee == written)
+    by.is_none_or(|by| by == caller) && (callee == call.name || callee == written)
 }
 
 /// Files not followed nor counted: what DESIGN.md's rule leaves out (the runtime,
@@ -194,10 +197,24 @@ pub struct Path {
     pub stops_used: BTreeSet<(String, String)>,
 }
 
-/// Calls written in `body`: (callee, the qualifier before `::`, whether a method `.name(`).
-fn calls_in(body: &str) -> Vec<(String, Option<String>, bool)> {
+/// One call written in a body.
+struct Call {
+    /// The callee's name.
+    name: String,
+    /// The qualifier before `::` (`Type`, `module`, `Self`).
+    qualifier: Option<String>,
+    /// A method, `.name(`.
+    method: bool,
+    /// For `x.name(` whose `x` is a parameter of the function: the type it declares.
+    receiver: Option<String>,
+}
+
+/// Calls written in `body` (a function's, from its name: its parameters' declared types
+/// name the receivers they are).
+fn calls_in(body: &str) -> Vec<Call> {
     let chars: Vec<char> = body.chars().collect();
     let words = super::words(body);
+    let params = parameters(body);
     let mut out = Vec::new();
     for (k, (at, word)) in words.iter().enumerate() {
         let after = at + word.chars().count();
@@ -212,9 +229,59 @@ fn calls_in(body: &str) -> Vec<(String, Option<String>, bool)> {
         let method = before(1) == Some('.');
         let qualifier = (before(1) == Some(':') && before(2) == Some(':') && k > 0)
             .then(|| words[k - 1].1.clone());
-        out.push((word.clone(), qualifier, method));
+        // `x.name(` with `x` a bare name (not `a.x`, not `x()`): a parameter's type, if it is.
+        let receiver = (method && k > 0)
+            .then(|| &words[k - 1])
+            .filter(|(r, w)| r + w.chars().count() + 1 == *at)
+            .filter(|(r, _)| !matches!(r.checked_sub(1).map(|i| chars[i]), Some('.' | ':')))
+            .and_then(|(_, w)| params.iter().find(|(p, _)| p == w))
+            .map(|(_, ty)| ty.clone());
+        out.push(Call {
+            name: word.clone(),
+            qualifier,
+            method,
+            receiver,
+        });
     }
     out
+}
+
+/// The parameters `body` (a function's, from its name) declares, each with the first type
+/// its declaration names (`plan: &mut Plan`, `mut plan: Plan`: `Plan`).
+fn parameters(body: &str) -> Vec<(String, String)> {
+    let Some(open) = body.find('(') else {
+        return Vec::new();
+    };
+    let mut depth = 0;
+    let mut list = String::new();
+    for c in body[open..].chars() {
+        match c {
+            '>' if list.ends_with('-') => {}
+            '(' | '<' | '[' => depth += 1,
+            ')' | '>' | ']' => depth -= 1,
+            ',' if depth == 1 => {
+                list.push('\n');
+                continue;
+            }
+            _ => {}
+        }
+        if depth == 0 {
+            break;
+        }
+        list.push(c);
+    }
+    list.trim_start_matches('(')
+        .split('\n')
+        .filter_map(|p| p.split_once(':'))
+        .filter_map(|(name, ty)| {
+            let name = name.trim().trim_start_matches("mut ").trim().to_string();
+            let ty = super::words(ty)
+                .into_iter()
+                .map(|(_, w)| w)
+                .find(|w| w.starts_with(char::is_uppercase))?;
+            Some((name, ty))
+        })
+        .collect()
 }
 
 /// What each file defines and mentions, read once.
@@ -314,16 +381,13 @@ impl Crate {
     }
 
     /// Where a call written in file `from` goes (see the module's doc): `from` itself when it
-    /// defines the name (for `Type::name(`, in an `impl Type`); for `Type::name(` the files holding `name` in an `impl Type`; for
-    /// `.name(` the files holding it in an `impl` of a type `from` mentions; for `name(` and
-    /// `module::name(` the files `from` names that define a free `name`.
-    fn callees(
-        &self,
-        index: &Index,
-        from: usize,
-        call: &(String, Option<String>, bool),
-    ) -> Vec<usize> {
-        let (name, qualifier, method) = call;
+    /// defines the name (for `Type::name(` or a receiver of a declared type, in an `impl` of
+    /// that type); for `Type::name(` the files holding `name` in an `impl Type`; for `x.name(`
+    /// the files holding it in an `impl` of the type `x` is declared as a parameter, when one
+    /// does, else of a type `from` mentions; for `name(` and `module::name(` the files `from`
+    /// names that define a free `name`.
+    fn callees(&self, index: &Index, from: usize, call: &Call) -> Vec<usize> {
+        let (name, qualifier, method) = (&call.name, &call.qualifier, call.method);
         let defines = |g: usize, ty: Option<&str>| {
             index.fns[g].iter().any(|(n, t)| {
                 n == name
@@ -337,11 +401,16 @@ impl Crate {
         let typed = qualifier
             .as_deref()
             .filter(|q| q.starts_with(char::is_uppercase) && *q != "Self");
-        // The file's own name; for `Type::name(`, only when an `impl Type` here holds it
-        // (`Box::new(` in a file with its own `new` is not that `new`).
+        // A method's receiver declared of a type whose `impl` holds the name somewhere.
+        let declared = (call.receiver.as_deref())
+            .filter(|ty| (0..self.files.len()).any(|g| defines(g, Some(ty))));
+        // The file's own name; for `Type::name(` (or a receiver of a declared type), only when
+        // an `impl` of that type here holds it (`Box::new(` in a file with its own `new` is
+        // not that `new`).
+        let named_type = typed.or(declared);
         let own = index.fns[from]
             .iter()
-            .any(|(n, t)| n == name && typed.is_none_or(|ty| t.as_deref() == Some(ty)));
+            .any(|(n, t)| n == name && named_type.is_none_or(|ty| t.as_deref() == Some(ty)));
         if own {
             return vec![from];
         }
@@ -361,6 +430,7 @@ impl Crate {
             .filter(|&g| g != from)
             .filter(|&g| match (typed, method) {
                 (Some(ty), _) => defines(g, Some(ty)),
+                (None, true) if declared.is_some() => defines(g, declared),
                 (None, true) => index.fns[g].iter().any(|(n, t)| {
                     n == name && t.as_ref().is_some_and(|t| index.mentions[from].contains(t))
                 }),
@@ -400,7 +470,7 @@ impl Crate {
                 let mut next = Vec::new();
                 for body in body_of_all(code, &function) {
                     for call in calls_in(&body) {
-                        let callee = call.0.clone();
+                        let callee = call.name.clone();
                         if only.is_some_and(|o| o != callee) {
                             continue;
                         }
@@ -573,4 +643,33 @@ fn a_type_qualified_call_is_the_files_own_only_in_that_types_impl() {
     assert_eq!(read_into(&krate, "plan.rs", "Plan::new()"), ["plan.rs"]);
     assert_eq!(read_into(&krate, "plan.rs", "Self::new()"), ["plan.rs"]);
     assert_eq!(read_into(&krate, "plan.rs", "new()"), ["plan.rs"]);
+}
+
+/// `plan.next(` with `plan: Plan` a parameter is `Plan::next`, not the caller's file's own
+/// `next` nor that of another type the file mentions (`Seen::Progress` read it as
+/// `Progress::next`).
+#[test]
+fn a_parameters_method_is_its_declared_types() {
+    let krate = made_up(&[
+        ("lib.rs", "mod plan;\nmod progress;\nmod edge;\n"),
+        (
+            "plan.rs",
+            "pub struct Plan;\nimpl Plan {\n    pub fn next(&mut self) {}\n}\n",
+        ),
+        (
+            "progress.rs",
+            "pub struct Progress;\nimpl Progress {\n    pub fn next(&self) {}\n}\n",
+        ),
+        (
+            "edge.rs",
+            "use crate::plan::Plan;\nuse crate::progress::Progress;\nfn next() {}\nfn seen(p: Progress) {}\n",
+        ),
+    ]);
+    let call = "perform(mut plan: &mut Plan, n: u32) { plan.next() }";
+    assert_eq!(read_into(&krate, "edge.rs", call), ["plan.rs"]);
+    // Not a parameter (a field): as before, here the file's own `next`.
+    let field = "perform(&self) { self.plan.next() }";
+    assert_eq!(read_into(&krate, "edge.rs", field), ["edge.rs"]);
+    let progress = "perform(p: Progress) { p.next() }";
+    assert_eq!(read_into(&krate, "edge.rs", progress), ["progress.rs"]);
 }
