@@ -10,9 +10,10 @@
 //! only in an `impl` of that type of its own); else, for `Type::name(`, into the files
 //! holding `name` in an `impl Type`; for `x.name(`, into the files holding it in an `impl`
 //! of the type the parameter `x` declares when one holds it, else of any type the caller's
-//! file mentions; for a bare `name(` the file imports, where its `use` says; for
-//! `module::name(` or another bare call, into the files the caller's file names whose module
-//! is that one. A crossing is a pair of files, counted once in each invocation, as
+//! file mentions; for a bare `name(` the file imports, or `module::name(` whose module it
+//! imports (under its name or another: `use a::{self as b}` then `b::name(`), where its `use`
+//! says; for another `module::name(` or bare call, into the files the caller's file names
+//! whose module is that one. A crossing is a pair of files, counted once in each invocation, as
 //! DESIGN.md's rule says. Not followed: the files of [`OUTSIDE`] and the callees of
 //! [`LABELS`] (what the rule leaves out), and the calls of [`STOPS`], each with its reason; a
 //! stop that no longer matches a call fails, so the list cannot hide a layer that came back.
@@ -101,6 +102,21 @@ pub const STOPS: &[&str] = &[
     "edge/objects/gate/results.rs kept: a batch's results' waiting rows",
     "edge/objects/gate/results.rs perform>send_results: a batch's results' sends (the job's effect: `send_effect`)",
     "edge/objects/gate/results.rs tell: a batch's release with nothing to send",
+    "results/marks.rs decide>ProgressWrite::of: a batch's results' write (the job's effect's are the `Effect` markings)",
+    "results/marks.rs decide>progress: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>claimed: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>committed: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>read_failed: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>file_parked: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>gave_up: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>senders: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>settled: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>due_at: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>desk_spent: a batch's results' write (as `ProgressWrite::of`)",
+    "results/marks.rs decide>wait_on_destination: a wait on the desk (a batch's, or the job's `EffectWaits`): the drawn destination is neither paced nor paused, its turn goes without asking",
+    "results/marks.rs decide>Step::new: an effect no longer owed, due or free when its claim is committed: a first delivery's is",
+    "results/marks.rs decide>attempt_finished: after the POST: its answer's commit",
+    "results/marks.rs decide>sets_alarm_at_once: after the POST: its answer's commit",
     "results/plan.rs next>stored: a batch's results' stage (the job's effect takes the plan's `effect` stages)",
     "results/plan.rs next>located: a batch's results' stage (as `stored`)",
     "results/plan.rs next>unlocated: a batch's results' stage (as `stored`)",
@@ -384,8 +400,9 @@ impl Crate {
     /// defines the name (for `Type::name(` or a receiver of a declared type, in an `impl` of
     /// that type); for `Type::name(` the files holding `name` in an `impl Type`; for `x.name(`
     /// the files holding it in an `impl` of the type `x` is declared as a parameter, when one
-    /// does, else of a type `from` mentions; for `name(` and `module::name(` the files `from`
-    /// names that define a free `name`.
+    /// does, else of a type `from` mentions; for `name(` and `module::name(` where the file's
+    /// `use` of `name` or of `module` says, else the files `from` names that define a free
+    /// `name`.
     fn callees(&self, index: &Index, from: usize, call: &Call) -> Vec<usize> {
         let (name, qualifier, method) = (&call.name, &call.qualifier, call.method);
         let defines = |g: usize, ty: Option<&str>| {
@@ -415,17 +432,28 @@ impl Crate {
             return vec![from];
         }
         let reachable = |g: usize| index.named[from].contains(&g);
-        // A bare `name(` the file imports by name goes where its `use` says.
-        let imported = (qualifier.is_none() && !method)
-            .then(|| {
+        // A bare `name(` the file imports by name, or `module::name(` whose module it imports
+        // (`use a::{self as b}` then `b::name(`), goes where its `use` says.
+        let brought = match qualifier.as_deref() {
+            None => Some((name.as_str(), false)),
+            Some("self" | "super" | "crate") => None,
+            Some(q) if typed.is_none() => Some((q, true)),
+            Some(_) => None,
+        };
+        let imported = brought
+            .filter(|_| !method)
+            .and_then(|(alias, module)| {
                 super::uses(&self.files[from].code)
                     .into_iter()
                     .flat_map(|u| u.paths)
-                    .find(|(_, alias)| alias.as_deref() == Some(name.as_str()))
-                    .and_then(|(path, _)| self.absolute(from, &path))
-                    .and_then(|path| self.resolve(&path, 0))
+                    .find(|(_, a)| a.as_deref() == Some(alias))
+                    .map(|(path, _)| match module {
+                        true => [path, vec![name.clone()]].concat(),
+                        false => path,
+                    })
             })
-            .flatten();
+            .and_then(|path| self.absolute(from, &path))
+            .and_then(|path| self.resolve(&path, 0));
         (0..self.files.len())
             .filter(|&g| g != from)
             .filter(|&g| match (typed, method) {
@@ -672,4 +700,20 @@ fn a_parameters_method_is_its_declared_types() {
     assert_eq!(read_into(&krate, "edge.rs", field), ["edge.rs"]);
     let progress = "perform(p: Progress) { p.next() }";
     assert_eq!(read_into(&krate, "edge.rs", progress), ["progress.rs"]);
+}
+
+/// `on_record::decide(` after `use crate::marks::{self as on_record}` is `marks::decide`: it
+/// was followed nowhere (no module is named `on_record`).
+#[test]
+fn a_call_through_a_modules_alias_goes_where_its_use_says() {
+    let krate = made_up(&[
+        ("lib.rs", "mod marks;\nmod edge;\n"),
+        ("marks.rs", "pub fn decide() {}\n"),
+        (
+            "edge.rs",
+            "use crate::marks::{self as on_record};\nfn commit() { on_record::decide() }\n",
+        ),
+    ]);
+    let call = "on_record::decide()";
+    assert_eq!(read_into(&krate, "edge.rs", call), ["marks.rs"]);
 }
