@@ -6,28 +6,29 @@
 //! entry ([`INVOCATIONS`]), every call written in a function's body (`name(`, `x.name(`,
 //! `Path::name(`, `name::<T>(`) that names a production function of `src/` is followed:
 //! into the caller's own file when it defines that name (a file's own business, not
-//! counted; for `Type::name(`, or `x.name(` with `x` a parameter declared of a type ours,
-//! only in an `impl` of that type of its own); else, for `Type::name(`, into the files
-//! holding `name` in an `impl Type`; for `x.name(`, into the files holding it in an `impl`
-//! of the type the parameter `x` declares when one holds it, else of any type the caller's
-//! file mentions; for a bare `name(` the file imports, or `module::name(` whose module it
-//! imports (under its name or another: `use a::{self as b}` then `b::name(`), where its `use`
-//! says; for another `module::name(` or bare call, into the files the caller's file names
-//! whose module is that one. A crossing is a pair of files, counted once in each invocation, as
+//! counted; for `Type::name(`, or `x.name(` with `x` a parameter or field declared of a
+//! type ours, only in an `impl` of that type of its own); else, for `Type::name(`, into the
+//! files holding `name` in an `impl Type`; for `x.name(`, into the files holding it in an
+//! `impl` of the type the parameter `x` (or, for `self.x.name(`, the field `x` of the
+//! caller's file) declares when one holds it, else of any type the caller's file mentions;
+//! for a bare `name(` the file imports, or `module::name(` whose module it imports (under
+//! its name or another: `use a::{self as b}` then `b::name(`), where its `use` says; for
+//! another `module::name(` or bare call, into the files the caller's file names whose
+//! module is that one. A crossing is a pair of files, counted once in each invocation, as
 //! DESIGN.md's rule says. Not followed: the files of [`OUTSIDE`] and the callees of
-//! [`LABELS`] (what the rule leaves out), and the calls of [`STOPS`], each with its reason; a
-//! stop that no longer matches a call fails, so the list cannot hide a layer that came back.
-//! DESIGN.md shows the crossings as read, and a test fails when they differ.
+//! [`LABELS`] (what the rule leaves out), and the calls of [`STOPS`], each with its reason;
+//! a stop that no longer matches a call fails, so the list cannot hide a layer that came
+//! back. DESIGN.md shows the crossings as read, and a test fails when they differ.
 //!
 //! Limits: it reads text, not types. A function passed as a value (`map(f)`), a trait
-//! object or a macro's expansion is not seen as a call (a closure's body is read where it is
-//! written); a method on anything but a parameter (a field, a local, a call's value) is
-//! matched by its name and the types the caller's file mentions, so a name std shares
-//! (`parse`, `is_none`) can be read as ours: such calls are stopped by name, with the reason.
-//! The branch a delivery takes is stated by the stops, not proven: a stop that cuts a call
-//! the delivery does make hides it, which is why each says why the delivery does not go
-//! there. The path ends at the destination's POST: what follows (its answer's step, the
-//! upkeep) is stopped.
+//! object or a macro's expansion is not seen as a call (a closure's body is read where it
+//! is written); a method on anything but a parameter or a field of `self` (a local, a
+//! call's value) is matched by its name and the types the caller's file mentions, so a name
+//! std shares (`parse`, `is_none`) can be read as ours: such calls are stopped by name,
+//! with the reason. The branch a delivery takes is stated by the stops, not proven: a stop
+//! that cuts a call the delivery does make hides it, which is why each says why the
+//! delivery does not go there. The path ends at the destination's POST: what follows (its
+//! answer's step, the upkeep) is stopped.
 
 use std::collections::BTreeSet;
 
@@ -223,6 +224,8 @@ struct Call {
     method: bool,
     /// For `x.name(` whose `x` is a parameter of the function: the type it declares.
     receiver: Option<String>,
+    /// For `self.x.name(`: the field `x`.
+    field: Option<String>,
 }
 
 /// Calls written in `body` (a function's, from its name: its parameters' declared types
@@ -252,14 +255,39 @@ fn calls_in(body: &str) -> Vec<Call> {
             .filter(|(r, _)| !matches!(r.checked_sub(1).map(|i| chars[i]), Some('.' | ':')))
             .and_then(|(_, w)| params.iter().find(|(p, _)| p == w))
             .map(|(_, ty)| ty.clone());
+        // `self.x.name(`: the field `x`.
+        let field = (method && k > 1 && words[k - 2].1 == "self")
+            .then(|| (&words[k - 2], &words[k - 1]))
+            .filter(|(s, x)| s.0 + 5 == x.0 && x.0 + x.1.chars().count() + 1 == *at)
+            .map(|(_, x)| x.1.clone());
         out.push(Call {
             name: word.clone(),
             qualifier,
             method,
             receiver,
+            field,
         });
     }
     out
+}
+
+/// The type `code` declares its field (or any binding) `field` of: the first type named
+/// after the first `field:`.
+fn field_type(code: &str, field: &str) -> Option<String> {
+    let chars: Vec<char> = code.chars().collect();
+    let words = super::words(code);
+    let at = words.iter().find_map(|(at, w)| {
+        let after = at + w.chars().count();
+        let rest: String = chars[after..chars.len().min(after + 3)].iter().collect();
+        let rest = rest.trim_start();
+        (w == field && rest.starts_with(':') && !rest.starts_with("::")).then_some(after)
+    })?;
+    let declared: String = chars[at..]
+        .iter()
+        .take_while(|c| !matches!(c, ',' | '}' | ';' | '\n'))
+        .collect();
+    let ty = super::words(&declared).into_iter().map(|(_, w)| w);
+    ty.into_iter().find(|w| w.starts_with(char::is_uppercase))
 }
 
 /// The parameters `body` (a function's, from its name) declares, each with the first type
@@ -418,9 +446,15 @@ impl Crate {
         let typed = qualifier
             .as_deref()
             .filter(|q| q.starts_with(char::is_uppercase) && *q != "Self");
-        // A method's receiver declared of a type whose `impl` holds the name somewhere.
-        let declared = (call.receiver.as_deref())
-            .filter(|ty| (0..self.files.len()).any(|g| defines(g, Some(ty))));
+        // A method's receiver declared (a parameter, or a field of the file's) of a type
+        // whose `impl` holds the name somewhere.
+        let field = || {
+            let f = call.field.as_deref()?;
+            field_type(&self.files[from].code, f)
+        };
+        let declared = call.receiver.clone().or_else(field);
+        let declared =
+            (declared.as_deref()).filter(|ty| (0..self.files.len()).any(|g| defines(g, Some(ty))));
         // The file's own name; for `Type::name(` (or a receiver of a declared type), only when
         // an `impl` of that type here holds it (`Box::new(` in a file with its own `new` is
         // not that `new`).
@@ -716,4 +750,27 @@ fn a_call_through_a_modules_alias_goes_where_its_use_says() {
     ]);
     let call = "on_record::decide()";
     assert_eq!(read_into(&krate, "edge.rs", call), ["marks.rs"]);
+}
+
+/// `self.storage.commit(` in a file with its own `commit`, whose struct declares
+/// `storage: &Storage`, is `Storage::commit`: it was read as the file's own.
+#[test]
+fn a_fields_method_is_its_declared_types() {
+    let krate = made_up(&[
+        ("lib.rs", "mod storage;\nmod driver;\n"),
+        (
+            "storage.rs",
+            "pub struct Storage;\nimpl Storage {\n    pub fn commit(&self) {}\n}\n",
+        ),
+        (
+            "driver.rs",
+            "use crate::storage::Storage;\nstruct Driver<'a> {\n    storage: &'a Storage,\n}\nimpl Driver<'_> {\n    fn commit(&self) { self.storage.commit() }\n}\n",
+        ),
+    ]);
+    let call = "commit(&self) { self.storage.commit() }";
+    assert_eq!(read_into(&krate, "driver.rs", call), ["storage.rs"]);
+    assert_eq!(
+        read_into(&krate, "driver.rs", "commit(&self) { self.commit() }"),
+        ["driver.rs"]
+    );
 }
