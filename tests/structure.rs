@@ -995,12 +995,12 @@ pub const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "edge/objects/gate/results.rs",
-        "perform",
-        "edge/objects/gate/results/sends.rs",
-        "send_effect",
+        "commit",
+        "results/marks.rs",
+        "decide",
     ),
     (
-        "edge/objects/gate/results/sends.rs",
+        "edge/objects/gate/results.rs",
         "send_effect",
         "operation/effect.rs",
         "build_request",
@@ -1012,7 +1012,7 @@ pub const DELIVERY_PATH: &[(&str, &str, &str, &str)] = &[
         "sign",
     ),
     (
-        "edge/objects/gate/results/sends.rs",
+        "edge/objects/gate/results.rs",
         "send_effect",
         "edge/objects/gate/desk_turn.rs",
         "send",
