@@ -149,7 +149,8 @@ impl Driver<'_> {
                     Seen::Items(kept.into_iter().flatten().collect())
                 }
                 ResultsWork::Send(items) => {
-                    let (answers, sent) = self.send_results(&found, items, &turn.after_ms).await;
+                    let after_ms = &turn.after_ms;
+                    let (answers, sent) = self.send_results(&desk, &found, items, after_ms).await;
                     Seen::Sent(answers, sent)
                 }
                 ResultsWork::SendEffect(claim) => {
@@ -192,7 +193,8 @@ impl Driver<'_> {
         }
     }
 
-    /// Sends the results, each no sooner than its time in `after_ms` on a paced route, through
+    /// Sends the results of `op` (the record as the step found it) at its `desk` (the one that
+    /// gave the turn), each no sooner than its time in `after_ms` on a paced route, through
     /// the one send the job's effect takes too ([`KeyAtDesk::send`]: the gate's result senders
     /// past one round trip's worth), and returns each one's outcome, in order, and how the
     /// sends went. A result whose sender answered nothing is [`Sending::Unanswered`]: retried
@@ -200,6 +202,7 @@ impl Driver<'_> {
     /// hear of it).
     async fn send_results(
         &self,
+        desk: &KeyAtDesk<'_>,
         op: &Operation,
         items: Vec<ResultItem>,
         after_ms: &[i64],
@@ -211,7 +214,6 @@ impl Driver<'_> {
             .iter()
             .map(|item| build_result_request(&head, item, secret, now_secs))
             .collect();
-        let desk = KeyAtDesk::of(self.env, self.storage, self.config, op);
         let answered = desk.send(&requests, after_ms).await;
         let outcomes = items.into_iter().zip(answered.outcomes).collect();
         (outcomes, answered.sent)
