@@ -15,8 +15,8 @@
 //! - [`World::sync_alarm`]: the run's last `SetAlarm`, alone; skipped when this instance set
 //!   that time.
 //! - [`Destination::call`] (a point after each): the request reached the destination
-//!   (`fetch::deliver` in `results/sends.rs`' `send_effect` and `send_results`):
-//!   a kill there loses its answer, whatever the destination did with it.
+//!   (`fetch::deliver` in `KeyAtDesk::send`, for `results.rs`' `send_effect` and
+//!   `send_results`): a kill there loses its answer, whatever the destination did with it.
 //! - the results' tables (`kill_results_tests.rs`): written by [`World::commit`] alone, as by
 //!   `GateStorage::commit`: a step's progress with its transition's writes
 //!   ([`crate::operation::gate::Step::results`]), in the record's write, a point also when the
