@@ -115,7 +115,7 @@ pub const STOPS: &[&str] = &[
     "results/marks.rs decide>settled: a batch's results' write (as `ProgressWrite::of`)",
     "results/marks.rs decide>due_at: a batch's results' write (as `ProgressWrite::of`)",
     "results/marks.rs decide>desk_spent: a batch's results' write (as `ProgressWrite::of`)",
-    "results/marks.rs decide>wait_on_destination: a wait on the desk (a batch's, or the job's `EffectWaits`): the drawn destination is neither paced nor paused, its turn goes without asking",
+    "results/marks.rs decide>wait_on_destination: a wait on the desk (a batch's, or the job's `EffectWaits`): the drawn destination is neither paced, open nor paused and its isolate heard so lately, so its turn goes without asking",
     "results/marks.rs decide>Step::new: an effect no longer owed, due or free when its claim is committed: a first delivery's is",
     "results/marks.rs decide>attempt_finished: after the POST: its answer's commit",
     "results/marks.rs decide>sets_alarm_at_once: after the POST: its answer's commit",
@@ -167,7 +167,7 @@ pub const STOPS: &[&str] = &[
 pub const STOPS_IN: &[(&str, &str)] = &[
     (
         "the gate's fetch",
-        "edge/objects/gate/storage.rs stored_body>decode: a stored record's history: the gate a first delivery opens has no record (its row is read and not found); the alarm's may read it back",
+        "edge/objects/gate/storage.rs stored_body>decode: a stored record's history: the gate a first delivery of an unregistered operation opens has no record (its row is read and not found; a registered one's is, and the pair shows anyway by the history row the step appends); the alarm's may read it back",
     ),
     (
         "the gate's fetch",
