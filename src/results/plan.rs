@@ -341,8 +341,14 @@ impl ResultsPlan {
 
     /// The status call's answer: the source stored; or the results due when it may be asked
     /// again (its budget said wait), or after its backoff ([`unlocated`] decides).
-    fn located(&mut self, f: Found, mut p: Progress, l: Located, now: i64) -> Option<ResultsWork> {
-        match l {
+    fn located(
+        &mut self,
+        f: Found,
+        mut p: Progress,
+        located: Located,
+        now: i64,
+    ) -> Option<ResultsWork> {
+        match located {
             Located::Found(source, ended) => {
                 p.source = source;
                 p.ended_ms = ended.or(p.ended_ms);
