@@ -44,18 +44,28 @@ const states = new Map();
 const statusCalls = (key) => gemini.requests.filter((r) => r.url === `/v1beta/${key}`);
 const effectsFor = (key) => dest.requests.filter((r) => r.headers["idempotency-key"] === key);
 
-/**
- * The status calls that arrived from `from` on, and the shortest time any RATE + 1 of them
- * took: at RECONCILE_POLL_RATE it is at least one second (the slots are 1 / RATE apart), less
- * the few ms the timers and the network move an arrival.
- */
-function spacing(from) {
-  const times = gemini.requests.filter((r) => r.url.startsWith("/v1beta/batches/") && r.at >= from).map((r) => r.at).sort((a, b) => a - b);
-  let shortest = Infinity;
-  for (let i = 0; i + RATE < times.length; i++) shortest = Math.min(shortest, times[i + RATE] - times[i]);
-  return { shortest, calls: times.length };
+/** The status calls that arrived from `from` on: when (ms after `from`), and which operation. */
+function arrivals(from) {
+  return gemini.requests
+    .filter((r) => r.url.startsWith("/v1beta/batches/") && r.at >= from)
+    .map((r) => ({ at: r.at - from, key: r.url.slice("/v1beta/".length) }))
+    .sort((x, y) => x.at - y.at);
 }
-const JITTER_MS = 25;
+/**
+ * The shortest time any WINDOW_SLOTS + 1 of `times` took. At RECONCILE_POLL_RATE the slots are
+ * 1 / RATE apart, so it is at least WINDOW_SLOTS of them, less how much later than its slot
+ * the first call's arrival was stamped (the caller's and the stand-in's event loops on a busy
+ * machine; 82 ms seen), which TOLERANCE_MS covers. A budget taken twice (two sources sharing
+ * the slots) halves the window, well under the bound.
+ */
+function shortestWindow(times) {
+  let shortest = Infinity;
+  for (let i = 0; i + WINDOW_SLOTS < times.length; i++) shortest = Math.min(shortest, times[i + WINDOW_SLOTS] - times[i]);
+  return shortest;
+}
+const SPACING_MS = 1000 / RATE;
+const WINDOW_SLOTS = 2 * RATE; // two seconds of slots
+const TOLERANCE_MS = SPACING_MS; // one slot
 
 before(async () => {
   dest = await startDestination(() => ({ status: 200 }));
@@ -150,9 +160,12 @@ describe("one budget for every status call", () => {
     assert.ok(answers.every((a) => a.body.outcome === "confirming"));
     await eventually(() => keys.every((k) => statusCalls(k).length >= 2), { what: "each asked by its confirmation and by the pass", timeoutMs: 40000, everyMs: 250 });
     await sleep(1500);
-    const { shortest, calls } = spacing(from);
-    console.log(`status calls: ${calls} in ${Date.now() - from} ms; the shortest time ${RATE + 1} of them took: ${shortest} ms`);
+    const seen = arrivals(from);
+    const shortest = shortestWindow(seen.map((x) => x.at));
+    const calls = seen.length;
+    console.log(`status calls: ${calls} in ${Date.now() - from} ms; the shortest time ${WINDOW_SLOTS + 1} of them took: ${shortest} ms`);
     assert.ok(calls >= 20, `${calls}`);
-    assert.ok(shortest >= 1000 - JITTER_MS, `${RATE + 1} status calls within ${shortest} ms (rate ${RATE} a second)`);
+    const why = `${WINDOW_SLOTS + 1} status calls within ${shortest} ms (rate ${RATE} a second): ${JSON.stringify(seen)}`;
+    assert.ok(shortest >= WINDOW_SLOTS * SPACING_MS - TOLERANCE_MS, why);
   });
 });
