@@ -744,7 +744,7 @@ fn a_parameters_method_is_its_declared_types() {
     ]);
     let call = "perform(mut plan: &mut Plan, n: u32) { plan.next() }";
     assert_eq!(read_into(&krate, "edge.rs", call), ["plan.rs"]);
-    // Not a parameter (a field): as before, here the file's own `next`.
+    // Not a parameter, and a field no struct of the file declares: the file's own `next`.
     let field = "perform(&self) { self.plan.next() }";
     assert_eq!(read_into(&krate, "edge.rs", field), ["edge.rs"]);
     let progress = "perform(p: Progress) { p.next() }";
